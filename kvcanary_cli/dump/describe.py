@@ -1,0 +1,72 @@
+"""`describe_dump`: the plain record behind `kvcanary inspect` (schema `kvcanary.inspect/1`).
+
+A dict of JSON types only, so the table and JSON renderers show the same facts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import PROVENANCE_KEYS, dtype_label
+
+__all__ = ["INSPECT_SCHEMA", "describe_dump"]
+
+INSPECT_SCHEMA = "kvcanary.inspect/1"
+
+
+def describe_dump(dump: KvDump) -> dict[str, Any]:
+    """Tensors, scalars with their source, groups, batch summary, provenance keys and notes."""
+    rpi = dump.req_pool_indices
+    active = rpi != 0
+    prefix = dump.prefix_lens.clamp(min=0)
+    extend = dump.extend_seq_lens.clamp(min=0)
+    notes = list(dump.notes)
+    notes.extend(
+        f"{note.tensor} is {dtype_label(note.found)}: accepted, but the production GPU path "
+        f"requires {dtype_label(note.expected)}"
+        for note in dump.dtype_notes
+    )
+    extra = {
+        k: v
+        for k, v in sorted(dump.metadata.items())
+        if k not in PROVENANCE_KEYS and k != "kvcanary.format" and k not in dump.scalars
+        and k != "groups"
+    }
+    return {
+        "schema": INSPECT_SCHEMA,
+        "path": str(dump.path),
+        "file_bytes": dump.file_size,
+        "format": dump.metadata.get("kvcanary.format"),
+        "tensors": [
+            {
+                "name": info.name,
+                "dtype": dtype_label(info.dtype),
+                "shape": list(info.shape),
+                "bytes": info.nbytes,
+                "role": info.role,
+            }
+            for info in dump.tensors.values()
+        ],
+        "scalars": [
+            {"name": s.name, "value": s.value, "source": s.source} for s in dump.scalars.values()
+        ],
+        "groups": [
+            {"name": group, "window": dump.window(group)} for group in dump.groups
+        ],
+        "batch": {
+            "bs": dump.bs,
+            "active_rows": int(active.sum()),
+            "padding_rows": int((~active).sum()),
+            "total_prefix_tokens": int(torch.where(active, prefix, 0).sum()),
+            "total_extend_tokens": int(torch.where(active, extend, 0).sum()),
+            "max_reqs": dump.max_reqs,
+            "max_seq_len": dump.max_seq_len,
+            "lut_len": dump.lut_len,
+        },
+        "provenance": dump.provenance,
+        "other_metadata": extra,
+        "notes": notes,
+    }

@@ -1,0 +1,159 @@
+"""Safetensors header parsing that trusts nothing: checked before any byte of data is touched.
+
+A dump may be truncated, hand-edited or hostile. Every check here runs on the header alone
+(a bounded read), so a bad file ends in one `CorruptDumpError` line, never in a crash or
+an allocation the size of a lie.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE
+from kvcanary_cli.errors import CorruptDumpError, DumpError
+
+__all__ = ["MAX_HEADER_BYTES", "HeaderEntry", "SafetensorsHeader", "read_header"]
+
+#: safetensors itself refuses headers above 100 MB; so do we, before reading them.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: No tensor of a real dump comes near this; a larger byte count is an overflow or a lie.
+_MAX_TENSOR_BYTES = 1 << 50
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeaderEntry:
+    """One tensor as the header describes it; `offset` is absolute in the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (1 for a 0-d tensor)."""
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SafetensorsHeader:
+    """The parsed header: tensor entries in file order and the `__metadata__` strings."""
+
+    path: Path
+    file_size: int
+    entries: dict[str, HeaderEntry]
+    metadata: dict[str, str]
+
+
+def _corrupt(path: Path, what: str, hint: str | None = None) -> CorruptDumpError:
+    return CorruptDumpError(what, tensor=str(path), hint=hint)
+
+
+def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+    """Parse and bound-check a safetensors header; raise `DumpError` on anything odd."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise DumpError("no such file", tensor=str(path)) from None
+    except OSError as exc:
+        raise DumpError(f"cannot read: {exc.strerror}", tensor=str(path)) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise DumpError("is a directory, not a dump", tensor=str(path),
+                        hint="pass one .safetensors file") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise DumpError("is not a regular file", tensor=str(path))
+    size = info.st_size
+    if size == 0:
+        raise _corrupt(path, "file is empty")
+    if size < 8:
+        raise _corrupt(path, f"file is {size} bytes, too short to be safetensors")
+    try:
+        with path.open("rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            if header_len == 0 or header_len > MAX_HEADER_BYTES:
+                raise _corrupt(
+                    path,
+                    f"not safetensors: header length {header_len} is absurd "
+                    f"(expected 1..{MAX_HEADER_BYTES})",
+                )
+            if 8 + header_len > size:
+                raise _corrupt(
+                    path,
+                    f"header length {header_len} runs past the end of the {size}-byte file",
+                    hint="the file is truncated",
+                )
+            raw = handle.read(header_len)
+    except PermissionError:
+        raise DumpError("permission denied", tensor=str(path)) from None
+    try:
+        parsed = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise _corrupt(path, "not safetensors: the header is not JSON") from None
+    if not isinstance(parsed, dict):
+        raise _corrupt(path, "not safetensors: the header is not a JSON object")
+    data_start = 8 + header_len
+    data_size = size - data_start
+    metadata = _parse_metadata(path, parsed.pop("__metadata__", None))
+    entries: dict[str, HeaderEntry] = {}
+    for name, entry in parsed.items():
+        entries[name] = _parse_entry(path, name, entry, data_start, data_size)
+    return SafetensorsHeader(path=path, file_size=size, entries=entries, metadata=metadata)
+
+
+def _parse_metadata(path: Path, raw: object) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise _corrupt(path, "__metadata__ must map strings to strings")
+    return dict(raw)
+
+
+def _parse_entry(
+    path: Path, name: str, entry: object, data_start: int, data_size: int
+) -> HeaderEntry:
+    if not isinstance(entry, dict):
+        raise CorruptDumpError("header entry is not an object", tensor=name)
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_ITEMSIZE:
+        raise CorruptDumpError(f"unknown dtype {dtype!r} in the header", tensor=name)
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in shape
+    ):
+        raise CorruptDumpError(f"shape {shape!r} is not a list of integers", tensor=name)
+    if any(d < 0 for d in shape):
+        raise CorruptDumpError(f"shape {shape} has a negative dimension", tensor=name)
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    ):
+        raise CorruptDumpError(f"data_offsets {offsets!r} is not [begin, end]", tensor=name)
+    begin, end = offsets
+    if begin < 0 or end < begin or end > data_size:
+        raise CorruptDumpError(
+            f"data offsets [{begin}, {end}] lie outside the file's {data_size} data bytes",
+            tensor=name,
+            hint="the file is truncated or the header is corrupt",
+        )
+    nbytes = DTYPE_ITEMSIZE[dtype] * math.prod(shape)  # Python ints: no silent overflow
+    if nbytes > _MAX_TENSOR_BYTES:
+        raise CorruptDumpError(f"shape {shape} overflows any real tensor size", tensor=name)
+    if nbytes != end - begin:
+        raise CorruptDumpError(
+            f"shape {shape} x {dtype} is {nbytes} bytes but data_offsets span {end - begin}",
+            tensor=name,
+        )
+    return HeaderEntry(
+        name=name, dtype=dtype, shape=tuple(shape), offset=data_start + begin, nbytes=nbytes
+    )

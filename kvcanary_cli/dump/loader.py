@@ -1,0 +1,357 @@
+"""`load_dump`: open a dump lazily and return a validated, typed `KvDump`.
+
+Big tables (`req_to_token` reaches 2 GB in production) stay memory-mapped: planners gather
+only the rows of the batch. Small per-batch tensors are read eagerly as int64.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from kvcanary_cli.dump.header import HeaderEntry, SafetensorsHeader, read_header
+from kvcanary_cli.dump.schema import (
+    FORMAT_VERSION,
+    INTEGER_DTYPES,
+    PROVENANCE_KEYS,
+    SCALARS,
+    TensorSpec,
+    dtype_label,
+    numpy_dtype,
+    spec_for,
+)
+from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
+from kvcanary_cli.errors import (
+    CorruptDumpError,
+    MetadataError,
+    TensorDtypeError,
+    TensorShapeError,
+)
+
+__all__ = ["GROUPS", "DtypeNote", "KvDump", "Scalar", "TensorInfo", "is_open_dump", "load_dump"]
+
+GROUPS = ("full", "swa")
+
+#: (st_dev, st_ino) of files some live KvDump maps, so `save_dump` never overwrites its input.
+_OPEN_FILES: weakref.WeakValueDictionary[tuple[int, int], KvDump] = weakref.WeakValueDictionary()
+
+
+def is_open_dump(path: str | os.PathLike[str]) -> bool:
+    """True when `path` is the file behind a KvDump that is still alive in this process."""
+    try:
+        info = Path(path).stat()
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) in _OPEN_FILES
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorInfo:
+    """What the header says about one tensor, and its role in the format (None: ignored)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    role: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scalar:
+    """A resolved scalar and where it came from: metadata, tensor, default or command line."""
+
+    name: str
+    value: int | None
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DtypeNote:
+    """A tensor stored with an accepted dtype that the production GPU path rejects."""
+
+    tensor: str
+    found: str
+    expected: str
+
+
+@dataclass(eq=False, kw_only=True)
+class KvDump:
+    """One forward step of one rank, as planners and analysis need it.
+
+    Per-batch vectors are int64 `[bs]`; `req_to_token` and the expected-token pool keep their
+    stored dtype and are memory-mapped (copy-on-write: the input file is never modified).
+    """
+
+    path: Path
+    file_size: int
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    scalars: dict[str, Scalar]
+    groups: tuple[str, ...]
+    notes: list[str]
+    dtype_notes: list[DtypeNote]
+    req_to_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_seq_lens: torch.Tensor
+    full_to_swa_index_mapping: torch.Tensor | None = None
+    req_to_verify_expected_tokens: torch.Tensor | None = None
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None
+    out_cache_loc: torch.Tensor | None = None
+    input_ids: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    free_full_slots: torch.Tensor | None = None
+    free_swa_slots: torch.Tensor | None = None
+    violation_ring: torch.Tensor | None = None
+    violation_write_index: int | None = None
+    canary_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def bs(self) -> int:
+        """Batch size, padding rows included (`len(req_pool_indices)`)."""
+        return int(self.req_pool_indices.shape[0])
+
+    @property
+    def max_reqs(self) -> int:
+        """Rows of `req_to_token` (row 0 is the padding row)."""
+        return int(self.req_to_token.shape[0])
+
+    @property
+    def max_seq_len(self) -> int:
+        """Columns of `req_to_token`, i.e. its row stride."""
+        return int(self.req_to_token.shape[1])
+
+    @property
+    def lut_len(self) -> int | None:
+        """Length of the SWA LUT, or None without one."""
+        lut = self.full_to_swa_index_mapping
+        return None if lut is None else int(lut.shape[0])
+
+    def scalar(self, name: str) -> int | None:
+        """The resolved value of a scalar key (None when unknown)."""
+        return self.scalars[name].value
+
+    def window(self, group: str) -> int:
+        """Window W used to plan `group`: 0 for full, `swa_window_size` (>= 0) for swa."""
+        if group == "full":
+            return 0
+        return max(0, self.scalar("swa_window_size") or 0)
+
+    @property
+    def token_offset(self) -> int:
+        """`kv_token_id_vs_position_offset`: 0 for target pools, 1 for EAGLE draft pools."""
+        return self.scalar("kv_token_id_vs_position_offset") or 0
+
+    @property
+    def write_req_capacity(self) -> int:
+        """Length of `write_seed_slot_indices` (default: bs)."""
+        value = self.scalar("write_req_capacity")
+        return self.bs if value is None else value
+
+    @property
+    def provenance(self) -> dict[str, str]:
+        """Free-form identity keys (sglang version, model, rank, step, ...) present in the dump."""
+        known = {k: v for k, v in self.metadata.items() if k in PROVENANCE_KEYS}
+        return {k: known[k] for k in PROVENANCE_KEYS if k in known}
+
+
+def _read_array(path: Path, entry: HeaderEntry) -> np.ndarray:
+    """Map one tensor copy-on-write (no read until touched; writes never reach the file)."""
+    dtype = numpy_dtype(entry.dtype)
+    if entry.numel == 0:
+        return np.zeros(entry.shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
+
+
+def _check_tensor(entry: HeaderEntry, spec: TensorSpec) -> None:
+    if entry.dtype not in spec.dtypes:
+        want = " or ".join(dtype_label(d) for d in spec.dtypes)
+        raise TensorDtypeError(
+            f"dtype {entry.dtype} is not accepted (expected {want})",
+            tensor=entry.name,
+            hint="convert it before saving, e.g. tensor.to(torch.int64)",
+        )
+    if len(entry.shape) not in spec.ranks:
+        want = " or ".join(f"{r}-D" for r in spec.ranks)
+        raise TensorShapeError(
+            f"has shape {list(entry.shape)} ({len(entry.shape)}-D), expected {want}",
+            tensor=entry.name,
+        )
+
+
+def _parse_int(key: str, text: str) -> int:
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise MetadataError(
+            f"metadata value {text!r} is not an integer", tensor=key
+        ) from None
+
+
+def load_dump(
+    path: str | os.PathLike[str], *, overrides: Mapping[str, int | str | None] | None = None
+) -> KvDump:
+    """Open, check and type a dump; raise a `DumpError` naming the culprit on bad input.
+
+    `overrides` are command-line values for scalar keys (and `groups`); they win over the
+    metadata and over scalar tensors, and their source is recorded as "command line".
+    """
+    header = read_header(path)
+    try:
+        with safe_open(str(header.path), framework="pt") as handle:
+            handle.keys()
+    except Exception as exc:  # the Rust parser's verdict, on a header we already bounded
+        raise CorruptDumpError(
+            f"safetensors refuses the file: {exc}", tensor=str(header.path)
+        ) from None
+    return _build(header, dict(overrides or {}))
+
+
+def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) -> KvDump:
+    notes: list[str] = []
+    dtype_notes: list[DtypeNote] = []
+    arrays: dict[str, np.ndarray] = {}
+    infos: dict[str, TensorInfo] = {}
+    scalar_tensors: dict[str, int] = {}
+    canary: dict[str, torch.Tensor] = {}
+    for name, entry in header.entries.items():
+        spec = spec_for(name)
+        role = spec.role if spec else None
+        if spec is None and name in SCALARS:
+            role = "scalar"
+            scalar_tensors[name] = _scalar_tensor(header.path, entry)
+        infos[name] = TensorInfo(
+            name=name, dtype=entry.dtype, shape=entry.shape, nbytes=entry.nbytes, role=role
+        )
+        if spec is None:
+            if role is None:
+                notes.append(f"ignored tensor {name!r} (not part of format v{FORMAT_VERSION})")
+            continue
+        _check_tensor(entry, spec)
+        if entry.dtype != spec.canonical:
+            dtype_notes.append(DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical))
+        arrays[name] = _read_array(header.path, entry)
+        if name.startswith("canary."):
+            canary[name] = torch.from_numpy(arrays[name])
+
+    version = header.metadata.get("kvcanary.format")
+    if version is not None and version.strip() != FORMAT_VERSION:
+        raise MetadataError(
+            f"format version {version!r} is not supported (this kvcanary reads "
+            f"{FORMAT_VERSION!r})",
+            tensor="kvcanary.format",
+            hint="upgrade kvcanary",
+        )
+    scalars = _resolve_scalars(header.metadata, scalar_tensors, overrides)
+    values = {name: scalar.value for name, scalar in scalars.items()}
+    notes.extend(check_batch(arrays, values))
+    lut = arrays.get("full_to_swa_index_mapping")
+    lut_len = None if lut is None else int(lut.shape[0])
+    for name, (value, source) in derive_scalar_defaults(values, lut_len).items():
+        scalars[name] = Scalar(name=name, value=value, source=source)
+    groups = resolve_groups(_groups_text(header.metadata, overrides), has_lut=lut is not None)
+
+    def small(name: str) -> torch.Tensor | None:
+        array = arrays.get(name)
+        return None if array is None else torch.from_numpy(np.asarray(array, dtype=np.int64))
+
+    bs = int(arrays["req_pool_indices"].shape[0])
+    extend = small("extend_seq_lens")
+    ring_index = arrays.get("violation_write_index")
+    dump = KvDump(
+        path=header.path,
+        file_size=header.file_size,
+        tensors=infos,
+        metadata=dict(header.metadata),
+        scalars=scalars,
+        groups=groups,
+        notes=notes,
+        dtype_notes=dtype_notes,
+        req_to_token=torch.from_numpy(arrays["req_to_token"]),
+        req_pool_indices=_require(small("req_pool_indices")),
+        prefix_lens=_require(small("prefix_lens")),
+        extend_seq_lens=extend if extend is not None else torch.zeros(bs, dtype=torch.int64),
+        full_to_swa_index_mapping=small("full_to_swa_index_mapping"),
+        req_to_verify_expected_tokens=(
+            torch.from_numpy(arrays["req_to_verify_expected_tokens"])
+            if "req_to_verify_expected_tokens" in arrays
+            else None
+        ),
+        req_to_verify_expected_tokens_valid_lens=(
+            small("req_to_verify_expected_tokens_valid_lens")
+            if "req_to_verify_expected_tokens" in arrays
+            else None
+        ),
+        out_cache_loc=small("out_cache_loc"),
+        input_ids=small("input_ids"),
+        positions=small("positions"),
+        free_full_slots=small("free_full_slots"),
+        free_swa_slots=small("free_swa_slots"),
+        violation_ring=small("violation_ring"),
+        violation_write_index=(
+            None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
+        ),
+        canary_buffers=canary,
+    )
+    info = header.path.stat()
+    _OPEN_FILES[(info.st_dev, info.st_ino)] = dump
+    return dump
+
+
+def _require(tensor: torch.Tensor | None) -> torch.Tensor:
+    assert tensor is not None  # check_batch raised MissingTensorError otherwise
+    return tensor
+
+
+def _scalar_tensor(path: Path, entry: HeaderEntry) -> int:
+    if entry.dtype not in INTEGER_DTYPES:
+        raise TensorDtypeError(
+            f"scalar stored as {entry.dtype}, expected an integer dtype", tensor=entry.name
+        )
+    if entry.numel != 1 or len(entry.shape) > 1:
+        raise MetadataError(
+            f"scalar tensor has shape {list(entry.shape)}, expected [] or [1]", tensor=entry.name
+        )
+    return int(np.asarray(_read_array(path, entry)).reshape(-1)[0])
+
+
+def _groups_text(metadata: Mapping[str, str], overrides: Mapping[str, object]) -> str | None:
+    value = overrides.get("groups")
+    if value is not None:
+        return str(value)
+    return metadata.get("groups")
+
+
+def _resolve_scalars(
+    metadata: Mapping[str, str],
+    scalar_tensors: Mapping[str, int],
+    overrides: Mapping[str, int | str | None],
+) -> dict[str, Scalar]:
+    resolved: dict[str, Scalar] = {}
+    for name in SCALARS:
+        from_meta = _parse_int(name, metadata[name]) if name in metadata else None
+        from_tensor = scalar_tensors.get(name)
+        if from_meta is not None and from_tensor is not None and from_meta != from_tensor:
+            raise MetadataError(
+                f"given twice with two values: metadata says {from_meta}, "
+                f"the tensor says {from_tensor}",
+                tensor=name,
+                hint="keep one of them",
+            )
+        override = overrides.get(name)
+        if override is not None:
+            resolved[name] = Scalar(name=name, value=int(override), source="command line")
+        elif from_meta is not None:
+            resolved[name] = Scalar(name=name, value=from_meta, source="metadata")
+        elif from_tensor is not None:
+            resolved[name] = Scalar(name=name, value=from_tensor, source="tensor")
+        else:
+            resolved[name] = Scalar(name=name, value=None, source="default")
+    return resolved

@@ -1,0 +1,303 @@
+"""Synthetic dumps: consistent random serving states, built the way SGLang's allocators work.
+
+The simulation follows the allocator contracts of kv-canary-semantics.md §2-§3: pool rows are
+handed out LIFO and freed without clearing (stale tails), token slots come from a free list
+(slot or page 0 reserved), radix sharing reuses the same slots at the same positions, pending
+writes sit in `[P, P+E)`, and the SWA LUT has length `num_full_slots + 1` with a trailing -1,
+0 for unmapped slots, the recent window mapped and older slots cleared lazily by whole pages.
+Work is per request (numpy slices), never per token, so production-size tables build quickly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvcanary_cli.dump.writer import save_dump
+
+__all__ = ["LiveRequest", "SynthDump", "SynthSpec", "build_dump"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SynthSpec:
+    """Shape and behaviour of one synthetic state."""
+
+    max_reqs: int = 12
+    max_seq_len: int = 48
+    page_size: int = 1
+    #: live requests in the batch this step.
+    active_rows: int = 4
+    #: CUDA-graph padding rows (pool row 0) appended to the batch.
+    padding_rows: int = 1
+    #: requests that ran and finished before this step (they leave stale tails).
+    history: int = 6
+    #: 'decode' (E = 1), 'extend' (E >= 1) or 'mixed'.
+    mode: str = "extend"
+    #: probability that a new request shares a radix prefix with a live one.
+    share_prob: float = 0.5
+    #: SWA window; 0 means no SWA group (no LUT).
+    window: int = 0
+    #: probability that a slot outside every live window has its SWA peer cleared already.
+    evict_prob: float = 0.7
+    expected_pool: bool = False
+    token_offset: int = 0
+    free_lists: bool = True
+    write_tensors: bool = True
+    #: verify capacity to record; None leaves the default (no overflow).
+    verify_capacity: int | None = None
+    #: extra full-pool slots beyond what the simulation can need.
+    spare_slots: int = 16
+    vocab: int = 32000
+
+
+@dataclass(kw_only=True)
+class LiveRequest:
+    """Ground truth for one active batch row: what a correct dump says about it."""
+
+    batch_row: int
+    pool_row: int
+    prefix_len: int
+    extend_len: int
+    tokens: np.ndarray
+    slots: np.ndarray
+
+
+@dataclass(kw_only=True)
+class SynthDump:
+    """A state ready to save; scenarios corrupt `tensors` in place before saving."""
+
+    spec: SynthSpec
+    seed: int
+    tensors: dict[str, torch.Tensor]
+    metadata: dict[str, str]
+    live: list[LiveRequest]
+    #: slot -> pool rows holding it in a live range (for scenario builders).
+    notes: list[str] = field(default_factory=list)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the state as a format-v1 dump."""
+        return save_dump(path, metadata=self.metadata, **self.tensors)
+
+
+class _PageAllocator:
+    """A free list of pages (page 0 reserved): allocate from the front, free to the back."""
+
+    def __init__(self, num_pages: int, rng: np.random.Generator, shuffle: bool) -> None:
+        pages = np.arange(1, num_pages, dtype=np.int64)
+        if shuffle:
+            rng.shuffle(pages)
+        self._free: list[np.ndarray] = [pages]
+
+    def alloc(self, count: int) -> np.ndarray:
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        pool = np.concatenate(self._free) if len(self._free) > 1 else self._free[0]
+        if pool.shape[0] < count:
+            raise RuntimeError("synthetic pool exhausted; raise spare_slots")
+        self._free = [pool[count:]]
+        return pool[:count].copy()
+
+    def free(self, pages: np.ndarray) -> None:
+        if pages.size:
+            self._free.append(np.asarray(pages, dtype=np.int64))
+
+    def free_pages(self) -> np.ndarray:
+        return np.concatenate(self._free)
+
+
+@dataclass(kw_only=True)
+class _Request:
+    row: int
+    tokens: np.ndarray
+    pages: np.ndarray  # full-pool pages, in position order
+    owned_from: int  # positions < owned_from are a radix prefix shared with another request
+
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def slots(self, page_size: int) -> np.ndarray:
+        positions = np.arange(self.length(), dtype=np.int64)
+        return self.pages[positions // page_size] * page_size + positions % page_size
+
+
+def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
+    """Simulate a serving history and return the state of its last forward step."""
+    rng = np.random.default_rng(seed)
+    p = spec.page_size
+    pages_per_row = math.ceil(spec.max_seq_len / p)
+    num_pages = (spec.max_reqs - 1) * pages_per_row + 1 + math.ceil(spec.spare_slots / p)
+    num_full_slots = num_pages * p
+    full_alloc = _PageAllocator(num_pages, rng, shuffle=False)
+    req_to_token = np.zeros((spec.max_reqs, spec.max_seq_len), dtype=np.int32)
+    pool_cols = spec.max_seq_len
+    expected = rng.integers(0, spec.vocab, size=(spec.max_reqs, pool_cols), dtype=np.int32)
+    free_rows = list(range(1, spec.max_reqs))
+    live: list[_Request] = []
+    refcount = np.zeros(num_pages, dtype=np.int64)
+    budget = spec.max_seq_len - 2  # leave room for this step's writes
+
+    def start(length: int) -> _Request:
+        row = free_rows.pop()
+        shared = 0
+        donor = None
+        if live and rng.random() < spec.share_prob:
+            donor = live[int(rng.integers(len(live)))]
+            shared = min(donor.length(), int(rng.integers(1, length + 1))) // p * p
+        own_pages = full_alloc.alloc(math.ceil((length - shared) / p))
+        if donor is not None and shared:
+            pages = np.concatenate([donor.pages[: shared // p], own_pages])
+            tokens = np.concatenate(
+                [donor.tokens[:shared], rng.integers(0, spec.vocab, length - shared)]
+            )
+        else:
+            pages, tokens = own_pages, rng.integers(0, spec.vocab, length)
+        refcount[pages] += 1
+        request = _Request(row=row, tokens=tokens.astype(np.int64), pages=pages,
+                           owned_from=shared)
+        req_to_token[row, :length] = request.slots(p)
+        expected[row, :length] = request.tokens
+        live.append(request)
+        return request
+
+    def finish(request: _Request) -> None:
+        live.remove(request)
+        refcount[request.pages] -= 1
+        full_alloc.free(np.unique(request.pages[refcount[request.pages] == 0]))
+        free_rows.append(request.row)
+
+    for _ in range(spec.history):
+        if len(live) >= spec.max_reqs - 1 or (live and rng.random() < 0.5):
+            finish(live[int(rng.integers(len(live)))])
+        start(int(rng.integers(1, budget + 1)))
+    while len(live) > spec.active_rows:
+        finish(live[int(rng.integers(len(live)))])
+    while len(live) < spec.active_rows:
+        start(int(rng.integers(1, budget + 1)))
+
+    # This step: each live request writes E new tokens at [P, P+E).
+    prefix = [r.length() for r in live]
+    extend: list[int] = []
+    for request in live:
+        room = spec.max_seq_len - request.length()
+        mode = spec.mode if spec.mode != "mixed" else ("decode", "extend")[int(rng.integers(2))]
+        e = 1 if mode == "decode" else int(rng.integers(1, max(2, min(room, 12) + 1)))
+        e = min(e, room)
+        old_len = request.length()
+        # Fill the partial last page first, then whole new pages.
+        need_pages = math.ceil((old_len + e) / p) - math.ceil(old_len / p)
+        new_pages = full_alloc.alloc(need_pages)
+        refcount[new_pages] += 1
+        request.pages = np.concatenate([request.pages, new_pages])
+        request.tokens = np.concatenate([request.tokens, rng.integers(0, spec.vocab, e)])
+        req_to_token[request.row, : old_len + e] = request.slots(p)
+        expected[request.row, : old_len + e] = request.tokens
+        extend.append(e)
+
+    order = rng.permutation(len(live))
+    batch = [live[i] for i in order]
+    prefix = [prefix[i] for i in order]
+    extend = [extend[i] for i in order]
+    pad = spec.padding_rows
+    bs = len(batch) + pad
+    rpi = np.array([r.row for r in batch] + [0] * pad, dtype=np.int64)
+    prefix_lens = np.array(prefix + list(rng.integers(0, 4, pad)), dtype=np.int64)
+    extend_lens = np.array(extend + list(rng.integers(0, 2, pad)), dtype=np.int64)
+
+    tensors: dict[str, torch.Tensor] = {
+        "req_to_token": torch.from_numpy(req_to_token),
+        "req_pool_indices": torch.from_numpy(rpi),
+        "prefix_lens": torch.from_numpy(prefix_lens),
+        "extend_seq_lens": torch.from_numpy(extend_lens),
+    }
+    metadata: dict[str, str] = {
+        "page_size": str(p),
+        "num_full_slots": str(num_full_slots),
+        "write_req_capacity": str(bs),
+        "kv_token_id_vs_position_offset": str(spec.token_offset),
+        "forward_mode": spec.mode,
+        "model": "synthetic",
+        "note": f"kvcanary synth seed={seed}",
+    }
+    if spec.verify_capacity is not None:
+        metadata["verify_capacity"] = str(spec.verify_capacity)
+    live_requests = [
+        LiveRequest(batch_row=i, pool_row=r.row, prefix_len=prefix[i], extend_len=extend[i],
+                    tokens=r.tokens.copy(), slots=r.slots(p))
+        for i, r in enumerate(batch)
+    ]
+    if spec.write_tensors:
+        slots = [lr.slots[lr.prefix_len:] for lr in live_requests]
+        toks = [lr.tokens[lr.prefix_len:] for lr in live_requests]
+        poss = [np.arange(lr.prefix_len, lr.prefix_len + lr.extend_len) for lr in live_requests]
+        tensors["out_cache_loc"] = torch.from_numpy(_cat(slots))
+        tensors["input_ids"] = torch.from_numpy(_cat(toks))
+        tensors["positions"] = torch.from_numpy(_cat(poss))
+    if spec.free_lists:
+        tensors["free_full_slots"] = torch.from_numpy(_expand(full_alloc.free_pages(), p))
+    if spec.expected_pool:
+        valid = np.array([lr.prefix_len + lr.extend_len for lr in live_requests] + [0] * pad,
+                         dtype=np.int64)
+        tensors["req_to_verify_expected_tokens"] = torch.from_numpy(expected)
+        tensors["req_to_verify_expected_tokens_valid_lens"] = torch.from_numpy(valid)
+    if spec.window > 0:
+        _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots, num_pages)
+    return SynthDump(spec=spec, seed=seed, tensors=tensors, metadata=metadata,
+                     live=live_requests)
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate(parts).astype(np.int64)
+
+
+def _expand(pages: np.ndarray, page_size: int) -> np.ndarray:
+    """Pages to the slots they hold, sorted (the dump lists free slots, not pages)."""
+    offsets = np.arange(page_size, dtype=np.int64)
+    return np.sort((pages[:, None] * page_size + offsets[None, :]).reshape(-1))
+
+
+def _add_swa(
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str],
+    live: list[LiveRequest],
+    spec: SynthSpec,
+    rng: np.random.Generator,
+    num_full_slots: int,
+    num_pages: int,
+) -> None:
+    """Map live full slots to SWA slots page by page, then clear old pages lazily (§2)."""
+    p = spec.page_size
+    window_pages = math.ceil(max(spec.window, p) / p)
+    full_pages: set[int] = set()
+    retained: set[int] = set()
+    for lr in live:
+        pages = np.unique(lr.slots // p)
+        full_pages.update(int(x) for x in pages)
+        keep_from = max(0, (lr.prefix_len // p - window_pages)) * p
+        retained.update(int(x) for x in np.unique(lr.slots[keep_from:] // p))
+    evictable = sorted(full_pages - retained)
+    evicted = {pg for pg in evictable if rng.random() < spec.evict_prob}
+    mapped = sorted(full_pages - evicted)
+    num_swa_pages = len(mapped) + 1 + max(2, len(mapped) // 4)
+    swa_free = np.arange(1, num_swa_pages, dtype=np.int64)
+    rng.shuffle(swa_free)
+    lut = np.zeros(num_full_slots + 1, dtype=np.int64)
+    lut[-1] = -1
+    offsets = np.arange(p, dtype=np.int64)
+    for full_page, swa_page in zip(mapped, swa_free[: len(mapped)], strict=True):
+        lut[full_page * p + offsets] = swa_page * p + offsets
+    tensors["full_to_swa_index_mapping"] = torch.from_numpy(lut)
+    metadata["swa_window_size"] = str(spec.window)
+    metadata["num_swa_slots"] = str(num_swa_pages * p)
+    if spec.free_lists:
+        tensors["free_swa_slots"] = torch.from_numpy(_expand(swa_free[len(mapped):], p))
+
+
+def with_spec(spec: SynthSpec, **changes: object) -> SynthSpec:
+    """A copy of `spec` with some fields changed (keeps scenario tables short)."""
+    return replace(spec, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,112 @@
+"""`save_dump`: the writer users call from inside SGLang (or a test) to capture one step.
+
+It takes the upstream keyword arguments as they are (CUDA or CPU tensors, int32 or int64,
+Python ints for scalars, None for absent optionals) and writes a format-v1 file atomically.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from kvcanary_cli.dump.loader import is_open_dump
+from kvcanary_cli.dump.schema import (
+    FORMAT_VERSION,
+    SCALARS,
+    dtype_label,
+    safetensors_dtype_of,
+    spec_for,
+)
+from kvcanary_cli.errors import DumpError, MetadataError, TensorDtypeError
+
+__all__ = ["save_dump"]
+
+TensorLike = torch.Tensor | np.ndarray | int | list[int] | None
+
+
+def save_dump(
+    path: str | os.PathLike[str],
+    *,
+    metadata: Mapping[str, object] | None = None,
+    **tensors: TensorLike,
+) -> Path:
+    """Write tensors and scalars as one format-v1 dump; return the path written.
+
+    Tensors are copied to contiguous CPU memory. Python ints named like a scalar key
+    (`swa_window_size=128`) go to the metadata; None values are skipped, so a call's keyword
+    arguments can be passed through unchanged. Refuses to overwrite a dump that this process
+    still has open (its own input), because that file is memory-mapped.
+    """
+    path = Path(path)
+    if is_open_dump(path):
+        raise DumpError(
+            "refusing to overwrite a dump that is open as input", tensor=str(path),
+            hint="write to another path",
+        )
+    meta: dict[str, str] = {str(k): str(v) for k, v in (metadata or {}).items()}
+    out: dict[str, torch.Tensor] = {}
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            raise TensorDtypeError("a bool is not a tensor or a scalar", tensor=name)
+        if isinstance(value, int) and spec_for(name) is None:
+            meta[name] = str(value)
+            continue
+        out[name] = _to_cpu_tensor(name, value)
+    for name in SCALARS:
+        if name in meta:
+            try:
+                int(meta[name], 10)
+            except ValueError:
+                raise MetadataError(
+                    f"value {meta[name]!r} is not an integer", tensor=name
+                ) from None
+    meta["kvcanary.format"] = FORMAT_VERSION
+    _record_sglang_version(meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(out, tmp, metadata=meta)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+    elif isinstance(value, np.ndarray):
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+    else:
+        tensor = torch.as_tensor(value, dtype=torch.int64)
+    tensor = tensor.to("cpu").contiguous().clone()
+    stored = safetensors_dtype_of(tensor.dtype)
+    spec = spec_for(name)
+    if spec is not None and stored not in spec.dtypes:
+        want = " or ".join(dtype_label(d) for d in spec.dtypes)
+        raise TensorDtypeError(
+            f"dtype {tensor.dtype} is not accepted (expected {want})",
+            tensor=name,
+            hint=f"pass {name}.to(torch.{dtype_label(spec.canonical)})",
+        )
+    return tensor
+
+
+def _record_sglang_version(meta: dict[str, str]) -> None:
+    if "sglang.version" in meta:
+        return
+    try:
+        meta["sglang.version"] = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        pass

@@ -1,0 +1,32 @@
+"""Consoles and output formats shared by every renderer.
+
+Colour follows the terminal: none when piped or when `NO_COLOR` is set (rich honours it).
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import IO, Any
+
+from rich.console import Console
+
+__all__ = ["OutputFormat", "make_console", "to_json"]
+
+
+class OutputFormat(StrEnum):
+    """The `--format` choices."""
+
+    TABLE = "table"
+    JSON = "json"
+    MARKDOWN = "markdown"
+
+
+def make_console(file: IO[str] | None = None, *, width: int | None = None) -> Console:
+    """A console for tables: rich decides colour from the terminal and NO_COLOR."""
+    return Console(file=file, width=width, soft_wrap=False, highlight=False)
+
+
+def to_json(record: dict[str, Any]) -> str:
+    """Deterministic JSON (sorted keys) so outputs diff cleanly and goldens stay stable."""
+    return json.dumps(record, indent=2, sort_keys=True) + "\n"
