@@ -33,6 +33,8 @@ __all__ = [
     "ProblemTable",
     "Semantics",
     "Undefined",
+    "failed_plan",
+    "gpu_launch_error",
     "lut_error_message",
     "resolve_group",
 ]
@@ -259,6 +261,37 @@ class Plan:
             "write_seed_slot_indices": self.write_seed_slot_indices,
             "write_num_valid_reqs": torch.tensor([self.write_num_valid_reqs], dtype=torch.int32),
         }
+
+
+def failed_plan(
+    *, backend: str, group: str, window: int, translated: bool, bs: int, verify_capacity: int,
+    write_req_capacity: int, launch_error: str,
+) -> Plan:
+    """The plan of a GPU launch that raised before running: no outputs, only the error."""
+    empty = torch.zeros(0, dtype=torch.int64)
+    return Plan(
+        backend=backend, semantics=Semantics.GPU, group=group, window=window,
+        translated=translated, bs=bs, verify_capacity=verify_capacity,
+        write_req_capacity=write_req_capacity, total_verify=0, verify_num_valid=0, enable=0,
+        verify_offsets=torch.zeros(bs + 1, dtype=torch.int64),
+        verify_slot_indices=empty, verify_expected_tokens=empty,
+        verify_expected_positions=empty, verify_prev_slot_indices=empty,
+        verify_undefined=torch.zeros(0, dtype=torch.uint8), write_offsets=empty,
+        write_seed_slot_indices=empty, seed_undefined=torch.zeros(0, dtype=torch.bool),
+        write_num_valid_reqs=0, launch_error=launch_error,
+    )
+
+
+def gpu_launch_error(bs: int, write_req_capacity: int) -> str | None:
+    """The ValueError production raises before launching the plan kernels (§1.6, §1.7)."""
+    if bs > GPU_MAX_BS:
+        return (
+            f"kv-canary: launch_canary_plan_kernels supports at most bs={GPU_MAX_BS} reqs per "
+            f"launch, got bs={bs}; bump _PLAN_BS_BLOCK_SIZE"
+        )
+    if bs > write_req_capacity:
+        return f"kv-canary: bs={bs} exceeds write_req_capacity={write_req_capacity}"
+    return None
 
 
 class Planner(Protocol):
