@@ -150,6 +150,18 @@ class ProblemTable:
         )
 
     @classmethod
+    def from_rows(cls, rows: list[PlanProblem]) -> ProblemTable:
+        """A table from problem objects (the scalar reference collects these)."""
+        def col(name: str) -> np.ndarray:
+            return np.array([int(getattr(r, name)) for r in rows], dtype=np.int64)
+
+        return cls.concat([cls(
+            kind=col("kind"), role=col("role"), batch_row=col("batch_row"),
+            pool_row=col("pool_row"), position=col("position"), value=col("value"),
+            entry=col("entry"), raises=np.array([r.raises for r in rows], dtype=bool),
+        )])
+
+    @classmethod
     def concat(cls, tables: list[ProblemTable]) -> ProblemTable:
         """One table from many, in canonical order (entry order, then role, then kind)."""
         names = ("kind", "role", "batch_row", "pool_row", "position", "value", "entry", "raises")
@@ -160,7 +172,8 @@ class ProblemTable:
         phase = (cols["entry"] < 0).astype(np.int64)  # seeds after entries, like REF
         role_rank = np.vectorize(lambda r: _ROLE_ORDER[ProblemRole(r)], otypes=[np.int64])(
             cols["role"]) if cols["role"].size else cols["role"]
-        order = np.lexsort((cols["kind"], role_rank, cols["batch_row"], cols["entry"], phase))
+        order = np.lexsort((cols["value"], cols["position"], cols["kind"], role_rank,
+                            cols["batch_row"], cols["entry"], phase))
         return cls(**{n: c[order] for n, c in cols.items()})
 
     def __len__(self) -> int:

@@ -1,0 +1,253 @@
+"""The scalar reference planner: a literal, one-entry-at-a-time reading of semantics §1.2.
+
+It is slow on purpose and obviously correct; the vectorized and Triton planners are tested
+against it. Like SGLang's torch reference (REF) it reads `req_to_token` with Python indexing
+(negative pool rows wrap around) and raises on the first bad read in *strict* mode; in
+*collect* mode it records every problem and keeps going.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvcanary_cli.dump import KvDump
+from kvcanary_cli.errors import PlanTooLargeError, UpstreamPlanError
+from kvcanary_cli.planners.base import (
+    Plan,
+    PlanProblem,
+    ProblemKind,
+    ProblemRole,
+    ProblemTable,
+    Semantics,
+    Undefined,
+    lut_error_message,
+    resolve_group,
+)
+
+__all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
+
+#: Beyond this many entries the scalar loop would run for hours; use the torch backend.
+SCALAR_ENTRY_LIMIT = 20_000_000
+
+
+class _Collector:
+    """Records problems; in strict mode raises upstream's error at the first raising one."""
+
+    def __init__(self, strict: bool, max_reqs: int, max_seq_len: int, lut_len: int,
+                 pool_shape: tuple[int, int]) -> None:
+        self.strict = strict
+        self.items: list[PlanProblem] = []
+        self.shape = (max_reqs, max_seq_len)
+        self.lut_len = lut_len
+        self.pool_shape = pool_shape
+
+    def add(self, problem: PlanProblem) -> None:
+        if self.strict and problem.raises:
+            raise self._upstream_error(problem)
+        self.items.append(problem)
+
+    def _upstream_error(self, p: PlanProblem) -> UpstreamPlanError:
+        if p.kind is ProblemKind.LUT_OUT_OF_RANGE:
+            return UpstreamPlanError(lut_error_message(p.value, self.lut_len))
+        if p.kind is ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE:
+            dim = 0 if p.value == p.pool_row else 1
+            size = self.pool_shape[dim]
+        else:
+            dim = 0 if p.kind is ProblemKind.ROW_OUT_OF_RANGE else 1
+            size = self.shape[dim]
+        return UpstreamPlanError(
+            f"index {p.value} is out of bounds for dimension {dim} with size {size}",
+            exception_type="IndexError",
+        )
+
+    def table(self) -> ProblemTable:
+        return ProblemTable.from_rows(self.items)
+
+
+def _python_row(index: int, rows: int) -> int | None:
+    """The row Python indexing reaches for `index`, or None where it raises IndexError."""
+    if 0 <= index < rows:
+        return index
+    if -rows <= index < 0:
+        return index + rows
+    return None
+
+
+class ReferencePlanner:
+    """REF semantics, scalar. `strict=True` raises `UpstreamPlanError` where REF raises."""
+
+    name = "reference"
+    semantics = Semantics.REFERENCE
+
+    def __init__(self, *, strict: bool = False) -> None:
+        self.strict = strict
+
+    def plan(self, dump: KvDump, group: str) -> Plan:
+        """Plan `group` of `dump` one entry at a time."""
+        window, lut_tensor = resolve_group(dump, group)
+        lut = None if lut_tensor is None else lut_tensor.tolist()
+        lut_len = 0 if lut is None else len(lut)
+        rpi = dump.req_pool_indices.tolist()
+        prefix = dump.prefix_lens.tolist()
+        extend = dump.extend_seq_lens.tolist()
+        max_reqs, max_seq_len = dump.max_reqs, dump.max_seq_len
+        pool = dump.req_to_verify_expected_tokens
+        valid = dump.req_to_verify_expected_tokens_valid_lens
+        valid_lens = None if valid is None else valid.tolist()
+        pool_rows, pool_cols = (0, 0) if pool is None else (pool.shape[0], pool.shape[1])
+        offset = dump.token_offset
+        bs = len(rpi)
+        capacity_r = dump.write_req_capacity
+        problems = _Collector(self.strict, max_reqs, max_seq_len, lut_len,
+                              (pool_rows, pool_cols))
+        row_cache: dict[int, list[int]] = {}
+
+        def table_row(row: int) -> list[int]:
+            if row not in row_cache:
+                row_cache[row] = dump.req_to_token[row].tolist()
+            return row_cache[row]
+
+        def translate(raw: int, role: ProblemRole, r: int, pos: int, k: int) -> int | None:
+            if lut is None or raw < 0:
+                return raw
+            if raw >= lut_len:
+                problems.add(PlanProblem(kind=ProblemKind.LUT_OUT_OF_RANGE, role=role,
+                                      batch_row=r, pool_row=rpi[r], position=pos, value=raw,
+                                      entry=k, raises=True))
+                return None
+            return int(lut[raw])
+
+        # Verify lengths first (REF sums them to decide overflow).
+        starts: list[int] = []
+        lens: list[int] = []
+        for r in range(bs):
+            active = rpi[r] != 0
+            ws = max(0, prefix[r] - window) if window > 0 else 0
+            lens.append(max(0, prefix[r] - ws) if active else 0)
+            starts.append(ws)
+        total = sum(lens)
+        capacity = dump.scalar("verify_capacity")
+        capacity = total if capacity is None else capacity
+        overflow = total > capacity
+        if total > SCALAR_ENTRY_LIMIT:
+            raise PlanTooLargeError(
+                f"the batch asks for {total} verify entries; the scalar reference stops at "
+                f"{SCALAR_ENTRY_LIMIT}", tensor="prefix_lens", hint="use --backend torch",
+            )
+        slots: list[int] = []
+        prevs: list[int] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        undefined: list[int] = []
+        offsets = [0]
+        k = 0
+        for r in range(bs):
+            rp, ws, n = rpi[r], starts[r], lens[r]
+            row = _python_row(rp, max_reqs)
+            pool_row = _python_row(rp, pool_rows) if pool is not None else None
+            if n > 0 and (row is None or rp < 0):
+                problems.add(PlanProblem(kind=ProblemKind.ROW_OUT_OF_RANGE, role=ProblemRole.VERIFY,
+                                      batch_row=r, pool_row=rp, position=ws, value=rp, entry=k,
+                                      raises=row is None))
+            beyond_reported = token_reported = False
+            for j in range(n):
+                pos = ws + j
+                bits = 0
+                slot: int | None = None
+                if row is None:
+                    bits |= Undefined.SLOT
+                elif pos >= max_seq_len:
+                    if not beyond_reported:
+                        beyond_reported = True
+                        problems.add(PlanProblem(kind=ProblemKind.POSITION_BEYOND_ROW,
+                                              role=ProblemRole.VERIFY, batch_row=r, pool_row=rp,
+                                              position=pos, value=pos, entry=k, raises=True))
+                    bits |= Undefined.SLOT
+                else:
+                    slot = translate(table_row(row)[pos], ProblemRole.VERIFY, r, pos, k)
+                    if slot is None:
+                        bits |= Undefined.SLOT
+                prev: int | None = -1
+                if pos > 0:
+                    if row is None or pos - 1 >= max_seq_len:
+                        prev = None
+                    else:
+                        prev = translate(table_row(row)[pos - 1], ProblemRole.CHAIN_PREV,
+                                         r, pos - 1, k)
+                    if prev is None:
+                        bits |= Undefined.PREV
+                token: int | None = -1
+                if pool is not None and valid_lens is not None:
+                    s = pos + offset
+                    if 0 <= s < valid_lens[r]:
+                        token = None
+                        if pool_row is None or s >= pool_cols:
+                            if not token_reported:
+                                token_reported = True
+                                bad = rp if pool_row is None else s
+                                problems.add(PlanProblem(
+                                    kind=ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
+                                    role=ProblemRole.EXPECTED_TOKEN, batch_row=r, pool_row=rp,
+                                    position=pos, value=bad, entry=k, raises=True))
+                            bits |= Undefined.TOKEN
+                        else:
+                            token = int(pool[pool_row, s])
+                if not overflow:
+                    slots.append(0 if slot is None else slot)
+                    prevs.append(0 if prev is None else prev)
+                    tokens.append(0 if token is None else token)
+                    positions.append(pos)
+                    undefined.append(bits)
+                k += 1
+            offsets.append(k)
+
+        # Write metadata, then seeds (REF order: entries, offsets, seeds, num_valid/enable).
+        n_rows = min(bs, capacity_r)
+        write_offsets = [0]
+        for r in range(n_rows):
+            active = rpi[r] != 0
+            write_offsets.append(write_offsets[-1] + (extend[r] if active and extend[r] > 0
+                                                      else 0))
+        seeds: list[int] = []
+        seed_undefined: list[bool] = []
+        for r in range(n_rows):
+            rp, p, e = rpi[r], prefix[r], extend[r]
+            seed: int | None = -1
+            if rp != 0 and e > 0 and p > 0:
+                pos = min(p - 1, max(max_seq_len - 1, 0))
+                row = _python_row(rp, max_reqs)
+                if row is None or pos >= max_seq_len:
+                    seed = None  # IndexError; the verify loop over this row raised first
+                else:
+                    seed = translate(table_row(row)[pos], ProblemRole.SEED, r, pos, -1)
+            seeds.append(0 if seed is None else seed)
+            seed_undefined.append(seed is None)
+
+        def i64(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        return Plan(
+            backend=self.name,
+            semantics=self.semantics,
+            group=group,
+            window=window,
+            translated=lut is not None,
+            bs=bs,
+            verify_capacity=capacity,
+            write_req_capacity=capacity_r,
+            total_verify=total,
+            verify_num_valid=capacity if overflow else total,
+            enable=0 if overflow else 1,
+            verify_offsets=i64(offsets),
+            verify_slot_indices=i64(slots),
+            verify_expected_tokens=i64(tokens),
+            verify_expected_positions=i64(positions),
+            verify_prev_slot_indices=i64(prevs),
+            verify_undefined=torch.tensor(undefined, dtype=torch.uint8),
+            write_offsets=i64(write_offsets),
+            write_seed_slot_indices=i64(seeds),
+            seed_undefined=torch.from_numpy(np.array(seed_undefined, dtype=bool)),
+            write_num_valid_reqs=bs,
+            problems=problems.table(),
+        )

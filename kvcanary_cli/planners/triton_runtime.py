@@ -1,0 +1,94 @@
+"""The only module that imports triton: picks compiled or interpreted kernels, then loads them.
+
+Triton decides between compiling a kernel and interpreting it (`TRITON_INTERPRET=1`, numpy on
+the host) when `@triton.jit` *decorates* the function, i.e. when `triton_kernels` is imported;
+older releases read the variable when `triton` itself is first imported. So this module sets
+`TRITON_INTERPRET=1` before either happens whenever no CUDA device exists and the user has not
+chosen a value, and `triton_kernels` is only ever imported through `load_kernels()` below.
+A process that imported triton earlier (e.g. through `torch.compile`) is still fine with
+current triton, because the decision is taken at decoration time; `load_kernels()` re-checks
+the knob afterwards and refuses a combination that cannot run (compiled mode without CUDA).
+
+Setting the variable changes it for the whole process. That only happens on machines without
+CUDA, where compiled triton cannot run anyway.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Literal
+
+import torch
+
+from kvcanary_cli.errors import PlannerUnavailableError
+
+__all__ = ["Mode", "device", "load_kernels", "load_triton", "mode"]
+
+Mode = Literal["compiled", "interpreter"]
+
+_ENV = "TRITON_INTERPRET"
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _prepare_environment() -> None:
+    """Ask for the interpreter when no CUDA device exists, unless the user chose already."""
+    if _ENV not in os.environ and not torch.cuda.is_available():
+        os.environ[_ENV] = "1"
+
+
+def _interpret_requested() -> bool:
+    return os.environ.get(_ENV, "0").strip().lower() in _TRUE
+
+
+def load_triton() -> tuple[ModuleType, ModuleType]:
+    """`(triton, triton.language)`, imported after the environment is prepared.
+
+    Raises `PlannerUnavailableError` when triton is not installed, or when it would have to
+    compile kernels on a machine without a CUDA device.
+    """
+    _prepare_environment()
+    try:
+        triton = importlib.import_module("triton")
+        tl = importlib.import_module("triton.language")
+    except ImportError as exc:
+        raise PlannerUnavailableError(
+            f"the triton backend needs the triton package, which cannot be imported ({exc})",
+            tensor="--backend triton",
+            hint="pip install triton (Linux), or use --backend torch",
+        ) from None
+    if not torch.cuda.is_available() and not _interpret_requested():
+        raise PlannerUnavailableError(
+            f"{_ENV}={os.environ.get(_ENV)!r} asks triton to compile kernels, but no CUDA "
+            "device is available",
+            tensor="--backend triton",
+            hint=f"unset {_ENV} (or set it to 1) to run the kernels in the triton interpreter",
+        )
+    return triton, tl
+
+
+def mode() -> Mode:
+    """'compiled' when kernels compile for a CUDA device, 'interpreter' when numpy runs them."""
+    _prepare_environment()
+    return "interpreter" if _interpret_requested() else "compiled"
+
+
+def device() -> torch.device:
+    """Where the kernels' tensors live: the CUDA device when compiled, else the host."""
+    return torch.device("cuda") if mode() == "compiled" else torch.device("cpu")
+
+
+def load_kernels() -> ModuleType:
+    """The `triton_kernels` module, decorated in the mode `mode()` reports."""
+    load_triton()
+    kernels = importlib.import_module("kvcanary_cli.planners.triton_kernels")
+    decorated_as_interpreter = type(kernels.plan_offsets_kernel).__name__ == "InterpretedFunction"
+    if decorated_as_interpreter != (mode() == "interpreter"):
+        raise PlannerUnavailableError(
+            f"triton kernels were loaded in another mode than {_ENV} now asks for "
+            f"({mode()})",
+            tensor="--backend triton",
+            hint=f"set {_ENV} before the first triton planner runs in this process",
+        )
+    return kernels
