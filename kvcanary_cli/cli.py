@@ -123,6 +123,108 @@ def inspect(
             make_console().print(inspect_table(record))
 
 
+SwaWindowOpt = Annotated[int | None, typer.Option(
+    "--swa-window", help="Override swa_window_size (window W of the swa group).",
+    rich_help_panel="Scalar overrides")]
+VerifyCapacityOpt = Annotated[int | None, typer.Option(
+    "--verify-capacity", help="Override verify_capacity (default: no overflow).",
+    rich_help_panel="Scalar overrides")]
+WriteCapacityOpt = Annotated[int | None, typer.Option(
+    "--write-req-capacity", help="Override write_req_capacity (default: bs).",
+    rich_help_panel="Scalar overrides")]
+TokenOffsetOpt = Annotated[int | None, typer.Option(
+    "--token-offset", help="Override kv_token_id_vs_position_offset (1 for EAGLE draft pools).",
+    rich_help_panel="Scalar overrides")]
+PageSizeOpt = Annotated[int | None, typer.Option(
+    "--page-size", help="Override page_size.", rich_help_panel="Scalar overrides")]
+FullSlotsOpt = Annotated[int | None, typer.Option(
+    "--num-full-slots", help="Override num_full_slots (rows of the full KV pool).",
+    rich_help_panel="Scalar overrides")]
+SwaSlotsOpt = Annotated[int | None, typer.Option(
+    "--num-swa-slots", help="Override num_swa_slots (rows of the SWA KV pool).",
+    rich_help_panel="Scalar overrides")]
+
+
+def _overrides(
+    swa_window: int | None, verify_capacity: int | None, write_req_capacity: int | None,
+    token_offset: int | None, page_size: int | None, num_full_slots: int | None,
+    num_swa_slots: int | None,
+) -> dict[str, int | None]:
+    return {
+        "swa_window_size": swa_window,
+        "verify_capacity": verify_capacity,
+        "write_req_capacity": write_req_capacity,
+        "kv_token_id_vs_position_offset": token_offset,
+        "page_size": page_size,
+        "num_full_slots": num_full_slots,
+        "num_swa_slots": num_swa_slots,
+    }
+
+
+@app.command()
+def plan(
+    dump: DumpArg,
+    group: Annotated[str, typer.Option("--group", "-g", help="Group to plan: full or swa.",
+                                       metavar="full|swa")] = "full",
+    backend: Annotated[str, typer.Option(
+        "--backend", "-b", metavar="reference|torch|triton",
+        help="reference: scalar, literal (slow); torch: vectorized, same results; triton: the "
+             "GPU kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input).",
+    )] = "torch",
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="With --backend reference: raise (exit 1) exactly where SGLang's "
+                         "torch reference raises, with its message.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the plan (SGLang's field names, trimmed to what upstream "
+                            "defines) to this .safetensors file.")] = None,
+    output_format: Annotated[str, typer.Option("--format", "-f", help="table or json.",
+                                               metavar="table|json")] = "table",
+    max_rows: Annotated[int, typer.Option("--max-rows", help="Batch rows shown in the table.",
+                                          min=1)] = 50,
+    swa_window: SwaWindowOpt = None,
+    verify_capacity: VerifyCapacityOpt = None,
+    write_req_capacity: WriteCapacityOpt = None,
+    token_offset: TokenOffsetOpt = None,
+    page_size: PageSizeOpt = None,
+    num_full_slots: FullSlotsOpt = None,
+    num_swa_slots: SwaSlotsOpt = None,
+) -> None:
+    """Run one planner on one group and show the plan per request (or write it with --out).
+
+    Exit 0 when planned; 1 when the planner raises like upstream would (--strict, or the GPU
+    launch refusing the batch); 2 on bad input.
+    """
+    with guarded():
+        from kvcanary_cli.analysis.plan_summary import plan_record
+        from kvcanary_cli.dump import load_dump
+        from kvcanary_cli.errors import UpstreamPlanError
+        from kvcanary_cli.planners import get_planner
+        from kvcanary_cli.planners.plan_file import save_plan
+        from kvcanary_cli.render import OutputFormat, make_console, to_json
+        from kvcanary_cli.render.plan_view import plan_table
+
+        fmt = _parse_format(output_format, (OutputFormat.TABLE, OutputFormat.JSON))
+        planner = get_planner(backend, strict=strict)
+        loaded = load_dump(dump, overrides=_overrides(
+            swa_window, verify_capacity, write_req_capacity, token_offset, page_size,
+            num_full_slots, num_swa_slots))
+        try:
+            result = planner.plan(loaded, group)
+        except UpstreamPlanError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(ExitCode.FINDINGS) from None
+        if out is not None and result.launch_error is None:
+            save_plan(out, result, source=str(dump))
+        record = plan_record(loaded, result)
+        if fmt is OutputFormat.JSON:
+            _emit(to_json(record))
+        else:
+            make_console().print(plan_table(record, max_rows=max_rows))
+        if result.launch_error is not None:
+            typer.echo(f"ValueError: {result.launch_error}", err=True)
+            raise typer.Exit(ExitCode.FINDINGS)
+
+
 def _parse_format(value: str, allowed: tuple[Any, ...]) -> Any:
     for choice in allowed:
         if value == choice.value:

@@ -1,0 +1,1 @@
+"""Analysis: provenance of slots, findings, reference-vs-kernel comparison, `run_check`."""

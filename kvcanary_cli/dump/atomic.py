@@ -1,0 +1,69 @@
+"""Deterministic, atomic safetensors writes.
+
+Deterministic: tensors and metadata keys are sorted, so the same content gives the same bytes
+(safetensors' own writer orders metadata by hash, which differs run to run). Atomic: a temp
+file in the target folder, then one rename, so no reader sees a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from kvcanary_cli.dump.loader import is_open_dump
+from kvcanary_cli.dump.schema import safetensors_dtype_of
+from kvcanary_cli.errors import DumpError
+
+__all__ = ["write_safetensors"]
+
+
+def write_safetensors(
+    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]
+) -> Path:
+    """Write contiguous CPU tensors atomically; refuse to replace a dump open as input."""
+    path = Path(path)
+    if is_open_dump(path):
+        raise DumpError(
+            "refusing to overwrite a dump that is open as input", tensor=str(path),
+            hint="write to another path",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        with open(tmp, "wb") as handle:
+            _write(handle, tensors, metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _write(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs: list[bytes] = []
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        dtype = safetensors_dtype_of(tensor.dtype)
+        if dtype is None:
+            raise DumpError(f"dtype {tensor.dtype} cannot be stored", tensor=name)
+        blob = tensor.numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # keep the data 8-byte aligned, as safetensors does
+    write = handle.write
+    write(len(text).to_bytes(8, "little"))
+    write(text)
+    for blob in blobs:
+        write(blob)

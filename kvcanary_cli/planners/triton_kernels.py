@@ -1,0 +1,215 @@
+"""Triton kernels of the GPU plan path: offsets (one program) and entries (a 1-D grid).
+
+Only `@triton.jit` functions live here; `triton_planner` launches them. triton is obtained
+through `triton_runtime.load_triton()` (the only module that imports triton), which chooses
+compiled or interpreted kernels before the decorators below run.
+
+Reads of `req_to_token` and the expected-token pool follow the GPU path's flat addressing
+(kv-canary-semantics.md §1.6-§1.8): a cell is `base[row * stride + col]`, so a column beyond
+the row reads the next row, exactly like the CUDA entries kernel. A flat index outside the
+tensor is never dereferenced (the load is masked); the field is flagged undefined and holds 0.
+"""
+# mypy: disable-error-code="no-untyped-def, misc, name-defined, valid-type"
+
+from __future__ import annotations
+
+from kvcanary_cli.planners.triton_runtime import load_triton
+
+triton, tl = load_triton()
+
+__all__ = [
+    "CLAMP_PREV",
+    "CLAMP_SLOT",
+    "SEED_CLAMPED",
+    "SEED_UNDEFINED",
+    "plan_entries_kernel",
+    "plan_offsets_kernel",
+]
+
+#: `seed_flags` bits written by `plan_offsets_kernel`.
+SEED_UNDEFINED = 1
+SEED_CLAMPED = 2
+#: `clamp_flags` bits written by `plan_entries_kernel` (undefined bits are `base.Undefined`).
+CLAMP_SLOT = 1
+CLAMP_PREV = 2
+
+
+@triton.jit
+def _translate_slots(raw, readable, lut_ptr, lut_len, HAS_LUT: tl.constexpr):
+    """T(x) of §1.2 with the GPU clamp of §1.8: x < 0 passes through, x >= lut_len reads
+    `LUT[lut_len - 1]`. Returns `(translated, clamped)`; lanes with `readable` False are
+    not looked up (their value is meaningless and the caller replaces it)."""
+    if HAS_LUT:
+        lookup = readable & (raw >= 0)
+        clamped = lookup & (raw >= lut_len)
+        index = tl.where(lookup, tl.minimum(raw, lut_len - 1), 0)
+        mapped = tl.load(lut_ptr + index, mask=lookup, other=0).to(tl.int64)
+        translated = tl.where(lookup, mapped, raw)
+    else:
+        clamped = readable & (raw != raw)
+        translated = raw
+    return translated, clamped
+
+
+@triton.jit
+def _gather_flat(base_ptr, flat, wanted, numel):
+    """`base[flat]` as int64 where `wanted` and `0 <= flat < numel`; `(value, readable)`."""
+    readable = wanted & (flat >= 0) & (flat < numel)
+    value = tl.load(base_ptr + tl.where(readable, flat, 0), mask=readable, other=0)
+    return value.to(tl.int64), readable
+
+
+@triton.jit
+def plan_offsets_kernel(
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    req_to_token_ptr,
+    lut_ptr,
+    verify_offsets_ptr,
+    write_offsets_ptr,
+    seeds_ptr,
+    seed_raw_ptr,
+    seed_flags_ptr,
+    totals_ptr,
+    bs,
+    req_to_token_stride,
+    req_to_token_numel,
+    lut_len,
+    window,
+    verify_capacity,
+    HAS_LUT: tl.constexpr,
+    BLOCK_BS: tl.constexpr,
+):
+    """Verify and write offsets, capacity check and seeds: §1.2 and §1.6 step 7 (TR).
+
+    One program over `BLOCK_BS >= bs + 1` lanes, one per batch row; lane `bs` (a padding
+    lane with zero lengths) receives the totals of the exclusive prefix sums.
+
+    Outputs: `verify_offsets`/`write_offsets` int64 [bs+1]; `seeds`, `seed_raw` (the
+    untranslated cell) int64 [bs]; `seed_flags` uint8 [bs] (`SEED_UNDEFINED`,
+    `SEED_CLAMPED`); `totals` int64 [3] = (total_verify, verify_num_valid, enable).
+    `verify_capacity < 0` means "no capacity recorded": it equals total_verify.
+    """
+    lanes = tl.arange(0, BLOCK_BS)
+    in_batch = lanes < bs
+    rp = tl.load(req_pool_indices_ptr + lanes, mask=in_batch, other=0).to(tl.int64)
+    prefix = tl.load(prefix_lens_ptr + lanes, mask=in_batch, other=0).to(tl.int64)
+    extend = tl.load(extend_seq_lens_ptr + lanes, mask=in_batch, other=0).to(tl.int64)
+    active = in_batch & (rp != 0)
+    window_start = tl.where(window > 0, tl.maximum(prefix - window, 0), 0)
+    verify_len = tl.where(active, tl.maximum(prefix - window_start, 0), 0)
+    write_len = tl.where(active & (extend > 0), extend, 0)
+
+    head = lanes <= bs
+    verify_excl = tl.cumsum(verify_len, axis=0) - verify_len
+    write_excl = tl.cumsum(write_len, axis=0) - write_len
+    tl.store(verify_offsets_ptr + lanes, verify_excl, mask=head)
+    tl.store(write_offsets_ptr + lanes, write_excl, mask=head)
+
+    total = tl.sum(verify_len, axis=0)
+    capacity = tl.where(verify_capacity < 0, total, verify_capacity)
+    overflow = total > capacity
+    tl.store(totals_ptr + 0, total)
+    tl.store(totals_ptr + 1, tl.where(overflow, capacity, total))
+    tl.store(totals_ptr + 2, tl.where(overflow, 0, 1).to(tl.int64))
+
+    has_seed = active & (extend > 0) & (prefix > 0)
+    flat = rp * req_to_token_stride + prefix - 1
+    raw, readable = _gather_flat(req_to_token_ptr, flat, has_seed, req_to_token_numel)
+    seed, clamped = _translate_slots(raw, readable, lut_ptr, lut_len, HAS_LUT)
+    seed = tl.where(has_seed, tl.where(readable, seed, 0), -1)
+    flags = tl.where(has_seed & ~readable, 1, 0) + tl.where(clamped, 2, 0)
+    tl.store(seeds_ptr + lanes, seed, mask=in_batch)
+    tl.store(seed_raw_ptr + lanes, raw, mask=in_batch)
+    tl.store(seed_flags_ptr + lanes, flags.to(tl.uint8), mask=in_batch)
+
+
+@triton.jit
+def plan_entries_kernel(
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    valid_lens_ptr,
+    req_to_token_ptr,
+    lut_ptr,
+    pool_ptr,
+    verify_offsets_ptr,
+    slot_out_ptr,
+    prev_out_ptr,
+    token_out_ptr,
+    position_out_ptr,
+    undefined_out_ptr,
+    clamp_out_ptr,
+    entry_start,
+    entry_stop,
+    bs,
+    req_to_token_stride,
+    req_to_token_numel,
+    lut_len,
+    window,
+    pool_stride,
+    pool_numel,
+    token_offset,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+    BLOCK_BS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Verify entries `[entry_start, entry_stop)`, BLOCK_SIZE per program: §1.2 and §1.6
+    step 8 (CU), with the clamp of §1.8.
+
+    The owning row of entry k is the largest r with `verify_offsets[r] <= k`, found by a
+    branch-free binary search over `verify_offsets[0..bs]` (SEARCH_STEPS = log2(BLOCK_BS)
+    halving steps, BLOCK_BS >= bs + 1): zero-length rows share their offset with the next
+    row and are never selected, and `verify_offsets[bs] = total > k` bounds the answer.
+
+    Outputs at index k: slot, prev and expected token (int64; -1 sentinels as §1.2; 0 where
+    undefined), expected position, `undefined` (uint8 `base.Undefined` bits) and `clamp`
+    (uint8 `CLAMP_SLOT`, `CLAMP_PREV`: translated slot >= lut_len was clamped).
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    k = entry_start + pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE).to(tl.int64)
+    live = k < entry_stop
+
+    row = tl.zeros([BLOCK_SIZE], dtype=tl.int64)
+    for i in tl.static_range(SEARCH_STEPS):
+        candidate = row + (BLOCK_BS >> (i + 1))
+        probe = live & (candidate <= bs)
+        start = tl.load(verify_offsets_ptr + tl.where(probe, candidate, 0), mask=probe, other=0)
+        row = tl.where(probe & (start <= k), candidate, row)
+
+    rp = tl.load(req_pool_indices_ptr + row, mask=live, other=0).to(tl.int64)
+    prefix = tl.load(prefix_lens_ptr + row, mask=live, other=0).to(tl.int64)
+    first = tl.load(verify_offsets_ptr + row, mask=live, other=0)
+    window_start = tl.where(window > 0, tl.maximum(prefix - window, 0), 0)
+    pos = window_start + (k - first)
+
+    flat = rp * req_to_token_stride + pos
+    raw, slot_ok = _gather_flat(req_to_token_ptr, flat, live, req_to_token_numel)
+    slot, slot_clamped = _translate_slots(raw, slot_ok, lut_ptr, lut_len, HAS_LUT)
+    slot = tl.where(slot_ok, slot, 0)
+
+    has_prev = live & (pos > 0)
+    prev_raw, prev_ok = _gather_flat(req_to_token_ptr, flat - 1, has_prev, req_to_token_numel)
+    prev, prev_clamped = _translate_slots(prev_raw, prev_ok, lut_ptr, lut_len, HAS_LUT)
+    prev = tl.where(has_prev, tl.where(prev_ok, prev, 0), -1)
+
+    undefined = tl.where(live & ~slot_ok, 1, 0) + tl.where(has_prev & ~prev_ok, 2, 0)
+    if HAS_POOL:
+        s = pos + token_offset
+        valid_len = tl.load(valid_lens_ptr + row, mask=live, other=0).to(tl.int64)
+        gathers = live & (s >= 0) & (s < valid_len)
+        token, token_ok = _gather_flat(pool_ptr, rp * pool_stride + s, gathers, pool_numel)
+        token = tl.where(gathers, tl.where(token_ok, token, 0), -1)
+        undefined += tl.where(gathers & ~token_ok, 4, 0)
+    else:
+        token = tl.full([BLOCK_SIZE], -1, dtype=tl.int64)
+
+    clamp = tl.where(slot_clamped, 1, 0) + tl.where(prev_clamped, 2, 0)
+    tl.store(slot_out_ptr + k, slot, mask=live)
+    tl.store(prev_out_ptr + k, prev, mask=live)
+    tl.store(token_out_ptr + k, token, mask=live)
+    tl.store(position_out_ptr + k, pos, mask=live)
+    tl.store(undefined_out_ptr + k, undefined.to(tl.uint8), mask=live)
+    tl.store(clamp_out_ptr + k, clamp.to(tl.uint8), mask=live)
