@@ -1,0 +1,454 @@
+"""kvcanary_cli.capture against a stand-in for SGLang's plan launcher (no SGLang needed)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvcanary_cli import capture
+from kvcanary_cli.capture import (
+    DUMP_DIR_ENV,
+    SGLANG_PLAN_FUNCTION,
+    SGLANG_PLAN_MODULE,
+    install_from_env,
+    install_sglang_hook,
+    save_plan_inputs,
+)
+from kvcanary_cli.dump import load_dump
+
+LUT_ERROR = "kv-canary: SWA slot 70 is outside full_to_swa_index_mapping length 65"
+
+#: The stand-in, as source: exec'd into a ModuleType in-process, and written as
+#: sglang/kernels/ops/kv_canary/plan/api.py for the subprocess tests.
+STAND_IN_SOURCE = textwrap.dedent(
+    '''
+    """Stand-in for SGLang's plan launcher: the signature, one literal LUT check."""
+
+    calls = []
+    last_error = None
+    RESULT = object()
+
+
+    def launch_canary_plan_kernels(
+        *, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, swa_window_size,
+        full_to_swa_index_mapping, verify_capacity, req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset,
+        verify_plan_out, write_plan_out,
+    ):
+        global last_error
+        calls.append(len(req_pool_indices))
+        lut = full_to_swa_index_mapping
+        if lut is not None:
+            for row, prefix in zip(req_pool_indices.tolist(), prefix_lens.tolist()):
+                if row == 0:
+                    continue
+                for slot in req_to_token[row, :prefix].tolist():
+                    if slot >= len(lut):
+                        last_error = ValueError(
+                            f"kv-canary: SWA slot {slot} is outside "
+                            f"full_to_swa_index_mapping length {len(lut)}"
+                        )
+                        raise last_error
+        write_plan_out.write_num_valid_reqs[0] = len(req_pool_indices)
+        return RESULT
+    '''
+)
+
+
+@dataclass
+class VerifyPlan:
+    verify_slot_indices: torch.Tensor
+    verify_expected_tokens: torch.Tensor
+    verify_expected_positions: torch.Tensor
+    verify_prev_slot_indices: torch.Tensor
+    verify_num_valid: torch.Tensor
+    enable: torch.Tensor
+
+    @classmethod
+    def allocate(cls, capacity: int) -> VerifyPlan:
+        def empty() -> torch.Tensor:
+            return torch.empty(capacity, dtype=torch.int64)
+
+        return cls(
+            empty(),
+            empty(),
+            empty(),
+            empty(),
+            torch.zeros(1, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32),
+        )
+
+
+@dataclass
+class WritePlan:
+    write_offsets: torch.Tensor
+    write_seed_slot_indices: torch.Tensor
+    write_num_valid_reqs: torch.Tensor
+
+    @classmethod
+    def allocate(cls, capacity: int) -> WritePlan:
+        return cls(
+            torch.empty(capacity + 1, dtype=torch.int64),
+            torch.empty(capacity, dtype=torch.int64),
+            torch.zeros(1, dtype=torch.int32),
+        )
+
+
+def plan_kwargs(*, bad_slot: bool = True, token_offset: int = 1) -> dict[str, Any]:
+    """One SWA-group call: bs 3 (one padding row), LUT of length 65, slot 70 live if bad."""
+    req_to_token = torch.zeros(4, 16, dtype=torch.int32)
+    req_to_token[1, :5] = torch.tensor([1, 2, 3, 4, 5])
+    req_to_token[2, :4] = torch.tensor([10, 11, 70 if bad_slot else 12, 13])
+    lut = torch.arange(65, dtype=torch.int64)
+    lut[-1] = -1
+    return {
+        "req_pool_indices": torch.tensor([1, 2, 0]),
+        "prefix_lens": torch.tensor([4, 3, 0]),
+        "extend_seq_lens": torch.tensor([1, 1, 0]),
+        "req_to_token": req_to_token,
+        "swa_window_size": 8,
+        "full_to_swa_index_mapping": lut,
+        "verify_capacity": 32,
+        "req_to_verify_expected_tokens": None,
+        "req_to_verify_expected_tokens_valid_lens": None,
+        "kv_token_id_vs_position_offset": token_offset,
+        "verify_plan_out": VerifyPlan.allocate(32),
+        "write_plan_out": WritePlan.allocate(5),
+    }
+
+
+@pytest.fixture
+def stand_in() -> types.ModuleType:
+    module = types.ModuleType("kvcanary_test_plan_api")
+    exec(compile(STAND_IN_SOURCE, "<stand-in api.py>", "exec"), module.__dict__)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "LOCAL_RANK", DUMP_DIR_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def dumps_in(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.safetensors")) if directory.exists() else []
+
+
+# --- save_plan_inputs -------------------------------------------------------------------------
+
+
+def test_save_plan_inputs_records_inputs_and_capacities(tmp_path: Path) -> None:
+    kwargs = plan_kwargs()
+    path = save_plan_inputs(tmp_path / "d.safetensors", metadata={"model": "m"}, **kwargs)
+    dump = load_dump(path)
+    assert torch.equal(dump.req_to_token, kwargs["req_to_token"])
+    assert dump.req_pool_indices.tolist() == [1, 2, 0]
+    assert dump.prefix_lens.tolist() == [4, 3, 0]
+    assert dump.extend_seq_lens.tolist() == [1, 1, 0]
+    assert dump.full_to_swa_index_mapping is not None
+    assert dump.full_to_swa_index_mapping.tolist() == kwargs["full_to_swa_index_mapping"].tolist()
+    assert dump.scalar("swa_window_size") == 8
+    assert dump.scalar("verify_capacity") == 32
+    assert dump.write_req_capacity == 5
+    assert dump.token_offset == 1
+    assert dump.groups == ("full", "swa")
+    # plan outputs are not stored as tensors
+    assert not any(name.startswith(("verify_", "write_")) for name in dump.tensors)
+    assert dump.metadata["model"] == "m"
+    assert dump.metadata["captured_at"].endswith("+00:00")
+
+
+def test_save_plan_inputs_without_lut_plans_full_only(tmp_path: Path) -> None:
+    kwargs = plan_kwargs(token_offset=0)
+    kwargs.update(swa_window_size=0, full_to_swa_index_mapping=None)
+    dump = load_dump(save_plan_inputs(tmp_path / "d.safetensors", **kwargs))
+    assert dump.groups == ("full",)
+    assert dump.metadata["groups"] == "full"
+    assert dump.lut_len is None
+
+
+def test_save_plan_inputs_expected_pool_and_int_like_scalars(tmp_path: Path) -> None:
+    kwargs = plan_kwargs()
+    kwargs["req_to_verify_expected_tokens"] = torch.arange(64, dtype=torch.int32).reshape(4, 16)
+    kwargs["req_to_verify_expected_tokens_valid_lens"] = torch.tensor([5, 4, 0])
+    kwargs["swa_window_size"] = torch.tensor(8)  # a 0-d tensor is recorded as an int
+    dump = load_dump(save_plan_inputs(tmp_path / "d.safetensors", **kwargs))
+    assert dump.scalars["swa_window_size"].source == "metadata"
+    assert dump.scalar("swa_window_size") == 8
+    assert dump.req_to_verify_expected_tokens is not None
+    assert dump.req_to_verify_expected_tokens_valid_lens is not None
+    assert dump.req_to_verify_expected_tokens_valid_lens.tolist() == [5, 4, 0]
+
+
+def test_save_plan_inputs_rejects_unknown_arguments(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments 'bogus', 'out_cache_lok'"):
+        save_plan_inputs(tmp_path / "d.safetensors", bogus=1, out_cache_lok=2, **plan_kwargs())
+    with pytest.raises(TypeError, match=r"missing required keyword argument.*'req_to_token'"):
+        save_plan_inputs(
+            tmp_path / "d.safetensors",
+            req_pool_indices=torch.tensor([1]),
+            prefix_lens=torch.tensor([1]),
+        )
+    assert dumps_in(tmp_path) == []
+
+
+# --- install_sglang_hook ----------------------------------------------------------------------
+
+
+def test_raising_call_dumps_once_and_reraises_same_exception(
+    tmp_path: Path, stand_in: types.ModuleType
+) -> None:
+    original = stand_in.launch_canary_plan_kernels
+    assert install_sglang_hook(tmp_path, module=stand_in)
+    assert stand_in.launch_canary_plan_kernels is not original
+    with pytest.raises(ValueError) as info:
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert info.value is stand_in.last_error
+    assert type(info.value) is ValueError
+    assert str(info.value) == LUT_ERROR
+    assert info.value.__context__ is None and info.value.__cause__ is None
+    # the traceback still reaches the frame that raised
+    frames = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert frames[-1] == "launch_canary_plan_kernels"
+    [path] = dumps_in(tmp_path)
+    assert path.name.startswith("kvcanary-rank0-step") and path.suffix == ".safetensors"
+
+
+def test_dump_of_failed_call_has_inputs_and_note(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "3")
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    [path] = dumps_in(tmp_path)
+    dump = load_dump(path)
+    step = dump.metadata["step"]
+    assert path.name == f"kvcanary-rank3-step{int(step):06d}.safetensors"
+    assert dump.metadata["rank"] == "3"
+    assert dump.metadata["note"] == f"captured on ValueError: {LUT_ERROR}"
+    assert dump.scalar("swa_window_size") == 8
+    assert dump.scalar("verify_capacity") == 32
+    assert dump.write_req_capacity == 5
+    assert dump.token_offset == 1
+    assert dump.lut_len == 65
+    assert int(dump.req_to_token[2, 2]) == 70
+    assert dump.provenance["note"].startswith("captured on ValueError")
+
+
+def test_step_counts_calls_and_explicit_rank(tmp_path: Path, stand_in: types.ModuleType) -> None:
+    install_sglang_hook(tmp_path, module=stand_in, rank=7)
+    stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    paths = dumps_in(tmp_path)
+    steps = [int(load_dump(p).metadata["step"]) for p in paths]
+    assert len(paths) == 2 and steps[1] == steps[0] + 1
+    assert all(p.name.startswith("kvcanary-rank7-") for p in paths)
+
+
+def test_successful_call_passes_through(tmp_path: Path, stand_in: types.ModuleType) -> None:
+    install_sglang_hook(tmp_path / "dumps", module=stand_in)
+    kwargs = plan_kwargs(bad_slot=False)
+    assert stand_in.launch_canary_plan_kernels(**kwargs) is stand_in.RESULT
+    assert int(kwargs["write_plan_out"].write_num_valid_reqs[0]) == 3
+    assert not (tmp_path / "dumps").exists()
+
+
+def test_installing_twice_does_not_double_wrap(tmp_path: Path, stand_in: types.ModuleType) -> None:
+    original = stand_in.launch_canary_plan_kernels
+    assert install_sglang_hook(tmp_path / "first", module=stand_in)
+    assert install_sglang_hook(tmp_path / "second", module=stand_in)
+    wrapper = stand_in.launch_canary_plan_kernels
+    assert wrapper.__kvcanary_original__ is original
+    assert wrapper.__wrapped__ is original
+    with pytest.raises(ValueError):
+        wrapper(**plan_kwargs())
+    assert stand_in.calls == [3]
+    assert dumps_in(tmp_path / "first") == []
+    assert len(dumps_in(tmp_path / "second")) == 1
+
+
+def test_install_rebinds_names_imported_elsewhere(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caller = types.ModuleType("kvcanary_test_caller")
+    caller.launch_canary_plan_kernels = stand_in.launch_canary_plan_kernels  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, caller.__name__, caller)
+    install_sglang_hook(tmp_path, module=stand_in)
+    assert caller.launch_canary_plan_kernels is stand_in.launch_canary_plan_kernels
+
+
+def test_dump_failure_is_logged_and_original_exception_kept(
+    tmp_path: Path, stand_in: types.ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the dump directory should be")
+    install_sglang_hook(blocker, module=stand_in)
+    with caplog.at_level(logging.WARNING, logger="kvcanary.capture"):
+        with pytest.raises(ValueError) as info:
+            stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert info.value is stand_in.last_error
+    assert info.value.__context__ is None
+    assert any("could not write a dump" in r.getMessage() for r in caplog.records)
+    assert all(r.name == "kvcanary.capture" for r in caplog.records)
+
+
+def test_install_returns_false_when_sglang_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, SGLANG_PLAN_MODULE, None)  # makes the import fail
+    assert install_sglang_hook(tmp_path) is False
+
+
+def test_install_returns_false_without_the_launcher(tmp_path: Path) -> None:
+    assert install_sglang_hook(tmp_path, module=types.ModuleType("empty")) is False
+
+
+def test_install_from_env_needs_the_variable() -> None:
+    before = list(sys.meta_path)
+    assert install_from_env() is False
+    assert sys.meta_path == before
+
+
+def test_install_from_env_wraps_an_already_loaded_module(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DUMP_DIR_ENV, str(tmp_path))
+    monkeypatch.setitem(sys.modules, SGLANG_PLAN_MODULE, stand_in)
+    assert install_from_env() is True
+    assert hasattr(stand_in.launch_canary_plan_kernels, "__kvcanary_original__")
+    assert not any(isinstance(f, capture._InstallOnImport) for f in sys.meta_path)
+
+
+def test_captured_dump_checks_as_lut_out_of_range(
+    tmp_path: Path, stand_in: types.ModuleType
+) -> None:
+    check = pytest.importorskip("kvcanary_cli.analysis.check")
+    run_check = getattr(check, "run_check", None)
+    if run_check is None:
+        pytest.skip("kvcanary_cli.analysis.check.run_check does not exist yet")
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    [path] = dumps_in(tmp_path)
+    report = run_check(load_dump(path), ["reference"])
+    codes = {str(getattr(finding, "code", "")) for finding in report.findings}
+    assert "lut-out-of-range" in codes
+
+
+# --- start-up route: KVCANARY_DUMP_DIR + sitecustomize / .pth, in a fresh interpreter -----------
+
+CHILD_SCRIPT = textwrap.dedent(
+    f"""
+    import sys
+    import torch
+    assert {SGLANG_PLAN_MODULE!r} not in sys.modules, "sglang imported at start-up"
+    assert "kvcanary_cli.capture" in sys.modules, "start-up import did not run"
+    from sglang.kernels.ops.kv_canary.plan.api import {SGLANG_PLAN_FUNCTION} as launch
+    import sglang.kernels.ops.kv_canary.plan.api as api
+    assert launch is api.{SGLANG_PLAN_FUNCTION}
+    assert hasattr(launch, "__kvcanary_original__")
+    sys.path.insert(0, sys.argv[1])
+    import test_capture as helpers
+    assert launch(**helpers.plan_kwargs(bad_slot=False)) is api.RESULT
+    try:
+        launch(**helpers.plan_kwargs())
+    except ValueError as exc:
+        assert exc is api.last_error
+        print("RAISED:", exc)
+    """
+)
+
+
+def _fake_sglang(root: Path) -> None:
+    package = root / "sglang/kernels/ops/kv_canary/plan"
+    package.mkdir(parents=True)
+    directory = package
+    while directory != root:
+        (directory / "__init__.py").touch()
+        directory = directory.parent
+    (package / "api.py").write_text(STAND_IN_SOURCE)
+
+
+def _run_child(
+    tmp_path: Path, startup_dir: Path, dump_dir: Path
+) -> subprocess.CompletedProcess[str]:
+    fake = tmp_path / "fake-site"
+    _fake_sglang(fake)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    env[DUMP_DIR_ENV] = str(dump_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(startup_dir), str(fake)])
+    return subprocess.run(
+        [sys.executable, "-c", CHILD_SCRIPT, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_env_var_with_sitecustomize_captures_in_a_fresh_process(tmp_path: Path) -> None:
+    startup = tmp_path / "startup"
+    startup.mkdir()
+    (startup / "sitecustomize.py").write_text("import kvcanary_cli.capture\n")
+    dump_dir = tmp_path / "dumps"
+    result = _run_child(tmp_path, startup, dump_dir)
+    assert result.returncode == 0, result.stderr
+    assert f"RAISED: {LUT_ERROR}" in result.stdout
+    [path] = dumps_in(dump_dir)
+    assert path.name == "kvcanary-rank0-step000001.safetensors"
+    dump = load_dump(path)
+    assert dump.metadata["note"] == f"captured on ValueError: {LUT_ERROR}"
+    assert dump.metadata["step"] == "1"
+    assert "inputs saved to" in result.stderr
+
+
+def test_env_var_with_pth_file_captures_in_a_fresh_process(tmp_path: Path) -> None:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "kvcanary-capture.pth").write_text("import kvcanary_cli.capture\n")
+    startup = tmp_path / "startup"
+    startup.mkdir()
+    # site.addsitedir is what processes site-packages' .pth files at start-up
+    (startup / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site_dir)!r})\n")
+    dump_dir = tmp_path / "dumps"
+    result = _run_child(tmp_path, startup, dump_dir)
+    assert result.returncode == 0, result.stderr
+    assert len(dumps_in(dump_dir)) == 1
+
+
+def test_import_without_the_variable_stays_cheap(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != DUMP_DIR_ENV}
+    code = (
+        "import sys, kvcanary_cli.capture as c\n"
+        "heavy = [m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules]\n"
+        "hooks = [f for f in sys.meta_path if isinstance(f, c._InstallOnImport)]\n"
+        "print(heavy, hooks)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.strip() == "[] []"
