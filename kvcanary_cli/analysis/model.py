@@ -1,0 +1,259 @@
+"""Result types of a check: findings, slot provenance, per-dump and overall reports.
+
+Frozen and logic-free (beyond small properties), so renderers can rely on them and tests can
+build them by hand. Codes and severities are the contract of findings.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = [
+    "CanaryRecord",
+    "Cell",
+    "CheckReport",
+    "DumpReport",
+    "Finding",
+    "FindingCode",
+    "GroupSummary",
+    "ProvenanceReport",
+    "RowCell",
+    "RowMap",
+    "Severity",
+    "SlotProvenance",
+    "ViolationRow",
+]
+
+
+class Severity(StrEnum):
+    """error: the canary or the KV cache is wrong or unsafe; warning: blind or skipped."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        """Higher is worse (for `--fail-on`)."""
+        return {"info": 0, "warning": 1, "error": 2}[self.value]
+
+
+class FindingCode(StrEnum):
+    """Stable finding identifiers (renaming one breaks the JSON schema)."""
+
+    LUT_OUT_OF_RANGE = "lut-out-of-range"
+    SLOT_BEYOND_POOL = "slot-beyond-pool"
+    NEGATIVE_SLOT = "negative-slot"
+    PADDING_SLOT_IN_LIVE_RANGE = "padding-slot-in-live-range"
+    SWA_UNMAPPED_IN_WINDOW = "swa-unmapped-in-window"
+    DUPLICATE_SLOT_IN_ROW = "duplicate-slot-in-row"
+    SLOT_SHARED_ACROSS_POSITIONS = "slot-shared-across-positions"
+    SWA_SLOT_COLLISION = "swa-slot-collision"
+    FREED_SLOT_IN_LIVE_RANGE = "freed-slot-in-live-range"
+    WRITE_TO_LIVE_SLOT = "write-to-live-slot"
+    ROW_OUT_OF_RANGE = "row-out-of-range"
+    PREFIX_BEYOND_ROW = "prefix-beyond-row"
+    DUPLICATE_REQUEST_ROW = "duplicate-request-row"
+    EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
+    KERNEL_LIMIT_EXCEEDED = "kernel-limit-exceeded"
+    KERNEL_DIVERGENCE = "kernel-divergence"
+    VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
+    NEGATIVE_LENGTH = "negative-length"
+    GPU_DTYPE_MISMATCH = "gpu-dtype-mismatch"
+
+    @property
+    def severity(self) -> Severity:
+        """Severity fixed by findings.md."""
+        if self in _WARNINGS:
+            return Severity.WARNING
+        return Severity.ERROR
+
+
+_WARNINGS = frozenset({
+    FindingCode.VERIFY_CAPACITY_OVERFLOW,
+    FindingCode.NEGATIVE_LENGTH,
+    FindingCode.GPU_DTYPE_MISMATCH,
+})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One `req_to_token` cell holding a slot, labelled by its role in the batch."""
+
+    pool_row: int
+    position: int
+    #: batch rows using this pool row (empty for idle rows).
+    batch_rows: tuple[int, ...]
+    #: verify, prefix, chain-prev, pending-write, stale-tail or idle-row.
+    role: str
+    #: the cell is a row's write seed (`P-1` of a row that writes).
+    seed: bool = False
+    #: another live row holds the same slot at the same position (radix prefix sharing).
+    shared: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CanaryRecord:
+    """A slot's record in one canary buffer (`canary.<group>.<head|tail>.<k|v>`)."""
+
+    buffer: str
+    token: int
+    position: int
+    prev_hash: int
+    real_kv_hash: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViolationRow:
+    """A violation-ring row whose slot field is this slot."""
+
+    index: int
+    fields: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotProvenance:
+    """Where a slot lives: every cell holding it, its translation, allocator and canary state."""
+
+    slot: int
+    space: str
+    #: the first cells (live ones first); `cells_total` counts all of them.
+    cells: tuple[Cell, ...]
+    cells_total: int
+    #: LUT[slot] for a full slot, when the dump has a LUT and the slot is in range.
+    swa_slot: int | None = None
+    #: why there is no usable translation ("no LUT", "slot >= lut_len ...", "unmapped").
+    translation_note: str | None = None
+    #: for an SWA slot: the full slots whose LUT entry is this slot.
+    mapped_from: tuple[int, ...] = ()
+    #: "free" or "in use" when the dump has the allocator's free list for this space.
+    allocator: str | None = None
+    canary: tuple[CanaryRecord, ...] = ()
+    violations: tuple[ViolationRow, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """One offending slot (or row, or tensor), with where it came from."""
+
+    code: FindingCode
+    group: str
+    message: str
+    slot: int | None = None
+    space: str = "full"
+    batch_row: int | None = None
+    pool_row: int | None = None
+    position: int | None = None
+    role: str | None = None
+    #: code-specific facts (other cells, kernel values, counts), JSON-safe.
+    details: dict[str, object] = field(default_factory=dict)
+    provenance: SlotProvenance | None = None
+
+    @property
+    def severity(self) -> Severity:
+        """The code's severity."""
+        return self.code.severity
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupSummary:
+    """How one group was planned and how the kernel compared."""
+
+    group: str
+    window: int
+    total_verify: int
+    verify_capacity: int
+    enable: int
+    kernel: str
+    #: differences between reference and kernel, by the finding code that explains them.
+    explained_differences: dict[str, int] = field(default_factory=dict)
+    unexplained_differences: int = 0
+    kernel_launch_error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DumpReport:
+    """Everything `check` found in one dump."""
+
+    path: str
+    identity: dict[str, str]
+    bs: int
+    groups: tuple[GroupSummary, ...]
+    findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = ()
+    kernel_mode: str | None = None
+    #: set when the dump could not be read (multi-dump runs report it instead of stopping).
+    error: str | None = None
+
+    def worst(self) -> Severity | None:
+        """The most severe finding's severity, or None when there is none."""
+        if not self.findings:
+            return None
+        return max((f.severity for f in self.findings), key=lambda s: s.rank)
+
+    def fails(self, fail_on: Severity) -> bool:
+        """True when a finding is at or above `fail_on`."""
+        return any(f.severity.rank >= fail_on.rank for f in self.findings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckReport:
+    """One report per dump plus the `--fail-on` threshold that sets the verdicts."""
+
+    dumps: tuple[DumpReport, ...]
+    fail_on: Severity = Severity.ERROR
+
+    @property
+    def failed(self) -> bool:
+        """At least one dump has a finding at or above the threshold."""
+        return any(d.fails(self.fail_on) for d in self.dumps)
+
+    @property
+    def bad_input(self) -> bool:
+        """At least one dump could not be read."""
+        return any(d.error is not None for d in self.dumps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowCell:
+    """One position of a pool row, for `provenance --row`."""
+
+    position: int
+    slot: int
+    #: verify, prefix, chain-prev, pending-write, stale-tail or idle-row.
+    role: str
+    seed: bool = False
+    #: LUT[slot] when the dump has a LUT and the slot is in range.
+    swa_slot: int | None = None
+    #: codes of the findings that point at this cell.
+    marks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowMap:
+    """A pool row as the batch sees it: live prefix, window, pending writes, stale tail."""
+
+    pool_row: int
+    batch_rows: tuple[int, ...]
+    prefix_len: int | None
+    extend_len: int | None
+    window_start: int | None
+    group: str
+    #: positions shown (the live range plus a few stale cells; every marked cell).
+    cells: tuple[RowCell, ...]
+    #: positions of the row holding a non-zero slot (shown or not).
+    filled: int
+    max_seq_len: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProvenanceReport:
+    """Answer of `kvcanary provenance`: one slot's cells, or one pool row's map."""
+
+    path: str
+    identity: dict[str, str]
+    slot: SlotProvenance | None = None
+    row: RowMap | None = None
+    #: findings that touch the slot (or the row).
+    findings: tuple[Finding, ...] = ()
