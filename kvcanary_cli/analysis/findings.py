@@ -81,12 +81,13 @@ def batch_findings(dump: KvDump) -> list[Finding]:
 
 def _cell_finding(code: FindingCode, cells: LiveCells, i: int, message: str, *,
                   group: str = "full", slot: int | None = None, space: str = "full",
-                  details: dict[str, object] | None = None) -> Finding:
+                  role: str | None = None, details: dict[str, object] | None = None) -> Finding:
+    """A finding at live cell `i`; its role defaults to the full group's (window 0)."""
     return Finding(
         code=code, group=group, slot=int(cells.slot[i]) if slot is None else slot, space=space,
         batch_row=int(cells.batch_row[i]), pool_row=int(cells.pool_row[i]),
         position=int(cells.position[i]),
-        role="pending-write" if cells.pending[i] else "prefix",
+        role=role or ("pending-write" if cells.pending[i] else "verify"),
         message=message, details=details or {})
 
 
@@ -262,6 +263,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
                 FindingCode.FREED_SLOT_IN_LIVE_RANGE, cells, i,
                 f"live full slot {cells.slot[i]} maps to SWA slot {swa[i]}, which the SWA "
                 "allocator holds as free", group="swa", slot=int(swa[i]), space="swa",
+                role=None if in_window[i] or cells.pending[i] else "prefix",
                 details={"full_slot": int(cells.slot[i])}))
     return found
 
@@ -290,17 +292,21 @@ def plan_findings(dump: KvDump, plan: Plan, kernel: Plan | None) -> list[Finding
                     f"LUT[{lut_len - 1}] = {clamp_value}",
             details={"lut_len": lut_len, "gpu_value": clamp_value,
                      "read_as": sorted({r.label for r in roles})}))
+    pool = dump.req_to_verify_expected_tokens
+    shape = None if pool is None else [int(d) for d in pool.shape]
     for i in np.flatnonzero(problems.kind == ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE):
-        pool = dump.req_to_verify_expected_tokens
-        shape = None if pool is None else list(pool.shape)
+        value, pool_row = int(problems.value[i]), int(problems.pool_row[i])
+        bad_row = shape is not None and value == pool_row and not 0 <= pool_row < shape[0]
+        what = (f"pool row {pool_row} is outside the expected-token pool's {shape[0]} rows"
+                if bad_row and shape else
+                f"expected-token gather at column {value} is inside valid_lens but outside "
+                f"the pool's {shape[1] if shape else '?'} columns")
         found.append(Finding(
             code=FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE, group=plan.group,
-            batch_row=int(problems.batch_row[i]), pool_row=int(problems.pool_row[i]),
+            batch_row=int(problems.batch_row[i]), pool_row=pool_row,
             position=int(problems.position[i]), role="verify",
-            message=f"expected-token gather at index {int(problems.value[i])} is inside "
-                    f"valid_lens but outside the pool {shape}: REF raises, the GPU reads "
-                    "another row's tokens", details={"pool_shape": shape,
-                                                    "index": int(problems.value[i])}))
+            message=f"{what}: REF raises IndexError, the GPU reads another row's tokens",
+            details={"pool_shape": shape, "index": value}))
     if plan.total_verify > plan.verify_capacity:
         found.append(Finding(
             code=FindingCode.VERIFY_CAPACITY_OVERFLOW, group=plan.group,

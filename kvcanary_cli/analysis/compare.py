@@ -1,0 +1,149 @@
+"""Reference vs kernel: exact comparison of two plans, with every difference explained or not.
+
+Plans are integers, so there is no tolerance. A difference is *explained* when a problem of
+either plan accounts for it (a clamp at a slot >= lut_len is `lut-out-of-range`, a masked
+read of a bad pool row is `row-out-of-range`, ...); anything else is a `kernel-divergence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
+
+__all__ = ["Comparison", "compare_plans"]
+
+_ROW_LEVEL = {
+    ProblemKind.ROW_OUT_OF_RANGE: FindingCode.ROW_OUT_OF_RANGE,
+    ProblemKind.POSITION_BEYOND_ROW: FindingCode.PREFIX_BEYOND_ROW,
+}
+#: (plan field, undefined bit, problem role, label) of the three per-entry values.
+_FIELDS = (
+    ("verify_slot_indices", Undefined.SLOT, ProblemRole.VERIFY, "verify slot"),
+    ("verify_prev_slot_indices", Undefined.PREV, ProblemRole.CHAIN_PREV, "prev slot"),
+    ("verify_expected_tokens", Undefined.TOKEN, ProblemRole.EXPECTED_TOKEN, "expected token"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """Differences between a reference plan and a kernel plan of the same group."""
+
+    explained: dict[str, int] = field(default_factory=dict)
+    divergences: list[Finding] = field(default_factory=list)
+
+
+def _both(reference: Plan, kernel: Plan) -> ProblemTable:
+    return ProblemTable.concat([reference.problems, kernel.problems])
+
+
+def _entry_explanations(problems: ProblemTable, plan: Plan) -> dict[ProblemRole, np.ndarray]:
+    """Per field role, the index (into `FindingCode`) of the code explaining each entry, or -1.
+
+    LUT problems explain their own entry; row-level problems explain every later entry of
+    their batch row (a bad row or a prefix past the row spoils the rest of the row).
+    """
+    n = plan.entries
+    rows = plan.entry_batch_rows().numpy()
+    entry_ids = np.arange(n)
+    codes = list(FindingCode)
+    with_entry = problems.entry >= 0
+    out: dict[ProblemRole, np.ndarray] = {}
+    for _, _, role, _ in _FIELDS:
+        why = np.full(n, -1, dtype=np.int64)
+        lut = with_entry & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE) & (
+            problems.role == role) & (problems.entry < n)
+        why[problems.entry[lut]] = codes.index(FindingCode.LUT_OUT_OF_RANGE)
+        spoilers = (
+            {ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE: FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE}
+            if role is ProblemRole.EXPECTED_TOKEN else _ROW_LEVEL
+        )
+        for kind, code in spoilers.items():
+            mask = with_entry & (problems.kind == kind)
+            if not mask.any():
+                continue
+            first = np.full(plan.bs, np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(first, problems.batch_row[mask], problems.entry[mask])
+            hit = (entry_ids >= first[rows]) & (why < 0)
+            why[hit] = codes.index(code)
+        out[role] = why
+    return out
+
+
+def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
+    """Compare on what both define; explain each difference or report a divergence."""
+    result = Comparison()
+    if kernel.launch_error is not None:
+        return result
+    group = reference.group
+
+    def diverge(what: str, ref_value: object, kernel_value: object, **where: int) -> None:
+        """Record one unexplained difference."""
+        result.divergences.append(Finding(
+            code=FindingCode.KERNEL_DIVERGENCE, group=group,
+            message=f"{what}: reference {ref_value}, kernel {kernel_value}",
+            details={"field": what, "reference": ref_value, "kernel": kernel_value}, **where))
+
+    for name in ("verify_num_valid", "enable", "write_num_valid_reqs"):
+        ref_v, ker_v = getattr(reference, name), getattr(kernel, name)
+        if ref_v != ker_v:
+            diverge(name, ref_v, ker_v)
+    problems = _both(reference, kernel)
+    codes = list(FindingCode)
+    if reference.entries and reference.entries == kernel.entries:
+        why = _entry_explanations(problems, reference)
+        rows = reference.entry_batch_rows()
+        positions = reference.verify_expected_positions
+        for name, bit, role, label in _FIELDS:
+            ref_def = (reference.verify_undefined & int(bit)) == 0
+            ker_def = (kernel.verify_undefined & int(bit)) == 0
+            ref_val, ker_val = getattr(reference, name), getattr(kernel, name)
+            differs = (ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))
+            for k in torch.nonzero(differs).reshape(-1).tolist():
+                if why[role][k] >= 0:
+                    code = codes[int(why[role][k])].value
+                    result.explained[code] = result.explained.get(code, 0) + 1
+                    continue
+                diverge(label,
+                        int(ref_val[k]) if ref_def[k] else "undefined",
+                        int(ker_val[k]) if ker_def[k] else "undefined",
+                        batch_row=int(rows[k]), position=int(positions[k]))
+    elif reference.entries != kernel.entries:
+        diverge("materialized entries", reference.entries, kernel.entries)
+    _compare_write(reference, kernel, problems, result, diverge)
+    return result
+
+
+def _compare_write(reference: Plan, kernel: Plan, problems: ProblemTable, result: Comparison,
+                   diverge: Callable[..., None]) -> None:
+    n = min(reference.write_seed_slot_indices.shape[0], kernel.write_seed_slot_indices.shape[0])
+    ref_def = ~reference.seed_undefined[:n]
+    ker_def = ~kernel.seed_undefined[:n]
+    ref_val = reference.write_seed_slot_indices[:n]
+    ker_val = kernel.write_seed_slot_indices[:n]
+    differs = (ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))
+    for r in torch.nonzero(differs).reshape(-1).tolist():
+        row_problems = problems.batch_row == r
+        seed_lut = row_problems & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE) & (
+            problems.role == ProblemRole.SEED)
+        row_level = row_problems & np.isin(problems.kind, [int(k) for k in _ROW_LEVEL])
+        if seed_lut.any():
+            code = FindingCode.LUT_OUT_OF_RANGE.value
+        elif row_level.any():
+            code = _ROW_LEVEL[ProblemKind(int(problems.kind[np.flatnonzero(row_level)[0]]))].value
+        else:
+            diverge("write seed",
+                    int(ref_val[r]) if ref_def[r] else "undefined",
+                    int(ker_val[r]) if ker_def[r] else "undefined", batch_row=r)
+            continue
+        result.explained[code] = result.explained.get(code, 0) + 1
+    m = min(reference.write_offsets.shape[0], kernel.write_offsets.shape[0])
+    bad = torch.nonzero(reference.write_offsets[:m] != kernel.write_offsets[:m]).reshape(-1)
+    for r in bad.tolist():
+        diverge("write offset", int(reference.write_offsets[r]),
+                int(kernel.write_offsets[r]), batch_row=r)
