@@ -225,6 +225,177 @@ def plan(
             raise typer.Exit(ExitCode.FINDINGS)
 
 
+@app.command()
+def check(
+    dumps: Annotated[list[Path], typer.Argument(
+        help="One or more .safetensors dumps (one per rank, say).", show_default=False)],
+    group: Annotated[str, typer.Option(
+        "--group", "-g", metavar="full|swa|all",
+        help="Groups to plan (default: all the dump has).")] = "all",
+    kernel: Annotated[str, typer.Option(
+        "--kernel", "-k", metavar="triton|torch|none",
+        help="What stands in for the production GPU path: triton (the kernels; compiled on "
+             "CUDA, interpreted elsewhere), torch (same GPU semantics, vectorized: fast), none "
+             "(skip the comparison).")] = "triton",
+    output_format: Annotated[str, typer.Option(
+        "--format", "-f", metavar="table|json|markdown",
+        help="table for a terminal, json for scripts (schema kvcanary.check/1), markdown for "
+             "a bug report.")] = "table",
+    fail_on: Annotated[str, typer.Option(
+        "--fail-on", metavar="error|warning",
+        help="Exit 1 when a finding is at least this severe.")] = "error",
+    max_rows: Annotated[int, typer.Option(
+        "--max-rows", min=1, help="Findings shown per code in table and markdown output "
+                                  "(JSON lists them all).")] = 10,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, help="Processes for several dumps (default: the cores).")] = None,
+    swa_window: SwaWindowOpt = None,
+    verify_capacity: VerifyCapacityOpt = None,
+    write_req_capacity: WriteCapacityOpt = None,
+    token_offset: TokenOffsetOpt = None,
+    page_size: PageSizeOpt = None,
+    num_full_slots: FullSlotsOpt = None,
+    num_swa_slots: SwaSlotsOpt = None,
+) -> None:
+    """Find every bad slot in a dump and say where it came from.
+
+    Plans each group with SGLang's reference semantics (collecting every problem instead of
+    raising at the first) and with the GPU kernel, compares them, and reports each finding
+    with its provenance. Exit 0 clean, 1 findings at or above --fail-on, 2 bad input.
+    """
+    with guarded():
+        from kvcanary_cli.analysis.check import check_dumps, run_check
+        from kvcanary_cli.analysis.model import CheckReport
+        from kvcanary_cli.dump import load_dump
+        from kvcanary_cli.render import OutputFormat
+
+        fmt = _parse_format(output_format, tuple(OutputFormat))
+        threshold = _parse_severity(fail_on)
+        groups = None if group == "all" else [group]
+        overrides = _overrides(swa_window, verify_capacity, write_req_capacity, token_offset,
+                               page_size, num_full_slots, num_swa_slots)
+        if len(dumps) == 1:
+            with _busy(f"checking {dumps[0]}"):
+                single = run_check(load_dump(dumps[0], overrides=overrides), kernel=kernel,
+                                   groups=groups)
+            report = CheckReport(dumps=(single,), fail_on=threshold)
+        else:
+            with _progress(len(dumps)) as tick:
+                report = check_dumps(dumps, overrides=overrides, kernel=kernel, groups=groups,
+                                     fail_on=threshold, jobs=jobs, progress=tick)
+        _show_check(report, fmt, max_rows)
+        for bad in report.dumps:
+            if bad.error is not None:
+                typer.echo(f"error: {bad.error}", err=True)
+        if report.bad_input:
+            raise typer.Exit(ExitCode.BAD_INPUT)
+        raise typer.Exit(ExitCode.FINDINGS if report.failed else ExitCode.CLEAN)
+
+
+@app.command()
+def provenance(
+    dump: DumpArg,
+    slot: Annotated[int | None, typer.Option(
+        "--slot", "-s", help="Slot to trace: every req_to_token cell holding it.")] = None,
+    row: Annotated[int | None, typer.Option(
+        "--row", "-r", help="Pool row to map instead: live prefix, window, pending writes, "
+                            "stale tail, bad cells marked.")] = None,
+    space: Annotated[str, typer.Option(
+        "--space", metavar="full|swa",
+        help="Whether --slot is a full-pool slot or an SWA-pool slot.")] = "full",
+    group: Annotated[str | None, typer.Option(
+        "--group", "-g", metavar="full|swa",
+        help="Group whose window labels the roles (default: swa for --space swa).")] = None,
+    output_format: Annotated[str, typer.Option(
+        "--format", "-f", metavar="table|json|markdown", help="Output format.")] = "table",
+    swa_window: SwaWindowOpt = None,
+    verify_capacity: VerifyCapacityOpt = None,
+    write_req_capacity: WriteCapacityOpt = None,
+    token_offset: TokenOffsetOpt = None,
+    page_size: PageSizeOpt = None,
+    num_full_slots: FullSlotsOpt = None,
+    num_swa_slots: SwaSlotsOpt = None,
+) -> None:
+    """Trace one slot (or map one pool row) through the whole req_to_token table.
+
+    Shows every cell holding the slot with its role (verify, prefix, chain-prev,
+    pending-write, stale-tail, idle-row), radix sharing, the slot's SWA translation, allocator
+    state when the dump has free lists, and the findings touching it.
+    """
+    with guarded():
+        from kvcanary_cli.analysis.check import run_check
+        from kvcanary_cli.analysis.query import row_map, slot_query
+        from kvcanary_cli.dump import load_dump
+        from kvcanary_cli.errors import UsageError
+        from kvcanary_cli.render import OutputFormat, render_provenance
+
+        fmt = _parse_format(output_format, tuple(OutputFormat))
+        if (slot is None) == (row is None):
+            raise UsageError("give exactly one of --slot N or --row R", tensor="provenance")
+        loaded = load_dump(dump, overrides=_overrides(
+            swa_window, verify_capacity, write_req_capacity, token_offset, page_size,
+            num_full_slots, num_swa_slots))
+        report = run_check(loaded, kernel="none")
+        if slot is not None:
+            answer = slot_query(loaded, report, slot, space=space, group=group)
+        else:
+            assert row is not None
+            answer = row_map(loaded, report, row, group=group or "full")
+        _print(render_provenance(answer, fmt))
+
+
+def _show_check(report: Any, fmt: Any, max_rows: int) -> None:
+    from kvcanary_cli.render import render_check
+
+    _print(render_check(report, fmt, max_rows=max_rows))
+
+
+def _print(rendered: Any) -> None:
+    """Strings (json, markdown) go out verbatim; rich renderables through a console."""
+    if isinstance(rendered, str):
+        _emit(rendered)
+    else:
+        from kvcanary_cli.render import make_console
+
+        make_console().print(rendered)
+
+
+def _parse_severity(value: str) -> Any:
+    from kvcanary_cli.analysis.model import Severity
+    from kvcanary_cli.errors import UsageError
+
+    if value not in ("error", "warning"):
+        raise UsageError(f"unknown severity {value!r} (choose error or warning)",
+                         tensor="--fail-on")
+    return Severity(value)
+
+
+@contextmanager
+def _busy(message: str) -> Iterator[None]:
+    """A spinner on stderr while one big dump is checked (only on a terminal)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(message):
+        yield
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Any]:
+    """A progress bar on stderr over several dumps (only on a terminal)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("checking dumps", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)
+
+
 def _parse_format(value: str, allowed: tuple[Any, ...]) -> Any:
     for choice in allowed:
         if value == choice.value:
