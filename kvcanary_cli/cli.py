@@ -344,6 +344,39 @@ def provenance(
         _print(render_provenance(answer, fmt))
 
 
+@app.command()
+def synth(
+    scenario: Annotated[str | None, typer.Argument(
+        help="Scenario name (see --list).", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Dump file to write.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    size: Annotated[str, typer.Option(
+        "--size", metavar="tiny|small|medium|large",
+        help="tiny/small for examples and tests; medium (2049 x 32772) and large "
+             "(4097 x 131076) req_to_token for benchmarks.")] = "tiny",
+    list_: Annotated[bool, typer.Option("--list", help="List the scenarios.")] = False,
+) -> None:
+    """Generate a realistic dump: a clean serving state or one bug class of the canary.
+
+    Each dump records the findings `kvcanary check` must report in its metadata
+    (kvcanary.expected_findings), so you can see what the tool says about a known bug.
+    """
+    with guarded():
+        from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+        from kvcanary_cli.errors import UsageError
+
+        if list_:
+            width = max(len(name) for name in SCENARIOS)
+            for name, item in SCENARIOS.items():
+                codes = ", ".join(item.expected) or "none (clean)"
+                typer.echo(f"{name:<{width}}  {item.summary}  [{codes}]")
+            return
+        if scenario is None or out is None:
+            raise UsageError("give a SCENARIO and --out DUMP (or --list)", tensor="synth")
+        path = make_scenario(scenario, seed=seed, size=size).save(out)
+        typer.echo(f"wrote {path} ({scenario}, seed {seed}, size {size})")
+
+
 def _show_check(report: Any, fmt: Any, max_rows: int) -> None:
     from kvcanary_cli.render import render_check
 

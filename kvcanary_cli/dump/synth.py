@@ -51,6 +51,10 @@ class SynthSpec:
     verify_capacity: int | None = None
     #: extra full-pool slots beyond what the simulation can need.
     spare_slots: int = 16
+    #: longest request (tokens before this step); None: the row length minus headroom.
+    max_request_len: int | None = None
+    #: full-pool slots (size + page_size); None: enough for every row to be full.
+    pool_slots: int | None = None
     vocab: int = 32000
 
 
@@ -129,7 +133,10 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
     rng = np.random.default_rng(seed)
     p = spec.page_size
     pages_per_row = math.ceil(spec.max_seq_len / p)
-    num_pages = (spec.max_reqs - 1) * pages_per_row + 1 + math.ceil(spec.spare_slots / p)
+    if spec.pool_slots is not None:
+        num_pages = math.ceil(spec.pool_slots / p)
+    else:
+        num_pages = (spec.max_reqs - 1) * pages_per_row + 1 + math.ceil(spec.spare_slots / p)
     num_full_slots = num_pages * p
     full_alloc = _PageAllocator(num_pages, rng, shuffle=False)
     req_to_token = np.zeros((spec.max_reqs, spec.max_seq_len), dtype=np.int32)
@@ -139,6 +146,8 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
     live: list[_Request] = []
     refcount = np.zeros(num_pages, dtype=np.int64)
     budget = spec.max_seq_len - 2  # leave room for this step's writes
+    if spec.max_request_len is not None:
+        budget = min(budget, spec.max_request_len)
 
     def start(length: int) -> _Request:
         row = free_rows.pop()

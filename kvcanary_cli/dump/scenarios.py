@@ -1,0 +1,355 @@
+"""Named scenarios: clean serving states and one corruption per bug class (semantics §11).
+
+Each scenario builds a consistent state with `synth.build_dump`, then breaks exactly one
+thing, the way the bug would. Its dump records the finding codes `kvcanary check` must report
+(`kvcanary.expected_findings`) and those it may report as side effects
+(`kvcanary.allowed_findings`), so tests and users can check the tool against the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
+from kvcanary_cli.errors import UsageError
+
+__all__ = ["SCENARIOS", "SIZES", "Scenario", "make_scenario"]
+
+#: Table shapes: tiny/small for tests and examples, medium/large for the benchmark
+#: (`req_to_token` of 2049 x 32772 and 4097 x 131076 int32, as in production).
+SIZES: dict[str, SynthSpec] = {
+    "tiny": SynthSpec(max_reqs=12, max_seq_len=48, active_rows=4, history=6),
+    "small": SynthSpec(max_reqs=64, max_seq_len=512, active_rows=24, history=48,
+                       max_request_len=400),
+    "medium": SynthSpec(max_reqs=2049, max_seq_len=32772, active_rows=64, history=96,
+                        max_request_len=4096, pool_slots=1 << 20, padding_rows=8),
+    "large": SynthSpec(max_reqs=4097, max_seq_len=131076, active_rows=128, history=192,
+                       max_request_len=8192, pool_slots=1 << 21, padding_rows=16),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """A named state: how it is built, what went wrong, and what check must say."""
+
+    name: str
+    summary: str
+    spec: dict[str, object]
+    corrupt: Callable[[SynthDump, np.random.Generator], None] | None = None
+    expected: tuple[str, ...] = ()
+    allowed: tuple[str, ...] = ()
+
+
+# --- helpers over a SynthDump --------------------------------------------------------------
+
+
+def _lens(d: SynthDump) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return d.tensors["req_pool_indices"], d.tensors["prefix_lens"], d.tensors["extend_seq_lens"]
+
+
+def _unshared_prefix_cells(d: SynthDump) -> list[tuple[int, int, int]]:
+    """(batch row, position, slot) of live prefix cells whose slot no other live cell holds."""
+    counts: dict[int, int] = {}
+    for lr in d.live:
+        for s in lr.slots[: lr.prefix_len + lr.extend_len].tolist():
+            counts[s] = counts.get(s, 0) + 1
+    cells = []
+    for lr in d.live:
+        for pos in range(lr.prefix_len):
+            s = int(lr.slots[pos])
+            if counts[s] == 1:
+                cells.append((lr.batch_row, pos, s))
+    return cells
+
+
+def _pick(rng: np.random.Generator, items: list[tuple[int, ...]], what: str) -> tuple[int, ...]:
+    if not items:
+        raise RuntimeError(f"scenario needs {what}; try another seed or size")
+    return items[int(rng.integers(len(items)))]
+
+
+def _drop_writes(d: SynthDump, batch_row: int) -> None:
+    """Remove a row's pending writes from out_cache_loc / input_ids / positions."""
+    rpi, _, extend = _lens(d)
+    if "out_cache_loc" not in d.tensors:
+        return
+    write_len = torch.where((rpi != 0) & (extend > 0), extend, 0)
+    start = int(write_len[:batch_row].sum())
+    stop = start + int(write_len[batch_row])
+    for name in ("out_cache_loc", "input_ids", "positions"):
+        t = d.tensors[name]
+        d.tensors[name] = torch.cat([t[:start], t[stop:]])
+
+
+def _cell(d: SynthDump, batch_row: int, pos: int) -> tuple[int, int]:
+    return int(d.tensors["req_pool_indices"][batch_row]), pos
+
+
+# --- corruptions ----------------------------------------------------------------------------
+
+
+def _truncated_lut(d: SynthDump, rng: np.random.Generator) -> None:
+    """`lut[:num_allocated]`: the LUT sliced to the slots handed out so far."""
+    lut = d.tensors["full_to_swa_index_mapping"]
+    window = int(d.metadata["swa_window_size"])
+    in_window = sorted({int(s) for lr in d.live
+                        for s in lr.slots[max(0, lr.prefix_len - window): lr.prefix_len]})
+    if not in_window:
+        raise RuntimeError("no slot in any window")
+    cut = in_window[len(in_window) // 2]
+    d.tensors["full_to_swa_index_mapping"] = lut[:max(cut, 1)].clone()
+
+
+def _use_after_free(d: SynthDump, rng: np.random.Generator) -> None:
+    _, _, slot = _pick(rng, _unshared_prefix_cells(d), "an unshared live slot")
+    free = d.tensors["free_full_slots"]
+    d.tensors["free_full_slots"] = torch.sort(torch.cat([free, torch.tensor([slot])]))[0]
+
+
+def _aliasing(d: SynthDump, rng: np.random.Generator) -> None:
+    cells = _unshared_prefix_cells(d)
+    row_a, pos_a, slot = _pick(rng, cells, "an unshared live slot")
+    targets = [c for c in cells if c[0] != row_a and c[1] != pos_a]
+    row_b, pos_b, _ = _pick(rng, targets, "a second request")
+    rp, pos = _cell(d, row_b, pos_b)
+    d.tensors["req_to_token"][rp, pos] = slot
+
+
+def _stale_tail(d: SynthDump, rng: np.random.Generator) -> None:
+    """A recycled row read through a prefix length that covers the old owner's tail."""
+    rpi, prefix, extend = _lens(d)
+    free = d.tensors["free_full_slots"]
+    msl = d.tensors["req_to_token"].shape[1]
+    lr = max(d.live, key=lambda r: -(r.prefix_len + r.extend_len))
+    end = lr.prefix_len + lr.extend_len
+    tail = min(4, msl - end)
+    if tail <= 0 or free.numel() < tail:
+        raise RuntimeError("no room for a stale tail")
+    stale = free[torch.randperm(free.numel(), generator=torch.Generator().manual_seed(
+        int(rng.integers(1 << 30))))[:tail]]
+    d.tensors["req_to_token"][lr.pool_row, end:end + tail] = stale.to(torch.int32)
+    _drop_writes(d, lr.batch_row)
+    prefix[lr.batch_row] = end + tail
+    extend[lr.batch_row] = 0
+
+
+def _unfilled(d: SynthDump, rng: np.random.Generator) -> None:
+    row, pos, _ = _pick(rng, _unshared_prefix_cells(d), "a live cell")
+    rp, _ = _cell(d, row, pos)
+    d.tensors["req_to_token"][rp, pos] = 0
+
+
+def _in_window_cells(d: SynthDump) -> list[tuple[int, int, int]]:
+    window = int(d.metadata["swa_window_size"])
+    return [(lr.batch_row, pos, int(lr.slots[pos])) for lr in d.live
+            for pos in range(max(0, lr.prefix_len - window), lr.prefix_len)]
+
+
+def _swa_cleared(d: SynthDump, rng: np.random.Generator) -> None:
+    _, _, slot = _pick(rng, _in_window_cells(d), "an in-window slot")
+    lut = d.tensors["full_to_swa_index_mapping"]
+    swa_slot = int(lut[slot])
+    lut[slot] = 0
+    if "free_swa_slots" in d.tensors:  # free_swa released the peer, as the allocator would
+        free = d.tensors["free_swa_slots"]
+        d.tensors["free_swa_slots"] = torch.sort(torch.cat([free, torch.tensor([swa_slot])]))[0]
+
+
+def _swa_collision(d: SynthDump, rng: np.random.Generator) -> None:
+    cells = _in_window_cells(d)
+    distinct = sorted({c[2] for c in cells})
+    if len(distinct) < 2:
+        raise RuntimeError("needs two in-window slots")
+    a, b = rng.choice(len(distinct), size=2, replace=False)
+    lut = d.tensors["full_to_swa_index_mapping"]
+    lut[distinct[int(b)]] = lut[distinct[int(a)]]
+
+
+def _overflow(d: SynthDump, rng: np.random.Generator) -> None:
+    rpi, prefix, _ = _lens(d)
+    total = int(torch.where(rpi != 0, prefix.clamp(min=0), 0).sum())
+    d.metadata["verify_capacity"] = str(max(total - 1, 1))
+
+
+def _row_out_of_range(d: SynthDump, rng: np.random.Generator) -> None:
+    lr = d.live[int(rng.integers(len(d.live)))]
+    d.tensors["req_pool_indices"][lr.batch_row] = d.tensors["req_to_token"].shape[0] + 3
+
+
+def _prefix_past_row(d: SynthDump, rng: np.random.Generator) -> None:
+    lr = d.live[int(rng.integers(len(d.live)))]
+    _drop_writes(d, lr.batch_row)
+    _, prefix, extend = _lens(d)
+    prefix[lr.batch_row] = d.tensors["req_to_token"].shape[1] + 5
+    extend[lr.batch_row] = 0
+
+
+def _write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
+    loc = d.tensors["out_cache_loc"]
+    if loc.numel() == 0:
+        raise RuntimeError("no pending writes")
+    i = int(rng.integers(loc.numel()))
+    writer = _writer_row(d, i)
+    victims = [c for c in _unshared_prefix_cells(d) if c[0] != writer]
+    _, _, slot = _pick(rng, victims, "a live slot of another request")
+    loc[i] = slot
+
+
+def _writer_row(d: SynthDump, index: int) -> int:
+    rpi, _, extend = _lens(d)
+    write_len = torch.where((rpi != 0) & (extend > 0), extend, 0)
+    ends = torch.cumsum(write_len, 0)
+    return int(torch.searchsorted(ends, torch.tensor(index), right=True))
+
+
+def _negative_slot(d: SynthDump, rng: np.random.Generator) -> None:
+    row, pos, _ = _pick(rng, _unshared_prefix_cells(d), "a live cell")
+    rp, _ = _cell(d, row, pos)
+    d.tensors["req_to_token"][rp, pos] = -1
+
+
+def _slot_beyond_pool(d: SynthDump, rng: np.random.Generator) -> None:
+    row, pos, _ = _pick(rng, _unshared_prefix_cells(d), "a live cell")
+    rp, _ = _cell(d, row, pos)
+    d.tensors["req_to_token"][rp, pos] = int(d.metadata["num_full_slots"]) + 2
+
+
+def _duplicate_in_row(d: SynthDump, rng: np.random.Generator) -> None:
+    cells = _unshared_prefix_cells(d)
+    row, pos, slot = _pick(rng, cells, "an unshared live slot")
+    others = [c for c in cells if c[0] == row and c[1] != pos]
+    _, pos_b, _ = _pick(rng, others, "a second cell in the row")
+    rp, _ = _cell(d, row, pos_b)
+    d.tensors["req_to_token"][rp, pos_b] = slot
+
+
+def _duplicate_request(d: SynthDump, rng: np.random.Generator) -> None:
+    if len(d.live) < 2:
+        raise RuntimeError("needs two requests")
+    # The earlier batch row keeps the pool row (analysis reads a shared row through it).
+    first, second = sorted(int(x) for x in rng.choice(len(d.live), size=2, replace=False))
+    rpi = d.tensors["req_pool_indices"]
+    rpi[second] = rpi[first]
+
+
+def _token_pool_narrow(d: SynthDump, rng: np.random.Generator) -> None:
+    pool = d.tensors["req_to_verify_expected_tokens"]
+    longest = max(lr.prefix_len for lr in d.live)
+    d.tensors["req_to_verify_expected_tokens"] = pool[:, : max(longest - 2, 1)].clone()
+
+
+def _kernel_limit(d: SynthDump, rng: np.random.Generator) -> None:
+    d.metadata["write_req_capacity"] = str(d.tensors["req_pool_indices"].numel() - 1)
+
+
+def _negative_length(d: SynthDump, rng: np.random.Generator) -> None:
+    lr = d.live[int(rng.integers(len(d.live)))]
+    _drop_writes(d, lr.batch_row)
+    d.tensors["extend_seq_lens"][lr.batch_row] = -2
+
+
+def _int32_indices(d: SynthDump, rng: np.random.Generator) -> None:
+    d.tensors["req_pool_indices"] = d.tensors["req_pool_indices"].to(torch.int32)
+
+
+_SWA = {"window": 8}
+_SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario(name="clean-decode", summary="decode step, radix-shared prefixes, no SWA",
+             spec={"mode": "decode"}),
+    Scenario(name="clean-extend", summary="extend / chunked-prefill step with padding rows",
+             spec={"mode": "extend", "padding_rows": 2}),
+    Scenario(name="clean-swa", summary="SWA model, page size 1, lazy out-of-window clearing",
+             spec={"mode": "mixed", **_SWA}),
+    Scenario(name="clean-swa-paged", summary="SWA model, page size 16, page-aligned clearing",
+             spec={"mode": "mixed", **_SWA_PAGED}),
+    Scenario(name="clean-eagle-draft", summary="EAGLE draft pool: token offset +1, token pool",
+             spec={"mode": "decode", "token_offset": 1, "expected_pool": True}),
+    Scenario(name="truncated-lut",
+             summary="LUT sliced to lut[:num_allocated]: REF raises, the GPU clamps",
+             spec=_SWA, corrupt=_truncated_lut, expected=("lut-out-of-range",)),
+    Scenario(name="use-after-free", summary="a live prefix slot is on the allocator's free list",
+             spec={}, corrupt=_use_after_free, expected=("freed-slot-in-live-range",)),
+    Scenario(name="cross-request-aliasing",
+             summary="a slot copied into another request at another position",
+             spec={}, corrupt=_aliasing, expected=("slot-shared-across-positions",)),
+    Scenario(name="stale-tail",
+             summary="recycled row read through a prefix length covering the old owner's tail",
+             spec={}, corrupt=_stale_tail, expected=("freed-slot-in-live-range",)),
+    Scenario(name="unfilled-cells", summary="a live prefix cell was never written (slot 0)",
+             spec={}, corrupt=_unfilled, expected=("padding-slot-in-live-range",)),
+    Scenario(name="swa-lut-cleared-in-window",
+             summary="an SWA peer freed while its token is still in the window",
+             spec=_SWA, corrupt=_swa_cleared, expected=("swa-unmapped-in-window",)),
+    Scenario(name="swa-slot-collision",
+             summary="two full slots in the window map to one SWA slot",
+             spec=_SWA, corrupt=_swa_collision, expected=("swa-slot-collision",)),
+    Scenario(name="capacity-overflow",
+             summary="verify entries exceed capacity: the verify launch is skipped (warning)",
+             spec={}, corrupt=_overflow, expected=("verify-capacity-overflow",)),
+    Scenario(name="row-out-of-range", summary="req_pool_indices points past the pool",
+             spec={}, corrupt=_row_out_of_range, expected=("row-out-of-range",)),
+    Scenario(name="prefix-past-row", summary="prefix_lens larger than the req_to_token row",
+             spec={}, corrupt=_prefix_past_row, expected=("prefix-beyond-row",),
+             allowed=("padding-slot-in-live-range", "freed-slot-in-live-range",
+                      "slot-shared-across-positions", "duplicate-slot-in-row")),
+    Scenario(name="write-into-live-slot",
+             summary="out_cache_loc writes a slot another request still reads",
+             spec={}, corrupt=_write_into_live, expected=("write-to-live-slot",)),
+    Scenario(name="negative-slot", summary="a live req_to_token cell holds -1",
+             spec={}, corrupt=_negative_slot, expected=("negative-slot",)),
+    Scenario(name="slot-beyond-pool", summary="a live slot past the end of the KV pool",
+             spec={}, corrupt=_slot_beyond_pool, expected=("slot-beyond-pool",)),
+    Scenario(name="duplicate-slot-in-row", summary="one slot at two positions of a row",
+             spec={}, corrupt=_duplicate_in_row, expected=("duplicate-slot-in-row",)),
+    Scenario(name="duplicate-request-row", summary="two batch rows share one pool row",
+             spec={}, corrupt=_duplicate_request, expected=("duplicate-request-row",)),
+    Scenario(name="expected-token-out-of-range",
+             summary="the expected-token pool is narrower than valid_lens",
+             spec={"expected_pool": True}, corrupt=_token_pool_narrow,
+             expected=("expected-token-out-of-range",)),
+    Scenario(name="kernel-limit-exceeded", summary="bs > write_req_capacity: the GPU raises",
+             spec={}, corrupt=_kernel_limit, expected=("kernel-limit-exceeded",)),
+    Scenario(name="negative-length", summary="a negative extend length (treated as 0)",
+             spec={}, corrupt=_negative_length, expected=("negative-length",)),
+    Scenario(name="gpu-dtype-mismatch", summary="req_pool_indices saved as int32",
+             spec={}, corrupt=_int32_indices, expected=("gpu-dtype-mismatch",)),
+)}
+
+
+def make_scenario(name: str, *, seed: int = 0, size: str = "tiny") -> SynthDump:
+    """Build scenario `name` at `size`; its metadata names the findings it must produce."""
+    if name not in SCENARIOS:
+        raise UsageError(f"unknown scenario {name!r}", tensor="SCENARIO",
+                         hint="kvcanary synth --list shows them")
+    if size not in SIZES:
+        raise UsageError(f"unknown size {size!r} (choose {', '.join(SIZES)})", tensor="--size")
+    scenario = SCENARIOS[name]
+    base = SIZES[size]
+    spec = replace(base, **scenario.spec)  # type: ignore[arg-type]
+    if size in ("medium", "large"):
+        spec = replace(spec, expected_pool=False, max_seq_len=base.max_seq_len)
+    # Corruptions need material (an unshared slot, a stale tail...): try nearby seeds.
+    last_error: Exception | None = None
+    for attempt in range(16):
+        dump = build_dump(spec, seed=seed * 101 + attempt)
+        if scenario.corrupt is None:
+            break
+        try:
+            scenario.corrupt(dump, np.random.default_rng(seed * 7919 + attempt))
+            break
+        except RuntimeError as exc:
+            last_error = exc
+    else:
+        raise RuntimeError(f"scenario {name} could not be built: {last_error}")
+    dump.metadata["note"] = f"kvcanary synth {name} seed={seed} size={size}: {scenario.summary}"
+    dump.metadata["kvcanary.scenario"] = name
+    dump.metadata["kvcanary.expected_findings"] = ",".join(scenario.expected)
+    if scenario.allowed:
+        dump.metadata["kvcanary.allowed_findings"] = ",".join(scenario.allowed)
+    return dump
