@@ -100,14 +100,16 @@ def _truncated_lut(d: SynthDump, rng: np.random.Generator) -> None:
                         for s in lr.slots[max(0, lr.prefix_len - window): lr.prefix_len]})
     if not in_window:
         raise RuntimeError("no slot in any window")
-    cut = in_window[len(in_window) // 2]
-    d.tensors["full_to_swa_index_mapping"] = lut[:max(cut, 1)].clone()
+    cut = max(in_window[len(in_window) // 2], 1)
+    d.tensors["full_to_swa_index_mapping"] = lut[:cut].clone()
+    d.truth = {"lut_len": cut}
 
 
 def _use_after_free(d: SynthDump, rng: np.random.Generator) -> None:
-    _, _, slot = _pick(rng, _unshared_prefix_cells(d), "an unshared live slot")
+    row, pos, slot = _pick(rng, _unshared_prefix_cells(d), "an unshared live slot")
     free = d.tensors["free_full_slots"]
     d.tensors["free_full_slots"] = torch.sort(torch.cat([free, torch.tensor([slot])]))[0]
+    d.truth = {"batch_row": row, "position": pos, "slot": slot}
 
 
 def _aliasing(d: SynthDump, rng: np.random.Generator) -> None:
@@ -117,6 +119,8 @@ def _aliasing(d: SynthDump, rng: np.random.Generator) -> None:
     row_b, pos_b, _ = _pick(rng, targets, "a second request")
     rp, pos = _cell(d, row_b, pos_b)
     d.tensors["req_to_token"][rp, pos] = slot
+    d.truth = {"slot": slot, "batch_row": row_b, "position": pos_b, "other_batch_row": row_a,
+               "other_position": pos_a}
 
 
 def _stale_tail(d: SynthDump, rng: np.random.Generator) -> None:
@@ -135,12 +139,14 @@ def _stale_tail(d: SynthDump, rng: np.random.Generator) -> None:
     _drop_writes(d, lr.batch_row)
     prefix[lr.batch_row] = end + tail
     extend[lr.batch_row] = 0
+    d.truth = {"batch_row": lr.batch_row, "position": end, "slot": int(stale[0])}
 
 
 def _unfilled(d: SynthDump, rng: np.random.Generator) -> None:
     row, pos, _ = _pick(rng, _unshared_prefix_cells(d), "a live cell")
     rp, _ = _cell(d, row, pos)
     d.tensors["req_to_token"][rp, pos] = 0
+    d.truth = {"batch_row": row, "position": pos, "slot": 0}
 
 
 def _in_window_cells(d: SynthDump) -> list[tuple[int, int, int]]:
@@ -150,10 +156,11 @@ def _in_window_cells(d: SynthDump) -> list[tuple[int, int, int]]:
 
 
 def _swa_cleared(d: SynthDump, rng: np.random.Generator) -> None:
-    _, _, slot = _pick(rng, _in_window_cells(d), "an in-window slot")
+    row, pos, slot = _pick(rng, _in_window_cells(d), "an in-window slot")
     lut = d.tensors["full_to_swa_index_mapping"]
     swa_slot = int(lut[slot])
     lut[slot] = 0
+    d.truth = {"batch_row": row, "position": pos, "slot": slot}
     if "free_swa_slots" in d.tensors:  # free_swa released the peer, as the allocator would
         free = d.tensors["free_swa_slots"]
         d.tensors["free_swa_slots"] = torch.sort(torch.cat([free, torch.tensor([swa_slot])]))[0]
@@ -167,6 +174,7 @@ def _swa_collision(d: SynthDump, rng: np.random.Generator) -> None:
     a, b = rng.choice(len(distinct), size=2, replace=False)
     lut = d.tensors["full_to_swa_index_mapping"]
     lut[distinct[int(b)]] = lut[distinct[int(a)]]
+    d.truth = {"slot": int(lut[distinct[int(a)]]), "full_slot": distinct[int(b)]}
 
 
 def _overflow(d: SynthDump, rng: np.random.Generator) -> None:
@@ -177,7 +185,9 @@ def _overflow(d: SynthDump, rng: np.random.Generator) -> None:
 
 def _row_out_of_range(d: SynthDump, rng: np.random.Generator) -> None:
     lr = d.live[int(rng.integers(len(d.live)))]
-    d.tensors["req_pool_indices"][lr.batch_row] = d.tensors["req_to_token"].shape[0] + 3
+    bad = d.tensors["req_to_token"].shape[0] + 3
+    d.tensors["req_pool_indices"][lr.batch_row] = bad
+    d.truth = {"batch_row": lr.batch_row, "pool_row": bad}
 
 
 def _prefix_past_row(d: SynthDump, rng: np.random.Generator) -> None:
@@ -186,6 +196,7 @@ def _prefix_past_row(d: SynthDump, rng: np.random.Generator) -> None:
     _, prefix, extend = _lens(d)
     prefix[lr.batch_row] = d.tensors["req_to_token"].shape[1] + 5
     extend[lr.batch_row] = 0
+    d.truth = {"batch_row": lr.batch_row, "pool_row": lr.pool_row}
 
 
 def _write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
@@ -197,6 +208,7 @@ def _write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
     victims = [c for c in _unshared_prefix_cells(d) if c[0] != writer]
     _, _, slot = _pick(rng, victims, "a live slot of another request")
     loc[i] = slot
+    d.truth = {"batch_row": writer, "slot": slot, "out_cache_loc_index": i}
 
 
 def _writer_row(d: SynthDump, index: int) -> int:
@@ -210,12 +222,15 @@ def _negative_slot(d: SynthDump, rng: np.random.Generator) -> None:
     row, pos, _ = _pick(rng, _unshared_prefix_cells(d), "a live cell")
     rp, _ = _cell(d, row, pos)
     d.tensors["req_to_token"][rp, pos] = -1
+    d.truth = {"batch_row": row, "position": pos, "slot": -1}
 
 
 def _slot_beyond_pool(d: SynthDump, rng: np.random.Generator) -> None:
     row, pos, _ = _pick(rng, _unshared_prefix_cells(d), "a live cell")
     rp, _ = _cell(d, row, pos)
-    d.tensors["req_to_token"][rp, pos] = int(d.metadata["num_full_slots"]) + 2
+    slot = int(d.metadata["num_full_slots"]) + 2
+    d.tensors["req_to_token"][rp, pos] = slot
+    d.truth = {"batch_row": row, "position": pos, "slot": slot}
 
 
 def _duplicate_in_row(d: SynthDump, rng: np.random.Generator) -> None:
@@ -225,6 +240,7 @@ def _duplicate_in_row(d: SynthDump, rng: np.random.Generator) -> None:
     _, pos_b, _ = _pick(rng, others, "a second cell in the row")
     rp, _ = _cell(d, row, pos_b)
     d.tensors["req_to_token"][rp, pos_b] = slot
+    d.truth = {"batch_row": row, "position": max(pos, pos_b), "slot": slot}
 
 
 def _duplicate_request(d: SynthDump, rng: np.random.Generator) -> None:
@@ -234,6 +250,7 @@ def _duplicate_request(d: SynthDump, rng: np.random.Generator) -> None:
     first, second = sorted(int(x) for x in rng.choice(len(d.live), size=2, replace=False))
     rpi = d.tensors["req_pool_indices"]
     rpi[second] = rpi[first]
+    d.truth = {"batch_row": second, "pool_row": int(rpi[first])}
 
 
 def _token_pool_narrow(d: SynthDump, rng: np.random.Generator) -> None:
@@ -250,6 +267,7 @@ def _negative_length(d: SynthDump, rng: np.random.Generator) -> None:
     lr = d.live[int(rng.integers(len(d.live)))]
     _drop_writes(d, lr.batch_row)
     d.tensors["extend_seq_lens"][lr.batch_row] = -2
+    d.truth = {"batch_row": lr.batch_row}
 
 
 def _int32_indices(d: SynthDump, rng: np.random.Generator) -> None:
@@ -322,8 +340,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 
 
-def make_scenario(name: str, *, seed: int = 0, size: str = "tiny") -> SynthDump:
-    """Build scenario `name` at `size`; its metadata names the findings it must produce."""
+def make_scenario(name: str, *, seed: int = 0, size: str = "tiny",
+                  corrupt: bool = True) -> SynthDump:
+    """Build scenario `name` at `size`; its metadata names the findings it must produce.
+
+    `corrupt=False` gives the clean state the corruption would start from (same shape).
+    """
     if name not in SCENARIOS:
         raise UsageError(f"unknown scenario {name!r}", tensor="SCENARIO",
                          hint="kvcanary synth --list shows them")
@@ -338,7 +360,7 @@ def make_scenario(name: str, *, seed: int = 0, size: str = "tiny") -> SynthDump:
     last_error: Exception | None = None
     for attempt in range(16):
         dump = build_dump(spec, seed=seed * 101 + attempt)
-        if scenario.corrupt is None:
+        if scenario.corrupt is None or not corrupt:
             break
         try:
             scenario.corrupt(dump, np.random.default_rng(seed * 7919 + attempt))
@@ -349,6 +371,8 @@ def make_scenario(name: str, *, seed: int = 0, size: str = "tiny") -> SynthDump:
         raise RuntimeError(f"scenario {name} could not be built: {last_error}")
     dump.metadata["note"] = f"kvcanary synth {name} seed={seed} size={size}: {scenario.summary}"
     dump.metadata["kvcanary.scenario"] = name
+    if not corrupt:
+        return dump
     dump.metadata["kvcanary.expected_findings"] = ",".join(scenario.expected)
     if scenario.allowed:
         dump.metadata["kvcanary.allowed_findings"] = ",".join(scenario.allowed)

@@ -79,8 +79,9 @@ class SynthDump:
     tensors: dict[str, torch.Tensor]
     metadata: dict[str, str]
     live: list[LiveRequest]
-    #: slot -> pool rows holding it in a live range (for scenario builders).
-    notes: list[str] = field(default_factory=list)
+    #: where a scenario's corruption landed (batch_row, pool_row, position, slot, ...),
+    #: so tests can check that findings point at the right cell.
+    truth: dict[str, int] = field(default_factory=dict)
 
     def save(self, path: str | Path) -> Path:
         """Write the state as a format-v1 dump."""

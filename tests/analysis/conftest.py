@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvcanary_cli.dump import KvDump, load_dump
+from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.dump.synth import SynthDump
+
+
+@pytest.fixture
+def load_synth(tmp_path: Path) -> Callable[[SynthDump], KvDump]:
+    counter = iter(range(10_000))
+
+    def load(synth: SynthDump) -> KvDump:
+        return load_dump(synth.save(tmp_path / f"d{next(counter)}.safetensors"))
+
+    return load
+
+
+@pytest.fixture
+def scenario_dump(load_synth: Callable[[SynthDump], KvDump]) -> Callable[..., tuple[KvDump, dict[str, int]]]:
+    def build(name: str, seed: int = 0, corrupt: bool = True) -> tuple[KvDump, dict[str, int]]:
+        synth = make_scenario(name, seed=seed, corrupt=corrupt)
+        return load_synth(synth), synth.truth
+
+    return build

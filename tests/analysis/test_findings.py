@@ -1,0 +1,197 @@
+"""Every finding code fires on its corruption (at the right cell) and is silent when clean."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvcanary_cli.analysis.check import run_check
+from kvcanary_cli.analysis.compare import compare_plans
+from kvcanary_cli.analysis.model import Finding, FindingCode, Severity
+from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.scenarios import SCENARIOS
+from kvcanary_cli.dump.synth import SynthSpec, build_dump
+from kvcanary_cli.planners.vectorized import TorchPlanner
+
+CORRUPT = [name for name, s in SCENARIOS.items() if s.expected]
+CLEAN = [name for name, s in SCENARIOS.items() if not s.expected]
+
+
+def codes_of(findings: tuple[Finding, ...]) -> set[str]:
+    return {f.code.value for f in findings}
+
+
+def test_every_code_but_divergence_has_a_scenario() -> None:
+    covered = {code for s in SCENARIOS.values() for code in s.expected}
+    assert covered == {c.value for c in FindingCode} - {"kernel-divergence"}
+
+
+@pytest.mark.parametrize("name", CORRUPT)
+def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: Callable) -> None:
+    dump, _ = scenario_dump(name)
+    report = run_check(dump, kernel="torch")
+    scenario = SCENARIOS[name]
+    found = codes_of(report.findings)
+    assert set(scenario.expected) <= found
+    assert found <= set(scenario.expected) | set(scenario.allowed)
+    assert all(g.unexplained_differences == 0 for g in report.groups)
+
+
+@pytest.mark.parametrize("name", CORRUPT)
+def test_same_shape_clean_dump_is_silent(name: str, scenario_dump: Callable) -> None:
+    dump, _ = scenario_dump(name, corrupt=False)
+    report = run_check(dump, kernel="torch")
+    assert report.findings == ()
+
+
+def _at(report_findings: tuple[Finding, ...], code: str) -> list[Finding]:
+    return [f for f in report_findings if f.code.value == code]
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "keys"),
+    [
+        ("use-after-free", "freed-slot-in-live-range", ("batch_row", "position", "slot")),
+        ("cross-request-aliasing", "slot-shared-across-positions", ("slot",)),
+        ("stale-tail", "freed-slot-in-live-range", ("batch_row",)),
+        ("unfilled-cells", "padding-slot-in-live-range", ("batch_row", "position", "slot")),
+        ("swa-lut-cleared-in-window", "swa-unmapped-in-window",
+         ("batch_row", "position", "slot")),
+        ("swa-slot-collision", "swa-slot-collision", ("slot",)),
+        ("row-out-of-range", "row-out-of-range", ("batch_row", "pool_row")),
+        ("prefix-past-row", "prefix-beyond-row", ("batch_row", "pool_row")),
+        ("write-into-live-slot", "write-to-live-slot", ("batch_row", "slot")),
+        ("negative-slot", "negative-slot", ("batch_row", "position", "slot")),
+        ("slot-beyond-pool", "slot-beyond-pool", ("batch_row", "position", "slot")),
+        ("duplicate-slot-in-row", "duplicate-slot-in-row", ("batch_row", "position", "slot")),
+        ("duplicate-request-row", "duplicate-request-row", ("batch_row", "pool_row")),
+        ("negative-length", "negative-length", ("batch_row",)),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_finding_points_at_the_corrupted_cell(
+    name: str, code: str, keys: tuple[str, ...], seed: int, scenario_dump: Callable
+) -> None:
+    dump, truth = scenario_dump(name, seed)
+    hits = _at(run_check(dump, kernel="torch").findings, code)
+    assert hits, f"{code} did not fire"
+    want = {k: truth[k] for k in keys}
+    assert any(all(getattr(f, k) == v for k, v in want.items()) for f in hits), (want, hits)
+
+
+def test_aliasing_reports_both_cells(scenario_dump: Callable) -> None:
+    dump, truth = scenario_dump("cross-request-aliasing")
+    (finding,) = _at(run_check(dump, kernel="torch").findings, "slot-shared-across-positions")
+    assert finding.provenance is not None
+    rpi = dump.req_pool_indices
+    cells = {(c.pool_row, c.position) for c in finding.provenance.cells}
+    assert (int(rpi[truth["batch_row"]]), truth["position"]) in cells
+    assert (int(rpi[truth["other_batch_row"]]), truth["other_position"]) in cells
+
+
+def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: Callable) -> None:
+    dump, truth = scenario_dump("truncated-lut")
+    report = run_check(dump, kernel="torch")
+    hits = _at(report.findings, "lut-out-of-range")
+    lut_len = truth["lut_len"]
+    assert all(f.slot is not None and f.slot >= lut_len for f in hits)
+    # Independently: every in-window cell whose slot >= lut_len must be reported.
+    window = dump.window("swa")
+    expected = set()
+    for r, rp in enumerate(dump.req_pool_indices.tolist()):
+        if rp == 0:
+            continue
+        p = int(dump.prefix_lens[r])
+        for pos in range(max(0, p - window - 1), p):
+            if int(dump.req_to_token[rp, pos]) >= lut_len:
+                expected.add((r, pos))
+    assert {(f.batch_row, f.position) for f in hits} == expected
+    swa = next(g for g in report.groups if g.group == "swa")
+    assert swa.explained_differences.get("lut-out-of-range", 0) > 0
+
+
+def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: Callable) -> None:
+    dump, _ = scenario_dump("clean-swa")
+    reference = TorchPlanner().plan(dump, "swa")
+    assert compare_plans(reference, reference).divergences == []
+    broken_slots = reference.verify_slot_indices.clone()
+    broken_slots[3] += 1
+    from dataclasses import replace
+
+    kernel = replace(reference, verify_slot_indices=broken_slots)
+    (finding,) = compare_plans(reference, kernel).divergences
+    assert finding.code is FindingCode.KERNEL_DIVERGENCE
+    assert finding.batch_row == int(reference.entry_batch_rows()[3])
+    assert finding.position == int(reference.verify_expected_positions[3])
+    assert finding.details["reference"] == int(reference.verify_slot_indices[3])
+
+
+def test_kernel_divergence_reaches_the_report(scenario_dump: Callable,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvcanary_cli.analysis.check as check
+
+    dump, _ = scenario_dump("clean-decode")
+
+    class Broken(TorchPlanner):
+        def plan(self, dump: KvDump, group: str):  # type: ignore[no-untyped-def]
+            from dataclasses import replace
+
+            plan = super().plan(dump, group)
+            seeds = plan.write_seed_slot_indices.clone()
+            seeds[0] = 12345
+            return replace(plan, write_seed_slot_indices=seeds)
+
+    monkeypatch.setattr(check, "_kernel_planner", lambda name: Broken())
+    report = check.run_check(dump, kernel="torch")
+    assert codes_of(report.findings) == {"kernel-divergence"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10_000),
+    window=st.sampled_from([0, 0, 3, 8, 20]),
+    page=st.sampled_from([1, 1, 4, 16]),
+    mode=st.sampled_from(["decode", "extend", "mixed"]),
+    pool=st.booleans(),
+    offset=st.sampled_from([0, 1]),
+    active=st.integers(0, 6),
+    padding=st.integers(0, 3),
+)
+def test_clean_random_dumps_have_no_error_finding(
+    load_synth: Callable, seed: int, window: int, page: int, mode: str, pool: bool, offset: int,
+    active: int, padding: int,
+) -> None:
+    spec = SynthSpec(max_reqs=10, max_seq_len=64, window=window, page_size=page, mode=mode,
+                     expected_pool=pool, token_offset=offset, active_rows=active,
+                     padding_rows=padding, history=8)
+    dump = load_synth(build_dump(spec, seed))
+    report = run_check(dump, kernel="torch")
+    errors = [f for f in report.findings if f.severity is Severity.ERROR]
+    assert errors == []
+
+
+def test_clean_dump_with_triton_kernel_agrees(scenario_dump: Callable) -> None:
+    pytest.importorskip("triton")
+    dump, _ = scenario_dump("clean-swa")
+    report = run_check(dump, kernel="triton")
+    assert report.findings == ()
+    assert all(g.kernel == "triton" and g.unexplained_differences == 0 for g in report.groups)
+
+
+def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: Callable) -> None:
+    pytest.importorskip("triton")
+    dump, _ = scenario_dump("truncated-lut")
+    report = run_check(dump, kernel="triton")
+    assert codes_of(report.findings) == {"lut-out-of-range"}
+    assert all(g.unexplained_differences == 0 for g in report.groups)
+
+
+def test_int64_table_is_read_like_int32(load_synth: Callable) -> None:
+    synth = build_dump(SynthSpec(window=8), 3)
+    synth.tensors["req_to_token"] = synth.tensors["req_to_token"].to(torch.int64)
+    report = run_check(load_synth(synth), kernel="torch")
+    assert codes_of(report.findings) == {"gpu-dtype-mismatch"}
