@@ -21,7 +21,9 @@ def load_synth(tmp_path: Path) -> Callable[[SynthDump], KvDump]:
 
 
 @pytest.fixture
-def scenario_dump(load_synth: Callable[[SynthDump], KvDump]) -> Callable[..., tuple[KvDump, dict[str, int]]]:
+def scenario_dump(
+    load_synth: Callable[[SynthDump], KvDump],
+) -> Callable[..., tuple[KvDump, dict[str, int]]]:
     def build(name: str, seed: int = 0, corrupt: bool = True) -> tuple[KvDump, dict[str, int]]:
         synth = make_scenario(name, seed=seed, corrupt=corrupt)
         return load_synth(synth), synth.truth

@@ -150,7 +150,8 @@ def test_kernel_divergence_reaches_the_report(scenario_dump: Callable,
     assert codes_of(report.findings) == {"kernel-divergence"}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10_000),
     window=st.sampled_from([0, 0, 3, 8, 20]),

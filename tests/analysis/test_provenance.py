@@ -1,0 +1,111 @@
+"""Provenance: shared radix prefixes, aliased cells, SWA translation, row maps."""
+
+from __future__ import annotations
+
+import torch
+
+from kvcanary_cli.analysis.check import run_check
+from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
+from kvcanary_cli.analysis.query import row_map, slot_query
+from kvcanary_cli.dump import save_dump
+from kvcanary_cli.dump.loader import load_dump
+
+
+def _tiny_shared(tmp_path) -> object:  # type: ignore[no-untyped-def]
+    table = torch.zeros(4, 8, dtype=torch.int32)
+    table[1, :4] = torch.tensor([5, 6, 7, 8])  # request A
+    table[2, :3] = torch.tensor([5, 6, 9])  # request B shares A's first two slots
+    table[3, :2] = torch.tensor([7, 11])  # idle row with a stale copy of slot 7
+    path = save_dump(
+        tmp_path / "shared.safetensors", req_to_token=table,
+        req_pool_indices=torch.tensor([1, 2, 0]), prefix_lens=torch.tensor([3, 2, 0]),
+        extend_seq_lens=torch.tensor([1, 1, 0]),
+    )
+    return load_dump(path)
+
+
+def test_radix_shared_slot_shows_both_rows_as_shared(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dump = _tiny_shared(tmp_path)
+    report = run_check(dump, kernel="torch")
+    assert report.findings == ()  # legitimate sharing is not a finding
+    answer = slot_query(dump, report, 6)
+    assert answer.slot is not None
+    cells = {(c.pool_row, c.position): c for c in answer.slot.cells}
+    assert set(cells) == {(1, 1), (2, 1)}
+    assert all(c.shared for c in cells.values())
+    assert cells[(2, 1)].seed  # P-1 of a writing row
+    assert cells[(1, 1)].batch_rows == (0,)
+
+
+def test_stale_copy_in_idle_row_is_labelled(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dump = _tiny_shared(tmp_path)
+    answer = slot_query(dump, run_check(dump, kernel="none"), 7)
+    assert answer.slot is not None
+    roles = {(c.pool_row, c.position): c.role for c in answer.slot.cells}
+    assert roles == {(1, 2): "verify", (3, 0): "idle-row"}
+    assert answer.slot.cells_total == 2
+
+
+def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dump = _tiny_shared(tmp_path)
+    path = tmp_path / "alias.safetensors"
+    table = dump.req_to_token.clone()
+    table[2, 2] = 8  # B's pending write reuses A's slot 8 (A holds it at position 3)
+    save_dump(path, req_to_token=table, req_pool_indices=dump.req_pool_indices,
+              prefix_lens=torch.tensor([4, 2, 0]), extend_seq_lens=torch.tensor([0, 1, 0]))
+    aliased = load_dump(path)
+    report = run_check(aliased, kernel="torch")
+    (finding,) = [f for f in report.findings if f.code.value == "slot-shared-across-positions"]
+    assert finding.slot == 8
+    answer = slot_query(aliased, report, 8)
+    assert answer.slot is not None
+    assert {(c.pool_row, c.position) for c in answer.slot.cells} == {(1, 3), (2, 2)}
+    assert not any(c.shared for c in answer.slot.cells)
+    assert finding in answer.findings
+
+
+def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    table = torch.zeros(3, 8, dtype=torch.int32)
+    table[1, :4] = torch.tensor([1, 2, 3, 4])
+    lut = torch.zeros(11, dtype=torch.int64)
+    lut[-1] = -1
+    lut[3], lut[4] = 7, 7  # collision
+    path = save_dump(tmp_path / "swa.safetensors", req_to_token=table,
+                     req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([4]),
+                     full_to_swa_index_mapping=lut, swa_window_size=2, num_full_slots=10)
+    dump = load_dump(path)
+    report = run_check(dump, kernel="torch")
+    assert {f.code.value for f in report.findings} == {"swa-slot-collision"}
+    answer = slot_query(dump, report, 7, space="swa")
+    assert answer.slot is not None and answer.slot.mapped_from == (3, 4)
+    assert {(c.pool_row, c.position) for c in answer.slot.cells} == {(1, 2), (1, 3)}
+    full = slot_query(dump, report, 3)
+    assert full.slot is not None and full.slot.swa_slot == 7
+
+
+def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dump = _tiny_shared(tmp_path)
+    table = dump.req_to_token.clone()
+    table[1, 1] = 0
+    path = save_dump(tmp_path / "hole.safetensors", req_to_token=table,
+                     req_pool_indices=dump.req_pool_indices, prefix_lens=dump.prefix_lens,
+                     extend_seq_lens=dump.extend_seq_lens)
+    holed = load_dump(path)
+    answer = row_map(holed, run_check(holed, kernel="torch"), 1)
+    assert answer.row is not None
+    by_pos = {c.position: c for c in answer.row.cells}
+    assert by_pos[1].marks == ("padding-slot-in-live-range",)
+    assert [by_pos[p].role for p in range(5)] == [
+        "verify", "verify", "verify", "pending-write", "stale-tail"]
+
+
+def test_provenance_index_counts_every_cell_but_keeps_few(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    table = torch.full((6, 50), 3, dtype=torch.int32)
+    path = save_dump(tmp_path / "many.safetensors", req_to_token=table,
+                     req_pool_indices=torch.tensor([2]), prefix_lens=torch.tensor([5]))
+    dump = load_dump(path)
+    index = ProvenanceIndex(dump, [3], max_cells=4)
+    cells, total = index.cells(3, 0)
+    assert total == 300 and len(cells) == 4
+    assert all(c.pool_row == 2 for c in cells)  # live rows first
+    assert len(live_cells(dump)) == 5
