@@ -1,5 +1,59 @@
-"""Rendering: pure functions from records to rich renderables or strings (no printing)."""
+"""Rendering: pure functions from reports to rich renderables or strings (no printing).
 
-from kvcanary_cli.render.console import OutputFormat, make_console, to_json
+`render_check` and `render_provenance` pick the view for an `OutputFormat`. A `str` result
+(JSON, Markdown) is written verbatim; a renderable goes through a console (see `emit`).
+"""
 
-__all__ = ["OutputFormat", "make_console", "to_json"]
+from __future__ import annotations
+
+from typing import assert_never
+
+from rich.console import RenderableType
+
+from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
+from kvcanary_cli.render.console import OutputFormat, emit, make_console, to_json
+from kvcanary_cli.render.json_report import check_json, provenance_json
+from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
+from kvcanary_cli.render.records import provenance_record, to_record
+from kvcanary_cli.render.table import check_table, provenance_table
+
+__all__ = [
+    "OutputFormat",
+    "emit",
+    "make_console",
+    "render_check",
+    "render_provenance",
+    "to_json",
+]
+
+
+def render_check(
+    report: CheckReport, fmt: OutputFormat, *, max_rows: int = 10
+) -> str | RenderableType:
+    """A check report in `fmt`.
+
+    JSON carries every finding; table and Markdown show the first `max_rows` findings per code
+    and count the rest.
+    """
+    match fmt:
+        case OutputFormat.TABLE:
+            return check_table(report, max_rows=max_rows)
+        case OutputFormat.JSON:
+            return check_json(report)
+        case OutputFormat.MARKDOWN:
+            return check_markdown(to_record(report), max_rows=max_rows)
+        case _:
+            assert_never(fmt)
+
+
+def render_provenance(report: ProvenanceReport, fmt: OutputFormat) -> str | RenderableType:
+    """A provenance answer (one slot, or one pool row) in `fmt`."""
+    match fmt:
+        case OutputFormat.TABLE:
+            return provenance_table(report)
+        case OutputFormat.JSON:
+            return provenance_json(report)
+        case OutputFormat.MARKDOWN:
+            return provenance_markdown(provenance_record(report))
+        case _:
+            assert_never(fmt)

@@ -9,9 +9,9 @@ import json
 from enum import StrEnum
 from typing import IO, Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 
-__all__ = ["OutputFormat", "make_console", "to_json"]
+__all__ = ["OutputFormat", "emit", "make_console", "to_json"]
 
 
 class OutputFormat(StrEnum):
@@ -30,3 +30,16 @@ def make_console(file: IO[str] | None = None, *, width: int | None = None) -> Co
 def to_json(record: dict[str, Any]) -> str:
     """Deterministic JSON (sorted keys) so outputs diff cleanly and goldens stay stable."""
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
+
+
+def emit(rendered: RenderableType, console: Console) -> None:
+    """Write a rendered view: strings (JSON, Markdown) verbatim, renderables through rich.
+
+    A string must not go through `console.print`, which would parse `[...]` as markup,
+    highlight and wrap it.
+    """
+    if isinstance(rendered, str):
+        console.file.write(rendered)
+        console.file.flush()
+    else:
+        console.print(rendered)

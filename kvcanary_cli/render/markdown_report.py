@@ -1,0 +1,292 @@
+"""Markdown output, ready to paste into a GitHub issue, rendered from the records only.
+
+Drawing on the same dicts as the JSON output (never on the dataclasses) keeps the two formats
+in agreement. Table cells escape `|`, `<`, `*`, backslashes, backticks and line breaks.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections import Counter
+
+from kvcanary_cli.render.records import (
+    IDENTITY_KEYS,
+    Record,
+    code_order,
+    difference_phrase,
+    finding_order,
+)
+
+__all__ = ["check_markdown", "provenance_markdown"]
+
+_TITLES = {"clean": "clean", "findings": "findings", "bad-input": "bad input"}
+
+
+def _text(value: object) -> str:
+    """A table cell's text, escaped for GitHub-flavoured Markdown."""
+    if value is None:
+        return "-"
+    text = str(value)
+    for char in ("\\", "|", "*", "`"):
+        text = text.replace(char, "\\" + char)
+    text = text.replace("<", "&lt;")
+    return "<br>".join(text.splitlines()) if "\n" in text or "\r" in text else text
+
+
+def _code(value: object, *, cell: bool = True) -> str:
+    """An inline code span; in a table `cell`, `|` is escaped (GitHub unescapes it there)."""
+    text = str(value).replace("\n", " ")
+    if cell:
+        text = text.replace("|", "\\|")
+    fence = "``" if "`" in text else "`"
+    pad = " " if fence == "``" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _table(header: list[str], rows: list[list[str]], *, right: set[int] | None = None) -> str:
+    right = right or set()
+    align = ["---:" if i in right else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _identity_table(identity: dict[str, str]) -> str:
+    keys = list(IDENTITY_KEYS) + sorted(k for k in identity if k not in IDENTITY_KEYS)
+    return _table(["identity", "value"], [[_text(k), _text(identity.get(k))] for k in keys])
+
+
+def _groups_table(groups: list[Record]) -> str:
+    rows = []
+    for g in groups:
+        explained = ", ".join(
+            difference_phrase(code, n) for code, n in g["explained_differences"].items())
+        rows.append([
+            _code(g["group"]), str(g["window"]), str(g["total_verify"]),
+            str(g["verify_capacity"]), str(g["enable"]), _text(g["kernel"]),
+            _text(explained or None), str(g["unexplained_differences"]),
+            _text(g["kernel_launch_error"]),
+        ])
+    return _table(
+        ["group", "window", "entries", "capacity", "enable", "kernel", "explained differences",
+         "unexplained", "launch error"],
+        rows, right={1, 2, 3, 4, 7})
+
+
+def _cells_table(cells: list[Record]) -> str:
+    rows = [
+        [str(c["pool_row"]), str(c["position"]),
+         ", ".join(map(str, c["batch_rows"])) or "-", _text(c["role"]),
+         "yes" if c["seed"] else "", "yes" if c["shared"] else ""]
+        for c in cells
+    ]
+    return _table(["pool row", "position", "batch rows", "role", "seed", "shared"], rows,
+                  right={0, 1})
+
+
+def _translation(prov: Record) -> str:
+    if prov["swa_slot"] is not None:
+        return f"SWA translation: `LUT[{prov['slot']}] = {prov['swa_slot']}`"
+    if prov["translation_note"]:
+        return f"SWA translation: none ({_text(prov['translation_note'])})"
+    return "SWA translation: -"
+
+
+def _provenance_body(prov: Record) -> list[str]:
+    """The slot's cells, translation, allocator, canary and violation rows as Markdown blocks."""
+    shown, total = len(prov["cells"]), prov["cells_total"]
+    more = f" (first {shown} of {total})" if total > shown else ""
+    parts = [f"Cells of {prov['space']} slot {prov['slot']}{more}:", _cells_table(prov["cells"])]
+    facts = [_translation(prov)]
+    if prov["mapped_from"]:
+        facts.append("mapped from full slots: " + ", ".join(map(str, prov["mapped_from"])))
+    facts.append(f"allocator: {_text(prov['allocator'])}")
+    parts.append("\n".join(f"- {fact}" for fact in facts))
+    if prov["canary"]:
+        parts.append(_table(
+            ["canary buffer", "token", "position", "prev hash", "real kv hash"],
+            [[_code(r["buffer"]), str(r["token"]), str(r["position"]), str(r["prev_hash"]),
+              str(r["real_kv_hash"])] for r in prov["canary"]],
+            right={1, 2, 3, 4}))
+    if prov["violations"]:
+        parts.append(_table(
+            ["violation row", "fields"],
+            [[str(v["index"]), ", ".join(map(str, v["fields"]))] for v in prov["violations"]],
+            right={0}))
+    return parts
+
+
+def _where(f: Record) -> str:
+    bits = []
+    if f["slot"] is not None:
+        bits.append(f"{f['space']} slot {f['slot']}")
+    if f["batch_row"] is not None:
+        bits.append(f"batch row {f['batch_row']}")
+    if f["pool_row"] is not None:
+        bits.append(f"pool row {f['pool_row']}")
+    if f["position"] is not None:
+        bits.append(f"position {f['position']}")
+    if f["role"]:
+        bits.append(str(f["role"]))
+    return ", ".join(bits) or f"group {f['group']}"
+
+
+def _details_block(f: Record) -> str:
+    prov = f["provenance"]
+    cells = "" if prov is None else f" ({_plural(prov['cells_total'], 'cell')})"
+    summary = (f"<code>{html.escape(f['code'])}</code> "
+               f"{html.escape(_where(f))}{html.escape(cells)}")
+    body = [_text(f["message"])]
+    if prov is None:
+        body.append("No slot provenance (the finding is about a row or a tensor).")
+    else:
+        body.extend(_provenance_body(prov))
+    if f["details"]:
+        body.append("details: " + _code(json.dumps(f["details"], sort_keys=True), cell=False))
+    return "\n\n".join([f"<details><summary>{summary}</summary>", *body, "</details>"])
+
+
+def _findings_sections(dump: Record, max_rows: int) -> list[str]:
+    totals: Counter[str] = Counter()
+    severity: dict[str, str] = {}
+    for c in dump["counts"]:
+        totals[c["code"]] += c["count"]
+        severity[c["code"]] = c["severity"]
+    by_code: dict[str, list[Record]] = {}
+    for f in sorted(dump["findings"], key=finding_order):
+        by_code.setdefault(f["code"], []).append(f)
+    parts: list[str] = []
+    for code in totals:  # counts are already in report order
+        shown = by_code.get(code, [])[: max(max_rows, 0)]
+        parts.append(f"#### {_code(code, cell=False)} · {severity[code]} · "
+                     f"{_plural(totals[code], 'finding')}")
+        if shown:
+            parts.append(_table(
+                ["group", "slot", "space", "batch row", "pool row", "position", "role",
+                 "message"],
+                [[_code(f["group"]), _text(f["slot"]), _text(f["space"]), _text(f["batch_row"]),
+                  _text(f["pool_row"]), _text(f["position"]), _text(f["role"]),
+                  _text(f["message"])] for f in shown],
+                right={1, 3, 4, 5}))
+        if totals[code] > len(shown):
+            parts.append(f"… and {totals[code] - len(shown)} more")
+        parts.extend(_details_block(f) for f in shown)
+    return parts
+
+
+def _dump_section(dump: Record, max_rows: int) -> list[str]:
+    parts = [f"### {_code(dump['path'], cell=False)}: {dump['verdict']}"]
+    if dump["error"] is not None:
+        parts.append(f"**Bad input:** {_text(dump['error'])}")
+    parts.append(_identity_table(dump["identity"]))
+    facts = [f"batch size: {dump['bs']}"]
+    if dump["kernel_mode"]:
+        facts.append(f"kernel mode: {_text(dump['kernel_mode'])}")
+    facts.extend(f"note: {_text(note)}" for note in dump["notes"])
+    parts.append("\n".join(f"- {fact}" for fact in facts))
+    if dump["groups"]:
+        parts.append(_groups_table(dump["groups"]))
+    if dump["counts"]:
+        parts.extend(_findings_sections(dump, max_rows))
+    elif dump["error"] is None:
+        parts.append("No findings.")
+    return parts
+
+
+def _summary_rows(record: Record) -> list[list[str]]:
+    totals: Counter[tuple[str, str]] = Counter()
+    severity: dict[str, str] = {}
+    for dump in record["dumps"]:
+        for c in dump["counts"]:
+            key = (c["code"], c["group"])
+            totals[key] += c["count"]
+            severity[c["code"]] = c["severity"]
+    return [[_code(code), severity[code], _code(group), str(totals[(code, group)])]
+            for code, group in sorted(totals, key=lambda k: code_order(*k))]
+
+
+def check_markdown(record: Record, *, max_rows: int = 10) -> str:
+    """A `kvcanary.check/1` record as a GitHub issue body.
+
+    Per code, the first `max_rows` findings get a table row and a `<details>` provenance block;
+    the rest are counted ("… and K more").
+    """
+    summary = record["summary"]
+    by_severity = summary["by_severity"]
+    head = [
+        f"## kvcanary check: {_TITLES.get(record['verdict'], record['verdict'])}",
+        (f"{summary['failed']} of {_plural(summary['dumps'], 'dump')} fail at "
+         f"`--fail-on {record['fail_on']}` · {_plural(summary['findings'], 'finding')} "
+         f"({_plural(by_severity['error'], 'error')}, "
+         f"{_plural(by_severity['warning'], 'warning')}) · "
+         f"{summary['bad_input']} unreadable · kvcanary {record['kvcanary_version']} · "
+         f"`{record['schema']}`"),
+        "### Summary",
+    ]
+    rows = _summary_rows(record)
+    head.append(_table(["code", "severity", "group", "count"], rows, right={3})
+                if rows else "No findings.")
+    if len(record["dumps"]) >= 2:
+        head.append(_table(
+            ["dump", "verdict", "bs", "errors", "warnings", "error"],
+            [[_code(d["path"]), d["verdict"], str(d["bs"]),
+              str(sum(c["count"] for c in d["counts"] if c["severity"] == "error")),
+              str(sum(c["count"] for c in d["counts"] if c["severity"] == "warning")),
+              _text(d["error"])] for d in record["dumps"]],
+            right={2, 3, 4}))
+    parts = list(head)
+    for dump in record["dumps"]:
+        parts.extend(_dump_section(dump, max_rows))
+    return "\n\n".join(parts) + "\n"
+
+
+def _row_section(row: Record) -> list[str]:
+    batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle)"
+    facts = [
+        f"batch rows: {batch_rows}",
+        f"group: {_code(row['group'], cell=False)}",
+        f"prefix P: {_text(row['prefix_len'])}, extend E: {_text(row['extend_len'])}, "
+        f"window start: {_text(row['window_start'])}",
+        f"filled positions: {row['filled']} of max_seq_len {row['max_seq_len']}",
+    ]
+    rows = [
+        [str(c["position"]), str(c["slot"]),
+         _text(c["role"]) + (" (seed)" if c["seed"] else ""), _text(c["swa_slot"]),
+         ", ".join(_code(m) for m in c["marks"]) or ""]
+        for c in row["cells"]
+    ]
+    return [
+        f"### Pool row {row['pool_row']}",
+        "\n".join(f"- {fact}" for fact in facts),
+        _table(["position", "slot", "role", "swa slot", "marks"], rows, right={0, 1, 3}),
+    ]
+
+
+def provenance_markdown(record: Record) -> str:
+    """A `kvcanary.provenance/1` record as Markdown: the slot's cells or the row's map."""
+    parts = [f"## kvcanary provenance: {_code(record['path'], cell=False)}",
+             _identity_table(record["identity"])]
+    if record["slot"] is not None:
+        prov = record["slot"]
+        parts.append(f"### {prov['space'].upper()} slot {prov['slot']}")
+        parts.extend(_provenance_body(prov))
+    if record["row"] is not None:
+        parts.extend(_row_section(record["row"]))
+    findings = sorted(record["findings"], key=finding_order)
+    parts.append("### Findings touching it")
+    if findings:
+        parts.append(_table(
+            ["code", "severity", "group", "slot", "batch row", "pool row", "position", "role",
+             "message"],
+            [[_code(f["code"]), f["severity"], _code(f["group"]), _text(f["slot"]),
+              _text(f["batch_row"]), _text(f["pool_row"]), _text(f["position"]),
+              _text(f["role"]), _text(f["message"])] for f in findings],
+            right={3, 4, 5, 6}))
+    else:
+        parts.append("None.")
+    return "\n\n".join(parts) + "\n"

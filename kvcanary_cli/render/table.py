@@ -1,0 +1,310 @@
+"""Terminal views of a check and of a provenance query, as rich renderables (never printed here).
+
+Both views are drawn from the same records as the JSON and Markdown output, so every format
+shows the same findings in the same order. Every cell is a `Text` (no markup parsing), and the
+verdict is spelled out in words so the views read the same without colour.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
+from kvcanary_cli.render.records import (
+    IDENTITY_KEYS,
+    Record,
+    difference_phrase,
+    provenance_record,
+    to_record,
+)
+
+__all__ = ["check_table", "provenance_table"]
+
+_VERDICT_STYLE = {
+    "errors": "bold red",
+    "warnings": "bold yellow",
+    "clean": "bold green",
+    "bad-input": "bold magenta",
+}
+_OVERALL_STYLE = {"findings": "bold red", "clean": "bold green", "bad-input": "bold magenta"}
+_SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
+#: cells shown in the condensed provenance column before "+N more".
+_CELLS_SHOWN = 3
+
+
+def _t(value: object, style: str = "") -> Text:
+    return Text("-" if value is None else str(value), style=style)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _identity_line(identity: dict[str, str], path: str | None = None) -> Text:
+    bits = []
+    version, commit = identity.get("sglang.version"), identity.get("sglang.commit")
+    if version or commit:
+        bits.append(f"sglang {version or '?'}" + (f" @ {commit}" if commit else ""))
+    for key in IDENTITY_KEYS[2:]:
+        if key in identity:
+            bits.append(f"{key} {identity[key]}")
+    bits.extend(f"{k} {identity[k]}" for k in sorted(identity) if k not in IDENTITY_KEYS)
+    if path is not None:
+        bits.append(path)
+    return Text("  " + (" · ".join(bits) or "no identity metadata"), style="dim")
+
+
+def _slot_text(f: Record) -> str:
+    if f["slot"] is None:
+        return "-"
+    return f"swa {f['slot']}" if f["space"] == "swa" else str(f["slot"])
+
+
+def _cells_text(f: Record) -> str:
+    """Provenance condensed: `(row 8, pos 4) verify; (row 3, pos 4) verify shared; +2 more`."""
+    prov = f["provenance"]
+    if prov is None:
+        return "-"
+    bits = []
+    for c in prov["cells"][:_CELLS_SHOWN]:
+        flags = "".join(f" {flag}" for flag in ("seed", "shared") if c[flag])
+        bits.append(f"(row {c['pool_row']}, pos {c['position']}) {c['role']}{flags}")
+    more = prov["cells_total"] - min(len(prov["cells"]), _CELLS_SHOWN)
+    if more > 0:
+        bits.append(f"+{more} more")
+    return "; ".join(bits) or "no cells"
+
+
+def _groups_table(groups: list[Record]) -> Table:
+    table = Table(title="groups", title_justify="left")
+    for name in ("group", "window", "entries", "capacity", "enable", "kernel", "differences"):
+        table.add_column(name, justify="right" if name in ("window", "entries", "capacity",
+                                                           "enable") else "left")
+    for g in groups:
+        diffs = Text()
+        for code, n in g["explained_differences"].items():
+            diffs.append(("\n" if diffs else "") + difference_phrase(code, n))
+        if g["unexplained_differences"]:
+            diffs.append(("\n" if diffs else "")
+                         + f"{g['unexplained_differences']} unexplained", style="bold red")
+        if g["kernel_launch_error"]:
+            diffs.append(("\n" if diffs else "")
+                         + f"launch raises: {g['kernel_launch_error']}", style="red")
+        table.add_row(_t(g["group"]), _t(g["window"]), _t(g["total_verify"]),
+                      _t(g["verify_capacity"]), _t(g["enable"]), _t(g["kernel"]),
+                      diffs or Text("none"))
+    return table
+
+
+def _counts_table(counts: list[Record]) -> Table:
+    table = Table(title="findings by code", title_justify="left")
+    for name in ("code", "severity", "group", "count"):
+        table.add_column(name, justify="right" if name == "count" else "left")
+    for c in counts:
+        style = _SEVERITY_STYLE.get(c["severity"], "")
+        table.add_row(_t(c["code"], style), _t(c["severity"], style), _t(c["group"]),
+                      _t(c["count"]))
+    return table
+
+
+def _findings_table(findings: list[Record]) -> Table:
+    table = Table()
+    for name in ("group", "slot", "batch row", "pool row", "pos", "role"):
+        table.add_column(name, justify="left" if name in ("group", "role") else "right")
+    table.add_column("cells")
+    table.add_column("message")
+    for f in findings:
+        table.add_row(_t(f["group"]), _t(_slot_text(f)), _t(f["batch_row"]), _t(f["pool_row"]),
+                      _t(f["position"]), _t(f["role"]), _t(_cells_text(f)), _t(f["message"]))
+    return table
+
+
+def _findings_blocks(dump: Record, max_rows: int) -> list[RenderableType]:
+    totals: Counter[str] = Counter()
+    severity: dict[str, str] = {}
+    for c in dump["counts"]:
+        totals[c["code"]] += c["count"]
+        severity[c["code"]] = c["severity"]
+    by_code: dict[str, list[Record]] = {}
+    for f in dump["findings"]:
+        by_code.setdefault(f["code"], []).append(f)
+    parts: list[RenderableType] = []
+    for code in totals:
+        shown = by_code.get(code, [])[: max(max_rows, 0)]
+        style = _SEVERITY_STYLE.get(severity[code], "")
+        parts.append(Text(f"{code} ({severity[code]}): {_plural(totals[code], 'finding')}",
+                          style=f"bold {style}".strip()))
+        if shown:
+            parts.append(_findings_table(shown))
+        if totals[code] > len(shown):
+            parts.append(Text(f"… and {totals[code] - len(shown)} more (--max-rows)"))
+    return parts
+
+
+def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableType]:
+    verdict = dump["verdict"]
+    errors = sum(c["count"] for c in dump["counts"] if c["severity"] == "error")
+    warnings = sum(c["count"] for c in dump["counts"] if c["severity"] == "warning")
+    head = Text(f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
+                style=_VERDICT_STYLE.get(verdict, "bold"))
+    if dump["error"] is None:
+        head.append(f"  ({_plural(errors, 'error')}, {_plural(warnings, 'warning')}; "
+                    f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})")
+    parts: list[RenderableType] = [head]
+    if dump["identity"] or dump["error"] is None:
+        parts.append(_identity_line(dump["identity"]))
+    if dump["error"] is not None:
+        parts.append(Text(f"  bad input: {dump['error']}", style="magenta"))
+    else:
+        facts = [f"bs {dump['bs']}"]
+        if dump["kernel_mode"]:
+            facts.append(f"kernel mode {dump['kernel_mode']}")
+        parts.append(Text("  " + " · ".join(facts)))
+    parts.extend(Text(f"  note: {note}", style="dim") for note in dump["notes"])
+    if dump["groups"]:
+        parts.append(_groups_table(dump["groups"]))
+    if dump["counts"]:
+        parts.append(_counts_table(dump["counts"]))
+        parts.extend(_findings_blocks(dump, max_rows))
+    elif dump["error"] is None:
+        parts.append(Text("  no findings", style="green"))
+    return parts
+
+
+def _summary_table(record: Record) -> Table:
+    table = Table(title="summary", title_justify="left")
+    for name in ("dump", "verdict", "bs", "errors", "warnings", "error"):
+        table.add_column(name, justify="right" if name in ("bs", "errors", "warnings")
+                         else "left")
+    for d in record["dumps"]:
+        errors = sum(c["count"] for c in d["counts"] if c["severity"] == "error")
+        warnings = sum(c["count"] for c in d["counts"] if c["severity"] == "warning")
+        table.add_row(_t(d["path"]), _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
+                      _t(d["bs"]), _t(errors), _t(warnings), _t(d["error"]))
+    return table
+
+
+def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
+    """Per dump: verdict, identity, groups, counts, then per code the first `max_rows` findings.
+
+    A summary of all dumps follows when there are two or more.
+    """
+    record = to_record(report)
+    parts: list[RenderableType] = []
+    for i, dump in enumerate(record["dumps"]):
+        if i:
+            parts.append(Text(""))
+        parts.extend(_dump_blocks(dump, record["fail_on"], max_rows))
+    if len(record["dumps"]) >= 2:
+        parts.append(Text(""))
+        parts.append(_summary_table(record))
+        s = record["summary"]
+        parts.append(Text(f"{s['failed']} of {_plural(s['dumps'], 'dump')} fail at --fail-on "
+                          f"{record['fail_on']}; {s['bad_input']} unreadable",
+                          style=_OVERALL_STYLE.get(record["verdict"], "bold")))
+    if not parts:
+        parts.append(Text("no dumps checked"))
+    return Group(*parts)
+
+
+def _slot_blocks(prov: Record) -> list[RenderableType]:
+    head = Text(f"{prov['space']} slot {prov['slot']}", style="bold")
+    if prov["swa_slot"] is not None:
+        head.append(f"  → swa slot {prov['swa_slot']} (LUT[{prov['slot']}])")
+    elif prov["translation_note"]:
+        head.append(f"  → no SWA translation: {prov['translation_note']}", style="yellow")
+    parts: list[RenderableType] = [head]
+    if prov["mapped_from"]:
+        parts.append(Text("  mapped from full slots: " + ", ".join(map(str, prov["mapped_from"]))))
+    parts.append(Text(f"  allocator: {prov['allocator'] or 'unknown (no free list in the dump)'}",
+                      style="red" if prov["allocator"] == "free" else ""))
+    cells = Table(title=f"cells ({prov['cells_total']} in req_to_token)", title_justify="left")
+    for name in ("pool row", "position", "batch rows", "role", "seed", "shared"):
+        cells.add_column(name, justify="right" if name in ("pool row", "position") else "left")
+    for c in prov["cells"]:
+        cells.add_row(_t(c["pool_row"]), _t(c["position"]),
+                      _t(", ".join(map(str, c["batch_rows"])) or "-"), _t(c["role"]),
+                      _t("seed" if c["seed"] else ""), _t("shared" if c["shared"] else ""))
+    parts.append(cells)
+    if prov["cells_total"] > len(prov["cells"]):
+        parts.append(Text(f"… and {prov['cells_total'] - len(prov['cells'])} more cells"))
+    if prov["canary"]:
+        canary = Table(title="canary records", title_justify="left")
+        for name in ("buffer", "token", "position", "prev hash", "real kv hash"):
+            canary.add_column(name, justify="left" if name == "buffer" else "right")
+        for r in prov["canary"]:
+            canary.add_row(_t(r["buffer"]), _t(r["token"]), _t(r["position"]),
+                           _t(r["prev_hash"]), _t(r["real_kv_hash"]))
+        parts.append(canary)
+    if prov["violations"]:
+        violations = Table(title="violation ring rows", title_justify="left")
+        violations.add_column("index", justify="right")
+        violations.add_column("fields")
+        for v in prov["violations"]:
+            violations.add_row(_t(v["index"]), _t(", ".join(map(str, v["fields"]))))
+        parts.append(violations)
+    return parts
+
+
+def _row_blocks(row: Record) -> list[RenderableType]:
+    batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle row)"
+    parts: list[RenderableType] = [
+        Text(f"pool row {row['pool_row']} (batch rows {batch_rows}), group {row['group']}",
+             style="bold"),
+        Text(f"  P {row['prefix_len'] if row['prefix_len'] is not None else '-'}"
+             f" · E {row['extend_len'] if row['extend_len'] is not None else '-'}"
+             f" · window start "
+             f"{row['window_start'] if row['window_start'] is not None else '-'}"
+             f" · {row['filled']} filled of max_seq_len {row['max_seq_len']}"),
+    ]
+    table = Table()
+    for name in ("position", "slot", "role", "swa slot", "marks"):
+        table.add_column(name, justify="right" if name in ("position", "slot", "swa slot")
+                         else "left")
+    for c in row["cells"]:
+        marked = bool(c["marks"])
+        style = "bold red" if marked else ""
+        role = c["role"] + (" (seed)" if c["seed"] else "")
+        table.add_row(_t(c["position"], style), _t(c["slot"], style), _t(role, style),
+                      _t(c["swa_slot"], style),
+                      _t("! " + ", ".join(c["marks"]) if marked else "", style))
+    parts.append(table)
+    return parts
+
+
+def _touching_table(findings: list[Record]) -> Table:
+    table = Table(title="findings touching it", title_justify="left")
+    table.add_column("code", no_wrap=True)
+    for name in ("group", "slot", "batch row", "pool row", "pos", "role", "message"):
+        table.add_column(name, justify="right" if name in ("slot", "batch row", "pool row",
+                                                           "pos") else "left")
+    for f in findings:
+        style = _SEVERITY_STYLE.get(f["severity"], "")
+        table.add_row(_t(f["code"], style), _t(f["group"]), _t(_slot_text(f)),
+                      _t(f["batch_row"]), _t(f["pool_row"]), _t(f["position"]), _t(f["role"]),
+                      _t(f["message"]))
+    return table
+
+
+def provenance_table(report: ProvenanceReport) -> RenderableType:
+    """A slot's cells, translation, allocator, canary and violation rows, or a pool row's map.
+
+    Findings touching the slot (or row) follow; in a row map, the cells they mark are flagged
+    with `!` and the finding codes (and highlighted when colour is on).
+    """
+    record = provenance_record(report)
+    parts: list[RenderableType] = [Text(record["path"], style="bold"),
+                                   _identity_line(record["identity"])]
+    if record["slot"] is not None:
+        parts.extend(_slot_blocks(record["slot"]))
+    if record["row"] is not None:
+        parts.extend(_row_blocks(record["row"]))
+    if record["findings"]:
+        parts.append(_touching_table(record["findings"]))
+    else:
+        parts.append(Text("no findings touch it", style="green"))
+    return Group(*parts)

@@ -1,0 +1,175 @@
+"""The `kvcanary.check/1` and `kvcanary.provenance/1` schemas, and a small validator.
+
+Objects list their keys exactly (no missing, no extra keys); the README's schema section
+describes the same shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvcanary_cli.analysis.model import FindingCode, Severity
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: Any
+
+
+@dataclass(frozen=True)
+class MapOf:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Nullable:
+    inner: Any
+
+
+@dataclass(frozen=True)
+class OneOf:
+    values: frozenset[str]
+
+
+JSON_VALUE = object()  # any JSON value
+
+CODES = OneOf(frozenset(c.value for c in FindingCode))
+SEVERITIES = OneOf(frozenset(s.value for s in Severity))
+ROLES = OneOf(frozenset({"verify", "prefix", "chain-prev", "seed", "pending-write",
+                         "stale-tail", "idle-row"}))
+SPACES = OneOf(frozenset({"full", "swa"}))
+
+CELL = {"pool_row": int, "position": int, "batch_rows": ListOf(int), "role": ROLES,
+        "seed": bool, "shared": bool}
+PROVENANCE = {
+    "slot": int,
+    "space": SPACES,
+    "cells": ListOf(CELL),
+    "cells_total": int,
+    "swa_slot": Nullable(int),
+    "translation_note": Nullable(str),
+    "mapped_from": ListOf(int),
+    "allocator": Nullable(OneOf(frozenset({"free", "in use"}))),
+    "canary": ListOf({"buffer": str, "token": int, "position": int, "prev_hash": int,
+                      "real_kv_hash": int}),
+    "violations": ListOf({"index": int, "fields": ListOf(int)}),
+}
+FINDING = {
+    "code": CODES,
+    "severity": SEVERITIES,
+    "group": str,
+    "slot": Nullable(int),
+    "space": SPACES,
+    "batch_row": Nullable(int),
+    "pool_row": Nullable(int),
+    "position": Nullable(int),
+    "role": Nullable(str),  # a cell role, or a plan read: seed, expected-token
+    "message": str,
+    "details": MapOf(JSON_VALUE),
+    "provenance": Nullable(PROVENANCE),
+}
+GROUP = {
+    "group": str,
+    "window": int,
+    "total_verify": int,
+    "verify_capacity": int,
+    "enable": int,
+    "kernel": str,
+    "explained_differences": MapOf(int),
+    "unexplained_differences": int,
+    "kernel_launch_error": Nullable(str),
+}
+DUMP = {
+    "path": str,
+    "identity": MapOf(str),
+    "bs": int,
+    "verdict": OneOf(frozenset({"clean", "warnings", "errors", "bad-input"})),
+    "fails": bool,
+    "error": Nullable(str),
+    "kernel_mode": Nullable(str),
+    "notes": ListOf(str),
+    "groups": ListOf(GROUP),
+    "counts": ListOf({"code": CODES, "severity": SEVERITIES, "group": str, "count": int}),
+    "findings_total": int,
+    "findings": ListOf(FINDING),
+}
+CHECK = {
+    "schema": OneOf(frozenset({"kvcanary.check/1"})),
+    "kvcanary_version": str,
+    "fail_on": SEVERITIES,
+    "verdict": OneOf(frozenset({"clean", "findings", "bad-input"})),
+    "summary": {
+        "dumps": int,
+        "failed": int,
+        "bad_input": int,
+        "findings": int,
+        "by_severity": {"error": int, "warning": int, "info": int},
+        "counts": MapOf(int),
+    },
+    "dumps": ListOf(DUMP),
+}
+ROW = {
+    "pool_row": int,
+    "batch_rows": ListOf(int),
+    "prefix_len": Nullable(int),
+    "extend_len": Nullable(int),
+    "window_start": Nullable(int),
+    "group": str,
+    "filled": int,
+    "max_seq_len": int,
+    "cells": ListOf({"position": int, "slot": int, "role": ROLES, "seed": bool,
+                     "swa_slot": Nullable(int), "marks": ListOf(CODES)}),
+}
+PROVENANCE_REPORT = {
+    "schema": OneOf(frozenset({"kvcanary.provenance/1"})),
+    "kvcanary_version": str,
+    "path": str,
+    "identity": MapOf(str),
+    "slot": Nullable(PROVENANCE),
+    "row": Nullable(ROW),
+    "findings": ListOf(FINDING),
+}
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
+
+
+def validate(value: Any, spec: Any, path: str = "$") -> list[str]:
+    """Every place where `value` breaks `spec` (an empty list when it conforms)."""
+    if spec is JSON_VALUE:
+        return [] if _is_json(value) else [f"{path}: not a JSON value: {value!r}"]
+    if isinstance(spec, Nullable):
+        return [] if value is None else validate(value, spec.inner, path)
+    if isinstance(spec, OneOf):
+        ok = isinstance(value, str) and value in spec.values
+        return [] if ok else [f"{path}: {value!r} not one of {sorted(spec.values)}"]
+    if isinstance(spec, ListOf):
+        if not isinstance(value, list):
+            return [f"{path}: expected a list, got {type(value).__name__}"]
+        return [e for i, v in enumerate(value) for e in validate(v, spec.item, f"{path}[{i}]")]
+    if isinstance(spec, MapOf):
+        if not isinstance(value, dict):
+            return [f"{path}: expected an object, got {type(value).__name__}"]
+        errors = [f"{path}: non-string key {k!r}" for k in value if not isinstance(k, str)]
+        return errors + [e for k, v in value.items() for e in validate(v, spec.value,
+                                                                        f"{path}.{k}")]
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return [f"{path}: expected an object, got {type(value).__name__}"]
+        errors = [f"{path}: missing key {k!r}" for k in spec if k not in value]
+        errors += [f"{path}: unexpected key {k!r}" for k in value if k not in spec]
+        return errors + [e for k in spec if k in value
+                         for e in validate(value[k], spec[k], f"{path}.{k}")]
+    if spec is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, spec)
+    return [] if ok else [f"{path}: expected {spec.__name__}, got {value!r}"]

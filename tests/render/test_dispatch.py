@@ -1,0 +1,75 @@
+"""`render_check` / `render_provenance`: every OutputFormat renders; strings are written raw."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console, ConsoleRenderable
+
+import kvcanary_cli.render as render_pkg
+from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
+from kvcanary_cli.render import OutputFormat, emit, render_check, render_provenance
+
+
+@pytest.mark.parametrize("fmt", list(OutputFormat))
+def test_every_format_renders_a_check(fmt: OutputFormat, any_report: CheckReport) -> None:
+    out = render_check(any_report, fmt, max_rows=2)
+    if fmt is OutputFormat.TABLE:
+        assert isinstance(out, ConsoleRenderable)
+    else:
+        assert isinstance(out, str) and out.endswith("\n")
+    if fmt is OutputFormat.JSON:
+        assert isinstance(out, str)
+        assert json.loads(out)["schema"] == "kvcanary.check/1"
+
+
+@pytest.mark.parametrize("fmt", list(OutputFormat))
+def test_every_format_renders_a_provenance(fmt: OutputFormat,
+                                           any_provenance: ProvenanceReport) -> None:
+    out = render_provenance(any_provenance, fmt)
+    assert isinstance(out, ConsoleRenderable if fmt is OutputFormat.TABLE else str)
+
+
+def test_json_ignores_max_rows(single_report: CheckReport) -> None:
+    out = render_check(single_report, OutputFormat.JSON, max_rows=1)
+    assert isinstance(out, str)
+    assert len(json.loads(out)["dumps"][0]["findings"]) == len(single_report.dumps[0].findings)
+
+
+def test_unknown_format_is_rejected(single_report: CheckReport) -> None:
+    with pytest.raises(AssertionError):
+        render_check(single_report, "html")  # type: ignore[arg-type]
+
+
+def test_emit_writes_strings_verbatim(single_report: CheckReport) -> None:
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, color_system=None)
+    text = render_check(single_report, OutputFormat.JSON)
+    emit(text, console)
+    assert buf.getvalue() == text  # no markup parsing, wrapping or highlighting
+    buf.seek(0)
+    buf.truncate()
+    emit(render_check(single_report, OutputFormat.TABLE), console)
+    assert "lut-out-of-range" in buf.getvalue()
+
+
+def test_render_imports_only_the_model() -> None:
+    """render may import analysis.model, the package root (for __version__) and itself."""
+    allowed = {"kvcanary_cli", "kvcanary_cli.analysis.model"}
+    root = Path(render_pkg.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith("kvcanary_cli"):
+                    assert name in allowed or name.startswith("kvcanary_cli.render"), (
+                        f"{path.name} imports {name}")

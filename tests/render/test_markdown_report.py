@@ -1,0 +1,150 @@
+"""Markdown output: summary table, per-code tables, one <details> per shown finding; agrees with
+the JSON record it is drawn from."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from md_tables import tables
+
+from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
+from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
+from kvcanary_cli.render.records import provenance_record, to_record
+
+HEAD = re.compile(r"^#### `([a-z-]+)` · (error|warning|info) · (\d+) findings?$", re.M)
+
+
+def _summary(markdown: str) -> dict[tuple[str, str], int]:
+    [(_, header, rows)] = [t for t in tables(markdown) if t[0] == "### Summary"]
+    assert header == ["code", "severity", "group", "count"]
+    return {(code, group): int(count) for code, _sev, group, count in rows}
+
+
+def _dump_sections(markdown: str) -> list[str]:
+    return re.split(r"^### `", markdown, flags=re.M)[1:]
+
+
+def test_summary_agrees_with_json(any_report: CheckReport) -> None:
+    record = to_record(any_report)
+    markdown = check_markdown(record)
+    expected: Counter[tuple[str, str]] = Counter()
+    for dump in record["dumps"]:
+        for c in dump["counts"]:
+            expected[(c["code"], c["group"])] += c["count"]
+    if expected:
+        assert _summary(markdown) == dict(expected)
+    else:
+        assert "### Summary\n\nNo findings." in markdown
+    codes = {code for code, _ in expected}
+    assert codes == set(record["summary"]["counts"])
+
+
+def test_title_and_verdict(multi_report: CheckReport, clean_report: CheckReport,
+                           single_report: CheckReport) -> None:
+    assert check_markdown(to_record(multi_report)).startswith("## kvcanary check: bad input\n")
+    assert check_markdown(to_record(clean_report)).startswith("## kvcanary check: clean\n")
+    assert check_markdown(to_record(single_report)).startswith("## kvcanary check: findings\n")
+
+
+@pytest.mark.parametrize("max_rows", [0, 1, 3, 10, 50])
+def test_details_per_shown_finding(multi_report: CheckReport, max_rows: int) -> None:
+    record = to_record(multi_report)
+    markdown = check_markdown(record, max_rows=max_rows)
+    sections = _dump_sections(markdown)
+    assert len(sections) == len(record["dumps"])
+    for dump, section in zip(record["dumps"], sections, strict=True):
+        per_code = Counter(f["code"] for f in dump["findings"])
+        shown = sum(min(n, max_rows) for n in per_code.values())
+        assert section.count("<details>") == shown == section.count("</details>")
+        heads = {code: int(n) for code, _sev, n in HEAD.findall(section)}
+        totals: Counter[str] = Counter()
+        for c in dump["counts"]:
+            totals[c["code"]] += c["count"]
+        assert heads == dict(totals)
+        for n in totals.values():
+            if n > max_rows:
+                assert f"… and {n - max_rows} more" in section
+
+
+def test_code_tables_and_escaping(single_report: CheckReport) -> None:
+    markdown = check_markdown(to_record(single_report), max_rows=10)
+    for _, header, rows in tables(markdown):
+        assert all(len(row) == len(header) for row in rows), header
+    lut = [t for t in tables(markdown) if t[0].startswith("#### `lut-out-of-range`")]
+    [(_, header, rows)] = lut
+    assert header == ["group", "slot", "space", "batch row", "pool row", "position", "role",
+                      "message"]
+    assert [r[1] for r in rows] == [str(900 + i) for i in range(10)]
+    assert "… and 2 more" in markdown
+    dup = [t for t in tables(markdown) if t[0].startswith("#### `duplicate-slot-in-row`")]
+    message = dup[0][2][0][-1]
+    assert "pool row 8 \\| both live &lt;here>" not in message  # the reader unescapes `\|`
+    assert message == "slot 77 is at positions 4 and 9 of pool row 8 | both live &lt;here>"
+
+
+def test_provenance_details_block(single_report: CheckReport) -> None:
+    markdown = check_markdown(to_record(single_report))
+    block = markdown[markdown.index("<details><summary><code>duplicate-slot-in-row"):]
+    block = block[: block.index("</details>")]
+    assert "<summary><code>duplicate-slot-in-row</code> full slot 77, batch row 1, pool row 8, " \
+           "position 4, verify (5 cells)</summary>\n\n" in block
+    [(_, header, rows)] = [t for t in tables(block) if t[1][0] == "pool row"]
+    assert header == ["pool row", "position", "batch rows", "role", "seed", "shared"]
+    assert rows[2] == ["3", "4", "0", "verify", "", "yes"]
+    assert "(first 3 of 5)" in block
+    assert "SWA translation: `LUT[77] = 12`" in block
+    assert "allocator: free" in block
+    assert "canary.full.head.k" in block and "77, 4, 1, 0" in block
+
+
+def test_identity_and_groups(single_report: CheckReport) -> None:
+    markdown = check_markdown(to_record(single_report))
+    # outside tables a pipe needs no escape (a backslash would show inside a code span)
+    assert "\n### `dumps/step1207|rank0.safetensors`: errors\n" in markdown
+    [(_, _, identity)] = [t for t in tables(markdown) if t[1] == ["identity", "value"]]
+    assert identity[:6] == [["sglang.version", "0.5.1"], ["sglang.commit", "abc1234"],
+                            ["model", "Qwen/Qwen3-8B"], ["rank", "0"], ["step", "1207"],
+                            ["forward_mode", "target_verify"]]
+    assert ["note|with pipe", "x|y"] in identity
+    [(_, header, groups)] = [t for t in tables(markdown) if t[1][0] == "group"
+                             and "explained differences" in t[1]]
+    swa = groups[1]
+    assert swa[header.index("explained differences")] == (
+        "kernel clamped 17 entries (lut-out-of-range), 1 entry differs (kernel-divergence)")
+    assert swa[header.index("unexplained")] == "2"
+
+
+def test_multi_dump_table_and_bad_input(multi_report: CheckReport) -> None:
+    markdown = check_markdown(to_record(multi_report))
+    [(_, header, rows)] = [t for t in tables(markdown) if t[1][0] == "dump"]
+    assert [r[1] for r in rows] == ["errors", "clean", "warnings", "bad-input"]
+    assert rows[3][-1] == "missing tensor \\`req_to_token\\` (needed by every plan)"
+    section = _dump_sections(markdown)[3]
+    assert section.startswith("dumps/broken.safetensors`: bad-input")
+    assert "**Bad input:** missing tensor" in section
+    assert "No findings." in _dump_sections(markdown)[1]
+
+
+def test_markdown_is_deterministic(multi_report: CheckReport) -> None:
+    assert check_markdown(to_record(multi_report)) == check_markdown(to_record(multi_report))
+
+
+def test_provenance_markdown_slot(slot_report: ProvenanceReport) -> None:
+    markdown = provenance_markdown(provenance_record(slot_report))
+    assert markdown.startswith("## kvcanary provenance: ")
+    assert "### FULL slot 77" in markdown
+    [(_, _, findings)] = [t for t in tables(markdown) if t[1][0] == "code"]
+    assert [r[0] for r in findings] == ["duplicate-slot-in-row"]
+
+
+def test_provenance_markdown_row(row_report: ProvenanceReport) -> None:
+    markdown = provenance_markdown(provenance_record(row_report))
+    [(_, header, rows)] = [t for t in tables(markdown) if t[1][0] == "position"]
+    assert header == ["position", "slot", "role", "swa slot", "marks"]
+    assert len(rows) == 10
+    assert rows[2][4] == "padding-slot-in-live-range"
+    assert re.findall(r"[a-z-]+", rows[4][4]) == ["swa-unmapped-in-window",
+                                                  "duplicate-slot-in-row"]
+    assert rows[5][2] == "verify (seed)"

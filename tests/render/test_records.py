@@ -1,0 +1,168 @@
+"""The `kvcanary.check/1` record: schema, completeness, order, verdicts, caps."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+from render_schema import CHECK, PROVENANCE_REPORT, validate
+
+from kvcanary_cli.analysis.model import (
+    CheckReport,
+    DumpReport,
+    Finding,
+    FindingCode,
+    ProvenanceReport,
+    Severity,
+)
+from kvcanary_cli.render.records import finding_order, provenance_record, to_record
+
+CODE_INDEX = {c.value: i for i, c in enumerate(FindingCode)}
+
+
+def test_record_matches_schema(any_report: CheckReport) -> None:
+    record = to_record(any_report)
+    assert validate(record, CHECK) == []
+    assert json.loads(json.dumps(record)) == record  # JSON types only
+
+
+def test_every_finding_is_in_the_record(multi_report: CheckReport) -> None:
+    record = to_record(multi_report)
+    for dump, rec in zip(multi_report.dumps, record["dumps"], strict=True):
+        assert len(rec["findings"]) == len(dump.findings) == rec["findings_total"]
+        assert sum(c["count"] for c in rec["counts"]) == len(dump.findings)
+    total = sum(len(d.findings) for d in multi_report.dumps)
+    assert record["summary"]["findings"] == total
+    assert sum(record["summary"]["counts"].values()) == total
+    assert sum(record["summary"]["by_severity"].values()) == total
+
+
+def test_finding_fields_are_copied(single_report: CheckReport) -> None:
+    findings = single_report.dumps[0].findings
+    records = to_record(single_report)["dumps"][0]["findings"]
+    expected = sorted(
+        (f.code.value, f.group, f.slot, f.space, f.batch_row, f.pool_row, f.position, f.role,
+         f.message) for f in findings)
+    got = sorted(
+        (r["code"], r["group"], r["slot"], r["space"], r["batch_row"], r["pool_row"],
+         r["position"], r["role"], r["message"]) for r in records)
+    assert got == expected
+    lut = next(r for r in records if r["code"] == "lut-out-of-range")
+    assert lut["details"]["cells"] == [5, lut["position"]]  # tuples become lists
+    dup = next(r for r in records if r["code"] == "duplicate-slot-in-row")
+    prov = dup["provenance"]
+    assert prov["cells_total"] == 5 and len(prov["cells"]) == 3
+    assert [c["shared"] for c in prov["cells"]] == [False, False, True]
+    assert prov["canary"][0]["buffer"] == "canary.full.head.k"
+    assert prov["violations"] == [{"index": 0, "fields": [77, 4, 1, 0]}]
+    assert prov["allocator"] == "free" and prov["swa_slot"] == 12
+
+
+def _none_last(v: int | None) -> tuple[bool, int]:
+    return (v is None, v or 0)
+
+
+def test_findings_order(multi_report: CheckReport) -> None:
+    for rec in to_record(multi_report)["dumps"]:
+        keys = [
+            (-Severity(f["severity"]).rank, CODE_INDEX[f["code"]], f["group"],
+             _none_last(f["batch_row"]), _none_last(f["position"]), _none_last(f["slot"]))
+            for f in rec["findings"]
+        ]
+        assert keys == sorted(keys)
+        severities = [f["severity"] for f in rec["findings"]]
+        assert severities == sorted(severities, key=lambda s: -Severity(s).rank)
+        count_keys = [(-Severity(c["severity"]).rank, CODE_INDEX[c["code"]], c["group"])
+                      for c in rec["counts"]]
+        assert count_keys == sorted(count_keys)
+        assert len(set(count_keys)) == len(count_keys)
+
+
+def test_order_does_not_depend_on_input_order(single_report: CheckReport) -> None:
+    dump = single_report.dumps[0]
+    baseline = json.dumps(to_record(single_report), sort_keys=True)
+    for seed in range(5):
+        findings = list(dump.findings)
+        random.Random(seed).shuffle(findings)
+        shuffled = CheckReport(dumps=(replace(dump, findings=tuple(findings)),))
+        assert json.dumps(to_record(shuffled), sort_keys=True) == baseline
+
+
+def test_none_sorts_last() -> None:
+    base = {"severity": "error", "code": "negative-slot", "group": "full", "batch_row": 1,
+            "position": 3, "slot": 5, "space": "full", "pool_row": 2, "role": "verify",
+            "message": "m"}
+    assert finding_order(base) < finding_order({**base, "batch_row": None})
+    assert finding_order(base) < finding_order({**base, "position": None})
+    assert finding_order(base) < finding_order({**base, "slot": None})
+
+
+def test_verdicts(multi_report: CheckReport) -> None:
+    record = to_record(multi_report)
+    assert [d["verdict"] for d in record["dumps"]] == ["errors", "clean", "warnings", "bad-input"]
+    assert [d["fails"] for d in record["dumps"]] == [True, False, False, False]
+    assert record["verdict"] == "bad-input"  # exit code 2 outranks 1
+    assert record["summary"]["failed"] == 1 and record["summary"]["bad_input"] == 1
+    assert record["dumps"][3]["error"].startswith("missing tensor")
+
+    warn = to_record(replace(multi_report, fail_on=Severity.WARNING))
+    assert [d["fails"] for d in warn["dumps"]] == [True, False, True, False]
+    assert warn["fail_on"] == "warning"
+
+
+def test_top_level_verdicts(single_report: CheckReport, clean_report: CheckReport,
+                            warning_dump: DumpReport) -> None:
+    assert to_record(single_report)["verdict"] == "findings"
+    assert to_record(clean_report)["verdict"] == "clean"
+    only_warnings = CheckReport(dumps=(warning_dump,))
+    assert to_record(only_warnings)["verdict"] == "clean"
+    assert to_record(replace(only_warnings, fail_on=Severity.WARNING))["verdict"] == "findings"
+    assert to_record(CheckReport(dumps=()))["verdict"] == "clean"
+
+
+def test_max_findings_caps_the_list_not_the_counts(single_report: CheckReport) -> None:
+    full = to_record(single_report)["dumps"][0]
+    capped = to_record(single_report, max_findings=3)["dumps"][0]
+    assert capped["findings"] == full["findings"][:3]
+    assert capped["counts"] == full["counts"]
+    assert capped["findings_total"] == len(single_report.dumps[0].findings)
+    assert to_record(single_report, max_findings=0)["dumps"][0]["findings"] == []
+
+
+def test_details_are_made_json_safe() -> None:
+    finding = Finding(code=FindingCode.NEGATIVE_SLOT, group="full", message="m",
+                      details={"t": (1, 2), "nested": {"b": (3,), "a": None}, "odd": {1, 2}})
+    report = CheckReport(dumps=(DumpReport(path="p", identity={}, bs=1, groups=(),
+                                           findings=(finding,)),))
+    details = to_record(report)["dumps"][0]["findings"][0]["details"]
+    assert details["t"] == [1, 2] and details["nested"] == {"a": None, "b": [3]}
+    assert isinstance(details["odd"], str)
+    assert validate(to_record(report), CHECK) == []
+
+
+def test_provenance_record_matches_schema(any_provenance: ProvenanceReport) -> None:
+    record = provenance_record(any_provenance)
+    assert validate(record, PROVENANCE_REPORT) == []
+    assert record["schema"] == "kvcanary.provenance/1"
+    assert len(record["findings"]) == len(any_provenance.findings)
+
+
+def test_provenance_record_row(row_report: ProvenanceReport) -> None:
+    row = provenance_record(row_report)["row"]
+    assert [c["position"] for c in row["cells"]] == list(range(10))
+    # marks follow FindingCode order, whatever order the analysis gave
+    assert row["cells"][4]["marks"] == ["swa-unmapped-in-window", "duplicate-slot-in-row"]
+    assert row["cells"][2]["marks"] == ["padding-slot-in-live-range"]
+
+
+def test_schema_validator_catches_mistakes(single_report: CheckReport) -> None:
+    record = to_record(single_report)
+    finding = record["dumps"][0]["findings"][0]
+    del finding["role"]
+    finding["slot"] = "12"
+    finding["extra"] = 1
+    errors = validate(record, CHECK)
+    assert any("missing key 'role'" in e for e in errors)
+    assert any(".slot: expected int" in e for e in errors)
+    assert any("unexpected key 'extra'" in e for e in errors)
