@@ -123,13 +123,15 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
 
 
 def _groups_of(keys: np.ndarray) -> list[np.ndarray]:
-    """Index arrays of equal keys (stable order), for groups of two or more."""
+    """Index arrays of equal keys (stable order), only for keys that occur twice or more."""
     if keys.size == 0:
         return []
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
-    bounds = np.flatnonzero(np.diff(sorted_keys)) + 1
-    return [g for g in np.split(order, bounds) if g.size > 1]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    ends = np.r_[starts[1:], sorted_keys.size]
+    repeated = ends - starts > 1
+    return [order[a:b] for a, b in zip(starts[repeated], ends[repeated], strict=True)]
 
 
 def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
@@ -149,6 +151,11 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
 
 def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     idx = np.flatnonzero(real)
+    # Radix sharing puts one slot at one position in many rows: only slots seen at two or
+    # more distinct positions can be aliased (found vectorized; the loop below sees few).
+    pairs = np.unique((cells.slot[idx] << 32) | cells.position[idx])  # slots, positions < 2^31
+    slots, counts = np.unique(pairs >> 32, return_counts=True)
+    idx = idx[np.isin(cells.slot[idx], slots[counts > 1])]
     found = []
     for group in _groups_of(cells.slot[idx]):
         members = idx[group]
