@@ -23,6 +23,8 @@ __all__ = ["MAX_HEADER_BYTES", "HeaderEntry", "SafetensorsHeader", "read_header"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 #: No tensor of a real dump comes near this; a larger byte count is an overflow or a lie.
 _MAX_TENSOR_BYTES = 1 << 50
+#: numpy and torch stop at 64 dimensions; more is a hostile header (and a slow product).
+_MAX_RANK = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +54,21 @@ class SafetensorsHeader:
 
 
 def _corrupt(path: Path, what: str, hint: str | None = None) -> CorruptDumpError:
-    return CorruptDumpError(what, tensor=str(path), hint=hint)
+    return CorruptDumpError(what, tensor=_show(str(path), 4096), hint=hint)
+
+
+def _show(text: str, limit: int = 200) -> str:
+    """`text` if it prints on one short line, else its repr cut to `limit` (hostile names)."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[:limit] + "..."
+
+
+def _brief(value: object, limit: int = 120) -> str:
+    """repr of a header value, cut short: a hostile header may hold megabytes in one field."""
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
@@ -61,14 +77,14 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise DumpError("no such file", tensor=str(path)) from None
+        raise DumpError("no such file", tensor=_show(str(path), 4096)) from None
     except OSError as exc:
-        raise DumpError(f"cannot read: {exc.strerror}", tensor=str(path)) from None
+        raise DumpError(f"cannot read: {exc.strerror}", tensor=_show(str(path), 4096)) from None
     if stat.S_ISDIR(info.st_mode):
-        raise DumpError("is a directory, not a dump", tensor=str(path),
+        raise DumpError("is a directory, not a dump", tensor=_show(str(path), 4096),
                         hint="pass one .safetensors file") from None
     if not stat.S_ISREG(info.st_mode):
-        raise DumpError("is not a regular file", tensor=str(path))
+        raise DumpError("is not a regular file", tensor=_show(str(path), 4096))
     size = info.st_size
     if size == 0:
         raise _corrupt(path, "file is empty")
@@ -91,11 +107,15 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
                 )
             raw = handle.read(header_len)
     except PermissionError:
-        raise DumpError("permission denied", tensor=str(path)) from None
+        raise DumpError("permission denied", tensor=_show(str(path), 4096)) from None
     try:
         parsed = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise _corrupt(path, "not safetensors: the header is not JSON") from None
+    except RecursionError:
+        raise _corrupt(path, "not safetensors: the header JSON is nested absurdly deep") from None
+    except ValueError:  # e.g. an integer of more than sys.get_int_max_str_digits() digits
+        raise _corrupt(path, "not safetensors: the header holds an absurdly long number") from None
     if not isinstance(parsed, dict):
         raise _corrupt(path, "not safetensors: the header is not a JSON object")
     data_start = 8 + header_len
@@ -120,39 +140,57 @@ def _parse_metadata(path: Path, raw: object) -> dict[str, str]:
 def _parse_entry(
     path: Path, name: str, entry: object, data_start: int, data_size: int
 ) -> HeaderEntry:
+    name_shown = _show(name)
     if not isinstance(entry, dict):
-        raise CorruptDumpError("header entry is not an object", tensor=name)
+        raise CorruptDumpError("header entry is not an object", tensor=name_shown)
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_ITEMSIZE:
-        raise CorruptDumpError(f"unknown dtype {dtype!r} in the header", tensor=name)
+        raise CorruptDumpError(f"unknown dtype {_brief(dtype)} in the header", tensor=name_shown)
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
-        raise CorruptDumpError(f"shape {shape!r} is not a list of integers", tensor=name)
+        raise CorruptDumpError(
+            f"shape {_brief(shape)} is not a list of integers", tensor=name_shown
+        )
+    if len(shape) > _MAX_RANK:
+        raise CorruptDumpError(
+            f"shape has {len(shape)} dimensions, expected at most {_MAX_RANK}", tensor=name_shown
+        )
     if any(d < 0 for d in shape):
-        raise CorruptDumpError(f"shape {shape} has a negative dimension", tensor=name)
+        raise CorruptDumpError(
+            f"shape {_brief(shape)} has a negative dimension", tensor=name_shown
+        )
+    if any(d > _MAX_TENSOR_BYTES for d in shape):  # even beside a 0: numpy cannot hold it
+        raise CorruptDumpError(
+            f"shape {_brief(shape)} has a dimension beyond any real tensor (> 2^50)",
+            tensor=name_shown,
+        )
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
     ):
-        raise CorruptDumpError(f"data_offsets {offsets!r} is not [begin, end]", tensor=name)
+        raise CorruptDumpError(
+            f"data_offsets {_brief(offsets)} is not [begin, end]", tensor=name_shown
+        )
     begin, end = offsets
     if begin < 0 or end < begin or end > data_size:
         raise CorruptDumpError(
-            f"data offsets [{begin}, {end}] lie outside the file's {data_size} data bytes",
-            tensor=name,
+            f"data offsets {_brief(offsets)} lie outside the file's {data_size} data bytes",
+            tensor=name_shown,
             hint="the file is truncated or the header is corrupt",
         )
     nbytes = DTYPE_ITEMSIZE[dtype] * math.prod(shape)  # Python ints: no silent overflow
     if nbytes > _MAX_TENSOR_BYTES:
-        raise CorruptDumpError(f"shape {shape} overflows any real tensor size", tensor=name)
+        raise CorruptDumpError(
+            f"shape {_brief(shape)} overflows any real tensor size", tensor=name_shown
+        )
     if nbytes != end - begin:
         raise CorruptDumpError(
             f"shape {shape} x {dtype} is {nbytes} bytes but data_offsets span {end - begin}",
-            tensor=name,
+            tensor=name_shown,
         )
     return HeaderEntry(
         name=name, dtype=dtype, shape=tuple(shape), offset=data_start + begin, nbytes=nbytes

@@ -174,7 +174,7 @@ def _check_tensor(entry: HeaderEntry, spec: TensorSpec) -> None:
     if entry.dtype not in spec.dtypes:
         want = " or ".join(dtype_label(d) for d in spec.dtypes)
         raise TensorDtypeError(
-            f"dtype {entry.dtype} is not accepted (expected {want})",
+            f"dtype {dtype_label(entry.dtype)} is not accepted (expected {want})",
             tensor=entry.name,
             hint="convert it before saving, e.g. tensor.to(torch.int64)",
         )
@@ -215,6 +215,15 @@ def load_dump(
 
 
 def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) -> KvDump:
+    # First: a newer format may legitimately break every other rule below.
+    version = header.metadata.get("kvcanary.format")
+    if version is not None and version.strip() != FORMAT_VERSION:
+        raise MetadataError(
+            f"format version {version!r} is not supported (this kvcanary reads "
+            f"{FORMAT_VERSION!r})",
+            tensor="kvcanary.format",
+            hint="upgrade kvcanary",
+        )
     notes: list[str] = []
     dtype_notes: list[DtypeNote] = []
     arrays: dict[str, np.ndarray] = {}
@@ -241,14 +250,6 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         if name.startswith("canary."):
             canary[name] = torch.from_numpy(arrays[name])
 
-    version = header.metadata.get("kvcanary.format")
-    if version is not None and version.strip() != FORMAT_VERSION:
-        raise MetadataError(
-            f"format version {version!r} is not supported (this kvcanary reads "
-            f"{FORMAT_VERSION!r})",
-            tensor="kvcanary.format",
-            hint="upgrade kvcanary",
-        )
     scalars = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
     notes.extend(check_batch(arrays, values))
@@ -313,7 +314,8 @@ def _require(tensor: torch.Tensor | None) -> torch.Tensor:
 def _scalar_tensor(path: Path, entry: HeaderEntry) -> int:
     if entry.dtype not in INTEGER_DTYPES:
         raise TensorDtypeError(
-            f"scalar stored as {entry.dtype}, expected an integer dtype", tensor=entry.name
+            f"scalar stored as {dtype_label(entry.dtype)}, expected an integer dtype",
+            tensor=entry.name,
         )
     if entry.numel != 1 or len(entry.shape) > 1:
         raise MetadataError(

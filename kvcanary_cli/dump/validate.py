@@ -39,7 +39,7 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
             raise MissingTensorError(
                 "required tensor is missing",
                 tensor=name,
-                hint="save it with kvcanary_cli.save_dump(..., " + name + "=...)",
+                hint="save it with kvcanary_cli.dump.save_dump(..., " + name + "=...)",
             )
     bs = int(arrays["req_pool_indices"].shape[0])
     for name in _BATCH_VECTORS:
@@ -51,8 +51,10 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
             )
     for name in ("prefix_lens", "extend_seq_lens"):
         if name in arrays and arrays[name].size:
-            worst = int(np.abs(arrays[name].astype(np.int64)).max())
-            if worst > MAX_LENGTH:
+            # Python ints from min and max: numpy's abs(-2^63) overflows and would slip through.
+            low, high = int(arrays[name].min()), int(arrays[name].max())
+            worst = high if high >= -low else low
+            if abs(worst) > MAX_LENGTH:
                 raise TensorShapeError(
                     f"holds {worst}, beyond any real sequence length (> 2^40)",
                     tensor=name,
@@ -91,6 +93,11 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
         if value is not None and value < minimum:
             raise MetadataError(f"is {value}, must be >= {minimum}", tensor=name)
     _check_write_tensors(arrays)
+    if "violation_write_index" in arrays and arrays["violation_write_index"].size != 1:
+        raise TensorShapeError(
+            f"has shape {list(arrays['violation_write_index'].shape)}, expected [] or [1]",
+            tensor="violation_write_index",
+        )
     if "violation_ring" in arrays:
         ring = arrays["violation_ring"]
         if ring.shape[1] != 8:

@@ -1,0 +1,292 @@
+"""save_dump -> load_dump gives back what was saved; the writer and loader keep their promises."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump import load_dump, save_dump
+from kvcanary_cli.dump.schema import PROVENANCE_KEYS, SCALARS, TENSORS, safetensors_dtype_of
+from kvcanary_cli.errors import DumpError, TensorDtypeError
+
+INT_DTYPES = (torch.int32, torch.int64)
+#: Scalars as save_dump takes them (Python ints), with the smallest value the loader accepts.
+SCALAR_MINIMUM = {
+    "swa_window_size": -8,
+    "verify_capacity": 0,
+    "write_req_capacity": 0,
+    "kv_token_id_vs_position_offset": 0,
+    "page_size": 1,
+    "num_full_slots": 0,
+    "num_swa_slots": 0,
+}
+_EXAMPLE = itertools.count()
+RESERVED_KEYS = {*SCALARS, "groups", "kvcanary.format", "sglang.version", "sglang.commit"}
+
+
+def _bounds(dtype: torch.dtype, limit: int) -> tuple[int, int]:
+    info = torch.iinfo(dtype)
+    return max(info.min, -limit), min(info.max, limit)
+
+
+@st.composite
+def int_tensors(draw: st.DrawFn, shape: tuple[int, ...], limit: int = 2**62,
+                dtypes: tuple[torch.dtype, ...] = INT_DTYPES) -> torch.Tensor:
+    dtype = draw(st.sampled_from(dtypes))
+    low, high = _bounds(dtype, limit)
+    numel = int(np.prod(shape))
+    values = draw(st.lists(st.integers(low, high), min_size=numel, max_size=numel))
+    return torch.tensor(values, dtype=dtype).reshape(shape)
+
+
+@st.composite
+def dump_kwargs(draw: st.DrawFn) -> dict[str, Any]:
+    """Keyword arguments for save_dump that make a valid format-v1 dump."""
+    bs = draw(st.integers(0, 6))
+    rows, cols = draw(st.integers(0, 5)), draw(st.integers(0, 6))
+    kwargs: dict[str, Any] = {
+        "req_to_token": draw(int_tensors((rows, cols), limit=2**31)),
+        "req_pool_indices": draw(int_tensors((bs,))),
+        # The loader rejects |length| > 2^40 as corrupt; negative lengths are findings, not errors.
+        "prefix_lens": draw(int_tensors((bs,), limit=2**40)),
+    }
+    if draw(st.booleans()):
+        kwargs["extend_seq_lens"] = draw(int_tensors((bs,), limit=2**40))
+    else:
+        kwargs["extend_seq_lens"] = None
+    if draw(st.booleans()):
+        lut_len = draw(st.integers(1, 8))
+        kwargs["full_to_swa_index_mapping"] = draw(int_tensors((lut_len,)))
+        kwargs["swa_window_size"] = draw(st.integers(-8, 4096))
+    if draw(st.booleans()):
+        pool_shape = (draw(st.integers(0, 4)), draw(st.integers(0, 5)))
+        kwargs["req_to_verify_expected_tokens"] = draw(int_tensors(pool_shape, limit=2**31))
+        kwargs["req_to_verify_expected_tokens_valid_lens"] = draw(int_tensors((bs,)))
+    for name, minimum in SCALAR_MINIMUM.items():
+        if name not in kwargs and draw(st.booleans()):
+            kwargs[name] = draw(st.integers(minimum, 2**62))
+    keys = st.text(min_size=1, max_size=12).filter(lambda k: k not in RESERVED_KEYS)
+    kwargs["metadata"] = draw(
+        st.dictionaries(st.one_of(st.sampled_from(PROVENANCE_KEYS), keys), st.text(max_size=20),
+                        max_size=4)
+    )
+    return kwargs
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kwargs=dump_kwargs())
+def test_save_then_load_gives_back_every_value(kwargs: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / f"rt-{next(_EXAMPLE)}.safetensors"  # a fresh file per example
+    save_dump(path, **kwargs)
+    dump = load_dump(path)
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    ints = {k: v for k, v in kwargs.items() if isinstance(v, int)}
+
+    assert dump.metadata["kvcanary.format"] == "1"
+    for key, value in kwargs["metadata"].items():
+        assert dump.metadata[key] == value
+    assert set(dump.tensors) == set(tensors)
+    window = kwargs.get("swa_window_size")
+    negative_window = window is not None and window < 0
+    assert len(dump.notes) == int(negative_window), dump.notes  # the only legal oddity
+
+    for name, saved in tensors.items():
+        loaded = getattr(dump, name)
+        assert loaded is not None, name
+        assert list(loaded.shape) == list(saved.shape), name
+        assert torch.equal(loaded.to(torch.int64), saved.to(torch.int64)), name
+        assert dump.tensors[name].dtype == safetensors_dtype_of(saved.dtype), name
+    # The big tables keep their stored dtype; per-batch vectors are read as int64.
+    assert dump.req_to_token.dtype == kwargs["req_to_token"].dtype
+    for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens"):
+        assert getattr(dump, name).dtype == torch.int64
+    if kwargs["extend_seq_lens"] is None:
+        assert torch.equal(dump.extend_seq_lens, torch.zeros(dump.bs, dtype=torch.int64))
+
+    assert dump.bs == kwargs["req_pool_indices"].shape[0]
+    noncanonical = {n for n, t in tensors.items()
+                    if safetensors_dtype_of(t.dtype) != TENSORS[n].canonical}
+    assert {note.tensor for note in dump.dtype_notes} == noncanonical
+
+    for name in SCALARS:
+        scalar = dump.scalars[name]
+        if name in ints:
+            assert (scalar.value, scalar.source) == (ints[name], "metadata"), name
+        else:
+            assert scalar.source != "metadata", name
+    lut = kwargs.get("full_to_swa_index_mapping")
+    assert dump.groups == (("full",) if lut is None else ("full", "swa"))
+    if lut is not None and "num_full_slots" not in ints:
+        assert dump.scalar("num_full_slots") == lut.shape[0] - 1
+
+
+# --- plain tests ------------------------------------------------------------------------------
+
+
+def small_batch(**changes: Any) -> dict[str, Any]:
+    batch: dict[str, Any] = {
+        "req_to_token": torch.arange(24, dtype=torch.int32).reshape(4, 6),
+        "req_pool_indices": torch.tensor([2, 1, 0]),
+        "prefix_lens": torch.tensor([3, 1, 0]),
+        "extend_seq_lens": torch.tensor([1, 2, 0]),
+    }
+    batch.update(changes)
+    return batch
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_save_refuses_to_overwrite_an_open_input(tmp_dump: Path) -> None:
+    save_dump(tmp_dump, **small_batch())
+    before = file_hash(tmp_dump)
+    dump = load_dump(tmp_dump)
+    with pytest.raises(DumpError) as caught:
+        save_dump(tmp_dump, **small_batch(prefix_lens=torch.tensor([5, 5, 5])))
+    assert str(tmp_dump) in str(caught.value)
+    assert "open as input" in str(caught.value)
+    assert file_hash(tmp_dump) == before
+    assert dump.prefix_lens.tolist() == [3, 1, 0]
+    del dump
+    gc.collect()
+    save_dump(tmp_dump, **small_batch(prefix_lens=torch.tensor([5, 5, 5])))  # now allowed
+    assert load_dump(tmp_dump).prefix_lens.tolist() == [5, 5, 5]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("req_to_token", torch.zeros(4, 6)),
+        ("prefix_lens", torch.zeros(3, dtype=torch.float64)),
+        ("req_pool_indices", torch.zeros(3, dtype=torch.bool)),
+        ("full_to_swa_index_mapping", torch.zeros(3, dtype=torch.int16)),
+    ],
+)
+def test_save_rejects_a_wrong_dtype_for_a_known_name(name: str, value: torch.Tensor,
+                                                     tmp_dump: Path) -> None:
+    with pytest.raises(TensorDtypeError) as caught:
+        save_dump(tmp_dump, **small_batch(**{name: value}))
+    text = str(caught.value)
+    assert text.startswith(f"{name}: ") and "\n" not in text
+    assert not tmp_dump.exists()
+    assert list(tmp_dump.parent.iterdir()) == []  # no temporary file left behind
+
+
+def test_none_kwargs_are_skipped(tmp_dump: Path) -> None:
+    save_dump(tmp_dump, **small_batch(extend_seq_lens=None), full_to_swa_index_mapping=None,
+              req_to_verify_expected_tokens=None, verify_capacity=None, swa_window_size=None)
+    dump = load_dump(tmp_dump)
+    assert set(dump.tensors) == {"req_to_token", "req_pool_indices", "prefix_lens"}
+    assert "verify_capacity" not in dump.metadata
+    assert "swa_window_size" not in dump.metadata
+    assert dump.scalars["verify_capacity"].source == "default"
+    assert dump.full_to_swa_index_mapping is None
+    assert dump.extend_seq_lens.tolist() == [0, 0, 0]
+
+
+def test_writer_stores_contiguous_copies(tmp_dump: Path) -> None:
+    base = torch.arange(24, dtype=torch.int32).reshape(6, 4)
+    transposed = base.t()  # [4, 6], not contiguous
+    strided = torch.arange(12, dtype=torch.int64)[::4]  # [3], stride 4
+    numpy_strided = np.arange(9, dtype=np.int64)[::3]  # [3], stride 3
+    assert not transposed.is_contiguous() and not strided.is_contiguous()
+    save_dump(tmp_dump, req_to_token=transposed, req_pool_indices=strided,
+              prefix_lens=numpy_strided)
+    with safe_open(str(tmp_dump), framework="pt") as handle:
+        stored = {name: handle.get_tensor(name) for name in handle.keys()}
+    assert torch.equal(stored["req_to_token"], transposed)
+    assert torch.equal(stored["req_pool_indices"], strided)
+    assert stored["prefix_lens"].tolist() == [0, 3, 6]
+    assert all(t.is_contiguous() for t in stored.values())
+    transposed[0, 0] = 99  # the file holds a copy, not a view of the caller's memory
+    assert load_dump(tmp_dump).req_to_token[0, 0] == 0
+
+
+def test_loader_never_modifies_the_input_file(tmp_dump: Path) -> None:
+    pool = torch.arange(24, dtype=torch.int32).reshape(4, 6)
+    save_dump(tmp_dump, **small_batch(), req_to_verify_expected_tokens=pool,
+              req_to_verify_expected_tokens_valid_lens=torch.tensor([4, 3, 0]))
+    before = file_hash(tmp_dump)
+    mtime = tmp_dump.stat().st_mtime_ns
+    dump = load_dump(tmp_dump)
+    dump.req_to_token[:] = -1  # memory-mapped: these writes must stay private
+    dump.req_to_verify_expected_tokens.fill_(7)
+    dump.prefix_lens += 100
+    dump.req_pool_indices.zero_()
+    assert dump.req_to_token.min() == -1
+    assert file_hash(tmp_dump) == before
+    del dump
+    gc.collect()
+    assert file_hash(tmp_dump) == before
+    assert tmp_dump.stat().st_mtime_ns == mtime
+    again = load_dump(tmp_dump)
+    assert torch.equal(again.req_to_token, torch.arange(24, dtype=torch.int32).reshape(4, 6))
+    assert again.prefix_lens.tolist() == [3, 1, 0]
+
+
+def run_inspect_json(path: Path) -> dict[str, Any]:
+    result = CliRunner().invoke(app, ["inspect", str(path), "--format", "json"])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert result.stderr == ""
+    record = json.loads(result.stdout)
+    assert isinstance(record, dict)
+    return record
+
+
+def test_inspect_json_has_schema_bs_and_scalar_sources(tmp_dump: Path) -> None:
+    save_dump(tmp_dump, **small_batch(), page_size=4, verify_capacity=10,
+              write_req_capacity=torch.tensor(7),  # a scalar stored as a 0-d tensor
+              metadata={"model": "m", "rank": 3, "custom.key": "x"})
+    record = run_inspect_json(tmp_dump)
+    assert record["schema"] == "kvcanary.inspect/1"
+    assert record["format"] == "1"
+    assert record["batch"]["bs"] == 3
+    assert record["batch"]["active_rows"] == 2
+    assert record["batch"]["max_reqs"] == 4 and record["batch"]["max_seq_len"] == 6
+    sources = {s["name"]: (s["value"], s["source"]) for s in record["scalars"]}
+    assert sources["page_size"] == (4, "metadata")
+    assert sources["verify_capacity"] == (10, "metadata")
+    assert sources["write_req_capacity"] == (7, "tensor")
+    assert sources["swa_window_size"] == (None, "default")
+    assert sources["kv_token_id_vs_position_offset"] == (0, "default")
+    assert record["groups"] == [{"name": "full", "window": 0}]
+    assert record["provenance"] == {"model": "m", "rank": "3"}
+    assert record["other_metadata"] == {"custom.key": "x"}
+    roles = {t["name"]: t["role"] for t in record["tensors"]}
+    assert roles["write_req_capacity"] == "scalar"
+
+
+def test_int32_req_pool_indices_gets_a_gpu_path_note(tmp_dump: Path) -> None:
+    save_dump(tmp_dump, **small_batch(req_pool_indices=torch.tensor([2, 1, 0],
+                                                                    dtype=torch.int32)))
+    dump = load_dump(tmp_dump)
+    assert [(n.tensor, n.found, n.expected) for n in dump.dtype_notes] == [
+        ("req_pool_indices", "I32", "I64")
+    ]
+    notes = run_inspect_json(tmp_dump)["notes"]
+    assert any("req_pool_indices" in n and "production GPU path" in n and "int64" in n
+               for n in notes), notes
+    table = CliRunner().invoke(app, ["inspect", str(tmp_dump)])
+    assert table.exit_code == 0
+    assert "production GPU path" in " ".join(table.stdout.split())
+
+
+def test_canonical_dtypes_get_no_note(tmp_dump: Path) -> None:
+    save_dump(tmp_dump, **small_batch())
+    assert load_dump(tmp_dump).dtype_notes == []
+    assert run_inspect_json(tmp_dump)["notes"] == []
