@@ -385,12 +385,10 @@ def _show_check(report: Any, fmt: Any, max_rows: int) -> None:
 
 def _print(rendered: Any) -> None:
     """Strings (json, markdown) go out verbatim; rich renderables through a console."""
-    if isinstance(rendered, str):
-        _emit(rendered)
-    else:
-        from kvcanary_cli.render import make_console
+    from kvcanary_cli.render import make_console
+    from kvcanary_cli.render.console import emit
 
-        make_console().print(rendered)
+    emit(rendered, make_console())
 
 
 def _parse_severity(value: str) -> Any:
@@ -441,4 +439,18 @@ def _parse_format(value: str, allowed: tuple[Any, ...]) -> Any:
 
 def main() -> None:
     """Console-script entry point."""
+    _limit_torch_threads()
     app(prog_name="kvcanary")
+
+
+def _limit_torch_threads() -> None:
+    """One intra-op torch thread unless the user chose (OMP_NUM_THREADS).
+
+    kvcanary's work is memory-bound gathers over modest batches: extra intra-op threads buy
+    little there, and on CPU-quota'd containers they spin against each other (seen: a
+    121K-element arange 50x slower with 2 threads than with 1). Several dumps are checked
+    in separate processes instead. Set lazily: torch is imported by the command anyway.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"  # read when torch starts its thread pool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -340,16 +341,18 @@ def test_install_from_env_wraps_an_already_loaded_module(
 def test_captured_dump_checks_as_lut_out_of_range(
     tmp_path: Path, stand_in: types.ModuleType
 ) -> None:
-    check = pytest.importorskip("kvcanary_cli.analysis.check")
-    run_check = getattr(check, "run_check", None)
-    if run_check is None:
-        pytest.skip("kvcanary_cli.analysis.check.run_check does not exist yet")
+    from typer.testing import CliRunner
+
+    from kvcanary_cli.cli import app
+
     install_sglang_hook(tmp_path, module=stand_in)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="outside full_to_swa_index_mapping"):
         stand_in.launch_canary_plan_kernels(**plan_kwargs())
     [path] = dumps_in(tmp_path)
-    report = run_check(load_dump(path), ["reference"])
-    codes = {str(getattr(finding, "code", "")) for finding in report.findings}
+    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "--kernel", "torch"])
+    assert result.exit_code == 1, result.output
+    record = json.loads(result.stdout)
+    codes = {f["code"] for d in record["dumps"] for f in d["findings"]}
     assert "lut-out-of-range" in codes
 
 

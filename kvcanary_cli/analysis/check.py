@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -147,7 +147,7 @@ def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def _check_path(args: tuple[str, dict[str, int | str | None], str, tuple[str, ...] | None,
+def _check_path(args: tuple[str, Mapping[str, int | str | None], str, tuple[str, ...] | None,
                             str]) -> DumpReport:
     path, overrides, kernel, groups, reference = args
     try:
@@ -160,7 +160,7 @@ def _check_path(args: tuple[str, dict[str, int | str | None], str, tuple[str, ..
 def check_dumps(
     paths: Sequence[str | os.PathLike[str]],
     *,
-    overrides: dict[str, int | str | None] | None = None,
+    overrides: Mapping[str, int | str | None] | None = None,
     kernel: str = "triton",
     groups: Sequence[str] | None = None,
     reference: str = "torch",

@@ -82,12 +82,14 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
         return result
     group = reference.group
 
-    def diverge(what: str, ref_value: object, kernel_value: object, **where: int) -> None:
+    def diverge(what: str, ref_value: object, kernel_value: object, *,
+                batch_row: int | None = None, position: int | None = None) -> None:
         """Record one unexplained difference."""
         result.divergences.append(Finding(
             code=FindingCode.KERNEL_DIVERGENCE, group=group,
             message=f"{what}: reference {ref_value}, kernel {kernel_value}",
-            details={"field": what, "reference": ref_value, "kernel": kernel_value}, **where))
+            details={"field": what, "reference": ref_value, "kernel": kernel_value},
+            batch_row=batch_row, position=position))
 
     for name in ("verify_num_valid", "enable", "write_num_valid_reqs"):
         ref_v, ker_v = getattr(reference, name), getattr(kernel, name)

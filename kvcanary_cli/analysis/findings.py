@@ -79,7 +79,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
     return found
 
 
-def _cell_finding(code: FindingCode, cells: LiveCells, i: int, message: str, *,
+def _cell_finding(code: FindingCode, cells: LiveCells, i: int | np.integer, message: str, *,
                   group: str = "full", slot: int | None = None, space: str = "full",
                   role: str | None = None, details: dict[str, object] | None = None) -> Finding:
     """A finding at live cell `i`; its role defaults to the full group's (window 0)."""

@@ -45,7 +45,7 @@ def slot_query(dump: KvDump, report: DumpReport, slot: int, *, space: str = "ful
         f for f in report.findings
         if f.slot is not None and (
             (f.space == space and f.slot == slot)
-            or (space == "full" and f.space == "swa" and slot in f.details.get("full_slots", ()))
+            or (space == "full" and f.space == "swa" and slot in _full_slots(f))
             or (space == "swa" and f.space == "full" and f.slot in sources)
         )
     )
@@ -99,3 +99,9 @@ def row_map(dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "fu
                    filled=filled, max_seq_len=msl),
         findings=tuple(touching),
     )
+
+
+def _full_slots(finding: Finding) -> list[int]:
+    """The full slots an SWA-space finding names (collisions list them in details)."""
+    slots = finding.details.get("full_slots", [])
+    return [int(x) for x in slots] if isinstance(slots, list) else []

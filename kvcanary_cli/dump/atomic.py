@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import torch
 
 from kvcanary_cli.dump.loader import is_open_dump
@@ -48,18 +49,19 @@ def write_safetensors(
 
 def _write(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:
     header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
-    blobs: list[bytes] = []
+    blobs: list[memoryview] = []
     offset = 0
     for name in sorted(tensors):
         tensor = tensors[name].detach().to("cpu").contiguous()
         dtype = safetensors_dtype_of(tensor.dtype)
         if dtype is None:
             raise DumpError(f"dtype {tensor.dtype} cannot be stored", tensor=name)
-        blob = tensor.numpy().tobytes()
+        # A flat byte view, no copy: a 2 GB table must not need 4 GB to be written.
+        blob = tensor.numpy().reshape(-1).view(np.uint8).data
         header[name] = {"dtype": dtype, "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
+                        "data_offsets": [offset, offset + blob.nbytes]}
         blobs.append(blob)
-        offset += len(blob)
+        offset += blob.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)  # keep the data 8-byte aligned, as safetensors does
     write = handle.write

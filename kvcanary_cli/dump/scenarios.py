@@ -8,7 +8,7 @@ thing, the way the bug would. Its dump records the finding codes `kvcanary check
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,10 +38,13 @@ class Scenario:
 
     name: str
     summary: str
-    spec: dict[str, object]
+    spec: Mapping[str, object]
     corrupt: Callable[[SynthDump, np.random.Generator], None] | None = None
     expected: tuple[str, ...] = ()
     allowed: tuple[str, ...] = ()
+
+
+_Cell = tuple[int, int, int]  # (batch row, position, slot)
 
 
 # --- helpers over a SynthDump --------------------------------------------------------------
@@ -51,7 +54,7 @@ def _lens(d: SynthDump) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return d.tensors["req_pool_indices"], d.tensors["prefix_lens"], d.tensors["extend_seq_lens"]
 
 
-def _unshared_prefix_cells(d: SynthDump) -> list[tuple[int, int, int]]:
+def _unshared_prefix_cells(d: SynthDump) -> list[_Cell]:
     """(batch row, position, slot) of live prefix cells whose slot no other live cell holds."""
     counts: dict[int, int] = {}
     for lr in d.live:
@@ -66,7 +69,7 @@ def _unshared_prefix_cells(d: SynthDump) -> list[tuple[int, int, int]]:
     return cells
 
 
-def _pick(rng: np.random.Generator, items: list[tuple[int, ...]], what: str) -> tuple[int, ...]:
+def _pick(rng: np.random.Generator, items: list[_Cell], what: str) -> _Cell:
     if not items:
         raise RuntimeError(f"scenario needs {what}; try another seed or size")
     return items[int(rng.integers(len(items)))]
@@ -149,7 +152,7 @@ def _unfilled(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": row, "position": pos, "slot": 0}
 
 
-def _in_window_cells(d: SynthDump) -> list[tuple[int, int, int]]:
+def _in_window_cells(d: SynthDump) -> list[_Cell]:
     window = int(d.metadata["swa_window_size"])
     return [(lr.batch_row, pos, int(lr.slots[pos])) for lr in d.live
             for pos in range(max(0, lr.prefix_len - window), lr.prefix_len)]

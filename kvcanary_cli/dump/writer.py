@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from kvcanary_cli.dump.loader import is_open_dump
+from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     SCALARS,
@@ -24,7 +22,7 @@ from kvcanary_cli.dump.schema import (
     safetensors_dtype_of,
     spec_for,
 )
-from kvcanary_cli.errors import DumpError, MetadataError, TensorDtypeError
+from kvcanary_cli.errors import MetadataError, TensorDtypeError
 
 __all__ = ["save_dump"]
 
@@ -44,12 +42,6 @@ def save_dump(
     arguments can be passed through unchanged. Refuses to overwrite a dump that this process
     still has open (its own input), because that file is memory-mapped.
     """
-    path = Path(path)
-    if is_open_dump(path):
-        raise DumpError(
-            "refusing to overwrite a dump that is open as input", tensor=str(path),
-            hint="write to another path",
-        )
     meta: dict[str, str] = {str(k): str(v) for k, v in (metadata or {}).items()}
     out: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
@@ -71,16 +63,7 @@ def save_dump(
                 ) from None
     meta["kvcanary.format"] = FORMAT_VERSION
     _record_sglang_version(meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(out, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_safetensors(path, out, meta)
 
 
 def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
@@ -90,7 +73,7 @@ def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
         tensor = torch.from_numpy(np.ascontiguousarray(value))
     else:
         tensor = torch.as_tensor(value, dtype=torch.int64)
-    tensor = tensor.to("cpu").contiguous().clone()
+    tensor = tensor.to("cpu").contiguous()
     stored = safetensors_dtype_of(tensor.dtype)
     spec = spec_for(name)
     if spec is not None and stored not in spec.dtypes:

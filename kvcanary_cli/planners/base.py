@@ -132,12 +132,12 @@ class ProblemTable:
         position: object, value: object, entry: object, raises: bool,
     ) -> ProblemTable:
         """Rows of one kind and role from equal-length arrays (or broadcastable scalars)."""
-        columns = np.broadcast_arrays(
+        shaped = np.broadcast_arrays(
             *(np.asarray(c, dtype=np.int64) for c in (batch_row, pool_row, position, value,
                                                        entry))
         )
-        n = columns[0].shape[0] if columns[0].ndim else 1
-        columns = [np.broadcast_to(c, (n,)).copy() for c in columns]
+        n = shaped[0].shape[0] if shaped[0].ndim else 1
+        columns = [np.broadcast_to(c, (n,)).copy() for c in shaped]
         return cls(
             kind=np.full(n, int(kind), dtype=np.int64),
             role=np.full(n, int(role), dtype=np.int64),

@@ -6,6 +6,7 @@ Colour follows the terminal: none when piped or when `NO_COLOR` is set (rich hon
 from __future__ import annotations
 
 import json
+import os
 from enum import StrEnum
 from typing import IO, Any
 
@@ -22,9 +23,20 @@ class OutputFormat(StrEnum):
     MARKDOWN = "markdown"
 
 
+#: Width when the output is not a terminal (piped into a file or a pager); COLUMNS wins.
+PIPED_WIDTH = 120
+
+
 def make_console(file: IO[str] | None = None, *, width: int | None = None) -> Console:
-    """A console for tables: rich decides colour from the terminal and NO_COLOR."""
-    return Console(file=file, width=width, soft_wrap=False, highlight=False)
+    """A console for tables: rich decides colour from the terminal and NO_COLOR.
+
+    Piped output gets `PIPED_WIDTH` columns rather than rich's 80, so finding tables stay
+    readable in CI logs and files.
+    """
+    console = Console(file=file, width=width, soft_wrap=False, highlight=False)
+    if width is None and not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPED_WIDTH
+    return console
 
 
 def to_json(record: dict[str, Any]) -> str:
