@@ -1,0 +1,178 @@
+"""`kvcanary check` and `provenance` through the CLI: exit codes, parsed JSON, several dumps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from render.render_schema import CHECK, PROVENANCE_REPORT, validate
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("dumps")
+    out = {}
+    for name in ("clean-swa", "truncated-lut", "capacity-overflow", "cross-request-aliasing"):
+        out[name] = make_scenario(name, seed=2).save(folder / f"{name}.safetensors")
+    return out
+
+
+def test_clean_dump_exits_0(dumps: dict[str, Path]) -> None:
+    code, out, err = run("check", str(dumps["clean-swa"]), "--kernel", "torch")
+    assert code == 0, err
+    assert "CLEAN" in out.upper()
+
+
+def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
+    code, out, _ = run("check", str(dumps["truncated-lut"]), "--kernel", "torch",
+                       "--format", "json")
+    assert code == 1
+    record = json.loads(out)
+    assert validate(record, CHECK) == []
+    assert record["verdict"] == "findings"
+    findings = record["dumps"][0]["findings"]
+    assert findings and {f["code"] for f in findings} == {"lut-out-of-range"}
+    for finding in findings:
+        assert finding["space"] == "full" and finding["group"] == "swa"
+        assert finding["provenance"]["cells"], finding
+
+
+def test_warnings_exit_0_unless_fail_on_warning(dumps: dict[str, Path]) -> None:
+    assert run("check", str(dumps["capacity-overflow"]), "--kernel", "torch")[0] == 0
+    code, _, _ = run("check", str(dumps["capacity-overflow"]), "--kernel", "torch",
+                     "--fail-on", "warning")
+    assert code == 1
+
+
+@pytest.mark.parametrize("args", [
+    ("check", "missing.safetensors"),
+    ("check", "{clean}", "--kernel", "cuda"),
+    ("check", "{clean}", "--format", "xml"),
+    ("check", "{clean}", "--fail-on", "fatal"),
+    ("check", "{clean}", "--group", "nope"),
+    ("provenance", "{clean}"),
+    ("provenance", "{clean}", "--slot", "3", "--row", "2"),
+    ("provenance", "{clean}", "--row", "99999"),
+])
+def test_bad_input_and_usage_exit_2_with_one_line(dumps: dict[str, Path],
+                                                  args: tuple[str, ...]) -> None:
+    argv = [a.format(clean=dumps["clean-swa"]) for a in args]
+    code, out, err = run(*argv)
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+
+
+def test_unknown_option_is_a_usage_error(dumps: dict[str, Path]) -> None:
+    code, _, err = run("check", str(dumps["clean-swa"]), "--frobnicate")
+    assert code == 2 and "No such option" in err
+
+
+def test_internal_error_exits_3_with_a_bug_report_line(
+    dumps: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvcanary_cli.analysis.check as check
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(check, "run_check", boom)
+    monkeypatch.delenv("KVCANARY_DEBUG", raising=False)
+    code, out, err = run("check", str(dumps["clean-swa"]))
+    assert code == 3
+    assert "Traceback" not in out + err
+    assert "internal error" in err and "kaboom" in err and "inspect" in err
+
+
+def test_several_dumps_one_report_each(dumps: dict[str, Path]) -> None:
+    code, out, _ = run("check", str(dumps["clean-swa"]), str(dumps["truncated-lut"]),
+                       "--kernel", "torch", "--format", "json", "--jobs", "1")
+    assert code == 1
+    record = json.loads(out)
+    assert validate(record, CHECK) == []
+    assert [Path(d["path"]).name for d in record["dumps"]] == [
+        "clean-swa.safetensors", "truncated-lut.safetensors"]
+    assert [d["verdict"] for d in record["dumps"]] == ["clean", "errors"]
+
+
+def test_several_dumps_with_a_bad_one_exit_2_after_reporting(
+    dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"not a dump at all")
+    code, out, err = run("check", str(dumps["truncated-lut"]), str(broken), "--kernel",
+                         "torch", "--format", "json", "--jobs", "2")
+    assert code == 2
+    record = json.loads(out)
+    assert record["dumps"][1]["error"] and record["dumps"][0]["findings"]
+    assert err.count("error: ") == 1
+
+
+def test_markdown_has_summary_and_details(dumps: dict[str, Path]) -> None:
+    code, out, _ = run("check", str(dumps["cross-request-aliasing"]), "--kernel", "torch",
+                       "--format", "markdown")
+    assert code == 1
+    assert "slot-shared-across-positions" in out and "<details>" in out
+
+
+def test_provenance_json_validates(dumps: dict[str, Path]) -> None:
+    code, out, err = run("check", str(dumps["cross-request-aliasing"]), "--kernel", "torch",
+                         "--format", "json")
+    finding = json.loads(out)["dumps"][0]["findings"][0]
+    code, out, err = run("provenance", str(dumps["cross-request-aliasing"]), "--slot",
+                         str(finding["slot"]), "--format", "json")
+    assert code == 0, err
+    record = json.loads(out)
+    assert validate(record, PROVENANCE_REPORT) == []
+    cells = {(c["pool_row"], c["position"]) for c in record["slot"]["cells"]}
+    assert (finding["pool_row"], finding["position"]) in cells and len(cells) >= 2
+    assert record["findings"][0]["code"] == "slot-shared-across-positions"
+
+
+def test_provenance_row_map(dumps: dict[str, Path]) -> None:
+    code, out, err = run("provenance", str(dumps["clean-swa"]), "--row", "5", "--group", "swa",
+                         "--format", "json")
+    assert code == 0, err
+    row = json.loads(out)["row"]
+    assert row["pool_row"] == 5 and row["group"] == "swa"
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_scenario_and_seed_reports_its_codes(
+    name: str, seed: int, tmp_path: Path
+) -> None:
+    path = make_scenario(name, seed=seed).save(tmp_path / f"{name}.safetensors")
+    code, out, err = run("check", str(path), "--kernel", "torch", "--format", "json")
+    record = json.loads(out)
+    scenario = SCENARIOS[name]
+    codes = {f["code"] for f in record["dumps"][0]["findings"]}
+    assert set(scenario.expected) <= codes <= set(scenario.expected) | set(scenario.allowed)
+    severities = {f["severity"] for f in record["dumps"][0]["findings"]}
+    assert code == (1 if "error" in severities else 0), err
+    if not scenario.expected:
+        assert code == 0 and codes == set()
+
+
+def test_synth_list_and_write(tmp_path: Path) -> None:
+    code, out, _ = run("synth", "--list")
+    assert code == 0 and all(name in out for name in SCENARIOS)
+    target = tmp_path / "x.safetensors"
+    code, out, _ = run("synth", "use-after-free", "-o", str(target), "--seed", "4")
+    assert code == 0 and target.exists()
+    code, out, _ = run("inspect", str(target), "--format", "json")
+    meta = json.loads(out)["other_metadata"]
+    assert meta["kvcanary.expected_findings"] == "freed-slot-in-live-range"

@@ -1,0 +1,39 @@
+"""Golden outputs: every bundled example rendered in every format (refresh: --update-golden)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.safetensors"))
+GOLDEN = ROOT / "tests" / "golden"
+SUFFIX = {"table": "txt", "json": "json", "markdown": "md"}
+
+
+def test_examples_exist() -> None:
+    assert len(EXAMPLES) >= 5
+
+
+@pytest.mark.parametrize("fmt", list(SUFFIX))
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_check_output_matches_golden(
+    example: str, fmt: str, update_golden: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+    result = CliRunner().invoke(
+        app, ["check", f"examples/{example}", "--kernel", "torch", "--format", fmt])
+    assert result.exit_code in (0, 1), result.stderr
+    golden = GOLDEN / f"{Path(example).stem}.{SUFFIX[fmt]}"
+    if update_golden:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(result.stdout)
+        pytest.skip("golden refreshed")
+    assert golden.exists(), f"missing {golden}: run pytest --update-golden"
+    assert result.stdout == golden.read_text()
