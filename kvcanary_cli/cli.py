@@ -89,7 +89,7 @@ def guarded() -> Iterator[None]:
 
 DumpArg = Annotated[
     Path, typer.Argument(help="A .safetensors dump (see README: dump format v1).",
-                         show_default=False)
+                         show_default=False, metavar="DUMP")
 ]
 
 
@@ -228,7 +228,8 @@ def plan(
 @app.command()
 def check(
     dumps: Annotated[list[Path], typer.Argument(
-        help="One or more .safetensors dumps (one per rank, say).", show_default=False)],
+        help="One or more .safetensors dumps (one per rank, say).", show_default=False,
+        metavar="DUMP")],
     group: Annotated[str, typer.Option(
         "--group", "-g", metavar="full|swa|all",
         help="Groups to plan (default: all the dump has).")] = "all",
@@ -347,7 +348,7 @@ def provenance(
 @app.command()
 def synth(
     scenario: Annotated[str | None, typer.Argument(
-        help="Scenario name (see --list).", show_default=False)] = None,
+        help="Scenario name (see --list).", show_default=False, metavar="SCENARIO")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Dump file to write.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     size: Annotated[str, typer.Option(
