@@ -1,0 +1,173 @@
+"""`kvcanary plan`: identical plan files from every backend, JSON output, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump import save_dump
+from kvcanary_cli.dump.synth import SynthSpec, build_dump
+
+UPSTREAM_MESSAGE = "kv-canary: SWA slot 7 is outside full_to_swa_index_mapping length 5"
+
+
+def _triton_available() -> bool:
+    """False only where the triton backend cannot exist here; a broken one must fail."""
+    try:
+        from kvcanary_cli.planners.triton_runtime import load_kernels
+    except ModuleNotFoundError as exc:
+        if exc.name == "kvcanary_cli.planners.triton_runtime":
+            return False
+        raise
+    from kvcanary_cli.errors import PlannerUnavailableError
+
+    try:
+        load_kernels()
+    except PlannerUnavailableError:
+        return False
+    return True
+
+
+TRITON = _triton_available()
+_TRITON = pytest.param("triton", marks=pytest.mark.skipif(
+    not TRITON, reason="the triton backend is not installed"))
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def swa_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A consistent synthetic SWA state with padding, shared prefixes and a token pool."""
+    synth = build_dump(SynthSpec(window=5, expected_pool=True, active_rows=5, padding_rows=2),
+                       seed=7)
+    return synth.save(tmp_path_factory.mktemp("cli") / "swa.safetensors")
+
+
+@pytest.fixture(scope="module")
+def short_lut_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """lut_len = 5, but row 0 reads slot 7 (and row 1 slot 6)."""
+    return save_dump(
+        tmp_path_factory.mktemp("cli") / "short-lut.safetensors",
+        metadata={"swa_window_size": "10"},
+        req_to_token=torch.tensor([[0, 0, 0, 0], [1, 2, 7, 3], [2, 6, 0, 0]], dtype=torch.int32),
+        req_pool_indices=torch.tensor([1, 2]), prefix_lens=torch.tensor([4, 2]),
+        extend_seq_lens=torch.tensor([1, 1]),
+        full_to_swa_index_mapping=torch.tensor([0, 101, 102, 103, -1]),
+    )
+
+
+@pytest.fixture(scope="module")
+def full_only_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_dump(SynthSpec(window=0), seed=3).save(
+        tmp_path_factory.mktemp("cli") / "full.safetensors")
+
+
+def _plan_file(runner: CliRunner, dump: Path, out: Path, backend: str, *args: str) -> bytes:
+    result = runner.invoke(app, ["plan", str(dump), "--backend", backend, "--out", str(out),
+                                 *args])
+    assert result.exit_code == 0, (backend, result.output, result.stderr)
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("backend", ["torch", _TRITON])
+@pytest.mark.parametrize("extra", [[], ["--verify-capacity", "3"], ["--token-offset", "1"]],
+                         ids=["plain", "overflow", "offset1"])
+@pytest.mark.parametrize("group", ["full", "swa"])
+def test_plan_file_is_identical_to_reference(
+    runner: CliRunner, swa_dump: Path, tmp_path: Path, group: str, extra: list[str],
+    backend: str,
+) -> None:
+    args = ("--group", group, *extra)
+    reference = _plan_file(runner, swa_dump, tmp_path / "reference.safetensors", "reference",
+                           *args)
+    other = _plan_file(runner, swa_dump, tmp_path / f"{backend}.safetensors", backend, *args)
+    assert other == reference, f"{backend} wrote a different plan file than reference"
+    tensors = load_file(str(tmp_path / "reference.safetensors"))
+    assert tensors["write_num_valid_reqs"].tolist() == [7]
+    if extra[:1] == ["--verify-capacity"]:
+        assert tensors["enable"].tolist() == [0]
+        assert tensors["verify_slot_indices"].numel() == 0
+    else:
+        assert tensors["enable"].tolist() == [1]
+        assert tensors["verify_slot_indices"].numel() == int(tensors["verify_num_valid"])
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", _TRITON])
+def test_plan_json(runner: CliRunner, swa_dump: Path, backend: str) -> None:
+    result = runner.invoke(app, ["plan", str(swa_dump), "--backend", backend, "--group", "swa",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["schema"] == "kvcanary.plan/1"
+    assert record["group"] == "swa" and record["bs"] == 7
+    assert [r["batch_row"] for r in record["requests"]] == list(range(7))
+    assert record["problem_count"] == 0 and record["launch_error"] is None
+
+
+def test_strict_reference_exits_1_with_the_upstream_message(
+    runner: CliRunner, short_lut_dump: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "plan.safetensors"
+    result = runner.invoke(app, ["plan", str(short_lut_dump), "--group", "swa", "--backend",
+                                 "reference", "--strict", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    assert UPSTREAM_MESSAGE in result.stderr
+    assert not out.exists()
+
+
+def test_collect_reference_plans_a_short_lut(runner: CliRunner, short_lut_dump: Path) -> None:
+    result = runner.invoke(app, ["plan", str(short_lut_dump), "--group", "swa", "--backend",
+                                 "reference", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["problem_count"] == 4
+    assert [(p["role"], p["batch_row"], p["value"]) for p in record["problems"]] == [
+        ("verify", 0, 7), ("chain-prev", 0, 7), ("verify", 1, 6), ("seed", 1, 6)]
+    assert all(p["upstream_raises"] for p in record["problems"])
+
+
+@pytest.mark.skipif(not TRITON, reason="the triton backend is not installed")
+def test_triton_writes_clamped_values_for_a_short_lut(
+    runner: CliRunner, short_lut_dump: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "plan.safetensors"
+    result = runner.invoke(app, ["plan", str(short_lut_dump), "--group", "swa", "--backend",
+                                 "triton", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    tensors = load_file(str(out))
+    assert tensors["verify_slot_indices"].tolist() == [101, 102, -1, 103, 102, -1]
+    assert tensors["verify_prev_slot_indices"].tolist() == [-1, 101, 102, -1, -1, 102]
+    assert tensors["write_seed_slot_indices"].tolist() == [103, -1]
+
+
+def _one_error_line(result: object) -> str:
+    lines = result.stderr.strip().splitlines()  # type: ignore[attr-defined]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_strict_with_torch_is_a_usage_error(runner: CliRunner, swa_dump: Path) -> None:
+    result = runner.invoke(app, ["plan", str(swa_dump), "--backend", "torch", "--strict"])
+    assert result.exit_code == 2
+    assert "--strict" in _one_error_line(result)
+
+
+def test_unknown_group_is_a_usage_error(runner: CliRunner, swa_dump: Path) -> None:
+    result = runner.invoke(app, ["plan", str(swa_dump), "--group", "sliding"])
+    assert result.exit_code == 2
+    assert "sliding" in _one_error_line(result)
+
+
+def test_swa_group_without_lut_is_a_usage_error(runner: CliRunner, full_only_dump: Path) -> None:
+    result = runner.invoke(app, ["plan", str(full_only_dump), "--group", "swa"])
+    assert result.exit_code == 2
+    assert "full_to_swa_index_mapping" in _one_error_line(result)
