@@ -171,3 +171,48 @@ def test_swa_group_without_lut_is_a_usage_error(runner: CliRunner, full_only_dum
     result = runner.invoke(app, ["plan", str(full_only_dump), "--group", "swa"])
     assert result.exit_code == 2
     assert "full_to_swa_index_mapping" in _one_error_line(result)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+#: Examples whose swa group is bad input, where REF and the GPU path part ways by design.
+_DIVERGENT = {("truncated-lut", "swa")}
+
+
+@pytest.mark.parametrize("group", ["full", "swa"])
+@pytest.mark.parametrize("example", sorted(p.stem for p in EXAMPLES.glob("*.safetensors")))
+def test_example_plan_files_are_identical_across_backends(
+    runner: CliRunner, tmp_path: Path, example: str, group: str
+) -> None:
+    from kvcanary_cli.dump import load_dump
+
+    dump = EXAMPLES / f"{example}.safetensors"
+    if group == "swa" and load_dump(dump).lut_len is None:
+        pytest.skip("no SWA LUT in this example")
+    backends = ["torch", *(["triton"] if TRITON else [])]
+    if (example, group) in _DIVERGENT:
+        backends = ["torch"]  # the REF backends still agree with each other
+    reference = _plan_file(runner, dump, tmp_path / "reference.safetensors", "reference",
+                           "--group", group)
+    for backend in backends:
+        other = _plan_file(runner, dump, tmp_path / f"{backend}.safetensors", backend,
+                           "--group", group)
+        assert other == reference, f"{backend} wrote a different plan file than reference"
+
+
+def test_truncated_lut_example_strict_exits_1_with_the_upstream_message(
+    runner: CliRunner
+) -> None:
+    from kvcanary_cli.dump import load_dump
+    from kvcanary_cli.planners import get_planner
+    from kvcanary_cli.planners.base import lut_error_message
+
+    dump = EXAMPLES / "truncated-lut.safetensors"
+    if not dump.exists():
+        pytest.skip("examples/truncated-lut.safetensors is not there")
+    loaded = load_dump(dump)
+    first = get_planner("reference").plan(loaded, "swa").problems.first_raise()
+    assert first is not None
+    result = runner.invoke(app, ["plan", str(dump), "--group", "swa", "--backend", "reference",
+                                 "--strict"])
+    assert result.exit_code == 1, result.output
+    assert lut_error_message(first.value, loaded.lut_len or 0) in result.stderr
