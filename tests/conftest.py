@@ -5,6 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+
+# As the CLI does (kvcanary_cli.cli._limit_torch_threads): one intra-op thread; on CPU-quota'd
+# CI machines more threads spin against each other and slow every small tensor op.
+torch.set_num_threads(1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
