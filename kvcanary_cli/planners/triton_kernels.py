@@ -9,7 +9,7 @@ Reads of `req_to_token` and the expected-token pool follow the GPU path's flat a
 the row reads the next row, exactly like the CUDA entries kernel. A flat index outside the
 tensor is never dereferenced (the load is masked); the field is flagged undefined and holds 0.
 """
-# mypy: disable-error-code="no-untyped-def, misc, name-defined, valid-type"
+# mypy: disable-error-code="no-untyped-def, misc, name-defined"
 
 from __future__ import annotations
 
@@ -32,6 +32,12 @@ SEED_CLAMPED = 2
 #: `clamp_flags` bits written by `plan_entries_kernel` (undefined bits are `base.Undefined`).
 CLAMP_SLOT = 1
 CLAMP_PREV = 2
+
+
+@triton.jit
+def _add(a, b):
+    """Combine function of the prefix sums when `STD_SCAN` is off."""
+    return a + b
 
 
 @triton.jit
@@ -59,7 +65,10 @@ def _gather_flat(base_ptr, flat, wanted, numel):
     return value.to(tl.int64), readable
 
 
-@triton.jit
+#: Runtime integers are not specialised on their value (== 1, multiple of 16): batches vary,
+#: and each specialisation would be one more compilation.
+@triton.jit(do_not_specialize=["bs", "req_to_token_stride", "req_to_token_numel", "lut_len",
+                               "window", "verify_capacity"])
 def plan_offsets_kernel(
     req_pool_indices_ptr,
     prefix_lens_ptr,
@@ -80,11 +89,14 @@ def plan_offsets_kernel(
     verify_capacity,
     HAS_LUT: tl.constexpr,
     BLOCK_BS: tl.constexpr,
+    STD_SCAN: tl.constexpr,
 ):
     """Verify and write offsets, capacity check and seeds: §1.2 and §1.6 step 7 (TR).
 
     One program over `BLOCK_BS >= bs + 1` lanes, one per batch row; lane `bs` (a padding
-    lane with zero lengths) receives the totals of the exclusive prefix sums.
+    lane with zero lengths) receives the totals of the exclusive prefix sums. STD_SCAN uses
+    `tl.cumsum`/`tl.sum`; without it the same sums go through `_add`, for an interpreter
+    whose triton standard library was decorated for compilation (see `triton_runtime`).
 
     Outputs: `verify_offsets`/`write_offsets` int64 [bs+1]; `seeds`, `seed_raw` (the
     untranslated cell) int64 [bs]; `seed_flags` uint8 [bs] (`SEED_UNDEFINED`,
@@ -101,13 +113,18 @@ def plan_offsets_kernel(
     verify_len = tl.where(active, tl.maximum(prefix - window_start, 0), 0)
     write_len = tl.where(active & (extend > 0), extend, 0)
 
+    if STD_SCAN:
+        verify_incl = tl.cumsum(verify_len, axis=0)
+        write_incl = tl.cumsum(write_len, axis=0)
+        total = tl.sum(verify_len, axis=0)
+    else:
+        verify_incl = tl.associative_scan(verify_len, 0, _add)
+        write_incl = tl.associative_scan(write_len, 0, _add)
+        total = tl.reduce(verify_len, 0, _add)
     head = lanes <= bs
-    verify_excl = tl.cumsum(verify_len, axis=0) - verify_len
-    write_excl = tl.cumsum(write_len, axis=0) - write_len
-    tl.store(verify_offsets_ptr + lanes, verify_excl, mask=head)
-    tl.store(write_offsets_ptr + lanes, write_excl, mask=head)
+    tl.store(verify_offsets_ptr + lanes, verify_incl - verify_len, mask=head)
+    tl.store(write_offsets_ptr + lanes, write_incl - write_len, mask=head)
 
-    total = tl.sum(verify_len, axis=0)
     capacity = tl.where(verify_capacity < 0, total, verify_capacity)
     overflow = total > capacity
     tl.store(totals_ptr + 0, total)
@@ -125,7 +142,9 @@ def plan_offsets_kernel(
     tl.store(seed_flags_ptr + lanes, flags.to(tl.uint8), mask=in_batch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["entry_start", "entry_stop", "bs", "req_to_token_stride",
+                               "req_to_token_numel", "lut_len", "window", "pool_stride",
+                               "pool_numel", "token_offset"])
 def plan_entries_kernel(
     req_pool_indices_ptr,
     prefix_lens_ptr,
@@ -172,7 +191,7 @@ def plan_entries_kernel(
     k = entry_start + pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE).to(tl.int64)
     live = k < entry_stop
 
-    row = tl.zeros([BLOCK_SIZE], dtype=tl.int64)
+    row = tl.full([BLOCK_SIZE], 0, dtype=tl.int64)
     for i in tl.static_range(SEARCH_STEPS):
         candidate = row + (BLOCK_BS >> (i + 1))
         probe = live & (candidate <= bs)

@@ -68,12 +68,19 @@ class TritonPlanner:
     name = "triton"
     semantics = Semantics.GPU
 
-    def __init__(self, *, entries_per_launch: int = ENTRIES_PER_LAUNCH) -> None:
+    def __init__(
+        self, *, block_size: int | None = None, entries_per_launch: int = ENTRIES_PER_LAUNCH
+    ) -> None:
         self._kernels: ModuleType = triton_runtime.load_kernels()
         #: 'compiled' (CUDA) or 'interpreter' (no CUDA, or TRITON_INTERPRET=1).
         self.mode: triton_runtime.Mode = triton_runtime.mode()
         self.device = triton_runtime.device()
-        self.block_size = _BLOCK_SIZE[self.mode]
+        #: False when triton's standard library cannot run here (see `triton_runtime`).
+        self.std_scan = triton_runtime.std_library_interpreted()
+        #: entries per program of the entries kernel (a power of two).
+        self.block_size = block_size or _BLOCK_SIZE[self.mode]
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
         self.entries_per_launch = max(self.block_size,
                                       entries_per_launch // self.block_size * self.block_size)
 
@@ -104,7 +111,7 @@ class TritonPlanner:
             verify_offsets, write_offsets, seeds, seed_raw, seed_flags, totals,
             bs, dump.max_seq_len, inputs.table_numel, inputs.lut_len, window,
             -1 if capacity_given is None else capacity_given,
-            HAS_LUT=lut is not None, BLOCK_BS=block_bs,
+            HAS_LUT=lut is not None, BLOCK_BS=block_bs, STD_SCAN=self.std_scan,
             num_warps=_warps(block_bs),
         )
         total, num_valid, enable = (int(v) for v in totals.cpu())
@@ -180,7 +187,7 @@ class TritonPlanner:
                     and dump.req_to_verify_expected_tokens_valid_lens is not None)
         for start in range(0, entries, self.entries_per_launch):
             stop = min(entries, start + self.entries_per_launch)
-            grid = (triton_cdiv(stop - start, self.block_size),)
+            grid = (_cdiv(stop - start, self.block_size),)
             self._kernels.plan_entries_kernel[grid](
                 inputs.rpi, inputs.prefix, inputs.valid, inputs.table, inputs.lut, inputs.pool,
                 verify_offsets, out["slot"], out["prev"], out["token"], out["position"],
@@ -193,8 +200,8 @@ class TritonPlanner:
         return {name: t.cpu() for name, t in out.items()}
 
 
-def triton_cdiv(n: int, d: int) -> int:
-    """Ceiling division (triton.cdiv, without importing triton here)."""
+def _cdiv(n: int, d: int) -> int:
+    """Ceiling division (`triton.cdiv`; triton is only imported by `triton_runtime`)."""
     return -(-n // d)
 
 

@@ -1,15 +1,20 @@
 """The only module that imports triton: picks compiled or interpreted kernels, then loads them.
 
-Triton decides between compiling a kernel and interpreting it (`TRITON_INTERPRET=1`, numpy on
-the host) when `@triton.jit` *decorates* the function, i.e. when `triton_kernels` is imported;
-older releases read the variable when `triton` itself is first imported. So this module sets
-`TRITON_INTERPRET=1` before either happens whenever no CUDA device exists and the user has not
-chosen a value, and `triton_kernels` is only ever imported through `load_kernels()` below.
-A process that imported triton earlier (e.g. through `torch.compile`) is still fine with
-current triton, because the decision is taken at decoration time; `load_kernels()` re-checks
-the knob afterwards and refuses a combination that cannot run (compiled mode without CUDA).
+Triton runs a kernel either compiled for a CUDA device or in its interpreter (numpy on the
+host), chosen by `TRITON_INTERPRET`. It reads the variable twice: when `@triton.jit`
+decorates a function (our kernels, in `triton_kernels`), and when `triton` itself is first
+imported (its standard library: `tl.cumsum`, `tl.sum`, ...). So, when no CUDA device exists
+and the user has not chosen a value, this module sets `TRITON_INTERPRET=1` as soon as it is
+imported, and `triton_kernels` is only ever imported through `load_kernels()` below.
 
-Setting the variable changes it for the whole process. That only happens on machines without
+If something imported triton earlier in the process without the variable (a plugin, an
+earlier `import triton`), its standard library stays compiled-only. The kernels then keep
+working: `std_library_interpreted()` reports it and the planner passes `STD_SCAN=False`, which
+computes the prefix sums with the kernel's own combine function (slower under the
+interpreter, identical results). To avoid that detour, set `TRITON_INTERPRET=1` before
+starting Python, or import kvcanary's planners before anything imports triton.
+
+Setting the variable changes it for the whole process. It only happens on machines without
 CUDA, where compiled triton cannot run anyway.
 """
 
@@ -24,7 +29,14 @@ import torch
 
 from kvcanary_cli.errors import PlannerUnavailableError
 
-__all__ = ["Mode", "device", "load_kernels", "load_triton", "mode"]
+__all__ = [
+    "Mode",
+    "device",
+    "load_kernels",
+    "load_triton",
+    "mode",
+    "std_library_interpreted",
+]
 
 Mode = Literal["compiled", "interpreter"]
 
@@ -36,6 +48,9 @@ def _prepare_environment() -> None:
     """Ask for the interpreter when no CUDA device exists, unless the user chose already."""
     if _ENV not in os.environ and not torch.cuda.is_available():
         os.environ[_ENV] = "1"
+
+
+_prepare_environment()
 
 
 def _interpret_requested() -> bool:
@@ -79,14 +94,27 @@ def device() -> torch.device:
     return torch.device("cuda") if mode() == "compiled" else torch.device("cpu")
 
 
+def _interpreted(fn: object) -> bool:
+    return type(fn).__name__ == "InterpretedFunction"
+
+
+def std_library_interpreted() -> bool:
+    """Whether triton's own `@jit` functions (`tl.cumsum`, ...) can run in `mode()`.
+
+    False only in interpreter mode when triton was imported before `TRITON_INTERPRET` was set.
+    """
+    _, tl = load_triton()
+    cumsum = getattr(getattr(tl, "standard", None), "cumsum", None)
+    return mode() == "compiled" or cumsum is None or _interpreted(cumsum)
+
+
 def load_kernels() -> ModuleType:
     """The `triton_kernels` module, decorated in the mode `mode()` reports."""
     load_triton()
     kernels = importlib.import_module("kvcanary_cli.planners.triton_kernels")
-    decorated_as_interpreter = type(kernels.plan_offsets_kernel).__name__ == "InterpretedFunction"
-    if decorated_as_interpreter != (mode() == "interpreter"):
+    if _interpreted(kernels.plan_offsets_kernel) != (mode() == "interpreter"):
         raise PlannerUnavailableError(
-            f"triton kernels were loaded in another mode than {_ENV} now asks for "
+            f"triton kernels were loaded for another mode than {_ENV} now asks for "
             f"({mode()})",
             tensor="--backend triton",
             hint=f"set {_ENV} before the first triton planner runs in this process",
