@@ -5,12 +5,14 @@ Nothing here decides anything about dumps; it only wires dump → planners/analy
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
+from inspect import Parameter, signature
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -123,45 +125,53 @@ def inspect(
             make_console().print(inspect_table(record))
 
 
-SwaWindowOpt = Annotated[int | None, typer.Option(
-    "--swa-window", help="Override swa_window_size (window W of the swa group).",
-    rich_help_panel="Scalar overrides")]
-VerifyCapacityOpt = Annotated[int | None, typer.Option(
-    "--verify-capacity", help="Override verify_capacity (default: no overflow).",
-    rich_help_panel="Scalar overrides")]
-WriteCapacityOpt = Annotated[int | None, typer.Option(
-    "--write-req-capacity", help="Override write_req_capacity (default: bs).",
-    rich_help_panel="Scalar overrides")]
-TokenOffsetOpt = Annotated[int | None, typer.Option(
-    "--token-offset", help="Override kv_token_id_vs_position_offset (1 for EAGLE draft pools).",
-    rich_help_panel="Scalar overrides")]
-PageSizeOpt = Annotated[int | None, typer.Option(
-    "--page-size", help="Override page_size.", rich_help_panel="Scalar overrides")]
-FullSlotsOpt = Annotated[int | None, typer.Option(
-    "--num-full-slots", help="Override num_full_slots (rows of the full KV pool).",
-    rich_help_panel="Scalar overrides")]
-SwaSlotsOpt = Annotated[int | None, typer.Option(
-    "--num-swa-slots", help="Override num_swa_slots (rows of the SWA KV pool).",
-    rich_help_panel="Scalar overrides")]
+def _override(option: str, help_text: str) -> Any:
+    return Annotated[int | None, typer.Option(option, help=help_text,
+                                              rich_help_panel="Scalar overrides")]
 
 
-def _overrides(
-    swa_window: int | None, verify_capacity: int | None, write_req_capacity: int | None,
-    token_offset: int | None, page_size: int | None, num_full_slots: int | None,
-    num_swa_slots: int | None,
-) -> dict[str, int | None]:
-    return {
-        "swa_window_size": swa_window,
-        "verify_capacity": verify_capacity,
-        "write_req_capacity": write_req_capacity,
-        "kv_token_id_vs_position_offset": token_offset,
-        "page_size": page_size,
-        "num_full_slots": num_full_slots,
-        "num_swa_slots": num_swa_slots,
-    }
+#: (parameter, dump scalar key, option type): the scalar overrides shared by every command
+#: that plans. Command-line values win over the dump's metadata and scalar tensors.
+_SCALAR_OVERRIDES = (
+    ("swa_window", "swa_window_size", _override(
+        "--swa-window", "Override swa_window_size (window W of the swa group).")),
+    ("verify_capacity", "verify_capacity", _override(
+        "--verify-capacity", "Override verify_capacity (default: no overflow).")),
+    ("write_req_capacity", "write_req_capacity", _override(
+        "--write-req-capacity", "Override write_req_capacity (default: bs).")),
+    ("token_offset", "kv_token_id_vs_position_offset", _override(
+        "--token-offset", "Override kv_token_id_vs_position_offset (1 for EAGLE draft pools).")),
+    ("page_size", "page_size", _override("--page-size", "Override page_size.")),
+    ("num_full_slots", "num_full_slots", _override(
+        "--num-full-slots", "Override num_full_slots (rows of the full KV pool).")),
+    ("num_swa_slots", "num_swa_slots", _override(
+        "--num-swa-slots", "Override num_swa_slots (rows of the SWA KV pool).")),
+)
+
+
+def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the scalar override options, passed to it as one `overrides` dict.
+
+    The options are declared once here instead of in every command's signature; typer reads
+    the wrapper's signature, so `--help` lists them like any other option.
+    """
+    declared = signature(command, eval_str=True)
+    own = [p for p in declared.parameters.values() if p.name != "overrides"]
+    extra = [Parameter(name, Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+             for name, _, kind in _SCALAR_OVERRIDES]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        overrides = {key: kwargs.pop(name) for name, key, _ in _SCALAR_OVERRIDES}
+        command(overrides=overrides, **kwargs)
+
+    wrapper.__signature__ = declared.replace(parameters=own + extra)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in own + extra}
+    return wrapper
 
 
 @app.command()
+@with_scalar_overrides
 def plan(
     dump: DumpArg,
     group: Annotated[str, typer.Option("--group", "-g", help="Group to plan: full or swa.",
@@ -181,13 +191,7 @@ def plan(
                                                metavar="table|json")] = "table",
     max_rows: Annotated[int, typer.Option("--max-rows", help="Batch rows shown in the table.",
                                           min=1)] = 50,
-    swa_window: SwaWindowOpt = None,
-    verify_capacity: VerifyCapacityOpt = None,
-    write_req_capacity: WriteCapacityOpt = None,
-    token_offset: TokenOffsetOpt = None,
-    page_size: PageSizeOpt = None,
-    num_full_slots: FullSlotsOpt = None,
-    num_swa_slots: SwaSlotsOpt = None,
+    overrides: dict[str, int | None] | None = None,
 ) -> None:
     """Run one planner on one group and show the plan per request (or write it with --out).
 
@@ -205,9 +209,7 @@ def plan(
 
         fmt = _parse_format(output_format, (OutputFormat.TABLE, OutputFormat.JSON))
         planner = get_planner(backend, strict=strict)
-        loaded = load_dump(dump, overrides=_overrides(
-            swa_window, verify_capacity, write_req_capacity, token_offset, page_size,
-            num_full_slots, num_swa_slots))
+        loaded = load_dump(dump, overrides=overrides)
         try:
             result = planner.plan(loaded, group)
         except UpstreamPlanError as exc:
@@ -226,6 +228,7 @@ def plan(
 
 
 @app.command()
+@with_scalar_overrides
 def check(
     dumps: Annotated[list[Path], typer.Argument(
         help="One or more .safetensors dumps (one per rank, say).", show_default=False,
@@ -250,13 +253,7 @@ def check(
                                   "(JSON lists them all).")] = 10,
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, help="Processes for several dumps (default: the cores).")] = None,
-    swa_window: SwaWindowOpt = None,
-    verify_capacity: VerifyCapacityOpt = None,
-    write_req_capacity: WriteCapacityOpt = None,
-    token_offset: TokenOffsetOpt = None,
-    page_size: PageSizeOpt = None,
-    num_full_slots: FullSlotsOpt = None,
-    num_swa_slots: SwaSlotsOpt = None,
+    overrides: dict[str, int | None] | None = None,
 ) -> None:
     """Find every bad slot in a dump and say where it came from.
 
@@ -273,8 +270,6 @@ def check(
         fmt = _parse_format(output_format, tuple(OutputFormat))
         threshold = _parse_severity(fail_on)
         groups = None if group == "all" else [group]
-        overrides = _overrides(swa_window, verify_capacity, write_req_capacity, token_offset,
-                               page_size, num_full_slots, num_swa_slots)
         if len(dumps) == 1:
             with _busy(f"checking {dumps[0]}"):
                 single = run_check(load_dump(dumps[0], overrides=overrides), kernel=kernel,
@@ -294,6 +289,7 @@ def check(
 
 
 @app.command()
+@with_scalar_overrides
 def provenance(
     dump: DumpArg,
     slot: Annotated[int | None, typer.Option(
@@ -309,13 +305,7 @@ def provenance(
         help="Group whose window labels the roles (default: swa for --space swa).")] = None,
     output_format: Annotated[str, typer.Option(
         "--format", "-f", metavar="table|json|markdown", help="Output format.")] = "table",
-    swa_window: SwaWindowOpt = None,
-    verify_capacity: VerifyCapacityOpt = None,
-    write_req_capacity: WriteCapacityOpt = None,
-    token_offset: TokenOffsetOpt = None,
-    page_size: PageSizeOpt = None,
-    num_full_slots: FullSlotsOpt = None,
-    num_swa_slots: SwaSlotsOpt = None,
+    overrides: dict[str, int | None] | None = None,
 ) -> None:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
 
@@ -333,9 +323,7 @@ def provenance(
         fmt = _parse_format(output_format, tuple(OutputFormat))
         if (slot is None) == (row is None):
             raise UsageError("give exactly one of --slot N or --row R", tensor="provenance")
-        loaded = load_dump(dump, overrides=_overrides(
-            swa_window, verify_capacity, write_req_capacity, token_offset, page_size,
-            num_full_slots, num_swa_slots))
+        loaded = load_dump(dump, overrides=overrides)
         report = run_check(loaded, kernel="none")
         if slot is not None:
             answer = slot_query(loaded, report, slot, space=space, group=group)
