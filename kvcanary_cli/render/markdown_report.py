@@ -14,8 +14,10 @@ from kvcanary_cli.render.records import (
     IDENTITY_KEYS,
     Record,
     code_order,
+    code_sections,
     difference_phrase,
     finding_order,
+    plural,
 )
 
 __all__ = ["check_markdown", "provenance_markdown"]
@@ -50,10 +52,6 @@ def _table(header: list[str], rows: list[list[str]], *, right: set[int] | None =
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     lines.extend("| " + " | ".join(row) + " |" for row in rows)
     return "\n".join(lines)
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _identity_table(identity: dict[str, str]) -> str:
@@ -138,7 +136,7 @@ def _where(f: Record) -> str:
 
 def _details_block(f: Record) -> str:
     prov = f["provenance"]
-    cells = "" if prov is None else f" ({_plural(prov['cells_total'], 'cell')})"
+    cells = "" if prov is None else f" ({plural(prov['cells_total'], 'cell')})"
     summary = (f"<code>{html.escape(f['code'])}</code> "
                f"{html.escape(_where(f))}{html.escape(cells)}")
     body = [_text(f["message"])]
@@ -152,19 +150,11 @@ def _details_block(f: Record) -> str:
 
 
 def _findings_sections(dump: Record, max_rows: int) -> list[str]:
-    totals: Counter[str] = Counter()
-    severity: dict[str, str] = {}
-    for c in dump["counts"]:
-        totals[c["code"]] += c["count"]
-        severity[c["code"]] = c["severity"]
-    by_code: dict[str, list[Record]] = {}
-    for f in sorted(dump["findings"], key=finding_order):
-        by_code.setdefault(f["code"], []).append(f)
     parts: list[str] = []
-    for code in totals:  # counts are already in report order
-        shown = by_code.get(code, [])[: max(max_rows, 0)]
-        parts.append(f"#### {_code(code, cell=False)} · {severity[code]} · "
-                     f"{_plural(totals[code], 'finding')}")
+    for section in code_sections(dump, max_rows):
+        shown = section.shown
+        parts.append(f"#### {_code(section.code, cell=False)} · {section.severity} · "
+                     f"{plural(section.total, 'finding')}")
         if shown:
             parts.append(_table(
                 ["group", "slot", "space", "batch row", "pool row", "position", "role",
@@ -173,8 +163,8 @@ def _findings_sections(dump: Record, max_rows: int) -> list[str]:
                   _text(f["pool_row"]), _text(f["position"]), _text(f["role"]),
                   _text(f["message"])] for f in shown],
                 right={1, 3, 4, 5}))
-        if totals[code] > len(shown):
-            parts.append(f"… and {totals[code] - len(shown)} more")
+        if section.total > len(shown):
+            parts.append(f"… and {section.total - len(shown)} more")
         parts.extend(_details_block(f) for f in shown)
     return parts
 
@@ -220,10 +210,10 @@ def check_markdown(record: Record, *, max_rows: int = 10) -> str:
     by_severity = summary["by_severity"]
     head = [
         f"## kvcanary check: {_TITLES.get(record['verdict'], record['verdict'])}",
-        (f"{summary['failed']} of {_plural(summary['dumps'], 'dump')} fail at "
-         f"`--fail-on {record['fail_on']}` · {_plural(summary['findings'], 'finding')} "
-         f"({_plural(by_severity['error'], 'error')}, "
-         f"{_plural(by_severity['warning'], 'warning')}) · "
+        (f"{summary['failed']} of {plural(summary['dumps'], 'dump')} fail at "
+         f"`--fail-on {record['fail_on']}` · {plural(summary['findings'], 'finding')} "
+         f"({plural(by_severity['error'], 'error')}, "
+         f"{plural(by_severity['warning'], 'warning')}) · "
          f"{summary['bad_input']} unreadable · kvcanary {record['kvcanary_version']} · "
          f"`{record['schema']}`"),
         "### Summary",

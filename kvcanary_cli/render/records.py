@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import kvcanary_cli
@@ -27,11 +28,14 @@ __all__ = [
     "CHECK_SCHEMA",
     "IDENTITY_KEYS",
     "PROVENANCE_SCHEMA",
+    "CodeSection",
     "Record",
     "code_order",
+    "code_sections",
     "difference_phrase",
     "dump_verdict",
     "finding_order",
+    "plural",
     "provenance_record",
     "to_record",
 ]
@@ -299,3 +303,36 @@ def provenance_record(report: ProvenanceReport) -> Record:
         "row": None if report.row is None else _row(report.row),
         "findings": _findings(report.findings),
     }
+
+
+def plural(count: int, word: str) -> str:
+    """`1 finding`, `2 findings`."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+@dataclass(frozen=True)
+class CodeSection:
+    """One code's block in a dump's view: its total and the findings shown."""
+
+    code: str
+    severity: str
+    total: int
+    shown: list[Record]
+
+
+def code_sections(dump: Record, max_rows: int) -> list[CodeSection]:
+    """Per code (in report order), the total over groups and the first `max_rows` findings.
+
+    The table and Markdown views both draw their per-code blocks from this.
+    """
+    totals: dict[str, int] = {}
+    severity: dict[str, str] = {}
+    for c in dump["counts"]:
+        totals[c["code"]] = totals.get(c["code"], 0) + c["count"]
+        severity[c["code"]] = c["severity"]
+    by_code: dict[str, list[Record]] = {}
+    for f in sorted(dump["findings"], key=finding_order):
+        by_code.setdefault(f["code"], []).append(f)
+    return [CodeSection(code=code, severity=severity[code], total=total,
+                        shown=by_code.get(code, [])[: max(max_rows, 0)])
+            for code, total in totals.items()]

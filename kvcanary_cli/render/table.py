@@ -7,8 +7,6 @@ verdict is spelled out in words so the views read the same without colour.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -17,7 +15,9 @@ from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.records import (
     IDENTITY_KEYS,
     Record,
+    code_sections,
     difference_phrase,
+    plural,
     provenance_record,
     to_record,
 )
@@ -38,10 +38,6 @@ _CELLS_SHOWN = 3
 
 def _t(value: object, style: str = "") -> Text:
     return Text("-" if value is None else str(value), style=style)
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _identity_line(identity: dict[str, str], path: str | None = None) -> Text:
@@ -124,24 +120,15 @@ def _findings_table(findings: list[Record]) -> Table:
 
 
 def _findings_blocks(dump: Record, max_rows: int) -> list[RenderableType]:
-    totals: Counter[str] = Counter()
-    severity: dict[str, str] = {}
-    for c in dump["counts"]:
-        totals[c["code"]] += c["count"]
-        severity[c["code"]] = c["severity"]
-    by_code: dict[str, list[Record]] = {}
-    for f in dump["findings"]:
-        by_code.setdefault(f["code"], []).append(f)
     parts: list[RenderableType] = []
-    for code in totals:
-        shown = by_code.get(code, [])[: max(max_rows, 0)]
-        style = _SEVERITY_STYLE.get(severity[code], "")
-        parts.append(Text(f"{code} ({severity[code]}): {_plural(totals[code], 'finding')}",
-                          style=f"bold {style}".strip()))
-        if shown:
-            parts.append(_findings_table(shown))
-        if totals[code] > len(shown):
-            parts.append(Text(f"… and {totals[code] - len(shown)} more (--max-rows)"))
+    for section in code_sections(dump, max_rows):
+        style = _SEVERITY_STYLE.get(section.severity, "")
+        parts.append(Text(f"{section.code} ({section.severity}): "
+                          f"{plural(section.total, 'finding')}", style=f"bold {style}".strip()))
+        if section.shown:
+            parts.append(_findings_table(section.shown))
+        if section.total > len(section.shown):
+            parts.append(Text(f"… and {section.total - len(section.shown)} more (--max-rows)"))
     return parts
 
 
@@ -152,7 +139,7 @@ def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableTy
     head = Text(f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
                 style=_VERDICT_STYLE.get(verdict, "bold"))
     if dump["error"] is None:
-        head.append(f"  ({_plural(errors, 'error')}, {_plural(warnings, 'warning')}; "
+        head.append(f"  ({plural(errors, 'error')}, {plural(warnings, 'warning')}; "
                     f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})")
     parts: list[RenderableType] = [head]
     if dump["identity"] or dump["error"] is None:
@@ -203,7 +190,7 @@ def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
         parts.append(Text(""))
         parts.append(_summary_table(record))
         s = record["summary"]
-        parts.append(Text(f"{s['failed']} of {_plural(s['dumps'], 'dump')} fail at --fail-on "
+        parts.append(Text(f"{s['failed']} of {plural(s['dumps'], 'dump')} fail at --fail-on "
                           f"{record['fail_on']}; {s['bad_input']} unreadable",
                           style=_OVERALL_STYLE.get(record["verdict"], "bold")))
     if not parts:
