@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from kvcanary_cli.dump import KvDump
-from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners import triton_runtime
 from kvcanary_cli.planners.base import (
     Plan,
@@ -28,7 +27,7 @@ from kvcanary_cli.planners.base import (
     gpu_launch_error,
     resolve_group,
 )
-from kvcanary_cli.planners.vectorized import MAX_MATERIALIZED_ENTRIES
+from kvcanary_cli.planners.rows import check_materializable, row_problems, verify_geometry
 
 __all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]
 
@@ -92,8 +91,8 @@ class TritonPlanner:
         write_capacity = dump.write_req_capacity
         error = gpu_launch_error(bs, write_capacity)
         if error:
-            offsets = torch.cat([torch.zeros(1, dtype=_I64), _verify_lens(dump, window).cumsum(0)])
-            capacity = int(offsets[-1]) if capacity_given is None else capacity_given
+            total = int(verify_geometry(dump, window)[1].sum())
+            capacity = total if capacity_given is None else capacity_given
             return failed_plan(backend=self.name, group=group, window=window,
                                translated=lut is not None, bs=bs, verify_capacity=capacity,
                                write_req_capacity=write_capacity, launch_error=error)
@@ -116,19 +115,15 @@ class TritonPlanner:
         )
         total, num_valid, enable = (int(v) for v in totals.cpu())
         capacity = total if capacity_given is None else capacity_given
-        if enable and total > MAX_MATERIALIZED_ENTRIES:
-            raise PlanTooLargeError(
-                f"the batch asks for {total} verify entries, more than kvcanary holds in memory "
-                f"({MAX_MATERIALIZED_ENTRIES})", tensor="prefix_lens",
-                hint="the lengths look corrupt; or pass --verify-capacity to plan an overflow",
-            )
+        if enable:
+            check_materializable(total)
         entries = total if enable else 0
         columns = self._entries(dump, inputs, verify_offsets, window, entries, block_bs)
         offsets_cpu = verify_offsets.cpu()
         seeds_cpu = seeds[:bs].cpu()
         seed_flags_np = seed_flags[:bs].cpu().numpy()
         problems = [
-            _row_problems(dump, window, offsets_cpu),
+            row_problems(dump, window, offsets_cpu, gpu=True),
             _entry_lut_problems(dump, offsets_cpu, columns["position"], columns["clamp"],
                                 self._kernels),
             _seed_lut_problems(dump, seed_flags_np, seed_raw[:bs].cpu().numpy(),
@@ -207,59 +202,6 @@ def _cdiv(n: int, d: int) -> int:
 
 def _warps(lanes: int) -> int:
     return 4 if lanes <= 1024 else 8 if lanes <= 4096 else 16
-
-
-def _verify_lens(dump: KvDump, window: int) -> torch.Tensor:
-    """verify_len per row (§1.2); only needed on the host when no kernel runs."""
-    prefix = dump.prefix_lens
-    start = (prefix - window).clamp(min=0) if window > 0 else torch.zeros_like(prefix)
-    return torch.where(dump.req_pool_indices != 0, (prefix - start).clamp(min=0), 0)
-
-
-def _row_problems(dump: KvDump, window: int, offsets: torch.Tensor) -> ProblemTable:
-    """Once-per-row problems of the GPU path (raises=False), from per-row numbers only.
-
-    ROW_OUT_OF_RANGE: pool row outside `req_to_token`; POSITION_BEYOND_ROW: prefix past the
-    row (flat reads spill into later rows); EXPECTED_TOKEN_OUT_OF_RANGE: a gathered token's
-    pool row or column lies outside the pool.
-    """
-    rpi = dump.req_pool_indices.numpy()
-    prefix = dump.prefix_lens.numpy()
-    first = offsets.numpy()[:-1]
-    ws = np.maximum(prefix - window, 0) if window > 0 else np.zeros_like(prefix)
-    has = (offsets.numpy()[1:] - first) > 0
-    msl = dump.max_seq_len
-    in_range = (rpi >= 0) & (rpi < dump.max_reqs)
-    tables: list[ProblemTable] = []
-
-    def add(kind: ProblemKind, role: ProblemRole, mask: np.ndarray, position: np.ndarray,
-            value: np.ndarray) -> None:
-        idx = np.flatnonzero(mask)
-        if idx.size:
-            tables.append(ProblemTable.build(
-                kind, role, batch_row=idx, pool_row=rpi[idx], position=position[idx],
-                value=value[idx], entry=first[idx] + position[idx] - ws[idx], raises=False))
-
-    add(ProblemKind.ROW_OUT_OF_RANGE, ProblemRole.VERIFY, has & ~in_range, ws, rpi)
-    beyond = np.maximum(ws, msl)
-    add(ProblemKind.POSITION_BEYOND_ROW, ProblemRole.VERIFY, has & in_range & (prefix > msl),
-        beyond, beyond)
-    pool = dump.req_to_verify_expected_tokens
-    valid_t = dump.req_to_verify_expected_tokens_valid_lens
-    if pool is not None and valid_t is not None:
-        off = dump.token_offset
-        pool_rows, cols = int(pool.shape[0]), int(pool.shape[1])
-        valid = valid_t.numpy()
-        lo = np.maximum(ws + off, 0)  # first gathered token index s
-        hi = np.minimum(prefix + off, valid)  # one past the last
-        gathers = has & (lo < hi)
-        row_ok = (rpi >= 0) & (rpi < pool_rows)
-        add(ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE, ProblemRole.EXPECTED_TOKEN,
-            gathers & ~row_ok, lo - off, rpi)
-        first_bad = np.maximum(lo, cols)
-        add(ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE, ProblemRole.EXPECTED_TOKEN,
-            gathers & row_ok & (hi > cols), first_bad - off, first_bad)
-    return ProblemTable.concat(tables)
 
 
 def _entry_lut_problems(

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from kvcanary_cli.dump import KvDump
-from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.base import (
     Plan,
     ProblemKind,
@@ -28,12 +27,15 @@ from kvcanary_cli.planners.base import (
     gpu_launch_error,
     resolve_group,
 )
+from kvcanary_cli.planners.rows import (
+    check_materializable,
+    python_rows_resolve,
+    row_problems,
+    verify_geometry,
+)
 
-__all__ = ["MAX_MATERIALIZED_ENTRIES", "TorchPlanner"]
+__all__ = ["TorchPlanner"]
 
-#: Verify entries kvcanary will hold in memory (40 bytes each): production capacities are
-#: about 3x the KV pool, far below this; more means corrupt lengths.
-MAX_MATERIALIZED_ENTRIES = 1 << 26
 _I64 = torch.int64
 
 
@@ -132,15 +134,11 @@ class TorchPlanner:
                                translated=lut is not None, bs=bs, verify_capacity=capacity,
                                write_req_capacity=write_capacity, launch_error=error)
         enable = 0 if total > capacity else 1
-        if enable and total > MAX_MATERIALIZED_ENTRIES:
-            raise PlanTooLargeError(
-                f"the batch asks for {total} verify entries, more than kvcanary holds in memory "
-                f"({MAX_MATERIALIZED_ENTRIES})", tensor="prefix_lens",
-                hint="the lengths look corrupt; or pass --verify-capacity to plan an overflow",
-            )
+        if enable:
+            check_materializable(total)
         reader = _Reader(dump, gpu)
         translate = _Translator(lut, gpu)
-        problems = [_row_problems(dump, batch, gpu)]
+        problems = [row_problems(dump, window, batch.offsets, gpu=gpu)]
         if enable:
             lens = batch.verify_len
         elif not gpu:  # REF still reads every entry (and may raise) on overflow
@@ -217,18 +215,10 @@ class TorchPlanner:
 
 
 def _geometry(dump: KvDump, window: int) -> _Batch:
-    rpi, prefix = dump.req_pool_indices, dump.prefix_lens
-    active = rpi != 0
-    window_start = (prefix - window).clamp(min=0) if window > 0 else torch.zeros_like(prefix)
-    verify_len = torch.where(active, (prefix - window_start).clamp(min=0), 0)
+    window_start, verify_len = verify_geometry(dump, window)
     offsets = torch.cat([torch.zeros(1, dtype=_I64), verify_len.cumsum(0)])
-    return _Batch(rpi=rpi, prefix=prefix, window_start=window_start, verify_len=verify_len,
-                  offsets=offsets)
-
-
-def _ref_row_ok(rpi: torch.Tensor, rows: int) -> torch.Tensor:
-    row = torch.where(rpi < 0, rpi + rows, rpi)
-    return (row >= 0) & (row < rows)
+    return _Batch(rpi=dump.req_pool_indices, prefix=dump.prefix_lens, window_start=window_start,
+                  verify_len=verify_len, offsets=offsets)
 
 
 def _scan_lens(dump: KvDump, batch: _Batch) -> torch.Tensor:
@@ -236,8 +226,8 @@ def _scan_lens(dump: KvDump, batch: _Batch) -> torch.Tensor:
     msl = dump.max_seq_len
     reach = torch.minimum(batch.prefix, torch.full_like(batch.prefix, msl + 1))
     lens = (reach - batch.window_start).clamp(min=0)
-    return torch.where(_ref_row_ok(batch.rpi, dump.max_reqs), torch.minimum(lens,
-                                                                            batch.verify_len), 0)
+    resolves = python_rows_resolve(batch.rpi, dump.max_reqs)
+    return torch.where(resolves, torch.minimum(lens, batch.verify_len), 0)
 
 
 def _row_chunks(lens: torch.Tensor, limit: int) -> Iterator[tuple[int, int]]:
@@ -252,49 +242,6 @@ def _row_chunks(lens: torch.Tensor, limit: int) -> Iterator[tuple[int, int]]:
         if int(ends[r1 - 1]) > base:
             yield r0, r1
         r0 = r1
-
-
-def _row_problems(dump: KvDump, batch: _Batch, gpu: bool) -> ProblemTable:
-    """Once-per-row problems: pool row out of range, prefix past the row, token pool."""
-    rpi, prefix, ws, offsets = batch.rpi, batch.prefix, batch.window_start, batch.offsets
-    has = batch.verify_len > 0
-    in_range = (rpi >= 0) & (rpi < dump.max_reqs)
-    resolves = in_range if gpu else _ref_row_ok(rpi, dump.max_reqs)
-    tables: list[ProblemTable] = []
-
-    def add(kind: ProblemKind, role: ProblemRole, mask: torch.Tensor, position: torch.Tensor,
-            value: torch.Tensor, raises: torch.Tensor | bool) -> None:
-        idx = torch.nonzero(mask).reshape(-1)
-        if idx.numel() == 0:
-            return
-        table = ProblemTable.build(
-            kind, role, batch_row=idx.numpy(), pool_row=rpi[idx].numpy(),
-            position=position[idx].numpy(), value=value[idx].numpy(),
-            entry=(offsets[idx] + position[idx] - ws[idx]).numpy(), raises=False)
-        if not gpu:
-            flags = raises if isinstance(raises, bool) else raises[idx].numpy()
-            table.raises[:] = flags
-        tables.append(table)
-
-    add(ProblemKind.ROW_OUT_OF_RANGE, ProblemRole.VERIFY, has & ~in_range, ws, rpi, ~resolves)
-    beyond = torch.maximum(ws, torch.full_like(ws, dump.max_seq_len))
-    add(ProblemKind.POSITION_BEYOND_ROW, ProblemRole.VERIFY,
-        has & resolves & (prefix > dump.max_seq_len), beyond, beyond, True)
-    pool = dump.req_to_verify_expected_tokens
-    valid = dump.req_to_verify_expected_tokens_valid_lens
-    if pool is not None and valid is not None:
-        off = dump.token_offset
-        rows, cols = int(pool.shape[0]), int(pool.shape[1])
-        s_lo = (ws + off).clamp(min=0)
-        s_hi = torch.minimum(prefix + off, valid)
-        gathers = has & (s_lo < s_hi)
-        pool_ok = ((rpi >= 0) & (rpi < rows)) if gpu else _ref_row_ok(rpi, rows)
-        add(ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE, ProblemRole.EXPECTED_TOKEN,
-            gathers & ~pool_ok, s_lo - off, rpi, True)
-        first_bad = torch.maximum(s_lo, torch.full_like(s_lo, cols))
-        add(ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE, ProblemRole.EXPECTED_TOKEN,
-            gathers & pool_ok & (s_hi > cols), first_bad - off, first_bad, True)
-    return ProblemTable.concat(tables)
 
 
 def _seeds(
