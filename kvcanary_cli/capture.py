@@ -83,6 +83,11 @@ _MAX_NOTE_CHARS = 2000
 
 #: Per-process count of launcher calls through any installed wrapper: the dump's `step`.
 _calls = itertools.count()
+#: Dumps written by this process. Each one holds all of `req_to_token` (GBs in production),
+#: so a server that catches the error and keeps going must not fill the disk.
+_written = itertools.count()
+#: Most dumps one process writes; `KVCANARY_DUMP_LIMIT` changes it.
+DEFAULT_DUMP_LIMIT = 4
 
 
 def save_plan_inputs(
@@ -225,6 +230,12 @@ def _dump_failed_call(
     exc: Exception, kwargs: Mapping[str, Any], *, dump_dir: Path, rank: int | None, step: int
 ) -> None:
     """Best effort: any failure here is logged, so the caller's exception stays the one seen."""
+    limit = _env_int("KVCANARY_DUMP_LIMIT")
+    limit = DEFAULT_DUMP_LIMIT if limit is None else limit
+    if next(_written) >= limit:
+        if limit > 0:
+            logger.debug("kvcanary: dump limit %d reached; not capturing step %d", limit, step)
+        return
     try:
         rank = _detect_rank() if rank is None else rank
         note = f"captured on {type(exc).__name__}: {exc}"

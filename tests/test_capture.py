@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -137,8 +138,9 @@ def stand_in() -> types.ModuleType:
 
 @pytest.fixture(autouse=True)
 def _no_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "LOCAL_RANK", DUMP_DIR_ENV):
+    for name in ("RANK", "LOCAL_RANK", DUMP_DIR_ENV, "KVCANARY_DUMP_LIMIT"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(capture, "_written", itertools.count())
 
 
 def dumps_in(directory: Path) -> list[Path]:
@@ -455,3 +457,14 @@ def test_import_without_the_variable_stays_cheap(tmp_path: Path) -> None:
         check=True,
     )
     assert result.stdout.strip() == "[] []"
+
+
+def test_dumps_per_process_are_capped(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "2")
+    install_sglang_hook(tmp_path, module=stand_in)
+    for _ in range(5):
+        with pytest.raises(ValueError):
+            stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert len(dumps_in(tmp_path)) == 2
