@@ -100,31 +100,6 @@ def _emit(text: str) -> None:
     sys.stdout.flush()
 
 
-@app.command()
-def inspect(
-    dump: DumpArg,
-    output_format: Annotated[
-        str, typer.Option("--format", "-f", help="table or json.", metavar="table|json")
-    ] = "table",
-) -> None:
-    """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
-
-    Validates the file on the way: a malformed dump is reported as one error line, exit 2.
-    """
-    with guarded():
-        from kvcanary_cli.dump import load_dump
-        from kvcanary_cli.dump.describe import describe_dump
-        from kvcanary_cli.render import OutputFormat, make_console, to_json
-        from kvcanary_cli.render.inspect_view import inspect_table
-
-        fmt = _parse_format(output_format, (OutputFormat.TABLE, OutputFormat.JSON))
-        record = describe_dump(load_dump(dump))
-        if fmt is OutputFormat.JSON:
-            _emit(to_json(record))
-        else:
-            make_console().print(inspect_table(record))
-
-
 def _override(option: str, help_text: str) -> Any:
     return Annotated[int | None, typer.Option(option, help=help_text,
                                               rich_help_panel="Scalar overrides")]
@@ -168,63 +143,6 @@ def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
     wrapper.__signature__ = declared.replace(parameters=own + extra)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in own + extra}
     return wrapper
-
-
-@app.command()
-@with_scalar_overrides
-def plan(
-    dump: DumpArg,
-    group: Annotated[str, typer.Option("--group", "-g", help="Group to plan: full or swa.",
-                                       metavar="full|swa")] = "full",
-    backend: Annotated[str, typer.Option(
-        "--backend", "-b", metavar="reference|torch|triton",
-        help="reference: scalar, literal (slow); torch: vectorized, same results; triton: the "
-             "GPU kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input).",
-    )] = "torch",
-    strict: Annotated[bool, typer.Option(
-        "--strict", help="With --backend reference: raise (exit 1) exactly where SGLang's "
-                         "torch reference raises, with its message.")] = False,
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Write the plan (SGLang's field names, trimmed to what upstream "
-                            "defines) to this .safetensors file.")] = None,
-    output_format: Annotated[str, typer.Option("--format", "-f", help="table or json.",
-                                               metavar="table|json")] = "table",
-    max_rows: Annotated[int, typer.Option("--max-rows", help="Batch rows shown in the table.",
-                                          min=1)] = 50,
-    overrides: dict[str, int | None] | None = None,
-) -> None:
-    """Run one planner on one group and show the plan per request (or write it with --out).
-
-    Exit 0 when planned; 1 when the planner raises like upstream would (--strict, or the GPU
-    launch refusing the batch); 2 on bad input.
-    """
-    with guarded():
-        from kvcanary_cli.analysis.plan_summary import plan_record
-        from kvcanary_cli.dump import load_dump
-        from kvcanary_cli.errors import UpstreamPlanError
-        from kvcanary_cli.planners import get_planner
-        from kvcanary_cli.planners.plan_file import save_plan
-        from kvcanary_cli.render import OutputFormat, make_console, to_json
-        from kvcanary_cli.render.plan_view import plan_table
-
-        fmt = _parse_format(output_format, (OutputFormat.TABLE, OutputFormat.JSON))
-        planner = get_planner(backend, strict=strict)
-        loaded = load_dump(dump, overrides=overrides)
-        try:
-            result = planner.plan(loaded, group)
-        except UpstreamPlanError as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(ExitCode.FINDINGS) from None
-        if out is not None and result.launch_error is None:
-            save_plan(out, result, source=str(dump))
-        record = plan_record(loaded, result)
-        if fmt is OutputFormat.JSON:
-            _emit(to_json(record))
-        else:
-            make_console().print(plan_table(record, max_rows=max_rows))
-        if result.launch_error is not None:
-            typer.echo(f"ValueError: {result.launch_error}", err=True)
-            raise typer.Exit(ExitCode.FINDINGS)
 
 
 @app.command()
@@ -331,6 +249,88 @@ def provenance(
             assert row is not None
             answer = row_map(loaded, report, row, group=group or "full")
         _print(render_provenance(answer, fmt))
+
+
+@app.command()
+@with_scalar_overrides
+def plan(
+    dump: DumpArg,
+    group: Annotated[str, typer.Option("--group", "-g", help="Group to plan: full or swa.",
+                                       metavar="full|swa")] = "full",
+    backend: Annotated[str, typer.Option(
+        "--backend", "-b", metavar="reference|torch|triton",
+        help="reference: scalar, literal (slow); torch: vectorized, same results; triton: the "
+             "GPU kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input).",
+    )] = "torch",
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="With --backend reference: raise (exit 1) exactly where SGLang's "
+                         "torch reference raises, with its message.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the plan (SGLang's field names, trimmed to what upstream "
+                            "defines) to this .safetensors file.")] = None,
+    output_format: Annotated[str, typer.Option("--format", "-f", help="table or json.",
+                                               metavar="table|json")] = "table",
+    max_rows: Annotated[int, typer.Option("--max-rows", help="Batch rows shown in the table.",
+                                          min=1)] = 50,
+    overrides: dict[str, int | None] | None = None,
+) -> None:
+    """Run one planner on one group and show the plan per request (or write it with --out).
+
+    Exit 0 when planned; 1 when the planner raises like upstream would (--strict, or the GPU
+    launch refusing the batch); 2 on bad input.
+    """
+    with guarded():
+        from kvcanary_cli.analysis.plan_summary import plan_record
+        from kvcanary_cli.dump import load_dump
+        from kvcanary_cli.errors import UpstreamPlanError
+        from kvcanary_cli.planners import get_planner
+        from kvcanary_cli.planners.plan_file import save_plan
+        from kvcanary_cli.render import OutputFormat, make_console, to_json
+        from kvcanary_cli.render.plan_view import plan_table
+
+        fmt = _parse_format(output_format, (OutputFormat.TABLE, OutputFormat.JSON))
+        planner = get_planner(backend, strict=strict)
+        loaded = load_dump(dump, overrides=overrides)
+        try:
+            result = planner.plan(loaded, group)
+        except UpstreamPlanError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(ExitCode.FINDINGS) from None
+        if out is not None and result.launch_error is None:
+            save_plan(out, result, source=str(dump))
+        record = plan_record(loaded, result)
+        if fmt is OutputFormat.JSON:
+            _emit(to_json(record))
+        else:
+            make_console().print(plan_table(record, max_rows=max_rows))
+        if result.launch_error is not None:
+            typer.echo(f"ValueError: {result.launch_error}", err=True)
+            raise typer.Exit(ExitCode.FINDINGS)
+
+
+@app.command()
+def inspect(
+    dump: DumpArg,
+    output_format: Annotated[
+        str, typer.Option("--format", "-f", help="table or json.", metavar="table|json")
+    ] = "table",
+) -> None:
+    """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
+
+    Validates the file on the way: a malformed dump is reported as one error line, exit 2.
+    """
+    with guarded():
+        from kvcanary_cli.dump import load_dump
+        from kvcanary_cli.dump.describe import describe_dump
+        from kvcanary_cli.render import OutputFormat, make_console, to_json
+        from kvcanary_cli.render.inspect_view import inspect_table
+
+        fmt = _parse_format(output_format, (OutputFormat.TABLE, OutputFormat.JSON))
+        record = describe_dump(load_dump(dump))
+        if fmt is OutputFormat.JSON:
+            _emit(to_json(record))
+        else:
+            make_console().print(inspect_table(record))
 
 
 @app.command()
