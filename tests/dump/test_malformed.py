@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import random
 import struct
-import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -447,17 +446,15 @@ def test_hostile_header_is_rejected_without_allocating(case_id: str, tmp_path: P
     except KvcanaryError:
         pass
     tracemalloc.start()
-    start = time.perf_counter()
     try:
         with pytest.raises(CorruptDumpError):
             load_dump(path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    elapsed = time.perf_counter() - start
     # The lie is 2^60 header bytes or 2^83 tensor bytes; the truth is a few MB of header at most.
+    # (Memory, not time, is asserted: wall-clock limits belong in bench/, not in tests.)
     assert peak < 4 * path.stat().st_size + (1 << 20), peak
-    assert elapsed < 5.0, elapsed
 
 
 def test_header_length_absurd_file_is_tiny(tmp_path: Path) -> None:
