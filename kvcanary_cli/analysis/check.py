@@ -116,17 +116,11 @@ def _finding_order(f: Finding) -> tuple[int, int, str, int, int, int]:
 
 def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
     """Give every slot-carrying finding the provenance of its slot (one table scan)."""
-    swa_sources: dict[int, tuple[int, ...]] = {}
-    wanted: set[int] = set()
-    for f in findings:
-        if f.slot is None:
-            continue
-        if f.space == "swa":
-            if f.slot not in swa_sources:
-                swa_sources[f.slot] = full_slots_mapping_to(dump, f.slot)
-            wanted.update(swa_sources[f.slot])
-        else:
-            wanted.add(f.slot)
+    swa_slots = {f.slot for f in findings if f.slot is not None and f.space == "swa"}
+    swa_sources = full_slots_mapping_to(dump, swa_slots)
+    wanted = {f.slot for f in findings if f.slot is not None and f.space != "swa"}
+    for sources in swa_sources.values():
+        wanted.update(sources)
     if not wanted and not swa_sources:
         return findings
     index = ProvenanceIndex(dump, wanted)

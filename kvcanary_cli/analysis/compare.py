@@ -105,12 +105,14 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
             ref_def = (reference.verify_undefined & int(bit)) == 0
             ker_def = (kernel.verify_undefined & int(bit)) == 0
             ref_val, ker_val = getattr(reference, name), getattr(kernel, name)
-            differs = (ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))
-            for k in torch.nonzero(differs).reshape(-1).tolist():
-                if why[role][k] >= 0:
-                    code = codes[int(why[role][k])].value
-                    result.explained[code] = result.explained.get(code, 0) + 1
-                    continue
+            differs = ((ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))).numpy()
+            reasons = why[role][differs]
+            for index, count in enumerate(np.bincount(reasons[reasons >= 0],
+                                                      minlength=len(codes))):
+                if count:
+                    code = codes[index].value
+                    result.explained[code] = result.explained.get(code, 0) + int(count)
+            for k in np.flatnonzero(differs & (why[role] < 0)).tolist():  # unexplained only
                 diverge(label,
                         int(ref_val[k]) if ref_def[k] else "undefined",
                         int(ker_val[k]) if ker_def[k] else "undefined",

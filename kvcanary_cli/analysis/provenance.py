@@ -198,13 +198,24 @@ def swa_provenance(dump: KvDump, index: ProvenanceIndex, swa_slot: int,
     )
 
 
-def full_slots_mapping_to(dump: KvDump, swa_slot: int, *, limit: int = 64) -> tuple[int, ...]:
-    """Full slots f with LUT[f] == swa_slot (the trailing sentinel index excluded)."""
+def full_slots_mapping_to(
+    dump: KvDump, swa_slots: Iterable[int], *, limit: int = 64
+) -> dict[int, tuple[int, ...]]:
+    """For each SWA slot s, the full slots f with LUT[f] == s (one pass over the LUT).
+
+    The trailing sentinel index is excluded; at most `limit` full slots are kept per SWA slot.
+    """
+    wanted = sorted({int(s) for s in swa_slots})
     lut = dump.full_to_swa_index_mapping
-    if lut is None:
-        return ()
-    hits = torch.nonzero(lut[:-1] == swa_slot).reshape(-1)[:limit]
-    return tuple(int(x) for x in hits)
+    found: dict[int, tuple[int, ...]] = dict.fromkeys(wanted, ())
+    if lut is None or not wanted:
+        return found
+    body = lut[:-1]
+    hits = torch.nonzero(torch.isin(body, torch.tensor(wanted, dtype=_I64))).reshape(-1)
+    values = body[hits]
+    for slot in wanted:
+        found[slot] = tuple(int(x) for x in hits[values == slot][:limit])
+    return found
 
 
 def _allocator_state(free: torch.Tensor | None, slot: int) -> str | None:

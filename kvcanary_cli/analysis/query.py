@@ -34,7 +34,7 @@ def slot_query(dump: KvDump, report: DumpReport, slot: int, *, space: str = "ful
     group = group or ("swa" if space == "swa" else "full")
     window = dump.window(group) if group == "swa" else 0
     if space == "swa":
-        sources = full_slots_mapping_to(dump, slot)
+        sources = full_slots_mapping_to(dump, [slot])[slot]
         index = ProvenanceIndex(dump, sources, max_cells=max_cells)
         provenance = swa_provenance(dump, index, slot, sources, window=window)
     else:
