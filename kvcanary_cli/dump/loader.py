@@ -25,6 +25,7 @@ from kvcanary_cli.dump.schema import (
     TensorSpec,
     dtype_label,
     numpy_dtype,
+    parse_integer,
     spec_for,
 )
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
@@ -187,12 +188,10 @@ def _check_tensor(entry: HeaderEntry, spec: TensorSpec) -> None:
 
 
 def _parse_int(key: str, text: str) -> int:
-    try:
-        return int(text.strip(), 10)
-    except ValueError:
-        raise MetadataError(
-            f"metadata value {text!r} is not an integer", tensor=key
-        ) from None
+    value = parse_integer(text)
+    if value is None:
+        raise MetadataError(f"metadata value {text!r} is not an integer", tensor=key)
+    return value
 
 
 def load_dump(

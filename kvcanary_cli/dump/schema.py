@@ -24,6 +24,7 @@ __all__ = [
     "TensorSpec",
     "dtype_label",
     "numpy_dtype",
+    "parse_integer",
     "safetensors_dtype_of",
     "spec_for",
     "torch_dtype",
@@ -74,6 +75,18 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     "I32": torch.int32,
     "I64": torch.int64,
 }
+
+
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+
+
+def parse_integer(text: str) -> int | None:
+    """A metadata integer: optional minus sign and ASCII digits, nothing else (None if not).
+
+    Stricter than `int()`, which also takes "1_0", "+5" and non-ASCII digits.
+    """
+    stripped = text.strip()
+    return int(stripped) if _INTEGER_TEXT.fullmatch(stripped) else None
 
 
 def dtype_label(dtype: str) -> str:

@@ -99,6 +99,11 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
             tensor="violation_write_index",
         )
     if "violation_ring" in arrays:
+        if "violation_write_index" not in arrays:
+            raise MissingTensorError(
+                "is required with violation_ring (it says how many rows are valid)",
+                tensor="violation_write_index",
+            )
         ring = arrays["violation_ring"]
         if ring.shape[1] != 8:
             raise TensorShapeError(

@@ -19,6 +19,7 @@ from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     SCALARS,
     dtype_label,
+    parse_integer,
     safetensors_dtype_of,
     spec_for,
 )
@@ -55,12 +56,8 @@ def save_dump(
         out[name] = _to_cpu_tensor(name, value)
     for name in SCALARS:
         if name in meta:
-            try:
-                int(meta[name], 10)
-            except ValueError:
-                raise MetadataError(
-                    f"value {meta[name]!r} is not an integer", tensor=name
-                ) from None
+            if parse_integer(meta[name]) is None:
+                raise MetadataError(f"value {meta[name]!r} is not an integer", tensor=name)
     meta["kvcanary.format"] = FORMAT_VERSION
     _record_sglang_version(meta)
     return write_safetensors(path, out, meta)
@@ -71,8 +68,12 @@ def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
         tensor = value.detach()
     elif isinstance(value, np.ndarray):
         tensor = torch.from_numpy(np.ascontiguousarray(value))
-    else:
-        tensor = torch.as_tensor(value, dtype=torch.int64)
+    else:  # a list of Python ints: refuse floats instead of truncating them
+        tensor = torch.as_tensor(value)
+        if tensor.is_floating_point() or tensor.dtype == torch.bool:
+            raise TensorDtypeError(f"holds {tensor.dtype} values, expected integers",
+                                   tensor=name)
+        tensor = tensor.to(torch.int64)
     tensor = tensor.to("cpu").contiguous()
     stored = safetensors_dtype_of(tensor.dtype)
     spec = spec_for(name)

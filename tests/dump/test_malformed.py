@@ -332,6 +332,14 @@ CASES: dict[str, Case] = {
         _changed({"swa_window_size": "abc"}), MetadataError,
         ("swa_window_size", "'abc'", "not an integer"),
     ),
+    "scalar-with-underscore": Case(
+        _changed({"verify_capacity": "1_0"}), MetadataError,
+        ("verify_capacity", "'1_0'", "not an integer"),
+    ),
+    "ring-without-write-index": Case(
+        _changed(violation_ring=torch.zeros(4, 8, dtype=_I64)), MissingTensorError,
+        ("violation_write_index", "violation_ring"),
+    ),
     "scalar-given-twice": Case(
         _changed({"page_size": "2"}, page_size=torch.tensor(4)), MetadataError,
         ("page_size", "given twice", "metadata says 2", "tensor says 4"),

@@ -290,3 +290,16 @@ def test_canonical_dtypes_get_no_note(tmp_dump: Path) -> None:
     save_dump(tmp_dump, **small_batch())
     assert load_dump(tmp_dump).dtype_notes == []
     assert run_inspect_json(tmp_dump)["notes"] == []
+
+
+def test_save_dump_refuses_a_list_of_floats(tmp_path: Path) -> None:
+    with pytest.raises(TensorDtypeError, match="prefix_lens"):
+        save_dump(tmp_path / "f.safetensors", req_to_token=torch.zeros(2, 2, dtype=torch.int32),
+                  req_pool_indices=[1], prefix_lens=[1.5])
+    assert not list(tmp_path.iterdir())
+
+
+def test_save_dump_takes_a_list_of_ints(tmp_path: Path) -> None:
+    path = save_dump(tmp_path / "i.safetensors", req_to_token=torch.zeros(2, 4, dtype=torch.int32),
+                     req_pool_indices=[1], prefix_lens=[3])
+    assert load_dump(path).prefix_lens.tolist() == [3]
