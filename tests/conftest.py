@@ -6,6 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# Examples are drawn from a seeded-per-run random source as usual; only timing-based health
+# checks are off, because a loaded 2-core CI machine must not turn slow generation into a failure.
+settings.register_profile(
+    "kvcanary",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("kvcanary")
 
 # As the CLI does (kvcanary_cli.cli._limit_torch_threads): one intra-op thread; on CPU-quota'd
 # CI machines more threads spin against each other and slow every small tensor op.
