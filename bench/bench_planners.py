@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from timing import timed
 
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.dump import KvDump, load_dump
@@ -27,16 +26,6 @@ from kvcanary_cli.planners import get_planner
 torch.set_num_threads(1)  # as the CLI does: see kvcanary_cli.cli.main
 
 OUT = Path(__file__).parent / "out"
-
-
-def timed(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall time of `repeat` runs (seconds)."""
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def numpy_gather(dump: KvDump) -> np.ndarray:

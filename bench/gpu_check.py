@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from timing import timed
 
 from kvcanary_cli.dump import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import make_scenario
@@ -26,20 +25,6 @@ from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner
 from kvcanary_cli.planners.vectorized import TorchPlanner
-
-
-def timed(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall time (s) of `repeat` runs, CUDA work included."""
-    samples = []
-    for _ in range(repeat):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def differences(got: Plan, want: Plan) -> list[str]:
