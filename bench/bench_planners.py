@@ -19,9 +19,12 @@ import torch
 from timing import timed
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.dump import KvDump, load_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import make_scenario
-from kvcanary_cli.planners import get_planner
+from kvcanary_cli.planners.base import Semantics
+from kvcanary_cli.planners.reference import ReferencePlanner
+from kvcanary_cli.planners.triton_planner import TritonPlanner
+from kvcanary_cli.planners.vectorized import TorchPlanner
 
 torch.set_num_threads(1)  # as the CLI does: see kvcanary_cli.cli.main
 
@@ -74,17 +77,18 @@ def main() -> None:
     t: dict[str, float] = {}
     t["load_dump (lazy)"] = timed(lambda: load_dump(path), args.repeat)
     t["numpy gather"] = timed(lambda: numpy_gather(dump), args.repeat)
-    torch_planner = get_planner("torch")
+    torch_planner = TorchPlanner()
     t["torch planner, full group"] = timed(lambda: torch_planner.plan(dump, "full"), args.repeat)
-    t["check (torch kernel)"] = timed(lambda: run_check(dump, kernel="torch"), 1)
+    t["check (torch kernel)"] = timed(lambda: run_check(
+        dump, reference=torch_planner, kernel=TorchPlanner(semantics=Semantics.GPU)), 1)
     if args.triton:
-        triton_planner = get_planner("triton")
+        triton_planner = TritonPlanner()
         triton_planner.plan(dump, "full")  # warm-up: compile (CUDA) or trace (interpreter)
         t["triton planner, full group"] = timed(lambda: triton_planner.plan(dump, "full"), 1)
     if not args.skip_scalar:
         t["scalar loop (gather only)"] = timed(lambda: scalar_loop(dump), 1)
         t["reference planner (scalar)"] = timed(
-            lambda: get_planner("reference").plan(dump, "full"), 1)
+            lambda: ReferencePlanner().plan(dump, "full"), 1)
     base = t["numpy gather"]
     print(f"{'what':32} {'seconds':>10} {'x numpy':>10}")
     for name, seconds in t.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from timing import timed
 
-from kvcanary_cli.dump import KvDump, load_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS, LAUNCHER_OUTPUTS, SCALARS, required_tensors
+
 __all__ = [
     "DUMP_DIR_ENV",
     "PLAN_ARGUMENTS",
@@ -55,26 +57,13 @@ DUMP_DIR_ENV = "KVCANARY_DUMP_DIR"
 SGLANG_PLAN_MODULE = "sglang.kernels.ops.kv_canary.plan.api"
 SGLANG_PLAN_FUNCTION = "launch_canary_plan_kernels"
 
-#: The keyword arguments of `launch_canary_plan_kernels` (semantics §1.1), in upstream order.
-PLAN_ARGUMENTS: tuple[str, ...] = (
-    "req_pool_indices",
-    "prefix_lens",
-    "extend_seq_lens",
-    "req_to_token",
-    "swa_window_size",
-    "full_to_swa_index_mapping",
-    "verify_capacity",
-    "req_to_verify_expected_tokens",
-    "req_to_verify_expected_tokens_valid_lens",
-    "kv_token_id_vs_position_offset",
-    "verify_plan_out",
-    "write_plan_out",
-)
-#: Without these the dump is unreadable (format v1 requires them).
-_REQUIRED = ("req_pool_indices", "prefix_lens", "req_to_token")
-_SCALAR_ARGUMENTS = ("swa_window_size", "verify_capacity", "kv_token_id_vs_position_offset")
-#: Outputs filled in place by the launcher: their sizes are recorded, their contents are not.
-_PLAN_OUTPUTS = ("verify_plan_out", "write_plan_out")
+#: The keyword arguments of `launch_canary_plan_kernels` (docs/semantics.md §1.1), in upstream
+#: order; the dump format names its tensors and scalars after them.
+PLAN_ARGUMENTS = LAUNCHER_ARGUMENTS
+#: Without these the dump is unreadable.
+_REQUIRED = required_tensors()
+#: Launcher arguments stored as metadata scalars rather than tensors.
+_SCALAR_ARGUMENTS = tuple(name for name in PLAN_ARGUMENTS if name in SCALARS)
 
 #: Attribute on a wrapper pointing at the function it wraps (marks it, and makes reinstalling
 #: replace the wrapper instead of stacking a second one).
@@ -121,10 +110,10 @@ def save_plan_inputs(
         names = ", ".join(repr(name) for name in missing)
         raise TypeError(f"save_plan_inputs() missing required keyword argument(s): {names}")
 
-    from kvcanary_cli.dump import save_dump  # deferred: keeps `import capture` stdlib-only
+    from kvcanary_cli.dump.writer import save_dump  # deferred: keeps `import capture` light
 
     tensors: dict[str, Any] = {
-        name: value for name, value in kwargs.items() if name not in _PLAN_OUTPUTS
+        name: value for name, value in kwargs.items() if name not in LAUNCHER_OUTPUTS
     }
     for name in _SCALAR_ARGUMENTS:
         if tensors.get(name) is not None:

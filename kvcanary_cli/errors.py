@@ -1,7 +1,11 @@
 """Error types: every user mistake becomes one `KvcanaryError` line and exit code 2.
 
-Each error names the tensor (or key, or option) at fault and, where there is one, the fix,
-so that `str(err)` is the whole message the CLI prints.
+Three kinds of mistake, three types, each naming what is at fault so that `str(err)` is the
+whole line the CLI prints:
+
+- `DumpError`: the file cannot be read as a dump; names the file and the tensor or key;
+- `OptionError`: a command-line option (or option combination) is unusable; names the option;
+- `PathError`: a path kvcanary was asked to read or write is unusable; names the path.
 """
 
 from __future__ import annotations
@@ -12,35 +16,51 @@ __all__ = [
     "KvcanaryError",
     "MetadataError",
     "MissingTensorError",
+    "OptionError",
+    "PathError",
     "PlanTooLargeError",
     "PlannerUnavailableError",
     "TensorDtypeError",
     "TensorShapeError",
     "UpstreamPlanError",
-    "UsageError",
 ]
 
 
 class KvcanaryError(Exception):
     """A problem the user can fix: bad input, bad options, a missing backend."""
 
-    def __init__(self, message: str, *, tensor: str | None = None, hint: str | None = None):
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.tensor = tensor
         self.hint = hint
 
+    def subject(self) -> str | None:
+        """What the message is about (file, tensor, option...), printed before it."""
+        return None
+
     def __str__(self) -> str:
-        text = f"{self.tensor}: {self.message}" if self.tensor else self.message
+        subject = self.subject()
+        text = f"{subject}: {self.message}" if subject else self.message
         return f"{text} ({self.hint})" if self.hint else text
 
 
-class UsageError(KvcanaryError):
-    """Options that contradict each other or the dump (e.g. `--group swa` without a LUT)."""
-
-
 class DumpError(KvcanaryError):
-    """The dump file cannot be used as a kvcanary dump."""
+    """The file cannot be used as a kvcanary dump.
+
+    `field` is the tensor or metadata key at fault (None: the file as a whole); `path` is the
+    dump, filled in by the loader when a lower layer raised without knowing it.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, path: str | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.field = field
+        self.path = path
+
+    def subject(self) -> str | None:
+        """`path: field`, either part omitted when unknown."""
+        parts = [part for part in (self.path, self.field) if part]
+        return ": ".join(parts) or None
 
 
 class CorruptDumpError(DumpError):
@@ -63,12 +83,36 @@ class MetadataError(DumpError):
     """A scalar in `__metadata__` (or given twice) is not a usable integer."""
 
 
-class PlannerUnavailableError(KvcanaryError):
+class PlanTooLargeError(DumpError):
+    """The lengths ask for more verify entries than kvcanary will materialize in memory."""
+
+
+class OptionError(KvcanaryError):
+    """An option that is unknown, out of range, or contradicts another option or the dump."""
+
+    def __init__(self, message: str, *, option: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.option = option
+
+    def subject(self) -> str | None:
+        """The option, as the user typed it (`--group`)."""
+        return self.option
+
+
+class PlannerUnavailableError(OptionError):
     """A planner backend was asked for but cannot run here (e.g. triton not installed)."""
 
 
-class PlanTooLargeError(KvcanaryError):
-    """The lengths ask for more verify entries than kvcanary will materialize in memory."""
+class PathError(KvcanaryError):
+    """A path that cannot be read or written as asked (missing, a directory, not regular...)."""
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+
+    def subject(self) -> str | None:
+        """The path."""
+        return self.path
 
 
 class UpstreamPlanError(Exception):
@@ -78,7 +122,7 @@ class UpstreamPlanError(Exception):
     so it reads like the failure the user saw in their server log.
     """
 
-    def __init__(self, message: str, *, exception_type: str = "ValueError"):
+    def __init__(self, message: str, *, exception_type: str = "ValueError") -> None:
         super().__init__(message)
         self.message = message
         self.exception_type = exception_type

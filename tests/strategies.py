@@ -5,13 +5,13 @@ milliseconds); `dump_from` saves it with `save_dump` and reads it back with `loa
 every planner sees exactly what the CLI would.
 
 `valid_dumps()` stays inside the region where SGLang's reference planner and its GPU path
-agree (kv-canary-semantics.md §1.2): pool rows in range (and nonzero) for active rows,
+agree (docs/semantics.md §1.2): pool rows in range (and nonzero) for active rows,
 P + E <= max_seq_len, slots in [0, num_full_slots), a LUT of length num_full_slots + 1 with a
 trailing -1 and values in the SWA range or 0, windows 0..W, padding rows with arbitrary
 lengths, duplicate pool rows and shared prefixes, an expected-token pool with offset 0 or 1,
 capacity overflow, bs = 0, P = 0, E = 0 and occasionally negative P / E.
 
-`corrupt_dumps()` adds what §1.8 lists as bad input: pool rows negative or >= max_reqs,
+`corrupt_dumps()` adds what §1.6 lists as bad input: pool rows negative or >= max_reqs,
 P > max_seq_len, a LUT shorter than the largest slot, negative slots, valid_lens beyond the
 pool's columns, a pool with fewer rows than `req_to_token`, write_req_capacity < bs.
 """
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from kvcanary_cli.dump import KvDump, load_dump, save_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.writer import save_dump
 
 __all__ = ["CORRUPTIONS", "DumpCase", "corrupt_dumps", "dump_from", "valid_dumps"]
 
@@ -275,5 +276,5 @@ def valid_dumps() -> st.SearchStrategy[DumpCase]:
 
 
 def corrupt_dumps() -> st.SearchStrategy[DumpCase]:
-    """Small dumps with one to three of `CORRUPTIONS` applied (§1.8)."""
+    """Small dumps with one to three of `CORRUPTIONS` applied (§1.6)."""
     return _case(corrupt=True)

@@ -26,7 +26,7 @@ from kvcanary_cli.capture import (
     install_sglang_hook,
     save_plan_inputs,
 )
-from kvcanary_cli.dump import load_dump
+from kvcanary_cli.dump.loader import load_dump
 
 LUT_ERROR = "kv-canary: SWA slot 70 is outside full_to_swa_index_mapping length 65"
 
@@ -250,7 +250,7 @@ def test_dump_of_failed_call_has_inputs_and_note(
     assert dump.token_offset == 1
     assert dump.lut_len == 65
     assert int(dump.req_to_token[2, 2]) == 70
-    assert dump.provenance["note"].startswith("captured on ValueError")
+    assert dump.identity["note"].startswith("captured on ValueError")
 
 
 def test_step_counts_calls_and_explicit_rank(tmp_path: Path, stand_in: types.ModuleType) -> None:

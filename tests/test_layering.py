@@ -1,8 +1,15 @@
-"""Imports flow one way: cli -> analysis/render -> planners -> dump -> errors (AST check)."""
+"""Imports flow one way: cli -> analysis/render -> planners -> dump -> errors (AST check).
+
+Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
+imports `triton_kernels` (after preparing the environment), so the two cannot form a cycle;
+`kvcanary --help` imports neither torch nor triton.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +24,8 @@ ALLOWED = {
     "analysis": {"errors", "dump", "planners", "analysis"},
     "render": {"render", "analysis.model", ""},  # "" = the package root, for __version__
     "capture": {"dump", "errors"},
-    "cli": {"errors", "dump", "planners", "analysis", "render", ""},
+    "cli_options": {"errors", "dump.schema"},
+    "cli": {"errors", "dump", "planners", "analysis", "render", "cli_options", ""},
     "__main__": {"cli"},
     "__init__": set(),
 }
@@ -46,6 +54,7 @@ def package_imports(path: Path) -> list[tuple[str, int]]:
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
+TRITON_IMPORTERS = ("triton_runtime.py", "triton_kernels.py")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -54,8 +63,10 @@ def test_imports_follow_the_layers(path: Path) -> None:
     allowed = ALLOWED[layer]
     for target, line in package_imports(path):
         if target == "<triton>":
-            assert path.name == "triton_runtime.py", f"{path.name}:{line} imports triton"
+            assert path.name in TRITON_IMPORTERS, f"{path.name}:{line} imports triton"
             continue
+        if target == "planners.triton_kernels":
+            assert path.name == "triton_runtime.py", f"{path.name}:{line} imports the kernels"
         ok = any(target == a or target.startswith(a + ".") for a in allowed if a) or (
             "" in allowed and target == "")
         assert ok, f"{path.relative_to(PACKAGE)}:{line} ({layer}) imports kvcanary_cli.{target}"
@@ -71,3 +82,18 @@ def test_nothing_imports_the_cli() -> None:
 def test_every_module_has_a_docstring() -> None:
     for path in MODULES:
         assert ast.get_docstring(ast.parse(path.read_text())), f"{path} has no module docstring"
+
+
+def test_kernels_do_not_import_the_runtime() -> None:
+    kernels = PACKAGE / "planners" / "triton_kernels.py"
+    assert all(not t.startswith("planners.triton_runtime") for t, _ in package_imports(kernels))
+
+
+def test_help_imports_neither_torch_nor_triton() -> None:
+    script = ("import sys\nfrom kvcanary_cli.cli import main\n"
+              "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+              "print(sorted(m for m in ('torch', 'triton', 'numpy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

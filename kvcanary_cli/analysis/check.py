@@ -36,48 +36,36 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
-from kvcanary_cli.dump import KvDump, load_dump
-from kvcanary_cli.errors import KvcanaryError, UsageError
-from kvcanary_cli.planners import KERNEL_NAMES, Planner, get_planner
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.planners.base import Planner
+from kvcanary_cli.planners.frame import GroupFrame, group_frame
 
 __all__ = ["attach_provenance", "check_dumps", "run_check"]
-
-_CODE_ORDER = {code: i for i, code in enumerate(FindingCode)}
-
-
-def _kernel_planner(kernel: str) -> Planner | None:
-    if kernel not in KERNEL_NAMES:
-        raise UsageError(f"unknown kernel {kernel!r} (choose one of: {', '.join(KERNEL_NAMES)})",
-                         tensor="--kernel")
-    if kernel == "none":
-        return None
-    return get_planner("torch-gpu" if kernel == "torch" else kernel)
 
 
 def run_check(
     dump: KvDump,
     *,
-    kernel: str = "triton",
+    reference: Planner,
+    kernel: Planner | None,
     groups: Sequence[str] | None = None,
-    reference: str = "torch",
 ) -> DumpReport:
     """Check one loaded dump and return its report.
 
-    `kernel` chooses what stands in for the production GPU path: `triton` (the kernels;
-    compiled on CUDA, interpreted elsewhere), `torch` (the same GPU semantics, vectorized) or
-    `none`. `reference` is `torch` (vectorized, fast) or `reference` (scalar, literal).
+    `reference` plans with the reference semantics (in collect mode: every problem, never a
+    raise); `kernel` stands in for the production GPU path (None: no comparison). Each planner
+    says whose semantics it follows, and how it runs (`mode`), for the report.
     """
-    kernel_planner = _kernel_planner(kernel)
-    reference_planner = get_planner(reference)
     chosen = tuple(groups) if groups else dump.groups
     cells = live_cells(dump)
     findings: list[Finding] = batch_findings(dump) + slot_findings(dump, cells)
     summaries: list[GroupSummary] = []
     token_seen: set[tuple[object, ...]] = set()
     for group in chosen:
-        plan = reference_planner.plan(dump, group)
-        kernel_plan = kernel_planner.plan(dump, group) if kernel_planner else None
-        for finding in plan_findings(dump, plan, kernel_plan):
+        plan = reference.plan(dump, group)
+        kernel_plan = kernel.plan(dump, group) if kernel else None
+        for finding in plan_findings(dump, plan):
             # The token pool is the same for every group: report a bad gather once.
             key = (finding.code, finding.batch_row, finding.details.get("index"))
             if finding.code is FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE:
@@ -96,22 +84,16 @@ def run_check(
             findings.extend(comparison.divergences)
         summaries.append(GroupSummary(
             group=group, window=plan.window, total_verify=plan.total_verify,
-            verify_capacity=plan.verify_capacity, enable=plan.enable, kernel=kernel,
+            verify_capacity=plan.verify_capacity, enable=plan.enable,
+            kernel=kernel.name if kernel else "none",
             explained_differences=explained, unexplained_differences=unexplained,
             kernel_launch_error=None if kernel_plan is None else kernel_plan.launch_error,
         ))
-    mode = getattr(kernel_planner, "mode", None)
     return DumpReport(
-        path=str(dump.path), identity=dump.provenance, bs=dump.bs, groups=tuple(summaries),
-        findings=tuple(sorted(attach_provenance(dump, findings), key=_finding_order)),
-        notes=tuple(dump.notes), kernel_mode=None if mode is None else str(mode),
+        path=str(dump.path), identity=dump.identity, bs=dump.bs, groups=tuple(summaries),
+        findings=tuple(sorted(attach_provenance(dump, findings), key=Finding.order_key)),
+        notes=tuple(dump.notes), kernel_mode=kernel.mode if kernel else None,
     )
-
-
-def _finding_order(f: Finding) -> tuple[int, int, str, int, int, int]:
-    return (-f.severity.rank, _CODE_ORDER[f.code], f.group,
-            -1 if f.batch_row is None else f.batch_row,
-            -1 if f.position is None else f.position, -1 if f.slot is None else f.slot)
 
 
 def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
@@ -124,29 +106,32 @@ def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
     if not wanted and not swa_sources:
         return findings
     index = ProvenanceIndex(dump, wanted)
+    frames: dict[str, GroupFrame] = {}
     out = []
-    cache: dict[tuple[str, int, int], SlotProvenance] = {}
+    cache: dict[tuple[str, int, str], SlotProvenance] = {}
     for f in findings:
         if f.slot is None:
             out.append(f)
             continue
-        window = dump.window(f.group) if f.group == "swa" else 0
-        key = (f.space, f.slot, window)
+        if f.group not in frames:
+            frames[f.group] = group_frame(dump, f.group)
+        frame = frames[f.group]
+        key = (f.space, f.slot, f.group)
         if key not in cache:
             cache[key] = (
-                swa_provenance(dump, index, f.slot, swa_sources[f.slot], window=window)
-                if f.space == "swa" else index.provenance(f.slot, window=window)
+                swa_provenance(dump, index, f.slot, swa_sources[f.slot], frame)
+                if f.space == "swa" else index.provenance(f.slot, frame)
             )
         out.append(replace(f, provenance=cache[key]))
     return out
 
 
-def _check_path(args: tuple[str, Mapping[str, int | str | None], str, tuple[str, ...] | None,
-                            str]) -> DumpReport:
-    path, overrides, kernel, groups, reference = args
+def _check_path(args: tuple[str, Mapping[str, int | str | None], Planner, Planner | None,
+                            tuple[str, ...] | None]) -> DumpReport:
+    path, overrides, reference, kernel, groups = args
     try:
         dump = load_dump(path, overrides=overrides)
-        return run_check(dump, kernel=kernel, groups=groups, reference=reference)
+        return run_check(dump, reference=reference, kernel=kernel, groups=groups)
     except KvcanaryError as exc:
         return DumpReport(path=path, identity={}, bs=0, groups=(), findings=(), error=str(exc))
 
@@ -154,22 +139,21 @@ def _check_path(args: tuple[str, Mapping[str, int | str | None], str, tuple[str,
 def check_dumps(
     paths: Sequence[str | os.PathLike[str]],
     *,
+    reference: Planner,
+    kernel: Planner | None,
     overrides: Mapping[str, int | str | None] | None = None,
-    kernel: str = "triton",
     groups: Sequence[str] | None = None,
-    reference: str = "torch",
     fail_on: Severity = Severity.ERROR,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport:
-    """Check several dumps (one per rank, say) in parallel processes; one report each.
+    """Check dumps (one per rank, say), several in parallel processes; one report each.
 
     A dump that cannot be read gets a report with `error` set instead of stopping the run.
+    Planners are pickled to the worker processes.
     """
-    if kernel not in KERNEL_NAMES:
-        _kernel_planner(kernel)  # raises the usage error before any worker starts
-    work = [(str(Path(p)), dict(overrides or {}), kernel, tuple(groups) if groups else None,
-             reference) for p in paths]
+    work = [(str(Path(p)), dict(overrides or {}), reference, kernel,
+             tuple(groups) if groups else None) for p in paths]
     workers = min(len(work), jobs or os.cpu_count() or 1)
     reports: list[DumpReport] = []
     if workers <= 1:

@@ -18,10 +18,7 @@ from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTa
 
 __all__ = ["Comparison", "compare_plans"]
 
-_ROW_LEVEL = {
-    ProblemKind.ROW_OUT_OF_RANGE: FindingCode.ROW_OUT_OF_RANGE,
-    ProblemKind.POSITION_BEYOND_ROW: FindingCode.PREFIX_BEYOND_ROW,
-}
+_ROW_LEVEL = [kind for kind in ProblemKind if kind.row_level]
 #: (plan field, undefined bit, problem role, label) of the three per-entry values.
 _FIELDS = (
     ("verify_slot_indices", Undefined.SLOT, ProblemRole.VERIFY, "verify slot"),
@@ -51,28 +48,30 @@ def _entry_explanations(problems: ProblemTable, plan: Plan) -> dict[ProblemRole,
     n = plan.entries
     rows = plan.entry_batch_rows().numpy()
     entry_ids = np.arange(n)
-    codes = list(FindingCode)
     with_entry = problems.entry >= 0
     out: dict[ProblemRole, np.ndarray] = {}
     for _, _, role, _ in _FIELDS:
         why = np.full(n, -1, dtype=np.int64)
         lut = with_entry & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE) & (
             problems.role == role) & (problems.entry < n)
-        why[problems.entry[lut]] = codes.index(FindingCode.LUT_OUT_OF_RANGE)
-        spoilers = (
-            {ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE: FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE}
-            if role is ProblemRole.EXPECTED_TOKEN else _ROW_LEVEL
-        )
-        for kind, code in spoilers.items():
+        why[problems.entry[lut]] = _code_index(ProblemKind.LUT_OUT_OF_RANGE)
+        spoilers = ([ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE]
+                    if role is ProblemRole.EXPECTED_TOKEN else _ROW_LEVEL)
+        for kind in spoilers:
             mask = with_entry & (problems.kind == kind)
             if not mask.any():
                 continue
             first = np.full(plan.bs, np.iinfo(np.int64).max, dtype=np.int64)
             np.minimum.at(first, problems.batch_row[mask], problems.entry[mask])
             hit = (entry_ids >= first[rows]) & (why < 0)
-            why[hit] = codes.index(code)
+            why[hit] = _code_index(kind)
         out[role] = why
     return out
+
+
+def _code_index(kind: ProblemKind) -> int:
+    """Index into `FindingCode` of the code a problem kind is reported under."""
+    return FindingCode(kind.code).order
 
 
 def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
@@ -96,7 +95,7 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
         if ref_v != ker_v:
             diverge(name, ref_v, ker_v)
     problems = _both(reference, kernel)
-    codes = list(FindingCode)
+    codes = list(FindingCode)  # indexed by FindingCode.order
     if reference.entries and reference.entries == kernel.entries:
         why = _entry_explanations(problems, reference)
         rows = reference.entry_batch_rows()
@@ -137,9 +136,9 @@ def _compare_write(reference: Plan, kernel: Plan, problems: ProblemTable, result
             problems.role == ProblemRole.SEED)
         row_level = row_problems & np.isin(problems.kind, [int(k) for k in _ROW_LEVEL])
         if seed_lut.any():
-            code = FindingCode.LUT_OUT_OF_RANGE.value
+            code = ProblemKind.LUT_OUT_OF_RANGE.code
         elif row_level.any():
-            code = _ROW_LEVEL[ProblemKind(int(problems.kind[np.flatnonzero(row_level)[0]]))].value
+            code = ProblemKind(int(problems.kind[np.flatnonzero(row_level)[0]])).code
         else:
             diverge("write seed",
                     int(ref_val[r]) if ref_def[r] else "undefined",

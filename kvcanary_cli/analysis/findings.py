@@ -1,7 +1,8 @@
 """Finding detectors: every offending slot, row or tensor of a dump, not just the first.
 
-Each detector is vectorized over the batch's live cells (numpy) and returns `Finding`s
-without provenance; `check` attaches provenance to all of them in one table scan.
+Detectors select offenders with vectorized masks (numpy, over the batch rows or the batch's
+live cells) and build one `Finding` per offender, without provenance; `check` attaches
+provenance to all of them in one table scan.
 """
 
 from __future__ import annotations
@@ -11,64 +12,69 @@ import torch
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.analysis.provenance import LiveCells
-from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import dtype_label
-from kvcanary_cli.planners.base import GPU_MAX_BS, Plan, ProblemKind, ProblemRole
+from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
+from kvcanary_cli.planners.frame import launch_limit
 
 __all__ = ["batch_findings", "plan_findings", "slot_findings", "swa_findings"]
-
-_ROLE_RANK = {ProblemRole.VERIFY: 0, ProblemRole.SEED: 1, ProblemRole.CHAIN_PREV: 2,
-              ProblemRole.EXPECTED_TOKEN: 3}
 
 
 def batch_findings(dump: KvDump) -> list[Finding]:
     """Row- and tensor-level findings that need no plan: indices, lengths, limits, dtypes."""
     found: list[Finding] = []
-    rpi = dump.req_pool_indices.tolist()
-    prefix = dump.prefix_lens.tolist()
-    extend = dump.extend_seq_lens.tolist()
+    rpi = dump.req_pool_indices.numpy()
+    prefix = dump.prefix_lens.numpy()
+    extend = dump.extend_seq_lens.numpy()
     msl, max_reqs = dump.max_seq_len, dump.max_reqs
-    seen: dict[int, int] = {}
-    for r, rp in enumerate(rpi):
-        if rp == 0:
-            continue
-        p, e = prefix[r], extend[r]
-        if rp < 0 or rp >= max_reqs:
+    active = rpi != 0
+    out_of_range = active & ((rpi < 0) | (rpi >= max_reqs))
+    beyond = active & ~out_of_range & (
+        np.maximum(prefix, 0) + np.maximum(extend, 0) > msl)
+    for r in np.flatnonzero(out_of_range).tolist():
+        rp = int(rpi[r])
+        found.append(Finding(
+            code=FindingCode.ROW_OUT_OF_RANGE, group="full", batch_row=r, pool_row=rp,
+            message=f"req_pool_indices[{r}] = {rp} is outside [0, {max_reqs}): the GPU "
+                    "reads out of bounds" + (
+                        f"; REF silently reads row {max_reqs + rp}" if -max_reqs <= rp < 0
+                        else "; REF raises IndexError"),
+            details={"max_reqs": max_reqs}))
+    for r in np.flatnonzero(beyond).tolist():
+        p, e = int(prefix[r]), int(extend[r])
+        found.append(Finding(
+            code=FindingCode.PREFIX_BEYOND_ROW, group="full", batch_row=r, pool_row=int(rpi[r]),
+            position=msl,
+            message=f"P={p}, P+E={p + e} exceed max_seq_len={msl}: the GPU reads "
+                    f"{'the following rows' if p > msl else 'past the row'}",
+            details={"prefix_len": p, "extend_len": e, "max_seq_len": msl}))
+    for name, values in (("prefix_lens", prefix), ("extend_seq_lens", extend)):
+        for r in np.flatnonzero(active & (values < 0)).tolist():
             found.append(Finding(
-                code=FindingCode.ROW_OUT_OF_RANGE, group="full", batch_row=r, pool_row=rp,
-                message=f"req_pool_indices[{r}] = {rp} is outside [0, {max_reqs}): the GPU "
-                        "reads out of bounds" + (
-                            f"; REF silently reads row {max_reqs + rp}" if -max_reqs <= rp < 0
-                            else "; REF raises IndexError"),
-                details={"max_reqs": max_reqs}))
-        elif max(p, 0) + max(e, 0) > msl:
+                code=FindingCode.NEGATIVE_LENGTH, group="full", batch_row=r,
+                pool_row=int(rpi[r]),
+                message=f"{name}[{r}] = {int(values[r])} is negative (treated as 0)",
+                details={"tensor": name, "value": int(values[r])}))
+    order = np.argsort(rpi, kind="stable")
+    ordered = rpi[order]
+    repeats = np.flatnonzero((ordered[1:] == ordered[:-1]) & (ordered[1:] != 0)) + 1
+    if repeats.size:
+        run_start = np.maximum.accumulate(
+            np.where(np.r_[True, ordered[1:] != ordered[:-1]], np.arange(ordered.size), 0))
+        for i in repeats.tolist():
+            r, first = int(order[i]), int(order[run_start[i]])
             found.append(Finding(
-                code=FindingCode.PREFIX_BEYOND_ROW, group="full", batch_row=r, pool_row=rp,
-                position=msl,
-                message=f"P={p}, P+E={p + e} exceed max_seq_len={msl}: the GPU reads "
-                        f"{'the following rows' if p > msl else 'past the row'}",
-                details={"prefix_len": p, "extend_len": e, "max_seq_len": msl}))
-        for name, value in (("prefix_lens", p), ("extend_seq_lens", e)):
-            if value < 0:
-                found.append(Finding(
-                    code=FindingCode.NEGATIVE_LENGTH, group="full", batch_row=r, pool_row=rp,
-                    message=f"{name}[{r}] = {value} is negative (treated as 0)",
-                    details={"tensor": name, "value": value}))
-        if rp in seen:
-            found.append(Finding(
-                code=FindingCode.DUPLICATE_REQUEST_ROW, group="full", batch_row=r, pool_row=rp,
-                message=f"pool row {rp} is used by batch rows {seen[rp]} and {r}",
-                details={"first_batch_row": seen[rp]}))
-        else:
-            seen[rp] = r
-    bs, capacity = dump.bs, dump.write_req_capacity
-    if bs > GPU_MAX_BS or bs > capacity:
-        limit = GPU_MAX_BS if bs > GPU_MAX_BS else capacity
-        what = "_PLAN_BS_BLOCK_SIZE" if bs > GPU_MAX_BS else "write_req_capacity"
+                code=FindingCode.DUPLICATE_REQUEST_ROW, group="full", batch_row=r,
+                pool_row=int(rpi[r]),
+                message=f"pool row {int(rpi[r])} is used by batch rows {first} and {r}",
+                details={"first_batch_row": first}))
+    limit = launch_limit(dump.bs, dump.write_req_capacity)
+    if limit is not None:
         found.append(Finding(
             code=FindingCode.KERNEL_LIMIT_EXCEEDED, group="full",
-            message=f"bs={bs} exceeds {what}={limit}: the GPU plan path raises before launching",
-            details={"bs": bs, "limit": limit}))
+            message=f"bs={limit.bs} exceeds {limit.name}={limit.limit}: the GPU plan path "
+                    "raises before launching",
+            details={"bs": limit.bs, "limit": limit.limit}))
     for note in dump.dtype_notes:
         found.append(Finding(
             code=FindingCode.GPU_DTYPE_MISMATCH, group="full",
@@ -234,9 +240,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
         return []
     lut = lut_tensor.numpy()
     lut_len = lut.shape[0]
-    window = plan.window
-    prefix = dump.prefix_lens.clamp(min=0).numpy()[cells.batch_row]
-    start = np.maximum(prefix - window, 0) if window > 0 else np.zeros_like(prefix)
+    start = plan.frame.window_start.numpy()[cells.batch_row]
     in_window = (~cells.pending) & (cells.position >= start)
     mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
     swa = np.zeros_like(cells.slot)
@@ -275,7 +279,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     return found
 
 
-def plan_findings(dump: KvDump, plan: Plan, kernel: Plan | None) -> list[Finding]:
+def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
     """Findings from one group's reference plan: LUT range, token pool, capacity."""
     found: list[Finding] = []
     problems = plan.problems
@@ -291,7 +295,7 @@ def plan_findings(dump: KvDump, plan: Plan, kernel: Plan | None) -> list[Finding
     lut_len = 0 if lut is None else int(lut.shape[0])
     for (batch_row, position), roles in sorted(cells.items()):
         slot, pool_row = values[(batch_row, position)]
-        role = min(roles, key=_ROLE_RANK.__getitem__)
+        role = min(roles)  # the first read of the cell in REF's order
         found.append(Finding(
             code=FindingCode.LUT_OUT_OF_RANGE, group=plan.group, slot=slot, space="full",
             batch_row=batch_row, pool_row=pool_row, position=position, role=role.label,

@@ -1,16 +1,19 @@
 """Result types of a check: findings, slot provenance, per-dump and overall reports.
 
 Frozen and logic-free (beyond small properties), so renderers can rely on them and tests can
-build them by hand. Codes and severities are the contract of findings.md.
+build them by hand. Codes and severities are the contract of docs/findings.md.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 __all__ = [
     "CanaryRecord",
+    "code_order",
     "Cell",
     "CheckReport",
     "DumpReport",
@@ -64,10 +67,15 @@ class FindingCode(StrEnum):
 
     @property
     def severity(self) -> Severity:
-        """Severity fixed by findings.md."""
+        """Severity fixed by docs/findings.md."""
         if self in _WARNINGS:
             return Severity.WARNING
         return Severity.ERROR
+
+    @property
+    def order(self) -> int:
+        """Position in the codes table: reports list codes in this order within a severity."""
+        return _CODE_ORDER[self]
 
 
 _WARNINGS = frozenset({
@@ -75,6 +83,16 @@ _WARNINGS = frozenset({
     FindingCode.NEGATIVE_LENGTH,
     FindingCode.GPU_DTYPE_MISMATCH,
 })
+_CODE_ORDER = {code: i for i, code in enumerate(FindingCode)}
+
+
+def code_order(code: FindingCode, group: str = "") -> tuple[int, int, str]:
+    """Sort key of a (code, group) count: most severe first, then the codes table, then group."""
+    return (-code.severity.rank, code.order, group)
+
+
+def _none_last(value: int | None) -> tuple[bool, int]:
+    return (value is None, 0 if value is None else value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +172,20 @@ class Finding:
     def severity(self) -> Severity:
         """The code's severity."""
         return self.code.severity
+
+    def order_key(self) -> tuple[Any, ...]:
+        """The order of findings in every report.
+
+        Most severe first, then the codes table, group, batch row, position and slot (None
+        last); the remaining fields only break ties, so the order never depends on the order
+        the detectors ran in.
+        """
+        return (
+            *code_order(self.code, self.group), _none_last(self.batch_row),
+            _none_last(self.position), _none_last(self.slot), self.space,
+            _none_last(self.pool_row), self.role or "", self.message,
+            json.dumps(self.details, sort_keys=True, default=str),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

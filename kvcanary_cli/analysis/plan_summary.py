@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 
 __all__ = ["PLAN_SCHEMA", "plan_record"]
@@ -18,7 +16,7 @@ def plan_record(dump: KvDump, plan: Plan, *, max_problems: int = 50) -> dict[str
     """Plan scalars, one row per batch row, and the first `max_problems` problems."""
     window = plan.window
     prefix = dump.prefix_lens
-    start = (prefix - window).clamp(min=0) if window > 0 else torch.zeros_like(prefix)
+    start = plan.frame.window_start
     lens = plan.verify_offsets[1:] - plan.verify_offsets[:-1]
     seeds = plan.write_seed_slot_indices.tolist()
     seed_undefined = plan.seed_undefined.tolist()

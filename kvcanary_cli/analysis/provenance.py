@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from kvcanary_cli.analysis.model import CanaryRecord, Cell, SlotProvenance, ViolationRow
-from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.planners.frame import GroupFrame
 
 __all__ = ["LiveCells", "ProvenanceIndex", "cell_role", "live_cells"]
 
@@ -80,13 +81,15 @@ def live_cells(dump: KvDump) -> LiveCells:
     )
 
 
-def cell_role(dump: KvDump, window: int, batch_row: int | None, position: int) -> tuple[str, bool]:
-    """(role, is_seed) of a cell at `position` of the pool row used by `batch_row`."""
+def cell_role(dump: KvDump, frame: GroupFrame, batch_row: int | None,
+              position: int) -> tuple[str, bool]:
+    """(role, is_seed) of a cell at `position` of the pool row used by `batch_row`, with the
+    window of `frame`'s group."""
     if batch_row is None:
         return "idle-row", False
     p = max(int(dump.prefix_lens[batch_row]), 0)
     e = max(int(dump.extend_seq_lens[batch_row]), 0)
-    ws = max(0, p - window) if window > 0 else 0
+    ws = int(frame.window_start[batch_row])
     seed = e > 0 and p > 0 and position == p - 1
     if ws <= position < p:
         return "verify", seed
@@ -136,13 +139,13 @@ class ProvenanceIndex:
                         idx = np.flatnonzero(select)[:room]
                         bucket.extend(zip(rows[idx].tolist(), cols[idx].tolist(), strict=True))
 
-    def cells(self, slot: int, window: int) -> tuple[tuple[Cell, ...], int]:
+    def cells(self, slot: int, frame: GroupFrame) -> tuple[tuple[Cell, ...], int]:
         """Cells holding `slot` (live rows first, at most `max_cells`) and their total count."""
         raw = (self._live_first.get(slot, []) + self._cells.get(slot, []))[: self.max_cells]
         labelled = []
         for row, pos in raw:
             batch_rows = tuple(self._batch_rows.get(row, ()))
-            role, seed = cell_role(self.dump, window, batch_rows[0] if batch_rows else None, pos)
+            role, seed = cell_role(self.dump, frame, batch_rows[0] if batch_rows else None, pos)
             labelled.append((row, pos, batch_rows, role, seed))
         live_positions: dict[int, set[int]] = {}
         for row, pos, _, role, _ in labelled:
@@ -155,10 +158,10 @@ class ProvenanceIndex:
         )
         return out, self._counts.get(slot, 0)
 
-    def provenance(self, slot: int, *, window: int = 0) -> SlotProvenance:
-        """Full-space provenance of `slot`."""
+    def provenance(self, slot: int, frame: GroupFrame) -> SlotProvenance:
+        """Full-space provenance of `slot`, roles labelled with `frame`'s window."""
         dump = self.dump
-        cells, total = self.cells(slot, window)
+        cells, total = self.cells(slot, frame)
         lut = dump.full_to_swa_index_mapping
         swa_slot: int | None = None
         note: str | None = None
@@ -182,12 +185,12 @@ class ProvenanceIndex:
 
 
 def swa_provenance(dump: KvDump, index: ProvenanceIndex, swa_slot: int,
-                   mapped_from: tuple[int, ...], *, window: int) -> SlotProvenance:
+                   mapped_from: tuple[int, ...], frame: GroupFrame) -> SlotProvenance:
     """SWA-space provenance: the full slots mapping to `swa_slot` and their cells."""
     cells: list[Cell] = []
     total = 0
     for full_slot in mapped_from:
-        found, count = index.cells(full_slot, window)
+        found, count = index.cells(full_slot, frame)
         cells.extend(found)
         total += count
     return SlotProvenance(

@@ -10,8 +10,9 @@ from kvcanary_cli.analysis.provenance import (
     full_slots_mapping_to,
     swa_provenance,
 )
-from kvcanary_cli.dump import KvDump
-from kvcanary_cli.errors import UsageError
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.errors import OptionError
+from kvcanary_cli.planners.frame import group_frame
 
 __all__ = ["row_map", "slot_query"]
 
@@ -27,19 +28,18 @@ def slot_query(dump: KvDump, report: DumpReport, slot: int, *, space: str = "ful
     are listed, with their cells.
     """
     if space not in ("full", "swa"):
-        raise UsageError(f"unknown space {space!r} (expected full or swa)", tensor="--space")
+        raise OptionError(f"unknown space {space!r} (expected full or swa)", option="--space")
     if space == "swa" and dump.full_to_swa_index_mapping is None:
-        raise UsageError("this dump has no full_to_swa_index_mapping", tensor="--space",
-                         hint="use --space full")
-    group = group or ("swa" if space == "swa" else "full")
-    window = dump.window(group) if group == "swa" else 0
+        raise OptionError("this dump has no full_to_swa_index_mapping", option="--space",
+                          hint="use --space full")
+    frame = group_frame(dump, group or ("swa" if space == "swa" else "full"))
     if space == "swa":
         sources = full_slots_mapping_to(dump, [slot])[slot]
         index = ProvenanceIndex(dump, sources, max_cells=max_cells)
-        provenance = swa_provenance(dump, index, slot, sources, window=window)
+        provenance = swa_provenance(dump, index, slot, sources, frame)
     else:
         index = ProvenanceIndex(dump, [slot], max_cells=max_cells)
-        provenance = index.provenance(slot, window=window)
+        provenance = index.provenance(slot, frame)
         sources = (slot,)
     touching = tuple(
         f for f in report.findings
@@ -49,7 +49,7 @@ def slot_query(dump: KvDump, report: DumpReport, slot: int, *, space: str = "ful
             or (space == "swa" and f.space == "full" and f.slot in sources)
         )
     )
-    return ProvenanceReport(path=str(dump.path), identity=dump.provenance, slot=provenance,
+    return ProvenanceReport(path=str(dump.path), identity=dump.identity, slot=provenance,
                             findings=touching)
 
 
@@ -57,8 +57,8 @@ def row_map(dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "fu
             max_cells: int = 1024) -> ProvenanceReport:
     """Map of one pool row: live prefix, window, pending writes, stale tail, marked cells."""
     if not 0 <= pool_row < dump.max_reqs:
-        raise UsageError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", tensor="--row")
-    window = dump.window(group) if group == "swa" else 0
+        raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="--row")
+    frame = group_frame(dump, group)
     batch_rows = tuple(batch_rows_of(dump).get(pool_row, ()))
     first = batch_rows[0] if batch_rows else None
     row = dump.req_to_token[pool_row].tolist()
@@ -74,7 +74,7 @@ def row_map(dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "fu
     if first is not None:
         prefix = int(dump.prefix_lens[first])
         extend = int(dump.extend_seq_lens[first])
-        start = max(0, max(prefix, 0) - window) if window > 0 else 0
+        start = int(frame.window_start[first])
         live_end = min(max(prefix, 0) + max(extend, 0), msl)
         shown = set(range(min(live_end + _EDGE, msl)))
         if len(shown) > max_cells:  # long rows: the head, the window and the tail edge
@@ -87,13 +87,13 @@ def row_map(dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "fu
     cells = []
     for pos in sorted(shown)[:max_cells]:
         slot = int(row[pos])
-        role, seed = cell_role(dump, window, first, pos)
+        role, seed = cell_role(dump, frame, first, pos)
         swa = int(lut[slot]) if lut is not None and 0 <= slot < lut.shape[0] else None
         cells.append(RowCell(position=pos, slot=slot, role=role, seed=seed, swa_slot=swa,
                              marks=tuple(dict.fromkeys(marks.get(pos, ())))))
     filled = sum(1 for s in row if s != 0)
     return ProvenanceReport(
-        path=str(dump.path), identity=dump.provenance,
+        path=str(dump.path), identity=dump.identity,
         row=RowMap(pool_row=pool_row, batch_rows=batch_rows, prefix_len=prefix,
                    extend_len=extend, window_start=start, group=group, cells=tuple(cells),
                    filled=filled, max_seq_len=msl),

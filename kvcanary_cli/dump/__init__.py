@@ -1,6 +1,5 @@
-"""Dump I/O: read (lazily, validated) and write format-v1 safetensors dumps."""
+"""Dump I/O: the format as data (`schema`), reading (`loader`), writing (`writer`), synthesis.
 
-from kvcanary_cli.dump.loader import GROUPS, DtypeNote, KvDump, Scalar, TensorInfo, load_dump
-from kvcanary_cli.dump.writer import save_dump
-
-__all__ = ["GROUPS", "DtypeNote", "KvDump", "Scalar", "TensorInfo", "load_dump", "save_dump"]
+Import from the submodules (`kvcanary_cli.dump.loader.load_dump`, ...): this package module stays
+empty so that `kvcanary_cli.dump.schema` imports without torch.
+"""

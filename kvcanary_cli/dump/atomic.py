@@ -10,30 +10,56 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import torch
 
-from kvcanary_cli.dump.loader import is_open_dump
-from kvcanary_cli.dump.schema import safetensors_dtype_of
-from kvcanary_cli.errors import DumpError
+from kvcanary_cli.errors import DumpError, PathError
 
-__all__ = ["write_safetensors"]
+__all__ = ["TORCH_DTYPES", "safetensors_dtype_of", "write_safetensors"]
+
+#: safetensors dtype strings of the torch dtypes kvcanary reads and writes.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+}
+
+
+def safetensors_dtype_of(dtype: torch.dtype) -> str | None:
+    """The safetensors dtype string of a torch dtype, or None when kvcanary does not store it."""
+    for name, candidate in TORCH_DTYPES.items():
+        if candidate == dtype:
+            return name
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def write_safetensors(
-    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]
+    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: dict[str, str],
+    *, inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> Path:
-    """Write contiguous CPU tensors atomically; refuse to replace a dump open as input."""
+    """Write contiguous CPU tensors atomically.
+
+    `inputs` are the files the caller read: writing over one of them is refused, because
+    kvcanary never replaces the evidence it was given.
+    """
     path = Path(path)
-    if is_open_dump(path):
-        raise DumpError(
-            "refusing to overwrite a dump that is open as input", tensor=str(path),
-            hint="write to another path",
-        )
+    for source in inputs:
+        if _same_file(path, Path(source)):
+            raise PathError("is an input of this command; refusing to overwrite it",
+                            path=str(path), hint="write to another path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -55,7 +81,7 @@ def _write(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: dict
         tensor = tensors[name].detach().to("cpu").contiguous()
         dtype = safetensors_dtype_of(tensor.dtype)
         if dtype is None:
-            raise DumpError(f"dtype {tensor.dtype} cannot be stored", tensor=name)
+            raise DumpError(f"dtype {tensor.dtype} cannot be stored", field=name)
         # A flat byte view, no copy: a 2 GB table must not need 4 GB to be written.
         blob = tensor.numpy().reshape(-1).view(np.uint8).data
         header[name] = {"dtype": dtype, "shape": list(tensor.shape),

@@ -1,4 +1,4 @@
-"""`describe_dump`: the plain record behind `kvcanary inspect` (schema `kvcanary.inspect/1`).
+"""`describe_dump`: the plain record behind `kvcanary inspect` (schema `kvcanary.inspect/2`).
 
 A dict of JSON types only, so the table and JSON renderers show the same facts.
 """
@@ -10,15 +10,15 @@ from typing import Any
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import PROVENANCE_KEYS, dtype_label
+from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, dtype_label
 
 __all__ = ["INSPECT_SCHEMA", "describe_dump"]
 
-INSPECT_SCHEMA = "kvcanary.inspect/1"
+INSPECT_SCHEMA = "kvcanary.inspect/2"
 
 
 def describe_dump(dump: KvDump) -> dict[str, Any]:
-    """Tensors, scalars with their source, groups, batch summary, provenance keys and notes."""
+    """Tensors, scalars with their source, groups, batch summary, identity keys and notes."""
     rpi = dump.req_pool_indices
     active = rpi != 0
     prefix = dump.prefix_lens.clamp(min=0)
@@ -32,7 +32,7 @@ def describe_dump(dump: KvDump) -> dict[str, Any]:
     extra = {
         k: v
         for k, v in sorted(dump.metadata.items())
-        if k not in PROVENANCE_KEYS and k != "kvcanary.format" and k not in dump.scalars
+        if k not in IDENTITY_KEYS and k != "kvcanary.format" and k not in dump.scalars
         and k != "groups"
     }
     return {
@@ -51,7 +51,9 @@ def describe_dump(dump: KvDump) -> dict[str, Any]:
             for info in dump.tensors.values()
         ],
         "scalars": [
-            {"name": s.name, "value": s.value, "source": s.source} for s in dump.scalars.values()
+            {"name": s.name, "value": s.value, "source": s.source,
+             "option": SCALARS[s.name].option, "meaning": SCALARS[s.name].meaning}
+            for s in dump.scalars.values()
         ],
         "groups": [
             {"name": group, "window": dump.window(group)} for group in dump.groups
@@ -66,7 +68,7 @@ def describe_dump(dump: KvDump) -> dict[str, Any]:
             "max_seq_len": dump.max_seq_len,
             "lut_len": dump.lut_len,
         },
-        "provenance": dump.provenance,
+        "identity": dump.identity,
         "other_metadata": extra,
         "notes": notes,
     }

@@ -54,7 +54,7 @@ class SafetensorsHeader:
 
 
 def _corrupt(path: Path, what: str, hint: str | None = None) -> CorruptDumpError:
-    return CorruptDumpError(what, tensor=_show(str(path), 4096), hint=hint)
+    return CorruptDumpError(what, path=_show(str(path), 4096), hint=hint)
 
 
 def _show(text: str, limit: int = 200) -> str:
@@ -77,14 +77,14 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise DumpError("no such file", tensor=_show(str(path), 4096)) from None
+        raise DumpError("no such file", path=_show(str(path), 4096)) from None
     except OSError as exc:
-        raise DumpError(f"cannot read: {exc.strerror}", tensor=_show(str(path), 4096)) from None
+        raise DumpError(f"cannot read: {exc.strerror}", path=_show(str(path), 4096)) from None
     if stat.S_ISDIR(info.st_mode):
-        raise DumpError("is a directory, not a dump", tensor=_show(str(path), 4096),
+        raise DumpError("is a directory, not a dump", path=_show(str(path), 4096),
                         hint="pass one .safetensors file") from None
     if not stat.S_ISREG(info.st_mode):
-        raise DumpError("is not a regular file", tensor=_show(str(path), 4096))
+        raise DumpError("is not a regular file", path=_show(str(path), 4096))
     size = info.st_size
     if size == 0:
         raise _corrupt(path, "file is empty")
@@ -107,7 +107,7 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
                 )
             raw = handle.read(header_len)
     except PermissionError:
-        raise DumpError("permission denied", tensor=_show(str(path), 4096)) from None
+        raise DumpError("permission denied", path=_show(str(path), 4096)) from None
     try:
         parsed = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -142,30 +142,30 @@ def _parse_entry(
 ) -> HeaderEntry:
     name_shown = _show(name)
     if not isinstance(entry, dict):
-        raise CorruptDumpError("header entry is not an object", tensor=name_shown)
+        raise CorruptDumpError("header entry is not an object", field=name_shown)
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_ITEMSIZE:
-        raise CorruptDumpError(f"unknown dtype {_brief(dtype)} in the header", tensor=name_shown)
+        raise CorruptDumpError(f"unknown dtype {_brief(dtype)} in the header", field=name_shown)
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
         raise CorruptDumpError(
-            f"shape {_brief(shape)} is not a list of integers", tensor=name_shown
+            f"shape {_brief(shape)} is not a list of integers", field=name_shown
         )
     if len(shape) > _MAX_RANK:
         raise CorruptDumpError(
-            f"shape has {len(shape)} dimensions, expected at most {_MAX_RANK}", tensor=name_shown
+            f"shape has {len(shape)} dimensions, expected at most {_MAX_RANK}", field=name_shown
         )
     if any(d < 0 for d in shape):
         raise CorruptDumpError(
-            f"shape {_brief(shape)} has a negative dimension", tensor=name_shown
+            f"shape {_brief(shape)} has a negative dimension", field=name_shown
         )
     if any(d > _MAX_TENSOR_BYTES for d in shape):  # even beside a 0: numpy cannot hold it
         raise CorruptDumpError(
             f"shape {_brief(shape)} has a dimension beyond any real tensor (> 2^50)",
-            tensor=name_shown,
+            field=name_shown,
         )
     if (
         not isinstance(offsets, list)
@@ -173,24 +173,24 @@ def _parse_entry(
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
     ):
         raise CorruptDumpError(
-            f"data_offsets {_brief(offsets)} is not [begin, end]", tensor=name_shown
+            f"data_offsets {_brief(offsets)} is not [begin, end]", field=name_shown
         )
     begin, end = offsets
     if begin < 0 or end < begin or end > data_size:
         raise CorruptDumpError(
             f"data offsets {_brief(offsets)} lie outside the file's {data_size} data bytes",
-            tensor=name_shown,
+            field=name_shown,
             hint="the file is truncated or the header is corrupt",
         )
     nbytes = DTYPE_ITEMSIZE[dtype] * math.prod(shape)  # Python ints: no silent overflow
     if nbytes > _MAX_TENSOR_BYTES:
         raise CorruptDumpError(
-            f"shape {_brief(shape)} overflows any real tensor size", tensor=name_shown
+            f"shape {_brief(shape)} overflows any real tensor size", field=name_shown
         )
     if nbytes != end - begin:
         raise CorruptDumpError(
             f"shape {shape} x {dtype} is {nbytes} bytes but data_offsets span {end - begin}",
-            tensor=name_shown,
+            field=name_shown,
         )
     return HeaderEntry(
         name=name, dtype=dtype, shape=tuple(shape), offset=data_start + begin, nbytes=nbytes

@@ -7,7 +7,6 @@ only the rows of the batch. Small per-batch tensors are read eagerly as int64.
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,38 +18,26 @@ from safetensors import safe_open
 from kvcanary_cli.dump.header import HeaderEntry, SafetensorsHeader, read_header
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
+    IDENTITY_KEYS,
     INTEGER_DTYPES,
-    PROVENANCE_KEYS,
     SCALARS,
     TensorSpec,
     dtype_label,
-    numpy_dtype,
     parse_integer,
     spec_for,
 )
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
+    DumpError,
     MetadataError,
     TensorDtypeError,
     TensorShapeError,
 )
 
-__all__ = ["GROUPS", "DtypeNote", "KvDump", "Scalar", "TensorInfo", "is_open_dump", "load_dump"]
+__all__ = ["GROUPS", "DtypeNote", "KvDump", "Scalar", "TensorInfo", "load_dump"]
 
 GROUPS = ("full", "swa")
-
-#: (st_dev, st_ino) of files some live KvDump maps, so `save_dump` never overwrites its input.
-_OPEN_FILES: weakref.WeakValueDictionary[tuple[int, int], KvDump] = weakref.WeakValueDictionary()
-
-
-def is_open_dump(path: str | os.PathLike[str]) -> bool:
-    """True when `path` is the file behind a KvDump that is still alive in this process."""
-    try:
-        info = Path(path).stat()
-    except OSError:
-        return False
-    return (info.st_dev, info.st_ino) in _OPEN_FILES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,15 +144,15 @@ class KvDump:
         return self.bs if value is None else value
 
     @property
-    def provenance(self) -> dict[str, str]:
-        """Free-form identity keys (sglang version, model, rank, step, ...) present in the dump."""
-        known = {k: v for k, v in self.metadata.items() if k in PROVENANCE_KEYS}
-        return {k: known[k] for k in PROVENANCE_KEYS if k in known}
+    def identity(self) -> dict[str, str]:
+        """Free-form identity keys (sglang version, model, rank, step, ...) present in the
+        dump, in `IDENTITY_KEYS` order."""
+        return {k: self.metadata[k] for k in IDENTITY_KEYS if k in self.metadata}
 
 
 def _read_array(path: Path, entry: HeaderEntry) -> np.ndarray:
     """Map one tensor copy-on-write (no read until touched; writes never reach the file)."""
-    dtype = numpy_dtype(entry.dtype)
+    dtype = np.dtype(INTEGER_DTYPES[entry.dtype])
     if entry.numel == 0:
         return np.zeros(entry.shape, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
@@ -176,21 +163,21 @@ def _check_tensor(entry: HeaderEntry, spec: TensorSpec) -> None:
         want = " or ".join(dtype_label(d) for d in spec.dtypes)
         raise TensorDtypeError(
             f"dtype {dtype_label(entry.dtype)} is not accepted (expected {want})",
-            tensor=entry.name,
+            field=entry.name,
             hint="convert it before saving, e.g. tensor.to(torch.int64)",
         )
     if len(entry.shape) not in spec.ranks:
         want = " or ".join(f"{r}-D" for r in spec.ranks)
         raise TensorShapeError(
             f"has shape {list(entry.shape)} ({len(entry.shape)}-D), expected {want}",
-            tensor=entry.name,
+            field=entry.name,
         )
 
 
 def _parse_int(key: str, text: str) -> int:
     value = parse_integer(text)
     if value is None:
-        raise MetadataError(f"metadata value {text!r} is not an integer", tensor=key)
+        raise MetadataError(f"metadata value {text!r} is not an integer", field=key)
     return value
 
 
@@ -200,17 +187,21 @@ def load_dump(
     """Open, check and type a dump; raise a `DumpError` naming the culprit on bad input.
 
     `overrides` are command-line values for scalar keys (and `groups`); they win over the
-    metadata and over scalar tensors, and their source is recorded as "command line".
+    metadata and over scalar tensors, and their source is recorded as "command line". Every
+    `DumpError` raised names the file.
     """
-    header = read_header(path)
     try:
-        with safe_open(str(header.path), framework="pt") as handle:
-            handle.keys()
-    except Exception as exc:  # the Rust parser's verdict, on a header we already bounded
-        raise CorruptDumpError(
-            f"safetensors refuses the file: {exc}", tensor=str(header.path)
-        ) from None
-    return _build(header, dict(overrides or {}))
+        header = read_header(path)
+        try:
+            with safe_open(str(header.path), framework="pt") as handle:
+                handle.keys()
+        except Exception as exc:  # the Rust parser's verdict, on a header we already bounded
+            raise CorruptDumpError(f"safetensors refuses the file: {exc}") from None
+        return _build(header, dict(overrides or {}))
+    except DumpError as exc:
+        if exc.path is None:
+            exc.path = str(path)
+        raise
 
 
 def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) -> KvDump:
@@ -220,7 +211,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         raise MetadataError(
             f"format version {version!r} is not supported (this kvcanary reads "
             f"{FORMAT_VERSION!r})",
-            tensor="kvcanary.format",
+            field="kvcanary.format",
             hint="upgrade kvcanary",
         )
     notes: list[str] = []
@@ -256,7 +247,10 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
     lut_len = None if lut is None else int(lut.shape[0])
     for name, (value, source) in derive_scalar_defaults(values, lut_len).items():
         scalars[name] = Scalar(name=name, value=value, source=source)
-    groups = resolve_groups(_groups_text(header.metadata, overrides), has_lut=lut is not None)
+    groups_override = overrides.get("groups")
+    groups = resolve_groups(
+        header.metadata.get("groups") if groups_override is None else str(groups_override),
+        has_lut=lut is not None, option=None if groups_override is None else "--group")
 
     def small(name: str) -> torch.Tensor | None:
         array = arrays.get(name)
@@ -265,7 +259,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
     bs = int(arrays["req_pool_indices"].shape[0])
     extend = small("extend_seq_lens")
     ring_index = arrays.get("violation_write_index")
-    dump = KvDump(
+    return KvDump(
         path=header.path,
         file_size=header.file_size,
         tensors=infos,
@@ -300,9 +294,6 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         ),
         canary_buffers=canary,
     )
-    info = header.path.stat()
-    _OPEN_FILES[(info.st_dev, info.st_ino)] = dump
-    return dump
 
 
 def _require(tensor: torch.Tensor | None) -> torch.Tensor:
@@ -314,20 +305,13 @@ def _scalar_tensor(path: Path, entry: HeaderEntry) -> int:
     if entry.dtype not in INTEGER_DTYPES:
         raise TensorDtypeError(
             f"scalar stored as {dtype_label(entry.dtype)}, expected an integer dtype",
-            tensor=entry.name,
+            field=entry.name,
         )
     if entry.numel != 1 or len(entry.shape) > 1:
         raise MetadataError(
-            f"scalar tensor has shape {list(entry.shape)}, expected [] or [1]", tensor=entry.name
+            f"scalar tensor has shape {list(entry.shape)}, expected [] or [1]", field=entry.name
         )
     return int(np.asarray(_read_array(path, entry)).reshape(-1)[0])
-
-
-def _groups_text(metadata: Mapping[str, str], overrides: Mapping[str, object]) -> str | None:
-    value = overrides.get("groups")
-    if value is not None:
-        return str(value)
-    return metadata.get("groups")
 
 
 def _resolve_scalars(
@@ -343,7 +327,7 @@ def _resolve_scalars(
             raise MetadataError(
                 f"given twice with two values: metadata says {from_meta}, "
                 f"the tensor says {from_tensor}",
-                tensor=name,
+                field=name,
                 hint="keep one of them",
             )
         override = overrides.get(name)

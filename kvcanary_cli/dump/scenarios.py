@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
-from kvcanary_cli.errors import UsageError
+from kvcanary_cli.errors import OptionError
 
 __all__ = ["SCENARIOS", "SIZES", "Scenario", "make_scenario"]
 
@@ -350,10 +350,10 @@ def make_scenario(name: str, *, seed: int = 0, size: str = "tiny",
     `corrupt=False` gives the clean state the corruption would start from (same shape).
     """
     if name not in SCENARIOS:
-        raise UsageError(f"unknown scenario {name!r}", tensor="SCENARIO",
+        raise OptionError(f"unknown scenario {name!r}", option="SCENARIO",
                          hint="kvcanary synth --list shows them")
     if size not in SIZES:
-        raise UsageError(f"unknown size {size!r} (choose {', '.join(SIZES)})", tensor="--size")
+        raise OptionError(f"unknown size {size!r} (choose {', '.join(SIZES)})", option="--size")
     scenario = SCENARIOS[name]
     base = SIZES[size]
     spec = replace(base, **scenario.spec)  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
-"""The dump format v1 as data (transcribed from docs/dump-format.md).
+"""The dump format v1 as data (docs/dump-format.md is its prose).
 
-The loader, the writer, `inspect` and `--help` all read these tables, so the format is
-written down exactly once.
+Validation, the loader, the writer, capture, `inspect` and the CLI's scalar options all read
+these tables, so the format is written down exactly once. Standard library only: the capture
+hook imports it inside every server process, and `kvcanary --help` must start fast.
 """
 
 from __future__ import annotations
@@ -9,25 +10,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 __all__ = [
     "CANARY_TENSOR_PATTERN",
     "DTYPE_ITEMSIZE",
     "FORMAT_VERSION",
+    "IDENTITY_KEYS",
     "INTEGER_DTYPES",
-    "PROVENANCE_KEYS",
+    "LAUNCHER_ARGUMENTS",
+    "LAUNCHER_OUTPUTS",
     "SCALARS",
     "TENSORS",
     "ScalarSpec",
     "TensorSpec",
     "dtype_label",
-    "numpy_dtype",
     "parse_integer",
-    "safetensors_dtype_of",
+    "required_tensors",
     "spec_for",
-    "torch_dtype",
 ]
 
 FORMAT_VERSION = "1"
@@ -56,7 +54,7 @@ DTYPE_ITEMSIZE: dict[str, int] = {
     "F6_E3M2": 1,
 }
 
-#: Integer dtypes kvcanary can read (as little-endian numpy dtypes).
+#: Integer dtypes kvcanary can read, as little-endian numpy dtype strings.
 INTEGER_DTYPES: dict[str, str] = {
     "U8": "<u1",
     "I8": "<i1",
@@ -67,15 +65,6 @@ INTEGER_DTYPES: dict[str, str] = {
     "I64": "<i8",
     "U64": "<u8",
 }
-
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "I32": torch.int32,
-    "I64": torch.int64,
-}
-
 
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")
 
@@ -98,24 +87,6 @@ def dtype_label(dtype: str) -> str:
     return f"{kind}{dtype[1:]}"
 
 
-def numpy_dtype(dtype: str) -> np.dtype:
-    """Little-endian numpy dtype of a safetensors integer dtype string."""
-    return np.dtype(INTEGER_DTYPES[dtype])
-
-
-def torch_dtype(dtype: str) -> torch.dtype:
-    """torch dtype of a safetensors dtype string kvcanary reads as a tensor."""
-    return _TORCH_DTYPES[dtype]
-
-
-def safetensors_dtype_of(dtype: torch.dtype) -> str | None:
-    """The safetensors dtype string of a torch dtype, or None when the format has none."""
-    for name, candidate in _TORCH_DTYPES.items():
-        if candidate == dtype:
-            return name
-    return None
-
-
 @dataclass(frozen=True, kw_only=True)
 class TensorSpec:
     """One tensor of the format: its canonical dtype, what else is accepted, and its role."""
@@ -124,12 +95,13 @@ class TensorSpec:
     #: dtype the production GPU path requires.
     canonical: str
     #: other dtypes read as if they were the canonical one (with a `gpu-dtype-mismatch` note).
-    accepted: tuple[str, ...]
+    accepted: tuple[str, ...] = ()
     #: number of dimensions; (0, 1) for scalars stored as tensors.
-    ranks: tuple[int, ...]
-    required: bool
-    #: 'bs' when the first dimension must equal the batch size.
-    length: str | None
+    ranks: tuple[int, ...] = (1,)
+    #: a dump without it is bad input.
+    required: bool = False
+    #: one value per batch row: its length must equal len(req_pool_indices).
+    per_batch_row: bool = False
     role: str
 
     @property
@@ -138,60 +110,47 @@ class TensorSpec:
         return (self.canonical, *self.accepted)
 
 
-def _t(
-    name: str,
-    canonical: str,
-    accepted: tuple[str, ...],
-    rank: int,
-    required: bool,
-    length: str | None,
-    role: str,
-) -> TensorSpec:
-    return TensorSpec(
-        name=name,
-        canonical=canonical,
-        accepted=accepted,
-        ranks=(rank,),
-        required=required,
-        length=length,
-        role=role,
-    )
-
-
+_INDEX = ("I32",)  # int64 canonical, int32 accepted
 TENSORS: dict[str, TensorSpec] = {
     spec.name: spec
     for spec in (
-        _t("req_to_token", "I32", ("I64",), 2, True, None,
-           "full-pool slot per (pool row, position); row 0 is padding"),
-        _t("req_pool_indices", "I64", ("I32",), 1, True, "bs",
-           "pool row per batch row; 0 = padding"),
-        _t("prefix_lens", "I64", ("I32",), 1, True, "bs",
-           "tokens already in the KV cache before this step"),
-        _t("extend_seq_lens", "I64", ("I32",), 1, False, "bs",
-           "tokens written this step (default zeros)"),
-        _t("full_to_swa_index_mapping", "I64", ("I32",), 1, False, None,
-           "SWA LUT: full slot -> SWA slot (0 = unmapped); enables the swa group"),
-        _t("req_to_verify_expected_tokens", "I32", ("I64",), 2, False, None,
-           "expected-token pool (pool row, token index)"),
-        _t("req_to_verify_expected_tokens_valid_lens", "I64", ("I32",), 1, False, "bs",
-           "valid tokens in each batch row's expected-token pool row"),
-        _t("out_cache_loc", "I64", ("I32",), 1, False, None,
-           "full-pool slots written this step, flat in batch-row order"),
-        _t("input_ids", "I64", ("I32",), 1, False, None, "tokens written this step"),
-        _t("positions", "I64", ("I32",), 1, False, None, "positions written this step"),
-        _t("free_full_slots", "I64", ("I32",), 1, False, None,
-           "full-pool slots the allocator holds as free"),
-        _t("free_swa_slots", "I64", ("I32",), 1, False, None,
-           "SWA-pool slots the SWA allocator holds as free"),
-        _t("violation_ring", "I64", (), 2, False, None, "violation ring rows [capacity, 8]"),
+        TensorSpec(name="req_to_token", canonical="I32", accepted=("I64",), ranks=(2,),
+                   required=True,
+                   role="full-pool slot per (pool row, position); row 0 is padding"),
+        TensorSpec(name="req_pool_indices", canonical="I64", accepted=_INDEX, required=True,
+                   per_batch_row=True, role="pool row per batch row; 0 = padding"),
+        TensorSpec(name="prefix_lens", canonical="I64", accepted=_INDEX, required=True,
+                   per_batch_row=True, role="tokens already in the KV cache before this step"),
+        TensorSpec(name="extend_seq_lens", canonical="I64", accepted=_INDEX, per_batch_row=True,
+                   role="tokens written this step (default zeros)"),
+        TensorSpec(name="full_to_swa_index_mapping", canonical="I64", accepted=_INDEX,
+                   role="SWA LUT: full slot -> SWA slot (0 = unmapped); enables the swa group"),
+        TensorSpec(name="req_to_verify_expected_tokens", canonical="I32", accepted=("I64",),
+                   ranks=(2,), role="expected-token pool (pool row, token index)"),
+        TensorSpec(name="req_to_verify_expected_tokens_valid_lens", canonical="I64",
+                   accepted=_INDEX, per_batch_row=True,
+                   role="valid tokens in each batch row's expected-token pool row"),
+        TensorSpec(name="out_cache_loc", canonical="I64", accepted=_INDEX,
+                   role="full-pool slots written this step, flat in batch-row order"),
+        TensorSpec(name="input_ids", canonical="I64", accepted=_INDEX,
+                   role="tokens written this step"),
+        TensorSpec(name="positions", canonical="I64", accepted=_INDEX,
+                   role="positions written this step"),
+        TensorSpec(name="free_full_slots", canonical="I64", accepted=_INDEX,
+                   role="full-pool slots the allocator holds as free"),
+        TensorSpec(name="free_swa_slots", canonical="I64", accepted=_INDEX,
+                   role="SWA-pool slots the SWA allocator holds as free"),
+        TensorSpec(name="violation_ring", canonical="I64", ranks=(2,),
+                   role="violation ring rows [capacity, 8]"),
         TensorSpec(name="violation_write_index", canonical="I32", accepted=("I64",),
-                   ranks=(0, 1), required=False, length=None,
-                   role="violations ever recorded"),
+                   ranks=(0, 1), role="violations ever recorded"),
     )
 }
 
 #: `canary.<group>.<head|tail>.<k|v>` buffers: uint8 [num_slots, slot_stride_bytes].
 CANARY_TENSOR_PATTERN = re.compile(r"^canary\.(full|swa)\.(head|tail)\.(k|v)$")
+_CANARY_SPEC = TensorSpec(name="canary.<group>.<head|tail>.<k|v>", canonical="U8", ranks=(2,),
+                          role="canary buffer [num_slots, slot_stride_bytes]")
 
 
 def spec_for(name: str) -> TensorSpec | None:
@@ -199,19 +158,28 @@ def spec_for(name: str) -> TensorSpec | None:
     if name in TENSORS:
         return TENSORS[name]
     if CANARY_TENSOR_PATTERN.match(name):
-        return TensorSpec(name=name, canonical="U8", accepted=(), ranks=(2,), required=False,
-                          length=None, role="canary buffer [num_slots, slot_stride_bytes]")
+        return _CANARY_SPEC
     return None
+
+
+def required_tensors() -> tuple[str, ...]:
+    """Tensors without which a file is not a dump, in table order."""
+    return tuple(name for name, spec in TENSORS.items() if spec.required)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ScalarSpec:
-    """One scalar: where its default comes from and the CLI option that overrides it."""
+    """One scalar: its CLI override, its default when absent, and the smallest legal value."""
 
     name: str
-    option: str | None
-    default: str
+    #: the command-line option that overrides the dump's value.
+    option: str
+    #: what applies when neither the dump nor the command line gives a value: a constant, or
+    #: a description of where the value is derived from.
+    default: int | str
     meaning: str
+    #: values below this are bad input (None: any integer).
+    minimum: int | None = None
 
 
 SCALARS: dict[str, ScalarSpec] = {
@@ -220,22 +188,24 @@ SCALARS: dict[str, ScalarSpec] = {
         ScalarSpec(name="swa_window_size", option="--swa-window", default="none",
                    meaning="window W of the swa group; required with a LUT"),
         ScalarSpec(name="verify_capacity", option="--verify-capacity",
-                   default="total requested entries", meaning="verify capacity of each plan"),
+                   default="total requested entries (no overflow)",
+                   meaning="verify capacity of each group's plan", minimum=0),
         ScalarSpec(name="write_req_capacity", option="--write-req-capacity", default="bs",
-                   meaning="length of write_seed_slot_indices"),
-        ScalarSpec(name="kv_token_id_vs_position_offset", option="--token-offset", default="0",
+                   meaning="write capacity (length of write_seed_slot_indices)", minimum=0),
+        ScalarSpec(name="kv_token_id_vs_position_offset", option="--token-offset", default=0,
                    meaning="0 for target pools, 1 for EAGLE draft pools"),
-        ScalarSpec(name="page_size", option="--page-size", default="1", meaning="KV page size"),
+        ScalarSpec(name="page_size", option="--page-size", default=1, meaning="KV page size",
+                   minimum=1),
         ScalarSpec(name="num_full_slots", option="--num-full-slots",
                    default="lut_len - 1 with a LUT, else unknown",
-                   meaning="rows of the full KV pool (size + page_size)"),
+                   meaning="rows of the full KV pool (size + page_size)", minimum=0),
         ScalarSpec(name="num_swa_slots", option="--num-swa-slots", default="unknown",
-                   meaning="rows of the SWA KV pool"),
+                   meaning="rows of the SWA KV pool", minimum=0),
     )
 }
 
-#: Free-form keys shown by `inspect` and in reports.
-PROVENANCE_KEYS: tuple[str, ...] = (
+#: Free-form identity keys, in the order reports show them.
+IDENTITY_KEYS: tuple[str, ...] = (
     "sglang.version",
     "sglang.commit",
     "model",
@@ -244,4 +214,23 @@ PROVENANCE_KEYS: tuple[str, ...] = (
     "forward_mode",
     "captured_at",
     "note",
+)
+
+#: Outputs SGLang's plan launcher fills in place: a dump records their capacities only.
+LAUNCHER_OUTPUTS: tuple[str, ...] = ("verify_plan_out", "write_plan_out")
+
+#: Keyword arguments of SGLang's `launch_canary_plan_kernels`, in upstream order
+#: (docs/semantics.md §1.1): every one is a tensor or scalar of the format, or an output.
+LAUNCHER_ARGUMENTS: tuple[str, ...] = (
+    "req_pool_indices",
+    "prefix_lens",
+    "extend_seq_lens",
+    "req_to_token",
+    "swa_window_size",
+    "full_to_swa_index_mapping",
+    "verify_capacity",
+    "req_to_verify_expected_tokens",
+    "req_to_verify_expected_tokens_valid_lens",
+    "kv_token_id_vs_position_offset",
+    *LAUNCHER_OUTPUTS,
 )

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from kvcanary_cli.dump.schema import SCALARS, TENSORS, required_tensors
 from kvcanary_cli.errors import (
     MetadataError,
     MissingTensorError,
+    OptionError,
     TensorShapeError,
-    UsageError,
 )
 
 __all__ = ["MAX_LENGTH", "check_batch", "derive_scalar_defaults", "resolve_groups"]
@@ -24,30 +25,24 @@ __all__ = ["MAX_LENGTH", "check_batch", "derive_scalar_defaults", "resolve_group
 #: Lengths beyond this are corrupt, not long: 2^40 tokens would be a 4 TB req_to_token row.
 MAX_LENGTH = 1 << 40
 
-_BATCH_VECTORS = (
-    "prefix_lens",
-    "extend_seq_lens",
-    "req_to_verify_expected_tokens_valid_lens",
-)
-
 
 def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | None]) -> list[str]:
     """Check presence and agreement of the batch tensors; return notes for odd-but-legal input."""
     notes: list[str] = []
-    for name in ("req_to_token", "req_pool_indices", "prefix_lens"):
+    for name in required_tensors():
         if name not in arrays:
             raise MissingTensorError(
                 "required tensor is missing",
-                tensor=name,
-                hint="save it with kvcanary_cli.dump.save_dump(..., " + name + "=...)",
+                field=name,
+                hint="save it with kvcanary_cli.dump.writer.save_dump(..., " + name + "=...)",
             )
     bs = int(arrays["req_pool_indices"].shape[0])
-    for name in _BATCH_VECTORS:
-        if name in arrays and int(arrays[name].shape[0]) != bs:
+    for name, spec in TENSORS.items():
+        if spec.per_batch_row and name in arrays and int(arrays[name].shape[0]) != bs:
             raise TensorShapeError(
                 f"has length {arrays[name].shape[0]}, expected bs={bs} "
                 "(the length of req_pool_indices)",
-                tensor=name,
+                field=name,
             )
     for name in ("prefix_lens", "extend_seq_lens"):
         if name in arrays and arrays[name].size:
@@ -57,7 +52,7 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
             if abs(worst) > MAX_LENGTH:
                 raise TensorShapeError(
                     f"holds {worst}, beyond any real sequence length (> 2^40)",
-                    tensor=name,
+                    field=name,
                     hint="the tensor is corrupt or holds something else",
                 )
     has_pool = "req_to_verify_expected_tokens" in arrays
@@ -65,7 +60,7 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
     if has_pool and not has_valid:
         raise MissingTensorError(
             "is required when req_to_verify_expected_tokens is present",
-            tensor="req_to_verify_expected_tokens_valid_lens",
+            field="req_to_verify_expected_tokens_valid_lens",
             hint="save the per-batch-row valid lengths, or drop the pool",
         )
     if has_valid and not has_pool:
@@ -76,39 +71,38 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
         if int(arrays["full_to_swa_index_mapping"].shape[0]) == 0:
             raise TensorShapeError(
                 "is empty; upstream rejects a LUT of length 0",
-                tensor="full_to_swa_index_mapping",
+                field="full_to_swa_index_mapping",
             )
         if scalars.get("swa_window_size") is None:
             raise MetadataError(
                 "is required when full_to_swa_index_mapping is present",
-                tensor="swa_window_size",
+                field="swa_window_size",
                 hint="pass --swa-window W, or set swa_window_size in the dump's metadata",
             )
     window = scalars.get("swa_window_size")
     if window is not None and window < 0:
         notes.append(f"swa_window_size={window} is negative: planned as 0, like upstream")
-    for name, minimum in (("verify_capacity", 0), ("write_req_capacity", 0), ("page_size", 1),
-                          ("num_full_slots", 0), ("num_swa_slots", 0)):
+    for name, scalar in SCALARS.items():
         value = scalars.get(name)
-        if value is not None and value < minimum:
-            raise MetadataError(f"is {value}, must be >= {minimum}", tensor=name)
+        if value is not None and scalar.minimum is not None and value < scalar.minimum:
+            raise MetadataError(f"is {value}, must be >= {scalar.minimum}", field=name)
     _check_write_tensors(arrays)
     if "violation_write_index" in arrays and arrays["violation_write_index"].size != 1:
         raise TensorShapeError(
             f"has shape {list(arrays['violation_write_index'].shape)}, expected [] or [1]",
-            tensor="violation_write_index",
+            field="violation_write_index",
         )
     if "violation_ring" in arrays:
         if "violation_write_index" not in arrays:
             raise MissingTensorError(
                 "is required with violation_ring (it says how many rows are valid)",
-                tensor="violation_write_index",
+                field="violation_write_index",
             )
         ring = arrays["violation_ring"]
         if ring.shape[1] != 8:
             raise TensorShapeError(
                 f"has shape {list(ring.shape)}, expected [ring_capacity, 8]",
-                tensor="violation_ring",
+                field="violation_ring",
             )
     return notes
 
@@ -118,7 +112,7 @@ def _check_write_tensors(arrays: Mapping[str, np.ndarray]) -> None:
         for name in ("input_ids", "positions"):
             if name in arrays:
                 raise MissingTensorError(
-                    f"out_cache_loc is required alongside {name}", tensor="out_cache_loc"
+                    f"out_cache_loc is required alongside {name}", field="out_cache_loc"
                 )
         return
     tokens = int(arrays["out_cache_loc"].shape[0])
@@ -127,7 +121,7 @@ def _check_write_tensors(arrays: Mapping[str, np.ndarray]) -> None:
             raise TensorShapeError(
                 f"has length {arrays[name].shape[0]}, expected {tokens} "
                 "(the length of out_cache_loc)",
-                tensor=name,
+                field=name,
             )
 
 
@@ -138,29 +132,35 @@ def derive_scalar_defaults(
     derived: dict[str, tuple[int | None, str]] = {}
     if scalars.get("num_full_slots") is None and lut_len is not None:
         derived["num_full_slots"] = (lut_len - 1, "derived (lut_len - 1)")
-    if scalars.get("page_size") is None:
-        derived["page_size"] = (1, "default")
-    if scalars.get("kv_token_id_vs_position_offset") is None:
-        derived["kv_token_id_vs_position_offset"] = (0, "default")
+    for name, spec in SCALARS.items():
+        if scalars.get(name) is None and isinstance(spec.default, int):
+            derived[name] = (spec.default, "default")
     return derived
 
 
-def resolve_groups(text: str | None, *, has_lut: bool) -> tuple[str, ...]:
-    """Parse the `groups` comma list (default: full, plus swa with a LUT)."""
+def resolve_groups(
+    text: str | None, *, has_lut: bool, option: str | None = None
+) -> tuple[str, ...]:
+    """Parse a `groups` comma list (default: full, plus swa with a LUT).
+
+    `option` names the command-line option the text came from (None: the dump's metadata), so
+    that a bad value is blamed on the option or on the dump.
+    """
     if text is None or not text.strip():
         return ("full", "swa") if has_lut else ("full",)
     names = [part.strip() for part in text.split(",") if part.strip()]
     if names == ["all"]:
         return ("full", "swa") if has_lut else ("full",)
+
+    def bad(message: str, hint: str | None = None) -> Exception:
+        if option is not None:
+            return OptionError(message, option=option, hint=hint)
+        return MetadataError(message, field="groups", hint=hint)
+
     for name in names:
         if name not in ("full", "swa"):
-            raise UsageError(
-                f"unknown group {name!r} (expected full, swa or all)", tensor="groups"
-            )
+            raise bad(f"unknown group {name!r} (expected full, swa or all)")
     if "swa" in names and not has_lut:
-        raise UsageError(
-            "group swa needs full_to_swa_index_mapping, which this dump lacks",
-            tensor="groups",
-            hint="plan --group full, or capture the LUT",
-        )
+        raise bad("group swa needs full_to_swa_index_mapping, which this dump lacks",
+                  "plan the full group, or capture the LUT")
     return tuple(dict.fromkeys(names))

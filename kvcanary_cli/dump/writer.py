@@ -14,13 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.atomic import safetensors_dtype_of, write_safetensors
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     SCALARS,
     dtype_label,
     parse_integer,
-    safetensors_dtype_of,
     spec_for,
 )
 from kvcanary_cli.errors import MetadataError, TensorDtypeError
@@ -40,8 +39,8 @@ def save_dump(
 
     Tensors are copied to contiguous CPU memory. Python ints named like a scalar key
     (`swa_window_size=128`) go to the metadata; None values are skipped, so a call's keyword
-    arguments can be passed through unchanged. Refuses to overwrite a dump that this process
-    still has open (its own input), because that file is memory-mapped.
+    arguments can be passed through unchanged. The file is replaced atomically, so a dump of
+    the same path that is still loaded keeps reading the old contents.
     """
     meta: dict[str, str] = {str(k): str(v) for k, v in (metadata or {}).items()}
     out: dict[str, torch.Tensor] = {}
@@ -49,7 +48,7 @@ def save_dump(
         if value is None:
             continue
         if isinstance(value, bool):
-            raise TensorDtypeError("a bool is not a tensor or a scalar", tensor=name)
+            raise TensorDtypeError("a bool is not a tensor or a scalar", field=name)
         if isinstance(value, int) and spec_for(name) is None:
             meta[name] = str(value)
             continue
@@ -57,7 +56,7 @@ def save_dump(
     for name in SCALARS:
         if name in meta:
             if parse_integer(meta[name]) is None:
-                raise MetadataError(f"value {meta[name]!r} is not an integer", tensor=name)
+                raise MetadataError(f"value {meta[name]!r} is not an integer", field=name)
     meta["kvcanary.format"] = FORMAT_VERSION
     _record_sglang_version(meta)
     return write_safetensors(path, out, meta)
@@ -72,7 +71,7 @@ def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
         tensor = torch.as_tensor(value)
         if tensor.is_floating_point() or tensor.dtype == torch.bool:
             raise TensorDtypeError(f"holds {tensor.dtype} values, expected integers",
-                                   tensor=name)
+                                   field=name)
         tensor = tensor.to(torch.int64)
     tensor = tensor.to("cpu").contiguous()
     stored = safetensors_dtype_of(tensor.dtype)
@@ -81,7 +80,7 @@ def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
         want = " or ".join(dtype_label(d) for d in spec.dtypes)
         raise TensorDtypeError(
             f"dtype {tensor.dtype} is not accepted (expected {want})",
-            tensor=name,
+            field=name,
             hint=f"pass {name}.to(torch.{dtype_label(spec.canonical)})",
         )
     return tensor

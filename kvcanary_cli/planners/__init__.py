@@ -1,43 +1,75 @@
-"""Planners: three implementations of SGLang's kv-canary plan step behind one interface.
+"""Planners: implementations of SGLang's kv-canary plan step behind one `Planner` interface.
 
-`get_planner(name)` is an explicit registry with lazy imports, so that importing kvcanary
-never imports triton (only `triton_runtime` does, and only when the triton backend is used).
+This module is the registry that turns the CLI's names into planner objects. It imports
+nothing heavy: backends are imported when one is made, so `kvcanary --help` never imports
+torch, and only `triton_runtime` ever imports triton.
 """
 
 from __future__ import annotations
 
-from kvcanary_cli.errors import UsageError
-from kvcanary_cli.planners.base import Plan, Planner, Semantics
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
-__all__ = ["KERNEL_NAMES", "PLANNER_NAMES", "Plan", "Planner", "Semantics", "get_planner"]
+if TYPE_CHECKING:
+    from kvcanary_cli.planners.base import Planner
 
-#: `--backend` choices of `kvcanary plan`.
-PLANNER_NAMES = ("reference", "torch", "triton")
-#: `--kernel` choices of `kvcanary check`: what stands in for the production GPU path.
-KERNEL_NAMES = ("triton", "torch", "none")
+__all__ = ["Backend", "Kernel", "make_kernel", "make_planner"]
 
 
-def get_planner(name: str, *, strict: bool = False) -> Planner:
-    """The planner called `name`; `strict` only applies to the scalar reference.
+class Backend(StrEnum):
+    """`kvcanary plan --backend`: which implementation plans."""
 
-    Names: `reference` (scalar REF), `torch` (vectorized REF), `torch-gpu` (vectorized GPU
-    semantics) and `triton` (the GPU kernels; compiled on CUDA, interpreted elsewhere).
-    """
-    if strict and name != "reference":
-        raise UsageError("--strict applies to the scalar reference only",
-                         tensor="--strict", hint="add --backend reference")
-    if name == "reference":
-        from kvcanary_cli.planners.reference import ReferencePlanner
+    #: the literal scalar reading of the semantics, REF behaviour on bad input.
+    REFERENCE = "reference"
+    #: the same results vectorized.
+    TORCH = "torch"
+    #: the GPU path as Triton kernels (compiled on CUDA, interpreted elsewhere).
+    TRITON = "triton"
 
-        return ReferencePlanner(strict=strict)
-    if name in ("torch", "torch-gpu"):
-        from kvcanary_cli.planners.vectorized import TorchPlanner
 
-        semantics = Semantics.REFERENCE if name == "torch" else Semantics.GPU
-        return TorchPlanner(semantics=semantics)
-    if name == "triton":
-        from kvcanary_cli.planners.triton_planner import TritonPlanner
+class Kernel(StrEnum):
+    """`kvcanary check --kernel`: what stands in for the production GPU path."""
 
-        return TritonPlanner()
-    choices = ", ".join((*PLANNER_NAMES, "torch-gpu"))
-    raise UsageError(f"unknown planner {name!r} (choose one of: {choices})", tensor="--backend")
+    TRITON = "triton"
+    #: the GPU semantics, vectorized in torch (`TorchPlanner(semantics=GPU)`).
+    TORCH = "torch"
+    #: no kernel: skip the comparison.
+    NONE = "none"
+
+
+def make_planner(backend: Backend, *, strict: bool = False) -> Planner:
+    """The planner for `backend`; `strict` (raise where REF raises) is the reference's only."""
+    if strict and backend is not Backend.REFERENCE:
+        from kvcanary_cli.errors import OptionError
+
+        raise OptionError("applies to the scalar reference only", option="--strict",
+                          hint="add --backend reference")
+    match backend:
+        case Backend.REFERENCE:
+            from kvcanary_cli.planners.reference import ReferencePlanner
+
+            return ReferencePlanner(strict=strict)
+        case Backend.TORCH:
+            from kvcanary_cli.planners.vectorized import TorchPlanner
+
+            return TorchPlanner()
+        case Backend.TRITON:
+            from kvcanary_cli.planners.triton_planner import TritonPlanner
+
+            return TritonPlanner()
+
+
+def make_kernel(kernel: Kernel) -> Planner | None:
+    """The GPU-semantics planner for `kernel` (None for `none`)."""
+    match kernel:
+        case Kernel.TRITON:
+            from kvcanary_cli.planners.triton_planner import TritonPlanner
+
+            return TritonPlanner()
+        case Kernel.TORCH:
+            from kvcanary_cli.planners.base import Semantics
+            from kvcanary_cli.planners.vectorized import TorchPlanner
+
+            return TorchPlanner(semantics=Semantics.GPU)
+        case Kernel.NONE:
+            return None

@@ -1,6 +1,6 @@
 """The planner interface: `Planner.plan(dump, group) -> Plan`, shared by all backends.
 
-A `Plan` holds SGLang's plan fields (kv-canary-semantics.md §1.3) plus what kvcanary adds to
+A `Plan` holds SGLang's plan fields (docs/semantics.md §1.3) plus what kvcanary adds to
 explain bad input: which entry fields are undefined (where upstream raises or the GPU would
 read out of bounds) and a columnar table of every problem met. Two semantics exist:
 
@@ -15,32 +15,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag, StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from kvcanary_cli.dump import KvDump
-from kvcanary_cli.errors import UsageError
+from kvcanary_cli.dump.loader import KvDump
+
+if TYPE_CHECKING:
+    from kvcanary_cli.planners.frame import GroupFrame
 
 __all__ = [
-    "GPU_MAX_BS",
     "Plan",
     "PlanProblem",
     "Planner",
     "ProblemKind",
     "ProblemRole",
     "ProblemTable",
+    "ClampFlag",
+    "SeedFlag",
     "Semantics",
     "Undefined",
-    "failed_plan",
-    "gpu_launch_error",
+    "VerifyEntries",
     "lut_error_message",
-    "resolve_group",
 ]
-
-#: `_PLAN_BS_BLOCK_SIZE`: the GPU plan path refuses larger batches.
-GPU_MAX_BS = 4096
 
 
 class Semantics(StrEnum):
@@ -58,37 +56,58 @@ class Undefined(IntFlag):
     TOKEN = 4
 
 
+class SeedFlag(IntFlag):
+    """Bits the GPU offsets step reports per write seed (kvcanary's instrumentation)."""
+
+    #: the seed read fell outside `req_to_token`.
+    UNDEFINED = 1
+    #: the seed slot was >= lut_len and clamped.
+    CLAMPED = 2
+
+
+class ClampFlag(IntFlag):
+    """Bits the GPU entries step reports per verify entry: which translated slot was clamped."""
+
+    SLOT = 1
+    PREV = 2
+
+
 class ProblemKind(IntEnum):
-    """What went wrong while planning one entry, seed or row."""
+    """What went wrong while planning one entry, seed or row; `code` is its finding code."""
 
     LUT_OUT_OF_RANGE = 0
     ROW_OUT_OF_RANGE = 1
-    POSITION_BEYOND_ROW = 2
+    PREFIX_BEYOND_ROW = 2
     EXPECTED_TOKEN_OUT_OF_RANGE = 3
 
     @property
     def code(self) -> str:
-        """Kebab-case name, matching the finding codes of findings.md where they overlap."""
-        return self.name.lower().replace("_", "-").replace("position-beyond", "prefix-beyond")
+        """The finding code (docs/findings.md) this problem is reported under."""
+        return self.name.lower().replace("_", "-")
+
+    @property
+    def row_level(self) -> bool:
+        """A bad row spoils every later entry of its batch row, not just one."""
+        return self in (ProblemKind.ROW_OUT_OF_RANGE, ProblemKind.PREFIX_BEYOND_ROW)
 
 
 class ProblemRole(IntEnum):
-    """Which read of the plan met the problem."""
+    """Which read of the plan met the problem, numbered in REF's order within one entry.
+
+    REF reads an entry's verify slot, then its chain predecessor, then its expected token;
+    seeds come after all entries. The same order picks the role a finding shows when one
+    cell is read in several roles (a verify slot at p is the chain-prev of p+1).
+    """
 
     VERIFY = 0
     CHAIN_PREV = 1
-    SEED = 2
-    EXPECTED_TOKEN = 3
+    EXPECTED_TOKEN = 2
+    SEED = 3
 
     @property
     def label(self) -> str:
-        """Provenance role name (findings.md)."""
+        """Provenance role name (docs/findings.md)."""
         return self.name.lower().replace("_", "-")
-
-
-#: Order of reads inside one REF entry; used to find the first raise of strict mode.
-_ROLE_ORDER = {ProblemRole.VERIFY: 0, ProblemRole.CHAIN_PREV: 1, ProblemRole.EXPECTED_TOKEN: 2,
-               ProblemRole.SEED: 3}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,9 +189,7 @@ class ProblemTable:
                           for n in names})
         cols = {n: np.concatenate([getattr(t, n) for t in tables]) for n in names}
         phase = (cols["entry"] < 0).astype(np.int64)  # seeds after entries, like REF
-        role_rank = np.vectorize(lambda r: _ROLE_ORDER[ProblemRole(r)], otypes=[np.int64])(
-            cols["role"]) if cols["role"].size else cols["role"]
-        order = np.lexsort((cols["value"], cols["position"], cols["kind"], role_rank,
+        order = np.lexsort((cols["value"], cols["position"], cols["kind"], cols["role"],
                             cols["batch_row"], cols["entry"], phase))
         return cls(**{n: c[order] for n, c in cols.items()})
 
@@ -206,26 +223,37 @@ class ProblemTable:
         )
 
 
-def lut_error_message(slot: int, lut_len: int) -> str:
-    """SGLang's reference error, verbatim."""
-    return f"kv-canary: SWA slot {slot} is outside full_to_swa_index_mapping length {lut_len}"
+@dataclass(frozen=True, kw_only=True)
+class VerifyEntries:
+    """The materialized verify entries of a plan (equal-length int64 columns, flags uint8)."""
+
+    slot: torch.Tensor
+    expected_token: torch.Tensor
+    position: torch.Tensor
+    prev_slot: torch.Tensor
+    #: `Undefined` bits per entry.
+    undefined: torch.Tensor
+
+    @classmethod
+    def empty(cls) -> VerifyEntries:
+        """No entries (overflow, or an empty batch)."""
+        none = torch.zeros(0, dtype=torch.int64)
+        return cls(slot=none, expected_token=none, position=none, prev_slot=none,
+                   undefined=torch.zeros(0, dtype=torch.uint8))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """One group's plan. Entry arrays hold `total_verify` entries when `enable == 1`, else 0.
 
-    Upstream leaves the entry arrays untouched on overflow; kvcanary then holds none.
+    Upstream leaves the entry arrays untouched on overflow; kvcanary then holds none. The
+    frame (geometry, LUT, capacities) is the one every backend planned from; build plans with
+    `frame.assemble_plan`.
     """
 
     backend: str
     semantics: Semantics
-    group: str
-    window: int
-    translated: bool
-    bs: int
-    verify_capacity: int
-    write_req_capacity: int
+    frame: GroupFrame
     #: Σ verify_len over all rows: the entries requested, before the capacity check.
     total_verify: int
     verify_num_valid: int
@@ -248,6 +276,36 @@ class Plan:
     problems: ProblemTable = field(default_factory=ProblemTable.empty)
     #: GPU only: the error production raises before launching; outputs are then empty.
     launch_error: str | None = None
+
+    @property
+    def group(self) -> str:
+        """'full' or 'swa'."""
+        return self.frame.group
+
+    @property
+    def window(self) -> int:
+        """Window W the group was planned with (0 for full)."""
+        return self.frame.window
+
+    @property
+    def translated(self) -> bool:
+        """Slots went through the SWA LUT."""
+        return self.frame.lut is not None
+
+    @property
+    def bs(self) -> int:
+        """Batch size, padding rows included."""
+        return self.frame.bs
+
+    @property
+    def verify_capacity(self) -> int:
+        """Capacity the plan was checked against."""
+        return self.frame.verify_capacity
+
+    @property
+    def write_req_capacity(self) -> int:
+        """Length of `write_seed_slot_indices` upstream allocates."""
+        return self.frame.write_req_capacity
 
     @property
     def entries(self) -> int:
@@ -276,58 +334,26 @@ class Plan:
         }
 
 
-def failed_plan(
-    *, backend: str, group: str, window: int, translated: bool, bs: int, verify_capacity: int,
-    write_req_capacity: int, launch_error: str,
-) -> Plan:
-    """The plan of a GPU launch that raised before running: no outputs, only the error."""
-    empty = torch.zeros(0, dtype=torch.int64)
-    return Plan(
-        backend=backend, semantics=Semantics.GPU, group=group, window=window,
-        translated=translated, bs=bs, verify_capacity=verify_capacity,
-        write_req_capacity=write_req_capacity, total_verify=0, verify_num_valid=0, enable=0,
-        verify_offsets=torch.zeros(bs + 1, dtype=torch.int64),
-        verify_slot_indices=empty, verify_expected_tokens=empty,
-        verify_expected_positions=empty, verify_prev_slot_indices=empty,
-        verify_undefined=torch.zeros(0, dtype=torch.uint8), write_offsets=empty,
-        write_seed_slot_indices=empty, seed_undefined=torch.zeros(0, dtype=torch.bool),
-        write_num_valid_reqs=0, launch_error=launch_error,
-    )
-
-
-def gpu_launch_error(bs: int, write_req_capacity: int) -> str | None:
-    """The ValueError production raises before launching the plan kernels (§1.6, §1.7)."""
-    if bs > GPU_MAX_BS:
-        return (
-            f"kv-canary: launch_canary_plan_kernels supports at most bs={GPU_MAX_BS} reqs per "
-            f"launch, got bs={bs}; bump _PLAN_BS_BLOCK_SIZE"
-        )
-    if bs > write_req_capacity:
-        return f"kv-canary: bs={bs} exceeds write_req_capacity={write_req_capacity}"
-    return None
+def lut_error_message(slot: int, lut_len: int) -> str:
+    """SGLang's reference error, verbatim."""
+    return f"kv-canary: SWA slot {slot} is outside full_to_swa_index_mapping length {lut_len}"
 
 
 class Planner(Protocol):
-    """A backend that plans one group of a dump."""
+    """A backend that plans one group of a dump.
+
+    `semantics` says whose behaviour it reproduces on bad input; `mode` how it runs
+    ("compiled", "interpreter", or None for host code), for reports.
+    """
 
     name: str
     semantics: Semantics
 
+    @property
+    def mode(self) -> str | None:
+        """How the planner executes (None: plain host code)."""
+        ...
+
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Plan `group` ('full' or 'swa') of `dump`."""
         ...
-
-
-def resolve_group(dump: KvDump, group: str) -> tuple[int, torch.Tensor | None]:
-    """Window and LUT (or None) for `group`; a usage error if the dump cannot plan it."""
-    if group == "full":
-        return 0, None
-    if group == "swa":
-        lut = dump.full_to_swa_index_mapping
-        if lut is None:
-            raise UsageError(
-                "group swa needs full_to_swa_index_mapping, which this dump lacks",
-                tensor="--group", hint="use --group full",
-            )
-        return dump.window("swa"), lut
-    raise UsageError(f"unknown group {group!r} (expected full or swa)", tensor="--group")

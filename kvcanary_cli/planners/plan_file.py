@@ -15,7 +15,7 @@ PLAN_FORMAT = "1"
 
 def save_plan(path: str | os.PathLike[str], plan: Plan, *, source: str) -> Path:
     """Write `plan.upstream_tensors()` with identifying metadata (never the backend's name,
-    so that files from different backends compare byte for byte)."""
+    so that files from different backends compare byte for byte); never over `source`."""
     metadata = {
         "kvcanary.plan": PLAN_FORMAT,
         "group": plan.group,
@@ -23,4 +23,4 @@ def save_plan(path: str | os.PathLike[str], plan: Plan, *, source: str) -> Path:
         "source": os.path.basename(source),
     }
     tensors = {k: v.contiguous() for k, v in plan.upstream_tensors().items()}
-    return write_safetensors(path, tensors, metadata)
+    return write_safetensors(path, tensors, metadata, inputs=(source,))

@@ -1,4 +1,4 @@
-"""The scalar reference planner: a literal, one-entry-at-a-time reading of semantics §1.2.
+"""The scalar reference planner: a literal, one-entry-at-a-time reading of docs/semantics.md §1.2.
 
 It is slow on purpose and obviously correct; the vectorized and Triton planners are tested
 against it. Like SGLang's torch reference (REF) it reads `req_to_token` with Python indexing
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.errors import PlanTooLargeError, UpstreamPlanError
 from kvcanary_cli.planners.base import (
     Plan,
@@ -21,9 +21,10 @@ from kvcanary_cli.planners.base import (
     ProblemTable,
     Semantics,
     Undefined,
+    VerifyEntries,
     lut_error_message,
-    resolve_group,
 )
+from kvcanary_cli.planners.frame import assemble_plan, group_frame
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
 
@@ -79,18 +80,18 @@ class ReferencePlanner:
 
     name = "reference"
     semantics = Semantics.REFERENCE
+    mode = None
 
     def __init__(self, *, strict: bool = False) -> None:
         self.strict = strict
 
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Plan `group` of `dump` one entry at a time."""
-        window, lut_tensor = resolve_group(dump, group)
-        lut = None if lut_tensor is None else lut_tensor.tolist()
+        frame = group_frame(dump, group)
+        lut = None if frame.lut is None else frame.lut.tolist()
         lut_len = 0 if lut is None else len(lut)
         rpi = dump.req_pool_indices.tolist()
         prefix = dump.prefix_lens.tolist()
-        extend = dump.extend_seq_lens.tolist()
         max_reqs, max_seq_len = dump.max_reqs, dump.max_seq_len
         pool = dump.req_to_verify_expected_tokens
         valid = dump.req_to_verify_expected_tokens_valid_lens
@@ -98,7 +99,6 @@ class ReferencePlanner:
         pool_rows, pool_cols = (0, 0) if pool is None else (pool.shape[0], pool.shape[1])
         offset = dump.token_offset
         bs = len(rpi)
-        capacity_r = dump.write_req_capacity
         problems = _Collector(self.strict, max_reqs, max_seq_len, lut_len,
                               (pool_rows, pool_cols))
         row_cache: dict[int, list[int]] = {}
@@ -118,29 +118,21 @@ class ReferencePlanner:
                 return None
             return int(lut[raw])
 
-        # Verify lengths first (REF sums them to decide overflow).
-        starts: list[int] = []
-        lens: list[int] = []
-        for r in range(bs):
-            active = rpi[r] != 0
-            ws = max(0, prefix[r] - window) if window > 0 else 0
-            lens.append(max(0, prefix[r] - ws) if active else 0)
-            starts.append(ws)
-        total = sum(lens)
-        capacity = dump.scalar("verify_capacity")
-        capacity = total if capacity is None else capacity
-        overflow = total > capacity
+        # REF sums the verify lengths first, to decide overflow.
+        starts = frame.window_start.tolist()
+        lens = frame.verify_len.tolist()
+        total = frame.total_verify
+        overflow = frame.overflow
         if total > SCALAR_ENTRY_LIMIT:
             raise PlanTooLargeError(
                 f"the batch asks for {total} verify entries; the scalar reference stops at "
-                f"{SCALAR_ENTRY_LIMIT}", tensor="prefix_lens", hint="use --backend torch",
+                f"{SCALAR_ENTRY_LIMIT}", field="prefix_lens", hint="use --backend torch",
             )
         slots: list[int] = []
         prevs: list[int] = []
         tokens: list[int] = []
         positions: list[int] = []
         undefined: list[int] = []
-        offsets = [0]
         k = 0
         for r in range(bs):
             rp, ws, n = rpi[r], starts[r], lens[r]
@@ -160,7 +152,7 @@ class ReferencePlanner:
                 elif pos >= max_seq_len:
                     if not beyond_reported:
                         beyond_reported = True
-                        problems.add(PlanProblem(kind=ProblemKind.POSITION_BEYOND_ROW,
+                        problems.add(PlanProblem(kind=ProblemKind.PREFIX_BEYOND_ROW,
                                               role=ProblemRole.VERIFY, batch_row=r, pool_row=rp,
                                               position=pos, value=pos, entry=k, raises=True))
                     bits |= Undefined.SLOT
@@ -200,23 +192,15 @@ class ReferencePlanner:
                     positions.append(pos)
                     undefined.append(bits)
                 k += 1
-            offsets.append(k)
 
-        # Write metadata, then seeds (REF order: entries, offsets, seeds, num_valid/enable).
-        n_rows = min(bs, capacity_r)
-        write_offsets = [0]
-        for r in range(n_rows):
-            active = rpi[r] != 0
-            write_offsets.append(write_offsets[-1] + (extend[r] if active and extend[r] > 0
-                                                      else 0))
+        # Seeds after every entry (REF order: entries, write offsets, seeds, num_valid/enable).
         seeds: list[int] = []
         seed_undefined: list[bool] = []
-        for r in range(n_rows):
-            rp, p, e = rpi[r], prefix[r], extend[r]
+        for r, wanted in enumerate(frame.seed_wanted.tolist()):
             seed: int | None = -1
-            if rp != 0 and e > 0 and p > 0:
-                pos = min(p - 1, max(max_seq_len - 1, 0))
-                row = _python_row(rp, max_reqs)
+            if wanted:
+                pos = min(prefix[r] - 1, max(max_seq_len - 1, 0))
+                row = _python_row(rpi[r], max_reqs)
                 if row is None or pos >= max_seq_len:
                     seed = None  # IndexError; the verify loop over this row raised first
                 else:
@@ -227,27 +211,10 @@ class ReferencePlanner:
         def i64(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64)
 
-        return Plan(
-            backend=self.name,
-            semantics=self.semantics,
-            group=group,
-            window=window,
-            translated=lut is not None,
-            bs=bs,
-            verify_capacity=capacity,
-            write_req_capacity=capacity_r,
-            total_verify=total,
-            verify_num_valid=capacity if overflow else total,
-            enable=0 if overflow else 1,
-            verify_offsets=i64(offsets),
-            verify_slot_indices=i64(slots),
-            verify_expected_tokens=i64(tokens),
-            verify_expected_positions=i64(positions),
-            verify_prev_slot_indices=i64(prevs),
-            verify_undefined=torch.tensor(undefined, dtype=torch.uint8),
-            write_offsets=i64(write_offsets),
-            write_seed_slot_indices=i64(seeds),
-            seed_undefined=torch.from_numpy(np.array(seed_undefined, dtype=bool)),
-            write_num_valid_reqs=bs,
-            problems=problems.table(),
-        )
+        entries = VerifyEntries(
+            slot=i64(slots), expected_token=i64(tokens), position=i64(positions),
+            prev_slot=i64(prevs), undefined=torch.tensor(undefined, dtype=torch.uint8))
+        return assemble_plan(
+            frame, backend=self.name, semantics=self.semantics, entries=entries,
+            seeds=i64(seeds), seed_undefined=torch.from_numpy(np.array(seed_undefined, dtype=bool)),
+            problems=problems.table())

@@ -1,48 +1,19 @@
-"""Per-row plan geometry and row-level problems, shared by the torch and Triton backends.
+"""Row-level problems, shared by the torch and Triton backends.
 
 Row-level problems (a bad pool row, a prefix past the row, an expected-token gather outside the
 pool) are kvcanary's annotations, not plan outputs: both backends derive them on the host from
-per-row numbers, with one implementation, so they cannot drift apart.
+the group's frame, with one implementation, so they cannot drift apart.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvcanary_cli.dump import KvDump
-from kvcanary_cli.errors import PlanTooLargeError
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole, ProblemTable
+from kvcanary_cli.planners.frame import GroupFrame
 
-__all__ = [
-    "MAX_MATERIALIZED_ENTRIES",
-    "check_materializable",
-    "python_rows_resolve",
-    "row_problems",
-    "verify_geometry",
-]
-
-#: Verify entries kvcanary will hold in memory (40 bytes each): production capacities are
-#: about 3x the KV pool, far below this; more means corrupt lengths.
-MAX_MATERIALIZED_ENTRIES = 1 << 26
-_I64 = torch.int64
-
-
-def verify_geometry(dump: KvDump, window: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(window_start, verify_len) per batch row, int64 [bs] (semantics §1.2)."""
-    prefix = dump.prefix_lens
-    start = (prefix - window).clamp(min=0) if window > 0 else torch.zeros_like(prefix)
-    verify_len = torch.where(dump.req_pool_indices != 0, (prefix - start).clamp(min=0), 0)
-    return start, verify_len
-
-
-def check_materializable(total: int) -> None:
-    """Refuse to hold more verify entries than any real plan has (corrupt lengths)."""
-    if total > MAX_MATERIALIZED_ENTRIES:
-        raise PlanTooLargeError(
-            f"the batch asks for {total} verify entries, more than kvcanary holds in memory "
-            f"({MAX_MATERIALIZED_ENTRIES})", tensor="prefix_lens",
-            hint="the lengths look corrupt; or pass --verify-capacity to plan an overflow",
-        )
+__all__ = ["python_rows_resolve", "row_problems"]
 
 
 def python_rows_resolve(rpi: torch.Tensor, rows: int) -> torch.Tensor:
@@ -51,15 +22,15 @@ def python_rows_resolve(rpi: torch.Tensor, rows: int) -> torch.Tensor:
     return (row >= 0) & (row < rows)
 
 
-def row_problems(dump: KvDump, window: int, offsets: torch.Tensor, *, gpu: bool) -> ProblemTable:
+def row_problems(dump: KvDump, frame: GroupFrame, *, gpu: bool) -> ProblemTable:
     """Once-per-row problems, each at the first entry it affects.
 
-    `offsets` is the exclusive prefix sum of verify_len ([bs+1]). REF problems raise where
-    SGLang's reference raises (negative pool rows wrap silently); GPU problems never raise.
+    REF problems raise where SGLang's reference raises (negative pool rows wrap silently);
+    GPU problems never raise.
     """
     rpi, prefix = dump.req_pool_indices, dump.prefix_lens
-    ws, _ = verify_geometry(dump, window)
-    has = (offsets[1:] - offsets[:-1]) > 0
+    ws, offsets = frame.window_start, frame.verify_offsets
+    has = frame.verify_len > 0
     in_range = (rpi >= 0) & (rpi < dump.max_reqs)
     resolves = in_range if gpu else python_rows_resolve(rpi, dump.max_reqs)
     tables: list[ProblemTable] = []
@@ -79,7 +50,7 @@ def row_problems(dump: KvDump, window: int, offsets: torch.Tensor, *, gpu: bool)
 
     add(ProblemKind.ROW_OUT_OF_RANGE, ProblemRole.VERIFY, has & ~in_range, ws, rpi, ~resolves)
     beyond = torch.maximum(ws, torch.full_like(ws, dump.max_seq_len))
-    add(ProblemKind.POSITION_BEYOND_ROW, ProblemRole.VERIFY,
+    add(ProblemKind.PREFIX_BEYOND_ROW, ProblemRole.VERIFY,
         has & resolves & (prefix > dump.max_seq_len), beyond, beyond, True)
     pool = dump.req_to_verify_expected_tokens
     valid = dump.req_to_verify_expected_tokens_valid_lens

@@ -1,37 +1,36 @@
 """Triton kernels of the GPU plan path: offsets (one program) and entries (a 1-D grid).
 
-Only `@triton.jit` functions live here; `triton_planner` launches them. triton is obtained
-through `triton_runtime.load_triton()` (the only module that imports triton), which chooses
-compiled or interpreted kernels before the decorators below run.
+Only `@triton.jit` functions and the flag bits they write live here; `triton_planner` launches
+them. Import this module only through `triton_runtime.load_kernels()`, which chooses compiled or
+interpreted kernels (`TRITON_INTERPRET`) before `import triton` and the decorators below run.
+(The kernels cannot come out of a factory function instead: the triton interpreter re-executes
+a kernel's source in its module's globals, so values captured in a closure are lost.)
 
 Reads of `req_to_token` and the expected-token pool follow the GPU path's flat addressing
-(kv-canary-semantics.md §1.6-§1.8): a cell is `base[row * stride + col]`, so a column beyond
-the row reads the next row, exactly like the CUDA entries kernel. A flat index outside the
-tensor is never dereferenced (the load is masked); the field is flagged undefined and holds 0.
+(docs/semantics.md §1.5, §1.6): a cell is `base[row * stride + col]`, so a column beyond the
+row reads the next row, exactly like the CUDA entries kernel. A flat index outside the tensor
+is never dereferenced (the load is masked); the field is flagged undefined and holds 0.
 """
 # mypy: disable-error-code="no-untyped-def, misc, name-defined"
 
 from __future__ import annotations
 
-from kvcanary_cli.planners.triton_runtime import load_triton
+import triton
+import triton.language as tl
 
-triton, tl = load_triton()
+from kvcanary_cli.planners.base import ClampFlag, SeedFlag, Undefined
 
-__all__ = [
-    "CLAMP_PREV",
-    "CLAMP_SLOT",
-    "SEED_CLAMPED",
-    "SEED_UNDEFINED",
-    "plan_entries_kernel",
-    "plan_offsets_kernel",
-]
+__all__ = ["plan_entries_kernel", "plan_offsets_kernel"]
 
-#: `seed_flags` bits written by `plan_offsets_kernel`.
-SEED_UNDEFINED = 1
-SEED_CLAMPED = 2
-#: `clamp_flags` bits written by `plan_entries_kernel` (undefined bits are `base.Undefined`).
-CLAMP_SLOT = 1
-CLAMP_PREV = 2
+#: The planners' flag bits as constexprs: `seed_flags` of `plan_offsets_kernel`, then
+#: `clamp` and `undefined` of `plan_entries_kernel`.
+SEED_UNDEFINED = tl.constexpr(int(SeedFlag.UNDEFINED))
+SEED_CLAMPED = tl.constexpr(int(SeedFlag.CLAMPED))
+CLAMP_SLOT = tl.constexpr(int(ClampFlag.SLOT))
+CLAMP_PREV = tl.constexpr(int(ClampFlag.PREV))
+UNDEFINED_SLOT = tl.constexpr(int(Undefined.SLOT))
+UNDEFINED_PREV = tl.constexpr(int(Undefined.PREV))
+UNDEFINED_TOKEN = tl.constexpr(int(Undefined.TOKEN))
 
 
 @triton.jit
@@ -42,7 +41,7 @@ def _add(a, b):
 
 @triton.jit
 def _translate_slots(raw, readable, lut_ptr, lut_len, HAS_LUT: tl.constexpr):
-    """T(x) of §1.2 with the GPU clamp of §1.8: x < 0 passes through, x >= lut_len reads
+    """T(x) of §1.2 with the GPU clamp of §1.6: x < 0 passes through, x >= lut_len reads
     `LUT[lut_len - 1]`. Returns `(translated, clamped)`; lanes with `readable` False are
     not looked up (their value is meaningless and the caller replaces it)."""
     if HAS_LUT:
@@ -91,7 +90,7 @@ def plan_offsets_kernel(
     BLOCK_BS: tl.constexpr,
     STD_SCAN: tl.constexpr,
 ):
-    """Verify and write offsets, capacity check and seeds: §1.2 and §1.6 step 7 (TR).
+    """Verify and write offsets, capacity check and seeds: §1.2 and §1.5 (the offsets step).
 
     One program over `BLOCK_BS >= bs + 1` lanes, one per batch row; lane `bs` (a padding
     lane with zero lengths) receives the totals of the exclusive prefix sums. STD_SCAN uses
@@ -101,7 +100,6 @@ def plan_offsets_kernel(
     Outputs: `verify_offsets`/`write_offsets` int64 [bs+1]; `seeds`, `seed_raw` (the
     untranslated cell) int64 [bs]; `seed_flags` uint8 [bs] (`SEED_UNDEFINED`,
     `SEED_CLAMPED`); `totals` int64 [3] = (total_verify, verify_num_valid, enable).
-    `verify_capacity < 0` means "no capacity recorded": it equals total_verify.
     """
     lanes = tl.arange(0, BLOCK_BS)
     in_batch = lanes < bs
@@ -125,10 +123,9 @@ def plan_offsets_kernel(
     tl.store(verify_offsets_ptr + lanes, verify_incl - verify_len, mask=head)
     tl.store(write_offsets_ptr + lanes, write_incl - write_len, mask=head)
 
-    capacity = tl.where(verify_capacity < 0, total, verify_capacity)
-    overflow = total > capacity
+    overflow = total > verify_capacity
     tl.store(totals_ptr + 0, total)
-    tl.store(totals_ptr + 1, tl.where(overflow, capacity, total))
+    tl.store(totals_ptr + 1, tl.where(overflow, verify_capacity, total))
     tl.store(totals_ptr + 2, tl.where(overflow, 0, 1).to(tl.int64))
 
     has_seed = active & (extend > 0) & (prefix > 0)
@@ -136,7 +133,7 @@ def plan_offsets_kernel(
     raw, readable = _gather_flat(req_to_token_ptr, flat, has_seed, req_to_token_numel)
     seed, clamped = _translate_slots(raw, readable, lut_ptr, lut_len, HAS_LUT)
     seed = tl.where(has_seed, tl.where(readable, seed, 0), -1)
-    flags = tl.where(has_seed & ~readable, 1, 0) + tl.where(clamped, 2, 0)
+    flags = tl.where(has_seed & ~readable, SEED_UNDEFINED, 0) + tl.where(clamped, SEED_CLAMPED, 0)
     tl.store(seeds_ptr + lanes, seed, mask=in_batch)
     tl.store(seed_raw_ptr + lanes, raw, mask=in_batch)
     tl.store(seed_flags_ptr + lanes, flags.to(tl.uint8), mask=in_batch)
@@ -175,8 +172,8 @@ def plan_entries_kernel(
     SEARCH_STEPS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """Verify entries `[entry_start, entry_stop)`, BLOCK_SIZE per program: §1.2 and §1.6
-    step 8 (CU), with the clamp of §1.8.
+    """Verify entries `[entry_start, entry_stop)`, BLOCK_SIZE per program: §1.2 and §1.5
+    (the entries step), with the clamp of §1.6.
 
     The owning row of entry k is the largest r with `verify_offsets[r] <= k`, found by a
     branch-free binary search over `verify_offsets[0..bs]` (SEARCH_STEPS = log2(BLOCK_BS)
@@ -214,18 +211,19 @@ def plan_entries_kernel(
     prev, prev_clamped = _translate_slots(prev_raw, prev_ok, lut_ptr, lut_len, HAS_LUT)
     prev = tl.where(has_prev, tl.where(prev_ok, prev, 0), -1)
 
-    undefined = tl.where(live & ~slot_ok, 1, 0) + tl.where(has_prev & ~prev_ok, 2, 0)
+    undefined = (tl.where(live & ~slot_ok, UNDEFINED_SLOT, 0)
+                 + tl.where(has_prev & ~prev_ok, UNDEFINED_PREV, 0))
     if HAS_POOL:
         s = pos + token_offset
         valid_len = tl.load(valid_lens_ptr + row, mask=live, other=0).to(tl.int64)
         gathers = live & (s >= 0) & (s < valid_len)
         token, token_ok = _gather_flat(pool_ptr, rp * pool_stride + s, gathers, pool_numel)
         token = tl.where(gathers, tl.where(token_ok, token, 0), -1)
-        undefined += tl.where(gathers & ~token_ok, 4, 0)
+        undefined += tl.where(gathers & ~token_ok, UNDEFINED_TOKEN, 0)
     else:
         token = tl.full([BLOCK_SIZE], -1, dtype=tl.int64)
 
-    clamp = tl.where(slot_clamped, 1, 0) + tl.where(prev_clamped, 2, 0)
+    clamp = tl.where(slot_clamped, CLAMP_SLOT, 0) + tl.where(prev_clamped, CLAMP_PREV, 0)
     tl.store(slot_out_ptr + k, slot, mask=live)
     tl.store(prev_out_ptr + k, prev, mask=live)
     tl.store(token_out_ptr + k, token, mask=live)

@@ -1,7 +1,7 @@
 """`TritonPlanner`: launches the Triton plan kernels and adapts their outputs to `Plan`.
 
 GPU semantics (see `base`): the same plan as `TorchPlanner(semantics=Semantics.GPU)`, field by
-field, computed the way production does (kv-canary-semantics.md §1.6): one offsets program
+field, computed the way production does (docs/semantics.md §1.5): one offsets program
 over the padded batch, then a 1-D grid over the verify entries. On a CUDA device the kernels
 compile; elsewhere they run in the triton interpreter (`triton_runtime`). Inputs are copied to
 the kernels' device whole, because flat addressing may read any row of `req_to_token`.
@@ -15,19 +15,20 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners import triton_runtime
 from kvcanary_cli.planners.base import (
+    ClampFlag,
     Plan,
     ProblemKind,
     ProblemRole,
     ProblemTable,
+    SeedFlag,
     Semantics,
-    failed_plan,
-    gpu_launch_error,
-    resolve_group,
+    VerifyEntries,
 )
-from kvcanary_cli.planners.rows import check_materializable, row_problems, verify_geometry
+from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, failed_plan, group_frame
+from kvcanary_cli.planners.rows import row_problems
 
 __all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]
 
@@ -62,91 +63,93 @@ class _Inputs:
 
 
 class TritonPlanner:
-    """GPU-semantics planner running SGLang's plan step as Triton kernels."""
+    """GPU-semantics planner running SGLang's plan step as Triton kernels.
+
+    The kernels are loaded on the first `plan`, so a planner can be built (and pickled to a
+    worker process) without importing triton.
+    """
 
     name = "triton"
     semantics = Semantics.GPU
 
     def __init__(
-        self, *, block_size: int | None = None, entries_per_launch: int = ENTRIES_PER_LAUNCH
+        self, *, block_size: int | None = None, entries_per_launch: int = ENTRIES_PER_LAUNCH,
+        std_scan: bool | None = None,
     ) -> None:
-        self._kernels: ModuleType = triton_runtime.load_kernels()
-        #: 'compiled' (CUDA) or 'interpreter' (no CUDA, or TRITON_INTERPRET=1).
-        self.mode: triton_runtime.Mode = triton_runtime.mode()
-        self.device = triton_runtime.device()
-        #: False when triton's standard library cannot run here (see `triton_runtime`).
-        self.std_scan = triton_runtime.std_library_interpreted()
-        #: entries per program of the entries kernel (a power of two).
-        self.block_size = block_size or _BLOCK_SIZE[self.mode]
-        if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
-        self.entries_per_launch = max(self.block_size,
-                                      entries_per_launch // self.block_size * self.block_size)
+        self._block_size = block_size
+        if block_size is not None and (block_size < 16 or block_size & (block_size - 1)):
+            raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+        self._entries_per_launch = entries_per_launch
+        #: prefix sums with triton's `tl.cumsum` (True) or the kernel's own combine function;
+        #: None: whichever can run here (see `triton_runtime.std_library_interpreted`).
+        self._std_scan = std_scan
+
+    @property
+    def mode(self) -> triton_runtime.Mode:
+        """'compiled' (CUDA) or 'interpreter' (no CUDA, or TRITON_INTERPRET=1)."""
+        return triton_runtime.mode()
+
+    @property
+    def block_size(self) -> int:
+        """Entries per program of the entries kernel (a power of two)."""
+        return self._block_size or _BLOCK_SIZE[self.mode]
+
+    @property
+    def entries_per_launch(self) -> int:
+        """Entries one launch of the entries kernel covers (a multiple of the block size)."""
+        return max(self.block_size,
+                   self._entries_per_launch // self.block_size * self.block_size)
 
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Plan `group` of `dump` with the kernels; tensors come back on the CPU."""
-        window, lut = resolve_group(dump, group)
+        frame = group_frame(dump, group)
+        if frame.launch is not None:
+            return failed_plan(frame, backend=self.name)
+        kernels = triton_runtime.load_kernels()
+        device = triton_runtime.device()
+        inputs = self._inputs(dump, frame.lut, device)
         bs = dump.bs
-        capacity_given = dump.scalar("verify_capacity")
-        write_capacity = dump.write_req_capacity
-        error = gpu_launch_error(bs, write_capacity)
-        if error:
-            total = int(verify_geometry(dump, window)[1].sum())
-            capacity = total if capacity_given is None else capacity_given
-            return failed_plan(backend=self.name, group=group, window=window,
-                               translated=lut is not None, bs=bs, verify_capacity=capacity,
-                               write_req_capacity=write_capacity, launch_error=error)
-        inputs = self._inputs(dump, lut)
-        k = self._kernels
         block_bs = bs_block(bs)
-        verify_offsets = torch.empty(bs + 1, dtype=_I64, device=self.device)
-        write_offsets = torch.empty(bs + 1, dtype=_I64, device=self.device)
-        seeds = torch.empty(max(bs, 1), dtype=_I64, device=self.device)
+        verify_offsets = torch.empty(bs + 1, dtype=_I64, device=device)
+        write_offsets = torch.empty(bs + 1, dtype=_I64, device=device)
+        seeds = torch.empty(max(bs, 1), dtype=_I64, device=device)
         seed_raw = torch.empty_like(seeds)
-        seed_flags = torch.empty(max(bs, 1), dtype=torch.uint8, device=self.device)
-        totals = torch.empty(3, dtype=_I64, device=self.device)
-        k.plan_offsets_kernel[(1,)](
+        seed_flags = torch.empty(max(bs, 1), dtype=torch.uint8, device=device)
+        totals = torch.empty(3, dtype=_I64, device=device)
+        kernels.plan_offsets_kernel[(1,)](
             inputs.rpi, inputs.prefix, inputs.extend, inputs.table, inputs.lut,
             verify_offsets, write_offsets, seeds, seed_raw, seed_flags, totals,
-            bs, dump.max_seq_len, inputs.table_numel, inputs.lut_len, window,
-            -1 if capacity_given is None else capacity_given,
-            HAS_LUT=lut is not None, BLOCK_BS=block_bs, STD_SCAN=self.std_scan,
-            num_warps=_warps(block_bs),
+            bs, dump.max_seq_len, inputs.table_numel, inputs.lut_len, frame.window,
+            frame.verify_capacity, HAS_LUT=frame.lut is not None, BLOCK_BS=block_bs,
+            STD_SCAN=(triton_runtime.std_library_interpreted() if self._std_scan is None
+                      else self._std_scan), num_warps=_warps(block_bs),
         )
         total, num_valid, enable = (int(v) for v in totals.cpu())
-        capacity = total if capacity_given is None else capacity_given
-        if enable:
-            check_materializable(total)
-        entries = total if enable else 0
-        columns = self._entries(dump, inputs, verify_offsets, window, entries, block_bs)
+        frame.check_materializable()
+        columns = self._entries(kernels, dump, frame, inputs, verify_offsets,
+                                total if enable else 0, block_bs)
         offsets_cpu = verify_offsets.cpu()
-        seeds_cpu = seeds[:bs].cpu()
         seed_flags_np = seed_flags[:bs].cpu().numpy()
         problems = [
-            row_problems(dump, window, offsets_cpu, gpu=True),
-            _entry_lut_problems(dump, offsets_cpu, columns["position"], columns["clamp"],
-                                self._kernels),
-            _seed_lut_problems(dump, seed_flags_np, seed_raw[:bs].cpu().numpy(),
-                               self._kernels.SEED_CLAMPED),
+            row_problems(dump, frame, gpu=True),
+            _entry_lut_problems(dump, offsets_cpu, columns["position"], columns["clamp"]),
+            _seed_lut_problems(dump, seed_flags_np, seed_raw[:bs].cpu().numpy()),
         ]
-        return Plan(
-            backend=self.name, semantics=self.semantics, group=group, window=window,
-            translated=lut is not None, bs=bs, verify_capacity=capacity,
-            write_req_capacity=write_capacity, total_verify=total,
-            verify_num_valid=num_valid, enable=enable,
-            verify_offsets=offsets_cpu, verify_slot_indices=columns["slot"],
-            verify_expected_tokens=columns["token"],
-            verify_expected_positions=columns["position"],
-            verify_prev_slot_indices=columns["prev"], verify_undefined=columns["undefined"],
-            write_offsets=write_offsets.cpu(), write_seed_slot_indices=seeds_cpu,
+        entries = VerifyEntries(slot=columns["slot"], expected_token=columns["token"],
+                                position=columns["position"], prev_slot=columns["prev"],
+                                undefined=columns["undefined"])
+        rows = frame.write_rows
+        return assemble_plan(
+            frame, backend=self.name, semantics=self.semantics, entries=entries,
+            seeds=seeds[:rows].cpu(),
             seed_undefined=torch.from_numpy(
-                (seed_flags_np & self._kernels.SEED_UNDEFINED).astype(bool)),
-            write_num_valid_reqs=bs, problems=ProblemTable.concat(problems),
+                (seed_flags_np[:rows] & SeedFlag.UNDEFINED).astype(bool)),
+            problems=ProblemTable.concat(problems), kernel_totals=(total, num_valid, enable),
+            verify_offsets=offsets_cpu, write_offsets=write_offsets[:rows + 1].cpu(),
         )
 
-    def _inputs(self, dump: KvDump, lut: torch.Tensor | None) -> _Inputs:
-        dev = self.device
-
+    @staticmethod
+    def _inputs(dump: KvDump, lut: torch.Tensor | None, dev: torch.device) -> _Inputs:
         def vec(t: torch.Tensor | None) -> torch.Tensor:
             if t is None or t.numel() == 0:
                 return torch.zeros(1, dtype=_I64, device=dev)
@@ -169,11 +172,11 @@ class TritonPlanner:
         )
 
     def _entries(
-        self, dump: KvDump, inputs: _Inputs, verify_offsets: torch.Tensor, window: int,
-        entries: int, block_bs: int,
+        self, kernels: ModuleType, dump: KvDump, frame: GroupFrame, inputs: _Inputs,
+        verify_offsets: torch.Tensor, entries: int, block_bs: int,
     ) -> dict[str, torch.Tensor]:
         """Launch the entries kernel over `[0, entries)` in chunks; CPU columns back."""
-        dev = self.device
+        dev = verify_offsets.device
         out = {name: torch.empty(entries, dtype=_I64, device=dev)
                for name in ("slot", "prev", "token", "position")}
         out["undefined"] = torch.empty(entries, dtype=torch.uint8, device=dev)
@@ -183,12 +186,12 @@ class TritonPlanner:
         for start in range(0, entries, self.entries_per_launch):
             stop = min(entries, start + self.entries_per_launch)
             grid = (_cdiv(stop - start, self.block_size),)
-            self._kernels.plan_entries_kernel[grid](
+            kernels.plan_entries_kernel[grid](
                 inputs.rpi, inputs.prefix, inputs.valid, inputs.table, inputs.lut, inputs.pool,
                 verify_offsets, out["slot"], out["prev"], out["token"], out["position"],
                 out["undefined"], out["clamp"],
                 start, stop, dump.bs, dump.max_seq_len, inputs.table_numel, inputs.lut_len,
-                window, inputs.pool_stride, inputs.pool_numel, dump.token_offset,
+                frame.window, inputs.pool_stride, inputs.pool_numel, dump.token_offset,
                 HAS_LUT=inputs.lut_len > 0, HAS_POOL=has_pool, BLOCK_BS=block_bs,
                 SEARCH_STEPS=block_bs.bit_length() - 1, BLOCK_SIZE=self.block_size,
             )
@@ -206,7 +209,6 @@ def _warps(lanes: int) -> int:
 
 def _entry_lut_problems(
     dump: KvDump, offsets: torch.Tensor, positions: torch.Tensor, clamp: torch.Tensor,
-    kernels: ModuleType,
 ) -> ProblemTable:
     """LUT_OUT_OF_RANGE for every clamped verify or prev slot the entries kernel flagged."""
     flags = clamp.numpy()
@@ -218,8 +220,8 @@ def _entry_lut_problems(
     pos = positions.numpy()[flagged]
     table = dump.req_to_token.reshape(-1)
     tables = []
-    for bit, role, shift in ((kernels.CLAMP_SLOT, ProblemRole.VERIFY, 0),
-                             (kernels.CLAMP_PREV, ProblemRole.CHAIN_PREV, 1)):
+    for bit, role, shift in ((ClampFlag.SLOT, ProblemRole.VERIFY, 0),
+                             (ClampFlag.PREV, ProblemRole.CHAIN_PREV, 1)):
         hit = (flags[flagged] & bit) != 0
         if not hit.any():
             continue
@@ -232,11 +234,10 @@ def _entry_lut_problems(
     return ProblemTable.concat(tables)
 
 
-def _seed_lut_problems(
-    dump: KvDump, seed_flags: np.ndarray, seed_raw: np.ndarray, clamped_bit: int
-) -> ProblemTable:
+def _seed_lut_problems(dump: KvDump, seed_flags: np.ndarray, seed_raw: np.ndarray
+                       ) -> ProblemTable:
     """LUT_OUT_OF_RANGE for every clamped seed (entry -1)."""
-    idx = np.flatnonzero(seed_flags & clamped_bit)
+    idx = np.flatnonzero(seed_flags & SeedFlag.CLAMPED)
     if idx.size == 0:
         return ProblemTable.empty()
     return ProblemTable.build(

@@ -1,21 +1,20 @@
-"""The only module that imports triton: picks compiled or interpreted kernels, then loads them.
+"""Where triton is prepared: picks compiled or interpreted kernels, then loads them.
 
 Triton runs a kernel either compiled for a CUDA device or in its interpreter (numpy on the
 host), chosen by `TRITON_INTERPRET`. It reads the variable twice: when `@triton.jit`
 decorates a function (our kernels, in `triton_kernels`), and when `triton` itself is first
-imported (its standard library: `tl.cumsum`, `tl.sum`, ...). So, when no CUDA device exists
-and the user has not chosen a value, this module sets `TRITON_INTERPRET=1` as soon as it is
-imported, and `triton_kernels` is only ever imported through `load_kernels()` below.
+imported (its standard library: `tl.cumsum`, `tl.sum`, ...). So `load_triton()` sets
+`TRITON_INTERPRET=1` when no CUDA device exists and the user has not chosen a value, *then*
+imports triton; and `triton_kernels` is only ever imported through `load_kernels()`. Nothing
+happens at import time: the environment changes only when a triton planner first runs, and
+only on machines without CUDA, where compiled triton cannot run anyway.
 
 If something imported triton earlier in the process without the variable (a plugin, an
 earlier `import triton`), its standard library stays compiled-only. The kernels then keep
 working: `std_library_interpreted()` reports it and the planner passes `STD_SCAN=False`, which
 computes the prefix sums with the kernel's own combine function (slower under the
 interpreter, identical results). To avoid that detour, set `TRITON_INTERPRET=1` before
-starting Python, or import kvcanary's planners before anything imports triton.
-
-Setting the variable changes it for the whole process. It only happens on machines without
-CUDA, where compiled triton cannot run anyway.
+starting Python, or run kvcanary's planners before anything imports triton.
 """
 
 from __future__ import annotations
@@ -50,9 +49,6 @@ def _prepare_environment() -> None:
         os.environ[_ENV] = "1"
 
 
-_prepare_environment()
-
-
 def _interpret_requested() -> bool:
     return os.environ.get(_ENV, "0").strip().lower() in _TRUE
 
@@ -70,14 +66,14 @@ def load_triton() -> tuple[ModuleType, ModuleType]:
     except ImportError as exc:
         raise PlannerUnavailableError(
             f"the triton backend needs the triton package, which cannot be imported ({exc})",
-            tensor="--backend triton",
+            option="--kernel triton",
             hint="pip install triton (Linux), or use --backend torch",
         ) from None
     if not torch.cuda.is_available() and not _interpret_requested():
         raise PlannerUnavailableError(
             f"{_ENV}={os.environ.get(_ENV)!r} asks triton to compile kernels, but no CUDA "
             "device is available",
-            tensor="--backend triton",
+            option="--kernel triton",
             hint=f"unset {_ENV} (or set it to 1) to run the kernels in the triton interpreter",
         )
     return triton, tl
@@ -111,12 +107,13 @@ def std_library_interpreted() -> bool:
 def load_kernels() -> ModuleType:
     """The `triton_kernels` module, decorated in the mode `mode()` reports."""
     load_triton()
-    kernels = importlib.import_module("kvcanary_cli.planners.triton_kernels")
-    if _interpreted(kernels.plan_offsets_kernel) != (mode() == "interpreter"):
+    from kvcanary_cli.planners import triton_kernels  # only after the environment is ready
+
+    if _interpreted(triton_kernels.plan_offsets_kernel) != (mode() == "interpreter"):
         raise PlannerUnavailableError(
             f"triton kernels were loaded for another mode than {_ENV} now asks for "
             f"({mode()})",
-            tensor="--backend triton",
+            option="--kernel triton",
             hint=f"set {_ENV} before the first triton planner runs in this process",
         )
-    return kernels
+    return triton_kernels

@@ -10,12 +10,11 @@ straight from the memory-mapped table, so only the rows of the batch are ever re
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import (
     Plan,
     ProblemKind,
@@ -23,31 +22,14 @@ from kvcanary_cli.planners.base import (
     ProblemTable,
     Semantics,
     Undefined,
-    failed_plan,
-    gpu_launch_error,
-    resolve_group,
+    VerifyEntries,
 )
-from kvcanary_cli.planners.rows import (
-    check_materializable,
-    python_rows_resolve,
-    row_problems,
-    verify_geometry,
-)
+from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, failed_plan, group_frame
+from kvcanary_cli.planners.rows import python_rows_resolve, row_problems
 
 __all__ = ["TorchPlanner"]
 
 _I64 = torch.int64
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Batch:
-    """Per-row geometry shared by every chunk (all int64 [bs] tensors)."""
-
-    rpi: torch.Tensor
-    prefix: torch.Tensor
-    window_start: torch.Tensor
-    verify_len: torch.Tensor
-    offsets: torch.Tensor  # [bs + 1]
 
 
 class _Reader:
@@ -112,6 +94,8 @@ class _Translator:
 class TorchPlanner:
     """Vectorized planner; `semantics` picks REF or GPU behaviour on bad input."""
 
+    mode = None
+
     def __init__(
         self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 22
     ) -> None:
@@ -122,58 +106,36 @@ class TorchPlanner:
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Plan `group` of `dump`."""
         gpu = self.semantics is Semantics.GPU
-        window, lut = resolve_group(dump, group)
-        batch = _geometry(dump, window)
-        bs = dump.bs
-        total = int(batch.offsets[-1])
-        capacity = dump.scalar("verify_capacity")
-        capacity = total if capacity is None else capacity
-        write_capacity = dump.write_req_capacity
-        if gpu and (error := gpu_launch_error(bs, write_capacity)):
-            return failed_plan(backend=self.name, group=group, window=window,
-                               translated=lut is not None, bs=bs, verify_capacity=capacity,
-                               write_req_capacity=write_capacity, launch_error=error)
-        enable = 0 if total > capacity else 1
-        if enable:
-            check_materializable(total)
+        frame = group_frame(dump, group)
+        if gpu and frame.launch is not None:
+            return failed_plan(frame, backend=self.name)
+        frame.check_materializable()
         reader = _Reader(dump, gpu)
-        translate = _Translator(lut, gpu)
-        problems = [row_problems(dump, window, batch.offsets, gpu=gpu)]
-        if enable:
-            lens = batch.verify_len
+        translate = _Translator(frame.lut, gpu)
+        problems = [row_problems(dump, frame, gpu=gpu)]
+        if frame.enable:
+            lens = frame.verify_len
         elif not gpu:  # REF still reads every entry (and may raise) on overflow
-            lens = _scan_lens(dump, batch)
+            lens = _scan_lens(dump, frame)
         else:
-            lens = torch.zeros_like(batch.verify_len)
+            lens = torch.zeros_like(frame.verify_len)
         parts = [
-            self._entries(dump, batch, reader, translate, lens, r0, r1, problems)
+            self._entries(dump, frame, reader, translate, lens, r0, r1, problems)
             for r0, r1 in _row_chunks(lens, self.chunk_entries)
         ]
-        if enable and parts:
-            columns = [torch.cat(col) for col in zip(*parts, strict=True)]
-        else:
-            empty = torch.zeros(0, dtype=_I64)
-            columns = [empty, empty, empty, empty, torch.zeros(0, dtype=torch.uint8)]
-        seeds, seed_undefined = _seeds(dump, batch, reader, translate, gpu, problems)
-        rows = min(bs, write_capacity)
-        active = batch.rpi != 0
-        write_len = torch.where(active & (dump.extend_seq_lens > 0), dump.extend_seq_lens, 0)
-        write_offsets = torch.cat([torch.zeros(1, dtype=_I64), write_len[:rows].cumsum(0)])
-        return Plan(
-            backend=self.name, semantics=self.semantics, group=group, window=window,
-            translated=lut is not None, bs=bs, verify_capacity=capacity,
-            write_req_capacity=write_capacity, total_verify=total,
-            verify_num_valid=total if enable else capacity, enable=enable,
-            verify_offsets=batch.offsets, verify_slot_indices=columns[0],
-            verify_expected_tokens=columns[1], verify_expected_positions=columns[2],
-            verify_prev_slot_indices=columns[3], verify_undefined=columns[4],
-            write_offsets=write_offsets, write_seed_slot_indices=seeds,
-            seed_undefined=seed_undefined, write_num_valid_reqs=bs,
-            problems=ProblemTable.concat(problems),
-        )
+        entries = VerifyEntries.empty()
+        if frame.enable and parts:
+            slot, token, position, prev, undefined = (
+                torch.cat(column) for column in zip(*parts, strict=True))
+            entries = VerifyEntries(slot=slot, expected_token=token, position=position,
+                                    prev_slot=prev, undefined=undefined)
+        seeds, seed_undefined = _seeds(dump, frame, reader, translate, gpu, problems)
+        return assemble_plan(frame, backend=self.name, semantics=self.semantics,
+                             entries=entries, seeds=seeds, seed_undefined=seed_undefined,
+                             problems=ProblemTable.concat(problems))
 
     def _entries(
-        self, dump: KvDump, batch: _Batch, reader: _Reader, translate: _Translator,
+        self, dump: KvDump, frame: GroupFrame, reader: _Reader, translate: _Translator,
         lens: torch.Tensor, r0: int, r1: int, problems: list[ProblemTable],
     ) -> tuple[torch.Tensor, ...]:
         """Entries of rows [r0, r1), truncated per row to `lens`; LUT problems appended."""
@@ -181,9 +143,9 @@ class TorchPlanner:
         rows = torch.repeat_interleave(torch.arange(r0, r1, dtype=_I64), chunk_lens)
         starts = torch.cumsum(chunk_lens, 0) - chunk_lens
         j = torch.arange(rows.shape[0], dtype=_I64) - torch.repeat_interleave(starts, chunk_lens)
-        pos = batch.window_start[rows] + j
-        entry = batch.offsets[rows] + j
-        rp = batch.rpi[rows]
+        pos = frame.window_start[rows] + j
+        entry = frame.verify_offsets[rows] + j
+        rp = frame.pool_rows[rows]
         slot_raw, slot_ok = reader.slots(rp, pos)
         slot, slot_def, slot_big = translate(slot_raw, slot_ok)
         has_prev = pos > 0
@@ -214,20 +176,14 @@ class TorchPlanner:
         return slot, tokens, pos, prev, undefined
 
 
-def _geometry(dump: KvDump, window: int) -> _Batch:
-    window_start, verify_len = verify_geometry(dump, window)
-    offsets = torch.cat([torch.zeros(1, dtype=_I64), verify_len.cumsum(0)])
-    return _Batch(rpi=dump.req_pool_indices, prefix=dump.prefix_lens, window_start=window_start,
-                  verify_len=verify_len, offsets=offsets)
-
-
-def _scan_lens(dump: KvDump, batch: _Batch) -> torch.Tensor:
+def _scan_lens(dump: KvDump, frame: GroupFrame) -> torch.Tensor:
     """Entries per row that can still meet a LUT problem: reads stop at the row's end."""
     msl = dump.max_seq_len
-    reach = torch.minimum(batch.prefix, torch.full_like(batch.prefix, msl + 1))
-    lens = (reach - batch.window_start).clamp(min=0)
-    resolves = python_rows_resolve(batch.rpi, dump.max_reqs)
-    return torch.where(resolves, torch.minimum(lens, batch.verify_len), 0)
+    prefix = dump.prefix_lens
+    reach = torch.minimum(prefix, torch.full_like(prefix, msl + 1))
+    lens = (reach - frame.window_start).clamp(min=0)
+    resolves = python_rows_resolve(frame.pool_rows, dump.max_reqs)
+    return torch.where(resolves, torch.minimum(lens, frame.verify_len), 0)
 
 
 def _row_chunks(lens: torch.Tensor, limit: int) -> Iterator[tuple[int, int]]:
@@ -245,16 +201,16 @@ def _row_chunks(lens: torch.Tensor, limit: int) -> Iterator[tuple[int, int]]:
 
 
 def _seeds(
-    dump: KvDump, batch: _Batch, reader: _Reader, translate: _Translator, gpu: bool,
+    dump: KvDump, frame: GroupFrame, reader: _Reader, translate: _Translator, gpu: bool,
     problems: list[ProblemTable],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chain seeds `T(L[rp, P-1])` for rows that write after a prefix, else -1."""
-    rows = min(dump.bs, dump.write_req_capacity)
-    rp, prefix = batch.rpi[:rows], batch.prefix[:rows]
-    needs = (rp != 0) & (dump.extend_seq_lens[:rows] > 0) & (prefix > 0)
+    rows = frame.write_rows
+    rp, prefix = frame.pool_rows[:rows], dump.prefix_lens[:rows]
+    needs = frame.seed_wanted
     if gpu:
         pos = prefix - 1
-    else:  # REF clamps the seed position (unreachable for valid rows; see §1.8)
+    else:  # REF clamps the seed position (unreachable for valid rows; see §1.6)
         pos = torch.minimum(prefix - 1, torch.full_like(prefix, max(dump.max_seq_len - 1, 0)))
     raw, ok = reader.slots(rp, pos)
     value, defined, big = translate(raw, ok & needs)

@@ -1,7 +1,8 @@
 """Rendering: pure functions from reports to rich renderables or strings (no printing).
 
-`render_check` and `render_provenance` pick the view for an `OutputFormat`. A `str` result
-(JSON, Markdown) is written verbatim; a renderable goes through a console (see `emit`).
+`render_check`, `render_provenance`, `render_inspect` and `render_plan` pick the view for an
+`OutputFormat`. A `str` result (JSON, Markdown) is written verbatim; a renderable goes through
+a console (see `emit`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from rich.console import RenderableType
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.console import OutputFormat, emit, make_console, to_json
+from kvcanary_cli.render.inspect_view import inspect_markdown, inspect_table
 from kvcanary_cli.render.json_report import check_json, provenance_json
 from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
-from kvcanary_cli.render.records import provenance_record, to_record
+from kvcanary_cli.render.plan_view import plan_markdown, plan_table
+from kvcanary_cli.render.records import Record, provenance_record, to_record
 from kvcanary_cli.render.table import check_table, provenance_table
 
 __all__ = [
@@ -22,6 +25,8 @@ __all__ = [
     "emit",
     "make_console",
     "render_check",
+    "render_inspect",
+    "render_plan",
     "render_provenance",
     "to_json",
 ]
@@ -55,5 +60,34 @@ def render_provenance(report: ProvenanceReport, fmt: OutputFormat) -> str | Rend
             return provenance_json(report)
         case OutputFormat.MARKDOWN:
             return provenance_markdown(provenance_record(report))
+        case _:
+            assert_never(fmt)
+
+
+def render_inspect(record: Record, fmt: OutputFormat) -> str | RenderableType:
+    """A `kvcanary.inspect/2` record (what a dump holds) in `fmt`."""
+    match fmt:
+        case OutputFormat.TABLE:
+            return inspect_table(record)
+        case OutputFormat.JSON:
+            return to_json(record)
+        case OutputFormat.MARKDOWN:
+            return inspect_markdown(record)
+        case _:
+            assert_never(fmt)
+
+
+def render_plan(record: Record, fmt: OutputFormat, *, max_rows: int = 50) -> str | RenderableType:
+    """A `kvcanary.plan/1` record (one planner's plan, per request) in `fmt`.
+
+    JSON carries every request; table and Markdown show the first `max_rows`.
+    """
+    match fmt:
+        case OutputFormat.TABLE:
+            return plan_table(record, max_rows=max_rows)
+        case OutputFormat.JSON:
+            return to_json(record)
+        case OutputFormat.MARKDOWN:
+            return plan_markdown(record, max_rows=max_rows)
         case _:
             assert_never(fmt)

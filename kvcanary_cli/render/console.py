@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import IO, Any
 
 from rich.console import Console, RenderableType
 
-__all__ = ["OutputFormat", "emit", "make_console", "to_json"]
+__all__ = ["OutputFormat", "emit", "make_console", "progress", "to_json"]
 
 
 class OutputFormat(StrEnum):
@@ -44,14 +47,37 @@ def to_json(record: dict[str, Any]) -> str:
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
 
-def emit(rendered: RenderableType, console: Console) -> None:
-    """Write a rendered view: strings (JSON, Markdown) verbatim, renderables through rich.
+def emit(rendered: RenderableType, console: Console | None = None) -> None:
+    """Write a rendered view (to stdout by default): strings (JSON, Markdown) verbatim,
+    renderables through rich.
 
     A string must not go through `console.print`, which would parse `[...]` as markup,
     highlight and wrap it.
     """
+    console = console or make_console()
     if isinstance(rendered, str):
         console.file.write(rendered)
         console.file.flush()
     else:
         console.print(rendered)
+
+
+@contextmanager
+def progress(message: str, total: int) -> Iterator[Callable[[int, int], None] | None]:
+    """A spinner (one item) or a progress bar (several) on stderr, only on a terminal.
+
+    Yields the callback to report `(done, total)` with, or None when nothing is shown.
+    """
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import Progress
+
+    stderr = Console(stderr=True)
+    if total <= 1:
+        with stderr.status(message):
+            yield None
+        return
+    with Progress(console=stderr, transient=True) as bar:
+        task = bar.add_task("checking dumps", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)

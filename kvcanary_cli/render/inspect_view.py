@@ -1,4 +1,4 @@
-"""Table view of the `kvcanary.inspect/1` record."""
+"""Table and Markdown views of the `kvcanary.inspect/2` record (what a dump holds)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["inspect_table"]
+from kvcanary_cli.render.markdown import code, table, text
+
+__all__ = ["inspect_markdown", "inspect_table"]
+
+_BATCH_KEYS = ("bs", "active_rows", "padding_rows", "total_prefix_tokens",
+               "total_extend_tokens", "max_reqs", "max_seq_len", "lut_len")
 
 
 def _fmt_bytes(count: int) -> str:
@@ -44,13 +49,12 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
     summary.add_column("key")
     summary.add_column("value")
     summary.add_row("groups", groups)
-    for key in ("bs", "active_rows", "padding_rows", "total_prefix_tokens",
-                "total_extend_tokens", "max_reqs", "max_seq_len", "lut_len"):
+    for key in _BATCH_KEYS:
         summary.add_row(key.replace("_", " "), "-" if batch[key] is None else str(batch[key]))
     parts.append(summary)
-    identity = {**record["provenance"], **record["other_metadata"]}
+    identity = {**record["identity"], **record["other_metadata"]}
     if identity:
-        meta = Table(title="provenance", title_justify="left", show_header=False)
+        meta = Table(title="identity", title_justify="left", show_header=False)
         meta.add_column("key")
         meta.add_column("value")
         for key, value in identity.items():
@@ -60,3 +64,29 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
         parts.append(Text("notes:", style="bold"))
         parts.extend(Text(f"  - {note}") for note in record["notes"])
     return Group(*parts)
+
+
+def inspect_markdown(record: dict[str, Any]) -> str:
+    """The same blocks as the table view, as GitHub Markdown."""
+    parts = [
+        f"## kvcanary inspect: {code(record['path'], cell=False)}",
+        f"{_fmt_bytes(record['file_bytes'])}, format {text(record['format'] or 'hand-made')}",
+        table(["tensor", "dtype", "shape", "bytes", "role"],
+              [[code(t["name"]), t["dtype"], "x".join(map(str, t["shape"])) or "[]",
+                str(t["bytes"]), text(t["role"] or "(ignored)")] for t in record["tensors"]],
+              right={3}),
+        table(["scalar", "value", "source", "option"],
+              [[code(s["name"]), text(s["value"]), text(s["source"]), code(s["option"])]
+               for s in record["scalars"]]),
+        table(["batch", "value"],
+              [["groups", text(", ".join(f"{g['name']} (window {g['window']})"
+                                         for g in record["groups"]))]]
+              + [[key.replace("_", " "), text(record["batch"][key])] for key in _BATCH_KEYS]),
+    ]
+    identity = {**record["identity"], **record["other_metadata"]}
+    if identity:
+        parts.append(table(["identity", "value"],
+                           [[code(k), text(v)] for k, v in identity.items()]))
+    if record["notes"]:
+        parts.append("\n".join(f"- {text(note)}" for note in record["notes"]))
+    return "\n\n".join(parts) + "\n"

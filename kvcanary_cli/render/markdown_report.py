@@ -1,7 +1,7 @@
 """Markdown output, ready to paste into a GitHub issue, rendered from the records only.
 
 Drawing on the same dicts as the JSON output (never on the dataclasses) keeps the two formats
-in agreement. Table cells escape `|`, `<`, `*`, backslashes, backticks and line breaks.
+in agreement. Escaping lives in `render.markdown`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import html
 import json
 from collections import Counter
 
+from kvcanary_cli.analysis.model import FindingCode, code_order
+from kvcanary_cli.render.markdown import code as _code
+from kvcanary_cli.render.markdown import table as _table
+from kvcanary_cli.render.markdown import text as _text
 from kvcanary_cli.render.records import (
-    IDENTITY_KEYS,
     Record,
-    code_order,
     code_sections,
     difference_phrase,
-    finding_order,
     plural,
 )
 
@@ -25,38 +26,10 @@ __all__ = ["check_markdown", "provenance_markdown"]
 _TITLES = {"clean": "clean", "findings": "findings", "bad-input": "bad input"}
 
 
-def _text(value: object) -> str:
-    """A table cell's text, escaped for GitHub-flavoured Markdown."""
-    if value is None:
-        return "-"
-    text = str(value)
-    for char in ("\\", "|", "*", "`"):
-        text = text.replace(char, "\\" + char)
-    text = text.replace("<", "&lt;")
-    return "<br>".join(text.splitlines()) if "\n" in text or "\r" in text else text
-
-
-def _code(value: object, *, cell: bool = True) -> str:
-    """An inline code span; in a table `cell`, `|` is escaped (GitHub unescapes it there)."""
-    text = str(value).replace("\n", " ")
-    if cell:
-        text = text.replace("|", "\\|")
-    fence = "``" if "`" in text else "`"
-    pad = " " if fence == "``" else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _table(header: list[str], rows: list[list[str]], *, right: set[int] | None = None) -> str:
-    right = right or set()
-    align = ["---:" if i in right else "---" for i in range(len(header))]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
-    lines.extend("| " + " | ".join(row) + " |" for row in rows)
-    return "\n".join(lines)
-
-
 def _identity_table(identity: dict[str, str]) -> str:
-    keys = list(IDENTITY_KEYS) + sorted(k for k in identity if k not in IDENTITY_KEYS)
-    return _table(["identity", "value"], [[_text(k), _text(identity.get(k))] for k in keys])
+    if not identity:
+        return "No identity metadata recorded (sglang.version, model, rank, step, ...)."
+    return _table(["identity", "value"], [[_text(k), _text(v)] for k, v in identity.items()])
 
 
 def _groups_table(groups: list[Record]) -> str:
@@ -197,7 +170,7 @@ def _summary_rows(record: Record) -> list[list[str]]:
             totals[key] += c["count"]
             severity[c["code"]] = c["severity"]
     return [[_code(code), severity[code], _code(group), str(totals[(code, group)])]
-            for code, group in sorted(totals, key=lambda k: code_order(*k))]
+            for code, group in sorted(totals, key=lambda k: code_order(FindingCode(k[0]), k[1]))]
 
 
 def check_markdown(record: Record, *, max_rows: int = 10) -> str:
@@ -267,7 +240,7 @@ def provenance_markdown(record: Record) -> str:
         parts.extend(_provenance_body(prov))
     if record["row"] is not None:
         parts.extend(_row_section(record["row"]))
-    findings = sorted(record["findings"], key=finding_order)
+    findings = record["findings"]  # already in report order
     parts.append("### Findings touching it")
     if findings:
         parts.append(_table(

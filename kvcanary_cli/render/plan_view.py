@@ -1,4 +1,4 @@
-"""Table view of the `kvcanary.plan/1` record."""
+"""Table and Markdown views of the `kvcanary.plan/1` record (one planner's plan)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["plan_table"]
+from kvcanary_cli.render.markdown import table, text
+
+__all__ = ["plan_markdown", "plan_table"]
 
 
 def _cell(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
-    """Header line, one row per batch row (bounded), and the problems met."""
-    head = (
+def _headline(record: dict[str, Any]) -> str:
+    return (
         f"group {record['group']} (window {record['window']}"
         f"{', LUT-translated' if record['translated'] else ''}) "
         f"backend {record['backend']} [{record['semantics']} semantics]: "
@@ -25,23 +26,38 @@ def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
         f"num_valid {record['verify_num_valid']}, enable {record['enable']}, "
         f"write_num_valid_reqs {record['write_num_valid_reqs']}"
     )
-    parts: list[RenderableType] = [Text(head, style="bold")]
+
+
+def _request_cells(req: dict[str, Any]) -> list[str]:
+    span = (f"[{req['verify_start']}, {req['verify_end']})"
+            if req["verify_start"] is not None else "-")
+    seed = "undefined" if req["seed_undefined"] else _cell(req["seed"])
+    pool_row = "pad" if req["pool_row"] == 0 else str(req["pool_row"])
+    return [str(req["batch_row"]), pool_row, str(req["prefix_len"]), str(req["extend_len"]),
+            span, str(req["entries"]), seed]
+
+
+def _problem_line(p: dict[str, Any]) -> str:
+    raises = " (REF raises)" if p["upstream_raises"] else ""
+    return (f"{p['kind']}: {p['role']} of batch row {p['batch_row']} (pool row "
+            f"{p['pool_row']}) at position {p['position']}: value {p['value']}{raises}")
+
+
+_COLUMNS = ("batch row", "pool row", "P", "E", "verify range", "entries", "seed")
+
+
+def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
+    """Header line, one row per batch row (bounded), and the problems met."""
+    parts: list[RenderableType] = [Text(_headline(record), style="bold")]
     if record["launch_error"]:
         parts.append(Text(f"the GPU launch raises: {record['launch_error']}", style="red"))
-    table = Table()
-    for name in ("batch row", "pool row", "P", "E", "verify range", "entries", "seed"):
-        table.add_column(name, justify="right")
+    requests = Table()
+    for name in _COLUMNS:
+        requests.add_column(name, justify="right")
     rows = record["requests"]
     for req in rows[:max_rows]:
-        span = (
-            f"[{req['verify_start']}, {req['verify_end']})"
-            if req["verify_start"] is not None else "-"
-        )
-        seed = "undefined" if req["seed_undefined"] else _cell(req["seed"])
-        pool_row = "pad" if req["pool_row"] == 0 else str(req["pool_row"])
-        table.add_row(str(req["batch_row"]), pool_row, str(req["prefix_len"]),
-                      str(req["extend_len"]), span, str(req["entries"]), seed)
-    parts.append(table)
+        requests.add_row(*_request_cells(req))
+    parts.append(requests)
     if len(rows) > max_rows:
         parts.append(Text(f"... and {len(rows) - max_rows} more batch rows (--max-rows)"))
     if record["undefined_entries"]:
@@ -51,11 +67,28 @@ def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
         parts.append(Text(f"{record['problem_count']} problems met while planning "
                           "(run `kvcanary check` for findings and provenance):", style="yellow"))
         for p in record["problems"]:
-            raises = " (REF raises)" if p["upstream_raises"] else ""
-            parts.append(Text(
-                f"  {p['kind']}: {p['role']} of batch row {p['batch_row']} (pool row "
-                f"{p['pool_row']}) at position {p['position']}: value {p['value']}{raises}"))
+            parts.append(Text("  " + _problem_line(p)))
         if record["problem_count"] > len(record["problems"]):
             parts.append(Text(f"  ... and {record['problem_count'] - len(record['problems'])} "
                               "more"))
     return Group(*parts)
+
+
+def plan_markdown(record: dict[str, Any], *, max_rows: int = 50) -> str:
+    """The same blocks as the table view, as GitHub Markdown."""
+    rows = record["requests"]
+    parts = [f"## kvcanary plan: {text(record['dump'])}", f"**{text(_headline(record))}**"]
+    if record["launch_error"]:
+        parts.append(f"The GPU launch raises: {text(record['launch_error'])}")
+    parts.append(table(list(_COLUMNS), [_request_cells(r) for r in rows[:max_rows]],
+                       right=set(range(len(_COLUMNS)))))
+    if len(rows) > max_rows:
+        parts.append(f"… and {len(rows) - max_rows} more batch rows (--max-rows)")
+    if record["problem_count"]:
+        lines = [f"- {text(_problem_line(p))}" for p in record["problems"]]
+        more = record["problem_count"] - len(record["problems"])
+        if more > 0:
+            lines.append(f"- … and {more} more")
+        parts.append(f"{record['problem_count']} problems met while planning:\n"
+                     + "\n".join(lines))
+    return "\n\n".join(parts) + "\n"

@@ -6,7 +6,6 @@ record holds JSON types only and every list has a fixed order, so equal reports 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -22,19 +21,17 @@ from kvcanary_cli.analysis.model import (
     RowMap,
     Severity,
     SlotProvenance,
+    code_order,
 )
 
 __all__ = [
     "CHECK_SCHEMA",
-    "IDENTITY_KEYS",
     "PROVENANCE_SCHEMA",
     "CodeSection",
     "Record",
-    "code_order",
     "code_sections",
     "difference_phrase",
     "dump_verdict",
-    "finding_order",
     "plural",
     "provenance_record",
     "to_record",
@@ -43,41 +40,8 @@ __all__ = [
 CHECK_SCHEMA = "kvcanary.check/1"
 PROVENANCE_SCHEMA = "kvcanary.provenance/1"
 
-#: identity keys every view shows first, in this order (others follow, sorted).
-IDENTITY_KEYS = ("sglang.version", "sglang.commit", "model", "rank", "step", "forward_mode")
-
 #: a record: JSON types only.
 Record = dict[str, Any]
-
-_CODE_ORDER = {code.value: i for i, code in enumerate(FindingCode)}
-_SEVERITY_RANK = {s.value: s.rank for s in Severity}
-
-
-def _none_last(value: int | None) -> tuple[bool, int]:
-    return (value is None, 0 if value is None else value)
-
-
-def finding_order(record: Record) -> tuple[Any, ...]:
-    """Sort key of a finding record.
-
-    Errors first, then the code's declaration order in `FindingCode`, group, batch row, position
-    and slot (None last); the remaining fields only break ties, so the order never depends on
-    the order the detectors produced.
-    """
-    return (
-        -_SEVERITY_RANK.get(record["severity"], -1),
-        _CODE_ORDER.get(record["code"], len(_CODE_ORDER)),
-        record["code"],
-        record["group"],
-        _none_last(record["batch_row"]),
-        _none_last(record["position"]),
-        _none_last(record["slot"]),
-        record["space"],
-        _none_last(record["pool_row"]),
-        record["role"] or "",
-        record["message"],
-        json.dumps(record, sort_keys=True),
-    )
 
 
 _DIFFERENCE_VERBS = {
@@ -95,17 +59,6 @@ def difference_phrase(code: str, count: int) -> str:
     if verb is None:
         return f"{entries} {'differs' if count == 1 else 'differ'} ({code})"
     return f"{verb} {entries} ({code})"
-
-
-def code_order(code: str, group: str = "") -> tuple[int, int, str, str]:
-    """Sort key of a (code, group) count: errors first, then `FindingCode` order, then group."""
-    rank = FindingCode(code).severity.rank if code in _CODE_ORDER else -1
-    return (-rank, _CODE_ORDER.get(code, len(_CODE_ORDER)), code, group)
-
-
-def _count_order(item: tuple[tuple[str, str], int]) -> tuple[int, int, str, str]:
-    (code, group), _ = item
-    return code_order(code, group)
 
 
 def _json_safe(value: object) -> Any:
@@ -171,7 +124,7 @@ def _finding(finding: Finding) -> Record:
 
 
 def _findings(findings: tuple[Finding, ...]) -> list[Record]:
-    return sorted((_finding(f) for f in findings), key=finding_order)
+    return [_finding(f) for f in sorted(findings, key=Finding.order_key)]
 
 
 def _group(group: GroupSummary) -> Record:
@@ -184,7 +137,7 @@ def _group(group: GroupSummary) -> Record:
         "kernel": group.kernel,
         "explained_differences": {
             k: group.explained_differences[k]
-            for k in sorted(group.explained_differences, key=code_order)
+            for k in sorted(group.explained_differences, key=lambda c: code_order(FindingCode(c)))
         },
         "unexplained_differences": group.unexplained_differences,
         "kernel_launch_error": group.kernel_launch_error,
@@ -192,10 +145,10 @@ def _group(group: GroupSummary) -> Record:
 
 
 def _counts(findings: tuple[Finding, ...]) -> list[Record]:
-    counter = Counter((f.code.value, f.group) for f in findings)
+    counter = Counter((f.code, f.group) for f in findings)
     return [
-        {"code": code, "severity": FindingCode(code).severity.value, "group": group, "count": n}
-        for (code, group), n in sorted(counter.items(), key=_count_order)
+        {"code": code.value, "severity": code.severity.value, "group": group, "count": n}
+        for (code, group), n in sorted(counter.items(), key=lambda item: code_order(*item[0]))
     ]
 
 
@@ -212,7 +165,8 @@ def dump_verdict(dump: DumpReport) -> str:
 
 
 def _identity(identity: dict[str, str]) -> Record:
-    return {k: str(identity[k]) for k in sorted(identity)}
+    """Identity keys in the dump's order (the format's identity keys first)."""
+    return {k: str(v) for k, v in identity.items()}
 
 
 def _dump(dump: DumpReport, fail_on: Severity, max_findings: int | None) -> Record:
@@ -285,7 +239,7 @@ def _row(row: RowMap) -> Record:
                 "role": c.role,
                 "seed": c.seed,
                 "swa_slot": c.swa_slot,
-                "marks": sorted(c.marks, key=lambda m: (_CODE_ORDER.get(m, len(_CODE_ORDER)), m)),
+                "marks": sorted(c.marks, key=lambda m: FindingCode(m).order),
             }
             for c in sorted(row.cells, key=lambda c: c.position)
         ],
@@ -331,7 +285,7 @@ def code_sections(dump: Record, max_rows: int) -> list[CodeSection]:
         totals[c["code"]] = totals.get(c["code"], 0) + c["count"]
         severity[c["code"]] = c["severity"]
     by_code: dict[str, list[Record]] = {}
-    for f in sorted(dump["findings"], key=finding_order):
+    for f in dump["findings"]:  # already in report order
         by_code.setdefault(f["code"], []).append(f)
     return [CodeSection(code=code, severity=severity[code], total=total,
                         shown=by_code.get(code, [])[: max(max_rows, 0)])

@@ -13,7 +13,6 @@ from rich.text import Text
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.records import (
-    IDENTITY_KEYS,
     Record,
     code_sections,
     difference_phrase,
@@ -45,10 +44,8 @@ def _identity_line(identity: dict[str, str], path: str | None = None) -> Text:
     version, commit = identity.get("sglang.version"), identity.get("sglang.commit")
     if version or commit:
         bits.append(f"sglang {version or '?'}" + (f" @ {commit}" if commit else ""))
-    for key in IDENTITY_KEYS[2:]:
-        if key in identity:
-            bits.append(f"{key} {identity[key]}")
-    bits.extend(f"{k} {identity[k]}" for k in sorted(identity) if k not in IDENTITY_KEYS)
+    bits.extend(f"{k} {v}" for k, v in identity.items()
+                if k not in ("sglang.version", "sglang.commit"))
     if path is not None:
         bits.append(path)
     return Text("  " + (" · ".join(bits) or "no identity metadata"), style="dim")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcanary_cli.dump import KvDump, load_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.synth import SynthDump
 

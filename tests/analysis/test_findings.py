@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.model import Finding, FindingCode, Severity
-from kvcanary_cli.dump import KvDump
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.scenarios import SCENARIOS
 from kvcanary_cli.dump.synth import SynthSpec, build_dump
+from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import TorchPlanner
+from tests.helpers import TORCH, checked
 
 CORRUPT = [name for name, s in SCENARIOS.items() if s.expected]
 CLEAN = [name for name, s in SCENARIOS.items() if not s.expected]
@@ -33,7 +35,7 @@ def test_every_code_but_divergence_has_a_scenario() -> None:
 @pytest.mark.parametrize("name", CORRUPT)
 def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: Callable) -> None:
     dump, _ = scenario_dump(name)
-    report = run_check(dump, kernel="torch")
+    report = checked(dump, kernel="torch")
     scenario = SCENARIOS[name]
     found = codes_of(report.findings)
     assert set(scenario.expected) <= found
@@ -44,7 +46,7 @@ def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: Call
 @pytest.mark.parametrize("name", CORRUPT)
 def test_same_shape_clean_dump_is_silent(name: str, scenario_dump: Callable) -> None:
     dump, _ = scenario_dump(name, corrupt=False)
-    report = run_check(dump, kernel="torch")
+    report = checked(dump, kernel="torch")
     assert report.findings == ()
 
 
@@ -77,7 +79,7 @@ def test_finding_points_at_the_corrupted_cell(
     name: str, code: str, keys: tuple[str, ...], seed: int, scenario_dump: Callable
 ) -> None:
     dump, truth = scenario_dump(name, seed)
-    hits = _at(run_check(dump, kernel="torch").findings, code)
+    hits = _at(checked(dump, kernel="torch").findings, code)
     assert hits, f"{code} did not fire"
     want = {k: truth[k] for k in keys}
     assert any(all(getattr(f, k) == v for k, v in want.items()) for f in hits), (want, hits)
@@ -85,7 +87,7 @@ def test_finding_points_at_the_corrupted_cell(
 
 def test_aliasing_reports_both_cells(scenario_dump: Callable) -> None:
     dump, truth = scenario_dump("cross-request-aliasing")
-    (finding,) = _at(run_check(dump, kernel="torch").findings, "slot-shared-across-positions")
+    (finding,) = _at(checked(dump, kernel="torch").findings, "slot-shared-across-positions")
     assert finding.provenance is not None
     rpi = dump.req_pool_indices
     cells = {(c.pool_row, c.position) for c in finding.provenance.cells}
@@ -95,7 +97,7 @@ def test_aliasing_reports_both_cells(scenario_dump: Callable) -> None:
 
 def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: Callable) -> None:
     dump, truth = scenario_dump("truncated-lut")
-    report = run_check(dump, kernel="torch")
+    report = checked(dump, kernel="torch")
     hits = _at(report.findings, "lut-out-of-range")
     lut_len = truth["lut_len"]
     assert all(f.slot is not None and f.slot >= lut_len for f in hits)
@@ -130,10 +132,7 @@ def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: Cal
     assert finding.details["reference"] == int(reference.verify_slot_indices[3])
 
 
-def test_kernel_divergence_reaches_the_report(scenario_dump: Callable,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvcanary_cli.analysis.check as check
-
+def test_kernel_divergence_reaches_the_report(scenario_dump: Callable) -> None:
     dump, _ = scenario_dump("clean-decode")
 
     class Broken(TorchPlanner):
@@ -145,8 +144,7 @@ def test_kernel_divergence_reaches_the_report(scenario_dump: Callable,
             seeds[0] = 12345
             return replace(plan, write_seed_slot_indices=seeds)
 
-    monkeypatch.setattr(check, "_kernel_planner", lambda name: Broken())
-    report = check.run_check(dump, kernel="torch")
+    report = run_check(dump, reference=TORCH, kernel=Broken(semantics=Semantics.GPU))
     assert codes_of(report.findings) == {"kernel-divergence"}
 
 
@@ -170,7 +168,7 @@ def test_clean_random_dumps_have_no_error_finding(
                      expected_pool=pool, token_offset=offset, active_rows=active,
                      padding_rows=padding, history=8)
     dump = load_synth(build_dump(spec, seed))
-    report = run_check(dump, kernel="torch")
+    report = checked(dump, kernel="torch")
     errors = [f for f in report.findings if f.severity is Severity.ERROR]
     assert errors == []
 
@@ -178,15 +176,16 @@ def test_clean_random_dumps_have_no_error_finding(
 def test_clean_dump_with_triton_kernel_agrees(scenario_dump: Callable) -> None:
     pytest.importorskip("triton")
     dump, _ = scenario_dump("clean-swa")
-    report = run_check(dump, kernel="triton")
+    report = checked(dump, kernel="triton")
     assert report.findings == ()
     assert all(g.kernel == "triton" and g.unexplained_differences == 0 for g in report.groups)
+    assert report.kernel_mode == "interpreter" or report.kernel_mode == "compiled"
 
 
 def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: Callable) -> None:
     pytest.importorskip("triton")
     dump, _ = scenario_dump("truncated-lut")
-    report = run_check(dump, kernel="triton")
+    report = checked(dump, kernel="triton")
     assert codes_of(report.findings) == {"lut-out-of-range"}
     assert all(g.unexplained_differences == 0 for g in report.groups)
 
@@ -194,5 +193,5 @@ def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: Callable) 
 def test_int64_table_is_read_like_int32(load_synth: Callable) -> None:
     synth = build_dump(SynthSpec(window=8), 3)
     synth.tensors["req_to_token"] = synth.tensors["req_to_token"].to(torch.int64)
-    report = run_check(load_synth(synth), kernel="torch")
+    report = checked(load_synth(synth), kernel="torch")
     assert codes_of(report.findings) == {"gpu-dtype-mismatch"}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
 from kvcanary_cli.analysis.query import row_map, slot_query
-from kvcanary_cli.dump import save_dump
 from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.writer import save_dump
+from kvcanary_cli.planners.frame import group_frame
+from tests.helpers import checked
 
 
 def _tiny_shared(tmp_path) -> object:  # type: ignore[no-untyped-def]
@@ -26,7 +27,7 @@ def _tiny_shared(tmp_path) -> object:  # type: ignore[no-untyped-def]
 
 def test_radix_shared_slot_shows_both_rows_as_shared(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
-    report = run_check(dump, kernel="torch")
+    report = checked(dump, kernel="torch")
     assert report.findings == ()  # legitimate sharing is not a finding
     answer = slot_query(dump, report, 6)
     assert answer.slot is not None
@@ -39,7 +40,7 @@ def test_radix_shared_slot_shows_both_rows_as_shared(tmp_path) -> None:  # type:
 
 def test_stale_copy_in_idle_row_is_labelled(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
-    answer = slot_query(dump, run_check(dump, kernel="none"), 7)
+    answer = slot_query(dump, checked(dump, kernel="none"), 7)
     assert answer.slot is not None
     roles = {(c.pool_row, c.position): c.role for c in answer.slot.cells}
     assert roles == {(1, 2): "verify", (3, 0): "idle-row"}
@@ -54,7 +55,7 @@ def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-unt
     save_dump(path, req_to_token=table, req_pool_indices=dump.req_pool_indices,
               prefix_lens=torch.tensor([4, 2, 0]), extend_seq_lens=torch.tensor([0, 1, 0]))
     aliased = load_dump(path)
-    report = run_check(aliased, kernel="torch")
+    report = checked(aliased, kernel="torch")
     (finding,) = [f for f in report.findings if f.code.value == "slot-shared-across-positions"]
     assert finding.slot == 8
     answer = slot_query(aliased, report, 8)
@@ -74,7 +75,7 @@ def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type
                      req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([4]),
                      full_to_swa_index_mapping=lut, swa_window_size=2, num_full_slots=10)
     dump = load_dump(path)
-    report = run_check(dump, kernel="torch")
+    report = checked(dump, kernel="torch")
     assert {f.code.value for f in report.findings} == {"swa-slot-collision"}
     answer = slot_query(dump, report, 7, space="swa")
     assert answer.slot is not None and answer.slot.mapped_from == (3, 4)
@@ -91,7 +92,7 @@ def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-d
                      req_pool_indices=dump.req_pool_indices, prefix_lens=dump.prefix_lens,
                      extend_seq_lens=dump.extend_seq_lens)
     holed = load_dump(path)
-    answer = row_map(holed, run_check(holed, kernel="torch"), 1)
+    answer = row_map(holed, checked(holed, kernel="torch"), 1)
     assert answer.row is not None
     by_pos = {c.position: c for c in answer.row.cells}
     assert by_pos[1].marks == ("padding-slot-in-live-range",)
@@ -105,7 +106,7 @@ def test_provenance_index_counts_every_cell_but_keeps_few(tmp_path) -> None:  # 
                      req_pool_indices=torch.tensor([2]), prefix_lens=torch.tensor([5]))
     dump = load_dump(path)
     index = ProvenanceIndex(dump, [3], max_cells=4)
-    cells, total = index.cells(3, 0)
+    cells, total = index.cells(3, group_frame(dump, "full"))
     assert total == 300 and len(cells) == 4
     assert all(c.pool_row == 2 for c in cells)  # live rows first
     assert len(live_cells(dump)) == 5

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from render.render_schema import CHECK, PROVENANCE_REPORT, validate
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
 
 runner = CliRunner()
 

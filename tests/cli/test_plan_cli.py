@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump import save_dump
 from kvcanary_cli.dump.synth import SynthSpec, build_dump
+from kvcanary_cli.dump.writer import save_dump
 
 UPSTREAM_MESSAGE = "kv-canary: SWA slot 7 is outside full_to_swa_index_mapping length 5"
 
@@ -183,7 +183,7 @@ _DIVERGENT = {("truncated-lut", "swa")}
 def test_example_plan_files_are_identical_across_backends(
     runner: CliRunner, tmp_path: Path, example: str, group: str
 ) -> None:
-    from kvcanary_cli.dump import load_dump
+    from kvcanary_cli.dump.loader import load_dump
 
     dump = EXAMPLES / f"{example}.safetensors"
     if group == "swa" and load_dump(dump).lut_len is None:
@@ -202,15 +202,15 @@ def test_example_plan_files_are_identical_across_backends(
 def test_truncated_lut_example_strict_exits_1_with_the_upstream_message(
     runner: CliRunner
 ) -> None:
-    from kvcanary_cli.dump import load_dump
-    from kvcanary_cli.planners import get_planner
+    from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.planners.base import lut_error_message
+    from tests.helpers import REFERENCE
 
     dump = EXAMPLES / "truncated-lut.safetensors"
     if not dump.exists():
         pytest.skip("examples/truncated-lut.safetensors is not there")
     loaded = load_dump(dump)
-    first = get_planner("reference").plan(loaded, "swa").problems.first_raise()
+    first = REFERENCE.plan(loaded, "swa").problems.first_raise()
     assert first is not None
     result = runner.invoke(app, ["plan", str(dump), "--group", "swa", "--backend", "reference",
                                  "--strict"])

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump import load_dump
+from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.errors import (
     CorruptDumpError,
     DumpError,
@@ -30,7 +30,6 @@ from kvcanary_cli.errors import (
     MissingTensorError,
     TensorDtypeError,
     TensorShapeError,
-    UsageError,
 )
 
 BS = 3
@@ -369,10 +368,10 @@ CASES: dict[str, Case] = {
         ("kvcanary.format", "'2'"),
     ),
     "unknown-group": Case(
-        _changed({"groups": "full,mamba"}), UsageError, ("groups", "'mamba'", "full, swa"),
+        _changed({"groups": "full,mamba"}), MetadataError, ("groups", "'mamba'", "full, swa"),
     ),
     "groups-swa-without-lut": Case(
-        _changed({"groups": "swa"}), UsageError, ("groups", "full_to_swa_index_mapping"),
+        _changed({"groups": "swa"}), MetadataError, ("groups", "full_to_swa_index_mapping"),
     ),
     # Absurd values.
     "absurd-prefix_lens": Case(
@@ -401,7 +400,14 @@ def inspect_bad_input(path: Path) -> str:
     assert len(lines) == 1, result.stderr
     assert result.stderr == lines[0] + "\n"
     assert lines[0].startswith("error: ")
+    assert lines[0].startswith(f"error: {_shown(path)}"), lines[0]  # every line names the file
     return lines[0]
+
+
+def _shown(path: Path) -> str:
+    """How an error line names `path` (hostile names are shown as their repr)."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)[:20]
 
 
 # --- tests ------------------------------------------------------------------------------------
@@ -437,7 +443,7 @@ def test_load_dump_raises_the_documented_class(case_id: str, tmp_path: Path) -> 
         ("bool-prefix_lens", DumpError),
         ("2d-prefix_lens", DumpError),
         ("scalar-given-twice", DumpError),
-        ("unknown-group", UsageError),
+        ("unknown-group", MetadataError),
     ],
 )
 def test_error_families(case_id: str, family: type[KvcanaryError], tmp_path: Path) -> None:
@@ -476,7 +482,7 @@ def test_truncated_data_names_the_last_tensor(tmp_path: Path) -> None:
     header = json.loads(path.read_bytes()[8 : 8 + size])
     header.pop("__metadata__", None)
     last = max(header, key=lambda name: header[name]["data_offsets"][1])
-    assert inspect_bad_input(path).startswith(f"error: {last}: data offsets")
+    assert inspect_bad_input(path).startswith(f"error: {path}: {last}: data offsets")
 
 
 def test_missing_path_is_not_created(tmp_path: Path) -> None:

@@ -18,9 +18,11 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump import load_dump, save_dump
-from kvcanary_cli.dump.schema import PROVENANCE_KEYS, SCALARS, TENSORS, safetensors_dtype_of
-from kvcanary_cli.errors import DumpError, TensorDtypeError
+from kvcanary_cli.dump.atomic import safetensors_dtype_of, write_safetensors
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, TENSORS
+from kvcanary_cli.dump.writer import save_dump
+from kvcanary_cli.errors import PathError, TensorDtypeError
 
 INT_DTYPES = (torch.int32, torch.int64)
 #: Scalars as save_dump takes them (Python ints), with the smallest value the loader accepts.
@@ -80,7 +82,7 @@ def dump_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             kwargs[name] = draw(st.integers(minimum, 2**62))
     keys = st.text(min_size=1, max_size=12).filter(lambda k: k not in RESERVED_KEYS)
     kwargs["metadata"] = draw(
-        st.dictionaries(st.one_of(st.sampled_from(PROVENANCE_KEYS), keys), st.text(max_size=20),
+        st.dictionaries(st.one_of(st.sampled_from(IDENTITY_KEYS), keys), st.text(max_size=20),
                         max_size=4)
     )
     return kwargs
@@ -152,20 +154,23 @@ def file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_save_refuses_to_overwrite_an_open_input(tmp_dump: Path) -> None:
+def test_a_loaded_dump_survives_its_file_being_replaced(tmp_dump: Path) -> None:
+    save_dump(tmp_dump, **small_batch())
+    dump = load_dump(tmp_dump)
+    table_before = dump.req_to_token.clone()
+    save_dump(tmp_dump, **small_batch(prefix_lens=torch.tensor([5, 5, 5])))  # atomic replace
+    assert dump.prefix_lens.tolist() == [3, 1, 0]
+    assert torch.equal(dump.req_to_token, table_before)  # still the old file's pages
+    assert load_dump(tmp_dump).prefix_lens.tolist() == [5, 5, 5]
+
+
+def test_writer_refuses_to_overwrite_an_input(tmp_dump: Path) -> None:
     save_dump(tmp_dump, **small_batch())
     before = file_hash(tmp_dump)
-    dump = load_dump(tmp_dump)
-    with pytest.raises(DumpError) as caught:
-        save_dump(tmp_dump, **small_batch(prefix_lens=torch.tensor([5, 5, 5])))
-    assert str(tmp_dump) in str(caught.value)
-    assert "open as input" in str(caught.value)
+    with pytest.raises(PathError) as caught:
+        write_safetensors(tmp_dump, {"x": torch.zeros(1)}, {}, inputs=[tmp_dump])
+    assert str(tmp_dump) in str(caught.value) and "input" in str(caught.value)
     assert file_hash(tmp_dump) == before
-    assert dump.prefix_lens.tolist() == [3, 1, 0]
-    del dump
-    gc.collect()
-    save_dump(tmp_dump, **small_batch(prefix_lens=torch.tensor([5, 5, 5])))  # now allowed
-    assert load_dump(tmp_dump).prefix_lens.tolist() == [5, 5, 5]
 
 
 @pytest.mark.parametrize(
@@ -253,19 +258,22 @@ def test_inspect_json_has_schema_bs_and_scalar_sources(tmp_dump: Path) -> None:
               write_req_capacity=torch.tensor(7),  # a scalar stored as a 0-d tensor
               metadata={"model": "m", "rank": 3, "custom.key": "x"})
     record = run_inspect_json(tmp_dump)
-    assert record["schema"] == "kvcanary.inspect/1"
+    assert record["schema"] == "kvcanary.inspect/2"
     assert record["format"] == "1"
     assert record["batch"]["bs"] == 3
     assert record["batch"]["active_rows"] == 2
     assert record["batch"]["max_reqs"] == 4 and record["batch"]["max_seq_len"] == 6
     sources = {s["name"]: (s["value"], s["source"]) for s in record["scalars"]}
+    options = {s["name"]: s["option"] for s in record["scalars"]}
+    assert options["swa_window_size"] == "--swa-window"  # from the schema, like the CLI's
+    assert "identity" in record and "provenance" not in record
     assert sources["page_size"] == (4, "metadata")
     assert sources["verify_capacity"] == (10, "metadata")
     assert sources["write_req_capacity"] == (7, "tensor")
     assert sources["swa_window_size"] == (None, "default")
     assert sources["kv_token_id_vs_position_offset"] == (0, "default")
     assert record["groups"] == [{"name": "full", "window": 0}]
-    assert record["provenance"] == {"model": "m", "rank": "3"}
+    assert record["identity"] == {"model": "m", "rank": "3"}
     assert record["other_metadata"] == {"custom.key": "x"}
     roles = {t["name"]: t["role"] for t in record["tensors"]}
     assert roles["write_req_capacity"] == "scalar"

@@ -108,17 +108,15 @@ def assert_plans_equal(a: Plan, b: Plan, *, upstream: bool = False) -> None:
 
 @functools.cache
 def triton_planner() -> Planner | None:
-    """The Triton planner, or None only where it cannot exist here (module or triton absent).
+    """The Triton planner, or None only where triton cannot run here (not installed).
 
-    A planner that imports but then fails is *not* hidden: its tests fail.
+    A planner that loads but then fails is *not* hidden: its tests fail.
     """
+    from kvcanary_cli.planners import triton_runtime
+    from kvcanary_cli.planners.triton_planner import TritonPlanner
+
     try:
-        from kvcanary_cli.planners.triton_planner import TritonPlanner
-    except ModuleNotFoundError as exc:  # not written yet, or triton not installed
-        if exc.name in ("kvcanary_cli.planners.triton_planner", "triton"):
-            return None
-        raise
-    try:
-        return TritonPlanner()
+        triton_runtime.load_triton()
     except PlannerUnavailableError:
         return None
+    return TritonPlanner()

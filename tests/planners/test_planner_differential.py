@@ -16,20 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from plan_helpers import assert_plans_equal, triton_planner
-from strategies import DumpCase, corrupt_dumps, dump_from, valid_dumps
 
 from kvcanary_cli.errors import UpstreamPlanError
-from kvcanary_cli.planners import get_planner
 from kvcanary_cli.planners.base import Plan, ProblemKind, lut_error_message
+from tests.helpers import REFERENCE, STRICT, TORCH, TORCH_GPU
+from tests.planners.plan_helpers import assert_plans_equal, triton_planner
+from tests.strategies import DumpCase, corrupt_dumps, dump_from, valid_dumps
 
 _SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
-
-REFERENCE = get_planner("reference")
-STRICT = get_planner("reference", strict=True)
-TORCH = get_planner("torch")
-TORCH_GPU = get_planner("torch-gpu")
-
 
 @pytest.fixture(scope="module")
 def dump_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,6 +1,6 @@
-"""Hand-computed plans of tiny dumps, one per sentinel rule of kv-canary-semantics.md §1.
+"""Hand-computed plans of tiny dumps, one per sentinel rule of docs/semantics.md §1.
 
-Every expected tensor below was worked out by hand from §1.2 (valid input) and §1.8 (where
+Every expected tensor below was worked out by hand from §1.2 (valid input) and §1.6 (where
 REF and the GPU path part ways), not produced by a planner.
 """
 
@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from plan_helpers import triton_planner
 
-from kvcanary_cli.dump import KvDump, load_dump, save_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import UpstreamPlanError
-from kvcanary_cli.planners import get_planner
 from kvcanary_cli.planners.base import (
     Plan,
     Planner,
@@ -25,6 +24,8 @@ from kvcanary_cli.planners.base import (
     Semantics,
     Undefined,
 )
+from tests.helpers import PLANNERS, REFERENCE, STRICT
+from tests.planners.plan_helpers import triton_planner
 
 ALL = ("reference", "torch", "torch-gpu", "triton")
 REF = ("reference", "torch")
@@ -40,7 +41,7 @@ def planner_named(name: str) -> Planner:
         if planner is None:
             pytest.skip("kvcanary_cli.planners.triton_planner or triton is not installed")
         return planner
-    return get_planner(name)
+    return PLANNERS[name]
 
 
 def make(
@@ -380,7 +381,7 @@ def test_short_lut_is_clamped_on_the_gpu(tmp_path: Path, backend: str, last: int
 
 def test_short_lut_strict_raises_upstream_message(tmp_path: Path) -> None:
     with pytest.raises(UpstreamPlanError) as info:
-        get_planner("reference", strict=True).plan(short_lut(tmp_path), "swa")
+        STRICT.plan(short_lut(tmp_path), "swa")
     # the first offender in batch-row / entry order (row 0's 7, not row 1's smaller 6)
     assert info.value.message == (
         "kv-canary: SWA slot 7 is outside full_to_swa_index_mapping length 5")
@@ -420,10 +421,10 @@ def prev_outside_window(tmp_path: Path) -> KvDump:
 def test_strict_raises_for_the_prev_slot_outside_the_window(tmp_path: Path) -> None:
     dump = prev_outside_window(tmp_path)
     with pytest.raises(UpstreamPlanError) as info:
-        get_planner("reference", strict=True).plan(dump, "swa")
+        STRICT.plan(dump, "swa")
     assert info.value.message == (
         "kv-canary: SWA slot 9 is outside full_to_swa_index_mapping length 5")
-    collected = get_planner("reference").plan(dump, "swa")
+    collected = REFERENCE.plan(dump, "swa")
     assert collected.problems.rows() == [problem(LUT_RANGE, CHAIN_PREV, 0, 1, 1, 9, 0, True)]
     check(collected, verify_slot_indices=[102, 103], verify_prev_slot_indices=[0, 102],
           verify_undefined=[PREV, 0])
@@ -443,10 +444,10 @@ def test_prev_slot_outside_the_window_is_clamped_on_the_gpu(
 def test_strict_raises_even_when_capacity_overflows(tmp_path: Path) -> None:
     dump = short_lut(tmp_path, verify_capacity=1)
     with pytest.raises(UpstreamPlanError) as info:
-        get_planner("reference", strict=True).plan(dump, "swa")
+        STRICT.plan(dump, "swa")
     assert info.value.message == (
         "kv-canary: SWA slot 7 is outside full_to_swa_index_mapping length 5")
-    collected = get_planner("reference").plan(dump, "swa")
+    collected = REFERENCE.plan(dump, "swa")
     assert collected.problems.rows() == SHORT_LUT_PROBLEMS  # REF still builds every entry
     check(collected, enable=0, verify_num_valid=1, verify_slot_indices=[])
 
@@ -478,7 +479,7 @@ def test_negative_pool_row_wraps_under_reference(tmp_path: Path, backend: str) -
 
 def test_negative_pool_row_does_not_raise_in_strict_mode(tmp_path: Path) -> None:
     dump = negative_row(tmp_path)
-    plan = get_planner("reference", strict=True).plan(dump, "full")
+    plan = STRICT.plan(dump, "full")
     check(plan, verify_slot_indices=[21, 22], write_seed_slot_indices=[22])
 
 

@@ -22,18 +22,20 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
-from kvcanary_cli.dump import KvDump, load_dump, save_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.synth import SynthSpec, build_dump
+from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PlannerUnavailableError
-from kvcanary_cli.planners import get_planner, triton_runtime
+from kvcanary_cli.planners import Kernel, make_kernel, triton_runtime
 from kvcanary_cli.planners.base import (
-    GPU_MAX_BS,
     Plan,
     ProblemKind,
     ProblemRole,
+    ProblemTable,
     Semantics,
     Undefined,
 )
+from kvcanary_cli.planners.frame import GPU_MAX_BS
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner, bs_block
 from kvcanary_cli.planners.vectorized import TorchPlanner
@@ -42,7 +44,7 @@ TRITON = TritonPlanner()
 TORCH_GPU = TorchPlanner(semantics=Semantics.GPU)
 S, P, T = int(Undefined.SLOT), int(Undefined.PREV), int(Undefined.TOKEN)
 LUT_OOR, ROW_OOR = ProblemKind.LUT_OUT_OF_RANGE, ProblemKind.ROW_OUT_OF_RANGE
-BEYOND, TOKEN_OOR = ProblemKind.POSITION_BEYOND_ROW, ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE
+BEYOND, TOKEN_OOR = ProblemKind.PREFIX_BEYOND_ROW, ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE
 VERIFY, PREV, SEED = ProblemRole.VERIFY, ProblemRole.CHAIN_PREV, ProblemRole.SEED
 EXPECTED = ProblemRole.EXPECTED_TOKEN
 
@@ -62,19 +64,25 @@ def _problems(plan: Plan) -> list[tuple[int, ...]]:
             for p in plan.problems.rows()]
 
 
+def assert_same_values(got: object, want: object, name: str) -> None:
+    """Equality of plan values: tensors in dtype and values, dataclasses field by field."""
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.device == want.device, name
+        assert torch.equal(got, want), f"{name}: {got.tolist()} != {want.tolist()}"
+    elif isinstance(got, ProblemTable) and isinstance(want, ProblemTable):
+        assert got.same_as(want), f"{name}: {got.rows()} != {want.rows()}"
+    elif dataclasses.is_dataclass(got) and not isinstance(got, type):
+        for f in dataclasses.fields(got):
+            assert_same_values(getattr(got, f.name), getattr(want, f.name), f"{name}.{f.name}")
+    else:
+        assert got == want, f"{name}: {got!r} != {want!r}"
+
+
 def assert_same_plan(got: Plan, want: Plan) -> None:
-    """Field-by-field equality, the backend name excepted; tensors equal in dtype and values."""
+    """Field-by-field equality (the frame's too), the backend name excepted."""
     for f in dataclasses.fields(Plan):
-        a, b = getattr(got, f.name), getattr(want, f.name)
-        if f.name == "backend":
-            continue
-        if isinstance(a, torch.Tensor):
-            assert a.dtype == b.dtype and a.device == b.device, f.name
-            assert torch.equal(a, b), f"{f.name}: {a.tolist()} != {b.tolist()}"
-        elif f.name == "problems":
-            assert a.same_as(b), f"problems: {a.rows()} != {b.rows()}"
-        else:
-            assert a == b, f"{f.name}: {a!r} != {b!r}"
+        if f.name != "backend":
+            assert_same_values(getattr(got, f.name), getattr(want, f.name), f.name)
 
 
 def _check(dump: KvDump, group: str) -> Plan:
@@ -83,7 +91,7 @@ def _check(dump: KvDump, group: str) -> Plan:
     return plan
 
 
-# --- golden cases, computed by hand from semantics §1.2 / §1.8 ---------------------------
+# --- golden cases, computed by hand from docs/semantics.md §1.2 / §1.6 -----------------
 
 
 @pytest.fixture
@@ -265,8 +273,7 @@ def test_binary_search_over_many_rows(tmp_path: Path) -> None:
     start = plan.verify_offsets[rows]
     assert torch.equal(plan.verify_expected_positions, torch.arange(plan.entries) - start)
     # Prefix sums through the kernel's own combine function (no triton standard library).
-    own_scan = TritonPlanner()
-    own_scan.std_scan = False
+    own_scan = TritonPlanner(std_scan=False)
     assert_same_plan(own_scan.plan(dump, "full"), plan)
 
 
@@ -286,7 +293,8 @@ def test_bs_block() -> None:
 
 
 def test_registry_and_mode() -> None:
-    planner = get_planner("triton")
+    planner = make_kernel(Kernel.TRITON)
+    assert planner is not None
     assert planner.name == "triton" and planner.semantics is Semantics.GPU
     expected = "compiled" if torch.cuda.is_available() else "interpreter"
     assert TRITON.mode == triton_runtime.mode() == expected
@@ -316,7 +324,8 @@ def test_compiled_mode_without_cuda_is_refused(monkeypatch: pytest.MonkeyPatch) 
 def test_interpreter_is_chosen_even_if_triton_was_imported_first(tmp_path: Path) -> None:
     script = (
         "import triton, torch\n"
-        "from kvcanary_cli.dump import save_dump, load_dump\n"
+        "from kvcanary_cli.dump.writer import save_dump\n"
+        "from kvcanary_cli.dump.loader import load_dump\n"
         "from kvcanary_cli.planners.triton_planner import TritonPlanner\n"
         f"p = save_dump({str(tmp_path / 'd.safetensors')!r}, req_to_token=torch.arange(8)"
         ".reshape(2, 4).int(), req_pool_indices=[1], prefix_lens=[3])\n"
@@ -333,7 +342,7 @@ def test_interpreter_is_chosen_even_if_triton_was_imported_first(tmp_path: Path)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_kernels_on_cuda(tmp_path: Path) -> None:
-    assert TRITON.mode == "compiled" and TRITON.device.type == "cuda"
+    assert TRITON.mode == "compiled" and triton_runtime.device().type == "cuda"
     spec = SynthSpec(max_reqs=200, max_seq_len=2048, active_rows=150, history=300,
                      window=128, expected_pool=True, spare_slots=256)
     dump = load_dump(build_dump(spec, seed=11).save(tmp_path / "gpu.safetensors"))

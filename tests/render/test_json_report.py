@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from render_schema import CHECK, PROVENANCE_REPORT, validate
-
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.json_report import check_json, provenance_json
 from kvcanary_cli.render.records import provenance_record, to_record
+from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
 
 
 def test_check_json_parses_and_validates(any_report: CheckReport) -> None:

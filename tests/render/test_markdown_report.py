@@ -7,11 +7,11 @@ import re
 from collections import Counter
 
 import pytest
-from md_tables import tables
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
 from kvcanary_cli.render.records import provenance_record, to_record
+from tests.render.md_tables import tables
 
 HEAD = re.compile(r"^#### `([a-z-]+)` · (error|warning|info) · (\d+) findings?$", re.M)
 

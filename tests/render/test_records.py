@@ -6,8 +6,6 @@ import json
 import random
 from dataclasses import replace
 
-from render_schema import CHECK, PROVENANCE_REPORT, validate
-
 from kvcanary_cli.analysis.model import (
     CheckReport,
     DumpReport,
@@ -16,7 +14,8 @@ from kvcanary_cli.analysis.model import (
     ProvenanceReport,
     Severity,
 )
-from kvcanary_cli.render.records import finding_order, provenance_record, to_record
+from kvcanary_cli.render.records import provenance_record, to_record
+from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
 
 CODE_INDEX = {c.value: i for i, c in enumerate(FindingCode)}
 
@@ -90,12 +89,11 @@ def test_order_does_not_depend_on_input_order(single_report: CheckReport) -> Non
 
 
 def test_none_sorts_last() -> None:
-    base = {"severity": "error", "code": "negative-slot", "group": "full", "batch_row": 1,
-            "position": 3, "slot": 5, "space": "full", "pool_row": 2, "role": "verify",
-            "message": "m"}
-    assert finding_order(base) < finding_order({**base, "batch_row": None})
-    assert finding_order(base) < finding_order({**base, "position": None})
-    assert finding_order(base) < finding_order({**base, "slot": None})
+    base = Finding(code=FindingCode.NEGATIVE_SLOT, group="full", batch_row=1, position=3,
+                   slot=5, pool_row=2, role="verify", message="m")
+    assert base.order_key() < replace(base, batch_row=None).order_key()
+    assert base.order_key() < replace(base, position=None).order_key()
+    assert base.order_key() < replace(base, slot=None).order_key()
 
 
 def test_verdicts(multi_report: CheckReport) -> None:

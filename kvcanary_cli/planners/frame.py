@@ -1,0 +1,220 @@
+"""The per-group frame of a plan, computed once: window, LUT, geometry, capacities, limits.
+
+Everything about planning one group that does not depend on the *contents* of `req_to_token`
+lives here (docs/semantics.md §1.2, §1.4, §1.5): which rows are active, where each row's verify
+window starts, how many entries it asks for, the exclusive prefix sums, whether the verify
+capacity overflows, and whether the GPU path refuses to launch at all. Every backend plans
+from a `GroupFrame` and assembles its `Plan` with `assemble_plan`; analysis reads the same
+frame instead of re-deriving any of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.errors import OptionError, PlanTooLargeError
+from kvcanary_cli.planners.base import Plan, ProblemTable, Semantics, VerifyEntries
+
+__all__ = [
+    "GPU_MAX_BS",
+    "MAX_MATERIALIZED_ENTRIES",
+    "GroupFrame",
+    "LaunchLimit",
+    "assemble_plan",
+    "failed_plan",
+    "group_frame",
+    "launch_limit",
+    "window_start",
+]
+
+#: `_PLAN_BS_BLOCK_SIZE`: the GPU plan path refuses larger batches.
+GPU_MAX_BS = 4096
+#: Verify entries kvcanary will hold in memory (40 bytes each): production capacities are
+#: about 3x the KV pool, far below this; more means corrupt lengths.
+MAX_MATERIALIZED_ENTRIES = 1 << 26
+_I64 = torch.int64
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchLimit:
+    """Why the GPU plan path refuses a batch before launching (§1.5): which limit, how far."""
+
+    #: `_PLAN_BS_BLOCK_SIZE` or `write_req_capacity`.
+    name: str
+    limit: int
+    bs: int
+
+    @property
+    def message(self) -> str:
+        """The ValueError text production raises."""
+        if self.name == "_PLAN_BS_BLOCK_SIZE":
+            return (
+                f"kv-canary: launch_canary_plan_kernels supports at most bs={self.limit} reqs "
+                f"per launch, got bs={self.bs}; bump _PLAN_BS_BLOCK_SIZE"
+            )
+        return f"kv-canary: bs={self.bs} exceeds write_req_capacity={self.limit}"
+
+
+def launch_limit(bs: int, write_req_capacity: int) -> LaunchLimit | None:
+    """The first launch limit `bs` breaks, in the order the GPU path checks them."""
+    if bs > GPU_MAX_BS:
+        return LaunchLimit(name="_PLAN_BS_BLOCK_SIZE", limit=GPU_MAX_BS, bs=bs)
+    if bs > write_req_capacity:
+        return LaunchLimit(name="write_req_capacity", limit=write_req_capacity, bs=bs)
+    return None
+
+
+def window_start(prefix_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """First verified position per row: `max(0, P - W)` with a window, else 0 (§1.2)."""
+    if window > 0:
+        return (prefix_lens - window).clamp(min=0)
+    return torch.zeros_like(prefix_lens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupFrame:
+    """One group's plan geometry (per-row tensors are int64 `[bs]`)."""
+
+    group: str
+    #: W: 0 for the full group, `swa_window_size` (>= 0) for swa.
+    window: int
+    #: the SWA LUT for the swa group, None for full.
+    lut: torch.Tensor | None
+    bs: int
+    #: pool row per batch row (0 = padding).
+    pool_rows: torch.Tensor
+    #: `max(0, P - W)` (W > 0), else 0.
+    window_start: torch.Tensor
+    #: entries each row asks for: `P - window_start` for active rows with P > 0, else 0.
+    verify_len: torch.Tensor
+    #: exclusive prefix sum of verify_len, `[bs + 1]`.
+    verify_offsets: torch.Tensor
+    total_verify: int
+    #: the recorded capacity, or `total_verify` when the dump records none.
+    verify_capacity: int
+    capacity_recorded: bool
+    #: length of `write_seed_slot_indices` (default bs).
+    write_req_capacity: int
+    #: tokens each row writes: E for active rows with E > 0, else 0.
+    write_len: torch.Tensor
+    #: exclusive prefix sum of write_len over the first `min(bs, R)` rows, `[min(bs, R) + 1]`.
+    write_offsets: torch.Tensor
+    #: rows whose write seed is read (`T(L[rp, P-1])`): active, E > 0, P > 0; `[min(bs, R)]`.
+    seed_wanted: torch.Tensor
+    #: set when the GPU path refuses the batch (the reference has no such limit).
+    launch: LaunchLimit | None
+
+    @property
+    def lut_len(self) -> int:
+        """Length of the LUT (0 without one)."""
+        return 0 if self.lut is None else int(self.lut.shape[0])
+
+    @property
+    def overflow(self) -> bool:
+        """More entries requested than the capacity: the verify launch is skipped (§1.4)."""
+        return self.total_verify > self.verify_capacity
+
+    @property
+    def enable(self) -> int:
+        """1 when verify runs this step, 0 on overflow."""
+        return 0 if self.overflow else 1
+
+    @property
+    def verify_num_valid(self) -> int:
+        """The plan's `verify_num_valid`: the capacity on overflow, else the total."""
+        return self.verify_capacity if self.overflow else self.total_verify
+
+    @property
+    def write_rows(self) -> int:
+        """Rows of the write plan upstream fills: `min(bs, write_req_capacity)`."""
+        return min(self.bs, self.write_req_capacity)
+
+    def check_materializable(self) -> None:
+        """Refuse to hold more verify entries than any real plan has (corrupt lengths)."""
+        if self.enable and self.total_verify > MAX_MATERIALIZED_ENTRIES:
+            raise PlanTooLargeError(
+                f"the batch asks for {self.total_verify} verify entries, more than kvcanary "
+                f"holds in memory ({MAX_MATERIALIZED_ENTRIES})", field="prefix_lens",
+                hint="the lengths look corrupt; or pass --verify-capacity to plan an overflow",
+            )
+
+
+def _exclusive_cumsum(values: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=_I64), values.cumsum(0)])
+
+
+def group_frame(dump: KvDump, group: str) -> GroupFrame:
+    """The frame of `group`; an `OptionError` if the dump cannot plan it."""
+    if group == "full":
+        window, lut = 0, None
+    elif group == "swa":
+        lut = dump.full_to_swa_index_mapping
+        if lut is None:
+            raise OptionError("group swa needs full_to_swa_index_mapping, which this dump lacks",
+                              option="--group", hint="use --group full")
+        window = dump.window("swa")
+    else:
+        raise OptionError(f"unknown group {group!r} (expected full or swa)", option="--group")
+    rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
+    active = rpi != 0
+    start = window_start(prefix, window)
+    verify_len = torch.where(active, (prefix - start).clamp(min=0), 0)
+    total = int(verify_len.sum())
+    recorded = dump.scalar("verify_capacity")
+    write_capacity = dump.write_req_capacity
+    rows = min(dump.bs, write_capacity)
+    write_len = torch.where(active & (extend > 0), extend, 0)
+    return GroupFrame(
+        group=group, window=window, lut=lut, bs=dump.bs, pool_rows=rpi, window_start=start,
+        verify_len=verify_len, verify_offsets=_exclusive_cumsum(verify_len), total_verify=total,
+        verify_capacity=total if recorded is None else recorded,
+        capacity_recorded=recorded is not None, write_req_capacity=write_capacity,
+        write_len=write_len, write_offsets=_exclusive_cumsum(write_len[:rows]),
+        seed_wanted=(active & (extend > 0) & (prefix > 0))[:rows],
+        launch=launch_limit(dump.bs, write_capacity),
+    )
+
+
+def assemble_plan(
+    frame: GroupFrame, *, backend: str, semantics: Semantics, entries: VerifyEntries,
+    seeds: torch.Tensor, seed_undefined: torch.Tensor, problems: ProblemTable,
+    kernel_totals: tuple[int, int, int] | None = None,
+    verify_offsets: torch.Tensor | None = None, write_offsets: torch.Tensor | None = None,
+) -> Plan:
+    """The one place a `Plan` is built.
+
+    Host backends take totals and offsets from the frame; a kernel passes the ones it
+    computed itself (`kernel_totals` = total_verify, verify_num_valid, enable) so that the
+    comparison with the reference checks them.
+    """
+    total, num_valid, enable = kernel_totals or (
+        frame.total_verify, frame.verify_num_valid, frame.enable)
+    return Plan(
+        backend=backend, semantics=semantics, frame=frame, total_verify=total,
+        verify_num_valid=num_valid, enable=enable,
+        verify_offsets=frame.verify_offsets if verify_offsets is None else verify_offsets,
+        verify_slot_indices=entries.slot, verify_expected_tokens=entries.expected_token,
+        verify_expected_positions=entries.position, verify_prev_slot_indices=entries.prev_slot,
+        verify_undefined=entries.undefined,
+        write_offsets=frame.write_offsets if write_offsets is None else write_offsets,
+        write_seed_slot_indices=seeds, seed_undefined=seed_undefined,
+        write_num_valid_reqs=frame.bs, problems=problems,
+    )
+
+
+def failed_plan(frame: GroupFrame, *, backend: str) -> Plan:
+    """The plan of a GPU launch that raised before running: no outputs, only the error."""
+    assert frame.launch is not None
+    empty = torch.zeros(0, dtype=_I64)
+    return Plan(
+        backend=backend, semantics=Semantics.GPU, frame=frame, total_verify=0,
+        verify_num_valid=0, enable=0, verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
+        verify_slot_indices=empty, verify_expected_tokens=empty,
+        verify_expected_positions=empty, verify_prev_slot_indices=empty,
+        verify_undefined=torch.zeros(0, dtype=torch.uint8), write_offsets=empty,
+        write_seed_slot_indices=empty, seed_undefined=torch.zeros(0, dtype=torch.bool),
+        write_num_valid_reqs=0, launch_error=frame.launch.message,
+    )

@@ -1,0 +1,27 @@
+"""Planner objects for tests, and `checked(dump, kernel=...)`: `run_check` with them injected."""
+
+from __future__ import annotations
+
+from kvcanary_cli.analysis.check import run_check
+from kvcanary_cli.analysis.model import DumpReport
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.planners.base import Planner, Semantics
+from kvcanary_cli.planners.reference import ReferencePlanner
+from kvcanary_cli.planners.triton_planner import TritonPlanner
+from kvcanary_cli.planners.vectorized import TorchPlanner
+
+REFERENCE = ReferencePlanner()
+STRICT = ReferencePlanner(strict=True)
+TORCH = TorchPlanner()
+TORCH_GPU = TorchPlanner(semantics=Semantics.GPU)
+TRITON = TritonPlanner()
+#: the `--kernel` choices of `kvcanary check`, as objects.
+KERNELS: dict[str, Planner | None] = {"torch": TORCH_GPU, "triton": TRITON, "none": None}
+#: every planner, by the name tests parametrize over.
+PLANNERS: dict[str, Planner] = {"reference": REFERENCE, "torch": TORCH, "torch-gpu": TORCH_GPU,
+                                "triton": TRITON}
+
+
+def checked(dump: KvDump, *, kernel: str = "torch") -> DumpReport:
+    """`run_check` with the vectorized reference and the named kernel."""
+    return run_check(dump, reference=TORCH, kernel=KERNELS[kernel])
