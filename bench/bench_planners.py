@@ -39,7 +39,8 @@ def numpy_gather(dump: KvDump) -> np.ndarray:
     lens = np.where(rpi != 0, prefix, 0)
     rows = np.repeat(np.arange(rpi.size), lens)
     pos = np.arange(rows.size) - np.repeat(np.cumsum(lens) - lens, lens)
-    return table[rpi[rows] * dump.max_seq_len + pos]
+    gathered: np.ndarray = table[rpi[rows] * dump.max_seq_len + pos]
+    return gathered
 
 
 def scalar_loop(dump: KvDump) -> list[int]:
@@ -60,8 +61,11 @@ def main() -> None:
     parser.add_argument("--size", default="medium", choices=["tiny", "small", "medium", "large"])
     parser.add_argument("--scenario", default="clean-swa")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--skip-scalar", action="store_true",
-                        help="skip the per-token Python loops (minutes on large)")
+    parser.add_argument(
+        "--skip-scalar",
+        action="store_true",
+        help="skip the per-token Python loops (minutes on large)",
+    )
     parser.add_argument("--triton", action="store_true", help="also time the Triton planner")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
@@ -72,23 +76,28 @@ def main() -> None:
         print(f"built {path.name} in {time.perf_counter() - start:.1f}s")
     dump = load_dump(path)
     entries = int(numpy_gather(dump).size)
-    print(f"{path.name}: req_to_token {tuple(dump.req_to_token.shape)}, bs {dump.bs}, "
-          f"{entries} full-group verify entries, file {path.stat().st_size / 2**20:.0f} MiB")
+    print(
+        f"{path.name}: req_to_token {tuple(dump.req_to_token.shape)}, bs {dump.bs}, "
+        f"{entries} full-group verify entries, file {path.stat().st_size / 2**20:.0f} MiB"
+    )
     t: dict[str, float] = {}
     t["load_dump (lazy)"] = timed(lambda: load_dump(path), args.repeat)
     t["numpy gather"] = timed(lambda: numpy_gather(dump), args.repeat)
     torch_planner = TorchPlanner()
     t["torch planner, full group"] = timed(lambda: torch_planner.plan(dump, "full"), args.repeat)
-    t["check (torch kernel)"] = timed(lambda: run_check(
-        dump, reference=torch_planner, kernel=TorchPlanner(semantics=Semantics.GPU)), 1)
+    t["check (torch kernel)"] = timed(
+        lambda: run_check(
+            dump, reference=torch_planner, kernel=TorchPlanner(semantics=Semantics.GPU)
+        ),
+        1,
+    )
     if args.triton:
         triton_planner = TritonPlanner()
         triton_planner.plan(dump, "full")  # warm-up: compile (CUDA) or trace (interpreter)
         t["triton planner, full group"] = timed(lambda: triton_planner.plan(dump, "full"), 1)
     if not args.skip_scalar:
         t["scalar loop (gather only)"] = timed(lambda: scalar_loop(dump), 1)
-        t["reference planner (scalar)"] = timed(
-            lambda: ReferencePlanner().plan(dump, "full"), 1)
+        t["reference planner (scalar)"] = timed(lambda: ReferencePlanner().plan(dump, "full"), 1)
     base = t["numpy gather"]
     print(f"{'what':32} {'seconds':>10} {'x numpy':>10}")
     for name, seconds in t.items():
@@ -96,8 +105,9 @@ def main() -> None:
     if "scalar loop (gather only)" in t:
         speedup = t["scalar loop (gather only)"] / t["torch planner, full group"]
         print(f"torch planner is {speedup:.0f}x faster than the literal scalar loop")
-    (OUT / f"results-{args.size}.json").write_text(json.dumps(
-        {"dump": path.name, "entries": entries, "seconds": t}, indent=2))
+    (OUT / f"results-{args.size}.json").write_text(
+        json.dumps({"dump": path.name, "entries": entries, "seconds": t}, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -85,10 +85,11 @@ def main() -> None:
         start = time.perf_counter()
         path = make_scenario(args.scenario, size=args.size).save(Path(tmp) / "d.safetensors")
         dump = load_dump(path)
-        print(f"{args.scenario}/{args.size}: req_to_token {tuple(dump.req_to_token.shape)}, "
-              f"bs {dump.bs}, built in {time.perf_counter() - start:.1f}s")
-        results = {g: check_group(dump, g, args.repeat, args.skip_reference)
-                   for g in dump.groups}
+        print(
+            f"{args.scenario}/{args.size}: req_to_token {tuple(dump.req_to_token.shape)}, "
+            f"bs {dump.bs}, built in {time.perf_counter() - start:.1f}s"
+        )
+        results = {g: check_group(dump, g, args.repeat, args.skip_reference) for g in dump.groups}
     print(f"\n{'group':6} {'planner':22} {'seconds':>10} {'vs triton':>10}")
     for group, seconds in results.items():
         base = seconds["triton"]

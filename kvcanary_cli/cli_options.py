@@ -1,5 +1,5 @@
-"""Command-line plumbing shared by every command: exit codes, choice types, the scalar
-override options (from the format's schema) and the one-line error policy.
+"""Command-line plumbing: exit codes, choice types, every option's declaration (the scalar
+overrides generated from the format's schema) and the one-line error policy.
 
 `cli` declares the commands with these; nothing here knows what a command does.
 """
@@ -13,13 +13,17 @@ import traceback
 from collections.abc import Callable, Sequence
 from enum import IntEnum, StrEnum
 from inspect import Parameter, signature
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
 
+from kvcanary_cli.analysis.model import Severity
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.planners import Backend, Kernel
+from kvcanary_cli.render.console import OutputFormat
 
 __all__ = ["ExitCode", "GroupChoice", "OneLineErrors", "Space", "fail", "with_scalar_overrides"]
 
@@ -69,13 +73,20 @@ def _usage_message(exc: Exception) -> str | None:
 class OneLineErrors(TyperGroup):
     """Every failure ends in one stderr line: usage errors and bad input exit 2, bugs exit 3."""
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True,
-             windows_expand_args: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         """Run the command; turn exceptions into one line and an exit code."""
         try:  # not standalone: exceptions come back here instead of being shown by click
-            result = super().main(args, prog_name, complete_var, False, windows_expand_args,
-                                  **extra)
+            result = super().main(
+                args, prog_name, complete_var, False, windows_expand_args, **extra
+            )
         except KvcanaryError as exc:
             fail(f"error: {exc}", ExitCode.BAD_INPUT)
         except (typer.Abort, KeyboardInterrupt):
@@ -86,9 +97,12 @@ class OneLineErrors(TyperGroup):
                 fail(usage, ExitCode.BAD_INPUT)
             if os.environ.get("KVCANARY_DEBUG") == "1":
                 traceback.print_exc()
-            fail(f"internal error: {type(exc).__name__}: {exc} -- this is a kvcanary bug; "
-                  "please report it with the output of `kvcanary inspect DUMP` "
-                  "(KVCANARY_DEBUG=1 shows the traceback)", ExitCode.INTERNAL)
+            fail(
+                f"internal error: {type(exc).__name__}: {exc} -- this is a kvcanary bug; "
+                "please report it with the output of `kvcanary inspect DUMP` "
+                "(KVCANARY_DEBUG=1 shows the traceback)",
+                ExitCode.INTERNAL,
+            )
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
 
 
@@ -103,10 +117,19 @@ def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
     declared = signature(command, eval_str=True)
     own = [p for p in declared.parameters.values() if p.name != "overrides"]
     extra = [
-        Parameter(_parameter(spec.option), Parameter.KEYWORD_ONLY, default=None,
-                  annotation=Annotated[int | None, typer.Option(
-                      spec.option, rich_help_panel="Scalar overrides",
-                      help=f"Override {spec.name}: {spec.meaning} (default: {spec.default}).")])
+        Parameter(
+            _parameter(spec.option),
+            Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                int | None,
+                typer.Option(
+                    spec.option,
+                    rich_help_panel="Scalar overrides",
+                    help=f"Override {spec.name}: {spec.meaning} (default: {spec.default}).",
+                ),
+            ],
+        )
         for spec in SCALARS.values()
     ]
 
@@ -118,3 +141,130 @@ def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
     wrapper.__signature__ = declared.replace(parameters=own + extra)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in own + extra}
     return wrapper
+
+
+# --- the options of the commands, declared once -------------------------------------------
+
+DumpArg = Annotated[
+    Path,
+    typer.Argument(
+        help="A .safetensors dump (format: docs/dump-format.md).",
+        show_default=False,
+        metavar="DUMP",
+    ),
+]
+DumpsArg = Annotated[
+    list[Path],
+    typer.Argument(
+        help="One or more .safetensors dumps (one per rank, say).",
+        show_default=False,
+        metavar="DUMP",
+    ),
+]
+FormatOpt = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format", "-f", help="table for a terminal, json for scripts, markdown for a bug report."
+    ),
+]
+GroupsOpt = Annotated[
+    GroupChoice,
+    typer.Option("--group", "-g", help="Groups to plan (all: every group the dump has)."),
+]
+KernelOpt = Annotated[
+    Kernel,
+    typer.Option(
+        "--kernel",
+        "-k",
+        help="What stands in for the production GPU path: triton (the kernels; compiled on CUDA, "
+        "interpreted elsewhere), torch (same GPU semantics, vectorized: fast), none (skip the "
+        "comparison).",
+    ),
+]
+FailOnOpt = Annotated[
+    Severity, typer.Option("--fail-on", help="Exit 1 when a finding is at least this severe.")
+]
+FindingRowsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-rows",
+        min=1,
+        help="Findings shown per code in table and markdown output (JSON lists them all).",
+    ),
+]
+JobsOpt = Annotated[
+    int | None,
+    typer.Option("--jobs", "-j", min=1, help="Processes for several dumps (default: the cores)."),
+]
+SlotOpt = Annotated[
+    int | None,
+    typer.Option("--slot", "-s", help="Slot to trace: every req_to_token cell holding it."),
+]
+RowOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--row",
+        "-r",
+        help="Pool row to map instead: live prefix, window, pending writes, stale "
+        "tail, bad cells marked.",
+    ),
+]
+SpaceOpt = Annotated[
+    Space, typer.Option("--space", help="Whether --slot is a full-pool slot or an SWA-pool slot.")
+]
+RoleGroupOpt = Annotated[
+    Space | None,
+    typer.Option(
+        "--group",
+        "-g",
+        help="Group whose window labels the roles (default: swa for --space swa, else full).",
+    ),
+]
+PlanGroupOpt = Annotated[Space, typer.Option("--group", "-g", help="Group to plan.")]
+BackendOpt = Annotated[
+    Backend,
+    typer.Option(
+        "--backend",
+        "-b",
+        help="reference: scalar, literal (slow); torch: vectorized, same results; triton: the GPU "
+        "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input).",
+    ),
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="With --backend reference: raise (exit 1) exactly where SGLang's torch "
+        "reference raises, with its message.",
+    ),
+]
+PlanOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="Write the plan (SGLang's field names, trimmed to what upstream "
+        "defines) to this .safetensors file.",
+    ),
+]
+RequestRowsOpt = Annotated[
+    int, typer.Option("--max-rows", min=1, help="Batch rows shown in the table.")
+]
+ScenarioArg = Annotated[
+    str | None,
+    typer.Argument(help="Scenario name (see --list).", show_default=False, metavar="SCENARIO"),
+]
+SynthOutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Dump file to write.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Random seed.")]
+SizeOpt = Annotated[
+    str,
+    typer.Option(
+        "--size",
+        metavar="tiny|small|medium|large",
+        help="tiny/small for examples and tests; medium (2049 x 32772) and large (4097 x 131076) "
+        "req_to_token for benchmarks.",
+    ),
+]
+ListOpt = Annotated[bool, typer.Option("--list", help="List the scenarios.")]
+#: what `with_scalar_overrides` hands a command.
+Overrides = dict[str, int | None] | None

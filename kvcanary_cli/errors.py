@@ -51,8 +51,14 @@ class DumpError(KvcanaryError):
     dump, filled in by the loader when a lower layer raised without knowing it.
     """
 
-    def __init__(self, message: str, *, field: str | None = None, path: str | None = None,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        path: str | None = None,
+        hint: str | None = None,
+    ) -> None:
         super().__init__(message, hint=hint)
         self.field = field
         self.path = path

@@ -1,4 +1,4 @@
-"""Shared fixtures: synthetic dumps on disk, a CLI runner, and the golden-refresh flag."""
+"""Shared test set-up: the hypothesis profile, one torch thread, `--update-golden`, `tmp_dump`."""
 
 from __future__ import annotations
 

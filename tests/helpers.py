@@ -18,8 +18,12 @@ TRITON = TritonPlanner()
 #: the `--kernel` choices of `kvcanary check`, as objects.
 KERNELS: dict[str, Planner | None] = {"torch": TORCH_GPU, "triton": TRITON, "none": None}
 #: every planner, by the name tests parametrize over.
-PLANNERS: dict[str, Planner] = {"reference": REFERENCE, "torch": TORCH, "torch-gpu": TORCH_GPU,
-                                "triton": TRITON}
+PLANNERS: dict[str, Planner] = {
+    "reference": REFERENCE,
+    "torch": TORCH,
+    "torch-gpu": TORCH_GPU,
+    "triton": TRITON,
+}
 
 
 def checked(dump: KvDump, *, kernel: str = "torch") -> DumpReport:

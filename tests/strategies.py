@@ -132,8 +132,7 @@ def _case(draw: st.DrawFn, corrupt: bool) -> DumpCase:
     table[0] = 0  # the padding row, as SGLang keeps it
     # Radix sharing: a request reuses another's slots at the same positions.
     if max_reqs > 2 and draw(st.booleans()):
-        src, dst = draw(st.lists(st.integers(1, max_reqs - 1), min_size=2, max_size=2,
-                                 unique=True))
+        src, dst = draw(st.lists(st.integers(1, max_reqs - 1), min_size=2, max_size=2, unique=True))
         k = draw(st.integers(1, max_seq_len))
         table[dst, :k] = table[src, :k]
         tags.append("shared-prefix")
@@ -165,7 +164,8 @@ def _case(draw: st.DrawFn, corrupt: bool) -> DumpCase:
             pool.reshape(-1)[-1] = 2**31 - 1
         valid_lens = np.array(
             [draw(st.one_of(st.just(p + e), st.integers(-1, pool_cols))) for _, p, e in rows],
-            dtype=np.int64)
+            dtype=np.int64,
+        )
         valid_lens = np.minimum(valid_lens, pool_cols)
         tags.append(f"pool(offset={offset or 0})")
 
@@ -173,8 +173,11 @@ def _case(draw: st.DrawFn, corrupt: bool) -> DumpCase:
 
     if corrupt:
         # short-lut twice as likely: it drives the LUT sentinels and the strict message.
-        chosen = draw(st.lists(st.sampled_from((*CORRUPTIONS, "short-lut")), min_size=1,
-                               max_size=3, unique=True))
+        chosen = draw(
+            st.lists(
+                st.sampled_from((*CORRUPTIONS, "short-lut")), min_size=1, max_size=3, unique=True
+            )
+        )
         for name in chosen:
             applied = True
             if name in ("negative-pool-row", "pool-row-too-large", "prefix-beyond-row"):

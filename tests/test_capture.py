@@ -410,6 +410,7 @@ def _run_child(
     )
 
 
+@pytest.mark.slow
 def test_env_var_with_sitecustomize_captures_in_a_fresh_process(tmp_path: Path) -> None:
     startup = tmp_path / "startup"
     startup.mkdir()
@@ -426,6 +427,7 @@ def test_env_var_with_sitecustomize_captures_in_a_fresh_process(tmp_path: Path) 
     assert "inputs saved to" in result.stderr
 
 
+@pytest.mark.slow
 def test_env_var_with_pth_file_captures_in_a_fresh_process(tmp_path: Path) -> None:
     site_dir = tmp_path / "site"
     site_dir.mkdir()

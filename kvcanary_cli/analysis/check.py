@@ -82,17 +82,27 @@ def run_check(
             explained = comparison.explained
             unexplained = len(comparison.divergences)
             findings.extend(comparison.divergences)
-        summaries.append(GroupSummary(
-            group=group, window=plan.window, total_verify=plan.total_verify,
-            verify_capacity=plan.verify_capacity, enable=plan.enable,
-            kernel=kernel.name if kernel else "none",
-            explained_differences=explained, unexplained_differences=unexplained,
-            kernel_launch_error=None if kernel_plan is None else kernel_plan.launch_error,
-        ))
+        summaries.append(
+            GroupSummary(
+                group=group,
+                window=plan.window,
+                total_verify=plan.total_verify,
+                verify_capacity=plan.verify_capacity,
+                enable=plan.enable,
+                kernel=kernel.name if kernel else "none",
+                explained_differences=explained,
+                unexplained_differences=unexplained,
+                kernel_launch_error=None if kernel_plan is None else kernel_plan.launch_error,
+            )
+        )
     return DumpReport(
-        path=str(dump.path), identity=dump.identity, bs=dump.bs, groups=tuple(summaries),
+        path=str(dump.path),
+        identity=dump.identity,
+        bs=dump.bs,
+        groups=tuple(summaries),
         findings=tuple(sorted(attach_provenance(dump, findings), key=Finding.order_key)),
-        notes=tuple(dump.notes), kernel_mode=kernel.mode if kernel else None,
+        notes=tuple(dump.notes),
+        kernel_mode=kernel.mode if kernel else None,
     )
 
 
@@ -120,14 +130,18 @@ def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
         if key not in cache:
             cache[key] = (
                 swa_provenance(dump, index, f.slot, swa_sources[f.slot], frame)
-                if f.space == "swa" else index.provenance(f.slot, frame)
+                if f.space == "swa"
+                else index.provenance(f.slot, frame)
             )
         out.append(replace(f, provenance=cache[key]))
     return out
 
 
-def _check_path(args: tuple[str, Mapping[str, int | str | None], Planner, Planner | None,
-                            tuple[str, ...] | None]) -> DumpReport:
+def _check_path(
+    args: tuple[
+        str, Mapping[str, int | str | None], Planner, Planner | None, tuple[str, ...] | None
+    ],
+) -> DumpReport:
     path, overrides, reference, kernel, groups = args
     try:
         dump = load_dump(path, overrides=overrides)
@@ -152,8 +166,10 @@ def check_dumps(
     A dump that cannot be read gets a report with `error` set instead of stopping the run.
     Planners are pickled to the worker processes.
     """
-    work = [(str(Path(p)), dict(overrides or {}), reference, kernel,
-             tuple(groups) if groups else None) for p in paths]
+    work = [
+        (str(Path(p)), dict(overrides or {}), reference, kernel, tuple(groups) if groups else None)
+        for p in paths
+    ]
     workers = min(len(work), jobs or os.cpu_count() or 1)
     reports: list[DumpReport] = []
     if workers <= 1:

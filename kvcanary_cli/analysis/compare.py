@@ -52,11 +52,18 @@ def _entry_explanations(problems: ProblemTable, plan: Plan) -> dict[ProblemRole,
     out: dict[ProblemRole, np.ndarray] = {}
     for _, _, role, _ in _FIELDS:
         why = np.full(n, -1, dtype=np.int64)
-        lut = with_entry & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE) & (
-            problems.role == role) & (problems.entry < n)
+        lut = (
+            with_entry
+            & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE)
+            & (problems.role == role)
+            & (problems.entry < n)
+        )
         why[problems.entry[lut]] = _code_index(ProblemKind.LUT_OUT_OF_RANGE)
-        spoilers = ([ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE]
-                    if role is ProblemRole.EXPECTED_TOKEN else _ROW_LEVEL)
+        spoilers = (
+            [ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE]
+            if role is ProblemRole.EXPECTED_TOKEN
+            else _ROW_LEVEL
+        )
         for kind in spoilers:
             mask = with_entry & (problems.kind == kind)
             if not mask.any():
@@ -81,14 +88,25 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
         return result
     group = reference.group
 
-    def diverge(what: str, ref_value: object, kernel_value: object, *,
-                batch_row: int | None = None, position: int | None = None) -> None:
+    def diverge(
+        what: str,
+        ref_value: object,
+        kernel_value: object,
+        *,
+        batch_row: int | None = None,
+        position: int | None = None,
+    ) -> None:
         """Record one unexplained difference."""
-        result.divergences.append(Finding(
-            code=FindingCode.KERNEL_DIVERGENCE, group=group,
-            message=f"{what}: reference {ref_value}, kernel {kernel_value}",
-            details={"field": what, "reference": ref_value, "kernel": kernel_value},
-            batch_row=batch_row, position=position))
+        result.divergences.append(
+            Finding(
+                code=FindingCode.KERNEL_DIVERGENCE,
+                group=group,
+                message=f"{what}: reference {ref_value}, kernel {kernel_value}",
+                details={"field": what, "reference": ref_value, "kernel": kernel_value},
+                batch_row=batch_row,
+                position=position,
+            )
+        )
 
     for name in ("verify_num_valid", "enable", "write_num_valid_reqs"):
         ref_v, ker_v = getattr(reference, name), getattr(kernel, name)
@@ -106,24 +124,31 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
             ref_val, ker_val = getattr(reference, name), getattr(kernel, name)
             differs = ((ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))).numpy()
             reasons = why[role][differs]
-            for index, count in enumerate(np.bincount(reasons[reasons >= 0],
-                                                      minlength=len(codes))):
+            for index, count in enumerate(np.bincount(reasons[reasons >= 0], minlength=len(codes))):
                 if count:
                     code = codes[index].value
                     result.explained[code] = result.explained.get(code, 0) + int(count)
             for k in np.flatnonzero(differs & (why[role] < 0)).tolist():  # unexplained only
-                diverge(label,
-                        int(ref_val[k]) if ref_def[k] else "undefined",
-                        int(ker_val[k]) if ker_def[k] else "undefined",
-                        batch_row=int(rows[k]), position=int(positions[k]))
+                diverge(
+                    label,
+                    int(ref_val[k]) if ref_def[k] else "undefined",
+                    int(ker_val[k]) if ker_def[k] else "undefined",
+                    batch_row=int(rows[k]),
+                    position=int(positions[k]),
+                )
     elif reference.entries != kernel.entries:
         diverge("materialized entries", reference.entries, kernel.entries)
     _compare_write(reference, kernel, problems, result, diverge)
     return result
 
 
-def _compare_write(reference: Plan, kernel: Plan, problems: ProblemTable, result: Comparison,
-                   diverge: Callable[..., None]) -> None:
+def _compare_write(
+    reference: Plan,
+    kernel: Plan,
+    problems: ProblemTable,
+    result: Comparison,
+    diverge: Callable[..., None],
+) -> None:
     n = min(reference.write_seed_slot_indices.shape[0], kernel.write_seed_slot_indices.shape[0])
     ref_def = ~reference.seed_undefined[:n]
     ker_def = ~kernel.seed_undefined[:n]
@@ -132,21 +157,31 @@ def _compare_write(reference: Plan, kernel: Plan, problems: ProblemTable, result
     differs = (ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))
     for r in torch.nonzero(differs).reshape(-1).tolist():
         row_problems = problems.batch_row == r
-        seed_lut = row_problems & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE) & (
-            problems.role == ProblemRole.SEED)
+        seed_lut = (
+            row_problems
+            & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE)
+            & (problems.role == ProblemRole.SEED)
+        )
         row_level = row_problems & np.isin(problems.kind, [int(k) for k in _ROW_LEVEL])
         if seed_lut.any():
             code = ProblemKind.LUT_OUT_OF_RANGE.code
         elif row_level.any():
             code = ProblemKind(int(problems.kind[np.flatnonzero(row_level)[0]])).code
         else:
-            diverge("write seed",
-                    int(ref_val[r]) if ref_def[r] else "undefined",
-                    int(ker_val[r]) if ker_def[r] else "undefined", batch_row=r)
+            diverge(
+                "write seed",
+                int(ref_val[r]) if ref_def[r] else "undefined",
+                int(ker_val[r]) if ker_def[r] else "undefined",
+                batch_row=r,
+            )
             continue
         result.explained[code] = result.explained.get(code, 0) + 1
     m = min(reference.write_offsets.shape[0], kernel.write_offsets.shape[0])
     bad = torch.nonzero(reference.write_offsets[:m] != kernel.write_offsets[:m]).reshape(-1)
     for r in bad.tolist():
-        diverge("write offset", int(reference.write_offsets[r]),
-                int(kernel.write_offsets[r]), batch_row=r)
+        diverge(
+            "write offset",
+            int(reference.write_offsets[r]),
+            int(kernel.write_offsets[r]),
+            batch_row=r,
+        )

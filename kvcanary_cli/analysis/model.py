@@ -78,11 +78,13 @@ class FindingCode(StrEnum):
         return _CODE_ORDER[self]
 
 
-_WARNINGS = frozenset({
-    FindingCode.VERIFY_CAPACITY_OVERFLOW,
-    FindingCode.NEGATIVE_LENGTH,
-    FindingCode.GPU_DTYPE_MISMATCH,
-})
+_WARNINGS = frozenset(
+    {
+        FindingCode.VERIFY_CAPACITY_OVERFLOW,
+        FindingCode.NEGATIVE_LENGTH,
+        FindingCode.GPU_DTYPE_MISMATCH,
+    }
+)
 _CODE_ORDER = {code: i for i, code in enumerate(FindingCode)}
 
 
@@ -181,9 +183,14 @@ class Finding:
         the detectors ran in.
         """
         return (
-            *code_order(self.code, self.group), _none_last(self.batch_row),
-            _none_last(self.position), _none_last(self.slot), self.space,
-            _none_last(self.pool_row), self.role or "", self.message,
+            *code_order(self.code, self.group),
+            _none_last(self.batch_row),
+            _none_last(self.position),
+            _none_last(self.slot),
+            self.space,
+            _none_last(self.pool_row),
+            self.role or "",
+            self.message,
             json.dumps(self.details, sort_keys=True, default=str),
         )
 

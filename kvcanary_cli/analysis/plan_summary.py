@@ -22,24 +22,32 @@ def plan_record(dump: KvDump, plan: Plan, *, max_problems: int = 50) -> dict[str
     seed_undefined = plan.seed_undefined.tolist()
     write_offsets = plan.write_offsets.tolist()
     requests = []
-    for r, (rp, p, e, ws, n) in enumerate(zip(
-        dump.req_pool_indices.tolist(), prefix.tolist(), dump.extend_seq_lens.tolist(),
-        start.tolist(), lens.tolist(), strict=True,
-    )):
+    for r, (rp, p, e, ws, n) in enumerate(
+        zip(
+            dump.req_pool_indices.tolist(),
+            prefix.tolist(),
+            dump.extend_seq_lens.tolist(),
+            start.tolist(),
+            lens.tolist(),
+            strict=True,
+        )
+    ):
         has_seed = r < len(seeds)
-        requests.append({
-            "batch_row": r,
-            "pool_row": rp,
-            "prefix_len": p,
-            "extend_len": e,
-            "verify_start": ws if n else None,
-            "verify_end": ws + n if n else None,
-            "entries": n,
-            "entry_offset": int(plan.verify_offsets[r]),
-            "write_offset": write_offsets[r] if r < len(write_offsets) else None,
-            "seed": (None if not has_seed or seed_undefined[r] else seeds[r]),
-            "seed_undefined": bool(has_seed and seed_undefined[r]),
-        })
+        requests.append(
+            {
+                "batch_row": r,
+                "pool_row": rp,
+                "prefix_len": p,
+                "extend_len": e,
+                "verify_start": ws if n else None,
+                "verify_end": ws + n if n else None,
+                "entries": n,
+                "entry_offset": int(plan.verify_offsets[r]),
+                "write_offset": write_offsets[r] if r < len(write_offsets) else None,
+                "seed": (None if not has_seed or seed_undefined[r] else seeds[r]),
+                "seed_undefined": bool(has_seed and seed_undefined[r]),
+            }
+        )
     problems = plan.problems
     return {
         "schema": PLAN_SCHEMA,

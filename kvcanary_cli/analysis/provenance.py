@@ -76,13 +76,17 @@ def live_cells(dump: KvDump) -> LiveCells:
     flat = pool_row * msl + pos
     slot = dump.req_to_token.reshape(-1)[flat].to(_I64) if flat.numel() else flat
     return LiveCells(
-        slot=slot.numpy(), batch_row=rows.numpy(), pool_row=pool_row.numpy(),
-        position=pos.numpy(), pending=(pos >= prefix[rows]).numpy(),
+        slot=slot.numpy(),
+        batch_row=rows.numpy(),
+        pool_row=pool_row.numpy(),
+        position=pos.numpy(),
+        pending=(pos >= prefix[rows]).numpy(),
     )
 
 
-def cell_role(dump: KvDump, frame: GroupFrame, batch_row: int | None,
-              position: int) -> tuple[str, bool]:
+def cell_role(
+    dump: KvDump, frame: GroupFrame, batch_row: int | None, position: int
+) -> tuple[str, bool]:
     """(role, is_seed) of a cell at `position` of the pool row used by `batch_row`, with the
     window of `frame`'s group."""
     if batch_row is None:
@@ -120,7 +124,7 @@ class ProvenanceIndex:
         step = max(1, _SCAN_CELLS // msl)
         live_rows = np.array(sorted(self._batch_rows), dtype=np.int64)
         for r0 in range(0, self.dump.max_reqs, step):
-            chunk = table[r0:r0 + step].to(_I64)
+            chunk = table[r0 : r0 + step].to(_I64)
             hits = torch.isin(chunk, wanted).nonzero()
             if hits.numel() == 0:
                 continue
@@ -132,8 +136,10 @@ class ProvenanceIndex:
                 mask = values == slot
                 key = int(slot)
                 self._counts[key] += int(mask.sum())
-                for bucket, select in ((self._live_first[key], mask & is_live),
-                                       (self._cells[key], mask & ~is_live)):
+                for bucket, select in (
+                    (self._live_first[key], mask & is_live),
+                    (self._cells[key], mask & ~is_live),
+                ):
                     room = self.max_cells - len(bucket)
                     if room > 0:
                         idx = np.flatnonzero(select)[:room]
@@ -152,8 +158,14 @@ class ProvenanceIndex:
             if role in ("verify", "prefix", "chain-prev", "pending-write"):
                 live_positions.setdefault(pos, set()).add(row)
         out = tuple(
-            Cell(pool_row=row, position=pos, batch_rows=batch_rows, role=role, seed=seed,
-                 shared=len(live_positions.get(pos, ())) > 1 and row in live_positions[pos])
+            Cell(
+                pool_row=row,
+                position=pos,
+                batch_rows=batch_rows,
+                role=role,
+                seed=seed,
+                shared=len(live_positions.get(pos, ())) > 1 and row in live_positions[pos],
+            )
             for row, pos, batch_rows, role, seed in labelled
         )
         return out, self._counts.get(slot, 0)
@@ -170,22 +182,34 @@ class ProvenanceIndex:
         elif slot < 0:
             note = "negative slots pass through untranslated"
         elif slot >= lut.shape[0]:
-            note = (f"slot >= lut_len {lut.shape[0]}: REF raises, the GPU clamps to "
-                    f"LUT[{lut.shape[0] - 1}] = {int(lut[-1])}")
+            note = (
+                f"slot >= lut_len {lut.shape[0]}: REF raises, the GPU clamps to "
+                f"LUT[{lut.shape[0] - 1}] = {int(lut[-1])}"
+            )
         else:
             swa_slot = int(lut[slot])
             if swa_slot == 0:
                 note = "unmapped (LUT = 0)"
         return SlotProvenance(
-            slot=slot, space="full", cells=cells, cells_total=total, swa_slot=swa_slot,
-            translation_note=note, allocator=_allocator_state(dump.free_full_slots, slot),
+            slot=slot,
+            space="full",
+            cells=cells,
+            cells_total=total,
+            swa_slot=swa_slot,
+            translation_note=note,
+            allocator=_allocator_state(dump.free_full_slots, slot),
             canary=_canary_records(dump, "full", slot),
             violations=_violations(dump, slot, swa=False),
         )
 
 
-def swa_provenance(dump: KvDump, index: ProvenanceIndex, swa_slot: int,
-                   mapped_from: tuple[int, ...], frame: GroupFrame) -> SlotProvenance:
+def swa_provenance(
+    dump: KvDump,
+    index: ProvenanceIndex,
+    swa_slot: int,
+    mapped_from: tuple[int, ...],
+    frame: GroupFrame,
+) -> SlotProvenance:
     """SWA-space provenance: the full slots mapping to `swa_slot` and their cells."""
     cells: list[Cell] = []
     total = 0
@@ -194,8 +218,12 @@ def swa_provenance(dump: KvDump, index: ProvenanceIndex, swa_slot: int,
         cells.extend(found)
         total += count
     return SlotProvenance(
-        slot=swa_slot, space="swa", cells=tuple(cells[: index.max_cells]), cells_total=total,
-        mapped_from=mapped_from, allocator=_allocator_state(dump.free_swa_slots, swa_slot),
+        slot=swa_slot,
+        space="swa",
+        cells=tuple(cells[: index.max_cells]),
+        cells_total=total,
+        mapped_from=mapped_from,
+        allocator=_allocator_state(dump.free_swa_slots, swa_slot),
         canary=_canary_records(dump, "swa", swa_slot),
         violations=_violations(dump, swa_slot, swa=True),
     )
@@ -235,8 +263,15 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
         if buffer.shape[1] < 32:
             continue
         fields = np.frombuffer(buffer[slot, :32].numpy().tobytes(), dtype="<i8")
-        records.append(CanaryRecord(buffer=name, token=int(fields[0]), position=int(fields[1]),
-                                    prev_hash=int(fields[2]), real_kv_hash=int(fields[3])))
+        records.append(
+            CanaryRecord(
+                buffer=name,
+                token=int(fields[0]),
+                position=int(fields[1]),
+                prev_hash=int(fields[2]),
+                real_kv_hash=int(fields[3]),
+            )
+        )
     return tuple(records)
 
 

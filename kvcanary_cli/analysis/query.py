@@ -20,8 +20,15 @@ __all__ = ["row_map", "slot_query"]
 _EDGE = 16
 
 
-def slot_query(dump: KvDump, report: DumpReport, slot: int, *, space: str = "full",
-               group: str | None = None, max_cells: int = 64) -> ProvenanceReport:
+def slot_query(
+    dump: KvDump,
+    report: DumpReport,
+    slot: int,
+    *,
+    space: str = "full",
+    group: str | None = None,
+    max_cells: int = 64,
+) -> ProvenanceReport:
     """Every cell holding `slot` (whole table), its translation, state, and its findings.
 
     For `space="swa"` the slot is an SWA-pool slot: the full slots whose LUT entry maps to it
@@ -30,8 +37,9 @@ def slot_query(dump: KvDump, report: DumpReport, slot: int, *, space: str = "ful
     if space not in ("full", "swa"):
         raise OptionError(f"unknown space {space!r} (expected full or swa)", option="--space")
     if space == "swa" and dump.full_to_swa_index_mapping is None:
-        raise OptionError("this dump has no full_to_swa_index_mapping", option="--space",
-                          hint="use --space full")
+        raise OptionError(
+            "this dump has no full_to_swa_index_mapping", option="--space", hint="use --space full"
+        )
     frame = group_frame(dump, group or ("swa" if space == "swa" else "full"))
     if space == "swa":
         sources = full_slots_mapping_to(dump, [slot])[slot]
@@ -42,19 +50,23 @@ def slot_query(dump: KvDump, report: DumpReport, slot: int, *, space: str = "ful
         provenance = index.provenance(slot, frame)
         sources = (slot,)
     touching = tuple(
-        f for f in report.findings
-        if f.slot is not None and (
+        f
+        for f in report.findings
+        if f.slot is not None
+        and (
             (f.space == space and f.slot == slot)
             or (space == "full" and f.space == "swa" and slot in _full_slots(f))
             or (space == "swa" and f.space == "full" and f.slot in sources)
         )
     )
-    return ProvenanceReport(path=str(dump.path), identity=dump.identity, slot=provenance,
-                            findings=touching)
+    return ProvenanceReport(
+        path=str(dump.path), identity=dump.identity, slot=provenance, findings=touching
+    )
 
 
-def row_map(dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "full",
-            max_cells: int = 1024) -> ProvenanceReport:
+def row_map(
+    dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "full", max_cells: int = 1024
+) -> ProvenanceReport:
     """Map of one pool row: live prefix, window, pending writes, stale tail, marked cells."""
     if not 0 <= pool_row < dump.max_reqs:
         raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="--row")
@@ -89,14 +101,31 @@ def row_map(dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "fu
         slot = int(row[pos])
         role, seed = cell_role(dump, frame, first, pos)
         swa = int(lut[slot]) if lut is not None and 0 <= slot < lut.shape[0] else None
-        cells.append(RowCell(position=pos, slot=slot, role=role, seed=seed, swa_slot=swa,
-                             marks=tuple(dict.fromkeys(marks.get(pos, ())))))
+        cells.append(
+            RowCell(
+                position=pos,
+                slot=slot,
+                role=role,
+                seed=seed,
+                swa_slot=swa,
+                marks=tuple(dict.fromkeys(marks.get(pos, ()))),
+            )
+        )
     filled = sum(1 for s in row if s != 0)
     return ProvenanceReport(
-        path=str(dump.path), identity=dump.identity,
-        row=RowMap(pool_row=pool_row, batch_rows=batch_rows, prefix_len=prefix,
-                   extend_len=extend, window_start=start, group=group, cells=tuple(cells),
-                   filled=filled, max_seq_len=msl),
+        path=str(dump.path),
+        identity=dump.identity,
+        row=RowMap(
+            pool_row=pool_row,
+            batch_rows=batch_rows,
+            prefix_len=prefix,
+            extend_len=extend,
+            window_start=start,
+            group=group,
+            cells=tuple(cells),
+            filled=filled,
+            max_seq_len=msl,
+        ),
         findings=tuple(touching),
     )
 

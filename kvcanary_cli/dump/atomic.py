@@ -47,8 +47,11 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def write_safetensors(
-    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: dict[str, str],
-    *, inputs: Iterable[str | os.PathLike[str]] = (),
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, torch.Tensor],
+    metadata: dict[str, str],
+    *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write contiguous CPU tensors atomically.
 
@@ -58,8 +61,11 @@ def write_safetensors(
     path = Path(path)
     for source in inputs:
         if _same_file(path, Path(source)):
-            raise PathError("is an input of this command; refusing to overwrite it",
-                            path=str(path), hint="write to another path")
+            raise PathError(
+                "is an input of this command; refusing to overwrite it",
+                path=str(path),
+                hint="write to another path",
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -84,8 +90,11 @@ def _write(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: dict
             raise DumpError(f"dtype {tensor.dtype} cannot be stored", field=name)
         # A flat byte view, no copy: a 2 GB table must not need 4 GB to be written.
         blob = tensor.numpy().reshape(-1).view(np.uint8).data
-        header[name] = {"dtype": dtype, "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + blob.nbytes]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + blob.nbytes],
+        }
         blobs.append(blob)
         offset += blob.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")

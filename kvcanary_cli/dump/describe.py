@@ -32,7 +32,9 @@ def describe_dump(dump: KvDump) -> dict[str, Any]:
     extra = {
         k: v
         for k, v in sorted(dump.metadata.items())
-        if k not in IDENTITY_KEYS and k != "kvcanary.format" and k not in dump.scalars
+        if k not in IDENTITY_KEYS
+        and k != "kvcanary.format"
+        and k not in dump.scalars
         and k != "groups"
     }
     return {
@@ -51,13 +53,16 @@ def describe_dump(dump: KvDump) -> dict[str, Any]:
             for info in dump.tensors.values()
         ],
         "scalars": [
-            {"name": s.name, "value": s.value, "source": s.source,
-             "option": SCALARS[s.name].option, "meaning": SCALARS[s.name].meaning}
+            {
+                "name": s.name,
+                "value": s.value,
+                "source": s.source,
+                "option": SCALARS[s.name].option,
+                "meaning": SCALARS[s.name].meaning,
+            }
             for s in dump.scalars.values()
         ],
-        "groups": [
-            {"name": group, "window": dump.window(group)} for group in dump.groups
-        ],
+        "groups": [{"name": group, "window": dump.window(group)} for group in dump.groups],
         "batch": {
             "bs": dump.bs,
             "active_rows": int(active.sum()),

@@ -81,8 +81,11 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     except OSError as exc:
         raise DumpError(f"cannot read: {exc.strerror}", path=_show(str(path), 4096)) from None
     if stat.S_ISDIR(info.st_mode):
-        raise DumpError("is a directory, not a dump", path=_show(str(path), 4096),
-                        hint="pass one .safetensors file") from None
+        raise DumpError(
+            "is a directory, not a dump",
+            path=_show(str(path), 4096),
+            hint="pass one .safetensors file",
+        ) from None
     if not stat.S_ISREG(info.st_mode):
         raise DumpError("is not a regular file", path=_show(str(path), 4096))
     size = info.st_size
@@ -151,17 +154,13 @@ def _parse_entry(
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
-        raise CorruptDumpError(
-            f"shape {_brief(shape)} is not a list of integers", field=name_shown
-        )
+        raise CorruptDumpError(f"shape {_brief(shape)} is not a list of integers", field=name_shown)
     if len(shape) > _MAX_RANK:
         raise CorruptDumpError(
             f"shape has {len(shape)} dimensions, expected at most {_MAX_RANK}", field=name_shown
         )
     if any(d < 0 for d in shape):
-        raise CorruptDumpError(
-            f"shape {_brief(shape)} has a negative dimension", field=name_shown
-        )
+        raise CorruptDumpError(f"shape {_brief(shape)} has a negative dimension", field=name_shown)
     if any(d > _MAX_TENSOR_BYTES for d in shape):  # even beside a 0: numpy cannot hold it
         raise CorruptDumpError(
             f"shape {_brief(shape)} has a dimension beyond any real tensor (> 2^50)",

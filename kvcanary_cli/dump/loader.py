@@ -209,8 +209,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
     version = header.metadata.get("kvcanary.format")
     if version is not None and version.strip() != FORMAT_VERSION:
         raise MetadataError(
-            f"format version {version!r} is not supported (this kvcanary reads "
-            f"{FORMAT_VERSION!r})",
+            f"format version {version!r} is not supported (this kvcanary reads {FORMAT_VERSION!r})",
             field="kvcanary.format",
             hint="upgrade kvcanary",
         )
@@ -250,7 +249,9 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
     groups_override = overrides.get("groups")
     groups = resolve_groups(
         header.metadata.get("groups") if groups_override is None else str(groups_override),
-        has_lut=lut is not None, option=None if groups_override is None else "--group")
+        has_lut=lut is not None,
+        option=None if groups_override is None else "--group",
+    )
 
     def small(name: str) -> torch.Tensor | None:
         array = arrays.get(name)

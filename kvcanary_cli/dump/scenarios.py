@@ -1,4 +1,5 @@
-"""Named scenarios: clean serving states and one corruption per bug class (semantics §11).
+"""Named scenarios: clean serving states and one corruption per bug class
+(docs/semantics.md §4).
 
 Each scenario builds a consistent state with `synth.build_dump`, then breaks exactly one
 thing, the way the bug would. Its dump records the finding codes `kvcanary check` must report
@@ -17,18 +18,33 @@ import torch
 from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
 from kvcanary_cli.errors import OptionError
 
-__all__ = ["SCENARIOS", "SIZES", "Scenario", "make_scenario"]
+__all__ = ["SCENARIOS", "SIZES", "Scenario", "make_scenario", "scenario_lines"]
 
 #: Table shapes: tiny/small for tests and examples, medium/large for the benchmark
 #: (`req_to_token` of 2049 x 32772 and 4097 x 131076 int32, as in production).
 SIZES: dict[str, SynthSpec] = {
     "tiny": SynthSpec(max_reqs=12, max_seq_len=48, active_rows=4, history=6),
-    "small": SynthSpec(max_reqs=64, max_seq_len=512, active_rows=24, history=48,
-                       max_request_len=400),
-    "medium": SynthSpec(max_reqs=2049, max_seq_len=32772, active_rows=64, history=96,
-                        max_request_len=4096, pool_slots=1 << 20, padding_rows=8),
-    "large": SynthSpec(max_reqs=4097, max_seq_len=131076, active_rows=128, history=192,
-                       max_request_len=8192, pool_slots=1 << 21, padding_rows=16),
+    "small": SynthSpec(
+        max_reqs=64, max_seq_len=512, active_rows=24, history=48, max_request_len=400
+    ),
+    "medium": SynthSpec(
+        max_reqs=2049,
+        max_seq_len=32772,
+        active_rows=64,
+        history=96,
+        max_request_len=4096,
+        pool_slots=1 << 20,
+        padding_rows=8,
+    ),
+    "large": SynthSpec(
+        max_reqs=4097,
+        max_seq_len=131076,
+        active_rows=128,
+        history=192,
+        max_request_len=8192,
+        pool_slots=1 << 21,
+        padding_rows=16,
+    ),
 }
 
 
@@ -99,8 +115,9 @@ def _truncated_lut(d: SynthDump, rng: np.random.Generator) -> None:
     """`lut[:num_allocated]`: the LUT sliced to the slots handed out so far."""
     lut = d.tensors["full_to_swa_index_mapping"]
     window = int(d.metadata["swa_window_size"])
-    in_window = sorted({int(s) for lr in d.live
-                        for s in lr.slots[max(0, lr.prefix_len - window): lr.prefix_len]})
+    in_window = sorted(
+        {int(s) for lr in d.live for s in lr.slots[max(0, lr.prefix_len - window) : lr.prefix_len]}
+    )
     if not in_window:
         raise RuntimeError("no slot in any window")
     cut = max(in_window[len(in_window) // 2], 1)
@@ -122,8 +139,13 @@ def _aliasing(d: SynthDump, rng: np.random.Generator) -> None:
     row_b, pos_b, _ = _pick(rng, targets, "a second request")
     rp, pos = _cell(d, row_b, pos_b)
     d.tensors["req_to_token"][rp, pos] = slot
-    d.truth = {"slot": slot, "batch_row": row_b, "position": pos_b, "other_batch_row": row_a,
-               "other_position": pos_a}
+    d.truth = {
+        "slot": slot,
+        "batch_row": row_b,
+        "position": pos_b,
+        "other_batch_row": row_a,
+        "other_position": pos_a,
+    }
 
 
 def _stale_tail(d: SynthDump, rng: np.random.Generator) -> None:
@@ -136,9 +158,12 @@ def _stale_tail(d: SynthDump, rng: np.random.Generator) -> None:
     tail = min(4, msl - end)
     if tail <= 0 or free.numel() < tail:
         raise RuntimeError("no room for a stale tail")
-    stale = free[torch.randperm(free.numel(), generator=torch.Generator().manual_seed(
-        int(rng.integers(1 << 30))))[:tail]]
-    d.tensors["req_to_token"][lr.pool_row, end:end + tail] = stale.to(torch.int32)
+    stale = free[
+        torch.randperm(
+            free.numel(), generator=torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+        )[:tail]
+    ]
+    d.tensors["req_to_token"][lr.pool_row, end : end + tail] = stale.to(torch.int32)
     _drop_writes(d, lr.batch_row)
     prefix[lr.batch_row] = end + tail
     extend[lr.batch_row] = 0
@@ -154,8 +179,11 @@ def _unfilled(d: SynthDump, rng: np.random.Generator) -> None:
 
 def _in_window_cells(d: SynthDump) -> list[_Cell]:
     window = int(d.metadata["swa_window_size"])
-    return [(lr.batch_row, pos, int(lr.slots[pos])) for lr in d.live
-            for pos in range(max(0, lr.prefix_len - window), lr.prefix_len)]
+    return [
+        (lr.batch_row, pos, int(lr.slots[pos]))
+        for lr in d.live
+        for pos in range(max(0, lr.prefix_len - window), lr.prefix_len)
+    ]
 
 
 def _swa_cleared(d: SynthDump, rng: np.random.Generator) -> None:
@@ -280,78 +308,188 @@ def _int32_indices(d: SynthDump, rng: np.random.Generator) -> None:
 _SWA = {"window": 8}
 _SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario(name="clean-decode", summary="decode step, radix-shared prefixes, no SWA",
-             spec={"mode": "decode"}),
-    Scenario(name="clean-extend", summary="extend / chunked-prefill step with padding rows",
-             spec={"mode": "extend", "padding_rows": 2}),
-    Scenario(name="clean-swa", summary="SWA model, page size 1, lazy out-of-window clearing",
-             spec={"mode": "mixed", **_SWA}),
-    Scenario(name="clean-swa-paged", summary="SWA model, page size 16, page-aligned clearing",
-             spec={"mode": "mixed", **_SWA_PAGED}),
-    Scenario(name="clean-eagle-draft", summary="EAGLE draft pool: token offset +1, token pool",
-             spec={"mode": "decode", "token_offset": 1, "expected_pool": True}),
-    Scenario(name="truncated-lut",
-             summary="LUT sliced to lut[:num_allocated]: REF raises, the GPU clamps",
-             spec=_SWA, corrupt=_truncated_lut, expected=("lut-out-of-range",)),
-    Scenario(name="use-after-free", summary="a live prefix slot is on the allocator's free list",
-             spec={}, corrupt=_use_after_free, expected=("freed-slot-in-live-range",)),
-    Scenario(name="cross-request-aliasing",
-             summary="a slot copied into another request at another position",
-             spec={}, corrupt=_aliasing, expected=("slot-shared-across-positions",)),
-    Scenario(name="stale-tail",
-             summary="recycled row read through a prefix length covering the old owner's tail",
-             spec={}, corrupt=_stale_tail, expected=("freed-slot-in-live-range",)),
-    Scenario(name="unfilled-cells", summary="a live prefix cell was never written (slot 0)",
-             spec={}, corrupt=_unfilled, expected=("padding-slot-in-live-range",)),
-    Scenario(name="swa-lut-cleared-in-window",
-             summary="an SWA peer freed while its token is still in the window",
-             spec=_SWA, corrupt=_swa_cleared, expected=("swa-unmapped-in-window",)),
-    Scenario(name="swa-slot-collision",
-             summary="two full slots in the window map to one SWA slot",
-             spec=_SWA, corrupt=_swa_collision, expected=("swa-slot-collision",)),
-    Scenario(name="capacity-overflow",
-             summary="verify entries exceed capacity: the verify launch is skipped (warning)",
-             spec={}, corrupt=_overflow, expected=("verify-capacity-overflow",)),
-    Scenario(name="row-out-of-range", summary="req_pool_indices points past the pool",
-             spec={}, corrupt=_row_out_of_range, expected=("row-out-of-range",)),
-    Scenario(name="prefix-past-row", summary="prefix_lens larger than the req_to_token row",
-             spec={}, corrupt=_prefix_past_row, expected=("prefix-beyond-row",),
-             allowed=("padding-slot-in-live-range", "freed-slot-in-live-range",
-                      "slot-shared-across-positions", "duplicate-slot-in-row")),
-    Scenario(name="write-into-live-slot",
-             summary="out_cache_loc writes a slot another request still reads",
-             spec={}, corrupt=_write_into_live, expected=("write-to-live-slot",)),
-    Scenario(name="negative-slot", summary="a live req_to_token cell holds -1",
-             spec={}, corrupt=_negative_slot, expected=("negative-slot",)),
-    Scenario(name="slot-beyond-pool", summary="a live slot past the end of the KV pool",
-             spec={}, corrupt=_slot_beyond_pool, expected=("slot-beyond-pool",)),
-    Scenario(name="duplicate-slot-in-row", summary="one slot at two positions of a row",
-             spec={}, corrupt=_duplicate_in_row, expected=("duplicate-slot-in-row",)),
-    Scenario(name="duplicate-request-row", summary="two batch rows share one pool row",
-             spec={}, corrupt=_duplicate_request, expected=("duplicate-request-row",)),
-    Scenario(name="expected-token-out-of-range",
-             summary="the expected-token pool is narrower than valid_lens",
-             spec={"expected_pool": True}, corrupt=_token_pool_narrow,
-             expected=("expected-token-out-of-range",)),
-    Scenario(name="kernel-limit-exceeded", summary="bs > write_req_capacity: the GPU raises",
-             spec={}, corrupt=_kernel_limit, expected=("kernel-limit-exceeded",)),
-    Scenario(name="negative-length", summary="a negative extend length (treated as 0)",
-             spec={}, corrupt=_negative_length, expected=("negative-length",)),
-    Scenario(name="gpu-dtype-mismatch", summary="req_pool_indices saved as int32",
-             spec={}, corrupt=_int32_indices, expected=("gpu-dtype-mismatch",)),
-)}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="clean-decode",
+            summary="decode step, radix-shared prefixes, no SWA",
+            spec={"mode": "decode"},
+        ),
+        Scenario(
+            name="clean-extend",
+            summary="extend / chunked-prefill step with padding rows",
+            spec={"mode": "extend", "padding_rows": 2},
+        ),
+        Scenario(
+            name="clean-swa",
+            summary="SWA model, page size 1, lazy out-of-window clearing",
+            spec={"mode": "mixed", **_SWA},
+        ),
+        Scenario(
+            name="clean-swa-paged",
+            summary="SWA model, page size 16, page-aligned clearing",
+            spec={"mode": "mixed", **_SWA_PAGED},
+        ),
+        Scenario(
+            name="clean-eagle-draft",
+            summary="EAGLE draft pool: token offset +1, token pool",
+            spec={"mode": "decode", "token_offset": 1, "expected_pool": True},
+        ),
+        Scenario(
+            name="truncated-lut",
+            summary="LUT sliced to lut[:num_allocated]: REF raises, the GPU clamps",
+            spec=_SWA,
+            corrupt=_truncated_lut,
+            expected=("lut-out-of-range",),
+        ),
+        Scenario(
+            name="use-after-free",
+            summary="a live prefix slot is on the allocator's free list",
+            spec={},
+            corrupt=_use_after_free,
+            expected=("freed-slot-in-live-range",),
+        ),
+        Scenario(
+            name="cross-request-aliasing",
+            summary="a slot copied into another request at another position",
+            spec={},
+            corrupt=_aliasing,
+            expected=("slot-shared-across-positions",),
+        ),
+        Scenario(
+            name="stale-tail",
+            summary="recycled row read through a prefix length covering the old owner's tail",
+            spec={},
+            corrupt=_stale_tail,
+            expected=("freed-slot-in-live-range",),
+        ),
+        Scenario(
+            name="unfilled-cells",
+            summary="a live prefix cell was never written (slot 0)",
+            spec={},
+            corrupt=_unfilled,
+            expected=("padding-slot-in-live-range",),
+        ),
+        Scenario(
+            name="swa-lut-cleared-in-window",
+            summary="an SWA peer freed while its token is still in the window",
+            spec=_SWA,
+            corrupt=_swa_cleared,
+            expected=("swa-unmapped-in-window",),
+        ),
+        Scenario(
+            name="swa-slot-collision",
+            summary="two full slots in the window map to one SWA slot",
+            spec=_SWA,
+            corrupt=_swa_collision,
+            expected=("swa-slot-collision",),
+        ),
+        Scenario(
+            name="capacity-overflow",
+            summary="verify entries exceed capacity: the verify launch is skipped (warning)",
+            spec={},
+            corrupt=_overflow,
+            expected=("verify-capacity-overflow",),
+        ),
+        Scenario(
+            name="row-out-of-range",
+            summary="req_pool_indices points past the pool",
+            spec={},
+            corrupt=_row_out_of_range,
+            expected=("row-out-of-range",),
+        ),
+        Scenario(
+            name="prefix-past-row",
+            summary="prefix_lens larger than the req_to_token row",
+            spec={},
+            corrupt=_prefix_past_row,
+            expected=("prefix-beyond-row",),
+            allowed=(
+                "padding-slot-in-live-range",
+                "freed-slot-in-live-range",
+                "slot-shared-across-positions",
+                "duplicate-slot-in-row",
+            ),
+        ),
+        Scenario(
+            name="write-into-live-slot",
+            summary="out_cache_loc writes a slot another request still reads",
+            spec={},
+            corrupt=_write_into_live,
+            expected=("write-to-live-slot",),
+        ),
+        Scenario(
+            name="negative-slot",
+            summary="a live req_to_token cell holds -1",
+            spec={},
+            corrupt=_negative_slot,
+            expected=("negative-slot",),
+        ),
+        Scenario(
+            name="slot-beyond-pool",
+            summary="a live slot past the end of the KV pool",
+            spec={},
+            corrupt=_slot_beyond_pool,
+            expected=("slot-beyond-pool",),
+        ),
+        Scenario(
+            name="duplicate-slot-in-row",
+            summary="one slot at two positions of a row",
+            spec={},
+            corrupt=_duplicate_in_row,
+            expected=("duplicate-slot-in-row",),
+        ),
+        Scenario(
+            name="duplicate-request-row",
+            summary="two batch rows share one pool row",
+            spec={},
+            corrupt=_duplicate_request,
+            expected=("duplicate-request-row",),
+        ),
+        Scenario(
+            name="expected-token-out-of-range",
+            summary="the expected-token pool is narrower than valid_lens",
+            spec={"expected_pool": True},
+            corrupt=_token_pool_narrow,
+            expected=("expected-token-out-of-range",),
+        ),
+        Scenario(
+            name="kernel-limit-exceeded",
+            summary="bs > write_req_capacity: the GPU raises",
+            spec={},
+            corrupt=_kernel_limit,
+            expected=("kernel-limit-exceeded",),
+        ),
+        Scenario(
+            name="negative-length",
+            summary="a negative extend length (treated as 0)",
+            spec={},
+            corrupt=_negative_length,
+            expected=("negative-length",),
+        ),
+        Scenario(
+            name="gpu-dtype-mismatch",
+            summary="req_pool_indices saved as int32",
+            spec={},
+            corrupt=_int32_indices,
+            expected=("gpu-dtype-mismatch",),
+        ),
+    )
+}
 
 
-def make_scenario(name: str, *, seed: int = 0, size: str = "tiny",
-                  corrupt: bool = True) -> SynthDump:
+def make_scenario(
+    name: str, *, seed: int = 0, size: str = "tiny", corrupt: bool = True
+) -> SynthDump:
     """Build scenario `name` at `size`; its metadata names the findings it must produce.
 
     `corrupt=False` gives the clean state the corruption would start from (same shape).
     """
     if name not in SCENARIOS:
-        raise OptionError(f"unknown scenario {name!r}", option="SCENARIO",
-                         hint="kvcanary synth --list shows them")
+        raise OptionError(
+            f"unknown scenario {name!r}", option="SCENARIO", hint="kvcanary synth --list shows them"
+        )
     if size not in SIZES:
         raise OptionError(f"unknown size {size!r} (choose {', '.join(SIZES)})", option="--size")
     scenario = SCENARIOS[name]
@@ -380,3 +518,12 @@ def make_scenario(name: str, *, seed: int = 0, size: str = "tiny",
     if scenario.allowed:
         dump.metadata["kvcanary.allowed_findings"] = ",".join(scenario.allowed)
     return dump
+
+
+def scenario_lines() -> list[str]:
+    """One line per scenario for `synth --list`: name, summary, expected finding codes."""
+    width = max(len(name) for name in SCENARIOS)
+    return [
+        f"{name:<{width}}  {item.summary}  [{', '.join(item.expected) or 'none (clean)'}]"
+        for name, item in SCENARIOS.items()
+    ]

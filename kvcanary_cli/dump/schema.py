@@ -114,43 +114,105 @@ _INDEX = ("I32",)  # int64 canonical, int32 accepted
 TENSORS: dict[str, TensorSpec] = {
     spec.name: spec
     for spec in (
-        TensorSpec(name="req_to_token", canonical="I32", accepted=("I64",), ranks=(2,),
-                   required=True,
-                   role="full-pool slot per (pool row, position); row 0 is padding"),
-        TensorSpec(name="req_pool_indices", canonical="I64", accepted=_INDEX, required=True,
-                   per_batch_row=True, role="pool row per batch row; 0 = padding"),
-        TensorSpec(name="prefix_lens", canonical="I64", accepted=_INDEX, required=True,
-                   per_batch_row=True, role="tokens already in the KV cache before this step"),
-        TensorSpec(name="extend_seq_lens", canonical="I64", accepted=_INDEX, per_batch_row=True,
-                   role="tokens written this step (default zeros)"),
-        TensorSpec(name="full_to_swa_index_mapping", canonical="I64", accepted=_INDEX,
-                   role="SWA LUT: full slot -> SWA slot (0 = unmapped); enables the swa group"),
-        TensorSpec(name="req_to_verify_expected_tokens", canonical="I32", accepted=("I64",),
-                   ranks=(2,), role="expected-token pool (pool row, token index)"),
-        TensorSpec(name="req_to_verify_expected_tokens_valid_lens", canonical="I64",
-                   accepted=_INDEX, per_batch_row=True,
-                   role="valid tokens in each batch row's expected-token pool row"),
-        TensorSpec(name="out_cache_loc", canonical="I64", accepted=_INDEX,
-                   role="full-pool slots written this step, flat in batch-row order"),
-        TensorSpec(name="input_ids", canonical="I64", accepted=_INDEX,
-                   role="tokens written this step"),
-        TensorSpec(name="positions", canonical="I64", accepted=_INDEX,
-                   role="positions written this step"),
-        TensorSpec(name="free_full_slots", canonical="I64", accepted=_INDEX,
-                   role="full-pool slots the allocator holds as free"),
-        TensorSpec(name="free_swa_slots", canonical="I64", accepted=_INDEX,
-                   role="SWA-pool slots the SWA allocator holds as free"),
-        TensorSpec(name="violation_ring", canonical="I64", ranks=(2,),
-                   role="violation ring rows [capacity, 8]"),
-        TensorSpec(name="violation_write_index", canonical="I32", accepted=("I64",),
-                   ranks=(0, 1), role="violations ever recorded"),
+        TensorSpec(
+            name="req_to_token",
+            canonical="I32",
+            accepted=("I64",),
+            ranks=(2,),
+            required=True,
+            role="full-pool slot per (pool row, position); row 0 is padding",
+        ),
+        TensorSpec(
+            name="req_pool_indices",
+            canonical="I64",
+            accepted=_INDEX,
+            required=True,
+            per_batch_row=True,
+            role="pool row per batch row; 0 = padding",
+        ),
+        TensorSpec(
+            name="prefix_lens",
+            canonical="I64",
+            accepted=_INDEX,
+            required=True,
+            per_batch_row=True,
+            role="tokens already in the KV cache before this step",
+        ),
+        TensorSpec(
+            name="extend_seq_lens",
+            canonical="I64",
+            accepted=_INDEX,
+            per_batch_row=True,
+            role="tokens written this step (default zeros)",
+        ),
+        TensorSpec(
+            name="full_to_swa_index_mapping",
+            canonical="I64",
+            accepted=_INDEX,
+            role="SWA LUT: full slot -> SWA slot (0 = unmapped); enables the swa group",
+        ),
+        TensorSpec(
+            name="req_to_verify_expected_tokens",
+            canonical="I32",
+            accepted=("I64",),
+            ranks=(2,),
+            role="expected-token pool (pool row, token index)",
+        ),
+        TensorSpec(
+            name="req_to_verify_expected_tokens_valid_lens",
+            canonical="I64",
+            accepted=_INDEX,
+            per_batch_row=True,
+            role="valid tokens in each batch row's expected-token pool row",
+        ),
+        TensorSpec(
+            name="out_cache_loc",
+            canonical="I64",
+            accepted=_INDEX,
+            role="full-pool slots written this step, flat in batch-row order",
+        ),
+        TensorSpec(
+            name="input_ids", canonical="I64", accepted=_INDEX, role="tokens written this step"
+        ),
+        TensorSpec(
+            name="positions", canonical="I64", accepted=_INDEX, role="positions written this step"
+        ),
+        TensorSpec(
+            name="free_full_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="full-pool slots the allocator holds as free",
+        ),
+        TensorSpec(
+            name="free_swa_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="SWA-pool slots the SWA allocator holds as free",
+        ),
+        TensorSpec(
+            name="violation_ring",
+            canonical="I64",
+            ranks=(2,),
+            role="violation ring rows [capacity, 8]",
+        ),
+        TensorSpec(
+            name="violation_write_index",
+            canonical="I32",
+            accepted=("I64",),
+            ranks=(0, 1),
+            role="violations ever recorded",
+        ),
     )
 }
 
 #: `canary.<group>.<head|tail>.<k|v>` buffers: uint8 [num_slots, slot_stride_bytes].
 CANARY_TENSOR_PATTERN = re.compile(r"^canary\.(full|swa)\.(head|tail)\.(k|v)$")
-_CANARY_SPEC = TensorSpec(name="canary.<group>.<head|tail>.<k|v>", canonical="U8", ranks=(2,),
-                          role="canary buffer [num_slots, slot_stride_bytes]")
+_CANARY_SPEC = TensorSpec(
+    name="canary.<group>.<head|tail>.<k|v>",
+    canonical="U8",
+    ranks=(2,),
+    role="canary buffer [num_slots, slot_stride_bytes]",
+)
 
 
 def spec_for(name: str) -> TensorSpec | None:
@@ -185,22 +247,49 @@ class ScalarSpec:
 SCALARS: dict[str, ScalarSpec] = {
     spec.name: spec
     for spec in (
-        ScalarSpec(name="swa_window_size", option="--swa-window", default="none",
-                   meaning="window W of the swa group; required with a LUT"),
-        ScalarSpec(name="verify_capacity", option="--verify-capacity",
-                   default="total requested entries (no overflow)",
-                   meaning="verify capacity of each group's plan", minimum=0),
-        ScalarSpec(name="write_req_capacity", option="--write-req-capacity", default="bs",
-                   meaning="write capacity (length of write_seed_slot_indices)", minimum=0),
-        ScalarSpec(name="kv_token_id_vs_position_offset", option="--token-offset", default=0,
-                   meaning="0 for target pools, 1 for EAGLE draft pools"),
-        ScalarSpec(name="page_size", option="--page-size", default=1, meaning="KV page size",
-                   minimum=1),
-        ScalarSpec(name="num_full_slots", option="--num-full-slots",
-                   default="lut_len - 1 with a LUT, else unknown",
-                   meaning="rows of the full KV pool (size + page_size)", minimum=0),
-        ScalarSpec(name="num_swa_slots", option="--num-swa-slots", default="unknown",
-                   meaning="rows of the SWA KV pool", minimum=0),
+        ScalarSpec(
+            name="swa_window_size",
+            option="--swa-window",
+            default="none",
+            meaning="window W of the swa group; required with a LUT",
+        ),
+        ScalarSpec(
+            name="verify_capacity",
+            option="--verify-capacity",
+            default="total requested entries (no overflow)",
+            meaning="verify capacity of each group's plan",
+            minimum=0,
+        ),
+        ScalarSpec(
+            name="write_req_capacity",
+            option="--write-req-capacity",
+            default="bs",
+            meaning="write capacity (length of write_seed_slot_indices)",
+            minimum=0,
+        ),
+        ScalarSpec(
+            name="kv_token_id_vs_position_offset",
+            option="--token-offset",
+            default=0,
+            meaning="0 for target pools, 1 for EAGLE draft pools",
+        ),
+        ScalarSpec(
+            name="page_size", option="--page-size", default=1, meaning="KV page size", minimum=1
+        ),
+        ScalarSpec(
+            name="num_full_slots",
+            option="--num-full-slots",
+            default="lut_len - 1 with a LUT, else unknown",
+            meaning="rows of the full KV pool (size + page_size)",
+            minimum=0,
+        ),
+        ScalarSpec(
+            name="num_swa_slots",
+            option="--num-swa-slots",
+            default="unknown",
+            meaning="rows of the SWA KV pool",
+            minimum=0,
+        ),
     )
 }
 

@@ -1,6 +1,6 @@
 """Synthetic dumps: consistent random serving states, built the way SGLang's allocators work.
 
-The simulation follows the allocator contracts of kv-canary-semantics.md §2-§3: pool rows are
+The simulation follows the allocator contracts of docs/semantics.md §2-§3: pool rows are
 handed out LIFO and freed without clearing (stale tails), token slots come from a free list
 (slot or page 0 reserved), radix sharing reuses the same slots at the same positions, pending
 writes sit in `[P, P+E)`, and the SWA LUT has length `num_full_slots + 1` with a trailing -1,
@@ -166,8 +166,7 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         else:
             pages, tokens = own_pages, rng.integers(0, spec.vocab, length)
         refcount[pages] += 1
-        request = _Request(row=row, tokens=tokens.astype(np.int64), pages=pages,
-                           owned_from=shared)
+        request = _Request(row=row, tokens=tokens.astype(np.int64), pages=pages, owned_from=shared)
         req_to_token[row, :length] = request.slots(p)
         expected[row, :length] = request.tokens
         live.append(request)
@@ -235,13 +234,19 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
     if spec.verify_capacity is not None:
         metadata["verify_capacity"] = str(spec.verify_capacity)
     live_requests = [
-        LiveRequest(batch_row=i, pool_row=r.row, prefix_len=prefix[i], extend_len=extend[i],
-                    tokens=r.tokens.copy(), slots=r.slots(p))
+        LiveRequest(
+            batch_row=i,
+            pool_row=r.row,
+            prefix_len=prefix[i],
+            extend_len=extend[i],
+            tokens=r.tokens.copy(),
+            slots=r.slots(p),
+        )
         for i, r in enumerate(batch)
     ]
     if spec.write_tensors:
-        slots = [lr.slots[lr.prefix_len:] for lr in live_requests]
-        toks = [lr.tokens[lr.prefix_len:] for lr in live_requests]
+        slots = [lr.slots[lr.prefix_len :] for lr in live_requests]
+        toks = [lr.tokens[lr.prefix_len :] for lr in live_requests]
         poss = [np.arange(lr.prefix_len, lr.prefix_len + lr.extend_len) for lr in live_requests]
         tensors["out_cache_loc"] = torch.from_numpy(_cat(slots))
         tensors["input_ids"] = torch.from_numpy(_cat(toks))
@@ -249,14 +254,14 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
     if spec.free_lists:
         tensors["free_full_slots"] = torch.from_numpy(_expand(full_alloc.free_pages(), p))
     if spec.expected_pool:
-        valid = np.array([lr.prefix_len + lr.extend_len for lr in live_requests] + [0] * pad,
-                         dtype=np.int64)
+        valid = np.array(
+            [lr.prefix_len + lr.extend_len for lr in live_requests] + [0] * pad, dtype=np.int64
+        )
         tensors["req_to_verify_expected_tokens"] = torch.from_numpy(expected)
         tensors["req_to_verify_expected_tokens_valid_lens"] = torch.from_numpy(valid)
     if spec.window > 0:
         _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots, num_pages)
-    return SynthDump(spec=spec, seed=seed, tensors=tensors, metadata=metadata,
-                     live=live_requests)
+    return SynthDump(spec=spec, seed=seed, tensors=tensors, metadata=metadata, live=live_requests)
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
@@ -305,7 +310,7 @@ def _add_swa(
     metadata["swa_window_size"] = str(spec.window)
     metadata["num_swa_slots"] = str(num_swa_pages * p)
     if spec.free_lists:
-        tensors["free_swa_slots"] = torch.from_numpy(_expand(swa_free[len(mapped):], p))
+        tensors["free_swa_slots"] = torch.from_numpy(_expand(swa_free[len(mapped) :], p))
 
 
 def with_spec(spec: SynthSpec, **changes: object) -> SynthSpec:

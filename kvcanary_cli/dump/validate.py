@@ -161,6 +161,8 @@ def resolve_groups(
         if name not in ("full", "swa"):
             raise bad(f"unknown group {name!r} (expected full, swa or all)")
     if "swa" in names and not has_lut:
-        raise bad("group swa needs full_to_swa_index_mapping, which this dump lacks",
-                  "plan the full group, or capture the LUT")
+        raise bad(
+            "group swa needs full_to_swa_index_mapping, which this dump lacks",
+            "plan the full group, or capture the LUT",
+        )
     return tuple(dict.fromkeys(names))

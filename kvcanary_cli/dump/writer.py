@@ -70,8 +70,7 @@ def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
     else:  # a list of Python ints: refuse floats instead of truncating them
         tensor = torch.as_tensor(value)
         if tensor.is_floating_point() or tensor.dtype == torch.bool:
-            raise TensorDtypeError(f"holds {tensor.dtype} values, expected integers",
-                                   field=name)
+            raise TensorDtypeError(f"holds {tensor.dtype} values, expected integers", field=name)
         tensor = tensor.to(torch.int64)
     tensor = tensor.to("cpu").contiguous()
     stored = safetensors_dtype_of(tensor.dtype)

@@ -42,8 +42,11 @@ def make_planner(backend: Backend, *, strict: bool = False) -> Planner:
     if strict and backend is not Backend.REFERENCE:
         from kvcanary_cli.errors import OptionError
 
-        raise OptionError("applies to the scalar reference only", option="--strict",
-                          hint="add --backend reference")
+        raise OptionError(
+            "applies to the scalar reference only",
+            option="--strict",
+            hint="add --backend reference",
+        )
     match backend:
         case Backend.REFERENCE:
             from kvcanary_cli.planners.reference import ReferencePlanner

@@ -147,13 +147,20 @@ class ProblemTable:
 
     @classmethod
     def build(
-        cls, kind: ProblemKind, role: ProblemRole, *, batch_row: object, pool_row: object,
-        position: object, value: object, entry: object, raises: bool,
+        cls,
+        kind: ProblemKind,
+        role: ProblemRole,
+        *,
+        batch_row: object,
+        pool_row: object,
+        position: object,
+        value: object,
+        entry: object,
+        raises: bool,
     ) -> ProblemTable:
         """Rows of one kind and role from equal-length arrays (or broadcastable scalars)."""
         shaped = np.broadcast_arrays(
-            *(np.asarray(c, dtype=np.int64) for c in (batch_row, pool_row, position, value,
-                                                       entry))
+            *(np.asarray(c, dtype=np.int64) for c in (batch_row, pool_row, position, value, entry))
         )
         n = shaped[0].shape[0] if shaped[0].ndim else 1
         columns = [np.broadcast_to(c, (n,)).copy() for c in shaped]
@@ -171,26 +178,44 @@ class ProblemTable:
     @classmethod
     def from_rows(cls, rows: list[PlanProblem]) -> ProblemTable:
         """A table from problem objects (the scalar reference collects these)."""
+
         def col(name: str) -> np.ndarray:
             return np.array([int(getattr(r, name)) for r in rows], dtype=np.int64)
 
-        return cls.concat([cls(
-            kind=col("kind"), role=col("role"), batch_row=col("batch_row"),
-            pool_row=col("pool_row"), position=col("position"), value=col("value"),
-            entry=col("entry"), raises=np.array([r.raises for r in rows], dtype=bool),
-        )])
+        return cls.concat(
+            [
+                cls(
+                    kind=col("kind"),
+                    role=col("role"),
+                    batch_row=col("batch_row"),
+                    pool_row=col("pool_row"),
+                    position=col("position"),
+                    value=col("value"),
+                    entry=col("entry"),
+                    raises=np.array([r.raises for r in rows], dtype=bool),
+                )
+            ]
+        )
 
     @classmethod
     def concat(cls, tables: list[ProblemTable]) -> ProblemTable:
         """One table from many, in canonical order (entry order, then role, then kind)."""
         names = ("kind", "role", "batch_row", "pool_row", "position", "value", "entry", "raises")
         if not tables:
-            return cls(**{n: np.zeros(0, dtype=bool if n == "raises" else np.int64)
-                          for n in names})
+            return cls(**{n: np.zeros(0, dtype=bool if n == "raises" else np.int64) for n in names})
         cols = {n: np.concatenate([getattr(t, n) for t in tables]) for n in names}
         phase = (cols["entry"] < 0).astype(np.int64)  # seeds after entries, like REF
-        order = np.lexsort((cols["value"], cols["position"], cols["kind"], cols["role"],
-                            cols["batch_row"], cols["entry"], phase))
+        order = np.lexsort(
+            (
+                cols["value"],
+                cols["position"],
+                cols["kind"],
+                cols["role"],
+                cols["batch_row"],
+                cols["entry"],
+                phase,
+            )
+        )
         return cls(**{n: c[order] for n, c in cols.items()})
 
     def __len__(self) -> int:
@@ -208,18 +233,30 @@ class ProblemTable:
     def rows_at(self, index: int) -> PlanProblem:
         """One row as an object."""
         return PlanProblem(
-            kind=ProblemKind(int(self.kind[index])), role=ProblemRole(int(self.role[index])),
-            batch_row=int(self.batch_row[index]), pool_row=int(self.pool_row[index]),
-            position=int(self.position[index]), value=int(self.value[index]),
-            entry=int(self.entry[index]), raises=bool(self.raises[index]),
+            kind=ProblemKind(int(self.kind[index])),
+            role=ProblemRole(int(self.role[index])),
+            batch_row=int(self.batch_row[index]),
+            pool_row=int(self.pool_row[index]),
+            position=int(self.position[index]),
+            value=int(self.value[index]),
+            entry=int(self.entry[index]),
+            raises=bool(self.raises[index]),
         )
 
     def same_as(self, other: ProblemTable) -> bool:
         """Exact equality of all columns."""
         return all(
             np.array_equal(getattr(self, n), getattr(other, n))
-            for n in ("kind", "role", "batch_row", "pool_row", "position", "value", "entry",
-                      "raises")
+            for n in (
+                "kind",
+                "role",
+                "batch_row",
+                "pool_row",
+                "position",
+                "value",
+                "entry",
+                "raises",
+            )
         )
 
 
@@ -238,8 +275,13 @@ class VerifyEntries:
     def empty(cls) -> VerifyEntries:
         """No entries (overflow, or an empty batch)."""
         none = torch.zeros(0, dtype=torch.int64)
-        return cls(slot=none, expected_token=none, position=none, prev_slot=none,
-                   undefined=torch.zeros(0, dtype=torch.uint8))
+        return cls(
+            slot=none,
+            expected_token=none,
+            position=none,
+            prev_slot=none,
+            undefined=torch.zeros(0, dtype=torch.uint8),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -137,7 +137,8 @@ class GroupFrame:
         if self.enable and self.total_verify > MAX_MATERIALIZED_ENTRIES:
             raise PlanTooLargeError(
                 f"the batch asks for {self.total_verify} verify entries, more than kvcanary "
-                f"holds in memory ({MAX_MATERIALIZED_ENTRIES})", field="prefix_lens",
+                f"holds in memory ({MAX_MATERIALIZED_ENTRIES})",
+                field="prefix_lens",
                 hint="the lengths look corrupt; or pass --verify-capacity to plan an overflow",
             )
 
@@ -153,8 +154,11 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
     elif group == "swa":
         lut = dump.full_to_swa_index_mapping
         if lut is None:
-            raise OptionError("group swa needs full_to_swa_index_mapping, which this dump lacks",
-                              option="--group", hint="use --group full")
+            raise OptionError(
+                "group swa needs full_to_swa_index_mapping, which this dump lacks",
+                option="--group",
+                hint="use --group full",
+            )
         window = dump.window("swa")
     else:
         raise OptionError(f"unknown group {group!r} (expected full or swa)", option="--group")
@@ -168,21 +172,37 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
     rows = min(dump.bs, write_capacity)
     write_len = torch.where(active & (extend > 0), extend, 0)
     return GroupFrame(
-        group=group, window=window, lut=lut, bs=dump.bs, pool_rows=rpi, window_start=start,
-        verify_len=verify_len, verify_offsets=_exclusive_cumsum(verify_len), total_verify=total,
+        group=group,
+        window=window,
+        lut=lut,
+        bs=dump.bs,
+        pool_rows=rpi,
+        window_start=start,
+        verify_len=verify_len,
+        verify_offsets=_exclusive_cumsum(verify_len),
+        total_verify=total,
         verify_capacity=total if recorded is None else recorded,
-        capacity_recorded=recorded is not None, write_req_capacity=write_capacity,
-        write_len=write_len, write_offsets=_exclusive_cumsum(write_len[:rows]),
+        capacity_recorded=recorded is not None,
+        write_req_capacity=write_capacity,
+        write_len=write_len,
+        write_offsets=_exclusive_cumsum(write_len[:rows]),
         seed_wanted=(active & (extend > 0) & (prefix > 0))[:rows],
         launch=launch_limit(dump.bs, write_capacity),
     )
 
 
 def assemble_plan(
-    frame: GroupFrame, *, backend: str, semantics: Semantics, entries: VerifyEntries,
-    seeds: torch.Tensor, seed_undefined: torch.Tensor, problems: ProblemTable,
+    frame: GroupFrame,
+    *,
+    backend: str,
+    semantics: Semantics,
+    entries: VerifyEntries,
+    seeds: torch.Tensor,
+    seed_undefined: torch.Tensor,
+    problems: ProblemTable,
     kernel_totals: tuple[int, int, int] | None = None,
-    verify_offsets: torch.Tensor | None = None, write_offsets: torch.Tensor | None = None,
+    verify_offsets: torch.Tensor | None = None,
+    write_offsets: torch.Tensor | None = None,
 ) -> Plan:
     """The one place a `Plan` is built.
 
@@ -191,17 +211,28 @@ def assemble_plan(
     comparison with the reference checks them.
     """
     total, num_valid, enable = kernel_totals or (
-        frame.total_verify, frame.verify_num_valid, frame.enable)
+        frame.total_verify,
+        frame.verify_num_valid,
+        frame.enable,
+    )
     return Plan(
-        backend=backend, semantics=semantics, frame=frame, total_verify=total,
-        verify_num_valid=num_valid, enable=enable,
+        backend=backend,
+        semantics=semantics,
+        frame=frame,
+        total_verify=total,
+        verify_num_valid=num_valid,
+        enable=enable,
         verify_offsets=frame.verify_offsets if verify_offsets is None else verify_offsets,
-        verify_slot_indices=entries.slot, verify_expected_tokens=entries.expected_token,
-        verify_expected_positions=entries.position, verify_prev_slot_indices=entries.prev_slot,
+        verify_slot_indices=entries.slot,
+        verify_expected_tokens=entries.expected_token,
+        verify_expected_positions=entries.position,
+        verify_prev_slot_indices=entries.prev_slot,
         verify_undefined=entries.undefined,
         write_offsets=frame.write_offsets if write_offsets is None else write_offsets,
-        write_seed_slot_indices=seeds, seed_undefined=seed_undefined,
-        write_num_valid_reqs=frame.bs, problems=problems,
+        write_seed_slot_indices=seeds,
+        seed_undefined=seed_undefined,
+        write_num_valid_reqs=frame.bs,
+        problems=problems,
     )
 
 
@@ -210,11 +241,21 @@ def failed_plan(frame: GroupFrame, *, backend: str) -> Plan:
     assert frame.launch is not None
     empty = torch.zeros(0, dtype=_I64)
     return Plan(
-        backend=backend, semantics=Semantics.GPU, frame=frame, total_verify=0,
-        verify_num_valid=0, enable=0, verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
-        verify_slot_indices=empty, verify_expected_tokens=empty,
-        verify_expected_positions=empty, verify_prev_slot_indices=empty,
-        verify_undefined=torch.zeros(0, dtype=torch.uint8), write_offsets=empty,
-        write_seed_slot_indices=empty, seed_undefined=torch.zeros(0, dtype=torch.bool),
-        write_num_valid_reqs=0, launch_error=frame.launch.message,
+        backend=backend,
+        semantics=Semantics.GPU,
+        frame=frame,
+        total_verify=0,
+        verify_num_valid=0,
+        enable=0,
+        verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
+        verify_slot_indices=empty,
+        verify_expected_tokens=empty,
+        verify_expected_positions=empty,
+        verify_prev_slot_indices=empty,
+        verify_undefined=torch.zeros(0, dtype=torch.uint8),
+        write_offsets=empty,
+        write_seed_slot_indices=empty,
+        seed_undefined=torch.zeros(0, dtype=torch.bool),
+        write_num_valid_reqs=0,
+        launch_error=frame.launch.message,
     )

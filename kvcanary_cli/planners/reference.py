@@ -35,8 +35,14 @@ SCALAR_ENTRY_LIMIT = 20_000_000
 class _Collector:
     """Records problems; in strict mode raises upstream's error at the first raising one."""
 
-    def __init__(self, strict: bool, max_reqs: int, max_seq_len: int, lut_len: int,
-                 pool_shape: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        strict: bool,
+        max_reqs: int,
+        max_seq_len: int,
+        lut_len: int,
+        pool_shape: tuple[int, int],
+    ) -> None:
         self.strict = strict
         self.items: list[PlanProblem] = []
         self.shape = (max_reqs, max_seq_len)
@@ -99,8 +105,7 @@ class ReferencePlanner:
         pool_rows, pool_cols = (0, 0) if pool is None else (pool.shape[0], pool.shape[1])
         offset = dump.token_offset
         bs = len(rpi)
-        problems = _Collector(self.strict, max_reqs, max_seq_len, lut_len,
-                              (pool_rows, pool_cols))
+        problems = _Collector(self.strict, max_reqs, max_seq_len, lut_len, (pool_rows, pool_cols))
         row_cache: dict[int, list[int]] = {}
 
         def table_row(row: int) -> list[int]:
@@ -112,9 +117,18 @@ class ReferencePlanner:
             if lut is None or raw < 0:
                 return raw
             if raw >= lut_len:
-                problems.add(PlanProblem(kind=ProblemKind.LUT_OUT_OF_RANGE, role=role,
-                                      batch_row=r, pool_row=rpi[r], position=pos, value=raw,
-                                      entry=k, raises=True))
+                problems.add(
+                    PlanProblem(
+                        kind=ProblemKind.LUT_OUT_OF_RANGE,
+                        role=role,
+                        batch_row=r,
+                        pool_row=rpi[r],
+                        position=pos,
+                        value=raw,
+                        entry=k,
+                        raises=True,
+                    )
+                )
                 return None
             return int(lut[raw])
 
@@ -126,7 +140,9 @@ class ReferencePlanner:
         if total > SCALAR_ENTRY_LIMIT:
             raise PlanTooLargeError(
                 f"the batch asks for {total} verify entries; the scalar reference stops at "
-                f"{SCALAR_ENTRY_LIMIT}", field="prefix_lens", hint="use --backend torch",
+                f"{SCALAR_ENTRY_LIMIT}",
+                field="prefix_lens",
+                hint="use --backend torch",
             )
         slots: list[int] = []
         prevs: list[int] = []
@@ -139,9 +155,18 @@ class ReferencePlanner:
             row = _python_row(rp, max_reqs)
             pool_row = _python_row(rp, pool_rows) if pool is not None else None
             if n > 0 and (row is None or rp < 0):
-                problems.add(PlanProblem(kind=ProblemKind.ROW_OUT_OF_RANGE, role=ProblemRole.VERIFY,
-                                      batch_row=r, pool_row=rp, position=ws, value=rp, entry=k,
-                                      raises=row is None))
+                problems.add(
+                    PlanProblem(
+                        kind=ProblemKind.ROW_OUT_OF_RANGE,
+                        role=ProblemRole.VERIFY,
+                        batch_row=r,
+                        pool_row=rp,
+                        position=ws,
+                        value=rp,
+                        entry=k,
+                        raises=row is None,
+                    )
+                )
             beyond_reported = token_reported = False
             for j in range(n):
                 pos = ws + j
@@ -152,9 +177,18 @@ class ReferencePlanner:
                 elif pos >= max_seq_len:
                     if not beyond_reported:
                         beyond_reported = True
-                        problems.add(PlanProblem(kind=ProblemKind.PREFIX_BEYOND_ROW,
-                                              role=ProblemRole.VERIFY, batch_row=r, pool_row=rp,
-                                              position=pos, value=pos, entry=k, raises=True))
+                        problems.add(
+                            PlanProblem(
+                                kind=ProblemKind.PREFIX_BEYOND_ROW,
+                                role=ProblemRole.VERIFY,
+                                batch_row=r,
+                                pool_row=rp,
+                                position=pos,
+                                value=pos,
+                                entry=k,
+                                raises=True,
+                            )
+                        )
                     bits |= Undefined.SLOT
                 else:
                     slot = translate(table_row(row)[pos], ProblemRole.VERIFY, r, pos, k)
@@ -165,8 +199,9 @@ class ReferencePlanner:
                     if row is None or pos - 1 >= max_seq_len:
                         prev = None
                     else:
-                        prev = translate(table_row(row)[pos - 1], ProblemRole.CHAIN_PREV,
-                                         r, pos - 1, k)
+                        prev = translate(
+                            table_row(row)[pos - 1], ProblemRole.CHAIN_PREV, r, pos - 1, k
+                        )
                     if prev is None:
                         bits |= Undefined.PREV
                 token: int | None = -1
@@ -178,10 +213,18 @@ class ReferencePlanner:
                             if not token_reported:
                                 token_reported = True
                                 bad = rp if pool_row is None else s
-                                problems.add(PlanProblem(
-                                    kind=ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
-                                    role=ProblemRole.EXPECTED_TOKEN, batch_row=r, pool_row=rp,
-                                    position=pos, value=bad, entry=k, raises=True))
+                                problems.add(
+                                    PlanProblem(
+                                        kind=ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
+                                        role=ProblemRole.EXPECTED_TOKEN,
+                                        batch_row=r,
+                                        pool_row=rp,
+                                        position=pos,
+                                        value=bad,
+                                        entry=k,
+                                        raises=True,
+                                    )
+                                )
                             bits |= Undefined.TOKEN
                         else:
                             token = int(pool[pool_row, s])
@@ -212,9 +255,18 @@ class ReferencePlanner:
             return torch.tensor(values, dtype=torch.int64)
 
         entries = VerifyEntries(
-            slot=i64(slots), expected_token=i64(tokens), position=i64(positions),
-            prev_slot=i64(prevs), undefined=torch.tensor(undefined, dtype=torch.uint8))
+            slot=i64(slots),
+            expected_token=i64(tokens),
+            position=i64(positions),
+            prev_slot=i64(prevs),
+            undefined=torch.tensor(undefined, dtype=torch.uint8),
+        )
         return assemble_plan(
-            frame, backend=self.name, semantics=self.semantics, entries=entries,
-            seeds=i64(seeds), seed_undefined=torch.from_numpy(np.array(seed_undefined, dtype=bool)),
-            problems=problems.table())
+            frame,
+            backend=self.name,
+            semantics=self.semantics,
+            entries=entries,
+            seeds=i64(seeds),
+            seed_undefined=torch.from_numpy(np.array(seed_undefined, dtype=bool)),
+            problems=problems.table(),
+        )

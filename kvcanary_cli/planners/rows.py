@@ -35,23 +35,41 @@ def row_problems(dump: KvDump, frame: GroupFrame, *, gpu: bool) -> ProblemTable:
     resolves = in_range if gpu else python_rows_resolve(rpi, dump.max_reqs)
     tables: list[ProblemTable] = []
 
-    def add(kind: ProblemKind, role: ProblemRole, mask: torch.Tensor, position: torch.Tensor,
-            value: torch.Tensor, raises: torch.Tensor | bool) -> None:
+    def add(
+        kind: ProblemKind,
+        role: ProblemRole,
+        mask: torch.Tensor,
+        position: torch.Tensor,
+        value: torch.Tensor,
+        raises: torch.Tensor | bool,
+    ) -> None:
         idx = torch.nonzero(mask).reshape(-1)
         if idx.numel() == 0:
             return
         table = ProblemTable.build(
-            kind, role, batch_row=idx.numpy(), pool_row=rpi[idx].numpy(),
-            position=position[idx].numpy(), value=value[idx].numpy(),
-            entry=(offsets[idx] + position[idx] - ws[idx]).numpy(), raises=False)
+            kind,
+            role,
+            batch_row=idx.numpy(),
+            pool_row=rpi[idx].numpy(),
+            position=position[idx].numpy(),
+            value=value[idx].numpy(),
+            entry=(offsets[idx] + position[idx] - ws[idx]).numpy(),
+            raises=False,
+        )
         if not gpu:
             table.raises[:] = raises if isinstance(raises, bool) else raises[idx].numpy()
         tables.append(table)
 
     add(ProblemKind.ROW_OUT_OF_RANGE, ProblemRole.VERIFY, has & ~in_range, ws, rpi, ~resolves)
     beyond = torch.maximum(ws, torch.full_like(ws, dump.max_seq_len))
-    add(ProblemKind.PREFIX_BEYOND_ROW, ProblemRole.VERIFY,
-        has & resolves & (prefix > dump.max_seq_len), beyond, beyond, True)
+    add(
+        ProblemKind.PREFIX_BEYOND_ROW,
+        ProblemRole.VERIFY,
+        has & resolves & (prefix > dump.max_seq_len),
+        beyond,
+        beyond,
+        True,
+    )
     pool = dump.req_to_verify_expected_tokens
     valid = dump.req_to_verify_expected_tokens_valid_lens
     if pool is not None and valid is not None:
@@ -61,9 +79,21 @@ def row_problems(dump: KvDump, frame: GroupFrame, *, gpu: bool) -> ProblemTable:
         s_hi = torch.minimum(prefix + off, valid)  # one past the last
         gathers = has & (s_lo < s_hi)
         pool_ok = ((rpi >= 0) & (rpi < rows)) if gpu else python_rows_resolve(rpi, rows)
-        add(ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE, ProblemRole.EXPECTED_TOKEN,
-            gathers & ~pool_ok, s_lo - off, rpi, True)
+        add(
+            ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
+            ProblemRole.EXPECTED_TOKEN,
+            gathers & ~pool_ok,
+            s_lo - off,
+            rpi,
+            True,
+        )
         first_bad = torch.maximum(s_lo, torch.full_like(s_lo, cols))
-        add(ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE, ProblemRole.EXPECTED_TOKEN,
-            gathers & pool_ok & (s_hi > cols), first_bad - off, first_bad, True)
+        add(
+            ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
+            ProblemRole.EXPECTED_TOKEN,
+            gathers & pool_ok & (s_hi > cols),
+            first_bad - off,
+            first_bad,
+            True,
+        )
     return ProblemTable.concat(tables)

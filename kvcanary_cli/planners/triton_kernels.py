@@ -66,8 +66,16 @@ def _gather_flat(base_ptr, flat, wanted, numel):
 
 #: Runtime integers are not specialised on their value (== 1, multiple of 16): batches vary,
 #: and each specialisation would be one more compilation.
-@triton.jit(do_not_specialize=["bs", "req_to_token_stride", "req_to_token_numel", "lut_len",
-                               "window", "verify_capacity"])
+@triton.jit(
+    do_not_specialize=[
+        "bs",
+        "req_to_token_stride",
+        "req_to_token_numel",
+        "lut_len",
+        "window",
+        "verify_capacity",
+    ]
+)
 def plan_offsets_kernel(
     req_pool_indices_ptr,
     prefix_lens_ptr,
@@ -139,9 +147,20 @@ def plan_offsets_kernel(
     tl.store(seed_flags_ptr + lanes, flags.to(tl.uint8), mask=in_batch)
 
 
-@triton.jit(do_not_specialize=["entry_start", "entry_stop", "bs", "req_to_token_stride",
-                               "req_to_token_numel", "lut_len", "window", "pool_stride",
-                               "pool_numel", "token_offset"])
+@triton.jit(
+    do_not_specialize=[
+        "entry_start",
+        "entry_stop",
+        "bs",
+        "req_to_token_stride",
+        "req_to_token_numel",
+        "lut_len",
+        "window",
+        "pool_stride",
+        "pool_numel",
+        "token_offset",
+    ]
+)
 def plan_entries_kernel(
     req_pool_indices_ptr,
     prefix_lens_ptr,
@@ -211,8 +230,9 @@ def plan_entries_kernel(
     prev, prev_clamped = _translate_slots(prev_raw, prev_ok, lut_ptr, lut_len, HAS_LUT)
     prev = tl.where(has_prev, tl.where(prev_ok, prev, 0), -1)
 
-    undefined = (tl.where(live & ~slot_ok, UNDEFINED_SLOT, 0)
-                 + tl.where(has_prev & ~prev_ok, UNDEFINED_PREV, 0))
+    undefined = tl.where(live & ~slot_ok, UNDEFINED_SLOT, 0) + tl.where(
+        has_prev & ~prev_ok, UNDEFINED_PREV, 0
+    )
     if HAS_POOL:
         s = pos + token_offset
         valid_len = tl.load(valid_lens_ptr + row, mask=live, other=0).to(tl.int64)

@@ -73,7 +73,10 @@ class TritonPlanner:
     semantics = Semantics.GPU
 
     def __init__(
-        self, *, block_size: int | None = None, entries_per_launch: int = ENTRIES_PER_LAUNCH,
+        self,
+        *,
+        block_size: int | None = None,
+        entries_per_launch: int = ENTRIES_PER_LAUNCH,
         std_scan: bool | None = None,
     ) -> None:
         self._block_size = block_size
@@ -97,8 +100,7 @@ class TritonPlanner:
     @property
     def entries_per_launch(self) -> int:
         """Entries one launch of the entries kernel covers (a multiple of the block size)."""
-        return max(self.block_size,
-                   self._entries_per_launch // self.block_size * self.block_size)
+        return max(self.block_size, self._entries_per_launch // self.block_size * self.block_size)
 
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Plan `group` of `dump` with the kernels; tensors come back on the CPU."""
@@ -117,17 +119,37 @@ class TritonPlanner:
         seed_flags = torch.empty(max(bs, 1), dtype=torch.uint8, device=device)
         totals = torch.empty(3, dtype=_I64, device=device)
         kernels.plan_offsets_kernel[(1,)](
-            inputs.rpi, inputs.prefix, inputs.extend, inputs.table, inputs.lut,
-            verify_offsets, write_offsets, seeds, seed_raw, seed_flags, totals,
-            bs, dump.max_seq_len, inputs.table_numel, inputs.lut_len, frame.window,
-            frame.verify_capacity, HAS_LUT=frame.lut is not None, BLOCK_BS=block_bs,
-            STD_SCAN=(triton_runtime.std_library_interpreted() if self._std_scan is None
-                      else self._std_scan), num_warps=_warps(block_bs),
+            inputs.rpi,
+            inputs.prefix,
+            inputs.extend,
+            inputs.table,
+            inputs.lut,
+            verify_offsets,
+            write_offsets,
+            seeds,
+            seed_raw,
+            seed_flags,
+            totals,
+            bs,
+            dump.max_seq_len,
+            inputs.table_numel,
+            inputs.lut_len,
+            frame.window,
+            frame.verify_capacity,
+            HAS_LUT=frame.lut is not None,
+            BLOCK_BS=block_bs,
+            STD_SCAN=(
+                triton_runtime.std_library_interpreted()
+                if self._std_scan is None
+                else self._std_scan
+            ),
+            num_warps=_warps(block_bs),
         )
         total, num_valid, enable = (int(v) for v in totals.cpu())
         frame.check_materializable()
-        columns = self._entries(kernels, dump, frame, inputs, verify_offsets,
-                                total if enable else 0, block_bs)
+        columns = self._entries(
+            kernels, dump, frame, inputs, verify_offsets, total if enable else 0, block_bs
+        )
         offsets_cpu = verify_offsets.cpu()
         seed_flags_np = seed_flags[:bs].cpu().numpy()
         problems = [
@@ -135,17 +157,27 @@ class TritonPlanner:
             _entry_lut_problems(dump, offsets_cpu, columns["position"], columns["clamp"]),
             _seed_lut_problems(dump, seed_flags_np, seed_raw[:bs].cpu().numpy()),
         ]
-        entries = VerifyEntries(slot=columns["slot"], expected_token=columns["token"],
-                                position=columns["position"], prev_slot=columns["prev"],
-                                undefined=columns["undefined"])
+        entries = VerifyEntries(
+            slot=columns["slot"],
+            expected_token=columns["token"],
+            position=columns["position"],
+            prev_slot=columns["prev"],
+            undefined=columns["undefined"],
+        )
         rows = frame.write_rows
         return assemble_plan(
-            frame, backend=self.name, semantics=self.semantics, entries=entries,
+            frame,
+            backend=self.name,
+            semantics=self.semantics,
+            entries=entries,
             seeds=seeds[:rows].cpu(),
             seed_undefined=torch.from_numpy(
-                (seed_flags_np[:rows] & SeedFlag.UNDEFINED).astype(bool)),
-            problems=ProblemTable.concat(problems), kernel_totals=(total, num_valid, enable),
-            verify_offsets=offsets_cpu, write_offsets=write_offsets[:rows + 1].cpu(),
+                (seed_flags_np[:rows] & SeedFlag.UNDEFINED).astype(bool)
+            ),
+            problems=ProblemTable.concat(problems),
+            kernel_totals=(total, num_valid, enable),
+            verify_offsets=offsets_cpu,
+            write_offsets=write_offsets[: rows + 1].cpu(),
         )
 
     @staticmethod
@@ -162,38 +194,73 @@ class TritonPlanner:
 
         pool = dump.req_to_verify_expected_tokens
         return _Inputs(
-            rpi=vec(dump.req_pool_indices), prefix=vec(dump.prefix_lens),
+            rpi=vec(dump.req_pool_indices),
+            prefix=vec(dump.prefix_lens),
             extend=vec(dump.extend_seq_lens),
             valid=vec(dump.req_to_verify_expected_tokens_valid_lens),
-            table=table(dump.req_to_token), table_numel=int(dump.req_to_token.numel()),
-            lut=vec(lut), lut_len=0 if lut is None else int(lut.shape[0]),
-            pool=table(pool), pool_stride=0 if pool is None else int(pool.shape[1]),
+            table=table(dump.req_to_token),
+            table_numel=int(dump.req_to_token.numel()),
+            lut=vec(lut),
+            lut_len=0 if lut is None else int(lut.shape[0]),
+            pool=table(pool),
+            pool_stride=0 if pool is None else int(pool.shape[1]),
             pool_numel=0 if pool is None else int(pool.numel()),
         )
 
     def _entries(
-        self, kernels: ModuleType, dump: KvDump, frame: GroupFrame, inputs: _Inputs,
-        verify_offsets: torch.Tensor, entries: int, block_bs: int,
+        self,
+        kernels: ModuleType,
+        dump: KvDump,
+        frame: GroupFrame,
+        inputs: _Inputs,
+        verify_offsets: torch.Tensor,
+        entries: int,
+        block_bs: int,
     ) -> dict[str, torch.Tensor]:
         """Launch the entries kernel over `[0, entries)` in chunks; CPU columns back."""
         dev = verify_offsets.device
-        out = {name: torch.empty(entries, dtype=_I64, device=dev)
-               for name in ("slot", "prev", "token", "position")}
+        out = {
+            name: torch.empty(entries, dtype=_I64, device=dev)
+            for name in ("slot", "prev", "token", "position")
+        }
         out["undefined"] = torch.empty(entries, dtype=torch.uint8, device=dev)
         out["clamp"] = torch.empty(entries, dtype=torch.uint8, device=dev)
-        has_pool = (dump.req_to_verify_expected_tokens is not None
-                    and dump.req_to_verify_expected_tokens_valid_lens is not None)
+        has_pool = (
+            dump.req_to_verify_expected_tokens is not None
+            and dump.req_to_verify_expected_tokens_valid_lens is not None
+        )
         for start in range(0, entries, self.entries_per_launch):
             stop = min(entries, start + self.entries_per_launch)
             grid = (_cdiv(stop - start, self.block_size),)
             kernels.plan_entries_kernel[grid](
-                inputs.rpi, inputs.prefix, inputs.valid, inputs.table, inputs.lut, inputs.pool,
-                verify_offsets, out["slot"], out["prev"], out["token"], out["position"],
-                out["undefined"], out["clamp"],
-                start, stop, dump.bs, dump.max_seq_len, inputs.table_numel, inputs.lut_len,
-                frame.window, inputs.pool_stride, inputs.pool_numel, dump.token_offset,
-                HAS_LUT=inputs.lut_len > 0, HAS_POOL=has_pool, BLOCK_BS=block_bs,
-                SEARCH_STEPS=block_bs.bit_length() - 1, BLOCK_SIZE=self.block_size,
+                inputs.rpi,
+                inputs.prefix,
+                inputs.valid,
+                inputs.table,
+                inputs.lut,
+                inputs.pool,
+                verify_offsets,
+                out["slot"],
+                out["prev"],
+                out["token"],
+                out["position"],
+                out["undefined"],
+                out["clamp"],
+                start,
+                stop,
+                dump.bs,
+                dump.max_seq_len,
+                inputs.table_numel,
+                inputs.lut_len,
+                frame.window,
+                inputs.pool_stride,
+                inputs.pool_numel,
+                dump.token_offset,
+                HAS_LUT=inputs.lut_len > 0,
+                HAS_POOL=has_pool,
+                BLOCK_BS=block_bs,
+                SEARCH_STEPS=block_bs.bit_length() - 1,
+                BLOCK_SIZE=self.block_size,
             )
         return {name: t.cpu() for name, t in out.items()}
 
@@ -208,7 +275,10 @@ def _warps(lanes: int) -> int:
 
 
 def _entry_lut_problems(
-    dump: KvDump, offsets: torch.Tensor, positions: torch.Tensor, clamp: torch.Tensor,
+    dump: KvDump,
+    offsets: torch.Tensor,
+    positions: torch.Tensor,
+    clamp: torch.Tensor,
 ) -> ProblemTable:
     """LUT_OUT_OF_RANGE for every clamped verify or prev slot the entries kernel flagged."""
     flags = clamp.numpy()
@@ -220,28 +290,43 @@ def _entry_lut_problems(
     pos = positions.numpy()[flagged]
     table = dump.req_to_token.reshape(-1)
     tables = []
-    for bit, role, shift in ((ClampFlag.SLOT, ProblemRole.VERIFY, 0),
-                             (ClampFlag.PREV, ProblemRole.CHAIN_PREV, 1)):
+    for bit, role, shift in (
+        (ClampFlag.SLOT, ProblemRole.VERIFY, 0),
+        (ClampFlag.PREV, ProblemRole.CHAIN_PREV, 1),
+    ):
         hit = (flags[flagged] & bit) != 0
         if not hit.any():
             continue
         cell = pos[hit] - shift
         # A clamp implies the read was inside the table, so these cells exist.
         raw = table[torch.from_numpy(rpi[hit] * dump.max_seq_len + cell)].to(_I64).numpy()
-        tables.append(ProblemTable.build(
-            ProblemKind.LUT_OUT_OF_RANGE, role, batch_row=rows[hit], pool_row=rpi[hit],
-            position=cell, value=raw, entry=flagged[hit], raises=False))
+        tables.append(
+            ProblemTable.build(
+                ProblemKind.LUT_OUT_OF_RANGE,
+                role,
+                batch_row=rows[hit],
+                pool_row=rpi[hit],
+                position=cell,
+                value=raw,
+                entry=flagged[hit],
+                raises=False,
+            )
+        )
     return ProblemTable.concat(tables)
 
 
-def _seed_lut_problems(dump: KvDump, seed_flags: np.ndarray, seed_raw: np.ndarray
-                       ) -> ProblemTable:
+def _seed_lut_problems(dump: KvDump, seed_flags: np.ndarray, seed_raw: np.ndarray) -> ProblemTable:
     """LUT_OUT_OF_RANGE for every clamped seed (entry -1)."""
     idx = np.flatnonzero(seed_flags & SeedFlag.CLAMPED)
     if idx.size == 0:
         return ProblemTable.empty()
     return ProblemTable.build(
-        ProblemKind.LUT_OUT_OF_RANGE, ProblemRole.SEED, batch_row=idx,
+        ProblemKind.LUT_OUT_OF_RANGE,
+        ProblemRole.SEED,
+        batch_row=idx,
         pool_row=dump.req_pool_indices.numpy()[idx],
-        position=dump.prefix_lens.numpy()[idx] - 1, value=seed_raw[idx], entry=-1,
-        raises=False)
+        position=dump.prefix_lens.numpy()[idx] - 1,
+        value=seed_raw[idx],
+        entry=-1,
+        raises=False,
+    )

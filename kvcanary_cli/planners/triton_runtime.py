@@ -111,8 +111,7 @@ def load_kernels() -> ModuleType:
 
     if _interpreted(triton_kernels.plan_offsets_kernel) != (mode() == "interpreter"):
         raise PlannerUnavailableError(
-            f"triton kernels were loaded for another mode than {_ENV} now asks for "
-            f"({mode()})",
+            f"triton kernels were loaded for another mode than {_ENV} now asks for ({mode()})",
             option="--kernel triton",
             hint=f"set {_ENV} before the first triton planner runs in this process",
         )

@@ -1,4 +1,4 @@
-"""The vectorized torch planner: the plan step with no Python loop per token or request.
+"""The vectorized torch planner: the plan step (docs/semantics.md §1) with no per-token loop.
 
 One implementation, two semantics (see `base`): REF reads `req_to_token[row, pos]` with Python
 indexing and marks out-of-range reads undefined (where REF raises); GPU reads the flat index
@@ -50,8 +50,9 @@ class _Reader:
             values[ok] = flat_source[flat[ok]].to(_I64)
         return values
 
-    def _address(self, rp: torch.Tensor, col: torch.Tensor, rows: int,
-                 cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _address(
+        self, rp: torch.Tensor, col: torch.Tensor, rows: int, cols: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.gpu:
             flat = rp * cols + col
             return flat, (flat >= 0) & (flat < rows * cols)
@@ -126,17 +127,36 @@ class TorchPlanner:
         entries = VerifyEntries.empty()
         if frame.enable and parts:
             slot, token, position, prev, undefined = (
-                torch.cat(column) for column in zip(*parts, strict=True))
-            entries = VerifyEntries(slot=slot, expected_token=token, position=position,
-                                    prev_slot=prev, undefined=undefined)
+                torch.cat(column) for column in zip(*parts, strict=True)
+            )
+            entries = VerifyEntries(
+                slot=slot,
+                expected_token=token,
+                position=position,
+                prev_slot=prev,
+                undefined=undefined,
+            )
         seeds, seed_undefined = _seeds(dump, frame, reader, translate, gpu, problems)
-        return assemble_plan(frame, backend=self.name, semantics=self.semantics,
-                             entries=entries, seeds=seeds, seed_undefined=seed_undefined,
-                             problems=ProblemTable.concat(problems))
+        return assemble_plan(
+            frame,
+            backend=self.name,
+            semantics=self.semantics,
+            entries=entries,
+            seeds=seeds,
+            seed_undefined=seed_undefined,
+            problems=ProblemTable.concat(problems),
+        )
 
     def _entries(
-        self, dump: KvDump, frame: GroupFrame, reader: _Reader, translate: _Translator,
-        lens: torch.Tensor, r0: int, r1: int, problems: list[ProblemTable],
+        self,
+        dump: KvDump,
+        frame: GroupFrame,
+        reader: _Reader,
+        translate: _Translator,
+        lens: torch.Tensor,
+        r0: int,
+        r1: int,
+        problems: list[ProblemTable],
     ) -> tuple[torch.Tensor, ...]:
         """Entries of rows [r0, r1), truncated per row to `lens`; LUT problems appended."""
         chunk_lens = lens[r0:r1]
@@ -165,14 +185,23 @@ class TorchPlanner:
             tokens = torch.where(gathering, torch.where(ok, values, 0), -1)
             undefined |= (gathering & ~ok).to(torch.uint8) * int(Undefined.TOKEN)
         raises = not translate.gpu
-        for big, role, cell in ((slot_big, ProblemRole.VERIFY, pos),
-                                (prev_big, ProblemRole.CHAIN_PREV, pos - 1)):
+        for big, role, cell in (
+            (slot_big, ProblemRole.VERIFY, pos),
+            (prev_big, ProblemRole.CHAIN_PREV, pos - 1),
+        ):
             if bool(big.any()):
-                problems.append(ProblemTable.build(
-                    ProblemKind.LUT_OUT_OF_RANGE, role, batch_row=rows[big].numpy(),
-                    pool_row=rp[big].numpy(), position=cell[big].numpy(),
-                    value=(slot_raw if role is ProblemRole.VERIFY else prev_raw)[big].numpy(),
-                    entry=entry[big].numpy(), raises=raises))
+                problems.append(
+                    ProblemTable.build(
+                        ProblemKind.LUT_OUT_OF_RANGE,
+                        role,
+                        batch_row=rows[big].numpy(),
+                        pool_row=rp[big].numpy(),
+                        position=cell[big].numpy(),
+                        value=(slot_raw if role is ProblemRole.VERIFY else prev_raw)[big].numpy(),
+                        entry=entry[big].numpy(),
+                        raises=raises,
+                    )
+                )
         return slot, tokens, pos, prev, undefined
 
 
@@ -201,7 +230,11 @@ def _row_chunks(lens: torch.Tensor, limit: int) -> Iterator[tuple[int, int]]:
 
 
 def _seeds(
-    dump: KvDump, frame: GroupFrame, reader: _Reader, translate: _Translator, gpu: bool,
+    dump: KvDump,
+    frame: GroupFrame,
+    reader: _Reader,
+    translate: _Translator,
+    gpu: bool,
     problems: list[ProblemTable],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chain seeds `T(L[rp, P-1])` for rows that write after a prefix, else -1."""
@@ -216,8 +249,16 @@ def _seeds(
     value, defined, big = translate(raw, ok & needs)
     if bool(big.any()):
         idx = torch.nonzero(big).reshape(-1)
-        problems.append(ProblemTable.build(
-            ProblemKind.LUT_OUT_OF_RANGE, ProblemRole.SEED, batch_row=idx.numpy(),
-            pool_row=rp[idx].numpy(), position=pos[idx].numpy(), value=raw[idx].numpy(),
-            entry=-1, raises=not gpu))
+        problems.append(
+            ProblemTable.build(
+                ProblemKind.LUT_OUT_OF_RANGE,
+                ProblemRole.SEED,
+                batch_row=idx.numpy(),
+                pool_row=rp[idx].numpy(),
+                position=pos[idx].numpy(),
+                value=raw[idx].numpy(),
+                entry=-1,
+                raises=not gpu,
+            )
+        )
     return torch.where(needs, value, -1), needs & ~defined

@@ -12,8 +12,16 @@ from kvcanary_cli.render.markdown import code, table, text
 
 __all__ = ["inspect_markdown", "inspect_table"]
 
-_BATCH_KEYS = ("bs", "active_rows", "padding_rows", "total_prefix_tokens",
-               "total_extend_tokens", "max_reqs", "max_seq_len", "lut_len")
+_BATCH_KEYS = (
+    "bs",
+    "active_rows",
+    "padding_rows",
+    "total_prefix_tokens",
+    "total_extend_tokens",
+    "max_reqs",
+    "max_seq_len",
+    "lut_len",
+)
 
 
 def _fmt_bytes(count: int) -> str:
@@ -27,15 +35,23 @@ def _fmt_bytes(count: int) -> str:
 def inspect_table(record: dict[str, Any]) -> RenderableType:
     """Tensors, scalars, groups, batch summary, provenance and notes, one block each."""
     parts: list[RenderableType] = [
-        Text(f"{record['path']}  ({_fmt_bytes(record['file_bytes'])}, "
-             f"format {record['format'] or 'hand-made'})", style="bold")
+        Text(
+            f"{record['path']}  ({_fmt_bytes(record['file_bytes'])}, "
+            f"format {record['format'] or 'hand-made'})",
+            style="bold",
+        )
     ]
     tensors = Table(title="tensors", title_justify="left")
     for col in ("name", "dtype", "shape", "bytes", "role"):
         tensors.add_column(col, justify="right" if col == "bytes" else "left")
     for t in record["tensors"]:
-        tensors.add_row(t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "[]",
-                        _fmt_bytes(t["bytes"]), t["role"] or "(ignored)")
+        tensors.add_row(
+            t["name"],
+            t["dtype"],
+            "x".join(map(str, t["shape"])) or "[]",
+            _fmt_bytes(t["bytes"]),
+            t["role"] or "(ignored)",
+        )
     parts.append(tensors)
     scalars = Table(title="scalars", title_justify="left")
     for col in ("name", "value", "source"):
@@ -71,22 +87,45 @@ def inspect_markdown(record: dict[str, Any]) -> str:
     parts = [
         f"## kvcanary inspect: {code(record['path'], cell=False)}",
         f"{_fmt_bytes(record['file_bytes'])}, format {text(record['format'] or 'hand-made')}",
-        table(["tensor", "dtype", "shape", "bytes", "role"],
-              [[code(t["name"]), t["dtype"], "x".join(map(str, t["shape"])) or "[]",
-                str(t["bytes"]), text(t["role"] or "(ignored)")] for t in record["tensors"]],
-              right={3}),
-        table(["scalar", "value", "source", "option"],
-              [[code(s["name"]), text(s["value"]), text(s["source"]), code(s["option"])]
-               for s in record["scalars"]]),
-        table(["batch", "value"],
-              [["groups", text(", ".join(f"{g['name']} (window {g['window']})"
-                                         for g in record["groups"]))]]
-              + [[key.replace("_", " "), text(record["batch"][key])] for key in _BATCH_KEYS]),
+        table(
+            ["tensor", "dtype", "shape", "bytes", "role"],
+            [
+                [
+                    code(t["name"]),
+                    t["dtype"],
+                    "x".join(map(str, t["shape"])) or "[]",
+                    str(t["bytes"]),
+                    text(t["role"] or "(ignored)"),
+                ]
+                for t in record["tensors"]
+            ],
+            right={3},
+        ),
+        table(
+            ["scalar", "value", "source", "option"],
+            [
+                [code(s["name"]), text(s["value"]), text(s["source"]), code(s["option"])]
+                for s in record["scalars"]
+            ],
+        ),
+        table(
+            ["batch", "value"],
+            [
+                [
+                    "groups",
+                    text(
+                        ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
+                    ),
+                ]
+            ]
+            + [[key.replace("_", " "), text(record["batch"][key])] for key in _BATCH_KEYS],
+        ),
     ]
     identity = {**record["identity"], **record["other_metadata"]}
     if identity:
-        parts.append(table(["identity", "value"],
-                           [[code(k), text(v)] for k, v in identity.items()]))
+        parts.append(
+            table(["identity", "value"], [[code(k), text(v)] for k, v in identity.items()])
+        )
     if record["notes"]:
         parts.append("\n".join(f"- {text(note)}" for note in record["notes"]))
     return "\n\n".join(parts) + "\n"

@@ -36,28 +36,53 @@ def _groups_table(groups: list[Record]) -> str:
     rows = []
     for g in groups:
         explained = ", ".join(
-            difference_phrase(code, n) for code, n in g["explained_differences"].items())
-        rows.append([
-            _code(g["group"]), str(g["window"]), str(g["total_verify"]),
-            str(g["verify_capacity"]), str(g["enable"]), _text(g["kernel"]),
-            _text(explained or None), str(g["unexplained_differences"]),
-            _text(g["kernel_launch_error"]),
-        ])
+            difference_phrase(code, n) for code, n in g["explained_differences"].items()
+        )
+        rows.append(
+            [
+                _code(g["group"]),
+                str(g["window"]),
+                str(g["total_verify"]),
+                str(g["verify_capacity"]),
+                str(g["enable"]),
+                _text(g["kernel"]),
+                _text(explained or None),
+                str(g["unexplained_differences"]),
+                _text(g["kernel_launch_error"]),
+            ]
+        )
     return _table(
-        ["group", "window", "entries", "capacity", "enable", "kernel", "explained differences",
-         "unexplained", "launch error"],
-        rows, right={1, 2, 3, 4, 7})
+        [
+            "group",
+            "window",
+            "entries",
+            "capacity",
+            "enable",
+            "kernel",
+            "explained differences",
+            "unexplained",
+            "launch error",
+        ],
+        rows,
+        right={1, 2, 3, 4, 7},
+    )
 
 
 def _cells_table(cells: list[Record]) -> str:
     rows = [
-        [str(c["pool_row"]), str(c["position"]),
-         ", ".join(map(str, c["batch_rows"])) or "-", _text(c["role"]),
-         "yes" if c["seed"] else "", "yes" if c["shared"] else ""]
+        [
+            str(c["pool_row"]),
+            str(c["position"]),
+            ", ".join(map(str, c["batch_rows"])) or "-",
+            _text(c["role"]),
+            "yes" if c["seed"] else "",
+            "yes" if c["shared"] else "",
+        ]
         for c in cells
     ]
-    return _table(["pool row", "position", "batch rows", "role", "seed", "shared"], rows,
-                  right={0, 1})
+    return _table(
+        ["pool row", "position", "batch rows", "role", "seed", "shared"], rows, right={0, 1}
+    )
 
 
 def _translation(prov: Record) -> str:
@@ -79,16 +104,30 @@ def _provenance_body(prov: Record) -> list[str]:
     facts.append(f"allocator: {_text(prov['allocator'])}")
     parts.append("\n".join(f"- {fact}" for fact in facts))
     if prov["canary"]:
-        parts.append(_table(
-            ["canary buffer", "token", "position", "prev hash", "real kv hash"],
-            [[_code(r["buffer"]), str(r["token"]), str(r["position"]), str(r["prev_hash"]),
-              str(r["real_kv_hash"])] for r in prov["canary"]],
-            right={1, 2, 3, 4}))
+        parts.append(
+            _table(
+                ["canary buffer", "token", "position", "prev hash", "real kv hash"],
+                [
+                    [
+                        _code(r["buffer"]),
+                        str(r["token"]),
+                        str(r["position"]),
+                        str(r["prev_hash"]),
+                        str(r["real_kv_hash"]),
+                    ]
+                    for r in prov["canary"]
+                ],
+                right={1, 2, 3, 4},
+            )
+        )
     if prov["violations"]:
-        parts.append(_table(
-            ["violation row", "fields"],
-            [[str(v["index"]), ", ".join(map(str, v["fields"]))] for v in prov["violations"]],
-            right={0}))
+        parts.append(
+            _table(
+                ["violation row", "fields"],
+                [[str(v["index"]), ", ".join(map(str, v["fields"]))] for v in prov["violations"]],
+                right={0},
+            )
+        )
     return parts
 
 
@@ -110,8 +149,7 @@ def _where(f: Record) -> str:
 def _details_block(f: Record) -> str:
     prov = f["provenance"]
     cells = "" if prov is None else f" ({plural(prov['cells_total'], 'cell')})"
-    summary = (f"<code>{html.escape(f['code'])}</code> "
-               f"{html.escape(_where(f))}{html.escape(cells)}")
+    summary = f"<code>{html.escape(f['code'])}</code> {html.escape(_where(f))}{html.escape(cells)}"
     body = [_text(f["message"])]
     if prov is None:
         body.append("No slot provenance (the finding is about a row or a tensor).")
@@ -126,16 +164,39 @@ def _findings_sections(dump: Record, max_rows: int) -> list[str]:
     parts: list[str] = []
     for section in code_sections(dump, max_rows):
         shown = section.shown
-        parts.append(f"#### {_code(section.code, cell=False)} · {section.severity} · "
-                     f"{plural(section.total, 'finding')}")
+        parts.append(
+            f"#### {_code(section.code, cell=False)} · {section.severity} · "
+            f"{plural(section.total, 'finding')}"
+        )
         if shown:
-            parts.append(_table(
-                ["group", "slot", "space", "batch row", "pool row", "position", "role",
-                 "message"],
-                [[_code(f["group"]), _text(f["slot"]), _text(f["space"]), _text(f["batch_row"]),
-                  _text(f["pool_row"]), _text(f["position"]), _text(f["role"]),
-                  _text(f["message"])] for f in shown],
-                right={1, 3, 4, 5}))
+            parts.append(
+                _table(
+                    [
+                        "group",
+                        "slot",
+                        "space",
+                        "batch row",
+                        "pool row",
+                        "position",
+                        "role",
+                        "message",
+                    ],
+                    [
+                        [
+                            _code(f["group"]),
+                            _text(f["slot"]),
+                            _text(f["space"]),
+                            _text(f["batch_row"]),
+                            _text(f["pool_row"]),
+                            _text(f["position"]),
+                            _text(f["role"]),
+                            _text(f["message"]),
+                        ]
+                        for f in shown
+                    ],
+                    right={1, 3, 4, 5},
+                )
+            )
         if section.total > len(shown):
             parts.append(f"… and {section.total - len(shown)} more")
         parts.extend(_details_block(f) for f in shown)
@@ -169,8 +230,10 @@ def _summary_rows(record: Record) -> list[list[str]]:
             key = (c["code"], c["group"])
             totals[key] += c["count"]
             severity[c["code"]] = c["severity"]
-    return [[_code(code), severity[code], _code(group), str(totals[(code, group)])]
-            for code, group in sorted(totals, key=lambda k: code_order(FindingCode(k[0]), k[1]))]
+    return [
+        [_code(code), severity[code], _code(group), str(totals[(code, group)])]
+        for code, group in sorted(totals, key=lambda k: code_order(FindingCode(k[0]), k[1]))
+    ]
 
 
 def check_markdown(record: Record, *, max_rows: int = 10) -> str:
@@ -183,25 +246,38 @@ def check_markdown(record: Record, *, max_rows: int = 10) -> str:
     by_severity = summary["by_severity"]
     head = [
         f"## kvcanary check: {_TITLES.get(record['verdict'], record['verdict'])}",
-        (f"{summary['failed']} of {plural(summary['dumps'], 'dump')} fail at "
-         f"`--fail-on {record['fail_on']}` · {plural(summary['findings'], 'finding')} "
-         f"({plural(by_severity['error'], 'error')}, "
-         f"{plural(by_severity['warning'], 'warning')}) · "
-         f"{summary['bad_input']} unreadable · kvcanary {record['kvcanary_version']} · "
-         f"`{record['schema']}`"),
+        (
+            f"{summary['failed']} of {plural(summary['dumps'], 'dump')} fail at "
+            f"`--fail-on {record['fail_on']}` · {plural(summary['findings'], 'finding')} "
+            f"({plural(by_severity['error'], 'error')}, "
+            f"{plural(by_severity['warning'], 'warning')}) · "
+            f"{summary['bad_input']} unreadable · kvcanary {record['kvcanary_version']} · "
+            f"`{record['schema']}`"
+        ),
         "### Summary",
     ]
     rows = _summary_rows(record)
-    head.append(_table(["code", "severity", "group", "count"], rows, right={3})
-                if rows else "No findings.")
+    head.append(
+        _table(["code", "severity", "group", "count"], rows, right={3}) if rows else "No findings."
+    )
     if len(record["dumps"]) >= 2:
-        head.append(_table(
-            ["dump", "verdict", "bs", "errors", "warnings", "error"],
-            [[_code(d["path"]), d["verdict"], str(d["bs"]),
-              str(sum(c["count"] for c in d["counts"] if c["severity"] == "error")),
-              str(sum(c["count"] for c in d["counts"] if c["severity"] == "warning")),
-              _text(d["error"])] for d in record["dumps"]],
-            right={2, 3, 4}))
+        head.append(
+            _table(
+                ["dump", "verdict", "bs", "errors", "warnings", "error"],
+                [
+                    [
+                        _code(d["path"]),
+                        d["verdict"],
+                        str(d["bs"]),
+                        str(sum(c["count"] for c in d["counts"] if c["severity"] == "error")),
+                        str(sum(c["count"] for c in d["counts"] if c["severity"] == "warning")),
+                        _text(d["error"]),
+                    ]
+                    for d in record["dumps"]
+                ],
+                right={2, 3, 4},
+            )
+        )
     parts = list(head)
     for dump in record["dumps"]:
         parts.extend(_dump_section(dump, max_rows))
@@ -218,9 +294,13 @@ def _row_section(row: Record) -> list[str]:
         f"filled positions: {row['filled']} of max_seq_len {row['max_seq_len']}",
     ]
     rows = [
-        [str(c["position"]), str(c["slot"]),
-         _text(c["role"]) + (" (seed)" if c["seed"] else ""), _text(c["swa_slot"]),
-         ", ".join(_code(m) for m in c["marks"]) or ""]
+        [
+            str(c["position"]),
+            str(c["slot"]),
+            _text(c["role"]) + (" (seed)" if c["seed"] else ""),
+            _text(c["swa_slot"]),
+            ", ".join(_code(m) for m in c["marks"]) or "",
+        ]
         for c in row["cells"]
     ]
     return [
@@ -232,8 +312,10 @@ def _row_section(row: Record) -> list[str]:
 
 def provenance_markdown(record: Record) -> str:
     """A `kvcanary.provenance/1` record as Markdown: the slot's cells or the row's map."""
-    parts = [f"## kvcanary provenance: {_code(record['path'], cell=False)}",
-             _identity_table(record["identity"])]
+    parts = [
+        f"## kvcanary provenance: {_code(record['path'], cell=False)}",
+        _identity_table(record["identity"]),
+    ]
     if record["slot"] is not None:
         prov = record["slot"]
         parts.append(f"### {prov['space'].upper()} slot {prov['slot']}")
@@ -243,13 +325,36 @@ def provenance_markdown(record: Record) -> str:
     findings = record["findings"]  # already in report order
     parts.append("### Findings touching it")
     if findings:
-        parts.append(_table(
-            ["code", "severity", "group", "slot", "batch row", "pool row", "position", "role",
-             "message"],
-            [[_code(f["code"]), f["severity"], _code(f["group"]), _text(f["slot"]),
-              _text(f["batch_row"]), _text(f["pool_row"]), _text(f["position"]),
-              _text(f["role"]), _text(f["message"])] for f in findings],
-            right={3, 4, 5, 6}))
+        parts.append(
+            _table(
+                [
+                    "code",
+                    "severity",
+                    "group",
+                    "slot",
+                    "batch row",
+                    "pool row",
+                    "position",
+                    "role",
+                    "message",
+                ],
+                [
+                    [
+                        _code(f["code"]),
+                        f["severity"],
+                        _code(f["group"]),
+                        _text(f["slot"]),
+                        _text(f["batch_row"]),
+                        _text(f["pool_row"]),
+                        _text(f["position"]),
+                        _text(f["role"]),
+                        _text(f["message"]),
+                    ]
+                    for f in findings
+                ],
+                right={3, 4, 5, 6},
+            )
+        )
     else:
         parts.append("None.")
     return "\n\n".join(parts) + "\n"

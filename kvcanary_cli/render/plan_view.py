@@ -29,18 +29,28 @@ def _headline(record: dict[str, Any]) -> str:
 
 
 def _request_cells(req: dict[str, Any]) -> list[str]:
-    span = (f"[{req['verify_start']}, {req['verify_end']})"
-            if req["verify_start"] is not None else "-")
+    span = (
+        f"[{req['verify_start']}, {req['verify_end']})" if req["verify_start"] is not None else "-"
+    )
     seed = "undefined" if req["seed_undefined"] else _cell(req["seed"])
     pool_row = "pad" if req["pool_row"] == 0 else str(req["pool_row"])
-    return [str(req["batch_row"]), pool_row, str(req["prefix_len"]), str(req["extend_len"]),
-            span, str(req["entries"]), seed]
+    return [
+        str(req["batch_row"]),
+        pool_row,
+        str(req["prefix_len"]),
+        str(req["extend_len"]),
+        span,
+        str(req["entries"]),
+        seed,
+    ]
 
 
 def _problem_line(p: dict[str, Any]) -> str:
     raises = " (REF raises)" if p["upstream_raises"] else ""
-    return (f"{p['kind']}: {p['role']} of batch row {p['batch_row']} (pool row "
-            f"{p['pool_row']}) at position {p['position']}: value {p['value']}{raises}")
+    return (
+        f"{p['kind']}: {p['role']} of batch row {p['batch_row']} (pool row "
+        f"{p['pool_row']}) at position {p['position']}: value {p['value']}{raises}"
+    )
 
 
 _COLUMNS = ("batch row", "pool row", "P", "E", "verify range", "entries", "seed")
@@ -61,16 +71,27 @@ def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
     if len(rows) > max_rows:
         parts.append(Text(f"... and {len(rows) - max_rows} more batch rows (--max-rows)"))
     if record["undefined_entries"]:
-        parts.append(Text(f"{record['undefined_entries']} entries have undefined fields "
-                          "(reads the upstream planner cannot make)", style="yellow"))
+        parts.append(
+            Text(
+                f"{record['undefined_entries']} entries have undefined fields "
+                "(reads the upstream planner cannot make)",
+                style="yellow",
+            )
+        )
     if record["problem_count"]:
-        parts.append(Text(f"{record['problem_count']} problems met while planning "
-                          "(run `kvcanary check` for findings and provenance):", style="yellow"))
+        parts.append(
+            Text(
+                f"{record['problem_count']} problems met while planning "
+                "(run `kvcanary check` for findings and provenance):",
+                style="yellow",
+            )
+        )
         for p in record["problems"]:
             parts.append(Text("  " + _problem_line(p)))
         if record["problem_count"] > len(record["problems"]):
-            parts.append(Text(f"  ... and {record['problem_count'] - len(record['problems'])} "
-                              "more"))
+            parts.append(
+                Text(f"  ... and {record['problem_count'] - len(record['problems'])} more")
+            )
     return Group(*parts)
 
 
@@ -80,8 +101,13 @@ def plan_markdown(record: dict[str, Any], *, max_rows: int = 50) -> str:
     parts = [f"## kvcanary plan: {text(record['dump'])}", f"**{text(_headline(record))}**"]
     if record["launch_error"]:
         parts.append(f"The GPU launch raises: {text(record['launch_error'])}")
-    parts.append(table(list(_COLUMNS), [_request_cells(r) for r in rows[:max_rows]],
-                       right=set(range(len(_COLUMNS)))))
+    parts.append(
+        table(
+            list(_COLUMNS),
+            [_request_cells(r) for r in rows[:max_rows]],
+            right=set(range(len(_COLUMNS))),
+        )
+    )
     if len(rows) > max_rows:
         parts.append(f"… and {len(rows) - max_rows} more batch rows (--max-rows)")
     if record["problem_count"]:
@@ -89,6 +115,5 @@ def plan_markdown(record: dict[str, Any], *, max_rows: int = 50) -> str:
         more = record["problem_count"] - len(record["problems"])
         if more > 0:
             lines.append(f"- … and {more} more")
-        parts.append(f"{record['problem_count']} problems met while planning:\n"
-                     + "\n".join(lines))
+        parts.append(f"{record['problem_count']} problems met while planning:\n" + "\n".join(lines))
     return "\n\n".join(parts) + "\n"

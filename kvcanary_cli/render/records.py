@@ -287,6 +287,12 @@ def code_sections(dump: Record, max_rows: int) -> list[CodeSection]:
     by_code: dict[str, list[Record]] = {}
     for f in dump["findings"]:  # already in report order
         by_code.setdefault(f["code"], []).append(f)
-    return [CodeSection(code=code, severity=severity[code], total=total,
-                        shown=by_code.get(code, [])[: max(max_rows, 0)])
-            for code, total in totals.items()]
+    return [
+        CodeSection(
+            code=code,
+            severity=severity[code],
+            total=total,
+            shown=by_code.get(code, [])[: max(max_rows, 0)],
+        )
+        for code, total in totals.items()
+    ]

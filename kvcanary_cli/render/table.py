@@ -44,8 +44,9 @@ def _identity_line(identity: dict[str, str], path: str | None = None) -> Text:
     version, commit = identity.get("sglang.version"), identity.get("sglang.commit")
     if version or commit:
         bits.append(f"sglang {version or '?'}" + (f" @ {commit}" if commit else ""))
-    bits.extend(f"{k} {v}" for k, v in identity.items()
-                if k not in ("sglang.version", "sglang.commit"))
+    bits.extend(
+        f"{k} {v}" for k, v in identity.items() if k not in ("sglang.version", "sglang.commit")
+    )
     if path is not None:
         bits.append(path)
     return Text("  " + (" · ".join(bits) or "no identity metadata"), style="dim")
@@ -75,21 +76,31 @@ def _cells_text(f: Record) -> str:
 def _groups_table(groups: list[Record]) -> Table:
     table = Table(title="groups", title_justify="left")
     for name in ("group", "window", "entries", "capacity", "enable", "kernel", "differences"):
-        table.add_column(name, justify="right" if name in ("window", "entries", "capacity",
-                                                           "enable") else "left")
+        table.add_column(
+            name, justify="right" if name in ("window", "entries", "capacity", "enable") else "left"
+        )
     for g in groups:
         diffs = Text()
         for code, n in g["explained_differences"].items():
             diffs.append(("\n" if diffs else "") + difference_phrase(code, n))
         if g["unexplained_differences"]:
-            diffs.append(("\n" if diffs else "")
-                         + f"{g['unexplained_differences']} unexplained", style="bold red")
+            diffs.append(
+                ("\n" if diffs else "") + f"{g['unexplained_differences']} unexplained",
+                style="bold red",
+            )
         if g["kernel_launch_error"]:
-            diffs.append(("\n" if diffs else "")
-                         + f"launch raises: {g['kernel_launch_error']}", style="red")
-        table.add_row(_t(g["group"]), _t(g["window"]), _t(g["total_verify"]),
-                      _t(g["verify_capacity"]), _t(g["enable"]), _t(g["kernel"]),
-                      diffs or Text("none"))
+            diffs.append(
+                ("\n" if diffs else "") + f"launch raises: {g['kernel_launch_error']}", style="red"
+            )
+        table.add_row(
+            _t(g["group"]),
+            _t(g["window"]),
+            _t(g["total_verify"]),
+            _t(g["verify_capacity"]),
+            _t(g["enable"]),
+            _t(g["kernel"]),
+            diffs or Text("none"),
+        )
     return table
 
 
@@ -99,8 +110,9 @@ def _counts_table(counts: list[Record]) -> Table:
         table.add_column(name, justify="right" if name == "count" else "left")
     for c in counts:
         style = _SEVERITY_STYLE.get(c["severity"], "")
-        table.add_row(_t(c["code"], style), _t(c["severity"], style), _t(c["group"]),
-                      _t(c["count"]))
+        table.add_row(
+            _t(c["code"], style), _t(c["severity"], style), _t(c["group"]), _t(c["count"])
+        )
     return table
 
 
@@ -111,8 +123,16 @@ def _findings_table(findings: list[Record]) -> Table:
     table.add_column("cells")
     table.add_column("message")
     for f in findings:
-        table.add_row(_t(f["group"]), _t(_slot_text(f)), _t(f["batch_row"]), _t(f["pool_row"]),
-                      _t(f["position"]), _t(f["role"]), _t(_cells_text(f)), _t(f["message"]))
+        table.add_row(
+            _t(f["group"]),
+            _t(_slot_text(f)),
+            _t(f["batch_row"]),
+            _t(f["pool_row"]),
+            _t(f["position"]),
+            _t(f["role"]),
+            _t(_cells_text(f)),
+            _t(f["message"]),
+        )
     return table
 
 
@@ -120,8 +140,12 @@ def _findings_blocks(dump: Record, max_rows: int) -> list[RenderableType]:
     parts: list[RenderableType] = []
     for section in code_sections(dump, max_rows):
         style = _SEVERITY_STYLE.get(section.severity, "")
-        parts.append(Text(f"{section.code} ({section.severity}): "
-                          f"{plural(section.total, 'finding')}", style=f"bold {style}".strip()))
+        parts.append(
+            Text(
+                f"{section.code} ({section.severity}): {plural(section.total, 'finding')}",
+                style=f"bold {style}".strip(),
+            )
+        )
         if section.shown:
             parts.append(_findings_table(section.shown))
         if section.total > len(section.shown):
@@ -133,11 +157,15 @@ def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableTy
     verdict = dump["verdict"]
     errors = sum(c["count"] for c in dump["counts"] if c["severity"] == "error")
     warnings = sum(c["count"] for c in dump["counts"] if c["severity"] == "warning")
-    head = Text(f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
-                style=_VERDICT_STYLE.get(verdict, "bold"))
+    head = Text(
+        f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
+        style=_VERDICT_STYLE.get(verdict, "bold"),
+    )
     if dump["error"] is None:
-        head.append(f"  ({plural(errors, 'error')}, {plural(warnings, 'warning')}; "
-                    f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})")
+        head.append(
+            f"  ({plural(errors, 'error')}, {plural(warnings, 'warning')}; "
+            f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})"
+        )
     parts: list[RenderableType] = [head]
     if dump["identity"] or dump["error"] is None:
         parts.append(_identity_line(dump["identity"]))
@@ -162,13 +190,18 @@ def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableTy
 def _summary_table(record: Record) -> Table:
     table = Table(title="summary", title_justify="left")
     for name in ("dump", "verdict", "bs", "errors", "warnings", "error"):
-        table.add_column(name, justify="right" if name in ("bs", "errors", "warnings")
-                         else "left")
+        table.add_column(name, justify="right" if name in ("bs", "errors", "warnings") else "left")
     for d in record["dumps"]:
         errors = sum(c["count"] for c in d["counts"] if c["severity"] == "error")
         warnings = sum(c["count"] for c in d["counts"] if c["severity"] == "warning")
-        table.add_row(_t(d["path"]), _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
-                      _t(d["bs"]), _t(errors), _t(warnings), _t(d["error"]))
+        table.add_row(
+            _t(d["path"]),
+            _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
+            _t(d["bs"]),
+            _t(errors),
+            _t(warnings),
+            _t(d["error"]),
+        )
     return table
 
 
@@ -187,9 +220,13 @@ def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
         parts.append(Text(""))
         parts.append(_summary_table(record))
         s = record["summary"]
-        parts.append(Text(f"{s['failed']} of {plural(s['dumps'], 'dump')} fail at --fail-on "
-                          f"{record['fail_on']}; {s['bad_input']} unreadable",
-                          style=_OVERALL_STYLE.get(record["verdict"], "bold")))
+        parts.append(
+            Text(
+                f"{s['failed']} of {plural(s['dumps'], 'dump')} fail at --fail-on "
+                f"{record['fail_on']}; {s['bad_input']} unreadable",
+                style=_OVERALL_STYLE.get(record["verdict"], "bold"),
+            )
+        )
     if not parts:
         parts.append(Text("no dumps checked"))
     return Group(*parts)
@@ -204,15 +241,24 @@ def _slot_blocks(prov: Record) -> list[RenderableType]:
     parts: list[RenderableType] = [head]
     if prov["mapped_from"]:
         parts.append(Text("  mapped from full slots: " + ", ".join(map(str, prov["mapped_from"]))))
-    parts.append(Text(f"  allocator: {prov['allocator'] or 'unknown (no free list in the dump)'}",
-                      style="red" if prov["allocator"] == "free" else ""))
+    parts.append(
+        Text(
+            f"  allocator: {prov['allocator'] or 'unknown (no free list in the dump)'}",
+            style="red" if prov["allocator"] == "free" else "",
+        )
+    )
     cells = Table(title=f"cells ({prov['cells_total']} in req_to_token)", title_justify="left")
     for name in ("pool row", "position", "batch rows", "role", "seed", "shared"):
         cells.add_column(name, justify="right" if name in ("pool row", "position") else "left")
     for c in prov["cells"]:
-        cells.add_row(_t(c["pool_row"]), _t(c["position"]),
-                      _t(", ".join(map(str, c["batch_rows"])) or "-"), _t(c["role"]),
-                      _t("seed" if c["seed"] else ""), _t("shared" if c["shared"] else ""))
+        cells.add_row(
+            _t(c["pool_row"]),
+            _t(c["position"]),
+            _t(", ".join(map(str, c["batch_rows"])) or "-"),
+            _t(c["role"]),
+            _t("seed" if c["seed"] else ""),
+            _t("shared" if c["shared"] else ""),
+        )
     parts.append(cells)
     if prov["cells_total"] > len(prov["cells"]):
         parts.append(Text(f"… and {prov['cells_total'] - len(prov['cells'])} more cells"))
@@ -221,8 +267,13 @@ def _slot_blocks(prov: Record) -> list[RenderableType]:
         for name in ("buffer", "token", "position", "prev hash", "real kv hash"):
             canary.add_column(name, justify="left" if name == "buffer" else "right")
         for r in prov["canary"]:
-            canary.add_row(_t(r["buffer"]), _t(r["token"]), _t(r["position"]),
-                           _t(r["prev_hash"]), _t(r["real_kv_hash"]))
+            canary.add_row(
+                _t(r["buffer"]),
+                _t(r["token"]),
+                _t(r["position"]),
+                _t(r["prev_hash"]),
+                _t(r["real_kv_hash"]),
+            )
         parts.append(canary)
     if prov["violations"]:
         violations = Table(title="violation ring rows", title_justify="left")
@@ -237,25 +288,34 @@ def _slot_blocks(prov: Record) -> list[RenderableType]:
 def _row_blocks(row: Record) -> list[RenderableType]:
     batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle row)"
     parts: list[RenderableType] = [
-        Text(f"pool row {row['pool_row']} (batch rows {batch_rows}), group {row['group']}",
-             style="bold"),
-        Text(f"  P {row['prefix_len'] if row['prefix_len'] is not None else '-'}"
-             f" · E {row['extend_len'] if row['extend_len'] is not None else '-'}"
-             f" · window start "
-             f"{row['window_start'] if row['window_start'] is not None else '-'}"
-             f" · {row['filled']} filled of max_seq_len {row['max_seq_len']}"),
+        Text(
+            f"pool row {row['pool_row']} (batch rows {batch_rows}), group {row['group']}",
+            style="bold",
+        ),
+        Text(
+            f"  P {row['prefix_len'] if row['prefix_len'] is not None else '-'}"
+            f" · E {row['extend_len'] if row['extend_len'] is not None else '-'}"
+            f" · window start "
+            f"{row['window_start'] if row['window_start'] is not None else '-'}"
+            f" · {row['filled']} filled of max_seq_len {row['max_seq_len']}"
+        ),
     ]
     table = Table()
     for name in ("position", "slot", "role", "swa slot", "marks"):
-        table.add_column(name, justify="right" if name in ("position", "slot", "swa slot")
-                         else "left")
+        table.add_column(
+            name, justify="right" if name in ("position", "slot", "swa slot") else "left"
+        )
     for c in row["cells"]:
         marked = bool(c["marks"])
         style = "bold red" if marked else ""
         role = c["role"] + (" (seed)" if c["seed"] else "")
-        table.add_row(_t(c["position"], style), _t(c["slot"], style), _t(role, style),
-                      _t(c["swa_slot"], style),
-                      _t("! " + ", ".join(c["marks"]) if marked else "", style))
+        table.add_row(
+            _t(c["position"], style),
+            _t(c["slot"], style),
+            _t(role, style),
+            _t(c["swa_slot"], style),
+            _t("! " + ", ".join(c["marks"]) if marked else "", style),
+        )
     parts.append(table)
     return parts
 
@@ -264,13 +324,21 @@ def _touching_table(findings: list[Record]) -> Table:
     table = Table(title="findings touching it", title_justify="left")
     table.add_column("code", no_wrap=True)
     for name in ("group", "slot", "batch row", "pool row", "pos", "role", "message"):
-        table.add_column(name, justify="right" if name in ("slot", "batch row", "pool row",
-                                                           "pos") else "left")
+        table.add_column(
+            name, justify="right" if name in ("slot", "batch row", "pool row", "pos") else "left"
+        )
     for f in findings:
         style = _SEVERITY_STYLE.get(f["severity"], "")
-        table.add_row(_t(f["code"], style), _t(f["group"]), _t(_slot_text(f)),
-                      _t(f["batch_row"]), _t(f["pool_row"]), _t(f["position"]), _t(f["role"]),
-                      _t(f["message"]))
+        table.add_row(
+            _t(f["code"], style),
+            _t(f["group"]),
+            _t(_slot_text(f)),
+            _t(f["batch_row"]),
+            _t(f["pool_row"]),
+            _t(f["position"]),
+            _t(f["role"]),
+            _t(f["message"]),
+        )
     return table
 
 
@@ -281,8 +349,10 @@ def provenance_table(report: ProvenanceReport) -> RenderableType:
     with `!` and the finding codes (and highlighted when colour is on).
     """
     record = provenance_record(report)
-    parts: list[RenderableType] = [Text(record["path"], style="bold"),
-                                   _identity_line(record["identity"])]
+    parts: list[RenderableType] = [
+        Text(record["path"], style="bold"),
+        _identity_line(record["identity"]),
+    ]
     if record["slot"] is not None:
         parts.extend(_slot_blocks(record["slot"]))
     if record["row"] is not None:

@@ -1,3 +1,5 @@
+"""Fixtures for analysis tests: synthetic states and scenarios saved and loaded as dumps."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,9 +11,14 @@ from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.synth import SynthDump
 
+#: the `load_synth` fixture: save a synthetic state and load it back.
+LoadSynth = Callable[[SynthDump], KvDump]
+#: the `scenario_dump` fixture: (scenario name, seed=0, corrupt=True) -> (dump, truth).
+ScenarioDump = Callable[..., tuple[KvDump, dict[str, int]]]
+
 
 @pytest.fixture
-def load_synth(tmp_path: Path) -> Callable[[SynthDump], KvDump]:
+def load_synth(tmp_path: Path) -> LoadSynth:
     counter = iter(range(10_000))
 
     def load(synth: SynthDump) -> KvDump:
@@ -21,9 +28,7 @@ def load_synth(tmp_path: Path) -> Callable[[SynthDump], KvDump]:
 
 
 @pytest.fixture
-def scenario_dump(
-    load_synth: Callable[[SynthDump], KvDump],
-) -> Callable[..., tuple[KvDump, dict[str, int]]]:
+def scenario_dump(load_synth: LoadSynth) -> ScenarioDump:
     def build(name: str, seed: int = 0, corrupt: bool = True) -> tuple[KvDump, dict[str, int]]:
         synth = make_scenario(name, seed=seed, corrupt=corrupt)
         return load_synth(synth), synth.truth

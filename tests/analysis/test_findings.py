@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +15,7 @@ from kvcanary_cli.dump.scenarios import SCENARIOS
 from kvcanary_cli.dump.synth import SynthSpec, build_dump
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import TorchPlanner
+from tests.analysis.conftest import LoadSynth, ScenarioDump
 from tests.helpers import TORCH, checked
 
 CORRUPT = [name for name, s in SCENARIOS.items() if s.expected]
@@ -33,7 +32,7 @@ def test_every_code_but_divergence_has_a_scenario() -> None:
 
 
 @pytest.mark.parametrize("name", CORRUPT)
-def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: Callable) -> None:
+def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump(name)
     report = checked(dump, kernel="torch")
     scenario = SCENARIOS[name]
@@ -44,7 +43,7 @@ def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: Call
 
 
 @pytest.mark.parametrize("name", CORRUPT)
-def test_same_shape_clean_dump_is_silent(name: str, scenario_dump: Callable) -> None:
+def test_same_shape_clean_dump_is_silent(name: str, scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump(name, corrupt=False)
     report = checked(dump, kernel="torch")
     assert report.findings == ()
@@ -61,8 +60,7 @@ def _at(report_findings: tuple[Finding, ...], code: str) -> list[Finding]:
         ("cross-request-aliasing", "slot-shared-across-positions", ("slot",)),
         ("stale-tail", "freed-slot-in-live-range", ("batch_row",)),
         ("unfilled-cells", "padding-slot-in-live-range", ("batch_row", "position", "slot")),
-        ("swa-lut-cleared-in-window", "swa-unmapped-in-window",
-         ("batch_row", "position", "slot")),
+        ("swa-lut-cleared-in-window", "swa-unmapped-in-window", ("batch_row", "position", "slot")),
         ("swa-slot-collision", "swa-slot-collision", ("slot",)),
         ("row-out-of-range", "row-out-of-range", ("batch_row", "pool_row")),
         ("prefix-past-row", "prefix-beyond-row", ("batch_row", "pool_row")),
@@ -76,7 +74,7 @@ def _at(report_findings: tuple[Finding, ...], code: str) -> list[Finding]:
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_finding_points_at_the_corrupted_cell(
-    name: str, code: str, keys: tuple[str, ...], seed: int, scenario_dump: Callable
+    name: str, code: str, keys: tuple[str, ...], seed: int, scenario_dump: ScenarioDump
 ) -> None:
     dump, truth = scenario_dump(name, seed)
     hits = _at(checked(dump, kernel="torch").findings, code)
@@ -85,7 +83,7 @@ def test_finding_points_at_the_corrupted_cell(
     assert any(all(getattr(f, k) == v for k, v in want.items()) for f in hits), (want, hits)
 
 
-def test_aliasing_reports_both_cells(scenario_dump: Callable) -> None:
+def test_aliasing_reports_both_cells(scenario_dump: ScenarioDump) -> None:
     dump, truth = scenario_dump("cross-request-aliasing")
     (finding,) = _at(checked(dump, kernel="torch").findings, "slot-shared-across-positions")
     assert finding.provenance is not None
@@ -95,7 +93,7 @@ def test_aliasing_reports_both_cells(scenario_dump: Callable) -> None:
     assert (int(rpi[truth["other_batch_row"]]), truth["other_position"]) in cells
 
 
-def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: Callable) -> None:
+def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: ScenarioDump) -> None:
     dump, truth = scenario_dump("truncated-lut")
     report = checked(dump, kernel="torch")
     hits = _at(report.findings, "lut-out-of-range")
@@ -116,7 +114,7 @@ def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: Callable) ->
     assert swa.explained_differences.get("lut-out-of-range", 0) > 0
 
 
-def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: Callable) -> None:
+def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump("clean-swa")
     reference = TorchPlanner().plan(dump, "swa")
     assert compare_plans(reference, reference).divergences == []
@@ -132,7 +130,7 @@ def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: Cal
     assert finding.details["reference"] == int(reference.verify_slot_indices[3])
 
 
-def test_kernel_divergence_reaches_the_report(scenario_dump: Callable) -> None:
+def test_kernel_divergence_reaches_the_report(scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump("clean-decode")
 
     class Broken(TorchPlanner):
@@ -148,8 +146,9 @@ def test_kernel_divergence_reaches_the_report(scenario_dump: Callable) -> None:
     assert codes_of(report.findings) == {"kernel-divergence"}
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     seed=st.integers(0, 10_000),
     window=st.sampled_from([0, 0, 3, 8, 20]),
@@ -161,19 +160,35 @@ def test_kernel_divergence_reaches_the_report(scenario_dump: Callable) -> None:
     padding=st.integers(0, 3),
 )
 def test_clean_random_dumps_have_no_error_finding(
-    load_synth: Callable, seed: int, window: int, page: int, mode: str, pool: bool, offset: int,
-    active: int, padding: int,
+    load_synth: LoadSynth,
+    seed: int,
+    window: int,
+    page: int,
+    mode: str,
+    pool: bool,
+    offset: int,
+    active: int,
+    padding: int,
 ) -> None:
-    spec = SynthSpec(max_reqs=10, max_seq_len=64, window=window, page_size=page, mode=mode,
-                     expected_pool=pool, token_offset=offset, active_rows=active,
-                     padding_rows=padding, history=8)
+    spec = SynthSpec(
+        max_reqs=10,
+        max_seq_len=64,
+        window=window,
+        page_size=page,
+        mode=mode,
+        expected_pool=pool,
+        token_offset=offset,
+        active_rows=active,
+        padding_rows=padding,
+        history=8,
+    )
     dump = load_synth(build_dump(spec, seed))
     report = checked(dump, kernel="torch")
     errors = [f for f in report.findings if f.severity is Severity.ERROR]
     assert errors == []
 
 
-def test_clean_dump_with_triton_kernel_agrees(scenario_dump: Callable) -> None:
+def test_clean_dump_with_triton_kernel_agrees(scenario_dump: ScenarioDump) -> None:
     pytest.importorskip("triton")
     dump, _ = scenario_dump("clean-swa")
     report = checked(dump, kernel="triton")
@@ -182,7 +197,7 @@ def test_clean_dump_with_triton_kernel_agrees(scenario_dump: Callable) -> None:
     assert report.kernel_mode == "interpreter" or report.kernel_mode == "compiled"
 
 
-def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: Callable) -> None:
+def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: ScenarioDump) -> None:
     pytest.importorskip("triton")
     dump, _ = scenario_dump("truncated-lut")
     report = checked(dump, kernel="triton")
@@ -190,7 +205,7 @@ def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: Callable) 
     assert all(g.unexplained_differences == 0 for g in report.groups)
 
 
-def test_int64_table_is_read_like_int32(load_synth: Callable) -> None:
+def test_int64_table_is_read_like_int32(load_synth: LoadSynth) -> None:
     synth = build_dump(SynthSpec(window=8), 3)
     synth.tensors["req_to_token"] = synth.tensors["req_to_token"].to(torch.int64)
     report = checked(load_synth(synth), kernel="torch")

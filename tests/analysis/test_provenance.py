@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
 from kvcanary_cli.analysis.query import row_map, slot_query
-from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.planners.frame import group_frame
 from tests.helpers import checked
 
 
-def _tiny_shared(tmp_path) -> object:  # type: ignore[no-untyped-def]
+def _tiny_shared(tmp_path: Path) -> KvDump:
     table = torch.zeros(4, 8, dtype=torch.int32)
     table[1, :4] = torch.tensor([5, 6, 7, 8])  # request A
     table[2, :3] = torch.tensor([5, 6, 9])  # request B shares A's first two slots
     table[3, :2] = torch.tensor([7, 11])  # idle row with a stale copy of slot 7
     path = save_dump(
-        tmp_path / "shared.safetensors", req_to_token=table,
-        req_pool_indices=torch.tensor([1, 2, 0]), prefix_lens=torch.tensor([3, 2, 0]),
+        tmp_path / "shared.safetensors",
+        req_to_token=table,
+        req_pool_indices=torch.tensor([1, 2, 0]),
+        prefix_lens=torch.tensor([3, 2, 0]),
         extend_seq_lens=torch.tensor([1, 1, 0]),
     )
     return load_dump(path)
@@ -52,8 +56,13 @@ def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-unt
     path = tmp_path / "alias.safetensors"
     table = dump.req_to_token.clone()
     table[2, 2] = 8  # B's pending write reuses A's slot 8 (A holds it at position 3)
-    save_dump(path, req_to_token=table, req_pool_indices=dump.req_pool_indices,
-              prefix_lens=torch.tensor([4, 2, 0]), extend_seq_lens=torch.tensor([0, 1, 0]))
+    save_dump(
+        path,
+        req_to_token=table,
+        req_pool_indices=dump.req_pool_indices,
+        prefix_lens=torch.tensor([4, 2, 0]),
+        extend_seq_lens=torch.tensor([0, 1, 0]),
+    )
     aliased = load_dump(path)
     report = checked(aliased, kernel="torch")
     (finding,) = [f for f in report.findings if f.code.value == "slot-shared-across-positions"]
@@ -71,9 +80,15 @@ def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type
     lut = torch.zeros(11, dtype=torch.int64)
     lut[-1] = -1
     lut[3], lut[4] = 7, 7  # collision
-    path = save_dump(tmp_path / "swa.safetensors", req_to_token=table,
-                     req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([4]),
-                     full_to_swa_index_mapping=lut, swa_window_size=2, num_full_slots=10)
+    path = save_dump(
+        tmp_path / "swa.safetensors",
+        req_to_token=table,
+        req_pool_indices=torch.tensor([1]),
+        prefix_lens=torch.tensor([4]),
+        full_to_swa_index_mapping=lut,
+        swa_window_size=2,
+        num_full_slots=10,
+    )
     dump = load_dump(path)
     report = checked(dump, kernel="torch")
     assert {f.code.value for f in report.findings} == {"swa-slot-collision"}
@@ -88,22 +103,35 @@ def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-d
     dump = _tiny_shared(tmp_path)
     table = dump.req_to_token.clone()
     table[1, 1] = 0
-    path = save_dump(tmp_path / "hole.safetensors", req_to_token=table,
-                     req_pool_indices=dump.req_pool_indices, prefix_lens=dump.prefix_lens,
-                     extend_seq_lens=dump.extend_seq_lens)
+    path = save_dump(
+        tmp_path / "hole.safetensors",
+        req_to_token=table,
+        req_pool_indices=dump.req_pool_indices,
+        prefix_lens=dump.prefix_lens,
+        extend_seq_lens=dump.extend_seq_lens,
+    )
     holed = load_dump(path)
     answer = row_map(holed, checked(holed, kernel="torch"), 1)
     assert answer.row is not None
     by_pos = {c.position: c for c in answer.row.cells}
     assert by_pos[1].marks == ("padding-slot-in-live-range",)
     assert [by_pos[p].role for p in range(5)] == [
-        "verify", "verify", "verify", "pending-write", "stale-tail"]
+        "verify",
+        "verify",
+        "verify",
+        "pending-write",
+        "stale-tail",
+    ]
 
 
 def test_provenance_index_counts_every_cell_but_keeps_few(tmp_path) -> None:  # type: ignore[no-untyped-def]
     table = torch.full((6, 50), 3, dtype=torch.int32)
-    path = save_dump(tmp_path / "many.safetensors", req_to_token=table,
-                     req_pool_indices=torch.tensor([2]), prefix_lens=torch.tensor([5]))
+    path = save_dump(
+        tmp_path / "many.safetensors",
+        req_to_token=table,
+        req_pool_indices=torch.tensor([2]),
+        prefix_lens=torch.tensor([5]),
+    )
     dump = load_dump(path)
     index = ProvenanceIndex(dump, [3], max_cells=4)
     cells, total = index.cells(3, group_frame(dump, "full"))

@@ -36,8 +36,9 @@ def test_clean_dump_exits_0(dumps: dict[str, Path]) -> None:
 
 
 def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
-    code, out, _ = run("check", str(dumps["truncated-lut"]), "--kernel", "torch",
-                       "--format", "json")
+    code, out, _ = run(
+        "check", str(dumps["truncated-lut"]), "--kernel", "torch", "--format", "json"
+    )
     assert code == 1
     record = json.loads(out)
     assert validate(record, CHECK) == []
@@ -51,23 +52,28 @@ def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
 
 def test_warnings_exit_0_unless_fail_on_warning(dumps: dict[str, Path]) -> None:
     assert run("check", str(dumps["capacity-overflow"]), "--kernel", "torch")[0] == 0
-    code, _, _ = run("check", str(dumps["capacity-overflow"]), "--kernel", "torch",
-                     "--fail-on", "warning")
+    code, _, _ = run(
+        "check", str(dumps["capacity-overflow"]), "--kernel", "torch", "--fail-on", "warning"
+    )
     assert code == 1
 
 
-@pytest.mark.parametrize("args", [
-    ("check", "missing.safetensors"),
-    ("check", "{clean}", "--kernel", "cuda"),
-    ("check", "{clean}", "--format", "xml"),
-    ("check", "{clean}", "--fail-on", "fatal"),
-    ("check", "{clean}", "--group", "nope"),
-    ("provenance", "{clean}"),
-    ("provenance", "{clean}", "--slot", "3", "--row", "2"),
-    ("provenance", "{clean}", "--row", "99999"),
-])
-def test_bad_input_and_usage_exit_2_with_one_line(dumps: dict[str, Path],
-                                                  args: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("check", "missing.safetensors"),
+        ("check", "{clean}", "--kernel", "cuda"),
+        ("check", "{clean}", "--format", "xml"),
+        ("check", "{clean}", "--fail-on", "fatal"),
+        ("check", "{clean}", "--group", "nope"),
+        ("provenance", "{clean}"),
+        ("provenance", "{clean}", "--slot", "3", "--row", "2"),
+        ("provenance", "{clean}", "--row", "99999"),
+    ],
+)
+def test_bad_input_and_usage_exit_2_with_one_line(
+    dumps: dict[str, Path], args: tuple[str, ...]
+) -> None:
     argv = [a.format(clean=dumps["clean-swa"]) for a in args]
     code, out, err = run(*argv)
     assert code == 2, (out, err)
@@ -98,23 +104,44 @@ def test_internal_error_exits_3_with_a_bug_report_line(
 
 
 def test_several_dumps_one_report_each(dumps: dict[str, Path]) -> None:
-    code, out, _ = run("check", str(dumps["clean-swa"]), str(dumps["truncated-lut"]),
-                       "--kernel", "torch", "--format", "json", "--jobs", "1")
+    code, out, _ = run(
+        "check",
+        str(dumps["clean-swa"]),
+        str(dumps["truncated-lut"]),
+        "--kernel",
+        "torch",
+        "--format",
+        "json",
+        "--jobs",
+        "1",
+    )
     assert code == 1
     record = json.loads(out)
     assert validate(record, CHECK) == []
     assert [Path(d["path"]).name for d in record["dumps"]] == [
-        "clean-swa.safetensors", "truncated-lut.safetensors"]
+        "clean-swa.safetensors",
+        "truncated-lut.safetensors",
+    ]
     assert [d["verdict"] for d in record["dumps"]] == ["clean", "errors"]
 
 
+@pytest.mark.slow
 def test_several_dumps_with_a_bad_one_exit_2_after_reporting(
     dumps: dict[str, Path], tmp_path: Path
 ) -> None:
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(b"not a dump at all")
-    code, out, err = run("check", str(dumps["truncated-lut"]), str(broken), "--kernel",
-                         "torch", "--format", "json", "--jobs", "2")
+    code, out, err = run(
+        "check",
+        str(dumps["truncated-lut"]),
+        str(broken),
+        "--kernel",
+        "torch",
+        "--format",
+        "json",
+        "--jobs",
+        "2",
+    )
     assert code == 2
     record = json.loads(out)
     assert record["dumps"][1]["error"] and record["dumps"][0]["findings"]
@@ -122,18 +149,26 @@ def test_several_dumps_with_a_bad_one_exit_2_after_reporting(
 
 
 def test_markdown_has_summary_and_details(dumps: dict[str, Path]) -> None:
-    code, out, _ = run("check", str(dumps["cross-request-aliasing"]), "--kernel", "torch",
-                       "--format", "markdown")
+    code, out, _ = run(
+        "check", str(dumps["cross-request-aliasing"]), "--kernel", "torch", "--format", "markdown"
+    )
     assert code == 1
     assert "slot-shared-across-positions" in out and "<details>" in out
 
 
 def test_provenance_json_validates(dumps: dict[str, Path]) -> None:
-    code, out, err = run("check", str(dumps["cross-request-aliasing"]), "--kernel", "torch",
-                         "--format", "json")
+    code, out, err = run(
+        "check", str(dumps["cross-request-aliasing"]), "--kernel", "torch", "--format", "json"
+    )
     finding = json.loads(out)["dumps"][0]["findings"][0]
-    code, out, err = run("provenance", str(dumps["cross-request-aliasing"]), "--slot",
-                         str(finding["slot"]), "--format", "json")
+    code, out, err = run(
+        "provenance",
+        str(dumps["cross-request-aliasing"]),
+        "--slot",
+        str(finding["slot"]),
+        "--format",
+        "json",
+    )
     assert code == 0, err
     record = json.loads(out)
     assert validate(record, PROVENANCE_REPORT) == []
@@ -143,8 +178,9 @@ def test_provenance_json_validates(dumps: dict[str, Path]) -> None:
 
 
 def test_provenance_row_map(dumps: dict[str, Path]) -> None:
-    code, out, err = run("provenance", str(dumps["clean-swa"]), "--row", "5", "--group", "swa",
-                         "--format", "json")
+    code, out, err = run(
+        "provenance", str(dumps["clean-swa"]), "--row", "5", "--group", "swa", "--format", "json"
+    )
     assert code == 0, err
     row = json.loads(out)["row"]
     assert row["pool_row"] == 5 and row["group"] == "swa"
@@ -152,9 +188,7 @@ def test_provenance_row_map(dumps: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_scenario_and_seed_reports_its_codes(
-    name: str, seed: int, tmp_path: Path
-) -> None:
+def test_every_scenario_and_seed_reports_its_codes(name: str, seed: int, tmp_path: Path) -> None:
     path = make_scenario(name, seed=seed).save(tmp_path / f"{name}.safetensors")
     code, out, err = run("check", str(path), "--kernel", "torch", "--format", "json")
     record = json.loads(out)

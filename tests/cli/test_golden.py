@@ -28,7 +28,8 @@ def test_check_output_matches_golden(
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
     result = CliRunner().invoke(
-        app, ["check", f"examples/{example}", "--kernel", "torch", "--format", fmt])
+        app, ["check", f"examples/{example}", "--kernel", "torch", "--format", fmt]
+    )
     assert result.exit_code in (0, 1), result.stderr
     golden = GOLDEN / f"{Path(example).stem}.{SUFFIX[fmt]}"
     if update_golden:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.synth import SynthSpec, build_dump
@@ -35,8 +35,9 @@ def _triton_available() -> bool:
 
 
 TRITON = _triton_available()
-_TRITON = pytest.param("triton", marks=pytest.mark.skipif(
-    not TRITON, reason="the triton backend is not installed"))
+_TRITON = pytest.param(
+    "triton", marks=pytest.mark.skipif(not TRITON, reason="the triton backend is not installed")
+)
 
 
 @pytest.fixture
@@ -47,8 +48,9 @@ def runner() -> CliRunner:
 @pytest.fixture(scope="module")
 def swa_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A consistent synthetic SWA state with padding, shared prefixes and a token pool."""
-    synth = build_dump(SynthSpec(window=5, expected_pool=True, active_rows=5, padding_rows=2),
-                       seed=7)
+    synth = build_dump(
+        SynthSpec(window=5, expected_pool=True, active_rows=5, padding_rows=2), seed=7
+    )
     return synth.save(tmp_path_factory.mktemp("cli") / "swa.safetensors")
 
 
@@ -59,7 +61,8 @@ def short_lut_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("cli") / "short-lut.safetensors",
         metadata={"swa_window_size": "10"},
         req_to_token=torch.tensor([[0, 0, 0, 0], [1, 2, 7, 3], [2, 6, 0, 0]], dtype=torch.int32),
-        req_pool_indices=torch.tensor([1, 2]), prefix_lens=torch.tensor([4, 2]),
+        req_pool_indices=torch.tensor([1, 2]),
+        prefix_lens=torch.tensor([4, 2]),
         extend_seq_lens=torch.tensor([1, 1]),
         full_to_swa_index_mapping=torch.tensor([0, 101, 102, 103, -1]),
     )
@@ -68,27 +71,33 @@ def short_lut_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def full_only_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_dump(SynthSpec(window=0), seed=3).save(
-        tmp_path_factory.mktemp("cli") / "full.safetensors")
+        tmp_path_factory.mktemp("cli") / "full.safetensors"
+    )
 
 
 def _plan_file(runner: CliRunner, dump: Path, out: Path, backend: str, *args: str) -> bytes:
-    result = runner.invoke(app, ["plan", str(dump), "--backend", backend, "--out", str(out),
-                                 *args])
+    result = runner.invoke(app, ["plan", str(dump), "--backend", backend, "--out", str(out), *args])
     assert result.exit_code == 0, (backend, result.output, result.stderr)
     return out.read_bytes()
 
 
 @pytest.mark.parametrize("backend", ["torch", _TRITON])
-@pytest.mark.parametrize("extra", [[], ["--verify-capacity", "3"], ["--token-offset", "1"]],
-                         ids=["plain", "overflow", "offset1"])
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--verify-capacity", "3"], ["--token-offset", "1"]],
+    ids=["plain", "overflow", "offset1"],
+)
 @pytest.mark.parametrize("group", ["full", "swa"])
 def test_plan_file_is_identical_to_reference(
-    runner: CliRunner, swa_dump: Path, tmp_path: Path, group: str, extra: list[str],
+    runner: CliRunner,
+    swa_dump: Path,
+    tmp_path: Path,
+    group: str,
+    extra: list[str],
     backend: str,
 ) -> None:
     args = ("--group", group, *extra)
-    reference = _plan_file(runner, swa_dump, tmp_path / "reference.safetensors", "reference",
-                           *args)
+    reference = _plan_file(runner, swa_dump, tmp_path / "reference.safetensors", "reference", *args)
     other = _plan_file(runner, swa_dump, tmp_path / f"{backend}.safetensors", backend, *args)
     assert other == reference, f"{backend} wrote a different plan file than reference"
     tensors = load_file(str(tmp_path / "reference.safetensors"))
@@ -103,8 +112,9 @@ def test_plan_file_is_identical_to_reference(
 
 @pytest.mark.parametrize("backend", ["reference", "torch", _TRITON])
 def test_plan_json(runner: CliRunner, swa_dump: Path, backend: str) -> None:
-    result = runner.invoke(app, ["plan", str(swa_dump), "--backend", backend, "--group", "swa",
-                                 "--format", "json"])
+    result = runner.invoke(
+        app, ["plan", str(swa_dump), "--backend", backend, "--group", "swa", "--format", "json"]
+    )
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["schema"] == "kvcanary.plan/1"
@@ -117,21 +127,48 @@ def test_strict_reference_exits_1_with_the_upstream_message(
     runner: CliRunner, short_lut_dump: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "plan.safetensors"
-    result = runner.invoke(app, ["plan", str(short_lut_dump), "--group", "swa", "--backend",
-                                 "reference", "--strict", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            str(short_lut_dump),
+            "--group",
+            "swa",
+            "--backend",
+            "reference",
+            "--strict",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert UPSTREAM_MESSAGE in result.stderr
     assert not out.exists()
 
 
 def test_collect_reference_plans_a_short_lut(runner: CliRunner, short_lut_dump: Path) -> None:
-    result = runner.invoke(app, ["plan", str(short_lut_dump), "--group", "swa", "--backend",
-                                 "reference", "--format", "json"])
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            str(short_lut_dump),
+            "--group",
+            "swa",
+            "--backend",
+            "reference",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["problem_count"] == 4
     assert [(p["role"], p["batch_row"], p["value"]) for p in record["problems"]] == [
-        ("verify", 0, 7), ("chain-prev", 0, 7), ("verify", 1, 6), ("seed", 1, 6)]
+        ("verify", 0, 7),
+        ("chain-prev", 0, 7),
+        ("verify", 1, 6),
+        ("seed", 1, 6),
+    ]
     assert all(p["upstream_raises"] for p in record["problems"])
 
 
@@ -140,8 +177,10 @@ def test_triton_writes_clamped_values_for_a_short_lut(
     runner: CliRunner, short_lut_dump: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "plan.safetensors"
-    result = runner.invoke(app, ["plan", str(short_lut_dump), "--group", "swa", "--backend",
-                                 "triton", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        ["plan", str(short_lut_dump), "--group", "swa", "--backend", "triton", "--out", str(out)],
+    )
     assert result.exit_code == 0, result.output
     tensors = load_file(str(out))
     assert tensors["verify_slot_indices"].tolist() == [101, 102, -1, 103, 102, -1]
@@ -149,8 +188,8 @@ def test_triton_writes_clamped_values_for_a_short_lut(
     assert tensors["write_seed_slot_indices"].tolist() == [103, -1]
 
 
-def _one_error_line(result: object) -> str:
-    lines = result.stderr.strip().splitlines()  # type: ignore[attr-defined]
+def _one_error_line(result: Result) -> str:
+    lines = str(result.stderr).strip().splitlines()
     assert len(lines) == 1, lines
     return lines[0]
 
@@ -191,17 +230,17 @@ def test_example_plan_files_are_identical_across_backends(
     backends = ["torch", *(["triton"] if TRITON else [])]
     if (example, group) in _DIVERGENT:
         backends = ["torch"]  # the REF backends still agree with each other
-    reference = _plan_file(runner, dump, tmp_path / "reference.safetensors", "reference",
-                           "--group", group)
+    reference = _plan_file(
+        runner, dump, tmp_path / "reference.safetensors", "reference", "--group", group
+    )
     for backend in backends:
-        other = _plan_file(runner, dump, tmp_path / f"{backend}.safetensors", backend,
-                           "--group", group)
+        other = _plan_file(
+            runner, dump, tmp_path / f"{backend}.safetensors", backend, "--group", group
+        )
         assert other == reference, f"{backend} wrote a different plan file than reference"
 
 
-def test_truncated_lut_example_strict_exits_1_with_the_upstream_message(
-    runner: CliRunner
-) -> None:
+def test_truncated_lut_example_strict_exits_1_with_the_upstream_message(runner: CliRunner) -> None:
     from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.planners.base import lut_error_message
     from tests.helpers import REFERENCE
@@ -212,7 +251,8 @@ def test_truncated_lut_example_strict_exits_1_with_the_upstream_message(
     loaded = load_dump(dump)
     first = REFERENCE.plan(loaded, "swa").problems.first_raise()
     assert first is not None
-    result = runner.invoke(app, ["plan", str(dump), "--group", "swa", "--backend", "reference",
-                                 "--strict"])
+    result = runner.invoke(
+        app, ["plan", str(dump), "--group", "swa", "--backend", "reference", "--strict"]
+    )
     assert result.exit_code == 1, result.output
     assert lut_error_message(first.value, loaded.lut_len or 0) in result.stderr

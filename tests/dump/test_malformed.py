@@ -38,8 +38,9 @@ BS = 3
 # --- builders ---------------------------------------------------------------------------------
 
 
-def raw_file(path: Path, header: bytes | object, data: bytes = b"", *, length: int | None = None
-             ) -> Path:
+def raw_file(
+    path: Path, header: bytes | object, data: bytes = b"", *, length: int | None = None
+) -> Path:
     """A file laid out like safetensors: u64 little-endian header length, header, data."""
     blob = header if isinstance(header, bytes) else json.dumps(header).encode()
     size = len(blob) if length is None else length
@@ -57,8 +58,12 @@ def good_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def st_file(path: Path, metadata: dict[str, str] | None = None, drop: tuple[str, ...] = (),
-            **changes: torch.Tensor) -> Path:
+def st_file(
+    path: Path,
+    metadata: dict[str, str] | None = None,
+    drop: tuple[str, ...] = (),
+    **changes: torch.Tensor,
+) -> Path:
     """A well-formed safetensors file: the good batch, minus `drop`, with `changes` applied."""
     tensors = {k: v for k, v in good_tensors().items() if k not in drop}
     tensors.update(changes)
@@ -204,8 +209,9 @@ def _missing_tensor(name: str) -> Callable[[Path], Path]:
     return lambda tmp: st_file(tmp / "d", drop=(name,))
 
 
-def _changed(metadata: dict[str, str] | None = None, drop: tuple[str, ...] = (),
-             **changes: torch.Tensor) -> Callable[[Path], Path]:
+def _changed(
+    metadata: dict[str, str] | None = None, drop: tuple[str, ...] = (), **changes: torch.Tensor
+) -> Callable[[Path], Path]:
     return lambda tmp: st_file(tmp / "d", metadata, drop, **changes)
 
 
@@ -266,120 +272,157 @@ CASES: dict[str, Case] = {
     },
     # Dtypes.
     "float32-req_to_token": Case(
-        _changed(req_to_token=torch.zeros(4, 8)), TensorDtypeError,
+        _changed(req_to_token=torch.zeros(4, 8)),
+        TensorDtypeError,
         ("req_to_token", "float32", "expected int32 or int64"),
     ),
     "bool-prefix_lens": Case(
-        _changed(prefix_lens=torch.zeros(BS, dtype=torch.bool)), TensorDtypeError,
+        _changed(prefix_lens=torch.zeros(BS, dtype=torch.bool)),
+        TensorDtypeError,
         ("prefix_lens", "bool", "expected int64 or int32"),
     ),
     "uint16-req_pool_indices": Case(
-        _changed(req_pool_indices=torch.zeros(BS, dtype=torch.uint16)), TensorDtypeError,
+        _changed(req_pool_indices=torch.zeros(BS, dtype=torch.uint16)),
+        TensorDtypeError,
         ("req_pool_indices", "uint16", "expected int64 or int32"),
     ),
     "float16-extend_seq_lens": Case(
-        _changed(extend_seq_lens=torch.zeros(BS, dtype=torch.float16)), TensorDtypeError,
+        _changed(extend_seq_lens=torch.zeros(BS, dtype=torch.float16)),
+        TensorDtypeError,
         ("extend_seq_lens", "float16"),
     ),
     "int8-expected-pool": Case(
-        _changed(req_to_verify_expected_tokens=torch.zeros(4, 8, dtype=torch.int8),
-                 req_to_verify_expected_tokens_valid_lens=torch.zeros(BS, dtype=_I64)),
-        TensorDtypeError, ("req_to_verify_expected_tokens", "int8"),
+        _changed(
+            req_to_verify_expected_tokens=torch.zeros(4, 8, dtype=torch.int8),
+            req_to_verify_expected_tokens_valid_lens=torch.zeros(BS, dtype=_I64),
+        ),
+        TensorDtypeError,
+        ("req_to_verify_expected_tokens", "int8"),
     ),
     "float-scalar-tensor": Case(
-        _changed(page_size=torch.tensor(1.0)), TensorDtypeError,
+        _changed(page_size=torch.tensor(1.0)),
+        TensorDtypeError,
         ("page_size", "float32", "integer"),
     ),
     # Ranks.
     "1d-req_to_token": Case(
-        _changed(req_to_token=torch.zeros(32, dtype=torch.int32)), TensorShapeError,
+        _changed(req_to_token=torch.zeros(32, dtype=torch.int32)),
+        TensorShapeError,
         ("req_to_token", "[32]", "1-D", "expected 2-D"),
     ),
     "2d-prefix_lens": Case(
-        _changed(prefix_lens=torch.zeros(BS, 1, dtype=_I64)), TensorShapeError,
+        _changed(prefix_lens=torch.zeros(BS, 1, dtype=_I64)),
+        TensorShapeError,
         ("prefix_lens", "[3, 1]", "2-D", "expected 1-D"),
     ),
     "0d-req_pool_indices": Case(
-        _changed(req_pool_indices=torch.tensor(1)), TensorShapeError,
+        _changed(req_pool_indices=torch.tensor(1)),
+        TensorShapeError,
         ("req_pool_indices", "0-D", "expected 1-D"),
     ),
     "violation_write_index-empty": Case(
-        _changed(violation_ring=torch.zeros(2, 8, dtype=_I64),
-                 violation_write_index=torch.zeros(0, dtype=torch.int32)),
-        TensorShapeError, ("violation_write_index", "[0]", "expected [] or [1]"),
+        _changed(
+            violation_ring=torch.zeros(2, 8, dtype=_I64),
+            violation_write_index=torch.zeros(0, dtype=torch.int32),
+        ),
+        TensorShapeError,
+        ("violation_write_index", "[0]", "expected [] or [1]"),
     ),
     "scalar-tensor-two-elements": Case(
-        _changed(page_size=torch.tensor([1, 2])), MetadataError,
+        _changed(page_size=torch.tensor([1, 2])),
+        MetadataError,
         ("page_size", "[2]", "expected [] or [1]"),
     ),
     # Lengths against bs.
     "prefix_lens-length-ne-bs": Case(
-        _changed(prefix_lens=torch.zeros(BS + 1, dtype=_I64)), TensorShapeError,
+        _changed(prefix_lens=torch.zeros(BS + 1, dtype=_I64)),
+        TensorShapeError,
         ("prefix_lens", "length 4", "bs=3"),
     ),
     "extend_seq_lens-length-ne-bs": Case(
-        _changed(extend_seq_lens=torch.zeros(BS - 1, dtype=_I64)), TensorShapeError,
+        _changed(extend_seq_lens=torch.zeros(BS - 1, dtype=_I64)),
+        TensorShapeError,
         ("extend_seq_lens", "length 2", "bs=3"),
     ),
     "valid_lens-length-ne-bs": Case(
-        _changed(req_to_verify_expected_tokens=_POOL,
-                 req_to_verify_expected_tokens_valid_lens=torch.zeros(1, dtype=_I64)),
-        TensorShapeError, ("req_to_verify_expected_tokens_valid_lens", "length 1", "bs=3"),
+        _changed(
+            req_to_verify_expected_tokens=_POOL,
+            req_to_verify_expected_tokens_valid_lens=torch.zeros(1, dtype=_I64),
+        ),
+        TensorShapeError,
+        ("req_to_verify_expected_tokens_valid_lens", "length 1", "bs=3"),
     ),
     # Scalars.
     "scalar-not-integer": Case(
-        _changed({"swa_window_size": "abc"}), MetadataError,
+        _changed({"swa_window_size": "abc"}),
+        MetadataError,
         ("swa_window_size", "'abc'", "not an integer"),
     ),
     "scalar-with-underscore": Case(
-        _changed({"verify_capacity": "1_0"}), MetadataError,
+        _changed({"verify_capacity": "1_0"}),
+        MetadataError,
         ("verify_capacity", "'1_0'", "not an integer"),
     ),
     "ring-without-write-index": Case(
-        _changed(violation_ring=torch.zeros(4, 8, dtype=_I64)), MissingTensorError,
+        _changed(violation_ring=torch.zeros(4, 8, dtype=_I64)),
+        MissingTensorError,
         ("violation_write_index", "violation_ring"),
     ),
     "scalar-given-twice": Case(
-        _changed({"page_size": "2"}, page_size=torch.tensor(4)), MetadataError,
+        _changed({"page_size": "2"}, page_size=torch.tensor(4)),
+        MetadataError,
         ("page_size", "given twice", "metadata says 2", "tensor says 4"),
     ),
     "scalar-below-minimum": Case(
-        _changed({"page_size": "0"}), MetadataError, ("page_size", "is 0", ">= 1"),
+        _changed({"page_size": "0"}),
+        MetadataError,
+        ("page_size", "is 0", ">= 1"),
     ),
     "lut-without-window": Case(
-        _changed(full_to_swa_index_mapping=_LUT), MetadataError,
+        _changed(full_to_swa_index_mapping=_LUT),
+        MetadataError,
         ("swa_window_size", "full_to_swa_index_mapping", "--swa-window"),
     ),
     "pool-without-valid_lens": Case(
-        _changed(req_to_verify_expected_tokens=_POOL), MissingTensorError,
+        _changed(req_to_verify_expected_tokens=_POOL),
+        MissingTensorError,
         ("req_to_verify_expected_tokens_valid_lens", "required", "req_to_verify_expected_tokens"),
     ),
     "lut-length-0": Case(
         _changed({"swa_window_size": "4"}, full_to_swa_index_mapping=torch.zeros(0, dtype=_I64)),
-        TensorShapeError, ("full_to_swa_index_mapping", "empty", "length 0"),
+        TensorShapeError,
+        ("full_to_swa_index_mapping", "empty", "length 0"),
     ),
     "format-version-2": Case(
-        _changed({"kvcanary.format": "2"}), MetadataError,
+        _changed({"kvcanary.format": "2"}),
+        MetadataError,
         ("kvcanary.format", "'2'", "not supported", "upgrade"),
     ),
     # A newer format may change anything: the version is what to report, not the dtype.
     "format-version-2-before-dtype": Case(
-        _changed({"kvcanary.format": "2"}, req_to_token=torch.zeros(4, 8)), MetadataError,
+        _changed({"kvcanary.format": "2"}, req_to_token=torch.zeros(4, 8)),
+        MetadataError,
         ("kvcanary.format", "'2'"),
     ),
     "unknown-group": Case(
-        _changed({"groups": "full,mamba"}), MetadataError, ("groups", "'mamba'", "full, swa"),
+        _changed({"groups": "full,mamba"}),
+        MetadataError,
+        ("groups", "'mamba'", "full, swa"),
     ),
     "groups-swa-without-lut": Case(
-        _changed({"groups": "swa"}), MetadataError, ("groups", "full_to_swa_index_mapping"),
+        _changed({"groups": "swa"}),
+        MetadataError,
+        ("groups", "full_to_swa_index_mapping"),
     ),
     # Absurd values.
     "absurd-prefix_lens": Case(
-        _changed(prefix_lens=torch.tensor([2**41, 0, 0])), TensorShapeError,
+        _changed(prefix_lens=torch.tensor([2**41, 0, 0])),
+        TensorShapeError,
         ("prefix_lens", str(2**41), "2^40"),
     ),
     "absurd-negative-prefix_lens": Case(  # abs(INT64_MIN) overflows in numpy
-        _changed(prefix_lens=torch.tensor([-(2**63), 0, 0])), TensorShapeError,
+        _changed(prefix_lens=torch.tensor([-(2**63), 0, 0])),
+        TensorShapeError,
         ("prefix_lens", str(-(2**63)), "2^40"),
     ),
 }
@@ -451,8 +494,15 @@ def test_error_families(case_id: str, family: type[KvcanaryError], tmp_path: Pat
         load_dump(CASES[case_id].build(tmp_path))
 
 
-@pytest.mark.parametrize("case_id", ["header-length-absurd", "shape-product-overflows",
-                                     "shape-too-many-dims", "header-huge-number"])
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "header-length-absurd",
+        "shape-product-overflows",
+        "shape-too-many-dims",
+        "header-huge-number",
+    ],
+)
 def test_hostile_header_is_rejected_without_allocating(case_id: str, tmp_path: Path) -> None:
     path = CASES[case_id].build(tmp_path)
     try:  # warm the imports so only the check itself is measured

@@ -25,17 +25,31 @@ __all__ = [
 
 #: Scalar fields compared by `assert_plans_equal` (backend and semantics are identities).
 PLAN_SCALARS = (
-    "group", "window", "translated", "bs", "verify_capacity", "write_req_capacity",
-    "total_verify", "verify_num_valid", "enable", "write_num_valid_reqs", "launch_error",
+    "group",
+    "window",
+    "translated",
+    "bs",
+    "verify_capacity",
+    "write_req_capacity",
+    "total_verify",
+    "verify_num_valid",
+    "enable",
+    "write_num_valid_reqs",
+    "launch_error",
 )
 #: Tensor fields compared by `assert_plans_equal`.
 PLAN_TENSORS = (
-    "verify_offsets", "verify_slot_indices", "verify_expected_tokens",
-    "verify_expected_positions", "verify_prev_slot_indices", "verify_undefined",
-    "write_offsets", "write_seed_slot_indices", "seed_undefined",
+    "verify_offsets",
+    "verify_slot_indices",
+    "verify_expected_tokens",
+    "verify_expected_positions",
+    "verify_prev_slot_indices",
+    "verify_undefined",
+    "write_offsets",
+    "write_seed_slot_indices",
+    "seed_undefined",
 )
-_PROBLEM_COLUMNS = ("kind", "role", "batch_row", "pool_row", "position", "value", "entry",
-                    "raises")
+_PROBLEM_COLUMNS = ("kind", "role", "batch_row", "pool_row", "position", "value", "entry", "raises")
 _SHOW = 8
 
 
@@ -49,13 +63,15 @@ def _describe_mismatch(name: str, a: np.ndarray, b: np.ndarray, labels: tuple[st
     ]
     lo = max(0, int(bad[0]) - 3)
     hi = min(a.size, int(bad[0]) + 4)
-    lines.append(f"  around [{lo}:{hi}]: {labels[0]}={a[lo:hi].tolist()} "
-                 f"{labels[1]}={b[lo:hi].tolist()}")
+    lines.append(
+        f"  around [{lo}:{hi}]: {labels[0]}={a[lo:hi].tolist()} {labels[1]}={b[lo:hi].tolist()}"
+    )
     return "\n".join(lines)
 
 
-def assert_tensor_equal(name: str, a: torch.Tensor, b: torch.Tensor,
-                        labels: tuple[str, str] = ("a", "b")) -> None:
+def assert_tensor_equal(
+    name: str, a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str] = ("a", "b")
+) -> None:
     """Same dtype, shape and values; the message shows the first differing indices."""
     if a.dtype != b.dtype:
         raise AssertionError(f"{name}: dtype {labels[0]}={a.dtype} {labels[1]}={b.dtype}")
@@ -63,10 +79,12 @@ def assert_tensor_equal(name: str, a: torch.Tensor, b: torch.Tensor,
         raise AssertionError(
             f"{name}: shape {labels[0]}={list(a.shape)} {labels[1]}={list(b.shape)}\n"
             f"  {labels[0]}: {a.reshape(-1)[:32].tolist()}\n"
-            f"  {labels[1]}: {b.reshape(-1)[:32].tolist()}")
+            f"  {labels[1]}: {b.reshape(-1)[:32].tolist()}"
+        )
     if not torch.equal(a, b):
-        raise AssertionError(_describe_mismatch(
-            name, a.reshape(-1).numpy(), b.reshape(-1).numpy(), labels))
+        raise AssertionError(
+            _describe_mismatch(name, a.reshape(-1).numpy(), b.reshape(-1).numpy(), labels)
+        )
 
 
 def assert_plans_equal(a: Plan, b: Plan, *, upstream: bool = False) -> None:
@@ -79,7 +97,8 @@ def assert_plans_equal(a: Plan, b: Plan, *, upstream: bool = False) -> None:
     labels = (a.backend, b.backend) if a.backend != b.backend else ("a", "b")
     if a.launch_error != b.launch_error:
         raise AssertionError(
-            f"launch_error: {labels[0]}={a.launch_error!r} {labels[1]}={b.launch_error!r}")
+            f"launch_error: {labels[0]}={a.launch_error!r} {labels[1]}={b.launch_error!r}"
+        )
     if upstream:
         ta, tb = a.upstream_tensors(), b.upstream_tensors()
         assert ta.keys() == tb.keys()

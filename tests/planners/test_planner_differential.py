@@ -23,7 +23,8 @@ from tests.helpers import REFERENCE, STRICT, TORCH, TORCH_GPU
 from tests.planners.plan_helpers import assert_plans_equal, triton_planner
 from tests.strategies import DumpCase, corrupt_dumps, dump_from, valid_dumps
 
-_SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+_SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
 
 @pytest.fixture(scope="module")
 def dump_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -56,7 +57,8 @@ def _assert_upstream_invariants(plan: Plan) -> None:
         assert bool((plan.verify_prev_slot_indices[heads] == -1).all())
 
 
-@settings(max_examples=100, **_SETTINGS)
+@pytest.mark.slow
+@settings(_SETTINGS, max_examples=100)
 @given(case=valid_dumps())
 def test_reference_and_torch_agree_on_valid_dumps(case: DumpCase, dump_dir: Path) -> None:
     dump = dump_from(case.tensors, case.metadata, dump_dir)
@@ -68,7 +70,8 @@ def test_reference_and_torch_agree_on_valid_dumps(case: DumpCase, dump_dir: Path
         _assert_upstream_invariants(ref)
 
 
-@settings(max_examples=130, **_SETTINGS)
+@pytest.mark.slow
+@settings(_SETTINGS, max_examples=130)
 @given(case=corrupt_dumps())
 def test_reference_and_torch_agree_on_corrupt_dumps(case: DumpCase, dump_dir: Path) -> None:
     dump = dump_from(case.tensors, case.metadata, dump_dir)
@@ -76,7 +79,8 @@ def test_reference_and_torch_agree_on_corrupt_dumps(case: DumpCase, dump_dir: Pa
         assert_plans_equal(REFERENCE.plan(dump, group), TORCH.plan(dump, group))
 
 
-@settings(max_examples=70, **_SETTINGS)
+@pytest.mark.slow
+@settings(_SETTINGS, max_examples=70)
 @given(case=corrupt_dumps())
 def test_strict_raises_at_the_first_raising_problem(case: DumpCase, dump_dir: Path) -> None:
     dump = dump_from(case.tensors, case.metadata, dump_dir)
@@ -96,11 +100,10 @@ def test_strict_raises_at_the_first_raising_problem(case: DumpCase, dump_dir: Pa
             assert f"index {first.value} is out of bounds" in info.value.message
 
 
-@settings(max_examples=80, **_SETTINGS)
+@pytest.mark.slow
+@settings(_SETTINGS, max_examples=80)
 @given(case=valid_dumps())
-def test_gpu_semantics_agree_with_reference_on_valid_dumps(
-    case: DumpCase, dump_dir: Path
-) -> None:
+def test_gpu_semantics_agree_with_reference_on_valid_dumps(case: DumpCase, dump_dir: Path) -> None:
     dump = dump_from(case.tensors, case.metadata, dump_dir)
     for group in case.groups:
         ref = REFERENCE.plan(dump, group)
@@ -110,7 +113,8 @@ def test_gpu_semantics_agree_with_reference_on_valid_dumps(
         _assert_clean(gpu)
 
 
-@settings(max_examples=50, **_SETTINGS)
+@pytest.mark.slow
+@settings(_SETTINGS, max_examples=50)
 @given(case=valid_dumps())
 def test_triton_agrees_with_reference_on_valid_dumps(case: DumpCase, dump_dir: Path) -> None:
     triton = triton_planner()
@@ -125,7 +129,7 @@ def test_triton_agrees_with_reference_on_valid_dumps(case: DumpCase, dump_dir: P
         _assert_clean(plan)
 
 
-@settings(max_examples=50, **_SETTINGS)
+@settings(_SETTINGS, max_examples=50)
 @given(case=corrupt_dumps())
 def test_gpu_semantics_never_raise_on_corrupt_dumps(case: DumpCase, dump_dir: Path) -> None:
     """GPU planners report bad input as problems (never `raises`) or as a launch error."""

@@ -7,6 +7,7 @@ exercise the compiled kernels (bench/gpu_check.sh runs them there).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import subprocess
 import sys
@@ -60,8 +61,10 @@ def _i64(values: list[int]) -> torch.Tensor:
 
 def _problems(plan: Plan) -> list[tuple[int, ...]]:
     """(kind, role, batch_row, pool_row, position, value, entry) per problem, canonical order."""
-    return [(p.kind, p.role, p.batch_row, p.pool_row, p.position, p.value, p.entry)
-            for p in plan.problems.rows()]
+    return [
+        (p.kind, p.role, p.batch_row, p.pool_row, p.position, p.value, p.entry)
+        for p in plan.problems.rows()
+    ]
 
 
 def assert_same_values(got: object, want: object, name: str) -> None:
@@ -98,9 +101,12 @@ def _check(dump: KvDump, group: str) -> Plan:
 def lut_dump(tmp_path: Path) -> KvDump:
     # LUT length 5: raw 7 and 9 are >= lut_len and clamp to LUT[4] = -1.
     return _write(
-        tmp_path / "lut.safetensors", metadata={"swa_window_size": 8},
+        tmp_path / "lut.safetensors",
+        metadata={"swa_window_size": 8},
         req_to_token=torch.tensor([[0, 0, 0, 0], [1, 7, -3, 9]], dtype=torch.int32),
-        req_pool_indices=_i64([1, 0]), prefix_lens=_i64([4, 2]), extend_seq_lens=_i64([1, 1]),
+        req_pool_indices=_i64([1, 0]),
+        prefix_lens=_i64([4, 2]),
+        extend_seq_lens=_i64([1, 1]),
         full_to_swa_index_mapping=_i64([0, 11, 12, 13, -1]),
     )
 
@@ -135,11 +141,19 @@ def test_full_group_is_untranslated(lut_dump: KvDump) -> None:
 
 
 def test_overflow_writes_no_entries(tmp_path: Path, lut_dump: KvDump) -> None:
-    tensors = {n: getattr(lut_dump, n) for n in (
-        "req_to_token", "req_pool_indices", "prefix_lens", "extend_seq_lens",
-        "full_to_swa_index_mapping")}
-    dump = _write(tmp_path / "o.safetensors", {"swa_window_size": 8, "verify_capacity": 3},
-                  **tensors)
+    tensors = {
+        n: getattr(lut_dump, n)
+        for n in (
+            "req_to_token",
+            "req_pool_indices",
+            "prefix_lens",
+            "extend_seq_lens",
+            "full_to_swa_index_mapping",
+        )
+    }
+    dump = _write(
+        tmp_path / "o.safetensors", {"swa_window_size": 8, "verify_capacity": 3}, **tensors
+    )
     plan = _check(dump, "swa")
     assert (plan.total_verify, plan.verify_num_valid, plan.enable) == (4, 3, 0)
     assert plan.entries == 0 and plan.verify_undefined.dtype == torch.uint8
@@ -147,8 +161,9 @@ def test_overflow_writes_no_entries(tmp_path: Path, lut_dump: KvDump) -> None:
     assert plan.write_offsets.tolist() == [0, 1, 1]
     # Seeds are still planned (and clamped); entry reads never happen.
     assert _problems(plan) == [(LUT_OOR, SEED, 0, 1, 3, 9, -1)]
-    exact = _write(tmp_path / "e.safetensors", {"swa_window_size": 8, "verify_capacity": 4},
-                   **tensors)
+    exact = _write(
+        tmp_path / "e.safetensors", {"swa_window_size": 8, "verify_capacity": 4}, **tensors
+    )
     assert _check(exact, "swa").enable == 1  # equality is not overflow
 
 
@@ -156,7 +171,8 @@ def test_rows_outside_the_table_are_masked(tmp_path: Path) -> None:
     dump = _write(
         tmp_path / "oob.safetensors",
         req_to_token=torch.tensor([[10, 11, 12, 13], [14, 15, 16, 17]], dtype=torch.int64),
-        req_pool_indices=_i64([5, -1, 1]), prefix_lens=_i64([2, 6, 0]),
+        req_pool_indices=_i64([5, -1, 1]),
+        prefix_lens=_i64([2, 6, 0]),
         extend_seq_lens=_i64([1, 1, 1]),
     )
     plan = _check(dump, "full")
@@ -173,9 +189,15 @@ def test_rows_outside_the_table_are_masked(tmp_path: Path) -> None:
 
 def test_prefix_beyond_row_reads_the_next_rows(tmp_path: Path) -> None:
     table = torch.tensor([[0, 0, 0, 0], [1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32)
-    dump = _write(tmp_path / "p.safetensors", {"swa_window_size": 3}, req_to_token=table,
-                  req_pool_indices=_i64([1, 2]), prefix_lens=_i64([6, 6]),
-                  extend_seq_lens=_i64([0, 2]), full_to_swa_index_mapping=torch.arange(10))
+    dump = _write(
+        tmp_path / "p.safetensors",
+        {"swa_window_size": 3},
+        req_to_token=table,
+        req_pool_indices=_i64([1, 2]),
+        prefix_lens=_i64([6, 6]),
+        extend_seq_lens=_i64([0, 2]),
+        full_to_swa_index_mapping=torch.arange(10),
+    )
     full = _check(dump, "full")
     assert full.verify_slot_indices.tolist() == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 0, 0]
     assert full.verify_undefined.tolist() == [0] * 10 + [S, S | P]
@@ -188,17 +210,23 @@ def test_prefix_beyond_row_reads_the_next_rows(tmp_path: Path) -> None:
     assert _problems(swa) == [(BEYOND, VERIFY, 0, 1, 4, 4, 1), (BEYOND, VERIFY, 1, 2, 4, 4, 4)]
 
 
-@pytest.mark.parametrize(("offset", "tokens"), [(0, [104, 105, 106, 107]),
-                                                (1, [105, 106, 107, -1]),
-                                                (-1, [-1, 104, 105, 106])])
+@pytest.mark.parametrize(
+    ("offset", "tokens"),
+    [(0, [104, 105, 106, 107]), (1, [105, 106, 107, -1]), (-1, [-1, 104, 105, 106])],
+)
 def test_expected_tokens(tmp_path: Path, offset: int, tokens: list[int]) -> None:
     # P + offset and valid_len both reach the pool's last column exactly: no problem.
     pool = torch.arange(100, 112, dtype=torch.int32).reshape(3, 4)
-    dump = _write(tmp_path / "t.safetensors", {"kv_token_id_vs_position_offset": offset},
-                  req_to_token=torch.zeros(3, 4, dtype=torch.int32),
-                  req_pool_indices=_i64([0, 1]), prefix_lens=_i64([3, 4]),
-                  extend_seq_lens=_i64([1, 1]), req_to_verify_expected_tokens=pool,
-                  req_to_verify_expected_tokens_valid_lens=_i64([5, 4]))
+    dump = _write(
+        tmp_path / "t.safetensors",
+        {"kv_token_id_vs_position_offset": offset},
+        req_to_token=torch.zeros(3, 4, dtype=torch.int32),
+        req_pool_indices=_i64([0, 1]),
+        prefix_lens=_i64([3, 4]),
+        extend_seq_lens=_i64([1, 1]),
+        req_to_verify_expected_tokens=pool,
+        req_to_verify_expected_tokens_valid_lens=_i64([5, 4]),
+    )
     plan = _check(dump, "full")
     assert plan.verify_expected_tokens.tolist() == tokens
     assert len(plan.problems) == 0
@@ -206,25 +234,35 @@ def test_expected_tokens(tmp_path: Path, offset: int, tokens: list[int]) -> None
 
 def test_expected_token_pool_out_of_range(tmp_path: Path) -> None:
     pool = torch.tensor([[0, 1, 2], [10, 11, 12], [20, 21, 22]], dtype=torch.int32)
-    dump = _write(tmp_path / "t.safetensors", req_to_token=torch.zeros(5, 4, dtype=torch.int32),
-                  req_pool_indices=_i64([1, 2, 4]), prefix_lens=_i64([4, 4, 2]),
-                  extend_seq_lens=_i64([0, 0, 0]), req_to_verify_expected_tokens=pool,
-                  req_to_verify_expected_tokens_valid_lens=_i64([5, 5, 5]))
+    dump = _write(
+        tmp_path / "t.safetensors",
+        req_to_token=torch.zeros(5, 4, dtype=torch.int32),
+        req_pool_indices=_i64([1, 2, 4]),
+        prefix_lens=_i64([4, 4, 2]),
+        extend_seq_lens=_i64([0, 0, 0]),
+        req_to_verify_expected_tokens=pool,
+        req_to_verify_expected_tokens_valid_lens=_i64([5, 5, 5]),
+    )
     plan = _check(dump, "full")
     # s = 3 >= cols: row 1 reads the next pool row (20), row 2 reads past the pool; pool
     # row 4 does not exist at all.
     assert plan.verify_expected_tokens.tolist() == [10, 11, 12, 20, 20, 21, 22, 0, 0, 0]
     assert plan.verify_undefined.tolist() == [0, 0, 0, 0, 0, 0, 0, T, T, T]
-    assert _problems(plan) == [(TOKEN_OOR, EXPECTED, 0, 1, 3, 3, 3),
-                               (TOKEN_OOR, EXPECTED, 1, 2, 3, 3, 7),
-                               (TOKEN_OOR, EXPECTED, 2, 4, 0, 4, 8)]
+    assert _problems(plan) == [
+        (TOKEN_OOR, EXPECTED, 0, 1, 3, 3, 3),
+        (TOKEN_OOR, EXPECTED, 1, 2, 3, 3, 7),
+        (TOKEN_OOR, EXPECTED, 2, 4, 0, 4, 8),
+    ]
 
 
 def test_padding_rows_and_empty_lengths(tmp_path: Path) -> None:
-    dump = _write(tmp_path / "pad.safetensors",
-                  req_to_token=torch.arange(12, dtype=torch.int32).reshape(3, 4),
-                  req_pool_indices=_i64([0, 1, 2, 2, 0, 1]), prefix_lens=_i64([3, 0, 2, -1, 0, 2]),
-                  extend_seq_lens=_i64([2, 3, 0, 4, 1, -2]))
+    dump = _write(
+        tmp_path / "pad.safetensors",
+        req_to_token=torch.arange(12, dtype=torch.int32).reshape(3, 4),
+        req_pool_indices=_i64([0, 1, 2, 2, 0, 1]),
+        prefix_lens=_i64([3, 0, 2, -1, 0, 2]),
+        extend_seq_lens=_i64([2, 3, 0, 4, 1, -2]),
+    )
     plan = _check(dump, "full")
     assert plan.verify_offsets.tolist() == [0, 0, 0, 2, 2, 2, 4]
     assert plan.verify_slot_indices.tolist() == [8, 9, 4, 5]
@@ -234,8 +272,12 @@ def test_padding_rows_and_empty_lengths(tmp_path: Path) -> None:
 
 
 def test_empty_batch(tmp_path: Path) -> None:
-    dump = _write(tmp_path / "empty.safetensors", req_to_token=torch.zeros(2, 3, dtype=torch.int32),
-                  req_pool_indices=_i64([]), prefix_lens=_i64([]))
+    dump = _write(
+        tmp_path / "empty.safetensors",
+        req_to_token=torch.zeros(2, 3, dtype=torch.int32),
+        req_pool_indices=_i64([]),
+        prefix_lens=_i64([]),
+    )
     plan = _check(dump, "full")
     assert plan.verify_offsets.tolist() == [0] and plan.write_offsets.tolist() == [0]
     assert (plan.bs, plan.total_verify, plan.verify_num_valid, plan.enable) == (0, 0, 0, 1)
@@ -243,18 +285,26 @@ def test_empty_batch(tmp_path: Path) -> None:
 
 
 def test_empty_table(tmp_path: Path) -> None:
-    dump = _write(tmp_path / "z.safetensors", req_to_token=torch.zeros(2, 0, dtype=torch.int32),
-                  req_pool_indices=_i64([1]), prefix_lens=_i64([2]), extend_seq_lens=_i64([1]))
+    dump = _write(
+        tmp_path / "z.safetensors",
+        req_to_token=torch.zeros(2, 0, dtype=torch.int32),
+        req_pool_indices=_i64([1]),
+        prefix_lens=_i64([2]),
+        extend_seq_lens=_i64([1]),
+    )
     plan = _check(dump, "full")
     assert plan.verify_undefined.tolist() == [S, S | P] and plan.seed_undefined.tolist() == [True]
 
 
 @pytest.mark.parametrize(("bs", "capacity"), [(3, 2), (GPU_MAX_BS + 1, GPU_MAX_BS + 1)])
 def test_launch_errors(tmp_path: Path, bs: int, capacity: int) -> None:
-    dump = _write(tmp_path / "big.safetensors", {"write_req_capacity": capacity},
-                  req_to_token=torch.zeros(2, 3, dtype=torch.int32),
-                  req_pool_indices=torch.ones(bs, dtype=torch.int64),
-                  prefix_lens=torch.full((bs,), 2, dtype=torch.int64))
+    dump = _write(
+        tmp_path / "big.safetensors",
+        {"write_req_capacity": capacity},
+        req_to_token=torch.zeros(2, 3, dtype=torch.int32),
+        req_pool_indices=torch.ones(bs, dtype=torch.int64),
+        prefix_lens=torch.full((bs,), 2, dtype=torch.int64),
+    )
     plan = _check(dump, "full")
     assert plan.launch_error is not None and plan.entries == 0
     assert plan.write_offsets.numel() == 0 and plan.verify_offsets.tolist() == [0] * (bs + 1)
@@ -265,9 +315,12 @@ def test_binary_search_over_many_rows(tmp_path: Path) -> None:
     bs = 300  # 512 lanes: nine halving steps
     lens = rng.integers(-2, 6, bs) * (rng.random(bs) < 0.6)  # many zero-length rows
     rpi = rng.integers(0, 9, bs)
-    dump = _write(tmp_path / "rows.safetensors",
-                  req_to_token=torch.from_numpy(rng.integers(-5, 99, (9, 8), dtype=np.int32)),
-                  req_pool_indices=torch.from_numpy(rpi), prefix_lens=torch.from_numpy(lens))
+    dump = _write(
+        tmp_path / "rows.safetensors",
+        req_to_token=torch.from_numpy(rng.integers(-5, 99, (9, 8), dtype=np.int32)),
+        req_pool_indices=torch.from_numpy(rpi),
+        prefix_lens=torch.from_numpy(lens),
+    )
     plan = _check(dump, "full")
     rows = plan.entry_batch_rows()
     start = plan.verify_offsets[rows]
@@ -301,14 +354,14 @@ def test_registry_and_mode() -> None:
 
 
 def test_missing_triton_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = triton_runtime.importlib.import_module
+    real = importlib.import_module
 
     def fake(name: str, *args: Any) -> Any:
         if name.startswith("triton"):
             raise ImportError("No module named 'triton'")
         return real(name, *args)
 
-    monkeypatch.setattr(triton_runtime.importlib, "import_module", fake)
+    monkeypatch.setattr(importlib, "import_module", fake)
     with pytest.raises(PlannerUnavailableError, match="pip install triton"):
         triton_runtime.load_triton()
 
@@ -320,6 +373,7 @@ def test_compiled_mode_without_cuda_is_refused(monkeypatch: pytest.MonkeyPatch) 
         triton_runtime.load_triton()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_interpreter_is_chosen_even_if_triton_was_imported_first(tmp_path: Path) -> None:
     script = (
@@ -333,8 +387,9 @@ def test_interpreter_is_chosen_even_if_triton_was_imported_first(tmp_path: Path)
         "print(TritonPlanner().mode, plan.verify_slot_indices.tolist())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["interpreter", "[4,", "5,", "6]"]
 
@@ -343,8 +398,15 @@ def test_interpreter_is_chosen_even_if_triton_was_imported_first(tmp_path: Path)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_kernels_on_cuda(tmp_path: Path) -> None:
     assert TRITON.mode == "compiled" and triton_runtime.device().type == "cuda"
-    spec = SynthSpec(max_reqs=200, max_seq_len=2048, active_rows=150, history=300,
-                     window=128, expected_pool=True, spare_slots=256)
+    spec = SynthSpec(
+        max_reqs=200,
+        max_seq_len=2048,
+        active_rows=150,
+        history=300,
+        window=128,
+        expected_pool=True,
+        spare_slots=256,
+    )
     dump = load_dump(build_dump(spec, seed=11).save(tmp_path / "gpu.safetensors"))
     for group in dump.groups:
         _check(dump, group)
@@ -362,17 +424,21 @@ def raw_dumps(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, object], str]:
     bs = draw(ints(0, 6))
     slot_hi = draw(ints(1, 12))
     table_dtype = draw(st.sampled_from([np.int32, np.int64]))
-    table = np.array(draw(st.lists(ints(-3, slot_hi), min_size=max_reqs * msl,
-                                   max_size=max_reqs * msl)), dtype=table_dtype)
+    table = np.array(
+        draw(st.lists(ints(-3, slot_hi), min_size=max_reqs * msl, max_size=max_reqs * msl)),
+        dtype=table_dtype,
+    )
     in_range = ints(0, max_reqs - 1)
     row = in_range | in_range | ints(-2, max_reqs + 1) | st.sampled_from([2**40, -(2**40)])
     tensors: dict[str, Any] = {
         "req_to_token": table.reshape(max_reqs, msl),
         "req_pool_indices": np.array(draw(st.lists(row, min_size=bs, max_size=bs)), np.int64),
-        "prefix_lens": np.array(draw(st.lists(ints(-2, msl + 4), min_size=bs, max_size=bs)),
-                                np.int64),
-        "extend_seq_lens": np.array(draw(st.lists(ints(-1, 3), min_size=bs, max_size=bs)),
-                                    np.int64),
+        "prefix_lens": np.array(
+            draw(st.lists(ints(-2, msl + 4), min_size=bs, max_size=bs)), np.int64
+        ),
+        "extend_seq_lens": np.array(
+            draw(st.lists(ints(-1, 3), min_size=bs, max_size=bs)), np.int64
+        ),
     }
     metadata: dict[str, object] = {}
     group = "full"
@@ -386,11 +452,18 @@ def raw_dumps(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, object], str]:
         rows, cols = draw(ints(1, 5)), draw(ints(1, 7) | st.just(max(msl, 1)))
         pool_dtype = draw(st.sampled_from([np.int32, np.int64]))
         tensors["req_to_verify_expected_tokens"] = np.array(
-            draw(st.lists(ints(-5, 50), min_size=rows * cols, max_size=rows * cols)),
-            pool_dtype).reshape(rows, cols)
+            draw(st.lists(ints(-5, 50), min_size=rows * cols, max_size=rows * cols)), pool_dtype
+        ).reshape(rows, cols)
         tensors["req_to_verify_expected_tokens_valid_lens"] = np.array(
-            draw(st.lists(ints(-1, 9) | st.sampled_from([cols - 1, cols, cols + 1]),
-                          min_size=bs, max_size=bs)), np.int64)
+            draw(
+                st.lists(
+                    ints(-1, 9) | st.sampled_from([cols - 1, cols, cols + 1]),
+                    min_size=bs,
+                    max_size=bs,
+                )
+            ),
+            np.int64,
+        )
         metadata["kv_token_id_vs_position_offset"] = draw(st.sampled_from([0, 1, -1]))
     if not draw(ints(0, 2)):
         metadata["verify_capacity"] = draw(ints(0, 25))
@@ -399,10 +472,12 @@ def raw_dumps(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, object], str]:
     return tensors, metadata, group
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw_dumps())
-def test_matches_torch_gpu_on_random_dumps(case: tuple[dict[str, Any], dict[str, object],
-                                                       str]) -> None:
+def test_matches_torch_gpu_on_random_dumps(
+    case: tuple[dict[str, Any], dict[str, object], str],
+) -> None:
     tensors, metadata, group = case
     with tempfile.TemporaryDirectory() as tmp:
         dump = _write(Path(tmp) / "r.safetensors", metadata, **tensors)
@@ -412,26 +487,32 @@ def test_matches_torch_gpu_on_random_dumps(case: tuple[dict[str, Any], dict[str,
 @st.composite
 def synth_dumps(draw: st.DrawFn) -> tuple[SynthSpec, int, dict[str, int]]:
     spec = SynthSpec(
-        max_reqs=draw(st.integers(3, 10)), max_seq_len=draw(st.integers(8, 40)),
-        page_size=draw(st.sampled_from([1, 1, 4])), active_rows=draw(st.integers(0, 2)),
-        padding_rows=draw(st.integers(0, 2)), history=draw(st.integers(0, 6)),
+        max_reqs=draw(st.integers(3, 10)),
+        max_seq_len=draw(st.integers(8, 40)),
+        page_size=draw(st.sampled_from([1, 1, 4])),
+        active_rows=draw(st.integers(0, 2)),
+        padding_rows=draw(st.integers(0, 2)),
+        history=draw(st.integers(0, 6)),
         mode=draw(st.sampled_from(["decode", "extend", "mixed"])),
-        window=draw(st.sampled_from([0, 3, 16])), expected_pool=draw(st.booleans()),
-        token_offset=draw(st.sampled_from([0, 1])), free_lists=False, write_tensors=False,
+        window=draw(st.sampled_from([0, 3, 16])),
+        expected_pool=draw(st.booleans()),
+        token_offset=draw(st.sampled_from([0, 1])),
+        free_lists=False,
+        write_tensors=False,
         verify_capacity=draw(st.none() | st.integers(0, 60)),
     )
     corrupt = draw(st.sampled_from(["none", "row", "prefix", "slot", "lut", "dup"]))
     return spec, draw(st.integers(0, 2**16)), {corrupt: draw(st.integers(0, 1000))}
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(synth_dumps())
-def test_matches_torch_gpu_on_synthetic_states(case: tuple[SynthSpec, int, dict[str, int]]
-                                              ) -> None:
+def test_matches_torch_gpu_on_synthetic_states(case: tuple[SynthSpec, int, dict[str, int]]) -> None:
     spec, seed, corruption = case
     state = build_dump(spec, seed)
     t = state.tensors
-    (kind, k), = corruption.items()
+    ((kind, k),) = corruption.items()
     bs = int(t["req_pool_indices"].shape[0])
     if bs and kind == "row":
         t["req_pool_indices"][k % bs] = (-1, spec.max_reqs, spec.max_reqs + 3)[k % 3]

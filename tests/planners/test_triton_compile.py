@@ -68,8 +68,9 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_kernels_compile_for_sm90() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     if done.stdout.startswith("SKIP:"):
         pytest.skip(f"triton cannot target sm_90 here: {done.stdout.strip()}")

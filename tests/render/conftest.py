@@ -36,18 +36,33 @@ IDENTITY = {
 LUT_FINDINGS = 12
 
 
-def slot_provenance(slot: int, *, pool_row: int = 8, position: int = 4, space: str = "full",
-                    shared_with: int | None = 3, extra: int = 0) -> SlotProvenance:
+def slot_provenance(
+    slot: int,
+    *,
+    pool_row: int = 8,
+    position: int = 4,
+    space: str = "full",
+    shared_with: int | None = 3,
+    extra: int = 0,
+) -> SlotProvenance:
     cells = [Cell(pool_row=pool_row, position=position, batch_rows=(1,), role="verify")]
     if shared_with is not None:
-        cells.append(Cell(pool_row=shared_with, position=position, batch_rows=(0,),
-                          role="verify", shared=True))
-    cells.append(Cell(pool_row=11, position=position + 1, batch_rows=(), role="idle-row",
-                      seed=False))
+        cells.append(
+            Cell(
+                pool_row=shared_with, position=position, batch_rows=(0,), role="verify", shared=True
+            )
+        )
+    cells.append(
+        Cell(pool_row=11, position=position + 1, batch_rows=(), role="idle-row", seed=False)
+    )
     return SlotProvenance(
-        slot=slot, space=space, cells=tuple(cells), cells_total=len(cells) + extra,
+        slot=slot,
+        space=space,
+        cells=tuple(cells),
+        cells_total=len(cells) + extra,
         swa_slot=None if space == "swa" else 40 + slot % 7,
-        translation_note=None, allocator="in use",
+        translation_note=None,
+        allocator="in use",
     )
 
 
@@ -56,83 +71,164 @@ def _lut_findings() -> list[Finding]:
     for i in range(LUT_FINDINGS):
         slot = 900 + i
         prov = SlotProvenance(
-            slot=slot, space="full",
+            slot=slot,
+            space="full",
             cells=(Cell(pool_row=5, position=10 + i, batch_rows=(2,), role="verify", seed=i == 0),),
-            cells_total=1, swa_slot=None,
+            cells_total=1,
+            swa_slot=None,
             translation_note="slot >= lut_len (512): the GPU clamps to LUT[511] = -1",
         )
-        found.append(Finding(
-            code=FindingCode.LUT_OUT_OF_RANGE, group="swa", slot=slot, batch_row=2, pool_row=5,
-            position=10 + i, role="verify",
-            message=f"verify slot {slot} >= lut_len 512: REF raises, GPU reads LUT[511]",
-            details={"lut_len": 512, "gpu_value": -1, "cells": (5, 10 + i)},
-            provenance=prov))
+        found.append(
+            Finding(
+                code=FindingCode.LUT_OUT_OF_RANGE,
+                group="swa",
+                slot=slot,
+                batch_row=2,
+                pool_row=5,
+                position=10 + i,
+                role="verify",
+                message=f"verify slot {slot} >= lut_len 512: REF raises, GPU reads LUT[511]",
+                details={"lut_len": 512, "gpu_value": -1, "cells": (5, 10 + i)},
+                provenance=prov,
+            )
+        )
     return found
 
 
 def main_findings() -> list[Finding]:
     """Findings of several codes, groups and severities, in a scrambled order."""
     dup_prov = SlotProvenance(
-        slot=77, space="full",
-        cells=(Cell(pool_row=8, position=4, batch_rows=(1,), role="verify"),
-               Cell(pool_row=8, position=9, batch_rows=(1,), role="pending-write"),
-               Cell(pool_row=3, position=4, batch_rows=(0,), role="verify", shared=True)),
-        cells_total=5, swa_slot=12, allocator="free",
-        canary=(CanaryRecord(buffer="canary.full.head.k", token=151643, position=4,
-                             prev_hash=123456789, real_kv_hash=987654321),),
+        slot=77,
+        space="full",
+        cells=(
+            Cell(pool_row=8, position=4, batch_rows=(1,), role="verify"),
+            Cell(pool_row=8, position=9, batch_rows=(1,), role="pending-write"),
+            Cell(pool_row=3, position=4, batch_rows=(0,), role="verify", shared=True),
+        ),
+        cells_total=5,
+        swa_slot=12,
+        allocator="free",
+        canary=(
+            CanaryRecord(
+                buffer="canary.full.head.k",
+                token=151643,
+                position=4,
+                prev_hash=123456789,
+                real_kv_hash=987654321,
+            ),
+        ),
         violations=(ViolationRow(index=0, fields=(77, 4, 1, 0)),),
     )
     swa_prov = SlotProvenance(
-        slot=12, space="swa",
+        slot=12,
+        space="swa",
         cells=(Cell(pool_row=8, position=4, batch_rows=(1,), role="verify"),),
-        cells_total=1, mapped_from=(77, 78), allocator=None,
+        cells_total=1,
+        mapped_from=(77, 78),
+        allocator=None,
     )
     found = [
         *_lut_findings(),
-        Finding(code=FindingCode.DUPLICATE_SLOT_IN_ROW, group="full", slot=77, batch_row=1,
-                pool_row=8, position=4, role="verify",
-                message="slot 77 is at positions 4 and 9 of pool row 8 | both live <here>",
-                details={"positions": [4, 9]}, provenance=dup_prov),
-        Finding(code=FindingCode.SWA_SLOT_COLLISION, group="swa", slot=12, space="swa",
-                batch_row=1, pool_row=8, position=4, role="verify",
-                message="[bold]full slots 77 and 78[/bold] map to swa slot 12",
-                details={"full_slot": 78}, provenance=swa_prov),
-        Finding(code=FindingCode.ROW_OUT_OF_RANGE, group="full", batch_row=6, pool_row=4096,
-                message="req_pool_indices[6] = 4096 is outside [0, 4096)",
-                details={"max_reqs": 4096}),
-        Finding(code=FindingCode.NEGATIVE_LENGTH, group="full", batch_row=5, pool_row=9,
-                message="extend_seq_lens[5] = -1 is negative (treated as 0)",
-                details={"tensor": "extend_seq_lens", "value": -1}),
-        Finding(code=FindingCode.VERIFY_CAPACITY_OVERFLOW, group="swa",
-                message="requested 700 verify entries > capacity 512",
-                details={"requested": 700, "capacity": 512}),
-        Finding(code=FindingCode.VERIFY_CAPACITY_OVERFLOW, group="full",
-                message="requested 900 verify entries > capacity 512",
-                details={"requested": 900, "capacity": 512}),
+        Finding(
+            code=FindingCode.DUPLICATE_SLOT_IN_ROW,
+            group="full",
+            slot=77,
+            batch_row=1,
+            pool_row=8,
+            position=4,
+            role="verify",
+            message="slot 77 is at positions 4 and 9 of pool row 8 | both live <here>",
+            details={"positions": [4, 9]},
+            provenance=dup_prov,
+        ),
+        Finding(
+            code=FindingCode.SWA_SLOT_COLLISION,
+            group="swa",
+            slot=12,
+            space="swa",
+            batch_row=1,
+            pool_row=8,
+            position=4,
+            role="verify",
+            message="[bold]full slots 77 and 78[/bold] map to swa slot 12",
+            details={"full_slot": 78},
+            provenance=swa_prov,
+        ),
+        Finding(
+            code=FindingCode.ROW_OUT_OF_RANGE,
+            group="full",
+            batch_row=6,
+            pool_row=4096,
+            message="req_pool_indices[6] = 4096 is outside [0, 4096)",
+            details={"max_reqs": 4096},
+        ),
+        Finding(
+            code=FindingCode.NEGATIVE_LENGTH,
+            group="full",
+            batch_row=5,
+            pool_row=9,
+            message="extend_seq_lens[5] = -1 is negative (treated as 0)",
+            details={"tensor": "extend_seq_lens", "value": -1},
+        ),
+        Finding(
+            code=FindingCode.VERIFY_CAPACITY_OVERFLOW,
+            group="swa",
+            message="requested 700 verify entries > capacity 512",
+            details={"requested": 700, "capacity": 512},
+        ),
+        Finding(
+            code=FindingCode.VERIFY_CAPACITY_OVERFLOW,
+            group="full",
+            message="requested 900 verify entries > capacity 512",
+            details={"requested": 900, "capacity": 512},
+        ),
     ]
     random.Random(7).shuffle(found)
     return found
 
 
 GROUPS = (
-    GroupSummary(group="full", window=0, total_verify=900, verify_capacity=512, enable=0,
-                 kernel="triton (interpreter)"),
-    GroupSummary(group="swa", window=128, total_verify=700, verify_capacity=512, enable=0,
-                 kernel="triton (interpreter)",
-                 explained_differences={"lut-out-of-range": 17, "kernel-divergence": 1},
-                 unexplained_differences=2, kernel_launch_error=None),
+    GroupSummary(
+        group="full",
+        window=0,
+        total_verify=900,
+        verify_capacity=512,
+        enable=0,
+        kernel="triton (interpreter)",
+    ),
+    GroupSummary(
+        group="swa",
+        window=128,
+        total_verify=700,
+        verify_capacity=512,
+        enable=0,
+        kernel="triton (interpreter)",
+        explained_differences={"lut-out-of-range": 17, "kernel-divergence": 1},
+        unexplained_differences=2,
+        kernel_launch_error=None,
+    ),
 )
 
 
 def make_dump(path: str, findings: list[Finding], notes: tuple[str, ...] = ()) -> DumpReport:
-    return DumpReport(path=path, identity=dict(IDENTITY), bs=8, groups=GROUPS,
-                      findings=tuple(findings), kernel_mode="interpreter", notes=notes)
+    return DumpReport(
+        path=path,
+        identity=dict(IDENTITY),
+        bs=8,
+        groups=GROUPS,
+        findings=tuple(findings),
+        kernel_mode="interpreter",
+        notes=notes,
+    )
 
 
 @pytest.fixture
 def findings_dump() -> DumpReport:
-    return make_dump("dumps/step1207|rank0.safetensors", main_findings(),
-                     notes=("no out_cache_loc: write-to-live-slot not checked",))
+    return make_dump(
+        "dumps/step1207|rank0.safetensors",
+        main_findings(),
+        notes=("no out_cache_loc: write-to-live-slot not checked",),
+    )
 
 
 @pytest.fixture
@@ -142,14 +238,21 @@ def clean_dump() -> DumpReport:
 
 @pytest.fixture
 def warning_dump() -> DumpReport:
-    return make_dump("dumps/warn.safetensors", [
-        f for f in main_findings() if f.severity is Severity.WARNING])
+    return make_dump(
+        "dumps/warn.safetensors", [f for f in main_findings() if f.severity is Severity.WARNING]
+    )
 
 
 @pytest.fixture
 def bad_dump() -> DumpReport:
-    return DumpReport(path="dumps/broken.safetensors", identity={}, bs=0, groups=(),
-                      findings=(), error="missing tensor `req_to_token` (needed by every plan)")
+    return DumpReport(
+        path="dumps/broken.safetensors",
+        identity={},
+        bs=0,
+        groups=(),
+        findings=(),
+        error="missing tensor `req_to_token` (needed by every plan)",
+    )
 
 
 @pytest.fixture
@@ -163,8 +266,12 @@ def clean_report(clean_dump: DumpReport) -> CheckReport:
 
 
 @pytest.fixture
-def multi_report(findings_dump: DumpReport, clean_dump: DumpReport, warning_dump: DumpReport,
-                 bad_dump: DumpReport) -> CheckReport:
+def multi_report(
+    findings_dump: DumpReport,
+    clean_dump: DumpReport,
+    warning_dump: DumpReport,
+    bad_dump: DumpReport,
+) -> CheckReport:
     return CheckReport(dumps=(findings_dump, clean_dump, warning_dump, bad_dump))
 
 
@@ -180,32 +287,71 @@ def any_report(request: pytest.FixtureRequest) -> CheckReport:
 def slot_report() -> ProvenanceReport:
     findings = [f for f in main_findings() if f.slot == 77]
     prov = findings[0].provenance
-    return ProvenanceReport(path="dumps/step1207|rank0.safetensors", identity=dict(IDENTITY),
-                            slot=prov, findings=tuple(findings))
+    return ProvenanceReport(
+        path="dumps/step1207|rank0.safetensors",
+        identity=dict(IDENTITY),
+        slot=prov,
+        findings=tuple(findings),
+    )
 
 
 @pytest.fixture
 def row_report() -> ProvenanceReport:
     cells = tuple(
-        RowCell(position=p, slot=0 if p == 2 else 100 + p,
-                role="prefix" if p < 3 else "verify" if p < 6 else "pending-write"
-                if p < 8 else "stale-tail",
-                seed=p == 5, swa_slot=None if p >= 8 else 10 + p,
-                marks=("padding-slot-in-live-range",) if p == 2 else
-                ("swa-unmapped-in-window", "duplicate-slot-in-row") if p == 4 else ())
+        RowCell(
+            position=p,
+            slot=0 if p == 2 else 100 + p,
+            role="prefix"
+            if p < 3
+            else "verify"
+            if p < 6
+            else "pending-write"
+            if p < 8
+            else "stale-tail",
+            seed=p == 5,
+            swa_slot=None if p >= 8 else 10 + p,
+            marks=("padding-slot-in-live-range",)
+            if p == 2
+            else ("swa-unmapped-in-window", "duplicate-slot-in-row")
+            if p == 4
+            else (),
+        )
         for p in range(10)
     )
-    row = RowMap(pool_row=8, batch_rows=(1,), prefix_len=6, extend_len=2, window_start=3,
-                 group="swa", cells=cells, filled=9, max_seq_len=4096)
-    findings = (
-        Finding(code=FindingCode.PADDING_SLOT_IN_LIVE_RANGE, group="full", slot=0, batch_row=1,
-                pool_row=8, position=2, role="prefix",
-                message="live prefix position 2 of pool row 8 holds slot 0"),
-        Finding(code=FindingCode.SWA_UNMAPPED_IN_WINDOW, group="swa", slot=104, batch_row=1,
-                pool_row=8, position=4, role="verify", message="LUT[104] == 0 in the window"),
+    row = RowMap(
+        pool_row=8,
+        batch_rows=(1,),
+        prefix_len=6,
+        extend_len=2,
+        window_start=3,
+        group="swa",
+        cells=cells,
+        filled=9,
+        max_seq_len=4096,
     )
-    return ProvenanceReport(path="dumps/row.safetensors", identity={}, row=row,
-                            findings=findings)
+    findings = (
+        Finding(
+            code=FindingCode.PADDING_SLOT_IN_LIVE_RANGE,
+            group="full",
+            slot=0,
+            batch_row=1,
+            pool_row=8,
+            position=2,
+            role="prefix",
+            message="live prefix position 2 of pool row 8 holds slot 0",
+        ),
+        Finding(
+            code=FindingCode.SWA_UNMAPPED_IN_WINDOW,
+            group="swa",
+            slot=104,
+            batch_row=1,
+            pool_row=8,
+            position=4,
+            role="verify",
+            message="LUT[104] == 0 in the window",
+        ),
+    )
+    return ProvenanceReport(path="dumps/row.safetensors", identity={}, row=row, findings=findings)
 
 
 @pytest.fixture(params=["slot", "row"])

@@ -36,12 +36,19 @@ JSON_VALUE = object()  # any JSON value
 
 CODES = OneOf(frozenset(c.value for c in FindingCode))
 SEVERITIES = OneOf(frozenset(s.value for s in Severity))
-ROLES = OneOf(frozenset({"verify", "prefix", "chain-prev", "seed", "pending-write",
-                         "stale-tail", "idle-row"}))
+ROLES = OneOf(
+    frozenset({"verify", "prefix", "chain-prev", "seed", "pending-write", "stale-tail", "idle-row"})
+)
 SPACES = OneOf(frozenset({"full", "swa"}))
 
-CELL = {"pool_row": int, "position": int, "batch_rows": ListOf(int), "role": ROLES,
-        "seed": bool, "shared": bool}
+CELL = {
+    "pool_row": int,
+    "position": int,
+    "batch_rows": ListOf(int),
+    "role": ROLES,
+    "seed": bool,
+    "shared": bool,
+}
 PROVENANCE = {
     "slot": int,
     "space": SPACES,
@@ -51,8 +58,9 @@ PROVENANCE = {
     "translation_note": Nullable(str),
     "mapped_from": ListOf(int),
     "allocator": Nullable(OneOf(frozenset({"free", "in use"}))),
-    "canary": ListOf({"buffer": str, "token": int, "position": int, "prev_hash": int,
-                      "real_kv_hash": int}),
+    "canary": ListOf(
+        {"buffer": str, "token": int, "position": int, "prev_hash": int, "real_kv_hash": int}
+    ),
     "violations": ListOf({"index": int, "fields": ListOf(int)}),
 }
 FINDING = {
@@ -118,8 +126,16 @@ ROW = {
     "group": str,
     "filled": int,
     "max_seq_len": int,
-    "cells": ListOf({"position": int, "slot": int, "role": ROLES, "seed": bool,
-                     "swa_slot": Nullable(int), "marks": ListOf(CODES)}),
+    "cells": ListOf(
+        {
+            "position": int,
+            "slot": int,
+            "role": ROLES,
+            "seed": bool,
+            "swa_slot": Nullable(int),
+            "marks": ListOf(CODES),
+        }
+    ),
 }
 PROVENANCE_REPORT = {
     "schema": OneOf(frozenset({"kvcanary.provenance/1"})),
@@ -159,15 +175,17 @@ def validate(value: Any, spec: Any, path: str = "$") -> list[str]:
         if not isinstance(value, dict):
             return [f"{path}: expected an object, got {type(value).__name__}"]
         errors = [f"{path}: non-string key {k!r}" for k in value if not isinstance(k, str)]
-        return errors + [e for k, v in value.items() for e in validate(v, spec.value,
-                                                                        f"{path}.{k}")]
+        return errors + [
+            e for k, v in value.items() for e in validate(v, spec.value, f"{path}.{k}")
+        ]
     if isinstance(spec, dict):
         if not isinstance(value, dict):
             return [f"{path}: expected an object, got {type(value).__name__}"]
         errors = [f"{path}: missing key {k!r}" for k in spec if k not in value]
         errors += [f"{path}: unexpected key {k!r}" for k in value if k not in spec]
-        return errors + [e for k in spec if k in value
-                         for e in validate(value[k], spec[k], f"{path}.{k}")]
+        return errors + [
+            e for k in spec if k in value for e in validate(value[k], spec[k], f"{path}.{k}")
+        ]
     if spec is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:

@@ -28,8 +28,9 @@ def test_every_format_renders_a_check(fmt: OutputFormat, any_report: CheckReport
 
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
-def test_every_format_renders_a_provenance(fmt: OutputFormat,
-                                           any_provenance: ProvenanceReport) -> None:
+def test_every_format_renders_a_provenance(
+    fmt: OutputFormat, any_provenance: ProvenanceReport
+) -> None:
     out = render_provenance(any_provenance, fmt)
     assert isinstance(out, ConsoleRenderable if fmt is OutputFormat.TABLE else str)
 
@@ -72,4 +73,5 @@ def test_render_imports_only_the_model() -> None:
             for name in names:
                 if name.startswith("kvcanary_cli"):
                     assert name in allowed or name.startswith("kvcanary_cli.render"), (
-                        f"{path.name} imports {name}")
+                        f"{path.name} imports {name}"
+                    )

@@ -41,8 +41,9 @@ def test_summary_agrees_with_json(any_report: CheckReport) -> None:
     assert codes == set(record["summary"]["counts"])
 
 
-def test_title_and_verdict(multi_report: CheckReport, clean_report: CheckReport,
-                           single_report: CheckReport) -> None:
+def test_title_and_verdict(
+    multi_report: CheckReport, clean_report: CheckReport, single_report: CheckReport
+) -> None:
     assert check_markdown(to_record(multi_report)).startswith("## kvcanary check: bad input\n")
     assert check_markdown(to_record(clean_report)).startswith("## kvcanary check: clean\n")
     assert check_markdown(to_record(single_report)).startswith("## kvcanary check: findings\n")
@@ -74,8 +75,16 @@ def test_code_tables_and_escaping(single_report: CheckReport) -> None:
         assert all(len(row) == len(header) for row in rows), header
     lut = [t for t in tables(markdown) if t[0].startswith("#### `lut-out-of-range`")]
     [(_, header, rows)] = lut
-    assert header == ["group", "slot", "space", "batch row", "pool row", "position", "role",
-                      "message"]
+    assert header == [
+        "group",
+        "slot",
+        "space",
+        "batch row",
+        "pool row",
+        "position",
+        "role",
+        "message",
+    ]
     assert [r[1] for r in rows] == [str(900 + i) for i in range(10)]
     assert "… and 2 more" in markdown
     dup = [t for t in tables(markdown) if t[0].startswith("#### `duplicate-slot-in-row`")]
@@ -86,10 +95,12 @@ def test_code_tables_and_escaping(single_report: CheckReport) -> None:
 
 def test_provenance_details_block(single_report: CheckReport) -> None:
     markdown = check_markdown(to_record(single_report))
-    block = markdown[markdown.index("<details><summary><code>duplicate-slot-in-row"):]
+    block = markdown[markdown.index("<details><summary><code>duplicate-slot-in-row") :]
     block = block[: block.index("</details>")]
-    assert "<summary><code>duplicate-slot-in-row</code> full slot 77, batch row 1, pool row 8, " \
-           "position 4, verify (5 cells)</summary>\n\n" in block
+    assert (
+        "<summary><code>duplicate-slot-in-row</code> full slot 77, batch row 1, pool row 8, "
+        "position 4, verify (5 cells)</summary>\n\n" in block
+    )
     [(_, header, rows)] = [t for t in tables(block) if t[1][0] == "pool row"]
     assert header == ["pool row", "position", "batch rows", "role", "seed", "shared"]
     assert rows[2] == ["3", "4", "0", "verify", "", "yes"]
@@ -104,15 +115,22 @@ def test_identity_and_groups(single_report: CheckReport) -> None:
     # outside tables a pipe needs no escape (a backslash would show inside a code span)
     assert "\n### `dumps/step1207|rank0.safetensors`: errors\n" in markdown
     [(_, _, identity)] = [t for t in tables(markdown) if t[1] == ["identity", "value"]]
-    assert identity[:6] == [["sglang.version", "0.5.1"], ["sglang.commit", "abc1234"],
-                            ["model", "Qwen/Qwen3-8B"], ["rank", "0"], ["step", "1207"],
-                            ["forward_mode", "target_verify"]]
+    assert identity[:6] == [
+        ["sglang.version", "0.5.1"],
+        ["sglang.commit", "abc1234"],
+        ["model", "Qwen/Qwen3-8B"],
+        ["rank", "0"],
+        ["step", "1207"],
+        ["forward_mode", "target_verify"],
+    ]
     assert ["note|with pipe", "x|y"] in identity
-    [(_, header, groups)] = [t for t in tables(markdown) if t[1][0] == "group"
-                             and "explained differences" in t[1]]
+    [(_, header, groups)] = [
+        t for t in tables(markdown) if t[1][0] == "group" and "explained differences" in t[1]
+    ]
     swa = groups[1]
     assert swa[header.index("explained differences")] == (
-        "kernel clamped 17 entries (lut-out-of-range), 1 entry differs (kernel-divergence)")
+        "kernel clamped 17 entries (lut-out-of-range), 1 entry differs (kernel-divergence)"
+    )
     assert swa[header.index("unexplained")] == "2"
 
 
@@ -145,6 +163,5 @@ def test_provenance_markdown_row(row_report: ProvenanceReport) -> None:
     assert header == ["position", "slot", "role", "swa slot", "marks"]
     assert len(rows) == 10
     assert rows[2][4] == "padding-slot-in-live-range"
-    assert re.findall(r"[a-z-]+", rows[4][4]) == ["swa-unmapped-in-window",
-                                                  "duplicate-slot-in-row"]
+    assert re.findall(r"[a-z-]+", rows[4][4]) == ["swa-unmapped-in-window", "duplicate-slot-in-row"]
     assert rows[5][2] == "verify (seed)"

@@ -41,11 +41,33 @@ def test_finding_fields_are_copied(single_report: CheckReport) -> None:
     findings = single_report.dumps[0].findings
     records = to_record(single_report)["dumps"][0]["findings"]
     expected = sorted(
-        (f.code.value, f.group, f.slot, f.space, f.batch_row, f.pool_row, f.position, f.role,
-         f.message) for f in findings)
+        (
+            f.code.value,
+            f.group,
+            f.slot,
+            f.space,
+            f.batch_row,
+            f.pool_row,
+            f.position,
+            f.role,
+            f.message,
+        )
+        for f in findings
+    )
     got = sorted(
-        (r["code"], r["group"], r["slot"], r["space"], r["batch_row"], r["pool_row"],
-         r["position"], r["role"], r["message"]) for r in records)
+        (
+            r["code"],
+            r["group"],
+            r["slot"],
+            r["space"],
+            r["batch_row"],
+            r["pool_row"],
+            r["position"],
+            r["role"],
+            r["message"],
+        )
+        for r in records
+    )
     assert got == expected
     lut = next(r for r in records if r["code"] == "lut-out-of-range")
     assert lut["details"]["cells"] == [5, lut["position"]]  # tuples become lists
@@ -65,15 +87,23 @@ def _none_last(v: int | None) -> tuple[bool, int]:
 def test_findings_order(multi_report: CheckReport) -> None:
     for rec in to_record(multi_report)["dumps"]:
         keys = [
-            (-Severity(f["severity"]).rank, CODE_INDEX[f["code"]], f["group"],
-             _none_last(f["batch_row"]), _none_last(f["position"]), _none_last(f["slot"]))
+            (
+                -Severity(f["severity"]).rank,
+                CODE_INDEX[f["code"]],
+                f["group"],
+                _none_last(f["batch_row"]),
+                _none_last(f["position"]),
+                _none_last(f["slot"]),
+            )
             for f in rec["findings"]
         ]
         assert keys == sorted(keys)
         severities = [f["severity"] for f in rec["findings"]]
         assert severities == sorted(severities, key=lambda s: -Severity(s).rank)
-        count_keys = [(-Severity(c["severity"]).rank, CODE_INDEX[c["code"]], c["group"])
-                      for c in rec["counts"]]
+        count_keys = [
+            (-Severity(c["severity"]).rank, CODE_INDEX[c["code"]], c["group"])
+            for c in rec["counts"]
+        ]
         assert count_keys == sorted(count_keys)
         assert len(set(count_keys)) == len(count_keys)
 
@@ -89,8 +119,16 @@ def test_order_does_not_depend_on_input_order(single_report: CheckReport) -> Non
 
 
 def test_none_sorts_last() -> None:
-    base = Finding(code=FindingCode.NEGATIVE_SLOT, group="full", batch_row=1, position=3,
-                   slot=5, pool_row=2, role="verify", message="m")
+    base = Finding(
+        code=FindingCode.NEGATIVE_SLOT,
+        group="full",
+        batch_row=1,
+        position=3,
+        slot=5,
+        pool_row=2,
+        role="verify",
+        message="m",
+    )
     assert base.order_key() < replace(base, batch_row=None).order_key()
     assert base.order_key() < replace(base, position=None).order_key()
     assert base.order_key() < replace(base, slot=None).order_key()
@@ -109,8 +147,9 @@ def test_verdicts(multi_report: CheckReport) -> None:
     assert warn["fail_on"] == "warning"
 
 
-def test_top_level_verdicts(single_report: CheckReport, clean_report: CheckReport,
-                            warning_dump: DumpReport) -> None:
+def test_top_level_verdicts(
+    single_report: CheckReport, clean_report: CheckReport, warning_dump: DumpReport
+) -> None:
     assert to_record(single_report)["verdict"] == "findings"
     assert to_record(clean_report)["verdict"] == "clean"
     only_warnings = CheckReport(dumps=(warning_dump,))
@@ -129,10 +168,15 @@ def test_max_findings_caps_the_list_not_the_counts(single_report: CheckReport) -
 
 
 def test_details_are_made_json_safe() -> None:
-    finding = Finding(code=FindingCode.NEGATIVE_SLOT, group="full", message="m",
-                      details={"t": (1, 2), "nested": {"b": (3,), "a": None}, "odd": {1, 2}})
-    report = CheckReport(dumps=(DumpReport(path="p", identity={}, bs=1, groups=(),
-                                           findings=(finding,)),))
+    finding = Finding(
+        code=FindingCode.NEGATIVE_SLOT,
+        group="full",
+        message="m",
+        details={"t": (1, 2), "nested": {"b": (3,), "a": None}, "odd": {1, 2}},
+    )
+    report = CheckReport(
+        dumps=(DumpReport(path="p", identity={}, bs=1, groups=(), findings=(finding,)),)
+    )
     details = to_record(report)["dumps"][0]["findings"][0]["details"]
     assert details["t"] == [1, 2] and details["nested"] == {"a": None, "b": [3]}
     assert isinstance(details["odd"], str)

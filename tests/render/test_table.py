@@ -49,22 +49,27 @@ def test_check_table_caps_rows_per_code(single_report: CheckReport) -> None:
 
 def test_check_table_details(single_report: CheckReport) -> None:
     text = plain(check_table(single_report))
-    assert "ERRORS: dumps/step1207|rank0.safetensors  (15 errors, 3 warnings; fails " \
-           "--fail-on error)" in text
+    assert (
+        "ERRORS: dumps/step1207|rank0.safetensors  (15 errors, 3 warnings; fails "
+        "--fail-on error)" in text
+    )
     assert "sglang 0.5.1 @ abc1234 · model Qwen/Qwen3-8B · rank 0 · step 1207" in text
     assert "kernel clamped 17 entries" in text and "2 unexplained" in text
     # provenance condensed into the cells column (wide enough not to wrap)
     wide = plain(check_table(single_report), 300)
-    assert "(row 8, pos 4) verify; (row 8, pos 9) pending-write; (row 3, pos 4) verify " \
-           "shared; +2 more" in wide
+    assert (
+        "(row 8, pos 4) verify; (row 8, pos 9) pending-write; (row 3, pos 4) verify "
+        "shared; +2 more" in wide
+    )
     assert "(row 5, pos 10) verify seed" in wide
     # messages are text, never markup
     assert "[bold]full slots 77 and 78[/bold]" in text
     assert "note: no out_cache_loc" in text
 
 
-def test_multi_dump_summary_only_with_two_dumps(multi_report: CheckReport,
-                                                single_report: CheckReport) -> None:
+def test_multi_dump_summary_only_with_two_dumps(
+    multi_report: CheckReport, single_report: CheckReport
+) -> None:
     text = plain(check_table(multi_report))
     assert re.search(r"^summary", text, re.M)
     assert "1 of 4 dumps fail at --fail-on error; 1 unreadable" in text
@@ -104,14 +109,14 @@ def test_row_provenance_table(row_report: ProvenanceReport, width: int) -> None:
     assert "swa-unmapped-in-window, duplicate-slot-in-row" in marked[1]
 
 
-def test_table_never_prints(single_report: CheckReport,
-                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_never_prints(single_report: CheckReport, capsys: pytest.CaptureFixture[str]) -> None:
     check_table(single_report)
     assert capsys.readouterr() == ("", "")
 
 
-def test_piped_output_has_no_colour(single_report: CheckReport,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_piped_output_has_no_colour(
+    single_report: CheckReport, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kvcanary_cli.render import make_console
 
     for no_color in (None, "1"):
