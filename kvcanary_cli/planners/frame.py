@@ -203,6 +203,8 @@ def assemble_plan(
     kernel_totals: tuple[int, int, int] | None = None,
     verify_offsets: torch.Tensor | None = None,
     write_offsets: torch.Tensor | None = None,
+    write_num_valid_reqs: int | None = None,
+    launch_error: str | None = None,
 ) -> Plan:
     """The one place a `Plan` is built.
 
@@ -231,8 +233,9 @@ def assemble_plan(
         write_offsets=frame.write_offsets if write_offsets is None else write_offsets,
         write_seed_slot_indices=seeds,
         seed_undefined=seed_undefined,
-        write_num_valid_reqs=frame.bs,
+        write_num_valid_reqs=frame.bs if write_num_valid_reqs is None else write_num_valid_reqs,
         problems=problems,
+        launch_error=launch_error,
     )
 
 
@@ -240,22 +243,17 @@ def failed_plan(frame: GroupFrame, *, backend: str) -> Plan:
     """The plan of a GPU launch that raised before running: no outputs, only the error."""
     assert frame.launch is not None
     empty = torch.zeros(0, dtype=_I64)
-    return Plan(
+    return assemble_plan(
+        frame,
         backend=backend,
         semantics=Semantics.GPU,
-        frame=frame,
-        total_verify=0,
-        verify_num_valid=0,
-        enable=0,
-        verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
-        verify_slot_indices=empty,
-        verify_expected_tokens=empty,
-        verify_expected_positions=empty,
-        verify_prev_slot_indices=empty,
-        verify_undefined=torch.zeros(0, dtype=torch.uint8),
-        write_offsets=empty,
-        write_seed_slot_indices=empty,
+        entries=VerifyEntries.empty(),
+        seeds=empty,
         seed_undefined=torch.zeros(0, dtype=torch.bool),
+        problems=ProblemTable.empty(),
+        kernel_totals=(0, 0, 0),
+        verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
+        write_offsets=empty,
         write_num_valid_reqs=0,
         launch_error=frame.launch.message,
     )
