@@ -31,16 +31,27 @@ import logging
 import operator
 import os
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS, LAUNCHER_OUTPUTS, SCALARS, required_tensors
+from kvcanary_cli.dump.schema import (
+    LAUNCHER_ARGUMENTS,
+    LAUNCHER_OUTPUTS,
+    SCALARS,
+    TENSORS,
+    required_tensors,
+)
 
 __all__ = [
     "DUMP_DIR_ENV",
+    "SGLANG_CANARY_MODULE",
+    "register_model_runner",
+    "server_context",
+    "watch_model_runners",
     "PLAN_ARGUMENTS",
     "SGLANG_PLAN_FUNCTION",
     "SGLANG_PLAN_MODULE",
@@ -56,6 +67,10 @@ DUMP_DIR_ENV = "KVCANARY_DUMP_DIR"
 #: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
 SGLANG_PLAN_MODULE = "sglang.kernels.ops.kv_canary.plan.api"
 SGLANG_PLAN_FUNCTION = "launch_canary_plan_kernels"
+#: Where SGLang sets the canary up with the model runner, which holds the pools and allocators
+#: the launcher's arguments lack (pool sizes, page size, free lists).
+SGLANG_CANARY_MODULE = "sglang.srt.kv_canary.api"
+SGLANG_INSTALL_FUNCTION = "install_canary"
 
 #: The keyword arguments of `launch_canary_plan_kernels` (docs/semantics.md §1.1), in upstream
 #: order; the dump format names its tensors and scalars after them.
@@ -77,12 +92,15 @@ _calls = itertools.count()
 _written = itertools.count()
 #: Most dumps one process writes; `KVCANARY_DUMP_LIMIT` changes it.
 DEFAULT_DUMP_LIMIT = 4
+#: Model runners this process set the canary up for (weakly held: never kept alive by us).
+_RUNNERS: list[weakref.ref[Any]] = []
 
 
 def save_plan_inputs(
     path: str | os.PathLike[str],
     *,
     metadata: Mapping[str, object] | None = None,
+    context: Mapping[str, object] | None = None,
     **kwargs: object,
 ) -> Path:
     """Write the keyword arguments of one `launch_canary_plan_kernels` call as a dump.
@@ -94,7 +112,10 @@ def save_plan_inputs(
     their contents are outputs. Without a LUT the dump plans the full group only; with one,
     `swa_window_size` is recorded and the format's default groups apply. `metadata` adds
     provenance keys (`rank`, `step`, `model`, `note`...); `captured_at` is filled in unless
-    given. Returns the path written.
+    given. `context` adds what the server knew besides the call's arguments, by the format's
+    names (`num_full_slots`, `num_swa_slots`, `page_size`, `free_full_slots`, `free_swa_slots`,
+    `out_cache_loc`, ...): the diagnosis needs them (docs/dump-format.md). Returns the path
+    written.
 
     Raises TypeError for an argument `launch_canary_plan_kernels` does not take, or when
     `req_pool_indices`, `prefix_lens` or `req_to_token` is missing; dump errors (a float
@@ -109,12 +130,19 @@ def save_plan_inputs(
     if missing:
         names = ", ".join(repr(name) for name in missing)
         raise TypeError(f"save_plan_inputs() missing required keyword argument(s): {names}")
+    foreign = sorted(k for k in context or {} if k in PLAN_ARGUMENTS or not _in_format(k))
+    if foreign:
+        raise TypeError(
+            f"save_plan_inputs() context holds names that are not format fields "
+            f"outside the call: {', '.join(map(repr, foreign))}"
+        )
 
     from kvcanary_cli.dump.writer import save_dump  # deferred: keeps `import capture` light
 
     tensors: dict[str, Any] = {
         name: value for name, value in kwargs.items() if name not in LAUNCHER_OUTPUTS
     }
+    tensors.update(context or {})
     for name in _SCALAR_ARGUMENTS:
         if tensors.get(name) is not None:
             tensors[name] = _as_int(tensors[name])
@@ -193,11 +221,48 @@ def install_from_env() -> bool:
     dump_dir = os.environ.get(DUMP_DIR_ENV, "").strip()
     if not dump_dir:
         return False
+    canary = sys.modules.get(SGLANG_CANARY_MODULE)
+    if canary is not None:
+        watch_model_runners(canary)
     loaded = sys.modules.get(SGLANG_PLAN_MODULE)
-    if loaded is not None:
+    if loaded is not None and canary is not None:
         return install_sglang_hook(dump_dir, module=loaded)
     if not any(isinstance(finder, _InstallOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _InstallOnImport(dump_dir))
+    if loaded is not None:
+        return install_sglang_hook(dump_dir, module=loaded)
+    return True
+
+
+def register_model_runner(runner: object) -> None:
+    """Remember (weakly) a model runner, so dumps record its pool sizes and free lists.
+
+    The capture hook does this itself when SGLang sets up the canary (`install_canary`); call
+    it yourself when the hook is installed after that.
+    """
+    _RUNNERS[:] = [ref for ref in _RUNNERS if ref() is not None and ref() is not runner]
+    try:
+        _RUNNERS.append(weakref.ref(runner))
+    except TypeError:  # not weak-referenceable: not a model runner we can use
+        logger.debug("kvcanary: cannot hold a weak reference to %r", type(runner).__name__)
+
+
+def watch_model_runners(module: ModuleType) -> bool:
+    """Wrap `module.install_canary` so that every model runner it sets up is registered."""
+    current = getattr(module, SGLANG_INSTALL_FUNCTION, None)
+    if not callable(current):
+        return False
+    original: Callable[..., Any] = getattr(current, _ORIGINAL_ATTR, current)
+
+    @functools.wraps(original)
+    def install_and_register(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("model_runner") is not None:
+            register_model_runner(kwargs["model_runner"])
+        return original(*args, **kwargs)
+
+    setattr(install_and_register, _ORIGINAL_ATTR, original)
+    setattr(module, SGLANG_INSTALL_FUNCTION, install_and_register)
+    _rebind(current, install_and_register, SGLANG_INSTALL_FUNCTION)
     return True
 
 
@@ -235,7 +300,12 @@ def _dump_failed_call(
             note += f" (arguments not saved: {', '.join(unknown)})"
         inputs = {name: value for name, value in kwargs.items() if name in PLAN_ARGUMENTS}
         path = _free_path(dump_dir / f"kvcanary-rank{rank}-step{step:06d}.safetensors")
-        save_plan_inputs(path, metadata={"rank": rank, "step": step, "note": note}, **inputs)
+        save_plan_inputs(
+            path,
+            metadata={"rank": rank, "step": step, "note": note},
+            context=server_context(kwargs.get("req_to_token")),
+            **inputs,
+        )
     except Exception as dump_exc:
         logger.warning(
             "kvcanary: could not write a dump for the failed %s call (%s: %s)",
@@ -303,25 +373,93 @@ def _capacity(plan: object, field: str) -> int | None:
         return None
 
 
-def _rebind(old: object, new: Callable[..., Any]) -> None:
-    """Point every loaded module's `launch_canary_plan_kernels` that is `old` at `new`."""
+def _rebind(old: object, new: Callable[..., Any], name: str = SGLANG_PLAN_FUNCTION) -> None:
+    """Point every loaded module's attribute `name` that is `old` at `new`."""
     for mod in list(sys.modules.values()):
         try:
             namespace = vars(mod)
         except TypeError:
             continue
-        if namespace.get(SGLANG_PLAN_FUNCTION) is old:
+        if namespace.get(name) is old:
             try:
-                setattr(mod, SGLANG_PLAN_FUNCTION, new)
+                setattr(mod, name, new)
             except (AttributeError, TypeError):
                 pass
 
 
+def _in_format(name: str) -> bool:
+    return name in TENSORS or name in SCALARS
+
+
+def _runner_for(req_to_token: object) -> Any:
+    """The registered model runner whose ReqToTokenPool holds `req_to_token` (or the only one)."""
+    alive = [runner for runner in (ref() for ref in _RUNNERS) if runner is not None]
+    for runner in alive:
+        pool = getattr(runner, "req_to_token_pool", None)
+        if getattr(pool, "req_to_token", None) is req_to_token:
+            return runner
+    return alive[0] if len(alive) == 1 else None
+
+
+def server_context(req_to_token: object) -> dict[str, object]:
+    """What the model runner behind a call knows that the call does not carry.
+
+    Pool sizes (`num_full_slots`/`num_swa_slots` = size + page_size, the rows of the KV
+    buffers), `page_size`, and the allocators' free lists expanded from pages to slots. Each
+    fact is best effort: an attribute SGLang renamed costs that fact, never the dump.
+    """
+    runner = _runner_for(req_to_token)
+    if runner is None:
+        return {}
+    allocator = getattr(runner, "token_to_kv_pool_allocator", None)
+    facts: dict[str, object] = {}
+    try:
+        page = int(getattr(allocator, "page_size", None) or getattr(runner, "page_size", 1) or 1)
+        facts["page_size"] = page
+        full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
+        if full is not None:
+            facts["num_full_slots"] = int(full) + page
+        swa = getattr(allocator, "_size_swa", None)
+        if swa is not None:
+            facts["num_swa_slots"] = int(swa) + page
+        for name, sub in (
+            ("free_full_slots", getattr(allocator, "full_attn_allocator", allocator)),
+            ("free_swa_slots", getattr(allocator, "swa_attn_allocator", None)),
+        ):
+            free = _free_slots(sub, page)
+            if free is not None:
+                facts[name] = free
+    except Exception as exc:  # a changed allocator must not cost the dump
+        logger.debug("kvcanary: reading the allocator failed (%s: %s)", type(exc).__name__, exc)
+    return facts
+
+
+def _free_slots(allocator: object, page_size: int) -> Any:
+    """The allocator's free pages (free and pending release) as sorted slot ids, on the CPU."""
+    get_pages = getattr(allocator, "get_all_free_pages", None)
+    if not callable(get_pages):
+        return None
+    pages = get_pages()
+    if pages is None:
+        return None
+    import torch  # the server has it loaded already
+
+    pages = torch.as_tensor(pages).to("cpu", torch.int64).reshape(-1)
+    if page_size > 1:
+        offsets = torch.arange(page_size, dtype=torch.int64)
+        pages = (pages[:, None] * page_size + offsets[None, :]).reshape(-1)
+    return torch.sort(pages).values
+
+
 class _InstallOnImport(importlib.abc.MetaPathFinder):
-    """Import hook: wrap the launcher as soon as SGLang's plan module has been executed."""
+    """Import hook: wrap the launcher, and watch `install_canary`, as soon as SGLang loads them.
+
+    It steps out of `sys.meta_path` once both modules are loaded.
+    """
 
     def __init__(self, dump_dir: str) -> None:
         self.dump_dir = dump_dir
+        self.pending = {SGLANG_PLAN_MODULE, SGLANG_CANARY_MODULE} - set(sys.modules)
 
     def find_spec(
         self,
@@ -329,7 +467,7 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != SGLANG_PLAN_MODULE:
+        if fullname not in self.pending:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -344,9 +482,19 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
         spec.loader = _InstallingLoader(spec.loader, self)
         return spec
 
+    def loaded(self, module: ModuleType) -> None:
+        """Wrap what `module` holds, and leave once nothing is pending."""
+        self.pending.discard(module.__name__)
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if module.__name__ == SGLANG_PLAN_MODULE:
+            install_sglang_hook(self.dump_dir, module=module)
+        else:
+            watch_model_runners(module)
+
 
 class _InstallingLoader(importlib.abc.Loader):
-    """Delegates to the real loader, then installs the hook and steps out of the way."""
+    """Delegates to the real loader, then lets the finder wrap the module."""
 
     def __init__(self, loader: importlib.abc.Loader, finder: _InstallOnImport) -> None:
         self.loader = loader
@@ -360,10 +508,8 @@ class _InstallingLoader(importlib.abc.Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
         self.loader.exec_module(module)
-        if self.finder in sys.meta_path:
-            sys.meta_path.remove(self.finder)
         try:
-            install_sglang_hook(self.finder.dump_dir, module=module)
+            self.finder.loaded(module)
         except Exception as exc:  # never fail SGLang's own import
             logger.warning(
                 "kvcanary: installing the capture hook failed (%s: %s)", type(exc).__name__, exc

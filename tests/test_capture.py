@@ -337,7 +337,10 @@ def test_install_from_env_wraps_an_already_loaded_module(
     monkeypatch.setitem(sys.modules, SGLANG_PLAN_MODULE, stand_in)
     assert install_from_env() is True
     assert hasattr(stand_in.launch_canary_plan_kernels, "__kvcanary_original__")
-    assert not any(isinstance(f, capture._InstallOnImport) for f in sys.meta_path)
+    # Still armed for the module where SGLang sets the canary up with its model runner.
+    [finder] = [f for f in sys.meta_path if isinstance(f, capture._InstallOnImport)]
+    assert finder.pending == {capture.SGLANG_CANARY_MODULE}
+    sys.meta_path.remove(finder)
 
 
 def test_captured_dump_checks_as_lut_out_of_range(
@@ -470,3 +473,127 @@ def test_dumps_per_process_are_capped(
         with pytest.raises(ValueError):
             stand_in.launch_canary_plan_kernels(**plan_kwargs())
     assert len(dumps_in(tmp_path)) == 2
+
+
+# --- what the server knows besides the call: pool sizes, page size, free lists ---------------
+
+
+class _Allocator:
+    """Shaped like SGLang's paged allocator: `page_size`, `size`, `get_all_free_pages()`."""
+
+    def __init__(self, size: int, page_size: int, free_pages: list[int]) -> None:
+        self.size, self.page_size, self._free = size, page_size, free_pages
+
+    def get_all_free_pages(self) -> torch.Tensor:
+        return torch.tensor(self._free, dtype=torch.int64)
+
+
+class _SWAAllocator:
+    """Shaped like SGLang's SWATokenToKVPoolAllocator: two sub-allocators, two sizes."""
+
+    def __init__(self, full: _Allocator, swa: _Allocator) -> None:
+        self._size_full, self._size_swa, self.page_size = full.size, swa.size, full.page_size
+        self.full_attn_allocator, self.swa_attn_allocator = full, swa
+
+
+class _Pool:
+    def __init__(self, req_to_token: torch.Tensor) -> None:
+        self.req_to_token = req_to_token
+
+
+class _Runner:
+    def __init__(self, req_to_token: torch.Tensor, allocator: object) -> None:
+        self.req_to_token_pool = _Pool(req_to_token)
+        self.token_to_kv_pool_allocator = allocator
+
+
+CANARY_STAND_IN = textwrap.dedent(
+    """
+    seen = []
+
+
+    def install_canary(*, server_args, model_runner, token_oracle_manager=None):
+        seen.append(model_runner)
+        return "manager"
+    """
+)
+
+
+def test_install_canary_registers_the_runner_and_dumps_record_the_pools(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(capture, "_RUNNERS", [])
+    canary = types.ModuleType("kvcanary_test_canary_api")
+    exec(compile(CANARY_STAND_IN, "<stand-in canary api.py>", "exec"), canary.__dict__)
+    assert capture.watch_model_runners(canary)
+    kwargs = plan_kwargs()
+    full = _Allocator(size=60, page_size=4, free_pages=[14, 15])
+    runner = _Runner(kwargs["req_to_token"], _SWAAllocator(full, _Allocator(40, 4, [9])))
+    assert canary.install_canary(server_args=None, model_runner=runner) == "manager"
+    assert canary.seen == [runner]
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(ValueError, match="outside full_to_swa_index_mapping"):
+        stand_in.launch_canary_plan_kernels(**kwargs)
+    [path] = dumps_in(tmp_path)
+    dump = load_dump(path)
+    assert dump.scalar("num_full_slots") == 64 and dump.scalar("num_swa_slots") == 44
+    assert dump.scalar("page_size") == 4
+    assert dump.free_full_slots is not None and dump.free_swa_slots is not None
+    assert dump.free_full_slots.tolist() == list(range(56, 64))
+    assert dump.free_swa_slots.tolist() == [36, 37, 38, 39]
+
+
+def test_captured_truncated_lut_is_diagnosed_with_both_lengths(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's capture path: exactly the lut-out-of-range errors, cause lut-too-short."""
+    from typer.testing import CliRunner
+
+    from kvcanary_cli.cli import app
+
+    monkeypatch.setattr(capture, "_RUNNERS", [])
+    kwargs = plan_kwargs()  # LUT of 65 entries; slot 70 is live
+    runner = _Runner(kwargs["req_to_token"], _Allocator(127, 1, [80, 81]))  # the server holds it
+    capture.register_model_runner(runner)
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**kwargs)
+    [path] = dumps_in(tmp_path)
+    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "-k", "torch"])
+    assert result.exit_code == 1, result.output
+    [dump] = json.loads(result.stdout)["dumps"]
+    errors = {f["code"] for f in dump["findings"] if f["severity"] == "error"}
+    assert errors == {"lut-out-of-range", "lut-shorter-than-pool"}
+    first = dump["diagnosis"][0]
+    assert first["cause"] == "lut-too-short" and first["confidence"] == "certain"
+    assert "lut_len 65" in first["evidence"]
+    assert any(e.startswith("num_full_slots 128") for e in first["evidence"])
+    assert dump["recorded_exception_matches"] is True
+
+
+def test_without_a_runner_the_dump_assumes_and_does_not_accuse(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pool size recorded: slot-beyond-pool is info (assumes), never an error."""
+    from typer.testing import CliRunner
+
+    from kvcanary_cli.cli import app
+
+    monkeypatch.setattr(capture, "_RUNNERS", [])
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    [path] = dumps_in(tmp_path)
+    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "-k", "torch"])
+    [dump] = json.loads(result.stdout)["dumps"]
+    beyond = [f for f in dump["findings"] if f["code"] == "slot-beyond-pool"]
+    assert beyond and all(f["severity"] == "info" for f in beyond)
+    assert all(f["assumes"] == ["num_full_slots"] for f in beyond)
+    errors = {f["code"] for f in dump["findings"] if f["severity"] == "error"}
+    assert errors == {"lut-out-of-range"}
+    [assumption] = dump["assumptions"]
+    assert assumption["scalar"] == "num_full_slots" and "--num-full-slots" in assumption["advice"]
+    # One slot past a LUT of unknown pool: both answers stay on the table, neither certain.
+    causes = {c["cause"]: c["confidence"] for c in dump["diagnosis"]}
+    assert set(causes) == {"lut-too-short", "slot-index-corrupt"}
+    assert sorted(causes.values()) == ["likely", "possible"]

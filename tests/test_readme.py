@@ -39,3 +39,36 @@ def test_quoted_output_is_the_real_output(args: str, quoted: str) -> None:
     assert done.returncode in (0, 1), done.stderr
     real = [line.rstrip() for line in done.stdout.rstrip("\n").split("\n")]
     assert real == quoted.rstrip("\n").split("\n")
+
+
+SECTION = re.compile(r"## Producing a dump from SGLang\n(?P<body>.*?)\n## ", re.S)
+PYTHON = re.compile(r"```python\n(?P<code>.*?)```", re.S)
+
+
+def test_the_readme_dump_recipes_work_as_written(tmp_path: Path) -> None:
+    """Each Python recipe of "Producing a dump" runs and gives a dump kvcanary diagnoses."""
+    from kvcanary_cli.dump.loader import load_dump
+    from tests.helpers import checked
+    from tests.test_capture import _Allocator, _Runner, plan_kwargs
+
+    section = SECTION.search((ROOT / "README.md").read_text())
+    assert section is not None
+    recipes = PYTHON.findall(section["body"])
+    assert len(recipes) >= 2
+    for i, code in enumerate(recipes):
+        target = tmp_path / f"step{i}.safetensors"
+        kwargs = plan_kwargs()  # an SWA call whose LUT (65 entries) misses live slot 70
+        allocator = _Allocator(size=127, page_size=1, free_pages=[80])
+        namespace = {
+            "plan_kwargs": kwargs,
+            "allocator": allocator,
+            "model_runner": _Runner(kwargs["req_to_token"], allocator),
+        }
+        exec(
+            compile(code.replace("/tmp/step.safetensors", str(target)), "README", "exec"), namespace
+        )
+        report = checked(load_dump(target))
+        assert report.diagnosis[0].code.value == "lut-too-short", (i, report.diagnosis)
+        assert report.diagnosis[0].confidence.value == "certain"
+        errors = {f.code.value for f in report.findings if f.severity.value == "error"}
+        assert errors == {"lut-out-of-range", "lut-shorter-than-pool"}

@@ -15,8 +15,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvcanary_cli.analysis.compare import compare_plans
+from kvcanary_cli.analysis.diagnosis import (
+    assumptions_of,
+    diagnose,
+    first_raise,
+    recorded_exception,
+    request_summaries,
+)
 from kvcanary_cli.analysis.findings import (
     batch_findings,
+    lut_findings,
     plan_findings,
     slot_findings,
     swa_findings,
@@ -27,6 +35,7 @@ from kvcanary_cli.analysis.model import (
     Finding,
     FindingCode,
     GroupSummary,
+    ScalarValue,
     Severity,
     SlotProvenance,
 )
@@ -38,7 +47,7 @@ from kvcanary_cli.analysis.provenance import (
 )
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import KvcanaryError
-from kvcanary_cli.planners.base import Planner
+from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 
 __all__ = ["attach_provenance", "check_dumps", "run_check"]
@@ -61,9 +70,11 @@ def run_check(
     cells = live_cells(dump)
     findings: list[Finding] = batch_findings(dump) + slot_findings(dump, cells)
     summaries: list[GroupSummary] = []
+    plans: list[Plan] = []
     token_seen: set[tuple[object, ...]] = set()
     for group in chosen:
         plan = reference.plan(dump, group)
+        plans.append(plan)
         kernel_plan = kernel.plan(dump, group) if kernel else None
         for finding in plan_findings(dump, plan):
             # The token pool is the same for every group: report a bad gather once.
@@ -74,7 +85,7 @@ def run_check(
                 token_seen.add(key)
             findings.append(finding)
         if group == "swa":
-            findings.extend(swa_findings(dump, cells, plan))
+            findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
         explained: dict[str, int] = {}
         unexplained = 0
         if kernel_plan is not None:
@@ -95,14 +106,28 @@ def run_check(
                 kernel_launch_error=None if kernel_plan is None else kernel_plan.launch_error,
             )
         )
+    findings = attach_provenance(dump, findings)
+    raised, findings = first_raise(dump, plans, findings)
+    findings, causes = diagnose(dump, findings)
+    recorded, matches = recorded_exception(dump, raised)
     return DumpReport(
         path=str(dump.path),
         identity=dump.identity,
         bs=dump.bs,
         groups=tuple(summaries),
-        findings=tuple(sorted(attach_provenance(dump, findings), key=Finding.order_key)),
+        findings=tuple(sorted(findings, key=Finding.order_key)),
         notes=tuple(dump.notes),
         kernel_mode=kernel.mode if kernel else None,
+        diagnosis=causes,
+        requests=tuple(request_summaries(dump, findings)),
+        first_raise=raised,
+        recorded_exception=recorded,
+        recorded_exception_matches=matches,
+        scalars=tuple(
+            ScalarValue(name=s.name, value=s.value, origin=s.origin, source=s.source)
+            for s in dump.scalars.values()
+        ),
+        assumptions=tuple(assumptions_of(dump, findings)),
     )
 
 

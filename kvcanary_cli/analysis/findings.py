@@ -7,6 +7,8 @@ provenance to all of them in one table scan.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -17,7 +19,7 @@ from kvcanary_cli.dump.schema import dtype_label
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
 
-__all__ = ["batch_findings", "plan_findings", "slot_findings", "swa_findings"]
+__all__ = ["batch_findings", "lut_findings", "plan_findings", "slot_findings", "swa_findings"]
 
 
 def batch_findings(dump: KvDump) -> list[Finding]:
@@ -167,16 +169,22 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
                 "live prefix position holds slot 0 (never written or zeroed): the canary skips it",
             )
         )
-    pool_slots = dump.scalar("num_full_slots")
-    if pool_slots is not None:
-        for i in np.flatnonzero(slot >= pool_slots):
+    pool = dump.scalars["num_full_slots"]
+    if pool.value is not None:
+        # With a derived pool size (lut_len - 1) the finding holds only if the LUT is right.
+        assumes = ("num_full_slots",) if pool.assumed else ()
+        for i in np.flatnonzero(slot >= pool.value):
             found.append(
-                _cell_finding(
-                    FindingCode.SLOT_BEYOND_POOL,
-                    cells,
-                    i,
-                    f"live slot {slot[i]} is beyond the full pool ({pool_slots} slots)",
-                    details={"num_full_slots": pool_slots},
+                replace(
+                    _cell_finding(
+                        FindingCode.SLOT_BEYOND_POOL,
+                        cells,
+                        i,
+                        f"live slot {slot[i]} is beyond the full pool ({pool.value} slots, "
+                        f"{pool.source})",
+                        details={"num_full_slots": pool.value},
+                    ),
+                    assumes=assumes,
                 )
             )
     real = slot > 0
@@ -328,6 +336,42 @@ def _writes_to_live(dump: KvDump, cells: LiveCells) -> list[Finding]:
                     "out_cache_loc_index": int(i),
                     "other_cells": [list(o) for o in others[:8]],
                 },
+            )
+        )
+    return found
+
+
+def lut_findings(dump: KvDump) -> list[Finding]:
+    """The LUT against the recorded pool size, and its trailing sentinel (docs/semantics.md §2).
+
+    A production LUT has `num_full_slots + 1` entries, the last one -1. Only a recorded (or
+    command-line) pool size can contradict the LUT: a derived one is the LUT's own length.
+    """
+    lut = dump.full_to_swa_index_mapping
+    if lut is None or lut.numel() == 0:
+        return []
+    found: list[Finding] = []
+    lut_len, last = int(lut.shape[0]), int(lut[-1])
+    pool = dump.scalars["num_full_slots"]
+    if pool.value is not None and not pool.assumed and pool.value + 1 > lut_len:
+        found.append(
+            Finding(
+                code=FindingCode.LUT_SHORTER_THAN_POOL,
+                group="swa",
+                message=f"full_to_swa_index_mapping has {lut_len} entries for a full pool of "
+                f"{pool.value} slots ({pool.source}); it needs {pool.value + 1}: slots "
+                f"{lut_len}..{pool.value - 1} cannot be translated",
+                details={"lut_len": lut_len, "num_full_slots": pool.value},
+            )
+        )
+    if last != -1:
+        found.append(
+            Finding(
+                code=FindingCode.LUT_SENTINEL_MISSING,
+                group="swa",
+                message=f"the last LUT entry, LUT[{lut_len - 1}], is {last}, not -1: the LUT was "
+                "sliced or overwritten, and a GPU clamp no longer lands on -1",
+                details={"lut_len": lut_len, "last": last},
             )
         )
     return found

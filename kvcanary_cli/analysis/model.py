@@ -12,7 +12,14 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "Assumption",
     "CanaryRecord",
+    "Cause",
+    "CauseCode",
+    "Confidence",
+    "FirstRaise",
+    "RequestSummary",
+    "ScalarValue",
     "code_order",
     "Cell",
     "CheckReport",
@@ -46,6 +53,7 @@ class FindingCode(StrEnum):
     """Stable finding identifiers (renaming one breaks the JSON schema)."""
 
     LUT_OUT_OF_RANGE = "lut-out-of-range"
+    LUT_SHORTER_THAN_POOL = "lut-shorter-than-pool"
     SLOT_BEYOND_POOL = "slot-beyond-pool"
     NEGATIVE_SLOT = "negative-slot"
     PADDING_SLOT_IN_LIVE_RANGE = "padding-slot-in-live-range"
@@ -64,6 +72,7 @@ class FindingCode(StrEnum):
     VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
     NEGATIVE_LENGTH = "negative-length"
     GPU_DTYPE_MISMATCH = "gpu-dtype-mismatch"
+    LUT_SENTINEL_MISSING = "lut-sentinel-missing"
 
     @property
     def severity(self) -> Severity:
@@ -83,9 +92,45 @@ _WARNINGS = frozenset(
         FindingCode.VERIFY_CAPACITY_OVERFLOW,
         FindingCode.NEGATIVE_LENGTH,
         FindingCode.GPU_DTYPE_MISMATCH,
+        FindingCode.LUT_SENTINEL_MISSING,
     }
 )
 _CODE_ORDER = {code: i for i, code in enumerate(FindingCode)}
+
+
+class CauseCode(StrEnum):
+    """Stable cause identifiers (docs/findings.md, "Diagnosis"): what to fix, not a symptom."""
+
+    LUT_TOO_SHORT = "lut-too-short"
+    SLOT_INDEX_CORRUPT = "slot-index-corrupt"
+    BATCH_METADATA_CORRUPT = "batch-metadata-corrupt"
+    STALE_ROW_READ = "stale-row-read"
+    USE_AFTER_FREE = "use-after-free"
+    CROSS_REQUEST_ALIASING = "cross-request-aliasing"
+    SLOT_REUSED_WITHIN_REQUEST = "slot-reused-within-request"
+    UNWRITTEN_CELLS = "unwritten-cells"
+    SWA_MAPPING_CLEARED_IN_WINDOW = "swa-mapping-cleared-in-window"
+    SWA_MAPPING_COLLISION = "swa-mapping-collision"
+    WRITE_INTO_LIVE_SLOT = "write-into-live-slot"
+    LUT_SENTINEL_OVERWRITTEN = "lut-sentinel-overwritten"
+    EXPECTED_TOKEN_POOL_MISMATCH = "expected-token-pool-mismatch"
+    VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
+    KERNEL_LIMIT = "kernel-limit"
+    NONCANONICAL_DTYPE = "noncanonical-dtype"
+    PLANNER_DIVERGENCE = "planner-divergence"
+
+
+class Confidence(StrEnum):
+    """How sure the diagnosis is of a cause."""
+
+    CERTAIN = "certain"
+    LIKELY = "likely"
+    POSSIBLE = "possible"
+
+    @property
+    def rank(self) -> int:
+        """Higher is surer."""
+        return {"possible": 0, "likely": 1, "certain": 2}[self.value]
 
 
 def code_order(code: FindingCode, group: str = "") -> tuple[int, int, str]:
@@ -169,11 +214,18 @@ class Finding:
     #: code-specific facts (other cells, kernel values, counts), JSON-safe.
     details: dict[str, object] = field(default_factory=dict)
     provenance: SlotProvenance | None = None
+    #: scalars the finding holds under only because kvcanary derived them (not recorded):
+    #: such a finding is `info` until the dump records them.
+    assumes: tuple[str, ...] = ()
+    #: the cause the diagnosis groups this symptom under.
+    cause: CauseCode | None = None
+    #: SGLang's torch reference raises at this finding (the first raising read, REF order).
+    first_raise: bool = False
 
     @property
     def severity(self) -> Severity:
-        """The code's severity."""
-        return self.code.severity
+        """The code's severity; `info` while the finding rests on an assumption."""
+        return Severity.INFO if self.assumes else self.code.severity
 
     def order_key(self) -> tuple[Any, ...]:
         """The order of findings in every report.
@@ -212,6 +264,69 @@ class GroupSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Cause:
+    """A diagnosis: what went wrong upstream of a group of findings, and what to fix."""
+
+    code: CauseCode
+    confidence: Confidence
+    summary: str
+    #: the facts that point to this cause, one short phrase each.
+    evidence: tuple[str, ...]
+    #: finding code -> how many findings this cause explains.
+    explains: dict[str, int]
+    fix: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalarValue:
+    """A scalar as the check used it, and whether it is a fact or an assumption."""
+
+    name: str
+    value: int | None
+    #: recorded, overridden, derived, default or unknown.
+    origin: str
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assumption:
+    """A derived scalar some findings rest on, and how to turn them into facts."""
+
+    scalar: str
+    value: int | None
+    source: str
+    #: finding code -> findings that hold only under the derived value.
+    decides: dict[str, int]
+    advice: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestSummary:
+    """One batch row with findings: the request as the batch describes it, and its counts."""
+
+    batch_row: int
+    pool_row: int
+    prefix_len: int
+    extend_len: int
+    #: finding code -> findings at this batch row.
+    counts: dict[str, int]
+    #: the smallest position of a finding in this row (None: only row-level findings).
+    first_bad_position: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstRaise:
+    """Where SGLang's torch reference stops (its first raising read, in its own order)."""
+
+    group: str
+    exception_type: str
+    message: str
+    code: FindingCode
+    batch_row: int
+    position: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class DumpReport:
     """Everything `check` found in one dump."""
 
@@ -224,6 +339,17 @@ class DumpReport:
     kernel_mode: str | None = None
     #: set when the dump could not be read (multi-dump runs report it instead of stopping).
     error: str | None = None
+    #: ranked causes, most likely first; empty when there is no finding.
+    diagnosis: tuple[Cause, ...] = ()
+    #: the batch rows that have findings.
+    requests: tuple[RequestSummary, ...] = ()
+    first_raise: FirstRaise | None = None
+    #: the upstream exception the dump's `note` records (the capture hook stores it), and
+    #: whether it is the one kvcanary's reference raises first.
+    recorded_exception: str | None = None
+    recorded_exception_matches: bool | None = None
+    scalars: tuple[ScalarValue, ...] = ()
+    assumptions: tuple[Assumption, ...] = ()
 
     def worst(self) -> Severity | None:
         """The most severe finding's severity, or None when there is none."""

@@ -57,7 +57,25 @@ class Scalar:
 
     name: str
     value: int | None
+    #: "metadata", "tensor", "command line", "default" or "derived (...)".
     source: str
+
+    @property
+    def origin(self) -> str:
+        """recorded (in the dump), overridden (command line), derived (from the dump's other
+        contents), default (the format's default) or unknown (no value)."""
+        if self.value is None:
+            return "unknown"
+        if self.source in ("metadata", "tensor"):
+            return "recorded"
+        if self.source == "command line":
+            return "overridden"
+        return "derived" if self.source.startswith("derived") else "default"
+
+    @property
+    def assumed(self) -> bool:
+        """The value is kvcanary's inference, not a fact the dump or the user gave."""
+        return self.origin == "derived"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,8 @@ class Scenario:
     corrupt: Callable[[SynthDump, np.random.Generator], None] | None = None
     expected: tuple[str, ...] = ()
     allowed: tuple[str, ...] = ()
+    #: the cause `check` must rank first (None for clean scenarios).
+    cause: str | None = None
 
 
 _Cell = tuple[int, int, int]  # (batch row, position, slot)
@@ -123,6 +125,30 @@ def _truncated_lut(d: SynthDump, rng: np.random.Generator) -> None:
     cut = max(in_window[len(in_window) // 2], 1)
     d.tensors["full_to_swa_index_mapping"] = lut[:cut].clone()
     d.truth = {"lut_len": cut}
+
+
+def _truncated_lut_unrecorded(d: SynthDump, rng: np.random.Generator) -> None:
+    """A truncated LUT in a dump that does not record the pool size (a plain capture)."""
+    _truncated_lut(d, rng)
+    del d.metadata["num_full_slots"]
+
+
+def _undersized_lut(d: SynthDump, rng: np.random.Generator) -> None:
+    """A LUT allocated for a smaller pool: too short, but with its trailing -1 (not sliced)."""
+    _truncated_lut(d, rng)
+    cut = d.truth["lut_len"]
+    short = d.tensors["full_to_swa_index_mapping"]
+    d.tensors["full_to_swa_index_mapping"] = torch.cat([short, torch.tensor([-1])])
+    d.truth = {"lut_len": cut + 1}
+
+
+def _slot_beyond_pool_with_lut(d: SynthDump, rng: np.random.Generator) -> None:
+    """A corrupt slot index past the pool, in a dump whose LUT is sized right."""
+    row, pos, _ = _pick(rng, _in_window_cells(d), "an in-window cell")
+    rp, _ = _cell(d, row, pos)
+    slot = int(d.metadata["num_full_slots"]) + 2
+    d.tensors["req_to_token"][rp, pos] = slot
+    d.truth = {"batch_row": row, "position": pos, "slot": slot}
 
 
 def _use_after_free(d: SynthDump, rng: np.random.Generator) -> None:
@@ -341,7 +367,8 @@ SCENARIOS: dict[str, Scenario] = {
             summary="LUT sliced to lut[:num_allocated]: REF raises, the GPU clamps",
             spec=_SWA,
             corrupt=_truncated_lut,
-            expected=("lut-out-of-range",),
+            expected=("lut-out-of-range", "lut-shorter-than-pool", "lut-sentinel-missing"),
+            cause="lut-too-short",
         ),
         Scenario(
             name="use-after-free",
@@ -349,6 +376,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_use_after_free,
             expected=("freed-slot-in-live-range",),
+            cause="use-after-free",
         ),
         Scenario(
             name="cross-request-aliasing",
@@ -356,6 +384,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_aliasing,
             expected=("slot-shared-across-positions",),
+            cause="cross-request-aliasing",
         ),
         Scenario(
             name="stale-tail",
@@ -363,6 +392,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_stale_tail,
             expected=("freed-slot-in-live-range",),
+            cause="stale-row-read",
         ),
         Scenario(
             name="unfilled-cells",
@@ -370,6 +400,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_unfilled,
             expected=("padding-slot-in-live-range",),
+            cause="unwritten-cells",
         ),
         Scenario(
             name="swa-lut-cleared-in-window",
@@ -377,6 +408,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec=_SWA,
             corrupt=_swa_cleared,
             expected=("swa-unmapped-in-window",),
+            cause="swa-mapping-cleared-in-window",
         ),
         Scenario(
             name="swa-slot-collision",
@@ -384,6 +416,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec=_SWA,
             corrupt=_swa_collision,
             expected=("swa-slot-collision",),
+            cause="swa-mapping-collision",
         ),
         Scenario(
             name="capacity-overflow",
@@ -391,6 +424,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_overflow,
             expected=("verify-capacity-overflow",),
+            cause="verify-capacity-overflow",
         ),
         Scenario(
             name="row-out-of-range",
@@ -398,6 +432,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_row_out_of_range,
             expected=("row-out-of-range",),
+            cause="batch-metadata-corrupt",
         ),
         Scenario(
             name="prefix-past-row",
@@ -411,6 +446,7 @@ SCENARIOS: dict[str, Scenario] = {
                 "slot-shared-across-positions",
                 "duplicate-slot-in-row",
             ),
+            cause="batch-metadata-corrupt",
         ),
         Scenario(
             name="write-into-live-slot",
@@ -418,6 +454,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_write_into_live,
             expected=("write-to-live-slot",),
+            cause="write-into-live-slot",
         ),
         Scenario(
             name="negative-slot",
@@ -425,6 +462,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_negative_slot,
             expected=("negative-slot",),
+            cause="slot-index-corrupt",
         ),
         Scenario(
             name="slot-beyond-pool",
@@ -432,6 +470,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_slot_beyond_pool,
             expected=("slot-beyond-pool",),
+            cause="slot-index-corrupt",
         ),
         Scenario(
             name="duplicate-slot-in-row",
@@ -439,6 +478,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_duplicate_in_row,
             expected=("duplicate-slot-in-row",),
+            cause="slot-reused-within-request",
         ),
         Scenario(
             name="duplicate-request-row",
@@ -446,6 +486,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_duplicate_request,
             expected=("duplicate-request-row",),
+            cause="batch-metadata-corrupt",
         ),
         Scenario(
             name="expected-token-out-of-range",
@@ -453,6 +494,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={"expected_pool": True},
             corrupt=_token_pool_narrow,
             expected=("expected-token-out-of-range",),
+            cause="expected-token-pool-mismatch",
         ),
         Scenario(
             name="kernel-limit-exceeded",
@@ -460,6 +502,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_kernel_limit,
             expected=("kernel-limit-exceeded",),
+            cause="kernel-limit",
         ),
         Scenario(
             name="negative-length",
@@ -467,6 +510,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_negative_length,
             expected=("negative-length",),
+            cause="batch-metadata-corrupt",
         ),
         Scenario(
             name="gpu-dtype-mismatch",
@@ -474,6 +518,31 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_int32_indices,
             expected=("gpu-dtype-mismatch",),
+            cause="noncanonical-dtype",
+        ),
+        Scenario(
+            name="truncated-lut-unrecorded",
+            summary="a truncated LUT in a dump that does not record num_full_slots",
+            spec=_SWA,
+            corrupt=_truncated_lut_unrecorded,
+            expected=("lut-out-of-range", "slot-beyond-pool", "lut-sentinel-missing"),
+            cause="lut-too-short",
+        ),
+        Scenario(
+            name="undersized-lut",
+            summary="a LUT allocated for a smaller pool: too short, trailing -1 kept",
+            spec=_SWA,
+            corrupt=_undersized_lut,
+            expected=("lut-out-of-range", "lut-shorter-than-pool"),
+            cause="lut-too-short",
+        ),
+        Scenario(
+            name="slot-beyond-pool-swa",
+            summary="a corrupt slot index past the pool; the LUT is sized right",
+            spec=_SWA,
+            corrupt=_slot_beyond_pool_with_lut,
+            expected=("slot-beyond-pool", "lut-out-of-range"),
+            cause="slot-index-corrupt",
         ),
     )
 }
@@ -515,6 +584,8 @@ def make_scenario(
     if not corrupt:
         return dump
     dump.metadata["kvcanary.expected_findings"] = ",".join(scenario.expected)
+    if scenario.cause is not None:
+        dump.metadata["kvcanary.expected_diagnosis"] = scenario.cause
     if scenario.allowed:
         dump.metadata["kvcanary.allowed_findings"] = ",".join(scenario.allowed)
     return dump

@@ -15,8 +15,9 @@ from kvcanary_cli.render.markdown import code as _code
 from kvcanary_cli.render.markdown import table as _table
 from kvcanary_cli.render.markdown import text as _text
 from kvcanary_cli.render.records import (
+    CodeSection,
     Record,
-    code_sections,
+    cause_sections,
     difference_phrase,
     plural,
 )
@@ -160,12 +161,21 @@ def _details_block(f: Record) -> str:
     return "\n\n".join([f"<details><summary>{summary}</summary>", *body, "</details>"])
 
 
-def _findings_sections(dump: Record, max_rows: int) -> list[str]:
+def _message_cell(f: Record) -> str:
+    text = _text(f["message"])
+    if f["first_raise"]:
+        text += " **← SGLang's reference raises here first**"
+    if f["assumes"]:
+        text += f" (assumes {_text(', '.join(f['assumes']))}: not recorded)"
+    return text
+
+
+def _code_sections(sections: list[CodeSection]) -> list[str]:
     parts: list[str] = []
-    for section in code_sections(dump, max_rows):
+    for section in sections:
         shown = section.shown
         parts.append(
-            f"#### {_code(section.code, cell=False)} · {section.severity} · "
+            f"##### {_code(section.code, cell=False)} · {section.severity} · "
             f"{plural(section.total, 'finding')}"
         )
         if shown:
@@ -190,7 +200,7 @@ def _findings_sections(dump: Record, max_rows: int) -> list[str]:
                             _text(f["pool_row"]),
                             _text(f["position"]),
                             _text(f["role"]),
-                            _text(f["message"]),
+                            _message_cell(f),
                         ]
                         for f in shown
                     ],
@@ -203,6 +213,89 @@ def _findings_sections(dump: Record, max_rows: int) -> list[str]:
     return parts
 
 
+def _findings_sections(dump: Record, max_rows: int) -> list[str]:
+    """Symptoms under their causes, in diagnosis order."""
+    parts: list[str] = []
+    for number, block in enumerate(cause_sections(dump, max_rows), 1):
+        cause = block.cause
+        parts.append(
+            "#### Findings no cause explains"
+            if cause is None
+            else f"#### Cause {number}: {_code(cause['cause'], cell=False)} ({cause['confidence']})"
+        )
+        parts.extend(_code_sections(block.sections))
+    return parts
+
+
+def _diagnosis_section(dump: Record) -> list[str]:
+    if not dump["diagnosis"]:
+        return []
+    items = []
+    for number, cause in enumerate(dump["diagnosis"], 1):
+        lines = [
+            f"{number}. **{_code(cause['cause'], cell=False)}** ({cause['confidence']}): "
+            f"{_text(cause['summary'])}"
+        ]
+        lines.extend(f"   - {_text(fact)}" for fact in cause["evidence"])
+        explains = ", ".join(
+            f"{n} {_code(code, cell=False)}" for code, n in cause["explains"].items()
+        )
+        if explains:
+            lines.append(f"   - explains: {explains}")
+        lines.append(f"   - **fix:** {_text(cause['fix'])}")
+        items.append("\n".join(lines))
+    return ["#### Diagnosis", "\n".join(items)]
+
+
+def _raise_lines(dump: Record) -> list[str]:
+    lines = []
+    raised = dump["first_raise"]
+    if raised is not None:
+        lines.append(
+            f"SGLang's reference raises first in group {_code(raised['group'], cell=False)} at "
+            f"batch row {raised['batch_row']}, position {raised['position']} "
+            f"({_code(raised['code'], cell=False)}): "
+            f"{_code(raised['exception_type'] + ': ' + raised['message'], cell=False)}"
+        )
+    recorded = dump["recorded_exception"]
+    if recorded is not None and dump["recorded_exception_matches"]:
+        lines.append(f"The dump's note records the same exception: {_code(recorded, cell=False)}")
+    elif recorded is not None:
+        lines.append(
+            f"**Mismatch:** the dump's note records {_code(recorded, cell=False)}, but "
+            "kvcanary's reference "
+            + ("raises something else first" if raised else "does not raise at all")
+            + ": the dump may not be the "
+            "state that failed, or kvcanary's model differs from the SGLang that ran."
+        )
+    for a in dump["assumptions"]:
+        decides = ", ".join(f"{n} {_code(code, cell=False)}" for code, n in a["decides"].items())
+        lines.append(
+            f"**Assumption:** {_code(a['scalar'], cell=False)} = {a['value']} "
+            f"({_text(a['source'])}) is not recorded; {decides} rest on it and are "
+            f"reported as info: {_text(a['advice'])}"
+        )
+    return lines
+
+
+def _requests_table(requests: list[Record]) -> str:
+    return _table(
+        ["batch row", "pool row", "P", "E", "first bad position", "findings"],
+        [
+            [
+                str(r["batch_row"]),
+                str(r["pool_row"]),
+                str(r["prefix_len"]),
+                str(r["extend_len"]),
+                _text(r["first_bad_position"]),
+                ", ".join(f"{n} {_code(code)}" for code, n in r["counts"].items()),
+            ]
+            for r in requests
+        ],
+        right={0, 1, 2, 3, 4},
+    )
+
+
 def _dump_section(dump: Record, max_rows: int) -> list[str]:
     parts = [f"### {_code(dump['path'], cell=False)}: {dump['verdict']}"]
     if dump["error"] is not None:
@@ -213,8 +306,12 @@ def _dump_section(dump: Record, max_rows: int) -> list[str]:
         facts.append(f"kernel mode: {_text(dump['kernel_mode'])}")
     facts.extend(f"note: {_text(note)}" for note in dump["notes"])
     parts.append("\n".join(f"- {fact}" for fact in facts))
+    parts.extend(_diagnosis_section(dump))
+    parts.extend(_raise_lines(dump))
     if dump["groups"]:
         parts.append(_groups_table(dump["groups"]))
+    if len(dump["requests"]) >= 2:
+        parts.extend(["#### Requests with findings", _requests_table(dump["requests"])])
     if dump["counts"]:
         parts.extend(_findings_sections(dump, max_rows))
     elif dump["error"] is None:

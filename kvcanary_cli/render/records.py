@@ -12,12 +12,15 @@ from typing import Any
 
 import kvcanary_cli
 from kvcanary_cli.analysis.model import (
+    Cause,
     CheckReport,
     DumpReport,
     Finding,
     FindingCode,
+    FirstRaise,
     GroupSummary,
     ProvenanceReport,
+    RequestSummary,
     RowMap,
     Severity,
     SlotProvenance,
@@ -27,9 +30,10 @@ from kvcanary_cli.analysis.model import (
 __all__ = [
     "CHECK_SCHEMA",
     "PROVENANCE_SCHEMA",
+    "CauseSection",
     "CodeSection",
     "Record",
-    "code_sections",
+    "cause_sections",
     "difference_phrase",
     "dump_verdict",
     "plural",
@@ -120,6 +124,9 @@ def _finding(finding: Finding) -> Record:
         "message": finding.message,
         "details": _json_safe(finding.details),
         "provenance": None if finding.provenance is None else _provenance(finding.provenance),
+        "assumes": list(finding.assumes),
+        "cause": None if finding.cause is None else finding.cause.value,
+        "first_raise": finding.first_raise,
     }
 
 
@@ -145,11 +152,50 @@ def _group(group: GroupSummary) -> Record:
 
 
 def _counts(findings: tuple[Finding, ...]) -> list[Record]:
-    counter = Counter((f.code, f.group) for f in findings)
+    """Per (code, group, severity): a code is `info` where its findings rest on assumptions."""
+    counter = Counter((f.code, f.group, f.severity) for f in findings)
     return [
-        {"code": code.value, "severity": code.severity.value, "group": group, "count": n}
-        for (code, group), n in sorted(counter.items(), key=lambda item: code_order(*item[0]))
+        {"code": code.value, "severity": severity.value, "group": group, "count": n}
+        for (code, group, severity), n in sorted(
+            counter.items(),
+            key=lambda item: (*code_order(item[0][0], item[0][1]), -item[0][2].rank),
+        )
     ]
+
+
+def _cause(cause: Cause) -> Record:
+    return {
+        "cause": cause.code.value,
+        "confidence": cause.confidence.value,
+        "summary": cause.summary,
+        "evidence": list(cause.evidence),
+        "explains": dict(cause.explains),
+        "fix": cause.fix,
+    }
+
+
+def _request(request: RequestSummary) -> Record:
+    return {
+        "batch_row": request.batch_row,
+        "pool_row": request.pool_row,
+        "prefix_len": request.prefix_len,
+        "extend_len": request.extend_len,
+        "counts": dict(request.counts),
+        "first_bad_position": request.first_bad_position,
+    }
+
+
+def _first_raise(raised: FirstRaise | None) -> Record | None:
+    if raised is None:
+        return None
+    return {
+        "group": raised.group,
+        "exception_type": raised.exception_type,
+        "message": raised.message,
+        "code": raised.code.value,
+        "batch_row": raised.batch_row,
+        "position": raised.position,
+    }
 
 
 def dump_verdict(dump: DumpReport) -> str:
@@ -169,10 +215,8 @@ def _identity(identity: dict[str, str]) -> Record:
     return {k: str(v) for k, v in identity.items()}
 
 
-def _dump(dump: DumpReport, fail_on: Severity, max_findings: int | None) -> Record:
+def _dump(dump: DumpReport, fail_on: Severity) -> Record:
     findings = _findings(dump.findings)
-    if max_findings is not None:
-        findings = findings[: max(max_findings, 0)]
     return {
         "path": dump.path,
         "identity": _identity(dump.identity),
@@ -183,18 +227,36 @@ def _dump(dump: DumpReport, fail_on: Severity, max_findings: int | None) -> Reco
         "kernel_mode": dump.kernel_mode,
         "notes": list(dump.notes),
         "groups": [_group(g) for g in dump.groups],
+        "scalars": [
+            {"name": v.name, "value": v.value, "origin": v.origin, "source": v.source}
+            for v in dump.scalars
+        ],
+        "assumptions": [
+            {
+                "scalar": a.scalar,
+                "value": a.value,
+                "source": a.source,
+                "decides": dict(a.decides),
+                "advice": a.advice,
+            }
+            for a in dump.assumptions
+        ],
+        "diagnosis": [_cause(c) for c in dump.diagnosis],
+        "first_raise": _first_raise(dump.first_raise),
+        "recorded_exception": dump.recorded_exception,
+        "recorded_exception_matches": dump.recorded_exception_matches,
+        "requests": [_request(r) for r in dump.requests],
         "counts": _counts(dump.findings),
         "findings_total": len(dump.findings),
         "findings": findings,
     }
 
 
-def to_record(report: CheckReport, *, max_findings: int | None = None) -> Record:
+def to_record(report: CheckReport) -> Record:
     """The `kvcanary.check/1` record of a check.
 
     `verdict` mirrors the exit code: `bad-input` (2) when a dump could not be read, else
-    `findings` (1) when a finding reaches `fail_on`, else `clean` (0). `max_findings` caps each
-    dump's `findings` list (None: all of them); `counts` and `findings_total` always count all.
+    `findings` (1) when a finding reaches `fail_on`, else `clean` (0).
     """
     every = tuple(f for d in report.dumps for f in d.findings)
     by_code = Counter(f.code.value for f in every)
@@ -218,7 +280,7 @@ def to_record(report: CheckReport, *, max_findings: int | None = None) -> Record
             "by_severity": {s.value: by_severity[s.value] for s in Severity},
             "counts": {c.value: by_code[c.value] for c in FindingCode if by_code[c.value]},
         },
-        "dumps": [_dump(d, report.fail_on, max_findings) for d in report.dumps],
+        "dumps": [_dump(d, report.fail_on) for d in report.dumps],
     }
 
 
@@ -274,25 +336,52 @@ class CodeSection:
     shown: list[Record]
 
 
-def code_sections(dump: Record, max_rows: int) -> list[CodeSection]:
-    """Per code (in report order), the total over groups and the first `max_rows` findings.
+@dataclass(frozen=True)
+class CauseSection:
+    """One cause's block: the diagnosis entry and its symptoms, code by code."""
 
-    The table and Markdown views both draw their per-code blocks from this.
-    """
-    totals: dict[str, int] = {}
-    severity: dict[str, str] = {}
-    for c in dump["counts"]:
-        totals[c["code"]] = totals.get(c["code"], 0) + c["count"]
-        severity[c["code"]] = c["severity"]
-    by_code: dict[str, list[Record]] = {}
-    for f in dump["findings"]:  # already in report order
-        by_code.setdefault(f["code"], []).append(f)
+    #: the `diagnosis` entry; None for findings no cause explains.
+    cause: Record | None
+    sections: list[CodeSection]
+
+
+def _code_sections(
+    findings: list[Record], totals: Counter[tuple[str, str]], max_rows: int
+) -> list[CodeSection]:
+    by_code: dict[tuple[str, str], list[Record]] = {}
+    for f in findings:  # already in report order
+        by_code.setdefault((f["code"], f["severity"]), []).append(f)
     return [
         CodeSection(
             code=code,
-            severity=severity[code],
+            severity=severity,
             total=total,
-            shown=by_code.get(code, [])[: max(max_rows, 0)],
+            shown=by_code.get((code, severity), [])[: max(max_rows, 0)],
         )
-        for code, total in totals.items()
+        for (code, severity), total in totals.items()
     ]
+
+
+def cause_sections(dump: Record, max_rows: int) -> list[CauseSection]:
+    """Per cause (diagnosis order), its findings per code: the total and the first `max_rows`.
+
+    The table and Markdown views both draw their finding blocks from this, so symptoms are
+    always shown under their cause.
+    """
+    totals: dict[str | None, Counter[tuple[str, str]]] = {}
+    for f in dump["findings"]:
+        totals.setdefault(f["cause"], Counter())[(f["code"], f["severity"])] += 1
+    out = []
+    for cause in dump["diagnosis"]:
+        if cause["cause"] in totals:
+            members = [f for f in dump["findings"] if f["cause"] == cause["cause"]]
+            out.append(
+                CauseSection(
+                    cause=cause,
+                    sections=_code_sections(members, totals.pop(cause["cause"]), max_rows),
+                )
+            )
+    for rest in totals.values():
+        members = [f for f in dump["findings"] if f["cause"] is None]
+        out.append(CauseSection(cause=None, sections=_code_sections(members, rest, max_rows)))
+    return out

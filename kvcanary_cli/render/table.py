@@ -13,8 +13,9 @@ from rich.text import Text
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.records import (
+    CodeSection,
     Record,
-    code_sections,
+    cause_sections,
     difference_phrase,
     plural,
     provenance_record,
@@ -31,6 +32,7 @@ _VERDICT_STYLE = {
 }
 _OVERALL_STYLE = {"findings": "bold red", "clean": "bold green", "bad-input": "bold magenta"}
 _SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
+_CONFIDENCE_STYLE = {"certain": "bold red", "likely": "bold yellow", "possible": "yellow"}
 #: cells shown in the condensed provenance column before "+N more".
 _CELLS_SHOWN = 3
 
@@ -39,7 +41,7 @@ def _t(value: object, style: str = "") -> Text:
     return Text("-" if value is None else str(value), style=style)
 
 
-def _identity_line(identity: dict[str, str], path: str | None = None) -> Text:
+def _identity_line(identity: dict[str, str], path: str | None = None) -> RenderableType:
     bits = []
     version, commit = identity.get("sglang.version"), identity.get("sglang.commit")
     if version or commit:
@@ -49,7 +51,7 @@ def _identity_line(identity: dict[str, str], path: str | None = None) -> Text:
     )
     if path is not None:
         bits.append(path)
-    return Text("  " + (" · ".join(bits) or "no identity metadata"), style="dim")
+    return _indented([("", Text(" · ".join(bits) or "no identity metadata", style="dim"))])
 
 
 def _slot_text(f: Record) -> str:
@@ -131,14 +133,24 @@ def _findings_table(findings: list[Record]) -> Table:
             _t(f["position"]),
             _t(f["role"]),
             _t(_cells_text(f)),
-            _t(f["message"]),
+            _message_text(f),
         )
     return table
 
 
-def _findings_blocks(dump: Record, max_rows: int) -> list[RenderableType]:
+def _message_text(f: Record) -> Text:
+    """The message, flagged where SGLang's reference raises and where it rests on assumptions."""
+    text = Text(f["message"])
+    if f["first_raise"]:
+        text.append(" ← SGLang's reference raises here first", style="bold")
+    if f["assumes"]:
+        text.append(f" (assumes {', '.join(f['assumes'])}: not recorded)", style="yellow")
+    return text
+
+
+def _code_blocks(sections: list[CodeSection]) -> list[RenderableType]:
     parts: list[RenderableType] = []
-    for section in code_sections(dump, max_rows):
+    for section in sections:
         style = _SEVERITY_STYLE.get(section.severity, "")
         parts.append(
             Text(
@@ -151,6 +163,117 @@ def _findings_blocks(dump: Record, max_rows: int) -> list[RenderableType]:
         if section.total > len(section.shown):
             parts.append(Text(f"… and {section.total - len(section.shown)} more (--max-rows)"))
     return parts
+
+
+def _findings_blocks(dump: Record, max_rows: int) -> list[RenderableType]:
+    """Symptoms under their causes, in diagnosis order."""
+    parts: list[RenderableType] = []
+    for number, block in enumerate(cause_sections(dump, max_rows), 1):
+        title = (
+            "findings no cause explains"
+            if block.cause is None
+            else f"cause {number}: {block.cause['cause']} ({block.cause['confidence']})"
+        )
+        parts.append(Text(f"── {title}", style="bold"))
+        parts.extend(_code_blocks(block.sections))
+    return parts
+
+
+def _indented(rows: list[tuple[str, Text]], indent: int = 2) -> Table:
+    """Lines that wrap under their own start: (marker, text) rows after `indent` spaces."""
+    grid = Table.grid()
+    grid.add_column(width=indent, no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    for marker, text in rows:
+        grid.add_row("", Text(marker + " " if marker else ""), text)
+    return grid
+
+
+def _diagnosis_blocks(dump: Record) -> list[RenderableType]:
+    """The causes, most likely first: what went wrong, the evidence, the fix."""
+    if not dump["diagnosis"]:
+        return []
+    parts: list[RenderableType] = [Text("diagnosis", style="bold")]
+    for number, cause in enumerate(dump["diagnosis"], 1):
+        style = _CONFIDENCE_STYLE.get(cause["confidence"], "")
+        head = Text(f"{cause['cause']} ({cause['confidence']})", style=style)
+        head.append(f": {cause['summary']}", style="")
+        parts.append(_indented([(f"{number}.", head)]))
+        rows = [("-", Text(fact)) for fact in cause["evidence"]]
+        explains = ", ".join(f"{n} {code}" for code, n in cause["explains"].items())
+        if explains:
+            rows.append(("-", Text(f"explains {explains}")))
+        rows.append(("-", Text(f"fix: {cause['fix']}", style="bold")))
+        parts.append(_indented(rows, indent=5))
+    return parts
+
+
+def _raise_blocks(dump: Record) -> list[RenderableType]:
+    """Where SGLang's reference raises first, and whether the dump's recorded error agrees."""
+    rows: list[tuple[str, Text]] = []
+    raised = dump["first_raise"]
+    if raised is not None:
+        rows.append(
+            (
+                "",
+                Text(
+                    f"SGLang's reference raises first in group {raised['group']} at batch "
+                    f"row {raised['batch_row']}, position {raised['position']} "
+                    f"({raised['code']}, marked 'first raise'): "
+                    f"{raised['exception_type']}: {raised['message']}"
+                ),
+            )
+        )
+    recorded = dump["recorded_exception"]
+    if recorded is not None and dump["recorded_exception_matches"]:
+        rows.append(
+            ("", Text(f"the dump's note records the same exception: {recorded}", style="green"))
+        )
+    elif recorded is not None:
+        rows.append(
+            (
+                "",
+                Text(
+                    f"MISMATCH: the dump's note records {recorded!r}, but kvcanary's reference "
+                    + ("raises something else first (above)" if raised else "does not raise at all")
+                    + ": the dump may not be the state that failed, or kvcanary's model of SGLang "
+                    "differs from the version that ran",
+                    style="bold red",
+                ),
+            )
+        )
+    for a in dump["assumptions"]:
+        decides = ", ".join(f"{n} {code}" for code, n in a["decides"].items())
+        rows.append(
+            (
+                "",
+                Text(
+                    f"assumption: {a['scalar']} = {a['value']} ({a['source']}) is not recorded; "
+                    f"{decides} rest on it and are reported as info: {a['advice']}",
+                    style="yellow",
+                ),
+            )
+        )
+    return [_indented(rows)] if rows else []
+
+
+def _requests_table(requests: list[Record]) -> Table:
+    table = Table(title="requests with findings", title_justify="left")
+    for name in ("batch row", "pool row", "P", "E", "first bad pos"):
+        table.add_column(name, justify="right")
+    table.add_column("findings")
+    for r in requests:
+        counts = ", ".join(f"{n} {code}" for code, n in r["counts"].items())
+        table.add_row(
+            _t(r["batch_row"]),
+            _t(r["pool_row"]),
+            _t(r["prefix_len"]),
+            _t(r["extend_len"]),
+            _t(r["first_bad_position"]),
+            _t(counts),
+        )
+    return table
 
 
 def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableType]:
@@ -176,11 +299,18 @@ def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableTy
         if dump["kernel_mode"]:
             facts.append(f"kernel mode {dump['kernel_mode']}")
         parts.append(Text("  " + " · ".join(facts)))
-    parts.extend(Text(f"  note: {note}", style="dim") for note in dump["notes"])
+    if dump["notes"]:
+        parts.append(
+            _indented([("", Text(f"note: {note}", style="dim")) for note in dump["notes"]])
+        )
+    parts.extend(_diagnosis_blocks(dump))
+    parts.extend(_raise_blocks(dump))
     if dump["groups"]:
         parts.append(_groups_table(dump["groups"]))
     if dump["counts"]:
         parts.append(_counts_table(dump["counts"]))
+        if len(dump["requests"]) >= 2:
+            parts.append(_requests_table(dump["requests"]))
         parts.extend(_findings_blocks(dump, max_rows))
     elif dump["error"] is None:
         parts.append(Text("  no findings", style="green"))

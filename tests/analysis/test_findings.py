@@ -201,7 +201,11 @@ def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: ScenarioDu
     pytest.importorskip("triton")
     dump, _ = scenario_dump("truncated-lut")
     report = checked(dump, kernel="triton")
-    assert codes_of(report.findings) == {"lut-out-of-range"}
+    assert codes_of(report.findings) == {
+        "lut-out-of-range",
+        "lut-shorter-than-pool",
+        "lut-sentinel-missing",
+    }
     assert all(g.unexplained_differences == 0 for g in report.groups)
 
 

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
+from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
 from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
 
@@ -44,10 +45,17 @@ def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
     assert validate(record, CHECK) == []
     assert record["verdict"] == "findings"
     findings = record["dumps"][0]["findings"]
-    assert findings and {f["code"] for f in findings} == {"lut-out-of-range"}
-    for finding in findings:
+    cells = [f for f in findings if f["code"] == "lut-out-of-range"]
+    assert cells and {f["code"] for f in findings} == {
+        "lut-out-of-range",
+        "lut-shorter-than-pool",
+        "lut-sentinel-missing",
+    }
+    for finding in cells:
         assert finding["space"] == "full" and finding["group"] == "swa"
         assert finding["provenance"]["cells"], finding
+    assert sum(f["first_raise"] for f in findings) == 1
+    assert {f["cause"] for f in findings} == {"lut-too-short"}
 
 
 def test_warnings_exit_0_unless_fail_on_warning(dumps: dict[str, Path]) -> None:
@@ -197,8 +205,45 @@ def test_every_scenario_and_seed_reports_its_codes(name: str, seed: int, tmp_pat
     assert set(scenario.expected) <= codes <= set(scenario.expected) | set(scenario.allowed)
     severities = {f["severity"] for f in record["dumps"][0]["findings"]}
     assert code == (1 if "error" in severities else 0), err
+    causes = [c["cause"] for c in record["dumps"][0]["diagnosis"]]
     if not scenario.expected:
-        assert code == 0 and codes == set()
+        assert code == 0 and codes == set() and causes == []
+    else:  # the cause the scenario planted comes first; the dump records it too
+        assert causes[0] == scenario.cause, record["dumps"][0]["diagnosis"]
+        meta = load_dump(path).metadata
+        assert meta["kvcanary.expected_diagnosis"] == scenario.cause
+        # every finding is grouped under a cause the diagnosis lists
+        assert {f["cause"] for f in record["dumps"][0]["findings"]} <= set(causes)
+    assert validate(record, CHECK) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_slot_beyond_the_pool_is_never_blamed_on_the_lut(seed: int, tmp_path: Path) -> None:
+    path = make_scenario("slot-beyond-pool-swa", seed=seed).save(tmp_path / "d.safetensors")
+    _, out, _ = run("check", str(path), "--kernel", "torch", "--format", "json")
+    [dump] = json.loads(out)["dumps"]
+    assert dump["diagnosis"][0]["cause"] == "slot-index-corrupt"
+    assert dump["diagnosis"][0]["confidence"] == "certain"
+    assert "lut-too-short" not in {c["cause"] for c in dump["diagnosis"]}
+
+
+def test_findings_that_rest_on_a_derived_pool_size_are_info(tmp_path: Path) -> None:
+    path = make_scenario("truncated-lut-unrecorded").save(tmp_path / "d.safetensors")
+    code, out, _ = run("check", str(path), "--kernel", "torch", "--format", "json")
+    [dump] = json.loads(out)["dumps"]
+    beyond = [f for f in dump["findings"] if f["code"] == "slot-beyond-pool"]
+    assert beyond and {f["severity"] for f in beyond} == {"info"}
+    assert {tuple(f["assumes"]) for f in beyond} == {("num_full_slots",)}
+    scalars = {s["name"]: s for s in dump["scalars"]}
+    assert scalars["num_full_slots"]["origin"] == "derived"
+    assert scalars["swa_window_size"]["origin"] == "recorded"
+    [assumption] = dump["assumptions"]
+    assert assumption["decides"] == {"slot-beyond-pool": len(beyond)}
+    # The same dump with the pool size given on the command line: facts, errors again.
+    code, out, _ = run("check", str(path), "-k", "torch", "-f", "json", "--num-full-slots", "9")
+    [dump] = json.loads(out)["dumps"]
+    assert {f["severity"] for f in dump["findings"] if f["code"] == "slot-beyond-pool"} == {"error"}
+    assert {s["name"]: s["origin"] for s in dump["scalars"]}["num_full_slots"] == "overridden"
 
 
 def test_synth_list_and_write(tmp_path: Path) -> None:

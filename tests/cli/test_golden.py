@@ -38,3 +38,19 @@ def test_check_output_matches_golden(
         pytest.skip("golden refreshed")
     assert golden.exists(), f"missing {golden}: run pytest --update-golden"
     assert result.stdout == golden.read_text()
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_examples_report_what_they_record(example: str) -> None:
+    """Each bundled dump's metadata says what check must find; check agrees."""
+    from kvcanary_cli.dump.loader import load_dump
+    from tests.helpers import checked
+
+    dump = load_dump(ROOT / "examples" / example)
+    report = checked(dump)
+    expected = {c for c in dump.metadata.get("kvcanary.expected_findings", "").split(",") if c}
+    allowed = {c for c in dump.metadata.get("kvcanary.allowed_findings", "").split(",") if c}
+    codes = {f.code.value for f in report.findings}
+    assert expected <= codes <= expected | allowed
+    cause = dump.metadata.get("kvcanary.expected_diagnosis")
+    assert [c.code.value for c in report.diagnosis][:1] == ([cause] if cause else [])

@@ -1,7 +1,7 @@
 """The `kvcanary.check/1` and `kvcanary.provenance/1` schemas, and a small validator.
 
-Objects list their keys exactly (no missing, no extra keys); the README's schema section
-describes the same shapes.
+Objects list their keys exactly (no missing, no extra keys); docs/json-schema.md describes the
+same shapes (tests/render/test_schema_doc.py checks that it names every key).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvcanary_cli.analysis.model import FindingCode, Severity
+from kvcanary_cli.analysis.model import CauseCode, Confidence, FindingCode, Severity
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class OneOf:
 JSON_VALUE = object()  # any JSON value
 
 CODES = OneOf(frozenset(c.value for c in FindingCode))
+CAUSES = OneOf(frozenset(c.value for c in CauseCode))
 SEVERITIES = OneOf(frozenset(s.value for s in Severity))
 ROLES = OneOf(
     frozenset({"verify", "prefix", "chain-prev", "seed", "pending-write", "stale-tail", "idle-row"})
@@ -76,7 +77,19 @@ FINDING = {
     "message": str,
     "details": MapOf(JSON_VALUE),
     "provenance": Nullable(PROVENANCE),
+    "assumes": ListOf(str),
+    "cause": Nullable(CAUSES),
+    "first_raise": bool,
 }
+CAUSE = {
+    "cause": CAUSES,
+    "confidence": OneOf(frozenset(c.value for c in Confidence)),
+    "summary": str,
+    "evidence": ListOf(str),
+    "explains": MapOf(int),
+    "fix": str,
+}
+ORIGINS = OneOf(frozenset({"recorded", "overridden", "derived", "default", "unknown"}))
 GROUP = {
     "group": str,
     "window": int,
@@ -98,6 +111,33 @@ DUMP = {
     "kernel_mode": Nullable(str),
     "notes": ListOf(str),
     "groups": ListOf(GROUP),
+    "scalars": ListOf({"name": str, "value": Nullable(int), "origin": ORIGINS, "source": str}),
+    "assumptions": ListOf(
+        {"scalar": str, "value": Nullable(int), "source": str, "decides": MapOf(int), "advice": str}
+    ),
+    "diagnosis": ListOf(CAUSE),
+    "first_raise": Nullable(
+        {
+            "group": str,
+            "exception_type": str,
+            "message": str,
+            "code": CODES,
+            "batch_row": int,
+            "position": int,
+        }
+    ),
+    "recorded_exception": Nullable(str),
+    "recorded_exception_matches": Nullable(bool),
+    "requests": ListOf(
+        {
+            "batch_row": int,
+            "pool_row": int,
+            "prefix_len": int,
+            "extend_len": int,
+            "counts": MapOf(int),
+            "first_bad_position": Nullable(int),
+        }
+    ),
     "counts": ListOf({"code": CODES, "severity": SEVERITIES, "group": str, "count": int}),
     "findings_total": int,
     "findings": ListOf(FINDING),

@@ -13,7 +13,7 @@ from kvcanary_cli.render.markdown_report import check_markdown, provenance_markd
 from kvcanary_cli.render.records import provenance_record, to_record
 from tests.render.md_tables import tables
 
-HEAD = re.compile(r"^#### `([a-z-]+)` · (error|warning|info) · (\d+) findings?$", re.M)
+HEAD = re.compile(r"^##### `([a-z-]+)` · (error|warning|info) · (\d+) findings?$", re.M)
 
 
 def _summary(markdown: str) -> dict[tuple[str, str], int]:
@@ -73,7 +73,7 @@ def test_code_tables_and_escaping(single_report: CheckReport) -> None:
     markdown = check_markdown(to_record(single_report), max_rows=10)
     for _, header, rows in tables(markdown):
         assert all(len(row) == len(header) for row in rows), header
-    lut = [t for t in tables(markdown) if t[0].startswith("#### `lut-out-of-range`")]
+    lut = [t for t in tables(markdown) if t[0].startswith("##### `lut-out-of-range`")]
     [(_, header, rows)] = lut
     assert header == [
         "group",
@@ -87,7 +87,7 @@ def test_code_tables_and_escaping(single_report: CheckReport) -> None:
     ]
     assert [r[1] for r in rows] == [str(900 + i) for i in range(10)]
     assert "… and 2 more" in markdown
-    dup = [t for t in tables(markdown) if t[0].startswith("#### `duplicate-slot-in-row`")]
+    dup = [t for t in tables(markdown) if t[0].startswith("##### `duplicate-slot-in-row`")]
     message = dup[0][2][0][-1]
     assert "pool row 8 \\| both live &lt;here>" not in message  # the reader unescapes `\|`
     assert message == "slot 77 is at positions 4 and 9 of pool row 8 | both live &lt;here>"

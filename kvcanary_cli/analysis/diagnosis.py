@@ -1,0 +1,491 @@
+"""Diagnosis: from symptoms (findings) to causes (what to fix), ranked most likely first.
+
+A finding is a symptom at one cell or row; a cause explains a group of them and names the fix
+(docs/findings.md, "Diagnosis"). Row-level causes claim their rows' symptoms first (corrupt
+batch metadata, a recycled row read through a too-long prefix); the LUT-versus-slot question
+is decided from the recorded pool size when there is one, from the other evidence when there
+is not; every other symptom maps to the cause its code names. When the evidence does not
+decide, the losing cause is kept as `possible` instead of being dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import torch
+
+from kvcanary_cli.analysis.model import (
+    Assumption,
+    Cause,
+    CauseCode,
+    Confidence,
+    Finding,
+    FindingCode,
+    FirstRaise,
+    RequestSummary,
+)
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import SCALARS
+from kvcanary_cli.planners.base import Plan, upstream_error
+
+__all__ = [
+    "assumptions_of",
+    "diagnose",
+    "first_raise",
+    "recorded_exception",
+    "request_summaries",
+]
+
+_BATCH_CODES = frozenset(
+    {
+        FindingCode.ROW_OUT_OF_RANGE,
+        FindingCode.PREFIX_BEYOND_ROW,
+        FindingCode.DUPLICATE_REQUEST_ROW,
+        FindingCode.NEGATIVE_LENGTH,
+    }
+)
+#: symptoms a stale tail leaves in a live prefix: slots freed since, reused elsewhere, never
+#: written, or repeated within the row.
+_STALE_CODES = frozenset(
+    {
+        FindingCode.FREED_SLOT_IN_LIVE_RANGE,
+        FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
+        FindingCode.PADDING_SLOT_IN_LIVE_RANGE,
+        FindingCode.DUPLICATE_SLOT_IN_ROW,
+    }
+)
+#: one code, one cause, when no row-level or LUT-level cause claims the finding first.
+_BY_CODE: dict[FindingCode, CauseCode] = {
+    FindingCode.NEGATIVE_SLOT: CauseCode.SLOT_INDEX_CORRUPT,
+    FindingCode.FREED_SLOT_IN_LIVE_RANGE: CauseCode.USE_AFTER_FREE,
+    FindingCode.SLOT_SHARED_ACROSS_POSITIONS: CauseCode.CROSS_REQUEST_ALIASING,
+    FindingCode.DUPLICATE_SLOT_IN_ROW: CauseCode.SLOT_REUSED_WITHIN_REQUEST,
+    FindingCode.PADDING_SLOT_IN_LIVE_RANGE: CauseCode.UNWRITTEN_CELLS,
+    FindingCode.SWA_UNMAPPED_IN_WINDOW: CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+    FindingCode.SWA_SLOT_COLLISION: CauseCode.SWA_MAPPING_COLLISION,
+    FindingCode.WRITE_TO_LIVE_SLOT: CauseCode.WRITE_INTO_LIVE_SLOT,
+    FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE: CauseCode.EXPECTED_TOKEN_POOL_MISMATCH,
+    FindingCode.VERIFY_CAPACITY_OVERFLOW: CauseCode.VERIFY_CAPACITY_OVERFLOW,
+    FindingCode.KERNEL_LIMIT_EXCEEDED: CauseCode.KERNEL_LIMIT,
+    FindingCode.KERNEL_DIVERGENCE: CauseCode.PLANNER_DIVERGENCE,
+    FindingCode.GPU_DTYPE_MISMATCH: CauseCode.NONCANONICAL_DTYPE,
+    FindingCode.LUT_SENTINEL_MISSING: CauseCode.LUT_SENTINEL_OVERWRITTEN,
+}
+_SUMMARY: dict[CauseCode, str] = {
+    CauseCode.LUT_TOO_SHORT: "the SWA LUT is shorter than the full pool: valid slots fall "
+    "off its end",
+    CauseCode.SLOT_INDEX_CORRUPT: "slot indices that cannot be right in any pool: the "
+    "producer of the slot indices is wrong",
+    CauseCode.BATCH_METADATA_CORRUPT: "the batch metadata itself is wrong (pool rows, "
+    "lengths): the cells read through it are symptoms",
+    CauseCode.STALE_ROW_READ: "a recycled pool row read through a too-long prefix: the live "
+    "range runs into the stale tail of an earlier owner",
+    CauseCode.USE_AFTER_FREE: "live slots are on the allocator's free list",
+    CauseCode.CROSS_REQUEST_ALIASING: "one slot is live at different positions of two requests",
+    CauseCode.SLOT_REUSED_WITHIN_REQUEST: "one slot sits at two live positions of one request",
+    CauseCode.UNWRITTEN_CELLS: "live prefix cells hold slot 0: never written, or zeroed",
+    CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: "SWA peers freed while their tokens are still in "
+    "the window",
+    CauseCode.SWA_MAPPING_COLLISION: "two live full slots map to one SWA slot",
+    CauseCode.WRITE_INTO_LIVE_SLOT: "this step writes slots that other requests still hold",
+    CauseCode.LUT_SENTINEL_OVERWRITTEN: "the LUT's trailing -1 is gone",
+    CauseCode.EXPECTED_TOKEN_POOL_MISMATCH: "the expected-token pool is smaller than its "
+    "valid lengths say",
+    CauseCode.VERIFY_CAPACITY_OVERFLOW: "more verify entries than capacity: the verify launch "
+    "is skipped this step",
+    CauseCode.KERNEL_LIMIT: "the GPU plan path refuses this batch",
+    CauseCode.NONCANONICAL_DTYPE: "tensors in dtypes the production GPU path rejects",
+    CauseCode.PLANNER_DIVERGENCE: "the reference and the kernel disagree where no finding "
+    "explains it",
+}
+_FIX: dict[CauseCode, str] = {
+    CauseCode.LUT_TOO_SHORT: "size full_to_swa_index_mapping from the full pool (num_full_slots "
+    "+ 1 entries, the last one -1) and pass the allocator's mapping itself, not a slice of it; "
+    "the slots are fine",
+    CauseCode.SLOT_INDEX_CORRUPT: "find what wrote these req_to_token cells (allocation, "
+    "prefix-cache match, copy between rows); the LUT is not at fault",
+    CauseCode.BATCH_METADATA_CORRUPT: "fix how req_pool_indices / prefix_lens / "
+    "extend_seq_lens are built for the batch (ForwardBatch); ignore the cell symptoms until then",
+    CauseCode.STALE_ROW_READ: "the prefix length of this request is larger than what its row "
+    "holds: check prefix_lens (chunked prefill, retraction, radix match) for this request",
+    CauseCode.USE_AFTER_FREE: "find who freed these slots while a request still held them "
+    "(free on finish or retract, radix eviction of a locked node)",
+    CauseCode.CROSS_REQUEST_ALIASING: "find how a slot of one request was copied into another "
+    "at another position (prefix-cache match, row reuse without reset)",
+    CauseCode.SLOT_REUSED_WITHIN_REQUEST: "the allocator handed the same slot out twice to one "
+    "request, or a copy within the row went wrong",
+    CauseCode.UNWRITTEN_CELLS: "find why these positions were never written (skipped "
+    "allocation, zeroed row, prefix length past the written part)",
+    CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: "the out-of-window eviction freed SWA peers of "
+    "tokens still inside the window: check the eviction threshold against the window",
+    CauseCode.SWA_MAPPING_COLLISION: "an SWA slot was handed out twice, or a free skipped the "
+    "SWA side and left a stale mapping",
+    CauseCode.WRITE_INTO_LIVE_SLOT: "the allocator returned a slot still in use: check frees "
+    "and the free list",
+    CauseCode.LUT_SENTINEL_OVERWRITTEN: "keep the LUT's last entry at -1 (it makes a clamp "
+    "land on 'no slot')",
+    CauseCode.EXPECTED_TOKEN_POOL_MISMATCH: "size req_to_verify_expected_tokens to the "
+    "request lengths, or fix its valid lengths",
+    CauseCode.VERIFY_CAPACITY_OVERFLOW: "raise the verify capacity (ServerArgs / pool sizing)",
+    CauseCode.KERNEL_LIMIT: "keep bs within _PLAN_BS_BLOCK_SIZE and write_req_capacity",
+    CauseCode.NONCANONICAL_DTYPE: "store the tensors in the dtypes the GPU path requires (or "
+    "ignore: kvcanary read them anyway)",
+    CauseCode.PLANNER_DIVERGENCE: "report it to kvcanary with this dump: the kernel model and "
+    "the reference disagree",
+}
+#: Causes in the order a user should look at them when equally sure: root causes first.
+_PRECEDENCE = {code: i for i, code in enumerate(CauseCode)}
+
+
+@dataclass
+class _Claim:
+    """A cause being built: the findings it explains and why."""
+
+    code: CauseCode
+    confidence: Confidence
+    evidence: list[str]
+    members: list[int]
+
+
+class _Diagnosis:
+    """Findings being assigned to causes; each finding goes to the first cause that claims it."""
+
+    def __init__(self, dump: KvDump, findings: list[Finding]) -> None:
+        self.dump = dump
+        self.findings = findings
+        self.claims: dict[CauseCode, _Claim] = {}
+        self.cause_of: list[CauseCode | None] = [None] * len(findings)
+
+    def claim(self, code: CauseCode, confidence: Confidence, index: int) -> None:
+        if self.cause_of[index] is not None:
+            return
+        entry = self.claims.setdefault(code, _Claim(code, confidence, [], []))
+        entry.members.append(index)
+        self.cause_of[index] = code
+
+    def evidence(self, code: CauseCode) -> list[str]:
+        """The evidence list of a claimed cause (to add to)."""
+        return self.claims[code].evidence
+
+    def unclaimed(self, code: FindingCode) -> list[int]:
+        return [
+            i for i, f in enumerate(self.findings) if f.code is code and self.cause_of[i] is None
+        ]
+
+
+def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tuple[Cause, ...]]:
+    """Every finding with its cause set, and the causes ranked (empty without findings)."""
+    state = _Diagnosis(dump, findings)
+    _batch_rows(state)
+    _stale_rows(state)
+    possible = _lut_or_slots(state)
+    for i, f in enumerate(findings):
+        if f.code in _BY_CODE:
+            state.claim(_BY_CODE[f.code], Confidence.CERTAIN, i)
+    causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
+    causes.extend(possible)
+    causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
+    return [replace(f, cause=state.cause_of[i]) for i, f in enumerate(findings)], tuple(causes)
+
+
+def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
+    explains = Counter(findings[i].code.value for i in entry.members)
+    return Cause(
+        code=entry.code,
+        confidence=entry.confidence,
+        summary=_SUMMARY[entry.code],
+        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
+        explains=dict(sorted(explains.items(), key=lambda kv: FindingCode(kv[0]).order)),
+        fix=_FIX[entry.code],
+    )
+
+
+def _default_evidence(entry: _Claim, findings: list[Finding]) -> tuple[str, ...]:
+    """The first findings themselves, when the cause needs no argument beyond its symptoms."""
+    shown = [findings[i].message for i in entry.members[:3]]
+    more = len(entry.members) - len(shown)
+    return (*shown, f"... and {more} more") if more > 0 else tuple(shown)
+
+
+def _batch_rows(state: _Diagnosis) -> None:
+    """Corrupt batch metadata claims its own findings and every symptom in its rows."""
+    rows = {
+        f.batch_row for f in state.findings if f.code in _BATCH_CODES and f.batch_row is not None
+    }
+    if not rows:
+        return
+    for i, f in enumerate(state.findings):
+        if f.code in _BATCH_CODES or f.batch_row in rows:
+            state.claim(CauseCode.BATCH_METADATA_CORRUPT, Confidence.CERTAIN, i)
+    state.evidence(CauseCode.BATCH_METADATA_CORRUPT).extend(
+        f.message for f in state.findings if f.code in _BATCH_CODES
+    )
+
+
+def _stale_rows(state: _Diagnosis) -> None:
+    """A run of symptoms that ends at the last prefix position of a row: a stale tail."""
+    findings = state.findings
+    prefix = state.dump.prefix_lens.clamp(min=0).tolist()
+    by_row: dict[int, dict[int, list[int]]] = {}
+    for i, f in enumerate(findings):
+        if (
+            f.code in _STALE_CODES
+            and f.batch_row is not None
+            and f.position is not None
+            and state.cause_of[i] is None
+            and f.position < prefix[f.batch_row]
+        ):
+            by_row.setdefault(f.batch_row, {}).setdefault(f.position, []).append(i)
+    for row, at in by_row.items():
+        p = prefix[row]
+        bad = sorted(at)
+        # At least two cells, ending at the last prefix position, covering most of the run.
+        if len(bad) < 2 or bad[-1] != p - 1 or 2 * len(bad) < p - bad[0]:
+            continue
+        run = [i for position in bad for i in at[position]]
+        for i in run:
+            state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i)
+        codes = Counter(findings[i].code.value for i in run)
+        state.evidence(CauseCode.STALE_ROW_READ).append(
+            f"batch row {row} (pool row {findings[run[0]].pool_row}): positions "
+            f"{bad[0]}..{p - 1}, the last {p - bad[0]} of its prefix of {p}, hold "
+            f"{_counted(codes)}; the cells before them are clean"
+        )
+
+
+def _counted(codes: Counter[str]) -> str:
+    return ", ".join(f"{n} {code}" for code, n in codes.most_common())
+
+
+def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
+    """Slots >= lut_len: a LUT too short for valid slots, or slots no pool can hold.
+
+    With a recorded pool size the answer is per slot. Without one, the other evidence decides
+    (the allocator's free list, how many distinct slots, how far past the LUT they go), and the
+    other answer is kept as `possible`.
+    """
+    dump, findings = state.dump, state.findings
+    lut = dump.full_to_swa_index_mapping
+    pool = dump.scalars["num_full_slots"]
+    lut_len = 0 if lut is None else int(lut.shape[0])
+    out_of_range = state.unclaimed(FindingCode.LUT_OUT_OF_RANGE)
+    beyond = state.unclaimed(FindingCode.SLOT_BEYOND_POOL)
+    shorter = state.unclaimed(FindingCode.LUT_SHORTER_THAN_POOL)
+    sentinel = state.unclaimed(FindingCode.LUT_SENTINEL_MISSING)
+
+    def slot(i: int) -> int:
+        value = findings[i].slot
+        return -1 if value is None else value
+
+    if pool.value is not None and not pool.assumed:
+        corrupt = [*beyond, *(i for i in out_of_range if slot(i) >= pool.value)]
+        for i in corrupt:
+            state.claim(CauseCode.SLOT_INDEX_CORRUPT, Confidence.CERTAIN, i)
+        if corrupt:
+            state.evidence(CauseCode.SLOT_INDEX_CORRUPT).append(
+                f"live slots >= num_full_slots {pool.value} ({pool.source}): beyond the pool, "
+                "so beyond a correctly sized LUT too"
+            )
+        short = [i for i in out_of_range if 0 <= slot(i) < pool.value]
+        if short or shorter:
+            for i in [*shorter, *short, *(sentinel if shorter else [])]:
+                state.claim(CauseCode.LUT_TOO_SHORT, Confidence.CERTAIN, i)
+            state.evidence(CauseCode.LUT_TOO_SHORT).extend(
+                _lut_evidence(dump, lut_len, pool.value, pool.source, [slot(i) for i in short])
+            )
+        return []
+    if not out_of_range and not beyond:
+        return []
+    slots = sorted({slot(i) for i in (*out_of_range, *beyond) if slot(i) >= 0})
+    evidence, lut_likely = _unrecorded_pool_evidence(dump, lut_len, slots)
+    first, second = (
+        (CauseCode.LUT_TOO_SHORT, CauseCode.SLOT_INDEX_CORRUPT)
+        if lut_likely
+        else (CauseCode.SLOT_INDEX_CORRUPT, CauseCode.LUT_TOO_SHORT)
+    )
+    for i in (*out_of_range, *beyond, *sentinel):
+        state.claim(first, Confidence.LIKELY, i)
+    state.evidence(first).extend(evidence)
+    explains = Counter(findings[i].code.value for i in state.claims[first].members)
+    return [
+        Cause(
+            code=second,
+            confidence=Confidence.POSSIBLE,
+            summary=_SUMMARY[second],
+            evidence=(
+                "num_full_slots is not recorded, so the pool size cannot rule it out",
+                *evidence,
+            ),
+            explains=dict(explains),
+            fix=_FIX[second],
+        )
+    ]
+
+
+def _lut_evidence(
+    dump: KvDump, lut_len: int, pool_size: int, source: str, slots: Iterable[int]
+) -> list[str]:
+    lut = dump.full_to_swa_index_mapping
+    assert lut is not None
+    valid = sorted(set(slots))
+    evidence = [
+        f"lut_len {lut_len}",
+        f"num_full_slots {pool_size} ({source}): a production LUT has {pool_size + 1} entries",
+    ]
+    if valid:
+        evidence.append(
+            f"{len(valid)} distinct live slots in {valid[0]}..{valid[-1]}: >= "
+            f"lut_len, < num_full_slots, so valid slots the LUT cannot translate"
+        )
+    last = int(lut[-1])
+    evidence.append(
+        "the LUT ends in -1: allocated too small, not sliced"
+        if last == -1
+        else f"the LUT ends in {last}, not -1: sliced (lut[:{lut_len}])"
+    )
+    return evidence
+
+
+def _unrecorded_pool_evidence(
+    dump: KvDump, lut_len: int, slots: list[int]
+) -> tuple[list[str], bool]:
+    """Evidence about a LUT that may be short, when the pool size is not recorded."""
+    evidence = [
+        f"lut_len {lut_len}",
+        f"num_full_slots not recorded (derived as lut_len - 1 = "
+        f"{lut_len - 1}); record it to decide",
+    ]
+    if not slots:
+        return evidence, True
+    evidence.append(f"{len(slots)} distinct live slots >= lut_len - 1, in {slots[0]}..{slots[-1]}")
+    lut = dump.full_to_swa_index_mapping
+    if lut is not None and int(lut[-1]) != -1:
+        evidence.append(f"the LUT ends in {int(lut[-1])}, not -1: it was sliced")
+        return evidence, True
+    free = dump.free_full_slots
+    if free is not None and free.numel():
+        top = int(free.max())
+        if top >= lut_len - 1:
+            evidence.append(
+                f"the allocator's free list holds slots up to {top}: the pool is "
+                "larger than the LUT"
+            )
+            return evidence, True
+    table_top = int(torch.as_tensor(slots).max())
+    # Slots an allocator hands out are dense: a few past the LUT's end are a short LUT; a lone
+    # slot far beyond everything else is a corrupt index.
+    likely_lut = len(slots) >= 2 and table_top < 2 * max(lut_len, 1)
+    evidence.append(
+        "several slots just past the LUT's end, as an allocator hands them out"
+        if likely_lut
+        else "few slots, far past the LUT's end"
+    )
+    return evidence, likely_lut
+
+
+def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:
+    """The derived scalars findings rest on, with what to record to decide them."""
+    decides: dict[str, Counter[str]] = {}
+    for f in findings:
+        for name in f.assumes:
+            decides.setdefault(name, Counter())[f.code.value] += 1
+    out = []
+    for name, counts in decides.items():
+        scalar = dump.scalars[name]
+        spec = SCALARS[name]
+        out.append(
+            Assumption(
+                scalar=name,
+                value=scalar.value,
+                source=scalar.source,
+                decides=dict(counts),
+                advice=f"record {name} ({spec.meaning}) in the dump's metadata, or pass "
+                f"{spec.option}, to turn these into facts",
+            )
+        )
+    return out
+
+
+def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSummary]:
+    """One summary per batch row with findings, in batch order."""
+    rows: dict[int, list[Finding]] = {}
+    for f in findings:
+        if f.batch_row is not None and 0 <= f.batch_row < dump.bs:
+            rows.setdefault(f.batch_row, []).append(f)
+    rpi, prefix = dump.req_pool_indices.tolist(), dump.prefix_lens.tolist()
+    extend = dump.extend_seq_lens.tolist()
+    out = []
+    for row in sorted(rows):
+        found = rows[row]
+        counts = Counter(f.code.value for f in found)
+        positions = [f.position for f in found if f.position is not None]
+        out.append(
+            RequestSummary(
+                batch_row=row,
+                pool_row=int(rpi[row]),
+                prefix_len=int(prefix[row]),
+                extend_len=int(extend[row]),
+                counts=dict(sorted(counts.items(), key=lambda kv: FindingCode(kv[0]).order)),
+                first_bad_position=min(positions) if positions else None,
+            )
+        )
+    return out
+
+
+def first_raise(
+    dump: KvDump, plans: Iterable[Plan], findings: list[Finding]
+) -> tuple[FirstRaise | None, list[Finding]]:
+    """Where SGLang's torch reference stops, and the findings with that one marked.
+
+    Upstream plans the groups in order (full, then swa) and raises at the first bad read of
+    the first group that has one, in its own entry order (`ProblemTable.first_raise`).
+    """
+    for plan in plans:
+        problem = plan.problems.first_raise()
+        if problem is None:
+            continue
+        error = upstream_error(problem, dump, plan.frame.lut_len)
+        code = FindingCode(problem.kind.code)
+        marked = list(findings)
+        for i, f in enumerate(marked):
+            if (
+                f.code is code
+                and f.batch_row == problem.batch_row
+                and (
+                    code is not FindingCode.LUT_OUT_OF_RANGE
+                    or (f.group == plan.group and f.position == problem.position)
+                )
+            ):
+                marked[i] = replace(f, first_raise=True)
+                break
+        return FirstRaise(
+            group=plan.group,
+            exception_type=error.exception_type,
+            message=error.message,
+            code=code,
+            batch_row=problem.batch_row,
+            position=problem.position,
+        ), marked
+    return None, findings
+
+
+_CAPTURED = re.compile(
+    r"captured on (?P<type>[A-Za-z_][\w.]*): (?P<message>.*?)"
+    r"(?: \(arguments not saved: .*\))?$",
+    re.S,
+)
+
+
+def recorded_exception(dump: KvDump, raised: FirstRaise | None) -> tuple[str | None, bool | None]:
+    """The upstream exception the capture hook stored in `note`, and whether it is the one
+    kvcanary's reference raises first (None, None when the dump records none)."""
+    match = _CAPTURED.match(dump.metadata.get("note", "").strip())
+    if match is None:
+        return None, None
+    recorded = f"{match['type']}: {match['message']}"
+    if raised is None:
+        return recorded, False
+    return recorded, recorded == f"{raised.exception_type}: {raised.message}"

@@ -1,0 +1,141 @@
+"""Diagnosis: causes ranked first, symptoms grouped, the first raise, recorded exceptions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.dump.writer import save_dump
+from kvcanary_cli.errors import UpstreamPlanError
+from tests.analysis.conftest import LoadSynth, ScenarioDump
+from tests.helpers import STRICT, checked
+
+
+def test_first_raise_is_where_the_strict_reference_raises(scenario_dump: ScenarioDump) -> None:
+    dump, _ = scenario_dump("truncated-lut", seed=2)
+    report = checked(dump)
+    with pytest.raises(UpstreamPlanError) as raised:
+        for group in dump.groups:
+            STRICT.plan(dump, group)
+    assert report.first_raise is not None
+    assert report.first_raise.message == raised.value.message
+    assert report.first_raise.exception_type == raised.value.exception_type
+    [marked] = [f for f in report.findings if f.first_raise]
+    assert marked.code.value == "lut-out-of-range"
+    assert (marked.batch_row, marked.position) == (
+        report.first_raise.batch_row,
+        report.first_raise.position,
+    )
+    assert f"SWA slot {marked.slot} " in report.first_raise.message
+
+
+def test_clean_and_non_raising_dumps_have_no_first_raise(scenario_dump: ScenarioDump) -> None:
+    for name in ("clean-swa", "use-after-free"):
+        report = checked(scenario_dump(name)[0])
+        assert report.first_raise is None and not any(f.first_raise for f in report.findings)
+
+
+def _with_note(tmp_path: Path, note: str) -> Path:
+    synth = make_scenario("truncated-lut", seed=1)
+    synth.metadata["note"] = note
+    return synth.save(tmp_path / "noted.safetensors")
+
+
+def test_a_recorded_exception_that_matches_is_confirmed(tmp_path: Path) -> None:
+    dump = load_dump(_with_note(tmp_path, "placeholder"))
+    raised = checked(dump).first_raise
+    assert raised is not None
+    path = _with_note(tmp_path, f"captured on {raised.exception_type}: {raised.message}")
+    report = checked(load_dump(path))
+    assert report.recorded_exception == f"{raised.exception_type}: {raised.message}"
+    assert report.recorded_exception_matches is True
+
+
+def test_a_recorded_exception_that_differs_is_shouted(tmp_path: Path) -> None:
+    note = (
+        "captured on ValueError: kv-canary: SWA slot 99999 is outside "
+        "full_to_swa_index_mapping length 3"
+    )
+    path = _with_note(tmp_path, note)
+    report = checked(load_dump(path))
+    assert report.recorded_exception_matches is False
+    result = CliRunner().invoke(app, ["check", str(path), "-k", "torch"])
+    assert "MISMATCH: the dump's note records" in result.stdout
+    result = CliRunner().invoke(app, ["check", str(path), "-k", "torch", "-f", "markdown"])
+    assert "**Mismatch:**" in result.stdout
+
+
+def test_no_recorded_exception_without_a_capture_note(scenario_dump: ScenarioDump) -> None:
+    report = checked(scenario_dump("truncated-lut")[0])
+    assert report.recorded_exception is None and report.recorded_exception_matches is None
+
+
+def test_the_per_request_view_appears_when_findings_span_requests(tmp_path: Path) -> None:
+    spread = make_scenario("truncated-lut", seed=1).save(tmp_path / "spread.safetensors")
+    single = make_scenario("use-after-free", seed=1).save(tmp_path / "single.safetensors")
+    runner = CliRunner()
+    out = runner.invoke(app, ["check", str(spread), "-k", "torch"]).stdout
+    assert "requests with findings" in out
+    assert "requests with findings" not in runner.invoke(app, ["check", str(single)]).stdout
+    record = json.loads(runner.invoke(app, ["check", str(spread), "-f", "json"]).stdout)
+    [dump] = record["dumps"]
+    rows = {f["batch_row"] for f in dump["findings"] if f["batch_row"] is not None}
+    assert [r["batch_row"] for r in dump["requests"]] == sorted(rows)
+    for request in dump["requests"]:
+        mine = [f for f in dump["findings"] if f["batch_row"] == request["batch_row"]]
+        assert sum(request["counts"].values()) == len(mine)
+        assert request["first_bad_position"] == min(f["position"] for f in mine)
+
+
+def test_causes_come_before_symptoms_in_every_format(tmp_path: Path) -> None:
+    path = make_scenario("prefix-past-row", seed=0).save(tmp_path / "p.safetensors")
+    runner = CliRunner()
+    table = runner.invoke(app, ["check", str(path), "-k", "torch"]).stdout
+    assert table.index("batch-metadata-corrupt") < table.index("findings by code")
+    markdown = runner.invoke(app, ["check", str(path), "-k", "torch", "-f", "markdown"]).stdout
+    assert markdown.index("#### Diagnosis") < markdown.index("#### Cause 1")
+    [dump] = json.loads(runner.invoke(app, ["check", str(path), "-f", "json"]).stdout)["dumps"]
+    assert dump["diagnosis"][0]["cause"] == "batch-metadata-corrupt"
+    assert {f["cause"] for f in dump["findings"]} == {"batch-metadata-corrupt"}
+
+
+def _tail_dump(tmp_path: Path, tail: list[int], free: list[int]) -> Path:
+    """One request of prefix 6 whose last cells hold `tail`; `free` is the free list."""
+    table = torch.zeros(3, 10, dtype=torch.int32)
+    table[1, :6] = torch.arange(1, 7, dtype=torch.int32)
+    table[1, 6 - len(tail) : 6] = torch.tensor(tail, dtype=torch.int32)
+    return save_dump(
+        tmp_path / "tail.safetensors",
+        req_to_token=table,
+        req_pool_indices=torch.tensor([1]),
+        prefix_lens=torch.tensor([6]),
+        free_full_slots=torch.tensor(free),
+        metadata={"num_full_slots": "32"},
+    )
+
+
+def test_a_run_of_freed_slots_at_the_end_of_the_prefix_is_a_stale_read(tmp_path: Path) -> None:
+    report = checked(load_dump(_tail_dump(tmp_path, [20, 21, 22], free=[20, 21, 22, 30])))
+    assert report.diagnosis[0].code.value == "stale-row-read"
+    assert "positions 3..5" in report.diagnosis[0].evidence[0]
+
+
+def test_one_freed_slot_is_a_use_after_free(tmp_path: Path) -> None:
+    report = checked(load_dump(_tail_dump(tmp_path, [20], free=[20, 30])))
+    assert [c.code.value for c in report.diagnosis] == ["use-after-free"]
+
+
+def test_without_a_pool_size_the_free_list_argues_for_a_short_lut(load_synth: LoadSynth) -> None:
+    synth = make_scenario("truncated-lut-unrecorded", seed=0)
+    report = checked(load_synth(synth))
+    first, second = report.diagnosis[:2]
+    assert (first.code.value, first.confidence.value) == ("lut-too-short", "likely")
+    assert (second.code.value, second.confidence.value) == ("slot-index-corrupt", "possible")
+    assert any("record it to decide" in e for e in first.evidence)
