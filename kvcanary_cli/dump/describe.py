@@ -57,6 +57,7 @@ def describe_dump(dump: KvDump) -> dict[str, Any]:
                 "name": s.name,
                 "value": s.value,
                 "source": s.source,
+                "origin": s.origin,
                 "option": SCALARS[s.name].option,
                 "meaning": SCALARS[s.name].meaning,
             }

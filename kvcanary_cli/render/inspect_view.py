@@ -54,10 +54,16 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
         )
     parts.append(tensors)
     scalars = Table(title="scalars", title_justify="left")
-    for col in ("name", "value", "source"):
+    for col in ("name", "value", "origin", "source", "option"):
         scalars.add_column(col)
     for s in record["scalars"]:
-        scalars.add_row(s["name"], "-" if s["value"] is None else str(s["value"]), s["source"])
+        scalars.add_row(
+            s["name"],
+            "-" if s["value"] is None else str(s["value"]),
+            s["origin"],
+            s["source"],
+            s["option"],
+        )
     parts.append(scalars)
     batch = record["batch"]
     groups = ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
