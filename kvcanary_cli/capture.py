@@ -89,7 +89,7 @@ _MAX_NOTE_CHARS = 2000
 _calls = itertools.count()
 #: Dumps written by this process. Each one holds all of `req_to_token` (GBs in production),
 #: so a server that catches the error and keeps going must not fill the disk.
-_written = itertools.count()
+_written = [0]  # a list, so the wrapper can count without a `global`
 #: Most dumps one process writes; `KVCANARY_DUMP_LIMIT` changes it.
 DEFAULT_DUMP_LIMIT = 4
 #: Model runners this process set the canary up for (weakly held: never kept alive by us).
@@ -204,7 +204,7 @@ def install_sglang_hook(
         )
         return False
     original: Callable[..., Any] = getattr(current, _ORIGINAL_ATTR, current)
-    wrapper = _wrap(original, Path(dump_dir), rank)
+    wrapper = _wrap(original, Path(os.path.expanduser(dump_dir)), rank)
     setattr(module, SGLANG_PLAN_FUNCTION, wrapper)
     _rebind(current, wrapper)
     return True
@@ -286,11 +286,12 @@ def _dump_failed_call(
     """Best effort: any failure here is logged, so the caller's exception stays the one seen."""
     limit = _env_int("KVCANARY_DUMP_LIMIT")
     limit = DEFAULT_DUMP_LIMIT if limit is None else limit
-    if next(_written) >= limit:
+    if _written[0] >= limit:
         if limit > 0:
             logger.debug("kvcanary: dump limit %d reached; not capturing step %d", limit, step)
         return
     try:
+        dump_dir.mkdir(parents=True, exist_ok=True)
         rank = _detect_rank() if rank is None else rank
         note = f"captured on {type(exc).__name__}: {exc}"
         if len(note) > _MAX_NOTE_CHARS:
@@ -306,6 +307,7 @@ def _dump_failed_call(
             context=server_context(kwargs.get("req_to_token")),
             **inputs,
         )
+        _written[0] += 1  # only dumps written count against the limit
     except Exception as dump_exc:
         logger.warning(
             "kvcanary: could not write a dump for the failed %s call (%s: %s)",

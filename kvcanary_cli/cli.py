@@ -1,15 +1,14 @@
 """The `kvcanary` command line: parse options, call the library, print, map to an exit code.
 
-Nothing here decides anything about dumps; it only maps names to objects and wires
-dump → planners/analysis → render. Heavy modules (torch) are imported inside the commands, so
-`kvcanary --help` starts fast. Options are declared in `cli_options`.
+Nothing here decides anything about dumps; it wires options → `api` (the library) → render →
+`output`. Option declarations live in `cli_options`. Heavy modules (torch) are imported inside
+the commands, so `kvcanary --help` starts fast.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Annotated
 
 import typer
 
@@ -24,10 +23,10 @@ from kvcanary_cli.cli_options import (
     fail,
     with_scalar_overrides,
 )
-from kvcanary_cli.planners import Backend, Kernel, make_kernel, make_planner
+from kvcanary_cli.output import deliver
+from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render import (
     OutputFormat,
-    emit,
     render_check,
     render_inspect,
     render_plan,
@@ -41,7 +40,6 @@ app = typer.Typer(
     name="kvcanary",
     cls=OneLineErrors,
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,
@@ -51,22 +49,12 @@ app = typer.Typer(
 )
 
 
-def _version(value: bool) -> None:
-    if value:
+@app.callback()
+def _root(version: opt.VersionOpt = False) -> None:
+    """Diagnose KV-cache dumps of SGLang's kv canary."""
+    if version:
         typer.echo(f"kvcanary {__version__}")
         raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="Print the version and exit."
-        ),
-    ] = False,
-) -> None:
-    """Diagnose KV-cache dumps of SGLang's kv canary."""
 
 
 @app.command()
@@ -79,28 +67,32 @@ def check(
     fail_on: opt.FailOnOpt = Severity.ERROR,
     max_rows: opt.FindingRowsOpt = 10,
     jobs: opt.JobsOpt = None,
+    quiet: opt.QuietOpt = False,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
     overrides: opt.Overrides = None,
 ) -> None:
     """Find every bad slot in a dump and say where it came from.
 
     Plans each group with SGLang's reference semantics (collecting every problem instead of
-    raising at the first) and with the GPU kernel, compares them, and reports each finding
-    with its provenance. Exit 0 clean, 1 findings at or above --fail-on, 2 bad input.
+    raising at the first) and with the GPU kernel, compares them, and reports the diagnosis
+    (causes, most likely first) and each finding with its provenance. Exit 0 clean, 1
+    findings at or above --fail-on, 2 bad input.
     """
-    from kvcanary_cli.analysis.check import check_dumps
+    from kvcanary_cli import api
 
     with progress(f"checking {dumps[0]}", len(dumps)) as tick:
-        report = check_dumps(
+        report = api.check(
             dumps,
-            reference=make_planner(Backend.TORCH),
-            kernel=make_kernel(kernel),
-            overrides=overrides,
+            kernel=kernel,
             groups=None if group is GroupChoice.ALL else [group.value],
+            overrides=overrides,
             fail_on=fail_on,
             jobs=jobs,
             progress=tick,
         )
-    emit(render_check(report, output_format, max_rows=max_rows))
+    rendered = render_check(report, output_format, max_rows=max_rows, quiet=quiet)
+    deliver(rendered, output, force=force, inputs=dumps)
     raise typer.Exit(_check_exit(report))
 
 
@@ -121,31 +113,33 @@ def provenance(
     row: opt.RowOpt = None,
     space: opt.SpaceOpt = Space.FULL,
     group: opt.RoleGroupOpt = None,
+    positions: opt.PositionsOpt = None,
+    max_rows: opt.CellsOpt = 256,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
     overrides: opt.Overrides = None,
 ) -> None:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
 
     Shows every cell holding the slot with its role (verify, prefix, chain-prev,
-    pending-write, stale-tail, idle-row), radix sharing, the slot's SWA translation, allocator
-    state when the dump has free lists, and the findings touching it.
+    pending-write, stale-tail, idle-row), live cells first, radix sharing, the slot's SWA
+    translation, allocator state when the dump has free lists, and the findings touching it.
+    A row map marks the cells with findings and says which positions it leaves out.
     """
-    from kvcanary_cli.analysis.check import run_check
-    from kvcanary_cli.analysis.query import row_map, slot_query
-    from kvcanary_cli.dump.loader import load_dump
-    from kvcanary_cli.errors import OptionError
+    from kvcanary_cli import api
 
-    if (slot is None) == (row is None):
-        raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
-    loaded = load_dump(dump, overrides=overrides)
-    report = run_check(loaded, reference=make_planner(Backend.TORCH), kernel=None)
-    chosen = None if group is None else group.value
-    answer = (
-        slot_query(loaded, report, slot, space=space.value, group=chosen)
-        if slot is not None
-        else row_map(loaded, report, row or 0, group=chosen or "full")
+    answer = api.provenance(
+        dump,
+        slot=slot,
+        row=row,
+        space=space.value,
+        group=None if group is None else group.value,
+        positions=opt.parse_positions(positions),
+        max_cells=max_rows,
+        overrides=overrides,
     )
-    emit(render_provenance(answer, output_format))
+    deliver(render_provenance(answer, output_format), output, force=force, inputs=[dump])
 
 
 @app.command()
@@ -156,43 +150,51 @@ def plan(
     backend: opt.BackendOpt = Backend.TORCH,
     strict: opt.StrictOpt = False,
     out: opt.PlanOutOpt = None,
+    force: opt.ForceOpt = False,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     max_rows: opt.RequestRowsOpt = 50,
     overrides: opt.Overrides = None,
 ) -> None:
     """Run one planner on one group and show the plan per request (or write it with --out).
 
-    Exit 0 when planned; 1 when the planner raises like upstream would (--strict, or the GPU
-    launch refusing the batch); 2 on bad input.
+    Exit 0 when planned; 1 when upstream would raise (--strict raises like SGLang's reference;
+    without it the plan goes on and marks the values upstream leaves undefined), or when the
+    GPU launch refuses the batch; 2 on bad input.
     """
-    from kvcanary_cli.analysis.plan_summary import plan_record
-    from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli import api
     from kvcanary_cli.errors import UpstreamPlanError
-    from kvcanary_cli.planners.plan_file import save_plan
+    from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
 
-    planner = make_planner(backend, strict=strict)
-    loaded = load_dump(dump, overrides=overrides)
     try:
-        result = planner.plan(loaded, group.value)
+        loaded, result, record = api.plan(
+            dump, group=group.value, backend=backend, strict=strict, overrides=overrides
+        )
     except UpstreamPlanError as exc:
         fail(str(exc), ExitCode.FINDINGS)
     if out is not None and result.launch_error is None:
-        save_plan(out, result, source=str(dump))
-    emit(render_plan(plan_record(loaded, result), output_format, max_rows=max_rows))
+        save_plan(out, result, dump=loaded, overwrite=force)
+    deliver(render_plan(record, output_format, max_rows=max_rows), None)
     if result.launch_error is not None:
         fail(f"ValueError: {result.launch_error}", ExitCode.FINDINGS)
+    if (raised := upstream_raise(loaded, result)) is not None:
+        marked = f"; {out} marks them in kvcanary.verify_undefined" if out else ""
+        fail(f"SGLang's reference raises here: {raised} (planned on past it{marked})", 1)
 
 
 @app.command()
-def inspect(dump: opt.DumpArg, output_format: opt.FormatOpt = OutputFormat.TABLE) -> None:
+def inspect(
+    dump: opt.DumpArg,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+) -> None:
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
     Validates the file on the way: a malformed dump is reported as one error line, exit 2.
     """
-    from kvcanary_cli.dump.describe import describe_dump
-    from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli import api
 
-    emit(render_inspect(describe_dump(load_dump(dump)), output_format))
+    deliver(render_inspect(api.inspect(dump), output_format), output, force=force, inputs=[dump])
 
 
 @app.command()
@@ -202,11 +204,12 @@ def synth(
     seed: opt.SeedOpt = 0,
     size: opt.SizeOpt = "tiny",
     list_: opt.ListOpt = False,
+    force: opt.ForceOpt = False,
 ) -> None:
     """Generate a realistic dump: a clean serving state or one bug class of the canary.
 
-    Each dump records the findings `kvcanary check` must report in its metadata
-    (kvcanary.expected_findings), so you can see what the tool says about a known bug.
+    Each dump records the findings `kvcanary check` must report and the cause it must rank
+    first in its metadata (kvcanary.expected_findings, kvcanary.expected_diagnosis).
     """
     from kvcanary_cli.dump.scenarios import make_scenario, scenario_lines
     from kvcanary_cli.errors import OptionError
@@ -216,8 +219,8 @@ def synth(
         return
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
-    path = make_scenario(scenario, seed=seed, size=size).save(out)
-    typer.echo(f"wrote {path} ({scenario}, seed {seed}, size {size})")
+    path = make_scenario(scenario, seed=seed, size=size).save(out, overwrite=force)
+    typer.echo(f"wrote {path} ({scenario}, seed {seed}, size {size})", err=str(out) == "-")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

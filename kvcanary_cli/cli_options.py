@@ -25,7 +25,15 @@ from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
 
-__all__ = ["ExitCode", "GroupChoice", "OneLineErrors", "Space", "fail", "with_scalar_overrides"]
+__all__ = [
+    "parse_positions",
+    "ExitCode",
+    "GroupChoice",
+    "OneLineErrors",
+    "Space",
+    "fail",
+    "with_scalar_overrides",
+]
 
 
 class ExitCode(IntEnum):
@@ -212,6 +220,37 @@ RowOpt = Annotated[
 SpaceOpt = Annotated[
     Space, typer.Option("--space", help="Whether --slot is a full-pool slot or an SWA-pool slot.")
 ]
+
+
+def parse_positions(text: str | None) -> tuple[int, int] | None:
+    """`START:END` -> (start, end); either side may be empty (the row's start or end)."""
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return (int(start) if start else 0, int(end) if end else 1 << 62)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not START:END (e.g. 3000:4000)") from None
+
+
+PositionsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--positions",
+        metavar="START:END",
+        help="With --row: the positions to map, [START, END) (either side may be left out).",
+    ),
+]
+CellsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-rows",
+        min=1,
+        help="Cells listed: per slot for --slot, per row map for --row (marked cells first).",
+    ),
+]
 RoleGroupOpt = Annotated[
     Space | None,
     typer.Option(
@@ -266,5 +305,21 @@ SizeOpt = Annotated[
     ),
 ]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the scenarios.")]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Write the report to FILE instead of standard output (- is standard output).",
+    ),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Print only the verdict line of each dump.")
+]
+VersionOpt = Annotated[
+    bool, typer.Option("--version", is_eager=True, help="Print the version and exit.")
+]
 #: what `with_scalar_overrides` hands a command.
 Overrides = dict[str, int | None] | None

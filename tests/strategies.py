@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import torch
 from hypothesis import strategies as st
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.writer import save_dump
+from kvcanary_cli.dump.writer import TensorLike, save_dump
 
 __all__ = ["CORRUPTIONS", "DumpCase", "corrupt_dumps", "dump_from", "valid_dumps"]
 
@@ -73,7 +74,7 @@ class DumpCase:
 
 
 def dump_from(
-    tensors: dict[str, torch.Tensor], metadata: dict[str, str], directory: str | os.PathLike[str]
+    tensors: Mapping[str, TensorLike], metadata: dict[str, str], directory: str | os.PathLike[str]
 ) -> KvDump:
     """Save `tensors` + `metadata` as a dump in `directory` (unique name) and load it back."""
     path = Path(directory) / f"case-{os.getpid()}-{next(_counter)}.safetensors"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -140,7 +139,7 @@ def stand_in() -> types.ModuleType:
 def _no_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "LOCAL_RANK", DUMP_DIR_ENV, "KVCANARY_DUMP_LIMIT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(capture, "_written", itertools.count())
+    monkeypatch.setattr(capture, "_written", [0])
 
 
 def dumps_in(directory: Path) -> list[Path]:
@@ -597,3 +596,31 @@ def test_without_a_runner_the_dump_assumes_and_does_not_accuse(
     causes = {c["cause"]: c["confidence"] for c in dump["diagnosis"]}
     assert set(causes) == {"lut-too-short", "slot-index-corrupt"}
     assert sorted(causes.values()) == ["likely", "possible"]
+
+
+def test_failed_writes_do_not_use_up_the_limit(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "1")
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the dump directory should be")
+    install_sglang_hook(blocker, module=stand_in)
+    with pytest.raises(ValueError):  # the dump cannot be written: logged, limit untouched
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert capture._written == [0]
+    install_sglang_hook(tmp_path / "dumps", module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert len(dumps_in(tmp_path / "dumps")) == 1
+
+
+def test_a_dump_directory_with_a_tilde_is_the_home_directory(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    install_sglang_hook("~/kvc", module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert len(dumps_in(tmp_path / "kvc")) == 1
+    assert not (tmp_path / "~").exists()

@@ -25,7 +25,9 @@ ALLOWED = {
     "render": {"render", "analysis.model", ""},  # "" = the package root, for __version__
     "capture": {"dump", "errors"},
     "cli_options": {"errors", "dump.schema", "planners", "analysis.model", "render"},
-    "cli": {"errors", "dump", "planners", "analysis", "render", "cli_options", ""},
+    "api": {"errors", "dump", "planners", "analysis"},
+    "output": {"dump.files", "render"},
+    "cli": {"errors", "dump", "planners", "analysis", "render", "cli_options", "api", "output", ""},
     "__main__": {"cli"},
     "__init__": set(),
 }

@@ -72,3 +72,15 @@ def test_the_readme_dump_recipes_work_as_written(tmp_path: Path) -> None:
         assert report.diagnosis[0].confidence.value == "certain"
         errors = {f.code.value for f in report.findings if f.severity.value == "error"}
         assert errors == {"lut-out-of-range", "lut-shorter-than-pool"}
+
+
+def test_the_readme_python_api_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    section = re.search(
+        r"## Python API\n(?P<body>.*?)\n## ", (ROOT / "README.md").read_text(), re.S
+    )
+    assert section is not None
+    [code] = PYTHON.findall(section["body"])
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README", "exec"), namespace)
+    assert namespace["report"].dumps[0].diagnosis[0].code.value == "lut-too-short"  # type: ignore[attr-defined]

@@ -41,6 +41,8 @@ from kvcanary_cli.analysis.model import (
 )
 from kvcanary_cli.analysis.provenance import (
     ProvenanceIndex,
+    clamp_target,
+    clamped_sources,
     full_slots_mapping_to,
     live_cells,
     swa_provenance,
@@ -86,12 +88,8 @@ def run_check(
             findings.append(finding)
         if group == "swa":
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
-        explained: dict[str, int] = {}
-        unexplained = 0
-        if kernel_plan is not None:
-            comparison = compare_plans(plan, kernel_plan)
-            explained = comparison.explained
-            unexplained = len(comparison.divergences)
+        comparison = compare_plans(plan, kernel_plan) if kernel_plan is not None else None
+        if comparison is not None:
             findings.extend(comparison.divergences)
         summaries.append(
             GroupSummary(
@@ -101,8 +99,9 @@ def run_check(
                 verify_capacity=plan.verify_capacity,
                 enable=plan.enable,
                 kernel=kernel.name if kernel else "none",
-                explained_differences=explained,
-                unexplained_differences=unexplained,
+                explained_differences=comparison.explained if comparison else {},
+                explained_by_field=comparison.explained_by_field if comparison else {},
+                unexplained_differences=len(comparison.divergences) if comparison else 0,
                 kernel_launch_error=None if kernel_plan is None else kernel_plan.launch_error,
             )
         )
@@ -132,10 +131,16 @@ def run_check(
 
 
 def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
-    """Give every slot-carrying finding the provenance of its slot (one table scan)."""
+    """Give every slot-carrying finding the provenance of its slot (one table scan).
+
+    The SWA slot a truncated LUT ends in also lists the slots the GPU clamps onto it.
+    """
     swa_slots = {f.slot for f in findings if f.slot is not None and f.space == "swa"}
     swa_sources = full_slots_mapping_to(dump, swa_slots)
+    target = clamp_target(dump)
+    clamped = clamped_sources(dump, findings) if target in swa_slots else ()
     wanted = {f.slot for f in findings if f.slot is not None and f.space != "swa"}
+    wanted.update(clamped)
     for sources in swa_sources.values():
         wanted.update(sources)
     if not wanted and not swa_sources:
@@ -154,7 +159,14 @@ def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
         key = (f.space, f.slot, f.group)
         if key not in cache:
             cache[key] = (
-                swa_provenance(dump, index, f.slot, swa_sources[f.slot], frame)
+                swa_provenance(
+                    dump,
+                    index,
+                    f.slot,
+                    swa_sources[f.slot],
+                    frame,
+                    clamped_from=clamped if f.slot == target else (),
+                )
                 if f.space == "swa"
                 else index.provenance(f.slot, frame)
             )

@@ -31,8 +31,17 @@ _FIELDS = (
 class Comparison:
     """Differences between a reference plan and a kernel plan of the same group."""
 
+    #: finding code -> plan values that differ because of it.
     explained: dict[str, int] = field(default_factory=dict)
+    #: finding code -> plan field ("verify slot", "prev slot", ...) -> values.
+    explained_by_field: dict[str, dict[str, int]] = field(default_factory=dict)
     divergences: list[Finding] = field(default_factory=list)
+
+    def explain(self, code: str, what: str, count: int) -> None:
+        """Count `count` differing values of field `what` as explained by `code`."""
+        self.explained[code] = self.explained.get(code, 0) + count
+        fields = self.explained_by_field.setdefault(code, {})
+        fields[what] = fields.get(what, 0) + count
 
 
 def _both(reference: Plan, kernel: Plan) -> ProblemTable:
@@ -126,8 +135,7 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
             reasons = why[role][differs]
             for index, count in enumerate(np.bincount(reasons[reasons >= 0], minlength=len(codes))):
                 if count:
-                    code = codes[index].value
-                    result.explained[code] = result.explained.get(code, 0) + int(count)
+                    result.explain(codes[index].value, label, int(count))
             for k in np.flatnonzero(differs & (why[role] < 0)).tolist():  # unexplained only
                 diverge(
                     label,
@@ -175,7 +183,7 @@ def _compare_write(
                 batch_row=r,
             )
             continue
-        result.explained[code] = result.explained.get(code, 0) + 1
+        result.explain(code, "write seed", 1)
     m = min(reference.write_offsets.shape[0], kernel.write_offsets.shape[0])
     bad = torch.nonzero(reference.write_offsets[:m] != kernel.write_offsets[:m]).reshape(-1)
     for r in bad.tolist():

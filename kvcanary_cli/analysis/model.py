@@ -29,6 +29,7 @@ __all__ = [
     "GroupSummary",
     "ProvenanceReport",
     "RowCell",
+    "RowGap",
     "RowMap",
     "Severity",
     "SlotProvenance",
@@ -156,6 +157,8 @@ class Cell:
     seed: bool = False
     #: another live row holds the same slot at the same position (radix prefix sharing).
     shared: bool = False
+    #: in SWA-space provenance: the full slot this cell holds (which reaches the SWA slot).
+    full_slot: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +195,9 @@ class SlotProvenance:
     translation_note: str | None = None
     #: for an SWA slot: the full slots whose LUT entry is this slot.
     mapped_from: tuple[int, ...] = ()
+    #: for the SWA slot a truncated LUT ends in: the live full slots >= lut_len the GPU path
+    #: clamps onto it.
+    clamped_from: tuple[int, ...] = ()
     #: "free" or "in use" when the dump has the allocator's free list for this space.
     allocator: str | None = None
     canary: tuple[CanaryRecord, ...] = ()
@@ -257,8 +263,12 @@ class GroupSummary:
     verify_capacity: int
     enable: int
     kernel: str
-    #: differences between reference and kernel, by the finding code that explains them.
+    #: plan values that differ between reference and kernel, by the finding code that
+    #: explains them (a cell read as a verify slot and as a chain predecessor counts twice).
     explained_differences: dict[str, int] = field(default_factory=dict)
+    #: the same, per plan field: code -> {"verify slot" | "prev slot" | "expected token" |
+    #: "write seed": values}.
+    explained_by_field: dict[str, dict[str, int]] = field(default_factory=dict)
     unexplained_differences: int = 0
     kernel_launch_error: str | None = None
 
@@ -405,11 +415,26 @@ class RowMap:
     extend_len: int | None
     window_start: int | None
     group: str
-    #: positions shown (the live range plus a few stale cells; every marked cell).
+    #: positions shown, in order (the live range's edges, a few stale cells, marked cells).
     cells: tuple[RowCell, ...]
     #: positions of the row holding a non-zero slot (shown or not).
     filled: int
     max_seq_len: int
+    #: the runs of positions between shown cells that are not shown.
+    gaps: tuple[RowGap, ...] = ()
+    #: the position range asked for (`--positions`), else None (the whole row).
+    window: tuple[int, int] | None = None
+    #: marked positions (cells with findings) in the range that did not fit `max_cells`.
+    marks_not_shown: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowGap:
+    """Positions `[start, end)` of a row map that are not shown, and how many hold a slot."""
+
+    start: int
+    end: int
+    filled: int
 
 
 @dataclass(frozen=True, kw_only=True)

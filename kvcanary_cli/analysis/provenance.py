@@ -8,16 +8,33 @@ slots, found in one chunked pass, with at most `max_cells` kept per slot).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from kvcanary_cli.analysis.model import CanaryRecord, Cell, SlotProvenance, ViolationRow
+from kvcanary_cli.analysis.model import (
+    CanaryRecord,
+    Cell,
+    Finding,
+    FindingCode,
+    SlotProvenance,
+    ViolationRow,
+)
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.frame import GroupFrame
 
-__all__ = ["LiveCells", "ProvenanceIndex", "cell_role", "live_cells"]
+__all__ = [
+    "LiveCells",
+    "ProvenanceIndex",
+    "cell_role",
+    "clamp_target",
+    "clamped_sources",
+    "full_slots_mapping_to",
+    "live_cells",
+    "live_ends",
+    "swa_provenance",
+]
 
 _I64 = torch.int64
 #: cells of req_to_token examined per step of the provenance scan (bounds temporaries).
@@ -104,50 +121,86 @@ def cell_role(
     return "stale-tail", False
 
 
+#: Cell tiers, shown in this order: live in the batch, a batch row's stale tail, idle rows.
+_LIVE, _STALE, _IDLE = 0, 1, 2
+
+
+def live_ends(dump: KvDump) -> np.ndarray:
+    """Per pool row, one past its last live position (`P + E` of the batch row using it,
+    the largest if several do, clamped to the row); 0 for rows not in the batch."""
+    rpi = dump.req_pool_indices.numpy()
+    ends = np.zeros(max(dump.max_reqs, 1), dtype=np.int64)
+    active = (rpi > 0) & (rpi < dump.max_reqs)
+    live = np.maximum(dump.prefix_lens.numpy(), 0) + np.maximum(dump.extend_seq_lens.numpy(), 0)
+    np.maximum.at(ends, rpi[active], np.minimum(live[active], dump.max_seq_len))
+    return ends
+
+
 class ProvenanceIndex:
-    """Cells of the whole table holding any of a set of full slots (one chunked scan)."""
+    """Cells of the whole table holding any of a set of full slots (one chunked scan).
+
+    Per slot it keeps the total count and the first `max_cells` cells in tier order: live cells
+    of the batch first, then cells in the stale tails of batch rows, then idle rows. Vectorized:
+    no Python loop per slot or per cell, so the work grows with the table and the cells kept.
+    """
 
     def __init__(self, dump: KvDump, slots: Iterable[int], *, max_cells: int = 16) -> None:
         self.dump = dump
         self.max_cells = max_cells
-        wanted = sorted({int(s) for s in slots})
-        self._cells: dict[int, list[tuple[int, int]]] = {s: [] for s in wanted}
-        self._counts: dict[int, int] = dict.fromkeys(wanted, 0)
-        self._live_first: dict[int, list[tuple[int, int]]] = {s: [] for s in wanted}
         self._batch_rows = batch_rows_of(dump)
-        if wanted:
-            self._scan(torch.tensor(wanted, dtype=_I64))
+        wanted = np.unique(np.fromiter((int(s) for s in slots), dtype=np.int64))
+        self._slots = wanted
+        self._counts = np.zeros(wanted.size, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        self._kept = {"slot": empty, "tier": empty, "row": empty, "col": empty}
+        if wanted.size:
+            self._scan(wanted)
 
-    def _scan(self, wanted: torch.Tensor) -> None:
+    def _scan(self, wanted: np.ndarray) -> None:
         table = self.dump.req_to_token
         msl = max(self.dump.max_seq_len, 1)
         step = max(1, _SCAN_CELLS // msl)
-        live_rows = np.array(sorted(self._batch_rows), dtype=np.int64)
+        ends = live_ends(self.dump)
+        in_batch = np.zeros(ends.size, dtype=bool)
+        in_batch[list(r for r in self._batch_rows if 0 <= r < ends.size)] = True
+        target = torch.from_numpy(wanted)
         for r0 in range(0, self.dump.max_reqs, step):
-            chunk = table[r0 : r0 + step].to(_I64)
-            hits = torch.isin(chunk, wanted).nonzero()
-            if hits.numel() == 0:
+            chunk = table[r0 : r0 + step]
+            hits = torch.isin(chunk.to(_I64), target).nonzero().numpy()
+            if hits.shape[0] == 0:
                 continue
-            values = chunk[hits[:, 0], hits[:, 1]].numpy()
-            rows = (hits[:, 0] + r0).numpy()
-            cols = hits[:, 1].numpy()
-            is_live = np.isin(rows, live_rows)
-            for slot in np.unique(values):
-                mask = values == slot
-                key = int(slot)
-                self._counts[key] += int(mask.sum())
-                for bucket, select in (
-                    (self._live_first[key], mask & is_live),
-                    (self._cells[key], mask & ~is_live),
-                ):
-                    room = self.max_cells - len(bucket)
-                    if room > 0:
-                        idx = np.flatnonzero(select)[:room]
-                        bucket.extend(zip(rows[idx].tolist(), cols[idx].tolist(), strict=True))
+            rows = hits[:, 0] + r0
+            cols = hits[:, 1]
+            values = chunk.numpy()[hits[:, 0], cols].astype(np.int64)
+            tier = np.where(cols < ends[rows], _LIVE, np.where(in_batch[rows], _STALE, _IDLE))
+            self._counts += np.bincount(np.searchsorted(wanted, values), minlength=wanted.size)
+            self._keep(values, tier, rows, cols)
+
+    def _keep(
+        self, slots: np.ndarray, tier: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> None:
+        """Merge new cells into the kept ones and keep the first `max_cells` per slot."""
+        merged = {
+            name: np.concatenate([self._kept[name], new])
+            for name, new in (("slot", slots), ("tier", tier), ("row", rows), ("col", cols))
+        }
+        order = np.lexsort((merged["col"], merged["row"], merged["tier"], merged["slot"]))
+        ordered = merged["slot"][order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        rank = np.arange(ordered.size) - np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
+        keep = order[rank < self.max_cells]
+        self._kept = {name: column[keep] for name, column in merged.items()}
+
+    def count(self, slot: int) -> int:
+        """Cells of the whole table holding `slot`."""
+        i = int(np.searchsorted(self._slots, slot))
+        return int(self._counts[i]) if i < self._slots.size and self._slots[i] == slot else 0
 
     def cells(self, slot: int, frame: GroupFrame) -> tuple[tuple[Cell, ...], int]:
-        """Cells holding `slot` (live rows first, at most `max_cells`) and their total count."""
-        raw = (self._live_first.get(slot, []) + self._cells.get(slot, []))[: self.max_cells]
+        """Cells holding `slot` (live ones first, at most `max_cells`) and their total count."""
+        kept = self._kept  # sorted by slot, then tier, row, position
+        lo, hi = np.searchsorted(kept["slot"], [slot, slot + 1])
+        raw = zip(kept["row"][lo:hi].tolist(), kept["col"][lo:hi].tolist(), strict=True)
         labelled = []
         for row, pos in raw:
             batch_rows = tuple(self._batch_rows.get(row, ()))
@@ -168,7 +221,7 @@ class ProvenanceIndex:
             )
             for row, pos, batch_rows, role, seed in labelled
         )
-        return out, self._counts.get(slot, 0)
+        return out, self.count(slot)
 
     def provenance(self, slot: int, frame: GroupFrame) -> SlotProvenance:
         """Full-space provenance of `slot`, roles labelled with `frame`'s window."""
@@ -203,30 +256,71 @@ class ProvenanceIndex:
         )
 
 
+_ROLE_TIER = {
+    "verify": _LIVE,
+    "prefix": _LIVE,
+    "chain-prev": _LIVE,
+    "pending-write": _LIVE,
+    "stale-tail": _STALE,
+    "idle-row": _IDLE,
+}
+
+
 def swa_provenance(
     dump: KvDump,
     index: ProvenanceIndex,
     swa_slot: int,
     mapped_from: tuple[int, ...],
     frame: GroupFrame,
+    *,
+    clamped_from: tuple[int, ...] = (),
 ) -> SlotProvenance:
-    """SWA-space provenance: the full slots mapping to `swa_slot` and their cells."""
+    """SWA-space provenance: the full slots that reach `swa_slot`, and their cells.
+
+    A full slot reaches it through its LUT entry (`mapped_from`) or, on the GPU path, by the
+    clamp of a slot >= lut_len onto `LUT[lut_len - 1]` (`clamped_from`). Each cell names its
+    full slot; live cells come first, whichever full slot they hold.
+    """
     cells: list[Cell] = []
     total = 0
-    for full_slot in mapped_from:
+    for full_slot in (*mapped_from, *clamped_from):
         found, count = index.cells(full_slot, frame)
-        cells.extend(found)
+        cells.extend(replace(c, full_slot=full_slot) for c in found)
         total += count
+    cells.sort(key=lambda c: _ROLE_TIER.get(c.role, _IDLE))
     return SlotProvenance(
         slot=swa_slot,
         space="swa",
         cells=tuple(cells[: index.max_cells]),
         cells_total=total,
         mapped_from=mapped_from,
+        clamped_from=clamped_from,
         allocator=_allocator_state(dump.free_swa_slots, swa_slot),
         canary=_canary_records(dump, "swa", swa_slot),
         violations=_violations(dump, swa_slot, swa=True),
     )
+
+
+def clamp_target(dump: KvDump) -> int | None:
+    """The SWA slot the GPU path clamps every slot >= lut_len onto (`LUT[lut_len - 1]`), when
+    that is a real slot: a LUT that lost its trailing -1 (sliced) sends them somewhere."""
+    lut = dump.full_to_swa_index_mapping
+    if lut is None or lut.numel() == 0 or int(lut[-1]) < 0:
+        return None
+    return int(lut[-1])
+
+
+def clamped_sources(
+    dump: KvDump, findings: Iterable[Finding], *, limit: int = 64
+) -> tuple[int, ...]:
+    """The full slots >= lut_len the SWA plan translates (its `lut-out-of-range` findings):
+    the GPU path redirects them to `clamp_target(dump)`."""
+    if clamp_target(dump) is None:
+        return ()
+    slots = {
+        f.slot for f in findings if f.code is FindingCode.LUT_OUT_OF_RANGE and f.slot is not None
+    }
+    return tuple(sorted(slots)[:limit])
 
 
 def full_slots_mapping_to(
@@ -234,14 +328,15 @@ def full_slots_mapping_to(
 ) -> dict[int, tuple[int, ...]]:
     """For each SWA slot s, the full slots f with LUT[f] == s (one pass over the LUT).
 
-    The trailing sentinel index is excluded; at most `limit` full slots are kept per SWA slot.
+    The trailing -1 is the LUT's sentinel, not a mapping; a LUT whose last entry is not -1
+    (sliced) maps its last index like any other. At most `limit` full slots per SWA slot.
     """
     wanted = sorted({int(s) for s in swa_slots})
     lut = dump.full_to_swa_index_mapping
     found: dict[int, tuple[int, ...]] = dict.fromkeys(wanted, ())
     if lut is None or not wanted:
         return found
-    body = lut[:-1]
+    body = lut[:-1] if int(lut[-1]) == -1 else lut
     hits = torch.nonzero(torch.isin(body, torch.tensor(wanted, dtype=_I64))).reshape(-1)
     values = body[hits]
     for slot in wanted:

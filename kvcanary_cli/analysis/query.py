@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from kvcanary_cli.analysis.model import DumpReport, Finding, ProvenanceReport, RowCell, RowMap
+import torch
+
+from kvcanary_cli.analysis.model import (
+    DumpReport,
+    Finding,
+    ProvenanceReport,
+    RowCell,
+    RowGap,
+    RowMap,
+)
 from kvcanary_cli.analysis.provenance import (
     ProvenanceIndex,
     batch_rows_of,
     cell_role,
+    clamp_target,
+    clamped_sources,
     full_slots_mapping_to,
     swa_provenance,
 )
@@ -43,8 +54,10 @@ def slot_query(
     frame = group_frame(dump, group or ("swa" if space == "swa" else "full"))
     if space == "swa":
         sources = full_slots_mapping_to(dump, [slot])[slot]
-        index = ProvenanceIndex(dump, sources, max_cells=max_cells)
-        provenance = swa_provenance(dump, index, slot, sources, frame)
+        clamped = clamped_sources(dump, report.findings) if slot == clamp_target(dump) else ()
+        index = ProvenanceIndex(dump, (*sources, *clamped), max_cells=max_cells)
+        provenance = swa_provenance(dump, index, slot, sources, frame, clamped_from=clamped)
+        sources = (*sources, *clamped)
     else:
         index = ProvenanceIndex(dump, [slot], max_cells=max_cells)
         provenance = index.provenance(slot, frame)
@@ -65,53 +78,82 @@ def slot_query(
 
 
 def row_map(
-    dump: KvDump, report: DumpReport, pool_row: int, *, group: str = "full", max_cells: int = 1024
+    dump: KvDump,
+    report: DumpReport,
+    pool_row: int,
+    *,
+    group: str | None = None,
+    positions: tuple[int, int] | None = None,
+    max_cells: int = 256,
 ) -> ProvenanceReport:
-    """Map of one pool row: live prefix, window, pending writes, stale tail, marked cells."""
+    """Map of one pool row: live prefix, window, pending writes, stale tail, marked cells.
+
+    `group` labels the roles with that group's window; by default the group the row's findings
+    are in (swa if any is). Shown: every marked cell first (up to `max_cells`), then the
+    edges of the live range, the window start and the row's head, in `positions` (a
+    `[start, end)` range) when given. What is not shown is counted in gaps, never dropped
+    silently. Work and memory grow with the cells shown, not with the row's length.
+    """
     if not 0 <= pool_row < dump.max_reqs:
         raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="--row")
+    touching = tuple(f for f in report.findings if f.pool_row == pool_row)
+    group = group or ("swa" if any(f.group == "swa" for f in touching) else "full")
     frame = group_frame(dump, group)
+    row = dump.req_to_token[pool_row]
+    msl = int(row.shape[0])
+    lo, hi = (0, msl) if positions is None else (max(positions[0], 0), min(positions[1], msl))
+    if positions is not None and lo >= hi:
+        raise OptionError(
+            f"positions {positions[0]}:{positions[1]} hold no cell of a row of {msl}",
+            option="--positions",
+        )
+    marks: dict[int, list[str]] = {}
+    for f in touching:
+        if f.position is not None and lo <= f.position < hi:
+            marks.setdefault(f.position, []).append(f.code.value)
     batch_rows = tuple(batch_rows_of(dump).get(pool_row, ()))
     first = batch_rows[0] if batch_rows else None
-    row = dump.req_to_token[pool_row].tolist()
-    msl = len(row)
-    marks: dict[int, list[str]] = {}
-    touching: list[Finding] = []
-    for f in report.findings:
-        if f.pool_row == pool_row:
-            touching.append(f)
-            if f.position is not None:
-                marks.setdefault(f.position, []).append(f.code.value)
     prefix = extend = start = None
+    spans: list[tuple[int, int]] = [(0, _EDGE)]  # [a, b) ranges, most telling first
     if first is not None:
-        prefix = int(dump.prefix_lens[first])
-        extend = int(dump.extend_seq_lens[first])
+        prefix, extend = int(dump.prefix_lens[first]), int(dump.extend_seq_lens[first])
         start = int(frame.window_start[first])
         live_end = min(max(prefix, 0) + max(extend, 0), msl)
-        shown = set(range(min(live_end + _EDGE, msl)))
-        if len(shown) > max_cells:  # long rows: the head, the window and the tail edge
-            shown = set(range(_EDGE)) | set(range(max(start - 1, 0), min(live_end + _EDGE, msl)))
-    else:
-        filled_positions = [p for p, s in enumerate(row) if s != 0]
-        shown = set(filled_positions[:max_cells]) | set(range(min(_EDGE, msl)))
-    shown |= {p for p in marks if 0 <= p < msl}
+        spans += [(start - 1, start + _EDGE), (live_end - _EDGE, live_end + _EDGE), (0, live_end)]
+    else:  # an idle row: its first filled cells
+        spans += [(p, p + 1) for p in _nonzero_positions(row, lo, hi, max_cells)]
+    shown = sorted(marks)[:max_cells]
+    taken = set(shown)
+    for a, b in spans:
+        for pos in range(max(a, lo), min(b, hi)):
+            if len(shown) >= max_cells:
+                break
+            if pos not in taken:
+                shown.append(pos)
+                taken.add(pos)
+    shown.sort()
     lut = dump.full_to_swa_index_mapping
+    slots = row[torch.tensor(shown, dtype=torch.int64)].tolist() if shown else []
     cells = []
-    for pos in sorted(shown)[:max_cells]:
-        slot = int(row[pos])
+    for pos, slot in zip(shown, slots, strict=True):
         role, seed = cell_role(dump, frame, first, pos)
         swa = int(lut[slot]) if lut is not None and 0 <= slot < lut.shape[0] else None
         cells.append(
             RowCell(
                 position=pos,
-                slot=slot,
+                slot=int(slot),
                 role=role,
                 seed=seed,
                 swa_slot=swa,
                 marks=tuple(dict.fromkeys(marks.get(pos, ()))),
             )
         )
-    filled = sum(1 for s in row if s != 0)
+    edges = [lo - 1, *shown, hi]
+    gaps = tuple(
+        RowGap(start=a + 1, end=b, filled=_count_nonzero(row, a + 1, b))
+        for a, b in zip(edges, edges[1:], strict=False)
+        if b > a + 1
+    )
     return ProvenanceReport(
         path=str(dump.path),
         identity=dump.identity,
@@ -123,11 +165,37 @@ def row_map(
             window_start=start,
             group=group,
             cells=tuple(cells),
-            filled=filled,
+            filled=_count_nonzero(row, 0, msl),
             max_seq_len=msl,
+            gaps=gaps,
+            window=None if positions is None else (lo, hi),
+            marks_not_shown=len(marks) - len(set(marks) & taken),
         ),
-        findings=tuple(touching),
+        findings=touching,
     )
+
+
+#: cells of a row examined per step when counting or searching (bounds temporaries).
+_ROW_CHUNK = 1 << 20
+
+
+def _count_nonzero(row: torch.Tensor, start: int, end: int) -> int:
+    """Non-zero cells of `row[start:end]`, counted in chunks (no row-sized temporary)."""
+    return sum(
+        int(torch.count_nonzero(row[a : min(a + _ROW_CHUNK, end)]))
+        for a in range(start, end, _ROW_CHUNK)
+    )
+
+
+def _nonzero_positions(row: torch.Tensor, start: int, end: int, limit: int) -> list[int]:
+    """The first `limit` positions of `row[start:end]` holding a slot, searched in chunks."""
+    found: list[int] = []
+    for a in range(start, end, _ROW_CHUNK):
+        hits = torch.nonzero(row[a : min(a + _ROW_CHUNK, end)]).reshape(-1)[: limit - len(found)]
+        found.extend((hits + a).tolist())
+        if len(found) >= limit:
+            break
+    return found
 
 
 def _full_slots(finding: Finding) -> list[int]:

@@ -1,4 +1,4 @@
-"""Deterministic, atomic safetensors writes.
+"""Deterministic safetensors writes, through the safe atomic writer of `dump.files`.
 
 Deterministic: tensors and metadata keys are sorted, so the same content gives the same bytes
 (safetensors' own writer orders metadata by hash, which differs run to run). Atomic: a temp
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -17,7 +16,8 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from kvcanary_cli.errors import DumpError, PathError
+from kvcanary_cli.dump.files import write_atomically
+from kvcanary_cli.errors import DumpError
 
 __all__ = ["TORCH_DTYPES", "safetensors_dtype_of", "write_safetensors"]
 
@@ -39,44 +39,18 @@ def safetensors_dtype_of(dtype: torch.dtype) -> str | None:
     return None
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.samefile(b)
-    except OSError:
-        return False
-
-
 def write_safetensors(
     path: str | os.PathLike[str],
     tensors: Mapping[str, torch.Tensor],
     metadata: dict[str, str],
     *,
     inputs: Iterable[str | os.PathLike[str]] = (),
+    overwrite: bool = True,
 ) -> Path:
-    """Write contiguous CPU tensors atomically.
-
-    `inputs` are the files the caller read: writing over one of them is refused, because
-    kvcanary never replaces the evidence it was given.
-    """
-    path = Path(path)
-    for source in inputs:
-        if _same_file(path, Path(source)):
-            raise PathError(
-                "is an input of this command; refusing to overwrite it",
-                path=str(path),
-                hint="write to another path",
-            )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as handle:
-            _write(handle, tensors, metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write contiguous CPU tensors as a safetensors file, through `write_atomically`."""
+    return write_atomically(
+        path, lambda handle: _write(handle, tensors, metadata), inputs=inputs, overwrite=overwrite
+    )
 
 
 def _write(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvcanary_cli.dump.writer import save_dump
+from kvcanary_cli.dump.writer import dump_contents, write_dump
 
 __all__ = ["LiveRequest", "SynthDump", "SynthSpec", "build_dump"]
 
@@ -83,9 +83,10 @@ class SynthDump:
     #: so tests can check that findings point at the right cell.
     truth: dict[str, int] = field(default_factory=dict)
 
-    def save(self, path: str | Path) -> Path:
-        """Write the state as a format-v1 dump."""
-        return save_dump(path, metadata=self.metadata, **self.tensors)
+    def save(self, path: str | Path, *, overwrite: bool = True) -> Path:
+        """Write the state as a format-v1 dump (`overwrite` False: refuse an existing file)."""
+        contents = dump_contents(self.metadata, self.tensors)
+        return write_dump(path, contents, overwrite=overwrite)
 
 
 class _PageAllocator:

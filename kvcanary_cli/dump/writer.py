@@ -24,7 +24,7 @@ from kvcanary_cli.dump.schema import (
 )
 from kvcanary_cli.errors import MetadataError, TensorDtypeError
 
-__all__ = ["save_dump"]
+__all__ = ["TensorLike", "dump_contents", "save_dump", "write_dump"]
 
 TensorLike = torch.Tensor | np.ndarray | int | list[int] | None
 
@@ -40,8 +40,27 @@ def save_dump(
     Tensors are copied to contiguous CPU memory. Python ints named like a scalar key
     (`swa_window_size=128`) go to the metadata; None values are skipped, so a call's keyword
     arguments can be passed through unchanged. The file is replaced atomically, so a dump of
-    the same path that is still loaded keeps reading the old contents.
+    the same path that is still loaded keeps reading the old contents. Only regular files (or
+    `-`, standard output) are written; `write_dump` can refuse an existing file.
     """
+    return write_dump(path, dump_contents(metadata, tensors))
+
+
+def write_dump(
+    path: str | os.PathLike[str],
+    contents: tuple[dict[str, torch.Tensor], dict[str, str]],
+    *,
+    overwrite: bool = True,
+) -> Path:
+    """Write what `dump_contents` prepared (`overwrite` False: refuse an existing file)."""
+    tensors, metadata = contents
+    return write_safetensors(path, tensors, metadata, overwrite=overwrite)
+
+
+def dump_contents(
+    metadata: Mapping[str, object] | None, tensors: Mapping[str, TensorLike]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata strings of a format-v1 dump, checked (see `save_dump`)."""
     meta: dict[str, str] = {str(k): str(v) for k, v in (metadata or {}).items()}
     out: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
@@ -59,7 +78,7 @@ def save_dump(
                 raise MetadataError(f"value {meta[name]!r} is not an integer", field=name)
     meta["kvcanary.format"] = FORMAT_VERSION
     _record_sglang_version(meta)
-    return write_safetensors(path, out, meta)
+    return out, meta
 
 
 def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:

@@ -1,26 +1,52 @@
-"""Plan files (`kvcanary plan --out`): SGLang's plan fields, trimmed to what upstream defines."""
+"""Plan files (`kvcanary plan --out`): SGLang's plan fields, trimmed to what upstream defines.
+
+Where the plan has values upstream does not define (SGLang's reference raises there, or the
+GPU path would read outside a table), the file says so: it carries the `Undefined` bits of
+every entry and seed (`kvcanary.verify_undefined`, `kvcanary.seed_undefined`, uint8) and the
+reference's exception (`kvcanary.upstream_raises`). A plan with nothing undefined has neither,
+so the files of different backends on a valid dump are the same bytes.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from kvcanary_cli.dump.atomic import write_safetensors
-from kvcanary_cli.planners.base import Plan
+import torch
 
-__all__ = ["PLAN_FORMAT", "save_plan"]
+from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.planners.base import Plan, Semantics, upstream_error
+
+__all__ = ["PLAN_FORMAT", "save_plan", "upstream_raise"]
 
 PLAN_FORMAT = "1"
 
 
-def save_plan(path: str | os.PathLike[str], plan: Plan, *, source: str) -> Path:
+def upstream_raise(dump: KvDump, plan: Plan) -> str | None:
+    """SGLang's reference exception for this plan ("Type: message"), when it raises."""
+    problem = plan.problems.first_raise() if plan.semantics is Semantics.REFERENCE else None
+    return None if problem is None else str(upstream_error(problem, dump, plan.frame.lut_len))
+
+
+def save_plan(
+    path: str | os.PathLike[str], plan: Plan, *, dump: KvDump, overwrite: bool = True
+) -> Path:
     """Write `plan.upstream_tensors()` with identifying metadata (never the backend's name,
-    so that files from different backends compare byte for byte); never over `source`."""
+    so that files from different backends compare byte for byte); never over the dump."""
     metadata = {
         "kvcanary.plan": PLAN_FORMAT,
         "group": plan.group,
         "window": str(plan.window),
-        "source": os.path.basename(source),
+        "source": os.path.basename(dump.path),
     }
     tensors = {k: v.contiguous() for k, v in plan.upstream_tensors().items()}
-    return write_safetensors(path, tensors, metadata, inputs=(source,))
+    raised = upstream_raise(dump, plan)
+    n = tensors["verify_slot_indices"].shape[0]
+    undefined = plan.verify_undefined[:n]
+    if raised is not None or bool(undefined.any()) or bool(plan.seed_undefined.any()):
+        tensors["kvcanary.verify_undefined"] = undefined.contiguous()
+        tensors["kvcanary.seed_undefined"] = plan.seed_undefined.to(torch.uint8).contiguous()
+    if raised is not None:
+        metadata["kvcanary.upstream_raises"] = raised
+    return write_safetensors(path, tensors, metadata, inputs=(dump.path,), overwrite=overwrite)

@@ -18,7 +18,7 @@ from kvcanary_cli.render.json_report import check_json, provenance_json
 from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
 from kvcanary_cli.render.plan_view import plan_markdown, plan_table
 from kvcanary_cli.render.records import Record, provenance_record, to_record
-from kvcanary_cli.render.table import check_table, provenance_table
+from kvcanary_cli.render.table import check_table, provenance_table, verdict_lines
 
 __all__ = [
     "OutputFormat",
@@ -33,13 +33,15 @@ __all__ = [
 
 
 def render_check(
-    report: CheckReport, fmt: OutputFormat, *, max_rows: int = 10
+    report: CheckReport, fmt: OutputFormat, *, max_rows: int = 10, quiet: bool = False
 ) -> str | RenderableType:
-    """A check report in `fmt`.
+    """A check report in `fmt` (or, `quiet`, only the verdict lines, whatever `fmt`).
 
     JSON carries every finding; table and Markdown show the first `max_rows` findings per code
     and count the rest.
     """
+    if quiet:
+        return verdict_lines(report)
     match fmt:
         case OutputFormat.TABLE:
             return check_table(report, max_rows=max_rows)

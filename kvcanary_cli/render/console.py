@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from rich.console import Console, RenderableType
 
-__all__ = ["OutputFormat", "emit", "make_console", "progress", "to_json"]
+__all__ = ["PIPED_WIDTH", "OutputFormat", "emit", "make_console", "progress", "to_json"]
 
 
 class OutputFormat(StrEnum):

@@ -15,11 +15,15 @@ from kvcanary_cli.render.markdown import code as _code
 from kvcanary_cli.render.markdown import table as _table
 from kvcanary_cli.render.markdown import text as _text
 from kvcanary_cli.render.records import (
+    DIFFERENCES_NOTE,
     CodeSection,
     Record,
     cause_sections,
-    difference_phrase,
+    differences_lines,
+    failing_phrase,
     plural,
+    row_lines,
+    row_notices,
 )
 
 __all__ = ["check_markdown", "provenance_markdown"]
@@ -34,46 +38,32 @@ def _identity_table(identity: dict[str, str]) -> str:
 
 
 def _groups_table(groups: list[Record]) -> str:
-    rows = []
-    for g in groups:
-        explained = ", ".join(
-            difference_phrase(code, n) for code, n in g["explained_differences"].items()
-        )
-        rows.append(
-            [
-                _code(g["group"]),
-                str(g["window"]),
-                str(g["total_verify"]),
-                str(g["verify_capacity"]),
-                str(g["enable"]),
-                _text(g["kernel"]),
-                _text(explained or None),
-                str(g["unexplained_differences"]),
-                _text(g["kernel_launch_error"]),
-            ]
-        )
-    return _table(
+    rows = [
         [
-            "group",
-            "window",
-            "entries",
-            "capacity",
-            "enable",
-            "kernel",
-            "explained differences",
-            "unexplained",
-            "launch error",
-        ],
+            _code(g["group"]),
+            str(g["window"]),
+            str(g["total_verify"]),
+            str(g["verify_capacity"]),
+            str(g["enable"]),
+            _text(g["kernel"]),
+            _text("; ".join(differences_lines(g))),
+        ]
+        for g in groups
+    ]
+    table = _table(
+        ["group", "window", "verify entries", "capacity", "enable", "kernel", "differences"],
         rows,
-        right={1, 2, 3, 4, 7},
+        right={1, 2, 3, 4},
     )
+    return f"{table}\n\n*{_text(DIFFERENCES_NOTE)}*"
 
 
-def _cells_table(cells: list[Record]) -> str:
+def _cells_table(cells: list[Record], *, swa: bool) -> str:
     rows = [
         [
             str(c["pool_row"]),
             str(c["position"]),
+            *([_text(c["full_slot"])] if swa else []),
             ", ".join(map(str, c["batch_rows"])) or "-",
             _text(c["role"]),
             "yes" if c["seed"] else "",
@@ -81,9 +71,16 @@ def _cells_table(cells: list[Record]) -> str:
         ]
         for c in cells
     ]
-    return _table(
-        ["pool row", "position", "batch rows", "role", "seed", "shared"], rows, right={0, 1}
-    )
+    header = [
+        "pool row",
+        "position",
+        *(["full slot"] if swa else []),
+        "batch rows",
+        "role",
+        "seed",
+        "shared",
+    ]
+    return _table(header, rows, right={0, 1, 2} if swa else {0, 1})
 
 
 def _translation(prov: Record) -> str:
@@ -98,10 +95,18 @@ def _provenance_body(prov: Record) -> list[str]:
     """The slot's cells, translation, allocator, canary and violation rows as Markdown blocks."""
     shown, total = len(prov["cells"]), prov["cells_total"]
     more = f" (first {shown} of {total})" if total > shown else ""
-    parts = [f"Cells of {prov['space']} slot {prov['slot']}{more}:", _cells_table(prov["cells"])]
+    parts = [
+        f"Cells of {prov['space']} slot {prov['slot']}{more}:",
+        _cells_table(prov["cells"], swa=prov["space"] == "swa"),
+    ]
     facts = [_translation(prov)]
     if prov["mapped_from"]:
         facts.append("mapped from full slots: " + ", ".join(map(str, prov["mapped_from"])))
+    if prov["clamped_from"]:
+        facts.append(
+            "redirected here by the GPU clamp (live full slots >= lut_len): "
+            + ", ".join(map(str, prov["clamped_from"]))
+        )
     facts.append(f"allocator: {_text(prov['allocator'])}")
     parts.append("\n".join(f"- {fact}" for fact in facts))
     if prov["canary"]:
@@ -170,7 +175,7 @@ def _message_cell(f: Record) -> str:
     return text
 
 
-def _code_sections(sections: list[CodeSection]) -> list[str]:
+def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
     parts: list[str] = []
     for section in sections:
         shown = section.shown
@@ -209,11 +214,12 @@ def _code_sections(sections: list[CodeSection]) -> list[str]:
             )
         if section.total > len(shown):
             parts.append(f"… and {section.total - len(shown)} more")
-        parts.extend(_details_block(f) for f in shown)
+        if details:
+            parts.extend(_details_block(f) for f in shown)
     return parts
 
 
-def _findings_sections(dump: Record, max_rows: int) -> list[str]:
+def _findings_sections(dump: Record, max_rows: int, details: bool) -> list[str]:
     """Symptoms under their causes, in diagnosis order."""
     parts: list[str] = []
     for number, block in enumerate(cause_sections(dump, max_rows), 1):
@@ -223,7 +229,7 @@ def _findings_sections(dump: Record, max_rows: int) -> list[str]:
             if cause is None
             else f"#### Cause {number}: {_code(cause['cause'], cell=False)} ({cause['confidence']})"
         )
-        parts.extend(_code_sections(block.sections))
+        parts.extend(_code_sections(block.sections, details))
     return parts
 
 
@@ -296,7 +302,7 @@ def _requests_table(requests: list[Record]) -> str:
     )
 
 
-def _dump_section(dump: Record, max_rows: int) -> list[str]:
+def _dump_section(dump: Record, max_rows: int, details: bool = True) -> list[str]:
     parts = [f"### {_code(dump['path'], cell=False)}: {dump['verdict']}"]
     if dump["error"] is not None:
         parts.append(f"**Bad input:** {_text(dump['error'])}")
@@ -313,7 +319,7 @@ def _dump_section(dump: Record, max_rows: int) -> list[str]:
     if len(dump["requests"]) >= 2:
         parts.extend(["#### Requests with findings", _requests_table(dump["requests"])])
     if dump["counts"]:
-        parts.extend(_findings_sections(dump, max_rows))
+        parts.extend(_findings_sections(dump, max_rows, details))
     elif dump["error"] is None:
         parts.append("No findings.")
     return parts
@@ -333,22 +339,63 @@ def _summary_rows(record: Record) -> list[list[str]]:
     ]
 
 
-def check_markdown(record: Record, *, max_rows: int = 10) -> str:
-    """A `kvcanary.check/1` record as a GitHub issue body.
+#: GitHub refuses issue and comment bodies longer than this many characters.
+GITHUB_BODY_LIMIT = 65_536
+
+
+def check_markdown(record: Record, *, max_rows: int = 10, limit: int = GITHUB_BODY_LIMIT) -> str:
+    """A `kvcanary.check/1` record as a GitHub issue body, at most `limit` characters.
 
     Per code, the first `max_rows` findings get a table row and a `<details>` provenance block;
-    the rest are counted ("… and K more").
+    the rest are counted ("… and K more"). A body that would be too long for GitHub is
+    trimmed, saying so at the top: fewer rows per code, then no provenance blocks, then the
+    last sections cut; the JSON output always has everything.
     """
+    rows, details = max_rows, True
+    while True:
+        body = _check_markdown(record, rows, details)
+        if len(body) <= limit:
+            break
+        if rows > 1:
+            rows //= 2
+        elif details:
+            details = False
+        else:
+            return _cut(body, limit, record)
+    if (rows, details) == (max_rows, True):
+        return body
+    what = f"{rows} findings per code (asked: {max_rows})" + (
+        "" if details else ", without provenance blocks"
+    )
+    return _trim_notice(f"showing {what}") + body
+
+
+def _trim_notice(what: str) -> str:
+    return (
+        f"> **Trimmed to fit GitHub's {GITHUB_BODY_LIMIT:,}-character limit:** {what}; "
+        "`kvcanary check --format json` has every finding.\n\n"
+    )
+
+
+def _cut(body: str, limit: int, record: Record) -> str:
+    """The first sections of `body` that fit, and a notice of the cut."""
+    notice = _trim_notice("the last sections are cut")
+    kept = body[: max(limit - len(notice) - 2, 0)]
+    kept = kept[: kept.rfind("\n\n")] if "\n\n" in kept else kept
+    return notice + kept + "\n"
+
+
+def _check_markdown(record: Record, max_rows: int, details: bool) -> str:
     summary = record["summary"]
     by_severity = summary["by_severity"]
     head = [
         f"## kvcanary check: {_TITLES.get(record['verdict'], record['verdict'])}",
         (
-            f"{summary['failed']} of {plural(summary['dumps'], 'dump')} fail at "
-            f"`--fail-on {record['fail_on']}` · {plural(summary['findings'], 'finding')} "
+            f"{failing_phrase(summary, record['fail_on'])} · "
+            f"{plural(summary['findings'], 'finding')} "
             f"({plural(by_severity['error'], 'error')}, "
-            f"{plural(by_severity['warning'], 'warning')}) · "
-            f"{summary['bad_input']} unreadable · kvcanary {record['kvcanary_version']} · "
+            f"{plural(by_severity['warning'], 'warning')}, "
+            f"{by_severity['info']} info) · kvcanary {record['kvcanary_version']} · "
             f"`{record['schema']}`"
         ),
         "### Summary",
@@ -377,7 +424,7 @@ def check_markdown(record: Record, *, max_rows: int = 10) -> str:
         )
     parts = list(head)
     for dump in record["dumps"]:
-        parts.extend(_dump_section(dump, max_rows))
+        parts.extend(_dump_section(dump, max_rows, details))
     return "\n\n".join(parts) + "\n"
 
 
@@ -390,16 +437,32 @@ def _row_section(row: Record) -> list[str]:
         f"window start: {_text(row['window_start'])}",
         f"filled positions: {row['filled']} of max_seq_len {row['max_seq_len']}",
     ]
-    rows = [
-        [
-            str(c["position"]),
-            str(c["slot"]),
-            _text(c["role"]) + (" (seed)" if c["seed"] else ""),
-            _text(c["swa_slot"]),
-            ", ".join(_code(m) for m in c["marks"]) or "",
-        ]
-        for c in row["cells"]
-    ]
+    facts.extend(f"**{_text(notice)}**" for notice in row_notices(row))
+    rows = []
+    for line in row_lines(row):
+        if "gap" in line:
+            gap = line["gap"]
+            rows.append(
+                [
+                    "⋯",
+                    "⋯",
+                    f"*positions {gap['start']}..{gap['end'] - 1} not shown "
+                    f"({gap['filled']} filled)*",
+                    "",
+                    "",
+                ]
+            )
+            continue
+        c = line["cell"]
+        rows.append(
+            [
+                str(c["position"]),
+                str(c["slot"]),
+                _text(c["role"]) + (" (seed)" if c["seed"] else ""),
+                _text(c["swa_slot"]),
+                ", ".join(_code(m) for m in c["marks"]) or "",
+            ]
+        )
     return [
         f"### Pool row {row['pool_row']}",
         "\n".join(f"- {fact}" for fact in facts),

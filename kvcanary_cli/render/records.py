@@ -34,10 +34,15 @@ __all__ = [
     "CodeSection",
     "Record",
     "cause_sections",
+    "DIFFERENCES_NOTE",
     "difference_phrase",
+    "differences_lines",
     "dump_verdict",
+    "failing_phrase",
     "plural",
     "provenance_record",
+    "row_lines",
+    "row_notices",
     "to_record",
 ]
 
@@ -56,13 +61,38 @@ _DIFFERENCE_VERBS = {
 }
 
 
-def difference_phrase(code: str, count: int) -> str:
-    """How a group's explained reference/kernel difference reads in tables and Markdown."""
-    entries = "1 entry" if count == 1 else f"{count} entries"
+#: How to read a groups table: what "verify entries", differences and findings count.
+DIFFERENCES_NOTE = (
+    "verify entries: what the reference plan requests; differences: plan values where the "
+    "kernel and the reference disagree (a cell read as a verify slot and as a chain "
+    "predecessor counts twice); findings: cells and rows"
+)
+
+
+def differences_lines(group: Record) -> list[str]:
+    """A group's reference/kernel comparison in words, one line per kind of difference."""
+    if group["kernel"] == "none":
+        return ["not compared (--kernel none)"]
+    by_field = group["explained_by_field"]
+    lines = [
+        difference_phrase(code, by_field.get(code) or {"plan value": n})
+        for code, n in group["explained_differences"].items()
+    ]
+    if group["unexplained_differences"]:
+        lines.append(f"{group['unexplained_differences']} unexplained (kernel-divergence)")
+    if group["kernel_launch_error"]:
+        lines.append(f"launch raises: {group['kernel_launch_error']}")
+    return lines or ["none"]
+
+
+def difference_phrase(code: str, by_field: dict[str, int]) -> str:
+    """How a group's explained reference/kernel differences read in tables and Markdown:
+    what the kernel did, to how many plan values of each field, and why."""
+    values = ", ".join(plural(n, what) for what, n in by_field.items())
     verb = _DIFFERENCE_VERBS.get(code)
     if verb is None:
-        return f"{entries} {'differs' if count == 1 else 'differ'} ({code})"
-    return f"{verb} {entries} ({code})"
+        return f"{values} differ ({code})"
+    return f"{verb} {values} ({code})"
 
 
 def _json_safe(value: object) -> Any:
@@ -88,6 +118,7 @@ def _provenance(prov: SlotProvenance) -> Record:
                 "role": c.role,
                 "seed": c.seed,
                 "shared": c.shared,
+                "full_slot": c.full_slot,
             }
             for c in prov.cells
         ],
@@ -95,6 +126,7 @@ def _provenance(prov: SlotProvenance) -> Record:
         "swa_slot": prov.swa_slot,
         "translation_note": prov.translation_note,
         "mapped_from": list(prov.mapped_from),
+        "clamped_from": list(prov.clamped_from),
         "allocator": prov.allocator,
         "canary": [
             {
@@ -145,6 +177,10 @@ def _group(group: GroupSummary) -> Record:
         "explained_differences": {
             k: group.explained_differences[k]
             for k in sorted(group.explained_differences, key=lambda c: code_order(FindingCode(c)))
+        },
+        "explained_by_field": {
+            k: dict(group.explained_by_field[k])
+            for k in sorted(group.explained_by_field, key=lambda c: code_order(FindingCode(c)))
         },
         "unexplained_differences": group.unexplained_differences,
         "kernel_launch_error": group.kernel_launch_error,
@@ -305,7 +341,36 @@ def _row(row: RowMap) -> Record:
             }
             for c in sorted(row.cells, key=lambda c: c.position)
         ],
+        "gaps": [{"start": g.start, "end": g.end, "filled": g.filled} for g in row.gaps],
+        "positions": None if row.window is None else list(row.window),
+        "marks_not_shown": row.marks_not_shown,
     }
+
+
+def row_lines(row: Record) -> list[Record]:
+    """The row map's cells and gaps in position order: `{"cell": ...}` or `{"gap": ...}` items,
+    so that every view shows where positions were left out."""
+    items = [(c["position"], {"cell": c}) for c in row["cells"]]
+    items += [(g["start"], {"gap": g}) for g in row["gaps"]]
+    return [item for _, item in sorted(items, key=lambda pair: pair[0])]
+
+
+def row_notices(row: Record) -> list[str]:
+    """What a row map does not show, in words."""
+    shown = len(row["cells"])
+    lo, hi = row["positions"] or (0, row["max_seq_len"])
+    notices = []
+    if shown < hi - lo:
+        notices.append(
+            f"showing {shown} of {hi - lo} positions {lo}..{hi - 1}; the others are "
+            "in the gap rows (--positions START:END and --max-rows show more)"
+        )
+    if row["marks_not_shown"]:
+        notices.append(
+            f"{row['marks_not_shown']} marked positions do not fit --max-rows: narrow "
+            "the range with --positions to see them"
+        )
+    return notices
 
 
 def provenance_record(report: ProvenanceReport) -> Record:
@@ -319,6 +384,17 @@ def provenance_record(report: ProvenanceReport) -> Record:
         "row": None if report.row is None else _row(report.row),
         "findings": _findings(report.findings),
     }
+
+
+def failing_phrase(summary: Record, fail_on: str) -> str:
+    """`the dump fails --fail-on error` / `2 of 3 dumps fail ...`, with the unreadable count."""
+    failed, dumps, bad = summary["failed"], summary["dumps"], summary["bad_input"]
+    if dumps == 1:
+        verdict = "is unreadable" if bad else ("fails" if failed else "passes")
+        return f"the dump {verdict}" + ("" if bad else f" at --fail-on {fail_on}")
+    unreadable = f"; {bad} unreadable" if bad else ""
+    verb = "fails" if failed == 1 else "fail"
+    return f"{failed} of {dumps} dumps {verb} at --fail-on {fail_on}{unreadable}"
 
 
 def plural(count: int, word: str) -> str:

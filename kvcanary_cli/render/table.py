@@ -13,16 +13,20 @@ from rich.text import Text
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.records import (
+    DIFFERENCES_NOTE,
     CodeSection,
     Record,
     cause_sections,
-    difference_phrase,
+    differences_lines,
+    failing_phrase,
     plural,
     provenance_record,
+    row_lines,
+    row_notices,
     to_record,
 )
 
-__all__ = ["check_table", "provenance_table"]
+__all__ = ["check_table", "provenance_table", "verdict_lines"]
 
 _VERDICT_STYLE = {
     "errors": "bold red",
@@ -76,24 +80,27 @@ def _cells_text(f: Record) -> str:
 
 
 def _groups_table(groups: list[Record]) -> Table:
-    table = Table(title="groups", title_justify="left")
-    for name in ("group", "window", "entries", "capacity", "enable", "kernel", "differences"):
+    table = Table(
+        title="groups", title_justify="left", caption=DIFFERENCES_NOTE, caption_justify="left"
+    )
+    for name in (
+        "group",
+        "window",
+        "verify entries",
+        "capacity",
+        "enable",
+        "kernel",
+        "differences",
+    ):
         table.add_column(
-            name, justify="right" if name in ("window", "entries", "capacity", "enable") else "left"
+            name,
+            justify="right"
+            if name in ("window", "verify entries", "capacity", "enable")
+            else "left",
         )
     for g in groups:
-        diffs = Text()
-        for code, n in g["explained_differences"].items():
-            diffs.append(("\n" if diffs else "") + difference_phrase(code, n))
-        if g["unexplained_differences"]:
-            diffs.append(
-                ("\n" if diffs else "") + f"{g['unexplained_differences']} unexplained",
-                style="bold red",
-            )
-        if g["kernel_launch_error"]:
-            diffs.append(
-                ("\n" if diffs else "") + f"launch raises: {g['kernel_launch_error']}", style="red"
-            )
+        lines = differences_lines(g)
+        style = "bold red" if g["unexplained_differences"] or g["kernel_launch_error"] else ""
         table.add_row(
             _t(g["group"]),
             _t(g["window"]),
@@ -101,7 +108,7 @@ def _groups_table(groups: list[Record]) -> Table:
             _t(g["verify_capacity"]),
             _t(g["enable"]),
             _t(g["kernel"]),
-            diffs or Text("none"),
+            Text("\n".join(lines), style=style),
         )
     return table
 
@@ -277,19 +284,7 @@ def _requests_table(requests: list[Record]) -> Table:
 
 
 def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableType]:
-    verdict = dump["verdict"]
-    errors = sum(c["count"] for c in dump["counts"] if c["severity"] == "error")
-    warnings = sum(c["count"] for c in dump["counts"] if c["severity"] == "warning")
-    head = Text(
-        f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
-        style=_VERDICT_STYLE.get(verdict, "bold"),
-    )
-    if dump["error"] is None:
-        head.append(
-            f"  ({plural(errors, 'error')}, {plural(warnings, 'warning')}; "
-            f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})"
-        )
-    parts: list[RenderableType] = [head]
+    parts: list[RenderableType] = [_verdict_text(dump, fail_on)]
     if dump["identity"] or dump["error"] is None:
         parts.append(_identity_line(dump["identity"]))
     if dump["error"] is not None:
@@ -335,6 +330,31 @@ def _summary_table(record: Record) -> Table:
     return table
 
 
+def verdict_lines(report: CheckReport) -> str:
+    """`--quiet`: the verdict line of each dump (and the overall one for several), as text."""
+    record = to_record(report)
+    lines = [_verdict_text(dump, record["fail_on"]).plain for dump in record["dumps"]]
+    if len(record["dumps"]) >= 2:
+        lines.append(failing_phrase(record["summary"], record["fail_on"]))
+    return "\n".join(lines) + "\n"
+
+
+def _verdict_text(dump: Record, fail_on: str) -> Text:
+    verdict = dump["verdict"]
+    errors = sum(c["count"] for c in dump["counts"] if c["severity"] == "error")
+    warnings = sum(c["count"] for c in dump["counts"] if c["severity"] == "warning")
+    head = Text(
+        f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
+        style=_VERDICT_STYLE.get(verdict, "bold"),
+    )
+    if dump["error"] is None:
+        head.append(
+            f"  ({plural(errors, 'error')}, {plural(warnings, 'warning')}; "
+            f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})"
+        )
+    return head
+
+
 def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
     """Per dump: verdict, identity, groups, counts, then per code the first `max_rows` findings.
 
@@ -352,8 +372,7 @@ def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
         s = record["summary"]
         parts.append(
             Text(
-                f"{s['failed']} of {plural(s['dumps'], 'dump')} fail at --fail-on "
-                f"{record['fail_on']}; {s['bad_input']} unreadable",
+                failing_phrase(s, record["fail_on"]),
                 style=_OVERALL_STYLE.get(record["verdict"], "bold"),
             )
         )
@@ -369,21 +388,45 @@ def _slot_blocks(prov: Record) -> list[RenderableType]:
     elif prov["translation_note"]:
         head.append(f"  → no SWA translation: {prov['translation_note']}", style="yellow")
     parts: list[RenderableType] = [head]
-    if prov["mapped_from"]:
-        parts.append(Text("  mapped from full slots: " + ", ".join(map(str, prov["mapped_from"]))))
+    if prov["space"] == "swa":
+        mapped = ", ".join(map(str, prov["mapped_from"])) or "none"
+        parts.append(Text(f"  mapped from full slots (LUT[f] = {prov['slot']}): {mapped}"))
+    if prov["clamped_from"]:
+        parts.append(
+            Text(
+                "  redirected here by the GPU clamp (full slots >= lut_len the SWA plan reads): "
+                + ", ".join(map(str, prov["clamped_from"])),
+                style="yellow",
+            )
+        )
     parts.append(
         Text(
             f"  allocator: {prov['allocator'] or 'unknown (no free list in the dump)'}",
             style="red" if prov["allocator"] == "free" else "",
         )
     )
-    cells = Table(title=f"cells ({prov['cells_total']} in req_to_token)", title_justify="left")
-    for name in ("pool row", "position", "batch rows", "role", "seed", "shared"):
-        cells.add_column(name, justify="right" if name in ("pool row", "position") else "left")
+    swa = prov["space"] == "swa"
+    cells = Table(
+        title=f"cells ({prov['cells_total']} in req_to_token, live first)", title_justify="left"
+    )
+    names = (
+        "pool row",
+        "position",
+        *(("full slot",) if swa else ()),
+        "batch rows",
+        "role",
+        "seed",
+        "shared",
+    )
+    for name in names:
+        cells.add_column(
+            name, justify="right" if name in ("pool row", "position", "full slot") else "left"
+        )
     for c in prov["cells"]:
         cells.add_row(
             _t(c["pool_row"]),
             _t(c["position"]),
+            *((_t(c["full_slot"]),) if swa else ()),
             _t(", ".join(map(str, c["batch_rows"])) or "-"),
             _t(c["role"]),
             _t("seed" if c["seed"] else ""),
@@ -435,7 +478,22 @@ def _row_blocks(row: Record) -> list[RenderableType]:
         table.add_column(
             name, justify="right" if name in ("position", "slot", "swa slot") else "left"
         )
-    for c in row["cells"]:
+    for line in row_lines(row):
+        if "gap" in line:
+            gap = line["gap"]
+            table.add_row(
+                Text("⋯", style="dim"),
+                Text("⋯", style="dim"),
+                Text(
+                    f"positions {gap['start']}..{gap['end'] - 1} not shown "
+                    f"({gap['filled']} filled)",
+                    style="dim",
+                ),
+                Text(""),
+                Text(""),
+            )
+            continue
+        c = line["cell"]
         marked = bool(c["marks"])
         style = "bold red" if marked else ""
         role = c["role"] + (" (seed)" if c["seed"] else "")
@@ -447,6 +505,7 @@ def _row_blocks(row: Record) -> list[RenderableType]:
             _t("! " + ", ".join(c["marks"]) if marked else "", style),
         )
     parts.append(table)
+    parts.extend(Text(f"  {notice}", style="yellow") for notice in row_notices(row))
     return parts
 
 

@@ -75,9 +75,16 @@ def full_only_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _plan_file(runner: CliRunner, dump: Path, out: Path, backend: str, *args: str) -> bytes:
+def _plan_file(
+    runner: CliRunner, dump: Path, out: Path, backend: str, *args: str, raises: bool = False
+) -> bytes:
+    """The plan file `plan --out` writes; exit 1 and a marked file where REF raises."""
     result = runner.invoke(app, ["plan", str(dump), "--backend", backend, "--out", str(out), *args])
-    assert result.exit_code == 0, (backend, result.output, result.stderr)
+    assert result.exit_code == (1 if raises else 0), (backend, result.output, result.stderr)
+    if raises:
+        assert "SGLang's reference raises here" in result.stderr
+        tensors = load_file(str(out))
+        assert bool(tensors["kvcanary.verify_undefined"].any())
     return out.read_bytes()
 
 
@@ -160,7 +167,9 @@ def test_collect_reference_plans_a_short_lut(runner: CliRunner, short_lut_dump: 
             "json",
         ],
     )
-    assert result.exit_code == 0, result.output
+    # Planned on past the raise, every problem listed; exit 1 and one line: upstream raises.
+    assert result.exit_code == 1, result.output
+    assert _one_error_line(result).startswith("SGLang's reference raises here: ValueError:")
     record = json.loads(result.stdout)
     assert record["problem_count"] == 4
     assert [(p["role"], p["batch_row"], p["value"]) for p in record["problems"]] == [
@@ -230,12 +239,25 @@ def test_example_plan_files_are_identical_across_backends(
     backends = ["torch", *(["triton"] if TRITON else [])]
     if (example, group) in _DIVERGENT:
         backends = ["torch"]  # the REF backends still agree with each other
+    divergent = (example, group) in _DIVERGENT
     reference = _plan_file(
-        runner, dump, tmp_path / "reference.safetensors", "reference", "--group", group
+        runner,
+        dump,
+        tmp_path / "reference.safetensors",
+        "reference",
+        "--group",
+        group,
+        raises=divergent,
     )
     for backend in backends:
         other = _plan_file(
-            runner, dump, tmp_path / f"{backend}.safetensors", backend, "--group", group
+            runner,
+            dump,
+            tmp_path / f"{backend}.safetensors",
+            backend,
+            "--group",
+            group,
+            raises=divergent and backend == "torch",
         )
         assert other == reference, f"{backend} wrote a different plan file than reference"
 

@@ -49,6 +49,7 @@ CELL = {
     "role": ROLES,
     "seed": bool,
     "shared": bool,
+    "full_slot": Nullable(int),
 }
 PROVENANCE = {
     "slot": int,
@@ -58,6 +59,7 @@ PROVENANCE = {
     "swa_slot": Nullable(int),
     "translation_note": Nullable(str),
     "mapped_from": ListOf(int),
+    "clamped_from": ListOf(int),
     "allocator": Nullable(OneOf(frozenset({"free", "in use"}))),
     "canary": ListOf(
         {"buffer": str, "token": int, "position": int, "prev_hash": int, "real_kv_hash": int}
@@ -98,6 +100,7 @@ GROUP = {
     "enable": int,
     "kernel": str,
     "explained_differences": MapOf(int),
+    "explained_by_field": MapOf(MapOf(int)),
     "unexplained_differences": int,
     "kernel_launch_error": Nullable(str),
 }
@@ -176,6 +179,9 @@ ROW = {
             "marks": ListOf(CODES),
         }
     ),
+    "gaps": ListOf({"start": int, "end": int, "filled": int}),
+    "positions": Nullable(ListOf(int)),
+    "marks_not_shown": int,
 }
 PROVENANCE_REPORT = {
     "schema": OneOf(frozenset({"kvcanary.provenance/1"})),

@@ -54,7 +54,10 @@ def test_check_table_details(single_report: CheckReport) -> None:
         "--fail-on error)" in text
     )
     assert "sglang 0.5.1 @ abc1234 · model Qwen/Qwen3-8B · rank 0 · step 1207" in text
-    assert "kernel clamped 17 entries" in text and "2 unexplained" in text
+    assert "kernel clamped 17 plan values (lut-out-of-range)" in plain(
+        check_table(single_report), 300
+    )
+    assert "2 unexplained (kernel-divergence)" in text
     # provenance condensed into the cells column (wide enough not to wrap)
     wide = plain(check_table(single_report), 300)
     assert (
@@ -72,7 +75,7 @@ def test_multi_dump_summary_only_with_two_dumps(
 ) -> None:
     text = plain(check_table(multi_report))
     assert re.search(r"^summary", text, re.M)
-    assert "1 of 4 dumps fail at --fail-on error; 1 unreadable" in text
+    assert "1 of 4 dumps fails at --fail-on error; 1 unreadable" in text
     assert "bad input: missing tensor `req_to_token`" in text
     assert "no findings" in text
     assert not re.search(r"^summary", plain(check_table(single_report)), re.M)
@@ -90,7 +93,7 @@ def test_slot_provenance_table(slot_report: ProvenanceReport, width: int) -> Non
     text = plain(provenance_table(slot_report), width)
     assert "full slot 77  → swa slot 12 (LUT[77])" in text
     assert "allocator: free" in text
-    assert "cells (5 in req_to_token)" in text and "… and 2 more cells" in text
+    assert "cells (5 in req_to_token, live first)" in text and "… and 2 more cells" in text
     assert "canary.full.head.k" in text and "77, 4, 1, 0" in text
     assert "duplicate-slot-in-row" in text
     assert "shared" in text

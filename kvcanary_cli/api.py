@@ -1,0 +1,101 @@
+"""The Python API: what each command computes, as the objects the CLI renders.
+
+    from kvcanary_cli import api
+    report = api.check("dump.safetensors", kernel="torch")     # a CheckReport
+    report.dumps[0].diagnosis[0].code                           # e.g. CauseCode.LUT_TOO_SHORT
+    answer = api.provenance("dump.safetensors", slot=107)       # a ProvenanceReport
+
+Render any of them with `kvcanary_cli.render` (`render_check`, `render_provenance`, ...). Names
+(`kernel="torch"`) are mapped to planner objects here, as on the command line; to choose
+planners yourself, call `kvcanary_cli.analysis.check.run_check` with planner objects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kvcanary_cli.analysis.check import check_dumps, run_check
+from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, Severity
+from kvcanary_cli.analysis.plan_summary import plan_record
+from kvcanary_cli.analysis.query import row_map, slot_query
+from kvcanary_cli.dump.describe import describe_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.errors import OptionError
+from kvcanary_cli.planners import Backend, Kernel, make_kernel, make_planner
+from kvcanary_cli.planners.base import Plan
+
+__all__ = ["check", "inspect", "plan", "provenance"]
+
+PathLike = str | os.PathLike[str]
+Overrides = Mapping[str, int | str | None] | None
+
+
+def check(
+    paths: PathLike | Sequence[PathLike],
+    *,
+    kernel: Kernel | str = Kernel.TRITON,
+    groups: Sequence[str] | None = None,
+    overrides: Overrides = None,
+    fail_on: Severity | str = Severity.ERROR,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CheckReport:
+    """Check one dump or several (in parallel processes); an unreadable one gets an `error`
+    report, the others are still checked. `kernel`: triton, torch or none."""
+    many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    return check_dumps(
+        many,
+        reference=make_planner(Backend.TORCH),
+        kernel=make_kernel(Kernel(kernel)),
+        overrides=overrides,
+        groups=groups,
+        fail_on=Severity(fail_on),
+        jobs=jobs,
+        progress=progress,
+    )
+
+
+def provenance(
+    path: PathLike,
+    *,
+    slot: int | None = None,
+    row: int | None = None,
+    space: str = "full",
+    group: str | None = None,
+    positions: tuple[int, int] | None = None,
+    max_cells: int = 256,
+    overrides: Overrides = None,
+) -> ProvenanceReport:
+    """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
+    optionally limited to `positions` [start, end)), with the findings touching it."""
+    if (slot is None) == (row is None):
+        raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
+    dump = load_dump(path, overrides=overrides)
+    report = run_check(dump, reference=make_planner(Backend.TORCH), kernel=None)
+    if slot is not None:
+        return slot_query(dump, report, slot, space=space, group=group, max_cells=max_cells)
+    assert row is not None
+    return row_map(dump, report, row, group=group, positions=positions, max_cells=max_cells)
+
+
+def plan(
+    path: PathLike,
+    *,
+    group: str = "full",
+    backend: Backend | str = Backend.TORCH,
+    strict: bool = False,
+    overrides: Overrides = None,
+) -> tuple[KvDump, Plan, dict[str, Any]]:
+    """One planner's plan of one group: the dump, the `Plan`, and its `kvcanary.plan/1`
+    record. With `strict`, the reference raises `UpstreamPlanError` where SGLang's does."""
+    planner = make_planner(Backend(backend), strict=strict)
+    dump = load_dump(path, overrides=overrides)
+    result = planner.plan(dump, group)
+    return dump, result, plan_record(dump, result)
+
+
+def inspect(path: PathLike) -> dict[str, Any]:
+    """What a dump holds (the `kvcanary.inspect/2` record); validates the file on the way."""
+    return describe_dump(load_dump(path))

@@ -1,0 +1,101 @@
+"""Writing files the safe way: atomic, never over an input or anything but a regular file.
+
+Standard library only, so that the CLI can write reports without importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+from kvcanary_cli.errors import PathError
+
+__all__ = ["write_atomically"]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(
+    path: str | os.PathLike[str],
+    write: Callable[[BinaryIO], object],
+    *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    overwrite: bool = True,
+) -> Path:
+    """Write a file through `write(handle)`: all of it or nothing, and only where it is safe.
+
+    `-` is standard output. Otherwise the target must be a regular file or not exist yet, in
+    an existing directory: a directory, FIFO, device, socket or symbolic link is never
+    replaced, nor one of `inputs` (the files the caller read: kvcanary never replaces the
+    evidence it was given), nor an existing file unless `overwrite`. The data goes to a
+    temporary file beside it, renamed over the target when complete, so no reader sees half a
+    file. The file gets the replaced file's mode, or the umask's for a new one.
+    """
+    if str(path) == "-":
+        write(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return Path("-")
+    if not str(path):
+        raise PathError("is empty; name a file to write", path="''")
+    path = Path(path)
+    shown = str(path)
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise PathError(f"cannot be examined: {exc.strerror}", path=shown) from None
+    if info is not None:
+        if stat.S_ISLNK(info.st_mode):
+            raise PathError(
+                "is a symbolic link; refusing to replace it",
+                path=shown,
+                hint="write to the file it points to, or another path",
+            )
+        if not stat.S_ISREG(info.st_mode):
+            raise PathError("is not a regular file; refusing to replace it", path=shown)
+        if any(_same_file(path, Path(source)) for source in inputs):
+            raise PathError(
+                "is an input of this command; refusing to overwrite it",
+                path=shown,
+                hint="write to another path",
+            )
+        if not overwrite:
+            raise PathError("exists", path=shown, hint="pass --force to overwrite it")
+    if not path.parent.is_dir():
+        raise PathError(
+            "is in a directory that does not exist", path=shown, hint="create the directory first"
+        )
+    mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise PathError(f"cannot be written: {exc.strerror}", path=shown) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise PathError(f"cannot be written: {exc.strerror}", path=shown) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

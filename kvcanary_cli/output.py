@@ -1,0 +1,42 @@
+"""Where a rendered view goes: standard output, or a file written the safe way.
+
+A file gets the view as text (tables at 120 columns, no colour), written atomically, never over
+a command's input, a non-regular file or (without `--force`) an existing file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from rich.console import Console, RenderableType
+
+from kvcanary_cli.dump.files import write_atomically
+from kvcanary_cli.render.console import PIPED_WIDTH, emit
+
+__all__ = ["deliver"]
+
+
+def deliver(
+    rendered: str | RenderableType,
+    output: str | os.PathLike[str] | None,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Print `rendered`, or write it to `output` (`-` is standard output)."""
+    if output is None or str(output) == "-":
+        emit(rendered)
+        return
+    if isinstance(rendered, str):
+        text = rendered
+    else:
+        buffer = io.StringIO()
+        Console(file=buffer, width=PIPED_WIDTH, color_system=None, soft_wrap=False).print(rendered)
+        text = buffer.getvalue()
+    data = text.encode("utf-8")
+    write_atomically(
+        Path(output), lambda handle: handle.write(data), inputs=inputs, overwrite=force
+    )
