@@ -316,8 +316,11 @@ class Plan:
     seed_undefined: torch.Tensor
     write_num_valid_reqs: int
     problems: ProblemTable = field(default_factory=ProblemTable.empty)
-    #: GPU only: the error production raises before launching; outputs are then empty.
+    #: the error the launch raised (production's GPU path refusing the batch, or an upstream
+    #: planner run by kvcanary); outputs are then empty.
     launch_error: str | None = None
+    #: the exception type of `launch_error` (`ValueError`, `IndexError`, ...).
+    launch_error_type: str = "ValueError"
 
     @property
     def group(self) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.errors import PlanTooLargeError, UpstreamPlanError
+from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.base import (
     Plan,
     PlanProblem,
@@ -22,9 +22,9 @@ from kvcanary_cli.planners.base import (
     Semantics,
     Undefined,
     VerifyEntries,
-    lut_error_message,
 )
-from kvcanary_cli.planners.frame import assemble_plan, group_frame
+from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, group_frame
+from kvcanary_cli.planners.upstream import upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
 
@@ -35,38 +35,15 @@ SCALAR_ENTRY_LIMIT = 20_000_000
 class _Collector:
     """Records problems; in strict mode raises upstream's error at the first raising one."""
 
-    def __init__(
-        self,
-        strict: bool,
-        max_reqs: int,
-        max_seq_len: int,
-        lut_len: int,
-        pool_shape: tuple[int, int],
-    ) -> None:
+    def __init__(self, strict: bool, frame: GroupFrame) -> None:
         self.strict = strict
+        self.frame = frame
         self.items: list[PlanProblem] = []
-        self.shape = (max_reqs, max_seq_len)
-        self.lut_len = lut_len
-        self.pool_shape = pool_shape
 
     def add(self, problem: PlanProblem) -> None:
         if self.strict and problem.raises:
-            raise self._upstream_error(problem)
+            raise upstream_error(problem, self.frame)
         self.items.append(problem)
-
-    def _upstream_error(self, p: PlanProblem) -> UpstreamPlanError:
-        if p.kind is ProblemKind.LUT_OUT_OF_RANGE:
-            return UpstreamPlanError(lut_error_message(p.value, self.lut_len))
-        if p.kind is ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE:
-            dim = 0 if p.value == p.pool_row else 1
-            size = self.pool_shape[dim]
-        else:
-            dim = 0 if p.kind is ProblemKind.ROW_OUT_OF_RANGE else 1
-            size = self.shape[dim]
-        return UpstreamPlanError(
-            f"index {p.value} is out of bounds for dimension {dim} with size {size}",
-            exception_type="IndexError",
-        )
 
     def table(self) -> ProblemTable:
         return ProblemTable.from_rows(self.items)
@@ -105,7 +82,7 @@ class ReferencePlanner:
         pool_rows, pool_cols = (0, 0) if pool is None else (pool.shape[0], pool.shape[1])
         offset = dump.token_offset
         bs = len(rpi)
-        problems = _Collector(self.strict, max_reqs, max_seq_len, lut_len, (pool_rows, pool_cols))
+        problems = _Collector(self.strict, frame)
         row_cache: dict[int, list[int]] = {}
 
         def table_row(row: int) -> list[int]:
