@@ -37,7 +37,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS, LAUNCHER_OUTPUTS, SCALARS, required_tensors
+from kvcanary_cli.dump.schema import (
+    LAUNCHER_ARGUMENTS,
+    LAUNCHER_FUNCTION,
+    LAUNCHER_MODULE,
+    LAUNCHER_OUTPUTS,
+    SCALARS,
+    required_tensors,
+)
 
 __all__ = [
     "DUMP_DIR_ENV",
@@ -54,8 +61,8 @@ logger = logging.getLogger("kvcanary.capture")
 #: Environment variable naming the directory dumps go to; setting it enables the hook.
 DUMP_DIR_ENV = "KVCANARY_DUMP_DIR"
 #: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
-SGLANG_PLAN_MODULE = "sglang.kernels.ops.kv_canary.plan.api"
-SGLANG_PLAN_FUNCTION = "launch_canary_plan_kernels"
+SGLANG_PLAN_MODULE = LAUNCHER_MODULE
+SGLANG_PLAN_FUNCTION = LAUNCHER_FUNCTION
 
 #: The keyword arguments of `launch_canary_plan_kernels` (docs/semantics.md §1.1), in upstream
 #: order; the dump format names its tensors and scalars after them.
