@@ -36,6 +36,7 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
+from kvcanary_cli.analysis.upstream import mark_upstream_raise
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners.base import Planner
@@ -82,6 +83,7 @@ def run_check(
             explained = comparison.explained
             unexplained = len(comparison.divergences)
             findings.extend(comparison.divergences)
+            findings = mark_upstream_raise(findings, plan, kernel_plan)
         summaries.append(
             GroupSummary(
                 group=group,
