@@ -15,16 +15,18 @@ import typer
 
 from kvcanary_cli import __version__
 from kvcanary_cli import cli_options as opt
-from kvcanary_cli.analysis.model import CheckReport, Severity
+from kvcanary_cli.analysis.model import Severity
 from kvcanary_cli.cli_options import (
     ExitCode,
     GroupChoice,
     OneLineErrors,
     Space,
+    check_exit,
     fail,
     with_scalar_overrides,
 )
-from kvcanary_cli.planners import Backend, Kernel, make_kernel, make_planner
+from kvcanary_cli.planners import Backend, Kernel, make_kernel, make_planner, make_selftest_planners
+from kvcanary_cli.planners.sglang_runtime import installed_version
 from kvcanary_cli.render import (
     OutputFormat,
     emit,
@@ -32,6 +34,7 @@ from kvcanary_cli.render import (
     render_inspect,
     render_plan,
     render_provenance,
+    render_selftest,
 )
 from kvcanary_cli.render.console import progress
 
@@ -99,18 +102,10 @@ def check(
             fail_on=fail_on,
             jobs=jobs,
             progress=tick,
+            sglang_installed=installed_version(),
         )
     emit(render_check(report, output_format, max_rows=max_rows))
-    raise typer.Exit(_check_exit(report))
-
-
-def _check_exit(report: CheckReport) -> ExitCode:
-    for bad in report.dumps:
-        if bad.error is not None:
-            typer.echo(f"error: {bad.error}", err=True)
-    if report.bad_input:
-        return ExitCode.BAD_INPUT
-    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+    raise typer.Exit(check_exit(report))
 
 
 @app.command()
@@ -180,7 +175,7 @@ def plan(
         save_plan(out, result, source=str(dump))
     emit(render_plan(plan_record(loaded, result), output_format, max_rows=max_rows))
     if result.launch_error is not None:
-        fail(f"ValueError: {result.launch_error}", ExitCode.FINDINGS)
+        fail(f"{result.launch_error_type}: {result.launch_error}", ExitCode.FINDINGS)
 
 
 @app.command()
@@ -192,7 +187,8 @@ def inspect(dump: opt.DumpArg, output_format: opt.FormatOpt = OutputFormat.TABLE
     from kvcanary_cli.dump.describe import describe_dump
     from kvcanary_cli.dump.loader import load_dump
 
-    emit(render_inspect(describe_dump(load_dump(dump)), output_format))
+    record = describe_dump(load_dump(dump), sglang_installed=installed_version())
+    emit(render_inspect(record, output_format))
 
 
 @app.command()
@@ -218,6 +214,31 @@ def synth(
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
     path = make_scenario(scenario, seed=seed, size=size).save(out)
     typer.echo(f"wrote {path} ({scenario}, seed {seed}, size {size})")
+
+
+@app.command()
+def selftest(
+    sglang: opt.SGLangOpt = False,
+    size: opt.SelftestSizeOpt = "tiny",
+    seed: opt.SeedOpt = 0,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+) -> None:
+    """Compare kvcanary's planners (and, with --sglang, your SGLang) on every synth scenario.
+
+    Per plan field and raise: the drift report to attach when kvcanary and your SGLang
+    disagree. Exit 0 on full agreement, 1 on any difference.
+    """
+    from kvcanary_cli.analysis.selftest import run_selftest
+
+    record = run_selftest(
+        *make_selftest_planners(sglang=sglang),
+        kvcanary_version=__version__,
+        sglang_installed=installed_version(),
+        size=size,
+        seed=seed,
+    )
+    emit(render_selftest(record, output_format))
+    raise typer.Exit(ExitCode.CLEAN if record["verdict"] == "agree" else ExitCode.FINDINGS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

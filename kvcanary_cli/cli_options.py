@@ -19,13 +19,21 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
-from kvcanary_cli.analysis.model import Severity
+from kvcanary_cli.analysis.model import CheckReport, Severity
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
 
-__all__ = ["ExitCode", "GroupChoice", "OneLineErrors", "Space", "fail", "with_scalar_overrides"]
+__all__ = [
+    "ExitCode",
+    "GroupChoice",
+    "OneLineErrors",
+    "Space",
+    "check_exit",
+    "fail",
+    "with_scalar_overrides",
+]
 
 
 class ExitCode(IntEnum):
@@ -56,6 +64,16 @@ def fail(message: str, code: int) -> NoReturn:
     """Print one line on stderr and exit with `code`."""
     typer.echo(message, err=True)
     sys.exit(code)
+
+
+def check_exit(report: CheckReport) -> ExitCode:
+    """`check`'s exit code; each unreadable dump's error goes to stderr on the way."""
+    for bad in report.dumps:
+        if bad.error is not None:
+            typer.echo(f"error: {bad.error}", err=True)
+    if report.bad_input:
+        return ExitCode.BAD_INPUT
+    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
 def _usage_message(exc: Exception) -> str | None:
@@ -177,8 +195,9 @@ KernelOpt = Annotated[
         "--kernel",
         "-k",
         help="What stands in for the production GPU path: triton (the kernels; compiled on CUDA, "
-        "interpreted elsewhere), torch (same GPU semantics, vectorized: fast), none (skip the "
-        "comparison).",
+        "interpreted elsewhere), torch (same GPU semantics, vectorized: fast), sglang (the "
+        "installed SGLang's own launcher: its kernels on CUDA, its torch reference elsewhere), "
+        "none (skip the comparison).",
     ),
 ]
 FailOnOpt = Annotated[
@@ -227,7 +246,9 @@ BackendOpt = Annotated[
         "--backend",
         "-b",
         help="reference: scalar, literal (slow); torch: vectorized, same results; triton: the GPU "
-        "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input).",
+        "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input); sglang: "
+        "the installed SGLang's own launcher (its kernels on CUDA, its torch reference "
+        "elsewhere).",
     ),
 ]
 StrictOpt = Annotated[
@@ -266,5 +287,16 @@ SizeOpt = Annotated[
     ),
 ]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the scenarios.")]
+SGLangOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sglang",
+        help="Also run the installed SGLang's own plan launcher and compare it with kvcanary's "
+        "model (exit 2 when SGLang is missing or its launcher's signature differs).",
+    ),
+]
+SelftestSizeOpt = Annotated[
+    str, typer.Option("--size", metavar="tiny|small", help="Size of the scenario dumps.")
+]
 #: what `with_scalar_overrides` hands a command.
 Overrides = dict[str, int | None] | None

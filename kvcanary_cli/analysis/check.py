@@ -162,11 +162,13 @@ def check_dumps(
     fail_on: Severity = Severity.ERROR,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    sglang_installed: str | None = None,
 ) -> CheckReport:
     """Check dumps (one per rank, say), several in parallel processes; one report each.
 
     A dump that cannot be read gets a report with `error` set instead of stopping the run.
-    Planners are pickled to the worker processes.
+    Planners are pickled to the worker processes. `sglang_installed` is recorded in the
+    report as the SGLang version installed here.
     """
     work = [
         (str(Path(p)), dict(overrides or {}), reference, kernel, tuple(groups) if groups else None)
@@ -187,4 +189,4 @@ def check_dumps(
                 reports.append(report)
                 if progress:
                     progress(i + 1, len(work))
-    return CheckReport(dumps=tuple(reports), fail_on=fail_on)
+    return CheckReport(dumps=tuple(reports), fail_on=fail_on, sglang_installed=sglang_installed)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvcanary_cli.planners.base import Planner
 
-__all__ = ["Backend", "Kernel", "make_kernel", "make_planner"]
+__all__ = ["Backend", "Kernel", "make_kernel", "make_planner", "make_selftest_planners"]
 
 
 class Backend(StrEnum):
@@ -94,3 +94,18 @@ def _sglang(option: str) -> Planner:
     planner = SGLangPlanner(option=option)
     planner.load()
     return planner
+
+
+def make_selftest_planners(*, sglang: bool) -> tuple[list[Planner], list[Planner]]:
+    """`selftest`'s (baselines, planners): the scalar reference and the vectorized GPU model
+    as baselines; the vectorized reference, the Triton kernels and, with `sglang`, the
+    installed SGLang compared with the baseline of their semantics."""
+    from kvcanary_cli.planners.base import Semantics
+    from kvcanary_cli.planners.reference import ReferencePlanner
+    from kvcanary_cli.planners.triton_planner import TritonPlanner
+    from kvcanary_cli.planners.vectorized import TorchPlanner
+
+    planners: list[Planner] = [TorchPlanner(), TritonPlanner()]
+    if sglang:
+        planners.append(_sglang("--sglang"))
+    return [ReferencePlanner(), TorchPlanner(semantics=Semantics.GPU)], planners

@@ -60,7 +60,16 @@ VERIFY_PLAN_FIELDS = (
 )
 WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
 
-_HINT = "use --kernel torch|triton, which model SGLang 0.5.23 without importing it"
+_ALTERNATIVES = {
+    "--kernel sglang": "--kernel torch or triton models SGLang {v} without it",
+    "--backend sglang": "--backend torch or triton models SGLang {v} without it",
+}
+
+
+def _hint(option: str) -> str:
+    """What to do instead, for the option that asked for SGLang."""
+    default = "without --sglang, selftest checks kvcanary's model of SGLang {v} alone"
+    return _ALTERNATIVES.get(option, default).format(v=", ".join(VERIFIED_VERSIONS))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,14 +121,14 @@ def _import(module: str, *, option: str, version: str | None) -> Any:
             raise PlannerUnavailableError(
                 "SGLang is not installed here (cannot import sglang)",
                 option=option,
-                hint=f"pip install the SGLang your server runs, or {_HINT}",
+                hint=f"pip install the SGLang your server runs; {_hint(option)}",
             ) from None
         if module == missing or module.startswith(missing + "."):
             raise PlannerUnavailableError(
                 f"{_named(version)} has no {module} (kvcanary models SGLang "
                 f"{', '.join(VERIFIED_VERSIONS)})",
                 option=option,
-                hint=_HINT,
+                hint=_hint(option),
             ) from None
         raise _import_failed(module, exc, option=option, version=version) from None
     except Exception as exc:  # importing the server can fail in any way
@@ -133,7 +142,7 @@ def _import_failed(
     return PlannerUnavailableError(
         f"importing {module} from {_named(version)} failed: {type(exc).__name__}: {text}",
         option=option,
-        hint=_HINT,
+        hint=_hint(option),
     )
 
 
@@ -177,7 +186,7 @@ def _output_type(
             f"{_named(version)}: {module.__name__}.{name} {what}, unlike the SGLang "
             f"{', '.join(VERIFIED_VERSIONS)} kvcanary models",
             option=option,
-            hint=_HINT,
+            hint=_hint(option),
         )
     return cls
 
@@ -189,7 +198,7 @@ def _load(module_name: str, function_name: str, option: str) -> SGLangLauncher:
     where = f"{module_name}:{function_name}"
     if not callable(function):
         raise PlannerUnavailableError(
-            f"{_named(version)} has no {where}", option=option, hint=_HINT
+            f"{_named(version)} has no {where}", option=option, hint=_hint(option)
         )
     problems = signature_problems(function)
     if problems:
@@ -197,7 +206,7 @@ def _load(module_name: str, function_name: str, option: str) -> SGLangLauncher:
             f"{_named(version)}'s {function_name} does not match the signature kvcanary models "
             f"(SGLang {', '.join(VERIFIED_VERSIONS)}): {'; '.join(problems)}",
             option=option,
-            hint=_HINT,
+            hint=_hint(option),
         )
     verify = _import(_VERIFY_MODULE, option=option, version=version)
     write = _import(_WRITE_MODULE, option=option, version=version)

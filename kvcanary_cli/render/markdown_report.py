@@ -253,6 +253,11 @@ def check_markdown(record: Record, *, max_rows: int = 10) -> str:
             f"{plural(by_severity['warning'], 'warning')}) · "
             f"{summary['bad_input']} unreadable · kvcanary {record['kvcanary_version']} · "
             f"`{record['schema']}`"
+            + (
+                f" · SGLang installed here: {_text(record['sglang_installed'])}"
+                if record["sglang_installed"]
+                else ""
+            )
         ),
         "### Summary",
     ]

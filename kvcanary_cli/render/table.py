@@ -123,6 +123,9 @@ def _findings_table(findings: list[Record]) -> Table:
     table.add_column("cells")
     table.add_column("message")
     for f in findings:
+        raised_here = (
+            "\n← the kernel's launch raised here" if "upstream_raise" in f["details"] else ""
+        )
         table.add_row(
             _t(f["group"]),
             _t(_slot_text(f)),
@@ -131,7 +134,7 @@ def _findings_table(findings: list[Record]) -> Table:
             _t(f["position"]),
             _t(f["role"]),
             _t(_cells_text(f)),
-            _t(f["message"]),
+            _t(f["message"] + raised_here),
         )
     return table
 
@@ -212,6 +215,8 @@ def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
     """
     record = to_record(report)
     parts: list[RenderableType] = []
+    if record["sglang_installed"]:
+        parts.append(Text(f"SGLang installed here: {record['sglang_installed']}", style="dim"))
     for i, dump in enumerate(record["dumps"]):
         if i:
             parts.append(Text(""))
