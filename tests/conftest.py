@@ -1,12 +1,19 @@
-"""Shared test set-up: the hypothesis profile, one torch thread, `--update-golden`, `tmp_dump`."""
+"""Shared test set-up: the hypothesis profile, one torch thread, `--update-golden`, `tmp_dump`,
+and SGLang as a test needs it: a stand-in package (`sglang_standin`) or none (`no_sglang`)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from kvcanary_cli.planners import sglang_runtime
+from tests.sglang_standin import forget_sglang, write_standin
 
 # Examples are drawn from a seeded-per-run random source as usual; only timing-based health
 # checks are off, because a loaded 2-core CI machine must not turn slow generation into a failure.
@@ -39,3 +46,32 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture
 def tmp_dump(tmp_path: Path) -> Path:
     return tmp_path / "dump.safetensors"
+
+
+#: the `sglang_standin` fixture: install a stand-in SGLang (`write_standin`'s options).
+InstallStandin = Callable[..., Path]
+
+
+@pytest.fixture
+def sglang_standin(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[InstallStandin]:
+    """Put a stand-in SGLang first on sys.path for this test; every `sglang` module goes after."""
+
+    def install(**options: Any) -> Path:
+        forget_sglang()
+        root = write_standin(tmp_path_factory.mktemp("sglang"), **options)
+        monkeypatch.syspath_prepend(str(root))
+        return root
+
+    yield install
+    forget_sglang()
+
+
+@pytest.fixture
+def no_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang cannot be imported and is not installed, whatever this machine has."""
+    forget_sglang()
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    monkeypatch.setattr(sglang_runtime, "installed_version", lambda: None)
+    monkeypatch.setattr("kvcanary_cli.cli.installed_version", lambda: None)
