@@ -23,10 +23,17 @@ from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.describe import describe_dump
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import OptionError
-from kvcanary_cli.planners import Backend, Kernel, make_kernel, make_planner
+from kvcanary_cli.planners import (
+    Backend,
+    Kernel,
+    make_kernel,
+    make_planner,
+    make_selftest_planners,
+)
 from kvcanary_cli.planners.base import Plan
+from kvcanary_cli.planners.sglang_runtime import installed_version
 
-__all__ = ["check", "inspect", "plan", "provenance"]
+__all__ = ["check", "inspect", "plan", "provenance", "selftest"]
 
 PathLike = str | os.PathLike[str]
 Overrides = Mapping[str, int | str | None] | None
@@ -43,7 +50,8 @@ def check(
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport:
     """Check one dump or several (in parallel processes); an unreadable one gets an `error`
-    report, the others are still checked. `kernel`: triton, torch or none."""
+    report, the others are still checked. `kernel`: triton, torch, sglang or none. The report
+    names the SGLang version installed here, if any, so a reader knows what was compared."""
     many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     return check_dumps(
         many,
@@ -54,6 +62,7 @@ def check(
         fail_on=Severity(fail_on),
         jobs=jobs,
         progress=progress,
+        sglang_installed=installed_version(),
     )
 
 
@@ -98,4 +107,19 @@ def plan(
 
 def inspect(path: PathLike) -> dict[str, Any]:
     """What a dump holds (the `kvcanary.inspect/2` record); validates the file on the way."""
-    return describe_dump(load_dump(path))
+    return describe_dump(load_dump(path), sglang_installed=installed_version())
+
+
+def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> dict[str, Any]:
+    """Every synth scenario through kvcanary's planners (and, with `sglang`, the installed
+    SGLang's launcher), compared per plan field and raise: the `kvcanary.selftest/1` record."""
+    from kvcanary_cli import __version__
+    from kvcanary_cli.analysis.selftest import run_selftest
+
+    return run_selftest(
+        *make_selftest_planners(sglang=sglang),
+        kvcanary_version=__version__,
+        sglang_installed=installed_version(),
+        size=size,
+        seed=seed,
+    )

@@ -40,6 +40,8 @@ from typing import Any
 
 from kvcanary_cli.dump.schema import (
     LAUNCHER_ARGUMENTS,
+    LAUNCHER_FUNCTION,
+    LAUNCHER_MODULE,
     LAUNCHER_OUTPUTS,
     SCALARS,
     TENSORS,
@@ -65,8 +67,8 @@ logger = logging.getLogger("kvcanary.capture")
 #: Environment variable naming the directory dumps go to; setting it enables the hook.
 DUMP_DIR_ENV = "KVCANARY_DUMP_DIR"
 #: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
-SGLANG_PLAN_MODULE = "sglang.kernels.ops.kv_canary.plan.api"
-SGLANG_PLAN_FUNCTION = "launch_canary_plan_kernels"
+SGLANG_PLAN_MODULE = LAUNCHER_MODULE
+SGLANG_PLAN_FUNCTION = LAUNCHER_FUNCTION
 #: Where SGLang sets the canary up with the model runner, which holds the pools and allocators
 #: the launcher's arguments lack (pool sizes, page size, free lists).
 SGLANG_CANARY_MODULE = "sglang.srt.kv_canary.api"

@@ -14,12 +14,13 @@ import typer
 
 from kvcanary_cli import __version__
 from kvcanary_cli import cli_options as opt
-from kvcanary_cli.analysis.model import CheckReport, Severity
+from kvcanary_cli.analysis.model import Severity
 from kvcanary_cli.cli_options import (
     ExitCode,
     GroupChoice,
     OneLineErrors,
     Space,
+    check_exit,
     fail,
     with_scalar_overrides,
 )
@@ -31,6 +32,7 @@ from kvcanary_cli.render import (
     render_inspect,
     render_plan,
     render_provenance,
+    render_selftest,
 )
 from kvcanary_cli.render.console import progress
 
@@ -93,16 +95,7 @@ def check(
         )
     rendered = render_check(report, output_format, max_rows=max_rows, quiet=quiet)
     deliver(rendered, output, force=force, inputs=dumps)
-    raise typer.Exit(_check_exit(report))
-
-
-def _check_exit(report: CheckReport) -> ExitCode:
-    for bad in report.dumps:
-        if bad.error is not None:
-            typer.echo(f"error: {bad.error}", err=True)
-    if report.bad_input:
-        return ExitCode.BAD_INPUT
-    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+    raise typer.Exit(check_exit(report))
 
 
 @app.command()
@@ -175,8 +168,8 @@ def plan(
         save_plan(out, result, dump=loaded, overwrite=force)
     deliver(render_plan(record, output_format, max_rows=max_rows), None)
     if result.launch_error is not None:
-        fail(f"ValueError: {result.launch_error}", ExitCode.FINDINGS)
-    if (raised := upstream_raise(loaded, result)) is not None:
+        fail(f"{result.launch_error_type}: {result.launch_error}", ExitCode.FINDINGS)
+    if (raised := upstream_raise(result)) is not None:
         marked = f"; {out} marks them in kvcanary.verify_undefined" if out else ""
         fail(f"SGLang's reference raises here: {raised} (planned on past it{marked})", 1)
 
@@ -221,6 +214,27 @@ def synth(
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
     path = make_scenario(scenario, seed=seed, size=size).save(out, overwrite=force)
     typer.echo(f"wrote {path} ({scenario}, seed {seed}, size {size})", err=str(out) == "-")
+
+
+@app.command()
+def selftest(
+    sglang: opt.SGLangOpt = False,
+    size: opt.SelftestSizeOpt = "tiny",
+    seed: opt.SeedOpt = 0,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+) -> None:
+    """Compare kvcanary's planners (and, with --sglang, your SGLang) on every synth scenario.
+
+    Per plan field and raise: the drift report to attach when kvcanary and your SGLang
+    disagree. Exit 0 on full agreement, 1 on any difference.
+    """
+    from kvcanary_cli import api
+
+    record = api.selftest(sglang=sglang, size=size, seed=seed)
+    deliver(render_selftest(record, output_format), output, force=force)
+    raise typer.Exit(ExitCode.CLEAN if record["verdict"] == "agree" else ExitCode.FINDINGS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

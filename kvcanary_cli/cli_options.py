@@ -19,7 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
-from kvcanary_cli.analysis.model import Severity
+from kvcanary_cli.analysis.model import CheckReport, Severity
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners import Backend, Kernel
@@ -31,6 +31,7 @@ __all__ = [
     "GroupChoice",
     "OneLineErrors",
     "Space",
+    "check_exit",
     "fail",
     "with_scalar_overrides",
 ]
@@ -64,6 +65,16 @@ def fail(message: str, code: int) -> NoReturn:
     """Print one line on stderr and exit with `code`."""
     typer.echo(message, err=True)
     sys.exit(code)
+
+
+def check_exit(report: CheckReport) -> ExitCode:
+    """`check`'s exit code; each unreadable dump's error goes to stderr on the way."""
+    for bad in report.dumps:
+        if bad.error is not None:
+            typer.echo(f"error: {bad.error}", err=True)
+    if report.bad_input:
+        return ExitCode.BAD_INPUT
+    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
 def _usage_message(exc: Exception) -> str | None:
@@ -185,8 +196,9 @@ KernelOpt = Annotated[
         "--kernel",
         "-k",
         help="What stands in for the production GPU path: triton (the kernels; compiled on CUDA, "
-        "interpreted elsewhere), torch (same GPU semantics, vectorized: fast), none (skip the "
-        "comparison).",
+        "interpreted elsewhere), torch (same GPU semantics, vectorized: fast), sglang (the "
+        "installed SGLang's own launcher: its kernels on CUDA, its torch reference elsewhere), "
+        "none (skip the comparison).",
     ),
 ]
 FailOnOpt = Annotated[
@@ -266,7 +278,9 @@ BackendOpt = Annotated[
         "--backend",
         "-b",
         help="reference: scalar, literal (slow); torch: vectorized, same results; triton: the GPU "
-        "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input).",
+        "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input); sglang: "
+        "the installed SGLang's own launcher (its kernels on CUDA, its torch reference "
+        "elsewhere).",
     ),
 ]
 StrictOpt = Annotated[
@@ -320,6 +334,17 @@ QuietOpt = Annotated[
 ]
 VersionOpt = Annotated[
     bool, typer.Option("--version", is_eager=True, help="Print the version and exit.")
+]
+SGLangOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sglang",
+        help="Also run the installed SGLang's own plan launcher and compare it with kvcanary's "
+        "model (exit 2 when SGLang is missing or its launcher's signature differs).",
+    ),
+]
+SelftestSizeOpt = Annotated[
+    str, typer.Option("--size", metavar="tiny|small", help="Size of the scenario dumps.")
 ]
 #: what `with_scalar_overrides` hands a command.
 Overrides = dict[str, int | None] | None

@@ -1,12 +1,20 @@
-"""Shared test set-up: the hypothesis profile, one torch thread, `--update-golden`, `tmp_dump`."""
+"""Shared test set-up: the hypothesis profile, one torch thread, `--update-golden`, `tmp_dump`,
+and SGLang as a test needs it: a stand-in package (`sglang_standin`) or none (`no_sglang`)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from kvcanary_cli import api
+from kvcanary_cli.planners import sglang_runtime
+from tests.sglang_standin import forget_sglang, write_standin
 
 # Examples are drawn from a seeded-per-run random source as usual; only timing-based health
 # checks are off, because a loaded 2-core CI machine must not turn slow generation into a failure.
@@ -17,7 +25,7 @@ settings.register_profile(
 )
 settings.load_profile("kvcanary")
 
-# As the CLI does (kvcanary_cli.cli._limit_torch_threads): one intra-op thread; on CPU-quota'd
+# As the CLI does (OMP_NUM_THREADS=1 in kvcanary_cli.cli.main): one intra-op thread; on CPU-quota'd
 # CI machines more threads spin against each other and slow every small tensor op.
 torch.set_num_threads(1)
 
@@ -39,3 +47,34 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture
 def tmp_dump(tmp_path: Path) -> Path:
     return tmp_path / "dump.safetensors"
+
+
+#: the `sglang_standin` fixture: install a stand-in SGLang (`write_standin`'s options).
+InstallStandin = Callable[..., Path]
+
+
+@pytest.fixture
+def sglang_standin(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[InstallStandin]:
+    """Put a stand-in SGLang first on sys.path for this test; every `sglang` module goes after."""
+
+    def install(**options: Any) -> Path:
+        forget_sglang()
+        root = write_standin(tmp_path_factory.mktemp("sglang"), **options)
+        monkeypatch.syspath_prepend(str(root))
+        return root
+
+    yield install
+    forget_sglang()
+
+
+@pytest.fixture
+def no_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang cannot be imported and is not installed, whatever this machine has."""
+    forget_sglang()
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    # `api` holds its own reference to the function: patch it through the module object
+    # imported at the top, so it is never first imported while the runtime is patched.
+    monkeypatch.setattr(api, "installed_version", lambda: None)
+    monkeypatch.setattr(sglang_runtime, "installed_version", lambda: None)

@@ -29,3 +29,18 @@ PLANNERS: dict[str, Planner] = {
 def checked(dump: KvDump, *, kernel: str = "torch") -> DumpReport:
     """`run_check` with the vectorized reference and the named kernel."""
     return run_check(dump, reference=TORCH, kernel=KERNELS[kernel])
+
+
+#: The synth scenarios on which SGLang's torch reference raises (its first bad read): what
+#: the real SGLang and the stand-in must raise on, and nothing else.
+UPSTREAM_RAISING_SCENARIOS = frozenset(
+    {
+        "truncated-lut",
+        "truncated-lut-unrecorded",
+        "undersized-lut",
+        "slot-beyond-pool-swa",
+        "row-out-of-range",
+        "prefix-past-row",
+        "expected-token-out-of-range",
+    }
+)

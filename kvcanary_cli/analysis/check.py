@@ -47,6 +47,7 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
+from kvcanary_cli.analysis.upstream import mark_upstream_raise
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
@@ -88,9 +89,11 @@ def run_check(
             findings.append(finding)
         if group == "swa":
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
-        comparison = compare_plans(plan, kernel_plan) if kernel_plan is not None else None
-        if comparison is not None:
+        comparison = None
+        if kernel_plan is not None:
+            comparison = compare_plans(plan, kernel_plan)
             findings.extend(comparison.divergences)
+            findings = mark_upstream_raise(findings, plan, kernel_plan)
         summaries.append(
             GroupSummary(
                 group=group,
@@ -197,11 +200,13 @@ def check_dumps(
     fail_on: Severity = Severity.ERROR,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    sglang_installed: str | None = None,
 ) -> CheckReport:
     """Check dumps (one per rank, say), several in parallel processes; one report each.
 
     A dump that cannot be read gets a report with `error` set instead of stopping the run.
-    Planners are pickled to the worker processes.
+    Planners are pickled to the worker processes. `sglang_installed` is recorded in the
+    report as the SGLang version installed here.
     """
     work = [
         (str(Path(p)), dict(overrides or {}), reference, kernel, tuple(groups) if groups else None)
@@ -222,4 +227,4 @@ def check_dumps(
                 reports.append(report)
                 if progress:
                     progress(i + 1, len(work))
-    return CheckReport(dumps=tuple(reports), fail_on=fail_on)
+    return CheckReport(dumps=tuple(reports), fail_on=fail_on, sglang_installed=sglang_installed)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.upstream import launch_divergences
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
 
 __all__ = ["Comparison", "compare_plans"]
@@ -91,8 +92,11 @@ def _code_index(kind: ProblemKind) -> int:
 
 
 def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
-    """Compare on what both define; explain each difference or report a divergence."""
-    result = Comparison()
+    """Compare on what both define; explain each difference or report a divergence.
+
+    A kernel's raise (or a raise it misses) is held against the reference's prediction first.
+    """
+    result = Comparison(divergences=launch_divergences(reference, kernel))
     if kernel.launch_error is not None:
         return result
     group = reference.group

@@ -29,7 +29,8 @@ from kvcanary_cli.analysis.model import (
 )
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
-from kvcanary_cli.planners.base import Plan, upstream_error
+from kvcanary_cli.planners.base import Plan
+from kvcanary_cli.planners.upstream import upstream_error
 
 __all__ = [
     "assumptions_of",
@@ -447,7 +448,7 @@ def first_raise(
         problem = plan.problems.first_raise()
         if problem is None:
             continue
-        error = upstream_error(problem, dump, plan.frame.lut_len)
+        error = upstream_error(problem, plan.frame)
         code = FindingCode(problem.kind.code)
         marked = list(findings)
         for i, f in enumerate(marked):

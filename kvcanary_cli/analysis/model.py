@@ -378,6 +378,9 @@ class CheckReport:
 
     dumps: tuple[DumpReport, ...]
     fail_on: Severity = Severity.ERROR
+    #: the SGLang version installed where the check ran (None: not installed); each dump's
+    #: `identity` holds the version it was recorded with.
+    sglang_installed: str | None = None
 
     @property
     def failed(self) -> bool:

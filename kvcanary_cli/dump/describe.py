@@ -17,8 +17,12 @@ __all__ = ["INSPECT_SCHEMA", "describe_dump"]
 INSPECT_SCHEMA = "kvcanary.inspect/2"
 
 
-def describe_dump(dump: KvDump) -> dict[str, Any]:
-    """Tensors, scalars with their source, groups, batch summary, identity keys and notes."""
+def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> dict[str, Any]:
+    """Tensors, scalars with their source, groups, batch summary, identity keys and notes.
+
+    `sglang_installed` is the SGLang version installed here (None: not installed), shown next
+    to the version the dump records (`identity["sglang.version"]`).
+    """
     rpi = dump.req_pool_indices
     active = rpi != 0
     prefix = dump.prefix_lens.clamp(min=0)
@@ -75,6 +79,7 @@ def describe_dump(dump: KvDump) -> dict[str, Any]:
             "lut_len": dump.lut_len,
         },
         "identity": dump.identity,
+        "sglang_installed": sglang_installed,
         "other_metadata": extra,
         "notes": notes,
     }

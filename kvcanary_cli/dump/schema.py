@@ -17,6 +17,8 @@ __all__ = [
     "IDENTITY_KEYS",
     "INTEGER_DTYPES",
     "LAUNCHER_ARGUMENTS",
+    "LAUNCHER_FUNCTION",
+    "LAUNCHER_MODULE",
     "LAUNCHER_OUTPUTS",
     "SCALARS",
     "TENSORS",
@@ -304,6 +306,10 @@ IDENTITY_KEYS: tuple[str, ...] = (
     "captured_at",
     "note",
 )
+
+#: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
+LAUNCHER_MODULE = "sglang.kernels.ops.kv_canary.plan.api"
+LAUNCHER_FUNCTION = "launch_canary_plan_kernels"
 
 #: Outputs SGLang's plan launcher fills in place: a dump records their capacities only.
 LAUNCHER_OUTPUTS: tuple[str, ...] = ("verify_plan_out", "write_plan_out")

@@ -2,7 +2,7 @@
 
 This module is the registry that turns the CLI's names into planner objects. It imports
 nothing heavy: backends are imported when one is made, so `kvcanary --help` never imports
-torch, and only `triton_runtime` ever imports triton.
+torch, only `triton_runtime` ever imports triton, and only `sglang_runtime` imports SGLang.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvcanary_cli.planners.base import Planner
 
-__all__ = ["Backend", "Kernel", "make_kernel", "make_planner"]
+__all__ = ["Backend", "Kernel", "make_kernel", "make_planner", "make_selftest_planners"]
 
 
 class Backend(StrEnum):
@@ -25,6 +25,8 @@ class Backend(StrEnum):
     TORCH = "torch"
     #: the GPU path as Triton kernels (compiled on CUDA, interpreted elsewhere).
     TRITON = "triton"
+    #: the installed SGLang's own launcher (its kernels on CUDA, its torch reference elsewhere).
+    SGLANG = "sglang"
 
 
 class Kernel(StrEnum):
@@ -33,6 +35,8 @@ class Kernel(StrEnum):
     TRITON = "triton"
     #: the GPU semantics, vectorized in torch (`TorchPlanner(semantics=GPU)`).
     TORCH = "torch"
+    #: the installed SGLang's own launcher (`SGLangPlanner`).
+    SGLANG = "sglang"
     #: no kernel: skip the comparison.
     NONE = "none"
 
@@ -60,6 +64,8 @@ def make_planner(backend: Backend, *, strict: bool = False) -> Planner:
             from kvcanary_cli.planners.triton_planner import TritonPlanner
 
             return TritonPlanner()
+        case Backend.SGLANG:
+            return _sglang("--backend sglang")
 
 
 def make_kernel(kernel: Kernel) -> Planner | None:
@@ -74,5 +80,32 @@ def make_kernel(kernel: Kernel) -> Planner | None:
             from kvcanary_cli.planners.vectorized import TorchPlanner
 
             return TorchPlanner(semantics=Semantics.GPU)
+        case Kernel.SGLANG:
+            return _sglang("--kernel sglang")
         case Kernel.NONE:
             return None
+
+
+def _sglang(option: str) -> Planner:
+    """An `SGLangPlanner`, after checking that the installed SGLang can be loaded (exit 2 if
+    not, before any dump is read)."""
+    from kvcanary_cli.planners.sglang_planner import SGLangPlanner
+
+    planner = SGLangPlanner(option=option)
+    planner.load()
+    return planner
+
+
+def make_selftest_planners(*, sglang: bool) -> tuple[list[Planner], list[Planner]]:
+    """`selftest`'s (baselines, planners): the scalar reference and the vectorized GPU model
+    as baselines; the vectorized reference, the Triton kernels and, with `sglang`, the
+    installed SGLang compared with the baseline of their semantics."""
+    from kvcanary_cli.planners.base import Semantics
+    from kvcanary_cli.planners.reference import ReferencePlanner
+    from kvcanary_cli.planners.triton_planner import TritonPlanner
+    from kvcanary_cli.planners.vectorized import TorchPlanner
+
+    planners: list[Planner] = [TorchPlanner(), TritonPlanner()]
+    if sglang:
+        planners.append(_sglang("--sglang"))
+    return [ReferencePlanner(), TorchPlanner(semantics=Semantics.GPU)], planners

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.errors import UpstreamPlanError
 
 if TYPE_CHECKING:
     from kvcanary_cli.planners.frame import GroupFrame
@@ -39,7 +38,6 @@ __all__ = [
     "Undefined",
     "VerifyEntries",
     "lut_error_message",
-    "upstream_error",
 ]
 
 
@@ -318,8 +316,11 @@ class Plan:
     seed_undefined: torch.Tensor
     write_num_valid_reqs: int
     problems: ProblemTable = field(default_factory=ProblemTable.empty)
-    #: GPU only: the error production raises before launching; outputs are then empty.
+    #: the error the launch raised (production's GPU path refusing the batch, or an upstream
+    #: planner run by kvcanary); outputs are then empty.
     launch_error: str | None = None
+    #: the exception type of `launch_error` (`ValueError`, `IndexError`, ...).
+    launch_error_type: str = "ValueError"
 
     @property
     def group(self) -> str:
@@ -381,24 +382,6 @@ class Plan:
 def lut_error_message(slot: int, lut_len: int) -> str:
     """SGLang's reference error, verbatim."""
     return f"kv-canary: SWA slot {slot} is outside full_to_swa_index_mapping length {lut_len}"
-
-
-def upstream_error(problem: PlanProblem, dump: KvDump, lut_len: int) -> UpstreamPlanError:
-    """The exception SGLang's torch reference raises at a raising `problem` (its type and text:
-    a ValueError for a LUT slot, torch's IndexError for a read outside a table)."""
-    if problem.kind is ProblemKind.LUT_OUT_OF_RANGE:
-        return UpstreamPlanError(lut_error_message(problem.value, lut_len))
-    if problem.kind is ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE:
-        pool = dump.req_to_verify_expected_tokens
-        shape = (0, 0) if pool is None else (int(pool.shape[0]), int(pool.shape[1]))
-        dim = 0 if problem.value == problem.pool_row else 1
-    else:
-        shape = (dump.max_reqs, dump.max_seq_len)
-        dim = 0 if problem.kind is ProblemKind.ROW_OUT_OF_RANGE else 1
-    return UpstreamPlanError(
-        f"index {problem.value} is out of bounds for dimension {dim} with size {shape[dim]}",
-        exception_type="IndexError",
-    )
 
 
 class Planner(Protocol):

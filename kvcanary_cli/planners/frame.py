@@ -26,6 +26,7 @@ __all__ = [
     "assemble_plan",
     "failed_plan",
     "group_frame",
+    "raised_plan",
     "launch_limit",
     "window_start",
 ]
@@ -53,7 +54,8 @@ class LaunchLimit:
         if self.name == "_PLAN_BS_BLOCK_SIZE":
             return (
                 f"kv-canary: launch_canary_plan_kernels supports at most bs={self.limit} reqs "
-                f"per launch, got bs={self.bs}; bump _PLAN_BS_BLOCK_SIZE"
+                f"per launch, got bs={self.bs}. Bump _PLAN_BS_BLOCK_SIZE if real workloads need "
+                "this."
             )
         return f"kv-canary: bs={self.bs} exceeds write_req_capacity={self.limit}"
 
@@ -106,6 +108,10 @@ class GroupFrame:
     seed_wanted: torch.Tensor
     #: set when the GPU path refuses the batch (the reference has no such limit).
     launch: LaunchLimit | None
+    #: `req_to_token`'s `[max_reqs, max_seq_len]`, for the messages of reads outside it.
+    table_shape: tuple[int, int]
+    #: the expected-token pool's `[rows, cols]` (None without a pool).
+    pool_shape: tuple[int, int] | None
 
     @property
     def lut_len(self) -> int:
@@ -163,6 +169,7 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
     else:
         raise OptionError(f"unknown group {group!r} (expected full or swa)", option="--group")
     rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
+    pool = dump.req_to_verify_expected_tokens
     active = rpi != 0
     start = window_start(prefix, window)
     verify_len = torch.where(active, (prefix - start).clamp(min=0), 0)
@@ -188,6 +195,8 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
         write_offsets=_exclusive_cumsum(write_len[:rows]),
         seed_wanted=(active & (extend > 0) & (prefix > 0))[:rows],
         launch=launch_limit(dump.bs, write_capacity),
+        table_shape=(dump.max_reqs, dump.max_seq_len),
+        pool_shape=None if pool is None else (int(pool.shape[0]), int(pool.shape[1])),
     )
 
 
@@ -205,6 +214,7 @@ def assemble_plan(
     write_offsets: torch.Tensor | None = None,
     write_num_valid_reqs: int | None = None,
     launch_error: str | None = None,
+    launch_error_type: str = "ValueError",
 ) -> Plan:
     """The one place a `Plan` is built.
 
@@ -236,17 +246,32 @@ def assemble_plan(
         write_num_valid_reqs=frame.bs if write_num_valid_reqs is None else write_num_valid_reqs,
         problems=problems,
         launch_error=launch_error,
+        launch_error_type=launch_error_type,
     )
 
 
 def failed_plan(frame: GroupFrame, *, backend: str) -> Plan:
     """The plan of a GPU launch that raised before running: no outputs, only the error."""
     assert frame.launch is not None
+    return raised_plan(
+        frame, backend=backend, semantics=Semantics.GPU, message=frame.launch.message
+    )
+
+
+def raised_plan(
+    frame: GroupFrame,
+    *,
+    backend: str,
+    semantics: Semantics,
+    message: str,
+    exception_type: str = "ValueError",
+) -> Plan:
+    """The plan of a launch that raised: no outputs, only the error and its type."""
     empty = torch.zeros(0, dtype=_I64)
     return assemble_plan(
         frame,
         backend=backend,
-        semantics=Semantics.GPU,
+        semantics=semantics,
         entries=VerifyEntries.empty(),
         seeds=empty,
         seed_undefined=torch.zeros(0, dtype=torch.bool),
@@ -255,5 +280,6 @@ def failed_plan(frame: GroupFrame, *, backend: str) -> Plan:
         verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
         write_offsets=empty,
         write_num_valid_reqs=0,
-        launch_error=frame.launch.message,
+        launch_error=message,
+        launch_error_type=exception_type,
     )

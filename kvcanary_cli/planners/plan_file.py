@@ -16,17 +16,18 @@ import torch
 
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.planners.base import Plan, Semantics, upstream_error
+from kvcanary_cli.planners.base import Plan, Semantics
+from kvcanary_cli.planners.upstream import upstream_error
 
 __all__ = ["PLAN_FORMAT", "save_plan", "upstream_raise"]
 
 PLAN_FORMAT = "1"
 
 
-def upstream_raise(dump: KvDump, plan: Plan) -> str | None:
+def upstream_raise(plan: Plan) -> str | None:
     """SGLang's reference exception for this plan ("Type: message"), when it raises."""
     problem = plan.problems.first_raise() if plan.semantics is Semantics.REFERENCE else None
-    return None if problem is None else str(upstream_error(problem, dump, plan.frame.lut_len))
+    return None if problem is None else str(upstream_error(problem, plan.frame))
 
 
 def save_plan(
@@ -41,7 +42,7 @@ def save_plan(
         "source": os.path.basename(dump.path),
     }
     tensors = {k: v.contiguous() for k, v in plan.upstream_tensors().items()}
-    raised = upstream_raise(dump, plan)
+    raised = upstream_raise(plan)
     n = tensors["verify_slot_indices"].shape[0]
     undefined = plan.verify_undefined[:n]
     if raised is not None or bool(undefined.any()) or bool(plan.seed_undefined.any()):

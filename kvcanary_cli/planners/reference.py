@@ -22,9 +22,9 @@ from kvcanary_cli.planners.base import (
     Semantics,
     Undefined,
     VerifyEntries,
-    upstream_error,
 )
-from kvcanary_cli.planners.frame import assemble_plan, group_frame
+from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, group_frame
+from kvcanary_cli.planners.upstream import upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
 
@@ -35,15 +35,14 @@ SCALAR_ENTRY_LIMIT = 20_000_000
 class _Collector:
     """Records problems; in strict mode raises upstream's error at the first raising one."""
 
-    def __init__(self, strict: bool, dump: KvDump, lut_len: int) -> None:
+    def __init__(self, strict: bool, frame: GroupFrame) -> None:
         self.strict = strict
+        self.frame = frame
         self.items: list[PlanProblem] = []
-        self.dump = dump
-        self.lut_len = lut_len
 
     def add(self, problem: PlanProblem) -> None:
         if self.strict and problem.raises:
-            raise upstream_error(problem, self.dump, self.lut_len)
+            raise upstream_error(problem, self.frame)
         self.items.append(problem)
 
     def table(self) -> ProblemTable:
@@ -83,7 +82,7 @@ class ReferencePlanner:
         pool_rows, pool_cols = (0, 0) if pool is None else (pool.shape[0], pool.shape[1])
         offset = dump.token_offset
         bs = len(rpi)
-        problems = _Collector(self.strict, dump, lut_len)
+        problems = _Collector(self.strict, frame)
         row_cache: dict[int, list[int]] = {}
 
         def table_row(row: int) -> list[int]:

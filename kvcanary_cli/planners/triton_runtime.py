@@ -34,6 +34,7 @@ __all__ = [
     "load_kernels",
     "load_triton",
     "mode",
+    "prepare_environment",
     "std_library_interpreted",
 ]
 
@@ -43,8 +44,12 @@ _ENV = "TRITON_INTERPRET"
 _TRUE = ("1", "true", "yes", "on")
 
 
-def _prepare_environment() -> None:
-    """Ask for the interpreter when no CUDA device exists, unless the user chose already."""
+def prepare_environment() -> None:
+    """Ask for the interpreter when no CUDA device exists, unless the user chose already.
+
+    Call it before anything imports triton (SGLang's kernels do), so that triton's standard
+    library runs under the interpreter too.
+    """
     if _ENV not in os.environ and not torch.cuda.is_available():
         os.environ[_ENV] = "1"
 
@@ -59,7 +64,7 @@ def load_triton() -> tuple[ModuleType, ModuleType]:
     Raises `PlannerUnavailableError` when triton is not installed, or when it would have to
     compile kernels on a machine without a CUDA device.
     """
-    _prepare_environment()
+    prepare_environment()
     try:
         triton = importlib.import_module("triton")
         tl = importlib.import_module("triton.language")
@@ -81,7 +86,7 @@ def load_triton() -> tuple[ModuleType, ModuleType]:
 
 def mode() -> Mode:
     """'compiled' when kernels compile for a CUDA device, 'interpreter' when numpy runs them."""
-    _prepare_environment()
+    prepare_environment()
     return "interpreter" if _interpret_requested() else "compiled"
 
 

@@ -1,8 +1,8 @@
 """Rendering: pure functions from reports to rich renderables or strings (no printing).
 
-`render_check`, `render_provenance`, `render_inspect` and `render_plan` pick the view for an
-`OutputFormat`. A `str` result (JSON, Markdown) is written verbatim; a renderable goes through
-a console (see `emit`).
+`render_check`, `render_provenance`, `render_inspect`, `render_plan` and `render_selftest`
+pick the view for an `OutputFormat`. A `str` result (JSON, Markdown) is written verbatim; a
+renderable goes through a console (see `emit`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from kvcanary_cli.render.json_report import check_json, provenance_json
 from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
 from kvcanary_cli.render.plan_view import plan_markdown, plan_table
 from kvcanary_cli.render.records import Record, provenance_record, to_record
+from kvcanary_cli.render.selftest_view import selftest_markdown, selftest_table
 from kvcanary_cli.render.table import check_table, provenance_table, verdict_lines
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "render_inspect",
     "render_plan",
     "render_provenance",
+    "render_selftest",
     "to_json",
 ]
 
@@ -91,5 +93,18 @@ def render_plan(record: Record, fmt: OutputFormat, *, max_rows: int = 50) -> str
             return to_json(record)
         case OutputFormat.MARKDOWN:
             return plan_markdown(record, max_rows=max_rows)
+        case _:
+            assert_never(fmt)
+
+
+def render_selftest(record: Record, fmt: OutputFormat) -> str | RenderableType:
+    """A `kvcanary.selftest/1` record (the drift report) in `fmt`."""
+    match fmt:
+        case OutputFormat.TABLE:
+            return selftest_table(record)
+        case OutputFormat.JSON:
+            return to_json(record)
+        case OutputFormat.MARKDOWN:
+            return selftest_markdown(record)
         case _:
             assert_never(fmt)

@@ -32,6 +32,13 @@ def _fmt_bytes(count: int) -> str:
     return str(count)
 
 
+def _identity(record: dict[str, Any]) -> dict[str, str]:
+    """Identity keys, the SGLang installed here (when it is), then other metadata."""
+    installed = record["sglang_installed"]
+    here = {"sglang installed here": installed} if installed else {}
+    return {**record["identity"], **here, **record["other_metadata"]}
+
+
 def inspect_table(record: dict[str, Any]) -> RenderableType:
     """Tensors, scalars, groups, batch summary, provenance and notes, one block each."""
     parts: list[RenderableType] = [
@@ -74,7 +81,7 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
     for key in _BATCH_KEYS:
         summary.add_row(key.replace("_", " "), "-" if batch[key] is None else str(batch[key]))
     parts.append(summary)
-    identity = {**record["identity"], **record["other_metadata"]}
+    identity = _identity(record)
     if identity:
         meta = Table(title="identity", title_justify="left", show_header=False)
         meta.add_column("key")
@@ -127,7 +134,7 @@ def inspect_markdown(record: dict[str, Any]) -> str:
             + [[key.replace("_", " "), text(record["batch"][key])] for key in _BATCH_KEYS],
         ),
     ]
-    identity = {**record["identity"], **record["other_metadata"]}
+    identity = _identity(record)
     if identity:
         parts.append(
             table(["identity", "value"], [[code(k), text(v)] for k, v in identity.items()])

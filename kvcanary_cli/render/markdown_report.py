@@ -397,6 +397,11 @@ def _check_markdown(record: Record, max_rows: int, details: bool) -> str:
             f"{plural(by_severity['warning'], 'warning')}, "
             f"{by_severity['info']} info) · kvcanary {record['kvcanary_version']} · "
             f"`{record['schema']}`"
+            + (
+                f" · SGLang installed here: {_text(record['sglang_installed'])}"
+                if record["sglang_installed"]
+                else ""
+            )
         ),
         "### Summary",
     ]

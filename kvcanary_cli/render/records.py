@@ -307,6 +307,7 @@ def to_record(report: CheckReport) -> Record:
         "schema": CHECK_SCHEMA,
         "kvcanary_version": kvcanary_cli.__version__,
         "fail_on": report.fail_on.value,
+        "sglang_installed": report.sglang_installed,
         "verdict": verdict,
         "summary": {
             "dumps": len(report.dumps),

@@ -150,6 +150,8 @@ def _message_text(f: Record) -> Text:
     text = Text(f["message"])
     if f["first_raise"]:
         text.append(" ← SGLang's reference raises here first", style="bold")
+    if "upstream_raise" in f["details"]:
+        text.append(" ← the kernel's launch raised here", style="bold")
     if f["assumes"]:
         text.append(f" (assumes {', '.join(f['assumes'])}: not recorded)", style="yellow")
     return text
@@ -362,6 +364,8 @@ def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
     """
     record = to_record(report)
     parts: list[RenderableType] = []
+    if record["sglang_installed"]:
+        parts.append(Text(f"SGLang installed here: {record['sglang_installed']}", style="dim"))
     for i, dump in enumerate(record["dumps"]):
         if i:
             parts.append(Text(""))

@@ -149,6 +149,7 @@ CHECK = {
     "schema": OneOf(frozenset({"kvcanary.check/1"})),
     "kvcanary_version": str,
     "fail_on": SEVERITIES,
+    "sglang_installed": Nullable(str),
     "verdict": OneOf(frozenset({"clean", "findings", "bad-input"})),
     "summary": {
         "dumps": int,
@@ -237,3 +238,88 @@ def validate(value: Any, spec: Any, path: str = "$") -> list[str]:
     else:
         ok = isinstance(value, spec)
     return [] if ok else [f"{path}: expected {spec.__name__}, got {value!r}"]
+
+
+FIELD_STATUS = OneOf(frozenset({"agree", "differ", "n/a"}))
+SELFTEST_FIELDS = (
+    "verify_slot_indices",
+    "verify_expected_tokens",
+    "verify_expected_positions",
+    "verify_prev_slot_indices",
+    "verify_num_valid",
+    "enable",
+    "write_offsets",
+    "write_seed_slot_indices",
+    "write_num_valid_reqs",
+    "raise",
+)
+DIFFERENCE = {
+    "field": OneOf(frozenset(SELFTEST_FIELDS)),
+    "index": Nullable(int),
+    "baseline": JSON_VALUE,
+    "planner": JSON_VALUE,
+}
+COMPARISON = {
+    "planner": str,
+    "baseline": str,
+    "semantics": OneOf(frozenset({"reference", "gpu"})),
+    "agree": bool,
+    "fields": {name: FIELD_STATUS for name in SELFTEST_FIELDS},
+    "differences": ListOf(DIFFERENCE),
+    "expected_raise": Nullable(str),
+    "raised": Nullable(str),
+    "not_launched": Nullable(str),
+}
+REF_RAISE = {
+    "error": str,
+    "kind": str,
+    "role": str,
+    "batch_row": int,
+    "pool_row": int,
+    "position": int,
+    "value": int,
+}
+SELFTEST = {
+    "schema": OneOf(frozenset({"kvcanary.selftest/1"})),
+    "kvcanary_version": str,
+    "size": str,
+    "seed": int,
+    "fields": ListOf(OneOf(frozenset(SELFTEST_FIELDS))),
+    "planners": ListOf(
+        {
+            "name": str,
+            "semantics": OneOf(frozenset({"reference", "gpu"})),
+            "mode": Nullable(str),
+            "baseline": str,
+        }
+    ),
+    "sglang": {
+        "installed": Nullable(str),
+        "run": bool,
+        "mode": Nullable(OneOf(frozenset({"reference", "cuda"}))),
+        "verified": ListOf(str),
+    },
+    "verdict": OneOf(frozenset({"agree", "disagree"})),
+    "summary": {
+        "scenarios": int,
+        "groups": int,
+        "comparisons": int,
+        "disagreements": int,
+        "by_planner": MapOf({"comparisons": int, "disagreements": int}),
+    },
+    "scenarios": ListOf(
+        {
+            "scenario": str,
+            "summary": str,
+            "clean": bool,
+            "expected_findings": ListOf(str),
+            "groups": ListOf(
+                {
+                    "group": OneOf(frozenset({"full", "swa"})),
+                    "ref_raise": Nullable(REF_RAISE),
+                    "comparisons": ListOf(COMPARISON),
+                }
+            ),
+        }
+    ),
+}

@@ -1,0 +1,254 @@
+"""`run_selftest`: every synthetic scenario through several planners, compared field by field.
+
+The record it returns (schema `kvcanary.selftest/1`) is the drift report: for each `synth`
+scenario and group, each planner's plan against the baseline of its semantics (kvcanary's
+scalar reference for REF semantics, its vectorized GPU model for GPU semantics), per plan field
+(`Plan.upstream_tensors()`) and per raise: where the plan step raises, and with what. With the
+installed SGLang among the planners, it says whether kvcanary's model still matches that
+SGLang, and where SGLang raises on each bug scenario.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.errors import OptionError, UpstreamPlanError
+from kvcanary_cli.planners.base import Plan, Planner, Semantics, Undefined
+from kvcanary_cli.planners.sglang_runtime import VERIFIED_VERSIONS
+from kvcanary_cli.planners.upstream import NOT_LAUNCHED, raised, upstream_error
+
+__all__ = ["FIELDS", "SELFTEST_SCHEMA", "SELFTEST_SIZES", "run_selftest"]
+
+SELFTEST_SCHEMA = "kvcanary.selftest/1"
+#: Sizes the selftest runs at: the scalar reference is the baseline, so no benchmark sizes.
+SELFTEST_SIZES = ("tiny", "small")
+#: What is compared: SGLang's plan fields, then where (and with what) the plan step raises.
+FIELDS = (
+    "verify_slot_indices",
+    "verify_expected_tokens",
+    "verify_expected_positions",
+    "verify_prev_slot_indices",
+    "verify_num_valid",
+    "enable",
+    "write_offsets",
+    "write_seed_slot_indices",
+    "write_num_valid_reqs",
+    "raise",
+)
+#: Entry fields whose values a planner may leave undefined, and the bit saying so.
+_UNDEFINED_BIT = {
+    "verify_slot_indices": Undefined.SLOT,
+    "verify_prev_slot_indices": Undefined.PREV,
+    "verify_expected_tokens": Undefined.TOKEN,
+}
+
+Record = dict[str, Any]
+
+
+def _defined(plan: Plan, name: str, values: torch.Tensor) -> torch.Tensor:
+    """Which of `values` (the field, as upstream defines it) the planner could define."""
+    n = int(values.shape[0]) if values.ndim else 1
+    if name in _UNDEFINED_BIT:
+        return (plan.verify_undefined[:n] & int(_UNDEFINED_BIT[name])) == 0
+    if name == "write_seed_slot_indices":
+        return ~plan.seed_undefined[:n]
+    return torch.ones(n, dtype=torch.bool)
+
+
+def _difference(baseline: Plan, other: Plan, name: str) -> Record | None:
+    """The first place where field `name` of the two plans differs (None: they agree)."""
+    a = baseline.upstream_tensors()[name].reshape(-1)
+    b = other.upstream_tensors()[name].reshape(-1)
+    if a.shape != b.shape:
+        return {
+            "field": name,
+            "index": None,
+            "baseline": f"{a.numel()} values",
+            "planner": f"{b.numel()} values",
+        }
+    da, db = _defined(baseline, name, a), _defined(other, name, b)
+    differs = (da != db) | (da & db & (a != b))
+    hits = torch.nonzero(differs).reshape(-1)
+    if hits.numel() == 0:
+        return None
+    i = int(hits[0])
+    return {
+        "field": name,
+        "index": i,
+        "baseline": int(a[i]) if da[i] else "undefined",
+        "planner": int(b[i]) if db[i] else "undefined",
+    }
+
+
+def _text(error: UpstreamPlanError | None) -> str | None:
+    return None if error is None else str(error)
+
+
+def _compare(baseline: Plan, other: Plan, baseline_name: str) -> Record:
+    """One planner's plan against its baseline's, field by field."""
+    want, got = _text(raised(baseline)), _text(raised(other))
+    fields: dict[str, str] = {}
+    differences: list[Record] = []
+    without_values = baseline.launch_error is not None or other.launch_error is not None
+    for name in FIELDS[:-1]:
+        found = None if without_values else _difference(baseline, other, name)
+        fields[name] = "n/a" if without_values else "agree" if found is None else "differ"
+        if found is not None:
+            differences.append(found)
+    if other.launch_error_type == NOT_LAUNCHED:
+        fields["raise"] = "n/a"
+    elif want == got:
+        fields["raise"] = "agree"
+    else:
+        fields["raise"] = "differ"
+        differences.append({"field": "raise", "index": None, "baseline": want, "planner": got})
+    return {
+        "planner": other.backend,
+        "baseline": baseline_name,
+        "semantics": str(other.semantics),
+        "agree": not differences,
+        "fields": fields,
+        "differences": differences,
+        "expected_raise": want,
+        "raised": None if other.launch_error_type == NOT_LAUNCHED else got,
+        "not_launched": other.launch_error if other.launch_error_type == NOT_LAUNCHED else None,
+    }
+
+
+def _ref_raise(plan: Plan | None) -> Record | None:
+    """Where, in REF's order, SGLang's torch reference raises on this group (None: it does not)."""
+    first = None if plan is None else plan.problems.first_raise()
+    if plan is None or first is None:
+        return None
+    return {
+        "error": str(upstream_error(first, plan.frame)),
+        "kind": first.kind.code,
+        "role": first.role.label,
+        "batch_row": first.batch_row,
+        "pool_row": first.pool_row,
+        "position": first.position,
+        "value": first.value,
+    }
+
+
+def _baseline_for(planner: Planner, baselines: Sequence[Planner]) -> Planner:
+    for baseline in baselines:
+        if baseline.semantics is planner.semantics:
+            return baseline
+    raise OptionError(
+        f"no baseline with {planner.semantics} semantics for planner {planner.name}",
+        option="selftest",
+    )
+
+
+def _group(
+    dump: KvDump, group: str, baselines: Sequence[Planner], planners: Sequence[Planner]
+) -> Record:
+    plans = {b.name: b.plan(dump, group) for b in baselines}
+    comparisons = []
+    for planner in planners:
+        baseline = _baseline_for(planner, baselines)
+        comparisons.append(_compare(plans[baseline.name], planner.plan(dump, group), baseline.name))
+    ref = next((plans[b.name] for b in baselines if b.semantics is Semantics.REFERENCE), None)
+    return {"group": group, "ref_raise": _ref_raise(ref), "comparisons": comparisons}
+
+
+def _summary(scenarios: list[Record], planners: Sequence[Planner]) -> Record:
+    by_planner = {p.name: {"comparisons": 0, "disagreements": 0} for p in planners}
+    groups = 0
+    for scenario in scenarios:
+        for group in scenario["groups"]:
+            groups += 1
+            for c in group["comparisons"]:
+                by_planner[c["planner"]]["comparisons"] += 1
+                by_planner[c["planner"]]["disagreements"] += 0 if c["agree"] else 1
+    return {
+        "scenarios": len(scenarios),
+        "groups": groups,
+        "comparisons": sum(v["comparisons"] for v in by_planner.values()),
+        "disagreements": sum(v["disagreements"] for v in by_planner.values()),
+        "by_planner": by_planner,
+    }
+
+
+def run_selftest(
+    baselines: Sequence[Planner],
+    planners: Sequence[Planner],
+    *,
+    kvcanary_version: str,
+    sglang_installed: str | None,
+    size: str = "tiny",
+    seed: int = 0,
+    scenarios: Sequence[str] | None = None,
+) -> Record:
+    """Plan every scenario (default: all of `synth --list`) with the baselines and planners.
+
+    Each planner is compared with the baseline of its semantics (one baseline per semantics
+    in use). `sglang_installed` is what the report says about the installed SGLang; a planner
+    named `sglang` is the installed SGLang itself. Dumps are written to a temporary folder,
+    removed afterwards.
+    """
+    if size not in SELFTEST_SIZES:
+        raise OptionError(
+            f"unknown size {size!r} (choose {', '.join(SELFTEST_SIZES)})", option="--size"
+        )
+    names = list(scenarios or SCENARIOS)
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        raise OptionError(
+            f"unknown scenario {unknown[0]!r}",
+            option="SCENARIO",
+            hint="kvcanary synth --list shows them",
+        )
+    for planner in planners:
+        _baseline_for(planner, baselines)
+    results: list[Record] = []
+    with tempfile.TemporaryDirectory(prefix="kvcanary-selftest-") as folder:
+        for name in names:
+            scenario = SCENARIOS[name]
+            made = make_scenario(name, seed=seed, size=size)
+            dump = load_dump(made.save(Path(folder) / f"{name}.safetensors"))
+            results.append(
+                {
+                    "scenario": name,
+                    "summary": scenario.summary,
+                    "clean": not scenario.expected,
+                    "expected_findings": list(scenario.expected),
+                    "groups": [_group(dump, g, baselines, planners) for g in dump.groups],
+                }
+            )
+            del dump
+    sglang = next((p for p in planners if p.name == "sglang"), None)
+    summary = _summary(results, planners)
+    return {
+        "schema": SELFTEST_SCHEMA,
+        "kvcanary_version": kvcanary_version,
+        "size": size,
+        "seed": seed,
+        "fields": list(FIELDS),
+        "planners": [
+            {
+                "name": p.name,
+                "semantics": str(p.semantics),
+                "mode": p.mode,
+                "baseline": _baseline_for(p, baselines).name,
+            }
+            for p in planners
+        ],
+        "sglang": {
+            "installed": sglang_installed,
+            "run": sglang is not None,
+            "mode": None if sglang is None else sglang.mode,
+            "verified": list(VERIFIED_VERSIONS),
+        },
+        "verdict": "agree" if summary["disagreements"] == 0 else "disagree",
+        "summary": summary,
+        "scenarios": results,
+    }

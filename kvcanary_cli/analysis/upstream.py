@@ -1,0 +1,83 @@
+"""A kernel's raise, held against where the reference says upstream raises.
+
+A kernel that is an upstream planner (`--kernel sglang`) can raise: SGLang's torch reference at
+its first bad read, its GPU path before launching. kvcanary's reference plan predicts that raise
+exactly (`planners.upstream.expected_raise`), so a raise is *explained* when it is the predicted
+one, and a `kernel-divergence` (field `launch`) when it is not, or when the kernel runs through
+where a raise was due. An explained raise is tied to its finding: the finding at that slot (or
+row) gets `details["upstream_raise"]`, the raise's text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.errors import UpstreamPlanError
+from kvcanary_cli.planners.base import Plan, ProblemKind, Semantics
+from kvcanary_cli.planners.upstream import NOT_LAUNCHED, expected_raise, raised
+
+__all__ = ["UPSTREAM_RAISE", "launch_divergences", "mark_upstream_raise"]
+
+#: The `details` key of the finding where the kernel raised, as the reference predicts.
+UPSTREAM_RAISE = "upstream_raise"
+
+
+def _text(error: UpstreamPlanError | None) -> str:
+    return "no raise" if error is None else str(error)
+
+
+def _matched(reference: Plan, kernel: Plan) -> tuple[bool, UpstreamPlanError | None]:
+    """Whether the kernel raised exactly as predicted, and that raise."""
+    got = raised(kernel)
+    if kernel.launch_error_type == NOT_LAUNCHED:  # kvcanary's refusal, explained by findings
+        return True, None
+    want = expected_raise(reference, kernel.semantics)
+    return _text(want) == _text(got), got
+
+
+def launch_divergences(reference: Plan, kernel: Plan) -> list[Finding]:
+    """A `kernel-divergence` when the kernel's raise is not the one the reference predicts."""
+    matched, _ = _matched(reference, kernel)
+    if matched:
+        return []
+    want = _text(expected_raise(reference, kernel.semantics))
+    got = _text(raised(kernel))
+    return [
+        Finding(
+            code=FindingCode.KERNEL_DIVERGENCE,
+            group=reference.group,
+            message=f"launch: reference predicts {want}; kernel {got}",
+            details={"field": "launch", "reference": want, "kernel": got},
+        )
+    ]
+
+
+def _is_site(finding: Finding, reference: Plan, kernel: Plan) -> bool:
+    """The finding where the (predicted) raise happens."""
+    if kernel.semantics is Semantics.GPU:
+        return finding.code is FindingCode.KERNEL_LIMIT_EXCEEDED
+    first = reference.problems.first_raise()
+    if first is None or finding.code.value != first.kind.code:
+        return False
+    if first.kind is ProblemKind.LUT_OUT_OF_RANGE:
+        return (finding.group, finding.batch_row, finding.position) == (
+            reference.group,
+            first.batch_row,
+            first.position,
+        )
+    return finding.batch_row == first.batch_row
+
+
+def mark_upstream_raise(findings: list[Finding], reference: Plan, kernel: Plan) -> list[Finding]:
+    """`findings` with `details["upstream_raise"]` on the first finding where the kernel
+    raised, when that raise is the one the reference predicts (else unchanged)."""
+    matched, error = _matched(reference, kernel)
+    if not matched or error is None or kernel.launch_error is None:
+        return findings
+    out = list(findings)
+    for i, finding in enumerate(out):
+        if UPSTREAM_RAISE not in finding.details and _is_site(finding, reference, kernel):
+            out[i] = replace(finding, details={**finding.details, UPSTREAM_RAISE: str(error)})
+            break
+    return out

@@ -1,0 +1,240 @@
+"""Where the installed SGLang is loaded: its plan launcher, checked against kvcanary's model.
+
+SGLang is imported the normal way (`sglang.kernels.ops.kv_canary.plan.api`, which imports the
+`sglang` package and with it the server), and only when an SGLang planner first needs it:
+never when kvcanary itself is imported, so `kvcanary --help` stays light. Before the import,
+triton's environment is prepared as for kvcanary's own kernels (`triton_runtime`), since
+SGLang's plan module imports triton.
+
+The launcher must take the keyword arguments kvcanary's dump format is named after
+(`dump.schema.LAUNCHER_ARGUMENTS`); anything else, or an SGLang without the launcher, is a
+`PlannerUnavailableError` naming the version found (one line, exit 2). The versions whose
+plan step kvcanary's planners were checked against are `VERIFIED_VERSIONS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS, LAUNCHER_FUNCTION, LAUNCHER_MODULE
+from kvcanary_cli.errors import PlannerUnavailableError
+
+__all__ = [
+    "REFERENCE_FUNCTION",
+    "REFERENCE_MODULE",
+    "VERIFIED_VERSIONS",
+    "VERIFY_PLAN_FIELDS",
+    "WRITE_PLAN_FIELDS",
+    "SGLangLauncher",
+    "installed_version",
+    "load_launcher",
+    "load_reference_launcher",
+    "signature_problems",
+]
+
+#: SGLang releases whose kv-canary plan step kvcanary's planners were verified against, by
+#: running SGLang's own code on every synthetic scenario (`kvcanary selftest --sglang`).
+VERIFIED_VERSIONS: tuple[str, ...] = ("0.5.23",)
+
+#: SGLang's torch reference of the launcher (what the launcher runs off CUDA).
+REFERENCE_MODULE = "sglang.kernels.ops.kv_canary.plan_ref"
+REFERENCE_FUNCTION = "launch_canary_plan_kernels_torch_reference"
+_VERIFY_MODULE = "sglang.kernels.ops.kv_canary.verify"
+_WRITE_MODULE = "sglang.kernels.ops.kv_canary.write"
+
+#: Fields of SGLang's `VerifyPlan` and `WritePlan` that kvcanary reads back (§1.3).
+VERIFY_PLAN_FIELDS = (
+    "verify_slot_indices",
+    "verify_expected_tokens",
+    "verify_expected_positions",
+    "verify_prev_slot_indices",
+    "verify_num_valid",
+    "enable",
+)
+WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
+
+_ALTERNATIVES = {
+    "--kernel sglang": "--kernel torch or triton models SGLang {v} without it",
+    "--backend sglang": "--backend torch or triton models SGLang {v} without it",
+}
+
+
+def _hint(option: str) -> str:
+    """What to do instead, for the option that asked for SGLang."""
+    default = "without --sglang, selftest checks kvcanary's model of SGLang {v} alone"
+    return _ALTERNATIVES.get(option, default).format(v=", ".join(VERIFIED_VERSIONS))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangLauncher:
+    """The installed SGLang's plan launcher and its output types, ready to call."""
+
+    #: `launch_canary_plan_kernels` (or its torch reference), keyword arguments only.
+    launch: Callable[..., None]
+    #: SGLang's `VerifyPlan` and `WritePlan` (dataclasses with an `allocate` classmethod).
+    verify_plan: Any
+    write_plan: Any
+    #: the installed distribution's version (None: importable without package metadata).
+    version: str | None
+    #: `module:function` that `launch` is.
+    where: str
+
+
+def installed_version() -> str | None:
+    """The installed SGLang's version, without importing it.
+
+    "unknown" when `sglang` is importable but has no package metadata (a source checkout on
+    `PYTHONPATH`); None when it is not installed.
+    """
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        found = importlib.util.find_spec("sglang") is not None
+    except (ImportError, ValueError):
+        found = False
+    return "unknown" if found else None
+
+
+def _named(version: str | None) -> str:
+    return f"SGLang {version}" if version and version != "unknown" else "SGLang (version unknown)"
+
+
+def _import(module: str, *, option: str, version: str | None) -> Any:
+    """Import one of SGLang's modules; any failure becomes one `PlannerUnavailableError` line."""
+    from kvcanary_cli.planners import triton_runtime
+
+    triton_runtime.prepare_environment()
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if version is None and (missing == "sglang" or module.startswith(missing + ".")):
+            raise PlannerUnavailableError(
+                "SGLang is not installed here (cannot import sglang)",
+                option=option,
+                hint=f"pip install the SGLang your server runs; {_hint(option)}",
+            ) from None
+        if module == missing or module.startswith(missing + "."):
+            raise PlannerUnavailableError(
+                f"{_named(version)} has no {module} (kvcanary models SGLang "
+                f"{', '.join(VERIFIED_VERSIONS)})",
+                option=option,
+                hint=_hint(option),
+            ) from None
+        raise _import_failed(module, exc, option=option, version=version) from None
+    except Exception as exc:  # importing the server can fail in any way
+        raise _import_failed(module, exc, option=option, version=version) from None
+
+
+def _import_failed(
+    module: str, exc: BaseException, *, option: str, version: str | None
+) -> PlannerUnavailableError:
+    text = " ".join(str(exc).split()) or "no message"
+    return PlannerUnavailableError(
+        f"importing {module} from {_named(version)} failed: {type(exc).__name__}: {text}",
+        option=option,
+        hint=_hint(option),
+    )
+
+
+def signature_problems(function: Callable[..., Any]) -> list[str]:
+    """How `function`'s signature departs from the launcher's keyword arguments (none: fits)."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError) as exc:
+        return [f"no readable signature ({exc})"]
+    by_keyword = {
+        name
+        for name, p in parameters.items()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    }
+    open_keywords = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    problems = []
+    missing = [n for n in LAUNCHER_ARGUMENTS if n not in by_keyword and not open_keywords]
+    if missing:
+        problems.append(f"no keyword argument {', '.join(missing)}")
+    required = [
+        name
+        for name, p in parameters.items()
+        if name not in LAUNCHER_ARGUMENTS
+        and p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        problems.append(f"requires {', '.join(required)}, which kvcanary does not know")
+    return problems
+
+
+def _output_type(
+    module: Any, name: str, fields: tuple[str, ...], *, version: str | None, option: str
+) -> Any:
+    cls = getattr(module, name, None)
+    have = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    lacking = [f for f in fields if f not in have]
+    if cls is None or lacking or not callable(getattr(cls, "allocate", None)):
+        what = "is missing" if cls is None else f"lacks {', '.join(lacking) or 'allocate()'}"
+        raise PlannerUnavailableError(
+            f"{_named(version)}: {module.__name__}.{name} {what}, unlike the SGLang "
+            f"{', '.join(VERIFIED_VERSIONS)} kvcanary models",
+            option=option,
+            hint=_hint(option),
+        )
+    return cls
+
+
+def _load(module_name: str, function_name: str, option: str) -> SGLangLauncher:
+    version = installed_version()
+    module = _import(module_name, option=option, version=version)
+    function = getattr(module, function_name, None)
+    where = f"{module_name}:{function_name}"
+    if not callable(function):
+        raise PlannerUnavailableError(
+            f"{_named(version)} has no {where}", option=option, hint=_hint(option)
+        )
+    problems = signature_problems(function)
+    if problems:
+        raise PlannerUnavailableError(
+            f"{_named(version)}'s {function_name} does not match the signature kvcanary models "
+            f"(SGLang {', '.join(VERIFIED_VERSIONS)}): {'; '.join(problems)}",
+            option=option,
+            hint=_hint(option),
+        )
+    verify = _import(_VERIFY_MODULE, option=option, version=version)
+    write = _import(_WRITE_MODULE, option=option, version=version)
+    return SGLangLauncher(
+        launch=function,
+        verify_plan=_output_type(
+            verify, "VerifyPlan", VERIFY_PLAN_FIELDS, version=version, option=option
+        ),
+        write_plan=_output_type(
+            write, "WritePlan", WRITE_PLAN_FIELDS, version=version, option=option
+        ),
+        version=version,
+        where=where,
+    )
+
+
+def load_launcher(*, option: str = "--kernel sglang") -> SGLangLauncher:
+    """SGLang's `launch_canary_plan_kernels`: its kernels on CUDA, its torch reference elsewhere.
+
+    Raises `PlannerUnavailableError` (naming `option`) when SGLang cannot be imported, lacks
+    the launcher, or the launcher's signature is not the one kvcanary models.
+    """
+    return _load(LAUNCHER_MODULE, LAUNCHER_FUNCTION, option)
+
+
+def load_reference_launcher(*, option: str = "--kernel sglang") -> SGLangLauncher:
+    """SGLang's torch reference of the launcher (`plan_ref`), on any device; for benchmarks.
+
+    Same arguments and checks as `load_launcher`.
+    """
+    return _load(REFERENCE_MODULE, REFERENCE_FUNCTION, option)

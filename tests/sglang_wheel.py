@@ -1,0 +1,105 @@
+"""SGLang's real kv-canary plan modules, from the release wheel, without the rest of SGLang.
+
+`kvcanary check --kernel sglang` imports SGLang the normal way, which pulls in the whole server.
+For the integration test, `extract_kv_canary(wheel, root)` unpacks only the modules the plan
+launcher needs (and the wheel's package metadata, so the version is found as usual) into a
+temporary tree, with our own stub `__init__.py` for the package levels whose real ones import
+the server, and a stub `sglang.kernels.jit.utils` (the JIT CUDA toolchain: the CUDA path only).
+Nothing is copied into this repository; the wheel is fetched by `.ci/run` into a cache
+(`pip download sglang==0.5.23 --no-deps`), found through `wheel_path()`.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+__all__ = ["WHEEL_ENV", "WHEEL_VERSION", "extract_kv_canary", "wheel_path"]
+
+WHEEL_VERSION = "0.5.23"
+#: Points at the wheel file (or a folder holding it) when it is not in the cache.
+WHEEL_ENV = "KVCANARY_SGLANG_WHEEL"
+_CANARY = "sglang/kernels/ops/kv_canary/"
+#: The modules `plan.api` imports, taken from the wheel as they are.
+MODULES = tuple(
+    _CANARY + name
+    for name in (
+        "_dispatch.py",
+        "consts.py",
+        "plan_ref.py",
+        "verify.py",
+        "write.py",
+        "plan/__init__.py",
+        "plan/api.py",
+        "plan/entries_kernel.py",
+        "plan/offsets_kernel.py",
+        "plan/utils.py",
+    )
+)
+#: Our `sglang.kernels.jit.utils`: the three names `verify`, `write` and `entries_kernel` import.
+_JIT_STUB = '''"""Stub of the JIT CUDA toolchain: off CUDA nothing calls it."""
+
+
+def cache_once(fn):
+    """Like the real decorator, for import; the stubbed loaders below are never cached."""
+    return fn
+
+
+def load_jit(*args, **kwargs):
+    """The CUDA path needs the real toolchain."""
+    raise RuntimeError("stub: the JIT CUDA toolchain is not part of this test tree")
+
+
+def make_cpp_args(*args):
+    """The CUDA path needs the real toolchain."""
+    raise RuntimeError("stub: the JIT CUDA toolchain is not part of this test tree")
+'''
+
+#: Package levels whose real `__init__` imports the server (or a kernel registry): ours are
+#: empty, except `sglang.kernels.jit.utils`.
+STUBS = {
+    "sglang/__init__.py": '"""Stub: the real package imports the whole server."""\n',
+    "sglang/kernels/__init__.py": '"""Stub: the real one imports the kernel registry."""\n',
+    "sglang/kernels/ops/__init__.py": '"""Stub: the real one imports every op group."""\n',
+    _CANARY + "__init__.py": '"""Stub: the real one registers the launchers."""\n',
+    "sglang/kernels/jit/__init__.py": '"""Stub: JIT kernels are for CUDA only."""\n',
+    "sglang/kernels/jit/utils/__init__.py": _JIT_STUB,
+}
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("KVCANARY_CACHE") or Path.home() / ".cache" / "kvcanary"
+    return Path(base) / "wheels"
+
+
+def wheel_path() -> Path | None:
+    """The cached SGLang 0.5.23 wheel: `$KVCANARY_SGLANG_WHEEL` (file or folder), else the
+    cache `.ci/run` downloads into; None when neither has it."""
+    pattern = f"sglang-{WHEEL_VERSION}-*.whl"
+    given = os.environ.get(WHEEL_ENV)
+    places = [Path(given)] if given else []
+    places.append(_cache_dir())
+    for place in places:
+        if place.is_file():
+            return place
+        if place.is_dir():
+            found = sorted(place.glob(pattern))
+            if found:
+                return found[0]
+    return None
+
+
+def extract_kv_canary(wheel: Path, root: Path) -> Path:
+    """Unpack the plan launcher's modules and the metadata into `root` (the sys.path entry)."""
+    info = f"sglang-{WHEEL_VERSION}.dist-info/METADATA"
+    with zipfile.ZipFile(wheel) as archive:
+        for member in (*MODULES, info):
+            target = root / member
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.read(member))
+    for member, text in STUBS.items():
+        target = root / member
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return root
