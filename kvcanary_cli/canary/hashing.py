@@ -69,7 +69,7 @@ def as_int64(values: np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.uint64).view(np.int64)
 
 
-def splitmix64_array(values: np.ndarray) -> np.ndarray:
+def splitmix64_array(values: np.ndarray | int) -> np.ndarray:
     """The finalizer over an array (uint64 result, wrapping multiplication)."""
     x = as_uint64(values).copy()
     with np.errstate(over="ignore"):
@@ -81,7 +81,7 @@ def splitmix64_array(values: np.ndarray) -> np.ndarray:
     return x
 
 
-def mix3_array(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+def mix3_array(a: np.ndarray | int, b: np.ndarray | int, c: np.ndarray | int) -> np.ndarray:
     """`mix3` elementwise over broadcastable arrays (uint64 result)."""
     inner = splitmix64_array(splitmix64_array(a) ^ as_uint64(b))
     return splitmix64_array(inner ^ as_uint64(c))
