@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.findings import (
     batch_findings,
@@ -75,6 +76,7 @@ def run_check(
             findings.append(finding)
         if group == "swa":
             findings.extend(swa_findings(dump, cells, plan))
+        findings.extend(canary_findings(dump, kernel_plan or plan, cells))  # replays verify
         explained: dict[str, int] = {}
         unexplained = 0
         if kernel_plan is not None:
