@@ -15,12 +15,13 @@ import typer
 
 from kvcanary_cli import __version__
 from kvcanary_cli import cli_options as opt
-from kvcanary_cli.analysis.model import CheckReport, Severity
+from kvcanary_cli.analysis.model import Severity
 from kvcanary_cli.cli_options import (
     ExitCode,
     GroupChoice,
     OneLineErrors,
     Space,
+    check_exit,
     fail,
     with_scalar_overrides,
 )
@@ -32,6 +33,7 @@ from kvcanary_cli.render import (
     render_inspect,
     render_plan,
     render_provenance,
+    render_violations,
 )
 from kvcanary_cli.render.console import progress
 
@@ -101,16 +103,7 @@ def check(
             progress=tick,
         )
     emit(render_check(report, output_format, max_rows=max_rows))
-    raise typer.Exit(_check_exit(report))
-
-
-def _check_exit(report: CheckReport) -> ExitCode:
-    for bad in report.dumps:
-        if bad.error is not None:
-            typer.echo(f"error: {bad.error}", err=True)
-    if report.bad_input:
-        return ExitCode.BAD_INPUT
-    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+    raise typer.Exit(check_exit(report))
 
 
 @app.command()
@@ -146,6 +139,31 @@ def provenance(
         else row_map(loaded, report, row or 0, group=chosen or "full")
     )
     emit(render_provenance(answer, output_format))
+
+
+@app.command()
+@with_scalar_overrides
+def violations(
+    sources: opt.SourcesArg,
+    replay: opt.ReplayOpt = False,
+    group: opt.ViolationGroupOpt = None,
+    buffer: opt.BufferOpt = None,
+    dump: opt.JoinDumpOpt = None,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    max_rows: opt.ViolationRowsOpt = 20,
+    overrides: opt.Overrides = None,
+) -> None:
+    """Decode violation rings and kv_canary log lines, replay verify, explain each row.
+
+    A SOURCE is a dump or a server log ('-': stdin). Exit 0 no row, 1 rows, 2 bad input.
+    """
+    from kvcanary_cli.analysis.violations import violations_report
+
+    report = violations_report(
+        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
+    )
+    emit(render_violations(report, output_format, max_rows=max_rows))
+    raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
 
 
 @app.command()
@@ -202,12 +220,14 @@ def synth(
     seed: opt.SeedOpt = 0,
     size: opt.SizeOpt = "tiny",
     list_: opt.ListOpt = False,
+    log: opt.SynthLogOpt = None,
 ) -> None:
     """Generate a realistic dump: a clean serving state or one bug class of the canary.
 
     Each dump records the findings `kvcanary check` must report in its metadata
     (kvcanary.expected_findings), so you can see what the tool says about a known bug.
     """
+    from kvcanary_cli.canary.logs import write_scenario_log
     from kvcanary_cli.dump.scenarios import make_scenario, scenario_lines
     from kvcanary_cli.errors import OptionError
 
@@ -216,8 +236,9 @@ def synth(
         return
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
-    path = make_scenario(scenario, seed=seed, size=size).save(out)
-    typer.echo(f"wrote {path} ({scenario}, seed {seed}, size {size})")
+    state = make_scenario(scenario, seed=seed, size=size)
+    logged = "" if log is None else f" and {write_scenario_log(state, log)}"
+    typer.echo(f"wrote {state.save(out)}{logged} ({scenario}, seed {seed}, size {size})")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

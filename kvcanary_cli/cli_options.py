@@ -19,13 +19,22 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
-from kvcanary_cli.analysis.model import Severity
+from kvcanary_cli.analysis.model import CheckReport, Severity
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
 
-__all__ = ["ExitCode", "GroupChoice", "OneLineErrors", "Space", "fail", "with_scalar_overrides"]
+__all__ = [
+    "Buffer",
+    "ExitCode",
+    "GroupChoice",
+    "OneLineErrors",
+    "Space",
+    "check_exit",
+    "fail",
+    "with_scalar_overrides",
+]
 
 
 class ExitCode(IntEnum):
@@ -50,6 +59,25 @@ class Space(StrEnum):
 
     FULL = "full"
     SWA = "swa"
+
+
+class Buffer(StrEnum):
+    """`--buffer` of violations: a canary buffer of a group (sweeps read the tail ones)."""
+
+    HEAD_K = "head.k"
+    TAIL_K = "tail.k"
+    HEAD_V = "head.v"
+    TAIL_V = "tail.v"
+
+
+def check_exit(report: CheckReport) -> ExitCode:
+    """`check`'s exit code; each unreadable dump's error goes to stderr on the way."""
+    for bad in report.dumps:
+        if bad.error is not None:
+            typer.echo(f"error: {bad.error}", err=True)
+    if report.bad_input:
+        return ExitCode.BAD_INPUT
+    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -266,5 +294,49 @@ SizeOpt = Annotated[
     ),
 ]
 ListOpt = Annotated[bool, typer.Option("--list", help="List the scenarios.")]
+SynthLogOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--log",
+        help="Also write the server log SGLang would print for the scenario's violation ring "
+        "(canary scenarios).",
+    ),
+]
+SourcesArg = Annotated[
+    list[str],
+    typer.Argument(
+        help="Dumps (their violation_ring) or server logs; - reads a log from stdin.",
+        show_default=False,
+        metavar="SOURCE",
+    ),
+]
+ReplayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--replay",
+        help="Replay the dump's verify launches on its canary buffers (the rows SGLang would "
+        "record) and compare them with the rows read.",
+    ),
+]
+ViolationGroupOpt = Annotated[
+    Space | None,
+    typer.Option("--group", "-g", help="Only rows and replays of this group."),
+]
+BufferOpt = Annotated[
+    Buffer | None,
+    typer.Option(
+        "--buffer", help="Only rows and replays of this canary buffer (sweeps read tail.*)."
+    ),
+]
+JoinDumpOpt = Annotated[
+    Path | None,
+    typer.Option("--dump", help="The dump to explain log rows against (and to replay)."),
+]
+ViolationRowsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-rows", min=1, help="Rows shown in table and markdown output (JSON lists all)."
+    ),
+]
 #: what `with_scalar_overrides` hands a command.
 Overrides = dict[str, int | None] | None

@@ -34,6 +34,7 @@ __all__ = [
     "dump_verdict",
     "plural",
     "provenance_record",
+    "slot_provenance_record",
     "to_record",
 ]
 
@@ -104,6 +105,11 @@ def _provenance(prov: SlotProvenance) -> Record:
         ],
         "violations": [{"index": v.index, "fields": list(v.fields)} for v in prov.violations],
     }
+
+
+def slot_provenance_record(prov: SlotProvenance) -> Record:
+    """One slot's provenance, as `check` and `provenance` records carry it."""
+    return _provenance(prov)
 
 
 def _finding(finding: Finding) -> Record:
