@@ -82,11 +82,16 @@ def real_kv_setup(dump: KvDump) -> RealKvSetup:
         page = _int_key(dump, "real_kv.page_size", 1)
         per_token = _int_key(dump, "real_kv.num_bytes_per_token", max(width // page, 1))
         read = _int_key(dump, "real_kv.read_bytes", per_token)
-        if per_token % 16 or read % 16 or read > per_token:
+        if per_token % 16:
             raise MetadataError(
-                f"num_bytes_per_token={per_token} and read_bytes={read} must be multiples of "
-                "16, with read_bytes <= num_bytes_per_token",
+                f"is {per_token}; upstream needs a positive multiple of 16",
                 field="real_kv.num_bytes_per_token",
+            )
+        if read % 16 or read > per_token:
+            raise MetadataError(
+                f"is {read}; upstream needs a multiple of 16 of at most num_bytes_per_token "
+                f"({per_token})",
+                field="real_kv.read_bytes",
             )
         if width % 16 or width < page * per_token:
             raise TensorShapeError(
