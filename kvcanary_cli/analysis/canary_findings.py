@@ -88,10 +88,7 @@ def _what(code: FindingCode, row: list[int], expected_position: int) -> str:
     """What the check saw, in the terms of the record."""
     match code:
         case FindingCode.CANARY_CHAIN_BREAK:
-            return (
-                f"stored prev hash {hex64(row[5])} is not the hash of the record before it "
-                f"({hex64(row[6])})"
-            )
+            return f"stored prev hash {hex64(row[5])}, the chain gives {hex64(row[6])}"
         case FindingCode.CANARY_POSITION_MISMATCH:
             return f"stored position {row[2]}, expected {expected_position}"
         case FindingCode.CANARY_TOKEN_MISMATCH:
