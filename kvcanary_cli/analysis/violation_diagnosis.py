@@ -51,7 +51,6 @@ class _Space:
         key, ok = _keys(slot, cells.position)
         keep = ok & (slot > 0)
         order = np.flatnonzero(keep)[np.argsort(key[keep], kind="stable")]
-        self.cells = cells
         self.order = order
         self.key = key[order]
         verify_order = order[verify[order]]

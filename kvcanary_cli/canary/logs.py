@@ -258,15 +258,15 @@ class _Collector:
         self.swa_lines = array("q")
 
     def add(self, message: _Message) -> None:
-        if message.rebuilt:
-            if any(v is None for v in message.fields):
-                self.counts["incomplete"] += 1
-                return
-            self.counts["rebuilt"] += 1
-        if message.next > 7 or message.pump is not None:
+        """Keep a message's row; count it as complete, cut short, rebuilt, inconsistent."""
+        if message.rebuilt and any(v is None for v in message.fields):
+            self.counts["incomplete"] += 1  # too little left to rebuild its row
+            return
+        self.counts["rebuilt"] += int(message.rebuilt)
+        if message.next > 7:
             self.counts["messages"] += 1
-        elif not message.rebuilt:
-            self.counts["incomplete"] += int(message.next > 2)
+        elif message.rebuilt or message.next > 2:  # a first line alone is a row, not a cut
+            self.counts["incomplete"] += 1
         if not message.consistent:
             self.counts["inconsistent"] += 1
         origin = RowOrigin.LOG_MESSAGE if message.rebuilt else RowOrigin.LOG

@@ -167,11 +167,11 @@ def _replay_chunk(
     counts: dict[str, int],
 ) -> tuple[ViolationRows, bool]:
     """Rows of entries `[start, stop)`; `counts` accumulates; also says if a record was set."""
-    slot = plan.verify_slot_indices[start:stop].numpy()
-    expected_pos = plan.verify_expected_positions[start:stop].numpy()
-    prev = plan.verify_prev_slot_indices[start:stop].numpy()
-    plan_token = plan.verify_expected_tokens[start:stop].numpy()
-    undefined_bits = plan.verify_undefined[start:stop].numpy()
+    slot = plan.verify_slot_indices[start:stop].cpu().numpy()
+    expected_pos = plan.verify_expected_positions[start:stop].cpu().numpy()
+    prev = plan.verify_prev_slot_indices[start:stop].cpu().numpy()
+    plan_token = plan.verify_expected_tokens[start:stop].cpu().numpy()
+    undefined_bits = plan.verify_undefined[start:stop].cpu().numpy()
     undefined = (undefined_bits & int(Undefined.SLOT | Undefined.PREV)) != 0
     token_known = (undefined_bits & int(Undefined.TOKEN)) == 0
     nonzero = slot != 0

@@ -3,6 +3,7 @@ large ring handled without a loop per row."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from kvcanary_cli.analysis.violations import violations_report
+from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS
 from kvcanary_cli.canary.real_kv import RealKvMode, expected_real_kv, real_kv_setup
 from kvcanary_cli.canary.sources import SourceKind, source_kind
 from kvcanary_cli.dump.loader import load_dump
@@ -102,3 +104,28 @@ def test_option_errors(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="needs a dump"):
         violations_report([str(log)], replay=True)
     assert len(violations_report([str(a)], dump=str(a)).rows) == 0  # the same dump twice is one
+
+
+def test_swa_divergence_samples_are_summarised(tmp_path: Path) -> None:
+    log = tmp_path / "swa.log"
+    samples = [(20, 100, 40, 3, 7), (40, 210, 90, 9, 2)]
+    log.write_text(
+        "".join(
+            "[I] kv_canary_swa_divergence="
+            + json.dumps(dict(zip(SWA_DIVERGENCE_KEYS, s, strict=True)), separators=(",", ":"))
+            + "\n"
+            for s in samples
+        )
+    )
+    report = violations_report([str(log)])
+    summary = report.sources[0].log
+    assert summary is not None and summary.swa_divergence is not None
+    swa = summary.swa_divergence
+    assert (swa.samples, swa.peak_swa_full_idx_divergence, swa.peak_swa_out_of_window_tokens) == (
+        2,
+        9,
+        7,
+    )
+    assert swa.last == dict(zip(SWA_DIVERGENCE_KEYS, samples[-1], strict=True))
+    out = render_violations(report, OutputFormat.TABLE)
+    assert not isinstance(out, str)
