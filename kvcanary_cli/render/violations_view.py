@@ -219,22 +219,25 @@ def _reasons(row: Record) -> str:
     return ", ".join(label.removeprefix("verify_") for label in row["reasons"]) or "none"
 
 
+def _cells(prov: Record) -> str:
+    """A slot's first cells, condensed: `(row 9, pos 13) verify; +2 more`."""
+    cells = [f"(row {c['pool_row']}, pos {c['position']}) {c['role']}" for c in prov["cells"][:3]]
+    more = prov["cells_total"] - len(cells)
+    if more > 0:
+        cells.append(f"+{more} more")
+    return "; ".join(cells) or "none"
+
+
 def _slots_table(slots: list[Record]) -> Table:
     table = Table(title="slots", title_justify="left")
     for name in ("space", "slot", "allocator", "cells in req_to_token"):
         table.add_column(name, justify="right" if name == "slot" else "left")
     for prov in slots:
-        cells = [
-            f"(row {c['pool_row']}, pos {c['position']}) {c['role']}" for c in prov["cells"][:3]
-        ]
-        more = prov["cells_total"] - len(cells)
-        if more > 0:
-            cells.append(f"+{more} more")
         table.add_row(
             _t(prov["space"]),
             _t(prov["slot"]),
             _t(prov["allocator"] or "unknown"),
-            _t("; ".join(cells) or "none"),
+            _t(_cells(prov)),
         )
     return table
 
@@ -420,6 +423,17 @@ def violations_markdown(record: Record, *, max_rows: int = 20) -> str:
         )
     if total > len(shown):
         parts.append(f"… and {total - len(shown)} more")
+    if record["slots"]:
+        parts.append(
+            _md_table(
+                ["space", "slot", "allocator", "cells in req_to_token"],
+                [
+                    [p["space"], str(p["slot"]), _md_text(p["allocator"]), _md_text(_cells(p))]
+                    for p in record["slots"][: max(max_rows, 0)]
+                ],
+                right={1},
+            )
+        )
     notes = [f"{s['path']}: {x}" for s in record["sources"] for x in s["notes"]] + record["notes"]
     if notes:
         parts.append("\n".join(f"- note: {_md_text(n)}" for n in notes))
