@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcanary_cli.analysis.check import check_dumps, run_check
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, Severity
@@ -33,7 +33,10 @@ from kvcanary_cli.planners import (
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.planners.sglang_runtime import installed_version
 
-__all__ = ["check", "inspect", "plan", "provenance", "selftest"]
+if TYPE_CHECKING:  # numpy-heavy: imported when called
+    from kvcanary_cli.analysis.violation_report import ViolationsReport
+
+__all__ = ["check", "inspect", "plan", "provenance", "selftest", "violations"]
 
 PathLike = str | os.PathLike[str]
 Overrides = Mapping[str, int | str | None] | None
@@ -122,4 +125,23 @@ def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> dict
         sglang_installed=installed_version(),
         size=size,
         seed=seed,
+    )
+
+
+def violations(
+    sources: Sequence[str],
+    *,
+    dump: PathLike | None = None,
+    replay: bool = False,
+    group: str | None = None,
+    buffer: str | None = None,
+    overrides: Overrides = None,
+) -> ViolationsReport:
+    """Violation rows from dumps' rings and server logs (`-`: stdin), explained against the
+    one dump involved (a SOURCE, or `dump`); with `replay`, compared with the rows SGLang's
+    verify would record on that dump. `group`/`buffer` restrict rows and replay."""
+    from kvcanary_cli.analysis.violations import violations_report
+
+    return violations_report(
+        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
     )

@@ -33,6 +33,7 @@ from kvcanary_cli.render import (
     render_plan,
     render_provenance,
     render_selftest,
+    render_violations,
 )
 from kvcanary_cli.render.console import progress
 
@@ -137,6 +138,40 @@ def provenance(
 
 @app.command()
 @with_scalar_overrides
+def violations(
+    sources: opt.SourcesArg,
+    replay: opt.ReplayOpt = False,
+    group: opt.ViolationGroupOpt = None,
+    buffer: opt.BufferOpt = None,
+    dump: opt.JoinDumpOpt = None,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    max_rows: opt.ViolationRowsOpt = 20,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    overrides: opt.Overrides = None,
+) -> None:
+    """Decode violation rings and kv_canary log lines, replay verify, explain each row.
+
+    A SOURCE is a dump or a server log ('-': stdin). Exit 0 no row, 1 rows, 2 bad input.
+    """
+    from kvcanary_cli import api
+
+    report = api.violations(
+        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
+    )
+    readable: list[str | os.PathLike[str]] = [s for s in sources if s != "-"]
+    readable += [dump] if dump is not None else []
+    deliver(
+        render_violations(report, output_format, max_rows=max_rows),
+        output,
+        force=force,
+        inputs=readable,
+    )
+    raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
+
+
+@app.command()
+@with_scalar_overrides
 def plan(
     dump: opt.DumpArg,
     group: opt.PlanGroupOpt = Space.FULL,
@@ -198,12 +233,14 @@ def synth(
     size: opt.SizeOpt = "tiny",
     list_: opt.ListOpt = False,
     force: opt.ForceOpt = False,
+    log: opt.SynthLogOpt = None,
 ) -> None:
     """Generate a realistic dump: a clean serving state or one bug class of the canary.
 
     Each dump records the findings `kvcanary check` must report and the cause it must rank
     first in its metadata (kvcanary.expected_findings, kvcanary.expected_diagnosis).
     """
+    from kvcanary_cli.canary.logs import write_scenario_log
     from kvcanary_cli.dump.scenarios import make_scenario, scenario_lines
     from kvcanary_cli.errors import OptionError
 
@@ -212,8 +249,12 @@ def synth(
         return
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
-    path = make_scenario(scenario, seed=seed, size=size).save(out, overwrite=force)
-    typer.echo(f"wrote {path} ({scenario}, seed {seed}, size {size})", err=str(out) == "-")
+    if log is not None and str(log) == str(out):
+        raise OptionError("names the dump's own file; give the log another name", option="--log")
+    state = make_scenario(scenario, seed=seed, size=size)
+    path = state.save(out, overwrite=force)
+    logged = "" if log is None else f" and {write_scenario_log(state, log, overwrite=force)}"
+    typer.echo(f"wrote {path}{logged} ({scenario}, seed {seed}, size {size})", err=str(out) == "-")
 
 
 @app.command()

@@ -26,13 +26,14 @@ from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
 
 __all__ = [
-    "parse_positions",
+    "Buffer",
     "ExitCode",
     "GroupChoice",
     "OneLineErrors",
     "Space",
     "check_exit",
     "fail",
+    "parse_positions",
     "with_scalar_overrides",
 ]
 
@@ -61,10 +62,13 @@ class Space(StrEnum):
     SWA = "swa"
 
 
-def fail(message: str, code: int) -> NoReturn:
-    """Print one line on stderr and exit with `code`."""
-    typer.echo(message, err=True)
-    sys.exit(code)
+class Buffer(StrEnum):
+    """`--buffer` of violations: a canary buffer of a group (sweeps read the tail ones)."""
+
+    HEAD_K = "head.k"
+    TAIL_K = "tail.k"
+    HEAD_V = "head.v"
+    TAIL_V = "tail.v"
 
 
 def check_exit(report: CheckReport) -> ExitCode:
@@ -75,6 +79,12 @@ def check_exit(report: CheckReport) -> ExitCode:
     if report.bad_input:
         return ExitCode.BAD_INPUT
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print one line on stderr and exit with `code`."""
+    typer.echo(message, err=True)
+    sys.exit(code)
 
 
 def _usage_message(exc: Exception) -> str | None:
@@ -345,6 +355,50 @@ SGLangOpt = Annotated[
 ]
 SelftestSizeOpt = Annotated[
     str, typer.Option("--size", metavar="tiny|small", help="Size of the scenario dumps.")
+]
+SynthLogOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--log",
+        help="Also write the server log SGLang would print for the scenario's violation ring "
+        "(canary scenarios).",
+    ),
+]
+SourcesArg = Annotated[
+    list[str],
+    typer.Argument(
+        help="Dumps (their violation_ring) or server logs; - reads a log from stdin.",
+        show_default=False,
+        metavar="SOURCE",
+    ),
+]
+ReplayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--replay",
+        help="Replay the dump's verify launches on its canary buffers (the rows SGLang would "
+        "record) and compare them with the rows read.",
+    ),
+]
+ViolationGroupOpt = Annotated[
+    Space | None,
+    typer.Option("--group", "-g", help="Only rows and replays of this group."),
+]
+BufferOpt = Annotated[
+    Buffer | None,
+    typer.Option(
+        "--buffer", help="Only rows and replays of this canary buffer (sweeps read tail.*)."
+    ),
+]
+JoinDumpOpt = Annotated[
+    Path | None,
+    typer.Option("--dump", help="The dump to explain log rows against (and to replay)."),
+]
+ViolationRowsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-rows", min=1, help="Rows shown in table and markdown output (JSON lists all)."
+    ),
 ]
 #: what `with_scalar_overrides` hands a command.
 Overrides = dict[str, int | None] | None

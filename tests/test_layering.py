@@ -1,4 +1,5 @@
-"""Imports flow one way: cli -> analysis/render -> planners -> dump -> errors (AST check).
+"""Imports flow one way: cli -> analysis/render -> canary -> planners -> dump -> errors (AST
+check); `canary.constants` and `canary.hashing` are leaves the dump layer may use.
 
 Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
 imports `triton_kernels` (after preparing the environment), so the two cannot form a cycle;
@@ -19,15 +20,29 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kvcanary_cli"
 #: layer -> package modules (prefixes) it may import.
 ALLOWED = {
     "errors": set(),
-    "dump": {"errors", "dump"},
+    # the synthesizer stamps canary records: only the two leaf modules of `canary`
+    "dump": {"errors", "dump", "canary.constants", "canary.hashing"},
     "planners": {"errors", "dump", "planners"},
-    "analysis": {"errors", "dump", "planners", "analysis"},
-    "render": {"render", "analysis.model", ""},  # "" = the package root, for __version__
+    "canary": {"errors", "dump", "planners", "canary"},
+    "analysis": {"errors", "dump", "planners", "canary", "analysis"},
+    # "" = the package root, for __version__
+    "render": {"render", "analysis.model", "analysis.violation_report", "canary.constants", ""},
     "capture": {"dump", "errors"},
     "cli_options": {"errors", "dump.schema", "planners", "analysis.model", "render"},
     "api": {"errors", "dump", "planners", "analysis", ""},  # "" for __version__
     "output": {"dump.files", "render"},
-    "cli": {"errors", "dump", "planners", "analysis", "render", "cli_options", "api", "output", ""},
+    "cli": {
+        "errors",
+        "dump",
+        "planners",
+        "canary",
+        "analysis",
+        "render",
+        "cli_options",
+        "api",
+        "output",
+        "",
+    },
     "__main__": {"cli"},
     "__init__": set(),
 }
@@ -89,6 +104,12 @@ def test_nothing_imports_the_cli() -> None:
 def test_every_module_has_a_docstring() -> None:
     for path in MODULES:
         assert ast.get_docstring(ast.parse(path.read_text())), f"{path} has no module docstring"
+
+
+def test_canary_leaves_import_no_other_package_module() -> None:
+    for name in ("constants.py", "hashing.py"):
+        targets = {t for t, _ in package_imports(PACKAGE / "canary" / name)}
+        assert targets <= {"canary.constants"}, (name, targets)
 
 
 def test_kernels_do_not_import_the_runtime() -> None:

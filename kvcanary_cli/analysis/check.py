@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.diagnosis import (
     assumptions_of,
@@ -89,6 +90,10 @@ def run_check(
             findings.append(finding)
         if group == "swa":
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
+        # Replay verify on the canary buffers with the plan production ran (the kernel's,
+        # unless it refused the batch or there is none).
+        ran = kernel_plan if kernel_plan is not None and kernel_plan.launch_error is None else plan
+        findings.extend(canary_findings(dump, ran, cells))
         comparison = None
         if kernel_plan is not None:
             comparison = compare_plans(plan, kernel_plan)

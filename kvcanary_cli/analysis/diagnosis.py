@@ -101,6 +101,10 @@ _SUMMARY: dict[CauseCode, str] = {
     CauseCode.NONCANONICAL_DTYPE: "tensors in dtypes the production GPU path rejects",
     CauseCode.PLANNER_DIVERGENCE: "the reference and the kernel disagree where no finding "
     "explains it",
+    CauseCode.KV_OVERWRITTEN: "the KV bytes of live slots changed after the canary "
+    "fingerprinted them",
+    CauseCode.FOREIGN_CANARY_RECORD: "verified slots hold canary records of a writer the "
+    "dump does not show",
 }
 _FIX: dict[CauseCode, str] = {
     CauseCode.LUT_TOO_SHORT: "size full_to_swa_index_mapping from the full pool (num_full_slots "
@@ -136,7 +140,32 @@ _FIX: dict[CauseCode, str] = {
     "ignore: kvcanary read them anyway)",
     CauseCode.PLANNER_DIVERGENCE: "report it to kvcanary with this dump: the kernel model and "
     "the reference disagree",
+    CauseCode.KV_OVERWRITTEN: "find what wrote into these slots' KV after their step (a kernel "
+    "writing out of bounds, a copy or transfer into the wrong pages)",
+    CauseCode.FOREIGN_CANARY_RECORD: "trace the slots with `kvcanary provenance --slot`: they "
+    "were rewritten by a sequence outside this batch (a transfer, a finished request, a "
+    "misplaced page)",
 }
+#: The cause of a canary finding, from its explanation (docs/canary.md §7) when no symptom
+#: in req_to_token or the allocator claimed it first.
+_CANARY_CODES = frozenset(
+    {
+        FindingCode.CANARY_CHAIN_BREAK,
+        FindingCode.CANARY_POSITION_MISMATCH,
+        FindingCode.CANARY_TOKEN_MISMATCH,
+        FindingCode.CANARY_REAL_KV_MISMATCH,
+    }
+)
+_BY_EXPLANATION: dict[str, CauseCode] = {
+    "aliasing": CauseCode.CROSS_REQUEST_ALIASING,
+    "duplicate-in-row": CauseCode.SLOT_REUSED_WITHIN_REQUEST,
+    "use-after-free": CauseCode.USE_AFTER_FREE,
+    "stale-slot": CauseCode.USE_AFTER_FREE,
+    "stale-row": CauseCode.STALE_ROW_READ,
+    "kv-overwritten": CauseCode.KV_OVERWRITTEN,
+}
+#: The explanation of a chain break caused by the bad record before it.
+_FOLLOWS = "follows-bad-record"
 #: Causes in the order a user should look at them when equally sure: root causes first.
 _PRECEDENCE = {code: i for i, code in enumerate(CauseCode)}
 
@@ -186,6 +215,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     for i, f in enumerate(findings):
         if f.code in _BY_CODE:
             state.claim(_BY_CODE[f.code], Confidence.CERTAIN, i)
+    _canary_records(state)
     causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
     causes.extend(possible)
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
@@ -255,6 +285,44 @@ def _stale_rows(state: _Diagnosis) -> None:
             f"{bad[0]}..{p - 1}, the last {p - bad[0]} of its prefix of {p}, hold "
             f"{_counted(codes)}; the cells before them are clean"
         )
+
+
+def _canary_records(state: _Diagnosis) -> None:
+    """Canary findings join the cause of the slot's other symptoms when it has one (the same
+    slot in the same group), else the cause their explanation names; a chain break that
+    follows a bad record joins that record's cause."""
+    findings = state.findings
+    canary = [
+        i for i, f in enumerate(findings) if f.code in _CANARY_CODES and state.cause_of[i] is None
+    ]
+    if not canary:
+        return
+    slot_cause: dict[tuple[str, int], CauseCode] = {}
+    for i, f in enumerate(findings):
+        cause = state.cause_of[i]
+        if cause is not None and f.slot is not None and f.code not in _CANARY_CODES:
+            slot_cause.setdefault((f.space, f.slot), cause)
+    follows: list[int] = []
+    for i in canary:
+        f = findings[i]
+        facts = f.details.get("explanation")
+        explained = str(facts.get("cause", "")) if isinstance(facts, dict) else ""
+        if f.slot is not None and (f.space, f.slot) in slot_cause:
+            state.claim(slot_cause[(f.space, f.slot)], Confidence.LIKELY, i)
+        elif explained == _FOLLOWS:
+            follows.append(i)
+            continue
+        else:
+            code = _BY_EXPLANATION.get(explained, CauseCode.FOREIGN_CANARY_RECORD)
+            state.claim(code, Confidence.LIKELY, i)
+        claimed = state.cause_of[i]
+        if f.slot is not None and claimed is not None:
+            slot_cause.setdefault((f.space, f.slot), claimed)
+    for i in follows:
+        f = findings[i]
+        prev_slot = f.details.get("prev_slot")
+        before = (f.space, prev_slot if isinstance(prev_slot, int) else -1)
+        state.claim(slot_cause.get(before, CauseCode.FOREIGN_CANARY_RECORD), Confidence.LIKELY, i)
 
 
 def _counted(codes: Counter[str]) -> str:

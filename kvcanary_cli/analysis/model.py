@@ -70,6 +70,10 @@ class FindingCode(StrEnum):
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
     KERNEL_LIMIT_EXCEEDED = "kernel-limit-exceeded"
     KERNEL_DIVERGENCE = "kernel-divergence"
+    CANARY_CHAIN_BREAK = "canary-chain-break"
+    CANARY_POSITION_MISMATCH = "canary-position-mismatch"
+    CANARY_TOKEN_MISMATCH = "canary-token-mismatch"
+    CANARY_REAL_KV_MISMATCH = "canary-real-kv-mismatch"
     VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
     NEGATIVE_LENGTH = "negative-length"
     GPU_DTYPE_MISMATCH = "gpu-dtype-mismatch"
@@ -119,6 +123,8 @@ class CauseCode(StrEnum):
     KERNEL_LIMIT = "kernel-limit"
     NONCANONICAL_DTYPE = "noncanonical-dtype"
     PLANNER_DIVERGENCE = "planner-divergence"
+    KV_OVERWRITTEN = "kv-overwritten"
+    FOREIGN_CANARY_RECORD = "foreign-canary-record"
 
 
 class Confidence(StrEnum):

@@ -21,6 +21,7 @@ from kvcanary_cli.analysis.model import (
     SlotProvenance,
     ViolationRow,
 )
+from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.frame import GroupFrame
 
@@ -371,15 +372,14 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
 
 
 def _violations(dump: KvDump, slot: int, *, swa: bool) -> tuple[ViolationRow, ...]:
+    """The ring's valid rows (docs/canary.md §4) whose slot is `slot`, in that slot's space."""
     ring = dump.violation_ring
-    if ring is None:
+    if ring is None or dump.violation_write_index is None:
         return ()
-    count = ring.shape[0]
-    if dump.violation_write_index is not None:
-        count = min(count, max(dump.violation_write_index, 0))
-    rows = []
-    for i in range(count):
-        fields = tuple(int(x) for x in ring[i].tolist())
-        if fields[1] == slot and (fields[0] in _SWA_TAGS) == swa:
-            rows.append(ViolationRow(index=i, fields=fields))
-    return tuple(rows)
+    rows = decode_ring(ring.numpy(), dump.violation_write_index).rows
+    tags = rows[:, 0]
+    mine = (rows[:, 1] == slot) & (((tags >= _SWA_TAGS.start) & (tags < _SWA_TAGS.stop)) == swa)
+    return tuple(
+        ViolationRow(index=int(i), fields=tuple(int(x) for x in rows[i]))
+        for i in np.flatnonzero(mine)  # the slot's rows only
+    )

@@ -118,6 +118,8 @@ class KvDump:
     violation_ring: torch.Tensor | None = None
     violation_write_index: int | None = None
     canary_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: `real_kv.<group>.<k|v>` sources (uint8, memory-mapped), by tensor name.
+    real_kv_sources: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def bs(self) -> int:
@@ -237,6 +239,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
     infos: dict[str, TensorInfo] = {}
     scalar_tensors: dict[str, int] = {}
     canary: dict[str, torch.Tensor] = {}
+    real_kv: dict[str, torch.Tensor] = {}
     for name, entry in header.entries.items():
         spec = spec_for(name)
         role = spec.role if spec else None
@@ -256,6 +259,8 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         arrays[name] = _read_array(header.path, entry)
         if name.startswith("canary."):
             canary[name] = torch.from_numpy(arrays[name])
+        elif name.startswith("real_kv."):
+            real_kv[name] = torch.from_numpy(arrays[name])
 
     scalars = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
@@ -312,6 +317,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
         ),
         canary_buffers=canary,
+        real_kv_sources=real_kv,
     )
 
 

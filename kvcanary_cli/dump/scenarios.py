@@ -5,16 +5,23 @@ Each scenario builds a consistent state with `synth.build_dump`, then breaks exa
 thing, the way the bug would. Its dump records the finding codes `kvcanary check` must report
 (`kvcanary.expected_findings`) and those it may report as side effects
 (`kvcanary.allowed_findings`), so tests and users can check the tool against the truth.
+
+The canary scenarios (docs/canary.md §8) also stamp canary buffers, break a record the way the
+bug would, and record what SGLang's verify launches would have appended: the rows go into the
+dump's violation ring and, as JSON lists of 8 ints, into `kvcanary.expected_violations`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from kvcanary_cli.canary.constants import FailReason, LaunchTag, to_signed
+from kvcanary_cli.canary.hashing import CHAIN_HEAD, combine_source_hashes, fold_chunks, mix3
 from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
 from kvcanary_cli.errors import OptionError
 
@@ -331,6 +338,194 @@ def _int32_indices(d: SynthDump, rng: np.random.Generator) -> None:
     d.tensors["req_pool_indices"] = d.tensors["req_pool_indices"].to(torch.int32)
 
 
+# --- canary scenarios (docs/canary.md §8) ----------------------------------------------------
+
+#: rows of a scenario's violation ring (SGLang's default is 1024).
+_RING_CAPACITY = 64
+#: the forward step a canary scenario's dump records (the pump logs it one step later).
+CANARY_STEP = 1234
+_CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
+_POSITION = int(FailReason.VERIFY_POSITION_MISMATCH)
+_REAL_KV = int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
+_TOKEN = int(FailReason.VERIFY_TOKEN_MISMATCH)
+
+
+def _buffers(d: SynthDump) -> list[tuple[str, int]]:
+    """The full group's canary buffers in launch order (HEAD before TAIL, K before V)."""
+    return [
+        (f"canary.full.{stage}.{half}", int(LaunchTag[f"{stage.upper()}_{half.upper()}_FULL"]))
+        for stage in ("head", "tail")
+        for half in ("k", "v")
+        if f"canary.full.{stage}.{half}" in d.tensors
+    ]
+
+
+def _record(d: SynthDump, buffer: str, slot: int) -> list[int]:
+    raw = d.tensors[buffer][slot, :32].numpy().tobytes()
+    return [int(v) for v in np.frombuffer(raw, dtype="<i8")]
+
+
+def _put_record(d: SynthDump, buffer: str, slot: int, values: list[int]) -> None:
+    raw = np.array(values, dtype="<i8").view(np.uint8)
+    d.tensors[buffer][slot, :32] = torch.from_numpy(raw.copy())
+
+
+def _link(record: list[int]) -> int:
+    """The chain hash a record passes on: mix3(prev_hash, token, position), signed."""
+    return to_signed(mix3(record[2], record[0], record[1]))
+
+
+def _expected_kv(d: SynthDump, buffer: str, slot: int) -> int | None:
+    """The real_kv_hash a record must hold (None: the dump does not say, not checked)."""
+    if ".head." in buffer:
+        return 0
+    half = buffer.rsplit(".", 1)[1]
+    source = d.tensors.get(f"real_kv.full.{half}")
+    if d.metadata.get("real_kv.mode") != "partial" or source is None:
+        return None
+    data = source[slot : slot + 1, :16].numpy()
+    return to_signed(int(combine_source_hashes([fold_chunks(data)])[0]))
+
+
+def _verify_row(d: SynthDump, buffer: str, tag: int, batch_row: int, pos: int) -> list[int] | None:
+    """The row SGLang's verify appends for one entry of the full group, read literally."""
+    rpi, _, _ = _lens(d)
+    table = d.tensors["req_to_token"]
+    rp = int(rpi[batch_row])
+    slot = int(table[rp, pos])
+    prev = int(table[rp, pos - 1]) if pos > 0 else -1
+    if slot == 0:
+        return None
+    token, position, stored_hash, real_kv = _record(d, buffer, slot)
+    bits = 0
+    aux = stored_hash
+    if prev != 0:
+        aux = to_signed(CHAIN_HEAD) if prev < 0 else _link(_record(d, buffer, prev))
+        bits |= _CHAIN if stored_hash != aux else 0
+    expected = -1
+    pool = d.tensors.get("req_to_verify_expected_tokens")
+    if pool is not None:
+        valid = int(d.tensors["req_to_verify_expected_tokens_valid_lens"][batch_row])
+        s = pos + int(d.metadata["kv_token_id_vs_position_offset"])
+        expected = int(pool[rp, s]) if 0 <= s < valid else -1
+        bits |= _TOKEN if expected != -1 and token != expected else 0
+    bits |= _POSITION if position != pos else 0
+    want_kv = _expected_kv(d, buffer, slot)
+    bits |= _REAL_KV if want_kv is not None and real_kv != want_kv else 0
+    if not bits:
+        return None
+    return [tag, slot, position, token, expected, stored_hash, aux, bits]
+
+
+def _record_violations(d: SynthDump, entries: list[tuple[int, int]]) -> None:
+    """Verify `entries` (batch row, position) in every buffer, in launch order; store the rows
+    as the dump's violation ring and as `kvcanary.expected_violations`."""
+    _, prefix, _ = _lens(d)
+    rows = []
+    for buffer, tag in _buffers(d):
+        for batch_row, pos in entries:
+            if 0 <= pos < int(prefix[batch_row]):
+                row = _verify_row(d, buffer, tag, batch_row, pos)
+                if row is not None:
+                    rows.append(row)
+    ring = np.zeros((_RING_CAPACITY, 8), dtype=np.int64)
+    ring[: len(rows)] = np.array(rows, dtype=np.int64).reshape(-1, 8)[:_RING_CAPACITY]
+    d.tensors["violation_ring"] = torch.from_numpy(ring)
+    d.tensors["violation_write_index"] = torch.tensor([len(rows)], dtype=torch.int32)
+    d.metadata["kvcanary.expected_violations"] = json.dumps(rows, separators=(",", ":"))
+    d.metadata["step"] = str(CANARY_STEP)
+
+
+def _and_next(batch_row: int, pos: int) -> list[tuple[int, int]]:
+    """A cell and the one after it: a broken record fails there and breaks the next link."""
+    return [(batch_row, pos), (batch_row, pos + 1)]
+
+
+def _inner_cells(d: SynthDump) -> list[_Cell]:
+    """Unshared live prefix cells that have a successor in the prefix (p + 1 < P)."""
+    prefix = {lr.batch_row: lr.prefix_len for lr in d.live}
+    return [c for c in _unshared_prefix_cells(d) if c[1] + 1 < prefix[c[0]]]
+
+
+def _canary_use_after_free(d: SynthDump, rng: np.random.Generator) -> None:
+    """A live slot was freed, handed to another request and rewritten by it: the record at the
+    slot is a stranger's, and the slot is on the free list."""
+    row, pos, slot = _pick(rng, _inner_cells(d), "an unshared inner live slot")
+    free = d.tensors["free_full_slots"]
+    d.tensors["free_full_slots"] = torch.sort(torch.cat([free, torch.tensor([slot])]))[0]
+    stranger = [
+        int(rng.integers(0, 32000)),
+        pos + 1 + int(rng.integers(1, 40)),
+        int(rng.integers(-(1 << 62), 1 << 62)),
+        0,
+    ]
+    for buffer, _ in _buffers(d):
+        _put_record(d, buffer, slot, stranger)
+    _record_violations(d, _and_next(row, pos))
+    d.truth = {"batch_row": row, "position": pos, "slot": slot}
+
+
+def _canary_aliasing(d: SynthDump, rng: np.random.Generator) -> None:
+    """Another request holds a live slot at another position and wrote its own record there."""
+    cells = _inner_cells(d)
+    row_a, pos_a, slot = _pick(rng, cells, "an unshared inner live slot")
+    rpi, _, _ = _lens(d)
+    live = {lr.batch_row: lr for lr in d.live}
+    token_a = int(live[row_a].tokens[pos_a])
+    targets = [
+        c
+        for c in _unshared_prefix_cells(d)
+        if c[0] != row_a and c[1] != pos_a and int(live[c[0]].tokens[c[1]]) != token_a
+    ]
+    row_b, pos_b, slot_b = _pick(rng, targets, "a second request")
+    d.tensors["req_to_token"][int(rpi[row_b]), pos_b] = slot
+    for buffer, _ in _buffers(d):  # B wrote what it would have written to its own slot
+        _put_record(d, buffer, slot, _record(d, buffer, slot_b))
+    _record_violations(d, _and_next(row_a, pos_a) + _and_next(row_b, pos_b))
+    d.truth = {
+        "slot": slot,
+        "batch_row": row_a,
+        "position": pos_a,
+        "other_batch_row": row_b,
+        "other_position": pos_b,
+    }
+
+
+def _canary_stale_row(d: SynthDump, rng: np.random.Generator) -> None:
+    """A recycled row is read through a prefix length that covers cells its previous owner
+    left; their records continue the previous owner's chain, not this request's."""
+    rpi, prefix, extend = _lens(d)
+    free = d.tensors["free_full_slots"]
+    msl = d.tensors["req_to_token"].shape[1]
+    stale_len = 3
+    fits = [lr for lr in d.live if lr.prefix_len > 0 and lr.prefix_len + stale_len <= msl]
+    if not fits or free.numel() < stale_len:
+        raise RuntimeError("no room for a stale row")
+    lr = fits[int(rng.integers(len(fits)))]
+    stale = free[torch.from_numpy(rng.choice(free.numel(), size=stale_len, replace=False))]
+    end = lr.prefix_len
+    d.tensors["req_to_token"][lr.pool_row, end : end + stale_len] = stale.to(torch.int32)
+    _drop_writes(d, lr.batch_row)
+    prefix[lr.batch_row] = end + stale_len
+    extend[lr.batch_row] = 0
+    running = int(rng.integers(-(1 << 62), 1 << 62))  # the previous owner's chain
+    for i, slot in enumerate(stale.tolist()):
+        record = [int(rng.integers(0, 32000)), end + i, running, 0]
+        for buffer, _ in _buffers(d):
+            _put_record(d, buffer, slot, record)
+        running = _link(record)
+    _record_violations(d, [(lr.batch_row, end + i) for i in range(stale_len)])
+    d.truth = {"batch_row": lr.batch_row, "position": end, "slot": int(stale[0])}
+
+
+def _canary_kv_overwritten(d: SynthDump, rng: np.random.Generator) -> None:
+    """The KV bytes of a live slot changed after its TAIL record fingerprinted them."""
+    row, pos, slot = _pick(rng, _unshared_prefix_cells(d), "an unshared live slot")
+    d.tensors["real_kv.full.k"][slot, 0] ^= 0xA5
+    _record_violations(d, [(row, pos)])
+    d.truth = {"batch_row": row, "position": pos, "slot": slot}
+
+
 _SWA = {"window": 8}
 _SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
 
@@ -543,6 +738,59 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_slot_beyond_pool_with_lut,
             expected=("slot-beyond-pool", "lut-out-of-range"),
             cause="slot-index-corrupt",
+        ),
+        Scenario(
+            name="clean-canary",
+            summary="SWA model with canary buffers (K and V, HEAD and TAIL), real KV, tokens",
+            spec={
+                "mode": "mixed",
+                **_SWA,
+                "expected_pool": True,
+                "canary": True,
+                "canary_v": True,
+                "canary_real_kv": True,
+            },
+        ),
+        Scenario(
+            name="canary-use-after-free",
+            summary="a freed slot rewritten by its next owner while a request still reads it",
+            spec={"canary": True},
+            corrupt=_canary_use_after_free,
+            expected=(
+                "freed-slot-in-live-range",
+                "canary-chain-break",
+                "canary-position-mismatch",
+            ),
+            cause="use-after-free",
+        ),
+        Scenario(
+            name="canary-aliasing",
+            summary="two requests hold one slot at two positions; the later writer's record wins",
+            spec={"canary": True, "expected_pool": True},
+            corrupt=_canary_aliasing,
+            expected=(
+                "slot-shared-across-positions",
+                "canary-chain-break",
+                "canary-position-mismatch",
+                "canary-token-mismatch",
+            ),
+            cause="cross-request-aliasing",
+        ),
+        Scenario(
+            name="canary-stale-row",
+            summary="a recycled row read past its end: the old owner's records break the chain",
+            spec={"canary": True},
+            corrupt=_canary_stale_row,
+            expected=("freed-slot-in-live-range", "canary-chain-break"),
+            cause="stale-row-read",
+        ),
+        Scenario(
+            name="canary-kv-overwritten",
+            summary="the KV bytes of a live slot changed after the TAIL canary fingerprinted them",
+            spec={"canary": True, "canary_real_kv": True},
+            corrupt=_canary_kv_overwritten,
+            expected=("canary-real-kv-mismatch",),
+            cause="kv-overwritten",
         ),
     )
 }

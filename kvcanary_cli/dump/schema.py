@@ -20,6 +20,7 @@ __all__ = [
     "LAUNCHER_FUNCTION",
     "LAUNCHER_MODULE",
     "LAUNCHER_OUTPUTS",
+    "REAL_KV_TENSOR_PATTERN",
     "SCALARS",
     "TENSORS",
     "ScalarSpec",
@@ -217,12 +218,25 @@ _CANARY_SPEC = TensorSpec(
 )
 
 
+#: `real_kv.<group>.<k|v>`: the layer-0 KV bytes a TAIL canary fingerprints (docs/canary.md §3).
+REAL_KV_TENSOR_PATTERN = re.compile(r"^real_kv\.(full|swa)\.(k|v)$")
+_REAL_KV_SPEC = TensorSpec(
+    name="real_kv.<group>.<k|v>",
+    canonical="U8",
+    ranks=(2,),
+    role="real-KV source of the tail canary [rows, row_bytes]",
+)
+
+
 def spec_for(name: str) -> TensorSpec | None:
-    """The spec of a tensor name, including the canary buffer family; None if unknown."""
+    """The spec of a tensor name, including the canary buffer and real-KV source families;
+    None if unknown."""
     if name in TENSORS:
         return TENSORS[name]
     if CANARY_TENSOR_PATTERN.match(name):
         return _CANARY_SPEC
+    if REAL_KV_TENSOR_PATTERN.match(name):
+        return _REAL_KV_SPEC
     return None
 
 

@@ -17,6 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvcanary_cli.canary.constants import RECORD_BYTES
+from kvcanary_cli.canary.hashing import (
+    CHAIN_HEAD,
+    as_int64,
+    combine_source_hashes,
+    fold_chunks,
+    mix3_array,
+)
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 
 __all__ = ["LiveRequest", "SynthDump", "SynthSpec", "build_dump"]
@@ -56,6 +64,13 @@ class SynthSpec:
     #: full-pool slots (size + page_size); None: enough for every row to be full.
     pool_slots: int | None = None
     vocab: int = 32000
+    #: stamp canary buffers (HEAD and TAIL, K) with clean chains over every live prefix.
+    canary: bool = False
+    #: with `canary`: the V buffers too.
+    canary_v: bool = False
+    #: with `canary`: real-KV sources (`real_kv.<group>.<half>`, partial mode), so that TAIL
+    #: records carry a fingerprint.
+    canary_real_kv: bool = False
 
 
 @dataclass(kw_only=True)
@@ -155,7 +170,9 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         row = free_rows.pop()
         shared = 0
         donor = None
-        if live and rng.random() < spec.share_prob:
+        # A draft pool's record at p holds token p+1, which two sharers need not agree on:
+        # stamped draft pools share nothing.
+        if live and rng.random() < spec.share_prob and not (spec.canary and spec.token_offset):
             donor = live[int(rng.integers(len(live)))]
             shared = min(donor.length(), int(rng.integers(1, length + 1))) // p * p
         own_pages = full_alloc.alloc(math.ceil((length - shared) / p))
@@ -262,6 +279,8 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         tensors["req_to_verify_expected_tokens_valid_lens"] = torch.from_numpy(valid)
     if spec.window > 0:
         _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots, num_pages)
+    if spec.canary:
+        _stamp_canary(tensors, metadata, live_requests, spec, rng, num_full_slots)
     return SynthDump(spec=spec, seed=seed, tensors=tensors, metadata=metadata, live=live_requests)
 
 
@@ -312,6 +331,79 @@ def _add_swa(
     metadata["num_swa_slots"] = str(num_swa_pages * p)
     if spec.free_lists:
         tensors["free_swa_slots"] = torch.from_numpy(_expand(swa_free[len(mapped) :], p))
+
+
+#: bytes per token of a synthetic real-KV source (partial mode fingerprints the first 16).
+_REAL_KV_BYTES = 32
+
+
+def chain_hashes(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The prev_hash each position stores, per sequence (docs/canary.md §2): int64 `[n, L]`.
+
+    `tokens` is `[n, L]` (padded); position 0 stores the chain head, position p+1 stores
+    `mix3(hash_p, token_p, p)`. One step per position, all sequences at once.
+    """
+    n, width = tokens.shape
+    hashes = np.zeros((n, width), dtype=np.uint64)
+    if width:
+        hashes[:, 0] = CHAIN_HEAD
+    for p in range(width - 1):
+        live = lengths > p + 1
+        hashes[live, p + 1] = mix3_array(hashes[live, p], tokens[live, p], p)
+    return as_int64(hashes)
+
+
+def record_bytes(columns: list[np.ndarray]) -> np.ndarray:
+    """Slot records (token, position, prev_hash, real_kv_hash) as uint8 `[n, 32]`."""
+    return np.stack(columns, axis=1).astype("<i8").view(np.uint8).reshape(-1, RECORD_BYTES)
+
+
+def _stamp_canary(
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str],
+    live: list[LiveRequest],
+    spec: SynthSpec,
+    rng: np.random.Generator,
+    num_full_slots: int,
+) -> None:
+    """Canary buffers as the write kernels leave them before this step: one record per live
+    prefix cell, chained per request (radix-shared cells get the same record twice)."""
+    prefix = np.array([lr.prefix_len for lr in live], dtype=np.int64)
+    width = int(prefix.max()) if prefix.size else 0
+    tokens = np.zeros((len(live), width), dtype=np.int64)
+    for i, lr in enumerate(live):  # per request, never per token
+        shifted = lr.tokens[spec.token_offset : spec.token_offset + lr.prefix_len]
+        tokens[i, : shifted.shape[0]] = shifted
+        tokens[i, shifted.shape[0] : lr.prefix_len] = lr.tokens[shifted.shape[0] : lr.prefix_len]
+    hashes = chain_hashes(tokens, prefix)
+    cells = np.arange(width)[None, :] < prefix[:, None]
+    slots = np.concatenate([lr.slots[: lr.prefix_len] for lr in live]) if live else prefix
+    columns = [tokens[cells], np.nonzero(cells)[1].astype(np.int64), hashes[cells]]
+    spaces = [("full", slots, num_full_slots)]
+    lut = tensors.get("full_to_swa_index_mapping")
+    if lut is not None:
+        table = lut.numpy()
+        swa = np.where(
+            (slots >= 0) & (slots < table.shape[0] - 1), table[slots.clip(0, table.shape[0] - 1)], 0
+        )
+        spaces.append(("swa", swa, int(metadata["num_swa_slots"])))
+    halves = ("k", "v") if spec.canary_v else ("k",)
+    for group, where, size in spaces:
+        keep = where > 0
+        for half in halves:
+            fingerprint = np.zeros(int(keep.sum()), dtype=np.int64)
+            if spec.canary_real_kv:
+                source = rng.integers(0, 256, size=(size, _REAL_KV_BYTES), dtype=np.uint8)
+                tensors[f"real_kv.{group}.{half}"] = torch.from_numpy(source)
+                fingerprint = as_int64(
+                    combine_source_hashes([fold_chunks(source[where[keep], :16])])
+                )
+            for stage, rkv in (("head", np.zeros_like(fingerprint)), ("tail", fingerprint)):
+                buffer = np.zeros((size, RECORD_BYTES), dtype=np.uint8)
+                buffer[where[keep]] = record_bytes([c[keep] for c in columns] + [rkv])
+                tensors[f"canary.{group}.{stage}.{half}"] = torch.from_numpy(buffer)
+    if spec.canary_real_kv:
+        metadata["real_kv.mode"] = "partial"
 
 
 def with_spec(spec: SynthSpec, **changes: object) -> SynthSpec:

@@ -1,13 +1,14 @@
 """Rendering: pure functions from reports to rich renderables or strings (no printing).
 
-`render_check`, `render_provenance`, `render_inspect`, `render_plan` and `render_selftest`
+`render_check`, `render_provenance`, `render_inspect`, `render_plan`, `render_selftest` and
+`render_violations`
 pick the view for an `OutputFormat`. A `str` result (JSON, Markdown) is written verbatim; a
 renderable goes through a console (see `emit`).
 """
 
 from __future__ import annotations
 
-from typing import assert_never
+from typing import TYPE_CHECKING, assert_never
 
 from rich.console import RenderableType
 
@@ -21,6 +22,9 @@ from kvcanary_cli.render.records import Record, provenance_record, to_record
 from kvcanary_cli.render.selftest_view import selftest_markdown, selftest_table
 from kvcanary_cli.render.table import check_table, provenance_table, verdict_lines
 
+if TYPE_CHECKING:  # the violations view needs numpy: imported when used, not by --help
+    from kvcanary_cli.analysis.violation_report import ViolationsReport
+
 __all__ = [
     "OutputFormat",
     "emit",
@@ -30,6 +34,7 @@ __all__ = [
     "render_plan",
     "render_provenance",
     "render_selftest",
+    "render_violations",
     "to_json",
 ]
 
@@ -106,5 +111,31 @@ def render_selftest(record: Record, fmt: OutputFormat) -> str | RenderableType:
             return to_json(record)
         case OutputFormat.MARKDOWN:
             return selftest_markdown(record)
+        case _:
+            assert_never(fmt)
+
+
+def render_violations(
+    report: ViolationsReport, fmt: OutputFormat, *, max_rows: int = 20
+) -> str | RenderableType:
+    """A `kvcanary.violations/1` record (violation rows, replay, diagnoses) in `fmt`.
+
+    JSON carries every row; table and Markdown show the first `max_rows`.
+    """
+    from kvcanary_cli.render.violations_view import (
+        violations_markdown,
+        violations_record,
+        violations_table,
+    )
+
+    match fmt:
+        case OutputFormat.TABLE:
+            return violations_table(violations_record(report, max_rows=max_rows), max_rows=max_rows)
+        case OutputFormat.JSON:
+            return to_json(violations_record(report))
+        case OutputFormat.MARKDOWN:
+            return violations_markdown(
+                violations_record(report, max_rows=max_rows), max_rows=max_rows
+            )
         case _:
             assert_never(fmt)

@@ -43,6 +43,7 @@ __all__ = [
     "provenance_record",
     "row_lines",
     "row_notices",
+    "slot_provenance_record",
     "to_record",
 ]
 
@@ -140,6 +141,11 @@ def _provenance(prov: SlotProvenance) -> Record:
         ],
         "violations": [{"index": v.index, "fields": list(v.fields)} for v in prov.violations],
     }
+
+
+def slot_provenance_record(prov: SlotProvenance) -> Record:
+    """One slot's provenance, as `check` and `provenance` records carry it."""
+    return _provenance(prov)
 
 
 def _finding(finding: Finding) -> Record:

@@ -138,3 +138,18 @@ def test_provenance_index_counts_every_cell_but_keeps_few(tmp_path) -> None:  # 
     assert total == 300 and len(cells) == 4
     assert all(c.pool_row == 2 for c in cells)  # live rows first
     assert len(live_cells(dump)) == 5
+
+
+def test_slot_provenance_lists_its_ring_rows_and_records(tmp_path: Path) -> None:
+    from kvcanary_cli.dump.scenarios import make_scenario
+
+    synth = make_scenario("canary-use-after-free", seed=1)
+    dump = load_dump(synth.save(tmp_path / "uaf.safetensors"))
+    slot = synth.truth["slot"]
+    answer = slot_query(dump, checked(dump, kernel="torch"), slot)
+    assert answer.slot is not None
+    assert [v.index for v in answer.slot.violations] == [0, 2]  # HEAD_K then TAIL_K
+    assert all(v.fields[1] == slot for v in answer.slot.violations)
+    assert {r.buffer for r in answer.slot.canary} == {"canary.full.head.k", "canary.full.tail.k"}
+    codes = {f.code.value for f in answer.findings}
+    assert {"canary-position-mismatch", "freed-slot-in-live-range"} <= codes

@@ -1,4 +1,5 @@
-"""The `kvcanary.check/1` and `kvcanary.provenance/1` schemas, and a small validator.
+"""The `kvcanary.check/1`, `kvcanary.provenance/1` and `kvcanary.violations/1` schemas, and a
+small validator.
 
 Objects list their keys exactly (no missing, no extra keys); docs/json-schema.md describes the
 same shapes (tests/render/test_schema_doc.py checks that it names every key).
@@ -192,6 +193,122 @@ PROVENANCE_REPORT = {
     "slot": Nullable(PROVENANCE),
     "row": Nullable(ROW),
     "findings": ListOf(FINDING),
+}
+
+
+VIOLATION_ROW = {
+    "kernel_kind": int,
+    "slot_idx": int,
+    "position": int,
+    "stored_token": int,
+    "expected_token": int,
+    "stored_chain_hash": int,
+    "expected_aux": int,
+    "fail_reason_bits": int,
+    "origin": OneOf(frozenset({"ring", "log", "log-message", "replay"})),
+    "source": str,
+    "index": int,
+    "tag": str,
+    "canary_kind": str,
+    "group": Nullable(SPACES),
+    "buffer": Nullable(OneOf(frozenset({"head.k", "head.v", "tail.k", "tail.v"}))),
+    "reasons": ListOf(str),
+    "is_write": bool,
+    "pump": Nullable({"total_violations": int, "ring_overflow": bool, "step_when_pumped": int}),
+    "entry": Nullable({"batch_row": int, "expected_position": int, "prev_slot": int}),
+    "diagnosis": Nullable(str),
+    "explanation": Nullable(
+        {
+            "cause": str,
+            "space": SPACES,
+            "referenced_by": Nullable(
+                {"pool_row": Nullable(int), "position": Nullable(int), "batch_row": Nullable(int)}
+            ),
+            "owner": Nullable(
+                {
+                    "pool_row": Nullable(int),
+                    "position": Nullable(int),
+                    "where": OneOf(frozenset({"none", "live", "stale-tail", "idle-row"})),
+                }
+            ),
+            "prev_slot": Nullable(int),
+            "allocator": Nullable(OneOf(frozenset({"free", "in use"}))),
+        }
+    ),
+}
+VIOLATIONS = {
+    "schema": OneOf(frozenset({"kvcanary.violations/1"})),
+    "kvcanary_version": str,
+    "verdict": OneOf(frozenset({"violations", "clean"})),
+    "dump": Nullable(str),
+    "identity": MapOf(str),
+    "filters": {"group": Nullable(SPACES), "buffer": Nullable(str)},
+    "summary": {
+        "rows": int,
+        "by_origin": MapOf(int),
+        "by_tag": MapOf(int),
+        "by_reason": MapOf(int),
+        "by_cause": MapOf(int),
+    },
+    "sources": ListOf(
+        {
+            "path": str,
+            "kind": OneOf(frozenset({"dump", "log"})),
+            "rows": int,
+            "ring": Nullable(
+                {
+                    "capacity": int,
+                    "write_index": int,
+                    "valid": int,
+                    "overflow": bool,
+                    "wrapped": bool,
+                    "stray_rows": int,
+                }
+            ),
+            "log": Nullable(
+                {
+                    "lines": int,
+                    "structured": int,
+                    "messages": int,
+                    "rebuilt": int,
+                    "unparsed": int,
+                    "incomplete": int,
+                    "inconsistent": int,
+                    "overlong": int,
+                    "swa_divergence": Nullable(
+                        {
+                            "samples": int,
+                            "last": MapOf(int),
+                            "peak_swa_full_idx_divergence": int,
+                            "peak_swa_out_of_window_tokens": int,
+                        }
+                    ),
+                }
+            ),
+            "notes": ListOf(str),
+        }
+    ),
+    "replay": ListOf(
+        {
+            "group": SPACES,
+            "buffer": str,
+            "tag": str,
+            "entries": int,
+            "checked": int,
+            "slot_zero": int,
+            "chain_skipped": int,
+            "outside_buffer": int,
+            "undefined": int,
+            "real_kv": OneOf(frozenset({"checked", "zero", "skipped"})),
+            "rows": int,
+        }
+    ),
+    "comparison": Nullable({"matched": int, "observed_only": int, "replayed_only": int}),
+    "notes": ListOf(str),
+    "rows_total": int,
+    "rows": ListOf(VIOLATION_ROW),
+    "slots": ListOf(PROVENANCE),
+    "slots_total": int,
 }
 
 

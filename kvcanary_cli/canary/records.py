@@ -1,0 +1,68 @@
+"""Slot records of canary buffers, decoded columnar (docs/canary.md §1).
+
+A canary buffer is uint8 `[num_slots, stride]`; slot `s` keeps four little-endian int64 in
+the first 32 bytes of its row: token, position, prev_hash (the chain hash entering the slot)
+and real_kv_hash. Reads gather only the rows asked for, so a memory-mapped 32 MB buffer costs
+what the plan touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvcanary_cli.canary.constants import BUFFERS, RECORD_BYTES, buffer_tensor_name
+from kvcanary_cli.dump.loader import KvDump
+
+__all__ = ["Records", "dump_buffers", "read_records"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Records:
+    """Records of some slots (int64 columns of equal length)."""
+
+    token: np.ndarray
+    position: np.ndarray
+    prev_hash: np.ndarray
+    real_kv_hash: np.ndarray
+    #: per slot: its 32 bytes are not all zero (a slot that was written at least once).
+    written: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.token.shape[0])
+
+
+def _array(buffer: torch.Tensor | np.ndarray) -> np.ndarray:
+    return buffer.numpy() if isinstance(buffer, torch.Tensor) else np.asarray(buffer)
+
+
+def read_records(buffer: torch.Tensor | np.ndarray, slots: np.ndarray) -> Records:
+    """Records of `slots` (each in `[0, num_slots)`; the caller masks the others)."""
+    data = _array(buffer)
+    if data.ndim != 2 or data.shape[1] < RECORD_BYTES:
+        raise ValueError(f"a canary buffer needs rows of >= {RECORD_BYTES} bytes")
+    index = np.asarray(slots, dtype=np.int64).reshape(-1)
+    raw = np.ascontiguousarray(data[index, :RECORD_BYTES], dtype=np.uint8)
+    words = raw.view("<i8").reshape(-1, 4).astype(np.int64)
+    return Records(
+        token=words[:, 0],
+        position=words[:, 1],
+        prev_hash=words[:, 2],
+        real_kv_hash=words[:, 3],
+        written=np.asarray(raw.any(axis=1), dtype=bool),
+    )
+
+
+def dump_buffers(dump: KvDump, group: str) -> list[tuple[str, torch.Tensor]]:
+    """The group's canary buffers in the dump, as (`head.k`, ...) in launch order (K before V).
+
+    Buffers whose rows are narrower than a record are left out (upstream refuses them).
+    """
+    found = []
+    for buffer in BUFFERS:
+        tensor = dump.canary_buffers.get(buffer_tensor_name(group, buffer))
+        if tensor is not None and tensor.ndim == 2 and tensor.shape[1] >= RECORD_BYTES:
+            found.append((buffer, tensor))
+    return found

@@ -1,0 +1,52 @@
+"""What a SOURCE of `kvcanary violations` is: a dump or a log (docs/canary.md §7).
+
+A dump is a safetensors file: an 8-byte little-endian header length, then a JSON object. A
+name ending in `.safetensors` is always taken for a dump, so a damaged one is reported as a
+damaged dump. Anything else is a text log, read streaming; `-` is stdin (always a log).
+Binary data that is no dump is refused by the log reader.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+
+from kvcanary_cli.canary.logs import printable
+from kvcanary_cli.errors import PathError
+
+__all__ = ["SourceKind", "source_kind"]
+
+#: header lengths above this are not safetensors (the dump reader has the same ceiling).
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+class SourceKind(StrEnum):
+    """A dump or a log."""
+
+    DUMP = "dump"
+    LOG = "log"
+
+
+def source_kind(path: str) -> SourceKind:
+    """Classify `path` by its first bytes; a `PathError` when it cannot be read at all."""
+    if path == "-":
+        return SourceKind.LOG
+    target = Path(path)
+    if not target.exists():
+        raise PathError("does not exist", path=printable(path))
+    if not target.is_file():
+        raise PathError("is not a regular file", path=printable(path))
+    if target.suffix == ".safetensors":
+        return SourceKind.DUMP
+    try:
+        with open(target, "rb") as handle:
+            head = handle.read(9)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError as exc:
+        raise PathError(f"cannot be read: {exc.strerror}", path=printable(path)) from None
+    if len(head) == 9 and head[8:9] == b"{":
+        length = int.from_bytes(head[:8], "little")
+        if 2 <= length <= min(_MAX_HEADER, size - 8):
+            return SourceKind.DUMP
+    return SourceKind.LOG

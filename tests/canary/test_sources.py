@@ -1,0 +1,131 @@
+"""Sources and dump-side canary data: dump or log, real-KV sources and their checks, and a
+large ring handled without a loop per row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvcanary_cli.analysis.violations import violations_report
+from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS
+from kvcanary_cli.canary.real_kv import RealKvMode, expected_real_kv, real_kv_setup
+from kvcanary_cli.canary.sources import SourceKind, source_kind
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.errors import DumpError, OptionError, PathError
+from kvcanary_cli.render import OutputFormat, render_violations
+
+
+def test_source_kinds(tmp_path: Path) -> None:
+    dump = make_scenario("clean-decode").save(tmp_path / "renamed.bin")
+    log = tmp_path / "server.log"
+    log.write_text("hello\n")
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert source_kind(str(dump)) is SourceKind.DUMP  # by content, whatever the name
+    assert source_kind(str(log)) is SourceKind.LOG
+    assert source_kind(str(empty)) is SourceKind.LOG
+    assert source_kind("-") is SourceKind.LOG
+    with pytest.raises(PathError, match="does not exist"):
+        source_kind(str(tmp_path / "nope\n.log"))
+
+
+def test_real_kv_sources_load_and_fold(tmp_path: Path) -> None:
+    synth = make_scenario("clean-canary", seed=0)
+    dump = load_dump(synth.save(tmp_path / "c.safetensors"))
+    assert set(dump.real_kv_sources) == {
+        "real_kv.full.k",
+        "real_kv.full.v",
+        "real_kv.swa.k",
+        "real_kv.swa.v",
+    }
+    setup = real_kv_setup(dump)
+    assert setup.mode is RealKvMode.PARTIAL
+    slots = np.array([1, 2, -1, 10**9])
+    result = expected_real_kv(setup, "full", "tail.k", slots)
+    assert result is not None
+    values, known = result
+    assert known.tolist() == [True, True, False, False]
+    head = expected_real_kv(setup, "full", "head.v", slots)
+    assert head is not None and head[0].tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("real_kv.mode", "sometimes"),
+        ("real_kv.num_bytes_per_token", "24"),
+        ("real_kv.read_bytes", "48"),
+        ("real_kv.page_size", "0"),
+    ],
+)
+def test_bad_real_kv_metadata_is_bad_input(key: str, value: str, tmp_path: Path) -> None:
+    synth = make_scenario("clean-canary", seed=0)
+    synth.metadata[key] = value
+    dump = load_dump(synth.save(tmp_path / "bad.safetensors"))
+    with pytest.raises(DumpError, match=key):
+        real_kv_setup(dump)
+
+
+def test_a_large_ring_is_decoded_filtered_and_explained(tmp_path: Path) -> None:
+    synth = make_scenario("canary-aliasing", seed=0)
+    rng = np.random.default_rng(0)
+    n = 200_000
+    ring = rng.integers(-(1 << 40), 1 << 40, size=(n, 8), dtype=np.int64)
+    ring[:, 0] = rng.integers(-2, 14, size=n)
+    ring[:, 1] = rng.integers(0, 300, size=n)
+    ring[:, 2] = rng.integers(0, 48, size=n)
+    ring[:, 7] = rng.integers(0, 64, size=n)
+    synth.tensors["violation_ring"] = torch.from_numpy(ring)
+    synth.tensors["violation_write_index"] = torch.tensor([n + 5], dtype=torch.int32)
+    path = synth.save(tmp_path / "big.safetensors")
+    report = violations_report([str(path)])
+    assert len(report.rows) == n and report.explanations is not None
+    assert report.sources[0].ring is not None and report.sources[0].ring.overflow
+    assert report.slots_total > len(report.slots) == 64
+    out = render_violations(report, OutputFormat.MARKDOWN, max_rows=5)
+    assert isinstance(out, str) and f"… and {n - 5} more" in out
+    swa_only = violations_report([str(path)], group="swa", buffer="tail.k")
+    expected = np.isin(ring[:, 0], [8, 10]).sum()
+    assert len(swa_only.rows) == expected
+
+
+def test_option_errors(tmp_path: Path) -> None:
+    a = make_scenario("clean-decode", seed=0).save(tmp_path / "a.safetensors")
+    b = make_scenario("clean-decode", seed=1).save(tmp_path / "b.safetensors")
+    with pytest.raises(OptionError, match="at most one dump"):
+        violations_report([str(a), str(b)])
+    log = tmp_path / "x.log"
+    log.write_text("")
+    with pytest.raises(OptionError, match="needs a dump"):
+        violations_report([str(log)], replay=True)
+    assert len(violations_report([str(a)], dump=str(a)).rows) == 0  # the same dump twice is one
+
+
+def test_swa_divergence_samples_are_summarised(tmp_path: Path) -> None:
+    log = tmp_path / "swa.log"
+    samples = [(20, 100, 40, 3, 7), (40, 210, 90, 9, 2)]
+    log.write_text(
+        "".join(
+            "[I] kv_canary_swa_divergence="
+            + json.dumps(dict(zip(SWA_DIVERGENCE_KEYS, s, strict=True)), separators=(",", ":"))
+            + "\n"
+            for s in samples
+        )
+    )
+    report = violations_report([str(log)])
+    summary = report.sources[0].log
+    assert summary is not None and summary.swa_divergence is not None
+    swa = summary.swa_divergence
+    assert (swa.samples, swa.peak_swa_full_idx_divergence, swa.peak_swa_out_of_window_tokens) == (
+        2,
+        9,
+        7,
+    )
+    assert swa.last == dict(zip(SWA_DIVERGENCE_KEYS, samples[-1], strict=True))
+    out = render_violations(report, OutputFormat.TABLE)
+    assert not isinstance(out, str)

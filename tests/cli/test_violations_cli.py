@@ -1,0 +1,226 @@
+"""`kvcanary violations` and `synth --log` through the CLI: rings, logs, stdin, replay,
+filters, the JSON schema, and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcanary_cli.canary.logs import format_violation
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.scenarios import make_scenario
+from tests.render.render_schema import VIOLATIONS, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def run(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), input=stdin)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("violations")
+    out: dict[str, Path] = {}
+    for name in ("canary-aliasing", "canary-stale-row", "canary-kv-overwritten"):
+        dump, log = folder / f"{name}.safetensors", folder / f"{name}.log"
+        code, _, err = run("synth", name, "-o", str(dump), "--log", str(log), "--seed", "2")
+        assert code == 0, err
+        out[name], out[f"{name}.log"] = dump, log
+    out["clean-canary"] = make_scenario("clean-canary", seed=1).save(folder / "clean.safetensors")
+    out["clean-swa"] = make_scenario("clean-swa", seed=1).save(folder / "clean-swa.safetensors")
+    return out
+
+
+def json_of(*args: str, stdin: str | None = None) -> tuple[int, dict[str, Any]]:
+    code, out, err = run(*args, "--format", "json", stdin=stdin)
+    assert code in (0, 1), err
+    record = json.loads(out)
+    assert validate(record, VIOLATIONS) == []
+    return code, record
+
+
+@pytest.mark.parametrize("name", ["canary-aliasing", "canary-stale-row", "canary-kv-overwritten"])
+def test_ring_log_and_replay_agree(name: str, made: dict[str, Path]) -> None:
+    expected = json.loads(
+        json.loads(run("inspect", str(made[name]), "--format", "json")[1])["other_metadata"][
+            "kvcanary.expected_violations"
+        ]
+    )
+    fields = [
+        "kernel_kind",
+        "slot_idx",
+        "position",
+        "stored_token",
+        "expected_token",
+        "stored_chain_hash",
+        "expected_aux",
+        "fail_reason_bits",
+    ]
+    code, ring = json_of("violations", str(made[name]))
+    assert code == 1 and [[r[f] for f in fields] for r in ring["rows"]] == expected
+    code, logged = json_of(
+        "violations", str(made[f"{name}.log"]), "--dump", str(made[name]), "--replay"
+    )
+    rows = logged["rows"]
+    assert isinstance(rows, list)
+    assert [[r[f] for f in fields] for r in rows if r["origin"] == "log"] == expected
+    assert logged["comparison"] == {
+        "matched": len(expected),
+        "observed_only": 0,
+        "replayed_only": 0,
+    }
+    assert all(r["diagnosis"] and r["explanation"] for r in rows)
+    assert {r["pump"]["step_when_pumped"] for r in rows if r["origin"] == "log"} == {1235}
+
+
+def test_log_alone_has_no_diagnosis(made: dict[str, Path]) -> None:
+    code, record = json_of("violations", str(made["canary-aliasing.log"]))
+    assert code == 1 and record["dump"] is None
+    assert all(r["diagnosis"] is None for r in record["rows"])
+    assert record["slots"] == []
+
+
+def test_stdin_is_a_log(made: dict[str, Path]) -> None:
+    text = made["canary-aliasing.log"].read_text()
+    code, record = json_of("violations", "-", "--dump", str(made["canary-aliasing"]), stdin=text)
+    assert code == 1 and record["sources"][0]["path"] == "-"
+
+
+def test_filters(made: dict[str, Path]) -> None:
+    _, record = json_of("violations", str(made["canary-kv-overwritten"]), "--buffer", "head.k")
+    assert record["rows_total"] == 0
+    _, record = json_of("violations", str(made["canary-kv-overwritten"]), "--buffer", "tail.k")
+    assert record["rows_total"] == 1
+    _, record = json_of("violations", str(made["canary-kv-overwritten"]), "--group", "swa")
+    assert record["rows_total"] == 0 and record["filters"] == {"group": "swa", "buffer": None}
+
+
+def test_clean_dump_exits_0(made: dict[str, Path]) -> None:
+    code, out, err = run("violations", str(made["clean-canary"]), "--replay")
+    assert code == 0, err
+    assert "CLEAN" in out and "no violation_ring" in out
+    code, record = json_of("violations", str(made["clean-canary"]), "--replay")
+    assert code == 0 and len(record["replay"]) == 8
+
+
+def test_replay_without_buffers_notes_it(made: dict[str, Path]) -> None:
+    code, record = json_of("violations", str(made["clean-swa"]), "--replay")
+    assert code == 0 and any("no canary buffers" in n for n in record["notes"])
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_human_views(fmt: str, made: dict[str, Path]) -> None:
+    code, out, _ = run(
+        "violations",
+        str(made["canary-aliasing.log"]),
+        "--dump",
+        str(made["canary-aliasing"]),
+        "--replay",
+        "--format",
+        fmt,
+        "--max-rows",
+        "3",
+    )
+    assert code == 1 and "aliasing" in out and "5 more" in out
+
+
+def test_bad_inputs_are_one_line_exit_2(made: dict[str, Path], tmp_path: Path) -> None:
+    binary = tmp_path / "core"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    cases = [
+        ("violations", str(binary)),
+        ("violations", str(tmp_path / "missing.log")),
+        ("violations", str(tmp_path)),
+        ("violations", str(made["canary-aliasing.log"]), "--replay"),
+        ("violations", str(made["canary-aliasing"]), "--dump", str(made["canary-stale-row"])),
+        (
+            "synth",
+            "use-after-free",
+            "-o",
+            str(tmp_path / "x.safetensors"),
+            "--log",
+            str(tmp_path / "x.log"),
+        ),
+    ]
+    for args in cases:
+        code, out, err = run(*args)
+        assert code == 2, (args, out, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "neither a dump" in run("violations", str(binary))[2]
+
+
+def test_a_broken_dump_source_is_a_dump_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    code, _, err = run("violations", str(broken))
+    assert code == 2 and "broken.safetensors" in err
+
+
+def test_hostile_log_prints_no_control_characters(tmp_path: Path) -> None:
+    row = [2, 17, 5, 1234, -1, -5, 6, 3]
+    message = format_violation(row, total_violations=1, ring_overflow=False, step_when_pumped=1)
+    log = tmp_path / "evil\x1b[2J.log"
+    log.write_text(
+        "\x1b]0;pwned\x07 kv_canary violation: launch_tag=\x1b[31m\n"
+        + "x" * 200_000
+        + "\n"
+        + message
+        + "\n"
+    )
+    for fmt in ("table", "markdown", "json"):
+        code, out, _ = run("violations", str(log), "--format", fmt)
+        assert code == 1 and "\x1b" not in out and "\x07" not in out
+    _, record = json_of("violations", str(log))
+    source = record["sources"][0]
+    assert source["log"]["unparsed"] == 1 and source["log"]["overlong"] == 1
+    assert source["path"].endswith("evil\\x1b[2J.log")
+
+
+def test_the_installed_command_reads_stdin(made: dict[str, Path]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvcanary_cli", "violations", "-", "--format", "json"],
+        input=made["canary-stale-row.log"].read_text(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["rows_total"] == 2
+
+
+def test_outputs_follow_the_output_rules(made: dict[str, Path], tmp_path: Path) -> None:
+    dump, log = made["canary-aliasing"], made["canary-aliasing.log"]
+    report = tmp_path / "rows.json"
+    code, _, err = run(
+        "violations", str(log), "--dump", str(dump), "-o", str(report), "--format", "json"
+    )
+    assert code == 1, err
+    assert json.loads(report.read_text())["rows_total"] == 4
+    # never over an input, never over an existing file without --force
+    before = log.read_bytes()
+    code, _, err = run("violations", str(log), "--dump", str(dump), "-o", str(log))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert log.read_bytes() == before
+    code, _, err = run(
+        "synth", "canary-aliasing", "-o", str(tmp_path / "d.safetensors"), "--log", str(report)
+    )
+    assert code == 2 and "--force" in err, err
+    code, _, err = run(
+        "synth",
+        "canary-aliasing",
+        "-o",
+        str(tmp_path / "e.safetensors"),
+        "--log",
+        str(tmp_path / "e.safetensors"),
+    )
+    assert code == 2 and "--log" in err, err
