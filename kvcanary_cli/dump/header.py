@@ -2,7 +2,8 @@
 
 A dump may be truncated, hand-edited or hostile. Every check here runs on the header alone
 (a bounded read), so a bad file ends in one `CorruptDumpError` line, never in a crash or
-an allocation the size of a lie.
+an allocation the size of a lie. The header's own parse is bounded too: its length is capped,
+and the JSON values in it are counted (a byte scan) before `json.loads` builds any of them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +19,34 @@ from pathlib import Path
 from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE
 from kvcanary_cli.errors import CorruptDumpError, DumpError
 
-__all__ = ["MAX_HEADER_BYTES", "HeaderEntry", "SafetensorsHeader", "read_header"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_HEADER_VALUES",
+    "MAX_METADATA_KEYS",
+    "MAX_RANK",
+    "MAX_TENSORS",
+    "HeaderEntry",
+    "SafetensorsHeader",
+    "read_header",
+]
 
-#: safetensors itself refuses headers above 100 MB; so do we, before reading them.
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: A dump's header is a few KB (about 30 tensors, a few dozen metadata keys); safetensors
+#: allows 100 MB. Longer headers are refused before they are read.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+#: Tensors one header may describe (a dump has about 30).
+MAX_TENSORS = 4096
+#: Keys `__metadata__` may hold (a dump has a few dozen).
+MAX_METADATA_KEYS = 4096
+#: numpy and torch stop at 64 dimensions; more is a hostile header (and a slow product).
+MAX_RANK = 64
+#: JSON values a header may hold, counted before parsing: room for `MAX_TENSORS` entries of
+#: rank 2 (11 values each) and `MAX_METADATA_KEYS` keys (2 each). Bounds what `json.loads`
+#: builds (about 20 MB at most, whatever the header's length).
+MAX_HEADER_VALUES = 1 << 16
 #: No tensor of a real dump comes near this; a larger byte count is an overflow or a lie.
 _MAX_TENSOR_BYTES = 1 << 50
-#: numpy and torch stop at 64 dimensions; more is a hostile header (and a slow product).
-_MAX_RANK = 64
+#: A JSON string (escapes included; unrolled, so linear), or one separator or opening bracket.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[,:\[{]')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,8 +133,26 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
             raw = handle.read(header_len)
     except PermissionError:
         raise DumpError("permission denied", path=_show(str(path), 4096)) from None
+    except OSError as exc:
+        raise DumpError(f"cannot read: {exc.strerror}", path=_show(str(path), 4096)) from None
+    if len(raw) != header_len:  # the file shrank since stat()
+        raise _corrupt(path, "the file shrank while it was being read", hint="read a stable copy")
+    values = _count_values(raw)
+    if values > MAX_HEADER_VALUES:
+        raise _corrupt(
+            path,
+            f"the header holds more than {MAX_HEADER_VALUES} JSON values, far more than a "
+            f"dump's (kvcanary reads at most {MAX_TENSORS} tensors and {MAX_METADATA_KEYS} "
+            "metadata keys)",
+        )
     try:
-        parsed = json.loads(raw.decode("utf-8"))
+        parsed = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as exc:
+        raise _corrupt(
+            path,
+            f"the header names {_show(exc.key)} twice",
+            hint="readers disagree on which one counts; the header is corrupt",
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise _corrupt(path, "not safetensors: the header is not JSON") from None
     except RecursionError:
@@ -122,12 +162,49 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     if not isinstance(parsed, dict):
         raise _corrupt(path, "not safetensors: the header is not a JSON object")
     data_start = 8 + header_len
-    data_size = size - data_start
     metadata = _parse_metadata(path, parsed.pop("__metadata__", None))
+    if len(parsed) > MAX_TENSORS:
+        raise _corrupt(
+            path, f"the header describes {len(parsed)} tensors; a dump has at most {MAX_TENSORS}"
+        )
     entries: dict[str, HeaderEntry] = {}
     for name, entry in parsed.items():
-        entries[name] = _parse_entry(path, name, entry, data_start, data_size)
+        entries[name] = _parse_entry(path, name, entry, data_start, size)
     return SafetensorsHeader(path=path, file_size=size, entries=entries, metadata=metadata)
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """`json.loads` hook: an object, unless a key repeats (JSON keeps the last one silently;
+    safetensors' own parser may keep another, so the two would read different tensors)."""
+    parsed = dict(pairs)
+    if len(parsed) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return parsed
+
+
+def _count_values(raw: bytes) -> int:
+    """An upper bound on the JSON values in `raw` without parsing it (each value but the first
+    needs a separator or an opening bracket), counted up to `MAX_HEADER_VALUES + 1` at most."""
+    rough = sum(raw.count(c) for c in (b",", b":", b"[", b"{")) + 1
+    if rough <= MAX_HEADER_VALUES:  # strings included: an overestimate, and enough
+        return rough
+    count = 1  # again, outside strings only; one match at a time, and not past the limit
+    for match in _JSON_TOKEN.finditer(raw):
+        if match.end() - match.start() == 1:  # a separator or bracket, not a string
+            count += 1
+            if count > MAX_HEADER_VALUES:
+                break
+    return count
 
 
 def _parse_metadata(path: Path, raw: object) -> dict[str, str]:
@@ -137,13 +214,19 @@ def _parse_metadata(path: Path, raw: object) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
     ):
         raise _corrupt(path, "__metadata__ must map strings to strings")
+    if len(raw) > MAX_METADATA_KEYS:
+        raise _corrupt(
+            path,
+            f"__metadata__ holds {len(raw)} keys; a dump has at most {MAX_METADATA_KEYS}",
+        )
     return dict(raw)
 
 
 def _parse_entry(
-    path: Path, name: str, entry: object, data_start: int, data_size: int
+    path: Path, name: str, entry: object, data_start: int, file_size: int
 ) -> HeaderEntry:
     name_shown = _show(name)
+    data_size = file_size - data_start
     if not isinstance(entry, dict):
         raise CorruptDumpError("header entry is not an object", field=name_shown)
     dtype = entry.get("dtype")
@@ -155,9 +238,9 @@ def _parse_entry(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
         raise CorruptDumpError(f"shape {_brief(shape)} is not a list of integers", field=name_shown)
-    if len(shape) > _MAX_RANK:
+    if len(shape) > MAX_RANK:
         raise CorruptDumpError(
-            f"shape has {len(shape)} dimensions, expected at most {_MAX_RANK}", field=name_shown
+            f"shape has {len(shape)} dimensions, expected at most {MAX_RANK}", field=name_shown
         )
     if any(d < 0 for d in shape):
         raise CorruptDumpError(f"shape {_brief(shape)} has a negative dimension", field=name_shown)
@@ -190,6 +273,16 @@ def _parse_entry(
         raise CorruptDumpError(
             f"shape {shape} x {dtype} is {nbytes} bytes but data_offsets span {end - begin}",
             field=name_shown,
+        )
+    # A dimension beside a 0 costs no bytes, so only this bounds it: a reader that walks the
+    # rows of a [2^40, 0] table must not walk 2^40 of them. (A tensor with bytes already has
+    # every dimension below its byte count.)
+    if any(d > file_size for d in shape):
+        raise CorruptDumpError(
+            f"shape {_brief(shape)} holds no data but claims a dimension larger than the "
+            f"whole file ({file_size} bytes)",
+            field=name_shown,
+            hint="the header is corrupt",
         )
     return HeaderEntry(
         name=name, dtype=dtype, shape=tuple(shape), offset=data_start + begin, nbytes=nbytes

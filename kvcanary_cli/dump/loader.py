@@ -1,7 +1,14 @@
 """`load_dump`: open a dump lazily and return a validated, typed `KvDump`.
 
 Big tables (`req_to_token` reaches 2 GB in production) stay memory-mapped: planners gather
-only the rows of the batch. Small per-batch tensors are read eagerly as int64.
+only the rows of the batch. Everything else is read into memory while the file is open:
+per-batch tensors (as int64), LUT, free lists, ring, and tables up to `READ_LIMIT` bytes.
+
+Why read rather than map: a mapped page the file no longer has (another process truncated
+or rewrote it) kills the process with SIGBUS, which Python cannot catch. A read sees the
+shrink as a short read and ends in one error line. So only tables too big to copy are
+mapped, after checking through the open file that it still holds them; such a table can
+still fault if the file shrinks while kvcanary runs (docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from io import BufferedReader
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +43,16 @@ from kvcanary_cli.errors import (
     TensorShapeError,
 )
 
-__all__ = ["GROUPS", "DtypeNote", "KvDump", "Scalar", "TensorInfo", "load_dump"]
+__all__ = ["GROUPS", "READ_LIMIT", "DtypeNote", "KvDump", "Scalar", "TensorInfo", "load_dump"]
 
 GROUPS = ("full", "swa")
+#: Tables (`req_to_token`, the expected-token pool, canary buffers, real-KV sources) up to
+#: this many bytes are read into memory; larger ones are memory-mapped. Other tensors are
+#: always read: kvcanary reads them whole anyway.
+READ_LIMIT = 64 * 1024 * 1024
+#: Tensors kvcanary gathers from sparsely, by row: mapped when larger than `READ_LIMIT`.
+_TABLES = ("req_to_token", "req_to_verify_expected_tokens")
+_TABLE_PREFIXES = ("canary.", "real_kv.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,12 +185,31 @@ class KvDump:
         return {k: self.metadata[k] for k in IDENTITY_KEYS if k in self.metadata}
 
 
-def _read_array(path: Path, entry: HeaderEntry) -> np.ndarray:
-    """Map one tensor copy-on-write (no read until touched; writes never reach the file)."""
+def _shrank(entry: HeaderEntry) -> CorruptDumpError:
+    return CorruptDumpError(
+        f"the file shrank while it was being read: {entry.nbytes} bytes at offset "
+        f"{entry.offset} are gone",
+        field=entry.name,
+        hint="another process truncated or rewrote it; read a stable copy",
+    )
+
+
+def _read_array(handle: BufferedReader, entry: HeaderEntry) -> np.ndarray:
+    """One tensor from the open dump: read into memory, or (a big table) mapped copy-on-write
+    (no read until touched; writes never reach the file)."""
     dtype = np.dtype(INTEGER_DTYPES[entry.dtype])
     if entry.numel == 0:
         return np.zeros(entry.shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
+    table = entry.name in _TABLES or entry.name.startswith(_TABLE_PREFIXES)
+    if table and entry.nbytes > READ_LIMIT:
+        if os.fstat(handle.fileno()).st_size < entry.offset + entry.nbytes:
+            raise _shrank(entry)
+        return np.memmap(handle, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
+    array = np.empty(entry.shape, dtype=dtype)
+    handle.seek(entry.offset)
+    if handle.readinto(array.reshape(-1).view(np.uint8).data) != entry.nbytes:
+        raise _shrank(entry)
+    return array
 
 
 def _check_tensor(entry: HeaderEntry, spec: TensorSpec) -> None:
@@ -197,7 +231,8 @@ def _check_tensor(entry: HeaderEntry, spec: TensorSpec) -> None:
 def _parse_int(key: str, text: str) -> int:
     value = parse_integer(text)
     if value is None:
-        raise MetadataError(f"metadata value {text!r} is not an integer", field=key)
+        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
+        raise MetadataError(f"metadata value {shown} is not an integer", field=key)
     return value
 
 
@@ -213,18 +248,30 @@ def load_dump(
     try:
         header = read_header(path)
         try:
-            with safe_open(str(header.path), framework="pt") as handle:
-                handle.keys()
+            with safe_open(str(header.path), framework="pt") as parsed:
+                parsed.keys()
         except Exception as exc:  # the Rust parser's verdict, on a header we already bounded
             raise CorruptDumpError(f"safetensors refuses the file: {exc}") from None
-        return _build(header, dict(overrides or {}))
+        try:
+            handle = header.path.open("rb")
+        except OSError as exc:
+            raise DumpError(f"cannot read: {exc.strerror}") from None
+        with handle:
+            if os.fstat(handle.fileno()).st_size < header.file_size:
+                raise CorruptDumpError(
+                    "the file shrank while it was being read",
+                    hint="another process truncated or rewrote it; read a stable copy",
+                )
+            return _build(header, handle, dict(overrides or {}))
     except DumpError as exc:
         if exc.path is None:
             exc.path = str(path)
         raise
 
 
-def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) -> KvDump:
+def _build(
+    header: SafetensorsHeader, handle: BufferedReader, overrides: dict[str, int | str | None]
+) -> KvDump:
     # First: a newer format may legitimately break every other rule below.
     version = header.metadata.get("kvcanary.format")
     if version is not None and version.strip() != FORMAT_VERSION:
@@ -245,7 +292,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         role = spec.role if spec else None
         if spec is None and name in SCALARS:
             role = "scalar"
-            scalar_tensors[name] = _scalar_tensor(header.path, entry)
+            scalar_tensors[name] = _scalar_tensor(handle, entry)
         infos[name] = TensorInfo(
             name=name, dtype=entry.dtype, shape=entry.shape, nbytes=entry.nbytes, role=role
         )
@@ -256,7 +303,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         _check_tensor(entry, spec)
         if entry.dtype != spec.canonical:
             dtype_notes.append(DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical))
-        arrays[name] = _read_array(header.path, entry)
+        arrays[name] = _read_array(handle, entry)
         if name.startswith("canary."):
             canary[name] = torch.from_numpy(arrays[name])
         elif name.startswith("real_kv."):
@@ -326,7 +373,7 @@ def _require(tensor: torch.Tensor | None) -> torch.Tensor:
     return tensor
 
 
-def _scalar_tensor(path: Path, entry: HeaderEntry) -> int:
+def _scalar_tensor(handle: BufferedReader, entry: HeaderEntry) -> int:
     if entry.dtype not in INTEGER_DTYPES:
         raise TensorDtypeError(
             f"scalar stored as {dtype_label(entry.dtype)}, expected an integer dtype",
@@ -336,7 +383,7 @@ def _scalar_tensor(path: Path, entry: HeaderEntry) -> int:
         raise MetadataError(
             f"scalar tensor has shape {list(entry.shape)}, expected [] or [1]", field=entry.name
         )
-    return int(np.asarray(_read_array(path, entry)).reshape(-1)[0])
+    return int(np.asarray(_read_array(handle, entry)).reshape(-1)[0])
 
 
 def _resolve_scalars(

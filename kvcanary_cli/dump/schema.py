@@ -20,6 +20,7 @@ __all__ = [
     "LAUNCHER_FUNCTION",
     "LAUNCHER_MODULE",
     "LAUNCHER_OUTPUTS",
+    "MAX_INTEGER_DIGITS",
     "REAL_KV_TENSOR_PATTERN",
     "SCALARS",
     "TENSORS",
@@ -69,11 +70,15 @@ INTEGER_DTYPES: dict[str, str] = {
     "U64": "<u8",
 }
 
-_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+#: Digits a metadata integer may have: int64 needs 19; ten times that is text, not a number
+#: (and `int()` of a long digit string costs quadratic time, or raises past 4300 digits).
+MAX_INTEGER_DIGITS = 200
+_INTEGER_TEXT = re.compile(rf"-?[0-9]{{1,{MAX_INTEGER_DIGITS}}}")
 
 
 def parse_integer(text: str) -> int | None:
-    """A metadata integer: optional minus sign and ASCII digits, nothing else (None if not).
+    """A metadata integer: optional minus sign and ASCII digits (at most
+    `MAX_INTEGER_DIGITS`), nothing else (None if not).
 
     Stricter than `int()`, which also takes "1_0", "+5" and non-ASCII digits.
     """
