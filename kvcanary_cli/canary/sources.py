@@ -13,12 +13,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from kvcanary_cli.canary.logs import printable
+from kvcanary_cli.dump.header import MAX_HEADER_BYTES
 from kvcanary_cli.errors import PathError
 
 __all__ = ["SourceKind", "source_kind"]
-
-#: header lengths above this are not safetensors (the dump reader has the same ceiling).
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 class SourceKind(StrEnum):
@@ -47,6 +45,6 @@ def source_kind(path: str) -> SourceKind:
         raise PathError(f"cannot be read: {exc.strerror}", path=printable(path)) from None
     if len(head) == 9 and head[8:9] == b"{":
         length = int.from_bytes(head[:8], "little")
-        if 2 <= length <= min(_MAX_HEADER, size - 8):
+        if 2 <= length <= min(MAX_HEADER_BYTES, size - 8):  # the dump reader's ceiling
             return SourceKind.DUMP
     return SourceKind.LOG
