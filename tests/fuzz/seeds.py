@@ -1,0 +1,39 @@
+"""The valid dumps the corpus mutates: small `synth` scenarios covering every tensor family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvcanary_cli.dump.scenarios import make_scenario
+from tests.fuzz.mutants import Seed
+
+__all__ = ["SEED_SCENARIOS", "load_seeds", "write_seeds"]
+
+#: seed name -> synth scenario (tiny): SWA with free lists and writes; canary buffers, a
+#: violation ring and an expected-token pool; an EAGLE draft pool; everything at once (LUT,
+#: K and V canary buffers of both groups, real-KV sources, expected tokens).
+SEED_SCENARIOS = {
+    "swa": "clean-swa",
+    "canary": "canary-aliasing",
+    "eagle": "clean-eagle-draft",
+    "full": "clean-canary",
+}
+
+
+def write_seeds(directory: Path) -> dict[str, Path]:
+    """Write every seed dump into `directory`; return their paths by seed name."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, scenario in SEED_SCENARIOS.items():
+        paths[name] = make_scenario(scenario, seed=0, size="tiny").save(
+            directory / f"{name}.safetensors"
+        )
+    return paths
+
+
+def load_seeds(directory: Path) -> list[Seed]:
+    """The seeds written by `write_seeds`, parsed, in `SEED_SCENARIOS` order."""
+    return [
+        Seed.parse(name, (directory / f"{name}.safetensors").read_bytes())
+        for name in SEED_SCENARIOS
+    ]

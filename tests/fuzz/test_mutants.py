@@ -1,0 +1,453 @@
+"""Mutation tests: every mutant of the corpus, through every command, keeps the contract.
+
+The corpus (`tests/fuzz/mutants.py`, about 2,500 mutants of four small `synth` dumps) runs in
+guarded worker processes (`tests/fuzz/runner.py`): an address-space cap 2 GiB above the
+worker's own, and a minute per mutant. Those are guards, not speed checks: a clean run of a
+mutant takes milliseconds, and a run that does work by a number the file claims breaks them
+loudly, naming the mutant. A smaller sample runs through real `kvcanary` processes, where a
+signal (SIGBUS, SIGSEGV) would show as such.
+
+Mutant classes that still break the contract in the analysis layer are listed in
+`ANALYSIS_FIXES`: they run apart, each marked xfail(strict) -- delete a class's entry once
+its fix is merged, and it joins the corpus (a crowded dump keeps its own test, unmarked).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fuzz.mutants import FAMILIES, Seed, corpus
+from tests.fuzz.runner import (
+    COMMANDS,
+    CROWDED_COMMANDS,
+    MEMORY_HEADROOM,
+    MUTANT_TIMEOUT,
+    address_space,
+    command_for,
+    judge,
+    planned,
+    read_results,
+)
+from tests.fuzz.seeds import load_seeds, write_seeds
+
+ROOT = Path(__file__).resolve().parents[2]
+_REASON = "issue 11: fixed in analysis"
+
+#: Mutant classes the analysis layer still fails (issue 11), and how, on this branch:
+ANALYSIS_FIXES: dict[str, str] = {
+    # repeat_interleave materializes a claimed extend length: allocation failure, exit 3.
+    "length.extend_seq_lens.large": "exit 3 (MemoryError / can't allocate)",
+    # 2^29..2^40 prefix lengths: PlanTooLargeError, exit 2 instead of findings.
+    "length.prefix_lens.large": "exit 2 'the batch asks for N verify entries, more than ...'",
+    # beyond 2^40 (or below -2^40): dump/validate.py MAX_LENGTH, exit 2 instead of findings.
+    "length.prefix_lens.absurd": "exit 2 'beyond any real sequence length (> 2^40)'",
+    "length.extend_seq_lens.absurd": "exit 2 'beyond any real sequence length (> 2^40)'",
+    # scalars beyond int32 (swa window 10^22 or 2^63, token offset +-10^22...): exit 3,
+    # OverflowError or "repeats can not be negative".
+    "data.scalar.big": "exit 3 (OverflowError, 'repeats can not be negative')",
+    # scalars below the format's minimum (page_size 0, verify_capacity -1...): exit 2 instead
+    # of findings.
+    "data.scalar.below-minimum": "exit 2 'is -1, must be >= 0'",
+    # one slot at different positions of 2048 rows: a per-slot Python loop (guard: time).
+    "crowded.shared-slots": "breaks the time guard (per-slot loop in findings)",
+    # one slot at 4000 positions of one row: every finding carries the whole position list.
+    "crowded.duplicate-row": "breaks the memory guard (quadratic position lists)",
+    # 20,000 ring rows over 8 finding slots: every finding's provenance decodes the ring.
+    "crowded.ring": "breaks the time and memory guards (ring rows per finding)",
+}
+
+#: Seconds one crowded mutant (a file under 200 KB) may take: a clean run takes well under one.
+CROWDED_TIMEOUT = 10
+#: Mutants per CI run that the corpus must reach (issue 11).
+MINIMUM_MUTANTS = 2000
+
+
+@dataclass(frozen=True)
+class WorkerRun:
+    """One guarded worker's results and how it ended."""
+
+    family: str
+    results: list[dict[str, Any]]
+    pending: str | None
+    timed_out: bool
+    returncode: int
+    stderr: str
+
+    def breaches(self) -> list[str]:
+        """One line per mutant that broke the contract, and one if the worker did."""
+        lines = [
+            f"{r['id']} [{r['kind']}] {r['detail']}: {' '.join(r['command'])} -> exit "
+            f"{r['exit']} in {r['seconds']} s: {'; '.join(r['problems'])}: {r['stderr'][:200]!r}"
+            for r in self.results
+            if r["problems"]
+        ]
+        if self.returncode != 0:
+            if self.timed_out:
+                how = "broke the time guard"
+            elif self.returncode < 0:
+                how = f"was killed by {signal.Signals(-self.returncode).name}"
+            else:
+                how = f"ended with exit {self.returncode}: {self.stderr[-800:]}"
+            lines.append(f"the worker {how} while running {self.pending}")
+        return lines
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # CPU only (the Triton interpreter), as in CI: the guards cap the address space, which a
+    # CUDA context would reserve by the gigabyte.
+    env.update(OMP_NUM_THREADS="1", NO_COLOR="1", PYTHONFAULTHANDLER="", CUDA_VISIBLE_DEVICES="")
+    env.pop("KVCANARY_DEBUG", None)
+    return env
+
+
+def run_worker(
+    seeds_dir: Path,
+    family: str,
+    out: Path,
+    *,
+    kinds: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    timeout: float = MUTANT_TIMEOUT,
+    headroom: int | None = None,
+) -> WorkerRun:
+    """Run one family's mutants in a guarded worker process (see tests/fuzz/runner.py)."""
+    command = [
+        sys.executable,
+        "-m",
+        "tests.fuzz.runner",
+        f"--family={family}",
+        f"--seeds={seeds_dir}",
+        f"--out={out}",
+        f"--timeout={timeout}",
+        f"--exclude={','.join(exclude)}",
+    ]
+    if kinds:
+        command.append(f"--kinds={','.join(kinds)}")
+    if headroom is not None:
+        command.append(f"--headroom={headroom}")
+    done = subprocess.run(
+        command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900, check=False
+    )
+    results, pending, timed_out = read_results(out) if out.exists() else ([], None, False)
+    return WorkerRun(family, results, pending, timed_out, done.returncode, done.stderr)
+
+
+@pytest.fixture(scope="module")
+def seeds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("seeds")
+    write_seeds(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def seeds(seeds_dir: Path) -> list[Seed]:
+    return load_seeds(seeds_dir)
+
+
+@pytest.fixture(scope="module")
+def corpus_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
+    """Every family of the corpus, known analysis failures left out; two workers at a time."""
+    folder = tmp_path_factory.mktemp("corpus")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = pool.map(
+            lambda family: run_worker(
+                seeds_dir, family, folder / f"{family}.jsonl", exclude=list(ANALYSIS_FIXES)
+            ),
+            # the longest first, so that the two workers finish together
+            ("header", "data", "truncation", "length"),
+        )
+        return {run.family: run for run in runs}
+
+
+# --- the corpus ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_mutant_keeps_the_contract(family: str, corpus_runs: dict[str, WorkerRun]) -> None:
+    run = corpus_runs[family]
+    breaches = run.breaches()
+    assert not breaches, f"{len(breaches)} breaches:\n" + "\n".join(breaches[:40])
+    assert run.results, "the worker ran no mutant"
+
+
+def test_the_corpus_is_big_and_covers_every_command(corpus_runs: dict[str, WorkerRun]) -> None:
+    total = sum(len(run.results) for run in corpus_runs.values())
+    assert total >= MINIMUM_MUTANTS, total
+    names = {" ".join(c[0:1] + c[2:]) for c in COMMANDS}
+    for family, run in corpus_runs.items():
+        used = Counter(" ".join(r["command"][1:2] + r["command"][3:]) for r in run.results)
+        seen = {name for name in names if any(_same_command(name, u) for u in used)}
+        assert seen == names, (family, sorted(names - seen))
+        exits = Counter(r["exit"] for r in run.results)
+        if family in ("data", "length"):  # values: the analysis runs (findings, or none)
+            assert exits[0] + exits[1] > 9 * exits[2], (family, exits)
+        else:  # the file: mostly refused, some still readable
+            assert exits[2] > exits[0] + exits[1], (family, exits)
+
+
+def _same_command(template: str, used: str) -> bool:
+    """`provenance --slot {slot}` matches `provenance --slot 41` (and so on)."""
+    a, b = template.split(), used.split()
+    return len(a) == len(b) and all(x == y or x.startswith("{") for x, y in zip(a, b, strict=True))
+
+
+def test_the_corpus_is_deterministic(seeds: list[Seed]) -> None:
+    # Workers regenerate the corpus: ids must name the same mutants in every process.
+    for family in FAMILIES:
+        first = [(m.kind, m.detail, m.blob) for m in itertools.islice(corpus(seeds, family), 200)]
+        again = [(m.kind, m.detail, m.blob) for m in itertools.islice(corpus(seeds, family), 200)]
+        assert first == again
+    ids = [mutant_id for family in FAMILIES for mutant_id, *_ in planned(seeds, family)]
+    assert len(ids) == len(set(ids))
+
+
+def test_known_classes_exist(seeds: list[Seed]) -> None:
+    # An entry of ANALYSIS_FIXES that matches no mutant would silently test nothing.
+    kinds = {m.kind for family in (*FAMILIES, "crowded") for m in corpus(seeds, family)}
+    assert set(ANALYSIS_FIXES) <= kinds, set(ANALYSIS_FIXES) - kinds
+    for family in FAMILIES:  # each family several classes of damage
+        assert len({k for k in kinds if k.startswith(family + ".")}) >= 4, family
+    assert set(CROWDED_COMMANDS) == {k for k in kinds if k.startswith("crowded.")}
+
+
+# --- classes still fixed elsewhere, and crowded dumps -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def apart_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
+    """Each class of `ANALYSIS_FIXES` and each crowded dump in its own worker (a class that
+    breaks a guard stops only its own), two workers at a time."""
+    folder = tmp_path_factory.mktemp("apart")
+
+    def run(kind: str) -> WorkerRun:
+        family = kind.split(".")[0]
+        timeout = CROWDED_TIMEOUT if family == "crowded" else MUTANT_TIMEOUT
+        return run_worker(
+            seeds_dir, family, folder / f"{kind}.jsonl", kinds=[kind], timeout=timeout
+        )
+
+    kinds = sorted(set(ANALYSIS_FIXES) | set(CROWDED_COMMANDS))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(kinds, pool.map(run, kinds), strict=True))
+
+
+def _kind_params(kinds: Sequence[str]) -> Iterator[Any]:
+    for kind in kinds:
+        marks = [pytest.mark.xfail(strict=True, reason=_REASON)] if kind in ANALYSIS_FIXES else []
+        yield pytest.param(kind, marks=marks, id=kind)
+
+
+@pytest.mark.parametrize(
+    "kind", list(_kind_params([k for k in ANALYSIS_FIXES if not k.startswith("crowded.")]))
+)
+def test_analysis_fix_class(kind: str, apart_runs: dict[str, WorkerRun]) -> None:
+    """A class of `ANALYSIS_FIXES` on its own, under the corpus's guards."""
+    run = apart_runs[kind]
+    breaches = run.breaches()
+    assert not breaches, f"{len(breaches)} breaches:\n" + "\n".join(breaches[:20])
+    assert run.results
+
+
+@pytest.mark.parametrize("kind", list(_kind_params(sorted(CROWDED_COMMANDS))))
+def test_crowded_dump_stays_bounded(kind: str, apart_runs: dict[str, WorkerRun]) -> None:
+    """Small valid files with many far-reaching findings, each through the command their
+    findings make expensive, under the memory guard and a time guard for a small file."""
+    run = apart_runs[kind]
+    breaches = run.breaches()
+    assert not breaches, "\n".join(breaches)
+    assert [r["exit"] for r in run.results] == [1]
+
+
+#: int64 `req_to_token` (an accepted dtype) with slots past 2^31, in a pool that large (so
+#: every slot is valid): the error findings `check` must report. Packed keys mix such slots up
+#: today: `row * 2^40 + slot` makes two different slots one (a false duplicate-slot-in-row),
+#: `slot << 32` overflows and hides one slot at two positions (exit 0).
+WIDE_SLOTS: dict[str, tuple[dict[tuple[int, int], int], set[str]]] = {
+    "slots-2^40-apart-in-two-rows": ({(1, 0): 2**40 + 7, (2, 1): 7}, set()),
+    "one-slot-at-two-positions": (
+        {(1, 0): 2**33 + 5, (2, 2): 2**33 + 5},
+        {"slot-shared-across-positions"},
+    ),
+}
+
+
+@pytest.mark.xfail(strict=True, reason=_REASON)
+@pytest.mark.parametrize("case", sorted(WIDE_SLOTS))
+def test_int64_slots_keep_their_identity(case: str, tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+
+    from kvcanary_cli import api
+    from kvcanary_cli.analysis.model import Severity
+    from kvcanary_cli.dump.writer import save_dump
+
+    cells, expected = WIDE_SLOTS[case]
+    table = np.zeros((3, 4), dtype=np.int64)
+    table[1], table[2] = [1, 2, 3, 4], [11, 12, 13, 14]
+    for (row, pos), slot in cells.items():
+        table[row, pos] = slot
+    path = save_dump(
+        tmp_path / "wide.safetensors",
+        req_to_token=torch.from_numpy(table),
+        req_pool_indices=torch.tensor([1, 2]),
+        prefix_lens=torch.tensor([4, 4]),
+        extend_seq_lens=torch.tensor([0, 0]),
+        metadata={"num_full_slots": 2**41},
+    )
+    report = api.check(path, kernel="torch").dumps[0]
+    errors = {f.code.value for f in report.findings if f.severity is Severity.ERROR}
+    assert errors == expected
+
+
+# --- real processes -----------------------------------------------------------------------
+
+#: (family, kind) of the mutants that also run through a real `kvcanary` process: the first
+#: mutant of each, with its turn of the commands.
+REAL_PROCESS_KINDS = (
+    ("header", "header.length-field"),
+    ("header", "header.many-tensors"),
+    ("header", "header.empty-claimed-huge"),
+    ("data", "data.req_to_token.shared"),
+    ("length", "length.valid_lens.large"),
+    ("truncation", "truncation.tensor-boundary"),
+)
+
+
+def _real_cases(seeds: list[Seed]) -> list[tuple[str, int, Seed, bytes, str]]:
+    cases = []
+    for family, kind in REAL_PROCESS_KINDS:
+        for mutant_id, number, seed, mutant in planned(seeds, family):
+            if mutant.kind == kind:
+                cases.append((mutant_id, number, seed, mutant.blob, family))
+                break
+    return cases
+
+
+def test_real_processes_keep_the_contract(seeds: list[Seed], tmp_path: Path) -> None:
+    import resource
+
+    # The workers' memory guard, for whole processes: this process (torch imported) plus the
+    # headroom bounds what a `kvcanary` process may reserve.
+    ceiling = (address_space() or 0) + MEMORY_HEADROOM
+
+    def limited() -> None:
+        if ceiling > MEMORY_HEADROOM:
+            resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
+
+    def run(case: tuple[str, int, Seed, bytes, str]) -> str | None:
+        mutant_id, number, seed, blob, family = case
+        dump = tmp_path / f"{mutant_id.replace('/', '-')}.safetensors"
+        dump.write_bytes(blob)
+        args = command_for(number, seed, dump, tmp_path / f"{dump.name}.out")
+        done = subprocess.run(
+            [sys.executable, "-m", "kvcanary_cli", *args],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            preexec_fn=limited,
+        )
+        if done.returncode < 0:
+            return f"{mutant_id}: killed by {signal.Signals(-done.returncode).name}"
+        problems = judge(
+            done.returncode,
+            done.stdout,
+            done.stderr,
+            None,
+            changed=dump.read_bytes() != blob,
+            values_only=False,
+            seed_exit=None,
+        )
+        return f"{mutant_id}: {args}: {problems}: {done.stderr[:300]!r}" if problems else None
+
+    cases = _real_cases(seeds)
+    assert len(cases) == len(REAL_PROCESS_KINDS)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failures = [f for f in pool.map(run, cases) if f is not None]
+    assert not failures, "\n".join(failures)
+
+
+# --- the judge itself ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stderr", "exception", "changed", "values_only", "seed_exit", "expected"),
+    [
+        (0, "", None, False, False, None, []),
+        (2, "error: x: bad\n", SystemExit(2), False, False, None, []),
+        (3, "internal error: boom\n", SystemExit(3), False, False, None, ["exit 3"]),
+        (2, "error: a\nerror: b\n", SystemExit(2), False, False, None, ["one 'error:' line"]),
+        (2, "oops\n", SystemExit(2), False, False, None, ["one 'error:' line"]),
+        (1, "", ValueError("x"), False, False, None, ["raised ValueError"]),
+        (0, "Traceback (most recent call last):", None, False, False, None, ["traceback"]),
+        (0, "", None, True, False, None, ["input file changed"]),
+        (2, "error: x\n", SystemExit(2), False, True, 0, ["corrupt values"]),
+        (2, "error: x\n", SystemExit(2), False, True, 2, []),
+        (-7, "", None, False, False, None, ["exit -7"]),
+    ],
+)
+def test_judge_catches_each_breach(
+    exit_code: int,
+    stderr: str,
+    exception: BaseException | None,
+    changed: bool,
+    values_only: bool,
+    seed_exit: int | None,
+    expected: list[str],
+) -> None:
+    problems = judge(
+        exit_code,
+        "",
+        stderr,
+        exception,
+        changed=changed,
+        values_only=values_only,
+        seed_exit=seed_exit,
+    )
+    assert len(problems) == len(expected), problems
+    for problem, needle in zip(problems, expected, strict=True):
+        assert needle in problem
+
+
+def test_the_time_guard_stops_a_worker(seeds_dir: Path, tmp_path: Path) -> None:
+    # The guards must fire: no mutant runs in a tenth of a millisecond.
+    run = run_worker(
+        seeds_dir, "truncation", tmp_path / "run.jsonl", kinds=["truncation.header"], timeout=1e-4
+    )
+    assert run.timed_out and run.pending == "truncation/swa/0000", run
+    assert run.breaches() == ["the worker broke the time guard while running truncation/swa/0000"]
+
+
+def test_the_memory_guard_stops_a_mutant(seeds_dir: Path, tmp_path: Path) -> None:
+    # No address space to spare: the first command that allocates fails, and says so.
+    run = run_worker(seeds_dir, "data", tmp_path / "run.jsonl", kinds=["data.lut"], headroom=0)
+    assert run.breaches(), run
+
+
+def test_results_file_records_every_mutant(tmp_path: Path) -> None:
+    lines = [
+        {"start": "a"},
+        {"id": "a", "kind": "k", "problems": []},
+        {"start": "b"},
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results, pending, timed_out = read_results(path)
+    assert [r["id"] for r in results] == ["a"] and pending == "b" and not timed_out
