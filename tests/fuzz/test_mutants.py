@@ -5,7 +5,8 @@ guarded worker processes (`tests/fuzz/runner.py`): an address-space cap 2 GiB ab
 worker's own, and a minute per mutant. Those are guards, not speed checks: a clean run of a
 mutant takes milliseconds, and a run that does work by a number the file claims breaks them
 loudly, naming the mutant. A smaller sample runs through real `kvcanary` processes, where a
-signal (SIGBUS, SIGSEGV) would show as such.
+signal (SIGBUS, SIGSEGV) would show as such. Everything that starts a process is marked
+`slow` (still part of `python -m pytest`; the fast lane `-m "not slow"` leaves it out).
 
 Mutant classes that still break the contract in the analysis layer are listed in
 `ANALYSIS_FIXES`: they run apart, each marked xfail(strict) -- delete a class's entry once
@@ -177,6 +178,7 @@ def corpus_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 # --- the corpus ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_mutant_keeps_the_contract(family: str, corpus_runs: dict[str, WorkerRun]) -> None:
     run = corpus_runs[family]
@@ -185,6 +187,7 @@ def test_every_mutant_keeps_the_contract(family: str, corpus_runs: dict[str, Wor
     assert run.results, "the worker ran no mutant"
 
 
+@pytest.mark.slow
 def test_the_corpus_is_big_and_covers_every_command(corpus_runs: dict[str, WorkerRun]) -> None:
     total = sum(len(run.results) for run in corpus_runs.values())
     assert total >= MINIMUM_MUTANTS, total
@@ -252,6 +255,7 @@ def _kind_params(kinds: Sequence[str]) -> Iterator[Any]:
         yield pytest.param(kind, marks=marks, id=kind)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind", list(_kind_params([k for k in ANALYSIS_FIXES if not k.startswith("crowded.")]))
 )
@@ -263,6 +267,7 @@ def test_analysis_fix_class(kind: str, apart_runs: dict[str, WorkerRun]) -> None
     assert run.results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(_kind_params(sorted(CROWDED_COMMANDS))))
 def test_crowded_dump_stays_bounded(kind: str, apart_runs: dict[str, WorkerRun]) -> None:
     """Small valid files with many far-reaching findings, each through the command their
@@ -338,6 +343,7 @@ def _real_cases(seeds: list[Seed]) -> list[tuple[str, int, Seed, bytes, str]]:
     return cases
 
 
+@pytest.mark.slow
 def test_real_processes_keep_the_contract(seeds: list[Seed], tmp_path: Path) -> None:
     import resource
 
@@ -426,6 +432,7 @@ def test_judge_catches_each_breach(
         assert needle in problem
 
 
+@pytest.mark.slow
 def test_the_time_guard_stops_a_worker(seeds_dir: Path, tmp_path: Path) -> None:
     # The guards must fire: no mutant runs in a tenth of a millisecond.
     run = run_worker(
@@ -435,6 +442,7 @@ def test_the_time_guard_stops_a_worker(seeds_dir: Path, tmp_path: Path) -> None:
     assert run.breaches() == ["the worker broke the time guard while running truncation/swa/0000"]
 
 
+@pytest.mark.slow
 def test_the_memory_guard_stops_a_mutant(seeds_dir: Path, tmp_path: Path) -> None:
     # No address space to spare: the first command that allocates fails, and says so.
     run = run_worker(seeds_dir, "data", tmp_path / "run.jsonl", kinds=["data.lut"], headroom=0)
