@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 
 from kvcanary_cli.analysis.model import CheckReport, Severity
 from kvcanary_cli.dump.schema import SCALARS
-from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.errors import KvcanaryError, OptionError
 from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
 
@@ -156,6 +156,8 @@ def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
                     spec.option,
                     rich_help_panel="Scalar overrides",
                     help=f"Override {spec.name}: {spec.meaning} (default: {spec.default}).",
+                    min=spec.minimum,
+                    max=spec.maximum,
                 ),
             ],
         )
@@ -224,17 +226,31 @@ FindingRowsOpt = Annotated[
 ]
 JobsOpt = Annotated[
     int | None,
-    typer.Option("--jobs", "-j", min=1, help="Processes for several dumps (default: the cores)."),
+    typer.Option(
+        "--jobs",
+        "-j",
+        min=1,
+        help="Processes for several dumps (default: the cores; never more than the cores, the "
+        "dumps, or what the available memory holds).",
+    ),
 ]
 SlotOpt = Annotated[
     int | None,
-    typer.Option("--slot", "-s", help="Slot to trace: every req_to_token cell holding it."),
+    typer.Option(
+        "--slot",
+        "-s",
+        min=-(1 << 63),
+        max=(1 << 63) - 1,
+        help="Slot to trace: every req_to_token cell holding it.",
+    ),
 ]
 RowOpt = Annotated[
     int | None,
     typer.Option(
         "--row",
         "-r",
+        min=0,
+        max=(1 << 63) - 1,
         help="Pool row to map instead: live prefix, window, pending writes, stale "
         "tail, bad cells marked.",
     ),
@@ -252,9 +268,12 @@ def parse_positions(text: str | None) -> tuple[int, int] | None:
     try:
         if not sep:
             raise ValueError
-        return (int(start) if start else 0, int(end) if end else 1 << 62)
+        span = (int(start) if start else 0, int(end) if end else 1 << 62)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not START:END (e.g. 3000:4000)") from None
+    if not all(0 <= v < 1 << 63 for v in span):
+        raise OptionError(f"{text!r}: positions must be in [0, 2^63)", option="--positions")
+    return span
 
 
 PositionsOpt = Annotated[
@@ -318,7 +337,7 @@ ScenarioArg = Annotated[
     typer.Argument(help="Scenario name (see --list).", show_default=False, metavar="SCENARIO"),
 ]
 SynthOutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Dump file to write.")]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Random seed.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=(1 << 63) - 1, help="Random seed.")]
 SizeOpt = Annotated[
     str,
     typer.Option(

@@ -75,9 +75,10 @@ def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
 def live_cells(dump: KvDump) -> LiveCells:
     """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row)."""
     rpi = dump.req_pool_indices
-    prefix = dump.prefix_lens.clamp(min=0)
-    extend = dump.extend_seq_lens.clamp(min=0)
     msl = dump.max_seq_len
+    # Each clamped to the row first: claimed lengths never size the gather (nor overflow).
+    prefix = dump.prefix_lens.clamp(min=0, max=msl)
+    extend = dump.extend_seq_lens.clamp(min=0, max=msl)
     first = torch.zeros_like(rpi, dtype=torch.bool)
     if rpi.numel():
         _, inverse = torch.unique(rpi, return_inverse=True)
@@ -130,10 +131,14 @@ def live_ends(dump: KvDump) -> np.ndarray:
     """Per pool row, one past its last live position (`P + E` of the batch row using it,
     the largest if several do, clamped to the row); 0 for rows not in the batch."""
     rpi = dump.req_pool_indices.numpy()
-    ends = np.zeros(max(dump.max_reqs, 1), dtype=np.int64)
-    active = (rpi > 0) & (rpi < dump.max_reqs)
-    live = np.maximum(dump.prefix_lens.numpy(), 0) + np.maximum(dump.extend_seq_lens.numpy(), 0)
-    np.maximum.at(ends, rpi[active], np.minimum(live[active], dump.max_seq_len))
+    msl = dump.max_seq_len
+    # Sized by the rows the file really holds: a [2^50, 0] table claims rows it has no bytes for.
+    ends = np.zeros(dump.max_reqs if msl else 1, dtype=np.int64)
+    active = (rpi > 0) & (rpi < ends.size)
+    # each clamped to the row first, so no claimed length overflows the sum
+    prefix = np.clip(dump.prefix_lens.numpy(), 0, msl)
+    extend = np.clip(dump.extend_seq_lens.numpy(), 0, msl)
+    np.maximum.at(ends, rpi[active], np.minimum(prefix[active] + extend[active], msl))
     return ends
 
 
@@ -165,7 +170,8 @@ class ProvenanceIndex:
         in_batch = np.zeros(ends.size, dtype=bool)
         in_batch[list(r for r in self._batch_rows if 0 <= r < ends.size)] = True
         target = torch.from_numpy(wanted)
-        for r0 in range(0, self.dump.max_reqs, step):
+        table_rows = self.dump.max_reqs if table.numel() else 0  # no bytes, nothing to scan
+        for r0 in range(0, table_rows, step):
             chunk = table[r0 : r0 + step]
             hits = torch.isin(chunk.to(_I64), target).nonzero().numpy()
             if hits.shape[0] == 0:

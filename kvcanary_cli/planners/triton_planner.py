@@ -27,7 +27,13 @@ from kvcanary_cli.planners.base import (
     Semantics,
     VerifyEntries,
 )
-from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, failed_plan, group_frame
+from kvcanary_cli.planners.frame import (
+    GroupFrame,
+    assemble_plan,
+    failed_plan,
+    group_frame,
+    skipped_plan,
+)
 from kvcanary_cli.planners.rows import row_problems
 
 __all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]
@@ -107,6 +113,11 @@ class TritonPlanner:
         frame = group_frame(dump, group)
         if frame.launch is not None:
             return failed_plan(frame, backend=self.name)
+        if frame.unplannable:
+            row_level = row_problems(dump, frame, gpu=True)
+            return skipped_plan(
+                frame, backend=self.name, semantics=self.semantics, problems=row_level
+            )
         kernels = triton_runtime.load_kernels()
         device = triton_runtime.device()
         inputs = self._inputs(dump, frame.lut, device)
@@ -146,7 +157,6 @@ class TritonPlanner:
             num_warps=_warps(block_bs),
         )
         total, num_valid, enable = (int(v) for v in totals.cpu())
-        frame.check_materializable()
         columns = self._entries(
             kernels, dump, frame, inputs, verify_offsets, total if enable else 0, block_bs
         )

@@ -24,7 +24,13 @@ from kvcanary_cli.planners.base import (
     Undefined,
     VerifyEntries,
 )
-from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, failed_plan, group_frame
+from kvcanary_cli.planners.frame import (
+    GroupFrame,
+    assemble_plan,
+    failed_plan,
+    group_frame,
+    skipped_plan,
+)
 from kvcanary_cli.planners.rows import python_rows_resolve, row_problems
 
 __all__ = ["TorchPlanner"]
@@ -110,7 +116,11 @@ class TorchPlanner:
         frame = group_frame(dump, group)
         if gpu and frame.launch is not None:
             return failed_plan(frame, backend=self.name)
-        frame.check_materializable()
+        if frame.unplannable:
+            row_level = row_problems(dump, frame, gpu=gpu)
+            return skipped_plan(
+                frame, backend=self.name, semantics=self.semantics, problems=row_level
+            )
         reader = _Reader(dump, gpu)
         translate = _Translator(frame.lut, gpu)
         problems = [row_problems(dump, frame, gpu=gpu)]

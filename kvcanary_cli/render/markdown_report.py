@@ -22,6 +22,7 @@ from kvcanary_cli.render.records import (
     differences_lines,
     failing_phrase,
     plural,
+    position_text,
     row_lines,
     row_notices,
 )
@@ -146,7 +147,8 @@ def _where(f: Record) -> str:
     if f["pool_row"] is not None:
         bits.append(f"pool row {f['pool_row']}")
     if f["position"] is not None:
-        bits.append(f"position {f['position']}")
+        plural_s = "s" if f.get("cells", 1) > 1 else ""
+        bits.append(f"position{plural_s} {position_text(f)}")
     if f["role"]:
         bits.append(str(f["role"]))
     return ", ".join(bits) or f"group {f['group']}"
@@ -203,7 +205,7 @@ def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
                             _text(f["space"]),
                             _text(f["batch_row"]),
                             _text(f["pool_row"]),
-                            _text(f["position"]),
+                            _text(position_text(f)),
                             _text(f["role"]),
                             _message_cell(f),
                         ]
