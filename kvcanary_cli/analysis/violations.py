@@ -31,7 +31,7 @@ from kvcanary_cli.analysis.violation_report import (
     ViolationsReport,
 )
 from kvcanary_cli.canary.constants import BUFFERS, LaunchTag
-from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS, LogScan, printable, scan_log_path
+from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS, LogScan, scan_log_path
 from kvcanary_cli.canary.records import dump_buffers
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring import decode_ring
@@ -42,6 +42,7 @@ from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.safe_text import printable
 
 __all__ = ["REPLAY_SOURCE", "violations_report"]
 
