@@ -24,6 +24,7 @@ from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import KvcanaryError, OptionError
 from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
+from kvcanary_cli.safe_text import printable
 
 __all__ = [
     "Buffer",
@@ -75,16 +76,29 @@ def check_exit(report: CheckReport) -> ExitCode:
     """`check`'s exit code; each unreadable dump's error goes to stderr on the way."""
     for bad in report.dumps:
         if bad.error is not None:
-            typer.echo(f"error: {bad.error}", err=True)
+            typer.echo(printable(f"error: {bad.error}"), err=True)
     if report.bad_input:
         return ExitCode.BAD_INPUT
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """Print one line on stderr and exit with `code`."""
-    typer.echo(message, err=True)
+    """Print one line on stderr and exit with `code`.
+
+    The line is escaped (`printable`): it may quote a file name, a tensor name, an option value
+    or an exception's text, none of which may reach the terminal as control characters.
+    """
+    typer.echo(printable(message), err=True)
     sys.exit(code)
+
+
+def _help_text(exc: Exception) -> str | None:
+    """A command's help, for a command run without the arguments it needs (kvcanary's own
+    text, several lines: not escaped)."""
+    context = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and context is not None:
+        return str(context.get_help())
+    return None
 
 
 def _usage_message(exc: Exception) -> str | None:
@@ -92,8 +106,6 @@ def _usage_message(exc: Exception) -> str | None:
     if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
         return None
     context = getattr(exc, "ctx", None)
-    if type(exc).__name__ == "NoArgsIsHelpError" and context is not None:
-        return str(context.get_help())
     where = f" (see '{context.command_path} --help')" if context is not None else ""
     message = str(exc.format_message()).replace("Value error, ", "")  # pydantic's prefix
     return f"error: {message}{where}"
@@ -121,6 +133,10 @@ class OneLineErrors(TyperGroup):
         except (typer.Abort, KeyboardInterrupt):
             fail("interrupted", 130)
         except Exception as exc:
+            help_text = _help_text(exc)
+            if help_text is not None:
+                typer.echo(help_text, err=True)
+                sys.exit(ExitCode.BAD_INPUT)
             usage = _usage_message(exc)
             if usage is not None:
                 fail(usage, ExitCode.BAD_INPUT)
