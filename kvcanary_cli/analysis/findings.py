@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
-from kvcanary_cli.analysis.provenance import LiveCells
+from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS, dtype_label
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
@@ -303,7 +303,7 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         found += _cell_records(
             FindingCode.FREED_SLOT_IN_LIVE_RANGE,
             cells,
-            np.flatnonzero(real & np.isin(slot, free)),
+            np.flatnonzero(real & SlotSet(free).contains(slot)),
             lambda i: f"live slot {slot[i]} is on the allocator's free list (use after free)",
             run_what="slots on the allocator's free list (use after free)",
         )
@@ -576,7 +576,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     found += _swa_collisions(cells, swa, np.flatnonzero(in_window & mappable & (swa > 0)))
     if dump.free_swa_slots is not None:
         free = dump.free_swa_slots.numpy()
-        freed = np.flatnonzero(mappable & (swa > 0) & np.isin(swa, free))
+        freed = np.flatnonzero(mappable & (swa > 0) & SlotSet(free).contains(swa))
         prefix_only = ~(in_window[freed] | cells.pending[freed])
         found += _cell_records(
             FindingCode.FREED_SLOT_IN_LIVE_RANGE,
@@ -615,8 +615,11 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
     np.minimum.at(first_cell, group_id, order)
     first_full = full[first_cell]
     colliding = (distinct[gid] > 1) & (full != first_full[gid])
+    if not colliding.any():
+        return []
     sample: dict[int, list[int]] = {}
-    for k in _first_per_group(group_id, pair_start, SAMPLE_CELLS).tolist():
+    shared = pair_start[distinct[group_id[pair_start]] > 1]  # only SWA slots that collide
+    for k in _first_per_group(group_id, shared, SAMPLE_CELLS).tolist():
         sample.setdefault(int(group_id[k]), []).append(int(f[k]))
 
     def of(i: int) -> tuple[list[int], int]:
