@@ -7,6 +7,7 @@ slots, found in one chunked pass, with at most `max_cells` kept per slot).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,7 @@ from kvcanary_cli.planners.frame import GroupFrame
 __all__ = [
     "LiveCells",
     "ProvenanceIndex",
+    "SlotSet",
     "cell_role",
     "clamp_target",
     "clamped_sources",
@@ -75,9 +77,10 @@ def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
 def live_cells(dump: KvDump) -> LiveCells:
     """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row)."""
     rpi = dump.req_pool_indices
-    prefix = dump.prefix_lens.clamp(min=0)
-    extend = dump.extend_seq_lens.clamp(min=0)
     msl = dump.max_seq_len
+    # Each clamped to the row first: claimed lengths never size the gather (nor overflow).
+    prefix = dump.prefix_lens.clamp(min=0, max=msl)
+    extend = dump.extend_seq_lens.clamp(min=0, max=msl)
     first = torch.zeros_like(rpi, dtype=torch.bool)
     if rpi.numel():
         _, inverse = torch.unique(rpi, return_inverse=True)
@@ -130,11 +133,45 @@ def live_ends(dump: KvDump) -> np.ndarray:
     """Per pool row, one past its last live position (`P + E` of the batch row using it,
     the largest if several do, clamped to the row); 0 for rows not in the batch."""
     rpi = dump.req_pool_indices.numpy()
-    ends = np.zeros(max(dump.max_reqs, 1), dtype=np.int64)
-    active = (rpi > 0) & (rpi < dump.max_reqs)
-    live = np.maximum(dump.prefix_lens.numpy(), 0) + np.maximum(dump.extend_seq_lens.numpy(), 0)
-    np.maximum.at(ends, rpi[active], np.minimum(live[active], dump.max_seq_len))
+    msl = dump.max_seq_len
+    # Sized by the rows the file really holds: a [2^50, 0] table claims rows it has no bytes for.
+    ends = np.zeros(dump.max_reqs if msl else 1, dtype=np.int64)
+    active = (rpi > 0) & (rpi < ends.size)
+    # each clamped to the row first, so no claimed length overflows the sum
+    prefix = np.clip(dump.prefix_lens.numpy(), 0, msl)
+    extend = np.clip(dump.extend_seq_lens.numpy(), 0, msl)
+    np.maximum.at(ends, rpi[active], np.minimum(prefix[active] + extend[active], msl))
     return ends
+
+
+class SlotSet:
+    """A set of slots to find in table chunks: equality for one slot, a lookup table for a
+    dense range (one gather per cell, far cheaper than a sorted search), `isin` otherwise."""
+
+    #: the widest slot range that gets a lookup table (one byte per slot).
+    LOOKUP_SPAN = 1 << 25
+
+    def __init__(self, slots: np.ndarray) -> None:
+        self.slots = np.asarray(slots, dtype=np.int64).reshape(-1)  # duplicates are fine
+        self._lookup: np.ndarray | None = None
+        self._low = self._high = 0
+        if self.slots.size:
+            self._low, self._high = int(self.slots.min()), int(self.slots.max())
+            if self._low != self._high and self._high - self._low < self.LOOKUP_SPAN:
+                self._lookup = np.zeros(self._high - self._low + 1, dtype=bool)
+                self._lookup[self.slots - self._low] = True
+
+    def contains(self, values: np.ndarray) -> np.ndarray:
+        """Boolean mask of `values` (any integer dtype) that are in the set."""
+        if self.slots.size == 0:
+            return np.zeros(values.shape, dtype=bool)
+        if self._low == self._high:
+            return np.asarray(values == self._low)
+        if self._lookup is None:
+            return np.isin(values, self.slots)
+        shifted = values.astype(np.int64) - self._low
+        inside = (shifted >= 0) & (shifted < self._lookup.size)
+        return self._lookup[np.where(inside, shifted, 0)] & inside
 
 
 class ProvenanceIndex:
@@ -164,15 +201,15 @@ class ProvenanceIndex:
         ends = live_ends(self.dump)
         in_batch = np.zeros(ends.size, dtype=bool)
         in_batch[list(r for r in self._batch_rows if 0 <= r < ends.size)] = True
-        target = torch.from_numpy(wanted)
-        for r0 in range(0, self.dump.max_reqs, step):
-            chunk = table[r0 : r0 + step]
-            hits = torch.isin(chunk.to(_I64), target).nonzero().numpy()
-            if hits.shape[0] == 0:
+        members = SlotSet(wanted)
+        table_rows = self.dump.max_reqs if table.numel() else 0  # no bytes, nothing to scan
+        for r0 in range(0, table_rows, step):
+            chunk = table[r0 : r0 + step].numpy()
+            hit_rows, cols = np.nonzero(members.contains(chunk))
+            if hit_rows.size == 0:
                 continue
-            rows = hits[:, 0] + r0
-            cols = hits[:, 1]
-            values = chunk.numpy()[hits[:, 0], cols].astype(np.int64)
+            rows = hit_rows + r0
+            values = chunk[hit_rows, cols].astype(np.int64)
             tier = np.where(cols < ends[rows], _LIVE, np.where(in_batch[rows], _STALE, _IDLE))
             self._counts += np.bincount(np.searchsorted(wanted, values), minlength=wanted.size)
             self._keep(values, tier, rows, cols)
@@ -337,18 +374,38 @@ def full_slots_mapping_to(
     found: dict[int, tuple[int, ...]] = dict.fromkeys(wanted, ())
     if lut is None or not wanted:
         return found
-    body = lut[:-1] if int(lut[-1]) == -1 else lut
-    hits = torch.nonzero(torch.isin(body, torch.tensor(wanted, dtype=_I64))).reshape(-1)
-    values = body[hits]
-    for slot in wanted:
-        found[slot] = tuple(int(x) for x in hits[values == slot][:limit])
+    body = (lut[:-1] if int(lut[-1]) == -1 else lut).numpy()
+    hits = np.flatnonzero(SlotSet(np.asarray(wanted)).contains(body))
+    order = np.argsort(body[hits], kind="stable")  # by SWA slot, full slots ascending
+    values, hits = body[hits][order], hits[order]
+    starts = np.searchsorted(values, wanted, side="left")
+    ends = np.searchsorted(values, wanted, side="right")
+    for slot, a, b in zip(wanted, starts.tolist(), ends.tolist(), strict=True):
+        found[slot] = tuple(hits[a : min(b, a + limit)].tolist())
     return found
+
+
+#: free lists sorted once per dump (a list can hold millions of slots; findings ask per
+#: slot), by the list's identity; an entry dies with its tensor.
+_SORTED_FREE: dict[int, tuple[weakref.ref[torch.Tensor], np.ndarray]] = {}
+
+
+def _sorted_free(free: torch.Tensor) -> np.ndarray:
+    cached = _SORTED_FREE.get(id(free))
+    if cached is not None and cached[0]() is free:
+        return cached[1]
+    key = id(free)
+    ordered = np.sort(free.numpy())
+    _SORTED_FREE[key] = (weakref.ref(free, lambda _: _SORTED_FREE.pop(key, None)), ordered)
+    return ordered
 
 
 def _allocator_state(free: torch.Tensor | None, slot: int) -> str | None:
     if free is None:
         return None
-    return "free" if bool((free == slot).any()) else "in use"
+    ordered = _sorted_free(free)
+    i = int(np.searchsorted(ordered, slot))
+    return "free" if i < ordered.size and ordered[i] == slot else "in use"
 
 
 def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, ...]:

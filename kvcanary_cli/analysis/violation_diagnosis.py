@@ -183,7 +183,7 @@ def _table_owner(
             continue
         wanted_slots = np.unique(wanted >> 32)
         first = np.full(wanted.size, -1, dtype=np.int64)
-        for r0 in range(0, dump.max_reqs, step):
+        for r0 in range(0, dump.max_reqs if table.numel() else 0, step):
             chunk = table[r0 : r0 + step].to(torch.int64).numpy()
             if index == 1 and lut is not None:
                 lut_np = lut.numpy()

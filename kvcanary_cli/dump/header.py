@@ -274,16 +274,6 @@ def _parse_entry(
             f"shape {shape} x {dtype} is {nbytes} bytes but data_offsets span {end - begin}",
             field=name_shown,
         )
-    # A dimension beside a 0 costs no bytes, so only this bounds it: a reader that walks the
-    # rows of a [2^40, 0] table must not walk 2^40 of them. (A tensor with bytes already has
-    # every dimension below its byte count.)
-    if any(d > file_size for d in shape):
-        raise CorruptDumpError(
-            f"shape {_brief(shape)} holds no data but claims a dimension larger than the "
-            f"whole file ({file_size} bytes)",
-            field=name_shown,
-            hint="the header is corrupt",
-        )
     return HeaderEntry(
         name=name, dtype=dtype, shape=tuple(shape), offset=data_start + begin, nbytes=nbytes
     )

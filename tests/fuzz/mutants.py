@@ -1083,9 +1083,14 @@ SCALAR_MINIMUMS = {
 }
 
 
-def _scalar_kind(key: str, value: int) -> str:
+def _scalar_kind(seed: Seed, key: str, value: int) -> str:
     if key in SCALAR_MINIMUMS and value < SCALAR_MINIMUMS[key]:
         return "data.scalar.below-minimum"
+    # With a LUT the swa group must be planned with the window: one no SGLang could have used
+    # (beyond [-2^31, 2^40], docs/dump-format.md) leaves nothing to plan with.
+    if key == "swa_window_size" and "full_to_swa_index_mapping" in seed.tensors:
+        if not I32_MIN <= value <= 2**40:
+            return "data.scalar.window-unplannable"
     return "data.scalar.big" if not I32_MIN <= value <= I32_MAX else "data.scalar.small"
 
 
@@ -1097,7 +1102,9 @@ def _scalars(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
         pairs = rng.sample(pairs, 24)
     for key, value in pairs:
         yield Mutant(
-            _scalar_kind(key, value), f"{key} = {value}", seed.with_metadata(**{key: str(value)})
+            _scalar_kind(seed, key, value),
+            f"{key} = {value}",
+            seed.with_metadata(**{key: str(value)}),
         )
     for _ in range(4):  # a scalar stored as a tensor instead
         key = rng.choice(SCALAR_KEYS)
@@ -1106,7 +1113,7 @@ def _scalars(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
         tensors[key] = Tensor.of(np.asarray([value], dtype=np.int64))
         metadata = {k: v for k, v in seed.metadata.items() if k != key}
         yield Mutant(
-            _scalar_kind(key, value),
+            _scalar_kind(seed, key, value),
             f"{key} = {value} as a tensor",
             seed.rebuild(tensors, metadata),
         )
