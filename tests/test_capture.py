@@ -26,6 +26,7 @@ from kvcanary_cli.capture import (
     save_plan_inputs,
 )
 from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.sparse import dense
 
 LUT_ERROR = "kv-canary: SWA slot 70 is outside full_to_swa_index_mapping length 65"
 
@@ -153,12 +154,15 @@ def test_save_plan_inputs_records_inputs_and_capacities(tmp_path: Path) -> None:
     kwargs = plan_kwargs()
     path = save_plan_inputs(tmp_path / "d.safetensors", metadata={"model": "m"}, **kwargs)
     dump = load_dump(path)
-    assert torch.equal(dump.req_to_token, kwargs["req_to_token"])
+    assert torch.equal(dense(dump.req_to_token), kwargs["req_to_token"])
     assert dump.req_pool_indices.tolist() == [1, 2, 0]
     assert dump.prefix_lens.tolist() == [4, 3, 0]
     assert dump.extend_seq_lens.tolist() == [1, 1, 0]
     assert dump.full_to_swa_index_mapping is not None
-    assert dump.full_to_swa_index_mapping.tolist() == kwargs["full_to_swa_index_mapping"].tolist()
+    assert (
+        dense(dump.full_to_swa_index_mapping).tolist()
+        == kwargs["full_to_swa_index_mapping"].tolist()
+    )
     assert dump.scalar("swa_window_size") == 8
     assert dump.scalar("verify_capacity") == 32
     assert dump.write_req_capacity == 5
@@ -248,7 +252,7 @@ def test_dump_of_failed_call_has_inputs_and_note(
     assert dump.write_req_capacity == 5
     assert dump.token_offset == 1
     assert dump.lut_len == 65
-    assert int(dump.req_to_token[2, 2]) == 70
+    assert int(dense(dump.req_to_token)[2, 2]) == 70
     assert dump.identity["note"].startswith("captured on ValueError")
 
 

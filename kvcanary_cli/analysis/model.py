@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kvcanary_cli.dump.shrink_record import ShrinkRecord
+
 __all__ = [
     "Assumption",
     "CanaryRecord",
@@ -366,6 +368,9 @@ class DumpReport:
     recorded_exception_matches: bool | None = None
     scalars: tuple[ScalarValue, ...] = ()
     assumptions: tuple[Assumption, ...] = ()
+    #: set for a shrunk dump: where it came from and what it dropped (its provenance covers
+    #: the kept cells only).
+    shrink: ShrinkRecord | None = None
 
     def worst(self) -> Severity | None:
         """The most severe finding's severity, or None when there is none."""
@@ -456,3 +461,5 @@ class ProvenanceReport:
     row: RowMap | None = None
     #: findings that touch the slot (or the row).
     findings: tuple[Finding, ...] = ()
+    #: set for a shrunk dump (its provenance covers the kept cells only).
+    shrink: ShrinkRecord | None = None

@@ -23,6 +23,7 @@ from kvcanary_cli.analysis.model import (
 )
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import element, find_cells, take, take_known, where_equal
 from kvcanary_cli.planners.frame import GroupFrame
 
 __all__ = [
@@ -92,7 +93,7 @@ def live_cells(dump: KvDump) -> LiveCells:
     pos = torch.arange(rows.numel(), dtype=_I64) - torch.repeat_interleave(starts, lens)
     pool_row = rpi[rows]
     flat = pool_row * msl + pos
-    slot = dump.req_to_token.reshape(-1)[flat].to(_I64) if flat.numel() else flat
+    slot = take(dump.req_to_token, flat) if flat.numel() else flat
     return LiveCells(
         slot=slot.numpy(),
         batch_row=rows.numpy(),
@@ -158,21 +159,17 @@ class ProvenanceIndex:
             self._scan(wanted)
 
     def _scan(self, wanted: np.ndarray) -> None:
-        table = self.dump.req_to_token
-        msl = max(self.dump.max_seq_len, 1)
-        step = max(1, _SCAN_CELLS // msl)
         ends = live_ends(self.dump)
         in_batch = np.zeros(ends.size, dtype=bool)
         in_batch[list(r for r in self._batch_rows if 0 <= r < ends.size)] = True
         target = torch.from_numpy(wanted)
-        for r0 in range(0, self.dump.max_reqs, step):
-            chunk = table[r0 : r0 + step]
-            hits = torch.isin(chunk.to(_I64), target).nonzero().numpy()
-            if hits.shape[0] == 0:
-                continue
-            rows = hits[:, 0] + r0
-            cols = hits[:, 1]
-            values = chunk.numpy()[hits[:, 0], cols].astype(np.int64)
+
+        def wanted_cells(values: np.ndarray) -> np.ndarray:
+            return torch.isin(torch.from_numpy(values), target).numpy()
+
+        for rows, cols, values in find_cells(
+            self.dump.req_to_token, wanted_cells, chunk_cells=_SCAN_CELLS
+        ):
             tier = np.where(cols < ends[rows], _LIVE, np.where(in_batch[rows], _STALE, _IDLE))
             self._counts += np.bincount(np.searchsorted(wanted, values), minlength=wanted.size)
             self._keep(values, tier, rows, cols)
@@ -191,6 +188,10 @@ class ProvenanceIndex:
         rank = np.arange(ordered.size) - np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
         keep = order[rank < self.max_cells]
         self._kept = {name: column[keep] for name, column in merged.items()}
+
+    def kept_cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pool rows, positions) of every cell kept for any slot (what provenance can show)."""
+        return self._kept["row"], self._kept["col"]
 
     def count(self, slot: int) -> int:
         """Cells of the whole table holding `slot`."""
@@ -238,10 +239,10 @@ class ProvenanceIndex:
         elif slot >= lut.shape[0]:
             note = (
                 f"slot >= lut_len {lut.shape[0]}: REF raises, the GPU clamps to "
-                f"LUT[{lut.shape[0] - 1}] = {int(lut[-1])}"
+                f"LUT[{lut.shape[0] - 1}] = {element(lut, -1)}"
             )
         else:
-            swa_slot = int(lut[slot])
+            swa_slot = element(lut, slot)
             if swa_slot == 0:
                 note = "unmapped (LUT = 0)"
         return SlotProvenance(
@@ -306,9 +307,9 @@ def clamp_target(dump: KvDump) -> int | None:
     """The SWA slot the GPU path clamps every slot >= lut_len onto (`LUT[lut_len - 1]`), when
     that is a real slot: a LUT that lost its trailing -1 (sliced) sends them somewhere."""
     lut = dump.full_to_swa_index_mapping
-    if lut is None or lut.numel() == 0 or int(lut[-1]) < 0:
+    if lut is None or lut.numel() == 0 or element(lut, -1) < 0:
         return None
-    return int(lut[-1])
+    return element(lut, -1)
 
 
 def clamped_sources(
@@ -337,9 +338,8 @@ def full_slots_mapping_to(
     found: dict[int, tuple[int, ...]] = dict.fromkeys(wanted, ())
     if lut is None or not wanted:
         return found
-    body = lut[:-1] if int(lut[-1]) == -1 else lut
-    hits = torch.nonzero(torch.isin(body, torch.tensor(wanted, dtype=_I64))).reshape(-1)
-    values = body[hits]
+    stop = int(lut.shape[0]) - (1 if element(lut, -1) == -1 else 0)
+    hits, values = where_equal(lut, np.array(wanted, dtype=np.int64), stop=stop)
     for slot in wanted:
         found[slot] = tuple(int(x) for x in hits[values == slot][:limit])
     return found
@@ -358,7 +358,10 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
             continue
         if buffer.shape[1] < 32:
             continue
-        fields = np.frombuffer(buffer[slot, :32].numpy().tobytes(), dtype="<i8")
+        raw, known = take_known(buffer, slot * int(buffer.shape[1]) + np.arange(32))
+        if not known.all():
+            continue  # a shrunk dump that did not keep this record
+        fields = raw.astype(np.uint8).view("<i8")
         records.append(
             CanaryRecord(
                 buffer=name,

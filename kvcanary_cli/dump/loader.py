@@ -1,14 +1,16 @@
 """`load_dump`: open a dump lazily and return a validated, typed `KvDump`.
 
 Big tables (`req_to_token` reaches 2 GB in production) stay memory-mapped: planners gather
-only the rows of the batch. Small per-batch tensors are read eagerly as int64.
+only the rows of the batch. Small per-batch tensors are read eagerly as int64. A shrunk dump
+(format 1.1) stores its big tensors sparse: they load as `SparseArray`s in their original
+coordinates (see `dump.sparse`), and its `kvcanary.shrink` record says where it came from.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +23,22 @@ from kvcanary_cli.dump.schema import (
     IDENTITY_KEYS,
     INTEGER_DTYPES,
     SCALARS,
+    SHRINK_KEY,
+    SHRUNK_FORMAT_VERSION,
     TensorSpec,
     dtype_label,
     parse_integer,
+    sparse_capable,
     spec_for,
 )
+from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
+from kvcanary_cli.dump.sparse import SparseArray, Stored, sparse_array
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
     DumpError,
     MetadataError,
+    MissingTensorError,
     TensorDtypeError,
     TensorShapeError,
 )
@@ -49,6 +57,8 @@ class TensorInfo:
     shape: tuple[int, ...]
     nbytes: int
     role: str | None
+    #: elements stored, for a sparse tensor of a shrunk dump (`shape` is then the original's).
+    kept: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,12 +113,12 @@ class KvDump:
     groups: tuple[str, ...]
     notes: list[str]
     dtype_notes: list[DtypeNote]
-    req_to_token: torch.Tensor
+    req_to_token: Stored
     req_pool_indices: torch.Tensor
     prefix_lens: torch.Tensor
     extend_seq_lens: torch.Tensor
-    full_to_swa_index_mapping: torch.Tensor | None = None
-    req_to_verify_expected_tokens: torch.Tensor | None = None
+    full_to_swa_index_mapping: Stored | None = None
+    req_to_verify_expected_tokens: Stored | None = None
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None
     out_cache_loc: torch.Tensor | None = None
     input_ids: torch.Tensor | None = None
@@ -117,9 +127,16 @@ class KvDump:
     free_swa_slots: torch.Tensor | None = None
     violation_ring: torch.Tensor | None = None
     violation_write_index: int | None = None
-    canary_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    canary_buffers: dict[str, Stored] = field(default_factory=dict)
     #: `real_kv.<group>.<k|v>` sources (uint8, memory-mapped), by tensor name.
-    real_kv_sources: dict[str, torch.Tensor] = field(default_factory=dict)
+    real_kv_sources: dict[str, Stored] = field(default_factory=dict)
+    #: a shrunk dump's record (format 1.1): its source and what was dropped; None otherwise.
+    shrink: ShrinkRecord | None = None
+
+    @property
+    def shrunk(self) -> bool:
+        """A shrunk dump: it holds only what the analysis of its original read."""
+        return self.shrink is not None
 
     @property
     def bs(self) -> int:
@@ -227,20 +244,56 @@ def load_dump(
 def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) -> KvDump:
     # First: a newer format may legitimately break every other rule below.
     version = header.metadata.get("kvcanary.format")
-    if version is not None and version.strip() != FORMAT_VERSION:
+    if version is not None and version.strip() not in (FORMAT_VERSION, SHRUNK_FORMAT_VERSION):
         raise MetadataError(
-            f"format version {version!r} is not supported (this kvcanary reads {FORMAT_VERSION!r})",
+            f"format version {version!r} is not supported (this kvcanary reads "
+            f"{FORMAT_VERSION!r} and {SHRUNK_FORMAT_VERSION!r})",
             field="kvcanary.format",
             hint="upgrade kvcanary",
         )
+    shrunk = version is not None and version.strip() == SHRUNK_FORMAT_VERSION
+    sparse, companions = _sparse_tensors(header) if shrunk else ({}, {})
+    shrink = _shrink_record(header) if shrunk else None
     notes: list[str] = []
     dtype_notes: list[DtypeNote] = []
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray | SparseArray] = {}
     infos: dict[str, TensorInfo] = {}
     scalar_tensors: dict[str, int] = {}
-    canary: dict[str, torch.Tensor] = {}
-    real_kv: dict[str, torch.Tensor] = {}
+    canary: dict[str, Stored] = {}
+    real_kv: dict[str, Stored] = {}
     for name, entry in header.entries.items():
+        if name in companions:
+            infos[name] = TensorInfo(
+                name=name,
+                dtype=entry.dtype,
+                shape=entry.shape,
+                nbytes=entry.nbytes,
+                role=companions[name],
+            )
+            continue
+        if name in sparse:
+            kept = sparse[name]
+            spec = spec_for(name)
+            assert spec is not None  # _sparse_tensors takes sparse-capable names only
+            _check_tensor(replace(entry, shape=kept.shape), spec)
+            if entry.dtype != spec.canonical:
+                dtype_notes.append(
+                    DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical)
+                )
+            infos[name] = TensorInfo(
+                name=name,
+                dtype=entry.dtype,
+                shape=kept.shape,
+                nbytes=entry.nbytes,
+                role=spec.role,
+                kept=kept.kept,
+            )
+            arrays[name] = kept
+            if name.startswith("canary."):
+                canary[name] = kept
+            elif name.startswith("real_kv."):
+                real_kv[name] = kept
+            continue
         spec = spec_for(name)
         role = spec.role if spec else None
         if spec is None and name in SCALARS:
@@ -256,11 +309,12 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         _check_tensor(entry, spec)
         if entry.dtype != spec.canonical:
             dtype_notes.append(DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical))
-        arrays[name] = _read_array(header.path, entry)
+        mapped = _read_array(header.path, entry)
+        arrays[name] = mapped
         if name.startswith("canary."):
-            canary[name] = torch.from_numpy(arrays[name])
+            canary[name] = torch.from_numpy(mapped)
         elif name.startswith("real_kv."):
-            real_kv[name] = torch.from_numpy(arrays[name])
+            real_kv[name] = torch.from_numpy(mapped)
 
     scalars = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
@@ -278,10 +332,20 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
 
     def small(name: str) -> torch.Tensor | None:
         array = arrays.get(name)
+        if isinstance(array, SparseArray):
+            raise AssertionError(f"{name} cannot be sparse")  # _sparse_tensors refuses it
         return None if array is None else torch.from_numpy(np.asarray(array, dtype=np.int64))
+
+    def big(name: str) -> Stored | None:
+        array = arrays.get(name)
+        if array is None or isinstance(array, SparseArray):
+            return array
+        return torch.from_numpy(array)
 
     bs = int(arrays["req_pool_indices"].shape[0])
     extend = small("extend_seq_lens")
+    table = big("req_to_token")
+    assert table is not None  # check_batch raised MissingTensorError otherwise
     ring_index = arrays.get("violation_write_index")
     return KvDump(
         path=header.path,
@@ -292,16 +356,14 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         groups=groups,
         notes=notes,
         dtype_notes=dtype_notes,
-        req_to_token=torch.from_numpy(arrays["req_to_token"]),
+        req_to_token=table,
         req_pool_indices=_require(small("req_pool_indices")),
         prefix_lens=_require(small("prefix_lens")),
         extend_seq_lens=extend if extend is not None else torch.zeros(bs, dtype=torch.int64),
-        full_to_swa_index_mapping=small("full_to_swa_index_mapping"),
-        req_to_verify_expected_tokens=(
-            torch.from_numpy(arrays["req_to_verify_expected_tokens"])
-            if "req_to_verify_expected_tokens" in arrays
-            else None
+        full_to_swa_index_mapping=(
+            lut if isinstance(lut, SparseArray) else small("full_to_swa_index_mapping")
         ),
+        req_to_verify_expected_tokens=big("req_to_verify_expected_tokens"),
         req_to_verify_expected_tokens_valid_lens=(
             small("req_to_verify_expected_tokens_valid_lens")
             if "req_to_verify_expected_tokens" in arrays
@@ -318,12 +380,75 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         ),
         canary_buffers=canary,
         real_kv_sources=real_kv,
+        shrink=shrink,
     )
 
 
 def _require(tensor: torch.Tensor | None) -> torch.Tensor:
     assert tensor is not None  # check_batch raised MissingTensorError otherwise
     return tensor
+
+
+#: suffixes of the two tensors that complete a sparse tensor `NAME` (docs/dump-format.md).
+_RUNS, _SHAPE = ".runs", ".shape"
+
+
+def _sparse_tensors(
+    header: SafetensorsHeader,
+) -> tuple[dict[str, SparseArray], dict[str, str]]:
+    """The sparse tensors of a shrunk dump (`NAME` + `NAME.runs` + `NAME.shape`), checked,
+    and the roles of their companion tensors."""
+    sparse: dict[str, SparseArray] = {}
+    companions: dict[str, str] = {}
+    for runs_name in header.entries:
+        if not runs_name.endswith(_RUNS):
+            continue
+        name = runs_name[: -len(_RUNS)]
+        if not sparse_capable(name):
+            raise TensorShapeError(
+                f"stores {name!r} sparse, which only the tables, the LUT, canary buffers and "
+                "real-KV sources may be",
+                field=runs_name,
+            )
+        for part in (name, name + _SHAPE):
+            if part not in header.entries:
+                raise MissingTensorError(f"is required with {runs_name}", field=part)
+        for part in (runs_name, name + _SHAPE):
+            if header.entries[part].dtype != "I64":
+                raise TensorDtypeError(
+                    f"dtype {dtype_label(header.entries[part].dtype)} is not accepted "
+                    "(expected int64)",
+                    field=part,
+                )
+        values = header.entries[name]
+        if values.dtype not in INTEGER_DTYPES:
+            raise TensorDtypeError(
+                f"dtype {dtype_label(values.dtype)} is not accepted (expected an integer dtype)",
+                field=name,
+            )
+        spec = spec_for(name)
+        assert spec is not None
+        sparse[name] = sparse_array(
+            name,
+            _read_array(header.path, values),
+            _read_array(header.path, header.entries[runs_name]),
+            _read_array(header.path, header.entries[name + _SHAPE]),
+            spec.ranks,
+        )
+        companions[runs_name] = f"runs of {name} kept by kvcanary shrink (flat start, length)"
+        companions[name + _SHAPE] = f"original shape of {name}"
+    return sparse, companions
+
+
+def _shrink_record(header: SafetensorsHeader) -> ShrinkRecord:
+    text = header.metadata.get(SHRINK_KEY)
+    if text is None:
+        raise MetadataError(
+            f"is required in a format {SHRUNK_FORMAT_VERSION} (shrunk) dump",
+            field=SHRINK_KEY,
+            hint="the shrunk dump is damaged; shrink the original again",
+        )
+    return parse_shrink_record(text)
 
 
 def _scalar_tensor(path: Path, entry: HeaderEntry) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from kvcanary_cli.dump.schema import SCALARS, TENSORS, required_tensors
+from kvcanary_cli.dump.sparse import SparseArray
 from kvcanary_cli.errors import (
     MetadataError,
     MissingTensorError,
@@ -26,7 +27,9 @@ __all__ = ["MAX_LENGTH", "check_batch", "derive_scalar_defaults", "resolve_group
 MAX_LENGTH = 1 << 40
 
 
-def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | None]) -> list[str]:
+def check_batch(
+    arrays: Mapping[str, np.ndarray | SparseArray], scalars: Mapping[str, int | None]
+) -> list[str]:
     """Check presence and agreement of the batch tensors; return notes for odd-but-legal input."""
     notes: list[str] = []
     for name in required_tensors():
@@ -45,9 +48,10 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
                 field=name,
             )
     for name in ("prefix_lens", "extend_seq_lens"):
-        if name in arrays and arrays[name].size:
+        lengths = arrays.get(name)
+        if isinstance(lengths, np.ndarray) and lengths.size:  # never sparse
             # Python ints from min and max: numpy's abs(-2^63) overflows and would slip through.
-            low, high = int(arrays[name].min()), int(arrays[name].max())
+            low, high = int(lengths.min()), int(lengths.max())
             worst = high if high >= -low else low
             if abs(worst) > MAX_LENGTH:
                 raise TensorShapeError(
@@ -107,7 +111,7 @@ def check_batch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, int | No
     return notes
 
 
-def _check_write_tensors(arrays: Mapping[str, np.ndarray]) -> None:
+def _check_write_tensors(arrays: Mapping[str, np.ndarray | SparseArray]) -> None:
     if "out_cache_loc" not in arrays:
         for name in ("input_ids", "positions"):
             if name in arrays:
