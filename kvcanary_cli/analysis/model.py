@@ -36,6 +36,7 @@ __all__ = [
     "Severity",
     "SlotProvenance",
     "ViolationRow",
+    "ShrinkRecord",
 ]
 
 

@@ -127,15 +127,17 @@ def cell_role(
 _LIVE, _STALE, _IDLE = 0, 1, 2
 
 
-def live_ends(dump: KvDump) -> np.ndarray:
-    """Per pool row, one past its last live position (`P + E` of the batch row using it,
-    the largest if several do, clamped to the row); 0 for rows not in the batch."""
+def live_ends(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
+    """The in-range pool rows of the batch (sorted) and, per row, one past its last live
+    position (`P + E` of the batch row using it, the largest if several do, clamped to the
+    row). Sized by the batch, not by the table (a shrunk dump's shape is only a claim)."""
     rpi = dump.req_pool_indices.numpy()
-    ends = np.zeros(max(dump.max_reqs, 1), dtype=np.int64)
     active = (rpi > 0) & (rpi < dump.max_reqs)
     live = np.maximum(dump.prefix_lens.numpy(), 0) + np.maximum(dump.extend_seq_lens.numpy(), 0)
-    np.maximum.at(ends, rpi[active], np.minimum(live[active], dump.max_seq_len))
-    return ends
+    rows, inverse = np.unique(rpi[active], return_inverse=True)
+    ends = np.zeros(rows.size, dtype=np.int64)
+    np.maximum.at(ends, inverse.reshape(-1), np.minimum(live[active], dump.max_seq_len))
+    return rows, ends
 
 
 class ProvenanceIndex:
@@ -159,9 +161,7 @@ class ProvenanceIndex:
             self._scan(wanted)
 
     def _scan(self, wanted: np.ndarray) -> None:
-        ends = live_ends(self.dump)
-        in_batch = np.zeros(ends.size, dtype=bool)
-        in_batch[list(r for r in self._batch_rows if 0 <= r < ends.size)] = True
+        batch_rows, ends = live_ends(self.dump)
         target = torch.from_numpy(wanted)
 
         def wanted_cells(values: np.ndarray) -> np.ndarray:
@@ -170,7 +170,13 @@ class ProvenanceIndex:
         for rows, cols, values in find_cells(
             self.dump.req_to_token, wanted_cells, chunk_cells=_SCAN_CELLS
         ):
-            tier = np.where(cols < ends[rows], _LIVE, np.where(in_batch[rows], _STALE, _IDLE))
+            if batch_rows.size:
+                at = np.minimum(np.searchsorted(batch_rows, rows), batch_rows.size - 1)
+                in_batch = batch_rows[at] == rows
+                end = np.where(in_batch, ends[at], 0)
+            else:
+                in_batch, end = np.zeros(rows.shape, dtype=bool), np.zeros_like(rows)
+            tier = np.where(cols < end, _LIVE, np.where(in_batch, _STALE, _IDLE))
             self._counts += np.bincount(np.searchsorted(wanted, values), minlength=wanted.size)
             self._keep(values, tier, rows, cols)
 
@@ -252,7 +258,7 @@ class ProvenanceIndex:
             cells_total=total,
             swa_slot=swa_slot,
             translation_note=note,
-            allocator=_allocator_state(dump.free_full_slots, slot),
+            allocator=_allocator_state(dump.free_full_slots, slot, dump.free_domain.get("full")),
             canary=_canary_records(dump, "full", slot),
             violations=_violations(dump, slot, swa=False),
         )
@@ -297,7 +303,7 @@ def swa_provenance(
         cells_total=total,
         mapped_from=mapped_from,
         clamped_from=clamped_from,
-        allocator=_allocator_state(dump.free_swa_slots, swa_slot),
+        allocator=_allocator_state(dump.free_swa_slots, swa_slot, dump.free_domain.get("swa")),
         canary=_canary_records(dump, "swa", swa_slot),
         violations=_violations(dump, swa_slot, swa=True),
     )
@@ -345,9 +351,13 @@ def full_slots_mapping_to(
     return found
 
 
-def _allocator_state(free: torch.Tensor | None, slot: int) -> str | None:
+def _allocator_state(
+    free: torch.Tensor | None, slot: int, known: np.ndarray | None = None
+) -> str | None:
     if free is None:
         return None
+    if known is not None and not np.isin(slot, known):
+        return "unknown (not kept)"  # a shrunk dump keeps the entries of its kept slots
     return "free" if bool((free == slot).any()) else "in use"
 
 

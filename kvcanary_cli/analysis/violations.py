@@ -107,6 +107,11 @@ def violations_report(
             notes=tuple(notes),
         )
     slots, total = _slot_provenance(loaded, rows, max_slots)
+    if loaded.shrink is not None:
+        notes.append(
+            f"{printable(str(loaded.path))} is shrunk from {loaded.shrink.source_file}: "
+            "explanations, provenance and replay cover the kept cells and records only"
+        )
     return ViolationsReport(
         sources=tuple(summaries),
         rows=rows,

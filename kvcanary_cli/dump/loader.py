@@ -32,7 +32,7 @@ from kvcanary_cli.dump.schema import (
     spec_for,
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
-from kvcanary_cli.dump.sparse import SparseArray, Stored, sparse_array
+from kvcanary_cli.dump.sparse import SparseArray, Stored, ring_slots, sparse_array
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
@@ -132,6 +132,9 @@ class KvDump:
     real_kv_sources: dict[str, Stored] = field(default_factory=dict)
     #: a shrunk dump's record (format 1.1): its source and what was dropped; None otherwise.
     shrink: ShrinkRecord | None = None
+    #: in a shrunk dump, per slot space (`full`, `swa`), the slots whose free-list membership
+    #: it records (sorted); a space not listed records every slot's.
+    free_domain: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def shrunk(self) -> bool:
@@ -346,6 +349,13 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
     extend = small("extend_seq_lens")
     table = big("req_to_token")
     assert table is not None  # check_batch raised MissingTensorError otherwise
+    if isinstance(table, SparseArray):
+        _check_live_ranges_kept(
+            table,
+            _require(small("req_pool_indices")),
+            _require(small("prefix_lens")),
+            extend if extend is not None else torch.zeros(bs, dtype=torch.int64),
+        )
     ring_index = arrays.get("violation_write_index")
     return KvDump(
         path=header.path,
@@ -381,7 +391,53 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         canary_buffers=canary,
         real_kv_sources=real_kv,
         shrink=shrink,
+        free_domain=_free_domain(table, lut, arrays.get("violation_ring"), ring_index),
     )
+
+
+def _free_domain(
+    table: Stored,
+    lut: np.ndarray | SparseArray | None,
+    ring: np.ndarray | SparseArray | None,
+    ring_index: np.ndarray | SparseArray | None,
+) -> dict[str, np.ndarray]:
+    """The slots a shrunk dump's free lists speak for: those its kept cells (full) and kept
+    LUT entries (SWA) hold, and those its violation ring names (`kvcanary shrink` keeps the
+    free-list entries of exactly these, and nothing else asks)."""
+    if not isinstance(ring, np.ndarray | None) or not isinstance(ring_index, np.ndarray | None):
+        return {}  # never sparse
+    index = None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
+    ring_full, ring_swa = ring_slots(ring, index)
+    domain = {}
+    if isinstance(table, SparseArray):
+        domain["full"] = np.union1d(np.unique(np.asarray(table.values, np.int64)), ring_full)
+    if isinstance(lut, SparseArray):
+        domain["swa"] = np.union1d(np.unique(np.asarray(lut.values, np.int64)), ring_swa)
+    return domain
+
+
+def _check_live_ranges_kept(
+    table: SparseArray, rpi: torch.Tensor, prefix: torch.Tensor, extend: torch.Tensor
+) -> None:
+    """A shrunk dump keeps every batch row's live cells (`kvcanary shrink` does): then the
+    analysis, whose work follows the live ranges, is bounded by what the file stores and not
+    by the original shape it claims."""
+    rows, width = int(table.shape[0]), int(table.shape[1])
+    rp = rpi.numpy()
+    row = np.where(rp < 0, rp + rows, rp)  # where Python indexing (the reference) reads
+    live = np.minimum(prefix.numpy().clip(min=0) + extend.numpy().clip(min=0), width)
+    reads = (rp != 0) & (row >= 0) & (row < rows) & (live > 0)
+    start = row[reads] * width
+    kept = table.kept_before(start + live[reads]) - table.kept_before(start)
+    short = np.flatnonzero(kept < live[reads])
+    if short.size:
+        r = int(np.flatnonzero(reads)[short[0]])
+        raise TensorShapeError(
+            f"keeps {int(kept[short[0]])} of the {int(live[r])} live cells of batch row {r} "
+            f"(pool row {int(rp[r])}); a shrunk dump keeps every batch row's live cells",
+            field="req_to_token",
+            hint="the shrunk dump is damaged; shrink the original again",
+        )
 
 
 def _require(tensor: torch.Tensor | None) -> torch.Tensor:

@@ -64,6 +64,11 @@ class ShrinkRecord:
     tensors: tuple[TensorCut, ...] = ()
 
     @property
+    def source_file(self) -> str:
+        """The original's file name, safe to print and to paste into a shell."""
+        return safe_file_name(self.source_name)
+
+    @property
     def dropped_bytes(self) -> int:
         """Bytes of tensor data the small dump does not hold."""
         return sum(t.dropped_bytes for t in self.tensors)
@@ -90,31 +95,47 @@ class ShrinkRecord:
             ]
         )
 
+    def _tensors(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "kept": t.kept,
+                "dropped": t.dropped,
+                "dropped_bytes": t.dropped_bytes,
+                "rows": t.rows,
+                "kept_rows": t.kept_rows,
+            }
+            for t in self.tensors
+        ]
+
+    def _source(self) -> dict[str, Any]:
+        return {"name": self.source_name, "bytes": self.source_bytes, "sha256": self.source_sha256}
+
     def to_json(self) -> str:
         """The metadata value (keys sorted: equal records give equal bytes)."""
         record = {
             "schema": SHRINK_SCHEMA,
-            "source": {
-                "name": self.source_name,
-                "bytes": self.source_bytes,
-                "sha256": self.source_sha256,
-            },
+            "source": self._source(),
             "kvcanary_version": self.kvcanary_version,
             "overrides": dict(sorted(self.overrides.items())),
-            "tensors": [
-                {
-                    "name": t.name,
-                    "shape": list(t.shape),
-                    "kept": t.kept,
-                    "dropped": t.dropped,
-                    "dropped_bytes": t.dropped_bytes,
-                    "rows": t.rows,
-                    "kept_rows": t.kept_rows,
-                }
-                for t in self.tensors
-            ],
+            "tensors": self._tensors(),
         }
         return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+    def as_record(self, small_name: str) -> dict[str, Any]:
+        """The record reports show (JSON types): the source, what was dropped in total and per
+        tensor, and the command that makes `small_name` from the source."""
+        return {
+            "source": self._source(),
+            "source_file": self.source_file,
+            "kvcanary_version": self.kvcanary_version,
+            "overrides": dict(sorted(self.overrides.items())),
+            "dropped_bytes": self.dropped_bytes,
+            "dropped_elements": self.dropped_elements,
+            "tensors": self._tensors(),
+            "command": self.command(small_name),
+        }
 
 
 def _bad(what: str) -> MetadataError:

@@ -61,6 +61,26 @@ class ShrinkResult:
     file_bytes: int
     record: ShrinkRecord
 
+    def summary_lines(self) -> list[str]:
+        """What `kvcanary shrink` prints: sizes, and what each big tensor kept."""
+        record = self.record
+        lines = [
+            f"wrote {self.path}: {self.file_bytes:,} bytes, from {record.source_file} "
+            f"({record.source_bytes:,} bytes, sha256 {record.source_sha256[:16]}…)"
+        ]
+        for cut in record.tensors:
+            total = cut.kept + cut.dropped
+            if cut.kept == 0 and cut.rows is None and cut.name not in FREE_LISTS:
+                lines.append(f"  {cut.name}: dropped ({cut.dropped_bytes:,} bytes)")
+                continue
+            rows = f" ({cut.kept_rows:,} of {cut.rows:,} rows)" if cut.rows is not None else ""
+            lines.append(f"  {cut.name}: kept {cut.kept:,} of {total:,}{rows}")
+        lines.append(
+            f"check it: kvcanary check {self.path} (same findings as the original; "
+            "provenance covers the kept cells only)"
+        )
+        return lines
+
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of a file, read in bounded chunks."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from kvcanary_cli.canary.constants import LaunchTag
 from kvcanary_cli.errors import TensorShapeError
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "find_cells",
     "flat_runs",
     "is_sparse",
+    "ring_slots",
     "row_cells",
     "sparse_array",
     "take",
@@ -86,6 +88,16 @@ class SparseArray:
         offset = flat - self.starts[safe]
         known = (run >= 0) & (offset >= 0) & (offset < self.lengths[safe])
         return np.where(known, self.offsets[safe] + offset, 0), known
+
+    def kept_before(self, flat: np.ndarray) -> np.ndarray:
+        """How many kept elements have a flat index below each of `flat` (int64)."""
+        flat = np.asarray(flat, dtype=np.int64)
+        if self.starts.size == 0:
+            return np.zeros(flat.shape, dtype=np.int64)
+        run = np.searchsorted(self.starts, flat, side="right") - 1
+        safe = np.clip(run, 0, None)
+        inside = np.clip(flat - self.starts[safe], 0, self.lengths[safe])
+        return np.where(run >= 0, self.offsets[safe] + inside, 0)
 
     def take(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """int64 values at `flat` (0 where not kept) and whether each was kept."""
@@ -223,6 +235,19 @@ def flat_runs(flat: np.ndarray) -> np.ndarray:
     starts = flat[np.r_[0, breaks]]
     ends = np.r_[flat[breaks - 1] + 1, flat[-1] + 1]
     return np.stack([starts, ends - starts], axis=1).astype(np.int64)
+
+
+def ring_slots(ring: np.ndarray | None, write_index: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(full-pool, SWA-pool) slots the valid rows of a violation ring name (sorted, unique)."""
+    if ring is None or write_index is None:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty
+    rows = np.asarray(ring, dtype=np.int64).reshape(-1, 8)
+    valid = rows.shape[0] if write_index < 0 else min(write_index, rows.shape[0])
+    tag, slot = rows[:valid, 0], rows[:valid, 1]
+    swa = (tag >= int(LaunchTag.HEAD_K_SWA)) & (tag < len(LaunchTag))
+    full = (tag >= 0) & (tag < int(LaunchTag.HEAD_K_SWA))
+    return np.unique(slot[full]), np.unique(slot[swa])
 
 
 def sparse_array(
