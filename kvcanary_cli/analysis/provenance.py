@@ -356,8 +356,10 @@ def _allocator_state(
 ) -> str | None:
     if free is None:
         return None
-    if known is not None and not np.isin(slot, known):
-        return "unknown (not kept)"  # a shrunk dump keeps the entries of its kept slots
+    if known is not None:  # sorted: a shrunk dump keeps the entries of its kept slots
+        at = int(np.searchsorted(known, slot))
+        if at >= known.size or int(known[at]) != slot:
+            return "unknown (not kept)"
     return "free" if bool((free == slot).any()) else "in use"
 
 
