@@ -126,6 +126,8 @@ def shrink(
     from kvcanary_cli.analysis.shrink import shrink_keep
     from kvcanary_cli.dump.shrunk import write_shrunk
 
+    if str(out) == "-":
+        raise OptionError("write the small dump to a file, not to standard output", option="--out")
     dump = load_dump(path, overrides=overrides)
     kernel = make_kernel(Kernel.TORCH)
     assert kernel is not None

@@ -243,10 +243,10 @@ def shrink(
     from kvcanary_cli import api
     from kvcanary_cli.errors import OptionError
 
-    if out is None:
+    if out is None or str(out) == "-":
         raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
     result = api.shrink(dump, out, overrides=overrides, force=force)
-    typer.echo("\n".join(result.summary_lines()), err=str(out) == "-")
+    typer.echo("\n".join(result.summary_lines()))
 
 
 @app.command()

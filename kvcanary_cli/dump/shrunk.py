@@ -224,5 +224,4 @@ def write_shrunk(
     metadata["kvcanary.format"] = SHRUNK_FORMAT_VERSION
     metadata[SHRINK_KEY] = record.to_json()
     path = write_safetensors(out, tensors, metadata, inputs=[dump.path], overwrite=overwrite)
-    size = os.stat(path).st_size if str(path) != "-" else 0
-    return ShrinkResult(path=path, file_bytes=size, record=record)
+    return ShrinkResult(path=path, file_bytes=os.stat(path).st_size, record=record)

@@ -44,6 +44,7 @@ def test_refuses_what_it_must_not_write(pair: tuple[Path, Path]) -> None:
         (["-o", str(small)], "exists"),
         (["-o", str(original), "--force"], "input of this command"),
         ([], "-o SMALL.safetensors"),
+        (["-o", "-"], "-o SMALL.safetensors"),
     ):
         code, out, err = run("shrink", str(original), *args)
         assert code == 2 and out == ""
