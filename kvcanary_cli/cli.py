@@ -36,6 +36,7 @@ from kvcanary_cli.render import (
     render_violations,
 )
 from kvcanary_cli.render.console import progress
+from kvcanary_cli.safe_text import printable
 
 __all__ = ["ExitCode", "app", "main"]
 
@@ -278,7 +279,8 @@ def synth(
     state = make_scenario(scenario, seed=seed, size=size)
     path = state.save(out, overwrite=force)
     logged = "" if log is None else f" and {write_scenario_log(state, log, overwrite=force)}"
-    typer.echo(f"wrote {path}{logged} ({scenario}, seed {seed}, size {size})", err=str(out) == "-")
+    wrote = f"wrote {path}{logged} ({scenario}, seed {seed}, size {size})"
+    typer.echo(printable(wrote), err=str(out) == "-")
 
 
 @app.command()

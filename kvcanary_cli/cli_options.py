@@ -21,9 +21,10 @@ from typer.core import TyperGroup
 
 from kvcanary_cli.analysis.model import CheckReport, Severity
 from kvcanary_cli.dump.schema import SCALARS
-from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.errors import KvcanaryError, OptionError
 from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
+from kvcanary_cli.safe_text import printable
 
 __all__ = [
     "Buffer",
@@ -75,16 +76,29 @@ def check_exit(report: CheckReport) -> ExitCode:
     """`check`'s exit code; each unreadable dump's error goes to stderr on the way."""
     for bad in report.dumps:
         if bad.error is not None:
-            typer.echo(f"error: {bad.error}", err=True)
+            typer.echo(printable(f"error: {bad.error}"), err=True)
     if report.bad_input:
         return ExitCode.BAD_INPUT
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """Print one line on stderr and exit with `code`."""
-    typer.echo(message, err=True)
+    """Print one line on stderr and exit with `code`.
+
+    The line is escaped (`printable`): it may quote a file name, a tensor name, an option value
+    or an exception's text, none of which may reach the terminal as control characters.
+    """
+    typer.echo(printable(message), err=True)
     sys.exit(code)
+
+
+def _help_text(exc: Exception) -> str | None:
+    """A command's help, for a command run without the arguments it needs (kvcanary's own
+    text, several lines: not escaped)."""
+    context = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and context is not None:
+        return str(context.get_help())
+    return None
 
 
 def _usage_message(exc: Exception) -> str | None:
@@ -92,8 +106,6 @@ def _usage_message(exc: Exception) -> str | None:
     if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
         return None
     context = getattr(exc, "ctx", None)
-    if type(exc).__name__ == "NoArgsIsHelpError" and context is not None:
-        return str(context.get_help())
     where = f" (see '{context.command_path} --help')" if context is not None else ""
     message = str(exc.format_message()).replace("Value error, ", "")  # pydantic's prefix
     return f"error: {message}{where}"
@@ -121,6 +133,10 @@ class OneLineErrors(TyperGroup):
         except (typer.Abort, KeyboardInterrupt):
             fail("interrupted", 130)
         except Exception as exc:
+            help_text = _help_text(exc)
+            if help_text is not None:
+                typer.echo(help_text, err=True)
+                sys.exit(ExitCode.BAD_INPUT)
             usage = _usage_message(exc)
             if usage is not None:
                 fail(usage, ExitCode.BAD_INPUT)
@@ -156,6 +172,8 @@ def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
                     spec.option,
                     rich_help_panel="Scalar overrides",
                     help=f"Override {spec.name}: {spec.meaning} (default: {spec.default}).",
+                    min=spec.minimum,
+                    max=spec.maximum,
                 ),
             ],
         )
@@ -224,17 +242,31 @@ FindingRowsOpt = Annotated[
 ]
 JobsOpt = Annotated[
     int | None,
-    typer.Option("--jobs", "-j", min=1, help="Processes for several dumps (default: the cores)."),
+    typer.Option(
+        "--jobs",
+        "-j",
+        min=1,
+        help="Processes for several dumps (default: the cores; never more than the cores, the "
+        "dumps, or what the available memory holds).",
+    ),
 ]
 SlotOpt = Annotated[
     int | None,
-    typer.Option("--slot", "-s", help="Slot to trace: every req_to_token cell holding it."),
+    typer.Option(
+        "--slot",
+        "-s",
+        min=-(1 << 63),
+        max=(1 << 63) - 1,
+        help="Slot to trace: every req_to_token cell holding it.",
+    ),
 ]
 RowOpt = Annotated[
     int | None,
     typer.Option(
         "--row",
         "-r",
+        min=0,
+        max=(1 << 63) - 1,
         help="Pool row to map instead: live prefix, window, pending writes, stale "
         "tail, bad cells marked.",
     ),
@@ -252,9 +284,12 @@ def parse_positions(text: str | None) -> tuple[int, int] | None:
     try:
         if not sep:
             raise ValueError
-        return (int(start) if start else 0, int(end) if end else 1 << 62)
+        span = (int(start) if start else 0, int(end) if end else 1 << 62)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not START:END (e.g. 3000:4000)") from None
+    if not all(0 <= v < 1 << 63 for v in span):
+        raise OptionError(f"{text!r}: positions must be in [0, 2^63)", option="--positions")
+    return span
 
 
 PositionsOpt = Annotated[
@@ -327,7 +362,7 @@ ShrinkOutOpt = Annotated[
         show_default=False,
     ),
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Random seed.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=(1 << 63) - 1, help="Random seed.")]
 SizeOpt = Annotated[
     str,
     typer.Option(

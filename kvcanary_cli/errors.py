@@ -1,7 +1,8 @@
 """Error types: every user mistake becomes one `KvcanaryError` line and exit code 2.
 
 Three kinds of mistake, three types, each naming what is at fault so that `str(err)` is the
-whole line the CLI prints:
+whole line the CLI prints (escaped by `safe_text.printable`: a file name, a tensor name or a
+parser's message from a hostile dump cannot reach the terminal as control characters):
 
 - `DumpError`: the file cannot be read as a dump; names the file and the tensor or key;
 - `OptionError`: a command-line option (or option combination) is unusable; names the option;
@@ -9,6 +10,8 @@ whole line the CLI prints:
 """
 
 from __future__ import annotations
+
+from kvcanary_cli.safe_text import printable
 
 __all__ = [
     "CorruptDumpError",
@@ -41,7 +44,7 @@ class KvcanaryError(Exception):
     def __str__(self) -> str:
         subject = self.subject()
         text = f"{subject}: {self.message}" if subject else self.message
-        return f"{text} ({self.hint})" if self.hint else text
+        return printable(f"{text} ({self.hint})" if self.hint else text)
 
 
 class DumpError(KvcanaryError):

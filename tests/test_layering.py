@@ -1,5 +1,6 @@
 """Imports flow one way: cli -> analysis/render -> canary -> planners -> dump -> errors (AST
-check); `canary.constants` and `canary.hashing` are leaves the dump layer may use.
+check); `canary.constants` and `canary.hashing` are leaves the dump layer may use, and
+`safe_text` (the one escape for text shown from a dump) is a leaf every layer may use.
 
 Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
 imports `triton_kernels` (after preparing the environment), so the two cannot form a cycle;
@@ -19,19 +20,28 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kvcanary_cli"
 
 #: layer -> package modules (prefixes) it may import.
 ALLOWED = {
-    "errors": set(),
+    "safe_text": set(),
+    "errors": {"safe_text"},
     # the synthesizer stamps canary records: only the two leaf modules of `canary`
-    "dump": {"errors", "dump", "canary.constants", "canary.hashing"},
-    "planners": {"errors", "dump", "planners"},
-    "canary": {"errors", "dump", "planners", "canary"},
-    "analysis": {"errors", "dump", "planners", "canary", "analysis"},
+    "dump": {"safe_text", "errors", "dump", "canary.constants", "canary.hashing"},
+    "planners": {"safe_text", "errors", "dump", "planners"},
+    "canary": {"safe_text", "errors", "dump", "planners", "canary"},
+    "analysis": {"safe_text", "errors", "dump", "planners", "canary", "analysis"},
     # "" = the package root, for __version__
-    "render": {"render", "analysis.model", "analysis.violation_report", "canary.constants", ""},
-    "capture": {"dump", "errors"},
-    "cli_options": {"errors", "dump.schema", "planners", "analysis.model", "render"},
-    "api": {"errors", "dump", "planners", "analysis", ""},  # "" for __version__
-    "output": {"dump.files", "render"},
+    "render": {
+        "safe_text",
+        "render",
+        "analysis.model",
+        "analysis.violation_report",
+        "canary.constants",
+        "",
+    },
+    "capture": {"safe_text", "dump", "errors"},
+    "cli_options": {"safe_text", "errors", "dump.schema", "planners", "analysis.model", "render"},
+    "api": {"safe_text", "errors", "dump", "planners", "analysis", ""},  # "" for __version__
+    "output": {"safe_text", "dump.files", "render"},
     "cli": {
+        "safe_text",
         "errors",
         "dump",
         "planners",
@@ -110,6 +120,10 @@ def test_canary_leaves_import_no_other_package_module() -> None:
     for name in ("constants.py", "hashing.py"):
         targets = {t for t, _ in package_imports(PACKAGE / "canary" / name)}
         assert targets <= {"canary.constants"}, (name, targets)
+
+
+def test_safe_text_is_a_leaf() -> None:
+    assert package_imports(PACKAGE / "safe_text.py") == []
 
 
 def test_kernels_do_not_import_the_runtime() -> None:

@@ -182,6 +182,42 @@ def collect_findings(
     )
 
 
+#: What one checking process needs besides its dump's pages: torch, triton and the plan.
+_WORKER_BASE_BYTES = 768 << 20
+
+
+def worker_count(dumps: int, jobs: int | None, paths: Sequence[Path] = ()) -> int:
+    """Processes for checking `dumps` dumps: what was asked (default: the cores), but never
+    more than the dumps, the cores this process may run on, or what the available memory
+    holds (each worker may map the largest dump): more only makes them fight."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    wanted = min(dumps, jobs or cores or 1, cores or 1)
+    available = _available_memory()
+    if available is not None:
+        largest = max((_size(p) for p in paths), default=0)
+        wanted = min(wanted, max(1, available // (_WORKER_BASE_BYTES + largest)))
+    return max(1, wanted)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProvenanceSlots:
     """The full slots whose cells findings show, and how SWA slots reach them."""
@@ -283,7 +319,7 @@ def check_dumps(
         (str(Path(p)), dict(overrides or {}), reference, kernel, tuple(groups) if groups else None)
         for p in paths
     ]
-    workers = min(len(work), jobs or os.cpu_count() or 1)
+    workers = worker_count(len(work), jobs, [Path(p) for p in paths])
     reports: list[DumpReport] = []
     if workers <= 1:
         for i, item in enumerate(work):

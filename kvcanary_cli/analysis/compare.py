@@ -128,14 +128,21 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
     problems = _both(reference, kernel)
     codes = list(FindingCode)  # indexed by FindingCode.order
     if reference.entries and reference.entries == kernel.entries:
-        why = _entry_explanations(problems, reference)
-        rows = reference.entry_batch_rows()
-        positions = reference.verify_expected_positions
+        compared = []
         for name, bit, role, label in _FIELDS:
             ref_def = (reference.verify_undefined & int(bit)) == 0
             ker_def = (kernel.verify_undefined & int(bit)) == 0
             ref_val, ker_val = getattr(reference, name), getattr(kernel, name)
             differs = ((ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))).numpy()
+            compared.append((role, label, ref_def, ker_def, ref_val, ker_val, differs))
+        # Explanations cost a pass per field: only when something differs.
+        any_differs = any(bool(c[-1].any()) for c in compared)
+        why = _entry_explanations(problems, reference) if any_differs else {}
+        rows = reference.entry_batch_rows() if any_differs else torch.zeros(0)
+        positions = reference.verify_expected_positions
+        for role, label, ref_def, ker_def, ref_val, ker_val, differs in compared:
+            if not differs.any():
+                continue
             reasons = why[role][differs]
             for index, count in enumerate(np.bincount(reasons[reasons >= 0], minlength=len(codes))):
                 if count:
@@ -167,27 +174,35 @@ def _compare_write(
     ref_val = reference.write_seed_slot_indices[:n]
     ker_val = kernel.write_seed_slot_indices[:n]
     differs = (ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))
-    for r in torch.nonzero(differs).reshape(-1).tolist():
-        row_problems = problems.batch_row == r
-        seed_lut = (
-            row_problems
+    bad_rows = torch.nonzero(differs).reshape(-1).numpy()
+    if bad_rows.size:
+        # per batch row, once: a seed LUT problem, or the first row-level problem's kind
+        in_rows = (problems.batch_row >= 0) & (problems.batch_row < n)
+        seed_lut = np.zeros(n, dtype=bool)
+        lut = (
+            in_rows
             & (problems.kind == ProblemKind.LUT_OUT_OF_RANGE)
             & (problems.role == ProblemRole.SEED)
         )
-        row_level = row_problems & np.isin(problems.kind, [int(k) for k in _ROW_LEVEL])
-        if seed_lut.any():
-            code = ProblemKind.LUT_OUT_OF_RANGE.code
-        elif row_level.any():
-            code = ProblemKind(int(problems.kind[np.flatnonzero(row_level)[0]])).code
-        else:
-            diverge(
-                "write seed",
-                int(ref_val[r]) if ref_def[r] else "undefined",
-                int(ker_val[r]) if ker_def[r] else "undefined",
-                batch_row=r,
-            )
-            continue
-        result.explain(code, "write seed", 1)
+        seed_lut[problems.batch_row[lut]] = True
+        row_kind = np.full(n, -1, dtype=np.int64)
+        level = np.flatnonzero(in_rows & np.isin(problems.kind, [int(k) for k in _ROW_LEVEL]))
+        for i in level[::-1].tolist():  # the first problem of a row wins
+            row_kind[problems.batch_row[i]] = problems.kind[i]
+        for r in bad_rows.tolist():
+            if seed_lut[r]:
+                code = ProblemKind.LUT_OUT_OF_RANGE.code
+            elif row_kind[r] >= 0:
+                code = ProblemKind(int(row_kind[r])).code
+            else:
+                diverge(
+                    "write seed",
+                    int(ref_val[r]) if ref_def[r] else "undefined",
+                    int(ker_val[r]) if ker_def[r] else "undefined",
+                    batch_row=r,
+                )
+                continue
+            result.explain(code, "write seed", 1)
     m = min(reference.write_offsets.shape[0], kernel.write_offsets.shape[0])
     bad = torch.nonzero(reference.write_offsets[:m] != kernel.write_offsets[:m]).reshape(-1)
     for r in bad.tolist():

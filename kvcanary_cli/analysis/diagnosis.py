@@ -47,6 +47,7 @@ _BATCH_CODES = frozenset(
         FindingCode.PREFIX_BEYOND_ROW,
         FindingCode.DUPLICATE_REQUEST_ROW,
         FindingCode.NEGATIVE_LENGTH,
+        FindingCode.VERIFY_TOTAL_IMPLAUSIBLE,
     }
 )
 #: symptoms a stale tail leaves in a live prefix: slots freed since, reused elsewhere, never
@@ -75,6 +76,7 @@ _BY_CODE: dict[FindingCode, CauseCode] = {
     FindingCode.KERNEL_DIVERGENCE: CauseCode.PLANNER_DIVERGENCE,
     FindingCode.GPU_DTYPE_MISMATCH: CauseCode.NONCANONICAL_DTYPE,
     FindingCode.LUT_SENTINEL_MISSING: CauseCode.LUT_SENTINEL_OVERWRITTEN,
+    FindingCode.SCALAR_OUT_OF_RANGE: CauseCode.SCALAR_METADATA_CORRUPT,
 }
 _SUMMARY: dict[CauseCode, str] = {
     CauseCode.LUT_TOO_SHORT: "the SWA LUT is shorter than the full pool: valid slots fall "
@@ -104,6 +106,8 @@ _SUMMARY: dict[CauseCode, str] = {
     "explains it",
     CauseCode.KV_OVERWRITTEN: "the KV bytes of live slots changed after the canary "
     "fingerprinted them",
+    CauseCode.SCALAR_METADATA_CORRUPT: "a scalar the dump records is not one SGLang could "
+    "have used",
     CauseCode.FOREIGN_CANARY_RECORD: "verified slots hold canary records of a writer the "
     "dump does not show",
 }
@@ -143,6 +147,8 @@ _FIX: dict[CauseCode, str] = {
     "the reference disagree",
     CauseCode.KV_OVERWRITTEN: "find what wrote into these slots' KV after their step (a kernel "
     "writing out of bounds, a copy or transfer into the wrong pages)",
+    CauseCode.SCALAR_METADATA_CORRUPT: "check what recorded the scalar (the capture hook's "
+    "server context); rerun with the real value through its option",
     CauseCode.FOREIGN_CANARY_RECORD: "trace the slots with `kvcanary provenance --slot`: they "
     "were rewritten by a sequence outside this batch (a transfer, a finished request, a "
     "misplaced page)",
@@ -224,7 +230,9 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
 
 
 def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
-    explains = Counter(findings[i].code.value for i in entry.members)
+    explains: Counter[str] = Counter()
+    for i in entry.members:  # cells: a run record counts each cell it stands for
+        explains[findings[i].code.value] += findings[i].cells
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
@@ -261,7 +269,7 @@ def _stale_rows(state: _Diagnosis) -> None:
     """A run of symptoms that ends at the last prefix position of a row: a stale tail."""
     findings = state.findings
     prefix = state.dump.prefix_lens.clamp(min=0).tolist()
-    by_row: dict[int, dict[int, list[int]]] = {}
+    by_row: dict[int, list[int]] = {}
     for i, f in enumerate(findings):
         if (
             f.code in _STALE_CODES
@@ -270,20 +278,29 @@ def _stale_rows(state: _Diagnosis) -> None:
             and state.cause_of[i] is None
             and f.position < prefix[f.batch_row]
         ):
-            by_row.setdefault(f.batch_row, {}).setdefault(f.position, []).append(i)
-    for row, at in by_row.items():
+            by_row.setdefault(f.batch_row, []).append(i)
+    for row, members in by_row.items():
         p = prefix[row]
-        bad = sorted(at)
+        # the prefix positions the findings cover (a run record covers several)
+        spans = sorted((findings[i].position or 0, findings[i].position_end or 0) for i in members)
+        covered, first, last, reach = 0, spans[0][0], -1, -1
+        for a, b in spans:
+            b = min(b, p - 1)
+            if b > reach:
+                covered += b - max(a, reach + 1) + 1
+                reach = b
+            last = max(last, b)
         # At least two cells, ending at the last prefix position, covering most of the run.
-        if len(bad) < 2 or bad[-1] != p - 1 or 2 * len(bad) < p - bad[0]:
+        if covered < 2 or last != p - 1 or 2 * covered < p - first:
             continue
-        run = [i for position in bad for i in at[position]]
-        for i in run:
+        for i in members:
             state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i)
-        codes = Counter(findings[i].code.value for i in run)
+        codes: Counter[str] = Counter()
+        for i in members:
+            codes[findings[i].code.value] += findings[i].cells
         state.evidence(CauseCode.STALE_ROW_READ).append(
-            f"batch row {row} (pool row {findings[run[0]].pool_row}): positions "
-            f"{bad[0]}..{p - 1}, the last {p - bad[0]} of its prefix of {p}, hold "
+            f"batch row {row} (pool row {findings[members[0]].pool_row}): positions "
+            f"{first}..{p - 1}, the last {p - first} of its prefix of {p}, hold "
             f"{_counted(codes)}; the cells before them are clean"
         )
 
@@ -379,7 +396,9 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
     for i in (*out_of_range, *beyond, *sentinel):
         state.claim(first, Confidence.LIKELY, i)
     state.evidence(first).extend(evidence)
-    explains = Counter(findings[i].code.value for i in state.claims[first].members)
+    explains: Counter[str] = Counter()
+    for i in state.claims[first].members:
+        explains[findings[i].code.value] += findings[i].cells
     return [
         Cause(
             code=second,
@@ -490,7 +509,9 @@ def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSumm
     out = []
     for row in sorted(rows):
         found = rows[row]
-        counts = Counter(f.code.value for f in found)
+        counts: Counter[str] = Counter()
+        for f in found:
+            counts[f.code.value] += f.cells
         positions = [f.position for f in found if f.position is not None]
         out.append(
             RequestSummary(
@@ -526,7 +547,7 @@ def first_raise(
                 and f.batch_row == problem.batch_row
                 and (
                     code is not FindingCode.LUT_OUT_OF_RANGE
-                    or (f.group == plan.group and f.position == problem.position)
+                    or (f.group == plan.group and f.covers(problem.position))
                 )
             ):
                 marked[i] = replace(f, first_raise=True)

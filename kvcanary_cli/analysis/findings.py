@@ -7,15 +7,15 @@ provenance to all of them in one table scan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-import torch
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
-from kvcanary_cli.analysis.provenance import LiveCells
+from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import dtype_label
+from kvcanary_cli.dump.schema import SCALARS, dtype_label
 from kvcanary_cli.dump.sparse import element, take_known
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
@@ -32,7 +32,9 @@ def batch_findings(dump: KvDump) -> list[Finding]:
     msl, max_reqs = dump.max_seq_len, dump.max_reqs
     active = rpi != 0
     out_of_range = active & ((rpi < 0) | (rpi >= max_reqs))
-    beyond = active & ~out_of_range & (np.maximum(prefix, 0) + np.maximum(extend, 0) > msl)
+    claimed_p, claimed_e = np.maximum(prefix, 0), np.maximum(extend, 0)
+    # P + E > msl, written so that no claimed length can overflow
+    beyond = active & ~out_of_range & ((claimed_p > msl) | (claimed_e > msl - claimed_p))
     for r in np.flatnonzero(out_of_range).tolist():
         rp = int(rpi[r])
         found.append(
@@ -107,6 +109,24 @@ def batch_findings(dump: KvDump) -> list[Finding]:
                 details={"bs": limit.bs, "limit": limit.limit},
             )
         )
+    for rejected in dump.rejected_scalars:
+        spec = SCALARS[rejected.name]
+        found.append(
+            Finding(
+                code=FindingCode.SCALAR_OUT_OF_RANGE,
+                group="full",
+                message=f"{rejected.name} (in the dump's {rejected.source}) {rejected.reason}: "
+                f"corrupt; planned as if not recorded (default: {spec.default}; pass "
+                f"{spec.option} with the real value)",
+                details={
+                    "scalar": rejected.name,
+                    "value": rejected.value,
+                    "option": spec.option,
+                    "minimum": spec.minimum,
+                    "maximum": spec.maximum,
+                },
+            )
+        )
     for note in dump.dtype_notes:
         found.append(
             Finding(
@@ -151,137 +171,284 @@ def _cell_finding(
     )
 
 
+#: A run of at least this many consecutive offending cells of one row (same code) is one
+#: record: output then grows with the problems, not with the cells. Shorter runs are listed
+#: cell by cell.
+RUN_CELLS = 16
+#: Cells a finding lists in its details (positions, other cells, a run's slots): a sample,
+#: with the total.
+SAMPLE_CELLS = 8
+
+
+def _cell_records(
+    code: FindingCode,
+    cells: LiveCells,
+    offending: np.ndarray,
+    message: Callable[[int], str],
+    *,
+    run_what: str,
+    group: str = "full",
+    space: str = "full",
+    slots: np.ndarray | None = None,
+    role: Callable[[int], str | None] | None = None,
+    details: Callable[[int], dict[str, object]] | None = None,
+    split: np.ndarray | None = None,
+) -> list[Finding]:
+    """Findings for the offending cells (ascending indices into `cells`): one per cell, or
+    one per run of `RUN_CELLS` or more consecutive positions of one row.
+
+    `slots` (aligned with `cells`) replaces the slot reported (an SWA slot, say); `split`
+    (aligned with `offending`) keeps cells with different values out of one run.
+    """
+    offending = np.asarray(offending, dtype=np.int64)
+    if offending.size == 0:
+        return []
+    reported = cells.slot if slots is None else slots
+    rows, positions = cells.batch_row[offending], cells.position[offending]
+    new_run = np.ones(offending.size, dtype=bool)
+    new_run[1:] = (
+        (rows[1:] != rows[:-1])
+        | (positions[1:] != positions[:-1] + 1)
+        | (cells.pending[offending][1:] != cells.pending[offending][:-1])
+    )
+    if split is not None:
+        new_run[1:] |= split[1:] != split[:-1]
+    starts = np.flatnonzero(new_run)
+    ends = np.r_[starts[1:], offending.size]
+    found: list[Finding] = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if b - a < RUN_CELLS:
+            for i in offending[a:b].tolist():
+                found.append(
+                    _cell_finding(
+                        code,
+                        cells,
+                        i,
+                        message(i),
+                        group=group,
+                        slot=int(reported[i]),
+                        space=space,
+                        role=role(i) if role else None,
+                        details=details(i) if details else None,
+                    )
+                )
+            continue
+        members = offending[a:b]
+        first, n = int(members[0]), b - a
+        sample = [int(v) for v in reported[members[:SAMPLE_CELLS]]]
+        shown = ", ".join(map(str, sample)) + (", ..." if n > SAMPLE_CELLS else "")
+        p0 = int(cells.position[first])
+        found.append(
+            replace(
+                _cell_finding(
+                    code,
+                    cells,
+                    first,
+                    f"{n} consecutive cells, positions {p0}..{p0 + n - 1}, hold {run_what} "
+                    f"(slots {shown})",
+                    group=group,
+                    slot=sample[0],
+                    space=space,
+                    role=role(first) if role else None,
+                    details={
+                        **(details(first) if details else {}),
+                        "slots": sample,
+                        "slots_total": n,
+                    },
+                ),
+                cells=n,
+            )
+        )
+    return found
+
+
 def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     """Full-space slot findings over the live cells."""
     found: list[Finding] = []
     slot = cells.slot
-    for i in np.flatnonzero(slot < 0):
-        found.append(
-            _cell_finding(
-                FindingCode.NEGATIVE_SLOT, cells, i, f"live cell holds negative slot {slot[i]}"
-            )
-        )
-    for i in np.flatnonzero((slot == 0) & ~cells.pending):
-        found.append(
-            _cell_finding(
-                FindingCode.PADDING_SLOT_IN_LIVE_RANGE,
-                cells,
-                i,
-                "live prefix position holds slot 0 (never written or zeroed): the canary skips it",
-            )
-        )
+    found += _cell_records(
+        FindingCode.NEGATIVE_SLOT,
+        cells,
+        np.flatnonzero(slot < 0),
+        lambda i: f"live cell holds negative slot {slot[i]}",
+        run_what="negative slots",
+    )
+    found += _cell_records(
+        FindingCode.PADDING_SLOT_IN_LIVE_RANGE,
+        cells,
+        np.flatnonzero((slot == 0) & ~cells.pending),
+        lambda i: (
+            "live prefix position holds slot 0 (never written or zeroed): the canary skips it"
+        ),
+        run_what="slot 0 (never written or zeroed): the canary skips them",
+    )
     pool = dump.scalars["num_full_slots"]
     if pool.value is not None:
         # With a derived pool size (lut_len - 1) the finding holds only if the LUT is right.
         assumes = ("num_full_slots",) if pool.assumed else ()
-        for i in np.flatnonzero(slot >= pool.value):
-            found.append(
-                replace(
-                    _cell_finding(
-                        FindingCode.SLOT_BEYOND_POOL,
-                        cells,
-                        i,
-                        f"live slot {slot[i]} is beyond the full pool ({pool.value} slots, "
-                        f"{pool.source})",
-                        details={"num_full_slots": pool.value},
-                    ),
-                    assumes=assumes,
-                )
-            )
+        size = pool.value
+        beyond = _cell_records(
+            FindingCode.SLOT_BEYOND_POOL,
+            cells,
+            np.flatnonzero(slot >= size),
+            lambda i: f"live slot {slot[i]} is beyond the full pool ({size} slots, {pool.source})",
+            run_what=f"slots beyond the full pool ({size} slots, {pool.source})",
+            details=lambda i: {"num_full_slots": size},
+        )
+        found += [replace(f, assumes=assumes) for f in beyond]
     real = slot > 0
     found.extend(_duplicates_in_row(cells, real))
     found.extend(_shared_across_positions(cells, real))
     if dump.free_full_slots is not None:
         free = dump.free_full_slots.numpy()
-        for i in np.flatnonzero(real & np.isin(slot, free)):
-            found.append(
-                _cell_finding(
-                    FindingCode.FREED_SLOT_IN_LIVE_RANGE,
-                    cells,
-                    i,
-                    f"live slot {slot[i]} is on the allocator's free list (use after free)",
-                )
-            )
+        found += _cell_records(
+            FindingCode.FREED_SLOT_IN_LIVE_RANGE,
+            cells,
+            np.flatnonzero(real & SlotSet(free).contains(slot)),
+            lambda i: f"live slot {slot[i]} is on the allocator's free list (use after free)",
+            run_what="slots on the allocator's free list (use after free)",
+        )
     found.extend(_writes_to_live(dump, cells))
     return found
 
 
-def _groups_of(keys: np.ndarray) -> list[np.ndarray]:
-    """Index arrays of equal keys (stable order), only for keys that occur twice or more."""
-    if keys.size == 0:
+def _groups_of(*keys: np.ndarray) -> list[np.ndarray]:
+    """Index arrays of cells with equal keys (cell order within a group), only for keys that
+    occur twice or more. Several key arrays compare as tuples: no packing into one integer,
+    which could collide (int64 slots) or overflow."""
+    if keys[0].size == 0:
         return []
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    ends = np.r_[starts[1:], sorted_keys.size]
+    order = np.lexsort(keys[::-1])  # first key primary; ties keep cell order (stable)
+    starts = _group_starts([k[order] for k in keys])
+    ends = np.r_[starts[1:], order.size]
     repeated = ends - starts > 1
     return [order[a:b] for a, b in zip(starts[repeated], ends[repeated], strict=True)]
 
 
+def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
+    """Where each run of equal key tuples begins in sorted order."""
+    change = np.zeros(sorted_keys[0].size, dtype=bool)
+    change[0] = True
+    for key in sorted_keys:
+        change[1:] |= key[1:] != key[:-1]
+    return np.flatnonzero(change)
+
+
 def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
+    """Every cell after the first of a slot that sits at several positions of one row."""
     idx = np.flatnonzero(real)
-    keys = cells.pool_row[idx].astype(np.int64) * (1 << 40) + cells.slot[idx]
-    found = []
-    for group in _groups_of(keys):
+    seen: dict[int, tuple[list[int], int]] = {}
+    repeats: list[np.ndarray] = []
+    for group in _groups_of(cells.pool_row[idx], cells.slot[idx]):
         members = idx[group]
-        positions = sorted(int(p) for p in cells.position[members])
-        for i in members[1:]:
-            found.append(
-                _cell_finding(
-                    FindingCode.DUPLICATE_SLOT_IN_ROW,
-                    cells,
-                    i,
-                    f"slot {cells.slot[i]} sits at positions {positions} of pool row "
-                    f"{cells.pool_row[i]}",
-                    details={"positions": positions},
-                )
-            )
-    return found
+        positions = np.sort(cells.position[members])
+        shown = ([int(p) for p in positions[:SAMPLE_CELLS]], int(positions.size))
+        seen.update(dict.fromkeys(members[1:].tolist(), shown))
+        repeats.append(members[1:])
+
+    def message(i: int) -> str:
+        shown, total = seen[i]
+        listed = str(shown) if total <= SAMPLE_CELLS else f"{str(shown)[:-1]}, ...]"
+        many = f"{total} positions " if total > SAMPLE_CELLS else ""
+        return (
+            f"slot {cells.slot[i]} sits at {many}positions {listed} of pool row {cells.pool_row[i]}"
+        )
+
+    return _cell_records(
+        FindingCode.DUPLICATE_SLOT_IN_ROW,
+        cells,
+        np.sort(np.concatenate(repeats)) if repeats else np.zeros(0, dtype=np.int64),
+        message,
+        run_what="slots that also sit at other positions of the same row",
+        details=lambda i: {"positions": seen[i][0], "positions_total": seen[i][1]},
+    )
 
 
 def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding]:
+    """Cells holding a slot that other rows hold at another position (radix sharing puts one
+    slot at one position in many rows; only a second position is aliasing).
+
+    Per slot, the position most of its cells agree on is the owner's (on a tie the smallest;
+    when no two agree, the position of its first cell) and every other cell is a copy.
+    Everything is computed per slot with sorts, not per cell.
+    """
     idx = np.flatnonzero(real)
-    # Radix sharing puts one slot at one position in many rows: only slots seen at two or
-    # more distinct positions can be aliased (found vectorized; the loop below sees few).
-    pairs = np.unique((cells.slot[idx] << 32) | cells.position[idx])  # slots, positions < 2^31
-    slots, counts = np.unique(pairs >> 32, return_counts=True)
-    idx = idx[np.isin(cells.slot[idx], slots[counts > 1])]
-    found = []
-    for group in _groups_of(cells.slot[idx]):
-        members = idx[group]
-        rows = cells.pool_row[members]
-        if np.unique(rows).size < 2:
-            continue
-        positions = cells.position[members]
-        values, counts = np.unique(positions, return_counts=True)
-        # The position most cells agree on is the owner's; the others are copies.
-        owner_pos = int(values[np.argmax(counts)]) if counts.max() > 1 else int(positions[0])
-        owners = [
-            (int(cells.pool_row[m]), int(cells.position[m]))
-            for m in members
-            if cells.position[m] == owner_pos
-        ]
-        for m in members:
-            if cells.position[m] == owner_pos:
-                continue
-            others = [
-                (int(r), int(p))
-                for r, p in zip(rows, positions, strict=True)
-                if r != cells.pool_row[m]
-            ]
-            if not others:
-                continue
-            found.append(
-                _cell_finding(
-                    FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
-                    cells,
-                    m,
-                    f"slot {cells.slot[m]} is also live at (pool row, position) "
-                    f"{', '.join(map(str, owners[:3]))}: aliased across requests",
-                    details={"other_cells": [list(o) for o in others[:8]]},
-                )
-            )
-    return found
+    if idx.size == 0:
+        return []
+    slot, position, row = cells.slot[idx], cells.position[idx], cells.pool_row[idx]
+    # slot-major, then position, then cell order
+    order = np.lexsort((position, slot))
+    s, p = slot[order], position[order]
+    slot_start = _group_starts([s])
+    slot_id = np.repeat(np.arange(slot_start.size), np.diff(np.r_[slot_start, s.size]))
+    run_start = _group_starts([s, p])  # runs of one (slot, position)
+    run_len = np.diff(np.r_[run_start, s.size])
+    run_slot = slot_id[run_start]
+    positions_per_slot = np.bincount(run_slot, minlength=slot_start.size)
+    sid = np.empty(idx.size, dtype=np.int64)  # slot id of each cell, in cell order
+    sid[order] = slot_id
+    by_row = np.lexsort((row, slot))
+    rows_per_slot = np.bincount(
+        sid[by_row][_group_starts([slot[by_row], row[by_row]])], minlength=slot_start.size
+    )
+    suspect = (positions_per_slot > 1) & (rows_per_slot > 1)
+    if not suspect.any():
+        return []
+    # owner position per slot: the longest run (first = smallest position on a tie); when
+    # every run has length 1, the position of the slot's first cell in cell order.
+    longest = np.zeros(slot_start.size, dtype=np.int64)
+    np.maximum.at(longest, run_slot, run_len)
+    is_best = run_len == longest[run_slot]
+    first_best = np.full(slot_start.size, s.size, dtype=np.int64)
+    np.minimum.at(first_best, run_slot[is_best], run_start[is_best])
+    best = p[np.minimum(first_best, s.size - 1)]
+    first_cell = np.full(slot_start.size, idx.size, dtype=np.int64)
+    np.minimum.at(first_cell, slot_id, order)
+    owner = np.where(longest > 1, best, position[np.minimum(first_cell, idx.size - 1)])
+    copy = suspect[sid] & (position != owner[sid])
+    if not copy.any():
+        return []
+    in_suspect = np.flatnonzero(suspect[sid])
+    at_owner = in_suspect[position[in_suspect] == owner[sid[in_suspect]]]
+    owners: dict[int, list[tuple[int, int]]] = {}
+    for k in _first_per_group(sid, at_owner, 3).tolist():
+        owners.setdefault(int(sid[k]), []).append((int(row[k]), int(position[k])))
+    # A sample of each slot's cells to name other rows from (twice the sample: a finding
+    # leaves out its own row's cells).
+    members: dict[int, list[tuple[int, int]]] = {}
+    for k in _first_per_group(sid, in_suspect, 2 * SAMPLE_CELLS).tolist():
+        members.setdefault(int(sid[k]), []).append((int(row[k]), int(position[k])))
+
+    def at(i: int) -> int:
+        return int(np.searchsorted(idx, i))
+
+    def others(i: int) -> list[list[int]]:
+        k = at(i)
+        near = [c for c in members[int(sid[k])] if c[0] != row[k]]
+        return [list(c) for c in near[:SAMPLE_CELLS]]
+
+    return _cell_records(
+        FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
+        cells,
+        idx[copy],
+        lambda i: (
+            f"slot {cells.slot[i]} is also live at (pool row, position) "
+            f"{', '.join(map(str, owners[int(sid[at(i)])]))}: aliased across requests"
+        ),
+        run_what="slots that other requests hold at another position: aliased across requests",
+        details=lambda i: {"other_cells": others(i)},
+    )
+
+
+def _first_per_group(group_of: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
+    """The candidates (cell indices, ascending) among the first `k` of their group."""
+    if candidates.size == 0:
+        return candidates
+    ordered = candidates[np.argsort(group_of[candidates], kind="stable")]
+    groups = group_of[ordered]
+    starts = _group_starts([groups])
+    rank = np.arange(ordered.size) - np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
+    return np.sort(ordered[rank < k])
 
 
 def _writes_to_live(dump: KvDump, cells: LiveCells) -> list[Finding]:
@@ -289,18 +456,22 @@ def _writes_to_live(dump: KvDump, cells: LiveCells) -> list[Finding]:
     loc = dump.out_cache_loc
     if loc is None:
         return []
-    rpi = dump.req_pool_indices
-    extend = dump.extend_seq_lens
-    write_len = torch.where((rpi != 0) & (extend > 0), extend, 0)
-    total = int(write_len.sum())
-    n = min(total, int(loc.shape[0]))
-    rows = torch.repeat_interleave(torch.arange(dump.bs), write_len)[:n]
-    starts = torch.cumsum(write_len, 0) - write_len
-    offsets = torch.arange(n) - starts[rows]
+    rpi = dump.req_pool_indices.numpy()
+    extend = dump.extend_seq_lens.numpy()
+    tokens = int(loc.shape[0])
+    # Each row writes E tokens, in batch order; out_cache_loc holds what the batch really
+    # wrote, so no claimed length makes this larger than out_cache_loc.
+    write_len = np.where((rpi != 0) & (extend > 0), np.minimum(extend, tokens), 0)
+    ends = np.cumsum(write_len)  # <= bs * tokens: no overflow
+    n = min(int(ends[-1]) if ends.size else 0, tokens)
+    w_rows = np.searchsorted(ends, np.arange(n), side="right")
+    offsets = np.arange(n) - (ends - write_len)[w_rows]
     written = loc[:n].numpy()
-    w_rows = rows.numpy()
-    w_pool = rpi[rows].numpy()
-    w_pos = (dump.prefix_lens.clamp(min=0)[rows] + offsets).numpy()
+    w_pool = rpi[w_rows]
+    w_pos = (
+        np.minimum(np.maximum(dump.prefix_lens.numpy(), 0), np.iinfo(np.int64).max // 2)[w_rows]
+        + offsets
+    )
     found = []
     order = np.argsort(cells.slot, kind="stable")
     live_sorted = cells.slot[order]
@@ -313,7 +484,7 @@ def _writes_to_live(dump: KvDump, cells: LiveCells) -> list[Finding]:
         own &= (cells.pool_row[j] == w_pool) & (cells.position[j] == w_pos)
     for i in np.flatnonzero((written > 0) & (hi > lo) & ~own):
         x = written[i]
-        same = order[lo[i] : hi[i]]
+        same = order[lo[i] : min(hi[i], lo[i] + SAMPLE_CELLS + 1)]  # at most one is its own
         others = [
             (int(cells.pool_row[j]), int(cells.position[j]))
             for j in same
@@ -335,7 +506,7 @@ def _writes_to_live(dump: KvDump, cells: LiveCells) -> list[Finding]:
                 f"position) {', '.join(map(str, others[:3]))}",
                 details={
                     "out_cache_loc_index": int(i),
-                    "other_cells": [list(o) for o in others[:8]],
+                    "other_cells": [list(o) for o in others[:SAMPLE_CELLS]],
                 },
             )
         )
@@ -389,61 +560,134 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
     swa = np.zeros_like(cells.slot)
     swa[mappable] = take_known(lut_tensor, cells.slot[mappable])[0]
-    found: list[Finding] = []
-    for i in np.flatnonzero(in_window & mappable & (swa == 0)):
-        found.append(
-            _cell_finding(
-                FindingCode.SWA_UNMAPPED_IN_WINDOW,
-                cells,
-                i,
-                f"slot {cells.slot[i]} is inside the SWA window but LUT[{cells.slot[i]}] = 0: its "
-                "SWA peer was freed; the SWA canary is blind here",
-                group="swa",
-            )
-        )
-    idx = np.flatnonzero(in_window & mappable & (swa > 0))
-    for group in _groups_of(swa[idx]):
-        members = idx[group]
-        full_slots = np.unique(cells.slot[members])
-        if full_slots.size < 2:
-            continue
-        first_slot = int(cells.slot[members[0]])
-        for m in members:
-            if int(cells.slot[m]) == first_slot:
-                continue
-            found.append(
-                _cell_finding(
-                    FindingCode.SWA_SLOT_COLLISION,
-                    cells,
-                    m,
-                    f"full slots {sorted(int(s) for s in full_slots)} all map to SWA slot {swa[m]}",
-                    group="swa",
-                    slot=int(swa[m]),
-                    space="swa",
-                    details={
-                        "full_slot": int(cells.slot[m]),
-                        "full_slots": [int(s) for s in full_slots],
-                    },
-                )
-            )
+    slot = cells.slot
+    found = _cell_records(
+        FindingCode.SWA_UNMAPPED_IN_WINDOW,
+        cells,
+        np.flatnonzero(in_window & mappable & (swa == 0)),
+        lambda i: (
+            f"slot {slot[i]} is inside the SWA window but LUT[{slot[i]}] = 0: its SWA peer "
+            "was freed; the SWA canary is blind here"
+        ),
+        run_what="slots inside the SWA window whose LUT entry is 0 (SWA peers freed; the SWA "
+        "canary is blind here)",
+        group="swa",
+    )
+    found += _swa_collisions(cells, swa, np.flatnonzero(in_window & mappable & (swa > 0)))
     if dump.free_swa_slots is not None:
         free = dump.free_swa_slots.numpy()
-        for i in np.flatnonzero(mappable & (swa > 0) & np.isin(swa, free)):
-            found.append(
-                _cell_finding(
-                    FindingCode.FREED_SLOT_IN_LIVE_RANGE,
-                    cells,
-                    i,
-                    f"live full slot {cells.slot[i]} maps to SWA slot {swa[i]}, which the SWA "
-                    "allocator holds as free",
-                    group="swa",
-                    slot=int(swa[i]),
-                    space="swa",
-                    role=None if in_window[i] or cells.pending[i] else "prefix",
-                    details={"full_slot": int(cells.slot[i])},
-                )
-            )
+        freed = np.flatnonzero(mappable & (swa > 0) & SlotSet(free).contains(swa))
+        prefix_only = ~(in_window[freed] | cells.pending[freed])
+        found += _cell_records(
+            FindingCode.FREED_SLOT_IN_LIVE_RANGE,
+            cells,
+            freed,
+            lambda i: (
+                f"live full slot {slot[i]} maps to SWA slot {swa[i]}, which the SWA "
+                "allocator holds as free"
+            ),
+            run_what="full slots whose SWA slots the SWA allocator holds as free",
+            group="swa",
+            slots=swa,
+            space="swa",
+            role=lambda i: None if in_window[i] or cells.pending[i] else "prefix",
+            details=lambda i: {"full_slot": int(slot[i])},
+            split=prefix_only,
+        )
     return found
+
+
+def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[Finding]:
+    """In-window cells whose SWA slot other full slots also map to (all but the first full
+    slot of each SWA slot, in cell order), found with sorts, not per SWA slot."""
+    if idx.size == 0:
+        return []
+    full = cells.slot[idx]
+    order = np.lexsort((full, swa[idx]))
+    s, f = swa[idx][order], full[order]
+    group_start = _group_starts([s])
+    group_id = np.repeat(np.arange(group_start.size), np.diff(np.r_[group_start, s.size]))
+    pair_start = _group_starts([s, f])  # one per distinct (swa, full) pair, full ascending
+    distinct = np.bincount(group_id[pair_start], minlength=group_start.size)
+    gid = np.empty(idx.size, dtype=np.int64)  # group of each cell, in cell order
+    gid[order] = group_id
+    first_cell = np.full(group_start.size, idx.size, dtype=np.int64)
+    np.minimum.at(first_cell, group_id, order)
+    first_full = full[first_cell]
+    colliding = (distinct[gid] > 1) & (full != first_full[gid])
+    if not colliding.any():
+        return []
+    sample: dict[int, list[int]] = {}
+    shared = pair_start[distinct[group_id[pair_start]] > 1]  # only SWA slots that collide
+    for k in _first_per_group(group_id, shared, SAMPLE_CELLS).tolist():
+        sample.setdefault(int(group_id[k]), []).append(int(f[k]))
+
+    def of(i: int) -> tuple[list[int], int]:
+        g = int(gid[np.searchsorted(idx, i)])
+        return sample[g], int(distinct[g])
+
+    def listed(i: int) -> str:
+        slots, total = of(i)
+        return str(slots) if total <= SAMPLE_CELLS else f"{str(slots)[:-1]}, ... ({total})]"
+
+    return _cell_records(
+        FindingCode.SWA_SLOT_COLLISION,
+        cells,
+        idx[colliding],
+        lambda i: f"full slots {listed(i)} all map to SWA slot {swa[i]}",
+        run_what="full slots that share their SWA slot with other full slots",
+        group="swa",
+        slots=swa,
+        space="swa",
+        details=lambda i: {"full_slot": int(cells.slot[i]), "full_slots": of(i)[0]},
+    )
+
+
+def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Finding]:
+    """One `lut-out-of-range` per offending cell (a slot read as verify at p and as chain-prev
+    at p+1 is one cell, with the roles it was read as), in runs like the live-cell codes."""
+    problems = plan.problems
+    hit = np.flatnonzero(problems.kind == ProblemKind.LUT_OUT_OF_RANGE)
+    if hit.size == 0:
+        return []
+    rows, positions = problems.batch_row[hit], problems.position[hit]
+    order = np.lexsort((positions, rows))
+    starts = _group_starts([rows[order], positions[order]])
+    cell_of = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, hit.size]))
+    first = hit[order[starts]]
+    roles = problems.role[hit][order]
+    role_bits = np.zeros(starts.size, dtype=np.int64)
+    np.bitwise_or.at(role_bits, cell_of, np.left_shift(1, roles.astype(np.int64)))
+    cells = LiveCells(
+        slot=problems.value[first].astype(np.int64),
+        batch_row=problems.batch_row[first].astype(np.int64),
+        pool_row=problems.pool_row[first].astype(np.int64),
+        position=problems.position[first].astype(np.int64),
+        pending=np.zeros(starts.size, dtype=bool),
+    )
+
+    def read_as(c: int) -> list[ProblemRole]:
+        return [r for r in ProblemRole if role_bits[c] >> int(r) & 1]
+
+    return _cell_records(
+        FindingCode.LUT_OUT_OF_RANGE,
+        cells,
+        np.arange(starts.size),
+        lambda c: (
+            f"slot {cells.slot[c]} >= lut_len {lut_len}: REF raises; the GPU clamps to "
+            f"LUT[{lut_len - 1}] = {clamp_value}"
+        ),
+        run_what=f"slots >= lut_len {lut_len} (REF raises at the first; the GPU clamps them to "
+        f"LUT[{lut_len - 1}] = {clamp_value})",
+        group=plan.group,
+        role=lambda c: min(read_as(c)).label,  # the first read of the cell in REF's order
+        details=lambda c: {
+            "lut_len": lut_len,
+            "gpu_value": clamp_value,
+            "read_as": sorted({r.label for r in read_as(c)}),
+        },
+        split=role_bits,
+    )
 
 
 def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
@@ -452,36 +696,8 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
     problems = plan.problems
     lut = dump.full_to_swa_index_mapping
     clamp_value = element(lut, -1) if lut is not None and lut.numel() else None
-    # One finding per offending cell: a slot read as verify at p and as chain-prev at p+1.
-    cells: dict[tuple[int, int], list[ProblemRole]] = {}
-    values: dict[tuple[int, int], tuple[int, int]] = {}
-    for i in np.flatnonzero(problems.kind == ProblemKind.LUT_OUT_OF_RANGE):
-        key = (int(problems.batch_row[i]), int(problems.position[i]))
-        cells.setdefault(key, []).append(ProblemRole(int(problems.role[i])))
-        values[key] = (int(problems.value[i]), int(problems.pool_row[i]))
     lut_len = 0 if lut is None else int(lut.shape[0])
-    for (batch_row, position), roles in sorted(cells.items()):
-        slot, pool_row = values[(batch_row, position)]
-        role = min(roles)  # the first read of the cell in REF's order
-        found.append(
-            Finding(
-                code=FindingCode.LUT_OUT_OF_RANGE,
-                group=plan.group,
-                slot=slot,
-                space="full",
-                batch_row=batch_row,
-                pool_row=pool_row,
-                position=position,
-                role=role.label,
-                message=f"slot {slot} >= lut_len {lut_len}: REF raises; the GPU clamps to "
-                f"LUT[{lut_len - 1}] = {clamp_value}",
-                details={
-                    "lut_len": lut_len,
-                    "gpu_value": clamp_value,
-                    "read_as": sorted({r.label for r in roles}),
-                },
-            )
-        )
+    found += _lut_records(plan, lut_len, clamp_value)
     pool = dump.req_to_verify_expected_tokens
     shape = None if pool is None else [int(d) for d in pool.shape]
     for i in np.flatnonzero(problems.kind == ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE):
@@ -503,6 +719,20 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
                 role="verify",
                 message=f"{what}: REF raises IndexError, the GPU reads another row's tokens",
                 details={"pool_shape": shape, "index": value},
+            )
+        )
+    if plan.skipped is not None:
+        frame = plan.frame
+        found.append(
+            Finding(
+                code=FindingCode.VERIFY_TOTAL_IMPLAUSIBLE,
+                group=plan.group,
+                message=plan.skipped,
+                details={
+                    "requested": frame.total_verify if frame.enable else frame.reach_total,
+                    "limit": frame.entry_limit,
+                    "table_shape": list(frame.table_shape),
+                },
             )
         )
     if plan.total_verify > plan.verify_capacity:

@@ -70,6 +70,8 @@ class FindingCode(StrEnum):
     ROW_OUT_OF_RANGE = "row-out-of-range"
     PREFIX_BEYOND_ROW = "prefix-beyond-row"
     DUPLICATE_REQUEST_ROW = "duplicate-request-row"
+    VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
+    SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
     KERNEL_LIMIT_EXCEEDED = "kernel-limit-exceeded"
     KERNEL_DIVERGENCE = "kernel-divergence"
@@ -127,6 +129,7 @@ class CauseCode(StrEnum):
     NONCANONICAL_DTYPE = "noncanonical-dtype"
     PLANNER_DIVERGENCE = "planner-divergence"
     KV_OVERWRITTEN = "kv-overwritten"
+    SCALAR_METADATA_CORRUPT = "scalar-metadata-corrupt"
     FOREIGN_CANARY_RECORD = "foreign-canary-record"
 
 
@@ -236,11 +239,24 @@ class Finding:
     cause: CauseCode | None = None
     #: SGLang's torch reference raises at this finding (the first raising read, REF order).
     first_raise: bool = False
+    #: cells this record stands for: a run of consecutive positions `position ..
+    #: position + cells - 1` of one row with the same code (long runs are one record, so
+    #: output grows with the problems, not the cells; `slot` is the run's first slot).
+    cells: int = 1
 
     @property
     def severity(self) -> Severity:
         """The code's severity; `info` while the finding rests on an assumption."""
         return Severity.INFO if self.assumes else self.code.severity
+
+    @property
+    def position_end(self) -> int | None:
+        """The last position this record covers (= `position` for one cell)."""
+        return None if self.position is None else self.position + self.cells - 1
+
+    def covers(self, position: int) -> bool:
+        """This record stands for the cell at `position` of its row."""
+        return self.position is not None and self.position <= position < self.position + self.cells
 
     def order_key(self) -> tuple[Any, ...]:
         """The order of findings in every report.

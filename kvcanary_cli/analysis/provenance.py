@@ -7,6 +7,7 @@ slots, found in one chunked pass, with at most `max_cells` kept per slot).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -29,6 +30,7 @@ from kvcanary_cli.planners.frame import GroupFrame
 __all__ = [
     "LiveCells",
     "ProvenanceIndex",
+    "SlotSet",
     "cell_role",
     "clamp_target",
     "clamped_sources",
@@ -76,9 +78,10 @@ def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
 def live_cells(dump: KvDump) -> LiveCells:
     """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row)."""
     rpi = dump.req_pool_indices
-    prefix = dump.prefix_lens.clamp(min=0)
-    extend = dump.extend_seq_lens.clamp(min=0)
     msl = dump.max_seq_len
+    # Each clamped to the row first: claimed lengths never size the gather (nor overflow).
+    prefix = dump.prefix_lens.clamp(min=0, max=msl)
+    extend = dump.extend_seq_lens.clamp(min=0, max=msl)
     first = torch.zeros_like(rpi, dtype=torch.bool)
     if rpi.numel():
         _, inverse = torch.unique(rpi, return_inverse=True)
@@ -132,12 +135,45 @@ def live_ends(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
     position (`P + E` of the batch row using it, the largest if several do, clamped to the
     row). Sized by the batch, not by the table (a shrunk dump's shape is only a claim)."""
     rpi = dump.req_pool_indices.numpy()
+    msl = dump.max_seq_len
     active = (rpi > 0) & (rpi < dump.max_reqs)
-    live = np.maximum(dump.prefix_lens.numpy(), 0) + np.maximum(dump.extend_seq_lens.numpy(), 0)
+    # each clamped to the row first, so no claimed length overflows the sum
+    prefix = np.clip(dump.prefix_lens.numpy(), 0, msl)
+    extend = np.clip(dump.extend_seq_lens.numpy(), 0, msl)
     rows, inverse = np.unique(rpi[active], return_inverse=True)
     ends = np.zeros(rows.size, dtype=np.int64)
-    np.maximum.at(ends, inverse.reshape(-1), np.minimum(live[active], dump.max_seq_len))
+    np.maximum.at(ends, inverse.reshape(-1), np.minimum(prefix[active] + extend[active], msl))
     return rows, ends
+
+
+class SlotSet:
+    """A set of slots to find in table chunks: equality for one slot, a lookup table for a
+    dense range (one gather per cell, far cheaper than a sorted search), `isin` otherwise."""
+
+    #: the widest slot range that gets a lookup table (one byte per slot).
+    LOOKUP_SPAN = 1 << 25
+
+    def __init__(self, slots: np.ndarray) -> None:
+        self.slots = np.asarray(slots, dtype=np.int64).reshape(-1)  # duplicates are fine
+        self._lookup: np.ndarray | None = None
+        self._low = self._high = 0
+        if self.slots.size:
+            self._low, self._high = int(self.slots.min()), int(self.slots.max())
+            if self._low != self._high and self._high - self._low < self.LOOKUP_SPAN:
+                self._lookup = np.zeros(self._high - self._low + 1, dtype=bool)
+                self._lookup[self.slots - self._low] = True
+
+    def contains(self, values: np.ndarray) -> np.ndarray:
+        """Boolean mask of `values` (any integer dtype) that are in the set."""
+        if self.slots.size == 0:
+            return np.zeros(values.shape, dtype=bool)
+        if self._low == self._high:
+            return np.asarray(values == self._low)
+        if self._lookup is None:
+            return np.isin(values, self.slots)
+        shifted = values.astype(np.int64) - self._low
+        inside = (shifted >= 0) & (shifted < self._lookup.size)
+        return self._lookup[np.where(inside, shifted, 0)] & inside
 
 
 class ProvenanceIndex:
@@ -162,13 +198,9 @@ class ProvenanceIndex:
 
     def _scan(self, wanted: np.ndarray) -> None:
         batch_rows, ends = live_ends(self.dump)
-        target = torch.from_numpy(wanted)
-
-        def wanted_cells(values: np.ndarray) -> np.ndarray:
-            return torch.isin(torch.from_numpy(values), target).numpy()
-
+        members = SlotSet(wanted)
         for rows, cols, values in find_cells(
-            self.dump.req_to_token, wanted_cells, chunk_cells=_SCAN_CELLS
+            self.dump.req_to_token, members.contains, chunk_cells=_SCAN_CELLS
         ):
             if batch_rows.size:
                 at = np.minimum(np.searchsorted(batch_rows, rows), batch_rows.size - 1)
@@ -345,10 +377,29 @@ def full_slots_mapping_to(
     if lut is None or not wanted:
         return found
     stop = int(lut.shape[0]) - (1 if element(lut, -1) == -1 else 0)
-    hits, values = where_equal(lut, np.array(wanted, dtype=np.int64), stop=stop)
-    for slot in wanted:
-        found[slot] = tuple(int(x) for x in hits[values == slot][:limit])
+    hits, held = where_equal(lut, np.asarray(wanted, dtype=np.int64), stop=stop)
+    order = np.argsort(held, kind="stable")  # by SWA slot, full slots ascending
+    values, hits = held[order], hits[order]
+    starts = np.searchsorted(values, wanted, side="left")
+    ends = np.searchsorted(values, wanted, side="right")
+    for slot, a, b in zip(wanted, starts.tolist(), ends.tolist(), strict=True):
+        found[slot] = tuple(hits[a : min(b, a + limit)].tolist())
     return found
+
+
+#: free lists sorted once per dump (a list can hold millions of slots; findings ask per
+#: slot), by the list's identity; an entry dies with its tensor.
+_SORTED_FREE: dict[int, tuple[weakref.ref[torch.Tensor], np.ndarray]] = {}
+
+
+def _sorted_free(free: torch.Tensor) -> np.ndarray:
+    cached = _SORTED_FREE.get(id(free))
+    if cached is not None and cached[0]() is free:
+        return cached[1]
+    key = id(free)
+    ordered = np.sort(free.numpy())
+    _SORTED_FREE[key] = (weakref.ref(free, lambda _: _SORTED_FREE.pop(key, None)), ordered)
+    return ordered
 
 
 def _allocator_state(
@@ -360,7 +411,9 @@ def _allocator_state(
         at = int(np.searchsorted(known, slot))
         if at >= known.size or int(known[at]) != slot:
             return "unknown (not kept)"
-    return "free" if bool((free == slot).any()) else "in use"
+    ordered = _sorted_free(free)
+    i = int(np.searchsorted(ordered, slot))
+    return "free" if i < ordered.size and ordered[i] == slot else "in use"
 
 
 def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, ...]:

@@ -96,7 +96,8 @@ def _compare(baseline: Plan, other: Plan, baseline_name: str) -> Record:
     want, got = _text(raised(baseline)), _text(raised(other))
     fields: dict[str, str] = {}
     differences: list[Record] = []
-    without_values = baseline.launch_error is not None or other.launch_error is not None
+    # A side that raised, or that kvcanary did not plan (corrupt lengths), has no values.
+    without_values = any(p.launch_error is not None or p.skipped for p in (baseline, other))
     for name in FIELDS[:-1]:
         found = None if without_values else _difference(baseline, other, name)
         fields[name] = "n/a" if without_values else "agree" if found is None else "differ"

@@ -61,11 +61,9 @@ def _is_site(finding: Finding, reference: Plan, kernel: Plan) -> bool:
     if first is None or finding.code.value != first.kind.code:
         return False
     if first.kind is ProblemKind.LUT_OUT_OF_RANGE:
-        return (finding.group, finding.batch_row, finding.position) == (
-            reference.group,
-            first.batch_row,
-            first.position,
-        )
+        return (
+            (finding.group, finding.batch_row) == (reference.group, first.batch_row)
+        ) and finding.covers(first.position)
     return finding.batch_row == first.batch_row
 
 

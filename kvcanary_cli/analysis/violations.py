@@ -31,7 +31,7 @@ from kvcanary_cli.analysis.violation_report import (
     ViolationsReport,
 )
 from kvcanary_cli.canary.constants import BUFFERS, LaunchTag
-from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS, LogScan, printable, scan_log_path
+from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS, LogScan, scan_log_path
 from kvcanary_cli.canary.records import dump_buffers
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring import decode_ring
@@ -109,13 +109,13 @@ def violations_report(
     slots, total = _slot_provenance(loaded, rows, max_slots)
     if loaded.shrink is not None:
         notes.append(
-            f"{printable(str(loaded.path))} is shrunk from {loaded.shrink.source_file}: "
+            f"{loaded.path.name} is shrunk from {loaded.shrink.source_file}: "
             "explanations, provenance and replay cover the kept cells and records only"
         )
     return ViolationsReport(
         sources=tuple(summaries),
         rows=rows,
-        dump=printable(str(loaded.path)),
+        dump=str(loaded.path),
         identity=loaded.identity,
         explanations=explain_rows(loaded, rows),
         slots=slots,
@@ -156,7 +156,7 @@ def _ring_source(path: str, dump: KvDump | None, index: int) -> tuple[SourceSumm
     notes: list[str] = []
     if dump.violation_ring is None or dump.violation_write_index is None:
         notes.append("no violation_ring in this dump")
-        return SourceSummary(path=printable(path), kind="dump", rows=0, notes=tuple(notes)), (
+        return SourceSummary(path=path, kind="dump", rows=0, notes=tuple(notes)), (
             ViolationRows.empty()
         )
     state = decode_ring(dump.violation_ring.numpy(), dump.violation_write_index)
@@ -181,9 +181,7 @@ def _ring_source(path: str, dump: KvDump | None, index: int) -> tuple[SourceSumm
         stray_rows=state.stray_rows,
     )
     rows = ViolationRows.build(state.rows, origin=RowOrigin.RING, source=index)
-    return SourceSummary(
-        path=printable(path), kind="dump", rows=0, ring=ring, notes=tuple(notes)
-    ), rows
+    return SourceSummary(path=path, kind="dump", rows=0, ring=ring, notes=tuple(notes)), rows
 
 
 def _log_source(scan: LogScan, index: int) -> tuple[SourceSummary, ViolationRows]:
@@ -207,9 +205,7 @@ def _log_source(scan: LogScan, index: int) -> tuple[SourceSummary, ViolationRows
         overlong=scan.overlong,
         swa_divergence=swa,
     )
-    summary = SourceSummary(
-        path=printable(scan.name), kind="log", rows=0, log=log, notes=scan.notes
-    )
+    summary = SourceSummary(path=scan.name, kind="log", rows=0, log=log, notes=scan.notes)
     return summary, scan.rows.with_source(index)
 
 

@@ -47,7 +47,6 @@ __all__ = [
     "SwaDivergence",
     "format_pump",
     "format_violation",
-    "printable",
     "scan_log",
     "scan_log_path",
     "write_log",
@@ -139,13 +138,6 @@ def write_log(
     file, and over an existing one only with `overwrite`."""
     text = "".join(f"{prefix}{message}\n" for message in messages).encode("utf-8")
     return write_atomically(path, lambda handle: handle.write(text), overwrite=overwrite)
-
-
-def printable(text: str) -> str:
-    """`text` with control and other non-printable characters escaped (`\\x1b`, `\\u2028`)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -427,7 +419,7 @@ def _bounded_lines(stream: BinaryIO, name: str) -> Iterator[tuple[int, bytes | N
         if consumed < SNIFF_BYTES and b"\x00" in line[: SNIFF_BYTES - consumed]:
             raise PathError(
                 "is neither a dump (no safetensors header) nor a text log (binary data)",
-                path=printable(name),
+                path=name,
             )
         consumed += len(line)
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
@@ -570,7 +562,7 @@ def scan_log_path(path: str) -> LogScan:
     try:
         handle = open(path, "rb")
     except OSError as exc:
-        raise PathError(f"cannot be read: {exc.strerror}", path=printable(path)) from None
+        raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
     with handle:
         return scan_log(handle, path)
 

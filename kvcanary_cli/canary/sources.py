@@ -12,7 +12,6 @@ import os
 from enum import StrEnum
 from pathlib import Path
 
-from kvcanary_cli.canary.logs import printable
 from kvcanary_cli.errors import PathError
 
 __all__ = ["SourceKind", "source_kind"]
@@ -34,9 +33,9 @@ def source_kind(path: str) -> SourceKind:
         return SourceKind.LOG
     target = Path(path)
     if not target.exists():
-        raise PathError("does not exist", path=printable(path))
+        raise PathError("does not exist", path=path)
     if not target.is_file():
-        raise PathError("is not a regular file", path=printable(path))
+        raise PathError("is not a regular file", path=path)
     if target.suffix == ".safetensors":
         return SourceKind.DUMP
     try:
@@ -44,7 +43,7 @@ def source_kind(path: str) -> SourceKind:
             head = handle.read(9)
             size = os.fstat(handle.fileno()).st_size
     except OSError as exc:
-        raise PathError(f"cannot be read: {exc.strerror}", path=printable(path)) from None
+        raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
     if len(head) == 9 and head[8:9] == b"{":
         length = int.from_bytes(head[:8], "little")
         if 2 <= length <= min(_MAX_HEADER, size - 8):

@@ -39,11 +39,20 @@ from kvcanary_cli.errors import (
     DumpError,
     MetadataError,
     MissingTensorError,
+    OptionError,
     TensorDtypeError,
     TensorShapeError,
 )
 
-__all__ = ["GROUPS", "DtypeNote", "KvDump", "Scalar", "TensorInfo", "load_dump"]
+__all__ = [
+    "GROUPS",
+    "DtypeNote",
+    "KvDump",
+    "RejectedScalar",
+    "Scalar",
+    "TensorInfo",
+    "load_dump",
+]
 
 GROUPS = ("full", "swa")
 
@@ -89,6 +98,18 @@ class Scalar:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RejectedScalar:
+    """A scalar the dump records with a value SGLang could not have used: reported as a
+    finding, and the scalar is then planned as if the dump did not record it."""
+
+    name: str
+    value: int
+    #: "metadata" or "tensor".
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class DtypeNote:
     """A tensor stored with an accepted dtype that the production GPU path rejects."""
 
@@ -127,6 +148,8 @@ class KvDump:
     free_swa_slots: torch.Tensor | None = None
     violation_ring: torch.Tensor | None = None
     violation_write_index: int | None = None
+    #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
+    rejected_scalars: list[RejectedScalar] = field(default_factory=list)
     canary_buffers: dict[str, Stored] = field(default_factory=dict)
     #: `real_kv.<group>.<k|v>` sources (uint8, memory-mapped), by tensor name.
     real_kv_sources: dict[str, Stored] = field(default_factory=dict)
@@ -319,9 +342,9 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         elif name.startswith("real_kv."):
             real_kv[name] = torch.from_numpy(mapped)
 
-    scalars = _resolve_scalars(header.metadata, scalar_tensors, overrides)
+    scalars, rejected = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
-    notes.extend(check_batch(arrays, values))
+    notes.extend(check_batch(arrays, values, rejected={r.name: r.reason for r in rejected}))
     lut = arrays.get("full_to_swa_index_mapping")
     lut_len = None if lut is None else int(lut.shape[0])
     for name, (value, source) in derive_scalar_defaults(values, lut_len).items():
@@ -388,6 +411,7 @@ def _build(header: SafetensorsHeader, overrides: dict[str, int | str | None]) ->
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
         ),
+        rejected_scalars=rejected,
         canary_buffers=canary,
         real_kv_sources=real_kv,
         shrink=shrink,
@@ -524,9 +548,12 @@ def _resolve_scalars(
     metadata: Mapping[str, str],
     scalar_tensors: Mapping[str, int],
     overrides: Mapping[str, int | str | None],
-) -> dict[str, Scalar]:
+) -> tuple[dict[str, Scalar], list[RejectedScalar]]:
+    """Each scalar's value and source; values out of range are rejected (an override: usage
+    error naming its option; a recorded value: left unknown, and reported)."""
     resolved: dict[str, Scalar] = {}
-    for name in SCALARS:
+    rejected: list[RejectedScalar] = []
+    for name, spec in SCALARS.items():
         from_meta = _parse_int(name, metadata[name]) if name in metadata else None
         from_tensor = scalar_tensors.get(name)
         if from_meta is not None and from_tensor is not None and from_meta != from_tensor:
@@ -538,11 +565,19 @@ def _resolve_scalars(
             )
         override = overrides.get(name)
         if override is not None:
-            resolved[name] = Scalar(name=name, value=int(override), source="command line")
-        elif from_meta is not None:
-            resolved[name] = Scalar(name=name, value=from_meta, source="metadata")
-        elif from_tensor is not None:
-            resolved[name] = Scalar(name=name, value=from_tensor, source="tensor")
-        else:
+            value = int(override)
+            if (why := spec.out_of_range(value)) is not None:
+                raise OptionError(why, option=spec.option)
+            resolved[name] = Scalar(name=name, value=value, source="command line")
+            continue
+        recorded, source = (
+            (from_meta, "metadata") if from_meta is not None else (from_tensor, "tensor")
+        )
+        if recorded is not None and (why := spec.out_of_range(recorded)) is not None:
+            rejected.append(RejectedScalar(name=name, value=recorded, source=source, reason=why))
+            recorded = None
+        if recorded is None:
             resolved[name] = Scalar(name=name, value=None, source="default")
-    return resolved
+        else:
+            resolved[name] = Scalar(name=name, value=recorded, source=source)
+    return resolved, rejected

@@ -263,6 +263,22 @@ def _prefix_past_row(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": lr.batch_row, "pool_row": lr.pool_row}
 
 
+def _absurd_prefix(d: SynthDump, rng: np.random.Generator) -> None:
+    """A prefix length no table could hold (2^40): the plan must not be sized by it."""
+    lr = d.live[int(rng.integers(len(d.live)))]
+    _drop_writes(d, lr.batch_row)
+    _, prefix, extend = _lens(d)
+    prefix[lr.batch_row] = 1 << 40
+    extend[lr.batch_row] = 0
+    d.truth = {"batch_row": lr.batch_row, "pool_row": lr.pool_row}
+
+
+def _corrupt_scalar(d: SynthDump, rng: np.random.Generator) -> None:
+    """A recorded verify capacity beyond int32 (where SGLang keeps plan counts)."""
+    d.metadata["verify_capacity"] = str(10**30)
+    d.truth = {}
+
+
 def _write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
     loc = d.tensors["out_cache_loc"]
     if loc.numel() == 0:
@@ -642,6 +658,28 @@ SCENARIOS: dict[str, Scenario] = {
                 "duplicate-slot-in-row",
             ),
             cause="batch-metadata-corrupt",
+        ),
+        Scenario(
+            name="absurd-prefix-length",
+            summary="a prefix length of 2^40 on one row: reported, never allocated",
+            spec={},
+            corrupt=_absurd_prefix,
+            expected=("prefix-beyond-row", "verify-total-implausible"),
+            allowed=(
+                "padding-slot-in-live-range",
+                "freed-slot-in-live-range",
+                "slot-shared-across-positions",
+                "duplicate-slot-in-row",
+            ),
+            cause="batch-metadata-corrupt",
+        ),
+        Scenario(
+            name="corrupt-scalar",
+            summary="a recorded verify_capacity of 10^30: reported, planned as unrecorded",
+            spec={},
+            corrupt=_corrupt_scalar,
+            expected=("scalar-out-of-range",),
+            cause="scalar-metadata-corrupt",
         ),
         Scenario(
             name="write-into-live-slot",

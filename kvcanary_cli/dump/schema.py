@@ -277,9 +277,27 @@ class ScalarSpec:
     #: a description of where the value is derived from.
     default: int | str
     meaning: str
-    #: values below this are bad input (None: any integer).
+    #: the smallest and largest values SGLang could have used (None: no bound). A dump
+    #: value outside is corrupt metadata (a finding; the scalar is then unknown); a
+    #: command-line value outside is a usage error.
     minimum: int | None = None
+    maximum: int | None = None
 
+    def out_of_range(self, value: int) -> str | None:
+        """Why `value` cannot be this scalar (None: it can)."""
+        if self.minimum is not None and value < self.minimum:
+            return f"is {value}, must be >= {self.minimum}"
+        if self.maximum is not None and value > self.maximum:
+            return f"is {value}, beyond what SGLang could use (<= {self.maximum})"
+        return None
+
+
+#: Plan counts and capacities are int32 in SGLang's plan tensors.
+_INT32_LIMIT = 1 << 31
+#: Lengths (and windows) beyond this are corrupt, not long: a 4 TB req_to_token row.
+_MAX_LENGTH = 1 << 40
+#: KV pool rows beyond this are corrupt: a KV cache of more than 2^48 tokens.
+_MAX_SLOTS = 1 << 48
 
 SCALARS: dict[str, ScalarSpec] = {
     spec.name: spec
@@ -289,6 +307,8 @@ SCALARS: dict[str, ScalarSpec] = {
             option="--swa-window",
             default="none",
             meaning="window W of the swa group; required with a LUT",
+            minimum=-_INT32_LIMIT,
+            maximum=_MAX_LENGTH,
         ),
         ScalarSpec(
             name="verify_capacity",
@@ -296,6 +316,7 @@ SCALARS: dict[str, ScalarSpec] = {
             default="total requested entries (no overflow)",
             meaning="verify capacity of each group's plan",
             minimum=0,
+            maximum=_INT32_LIMIT - 1,
         ),
         ScalarSpec(
             name="write_req_capacity",
@@ -303,15 +324,23 @@ SCALARS: dict[str, ScalarSpec] = {
             default="bs",
             meaning="write capacity (length of write_seed_slot_indices)",
             minimum=0,
+            maximum=_INT32_LIMIT - 1,
         ),
         ScalarSpec(
             name="kv_token_id_vs_position_offset",
             option="--token-offset",
             default=0,
             meaning="0 for target pools, 1 for EAGLE draft pools",
+            minimum=-_INT32_LIMIT,
+            maximum=_INT32_LIMIT - 1,
         ),
         ScalarSpec(
-            name="page_size", option="--page-size", default=1, meaning="KV page size", minimum=1
+            name="page_size",
+            option="--page-size",
+            default=1,
+            meaning="KV page size",
+            minimum=1,
+            maximum=_INT32_LIMIT - 1,
         ),
         ScalarSpec(
             name="num_full_slots",
@@ -319,6 +348,7 @@ SCALARS: dict[str, ScalarSpec] = {
             default="lut_len - 1 with a LUT, else unknown",
             meaning="rows of the full KV pool (size + page_size)",
             minimum=0,
+            maximum=_MAX_SLOTS,
         ),
         ScalarSpec(
             name="num_swa_slots",
@@ -326,6 +356,7 @@ SCALARS: dict[str, ScalarSpec] = {
             default="unknown",
             meaning="rows of the SWA KV pool",
             minimum=0,
+            maximum=_MAX_SLOTS,
         ),
     )
 }

@@ -184,8 +184,9 @@ def find_cells(
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(rows, cols, values) of the cells of a 2-D table whose int64 value `match` accepts.
 
-    `match` takes int64 values (any shape) and returns a mask of that shape. A dense table is
-    scanned in chunks of about `chunk_cells` cells; a sparse one visits its kept cells only.
+    `match` takes integer values (any shape and integer dtype) and returns a mask of that
+    shape; the values yielded are int64. A dense table is scanned in chunks of about
+    `chunk_cells` cells; a sparse one visits its kept cells only.
     """
     cols = max(int(table.shape[1]), 1)
     if isinstance(table, SparseArray):
@@ -198,11 +199,12 @@ def find_cells(
                 yield part[hit] // cols, part[hit] % cols, values[hit]
         return
     step = max(1, chunk_cells // cols)
-    for r0 in range(0, int(table.shape[0]), step):
-        chunk = table[r0 : r0 + step].to(torch.int64).numpy()
+    table_rows = int(table.shape[0]) if table.numel() else 0  # no bytes, nothing to scan
+    for r0 in range(0, table_rows, step):
+        chunk = table[r0 : r0 + step].numpy()
         rows, hit_cols = np.nonzero(match(chunk))
         if rows.size:
-            yield rows + r0, hit_cols, chunk[rows, hit_cols]
+            yield rows + r0, hit_cols, chunk[rows, hit_cols].astype(np.int64)
 
 
 def where_equal(vector: Stored, wanted: np.ndarray, *, stop: int) -> tuple[np.ndarray, np.ndarray]:

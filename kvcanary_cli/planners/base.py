@@ -321,6 +321,9 @@ class Plan:
     launch_error: str | None = None
     #: the exception type of `launch_error` (`ValueError`, `IndexError`, ...).
     launch_error_type: str = "ValueError"
+    #: why kvcanary planned no entry of this group (corrupt lengths asking for more entries
+    #: than the table can hold; `GroupFrame.unplannable`); outputs are then empty.
+    skipped: str | None = None
 
     @property
     def group(self) -> str:

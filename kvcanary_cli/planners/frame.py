@@ -10,13 +10,13 @@ frame instead of re-deriving any of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import Stored
-from kvcanary_cli.errors import OptionError, PlanTooLargeError
+from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.base import Plan, ProblemTable, Semantics, VerifyEntries
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "group_frame",
     "raised_plan",
     "launch_limit",
+    "skipped_plan",
     "window_start",
 ]
 
@@ -37,6 +38,8 @@ GPU_MAX_BS = 4096
 #: Verify entries kvcanary will hold in memory (40 bytes each): production capacities are
 #: about 3x the KV pool, far below this; more means corrupt lengths.
 MAX_MATERIALIZED_ENTRIES = 1 << 26
+#: Below this many entries a plan is always cheap enough to hold, whatever the table's size.
+_SMALL_PLAN = 1 << 16
 _I64 = torch.int64
 
 
@@ -96,6 +99,9 @@ class GroupFrame:
     #: exclusive prefix sum of verify_len, `[bs + 1]`.
     verify_offsets: torch.Tensor
     total_verify: int
+    #: entries REF reads on overflow: each row's range up to its first read past the row
+    #: (where REF raises), for active rows.
+    reach_total: int
     #: the recorded capacity, or `total_verify` when the dump records none.
     verify_capacity: int
     capacity_recorded: bool
@@ -139,15 +145,32 @@ class GroupFrame:
         """Rows of the write plan upstream fills: `min(bs, write_req_capacity)`."""
         return min(self.bs, self.write_req_capacity)
 
-    def check_materializable(self) -> None:
-        """Refuse to hold more verify entries than any real plan has (corrupt lengths)."""
-        if self.enable and self.total_verify > MAX_MATERIALIZED_ENTRIES:
-            raise PlanTooLargeError(
-                f"the batch asks for {self.total_verify} verify entries, more than kvcanary "
-                f"holds in memory ({MAX_MATERIALIZED_ENTRIES})",
-                field="prefix_lens",
-                hint="the lengths look corrupt; or pass --verify-capacity to plan an overflow",
-            )
+    @property
+    def entry_limit(self) -> int:
+        """The most verify entries kvcanary plans for this group.
+
+        A sane batch reads each active row's own cells once (rows are distinct, P <= the row
+        width), so it asks for at most the table's cell count; more means corrupt lengths,
+        and claimed lengths must not decide how much kvcanary allocates.
+        """
+        rows, cols = self.table_shape
+        return min(MAX_MATERIALIZED_ENTRIES, max(_SMALL_PLAN, rows * cols))
+
+    @property
+    def unplannable(self) -> str | None:
+        """Why this group's entries cannot be planned (None: they can): the batch asks for
+        more than `entry_limit` entries (on overflow: more than REF would read before its
+        first raise). Every backend then returns `skipped_plan`."""
+        asked = self.total_verify if self.enable else self.reach_total
+        if asked <= self.entry_limit:
+            return None
+        rows, cols = self.table_shape
+        return (
+            f"the batch asks for {asked} verify entries in group {self.group}, "
+            f"more than a req_to_token of {rows} x {cols} can supply (kvcanary plans at most "
+            f"{self.entry_limit}): the lengths are corrupt, so no entry of this group was "
+            "planned or checked"
+        )
 
 
 def _exclusive_cumsum(values: torch.Tensor) -> torch.Tensor:
@@ -174,7 +197,11 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
     active = rpi != 0
     start = window_start(prefix, window)
     verify_len = torch.where(active, (prefix - start).clamp(min=0), 0)
-    total = int(verify_len.sum())
+    # Exact (Python ints): claimed lengths near 2^63 would overflow an int64 sum.
+    total = sum(verify_len.tolist())
+    msl = dump.max_seq_len
+    reach = (torch.minimum(prefix, torch.full_like(prefix, msl + 1)) - start).clamp(min=0)
+    reach_total = sum(torch.where(active, torch.minimum(reach, verify_len), 0).tolist())
     recorded = dump.scalar("verify_capacity")
     write_capacity = dump.write_req_capacity
     rows = min(dump.bs, write_capacity)
@@ -187,8 +214,11 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
         pool_rows=rpi,
         window_start=start,
         verify_len=verify_len,
-        verify_offsets=_exclusive_cumsum(verify_len),
+        # Only used when planned (total <= entry_limit); the cap keeps the sum from
+        # overflowing when it is not.
+        verify_offsets=_exclusive_cumsum(verify_len.clamp(max=MAX_MATERIALIZED_ENTRIES + 1)),
         total_verify=total,
+        reach_total=reach_total,
         verify_capacity=total if recorded is None else recorded,
         capacity_recorded=recorded is not None,
         write_req_capacity=write_capacity,
@@ -249,6 +279,29 @@ def assemble_plan(
         launch_error=launch_error,
         launch_error_type=launch_error_type,
     )
+
+
+def skipped_plan(
+    frame: GroupFrame, *, backend: str, semantics: Semantics, problems: ProblemTable
+) -> Plan:
+    """The plan of a group whose entries kvcanary does not plan (`frame.unplannable`): the
+    frame's totals, the once-per-row `problems` (so the first raise is still known), no
+    entries, no seeds, and the reason."""
+    assert frame.unplannable is not None
+    empty = torch.zeros(0, dtype=_I64)
+    plan = assemble_plan(
+        frame,
+        backend=backend,
+        semantics=semantics,
+        entries=VerifyEntries.empty(),
+        seeds=empty,
+        seed_undefined=torch.zeros(0, dtype=torch.bool),
+        problems=problems,
+        verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
+        write_offsets=empty,
+        write_num_valid_reqs=0,
+    )
+    return replace(plan, skipped=frame.unplannable)
 
 
 def failed_plan(frame: GroupFrame, *, backend: str) -> Plan:

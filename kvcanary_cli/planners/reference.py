@@ -27,7 +27,8 @@ from kvcanary_cli.planners.base import (
     Undefined,
     VerifyEntries,
 )
-from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, group_frame
+from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, group_frame, skipped_plan
+from kvcanary_cli.planners.rows import row_problems
 from kvcanary_cli.planners.upstream import upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
@@ -111,6 +112,14 @@ class ReferencePlanner:
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Plan `group` of `dump` one entry at a time."""
         frame = group_frame(dump, group)
+        if frame.unplannable:
+            row_level = row_problems(dump, frame, gpu=False)
+            first = row_level.first_raise()
+            if self.strict and first is not None:
+                raise upstream_error(first, frame)
+            return skipped_plan(
+                frame, backend=self.name, semantics=self.semantics, problems=row_level
+            )
         lut = None if frame.lut is None else _values(frame.lut)
         lut_len = 0 if lut is None else len(lut)
         rpi = dump.req_pool_indices.tolist()

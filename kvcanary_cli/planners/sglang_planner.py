@@ -87,6 +87,14 @@ class SGLangPlanner:
             )
         frame = group_frame(dump, group)
         launcher = self.load()
+        if frame.unplannable:  # never hand SGLang a claimed size to allocate
+            return raised_plan(
+                frame,
+                backend=self.name,
+                semantics=self.semantics,
+                message=f"kvcanary did not run SGLang's plan: {frame.unplannable}",
+                exception_type=NOT_LAUNCHED,
+            )
         if self.semantics is Semantics.GPU:
             refusal = _device_fault_risk(dump, frame)
             if refusal is not None:

@@ -142,7 +142,8 @@ def _renumber_slots(table: torch.Tensor, keys: np.ndarray, lut_len: int, staged_
 
 def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
     """The kernel inputs of `frame`'s plan of a shrunk dump (see the module doc)."""
-    frame.check_materializable()  # the rows read follow the entries: bound them first
+    if frame.unplannable is not None:  # the rows read follow the entries: bounded first
+        raise PlanTooLargeError(frame.unplannable, field="prefix_lens")
     table_rows = _table_rows(dump, frame)
     pool_rows = _pool_rows(dump, frame)
     # Row 0 stays row 0: the kernels take pool row 0 for a padding row of the batch.

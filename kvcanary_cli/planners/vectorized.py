@@ -25,7 +25,13 @@ from kvcanary_cli.planners.base import (
     Undefined,
     VerifyEntries,
 )
-from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, failed_plan, group_frame
+from kvcanary_cli.planners.frame import (
+    GroupFrame,
+    assemble_plan,
+    failed_plan,
+    group_frame,
+    skipped_plan,
+)
 from kvcanary_cli.planners.rows import python_rows_resolve, row_problems
 
 __all__ = ["TorchPlanner"]
@@ -46,6 +52,8 @@ class _Reader:
 
     @staticmethod
     def _gather(source: Stored, flat: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        if bool(ok.all()):  # the common case: one gather, no masks
+            return take(source, flat)
         values = torch.zeros(flat.shape, dtype=_I64)
         if bool(ok.any()):
             values[ok] = take(source, flat[ok])
@@ -111,7 +119,11 @@ class TorchPlanner:
         frame = group_frame(dump, group)
         if gpu and frame.launch is not None:
             return failed_plan(frame, backend=self.name)
-        frame.check_materializable()
+        if frame.unplannable:
+            row_level = row_problems(dump, frame, gpu=gpu)
+            return skipped_plan(
+                frame, backend=self.name, semantics=self.semantics, problems=row_level
+            )
         reader = _Reader(dump, gpu)
         translate = _Translator(frame.lut, gpu)
         problems = [row_problems(dump, frame, gpu=gpu)]
@@ -170,8 +182,22 @@ class TorchPlanner:
         slot_raw, slot_ok = reader.slots(rp, pos)
         slot, slot_def, slot_big = translate(slot_raw, slot_ok)
         has_prev = pos > 0
-        prev_raw, prev_ok = reader.slots(rp, pos - 1)
-        prev, prev_def, prev_big = translate(prev_raw, prev_ok & has_prev)
+        # The predecessor of entry k is entry k - 1's cell, read the same way, except at the
+        # first entry of a row: shift the reads, and gather only those first cells.
+        prev_raw, prev, prev_def, prev_big = (
+            _shifted(column) for column in (slot_raw, slot, slot_def, slot_big)
+        )
+        first = torch.nonzero((j == 0) & has_prev).reshape(-1)
+        if first.numel():
+            raw, ok = reader.slots(rp[first], pos[first] - 1)
+            value, defined, big = translate(raw, ok)
+            prev_raw[first], prev[first], prev_def[first], prev_big[first] = (
+                raw,
+                value,
+                defined,
+                big,
+            )
+        prev_big &= has_prev
         prev = torch.where(has_prev, prev, -1)
         prev_def = prev_def | ~has_prev
         undefined = (~slot_def).to(torch.uint8) * int(Undefined.SLOT)
@@ -204,6 +230,13 @@ class TorchPlanner:
                     )
                 )
         return slot, tokens, pos, prev, undefined
+
+
+def _shifted(column: torch.Tensor) -> torch.Tensor:
+    """`column` moved one entry later (entry k holds entry k - 1's value; entry 0 a zero)."""
+    out = torch.zeros_like(column)
+    out[1:] = column[:-1]
+    return out
 
 
 def _scan_lens(dump: KvDump, frame: GroupFrame) -> torch.Tensor:

@@ -14,6 +14,9 @@ from enum import StrEnum
 from typing import IO, Any
 
 from rich.console import Console, RenderableType
+from rich.text import Text
+
+from kvcanary_cli.safe_text import printable
 
 __all__ = ["PIPED_WIDTH", "OutputFormat", "emit", "make_console", "progress", "to_json"]
 
@@ -74,8 +77,8 @@ def progress(message: str, total: int) -> Iterator[Callable[[int, int], None] | 
     from rich.progress import Progress
 
     stderr = Console(stderr=True)
-    if total <= 1:
-        with stderr.status(message):
+    if total <= 1:  # a Text: the message names a file, never to be read as markup
+        with stderr.status(Text(printable(message))):
             yield None
         return
     with Progress(console=stderr, transient=True) as bar:

@@ -1,4 +1,9 @@
-"""Table and Markdown views of the `kvcanary.inspect/2` record (what a dump holds)."""
+"""Table and Markdown views of the `kvcanary.inspect/2` record (what a dump holds).
+
+Almost everything here comes from the dump itself (tensor names, metadata keys and values,
+notes): the record is made printable first, and every table cell is a `Text`, so a name like
+`[/x]` or `[link=...]` is shown as it is, never read as rich markup.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.markdown import code, table, text
+from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["inspect_markdown", "inspect_table"]
 
@@ -79,8 +85,13 @@ def _identity(record: dict[str, Any]) -> dict[str, str]:
     return {**record["identity"], **here, **record["other_metadata"]}
 
 
+def _cells(*values: object) -> list[Text]:
+    return [Text("-" if value is None else str(value)) for value in values]
+
+
 def inspect_table(record: dict[str, Any]) -> RenderableType:
     """Tensors, scalars, groups, batch summary, provenance and notes, one block each."""
+    record = printable_record(record)
     parts: list[RenderableType] = [
         Text(
             f"{record['path']}  ({_fmt_bytes(record['file_bytes'])}, "
@@ -93,11 +104,13 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
         tensors.add_column(col, justify="right" if col == "bytes" else "left")
     for t in record["tensors"]:
         tensors.add_row(
-            t["name"],
-            t["dtype"],
-            "x".join(map(str, t["shape"])) or "[]",
-            _fmt_bytes(t["bytes"]),
-            _role(t),
+            *_cells(
+                t["name"],
+                t["dtype"],
+                "x".join(map(str, t["shape"])) or "[]",
+                _fmt_bytes(t["bytes"]),
+                _role(t),
+            )
         )
     parts.append(tensors)
     shrink = record.get("shrink")
@@ -108,28 +121,22 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
         for col in _CUT_COLUMNS:
             cut.add_column(col, justify="left" if col in ("tensor", "original shape") else "right")
         for row in _cut_rows(shrink):
-            cut.add_row(*row)
+            cut.add_row(*_cells(*row))
         parts.append(cut)
     scalars = Table(title="scalars", title_justify="left")
     for col in ("name", "value", "origin", "source", "option"):
         scalars.add_column(col)
     for s in record["scalars"]:
-        scalars.add_row(
-            s["name"],
-            "-" if s["value"] is None else str(s["value"]),
-            s["origin"],
-            s["source"],
-            s["option"],
-        )
+        scalars.add_row(*_cells(s["name"], s["value"], s["origin"], s["source"], s["option"]))
     parts.append(scalars)
     batch = record["batch"]
     groups = ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
     summary = Table(title="batch", title_justify="left", show_header=False)
     summary.add_column("key")
     summary.add_column("value")
-    summary.add_row("groups", groups)
+    summary.add_row(*_cells("groups", groups))
     for key in _BATCH_KEYS:
-        summary.add_row(key.replace("_", " "), "-" if batch[key] is None else str(batch[key]))
+        summary.add_row(*_cells(key.replace("_", " "), batch[key]))
     parts.append(summary)
     identity = _identity(record)
     if identity:
@@ -137,7 +144,7 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
         meta.add_column("key")
         meta.add_column("value")
         for key, value in identity.items():
-            meta.add_row(key, value)
+            meta.add_row(*_cells(key, value))
         parts.append(meta)
     if record["notes"]:
         parts.append(Text("notes:", style="bold"))
@@ -147,6 +154,7 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
 
 def inspect_markdown(record: dict[str, Any]) -> str:
     """The same blocks as the table view, as GitHub Markdown."""
+    record = printable_record(record)
     parts = [
         f"## kvcanary inspect: {code(record['path'], cell=False)}",
         f"{_fmt_bytes(record['file_bytes'])}, format {text(record['format'] or 'hand-made')}",
@@ -155,7 +163,7 @@ def inspect_markdown(record: dict[str, Any]) -> str:
             [
                 [
                     code(t["name"]),
-                    t["dtype"],
+                    text(t["dtype"]),
                     "x".join(map(str, t["shape"])) or "[]",
                     str(t["bytes"]),
                     text(_role(t)),

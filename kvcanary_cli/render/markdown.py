@@ -1,32 +1,57 @@
 """Markdown building blocks shared by every Markdown view: escaped text, code spans, tables.
 
-Table cells escape `|`, `<`, `*`, backslashes, backticks and line breaks, so text from a dump
-cannot break a table or inject markup.
+Text from a dump must read as itself once rendered: no link, image or HTML of its own, no
+emphasis, no broken table or code span. So `text` escapes non-printable characters
+(`safe_text.printable`, which also keeps a heading on its line), backslashes, `|`, `*`, `~`,
+backticks, a `_` that could start or end emphasis, the `(` of a `](` (a link or an image),
+`&` (an entity such as `&#x202e;` would decode) and `<` (HTML, autolinks). A `code` span's
+fence is longer than any run of backticks inside it. Bare URLs are left alone: GitHub may
+still link one, but such a link shows its own target.
 """
 
 from __future__ import annotations
 
+import re
+
+from kvcanary_cli.safe_text import printable
+
 __all__ = ["code", "table", "text"]
+
+#: characters that take a backslash: inline syntax, or a table's cell separator.
+_BACKSLASHED = re.compile(r"[\\|*`~]")
+#: a `_` not inside a word (`lut_len` stays as it is; `_u_` cannot make emphasis).
+_LOOSE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
+_BACKTICKS = re.compile(r"`+")
 
 
 def text(value: object) -> str:
-    """A table cell's text, escaped for GitHub-flavoured Markdown."""
+    """Text (a table cell, a list item, a heading's words), escaped for GitHub Markdown; line
+    breaks of kvcanary's own text become `<br>` (a dump's were escaped before)."""
     if value is None:
         return "-"
-    shown = str(value)
-    for char in ("\\", "|", "*", "`"):
-        shown = shown.replace(char, "\\" + char)
-    shown = shown.replace("<", "&lt;")
-    return "<br>".join(shown.splitlines()) if "\n" in shown or "\r" in shown else shown
+    return "<br>".join(_escaped_line(line) for line in str(value).split("\n"))
+
+
+def _escaped_line(line: str) -> str:
+    shown = _BACKSLASHED.sub(lambda m: "\\" + m.group(), printable(line))
+    shown = _LOOSE_UNDERSCORE.sub(r"\\_", shown)
+    shown = shown.replace("](", "]\\(")
+    return shown.replace("&", "&amp;").replace("<", "&lt;")
 
 
 def code(value: object, *, cell: bool = True) -> str:
-    """An inline code span; in a table `cell`, `|` is escaped (GitHub unescapes it there)."""
-    shown = str(value).replace("\n", " ")
+    """An inline code span; in a table `cell`, `|` is escaped (GitHub unescapes it there).
+
+    Nothing inside a code span is markup, so only its fence needs care: one backtick more
+    than the longest run inside, and a space on each side where the content has a backtick
+    or starts and ends with a space (Markdown strips one on each side).
+    """
+    shown = printable(str(value))
     if cell:
         shown = shown.replace("|", "\\|")
-    fence = "``" if "`" in shown else "`"
-    pad = " " if fence == "``" else ""
+    longest = max((len(run) for run in _BACKTICKS.findall(shown)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if longest or (shown.startswith(" ") and shown.endswith(" ")) else ""
     return f"{fence}{pad}{shown}{pad}{fence}"
 
 

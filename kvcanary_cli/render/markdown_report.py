@@ -1,7 +1,8 @@
 """Markdown output, ready to paste into a GitHub issue, rendered from the records only.
 
 Drawing on the same dicts as the JSON output (never on the dataclasses) keeps the two formats
-in agreement. Escaping lives in `render.markdown`.
+in agreement. Every string of a record is made printable first (`safe_text.printable_record`);
+Markdown escaping lives in `render.markdown`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from kvcanary_cli.render.records import (
     differences_lines,
     failing_phrase,
     plural,
+    position_text,
     row_lines,
     row_notices,
     shrunk_lines,
 )
+from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["check_markdown", "provenance_markdown"]
 
@@ -147,7 +150,8 @@ def _where(f: Record) -> str:
     if f["pool_row"] is not None:
         bits.append(f"pool row {f['pool_row']}")
     if f["position"] is not None:
-        bits.append(f"position {f['position']}")
+        plural_s = "s" if f.get("cells", 1) > 1 else ""
+        bits.append(f"position{plural_s} {position_text(f)}")
     if f["role"]:
         bits.append(str(f["role"]))
     return ", ".join(bits) or f"group {f['group']}"
@@ -204,7 +208,7 @@ def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
                             _text(f["space"]),
                             _text(f["batch_row"]),
                             _text(f["pool_row"]),
-                            _text(f["position"]),
+                            _text(position_text(f)),
                             _text(f["role"]),
                             _message_cell(f),
                         ]
@@ -364,6 +368,7 @@ def check_markdown(record: Record, *, max_rows: int = 10, limit: int = GITHUB_BO
     trimmed, saying so at the top: fewer rows per code, then no provenance blocks, then the
     last sections cut; the JSON output always has everything.
     """
+    record = printable_record(record)
     rows, details = max_rows, True
     while True:
         body = _check_markdown(record, rows, details)
@@ -490,6 +495,7 @@ def _row_section(row: Record) -> list[str]:
 
 def provenance_markdown(record: Record) -> str:
     """A `kvcanary.provenance/1` record as Markdown: the slot's cells or the row's map."""
+    record = printable_record(record)
     parts = [
         f"## kvcanary provenance: {_code(record['path'], cell=False)}",
         _identity_table(record["identity"]),

@@ -1,4 +1,8 @@
-"""Table and Markdown views of the `kvcanary.plan/1` record (one planner's plan)."""
+"""Table and Markdown views of the `kvcanary.plan/1` record (one planner's plan).
+
+The record (the dump's path, the launch's error text) is made printable first; table cells
+are `Text`, never markup.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.markdown import table, text
+from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["plan_markdown", "plan_table"]
 
@@ -58,6 +63,7 @@ _COLUMNS = ("batch row", "pool row", "P", "E", "verify range", "entries", "seed"
 
 def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
     """Header line, one row per batch row (bounded), and the problems met."""
+    record = printable_record(record)
     parts: list[RenderableType] = [Text(_headline(record), style="bold")]
     if record["launch_error"]:
         parts.append(Text(f"the GPU launch raises: {record['launch_error']}", style="red"))
@@ -66,7 +72,7 @@ def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
         requests.add_column(name, justify="right")
     rows = record["requests"]
     for req in rows[:max_rows]:
-        requests.add_row(*_request_cells(req))
+        requests.add_row(*(Text(cell) for cell in _request_cells(req)))
     parts.append(requests)
     if len(rows) > max_rows:
         parts.append(Text(f"... and {len(rows) - max_rows} more batch rows (--max-rows)"))
@@ -97,6 +103,7 @@ def plan_table(record: dict[str, Any], *, max_rows: int = 50) -> RenderableType:
 
 def plan_markdown(record: dict[str, Any], *, max_rows: int = 50) -> str:
     """The same blocks as the table view, as GitHub Markdown."""
+    record = printable_record(record)
     rows = record["requests"]
     parts = [f"## kvcanary plan: {text(record['dump'])}", f"**{text(_headline(record))}**"]
     if record["launch_error"]:

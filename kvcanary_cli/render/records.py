@@ -42,6 +42,7 @@ __all__ = [
     "dump_verdict",
     "failing_phrase",
     "plural",
+    "position_text",
     "provenance_record",
     "row_lines",
     "row_notices",
@@ -161,6 +162,7 @@ def _finding(finding: Finding) -> Record:
         "batch_row": finding.batch_row,
         "pool_row": finding.pool_row,
         "position": finding.position,
+        "cells": finding.cells,
         "role": finding.role,
         "message": finding.message,
         "details": _json_safe(finding.details),
@@ -169,6 +171,14 @@ def _finding(finding: Finding) -> Record:
         "cause": None if finding.cause is None else finding.cause.value,
         "first_raise": finding.first_raise,
     }
+
+
+def position_text(f: Record) -> str | None:
+    """A finding record's position for people: `a..b` for a run of cells."""
+    if f["position"] is None:
+        return None
+    cells = int(f.get("cells", 1))
+    return str(f["position"]) if cells == 1 else f"{f['position']}..{f['position'] + cells - 1}"
 
 
 def _findings(findings: tuple[Finding, ...]) -> list[Record]:
@@ -198,7 +208,9 @@ def _group(group: GroupSummary) -> Record:
 
 def _counts(findings: tuple[Finding, ...]) -> list[Record]:
     """Per (code, group, severity): a code is `info` where its findings rest on assumptions."""
-    counter = Counter((f.code, f.group, f.severity) for f in findings)
+    counter: Counter[tuple[FindingCode, str, Severity]] = Counter()
+    for f in findings:  # a run record counts its cells
+        counter[(f.code, f.group, f.severity)] += f.cells
     return [
         {"code": code.value, "severity": severity.value, "group": group, "count": n}
         for (code, group, severity), n in sorted(
@@ -331,8 +343,11 @@ def to_record(report: CheckReport) -> Record:
     `findings` (1) when a finding reaches `fail_on`, else `clean` (0).
     """
     every = tuple(f for d in report.dumps for f in d.findings)
-    by_code = Counter(f.code.value for f in every)
-    by_severity = Counter(f.severity.value for f in every)
+    by_code: Counter[str] = Counter()
+    by_severity: Counter[str] = Counter()
+    for f in every:  # cells, not records: a run of 15 bad cells is 15
+        by_code[f.code.value] += f.cells
+        by_severity[f.severity.value] += f.cells
     if report.bad_input:
         verdict = "bad-input"
     elif report.failed:

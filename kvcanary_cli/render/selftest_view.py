@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.markdown import code, table, text
+from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["selftest_markdown", "selftest_table"]
 
@@ -95,6 +96,7 @@ def _value(difference: Record, side: str) -> str:
 
 def selftest_table(record: Record) -> RenderableType:
     """Header, the agreement table, the verdict, and a table of differences when any."""
+    record = printable_record(record)
     header = (
         f"kvcanary {record['kvcanary_version']} selftest: {record['summary']['scenarios']} "
         f"scenarios (size {record['size']}, seed {record['seed']})"
@@ -128,7 +130,7 @@ def selftest_table(record: Record) -> RenderableType:
         diffs.add_column("baseline", min_width=12)
         diffs.add_column("planner", min_width=8)
         for scenario, group, c, d in found:
-            diffs.add_row(
+            shown = (
                 scenario,
                 group,
                 c["planner"],
@@ -137,12 +139,14 @@ def selftest_table(record: Record) -> RenderableType:
                 _value(d, "baseline"),
                 _value(d, "planner"),
             )
+            diffs.add_row(*(Text(cell) for cell in shown))
         parts.append(diffs)
     return Group(*parts)
 
 
 def selftest_markdown(record: Record) -> str:
     """The same report as GitHub Markdown, for an issue about kvcanary and an SGLang."""
+    record = printable_record(record)
     title = "agreement" if record["verdict"] == "agree" else "disagreement"
     facts = [
         f"kvcanary {text(record['kvcanary_version'])} · `{record['schema']}`",

@@ -1,8 +1,10 @@
 """Terminal views of a check and of a provenance query, as rich renderables (never printed here).
 
 Both views are drawn from the same records as the JSON and Markdown output, so every format
-shows the same findings in the same order. Every cell is a `Text` (no markup parsing), and the
-verdict is spelled out in words so the views read the same without colour.
+shows the same findings in the same order; every string of the record is made printable first
+(`safe_text.printable_record`: a dump's text cannot reach the terminal as control characters).
+Every cell is a `Text` (no markup parsing), and the verdict is spelled out in words so the
+views read the same without colour.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from kvcanary_cli.render.records import (
     differences_lines,
     failing_phrase,
     plural,
+    position_text,
     provenance_record,
     row_lines,
     row_notices,
     shrunk_lines,
     to_record,
 )
+from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["check_table", "provenance_table", "verdict_lines"]
 
@@ -142,7 +146,7 @@ def _findings_table(findings: list[Record]) -> Table:
             _t(_slot_text(f)),
             _t(f["batch_row"]),
             _t(f["pool_row"]),
-            _t(f["position"]),
+            _t(position_text(f)),
             _t(f["role"]),
             _t(_cells_text(f)),
             _message_text(f),
@@ -341,7 +345,7 @@ def _summary_table(record: Record) -> Table:
 
 def verdict_lines(report: CheckReport) -> str:
     """`--quiet`: the verdict line of each dump (and the overall one for several), as text."""
-    record = to_record(report)
+    record = printable_record(to_record(report))
     lines = [_verdict_text(dump, record["fail_on"]).plain for dump in record["dumps"]]
     if len(record["dumps"]) >= 2:
         lines.append(failing_phrase(record["summary"], record["fail_on"]))
@@ -369,7 +373,7 @@ def check_table(report: CheckReport, *, max_rows: int = 10) -> RenderableType:
 
     A summary of all dumps follows when there are two or more.
     """
-    record = to_record(report)
+    record = printable_record(to_record(report))
     parts: list[RenderableType] = []
     if record["sglang_installed"]:
         parts.append(Text(f"SGLang installed here: {record['sglang_installed']}", style="dim"))
@@ -535,7 +539,7 @@ def _touching_table(findings: list[Record]) -> Table:
             _t(_slot_text(f)),
             _t(f["batch_row"]),
             _t(f["pool_row"]),
-            _t(f["position"]),
+            _t(position_text(f)),
             _t(f["role"]),
             _t(f["message"]),
         )
@@ -548,7 +552,7 @@ def provenance_table(report: ProvenanceReport) -> RenderableType:
     Findings touching the slot (or row) follow; in a row map, the cells they mark are flagged
     with `!` and the finding codes (and highlighted when colour is on).
     """
-    record = provenance_record(report)
+    record = printable_record(provenance_record(report))
     parts: list[RenderableType] = [
         Text(record["path"], style="bold"),
         _identity_line(record["identity"]),

@@ -1,5 +1,10 @@
 """Views of a `violations` report: the `kvcanary.violations/1` record, a terminal table and
-Markdown, the last two drawn from the record (docs/json-schema.md, docs/canary.md §7)."""
+Markdown, the last two drawn from the record (docs/json-schema.md, docs/canary.md §7).
+
+The record keeps paths and metadata as they are (JSON is exact); both views make it printable
+first (`safe_text.printable_record`), so a file name cannot reach the terminal as control
+characters.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from kvcanary_cli.render.markdown import code as _code
 from kvcanary_cli.render.markdown import table as _md_table
 from kvcanary_cli.render.markdown import text as _md_text
 from kvcanary_cli.render.records import Record, plural, slot_provenance_record
+from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["VIOLATIONS_SCHEMA", "violations_markdown", "violations_record", "violations_table"]
 
@@ -298,6 +304,7 @@ def _comparison_line(comparison: Record) -> str:
 
 def violations_table(record: Record, *, max_rows: int = 20) -> RenderableType:
     """Sources, replay, the first `max_rows` rows with their diagnosis, and notes."""
+    record = printable_record(record)
     total = record["rows_total"]
     head = Text(
         f"VIOLATIONS: {plural(total, 'row')}" if total else "CLEAN: no violation rows",
@@ -337,6 +344,7 @@ def violations_table(record: Record, *, max_rows: int = 20) -> RenderableType:
 
 def violations_markdown(record: Record, *, max_rows: int = 20) -> str:
     """The record as a GitHub issue body."""
+    record = printable_record(record)
     total = record["rows_total"]
     parts = [
         f"## kvcanary violations: {plural(total, 'row') if total else 'clean'}",

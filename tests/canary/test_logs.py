@@ -23,7 +23,6 @@ from kvcanary_cli.canary.logs import (
     LogScan,
     format_pump,
     format_violation,
-    printable,
     scan_log,
 )
 from kvcanary_cli.canary.rows import RowOrigin
@@ -205,11 +204,6 @@ def test_over_long_lines_are_skipped_with_a_note() -> None:
 def test_binary_data_is_neither_a_dump_nor_a_log() -> None:
     with pytest.raises(PathError, match="neither a dump"):
         scan_log(io.BytesIO(b"\x7fELF\x00\x00" + b"\n" * 10), "a\nb")
-
-
-def test_printable_escapes_control_characters() -> None:
-    assert printable("ok") == "ok"
-    assert printable("a\x1b[31m\nb\u2028") == "a\\x1b[31m\\nb\\u2028"
 
 
 def test_format_pump_logs_the_rows_not_yet_logged() -> None:

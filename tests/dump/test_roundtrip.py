@@ -26,15 +26,16 @@ from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PathError, TensorDtypeError
 
 INT_DTYPES = (torch.int32, torch.int64)
-#: Scalars as save_dump takes them (Python ints), with the smallest value the loader accepts.
-SCALAR_MINIMUM = {
-    "swa_window_size": -8,
-    "verify_capacity": 0,
-    "write_req_capacity": 0,
-    "kv_token_id_vs_position_offset": 0,
-    "page_size": 1,
-    "num_full_slots": 0,
-    "num_swa_slots": 0,
+#: Scalars as save_dump takes them (Python ints), with the range of values SGLang could use
+#: (outside it, a recorded value is reported as corrupt and planned as unrecorded).
+SCALAR_RANGE = {
+    "swa_window_size": (-8, 2**40),
+    "verify_capacity": (0, 2**31 - 1),
+    "write_req_capacity": (0, 2**31 - 1),
+    "kv_token_id_vs_position_offset": (0, 2**31 - 1),
+    "page_size": (1, 2**31 - 1),
+    "num_full_slots": (0, 2**48),
+    "num_swa_slots": (0, 2**48),
 }
 _EXAMPLE = itertools.count()
 RESERVED_KEYS = {*SCALARS, "groups", "kvcanary.format", "sglang.version", "sglang.commit"}
@@ -82,9 +83,9 @@ def dump_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         pool_shape = (draw(st.integers(0, 4)), draw(st.integers(0, 5)))
         kwargs["req_to_verify_expected_tokens"] = draw(int_tensors(pool_shape, limit=2**31))
         kwargs["req_to_verify_expected_tokens_valid_lens"] = draw(int_tensors((bs,)))
-    for name, minimum in SCALAR_MINIMUM.items():
+    for name, (low, high) in SCALAR_RANGE.items():
         if name not in kwargs and draw(st.booleans()):
-            kwargs[name] = draw(st.integers(minimum, 2**62))
+            kwargs[name] = draw(st.integers(low, high))
     keys = st.text(min_size=1, max_size=12).filter(lambda k: k not in RESERVED_KEYS)
     kwargs["metadata"] = draw(
         st.dictionaries(

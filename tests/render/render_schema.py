@@ -76,6 +76,7 @@ FINDING = {
     "batch_row": Nullable(int),
     "pool_row": Nullable(int),
     "position": Nullable(int),
+    "cells": int,
     "role": Nullable(str),  # a cell role, or a plan read: seed, expected-token
     "message": str,
     "details": MapOf(JSON_VALUE),

@@ -60,9 +60,10 @@ def test_emit_writes_strings_verbatim(single_report: CheckReport) -> None:
 
 def test_render_imports_only_the_model() -> None:
     """render may import analysis.model (and the violations report), the package root (for
-    __version__), the canary's labels and itself."""
+    __version__), the canary's labels, the escape for shown text and itself."""
     allowed = {
         "kvcanary_cli",
+        "kvcanary_cli.safe_text",
         "kvcanary_cli.analysis.model",
         "kvcanary_cli.analysis.violation_report",
         "kvcanary_cli.canary.constants",

@@ -1,0 +1,296 @@
+"""Corrupt values in readable dumps (issue 11): reported as findings with the rest of the
+dump analysed, never sized by a claimed number, never an internal error.
+
+Each case is small on disk and was a minutes-long run, gigabytes of memory, a false finding,
+a hidden one, or exit 3 before: the memory guards run the check in a fresh process and
+bound its peak RSS (a guard against unbounded work, not a speed assertion).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kvcanary_cli.analysis import check as check_module
+from kvcanary_cli.analysis.check import worker_count
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.dump.writer import save_dump
+
+ROOT = Path(__file__).resolve().parents[2]
+CLEAN = str(ROOT / "examples" / "clean-swa.safetensors")
+#: Peak RSS a check of a small dump may reach: torch and triton imported, a few tensors.
+SMALL_DUMP_RSS = 900 << 20
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def report_of(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    code, out, err = run("check", str(path), "--format", "json", "--kernel", "torch", *extra)
+    assert code in (0, 1), err
+    return code, json.loads(out)["dumps"][0]
+
+
+def codes(report: dict[str, Any]) -> dict[str, int]:
+    """Cells per finding code (a run record counts its cells)."""
+    out: dict[str, int] = {}
+    for f in report["findings"]:
+        out[f["code"]] = out.get(f["code"], 0) + f["cells"]
+    return out
+
+
+def with_changes(
+    tmp_path: Path, name: str, *, metadata: dict[str, str] | None = None, **tensors: Any
+) -> Path:
+    base = make_scenario("clean-swa", seed=1)
+    contents: dict[str, Any] = {**base.tensors, **tensors}
+    return save_dump(tmp_path / name, metadata={**base.metadata, **(metadata or {})}, **contents)
+
+
+def peak_rss_of_check(path: Path, *args: str) -> tuple[int, int]:
+    """(exit code, peak RSS in bytes) of `kvcanary check PATH ARGS` in a fresh process."""
+    script = (
+        "import resource, sys\n"
+        "from kvcanary_cli.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "check", str(path), "--format", "json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return done.returncode, int(done.stderr.strip().splitlines()[-1]) * 1024
+
+
+# --- one slot everywhere: bounded findings and output ----------------------------------------
+
+
+def spread_dump(path: Path, rows: int, cols: int) -> Path:
+    """Every cell of every row holds slot 7: aliasing and in-row repeats at every cell."""
+    bs = rows - 1
+    return save_dump(
+        path,
+        req_to_token=torch.full((rows, cols), 7, dtype=torch.int32),
+        req_pool_indices=torch.arange(1, rows),
+        prefix_lens=torch.full((bs,), cols),
+        extend_seq_lens=torch.zeros(bs, dtype=torch.int64),
+    )
+
+
+def test_one_slot_everywhere_is_one_record_per_row(tmp_path: Path) -> None:
+    rows, cols = 70, 128  # a 36 KB dump: 97 s, 1.4 GB and 185 MB of JSON before
+    path = spread_dump(tmp_path / "spread.safetensors", rows, cols)
+    code, out, err = run("check", str(path), "--format", "json", "--kernel", "torch")
+    assert code == 1, err
+    report = json.loads(out)["dumps"][0]
+    # every cell is accounted for: all but the first of each row repeat within the row
+    assert codes(report)["duplicate-slot-in-row"] == (rows - 1) * (cols - 1)
+    # ... as one run record per row, not one record per cell
+    duplicates = [f for f in report["findings"] if f["code"] == "duplicate-slot-in-row"]
+    assert len(duplicates) == rows - 1
+    assert all(f["cells"] == cols - 1 and f["position"] == 1 for f in duplicates)
+    assert duplicates[0]["details"]["positions_total"] == cols
+    assert len(duplicates[0]["details"]["positions"]) == 8
+    assert len(out) < 4_000_000  # output grows with the problems, not the cells
+
+
+def test_one_slot_everywhere_is_bounded_in_memory(tmp_path: Path) -> None:
+    path = spread_dump(tmp_path / "spread.safetensors", 257, 1024)  # 1 MB: 16 GB before
+    code, peak = peak_rss_of_check(path, "--kernel", "torch")
+    assert code == 1
+    assert peak < SMALL_DUMP_RSS
+
+
+# --- claimed lengths never size the work --------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1 << 29, 4 * 10**13, (1 << 63) - 1])
+def test_absurd_extend_length_is_a_finding(tmp_path: Path, value: int) -> None:
+    extend = make_scenario("clean-swa", seed=1).tensors["extend_seq_lens"].clone()
+    extend[0] = value
+    path = with_changes(tmp_path, "extend.safetensors", extend_seq_lens=extend)
+    code, report = report_of(path)
+    assert code == 1 and report["error"] is None
+    beyond = [f for f in report["findings"] if f["code"] == "prefix-beyond-row"]
+    assert [f["batch_row"] for f in beyond] == [0]
+    assert report["diagnosis"][0]["cause"] == "batch-metadata-corrupt"
+
+
+@pytest.mark.parametrize("value", [1 << 41, (1 << 63) - 1, -(1 << 63)])
+def test_absurd_prefix_length_is_a_finding(tmp_path: Path, value: int) -> None:
+    prefix = make_scenario("clean-swa", seed=1).tensors["prefix_lens"].clone()
+    prefix[1] = value
+    path = with_changes(tmp_path, "prefix.safetensors", prefix_lens=prefix)
+    code, report = report_of(path)
+    assert report["error"] is None
+    found = codes(report)
+    if value < 0:  # a warning: planned as 0, like upstream
+        assert code == 0 and found.get("negative-length") == 1
+    else:
+        assert code == 1 and found.get("prefix-beyond-row") == 1
+        assert found.get("verify-total-implausible") == 1  # the full group is not planned
+        full = next(g for g in report["groups"] if g["group"] == "full")
+        assert full["total_verify"] >= value  # the claim is reported exactly
+    # the rest of the dump is still analysed: the swa group is planned and compared
+    swa = next(g for g in report["groups"] if g["group"] == "swa")
+    assert swa["kernel"] == "torch-gpu" and swa["unexplained_differences"] == 0
+
+
+def test_absurd_lengths_stay_bounded_in_memory(tmp_path: Path) -> None:
+    extend = make_scenario("clean-swa", seed=1).tensors["extend_seq_lens"].clone()
+    extend[0] = 1 << 29  # 56 s and 8.6 GB before (repeat_interleave of the claim)
+    path = with_changes(tmp_path, "extend.safetensors", extend_seq_lens=extend)
+    code, peak = peak_rss_of_check(path)  # the default kernel: Triton, interpreted
+    assert code == 1
+    assert peak < SMALL_DUMP_RSS
+
+
+# --- int64 tables: no packed keys that collide or overflow ---------------------------------
+
+
+def int64_table(path: Path, cells: dict[tuple[int, int], int], *, cols: int = 4) -> Path:
+    rows = 1 + max(r for r, _ in cells)
+    table = torch.zeros((rows + 1, cols), dtype=torch.int64)
+    for (r, c), slot in cells.items():
+        table[r, c] = slot
+    lens = torch.tensor([1 + max(c for rr, c in cells if rr == r) for r in range(1, rows)])
+    return save_dump(
+        path,
+        req_to_token=table,
+        req_pool_indices=torch.arange(1, rows),
+        prefix_lens=lens,
+        extend_seq_lens=torch.zeros(rows - 1, dtype=torch.int64),
+    )
+
+
+def test_no_false_repeat_from_colliding_keys(tmp_path: Path) -> None:
+    # pool_row * 2^40 + slot is the same for (1, 2^40 + 5) and (2, 5)
+    path = int64_table(tmp_path / "t.safetensors", {(1, 0): (1 << 40) + 5, (2, 0): 5})
+    _, report = report_of(path)
+    assert "duplicate-slot-in-row" not in codes(report)
+
+
+def test_aliasing_of_a_huge_slot_is_found(tmp_path: Path) -> None:
+    # (slot << 32) | position overflows for slot 2^33 + 1 and hid this aliasing
+    slot = (1 << 33) + 1
+    path = int64_table(tmp_path / "t.safetensors", {(1, 0): slot, (2, 1): slot})
+    _, report = report_of(path)
+    shared = [f for f in report["findings"] if f["code"] == "slot-shared-across-positions"]
+    assert [f["slot"] for f in shared] == [slot]
+
+
+# --- scalars: out of range in the dump is a finding, on the command line a usage error ------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("kv_token_id_vs_position_offset", str(10**22)),
+        ("verify_capacity", str(10**30)),
+        ("page_size", "0"),
+        ("num_full_slots", str(-1)),
+    ],
+)
+def test_recorded_scalar_out_of_range_is_a_finding(tmp_path: Path, key: str, value: str) -> None:
+    path = with_changes(tmp_path, "s.safetensors", metadata={key: value})
+    code, out, err = run("check", str(path), "--format", "json")  # Triton: was exit 3
+    assert code == 1, err
+    report = json.loads(out)["dumps"][0]
+    scalar = [f for f in report["findings"] if f["code"] == "scalar-out-of-range"]
+    assert [f["details"]["scalar"] for f in scalar] == [key]
+    assert str(scalar[0]["details"]["value"]) == value
+    assert report["diagnosis"][0]["cause"] == "scalar-metadata-corrupt"
+    scalars = {s["name"]: s for s in report["scalars"]}
+    assert scalars[key]["origin"] != "recorded"  # planned as if the dump did not record it
+
+
+def test_one_corrupt_dump_does_not_stop_the_others(tmp_path: Path) -> None:
+    bad = with_changes(tmp_path, "bad.safetensors", metadata={"verify_capacity": str(10**30)})
+    code, out, err = run("check", str(bad), CLEAN, "--format", "json", "--kernel", "torch")
+    assert code == 1, err
+    dumps = json.loads(out)["dumps"]
+    assert [d["error"] for d in dumps] == [None, None]
+    assert [bool(d["findings"]) for d in dumps] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["check", CLEAN, "--swa-window", str(1 << 63)], "--swa-window"),
+        (["check", CLEAN, "--token-offset", str(10**22)], "--token-offset"),
+        (["provenance", CLEAN, "--slot", str(1 << 63)], "--slot"),
+        (["provenance", CLEAN, "--slot", str(-(1 << 63) - 1)], "--slot"),
+        (["provenance", CLEAN, "--row", "3", "--positions", f"0:{10**20}"], "--positions"),
+        (["plan", CLEAN, "--verify-capacity", str(1 << 31)], "--verify-capacity"),
+        (["synth", "clean-swa", "-o", "x.safetensors", "--seed", "-1"], "--seed"),
+        (["provenance", CLEAN, "--slot", "3", "--group", "bogus"], "--group"),
+    ],
+)
+def test_out_of_range_options_are_usage_errors(args: list[str], option: str) -> None:
+    code, _, err = run(*args)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and option in err
+
+
+def test_api_overrides_are_range_checked_too() -> None:
+    from kvcanary_cli import api
+    from kvcanary_cli.errors import OptionError
+
+    report = api.check(CLEAN, kernel="torch", overrides={"verify_capacity": 10**30})
+    assert report.bad_input and "--verify-capacity" in str(report.dumps[0].error)
+    with pytest.raises(OptionError, match="--verify-capacity"):
+        api.provenance(CLEAN, slot=3, overrides={"verify_capacity": 10**30})
+
+
+# --- a table with rows but no bytes -----------------------------------------------------------
+
+
+def test_rows_without_bytes_are_not_scanned(tmp_path: Path) -> None:
+    path = save_dump(  # [2^50, 0]: about 2^28 scan chunks, or a 2^53-byte array, before
+        tmp_path / "empty.safetensors",
+        req_to_token=torch.zeros((1 << 50, 0), dtype=torch.int32),
+        req_pool_indices=torch.tensor([1, 2]),
+        prefix_lens=torch.tensor([3, 0]),
+        extend_seq_lens=torch.zeros(2, dtype=torch.int64),
+    )
+    code, report = report_of(path)
+    assert code == 1 and codes(report) == {"prefix-beyond-row": 1}
+    code, _, err = run("provenance", str(path), "--slot", "5")
+    assert code == 0, err
+
+
+# --- processes: never more than the machine holds ---------------------------------------------
+
+
+def test_workers_are_capped_by_cores_dumps_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert worker_count(16, 16) <= cores
+    assert worker_count(2, 16) <= 2
+    monkeypatch.setattr(check_module, "_available_memory", lambda: 1 << 30)
+    assert worker_count(16, 16) == 1  # 1 GiB holds one checking process
+    monkeypatch.setattr(check_module, "_available_memory", lambda: None)
+    assert worker_count(16, None) == min(16, cores)
+
+
+def test_rss_guard_measures_this_process() -> None:
+    # The guards above read ru_maxrss in KiB (Linux): a sanity check of the unit.
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 > 10 << 20
