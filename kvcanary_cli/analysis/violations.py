@@ -42,6 +42,7 @@ from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.safe_text import printable
 
 __all__ = ["REPLAY_SOURCE", "violations_report"]
 
@@ -109,7 +110,7 @@ def violations_report(
     slots, total = _slot_provenance(loaded, rows, max_slots)
     if loaded.shrink is not None:
         notes.append(
-            f"{loaded.path.name} is shrunk from {loaded.shrink.source_file}: "
+            f"{printable(loaded.path.name)} is shrunk from {loaded.shrink.source_file}: "
             "explanations, provenance and replay cover the kept cells and records only"
         )
     return ViolationsReport(

@@ -35,6 +35,7 @@ from kvcanary_cli.dump.schema import (
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
 from kvcanary_cli.dump.sparse import SparseArray, flat_runs
+from kvcanary_cli.safe_text import printable
 
 __all__ = ["FREE_LISTS", "Keep", "ShrinkResult", "file_sha256", "write_shrunk"]
 
@@ -65,19 +66,21 @@ class ShrinkResult:
         """What `kvcanary shrink` prints: sizes, and what each big tensor kept."""
         record = self.record
         lines = [
-            f"wrote {self.path}: {self.file_bytes:,} bytes, from {record.source_file} "
+            f"wrote {printable(str(self.path))}: {self.file_bytes:,} bytes, from "
+            f"{record.source_file} "
             f"({record.source_bytes:,} bytes, sha256 {record.source_sha256[:16]}…)"
         ]
         for cut in record.tensors:
             total = cut.kept + cut.dropped
+            name = printable(cut.name)
             if cut.kept == 0 and cut.rows is None and cut.name not in FREE_LISTS:
-                lines.append(f"  {cut.name}: dropped ({cut.dropped_bytes:,} bytes)")
+                lines.append(f"  {name}: dropped ({cut.dropped_bytes:,} bytes)")
                 continue
             rows = f" ({cut.kept_rows:,} of {cut.rows:,} rows)" if cut.rows is not None else ""
-            lines.append(f"  {cut.name}: kept {cut.kept:,} of {total:,}{rows}")
+            lines.append(f"  {name}: kept {cut.kept:,} of {total:,}{rows}")
         lines.append(
-            f"check it: kvcanary check {self.path} (same findings as the original; "
-            "provenance covers the kept cells only)"
+            f"check it: kvcanary check {printable(str(self.path))} (same findings as the "
+            "original; provenance covers the kept cells only)"
         )
         return lines
 
