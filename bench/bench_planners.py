@@ -21,6 +21,7 @@ from timing import timed
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner
@@ -33,7 +34,7 @@ OUT = Path(__file__).parent / "out"
 
 def numpy_gather(dump: KvDump) -> np.ndarray:
     """The floor: gather every verify slot of the full group with one numpy fancy index."""
-    table = dump.req_to_token.numpy().reshape(-1)
+    table = dense(dump.req_to_token).numpy().reshape(-1)
     rpi = dump.req_pool_indices.numpy()
     prefix = np.clip(dump.prefix_lens.numpy(), 0, None)
     lens = np.where(rpi != 0, prefix, 0)
@@ -45,7 +46,7 @@ def numpy_gather(dump: KvDump) -> np.ndarray:
 
 def scalar_loop(dump: KvDump) -> list[int]:
     """A literal per-token Python loop over the same gather (what kvcanary must beat)."""
-    table = dump.req_to_token
+    table = dense(dump.req_to_token)
     out = []
     for rp, p in zip(dump.req_pool_indices.tolist(), dump.prefix_lens.tolist(), strict=True):
         if rp == 0:

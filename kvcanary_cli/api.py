@@ -22,6 +22,8 @@ from kvcanary_cli.analysis.plan_summary import plan_record
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.describe import describe_dump
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.schema import SCALARS
+from kvcanary_cli.dump.shrunk import ShrinkResult
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners import (
     Backend,
@@ -36,7 +38,7 @@ from kvcanary_cli.planners.sglang_runtime import installed_version
 if TYPE_CHECKING:  # numpy-heavy: imported when called
     from kvcanary_cli.analysis.violation_report import ViolationsReport
 
-__all__ = ["check", "inspect", "plan", "provenance", "selftest", "violations"]
+__all__ = ["check", "inspect", "plan", "provenance", "selftest", "shrink", "violations"]
 
 PathLike = str | os.PathLike[str]
 Overrides = Mapping[str, int | str | None] | None
@@ -111,6 +113,33 @@ def plan(
 def inspect(path: PathLike) -> dict[str, Any]:
     """What a dump holds (the `kvcanary.inspect/2` record); validates the file on the way."""
     return describe_dump(load_dump(path), sglang_installed=installed_version())
+
+
+def shrink(
+    path: PathLike, out: PathLike, *, overrides: Overrides = None, force: bool = False
+) -> ShrinkResult:
+    """Write a small dump (format 1.1) of `path` at `out`: what the analysis of `path` reads,
+    in its original coordinates, with a record of the source and of what was dropped.
+    `check` gives the same findings and diagnosis on it. `out` is never `path`; an existing
+    file is replaced only with `force`."""
+    from kvcanary_cli import __version__
+    from kvcanary_cli.analysis.shrink import shrink_keep
+    from kvcanary_cli.dump.shrunk import write_shrunk
+
+    if str(out) == "-":
+        raise OptionError("write the small dump to a file, not to standard output", option="--out")
+    dump = load_dump(path, overrides=overrides)
+    kernel = make_kernel(Kernel.TORCH)
+    assert kernel is not None
+    keep, _ = shrink_keep(dump, reference=make_planner(Backend.TORCH), kernel=kernel)
+    scalars = {
+        name: int(value)
+        for name, value in (overrides or {}).items()
+        if name in SCALARS and value is not None
+    }
+    return write_shrunk(
+        dump, keep, out, kvcanary_version=__version__, overrides=scalars, overwrite=force
+    )
 
 
 def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> dict[str, Any]:

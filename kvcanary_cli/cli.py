@@ -227,6 +227,30 @@ def inspect(
 
 
 @app.command()
+@with_scalar_overrides
+def shrink(
+    dump: opt.DumpArg,
+    out: opt.ShrinkOutOpt = None,
+    force: opt.ForceOpt = False,
+    overrides: opt.Overrides = None,
+) -> None:
+    """Write a small dump that tells the same story, to attach to a bug report.
+
+    Keeps what the analysis of DUMP reads (the batch's rows, every cell a finding's provenance
+    names, the LUT entries, free-list entries and canary records of those slots, the
+    violation ring), in the original pool rows, positions and slots, and records the original's
+    name, size and sha256 and what was dropped. `check` gives the same findings on it.
+    """
+    from kvcanary_cli import api
+    from kvcanary_cli.errors import OptionError
+
+    if out is None or str(out) == "-":
+        raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
+    result = api.shrink(dump, out, overrides=overrides, force=force)
+    typer.echo("\n".join(result.summary_lines()))
+
+
+@app.command()
 def synth(
     scenario: opt.ScenarioArg = None,
     out: opt.SynthOutOpt = None,

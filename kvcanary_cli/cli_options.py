@@ -353,6 +353,15 @@ ScenarioArg = Annotated[
     typer.Argument(help="Scenario name (see --list).", show_default=False, metavar="SCENARIO"),
 ]
 SynthOutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Dump file to write.")]
+ShrinkOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="The small dump to write (.safetensors, format 1.1).",
+        show_default=False,
+    ),
+]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=(1 << 63) - 1, help="Random seed.")]
 SizeOpt = Annotated[
     str,

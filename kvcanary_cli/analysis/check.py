@@ -11,7 +11,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvcanary_cli.analysis.canary_findings import canary_findings
@@ -41,6 +41,7 @@ from kvcanary_cli.analysis.model import (
     SlotProvenance,
 )
 from kvcanary_cli.analysis.provenance import (
+    LiveCells,
     ProvenanceIndex,
     clamp_target,
     clamped_sources,
@@ -54,7 +55,15 @@ from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 
-__all__ = ["attach_provenance", "check_dumps", "run_check"]
+__all__ = [
+    "CollectedFindings",
+    "ProvenanceSlots",
+    "attach_provenance",
+    "check_dumps",
+    "collect_findings",
+    "provenance_slots",
+    "run_check",
+]
 
 
 def run_check(
@@ -70,16 +79,67 @@ def run_check(
     raise); `kernel` stands in for the production GPU path (None: no comparison). Each planner
     says whose semantics it follows, and how it runs (`mode`), for the report.
     """
+    found = collect_findings(dump, reference=reference, kernel=kernel, groups=groups)
+    findings = attach_provenance(dump, found.findings)
+    raised, findings = first_raise(dump, found.plans, findings)
+    findings, causes = diagnose(dump, findings)
+    recorded, matches = recorded_exception(dump, raised)
+    return DumpReport(
+        path=str(dump.path),
+        identity=dump.identity,
+        bs=dump.bs,
+        groups=found.summaries,
+        findings=tuple(sorted(findings, key=Finding.order_key)),
+        notes=tuple(dump.notes),
+        kernel_mode=kernel.mode if kernel else None,
+        diagnosis=causes,
+        requests=tuple(request_summaries(dump, findings)),
+        first_raise=raised,
+        recorded_exception=recorded,
+        recorded_exception_matches=matches,
+        scalars=tuple(
+            ScalarValue(name=s.name, value=s.value, origin=s.origin, source=s.source)
+            for s in dump.scalars.values()
+        ),
+        assumptions=tuple(assumptions_of(dump, findings)),
+        shrink=dump.shrink,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectedFindings:
+    """Every finding of a dump before provenance, with the plans they came from."""
+
+    findings: list[Finding]
+    summaries: tuple[GroupSummary, ...]
+    #: the reference plan of each checked group, in order.
+    plans: list[Plan]
+    #: the kernel's plan of each group (absent without a kernel).
+    kernel_plans: dict[str, Plan]
+    cells: LiveCells
+
+
+def collect_findings(
+    dump: KvDump,
+    *,
+    reference: Planner,
+    kernel: Planner | None,
+    groups: Sequence[str] | None = None,
+) -> CollectedFindings:
+    """Plan every group, compare, and run every finding detector (no provenance yet)."""
     chosen = tuple(groups) if groups else dump.groups
     cells = live_cells(dump)
     findings: list[Finding] = batch_findings(dump) + slot_findings(dump, cells)
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
+    kernel_plans: dict[str, Plan] = {}
     token_seen: set[tuple[object, ...]] = set()
     for group in chosen:
         plan = reference.plan(dump, group)
         plans.append(plan)
         kernel_plan = kernel.plan(dump, group) if kernel else None
+        if kernel_plan is not None:
+            kernel_plans[group] = kernel_plan
         for finding in plan_findings(dump, plan):
             # The token pool is the same for every group: report a bad gather once.
             key = (finding.code, finding.batch_row, finding.details.get("index"))
@@ -113,28 +173,12 @@ def run_check(
                 kernel_launch_error=None if kernel_plan is None else kernel_plan.launch_error,
             )
         )
-    findings = attach_provenance(dump, findings)
-    raised, findings = first_raise(dump, plans, findings)
-    findings, causes = diagnose(dump, findings)
-    recorded, matches = recorded_exception(dump, raised)
-    return DumpReport(
-        path=str(dump.path),
-        identity=dump.identity,
-        bs=dump.bs,
-        groups=tuple(summaries),
-        findings=tuple(sorted(findings, key=Finding.order_key)),
-        notes=tuple(dump.notes),
-        kernel_mode=kernel.mode if kernel else None,
-        diagnosis=causes,
-        requests=tuple(request_summaries(dump, findings)),
-        first_raise=raised,
-        recorded_exception=recorded,
-        recorded_exception_matches=matches,
-        scalars=tuple(
-            ScalarValue(name=s.name, value=s.value, origin=s.origin, source=s.source)
-            for s in dump.scalars.values()
-        ),
-        assumptions=tuple(assumptions_of(dump, findings)),
+    return CollectedFindings(
+        findings=findings,
+        summaries=tuple(summaries),
+        plans=plans,
+        kernel_plans=kernel_plans,
+        cells=cells,
     )
 
 
@@ -174,11 +218,22 @@ def _available_memory() -> int | None:
     return None
 
 
-def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
-    """Give every slot-carrying finding the provenance of its slot (one table scan).
+@dataclass(frozen=True, kw_only=True)
+class ProvenanceSlots:
+    """The full slots whose cells findings show, and how SWA slots reach them."""
 
-    The SWA slot a truncated LUT ends in also lists the slots the GPU clamps onto it.
-    """
+    #: every full slot whose cells a finding's provenance lists.
+    wanted: set[int]
+    #: per SWA slot of a finding, the full slots whose LUT entry maps to it.
+    swa_sources: dict[int, tuple[int, ...]]
+    #: the SWA slot the GPU clamp lands on (None when it is not a real slot) ...
+    target: int | None
+    #: ... and the full slots it clamps onto it.
+    clamped: tuple[int, ...]
+
+
+def provenance_slots(dump: KvDump, findings: list[Finding]) -> ProvenanceSlots:
+    """Which full slots the provenance of `findings` needs the cells of."""
     swa_slots = {f.slot for f in findings if f.slot is not None and f.space == "swa"}
     swa_sources = full_slots_mapping_to(dump, swa_slots)
     target = clamp_target(dump)
@@ -187,6 +242,17 @@ def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
     wanted.update(clamped)
     for sources in swa_sources.values():
         wanted.update(sources)
+    return ProvenanceSlots(wanted=wanted, swa_sources=swa_sources, target=target, clamped=clamped)
+
+
+def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
+    """Give every slot-carrying finding the provenance of its slot (one table scan).
+
+    The SWA slot a truncated LUT ends in also lists the slots the GPU clamps onto it.
+    """
+    slots = provenance_slots(dump, findings)
+    wanted, swa_sources = slots.wanted, slots.swa_sources
+    target, clamped = slots.target, slots.clamped
     if not wanted and not swa_sources:
         return findings
     index = ProvenanceIndex(dump, wanted)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kvcanary_cli.dump.shrink_record import ShrinkRecord
+
 __all__ = [
     "Assumption",
     "CanaryRecord",
@@ -34,6 +36,7 @@ __all__ = [
     "Severity",
     "SlotProvenance",
     "ViolationRow",
+    "ShrinkRecord",
 ]
 
 
@@ -382,6 +385,9 @@ class DumpReport:
     recorded_exception_matches: bool | None = None
     scalars: tuple[ScalarValue, ...] = ()
     assumptions: tuple[Assumption, ...] = ()
+    #: set for a shrunk dump: where it came from and what it dropped (its provenance covers
+    #: the kept cells only).
+    shrink: ShrinkRecord | None = None
 
     def worst(self) -> Severity | None:
         """The most severe finding's severity, or None when there is none."""
@@ -472,3 +478,5 @@ class ProvenanceReport:
     row: RowMap | None = None
     #: findings that touch the slot (or the row).
     findings: tuple[Finding, ...] = ()
+    #: set for a shrunk dump (its provenance covers the kept cells only).
+    shrink: ShrinkRecord | None = None

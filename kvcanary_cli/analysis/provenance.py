@@ -24,6 +24,7 @@ from kvcanary_cli.analysis.model import (
 )
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import element, find_cells, take, take_known, where_equal
 from kvcanary_cli.planners.frame import GroupFrame
 
 __all__ = [
@@ -95,7 +96,7 @@ def live_cells(dump: KvDump) -> LiveCells:
     pos = torch.arange(rows.numel(), dtype=_I64) - torch.repeat_interleave(starts, lens)
     pool_row = rpi[rows]
     flat = pool_row * msl + pos
-    slot = dump.req_to_token.reshape(-1)[flat].to(_I64) if flat.numel() else flat
+    slot = take(dump.req_to_token, flat) if flat.numel() else flat
     return LiveCells(
         slot=slot.numpy(),
         batch_row=rows.numpy(),
@@ -129,19 +130,20 @@ def cell_role(
 _LIVE, _STALE, _IDLE = 0, 1, 2
 
 
-def live_ends(dump: KvDump) -> np.ndarray:
-    """Per pool row, one past its last live position (`P + E` of the batch row using it,
-    the largest if several do, clamped to the row); 0 for rows not in the batch."""
+def live_ends(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
+    """The in-range pool rows of the batch (sorted) and, per row, one past its last live
+    position (`P + E` of the batch row using it, the largest if several do, clamped to the
+    row). Sized by the batch, not by the table (a shrunk dump's shape is only a claim)."""
     rpi = dump.req_pool_indices.numpy()
     msl = dump.max_seq_len
-    # Sized by the rows the file really holds: a [2^50, 0] table claims rows it has no bytes for.
-    ends = np.zeros(dump.max_reqs if msl else 1, dtype=np.int64)
-    active = (rpi > 0) & (rpi < ends.size)
+    active = (rpi > 0) & (rpi < dump.max_reqs)
     # each clamped to the row first, so no claimed length overflows the sum
     prefix = np.clip(dump.prefix_lens.numpy(), 0, msl)
     extend = np.clip(dump.extend_seq_lens.numpy(), 0, msl)
-    np.maximum.at(ends, rpi[active], np.minimum(prefix[active] + extend[active], msl))
-    return ends
+    rows, inverse = np.unique(rpi[active], return_inverse=True)
+    ends = np.zeros(rows.size, dtype=np.int64)
+    np.maximum.at(ends, inverse.reshape(-1), np.minimum(prefix[active] + extend[active], msl))
+    return rows, ends
 
 
 class SlotSet:
@@ -195,22 +197,18 @@ class ProvenanceIndex:
             self._scan(wanted)
 
     def _scan(self, wanted: np.ndarray) -> None:
-        table = self.dump.req_to_token
-        msl = max(self.dump.max_seq_len, 1)
-        step = max(1, _SCAN_CELLS // msl)
-        ends = live_ends(self.dump)
-        in_batch = np.zeros(ends.size, dtype=bool)
-        in_batch[list(r for r in self._batch_rows if 0 <= r < ends.size)] = True
+        batch_rows, ends = live_ends(self.dump)
         members = SlotSet(wanted)
-        table_rows = self.dump.max_reqs if table.numel() else 0  # no bytes, nothing to scan
-        for r0 in range(0, table_rows, step):
-            chunk = table[r0 : r0 + step].numpy()
-            hit_rows, cols = np.nonzero(members.contains(chunk))
-            if hit_rows.size == 0:
-                continue
-            rows = hit_rows + r0
-            values = chunk[hit_rows, cols].astype(np.int64)
-            tier = np.where(cols < ends[rows], _LIVE, np.where(in_batch[rows], _STALE, _IDLE))
+        for rows, cols, values in find_cells(
+            self.dump.req_to_token, members.contains, chunk_cells=_SCAN_CELLS
+        ):
+            if batch_rows.size:
+                at = np.minimum(np.searchsorted(batch_rows, rows), batch_rows.size - 1)
+                in_batch = batch_rows[at] == rows
+                end = np.where(in_batch, ends[at], 0)
+            else:
+                in_batch, end = np.zeros(rows.shape, dtype=bool), np.zeros_like(rows)
+            tier = np.where(cols < end, _LIVE, np.where(in_batch, _STALE, _IDLE))
             self._counts += np.bincount(np.searchsorted(wanted, values), minlength=wanted.size)
             self._keep(values, tier, rows, cols)
 
@@ -228,6 +226,10 @@ class ProvenanceIndex:
         rank = np.arange(ordered.size) - np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
         keep = order[rank < self.max_cells]
         self._kept = {name: column[keep] for name, column in merged.items()}
+
+    def kept_cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pool rows, positions) of every cell kept for any slot (what provenance can show)."""
+        return self._kept["row"], self._kept["col"]
 
     def count(self, slot: int) -> int:
         """Cells of the whole table holding `slot`."""
@@ -275,10 +277,10 @@ class ProvenanceIndex:
         elif slot >= lut.shape[0]:
             note = (
                 f"slot >= lut_len {lut.shape[0]}: REF raises, the GPU clamps to "
-                f"LUT[{lut.shape[0] - 1}] = {int(lut[-1])}"
+                f"LUT[{lut.shape[0] - 1}] = {element(lut, -1)}"
             )
         else:
-            swa_slot = int(lut[slot])
+            swa_slot = element(lut, slot)
             if swa_slot == 0:
                 note = "unmapped (LUT = 0)"
         return SlotProvenance(
@@ -288,7 +290,7 @@ class ProvenanceIndex:
             cells_total=total,
             swa_slot=swa_slot,
             translation_note=note,
-            allocator=_allocator_state(dump.free_full_slots, slot),
+            allocator=_allocator_state(dump.free_full_slots, slot, dump.free_domain.get("full")),
             canary=_canary_records(dump, "full", slot),
             violations=_violations(dump, slot, swa=False),
         )
@@ -333,7 +335,7 @@ def swa_provenance(
         cells_total=total,
         mapped_from=mapped_from,
         clamped_from=clamped_from,
-        allocator=_allocator_state(dump.free_swa_slots, swa_slot),
+        allocator=_allocator_state(dump.free_swa_slots, swa_slot, dump.free_domain.get("swa")),
         canary=_canary_records(dump, "swa", swa_slot),
         violations=_violations(dump, swa_slot, swa=True),
     )
@@ -343,9 +345,9 @@ def clamp_target(dump: KvDump) -> int | None:
     """The SWA slot the GPU path clamps every slot >= lut_len onto (`LUT[lut_len - 1]`), when
     that is a real slot: a LUT that lost its trailing -1 (sliced) sends them somewhere."""
     lut = dump.full_to_swa_index_mapping
-    if lut is None or lut.numel() == 0 or int(lut[-1]) < 0:
+    if lut is None or lut.numel() == 0 or element(lut, -1) < 0:
         return None
-    return int(lut[-1])
+    return element(lut, -1)
 
 
 def clamped_sources(
@@ -374,10 +376,10 @@ def full_slots_mapping_to(
     found: dict[int, tuple[int, ...]] = dict.fromkeys(wanted, ())
     if lut is None or not wanted:
         return found
-    body = (lut[:-1] if int(lut[-1]) == -1 else lut).numpy()
-    hits = np.flatnonzero(SlotSet(np.asarray(wanted)).contains(body))
-    order = np.argsort(body[hits], kind="stable")  # by SWA slot, full slots ascending
-    values, hits = body[hits][order], hits[order]
+    stop = int(lut.shape[0]) - (1 if element(lut, -1) == -1 else 0)
+    hits, held = where_equal(lut, np.asarray(wanted, dtype=np.int64), stop=stop)
+    order = np.argsort(held, kind="stable")  # by SWA slot, full slots ascending
+    values, hits = held[order], hits[order]
     starts = np.searchsorted(values, wanted, side="left")
     ends = np.searchsorted(values, wanted, side="right")
     for slot, a, b in zip(wanted, starts.tolist(), ends.tolist(), strict=True):
@@ -400,9 +402,15 @@ def _sorted_free(free: torch.Tensor) -> np.ndarray:
     return ordered
 
 
-def _allocator_state(free: torch.Tensor | None, slot: int) -> str | None:
+def _allocator_state(
+    free: torch.Tensor | None, slot: int, known: np.ndarray | None = None
+) -> str | None:
     if free is None:
         return None
+    if known is not None:  # sorted: a shrunk dump keeps the entries of its kept slots
+        at = int(np.searchsorted(known, slot))
+        if at >= known.size or int(known[at]) != slot:
+            return "unknown (not kept)"
     ordered = _sorted_free(free)
     i = int(np.searchsorted(ordered, slot))
     return "free" if i < ordered.size and ordered[i] == slot else "in use"
@@ -415,7 +423,10 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
             continue
         if buffer.shape[1] < 32:
             continue
-        fields = np.frombuffer(buffer[slot, :32].numpy().tobytes(), dtype="<i8")
+        raw, known = take_known(buffer, slot * int(buffer.shape[1]) + np.arange(32))
+        if not known.all():
+            continue  # a shrunk dump that did not keep this record
+        fields = raw.astype(np.uint8).view("<i8")
         records.append(
             CanaryRecord(
                 buffer=name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvcanary_cli.analysis.model import (
@@ -22,6 +23,7 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import SparseArray, Stored, element, row_cells, take
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.frame import group_frame
 
@@ -73,7 +75,11 @@ def slot_query(
         )
     )
     return ProvenanceReport(
-        path=str(dump.path), identity=dump.identity, slot=provenance, findings=touching
+        path=str(dump.path),
+        identity=dump.identity,
+        slot=provenance,
+        findings=touching,
+        shrink=dump.shrink,
     )
 
 
@@ -99,8 +105,8 @@ def row_map(
     touching = tuple(f for f in report.findings if f.pool_row == pool_row)
     group = group or ("swa" if any(f.group == "swa" for f in touching) else "full")
     frame = group_frame(dump, group)
-    row = dump.req_to_token[pool_row]
-    msl = int(row.shape[0])
+    row = _Row(dump.req_to_token, pool_row)
+    msl = row.length
     lo, hi = (0, msl) if positions is None else (max(positions[0], 0), min(positions[1], msl))
     if positions is not None and lo >= hi:
         raise OptionError(
@@ -121,7 +127,7 @@ def row_map(
         live_end = min(max(prefix, 0) + max(extend, 0), msl)
         spans += [(start - 1, start + _EDGE), (live_end - _EDGE, live_end + _EDGE), (0, live_end)]
     else:  # an idle row: its first filled cells
-        spans += [(p, p + 1) for p in _nonzero_positions(row, lo, hi, max_cells)]
+        spans += [(p, p + 1) for p in row.nonzero_positions(lo, hi, max_cells)]
     shown = sorted(marks)[:max_cells]
     taken = set(shown)
     for a, b in spans:
@@ -133,11 +139,11 @@ def row_map(
                 taken.add(pos)
     shown.sort()
     lut = dump.full_to_swa_index_mapping
-    slots = row[torch.tensor(shown, dtype=torch.int64)].tolist() if shown else []
+    slots = row.values(shown)
     cells = []
     for pos, slot in zip(shown, slots, strict=True):
         role, seed = cell_role(dump, frame, first, pos)
-        swa = int(lut[slot]) if lut is not None and 0 <= slot < lut.shape[0] else None
+        swa = element(lut, slot) if lut is not None and 0 <= slot < lut.shape[0] else None
         cells.append(
             RowCell(
                 position=pos,
@@ -150,7 +156,7 @@ def row_map(
         )
     edges = [lo - 1, *shown, hi]
     gaps = tuple(
-        RowGap(start=a + 1, end=b, filled=_count_nonzero(row, a + 1, b))
+        RowGap(start=a + 1, end=b, filled=row.count_nonzero(a + 1, b))
         for a, b in zip(edges, edges[1:], strict=False)
         if b > a + 1
     )
@@ -165,18 +171,52 @@ def row_map(
             window_start=start,
             group=group,
             cells=tuple(cells),
-            filled=_count_nonzero(row, 0, msl),
+            filled=row.count_nonzero(0, msl),
             max_seq_len=msl,
             gaps=gaps,
             window=None if positions is None else (lo, hi),
             marks_not_shown=len(marks) - len(set(marks) & taken),
         ),
         findings=touching,
+        shrink=dump.shrink,
     )
 
 
 #: cells of a row examined per step when counting or searching (bounds temporaries).
 _ROW_CHUNK = 1 << 20
+
+
+class _Row:
+    """One row of `req_to_token`, read in bounded pieces (a shrunk dump: its kept cells)."""
+
+    def __init__(self, table: Stored, pool_row: int) -> None:
+        self.table = table
+        self.pool_row = pool_row
+        self.length = int(table.shape[1])
+
+    def values(self, positions: list[int]) -> list[int]:
+        """Slots at `positions` (0 where a shrunk dump did not keep the cell)."""
+        if not positions:
+            return []
+        flat = torch.tensor(positions, dtype=torch.int64) + self.pool_row * self.length
+        return [int(v) for v in take(self.table, flat).tolist()]
+
+    def _kept(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        assert isinstance(self.table, SparseArray)
+        return row_cells(self.table, self.pool_row, start, end)
+
+    def count_nonzero(self, start: int, end: int) -> int:
+        """Cells of `[start, end)` holding a slot."""
+        if isinstance(self.table, SparseArray):
+            return int(np.count_nonzero(self._kept(start, end)[1]))
+        return _count_nonzero(self.table[self.pool_row], start, end)
+
+    def nonzero_positions(self, start: int, end: int, limit: int) -> list[int]:
+        """The first `limit` positions of `[start, end)` holding a slot."""
+        if isinstance(self.table, SparseArray):
+            positions, values = self._kept(start, end)
+            return [int(p) for p in positions[values != 0][:limit]]
+        return _nonzero_positions(self.table[self.pool_row], start, end, limit)
 
 
 def _count_nonzero(row: torch.Tensor, start: int, end: int) -> int:

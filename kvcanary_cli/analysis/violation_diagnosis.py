@@ -10,8 +10,9 @@ most one chunked pass over `req_to_token`; no loop runs per row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
-import torch
 
 from kvcanary_cli.analysis.provenance import LiveCells, live_cells
 from kvcanary_cli.analysis.violation_report import (
@@ -24,6 +25,7 @@ from kvcanary_cli.analysis.violation_report import (
 from kvcanary_cli.canary.constants import FailReason, LaunchTag
 from kvcanary_cli.canary.rows import ViolationRows
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import Stored, find_cells, take_known
 from kvcanary_cli.planners.frame import window_start
 
 __all__ = ["explain_rows"]
@@ -156,9 +158,9 @@ def _spaces(dump: KvDump, cells: LiveCells) -> list[_Space | None]:
     lut = dump.full_to_swa_index_mapping
     if lut is None:
         return [full, None]
-    table = lut.numpy()
-    mappable = (cells.slot > 0) & (cells.slot < table.shape[0] - 1)
-    swa = np.where(mappable, table[np.clip(cells.slot, 0, table.shape[0] - 1)], 0)
+    lut_len = int(lut.shape[0])
+    mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
+    swa = np.where(mappable, take_known(lut, np.clip(cells.slot, 0, lut_len - 1))[0], 0)
     start = window_start(dump.prefix_lens, dump.window("swa")).numpy()
     in_window = ~cells.pending & (cells.position >= start[cells.batch_row])
     return [full, _Space(cells, swa, in_window)]
@@ -171,8 +173,6 @@ def _table_owner(
     chunked pass over req_to_token."""
     out = np.full(slot.shape, -1, dtype=np.int64)
     lut = dump.full_to_swa_index_mapping
-    table = dump.req_to_token
-    step = max(1, _SCAN_CELLS // max(dump.max_seq_len, 1))
     for index in (0, 1):
         mine = np.flatnonzero(space == index)
         if mine.size == 0 or (index == 1 and lut is None):
@@ -183,19 +183,26 @@ def _table_owner(
             continue
         wanted_slots = np.unique(wanted >> 32)
         first = np.full(wanted.size, -1, dtype=np.int64)
-        for r0 in range(0, dump.max_reqs if table.numel() else 0, step):
-            chunk = table[r0 : r0 + step].to(torch.int64).numpy()
-            if index == 1 and lut is not None:
-                lut_np = lut.numpy()
-                inside = (chunk >= 0) & (chunk < lut_np.shape[0] - 1)
-                chunk = np.where(inside, lut_np[np.clip(chunk, 0, lut_np.shape[0] - 1)], 0)
-            rows_hit, cols_hit = np.nonzero(np.isin(chunk, wanted_slots))
-            if rows_hit.size == 0:
-                continue
-            hit_key = (chunk[rows_hit, cols_hit] << 32) | cols_hit
+        translate = _swa_translation(lut) if index == 1 else None
+
+        def in_space(values: np.ndarray, translate: _Translate | None = translate) -> np.ndarray:
+            return values if translate is None else translate(values)
+
+        def holds(
+            values: np.ndarray,
+            in_space: Callable[[np.ndarray], np.ndarray] = in_space,
+            wanted_slots: np.ndarray = wanted_slots,
+        ) -> np.ndarray:
+            return np.isin(in_space(values), wanted_slots)
+
+        # Cells come in table order, chunk after chunk: the first hit of a key wins.
+        for rows_hit, cols_hit, values in find_cells(
+            dump.req_to_token, holds, chunk_cells=_SCAN_CELLS
+        ):
+            hit_key = (in_space(values) << 32) | cols_hit
             at = np.searchsorted(wanted, hit_key)
             good = (at < wanted.size) & (wanted[np.minimum(at, wanted.size - 1)] == hit_key)
-            at, row = at[good], rows_hit[good] + r0
+            at, row = at[good], rows_hit[good]
             new = first[at] < 0  # earlier chunks won already
             keys_hit, first_index = np.unique(at[new], return_index=True)
             first[keys_hit] = row[new][first_index]  # the first hit in table order wins
@@ -203,6 +210,21 @@ def _table_owner(
         good = ok & (at < wanted.size)
         out[mine[good]] = first[np.minimum(at[good], wanted.size - 1)]
     return out
+
+
+_Translate = Callable[[np.ndarray], np.ndarray]
+
+
+def _swa_translation(lut: Stored | None) -> _Translate:
+    """Full slots to SWA slots for the owner scan (0 outside the LUT's body)."""
+    assert lut is not None
+    lut_len = int(lut.shape[0])
+
+    def translate(values: np.ndarray) -> np.ndarray:
+        inside = (values >= 0) & (values < lut_len - 1)
+        return np.where(inside, take_known(lut, np.clip(values, 0, lut_len - 1))[0], 0)
+
+    return translate
 
 
 def _prev_slots(
@@ -219,12 +241,12 @@ def _prev_slots(
     lookup &= ref_pos <= dump.max_seq_len
     if lookup.any():
         flat = ref_row[lookup] * dump.max_seq_len + ref_pos[lookup] - 1
-        values = dump.req_to_token.reshape(-1)[torch.from_numpy(flat)].to(torch.int64).numpy()
+        values = take_known(dump.req_to_token, flat)[0]
         lut = dump.full_to_swa_index_mapping
         if lut is not None:
-            table = lut.numpy()
-            inside = (values >= 0) & (values < table.shape[0])
-            swa = np.where(inside, table[np.clip(values, 0, table.shape[0] - 1)], values)
+            lut_len = int(lut.shape[0])
+            inside = (values >= 0) & (values < lut_len)
+            swa = np.where(inside, take_known(lut, np.clip(values, 0, lut_len - 1))[0], values)
             values = np.where(space[lookup] == 1, swa, values)
         prev[lookup] = values
         known[lookup] = True

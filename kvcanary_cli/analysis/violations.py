@@ -42,6 +42,7 @@ from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.safe_text import printable
 
 __all__ = ["REPLAY_SOURCE", "violations_report"]
 
@@ -107,6 +108,11 @@ def violations_report(
             notes=tuple(notes),
         )
     slots, total = _slot_provenance(loaded, rows, max_slots)
+    if loaded.shrink is not None:
+        notes.append(
+            f"{printable(loaded.path.name)} is shrunk from {loaded.shrink.source_file}: "
+            "explanations, provenance and replay cover the kept cells and records only"
+        )
     return ViolationsReport(
         sources=tuple(summaries),
         rows=rows,

@@ -18,6 +18,7 @@ import numpy as np
 from kvcanary_cli.canary.hashing import as_int64, combine_source_hashes, fold_chunks
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import parse_integer
+from kvcanary_cli.dump.sparse import SparseArray, take_known
 from kvcanary_cli.errors import MetadataError, TensorShapeError
 
 __all__ = ["RealKvMode", "RealKvSetup", "RealKvSource", "expected_real_kv", "real_kv_setup"]
@@ -39,7 +40,8 @@ class RealKvSource:
     """One source: the bytes and how a slot's bytes are found in them."""
 
     name: str
-    data: np.ndarray
+    #: uint8 `[rows, row_bytes]` (sparse in a shrunk dump).
+    data: np.ndarray | SparseArray
     page_size: int
     num_bytes_per_token: int
     read_bytes: int
@@ -77,7 +79,7 @@ def real_kv_setup(dump: KvDump) -> RealKvSetup:
     sources: dict[tuple[str, str], RealKvSource] = {}
     for name, tensor in sorted(dump.real_kv_sources.items()):
         _, group, half = name.split(".")
-        data = tensor.numpy()
+        data = tensor if isinstance(tensor, SparseArray) else tensor.numpy()
         width = int(data.shape[1])
         page = _int_key(dump, "real_kv.page_size", 1)
         per_token = _int_key(dump, "real_kv.num_bytes_per_token", max(width // page, 1))
@@ -131,7 +133,9 @@ def expected_real_kv(
     base = np.where(
         inside, row * width + (slots % source.page_size) * source.num_bytes_per_token, 0
     )
-    flat = source.data.reshape(-1)
-    chunk = flat[base[:, None] + np.arange(eff, dtype=np.int64)[None, :]]
+    flat = base[:, None] + np.arange(eff, dtype=np.int64)[None, :]
+    read, kept = take_known(source.data, flat.reshape(-1))
+    chunk = read.astype(np.uint8).reshape(flat.shape)
+    inside &= kept.reshape(flat.shape).all(axis=1)  # a shrunk dump may not keep the bytes
     values = as_int64(combine_source_hashes([fold_chunks(chunk)]))
     return np.where(inside, values, 0), inside

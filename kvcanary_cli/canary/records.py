@@ -15,6 +15,7 @@ import torch
 
 from kvcanary_cli.canary.constants import BUFFERS, RECORD_BYTES, buffer_tensor_name
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import SparseArray, Stored
 
 __all__ = ["Records", "dump_buffers", "read_records"]
 
@@ -29,22 +30,41 @@ class Records:
     real_kv_hash: np.ndarray
     #: per slot: its 32 bytes are not all zero (a slot that was written at least once).
     written: np.ndarray
+    #: per slot: the record is in the dump (False where a shrunk dump did not keep it).
+    known: np.ndarray
 
     def __len__(self) -> int:
         return int(self.token.shape[0])
+
+    def subset(self, mask: np.ndarray) -> Records:
+        """The records where `mask` is True."""
+        return Records(
+            token=self.token[mask],
+            position=self.position[mask],
+            prev_hash=self.prev_hash[mask],
+            real_kv_hash=self.real_kv_hash[mask],
+            written=self.written[mask],
+            known=self.known[mask],
+        )
 
 
 def _array(buffer: torch.Tensor | np.ndarray) -> np.ndarray:
     return buffer.numpy() if isinstance(buffer, torch.Tensor) else np.asarray(buffer)
 
 
-def read_records(buffer: torch.Tensor | np.ndarray, slots: np.ndarray) -> Records:
+def read_records(buffer: Stored | np.ndarray, slots: np.ndarray) -> Records:
     """Records of `slots` (each in `[0, num_slots)`; the caller masks the others)."""
-    data = _array(buffer)
-    if data.ndim != 2 or data.shape[1] < RECORD_BYTES:
+    if len(buffer.shape) != 2 or buffer.shape[1] < RECORD_BYTES:
         raise ValueError(f"a canary buffer needs rows of >= {RECORD_BYTES} bytes")
     index = np.asarray(slots, dtype=np.int64).reshape(-1)
-    raw = np.ascontiguousarray(data[index, :RECORD_BYTES], dtype=np.uint8)
+    if isinstance(buffer, SparseArray):  # a shrunk dump: only some records are kept
+        flat = index[:, None] * int(buffer.shape[1]) + np.arange(RECORD_BYTES)[None, :]
+        values, kept = buffer.take(flat.reshape(-1))
+        raw = values.astype(np.uint8).reshape(-1, RECORD_BYTES)
+        known = np.asarray(kept.reshape(-1, RECORD_BYTES).all(axis=1), dtype=bool)
+    else:
+        raw = np.ascontiguousarray(_array(buffer)[index, :RECORD_BYTES], dtype=np.uint8)
+        known = np.ones(index.shape, dtype=bool)
     words = raw.view("<i8").reshape(-1, 4).astype(np.int64)
     return Records(
         token=words[:, 0],
@@ -52,10 +72,11 @@ def read_records(buffer: torch.Tensor | np.ndarray, slots: np.ndarray) -> Record
         prev_hash=words[:, 2],
         real_kv_hash=words[:, 3],
         written=np.asarray(raw.any(axis=1), dtype=bool),
+        known=known,
     )
 
 
-def dump_buffers(dump: KvDump, group: str) -> list[tuple[str, torch.Tensor]]:
+def dump_buffers(dump: KvDump, group: str) -> list[tuple[str, Stored]]:
     """The group's canary buffers in the dump, as (`head.k`, ...) in launch order (K before V).
 
     Buffers whose rows are narrower than a record are left out (upstream refuses them).

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from kvcanary_cli.canary.constants import BUFFERS, FailReason, buffer_tensor_name, tag_for
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, as_int64, mix3_array
@@ -24,6 +23,7 @@ from kvcanary_cli.canary.real_kv import RealKvMode, RealKvSetup, expected_real_k
 from kvcanary_cli.canary.records import dump_buffers, read_records
 from kvcanary_cli.canary.rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import SparseArray, Stored
 from kvcanary_cli.planners.base import Plan, Undefined
 
 __all__ = ["BufferReplay", "replay_buffer", "replay_dump"]
@@ -52,6 +52,8 @@ class BufferReplay:
     outside_buffer: int = 0
     #: entries whose slot or prev slot the plan could not define (reads outside req_to_token).
     undefined: int = 0
+    #: entries whose record (or the one before it) a shrunk dump did not keep: not checked.
+    not_kept: int = 0
     #: "checked", "zero" (HEAD, or mode none) or "skipped" (the dump does not say).
     real_kv: str = "skipped"
     #: entries whose real-KV hash could not be computed (slot outside the source).
@@ -63,7 +65,7 @@ class BufferReplay:
 def replay_buffer(
     plan: Plan,
     buffer: str,
-    data: torch.Tensor | np.ndarray,
+    data: Stored | np.ndarray,
     *,
     real_kv: RealKvSetup | None = None,
     check_tokens: bool = False,
@@ -81,13 +83,24 @@ def replay_buffer(
             entries=0,
             notes=(f"{name}: verify not launched: {why}",),
         )
-    array = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    array: np.ndarray | SparseArray = (
+        data if isinstance(data, SparseArray | np.ndarray) else data.numpy()
+    )
     num_slots = int(array.shape[0])
     entries = plan.entries
     batch_rows = plan.entry_batch_rows().numpy()
     mode = _real_kv_mode(real_kv, plan.group, buffer)
     counts = dict.fromkeys(
-        ("checked", "slot_zero", "chain_skipped", "outside", "undefined", "kv_unknown"), 0
+        (
+            "checked",
+            "slot_zero",
+            "chain_skipped",
+            "outside",
+            "undefined",
+            "kv_unknown",
+            "not_kept",
+        ),
+        0,
     )
     parts: list[ViolationRows] = []
     written = False
@@ -121,6 +134,11 @@ def replay_buffer(
             f"{name}: {counts['outside']} entries read a slot outside the buffer "
             f"({num_slots} slots): the GPU reads out of bounds there; not replayed"
         )
+    if counts["not_kept"]:
+        notes.append(
+            f"{name}: {counts['not_kept']} entries read records this shrunk dump does not keep: "
+            "not replayed"
+        )
     if counts["kv_unknown"]:
         notes.append(
             f"{name}: {counts['kv_unknown']} slots lie outside the real-KV source: "
@@ -136,6 +154,7 @@ def replay_buffer(
         chain_skipped=counts["chain_skipped"],
         outside_buffer=counts["outside"],
         undefined=counts["undefined"],
+        not_kept=counts["not_kept"],
         real_kv=mode,
         real_kv_unknown=counts["kv_unknown"],
         rows=result,
@@ -154,7 +173,7 @@ def _real_kv_mode(setup: RealKvSetup | None, group: str, buffer: str) -> str:
 
 def _replay_chunk(
     plan: Plan,
-    array: np.ndarray,
+    array: np.ndarray | SparseArray,
     num_slots: int,
     start: int,
     stop: int,
@@ -180,12 +199,19 @@ def _replay_chunk(
     counts["slot_zero"] += int((~nonzero).sum())
     counts["undefined"] += int((nonzero & undefined).sum())
     counts["outside"] += int(outside.sum())
-    counts["checked"] += int(usable.sum())
     idx = np.flatnonzero(usable)
     s, ep, pv = slot[idx], expected_pos[idx], prev[idx]
     record = read_records(array, s)
     reads_prev = pv > 0
     before = read_records(array, pv[reads_prev])
+    kept = record.known.copy()
+    kept[reads_prev] &= before.known
+    if not kept.all():  # a shrunk dump: only entries whose records it kept are checked
+        counts["not_kept"] += int((~kept).sum())
+        before = before.subset(kept[reads_prev])
+        idx, s, ep, pv, record = idx[kept], s[kept], ep[kept], pv[kept], record.subset(kept)
+        reads_prev = pv > 0
+    counts["checked"] += int(idx.size)
     counts["chain_skipped"] += int((pv == 0).sum())
     linked = np.full(idx.shape, _ANCHOR, dtype=np.int64)
     linked[reads_prev] = as_int64(mix3_array(before.prev_hash, before.token, before.position))

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, dtype_label
+from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, SHRINK_KEY, dtype_label
 
 __all__ = ["INSPECT_SCHEMA", "describe_dump"]
 
@@ -37,7 +37,7 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> dict[
         k: v
         for k, v in sorted(dump.metadata.items())
         if k not in IDENTITY_KEYS
-        and k != "kvcanary.format"
+        and k not in ("kvcanary.format", SHRINK_KEY)
         and k not in dump.scalars
         and k != "groups"
     }
@@ -53,6 +53,7 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> dict[
                 "shape": list(info.shape),
                 "bytes": info.nbytes,
                 "role": info.role,
+                "kept": info.kept,
             }
             for info in dump.tensors.values()
         ],
@@ -79,6 +80,7 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> dict[
             "lut_len": dump.lut_len,
         },
         "identity": dump.identity,
+        "shrink": None if dump.shrink is None else dump.shrink.as_record(dump.path.name),
         "sglang_installed": sglang_installed,
         "other_metadata": extra,
         "notes": notes,

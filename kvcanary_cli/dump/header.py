@@ -135,8 +135,10 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         raise DumpError("permission denied", path=_show(str(path), 4096)) from None
     except OSError as exc:
         raise DumpError(f"cannot read: {exc.strerror}", path=_show(str(path), 4096)) from None
-    if len(raw) != header_len:  # the file shrank since stat()
-        raise _corrupt(path, "the file shrank while it was being read", hint="read a stable copy")
+    if len(raw) != header_len:  # the file was truncated since stat()
+        raise _corrupt(
+            path, "the file was truncated while kvcanary read it", hint="read a stable copy"
+        )
     values = _count_values(raw)
     if values > MAX_HEADER_VALUES:
         raise _corrupt(

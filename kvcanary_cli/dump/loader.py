@@ -2,20 +2,23 @@
 
 Big tables (`req_to_token` reaches 2 GB in production) stay memory-mapped: planners gather
 only the rows of the batch. Everything else is read into memory while the file is open:
-per-batch tensors (as int64), LUT, free lists, ring, and tables up to `READ_LIMIT` bytes.
+per-batch tensors (as int64), LUT, free lists, ring, and tables up to `READ_LIMIT` bytes. A
+shrunk dump (format 1.1) stores its big tensors sparse: they load as `SparseArray`s in their
+original coordinates (see `dump.sparse`), and its `kvcanary.shrink` record says where it came
+from.
 
 Why read rather than map: a mapped page the file no longer has (another process truncated
 or rewrote it) kills the process with SIGBUS, which Python cannot catch. A read sees the
-shrink as a short read and ends in one error line. So only tables too big to copy are
+truncation as a short read and ends in one error line. So only tables too big to copy are
 mapped, after checking through the open file that it still holds them; such a table can
-still fault if the file shrinks while kvcanary runs (docs/guarantees.md).
+still fault if the file is truncated while kvcanary runs (docs/guarantees.md).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from io import BufferedReader
 from pathlib import Path
 
@@ -29,16 +32,22 @@ from kvcanary_cli.dump.schema import (
     IDENTITY_KEYS,
     INTEGER_DTYPES,
     SCALARS,
+    SHRINK_KEY,
+    SHRUNK_FORMAT_VERSION,
     TensorSpec,
     dtype_label,
     parse_integer,
+    sparse_capable,
     spec_for,
 )
+from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
+from kvcanary_cli.dump.sparse import SparseArray, Stored, ring_slots, sparse_array
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
     DumpError,
     MetadataError,
+    MissingTensorError,
     OptionError,
     TensorDtypeError,
     TensorShapeError,
@@ -74,6 +83,8 @@ class TensorInfo:
     shape: tuple[int, ...]
     nbytes: int
     role: str | None
+    #: elements stored, for a sparse tensor of a shrunk dump (`shape` is then the original's).
+    kept: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,12 +151,12 @@ class KvDump:
     groups: tuple[str, ...]
     notes: list[str]
     dtype_notes: list[DtypeNote]
-    req_to_token: torch.Tensor
+    req_to_token: Stored
     req_pool_indices: torch.Tensor
     prefix_lens: torch.Tensor
     extend_seq_lens: torch.Tensor
-    full_to_swa_index_mapping: torch.Tensor | None = None
-    req_to_verify_expected_tokens: torch.Tensor | None = None
+    full_to_swa_index_mapping: Stored | None = None
+    req_to_verify_expected_tokens: Stored | None = None
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None
     out_cache_loc: torch.Tensor | None = None
     input_ids: torch.Tensor | None = None
@@ -156,9 +167,19 @@ class KvDump:
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
     rejected_scalars: list[RejectedScalar] = field(default_factory=list)
-    canary_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    canary_buffers: dict[str, Stored] = field(default_factory=dict)
     #: `real_kv.<group>.<k|v>` sources (uint8, memory-mapped), by tensor name.
-    real_kv_sources: dict[str, torch.Tensor] = field(default_factory=dict)
+    real_kv_sources: dict[str, Stored] = field(default_factory=dict)
+    #: a shrunk dump's record (format 1.1): its source and what was dropped; None otherwise.
+    shrink: ShrinkRecord | None = None
+    #: in a shrunk dump, per slot space (`full`, `swa`), the slots whose free-list membership
+    #: it records (sorted); a space not listed records every slot's.
+    free_domain: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def shrunk(self) -> bool:
+        """A shrunk dump: it holds only what the analysis of its original read."""
+        return self.shrink is not None
 
     @property
     def bs(self) -> int:
@@ -209,9 +230,9 @@ class KvDump:
         return {k: self.metadata[k] for k in IDENTITY_KEYS if k in self.metadata}
 
 
-def _shrank(entry: HeaderEntry) -> CorruptDumpError:
+def _truncated(entry: HeaderEntry) -> CorruptDumpError:
     return CorruptDumpError(
-        f"the file shrank while it was being read: {entry.nbytes} bytes at offset "
+        f"the file was truncated while kvcanary read it: {entry.nbytes} bytes at offset "
         f"{entry.offset} are gone",
         field=entry.name,
         hint="another process truncated or rewrote it; read a stable copy",
@@ -227,12 +248,12 @@ def _read_array(handle: BufferedReader, entry: HeaderEntry) -> np.ndarray:
     table = entry.name in _TABLES or entry.name.startswith(_TABLE_PREFIXES)
     if table and entry.nbytes > READ_LIMIT:
         if os.fstat(handle.fileno()).st_size < entry.offset + entry.nbytes:
-            raise _shrank(entry)
+            raise _truncated(entry)
         return np.memmap(handle, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
     array = np.empty(entry.shape, dtype=dtype)
     handle.seek(entry.offset)
     if handle.readinto(array.reshape(-1).view(np.uint8).data) != entry.nbytes:
-        raise _shrank(entry)
+        raise _truncated(entry)
     return array
 
 
@@ -283,7 +304,7 @@ def load_dump(
         with handle:
             if os.fstat(handle.fileno()).st_size < header.file_size:
                 raise CorruptDumpError(
-                    "the file shrank while it was being read",
+                    "the file was truncated while kvcanary read it",
                     hint="another process truncated or rewrote it; read a stable copy",
                 )
             return _build(header, handle, dict(overrides or {}))
@@ -298,20 +319,56 @@ def _build(
 ) -> KvDump:
     # First: a newer format may legitimately break every other rule below.
     version = header.metadata.get("kvcanary.format")
-    if version is not None and version.strip() != FORMAT_VERSION:
+    if version is not None and version.strip() not in (FORMAT_VERSION, SHRUNK_FORMAT_VERSION):
         raise MetadataError(
-            f"format version {version!r} is not supported (this kvcanary reads {FORMAT_VERSION!r})",
+            f"format version {version!r} is not supported (this kvcanary reads "
+            f"{FORMAT_VERSION!r} and {SHRUNK_FORMAT_VERSION!r})",
             field="kvcanary.format",
             hint="upgrade kvcanary",
         )
+    shrunk = version is not None and version.strip() == SHRUNK_FORMAT_VERSION
+    sparse, companions = _sparse_tensors(header, handle) if shrunk else ({}, {})
+    shrink = _shrink_record(header) if shrunk else None
     notes: list[str] = []
     dtype_notes: list[DtypeNote] = []
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray | SparseArray] = {}
     infos: dict[str, TensorInfo] = {}
     scalar_tensors: dict[str, int] = {}
-    canary: dict[str, torch.Tensor] = {}
-    real_kv: dict[str, torch.Tensor] = {}
+    canary: dict[str, Stored] = {}
+    real_kv: dict[str, Stored] = {}
     for name, entry in header.entries.items():
+        if name in companions:
+            infos[name] = TensorInfo(
+                name=name,
+                dtype=entry.dtype,
+                shape=entry.shape,
+                nbytes=entry.nbytes,
+                role=companions[name],
+            )
+            continue
+        if name in sparse:
+            kept = sparse[name]
+            spec = spec_for(name)
+            assert spec is not None  # _sparse_tensors takes sparse-capable names only
+            _check_tensor(replace(entry, shape=kept.shape), spec)
+            if entry.dtype != spec.canonical:
+                dtype_notes.append(
+                    DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical)
+                )
+            infos[name] = TensorInfo(
+                name=name,
+                dtype=entry.dtype,
+                shape=kept.shape,
+                nbytes=entry.nbytes,
+                role=spec.role,
+                kept=kept.kept,
+            )
+            arrays[name] = kept
+            if name.startswith("canary."):
+                canary[name] = kept
+            elif name.startswith("real_kv."):
+                real_kv[name] = kept
+            continue
         spec = spec_for(name)
         role = spec.role if spec else None
         if spec is None and name in SCALARS:
@@ -327,11 +384,12 @@ def _build(
         _check_tensor(entry, spec)
         if entry.dtype != spec.canonical:
             dtype_notes.append(DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical))
-        arrays[name] = _read_array(handle, entry)
+        mapped = _read_array(handle, entry)
+        arrays[name] = mapped
         if name.startswith("canary."):
-            canary[name] = torch.from_numpy(arrays[name])
+            canary[name] = torch.from_numpy(mapped)
         elif name.startswith("real_kv."):
-            real_kv[name] = torch.from_numpy(arrays[name])
+            real_kv[name] = torch.from_numpy(mapped)
 
     scalars, rejected = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
@@ -349,10 +407,27 @@ def _build(
 
     def small(name: str) -> torch.Tensor | None:
         array = arrays.get(name)
+        if isinstance(array, SparseArray):
+            raise AssertionError(f"{name} cannot be sparse")  # _sparse_tensors refuses it
         return None if array is None else torch.from_numpy(np.asarray(array, dtype=np.int64))
+
+    def big(name: str) -> Stored | None:
+        array = arrays.get(name)
+        if array is None or isinstance(array, SparseArray):
+            return array
+        return torch.from_numpy(array)
 
     bs = int(arrays["req_pool_indices"].shape[0])
     extend = small("extend_seq_lens")
+    table = big("req_to_token")
+    assert table is not None  # check_batch raised MissingTensorError otherwise
+    if isinstance(table, SparseArray):
+        _check_live_ranges_kept(
+            table,
+            _require(small("req_pool_indices")),
+            _require(small("prefix_lens")),
+            extend if extend is not None else torch.zeros(bs, dtype=torch.int64),
+        )
     ring_index = arrays.get("violation_write_index")
     return KvDump(
         path=header.path,
@@ -363,16 +438,14 @@ def _build(
         groups=groups,
         notes=notes,
         dtype_notes=dtype_notes,
-        req_to_token=torch.from_numpy(arrays["req_to_token"]),
+        req_to_token=table,
         req_pool_indices=_require(small("req_pool_indices")),
         prefix_lens=_require(small("prefix_lens")),
         extend_seq_lens=extend if extend is not None else torch.zeros(bs, dtype=torch.int64),
-        full_to_swa_index_mapping=small("full_to_swa_index_mapping"),
-        req_to_verify_expected_tokens=(
-            torch.from_numpy(arrays["req_to_verify_expected_tokens"])
-            if "req_to_verify_expected_tokens" in arrays
-            else None
+        full_to_swa_index_mapping=(
+            lut if isinstance(lut, SparseArray) else small("full_to_swa_index_mapping")
         ),
+        req_to_verify_expected_tokens=big("req_to_verify_expected_tokens"),
         req_to_verify_expected_tokens_valid_lens=(
             small("req_to_verify_expected_tokens_valid_lens")
             if "req_to_verify_expected_tokens" in arrays
@@ -390,12 +463,121 @@ def _build(
         rejected_scalars=rejected,
         canary_buffers=canary,
         real_kv_sources=real_kv,
+        shrink=shrink,
+        free_domain=_free_domain(table, lut, arrays.get("violation_ring"), ring_index),
     )
+
+
+def _free_domain(
+    table: Stored,
+    lut: np.ndarray | SparseArray | None,
+    ring: np.ndarray | SparseArray | None,
+    ring_index: np.ndarray | SparseArray | None,
+) -> dict[str, np.ndarray]:
+    """The slots a shrunk dump's free lists speak for: those its kept cells (full) and kept
+    LUT entries (SWA) hold, and those its violation ring names (`kvcanary shrink` keeps the
+    free-list entries of exactly these, and nothing else asks)."""
+    if not isinstance(ring, np.ndarray | None) or not isinstance(ring_index, np.ndarray | None):
+        return {}  # never sparse
+    index = None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
+    ring_full, ring_swa = ring_slots(ring, index)
+    domain = {}
+    if isinstance(table, SparseArray):
+        domain["full"] = np.union1d(np.unique(np.asarray(table.values, np.int64)), ring_full)
+    if isinstance(lut, SparseArray):
+        domain["swa"] = np.union1d(np.unique(np.asarray(lut.values, np.int64)), ring_swa)
+    return domain
+
+
+def _check_live_ranges_kept(
+    table: SparseArray, rpi: torch.Tensor, prefix: torch.Tensor, extend: torch.Tensor
+) -> None:
+    """A shrunk dump keeps every batch row's live cells (`kvcanary shrink` does): then the
+    analysis, whose work follows the live ranges, is bounded by what the file stores and not
+    by the original shape it claims."""
+    rows, width = int(table.shape[0]), int(table.shape[1])
+    rp = rpi.numpy()
+    row = np.where(rp < 0, rp + rows, rp)  # where Python indexing (the reference) reads
+    live = np.minimum(prefix.numpy().clip(min=0) + extend.numpy().clip(min=0), width)
+    reads = (rp != 0) & (row >= 0) & (row < rows) & (live > 0)
+    start = row[reads] * width
+    kept = table.kept_before(start + live[reads]) - table.kept_before(start)
+    short = np.flatnonzero(kept < live[reads])
+    if short.size:
+        r = int(np.flatnonzero(reads)[short[0]])
+        raise TensorShapeError(
+            f"keeps {int(kept[short[0]])} of the {int(live[r])} live cells of batch row {r} "
+            f"(pool row {int(rp[r])}); a shrunk dump keeps every batch row's live cells",
+            field="req_to_token",
+            hint="the shrunk dump is damaged; shrink the original again",
+        )
 
 
 def _require(tensor: torch.Tensor | None) -> torch.Tensor:
     assert tensor is not None  # check_batch raised MissingTensorError otherwise
     return tensor
+
+
+#: suffixes of the two tensors that complete a sparse tensor `NAME` (docs/dump-format.md).
+_RUNS, _SHAPE = ".runs", ".shape"
+
+
+def _sparse_tensors(
+    header: SafetensorsHeader, handle: BufferedReader
+) -> tuple[dict[str, SparseArray], dict[str, str]]:
+    """The sparse tensors of a shrunk dump (`NAME` + `NAME.runs` + `NAME.shape`), checked,
+    and the roles of their companion tensors."""
+    sparse: dict[str, SparseArray] = {}
+    companions: dict[str, str] = {}
+    for runs_name in header.entries:
+        if not runs_name.endswith(_RUNS):
+            continue
+        name = runs_name[: -len(_RUNS)]
+        if not sparse_capable(name):
+            raise TensorShapeError(
+                f"stores {name!r} sparse, which only the tables, the LUT, canary buffers and "
+                "real-KV sources may be",
+                field=runs_name,
+            )
+        for part in (name, name + _SHAPE):
+            if part not in header.entries:
+                raise MissingTensorError(f"is required with {runs_name}", field=part)
+        for part in (runs_name, name + _SHAPE):
+            if header.entries[part].dtype != "I64":
+                raise TensorDtypeError(
+                    f"dtype {dtype_label(header.entries[part].dtype)} is not accepted "
+                    "(expected int64)",
+                    field=part,
+                )
+        values = header.entries[name]
+        if values.dtype not in INTEGER_DTYPES:
+            raise TensorDtypeError(
+                f"dtype {dtype_label(values.dtype)} is not accepted (expected an integer dtype)",
+                field=name,
+            )
+        spec = spec_for(name)
+        assert spec is not None
+        sparse[name] = sparse_array(
+            name,
+            _read_array(handle, values),
+            _read_array(handle, header.entries[runs_name]),
+            _read_array(handle, header.entries[name + _SHAPE]),
+            spec.ranks,
+        )
+        companions[runs_name] = f"runs of {name} kept by kvcanary shrink (flat start, length)"
+        companions[name + _SHAPE] = f"original shape of {name}"
+    return sparse, companions
+
+
+def _shrink_record(header: SafetensorsHeader) -> ShrinkRecord:
+    text = header.metadata.get(SHRINK_KEY)
+    if text is None:
+        raise MetadataError(
+            f"is required in a format {SHRUNK_FORMAT_VERSION} (shrunk) dump",
+            field=SHRINK_KEY,
+            hint="the shrunk dump is damaged; shrink the original again",
+        )
+    return parse_shrink_record(text)
 
 
 def _scalar_tensor(handle: BufferedReader, entry: HeaderEntry) -> int:

@@ -23,16 +23,24 @@ __all__ = [
     "MAX_INTEGER_DIGITS",
     "REAL_KV_TENSOR_PATTERN",
     "SCALARS",
+    "SHRINK_KEY",
+    "SHRUNK_FORMAT_VERSION",
     "TENSORS",
     "ScalarSpec",
     "TensorSpec",
     "dtype_label",
     "parse_integer",
     "required_tensors",
+    "sparse_capable",
     "spec_for",
 ]
 
 FORMAT_VERSION = "1"
+#: The format of a shrunk dump (`kvcanary shrink`): format 1 plus sparse tensors and the
+#: shrink record (docs/dump-format.md, "Shrunk dumps").
+SHRUNK_FORMAT_VERSION = "1.1"
+#: Metadata key of a shrunk dump's record: its source, and what was dropped.
+SHRINK_KEY = "kvcanary.shrink"
 
 #: Byte size of every dtype string safetensors defines. Anything else in a header is corrupt.
 DTYPE_ITEMSIZE: dict[str, int] = {
@@ -243,6 +251,19 @@ def spec_for(name: str) -> TensorSpec | None:
     if REAL_KV_TENSOR_PATTERN.match(name):
         return _REAL_KV_SPEC
     return None
+
+
+_SPARSE_TENSORS = ("req_to_token", "req_to_verify_expected_tokens", "full_to_swa_index_mapping")
+
+
+def sparse_capable(name: str) -> bool:
+    """The big tensors a shrunk dump may store sparse: the tables, the LUT, canary buffers and
+    real-KV sources (everything else is small and kept whole)."""
+    return (
+        name in _SPARSE_TENSORS
+        or CANARY_TENSOR_PATTERN.match(name) is not None
+        or REAL_KV_TENSOR_PATTERN.match(name) is not None
+    )
 
 
 def required_tensors() -> tuple[str, ...]:

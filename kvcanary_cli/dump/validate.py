@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from kvcanary_cli.dump.schema import SCALARS, TENSORS, required_tensors
+from kvcanary_cli.dump.sparse import SparseArray
 from kvcanary_cli.errors import (
     MetadataError,
     MissingTensorError,
@@ -24,7 +25,7 @@ __all__ = ["check_batch", "derive_scalar_defaults", "resolve_groups"]
 
 
 def check_batch(
-    arrays: Mapping[str, np.ndarray],
+    arrays: Mapping[str, np.ndarray | SparseArray],
     scalars: Mapping[str, int | None],
     *,
     rejected: Mapping[str, str] | None = None,
@@ -100,7 +101,7 @@ def check_batch(
     return notes
 
 
-def _check_write_tensors(arrays: Mapping[str, np.ndarray]) -> None:
+def _check_write_tensors(arrays: Mapping[str, np.ndarray | SparseArray]) -> None:
     if "out_cache_loc" not in arrays:
         for name in ("input_ids", "positions"):
             if name in arrays:

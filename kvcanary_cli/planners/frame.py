@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import Stored
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.base import Plan, ProblemTable, Semantics, VerifyEntries
 
@@ -86,8 +87,8 @@ class GroupFrame:
     group: str
     #: W: 0 for the full group, `swa_window_size` (>= 0) for swa.
     window: int
-    #: the SWA LUT for the swa group, None for full.
-    lut: torch.Tensor | None
+    #: the SWA LUT for the swa group (sparse in a shrunk dump), None for full.
+    lut: Stored | None
     bs: int
     #: pool row per batch row (0 = padding).
     pool_rows: torch.Tensor

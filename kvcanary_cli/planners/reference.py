@@ -8,10 +8,14 @@ against it. Like SGLang's torch reference (REF) it reads `req_to_token` with Pyt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import overload
+
 import numpy as np
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import Stored, row_cells
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.base import (
     Plan,
@@ -50,6 +54,42 @@ class _Collector:
         return ProblemTable.from_rows(self.items)
 
 
+class _Kept(Sequence[int]):
+    """List-like reads of part of a sparse tensor: the kept elements, 0 for the others."""
+
+    def __init__(self, index: np.ndarray, values: np.ndarray, length: int) -> None:
+        self._values: dict[int, int] = dict(zip(index.tolist(), values.tolist(), strict=True))
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[int]: ...
+    def __getitem__(self, i: int | slice) -> int | Sequence[int]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._length))]
+        return self._values.get(i, 0)
+
+
+def _values(vector: Stored) -> Sequence[int]:
+    """A 1-D tensor as a Python sequence (the LUT)."""
+    if isinstance(vector, torch.Tensor):
+        return list(vector.tolist())
+    index = vector.flat_indices()
+    return _Kept(index, vector.take(index)[0], int(vector.shape[0]))
+
+
+def _row_values(table: Stored, row: int) -> Sequence[int]:
+    """One row of a 2-D table as a Python sequence."""
+    if isinstance(table, torch.Tensor):
+        return list(table[row].tolist())
+    positions, values = row_cells(table, row, 0, int(table.shape[1]))
+    return _Kept(positions, values, int(table.shape[1]))
+
+
 def _python_row(index: int, rows: int) -> int | None:
     """The row Python indexing reaches for `index`, or None where it raises IndexError."""
     if 0 <= index < rows:
@@ -80,7 +120,7 @@ class ReferencePlanner:
             return skipped_plan(
                 frame, backend=self.name, semantics=self.semantics, problems=row_level
             )
-        lut = None if frame.lut is None else frame.lut.tolist()
+        lut = None if frame.lut is None else _values(frame.lut)
         lut_len = 0 if lut is None else len(lut)
         rpi = dump.req_pool_indices.tolist()
         prefix = dump.prefix_lens.tolist()
@@ -92,12 +132,19 @@ class ReferencePlanner:
         offset = dump.token_offset
         bs = len(rpi)
         problems = _Collector(self.strict, frame)
-        row_cache: dict[int, list[int]] = {}
+        row_cache: dict[int, Sequence[int]] = {}
+        pool_cache: dict[int, Sequence[int]] = {}
 
-        def table_row(row: int) -> list[int]:
+        def table_row(row: int) -> Sequence[int]:
             if row not in row_cache:
-                row_cache[row] = dump.req_to_token[row].tolist()
+                row_cache[row] = _row_values(dump.req_to_token, row)
             return row_cache[row]
+
+        def pool_row_values(row: int) -> Sequence[int]:
+            assert pool is not None
+            if row not in pool_cache:
+                pool_cache[row] = _row_values(pool, row)
+            return pool_cache[row]
 
         def translate(raw: int, role: ProblemRole, r: int, pos: int, k: int) -> int | None:
             if lut is None or raw < 0:
@@ -213,7 +260,7 @@ class ReferencePlanner:
                                 )
                             bits |= Undefined.TOKEN
                         else:
-                            token = int(pool[pool_row, s])
+                            token = pool_row_values(pool_row)[s]
                 if not overflow:
                     slots.append(0 if slot is None else slot)
                     prevs.append(0 if prev is None else prev)

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.errors import PlanTooLargeError
+from kvcanary_cli.dump.sparse import Stored, dense
+from kvcanary_cli.errors import OptionError, PlanTooLargeError
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemTable, Semantics, VerifyEntries
 from kvcanary_cli.planners.frame import (
     MAX_MATERIALIZED_ENTRIES,
@@ -78,6 +79,12 @@ class SGLangPlanner:
 
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Run SGLang's launcher on `group` of `dump`; its exception becomes `launch_error`."""
+        if dump.shrunk:
+            raise OptionError(
+                "needs the whole dump, and this one is shrunk (SGLang reads its tables dense)",
+                option=self.option,
+                hint="run it on the original dump, or use --kernel triton/torch here",
+            )
         frame = group_frame(dump, group)
         launcher = self.load()
         if frame.unplannable:  # never hand SGLang a claimed size to allocate
@@ -162,12 +169,14 @@ def plan_arguments(
         )
     gpu = device.type == "cuda"
 
-    def vector(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    def vector(stored: Stored | None) -> torch.Tensor | None:
+        tensor = None if stored is None else dense(stored)
         return None if tensor is None else tensor.to(device=device, dtype=_I64).contiguous()
 
-    def table(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        if tensor is None:
+    def table(stored: Stored | None) -> torch.Tensor | None:
+        if stored is None:
             return None
+        tensor = dense(stored)
         return tensor.to(device=device, dtype=torch.int32 if gpu else tensor.dtype).contiguous()
 
     pool = dump.req_to_verify_expected_tokens

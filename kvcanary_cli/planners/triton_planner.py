@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import dense, take
 from kvcanary_cli.planners import triton_runtime
 from kvcanary_cli.planners.base import (
     ClampFlag,
@@ -35,6 +36,7 @@ from kvcanary_cli.planners.frame import (
     skipped_plan,
 )
 from kvcanary_cli.planners.rows import row_problems
+from kvcanary_cli.planners.staging import needs_staging, seed_values, stage
 
 __all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]
 
@@ -70,6 +72,8 @@ class _Inputs:
     pool: torch.Tensor
     pool_stride: int
     pool_numel: int
+    #: the inputs are a shrunk dump's staged rows (`staging`), not the dump's own tensors.
+    staged: bool = False
 
 
 class TritonPlanner:
@@ -127,7 +131,7 @@ class TritonPlanner:
             )
         kernels = triton_runtime.load_kernels()
         device = triton_runtime.device()
-        inputs = self._inputs(dump, frame.lut, device)
+        inputs = self._inputs(dump, frame, device)
         bs = dump.bs
         block_bs = bs_block(bs)
         verify_offsets = torch.empty(bs + 1, dtype=_I64, device=device)
@@ -154,7 +158,7 @@ class TritonPlanner:
             inputs.lut_len,
             frame.window,
             frame.verify_capacity,
-            HAS_LUT=frame.lut is not None,
+            HAS_LUT=inputs.lut_len > 0,
             BLOCK_BS=block_bs,
             STD_SCAN=(
                 triton_runtime.std_library_interpreted()
@@ -172,7 +176,7 @@ class TritonPlanner:
         problems = [
             row_problems(dump, frame, gpu=True),
             _entry_lut_problems(dump, offsets_cpu, columns["position"], columns["clamp"]),
-            _seed_lut_problems(dump, seed_flags_np, seed_raw[:bs].cpu().numpy()),
+            _seed_lut_problems(dump, seed_flags_np, seed_raw[:bs].cpu().numpy(), inputs.staged),
         ]
         entries = VerifyEntries(
             slot=columns["slot"],
@@ -198,7 +202,7 @@ class TritonPlanner:
         )
 
     @staticmethod
-    def _inputs(dump: KvDump, lut: torch.Tensor | None, dev: torch.device) -> _Inputs:
+    def _inputs(dump: KvDump, frame: GroupFrame, dev: torch.device) -> _Inputs:
         def vec(t: torch.Tensor | None) -> torch.Tensor:
             if t is None or t.numel() == 0:
                 return torch.zeros(1, dtype=_I64, device=dev)
@@ -209,13 +213,35 @@ class TritonPlanner:
                 return torch.zeros(1, dtype=torch.int32, device=dev)
             return t.to(device=dev).contiguous()
 
-        pool = dump.req_to_verify_expected_tokens
+        if needs_staging(dump):  # a shrunk dump: the rows the batch reads, dense
+            staged = stage(dump, frame)
+            pool = dump.req_to_verify_expected_tokens
+            return _Inputs(
+                rpi=vec(staged.rpi),
+                prefix=vec(dump.prefix_lens),
+                extend=vec(dump.extend_seq_lens),
+                valid=vec(dump.req_to_verify_expected_tokens_valid_lens),
+                table=table(staged.table),
+                table_numel=staged.table_numel,
+                lut=vec(staged.lut),
+                lut_len=staged.lut_len,
+                pool=table(staged.pool),
+                pool_stride=0 if pool is None else int(pool.shape[1]),
+                pool_numel=staged.pool_numel,
+                staged=True,
+            )
+        lut = None if frame.lut is None else dense(frame.lut)
+        pool = (
+            None
+            if dump.req_to_verify_expected_tokens is None
+            else dense(dump.req_to_verify_expected_tokens)
+        )
         return _Inputs(
             rpi=vec(dump.req_pool_indices),
             prefix=vec(dump.prefix_lens),
             extend=vec(dump.extend_seq_lens),
             valid=vec(dump.req_to_verify_expected_tokens_valid_lens),
-            table=table(dump.req_to_token),
+            table=table(dense(dump.req_to_token)),
             table_numel=int(dump.req_to_token.numel()),
             lut=vec(lut),
             lut_len=0 if lut is None else int(lut.shape[0]),
@@ -307,7 +333,6 @@ def _entry_lut_problems(
     rows = np.searchsorted(offsets.numpy(), flagged, side="right") - 1
     rpi = dump.req_pool_indices.numpy()[rows]
     pos = positions.numpy()[flagged]
-    table = dump.req_to_token.reshape(-1)
     tables = []
     for bit, role, shift in (
         (ClampFlag.SLOT, ProblemRole.VERIFY, 0),
@@ -318,7 +343,7 @@ def _entry_lut_problems(
             continue
         cell = pos[hit] - shift
         # A clamp implies the read was inside the table, so these cells exist.
-        raw = table[torch.from_numpy(rpi[hit] * dump.max_seq_len + cell)].to(_I64).numpy()
+        raw = take(dump.req_to_token, torch.from_numpy(rpi[hit] * dump.max_seq_len + cell)).numpy()
         tables.append(
             ProblemTable.build(
                 ProblemKind.LUT_OUT_OF_RANGE,
@@ -334,11 +359,16 @@ def _entry_lut_problems(
     return ProblemTable.concat(tables)
 
 
-def _seed_lut_problems(dump: KvDump, seed_flags: np.ndarray, seed_raw: np.ndarray) -> ProblemTable:
+def _seed_lut_problems(
+    dump: KvDump, seed_flags: np.ndarray, seed_raw: np.ndarray, staged: bool = False
+) -> ProblemTable:
     """LUT_OUT_OF_RANGE for every clamped seed (entry -1)."""
     idx = np.flatnonzero(seed_flags & SeedFlag.CLAMPED)
     if idx.size == 0:
         return ProblemTable.empty()
+    if staged:  # staged rows hold renumbered slots: read the seeds' slots from the dump
+        seed_raw = np.zeros(seed_raw.shape, dtype=np.int64)
+        seed_raw[idx] = seed_values(dump, idx)
     return ProblemTable.build(
         ProblemKind.LUT_OUT_OF_RANGE,
         ProblemRole.SEED,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import Stored, take
 from kvcanary_cli.planners.base import (
     Plan,
     ProblemKind,
@@ -43,19 +44,19 @@ class _Reader:
 
     def __init__(self, dump: KvDump, gpu: bool) -> None:
         self.gpu = gpu
-        self.table = dump.req_to_token.reshape(-1)
+        self.table = dump.req_to_token
         self.rows, self.cols = dump.max_reqs, dump.max_seq_len
         pool = dump.req_to_verify_expected_tokens
-        self.pool = None if pool is None else pool.reshape(-1)
-        self.pool_rows, self.pool_cols = (0, 0) if pool is None else pool.shape
+        self.pool = pool
+        self.pool_rows, self.pool_cols = (0, 0) if pool is None else pool.shape[:2]
 
     @staticmethod
-    def _gather(flat_source: torch.Tensor, flat: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    def _gather(source: Stored, flat: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
         if bool(ok.all()):  # the common case: one gather, no masks
-            return flat_source[flat].to(_I64)
+            return take(source, flat)
         values = torch.zeros(flat.shape, dtype=_I64)
         if bool(ok.any()):
-            values[ok] = flat_source[flat[ok]].to(_I64)
+            values[ok] = take(source, flat[ok])
         return values
 
     def _address(
@@ -83,7 +84,7 @@ class _Reader:
 class _Translator:
     """Slot translation through the SWA LUT (identity without one)."""
 
-    def __init__(self, lut: torch.Tensor | None, gpu: bool) -> None:
+    def __init__(self, lut: Stored | None, gpu: bool) -> None:
         self.lut = lut
         self.gpu = gpu
 
@@ -95,7 +96,7 @@ class _Translator:
             return raw, ok, torch.zeros_like(ok)
         lut_len = int(self.lut.shape[0])
         big = ok & (raw >= lut_len)
-        value = torch.where(raw < 0, raw, self.lut[raw.clamp(0, lut_len - 1)])
+        value = torch.where(raw < 0, raw, take(self.lut, raw.clamp(0, lut_len - 1)))
         defined = ok if self.gpu else ok & ~big
         return torch.where(defined, value, 0), defined, big
 

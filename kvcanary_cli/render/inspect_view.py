@@ -38,6 +38,46 @@ def _fmt_bytes(count: int) -> str:
     return str(count)
 
 
+def _role(t: dict[str, Any]) -> str:
+    """A tensor's role; for a sparse one (a shrunk dump), how much of it is kept."""
+    role = t["role"] or "(ignored)"
+    if t.get("kept") is None:
+        return role
+    total = 1
+    for dim in t["shape"]:
+        total *= dim
+    return f"{role} (sparse: {t['kept']:,} of {total:,} kept)"
+
+
+def _cut_rows(shrink: dict[str, Any]) -> list[list[str]]:
+    """Per tensor the shrink cut: original shape, kept, dropped, bytes dropped, rows kept."""
+    return [
+        [
+            t["name"],
+            "x".join(map(str, t["shape"])) or "[]",
+            f"{t['kept']:,}",
+            f"{t['dropped']:,}",
+            _fmt_bytes(t["dropped_bytes"]),
+            "-" if t["rows"] is None else f"{t['kept_rows']:,} of {t['rows']:,}",
+        ]
+        for t in shrink["tensors"]
+    ]
+
+
+_CUT_COLUMNS = ["tensor", "original shape", "kept", "dropped", "dropped bytes", "rows kept"]
+
+
+def _shrink_facts(shrink: dict[str, Any]) -> list[str]:
+    source = shrink["source"]
+    return [
+        f"shrunk from {shrink['source_file']}: {source['bytes']:,} bytes, "
+        f"sha256 {source['sha256']}",
+        f"{_fmt_bytes(shrink['dropped_bytes'])} of tensor data dropped; reports on this dump "
+        "cover the kept cells only",
+        f"made with: {shrink['command']}",
+    ]
+
+
 def _identity(record: dict[str, Any]) -> dict[str, str]:
     """Identity keys, the SGLang installed here (when it is), then other metadata."""
     installed = record["sglang_installed"]
@@ -69,10 +109,20 @@ def inspect_table(record: dict[str, Any]) -> RenderableType:
                 t["dtype"],
                 "x".join(map(str, t["shape"])) or "[]",
                 _fmt_bytes(t["bytes"]),
-                t["role"] or "(ignored)",
+                _role(t),
             )
         )
     parts.append(tensors)
+    shrink = record.get("shrink")
+    if shrink is not None:
+        parts.append(Text("shrunk", style="bold"))
+        parts.extend(Text(f"  {fact}", style="yellow") for fact in _shrink_facts(shrink))
+        cut = Table(title="dropped", title_justify="left")
+        for col in _CUT_COLUMNS:
+            cut.add_column(col, justify="left" if col in ("tensor", "original shape") else "right")
+        for row in _cut_rows(shrink):
+            cut.add_row(*_cells(*row))
+        parts.append(cut)
     scalars = Table(title="scalars", title_justify="left")
     for col in ("name", "value", "origin", "source", "option"):
         scalars.add_column(col)
@@ -116,7 +166,7 @@ def inspect_markdown(record: dict[str, Any]) -> str:
                     text(t["dtype"]),
                     "x".join(map(str, t["shape"])) or "[]",
                     str(t["bytes"]),
-                    text(t["role"] or "(ignored)"),
+                    text(_role(t)),
                 ]
                 for t in record["tensors"]
             ],
@@ -142,6 +192,16 @@ def inspect_markdown(record: dict[str, Any]) -> str:
             + [[key.replace("_", " "), text(record["batch"][key])] for key in _BATCH_KEYS],
         ),
     ]
+    shrink = record.get("shrink")
+    if shrink is not None:
+        parts.append("\n".join(f"- {text(fact)}" for fact in _shrink_facts(shrink)))
+        parts.append(
+            table(
+                _CUT_COLUMNS,
+                [[code(row[0]), *(text(cell) for cell in row[1:])] for row in _cut_rows(shrink)],
+                right={2, 3, 4},
+            )
+        )
     identity = _identity(record)
     if identity:
         parts.append(

@@ -26,6 +26,7 @@ from kvcanary_cli.render.records import (
     position_text,
     row_lines,
     row_notices,
+    shrunk_lines,
 )
 from kvcanary_cli.safe_text import printable_record
 
@@ -306,6 +307,14 @@ def _requests_table(requests: list[Record]) -> str:
     )
 
 
+def _reproduce(shrunk: Record) -> str:
+    """How the attached small dump was made (file names are shell-safe in the command)."""
+    return (
+        "Made from the original dump (same findings and diagnosis) with:\n\n"
+        f"```bash\n{shrunk['command']}\n```"
+    )
+
+
 def _dump_section(dump: Record, max_rows: int, details: bool = True) -> list[str]:
     parts = [f"### {_code(dump['path'], cell=False)}: {dump['verdict']}"]
     if dump["error"] is not None:
@@ -314,8 +323,12 @@ def _dump_section(dump: Record, max_rows: int, details: bool = True) -> list[str
     facts = [f"batch size: {dump['bs']}"]
     if dump["kernel_mode"]:
         facts.append(f"kernel mode: {_text(dump['kernel_mode'])}")
+    if dump["shrunk"] is not None:
+        facts.extend(_text(line) for line in shrunk_lines(dump["shrunk"]))
     facts.extend(f"note: {_text(note)}" for note in dump["notes"])
     parts.append("\n".join(f"- {fact}" for fact in facts))
+    if dump["shrunk"] is not None:
+        parts.append(_reproduce(dump["shrunk"]))
     parts.extend(_diagnosis_section(dump))
     parts.extend(_raise_lines(dump))
     if dump["groups"]:
@@ -487,6 +500,9 @@ def provenance_markdown(record: Record) -> str:
         f"## kvcanary provenance: {_code(record['path'], cell=False)}",
         _identity_table(record["identity"]),
     ]
+    if record["shrunk"] is not None:
+        parts.append("\n".join(f"- {_text(line)}" for line in shrunk_lines(record["shrunk"])))
+        parts.append(_reproduce(record["shrunk"]))
     if record["slot"] is not None:
         prov = record["slot"]
         parts.append(f"### {prov['space'].upper()} slot {prov['slot']}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import kvcanary_cli
@@ -23,6 +24,7 @@ from kvcanary_cli.analysis.model import (
     RequestSummary,
     RowMap,
     Severity,
+    ShrinkRecord,
     SlotProvenance,
     code_order,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "provenance_record",
     "row_lines",
     "row_notices",
+    "shrunk_lines",
     "slot_provenance_record",
     "to_record",
 ]
@@ -264,6 +267,32 @@ def dump_verdict(dump: DumpReport) -> str:
     return "clean"
 
 
+#: What every report on a shrunk dump says about its provenance.
+SHRUNK_NOTE = (
+    "shrunk dump: provenance covers the kept cells only (cells, counts and allocator states "
+    "elsewhere in the original are not in it)"
+)
+
+
+def _shrunk(shrink: ShrinkRecord | None, path: str) -> Record | None:
+    """The `shrunk` object of a record: the source, what was dropped, the command that made
+    it (None for a dump that was not shrunk)."""
+    if shrink is None:
+        return None
+    return {**shrink.as_record(PurePath(path).name), "note": SHRUNK_NOTE}
+
+
+def shrunk_lines(shrunk: Record) -> list[str]:
+    """A shrunk dump's facts in words: where it came from, what it dropped, how to redo it."""
+    source = shrunk["source"]
+    return [
+        f"shrunk from {shrunk['source_file']} ({source['bytes']:,} bytes, sha256 "
+        f"{source['sha256'][:16]}…): {shrunk['dropped_bytes']:,} bytes of tensor data "
+        "dropped",
+        SHRUNK_NOTE,
+    ]
+
+
 def _identity(identity: dict[str, str]) -> Record:
     """Identity keys in the dump's order (the format's identity keys first)."""
     return {k: str(v) for k, v in identity.items()}
@@ -279,6 +308,7 @@ def _dump(dump: DumpReport, fail_on: Severity) -> Record:
         "fails": dump.fails(fail_on),
         "error": dump.error,
         "kernel_mode": dump.kernel_mode,
+        "shrunk": _shrunk(dump.shrink, dump.path),
         "notes": list(dump.notes),
         "groups": [_group(g) for g in dump.groups],
         "scalars": [
@@ -402,6 +432,7 @@ def provenance_record(report: ProvenanceReport) -> Record:
         "kvcanary_version": kvcanary_cli.__version__,
         "path": report.path,
         "identity": _identity(report.identity),
+        "shrunk": _shrunk(report.shrink, report.path),
         "slot": None if report.slot is None else _provenance(report.slot),
         "row": None if report.row is None else _row(report.row),
         "findings": _findings(report.findings),

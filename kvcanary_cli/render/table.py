@@ -26,6 +26,7 @@ from kvcanary_cli.render.records import (
     provenance_record,
     row_lines,
     row_notices,
+    shrunk_lines,
     to_record,
 )
 from kvcanary_cli.safe_text import printable_record
@@ -60,6 +61,10 @@ def _identity_line(identity: dict[str, str], path: str | None = None) -> Rendera
     if path is not None:
         bits.append(path)
     return _indented([("", Text(" · ".join(bits) or "no identity metadata", style="dim"))])
+
+
+def _shrunk_lines(shrunk: Record) -> RenderableType:
+    return _indented([("", Text(line, style="yellow")) for line in shrunk_lines(shrunk)])
 
 
 def _slot_text(f: Record) -> str:
@@ -300,6 +305,8 @@ def _dump_blocks(dump: Record, fail_on: str, max_rows: int) -> list[RenderableTy
         if dump["kernel_mode"]:
             facts.append(f"kernel mode {dump['kernel_mode']}")
         parts.append(Text("  " + " · ".join(facts)))
+    if dump["shrunk"] is not None:
+        parts.append(_shrunk_lines(dump["shrunk"]))
     if dump["notes"]:
         parts.append(
             _indented([("", Text(f"note: {note}", style="dim")) for note in dump["notes"]])
@@ -550,6 +557,8 @@ def provenance_table(report: ProvenanceReport) -> RenderableType:
         Text(record["path"], style="bold"),
         _identity_line(record["identity"]),
     ]
+    if record["shrunk"] is not None:
+        parts.append(_shrunk_lines(record["shrunk"]))
     if record["slot"] is not None:
         parts.extend(_slot_blocks(record["slot"]))
     if record["row"] is not None:

@@ -9,6 +9,7 @@ import torch
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.planners.frame import group_frame
 from tests.helpers import checked
@@ -54,7 +55,7 @@ def test_stale_copy_in_idle_row_is_labelled(tmp_path) -> None:  # type: ignore[n
 def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
     path = tmp_path / "alias.safetensors"
-    table = dump.req_to_token.clone()
+    table = dense(dump.req_to_token).clone()
     table[2, 2] = 8  # B's pending write reuses A's slot 8 (A holds it at position 3)
     save_dump(
         path,
@@ -101,7 +102,7 @@ def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type
 
 def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
-    table = dump.req_to_token.clone()
+    table = dense(dump.req_to_token).clone()
     table[1, 1] = 0
     path = save_dump(
         tmp_path / "hole.safetensors",

@@ -17,6 +17,7 @@ from kvcanary_cli.canary.real_kv import real_kv_setup
 from kvcanary_cli.canary.replay import BufferReplay, replay_buffer, replay_dump
 from kvcanary_cli.canary.rows import multiset_difference
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
 from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.vectorized import TorchPlanner
@@ -209,13 +210,13 @@ def test_vectorized_replay_equals_the_scalar_oracle(tmp_path: Path, seed: int) -
     setup = real_kv_setup(dump)
     for group in dump.groups:
         plan = GPU.plan(dump, group)
-        source = dump.real_kv_sources[f"real_kv.{group}.k"].numpy()
+        source = dense(dump.real_kv_sources[f"real_kv.{group}.k"]).numpy()
         rkv = {
             s: to_signed(int(combine_source_hashes([fold_chunks(source[s : s + 1, :16])])[0]))
             for s in range(source.shape[0])
         }
         for stage in ("head", "tail"):
-            buffer = dump.canary_buffers[f"canary.{group}.{stage}.k"]
+            buffer = dense(dump.canary_buffers[f"canary.{group}.{stage}.k"])
             tag = int(LaunchTag[f"{stage.upper()}_K_{group.upper()}"])
             want = oracle(plan, buffer, tag, True, rkv if stage == "tail" else {})
             got = replay_buffer(

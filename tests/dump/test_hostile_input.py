@@ -1,6 +1,6 @@
 """The loading layer on hostile and unstable files (issue 11): a header parse bounded in
 memory, shapes that claim more than the file, duplicate keys, over-long numbers, and a file
-that shrinks while kvcanary reads it -- each one error line (exit 2), never a crash or signal.
+truncated while kvcanary reads it -- each one error line (exit 2), never a crash or signal.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def test_an_overlong_scalar_is_one_short_error_line(digits: int, tmp_path: Path)
     assert len(line) < 400, len(line)
 
 
-# --- a file that shrinks while it is read -------------------------------------------------
+# --- a file truncated while it is read ----------------------------------------------------
 
 
 @pytest.fixture
@@ -251,14 +251,14 @@ def _truncate_before_tensors(monkeypatch: pytest.MonkeyPatch, path: Path, size: 
 
 
 @pytest.mark.parametrize("keep", [0, 100, -1])
-def test_a_dump_shrinking_during_the_load_is_one_error(
+def test_a_dump_truncated_during_the_load_is_one_error(
     keep: int, clean_dump: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     size = clean_dump.stat().st_size
     _truncate_before_tensors(monkeypatch, clean_dump, keep % size)
     with pytest.raises(CorruptDumpError) as caught:
         load_dump(clean_dump)
-    assert "shrank while it was being read" in str(caught.value)
+    assert "truncated while kvcanary read it" in str(caught.value)
     assert "\n" not in str(caught.value)
 
 
@@ -285,7 +285,7 @@ def test_a_big_table_is_mapped_only_while_the_file_holds_it(
     _truncate_before_tensors(monkeypatch, clean_dump, table.offset + 1)
     with pytest.raises(CorruptDumpError) as caught:
         load_dump(clean_dump)
-    assert caught.value.field == "req_to_token" and "shrank" in str(caught.value)
+    assert caught.value.field == "req_to_token" and "truncated while" in str(caught.value)
 
 
 _SHRINK_AFTER_LOAD = textwrap.dedent(
@@ -310,7 +310,7 @@ _SHRINK_AFTER_LOAD = textwrap.dedent(
 )
 
 
-def test_a_dump_shrinking_after_the_load_cannot_kill_the_process(clean_dump: Path) -> None:
+def test_a_dump_truncated_after_the_load_cannot_kill_the_process(clean_dump: Path) -> None:
     # A mapped page the file no longer has is SIGBUS; a read tensor is the process's own.
     # In a subprocess: a signal here would take pytest down with it.
     done = subprocess.run(

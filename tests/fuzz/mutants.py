@@ -235,10 +235,27 @@ class Seed:
         """A deep copy of the header, to edit."""
         return copy.deepcopy(self.header)
 
+    @property
+    def sparse(self) -> bool:
+        """A shrunk dump (format 1.1): its tables are stored as kept runs (`NAME.runs`)."""
+        return "req_to_token.runs" in self.tensors
+
+    def table(self) -> np.ndarray:
+        """`req_to_token` as a dense array (a sparse one expanded: cells not kept read 0)."""
+        if not self.sparse:
+            return self.array("req_to_token")
+        shape = tuple(int(d) for d in self.array("req_to_token.shape").reshape(-1))
+        values = self.array("req_to_token").reshape(-1)
+        dense = np.zeros(int(np.prod(shape)), dtype=values.dtype)
+        at = 0
+        for start, length in self.array("req_to_token.runs").reshape(-1, 2).tolist():
+            dense[start : start + length] = values[at : at + length]
+            at += length
+        return dense.reshape(shape)
+
     def live_cells(self) -> list[tuple[int, int]]:
         """(pool row, position) of the cells the batch reads or writes: [0, P+E) of its rows."""
-        table = self.tensors["req_to_token"]
-        rows, cols = table.shape
+        rows, cols = self.table().shape
         pool = self.array("req_pool_indices").tolist()
         prefix = self.array("prefix_lens").tolist()
         extend = (
@@ -805,6 +822,9 @@ def _metadata_text(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
 
 
 def _data_mutants(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
+    if seed.sparse:  # a shrunk dump: its sparse parts (the rest is the dense seeds' business)
+        yield from _sparse_parts(seed, rng)
+        return
     yield from _slot_values(seed, rng)
     yield from _wide_slots(seed, rng)
     yield from _pool_rows(seed, rng)
@@ -1170,6 +1190,78 @@ def _crowded(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
     )
 
 
+def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
+    """The parts of a shrunk dump's sparse tensors: original shapes that claim the moon, runs
+    that overlap, run backwards, past the shape or past the stored values."""
+    names = [n[: -len(".runs")] for n in seed.tensors if n.endswith(".runs")]
+    for _ in range(24):
+        name = rng.choice(names)
+        shape = seed.array(name + ".shape")
+        claims = [
+            [2**50, 1],
+            [2**25, 2**25],
+            [0, 0],
+            [-1, 5],
+            [I64_MAX, I64_MAX],
+            [I64_MIN, 1],
+            [int(shape[0]) + 1, *shape[1:].tolist()],
+            [int(shape[0]) - 1, *shape[1:].tolist()],
+            [2**40],
+            [1, 1, 1],
+        ]
+        claim = rng.choice(claims)
+        values = np.asarray(claim, dtype=np.int64)
+        yield Mutant(
+            "data.sparse.shape", f"{name}.shape = {claim}", seed.put(name + ".shape", values)
+        )
+    for _ in range(32):
+        name = rng.choice(names)
+        runs = seed.array(name + ".runs").reshape(-1, 2)
+        how = rng.choice(
+            [
+                "overlap",
+                "negative start",
+                "beyond shape",
+                "long",
+                "reversed",
+                "extreme",
+                "empty",
+                "more than stored",
+                "zero length",
+            ]
+        )
+        edited = runs.copy()
+        if runs.size == 0 and how not in ("extreme", "long"):
+            continue
+        if how == "overlap" and len(runs) > 1:
+            edited[1, 0] = edited[0, 0]
+        elif how == "negative start":
+            edited[0, 0] = -1
+        elif how == "beyond shape":
+            edited[-1, 0] = 2**48
+        elif how == "long":
+            edited = np.asarray([[0, 2**40]], dtype=np.int64)
+        elif how == "reversed":
+            edited = edited[::-1].copy()
+        elif how == "extreme":
+            edited = np.asarray([[I64_MAX, I64_MAX], [I64_MIN, 1]], dtype=np.int64)
+        elif how == "empty":
+            edited = edited[:0]
+        elif how == "more than stored":
+            edited[-1, 1] += 1000
+        elif how == "zero length":
+            edited[0, 1] = 0
+        yield Mutant("data.sparse.runs", f"{name}.runs: {how}", seed.put(name + ".runs", edited))
+    for _ in range(8):
+        name = rng.choice(names)
+        values = seed.array(name)
+        if values.size == 0:
+            continue
+        edited = _fit(values, I64_MIN, I64_MAX).copy()
+        edited[rng.randrange(edited.size)] = rng.choice([I64_MIN, I64_MAX, -1])
+        yield Mutant("data.sparse.values", f"{name}: an extreme kept value", seed.put(name, edited))
+
+
 # --- length -------------------------------------------------------------------------------
 
 
@@ -1180,6 +1272,8 @@ def _length_bucket(value: int) -> str:
 
 
 def _length_mutants(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
+    if seed.sparse:
+        return
     names = [
         n
         for n in ("prefix_lens", "extend_seq_lens", "req_to_verify_expected_tokens_valid_lens")

@@ -70,11 +70,15 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("inspect", "{dump}", "--format", "markdown"),
     ("plan", "{dump}", "--group", "swa", "--backend", "reference", "--format", "json"),
     ("check", "{dump}", "--kernel", "torch", "--group", "swa", "--format", "json"),
+    ("shrink", "{dump}", "-o", "{out}", "--force"),
 )
 
 #: value mutants that are bad input by the format's rules (docs/dump-format.md): exit 2 is
-#: right for them. A LUT with a window no SGLang could use leaves the swa group unplannable.
-BAD_INPUT_KINDS = frozenset({"data.scalar.window-unplannable"})
+#: right for them. A LUT with a window no SGLang could use leaves the swa group unplannable; a
+#: shrunk dump's sparse shapes and runs are its structure.
+BAD_INPUT_KINDS = frozenset(
+    {"data.scalar.window-unplannable", "data.sparse.shape", "data.sparse.runs"}
+)
 
 #: the command each `crowded` mutant runs: the one its findings make expensive.
 CROWDED_COMMANDS: dict[str, tuple[str, ...]] = {
@@ -112,7 +116,7 @@ def command_for(number: int, seed: Seed, dump: Path, out: Path) -> list[str]:
         commands = tuple(c for c in COMMANDS if "swa" not in c)
     template = commands[number % len(commands)]
     cells = seed.live_cells()
-    table = seed.array("req_to_token")
+    table = seed.table()
     slot = int(table[cells[number % len(cells)]]) if cells else 1
     rows = sorted({row for row, _ in cells}) or [1]
     values = {
@@ -225,15 +229,15 @@ def run_worker(
                 continue
             dump = work / f"{mutant_id.replace('/', '-')}.safetensors"
             dump.write_bytes(mutant.blob)
-            args = command_for(number, seed, dump, work / "out.bin")
+            args = command_for(number, seed, dump, work / "out.safetensors")
             template = command if command is not None else CROWDED_COMMANDS.get(mutant.kind)
             if template is not None:
-                args = [part.format(dump=dump, out=work / "out.bin") for part in template]
+                args = [part.format(dump=dump, out=work / "out.safetensors") for part in template]
             values_only = value_family and mutant.kind not in BAD_INPUT_KINDS
             seed_exit = None
             if values_only and template is None:  # is exit 2 the mutant's, or the command's?
                 clean = command_for(
-                    number, seed, work / f"seed-{seed.name}.safetensors", work / "out.bin"
+                    number, seed, work / f"seed-{seed.name}.safetensors", work / "out.safetensors"
                 )
                 if tuple(clean) not in seed_exits:
                     seed_exits[tuple(clean)] = runner.invoke(app, clean).exit_code

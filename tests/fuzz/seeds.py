@@ -7,7 +7,7 @@ from pathlib import Path
 from kvcanary_cli.dump.scenarios import make_scenario
 from tests.fuzz.mutants import Seed
 
-__all__ = ["SEED_SCENARIOS", "load_seeds", "write_seeds"]
+__all__ = ["SEED_SCENARIOS", "SHRUNK_SEEDS", "load_seeds", "write_seeds"]
 
 #: seed name -> synth scenario (tiny): SWA with free lists and writes; canary buffers, a
 #: violation ring and an expected-token pool; an EAGLE draft pool; everything at once (LUT,
@@ -18,22 +18,30 @@ SEED_SCENARIOS = {
     "eagle": "clean-eagle-draft",
     "full": "clean-canary",
 }
+#: seed name -> the scenario (tiny) whose `kvcanary shrink` output is a seed: format 1.1, its
+#: tables, LUT and canary buffers stored sparse.
+SHRUNK_SEEDS = {"shrunk": "truncated-lut"}
 
 
 def write_seeds(directory: Path) -> dict[str, Path]:
     """Write every seed dump into `directory`; return their paths by seed name."""
+    from kvcanary_cli import api
+
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, scenario in SEED_SCENARIOS.items():
         paths[name] = make_scenario(scenario, seed=0, size="tiny").save(
             directory / f"{name}.safetensors"
         )
+    for name, scenario in SHRUNK_SEEDS.items():
+        source = make_scenario(scenario, seed=0, size="tiny").save(directory / f"{name}-source")
+        paths[name] = directory / f"{name}.safetensors"
+        api.shrink(source, paths[name], force=True)
+        source.unlink()
     return paths
 
 
 def load_seeds(directory: Path) -> list[Seed]:
-    """The seeds written by `write_seeds`, parsed, in `SEED_SCENARIOS` order."""
-    return [
-        Seed.parse(name, (directory / f"{name}.safetensors").read_bytes())
-        for name in SEED_SCENARIOS
-    ]
+    """The seeds written by `write_seeds`, parsed, in order (the shrunk ones last)."""
+    names = [*SEED_SCENARIOS, *SHRUNK_SEEDS]
+    return [Seed.parse(name, (directory / f"{name}.safetensors").read_bytes()) for name in names]

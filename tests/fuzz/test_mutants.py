@@ -1,12 +1,13 @@
 """Mutation tests: every mutant of the corpus, through every command, keeps the contract.
 
-The corpus (`tests/fuzz/mutants.py`, about 2,500 mutants of four small `synth` dumps) runs in
-guarded worker processes (`tests/fuzz/runner.py`): an address-space cap 2 GiB above the
-worker's own, and a minute per mutant. Those are guards, not speed checks: a clean run of a
-mutant takes milliseconds, and a run that does work by a number the file claims breaks them
-loudly, naming the mutant. A smaller sample runs through real `kvcanary` processes, where a
-signal (SIGBUS, SIGSEGV) would show as such. Everything that starts a process is marked
-`slow` (still part of `python -m pytest`; the fast lane `-m "not slow"` leaves it out).
+The corpus (`tests/fuzz/mutants.py`, about 3,300 mutants of five small dumps: four `synth`
+scenarios and one `shrink` output) runs in guarded worker processes (`tests/fuzz/runner.py`):
+an address-space cap 2 GiB above the worker's own, and a minute per mutant. Those are guards,
+not speed checks: a clean run of a mutant takes milliseconds, and a run that does work by a
+number the file claims breaks them loudly, naming the mutant. A smaller sample runs through
+real `kvcanary` processes, where a signal (SIGBUS, SIGSEGV) would show as such. Everything
+that starts a process is marked `slow` (still part of `python -m pytest`; the fast lane
+`-m "not slow"` leaves it out).
 
 Mutant classes that still break the contract in the analysis layer are listed in
 `ANALYSIS_FIXES`: they run apart, each marked xfail(strict) -- delete a class's entry once

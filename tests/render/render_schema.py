@@ -61,7 +61,7 @@ PROVENANCE = {
     "translation_note": Nullable(str),
     "mapped_from": ListOf(int),
     "clamped_from": ListOf(int),
-    "allocator": Nullable(OneOf(frozenset({"free", "in use"}))),
+    "allocator": Nullable(OneOf(frozenset({"free", "in use", "unknown (not kept)"}))),
     "canary": ListOf(
         {"buffer": str, "token": int, "position": int, "prev_hash": int, "real_kv_hash": int}
     ),
@@ -106,6 +106,29 @@ GROUP = {
     "unexplained_differences": int,
     "kernel_launch_error": Nullable(str),
 }
+SHRUNK = Nullable(
+    {
+        "source": {"name": str, "bytes": int, "sha256": str},
+        "source_file": str,
+        "kvcanary_version": str,
+        "overrides": MapOf(int),
+        "dropped_bytes": int,
+        "dropped_elements": int,
+        "tensors": ListOf(
+            {
+                "name": str,
+                "shape": ListOf(int),
+                "kept": int,
+                "dropped": int,
+                "dropped_bytes": int,
+                "rows": Nullable(int),
+                "kept_rows": Nullable(int),
+            }
+        ),
+        "command": str,
+        "note": str,
+    }
+)
 DUMP = {
     "path": str,
     "identity": MapOf(str),
@@ -114,6 +137,7 @@ DUMP = {
     "fails": bool,
     "error": Nullable(str),
     "kernel_mode": Nullable(str),
+    "shrunk": SHRUNK,
     "notes": ListOf(str),
     "groups": ListOf(GROUP),
     "scalars": ListOf({"name": str, "value": Nullable(int), "origin": ORIGINS, "source": str}),
@@ -191,6 +215,7 @@ PROVENANCE_REPORT = {
     "kvcanary_version": str,
     "path": str,
     "identity": MapOf(str),
+    "shrunk": SHRUNK,
     "slot": Nullable(PROVENANCE),
     "row": Nullable(ROW),
     "findings": ListOf(FINDING),
@@ -233,7 +258,7 @@ VIOLATION_ROW = {
                 }
             ),
             "prev_slot": Nullable(int),
-            "allocator": Nullable(OneOf(frozenset({"free", "in use"}))),
+            "allocator": Nullable(OneOf(frozenset({"free", "in use", "unknown (not kept)"}))),
         }
     ),
 }

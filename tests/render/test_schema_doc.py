@@ -9,7 +9,7 @@ from typing import Any
 from tests.render.render_schema import CHECK, ListOf, MapOf, Nullable
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "json-schema.md").read_text()
-QUOTED_KEYS = set(re.findall(r'"([a-z_]+)":', DOC))
+QUOTED_KEYS = set(re.findall(r'"([a-z0-9_]+)":', DOC))
 
 
 def _keys(spec: Any) -> set[str]:

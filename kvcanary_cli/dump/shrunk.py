@@ -1,0 +1,230 @@
+"""Writing a shrunk dump (format 1.1): what `analysis.shrink` chose to keep, and a record of
+what was dropped.
+
+The big tensors (the tables, the LUT, canary buffers, real-KV sources) are written sparse:
+their kept elements, the runs those elements form in the original's flat order, and the
+original shape (docs/dump-format.md, "Shrunk dumps"). Free lists keep the entries chosen.
+Everything else the format defines is small and copied as stored (same dtype), so findings
+about dtypes and scalars read the same. Tensors the format does not define are dropped.
+
+Shrinking a shrunk dump keeps its record's source (the first original) and writes the same
+bytes when it keeps the same elements: the writer is deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.header import HeaderEntry, read_header
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import (
+    DTYPE_ITEMSIZE,
+    INTEGER_DTYPES,
+    SCALARS,
+    SHRINK_KEY,
+    SHRUNK_FORMAT_VERSION,
+    sparse_capable,
+    spec_for,
+)
+from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
+from kvcanary_cli.dump.sparse import SparseArray, flat_runs
+from kvcanary_cli.safe_text import printable
+
+__all__ = ["FREE_LISTS", "Keep", "ShrinkResult", "file_sha256", "write_shrunk"]
+
+#: The free lists: a shrunk dump keeps the entries `Keep.free_lists` marks.
+FREE_LISTS = ("free_full_slots", "free_swa_slots")
+_HASH_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True, kw_only=True)
+class Keep:
+    """What a shrunk dump keeps of its source."""
+
+    #: per sparse-capable tensor: sorted, unique flat indices of the elements to keep.
+    elements: dict[str, np.ndarray] = field(default_factory=dict)
+    #: per free list: which of its entries to keep (a mask over the stored list).
+    free_lists: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShrinkResult:
+    """A written shrunk dump."""
+
+    path: Path
+    file_bytes: int
+    record: ShrinkRecord
+
+    def summary_lines(self) -> list[str]:
+        """What `kvcanary shrink` prints: sizes, and what each big tensor kept."""
+        record = self.record
+        lines = [
+            f"wrote {printable(str(self.path))}: {self.file_bytes:,} bytes, from "
+            f"{record.source_file} "
+            f"({record.source_bytes:,} bytes, sha256 {record.source_sha256[:16]}…)"
+        ]
+        for cut in record.tensors:
+            total = cut.kept + cut.dropped
+            name = printable(cut.name)
+            if cut.kept == 0 and cut.rows is None and cut.name not in FREE_LISTS:
+                lines.append(f"  {name}: dropped ({cut.dropped_bytes:,} bytes)")
+                continue
+            rows = f" ({cut.kept_rows:,} of {cut.rows:,} rows)" if cut.rows is not None else ""
+            lines.append(f"  {name}: kept {cut.kept:,} of {total:,}{rows}")
+        lines.append(
+            f"check it: kvcanary check {printable(str(self.path))} (same findings as the "
+            "original; provenance covers the kept cells only)"
+        )
+        return lines
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file, read in bounded chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _mapped(path: Path, entry: HeaderEntry) -> np.ndarray:
+    dtype = np.dtype(INTEGER_DTYPES[entry.dtype])
+    if entry.numel == 0:
+        return np.zeros(entry.shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
+
+
+def _stored(dump: KvDump, name: str) -> SparseArray | None:
+    """The dump's sparse tensor `name` (None when it is stored dense)."""
+    fields: dict[str, object] = {
+        "req_to_token": dump.req_to_token,
+        "full_to_swa_index_mapping": dump.full_to_swa_index_mapping,
+        "req_to_verify_expected_tokens": dump.req_to_verify_expected_tokens,
+        **dump.canary_buffers,
+        **dump.real_kv_sources,
+    }
+    value = fields.get(name)
+    return value if isinstance(value, SparseArray) else None
+
+
+def _sparse_parts(
+    name: str, source: SparseArray | np.ndarray, wanted: np.ndarray
+) -> tuple[dict[str, torch.Tensor], TensorCut]:
+    """The three tensors of sparse `name` keeping `wanted`, and what that cut."""
+    shape = source.shape if isinstance(source, SparseArray) else tuple(source.shape)
+    total = int(np.prod(shape, dtype=object)) if shape else 1
+    flat = np.unique(np.asarray(wanted, dtype=np.int64))
+    flat = flat[(flat >= 0) & (flat < total)]
+    if isinstance(source, SparseArray):
+        flat = flat[source.take(flat)[1]]  # what was not kept is not known: it stays dropped
+        values = source.take_raw(flat)
+    else:
+        values = np.asarray(source.reshape(-1)[flat])
+    itemsize = np.dtype(values.dtype).itemsize
+    cut = TensorCut(
+        name=name,
+        shape=tuple(int(d) for d in shape),
+        kept=int(flat.size),
+        dropped=total - int(flat.size),
+        dropped_bytes=(total - int(flat.size)) * itemsize,
+        rows=int(shape[0]) if len(shape) == 2 else None,
+        kept_rows=int(np.unique(flat // max(int(shape[1]), 1)).size) if len(shape) == 2 else None,
+    )
+    parts = {
+        name: torch.from_numpy(np.ascontiguousarray(values)),
+        f"{name}.runs": torch.from_numpy(flat_runs(flat)),
+        f"{name}.shape": torch.tensor(list(shape), dtype=torch.int64),
+    }
+    return parts, cut
+
+
+def write_shrunk(
+    dump: KvDump,
+    keep: Keep,
+    out: str | os.PathLike[str],
+    *,
+    kvcanary_version: str,
+    overrides: dict[str, int] | None = None,
+    overwrite: bool = False,
+) -> ShrinkResult:
+    """Write `dump` shrunk to `keep` as a format-1.1 dump at `out` (never over `dump`)."""
+    header = read_header(dump.path)
+    previous = {t.name: t for t in dump.shrink.tensors} if dump.shrink else {}
+    tensors: dict[str, torch.Tensor] = {}
+    cuts: list[TensorCut] = []
+    sparse_names = {
+        name[: -len(".runs")]
+        for name in header.entries
+        if name.endswith(".runs") and _stored(dump, name[: -len(".runs")]) is not None
+    }
+    for name, entry in header.entries.items():
+        base = name.rsplit(".", 1)[0]
+        if base in sparse_names and name in (f"{base}.runs", f"{base}.shape"):
+            continue  # written again with their tensor
+        if sparse_capable(name):
+            source = _stored(dump, name)
+            parts, cut = _sparse_parts(
+                name,
+                source if source is not None else _mapped(header.path, entry),
+                keep.elements.get(name, np.zeros(0, dtype=np.int64)),
+            )
+            tensors.update(parts)
+            cuts.append(cut)
+        elif name in FREE_LISTS:
+            stored = _mapped(header.path, entry)
+            mask = keep.free_lists.get(name, np.zeros(stored.shape, dtype=bool))
+            kept = np.ascontiguousarray(stored[mask])
+            tensors[name] = torch.from_numpy(kept)
+            original = previous[name].shape if name in previous else tuple(stored.shape)
+            dropped = int(np.prod(original)) - int(kept.size)
+            cuts.append(
+                TensorCut(
+                    name=name,
+                    shape=original,
+                    kept=int(kept.size),
+                    dropped=dropped,
+                    dropped_bytes=dropped * DTYPE_ITEMSIZE[entry.dtype],
+                )
+            )
+        elif spec_for(name) is not None or name in SCALARS:
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(_mapped(header.path, entry)))
+        else:  # not part of the format: nothing reads it
+            cuts.append(
+                TensorCut(
+                    name=name,
+                    shape=entry.shape,
+                    kept=0,
+                    dropped=entry.numel,
+                    dropped_bytes=entry.nbytes,
+                )
+            )
+    written = {cut.name for cut in cuts} | set(tensors)
+    cuts.extend(t for name, t in previous.items() if name not in written)  # dropped before
+    if dump.shrink is not None:
+        source_name, source_bytes = dump.shrink.source_name, dump.shrink.source_bytes
+        source_sha = dump.shrink.source_sha256
+        merged = {**dump.shrink.overrides, **(overrides or {})}
+    else:
+        source_name, source_bytes = dump.path.name, dump.file_size
+        source_sha = file_sha256(dump.path)
+        merged = dict(overrides or {})
+    record = ShrinkRecord(
+        source_name=source_name,
+        source_bytes=source_bytes,
+        source_sha256=source_sha,
+        kvcanary_version=kvcanary_version,
+        overrides=merged,
+        tensors=tuple(sorted(cuts, key=lambda t: t.name)),
+    )
+    metadata = dict(dump.metadata)
+    metadata["kvcanary.format"] = SHRUNK_FORMAT_VERSION
+    metadata[SHRINK_KEY] = record.to_json()
+    path = write_safetensors(out, tensors, metadata, inputs=[dump.path], overwrite=overwrite)
+    return ShrinkResult(path=path, file_bytes=os.stat(path).st_size, record=record)

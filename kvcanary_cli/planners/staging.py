@@ -1,0 +1,191 @@
+"""Dense kernel inputs for a shrunk dump: the rows and LUT entries a GPU plan reads.
+
+The Triton kernels address `req_to_token` (and the expected-token pool) flat, as
+`row * width + position`, and the LUT by slot, so they need dense memory. A shrunk dump keeps
+only some cells. This stages the rows the batch reads, renumbered in increasing order at the
+original width: a read that crosses into the next row, or falls outside the table, lands where
+it does in the original, because the rows a plan crosses into are read and so staged next to
+it. For the swa group it stages the LUT entries the dump kept, and renumbers the slot values of
+the staged rows to match (slots past the LUT stay past it, so the GPU clamp still happens).
+Cells and entries the dump did not keep read 0, as everywhere else.
+
+Memory follows the rows the batch reads (bounded by `MAX_STAGED_CELLS`), never the original
+shape; format-1 dumps are not staged at all (the kernels read the mapped tables themselves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import SparseArray, Stored, row_cells, take
+from kvcanary_cli.errors import PlanTooLargeError
+from kvcanary_cli.planners.frame import GroupFrame
+
+__all__ = ["MAX_STAGED_CELLS", "StagedInputs", "needs_staging", "stage"]
+
+#: Cells the staged rows may hold (1 GiB of int32): far above a production batch's rows.
+MAX_STAGED_CELLS = 1 << 28
+_I64 = torch.int64
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagedInputs:
+    """Kernel inputs in staged coordinates (CPU tensors)."""
+
+    #: pool row per batch row, renumbered to the staged rows.
+    rpi: torch.Tensor
+    table: torch.Tensor
+    #: elements of `table` (the kernels' bound for flat reads).
+    table_numel: int
+    #: the staged LUT (None without a LUT in the group) and its length.
+    lut: torch.Tensor | None
+    lut_len: int
+    #: the staged expected-token pool (None without one) and its elements.
+    pool: torch.Tensor | None
+    pool_numel: int
+
+
+def needs_staging(dump: KvDump) -> bool:
+    """A dump the kernels cannot read directly: one of its planned tensors is sparse."""
+    return any(
+        isinstance(t, SparseArray)
+        for t in (
+            dump.req_to_token,
+            dump.full_to_swa_index_mapping,
+            dump.req_to_verify_expected_tokens,
+        )
+    )
+
+
+def _rows_read(lo: np.ndarray, hi: np.ndarray, width: int, rows: int) -> np.ndarray:
+    """Rows of a `[rows, width]` table that flat ranges `[lo, hi)` touch inside it."""
+    lo, hi = np.maximum(lo, 0), np.minimum(hi, rows * width)
+    live = lo < hi
+    first, last = lo[live] // max(width, 1), (hi[live] - 1) // max(width, 1)
+    counts = last - first + 1
+    if counts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(first - (np.cumsum(counts) - counts), counts)
+    return np.unique(starts + np.arange(int(counts.sum()), dtype=np.int64))
+
+
+def _table_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
+    """Rows of `req_to_token` the GPU plan reads: verify and prev cells, and seeds."""
+    rp = frame.pool_rows.numpy()
+    prefix = dump.prefix_lens.numpy()
+    width = dump.max_seq_len
+    active = (rp != 0) & (frame.verify_len.numpy() > 0) & bool(frame.enable)
+    start = np.maximum(frame.window_start.numpy() - 1, 0)
+    verify = _rows_read(
+        (rp * width + start)[active], (rp * width + prefix)[active], width, dump.max_reqs
+    )
+    wanted = frame.seed_wanted.numpy()
+    seed = rp[: wanted.size] * width + prefix[: wanted.size] - 1
+    seeds = _rows_read(seed[wanted], seed[wanted] + 1, width, dump.max_reqs)
+    return np.union1d(verify, seeds)
+
+
+def _pool_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
+    """Rows of the expected-token pool the GPU plan gathers tokens from."""
+    pool, valid = dump.req_to_verify_expected_tokens, dump.req_to_verify_expected_tokens_valid_lens
+    if pool is None or valid is None or not frame.enable:
+        return np.zeros(0, dtype=np.int64)
+    rows, width = int(pool.shape[0]), int(pool.shape[1])
+    rp = frame.pool_rows.numpy()
+    off = dump.token_offset
+    s_lo = np.maximum(frame.window_start.numpy() + off, 0)
+    s_hi = np.minimum(dump.prefix_lens.numpy() + off, valid.numpy())
+    active = (rp != 0) & (frame.verify_len.numpy() > 0)
+    return _rows_read(
+        (rp * width + s_lo)[active], (rp * width + np.maximum(s_hi, s_lo))[active], width, rows
+    )
+
+
+def _stage_rows(table: Stored, rows: np.ndarray) -> torch.Tensor:
+    """Rows of a table, dense, in the given order (cells a shrunk dump did not keep are 0)."""
+    width = int(table.shape[1])
+    if isinstance(table, torch.Tensor):
+        return table[torch.from_numpy(rows)].contiguous()
+    out = np.zeros((rows.size, width), dtype=table.values.dtype)
+    for i, row in enumerate(rows.tolist()):  # per staged row: a batch's worth at most
+        positions, values = row_cells(table, row, 0, width)
+        out[i, positions] = values
+    return torch.from_numpy(out)
+
+
+def _stage_lut(lut: Stored) -> tuple[torch.Tensor, np.ndarray | None]:
+    """The LUT the kernels read, and (for a sparse LUT) the kept slots in order: staged entry
+    `1 + i` is slot `keys[i]`'s, entry 0 reads 0 for every slot not kept."""
+    if isinstance(lut, torch.Tensor):
+        return lut.to(_I64).contiguous(), None
+    keys = lut.flat_indices()
+    values, _ = lut.take(keys)
+    tail = [] if keys.size and int(keys[-1]) == int(lut.shape[0]) - 1 else [0]
+    staged = np.concatenate([np.zeros(1, dtype=np.int64), values, np.array(tail, np.int64)])
+    return torch.from_numpy(staged), keys
+
+
+def _renumber_slots(table: torch.Tensor, keys: np.ndarray, lut_len: int, staged_len: int) -> None:
+    """Slot values of staged rows to staged LUT entries, in place: negative ones stay, ones
+    past the LUT go past the staged LUT, kept ones to their entry, the others to entry 0."""
+    values = table.numpy().astype(np.int64)
+    at = np.searchsorted(keys, values)
+    kept = (at < keys.size) & (keys[np.minimum(at, max(keys.size - 1, 0))] == values)
+    out = np.where(values < 0, values, np.where(values >= lut_len, staged_len, 0))
+    out = np.where(kept & (values >= 0) & (values < lut_len), at + 1, out)
+    table.copy_(torch.from_numpy(out.astype(table.numpy().dtype)))
+
+
+def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
+    """The kernel inputs of `frame`'s plan of a shrunk dump (see the module doc)."""
+    if frame.unplannable is not None:  # the rows read follow the entries: bounded first
+        raise PlanTooLargeError(frame.unplannable, field="prefix_lens")
+    table_rows = _table_rows(dump, frame)
+    pool_rows = _pool_rows(dump, frame)
+    # Row 0 stays row 0: the kernels take pool row 0 for a padding row of the batch.
+    staged = np.union1d(np.union1d(table_rows, pool_rows), np.zeros(1, dtype=np.int64))
+    pool = dump.req_to_verify_expected_tokens
+    in_table = staged[staged < dump.max_reqs]
+    in_pool = staged[staged < (0 if pool is None else int(pool.shape[0]))]
+    cells = in_table.size * dump.max_seq_len + (0 if pool is None else in_pool.size * pool.shape[1])
+    if cells > MAX_STAGED_CELLS:
+        raise PlanTooLargeError(
+            f"the Triton kernels need the rows this batch reads dense: {cells} cells, more "
+            f"than kvcanary stages ({MAX_STAGED_CELLS})",
+            field="req_to_token",
+            hint="use --kernel torch on this shrunk dump",
+        )
+    rp = frame.pool_rows.numpy()
+    rank = np.searchsorted(staged, rp)
+    found = (rank < staged.size) & (staged[np.minimum(rank, max(staged.size - 1, 0))] == rp)
+    # Rows not staged are not read: send them past every staged table, keep negatives.
+    renumbered = np.where(found, rank, np.where(rp < 0, rp, staged.size + rp))
+    table = _stage_rows(dump.req_to_token, in_table)
+    lut, lut_len = None, 0
+    if frame.lut is not None:
+        lut, keys = _stage_lut(frame.lut)
+        lut_len = int(lut.shape[0])
+        if keys is not None:
+            _renumber_slots(table, keys, int(frame.lut.shape[0]), lut_len)
+    staged_pool = None if pool is None else _stage_rows(pool, in_pool)
+    return StagedInputs(
+        rpi=torch.from_numpy(renumbered.astype(np.int64)),
+        table=table,
+        table_numel=int(table.numel()),
+        lut=lut,
+        lut_len=lut_len,
+        pool=staged_pool,
+        pool_numel=0 if staged_pool is None else int(staged_pool.numel()),
+    )
+
+
+def seed_values(dump: KvDump, batch_rows: np.ndarray) -> np.ndarray:
+    """The raw slots the GPU seeds of `batch_rows` read (`L[rp, P-1]`, flat), from the dump:
+    the staged copy holds renumbered slots."""
+    rp = dump.req_pool_indices.numpy()[batch_rows]
+    flat = rp * dump.max_seq_len + dump.prefix_lens.numpy()[batch_rows] - 1
+    return take(dump.req_to_token, torch.from_numpy(flat)).numpy()

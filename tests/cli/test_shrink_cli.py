@@ -1,0 +1,274 @@
+"""`kvcanary shrink` on the command line, and every command reading a shrunk dump: the
+original ids, the shrink record, the reproduce command, and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.scenarios import make_scenario
+from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("shrink")
+    # A hostile-looking name: the reproduce command must not carry it verbatim.
+    original = make_scenario("truncated-lut", seed=1).save(folder / "rank 0;$(id).safetensors")
+    small = folder / "small.safetensors"
+    code, out, err = run("shrink", str(original), "-o", str(small))
+    assert code == 0, err
+    assert "req_to_token: kept" in out and "check it: kvcanary check" in out
+    return original, small
+
+
+def test_refuses_what_it_must_not_write(pair: tuple[Path, Path]) -> None:
+    original, small = pair
+    for args, words in (
+        (["-o", str(small)], "exists"),
+        (["-o", str(original), "--force"], "input of this command"),
+        ([], "-o SMALL.safetensors"),
+        (["-o", "-"], "-o SMALL.safetensors"),
+    ):
+        code, out, err = run("shrink", str(original), *args)
+        assert code == 2 and out == ""
+        assert len(err.strip().splitlines()) == 1 and words in err
+
+
+def test_check_json_says_where_it_came_from(pair: tuple[Path, Path]) -> None:
+    original, small = pair
+    code, out, _ = run("check", str(small), "--kernel", "torch", "--format", "json")
+    assert code == 1
+    record = json.loads(out)
+    assert validate(record, CHECK) == []
+    shrunk = record["dumps"][0]["shrunk"]
+    assert shrunk["source"]["name"] == original.name
+    assert shrunk["source"]["bytes"] == original.stat().st_size
+    assert len(shrunk["source"]["sha256"]) == 64
+    assert shrunk["dropped_bytes"] > 0 and "kept cells only" in shrunk["note"]
+    cut = {t["name"]: t for t in shrunk["tensors"]}
+    assert cut["req_to_token"]["kept"] + cut["req_to_token"]["dropped"] == 12 * 48
+    code, out, _ = run("check", str(original), "--kernel", "torch", "--format", "json")
+    assert json.loads(out)["dumps"][0]["shrunk"] is None
+
+
+def test_markdown_carries_the_command_that_made_it(pair: tuple[Path, Path]) -> None:
+    _, small = pair
+    code, out, _ = run("check", str(small), "--kernel", "torch", "--format", "markdown")
+    assert code == 1
+    assert "```bash\nkvcanary shrink rank_0___id_.safetensors -o small.safetensors\n```" in out
+    assert "provenance covers the kept cells only" in out
+    code, out, _ = run("check", str(small), "--kernel", "torch")
+    assert "shrunk from rank_0___id_.safetensors" in out and "$(" not in out
+
+
+def test_provenance_reports_say_so(pair: tuple[Path, Path]) -> None:
+    _, small = pair
+    code, out, _ = run("provenance", str(small), "--slot", "107", "--format", "json")
+    assert code == 0
+    record = json.loads(out)
+    assert validate(record, PROVENANCE_REPORT) == []
+    assert record["shrunk"] is not None and record["slot"]["cells"]
+    code, out, _ = run("provenance", str(small), "--row", "11")
+    assert code == 0 and "kept cells only" in out
+    code, out, _ = run("provenance", str(small), "--row", "11", "--format", "markdown")
+    assert "kvcanary shrink rank_0___id_.safetensors -o small.safetensors" in out
+
+
+def test_inspect_shows_the_record_and_the_sparse_tensors(pair: tuple[Path, Path]) -> None:
+    original, small = pair
+    code, out, _ = run("inspect", str(small), "--format", "json")
+    assert code == 0
+    record = json.loads(out)
+    assert record["format"] == "1.1"
+    assert record["shrink"]["source"]["name"] == original.name
+    assert "kvcanary.shrink" not in record["other_metadata"]
+    table = next(t for t in record["tensors"] if t["name"] == "req_to_token")
+    assert table["shape"] == [12, 48] and 0 < table["kept"] < 12 * 48
+    code, out, _ = run("inspect", str(small))
+    assert "shrunk from rank_0___id_.safetensors" in out and "sparse:" in out
+    code, out, _ = run("inspect", str(small), "--format", "markdown")
+    assert "| `req_to_token` | 12x48 |" in out
+
+
+def test_plan_and_violations_read_it(tmp_path: Path) -> None:
+    state = make_scenario("canary-aliasing", seed=0)
+    original = state.save(tmp_path / "canary.safetensors")
+    small = tmp_path / "canary.small.safetensors"
+    assert run("shrink", str(original), "-o", str(small))[0] == 0
+    for backend in ("reference", "torch", "triton"):
+        plans = []
+        for dump in (original, small):
+            written = tmp_path / f"{dump.stem}.{backend}.plan.safetensors"
+            code, _, err = run("plan", str(dump), "--backend", backend, "--out", str(written))
+            assert code == 0, err
+            with safe_open(str(written), framework="pt") as handle:
+                plans.append({k: handle.get_tensor(k) for k in handle.keys()})  # noqa: SIM118
+        assert plans[0].keys() == plans[1].keys()
+        assert all(torch.equal(plans[0][k], plans[1][k]) for k in plans[0])
+    rows = []
+    for dump in (original, small):
+        code, out, _ = run("violations", str(dump), "--replay", "--format", "json")
+        assert code == 1
+        record = json.loads(out)
+        rows.append([(r["slot_idx"], r["position"], r["origin"]) for r in record["rows"]])
+        notes = " ".join(record["notes"])
+        assert ("is shrunk from canary.safetensors" in notes) == (dump == small)
+    assert rows[0] == rows[1]
+
+
+# --- malformed shrunk dumps: one line, exit 2 ---------------------------------------------
+
+
+def _parts(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    with safe_open(str(path), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        return tensors, dict(handle.metadata())
+
+
+Change = Callable[[dict[str, torch.Tensor], dict[str, str]], Any]
+
+
+def _set(name: str, value: torch.Tensor) -> Change:
+    return lambda tensors, _: tensors.__setitem__(name, value)
+
+
+def _drop(name: str) -> Change:
+    return lambda tensors, _: tensors.pop(name)
+
+
+def _meta(key: str, value: str | None) -> Change:
+    return lambda _, meta: meta.pop(key) if value is None else meta.__setitem__(key, value)
+
+
+def _first_run_past_the_end(tensors: dict[str, torch.Tensor], _: dict[str, str]) -> None:
+    runs = tensors["req_to_token.runs"].clone()
+    runs[-1, 0] = 12 * 48 - 1
+    tensors["req_to_token.runs"] = runs
+
+
+def _lost_live_cells(tensors: dict[str, torch.Tensor], _: dict[str, str]) -> None:
+    runs = tensors["req_to_token.runs"].clone()
+    runs[0, 1] -= 1  # one cell of a batch row's live range is no longer kept
+    runs[0, 0] += 1
+    tensors["req_to_token.runs"] = runs
+    tensors["req_to_token"] = tensors["req_to_token"][1:].clone()
+
+
+_I64 = torch.int64
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (_first_run_past_the_end, "req_to_token.runs", "run"),
+        (
+            _set("req_to_token.runs", torch.zeros((2, 3), dtype=_I64)),
+            "req_to_token.runs",
+            "[runs, 2]",
+        ),
+        (
+            _set("req_to_token.shape", torch.tensor([12, 48, 1])),
+            "req_to_token.shape",
+            "original shape",
+        ),
+        (
+            _set("req_to_token.shape", torch.tensor([1 << 40, 1 << 20])),
+            "req_to_token.shape",
+            "2^50",
+        ),
+        (
+            _set("req_to_token.runs", torch.zeros((0, 2), dtype=torch.int32)),
+            "req_to_token.runs",
+            "int64",
+        ),
+        (_drop("req_to_token.shape"), "req_to_token.shape", "required with req_to_token.runs"),
+        (_set("prefix_lens.runs", torch.zeros((0, 2), dtype=_I64)), "prefix_lens.runs", "sparse"),
+        (_lost_live_cells, "req_to_token", "live cells"),
+        (_meta("kvcanary.shrink", None), "kvcanary.shrink", "required"),
+        (_meta("kvcanary.shrink", "{not json"), "kvcanary.shrink", "not JSON"),
+        (_meta("kvcanary.shrink", '{"schema": "kvcanary.shrink/9"}'), "kvcanary.shrink", "schema"),
+        (_meta("kvcanary.format", "1.2"), "kvcanary.format", "not supported"),
+    ],
+)
+def test_malformed_shrunk_dumps_are_one_line(
+    pair: tuple[Path, Path], tmp_path: Path, change: Change, field: str, words: str
+) -> None:
+    _, small = pair
+    tensors, meta = _parts(small)
+    change(tensors, meta)
+    broken = write_safetensors(tmp_path / "broken.safetensors", tensors, meta)
+    code, out, err = run("inspect", str(broken))
+    assert code == 2 and out == "", err
+    assert len(err.strip().splitlines()) == 1
+    assert field in err and words in err, err
+    code, _, err = run("check", str(broken))
+    assert code == 2 and field in err
+
+
+def test_a_shrunk_record_with_a_bad_hash_is_refused(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, small = pair
+    tensors, meta = _parts(small)
+    record = json.loads(meta["kvcanary.shrink"])
+    record["source"]["sha256"] = "xyz"
+    meta["kvcanary.shrink"] = json.dumps(record)
+    broken = write_safetensors(tmp_path / "broken.safetensors", tensors, meta)
+    code, _, err = run("inspect", str(broken))
+    assert code == 2 and "sha256" in err
+
+
+def test_a_lut_claiming_2_to_the_40_entries_is_read_as_kept(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The recorded original length is what lut_len means; nothing is allocated by it: the
+    entries not kept read 0, so the last one (not kept) is no -1 any more."""
+    _, small = pair
+    tensors, meta = _parts(small)
+    tensors["full_to_swa_index_mapping.shape"] = torch.tensor([1 << 40])
+    huge = write_safetensors(tmp_path / "huge-lut.safetensors", tensors, meta)
+    for kernel in ("torch", "triton"):
+        code, out, err = run("check", str(huge), "--kernel", kernel, "--format", "json")
+        assert code == 1, err
+        found = json.loads(out)["dumps"][0]["findings"]
+        codes = {f["code"] for f in found}
+        assert "lut-sentinel-missing" in codes and "lut-out-of-range" not in codes
+        sentinel = next(f for f in found if f["code"] == "lut-sentinel-missing")
+        assert sentinel["details"]["lut_len"] == 1 << 40
+
+
+def test_the_kernels_will_not_stage_a_claimed_width(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A table claiming 2^30 positions per row: Triton would need the batch's rows dense, so it
+    refuses in one line; the torch kernel model reads the kept cells only."""
+    _, small = pair
+    tensors, meta = _parts(small)
+    width = 1 << 30
+    runs = tensors["req_to_token.runs"].clone()
+    runs[:, 0] = runs[:, 0] // 48 * width + runs[:, 0] % 48
+    tensors["req_to_token.runs"] = runs
+    tensors["req_to_token.shape"] = torch.tensor([12, width])
+    wide = write_safetensors(tmp_path / "wide.safetensors", tensors, meta)
+    code, _, err = run("check", str(wide), "--kernel", "triton")
+    assert code == 2 and "--kernel torch" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run("check", str(wide), "--kernel", "torch", "--format", "json")
+    assert code == 1, err
+    assert json.loads(out)["dumps"][0]["bs"] == 5

@@ -1,0 +1,160 @@
+"""`dump.sparse`: reading the kept elements of a tensor in its original coordinates, exactly as
+the dense tensor reads where kept (0 elsewhere), and refusing malformed runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.dump.sparse import (
+    SparseArray,
+    element,
+    find_cells,
+    flat_runs,
+    ring_slots,
+    row_cells,
+    sparse_array,
+    take,
+    take_known,
+    take_raw,
+    where_equal,
+)
+from kvcanary_cli.errors import TensorShapeError
+
+
+def kept_part(dense: np.ndarray, flat: np.ndarray) -> SparseArray:
+    """The sparse form of `dense` keeping the flat indices `flat`, as the writer stores it."""
+    flat = np.unique(flat)
+    runs = flat_runs(flat)
+    values = dense.reshape(-1)[flat]
+    shape = np.array(dense.shape, dtype=np.int64)
+    return sparse_array("t", values, runs, shape, (dense.ndim,))
+
+
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 9),
+    seed=st.integers(0, 2**31),
+    share=st.floats(0.0, 1.0),
+)
+def test_reads_equal_the_dense_table_where_kept(
+    rows: int, cols: int, seed: int, share: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    dense = rng.integers(-5, 50, size=(rows, cols)).astype(np.int32)
+    keep = np.flatnonzero(rng.random(rows * cols) < share)
+    sparse = kept_part(dense, keep)
+    everything = np.arange(rows * cols, dtype=np.int64)
+    values, known = sparse.take(everything)
+    assert known.tolist() == np.isin(everything, keep).tolist()
+    assert values.tolist() == np.where(known, dense.reshape(-1), 0).tolist()
+    assert take(sparse, torch.from_numpy(everything)).tolist() == values.tolist()
+    assert sparse.flat_indices().tolist() == keep.tolist()
+    assert sparse.kept_before(everything).tolist() == [int((keep < i).sum()) for i in everything]
+    assert take_raw(sparse, keep).dtype == np.int32
+    assert take_raw(sparse, keep).tolist() == dense.reshape(-1)[keep].tolist()
+    # Scans visit kept cells only, with the dense scan's hits among them, in table order.
+    wanted = np.array([3, 7, 11], dtype=np.int64)
+    hits = [
+        (int(r), int(c), int(v))
+        for rs, cs, vs in find_cells(sparse, lambda v: np.isin(v, wanted), chunk_cells=4)
+        for r, c, v in zip(rs, cs, vs, strict=True)
+    ]
+    full = [
+        (int(r), int(c), int(v))
+        for rs, cs, vs in find_cells(
+            torch.from_numpy(dense), lambda v: np.isin(v, wanted), chunk_cells=4
+        )
+        for r, c, v in zip(rs, cs, vs, strict=True)
+    ]
+    assert hits == [h for h in full if h[0] * cols + h[1] in set(keep.tolist())]
+    row = int(rng.integers(rows))
+    positions, row_values = row_cells(sparse, row, 0, cols)
+    in_row = keep[(keep >= row * cols) & (keep < (row + 1) * cols)] - row * cols
+    assert positions.tolist() == in_row.tolist()
+    assert row_values.tolist() == dense[row, in_row].tolist()
+
+
+def test_vectors_read_like_the_dense_lut() -> None:
+    lut = np.array([0, 5, 0, 7, 5, 9, -1], dtype=np.int64)
+    sparse = kept_part(lut, np.array([1, 2, 4, 6]))
+    assert element(sparse, -1) == -1 and element(sparse, 1) == 5
+    assert element(sparse, 3) == 0  # not kept: reads 0
+    index, values = where_equal(sparse, np.array([5]), stop=6)
+    assert index.tolist() == [1, 4] and values.tolist() == [5, 5]
+    dense_index, _ = where_equal(torch.from_numpy(lut), np.array([5]), stop=6)
+    assert dense_index.tolist() == [1, 4]
+    values, known = take_known(torch.from_numpy(lut), np.array([3, 5]))
+    assert values.tolist() == [7, 9] and known.all()
+
+
+def test_runs_merge_where_they_touch() -> None:
+    assert flat_runs(np.array([2, 3, 4, 7, 9, 10])).tolist() == [[2, 3], [7, 1], [9, 2]]
+    assert flat_runs(np.zeros(0, dtype=np.int64)).shape == (0, 2)
+
+
+def test_ring_slots_split_by_launch_tag() -> None:
+    ring = np.zeros((4, 8), dtype=np.int64)
+    ring[:, 0] = [0, 7, 3, 9]  # HEAD_K_FULL, an SWA tag, a full tag, an SWA tag
+    ring[:, 1] = [11, 22, 33, 44]
+    full, swa = ring_slots(ring, 3)  # the fourth row is past the write index
+    assert full.tolist() == [11, 33] and swa.tolist() == [22]
+    full, swa = ring_slots(ring, -5)  # a wrapped counter: the whole ring
+    assert swa.tolist() == [22, 44]
+
+
+@pytest.mark.parametrize(
+    ("runs", "shape", "values", "field", "words"),
+    [
+        ([[0, 3], [2, 2]], [4, 4], 5, "t.runs", "overlapping"),
+        ([[2, 2], [0, 1]], [4, 4], 3, "t.runs", "out of order"),
+        ([[14, 3]], [4, 4], 3, "t.runs", "past the end"),
+        ([[-1, 2]], [4, 4], 2, "t.runs", "negative start"),
+        ([[0, 0]], [4, 4], 0, "t.runs", "length"),
+        ([[0, 3]], [4, 4], 2, "t.runs", "cover 3 elements but 2"),
+        ([[0, 2]], [4, 4, 4], 2, "t.shape", "expected [2]"),
+        ([[0, 2]], [1 << 40, 1 << 20], 2, "t.shape", "2^50"),
+        ([[0, 2]], [4, -4], 2, "t.shape", "negative"),
+    ],
+)
+def test_malformed_parts_are_refused_naming_the_part(
+    runs: list[list[int]], shape: list[int], values: int, field: str, words: str
+) -> None:
+    with pytest.raises(TensorShapeError) as caught:
+        sparse_array(
+            "t",
+            np.zeros(values, dtype=np.int32),
+            np.array(runs, dtype=np.int64).reshape(-1, 2),
+            np.array(shape, dtype=np.int64),
+            (2,),
+        )
+    assert caught.value.field == field
+    assert words in str(caught.value)
+
+
+def test_the_original_shape_costs_nothing() -> None:
+    """A table claiming 2^45 cells with three kept: reads stay sized by what is stored."""
+    shape = np.array([1 << 20, 1 << 25], dtype=np.int64)
+    runs = np.array([[5 << 25, 3]], dtype=np.int64)
+    table = sparse_array("t", np.array([7, 8, 9], np.int32), runs, shape, (2,))
+    assert table.numel() == 1 << 45 and table.kept == 3
+    assert row_cells(table, 5, 0, 1 << 25)[1].tolist() == [7, 8, 9]
+    hits = list(find_cells(table, lambda v: v == 8, chunk_cells=1 << 22))
+    assert [(int(r[0]), int(c[0])) for r, c, _ in hits] == [(5, 1)]
+
+
+def test_format_1_reads_runs_tensors_as_unknown_tensors(tmp_path: Path) -> None:
+    """Only a format-1.1 dump stores tensors sparse: in format 1 a `NAME.runs` tensor is just
+    a tensor the format does not define, ignored with a note, as before."""
+    state = make_scenario("clean-decode", seed=0)
+    state.tensors["req_to_token.runs"] = torch.zeros((1, 2), dtype=torch.int64)
+    dump = load_dump(state.save(tmp_path / "v1.safetensors"))
+    assert isinstance(dump.req_to_token, torch.Tensor) and dump.shrink is None
+    assert any("req_to_token.runs" in note for note in dump.notes)
