@@ -200,6 +200,8 @@ def plan(
         )
     except UpstreamPlanError as exc:
         fail(str(exc), ExitCode.FINDINGS)
+    if result.skipped is not None:  # nothing to write or show entry by entry
+        fail(f"not planned: {result.skipped}", ExitCode.FINDINGS)
     if out is not None and result.launch_error is None:
         save_plan(out, result, dump=loaded, overwrite=force)
     deliver(render_plan(record, output_format, max_rows=max_rows), None)

@@ -26,6 +26,7 @@ from kvcanary_cli.analysis.diagnosis import (
 from kvcanary_cli.analysis.findings import (
     batch_findings,
     lut_findings,
+    merge_spread,
     plan_findings,
     slot_findings,
     swa_findings,
@@ -84,6 +85,9 @@ def run_check(
     raised, findings = first_raise(dump, found.plans, findings)
     findings, causes = diagnose(dump, findings)
     recorded, matches = recorded_exception(dump, raised)
+    requests = tuple(request_summaries(dump, findings))
+    assumptions = tuple(assumptions_of(dump, findings))
+    findings = merge_spread(findings)  # after everything that reads the cells one by one
     return DumpReport(
         path=str(dump.path),
         identity=dump.identity,
@@ -93,7 +97,7 @@ def run_check(
         notes=tuple(dump.notes),
         kernel_mode=kernel.mode if kernel else None,
         diagnosis=causes,
-        requests=tuple(request_summaries(dump, findings)),
+        requests=requests,
         first_raise=raised,
         recorded_exception=recorded,
         recorded_exception_matches=matches,
@@ -101,7 +105,7 @@ def run_check(
             ScalarValue(name=s.name, value=s.value, origin=s.origin, source=s.source)
             for s in dump.scalars.values()
         ),
-        assumptions=tuple(assumptions_of(dump, findings)),
+        assumptions=assumptions,
         shrink=dump.shrink,
     )
 

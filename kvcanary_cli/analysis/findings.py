@@ -20,7 +20,18 @@ from kvcanary_cli.dump.sparse import element, take_known
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
 
-__all__ = ["batch_findings", "lut_findings", "plan_findings", "slot_findings", "swa_findings"]
+__all__ = [
+    "SLOT_SPREAD",
+    "batch_findings",
+    "lut_findings",
+    "merge_spread",
+    "plan_findings",
+    "slot_findings",
+    "swa_findings",
+]
+
+#: More one-cell records than this of one code, cause and slot become one spread record.
+SLOT_SPREAD = 16
 
 
 def batch_findings(dump: KvDump) -> list[Finding]:
@@ -746,3 +757,44 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
             )
         )
     return found
+
+
+def merge_spread(findings: list[Finding]) -> list[Finding]:
+    """One record per (code, group, slot, cause) that has more than `SLOT_SPREAD` one-cell
+    records: one slot aliased over a thousand rows is one problem, reported once with its
+    count and a sample of its cells (its provenance lists where it lives). Records that mark
+    a raise stay apart, so the report still points at the exact cell."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, f in enumerate(findings):
+        if (
+            f.slot is not None
+            and f.position is not None
+            and f.cells == 1
+            and not f.first_raise
+            and "upstream_raise" not in f.details
+        ):
+            key = (f.code, f.group, f.space, f.slot, f.cause, f.assumes)
+            groups.setdefault(key, []).append(i)
+    merged: dict[int, Finding] = {}
+    dropped: set[int] = set()
+    for members in groups.values():
+        if len(members) <= SLOT_SPREAD:
+            continue
+        members.sort(key=lambda i: findings[i].order_key())
+        first = findings[members[0]]
+        sample = [
+            [findings[i].batch_row, findings[i].pool_row, findings[i].position]
+            for i in members[:SAMPLE_CELLS]
+        ]
+        merged[members[0]] = replace(
+            first,
+            cells=len(members),
+            spread=True,
+            message=f"{len(members)} cells hold slot {first.slot}, the first at (pool row "
+            f"{first.pool_row}, position {first.position}): {first.message}",
+            details={**first.details, "cells_sample": sample},
+        )
+        dropped.update(members[1:])
+    if not merged:
+        return findings
+    return [merged.get(i, f) for i, f in enumerate(findings) if i not in dropped]

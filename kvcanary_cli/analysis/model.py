@@ -213,7 +213,9 @@ class SlotProvenance:
     #: "free" or "in use" when the dump has the allocator's free list for this space.
     allocator: str | None = None
     canary: tuple[CanaryRecord, ...] = ()
+    #: the first ring rows of the slot; `violations_total` counts them all.
     violations: tuple[ViolationRow, ...] = ()
+    violations_total: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +245,10 @@ class Finding:
     #: position + cells - 1` of one row with the same code (long runs are one record, so
     #: output grows with the problems, not the cells; `slot` is the run's first slot).
     cells: int = 1
+    #: the record stands for `cells` cells holding `slot` anywhere in the table (not a run):
+    #: one slot with many symptoms of one code is one record, the first cell's position
+    #: shown, `details.cells_sample` naming the first few.
+    spread: bool = False
 
     @property
     def severity(self) -> Severity:
@@ -251,12 +257,20 @@ class Finding:
 
     @property
     def position_end(self) -> int | None:
-        """The last position this record covers (= `position` for one cell)."""
-        return None if self.position is None else self.position + self.cells - 1
+        """The last position of the run this record covers (= `position` for one cell, or
+        for a spread record)."""
+        if self.position is None:
+            return None
+        return self.position if self.spread else self.position + self.cells - 1
 
     def covers(self, position: int) -> bool:
-        """This record stands for the cell at `position` of its row."""
-        return self.position is not None and self.position <= position < self.position + self.cells
+        """This record stands for the cell at `position` of its row (for a spread record:
+        its first cell, the one the report shows)."""
+        if self.position is None:
+            return False
+        if self.spread:
+            return position == self.position
+        return self.position <= position < self.position + self.cells
 
     def order_key(self) -> tuple[Any, ...]:
         """The order of findings in every report.

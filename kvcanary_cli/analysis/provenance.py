@@ -283,6 +283,7 @@ class ProvenanceIndex:
             swa_slot = element(lut, slot)
             if swa_slot == 0:
                 note = "unmapped (LUT = 0)"
+        violations, violations_total = _violations(dump, slot, swa=False)
         return SlotProvenance(
             slot=slot,
             space="full",
@@ -292,7 +293,8 @@ class ProvenanceIndex:
             translation_note=note,
             allocator=_allocator_state(dump.free_full_slots, slot, dump.free_domain.get("full")),
             canary=_canary_records(dump, "full", slot),
-            violations=_violations(dump, slot, swa=False),
+            violations=violations,
+            violations_total=violations_total,
         )
 
 
@@ -328,6 +330,7 @@ def swa_provenance(
         cells.extend(replace(c, full_slot=full_slot) for c in found)
         total += count
     cells.sort(key=lambda c: _ROLE_TIER.get(c.role, _IDLE))
+    violations, violations_total = _violations(dump, swa_slot, swa=True)
     return SlotProvenance(
         slot=swa_slot,
         space="swa",
@@ -337,7 +340,8 @@ def swa_provenance(
         clamped_from=clamped_from,
         allocator=_allocator_state(dump.free_swa_slots, swa_slot, dump.free_domain.get("swa")),
         canary=_canary_records(dump, "swa", swa_slot),
-        violations=_violations(dump, swa_slot, swa=True),
+        violations=violations,
+        violations_total=violations_total,
     )
 
 
@@ -439,15 +443,35 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
     return tuple(records)
 
 
-def _violations(dump: KvDump, slot: int, *, swa: bool) -> tuple[ViolationRow, ...]:
-    """The ring's valid rows (docs/canary.md §4) whose slot is `slot`, in that slot's space."""
+#: ring rows a slot's provenance lists (`violations_total` counts them all).
+VIOLATION_ROWS_SHOWN = 16
+#: decoded rings, by the ring tensor's identity (a ring is decoded once, not per slot).
+_DECODED: dict[int, tuple[weakref.ref[torch.Tensor], np.ndarray]] = {}
+
+
+def _ring_rows(ring: torch.Tensor, write_index: int) -> np.ndarray:
+    cached = _DECODED.get(id(ring))
+    if cached is not None and cached[0]() is ring:
+        return cached[1]
+    key = id(ring)
+    rows = decode_ring(ring.numpy(), write_index).rows
+    _DECODED[key] = (weakref.ref(ring, lambda _: _DECODED.pop(key, None)), rows)
+    return rows
+
+
+def _violations(dump: KvDump, slot: int, *, swa: bool) -> tuple[tuple[ViolationRow, ...], int]:
+    """The first ring rows (docs/canary.md §4) whose slot is `slot`, in that slot's space,
+    and how many there are."""
     ring = dump.violation_ring
     if ring is None or dump.violation_write_index is None:
-        return ()
-    rows = decode_ring(ring.numpy(), dump.violation_write_index).rows
+        return (), 0
+    rows = _ring_rows(ring, dump.violation_write_index)
     tags = rows[:, 0]
-    mine = (rows[:, 1] == slot) & (((tags >= _SWA_TAGS.start) & (tags < _SWA_TAGS.stop)) == swa)
-    return tuple(
-        ViolationRow(index=int(i), fields=tuple(int(x) for x in rows[i]))
-        for i in np.flatnonzero(mine)  # the slot's rows only
+    mine = np.flatnonzero(
+        (rows[:, 1] == slot) & (((tags >= _SWA_TAGS.start) & (tags < _SWA_TAGS.stop)) == swa)
     )
+    shown = tuple(
+        ViolationRow(index=int(i), fields=tuple(int(x) for x in rows[i]))
+        for i in mine[:VIOLATION_ROWS_SHOWN]
+    )
+    return shown, int(mine.size)

@@ -138,6 +138,9 @@ def _provenance_body(prov: Record) -> list[str]:
                 right={0},
             )
         )
+        shown, total = len(prov["violations"]), prov.get("violations_total", 0)
+        if total > shown:
+            parts.append(f"First {shown} of {total} ring rows of this slot.")
     return parts
 
 

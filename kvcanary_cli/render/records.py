@@ -144,6 +144,7 @@ def _provenance(prov: SlotProvenance) -> Record:
             for r in prov.canary
         ],
         "violations": [{"index": v.index, "fields": list(v.fields)} for v in prov.violations],
+        "violations_total": prov.violations_total,
     }
 
 
@@ -163,6 +164,7 @@ def _finding(finding: Finding) -> Record:
         "pool_row": finding.pool_row,
         "position": finding.position,
         "cells": finding.cells,
+        "spread": finding.spread,
         "role": finding.role,
         "message": finding.message,
         "details": _json_safe(finding.details),
@@ -178,6 +180,8 @@ def position_text(f: Record) -> str | None:
     if f["position"] is None:
         return None
     cells = int(f.get("cells", 1))
+    if f.get("spread"):
+        return f"{f['position']} (+{cells - 1} cells)"
     return str(f["position"]) if cells == 1 else f"{f['position']}..{f['position'] + cells - 1}"
 
 

@@ -464,7 +464,9 @@ def _slot_blocks(prov: Record) -> list[RenderableType]:
             )
         parts.append(canary)
     if prov["violations"]:
-        violations = Table(title="violation ring rows", title_justify="left")
+        shown, total = len(prov["violations"]), prov.get("violations_total", 0)
+        title = "violation ring rows" + (f" (first {shown} of {total})" if total > shown else "")
+        violations = Table(title=title, title_justify="left")
         violations.add_column("index", justify="right")
         violations.add_column("fields")
         for v in prov["violations"]:

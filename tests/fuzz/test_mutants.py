@@ -48,20 +48,9 @@ from tests.fuzz.seeds import load_seeds, write_seeds
 ROOT = Path(__file__).resolve().parents[2]
 _REASON = "issue 11: fixed in analysis"
 
-#: Mutant classes the analysis layer still fails (issue 11), and how (on main be5240c merged):
-ANALYSIS_FIXES: dict[str, str] = {
-    # prefix lengths from 2^31 up: `plan --out` writes them into int32 plan fields: exit 3
-    # ("value cannot be converted to type int32 without overflow", "Overflow when unpacking
-    # long long"), e.g. eagle seed, prefix_lens = 2^31 on every row, `plan DUMP --out P`.
-    "length.prefix_lens.large": "exit 3 from plan --out (int32 plan fields)",
-    "length.prefix_lens.absurd": "exit 3 from plan --out (int32 plan fields)",
-    # one slot at different positions of 2048 rows (64 KB): 14,336 findings, each carrying
-    # every cell of its slot: 91 MB of JSON (quadratic); breaks the memory guard.
-    "crowded.shared-slots": "JSON quadratic in cells per slot (memory guard)",
-    # 20,000 ring rows over 8 finding slots: every finding's provenance carries its slot's
-    # 2,500 ring rows (1.3 M rows in all); breaks the memory guard.
-    "crowded.ring": "ring rows per finding, uncapped (memory guard)",
-}
+#: Mutant classes the analysis layer still fails, each with how (empty: every class passes; an
+#: entry runs apart as a strict xfail until its fix lands).
+ANALYSIS_FIXES: dict[str, str] = {}
 
 #: Guards of a crowded mutant (a file under 200 KB, whose clean run takes well under a second
 #: and 100 MB): seconds, and address space above the worker's own.

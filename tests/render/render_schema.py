@@ -66,6 +66,7 @@ PROVENANCE = {
         {"buffer": str, "token": int, "position": int, "prev_hash": int, "real_kv_hash": int}
     ),
     "violations": ListOf({"index": int, "fields": ListOf(int)}),
+    "violations_total": int,
 }
 FINDING = {
     "code": CODES,
@@ -77,6 +78,7 @@ FINDING = {
     "pool_row": Nullable(int),
     "position": Nullable(int),
     "cells": int,
+    "spread": bool,
     "role": Nullable(str),  # a cell role, or a plan read: seed, expected-token
     "message": str,
     "details": MapOf(JSON_VALUE),
