@@ -16,14 +16,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvcanary_cli.analysis.check import check_dumps, run_check
-from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, Severity
-from kvcanary_cli.analysis.plan_summary import plan_record
-from kvcanary_cli.analysis.query import row_map, slot_query
-from kvcanary_cli.dump.describe import describe_dump
-from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import SCALARS
-from kvcanary_cli.dump.shrunk import ShrinkResult
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners import (
     Backend,
@@ -32,11 +25,16 @@ from kvcanary_cli.planners import (
     make_planner,
     make_selftest_planners,
 )
-from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.planners.sglang_runtime import installed_version
 
-if TYPE_CHECKING:  # numpy-heavy: imported when called
+# Each function imports what it runs: `inspect` reads a dump with numpy alone, and
+# `import kvcanary_cli.api` stays light.
+if TYPE_CHECKING:
+    from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, Severity
     from kvcanary_cli.analysis.violation_report import ViolationsReport
+    from kvcanary_cli.dump.loader import KvDump
+    from kvcanary_cli.dump.shrunk import ShrinkResult
+    from kvcanary_cli.planners.base import Plan
 
 __all__ = ["check", "inspect", "plan", "provenance", "selftest", "shrink", "violations"]
 
@@ -50,13 +48,16 @@ def check(
     kernel: Kernel | str = Kernel.TRITON,
     groups: Sequence[str] | None = None,
     overrides: Overrides = None,
-    fail_on: Severity | str = Severity.ERROR,
+    fail_on: Severity | str = "error",
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport:
     """Check one dump or several (in parallel processes); an unreadable one gets an `error`
     report, the others are still checked. `kernel`: triton, torch, sglang or none. The report
     names the SGLang version installed here, if any, so a reader knows what was compared."""
+    from kvcanary_cli.analysis.check import check_dumps
+    from kvcanary_cli.analysis.model import Severity
+
     many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     return check_dumps(
         many,
@@ -84,6 +85,10 @@ def provenance(
 ) -> ProvenanceReport:
     """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
     optionally limited to `positions` [start, end)), with the findings touching it."""
+    from kvcanary_cli.analysis.check import run_check
+    from kvcanary_cli.analysis.query import row_map, slot_query
+    from kvcanary_cli.dump.loader import load_dump
+
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
     dump = load_dump(path, overrides=overrides)
@@ -104,6 +109,9 @@ def plan(
 ) -> tuple[KvDump, Plan, dict[str, Any]]:
     """One planner's plan of one group: the dump, the `Plan`, and its `kvcanary.plan/1`
     record. With `strict`, the reference raises `UpstreamPlanError` where SGLang's does."""
+    from kvcanary_cli.analysis.plan_summary import plan_record
+    from kvcanary_cli.dump.loader import load_dump
+
     planner = make_planner(Backend(backend), strict=strict)
     dump = load_dump(path, overrides=overrides)
     result = planner.plan(dump, group)
@@ -112,7 +120,10 @@ def plan(
 
 def inspect(path: PathLike) -> dict[str, Any]:
     """What a dump holds (the `kvcanary.inspect/2` record); validates the file on the way."""
-    return describe_dump(load_dump(path), sglang_installed=installed_version())
+    from kvcanary_cli.dump.describe import describe_dump
+    from kvcanary_cli.dump.loader import read_dump
+
+    return describe_dump(read_dump(path), sglang_installed=installed_version())
 
 
 def shrink(
@@ -124,6 +135,7 @@ def shrink(
     file is replaced only with `force`."""
     from kvcanary_cli import __version__
     from kvcanary_cli.analysis.shrink import shrink_keep
+    from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.dump.shrunk import write_shrunk
 
     if str(out) == "-":

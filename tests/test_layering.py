@@ -142,3 +142,20 @@ def test_help_imports_neither_torch_triton_nor_sglang() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "markdown"])
+def test_inspect_imports_neither_torch_nor_triton(fmt: str) -> None:
+    """`inspect` reads a dump with numpy alone: torch's import is most of a check's start."""
+    dump = Path(__file__).resolve().parents[1] / "examples" / "truncated-lut.safetensors"
+    script = (
+        "import sys\nfrom kvcanary_cli.cli import main\n"
+        f"try:\n    main(['inspect', {str(dump)!r}, '--format', {fmt!r}])\n"
+        "except SystemExit as exc:\n    code = exc.code\n"
+        "print(sorted(m for m in ('torch', 'triton', 'sglang') if m in sys.modules), code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[] 0"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+import numpy as np
 
-from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.loader import DumpContents, KvDump
 from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, SHRINK_KEY, dtype_label
 
 __all__ = ["INSPECT_SCHEMA", "describe_dump"]
@@ -17,16 +17,26 @@ __all__ = ["INSPECT_SCHEMA", "describe_dump"]
 INSPECT_SCHEMA = "kvcanary.inspect/2"
 
 
-def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> dict[str, Any]:
+def describe_dump(
+    dump: DumpContents | KvDump, *, sglang_installed: str | None = None
+) -> dict[str, Any]:
     """Tensors, scalars with their source, groups, batch summary, identity keys and notes.
 
     `sglang_installed` is the SGLang version installed here (None: not installed), shown next
     to the version the dump records (`identity["sglang.version"]`).
     """
-    rpi = dump.req_pool_indices
+    if isinstance(dump, DumpContents):  # `inspect`: no torch
+        rpi, prefix, extend = (
+            dump.vector(n) for n in ("req_pool_indices", "prefix_lens", "extend_seq_lens")
+        )
+    else:
+        rpi, prefix, extend = (
+            np.asarray(t) for t in (dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens)
+        )
     active = rpi != 0
-    prefix = dump.prefix_lens.clamp(min=0)
-    extend = dump.extend_seq_lens.clamp(min=0)
+    # Python ints: claimed lengths near 2^63 would overflow a numpy sum
+    total_prefix = sum(np.clip(prefix[active], 0, None).tolist())
+    total_extend = sum(np.clip(extend[active], 0, None).tolist())
     notes = list(dump.notes)
     notes.extend(
         f"{note.tensor} is {dtype_label(note.found)}: accepted, but the production GPU path "
@@ -73,8 +83,8 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> dict[
             "bs": dump.bs,
             "active_rows": int(active.sum()),
             "padding_rows": int((~active).sum()),
-            "total_prefix_tokens": int(torch.where(active, prefix, 0).sum()),
-            "total_extend_tokens": int(torch.where(active, extend, 0).sum()),
+            "total_prefix_tokens": total_prefix,
+            "total_extend_tokens": total_extend,
             "max_reqs": dump.max_reqs,
             "max_seq_len": dump.max_seq_len,
             "lut_len": dump.lut_len,

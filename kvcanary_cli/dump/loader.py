@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from io import BufferedReader
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from safetensors import safe_open
 
 from kvcanary_cli.dump.header import HeaderEntry, SafetensorsHeader, read_header
@@ -41,7 +41,7 @@ from kvcanary_cli.dump.schema import (
     spec_for,
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
-from kvcanary_cli.dump.sparse import SparseArray, Stored, ring_slots, sparse_array
+from kvcanary_cli.dump.sparse import SparseArray, ring_slots, sparse_array
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
@@ -53,8 +53,14 @@ from kvcanary_cli.errors import (
     TensorShapeError,
 )
 
+if TYPE_CHECKING:  # torch is imported when a KvDump is built, not by `inspect`
+    import torch
+
+    from kvcanary_cli.dump.sparse import Stored
+
 __all__ = [
     "GROUPS",
+    "DumpContents",
     "READ_LIMIT",
     "DtypeNote",
     "KvDump",
@@ -62,6 +68,7 @@ __all__ = [
     "Scalar",
     "TensorInfo",
     "load_dump",
+    "read_dump",
 ]
 
 GROUPS = ("full", "swa")
@@ -135,8 +142,82 @@ class DtypeNote:
     expected: str
 
 
+class _DumpFacts:
+    """What both views of a dump answer from its scalars and metadata alone."""
+
+    scalars: dict[str, Scalar]
+    metadata: dict[str, str]
+
+    def scalar(self, name: str) -> int | None:
+        """The resolved value of a scalar key (None when unknown)."""
+        return self.scalars[name].value
+
+    def window(self, group: str) -> int:
+        """Window W used to plan `group`: 0 for full, `swa_window_size` (>= 0) for swa."""
+        if group == "full":
+            return 0
+        return max(0, self.scalar("swa_window_size") or 0)
+
+    @property
+    def token_offset(self) -> int:
+        """`kv_token_id_vs_position_offset`: 0 for target pools, 1 for EAGLE draft pools."""
+        return self.scalar("kv_token_id_vs_position_offset") or 0
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """Free-form identity keys (sglang version, model, rank, step, ...) present in the
+        dump, in `IDENTITY_KEYS` order."""
+        return {k: self.metadata[k] for k in IDENTITY_KEYS if k in self.metadata}
+
+
 @dataclass(eq=False, kw_only=True)
-class KvDump:
+class DumpContents(_DumpFacts):
+    """A checked dump as numpy arrays (memory-mapped or read) and sparse arrays: everything
+    `load_dump` validates, before torch is imported."""
+
+    path: Path
+    file_size: int
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    scalars: dict[str, Scalar]
+    rejected_scalars: list[RejectedScalar]
+    groups: tuple[str, ...]
+    notes: list[str]
+    dtype_notes: list[DtypeNote]
+    arrays: dict[str, np.ndarray | SparseArray]
+    shrink: ShrinkRecord | None = None
+
+    def vector(self, name: str) -> np.ndarray:
+        """A per-batch-row tensor as int64 (zeros when the dump omits it)."""
+        array = self.arrays.get(name)
+        if array is None or isinstance(array, SparseArray):
+            return np.zeros(self.bs, dtype=np.int64)
+        return np.asarray(array, dtype=np.int64).reshape(-1)
+
+    @property
+    def bs(self) -> int:
+        """Batch size, padding rows included."""
+        return int(self.arrays["req_pool_indices"].shape[0])
+
+    @property
+    def max_reqs(self) -> int:
+        """Rows of `req_to_token`."""
+        return int(self.arrays["req_to_token"].shape[0])
+
+    @property
+    def max_seq_len(self) -> int:
+        """Columns of `req_to_token`."""
+        return int(self.arrays["req_to_token"].shape[1])
+
+    @property
+    def lut_len(self) -> int | None:
+        """Length of the SWA LUT, or None without one."""
+        lut = self.arrays.get("full_to_swa_index_mapping")
+        return None if lut is None else int(lut.shape[0])
+
+
+@dataclass(eq=False, kw_only=True)
+class KvDump(_DumpFacts):
     """One forward step of one rank, as planners and analysis need it.
 
     Per-batch vectors are int64 `[bs]`; `req_to_token` and the expected-token pool keep their
@@ -202,32 +283,11 @@ class KvDump:
         lut = self.full_to_swa_index_mapping
         return None if lut is None else int(lut.shape[0])
 
-    def scalar(self, name: str) -> int | None:
-        """The resolved value of a scalar key (None when unknown)."""
-        return self.scalars[name].value
-
-    def window(self, group: str) -> int:
-        """Window W used to plan `group`: 0 for full, `swa_window_size` (>= 0) for swa."""
-        if group == "full":
-            return 0
-        return max(0, self.scalar("swa_window_size") or 0)
-
-    @property
-    def token_offset(self) -> int:
-        """`kv_token_id_vs_position_offset`: 0 for target pools, 1 for EAGLE draft pools."""
-        return self.scalar("kv_token_id_vs_position_offset") or 0
-
     @property
     def write_req_capacity(self) -> int:
         """Length of `write_seed_slot_indices` (default: bs)."""
         value = self.scalar("write_req_capacity")
         return self.bs if value is None else value
-
-    @property
-    def identity(self) -> dict[str, str]:
-        """Free-form identity keys (sglang version, model, rank, step, ...) present in the
-        dump, in `IDENTITY_KEYS` order."""
-        return {k: self.metadata[k] for k in IDENTITY_KEYS if k in self.metadata}
 
 
 def _truncated(entry: HeaderEntry) -> CorruptDumpError:
@@ -290,10 +350,24 @@ def load_dump(
     metadata and over scalar tensors, and their source is recorded as "command line". Every
     `DumpError` raised names the file.
     """
+    contents = read_dump(path, overrides=overrides)
+    try:
+        return _as_kvdump(contents)
+    except DumpError as exc:
+        if exc.path is None:
+            exc.path = str(path)
+        raise
+
+
+def read_dump(
+    path: str | os.PathLike[str], *, overrides: Mapping[str, int | str | None] | None = None
+) -> DumpContents:
+    """Open and check a dump as `load_dump` does, without making torch tensors: what
+    `inspect` needs, at numpy's import cost instead of torch's."""
     try:
         header = read_header(path)
         try:
-            with safe_open(str(header.path), framework="pt") as parsed:
+            with safe_open(str(header.path), framework="numpy") as parsed:
                 parsed.keys()
         except Exception as exc:  # the Rust parser's verdict, on a header we already bounded
             raise CorruptDumpError(f"safetensors refuses the file: {exc}") from None
@@ -307,16 +381,16 @@ def load_dump(
                     "the file was truncated while kvcanary read it",
                     hint="another process truncated or rewrote it; read a stable copy",
                 )
-            return _build(header, handle, dict(overrides or {}))
+            return _read_contents(header, handle, dict(overrides or {}))
     except DumpError as exc:
         if exc.path is None:
             exc.path = str(path)
         raise
 
 
-def _build(
+def _read_contents(
     header: SafetensorsHeader, handle: BufferedReader, overrides: dict[str, int | str | None]
-) -> KvDump:
+) -> DumpContents:
     # First: a newer format may legitimately break every other rule below.
     version = header.metadata.get("kvcanary.format")
     if version is not None and version.strip() not in (FORMAT_VERSION, SHRUNK_FORMAT_VERSION):
@@ -334,8 +408,6 @@ def _build(
     arrays: dict[str, np.ndarray | SparseArray] = {}
     infos: dict[str, TensorInfo] = {}
     scalar_tensors: dict[str, int] = {}
-    canary: dict[str, Stored] = {}
-    real_kv: dict[str, Stored] = {}
     for name, entry in header.entries.items():
         if name in companions:
             infos[name] = TensorInfo(
@@ -364,10 +436,6 @@ def _build(
                 kept=kept.kept,
             )
             arrays[name] = kept
-            if name.startswith("canary."):
-                canary[name] = kept
-            elif name.startswith("real_kv."):
-                real_kv[name] = kept
             continue
         spec = spec_for(name)
         role = spec.role if spec else None
@@ -384,12 +452,7 @@ def _build(
         _check_tensor(entry, spec)
         if entry.dtype != spec.canonical:
             dtype_notes.append(DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical))
-        mapped = _read_array(handle, entry)
-        arrays[name] = mapped
-        if name.startswith("canary."):
-            canary[name] = torch.from_numpy(mapped)
-        elif name.startswith("real_kv."):
-            real_kv[name] = torch.from_numpy(mapped)
+        arrays[name] = _read_array(handle, entry)
 
     scalars, rejected = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
@@ -398,12 +461,45 @@ def _build(
     lut_len = None if lut is None else int(lut.shape[0])
     for name, (value, source) in derive_scalar_defaults(values, lut_len).items():
         scalars[name] = Scalar(name=name, value=value, source=source)
+    table = arrays["req_to_token"]
+    if isinstance(table, SparseArray):
+
+        def vector(name: str) -> np.ndarray:
+            array = arrays.get(name)
+            if array is None or isinstance(array, SparseArray):
+                return np.zeros(int(arrays["req_pool_indices"].shape[0]), dtype=np.int64)
+            return np.asarray(array, dtype=np.int64).reshape(-1)
+
+        _check_live_ranges_kept(
+            table, vector("req_pool_indices"), vector("prefix_lens"), vector("extend_seq_lens")
+        )
     groups_override = overrides.get("groups")
     groups = resolve_groups(
         header.metadata.get("groups") if groups_override is None else str(groups_override),
         has_lut=lut is not None,
         option=None if groups_override is None else "--group",
     )
+    return DumpContents(
+        path=header.path,
+        file_size=header.file_size,
+        tensors=infos,
+        metadata=dict(header.metadata),
+        scalars=scalars,
+        rejected_scalars=rejected,
+        groups=groups,
+        notes=notes,
+        dtype_notes=dtype_notes,
+        arrays=arrays,
+        shrink=shrink,
+    )
+
+
+def _as_kvdump(contents: DumpContents) -> KvDump:
+    """The torch view of checked contents (tables stay memory-mapped or sparse)."""
+    import torch
+
+    arrays = contents.arrays
+    lut = arrays.get("full_to_swa_index_mapping")
 
     def small(name: str) -> torch.Tensor | None:
         array = arrays.get(name)
@@ -421,23 +517,18 @@ def _build(
     extend = small("extend_seq_lens")
     table = big("req_to_token")
     assert table is not None  # check_batch raised MissingTensorError otherwise
-    if isinstance(table, SparseArray):
-        _check_live_ranges_kept(
-            table,
-            _require(small("req_pool_indices")),
-            _require(small("prefix_lens")),
-            extend if extend is not None else torch.zeros(bs, dtype=torch.int64),
-        )
     ring_index = arrays.get("violation_write_index")
+    canary = {n: big(n) for n in arrays if n.startswith("canary.")}
+    real_kv = {n: big(n) for n in arrays if n.startswith("real_kv.")}
     return KvDump(
-        path=header.path,
-        file_size=header.file_size,
-        tensors=infos,
-        metadata=dict(header.metadata),
-        scalars=scalars,
-        groups=groups,
-        notes=notes,
-        dtype_notes=dtype_notes,
+        path=contents.path,
+        file_size=contents.file_size,
+        tensors=contents.tensors,
+        metadata=contents.metadata,
+        scalars=contents.scalars,
+        groups=contents.groups,
+        notes=contents.notes,
+        dtype_notes=contents.dtype_notes,
         req_to_token=table,
         req_pool_indices=_require(small("req_pool_indices")),
         prefix_lens=_require(small("prefix_lens")),
@@ -460,10 +551,10 @@ def _build(
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
         ),
-        rejected_scalars=rejected,
-        canary_buffers=canary,
-        real_kv_sources=real_kv,
-        shrink=shrink,
+        rejected_scalars=contents.rejected_scalars,
+        canary_buffers={n: b for n, b in canary.items() if b is not None},
+        real_kv_sources={n: b for n, b in real_kv.items() if b is not None},
+        shrink=contents.shrink,
         free_domain=_free_domain(table, lut, arrays.get("violation_ring"), ring_index),
     )
 
@@ -490,15 +581,14 @@ def _free_domain(
 
 
 def _check_live_ranges_kept(
-    table: SparseArray, rpi: torch.Tensor, prefix: torch.Tensor, extend: torch.Tensor
+    table: SparseArray, rp: np.ndarray, prefix: np.ndarray, extend: np.ndarray
 ) -> None:
     """A shrunk dump keeps every batch row's live cells (`kvcanary shrink` does): then the
     analysis, whose work follows the live ranges, is bounded by what the file stores and not
     by the original shape it claims."""
     rows, width = int(table.shape[0]), int(table.shape[1])
-    rp = rpi.numpy()
     row = np.where(rp < 0, rp + rows, rp)  # where Python indexing (the reference) reads
-    live = np.minimum(prefix.numpy().clip(min=0) + extend.numpy().clip(min=0), width)
+    live = np.minimum(prefix.clip(0, width) + extend.clip(0, width), width)
     reads = (rp != 0) & (row >= 0) & (row < rows) & (live > 0)
     start = row[reads] * width
     kept = table.kept_before(start + live[reads]) - table.kept_before(start)

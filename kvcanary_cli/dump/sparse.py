@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-import torch
 
 from kvcanary_cli.canary.constants import LaunchTag
 from kvcanary_cli.errors import TensorShapeError
@@ -128,8 +128,20 @@ class SparseArray:
         return flat[(flat >= lo) & (flat < hi)]
 
 
-#: A tensor of a dump as analysis sees it: dense (memory-mapped) or sparse (shrunk dumps).
-Stored = torch.Tensor | SparseArray
+if TYPE_CHECKING:
+    import torch
+
+    #: A tensor of a dump as analysis sees it: dense (memory-mapped) or sparse (shrunk dumps).
+    Stored: TypeAlias = torch.Tensor | SparseArray
+
+
+def __getattr__(name: str) -> object:
+    """`Stored` at run time: torch is imported only by those who ask for it (not `inspect`)."""
+    if name == "Stored":
+        import torch
+
+        return torch.Tensor | SparseArray
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_sparse(array: object) -> bool:
@@ -139,6 +151,8 @@ def is_sparse(array: object) -> bool:
 
 def take(array: Stored, flat: torch.Tensor) -> torch.Tensor:
     """int64 values at flat indices inside the array; elements not kept read as 0."""
+    import torch
+
     if isinstance(array, torch.Tensor):
         return array.reshape(-1)[flat].to(torch.int64)
     values, _ = array.take(flat.numpy())
@@ -148,6 +162,8 @@ def take(array: Stored, flat: torch.Tensor) -> torch.Tensor:
 def take_known(array: Stored | np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int64 values at flat indices inside the array, and which of them are known (all, for a
     dense array)."""
+    import torch
+
     if isinstance(array, SparseArray):
         return array.take(flat)
     data = array.numpy() if isinstance(array, torch.Tensor) else array
@@ -171,6 +187,8 @@ def dense(array: Stored) -> torch.Tensor:
 
 def element(array: Stored, index: int) -> int:
     """One element of a 1-D array (negative: from the end); 0 when not kept."""
+    import torch
+
     length = int(array.shape[0])
     at = index + length if index < 0 else index
     if isinstance(array, torch.Tensor):
@@ -209,6 +227,8 @@ def find_cells(
 
 def where_equal(vector: Stored, wanted: np.ndarray, *, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices `i < stop` (in order) whose element is one of `wanted`, and those elements."""
+    import torch
+
     wanted = np.asarray(wanted, dtype=np.int64)
     if isinstance(vector, SparseArray):
         index = vector.flat_indices(0, stop)

@@ -241,13 +241,13 @@ def clean_dump(tmp_path: Path) -> Path:
 def _truncate_before_tensors(monkeypatch: pytest.MonkeyPatch, path: Path, size: int) -> None:
     """Shrink the file to `size` bytes once its header is read and checked, just before the
     loader reads the tensors (as another process rewriting the dump in place would)."""
-    real = loader._build
+    real = loader._read_contents
 
-    def truncate_then_build(header: SafetensorsHeader, *args: Any) -> loader.KvDump:
+    def truncate_then_read(header: SafetensorsHeader, *args: Any) -> loader.DumpContents:
         os.truncate(path, size)
         return real(header, *args)
 
-    monkeypatch.setattr(loader, "_build", truncate_then_build)
+    monkeypatch.setattr(loader, "_read_contents", truncate_then_read)
 
 
 @pytest.mark.parametrize("keep", [0, 100, -1])
