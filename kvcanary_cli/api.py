@@ -86,15 +86,23 @@ def provenance(
     """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
     optionally limited to `positions` [start, end)), with the findings touching it."""
     from kvcanary_cli.analysis.check import run_check
+    from kvcanary_cli.analysis.focus import focused_findings
     from kvcanary_cli.analysis.query import row_map, slot_query
     from kvcanary_cli.dump.loader import load_dump
 
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
     dump = load_dump(path, overrides=overrides)
-    report = run_check(dump, reference=make_planner(Backend.TORCH), kernel=None)
+    reference = make_planner(Backend.TORCH)
+    if slot is not None and space == "full":
+        # only the batch rows that hold (or write) the slot: its findings, not the diagnosis
+        found = focused_findings(dump, slot, reference=reference)
+        return slot_query(dump, found, slot, space=space, group=group, max_cells=max_cells)
+    report = run_check(dump, reference=reference, kernel=None)
     if slot is not None:
-        return slot_query(dump, report, slot, space=space, group=group, max_cells=max_cells)
+        return slot_query(
+            dump, list(report.findings), slot, space=space, group=group, max_cells=max_cells
+        )
     assert row is not None
     return row_map(dump, report, row, group=group, positions=positions, max_cells=max_cells)
 

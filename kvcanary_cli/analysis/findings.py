@@ -28,9 +28,10 @@ __all__ = [
     "plan_findings",
     "slot_findings",
     "swa_findings",
+    "write_findings",
 ]
 
-#: More one-cell records than this of one code, cause and slot become one spread record.
+#: More one-cell records than this of one code and slot become one spread record.
 SLOT_SPREAD = 16
 
 
@@ -319,7 +320,7 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
             lambda i: f"live slot {slot[i]} is on the allocator's free list (use after free)",
             run_what="slots on the allocator's free list (use after free)",
         )
-    found.extend(_writes_to_live(dump, cells))
+    found.extend(write_findings(dump, cells))
     return found
 
 
@@ -462,7 +463,7 @@ def _first_per_group(group_of: np.ndarray, candidates: np.ndarray, k: int) -> np
     return np.sort(ordered[rank < k])
 
 
-def _writes_to_live(dump: KvDump, cells: LiveCells) -> list[Finding]:
+def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     """Slots written this step that are already live for another (row, position)."""
     loc = dump.out_cache_loc
     if loc is None:
@@ -760,7 +761,7 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
 
 
 def merge_spread(findings: list[Finding]) -> list[Finding]:
-    """One record per (code, group, slot, cause) that has more than `SLOT_SPREAD` one-cell
+    """One record per (code, group, slot) that has more than `SLOT_SPREAD` one-cell
     records: one slot aliased over a thousand rows is one problem, reported once with its
     count and a sample of its cells (its provenance lists where it lives). Records that mark
     a raise stay apart, so the report still points at the exact cell."""
@@ -773,7 +774,9 @@ def merge_spread(findings: list[Finding]) -> list[Finding]:
             and not f.first_raise
             and "upstream_raise" not in f.details
         ):
-            key = (f.code, f.group, f.space, f.slot, f.cause, f.assumes)
+            # not the cause: one slot's cells of one code are one problem, and `provenance`
+            # (which has no diagnosis) must merge them the way `check` does
+            key = (f.code, f.group, f.space, f.slot, f.assumes)
             groups.setdefault(key, []).append(i)
     merged: dict[int, Finding] = {}
     dropped: set[int] = set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -35,7 +37,7 @@ _EDGE = 16
 
 def slot_query(
     dump: KvDump,
-    report: DumpReport,
+    findings: Sequence[Finding],
     slot: int,
     *,
     space: str = "full",
@@ -56,7 +58,7 @@ def slot_query(
     frame = group_frame(dump, group or ("swa" if space == "swa" else "full"))
     if space == "swa":
         sources = full_slots_mapping_to(dump, [slot])[slot]
-        clamped = clamped_sources(dump, report.findings) if slot == clamp_target(dump) else ()
+        clamped = clamped_sources(dump, findings) if slot == clamp_target(dump) else ()
         index = ProvenanceIndex(dump, (*sources, *clamped), max_cells=max_cells)
         provenance = swa_provenance(dump, index, slot, sources, frame, clamped_from=clamped)
         sources = (*sources, *clamped)
@@ -66,7 +68,7 @@ def slot_query(
         sources = (slot,)
     touching = tuple(
         f
-        for f in report.findings
+        for f in findings
         if f.slot is not None
         and (
             (f.space == space and f.slot == slot)

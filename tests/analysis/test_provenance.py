@@ -34,7 +34,7 @@ def test_radix_shared_slot_shows_both_rows_as_shared(tmp_path) -> None:  # type:
     dump = _tiny_shared(tmp_path)
     report = checked(dump, kernel="torch")
     assert report.findings == ()  # legitimate sharing is not a finding
-    answer = slot_query(dump, report, 6)
+    answer = slot_query(dump, report.findings, 6)
     assert answer.slot is not None
     cells = {(c.pool_row, c.position): c for c in answer.slot.cells}
     assert set(cells) == {(1, 1), (2, 1)}
@@ -45,7 +45,7 @@ def test_radix_shared_slot_shows_both_rows_as_shared(tmp_path) -> None:  # type:
 
 def test_stale_copy_in_idle_row_is_labelled(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
-    answer = slot_query(dump, checked(dump, kernel="none"), 7)
+    answer = slot_query(dump, checked(dump, kernel="none").findings, 7)
     assert answer.slot is not None
     roles = {(c.pool_row, c.position): c.role for c in answer.slot.cells}
     assert roles == {(1, 2): "verify", (3, 0): "idle-row"}
@@ -68,7 +68,7 @@ def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-unt
     report = checked(aliased, kernel="torch")
     (finding,) = [f for f in report.findings if f.code.value == "slot-shared-across-positions"]
     assert finding.slot == 8
-    answer = slot_query(aliased, report, 8)
+    answer = slot_query(aliased, report.findings, 8)
     assert answer.slot is not None
     assert {(c.pool_row, c.position) for c in answer.slot.cells} == {(1, 3), (2, 2)}
     assert not any(c.shared for c in answer.slot.cells)
@@ -93,10 +93,10 @@ def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type
     dump = load_dump(path)
     report = checked(dump, kernel="torch")
     assert {f.code.value for f in report.findings} == {"swa-slot-collision"}
-    answer = slot_query(dump, report, 7, space="swa")
+    answer = slot_query(dump, report.findings, 7, space="swa")
     assert answer.slot is not None and answer.slot.mapped_from == (3, 4)
     assert {(c.pool_row, c.position) for c in answer.slot.cells} == {(1, 2), (1, 3)}
-    full = slot_query(dump, report, 3)
+    full = slot_query(dump, report.findings, 3)
     assert full.slot is not None and full.slot.swa_slot == 7
 
 
@@ -147,7 +147,7 @@ def test_slot_provenance_lists_its_ring_rows_and_records(tmp_path: Path) -> None
     synth = make_scenario("canary-use-after-free", seed=1)
     dump = load_dump(synth.save(tmp_path / "uaf.safetensors"))
     slot = synth.truth["slot"]
-    answer = slot_query(dump, checked(dump, kernel="torch"), slot)
+    answer = slot_query(dump, checked(dump, kernel="torch").findings, slot)
     assert answer.slot is not None
     assert [v.index for v in answer.slot.violations] == [0, 2]  # HEAD_K then TAIL_K
     assert all(v.fields[1] == slot for v in answer.slot.violations)

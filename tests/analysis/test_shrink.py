@@ -98,20 +98,20 @@ def test_provenance_on_the_small_dump_covers_what_was_kept(tmp_path: Path) -> No
     finding = next(f for f in checked(big).findings if f.code.value == "freed-slot-in-live-range")
     assert finding.slot is not None and finding.pool_row is not None
     for dump in (big, little):
-        answer = slot_query(dump, checked(dump), finding.slot)
+        answer = slot_query(dump, checked(dump).findings, finding.slot)
         assert answer.slot is not None and answer.slot.allocator == "free"
         row = row_map(dump, checked(dump), finding.pool_row)
         assert row.row is not None
         marked = [c.position for c in row.row.cells if c.marks]
         assert marked == [finding.position]
-    assert slot_query(little, checked(little), finding.slot).shrink is not None
+    assert slot_query(little, checked(little).findings, finding.slot).shrink is not None
     # A slot nothing in the batch holds: the small dump does not know its allocator state.
     free = big.free_full_slots
     assert free is not None
     held = set(np.unique(dense(big.req_to_token).numpy()).tolist())
     stranger = next(int(s) for s in free.tolist() if int(s) not in held)
     for dump, state in ((big, "free"), (little, "unknown (not kept)")):
-        traced = slot_query(dump, checked(dump), stranger).slot
+        traced = slot_query(dump, checked(dump).findings, stranger).slot
         assert traced is not None and traced.allocator == state
 
 

@@ -303,7 +303,7 @@ _SHRINK_AFTER_LOAD = textwrap.dedent(
     os.truncate(path, 0)  # another process rewrites the dump in place
     report = run_check(dump, reference=TorchPlanner(), kernel=TorchPlanner(semantics=Semantics.GPU))
     slot = int(dump.req_to_token[int(dump.req_pool_indices[0]), 0])
-    slot_query(dump, report, slot, space="full", group=None, max_cells=64)
+    slot_query(dump, report.findings, slot, space="full", group=None, max_cells=64)
     row_map(dump, report, int(dump.req_pool_indices[0]), group=None, positions=None, max_cells=64)
     print(len(report.findings), "findings")
     """

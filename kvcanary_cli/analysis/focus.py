@@ -1,0 +1,123 @@
+"""The findings at one full slot, without checking the whole batch (`provenance --slot`).
+
+Every symptom at a slot's cells depends only on the batch rows that hold the slot or a full
+slot sharing its SWA slot: a repeat within a row, the same slot at other positions, a
+free-list entry, a LUT read past its end, a canary record, an SWA collision. So
+`focused_findings` checks a view of the dump whose other batch rows are padding, and keeps the
+findings touching the slot. Writes through `out_cache_loc` are the exception: the whole
+batch's rows lay that tensor out, so they are read against the whole dump. The result is the
+findings `check` reports there (tests/analysis/test_focus.py compares them on every synth
+scenario), at a fraction of the work on a production batch.
+
+What it does not give is what needs the whole batch: the diagnosis (a cause weighs evidence
+from every row) and where SGLang's reference raises first (an earlier row may raise). Those
+fields are left empty (`cause` None, `first_raise` False); `check` has them. When the whole
+batch decides more than that (a group with more verify entries than the table can supply, a
+verify-capacity overflow, a pool row outside the table), the whole dump is checked instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+import numpy as np
+
+from kvcanary_cli.analysis.check import attach_provenance, collect_findings
+from kvcanary_cli.analysis.findings import merge_spread, write_findings
+from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.provenance import (
+    LiveCells,
+    SlotSet,
+    full_slots_mapping_to,
+    live_cells,
+)
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.sparse import element
+from kvcanary_cli.planners.base import Planner
+from kvcanary_cli.planners.frame import group_frame
+
+__all__ = ["focused_findings", "related_slots", "touches"]
+
+
+def related_slots(dump: KvDump, slot: int) -> tuple[int, ...]:
+    """`slot` and the full slots sharing its SWA slot (their collisions name it)."""
+    lut = dump.full_to_swa_index_mapping
+    if lut is None or not 0 <= slot < int(lut.shape[0]) - 1:
+        return (slot,)
+    swa = element(lut, slot)
+    if swa <= 0:
+        return (slot,)
+    return tuple(sorted({slot, *full_slots_mapping_to(dump, [swa])[swa]}))
+
+
+def focused_findings(dump: KvDump, slot: int, *, reference: Planner) -> list[Finding]:
+    """The findings `check --kernel none` reports that touch full slot `slot` (its cells,
+    and SWA findings naming it), with their provenance, before the diagnosis: no cause and
+    no first-raise mark."""
+    related = related_slots(dump, slot)
+    if _needs_whole_batch(dump, related):
+        found = collect_findings(dump, reference=reference, kernel=None).findings
+    else:
+        cells = live_cells(dump)
+        view = _rows_holding(dump, cells, related)
+        found = [
+            f
+            for f in collect_findings(view, reference=reference, kernel=None).findings
+            if f.code is not FindingCode.WRITE_TO_LIVE_SLOT
+        ]
+        # out_cache_loc is laid out by the whole batch's rows: its writes are read there
+        found += write_findings(dump, cells)
+    touching = [f for f in found if touches(f, slot)]
+    # provenance from the whole dump: a masked row's stale tail is still a stale tail
+    return sorted(merge_spread(attach_provenance(dump, touching)), key=Finding.order_key)
+
+
+def touches(finding: Finding, slot: int) -> bool:
+    """The finding is at a cell of full slot `slot`, or an SWA finding naming it."""
+    if finding.slot is None:
+        return False
+    if finding.space == "full":
+        return finding.slot == slot
+    return slot in _full_slots(finding)
+
+
+def _needs_whole_batch(dump: KvDump, related: tuple[int, ...]) -> bool:
+    """Whether rows other than those holding the slots can change the findings at them: a
+    group decided by the whole batch (overflow, more entries than the table supplies), a pool
+    row outside the table (REF wraps a negative one onto another row), or more full slots
+    sharing the SWA slot than `related_slots` lists."""
+    rpi = dump.req_pool_indices
+    outside = bool(((rpi != 0) & ((rpi < 0) | (rpi >= dump.max_reqs))).any())
+    return (
+        outside
+        or len(related) >= _RELATED_LIMIT
+        or any(
+            (frame := group_frame(dump, group)).unplannable is not None or frame.overflow
+            for group in dump.groups
+        )
+    )
+
+
+#: `full_slots_mapping_to`'s limit: at this many, some sharing full slots may be missing.
+_RELATED_LIMIT = 64
+
+
+def _rows_holding(dump: KvDump, cells: LiveCells, slots: Iterable[int]) -> KvDump:
+    """`dump` with every batch row that does not hold one of `slots` in its live `cells`
+    made padding (`req_pool_indices` 0): planners and detectors skip padding rows."""
+    wanted = SlotSet(np.asarray(list(slots), dtype=np.int64))
+    held = np.unique(cells.pool_row[wanted.contains(cells.slot)])
+    rpi = dump.req_pool_indices.numpy()
+    keep = np.isin(rpi, held) & (rpi != 0)
+    masked = dump.req_pool_indices.clone()
+    masked[~keep] = 0
+    return replace(dump, req_pool_indices=masked)
+
+
+def _full_slots(finding: Finding) -> tuple[int, ...]:
+    details = finding.details
+    full = details.get("full_slots", details.get("full_slot"))
+    if isinstance(full, list):
+        return tuple(int(s) for s in full)
+    return (int(full),) if isinstance(full, int) else ()

@@ -1,0 +1,92 @@
+"""`provenance --slot` checks only the batch rows that hold or write the slot: the findings at
+the slot must be exactly those the whole check finds there (before the diagnosis)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.analysis.check import attach_provenance, collect_findings
+from kvcanary_cli.analysis.findings import merge_spread
+from kvcanary_cli.analysis.focus import _rows_holding, focused_findings, related_slots, touches
+from kvcanary_cli.analysis.model import Finding
+from kvcanary_cli.analysis.provenance import live_cells
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from tests.helpers import TORCH
+
+
+def _key(f: Finding) -> tuple[object, ...]:
+    prov = None if f.provenance is None else (f.provenance.cells, f.provenance.cells_total)
+    return (
+        f.code,
+        f.group,
+        f.slot,
+        f.space,
+        f.batch_row,
+        f.pool_row,
+        f.position,
+        f.role,
+        f.cells,
+        f.spread,
+        f.message,
+        json.dumps(f.details, sort_keys=True, default=str),
+        prov,
+    )
+
+
+def whole_check(dump: KvDump, slot: int) -> list[Finding]:
+    """What the whole batch's check finds at `slot`, before the diagnosis, merged likewise."""
+    found = collect_findings(dump, reference=TORCH, kernel=None).findings
+    touching = [f for f in found if touches(f, slot)]
+    return sorted(merge_spread(attach_provenance(dump, touching)), key=Finding.order_key)
+
+
+def slots_to_try(dump: KvDump, found: list[Finding], rng: np.random.Generator) -> set[int]:
+    slots = {f.slot for f in found if f.slot is not None and f.space == "full"}
+    for f in found:
+        full = f.details.get("full_slots", f.details.get("full_slot"))
+        slots.update(full if isinstance(full, list) else [full] if isinstance(full, int) else [])
+    live = np.unique(live_cells(dump).slot)
+    if live.size:
+        slots.update(int(s) for s in rng.choice(live, size=min(4, live.size), replace=False))
+    return {int(s) for s in slots}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_focused_findings_equal_the_whole_check(name: str, seed: int, tmp_path: Path) -> None:
+    dump = load_dump(make_scenario(name, seed=seed).save(tmp_path / "d.safetensors"))
+    everything = collect_findings(dump, reference=TORCH, kernel=None).findings
+    for slot in sorted(slots_to_try(dump, everything, np.random.default_rng(seed))):
+        expected = [_key(f) for f in whole_check(dump, slot)]
+        got = [_key(f) for f in focused_findings(dump, slot, reference=TORCH)]
+        assert got == expected, (name, seed, slot)
+
+
+def test_the_view_keeps_only_rows_that_hold_the_slot(tmp_path: Path) -> None:
+    dump = load_dump(make_scenario("cross-request-aliasing", seed=1).save(tmp_path / "d"))
+    cells = live_cells(dump)
+    slot = int(cells.slot[cells.slot > 0][0])
+    view = _rows_holding(dump, cells, related_slots(dump, slot))
+    kept = set(view.req_pool_indices[view.req_pool_indices != 0].tolist())
+    holders = set(cells.pool_row[cells.slot == slot].tolist())
+    assert holders <= kept
+    assert len(kept) < int((dump.req_pool_indices != 0).sum())  # the point: fewer rows
+
+
+def test_provenance_shows_no_diagnosis(tmp_path: Path) -> None:
+    from kvcanary_cli import api
+
+    path = make_scenario("use-after-free", seed=1).save(tmp_path / "d.safetensors")
+    report = api.check(path, kernel="none")
+    finding = next(f for f in report.dumps[0].findings if f.slot is not None)
+    answer = api.provenance(path, slot=finding.slot)
+    assert [replace(f, cause=None, first_raise=False).code for f in answer.findings] == [
+        finding.code
+    ]
+    assert all(f.cause is None and not f.first_raise for f in answer.findings)
