@@ -32,6 +32,8 @@ class ChildRun:
     seconds: float
     peak_rss_bytes: int
     exit_code: int
+    #: stopped at the time limit: `seconds` is a lower bound.
+    timed_out: bool
     #: bytes it wrote to standard output (kept only when asked for).
     stdout_bytes: int
     stdout: str
@@ -53,38 +55,56 @@ def kvcanary(*args: str) -> list[str]:
 #: Runs the measured command from a small process (`python -S -I`, about 8 MiB): the peak RSS a
 #: child inherits at exec is that of the process that spawned it, so a child spawned by the
 #: benchmark itself (torch loaded, dumps built) would report the benchmark's peak instead.
+#: A positive limit (seconds) kills the command when it runs past it.
 _LAUNCHER = """
-import os, sys, time
+import os, signal, sys, time
+out, limit, argv = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 start = time.perf_counter()
-pid = os.posix_spawn(sys.argv[2], sys.argv[2:], os.environ)
+pid = os.posix_spawn(argv[0], argv, os.environ)
+stopped = []
+def stop(*_):
+    stopped.append(1)
+    os.kill(pid, signal.SIGKILL)
+if limit > 0:
+    signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, limit)
 _, status, usage = os.wait4(pid, 0)
 seconds = time.perf_counter() - start
 code = os.waitstatus_to_exitcode(status)
-with open(sys.argv[1], "w") as f:
-    f.write(f"{seconds} {usage.ru_maxrss} {code}")
+with open(out, "w") as f:
+    f.write(f"{seconds} {usage.ru_maxrss} {code} {len(stopped)}")
 """
 
 
 def run_child(
-    argv: list[str], *, keep_stdout: bool = False, ok: tuple[int, ...] = (0, 1)
+    argv: list[str],
+    *,
+    keep_stdout: bool = False,
+    ok: tuple[int, ...] = (0, 1),
+    timeout: float = 0,
 ) -> ChildRun:
-    """Run `argv` (argv[0] a path) to completion: wall time, peak RSS (ru_maxrss of the child
-    alone) and exit code; its stdout goes to a scratch file (counted, kept if asked)."""
+    """Run `argv` (argv[0] a path) to completion, or until `timeout` seconds (0: none): wall
+    time, peak RSS (ru_maxrss of the child alone) and exit code; its stdout goes to a scratch
+    file (counted, kept if asked)."""
     with tempfile.TemporaryDirectory(prefix="kvcanary-bench-") as tmp:
         out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
         measured = Path(tmp) / "measured"
-        launcher = [sys.executable, "-S", "-I", "-c", _LAUNCHER, str(measured), *argv]
+        launcher = [sys.executable, "-S", "-I", "-c", _LAUNCHER, str(measured), str(timeout)]
         with out_path.open("wb") as out, err_path.open("wb") as err:
-            subprocess.run(launcher, stdout=out, stderr=err, env=child_env(), cwd=ROOT, check=True)
-        seconds, maxrss, code = measured.read_text().split()
+            subprocess.run(
+                [*launcher, *argv], stdout=out, stderr=err, env=child_env(), cwd=ROOT, check=True
+            )
+        seconds, maxrss, code, stopped = measured.read_text().split()
         stderr = err_path.read_text(errors="replace")
-        if int(code) not in ok:
+        timed_out = stopped == "1"
+        if int(code) not in ok and not timed_out:
             tail = "\n".join(stderr.splitlines()[-20:])
             raise RuntimeError(f"{' '.join(argv)} exited {code}:\n{tail}")
         return ChildRun(
             seconds=float(seconds),
             peak_rss_bytes=int(maxrss) * 1024,  # KiB on Linux
             exit_code=int(code),
+            timed_out=timed_out,
             stdout_bytes=out_path.stat().st_size,
             stdout=out_path.read_text(errors="replace") if keep_stdout else "",
             stderr=stderr,

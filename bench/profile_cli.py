@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import argparse  # noqa: E402
 import pstats  # noqa: E402
 import re  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 from dumps import CLEAN, SHAPES, TRUNCATED, BenchDump, default_cache, ensure_dumps  # noqa: E402
 from procs import ROOT, run_child  # noqa: E402
@@ -57,14 +58,44 @@ def short(where: tuple[str, int, str]) -> str:
     return f"{path}:{line}({name})"
 
 
-def top(stats: pstats.Stats, key: int, count: int) -> list[str]:
-    """The `count` biggest entries by `key` (2: own time, 3: cumulative) as aligned lines."""
+#: Frames every command passes through (start-up, typer) and the import machinery (its total
+#: is in the header): left out of the list of everything by cumulative time.
+_WRAPPERS = re.compile(
+    r"^(<string>|<frozen runpy>|<frozen importlib|typer/|kvcanary_cli/__main__\.py"
+    r"|<built-in method builtins\.(exec|__import__)>)"
+)
+
+
+def top(stats: pstats.Stats, key: int, count: int, keep: Callable[[str], bool]) -> list[str]:
+    """The `count` biggest entries by `key` (2: own time, 3: cumulative) whose name passes
+    `keep`, as aligned lines."""
     table = stats.stats  # type: ignore[attr-defined]
-    rows = sorted(table.items(), key=lambda item: item[1][key], reverse=True)[:count]
+    rows = sorted(table.items(), key=lambda item: item[1][key], reverse=True)
     lines = [f"{'calls':>10} {'own s':>8} {'cum s':>8}  function"]
     for where, (_, calls, own, cumulative, _) in rows:
-        lines.append(f"{calls:10d} {own:8.3f} {cumulative:8.3f}  {short(where)}")
+        name = short(where)
+        if keep(name):
+            lines.append(f"{calls:10d} {own:8.3f} {cumulative:8.3f}  {name}")
+        if len(lines) > count:
+            break
     return lines
+
+
+def summarize(target: Path, count: int) -> list[str]:
+    """A profile's import time and its top entries: kvcanary's own functions and everything
+    by cumulative time, everything by own time."""
+    stats = pstats.Stats(str(target))
+    table = stats.stats  # type: ignore[attr-defined]
+    imports = max((v[3] for k, v in table.items() if k[2] == "_find_and_load"), default=0.0)
+    return [
+        f"   {stats.total_tt:.1f}s profiled, of which imports {imports:.1f}s",  # type: ignore[attr-defined]
+        "-- kvcanary_cli by cumulative time",
+        *top(stats, 3, count, lambda n: n.startswith("kvcanary_cli/")),
+        "-- everything by cumulative time (start-up and CLI wrappers left out)",
+        *top(stats, 3, count, lambda n: not _WRAPPERS.search(n)),
+        "-- everything by own time",
+        *top(stats, 2, count, lambda n: True),
+    ]
 
 
 def profile(dump: BenchDump, command: list[str], out: Path, count: int) -> str:
@@ -76,17 +107,13 @@ def profile(dump: BenchDump, command: list[str], out: Path, count: int) -> str:
     done = run_child(
         [sys.executable, "-m", "cProfile", "-o", str(target), "-m", "kvcanary_cli", *args]
     )
-    stats = pstats.Stats(str(target))
-    total = stats.total_tt  # type: ignore[attr-defined]
     head = (
         f"== kvcanary {' '.join(command)}  [{dump.info['size']} {dump.variant}]  exit "
-        f"{done.exit_code}, {done.seconds:.1f}s wall under cProfile ({total:.1f}s profiled), "
-        f"peak RSS {done.peak_rss_bytes / 2**20:.0f} MiB, stdout "
-        f"{done.stdout_bytes / 2**20:.1f} MiB\n   {target}"
+        f"{done.exit_code}, {done.seconds:.1f}s wall under cProfile, peak RSS "
+        f"{done.peak_rss_bytes / 2**20:.0f} MiB, stdout {done.stdout_bytes / 2**20:.1f} MiB\n"
+        f"   {target}"
     )
-    parts = [head, "-- by cumulative time", *top(stats, 3, count)]
-    parts += ["-- by own time", *top(stats, 2, count)]
-    return "\n".join(parts)
+    return "\n".join([head, *summarize(target, count)])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,8 +128,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=25, help="entries per list")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument("--cache", type=Path, default=default_cache())
+    parser.add_argument(
+        "--summarize", type=Path, nargs="+", metavar="PROF", help="only summarize .prof files"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="kvcanary COMMAND [ARGS]")
     args = parser.parse_args(argv)
+    if args.summarize:
+        for target in args.summarize:
+            print("\n".join([f"== {target}", *summarize(target, args.top)]), end="\n\n")
+        return
     if args.standard == bool(args.command):
         parser.error("give a kvcanary command, or --standard")
     variants = [CLEAN, TRUNCATED] if args.standard else [TRUNCATED if args.truncated_lut else CLEAN]

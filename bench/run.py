@@ -101,9 +101,14 @@ class Command:
     extra: dict[str, list[float]] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
-    def run(self) -> None:
-        done = run_child(self.argv, keep_stdout=self.parse is not None)
+    def run(self, timeout: float) -> None:
+        """One more run; none after a run that hit the time limit (it is a bound already)."""
+        if any(r.timed_out for r in self.runs):
+            return
+        done = run_child(self.argv, keep_stdout=self.parse is not None, timeout=timeout)
         self.runs.append(done)
+        if done.timed_out:
+            return
         if self.parse is not None:
             for key, value in self.parse(done.stdout).items():
                 self.extra.setdefault(key, []).append(value)
@@ -116,6 +121,8 @@ class Command:
             "peak_rss_bytes": summary([float(r.peak_rss_bytes) for r in self.runs]),
             "exit_codes": sorted({r.exit_code for r in self.runs}),
             "stdout_bytes": self.runs[-1].stdout_bytes,
+            # True: stopped at --timeout; its seconds (and its ratios) are lower bounds.
+            "timed_out": any(r.timed_out for r in self.runs),
         }
         out.update(self.info)
         return out
@@ -142,6 +149,9 @@ class Bench:
             return None
         return float(record[key]["median"])
 
+    def timed_out(self, name: str) -> bool:
+        return bool(self.metrics.get(name, {}).get("timed_out"))
+
 
 def _describe(record: dict[str, Any]) -> str:
     if "skipped" in record:
@@ -152,6 +162,8 @@ def _describe(record: dict[str, Any]) -> str:
         parts.append(f"{s['min']:8.3f} {s['median']:8.3f} {s['max']:8.3f} s")
     elif "imports" in record:
         parts.append(", ".join(f"{k} {'yes' if v else 'no'}" for k, v in record["imports"].items()))
+    if record.get("timed_out"):
+        parts.append("TIMED OUT (a lower bound)")
     if "peak_rss_bytes" in record:
         parts.append(f"rss {record['peak_rss_bytes']['median'] / 2**20:6.0f} MiB")
     if "output_bytes" in record:
@@ -277,7 +289,7 @@ def cold_runs(bench: Bench, dump: BenchDump, slot: int) -> None:
     for name, argv in runs:
         evict(dump.path)
         before = resident_bytes(dump.path, dump.table_offset, dump.table_bytes)
-        done = run_child(argv)
+        done = run_child(argv, timeout=bench.args.timeout)
         touched = resident_bytes(dump.path, dump.table_offset, dump.table_bytes)
         bench.add(
             name,
@@ -293,6 +305,7 @@ def cold_runs(bench: Bench, dump: BenchDump, slot: int) -> None:
                 "table_bytes": dump.table_bytes,
                 "batch_table_bytes": dump.info["batch_table_bytes"],
                 "rss_above_table_touched_bytes": done.peak_rss_bytes - touched,
+                "timed_out": done.timed_out,
             },
         )
 
@@ -378,40 +391,45 @@ def floor_gather(bench: Bench, dump: KvDump, repeat: int) -> None:
 # --- ratios ------------------------------------------------------------------------------------
 
 
-def ratios(bench: Bench, main: str) -> dict[str, Any]:
-    """The figures the targets are stated in (None where this run lacks a side)."""
+def ratios(bench: Bench, main: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The figures the targets are stated in (None where this run lacks a side), and which of
+    them are bounds ('>=' or '<=') because a side hit --timeout."""
     m = bench.median
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None or b == 0 else a / b
-
     out: dict[str, Any] = {}
-    sglang = m("sglang.both")
+    bounds: dict[str, str] = {}
+
+    def ratio(key: str, a: str, b: str) -> None:
+        top, bottom = m(a), m(b)
+        out[key] = None if top is None or bottom is None or bottom == 0 else top / bottom
+        over, under = bench.timed_out(a), bench.timed_out(b)
+        if out[key] is not None and over != under:
+            bounds[key] = ">=" if over else "<="
+        elif out[key] is not None and over:
+            bounds[key] = "?"
+
     for kernel in KERNELS:
-        out[f"sglang_reference_over_check_{kernel}"] = ratio(sglang, m(f"check.clean.{kernel}"))
-    out["sglang_process_over_check_triton"] = ratio(m("sglang.process"), m("check.clean.triton"))
+        ratio(f"sglang_reference_over_check_{kernel}", "sglang.both", f"check.clean.{kernel}")
+    ratio("sglang_process_over_check_triton", "sglang.process", "check.clean.triton")
     if main != CLEAN:
-        truncated = m(f"check_json.{main}.triton")
-        out["truncated_json_over_clean_check"] = ratio(truncated, m("check.clean.triton"))
-        out["truncated_json_over_clean_json"] = ratio(truncated, m("check_json.clean.triton"))
-        out["truncated_check_over_clean_check"] = ratio(
-            m(f"check.{main}.triton"), m("check.clean.triton")
-        )
+        json_main = f"check_json.{main}.triton"
+        ratio("truncated_json_over_clean_check", json_main, "check.clean.triton")
+        ratio("truncated_json_over_clean_json", json_main, "check_json.clean.triton")
+        ratio("truncated_check_over_clean_check", f"check.{main}.triton", "check.clean.triton")
     for which in ("finding", "clean"):
-        out[f"provenance_slot_{which}_over_scan"] = ratio(
-            m(f"provenance_slot.{which}"), m("floor.scan")
-        )
-    out["check_triton_over_floor_gather"] = ratio(m(f"check.{main}.triton"), m("floor.gather"))
+        ratio(f"provenance_slot_{which}_over_scan", f"provenance_slot.{which}", "floor.scan")
+    ratio("check_triton_over_floor_gather", f"check.{main}.triton", "floor.gather")
     for name in ("cold.check_json", "cold.provenance_slot"):
         record = bench.metrics.get(name)
         key = name.replace("cold.", "") + "_rss_above_table_touched_gib"
         out[key] = None if record is None else record["rss_above_table_touched_bytes"] / GiB
+        if record is not None and record["timed_out"]:
+            bounds[key] = ">="
     for name in ("help", "inspect"):
         record = bench.metrics.get(f"imports.{name}")
         for module in ("torch", "triton"):
             out[f"{name}_imports_{module}"] = None if record is None else record["imports"][module]
     out["help_seconds"] = m("help")
-    return out
+    return out, bounds
 
 
 TARGETS = {
@@ -429,10 +447,11 @@ TARGETS = {
 }
 
 
-def print_ratios(values: dict[str, Any]) -> None:
-    print("\nratios (the issue's targets on the right)")
+def print_ratios(values: dict[str, Any], bounds: dict[str, str]) -> None:
+    print("\nratios (the issue's targets on the right; >= / <=: a side hit --timeout)")
     for name, value in values.items():
         shown = "n/a" if value is None else value if isinstance(value, bool) else f"{value:.3f}"
+        shown = f"{bounds.get(name, '')}{shown}"
         target = TARGETS.get(name, "")
         print(f"  {name:46} {shown!s:>10}   {target}")
 
@@ -482,6 +501,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        metavar="S",
+        help="stop a whole-process run after S seconds and count it as a lower bound, not "
+        "repeated (default: no limit)",
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=list(PARTS), metavar="PART")
     parser.add_argument(
         "--cache", type=Path, default=default_cache(), help="where the dumps are cached"
@@ -520,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
         warm(dump.path)
     for _ in range(args.repeat):  # in turn, so that drift on a noisy machine spreads evenly
         for command in repeated:
-            command.run()
+            command.run(args.timeout)
     for command in repeated:
         record = command.record()
         if command.name.startswith("check_json."):
@@ -534,8 +561,8 @@ def main(argv: list[str] | None = None) -> None:
             planners(bench, loaded, args.repeat)
         if bench.wants("floor"):
             floor_gather(bench, loaded, args.repeat)
-    figures = ratios(bench, main_variant)
-    print_ratios(figures)
+    figures, bounds = ratios(bench, main_variant)
+    print_ratios(figures, bounds)
     record = {
         "schema": "kvcanary.bench/1",
         "size": args.size,
@@ -547,6 +574,7 @@ def main(argv: list[str] | None = None) -> None:
         "dumps": {variant: {**d.info, "path": str(d.path)} for variant, d in dumps.items()},
         "metrics": bench.metrics,
         "ratios": figures,
+        "ratio_bounds": bounds,
         "targets": TARGETS,
     }
     out = args.json or ROOT / "bench" / "out" / f"run-{args.size}-{main_variant}.json"
