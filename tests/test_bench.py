@@ -1,0 +1,106 @@
+"""bench/run.py runs end to end on a tiny dump and records every figure the performance targets
+are stated in. Nothing here asserts a time: timings belong to the benchmark's own output."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sglang_wheel import wheel_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Whole-process measurements (seconds and peak RSS), with --truncated-lut.
+PROCESSES = [
+    "check.truncated-lut.triton",
+    "check.truncated-lut.torch",
+    "check.truncated-lut.none",
+    "check.clean.triton",
+    "check_json.truncated-lut.triton",
+    "check_json.clean.triton",
+    "provenance_slot.finding",
+    "provenance_slot.clean",
+    "provenance_row",
+    "inspect",
+    "help",
+    "floor.scan",
+]
+#: Measured in the benchmark's own process (seconds).
+IN_PROCESS = [
+    f"planners.{group}.{planner}"
+    for group in ("full", "swa")
+    for planner in ("torch", "torch-gpu", "triton", "triton_first_call", "reference")
+] + ["floor.gather.full", "floor.gather.swa", "floor.gather"]
+SGLANG = ["sglang.process", "sglang.full", "sglang.swa", "sglang.both"]
+COLD = ["cold.check_json", "cold.provenance_slot"]
+RATIOS = [
+    "sglang_reference_over_check_triton",
+    "truncated_json_over_clean_check",
+    "truncated_json_over_clean_json",
+    "provenance_slot_finding_over_scan",
+    "provenance_slot_clean_over_scan",
+    "check_json_rss_above_table_touched_gib",
+    "provenance_slot_rss_above_table_touched_gib",
+    "help_imports_torch",
+    "help_imports_triton",
+    "inspect_imports_torch",
+    "inspect_imports_triton",
+    "help_seconds",
+]
+
+
+def _seconds(record: dict[str, Any]) -> None:
+    s = record["seconds"]
+    assert all(math.isfinite(s[k]) and s[k] >= 0 for k in ("min", "median", "max"))
+    assert s["min"] <= s["median"] <= s["max"]
+    assert len(s["samples"]) >= 1
+
+
+@pytest.mark.slow
+def test_the_benchmark_records_every_metric(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    argv = ["--size", "tiny", "--truncated-lut", "--repeat", "1", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), *argv, "--cache", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    metrics = record["metrics"]
+    for name in PROCESSES:
+        _seconds(metrics[name])
+        assert metrics[name]["peak_rss_bytes"]["median"] > 0, name
+    for name in IN_PROCESS:
+        _seconds(metrics[name])
+    for name in ("check_json.truncated-lut.triton", "check_json.clean.triton"):
+        assert metrics[name]["output_bytes"] > 0
+    # The tiny truncated dump has out-of-range slots, so check finds them (exit 1).
+    assert record["dumps"]["truncated-lut"]["queries"]["lut_out_of_range_cells"] > 0
+    assert metrics["check.truncated-lut.triton"]["exit_codes"] == [1]
+    assert metrics["check.clean.triton"]["exit_codes"] == [0]
+    for name in COLD:
+        _seconds(metrics[name])
+        assert metrics[name]["table_bytes_touched"] > 0
+    for name in ("help", "inspect"):
+        assert set(metrics[f"imports.{name}"]["imports"]) >= {"torch", "triton"}
+    sglang_here = wheel_path() is not None or importlib.util.find_spec("sglang") is not None
+    for name in SGLANG:
+        if "skipped" in metrics[name]:
+            assert not sglang_here, metrics[name]["skipped"]
+        else:
+            _seconds(metrics[name])
+    ratios = record["ratios"]
+    missing = [n for n in RATIOS if ratios.get(n) is None and not n.startswith("sglang")]
+    assert not missing
+    if sglang_here:
+        assert ratios["sglang_reference_over_check_triton"] is not None
+    assert "ratios (the issue's targets" in done.stdout
