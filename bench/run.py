@@ -498,7 +498,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--truncated-lut",
         action="store_true",
-        help=f"cut the LUT to {LUT_KEPT:.0%} of its length (the production bug)",
+        help=f"cut the LUT to {LUT_KEPT * 100:.0f} %% of its length (the production bug)",
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
     parser.add_argument("--json", type=Path, help="write the results here")

@@ -104,3 +104,16 @@ def test_the_benchmark_records_every_metric(tmp_path: Path) -> None:
     if sglang_here:
         assert ratios["sglang_reference_over_check_triton"] is not None
     assert "ratios (the issue's targets" in done.stdout
+
+
+def test_the_benchmark_explains_itself() -> None:
+    """`--help` lists the options and the parts --skip takes (argparse formats help text with
+    %, so a stray percent sign in it would turn --help into a traceback)."""
+    shown = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "--truncated-lut" in shown.stdout and "parts for --skip" in shown.stdout
