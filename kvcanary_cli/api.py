@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcanary_cli.dump.schema import SCALARS
@@ -36,7 +38,18 @@ if TYPE_CHECKING:
     from kvcanary_cli.dump.shrunk import ShrinkResult
     from kvcanary_cli.planners.base import Plan
 
-__all__ = ["check", "inspect", "plan", "provenance", "selftest", "shrink", "violations"]
+__all__ = [
+    "PlanRun",
+    "check",
+    "inspect",
+    "plan",
+    "provenance",
+    "scenarios",
+    "selftest",
+    "shrink",
+    "synth",
+    "violations",
+]
 
 PathLike = str | os.PathLike[str]
 Overrides = Mapping[str, int | str | None] | None
@@ -107,23 +120,49 @@ def provenance(
     return row_map(dump, report, row, group=group, positions=positions, max_cells=max_cells)
 
 
+@dataclass(frozen=True)
+class PlanRun:
+    """One planner's plan of one group, and why `kvcanary plan` would exit 1 after it."""
+
+    dump: KvDump
+    plan: Plan
+    #: The `kvcanary.plan/1` record; None when the planner refused the group (nothing to show).
+    record: dict[str, Any] | None
+    #: A refused group, a GPU launch the batch would fail, or where SGLang's reference would
+    #: raise (the plan goes on past it); None when the plan is clean.
+    problem: str | None
+
+
 def plan(
     path: PathLike,
-    *,
     group: str = "full",
+    *,
     backend: Backend | str = Backend.TORCH,
     strict: bool = False,
     overrides: Overrides = None,
-) -> tuple[KvDump, Plan, dict[str, Any]]:
-    """One planner's plan of one group: the dump, the `Plan`, and its `kvcanary.plan/1`
-    record. With `strict`, the reference raises `UpstreamPlanError` where SGLang's does."""
+    out: PathLike | None = None,
+    force: bool = False,
+) -> PlanRun:
+    """One planner's plan of one group, written to `out` (a plan file) when it was made and
+    would launch. With `strict`, the reference raises `UpstreamPlanError` where SGLang's does."""
     from kvcanary_cli.analysis.plan_summary import plan_record
     from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
 
     planner = make_planner(Backend(backend), strict=strict)
     dump = load_dump(path, overrides=overrides)
     result = planner.plan(dump, group)
-    return dump, result, plan_record(dump, result)
+    if result.skipped is not None:  # nothing to write or show entry by entry
+        return PlanRun(dump, result, None, f"not planned: {result.skipped}")
+    if out is not None and result.launch_error is None:
+        save_plan(out, result, dump=dump, overwrite=force)
+    problem = None
+    if result.launch_error is not None:
+        problem = f"{result.launch_error_type}: {result.launch_error}"
+    elif (raised := upstream_raise(result)) is not None:
+        marked = f"; {out} marks them in kvcanary.verify_undefined" if out else ""
+        problem = f"SGLang's reference raises here: {raised} (planned on past it{marked})"
+    return PlanRun(dump, result, plan_record(dump, result), problem)
 
 
 def inspect(path: PathLike) -> dict[str, Any]:
@@ -135,7 +174,7 @@ def inspect(path: PathLike) -> dict[str, Any]:
 
 
 def shrink(
-    path: PathLike, out: PathLike, *, overrides: Overrides = None, force: bool = False
+    path: PathLike, out: PathLike | None, *, overrides: Overrides = None, force: bool = False
 ) -> ShrinkResult:
     """Write a small dump (format 1.1) of `path` at `out`: what the analysis of `path` reads,
     in its original coordinates, with a record of the source and of what was dropped.
@@ -146,8 +185,8 @@ def shrink(
     from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.dump.shrunk import write_shrunk
 
-    if str(out) == "-":
-        raise OptionError("write the small dump to a file, not to standard output", option="--out")
+    if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
+        raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
     dump = load_dump(path, overrides=overrides)
     kernel = make_kernel(Kernel.TORCH)
     assert kernel is not None
@@ -160,6 +199,38 @@ def shrink(
     return write_shrunk(
         dump, keep, out, kvcanary_version=__version__, overrides=scalars, overwrite=force
     )
+
+
+def scenarios() -> list[str]:
+    """The `synth` scenarios, one line each: name, summary, expected finding codes."""
+    from kvcanary_cli.dump.scenarios import scenario_lines
+
+    return scenario_lines()
+
+
+def synth(
+    scenario: str | None,
+    out: PathLike | None,
+    *,
+    seed: int = 0,
+    size: str = "tiny",
+    log: PathLike | None = None,
+    force: bool = False,
+) -> str:
+    """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
+    and diagnosis in its metadata, and with `log` a kv_canary server log of its violations.
+    Returns the line saying what was written."""
+    from kvcanary_cli.canary.logs import write_scenario_log
+    from kvcanary_cli.dump.scenarios import make_scenario
+
+    if scenario is None or out is None:
+        raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
+    if log is not None and str(log) == str(out):
+        raise OptionError("names the dump's own file; give the log another name", option="--log")
+    state = make_scenario(scenario, seed=seed, size=size)
+    path = state.save(Path(out), overwrite=force)
+    logged = "" if log is None else f" and {write_scenario_log(state, log, overwrite=force)}"
+    return f"wrote {path}{logged} ({scenario}, seed {seed}, size {size})"
 
 
 def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> dict[str, Any]:

@@ -1,9 +1,7 @@
-"""The `kvcanary` command line: parse options, call the library, print, map to an exit code.
+"""The `kvcanary` command line, wiring only: options → `api` → `render` → `output`, exit code.
 
-Nothing here decides anything about dumps; it wires options → `api` (the library) → render →
-`output`. Option declarations live in `cli_options`. Heavy modules (torch) are imported inside
-the commands, so `kvcanary --help` starts fast.
-"""
+Option declarations and the error policy live in `cli_options`. `api` imports what a command
+runs when it runs, so `kvcanary --help` imports neither torch nor triton."""
 
 from __future__ import annotations
 
@@ -12,29 +10,13 @@ from collections.abc import Sequence
 
 import typer
 
-from kvcanary_cli import __version__
+from kvcanary_cli import __version__, api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.analysis.model import Severity
-from kvcanary_cli.cli_options import (
-    ExitCode,
-    GroupChoice,
-    OneLineErrors,
-    Space,
-    check_exit,
-    fail,
-    with_scalar_overrides,
-)
+from kvcanary_cli.cli_options import ExitCode, GroupChoice, Space, fail, with_scalar_overrides
 from kvcanary_cli.output import deliver
 from kvcanary_cli.planners import Backend, Kernel
-from kvcanary_cli.render import (
-    OutputFormat,
-    render_check,
-    render_inspect,
-    render_plan,
-    render_provenance,
-    render_selftest,
-    render_violations,
-)
+from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
 from kvcanary_cli.safe_text import printable
 
@@ -42,14 +24,12 @@ __all__ = ["ExitCode", "app", "main"]
 
 app = typer.Typer(
     name="kvcanary",
-    cls=OneLineErrors,
+    cls=opt.OneLineErrors,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,
-    help="Diagnose KV-cache dumps of SGLang's kv canary: run the reference planner and the GPU "
-    "kernel on a dump, compare them, and show every bad slot with where it came from.\n\n"
-    "Exit codes: 0 clean, 1 findings, 2 bad input or usage, 3 internal error.",
+    help=opt.APP_HELP,
 )
 
 
@@ -83,8 +63,6 @@ def check(
     (causes, most likely first) and each finding with its provenance. Exit 0 clean, 1
     findings at or above --fail-on, 2 bad input.
     """
-    from kvcanary_cli import api
-
     with progress(f"checking {dumps[0]}", len(dumps)) as tick:
         report = api.check(
             dumps,
@@ -95,9 +73,9 @@ def check(
             jobs=jobs,
             progress=tick,
         )
-    rendered = render_check(report, output_format, max_rows=max_rows, quiet=quiet)
+    rendered = render.render_check(report, output_format, max_rows=max_rows, quiet=quiet)
     deliver(rendered, output, force=force, inputs=dumps)
-    raise typer.Exit(check_exit(report))
+    raise typer.Exit(opt.check_exit(report))
 
 
 @app.command()
@@ -122,8 +100,6 @@ def provenance(
     translation, allocator state when the dump has free lists, and the findings touching it.
     A row map marks the cells with findings and says which positions it leaves out.
     """
-    from kvcanary_cli import api
-
     answer = api.provenance(
         dump,
         slot=slot,
@@ -134,7 +110,7 @@ def provenance(
         max_cells=max_rows,
         overrides=overrides,
     )
-    deliver(render_provenance(answer, output_format), output, force=force, inputs=[dump])
+    deliver(render.render_provenance(answer, output_format), output, force=force, inputs=[dump])
 
 
 @app.command()
@@ -155,19 +131,11 @@ def violations(
 
     A SOURCE is a dump or a server log ('-': stdin). Exit 0 no row, 1 rows, 2 bad input.
     """
-    from kvcanary_cli import api
-
     report = api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
     )
-    readable: list[str | os.PathLike[str]] = [s for s in sources if s != "-"]
-    readable += [dump] if dump is not None else []
-    deliver(
-        render_violations(report, output_format, max_rows=max_rows),
-        output,
-        force=force,
-        inputs=readable,
-    )
+    rendered = render.render_violations(report, output_format, max_rows=max_rows)
+    deliver(rendered, output, force=force, inputs=opt.named_files(sources, dump))
     raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
 
 
@@ -190,26 +158,14 @@ def plan(
     without it the plan goes on and marks the values upstream leaves undefined), or when the
     GPU launch refuses the batch; 2 on bad input.
     """
-    from kvcanary_cli import api
-    from kvcanary_cli.errors import UpstreamPlanError
-    from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
-
-    try:
-        loaded, result, record = api.plan(
-            dump, group=group.value, backend=backend, strict=strict, overrides=overrides
-        )
-    except UpstreamPlanError as exc:
-        fail(str(exc), ExitCode.FINDINGS)
-    if result.skipped is not None:  # nothing to write or show entry by entry
-        fail(f"not planned: {result.skipped}", ExitCode.FINDINGS)
-    if out is not None and result.launch_error is None:
-        save_plan(out, result, dump=loaded, overwrite=force)
-    deliver(render_plan(record, output_format, max_rows=max_rows), None)
-    if result.launch_error is not None:
-        fail(f"{result.launch_error_type}: {result.launch_error}", ExitCode.FINDINGS)
-    if (raised := upstream_raise(result)) is not None:
-        marked = f"; {out} marks them in kvcanary.verify_undefined" if out else ""
-        fail(f"SGLang's reference raises here: {raised} (planned on past it{marked})", 1)
+    # --strict: SGLang's raise propagates as UpstreamPlanError, exit 1 (cli_options)
+    run = api.plan(
+        dump, group.value, backend=backend, strict=strict, out=out, force=force, overrides=overrides
+    )
+    if run.record is not None:
+        deliver(render.render_plan(run.record, output_format, max_rows=max_rows), None)
+    if run.problem is not None:
+        fail(run.problem, ExitCode.FINDINGS)
 
 
 @app.command()
@@ -223,9 +179,8 @@ def inspect(
 
     Validates the file on the way: a malformed dump is reported as one error line, exit 2.
     """
-    from kvcanary_cli import api
-
-    deliver(render_inspect(api.inspect(dump), output_format), output, force=force, inputs=[dump])
+    described = render.render_inspect(api.inspect(dump), output_format)
+    deliver(described, output, force=force, inputs=[dump])
 
 
 @app.command()
@@ -243,13 +198,7 @@ def shrink(
     violation ring), in the original pool rows, positions and slots, and records the original's
     name, size and sha256 and what was dropped. `check` gives the same findings on it.
     """
-    from kvcanary_cli import api
-    from kvcanary_cli.errors import OptionError
-
-    if out is None or str(out) == "-":
-        raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
-    result = api.shrink(dump, out, overrides=overrides, force=force)
-    typer.echo("\n".join(result.summary_lines()))
+    typer.echo("\n".join(api.shrink(dump, out, overrides=overrides, force=force).summary_lines()))
 
 
 @app.command()
@@ -267,21 +216,10 @@ def synth(
     Each dump records the findings `kvcanary check` must report and the cause it must rank
     first in its metadata (kvcanary.expected_findings, kvcanary.expected_diagnosis).
     """
-    from kvcanary_cli.canary.logs import write_scenario_log
-    from kvcanary_cli.dump.scenarios import make_scenario, scenario_lines
-    from kvcanary_cli.errors import OptionError
-
     if list_:
-        typer.echo("\n".join(scenario_lines()))
+        typer.echo("\n".join(api.scenarios()))
         return
-    if scenario is None or out is None:
-        raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
-    if log is not None and str(log) == str(out):
-        raise OptionError("names the dump's own file; give the log another name", option="--log")
-    state = make_scenario(scenario, seed=seed, size=size)
-    path = state.save(out, overwrite=force)
-    logged = "" if log is None else f" and {write_scenario_log(state, log, overwrite=force)}"
-    wrote = f"wrote {path}{logged} ({scenario}, seed {seed}, size {size})"
+    wrote = api.synth(scenario, out, seed=seed, size=size, log=log, force=force)
     typer.echo(printable(wrote), err=str(out) == "-")
 
 
@@ -299,17 +237,14 @@ def selftest(
     Per plan field and raise: the drift report to attach when kvcanary and your SGLang
     disagree. Exit 0 on full agreement, 1 on any difference.
     """
-    from kvcanary_cli import api
-
     record = api.selftest(sglang=sglang, size=size, seed=seed)
-    deliver(render_selftest(record, output_format), output, force=force)
+    deliver(render.render_selftest(record, output_format), output, force=force)
     raise typer.Exit(ExitCode.CLEAN if record["verdict"] == "agree" else ExitCode.FINDINGS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point."""
-    # One intra-op torch thread unless the user chose: kvcanary's work is memory-bound gathers,
-    # and on CPU-quota'd containers extra threads spin against each other (seen: a
-    # 121K-element arange 50x slower with 2 threads than with 1). Read when torch starts.
+    """Console-script entry point. One intra-op torch thread unless the user chose: the work is
+    memory-bound gathers, and on CPU-quota'd containers extra threads spin against each other
+    (seen: a 121K-element arange 50x slower with 2 threads than with 1)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     app(args=argv, prog_name="kvcanary")

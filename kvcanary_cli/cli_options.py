@@ -21,12 +21,13 @@ from typer.core import TyperGroup
 
 from kvcanary_cli.analysis.model import CheckReport, Severity
 from kvcanary_cli.dump.schema import SCALARS
-from kvcanary_cli.errors import KvcanaryError, OptionError
+from kvcanary_cli.errors import KvcanaryError, OptionError, UpstreamPlanError
 from kvcanary_cli.planners import Backend, Kernel
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.safe_text import printable
 
 __all__ = [
+    "APP_HELP",
     "Buffer",
     "ExitCode",
     "GroupChoice",
@@ -34,9 +35,17 @@ __all__ = [
     "Space",
     "check_exit",
     "fail",
+    "named_files",
     "parse_positions",
     "with_scalar_overrides",
 ]
+
+
+APP_HELP = (
+    "Diagnose KV-cache dumps of SGLang's kv canary: run the reference planner and the GPU "
+    "kernel on a dump, compare them, and show every bad slot with where it came from.\n\n"
+    "Exit codes: 0 clean, 1 findings, 2 bad input or usage, 3 internal error."
+)
 
 
 class ExitCode(IntEnum):
@@ -80,6 +89,12 @@ def check_exit(report: CheckReport) -> ExitCode:
     if report.bad_input:
         return ExitCode.BAD_INPUT
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+
+
+def named_files(sources: Sequence[str], dump: str | os.PathLike[str] | None) -> list[str]:
+    """The files a command read (stdin, `-`, is not one), which its `--output` may not replace."""
+    named = [source for source in sources if source != "-"]
+    return named + ([os.fspath(dump)] if dump is not None else [])
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -130,6 +145,8 @@ class OneLineErrors(TyperGroup):
             )
         except KvcanaryError as exc:
             fail(f"error: {exc}", ExitCode.BAD_INPUT)
+        except UpstreamPlanError as exc:  # `plan --strict`: the dump is read, upstream raises
+            fail(str(exc), ExitCode.FINDINGS)
         except (typer.Abort, KeyboardInterrupt):
             fail("interrupted", 130)
         except Exception as exc:
