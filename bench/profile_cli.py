@@ -29,7 +29,7 @@ from collections.abc import Callable  # noqa: E402
 from dumps import CLEAN, SHAPES, TRUNCATED, BenchDump, default_cache, ensure_dumps  # noqa: E402
 from procs import ROOT, run_child  # noqa: E402
 
-#: `--standard`: the "before/after" set of the performance issue, per dump variant.
+#: `--standard`: the commands profiled before and after a performance change, per dump variant.
 STANDARD: dict[str, list[list[str]]] = {
     CLEAN: [
         ["check"],

@@ -449,7 +449,7 @@ TARGETS = {
 
 
 def print_ratios(values: dict[str, Any], bounds: dict[str, str]) -> None:
-    print("\nratios (the issue's targets on the right; >= / <=: a side hit --timeout)")
+    print("\nratios (the performance targets on the right; >= / <=: a side hit --timeout)")
     for name, value in values.items():
         shown = "n/a" if value is None else value if isinstance(value, bool) else f"{value:.3f}"
         shown = f"{bounds.get(name, '')}{shown}"

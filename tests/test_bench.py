@@ -103,7 +103,7 @@ def test_the_benchmark_records_every_metric(tmp_path: Path) -> None:
     assert not missing
     if sglang_here:
         assert ratios["sglang_reference_over_check_triton"] is not None
-    assert "ratios (the issue's targets" in done.stdout
+    assert "ratios (the performance targets" in done.stdout
 
 
 def test_the_benchmark_explains_itself() -> None:
