@@ -81,8 +81,10 @@ def run_check(
     says whose semantics it follows, and how it runs (`mode`), for the report.
     """
     found = collect_findings(dump, reference=reference, kernel=kernel, groups=groups)
-    findings = attach_provenance(dump, found.findings)
-    raised, findings = first_raise(dump, found.plans, findings)
+    findings, plans, summaries = found.findings, found.plans, found.summaries
+    del found  # the kernel's plans and the live cells: freed before the table scan below
+    findings = attach_provenance(dump, findings)
+    raised, findings = first_raise(dump, plans, findings)
     findings, causes = diagnose(dump, findings)
     recorded, matches = recorded_exception(dump, raised)
     requests = tuple(request_summaries(dump, findings))
@@ -92,7 +94,7 @@ def run_check(
         path=str(dump.path),
         identity=dump.identity,
         bs=dump.bs,
-        groups=found.summaries,
+        groups=summaries,
         findings=tuple(sorted(findings, key=Finding.order_key)),
         notes=tuple(dump.notes),
         kernel_mode=kernel.mode if kernel else None,

@@ -200,7 +200,10 @@ class ProvenanceIndex:
         batch_rows, ends = live_ends(self.dump)
         members = SlotSet(wanted)
         for rows, cols, values in find_cells(
-            self.dump.req_to_token, members.contains, chunk_cells=_SCAN_CELLS
+            self.dump.req_to_token,
+            members.contains,
+            chunk_cells=_SCAN_CELLS,
+            mapped=self.dump.mapped.get("req_to_token"),
         ):
             if batch_rows.size:
                 at = np.minimum(np.searchsorted(batch_rows, rows), batch_rows.size - 1)

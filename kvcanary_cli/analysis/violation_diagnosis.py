@@ -197,7 +197,10 @@ def _table_owner(
 
         # Cells come in table order, chunk after chunk: the first hit of a key wins.
         for rows_hit, cols_hit, values in find_cells(
-            dump.req_to_token, holds, chunk_cells=_SCAN_CELLS
+            dump.req_to_token,
+            holds,
+            chunk_cells=_SCAN_CELLS,
+            mapped=dump.mapped.get("req_to_token"),
         ):
             hit_key = (in_space(values) << 32) | cols_hit
             at = np.searchsorted(wanted, hit_key)

@@ -256,6 +256,10 @@ class KvDump(_DumpFacts):
     #: in a shrunk dump, per slot space (`full`, `swa`), the slots whose free-list membership
     #: it records (sorted); a space not listed records every slot's.
     free_domain: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The tables memory-mapped from the file, by tensor name (the same memory as their
+    #: tensors): a whole-table scan hands their pages back as it goes (`find_cells`). Loaded
+    #: tables are read-only by contract: nothing in kvcanary writes to them.
+    mapped: dict[str, np.memmap] = field(default_factory=dict)
 
     @property
     def shrunk(self) -> bool:
@@ -556,6 +560,7 @@ def _as_kvdump(contents: DumpContents) -> KvDump:
         real_kv_sources={n: b for n, b in real_kv.items() if b is not None},
         shrink=contents.shrink,
         free_domain=_free_domain(table, lut, arrays.get("violation_ring"), ring_index),
+        mapped={n: a for n, a in arrays.items() if isinstance(a, np.memmap)},
     )
 
 

@@ -13,6 +13,7 @@ Nothing here allocates by the original shape: work and memory follow the stored 
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -198,13 +199,19 @@ def element(array: Stored, index: int) -> int:
 
 
 def find_cells(
-    table: Stored, match: Callable[[np.ndarray], np.ndarray], *, chunk_cells: int
+    table: Stored,
+    match: Callable[[np.ndarray], np.ndarray],
+    *,
+    chunk_cells: int,
+    mapped: np.memmap | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(rows, cols, values) of the cells of a 2-D table whose int64 value `match` accepts.
 
     `match` takes integer values (any shape and integer dtype) and returns a mask of that
     shape; the values yielded are int64. A dense table is scanned in chunks of about
-    `chunk_cells` cells; a sparse one visits its kept cells only.
+    `chunk_cells` cells; a sparse one visits its kept cells only. `mapped`, the file mapping
+    behind a dense `table`, lets the scan hand each chunk's pages back once read, so a scan
+    of a 2 GB table does not keep 2 GB resident.
     """
     cols = max(int(table.shape[1]), 1)
     if isinstance(table, SparseArray):
@@ -221,8 +228,28 @@ def find_cells(
     for r0 in range(0, table_rows, step):
         chunk = table[r0 : r0 + step].numpy()
         rows, hit_cols = np.nonzero(match(chunk))
+        found = (rows + r0, hit_cols, chunk[rows, hit_cols].astype(np.int64))
+        if mapped is not None:
+            release_pages(mapped, r0 * cols, min(r0 + step, table_rows) * cols)
         if rows.size:
-            yield rows + r0, hit_cols, chunk[rows, hit_cols].astype(np.int64)
+            yield found
+
+
+def release_pages(mapped: np.memmap, start: int, stop: int) -> None:
+    """Drop from this process the whole pages of elements `[start, stop)` of a read-only
+    file mapping: they leave its resident set, and a later read maps them again from the
+    file (the page cache). Only for a copy-on-write or read-only mapping never written to,
+    where dropping a page loses nothing; anything else is left alone."""
+    region = getattr(mapped, "_mmap", None)
+    if region is None or mapped.mode not in ("c", "r") or not hasattr(region, "madvise"):
+        return
+    page = mmap.PAGESIZE
+    base = int(mapped.offset) % mmap.ALLOCATIONGRANULARITY  # where the array starts in `region`
+    first = base + start * mapped.itemsize
+    last = base + stop * mapped.itemsize
+    first, last = -(-first // page) * page, (last // page) * page  # whole pages only
+    if last > first:
+        region.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def where_equal(vector: Stored, wanted: np.ndarray, *, stop: int) -> tuple[np.ndarray, np.ndarray]:
