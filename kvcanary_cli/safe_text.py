@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["printable", "printable_record"]
+__all__ = ["excerpt", "printable", "printable_record"]
+
+
+def excerpt(text: str, limit: int = 40) -> str:
+    """`text` quoted for a message, cut to `limit` characters with its length said: a dump's
+    value may be a megabyte long, and an error line names it, not reprints it."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def printable(text: str) -> str:

@@ -20,6 +20,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import parse_integer
 from kvcanary_cli.dump.sparse import SparseArray, take_known
 from kvcanary_cli.errors import MetadataError, TensorShapeError
+from kvcanary_cli.safe_text import excerpt
 
 __all__ = ["RealKvMode", "RealKvSetup", "RealKvSource", "expected_real_kv", "real_kv_setup"]
 
@@ -61,7 +62,7 @@ def _int_key(dump: KvDump, key: str, default: int) -> int:
         return default
     value = parse_integer(text)
     if value is None or value <= 0:
-        raise MetadataError(f"metadata value {text!r} is not a positive integer", field=key)
+        raise MetadataError(f"metadata value {excerpt(text)} is not a positive integer", field=key)
     return value
 
 

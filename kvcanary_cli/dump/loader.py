@@ -52,6 +52,7 @@ from kvcanary_cli.errors import (
     TensorDtypeError,
     TensorShapeError,
 )
+from kvcanary_cli.safe_text import excerpt
 
 if TYPE_CHECKING:  # torch is imported when a KvDump is built, not by `inspect`
     import torch
@@ -340,8 +341,7 @@ def _check_tensor(entry: HeaderEntry, spec: TensorSpec) -> None:
 def _parse_int(key: str, text: str) -> int:
     value = parse_integer(text)
     if value is None:
-        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
-        raise MetadataError(f"metadata value {shown} is not an integer", field=key)
+        raise MetadataError(f"metadata value {excerpt(text)} is not an integer", field=key)
     return value
 
 

@@ -71,6 +71,17 @@ def test_bad_real_kv_metadata_is_bad_input(key: str, value: str, tmp_path: Path)
         real_kv_setup(dump)
 
 
+def test_a_long_bad_real_kv_value_is_named_not_reprinted(tmp_path: Path) -> None:
+    synth = make_scenario("clean-canary", seed=0)
+    synth.metadata["real_kv.page_size"] = "-" + "9" * 100_000  # parses, but not positive
+    dump = load_dump(synth.save(tmp_path / "bad.safetensors"))
+    with pytest.raises(DumpError) as caught:
+        real_kv_setup(dump)
+    message = str(caught.value)
+    assert "real_kv.page_size" in message and "(100001 characters)" in message
+    assert len(message) < 400
+
+
 def test_a_large_ring_is_decoded_filtered_and_explained(tmp_path: Path) -> None:
     synth = make_scenario("canary-aliasing", seed=0)
     rng = np.random.default_rng(0)
