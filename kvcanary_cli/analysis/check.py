@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -134,6 +134,34 @@ def collect_findings(
 ) -> CollectedFindings:
     """Plan every group, compare, and run every finding detector (no provenance yet)."""
     chosen = tuple(groups) if groups else dump.groups
+    background = ThreadPoolExecutor(1) if kernel is not None and _spare_core() else None
+    try:
+        # The kernel (interpreted Triton on a CPU: the slowest part) plans on a spare core
+        # while this thread plans the reference and runs the detectors; same results, in
+        # the same order, as planning it in turn.
+        pending: dict[str, Future[Plan]] = {}
+        if background is not None and kernel is not None:
+            pending = {group: background.submit(kernel.plan, dump, group) for group in chosen}
+        return _collect(dump, reference, kernel, chosen, pending)
+    finally:
+        if background is not None:
+            background.shutdown(wait=True, cancel_futures=True)
+
+
+def _spare_core() -> bool:
+    """True when this process may run on two cores and is not one of several checking
+    workers (`check_dumps` already gives each of those a core)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) >= 2 and multiprocessing.parent_process() is None
+
+
+def _collect(
+    dump: KvDump,
+    reference: Planner,
+    kernel: Planner | None,
+    chosen: Sequence[str],
+    pending: Mapping[str, Future[Plan]],
+) -> CollectedFindings:
     cells = live_cells(dump)
     findings: list[Finding] = batch_findings(dump) + slot_findings(dump, cells)
     summaries: list[GroupSummary] = []
@@ -143,9 +171,6 @@ def collect_findings(
     for group in chosen:
         plan = reference.plan(dump, group)
         plans.append(plan)
-        kernel_plan = kernel.plan(dump, group) if kernel else None
-        if kernel_plan is not None:
-            kernel_plans[group] = kernel_plan
         for finding in plan_findings(dump, plan):
             # The token pool is the same for every group: report a bad gather once.
             key = (finding.code, finding.batch_row, finding.details.get("index"))
@@ -156,6 +181,13 @@ def collect_findings(
             findings.append(finding)
         if group == "swa":
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
+        kernel_plan = None  # needed from here on: planned in the background, or now
+        if group in pending:
+            kernel_plan = pending[group].result()
+        elif kernel is not None:
+            kernel_plan = kernel.plan(dump, group)
+        if kernel_plan is not None:
+            kernel_plans[group] = kernel_plan
         # Replay verify on the canary buffers with the plan production ran (the kernel's,
         # unless it refused the batch or there is none).
         ran = kernel_plan if kernel_plan is not None and kernel_plan.launch_error is None else plan

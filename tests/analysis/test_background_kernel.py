@@ -1,0 +1,37 @@
+"""`run_check` plans the kernel on a spare core while it runs the detectors: the report must be
+the one planning in turn gives, on every scenario (findings, their order, diagnosis, groups)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcanary_cli.analysis import check
+from kvcanary_cli.analysis.check import run_check
+from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from tests.analysis.conftest import LoadSynth
+from tests.helpers import TORCH, TRITON
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_kernel_in_the_background_changes_nothing(
+    scenario: str, load_synth: LoadSynth, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dump = load_synth(make_scenario(scenario, seed=1))
+    monkeypatch.setattr(check, "_spare_core", lambda: False)
+    in_turn = run_check(dump, reference=TORCH, kernel=TRITON)
+    monkeypatch.setattr(check, "_spare_core", lambda: True)
+    background = run_check(dump, reference=TORCH, kernel=TRITON)
+    assert background == in_turn
+
+
+def test_a_kernel_that_fails_in_the_background_fails_the_check(
+    load_synth: LoadSynth, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Broken(type(TRITON)):  # type: ignore[misc]
+        def plan(self, dump, group):  # type: ignore[no-untyped-def]
+            raise RuntimeError(f"kernel broke on {group}")
+
+    monkeypatch.setattr(check, "_spare_core", lambda: True)
+    dump = load_synth(make_scenario("truncated-lut", seed=0))
+    with pytest.raises(RuntimeError, match="kernel broke on full"):
+        run_check(dump, reference=TORCH, kernel=Broken())
