@@ -134,7 +134,7 @@ def collect_findings(
 ) -> CollectedFindings:
     """Plan every group, compare, and run every finding detector (no provenance yet)."""
     chosen = tuple(groups) if groups else dump.groups
-    background = ThreadPoolExecutor(1) if kernel is not None and _spare_core() else None
+    background = ThreadPoolExecutor(1) if _runs_on_host(kernel) and _spare_core() else None
     try:
         # The kernel (interpreted Triton on a CPU: the slowest part) plans on a spare core
         # while this thread plans the reference and runs the detectors; same results, in
@@ -146,6 +146,13 @@ def collect_findings(
     finally:
         if background is not None:
             background.shutdown(wait=True, cancel_futures=True)
+
+
+def _runs_on_host(kernel: Planner | None) -> bool:
+    """A kernel that plans on this machine's CPU (interpreted Triton, torch, SGLang's
+    reference): worth a second core. A compiled or CUDA one is fast already, and stays on
+    the thread that owns the device."""
+    return kernel is not None and kernel.mode not in ("compiled", "cuda")
 
 
 def _spare_core() -> bool:

@@ -3,6 +3,8 @@ the one planning in turn gives, on every scenario (findings, their order, diagno
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from kvcanary_cli.analysis import check
@@ -35,3 +37,26 @@ def test_a_kernel_that_fails_in_the_background_fails_the_check(
     dump = load_synth(make_scenario("truncated-lut", seed=0))
     with pytest.raises(RuntimeError, match="kernel broke on full"):
         run_check(dump, reference=TORCH, kernel=Broken())
+
+
+@pytest.mark.parametrize(("mode", "background"), [("interpreter", True), ("compiled", False)])
+def test_only_a_kernel_on_the_host_plans_in_the_background(
+    mode: str, background: bool, load_synth: LoadSynth, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Kernel(type(TRITON)):  # type: ignore[misc]
+        @property
+        def mode(self) -> str:
+            return mode
+
+    threads: list[int] = []
+    real = ThreadPoolExecutor
+
+    def counted(workers: int) -> object:
+        threads.append(workers)
+        return real(workers)
+
+    monkeypatch.setattr(check, "_spare_core", lambda: True)
+    monkeypatch.setattr(check, "ThreadPoolExecutor", counted)
+    dump = load_synth(make_scenario("clean-swa", seed=0))
+    run_check(dump, reference=TORCH, kernel=Kernel() if mode == "compiled" else TRITON)
+    assert bool(threads) is background
