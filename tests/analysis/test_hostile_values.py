@@ -113,6 +113,7 @@ def test_one_slot_everywhere_is_one_record_per_row(tmp_path: Path) -> None:
     assert len(out) < 4_000_000  # output grows with the problems, not the cells
 
 
+@pytest.mark.slow  # whole processes, measured in memory
 def test_one_slot_everywhere_is_bounded_in_memory(tmp_path: Path) -> None:
     path = spread_dump(tmp_path / "spread.safetensors", 257, 1024)  # 1 MB: 16 GB before
     code, peak = peak_rss_of_check(path, "--kernel", "torch")
@@ -155,6 +156,7 @@ def test_absurd_prefix_length_is_a_finding(tmp_path: Path, value: int) -> None:
     assert swa["kernel"] == "torch-gpu" and swa["unexplained_differences"] == 0
 
 
+@pytest.mark.slow  # whole processes, measured in memory
 def test_absurd_lengths_stay_bounded_in_memory(tmp_path: Path) -> None:
     extend = make_scenario("clean-swa", seed=1).tensors["extend_seq_lens"].clone()
     extend[0] = 1 << 29  # 56 s and 8.6 GB before (repeat_interleave of the claim)
@@ -223,6 +225,7 @@ def test_recorded_scalar_out_of_range_is_a_finding(tmp_path: Path, key: str, val
     assert scalars[key]["origin"] != "recorded"  # planned as if the dump did not record it
 
 
+@pytest.mark.slow  # whole processes, measured in memory
 def test_one_corrupt_dump_does_not_stop_the_others(tmp_path: Path) -> None:
     bad = with_changes(tmp_path, "bad.safetensors", metadata={"verify_capacity": str(10**30)})
     code, out, err = run("check", str(bad), CLEAN, "--format", "json", "--kernel", "torch")

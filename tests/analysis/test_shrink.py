@@ -57,7 +57,17 @@ def shrunk_pair(tmp_path: Path, name: str, seed: int) -> tuple[Path, Path]:
     return original, small
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+#: Shrunk in the fast lane (`-m "not slow"`); the full suite shrinks every scenario.
+FAST_SCENARIOS = {"clean-swa", "truncated-lut", "stale-tail", "canary-aliasing"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[] if name in FAST_SCENARIOS else [pytest.mark.slow])
+        for name in sorted(SCENARIOS)
+    ],
+)
 def test_every_scenario_keeps_its_story(tmp_path: Path, name: str) -> None:
     for seed in (0, 1, 2):
         original, small = shrunk_pair(tmp_path, name, seed)

@@ -116,6 +116,7 @@ def test_selftest_without_sglang_agrees(no_sglang: None) -> None:
     assert [s["scenario"] for s in record["scenarios"]] == list(SCENARIOS)
 
 
+@pytest.mark.slow  # every scenario through every planner
 def test_selftest_with_sglang(sglang_standin: InstallStandin) -> None:
     sglang_standin()
     code, out, err = run("selftest", "--sglang", "--format", "json")
@@ -136,6 +137,7 @@ def test_selftest_with_sglang(sglang_standin: InstallStandin) -> None:
     assert "| `truncated-lut` | `swa` | agree, raises | agree | agree, raises |" in markdown
 
 
+@pytest.mark.slow  # every scenario through every planner
 def test_selftest_reports_drift(sglang_standin: InstallStandin) -> None:
     sglang_standin(seed_back=2)
     code, out, _ = run("selftest", "--sglang")
