@@ -64,6 +64,19 @@ def _gather_flat(base_ptr, flat, wanted, numel):
     return value.to(tl.int64), readable
 
 
+@triton.jit
+def _row_of(verify_offsets_ptr, k, bs, BLOCK_BS: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """The row owning entry `k` (a scalar): the largest r <= bs with `verify_offsets[r] <= k`,
+    by the same branch-free halving as the vector search."""
+    row = k * 0
+    for i in tl.static_range(SEARCH_STEPS):
+        candidate = row + (BLOCK_BS >> (i + 1))
+        probe = candidate <= bs
+        start = tl.load(verify_offsets_ptr + tl.where(probe, candidate, 0))
+        row = tl.where(probe & (start <= k), candidate, row)
+    return row
+
+
 #: Runtime integers are not specialised on their value (== 1, multiple of 16): batches vary,
 #: and each specialisation would be one more compilation.
 @triton.jit(
@@ -195,9 +208,13 @@ def plan_entries_kernel(
     (the entries step), with the clamp of §1.6.
 
     The owning row of entry k is the largest r with `verify_offsets[r] <= k`, found by a
-    branch-free binary search over `verify_offsets[0..bs]` (SEARCH_STEPS = log2(BLOCK_BS)
-    halving steps, BLOCK_BS >= bs + 1): zero-length rows share their offset with the next
-    row and are never selected, and `verify_offsets[bs] = total > k` bounds the answer.
+    branch-free binary search over `verify_offsets[0..bs]` (halving steps from BLOCK_BS / 2,
+    BLOCK_BS >= bs + 1): zero-length rows share their offset with the next row and are never
+    selected, and `verify_offsets[bs] = total > k` bounds the answer. Rows grow with k, so the
+    rows of a program's entries lie between those of its first and last entry (two scalar
+    searches); the vector search takes only the steps that range needs, which is most of the
+    work saved where a block spans a few rows (under the interpreter, every step costs
+    BLOCK_SIZE loads).
 
     Outputs at index k: slot, prev and expected token (int64; -1 sentinels as §1.2; 0 where
     undefined), expected position, `undefined` (uint8 `base.Undefined` bits) and `clamp`
@@ -207,12 +224,19 @@ def plan_entries_kernel(
     k = entry_start + pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE).to(tl.int64)
     live = k < entry_stop
 
-    row = tl.full([BLOCK_SIZE], 0, dtype=tl.int64)
+    k_first = entry_start + pid * BLOCK_SIZE
+    k_last = tl.minimum(k_first + BLOCK_SIZE, entry_stop) - 1
+    lowest = _row_of(verify_offsets_ptr, k_first, bs, BLOCK_BS, SEARCH_STEPS)
+    highest = _row_of(verify_offsets_ptr, k_last, bs, BLOCK_BS, SEARCH_STEPS)
+    span = highest - lowest
+    row = tl.full([BLOCK_SIZE], 0, dtype=tl.int64) + lowest
     for i in tl.static_range(SEARCH_STEPS):
-        candidate = row + (BLOCK_BS >> (i + 1))
-        probe = live & (candidate <= bs)
-        start = tl.load(verify_offsets_ptr + tl.where(probe, candidate, 0), mask=probe, other=0)
-        row = tl.where(probe & (start <= k), candidate, row)
+        # Descending powers of two up to the largest <= span: they add up to >= span.
+        if (BLOCK_BS >> (i + 1)) <= span:
+            candidate = row + (BLOCK_BS >> (i + 1))
+            probe = live & (candidate <= highest)
+            start = tl.load(verify_offsets_ptr + tl.where(probe, candidate, 0), mask=probe, other=0)
+            row = tl.where(probe & (start <= k), candidate, row)
 
     rp = tl.load(req_pool_indices_ptr + row, mask=live, other=0).to(tl.int64)
     prefix = tl.load(prefix_lens_ptr + row, mask=live, other=0).to(tl.int64)

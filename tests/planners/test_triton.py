@@ -484,6 +484,21 @@ def test_matches_torch_gpu_on_random_dumps(
         _check(dump, group)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw_dumps(), st.sampled_from([16, 32, 64]))
+def test_small_blocks_spanning_rows_match_torch_gpu(
+    case: tuple[dict[str, Any], dict[str, object], str], block: int
+) -> None:
+    """Programs of a few entries start and end inside rows, span zero-length and padding rows,
+    or sit inside one row: each finds its entries' rows between those of its first and last
+    entry, and the plan is the one of one wide block and of the torch GPU planner."""
+    tensors, metadata, group = case
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = _write(Path(tmp) / "r.safetensors", metadata, **tensors)
+        narrow = TritonPlanner(block_size=block).plan(dump, group)
+        assert_same_plan(narrow, TORCH_GPU.plan(dump, group))
+
+
 @st.composite
 def synth_dumps(draw: st.DrawFn) -> tuple[SynthSpec, int, dict[str, int]]:
     spec = SynthSpec(
