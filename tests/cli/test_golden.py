@@ -56,3 +56,16 @@ def test_examples_report_what_they_record(example: str) -> None:
     assert expected <= codes <= expected | allowed
     cause = dump.metadata.get("kvcanary.expected_diagnosis")
     assert [c.code.value for c in report.diagnosis][:1] == ([cause] if cause else [])
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_every_example_json_validates_against_the_schema(example: str) -> None:
+    """The golden JSON of each example is a `kvcanary.check/1` record as docs/json-schema.md
+    describes it (so are the JSON goldens `test_check_output_matches_golden` compares)."""
+    import json
+
+    from tests.render.render_schema import CHECK, validate
+
+    record = json.loads((GOLDEN / f"{Path(example).stem}.json").read_text())
+    assert record["schema"] == "kvcanary.check/1"
+    assert validate(record, CHECK) == []
