@@ -21,7 +21,11 @@ from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.errors import OptionError, UpstreamPlanError
 from kvcanary_cli.planners.base import Plan, Planner, Semantics, Undefined
-from kvcanary_cli.planners.sglang_runtime import VERIFIED_VERSIONS
+from kvcanary_cli.planners.sglang_runtime import (
+    VERIFIED_VERSIONS,
+    VERIFY_PLAN_FIELDS,
+    WRITE_PLAN_FIELDS,
+)
 from kvcanary_cli.planners.upstream import NOT_LAUNCHED, raised, upstream_error
 
 __all__ = ["FIELDS", "SELFTEST_SCHEMA", "SELFTEST_SIZES", "run_selftest"]
@@ -30,18 +34,7 @@ SELFTEST_SCHEMA = "kvcanary.selftest/1"
 #: Sizes the selftest runs at: the scalar reference is the baseline, so no benchmark sizes.
 SELFTEST_SIZES = ("tiny", "small")
 #: What is compared: SGLang's plan fields, then where (and with what) the plan step raises.
-FIELDS = (
-    "verify_slot_indices",
-    "verify_expected_tokens",
-    "verify_expected_positions",
-    "verify_prev_slot_indices",
-    "verify_num_valid",
-    "enable",
-    "write_offsets",
-    "write_seed_slot_indices",
-    "write_num_valid_reqs",
-    "raise",
-)
+FIELDS = (*VERIFY_PLAN_FIELDS, *WRITE_PLAN_FIELDS, "raise")
 #: Entry fields whose values a planner may leave undefined, and the bit saying so.
 _UNDEFINED_BIT = {
     "verify_slot_indices": Undefined.SLOT,

@@ -32,7 +32,11 @@ from kvcanary_cli.planners.frame import (
     raised_plan,
 )
 from kvcanary_cli.planners.rows import row_problems
-from kvcanary_cli.planners.sglang_runtime import SGLangLauncher, load_launcher
+from kvcanary_cli.planners.sglang_runtime import (
+    VERIFY_ENTRY_FIELDS,
+    SGLangLauncher,
+    load_launcher,
+)
 from kvcanary_cli.planners.upstream import NOT_LAUNCHED
 
 __all__ = ["UNWRITTEN", "SGLangPlanner", "plan_arguments"]
@@ -41,12 +45,6 @@ __all__ = ["UNWRITTEN", "SGLangPlanner", "plan_arguments"]
 #: a value upstream leaves unwritten is recognisable instead of whatever memory held.
 UNWRITTEN = -0x6B7663616E617279
 _I64 = torch.int64
-_ENTRY_FIELDS = (
-    "verify_slot_indices",
-    "verify_expected_tokens",
-    "verify_expected_positions",
-    "verify_prev_slot_indices",
-)
 
 
 class SGLangPlanner:
@@ -201,11 +199,11 @@ def plan_arguments(
 def _verify_plan(launcher: SGLangLauncher, capacity: int, device: torch.device) -> Any:
     """SGLang's `VerifyPlan.allocate`; a capacity of 0 (which it refuses) gets empty entries."""
     plan = launcher.verify_plan.allocate(verify_capacity=max(capacity, 1), device=device)
-    for name in _ENTRY_FIELDS:
+    for name in VERIFY_ENTRY_FIELDS:
         getattr(plan, name).fill_(UNWRITTEN)
     plan.verify_num_valid.fill_(-1)
     if capacity == 0:
-        plan = dataclasses.replace(plan, **{n: getattr(plan, n)[:0] for n in _ENTRY_FIELDS})
+        plan = dataclasses.replace(plan, **{n: getattr(plan, n)[:0] for n in VERIFY_ENTRY_FIELDS})
     return plan
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "REFERENCE_FUNCTION",
     "REFERENCE_MODULE",
     "VERIFIED_VERSIONS",
+    "VERIFY_ENTRY_FIELDS",
     "VERIFY_PLAN_FIELDS",
     "WRITE_PLAN_FIELDS",
     "SGLangLauncher",
@@ -49,15 +50,15 @@ REFERENCE_FUNCTION = "launch_canary_plan_kernels_torch_reference"
 _VERIFY_MODULE = "sglang.kernels.ops.kv_canary.verify"
 _WRITE_MODULE = "sglang.kernels.ops.kv_canary.write"
 
-#: Fields of SGLang's `VerifyPlan` and `WritePlan` that kvcanary reads back (§1.3).
-VERIFY_PLAN_FIELDS = (
+#: Fields of SGLang's `VerifyPlan` and `WritePlan` that kvcanary reads back (§1.3): the
+#: per-entry ones first. `Plan.upstream_tensors` names its fields the same way.
+VERIFY_ENTRY_FIELDS = (
     "verify_slot_indices",
     "verify_expected_tokens",
     "verify_expected_positions",
     "verify_prev_slot_indices",
-    "verify_num_valid",
-    "enable",
 )
+VERIFY_PLAN_FIELDS = (*VERIFY_ENTRY_FIELDS, "verify_num_valid", "enable")
 WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
 
 _ALTERNATIVES = {

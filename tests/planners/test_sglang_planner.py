@@ -21,7 +21,12 @@ from kvcanary_cli.planners import Backend, Kernel, make_kernel, make_planner
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner, plan_arguments
-from kvcanary_cli.planners.sglang_runtime import load_launcher, load_reference_launcher
+from kvcanary_cli.planners.sglang_runtime import (
+    VERIFY_PLAN_FIELDS,
+    WRITE_PLAN_FIELDS,
+    load_launcher,
+    load_reference_launcher,
+)
 from kvcanary_cli.planners.upstream import NOT_LAUNCHED, upstream_error
 from tests.conftest import InstallStandin
 from tests.helpers import TORCH
@@ -215,3 +220,11 @@ def test_the_reference_launcher_for_benchmarks(
     sglang_standin()
     with pytest.raises(PlannerUnavailableError, match="plan_ref"):
         load_reference_launcher()
+
+
+def test_plans_name_their_upstream_fields_as_sglang_does(tmp_path: Path) -> None:
+    """`Plan.upstream_tensors` (what kvcanary compares and saves) and the fields read back
+    from SGLang's VerifyPlan / WritePlan are the same names in the same order."""
+    dump = load_dump(make_scenario("clean-swa").save(tmp_path / "d.safetensors"))
+    plan = make_planner(Backend.TORCH).plan(dump, "full")
+    assert tuple(plan.upstream_tensors()) == (*VERIFY_PLAN_FIELDS, *WRITE_PLAN_FIELDS)
