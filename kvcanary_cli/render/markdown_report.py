@@ -20,6 +20,7 @@ from kvcanary_cli.render.records import (
     CodeSection,
     Record,
     cause_sections,
+    cell_columns,
     differences_lines,
     failing_phrase,
     plural,
@@ -75,16 +76,7 @@ def _cells_table(cells: list[Record], *, swa: bool) -> str:
         ]
         for c in cells
     ]
-    header = [
-        "pool row",
-        "position",
-        *(["full slot"] if swa else []),
-        "batch rows",
-        "role",
-        "seed",
-        "shared",
-    ]
-    return _table(header, rows, right={0, 1, 2} if swa else {0, 1})
+    return _table(list(cell_columns(swa)), rows, right={0, 1, 2} if swa else {0, 1})
 
 
 def _translation(prov: Record) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "CodeSection",
     "Record",
     "cause_sections",
+    "cell_columns",
     "DIFFERENCES_NOTE",
     "difference_phrase",
     "differences_lines",
@@ -64,6 +65,20 @@ _DIFFERENCE_VERBS = {
     FindingCode.ROW_OUT_OF_RANGE.value: "kernel read out of bounds for",
     FindingCode.PREFIX_BEYOND_ROW.value: "kernel read neighbouring rows for",
 }
+
+
+def cell_columns(swa: bool) -> tuple[str, ...]:
+    """The columns of a slot's cell table, in both views (an SWA slot's cells also name the
+    full slot that maps to it)."""
+    return (
+        "pool row",
+        "position",
+        *(("full slot",) if swa else ()),
+        "batch rows",
+        "role",
+        "seed",
+        "shared",
+    )
 
 
 #: How to read a groups table: what "verify entries", differences and findings count.

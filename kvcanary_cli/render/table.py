@@ -19,6 +19,7 @@ from kvcanary_cli.render.records import (
     CodeSection,
     Record,
     cause_sections,
+    cell_columns,
     differences_lines,
     failing_phrase,
     plural,
@@ -424,16 +425,7 @@ def _slot_blocks(prov: Record) -> list[RenderableType]:
     cells = Table(
         title=f"cells ({prov['cells_total']} in req_to_token, live first)", title_justify="left"
     )
-    names = (
-        "pool row",
-        "position",
-        *(("full slot",) if swa else ()),
-        "batch rows",
-        "role",
-        "seed",
-        "shared",
-    )
-    for name in names:
+    for name in cell_columns(swa):
         cells.add_column(
             name, justify="right" if name in ("pool row", "position", "full slot") else "left"
         )
