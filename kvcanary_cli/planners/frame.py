@@ -288,19 +288,7 @@ def skipped_plan(
     frame's totals, the once-per-row `problems` (so the first raise is still known), no
     entries, no seeds, and the reason."""
     assert frame.unplannable is not None
-    empty = torch.zeros(0, dtype=_I64)
-    plan = assemble_plan(
-        frame,
-        backend=backend,
-        semantics=semantics,
-        entries=VerifyEntries.empty(),
-        seeds=empty,
-        seed_undefined=torch.zeros(0, dtype=torch.bool),
-        problems=problems,
-        verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
-        write_offsets=empty,
-        write_num_valid_reqs=0,
-    )
+    plan = _plan_without_outputs(frame, backend=backend, semantics=semantics, problems=problems)
     return replace(plan, skipped=frame.unplannable)
 
 
@@ -321,6 +309,29 @@ def raised_plan(
     exception_type: str = "ValueError",
 ) -> Plan:
     """The plan of a launch that raised: no outputs, only the error and its type."""
+    return _plan_without_outputs(
+        frame,
+        backend=backend,
+        semantics=semantics,
+        problems=ProblemTable.empty(),
+        kernel_totals=(0, 0, 0),
+        launch_error=message,
+        launch_error_type=exception_type,
+    )
+
+
+def _plan_without_outputs(
+    frame: GroupFrame,
+    *,
+    backend: str,
+    semantics: Semantics,
+    problems: ProblemTable,
+    kernel_totals: tuple[int, int, int] | None = None,
+    launch_error: str | None = None,
+    launch_error_type: str = "ValueError",
+) -> Plan:
+    """A plan with no entries, seeds or offsets (zeros), for a group left unplanned or a
+    launch that raised."""
     empty = torch.zeros(0, dtype=_I64)
     return assemble_plan(
         frame,
@@ -329,11 +340,11 @@ def raised_plan(
         entries=VerifyEntries.empty(),
         seeds=empty,
         seed_undefined=torch.zeros(0, dtype=torch.bool),
-        problems=ProblemTable.empty(),
-        kernel_totals=(0, 0, 0),
+        problems=problems,
+        kernel_totals=kernel_totals,
         verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
         write_offsets=empty,
         write_num_valid_reqs=0,
-        launch_error=message,
-        launch_error_type=exception_type,
+        launch_error=launch_error,
+        launch_error_type=launch_error_type,
     )

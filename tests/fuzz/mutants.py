@@ -33,6 +33,8 @@ FAMILIES = ("header", "data", "length", "truncation")
 #: Besides the four families: `crowded`, valid files whose findings are many.
 
 #: numpy dtypes of the integer safetensors dtypes (little-endian, as the format stores them).
+#: Written out from the format, not imported from `dump.schema`: the corpus builds files the
+#: way any producer would, so a mistake in the reader's table cannot hide in the mutants.
 NP_DTYPES: dict[str, str] = {
     "U8": "<u1",
     "I8": "<i1",
