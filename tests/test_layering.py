@@ -146,31 +146,31 @@ def test_kernels_do_not_import_the_runtime() -> None:
     assert all(not t.startswith("planners.triton_runtime") for t, _ in package_imports(kernels))
 
 
-def test_help_imports_neither_torch_triton_nor_sglang() -> None:
+def _run_and_list_imports(argv: list[str]) -> tuple[list[str], int]:
+    """Run `kvcanary ARGV` in a fresh interpreter; the heavy modules it imported (of torch,
+    triton, numpy, sglang) and its exit code."""
     script = (
-        "import sys\nfrom kvcanary_cli.cli import main\n"
-        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('torch', 'triton', 'numpy', 'sglang') if m in sys.modules))"
+        "import sys\nfrom kvcanary_cli.cli import main\ncode = 0\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "heavy = ('torch', 'triton', 'numpy', 'sglang')\n"
+        "print(repr((sorted(m for m in heavy if m in sys.modules), int(code or 0))))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    imported, code = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    return imported, code
+
+
+def test_help_imports_neither_torch_triton_nor_sglang() -> None:
+    imported, _ = _run_and_list_imports(["--help"])
+    assert imported == []
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "markdown"])
 def test_inspect_imports_neither_torch_nor_triton(fmt: str) -> None:
     """`inspect` reads a dump with numpy alone: torch's import is most of a check's start."""
     dump = Path(__file__).resolve().parents[1] / "examples" / "truncated-lut.safetensors"
-    script = (
-        "import sys\nfrom kvcanary_cli.cli import main\n"
-        f"try:\n    main(['inspect', {str(dump)!r}, '--format', {fmt!r}])\n"
-        "except SystemExit as exc:\n    code = exc.code\n"
-        "print(sorted(m for m in ('torch', 'triton', 'sglang') if m in sys.modules), code)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[] 0"
+    imported, code = _run_and_list_imports(["inspect", str(dump), "--format", fmt])
+    assert [m for m in imported if m != "numpy"] == [] and code == 0
