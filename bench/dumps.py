@@ -150,7 +150,7 @@ def _save(state: SynthDump, size: str, variant: str, cache: Path) -> None:
     cut = int(lut.shape[0])
     if variant == TRUNCATED:
         cut = max(1, int(lut.shape[0] * LUT_KEPT))
-        tensors["full_to_swa_index_mapping"] = lut[:cut].clone()
+        tensors["full_to_swa_index_mapping"] = lut[:cut].copy()
     metadata["note"] = f"kvcanary bench {size} {variant} (seed {SEED})" + (
         f": LUT cut to {LUT_KEPT:.0%} of its length" if variant == TRUNCATED else ""
     )
@@ -188,9 +188,9 @@ def _describe(
     window_len = np.minimum(prefix, spec.window)
     # Pages of req_to_token holding the batch's cells: [0, P + E) of each live row.
     page = os.sysconf("SC_PAGE_SIZE")
-    row_bytes = max_seq_len * table.element_size()
+    row_bytes = max_seq_len * table.itemsize
     firsts = np.array([r.pool_row * row_bytes for r in live], dtype=np.int64)
-    lasts = firsts + np.maximum(prefix + extend, 1) * table.element_size() - 1
+    lasts = firsts + np.maximum(prefix + extend, 1) * table.itemsize - 1
     batch_pages = int(((lasts // page) - (firsts // page) + 1).sum())
     header = _header(path)
     table_start = header["__data_start__"] + header["req_to_token"]["data_offsets"][0]
@@ -206,7 +206,7 @@ def _describe(
         "num_full_slots": int(state.metadata["num_full_slots"]),
         "entries": {"full": int(prefix.sum()), "swa": int(window_len.sum())},
         "table_offset": int(table_start),
-        "table_bytes": int(table.numel() * table.element_size()),
+        "table_bytes": int(table.nbytes),
         "batch_table_bytes": batch_pages * page,
         "queries": _queries(state, lut_len),
     }

@@ -33,13 +33,13 @@ from procs import ROOT, run_child  # noqa: E402
 STANDARD: dict[str, list[list[str]]] = {
     CLEAN: [
         ["check"],
-        ["check", "--kernel", "torch"],
+        ["check", "--kernel", "vectorized"],
         ["check", "--kernel", "none"],
         ["provenance", "--slot", "{slot_finding}"],
     ],
     TRUNCATED: [
         ["check"],
-        ["check", "--kernel", "torch"],
+        ["check", "--kernel", "vectorized"],
         ["check", "--kernel", "none"],
         ["check", "--format", "json"],
         ["provenance", "--slot", "{slot_finding}"],

@@ -67,10 +67,10 @@ from kvcanary_cli.dump.sparse import dense  # noqa: E402
 from kvcanary_cli.planners.base import Planner, Semantics  # noqa: E402
 from kvcanary_cli.planners.reference import ReferencePlanner  # noqa: E402
 from kvcanary_cli.planners.triton_planner import TritonPlanner  # noqa: E402
-from kvcanary_cli.planners.vectorized import TorchPlanner  # noqa: E402
+from kvcanary_cli.planners.vectorized import VectorizedPlanner  # noqa: E402
 
 WORKERS = Path(__file__).resolve().parent / "workers.py"
-KERNELS = ("triton", "torch", "none")
+KERNELS = ("triton", "vectorized", "none")
 #: What `--skip` can leave out.
 PARTS = {
     "check": "check per kernel (and the clean baseline of --truncated-lut)",
@@ -78,7 +78,7 @@ PARTS = {
     "provenance": "provenance --slot and --row",
     "inspect": "inspect",
     "help": "kvcanary --help",
-    "imports": "whether --help and inspect import torch/triton",
+    "imports": "whether --help, inspect, check and provenance --slot import torch/triton",
     "cold": "cold runs: peak RSS against the table pages touched",
     "planners": "the planners in this process",
     "reference": "the scalar reference planner (part of planners)",
@@ -312,8 +312,15 @@ def cold_runs(bench: Bench, dump: BenchDump, slot: int) -> None:
 
 
 def imports(bench: Bench, dump: BenchDump) -> None:
-    """Whether `kvcanary --help` and `kvcanary inspect` import torch or triton."""
-    for name, args in (("help", ["--help"]), ("inspect", ["inspect", str(dump.path)])):
+    """Whether `kvcanary --help`, `inspect`, `check` and `provenance --slot` import torch or
+    triton (a check runs the kernels: triton, but on a CPU never torch)."""
+    slot = str(dump.info["queries"]["slot_finding"])
+    for name, args in (
+        ("help", ["--help"]),
+        ("inspect", ["inspect", str(dump.path)]),
+        ("check", ["check", str(dump.path), "--format", "json"]),
+        ("provenance", ["provenance", str(dump.path), "--slot", slot]),
+    ):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "modules.json"
             run_child([sys.executable, str(WORKERS), "modules", str(out), "--", *args])
@@ -337,8 +344,8 @@ def timed(fn: Callable[[], object], repeat: int) -> dict[str, Any]:
 def planners(bench: Bench, dump: KvDump, repeat: int) -> None:
     """Each planner per group, as `check` runs them (one torch thread)."""
     chosen: dict[str, Planner] = {
-        "torch": TorchPlanner(),
-        "torch-gpu": TorchPlanner(semantics=Semantics.GPU),
+        "vectorized": VectorizedPlanner(),
+        "vectorized-gpu": VectorizedPlanner(semantics=Semantics.GPU),
         "triton": TritonPlanner(),
     }
     if bench.wants("reference"):
@@ -358,8 +365,8 @@ def planners(bench: Bench, dump: KvDump, repeat: int) -> None:
 def floor_cells(dump: KvDump, group: str) -> tuple[np.ndarray, np.ndarray]:
     """Flat indices into req_to_token of the cells planning `group` reads: the verify range
     of each live row, `[max(0, P - W), P)` (W = 0: `[0, P)`)."""
-    rpi = dump.req_pool_indices.numpy()
-    prefix = np.clip(dump.prefix_lens.numpy(), 0, dump.max_seq_len)
+    rpi = dump.req_pool_indices
+    prefix = np.clip(dump.prefix_lens, 0, dump.max_seq_len)
     live = (rpi != 0) & (prefix > 0)
     rows, stops = rpi[live], prefix[live]
     window = dump.window(group)
@@ -371,9 +378,9 @@ def floor_cells(dump: KvDump, group: str) -> tuple[np.ndarray, np.ndarray]:
 
 def floor_gather(bench: Bench, dump: KvDump, repeat: int) -> None:
     """The bare numpy gather of the cells the planners read (SWA: and their LUT entries)."""
-    table = dense(dump.req_to_token).numpy().reshape(-1)
+    table = dense(dump.req_to_token).reshape(-1)
     lut = dump.full_to_swa_index_mapping
-    lut_np = None if lut is None else dense(lut).numpy()
+    lut_np = None if lut is None else dense(lut)
 
     def gather(group: str) -> np.ndarray:
         index, _ = floor_cells(dump, group)
@@ -425,9 +432,9 @@ def ratios(bench: Bench, main: str) -> tuple[dict[str, Any], dict[str, str]]:
         out[key] = None if record is None else record["rss_above_table_touched_bytes"] / GiB
         if record is not None and record["timed_out"]:
             bounds[key] = ">="
-    for name in ("help", "inspect"):
+    for name in ("help", "inspect", "check", "provenance"):
         record = bench.metrics.get(f"imports.{name}")
-        for module in ("torch", "triton"):
+        for module in ("torch", "triton") if name in ("help", "inspect") else ("torch",):
             out[f"{name}_imports_{module}"] = None if record is None else record["imports"][module]
     out["help_seconds"] = m("help")
     return out, bounds
@@ -445,6 +452,8 @@ TARGETS = {
     "help_imports_triton": "false",
     "inspect_imports_torch": "false",
     "inspect_imports_triton": "false",
+    "check_imports_torch": "false (on a CPU)",
+    "provenance_imports_torch": "false (on a CPU)",
 }
 
 

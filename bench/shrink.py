@@ -34,7 +34,7 @@ from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.scenarios import SIZES
 from kvcanary_cli.dump.synth import build_dump
 from kvcanary_cli.planners.base import Semantics
-from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
 torch.set_num_threads(1)  # as the CLI does: see kvcanary_cli.cli.main
 
@@ -48,7 +48,7 @@ def build(size: str, seed: int, path: Path) -> None:
     spec = replace(SIZES[size], active_rows=ACTIVE_ROWS, history=2 * ACTIVE_ROWS, window=128)
     state = build_dump(spec, seed=seed)
     lut = state.tensors["full_to_swa_index_mapping"]
-    state.tensors["full_to_swa_index_mapping"] = lut[: int(lut.shape[0] * LUT_KEPT)].clone()
+    state.tensors["full_to_swa_index_mapping"] = lut[: int(lut.shape[0] * LUT_KEPT)].copy()
     state.save(path)
 
 
@@ -61,8 +61,8 @@ def _timed(run: Callable[[], Any]) -> tuple[Any, float]:
 def _check(path: Path) -> DumpReport:
     return run_check(
         load_dump(path),
-        reference=TorchPlanner(),
-        kernel=TorchPlanner(semantics=Semantics.GPU),
+        reference=VectorizedPlanner(),
+        kernel=VectorizedPlanner(semantics=Semantics.GPU),
     )
 
 

@@ -1,12 +1,12 @@
 """The Python API: what each command computes, as the objects the CLI renders.
 
     from kvcanary_cli import api
-    report = api.check("dump.safetensors", kernel="torch")     # a CheckReport
+    report = api.check("dump.safetensors", kernel="vectorized")  # a CheckReport
     report.dumps[0].diagnosis[0].code                           # e.g. CauseCode.LUT_TOO_SHORT
     answer = api.provenance("dump.safetensors", slot=107)       # a ProvenanceReport
 
 Render any of them with `kvcanary_cli.render` (`render_check`, `render_provenance`, ...). Names
-(`kernel="torch"`) are mapped to planner objects here, as on the command line; to choose
+(`kernel="vectorized"`) are mapped to planner objects here, as on the command line; to choose
 planners yourself, call `kvcanary_cli.analysis.check.run_check` with planner objects.
 """
 
@@ -66,7 +66,7 @@ def check(
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport:
     """Check one dump or several (in parallel processes); an unreadable one gets an `error`
-    report, the others are still checked. `kernel`: triton, torch, sglang or none. The report
+    report, the others are still checked. `kernel`: triton, vectorized, sglang or none. The report
     names the SGLang version installed here, if any, so a reader knows what was compared."""
     from kvcanary_cli.analysis.check import check_dumps
     from kvcanary_cli.analysis.model import Severity
@@ -74,7 +74,7 @@ def check(
     many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     return check_dumps(
         many,
-        reference=make_planner(Backend.TORCH),
+        reference=make_planner(Backend.VECTORIZED),
         kernel=make_kernel(Kernel(kernel)),
         overrides=overrides,
         groups=groups,
@@ -106,7 +106,7 @@ def provenance(
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
     dump = load_dump(path, overrides=overrides)
-    reference = make_planner(Backend.TORCH)
+    reference = make_planner(Backend.VECTORIZED)
     if slot is not None and space == "full":
         # only the batch rows that hold (or write) the slot: its findings, not the diagnosis
         found = focused_findings(dump, slot, reference=reference)
@@ -137,7 +137,7 @@ def plan(
     path: PathLike,
     group: str = "full",
     *,
-    backend: Backend | str = Backend.TORCH,
+    backend: Backend | str = Backend.VECTORIZED,
     strict: bool = False,
     overrides: Overrides = None,
     out: PathLike | None = None,
@@ -188,9 +188,9 @@ def shrink(
     if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
         raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
     dump = load_dump(path, overrides=overrides)
-    kernel = make_kernel(Kernel.TORCH)
+    kernel = make_kernel(Kernel.VECTORIZED)
     assert kernel is not None
-    keep, _ = shrink_keep(dump, reference=make_planner(Backend.TORCH), kernel=kernel)
+    keep, _ = shrink_keep(dump, reference=make_planner(Backend.VECTORIZED), kernel=kernel)
     scalars = {
         name: int(value)
         for name, value in (overrides or {}).items()

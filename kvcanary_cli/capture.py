@@ -139,12 +139,21 @@ def save_plan_inputs(
             f"outside the call: {', '.join(map(repr, foreign))}"
         )
 
-    from kvcanary_cli.dump.writer import save_dump  # deferred: keeps `import capture` light
+    # deferred: keeps `import capture` light
+    from kvcanary_cli.dump.atomic import host_array
+    from kvcanary_cli.dump.writer import save_dump
 
     tensors: dict[str, Any] = {
         name: value for name, value in kwargs.items() if name not in LAUNCHER_OUTPUTS
     }
     tensors.update(context or {})
+    for name, value in tensors.items():  # torch tensors (CUDA or CPU) to numpy, here
+        try:
+            array = host_array(value)
+        except TypeError:  # a dtype numpy lacks: save_dump refuses it by name
+            continue
+        if array is not None:
+            tensors[name] = array
     for name in _SCALAR_ARGUMENTS:
         if tensors.get(name) is not None:
             tensors[name] = _as_int(tensors[name])
@@ -357,13 +366,18 @@ def _env_int(name: str) -> int | None:
 
 
 def _as_int(value: object) -> object:
-    """A Python int for int-like scalars (numpy ints, one-element tensors); else unchanged."""
+    """A Python int for int-like scalars (numpy ints, one-element integer arrays of any rank,
+    as torch's one-element tensors were); else unchanged."""
     if isinstance(value, int):
         return int(value)
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        return value
+        pass
+    size, dtype = getattr(value, "size", None), getattr(value, "dtype", None)
+    if size == 1 and getattr(dtype, "kind", None) in ("i", "u"):
+        return int(value.reshape(-1)[0])  # type: ignore[attr-defined]
+    return value
 
 
 def _capacity(plan: object, field: str) -> int | None:
@@ -446,13 +460,16 @@ def _free_slots(allocator: object, page_size: int) -> Any:
     pages = get_pages()
     if pages is None:
         return None
-    import torch  # the server has it loaded already
+    import numpy as np
 
-    pages = torch.as_tensor(pages).to("cpu", torch.int64).reshape(-1)
+    from kvcanary_cli.dump.atomic import host_array
+
+    array = host_array(pages)  # a torch tensor on the server's device, usually
+    slots = np.asarray(pages if array is None else array).astype(np.int64).reshape(-1)
     if page_size > 1:
-        offsets = torch.arange(page_size, dtype=torch.int64)
-        pages = (pages[:, None] * page_size + offsets[None, :]).reshape(-1)
-    return torch.sort(pages).values
+        offsets = np.arange(page_size, dtype=np.int64)
+        slots = (slots[:, None] * page_size + offsets[None, :]).reshape(-1)
+    return np.sort(slots)
 
 
 class _InstallOnImport(importlib.abc.MetaPathFinder):

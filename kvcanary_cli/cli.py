@@ -144,7 +144,7 @@ def violations(
 def plan(
     dump: opt.DumpArg,
     group: opt.PlanGroupOpt = Space.FULL,
-    backend: opt.BackendOpt = Backend.TORCH,
+    backend: opt.BackendOpt = Backend.VECTORIZED,
     strict: opt.StrictOpt = False,
     out: opt.PlanOutOpt = None,
     force: opt.ForceOpt = False,
@@ -243,8 +243,8 @@ def selftest(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point. One intra-op torch thread unless the user chose: the work is
-    memory-bound gathers, and on CPU-quota'd containers extra threads spin against each other
+    """Console-script entry point. One OpenMP thread (torch's, where SGLang's planners run)
+    unless the user chose: on CPU-quota'd containers extra threads spin against each other
     (seen: a 121K-element arange 50x slower with 2 threads than with 1)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     app(args=argv, prog_name="kvcanary")

@@ -241,7 +241,7 @@ KernelOpt = Annotated[
         "--kernel",
         "-k",
         help="What stands in for the production GPU path: triton (the kernels; compiled on CUDA, "
-        "interpreted elsewhere), torch (same GPU semantics, vectorized: fast), sglang (the "
+        "interpreted elsewhere), vectorized (same GPU semantics in numpy: fast), sglang (the "
         "installed SGLang's own launcher: its kernels on CUDA, its torch reference elsewhere), "
         "none (skip the comparison).",
     ),
@@ -339,7 +339,7 @@ BackendOpt = Annotated[
     typer.Option(
         "--backend",
         "-b",
-        help="reference: scalar, literal (slow); torch: vectorized, same results; triton: the GPU "
+        help="reference: scalar, literal (slow); vectorized: numpy, same results; triton: the GPU "
         "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input); sglang: "
         "the installed SGLang's own launcher (its kernels on CUDA, its torch reference "
         "elsewhere).",

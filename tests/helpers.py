@@ -8,27 +8,27 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Planner, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner
-from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
 REFERENCE = ReferencePlanner()
 STRICT = ReferencePlanner(strict=True)
-TORCH = TorchPlanner()
-TORCH_GPU = TorchPlanner(semantics=Semantics.GPU)
+VECTORIZED = VectorizedPlanner()
+VECTORIZED_GPU = VectorizedPlanner(semantics=Semantics.GPU)
 TRITON = TritonPlanner()
 #: the `--kernel` choices of `kvcanary check`, as objects.
-KERNELS: dict[str, Planner | None] = {"torch": TORCH_GPU, "triton": TRITON, "none": None}
+KERNELS: dict[str, Planner | None] = {"vectorized": VECTORIZED_GPU, "triton": TRITON, "none": None}
 #: every planner, by the name tests parametrize over.
 PLANNERS: dict[str, Planner] = {
     "reference": REFERENCE,
-    "torch": TORCH,
-    "torch-gpu": TORCH_GPU,
+    "vectorized": VECTORIZED,
+    "vectorized-gpu": VECTORIZED_GPU,
     "triton": TRITON,
 }
 
 
-def checked(dump: KvDump, *, kernel: str = "torch") -> DumpReport:
+def checked(dump: KvDump, *, kernel: str = "vectorized") -> DumpReport:
     """`run_check` with the vectorized reference and the named kernel."""
-    return run_check(dump, reference=TORCH, kernel=KERNELS[kernel])
+    return run_check(dump, reference=VECTORIZED, kernel=KERNELS[kernel])
 
 
 #: The synth scenarios on which SGLang's torch reference raises (its first bad read): what

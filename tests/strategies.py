@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from hypothesis import strategies as st
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
@@ -57,7 +56,7 @@ _counter = itertools.count()
 class DumpCase:
     """One drawn dump before saving: format-v1 tensors and metadata."""
 
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, np.ndarray]
     metadata: dict[str, str]
     #: what the case exercises (padding, overflow, corruptions, ...), for failure reports.
     tags: list[str] = field(default_factory=list)
@@ -232,22 +231,22 @@ def _case(draw: st.DrawFn, corrupt: bool) -> DumpCase:
     if len(active_rps) != len(set(active_rps)):
         tags.append("duplicate-pool-rows")
     metadata: dict[str, str] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    table_dtype = draw(st.sampled_from([torch.int32, torch.int32, torch.int64]))
-    batch_dtype = draw(st.sampled_from([torch.int64, torch.int64, torch.int32]))
-    tensors["req_to_token"] = torch.from_numpy(table).to(table_dtype)
-    tensors["req_pool_indices"] = torch.tensor([r[0] for r in rows], dtype=batch_dtype)
-    tensors["prefix_lens"] = torch.tensor([r[1] for r in rows], dtype=batch_dtype)
+    tensors: dict[str, np.ndarray] = {}
+    table_dtype = draw(st.sampled_from([np.int32, np.int32, np.int64]))
+    batch_dtype = draw(st.sampled_from([np.int64, np.int64, np.int32]))
+    tensors["req_to_token"] = table.astype(table_dtype)
+    tensors["req_pool_indices"] = np.array([r[0] for r in rows], dtype=batch_dtype)
+    tensors["prefix_lens"] = np.array([r[1] for r in rows], dtype=batch_dtype)
     if draw(st.booleans()) or any(r[2] != 0 for r in rows):
-        tensors["extend_seq_lens"] = torch.tensor([r[2] for r in rows], dtype=batch_dtype)
+        tensors["extend_seq_lens"] = np.array([r[2] for r in rows], dtype=batch_dtype)
     if lut is not None:
-        tensors["full_to_swa_index_mapping"] = torch.from_numpy(lut)
+        tensors["full_to_swa_index_mapping"] = lut
         metadata["swa_window_size"] = str(window)
         if "short-lut" not in tags:
             metadata["num_full_slots"] = str(num_full_slots)
     if pool is not None and valid_lens is not None:
-        tensors["req_to_verify_expected_tokens"] = torch.from_numpy(pool).to(torch.int32)
-        tensors["req_to_verify_expected_tokens_valid_lens"] = torch.from_numpy(valid_lens)
+        tensors["req_to_verify_expected_tokens"] = pool.astype(np.int32)
+        tensors["req_to_verify_expected_tokens_valid_lens"] = valid_lens
     if offset is not None:
         metadata["kv_token_id_vs_position_offset"] = str(offset)
     if write_capacity is not None:

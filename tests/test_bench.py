@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Whole-process measurements (seconds and peak RSS), with --truncated-lut.
 PROCESSES = [
     "check.truncated-lut.triton",
-    "check.truncated-lut.torch",
+    "check.truncated-lut.vectorized",
     "check.truncated-lut.none",
     "check.clean.triton",
     "check_json.truncated-lut.triton",
@@ -36,7 +36,7 @@ PROCESSES = [
 IN_PROCESS = [
     f"planners.{group}.{planner}"
     for group in ("full", "swa")
-    for planner in ("torch", "torch-gpu", "triton", "triton_first_call", "reference")
+    for planner in ("vectorized", "vectorized-gpu", "triton", "triton_first_call", "reference")
 ] + ["floor.gather.full", "floor.gather.swa", "floor.gather"]
 SGLANG = ["sglang.process", "sglang.full", "sglang.swa", "sglang.both"]
 COLD = ["cold.check_json", "cold.provenance_slot"]
@@ -52,6 +52,8 @@ RATIOS = [
     "help_imports_triton",
     "inspect_imports_torch",
     "inspect_imports_triton",
+    "check_imports_torch",
+    "provenance_imports_torch",
     "help_seconds",
 ]
 
@@ -90,8 +92,9 @@ def test_the_benchmark_records_every_metric(tmp_path: Path) -> None:
     for name in COLD:
         _seconds(metrics[name])
         assert metrics[name]["table_bytes_touched"] > 0
-    for name in ("help", "inspect"):
+    for name in ("help", "inspect", "check", "provenance"):
         assert set(metrics[f"imports.{name}"]["imports"]) >= {"torch", "triton"}
+    assert metrics["imports.check"]["imports"]["triton"]  # it did run the kernels
     sglang_here = wheel_path() is not None or importlib.util.find_spec("sglang") is not None
     for name in SGLANG:
         if "skipped" in metrics[name]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,11 +106,11 @@ class WritePlan:
         )
 
 
-def _dense(tensor: object) -> torch.Tensor:
-    """A format-1 dump's tensor (this module is imported by child processes, whatever kvcanary
+def _dense(array: object) -> np.ndarray:
+    """A format-1 dump's array (this module is imported by child processes, whatever kvcanary
     they have installed: it names only long-standing modules)."""
-    assert isinstance(tensor, torch.Tensor)
-    return tensor
+    assert isinstance(array, np.ndarray)
+    return array
 
 
 def plan_kwargs(*, bad_slot: bool = True, token_offset: int = 1) -> dict[str, Any]:
@@ -160,7 +161,7 @@ def test_save_plan_inputs_records_inputs_and_capacities(tmp_path: Path) -> None:
     kwargs = plan_kwargs()
     path = save_plan_inputs(tmp_path / "d.safetensors", metadata={"model": "m"}, **kwargs)
     dump = load_dump(path)
-    assert torch.equal(_dense(dump.req_to_token), kwargs["req_to_token"])
+    assert np.array_equal(_dense(dump.req_to_token), kwargs["req_to_token"].numpy())
     assert dump.req_pool_indices.tolist() == [1, 2, 0]
     assert dump.prefix_lens.tolist() == [4, 3, 0]
     assert dump.extend_seq_lens.tolist() == [1, 1, 0]
@@ -363,7 +364,9 @@ def test_captured_dump_checks_as_lut_out_of_range(
     with pytest.raises(ValueError, match="outside full_to_swa_index_mapping"):
         stand_in.launch_canary_plan_kernels(**plan_kwargs())
     [path] = dumps_in(tmp_path)
-    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "--kernel", "torch"])
+    result = CliRunner().invoke(
+        app, ["check", str(path), "--format", "json", "--kernel", "vectorized"]
+    )
     assert result.exit_code == 1, result.output
     record = json.loads(result.stdout)
     codes = {f["code"] for d in record["dumps"] for f in d["findings"]}
@@ -568,7 +571,7 @@ def test_captured_truncated_lut_is_diagnosed_with_both_lengths(
     with pytest.raises(ValueError):
         stand_in.launch_canary_plan_kernels(**kwargs)
     [path] = dumps_in(tmp_path)
-    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "-k", "torch"])
+    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "-k", "vectorized"])
     assert result.exit_code == 1, result.output
     [dump] = json.loads(result.stdout)["dumps"]
     errors = {f["code"] for f in dump["findings"] if f["severity"] == "error"}
@@ -593,7 +596,7 @@ def test_without_a_runner_the_dump_assumes_and_does_not_accuse(
     with pytest.raises(ValueError):
         stand_in.launch_canary_plan_kernels(**plan_kwargs())
     [path] = dumps_in(tmp_path)
-    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "-k", "torch"])
+    result = CliRunner().invoke(app, ["check", str(path), "--format", "json", "-k", "vectorized"])
     [dump] = json.loads(result.stdout)["dumps"]
     beyond = [f for f in dump["findings"] if f["code"] == "slot-beyond-pool"]
     assert beyond and all(f["severity"] == "info" for f in beyond)

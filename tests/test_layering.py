@@ -174,3 +174,28 @@ def test_inspect_imports_neither_torch_nor_triton(fmt: str) -> None:
     dump = Path(__file__).resolve().parents[1] / "examples" / "truncated-lut.safetensors"
     imported, code = _run_and_list_imports(["inspect", str(dump), "--format", fmt])
     assert [m for m in imported if m != "numpy"] == [] and code == 0
+
+
+def _has_gpu_driver() -> bool:
+    return any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
+
+
+@pytest.mark.skipif(_has_gpu_driver(), reason="with a GPU, compiled kernels need torch's memory")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check"],
+        ["check", "--kernel", "vectorized", "--format", "json"],
+        ["provenance", "--slot", "107"],
+        ["provenance", "--row", "3"],
+    ],
+    ids=["check", "check-vectorized-json", "provenance-slot", "provenance-row"],
+)
+def test_check_and_provenance_never_import_torch(argv: list[str]) -> None:
+    """On a CPU the whole check path (reference, interpreted Triton kernels, analysis) runs
+    on numpy: torch's import alone would be about half of a production-size check."""
+    dump = Path(__file__).resolve().parents[1] / "examples" / "truncated-lut.safetensors"
+    imported, code = _run_and_list_imports([argv[0], str(dump), *argv[1:]])
+    assert "torch" not in imported and code in (0, 1)
+    if argv == ["check"]:
+        assert "triton" in imported  # the kernels did run, in the interpreter

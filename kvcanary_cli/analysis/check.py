@@ -149,9 +149,9 @@ def collect_findings(
 
 
 def _runs_on_host(kernel: Planner | None) -> bool:
-    """A kernel that plans on this machine's CPU (interpreted Triton, torch, SGLang's
-    reference): worth a second core. A compiled or CUDA one is fast already, and stays on
-    the thread that owns the device."""
+    """A kernel that plans on this machine's CPU (interpreted Triton, the vectorized planner,
+    SGLang's reference): worth a second core. A compiled or CUDA one is fast already, and
+    stays on the thread that owns the device."""
     return kernel is not None and kernel.mode not in ("compiled", "cuda")
 
 
@@ -227,7 +227,8 @@ def _collect(
     )
 
 
-#: What one checking process needs besides its dump's pages: torch, triton and the plan.
+#: What one checking process needs besides its dump's pages: numpy, triton (and the
+#: torch it imports) and the plan.
 _WORKER_BASE_BYTES = 768 << 20
 
 
@@ -372,7 +373,8 @@ def check_dumps(
             if progress:
                 progress(i + 1, len(work))
     else:
-        # spawn, not fork: forking a process that already runs torch threads can deadlock.
+        # spawn, not fork: forking a process that already runs threads (a kernel's torch or
+        # triton, the background planner) can deadlock.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             for i, report in enumerate(pool.map(_check_path, work)):

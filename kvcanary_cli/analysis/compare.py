@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.analysis.upstream import launch_divergences
@@ -56,7 +55,7 @@ def _entry_explanations(problems: ProblemTable, plan: Plan) -> dict[ProblemRole,
     their batch row (a bad row or a prefix past the row spoils the rest of the row).
     """
     n = plan.entries
-    rows = plan.entry_batch_rows().numpy()
+    rows = plan.entry_batch_rows()
     entry_ids = np.arange(n)
     with_entry = problems.entry >= 0
     out: dict[ProblemRole, np.ndarray] = {}
@@ -133,12 +132,12 @@ def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
             ref_def = (reference.verify_undefined & int(bit)) == 0
             ker_def = (kernel.verify_undefined & int(bit)) == 0
             ref_val, ker_val = getattr(reference, name), getattr(kernel, name)
-            differs = ((ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))).numpy()
+            differs = (ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))
             compared.append((role, label, ref_def, ker_def, ref_val, ker_val, differs))
         # Explanations cost a pass per field: only when something differs.
         any_differs = any(bool(c[-1].any()) for c in compared)
         why = _entry_explanations(problems, reference) if any_differs else {}
-        rows = reference.entry_batch_rows() if any_differs else torch.zeros(0)
+        rows = reference.entry_batch_rows() if any_differs else np.zeros(0, dtype=np.int64)
         positions = reference.verify_expected_positions
         for role, label, ref_def, ker_def, ref_val, ker_val, differs in compared:
             if not differs.any():
@@ -174,7 +173,7 @@ def _compare_write(
     ref_val = reference.write_seed_slot_indices[:n]
     ker_val = kernel.write_seed_slot_indices[:n]
     differs = (ref_def != ker_def) | (ref_def & ker_def & (ref_val != ker_val))
-    bad_rows = torch.nonzero(differs).reshape(-1).numpy()
+    bad_rows = np.flatnonzero(differs)
     if bad_rows.size:
         # per batch row, once: a seed LUT problem, or the first row-level problem's kind
         in_rows = (problems.batch_row >= 0) & (problems.batch_row < n)
@@ -204,7 +203,7 @@ def _compare_write(
                 continue
             result.explain(code, "write seed", 1)
     m = min(reference.write_offsets.shape[0], kernel.write_offsets.shape[0])
-    bad = torch.nonzero(reference.write_offsets[:m] != kernel.write_offsets[:m]).reshape(-1)
+    bad = np.flatnonzero(reference.write_offsets[:m] != kernel.write_offsets[:m])
     for r in bad.tolist():
         diverge(
             "write offset",

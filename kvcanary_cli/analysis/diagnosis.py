@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-import torch
+import numpy as np
 
 from kvcanary_cli.analysis.model import (
     Assumption,
@@ -268,7 +268,7 @@ def _batch_rows(state: _Diagnosis) -> None:
 def _stale_rows(state: _Diagnosis) -> None:
     """A run of symptoms that ends at the last prefix position of a row: a stale tail."""
     findings = state.findings
-    prefix = state.dump.prefix_lens.clamp(min=0).tolist()
+    prefix = np.maximum(state.dump.prefix_lens, 0).tolist()
     by_row: dict[int, list[int]] = {}
     for i, f in enumerate(findings):
         if (
@@ -455,7 +455,7 @@ def _unrecorded_pool_evidence(
         evidence.append(f"the LUT ends in {element(lut, -1)}, not -1: it was sliced")
         return evidence, True
     free = dump.free_full_slots
-    if free is not None and free.numel():
+    if free is not None and free.size:
         top = int(free.max())
         if top >= lut_len - 1:
             evidence.append(
@@ -463,7 +463,7 @@ def _unrecorded_pool_evidence(
                 "larger than the LUT"
             )
             return evidence, True
-    table_top = int(torch.as_tensor(slots).max())
+    table_top = int(max(slots))
     # Slots an allocator hands out are dense: a few past the LUT's end are a short LUT; a lone
     # slot far beyond everything else is a corrupt index.
     likely_lut = len(slots) >= 2 and table_top < 2 * max(lut_len, 1)

@@ -38,9 +38,9 @@ SLOT_SPREAD = 16
 def batch_findings(dump: KvDump) -> list[Finding]:
     """Row- and tensor-level findings that need no plan: indices, lengths, limits, dtypes."""
     found: list[Finding] = []
-    rpi = dump.req_pool_indices.numpy()
-    prefix = dump.prefix_lens.numpy()
-    extend = dump.extend_seq_lens.numpy()
+    rpi = dump.req_pool_indices
+    prefix = dump.prefix_lens
+    extend = dump.extend_seq_lens
     msl, max_reqs = dump.max_seq_len, dump.max_reqs
     active = rpi != 0
     out_of_range = active & ((rpi < 0) | (rpi >= max_reqs))
@@ -309,10 +309,12 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         )
         found += [replace(f, assumes=assumes) for f in beyond]
     real = slot > 0
-    found.extend(_duplicates_in_row(cells, real))
-    found.extend(_shared_across_positions(cells, real))
+    # A duplicate or an alias needs two cells holding one slot; most live slots have one.
+    shared = _held_twice(slot, real)
+    found.extend(_duplicates_in_row(cells, shared))
+    found.extend(_shared_across_positions(cells, shared))
     if dump.free_full_slots is not None:
-        free = dump.free_full_slots.numpy()
+        free = dump.free_full_slots
         found += _cell_records(
             FindingCode.FREED_SLOT_IN_LIVE_RANGE,
             cells,
@@ -322,6 +324,34 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         )
     found.extend(write_findings(dump, cells))
     return found
+
+
+#: Slot values up to this many times the cells counted with one `bincount` (else one sort).
+_BINCOUNT_SPAN = 4
+
+
+def _held_twice(slot: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """The cells of `among` whose slot another cell of `among` also holds (`among` narrowed).
+
+    Slots are counted with a `bincount` when their values are non-negative and within a few
+    times the cell count (the usual pool), otherwise by one sort: never by the values alone,
+    which a corrupt dump chooses."""
+    idx = np.flatnonzero(among)
+    values = slot[idx]
+    out = np.zeros(slot.shape, dtype=bool)
+    if values.size < 2:
+        return out
+    if int(values.min()) >= 0 and int(values.max()) < _BINCOUNT_SPAN * values.size + (1 << 20):
+        twice = np.bincount(values)[values] > 1
+    else:
+        order = np.argsort(values, kind="stable")
+        ordered = values[order]
+        same = ordered[1:] == ordered[:-1]
+        twice = np.zeros(values.size, dtype=bool)
+        twice[order[1:][same]] = True
+        twice[order[:-1][same]] = True
+    out[idx[twice]] = True
+    return out
 
 
 def _groups_of(*keys: np.ndarray) -> list[np.ndarray]:
@@ -468,8 +498,8 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     loc = dump.out_cache_loc
     if loc is None:
         return []
-    rpi = dump.req_pool_indices.numpy()
-    extend = dump.extend_seq_lens.numpy()
+    rpi = dump.req_pool_indices
+    extend = dump.extend_seq_lens
     tokens = int(loc.shape[0])
     # Each row writes E tokens, in batch order; out_cache_loc holds what the batch really
     # wrote, so no claimed length makes this larger than out_cache_loc.
@@ -478,11 +508,10 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     n = min(int(ends[-1]) if ends.size else 0, tokens)
     w_rows = np.searchsorted(ends, np.arange(n), side="right")
     offsets = np.arange(n) - (ends - write_len)[w_rows]
-    written = loc[:n].numpy()
+    written = loc[:n]
     w_pool = rpi[w_rows]
     w_pos = (
-        np.minimum(np.maximum(dump.prefix_lens.numpy(), 0), np.iinfo(np.int64).max // 2)[w_rows]
-        + offsets
+        np.minimum(np.maximum(dump.prefix_lens, 0), np.iinfo(np.int64).max // 2)[w_rows] + offsets
     )
     found = []
     order = np.argsort(cells.slot, kind="stable")
@@ -532,7 +561,7 @@ def lut_findings(dump: KvDump) -> list[Finding]:
     command-line) pool size can contradict the LUT: a derived one is the LUT's own length.
     """
     lut = dump.full_to_swa_index_mapping
-    if lut is None or lut.numel() == 0:
+    if lut is None or lut.size == 0:
         return []
     found: list[Finding] = []
     lut_len, last = int(lut.shape[0]), element(lut, -1)
@@ -567,7 +596,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     if lut_tensor is None:
         return []
     lut_len = int(lut_tensor.shape[0])
-    start = plan.frame.window_start.numpy()[cells.batch_row]
+    start = plan.frame.window_start[cells.batch_row]
     in_window = (~cells.pending) & (cells.position >= start)
     mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
     swa = np.zeros_like(cells.slot)
@@ -585,9 +614,12 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
         "canary is blind here)",
         group="swa",
     )
-    found += _swa_collisions(cells, swa, np.flatnonzero(in_window & mappable & (swa > 0)))
+    # a collision needs two cells on one SWA slot: the others are left out before sorting
+    found += _swa_collisions(
+        cells, swa, np.flatnonzero(_held_twice(swa, in_window & mappable & (swa > 0)))
+    )
     if dump.free_swa_slots is not None:
-        free = dump.free_swa_slots.numpy()
+        free = dump.free_swa_slots
         freed = np.flatnonzero(mappable & (swa > 0) & SlotSet(free).contains(swa))
         prefix_only = ~(in_window[freed] | cells.pending[freed])
         found += _cell_records(
@@ -707,7 +739,7 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
     found: list[Finding] = []
     problems = plan.problems
     lut = dump.full_to_swa_index_mapping
-    clamp_value = element(lut, -1) if lut is not None and lut.numel() else None
+    clamp_value = element(lut, -1) if lut is not None and lut.size else None
     lut_len = 0 if lut is None else int(lut.shape[0])
     found += _lut_records(plan, lut_len, clamp_value)
     pool = dump.req_to_verify_expected_tokens

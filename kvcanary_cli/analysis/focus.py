@@ -108,9 +108,9 @@ def _rows_holding(dump: KvDump, cells: LiveCells, slots: Iterable[int]) -> KvDum
     made padding (`req_pool_indices` 0): planners and detectors skip padding rows."""
     wanted = SlotSet(np.asarray(list(slots), dtype=np.int64))
     held = np.unique(cells.pool_row[wanted.contains(cells.slot)])
-    rpi = dump.req_pool_indices.numpy()
+    rpi = dump.req_pool_indices
     keep = np.isin(rpi, held) & (rpi != 0)
-    masked = dump.req_pool_indices.clone()
+    masked = dump.req_pool_indices.copy()
     masked[~keep] = 0
     return replace(dump, req_pool_indices=masked)
 

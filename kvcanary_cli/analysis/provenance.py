@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
 from kvcanary_cli.analysis.model import (
     CanaryRecord,
@@ -40,7 +39,6 @@ __all__ = [
     "swa_provenance",
 ]
 
-_I64 = torch.int64
 #: cells of req_to_token examined per step of the provenance scan (bounds temporaries).
 _SCAN_CELLS = 1 << 22
 #: violation-ring kernel_kind (launch tag) values of the SWA group: HEAD/TAIL/SWEEP x K/V.
@@ -80,29 +78,26 @@ def live_cells(dump: KvDump) -> LiveCells:
     rpi = dump.req_pool_indices
     msl = dump.max_seq_len
     # Each clamped to the row first: claimed lengths never size the gather (nor overflow).
-    prefix = dump.prefix_lens.clamp(min=0, max=msl)
-    extend = dump.extend_seq_lens.clamp(min=0, max=msl)
-    first = torch.zeros_like(rpi, dtype=torch.bool)
-    if rpi.numel():
-        _, inverse = torch.unique(rpi, return_inverse=True)
-        order = torch.arange(rpi.numel(), dtype=_I64)
-        first_index = torch.full((int(inverse.max()) + 1,), rpi.numel(), dtype=_I64)
-        first_index.scatter_reduce_(0, inverse, order, reduce="amin")
-        first = first_index[inverse] == order
+    prefix = np.clip(dump.prefix_lens, 0, msl)
+    extend = np.clip(dump.extend_seq_lens, 0, msl)
+    first = np.zeros(rpi.shape, dtype=bool)
+    if rpi.size:
+        _, first_index = np.unique(rpi, return_index=True)
+        first[first_index] = True
     usable = (rpi > 0) & (rpi < dump.max_reqs) & first
-    lens = torch.where(usable, (prefix + extend).clamp(max=msl), 0)
-    rows = torch.repeat_interleave(torch.arange(rpi.numel(), dtype=_I64), lens)
-    starts = torch.cumsum(lens, 0) - lens
-    pos = torch.arange(rows.numel(), dtype=_I64) - torch.repeat_interleave(starts, lens)
+    lens = np.where(usable, np.minimum(prefix + extend, msl), 0).astype(np.int64)
+    rows = np.repeat(np.arange(rpi.size, dtype=np.int64), lens)
+    starts = np.cumsum(lens) - lens
+    pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, lens)
     pool_row = rpi[rows]
     flat = pool_row * msl + pos
-    slot = take(dump.req_to_token, flat) if flat.numel() else flat
+    slot = take(dump.req_to_token, flat) if flat.size else flat
     return LiveCells(
-        slot=slot.numpy(),
-        batch_row=rows.numpy(),
-        pool_row=pool_row.numpy(),
-        position=pos.numpy(),
-        pending=(pos >= prefix[rows]).numpy(),
+        slot=slot,
+        batch_row=rows,
+        pool_row=pool_row,
+        position=pos,
+        pending=pos >= prefix[rows],
     )
 
 
@@ -134,12 +129,12 @@ def live_ends(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
     """The in-range pool rows of the batch (sorted) and, per row, one past its last live
     position (`P + E` of the batch row using it, the largest if several do, clamped to the
     row). Sized by the batch, not by the table (a shrunk dump's shape is only a claim)."""
-    rpi = dump.req_pool_indices.numpy()
+    rpi = dump.req_pool_indices
     msl = dump.max_seq_len
     active = (rpi > 0) & (rpi < dump.max_reqs)
     # each clamped to the row first, so no claimed length overflows the sum
-    prefix = np.clip(dump.prefix_lens.numpy(), 0, msl)
-    extend = np.clip(dump.extend_seq_lens.numpy(), 0, msl)
+    prefix = np.clip(dump.prefix_lens, 0, msl)
+    extend = np.clip(dump.extend_seq_lens, 0, msl)
     rows, inverse = np.unique(rpi[active], return_inverse=True)
     ends = np.zeros(rows.size, dtype=np.int64)
     np.maximum.at(ends, inverse.reshape(-1), np.minimum(prefix[active] + extend[active], msl))
@@ -352,7 +347,7 @@ def clamp_target(dump: KvDump) -> int | None:
     """The SWA slot the GPU path clamps every slot >= lut_len onto (`LUT[lut_len - 1]`), when
     that is a real slot: a LUT that lost its trailing -1 (sliced) sends them somewhere."""
     lut = dump.full_to_swa_index_mapping
-    if lut is None or lut.numel() == 0 or element(lut, -1) < 0:
+    if lut is None or lut.size == 0 or element(lut, -1) < 0:
         return None
     return element(lut, -1)
 
@@ -395,22 +390,22 @@ def full_slots_mapping_to(
 
 
 #: free lists sorted once per dump (a list can hold millions of slots; findings ask per
-#: slot), by the list's identity; an entry dies with its tensor.
-_SORTED_FREE: dict[int, tuple[weakref.ref[torch.Tensor], np.ndarray]] = {}
+#: slot), by the list's identity; an entry dies with its array.
+_SORTED_FREE: dict[int, tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
 
 
-def _sorted_free(free: torch.Tensor) -> np.ndarray:
+def _sorted_free(free: np.ndarray) -> np.ndarray:
     cached = _SORTED_FREE.get(id(free))
     if cached is not None and cached[0]() is free:
         return cached[1]
     key = id(free)
-    ordered = np.sort(free.numpy())
+    ordered = np.sort(free)
     _SORTED_FREE[key] = (weakref.ref(free, lambda _: _SORTED_FREE.pop(key, None)), ordered)
     return ordered
 
 
 def _allocator_state(
-    free: torch.Tensor | None, slot: int, known: np.ndarray | None = None
+    free: np.ndarray | None, slot: int, known: np.ndarray | None = None
 ) -> str | None:
     if free is None:
         return None
@@ -448,16 +443,16 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
 
 #: ring rows a slot's provenance lists (`violations_total` counts them all).
 VIOLATION_ROWS_SHOWN = 16
-#: decoded rings, by the ring tensor's identity (a ring is decoded once, not per slot).
-_DECODED: dict[int, tuple[weakref.ref[torch.Tensor], np.ndarray]] = {}
+#: decoded rings, by the ring array's identity (a ring is decoded once, not per slot).
+_DECODED: dict[int, tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
 
 
-def _ring_rows(ring: torch.Tensor, write_index: int) -> np.ndarray:
+def _ring_rows(ring: np.ndarray, write_index: int) -> np.ndarray:
     cached = _DECODED.get(id(ring))
     if cached is not None and cached[0]() is ring:
         return cached[1]
     key = id(ring)
-    rows = decode_ring(ring.numpy(), write_index).rows
+    rows = decode_ring(ring, write_index).rows
     _DECODED[key] = (weakref.ref(ring, lambda _: _DECODED.pop(key, None)), rows)
     return rows
 

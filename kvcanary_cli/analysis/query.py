@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from kvcanary_cli.analysis.model import (
     DumpReport,
@@ -200,7 +199,7 @@ class _Row:
         """Slots at `positions` (0 where a shrunk dump did not keep the cell)."""
         if not positions:
             return []
-        flat = torch.tensor(positions, dtype=torch.int64) + self.pool_row * self.length
+        flat = np.asarray(positions, dtype=np.int64) + self.pool_row * self.length
         return [int(v) for v in take(self.table, flat).tolist()]
 
     def _kept(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -221,19 +220,19 @@ class _Row:
         return _nonzero_positions(self.table[self.pool_row], start, end, limit)
 
 
-def _count_nonzero(row: torch.Tensor, start: int, end: int) -> int:
+def _count_nonzero(row: np.ndarray, start: int, end: int) -> int:
     """Non-zero cells of `row[start:end]`, counted in chunks (no row-sized temporary)."""
     return sum(
-        int(torch.count_nonzero(row[a : min(a + _ROW_CHUNK, end)]))
+        int(np.count_nonzero(row[a : min(a + _ROW_CHUNK, end)]))
         for a in range(start, end, _ROW_CHUNK)
     )
 
 
-def _nonzero_positions(row: torch.Tensor, start: int, end: int, limit: int) -> list[int]:
+def _nonzero_positions(row: np.ndarray, start: int, end: int, limit: int) -> list[int]:
     """The first `limit` positions of `row[start:end]` holding a slot, searched in chunks."""
     found: list[int] = []
     for a in range(start, end, _ROW_CHUNK):
-        hits = torch.nonzero(row[a : min(a + _ROW_CHUNK, end)]).reshape(-1)[: limit - len(found)]
+        hits = np.flatnonzero(row[a : min(a + _ROW_CHUNK, end)])[: limit - len(found)]
         found.extend((hits + a).tolist())
         if len(found) >= limit:
             break

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
@@ -45,14 +45,14 @@ _UNDEFINED_BIT = {
 Record = dict[str, Any]
 
 
-def _defined(plan: Plan, name: str, values: torch.Tensor) -> torch.Tensor:
+def _defined(plan: Plan, name: str, values: np.ndarray) -> np.ndarray:
     """Which of `values` (the field, as upstream defines it) the planner could define."""
     n = int(values.shape[0]) if values.ndim else 1
     if name in _UNDEFINED_BIT:
-        return (plan.verify_undefined[:n] & int(_UNDEFINED_BIT[name])) == 0
+        return np.asarray((plan.verify_undefined[:n] & int(_UNDEFINED_BIT[name])) == 0)
     if name == "write_seed_slot_indices":
         return ~plan.seed_undefined[:n]
-    return torch.ones(n, dtype=torch.bool)
+    return np.ones(n, dtype=bool)
 
 
 def _difference(baseline: Plan, other: Plan, name: str) -> Record | None:
@@ -63,13 +63,13 @@ def _difference(baseline: Plan, other: Plan, name: str) -> Record | None:
         return {
             "field": name,
             "index": None,
-            "baseline": f"{a.numel()} values",
-            "planner": f"{b.numel()} values",
+            "baseline": f"{a.size} values",
+            "planner": f"{b.size} values",
         }
     da, db = _defined(baseline, name, a), _defined(other, name, b)
     differs = (da != db) | (da & db & (a != b))
-    hits = torch.nonzero(differs).reshape(-1)
-    if hits.numel() == 0:
+    hits = np.flatnonzero(differs)
+    if hits.size == 0:
         return None
     i = int(hits[0])
     return {

@@ -72,9 +72,9 @@ def _python_rows(rp: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _table_reads(dump: KvDump, frames: dict[str, GroupFrame]) -> np.ndarray:
     """Flat cells of `req_to_token` the plans and the live cells read."""
-    rp = dump.req_pool_indices.numpy()
-    prefix = np.maximum(dump.prefix_lens.numpy(), 0)
-    live = prefix + np.maximum(dump.extend_seq_lens.numpy(), 0)
+    rp = dump.req_pool_indices
+    prefix = np.maximum(dump.prefix_lens, 0)
+    live = prefix + np.maximum(dump.extend_seq_lens, 0)
     rows, width = dump.max_reqs, dump.max_seq_len
     total = rows * width
     active = rp != 0
@@ -87,11 +87,11 @@ def _table_reads(dump: KvDump, frames: dict[str, GroupFrame]) -> np.ndarray:
         )
     ]
     for frame in frames.values():
-        start = np.maximum(frame.window_start.numpy() - 1, 0)
+        start = np.maximum(frame.window_start - 1, 0)
         if frame.enable:  # GPU reads are flat: past the row's end they cross into the next
-            gpu = active & (frame.verify_len.numpy() > 0)
+            gpu = active & (frame.verify_len > 0)
             parts.append(_ranges((rp * width + start)[gpu], (rp * width + prefix)[gpu], total))
-        wanted = frame.seed_wanted.numpy()
+        wanted = frame.seed_wanted
         seed = (rp * width + prefix - 1)[: wanted.size][wanted]
         parts.append(_ranges(seed, seed + 1, total))
     return np.unique(np.concatenate(parts))
@@ -103,15 +103,15 @@ def _pool_reads(dump: KvDump, frames: dict[str, GroupFrame]) -> np.ndarray:
     if pool is None or valid is None:
         return np.zeros(0, dtype=np.int64)
     rows, width = int(pool.shape[0]), int(pool.shape[1])
-    rp = dump.req_pool_indices.numpy()
+    rp = dump.req_pool_indices
     off = dump.token_offset
-    prefix = dump.prefix_lens.numpy()
+    prefix = dump.prefix_lens
     row, resolves = _python_rows(rp, rows)
     parts = []
     for frame in frames.values():
-        s_lo = np.maximum(frame.window_start.numpy() + off, 0)
-        s_hi = np.maximum(np.minimum(prefix + off, valid.numpy()), s_lo)
-        reads = (rp != 0) & (frame.verify_len.numpy() > 0)
+        s_lo = np.maximum(frame.window_start + off, 0)
+        s_hi = np.maximum(np.minimum(prefix + off, valid), s_lo)
+        reads = (rp != 0) & (frame.verify_len > 0)
         ref = reads & resolves
         parts.append(
             _ranges(
@@ -141,7 +141,7 @@ def _violation_rows(dump: KvDump, replays: list[tuple[Plan, BufferReplay]]) -> V
     """The ring's rows and the rows the replays yield."""
     parts = [replay.rows for _, replay in replays]
     if dump.violation_ring is not None and dump.violation_write_index is not None:
-        state = decode_ring(dump.violation_ring.numpy(), dump.violation_write_index)
+        state = decode_ring(dump.violation_ring, dump.violation_write_index)
         parts.append(ViolationRows.build(state.rows, origin=RowOrigin.RING))
     return ViolationRows.concat(parts) if parts else ViolationRows.empty()
 
@@ -179,9 +179,9 @@ def _written_witness(plan: Plan, data: Stored) -> tuple[int, int] | None:
     """(slot, prev slot) of the first replayed entry whose record (or the one before it) is
     written: the replay takes a buffer whose records are all zero for one never written."""
     num_slots = int(data.shape[0])
-    slot = plan.verify_slot_indices.numpy()
-    prev = plan.verify_prev_slot_indices.numpy()
-    undefined = (plan.verify_undefined.numpy() & int(Undefined.SLOT | Undefined.PREV)) != 0
+    slot = plan.verify_slot_indices
+    prev = plan.verify_prev_slot_indices
+    undefined = (plan.verify_undefined & int(Undefined.SLOT | Undefined.PREV)) != 0
     usable = (slot > 0) & ~undefined & (slot < num_slots) & (prev < num_slots)
     idx = np.flatnonzero(usable)
     if idx.size == 0:
@@ -256,7 +256,7 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
         free = getattr(dump, name)
         if free is None:
             continue
-        values = free.numpy()
+        values = free
         mask = np.isin(values, slots)
         if values.size:
             mask[int(np.argmax(values))] = True  # the diagnosis reads how far the pool goes

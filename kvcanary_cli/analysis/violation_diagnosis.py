@@ -111,7 +111,7 @@ def explain_rows(dump: KvDump, rows: ViolationRows, cells: LiveCells | None = No
     ref_batch[found] = cells.batch_row[ref[found]]
     replayed = (rows.batch_row >= 0) & (rows.batch_row < dump.bs)
     ref_batch[replayed] = rows.batch_row[replayed]
-    ref_row[replayed] = dump.req_pool_indices.numpy()[rows.batch_row[replayed]]
+    ref_row[replayed] = dump.req_pool_indices[rows.batch_row[replayed]]
     ref_pos[replayed] = rows.expected_position[replayed]
     owner_row = (
         np.where(owner >= 0, cells.pool_row[np.clip(owner, 0, None)], -1)
@@ -129,7 +129,7 @@ def explain_rows(dump: KvDump, rows: ViolationRows, cells: LiveCells | None = No
         idx = np.flatnonzero(lost)[hit]
         owner_row[idx] = table_row[hit]
         owner_pos[idx] = stored[idx]
-        in_batch = np.isin(table_row[hit], dump.req_pool_indices.numpy())
+        in_batch = np.isin(table_row[hit], dump.req_pool_indices)
         owner_kind[idx] = np.where(
             in_batch, OWNER_KINDS.index(OwnerKind.STALE_TAIL), OWNER_KINDS.index(OwnerKind.IDLE_ROW)
         )
@@ -161,7 +161,7 @@ def _spaces(dump: KvDump, cells: LiveCells) -> list[_Space | None]:
     lut_len = int(lut.shape[0])
     mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
     swa = np.where(mappable, take_known(lut, np.clip(cells.slot, 0, lut_len - 1))[0], 0)
-    start = window_start(dump.prefix_lens, dump.window("swa")).numpy()
+    start = window_start(dump.prefix_lens, dump.window("swa"))
     in_window = ~cells.pending & (cells.position >= start[cells.batch_row])
     return [full, _Space(cells, swa, in_window)]
 
@@ -261,7 +261,7 @@ def _free(dump: KvDump, space: np.ndarray, slot: np.ndarray) -> np.ndarray:
     for index, free in ((0, dump.free_full_slots), (1, dump.free_swa_slots)):
         mine = space == index
         if free is not None and mine.any():
-            out[mine] = np.isin(slot[mine], free.numpy()).astype(np.int64)
+            out[mine] = np.isin(slot[mine], free).astype(np.int64)
     return out
 
 

@@ -41,7 +41,7 @@ from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
-from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.safe_text import printable
 
 __all__ = ["REPLAY_SOURCE", "violations_report"]
@@ -160,7 +160,7 @@ def _ring_source(path: str, dump: KvDump | None, index: int) -> tuple[SourceSumm
         return SourceSummary(path=path, kind="dump", rows=0, notes=tuple(notes)), (
             ViolationRows.empty()
         )
-    state = decode_ring(dump.violation_ring.numpy(), dump.violation_write_index)
+    state = decode_ring(dump.violation_ring, dump.violation_write_index)
     if state.wrapped:
         notes.append(
             f"violation_write_index is {state.write_index}: the int32 counter wrapped, so the "
@@ -235,7 +235,7 @@ def _replay(
 ) -> tuple[ViolationRows, list[ReplaySummary], list[str]]:
     """Plan with the production (GPU) semantics and replay every canary buffer."""
     groups = [group] if group is not None else list(dump.groups)
-    planner = TorchPlanner(semantics=Semantics.GPU)
+    planner = VectorizedPlanner(semantics=Semantics.GPU)
     plans = {}
     notes = []
     for name in groups:

@@ -583,7 +583,7 @@ def write_scenario_log(
             "this scenario records no violation ring (choose a canary-* scenario)", option="--log"
         )
     step = int(state.metadata.get("step", "0")) + 1
-    messages = format_pump(ring.numpy(), int(index.reshape(-1)[0]), step_when_pumped=step)
+    messages = format_pump(ring, int(index.reshape(-1)[0]), step_when_pumped=step)
     lines = [
         "Decode batch. #running-req: 4, #token: 96, token usage: 0.01, gen throughput: 80.0",
         *messages,

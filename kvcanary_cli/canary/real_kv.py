@@ -78,9 +78,8 @@ def real_kv_setup(dump: KvDump) -> RealKvSetup:
                 f"metadata value {text!r} is not none, partial or all", field="real_kv.mode"
             ) from None
     sources: dict[tuple[str, str], RealKvSource] = {}
-    for name, tensor in sorted(dump.real_kv_sources.items()):
+    for name, data in sorted(dump.real_kv_sources.items()):
         _, group, half = name.split(".")
-        data = tensor if isinstance(tensor, SparseArray) else tensor.numpy()
         width = int(data.shape[1])
         page = _int_key(dump, "real_kv.page_size", 1)
         per_token = _int_key(dump, "real_kv.num_bytes_per_token", max(width // page, 1))

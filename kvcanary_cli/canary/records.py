@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from kvcanary_cli.canary.constants import BUFFERS, RECORD_BYTES, buffer_tensor_name
 from kvcanary_cli.dump.loader import KvDump
@@ -48,10 +47,6 @@ class Records:
         )
 
 
-def _array(buffer: torch.Tensor | np.ndarray) -> np.ndarray:
-    return buffer.numpy() if isinstance(buffer, torch.Tensor) else np.asarray(buffer)
-
-
 def read_records(buffer: Stored | np.ndarray, slots: np.ndarray) -> Records:
     """Records of `slots` (each in `[0, num_slots)`; the caller masks the others)."""
     if len(buffer.shape) != 2 or buffer.shape[1] < RECORD_BYTES:
@@ -63,7 +58,7 @@ def read_records(buffer: Stored | np.ndarray, slots: np.ndarray) -> Records:
         raw = values.astype(np.uint8).reshape(-1, RECORD_BYTES)
         known = np.asarray(kept.reshape(-1, RECORD_BYTES).all(axis=1), dtype=bool)
     else:
-        raw = np.ascontiguousarray(_array(buffer)[index, :RECORD_BYTES], dtype=np.uint8)
+        raw = np.ascontiguousarray(np.asarray(buffer)[index, :RECORD_BYTES], dtype=np.uint8)
         known = np.ones(index.shape, dtype=bool)
     words = raw.view("<i8").reshape(-1, 4).astype(np.int64)
     return Records(

@@ -83,12 +83,10 @@ def replay_buffer(
             entries=0,
             notes=(f"{name}: verify not launched: {why}",),
         )
-    array: np.ndarray | SparseArray = (
-        data if isinstance(data, SparseArray | np.ndarray) else data.numpy()
-    )
+    array: np.ndarray | SparseArray = data
     num_slots = int(array.shape[0])
     entries = plan.entries
-    batch_rows = plan.entry_batch_rows().numpy()
+    batch_rows = plan.entry_batch_rows()
     mode = _real_kv_mode(real_kv, plan.group, buffer)
     counts = dict.fromkeys(
         (
@@ -186,11 +184,11 @@ def _replay_chunk(
     counts: dict[str, int],
 ) -> tuple[ViolationRows, bool]:
     """Rows of entries `[start, stop)`; `counts` accumulates; also says if a record was set."""
-    slot = plan.verify_slot_indices[start:stop].cpu().numpy()
-    expected_pos = plan.verify_expected_positions[start:stop].cpu().numpy()
-    prev = plan.verify_prev_slot_indices[start:stop].cpu().numpy()
-    plan_token = plan.verify_expected_tokens[start:stop].cpu().numpy()
-    undefined_bits = plan.verify_undefined[start:stop].cpu().numpy()
+    slot = plan.verify_slot_indices[start:stop]
+    expected_pos = plan.verify_expected_positions[start:stop]
+    prev = plan.verify_prev_slot_indices[start:stop]
+    plan_token = plan.verify_expected_tokens[start:stop]
+    undefined_bits = plan.verify_undefined[start:stop]
     undefined = (undefined_bits & int(Undefined.SLOT | Undefined.PREV)) != 0
     token_known = (undefined_bits & int(Undefined.TOKEN)) == 0
     nonzero = slot != 0

@@ -9,64 +9,103 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
-import torch
 
 from kvcanary_cli.dump.files import write_atomically
 from kvcanary_cli.errors import DumpError
 
-__all__ = ["TORCH_DTYPES", "safetensors_dtype_of", "write_safetensors"]
+__all__ = ["STORED_DTYPES", "host_array", "safetensors_dtype_of", "write_safetensors"]
 
-#: safetensors dtype strings of the torch dtypes kvcanary reads and writes.
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "I32": torch.int32,
-    "I64": torch.int64,
+#: safetensors dtype strings of the (little-endian) numpy dtypes kvcanary reads and writes.
+STORED_DTYPES: dict[str, np.dtype] = {
+    "U8": np.dtype("<u1"),
+    "I8": np.dtype("<i1"),
+    "I16": np.dtype("<i2"),
+    "I32": np.dtype("<i4"),
+    "I64": np.dtype("<i8"),
 }
+_BY_KIND = {(dtype.kind, dtype.itemsize): name for name, dtype in STORED_DTYPES.items()}
 
 
-def safetensors_dtype_of(dtype: torch.dtype) -> str | None:
-    """The safetensors dtype string of a torch dtype, or None when kvcanary does not store it."""
-    for name, candidate in TORCH_DTYPES.items():
-        if candidate == dtype:
-            return name
-    return None
+def safetensors_dtype_of(dtype: object) -> str | None:
+    """The safetensors dtype string of a numpy dtype (either byte order), or None when
+    kvcanary does not store it. A torch dtype is read by its name, without importing torch."""
+    if dtype is None:  # np.dtype(None) is float64
+        return None
+    text = str(dtype)
+    spelled: Any = text[len("torch.") :] if text.startswith("torch.") else dtype
+    try:
+        resolved = np.dtype(spelled)
+    except TypeError:
+        return None
+    return _BY_KIND.get((resolved.kind, resolved.itemsize))
+
+
+def host_array(value: object) -> np.ndarray | None:
+    """`value` as a numpy array in host memory when it is a numpy array or a torch tensor
+    (on any device, copied to the CPU); None for anything else.
+
+    Torch is never imported here: a tensor can only exist where its owner imported torch.
+    Raises TypeError for a tensor numpy has no dtype for (bfloat16, say).
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return None
+    tensor = value.detach().to("cpu").resolve_conj().resolve_neg()
+    array: np.ndarray = tensor.numpy()
+    return array
 
 
 def write_safetensors(
     path: str | os.PathLike[str],
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, np.ndarray],
     metadata: dict[str, str],
     *,
     inputs: Iterable[str | os.PathLike[str]] = (),
     overwrite: bool = True,
 ) -> Path:
-    """Write contiguous CPU tensors as a safetensors file, through `write_atomically`."""
+    """Write integer arrays as a safetensors file, through `write_atomically` (torch
+    tensors are taken too, through `host_array`)."""
     return write_atomically(
         path, lambda handle: _write(handle, tensors, metadata), inputs=inputs, overwrite=overwrite
     )
 
 
-def _write(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:
+def _stored_array(name: str, value: object) -> tuple[np.ndarray, str]:
+    """`value` as a C-contiguous little-endian array, and its safetensors dtype string."""
+    try:
+        array = host_array(value)
+    except TypeError as exc:
+        raise DumpError(
+            f"dtype {getattr(value, 'dtype', '?')} cannot be stored", field=name
+        ) from exc
+    if array is None:
+        raise DumpError(f"a {type(value).__name__} is not an array", field=name)
+    dtype = safetensors_dtype_of(array.dtype)
+    if dtype is None:
+        raise DumpError(f"dtype {array.dtype} cannot be stored", field=name)
+    # not np.ascontiguousarray, which makes a 0-d array 1-d
+    return np.asarray(array, dtype=STORED_DTYPES[dtype], order="C"), dtype
+
+
+def _write(handle: BinaryIO, tensors: Mapping[str, object], metadata: dict[str, str]) -> None:
     header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
     blobs: list[memoryview] = []
     offset = 0
     for name in sorted(tensors):
-        tensor = tensors[name].detach().to("cpu").contiguous()
-        dtype = safetensors_dtype_of(tensor.dtype)
-        if dtype is None:
-            raise DumpError(f"dtype {tensor.dtype} cannot be stored", field=name)
+        array, dtype = _stored_array(name, tensors[name])
         # A flat byte view, no copy: a 2 GB table must not need 4 GB to be written.
-        blob = tensor.numpy().reshape(-1).view(np.uint8).data
+        blob = array.reshape(-1).view(np.uint8).data
         header[name] = {
             "dtype": dtype,
-            "shape": list(tensor.shape),
+            "shape": list(array.shape),
             "data_offsets": [offset, offset + blob.nbytes],
         }
         blobs.append(blob)

@@ -25,14 +25,12 @@ def describe_dump(
     `sglang_installed` is the SGLang version installed here (None: not installed), shown next
     to the version the dump records (`identity["sglang.version"]`).
     """
-    if isinstance(dump, DumpContents):  # `inspect`: no torch
+    if isinstance(dump, DumpContents):  # `inspect`: the checked contents, no KvDump built
         rpi, prefix, extend = (
             dump.vector(n) for n in ("req_pool_indices", "prefix_lens", "extend_seq_lens")
         )
     else:
-        rpi, prefix, extend = (
-            np.asarray(t) for t in (dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens)
-        )
+        rpi, prefix, extend = (dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens)
     active = rpi != 0
     # Python ints: claimed lengths near 2^63 would overflow a numpy sum
     total_prefix = sum(np.clip(prefix[active], 0, None).tolist())

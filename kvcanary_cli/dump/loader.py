@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from io import BufferedReader
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors import safe_open
@@ -41,7 +40,7 @@ from kvcanary_cli.dump.schema import (
     spec_for,
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
-from kvcanary_cli.dump.sparse import SparseArray, ring_slots, sparse_array
+from kvcanary_cli.dump.sparse import SparseArray, Stored, ring_slots, sparse_array
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
@@ -53,11 +52,6 @@ from kvcanary_cli.errors import (
     TensorShapeError,
 )
 from kvcanary_cli.safe_text import excerpt
-
-if TYPE_CHECKING:  # torch is imported when a KvDump is built, not by `inspect`
-    import torch
-
-    from kvcanary_cli.dump.sparse import Stored
 
 __all__ = [
     "GROUPS",
@@ -174,7 +168,7 @@ class _DumpFacts:
 @dataclass(eq=False, kw_only=True)
 class DumpContents(_DumpFacts):
     """A checked dump as numpy arrays (memory-mapped or read) and sparse arrays: everything
-    `load_dump` validates, before torch is imported."""
+    `load_dump` validates."""
 
     path: Path
     file_size: int
@@ -234,18 +228,18 @@ class KvDump(_DumpFacts):
     notes: list[str]
     dtype_notes: list[DtypeNote]
     req_to_token: Stored
-    req_pool_indices: torch.Tensor
-    prefix_lens: torch.Tensor
-    extend_seq_lens: torch.Tensor
+    req_pool_indices: np.ndarray
+    prefix_lens: np.ndarray
+    extend_seq_lens: np.ndarray
     full_to_swa_index_mapping: Stored | None = None
     req_to_verify_expected_tokens: Stored | None = None
-    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None
-    out_cache_loc: torch.Tensor | None = None
-    input_ids: torch.Tensor | None = None
-    positions: torch.Tensor | None = None
-    free_full_slots: torch.Tensor | None = None
-    free_swa_slots: torch.Tensor | None = None
-    violation_ring: torch.Tensor | None = None
+    req_to_verify_expected_tokens_valid_lens: np.ndarray | None = None
+    out_cache_loc: np.ndarray | None = None
+    input_ids: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    free_full_slots: np.ndarray | None = None
+    free_swa_slots: np.ndarray | None = None
+    violation_ring: np.ndarray | None = None
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
     rejected_scalars: list[RejectedScalar] = field(default_factory=list)
@@ -366,8 +360,8 @@ def load_dump(
 def read_dump(
     path: str | os.PathLike[str], *, overrides: Mapping[str, int | str | None] | None = None
 ) -> DumpContents:
-    """Open and check a dump as `load_dump` does, without making torch tensors: what
-    `inspect` needs, at numpy's import cost instead of torch's."""
+    """Open and check a dump as `load_dump` does, without building a `KvDump`: what
+    `inspect` needs."""
     try:
         header = read_header(path)
         try:
@@ -499,23 +493,22 @@ def _read_contents(
 
 
 def _as_kvdump(contents: DumpContents) -> KvDump:
-    """The torch view of checked contents (tables stay memory-mapped or sparse)."""
-    import torch
+    """The analysis view of checked contents (tables stay memory-mapped or sparse)."""
 
     arrays = contents.arrays
     lut = arrays.get("full_to_swa_index_mapping")
 
-    def small(name: str) -> torch.Tensor | None:
+    def small(name: str) -> np.ndarray | None:
         array = arrays.get(name)
         if isinstance(array, SparseArray):
             raise AssertionError(f"{name} cannot be sparse")  # _sparse_tensors refuses it
-        return None if array is None else torch.from_numpy(np.asarray(array, dtype=np.int64))
+        return None if array is None else np.asarray(array, dtype=np.int64)
 
     def big(name: str) -> Stored | None:
         array = arrays.get(name)
         if array is None or isinstance(array, SparseArray):
             return array
-        return torch.from_numpy(array)
+        return array
 
     bs = int(arrays["req_pool_indices"].shape[0])
     extend = small("extend_seq_lens")
@@ -536,7 +529,7 @@ def _as_kvdump(contents: DumpContents) -> KvDump:
         req_to_token=table,
         req_pool_indices=_require(small("req_pool_indices")),
         prefix_lens=_require(small("prefix_lens")),
-        extend_seq_lens=extend if extend is not None else torch.zeros(bs, dtype=torch.int64),
+        extend_seq_lens=extend if extend is not None else np.zeros(bs, dtype=np.int64),
         full_to_swa_index_mapping=(
             lut if isinstance(lut, SparseArray) else small("full_to_swa_index_mapping")
         ),
@@ -608,7 +601,7 @@ def _check_live_ranges_kept(
         )
 
 
-def _require(tensor: torch.Tensor | None) -> torch.Tensor:
+def _require(tensor: np.ndarray | None) -> np.ndarray:
     assert tensor is not None  # check_batch raised MissingTensorError otherwise
     return tensor
 

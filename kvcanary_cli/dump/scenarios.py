@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
 from kvcanary_cli.canary.constants import FailReason, LaunchTag, to_signed
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, combine_source_hashes, fold_chunks, mix3
@@ -75,7 +74,7 @@ _Cell = tuple[int, int, int]  # (batch row, position, slot)
 # --- helpers over a SynthDump --------------------------------------------------------------
 
 
-def _lens(d: SynthDump) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _lens(d: SynthDump) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return d.tensors["req_pool_indices"], d.tensors["prefix_lens"], d.tensors["extend_seq_lens"]
 
 
@@ -105,12 +104,39 @@ def _drop_writes(d: SynthDump, batch_row: int) -> None:
     rpi, _, extend = _lens(d)
     if "out_cache_loc" not in d.tensors:
         return
-    write_len = torch.where((rpi != 0) & (extend > 0), extend, 0)
+    write_len = np.where((rpi != 0) & (extend > 0), extend, 0)
     start = int(write_len[:batch_row].sum())
     stop = start + int(write_len[batch_row])
     for name in ("out_cache_loc", "input_ids", "positions"):
         t = d.tensors[name]
-        d.tensors[name] = torch.cat([t[:start], t[stop:]])
+        d.tensors[name] = np.concatenate([t[:start], t[stop:]])
+
+
+def _with_slot(free: np.ndarray, slot: int) -> np.ndarray:
+    """A free list with `slot` added (sorted, as the allocator's free lists are dumped)."""
+    return np.sort(np.concatenate([free, np.array([slot], dtype=np.int64)]))
+
+
+def _torch_randperm_head(n: int, k: int, *, seed: int) -> np.ndarray:
+    """The first `k` of `torch.randperm(n, generator=torch.Generator().manual_seed(seed))`,
+    without torch, so that scenario dumps stay the bytes they were when torch drew them.
+
+    Torch's CPU generator is the 32-bit mt19937 seeded with `seed` (numpy's legacy seeding,
+    `RandomState(seed)`), and its randperm is a forward Fisher-Yates shuffle swapping `i` with
+    `i + random() % (n - i)`; the first `k` entries are final after `k` swaps.
+    """
+    k = min(k, n)
+    draws = np.random.RandomState(seed).randint(
+        0, 1 << 32, size=max(min(k, n - 1), 0), dtype=np.uint32
+    )
+    moved: dict[int, int] = {}
+    head = []
+    for i in range(k):
+        if i < n - 1:
+            j = i + int(draws[i]) % (n - i)
+            moved[i], moved[j] = moved.get(j, j), moved.get(i, i)
+        head.append(moved.get(i, i))
+    return np.array(head, dtype=np.int64)
 
 
 def _cell(d: SynthDump, batch_row: int, pos: int) -> tuple[int, int]:
@@ -130,7 +156,7 @@ def _truncated_lut(d: SynthDump, rng: np.random.Generator) -> None:
     if not in_window:
         raise RuntimeError("no slot in any window")
     cut = max(in_window[len(in_window) // 2], 1)
-    d.tensors["full_to_swa_index_mapping"] = lut[:cut].clone()
+    d.tensors["full_to_swa_index_mapping"] = lut[:cut].copy()
     d.truth = {"lut_len": cut}
 
 
@@ -145,7 +171,7 @@ def _undersized_lut(d: SynthDump, rng: np.random.Generator) -> None:
     _truncated_lut(d, rng)
     cut = d.truth["lut_len"]
     short = d.tensors["full_to_swa_index_mapping"]
-    d.tensors["full_to_swa_index_mapping"] = torch.cat([short, torch.tensor([-1])])
+    d.tensors["full_to_swa_index_mapping"] = np.concatenate([short, np.array([-1], dtype=np.int64)])
     d.truth = {"lut_len": cut + 1}
 
 
@@ -161,7 +187,7 @@ def _slot_beyond_pool_with_lut(d: SynthDump, rng: np.random.Generator) -> None:
 def _use_after_free(d: SynthDump, rng: np.random.Generator) -> None:
     row, pos, slot = _pick(rng, _unshared_prefix_cells(d), "an unshared live slot")
     free = d.tensors["free_full_slots"]
-    d.tensors["free_full_slots"] = torch.sort(torch.cat([free, torch.tensor([slot])]))[0]
+    d.tensors["free_full_slots"] = _with_slot(free, slot)
     d.truth = {"batch_row": row, "position": pos, "slot": slot}
 
 
@@ -189,14 +215,10 @@ def _stale_tail(d: SynthDump, rng: np.random.Generator) -> None:
     lr = max(d.live, key=lambda r: -(r.prefix_len + r.extend_len))
     end = lr.prefix_len + lr.extend_len
     tail = min(4, msl - end)
-    if tail <= 0 or free.numel() < tail:
+    if tail <= 0 or free.size < tail:
         raise RuntimeError("no room for a stale tail")
-    stale = free[
-        torch.randperm(
-            free.numel(), generator=torch.Generator().manual_seed(int(rng.integers(1 << 30)))
-        )[:tail]
-    ]
-    d.tensors["req_to_token"][lr.pool_row, end : end + tail] = stale.to(torch.int32)
+    stale = free[_torch_randperm_head(free.size, tail, seed=int(rng.integers(1 << 30)))]
+    d.tensors["req_to_token"][lr.pool_row, end : end + tail] = stale.astype(np.int32)
     _drop_writes(d, lr.batch_row)
     prefix[lr.batch_row] = end + tail
     extend[lr.batch_row] = 0
@@ -227,7 +249,7 @@ def _swa_cleared(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": row, "position": pos, "slot": slot}
     if "free_swa_slots" in d.tensors:  # free_swa released the peer, as the allocator would
         free = d.tensors["free_swa_slots"]
-        d.tensors["free_swa_slots"] = torch.sort(torch.cat([free, torch.tensor([swa_slot])]))[0]
+        d.tensors["free_swa_slots"] = _with_slot(free, swa_slot)
 
 
 def _swa_collision(d: SynthDump, rng: np.random.Generator) -> None:
@@ -243,7 +265,7 @@ def _swa_collision(d: SynthDump, rng: np.random.Generator) -> None:
 
 def _overflow(d: SynthDump, rng: np.random.Generator) -> None:
     rpi, prefix, _ = _lens(d)
-    total = int(torch.where(rpi != 0, prefix.clamp(min=0), 0).sum())
+    total = int(np.where(rpi != 0, prefix.clip(min=0), 0).sum())
     d.metadata["verify_capacity"] = str(max(total - 1, 1))
 
 
@@ -281,9 +303,9 @@ def _corrupt_scalar(d: SynthDump, rng: np.random.Generator) -> None:
 
 def _write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
     loc = d.tensors["out_cache_loc"]
-    if loc.numel() == 0:
+    if loc.size == 0:
         raise RuntimeError("no pending writes")
-    i = int(rng.integers(loc.numel()))
+    i = int(rng.integers(loc.size))
     writer = _writer_row(d, i)
     victims = [c for c in _unshared_prefix_cells(d) if c[0] != writer]
     _, _, slot = _pick(rng, victims, "a live slot of another request")
@@ -293,9 +315,9 @@ def _write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
 
 def _writer_row(d: SynthDump, index: int) -> int:
     rpi, _, extend = _lens(d)
-    write_len = torch.where((rpi != 0) & (extend > 0), extend, 0)
-    ends = torch.cumsum(write_len, 0)
-    return int(torch.searchsorted(ends, torch.tensor(index), right=True))
+    write_len = np.where((rpi != 0) & (extend > 0), extend, 0)
+    ends = np.cumsum(write_len)
+    return int(np.searchsorted(ends, index, side="right"))
 
 
 def _negative_slot(d: SynthDump, rng: np.random.Generator) -> None:
@@ -336,11 +358,11 @@ def _duplicate_request(d: SynthDump, rng: np.random.Generator) -> None:
 def _token_pool_narrow(d: SynthDump, rng: np.random.Generator) -> None:
     pool = d.tensors["req_to_verify_expected_tokens"]
     longest = max(lr.prefix_len for lr in d.live)
-    d.tensors["req_to_verify_expected_tokens"] = pool[:, : max(longest - 2, 1)].clone()
+    d.tensors["req_to_verify_expected_tokens"] = pool[:, : max(longest - 2, 1)].copy()
 
 
 def _kernel_limit(d: SynthDump, rng: np.random.Generator) -> None:
-    d.metadata["write_req_capacity"] = str(d.tensors["req_pool_indices"].numel() - 1)
+    d.metadata["write_req_capacity"] = str(d.tensors["req_pool_indices"].size - 1)
 
 
 def _negative_length(d: SynthDump, rng: np.random.Generator) -> None:
@@ -351,7 +373,7 @@ def _negative_length(d: SynthDump, rng: np.random.Generator) -> None:
 
 
 def _int32_indices(d: SynthDump, rng: np.random.Generator) -> None:
-    d.tensors["req_pool_indices"] = d.tensors["req_pool_indices"].to(torch.int32)
+    d.tensors["req_pool_indices"] = d.tensors["req_pool_indices"].astype(np.int32)
 
 
 # --- canary scenarios (docs/canary.md §8) ----------------------------------------------------
@@ -377,13 +399,13 @@ def _buffers(d: SynthDump) -> list[tuple[str, int]]:
 
 
 def _record(d: SynthDump, buffer: str, slot: int) -> list[int]:
-    raw = d.tensors[buffer][slot, :32].numpy().tobytes()
+    raw = d.tensors[buffer][slot, :32].tobytes()
     return [int(v) for v in np.frombuffer(raw, dtype="<i8")]
 
 
 def _put_record(d: SynthDump, buffer: str, slot: int, values: list[int]) -> None:
     raw = np.array(values, dtype="<i8").view(np.uint8)
-    d.tensors[buffer][slot, :32] = torch.from_numpy(raw.copy())
+    d.tensors[buffer][slot, :32] = raw
 
 
 def _link(record: list[int]) -> int:
@@ -399,7 +421,7 @@ def _expected_kv(d: SynthDump, buffer: str, slot: int) -> int | None:
     source = d.tensors.get(f"real_kv.full.{half}")
     if d.metadata.get("real_kv.mode") != "partial" or source is None:
         return None
-    data = source[slot : slot + 1, :16].numpy()
+    data = source[slot : slot + 1, :16]
     return to_signed(int(combine_source_hashes([fold_chunks(data)])[0]))
 
 
@@ -446,8 +468,8 @@ def _record_violations(d: SynthDump, entries: list[tuple[int, int]]) -> None:
                     rows.append(row)
     ring = np.zeros((_RING_CAPACITY, 8), dtype=np.int64)
     ring[: len(rows)] = np.array(rows, dtype=np.int64).reshape(-1, 8)[:_RING_CAPACITY]
-    d.tensors["violation_ring"] = torch.from_numpy(ring)
-    d.tensors["violation_write_index"] = torch.tensor([len(rows)], dtype=torch.int32)
+    d.tensors["violation_ring"] = ring
+    d.tensors["violation_write_index"] = np.array([len(rows)], dtype=np.int32)
     d.metadata["kvcanary.expected_violations"] = json.dumps(rows, separators=(",", ":"))
     d.metadata["step"] = str(CANARY_STEP)
 
@@ -468,7 +490,7 @@ def _canary_use_after_free(d: SynthDump, rng: np.random.Generator) -> None:
     slot is a stranger's, and the slot is on the free list."""
     row, pos, slot = _pick(rng, _inner_cells(d), "an unshared inner live slot")
     free = d.tensors["free_full_slots"]
-    d.tensors["free_full_slots"] = torch.sort(torch.cat([free, torch.tensor([slot])]))[0]
+    d.tensors["free_full_slots"] = _with_slot(free, slot)
     stranger = [
         int(rng.integers(0, 32000)),
         pos + 1 + int(rng.integers(1, 40)),
@@ -515,12 +537,12 @@ def _canary_stale_row(d: SynthDump, rng: np.random.Generator) -> None:
     msl = d.tensors["req_to_token"].shape[1]
     stale_len = 3
     fits = [lr for lr in d.live if lr.prefix_len > 0 and lr.prefix_len + stale_len <= msl]
-    if not fits or free.numel() < stale_len:
+    if not fits or free.size < stale_len:
         raise RuntimeError("no room for a stale row")
     lr = fits[int(rng.integers(len(fits)))]
-    stale = free[torch.from_numpy(rng.choice(free.numel(), size=stale_len, replace=False))]
+    stale = free[rng.choice(free.size, size=stale_len, replace=False)]
     end = lr.prefix_len
-    d.tensors["req_to_token"][lr.pool_row, end : end + stale_len] = stale.to(torch.int32)
+    d.tensors["req_to_token"][lr.pool_row, end : end + stale_len] = stale.astype(np.int32)
     _drop_writes(d, lr.batch_row)
     prefix[lr.batch_row] = end + stale_len
     extend[lr.batch_row] = 0

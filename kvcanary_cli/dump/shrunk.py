@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.header import HeaderEntry, read_header
@@ -116,7 +115,7 @@ def _stored(dump: KvDump, name: str) -> SparseArray | None:
 
 def _sparse_parts(
     name: str, source: SparseArray | np.ndarray, wanted: np.ndarray
-) -> tuple[dict[str, torch.Tensor], TensorCut]:
+) -> tuple[dict[str, np.ndarray], TensorCut]:
     """The three tensors of sparse `name` keeping `wanted`, and what that cut."""
     shape = source.shape if isinstance(source, SparseArray) else tuple(source.shape)
     total = int(np.prod(shape, dtype=object)) if shape else 1
@@ -138,9 +137,9 @@ def _sparse_parts(
         kept_rows=int(np.unique(flat // max(int(shape[1]), 1)).size) if len(shape) == 2 else None,
     )
     parts = {
-        name: torch.from_numpy(np.ascontiguousarray(values)),
-        f"{name}.runs": torch.from_numpy(flat_runs(flat)),
-        f"{name}.shape": torch.tensor(list(shape), dtype=torch.int64),
+        name: np.ascontiguousarray(values),
+        f"{name}.runs": flat_runs(flat),
+        f"{name}.shape": np.array(list(shape), dtype=np.int64),
     }
     return parts, cut
 
@@ -157,7 +156,7 @@ def write_shrunk(
     """Write `dump` shrunk to `keep` as a format-1.1 dump at `out` (never over `dump`)."""
     header = read_header(dump.path)
     previous = {t.name: t for t in dump.shrink.tensors} if dump.shrink else {}
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, np.ndarray] = {}
     cuts: list[TensorCut] = []
     sparse_names = {
         name[: -len(".runs")]
@@ -181,7 +180,7 @@ def write_shrunk(
             stored = _mapped(header.path, entry)
             mask = keep.free_lists.get(name, np.zeros(stored.shape, dtype=bool))
             kept = np.ascontiguousarray(stored[mask])
-            tensors[name] = torch.from_numpy(kept)
+            tensors[name] = kept
             original = previous[name].shape if name in previous else tuple(stored.shape)
             dropped = int(np.prod(original)) - int(kept.size)
             cuts.append(
@@ -194,7 +193,8 @@ def write_shrunk(
                 )
             )
         elif spec_for(name) is not None or name in SCALARS:
-            tensors[name] = torch.from_numpy(np.ascontiguousarray(_mapped(header.path, entry)))
+            # 1-d at least, as written before (a 0-d scalar tensor is stored as [1])
+            tensors[name] = np.ascontiguousarray(_mapped(header.path, entry))
         else:  # not part of the format: nothing reads it
             cuts.append(
                 TensorCut(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 
@@ -129,20 +129,8 @@ class SparseArray:
         return flat[(flat >= lo) & (flat < hi)]
 
 
-if TYPE_CHECKING:
-    import torch
-
-    #: A tensor of a dump as analysis sees it: dense (memory-mapped) or sparse (shrunk dumps).
-    Stored: TypeAlias = torch.Tensor | SparseArray
-
-
-def __getattr__(name: str) -> object:
-    """`Stored` at run time: torch is imported only by those who ask for it (not `inspect`)."""
-    if name == "Stored":
-        import torch
-
-        return torch.Tensor | SparseArray
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: A tensor of a dump as analysis sees it: dense (memory-mapped or read) or sparse (shrunk dumps).
+Stored: TypeAlias = np.ndarray | SparseArray
 
 
 def is_sparse(array: object) -> bool:
@@ -150,25 +138,19 @@ def is_sparse(array: object) -> bool:
     return isinstance(array, SparseArray)
 
 
-def take(array: Stored, flat: torch.Tensor) -> torch.Tensor:
+def take(array: Stored, flat: np.ndarray) -> np.ndarray:
     """int64 values at flat indices inside the array; elements not kept read as 0."""
-    import torch
-
-    if isinstance(array, torch.Tensor):
-        return array.reshape(-1)[flat].to(torch.int64)
-    values, _ = array.take(flat.numpy())
-    return torch.from_numpy(values)
+    if isinstance(array, SparseArray):
+        return array.take(flat)[0]
+    return np.asarray(array.reshape(-1)[flat], dtype=np.int64)
 
 
 def take_known(array: Stored | np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int64 values at flat indices inside the array, and which of them are known (all, for a
     dense array)."""
-    import torch
-
     if isinstance(array, SparseArray):
         return array.take(flat)
-    data = array.numpy() if isinstance(array, torch.Tensor) else array
-    values = np.asarray(data.reshape(-1)[np.asarray(flat, dtype=np.int64)], dtype=np.int64)
+    values = np.asarray(array.reshape(-1)[np.asarray(flat, dtype=np.int64)], dtype=np.int64)
     return values, np.ones(values.shape, dtype=bool)
 
 
@@ -176,10 +158,10 @@ def take_raw(array: Stored, flat: np.ndarray) -> np.ndarray:
     """Values at known flat indices in the stored dtype (what a writer copies)."""
     if isinstance(array, SparseArray):
         return array.take_raw(flat)
-    return np.asarray(array.numpy().reshape(-1)[np.asarray(flat, dtype=np.int64)])
+    return np.asarray(array.reshape(-1)[np.asarray(flat, dtype=np.int64)])
 
 
-def dense(array: Stored) -> torch.Tensor:
+def dense(array: Stored) -> np.ndarray:
     """A dense tensor, for code that only runs on format-1 dumps (tests, benchmarks)."""
     if isinstance(array, SparseArray):
         raise TypeError("this tensor is sparse (a shrunk dump): read it with take()")
@@ -188,11 +170,9 @@ def dense(array: Stored) -> torch.Tensor:
 
 def element(array: Stored, index: int) -> int:
     """One element of a 1-D array (negative: from the end); 0 when not kept."""
-    import torch
-
     length = int(array.shape[0])
     at = index + length if index < 0 else index
-    if isinstance(array, torch.Tensor):
+    if not isinstance(array, SparseArray):
         return int(array[at])
     values, _ = array.take(np.array([at], dtype=np.int64))
     return int(values[0])
@@ -224,9 +204,9 @@ def find_cells(
                 yield part[hit] // cols, part[hit] % cols, values[hit]
         return
     step = max(1, chunk_cells // cols)
-    table_rows = int(table.shape[0]) if table.numel() else 0  # no bytes, nothing to scan
+    table_rows = int(table.shape[0]) if table.size else 0  # no bytes, nothing to scan
     for r0 in range(0, table_rows, step):
-        chunk = table[r0 : r0 + step].numpy()
+        chunk = table[r0 : r0 + step]
         rows, hit_cols = np.nonzero(match(chunk))
         found = (rows + r0, hit_cols, chunk[rows, hit_cols].astype(np.int64))
         if mapped is not None:
@@ -254,8 +234,6 @@ def release_pages(mapped: np.memmap, start: int, stop: int) -> None:
 
 def where_equal(vector: Stored, wanted: np.ndarray, *, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices `i < stop` (in order) whose element is one of `wanted`, and those elements."""
-    import torch
-
     wanted = np.asarray(wanted, dtype=np.int64)
     if isinstance(vector, SparseArray):
         index = vector.flat_indices(0, stop)
@@ -263,8 +241,8 @@ def where_equal(vector: Stored, wanted: np.ndarray, *, stop: int) -> tuple[np.nd
         hit = np.isin(values, wanted)
         return index[hit], values[hit]
     body = vector[:stop]
-    hits = torch.nonzero(torch.isin(body, torch.from_numpy(wanted))).reshape(-1)
-    return hits.numpy().astype(np.int64), body[hits].to(torch.int64).numpy()
+    hits = np.flatnonzero(np.isin(body, wanted))
+    return hits.astype(np.int64), body[hits].astype(np.int64)
 
 
 def row_cells(table: SparseArray, row: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

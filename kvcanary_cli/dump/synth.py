@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from kvcanary_cli.canary.constants import RECORD_BYTES
 from kvcanary_cli.canary.hashing import (
@@ -91,7 +90,7 @@ class SynthDump:
 
     spec: SynthSpec
     seed: int
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, np.ndarray]
     metadata: dict[str, str]
     live: list[LiveRequest]
     #: where a scenario's corruption landed (batch_row, pool_row, position, slot, ...),
@@ -234,11 +233,11 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
     prefix_lens = np.array(prefix + list(rng.integers(0, 4, pad)), dtype=np.int64)
     extend_lens = np.array(extend + list(rng.integers(0, 2, pad)), dtype=np.int64)
 
-    tensors: dict[str, torch.Tensor] = {
-        "req_to_token": torch.from_numpy(req_to_token),
-        "req_pool_indices": torch.from_numpy(rpi),
-        "prefix_lens": torch.from_numpy(prefix_lens),
-        "extend_seq_lens": torch.from_numpy(extend_lens),
+    tensors: dict[str, np.ndarray] = {
+        "req_to_token": req_to_token,
+        "req_pool_indices": rpi,
+        "prefix_lens": prefix_lens,
+        "extend_seq_lens": extend_lens,
     }
     metadata: dict[str, str] = {
         "page_size": str(p),
@@ -266,17 +265,17 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         slots = [lr.slots[lr.prefix_len :] for lr in live_requests]
         toks = [lr.tokens[lr.prefix_len :] for lr in live_requests]
         poss = [np.arange(lr.prefix_len, lr.prefix_len + lr.extend_len) for lr in live_requests]
-        tensors["out_cache_loc"] = torch.from_numpy(_cat(slots))
-        tensors["input_ids"] = torch.from_numpy(_cat(toks))
-        tensors["positions"] = torch.from_numpy(_cat(poss))
+        tensors["out_cache_loc"] = _cat(slots)
+        tensors["input_ids"] = _cat(toks)
+        tensors["positions"] = _cat(poss)
     if spec.free_lists:
-        tensors["free_full_slots"] = torch.from_numpy(_expand(full_alloc.free_pages(), p))
+        tensors["free_full_slots"] = _expand(full_alloc.free_pages(), p)
     if spec.expected_pool:
         valid = np.array(
             [lr.prefix_len + lr.extend_len for lr in live_requests] + [0] * pad, dtype=np.int64
         )
-        tensors["req_to_verify_expected_tokens"] = torch.from_numpy(expected)
-        tensors["req_to_verify_expected_tokens_valid_lens"] = torch.from_numpy(valid)
+        tensors["req_to_verify_expected_tokens"] = expected
+        tensors["req_to_verify_expected_tokens_valid_lens"] = valid
     if spec.window > 0:
         _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots, num_pages)
     if spec.canary:
@@ -297,7 +296,7 @@ def _expand(pages: np.ndarray, page_size: int) -> np.ndarray:
 
 
 def _add_swa(
-    tensors: dict[str, torch.Tensor],
+    tensors: dict[str, np.ndarray],
     metadata: dict[str, str],
     live: list[LiveRequest],
     spec: SynthSpec,
@@ -326,11 +325,11 @@ def _add_swa(
     offsets = np.arange(p, dtype=np.int64)
     for full_page, swa_page in zip(mapped, swa_free[: len(mapped)], strict=True):
         lut[full_page * p + offsets] = swa_page * p + offsets
-    tensors["full_to_swa_index_mapping"] = torch.from_numpy(lut)
+    tensors["full_to_swa_index_mapping"] = lut
     metadata["swa_window_size"] = str(spec.window)
     metadata["num_swa_slots"] = str(num_swa_pages * p)
     if spec.free_lists:
-        tensors["free_swa_slots"] = torch.from_numpy(_expand(swa_free[len(mapped) :], p))
+        tensors["free_swa_slots"] = _expand(swa_free[len(mapped) :], p)
 
 
 #: bytes per token of a synthetic real-KV source (partial mode fingerprints the first 16).
@@ -359,7 +358,7 @@ def record_bytes(columns: list[np.ndarray]) -> np.ndarray:
 
 
 def _stamp_canary(
-    tensors: dict[str, torch.Tensor],
+    tensors: dict[str, np.ndarray],
     metadata: dict[str, str],
     live: list[LiveRequest],
     spec: SynthSpec,
@@ -382,7 +381,7 @@ def _stamp_canary(
     spaces = [("full", slots, num_full_slots)]
     lut = tensors.get("full_to_swa_index_mapping")
     if lut is not None:
-        table = lut.numpy()
+        table = lut
         swa = np.where(
             (slots >= 0) & (slots < table.shape[0] - 1), table[slots.clip(0, table.shape[0] - 1)], 0
         )
@@ -394,14 +393,14 @@ def _stamp_canary(
             fingerprint = np.zeros(int(keep.sum()), dtype=np.int64)
             if spec.canary_real_kv:
                 source = rng.integers(0, 256, size=(size, _REAL_KV_BYTES), dtype=np.uint8)
-                tensors[f"real_kv.{group}.{half}"] = torch.from_numpy(source)
+                tensors[f"real_kv.{group}.{half}"] = source
                 fingerprint = as_int64(
                     combine_source_hashes([fold_chunks(source[where[keep], :16])])
                 )
             for stage, rkv in (("head", np.zeros_like(fingerprint)), ("tail", fingerprint)):
                 buffer = np.zeros((size, RECORD_BYTES), dtype=np.uint8)
                 buffer[where[keep]] = record_bytes([c[keep] for c in columns] + [rkv])
-                tensors[f"canary.{group}.{stage}.{half}"] = torch.from_numpy(buffer)
+                tensors[f"canary.{group}.{stage}.{half}"] = buffer
     if spec.canary_real_kv:
         metadata["real_kv.mode"] = "partial"
 

@@ -1,20 +1,22 @@
 """`save_dump`: the writer users call from inside SGLang (or a test) to capture one step.
 
-It takes the upstream keyword arguments as they are (CUDA or CPU tensors, int32 or int64,
-Python ints for scalars, None for absent optionals) and writes a format-v1 file atomically.
+It takes the upstream keyword arguments as they are (CUDA or CPU torch tensors, numpy arrays,
+int32 or int64, Python ints for scalars, None for absent optionals) and writes a format-v1
+file atomically. Torch is never imported here: tensors go to numpy as they come in.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 import numpy as np
-import torch
 
-from kvcanary_cli.dump.atomic import safetensors_dtype_of, write_safetensors
+from kvcanary_cli.dump.atomic import host_array, safetensors_dtype_of, write_safetensors
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     SCALARS,
@@ -26,7 +28,12 @@ from kvcanary_cli.errors import MetadataError, TensorDtypeError
 
 __all__ = ["TensorLike", "dump_contents", "save_dump", "write_dump"]
 
-TensorLike = torch.Tensor | np.ndarray | int | list[int] | None
+if TYPE_CHECKING:  # accepted, never imported: a tensor exists only where torch is
+    import torch
+
+#: What `save_dump` takes per name: an array (numpy, or a torch tensor on any device), a
+#: Python int (a scalar), a list of ints, or None (skipped).
+TensorLike: TypeAlias = Union["torch.Tensor", np.ndarray, int, list[int], None]  # noqa: UP007
 
 
 def save_dump(
@@ -37,8 +44,8 @@ def save_dump(
 ) -> Path:
     """Write tensors and scalars as one format-v1 dump; return the path written.
 
-    Tensors are copied to contiguous CPU memory. Python ints named like a scalar key
-    (`swa_window_size=128`) go to the metadata; None values are skipped, so a call's keyword
+    Tensors are copied to contiguous host memory (numpy). Python ints named like a scalar
+    key (`swa_window_size=128`) go to the metadata; None values are skipped, so a call's keyword
     arguments can be passed through unchanged. The file is replaced atomically, so a dump of
     the same path that is still loaded keeps reading the old contents. Only regular files (or
     `-`, standard output) are written; `write_dump` can refuse an existing file.
@@ -48,7 +55,7 @@ def save_dump(
 
 def write_dump(
     path: str | os.PathLike[str],
-    contents: tuple[dict[str, torch.Tensor], dict[str, str]],
+    contents: tuple[dict[str, np.ndarray], dict[str, str]],
     *,
     overwrite: bool = True,
 ) -> Path:
@@ -59,10 +66,10 @@ def write_dump(
 
 def dump_contents(
     metadata: Mapping[str, object] | None, tensors: Mapping[str, TensorLike]
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors and metadata strings of a format-v1 dump, checked (see `save_dump`)."""
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The arrays and metadata strings of a format-v1 dump, checked (see `save_dump`)."""
     meta: dict[str, str] = {str(k): str(v) for k, v in (metadata or {}).items()}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, np.ndarray] = {}
     for name, value in tensors.items():
         if value is None:
             continue
@@ -71,7 +78,7 @@ def dump_contents(
         if isinstance(value, int) and spec_for(name) is None:
             meta[name] = str(value)
             continue
-        out[name] = _to_cpu_tensor(name, value)
+        out[name] = _to_host_array(name, value)
     for name in SCALARS:
         if name in meta:
             if parse_integer(meta[name]) is None:
@@ -81,27 +88,47 @@ def dump_contents(
     return out, meta
 
 
-def _to_cpu_tensor(name: str, value: TensorLike) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach()
-    elif isinstance(value, np.ndarray):
-        tensor = torch.from_numpy(np.ascontiguousarray(value))
-    else:  # a list of Python ints: refuse floats instead of truncating them
-        tensor = torch.as_tensor(value)
-        if tensor.is_floating_point() or tensor.dtype == torch.bool:
-            raise TensorDtypeError(f"holds {tensor.dtype} values, expected integers", field=name)
-        tensor = tensor.to(torch.int64)
-    tensor = tensor.to("cpu").contiguous()
-    stored = safetensors_dtype_of(tensor.dtype)
+def _to_host_array(name: str, value: TensorLike) -> np.ndarray:
+    torch = sys.modules.get("torch")  # a torch tensor exists only if its owner imported torch
+    is_tensor = torch is not None and isinstance(value, torch.Tensor)
+    try:
+        array = host_array(value)
+    except TypeError:  # a torch dtype numpy lacks (bfloat16...): never an integer one
+        array = None
+    if array is None and not is_tensor:  # a list of Python ints: refuse floats too
+        array = _int_list(name, value)
+    dtype_text = str(getattr(value, "dtype", None) if is_tensor or array is None else array.dtype)
+    stored = None if array is None else safetensors_dtype_of(array.dtype)
     spec = spec_for(name)
     if spec is not None and stored not in spec.dtypes:
         want = " or ".join(dtype_label(d) for d in spec.dtypes)
+        canonical = dtype_label(spec.canonical)
+        convert = f".to(torch.{canonical})" if is_tensor else f".astype(numpy.{canonical})"
         raise TensorDtypeError(
-            f"dtype {tensor.dtype} is not accepted (expected {want})",
+            f"dtype {dtype_text} is not accepted (expected {want})",
             field=name,
-            hint=f"pass {name}.to(torch.{dtype_label(spec.canonical)})",
+            hint=f"pass {name}{convert}",
         )
-    return tensor
+    if array is None:
+        raise TensorDtypeError(f"dtype {dtype_text} cannot be stored", field=name)
+    # Contiguous, copied only when it is not (np.ascontiguousarray would make a 0-d array 1-d).
+    return np.asarray(array, order="C")
+
+
+def _int_list(name: str, value: object) -> np.ndarray:
+    """A (nested) list of Python ints as int64; floats, bools and overflow are refused."""
+    try:
+        listed = np.asarray(value)
+    except ValueError:
+        raise TensorDtypeError("is not a rectangular list of integers", field=name) from None
+    if listed.dtype.kind == "O":
+        raise TensorDtypeError("holds values outside int64", field=name)
+    if listed.dtype.kind not in "iu":
+        raise TensorDtypeError(f"holds {listed.dtype} values, expected integers", field=name)
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except (OverflowError, ValueError, TypeError):
+        raise TensorDtypeError("holds values outside int64", field=name) from None
 
 
 def _record_sglang_version(meta: dict[str, str]) -> None:

@@ -1,8 +1,9 @@
 """Planners: implementations of SGLang's kv-canary plan step behind one `Planner` interface.
 
 This module is the registry that turns the CLI's names into planner objects. It imports
-nothing heavy: backends are imported when one is made, so `kvcanary --help` never imports
-torch, only `triton_runtime` ever imports triton, and only `sglang_runtime` imports SGLang.
+nothing heavy: backends are imported when one is made, so `kvcanary --help` imports neither
+numpy nor torch, only `triton_runtime` ever imports triton, and only `sglang_runtime` imports
+SGLang. Torch itself is imported only for SGLang's planners and for kernels on a CUDA device.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ class Backend(StrEnum):
 
     #: the literal scalar reading of the semantics, REF behaviour on bad input.
     REFERENCE = "reference"
-    #: the same results vectorized.
-    TORCH = "torch"
+    #: the same results vectorized (numpy).
+    VECTORIZED = "vectorized"
     #: the GPU path as Triton kernels (compiled on CUDA, interpreted elsewhere).
     TRITON = "triton"
     #: the installed SGLang's own launcher (its kernels on CUDA, its torch reference elsewhere).
@@ -33,8 +34,8 @@ class Kernel(StrEnum):
     """`kvcanary check --kernel`: what stands in for the production GPU path."""
 
     TRITON = "triton"
-    #: the GPU semantics, vectorized in torch (`TorchPlanner(semantics=GPU)`).
-    TORCH = "torch"
+    #: the GPU semantics, vectorized (`VectorizedPlanner(semantics=GPU)`).
+    VECTORIZED = "vectorized"
     #: the installed SGLang's own launcher (`SGLangPlanner`).
     SGLANG = "sglang"
     #: no kernel: skip the comparison.
@@ -56,10 +57,10 @@ def make_planner(backend: Backend, *, strict: bool = False) -> Planner:
             from kvcanary_cli.planners.reference import ReferencePlanner
 
             return ReferencePlanner(strict=strict)
-        case Backend.TORCH:
-            from kvcanary_cli.planners.vectorized import TorchPlanner
+        case Backend.VECTORIZED:
+            from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
-            return TorchPlanner()
+            return VectorizedPlanner()
         case Backend.TRITON:
             from kvcanary_cli.planners.triton_planner import TritonPlanner
 
@@ -75,11 +76,11 @@ def make_kernel(kernel: Kernel) -> Planner | None:
             from kvcanary_cli.planners.triton_planner import TritonPlanner
 
             return TritonPlanner()
-        case Kernel.TORCH:
+        case Kernel.VECTORIZED:
             from kvcanary_cli.planners.base import Semantics
-            from kvcanary_cli.planners.vectorized import TorchPlanner
+            from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
-            return TorchPlanner(semantics=Semantics.GPU)
+            return VectorizedPlanner(semantics=Semantics.GPU)
         case Kernel.SGLANG:
             return _sglang("--kernel sglang")
         case Kernel.NONE:
@@ -103,9 +104,9 @@ def make_selftest_planners(*, sglang: bool) -> tuple[list[Planner], list[Planner
     from kvcanary_cli.planners.base import Semantics
     from kvcanary_cli.planners.reference import ReferencePlanner
     from kvcanary_cli.planners.triton_planner import TritonPlanner
-    from kvcanary_cli.planners.vectorized import TorchPlanner
+    from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
-    planners: list[Planner] = [TorchPlanner(), TritonPlanner()]
+    planners: list[Planner] = [VectorizedPlanner(), TritonPlanner()]
     if sglang:
         planners.append(_sglang("--sglang"))
-    return [ReferencePlanner(), TorchPlanner(semantics=Semantics.GPU)], planners
+    return [ReferencePlanner(), VectorizedPlanner(semantics=Semantics.GPU)], planners

@@ -18,7 +18,6 @@ from enum import IntEnum, IntFlag, StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from kvcanary_cli.dump.loader import KvDump
 
@@ -264,23 +263,23 @@ class ProblemTable:
 class VerifyEntries:
     """The materialized verify entries of a plan (equal-length int64 columns, flags uint8)."""
 
-    slot: torch.Tensor
-    expected_token: torch.Tensor
-    position: torch.Tensor
-    prev_slot: torch.Tensor
+    slot: np.ndarray
+    expected_token: np.ndarray
+    position: np.ndarray
+    prev_slot: np.ndarray
     #: `Undefined` bits per entry.
-    undefined: torch.Tensor
+    undefined: np.ndarray
 
     @classmethod
     def empty(cls) -> VerifyEntries:
         """No entries (overflow, or an empty batch)."""
-        none = torch.zeros(0, dtype=torch.int64)
+        none = np.zeros(0, dtype=np.int64)
         return cls(
             slot=none,
             expected_token=none,
             position=none,
             prev_slot=none,
-            undefined=torch.zeros(0, dtype=torch.uint8),
+            undefined=np.zeros(0, dtype=np.uint8),
         )
 
 
@@ -301,19 +300,19 @@ class Plan:
     verify_num_valid: int
     enable: int
     #: exclusive prefix sum of verify_len, int64 [bs+1] (the GPU's scratch buffer).
-    verify_offsets: torch.Tensor
-    verify_slot_indices: torch.Tensor
-    verify_expected_tokens: torch.Tensor
-    verify_expected_positions: torch.Tensor
-    verify_prev_slot_indices: torch.Tensor
+    verify_offsets: np.ndarray
+    verify_slot_indices: np.ndarray
+    verify_expected_tokens: np.ndarray
+    verify_expected_positions: np.ndarray
+    verify_prev_slot_indices: np.ndarray
     #: uint8 [entries]: `Undefined` bits.
-    verify_undefined: torch.Tensor
+    verify_undefined: np.ndarray
     #: int64 [min(bs, R) + 1]: upstream writes indices 0..min(bs, R).
-    write_offsets: torch.Tensor
+    write_offsets: np.ndarray
     #: int64 [min(bs, R)].
-    write_seed_slot_indices: torch.Tensor
+    write_seed_slot_indices: np.ndarray
     #: bool [min(bs, R)].
-    seed_undefined: torch.Tensor
+    seed_undefined: np.ndarray
     write_num_valid_reqs: int
     problems: ProblemTable = field(default_factory=ProblemTable.empty)
     #: the error the launch raised (production's GPU path refusing the batch, or an upstream
@@ -360,13 +359,13 @@ class Plan:
         """Number of materialized verify entries."""
         return int(self.verify_slot_indices.shape[0])
 
-    def entry_batch_rows(self) -> torch.Tensor:
+    def entry_batch_rows(self) -> np.ndarray:
         """Batch row owning each materialized entry (int64 [entries])."""
         lens = self.verify_offsets[1:] - self.verify_offsets[:-1]
-        rows = torch.repeat_interleave(torch.arange(self.bs, dtype=torch.int64), lens)
+        rows = np.repeat(np.arange(self.bs, dtype=np.int64), lens)
         return rows[: self.entries]
 
-    def upstream_tensors(self) -> dict[str, torch.Tensor]:
+    def upstream_tensors(self) -> dict[str, np.ndarray]:
         """The fields upstream defines, named like SGLang's VerifyPlan / WritePlan."""
         n = self.verify_num_valid if self.enable == 1 else 0
         return {
@@ -374,11 +373,11 @@ class Plan:
             "verify_expected_tokens": self.verify_expected_tokens[:n],
             "verify_expected_positions": self.verify_expected_positions[:n],
             "verify_prev_slot_indices": self.verify_prev_slot_indices[:n],
-            "verify_num_valid": torch.tensor([self.verify_num_valid], dtype=torch.int32),
-            "enable": torch.tensor([self.enable], dtype=torch.int32),
+            "verify_num_valid": np.array([self.verify_num_valid], dtype=np.int32),
+            "enable": np.array([self.enable], dtype=np.int32),
             "write_offsets": self.write_offsets,
             "write_seed_slot_indices": self.write_seed_slot_indices,
-            "write_num_valid_reqs": torch.tensor([self.write_num_valid_reqs], dtype=torch.int32),
+            "write_num_valid_reqs": np.array([self.write_num_valid_reqs], dtype=np.int32),
         }
 
 

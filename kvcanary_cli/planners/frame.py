@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
+import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import Stored
@@ -40,7 +40,7 @@ GPU_MAX_BS = 4096
 MAX_MATERIALIZED_ENTRIES = 1 << 26
 #: Below this many entries a plan is always cheap enough to hold, whatever the table's size.
 _SMALL_PLAN = 1 << 16
-_I64 = torch.int64
+_I64 = np.int64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,11 +73,11 @@ def launch_limit(bs: int, write_req_capacity: int) -> LaunchLimit | None:
     return None
 
 
-def window_start(prefix_lens: torch.Tensor, window: int) -> torch.Tensor:
+def window_start(prefix_lens: np.ndarray, window: int) -> np.ndarray:
     """First verified position per row: `max(0, P - W)` with a window, else 0 (§1.2)."""
     if window > 0:
-        return (prefix_lens - window).clamp(min=0)
-    return torch.zeros_like(prefix_lens)
+        return np.asarray(np.maximum(prefix_lens - window, 0))
+    return np.zeros_like(prefix_lens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,13 +91,13 @@ class GroupFrame:
     lut: Stored | None
     bs: int
     #: pool row per batch row (0 = padding).
-    pool_rows: torch.Tensor
+    pool_rows: np.ndarray
     #: `max(0, P - W)` (W > 0), else 0.
-    window_start: torch.Tensor
+    window_start: np.ndarray
     #: entries each row asks for: `P - window_start` for active rows with P > 0, else 0.
-    verify_len: torch.Tensor
+    verify_len: np.ndarray
     #: exclusive prefix sum of verify_len, `[bs + 1]`.
-    verify_offsets: torch.Tensor
+    verify_offsets: np.ndarray
     total_verify: int
     #: entries REF reads on overflow: each row's range up to its first read past the row
     #: (where REF raises), for active rows.
@@ -108,11 +108,11 @@ class GroupFrame:
     #: length of `write_seed_slot_indices` (default bs).
     write_req_capacity: int
     #: tokens each row writes: E for active rows with E > 0, else 0.
-    write_len: torch.Tensor
+    write_len: np.ndarray
     #: exclusive prefix sum of write_len over the first `min(bs, R)` rows, `[min(bs, R) + 1]`.
-    write_offsets: torch.Tensor
+    write_offsets: np.ndarray
     #: rows whose write seed is read (`T(L[rp, P-1])`): active, E > 0, P > 0; `[min(bs, R)]`.
-    seed_wanted: torch.Tensor
+    seed_wanted: np.ndarray
     #: set when the GPU path refuses the batch (the reference has no such limit).
     launch: LaunchLimit | None
     #: `req_to_token`'s `[max_reqs, max_seq_len]`, for the messages of reads outside it.
@@ -173,8 +173,10 @@ class GroupFrame:
         )
 
 
-def _exclusive_cumsum(values: torch.Tensor) -> torch.Tensor:
-    return torch.cat([torch.zeros(1, dtype=_I64), values.cumsum(0)])
+def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    out = np.zeros(values.shape[0] + 1, dtype=_I64)
+    np.cumsum(values, out=out[1:])
+    return out
 
 
 def group_frame(dump: KvDump, group: str) -> GroupFrame:
@@ -196,16 +198,16 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
     pool = dump.req_to_verify_expected_tokens
     active = rpi != 0
     start = window_start(prefix, window)
-    verify_len = torch.where(active, (prefix - start).clamp(min=0), 0)
+    verify_len = np.where(active, np.maximum(prefix - start, 0), 0)
     # Exact (Python ints): claimed lengths near 2^63 would overflow an int64 sum.
     total = sum(verify_len.tolist())
     msl = dump.max_seq_len
-    reach = (torch.minimum(prefix, torch.full_like(prefix, msl + 1)) - start).clamp(min=0)
-    reach_total = sum(torch.where(active, torch.minimum(reach, verify_len), 0).tolist())
+    reach = np.maximum(np.minimum(prefix, msl + 1) - start, 0)
+    reach_total = sum(np.where(active, np.minimum(reach, verify_len), 0).tolist())
     recorded = dump.scalar("verify_capacity")
     write_capacity = dump.write_req_capacity
     rows = min(dump.bs, write_capacity)
-    write_len = torch.where(active & (extend > 0), extend, 0)
+    write_len = np.where(active & (extend > 0), extend, 0)
     return GroupFrame(
         group=group,
         window=window,
@@ -216,7 +218,7 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
         verify_len=verify_len,
         # Only used when planned (total <= entry_limit); the cap keeps the sum from
         # overflowing when it is not.
-        verify_offsets=_exclusive_cumsum(verify_len.clamp(max=MAX_MATERIALIZED_ENTRIES + 1)),
+        verify_offsets=_exclusive_cumsum(np.minimum(verify_len, MAX_MATERIALIZED_ENTRIES + 1)),
         total_verify=total,
         reach_total=reach_total,
         verify_capacity=total if recorded is None else recorded,
@@ -237,12 +239,12 @@ def assemble_plan(
     backend: str,
     semantics: Semantics,
     entries: VerifyEntries,
-    seeds: torch.Tensor,
-    seed_undefined: torch.Tensor,
+    seeds: np.ndarray,
+    seed_undefined: np.ndarray,
     problems: ProblemTable,
     kernel_totals: tuple[int, int, int] | None = None,
-    verify_offsets: torch.Tensor | None = None,
-    write_offsets: torch.Tensor | None = None,
+    verify_offsets: np.ndarray | None = None,
+    write_offsets: np.ndarray | None = None,
     write_num_valid_reqs: int | None = None,
     launch_error: str | None = None,
     launch_error_type: str = "ValueError",
@@ -332,17 +334,17 @@ def _plan_without_outputs(
 ) -> Plan:
     """A plan with no entries, seeds or offsets (zeros), for a group left unplanned or a
     launch that raised."""
-    empty = torch.zeros(0, dtype=_I64)
+    empty = np.zeros(0, dtype=_I64)
     return assemble_plan(
         frame,
         backend=backend,
         semantics=semantics,
         entries=VerifyEntries.empty(),
         seeds=empty,
-        seed_undefined=torch.zeros(0, dtype=torch.bool),
+        seed_undefined=np.zeros(0, dtype=bool),
         problems=problems,
         kernel_totals=kernel_totals,
-        verify_offsets=torch.zeros(frame.bs + 1, dtype=_I64),
+        verify_offsets=np.zeros(frame.bs + 1, dtype=_I64),
         write_offsets=empty,
         write_num_valid_reqs=0,
         launch_error=launch_error,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.loader import KvDump
@@ -41,13 +41,13 @@ def save_plan(
         "window": str(plan.window),
         "source": os.path.basename(dump.path),
     }
-    tensors = {k: v.contiguous() for k, v in plan.upstream_tensors().items()}
+    tensors = dict(plan.upstream_tensors())
     raised = upstream_raise(plan)
     n = tensors["verify_slot_indices"].shape[0]
     undefined = plan.verify_undefined[:n]
     if raised is not None or bool(undefined.any()) or bool(plan.seed_undefined.any()):
-        tensors["kvcanary.verify_undefined"] = undefined.contiguous()
-        tensors["kvcanary.seed_undefined"] = plan.seed_undefined.to(torch.uint8).contiguous()
+        tensors["kvcanary.verify_undefined"] = np.asarray(undefined, dtype=np.uint8)
+        tensors["kvcanary.seed_undefined"] = np.asarray(plan.seed_undefined, dtype=np.uint8)
     if raised is not None:
         metadata["kvcanary.upstream_raises"] = raised
     return write_safetensors(path, tensors, metadata, inputs=(dump.path,), overwrite=overwrite)

@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from typing import overload
 
 import numpy as np
-import torch
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import Stored, row_cells
+from kvcanary_cli.dump.sparse import SparseArray, Stored, row_cells
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.base import (
     Plan,
@@ -33,7 +32,7 @@ from kvcanary_cli.planners.upstream import upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
 
-#: Beyond this many entries the scalar loop would run for hours; use the torch backend.
+#: Beyond this many entries the scalar loop would run for hours; use the vectorized backend.
 SCALAR_ENTRY_LIMIT = 20_000_000
 
 
@@ -76,7 +75,7 @@ class _Kept(Sequence[int]):
 
 def _values(vector: Stored) -> Sequence[int]:
     """A 1-D tensor as a Python sequence (the LUT)."""
-    if isinstance(vector, torch.Tensor):
+    if not isinstance(vector, SparseArray):
         return list(vector.tolist())
     index = vector.flat_indices()
     return _Kept(index, vector.take(index)[0], int(vector.shape[0]))
@@ -84,7 +83,7 @@ def _values(vector: Stored) -> Sequence[int]:
 
 def _row_values(table: Stored, row: int) -> Sequence[int]:
     """One row of a 2-D table as a Python sequence."""
-    if isinstance(table, torch.Tensor):
+    if not isinstance(table, SparseArray):
         return list(table[row].tolist())
     positions, values = row_cells(table, row, 0, int(table.shape[1]))
     return _Kept(positions, values, int(table.shape[1]))
@@ -175,7 +174,7 @@ class ReferencePlanner:
                 f"the batch asks for {total} verify entries; the scalar reference stops at "
                 f"{SCALAR_ENTRY_LIMIT}",
                 field="prefix_lens",
-                hint="use --backend torch",
+                hint="use --backend vectorized",
             )
         slots: list[int] = []
         prevs: list[int] = []
@@ -284,15 +283,15 @@ class ReferencePlanner:
             seeds.append(0 if seed is None else seed)
             seed_undefined.append(seed is None)
 
-        def i64(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64)
+        def i64(values: list[int]) -> np.ndarray:
+            return np.array(values, dtype=np.int64)
 
         entries = VerifyEntries(
             slot=i64(slots),
             expected_token=i64(tokens),
             position=i64(positions),
             prev_slot=i64(prevs),
-            undefined=torch.tensor(undefined, dtype=torch.uint8),
+            undefined=np.array(undefined, dtype=np.uint8),
         )
         return assemble_plan(
             frame,
@@ -300,6 +299,6 @@ class ReferencePlanner:
             semantics=self.semantics,
             entries=entries,
             seeds=i64(seeds),
-            seed_undefined=torch.from_numpy(np.array(seed_undefined, dtype=bool)),
+            seed_undefined=np.array(seed_undefined, dtype=bool),
             problems=problems.table(),
         )

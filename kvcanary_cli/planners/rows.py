@@ -1,4 +1,4 @@
-"""Row-level problems, shared by the torch and Triton backends.
+"""Row-level problems, shared by the vectorized and Triton backends.
 
 Row-level problems (a bad pool row, a prefix past the row, an expected-token gather outside the
 pool) are kvcanary's annotations, not plan outputs: both backends derive them on the host from
@@ -7,7 +7,7 @@ the group's frame, with one implementation, so they cannot drift apart.
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole, ProblemTable
@@ -16,9 +16,9 @@ from kvcanary_cli.planners.frame import GroupFrame
 __all__ = ["python_rows_resolve", "row_problems"]
 
 
-def python_rows_resolve(rpi: torch.Tensor, rows: int) -> torch.Tensor:
+def python_rows_resolve(rpi: np.ndarray, rows: int) -> np.ndarray:
     """Where Python indexing reaches a row (REF: negative indices wrap, others raise)."""
-    row = torch.where(rpi < 0, rpi + rows, rpi)
+    row = np.where(rpi < 0, rpi + rows, rpi)
     return (row >= 0) & (row < rows)
 
 
@@ -38,30 +38,30 @@ def row_problems(dump: KvDump, frame: GroupFrame, *, gpu: bool) -> ProblemTable:
     def add(
         kind: ProblemKind,
         role: ProblemRole,
-        mask: torch.Tensor,
-        position: torch.Tensor,
-        value: torch.Tensor,
-        raises: torch.Tensor | bool,
+        mask: np.ndarray,
+        position: np.ndarray,
+        value: np.ndarray,
+        raises: np.ndarray | bool,
     ) -> None:
-        idx = torch.nonzero(mask).reshape(-1)
-        if idx.numel() == 0:
+        idx = np.flatnonzero(mask)
+        if idx.size == 0:
             return
         table = ProblemTable.build(
             kind,
             role,
-            batch_row=idx.numpy(),
-            pool_row=rpi[idx].numpy(),
-            position=position[idx].numpy(),
-            value=value[idx].numpy(),
-            entry=(offsets[idx] + position[idx] - ws[idx]).numpy(),
+            batch_row=idx,
+            pool_row=rpi[idx],
+            position=position[idx],
+            value=value[idx],
+            entry=offsets[idx] + position[idx] - ws[idx],
             raises=False,
         )
         if not gpu:
-            table.raises[:] = raises if isinstance(raises, bool) else raises[idx].numpy()
+            table.raises[:] = raises if isinstance(raises, bool) else raises[idx]
         tables.append(table)
 
     add(ProblemKind.ROW_OUT_OF_RANGE, ProblemRole.VERIFY, has & ~in_range, ws, rpi, ~resolves)
-    beyond = torch.maximum(ws, torch.full_like(ws, dump.max_seq_len))
+    beyond = np.maximum(ws, dump.max_seq_len)
     add(
         ProblemKind.PREFIX_BEYOND_ROW,
         ProblemRole.VERIFY,
@@ -75,8 +75,8 @@ def row_problems(dump: KvDump, frame: GroupFrame, *, gpu: bool) -> ProblemTable:
     if pool is not None and valid is not None:
         off = dump.token_offset
         rows, cols = int(pool.shape[0]), int(pool.shape[1])
-        s_lo = (ws + off).clamp(min=0)  # first gathered token index
-        s_hi = torch.minimum(prefix + off, valid)  # one past the last
+        s_lo = np.maximum(ws + off, 0)  # first gathered token index
+        s_hi = np.minimum(prefix + off, valid)  # one past the last
         gathers = has & (s_lo < s_hi)
         pool_ok = ((rpi >= 0) & (rpi < rows)) if gpu else python_rows_resolve(rpi, rows)
         add(
@@ -87,7 +87,7 @@ def row_problems(dump: KvDump, frame: GroupFrame, *, gpu: bool) -> ProblemTable:
             rpi,
             True,
         )
-        first_bad = torch.maximum(s_lo, torch.full_like(s_lo, cols))
+        first_bad = np.maximum(s_lo, cols)
         add(
             ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
             ProblemRole.EXPECTED_TOKEN,

@@ -16,9 +16,9 @@ device; kvcanary reports those rows as findings instead.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import Stored, dense
@@ -39,12 +39,14 @@ from kvcanary_cli.planners.sglang_runtime import (
 )
 from kvcanary_cli.planners.upstream import NOT_LAUNCHED
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["UNWRITTEN", "SGLangPlanner", "plan_arguments"]
 
 #: What output buffers hold before SGLang fills them ("kvcanary" in ASCII, negated), so that
 #: a value upstream leaves unwritten is recognisable instead of whatever memory held.
 UNWRITTEN = -0x6B7663616E617279
-_I64 = torch.int64
 
 
 class SGLangPlanner:
@@ -59,6 +61,8 @@ class SGLangPlanner:
     name = "sglang"
 
     def __init__(self, *, device: str | None = None, option: str = "--kernel sglang") -> None:
+        import torch  # SGLang's launcher runs on torch tensors
+
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -81,7 +85,7 @@ class SGLangPlanner:
             raise OptionError(
                 "needs the whole dump, and this one is shrunk (SGLang reads its tables dense)",
                 option=self.option,
-                hint="run it on the original dump, or use --kernel triton/torch here",
+                hint="run it on the original dump, or use --kernel triton/vectorized here",
             )
         frame = group_frame(dump, group)
         launcher = self.load()
@@ -117,13 +121,16 @@ class SGLangPlanner:
         return self._read_back(frame, arguments["verify_plan_out"], arguments["write_plan_out"])
 
     def _read_back(self, frame: GroupFrame, verify: Any, write: Any) -> Plan:
-        """The parts of SGLang's outputs upstream defines, as a `Plan` (tensors on the CPU)."""
+        """The parts of SGLang's outputs upstream defines, as a `Plan` (numpy arrays)."""
+        import torch
+
         num_valid = int(verify.verify_num_valid.reshape(-1)[0])
         enable = int(verify.enable.reshape(-1)[0])
         n = min(max(num_valid, 0), frame.verify_capacity) if enable == 1 else 0
 
-        def column(tensor: torch.Tensor, length: int) -> torch.Tensor:
-            return tensor[:length].to(device="cpu", dtype=_I64).clone()
+        def column(tensor: torch.Tensor, length: int) -> np.ndarray:
+            # a copy: the plan must not share SGLang's output buffers
+            return np.array(tensor[:length].to(device="cpu", dtype=torch.int64).numpy())
 
         rows = frame.write_rows
         return assemble_plan(
@@ -135,10 +142,10 @@ class SGLangPlanner:
                 expected_token=column(verify.verify_expected_tokens, n),
                 position=column(verify.verify_expected_positions, n),
                 prev_slot=column(verify.verify_prev_slot_indices, n),
-                undefined=torch.zeros(n, dtype=torch.uint8),
+                undefined=np.zeros(n, dtype=np.uint8),
             ),
             seeds=column(write.write_seed_slot_indices, rows),
-            seed_undefined=torch.zeros(rows, dtype=torch.bool),
+            seed_undefined=np.zeros(rows, dtype=bool),
             problems=ProblemTable.empty(),
             # SGLang does not report the entries requested on overflow; the frame knows them.
             kernel_totals=(num_valid if enable == 1 else frame.total_verify, num_valid, enable),
@@ -152,11 +159,14 @@ def plan_arguments(
 ) -> dict[str, Any]:
     """The keyword arguments of one launcher call planning `frame` of `dump` on `device`.
 
-    Inputs take the dtypes production passes on CUDA (int32 tables there; on the CPU the
-    reference takes any integer dtype, so tables keep theirs and are not copied); the outputs
-    are fresh `VerifyPlan` / `WritePlan` of the frame's capacities, filled with `UNWRITTEN`.
-    Benchmarks time `launcher.launch(**plan_arguments(...))`.
+    Inputs are the dump's numpy arrays as torch tensors, in the dtypes production passes on
+    CUDA (int32 tables there; on the CPU the reference takes any integer dtype, so tables keep
+    theirs and share the dump's memory, not copied); the outputs are fresh `VerifyPlan` /
+    `WritePlan` of the frame's capacities, filled with `UNWRITTEN`. Benchmarks time
+    `launcher.launch(**plan_arguments(...))`.
     """
+    import torch
+
     if max(frame.total_verify, frame.verify_capacity) > MAX_MATERIALIZED_ENTRIES:
         raise PlanTooLargeError(
             f"the batch asks for {frame.total_verify} verify entries with a capacity of "
@@ -167,15 +177,22 @@ def plan_arguments(
         )
     gpu = device.type == "cuda"
 
+    def tensor(stored: Stored) -> torch.Tensor:
+        array = dense(stored)
+        if not array.flags.writeable:  # torch.from_numpy warns on memory it may not write
+            array = array.copy()
+        return torch.from_numpy(np.ascontiguousarray(array))  # >= 1-d: kept as it is
+
     def vector(stored: Stored | None) -> torch.Tensor | None:
-        tensor = None if stored is None else dense(stored)
-        return None if tensor is None else tensor.to(device=device, dtype=_I64).contiguous()
+        if stored is None:
+            return None
+        return tensor(stored).to(device=device, dtype=torch.int64).contiguous()
 
     def table(stored: Stored | None) -> torch.Tensor | None:
         if stored is None:
             return None
-        tensor = dense(stored)
-        return tensor.to(device=device, dtype=torch.int32 if gpu else tensor.dtype).contiguous()
+        host = tensor(stored)
+        return host.to(device=device, dtype=torch.int32 if gpu else host.dtype).contiguous()
 
     pool = dump.req_to_verify_expected_tokens
     return {

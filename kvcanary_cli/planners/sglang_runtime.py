@@ -62,8 +62,8 @@ VERIFY_PLAN_FIELDS = (*VERIFY_ENTRY_FIELDS, "verify_num_valid", "enable")
 WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
 
 _ALTERNATIVES = {
-    "--kernel sglang": "--kernel torch or triton models SGLang {v} without it",
-    "--backend sglang": "--backend torch or triton models SGLang {v} without it",
+    "--kernel sglang": "--kernel vectorized or triton models SGLang {v} without it",
+    "--backend sglang": "--backend vectorized or triton models SGLang {v} without it",
 }
 
 

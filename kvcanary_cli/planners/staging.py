@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import SparseArray, Stored, row_cells, take
@@ -29,23 +28,23 @@ __all__ = ["MAX_STAGED_CELLS", "StagedInputs", "needs_staging", "stage"]
 
 #: Cells the staged rows may hold (1 GiB of int32): far above a production batch's rows.
 MAX_STAGED_CELLS = 1 << 28
-_I64 = torch.int64
+_I64 = np.int64
 
 
 @dataclass(frozen=True, kw_only=True)
 class StagedInputs:
-    """Kernel inputs in staged coordinates (CPU tensors)."""
+    """Kernel inputs in staged coordinates (host arrays)."""
 
     #: pool row per batch row, renumbered to the staged rows.
-    rpi: torch.Tensor
-    table: torch.Tensor
+    rpi: np.ndarray
+    table: np.ndarray
     #: elements of `table` (the kernels' bound for flat reads).
     table_numel: int
     #: the staged LUT (None without a LUT in the group) and its length.
-    lut: torch.Tensor | None
+    lut: np.ndarray | None
     lut_len: int
     #: the staged expected-token pool (None without one) and its elements.
-    pool: torch.Tensor | None
+    pool: np.ndarray | None
     pool_numel: int
 
 
@@ -75,15 +74,15 @@ def _rows_read(lo: np.ndarray, hi: np.ndarray, width: int, rows: int) -> np.ndar
 
 def _table_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
     """Rows of `req_to_token` the GPU plan reads: verify and prev cells, and seeds."""
-    rp = frame.pool_rows.numpy()
-    prefix = dump.prefix_lens.numpy()
+    rp = frame.pool_rows
+    prefix = dump.prefix_lens
     width = dump.max_seq_len
-    active = (rp != 0) & (frame.verify_len.numpy() > 0) & bool(frame.enable)
-    start = np.maximum(frame.window_start.numpy() - 1, 0)
+    active = (rp != 0) & (frame.verify_len > 0) & bool(frame.enable)
+    start = np.maximum(frame.window_start - 1, 0)
     verify = _rows_read(
         (rp * width + start)[active], (rp * width + prefix)[active], width, dump.max_reqs
     )
-    wanted = frame.seed_wanted.numpy()
+    wanted = frame.seed_wanted
     seed = rp[: wanted.size] * width + prefix[: wanted.size] - 1
     seeds = _rows_read(seed[wanted], seed[wanted] + 1, width, dump.max_reqs)
     return np.union1d(verify, seeds)
@@ -95,49 +94,49 @@ def _pool_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
     if pool is None or valid is None or not frame.enable:
         return np.zeros(0, dtype=np.int64)
     rows, width = int(pool.shape[0]), int(pool.shape[1])
-    rp = frame.pool_rows.numpy()
+    rp = frame.pool_rows
     off = dump.token_offset
-    s_lo = np.maximum(frame.window_start.numpy() + off, 0)
-    s_hi = np.minimum(dump.prefix_lens.numpy() + off, valid.numpy())
-    active = (rp != 0) & (frame.verify_len.numpy() > 0)
+    s_lo = np.maximum(frame.window_start + off, 0)
+    s_hi = np.minimum(dump.prefix_lens + off, valid)
+    active = (rp != 0) & (frame.verify_len > 0)
     return _rows_read(
         (rp * width + s_lo)[active], (rp * width + np.maximum(s_hi, s_lo))[active], width, rows
     )
 
 
-def _stage_rows(table: Stored, rows: np.ndarray) -> torch.Tensor:
+def _stage_rows(table: Stored, rows: np.ndarray) -> np.ndarray:
     """Rows of a table, dense, in the given order (cells a shrunk dump did not keep are 0)."""
     width = int(table.shape[1])
-    if isinstance(table, torch.Tensor):
-        return table[torch.from_numpy(rows)].contiguous()
+    if not isinstance(table, SparseArray):
+        return np.ascontiguousarray(table[rows])
     out = np.zeros((rows.size, width), dtype=table.values.dtype)
     for i, row in enumerate(rows.tolist()):  # per staged row: a batch's worth at most
         positions, values = row_cells(table, row, 0, width)
         out[i, positions] = values
-    return torch.from_numpy(out)
+    return out
 
 
-def _stage_lut(lut: Stored) -> tuple[torch.Tensor, np.ndarray | None]:
+def _stage_lut(lut: Stored) -> tuple[np.ndarray, np.ndarray | None]:
     """The LUT the kernels read, and (for a sparse LUT) the kept slots in order: staged entry
     `1 + i` is slot `keys[i]`'s, entry 0 reads 0 for every slot not kept."""
-    if isinstance(lut, torch.Tensor):
-        return lut.to(_I64).contiguous(), None
+    if not isinstance(lut, SparseArray):
+        return np.ascontiguousarray(lut, dtype=_I64), None
     keys = lut.flat_indices()
     values, _ = lut.take(keys)
     tail = [] if keys.size and int(keys[-1]) == int(lut.shape[0]) - 1 else [0]
     staged = np.concatenate([np.zeros(1, dtype=np.int64), values, np.array(tail, np.int64)])
-    return torch.from_numpy(staged), keys
+    return staged, keys
 
 
-def _renumber_slots(table: torch.Tensor, keys: np.ndarray, lut_len: int, staged_len: int) -> None:
+def _renumber_slots(table: np.ndarray, keys: np.ndarray, lut_len: int, staged_len: int) -> None:
     """Slot values of staged rows to staged LUT entries, in place: negative ones stay, ones
     past the LUT go past the staged LUT, kept ones to their entry, the others to entry 0."""
-    values = table.numpy().astype(np.int64)
+    values = table.astype(np.int64)
     at = np.searchsorted(keys, values)
     kept = (at < keys.size) & (keys[np.minimum(at, max(keys.size - 1, 0))] == values)
     out = np.where(values < 0, values, np.where(values >= lut_len, staged_len, 0))
     out = np.where(kept & (values >= 0) & (values < lut_len), at + 1, out)
-    table.copy_(torch.from_numpy(out.astype(table.numpy().dtype)))
+    table[...] = out.astype(table.dtype)
 
 
 def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
@@ -157,9 +156,9 @@ def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
             f"the Triton kernels need the rows this batch reads dense: {cells} cells, more "
             f"than kvcanary stages ({MAX_STAGED_CELLS})",
             field="req_to_token",
-            hint="use --kernel torch on this shrunk dump",
+            hint="use --kernel vectorized on this shrunk dump",
         )
-    rp = frame.pool_rows.numpy()
+    rp = frame.pool_rows
     rank = np.searchsorted(staged, rp)
     found = (rank < staged.size) & (staged[np.minimum(rank, max(staged.size - 1, 0))] == rp)
     # Rows not staged are not read: send them past every staged table, keep negatives.
@@ -173,19 +172,19 @@ def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
             _renumber_slots(table, keys, int(frame.lut.shape[0]), lut_len)
     staged_pool = None if pool is None else _stage_rows(pool, in_pool)
     return StagedInputs(
-        rpi=torch.from_numpy(renumbered.astype(np.int64)),
+        rpi=renumbered.astype(np.int64),
         table=table,
-        table_numel=int(table.numel()),
+        table_numel=int(table.size),
         lut=lut,
         lut_len=lut_len,
         pool=staged_pool,
-        pool_numel=0 if staged_pool is None else int(staged_pool.numel()),
+        pool_numel=0 if staged_pool is None else int(staged_pool.size),
     )
 
 
 def seed_values(dump: KvDump, batch_rows: np.ndarray) -> np.ndarray:
     """The raw slots the GPU seeds of `batch_rows` read (`L[rp, P-1]`, flat), from the dump:
     the staged copy holds renumbered slots."""
-    rp = dump.req_pool_indices.numpy()[batch_rows]
-    flat = rp * dump.max_seq_len + dump.prefix_lens.numpy()[batch_rows] - 1
-    return take(dump.req_to_token, torch.from_numpy(flat)).numpy()
+    rp = dump.req_pool_indices[batch_rows]
+    flat = rp * dump.max_seq_len + dump.prefix_lens[batch_rows] - 1
+    return take(dump.req_to_token, flat)

@@ -1,19 +1,20 @@
 """`TritonPlanner`: launches the Triton plan kernels and adapts their outputs to `Plan`.
 
-GPU semantics (see `base`): the same plan as `TorchPlanner(semantics=Semantics.GPU)`, field by
+GPU semantics (see `base`): the same plan as `VectorizedPlanner(semantics=Semantics.GPU)`, field by
 field, computed the way production does (docs/semantics.md §1.5): one offsets program
 over the padded batch, then a 1-D grid over the verify entries. On a CUDA device the kernels
-compile; elsewhere they run in the triton interpreter (`triton_runtime`). Inputs are copied to
-the kernels' device whole, because flat addressing may read any row of `req_to_token`.
+compile; elsewhere they run in the triton interpreter (`triton_runtime`) on numpy memory
+(`kernel_arrays`). Inputs are copied to a CUDA device whole, because flat addressing may read
+any row of `req_to_token`; the interpreter reads the memory-mapped tables in place.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
-import torch
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import dense, take
@@ -35,6 +36,7 @@ from kvcanary_cli.planners.frame import (
     group_frame,
     skipped_plan,
 )
+from kvcanary_cli.planners.kernel_arrays import KernelArrays, kernel_arrays
 from kvcanary_cli.planners.rows import row_problems
 from kvcanary_cli.planners.staging import needs_staging, seed_values, stage
 
@@ -49,7 +51,7 @@ ENTRIES_PER_LAUNCH = 1 << 24
 _BLOCK_SIZE = {"compiled": 1024, "interpreter": 1 << 18}
 _MIN_INTERPRETER_BLOCK = 1 << 10
 _MIN_BS_BLOCK = 16
-_I64 = torch.int64
+_I64 = np.int64
 
 
 def bs_block(bs: int) -> int:
@@ -59,17 +61,17 @@ def bs_block(bs: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class _Inputs:
-    """Kernel arguments on the kernels' device (dummies of one element for absent tensors)."""
+    """Kernel arguments in the kernels' memory (dummies of one element for absent tensors)."""
 
-    rpi: torch.Tensor
-    prefix: torch.Tensor
-    extend: torch.Tensor
-    valid: torch.Tensor
-    table: torch.Tensor
+    rpi: Any
+    prefix: Any
+    extend: Any
+    valid: Any
+    table: Any
     table_numel: int
-    lut: torch.Tensor
+    lut: Any
     lut_len: int
-    pool: torch.Tensor
+    pool: Any
     pool_stride: int
     pool_numel: int
     #: the inputs are a shrunk dump's staged rows (`staging`), not the dump's own tensors.
@@ -120,7 +122,7 @@ class TritonPlanner:
         return max(block, self._entries_per_launch // block * block)
 
     def plan(self, dump: KvDump, group: str) -> Plan:
-        """Plan `group` of `dump` with the kernels; tensors come back on the CPU."""
+        """Plan `group` of `dump` with the kernels; the outputs come back as numpy arrays."""
         frame = group_frame(dump, group)
         if frame.launch is not None:
             return failed_plan(frame, backend=self.name)
@@ -130,16 +132,16 @@ class TritonPlanner:
                 frame, backend=self.name, semantics=self.semantics, problems=row_level
             )
         kernels = triton_runtime.load_kernels()
-        device = triton_runtime.device()
-        inputs = self._inputs(dump, frame, device)
+        memory = kernel_arrays(triton_runtime.mode())  # how the kernels were loaded
+        inputs = self._inputs(dump, frame, memory)
         bs = dump.bs
         block_bs = bs_block(bs)
-        verify_offsets = torch.empty(bs + 1, dtype=_I64, device=device)
-        write_offsets = torch.empty(bs + 1, dtype=_I64, device=device)
-        seeds = torch.empty(max(bs, 1), dtype=_I64, device=device)
-        seed_raw = torch.empty_like(seeds)
-        seed_flags = torch.empty(max(bs, 1), dtype=torch.uint8, device=device)
-        totals = torch.empty(3, dtype=_I64, device=device)
+        verify_offsets = memory.empty(bs + 1, _I64)
+        write_offsets = memory.empty(bs + 1, _I64)
+        seeds = memory.empty(max(bs, 1), _I64)
+        seed_raw = memory.empty(max(bs, 1), _I64)
+        seed_flags = memory.empty(max(bs, 1), np.uint8)
+        totals = memory.empty(3, _I64)
         kernels.plan_offsets_kernel[(1,)](
             inputs.rpi,
             inputs.prefix,
@@ -167,16 +169,18 @@ class TritonPlanner:
             ),
             num_warps=_warps(block_bs),
         )
-        total, num_valid, enable = (int(v) for v in totals.cpu())
+        total, num_valid, enable = (int(v) for v in memory.download(totals))
         columns = self._entries(
-            kernels, dump, frame, inputs, verify_offsets, total if enable else 0, block_bs
+            kernels, memory, dump, frame, inputs, verify_offsets, total if enable else 0, block_bs
         )
-        offsets_cpu = verify_offsets.cpu()
-        seed_flags_np = seed_flags[:bs].cpu().numpy()
+        offsets_host = memory.download(verify_offsets)
+        seed_flags_host = memory.download(seed_flags)[:bs]
         problems = [
             row_problems(dump, frame, gpu=True),
-            _entry_lut_problems(dump, offsets_cpu, columns["position"], columns["clamp"]),
-            _seed_lut_problems(dump, seed_flags_np, seed_raw[:bs].cpu().numpy(), inputs.staged),
+            _entry_lut_problems(dump, offsets_host, columns["position"], columns["clamp"]),
+            _seed_lut_problems(
+                dump, seed_flags_host, memory.download(seed_raw)[:bs], inputs.staged
+            ),
         ]
         entries = VerifyEntries(
             slot=columns["slot"],
@@ -191,27 +195,25 @@ class TritonPlanner:
             backend=self.name,
             semantics=self.semantics,
             entries=entries,
-            seeds=seeds[:rows].cpu(),
-            seed_undefined=torch.from_numpy(
-                (seed_flags_np[:rows] & SeedFlag.UNDEFINED).astype(bool)
-            ),
+            seeds=memory.download(seeds)[:rows],
+            seed_undefined=(seed_flags_host[:rows] & SeedFlag.UNDEFINED).astype(bool),
             problems=ProblemTable.concat(problems),
             kernel_totals=(total, num_valid, enable),
-            verify_offsets=offsets_cpu,
-            write_offsets=write_offsets[: rows + 1].cpu(),
+            verify_offsets=offsets_host,
+            write_offsets=memory.download(write_offsets)[: rows + 1],
         )
 
     @staticmethod
-    def _inputs(dump: KvDump, frame: GroupFrame, dev: torch.device) -> _Inputs:
-        def vec(t: torch.Tensor | None) -> torch.Tensor:
-            if t is None or t.numel() == 0:
-                return torch.zeros(1, dtype=_I64, device=dev)
-            return t.to(device=dev, dtype=_I64).contiguous()
+    def _inputs(dump: KvDump, frame: GroupFrame, memory: KernelArrays) -> _Inputs:
+        def vec(array: np.ndarray | None) -> Any:
+            if array is None or array.size == 0:
+                return memory.upload(np.zeros(1, dtype=_I64))
+            return memory.upload(np.asarray(array, dtype=_I64))
 
-        def table(t: torch.Tensor | None) -> torch.Tensor:
-            if t is None or t.numel() == 0:
-                return torch.zeros(1, dtype=torch.int32, device=dev)
-            return t.to(device=dev).contiguous()
+        def table(array: np.ndarray | None) -> Any:
+            if array is None or array.size == 0:
+                return memory.upload(np.zeros(1, dtype=np.int32))
+            return memory.upload(array)
 
         if needs_staging(dump):  # a shrunk dump: the rows the batch reads, dense
             staged = stage(dump, frame)
@@ -242,32 +244,29 @@ class TritonPlanner:
             extend=vec(dump.extend_seq_lens),
             valid=vec(dump.req_to_verify_expected_tokens_valid_lens),
             table=table(dense(dump.req_to_token)),
-            table_numel=int(dump.req_to_token.numel()),
+            table_numel=int(dump.req_to_token.size),
             lut=vec(lut),
             lut_len=0 if lut is None else int(lut.shape[0]),
             pool=table(pool),
             pool_stride=0 if pool is None else int(pool.shape[1]),
-            pool_numel=0 if pool is None else int(pool.numel()),
+            pool_numel=0 if pool is None else int(pool.size),
         )
 
     def _entries(
         self,
         kernels: ModuleType,
+        memory: KernelArrays,
         dump: KvDump,
         frame: GroupFrame,
         inputs: _Inputs,
-        verify_offsets: torch.Tensor,
+        verify_offsets: Any,
         entries: int,
         block_bs: int,
-    ) -> dict[str, torch.Tensor]:
-        """Launch the entries kernel over `[0, entries)` in chunks; CPU columns back."""
-        dev = verify_offsets.device
-        out = {
-            name: torch.empty(entries, dtype=_I64, device=dev)
-            for name in ("slot", "prev", "token", "position")
-        }
-        out["undefined"] = torch.empty(entries, dtype=torch.uint8, device=dev)
-        out["clamp"] = torch.empty(entries, dtype=torch.uint8, device=dev)
+    ) -> dict[str, np.ndarray]:
+        """Launch the entries kernel over `[0, entries)` in chunks; host columns back."""
+        out = {name: memory.empty(entries, _I64) for name in ("slot", "prev", "token", "position")}
+        out["undefined"] = memory.empty(entries, np.uint8)
+        out["clamp"] = memory.empty(entries, np.uint8)
         has_pool = (
             dump.req_to_verify_expected_tokens is not None
             and dump.req_to_verify_expected_tokens_valid_lens is not None
@@ -307,7 +306,7 @@ class TritonPlanner:
                 SEARCH_STEPS=block_bs.bit_length() - 1,
                 BLOCK_SIZE=block,
             )
-        return {name: t.cpu() for name, t in out.items()}
+        return {name: memory.download(buffer) for name, buffer in out.items()}
 
 
 def _cdiv(n: int, d: int) -> int:
@@ -321,18 +320,17 @@ def _warps(lanes: int) -> int:
 
 def _entry_lut_problems(
     dump: KvDump,
-    offsets: torch.Tensor,
-    positions: torch.Tensor,
-    clamp: torch.Tensor,
+    offsets: np.ndarray,
+    positions: np.ndarray,
+    flags: np.ndarray,
 ) -> ProblemTable:
     """LUT_OUT_OF_RANGE for every clamped verify or prev slot the entries kernel flagged."""
-    flags = clamp.numpy()
     flagged = np.flatnonzero(flags)
     if flagged.size == 0:
         return ProblemTable.empty()
-    rows = np.searchsorted(offsets.numpy(), flagged, side="right") - 1
-    rpi = dump.req_pool_indices.numpy()[rows]
-    pos = positions.numpy()[flagged]
+    rows = np.searchsorted(offsets, flagged, side="right") - 1
+    rpi = dump.req_pool_indices[rows]
+    pos = positions[flagged]
     tables = []
     for bit, role, shift in (
         (ClampFlag.SLOT, ProblemRole.VERIFY, 0),
@@ -343,7 +341,7 @@ def _entry_lut_problems(
             continue
         cell = pos[hit] - shift
         # A clamp implies the read was inside the table, so these cells exist.
-        raw = take(dump.req_to_token, torch.from_numpy(rpi[hit] * dump.max_seq_len + cell)).numpy()
+        raw = take(dump.req_to_token, rpi[hit] * dump.max_seq_len + cell)
         tables.append(
             ProblemTable.build(
                 ProblemKind.LUT_OUT_OF_RANGE,
@@ -373,8 +371,8 @@ def _seed_lut_problems(
         ProblemKind.LUT_OUT_OF_RANGE,
         ProblemRole.SEED,
         batch_row=idx,
-        pool_row=dump.req_pool_indices.numpy()[idx],
-        position=dump.prefix_lens.numpy()[idx] - 1,
+        pool_row=dump.req_pool_indices[idx],
+        position=dump.prefix_lens[idx] - 1,
         value=seed_raw[idx],
         entry=-1,
         raises=False,

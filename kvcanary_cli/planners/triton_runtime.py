@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import importlib
 import os
+from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Literal
-
-import torch
 
 from kvcanary_cli.errors import PlannerUnavailableError
 
 __all__ = [
     "Mode",
-    "device",
+    "cuda_available",
     "load_kernels",
     "load_triton",
     "mode",
@@ -42,6 +42,21 @@ Mode = Literal["compiled", "interpreter"]
 
 _ENV = "TRITON_INTERPRET"
 _TRUE = ("1", "true", "yes", "on")
+#: Device nodes of a GPU driver (NVIDIA, AMD): without one, no device exists to ask torch about.
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+
+
+@cache
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA (or ROCm) device. Torch is imported only where a GPU
+    driver's device node exists: on a machine without one the answer is no, for free."""
+    if not any(Path(node).exists() for node in _GPU_NODES):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def prepare_environment() -> None:
@@ -50,7 +65,7 @@ def prepare_environment() -> None:
     Call it before anything imports triton (SGLang's kernels do), so that triton's standard
     library runs under the interpreter too.
     """
-    if _ENV not in os.environ and not torch.cuda.is_available():
+    if _ENV not in os.environ and not cuda_available():
         os.environ[_ENV] = "1"
 
 
@@ -72,9 +87,9 @@ def load_triton() -> tuple[ModuleType, ModuleType]:
         raise PlannerUnavailableError(
             f"the triton backend needs the triton package, which cannot be imported ({exc})",
             option="--kernel triton",
-            hint="pip install triton (Linux), or use --backend torch",
+            hint="pip install triton (Linux), or use --backend vectorized",
         ) from None
-    if not torch.cuda.is_available() and not _interpret_requested():
+    if not cuda_available() and not _interpret_requested():
         raise PlannerUnavailableError(
             f"{_ENV}={os.environ.get(_ENV)!r} asks triton to compile kernels, but no CUDA "
             "device is available",
@@ -88,11 +103,6 @@ def mode() -> Mode:
     """'compiled' when kernels compile for a CUDA device, 'interpreter' when numpy runs them."""
     prepare_environment()
     return "interpreter" if _interpret_requested() else "compiled"
-
-
-def device() -> torch.device:
-    """Where the kernels' tensors live: the CUDA device when compiled, else the host."""
-    return torch.device("cuda") if mode() == "compiled" else torch.device("cpu")
 
 
 def _interpreted(fn: object) -> bool:

@@ -1,4 +1,4 @@
-"""The vectorized torch planner: the plan step (docs/semantics.md §1) with no per-token loop.
+"""The vectorized planner: the plan step (docs/semantics.md §1) with no per-token loop.
 
 One implementation, two semantics (see `base`): REF reads `req_to_token[row, pos]` with Python
 indexing and marks out-of-range reads undefined (where REF raises); GPU reads the flat index
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-import torch
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import Stored, take
@@ -34,9 +33,9 @@ from kvcanary_cli.planners.frame import (
 )
 from kvcanary_cli.planners.rows import python_rows_resolve, row_problems
 
-__all__ = ["TorchPlanner"]
+__all__ = ["VectorizedPlanner"]
 
-_I64 = torch.int64
+_I64 = np.int64
 
 
 class _Reader:
@@ -48,33 +47,33 @@ class _Reader:
         self.rows, self.cols = dump.max_reqs, dump.max_seq_len
         pool = dump.req_to_verify_expected_tokens
         self.pool = pool
-        self.pool_rows, self.pool_cols = (0, 0) if pool is None else pool.shape[:2]
+        self.pool_rows, self.pool_cols = (0, 0) if pool is None else (pool.shape[0], pool.shape[1])
 
     @staticmethod
-    def _gather(source: Stored, flat: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    def _gather(source: Stored, flat: np.ndarray, ok: np.ndarray) -> np.ndarray:
         if bool(ok.all()):  # the common case: one gather, no masks
             return take(source, flat)
-        values = torch.zeros(flat.shape, dtype=_I64)
+        values = np.zeros(flat.shape, dtype=_I64)
         if bool(ok.any()):
             values[ok] = take(source, flat[ok])
         return values
 
     def _address(
-        self, rp: torch.Tensor, col: torch.Tensor, rows: int, cols: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, rp: np.ndarray, col: np.ndarray, rows: int, cols: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         if self.gpu:
             flat = rp * cols + col
             return flat, (flat >= 0) & (flat < rows * cols)
-        row = torch.where(rp < 0, rp + rows, rp)
+        row = np.where(rp < 0, rp + rows, rp)
         ok = (row >= 0) & (row < rows) & (col >= 0) & (col < cols)
         return row * cols + col, ok
 
-    def slots(self, rp: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def slots(self, rp: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """req_to_token values at (rp, pos) and whether each read is defined."""
         flat, ok = self._address(rp, pos, self.rows, self.cols)
         return self._gather(self.table, flat, ok), ok
 
-    def tokens(self, rp: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tokens(self, rp: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected-token pool values at (rp, s) and whether each read is defined."""
         assert self.pool is not None
         flat, ok = self._address(rp, s, self.pool_rows, self.pool_cols)
@@ -89,19 +88,19 @@ class _Translator:
         self.gpu = gpu
 
     def __call__(
-        self, raw: torch.Tensor, ok: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, raw: np.ndarray, ok: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(translated value, still defined, was >= lut_len) for raw slots read with `ok`."""
         if self.lut is None:
-            return raw, ok, torch.zeros_like(ok)
+            return raw, ok, np.zeros_like(ok)
         lut_len = int(self.lut.shape[0])
         big = ok & (raw >= lut_len)
-        value = torch.where(raw < 0, raw, take(self.lut, raw.clamp(0, lut_len - 1)))
+        value = np.where(raw < 0, raw, take(self.lut, np.clip(raw, 0, lut_len - 1)))
         defined = ok if self.gpu else ok & ~big
-        return torch.where(defined, value, 0), defined, big
+        return np.where(defined, value, 0), defined, big
 
 
-class TorchPlanner:
+class VectorizedPlanner:
     """Vectorized planner; `semantics` picks REF or GPU behaviour on bad input."""
 
     mode = None
@@ -110,7 +109,7 @@ class TorchPlanner:
         self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 22
     ) -> None:
         self.semantics = semantics
-        self.name = "torch" if semantics is Semantics.REFERENCE else "torch-gpu"
+        self.name = "vectorized" if semantics is Semantics.REFERENCE else "vectorized-gpu"
         self.chunk_entries = chunk_entries
 
     def plan(self, dump: KvDump, group: str) -> Plan:
@@ -132,7 +131,7 @@ class TorchPlanner:
         elif not gpu:  # REF still reads every entry (and may raise) on overflow
             lens = _scan_lens(dump, frame)
         else:
-            lens = torch.zeros_like(frame.verify_len)
+            lens = np.zeros_like(frame.verify_len)
         parts = [
             self._entries(dump, frame, reader, translate, lens, r0, r1, problems)
             for r0, r1 in _row_chunks(lens, self.chunk_entries)
@@ -140,7 +139,7 @@ class TorchPlanner:
         entries = VerifyEntries.empty()
         if frame.enable and parts:
             slot, token, position, prev, undefined = (
-                torch.cat(column) for column in zip(*parts, strict=True)
+                np.concatenate(column) for column in zip(*parts, strict=True)
             )
             entries = VerifyEntries(
                 slot=slot,
@@ -166,16 +165,16 @@ class TorchPlanner:
         frame: GroupFrame,
         reader: _Reader,
         translate: _Translator,
-        lens: torch.Tensor,
+        lens: np.ndarray,
         r0: int,
         r1: int,
         problems: list[ProblemTable],
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> tuple[np.ndarray, ...]:
         """Entries of rows [r0, r1), truncated per row to `lens`; LUT problems appended."""
         chunk_lens = lens[r0:r1]
-        rows = torch.repeat_interleave(torch.arange(r0, r1, dtype=_I64), chunk_lens)
-        starts = torch.cumsum(chunk_lens, 0) - chunk_lens
-        j = torch.arange(rows.shape[0], dtype=_I64) - torch.repeat_interleave(starts, chunk_lens)
+        rows = np.repeat(np.arange(r0, r1, dtype=_I64), chunk_lens)
+        starts = np.cumsum(chunk_lens) - chunk_lens
+        j = np.arange(rows.shape[0], dtype=_I64) - np.repeat(starts, chunk_lens)
         pos = frame.window_start[rows] + j
         entry = frame.verify_offsets[rows] + j
         rp = frame.pool_rows[rows]
@@ -187,8 +186,8 @@ class TorchPlanner:
         prev_raw, prev, prev_def, prev_big = (
             _shifted(column) for column in (slot_raw, slot, slot_def, slot_big)
         )
-        first = torch.nonzero((j == 0) & has_prev).reshape(-1)
-        if first.numel():
+        first = np.flatnonzero((j == 0) & has_prev)
+        if first.size:
             raw, ok = reader.slots(rp[first], pos[first] - 1)
             value, defined, big = translate(raw, ok)
             prev_raw[first], prev[first], prev_def[first], prev_big[first] = (
@@ -198,19 +197,19 @@ class TorchPlanner:
                 big,
             )
         prev_big &= has_prev
-        prev = torch.where(has_prev, prev, -1)
+        prev = np.where(has_prev, prev, -1)
         prev_def = prev_def | ~has_prev
-        undefined = (~slot_def).to(torch.uint8) * int(Undefined.SLOT)
-        undefined |= (~prev_def).to(torch.uint8) * int(Undefined.PREV)
-        tokens = torch.full_like(pos, -1)
+        undefined = (~slot_def).astype(np.uint8) * np.uint8(Undefined.SLOT)
+        undefined |= (~prev_def).astype(np.uint8) * np.uint8(Undefined.PREV)
+        tokens = np.full_like(pos, -1)
         valid = dump.req_to_verify_expected_tokens_valid_lens
         if reader.pool is not None and valid is not None:
             s = pos + dump.token_offset
             gathering = (s >= 0) & (s < valid[rows])
             values, ok = reader.tokens(rp, s)
             ok &= gathering
-            tokens = torch.where(gathering, torch.where(ok, values, 0), -1)
-            undefined |= (gathering & ~ok).to(torch.uint8) * int(Undefined.TOKEN)
+            tokens = np.where(gathering, np.where(ok, values, 0), -1)
+            undefined |= (gathering & ~ok).astype(np.uint8) * np.uint8(Undefined.TOKEN)
         raises = not translate.gpu
         for big, role, cell in (
             (slot_big, ProblemRole.VERIFY, pos),
@@ -221,38 +220,38 @@ class TorchPlanner:
                     ProblemTable.build(
                         ProblemKind.LUT_OUT_OF_RANGE,
                         role,
-                        batch_row=rows[big].numpy(),
-                        pool_row=rp[big].numpy(),
-                        position=cell[big].numpy(),
-                        value=(slot_raw if role is ProblemRole.VERIFY else prev_raw)[big].numpy(),
-                        entry=entry[big].numpy(),
+                        batch_row=rows[big],
+                        pool_row=rp[big],
+                        position=cell[big],
+                        value=(slot_raw if role is ProblemRole.VERIFY else prev_raw)[big],
+                        entry=entry[big],
                         raises=raises,
                     )
                 )
         return slot, tokens, pos, prev, undefined
 
 
-def _shifted(column: torch.Tensor) -> torch.Tensor:
+def _shifted(column: np.ndarray) -> np.ndarray:
     """`column` moved one entry later (entry k holds entry k - 1's value; entry 0 a zero)."""
-    out = torch.zeros_like(column)
+    out = np.zeros_like(column)
     out[1:] = column[:-1]
     return out
 
 
-def _scan_lens(dump: KvDump, frame: GroupFrame) -> torch.Tensor:
+def _scan_lens(dump: KvDump, frame: GroupFrame) -> np.ndarray:
     """Entries per row that can still meet a LUT problem: reads stop at the row's end."""
     msl = dump.max_seq_len
     prefix = dump.prefix_lens
-    reach = torch.minimum(prefix, torch.full_like(prefix, msl + 1))
-    lens = (reach - frame.window_start).clamp(min=0)
+    reach = np.minimum(prefix, msl + 1)
+    lens = np.maximum(reach - frame.window_start, 0)
     resolves = python_rows_resolve(frame.pool_rows, dump.max_reqs)
-    return torch.where(resolves, torch.minimum(lens, frame.verify_len), 0)
+    return np.where(resolves, np.minimum(lens, frame.verify_len), 0)
 
 
-def _row_chunks(lens: torch.Tensor, limit: int) -> Iterator[tuple[int, int]]:
+def _row_chunks(lens: np.ndarray, limit: int) -> Iterator[tuple[int, int]]:
     """Consecutive row ranges holding at most `limit` entries (or one longer row)."""
     bs = int(lens.shape[0])
-    ends = lens.cumsum(0).numpy()
+    ends = np.cumsum(lens)
     r0 = 0
     while r0 < bs:
         base = int(ends[r0 - 1]) if r0 else 0
@@ -270,7 +269,7 @@ def _seeds(
     translate: _Translator,
     gpu: bool,
     problems: list[ProblemTable],
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Chain seeds `T(L[rp, P-1])` for rows that write after a prefix, else -1."""
     rows = frame.write_rows
     rp, prefix = frame.pool_rows[:rows], dump.prefix_lens[:rows]
@@ -278,21 +277,21 @@ def _seeds(
     if gpu:
         pos = prefix - 1
     else:  # REF clamps the seed position (unreachable for valid rows; see §1.6)
-        pos = torch.minimum(prefix - 1, torch.full_like(prefix, max(dump.max_seq_len - 1, 0)))
+        pos = np.minimum(prefix - 1, max(dump.max_seq_len - 1, 0))
     raw, ok = reader.slots(rp, pos)
     value, defined, big = translate(raw, ok & needs)
     if bool(big.any()):
-        idx = torch.nonzero(big).reshape(-1)
+        idx = np.flatnonzero(big)
         problems.append(
             ProblemTable.build(
                 ProblemKind.LUT_OUT_OF_RANGE,
                 ProblemRole.SEED,
-                batch_row=idx.numpy(),
-                pool_row=rp[idx].numpy(),
-                position=pos[idx].numpy(),
-                value=raw[idx].numpy(),
+                batch_row=idx,
+                pool_row=rp[idx],
+                position=pos[idx],
+                value=raw[idx],
                 entry=-1,
                 raises=not gpu,
             )
         )
-    return torch.where(needs, value, -1), needs & ~defined
+    return np.where(needs, value, -1), needs & ~defined

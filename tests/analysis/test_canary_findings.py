@@ -18,11 +18,11 @@ from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.scenarios import SCENARIOS
 from kvcanary_cli.planners.base import Semantics
-from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from tests.analysis.conftest import ScenarioDump
 from tests.helpers import checked
 
-GPU = TorchPlanner(semantics=Semantics.GPU)
+GPU = VectorizedPlanner(semantics=Semantics.GPU)
 CANARY = [name for name in SCENARIOS if name.startswith("canary-")]
 CODE_SCENARIO = {
     FindingCode.CANARY_CHAIN_BREAK: "canary-stale-row",
@@ -88,7 +88,7 @@ def test_replay_yields_exactly_the_recorded_rows(
     got = [tuple(int(v) for v in r) for b in replay_dump(dump, plans) for r in b.rows.fields]
     assert Counter(got) == Counter(tuple(r) for r in expected)
     assert dump.violation_ring is not None and dump.violation_write_index is not None
-    ring = decode_ring(dump.violation_ring.numpy(), dump.violation_write_index)
+    ring = decode_ring(dump.violation_ring, dump.violation_write_index)
     assert ring.rows.tolist() == expected and not ring.overflow
 
 
@@ -107,7 +107,7 @@ def test_ring_rows_are_explained_like_replayed_rows(
 ) -> None:
     dump, truth = scenario_dump(name, seed)
     assert dump.violation_ring is not None and dump.violation_write_index is not None
-    ring = decode_ring(dump.violation_ring.numpy(), dump.violation_write_index)
+    ring = decode_ring(dump.violation_ring, dump.violation_write_index)
     observed = ViolationRows.build(ring.rows, origin=RowOrigin.RING)
     plans = {g: GPU.plan(dump, g) for g in dump.groups}
     replayed = ViolationRows.concat([b.rows for b in replay_dump(dump, plans)])
@@ -125,7 +125,8 @@ def test_ring_rows_are_explained_like_replayed_rows(
 
 def test_aliasing_names_both_rows(scenario_dump: ScenarioDump) -> None:
     dump, truth = scenario_dump("canary-aliasing", 1)
-    ring = decode_ring(dump.violation_ring.numpy(), dump.violation_write_index or 0)  # type: ignore[union-attr]
+    assert dump.violation_ring is not None
+    ring = decode_ring(dump.violation_ring, dump.violation_write_index or 0)
     rows = ViolationRows.build(ring.rows, origin=RowOrigin.RING)
     why = explain_rows(dump, rows)
     first = int(np.flatnonzero(rows.slot == truth["slot"])[0])
@@ -154,7 +155,7 @@ def test_rows_of_an_unknown_tag_or_absent_slot(scenario_dump: ScenarioDump) -> N
 def test_swa_rows_are_explained_in_the_swa_space(scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump("clean-canary", 0)
     plan = GPU.plan(dump, "swa")
-    k = int(np.flatnonzero(plan.verify_slot_indices.numpy() > 0)[0])
+    k = int(np.flatnonzero(plan.verify_slot_indices > 0)[0])
     slot = int(plan.verify_slot_indices[k])
     position = int(plan.verify_expected_positions[k])
     rows = ViolationRows.build(

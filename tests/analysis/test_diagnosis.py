@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
@@ -66,9 +66,9 @@ def test_a_recorded_exception_that_differs_is_shouted(tmp_path: Path) -> None:
     path = _with_note(tmp_path, note)
     report = checked(load_dump(path))
     assert report.recorded_exception_matches is False
-    result = CliRunner().invoke(app, ["check", str(path), "-k", "torch"])
+    result = CliRunner().invoke(app, ["check", str(path), "-k", "vectorized"])
     assert "MISMATCH: the dump's note records" in result.stdout
-    result = CliRunner().invoke(app, ["check", str(path), "-k", "torch", "-f", "markdown"])
+    result = CliRunner().invoke(app, ["check", str(path), "-k", "vectorized", "-f", "markdown"])
     assert "**Mismatch:**" in result.stdout
 
 
@@ -81,7 +81,7 @@ def test_the_per_request_view_appears_when_findings_span_requests(tmp_path: Path
     spread = make_scenario("truncated-lut", seed=1).save(tmp_path / "spread.safetensors")
     single = make_scenario("use-after-free", seed=1).save(tmp_path / "single.safetensors")
     runner = CliRunner()
-    out = runner.invoke(app, ["check", str(spread), "-k", "torch"]).stdout
+    out = runner.invoke(app, ["check", str(spread), "-k", "vectorized"]).stdout
     assert "requests with findings" in out
     assert "requests with findings" not in runner.invoke(app, ["check", str(single)]).stdout
     record = json.loads(runner.invoke(app, ["check", str(spread), "-f", "json"]).stdout)
@@ -97,9 +97,9 @@ def test_the_per_request_view_appears_when_findings_span_requests(tmp_path: Path
 def test_causes_come_before_symptoms_in_every_format(tmp_path: Path) -> None:
     path = make_scenario("prefix-past-row", seed=0).save(tmp_path / "p.safetensors")
     runner = CliRunner()
-    table = runner.invoke(app, ["check", str(path), "-k", "torch"]).stdout
+    table = runner.invoke(app, ["check", str(path), "-k", "vectorized"]).stdout
     assert table.index("batch-metadata-corrupt") < table.index("findings by code")
-    markdown = runner.invoke(app, ["check", str(path), "-k", "torch", "-f", "markdown"]).stdout
+    markdown = runner.invoke(app, ["check", str(path), "-k", "vectorized", "-f", "markdown"]).stdout
     assert markdown.index("#### Diagnosis") < markdown.index("#### Cause 1")
     [dump] = json.loads(runner.invoke(app, ["check", str(path), "-f", "json"]).stdout)["dumps"]
     assert dump["diagnosis"][0]["cause"] == "batch-metadata-corrupt"
@@ -108,15 +108,15 @@ def test_causes_come_before_symptoms_in_every_format(tmp_path: Path) -> None:
 
 def _tail_dump(tmp_path: Path, tail: list[int], free: list[int]) -> Path:
     """One request of prefix 6 whose last cells hold `tail`; `free` is the free list."""
-    table = torch.zeros(3, 10, dtype=torch.int32)
-    table[1, :6] = torch.arange(1, 7, dtype=torch.int32)
-    table[1, 6 - len(tail) : 6] = torch.tensor(tail, dtype=torch.int32)
+    table = np.zeros((3, 10), dtype=np.int32)
+    table[1, :6] = np.arange(1, 7, dtype=np.int32)
+    table[1, 6 - len(tail) : 6] = np.array(tail, dtype=np.int32)
     return save_dump(
         tmp_path / "tail.safetensors",
         req_to_token=table,
-        req_pool_indices=torch.tensor([1]),
-        prefix_lens=torch.tensor([6]),
-        free_full_slots=torch.tensor(free),
+        req_pool_indices=np.array([1]),
+        prefix_lens=np.array([6]),
+        free_full_slots=np.array(free),
         metadata={"num_full_slots": "32"},
     )
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,9 +15,9 @@ from kvcanary_cli.dump.scenarios import SCENARIOS
 from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.dump.synth import SynthSpec, build_dump
 from kvcanary_cli.planners.base import Semantics
-from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from tests.analysis.conftest import LoadSynth, ScenarioDump
-from tests.helpers import TORCH, checked
+from tests.helpers import VECTORIZED, checked
 
 CORRUPT = [name for name, s in SCENARIOS.items() if s.expected]
 CLEAN = [name for name, s in SCENARIOS.items() if not s.expected]
@@ -35,7 +35,7 @@ def test_every_code_but_divergence_has_a_scenario() -> None:
 @pytest.mark.parametrize("name", CORRUPT)
 def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump(name)
-    report = checked(dump, kernel="torch")
+    report = checked(dump, kernel="vectorized")
     scenario = SCENARIOS[name]
     found = codes_of(report.findings)
     assert set(scenario.expected) <= found
@@ -46,7 +46,7 @@ def test_scenario_fires_its_code_and_nothing_else(name: str, scenario_dump: Scen
 @pytest.mark.parametrize("name", CORRUPT)
 def test_same_shape_clean_dump_is_silent(name: str, scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump(name, corrupt=False)
-    report = checked(dump, kernel="torch")
+    report = checked(dump, kernel="vectorized")
     assert report.findings == ()
 
 
@@ -78,7 +78,7 @@ def test_finding_points_at_the_corrupted_cell(
     name: str, code: str, keys: tuple[str, ...], seed: int, scenario_dump: ScenarioDump
 ) -> None:
     dump, truth = scenario_dump(name, seed)
-    hits = _at(checked(dump, kernel="torch").findings, code)
+    hits = _at(checked(dump, kernel="vectorized").findings, code)
     assert hits, f"{code} did not fire"
     want = {k: truth[k] for k in keys}
     assert any(all(getattr(f, k) == v for k, v in want.items()) for f in hits), (want, hits)
@@ -86,7 +86,7 @@ def test_finding_points_at_the_corrupted_cell(
 
 def test_aliasing_reports_both_cells(scenario_dump: ScenarioDump) -> None:
     dump, truth = scenario_dump("cross-request-aliasing")
-    (finding,) = _at(checked(dump, kernel="torch").findings, "slot-shared-across-positions")
+    (finding,) = _at(checked(dump, kernel="vectorized").findings, "slot-shared-across-positions")
     assert finding.provenance is not None
     rpi = dump.req_pool_indices
     cells = {(c.pool_row, c.position) for c in finding.provenance.cells}
@@ -96,7 +96,7 @@ def test_aliasing_reports_both_cells(scenario_dump: ScenarioDump) -> None:
 
 def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: ScenarioDump) -> None:
     dump, truth = scenario_dump("truncated-lut")
-    report = checked(dump, kernel="torch")
+    report = checked(dump, kernel="vectorized")
     hits = _at(report.findings, "lut-out-of-range")
     lut_len = truth["lut_len"]
     assert all(f.slot is not None and f.slot >= lut_len for f in hits)
@@ -117,9 +117,9 @@ def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: ScenarioDump
 
 def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump("clean-swa")
-    reference = TorchPlanner().plan(dump, "swa")
+    reference = VectorizedPlanner().plan(dump, "swa")
     assert compare_plans(reference, reference).divergences == []
-    broken_slots = reference.verify_slot_indices.clone()
+    broken_slots = reference.verify_slot_indices.copy()
     broken_slots[3] += 1
     from dataclasses import replace
 
@@ -134,16 +134,16 @@ def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: Sce
 def test_kernel_divergence_reaches_the_report(scenario_dump: ScenarioDump) -> None:
     dump, _ = scenario_dump("clean-decode")
 
-    class Broken(TorchPlanner):
+    class Broken(VectorizedPlanner):
         def plan(self, dump: KvDump, group: str):  # type: ignore[no-untyped-def]
             from dataclasses import replace
 
             plan = super().plan(dump, group)
-            seeds = plan.write_seed_slot_indices.clone()
+            seeds = plan.write_seed_slot_indices.copy()
             seeds[0] = 12345
             return replace(plan, write_seed_slot_indices=seeds)
 
-    report = run_check(dump, reference=TORCH, kernel=Broken(semantics=Semantics.GPU))
+    report = run_check(dump, reference=VECTORIZED, kernel=Broken(semantics=Semantics.GPU))
     assert codes_of(report.findings) == {"kernel-divergence"}
 
 
@@ -184,7 +184,7 @@ def test_clean_random_dumps_have_no_error_finding(
         history=8,
     )
     dump = load_synth(build_dump(spec, seed))
-    report = checked(dump, kernel="torch")
+    report = checked(dump, kernel="vectorized")
     errors = [f for f in report.findings if f.severity is Severity.ERROR]
     assert errors == []
 
@@ -212,6 +212,6 @@ def test_truncated_lut_with_triton_kernel_is_explained(scenario_dump: ScenarioDu
 
 def test_int64_table_is_read_like_int32(load_synth: LoadSynth) -> None:
     synth = build_dump(SynthSpec(window=8), 3)
-    synth.tensors["req_to_token"] = synth.tensors["req_to_token"].to(torch.int64)
-    report = checked(load_synth(synth), kernel="torch")
+    synth.tensors["req_to_token"] = synth.tensors["req_to_token"].astype(np.int64)
+    report = checked(load_synth(synth), kernel="vectorized")
     assert codes_of(report.findings) == {"gpu-dtype-mismatch"}

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from kvcanary_cli.analysis import check as check_module
@@ -38,7 +38,7 @@ def run(*args: str) -> tuple[int, str, str]:
 
 
 def report_of(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-    code, out, err = run("check", str(path), "--format", "json", "--kernel", "torch", *extra)
+    code, out, err = run("check", str(path), "--format", "json", "--kernel", "vectorized", *extra)
     assert code in (0, 1), err
     return code, json.loads(out)["dumps"][0]
 
@@ -89,17 +89,17 @@ def spread_dump(path: Path, rows: int, cols: int) -> Path:
     bs = rows - 1
     return save_dump(
         path,
-        req_to_token=torch.full((rows, cols), 7, dtype=torch.int32),
-        req_pool_indices=torch.arange(1, rows),
-        prefix_lens=torch.full((bs,), cols),
-        extend_seq_lens=torch.zeros(bs, dtype=torch.int64),
+        req_to_token=np.full((rows, cols), 7, dtype=np.int32),
+        req_pool_indices=np.arange(1, rows),
+        prefix_lens=np.full((bs,), cols),
+        extend_seq_lens=np.zeros(bs, dtype=np.int64),
     )
 
 
 def test_one_slot_everywhere_is_one_record_per_row(tmp_path: Path) -> None:
     rows, cols = 70, 128  # a 36 KB dump: 97 s, 1.4 GB and 185 MB of JSON before
     path = spread_dump(tmp_path / "spread.safetensors", rows, cols)
-    code, out, err = run("check", str(path), "--format", "json", "--kernel", "torch")
+    code, out, err = run("check", str(path), "--format", "json", "--kernel", "vectorized")
     assert code == 1, err
     report = json.loads(out)["dumps"][0]
     # every cell is accounted for: all but the first of each row repeat within the row
@@ -116,7 +116,7 @@ def test_one_slot_everywhere_is_one_record_per_row(tmp_path: Path) -> None:
 @pytest.mark.slow  # whole processes, measured in memory
 def test_one_slot_everywhere_is_bounded_in_memory(tmp_path: Path) -> None:
     path = spread_dump(tmp_path / "spread.safetensors", 257, 1024)  # 1 MB: 16 GB before
-    code, peak = peak_rss_of_check(path, "--kernel", "torch")
+    code, peak = peak_rss_of_check(path, "--kernel", "vectorized")
     assert code == 1
     assert peak < SMALL_DUMP_RSS
 
@@ -126,7 +126,7 @@ def test_one_slot_everywhere_is_bounded_in_memory(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", [1 << 29, 4 * 10**13, (1 << 63) - 1])
 def test_absurd_extend_length_is_a_finding(tmp_path: Path, value: int) -> None:
-    extend = make_scenario("clean-swa", seed=1).tensors["extend_seq_lens"].clone()
+    extend = make_scenario("clean-swa", seed=1).tensors["extend_seq_lens"].copy()
     extend[0] = value
     path = with_changes(tmp_path, "extend.safetensors", extend_seq_lens=extend)
     code, report = report_of(path)
@@ -138,7 +138,7 @@ def test_absurd_extend_length_is_a_finding(tmp_path: Path, value: int) -> None:
 
 @pytest.mark.parametrize("value", [1 << 41, (1 << 63) - 1, -(1 << 63)])
 def test_absurd_prefix_length_is_a_finding(tmp_path: Path, value: int) -> None:
-    prefix = make_scenario("clean-swa", seed=1).tensors["prefix_lens"].clone()
+    prefix = make_scenario("clean-swa", seed=1).tensors["prefix_lens"].copy()
     prefix[1] = value
     path = with_changes(tmp_path, "prefix.safetensors", prefix_lens=prefix)
     code, report = report_of(path)
@@ -153,12 +153,12 @@ def test_absurd_prefix_length_is_a_finding(tmp_path: Path, value: int) -> None:
         assert full["total_verify"] >= value  # the claim is reported exactly
     # the rest of the dump is still analysed: the swa group is planned and compared
     swa = next(g for g in report["groups"] if g["group"] == "swa")
-    assert swa["kernel"] == "torch-gpu" and swa["unexplained_differences"] == 0
+    assert swa["kernel"] == "vectorized-gpu" and swa["unexplained_differences"] == 0
 
 
 @pytest.mark.slow  # whole processes, measured in memory
 def test_absurd_lengths_stay_bounded_in_memory(tmp_path: Path) -> None:
-    extend = make_scenario("clean-swa", seed=1).tensors["extend_seq_lens"].clone()
+    extend = make_scenario("clean-swa", seed=1).tensors["extend_seq_lens"].copy()
     extend[0] = 1 << 29  # 56 s and 8.6 GB before (repeat_interleave of the claim)
     path = with_changes(tmp_path, "extend.safetensors", extend_seq_lens=extend)
     code, peak = peak_rss_of_check(path)  # the default kernel: Triton, interpreted
@@ -171,16 +171,16 @@ def test_absurd_lengths_stay_bounded_in_memory(tmp_path: Path) -> None:
 
 def int64_table(path: Path, cells: dict[tuple[int, int], int], *, cols: int = 4) -> Path:
     rows = 1 + max(r for r, _ in cells)
-    table = torch.zeros((rows + 1, cols), dtype=torch.int64)
+    table = np.zeros((rows + 1, cols), dtype=np.int64)
     for (r, c), slot in cells.items():
         table[r, c] = slot
-    lens = torch.tensor([1 + max(c for rr, c in cells if rr == r) for r in range(1, rows)])
+    lens = np.array([1 + max(c for rr, c in cells if rr == r) for r in range(1, rows)])
     return save_dump(
         path,
         req_to_token=table,
-        req_pool_indices=torch.arange(1, rows),
+        req_pool_indices=np.arange(1, rows),
         prefix_lens=lens,
-        extend_seq_lens=torch.zeros(rows - 1, dtype=torch.int64),
+        extend_seq_lens=np.zeros(rows - 1, dtype=np.int64),
     )
 
 
@@ -228,7 +228,7 @@ def test_recorded_scalar_out_of_range_is_a_finding(tmp_path: Path, key: str, val
 @pytest.mark.slow  # whole processes, measured in memory
 def test_one_corrupt_dump_does_not_stop_the_others(tmp_path: Path) -> None:
     bad = with_changes(tmp_path, "bad.safetensors", metadata={"verify_capacity": str(10**30)})
-    code, out, err = run("check", str(bad), CLEAN, "--format", "json", "--kernel", "torch")
+    code, out, err = run("check", str(bad), CLEAN, "--format", "json", "--kernel", "vectorized")
     assert code == 1, err
     dumps = json.loads(out)["dumps"]
     assert [d["error"] for d in dumps] == [None, None]
@@ -258,7 +258,7 @@ def test_api_overrides_are_range_checked_too() -> None:
     from kvcanary_cli import api
     from kvcanary_cli.errors import OptionError
 
-    report = api.check(CLEAN, kernel="torch", overrides={"verify_capacity": 10**30})
+    report = api.check(CLEAN, kernel="vectorized", overrides={"verify_capacity": 10**30})
     assert report.bad_input and "--verify-capacity" in str(report.dumps[0].error)
     with pytest.raises(OptionError, match="--verify-capacity"):
         api.provenance(CLEAN, slot=3, overrides={"verify_capacity": 10**30})
@@ -270,10 +270,10 @@ def test_api_overrides_are_range_checked_too() -> None:
 def test_rows_without_bytes_are_not_scanned(tmp_path: Path) -> None:
     path = save_dump(  # [2^50, 0]: about 2^28 scan chunks, or a 2^53-byte array, before
         tmp_path / "empty.safetensors",
-        req_to_token=torch.zeros((1 << 50, 0), dtype=torch.int32),
-        req_pool_indices=torch.tensor([1, 2]),
-        prefix_lens=torch.tensor([3, 0]),
-        extend_seq_lens=torch.zeros(2, dtype=torch.int64),
+        req_to_token=np.zeros((1 << 50, 0), dtype=np.int32),
+        req_pool_indices=np.array([1, 2]),
+        prefix_lens=np.array([3, 0]),
+        extend_seq_lens=np.zeros(2, dtype=np.int64),
     )
     code, report = report_of(path)
     assert code == 1 and codes(report) == {"prefix-beyond-row": 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
 from kvcanary_cli.analysis.query import row_map, slot_query
@@ -16,23 +16,23 @@ from tests.helpers import checked
 
 
 def _tiny_shared(tmp_path: Path) -> KvDump:
-    table = torch.zeros(4, 8, dtype=torch.int32)
-    table[1, :4] = torch.tensor([5, 6, 7, 8])  # request A
-    table[2, :3] = torch.tensor([5, 6, 9])  # request B shares A's first two slots
-    table[3, :2] = torch.tensor([7, 11])  # idle row with a stale copy of slot 7
+    table = np.zeros((4, 8), dtype=np.int32)
+    table[1, :4] = np.array([5, 6, 7, 8])  # request A
+    table[2, :3] = np.array([5, 6, 9])  # request B shares A's first two slots
+    table[3, :2] = np.array([7, 11])  # idle row with a stale copy of slot 7
     path = save_dump(
         tmp_path / "shared.safetensors",
         req_to_token=table,
-        req_pool_indices=torch.tensor([1, 2, 0]),
-        prefix_lens=torch.tensor([3, 2, 0]),
-        extend_seq_lens=torch.tensor([1, 1, 0]),
+        req_pool_indices=np.array([1, 2, 0]),
+        prefix_lens=np.array([3, 2, 0]),
+        extend_seq_lens=np.array([1, 1, 0]),
     )
     return load_dump(path)
 
 
 def test_radix_shared_slot_shows_both_rows_as_shared(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
-    report = checked(dump, kernel="torch")
+    report = checked(dump, kernel="vectorized")
     assert report.findings == ()  # legitimate sharing is not a finding
     answer = slot_query(dump, report.findings, 6)
     assert answer.slot is not None
@@ -55,17 +55,17 @@ def test_stale_copy_in_idle_row_is_labelled(tmp_path) -> None:  # type: ignore[n
 def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
     path = tmp_path / "alias.safetensors"
-    table = dense(dump.req_to_token).clone()
+    table = dense(dump.req_to_token).copy()
     table[2, 2] = 8  # B's pending write reuses A's slot 8 (A holds it at position 3)
     save_dump(
         path,
         req_to_token=table,
         req_pool_indices=dump.req_pool_indices,
-        prefix_lens=torch.tensor([4, 2, 0]),
-        extend_seq_lens=torch.tensor([0, 1, 0]),
+        prefix_lens=np.array([4, 2, 0]),
+        extend_seq_lens=np.array([0, 1, 0]),
     )
     aliased = load_dump(path)
-    report = checked(aliased, kernel="torch")
+    report = checked(aliased, kernel="vectorized")
     (finding,) = [f for f in report.findings if f.code.value == "slot-shared-across-positions"]
     assert finding.slot == 8
     answer = slot_query(aliased, report.findings, 8)
@@ -76,22 +76,22 @@ def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-unt
 
 
 def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    table = torch.zeros(3, 8, dtype=torch.int32)
-    table[1, :4] = torch.tensor([1, 2, 3, 4])
-    lut = torch.zeros(11, dtype=torch.int64)
+    table = np.zeros((3, 8), dtype=np.int32)
+    table[1, :4] = np.array([1, 2, 3, 4])
+    lut = np.zeros(11, dtype=np.int64)
     lut[-1] = -1
     lut[3], lut[4] = 7, 7  # collision
     path = save_dump(
         tmp_path / "swa.safetensors",
         req_to_token=table,
-        req_pool_indices=torch.tensor([1]),
-        prefix_lens=torch.tensor([4]),
+        req_pool_indices=np.array([1]),
+        prefix_lens=np.array([4]),
         full_to_swa_index_mapping=lut,
         swa_window_size=2,
         num_full_slots=10,
     )
     dump = load_dump(path)
-    report = checked(dump, kernel="torch")
+    report = checked(dump, kernel="vectorized")
     assert {f.code.value for f in report.findings} == {"swa-slot-collision"}
     answer = slot_query(dump, report.findings, 7, space="swa")
     assert answer.slot is not None and answer.slot.mapped_from == (3, 4)
@@ -102,7 +102,7 @@ def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type
 
 def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
-    table = dense(dump.req_to_token).clone()
+    table = dense(dump.req_to_token).copy()
     table[1, 1] = 0
     path = save_dump(
         tmp_path / "hole.safetensors",
@@ -112,7 +112,7 @@ def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-d
         extend_seq_lens=dump.extend_seq_lens,
     )
     holed = load_dump(path)
-    answer = row_map(holed, checked(holed, kernel="torch"), 1)
+    answer = row_map(holed, checked(holed, kernel="vectorized"), 1)
     assert answer.row is not None
     by_pos = {c.position: c for c in answer.row.cells}
     assert by_pos[1].marks == ("padding-slot-in-live-range",)
@@ -126,12 +126,12 @@ def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-d
 
 
 def test_provenance_index_counts_every_cell_but_keeps_few(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    table = torch.full((6, 50), 3, dtype=torch.int32)
+    table = np.full((6, 50), 3, dtype=np.int32)
     path = save_dump(
         tmp_path / "many.safetensors",
         req_to_token=table,
-        req_pool_indices=torch.tensor([2]),
-        prefix_lens=torch.tensor([5]),
+        req_pool_indices=np.array([2]),
+        prefix_lens=np.array([5]),
     )
     dump = load_dump(path)
     index = ProvenanceIndex(dump, [3], max_cells=4)
@@ -147,7 +147,7 @@ def test_slot_provenance_lists_its_ring_rows_and_records(tmp_path: Path) -> None
     synth = make_scenario("canary-use-after-free", seed=1)
     dump = load_dump(synth.save(tmp_path / "uaf.safetensors"))
     slot = synth.truth["slot"]
-    answer = slot_query(dump, checked(dump, kernel="torch").findings, slot)
+    answer = slot_query(dump, checked(dump, kernel="vectorized").findings, slot)
     assert answer.slot is not None
     assert [v.index for v in answer.slot.violations] == [0, 2]  # HEAD_K then TAIL_K
     assert all(v.fields[1] == slot for v in answer.slot.violations)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from kvcanary_cli.canary.constants import FailReason, LaunchTag, to_signed
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, combine_source_hashes, fold_chunks, mix3
@@ -20,9 +19,9 @@ from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
 from kvcanary_cli.planners.base import Plan, Semantics
-from kvcanary_cli.planners.vectorized import TorchPlanner
+from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
-GPU = TorchPlanner(semantics=Semantics.GPU)
+GPU = VectorizedPlanner(semantics=Semantics.GPU)
 CHAIN, POSITION, REAL_KV, TOKEN = (
     int(FailReason.VERIFY_CHAIN_HASH_MISMATCH),
     int(FailReason.VERIFY_POSITION_MISMATCH),
@@ -72,15 +71,15 @@ def test_clean_chains_replay_to_no_row(tmp_path: Path, spec: dict[str, object], 
 # --- planted corruptions ---------------------------------------------------------------------
 
 
-def _record(buffer: torch.Tensor, slot: int) -> tuple[int, int, int, int]:
+def _record(buffer: np.ndarray, slot: int) -> tuple[int, int, int, int]:
     values = struct.unpack("<4q", bytes(buffer[slot, :32].tolist()))
     return values[0], values[1], values[2], values[3]
 
 
-def _set(buffer: torch.Tensor, slot: int, field: int, value: int) -> None:
+def _set(buffer: np.ndarray, slot: int, field: int, value: int) -> None:
     raw = bytearray(buffer[slot, :32].tolist())
     raw[8 * field : 8 * field + 8] = struct.pack("<q", value)
-    buffer[slot, :32] = torch.tensor(list(raw), dtype=torch.uint8)
+    buffer[slot, :32] = np.array(list(raw), dtype=np.uint8)
 
 
 def _unshared_entries(plan: Plan) -> list[int]:
@@ -160,7 +159,7 @@ def test_corruptions_removed_give_no_row(tmp_path: Path) -> None:
 
 
 def oracle(
-    plan: Plan, buffer: torch.Tensor, tag: int, check_tokens: bool, rkv: dict[int, int]
+    plan: Plan, buffer: np.ndarray, tag: int, check_tokens: bool, rkv: dict[int, int]
 ) -> list[Row]:
     """The verify kernel, one entry at a time, read literally."""
     rows: list[Row] = []
@@ -201,8 +200,8 @@ def test_vectorized_replay_equals_the_scalar_oracle(tmp_path: Path, seed: int) -
     for name, tensor in synth.tensors.items():
         if name.startswith("canary."):  # scribble over a few records, and a few KV bytes
             hit = rng.choice(tensor.shape[0], size=6, replace=False)
-            tensor[hit, rng.integers(0, 32, size=6)] ^= torch.tensor(
-                rng.integers(1, 256, size=6), dtype=torch.uint8
+            tensor[hit, rng.integers(0, 32, size=6)] ^= np.array(
+                rng.integers(1, 256, size=6), dtype=np.uint8
             )
         if name.startswith("real_kv."):
             tensor[rng.choice(tensor.shape[0], size=3), 0] ^= 0x5A
@@ -210,7 +209,7 @@ def test_vectorized_replay_equals_the_scalar_oracle(tmp_path: Path, seed: int) -
     setup = real_kv_setup(dump)
     for group in dump.groups:
         plan = GPU.plan(dump, group)
-        source = dense(dump.real_kv_sources[f"real_kv.{group}.k"]).numpy()
+        source = dense(dump.real_kv_sources[f"real_kv.{group}.k"])
         rkv = {
             s: to_signed(int(combine_source_hashes([fold_chunks(source[s : s + 1, :16])])[0]))
             for s in range(source.shape[0])
@@ -239,7 +238,7 @@ def test_overflow_and_launch_errors_replay_nothing(tmp_path: Path) -> None:
 
 def test_zero_buffers_are_not_replayed(tmp_path: Path) -> None:
     synth, _ = clean(tmp_path, 0)
-    synth.tensors["canary.full.head.v"].zero_()
+    synth.tensors["canary.full.head.v"][...] = 0
     dump = load_dump(synth.save(tmp_path / "zero-v.safetensors"))
     head_v = [r for r in replay_all(dump) if r.buffer == "head.v"][0]
     assert len(head_v.rows) == 0 and "never written" in head_v.notes[0]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from kvcanary_cli.analysis.violations import violations_report
 from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS
@@ -91,8 +90,8 @@ def test_a_large_ring_is_decoded_filtered_and_explained(tmp_path: Path) -> None:
     ring[:, 1] = rng.integers(0, 300, size=n)
     ring[:, 2] = rng.integers(0, 48, size=n)
     ring[:, 7] = rng.integers(0, 64, size=n)
-    synth.tensors["violation_ring"] = torch.from_numpy(ring)
-    synth.tensors["violation_write_index"] = torch.tensor([n + 5], dtype=torch.int32)
+    synth.tensors["violation_ring"] = ring
+    synth.tensors["violation_write_index"] = np.array([n + 5], dtype=np.int32)
     path = synth.save(tmp_path / "big.safetensors")
     report = violations_report([str(path)])
     assert len(report.rows) == n and report.explanations is not None

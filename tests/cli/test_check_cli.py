@@ -31,14 +31,14 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_clean_dump_exits_0(dumps: dict[str, Path]) -> None:
-    code, out, err = run("check", str(dumps["clean-swa"]), "--kernel", "torch")
+    code, out, err = run("check", str(dumps["clean-swa"]), "--kernel", "vectorized")
     assert code == 0, err
     assert "CLEAN" in out.upper()
 
 
 def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
     code, out, _ = run(
-        "check", str(dumps["truncated-lut"]), "--kernel", "torch", "--format", "json"
+        "check", str(dumps["truncated-lut"]), "--kernel", "vectorized", "--format", "json"
     )
     assert code == 1
     record = json.loads(out)
@@ -59,9 +59,9 @@ def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
 
 
 def test_warnings_exit_0_unless_fail_on_warning(dumps: dict[str, Path]) -> None:
-    assert run("check", str(dumps["capacity-overflow"]), "--kernel", "torch")[0] == 0
+    assert run("check", str(dumps["capacity-overflow"]), "--kernel", "vectorized")[0] == 0
     code, _, _ = run(
-        "check", str(dumps["capacity-overflow"]), "--kernel", "torch", "--fail-on", "warning"
+        "check", str(dumps["capacity-overflow"]), "--kernel", "vectorized", "--fail-on", "warning"
     )
     assert code == 1
 
@@ -117,7 +117,7 @@ def test_several_dumps_one_report_each(dumps: dict[str, Path]) -> None:
         str(dumps["clean-swa"]),
         str(dumps["truncated-lut"]),
         "--kernel",
-        "torch",
+        "vectorized",
         "--format",
         "json",
         "--jobs",
@@ -144,7 +144,7 @@ def test_several_dumps_with_a_bad_one_exit_2_after_reporting(
         str(dumps["truncated-lut"]),
         str(broken),
         "--kernel",
-        "torch",
+        "vectorized",
         "--format",
         "json",
         "--jobs",
@@ -158,7 +158,12 @@ def test_several_dumps_with_a_bad_one_exit_2_after_reporting(
 
 def test_markdown_has_summary_and_details(dumps: dict[str, Path]) -> None:
     code, out, _ = run(
-        "check", str(dumps["cross-request-aliasing"]), "--kernel", "torch", "--format", "markdown"
+        "check",
+        str(dumps["cross-request-aliasing"]),
+        "--kernel",
+        "vectorized",
+        "--format",
+        "markdown",
     )
     assert code == 1
     assert "slot-shared-across-positions" in out and "<details>" in out
@@ -166,7 +171,7 @@ def test_markdown_has_summary_and_details(dumps: dict[str, Path]) -> None:
 
 def test_provenance_json_validates(dumps: dict[str, Path]) -> None:
     code, out, err = run(
-        "check", str(dumps["cross-request-aliasing"]), "--kernel", "torch", "--format", "json"
+        "check", str(dumps["cross-request-aliasing"]), "--kernel", "vectorized", "--format", "json"
     )
     finding = json.loads(out)["dumps"][0]["findings"][0]
     code, out, err = run(
@@ -198,7 +203,7 @@ def test_provenance_row_map(dumps: dict[str, Path]) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_scenario_and_seed_reports_its_codes(name: str, seed: int, tmp_path: Path) -> None:
     path = make_scenario(name, seed=seed).save(tmp_path / f"{name}.safetensors")
-    code, out, err = run("check", str(path), "--kernel", "torch", "--format", "json")
+    code, out, err = run("check", str(path), "--kernel", "vectorized", "--format", "json")
     record = json.loads(out)
     scenario = SCENARIOS[name]
     codes = {f["code"] for f in record["dumps"][0]["findings"]}
@@ -220,7 +225,7 @@ def test_every_scenario_and_seed_reports_its_codes(name: str, seed: int, tmp_pat
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_slot_beyond_the_pool_is_never_blamed_on_the_lut(seed: int, tmp_path: Path) -> None:
     path = make_scenario("slot-beyond-pool-swa", seed=seed).save(tmp_path / "d.safetensors")
-    _, out, _ = run("check", str(path), "--kernel", "torch", "--format", "json")
+    _, out, _ = run("check", str(path), "--kernel", "vectorized", "--format", "json")
     [dump] = json.loads(out)["dumps"]
     assert dump["diagnosis"][0]["cause"] == "slot-index-corrupt"
     assert dump["diagnosis"][0]["confidence"] == "certain"
@@ -229,7 +234,7 @@ def test_a_slot_beyond_the_pool_is_never_blamed_on_the_lut(seed: int, tmp_path: 
 
 def test_findings_that_rest_on_a_derived_pool_size_are_info(tmp_path: Path) -> None:
     path = make_scenario("truncated-lut-unrecorded").save(tmp_path / "d.safetensors")
-    code, out, _ = run("check", str(path), "--kernel", "torch", "--format", "json")
+    code, out, _ = run("check", str(path), "--kernel", "vectorized", "--format", "json")
     [dump] = json.loads(out)["dumps"]
     beyond = [f for f in dump["findings"] if f["code"] == "slot-beyond-pool"]
     assert beyond and {f["severity"] for f in beyond} == {"info"}
@@ -240,7 +245,9 @@ def test_findings_that_rest_on_a_derived_pool_size_are_info(tmp_path: Path) -> N
     [assumption] = dump["assumptions"]
     assert assumption["decides"] == {"slot-beyond-pool": len(beyond)}
     # The same dump with the pool size given on the command line: facts, errors again.
-    code, out, _ = run("check", str(path), "-k", "torch", "-f", "json", "--num-full-slots", "9")
+    code, out, _ = run(
+        "check", str(path), "-k", "vectorized", "-f", "json", "--num-full-slots", "9"
+    )
     [dump] = json.loads(out)["dumps"]
     assert {f["severity"] for f in dump["findings"] if f["code"] == "slot-beyond-pool"} == {"error"}
     assert {s["name"]: s["origin"] for s in dump["scalars"]}["num_full_slots"] == "overridden"

@@ -30,7 +30,7 @@ def test_check_output_matches_golden(
     # The same bytes whether or not SGLang is installed where the tests run.
     monkeypatch.setattr("kvcanary_cli.api.installed_version", lambda: None)
     result = CliRunner().invoke(
-        app, ["check", f"examples/{example}", "--kernel", "torch", "--format", fmt]
+        app, ["check", f"examples/{example}", "--kernel", "vectorized", "--format", fmt]
     )
     assert result.exit_code in (0, 1), result.stderr
     golden = GOLDEN / f"{Path(example).stem}.{SUFFIX[fmt]}"

@@ -114,11 +114,11 @@ def test_the_clamp_target_shows_the_slots_redirected_to_it() -> None:
 
 
 def test_differences_name_what_they_count() -> None:
-    report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="torch")
+    report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
     swa = next(g for g in report.dumps[0].groups if g.group == "swa")
     by_field = swa.explained_by_field["lut-out-of-range"]
     assert sum(by_field.values()) == swa.explained_differences["lut-out-of-range"]
-    text = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "torch").stdout
+    text = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "vectorized").stdout
     assert "clamped 29 entries" not in text and "verify slots" in text and "counts twice" in text
     none = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "none").stdout
     assert "not compared (--kernel none)" in none
@@ -131,7 +131,7 @@ def test_markdown_counts_dumps_in_plain_words() -> None:
 
 def test_markdown_stays_under_githubs_limit(tmp_path: Path) -> None:
     path = make_scenario("truncated-lut", size="small", seed=0).save(tmp_path / "s.safetensors")
-    report = api.check(path, kernel="torch")
+    report = api.check(path, kernel="vectorized")
     full = render_check(report, OutputFormat.MARKDOWN, max_rows=10_000)
     assert isinstance(full, str)
     from kvcanary_cli.render.markdown_report import check_markdown
@@ -206,7 +206,7 @@ def test_reports_go_to_a_file_with_the_umask_and_never_over_one(tmp_path: Path) 
 
 
 def test_quiet_prints_the_verdict_only() -> None:
-    result = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "torch", "-q")
+    result = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "vectorized", "-q")
     assert result.stdout.splitlines() == [
         "ERRORS: "
         + str(EXAMPLES / "truncated-lut.safetensors")
@@ -222,10 +222,12 @@ def test_shell_completion_is_offered() -> None:
 
 
 def test_the_python_api_returns_what_the_cli_renders() -> None:
-    report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="torch")
+    report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
     assert report.dumps[0].diagnosis[0].code.value == "lut-too-short"
     rendered = render_check(report, OutputFormat.JSON)
-    cli = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "torch", "-f", "json")
+    cli = run(
+        "check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "vectorized", "-f", "json"
+    )
     assert rendered == cli.stdout
     row = api.provenance(EXAMPLES / "stale-tail.safetensors", row=10)
     assert row.row is not None and row.findings

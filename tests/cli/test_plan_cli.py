@@ -88,7 +88,7 @@ def _plan_file(
     return out.read_bytes()
 
 
-@pytest.mark.parametrize("backend", ["torch", _TRITON])
+@pytest.mark.parametrize("backend", ["vectorized", _TRITON])
 @pytest.mark.parametrize(
     "extra",
     [[], ["--verify-capacity", "3"], ["--token-offset", "1"]],
@@ -117,7 +117,7 @@ def test_plan_file_is_identical_to_reference(
         assert tensors["verify_slot_indices"].numel() == int(tensors["verify_num_valid"])
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch", _TRITON])
+@pytest.mark.parametrize("backend", ["reference", "vectorized", _TRITON])
 def test_plan_json(runner: CliRunner, swa_dump: Path, backend: str) -> None:
     result = runner.invoke(
         app, ["plan", str(swa_dump), "--backend", backend, "--group", "swa", "--format", "json"]
@@ -203,8 +203,8 @@ def _one_error_line(result: Result) -> str:
     return lines[0]
 
 
-def test_strict_with_torch_is_a_usage_error(runner: CliRunner, swa_dump: Path) -> None:
-    result = runner.invoke(app, ["plan", str(swa_dump), "--backend", "torch", "--strict"])
+def test_strict_with_vectorized_is_a_usage_error(runner: CliRunner, swa_dump: Path) -> None:
+    result = runner.invoke(app, ["plan", str(swa_dump), "--backend", "vectorized", "--strict"])
     assert result.exit_code == 2
     assert "--strict" in _one_error_line(result)
 
@@ -236,9 +236,9 @@ def test_example_plan_files_are_identical_across_backends(
     dump = EXAMPLES / f"{example}.safetensors"
     if group == "swa" and load_dump(dump).lut_len is None:
         pytest.skip("no SWA LUT in this example")
-    backends = ["torch", *(["triton"] if TRITON else [])]
+    backends = ["vectorized", *(["triton"] if TRITON else [])]
     if (example, group) in _DIVERGENT:
-        backends = ["torch"]  # the REF backends still agree with each other
+        backends = ["vectorized"]  # the REF backends still agree with each other
     divergent = (example, group) in _DIVERGENT
     reference = _plan_file(
         runner,
@@ -257,7 +257,7 @@ def test_example_plan_files_are_identical_across_backends(
             backend,
             "--group",
             group,
-            raises=divergent and backend == "torch",
+            raises=divergent and backend == "vectorized",
         )
         assert other == reference, f"{backend} wrote a different plan file than reference"
 

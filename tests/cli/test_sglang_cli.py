@@ -54,8 +54,8 @@ def test_check_clean_with_sglang_exits_0(sglang_standin: InstallStandin) -> None
 
 def test_plan_backend_sglang(sglang_standin: InstallStandin, tmp_path: Path) -> None:
     sglang_standin()
-    ours, theirs = tmp_path / "torch.safetensors", tmp_path / "sglang.safetensors"
-    assert run("plan", CLEAN, "-g", "swa", "--backend", "torch", "--out", str(ours))[0] == 0
+    ours, theirs = tmp_path / "vectorized.safetensors", tmp_path / "sglang.safetensors"
+    assert run("plan", CLEAN, "-g", "swa", "--backend", "vectorized", "--out", str(ours))[0] == 0
     code, out, err = run("plan", CLEAN, "-g", "swa", "--backend", "sglang", "--out", str(theirs))
     assert code == 0, err
     assert theirs.read_bytes() == ours.read_bytes()
@@ -106,7 +106,7 @@ def test_selftest_without_sglang_agrees(no_sglang: None) -> None:
     record = json.loads(out)
     assert validate(record, SELFTEST) == []
     assert record["verdict"] == "agree"
-    assert [p["name"] for p in record["planners"]] == ["torch", "triton"]
+    assert [p["name"] for p in record["planners"]] == ["vectorized", "triton"]
     assert record["sglang"] == {
         "installed": None,
         "run": False,
@@ -146,7 +146,7 @@ def test_selftest_reports_drift(sglang_standin: InstallStandin) -> None:
     record = json.loads(run("selftest", "--sglang", "--format", "json")[1])
     assert record["verdict"] == "disagree"
     assert record["summary"]["by_planner"]["sglang"]["disagreements"] > 0
-    assert record["summary"]["by_planner"]["torch"]["disagreements"] == 0
+    assert record["summary"]["by_planner"]["vectorized"]["disagreements"] == 0
 
 
 def test_selftest_sizes() -> None:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
@@ -53,7 +53,7 @@ def test_refuses_what_it_must_not_write(pair: tuple[Path, Path]) -> None:
 
 def test_check_json_says_where_it_came_from(pair: tuple[Path, Path]) -> None:
     original, small = pair
-    code, out, _ = run("check", str(small), "--kernel", "torch", "--format", "json")
+    code, out, _ = run("check", str(small), "--kernel", "vectorized", "--format", "json")
     assert code == 1
     record = json.loads(out)
     assert validate(record, CHECK) == []
@@ -64,17 +64,17 @@ def test_check_json_says_where_it_came_from(pair: tuple[Path, Path]) -> None:
     assert shrunk["dropped_bytes"] > 0 and "kept cells only" in shrunk["note"]
     cut = {t["name"]: t for t in shrunk["tensors"]}
     assert cut["req_to_token"]["kept"] + cut["req_to_token"]["dropped"] == 12 * 48
-    code, out, _ = run("check", str(original), "--kernel", "torch", "--format", "json")
+    code, out, _ = run("check", str(original), "--kernel", "vectorized", "--format", "json")
     assert json.loads(out)["dumps"][0]["shrunk"] is None
 
 
 def test_markdown_carries_the_command_that_made_it(pair: tuple[Path, Path]) -> None:
     _, small = pair
-    code, out, _ = run("check", str(small), "--kernel", "torch", "--format", "markdown")
+    code, out, _ = run("check", str(small), "--kernel", "vectorized", "--format", "markdown")
     assert code == 1
     assert "```bash\nkvcanary shrink rank_0___id_.safetensors -o small.safetensors\n```" in out
     assert "provenance covers the kept cells only" in out
-    code, out, _ = run("check", str(small), "--kernel", "torch")
+    code, out, _ = run("check", str(small), "--kernel", "vectorized")
     assert "shrunk from rank_0___id_.safetensors" in out and "$(" not in out
 
 
@@ -112,16 +112,16 @@ def test_plan_and_violations_read_it(tmp_path: Path) -> None:
     original = state.save(tmp_path / "canary.safetensors")
     small = tmp_path / "canary.small.safetensors"
     assert run("shrink", str(original), "-o", str(small))[0] == 0
-    for backend in ("reference", "torch", "triton"):
+    for backend in ("reference", "vectorized", "triton"):
         plans = []
         for dump in (original, small):
             written = tmp_path / f"{dump.stem}.{backend}.plan.safetensors"
             code, _, err = run("plan", str(dump), "--backend", backend, "--out", str(written))
             assert code == 0, err
-            with safe_open(str(written), framework="pt") as handle:
+            with safe_open(str(written), framework="np") as handle:
                 plans.append({k: handle.get_tensor(k) for k in handle.keys()})  # noqa: SIM118
         assert plans[0].keys() == plans[1].keys()
-        assert all(torch.equal(plans[0][k], plans[1][k]) for k in plans[0])
+        assert all(np.array_equal(plans[0][k], plans[1][k]) for k in plans[0])
     rows = []
     for dump in (original, small):
         code, out, _ = run("violations", str(dump), "--replay", "--format", "json")
@@ -136,16 +136,16 @@ def test_plan_and_violations_read_it(tmp_path: Path) -> None:
 # --- malformed shrunk dumps: one line, exit 2 ---------------------------------------------
 
 
-def _parts(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    with safe_open(str(path), framework="pt") as handle:
+def _parts(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    with safe_open(str(path), framework="np") as handle:
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
         return tensors, dict(handle.metadata())
 
 
-Change = Callable[[dict[str, torch.Tensor], dict[str, str]], Any]
+Change = Callable[[dict[str, np.ndarray], dict[str, str]], Any]
 
 
-def _set(name: str, value: torch.Tensor) -> Change:
+def _set(name: str, value: np.ndarray) -> Change:
     return lambda tensors, _: tensors.__setitem__(name, value)
 
 
@@ -157,21 +157,21 @@ def _meta(key: str, value: str | None) -> Change:
     return lambda _, meta: meta.pop(key) if value is None else meta.__setitem__(key, value)
 
 
-def _first_run_past_the_end(tensors: dict[str, torch.Tensor], _: dict[str, str]) -> None:
-    runs = tensors["req_to_token.runs"].clone()
+def _first_run_past_the_end(tensors: dict[str, np.ndarray], _: dict[str, str]) -> None:
+    runs = tensors["req_to_token.runs"].copy()
     runs[-1, 0] = 12 * 48 - 1
     tensors["req_to_token.runs"] = runs
 
 
-def _lost_live_cells(tensors: dict[str, torch.Tensor], _: dict[str, str]) -> None:
-    runs = tensors["req_to_token.runs"].clone()
+def _lost_live_cells(tensors: dict[str, np.ndarray], _: dict[str, str]) -> None:
+    runs = tensors["req_to_token.runs"].copy()
     runs[0, 1] -= 1  # one cell of a batch row's live range is no longer kept
     runs[0, 0] += 1
     tensors["req_to_token.runs"] = runs
-    tensors["req_to_token"] = tensors["req_to_token"][1:].clone()
+    tensors["req_to_token"] = tensors["req_to_token"][1:].copy()
 
 
-_I64 = torch.int64
+_I64 = np.int64
 
 
 @pytest.mark.parametrize(
@@ -179,27 +179,27 @@ _I64 = torch.int64
     [
         (_first_run_past_the_end, "req_to_token.runs", "run"),
         (
-            _set("req_to_token.runs", torch.zeros((2, 3), dtype=_I64)),
+            _set("req_to_token.runs", np.zeros((2, 3), dtype=_I64)),
             "req_to_token.runs",
             "[runs, 2]",
         ),
         (
-            _set("req_to_token.shape", torch.tensor([12, 48, 1])),
+            _set("req_to_token.shape", np.array([12, 48, 1], dtype=_I64)),
             "req_to_token.shape",
             "original shape",
         ),
         (
-            _set("req_to_token.shape", torch.tensor([1 << 40, 1 << 20])),
+            _set("req_to_token.shape", np.array([1 << 40, 1 << 20], dtype=_I64)),
             "req_to_token.shape",
             "2^50",
         ),
         (
-            _set("req_to_token.runs", torch.zeros((0, 2), dtype=torch.int32)),
+            _set("req_to_token.runs", np.zeros((0, 2), dtype=np.int32)),
             "req_to_token.runs",
             "int64",
         ),
         (_drop("req_to_token.shape"), "req_to_token.shape", "required with req_to_token.runs"),
-        (_set("prefix_lens.runs", torch.zeros((0, 2), dtype=_I64)), "prefix_lens.runs", "sparse"),
+        (_set("prefix_lens.runs", np.zeros((0, 2), dtype=_I64)), "prefix_lens.runs", "sparse"),
         (_lost_live_cells, "req_to_token", "live cells"),
         (_meta("kvcanary.shrink", None), "kvcanary.shrink", "required"),
         (_meta("kvcanary.shrink", "{not json"), "kvcanary.shrink", "not JSON"),
@@ -242,9 +242,9 @@ def test_a_lut_claiming_2_to_the_40_entries_is_read_as_kept(
     entries not kept read 0, so the last one (not kept) is no -1 any more."""
     _, small = pair
     tensors, meta = _parts(small)
-    tensors["full_to_swa_index_mapping.shape"] = torch.tensor([1 << 40])
+    tensors["full_to_swa_index_mapping.shape"] = np.array([1 << 40], dtype=_I64)
     huge = write_safetensors(tmp_path / "huge-lut.safetensors", tensors, meta)
-    for kernel in ("torch", "triton"):
+    for kernel in ("vectorized", "triton"):
         code, out, err = run("check", str(huge), "--kernel", kernel, "--format", "json")
         assert code == 1, err
         found = json.loads(out)["dumps"][0]["findings"]
@@ -258,17 +258,17 @@ def test_the_kernels_will_not_stage_a_claimed_width(
     pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A table claiming 2^30 positions per row: Triton would need the batch's rows dense, so it
-    refuses in one line; the torch kernel model reads the kept cells only."""
+    refuses in one line; the vectorized kernel model reads the kept cells only."""
     _, small = pair
     tensors, meta = _parts(small)
     width = 1 << 30
-    runs = tensors["req_to_token.runs"].clone()
+    runs = tensors["req_to_token.runs"].copy()
     runs[:, 0] = runs[:, 0] // 48 * width + runs[:, 0] % 48
     tensors["req_to_token.runs"] = runs
-    tensors["req_to_token.shape"] = torch.tensor([12, width])
+    tensors["req_to_token.shape"] = np.array([12, width], dtype=_I64)
     wide = write_safetensors(tmp_path / "wide.safetensors", tensors, meta)
     code, _, err = run("check", str(wide), "--kernel", "triton")
-    assert code == 2 and "--kernel torch" in err and len(err.strip().splitlines()) == 1
-    code, out, err = run("check", str(wide), "--kernel", "torch", "--format", "json")
+    assert code == 2 and "--kernel vectorized" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run("check", str(wide), "--kernel", "vectorized", "--format", "json")
     assert code == 1, err
     assert json.loads(out)["dumps"][0]["bs"] == 5

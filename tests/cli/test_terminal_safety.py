@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-import torch
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from typer.testing import CliRunner, Result
@@ -84,13 +84,13 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
     state.metadata.update(
         {"model": HOSTILE, "sglang.commit": HOSTILE, "note": NOTE, HOSTILE: HOSTILE}
     )
-    state.tensors[HOSTILE] = torch.tensor([1, 2], dtype=torch.int32)
+    state.tensors[HOSTILE] = np.array([1, 2], dtype=np.int32)
     dump = state.save(folder / f"{FILE_STEM}.safetensors")
     # a second dump that cannot be read: an accepted tensor with a float dtype
     bad_state = make_scenario("clean-decode", seed=0, size="tiny")
-    bad_state.tensors["prefix_lens"] = bad_state.tensors["prefix_lens"].float()
+    bad_state.tensors["prefix_lens"] = bad_state.tensors["prefix_lens"].astype(np.float32)
     bad = _save_unchecked(folder / f"bad {FILE_STEM}.safetensors", bad_state.tensors, {})
-    ring = state.tensors["violation_ring"].numpy()
+    ring = state.tensors["violation_ring"]
     index = int(state.tensors["violation_write_index"].reshape(-1)[0])
     messages = format_pump(ring, index, step_when_pumped=7)
     log = folder / f"{FILE_STEM}.log"
@@ -101,14 +101,14 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
     return Hostile(dump=dump, bad=bad, log=log, slot=state.truth["slot"], row=pool_row)
 
 
-def _save_unchecked(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+def _save_unchecked(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Path:
     """A safetensors file of `tensors` as they are (the writer would refuse bad dtypes)."""
-    dtypes = {torch.int32: "I32", torch.int64: "I64", torch.float32: "F32"}
+    dtypes = {np.dtype(np.int32): "I32", np.dtype(np.int64): "I64", np.dtype(np.float32): "F32"}
     header: dict[str, Any] = {"__metadata__": metadata}
     blobs = []
     offset = 0
     for name in sorted(tensors):
-        data = tensors[name].contiguous().numpy().tobytes()
+        data = tensors[name].tobytes()
         header[name] = {
             "dtype": dtypes[tensors[name].dtype],
             "shape": list(tensors[name].shape),
@@ -134,12 +134,12 @@ def run(args: list[str]) -> Result:
 
 #: every dump-fed command, with the exit codes it may end in on the hostile files.
 COMMANDS: dict[str, tuple[Callable[[Hostile], list[str]], set[int]]] = {
-    "check": (lambda h: ["check", str(h.dump), "--kernel", "torch"], {1}),
+    "check": (lambda h: ["check", str(h.dump), "--kernel", "vectorized"], {1}),
     "check-two": (  # -j 1: in this process (a pool would spend seconds starting)
-        lambda h: ["check", str(h.dump), str(h.bad), "--kernel", "torch", "-j", "1"],
+        lambda h: ["check", str(h.dump), str(h.bad), "--kernel", "vectorized", "-j", "1"],
         {2},
     ),
-    "check-quiet": (lambda h: ["check", str(h.dump), "--kernel", "torch", "-q"], {1}),
+    "check-quiet": (lambda h: ["check", str(h.dump), "--kernel", "vectorized", "-q"], {1}),
     "provenance-slot": (lambda h: ["provenance", str(h.dump), "--slot", str(h.slot)], {0}),
     "provenance-row": (lambda h: ["provenance", str(h.dump), "--row", str(h.row)], {0}),
     "plan": (lambda h: ["plan", str(h.dump)], {0, 1}),
@@ -279,7 +279,7 @@ def _header_refused_by_safetensors(folder: Path) -> tuple[Path, str]:
 
 def _wrong_dtype_in_a_hostile_file(folder: Path) -> tuple[Path, str]:
     state = make_scenario("clean-decode", seed=0, size="tiny")
-    state.tensors["req_to_token"] = state.tensors["req_to_token"].float()
+    state.tensors["req_to_token"] = state.tensors["req_to_token"].astype(np.float32)
     path = _save_unchecked(folder / f"{FILE_STEM}.safetensors", state.tensors, {})
     return path, "req_to_token: dtype"
 

@@ -202,7 +202,7 @@ def test_an_empty_table_is_analysed(tmp_path: Path) -> None:
     header = _batch_header().replace(b'"shape":[1,0]', b'"shape":[4,0]')
     path = _write(tmp_path / "d.safetensors", header)
     assert tuple(load_dump(path).req_to_token.shape) == (4, 0)
-    report = api.check(path, kernel="torch")
+    report = api.check(path, kernel="vectorized")
     assert report.dumps[0].error is None
     answer = api.provenance(path, slot=1)
     assert answer.slot is not None and not answer.findings
@@ -295,13 +295,14 @@ _SHRINK_AFTER_LOAD = textwrap.dedent(
     from kvcanary_cli.analysis.query import row_map, slot_query
     from kvcanary_cli.analysis.violations import violations_report
     from kvcanary_cli.dump.loader import load_dump
-    from kvcanary_cli.planners.vectorized import TorchPlanner
+    from kvcanary_cli.planners.vectorized import VectorizedPlanner
     from kvcanary_cli.planners.base import Semantics
 
     path = sys.argv[1]
     dump = load_dump(path)
     os.truncate(path, 0)  # another process rewrites the dump in place
-    report = run_check(dump, reference=TorchPlanner(), kernel=TorchPlanner(semantics=Semantics.GPU))
+    gpu = VectorizedPlanner(semantics=Semantics.GPU)
+    report = run_check(dump, reference=VectorizedPlanner(), kernel=gpu)
     slot = int(dump.req_to_token[int(dump.req_pool_indices[0]), 0])
     slot_query(dump, report.findings, slot, space="full", group=None, max_cells=64)
     row_map(dump, report, int(dump.req_pool_indices[0]), group=None, positions=None, max_cells=64)

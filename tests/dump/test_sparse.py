@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,7 +54,7 @@ def test_reads_equal_the_dense_table_where_kept(
     values, known = sparse.take(everything)
     assert known.tolist() == np.isin(everything, keep).tolist()
     assert values.tolist() == np.where(known, dense.reshape(-1), 0).tolist()
-    assert take(sparse, torch.from_numpy(everything)).tolist() == values.tolist()
+    assert take(sparse, everything).tolist() == values.tolist()
     assert sparse.flat_indices().tolist() == keep.tolist()
     assert sparse.kept_before(everything).tolist() == [int((keep < i).sum()) for i in everything]
     assert take_raw(sparse, keep).dtype == np.int32
@@ -69,9 +68,7 @@ def test_reads_equal_the_dense_table_where_kept(
     ]
     full = [
         (int(r), int(c), int(v))
-        for rs, cs, vs in find_cells(
-            torch.from_numpy(dense), lambda v: np.isin(v, wanted), chunk_cells=4
-        )
+        for rs, cs, vs in find_cells(dense, lambda v: np.isin(v, wanted), chunk_cells=4)
         for r, c, v in zip(rs, cs, vs, strict=True)
     ]
     assert hits == [h for h in full if h[0] * cols + h[1] in set(keep.tolist())]
@@ -89,9 +86,9 @@ def test_vectors_read_like_the_dense_lut() -> None:
     assert element(sparse, 3) == 0  # not kept: reads 0
     index, values = where_equal(sparse, np.array([5]), stop=6)
     assert index.tolist() == [1, 4] and values.tolist() == [5, 5]
-    dense_index, _ = where_equal(torch.from_numpy(lut), np.array([5]), stop=6)
+    dense_index, _ = where_equal(lut, np.array([5]), stop=6)
     assert dense_index.tolist() == [1, 4]
-    values, known = take_known(torch.from_numpy(lut), np.array([3, 5]))
+    values, known = take_known(lut, np.array([3, 5]))
     assert values.tolist() == [7, 9] and known.all()
 
 
@@ -154,7 +151,7 @@ def test_format_1_reads_runs_tensors_as_unknown_tensors(tmp_path: Path) -> None:
     """Only a format-1.1 dump stores tensors sparse: in format 1 a `NAME.runs` tensor is just
     a tensor the format does not define, ignored with a note, as before."""
     state = make_scenario("clean-decode", seed=0)
-    state.tensors["req_to_token.runs"] = torch.zeros((1, 2), dtype=torch.int64)
+    state.tensors["req_to_token.runs"] = np.zeros((1, 2), dtype=np.int64)
     dump = load_dump(state.save(tmp_path / "v1.safetensors"))
-    assert isinstance(dump.req_to_token, torch.Tensor) and dump.shrink is None
+    assert isinstance(dump.req_to_token, np.ndarray) and dump.shrink is None
     assert any("req_to_token.runs" in note for note in dump.notes)

@@ -50,7 +50,7 @@ __all__ = [
 
 #: Every command and format, in the order mutants take them (triton: 2 in 20).
 COMMANDS: tuple[tuple[str, ...], ...] = (
-    ("check", "{dump}", "--kernel", "torch"),
+    ("check", "{dump}", "--kernel", "vectorized"),
     ("check", "{dump}", "--kernel", "none", "--format", "json"),
     ("provenance", "{dump}", "--slot", "{slot}"),
     ("plan", "{dump}"),
@@ -58,7 +58,7 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("check", "{dump}", "--kernel", "triton"),
     ("provenance", "{dump}", "--row", "{row}"),
     ("violations", "{dump}", "--replay"),
-    ("check", "{dump}", "--kernel", "torch", "--format", "markdown"),
+    ("check", "{dump}", "--kernel", "vectorized", "--format", "markdown"),
     ("plan", "{dump}", "--group", "swa", "--backend", "triton"),
     ("check", "{dump}", "--kernel", "none", "--quiet", "-o", "{out}", "--force"),
     ("provenance", "{dump}", "--slot", "{slot}", "--space", "swa", "--format", "json"),
@@ -69,7 +69,7 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("plan", "{dump}", "--out", "{out}", "--force"),
     ("inspect", "{dump}", "--format", "markdown"),
     ("plan", "{dump}", "--group", "swa", "--backend", "reference", "--format", "json"),
-    ("check", "{dump}", "--kernel", "torch", "--group", "swa", "--format", "json"),
+    ("check", "{dump}", "--kernel", "vectorized", "--group", "swa", "--format", "json"),
     ("shrink", "{dump}", "-o", "{out}", "--force"),
 )
 

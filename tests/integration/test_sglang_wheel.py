@@ -28,7 +28,7 @@ from kvcanary_cli.planners import make_selftest_planners
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.planners.sglang_runtime import load_launcher, load_reference_launcher
 from kvcanary_cli.planners.upstream import NOT_LAUNCHED
-from tests.helpers import NOT_HANDED_TO_SGLANG, STRICT, TORCH, UPSTREAM_RAISING_SCENARIOS
+from tests.helpers import NOT_HANDED_TO_SGLANG, STRICT, UPSTREAM_RAISING_SCENARIOS, VECTORIZED
 from tests.planners.plan_helpers import assert_plans_equal
 from tests.sglang_standin import forget_sglang
 from tests.sglang_wheel import WHEEL_ENV, WHEEL_VERSION, extract_kv_canary, wheel_path
@@ -75,7 +75,7 @@ def test_the_real_launcher_has_the_modelled_signature(real_sglang: Path) -> None
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_agree(real_sglang: Path, path: Path) -> None:
-    report = run_check(load_dump(path), reference=TORCH, kernel=SGLangPlanner())
+    report = run_check(load_dump(path), reference=VECTORIZED, kernel=SGLangPlanner())
     assert not [f.message for f in report.findings if f.code == "kernel-divergence"]
     raised = {g.group: g.kernel_launch_error for g in report.groups if g.kernel_launch_error}
     assert raised == (
@@ -92,7 +92,7 @@ def test_every_scenario_agrees(real_sglang: Path, scenario_dumps: dict[str, KvDu
     sglang = SGLangPlanner()
     for name, dump in scenario_dumps.items():
         for group in dump.groups:
-            ours, theirs = TORCH.plan(dump, group), sglang.plan(dump, group)
+            ours, theirs = VECTORIZED.plan(dump, group), sglang.plan(dump, group)
             if theirs.launch_error_type == NOT_LAUNCHED:
                 assert name in NOT_HANDED_TO_SGLANG and ours.skipped, (name, group)
                 continue
@@ -112,15 +112,15 @@ def test_every_scenario_agrees(real_sglang: Path, scenario_dumps: dict[str, KvDu
             assert got == expected, (name, group)
             if got is None:
                 assert_plans_equal(ours, theirs, upstream=True)
-        report = run_check(dump, reference=TORCH, kernel=sglang)
+        report = run_check(dump, reference=VECTORIZED, kernel=sglang)
         assert not [f for f in report.findings if f.code == "kernel-divergence"], name
 
 
 def test_the_truncated_lut_raise_is_kvcanarys_first_raise(real_sglang: Path) -> None:
     dump = load_dump(ROOT / "examples" / "truncated-lut.safetensors")
-    first = TORCH.plan(dump, "swa").problems.first_raise()
+    first = VECTORIZED.plan(dump, "swa").problems.first_raise()
     assert first is not None
-    report = run_check(dump, reference=TORCH, kernel=SGLangPlanner())
+    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
     marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
     assert [(f.code.value, f.batch_row, f.position, f.slot) for f in marked] == [
         ("lut-out-of-range", first.batch_row, first.position, first.value)

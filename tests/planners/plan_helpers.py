@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import torch
 
 from kvcanary_cli.errors import PlannerUnavailableError
 from kvcanary_cli.planners.base import Plan, Planner
@@ -70,7 +69,7 @@ def _describe_mismatch(name: str, a: np.ndarray, b: np.ndarray, labels: tuple[st
 
 
 def assert_tensor_equal(
-    name: str, a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str] = ("a", "b")
+    name: str, a: np.ndarray, b: np.ndarray, labels: tuple[str, str] = ("a", "b")
 ) -> None:
     """Same dtype, shape and values; the message shows the first differing indices."""
     if a.dtype != b.dtype:
@@ -81,10 +80,8 @@ def assert_tensor_equal(
             f"  {labels[0]}: {a.reshape(-1)[:32].tolist()}\n"
             f"  {labels[1]}: {b.reshape(-1)[:32].tolist()}"
         )
-    if not torch.equal(a, b):
-        raise AssertionError(
-            _describe_mismatch(name, a.reshape(-1).numpy(), b.reshape(-1).numpy(), labels)
-        )
+    if not np.array_equal(a, b):
+        raise AssertionError(_describe_mismatch(name, a.reshape(-1), b.reshape(-1), labels))
 
 
 def assert_plans_equal(a: Plan, b: Plan, *, upstream: bool = False) -> None:

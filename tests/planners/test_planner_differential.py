@@ -1,8 +1,8 @@
 """Differential property tests: the planner backends agree on random dumps.
 
-- reference (scalar REF) vs torch (vectorized REF): every plan field, the undefined masks and
+- reference (scalar REF) vs vectorized (vectorized REF): every plan field, the undefined masks and
   the problem table, on valid and on corrupt dumps;
-- on valid dumps, reference vs torch-gpu vs triton (GPU semantics): identical on the region
+- on valid dumps, reference vs vectorized-gpu vs triton (GPU semantics): identical on the region
   upstream defines (`Plan.upstream_tensors()`, what SGLang's own differential compares), in
   fact on every field, with no problems and nothing undefined;
 - strict reference vs collect reference: strict raises exactly at collect's first raising
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 
 from kvcanary_cli.errors import UpstreamPlanError
 from kvcanary_cli.planners.base import Plan, ProblemKind, lut_error_message
-from tests.helpers import REFERENCE, STRICT, TORCH, TORCH_GPU
+from tests.helpers import REFERENCE, STRICT, VECTORIZED, VECTORIZED_GPU
 from tests.planners.plan_helpers import assert_plans_equal, triton_planner
 from tests.strategies import DumpCase, corrupt_dumps, dump_from, valid_dumps
 
@@ -60,11 +60,11 @@ def _assert_upstream_invariants(plan: Plan) -> None:
 @pytest.mark.slow
 @settings(_SETTINGS, max_examples=100)
 @given(case=valid_dumps())
-def test_reference_and_torch_agree_on_valid_dumps(case: DumpCase, dump_dir: Path) -> None:
+def test_reference_and_vectorized_agree_on_valid_dumps(case: DumpCase, dump_dir: Path) -> None:
     dump = dump_from(case.tensors, case.metadata, dump_dir)
     for group in case.groups:
         ref = REFERENCE.plan(dump, group)
-        assert_plans_equal(ref, TORCH.plan(dump, group))
+        assert_plans_equal(ref, VECTORIZED.plan(dump, group))
         assert_plans_equal(ref, STRICT.plan(dump, group))
         _assert_clean(ref)
         _assert_upstream_invariants(ref)
@@ -73,10 +73,10 @@ def test_reference_and_torch_agree_on_valid_dumps(case: DumpCase, dump_dir: Path
 @pytest.mark.slow
 @settings(_SETTINGS, max_examples=130)
 @given(case=corrupt_dumps())
-def test_reference_and_torch_agree_on_corrupt_dumps(case: DumpCase, dump_dir: Path) -> None:
+def test_reference_and_vectorized_agree_on_corrupt_dumps(case: DumpCase, dump_dir: Path) -> None:
     dump = dump_from(case.tensors, case.metadata, dump_dir)
     for group in case.groups:
-        assert_plans_equal(REFERENCE.plan(dump, group), TORCH.plan(dump, group))
+        assert_plans_equal(REFERENCE.plan(dump, group), VECTORIZED.plan(dump, group))
 
 
 @pytest.mark.slow
@@ -107,7 +107,7 @@ def test_gpu_semantics_agree_with_reference_on_valid_dumps(case: DumpCase, dump_
     dump = dump_from(case.tensors, case.metadata, dump_dir)
     for group in case.groups:
         ref = REFERENCE.plan(dump, group)
-        gpu = TORCH_GPU.plan(dump, group)
+        gpu = VECTORIZED_GPU.plan(dump, group)
         assert_plans_equal(ref, gpu, upstream=True)
         assert_plans_equal(ref, gpu)
         _assert_clean(gpu)
@@ -135,7 +135,7 @@ def test_gpu_semantics_never_raise_on_corrupt_dumps(case: DumpCase, dump_dir: Pa
     """GPU planners report bad input as problems (never `raises`) or as a launch error."""
     dump = dump_from(case.tensors, case.metadata, dump_dir)
     for group in case.groups:
-        plan = TORCH_GPU.plan(dump, group)
+        plan = VECTORIZED_GPU.plan(dump, group)
         refused = dump.bs > dump.write_req_capacity
         assert (plan.launch_error is not None) == refused
         assert not bool(plan.problems.raises.any())
@@ -144,5 +144,5 @@ def test_gpu_semantics_never_raise_on_corrupt_dumps(case: DumpCase, dump_dir: Pa
             # Geometry never depends on the table's contents.
             for name in ("total_verify", "verify_num_valid", "enable"):
                 assert getattr(plan, name) == getattr(ref, name), name
-            assert torch.equal(plan.verify_offsets, ref.verify_offsets)
-            assert torch.equal(plan.write_offsets, ref.write_offsets)
+            assert np.array_equal(plan.verify_offsets, ref.verify_offsets)
+            assert np.array_equal(plan.write_offsets, ref.write_offsets)

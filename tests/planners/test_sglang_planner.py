@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,7 +30,7 @@ from kvcanary_cli.planners.sglang_runtime import (
 )
 from kvcanary_cli.planners.upstream import NOT_LAUNCHED, upstream_error
 from tests.conftest import InstallStandin
-from tests.helpers import TORCH
+from tests.helpers import VECTORIZED
 from tests.planners.plan_helpers import assert_plans_equal
 from tests.sglang_standin import VERSION
 
@@ -59,14 +60,14 @@ def test_arguments_are_the_launchers(sglang_standin: InstallStandin, tmp_path: P
     dump = scenario("clean-swa", tmp_path)
     arguments = plan_arguments(load_launcher(), dump, group_frame(dump, "swa"), torch.device("cpu"))
     assert set(arguments) == set(LAUNCHER_ARGUMENTS)
-    assert arguments["req_to_token"].data_ptr() == dense(dump.req_to_token).data_ptr()  # no copy
+    assert arguments["req_to_token"].data_ptr() == dense(dump.req_to_token).ctypes.data  # no copy
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_agree_with_the_reference(sglang_standin: InstallStandin, path: Path) -> None:
     sglang_standin()
     dump = load_dump(path)
-    report = run_check(dump, reference=TORCH, kernel=SGLangPlanner())
+    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
     assert not [f for f in report.findings if f.code == "kernel-divergence"]
     for group in report.groups:
         assert group.unexplained_differences == 0 and not group.explained_differences
@@ -85,16 +86,16 @@ def test_clean_scenarios_give_the_same_plan(
     dump = scenario(name, tmp_path)
     for group in dump.groups:
         assert_plans_equal(
-            TORCH.plan(dump, group), SGLangPlanner().plan(dump, group), upstream=True
+            VECTORIZED.plan(dump, group), SGLangPlanner().plan(dump, group), upstream=True
         )
 
 
 def test_the_raise_is_tied_to_the_first_raise_finding(sglang_standin: InstallStandin) -> None:
     sglang_standin()
     dump = load_dump(ROOT / "examples" / "truncated-lut.safetensors")
-    first = TORCH.plan(dump, "swa").problems.first_raise()
+    first = VECTORIZED.plan(dump, "swa").problems.first_raise()
     assert first is not None
-    report = run_check(dump, reference=TORCH, kernel=SGLangPlanner())
+    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
     marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
     assert len(marked) == 1
     finding = marked[0]
@@ -122,7 +123,7 @@ def test_index_errors_are_predicted_and_marked(
 ) -> None:
     sglang_standin()
     dump = scenario(name, tmp_path)
-    reference = TORCH.plan(dump, "full")
+    reference = VECTORIZED.plan(dump, "full")
     first = reference.problems.first_raise()
     assert first is not None
     plan = SGLangPlanner().plan(dump, "full")
@@ -130,7 +131,7 @@ def test_index_errors_are_predicted_and_marked(
         "IndexError",
         upstream_error(first, reference.frame).message,
     )
-    report = run_check(dump, reference=TORCH, kernel=SGLangPlanner())
+    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
     assert not [f for f in report.findings if f.code == "kernel-divergence"]
     marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
     assert [(f.code.value, f.batch_row) for f in marked] == [(code, first.batch_row)]
@@ -139,7 +140,7 @@ def test_index_errors_are_predicted_and_marked(
 def test_a_drifted_seed_is_a_kernel_divergence(sglang_standin: InstallStandin) -> None:
     sglang_standin(seed_back=2)
     dump = load_dump(ROOT / "examples" / "clean-swa.safetensors")
-    report = run_check(dump, reference=TORCH, kernel=SGLangPlanner())
+    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
     fields = {f.details["field"] for f in report.findings if f.code == "kernel-divergence"}
     assert fields == {"write seed"}
 
@@ -147,7 +148,7 @@ def test_a_drifted_seed_is_a_kernel_divergence(sglang_standin: InstallStandin) -
 def test_a_missed_raise_is_a_launch_divergence(sglang_standin: InstallStandin) -> None:
     sglang_standin(clamp=True)
     dump = load_dump(ROOT / "examples" / "truncated-lut.safetensors")
-    report = run_check(dump, reference=TORCH, kernel=SGLangPlanner())
+    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
     launch = [f for f in report.findings if f.details.get("field") == "launch"]
     assert len(launch) == 1
     assert launch[0].details["kernel"] == "no raise"
@@ -162,17 +163,17 @@ def test_capacities_of_zero(sglang_standin: InstallStandin, tmp_path: Path) -> N
     """No entries requested and no capacity recorded (C = 0), and an empty batch (R = 0):
     SGLang's allocators refuse 0, so the planner hands it empty outputs."""
     sglang_standin()
-    table = torch.zeros(3, 8, dtype=torch.int32)
+    table = np.zeros((3, 8), dtype=np.int32)
     for bs in (0, 2):
         path = save_dump(
             tmp_path / f"bs{bs}.safetensors",
             req_to_token=table,
-            req_pool_indices=torch.zeros(bs, dtype=torch.int64),
-            prefix_lens=torch.zeros(bs, dtype=torch.int64),
+            req_pool_indices=np.zeros(bs, dtype=np.int64),
+            prefix_lens=np.zeros(bs, dtype=np.int64),
         )
         dump = load_dump(path)
         assert_plans_equal(
-            TORCH.plan(dump, "full"), SGLangPlanner().plan(dump, "full"), upstream=True
+            VECTORIZED.plan(dump, "full"), SGLangPlanner().plan(dump, "full"), upstream=True
         )
 
 
@@ -186,7 +187,7 @@ def test_cuda_batches_reading_outside_the_table_are_not_launched(
     plan = planner.plan(dump, "full")
     assert plan.launch_error_type == NOT_LAUNCHED
     assert plan.launch_error is not None and "row-out-of-range" in plan.launch_error
-    assert launch_divergences(TORCH.plan(dump, "full"), plan) == []
+    assert launch_divergences(VECTORIZED.plan(dump, "full"), plan) == []
 
 
 @pytest.mark.parametrize(
@@ -226,5 +227,5 @@ def test_plans_name_their_upstream_fields_as_sglang_does(tmp_path: Path) -> None
     """`Plan.upstream_tensors` (what kvcanary compares and saves) and the fields read back
     from SGLang's VerifyPlan / WritePlan are the same names in the same order."""
     dump = load_dump(make_scenario("clean-swa").save(tmp_path / "d.safetensors"))
-    plan = make_planner(Backend.TORCH).plan(dump, "full")
+    plan = make_planner(Backend.VECTORIZED).plan(dump, "full")
     assert tuple(plan.upstream_tensors()) == (*VERIFY_PLAN_FIELDS, *WRITE_PLAN_FIELDS)

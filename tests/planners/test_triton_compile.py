@@ -19,8 +19,8 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys
     os.environ["TRITON_INTERPRET"] = "0"
-    import torch
-    torch.cuda.is_available = lambda: True  # only decides compiled vs interpreted here
+    from kvcanary_cli.planners import triton_runtime
+    triton_runtime.cuda_available = lambda: True  # only decides compiled vs interpreted here
     try:
         import triton
         from triton.backends.compiler import GPUTarget

@@ -1,0 +1,76 @@
+"""`kernel_arrays`: the Triton interpreter runs kernels on numpy memory (no torch).
+
+These pin what the interpreter needs of a kernel argument: a Triton release that reads
+another tensor method fails here first, with the method's name in the error.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.planners import triton_runtime
+from kvcanary_cli.planners.kernel_arrays import HostBuffer, kernel_arrays
+
+pytest.importorskip("triton")
+
+_SCRIPT = """
+import sys
+import numpy as np
+from kvcanary_cli.planners import triton_runtime
+from kvcanary_cli.planners.kernel_arrays import kernel_arrays
+
+triton, tl = triton_runtime.load_triton()
+
+@triton.jit
+def scale(x_ptr, y_ptr, flags_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(x_ptr + i, mask=m, other=0)
+    tl.store(y_ptr + i, x.to(tl.int64) * 3 - 1, mask=m)
+    tl.store(flags_ptr + i, (x % 2).to(tl.uint8), mask=m)
+
+memory = kernel_arrays(triton_runtime.mode())
+source = np.arange(-5, 12, dtype=np.int32)
+x = memory.upload(source)
+y, flags = memory.empty(source.size, np.int64), memory.empty(source.size, np.uint8)
+scale[(3,)](x, y, flags, source.size, BLOCK=8)
+print(repr((memory.download(y).tolist(), memory.download(flags).tolist(), "torch" in sys.modules)))
+"""
+
+
+@pytest.mark.skipif(triton_runtime.cuda_available(), reason="compiled kernels use torch memory")
+def test_interpreted_kernels_read_and_write_numpy_memory_without_torch() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    values, flags, imported_torch = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    source = np.arange(-5, 12)
+    assert values == (source * 3 - 1).tolist()
+    assert flags == np.fmod(source, 2).astype(np.uint8).tolist()  # C's %, wrapped to uint8
+    assert imported_torch is False
+
+
+def test_host_buffers_are_the_arrays_themselves() -> None:
+    """No copy on the way in (a 2 GB mapped table stays mapped) nor on the way out."""
+    memory = kernel_arrays("interpreter")
+    table = np.arange(12, dtype=np.int32).reshape(3, 4)
+    buffer = memory.upload(table)
+    assert isinstance(buffer, HostBuffer)
+    assert buffer.data_ptr() == table.ctypes.data
+    assert buffer.size() == (3, 4) and buffer.stride() == (4, 1)
+    assert np.shares_memory(memory.download(buffer), table)
+
+
+def test_a_strided_view_is_copied_contiguous_before_a_kernel_sees_it() -> None:
+    memory = kernel_arrays("interpreter")
+    column = np.arange(12, dtype=np.int64).reshape(3, 4)[:, 1]
+    buffer = memory.upload(column)
+    assert buffer.stride() == (1,) and buffer.array.tolist() == [1, 5, 9]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        HostBuffer(column)
