@@ -12,6 +12,7 @@ interpreter calls, so a Triton release that reads another one fails there, not i
 
 from __future__ import annotations
 
+import mmap
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HostBuffer", "KernelArrays", "kernel_arrays"]
+__all__ = ["HostBuffer", "KernelArrays", "kernel_arrays", "shared_host_arrays"]
 
 
 class _HostStorage:
@@ -97,8 +98,15 @@ class KernelArrays(Protocol):
 
 
 class _HostArrays:
+    def __init__(self, *, shared: bool = False) -> None:
+        self._shared = shared
+
     def empty(self, n: int, dtype: type[np.generic]) -> HostBuffer:
-        return HostBuffer(np.empty(n, dtype=dtype))
+        if not self._shared:
+            return HostBuffer(np.empty(n, dtype=dtype))
+        # Anonymous shared memory: what a forked child writes, its parent reads.
+        region = mmap.mmap(-1, max(n * np.dtype(dtype).itemsize, 1))
+        return HostBuffer(np.frombuffer(region, dtype=dtype, count=n))
 
     def upload(self, array: np.ndarray) -> HostBuffer:
         return HostBuffer(np.ascontiguousarray(array))
@@ -129,3 +137,8 @@ class _CudaArrays:
 def kernel_arrays(mode: str) -> KernelArrays:
     """The memory for kernels running in `mode` ('compiled' or 'interpreter')."""
     return _CudaArrays() if mode == "compiled" else _HostArrays()
+
+
+def shared_host_arrays() -> KernelArrays:
+    """Host memory that forked children write and their parent reads (`host_parallel`)."""
+    return _HostArrays(shared=True)

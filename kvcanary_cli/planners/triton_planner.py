@@ -11,6 +11,7 @@ any row of `req_to_token`; the interpreter reads the memory-mapped tables in pla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import dense, take
-from kvcanary_cli.planners import triton_runtime
+from kvcanary_cli.planners import host_parallel, triton_runtime
 from kvcanary_cli.planners.base import (
     ClampFlag,
     Plan,
@@ -36,7 +37,7 @@ from kvcanary_cli.planners.frame import (
     group_frame,
     skipped_plan,
 )
-from kvcanary_cli.planners.kernel_arrays import KernelArrays, kernel_arrays
+from kvcanary_cli.planners.kernel_arrays import KernelArrays, kernel_arrays, shared_host_arrays
 from kvcanary_cli.planners.rows import row_problems
 from kvcanary_cli.planners.staging import needs_staging, seed_values, stage
 
@@ -94,8 +95,14 @@ class TritonPlanner:
         block_size: int | None = None,
         entries_per_launch: int = ENTRIES_PER_LAUNCH,
         std_scan: bool | None = None,
+        host_processes: int | None = None,
     ) -> None:
         self._block_size = block_size
+        if host_processes is not None and host_processes < 1:
+            raise ValueError(f"host_processes must be at least 1, got {host_processes}")
+        #: forked processes an interpreted entries launch is cut across; None: as many as
+        #: `host_parallel.host_processes` finds worth it here.
+        self._host_processes = host_processes
         if block_size is not None and (block_size < 16 or block_size & (block_size - 1)):
             raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
         self._entries_per_launch = entries_per_launch
@@ -120,6 +127,14 @@ class TritonPlanner:
     def entries_per_launch(self, block: int) -> int:
         """Entries one launch of the entries kernel covers (a multiple of `block`)."""
         return max(block, self._entries_per_launch // block * block)
+
+    def host_processes(self, entries: int) -> int:
+        """Processes the entries launch of a plan of `entries` runs in (1: this one)."""
+        if self.mode != "interpreter":
+            return 1
+        if self._host_processes is not None:
+            return self._host_processes
+        return host_parallel.host_processes(entries)
 
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Plan `group` of `dump` with the kernels; the outputs come back as numpy arrays."""
@@ -263,7 +278,11 @@ class TritonPlanner:
         entries: int,
         block_bs: int,
     ) -> dict[str, np.ndarray]:
-        """Launch the entries kernel over `[0, entries)` in chunks; host columns back."""
+        """Launch the entries kernel over `[0, entries)` in chunks; host columns back. Under
+        the interpreter the chunks may run in forked processes (`host_parallel`)."""
+        processes = self.host_processes(entries)
+        if processes > 1:
+            memory = shared_host_arrays()
         out = {name: memory.empty(entries, _I64) for name in ("slot", "prev", "token", "position")}
         out["undefined"] = memory.empty(entries, np.uint8)
         out["clamp"] = memory.empty(entries, np.uint8)
@@ -273,8 +292,12 @@ class TritonPlanner:
         )
         block = self.block_size(entries)
         per_launch = self.entries_per_launch(block)
-        for start in range(0, entries, per_launch):
-            stop = min(entries, start + per_launch)
+
+        def launch(first: int, last: int) -> None:
+            for start in range(first, last, per_launch):
+                launch_chunk(start, min(last, start + per_launch))
+
+        def launch_chunk(start: int, stop: int) -> None:
             grid = (_cdiv(stop - start, block),)
             kernels.plan_entries_kernel[grid](
                 inputs.rpi,
@@ -306,6 +329,9 @@ class TritonPlanner:
                 SEARCH_STEPS=block_bs.bit_length() - 1,
                 BLOCK_SIZE=block,
             )
+
+        ranges = host_parallel.split(entries, processes, block)
+        host_parallel.run_parts([partial(launch, first, last) for first, last in ranges])
         return {name: memory.download(buffer) for name, buffer in out.items()}
 
 

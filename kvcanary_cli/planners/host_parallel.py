@@ -1,0 +1,74 @@
+"""Parts of an interpreted kernel launch run in forked processes, on the host's spare cores.
+
+The Triton interpreter runs a launch's programs one after another on one core, and holds the
+GIL while it does. The programs of the entries kernel are independent (each writes its own
+entries), so on a host with cores to spare the launch is cut into contiguous entry ranges,
+each run by a forked child writing into shared memory (`kernel_arrays.shared_host_arrays`),
+while the parent, which only waits, leaves its core to the rest of `check`. The outputs are
+the bytes one process would write; `tests/planners/test_host_parallel.py` compares them.
+
+Only where it is safe and worth it: Linux (`fork`), the interpreter, no torch in the process
+(a process running torch's threads must not fork), a plan of at least `MIN_FORKED_ENTRIES`,
+and not inside a worker process of `check_dumps` (each already has its core).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["MIN_FORKED_ENTRIES", "host_processes", "run_parts"]
+
+#: Below this many entries a fork costs more than it saves.
+MIN_FORKED_ENTRIES = 1 << 19
+#: The most processes one launch uses (the rest of `check` needs a core too).
+_MAX_PROCESSES = 2
+
+
+def host_processes(entries: int) -> int:
+    """How many forked processes should run a launch of `entries` here (1: none, in turn)."""
+    if entries < MIN_FORKED_ENTRIES or sys.platform != "linux" or "torch" in sys.modules:
+        return 1
+    if multiprocessing.parent_process() is not None:  # a check_dumps worker: one core each
+        return 1
+    return max(1, min(_MAX_PROCESSES, len(os.sched_getaffinity(0)) or 1))
+
+
+def split(stop: int, parts: int, align: int) -> list[tuple[int, int]]:
+    """`[0, stop)` cut into at most `parts` contiguous ranges whose inner bounds are multiples
+    of `align` (a kernel block)."""
+    step = -(-stop // max(parts, 1))
+    step = max(align, -(-step // align) * align)
+    return [(start, min(start + step, stop)) for start in range(0, stop, step)]
+
+
+def run_parts(parts: Sequence[Callable[[], None]]) -> None:
+    """Run each part in a forked child and wait for all; one part runs here, in turn.
+
+    A part that fails in its child is run again here, so that its exception (with its
+    traceback) reaches the caller as if it had never been forked.
+    """
+    if len(parts) <= 1:
+        for part in parts:
+            part()
+        return
+    children: list[tuple[int, Callable[[], None]]] = []
+    for part in parts:
+        pid = os.fork()
+        if pid == 0:  # the child: run the part, leave without unwinding the parent's stack
+            code = 1
+            try:
+                part()
+                code = 0
+            finally:
+                os._exit(code)
+        children.append((pid, part))
+    failed = []
+    for pid, part in children:
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed.append(part)
+    for part in failed:
+        part()

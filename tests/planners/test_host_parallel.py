@@ -1,0 +1,85 @@
+"""`host_parallel`: an interpreted entries launch cut across forked processes writes the bytes
+one process writes, and a part that fails in its child fails the plan here."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.planners import host_parallel
+from kvcanary_cli.planners.triton_planner import TritonPlanner
+
+pytest.importorskip("triton")
+if not hasattr(os, "fork"):
+    pytest.skip("no fork on this platform", allow_module_level=True)
+
+IN_TURN = TritonPlanner(block_size=16, host_processes=1)
+FORKED = TritonPlanner(block_size=16, host_processes=3)
+
+
+@pytest.mark.parametrize("scenario", ["clean-swa", "truncated-lut", "stale-tail"])
+def test_forked_parts_plan_what_one_process_plans(scenario: str, tmp_path: Path) -> None:
+    dump = load_dump(make_scenario(scenario, seed=2).save(tmp_path / "d.safetensors"))
+    assert FORKED.host_processes(10**6) == 3
+    for group in dump.groups:
+        forked, in_turn = FORKED.plan(dump, group), IN_TURN.plan(dump, group)
+        assert forked.entries > 16  # two blocks or more: at least two parts have work
+        for field in dataclasses.fields(forked):
+            got, want = getattr(forked, field.name), getattr(in_turn, field.name)
+            if isinstance(got, np.ndarray):
+                assert got.dtype == want.dtype and np.array_equal(got, want), field.name
+        assert forked.problems.same_as(in_turn.problems)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stop=st.integers(0, 5000), parts=st.integers(1, 5), align=st.sampled_from([1, 16, 1024]))
+def test_split_covers_the_range_in_order(stop: int, parts: int, align: int) -> None:
+    ranges = host_parallel.split(stop, parts, align)
+    assert len(ranges) <= parts
+    assert [a for a, _ in ranges] == ([0, *(b for _, b in ranges[:-1])] if stop else [])
+    assert (ranges[-1][1] if ranges else 0) == stop
+    assert all(b > a for a, b in ranges)
+    assert all(a % align == 0 for a, _ in ranges)  # parts start on a block
+
+
+def test_a_part_that_fails_in_its_child_raises_here() -> None:
+    ran: list[int] = []
+
+    def fine() -> None:
+        ran.append(1)  # in a child: invisible here
+
+    def broken() -> None:
+        raise RuntimeError("part broke")
+
+    with pytest.raises(RuntimeError, match="part broke"):
+        host_parallel.run_parts([fine, broken])
+    assert ran == []  # the good part ran in its child only, the broken one again here
+
+
+def test_small_plans_and_workers_do_not_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert host_parallel.host_processes(host_parallel.MIN_FORKED_ENTRIES - 1) == 1
+    cores = len(os.sched_getaffinity(0))
+    assert host_parallel.host_processes(host_parallel.MIN_FORKED_ENTRIES) == min(2, cores)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+    assert host_parallel.host_processes(1 << 30) == 1
+
+
+def test_a_process_with_torch_never_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's thread pools do not survive a fork: SGLang's planners may have loaded it."""
+    monkeypatch.setitem(sys.modules, "torch", object())
+    assert host_parallel.host_processes(1 << 30) == 1
+
+
+def test_every_scenario_is_listed() -> None:
+    assert {"clean-swa", "truncated-lut", "stale-tail"} <= set(SCENARIOS)
