@@ -389,19 +389,43 @@ def full_slots_mapping_to(
     return found
 
 
-#: free lists sorted once per dump (a list can hold millions of slots; findings ask per
-#: slot), by the list's identity; an entry dies with its array.
-_SORTED_FREE: dict[int, tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
+#: Membership queries answered by a linear scan of a free list before it is sorted once: a
+#: `provenance --slot` asks about a handful of slots (a scan each, milliseconds), a `check`
+#: with findings about thousands (one sort, then binary searches).
+_SCANS_BEFORE_SORT = 8
 
 
-def _sorted_free(free: np.ndarray) -> np.ndarray:
-    cached = _SORTED_FREE.get(id(free))
+class _FreeList:
+    """One free list's membership answers: scans at first, a sorted copy once it pays."""
+
+    def __init__(self) -> None:
+        self.scans = 0
+        self.ordered: np.ndarray | None = None
+
+    def holds(self, free: np.ndarray, slot: int) -> bool:
+        """Whether `slot` is on `free` (the list this entry belongs to)."""
+        if self.ordered is None and self.scans < _SCANS_BEFORE_SORT:
+            self.scans += 1
+            return bool((free == slot).any())
+        if self.ordered is None:
+            self.ordered = np.sort(free)
+        i = int(np.searchsorted(self.ordered, slot))
+        return i < self.ordered.size and int(self.ordered[i]) == slot
+
+
+#: per free list (by identity; an entry dies with its array): a list can hold millions of
+#: slots, and findings ask about it slot by slot.
+_FREE_LISTS: dict[int, tuple[weakref.ref[np.ndarray], _FreeList]] = {}
+
+
+def _free_list(free: np.ndarray) -> _FreeList:
+    cached = _FREE_LISTS.get(id(free))
     if cached is not None and cached[0]() is free:
         return cached[1]
     key = id(free)
-    ordered = np.sort(free)
-    _SORTED_FREE[key] = (weakref.ref(free, lambda _: _SORTED_FREE.pop(key, None)), ordered)
-    return ordered
+    entry = _FreeList()
+    _FREE_LISTS[key] = (weakref.ref(free, lambda _: _FREE_LISTS.pop(key, None)), entry)
+    return entry
 
 
 def _allocator_state(
@@ -413,9 +437,7 @@ def _allocator_state(
         at = int(np.searchsorted(known, slot))
         if at >= known.size or int(known[at]) != slot:
             return "unknown (not kept)"
-    ordered = _sorted_free(free)
-    i = int(np.searchsorted(ordered, slot))
-    return "free" if i < ordered.size and ordered[i] == slot else "in use"
+    return "free" if _free_list(free).holds(free, slot) else "in use"
 
 
 def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, ...]:

@@ -24,7 +24,7 @@ __all__ = ["MIN_FORKED_ENTRIES", "host_processes", "run_parts"]
 #: Below this many entries a fork costs more than it saves.
 MIN_FORKED_ENTRIES = 1 << 19
 #: The most processes one launch uses (the rest of `check` needs a core too).
-_MAX_PROCESSES = 2
+_MAX_PROCESSES = 3
 
 
 def host_processes(entries: int) -> int:

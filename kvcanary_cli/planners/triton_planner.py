@@ -331,6 +331,10 @@ class TritonPlanner:
             )
 
         ranges = host_parallel.split(entries, processes, block)
+        if len(ranges) > 1:
+            # An empty launch prepares the kernel here (the interpreter rewrites its source
+            # on first use), so that the forked children do not each do it again.
+            launch_chunk(0, 0)
         host_parallel.run_parts([partial(launch, first, last) for first, last in ranges])
         return {name: memory.download(buffer) for name, buffer in out.items()}
 

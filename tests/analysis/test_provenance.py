@@ -154,3 +154,15 @@ def test_slot_provenance_lists_its_ring_rows_and_records(tmp_path: Path) -> None
     assert {r.buffer for r in answer.slot.canary} == {"canary.full.head.k", "canary.full.tail.k"}
     codes = {f.code.value for f in answer.findings}
     assert {"canary-position-mismatch", "freed-slot-in-live-range"} <= codes
+
+
+def test_free_list_answers_are_the_same_before_and_after_it_is_sorted() -> None:
+    """The first queries scan the list, later ones search a sorted copy: same answers."""
+    from kvcanary_cli.analysis import provenance
+
+    rng = np.random.default_rng(5)
+    free = rng.permutation(np.arange(0, 4000, 3, dtype=np.int64))
+    slots = rng.integers(-2, 4100, size=4 * provenance._SCANS_BEFORE_SORT).tolist()
+    got = [provenance._allocator_state(free, s) for s in slots]
+    assert got == ["free" if s >= 0 and s % 3 == 0 and s < 4000 else "in use" for s in slots]
+    assert provenance._free_list(free).ordered is not None  # the later ones were searched
