@@ -138,7 +138,9 @@ def collect_findings(
     try:
         # The kernel (interpreted Triton on a CPU: the slowest part) plans on a spare core
         # while this thread plans the reference and runs the detectors; same results, in
-        # the same order, as planning it in turn.
+        # the same order, as planning it in turn. One thread, one group after the other: the
+        # Triton interpreter patches `triton.language` for the length of a launch, so two
+        # launches at once break each other (seen: "Did you forget to add @triton.jit?").
         pending: dict[str, Future[Plan]] = {}
         if background is not None and kernel is not None:
             pending = {group: background.submit(kernel.plan, dump, group) for group in chosen}
