@@ -11,7 +11,7 @@ command `--repeat` times in turn (min / median / max):
   (and its output's size), `provenance --slot` (a slot with findings, a clean one),
   `provenance --row`, `inspect`, `kvcanary --help`; with `--truncated-lut` also `check` and
   `check --format json` on the clean dump, the baseline of the truncated-LUT target;
-- whether `--help` and `inspect` import torch or triton;
+- whether `--help`, `inspect`, `check` and `provenance --slot` import torch or triton;
 - cold runs of `check --format json` and `provenance --slot` (the dump dropped from the page
   cache first): peak RSS against the bytes of `req_to_token` the run brought in;
 - in this process: each planner per group, and the floor: a bare numpy gather of the cells
@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
+import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -47,7 +48,6 @@ from functools import partial  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from dumps import (  # noqa: E402
     CLEAN,
     LUT_KEPT,
@@ -342,7 +342,8 @@ def timed(fn: Callable[[], object], repeat: int) -> dict[str, Any]:
 
 
 def planners(bench: Bench, dump: KvDump, repeat: int) -> None:
-    """Each planner per group, as `check` runs them (one torch thread)."""
+    """Each planner per group, as `check` runs them (this process never imports torch, so
+    the interpreted Triton planner forks as it does in `check`)."""
     chosen: dict[str, Planner] = {
         "vectorized": VectorizedPlanner(),
         "vectorized-gpu": VectorizedPlanner(semantics=Semantics.GPU),
@@ -469,6 +470,14 @@ def print_ratios(values: dict[str, Any], bounds: dict[str, str]) -> None:
 # --- main --------------------------------------------------------------------------------------
 
 
+def _version(package: str) -> str | None:
+    """An installed package's version, without importing it."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def machine() -> dict[str, Any]:
     try:
         commit = subprocess.run(
@@ -479,7 +488,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": _version("torch"),
         "platform": platform.platform(),
         "kvcanary": __version__,
         "commit": commit,
@@ -531,7 +540,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    torch.set_num_threads(1)  # as the CLI runs: see kvcanary_cli.cli.main
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the CLI runs: kvcanary_cli.cli.main
     main_variant = TRUNCATED if args.truncated_lut else CLEAN
     dumps = ensure_dumps(args.size, list(dict.fromkeys([CLEAN, main_variant])), args.cache)
     target = dumps[main_variant]
