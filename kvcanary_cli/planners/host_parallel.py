@@ -9,7 +9,10 @@ the bytes one process would write; `tests/planners/test_host_parallel.py` compar
 
 Only where it is safe and worth it: Linux (`fork`), the interpreter, no torch in the process
 (a process running torch's threads must not fork), a plan of at least `MIN_FORKED_ENTRIES`,
-and not inside a worker process of `check_dumps` (each already has its core).
+and not inside a worker process of `check_dumps` (each already has its core). A child runs
+only its part (the interpreter and numpy, no lock another thread of `check` may hold) and
+leaves with `os._exit`: no stdio flushed twice, no parent cleanup run in it. A child that
+dies (killed, out of memory) costs time, not results: its part runs again here.
 """
 
 from __future__ import annotations
