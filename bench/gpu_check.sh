@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device check for a CUDA machine (about 2-4 minutes): the planner tests with *compiled* Triton
-# kernels, then TritonPlanner vs TorchPlanner(GPU) vs ReferencePlanner on a medium synthetic
+# kernels, then TritonPlanner vs VectorizedPlanner(GPU) vs ReferencePlanner on a medium synthetic
 # dump (agreement, then median times as ratios). Usage, from anywhere:
 #
 #     bash bench/gpu_check.sh [--size medium] [--repeat 5]     # extra args go to gpu_check.py
