@@ -27,7 +27,7 @@ __all__ = ["MIN_FORKED_ENTRIES", "host_processes", "run_parts"]
 #: Below this many entries a fork costs more than it saves.
 MIN_FORKED_ENTRIES = 1 << 19
 #: The most processes one launch uses (the rest of `check` needs a core too).
-_MAX_PROCESSES = 3
+_MAX_PROCESSES = 2
 
 
 def host_processes(entries: int) -> int:
@@ -48,7 +48,7 @@ def split(stop: int, parts: int, align: int) -> list[tuple[int, int]]:
 
 
 def run_parts(parts: Sequence[Callable[[], None]]) -> None:
-    """Run each part in a forked child and wait for all; one part runs here, in turn.
+    """Run each part in a forked child of its own and wait for all (a single part runs here).
 
     A part that fails in its child is run again here, so that its exception (with its
     traceback) reaches the caller as if it had never been forked.

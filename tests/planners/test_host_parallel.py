@@ -69,8 +69,10 @@ def test_a_part_that_fails_in_its_child_raises_here() -> None:
 def test_small_plans_and_workers_do_not_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert host_parallel.host_processes(host_parallel.MIN_FORKED_ENTRIES - 1) == 1
-    cores = len(os.sched_getaffinity(0))
-    assert host_parallel.host_processes(host_parallel.MIN_FORKED_ENTRIES) == min(2, cores)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)))
+    assert host_parallel.host_processes(host_parallel.MIN_FORKED_ENTRIES) == 2  # never more
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0})
+    assert host_parallel.host_processes(host_parallel.MIN_FORKED_ENTRIES) == 1  # one core
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     assert host_parallel.host_processes(1 << 30) == 1
 
