@@ -115,12 +115,14 @@ class _HostArrays:
         return buffer.array
 
 
-class _CudaArrays:
-    def __init__(self) -> None:
+class _TorchArrays:
+    """Torch tensors on `device` ("cuda" for compiled kernels; tests also use "cpu")."""
+
+    def __init__(self, device: str = "cuda") -> None:
         import torch
 
         self._torch = torch
-        self._device = torch.device("cuda")
+        self._device = torch.device(device)
 
     def empty(self, n: int, dtype: type[np.generic]) -> torch.Tensor:
         torch_dtype = self._torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
@@ -136,7 +138,7 @@ class _CudaArrays:
 
 def kernel_arrays(mode: str) -> KernelArrays:
     """The memory for kernels running in `mode` ('compiled' or 'interpreter')."""
-    return _CudaArrays() if mode == "compiled" else _HostArrays()
+    return _TorchArrays("cuda") if mode == "compiled" else _HostArrays()
 
 
 def shared_host_arrays() -> KernelArrays:

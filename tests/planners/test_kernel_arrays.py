@@ -7,8 +7,10 @@ another tensor method fails here first, with the method's name in the error.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,3 +76,35 @@ def test_a_strided_view_is_copied_contiguous_before_a_kernel_sees_it() -> None:
     assert buffer.stride() == (1,) and buffer.array.tolist() == [1, 5, 9]
     with pytest.raises(ValueError, match="C-contiguous"):
         HostBuffer(column)
+
+
+@pytest.mark.parametrize("scenario", ["clean-swa", "truncated-lut", "row-out-of-range"])
+def test_the_torch_memory_path_plans_what_numpy_memory_plans(
+    scenario: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled kernels get their memory from torch (`_TorchArrays("cuda")`). Without a GPU,
+    the same code path runs here on CPU tensors, which the interpreter also takes: uploads,
+    allocations by numpy dtype and downloads must give the plan numpy memory gives."""
+    pytest.importorskip("torch")
+    from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli.dump.scenarios import make_scenario
+    from kvcanary_cli.planners import kernel_arrays as arrays
+    from kvcanary_cli.planners import triton_planner
+
+    dump = load_dump(make_scenario(scenario, seed=3).save(tmp_path / "d.safetensors"))
+    planner = triton_planner.TritonPlanner(host_processes=1)
+    with_numpy = [planner.plan(dump, group) for group in dump.groups]
+    monkeypatch.setattr(triton_planner, "kernel_arrays", lambda mode: arrays._TorchArrays("cpu"))
+    with_torch = [planner.plan(dump, group) for group in dump.groups]
+    for got, want in zip(with_torch, with_numpy, strict=True):
+        for field in dataclasses.fields(got):
+            a, b = getattr(got, field.name), getattr(want, field.name)
+            if isinstance(b, np.ndarray):
+                assert isinstance(a, np.ndarray) and a.dtype == b.dtype, field.name
+                assert np.array_equal(a, b), field.name
+        assert got.problems.same_as(want.problems)
+        assert (got.total_verify, got.verify_num_valid, got.enable) == (
+            want.total_verify,
+            want.verify_num_valid,
+            want.enable,
+        )
