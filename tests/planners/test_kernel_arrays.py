@@ -1,7 +1,8 @@
 """`kernel_arrays`: the Triton interpreter runs kernels on numpy memory (no torch).
 
 These pin what the interpreter needs of a kernel argument: a Triton release that reads
-another tensor method fails here first, with the method's name in the error.
+another tensor method fails here first, with the method's name in the error. The torch memory
+compiled kernels use is run here on CPU tensors, and must plan what numpy memory plans.
 """
 
 from __future__ import annotations
