@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -28,6 +29,8 @@ __all__ = ["MIN_FORKED_ENTRIES", "host_processes", "run_parts"]
 MIN_FORKED_ENTRIES = 1 << 19
 #: The most processes one launch uses (the rest of `check` needs a core too).
 _MAX_PROCESSES = 2
+#: A child's exit code when Ctrl-C stopped it (the shell's 128 + SIGINT).
+_INTERRUPTED = 130
 
 
 def host_processes(entries: int) -> int:
@@ -65,13 +68,14 @@ def run_parts(parts: Sequence[Callable[[], None]]) -> None:
             try:
                 part()
                 code = 0
+            except KeyboardInterrupt:  # Ctrl-C reaches the whole process group
+                code = _INTERRUPTED
             finally:
                 os._exit(code)
         children.append((pid, part))
-    failed = []
-    for pid, part in children:
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            failed.append(part)
-    for part in failed:
-        part()
+    codes = [(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), part) for pid, part in children]
+    if any(code in (_INTERRUPTED, -signal.SIGINT) for code, _ in codes):
+        raise KeyboardInterrupt  # the user stopped the run: do not redo the parts here
+    for code, part in codes:
+        if code != 0:
+            part()

@@ -85,3 +85,17 @@ def test_a_process_with_torch_never_forks(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_every_scenario_is_listed() -> None:
     assert {"clean-swa", "truncated-lut", "stale-tail"} <= set(SCENARIOS)
+
+
+def test_ctrl_c_in_a_child_stops_the_run_instead_of_redoing_the_part() -> None:
+    ran_here: list[str] = []
+
+    def interrupted() -> None:
+        if os.getpid() != parent:
+            raise KeyboardInterrupt
+        ran_here.append("redone")  # only if the parent ran it again
+
+    parent = os.getpid()
+    with pytest.raises(KeyboardInterrupt):
+        host_parallel.run_parts([interrupted, lambda: None])
+    assert ran_here == []
