@@ -126,6 +126,10 @@ def _usage_message(exc: Exception) -> str | None:
     return f"error: {message}{where}"
 
 
+#: The exit code of a run stopped by Ctrl-C (the shell's 128 + SIGINT).
+_INTERRUPTED = 130
+
+
 class OneLineErrors(TyperGroup):
     """Every failure ends in one stderr line: usage errors and bad input exit 2, bugs exit 3."""
 
@@ -148,7 +152,7 @@ class OneLineErrors(TyperGroup):
         except UpstreamPlanError as exc:  # `plan --strict`: the dump is read, upstream raises
             fail(str(exc), ExitCode.FINDINGS)
         except (typer.Abort, KeyboardInterrupt):
-            fail("interrupted", 130)
+            fail("interrupted", _INTERRUPTED)
         except Exception as exc:
             help_text = _help_text(exc)
             if help_text is not None:
@@ -165,6 +169,8 @@ class OneLineErrors(TyperGroup):
                 "(KVCANARY_DEBUG=1 shows the traceback)",
                 ExitCode.INTERNAL,
             )
+        if result == _INTERRUPTED:  # typer turns Ctrl-C into a silent exit code 130
+            fail("interrupted", _INTERRUPTED)
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
 
 

@@ -111,6 +111,21 @@ def test_internal_error_exits_3_with_a_bug_report_line(
     assert "internal error" in err and "kaboom" in err and "inspect" in err
 
 
+def test_ctrl_c_is_one_line_and_exit_130(
+    dumps: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """typer turns a KeyboardInterrupt into a silent exit code 130: kvcanary says so."""
+    import kvcanary_cli.analysis.check as check
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(check, "run_check", interrupted)
+    code, out, err = run("check", str(dumps["clean-swa"]))
+    assert code == 130
+    assert err.strip().splitlines() == ["interrupted"] and "Traceback" not in out
+
+
 def test_several_dumps_one_report_each(dumps: dict[str, Path]) -> None:
     code, out, _ = run(
         "check",
