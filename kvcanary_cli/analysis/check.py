@@ -55,6 +55,7 @@ from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
+from kvcanary_cli.planners.host_parallel import usable_cores
 
 __all__ = [
     "CollectedFindings",
@@ -160,8 +161,7 @@ def _runs_on_host(kernel: Planner | None) -> bool:
 def _spare_core() -> bool:
     """True when this process may run on two cores and is not one of several checking
     workers (`check_dumps` already gives each of those a core)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cores or 1) >= 2 and multiprocessing.parent_process() is None
+    return usable_cores() >= 2
 
 
 def _collect(
@@ -229,8 +229,8 @@ def _collect(
     )
 
 
-#: What one checking process needs besides its dump's pages: numpy, triton (and the
-#: torch it imports) and the plan.
+#: What one checking process needs besides its dump's pages: numpy, triton and the plan
+#: (sized when workers still loaded torch; a worker without it needs less).
 _WORKER_BASE_BYTES = 768 << 20
 
 
@@ -238,8 +238,8 @@ def worker_count(dumps: int, jobs: int | None, paths: Sequence[Path] = ()) -> in
     """Processes for checking `dumps` dumps: what was asked (default: the cores), but never
     more than the dumps, the cores this process may run on, or what the available memory
     holds (each worker may map the largest dump): more only makes them fight."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    wanted = min(dumps, jobs or cores or 1, cores or 1)
+    cores = usable_cores()
+    wanted = min(dumps, jobs or cores, cores)
     available = _available_memory()
     if available is not None:
         largest = max((_size(p) for p in paths), default=0)

@@ -23,7 +23,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["MIN_FORKED_ENTRIES", "host_processes", "run_parts"]
+__all__ = ["MIN_FORKED_ENTRIES", "host_processes", "run_parts", "split", "usable_cores"]
 
 #: Below this many entries a fork costs more than it saves.
 MIN_FORKED_ENTRIES = 1 << 19
@@ -33,13 +33,20 @@ _MAX_PROCESSES = 2
 _INTERRUPTED = 130
 
 
+def usable_cores() -> int:
+    """Cores this process may keep busy: its CPU affinity, but one inside a worker process
+    of `check_dumps` (which gives each worker its own core)."""
+    if multiprocessing.parent_process() is not None:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
+
+
 def host_processes(entries: int) -> int:
     """How many forked processes should run a launch of `entries` here (1: none, in turn)."""
     if entries < MIN_FORKED_ENTRIES or sys.platform != "linux" or "torch" in sys.modules:
         return 1
-    if multiprocessing.parent_process() is not None:  # a check_dumps worker: one core each
-        return 1
-    return max(1, min(_MAX_PROCESSES, len(os.sched_getaffinity(0)) or 1))
+    return min(_MAX_PROCESSES, usable_cores())
 
 
 def split(stop: int, parts: int, align: int) -> list[tuple[int, int]]:
