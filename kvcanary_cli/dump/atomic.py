@@ -12,14 +12,23 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeGuard
 
 import numpy as np
 
 from kvcanary_cli.dump.files import write_atomically
 from kvcanary_cli.errors import DumpError
 
-__all__ = ["STORED_DTYPES", "host_array", "safetensors_dtype_of", "write_safetensors"]
+if TYPE_CHECKING:  # never imported here: see is_torch_tensor
+    import torch
+
+__all__ = [
+    "STORED_DTYPES",
+    "host_array",
+    "is_torch_tensor",
+    "safetensors_dtype_of",
+    "write_safetensors",
+]
 
 #: safetensors dtype strings of the (little-endian) numpy dtypes kvcanary reads and writes.
 STORED_DTYPES: dict[str, np.dtype] = {
@@ -46,6 +55,13 @@ def safetensors_dtype_of(dtype: object) -> str | None:
     return _BY_KIND.get((resolved.kind, resolved.itemsize))
 
 
+def is_torch_tensor(value: object) -> TypeGuard[torch.Tensor]:
+    """Whether `value` is a torch tensor, without importing torch (a tensor can only exist
+    where its owner imported it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def host_array(value: object) -> np.ndarray | None:
     """`value` as a numpy array in host memory when it is a numpy array or a torch tensor
     (on any device, copied to the CPU); None for anything else.
@@ -55,8 +71,7 @@ def host_array(value: object) -> np.ndarray | None:
     """
     if isinstance(value, np.ndarray):
         return value
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(value, torch.Tensor):
+    if not is_torch_tensor(value):
         return None
     tensor = value.detach().to("cpu").resolve_conj().resolve_neg()
     array: np.ndarray = tensor.numpy()

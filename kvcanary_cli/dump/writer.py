@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, Union
 
 import numpy as np
 
-from kvcanary_cli.dump.atomic import host_array, safetensors_dtype_of, write_safetensors
+from kvcanary_cli.dump.atomic import (
+    host_array,
+    is_torch_tensor,
+    safetensors_dtype_of,
+    write_safetensors,
+)
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     SCALARS,
@@ -89,8 +93,7 @@ def dump_contents(
 
 
 def _to_host_array(name: str, value: TensorLike) -> np.ndarray:
-    torch = sys.modules.get("torch")  # a torch tensor exists only if its owner imported torch
-    is_tensor = torch is not None and isinstance(value, torch.Tensor)
+    is_tensor = is_torch_tensor(value)
     try:
         array = host_array(value)
     except TypeError:  # a torch dtype numpy lacks (bfloat16...): never an integer one
