@@ -99,7 +99,7 @@ def provenance(
     """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
     optionally limited to `positions` [start, end)), with the findings touching it."""
     from kvcanary_cli.analysis.check import run_check
-    from kvcanary_cli.analysis.focus import focused_findings
+    from kvcanary_cli.analysis.focus import focused_findings, focused_index
     from kvcanary_cli.analysis.query import row_map, slot_query
     from kvcanary_cli.dump.loader import load_dump
 
@@ -109,8 +109,12 @@ def provenance(
     reference = make_planner(Backend.VECTORIZED)
     if slot is not None and space == "full":
         # only the batch rows that hold (or write) the slot: its findings, not the diagnosis
-        found = focused_findings(dump, slot, reference=reference)
-        return slot_query(dump, found, slot, space=space, group=group, max_cells=max_cells)
+        # one scan of the table serves the findings' rows and the answer's cells
+        index = focused_index(dump, slot, max_cells=max_cells)
+        found = focused_findings(dump, slot, reference=reference, index=index)
+        return slot_query(
+            dump, found, slot, space=space, group=group, max_cells=max_cells, index=index
+        )
     report = run_check(dump, reference=reference, kernel=None)
     if slot is not None:
         return slot_query(

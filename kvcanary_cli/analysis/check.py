@@ -293,8 +293,15 @@ def provenance_slots(dump: KvDump, findings: list[Finding]) -> ProvenanceSlots:
     return ProvenanceSlots(wanted=wanted, swa_sources=swa_sources, target=target, clamped=clamped)
 
 
-def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
-    """Give every slot-carrying finding the provenance of its slot (one table scan).
+#: Cells shown in a finding's provenance.
+_FINDING_CELLS = 16
+
+
+def attach_provenance(
+    dump: KvDump, findings: list[Finding], *, index: ProvenanceIndex | None = None
+) -> list[Finding]:
+    """Give every slot-carrying finding the provenance of its slot (one table scan, none when
+    `index` already scanned for every slot needed).
 
     The SWA slot a truncated LUT ends in also lists the slots the GPU clamps onto it.
     """
@@ -303,7 +310,10 @@ def attach_provenance(dump: KvDump, findings: list[Finding]) -> list[Finding]:
     target, clamped = slots.target, slots.clamped
     if not wanted and not swa_sources:
         return findings
-    index = ProvenanceIndex(dump, wanted)
+    if index is not None and index.max_cells >= _FINDING_CELLS and index.slots >= set(wanted):
+        index = index.narrowed(_FINDING_CELLS)
+    else:
+        index = ProvenanceIndex(dump, wanted, max_cells=_FINDING_CELLS)
     frames: dict[str, GroupFrame] = {}
     out = []
     cache: dict[tuple[str, int, str], SlotProvenance] = {}

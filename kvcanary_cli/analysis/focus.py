@@ -28,6 +28,7 @@ from kvcanary_cli.analysis.findings import merge_spread, write_findings
 from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
+    ProvenanceIndex,
     SlotSet,
     full_slots_mapping_to,
     live_cells,
@@ -36,8 +37,9 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import element
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.planners.frame import group_frame
+from kvcanary_cli.planners.host_parallel import usable_cores
 
-__all__ = ["focused_findings", "related_slots", "touches"]
+__all__ = ["focused_findings", "focused_index", "related_slots", "touches"]
 
 
 def related_slots(dump: KvDump, slot: int) -> tuple[int, ...]:
@@ -51,26 +53,51 @@ def related_slots(dump: KvDump, slot: int) -> tuple[int, ...]:
     return tuple(sorted({slot, *full_slots_mapping_to(dump, [swa])[swa]}))
 
 
-def focused_findings(dump: KvDump, slot: int, *, reference: Planner) -> list[Finding]:
+def focused_index(dump: KvDump, slot: int, *, max_cells: int = 16) -> ProvenanceIndex:
+    """One scan of the table for `slot` and its related slots, keeping their live cells:
+    what `focused_findings` checks and what `provenance --slot` shows, from the same pass
+    (on every core this process may use, up to `_SCAN_THREADS`: nothing else runs then)."""
+    return ProvenanceIndex(
+        dump,
+        related_slots(dump, slot),
+        max_cells=max_cells,
+        live=True,
+        threads=min(usable_cores(), _SCAN_THREADS),
+    )
+
+
+#: Threads that scan the table for `provenance --slot` (measured on 2 cores: 2x faster).
+_SCAN_THREADS = 4
+
+
+def focused_findings(
+    dump: KvDump, slot: int, *, reference: Planner, index: ProvenanceIndex | None = None
+) -> list[Finding]:
     """The findings `check --kernel none` reports that touch full slot `slot` (its cells,
     and SWA findings naming it), with their provenance, before the diagnosis: no cause and
-    no first-raise mark."""
+    no first-raise mark. `index` (from `focused_index`) saves a scan of the table."""
     related = related_slots(dump, slot)
     if _needs_whole_batch(dump, related):
         found = collect_findings(dump, reference=reference, kernel=None).findings
     else:
-        cells = live_cells(dump)
+        if index is None or not index.slots.issuperset(related):
+            index = focused_index(dump, slot)
+        # slot 0 is padding: a shrunk dump's unknown cells read as 0 but are not scanned
+        cells = live_cells(dump) if 0 in related else index.live_cells()
         view = _rows_holding(dump, cells, related)
         found = [
             f
             for f in collect_findings(view, reference=reference, kernel=None).findings
             if f.code is not FindingCode.WRITE_TO_LIVE_SLOT
         ]
-        # out_cache_loc is laid out by the whole batch's rows: its writes are read there
+        # out_cache_loc is laid out by the whole batch's rows: its writes are read there. Only
+        # writes of the related slots can touch `slot`, and `cells` holds every live cell of them.
         found += write_findings(dump, cells)
     touching = [f for f in found if touches(f, slot)]
     # provenance from the whole dump: a masked row's stale tail is still a stale tail
-    return sorted(merge_spread(attach_provenance(dump, touching)), key=Finding.order_key)
+    return sorted(
+        merge_spread(attach_provenance(dump, touching, index=index)), key=Finding.order_key
+    )
 
 
 def touches(finding: Finding, slot: int) -> bool:
@@ -107,7 +134,7 @@ def _rows_holding(dump: KvDump, cells: LiveCells, slots: Iterable[int]) -> KvDum
     """`dump` with every batch row that does not hold one of `slots` in its live `cells`
     made padding (`req_pool_indices` 0): planners and detectors skip padding rows."""
     wanted = SlotSet(np.asarray(list(slots), dtype=np.int64))
-    held = np.unique(cells.pool_row[wanted.contains(cells.slot)])
+    held = cells.pool_row[wanted.contains(cells.slot)]
     rpi = dump.req_pool_indices
     keep = np.isin(rpi, held) & (rpi != 0)
     masked = dump.req_pool_indices.copy()

@@ -7,6 +7,7 @@ slots, found in one chunked pass, with at most `max_cells` kept per slot).
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -73,8 +74,10 @@ def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
     return rows
 
 
-def live_cells(dump: KvDump) -> LiveCells:
-    """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row)."""
+def _live_lengths(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
+    """Per batch row: its prefix length clamped to the row, and the length of its live range
+    `[0, P+E)` (0 for a padding or out-of-range row, and for a row whose pool row an earlier
+    batch row already uses)."""
     rpi = dump.req_pool_indices
     msl = dump.max_seq_len
     # Each clamped to the row first: claimed lengths never size the gather (nor overflow).
@@ -85,12 +88,18 @@ def live_cells(dump: KvDump) -> LiveCells:
         _, first_index = np.unique(rpi, return_index=True)
         first[first_index] = True
     usable = (rpi > 0) & (rpi < dump.max_reqs) & first
-    lens = np.where(usable, np.minimum(prefix + extend, msl), 0).astype(np.int64)
+    return prefix, np.where(usable, np.minimum(prefix + extend, msl), 0).astype(np.int64)
+
+
+def live_cells(dump: KvDump) -> LiveCells:
+    """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row)."""
+    rpi = dump.req_pool_indices
+    prefix, lens = _live_lengths(dump)
     rows = np.repeat(np.arange(rpi.size, dtype=np.int64), lens)
     starts = np.cumsum(lens) - lens
     pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, lens)
     pool_row = rpi[rows]
-    flat = pool_row * msl + pos
+    flat = pool_row * dump.max_seq_len + pos
     slot = take(dump.req_to_token, flat) if flat.size else flat
     return LiveCells(
         slot=slot,
@@ -177,28 +186,50 @@ class ProvenanceIndex:
     Per slot it keeps the total count and the first `max_cells` cells in tier order: live cells
     of the batch first, then cells in the stale tails of batch rows, then idle rows. Vectorized:
     no Python loop per slot or per cell, so the work grows with the table and the cells kept.
+
+    `threads` scan the table (the caller knows whether cores are free: `check` keeps them for
+    its kernels). With `live=True` the same pass also keeps every cell of `live_cells(dump)`
+    holding one of the slots (`live_cells()`), so `provenance --slot` checks its rows without
+    gathering the whole batch's live ranges or scanning the table twice.
     """
 
-    def __init__(self, dump: KvDump, slots: Iterable[int], *, max_cells: int = 16) -> None:
+    def __init__(
+        self,
+        dump: KvDump,
+        slots: Iterable[int],
+        *,
+        max_cells: int = 16,
+        live: bool = False,
+        threads: int = 1,
+    ) -> None:
         self.dump = dump
         self.max_cells = max_cells
         self._batch_rows = batch_rows_of(dump)
-        wanted = np.unique(np.fromiter((int(s) for s in slots), dtype=np.int64))
+        wanted = np.array(sorted({int(s) for s in slots}), dtype=np.int64)
         self._slots = wanted
         self._counts = np.zeros(wanted.size, dtype=np.int64)
         empty = np.zeros(0, dtype=np.int64)
         self._kept = {"slot": empty, "tier": empty, "row": empty, "col": empty}
+        self._live: list[tuple[np.ndarray, ...]] | None = [] if live else None
+        self._threads = threads
         if wanted.size:
             self._scan(wanted)
 
+    @property
+    def slots(self) -> frozenset[int]:
+        """The slots this index answers for."""
+        return frozenset(self._slots.tolist())
+
     def _scan(self, wanted: np.ndarray) -> None:
         batch_rows, ends = live_ends(self.dump)
+        live_rows = self._first_live_rows() if self._live is not None else None
         members = SlotSet(wanted)
         for rows, cols, values in find_cells(
             self.dump.req_to_token,
             members.contains,
             chunk_cells=_SCAN_CELLS,
             mapped=self.dump.mapped.get("req_to_token"),
+            threads=self._threads,
         ):
             if batch_rows.size:
                 at = np.minimum(np.searchsorted(batch_rows, rows), batch_rows.size - 1)
@@ -209,6 +240,72 @@ class ProvenanceIndex:
             tier = np.where(cols < end, _LIVE, np.where(in_batch, _STALE, _IDLE))
             self._counts += np.bincount(np.searchsorted(wanted, values), minlength=wanted.size)
             self._keep(values, tier, rows, cols)
+            if live_rows is not None and live_rows[0].size:
+                self._keep_live(live_rows, rows, cols, values)
+
+    def _first_live_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pool rows `live_cells` reads (sorted), the batch row it reads each for, and the
+        length of its live range."""
+        rpi = self.dump.req_pool_indices
+        _, lens = _live_lengths(self.dump)
+        batch_row = np.flatnonzero(lens > 0)
+        order = np.argsort(rpi[batch_row], kind="stable")  # pool rows are unique here
+        batch_row = batch_row[order]
+        return rpi[batch_row].astype(np.int64), batch_row, lens[batch_row]
+
+    def _keep_live(
+        self,
+        live_rows: tuple[np.ndarray, np.ndarray, np.ndarray],
+        rows: np.ndarray,
+        cols: np.ndarray,
+        values: np.ndarray,
+    ) -> None:
+        pool_rows, batch_row, lens = live_rows
+        at = np.minimum(np.searchsorted(pool_rows, rows), pool_rows.size - 1)
+        live = (pool_rows[at] == rows) & (cols < lens[at])
+        if live.any():
+            assert self._live is not None
+            self._live.append((values[live], batch_row[at[live]], rows[live], cols[live]))
+
+    def live_cells(self) -> LiveCells:
+        """The cells of `live_cells(self.dump)` that hold one of the slots, in its order.
+
+        A shrunk dump's unknown cells read as 0 there, but the scan visits kept cells only:
+        for slot 0 (padding) use `live_cells` itself."""
+        if self._live is None:
+            raise ValueError("this index was built without live=True")
+        parts = list(zip(*self._live, strict=True)) or [()] * 4
+        slot, batch_row, pool_row, position = (
+            np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts
+        )
+        order = np.lexsort((position, batch_row))  # live_cells' order: batch row, position
+        prefix, _ = _live_lengths(self.dump)
+        batch_row = batch_row[order]
+        position = position[order]
+        return LiveCells(
+            slot=slot[order],
+            batch_row=batch_row,
+            pool_row=pool_row[order],
+            position=position,
+            pending=position >= prefix[batch_row],
+        )
+
+    def narrowed(self, max_cells: int) -> ProvenanceIndex:
+        """This index as if built with a smaller `max_cells` (the same scan, fewer cells)."""
+        if max_cells >= self.max_cells:
+            return self
+        narrow = copy.copy(self)
+        narrow.max_cells = max_cells
+        narrow._kept = self._first_per_slot(self._kept, max_cells)
+        return narrow
+
+    @staticmethod
+    def _first_per_slot(kept: dict[str, np.ndarray], limit: int) -> dict[str, np.ndarray]:
+        """The first `limit` cells of each slot of cells sorted by slot, then tier order."""
+        ordered = kept["slot"]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        rank = np.arange(ordered.size) - np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
+        return {name: column[rank < limit] for name, column in kept.items()}
 
     def _keep(
         self, slots: np.ndarray, tier: np.ndarray, rows: np.ndarray, cols: np.ndarray
@@ -219,11 +316,9 @@ class ProvenanceIndex:
             for name, new in (("slot", slots), ("tier", tier), ("row", rows), ("col", cols))
         }
         order = np.lexsort((merged["col"], merged["row"], merged["tier"], merged["slot"]))
-        ordered = merged["slot"][order]
-        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-        rank = np.arange(ordered.size) - np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
-        keep = order[rank < self.max_cells]
-        self._kept = {name: column[keep] for name, column in merged.items()}
+        self._kept = self._first_per_slot(
+            {name: column[order] for name, column in merged.items()}, self.max_cells
+        )
 
     def kept_cells(self) -> tuple[np.ndarray, np.ndarray]:
         """(pool rows, positions) of every cell kept for any slot (what provenance can show)."""

@@ -42,11 +42,13 @@ def slot_query(
     space: str = "full",
     group: str | None = None,
     max_cells: int = 64,
+    index: ProvenanceIndex | None = None,
 ) -> ProvenanceReport:
     """Every cell holding `slot` (whole table), its translation, state, and its findings.
 
     For `space="swa"` the slot is an SWA-pool slot: the full slots whose LUT entry maps to it
-    are listed, with their cells.
+    are listed, with their cells. A full slot's cells come from `index` when it has scanned
+    for the slot with `max_cells` (`focus.focused_index`), so the table is not scanned again.
     """
     if space not in ("full", "swa"):
         raise OptionError(f"unknown space {space!r} (expected full or swa)", option="--space")
@@ -62,7 +64,8 @@ def slot_query(
         provenance = swa_provenance(dump, index, slot, sources, frame, clamped_from=clamped)
         sources = (*sources, *clamped)
     else:
-        index = ProvenanceIndex(dump, [slot], max_cells=max_cells)
+        if index is None or index.max_cells != max_cells or slot not in index.slots:
+            index = ProvenanceIndex(dump, [slot], max_cells=max_cells)
         provenance = index.provenance(slot, frame)
         sources = (slot,)
     touching = tuple(

@@ -12,7 +12,13 @@ import pytest
 
 from kvcanary_cli.analysis.check import attach_provenance, collect_findings
 from kvcanary_cli.analysis.findings import merge_spread
-from kvcanary_cli.analysis.focus import _rows_holding, focused_findings, related_slots, touches
+from kvcanary_cli.analysis.focus import (
+    _rows_holding,
+    focused_findings,
+    focused_index,
+    related_slots,
+    touches,
+)
 from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.dump.loader import KvDump, load_dump
@@ -66,6 +72,10 @@ def test_focused_findings_equal_the_whole_check(name: str, seed: int, tmp_path: 
         expected = [_key(f) for f in whole_check(dump, slot)]
         got = [_key(f) for f in focused_findings(dump, slot, reference=VECTORIZED)]
         assert got == expected, (name, seed, slot)
+        # as `provenance --slot` runs it: one wide index for the findings and the answer
+        index = focused_index(dump, slot, max_cells=256)
+        shared = focused_findings(dump, slot, reference=VECTORIZED, index=index)
+        assert [_key(f) for f in shared] == expected, (name, seed, slot)
 
 
 def test_the_view_keeps_only_rows_that_hold_the_slot(tmp_path: Path) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from kvcanary_cli import api
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.sparse import dense
+from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.dump.sparse import dense, take
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.planners.frame import group_frame
 from tests.helpers import checked
@@ -166,3 +169,62 @@ def test_free_list_answers_are_the_same_before_and_after_it_is_sorted() -> None:
     got = [provenance._allocator_state(free, s) for s in slots]
     assert got == ["free" if s >= 0 and s % 3 == 0 and s < 4000 else "in use" for s in slots]
     assert provenance._free_list(free).ordered is not None  # the later ones were searched
+
+
+def _live_cells_holding(dump: KvDump, slots: set[int]) -> dict[str, np.ndarray]:
+    """`live_cells` filtered to `slots`: what `ProvenanceIndex(live=True)` must keep."""
+    cells = live_cells(dump)
+    keep = np.isin(cells.slot, np.array(sorted(slots), dtype=np.int64))
+    return {name: getattr(cells, name)[keep] for name in _LIVE_FIELDS}
+
+
+_LIVE_FIELDS = ("slot", "batch_row", "pool_row", "position", "pending")
+
+
+def _slots_to_find(dump: KvDump, rng: np.random.Generator) -> set[int]:
+    """Some live slots, some anywhere in the table, the slots just past each live range
+    (the first stale cell), and slots no cell holds (negative, beyond the pool); never 0,
+    the padding slot."""
+    table = dump.req_to_token
+    cells = live_cells(dump)
+    held = np.unique(cells.slot)
+    anywhere = np.unique(np.asarray(table.values if hasattr(table, "values") else table))
+    picks = [rng.choice(a, size=min(5, a.size), replace=False) for a in (held, anywhere) if a.size]
+    ends = np.flatnonzero(np.r_[cells.batch_row[1:] != cells.batch_row[:-1], True])
+    past = cells.pool_row[ends] * dump.max_seq_len + cells.position[ends] + 1
+    past = past[cells.position[ends] + 1 < dump.max_seq_len]
+    slots = {int(s) for part in picks for s in part} | {-3, 1 << 40}
+    slots |= set(take(table, past).tolist()) if cells.slot.size else set()
+    return slots - {0}
+
+
+@pytest.mark.parametrize("shrunk", [False, True])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_index_keeps_exactly_the_live_cells_of_its_slots(
+    name: str, shrunk: bool, tmp_path: Path
+) -> None:
+    """One scan serves `provenance --slot`'s findings: the live cells it keeps are
+    `live_cells`' own, in its order, on dense and shrunk dumps alike."""
+    path = make_scenario(name, seed=2).save(tmp_path / "d.safetensors")
+    if shrunk:
+        api.shrink(path, tmp_path / "small.safetensors")
+        path = tmp_path / "small.safetensors"
+    dump = load_dump(path)
+    rng = np.random.default_rng(len(name))
+    slots = _slots_to_find(dump, rng)
+    got = ProvenanceIndex(dump, slots, live=True).live_cells()
+    expected = _live_cells_holding(dump, slots)
+    for field in _LIVE_FIELDS:
+        np.testing.assert_array_equal(getattr(got, field), expected[field], err_msg=field)
+
+
+@pytest.mark.parametrize("name", ["cross-request-aliasing", "stale-tail", "truncated-lut"])
+def test_a_narrowed_index_is_the_index_built_narrow(name: str, tmp_path: Path) -> None:
+    dump = load_dump(make_scenario(name, seed=1).save(tmp_path / "d.safetensors"))
+    slots = _slots_to_find(dump, np.random.default_rng(7))
+    frame = group_frame(dump, "full")
+    wide = ProvenanceIndex(dump, slots, max_cells=256).narrowed(2)
+    narrow = ProvenanceIndex(dump, slots, max_cells=2)
+    assert wide.max_cells == 2
+    for slot in sorted(slots):
+        assert wide.cells(slot, frame) == narrow.cells(slot, frame), slot

@@ -4,6 +4,7 @@ table would otherwise add 2 GB of RSS to every provenance query)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +18,26 @@ from kvcanary_cli.dump.sparse import dense, find_cells
 ROWS, COLS = 512, 32768  # 64 MiB of int32: far above the noise of the resident set
 
 
-def _resident_bytes() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+def _resident_bytes(mapped: np.memmap) -> int:
+    """Bytes of `mapped`'s file resident in this process (its mappings in /proc/self/smaps):
+    the table's pages only, not the scan's own temporaries (which threads keep in their
+    malloc arenas)."""
+    name = str(Path(mapped.filename).resolve()) if mapped.filename else ""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:
+            inside = len(fields) >= 6 and fields[5] == name  # a mapping's header line
+        elif inside and fields[:1] == ["Rss:"]:
+            total += int(fields[1]) * 1024
+    return total
 
 
-def _scan(table: np.ndarray, mapped: np.memmap | None) -> list[np.ndarray]:
+def _scan(table: np.ndarray, mapped: np.memmap | None, threads: int = 1) -> list[np.ndarray]:
     found = [[], [], []]  # type: list[list[np.ndarray]]
-    for part in find_cells(table, lambda v: v % 4099 == 7, chunk_cells=1 << 20, mapped=mapped):
+    for part in find_cells(
+        table, lambda v: v % 4099 == 7, chunk_cells=1 << 20, mapped=mapped, threads=threads
+    ):
         for kept, array in zip(found, part, strict=True):
             kept.append(array)
     return [np.concatenate(arrays) for arrays in found]
@@ -36,15 +50,17 @@ def mapped_table(tmp_path: Path) -> np.memmap:
     return np.memmap(path, dtype=np.int32, mode="c", offset=0, shape=(ROWS, COLS))
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs /proc (Linux)")
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc (Linux)")
+@pytest.mark.parametrize("threads", [1, 3])
 def test_a_scan_releases_the_pages_it_read_and_finds_the_same_cells(
-    mapped_table: np.memmap,
+    mapped_table: np.memmap, threads: int
 ) -> None:
-    before = _resident_bytes()
-    released = _scan(mapped_table, mapped_table)
-    grown_released = _resident_bytes() - before
+    """With several threads too: the same cells, in the same order, and the pages let go."""
+    before = _resident_bytes(mapped_table)
+    released = _scan(mapped_table, mapped_table, threads)
+    grown_released = _resident_bytes(mapped_table) - before
     kept = _scan(mapped_table, None)  # the same scan, pages left mapped
-    grown_kept = _resident_bytes() - before
+    grown_kept = _resident_bytes(mapped_table) - before
     for a, b in zip(released, kept, strict=True):
         np.testing.assert_array_equal(a, b)
     assert released[0].size > 1000  # the scan found cells in every part of the table
@@ -67,3 +83,21 @@ def test_the_dump_names_its_mapped_tables(tmp_path: Path, monkeypatch: pytest.Mo
     table = dump.mapped["req_to_token"]
     assert isinstance(table, np.memmap)
     assert np.shares_memory(table, dense(dump.req_to_token))
+
+
+def test_a_threaded_scan_stopped_early_leaves_no_work_behind(mapped_table: np.memmap) -> None:
+    scan = find_cells(mapped_table, lambda v: v % 4099 == 7, chunk_cells=1 << 16, threads=2)
+    first = next(scan)
+    scan.close()  # what a caller that found enough does
+    assert first[0][0] == 0 and first[2][0] == 7
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvcanary-scan")]
+
+
+def test_a_chunk_that_raises_raises_in_the_caller(mapped_table: np.memmap) -> None:
+    def match(values: np.ndarray) -> np.ndarray:
+        if int(values.reshape(-1)[0]) > ROWS * COLS // 2:
+            raise ValueError("bad chunk")
+        return values == 7
+
+    with pytest.raises(ValueError, match="bad chunk"):
+        list(find_cells(mapped_table, match, chunk_cells=1 << 18, threads=2))

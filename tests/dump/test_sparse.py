@@ -92,6 +92,18 @@ def test_vectors_read_like_the_dense_lut() -> None:
     assert values.tolist() == [7, 9] and known.all()
 
 
+@pytest.mark.parametrize("wanted", [[5], [-1], [1 << 40], [5, 9], [0, 1 << 40]])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_where_equal_finds_what_isin_finds(wanted: list[int], dtype: type) -> None:
+    """One value is looked up with one compare, several with `isin`: the same answer, in the
+    table's own dtype (an int32 LUT never holds 2**40)."""
+    lut: np.ndarray = np.array([0, 5, 0, 7, 5, 9, -1, 5], dtype=dtype)
+    index, values = where_equal(lut, np.array(wanted), stop=7)
+    expected = np.flatnonzero(np.isin(lut[:7].astype(np.int64), wanted))
+    assert index.tolist() == expected.tolist()
+    assert values.tolist() == lut[expected].tolist() and values.dtype == np.int64
+
+
 def test_runs_merge_where_they_touch() -> None:
     assert flat_runs(np.array([2, 3, 4, 7, 9, 10])).tolist() == [[2, 3], [7, 1], [9, 2]]
     assert flat_runs(np.zeros(0, dtype=np.int64)).shape == (0, 2)
