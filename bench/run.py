@@ -20,6 +20,9 @@ command `--repeat` times in turn (min / median / max):
 - SGLang's own torch reference planner on the clean dump, both groups, when SGLang 0.5.23
   can be loaded (installed, or the release wheel cached as `.ci/run` caches it).
 
+Children run with Python's bytecode cache, kvcanary_cli byte-compiled first, as an installed
+package runs (PYTHONDONTWRITEBYTECODE would otherwise recompile this checkout on every start).
+
 Prints the ratios the performance targets are stated in and writes everything as JSON
 (`--json`, default bench/out/run-SIZE[-truncated-lut].json). Times are machine-dependent:
 compare ratios from one run, never numbers across machines.
@@ -58,7 +61,15 @@ from dumps import (  # noqa: E402
     ensure_dumps,
     write_json,
 )
-from procs import ROOT, ChildRun, evict, kvcanary, resident_bytes, run_child  # noqa: E402
+from procs import (  # noqa: E402
+    ROOT,
+    ChildRun,
+    compile_bytecode,
+    evict,
+    kvcanary,
+    resident_bytes,
+    run_child,
+)
 from timing import samples, summary  # noqa: E402
 
 from kvcanary_cli import __version__  # noqa: E402
@@ -551,6 +562,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{info['entries']['full']} full + {info['entries']['swa']} swa, lut_len "
         f"{info['lut_len']}, file {info['file_bytes'] / 2**20:.0f} MiB"
     )
+    bytecode = compile_bytecode()
+    print(f"bytecode: {bytecode}")
     bench = Bench(args)
     started, load_start = time.perf_counter(), os.getloadavg()
     print(f"\n{'metric':36} {'min':>8} {'median':>8} {'max':>8}")
@@ -589,6 +602,7 @@ def main(argv: list[str] | None = None) -> None:
         "repeat": args.repeat,
         "skipped": sorted(bench.skip),
         "machine": {**machine(), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "bytecode": bytecode,
         "seconds": time.perf_counter() - started,
         "dumps": {variant: {**d.info, "path": str(d.path)} for variant, d in dumps.items()},
         "metrics": bench.metrics,
