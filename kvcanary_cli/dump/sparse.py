@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import mmap
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeAlias, TypeVar
 
@@ -189,7 +189,7 @@ def find_cells(
     chunk_cells: int,
     mapped: np.memmap | None = None,
     threads: int = 1,
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+) -> Generator[tuple[np.ndarray, np.ndarray, np.ndarray], None, None]:
     """(rows, cols, values) of the cells of a 2-D table whose int64 value `match` accepts.
 
     `match` takes integer values (any shape and integer dtype) and returns a mask of that

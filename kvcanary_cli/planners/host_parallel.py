@@ -17,6 +17,7 @@ dies (killed, out of memory) costs time, not results: its part runs again here.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
@@ -68,11 +69,13 @@ def run_parts(parts: Sequence[Callable[[], None]]) -> None:
             part()
         return
     children: list[tuple[int, Callable[[], None]]] = []
+    mallopt = _glibc_mallopt()  # looked up once, here: the children only call it
     for part in parts:
         pid = os.fork()
         if pid == 0:  # the child: run the part, leave without unwinding the parent's stack
             code = 1
             try:
+                _reuse_freed_memory(mallopt)
                 part()
                 code = 0
             except KeyboardInterrupt:  # Ctrl-C reaches the whole process group
@@ -86,3 +89,39 @@ def run_parts(parts: Sequence[Callable[[], None]]) -> None:
     for code, part in codes:
         if code != 0:
             part()
+
+
+#: glibc's `mallopt` parameters (malloc.h), and the size from which a child's allocations
+#: are mapped on their own (glibc's own ceiling for its adaptive threshold): the
+#: interpreter's temporaries, a few MiB each, come from the heap below it.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_LARGEST_HEAP_BLOCK = 32 << 20
+
+
+@functools.cache
+def _glibc_mallopt() -> Callable[[int, int], int] | None:
+    """glibc's `mallopt`, or None where the C library has none (then nothing is tuned)."""
+    try:
+        import ctypes
+
+        function: Callable[[int, int], int] = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
+def _reuse_freed_memory(mallopt: Callable[[int, int], int] | None) -> bool:
+    """In a forked child: keep freed memory for the next allocations instead of handing it
+    back to the system.
+
+    The interpreter allocates and frees block-sized temporaries for every operation of every
+    program. By default glibc maps large ones afresh and trims its heap as they are freed,
+    so each operation faults its pages in again, or copies those the heap shares with the
+    parent. Measured on the medium bench plan (2.2 M + 0.9 M entries, two children): 448 K
+    page faults became 80 K, the children's system time 0.9 s became 0.2 s and the plan 1.2 s
+    became 0.7 s. What a child holds goes back to the system when it exits. True when glibc
+    took both settings."""
+    if mallopt is None:
+        return False
+    taken = mallopt(_M_MMAP_THRESHOLD, _LARGEST_HEAP_BLOCK) == 1
+    return mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1 and taken

@@ -97,7 +97,7 @@ def test_a_chunk_that_raises_raises_in_the_caller(mapped_table: np.memmap) -> No
     def match(values: np.ndarray) -> np.ndarray:
         if int(values.reshape(-1)[0]) > ROWS * COLS // 2:
             raise ValueError("bad chunk")
-        return values == 7
+        return np.asarray(values == 7)
 
     with pytest.raises(ValueError, match="bad chunk"):
         list(find_cells(mapped_table, match, chunk_cells=1 << 18, threads=2))

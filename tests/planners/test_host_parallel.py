@@ -83,6 +83,26 @@ def test_a_process_with_torch_never_forks(monkeypatch: pytest.MonkeyPatch) -> No
     assert host_parallel.host_processes(1 << 30) == 1
 
 
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    reason="glibc's mallopt",
+)
+def test_children_keep_their_freed_memory() -> None:
+    """glibc's `mallopt` is found and takes both settings a child makes before its part
+    (`mallopt` answers 1 for each). In a child of this test, so the test process keeps its
+    own malloc settings."""
+    mallopt = host_parallel._glibc_mallopt()
+    assert mallopt is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"1" if host_parallel._reuse_freed_memory(mallopt) else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert host_parallel._reuse_freed_memory(None) is False
+
+
 def test_every_scenario_is_listed() -> None:
     assert {"clean-swa", "truncated-lut", "stale-tail"} <= set(SCENARIOS)
 
