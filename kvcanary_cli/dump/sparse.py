@@ -210,7 +210,8 @@ def find_cells(
             if hit.size:
                 yield part[hit] // cols, part[hit] % cols, values[hit]
         return
-    step = max(1, chunk_cells // cols)
+    # several threads share the chunk size: what is in flight stays about one chunk's worth
+    step = max(1, chunk_cells // max(threads, 1) // cols)
     table_rows = int(table.shape[0]) if table.size else 0  # no bytes, nothing to scan
 
     def scan(r0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -228,8 +229,9 @@ def find_cells(
 
 
 def _in_order(work: Callable[[int], _T], items: Iterable[int], threads: int) -> Iterator[_T]:
-    """`work(item)` for each item, on up to `threads` threads, yielded in item order. At most
-    two results per thread wait to be taken, so memory stays that of a few chunks."""
+    """`work(item)` for each item, on up to `threads` threads, yielded in item order. While
+    the caller handles one result, each thread works on (or holds) one more: never more than
+    `threads + 1` results exist at once, so memory stays that of a few chunks."""
     if threads <= 1:
         yield from map(work, items)
         return
@@ -238,7 +240,7 @@ def _in_order(work: Callable[[int], _T], items: Iterable[int], threads: int) -> 
         try:
             for item in items:
                 pending.append(pool.submit(work, item))
-                if len(pending) >= 2 * threads:
+                if len(pending) > threads:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()

@@ -3,6 +3,7 @@ the dense tensor reads where kept (0 elsewhere), and refusing malformed runs."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.sparse import (
     SparseArray,
+    _in_order,
     element,
     find_cells,
     flat_runs,
@@ -167,3 +169,25 @@ def test_format_1_reads_runs_tensors_as_unknown_tensors(tmp_path: Path) -> None:
     dump = load_dump(state.save(tmp_path / "v1.safetensors"))
     assert isinstance(dump.req_to_token, np.ndarray) and dump.shrink is None
     assert any("req_to_token.runs" in note for note in dump.notes)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_threaded_scan_holds_few_results_at_once(threads: int) -> None:
+    """Results come back in order, and no more than `threads + 1` exist at any time: a scan
+    whose every cell matches (slot 0, padding) stays a few chunks in memory."""
+    lock = threading.Lock()
+    alive = [0, 0]  # now, most
+
+    def work(item: int) -> int:
+        with lock:
+            alive[0] += 1
+            alive[1] = max(alive[1], alive[0])
+        return item
+
+    seen = []
+    for result in _in_order(work, range(40), threads):
+        seen.append(result)
+        with lock:
+            alive[0] -= 1
+    assert seen == list(range(40))
+    assert alive[1] <= threads + 1
