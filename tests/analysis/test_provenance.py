@@ -228,3 +228,39 @@ def test_a_narrowed_index_is_the_index_built_narrow(name: str, tmp_path: Path) -
     assert wide.max_cells == 2
     for slot in sorted(slots):
         assert wide.cells(slot, frame) == narrow.cells(slot, frame), slot
+
+
+@pytest.mark.parametrize("max_cells", [1, 3])
+@pytest.mark.parametrize("name", ["cross-request-aliasing", "stale-tail", "clean-swa"])
+def test_the_index_keeps_the_first_cells_in_tier_order(
+    name: str, max_cells: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Brute force: every cell holding each slot, ordered (tier, row, position), first
+    `max_cells` kept, every one counted; chunks of a few rows, so a slot spans chunks. Slot 0
+    (the padding most of a table holds) included."""
+    from kvcanary_cli.analysis import provenance
+
+    dump = load_dump(make_scenario(name, seed=3).save(tmp_path / "d.safetensors"))
+    table = np.asarray(dense(dump.req_to_token), dtype=np.int64)
+    slots = _slots_to_find(dump, np.random.default_rng(max_cells)) | {0}
+    rows, ends = provenance.live_ends(dump)
+    end_of = dict(zip(rows.tolist(), ends.tolist(), strict=True))
+
+    def tier(row: int, col: int) -> int:
+        return 0 if col < end_of.get(row, 0) else 1 if row in end_of else 2
+
+    monkeypatch.setattr(provenance, "_SCAN_CELLS", table.shape[1])  # a chunk per row
+    assert table.shape[0] > 4
+    for wanted in [*([s] for s in sorted(slots)), sorted(slots)]:  # one slot, then all
+        index = ProvenanceIndex(dump, wanted, max_cells=max_cells)
+        for slot in wanted:
+            held = sorted(
+                (tier(int(r), int(c)), int(r), int(c))
+                for r, c in zip(*np.nonzero(table == slot), strict=True)
+            )
+            kept = index._kept
+            mine = kept["slot"] == slot
+            columns = (kept[name][mine].tolist() for name in ("tier", "row", "col"))
+            got = list(zip(*columns, strict=True))
+            assert got == held[:max_cells], (slot, wanted)
+            assert index.count(slot) == len(held)
