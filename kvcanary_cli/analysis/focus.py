@@ -4,10 +4,11 @@ Every symptom at a slot's cells depends only on the batch rows that hold the slo
 slot sharing its SWA slot: a repeat within a row, the same slot at other positions, a
 free-list entry, a LUT read past its end, a canary record, an SWA collision. So
 `focused_findings` checks a view of the dump whose other batch rows are padding, and keeps the
-findings touching the slot. Writes through `out_cache_loc` are the exception: the whole
-batch's rows lay that tensor out, so they are read against the whole dump. The result is the
-findings `check` reports there (tests/analysis/test_focus.py compares them on every synth
-scenario), at a fraction of the work on a production batch.
+findings touching the slot; the rows holding those slots come from the one scan of the table
+that also answers the query (`focused_index`). Writes through `out_cache_loc` are the
+exception: the whole batch's rows lay that tensor out, so they are read against the whole
+dump. The result is the findings `check` reports there (tests/analysis/test_focus.py compares
+them on every synth scenario), at a fraction of the work on a production batch.
 
 What it does not give is what needs the whole batch: the diagnosis (a cause weighs evidence
 from every row) and where SGLang's reference raises first (an earlier row may raise). Those
