@@ -74,21 +74,28 @@ def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
     return rows
 
 
+def _clamped_ends(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
+    """Per batch row: its prefix length and the end of its live range, `P + E`, both clamped
+    to the row. Each length is clamped first: claimed lengths never size a gather (nor
+    overflow the sum)."""
+    msl = dump.max_seq_len
+    prefix = np.clip(dump.prefix_lens, 0, msl)
+    extend = np.clip(dump.extend_seq_lens, 0, msl)
+    return prefix, np.minimum(prefix + extend, msl).astype(np.int64)
+
+
 def _live_lengths(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
     """Per batch row: its prefix length clamped to the row, and the length of its live range
     `[0, P+E)` (0 for a padding or out-of-range row, and for a row whose pool row an earlier
     batch row already uses)."""
     rpi = dump.req_pool_indices
-    msl = dump.max_seq_len
-    # Each clamped to the row first: claimed lengths never size the gather (nor overflow).
-    prefix = np.clip(dump.prefix_lens, 0, msl)
-    extend = np.clip(dump.extend_seq_lens, 0, msl)
+    prefix, end = _clamped_ends(dump)
     first = np.zeros(rpi.shape, dtype=bool)
     if rpi.size:
         _, first_index = np.unique(rpi, return_index=True)
         first[first_index] = True
     usable = (rpi > 0) & (rpi < dump.max_reqs) & first
-    return prefix, np.where(usable, np.minimum(prefix + extend, msl), 0).astype(np.int64)
+    return prefix, np.where(usable, end, 0)
 
 
 def live_cells(dump: KvDump) -> LiveCells:
@@ -139,14 +146,11 @@ def live_ends(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
     position (`P + E` of the batch row using it, the largest if several do, clamped to the
     row). Sized by the batch, not by the table (a shrunk dump's shape is only a claim)."""
     rpi = dump.req_pool_indices
-    msl = dump.max_seq_len
     active = (rpi > 0) & (rpi < dump.max_reqs)
-    # each clamped to the row first, so no claimed length overflows the sum
-    prefix = np.clip(dump.prefix_lens, 0, msl)
-    extend = np.clip(dump.extend_seq_lens, 0, msl)
+    _, end = _clamped_ends(dump)
     rows, inverse = np.unique(rpi[active], return_inverse=True)
     ends = np.zeros(rows.size, dtype=np.int64)
-    np.maximum.at(ends, inverse.reshape(-1), np.minimum(prefix[active] + extend[active], msl))
+    np.maximum.at(ends, inverse.reshape(-1), end[active])
     return rows, ends
 
 
@@ -224,6 +228,7 @@ class ProvenanceIndex:
         batch_rows, ends = live_ends(self.dump)
         live_rows = self._first_live_rows() if self._live is not None else None
         members = SlotSet(wanted)
+        one_slot = wanted.size == 1  # every hit is that slot: no search per hit
         for rows, cols, values in find_cells(
             self.dump.req_to_token,
             members.contains,
@@ -238,7 +243,6 @@ class ProvenanceIndex:
             else:
                 in_batch, end = np.zeros(rows.shape, dtype=bool), np.zeros_like(rows)
             tier = np.where(cols < end, _LIVE, np.where(in_batch, _STALE, _IDLE))
-            one_slot = wanted.size == 1
             slot_index = np.zeros_like(values) if one_slot else np.searchsorted(wanted, values)
             self._counts += np.bincount(slot_index, minlength=wanted.size)
             first = self._first_of_chunk(slot_index, tier)
