@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli import __version__
-from kvcanary_cli.dump import synth, writer
+from kvcanary_cli.dump import writer
 from kvcanary_cli.dump.files import write_atomically
-from kvcanary_cli.dump.scenarios import SIZES
-from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
+from kvcanary_cli.synth import state
+from kvcanary_cli.synth.scenarios import SIZES
+from kvcanary_cli.synth.state import SynthDump, SynthSpec, build_dump
 
 __all__ = [
     "CLEAN",
@@ -110,7 +111,7 @@ def _key(size: str, variant: str) -> str:
     spec = json.dumps(asdict(SHAPES[size]), sort_keys=True)
     parts = [spec, variant, str(SEED), str(LUT_KEPT), str(BENCH_DUMPS_VERSION), __version__]
     h.update("\0".join(parts).encode())
-    for module in (synth, writer):
+    for module in (state, writer):
         assert module.__file__ is not None
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()[:12]

@@ -21,12 +21,12 @@ import torch
 from timing import timed
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.synth.scenarios import make_scenario
 
 
 def differences(got: Plan, want: Plan) -> list[str]:

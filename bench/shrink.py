@@ -31,10 +31,10 @@ from kvcanary_cli import api
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import SIZES
-from kvcanary_cli.dump.synth import build_dump
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.synth.scenarios import SIZES
+from kvcanary_cli.synth.state import build_dump
 
 torch.set_num_threads(1)  # as the CLI does: see kvcanary_cli.cli.main
 

@@ -33,9 +33,9 @@ from kvcanary_cli.planners.sglang_runtime import installed_version
 # `import kvcanary_cli.api` stays light.
 if TYPE_CHECKING:
     from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, Severity
-    from kvcanary_cli.analysis.violation_report import ViolationsReport
+    from kvcanary_cli.analysis.violations.report import ViolationsReport
     from kvcanary_cli.dump.loader import KvDump
-    from kvcanary_cli.dump.shrunk import ShrinkResult
+    from kvcanary_cli.dump.shrink_writer import ShrinkResult
     from kvcanary_cli.planners.base import Plan
 
 __all__ = [
@@ -185,9 +185,9 @@ def shrink(
     `check` gives the same findings and diagnosis on it. `out` is never `path`; an existing
     file is replaced only with `force`."""
     from kvcanary_cli import __version__
-    from kvcanary_cli.analysis.shrink import shrink_keep
+    from kvcanary_cli.analysis.shrink_selection import shrink_keep
     from kvcanary_cli.dump.loader import load_dump
-    from kvcanary_cli.dump.shrunk import write_shrunk
+    from kvcanary_cli.dump.shrink_writer import write_shrunk
 
     if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
         raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
@@ -207,7 +207,7 @@ def shrink(
 
 def scenarios() -> list[str]:
     """The `synth` scenarios, one line each: name, summary, expected finding codes."""
-    from kvcanary_cli.dump.scenarios import scenario_lines
+    from kvcanary_cli.synth.scenarios import scenario_lines
 
     return scenario_lines()
 
@@ -224,8 +224,8 @@ def synth(
     """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
     and diagnosis in its metadata, and with `log` a kv_canary server log of its violations.
     Returns the line saying what was written."""
-    from kvcanary_cli.canary.logs import write_scenario_log
-    from kvcanary_cli.dump.scenarios import make_scenario
+    from kvcanary_cli.synth.scenarios import make_scenario
+    from kvcanary_cli.synth.server_log import write_scenario_log
 
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
@@ -264,7 +264,7 @@ def violations(
     """Violation rows from dumps' rings and server logs (`-`: stdin), explained against the
     one dump involved (a SOURCE, or `dump`); with `replay`, compared with the rows SGLang's
     verify would record on that dump. `group`/`buffer` restrict rows and replay."""
-    from kvcanary_cli.analysis.violations import violations_report
+    from kvcanary_cli.analysis.violations.collect import violations_report
 
     return violations_report(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides

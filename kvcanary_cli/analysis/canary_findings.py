@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.analysis.provenance import LiveCells
-from kvcanary_cli.analysis.violation_diagnosis import explain_rows
-from kvcanary_cli.analysis.violation_report import explanation_text
+from kvcanary_cli.analysis.violations.explain import explain_rows
+from kvcanary_cli.analysis.violations.report import explanation_text
+from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.canary.constants import (
     VIOLATION_FIELDS,
     FailReason,
@@ -21,9 +22,8 @@ from kvcanary_cli.canary.constants import (
     hex64,
     tag_label,
 )
-from kvcanary_cli.canary.records import dump_buffers
 from kvcanary_cli.canary.replay import replay_dump
-from kvcanary_cli.canary.rows import ViolationRows
+from kvcanary_cli.canary.ring_rows import ViolationRows
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 

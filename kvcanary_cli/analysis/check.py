@@ -31,6 +31,7 @@ from kvcanary_cli.analysis.findings import (
     slot_findings,
     swa_findings,
 )
+from kvcanary_cli.analysis.kernel_raise import mark_upstream_raise
 from kvcanary_cli.analysis.model import (
     CheckReport,
     DumpReport,
@@ -50,7 +51,6 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
-from kvcanary_cli.analysis.upstream import mark_upstream_raise
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvcanary_cli.analysis.kernel_raise import launch_divergences
 from kvcanary_cli.analysis.model import Finding, FindingCode
-from kvcanary_cli.analysis.upstream import launch_divergences
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
 
 __all__ = ["Comparison", "compare_plans"]

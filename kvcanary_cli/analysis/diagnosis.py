@@ -31,7 +31,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.dump.sparse import element
 from kvcanary_cli.planners.base import Plan
-from kvcanary_cli.planners.upstream import upstream_error
+from kvcanary_cli.planners.upstream_raise import upstream_error
 
 __all__ = [
     "assumptions_of",

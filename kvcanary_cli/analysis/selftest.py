@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.errors import OptionError, UpstreamPlanError
 from kvcanary_cli.planners.base import Plan, Planner, Semantics, Undefined
 from kvcanary_cli.planners.sglang_runtime import (
@@ -26,7 +25,8 @@ from kvcanary_cli.planners.sglang_runtime import (
     VERIFY_PLAN_FIELDS,
     WRITE_PLAN_FIELDS,
 )
-from kvcanary_cli.planners.upstream import NOT_LAUNCHED, raised, upstream_error
+from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, raised, upstream_error
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 
 __all__ = ["FIELDS", "SELFTEST_SCHEMA", "SELFTEST_SIZES", "run_selftest"]
 

@@ -1,14 +1,17 @@
 """The canary's vocabulary: launch tags, fail-reason bits, the chain anchor, record layout,
 buffer names, and the labels SGLang prints for them (docs/canary.md §1, §6).
 
-A leaf module (standard library only): the dump layer's synthesizer stamps records and rings
-with it, and the renderers label rows with it.
+Standard library and `dump.schema` only (the launch tags are part of the dump format: field 0
+of a `violation_ring` row): the synthesizer stamps records and rings with it, and the renderers
+label rows with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import IntEnum, IntFlag
+from enum import IntFlag
+
+from kvcanary_cli.dump.schema import LaunchTag
 
 __all__ = [
     "BUFFERS",
@@ -50,23 +53,6 @@ VIOLATION_FIELDS = (
 )
 #: canary buffers of a group, in launch order within a stage (K before V).
 BUFFERS = ("head.k", "head.v", "tail.k", "tail.v")
-
-
-class LaunchTag(IntEnum):
-    """The value in ring field 0: which launch (stage x half x group) recorded the row."""
-
-    HEAD_K_FULL = 0
-    HEAD_V_FULL = 1
-    TAIL_K_FULL = 2
-    TAIL_V_FULL = 3
-    SWEEP_K_FULL = 4
-    SWEEP_V_FULL = 5
-    HEAD_K_SWA = 6
-    HEAD_V_SWA = 7
-    TAIL_K_SWA = 8
-    TAIL_V_SWA = 9
-    SWEEP_K_SWA = 10
-    SWEEP_V_SWA = 11
 
 
 class FailReason(IntFlag):

@@ -35,10 +35,9 @@ from kvcanary_cli.canary.constants import (
     tag_label,
     to_signed,
 )
-from kvcanary_cli.canary.rows import RowOrigin, ViolationRows
+from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.files import write_atomically
-from kvcanary_cli.dump.synth import SynthDump
-from kvcanary_cli.errors import OptionError, PathError
+from kvcanary_cli.errors import PathError
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -50,7 +49,6 @@ __all__ = [
     "scan_log",
     "scan_log_path",
     "write_log",
-    "write_scenario_log",
 ]
 
 #: longer lines are skipped (with a note): a violation message line is under 400 bytes.
@@ -565,29 +563,3 @@ def scan_log_path(path: str) -> LogScan:
         raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
     with handle:
         return scan_log(handle, path)
-
-
-#: what precedes the first line of each message in a synthetic log (SGLang's logging format).
-LOG_PREFIX = "[2025-06-01 12:00:00 TP0] "
-
-
-def write_scenario_log(
-    state: SynthDump, path: str | os.PathLike[str], *, overwrite: bool = True
-) -> Path:
-    """The server log of a canary scenario: one pump of its violation ring, logged the step
-    after the dump's (docs/canary.md §8), between ordinary log lines."""
-    ring = state.tensors.get("violation_ring")
-    index = state.tensors.get("violation_write_index")
-    if ring is None or index is None:
-        raise OptionError(
-            "this scenario records no violation ring (choose a canary-* scenario)", option="--log"
-        )
-    step = int(state.metadata.get("step", "0")) + 1
-    messages = format_pump(ring, int(index.reshape(-1)[0]), step_when_pumped=step)
-    lines = [
-        "Decode batch. #running-req: 4, #token: 96, token usage: 0.01, gen throughput: 80.0",
-        *messages,
-        f"[canary] step={step} protected_tokens=4096 sweep_passes=0 violations={len(messages)} "
-        "launch_tags_active=4/12",
-    ]
-    return write_log(path, lines, prefix=LOG_PREFIX, overwrite=overwrite)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvcanary_cli.canary.buffers import dump_buffers, read_records
 from kvcanary_cli.canary.constants import BUFFERS, FailReason, buffer_tensor_name, tag_for
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, as_int64, mix3_array
 from kvcanary_cli.canary.real_kv import RealKvMode, RealKvSetup, expected_real_kv, real_kv_setup
-from kvcanary_cli.canary.records import dump_buffers, read_records
-from kvcanary_cli.canary.rows import RowOrigin, ViolationRows
+from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import SparseArray, Stored
 from kvcanary_cli.planners.base import Plan, Undefined

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import IntEnum
 
 __all__ = [
     "CANARY_TENSOR_PATTERN",
@@ -26,6 +27,7 @@ __all__ = [
     "SHRINK_KEY",
     "SHRUNK_FORMAT_VERSION",
     "TENSORS",
+    "LaunchTag",
     "ScalarSpec",
     "TensorSpec",
     "dtype_label",
@@ -34,6 +36,24 @@ __all__ = [
     "sparse_capable",
     "spec_for",
 ]
+
+
+class LaunchTag(IntEnum):
+    """The value in ring field 0: which launch (stage x half x group) recorded the row."""
+
+    HEAD_K_FULL = 0
+    HEAD_V_FULL = 1
+    TAIL_K_FULL = 2
+    TAIL_V_FULL = 3
+    SWEEP_K_FULL = 4
+    SWEEP_V_FULL = 5
+    HEAD_K_SWA = 6
+    HEAD_V_SWA = 7
+    TAIL_K_SWA = 8
+    TAIL_V_SWA = 9
+    SWEEP_K_SWA = 10
+    SWEEP_V_SWA = 11
+
 
 FORMAT_VERSION = "1"
 #: The format of a shrunk dump (`kvcanary shrink`): format 1 plus sparse tensors and the

@@ -21,7 +21,7 @@ from typing import TypeAlias, TypeVar
 
 import numpy as np
 
-from kvcanary_cli.canary.constants import LaunchTag
+from kvcanary_cli.dump.schema import LaunchTag
 from kvcanary_cli.errors import TensorShapeError
 
 __all__ = [

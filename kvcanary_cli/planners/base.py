@@ -13,16 +13,14 @@ read out of bounds) and a columnar table of every problem met. Two semantics exi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum, IntFlag, StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-
-if TYPE_CHECKING:
-    from kvcanary_cli.planners.frame import GroupFrame
+from kvcanary_cli.planners.frame import GroupFrame
 
 __all__ = [
     "Plan",
@@ -36,6 +34,10 @@ __all__ = [
     "Semantics",
     "Undefined",
     "VerifyEntries",
+    "assemble_plan",
+    "failed_plan",
+    "raised_plan",
+    "skipped_plan",
     "lut_error_message",
 ]
 
@@ -379,6 +381,125 @@ class Plan:
             "write_seed_slot_indices": self.write_seed_slot_indices,
             "write_num_valid_reqs": np.array([self.write_num_valid_reqs], dtype=np.int32),
         }
+
+
+def assemble_plan(
+    frame: GroupFrame,
+    *,
+    backend: str,
+    semantics: Semantics,
+    entries: VerifyEntries,
+    seeds: np.ndarray,
+    seed_undefined: np.ndarray,
+    problems: ProblemTable,
+    kernel_totals: tuple[int, int, int] | None = None,
+    verify_offsets: np.ndarray | None = None,
+    write_offsets: np.ndarray | None = None,
+    write_num_valid_reqs: int | None = None,
+    launch_error: str | None = None,
+    launch_error_type: str = "ValueError",
+) -> Plan:
+    """The one place a `Plan` is built.
+
+    Host backends take totals and offsets from the frame; a kernel passes the ones it
+    computed itself (`kernel_totals` = total_verify, verify_num_valid, enable) so that the
+    comparison with the reference checks them.
+    """
+    total, num_valid, enable = kernel_totals or (
+        frame.total_verify,
+        frame.verify_num_valid,
+        frame.enable,
+    )
+    return Plan(
+        backend=backend,
+        semantics=semantics,
+        frame=frame,
+        total_verify=total,
+        verify_num_valid=num_valid,
+        enable=enable,
+        verify_offsets=frame.verify_offsets if verify_offsets is None else verify_offsets,
+        verify_slot_indices=entries.slot,
+        verify_expected_tokens=entries.expected_token,
+        verify_expected_positions=entries.position,
+        verify_prev_slot_indices=entries.prev_slot,
+        verify_undefined=entries.undefined,
+        write_offsets=frame.write_offsets if write_offsets is None else write_offsets,
+        write_seed_slot_indices=seeds,
+        seed_undefined=seed_undefined,
+        write_num_valid_reqs=frame.bs if write_num_valid_reqs is None else write_num_valid_reqs,
+        problems=problems,
+        launch_error=launch_error,
+        launch_error_type=launch_error_type,
+    )
+
+
+def skipped_plan(
+    frame: GroupFrame, *, backend: str, semantics: Semantics, problems: ProblemTable
+) -> Plan:
+    """The plan of a group whose entries kvcanary does not plan (`frame.unplannable`): the
+    frame's totals, the once-per-row `problems` (so the first raise is still known), no
+    entries, no seeds, and the reason."""
+    assert frame.unplannable is not None
+    plan = _plan_without_outputs(frame, backend=backend, semantics=semantics, problems=problems)
+    return replace(plan, skipped=frame.unplannable)
+
+
+def failed_plan(frame: GroupFrame, *, backend: str) -> Plan:
+    """The plan of a GPU launch that raised before running: no outputs, only the error."""
+    assert frame.launch is not None
+    return raised_plan(
+        frame, backend=backend, semantics=Semantics.GPU, message=frame.launch.message
+    )
+
+
+def raised_plan(
+    frame: GroupFrame,
+    *,
+    backend: str,
+    semantics: Semantics,
+    message: str,
+    exception_type: str = "ValueError",
+) -> Plan:
+    """The plan of a launch that raised: no outputs, only the error and its type."""
+    return _plan_without_outputs(
+        frame,
+        backend=backend,
+        semantics=semantics,
+        problems=ProblemTable.empty(),
+        kernel_totals=(0, 0, 0),
+        launch_error=message,
+        launch_error_type=exception_type,
+    )
+
+
+def _plan_without_outputs(
+    frame: GroupFrame,
+    *,
+    backend: str,
+    semantics: Semantics,
+    problems: ProblemTable,
+    kernel_totals: tuple[int, int, int] | None = None,
+    launch_error: str | None = None,
+    launch_error_type: str = "ValueError",
+) -> Plan:
+    """A plan with no entries, seeds or offsets (zeros), for a group left unplanned or a
+    launch that raised."""
+    empty = np.zeros(0, dtype=np.int64)
+    return assemble_plan(
+        frame,
+        backend=backend,
+        semantics=semantics,
+        entries=VerifyEntries.empty(),
+        seeds=empty,
+        seed_undefined=np.zeros(0, dtype=bool),
+        problems=problems,
+        kernel_totals=kernel_totals,
+        verify_offsets=np.zeros(frame.bs + 1, dtype=np.int64),
+        write_offsets=empty,
+        write_num_valid_reqs=0,
+        launch_error=launch_error,
+        launch_error_type=launch_error_type,
+    )
 
 
 def lut_error_message(slot: int, lut_len: int) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan, Semantics
-from kvcanary_cli.planners.upstream import upstream_error
+from kvcanary_cli.planners.upstream_raise import upstream_error
 
 __all__ = ["PLAN_FORMAT", "save_plan", "upstream_raise"]
 

@@ -25,10 +25,12 @@ from kvcanary_cli.planners.base import (
     Semantics,
     Undefined,
     VerifyEntries,
+    assemble_plan,
+    skipped_plan,
 )
-from kvcanary_cli.planners.frame import GroupFrame, assemble_plan, group_frame, skipped_plan
-from kvcanary_cli.planners.rows import row_problems
-from kvcanary_cli.planners.upstream import upstream_error
+from kvcanary_cli.planners.frame import GroupFrame, group_frame
+from kvcanary_cli.planners.row_problems import row_problems
+from kvcanary_cli.planners.upstream_raise import upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
 

@@ -23,21 +23,23 @@ import numpy as np
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import Stored, dense
 from kvcanary_cli.errors import OptionError, PlanTooLargeError
-from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemTable, Semantics, VerifyEntries
-from kvcanary_cli.planners.frame import (
-    MAX_MATERIALIZED_ENTRIES,
-    GroupFrame,
+from kvcanary_cli.planners.base import (
+    Plan,
+    ProblemKind,
+    ProblemTable,
+    Semantics,
+    VerifyEntries,
     assemble_plan,
-    group_frame,
     raised_plan,
 )
-from kvcanary_cli.planners.rows import row_problems
+from kvcanary_cli.planners.frame import MAX_MATERIALIZED_ENTRIES, GroupFrame, group_frame
+from kvcanary_cli.planners.row_problems import row_problems
 from kvcanary_cli.planners.sglang_runtime import (
     VERIFY_ENTRY_FIELDS,
     SGLangLauncher,
     load_launcher,
 )
-from kvcanary_cli.planners.upstream import NOT_LAUNCHED
+from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED
 
 if TYPE_CHECKING:
     import torch

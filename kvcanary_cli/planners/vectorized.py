@@ -23,15 +23,12 @@ from kvcanary_cli.planners.base import (
     Semantics,
     Undefined,
     VerifyEntries,
-)
-from kvcanary_cli.planners.frame import (
-    GroupFrame,
     assemble_plan,
     failed_plan,
-    group_frame,
     skipped_plan,
 )
-from kvcanary_cli.planners.rows import python_rows_resolve, row_problems
+from kvcanary_cli.planners.frame import GroupFrame, group_frame
+from kvcanary_cli.planners.row_problems import python_rows_resolve, row_problems
 
 __all__ = ["VectorizedPlanner"]
 

@@ -23,7 +23,7 @@ from kvcanary_cli.render.selftest_view import selftest_markdown, selftest_table
 from kvcanary_cli.render.table import check_table, provenance_table, verdict_lines
 
 if TYPE_CHECKING:  # the violations view needs numpy: imported when used, not by --help
-    from kvcanary_cli.analysis.violation_report import ViolationsReport
+    from kvcanary_cli.analysis.violations.report import ViolationsReport
 
 __all__ = [
     "OutputFormat",

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 import kvcanary_cli
-from kvcanary_cli.analysis.violation_report import CAUSES, ViolationsReport, explanation_text
+from kvcanary_cli.analysis.violations.report import CAUSES, ViolationsReport, explanation_text
 from kvcanary_cli.canary.constants import (
     VIOLATION_FIELDS,
     FailReason,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.scenarios import make_scenario
-from kvcanary_cli.dump.synth import SynthDump
+from kvcanary_cli.synth.scenarios import make_scenario
+from kvcanary_cli.synth.state import SynthDump
 
 #: the `load_synth` fixture: save a synthetic state and load it back.
 LoadSynth = Callable[[SynthDump], KvDump]

@@ -9,7 +9,7 @@ import pytest
 
 from kvcanary_cli.analysis import check
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.analysis.conftest import LoadSynth
 from tests.helpers import TRITON, VECTORIZED
 

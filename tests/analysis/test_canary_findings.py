@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
-from kvcanary_cli.analysis.violation_diagnosis import explain_rows
-from kvcanary_cli.analysis.violation_report import Cause, explanation_text
+from kvcanary_cli.analysis.violations.explain import explain_rows
+from kvcanary_cli.analysis.violations.report import Cause, explanation_text
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring import decode_ring
-from kvcanary_cli.canary.rows import RowOrigin, ViolationRows
-from kvcanary_cli.dump.scenarios import SCENARIOS
+from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.synth.scenarios import SCENARIOS
 from tests.analysis.conftest import ScenarioDump
 from tests.helpers import checked
 

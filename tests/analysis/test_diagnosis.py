@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import UpstreamPlanError
+from kvcanary_cli.synth.scenarios import make_scenario
 from tests.analysis.conftest import LoadSynth, ScenarioDump
 from tests.helpers import STRICT, checked
 

@@ -11,11 +11,11 @@ from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.model import Finding, FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.scenarios import SCENARIOS
 from kvcanary_cli.dump.sparse import dense
-from kvcanary_cli.dump.synth import SynthSpec, build_dump
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.synth.scenarios import SCENARIOS
+from kvcanary_cli.synth.state import SynthSpec, build_dump
 from tests.analysis.conftest import LoadSynth, ScenarioDump
 from tests.helpers import VECTORIZED, checked
 

@@ -22,7 +22,7 @@ from kvcanary_cli.analysis.focus import (
 from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import VECTORIZED
 
 

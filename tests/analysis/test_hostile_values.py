@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 from kvcanary_cli.analysis import check as check_module
 from kvcanary_cli.analysis.check import worker_count
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.writer import save_dump
+from kvcanary_cli.synth.scenarios import make_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = str(ROOT / "examples" / "clean-swa.safetensors")

@@ -11,10 +11,10 @@ from kvcanary_cli import api
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.dump.sparse import dense, take
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.planners.frame import group_frame
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import checked
 
 
@@ -145,7 +145,7 @@ def test_provenance_index_counts_every_cell_but_keeps_few(tmp_path) -> None:  # 
 
 
 def test_slot_provenance_lists_its_ring_rows_and_records(tmp_path: Path) -> None:
-    from kvcanary_cli.dump.scenarios import make_scenario
+    from kvcanary_cli.synth.scenarios import make_scenario
 
     synth = make_scenario("canary-use-after-free", seed=1)
     dump = load_dump(synth.save(tmp_path / "uaf.safetensors"))

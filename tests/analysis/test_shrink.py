@@ -18,11 +18,11 @@ from kvcanary_cli import api
 from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.dump.sparse import SparseArray, dense
-from kvcanary_cli.dump.synth import build_dump
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
+from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
+from kvcanary_cli.synth.state import build_dump
 from tests.helpers import VECTORIZED, checked
 
 Story = tuple[list[tuple[object, ...]], list[str]]

@@ -25,7 +25,7 @@ from kvcanary_cli.canary.logs import (
     format_violation,
     scan_log,
 )
-from kvcanary_cli.canary.rows import RowOrigin
+from kvcanary_cli.canary.ring_rows import RowOrigin
 from kvcanary_cli.errors import PathError
 
 I64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)

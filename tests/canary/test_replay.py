@@ -14,12 +14,12 @@ from kvcanary_cli.canary.constants import FailReason, LaunchTag, to_signed
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, combine_source_hashes, fold_chunks, mix3
 from kvcanary_cli.canary.real_kv import real_kv_setup
 from kvcanary_cli.canary.replay import BufferReplay, replay_buffer, replay_dump
-from kvcanary_cli.canary.rows import multiset_difference
+from kvcanary_cli.canary.ring_rows import multiset_difference
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.sparse import dense
-from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
 from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.synth.state import SynthDump, SynthSpec, build_dump
 
 GPU = VectorizedPlanner(semantics=Semantics.GPU)
 CHAIN, POSITION, REAL_KV, TOKEN = (

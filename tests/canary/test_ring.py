@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcanary_cli.canary.ring import decode_ring, encode_ring
-from kvcanary_cli.canary.rows import RowOrigin, ViolationRows, multiset_difference
+from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows, multiset_difference
 
 I64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
 ROWS = st.lists(st.lists(I64, min_size=8, max_size=8), max_size=12)

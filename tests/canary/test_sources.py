@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcanary_cli.analysis.violations import violations_report
+from kvcanary_cli.analysis.violations.collect import violations_report
 from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS
 from kvcanary_cli.canary.real_kv import RealKvMode, expected_real_kv, real_kv_setup
 from kvcanary_cli.canary.sources import SourceKind, source_kind
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.errors import DumpError, OptionError, PathError
 from kvcanary_cli.render import OutputFormat, render_violations
+from kvcanary_cli.synth.scenarios import make_scenario
 
 
 def test_source_kinds(tmp_path: Path) -> None:

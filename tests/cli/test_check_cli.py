@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
 
 runner = CliRunner()

@@ -14,9 +14,9 @@ from typer.testing import CliRunner, Result
 
 from kvcanary_cli import api
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.render import OutputFormat, render_check
+from kvcanary_cli.synth.scenarios import make_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner, Result
 
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump.synth import SynthSpec, build_dump
 from kvcanary_cli.dump.writer import save_dump
+from kvcanary_cli.synth.state import SynthSpec, build_dump
 
 UPSTREAM_MESSAGE = "kv-canary: SWA slot 7 is outside full_to_swa_index_mapping length 5"
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump.scenarios import SCENARIOS
+from kvcanary_cli.synth.scenarios import SCENARIOS
 from tests.conftest import InstallStandin
 from tests.helpers import UPSTREAM_RAISING_SCENARIOS
 from tests.render.render_schema import CHECK, SELFTEST, validate

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
-from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.synth.scenarios import make_scenario
 from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
 
 runner = CliRunner()

@@ -31,7 +31,7 @@ from typer.testing import CliRunner, Result
 
 from kvcanary_cli.canary.logs import format_pump
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.synth.scenarios import make_scenario
 
 #: escape sequences and controls a terminal acts on, and a line that spoofs a clean verdict.
 TERMINAL = (

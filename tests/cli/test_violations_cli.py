@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.canary.logs import format_violation
 from kvcanary_cli.cli import app
-from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.synth.scenarios import make_scenario
 from tests.render.render_schema import VIOLATIONS, validate
 
 ROOT = Path(__file__).resolve().parents[2]

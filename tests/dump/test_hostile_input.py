@@ -31,9 +31,9 @@ from kvcanary_cli.dump.header import (
     read_header,
 )
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.schema import MAX_INTEGER_DIGITS, parse_integer
 from kvcanary_cli.errors import CorruptDumpError, MetadataError
+from kvcanary_cli.synth.scenarios import make_scenario
 from tests.dump.test_malformed import inspect_bad_input
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,7 +293,7 @@ _SHRINK_AFTER_LOAD = textwrap.dedent(
     import os, sys
     from kvcanary_cli.analysis.check import run_check
     from kvcanary_cli.analysis.query import row_map, slot_query
-    from kvcanary_cli.analysis.violations import violations_report
+    from kvcanary_cli.analysis.violations.collect import violations_report
     from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.planners.vectorized import VectorizedPlanner
     from kvcanary_cli.planners.base import Semantics

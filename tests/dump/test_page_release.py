@@ -12,8 +12,8 @@ import pytest
 
 from kvcanary_cli.dump import loader
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.sparse import dense, find_cells
+from kvcanary_cli.synth.scenarios import make_scenario
 
 ROWS, COLS = 512, 32768  # 64 MiB of int32: far above the noise of the resident set
 

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import make_scenario
 from kvcanary_cli.dump.sparse import (
     SparseArray,
     _in_order,
@@ -28,6 +27,7 @@ from kvcanary_cli.dump.sparse import (
     where_equal,
 )
 from kvcanary_cli.errors import TensorShapeError
+from kvcanary_cli.synth.scenarios import make_scenario
 
 
 def kept_part(dense: np.ndarray, flat: np.ndarray) -> SparseArray:

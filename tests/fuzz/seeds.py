@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvcanary_cli.dump.scenarios import make_scenario
+from kvcanary_cli.synth.scenarios import make_scenario
 from tests.fuzz.mutants import Seed
 
 __all__ = ["SEED_SCENARIOS", "SHRUNK_SEEDS", "load_seeds", "write_seeds"]

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.planners import host_parallel
 from kvcanary_cli.planners.triton_planner import TritonPlanner
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 
 pytest.importorskip("triton")
 if not hasattr(os, "fork"):

@@ -88,9 +88,9 @@ def test_the_torch_memory_path_plans_what_numpy_memory_plans(
     allocations by numpy dtype and downloads must give the plan numpy memory gives."""
     pytest.importorskip("torch")
     from kvcanary_cli.dump.loader import load_dump
-    from kvcanary_cli.dump.scenarios import make_scenario
     from kvcanary_cli.planners import kernel_arrays as arrays
     from kvcanary_cli.planners import triton_planner
+    from kvcanary_cli.synth.scenarios import make_scenario
 
     dump = load_dump(make_scenario(scenario, seed=3).save(tmp_path / "d.safetensors"))
     planner = triton_planner.TritonPlanner(host_processes=1)

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.upstream import UPSTREAM_RAISE, launch_divergences
+from kvcanary_cli.analysis.kernel_raise import UPSTREAM_RAISE, launch_divergences
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS
 from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.dump.writer import save_dump
@@ -28,7 +27,8 @@ from kvcanary_cli.planners.sglang_runtime import (
     load_launcher,
     load_reference_launcher,
 )
-from kvcanary_cli.planners.upstream import NOT_LAUNCHED, upstream_error
+from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, upstream_error
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.conftest import InstallStandin
 from tests.helpers import VECTORIZED
 from tests.planners.plan_helpers import assert_plans_equal

@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 pytest.importorskip("triton")
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.synth import SynthSpec, build_dump
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PlannerUnavailableError
 from kvcanary_cli.planners import Kernel, make_kernel, triton_runtime
@@ -40,6 +39,7 @@ from kvcanary_cli.planners.frame import GPU_MAX_BS
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner, bs_block
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.synth.state import SynthSpec, build_dump
 
 TRITON = TritonPlanner()
 VECTORIZED_GPU = VectorizedPlanner(semantics=Semantics.GPU)

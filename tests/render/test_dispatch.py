@@ -65,7 +65,7 @@ def test_render_imports_only_the_model() -> None:
         "kvcanary_cli",
         "kvcanary_cli.safe_text",
         "kvcanary_cli.analysis.model",
-        "kvcanary_cli.analysis.violation_report",
+        "kvcanary_cli.analysis.violations.report",
         "kvcanary_cli.canary.constants",
     }
     root = Path(render_pkg.__file__).parent

@@ -15,7 +15,7 @@ from dataclasses import replace
 from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.errors import UpstreamPlanError
 from kvcanary_cli.planners.base import Plan, ProblemKind, Semantics
-from kvcanary_cli.planners.upstream import NOT_LAUNCHED, expected_raise, raised
+from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, expected_raise, raised
 
 __all__ = ["UPSTREAM_RAISE", "launch_divergences", "mark_upstream_raise"]
 

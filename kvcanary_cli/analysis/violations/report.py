@@ -14,7 +14,7 @@ from enum import StrEnum
 import numpy as np
 
 from kvcanary_cli.analysis.model import SlotProvenance
-from kvcanary_cli.canary.rows import ViolationRows
+from kvcanary_cli.canary.ring_rows import ViolationRows
 
 __all__ = [
     "Cause",

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvcanary_cli.analysis.provenance import LiveCells, live_cells
-from kvcanary_cli.analysis.violation_report import (
+from kvcanary_cli.analysis.violations.report import (
     CAUSES,
     OWNER_KINDS,
     Cause,
@@ -23,7 +23,7 @@ from kvcanary_cli.analysis.violation_report import (
     OwnerKind,
 )
 from kvcanary_cli.canary.constants import FailReason, LaunchTag
-from kvcanary_cli.canary.rows import ViolationRows
+from kvcanary_cli.canary.ring_rows import ViolationRows
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.sparse import Stored, find_cells, take_known
 from kvcanary_cli.planners.frame import window_start

@@ -30,16 +30,16 @@ from kvcanary_cli.analysis.check import (
     provenance_slots,
 )
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, full_slots_mapping_to
-from kvcanary_cli.analysis.violation_diagnosis import explain_rows
-from kvcanary_cli.analysis.violation_report import OWNER_KINDS, OwnerKind
+from kvcanary_cli.analysis.violations.explain import explain_rows
+from kvcanary_cli.analysis.violations.report import OWNER_KINDS, OwnerKind
+from kvcanary_cli.canary.buffers import dump_buffers, read_records
 from kvcanary_cli.canary.constants import BUFFERS, RECORD_BYTES, LaunchTag, buffer_tensor_name
 from kvcanary_cli.canary.real_kv import PARTIAL_BYTES, RealKvMode, real_kv_setup
-from kvcanary_cli.canary.records import dump_buffers, read_records
 from kvcanary_cli.canary.replay import BufferReplay, replay_dump
 from kvcanary_cli.canary.ring import decode_ring
-from kvcanary_cli.canary.rows import RowOrigin, ViolationRows
+from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.shrunk import FREE_LISTS, Keep
+from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep
 from kvcanary_cli.dump.sparse import Stored, take_known
 from kvcanary_cli.planners.base import Plan, Planner, Undefined
 from kvcanary_cli.planners.frame import GroupFrame, group_frame

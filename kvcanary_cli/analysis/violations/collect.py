@@ -20,8 +20,8 @@ from kvcanary_cli.analysis.provenance import (
     full_slots_mapping_to,
     swa_provenance,
 )
-from kvcanary_cli.analysis.violation_diagnosis import explain_rows
-from kvcanary_cli.analysis.violation_report import (
+from kvcanary_cli.analysis.violations.explain import explain_rows
+from kvcanary_cli.analysis.violations.report import (
     Comparison,
     LogSummary,
     ReplaySummary,
@@ -30,12 +30,12 @@ from kvcanary_cli.analysis.violation_report import (
     SwaSummary,
     ViolationsReport,
 )
+from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.canary.constants import BUFFERS, LaunchTag
 from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS, LogScan, scan_log_path
-from kvcanary_cli.canary.records import dump_buffers
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring import decode_ring
-from kvcanary_cli.canary.rows import RowOrigin, ViolationRows, multiset_difference
+from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows, multiset_difference
 from kvcanary_cli.canary.sources import SourceKind, source_kind
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import OptionError

@@ -21,8 +21,8 @@ import numpy as np
 
 from kvcanary_cli.canary.constants import FailReason, LaunchTag, to_signed
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, combine_source_hashes, fold_chunks, mix3
-from kvcanary_cli.dump.synth import SynthDump, SynthSpec, build_dump
 from kvcanary_cli.errors import OptionError
+from kvcanary_cli.synth.state import SynthDump, SynthSpec, build_dump
 
 __all__ = ["SCENARIOS", "SIZES", "Scenario", "make_scenario", "scenario_lines"]
 

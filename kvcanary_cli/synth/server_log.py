@@ -1,0 +1,38 @@
+"""The server log of a synthetic canary scenario: what SGLang prints when it pumps the
+scenario's violation ring (docs/canary.md §8), for `kvcanary synth --log`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvcanary_cli.canary.logs import format_pump, write_log
+from kvcanary_cli.errors import OptionError
+from kvcanary_cli.synth.state import SynthDump
+
+__all__ = ["LOG_PREFIX", "write_scenario_log"]
+
+#: what precedes the first line of each message in a synthetic log (SGLang's logging format).
+LOG_PREFIX = "[2025-06-01 12:00:00 TP0] "
+
+
+def write_scenario_log(
+    state: SynthDump, path: str | os.PathLike[str], *, overwrite: bool = True
+) -> Path:
+    """The server log of a canary scenario: one pump of its violation ring, logged the step
+    after the dump's (docs/canary.md §8), between ordinary log lines."""
+    ring = state.tensors.get("violation_ring")
+    index = state.tensors.get("violation_write_index")
+    if ring is None or index is None:
+        raise OptionError(
+            "this scenario records no violation ring (choose a canary-* scenario)", option="--log"
+        )
+    step = int(state.metadata.get("step", "0")) + 1
+    messages = format_pump(ring, int(index.reshape(-1)[0]), step_when_pumped=step)
+    lines = [
+        "Decode batch. #running-req: 4, #token: 96, token usage: 0.01, gen throughput: 80.0",
+        *messages,
+        f"[canary] step={step} protected_tokens=4096 sweep_passes=0 violations={len(messages)} "
+        "launch_tags_active=4/12",
+    ]
+    return write_log(path, lines, prefix=LOG_PREFIX, overwrite=overwrite)
