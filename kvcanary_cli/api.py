@@ -20,13 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import OptionError
-from kvcanary_cli.planners import (
-    Backend,
-    Kernel,
-    make_kernel,
-    make_planner,
-    make_selftest_planners,
-)
+from kvcanary_cli.planners import PlannerChoice, make_kernel, make_planner, make_selftest_planners
 from kvcanary_cli.planners.sglang_runtime import installed_version
 
 # Each function imports what it runs: `inspect` reads a dump with numpy alone, and
@@ -58,7 +52,7 @@ Overrides = Mapping[str, int | str | None] | None
 def check(
     paths: PathLike | Sequence[PathLike],
     *,
-    kernel: Kernel | str = Kernel.TRITON,
+    kernel: PlannerChoice | str = PlannerChoice.TRITON,
     groups: Sequence[str] | None = None,
     overrides: Overrides = None,
     fail_on: Severity | str = "error",
@@ -74,8 +68,8 @@ def check(
     many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     return check_dumps(
         many,
-        reference=make_planner(Backend.VECTORIZED),
-        kernel=make_kernel(Kernel(kernel)),
+        reference=make_planner(PlannerChoice.VECTORIZED),
+        kernel=make_kernel(kernel),
         overrides=overrides,
         groups=groups,
         fail_on=Severity(fail_on),
@@ -106,7 +100,7 @@ def provenance(
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
     dump = load_dump(path, overrides=overrides)
-    reference = make_planner(Backend.VECTORIZED)
+    reference = make_planner(PlannerChoice.VECTORIZED)
     if slot is not None and space == "full":
         # only the batch rows that hold (or write) the slot: its findings, not the diagnosis
         # one scan of the table serves the findings' rows and the answer's cells
@@ -141,7 +135,7 @@ def plan(
     path: PathLike,
     group: str = "full",
     *,
-    backend: Backend | str = Backend.VECTORIZED,
+    backend: PlannerChoice | str = PlannerChoice.VECTORIZED,
     strict: bool = False,
     overrides: Overrides = None,
     out: PathLike | None = None,
@@ -153,7 +147,7 @@ def plan(
     from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
 
-    planner = make_planner(Backend(backend), strict=strict)
+    planner = make_planner(backend, strict=strict)
     dump = load_dump(path, overrides=overrides)
     result = planner.plan(dump, group)
     if result.skipped is not None:  # nothing to write or show entry by entry
@@ -192,9 +186,9 @@ def shrink(
     if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
         raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
     dump = load_dump(path, overrides=overrides)
-    kernel = make_kernel(Kernel.VECTORIZED)
+    kernel = make_kernel(PlannerChoice.VECTORIZED)
     assert kernel is not None
-    keep, _ = shrink_keep(dump, reference=make_planner(Backend.VECTORIZED), kernel=kernel)
+    keep, _ = shrink_keep(dump, reference=make_planner(PlannerChoice.VECTORIZED), kernel=kernel)
     scalars = {
         name: int(value)
         for name, value in (overrides or {}).items()

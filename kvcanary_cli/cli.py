@@ -10,12 +10,12 @@ from collections.abc import Sequence
 
 import typer
 
-from kvcanary_cli import __version__, api, render
+from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.analysis.model import Severity
 from kvcanary_cli.cli_options import ExitCode, GroupChoice, Space, fail, with_scalar_overrides
 from kvcanary_cli.output import deliver
-from kvcanary_cli.planners import Backend, Kernel
+from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
 from kvcanary_cli.safe_text import printable
@@ -25,7 +25,7 @@ __all__ = ["ExitCode", "app", "main"]
 app = typer.Typer(
     name="kvcanary",
     cls=opt.OneLineErrors,
-    no_args_is_help=True,
+    invoke_without_command=True,
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,
@@ -34,11 +34,11 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root(version: opt.VersionOpt = False) -> None:
+def _root(ctx: typer.Context, version: opt.VersionOpt = False) -> None:
     """Diagnose KV-cache dumps of SGLang's kv canary."""
-    if version:
-        typer.echo(f"kvcanary {__version__}")
-        raise typer.Exit()
+    if ctx.invoked_subcommand is None:  # `kvcanary` alone: the help, as a usage error
+        typer.echo(ctx.get_help(), err=True)
+        raise typer.Exit(opt.ExitCode.BAD_INPUT)
 
 
 @app.command()
@@ -46,7 +46,7 @@ def _root(version: opt.VersionOpt = False) -> None:
 def check(
     dumps: opt.DumpsArg,
     group: opt.GroupsOpt = GroupChoice.ALL,
-    kernel: opt.KernelOpt = Kernel.TRITON,
+    kernel: opt.KernelOpt = PlannerChoice.TRITON,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     fail_on: opt.FailOnOpt = Severity.ERROR,
     max_rows: opt.FindingRowsOpt = 10,
@@ -144,7 +144,7 @@ def violations(
 def plan(
     dump: opt.DumpArg,
     group: opt.PlanGroupOpt = Space.FULL,
-    backend: opt.BackendOpt = Backend.VECTORIZED,
+    backend: opt.BackendOpt = PlannerChoice.VECTORIZED,
     strict: opt.StrictOpt = False,
     out: opt.PlanOutOpt = None,
     force: opt.ForceOpt = False,

@@ -1,4 +1,4 @@
-"""Command-line plumbing: exit codes, choice types, every option's declaration (the scalar
+"""Command-line plumbing: exit codes, choice options, every option's declaration (the scalar
 overrides generated from the format's schema) and the one-line error policy.
 
 `cli` declares the commands with these; nothing here knows what a command does.
@@ -14,15 +14,16 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum, StrEnum
 from inspect import Parameter, signature
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperGroup
 
+from kvcanary_cli import __version__
 from kvcanary_cli.analysis.model import CheckReport, Severity
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import KvcanaryError, OptionError, UpstreamPlanError
-from kvcanary_cli.planners import Backend, Kernel
+from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.safe_text import printable
 
@@ -55,6 +56,8 @@ class ExitCode(IntEnum):
     FINDINGS = 1
     BAD_INPUT = 2
     INTERNAL = 3
+    #: the shell's 128 + SIGINT: a run stopped by Ctrl-C.
+    INTERRUPTED = 130
 
 
 class GroupChoice(StrEnum):
@@ -79,6 +82,28 @@ class Buffer(StrEnum):
     TAIL_K = "tail.k"
     HEAD_V = "head.v"
     TAIL_V = "tail.v"
+
+
+_Choice = TypeVar("_Choice", bound=StrEnum)
+
+
+def choice_of(*members: _Choice) -> dict[str, Any]:
+    """`typer.Option` settings for an option that takes one of `members` (of one enum).
+
+    A parser of our own instead of typer's enum coercion: one enum may serve several options
+    with different subsets (`PlannerChoice`), and a wrong value reads "'x' is not one of a,
+    b" in the one error line, without the validation library's wording around it.
+    """
+    by_value = {member.value: member for member in members}
+
+    def parse(text: str | _Choice) -> _Choice:
+        if isinstance(text, StrEnum):  # the default, already a member
+            return text  # type: ignore[return-value]
+        if text not in by_value:
+            raise typer.BadParameter(f"{text!r} is not one of {', '.join(by_value)}")
+        return by_value[text]
+
+    return {"parser": parse, "metavar": "[" + "|".join(by_value) + "]"}
 
 
 def check_exit(report: CheckReport) -> ExitCode:
@@ -107,31 +132,21 @@ def fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
-def _help_text(exc: Exception) -> str | None:
-    """A command's help, for a command run without the arguments it needs (kvcanary's own
-    text, several lines: not escaped)."""
-    context = getattr(exc, "ctx", None)
-    if type(exc).__name__ == "NoArgsIsHelpError" and context is not None:
-        return str(context.get_help())
-    return None
-
-
-def _usage_message(exc: Exception) -> str | None:
-    """The one-line text of a click usage error (typer may vendor click: duck-typed)."""
-    if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
-        return None
-    context = getattr(exc, "ctx", None)
-    where = f" (see '{context.command_path} --help')" if context is not None else ""
-    message = str(exc.format_message()).replace("Value error, ", "")  # pydantic's prefix
-    return f"error: {message}{where}"
-
-
-#: The exit code of a run stopped by Ctrl-C (the shell's 128 + SIGINT).
-_INTERRUPTED = 130
+def show_version(value: bool) -> None:
+    """`--version`: an eager option, so it answers before any command is looked for."""
+    if value:
+        typer.echo(f"kvcanary {__version__}")
+        raise typer.Exit()
 
 
 class OneLineErrors(TyperGroup):
-    """Every failure ends in one stderr line: usage errors and bad input exit 2, bugs exit 3."""
+    """Every failure ends in one stderr line: usage errors and bad input exit 2, bugs exit 3.
+
+    Click runs the command not standalone (`standalone_mode=False`), so each exception comes
+    back here by its type instead of being shown by click: click's own errors (usage,
+    parameters), kvcanary's (`KvcanaryError`: bad input or options; `UpstreamPlanError`:
+    `plan --strict` met SGLang's raise), Ctrl-C, and anything else, which is a bug.
+    """
 
     def main(
         self,
@@ -143,24 +158,21 @@ class OneLineErrors(TyperGroup):
         **extra: Any,
     ) -> Any:
         """Run the command; turn exceptions into one line and an exit code."""
-        try:  # not standalone: exceptions come back here instead of being shown by click
+        try:
             result = super().main(
                 args, prog_name, complete_var, False, windows_expand_args, **extra
             )
         except KvcanaryError as exc:
             fail(f"error: {exc}", ExitCode.BAD_INPUT)
-        except UpstreamPlanError as exc:  # `plan --strict`: the dump is read, upstream raises
+        except UpstreamPlanError as exc:
             fail(str(exc), ExitCode.FINDINGS)
         except (typer.Abort, KeyboardInterrupt):
-            fail("interrupted", _INTERRUPTED)
+            fail("interrupted", ExitCode.INTERRUPTED)
+        except typer.TyperException as exc:  # click's errors: usage, bad parameters
+            context = getattr(exc, "ctx", None)
+            where = f" (see '{context.command_path} --help')" if context is not None else ""
+            fail(f"error: {exc.format_message()}{where}", ExitCode.BAD_INPUT)
         except Exception as exc:
-            help_text = _help_text(exc)
-            if help_text is not None:
-                typer.echo(help_text, err=True)
-                sys.exit(ExitCode.BAD_INPUT)
-            usage = _usage_message(exc)
-            if usage is not None:
-                fail(usage, ExitCode.BAD_INPUT)
             if os.environ.get("KVCANARY_DEBUG") == "1":
                 traceback.print_exc()
             fail(
@@ -169,8 +181,8 @@ class OneLineErrors(TyperGroup):
                 "(KVCANARY_DEBUG=1 shows the traceback)",
                 ExitCode.INTERNAL,
             )
-        if result == _INTERRUPTED:  # typer turns Ctrl-C into a silent exit code 130
-            fail("interrupted", _INTERRUPTED)
+        if result == ExitCode.INTERRUPTED:  # click turns Ctrl-C into this exit code
+            fail("interrupted", ExitCode.INTERRUPTED)
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
 
 
@@ -181,6 +193,9 @@ def _parameter(option: str) -> str:
 def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
     """Give a command one option per scalar of the format (dump/schema.py `SCALARS`), passed
     to it as one `overrides` dict keyed by scalar name; command-line values win over the dump.
+
+    Typer reads a command's options from its signature (`inspect.signature`, which honours
+    `__signature__`): the wrapper declares the command's own parameters plus the scalars'.
     """
     declared = signature(command, eval_str=True)
     own = [p for p in declared.parameters.values() if p.name != "overrides"]
@@ -234,15 +249,23 @@ DumpsArg = Annotated[
 FormatOpt = Annotated[
     OutputFormat,
     typer.Option(
-        "--format", "-f", help="table for a terminal, json for scripts, markdown for a bug report."
+        "--format",
+        "-f",
+        help="table for a terminal, json for scripts, markdown for a bug report.",
+        **choice_of(*OutputFormat),
     ),
 ]
 GroupsOpt = Annotated[
     GroupChoice,
-    typer.Option("--group", "-g", help="Groups to plan (all: every group the dump has)."),
+    typer.Option(
+        "--group",
+        "-g",
+        help="Groups to plan (all: every group the dump has).",
+        **choice_of(*GroupChoice),
+    ),
 ]
 KernelOpt = Annotated[
-    Kernel,
+    PlannerChoice,
     typer.Option(
         "--kernel",
         "-k",
@@ -250,10 +273,14 @@ KernelOpt = Annotated[
         "interpreted elsewhere), vectorized (same GPU semantics in numpy: fast), sglang (the "
         "installed SGLang's own launcher: its kernels on CUDA, its torch reference elsewhere), "
         "none (skip the comparison).",
+        **choice_of(*KERNELS),
     ),
 ]
 FailOnOpt = Annotated[
-    Severity, typer.Option("--fail-on", help="Exit 1 when a finding is at least this severe.")
+    Severity,
+    typer.Option(
+        "--fail-on", help="Exit 1 when a finding is at least this severe.", **choice_of(*Severity)
+    ),
 ]
 FindingRowsOpt = Annotated[
     int,
@@ -295,7 +322,12 @@ RowOpt = Annotated[
     ),
 ]
 SpaceOpt = Annotated[
-    Space, typer.Option("--space", help="Whether --slot is a full-pool slot or an SWA-pool slot.")
+    Space,
+    typer.Option(
+        "--space",
+        help="Whether --slot is a full-pool slot or an SWA-pool slot.",
+        **choice_of(*Space),
+    ),
 ]
 
 
@@ -337,11 +369,14 @@ RoleGroupOpt = Annotated[
         "--group",
         "-g",
         help="Group whose window labels the roles (default: swa for --space swa, else full).",
+        **choice_of(*Space),
     ),
 ]
-PlanGroupOpt = Annotated[Space, typer.Option("--group", "-g", help="Group to plan.")]
+PlanGroupOpt = Annotated[
+    Space, typer.Option("--group", "-g", help="Group to plan.", **choice_of(*Space))
+]
 BackendOpt = Annotated[
-    Backend,
+    PlannerChoice,
     typer.Option(
         "--backend",
         "-b",
@@ -349,6 +384,7 @@ BackendOpt = Annotated[
         "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input); sglang: "
         "the installed SGLang's own launcher (its kernels on CUDA, its torch reference "
         "elsewhere).",
+        **choice_of(*BACKENDS),
     ),
 ]
 StrictOpt = Annotated[
@@ -410,7 +446,10 @@ QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print only the verdict line of each dump.")
 ]
 VersionOpt = Annotated[
-    bool, typer.Option("--version", is_eager=True, help="Print the version and exit.")
+    bool,
+    typer.Option(
+        "--version", is_eager=True, callback=show_version, help="Print the version and exit."
+    ),
 ]
 SGLangOpt = Annotated[
     bool,
@@ -449,12 +488,14 @@ ReplayOpt = Annotated[
 ]
 ViolationGroupOpt = Annotated[
     Space | None,
-    typer.Option("--group", "-g", help="Only rows and replays of this group."),
+    typer.Option("--group", "-g", help="Only rows and replays of this group.", **choice_of(*Space)),
 ]
 BufferOpt = Annotated[
     Buffer | None,
     typer.Option(
-        "--buffer", help="Only rows and replays of this canary buffer (sweeps read tail.*)."
+        "--buffer",
+        help="Only rows and replays of this canary buffer (sweeps read tail.*).",
+        **choice_of(*Buffer),
     ),
 ]
 JoinDumpOpt = Annotated[

@@ -14,37 +14,62 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvcanary_cli.planners.base import Planner
 
-__all__ = ["Backend", "Kernel", "make_kernel", "make_planner", "make_selftest_planners"]
+__all__ = [
+    "BACKENDS",
+    "KERNELS",
+    "PlannerChoice",
+    "make_kernel",
+    "make_planner",
+    "make_selftest_planners",
+]
 
 
-class Backend(StrEnum):
-    """`kvcanary plan --backend`: which implementation plans."""
+class PlannerChoice(StrEnum):
+    """The planners a user can name: `plan --backend` takes `BACKENDS`, `check --kernel`
+    (what stands in for the production GPU path) takes `KERNELS`."""
 
     #: the literal scalar reading of the semantics, REF behaviour on bad input.
     REFERENCE = "reference"
-    #: the same results vectorized (numpy).
+    #: the same plan vectorized (numpy): REF semantics as a backend, GPU semantics as a kernel.
     VECTORIZED = "vectorized"
     #: the GPU path as Triton kernels (compiled on CUDA, interpreted elsewhere).
     TRITON = "triton"
     #: the installed SGLang's own launcher (its kernels on CUDA, its torch reference elsewhere).
     SGLANG = "sglang"
-
-
-class Kernel(StrEnum):
-    """`kvcanary check --kernel`: what stands in for the production GPU path."""
-
-    TRITON = "triton"
-    #: the GPU semantics, vectorized (`VectorizedPlanner(semantics=GPU)`).
-    VECTORIZED = "vectorized"
-    #: the installed SGLang's own launcher (`SGLangPlanner`).
-    SGLANG = "sglang"
-    #: no kernel: skip the comparison.
+    #: no kernel: `check` skips the comparison.
     NONE = "none"
 
 
-def make_planner(backend: Backend, *, strict: bool = False) -> Planner:
-    """The planner for `backend`; `strict` (raise where REF raises) is the reference's only."""
-    if strict and backend is not Backend.REFERENCE:
+#: `plan --backend` choices.
+BACKENDS = (
+    PlannerChoice.REFERENCE,
+    PlannerChoice.VECTORIZED,
+    PlannerChoice.TRITON,
+    PlannerChoice.SGLANG,
+)
+#: `check --kernel` choices, the default first.
+KERNELS = (
+    PlannerChoice.TRITON,
+    PlannerChoice.VECTORIZED,
+    PlannerChoice.SGLANG,
+    PlannerChoice.NONE,
+)
+
+
+def _refuse(choice: PlannerChoice, allowed: tuple[PlannerChoice, ...], option: str) -> None:
+    if choice not in allowed:
+        from kvcanary_cli.errors import OptionError
+
+        names = ", ".join(allowed)
+        raise OptionError(f"{choice.value!r} is not one of {names}", option=option)
+
+
+def make_planner(choice: PlannerChoice | str, *, strict: bool = False) -> Planner:
+    """The planner `plan --backend` names; `strict` (raise where REF raises) is the scalar
+    reference's only."""
+    choice = PlannerChoice(choice)
+    _refuse(choice, BACKENDS, "--backend")
+    if strict and choice is not PlannerChoice.REFERENCE:
         from kvcanary_cli.errors import OptionError
 
         raise OptionError(
@@ -52,38 +77,40 @@ def make_planner(backend: Backend, *, strict: bool = False) -> Planner:
             option="--strict",
             hint="add --backend reference",
         )
-    match backend:
-        case Backend.REFERENCE:
+    match choice:
+        case PlannerChoice.REFERENCE:
             from kvcanary_cli.planners.reference import ReferencePlanner
 
             return ReferencePlanner(strict=strict)
-        case Backend.VECTORIZED:
+        case PlannerChoice.VECTORIZED:
             from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
             return VectorizedPlanner()
-        case Backend.TRITON:
+        case PlannerChoice.TRITON:
             from kvcanary_cli.planners.triton_planner import TritonPlanner
 
             return TritonPlanner()
-        case Backend.SGLANG:
+        case _:
             return _sglang("--backend sglang")
 
 
-def make_kernel(kernel: Kernel) -> Planner | None:
-    """The GPU-semantics planner for `kernel` (None for `none`)."""
-    match kernel:
-        case Kernel.TRITON:
+def make_kernel(choice: PlannerChoice | str) -> Planner | None:
+    """The GPU-semantics planner `check --kernel` names (None for `none`)."""
+    choice = PlannerChoice(choice)
+    _refuse(choice, KERNELS, "--kernel")
+    match choice:
+        case PlannerChoice.TRITON:
             from kvcanary_cli.planners.triton_planner import TritonPlanner
 
             return TritonPlanner()
-        case Kernel.VECTORIZED:
+        case PlannerChoice.VECTORIZED:
             from kvcanary_cli.planners.base import Semantics
             from kvcanary_cli.planners.vectorized import VectorizedPlanner
 
             return VectorizedPlanner(semantics=Semantics.GPU)
-        case Kernel.SGLANG:
+        case PlannerChoice.SGLANG:
             return _sglang("--kernel sglang")
-        case Kernel.NONE:
+        case _:
             return None
 
 

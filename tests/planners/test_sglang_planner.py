@@ -17,7 +17,7 @@ from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS
 from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PlannerUnavailableError
-from kvcanary_cli.planners import Backend, Kernel, make_kernel, make_planner
+from kvcanary_cli.planners import PlannerChoice, make_kernel, make_planner
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner, plan_arguments
@@ -48,10 +48,10 @@ def test_the_launcher_loads_with_its_version(sglang_standin: InstallStandin) -> 
     launcher = load_launcher()
     assert launcher.version == VERSION
     assert launcher.where == "sglang.kernels.ops.kv_canary.plan.api:launch_canary_plan_kernels"
-    planner = make_kernel(Kernel.SGLANG)
+    planner = make_kernel(PlannerChoice.SGLANG)
     assert planner is not None and planner.name == "sglang"
     assert (planner.semantics, planner.mode) == (Semantics.REFERENCE, "reference")
-    assert make_planner(Backend.SGLANG).name == "sglang"
+    assert make_planner(PlannerChoice.SGLANG).name == "sglang"
     assert pickle.loads(pickle.dumps(planner)).mode == "reference"  # for check's workers
 
 
@@ -203,7 +203,7 @@ def test_unusable_sglang_is_one_error_naming_the_version(
 ) -> None:
     sglang_standin(**options)
     with pytest.raises(PlannerUnavailableError) as caught:
-        make_kernel(Kernel.SGLANG)
+        make_kernel(PlannerChoice.SGLANG)
     assert needle in str(caught.value)
     assert str(caught.value).startswith("--kernel sglang: ")
     assert "\n" not in str(caught.value)
@@ -211,7 +211,7 @@ def test_unusable_sglang_is_one_error_naming_the_version(
 
 def test_missing_sglang(no_sglang: None) -> None:
     with pytest.raises(PlannerUnavailableError, match="SGLang is not installed here"):
-        make_planner(Backend.SGLANG)
+        make_planner(PlannerChoice.SGLANG)
 
 
 def test_the_reference_launcher_for_benchmarks(
@@ -227,5 +227,5 @@ def test_plans_name_their_upstream_fields_as_sglang_does(tmp_path: Path) -> None
     """`Plan.upstream_tensors` (what kvcanary compares and saves) and the fields read back
     from SGLang's VerifyPlan / WritePlan are the same names in the same order."""
     dump = load_dump(make_scenario("clean-swa").save(tmp_path / "d.safetensors"))
-    plan = make_planner(Backend.VECTORIZED).plan(dump, "full")
+    plan = make_planner(PlannerChoice.VECTORIZED).plan(dump, "full")
     assert tuple(plan.upstream_tensors()) == (*VERIFY_PLAN_FIELDS, *WRITE_PLAN_FIELDS)

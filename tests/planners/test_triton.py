@@ -26,7 +26,7 @@ pytest.importorskip("triton")
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PlannerUnavailableError
-from kvcanary_cli.planners import Kernel, make_kernel, triton_runtime
+from kvcanary_cli.planners import PlannerChoice, make_kernel, triton_runtime
 from kvcanary_cli.planners.base import (
     Plan,
     ProblemKind,
@@ -346,7 +346,7 @@ def test_bs_block() -> None:
 
 
 def test_registry_and_mode() -> None:
-    planner = make_kernel(Kernel.TRITON)
+    planner = make_kernel(PlannerChoice.TRITON)
     assert planner is not None
     assert planner.name == "triton" and planner.semantics is Semantics.GPU
     expected = "compiled" if triton_runtime.cuda_available() else "interpreter"

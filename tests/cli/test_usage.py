@@ -1,0 +1,102 @@
+"""The command line's own surface: `--version`, `kvcanary` alone, choice options, and the
+one-line error for every kind of usage error (exit 2, never click's usage block)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcanary_cli import __version__
+from kvcanary_cli.cli import app
+from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clean-swa.safetensors"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_version_prints_the_version_and_exits_0() -> None:
+    code, out, err = run("--version")
+    assert (code, out, err) == (0, f"kvcanary {__version__}\n", "")
+
+
+def test_version_from_the_installed_entry_point() -> None:
+    """`python -m kvcanary_cli --version`: the process a user runs, not the test runner."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kvcanary_cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"kvcanary {__version__}\n", "")
+
+
+def test_version_wins_over_a_command() -> None:
+    """Eager: answered before the command's own arguments are looked at."""
+    code, out, _ = run("--version", "check")
+    assert (code, out) == (0, f"kvcanary {__version__}\n")
+
+
+def test_kvcanary_alone_shows_the_help_on_stderr_and_exits_2() -> None:
+    code, out, err = run()
+    assert code == 2 and out == ""
+    assert err.startswith("Usage: kvcanary") and "Commands" in err and "--version" in err
+
+
+def test_help_exits_0() -> None:
+    code, out, _ = run("--help")
+    assert code == 0 and out.startswith("Usage: kvcanary")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["nosuch"], "No such command 'nosuch'"),
+        (["check", "--nosuch", str(EXAMPLE)], "No such option: --nosuch"),
+        (["check"], "Missing argument 'DUMP'"),
+        (["check", "--max-rows", "0", str(EXAMPLE)], "'--max-rows'"),
+        (["provenance", str(EXAMPLE), "--slot", "x"], "'--slot'"),
+        (["check", "--format", "yaml", str(EXAMPLE)], "'yaml' is not one of table, json, markdown"),
+        (["check", "--fail-on", "fatal", str(EXAMPLE)], "'fatal' is not one of error, warning"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_help(args: list[str], says: str) -> None:
+    code, out, err = run(*args)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith("error: ") and says in lines[0], lines[0]
+    assert lines[0].endswith("--help')") and "Traceback" not in err
+
+
+def test_one_planner_choice_two_options() -> None:
+    """`--kernel` and `--backend` take subsets of one enum: each refuses the other's extra."""
+    assert set(BACKENDS) | set(KERNELS) == set(PlannerChoice)
+    code, _, err = run("check", "--kernel", "reference", str(EXAMPLE))
+    assert code == 2 and "'reference' is not one of triton, vectorized, sglang, none" in err
+    code, _, err = run("plan", str(EXAMPLE), "--backend", "none")
+    assert code == 2 and "'none' is not one of reference, vectorized, triton, sglang" in err
+
+
+@pytest.mark.parametrize(
+    "kernel", [k for k in KERNELS if k is not PlannerChoice.SGLANG]
+)  # sglang: tests/planners/test_sglang_planner.py, with a stand-in SGLang
+def test_every_kernel_choice_is_accepted(kernel: PlannerChoice) -> None:
+    code, _, err = run("check", "--kernel", kernel.value, "-q", str(EXAMPLE))
+    assert code == 0, err
+
+
+def test_the_api_refuses_a_planner_outside_its_subset() -> None:
+    from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.planners import make_kernel, make_planner
+
+    with pytest.raises(OptionError, match="--kernel"):
+        make_kernel(PlannerChoice.REFERENCE)
+    with pytest.raises(OptionError, match="--backend"):
+        make_planner("none")
