@@ -94,6 +94,7 @@ def provenance(
     optionally limited to `positions` [start, end)), with the findings touching it."""
     from kvcanary_cli.analysis.check import run_check
     from kvcanary_cli.analysis.focus import focused_findings, focused_index
+    from kvcanary_cli.analysis.model import Space
     from kvcanary_cli.analysis.query import row_map, slot_query
     from kvcanary_cli.dump.loader import load_dump
 
@@ -101,7 +102,7 @@ def provenance(
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
     dump = load_dump(path, overrides=overrides)
     reference = make_planner(PlannerChoice.VECTORIZED)
-    if slot is not None and space == "full":
+    if slot is not None and space == Space.FULL:
         # only the batch rows that hold (or write) the slot: its findings, not the diagnosis
         # one scan of the table serves the findings' rows and the answer's cells
         index = focused_index(dump, slot, max_cells=max_cells)
@@ -112,7 +113,12 @@ def provenance(
     report = run_check(dump, reference=reference, kernel=None)
     if slot is not None:
         return slot_query(
-            dump, list(report.findings), slot, space=space, group=group, max_cells=max_cells
+            dump,
+            list(report.findings),
+            slot,
+            space=space,
+            group=group,
+            max_cells=max_cells,
         )
     assert row is not None
     return row_map(dump, report, row, group=group, positions=positions, max_cells=max_cells)

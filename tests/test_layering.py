@@ -290,3 +290,29 @@ def test_check_and_provenance_never_import_torch(argv: list[str]) -> None:
     assert "torch" not in imported and code in (0, 1)
     if argv == ["check"]:
         assert "triton" in imported  # the kernels did run, in the interpreter
+
+
+def test_the_analysis_reads_no_finding_details() -> None:
+    """`Finding.details` is what a report shows; what the analysis itself needs of a finding
+    (the full slots of an SWA finding, the kernel's raise, a canary record's cause) is a
+    typed field. Copying the shown facts into a new finding is the one use allowed."""
+    offenders = []
+    for path in sorted((PACKAGE / "analysis").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            reads = (
+                (isinstance(node, ast.Subscript) and _is_details(node.value))
+                or (isinstance(node, ast.Attribute) and _is_details(node.value))
+                or (
+                    isinstance(node, ast.Compare)
+                    and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+                    and any(_is_details(c) for c in node.comparators)
+                )
+            )
+            if reads:
+                offenders.append(f"{path.relative_to(PACKAGE)}:{_line(node)}")
+    assert offenders == [], f"reads Finding.details: {offenders}"
+
+
+def _is_details(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "details"

@@ -9,7 +9,12 @@ carries the rows SGLang would record and the row's explanation (`violation_diagn
 
 from __future__ import annotations
 
-from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.model import (
+    Finding,
+    FindingCode,
+    Role,
+    Space,
+)
 from kvcanary_cli.analysis.provenance import LiveCells
 from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.analysis.violations.report import explanation_text
@@ -60,16 +65,17 @@ def canary_findings(dump: KvDump, plan: Plan, cells: LiveCells | None = None) ->
     found = []
     for (code, _), (i, buffers, same) in merged.items():
         position = int(rows.expected_position[i])
+        facts = why.facts(i)
         found.append(
             Finding(
                 code=code,
                 group=plan.group,
                 slot=same[0][1],
-                space=plan.group,
+                space=Space(plan.group.value),  # a group's canary holds its pool's slots
                 batch_row=int(rows.batch_row[i]),
                 pool_row=int(why.ref_row[i]),
                 position=position,
-                role="verify",
+                role=Role.VERIFY,
                 message=f"{_what(code, same[0], position)}; {explanation_text(why, i, fields[i])}",
                 details={
                     "buffers": buffers,
@@ -77,8 +83,10 @@ def canary_findings(dump: KvDump, plan: Plan, cells: LiveCells | None = None) ->
                     "rows": same,
                     "fields": list(VIOLATION_FIELDS),
                     "prev_slot": int(rows.prev_slot[i]),
-                    "explanation": why.facts(i),
+                    "explanation": facts,
                 },
+                canary_cause=str(facts.get("cause", "")) or None,
+                prev_slot=int(rows.prev_slot[i]),
             )
         )
     return found

@@ -37,10 +37,12 @@ from kvcanary_cli.analysis.model import (
     DumpReport,
     Finding,
     FindingCode,
+    Group,
     GroupSummary,
     ScalarValue,
     Severity,
     SlotProvenance,
+    Space,
 )
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
@@ -181,14 +183,15 @@ def _collect(
         plan = reference.plan(dump, group)
         plans.append(plan)
         for finding in plan_findings(dump, plan):
-            # The token pool is the same for every group: report a bad gather once.
-            key = (finding.code, finding.batch_row, finding.details.get("index"))
+            # The token pool is the same for every group: report a bad gather once (a batch
+            # row's position names one gather).
+            key = (finding.code, finding.batch_row, finding.position)
             if finding.code is FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE:
                 if key in token_seen:
                     continue
                 token_seen.add(key)
             findings.append(finding)
-        if group == "swa":
+        if group is Group.SWA:
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
         kernel_plan = None  # needed from here on: planned in the background, or now
         if group in pending:
@@ -208,7 +211,7 @@ def _collect(
             findings = mark_upstream_raise(findings, plan, kernel_plan)
         summaries.append(
             GroupSummary(
-                group=group,
+                group=plan.group,
                 window=plan.window,
                 total_verify=plan.total_verify,
                 verify_capacity=plan.verify_capacity,
@@ -282,11 +285,11 @@ class ProvenanceSlots:
 
 def provenance_slots(dump: KvDump, findings: list[Finding]) -> ProvenanceSlots:
     """Which full slots the provenance of `findings` needs the cells of."""
-    swa_slots = {f.slot for f in findings if f.slot is not None and f.space == "swa"}
+    swa_slots = {f.slot for f in findings if f.slot is not None and f.space is Space.SWA}
     swa_sources = full_slots_mapping_to(dump, swa_slots)
     target = clamp_target(dump)
     clamped = clamped_sources(dump, findings) if target in swa_slots else ()
-    wanted = {f.slot for f in findings if f.slot is not None and f.space != "swa"}
+    wanted = {f.slot for f in findings if f.slot is not None and f.space is not Space.SWA}
     wanted.update(clamped)
     for sources in swa_sources.values():
         wanted.update(sources)
@@ -335,7 +338,7 @@ def attach_provenance(
                     frame,
                     clamped_from=clamped if f.slot == target else (),
                 )
-                if f.space == "swa"
+                if f.space is Space.SWA
                 else index.provenance(f.slot, frame)
             )
         out.append(replace(f, provenance=cache[key]))

@@ -323,8 +323,7 @@ def _canary_records(state: _Diagnosis) -> None:
     follows: list[int] = []
     for i in canary:
         f = findings[i]
-        facts = f.details.get("explanation")
-        explained = str(facts.get("cause", "")) if isinstance(facts, dict) else ""
+        explained = f.canary_cause or ""
         if f.slot is not None and (f.space, f.slot) in slot_cause:
             state.claim(slot_cause[(f.space, f.slot)], Confidence.LIKELY, i)
         elif explained == _FOLLOWS:
@@ -338,8 +337,7 @@ def _canary_records(state: _Diagnosis) -> None:
             slot_cause.setdefault((f.space, f.slot), claimed)
     for i in follows:
         f = findings[i]
-        prev_slot = f.details.get("prev_slot")
-        before = (f.space, prev_slot if isinstance(prev_slot, int) else -1)
+        before = (f.space, -1 if f.prev_slot is None else f.prev_slot)
         state.claim(slot_cause.get(before, CauseCode.FOREIGN_CANARY_RECORD), Confidence.LIKELY, i)
 
 

@@ -12,7 +12,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.model import (
+    Finding,
+    FindingCode,
+    Group,
+    Role,
+    Space,
+)
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS, dtype_label
@@ -52,7 +58,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.ROW_OUT_OF_RANGE,
-                group="full",
+                group=Group.FULL,
                 batch_row=r,
                 pool_row=rp,
                 message=f"req_pool_indices[{r}] = {rp} is outside [0, {max_reqs}): the GPU "
@@ -70,7 +76,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.PREFIX_BEYOND_ROW,
-                group="full",
+                group=Group.FULL,
                 batch_row=r,
                 pool_row=int(rpi[r]),
                 position=msl,
@@ -84,7 +90,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
             found.append(
                 Finding(
                     code=FindingCode.NEGATIVE_LENGTH,
-                    group="full",
+                    group=Group.FULL,
                     batch_row=r,
                     pool_row=int(rpi[r]),
                     message=f"{name}[{r}] = {int(values[r])} is negative (treated as 0)",
@@ -103,7 +109,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
             found.append(
                 Finding(
                     code=FindingCode.DUPLICATE_REQUEST_ROW,
-                    group="full",
+                    group=Group.FULL,
                     batch_row=r,
                     pool_row=int(rpi[r]),
                     message=f"pool row {int(rpi[r])} is used by batch rows {first} and {r}",
@@ -115,7 +121,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.KERNEL_LIMIT_EXCEEDED,
-                group="full",
+                group=Group.FULL,
                 message=f"bs={limit.bs} exceeds {limit.name}={limit.limit}: the GPU plan path "
                 "raises before launching",
                 details={"bs": limit.bs, "limit": limit.limit},
@@ -126,7 +132,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.SCALAR_OUT_OF_RANGE,
-                group="full",
+                group=Group.FULL,
                 message=f"{rejected.name} (in the dump's {rejected.source}) {rejected.reason}: "
                 f"corrupt; planned as if not recorded (default: {spec.default}; pass "
                 f"{spec.option} with the real value)",
@@ -143,7 +149,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.GPU_DTYPE_MISMATCH,
-                group="full",
+                group=Group.FULL,
                 message=f"{note.tensor} is {dtype_label(note.found)}; the production GPU path "
                 f"requires {dtype_label(note.expected)} (kvcanary read it anyway)",
                 details={
@@ -162,11 +168,12 @@ def _cell_finding(
     i: int | np.integer,
     message: str,
     *,
-    group: str = "full",
+    group: Group = Group.FULL,
     slot: int | None = None,
-    space: str = "full",
-    role: str | None = None,
+    space: Space = Space.FULL,
+    role: Role | None = None,
     details: dict[str, object] | None = None,
+    full_slots: tuple[int, ...] = (),
 ) -> Finding:
     """A finding at live cell `i`; its role defaults to the full group's (window 0)."""
     return Finding(
@@ -177,9 +184,10 @@ def _cell_finding(
         batch_row=int(cells.batch_row[i]),
         pool_row=int(cells.pool_row[i]),
         position=int(cells.position[i]),
-        role=role or ("pending-write" if cells.pending[i] else "verify"),
+        role=role or (Role.PENDING_WRITE if cells.pending[i] else Role.VERIFY),
         message=message,
         details=details or {},
+        full_slots=full_slots,
     )
 
 
@@ -199,11 +207,12 @@ def _cell_records(
     message: Callable[[int], str],
     *,
     run_what: str,
-    group: str = "full",
-    space: str = "full",
+    group: Group = Group.FULL,
+    space: Space = Space.FULL,
     slots: np.ndarray | None = None,
-    role: Callable[[int], str | None] | None = None,
+    role: Callable[[int], Role | None] | None = None,
     details: Callable[[int], dict[str, object]] | None = None,
+    full_slots: Callable[[int], tuple[int, ...]] | None = None,
     split: np.ndarray | None = None,
 ) -> list[Finding]:
     """Findings for the offending cells (ascending indices into `cells`): one per cell, or
@@ -242,6 +251,7 @@ def _cell_records(
                         space=space,
                         role=role(i) if role else None,
                         details=details(i) if details else None,
+                        full_slots=full_slots(i) if full_slots else (),
                     )
                 )
             continue
@@ -262,6 +272,7 @@ def _cell_records(
                     slot=sample[0],
                     space=space,
                     role=role(first) if role else None,
+                    full_slots=full_slots(first) if full_slots else (),
                     details={
                         **(details(first) if details else {}),
                         "slots": sample,
@@ -536,13 +547,13 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.WRITE_TO_LIVE_SLOT,
-                group="full",
+                group=Group.FULL,
                 slot=int(x),
-                space="full",
+                space=Space.FULL,
                 batch_row=int(w_rows[i]),
                 pool_row=int(w_pool[i]),
                 position=int(w_pos[i]),
-                role="pending-write",
+                role=Role.PENDING_WRITE,
                 message=f"out_cache_loc[{i}] writes slot {x}, which is live at (pool row, "
                 f"position) {', '.join(map(str, others[:3]))}",
                 details={
@@ -570,7 +581,7 @@ def lut_findings(dump: KvDump) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.LUT_SHORTER_THAN_POOL,
-                group="swa",
+                group=Group.SWA,
                 message=f"full_to_swa_index_mapping has {lut_len} entries for a full pool of "
                 f"{pool.value} slots ({pool.source}); it needs {pool.value + 1}: slots "
                 f"{lut_len}..{pool.value - 1} cannot be translated",
@@ -581,7 +592,7 @@ def lut_findings(dump: KvDump) -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.LUT_SENTINEL_MISSING,
-                group="swa",
+                group=Group.SWA,
                 message=f"the last LUT entry, LUT[{lut_len - 1}], is {last}, not -1: the LUT was "
                 "sliced or overwritten, and a GPU clamp no longer lands on -1",
                 details={"lut_len": lut_len, "last": last},
@@ -612,7 +623,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
         ),
         run_what="slots inside the SWA window whose LUT entry is 0 (SWA peers freed; the SWA "
         "canary is blind here)",
-        group="swa",
+        group=Group.SWA,
     )
     # a collision needs two cells on one SWA slot: the others are left out before sorting
     found += _swa_collisions(
@@ -631,11 +642,12 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
                 "allocator holds as free"
             ),
             run_what="full slots whose SWA slots the SWA allocator holds as free",
-            group="swa",
+            group=Group.SWA,
             slots=swa,
-            space="swa",
-            role=lambda i: None if in_window[i] or cells.pending[i] else "prefix",
+            space=Space.SWA,
+            role=lambda i: None if in_window[i] or cells.pending[i] else Role.PREFIX,
             details=lambda i: {"full_slot": int(slot[i])},
+            full_slots=lambda i: (int(slot[i]),),
             split=prefix_only,
         )
     return found
@@ -680,10 +692,11 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
         idx[colliding],
         lambda i: f"full slots {listed(i)} all map to SWA slot {swa[i]}",
         run_what="full slots that share their SWA slot with other full slots",
-        group="swa",
+        group=Group.SWA,
         slots=swa,
-        space="swa",
+        space=Space.SWA,
         details=lambda i: {"full_slot": int(cells.slot[i]), "full_slots": of(i)[0]},
+        full_slots=lambda i: tuple(of(i)[0]),
     )
 
 
@@ -724,7 +737,7 @@ def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Find
         run_what=f"slots >= lut_len {lut_len} (REF raises at the first; the GPU clamps them to "
         f"LUT[{lut_len - 1}] = {clamp_value})",
         group=plan.group,
-        role=lambda c: min(read_as(c)).label,  # the first read of the cell in REF's order
+        role=lambda c: Role(min(read_as(c)).label),  # the first read of the cell, REF's order
         details=lambda c: {
             "lut_len": lut_len,
             "gpu_value": clamp_value,
@@ -760,7 +773,7 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
                 batch_row=int(problems.batch_row[i]),
                 pool_row=pool_row,
                 position=int(problems.position[i]),
-                role="verify",
+                role=Role.VERIFY,
                 message=f"{what}: REF raises IndexError, the GPU reads another row's tokens",
                 details={"pool_shape": shape, "index": value},
             )
@@ -804,7 +817,7 @@ def merge_spread(findings: list[Finding]) -> list[Finding]:
             and f.position is not None
             and f.cells == 1
             and not f.first_raise
-            and "upstream_raise" not in f.details
+            and f.upstream_raise is None
         ):
             # not the cause: one slot's cells of one code are one problem, and `provenance`
             # (which has no diagnosis) must merge them the way `check` does

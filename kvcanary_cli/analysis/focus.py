@@ -26,7 +26,11 @@ import numpy as np
 
 from kvcanary_cli.analysis.check import attach_provenance, collect_findings
 from kvcanary_cli.analysis.findings import merge_spread, write_findings
-from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.model import (
+    Finding,
+    FindingCode,
+    Space,
+)
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
@@ -105,9 +109,9 @@ def touches(finding: Finding, slot: int) -> bool:
     """The finding is at a cell of full slot `slot`, or an SWA finding naming it."""
     if finding.slot is None:
         return False
-    if finding.space == "full":
+    if finding.space is Space.FULL:
         return finding.slot == slot
-    return slot in _full_slots(finding)
+    return slot in finding.full_slots
 
 
 def _needs_whole_batch(dump: KvDump, related: tuple[int, ...]) -> bool:
@@ -141,11 +145,3 @@ def _rows_holding(dump: KvDump, cells: LiveCells, slots: Iterable[int]) -> KvDum
     masked = dump.req_pool_indices.copy()
     masked[~keep] = 0
     return replace(dump, req_pool_indices=masked)
-
-
-def _full_slots(finding: Finding) -> tuple[int, ...]:
-    details = finding.details
-    full = details.get("full_slots", details.get("full_slot"))
-    if isinstance(full, list):
-        return tuple(int(s) for s in full)
-    return (int(full),) if isinstance(full, int) else ()

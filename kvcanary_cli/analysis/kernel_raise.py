@@ -68,14 +68,18 @@ def _is_site(finding: Finding, reference: Plan, kernel: Plan) -> bool:
 
 
 def mark_upstream_raise(findings: list[Finding], reference: Plan, kernel: Plan) -> list[Finding]:
-    """`findings` with `details["upstream_raise"]` on the first finding where the kernel
-    raised, when that raise is the one the reference predicts (else unchanged)."""
+    """`findings` with `upstream_raise` (the raise's text; shown in its details too) on the
+    first finding where the kernel raised, when that raise is the one the reference predicts
+    (else unchanged)."""
     matched, error = _matched(reference, kernel)
     if not matched or error is None or kernel.launch_error is None:
         return findings
     out = list(findings)
     for i, finding in enumerate(out):
-        if UPSTREAM_RAISE not in finding.details and _is_site(finding, reference, kernel):
-            out[i] = replace(finding, details={**finding.details, UPSTREAM_RAISE: str(error)})
+        if finding.upstream_raise is None and _is_site(finding, reference, kernel):
+            text = str(error)
+            out[i] = replace(
+                finding, upstream_raise=text, details={**finding.details, UPSTREAM_RAISE: text}
+            )
             break
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
 
 __all__ = [
@@ -20,6 +21,9 @@ __all__ = [
     "CauseCode",
     "Confidence",
     "FirstRaise",
+    "Group",
+    "Role",
+    "Space",
     "RequestSummary",
     "ScalarValue",
     "code_order",
@@ -38,6 +42,40 @@ __all__ = [
     "ViolationRow",
     "ShrinkRecord",
 ]
+
+
+class Space(StrEnum):
+    """Which KV pool a slot indexes: the full pool, or the SWA pool (a LUT entry's value)."""
+
+    FULL = "full"
+    SWA = "swa"
+
+
+class Role(StrEnum):
+    """What a `req_to_token` cell (or a plan read) is to the batch (docs/findings.md).
+
+    A cell is a verify cell, a live prefix cell before the window, the window's chain
+    predecessor, a pending write, a stale cell past a live row's end, or a cell of an idle
+    row; a finding may also name the plan read that met it: a write seed or an expected-token
+    gather.
+    """
+
+    VERIFY = "verify"
+    PREFIX = "prefix"
+    CHAIN_PREV = "chain-prev"
+    PENDING_WRITE = "pending-write"
+    STALE_TAIL = "stale-tail"
+    IDLE_ROW = "idle-row"
+    SEED = "seed"
+    EXPECTED_TOKEN = "expected-token"
+
+    @property
+    def live(self) -> bool:
+        """A cell the batch reads or writes at this step."""
+        return self in _LIVE_ROLES
+
+
+_LIVE_ROLES = frozenset({Role.VERIFY, Role.PREFIX, Role.CHAIN_PREV, Role.PENDING_WRITE})
 
 
 class Severity(StrEnum):
@@ -164,7 +202,7 @@ class Cell:
     #: batch rows using this pool row (empty for idle rows).
     batch_rows: tuple[int, ...]
     #: verify, prefix, chain-prev, pending-write, stale-tail or idle-row.
-    role: str
+    role: Role
     #: the cell is a row's write seed (`P-1` of a row that writes).
     seed: bool = False
     #: another live row holds the same slot at the same position (radix prefix sharing).
@@ -197,7 +235,7 @@ class SlotProvenance:
     """Where a slot lives: every cell holding it, its translation, allocator and canary state."""
 
     slot: int
-    space: str
+    space: Space
     #: the first cells (live ones first); `cells_total` counts all of them.
     cells: tuple[Cell, ...]
     cells_total: int
@@ -223,16 +261,25 @@ class Finding:
     """One offending slot (or row, or tensor), with where it came from."""
 
     code: FindingCode
-    group: str
+    group: Group
     message: str
     slot: int | None = None
-    space: str = "full"
+    space: Space = Space.FULL
     batch_row: int | None = None
     pool_row: int | None = None
     position: int | None = None
-    role: str | None = None
-    #: code-specific facts (other cells, kernel values, counts), JSON-safe.
+    role: Role | None = None
+    #: code-specific facts (other cells, kernel values, counts), JSON-safe: shown, never read
+    #: by the analysis (what it reads is a typed field below).
     details: dict[str, object] = field(default_factory=dict)
+    #: for an SWA-space finding: the full slots whose LUT entries reach its SWA slot.
+    full_slots: tuple[int, ...] = ()
+    #: the kernel's launch raised here, as the reference predicts (the raise's text).
+    upstream_raise: str | None = None
+    #: for a canary finding: the cause the record's explanation names (docs/canary.md §7),
+    #: and the slot the failing entry chains from.
+    canary_cause: str | None = None
+    prev_slot: int | None = None
     provenance: SlotProvenance | None = None
     #: scalars the finding holds under only because kvcanary derived them (not recorded):
     #: such a finding is `info` until the dump records them.
@@ -296,7 +343,7 @@ class Finding:
 class GroupSummary:
     """How one group was planned and how the kernel compared."""
 
-    group: str
+    group: Group
     window: int
     total_verify: int
     verify_capacity: int
@@ -367,7 +414,7 @@ class RequestSummary:
 class FirstRaise:
     """Where SGLang's torch reference stops (its first raising read, in its own order)."""
 
-    group: str
+    group: Group
     exception_type: str
     message: str
     code: FindingCode
@@ -442,7 +489,7 @@ class RowCell:
     position: int
     slot: int
     #: verify, prefix, chain-prev, pending-write, stale-tail or idle-row.
-    role: str
+    role: Role
     seed: bool = False
     #: LUT[slot] when the dump has a LUT and the slot is in range.
     swa_slot: int | None = None
@@ -459,7 +506,7 @@ class RowMap:
     prefix_len: int | None
     extend_len: int | None
     window_start: int | None
-    group: str
+    group: Group
     #: positions shown, in order (the live range's edges, a few stale cells, marked cells).
     cells: tuple[RowCell, ...]
     #: positions of the row holding a non-zero slot (shown or not).

@@ -19,7 +19,9 @@ from kvcanary_cli.analysis.model import (
     Cell,
     Finding,
     FindingCode,
+    Role,
     SlotProvenance,
+    Space,
     ViolationRow,
 )
 from kvcanary_cli.canary.ring import decode_ring
@@ -119,22 +121,22 @@ def live_cells(dump: KvDump) -> LiveCells:
 
 def cell_role(
     dump: KvDump, frame: GroupFrame, batch_row: int | None, position: int
-) -> tuple[str, bool]:
+) -> tuple[Role, bool]:
     """(role, is_seed) of a cell at `position` of the pool row used by `batch_row`, with the
     window of `frame`'s group."""
     if batch_row is None:
-        return "idle-row", False
+        return Role.IDLE_ROW, False
     p = max(int(dump.prefix_lens[batch_row]), 0)
     e = max(int(dump.extend_seq_lens[batch_row]), 0)
     ws = int(frame.window_start[batch_row])
     seed = e > 0 and p > 0 and position == p - 1
     if ws <= position < p:
-        return "verify", seed
+        return Role.VERIFY, seed
     if position < p:
-        return ("chain-prev" if position == ws - 1 else "prefix"), seed
+        return (Role.CHAIN_PREV if position == ws - 1 else Role.PREFIX), seed
     if position < p + e:
-        return "pending-write", False
-    return "stale-tail", False
+        return Role.PENDING_WRITE, False
+    return Role.STALE_TAIL, False
 
 
 #: Cell tiers, shown in this order: live in the batch, a batch row's stale tail, idle rows.
@@ -357,7 +359,7 @@ class ProvenanceIndex:
             labelled.append((row, pos, batch_rows, role, seed))
         live_positions: dict[int, set[int]] = {}
         for row, pos, _, role, _ in labelled:
-            if role in ("verify", "prefix", "chain-prev", "pending-write"):
+            if role.live:
                 live_positions.setdefault(pos, set()).add(row)
         out = tuple(
             Cell(
@@ -395,7 +397,7 @@ class ProvenanceIndex:
         violations, violations_total = _violations(dump, slot, swa=False)
         return SlotProvenance(
             slot=slot,
-            space="full",
+            space=Space.FULL,
             cells=cells,
             cells_total=total,
             swa_slot=swa_slot,
@@ -414,12 +416,12 @@ def _rank_in_runs(ordered: np.ndarray) -> np.ndarray:
 
 
 _ROLE_TIER = {
-    "verify": _LIVE,
-    "prefix": _LIVE,
-    "chain-prev": _LIVE,
-    "pending-write": _LIVE,
-    "stale-tail": _STALE,
-    "idle-row": _IDLE,
+    Role.VERIFY: _LIVE,
+    Role.PREFIX: _LIVE,
+    Role.CHAIN_PREV: _LIVE,
+    Role.PENDING_WRITE: _LIVE,
+    Role.STALE_TAIL: _STALE,
+    Role.IDLE_ROW: _IDLE,
 }
 
 
@@ -448,7 +450,7 @@ def swa_provenance(
     violations, violations_total = _violations(dump, swa_slot, swa=True)
     return SlotProvenance(
         slot=swa_slot,
-        space="swa",
+        space=Space.SWA,
         cells=tuple(cells[: index.max_cells]),
         cells_total=total,
         mapped_from=mapped_from,

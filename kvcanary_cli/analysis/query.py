@@ -9,10 +9,12 @@ import numpy as np
 from kvcanary_cli.analysis.model import (
     DumpReport,
     Finding,
+    Group,
     ProvenanceReport,
     RowCell,
     RowGap,
     RowMap,
+    Space,
 )
 from kvcanary_cli.analysis.provenance import (
     ProvenanceIndex,
@@ -39,25 +41,26 @@ def slot_query(
     findings: Sequence[Finding],
     slot: int,
     *,
-    space: str = "full",
+    space: Space | str = Space.FULL,
     group: str | None = None,
     max_cells: int = 64,
     index: ProvenanceIndex | None = None,
 ) -> ProvenanceReport:
     """Every cell holding `slot` (whole table), its translation, state, and its findings.
 
-    For `space="swa"` the slot is an SWA-pool slot: the full slots whose LUT entry maps to it
+    For `space=swa` the slot is an SWA-pool slot: the full slots whose LUT entry maps to it
     are listed, with their cells. A full slot's cells come from `index` when it has scanned
     for the slot with `max_cells` (`focus.focused_index`), so the table is not scanned again.
     """
-    if space not in ("full", "swa"):
+    if space not in tuple(Space):
         raise OptionError(f"unknown space {space!r} (expected full or swa)", option="--space")
-    if space == "swa" and dump.full_to_swa_index_mapping is None:
+    space = Space(space)
+    if space is Space.SWA and dump.full_to_swa_index_mapping is None:
         raise OptionError(
             "this dump has no full_to_swa_index_mapping", option="--space", hint="use --space full"
         )
-    frame = group_frame(dump, group or ("swa" if space == "swa" else "full"))
-    if space == "swa":
+    frame = group_frame(dump, group or (Group.SWA if space is Space.SWA else Group.FULL))
+    if space is Space.SWA:
         sources = full_slots_mapping_to(dump, [slot])[slot]
         clamped = clamped_sources(dump, findings) if slot == clamp_target(dump) else ()
         index = ProvenanceIndex(dump, (*sources, *clamped), max_cells=max_cells)
@@ -74,8 +77,8 @@ def slot_query(
         if f.slot is not None
         and (
             (f.space == space and f.slot == slot)
-            or (space == "full" and f.space == "swa" and slot in _full_slots(f))
-            or (space == "swa" and f.space == "full" and f.slot in sources)
+            or (space is Space.FULL and f.space is Space.SWA and slot in f.full_slots)
+            or (space is Space.SWA and f.space is Space.FULL and f.slot in sources)
         )
     )
     return ProvenanceReport(
@@ -107,7 +110,7 @@ def row_map(
     if not 0 <= pool_row < dump.max_reqs:
         raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="--row")
     touching = tuple(f for f in report.findings if f.pool_row == pool_row)
-    group = group or ("swa" if any(f.group == "swa" for f in touching) else "full")
+    group = group or (Group.SWA if any(f.group is Group.SWA for f in touching) else Group.FULL)
     frame = group_frame(dump, group)
     row = _Row(dump.req_to_token, pool_row)
     msl = row.length
@@ -173,7 +176,7 @@ def row_map(
             prefix_len=prefix,
             extend_len=extend,
             window_start=start,
-            group=group,
+            group=frame.group,
             cells=tuple(cells),
             filled=row.count_nonzero(0, msl),
             max_seq_len=msl,
@@ -240,9 +243,3 @@ def _nonzero_positions(row: np.ndarray, start: int, end: int, limit: int) -> lis
         if len(found) >= limit:
             break
     return found
-
-
-def _full_slots(finding: Finding) -> list[int]:
-    """The full slots an SWA-space finding names (collisions list them in details)."""
-    slots = finding.details.get("full_slots", [])
-    return [int(x) for x in slots] if isinstance(slots, list) else []

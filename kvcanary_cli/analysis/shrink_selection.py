@@ -22,6 +22,8 @@ findings and diagnosis; counts over the whole table (cells holding a slot) cover
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from kvcanary_cli.analysis.check import (
@@ -39,6 +41,7 @@ from kvcanary_cli.canary.replay import BufferReplay, replay_dump
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep
 from kvcanary_cli.dump.sparse import Stored, take_known
 from kvcanary_cli.planners.base import Plan, Planner, Undefined
@@ -70,7 +73,7 @@ def _python_rows(rp: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
     return row, (row >= 0) & (row < rows)
 
 
-def _table_reads(dump: KvDump, frames: dict[str, GroupFrame]) -> np.ndarray:
+def _table_reads(dump: KvDump, frames: Mapping[Group, GroupFrame]) -> np.ndarray:
     """Flat cells of `req_to_token` the plans and the live cells read."""
     rp = dump.req_pool_indices
     prefix = np.maximum(dump.prefix_lens, 0)
@@ -97,7 +100,7 @@ def _table_reads(dump: KvDump, frames: dict[str, GroupFrame]) -> np.ndarray:
     return np.unique(np.concatenate(parts))
 
 
-def _pool_reads(dump: KvDump, frames: dict[str, GroupFrame]) -> np.ndarray:
+def _pool_reads(dump: KvDump, frames: Mapping[Group, GroupFrame]) -> np.ndarray:
     """Flat cells of the expected-token pool the plans gather tokens from."""
     pool, valid = dump.req_to_verify_expected_tokens, dump.req_to_verify_expected_tokens_valid_lens
     if pool is None or valid is None:

@@ -23,6 +23,7 @@ from kvcanary_cli.canary.hashing import CHAIN_HEAD, as_int64, mix3_array
 from kvcanary_cli.canary.real_kv import RealKvMode, RealKvSetup, expected_real_kv, real_kv_setup
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.sparse import SparseArray, Stored
 from kvcanary_cli.planners.base import Plan, Undefined
 
@@ -259,7 +260,7 @@ def _replay_chunk(
 
 def replay_dump(
     dump: KvDump,
-    plans: Mapping[str, Plan],
+    plans: Mapping[Group, Plan],
     *,
     buffers: Iterable[str] = BUFFERS,
 ) -> list[BufferReplay]:

@@ -33,6 +33,7 @@ from kvcanary_cli.dump.schema import (
     SCALARS,
     SHRINK_KEY,
     SHRUNK_FORMAT_VERSION,
+    Group,
     TensorSpec,
     dtype_label,
     parse_integer,
@@ -66,7 +67,7 @@ __all__ = [
     "read_dump",
 ]
 
-GROUPS = ("full", "swa")
+GROUPS = tuple(Group)
 #: Tables (`req_to_token`, the expected-token pool, canary buffers, real-KV sources) up to
 #: this many bytes are read into memory; larger ones are memory-mapped. Other tensors are
 #: always read: kvcanary reads them whole anyway.
@@ -176,7 +177,7 @@ class DumpContents(_DumpFacts):
     metadata: dict[str, str]
     scalars: dict[str, Scalar]
     rejected_scalars: list[RejectedScalar]
-    groups: tuple[str, ...]
+    groups: tuple[Group, ...]
     notes: list[str]
     dtype_notes: list[DtypeNote]
     arrays: dict[str, np.ndarray | SparseArray]
@@ -224,7 +225,7 @@ class KvDump(_DumpFacts):
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
     scalars: dict[str, Scalar]
-    groups: tuple[str, ...]
+    groups: tuple[Group, ...]
     notes: list[str]
     dtype_notes: list[DtypeNote]
     req_to_token: Stored

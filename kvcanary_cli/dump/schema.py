@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 __all__ = [
     "CANARY_TENSOR_PATTERN",
@@ -27,6 +27,7 @@ __all__ = [
     "SHRINK_KEY",
     "SHRUNK_FORMAT_VERSION",
     "TENSORS",
+    "Group",
     "LaunchTag",
     "ScalarSpec",
     "TensorSpec",
@@ -36,6 +37,13 @@ __all__ = [
     "sparse_capable",
     "spec_for",
 ]
+
+
+class Group(StrEnum):
+    """A plan group: the plan over the full KV pool, or over the SWA pool through the LUT."""
+
+    FULL = "full"
+    SWA = "swa"
 
 
 class LaunchTag(IntEnum):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from kvcanary_cli.dump.schema import SCALARS, TENSORS, required_tensors
+from kvcanary_cli.dump.schema import SCALARS, TENSORS, Group, required_tensors
 from kvcanary_cli.dump.sparse import SparseArray
 from kvcanary_cli.errors import (
     MetadataError,
@@ -134,17 +134,18 @@ def derive_scalar_defaults(
 
 def resolve_groups(
     text: str | None, *, has_lut: bool, option: str | None = None
-) -> tuple[str, ...]:
+) -> tuple[Group, ...]:
     """Parse a `groups` comma list (default: full, plus swa with a LUT).
 
     `option` names the command-line option the text came from (None: the dump's metadata), so
     that a bad value is blamed on the option or on the dump.
     """
+    every = (Group.FULL, Group.SWA) if has_lut else (Group.FULL,)
     if text is None or not text.strip():
-        return ("full", "swa") if has_lut else ("full",)
+        return every
     names = [part.strip() for part in text.split(",") if part.strip()]
     if names == ["all"]:
-        return ("full", "swa") if has_lut else ("full",)
+        return every
 
     def bad(message: str, hint: str | None = None) -> Exception:
         if option is not None:
@@ -159,4 +160,4 @@ def resolve_groups(
             "group swa needs full_to_swa_index_mapping, which this dump lacks",
             "plan the full group, or capture the LUT",
         )
-    return tuple(dict.fromkeys(names))
+    return tuple(Group(name) for name in dict.fromkeys(names))

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners.frame import GroupFrame
 
 __all__ = [
@@ -327,8 +328,8 @@ class Plan:
     skipped: str | None = None
 
     @property
-    def group(self) -> str:
-        """'full' or 'swa'."""
+    def group(self) -> Group:
+        """The group planned."""
         return self.frame.group
 
     @property

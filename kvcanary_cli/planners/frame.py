@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.sparse import Stored
 from kvcanary_cli.errors import OptionError
 
@@ -79,7 +80,7 @@ def window_start(prefix_lens: np.ndarray, window: int) -> np.ndarray:
 class GroupFrame:
     """One group's plan geometry (per-row tensors are int64 `[bs]`)."""
 
-    group: str
+    group: Group
     #: W: 0 for the full group, `swa_window_size` (>= 0) for swa.
     window: int
     #: the SWA LUT for the swa group (sparse in a shrunk dump), None for full.
@@ -176,9 +177,9 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
 
 def group_frame(dump: KvDump, group: str) -> GroupFrame:
     """The frame of `group`; an `OptionError` if the dump cannot plan it."""
-    if group == "full":
+    if group == Group.FULL:
         window, lut = 0, None
-    elif group == "swa":
+    elif group == Group.SWA:
         lut = dump.full_to_swa_index_mapping
         if lut is None:
             raise OptionError(
@@ -204,7 +205,7 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
     rows = min(dump.bs, write_capacity)
     write_len = np.where(active & (extend > 0), extend, 0)
     return GroupFrame(
-        group=group,
+        group=Group(group),
         window=window,
         lut=lut,
         bs=dump.bs,

@@ -13,12 +13,15 @@ from kvcanary_cli.analysis.model import (
     DumpReport,
     Finding,
     FindingCode,
+    Group,
     GroupSummary,
     ProvenanceReport,
+    Role,
     RowCell,
     RowMap,
     Severity,
     SlotProvenance,
+    Space,
     ViolationRow,
 )
 
@@ -41,19 +44,23 @@ def slot_provenance(
     *,
     pool_row: int = 8,
     position: int = 4,
-    space: str = "full",
+    space: Space = Space.FULL,
     shared_with: int | None = 3,
     extra: int = 0,
 ) -> SlotProvenance:
-    cells = [Cell(pool_row=pool_row, position=position, batch_rows=(1,), role="verify")]
+    cells = [Cell(pool_row=pool_row, position=position, batch_rows=(1,), role=Role.VERIFY)]
     if shared_with is not None:
         cells.append(
             Cell(
-                pool_row=shared_with, position=position, batch_rows=(0,), role="verify", shared=True
+                pool_row=shared_with,
+                position=position,
+                batch_rows=(0,),
+                role=Role.VERIFY,
+                shared=True,
             )
         )
     cells.append(
-        Cell(pool_row=11, position=position + 1, batch_rows=(), role="idle-row", seed=False)
+        Cell(pool_row=11, position=position + 1, batch_rows=(), role=Role.IDLE_ROW, seed=False)
     )
     return SlotProvenance(
         slot=slot,
@@ -72,8 +79,10 @@ def _lut_findings() -> list[Finding]:
         slot = 900 + i
         prov = SlotProvenance(
             slot=slot,
-            space="full",
-            cells=(Cell(pool_row=5, position=10 + i, batch_rows=(2,), role="verify", seed=i == 0),),
+            space=Space.FULL,
+            cells=(
+                Cell(pool_row=5, position=10 + i, batch_rows=(2,), role=Role.VERIFY, seed=i == 0),
+            ),
             cells_total=1,
             swa_slot=None,
             translation_note="slot >= lut_len (512): the GPU clamps to LUT[511] = -1",
@@ -81,12 +90,12 @@ def _lut_findings() -> list[Finding]:
         found.append(
             Finding(
                 code=FindingCode.LUT_OUT_OF_RANGE,
-                group="swa",
+                group=Group.SWA,
                 slot=slot,
                 batch_row=2,
                 pool_row=5,
                 position=10 + i,
-                role="verify",
+                role=Role.VERIFY,
                 message=f"verify slot {slot} >= lut_len 512: REF raises, GPU reads LUT[511]",
                 details={"lut_len": 512, "gpu_value": -1, "cells": (5, 10 + i)},
                 provenance=prov,
@@ -99,11 +108,11 @@ def main_findings() -> list[Finding]:
     """Findings of several codes, groups and severities, in a scrambled order."""
     dup_prov = SlotProvenance(
         slot=77,
-        space="full",
+        space=Space.FULL,
         cells=(
-            Cell(pool_row=8, position=4, batch_rows=(1,), role="verify"),
-            Cell(pool_row=8, position=9, batch_rows=(1,), role="pending-write"),
-            Cell(pool_row=3, position=4, batch_rows=(0,), role="verify", shared=True),
+            Cell(pool_row=8, position=4, batch_rows=(1,), role=Role.VERIFY),
+            Cell(pool_row=8, position=9, batch_rows=(1,), role=Role.PENDING_WRITE),
+            Cell(pool_row=3, position=4, batch_rows=(0,), role=Role.VERIFY, shared=True),
         ),
         cells_total=5,
         swa_slot=12,
@@ -121,8 +130,8 @@ def main_findings() -> list[Finding]:
     )
     swa_prov = SlotProvenance(
         slot=12,
-        space="swa",
-        cells=(Cell(pool_row=8, position=4, batch_rows=(1,), role="verify"),),
+        space=Space.SWA,
+        cells=(Cell(pool_row=8, position=4, batch_rows=(1,), role=Role.VERIFY),),
         cells_total=1,
         mapped_from=(77, 78),
         allocator=None,
@@ -131,32 +140,32 @@ def main_findings() -> list[Finding]:
         *_lut_findings(),
         Finding(
             code=FindingCode.DUPLICATE_SLOT_IN_ROW,
-            group="full",
+            group=Group.FULL,
             slot=77,
             batch_row=1,
             pool_row=8,
             position=4,
-            role="verify",
+            role=Role.VERIFY,
             message="slot 77 is at positions 4 and 9 of pool row 8 | both live <here>",
             details={"positions": [4, 9]},
             provenance=dup_prov,
         ),
         Finding(
             code=FindingCode.SWA_SLOT_COLLISION,
-            group="swa",
+            group=Group.SWA,
             slot=12,
-            space="swa",
+            space=Space.SWA,
             batch_row=1,
             pool_row=8,
             position=4,
-            role="verify",
+            role=Role.VERIFY,
             message="[bold]full slots 77 and 78[/bold] map to swa slot 12",
             details={"full_slot": 78},
             provenance=swa_prov,
         ),
         Finding(
             code=FindingCode.ROW_OUT_OF_RANGE,
-            group="full",
+            group=Group.FULL,
             batch_row=6,
             pool_row=4096,
             message="req_pool_indices[6] = 4096 is outside [0, 4096)",
@@ -164,7 +173,7 @@ def main_findings() -> list[Finding]:
         ),
         Finding(
             code=FindingCode.NEGATIVE_LENGTH,
-            group="full",
+            group=Group.FULL,
             batch_row=5,
             pool_row=9,
             message="extend_seq_lens[5] = -1 is negative (treated as 0)",
@@ -172,13 +181,13 @@ def main_findings() -> list[Finding]:
         ),
         Finding(
             code=FindingCode.VERIFY_CAPACITY_OVERFLOW,
-            group="swa",
+            group=Group.SWA,
             message="requested 700 verify entries > capacity 512",
             details={"requested": 700, "capacity": 512},
         ),
         Finding(
             code=FindingCode.VERIFY_CAPACITY_OVERFLOW,
-            group="full",
+            group=Group.FULL,
             message="requested 900 verify entries > capacity 512",
             details={"requested": 900, "capacity": 512},
         ),
@@ -189,7 +198,7 @@ def main_findings() -> list[Finding]:
 
 GROUPS = (
     GroupSummary(
-        group="full",
+        group=Group.FULL,
         window=0,
         total_verify=900,
         verify_capacity=512,
@@ -197,7 +206,7 @@ GROUPS = (
         kernel="triton (interpreter)",
     ),
     GroupSummary(
-        group="swa",
+        group=Group.SWA,
         window=128,
         total_verify=700,
         verify_capacity=512,
@@ -301,13 +310,13 @@ def row_report() -> ProvenanceReport:
         RowCell(
             position=p,
             slot=0 if p == 2 else 100 + p,
-            role="prefix"
+            role=Role.PREFIX
             if p < 3
-            else "verify"
+            else Role.VERIFY
             if p < 6
-            else "pending-write"
+            else Role.PENDING_WRITE
             if p < 8
-            else "stale-tail",
+            else Role.STALE_TAIL,
             seed=p == 5,
             swa_slot=None if p >= 8 else 10 + p,
             marks=("padding-slot-in-live-range",)
@@ -324,7 +333,7 @@ def row_report() -> ProvenanceReport:
         prefix_len=6,
         extend_len=2,
         window_start=3,
-        group="swa",
+        group=Group.SWA,
         cells=cells,
         filled=9,
         max_seq_len=4096,
@@ -332,22 +341,22 @@ def row_report() -> ProvenanceReport:
     findings = (
         Finding(
             code=FindingCode.PADDING_SLOT_IN_LIVE_RANGE,
-            group="full",
+            group=Group.FULL,
             slot=0,
             batch_row=1,
             pool_row=8,
             position=2,
-            role="prefix",
+            role=Role.PREFIX,
             message="live prefix position 2 of pool row 8 holds slot 0",
         ),
         Finding(
             code=FindingCode.SWA_UNMAPPED_IN_WINDOW,
-            group="swa",
+            group=Group.SWA,
             slot=104,
             batch_row=1,
             pool_row=8,
             position=4,
-            role="verify",
+            role=Role.VERIFY,
             message="LUT[104] == 0 in the window",
         ),
     )

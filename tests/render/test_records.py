@@ -11,7 +11,9 @@ from kvcanary_cli.analysis.model import (
     DumpReport,
     Finding,
     FindingCode,
+    Group,
     ProvenanceReport,
+    Role,
     Severity,
 )
 from kvcanary_cli.render.records import provenance_record, to_record
@@ -121,12 +123,12 @@ def test_order_does_not_depend_on_input_order(single_report: CheckReport) -> Non
 def test_none_sorts_last() -> None:
     base = Finding(
         code=FindingCode.NEGATIVE_SLOT,
-        group="full",
+        group=Group.FULL,
         batch_row=1,
         position=3,
         slot=5,
         pool_row=2,
-        role="verify",
+        role=Role.VERIFY,
         message="m",
     )
     assert base.order_key() < replace(base, batch_row=None).order_key()
@@ -161,7 +163,7 @@ def test_top_level_verdicts(
 def test_details_are_made_json_safe() -> None:
     finding = Finding(
         code=FindingCode.NEGATIVE_SLOT,
-        group="full",
+        group=Group.FULL,
         message="m",
         details={"t": (1, 2), "nested": {"b": (3,), "a": None}, "odd": {1, 2}},
     )

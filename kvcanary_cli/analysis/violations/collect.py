@@ -243,7 +243,8 @@ def _replay(
         if not dump_buffers(dump, name):
             notes.append(f"no canary buffers of group {name} in the dump: nothing to replay")
             continue
-        plans[name] = planner.plan(dump, name)
+        plan = planner.plan(dump, name)
+        plans[plan.group] = plan
     done = replay_dump(dump, plans, buffers=[buffer] if buffer is not None else BUFFERS)
     summaries = [
         ReplaySummary(
