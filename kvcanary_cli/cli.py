@@ -12,8 +12,8 @@ import typer
 
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
-from kvcanary_cli.analysis.model import Severity
-from kvcanary_cli.cli_options import ExitCode, GroupChoice, Space, fail, with_scalar_overrides
+from kvcanary_cli.analysis.model import Group, Severity, Space
+from kvcanary_cli.cli_options import ExitCode, GroupChoice, fail, with_scalar_overrides
 from kvcanary_cli.output import deliver
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
@@ -143,7 +143,7 @@ def violations(
 @with_scalar_overrides
 def plan(
     dump: opt.DumpArg,
-    group: opt.PlanGroupOpt = Space.FULL,
+    group: opt.PlanGroupOpt = Group.FULL,
     backend: opt.BackendOpt = PlannerChoice.VECTORIZED,
     strict: opt.StrictOpt = False,
     out: opt.PlanOutOpt = None,

@@ -20,8 +20,8 @@ import typer
 from typer.core import TyperGroup
 
 from kvcanary_cli import __version__
-from kvcanary_cli.analysis.model import CheckReport, Severity
-from kvcanary_cli.dump.schema import SCALARS
+from kvcanary_cli.analysis.model import CheckReport, Severity, Space
+from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.errors import KvcanaryError, OptionError, UpstreamPlanError
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
@@ -66,13 +66,6 @@ class GroupChoice(StrEnum):
     FULL = "full"
     SWA = "swa"
     ALL = "all"
-
-
-class Space(StrEnum):
-    """`--space` / `--group` of provenance."""
-
-    FULL = "full"
-    SWA = "swa"
 
 
 class Buffer(StrEnum):
@@ -364,16 +357,16 @@ CellsOpt = Annotated[
     ),
 ]
 RoleGroupOpt = Annotated[
-    Space | None,
+    Group | None,
     typer.Option(
         "--group",
         "-g",
         help="Group whose window labels the roles (default: swa for --space swa, else full).",
-        **choice_of(*Space),
+        **choice_of(*Group),
     ),
 ]
 PlanGroupOpt = Annotated[
-    Space, typer.Option("--group", "-g", help="Group to plan.", **choice_of(*Space))
+    Group, typer.Option("--group", "-g", help="Group to plan.", **choice_of(*Group))
 ]
 BackendOpt = Annotated[
     PlannerChoice,
@@ -487,8 +480,8 @@ ReplayOpt = Annotated[
     ),
 ]
 ViolationGroupOpt = Annotated[
-    Space | None,
-    typer.Option("--group", "-g", help="Only rows and replays of this group.", **choice_of(*Space)),
+    Group | None,
+    typer.Option("--group", "-g", help="Only rows and replays of this group.", **choice_of(*Group)),
 ]
 BufferOpt = Annotated[
     Buffer | None,
