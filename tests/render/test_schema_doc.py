@@ -1,27 +1,18 @@
-"""docs/json-schema.md documents every key the validator (and so the output) has."""
+"""docs/json-schema.md documents every key the check record declares (and so outputs)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
-from tests.render.render_schema import CHECK, ListOf, MapOf, Nullable
+from kvcanary_cli.render.records.check import CheckRecord
+from tests.render.record_schema import declared_keys, nested_typeddicts
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "json-schema.md").read_text()
 QUOTED_KEYS = set(re.findall(r'"([a-z0-9_]+)":', DOC))
 
 
-def _keys(spec: Any) -> set[str]:
-    if isinstance(spec, ListOf | Nullable):
-        return _keys(spec.item if isinstance(spec, ListOf) else spec.inner)
-    if isinstance(spec, MapOf):
-        return _keys(spec.value)
-    if isinstance(spec, dict):
-        return set(spec) | {k for v in spec.values() for k in _keys(v)}
-    return set()
-
-
 def test_every_check_record_key_is_documented() -> None:
-    missing = sorted(_keys(CHECK) - QUOTED_KEYS)
+    keys = {k for td in nested_typeddicts(CheckRecord) for k in declared_keys(td)}
+    missing = sorted(keys - QUOTED_KEYS)
     assert missing == [], f"docs/json-schema.md does not name: {missing}"
