@@ -16,6 +16,8 @@ __all__ = [
     "PlanProblemRecord",
     "PlanRecord",
     "PlanRequestRecord",
+    "ProblemKindName",
+    "ProblemRoleName",
     "SemanticsName",
     "plan_record",
 ]

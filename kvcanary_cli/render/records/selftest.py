@@ -16,7 +16,13 @@ if TYPE_CHECKING:  # the selftest plans synthetic dumps: `kvcanary --help` does 
         SelftestReport,
     )
 
-__all__ = ["SELFTEST_SCHEMA", "PlanField", "SelftestRecord", "selftest_record"]
+__all__ = [
+    "SELFTEST_SCHEMA",
+    "FieldStatus",
+    "PlanField",
+    "SelftestRecord",
+    "selftest_record",
+]
 
 SELFTEST_SCHEMA: Literal["kvcanary.selftest/1"] = "kvcanary.selftest/1"
 

@@ -34,6 +34,7 @@ from kvcanary_cli.render.records.common import (
 
 __all__ = [
     "VIOLATIONS_SCHEMA",
+    "BufferName",
     "ExplanationRecord",
     "RowOrigin",
     "SourceRecord",
