@@ -38,9 +38,10 @@ from kvcanary_cli.render.records.selftest import (
 
 if TYPE_CHECKING:  # the violations record is built with numpy: `--help` does not import it
     from kvcanary_cli.render.records.violations import (
-        ComparisonRecord as ReplayComparisonRecord,
+        ReplayComparisonRecord,
+        SourceRecord,
+        ViolationRowRecord,
     )
-    from kvcanary_cli.render.records.violations import SourceRecord, ViolationRowRecord
 
 __all__ = [
     "CUT_COLUMNS",

@@ -117,7 +117,7 @@ class GroupRecord(TypedDict):
     kernel: KernelName
     #: plan values where reference and kernel differ, by the finding code explaining them
     explained_differences: dict[FindingCodeName, int]
-    #: the same per plan field
+    #: the same per plan field (verify slot, prev slot, expected token, write seed)
     explained_by_field: dict[FindingCodeName, dict[PlanValueName, int]]
     #: = the kernel-divergence findings of this group
     unexplained_differences: int
@@ -251,7 +251,7 @@ class CheckRecord(TypedDict):
     #: metadata); null when not installed. Each dump's identity holds the version it was
     #: recorded with
     sglang_installed: str | None
-    #: the exit code in words: 2, 1, 0
+    #: the exit code in words: bad-input 2, findings 1, clean 0
     verdict: Literal["clean", "findings", "bad-input"]
     summary: CheckSummaryRecord
     #: in the order given on the command line

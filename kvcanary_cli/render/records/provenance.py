@@ -50,6 +50,7 @@ class RowCellRecord(TypedDict):
 class GapRecord(TypedDict):
     """Positions [start, end) between shown cells."""
 
+    #: positions [start, end) between shown cells
     start: int
     end: int
     #: how many of them hold a slot

@@ -81,6 +81,7 @@ class SelftestSummaryRecord(TypedDict):
     groups: int
     comparisons: int
     disagreements: int
+    #: by planner name
     by_planner: dict[str, TallyRecord]
 
 
@@ -150,7 +151,8 @@ class ScenarioGroupRecord(TypedDict):
     """One group of a scenario."""
 
     group: GroupName
-    #: null when it does not raise
+    #: where SGLang's torch reference raises (kvcanary's prediction, REF order), or null when
+    #: it does not
     ref_raise: RefRaiseRecord | None
     #: one per planner, in "planners" order
     comparisons: list[ComparisonRecord]

@@ -24,7 +24,6 @@ from kvcanary_cli.canary.constants import (
     tag_label,
 )
 from kvcanary_cli.render.records.common import (
-    AllocatorState,
     GroupName,
     SlotProvenanceRecord,
     SpaceName,
@@ -65,6 +64,7 @@ class ViolationsSummaryRecord(TypedDict):
     rows: int
     #: ring, log, log-message, replay
     by_origin: dict[RowOrigin, int]
+    #: by tag label (HEAD_K_FULL, ...)
     by_tag: dict[str, int]
     #: verify_position, ... (rows with that bit)
     by_reason: dict[str, int]
@@ -87,6 +87,7 @@ class SwaDivergenceRecord(TypedDict):
     """The kv_canary_swa_divergence= samples of a log."""
 
     samples: int
+    #: the last sample's values, by key
     last: dict[str, int]
     peak_swa_full_idx_divergence: int
     peak_swa_out_of_window_tokens: int
@@ -140,7 +141,7 @@ class ReplayRecord(TypedDict):
     rows: int
 
 
-class ComparisonRecord(TypedDict):
+class ReplayComparisonRecord(TypedDict):
     """Replayed rows against the rows read, as multisets of the 8 fields."""
 
     matched: int
@@ -192,12 +193,14 @@ class ExplanationRecord(TypedDict):
     owner: OwnerRecord | None
     #: the slot before the verify cell
     prev_slot: int | None
-    allocator: AllocatorState | None
+    #: null: no free list for this space in the dump
+    allocator: Literal["free", "in use"] | None
 
 
 class ViolationRowRecord(TypedDict):
     """One violation row: the 8 ring fields (as signed int64) and what they mean."""
 
+    #: the 8 ring fields, kernel_kind .. fail_reason_bits, as signed int64
     kernel_kind: int
     slot_idx: int
     position: int
@@ -206,6 +209,7 @@ class ViolationRowRecord(TypedDict):
     stored_chain_hash: int
     expected_aux: int
     fail_reason_bits: int
+    #: log-message: rebuilt from a message whose first line was missing
     origin: RowOrigin
     #: the source's path, or "replay"
     source: str
@@ -249,7 +253,7 @@ class ViolationsRecord(TypedDict):
     #: --replay: one per buffer, in launch order
     replay: list[ReplayRecord]
     #: --replay with rows read: multisets of the 8 fields
-    comparison: ComparisonRecord | None
+    comparison: ReplayComparisonRecord | None
     notes: list[str]
     rows_total: int
     #: sources in order, then the replay
