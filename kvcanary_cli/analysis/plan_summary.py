@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.planners.base import Plan, PlanProblem
+from kvcanary_cli.planners.base import Plan, PlanProblem, Semantics
 
 __all__ = ["PlanRequest", "PlanRun", "PlanSummary", "summarize_plan"]
 
@@ -43,7 +43,7 @@ class PlanSummary:
     dump: str
     group: str
     backend: str
-    semantics: str
+    semantics: Semantics
     window: int
     translated: bool
     bs: int
@@ -115,7 +115,7 @@ def summarize_plan(dump: KvDump, plan: Plan, *, max_problems: int = 50) -> PlanS
         dump=str(dump.path),
         group=plan.group,
         backend=plan.backend,
-        semantics=str(plan.semantics),
+        semantics=plan.semantics,
         window=plan.window,
         translated=plan.translated,
         bs=plan.bs,

@@ -73,7 +73,7 @@ class PlannerComparison:
 
     planner: str
     baseline: str
-    semantics: str
+    semantics: Semantics
     #: field -> "agree", "differ" or "n/a" (a side raised: upstream defines no values).
     fields: dict[str, str]
     differences: tuple[Difference, ...]
@@ -127,7 +127,7 @@ class PlannerInfo:
     """A compared planner and the baseline it is compared with."""
 
     name: str
-    semantics: str
+    semantics: Semantics
     #: as check's kernel mode (None for kvcanary's numpy planners).
     mode: str | None
     baseline: str
@@ -219,7 +219,7 @@ def _compare(baseline: Plan, other: Plan, baseline_name: str) -> PlannerComparis
     return PlannerComparison(
         planner=other.backend,
         baseline=baseline_name,
-        semantics=str(other.semantics),
+        semantics=other.semantics,
         fields=fields,
         differences=tuple(differences),
         expected_raise=want,
@@ -313,7 +313,7 @@ def run_selftest(
         planners=tuple(
             PlannerInfo(
                 name=p.name,
-                semantics=str(p.semantics),
+                semantics=p.semantics,
                 mode=p.mode,
                 baseline=_baseline_for(p, baselines).name,
             )

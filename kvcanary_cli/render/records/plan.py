@@ -111,7 +111,7 @@ def plan_record(summary: PlanSummary) -> PlanRecord:
         "dump": summary.dump,
         "group": group_name(summary.group),
         "backend": cast(BackendName, summary.backend),
-        "semantics": cast(SemanticsName, summary.semantics),
+        "semantics": summary.semantics.value,
         "window": summary.window,
         "translated": summary.translated,
         "bs": summary.bs,

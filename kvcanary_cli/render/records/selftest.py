@@ -190,7 +190,7 @@ def _comparison(c: PlannerComparison) -> ComparisonRecord:
     return {
         "planner": c.planner,
         "baseline": c.baseline,
-        "semantics": cast(SemanticsName, c.semantics),
+        "semantics": c.semantics.value,
         "agree": c.agree,
         "fields": cast(FieldStatusRecord, dict(c.fields)),
         "differences": [
@@ -264,7 +264,7 @@ def selftest_record(report: SelftestReport) -> SelftestRecord:
         "planners": [
             {
                 "name": p.name,
-                "semantics": cast(SemanticsName, p.semantics),
+                "semantics": p.semantics.value,
                 "mode": p.mode,
                 "baseline": p.baseline,
             }
