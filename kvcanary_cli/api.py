@@ -5,7 +5,9 @@
     report.dumps[0].diagnosis[0].code                           # e.g. CauseCode.LUT_TOO_SHORT
     answer = api.provenance("dump.safetensors", slot=107)       # a ProvenanceReport
 
-Render any of them with `kvcanary_cli.render` (`render_check`, `render_provenance`, ...). Names
+Every function returns a typed result (frozen dataclasses), never a record: render any of them
+with `kvcanary_cli.render` (`render_check`, `render_provenance`, ...), which builds the
+versioned record (`kvcanary.check/1`, ...) the JSON, table and Markdown views show. Names
 (`kernel="vectorized"`) are mapped to planner objects here, as on the command line; to choose
 planners yourself, call `kvcanary_cli.analysis.check.run_check` with planner objects.
 """
@@ -14,9 +16,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.errors import OptionError
@@ -27,13 +28,13 @@ from kvcanary_cli.planners.sglang_runtime import installed_version
 # `import kvcanary_cli.api` stays light.
 if TYPE_CHECKING:
     from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, Severity
+    from kvcanary_cli.analysis.plan_summary import PlanRun
+    from kvcanary_cli.analysis.selftest import SelftestReport
     from kvcanary_cli.analysis.violations.report import ViolationsReport
-    from kvcanary_cli.dump.loader import KvDump
+    from kvcanary_cli.dump.describe import DumpDescription
     from kvcanary_cli.dump.shrink_writer import ShrinkResult
-    from kvcanary_cli.planners.base import Plan
 
 __all__ = [
-    "PlanRun",
     "check",
     "inspect",
     "plan",
@@ -124,19 +125,6 @@ def provenance(
     return row_map(dump, report, row, group=group, positions=positions, max_cells=max_cells)
 
 
-@dataclass(frozen=True)
-class PlanRun:
-    """One planner's plan of one group, and why `kvcanary plan` would exit 1 after it."""
-
-    dump: KvDump
-    plan: Plan
-    #: The `kvcanary.plan/1` record; None when the planner refused the group (nothing to show).
-    record: dict[str, Any] | None
-    #: A refused group, a GPU launch the batch would fail, or where SGLang's reference would
-    #: raise (the plan goes on past it); None when the plan is clean.
-    problem: str | None
-
-
 def plan(
     path: PathLike,
     group: str = "full",
@@ -148,8 +136,9 @@ def plan(
     force: bool = False,
 ) -> PlanRun:
     """One planner's plan of one group, written to `out` (a plan file) when it was made and
-    would launch. With `strict`, the reference raises `UpstreamPlanError` where SGLang's does."""
-    from kvcanary_cli.analysis.plan_summary import plan_record
+    would launch, with its per-request summary. With `strict`, the reference raises
+    `UpstreamPlanError` where SGLang's does."""
+    from kvcanary_cli.analysis.plan_summary import PlanRun, summarize_plan
     from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
 
@@ -166,11 +155,12 @@ def plan(
     elif (raised := upstream_raise(result)) is not None:
         marked = f"; {out} marks them in kvcanary.verify_undefined" if out else ""
         problem = f"SGLang's reference raises here: {raised} (planned on past it{marked})"
-    return PlanRun(dump, result, plan_record(dump, result), problem)
+    return PlanRun(dump, result, summarize_plan(dump, result), problem)
 
 
-def inspect(path: PathLike) -> dict[str, Any]:
-    """What a dump holds (the `kvcanary.inspect/2` record); validates the file on the way."""
+def inspect(path: PathLike) -> DumpDescription:
+    """What a dump holds (rendered as the `kvcanary.inspect/2` record); validates the file on
+    the way."""
     from kvcanary_cli.dump.describe import describe_dump
     from kvcanary_cli.dump.loader import read_dump
 
@@ -237,9 +227,10 @@ def synth(
     return f"wrote {path}{logged} ({scenario}, seed {seed}, size {size})"
 
 
-def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> dict[str, Any]:
+def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> SelftestReport:
     """Every synth scenario through kvcanary's planners (and, with `sglang`, the installed
-    SGLang's launcher), compared per plan field and raise: the `kvcanary.selftest/1` record."""
+    SGLang's launcher), compared per plan field and raise (rendered as the
+    `kvcanary.selftest/1` record)."""
     from kvcanary_cli import __version__
     from kvcanary_cli.analysis.selftest import run_selftest
 

@@ -162,8 +162,8 @@ def plan(
     run = api.plan(
         dump, group.value, backend=backend, strict=strict, out=out, force=force, overrides=overrides
     )
-    if run.record is not None:
-        deliver(render.render_plan(run.record, output_format, max_rows=max_rows), None)
+    if run.summary is not None:
+        deliver(render.render_plan(run.summary, output_format, max_rows=max_rows), None)
     if run.problem is not None:
         fail(run.problem, ExitCode.FINDINGS)
 
@@ -237,9 +237,9 @@ def selftest(
     Per plan field and raise: the drift report to attach when kvcanary and your SGLang
     disagree. Exit 0 on full agreement, 1 on any difference.
     """
-    record = api.selftest(sglang=sglang, size=size, seed=seed)
-    deliver(render.render_selftest(record, output_format), output, force=force)
-    raise typer.Exit(ExitCode.CLEAN if record["verdict"] == "agree" else ExitCode.FINDINGS)
+    report = api.selftest(sglang=sglang, size=size, seed=seed)
+    deliver(render.render_selftest(report, output_format), output, force=force)
+    raise typer.Exit(ExitCode.CLEAN if report.agree else ExitCode.FINDINGS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -18,7 +18,8 @@ A leaf: it imports nothing from kvcanary, so every layer can use it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
 
 __all__ = ["excerpt", "printable", "printable_record"]
 
@@ -38,9 +39,14 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
-def printable_record(record: dict[str, Any]) -> dict[str, Any]:
+#: A record: a mapping of JSON values (a `TypedDict` of `render.records`, say).
+RecordT = TypeVar("RecordT", bound=Mapping[str, object])
+
+
+def printable_record(record: RecordT) -> RecordT:
     """`record` (JSON-like) with `printable` applied to every string, keys included: what the
-    table and Markdown views draw, so that no field can be forgotten.
+    table and Markdown views draw, so that no field can be forgotten. The result has the
+    record's type: only string contents change, never keys' names or value types.
 
     `repr` escapes exactly the characters `printable` does, with a backslash, at C speed: a
     record whose repr holds no backslash is returned as it is (the usual case), so a check
@@ -48,8 +54,7 @@ def printable_record(record: dict[str, Any]) -> dict[str, Any]:
     """
     if "\\" not in repr(record):
         return record
-    escaped: dict[str, Any] = _printable_value(record)
-    return escaped
+    return cast(RecordT, _printable_value(record))
 
 
 def _printable_value(value: Any) -> Any:

@@ -1,5 +1,5 @@
-"""Imports flow one way: cli -> analysis/render -> synth -> canary -> planners -> dump -> errors
-(AST check), and no import circle exists, between packages or between modules; `safe_text`
+"""Imports flow one way: cli -> api/render -> analysis -> synth -> canary -> planners -> dump
+-> errors (AST check), and no import circle exists, between packages or between modules; `safe_text`
 (the one escape for text shown from a dump) is a leaf every layer may use.
 
 Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
@@ -28,12 +28,16 @@ ALLOWED = {
     # serving states and scenarios: they stamp canary records and rings
     "synth": {"safe_text", "errors", "dump", "canary", "synth"},
     "analysis": {"safe_text", "errors", "dump", "planners", "canary", "synth", "analysis"},
-    # "" = the package root, for __version__
+    # the commands' typed results it builds records from; "" = the package root, for
+    # __version__
     "render": {
         "safe_text",
         "render",
         "analysis.model",
+        "analysis.plan_summary",
+        "analysis.selftest",
         "analysis.violations.report",
+        "dump.describe",
         "canary.constants",
         "",
     },

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from kvcanary_cli.errors import DumpError, PathError
-from kvcanary_cli.render.markdown import code, text
+from kvcanary_cli.render.markdown.blocks import code, text
 from kvcanary_cli.safe_text import printable, printable_record
 
 

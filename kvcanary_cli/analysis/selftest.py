@@ -1,25 +1,26 @@
 """`run_selftest`: every synthetic scenario through several planners, compared field by field.
 
-The record it returns (schema `kvcanary.selftest/1`) is the drift report: for each `synth`
-scenario and group, each planner's plan against the baseline of its semantics (kvcanary's
-scalar reference for REF semantics, its vectorized GPU model for GPU semantics), per plan field
-(`Plan.upstream_tensors()`) and per raise: where the plan step raises, and with what. With the
-installed SGLang among the planners, it says whether kvcanary's model still matches that
-SGLang, and where SGLang raises on each bug scenario.
+The `SelftestReport` it returns is the drift report (render turns it into the
+`kvcanary.selftest/1` record): for each `synth` scenario and group, each planner's plan against
+the baseline of its semantics (kvcanary's scalar reference for REF semantics, its vectorized
+GPU model for GPU semantics), per plan field (`Plan.upstream_tensors()`) and per raise: where
+the plan step raises, and with what. With the installed SGLang among the planners, it says
+whether kvcanary's model still matches that SGLang, and where SGLang raises on each bug
+scenario.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import OptionError, UpstreamPlanError
-from kvcanary_cli.planners.base import Plan, Planner, Semantics, Undefined
+from kvcanary_cli.planners.base import Plan, Planner, PlanProblem, Semantics, Undefined
 from kvcanary_cli.planners.sglang_runtime import (
     VERIFIED_VERSIONS,
     VERIFY_PLAN_FIELDS,
@@ -28,9 +29,19 @@ from kvcanary_cli.planners.sglang_runtime import (
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, raised, upstream_error
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 
-__all__ = ["FIELDS", "SELFTEST_SCHEMA", "SELFTEST_SIZES", "run_selftest"]
+__all__ = [
+    "FIELDS",
+    "SELFTEST_SIZES",
+    "Difference",
+    "GroupResult",
+    "PlannerComparison",
+    "PlannerInfo",
+    "RefRaise",
+    "ScenarioResult",
+    "SelftestReport",
+    "run_selftest",
+]
 
-SELFTEST_SCHEMA = "kvcanary.selftest/1"
 #: Sizes the selftest runs at: the scalar reference is the baseline, so no benchmark sizes.
 SELFTEST_SIZES = ("tiny", "small")
 #: What is compared: SGLang's plan fields, then where (and with what) the plan step raises.
@@ -42,7 +53,111 @@ _UNDEFINED_BIT = {
     "verify_expected_tokens": Undefined.TOKEN,
 }
 
-Record = dict[str, Any]
+
+@dataclass(frozen=True, kw_only=True)
+class Difference:
+    """The first place where one field of two plans differs."""
+
+    #: a plan field of `FIELDS`, or "raise".
+    field: str
+    #: the first differing element (None: a length mismatch, or the raise).
+    index: int | None
+    #: the values, "undefined", "N values" on a length mismatch, or raise texts (None: no raise).
+    baseline: int | str | None
+    planner: int | str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerComparison:
+    """One planner's plan of a group against its baseline's, field by field."""
+
+    planner: str
+    baseline: str
+    semantics: Semantics
+    #: field -> "agree", "differ" or "n/a" (a side raised: upstream defines no values).
+    fields: dict[str, str]
+    differences: tuple[Difference, ...]
+    #: the baseline's raise ("ValueError: ..."), and the planner's.
+    expected_raise: str | None
+    raised: str | None
+    #: why kvcanary did not launch SGLang's CUDA kernels (reads outside req_to_token).
+    not_launched: str | None
+
+    @property
+    def agree(self) -> bool:
+        """No field and no raise differs."""
+        return not self.differences
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefRaise:
+    """Where SGLang's torch reference raises on a group (kvcanary's prediction, REF order)."""
+
+    error: str
+    problem: PlanProblem
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupResult:
+    """One group of a scenario: where REF raises, and each planner's comparison."""
+
+    group: str
+    ref_raise: RefRaise | None
+    #: one per planner, in the report's planner order.
+    comparisons: tuple[PlannerComparison, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScenarioResult:
+    """One `synth` scenario, group by group."""
+
+    scenario: str
+    summary: str
+    expected_findings: tuple[str, ...]
+    groups: tuple[GroupResult, ...]
+
+    @property
+    def clean(self) -> bool:
+        """A clean serving state (no expected finding)."""
+        return not self.expected_findings
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerInfo:
+    """A compared planner and the baseline it is compared with."""
+
+    name: str
+    semantics: Semantics
+    #: as check's kernel mode (None for kvcanary's numpy planners).
+    mode: str | None
+    baseline: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelftestReport:
+    """The drift report: every scenario's comparisons, and what SGLang was here."""
+
+    kvcanary_version: str
+    size: str
+    seed: int
+    fields: tuple[str, ...]
+    planners: tuple[PlannerInfo, ...]
+    sglang_installed: str | None
+    #: SGLang's launcher is one of the planners (`--sglang`), and how it ran.
+    sglang_run: bool
+    sglang_mode: str | None
+    #: SGLang versions kvcanary's model was verified on.
+    verified: tuple[str, ...]
+    scenarios: tuple[ScenarioResult, ...]
+
+    def comparisons(self) -> list[PlannerComparison]:
+        """Every comparison, scenario by scenario and group by group."""
+        return [c for s in self.scenarios for g in s.groups for c in g.comparisons]
+
+    @property
+    def agree(self) -> bool:
+        """Every planner agrees with its baseline on every group (exit 0)."""
+        return all(c.agree for c in self.comparisons())
 
 
 def _defined(plan: Plan, name: str, values: np.ndarray) -> np.ndarray:
@@ -55,40 +170,37 @@ def _defined(plan: Plan, name: str, values: np.ndarray) -> np.ndarray:
     return np.ones(n, dtype=bool)
 
 
-def _difference(baseline: Plan, other: Plan, name: str) -> Record | None:
+def _difference(baseline: Plan, other: Plan, name: str) -> Difference | None:
     """The first place where field `name` of the two plans differs (None: they agree)."""
     a = baseline.upstream_tensors()[name].reshape(-1)
     b = other.upstream_tensors()[name].reshape(-1)
     if a.shape != b.shape:
-        return {
-            "field": name,
-            "index": None,
-            "baseline": f"{a.size} values",
-            "planner": f"{b.size} values",
-        }
+        return Difference(
+            field=name, index=None, baseline=f"{a.size} values", planner=f"{b.size} values"
+        )
     da, db = _defined(baseline, name, a), _defined(other, name, b)
     differs = (da != db) | (da & db & (a != b))
     hits = np.flatnonzero(differs)
     if hits.size == 0:
         return None
     i = int(hits[0])
-    return {
-        "field": name,
-        "index": i,
-        "baseline": int(a[i]) if da[i] else "undefined",
-        "planner": int(b[i]) if db[i] else "undefined",
-    }
+    return Difference(
+        field=name,
+        index=i,
+        baseline=int(a[i]) if da[i] else "undefined",
+        planner=int(b[i]) if db[i] else "undefined",
+    )
 
 
 def _text(error: UpstreamPlanError | None) -> str | None:
     return None if error is None else str(error)
 
 
-def _compare(baseline: Plan, other: Plan, baseline_name: str) -> Record:
+def _compare(baseline: Plan, other: Plan, baseline_name: str) -> PlannerComparison:
     """One planner's plan against its baseline's, field by field."""
     want, got = _text(raised(baseline)), _text(raised(other))
     fields: dict[str, str] = {}
-    differences: list[Record] = []
+    differences: list[Difference] = []
     # A side that raised, or that kvcanary did not plan (corrupt lengths), has no values.
     without_values = any(p.launch_error is not None or p.skipped for p in (baseline, other))
     for name in FIELDS[:-1]:
@@ -102,34 +214,26 @@ def _compare(baseline: Plan, other: Plan, baseline_name: str) -> Record:
         fields["raise"] = "agree"
     else:
         fields["raise"] = "differ"
-        differences.append({"field": "raise", "index": None, "baseline": want, "planner": got})
-    return {
-        "planner": other.backend,
-        "baseline": baseline_name,
-        "semantics": str(other.semantics),
-        "agree": not differences,
-        "fields": fields,
-        "differences": differences,
-        "expected_raise": want,
-        "raised": None if other.launch_error_type == NOT_LAUNCHED else got,
-        "not_launched": other.launch_error if other.launch_error_type == NOT_LAUNCHED else None,
-    }
+        differences.append(Difference(field="raise", index=None, baseline=want, planner=got))
+    not_launched = other.launch_error_type == NOT_LAUNCHED
+    return PlannerComparison(
+        planner=other.backend,
+        baseline=baseline_name,
+        semantics=other.semantics,
+        fields=fields,
+        differences=tuple(differences),
+        expected_raise=want,
+        raised=None if not_launched else got,
+        not_launched=other.launch_error if not_launched else None,
+    )
 
 
-def _ref_raise(plan: Plan | None) -> Record | None:
+def _ref_raise(plan: Plan | None) -> RefRaise | None:
     """Where, in REF's order, SGLang's torch reference raises on this group (None: it does not)."""
     first = None if plan is None else plan.problems.first_raise()
     if plan is None or first is None:
         return None
-    return {
-        "error": str(upstream_error(first, plan.frame)),
-        "kind": first.kind.code,
-        "role": first.role.label,
-        "batch_row": first.batch_row,
-        "pool_row": first.pool_row,
-        "position": first.position,
-        "value": first.value,
-    }
+    return RefRaise(error=str(upstream_error(first, plan.frame)), problem=first)
 
 
 def _baseline_for(planner: Planner, baselines: Sequence[Planner]) -> Planner:
@@ -144,32 +248,14 @@ def _baseline_for(planner: Planner, baselines: Sequence[Planner]) -> Planner:
 
 def _group(
     dump: KvDump, group: str, baselines: Sequence[Planner], planners: Sequence[Planner]
-) -> Record:
+) -> GroupResult:
     plans = {b.name: b.plan(dump, group) for b in baselines}
     comparisons = []
     for planner in planners:
         baseline = _baseline_for(planner, baselines)
         comparisons.append(_compare(plans[baseline.name], planner.plan(dump, group), baseline.name))
     ref = next((plans[b.name] for b in baselines if b.semantics is Semantics.REFERENCE), None)
-    return {"group": group, "ref_raise": _ref_raise(ref), "comparisons": comparisons}
-
-
-def _summary(scenarios: list[Record], planners: Sequence[Planner]) -> Record:
-    by_planner = {p.name: {"comparisons": 0, "disagreements": 0} for p in planners}
-    groups = 0
-    for scenario in scenarios:
-        for group in scenario["groups"]:
-            groups += 1
-            for c in group["comparisons"]:
-                by_planner[c["planner"]]["comparisons"] += 1
-                by_planner[c["planner"]]["disagreements"] += 0 if c["agree"] else 1
-    return {
-        "scenarios": len(scenarios),
-        "groups": groups,
-        "comparisons": sum(v["comparisons"] for v in by_planner.values()),
-        "disagreements": sum(v["disagreements"] for v in by_planner.values()),
-        "by_planner": by_planner,
-    }
+    return GroupResult(group=group, ref_raise=_ref_raise(ref), comparisons=tuple(comparisons))
 
 
 def run_selftest(
@@ -181,7 +267,7 @@ def run_selftest(
     size: str = "tiny",
     seed: int = 0,
     scenarios: Sequence[str] | None = None,
-) -> Record:
+) -> SelftestReport:
     """Plan every scenario (default: all of `synth --list`) with the baselines and planners.
 
     Each planner is compared with the baseline of its semantics (one baseline per semantics
@@ -203,46 +289,39 @@ def run_selftest(
         )
     for planner in planners:
         _baseline_for(planner, baselines)
-    results: list[Record] = []
+    results: list[ScenarioResult] = []
     with tempfile.TemporaryDirectory(prefix="kvcanary-selftest-") as folder:
         for name in names:
             scenario = SCENARIOS[name]
             made = make_scenario(name, seed=seed, size=size)
             dump = load_dump(made.save(Path(folder) / f"{name}.safetensors"))
             results.append(
-                {
-                    "scenario": name,
-                    "summary": scenario.summary,
-                    "clean": not scenario.expected,
-                    "expected_findings": list(scenario.expected),
-                    "groups": [_group(dump, g, baselines, planners) for g in dump.groups],
-                }
+                ScenarioResult(
+                    scenario=name,
+                    summary=scenario.summary,
+                    expected_findings=tuple(scenario.expected),
+                    groups=tuple(_group(dump, g, baselines, planners) for g in dump.groups),
+                )
             )
             del dump
     sglang = next((p for p in planners if p.name == "sglang"), None)
-    summary = _summary(results, planners)
-    return {
-        "schema": SELFTEST_SCHEMA,
-        "kvcanary_version": kvcanary_version,
-        "size": size,
-        "seed": seed,
-        "fields": list(FIELDS),
-        "planners": [
-            {
-                "name": p.name,
-                "semantics": str(p.semantics),
-                "mode": p.mode,
-                "baseline": _baseline_for(p, baselines).name,
-            }
+    return SelftestReport(
+        kvcanary_version=kvcanary_version,
+        size=size,
+        seed=seed,
+        fields=FIELDS,
+        planners=tuple(
+            PlannerInfo(
+                name=p.name,
+                semantics=p.semantics,
+                mode=p.mode,
+                baseline=_baseline_for(p, baselines).name,
+            )
             for p in planners
-        ],
-        "sglang": {
-            "installed": sglang_installed,
-            "run": sglang is not None,
-            "mode": None if sglang is None else sglang.mode,
-            "verified": list(VERIFIED_VERSIONS),
-        },
-        "verdict": "agree" if summary["disagreements"] == 0 else "disagree",
-        "summary": summary,
-        "scenarios": results,
-    }
+        ),
+        sglang_installed=sglang_installed,
+        sglang_run=sglang is not None,
+        sglang_mode=None if sglang is None else sglang.mode,
+        verified=tuple(VERIFIED_VERSIONS),
+        scenarios=tuple(results),
+    )

@@ -1,25 +1,97 @@
-"""`describe_dump`: the plain record behind `kvcanary inspect` (schema `kvcanary.inspect/2`).
+"""`describe_dump`: what a dump holds, as `kvcanary inspect` shows it (a `DumpDescription`).
 
-A dict of JSON types only, so the table and JSON renderers show the same facts.
+Frozen and typed; render turns it into the `kvcanary.inspect/2` record. Built from what the
+checked file contents and a loaded dump both have, so `inspect` needs no `KvDump`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvcanary_cli.dump.loader import DumpContents, KvDump
 from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, SHRINK_KEY, dtype_label
+from kvcanary_cli.dump.shrink_record import ShrinkRecord
 
-__all__ = ["INSPECT_SCHEMA", "describe_dump"]
+__all__ = [
+    "BatchDescription",
+    "DumpDescription",
+    "ScalarDescription",
+    "TensorDescription",
+    "describe_dump",
+]
 
-INSPECT_SCHEMA = "kvcanary.inspect/2"
+
+@dataclass(frozen=True, kw_only=True)
+class TensorDescription:
+    """One tensor of the file, in header order."""
+
+    name: str
+    #: the dtype's name (`int32`, `int64`, `uint8`, ...).
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    #: what the format says it is; None when ignored.
+    role: str | None
+    #: elements stored, for a sparse tensor of a shrunk dump (`shape` is the original's).
+    kept: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalarDescription:
+    """A scalar as resolved, where it came from, and the option that overrides it."""
+
+    name: str
+    value: int | None
+    source: str
+    origin: str
+    option: str
+    meaning: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchDescription:
+    """The batch in numbers (lengths over active rows, negatives counted as 0)."""
+
+    bs: int
+    active_rows: int
+    padding_rows: int
+    total_prefix_tokens: int
+    total_extend_tokens: int
+    max_reqs: int
+    max_seq_len: int
+    lut_len: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DumpDescription:
+    """What a dump holds: tensors, scalars with their source, groups, batch, identity, notes."""
+
+    path: str
+    #: the file's name, for the command that remakes a shrunk dump.
+    file_name: str
+    file_bytes: int
+    #: the `kvcanary.format` metadata value.
+    format: str | None
+    tensors: tuple[TensorDescription, ...]
+    scalars: tuple[ScalarDescription, ...]
+    #: (group, window) in planning order.
+    groups: tuple[tuple[str, int], ...]
+    batch: BatchDescription
+    identity: dict[str, str]
+    shrink: ShrinkRecord | None
+    #: the SGLang version installed here (None: not installed).
+    sglang_installed: str | None
+    #: metadata that is neither a scalar nor an identity key, by key.
+    other_metadata: dict[str, str]
+    #: reading notes, and dtypes the GPU path would refuse.
+    notes: tuple[str, ...]
 
 
 def describe_dump(
     dump: DumpContents | KvDump, *, sglang_installed: str | None = None
-) -> dict[str, Any]:
+) -> DumpDescription:
     """Tensors, scalars with their source, groups, batch summary, identity keys and notes.
 
     `sglang_installed` is the SGLang version installed here (None: not installed), shown next
@@ -49,47 +121,47 @@ def describe_dump(
         and k not in dump.scalars
         and k != "groups"
     }
-    return {
-        "schema": INSPECT_SCHEMA,
-        "path": str(dump.path),
-        "file_bytes": dump.file_size,
-        "format": dump.metadata.get("kvcanary.format"),
-        "tensors": [
-            {
-                "name": info.name,
-                "dtype": dtype_label(info.dtype),
-                "shape": list(info.shape),
-                "bytes": info.nbytes,
-                "role": info.role,
-                "kept": info.kept,
-            }
+    return DumpDescription(
+        path=str(dump.path),
+        file_name=dump.path.name,
+        file_bytes=dump.file_size,
+        format=dump.metadata.get("kvcanary.format"),
+        tensors=tuple(
+            TensorDescription(
+                name=info.name,
+                dtype=dtype_label(info.dtype),
+                shape=tuple(info.shape),
+                nbytes=info.nbytes,
+                role=info.role,
+                kept=info.kept,
+            )
             for info in dump.tensors.values()
-        ],
-        "scalars": [
-            {
-                "name": s.name,
-                "value": s.value,
-                "source": s.source,
-                "origin": s.origin,
-                "option": SCALARS[s.name].option,
-                "meaning": SCALARS[s.name].meaning,
-            }
+        ),
+        scalars=tuple(
+            ScalarDescription(
+                name=s.name,
+                value=s.value,
+                source=s.source,
+                origin=s.origin,
+                option=SCALARS[s.name].option,
+                meaning=SCALARS[s.name].meaning,
+            )
             for s in dump.scalars.values()
-        ],
-        "groups": [{"name": group, "window": dump.window(group)} for group in dump.groups],
-        "batch": {
-            "bs": dump.bs,
-            "active_rows": int(active.sum()),
-            "padding_rows": int((~active).sum()),
-            "total_prefix_tokens": total_prefix,
-            "total_extend_tokens": total_extend,
-            "max_reqs": dump.max_reqs,
-            "max_seq_len": dump.max_seq_len,
-            "lut_len": dump.lut_len,
-        },
-        "identity": dump.identity,
-        "shrink": None if dump.shrink is None else dump.shrink.as_record(dump.path.name),
-        "sglang_installed": sglang_installed,
-        "other_metadata": extra,
-        "notes": notes,
-    }
+        ),
+        groups=tuple((group, dump.window(group)) for group in dump.groups),
+        batch=BatchDescription(
+            bs=dump.bs,
+            active_rows=int(active.sum()),
+            padding_rows=int((~active).sum()),
+            total_prefix_tokens=total_prefix,
+            total_extend_tokens=total_extend,
+            max_reqs=dump.max_reqs,
+            max_seq_len=dump.max_seq_len,
+            lut_len=dump.lut_len,
+        ),
+        identity=dump.identity,
+        shrink=dump.shrink,
+        sglang_installed=sglang_installed,
+        other_metadata=extra,
+        notes=tuple(notes),
+    )

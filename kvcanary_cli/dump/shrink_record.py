@@ -123,20 +123,6 @@ class ShrinkRecord:
         }
         return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
-    def as_record(self, small_name: str) -> dict[str, Any]:
-        """The record reports show (JSON types): the source, what was dropped in total and per
-        tensor, and the command that makes `small_name` from the source."""
-        return {
-            "source": self._source(),
-            "source_file": self.source_file,
-            "kvcanary_version": self.kvcanary_version,
-            "overrides": dict(sorted(self.overrides.items())),
-            "dropped_bytes": self.dropped_bytes,
-            "dropped_elements": self.dropped_elements,
-            "tensors": self._tensors(),
-            "command": self.command(small_name),
-        }
-
 
 def _bad(what: str) -> MetadataError:
     return MetadataError(what, field=SHRINK_KEY, hint="the shrunk dump is damaged; shrink again")

@@ -1,8 +1,10 @@
-"""Rendering: pure functions from reports to rich renderables or strings (no printing).
+"""Rendering: pure functions from a command's typed result to rich renderables or strings (no
+printing), organised by format.
 
-`render_check`, `render_provenance`, `render_inspect`, `render_plan`, `render_selftest` and
-`render_violations`
-pick the view for an `OutputFormat`. A `str` result (JSON, Markdown) is written verbatim; a
+`render_check`, `render_provenance`, `render_violations`, `render_inspect`, `render_plan` and
+`render_selftest` build the command's record once (`render.records`, one module per command)
+and hand it to the view `fmt` asks for: `render.json`, `render.table` or `render.markdown`.
+The views only read records. A `str` result (JSON, Markdown) is written verbatim; a
 renderable goes through a console (see `emit`).
 """
 
@@ -13,17 +15,33 @@ from typing import TYPE_CHECKING, assert_never
 from rich.console import RenderableType
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
-from kvcanary_cli.render.console import OutputFormat, emit, make_console, to_json
-from kvcanary_cli.render.inspect_view import inspect_markdown, inspect_table
-from kvcanary_cli.render.json_report import check_json, provenance_json
-from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
-from kvcanary_cli.render.plan_view import plan_markdown, plan_table
-from kvcanary_cli.render.records import Record, provenance_record, to_record
-from kvcanary_cli.render.selftest_view import selftest_markdown, selftest_table
-from kvcanary_cli.render.table import check_table, provenance_table, verdict_lines
+from kvcanary_cli.render.console import OutputFormat, emit, make_console
+from kvcanary_cli.render.json import to_json
+from kvcanary_cli.render.markdown.check import check_markdown
+from kvcanary_cli.render.markdown.inspect import inspect_markdown
+from kvcanary_cli.render.markdown.plan import plan_markdown
+from kvcanary_cli.render.markdown.provenance import provenance_markdown
+from kvcanary_cli.render.markdown.selftest import selftest_markdown
+from kvcanary_cli.render.markdown.violations import violations_markdown
+from kvcanary_cli.render.records.check import check_record
+from kvcanary_cli.render.records.inspect import inspect_record
+from kvcanary_cli.render.records.plan import plan_record
+from kvcanary_cli.render.records.provenance import provenance_record
+from kvcanary_cli.render.records.selftest import selftest_record
+from kvcanary_cli.render.table.check import check_table, verdict_lines
+from kvcanary_cli.render.table.inspect import inspect_table
+from kvcanary_cli.render.table.plan import plan_table
+from kvcanary_cli.render.table.provenance import provenance_table
+from kvcanary_cli.render.table.selftest import selftest_table
+from kvcanary_cli.render.table.violations import violations_table
 
-if TYPE_CHECKING:  # the violations view needs numpy: imported when used, not by --help
+# These results' modules compute with numpy (and the violations record is built with it):
+# imported when used, not by `kvcanary --help`.
+if TYPE_CHECKING:
+    from kvcanary_cli.analysis.plan_summary import PlanSummary
+    from kvcanary_cli.analysis.selftest import SelftestReport
     from kvcanary_cli.analysis.violations.report import ViolationsReport
+    from kvcanary_cli.dump.describe import DumpDescription
 
 __all__ = [
     "OutputFormat",
@@ -47,34 +65,37 @@ def render_check(
     JSON carries every finding; table and Markdown show the first `max_rows` findings per code
     and count the rest.
     """
+    record = check_record(report)
     if quiet:
-        return verdict_lines(report)
+        return verdict_lines(record)
     match fmt:
         case OutputFormat.TABLE:
-            return check_table(report, max_rows=max_rows)
+            return check_table(record, max_rows=max_rows)
         case OutputFormat.JSON:
-            return check_json(report)
+            return to_json(record)
         case OutputFormat.MARKDOWN:
-            return check_markdown(to_record(report), max_rows=max_rows)
+            return check_markdown(record, max_rows=max_rows)
         case _:
             assert_never(fmt)
 
 
 def render_provenance(report: ProvenanceReport, fmt: OutputFormat) -> str | RenderableType:
     """A provenance answer (one slot, or one pool row) in `fmt`."""
+    record = provenance_record(report)
     match fmt:
         case OutputFormat.TABLE:
-            return provenance_table(report)
+            return provenance_table(record)
         case OutputFormat.JSON:
-            return provenance_json(report)
+            return to_json(record)
         case OutputFormat.MARKDOWN:
-            return provenance_markdown(provenance_record(report))
+            return provenance_markdown(record)
         case _:
             assert_never(fmt)
 
 
-def render_inspect(record: Record, fmt: OutputFormat) -> str | RenderableType:
-    """A `kvcanary.inspect/2` record (what a dump holds) in `fmt`."""
+def render_inspect(description: DumpDescription, fmt: OutputFormat) -> str | RenderableType:
+    """What a dump holds (the `kvcanary.inspect/2` record) in `fmt`."""
+    record = inspect_record(description)
     match fmt:
         case OutputFormat.TABLE:
             return inspect_table(record)
@@ -86,11 +107,14 @@ def render_inspect(record: Record, fmt: OutputFormat) -> str | RenderableType:
             assert_never(fmt)
 
 
-def render_plan(record: Record, fmt: OutputFormat, *, max_rows: int = 50) -> str | RenderableType:
-    """A `kvcanary.plan/1` record (one planner's plan, per request) in `fmt`.
+def render_plan(
+    summary: PlanSummary, fmt: OutputFormat, *, max_rows: int = 50
+) -> str | RenderableType:
+    """One planner's plan, per request (the `kvcanary.plan/1` record) in `fmt`.
 
     JSON carries every request; table and Markdown show the first `max_rows`.
     """
+    record = plan_record(summary)
     match fmt:
         case OutputFormat.TABLE:
             return plan_table(record, max_rows=max_rows)
@@ -102,8 +126,9 @@ def render_plan(record: Record, fmt: OutputFormat, *, max_rows: int = 50) -> str
             assert_never(fmt)
 
 
-def render_selftest(record: Record, fmt: OutputFormat) -> str | RenderableType:
-    """A `kvcanary.selftest/1` record (the drift report) in `fmt`."""
+def render_selftest(report: SelftestReport, fmt: OutputFormat) -> str | RenderableType:
+    """The drift report (the `kvcanary.selftest/1` record) in `fmt`."""
+    record = selftest_record(report)
     match fmt:
         case OutputFormat.TABLE:
             return selftest_table(record)
@@ -118,15 +143,12 @@ def render_selftest(record: Record, fmt: OutputFormat) -> str | RenderableType:
 def render_violations(
     report: ViolationsReport, fmt: OutputFormat, *, max_rows: int = 20
 ) -> str | RenderableType:
-    """A `kvcanary.violations/1` record (violation rows, replay, diagnoses) in `fmt`.
+    """Violation rows, replay and diagnoses (the `kvcanary.violations/1` record) in `fmt`.
 
-    JSON carries every row; table and Markdown show the first `max_rows`.
+    JSON carries every row; table and Markdown show the first `max_rows` (and only those get a
+    record each).
     """
-    from kvcanary_cli.render.violations_view import (
-        violations_markdown,
-        violations_record,
-        violations_table,
-    )
+    from kvcanary_cli.render.records.violations import violations_record
 
     match fmt:
         case OutputFormat.TABLE:

@@ -5,20 +5,19 @@ Colour follows the terminal: none when piped or when `NO_COLOR` is set (rich hon
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import IO, Any
+from typing import IO
 
 from rich.console import Console, RenderableType
 from rich.text import Text
 
 from kvcanary_cli.safe_text import printable
 
-__all__ = ["PIPED_WIDTH", "OutputFormat", "emit", "make_console", "progress", "to_json"]
+__all__ = ["PIPED_WIDTH", "OutputFormat", "emit", "make_console", "progress"]
 
 
 class OutputFormat(StrEnum):
@@ -43,11 +42,6 @@ def make_console(file: IO[str] | None = None, *, width: int | None = None) -> Co
     if width is None and not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = PIPED_WIDTH
     return console
-
-
-def to_json(record: dict[str, Any]) -> str:
-    """Deterministic JSON (sorted keys) so outputs diff cleanly and goldens stay stable."""
-    return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
 
 def emit(rendered: RenderableType, console: Console | None = None) -> None:

@@ -10,8 +10,10 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.render.records.check import CheckRecord
+from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
-from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
+from tests.render.record_schema import validate
 
 runner = CliRunner()
 
@@ -42,7 +44,7 @@ def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
     )
     assert code == 1
     record = json.loads(out)
-    assert validate(record, CHECK) == []
+    assert validate(record, CheckRecord) == []
     assert record["verdict"] == "findings"
     findings = record["dumps"][0]["findings"]
     cells = [f for f in findings if f["code"] == "lut-out-of-range"]
@@ -140,7 +142,7 @@ def test_several_dumps_one_report_each(dumps: dict[str, Path]) -> None:
     )
     assert code == 1
     record = json.loads(out)
-    assert validate(record, CHECK) == []
+    assert validate(record, CheckRecord) == []
     assert [Path(d["path"]).name for d in record["dumps"]] == [
         "clean-swa.safetensors",
         "truncated-lut.safetensors",
@@ -199,7 +201,7 @@ def test_provenance_json_validates(dumps: dict[str, Path]) -> None:
     )
     assert code == 0, err
     record = json.loads(out)
-    assert validate(record, PROVENANCE_REPORT) == []
+    assert validate(record, ProvenanceRecord) == []
     cells = {(c["pool_row"], c["position"]) for c in record["slot"]["cells"]}
     assert (finding["pool_row"], finding["position"]) in cells and len(cells) >= 2
     assert record["findings"][0]["code"] == "slot-shared-across-positions"
@@ -234,7 +236,7 @@ def test_every_scenario_and_seed_reports_its_codes(name: str, seed: int, tmp_pat
         assert meta["kvcanary.expected_diagnosis"] == scenario.cause
         # every finding is grouped under a cause the diagnosis lists
         assert {f["cause"] for f in record["dumps"][0]["findings"]} <= set(causes)
-    assert validate(record, CHECK) == []
+    assert validate(record, CheckRecord) == []
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -134,10 +134,10 @@ def test_markdown_stays_under_githubs_limit(tmp_path: Path) -> None:
     report = api.check(path, kernel="vectorized")
     full = render_check(report, OutputFormat.MARKDOWN, max_rows=10_000)
     assert isinstance(full, str)
-    from kvcanary_cli.render.markdown_report import check_markdown
-    from kvcanary_cli.render.records import to_record
+    from kvcanary_cli.render.markdown.check import check_markdown
+    from kvcanary_cli.render.records.check import check_record
 
-    small = check_markdown(to_record(report), max_rows=10_000, limit=20_000)
+    small = check_markdown(check_record(report), max_rows=10_000, limit=20_000)
     assert len(small) <= 20_000 < len(full)
     assert "Trimmed to fit GitHub's" in small and "--format json` has every finding" in small
 

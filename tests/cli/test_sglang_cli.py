@@ -10,10 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
+from kvcanary_cli.render.records.check import CheckRecord
+from kvcanary_cli.render.records.selftest import SelftestRecord
 from kvcanary_cli.synth.scenarios import SCENARIOS
 from tests.conftest import InstallStandin
 from tests.helpers import UPSTREAM_RAISING_SCENARIOS
-from tests.render.render_schema import CHECK, SELFTEST, validate
+from tests.render.record_schema import validate
 from tests.sglang_standin import VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ def test_check_reports_the_raise_at_its_finding(sglang_standin: InstallStandin) 
     code, out, err = run("check", TRUNCATED, "--kernel", "sglang", "--format", "json")
     assert code == 1, err
     record = json.loads(out)
-    assert validate(record, CHECK) == []
+    assert validate(record, CheckRecord) == []
     assert record["sglang_installed"] == VERSION
     dump = record["dumps"][0]
     assert dump["kernel_mode"] == "reference"
@@ -104,7 +106,7 @@ def test_selftest_without_sglang_agrees(no_sglang: None) -> None:
     code, out, err = run("selftest", "--format", "json")
     assert code == 0, err
     record = json.loads(out)
-    assert validate(record, SELFTEST) == []
+    assert validate(record, SelftestRecord) == []
     assert record["verdict"] == "agree"
     assert [p["name"] for p in record["planners"]] == ["vectorized", "triton"]
     assert record["sglang"] == {
@@ -122,7 +124,7 @@ def test_selftest_with_sglang(sglang_standin: InstallStandin) -> None:
     code, out, err = run("selftest", "--sglang", "--format", "json")
     assert code == 0, err
     record = json.loads(out)
-    assert validate(record, SELFTEST) == []
+    assert validate(record, SelftestRecord) == []
     assert record["sglang"]["installed"] == VERSION and record["sglang"]["run"]
     raises = {
         s["scenario"]: c["raised"]

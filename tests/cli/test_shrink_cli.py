@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.render.records.check import CheckRecord
+from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.synth.scenarios import make_scenario
-from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
+from tests.render.record_schema import validate
 
 runner = CliRunner()
 
@@ -56,7 +58,7 @@ def test_check_json_says_where_it_came_from(pair: tuple[Path, Path]) -> None:
     code, out, _ = run("check", str(small), "--kernel", "vectorized", "--format", "json")
     assert code == 1
     record = json.loads(out)
-    assert validate(record, CHECK) == []
+    assert validate(record, CheckRecord) == []
     shrunk = record["dumps"][0]["shrunk"]
     assert shrunk["source"]["name"] == original.name
     assert shrunk["source"]["bytes"] == original.stat().st_size
@@ -83,7 +85,7 @@ def test_provenance_reports_say_so(pair: tuple[Path, Path]) -> None:
     code, out, _ = run("provenance", str(small), "--slot", "107", "--format", "json")
     assert code == 0
     record = json.loads(out)
-    assert validate(record, PROVENANCE_REPORT) == []
+    assert validate(record, ProvenanceRecord) == []
     assert record["shrunk"] is not None and record["slot"]["cells"]
     code, out, _ = run("provenance", str(small), "--row", "11")
     assert code == 0 and "kept cells only" in out

@@ -27,6 +27,7 @@ from kvcanary_cli.planners import make_selftest_planners
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.planners.sglang_runtime import load_launcher, load_reference_launcher
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED
+from kvcanary_cli.render.records.selftest import selftest_record
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import NOT_HANDED_TO_SGLANG, STRICT, UPSTREAM_RAISING_SCENARIOS, VECTORIZED
 from tests.planners.plan_helpers import assert_plans_equal
@@ -131,10 +132,12 @@ def test_the_truncated_lut_raise_is_kvcanarys_first_raise(real_sglang: Path) -> 
 
 
 def test_selftest_agrees_and_lists_the_raises(real_sglang: Path) -> None:
-    record = run_selftest(
-        *make_selftest_planners(sglang=True),
-        kvcanary_version="test",
-        sglang_installed=WHEEL_VERSION,
+    record = selftest_record(
+        run_selftest(
+            *make_selftest_planners(sglang=True),
+            kvcanary_version="test",
+            sglang_installed=WHEEL_VERSION,
+        )
     )
     assert record["verdict"] == "agree", record["summary"]
     raised = {}

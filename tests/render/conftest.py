@@ -203,7 +203,7 @@ GROUPS = (
         total_verify=900,
         verify_capacity=512,
         enable=0,
-        kernel="triton (interpreter)",
+        kernel="triton",
     ),
     GroupSummary(
         group=Group.SWA,
@@ -211,7 +211,7 @@ GROUPS = (
         total_verify=700,
         verify_capacity=512,
         enable=0,
-        kernel="triton (interpreter)",
+        kernel="triton",
         explained_differences={"lut-out-of-range": 17, "kernel-divergence": 1},
         unexplained_differences=2,
         kernel_launch_error=None,

@@ -58,18 +58,25 @@ def test_emit_writes_strings_verbatim(single_report: CheckReport) -> None:
     assert "lut-out-of-range" in buf.getvalue()
 
 
-def test_render_imports_only_the_model() -> None:
-    """render may import analysis.model (and the violations report), the package root (for
-    __version__), the canary's labels, the escape for shown text and itself."""
+def test_render_imports_only_results_and_itself() -> None:
+    """render may import the commands' typed results (analysis.model, the violations report,
+    the plan summary, the selftest report, the dump description), the package root (for
+    __version__), the canary's labels, the escape for shown text and itself: every module of
+    it, in every subpackage."""
     allowed = {
         "kvcanary_cli",
         "kvcanary_cli.safe_text",
         "kvcanary_cli.analysis.model",
+        "kvcanary_cli.analysis.plan_summary",
+        "kvcanary_cli.analysis.selftest",
         "kvcanary_cli.analysis.violations.report",
         "kvcanary_cli.canary.constants",
+        "kvcanary_cli.dump.describe",
     }
     root = Path(render_pkg.__file__).parent
-    for path in sorted(root.glob("*.py")):
+    paths = sorted(root.rglob("*.py"))
+    assert len(paths) > 20  # the subpackages are walked too
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
@@ -80,5 +87,28 @@ def test_render_imports_only_the_model() -> None:
             for name in names:
                 if name.startswith("kvcanary_cli"):
                     assert name in allowed or name.startswith("kvcanary_cli.render"), (
-                        f"{path.name} imports {name}"
+                        f"{path.relative_to(root)} imports {name}"
                     )
+
+
+def test_views_read_records_only() -> None:
+    """The table and Markdown views (and their shared helpers) read records: they import no
+    result type of the analysis or the dump, and from `render.records` only declarations
+    (record types, Literals), never a builder."""
+    root = Path(render_pkg.__file__).parent
+    views = [*(root / "table").glob("*.py"), *(root / "markdown").glob("*.py")]
+    views.append(root / "shared.py")
+    assert len(views) > 12
+    for path in views:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            where = f"{path.relative_to(root)} imports from {node.module}"
+            if node.module == "kvcanary_cli.analysis.model":
+                # the codes' order (a sort key), for the Markdown summary
+                assert {a.name for a in node.names} <= {"FindingCode", "code_order"}, where
+                continue
+            assert not node.module.startswith(("kvcanary_cli.analysis", "kvcanary_cli.dump")), where
+            if node.module.startswith("kvcanary_cli.render.records"):
+                builders = [a.name for a in node.names if not a.name[:1].isupper()]
+                assert builders == [], f"{where}: {builders}"

@@ -9,8 +9,10 @@ from collections import Counter
 import pytest
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
-from kvcanary_cli.render.markdown_report import check_markdown, provenance_markdown
-from kvcanary_cli.render.records import provenance_record, to_record
+from kvcanary_cli.render.markdown.check import check_markdown
+from kvcanary_cli.render.markdown.provenance import provenance_markdown
+from kvcanary_cli.render.records.check import check_record
+from kvcanary_cli.render.records.provenance import provenance_record
 from tests.render.md_tables import tables
 
 HEAD = re.compile(r"^##### `([a-z-]+)` · (error|warning|info) · (\d+) findings?$", re.M)
@@ -27,7 +29,7 @@ def _dump_sections(markdown: str) -> list[str]:
 
 
 def test_summary_agrees_with_json(any_report: CheckReport) -> None:
-    record = to_record(any_report)
+    record = check_record(any_report)
     markdown = check_markdown(record)
     expected: Counter[tuple[str, str]] = Counter()
     for dump in record["dumps"]:
@@ -44,14 +46,14 @@ def test_summary_agrees_with_json(any_report: CheckReport) -> None:
 def test_title_and_verdict(
     multi_report: CheckReport, clean_report: CheckReport, single_report: CheckReport
 ) -> None:
-    assert check_markdown(to_record(multi_report)).startswith("## kvcanary check: bad input\n")
-    assert check_markdown(to_record(clean_report)).startswith("## kvcanary check: clean\n")
-    assert check_markdown(to_record(single_report)).startswith("## kvcanary check: findings\n")
+    assert check_markdown(check_record(multi_report)).startswith("## kvcanary check: bad input\n")
+    assert check_markdown(check_record(clean_report)).startswith("## kvcanary check: clean\n")
+    assert check_markdown(check_record(single_report)).startswith("## kvcanary check: findings\n")
 
 
 @pytest.mark.parametrize("max_rows", [0, 1, 3, 10, 50])
 def test_details_per_shown_finding(multi_report: CheckReport, max_rows: int) -> None:
-    record = to_record(multi_report)
+    record = check_record(multi_report)
     markdown = check_markdown(record, max_rows=max_rows)
     sections = _dump_sections(markdown)
     assert len(sections) == len(record["dumps"])
@@ -70,7 +72,7 @@ def test_details_per_shown_finding(multi_report: CheckReport, max_rows: int) -> 
 
 
 def test_code_tables_and_escaping(single_report: CheckReport) -> None:
-    markdown = check_markdown(to_record(single_report), max_rows=10)
+    markdown = check_markdown(check_record(single_report), max_rows=10)
     for _, header, rows in tables(markdown):
         assert all(len(row) == len(header) for row in rows), header
     lut = [t for t in tables(markdown) if t[0].startswith("##### `lut-out-of-range`")]
@@ -94,7 +96,7 @@ def test_code_tables_and_escaping(single_report: CheckReport) -> None:
 
 
 def test_provenance_details_block(single_report: CheckReport) -> None:
-    markdown = check_markdown(to_record(single_report))
+    markdown = check_markdown(check_record(single_report))
     block = markdown[markdown.index("<details><summary><code>duplicate-slot-in-row") :]
     block = block[: block.index("</details>")]
     assert (
@@ -111,7 +113,7 @@ def test_provenance_details_block(single_report: CheckReport) -> None:
 
 
 def test_identity_and_groups(single_report: CheckReport) -> None:
-    markdown = check_markdown(to_record(single_report))
+    markdown = check_markdown(check_record(single_report))
     # outside tables a pipe needs no escape (a backslash would show inside a code span)
     assert "\n### `dumps/step1207|rank0.safetensors`: errors\n" in markdown
     [(_, _, identity)] = [t for t in tables(markdown) if t[1] == ["identity", "value"]]
@@ -136,7 +138,7 @@ def test_identity_and_groups(single_report: CheckReport) -> None:
 
 
 def test_multi_dump_table_and_bad_input(multi_report: CheckReport) -> None:
-    markdown = check_markdown(to_record(multi_report))
+    markdown = check_markdown(check_record(multi_report))
     [(_, header, rows)] = [t for t in tables(markdown) if t[1][0] == "dump"]
     assert [r[1] for r in rows] == ["errors", "clean", "warnings", "bad-input"]
     assert rows[3][-1] == "missing tensor \\`req_to_token\\` (needed by every plan)"
@@ -147,7 +149,7 @@ def test_multi_dump_table_and_bad_input(multi_report: CheckReport) -> None:
 
 
 def test_markdown_is_deterministic(multi_report: CheckReport) -> None:
-    assert check_markdown(to_record(multi_report)) == check_markdown(to_record(multi_report))
+    assert check_markdown(check_record(multi_report)) == check_markdown(check_record(multi_report))
 
 
 def test_provenance_markdown_slot(slot_report: ProvenanceReport) -> None:

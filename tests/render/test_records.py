@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from typing import Any
 
 from kvcanary_cli.analysis.model import (
     CheckReport,
@@ -16,32 +17,34 @@ from kvcanary_cli.analysis.model import (
     Role,
     Severity,
 )
-from kvcanary_cli.render.records import provenance_record, to_record
-from tests.render.render_schema import CHECK, PROVENANCE_REPORT, validate
+from kvcanary_cli.render.records.check import CheckRecord, check_record
+from kvcanary_cli.render.records.provenance import ProvenanceRecord, provenance_record
+from tests.render.record_schema import validate
 
 CODE_INDEX = {c.value: i for i, c in enumerate(FindingCode)}
 
 
 def test_record_matches_schema(any_report: CheckReport) -> None:
-    record = to_record(any_report)
-    assert validate(record, CHECK) == []
+    record = check_record(any_report)
+    assert validate(record, CheckRecord) == []
     assert json.loads(json.dumps(record)) == record  # JSON types only
 
 
 def test_every_finding_is_in_the_record(multi_report: CheckReport) -> None:
-    record = to_record(multi_report)
+    record = check_record(multi_report)
     for dump, rec in zip(multi_report.dumps, record["dumps"], strict=True):
         assert len(rec["findings"]) == len(dump.findings) == rec["findings_total"]
         assert sum(c["count"] for c in rec["counts"]) == len(dump.findings)
     total = sum(len(d.findings) for d in multi_report.dumps)
     assert record["summary"]["findings"] == total
     assert sum(record["summary"]["counts"].values()) == total
-    assert sum(record["summary"]["by_severity"].values()) == total
+    by_severity = record["summary"]["by_severity"]
+    assert by_severity["error"] + by_severity["warning"] + by_severity["info"] == total
 
 
 def test_finding_fields_are_copied(single_report: CheckReport) -> None:
     findings = single_report.dumps[0].findings
-    records = to_record(single_report)["dumps"][0]["findings"]
+    records = check_record(single_report)["dumps"][0]["findings"]
     expected = sorted(
         (
             f.code.value,
@@ -75,6 +78,7 @@ def test_finding_fields_are_copied(single_report: CheckReport) -> None:
     assert lut["details"]["cells"] == [5, lut["position"]]  # tuples become lists
     dup = next(r for r in records if r["code"] == "duplicate-slot-in-row")
     prov = dup["provenance"]
+    assert prov is not None
     assert prov["cells_total"] == 5 and len(prov["cells"]) == 3
     assert [c["shared"] for c in prov["cells"]] == [False, False, True]
     assert prov["canary"][0]["buffer"] == "canary.full.head.k"
@@ -87,7 +91,7 @@ def _none_last(v: int | None) -> tuple[bool, int]:
 
 
 def test_findings_order(multi_report: CheckReport) -> None:
-    for rec in to_record(multi_report)["dumps"]:
+    for rec in check_record(multi_report)["dumps"]:
         keys = [
             (
                 -Severity(f["severity"]).rank,
@@ -112,12 +116,12 @@ def test_findings_order(multi_report: CheckReport) -> None:
 
 def test_order_does_not_depend_on_input_order(single_report: CheckReport) -> None:
     dump = single_report.dumps[0]
-    baseline = json.dumps(to_record(single_report), sort_keys=True)
+    baseline = json.dumps(check_record(single_report), sort_keys=True)
     for seed in range(5):
         findings = list(dump.findings)
         random.Random(seed).shuffle(findings)
         shuffled = CheckReport(dumps=(replace(dump, findings=tuple(findings)),))
-        assert json.dumps(to_record(shuffled), sort_keys=True) == baseline
+        assert json.dumps(check_record(shuffled), sort_keys=True) == baseline
 
 
 def test_none_sorts_last() -> None:
@@ -137,14 +141,15 @@ def test_none_sorts_last() -> None:
 
 
 def test_verdicts(multi_report: CheckReport) -> None:
-    record = to_record(multi_report)
+    record = check_record(multi_report)
     assert [d["verdict"] for d in record["dumps"]] == ["errors", "clean", "warnings", "bad-input"]
     assert [d["fails"] for d in record["dumps"]] == [True, False, False, False]
     assert record["verdict"] == "bad-input"  # exit code 2 outranks 1
     assert record["summary"]["failed"] == 1 and record["summary"]["bad_input"] == 1
-    assert record["dumps"][3]["error"].startswith("missing tensor")
+    error = record["dumps"][3]["error"]
+    assert error is not None and error.startswith("missing tensor")
 
-    warn = to_record(replace(multi_report, fail_on=Severity.WARNING))
+    warn = check_record(replace(multi_report, fail_on=Severity.WARNING))
     assert [d["fails"] for d in warn["dumps"]] == [True, False, True, False]
     assert warn["fail_on"] == "warning"
 
@@ -152,12 +157,12 @@ def test_verdicts(multi_report: CheckReport) -> None:
 def test_top_level_verdicts(
     single_report: CheckReport, clean_report: CheckReport, warning_dump: DumpReport
 ) -> None:
-    assert to_record(single_report)["verdict"] == "findings"
-    assert to_record(clean_report)["verdict"] == "clean"
+    assert check_record(single_report)["verdict"] == "findings"
+    assert check_record(clean_report)["verdict"] == "clean"
     only_warnings = CheckReport(dumps=(warning_dump,))
-    assert to_record(only_warnings)["verdict"] == "clean"
-    assert to_record(replace(only_warnings, fail_on=Severity.WARNING))["verdict"] == "findings"
-    assert to_record(CheckReport(dumps=()))["verdict"] == "clean"
+    assert check_record(only_warnings)["verdict"] == "clean"
+    assert check_record(replace(only_warnings, fail_on=Severity.WARNING))["verdict"] == "findings"
+    assert check_record(CheckReport(dumps=()))["verdict"] == "clean"
 
 
 def test_details_are_made_json_safe() -> None:
@@ -170,21 +175,22 @@ def test_details_are_made_json_safe() -> None:
     report = CheckReport(
         dumps=(DumpReport(path="p", identity={}, bs=1, groups=(), findings=(finding,)),)
     )
-    details = to_record(report)["dumps"][0]["findings"][0]["details"]
+    details = check_record(report)["dumps"][0]["findings"][0]["details"]
     assert details["t"] == [1, 2] and details["nested"] == {"a": None, "b": [3]}
     assert isinstance(details["odd"], str)
-    assert validate(to_record(report), CHECK) == []
+    assert validate(check_record(report), CheckRecord) == []
 
 
 def test_provenance_record_matches_schema(any_provenance: ProvenanceReport) -> None:
     record = provenance_record(any_provenance)
-    assert validate(record, PROVENANCE_REPORT) == []
+    assert validate(record, ProvenanceRecord) == []
     assert record["schema"] == "kvcanary.provenance/1"
     assert len(record["findings"]) == len(any_provenance.findings)
 
 
 def test_provenance_record_row(row_report: ProvenanceReport) -> None:
     row = provenance_record(row_report)["row"]
+    assert row is not None
     assert [c["position"] for c in row["cells"]] == list(range(10))
     # marks follow FindingCode order, whatever order the analysis gave
     assert row["cells"][4]["marks"] == ["swa-unmapped-in-window", "duplicate-slot-in-row"]
@@ -192,12 +198,12 @@ def test_provenance_record_row(row_report: ProvenanceReport) -> None:
 
 
 def test_schema_validator_catches_mistakes(single_report: CheckReport) -> None:
-    record = to_record(single_report)
+    record: dict[str, Any] = json.loads(json.dumps(check_record(single_report)))
     finding = record["dumps"][0]["findings"][0]
     del finding["role"]
     finding["slot"] = "12"
     finding["extra"] = 1
-    errors = validate(record, CHECK)
+    errors = validate(record, CheckRecord)
     assert any("missing key 'role'" in e for e in errors)
     assert any(".slot: expected int" in e for e in errors)
     assert any("unexpected key 'extra'" in e for e in errors)

@@ -9,8 +9,10 @@ import pytest
 from rich.console import Console, RenderableType
 
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
-from kvcanary_cli.render.records import to_record
-from kvcanary_cli.render.table import check_table, provenance_table
+from kvcanary_cli.render.records.check import check_record
+from kvcanary_cli.render.records.provenance import provenance_record
+from kvcanary_cli.render.table.check import check_table
+from kvcanary_cli.render.table.provenance import provenance_table
 
 _BOX_START, _BOX_END = "┏┃┡│└", "┓┃┩│┘"
 
@@ -28,8 +30,8 @@ def plain(renderable: RenderableType, width: int = 120) -> str:
 
 @pytest.mark.parametrize("width", [100, 120])
 def test_check_table_shows_verdicts_and_codes(any_report: CheckReport, width: int) -> None:
-    text = plain(check_table(any_report), width)
-    record = to_record(any_report)
+    text = plain(check_table(check_record(any_report)), width)
+    record = check_record(any_report)
     for dump in record["dumps"]:
         verdict = dump["verdict"].upper().replace("-", " ")
         assert re.search(rf"^{verdict}: ", text, re.M), verdict
@@ -40,26 +42,26 @@ def test_check_table_shows_verdicts_and_codes(any_report: CheckReport, width: in
 
 
 def test_check_table_caps_rows_per_code(single_report: CheckReport) -> None:
-    text = plain(check_table(single_report, max_rows=3))
+    text = plain(check_table(check_record(single_report), max_rows=3))
     assert "lut-out-of-range (error): 12 findings" in text
     assert "… and 9 more (--max-rows)" in text
     assert "901" in text and "903" not in text
-    assert "… and" not in plain(check_table(single_report, max_rows=50))
+    assert "… and" not in plain(check_table(check_record(single_report), max_rows=50))
 
 
 def test_check_table_details(single_report: CheckReport) -> None:
-    text = plain(check_table(single_report))
+    text = plain(check_table(check_record(single_report)))
     assert (
         "ERRORS: dumps/step1207|rank0.safetensors  (15 errors, 3 warnings; fails "
         "--fail-on error)" in text
     )
     assert "sglang 0.5.1 @ abc1234 · model Qwen/Qwen3-8B · rank 0 · step 1207" in text
     assert "kernel clamped 17 plan values (lut-out-of-range)" in plain(
-        check_table(single_report), 300
+        check_table(check_record(single_report)), 300
     )
     assert "2 unexplained (kernel-divergence)" in text
     # provenance condensed into the cells column (wide enough not to wrap)
-    wide = plain(check_table(single_report), 300)
+    wide = plain(check_table(check_record(single_report)), 300)
     assert (
         "(row 8, pos 4) verify; (row 8, pos 9) pending-write; (row 3, pos 4) verify "
         "shared; +2 more" in wide
@@ -73,24 +75,26 @@ def test_check_table_details(single_report: CheckReport) -> None:
 def test_multi_dump_summary_only_with_two_dumps(
     multi_report: CheckReport, single_report: CheckReport
 ) -> None:
-    text = plain(check_table(multi_report))
+    text = plain(check_table(check_record(multi_report)))
     assert re.search(r"^summary", text, re.M)
     assert "1 of 4 dumps fails at --fail-on error; 1 unreadable" in text
     assert "bad input: missing tensor `req_to_token`" in text
     assert "no findings" in text
-    assert not re.search(r"^summary", plain(check_table(single_report)), re.M)
+    assert not re.search(r"^summary", plain(check_table(check_record(single_report))), re.M)
 
 
 def test_check_table_order_follows_the_record(single_report: CheckReport) -> None:
-    text = plain(check_table(single_report))
+    text = plain(check_table(check_record(single_report)))
     heads = re.findall(r"^([a-z-]+) \((?:error|warning)\): ", text, re.M)
-    codes = list(dict.fromkeys(c["code"] for c in to_record(single_report)["dumps"][0]["counts"]))
+    codes = list(
+        dict.fromkeys(c["code"] for c in check_record(single_report)["dumps"][0]["counts"])
+    )
     assert heads == codes
 
 
 @pytest.mark.parametrize("width", [100, 120])
 def test_slot_provenance_table(slot_report: ProvenanceReport, width: int) -> None:
-    text = plain(provenance_table(slot_report), width)
+    text = plain(provenance_table(provenance_record(slot_report)), width)
     assert "full slot 77  → swa slot 12 (LUT[77])" in text
     assert "allocator: free" in text
     assert "cells (5 in req_to_token, live first)" in text and "… and 2 more cells" in text
@@ -101,7 +105,7 @@ def test_slot_provenance_table(slot_report: ProvenanceReport, width: int) -> Non
 
 @pytest.mark.parametrize("width", [100, 120])
 def test_row_provenance_table(row_report: ProvenanceReport, width: int) -> None:
-    text = plain(provenance_table(row_report), width)
+    text = plain(provenance_table(provenance_record(row_report)), width)
     assert "pool row 8 (batch rows 1), group swa" in text
     assert "P 6 · E 2 · window start 3 · 9 filled of max_seq_len 4096" in text
     for role in ("prefix", "verify (seed)", "pending-write", "stale-tail"):
@@ -113,7 +117,7 @@ def test_row_provenance_table(row_report: ProvenanceReport, width: int) -> None:
 
 
 def test_table_never_prints(single_report: CheckReport, capsys: pytest.CaptureFixture[str]) -> None:
-    check_table(single_report)
+    check_table(check_record(single_report))
     assert capsys.readouterr() == ("", "")
 
 
@@ -128,6 +132,6 @@ def test_piped_output_has_no_colour(
         else:
             monkeypatch.setenv("NO_COLOR", no_color)
         buf = io.StringIO()
-        make_console(buf, width=100).print(check_table(single_report))
+        make_console(buf, width=100).print(check_table(check_record(single_report)))
         assert "\x1b[" not in buf.getvalue()
         assert "ERRORS: " in buf.getvalue()

@@ -1,8 +1,8 @@
-"""Markdown output, ready to paste into a GitHub issue, rendered from the records only.
+"""The Markdown view of a `kvcanary.check/1` record: a GitHub issue body, at most GitHub's
+length.
 
-Drawing on the same dicts as the JSON output (never on the dataclasses) keeps the two formats
-in agreement. Every string of a record is made printable first (`safe_text.printable_record`);
-Markdown escaping lives in `render.markdown`.
+Drawn from the same record as the JSON output (never from the dataclasses), so the two formats
+agree. Every string of the record is made printable first (`safe_text.printable_record`).
 """
 
 from __future__ import annotations
@@ -12,37 +12,36 @@ import json
 from collections import Counter
 
 from kvcanary_cli.analysis.model import FindingCode, code_order
-from kvcanary_cli.render.markdown import code as _code
-from kvcanary_cli.render.markdown import table as _table
-from kvcanary_cli.render.markdown import text as _text
-from kvcanary_cli.render.records import (
+from kvcanary_cli.render.markdown.blocks import code as _code
+from kvcanary_cli.render.markdown.blocks import table as _table
+from kvcanary_cli.render.markdown.blocks import text as _text
+from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
+from kvcanary_cli.render.records.check import (
+    CheckRecord,
+    DumpRecord,
+    GroupRecord,
+    RequestRecord,
+)
+from kvcanary_cli.render.records.common import FindingRecord
+from kvcanary_cli.render.shared import (
     DIFFERENCES_NOTE,
     CodeSection,
-    Record,
     cause_sections,
-    cell_columns,
     differences_lines,
     failing_phrase,
     plural,
     position_text,
-    row_lines,
-    row_notices,
+    severity_count,
     shrunk_lines,
 )
 from kvcanary_cli.safe_text import printable_record
 
-__all__ = ["check_markdown", "provenance_markdown"]
+__all__ = ["GITHUB_BODY_LIMIT", "check_markdown"]
 
 _TITLES = {"clean": "clean", "findings": "findings", "bad-input": "bad input"}
 
 
-def _identity_table(identity: dict[str, str]) -> str:
-    if not identity:
-        return "No identity metadata recorded (sglang.version, model, rank, step, ...)."
-    return _table(["identity", "value"], [[_text(k), _text(v)] for k, v in identity.items()])
-
-
-def _groups_table(groups: list[Record]) -> str:
+def _groups_table(groups: list[GroupRecord]) -> str:
     rows = [
         [
             _code(g["group"]),
@@ -63,80 +62,7 @@ def _groups_table(groups: list[Record]) -> str:
     return f"{table}\n\n*{_text(DIFFERENCES_NOTE)}*"
 
 
-def _cells_table(cells: list[Record], *, swa: bool) -> str:
-    rows = [
-        [
-            str(c["pool_row"]),
-            str(c["position"]),
-            *([_text(c["full_slot"])] if swa else []),
-            ", ".join(map(str, c["batch_rows"])) or "-",
-            _text(c["role"]),
-            "yes" if c["seed"] else "",
-            "yes" if c["shared"] else "",
-        ]
-        for c in cells
-    ]
-    return _table(list(cell_columns(swa)), rows, right={0, 1, 2} if swa else {0, 1})
-
-
-def _translation(prov: Record) -> str:
-    if prov["swa_slot"] is not None:
-        return f"SWA translation: `LUT[{prov['slot']}] = {prov['swa_slot']}`"
-    if prov["translation_note"]:
-        return f"SWA translation: none ({_text(prov['translation_note'])})"
-    return "SWA translation: -"
-
-
-def _provenance_body(prov: Record) -> list[str]:
-    """The slot's cells, translation, allocator, canary and violation rows as Markdown blocks."""
-    shown, total = len(prov["cells"]), prov["cells_total"]
-    more = f" (first {shown} of {total})" if total > shown else ""
-    parts = [
-        f"Cells of {prov['space']} slot {prov['slot']}{more}:",
-        _cells_table(prov["cells"], swa=prov["space"] == "swa"),
-    ]
-    facts = [_translation(prov)]
-    if prov["mapped_from"]:
-        facts.append("mapped from full slots: " + ", ".join(map(str, prov["mapped_from"])))
-    if prov["clamped_from"]:
-        facts.append(
-            "redirected here by the GPU clamp (live full slots >= lut_len): "
-            + ", ".join(map(str, prov["clamped_from"]))
-        )
-    facts.append(f"allocator: {_text(prov['allocator'])}")
-    parts.append("\n".join(f"- {fact}" for fact in facts))
-    if prov["canary"]:
-        parts.append(
-            _table(
-                ["canary buffer", "token", "position", "prev hash", "real kv hash"],
-                [
-                    [
-                        _code(r["buffer"]),
-                        str(r["token"]),
-                        str(r["position"]),
-                        str(r["prev_hash"]),
-                        str(r["real_kv_hash"]),
-                    ]
-                    for r in prov["canary"]
-                ],
-                right={1, 2, 3, 4},
-            )
-        )
-    if prov["violations"]:
-        parts.append(
-            _table(
-                ["violation row", "fields"],
-                [[str(v["index"]), ", ".join(map(str, v["fields"]))] for v in prov["violations"]],
-                right={0},
-            )
-        )
-        shown, total = len(prov["violations"]), prov.get("violations_total", 0)
-        if total > shown:
-            parts.append(f"First {shown} of {total} ring rows of this slot.")
-    return parts
-
-
-def _where(f: Record) -> str:
+def _where(f: FindingRecord) -> str:
     bits = []
     if f["slot"] is not None:
         bits.append(f"{f['space']} slot {f['slot']}")
@@ -145,14 +71,14 @@ def _where(f: Record) -> str:
     if f["pool_row"] is not None:
         bits.append(f"pool row {f['pool_row']}")
     if f["position"] is not None:
-        plural_s = "s" if f.get("cells", 1) > 1 else ""
+        plural_s = "s" if f["cells"] > 1 else ""
         bits.append(f"position{plural_s} {position_text(f)}")
     if f["role"]:
         bits.append(str(f["role"]))
     return ", ".join(bits) or f"group {f['group']}"
 
 
-def _details_block(f: Record) -> str:
+def _details_block(f: FindingRecord) -> str:
     prov = f["provenance"]
     cells = "" if prov is None else f" ({plural(prov['cells_total'], 'cell')})"
     summary = f"<code>{html.escape(f['code'])}</code> {html.escape(_where(f))}{html.escape(cells)}"
@@ -160,13 +86,13 @@ def _details_block(f: Record) -> str:
     if prov is None:
         body.append("No slot provenance (the finding is about a row or a tensor).")
     else:
-        body.extend(_provenance_body(prov))
+        body.extend(provenance_body(prov))
     if f["details"]:
         body.append("details: " + _code(json.dumps(f["details"], sort_keys=True), cell=False))
     return "\n\n".join([f"<details><summary>{summary}</summary>", *body, "</details>"])
 
 
-def _message_cell(f: Record) -> str:
+def _message_cell(f: FindingRecord) -> str:
     text = _text(f["message"])
     if f["first_raise"]:
         text += " **← SGLang's reference raises here first**"
@@ -219,7 +145,7 @@ def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
     return parts
 
 
-def _findings_sections(dump: Record, max_rows: int, details: bool) -> list[str]:
+def _findings_sections(dump: DumpRecord, max_rows: int, details: bool) -> list[str]:
     """Symptoms under their causes, in diagnosis order."""
     parts: list[str] = []
     for number, block in enumerate(cause_sections(dump, max_rows), 1):
@@ -233,7 +159,7 @@ def _findings_sections(dump: Record, max_rows: int, details: bool) -> list[str]:
     return parts
 
 
-def _diagnosis_section(dump: Record) -> list[str]:
+def _diagnosis_section(dump: DumpRecord) -> list[str]:
     if not dump["diagnosis"]:
         return []
     items = []
@@ -253,7 +179,7 @@ def _diagnosis_section(dump: Record) -> list[str]:
     return ["#### Diagnosis", "\n".join(items)]
 
 
-def _raise_lines(dump: Record) -> list[str]:
+def _raise_lines(dump: DumpRecord) -> list[str]:
     lines = []
     raised = dump["first_raise"]
     if raised is not None:
@@ -284,7 +210,7 @@ def _raise_lines(dump: Record) -> list[str]:
     return lines
 
 
-def _requests_table(requests: list[Record]) -> str:
+def _requests_table(requests: list[RequestRecord]) -> str:
     return _table(
         ["batch row", "pool row", "P", "E", "first bad position", "findings"],
         [
@@ -302,19 +228,11 @@ def _requests_table(requests: list[Record]) -> str:
     )
 
 
-def _reproduce(shrunk: Record) -> str:
-    """How the attached small dump was made (file names are shell-safe in the command)."""
-    return (
-        "Made from the original dump (same findings and diagnosis) with:\n\n"
-        f"```bash\n{shrunk['command']}\n```"
-    )
-
-
-def _dump_section(dump: Record, max_rows: int, details: bool = True) -> list[str]:
+def _dump_section(dump: DumpRecord, max_rows: int, details: bool = True) -> list[str]:
     parts = [f"### {_code(dump['path'], cell=False)}: {dump['verdict']}"]
     if dump["error"] is not None:
         parts.append(f"**Bad input:** {_text(dump['error'])}")
-    parts.append(_identity_table(dump["identity"]))
+    parts.append(identity_table(dump["identity"]))
     facts = [f"batch size: {dump['bs']}"]
     if dump["kernel_mode"]:
         facts.append(f"kernel mode: {_text(dump['kernel_mode'])}")
@@ -323,7 +241,7 @@ def _dump_section(dump: Record, max_rows: int, details: bool = True) -> list[str
     facts.extend(f"note: {_text(note)}" for note in dump["notes"])
     parts.append("\n".join(f"- {fact}" for fact in facts))
     if dump["shrunk"] is not None:
-        parts.append(_reproduce(dump["shrunk"]))
+        parts.append(reproduce(dump["shrunk"]))
     parts.extend(_diagnosis_section(dump))
     parts.extend(_raise_lines(dump))
     if dump["groups"]:
@@ -337,7 +255,7 @@ def _dump_section(dump: Record, max_rows: int, details: bool = True) -> list[str
     return parts
 
 
-def _summary_rows(record: Record) -> list[list[str]]:
+def _summary_rows(record: CheckRecord) -> list[list[str]]:
     totals: Counter[tuple[str, str]] = Counter()
     severity: dict[str, str] = {}
     for dump in record["dumps"]:
@@ -355,7 +273,9 @@ def _summary_rows(record: Record) -> list[list[str]]:
 GITHUB_BODY_LIMIT = 65_536
 
 
-def check_markdown(record: Record, *, max_rows: int = 10, limit: int = GITHUB_BODY_LIMIT) -> str:
+def check_markdown(
+    record: CheckRecord, *, max_rows: int = 10, limit: int = GITHUB_BODY_LIMIT
+) -> str:
     """A `kvcanary.check/1` record as a GitHub issue body, at most `limit` characters.
 
     Per code, the first `max_rows` findings get a table row and a `<details>` provenance block;
@@ -390,7 +310,7 @@ def _trim_notice(what: str) -> str:
     )
 
 
-def _cut(body: str, limit: int, record: Record) -> str:
+def _cut(body: str, limit: int, record: CheckRecord) -> str:
     """The first sections of `body` that fit, and a notice of the cut."""
     notice = _trim_notice("the last sections are cut")
     kept = body[: max(limit - len(notice) - 2, 0)]
@@ -398,7 +318,7 @@ def _cut(body: str, limit: int, record: Record) -> str:
     return notice + kept + "\n"
 
 
-def _check_markdown(record: Record, max_rows: int, details: bool) -> str:
+def _check_markdown(record: CheckRecord, max_rows: int, details: bool) -> str:
     summary = record["summary"]
     by_severity = summary["by_severity"]
     head = [
@@ -431,8 +351,8 @@ def _check_markdown(record: Record, max_rows: int, details: bool) -> str:
                         _code(d["path"]),
                         d["verdict"],
                         str(d["bs"]),
-                        str(sum(c["count"] for c in d["counts"] if c["severity"] == "error")),
-                        str(sum(c["count"] for c in d["counts"] if c["severity"] == "warning")),
+                        str(severity_count(d["counts"], "error")),
+                        str(severity_count(d["counts"], "warning")),
                         _text(d["error"]),
                     ]
                     for d in record["dumps"]
@@ -443,100 +363,4 @@ def _check_markdown(record: Record, max_rows: int, details: bool) -> str:
     parts = list(head)
     for dump in record["dumps"]:
         parts.extend(_dump_section(dump, max_rows, details))
-    return "\n\n".join(parts) + "\n"
-
-
-def _row_section(row: Record) -> list[str]:
-    batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle)"
-    facts = [
-        f"batch rows: {batch_rows}",
-        f"group: {_code(row['group'], cell=False)}",
-        f"prefix P: {_text(row['prefix_len'])}, extend E: {_text(row['extend_len'])}, "
-        f"window start: {_text(row['window_start'])}",
-        f"filled positions: {row['filled']} of max_seq_len {row['max_seq_len']}",
-    ]
-    facts.extend(f"**{_text(notice)}**" for notice in row_notices(row))
-    rows = []
-    for line in row_lines(row):
-        if "gap" in line:
-            gap = line["gap"]
-            rows.append(
-                [
-                    "⋯",
-                    "⋯",
-                    f"*positions {gap['start']}..{gap['end'] - 1} not shown "
-                    f"({gap['filled']} filled)*",
-                    "",
-                    "",
-                ]
-            )
-            continue
-        c = line["cell"]
-        rows.append(
-            [
-                str(c["position"]),
-                str(c["slot"]),
-                _text(c["role"]) + (" (seed)" if c["seed"] else ""),
-                _text(c["swa_slot"]),
-                ", ".join(_code(m) for m in c["marks"]) or "",
-            ]
-        )
-    return [
-        f"### Pool row {row['pool_row']}",
-        "\n".join(f"- {fact}" for fact in facts),
-        _table(["position", "slot", "role", "swa slot", "marks"], rows, right={0, 1, 3}),
-    ]
-
-
-def provenance_markdown(record: Record) -> str:
-    """A `kvcanary.provenance/1` record as Markdown: the slot's cells or the row's map."""
-    record = printable_record(record)
-    parts = [
-        f"## kvcanary provenance: {_code(record['path'], cell=False)}",
-        _identity_table(record["identity"]),
-    ]
-    if record["shrunk"] is not None:
-        parts.append("\n".join(f"- {_text(line)}" for line in shrunk_lines(record["shrunk"])))
-        parts.append(_reproduce(record["shrunk"]))
-    if record["slot"] is not None:
-        prov = record["slot"]
-        parts.append(f"### {prov['space'].upper()} slot {prov['slot']}")
-        parts.extend(_provenance_body(prov))
-    if record["row"] is not None:
-        parts.extend(_row_section(record["row"]))
-    findings = record["findings"]  # already in report order
-    parts.append("### Findings touching it")
-    if findings:
-        parts.append(
-            _table(
-                [
-                    "code",
-                    "severity",
-                    "group",
-                    "slot",
-                    "batch row",
-                    "pool row",
-                    "position",
-                    "role",
-                    "message",
-                ],
-                [
-                    [
-                        _code(f["code"]),
-                        f["severity"],
-                        _code(f["group"]),
-                        _text(f["slot"]),
-                        _text(f["batch_row"]),
-                        _text(f["pool_row"]),
-                        _text(f["position"]),
-                        _text(f["role"]),
-                        _text(f["message"]),
-                    ]
-                    for f in findings
-                ],
-                right={3, 4, 5, 6},
-            )
-        )
-    else:
-        parts.append("None.")
     return "\n\n".join(parts) + "\n"

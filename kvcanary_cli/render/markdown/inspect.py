@@ -1,0 +1,72 @@
+"""The Markdown view of a `kvcanary.inspect/2` record: the table view's blocks, for GitHub."""
+
+from __future__ import annotations
+
+from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.records.inspect import InspectRecord
+from kvcanary_cli.render.shared import (
+    CUT_COLUMNS,
+    batch_facts,
+    cut_rows,
+    fmt_bytes,
+    inspect_metadata,
+    shrink_facts,
+    tensor_role,
+)
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["inspect_markdown"]
+
+
+def inspect_markdown(record: InspectRecord) -> str:
+    """Tensors, scalars, batch, shrink, identity and notes, as GitHub Markdown."""
+    record = printable_record(record)
+    groups = ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
+    parts = [
+        f"## kvcanary inspect: {code(record['path'], cell=False)}",
+        f"{fmt_bytes(record['file_bytes'])}, format {text(record['format'] or 'hand-made')}",
+        table(
+            ["tensor", "dtype", "shape", "bytes", "role"],
+            [
+                [
+                    code(t["name"]),
+                    text(t["dtype"]),
+                    "x".join(map(str, t["shape"])) or "[]",
+                    str(t["bytes"]),
+                    text(tensor_role(t)),
+                ]
+                for t in record["tensors"]
+            ],
+            right={3},
+        ),
+        table(
+            ["scalar", "value", "source", "option"],
+            [
+                [code(s["name"]), text(s["value"]), text(s["source"]), code(s["option"])]
+                for s in record["scalars"]
+            ],
+        ),
+        table(
+            ["batch", "value"],
+            [["groups", text(groups)]]
+            + [[key, text(value)] for key, value in batch_facts(record["batch"])],
+        ),
+    ]
+    shrink = record["shrink"]
+    if shrink is not None:
+        parts.append("\n".join(f"- {text(fact)}" for fact in shrink_facts(shrink)))
+        parts.append(
+            table(
+                CUT_COLUMNS,
+                [[code(row[0]), *(text(cell) for cell in row[1:])] for row in cut_rows(shrink)],
+                right={2, 3, 4},
+            )
+        )
+    identity = inspect_metadata(record)
+    if identity:
+        parts.append(
+            table(["identity", "value"], [[code(k), text(v)] for k, v in identity.items()])
+        )
+    if record["notes"]:
+        parts.append("\n".join(f"- {text(note)}" for note in record["notes"]))
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,110 @@
+"""The Markdown view of a `kvcanary.provenance/1` record: the slot's cells or the row's map,
+and the findings touching it."""
+
+from __future__ import annotations
+
+from kvcanary_cli.render.markdown.blocks import code as _code
+from kvcanary_cli.render.markdown.blocks import table as _table
+from kvcanary_cli.render.markdown.blocks import text as _text
+from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
+from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
+from kvcanary_cli.render.shared import row_lines, row_notices, shrunk_lines
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["provenance_markdown"]
+
+
+def _row_section(row: RowMapRecord) -> list[str]:
+    batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle)"
+    facts = [
+        f"batch rows: {batch_rows}",
+        f"group: {_code(row['group'], cell=False)}",
+        f"prefix P: {_text(row['prefix_len'])}, extend E: {_text(row['extend_len'])}, "
+        f"window start: {_text(row['window_start'])}",
+        f"filled positions: {row['filled']} of max_seq_len {row['max_seq_len']}",
+    ]
+    facts.extend(f"**{_text(notice)}**" for notice in row_notices(row))
+    rows = []
+    for line in row_lines(row):
+        if line[0] == "gap":
+            gap = line[1]
+            rows.append(
+                [
+                    "⋯",
+                    "⋯",
+                    f"*positions {gap['start']}..{gap['end'] - 1} not shown "
+                    f"({gap['filled']} filled)*",
+                    "",
+                    "",
+                ]
+            )
+            continue
+        c = line[1]
+        rows.append(
+            [
+                str(c["position"]),
+                str(c["slot"]),
+                _text(c["role"]) + (" (seed)" if c["seed"] else ""),
+                _text(c["swa_slot"]),
+                ", ".join(_code(m) for m in c["marks"]) or "",
+            ]
+        )
+    return [
+        f"### Pool row {row['pool_row']}",
+        "\n".join(f"- {fact}" for fact in facts),
+        _table(["position", "slot", "role", "swa slot", "marks"], rows, right={0, 1, 3}),
+    ]
+
+
+def provenance_markdown(record: ProvenanceRecord) -> str:
+    """A `kvcanary.provenance/1` record as Markdown: the slot's cells or the row's map."""
+    record = printable_record(record)
+    parts = [
+        f"## kvcanary provenance: {_code(record['path'], cell=False)}",
+        identity_table(record["identity"]),
+    ]
+    if record["shrunk"] is not None:
+        parts.append("\n".join(f"- {_text(line)}" for line in shrunk_lines(record["shrunk"])))
+        parts.append(reproduce(record["shrunk"]))
+    if record["slot"] is not None:
+        prov = record["slot"]
+        parts.append(f"### {prov['space'].upper()} slot {prov['slot']}")
+        parts.extend(provenance_body(prov))
+    if record["row"] is not None:
+        parts.extend(_row_section(record["row"]))
+    findings = record["findings"]  # already in report order
+    parts.append("### Findings touching it")
+    if findings:
+        parts.append(
+            _table(
+                [
+                    "code",
+                    "severity",
+                    "group",
+                    "slot",
+                    "batch row",
+                    "pool row",
+                    "position",
+                    "role",
+                    "message",
+                ],
+                [
+                    [
+                        _code(f["code"]),
+                        f["severity"],
+                        _code(f["group"]),
+                        _text(f["slot"]),
+                        _text(f["batch_row"]),
+                        _text(f["pool_row"]),
+                        _text(f["position"]),
+                        _text(f["role"]),
+                        _text(f["message"]),
+                    ]
+                    for f in findings
+                ],
+                right={3, 4, 5, 6},
+            )
+        )
+    else:
+        parts.append("None.")
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,458 @@
+"""What several records share: the names of codes, severities, groups and roles as `Literal`
+types, the JSON value type, and the finding, slot provenance, shrunk and identity pieces with
+the one function that builds each.
+
+The `Literal`s that mirror an enum of `analysis.model` (`FindingCode`, `CauseCode`, `Severity`,
+`Confidence`) are checked against it by tests/render/test_record_types.py, so the two cannot
+drift; a value is narrowed to its `Literal` here and nowhere else. The `#:` comment above a key
+is its documentation: docs/json-schema.md's key tables are generated from these declarations
+(tests/render/schema_doc.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Literal, TypedDict, Union, cast
+
+from kvcanary_cli.analysis.model import (
+    CauseCode,
+    Confidence,
+    Finding,
+    FindingCode,
+    Severity,
+    ShrinkRecord,
+    SlotProvenance,
+)
+
+__all__ = [
+    "SHRUNK_NOTE",
+    "AllocatorState",
+    "CanaryEntryRecord",
+    "CauseCodeName",
+    "CellRecord",
+    "CellRole",
+    "ConfidenceName",
+    "FindingCodeName",
+    "FindingRecord",
+    "FindingRole",
+    "GroupName",
+    "JsonValue",
+    "RingRowRecord",
+    "ScalarOrigin",
+    "SeverityName",
+    "ShrinkSourceRecord",
+    "ShrinkSummaryRecord",
+    "ShrunkRecord",
+    "SlotProvenanceRecord",
+    "SpaceName",
+    "TensorCutRecord",
+    "cause_name",
+    "code_counts",
+    "code_name",
+    "confidence_name",
+    "details_record",
+    "finding_record",
+    "findings_record",
+    "group_name",
+    "identity_record",
+    "severity_name",
+    "shrink_summary_record",
+    "shrunk_record",
+    "slot_provenance_record",
+]
+
+#: A finding code (docs/findings.md); the values of `FindingCode`.
+FindingCodeName = Literal[
+    "lut-out-of-range",
+    "lut-shorter-than-pool",
+    "slot-beyond-pool",
+    "negative-slot",
+    "padding-slot-in-live-range",
+    "swa-unmapped-in-window",
+    "duplicate-slot-in-row",
+    "slot-shared-across-positions",
+    "swa-slot-collision",
+    "freed-slot-in-live-range",
+    "write-to-live-slot",
+    "row-out-of-range",
+    "prefix-beyond-row",
+    "duplicate-request-row",
+    "verify-total-implausible",
+    "scalar-out-of-range",
+    "expected-token-out-of-range",
+    "kernel-limit-exceeded",
+    "kernel-divergence",
+    "canary-chain-break",
+    "canary-position-mismatch",
+    "canary-token-mismatch",
+    "canary-real-kv-mismatch",
+    "verify-capacity-overflow",
+    "negative-length",
+    "gpu-dtype-mismatch",
+    "lut-sentinel-missing",
+]
+#: A cause code (docs/findings.md, "Diagnosis"); the values of `CauseCode`.
+CauseCodeName = Literal[
+    "lut-too-short",
+    "slot-index-corrupt",
+    "batch-metadata-corrupt",
+    "stale-row-read",
+    "use-after-free",
+    "cross-request-aliasing",
+    "slot-reused-within-request",
+    "unwritten-cells",
+    "swa-mapping-cleared-in-window",
+    "swa-mapping-collision",
+    "write-into-live-slot",
+    "lut-sentinel-overwritten",
+    "expected-token-pool-mismatch",
+    "verify-capacity-overflow",
+    "kernel-limit",
+    "noncanonical-dtype",
+    "planner-divergence",
+    "kv-overwritten",
+    "scalar-metadata-corrupt",
+    "foreign-canary-record",
+]
+SeverityName = Literal["error", "warning", "info"]
+ConfidenceName = Literal["certain", "likely", "possible"]
+#: An attention group: full attention, or the sliding window's.
+GroupName = Literal["full", "swa"]
+#: Which KV pool a slot indexes.
+SpaceName = Literal["full", "swa"]
+#: A `req_to_token` cell's role in the batch (docs/findings.md, "Roles").
+CellRole = Literal["verify", "prefix", "chain-prev", "pending-write", "stale-tail", "idle-row"]
+#: A finding's role: a cell role, or the plan read that met the problem.
+FindingRole = Literal[
+    "verify",
+    "prefix",
+    "chain-prev",
+    "pending-write",
+    "stale-tail",
+    "idle-row",
+    "seed",
+    "expected-token",
+]
+#: A slot on the allocator's free list, or not; unknown where a shrunk dump did not keep it.
+AllocatorState = Literal["free", "in use", "unknown (not kept)"]
+#: Where a scalar's value came from, as a fact or an assumption.
+ScalarOrigin = Literal["recorded", "overridden", "derived", "default", "unknown"]
+#: Any JSON value (a finding's `details` are code-specific).
+JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]  # noqa: UP007
+
+#: What every report on a shrunk dump says about its provenance.
+SHRUNK_NOTE = (
+    "shrunk dump: provenance covers the kept cells only (cells, counts and allocator states "
+    "elsewhere in the original are not in it)"
+)
+
+
+def code_name(code: FindingCode) -> FindingCodeName:
+    """A finding code as its record value (mypy checks the enum's values fit the Literal)."""
+    return code.value
+
+
+def cause_name(code: CauseCode) -> CauseCodeName:
+    """A cause code as its record value."""
+    return code.value
+
+
+def severity_name(severity: Severity) -> SeverityName:
+    """A severity as its record value."""
+    return severity.value
+
+
+def confidence_name(confidence: Confidence) -> ConfidenceName:
+    """A confidence as its record value."""
+    return confidence.value
+
+
+def group_name(group: str) -> GroupName:
+    """A group as the analysis names it (`full`, `swa`); `str()` keeps a StrEnum's value."""
+    return cast(GroupName, str(group))
+
+
+def code_counts(counts: dict[str, int]) -> dict[FindingCodeName, int]:
+    """A finding code -> count mapping of the analysis, keys as record values."""
+    return cast(dict[FindingCodeName, int], dict(counts))
+
+
+class CellRecord(TypedDict):
+    """One `req_to_token` cell holding the slot."""
+
+    pool_row: int
+    position: int
+    #: batch rows using this pool row; [] for an idle row
+    batch_rows: list[int]
+    role: CellRole
+    #: P-1 of a row that writes
+    seed: bool
+    #: same slot, same position in another live row
+    shared: bool
+    #: space swa: the full slot this cell holds
+    full_slot: int | None
+
+
+class CanaryEntryRecord(TypedDict):
+    """The slot's record in one canary buffer."""
+
+    #: the canary tensor, canary.<group>.<head|tail>.<k|v>
+    buffer: str
+    token: int
+    position: int
+    prev_hash: int
+    real_kv_hash: int
+
+
+class RingRowRecord(TypedDict):
+    """A violation-ring row whose slot field is this slot."""
+
+    #: the ring row
+    index: int
+    #: its 8 fields (docs/canary.md §4)
+    fields: list[int]
+
+
+class SlotProvenanceRecord(TypedDict):
+    """Where one slot lives: every cell holding it, its translation, allocator and canary."""
+
+    slot: int
+    space: SpaceName
+    #: live cells first, then stale tails of batch rows, then idle rows; at most 16 in check,
+    #: --max-rows (256) in provenance
+    cells: list[CellRecord]
+    #: count over the whole table, not only those listed
+    cells_total: int
+    #: LUT[slot], for a full slot inside the LUT
+    swa_slot: int | None
+    #: set when swa_slot is missing or 0, saying why
+    translation_note: str | None
+    #: space swa: full slots f with LUT[f] == slot (the last index too when it is not the -1)
+    mapped_from: list[int]
+    #: space swa, for LUT[lut_len - 1] of a LUT without its -1: the slots >= lut_len the GPU
+    #: clamps here
+    clamped_from: list[int]
+    #: null: no free list for this space in the dump; unknown: a shrunk dump that did not keep
+    #: the slot
+    allocator: AllocatorState | None
+    #: a shrunk dump: the kept records
+    canary: list[CanaryEntryRecord]
+    #: the slot's first 16 ring rows, oldest first
+    violations: list[RingRowRecord]
+    #: all of the slot's valid ring rows
+    violations_total: int
+
+
+class FindingRecord(TypedDict):
+    """One offending slot, row or tensor, with where it came from."""
+
+    code: FindingCodeName
+    severity: SeverityName
+    group: GroupName
+    #: null for row-, batch- and tensor-level findings
+    slot: int | None
+    #: which pool the slot belongs to
+    space: SpaceName
+    batch_row: int | None
+    pool_row: int | None
+    #: a run's first position
+    position: int | None
+    #: 1; a run of consecutive bad cells of one row (16 or more, same code) is one record
+    #: covering positions position .. position + cells - 1, its slot the first cell's,
+    #: details.slots the first 8
+    cells: int
+    #: true: the record stands for `cells` cells holding this slot anywhere (more than 16
+    #: one-cell records of one code and slot); position etc. are the first cell's,
+    #: details.cells_sample the first 8 [batch_row, pool_row, position]
+    spread: bool
+    #: the cell's role, or the plan read that met the problem (seed, expected-token)
+    role: FindingRole | None
+    message: str
+    #: code-specific facts (below), JSON values only
+    details: dict[str, JsonValue]
+    #: present whenever slot is not null
+    provenance: SlotProvenanceRecord | None
+    #: derived scalars it rests on (then severity info)
+    assumes: list[str]
+    #: the diagnosis cause it is grouped under
+    cause: CauseCodeName | None
+    #: SGLang's torch reference raises first here
+    first_raise: bool
+
+
+class ShrinkSourceRecord(TypedDict):
+    """The original a shrunk dump was made from."""
+
+    #: the original's file name, as recorded
+    name: str
+    #: its size
+    bytes: int
+    #: its sha256 (64 hex digits)
+    sha256: str
+
+
+class TensorCutRecord(TypedDict):
+    """What shrinking did to one tensor of the original."""
+
+    name: str
+    #: its shape in the original
+    shape: list[int]
+    kept: int
+    dropped: int
+    dropped_bytes: int
+    #: 2-D tensors: rows, and rows holding a kept element
+    rows: int | None
+    kept_rows: int | None
+
+
+class ShrinkSummaryRecord(TypedDict):
+    """Where a shrunk dump came from and what it dropped (`inspect`'s `shrink`)."""
+
+    source: ShrinkSourceRecord
+    #: the name made safe to print and paste (A-Za-z0-9._+-)
+    source_file: str
+    #: the kvcanary that shrank it
+    kvcanary_version: str
+    #: scalar options the shrink ran with
+    overrides: dict[str, int]
+    #: tensor bytes of the original not in the small dump
+    dropped_bytes: int
+    #: elements (cells, entries, buffer bytes) not in it
+    dropped_elements: int
+    #: per tensor cut or dropped, by name
+    tensors: list[TensorCutRecord]
+    #: the shrink command that makes this dump from the original (file names made shell-safe)
+    command: str
+
+
+class ShrunkRecord(ShrinkSummaryRecord):
+    """A report's `shrunk`: the summary, and what it means for the report."""
+
+    #: provenance covers the kept cells only
+    note: str
+
+
+def _json_safe(value: object) -> JsonValue:
+    """`details` are meant to be JSON-safe; make sure (tuples → lists, odd scalars → str)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _json_safe(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+
+def details_record(details: dict[str, object]) -> dict[str, JsonValue]:
+    """A finding's `details` as the record carries them: JSON values, keys sorted."""
+    return {str(k): _json_safe(details[k]) for k in sorted(details, key=str)}
+
+
+def slot_provenance_record(prov: SlotProvenance) -> SlotProvenanceRecord:
+    """One slot's provenance, as `check`, `provenance` and `violations` records carry it."""
+    return {
+        "slot": prov.slot,
+        "space": cast(SpaceName, str(prov.space)),
+        "cells": [
+            {
+                "pool_row": c.pool_row,
+                "position": c.position,
+                "batch_rows": list(c.batch_rows),
+                "role": cast(CellRole, str(c.role)),
+                "seed": c.seed,
+                "shared": c.shared,
+                "full_slot": c.full_slot,
+            }
+            for c in prov.cells
+        ],
+        "cells_total": prov.cells_total,
+        "swa_slot": prov.swa_slot,
+        "translation_note": prov.translation_note,
+        "mapped_from": list(prov.mapped_from),
+        "clamped_from": list(prov.clamped_from),
+        "allocator": cast(AllocatorState | None, prov.allocator),
+        "canary": [
+            {
+                "buffer": r.buffer,
+                "token": r.token,
+                "position": r.position,
+                "prev_hash": r.prev_hash,
+                "real_kv_hash": r.real_kv_hash,
+            }
+            for r in prov.canary
+        ],
+        "violations": [{"index": v.index, "fields": list(v.fields)} for v in prov.violations],
+        "violations_total": prov.violations_total,
+    }
+
+
+def finding_record(finding: Finding) -> FindingRecord:
+    """One finding as every record carries it."""
+    return {
+        "code": code_name(finding.code),
+        "severity": severity_name(finding.severity),
+        "group": group_name(finding.group),
+        "slot": finding.slot,
+        "space": cast(SpaceName, str(finding.space)),
+        "batch_row": finding.batch_row,
+        "pool_row": finding.pool_row,
+        "position": finding.position,
+        "cells": finding.cells,
+        "spread": finding.spread,
+        "role": None if finding.role is None else cast(FindingRole, str(finding.role)),
+        "message": finding.message,
+        "details": details_record(finding.details),
+        "provenance": None
+        if finding.provenance is None
+        else slot_provenance_record(finding.provenance),
+        "assumes": list(finding.assumes),
+        "cause": None if finding.cause is None else cause_name(finding.cause),
+        "first_raise": finding.first_raise,
+    }
+
+
+def findings_record(findings: tuple[Finding, ...]) -> list[FindingRecord]:
+    """Findings in report order (docs/json-schema.md, "Order")."""
+    return [finding_record(f) for f in sorted(findings, key=Finding.order_key)]
+
+
+def shrink_summary_record(shrink: ShrinkRecord, small_name: str) -> ShrinkSummaryRecord:
+    """The source, what was dropped in total and per tensor, and the command that makes
+    `small_name` from the source."""
+    return {
+        "source": {
+            "name": shrink.source_name,
+            "bytes": shrink.source_bytes,
+            "sha256": shrink.source_sha256,
+        },
+        "source_file": shrink.source_file,
+        "kvcanary_version": shrink.kvcanary_version,
+        "overrides": dict(sorted(shrink.overrides.items())),
+        "dropped_bytes": shrink.dropped_bytes,
+        "dropped_elements": shrink.dropped_elements,
+        "tensors": [
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "kept": t.kept,
+                "dropped": t.dropped,
+                "dropped_bytes": t.dropped_bytes,
+                "rows": t.rows,
+                "kept_rows": t.kept_rows,
+            }
+            for t in shrink.tensors
+        ],
+        "command": shrink.command(small_name),
+    }
+
+
+def shrunk_record(shrink: ShrinkRecord | None, path: str) -> ShrunkRecord | None:
+    """The `shrunk` object of a report on the dump at `path` (None: not a shrunk dump)."""
+    if shrink is None:
+        return None
+    return {**shrink_summary_record(shrink, PurePath(path).name), "note": SHRUNK_NOTE}
+
+
+def identity_record(identity: dict[str, str]) -> dict[str, str]:
+    """Identity keys in the dump's order (the format's identity keys first)."""
+    return {k: str(v) for k, v in identity.items()}

@@ -1,0 +1,143 @@
+"""The `kvcanary.provenance/1` record (one slot's provenance, or one pool row's map): its
+declaration, and `provenance_record`, the one place it is built."""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict, cast
+
+import kvcanary_cli
+from kvcanary_cli.analysis.model import FindingCode, ProvenanceReport, RowMap
+from kvcanary_cli.render.records.common import (
+    CellRole,
+    FindingCodeName,
+    FindingRecord,
+    GroupName,
+    ShrunkRecord,
+    SlotProvenanceRecord,
+    code_name,
+    findings_record,
+    group_name,
+    identity_record,
+    shrunk_record,
+    slot_provenance_record,
+)
+
+__all__ = [
+    "PROVENANCE_SCHEMA",
+    "GapRecord",
+    "ProvenanceRecord",
+    "RowCellRecord",
+    "RowMapRecord",
+    "provenance_record",
+]
+
+PROVENANCE_SCHEMA: Literal["kvcanary.provenance/1"] = "kvcanary.provenance/1"
+
+
+class RowCellRecord(TypedDict):
+    """One shown position of a pool row."""
+
+    position: int
+    slot: int
+    role: CellRole
+    seed: bool
+    #: LUT[slot] when in range
+    swa_slot: int | None
+    #: codes of findings pointing at this cell
+    marks: list[FindingCodeName]
+
+
+class GapRecord(TypedDict):
+    """Positions [start, end) between shown cells."""
+
+    #: positions [start, end) between shown cells
+    start: int
+    end: int
+    #: how many of them hold a slot
+    filled: int
+
+
+class RowMapRecord(TypedDict):
+    """A pool row as the batch sees it."""
+
+    pool_row: int
+    #: [] when no batch row uses it
+    batch_rows: list[int]
+    #: null when no batch row uses it
+    prefix_len: int | None
+    extend_len: int | None
+    window_start: int | None
+    #: whose window labels the roles (default: swa when the row has swa findings, else full)
+    group: GroupName
+    #: positions of the row holding a non-zero slot
+    filled: int
+    max_seq_len: int
+    #: shown positions, by position: every marked cell first (up to --max-rows), then the live
+    #: range's edges, the window start and the row's head
+    cells: list[RowCellRecord]
+    gaps: list[GapRecord]
+    #: the range asked for (--positions), [start, end), else null
+    positions: list[int] | None
+    #: marked cells in the range beyond --max-rows
+    marks_not_shown: int
+
+
+class ProvenanceRecord(TypedDict):
+    """`kvcanary provenance --format json`."""
+
+    schema: Literal["kvcanary.provenance/1"]
+    kvcanary_version: str
+    path: str
+    identity: dict[str, str]
+    #: as in check: set for a shrunk dump
+    shrunk: ShrunkRecord | None
+    #: --slot
+    slot: SlotProvenanceRecord | None
+    #: --row
+    row: RowMapRecord | None
+    #: the findings touching the slot or the row
+    findings: list[FindingRecord]
+
+
+def _row(row: RowMap) -> RowMapRecord:
+    return {
+        "pool_row": row.pool_row,
+        "batch_rows": list(row.batch_rows),
+        "prefix_len": row.prefix_len,
+        "extend_len": row.extend_len,
+        "window_start": row.window_start,
+        "group": group_name(row.group),
+        "filled": row.filled,
+        "max_seq_len": row.max_seq_len,
+        "cells": [
+            {
+                "position": c.position,
+                "slot": c.slot,
+                "role": cast(CellRole, str(c.role)),
+                "seed": c.seed,
+                "swa_slot": c.swa_slot,
+                "marks": [
+                    code_name(code)
+                    for code in sorted((FindingCode(m) for m in c.marks), key=lambda m: m.order)
+                ],
+            }
+            for c in sorted(row.cells, key=lambda c: c.position)
+        ],
+        "gaps": [{"start": g.start, "end": g.end, "filled": g.filled} for g in row.gaps],
+        "positions": None if row.window is None else list(row.window),
+        "marks_not_shown": row.marks_not_shown,
+    }
+
+
+def provenance_record(report: ProvenanceReport) -> ProvenanceRecord:
+    """The `kvcanary.provenance/1` record: one slot's provenance or one pool row's map."""
+    return {
+        "schema": PROVENANCE_SCHEMA,
+        "kvcanary_version": kvcanary_cli.__version__,
+        "path": report.path,
+        "identity": identity_record(report.identity),
+        "shrunk": shrunk_record(report.shrink, report.path),
+        "slot": None if report.slot is None else slot_provenance_record(report.slot),
+        "row": None if report.row is None else _row(report.row),
+        "findings": findings_record(report.findings),
+    }

@@ -1,0 +1,536 @@
+"""What the table and Markdown views share: phrases, counts and groupings drawn from a record.
+
+Both views of a command say the same things in the same words; only the layout differs. Each
+helper reads a record (never a result dataclass) and returns plain text or plain structures,
+which each view then styles (rich `Text`) or escapes (Markdown).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from kvcanary_cli.render.records.check import (
+    CauseRecord,
+    CheckSummaryRecord,
+    CodeCountRecord,
+    DumpRecord,
+    GroupRecord,
+)
+from kvcanary_cli.render.records.common import (
+    FindingCodeName,
+    FindingRecord,
+    SeverityName,
+    ShrinkSummaryRecord,
+    ShrunkRecord,
+    SlotProvenanceRecord,
+)
+from kvcanary_cli.render.records.inspect import BatchRecord, InspectRecord, TensorRecord
+from kvcanary_cli.render.records.plan import PlanProblemRecord, PlanRecord, PlanRequestRecord
+from kvcanary_cli.render.records.provenance import GapRecord, RowCellRecord, RowMapRecord
+from kvcanary_cli.render.records.selftest import (
+    ComparisonRecord,
+    DifferenceRecord,
+    ScenarioGroupRecord,
+    SelftestRecord,
+)
+
+if TYPE_CHECKING:  # the violations record is built with numpy: `--help` does not import it
+    from kvcanary_cli.render.records.violations import (
+        ReplayComparisonRecord,
+        SourceRecord,
+        ViolationRowRecord,
+    )
+
+__all__ = [
+    "CUT_COLUMNS",
+    "DIFFERENCES_NOTE",
+    "REQUEST_COLUMNS",
+    "CauseSection",
+    "CodeSection",
+    "RowLine",
+    "agreement_rows",
+    "batch_facts",
+    "cause_sections",
+    "cell_columns",
+    "comparison_cell",
+    "cut_rows",
+    "difference_phrase",
+    "difference_value",
+    "differences_found",
+    "differences_lines",
+    "failing_phrase",
+    "fmt_bytes",
+    "inspect_metadata",
+    "plan_headline",
+    "plan_problem_line",
+    "plan_request_cells",
+    "plural",
+    "position_text",
+    "ref_raise_text",
+    "replay_comparison_line",
+    "row_lines",
+    "row_notices",
+    "selftest_verdict",
+    "severity_count",
+    "shown",
+    "shrink_facts",
+    "shrunk_lines",
+    "sglang_line",
+    "slot_cells_text",
+    "source_detail",
+    "tensor_role",
+    "violation_reasons",
+]
+
+
+def plural(count: int, word: str) -> str:
+    """`1 finding`, `2 findings`."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def shown(value: object) -> str:
+    """A value as a cell shows it: `-` for None."""
+    return "-" if value is None else str(value)
+
+
+# --- check and provenance ----------------------------------------------------------------
+
+_DIFFERENCE_VERBS: dict[str, str] = {
+    "lut-out-of-range": "kernel clamped",
+    "slot-beyond-pool": "kernel read past the pool for",
+    "row-out-of-range": "kernel read out of bounds for",
+    "prefix-beyond-row": "kernel read neighbouring rows for",
+}
+
+#: How to read a groups table: what "verify entries", differences and findings count.
+DIFFERENCES_NOTE = (
+    "verify entries: what the reference plan requests; differences: plan values where the "
+    "kernel and the reference disagree (a cell read as a verify slot and as a chain "
+    "predecessor counts twice); findings: cells and rows"
+)
+
+
+def cell_columns(swa: bool) -> tuple[str, ...]:
+    """The columns of a slot's cell table, in both views (an SWA slot's cells also name the
+    full slot that maps to it)."""
+    return (
+        "pool row",
+        "position",
+        *(("full slot",) if swa else ()),
+        "batch rows",
+        "role",
+        "seed",
+        "shared",
+    )
+
+
+def differences_lines(group: GroupRecord) -> list[str]:
+    """A group's reference/kernel comparison in words, one line per kind of difference."""
+    if group["kernel"] == "none":
+        return ["not compared (--kernel none)"]
+    by_field = group["explained_by_field"]
+    lines = [
+        difference_phrase(
+            code, list(by_field[code].items()) if by_field.get(code) else [("plan value", n)]
+        )
+        for code, n in group["explained_differences"].items()
+    ]
+    if group["unexplained_differences"]:
+        lines.append(f"{group['unexplained_differences']} unexplained (kernel-divergence)")
+    if group["kernel_launch_error"]:
+        lines.append(f"launch raises: {group['kernel_launch_error']}")
+    return lines or ["none"]
+
+
+def difference_phrase(code: str, by_field: list[tuple[str, int]]) -> str:
+    """How a group's explained reference/kernel differences read in tables and Markdown:
+    what the kernel did, to how many plan values of each field (field, count), and why."""
+    values = ", ".join(plural(n, what) for what, n in by_field)
+    verb = _DIFFERENCE_VERBS.get(code)
+    if verb is None:
+        return f"{values} differ ({code})"
+    return f"{verb} {values} ({code})"
+
+
+def position_text(f: FindingRecord) -> str | None:
+    """A finding record's position for people: `a..b` for a run of cells."""
+    position = f["position"]
+    if position is None:
+        return None
+    cells = f["cells"]
+    if f["spread"]:
+        return f"{position} (+{cells - 1} cells)"
+    return str(position) if cells == 1 else f"{position}..{position + cells - 1}"
+
+
+def severity_count(counts: list[CodeCountRecord], severity: SeverityName) -> int:
+    """Findings of one severity over a dump's counts."""
+    return sum(c["count"] for c in counts if c["severity"] == severity)
+
+
+def failing_phrase(summary: CheckSummaryRecord, fail_on: str) -> str:
+    """`the dump fails --fail-on error` / `2 of 3 dumps fail ...`, with the unreadable count."""
+    failed, dumps, bad = summary["failed"], summary["dumps"], summary["bad_input"]
+    if dumps == 1:
+        verdict = "is unreadable" if bad else ("fails" if failed else "passes")
+        return f"the dump {verdict}" + ("" if bad else f" at --fail-on {fail_on}")
+    unreadable = f"; {bad} unreadable" if bad else ""
+    verb = "fails" if failed == 1 else "fail"
+    return f"{failed} of {dumps} dumps {verb} at --fail-on {fail_on}{unreadable}"
+
+
+def shrunk_lines(shrunk: ShrunkRecord) -> list[str]:
+    """A shrunk dump's facts in words: where it came from, what it dropped, how to redo it."""
+    source = shrunk["source"]
+    return [
+        f"shrunk from {shrunk['source_file']} ({source['bytes']:,} bytes, sha256 "
+        f"{source['sha256'][:16]}…): {shrunk['dropped_bytes']:,} bytes of tensor data "
+        "dropped",
+        shrunk["note"],
+    ]
+
+
+@dataclass(frozen=True)
+class CodeSection:
+    """One code's block in a dump's view: its total and the findings shown."""
+
+    code: FindingCodeName
+    severity: SeverityName
+    total: int
+    shown: list[FindingRecord]
+
+
+@dataclass(frozen=True)
+class CauseSection:
+    """One cause's block: the diagnosis entry and its symptoms, code by code."""
+
+    #: the `diagnosis` entry; None for findings no cause explains.
+    cause: CauseRecord | None
+    sections: list[CodeSection]
+
+
+def _code_sections(
+    findings: list[FindingRecord],
+    totals: Counter[tuple[FindingCodeName, SeverityName]],
+    max_rows: int,
+) -> list[CodeSection]:
+    by_code: dict[tuple[FindingCodeName, SeverityName], list[FindingRecord]] = {}
+    for f in findings:  # already in report order
+        by_code.setdefault((f["code"], f["severity"]), []).append(f)
+    return [
+        CodeSection(
+            code=code,
+            severity=severity,
+            total=total,
+            shown=by_code.get((code, severity), [])[: max(max_rows, 0)],
+        )
+        for (code, severity), total in totals.items()
+    ]
+
+
+def cause_sections(dump: DumpRecord, max_rows: int) -> list[CauseSection]:
+    """Per cause (diagnosis order), its findings per code: the total and the first `max_rows`.
+
+    The table and Markdown views both draw their finding blocks from this, so symptoms are
+    always shown under their cause.
+    """
+    totals: dict[str | None, Counter[tuple[FindingCodeName, SeverityName]]] = {}
+    for f in dump["findings"]:
+        totals.setdefault(f["cause"], Counter())[(f["code"], f["severity"])] += 1
+    out = []
+    for cause in dump["diagnosis"]:
+        if cause["cause"] in totals:
+            members = [f for f in dump["findings"] if f["cause"] == cause["cause"]]
+            out.append(
+                CauseSection(
+                    cause=cause,
+                    sections=_code_sections(members, totals.pop(cause["cause"]), max_rows),
+                )
+            )
+    for rest in totals.values():
+        members = [f for f in dump["findings"] if f["cause"] is None]
+        out.append(CauseSection(cause=None, sections=_code_sections(members, rest, max_rows)))
+    return out
+
+
+#: One line of a row map: a shown cell, or a run of positions left out.
+RowLine = tuple[Literal["cell"], RowCellRecord] | tuple[Literal["gap"], GapRecord]
+
+
+def row_lines(row: RowMapRecord) -> list[RowLine]:
+    """The row map's cells and gaps in position order, so that every view shows where
+    positions were left out."""
+    items: list[tuple[int, RowLine]] = [(c["position"], ("cell", c)) for c in row["cells"]]
+    items += [(g["start"], ("gap", g)) for g in row["gaps"]]
+    return [item for _, item in sorted(items, key=lambda pair: pair[0])]
+
+
+def row_notices(row: RowMapRecord) -> list[str]:
+    """What a row map does not show, in words."""
+    count = len(row["cells"])
+    lo, hi = row["positions"] or (0, row["max_seq_len"])
+    notices = []
+    if count < hi - lo:
+        notices.append(
+            f"showing {count} of {hi - lo} positions {lo}..{hi - 1}; the others are "
+            "in the gap rows (--positions START:END and --max-rows show more)"
+        )
+    if row["marks_not_shown"]:
+        notices.append(
+            f"{row['marks_not_shown']} marked positions do not fit --max-rows: narrow "
+            "the range with --positions to see them"
+        )
+    return notices
+
+
+# --- inspect -----------------------------------------------------------------------------
+
+#: The columns of a shrunk dump's cut table.
+CUT_COLUMNS = ["tensor", "original shape", "kept", "dropped", "dropped bytes", "rows kept"]
+
+
+def fmt_bytes(count: int) -> str:
+    """A byte count for people: `512 B`, `1.5 KiB`, ..., up to GiB."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(count)
+
+
+def tensor_role(t: TensorRecord) -> str:
+    """A tensor's role; for a sparse one (a shrunk dump), how much of it is kept."""
+    role = t["role"] or "(ignored)"
+    kept = t["kept"]
+    if kept is None:
+        return role
+    total = 1
+    for dim in t["shape"]:
+        total *= dim
+    return f"{role} (sparse: {kept:,} of {total:,} kept)"
+
+
+def cut_rows(shrink: ShrinkSummaryRecord) -> list[list[str]]:
+    """Per tensor the shrink cut: original shape, kept, dropped, bytes dropped, rows kept."""
+    return [
+        [
+            t["name"],
+            "x".join(map(str, t["shape"])) or "[]",
+            f"{t['kept']:,}",
+            f"{t['dropped']:,}",
+            fmt_bytes(t["dropped_bytes"]),
+            "-" if t["rows"] is None else f"{t['kept_rows']:,} of {t['rows']:,}",
+        ]
+        for t in shrink["tensors"]
+    ]
+
+
+def shrink_facts(shrink: ShrinkSummaryRecord) -> list[str]:
+    """Where a shrunk dump came from, what it dropped and the command that made it."""
+    source = shrink["source"]
+    return [
+        f"shrunk from {shrink['source_file']}: {source['bytes']:,} bytes, "
+        f"sha256 {source['sha256']}",
+        f"{fmt_bytes(shrink['dropped_bytes'])} of tensor data dropped; reports on this dump "
+        "cover the kept cells only",
+        f"made with: {shrink['command']}",
+    ]
+
+
+def inspect_metadata(record: InspectRecord) -> dict[str, str]:
+    """Identity keys, the SGLang installed here (when it is), then other metadata."""
+    installed = record["sglang_installed"]
+    here = {"sglang installed here": installed} if installed else {}
+    return {**record["identity"], **here, **record["other_metadata"]}
+
+
+def batch_facts(batch: BatchRecord) -> list[tuple[str, int | None]]:
+    """The batch summary's rows, in the order both views show them."""
+    return [
+        ("bs", batch["bs"]),
+        ("active rows", batch["active_rows"]),
+        ("padding rows", batch["padding_rows"]),
+        ("total prefix tokens", batch["total_prefix_tokens"]),
+        ("total extend tokens", batch["total_extend_tokens"]),
+        ("max reqs", batch["max_reqs"]),
+        ("max seq len", batch["max_seq_len"]),
+        ("lut len", batch["lut_len"]),
+    ]
+
+
+# --- plan --------------------------------------------------------------------------------
+
+#: The columns of a plan's request table.
+REQUEST_COLUMNS = ("batch row", "pool row", "P", "E", "verify range", "entries", "seed")
+
+
+def plan_headline(record: PlanRecord) -> str:
+    """The plan's scalars in one line."""
+    return (
+        f"group {record['group']} (window {record['window']}"
+        f"{', LUT-translated' if record['translated'] else ''}) "
+        f"backend {record['backend']} [{record['semantics']} semantics]: "
+        f"{record['total_verify']} entries requested, capacity {record['verify_capacity']}, "
+        f"num_valid {record['verify_num_valid']}, enable {record['enable']}, "
+        f"write_num_valid_reqs {record['write_num_valid_reqs']}"
+    )
+
+
+def plan_request_cells(req: PlanRequestRecord) -> list[str]:
+    """One request's row of `REQUEST_COLUMNS`."""
+    start = req["verify_start"]
+    span = f"[{start}, {req['verify_end']})" if start is not None else "-"
+    seed = "undefined" if req["seed_undefined"] else shown(req["seed"])
+    pool_row = "pad" if req["pool_row"] == 0 else str(req["pool_row"])
+    return [
+        str(req["batch_row"]),
+        pool_row,
+        str(req["prefix_len"]),
+        str(req["extend_len"]),
+        span,
+        str(req["entries"]),
+        seed,
+    ]
+
+
+def plan_problem_line(p: PlanProblemRecord) -> str:
+    """One problem met while planning, in words."""
+    raises = " (REF raises)" if p["upstream_raises"] else ""
+    return (
+        f"{p['kind']}: {p['role']} of batch row {p['batch_row']} (pool row "
+        f"{p['pool_row']}) at position {p['position']}: value {p['value']}{raises}"
+    )
+
+
+# --- selftest ----------------------------------------------------------------------------
+
+
+def sglang_line(record: SelftestRecord) -> str:
+    """What SGLang is here, whether it ran, and the versions kvcanary models."""
+    sglang = record["sglang"]
+    verified = ", ".join(sglang["verified"])
+    if sglang["run"]:
+        how = "its CUDA kernels" if sglang["mode"] == "cuda" else "its torch reference (no CUDA)"
+        state = f"installed {sglang['installed'] or 'unknown'}, run: {how}"
+    elif sglang["installed"]:
+        state = f"installed {sglang['installed']}, not run (add --sglang)"
+    else:
+        state = "not installed"
+    return f"SGLang: {state}; kvcanary models SGLang {verified}"
+
+
+def comparison_cell(comparison: ComparisonRecord) -> str:
+    """A comparison in the agreement table: agree, or the fields that differ."""
+    if comparison["agree"]:
+        if comparison["not_launched"]:
+            return "not launched"
+        return "agree, raises" if comparison["raised"] else "agree"
+    return "differs: " + ", ".join(d["field"] for d in comparison["differences"])
+
+
+def ref_raise_text(group: ScenarioGroupRecord) -> str:
+    """Where SGLang's reference raises on a group, or `-`."""
+    where = group["ref_raise"]
+    if where is None:
+        return "-"
+    return (
+        f"batch row {where['batch_row']}, pos {where['position']} ({where['role']}): "
+        f"{where['error']}"
+    )
+
+
+def selftest_verdict(record: SelftestRecord) -> str:
+    """Full agreement over what, or how many comparisons differ."""
+    s = record["summary"]
+    names = ", ".join(p["name"] for p in record["planners"])
+    if record["verdict"] == "agree":
+        return (
+            f"full agreement: {s['comparisons']} comparisons ({names} against their baselines) "
+            f"over {s['groups']} groups of {s['scenarios']} scenarios"
+        )
+    return f"DISAGREEMENT: {s['disagreements']} of {s['comparisons']} comparisons differ"
+
+
+def agreement_rows(record: SelftestRecord) -> list[tuple[str, str, list[str], str]]:
+    """Per scenario and group: its name, group, a cell per planner, and where REF raises."""
+    rows: list[tuple[str, str, list[str], str]] = []
+    for scenario in record["scenarios"]:
+        for group in scenario["groups"]:
+            cells = [comparison_cell(c) for c in group["comparisons"]]
+            rows.append((scenario["scenario"], group["group"], cells, ref_raise_text(group)))
+    return rows
+
+
+def differences_found(
+    record: SelftestRecord,
+) -> list[tuple[str, str, ComparisonRecord, DifferenceRecord]]:
+    """Every difference, with its scenario, group and comparison."""
+    return [
+        (scenario["scenario"], group["group"], c, d)
+        for scenario in record["scenarios"]
+        for group in scenario["groups"]
+        for c in group["comparisons"]
+        for d in c["differences"]
+    ]
+
+
+def difference_value(difference: DifferenceRecord, side: Literal["baseline", "planner"]) -> str:
+    """One side of a difference; for the raise, None is "no raise"."""
+    value = difference[side]
+    if value is None and difference["field"] == "raise":
+        return "no raise"
+    return shown(value)
+
+
+# --- violations --------------------------------------------------------------------------
+
+
+def source_detail(source: SourceRecord) -> str:
+    """What a source gave: a ring's state, or what the log parser met."""
+    ring = source["ring"]
+    if ring is not None:
+        detail = (
+            f"ring: {ring['valid']} of {ring['capacity']} rows valid, write index "
+            f"{ring['write_index']}"
+        )
+        return detail + (" (overflow)" if ring["overflow"] else "")
+    log = source["log"]
+    if log is not None:
+        detail = (
+            f"{plural(log['lines'], 'line')}: {plural(log['structured'], 'violation line')}, "
+            f"{plural(log['messages'], 'full message')}, {log['unparsed']} unparsed"
+        )
+        swa = log["swa_divergence"]
+        if swa is not None:
+            detail += (
+                f"; {plural(swa['samples'], 'SWA divergence sample')} (peak index divergence "
+                f"{swa['peak_swa_full_idx_divergence']}, out of window "
+                f"{swa['peak_swa_out_of_window_tokens']})"
+            )
+        return detail
+    return "no violation ring"
+
+
+def violation_reasons(row: ViolationRowRecord) -> str:
+    """Reason labels, shortened for a table (`verify_` dropped, `write_` kept)."""
+    return ", ".join(label.removeprefix("verify_") for label in row["reasons"]) or "none"
+
+
+def slot_cells_text(prov: SlotProvenanceRecord) -> str:
+    """A slot's first cells, condensed: `(row 9, pos 13) verify; +2 more`."""
+    cells = [f"(row {c['pool_row']}, pos {c['position']}) {c['role']}" for c in prov["cells"][:3]]
+    more = prov["cells_total"] - len(cells)
+    if more > 0:
+        cells.append(f"+{more} more")
+    return "; ".join(cells) or "none"
+
+
+def replay_comparison_line(comparison: ReplayComparisonRecord) -> str:
+    """Replayed rows against the rows read, in words."""
+    return (
+        f"replay vs observed rows (as multisets): {comparison['matched']} matched, "
+        f"{comparison['observed_only']} only observed, {comparison['replayed_only']} only replayed"
+    )

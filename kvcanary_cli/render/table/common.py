@@ -1,0 +1,64 @@
+"""Rich pieces several terminal views share: plain cells, indented lines, identity and shrunk
+lines, a finding's slot, and the styles of severities."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvcanary_cli.render.records.common import FindingRecord, ShrunkRecord
+from kvcanary_cli.render.shared import shrunk_lines
+
+__all__ = [
+    "SEVERITY_STYLE",
+    "cell",
+    "identity_line",
+    "indented",
+    "shrunk_block",
+    "slot_text",
+]
+
+SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
+
+
+def cell(value: object, style: str = "") -> Text:
+    """A table cell: the value's text (`-` for None), never read as markup."""
+    return Text("-" if value is None else str(value), style=style)
+
+
+def indented(rows: list[tuple[str, Text]], indent: int = 2) -> Table:
+    """Lines that wrap under their own start: (marker, text) rows after `indent` spaces."""
+    grid = Table.grid()
+    grid.add_column(width=indent, no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    for marker, text in rows:
+        grid.add_row("", Text(marker + " " if marker else ""), text)
+    return grid
+
+
+def identity_line(identity: dict[str, str], path: str | None = None) -> RenderableType:
+    """The identity keys in one dim line: `sglang 0.5.1 @ abc · model ... · rank 0`."""
+    bits = []
+    version, commit = identity.get("sglang.version"), identity.get("sglang.commit")
+    if version or commit:
+        bits.append(f"sglang {version or '?'}" + (f" @ {commit}" if commit else ""))
+    bits.extend(
+        f"{k} {v}" for k, v in identity.items() if k not in ("sglang.version", "sglang.commit")
+    )
+    if path is not None:
+        bits.append(path)
+    return indented([("", Text(" · ".join(bits) or "no identity metadata", style="dim"))])
+
+
+def shrunk_block(shrunk: ShrunkRecord) -> RenderableType:
+    """A shrunk dump's facts, in yellow."""
+    return indented([("", Text(line, style="yellow")) for line in shrunk_lines(shrunk)])
+
+
+def slot_text(f: FindingRecord) -> str:
+    """A finding's slot: `swa 12` for an SWA slot, `-` for none."""
+    if f["slot"] is None:
+        return "-"
+    return f"swa {f['slot']}" if f["space"] == "swa" else str(f["slot"])

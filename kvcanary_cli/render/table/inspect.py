@@ -1,0 +1,93 @@
+"""The terminal view of a `kvcanary.inspect/2` record (what a dump holds).
+
+Almost everything here comes from the dump itself (tensor names, metadata keys and values,
+notes): every table cell is a `Text`, so a name like `[/x]` or `[link=...]` is shown as it is,
+never read as rich markup.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvcanary_cli.render.records.inspect import InspectRecord
+from kvcanary_cli.render.shared import (
+    CUT_COLUMNS,
+    batch_facts,
+    cut_rows,
+    fmt_bytes,
+    inspect_metadata,
+    shrink_facts,
+    tensor_role,
+)
+from kvcanary_cli.render.table.common import cell
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["inspect_table"]
+
+
+def _cells(*values: object) -> list[Text]:
+    return [cell(value) for value in values]
+
+
+def inspect_table(record: InspectRecord) -> RenderableType:
+    """Tensors, shrink, scalars, batch summary, identity and notes, one block each."""
+    record = printable_record(record)
+    parts: list[RenderableType] = [
+        Text(
+            f"{record['path']}  ({fmt_bytes(record['file_bytes'])}, "
+            f"format {record['format'] or 'hand-made'})",
+            style="bold",
+        )
+    ]
+    tensors = Table(title="tensors", title_justify="left")
+    for col in ("name", "dtype", "shape", "bytes", "role"):
+        tensors.add_column(col, justify="right" if col == "bytes" else "left")
+    for t in record["tensors"]:
+        tensors.add_row(
+            *_cells(
+                t["name"],
+                t["dtype"],
+                "x".join(map(str, t["shape"])) or "[]",
+                fmt_bytes(t["bytes"]),
+                tensor_role(t),
+            )
+        )
+    parts.append(tensors)
+    shrink = record["shrink"]
+    if shrink is not None:
+        parts.append(Text("shrunk", style="bold"))
+        parts.extend(Text(f"  {fact}", style="yellow") for fact in shrink_facts(shrink))
+        cut = Table(title="dropped", title_justify="left")
+        for col in CUT_COLUMNS:
+            cut.add_column(col, justify="left" if col in ("tensor", "original shape") else "right")
+        for row in cut_rows(shrink):
+            cut.add_row(*_cells(*row))
+        parts.append(cut)
+    scalars = Table(title="scalars", title_justify="left")
+    for col in ("name", "value", "origin", "source", "option"):
+        scalars.add_column(col)
+    for s in record["scalars"]:
+        scalars.add_row(*_cells(s["name"], s["value"], s["origin"], s["source"], s["option"]))
+    parts.append(scalars)
+    groups = ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
+    summary = Table(title="batch", title_justify="left", show_header=False)
+    summary.add_column("key")
+    summary.add_column("value")
+    summary.add_row(*_cells("groups", groups))
+    for key, value in batch_facts(record["batch"]):
+        summary.add_row(*_cells(key, value))
+    parts.append(summary)
+    identity = inspect_metadata(record)
+    if identity:
+        meta = Table(title="identity", title_justify="left", show_header=False)
+        meta.add_column("key")
+        meta.add_column("value")
+        for key, text in identity.items():
+            meta.add_row(*_cells(key, text))
+        parts.append(meta)
+    if record["notes"]:
+        parts.append(Text("notes:", style="bold"))
+        parts.extend(Text(f"  - {note}") for note in record["notes"])
+    return Group(*parts)

@@ -1,0 +1,189 @@
+"""The terminal view of a `kvcanary.provenance/1` record: a slot's cells, translation,
+allocator, canary and violation rows, or a pool row's map; then the findings touching it."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvcanary_cli.render.records.common import FindingRecord, SlotProvenanceRecord
+from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
+from kvcanary_cli.render.shared import cell_columns, position_text, row_lines, row_notices
+from kvcanary_cli.render.table.common import (
+    SEVERITY_STYLE,
+    identity_line,
+    shrunk_block,
+    slot_text,
+)
+from kvcanary_cli.render.table.common import cell as _t
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["provenance_table"]
+
+
+def _slot_blocks(prov: SlotProvenanceRecord) -> list[RenderableType]:
+    head = Text(f"{prov['space']} slot {prov['slot']}", style="bold")
+    if prov["swa_slot"] is not None:
+        head.append(f"  → swa slot {prov['swa_slot']} (LUT[{prov['slot']}])")
+    elif prov["translation_note"]:
+        head.append(f"  → no SWA translation: {prov['translation_note']}", style="yellow")
+    parts: list[RenderableType] = [head]
+    if prov["space"] == "swa":
+        mapped = ", ".join(map(str, prov["mapped_from"])) or "none"
+        parts.append(Text(f"  mapped from full slots (LUT[f] = {prov['slot']}): {mapped}"))
+    if prov["clamped_from"]:
+        parts.append(
+            Text(
+                "  redirected here by the GPU clamp (full slots >= lut_len the SWA plan reads): "
+                + ", ".join(map(str, prov["clamped_from"])),
+                style="yellow",
+            )
+        )
+    parts.append(
+        Text(
+            f"  allocator: {prov['allocator'] or 'unknown (no free list in the dump)'}",
+            style="red" if prov["allocator"] == "free" else "",
+        )
+    )
+    swa = prov["space"] == "swa"
+    cells = Table(
+        title=f"cells ({prov['cells_total']} in req_to_token, live first)", title_justify="left"
+    )
+    for name in cell_columns(swa):
+        cells.add_column(
+            name, justify="right" if name in ("pool row", "position", "full slot") else "left"
+        )
+    for c in prov["cells"]:
+        cells.add_row(
+            _t(c["pool_row"]),
+            _t(c["position"]),
+            *((_t(c["full_slot"]),) if swa else ()),
+            _t(", ".join(map(str, c["batch_rows"])) or "-"),
+            _t(c["role"]),
+            _t("seed" if c["seed"] else ""),
+            _t("shared" if c["shared"] else ""),
+        )
+    parts.append(cells)
+    if prov["cells_total"] > len(prov["cells"]):
+        parts.append(Text(f"… and {prov['cells_total'] - len(prov['cells'])} more cells"))
+    if prov["canary"]:
+        canary = Table(title="canary records", title_justify="left")
+        for name in ("buffer", "token", "position", "prev hash", "real kv hash"):
+            canary.add_column(name, justify="left" if name == "buffer" else "right")
+        for r in prov["canary"]:
+            canary.add_row(
+                _t(r["buffer"]),
+                _t(r["token"]),
+                _t(r["position"]),
+                _t(r["prev_hash"]),
+                _t(r["real_kv_hash"]),
+            )
+        parts.append(canary)
+    if prov["violations"]:
+        shown, total = len(prov["violations"]), prov["violations_total"]
+        title = "violation ring rows" + (f" (first {shown} of {total})" if total > shown else "")
+        violations = Table(title=title, title_justify="left")
+        violations.add_column("index", justify="right")
+        violations.add_column("fields")
+        for v in prov["violations"]:
+            violations.add_row(_t(v["index"]), _t(", ".join(map(str, v["fields"]))))
+        parts.append(violations)
+    return parts
+
+
+def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
+    batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle row)"
+    parts: list[RenderableType] = [
+        Text(
+            f"pool row {row['pool_row']} (batch rows {batch_rows}), group {row['group']}",
+            style="bold",
+        ),
+        Text(
+            f"  P {row['prefix_len'] if row['prefix_len'] is not None else '-'}"
+            f" · E {row['extend_len'] if row['extend_len'] is not None else '-'}"
+            f" · window start "
+            f"{row['window_start'] if row['window_start'] is not None else '-'}"
+            f" · {row['filled']} filled of max_seq_len {row['max_seq_len']}"
+        ),
+    ]
+    table = Table()
+    for name in ("position", "slot", "role", "swa slot", "marks"):
+        table.add_column(
+            name, justify="right" if name in ("position", "slot", "swa slot") else "left"
+        )
+    for line in row_lines(row):
+        if line[0] == "gap":
+            gap = line[1]
+            table.add_row(
+                Text("⋯", style="dim"),
+                Text("⋯", style="dim"),
+                Text(
+                    f"positions {gap['start']}..{gap['end'] - 1} not shown "
+                    f"({gap['filled']} filled)",
+                    style="dim",
+                ),
+                Text(""),
+                Text(""),
+            )
+            continue
+        c = line[1]
+        marked = bool(c["marks"])
+        style = "bold red" if marked else ""
+        role = c["role"] + (" (seed)" if c["seed"] else "")
+        table.add_row(
+            _t(c["position"], style),
+            _t(c["slot"], style),
+            _t(role, style),
+            _t(c["swa_slot"], style),
+            _t("! " + ", ".join(c["marks"]) if marked else "", style),
+        )
+    parts.append(table)
+    parts.extend(Text(f"  {notice}", style="yellow") for notice in row_notices(row))
+    return parts
+
+
+def _touching_table(findings: list[FindingRecord]) -> Table:
+    table = Table(title="findings touching it", title_justify="left")
+    table.add_column("code", no_wrap=True)
+    for name in ("group", "slot", "batch row", "pool row", "pos", "role", "message"):
+        table.add_column(
+            name, justify="right" if name in ("slot", "batch row", "pool row", "pos") else "left"
+        )
+    for f in findings:
+        style = SEVERITY_STYLE.get(f["severity"], "")
+        table.add_row(
+            _t(f["code"], style),
+            _t(f["group"]),
+            _t(slot_text(f)),
+            _t(f["batch_row"]),
+            _t(f["pool_row"]),
+            _t(position_text(f)),
+            _t(f["role"]),
+            _t(f["message"]),
+        )
+    return table
+
+
+def provenance_table(record: ProvenanceRecord) -> RenderableType:
+    """A slot's cells, translation, allocator, canary and violation rows, or a pool row's map.
+
+    Findings touching the slot (or row) follow; in a row map, the cells they mark are flagged
+    with `!` and the finding codes (and highlighted when colour is on).
+    """
+    record = printable_record(record)
+    parts: list[RenderableType] = [
+        Text(record["path"], style="bold"),
+        identity_line(record["identity"]),
+    ]
+    if record["shrunk"] is not None:
+        parts.append(shrunk_block(record["shrunk"]))
+    if record["slot"] is not None:
+        parts.extend(_slot_blocks(record["slot"]))
+    if record["row"] is not None:
+        parts.extend(_row_blocks(record["row"]))
+    if record["findings"]:
+        parts.append(_touching_table(record["findings"]))
+    else:
+        parts.append(Text("no findings touch it", style="green"))
+    return Group(*parts)

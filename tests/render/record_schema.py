@@ -1,0 +1,141 @@
+"""Validate JSON values against the record declarations of `kvcanary_cli.render.records`.
+
+The schema is the `TypedDict`s themselves, walked with `typing.get_type_hints`: an object has
+exactly its declared keys (no missing, no extra), a `Literal` admits its values only (and `1`
+is not `True`), `X | None`, `list[X]` and `dict[K, V]` check their parts, and a nested
+`TypedDict` is checked the same way. `JsonValue` (a finding's `details`) admits any JSON value.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Iterator
+from typing import (
+    Any,
+    ForwardRef,
+    Literal,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
+
+from kvcanary_cli.render.records.check import CheckRecord
+from kvcanary_cli.render.records.inspect import InspectRecord
+from kvcanary_cli.render.records.plan import PlanRecord
+from kvcanary_cli.render.records.provenance import ProvenanceRecord
+from kvcanary_cli.render.records.selftest import SelftestRecord
+from kvcanary_cli.render.records.violations import ViolationsRecord
+
+__all__ = ["RECORDS", "declared_keys", "nested_typeddicts", "validate"]
+
+#: schema name -> the record's top-level declaration.
+RECORDS: dict[str, Any] = {
+    "kvcanary.check/1": CheckRecord,
+    "kvcanary.provenance/1": ProvenanceRecord,
+    "kvcanary.violations/1": ViolationsRecord,
+    "kvcanary.inspect/2": InspectRecord,
+    "kvcanary.plan/1": PlanRecord,
+    "kvcanary.selftest/1": SelftestRecord,
+}
+
+
+@functools.cache
+def declared_keys(typed_dict: Any) -> dict[str, Any]:
+    """A TypedDict's keys and their types, inherited ones first, forward references resolved."""
+    return get_type_hints(typed_dict)
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
+
+
+def _name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp)
+
+
+def validate(value: Any, tp: Any, path: str = "$") -> list[str]:
+    """Every place where `value` breaks the declaration `tp` (an empty list when it conforms)."""
+    if isinstance(tp, ForwardRef) or tp is object:  # JsonValue's recursion, or any value
+        return [] if _is_json(value) else [f"{path}: not a JSON value: {value!r}"]
+    if is_typeddict(tp):
+        if not isinstance(value, dict):
+            return [f"{path}: expected an object ({_name(tp)}), got {type(value).__name__}"]
+        keys = declared_keys(tp)
+        errors = [f"{path}: missing key {k!r}" for k in keys if k not in value]
+        errors += [f"{path}: unexpected key {k!r}" for k in value if k not in keys]
+        return errors + [
+            e for k, t in keys.items() if k in value for e in validate(value[k], t, f"{path}.{k}")
+        ]
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        ok = any(type(value) is type(a) and value == a for a in args)
+        return [] if ok else [f"{path}: {value!r} not one of {list(args)}"]
+    if _is_union(tp):
+        if value is None:
+            ok = type(None) in args
+            return [] if ok else [f"{path}: null, expected {tp}"]
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:
+            return validate(value, members[0], path)
+        if any(not validate(value, m, path) for m in members):
+            return []
+        return [f"{path}: {value!r} is none of {tp}"]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{path}: expected a list, got {type(value).__name__}"]
+        return [e for i, v in enumerate(value) for e in validate(v, args[0], f"{path}[{i}]")]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{path}: expected an object, got {type(value).__name__}"]
+        key_type, value_type = args
+        errors = []
+        for k, v in value.items():
+            if not isinstance(k, str):
+                errors.append(f"{path}: non-string key {k!r}")
+            elif key_type is not str:
+                errors += validate(k, key_type, f"{path}<key {k!r}>")
+            errors += validate(v, value_type, f"{path}.{k}")
+        return errors
+    if tp is type(None):
+        return [] if value is None else [f"{path}: expected null, got {value!r}"]
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif tp in (str, bool):
+        ok = isinstance(value, tp)
+    else:
+        raise TypeError(f"{path}: the validator does not know {tp!r}")
+    return [] if ok else [f"{path}: expected {_name(tp)}, got {value!r}"]
+
+
+def nested_typeddicts(tp: Any) -> Iterator[Any]:
+    """Every TypedDict a declaration reaches (itself first, each once, in key order)."""
+    seen: set[Any] = set()
+
+    def walk(t: Any) -> Iterator[Any]:
+        if is_typeddict(t):
+            if t in seen:
+                return
+            seen.add(t)
+            yield t
+            for sub in declared_keys(t).values():
+                yield from walk(sub)
+        elif not isinstance(t, ForwardRef):
+            for arg in get_args(t):
+                yield from walk(arg)
+
+    yield from walk(tp)

@@ -1,0 +1,132 @@
+"""Real outputs match the record declarations exactly: every bundled example and every `synth`
+scenario through check, provenance, violations, inspect and plan as JSON, and the selftest,
+each parsed back and validated against its TypedDict (no missing key, no extra key, every
+value of its declared type or Literal)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvcanary_cli import api
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.render import (
+    OutputFormat,
+    render_check,
+    render_inspect,
+    render_plan,
+    render_provenance,
+    render_selftest,
+    render_violations,
+)
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
+from tests.render.record_schema import RECORDS, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.safetensors"))
+DUMPS = [f"example:{p.stem}" for p in EXAMPLES] + [f"synth:{name}" for name in SCENARIOS]
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("synth")
+    for name in SCENARIOS:
+        make_scenario(name, seed=0, size="tiny").save(folder / f"{name}.safetensors")
+    return folder
+
+
+def _path(dump: str, synth_dir: Path) -> Path:
+    kind, name = dump.split(":")
+    return (ROOT / "examples" if kind == "example" else synth_dir) / f"{name}.safetensors"
+
+
+def _valid(rendered: object) -> dict[str, Any]:
+    """The JSON text parsed, checked against the record its `schema` names."""
+    assert isinstance(rendered, str)
+    record: dict[str, Any] = json.loads(rendered)
+    assert validate(record, RECORDS[record["schema"]]) == []
+    return record
+
+
+def _json_outputs(path: Path) -> Iterator[tuple[str, object]]:
+    """Each command's JSON on one dump: check, provenance (a slot in each space, a pool row),
+    violations (its ring, replayed), inspect and plan (each group)."""
+    report = api.check(path, kernel="vectorized")
+    check = _valid(render_check(report, OutputFormat.JSON))
+    yield "check", check
+    findings = check["dumps"][0]["findings"]
+    dump = load_dump(path)
+    for space in ("full", "swa"):
+        slots = [f["slot"] for f in findings if f["space"] == space and f["slot"] is not None]
+        if space == "full" or slots:
+            slot = slots[0] if slots else 1
+            answer = api.provenance(path, slot=slot, space=space)
+            yield (
+                f"provenance --slot {slot} --space {space}",
+                render_provenance(answer, OutputFormat.JSON),
+            )
+    row = int(dump.req_pool_indices[0])
+    yield "provenance --row", render_provenance(api.provenance(path, row=row), OutputFormat.JSON)
+    violations = api.violations([str(path)], replay=True)
+    yield "violations --replay", render_violations(violations, OutputFormat.JSON)
+    yield "inspect", render_inspect(api.inspect(path), OutputFormat.JSON)
+    for group in dump.groups:
+        run = api.plan(path, group)
+        if run.summary is not None:
+            yield f"plan --group {group}", render_plan(run.summary, OutputFormat.JSON)
+
+
+@pytest.mark.parametrize("dump", DUMPS)
+def test_every_command_on_every_dump_matches_its_record(
+    dump: str, synth_dir: Path, no_sglang: None
+) -> None:
+    seen = set()
+    for command, rendered in _json_outputs(_path(dump, synth_dir)):
+        record = rendered if isinstance(rendered, dict) else _valid(rendered)
+        seen.add(record["schema"])
+        assert record["schema"] in RECORDS, command
+    # plan: unless every group is refused (corrupt lengths: nothing planned, no record)
+    assert seen >= set(RECORDS) - {"kvcanary.selftest/1", "kvcanary.plan/1"}
+
+
+def test_selftest_matches_its_record(no_sglang: None) -> None:
+    record = _valid(render_selftest(api.selftest(), OutputFormat.JSON))
+    assert record["summary"]["scenarios"] == len(SCENARIOS)
+
+
+def test_other_kernels_and_bad_input_match_the_check_record(
+    tmp_path: Path, no_sglang: None
+) -> None:
+    """Triton's mode, no kernel at all, and an unreadable dump among readable ones."""
+    example = ROOT / "examples" / "truncated-lut.safetensors"
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a dump")
+    triton = _valid(render_check(api.check(example, kernel="triton"), OutputFormat.JSON))
+    assert triton["dumps"][0]["kernel_mode"] in ("interpreter", "compiled")
+    none = _valid(render_check(api.check([example, bad], kernel="none"), OutputFormat.JSON))
+    assert [d["verdict"] for d in none["dumps"]][1] == "bad-input"
+    assert {g["kernel"] for g in none["dumps"][0]["groups"]} == {"none"}
+    for backend in ("reference", "triton"):
+        run = api.plan(example, "swa", backend=backend)
+        assert run.summary is not None
+        assert _valid(render_plan(run.summary, OutputFormat.JSON))["backend"] == backend
+
+
+def test_a_shrunk_dump_and_a_log_match_their_records(tmp_path: Path, no_sglang: None) -> None:
+    """The `shrunk` objects of check, provenance and inspect; violations read from a log."""
+    small = tmp_path / "small.safetensors"
+    api.shrink(ROOT / "examples" / "truncated-lut.safetensors", small)
+    check = _valid(render_check(api.check(small, kernel="vectorized"), OutputFormat.JSON))
+    assert check["dumps"][0]["shrunk"] is not None
+    provenance = _valid(render_provenance(api.provenance(small, slot=107), OutputFormat.JSON))
+    assert provenance["shrunk"] is not None
+    assert _valid(render_inspect(api.inspect(small), OutputFormat.JSON))["shrink"] is not None
+    log = ROOT / "examples" / "canary-aliasing.log"
+    report = api.violations([str(log)], dump=ROOT / "examples" / "canary-aliasing.safetensors")
+    violations = _valid(render_violations(report, OutputFormat.JSON))
+    assert violations["rows"] and violations["rows"][0]["explanation"] is not None
+    assert violations["sources"][0]["log"] is not None

@@ -1,0 +1,74 @@
+"""mypy sees a renamed record key: the views read records through their TypedDicts, so renaming
+a key in one declaration fails type checking in the views that read it.
+
+The package is copied to a temporary folder and type-checked there (strict, the repo's mypy
+configuration, render/ checked and the rest followed silently, one cache for both runs): as
+it is, mypy passes; with the finding record's `position` renamed, it fails and names the view
+modules that read `position`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DECLARATION = Path("kvcanary_cli") / "render" / "records" / "common.py"
+#: the finding record's key, as declared (the only `int | None` position in common.py).
+KEY = "    position: int | None\n"
+#: modules that read a finding's position: the helpers both views share, and the Markdown
+#: views of a check and a provenance answer.
+READERS = ("render/shared.py", "render/markdown/check.py", "render/markdown/provenance.py")
+
+
+def _mypy(copy: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--follow-imports=silent",
+            "--cache-dir",
+            str(copy / ".mypy_cache"),
+            "--no-error-summary",
+            "--hide-error-context",
+            "kvcanary_cli/render",
+        ],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_mypy_names_the_views_that_read_a_renamed_key(tmp_path: Path) -> None:
+    shutil.copytree(
+        ROOT / "kvcanary_cli",
+        tmp_path / "kvcanary_cli",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    clean = _mypy(tmp_path)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+    declaration = tmp_path / DECLARATION
+    source = declaration.read_text()
+    assert source.count(KEY) == 1 and "class FindingRecord(TypedDict)" in source
+    declaration.write_text(source.replace(KEY, "    location: int | None\n"))
+    renamed = _mypy(tmp_path)
+    assert renamed.returncode == 1, renamed.stdout + renamed.stderr
+    errors = renamed.stdout.splitlines()
+    in_views = {
+        reader
+        for reader in READERS
+        for line in errors
+        if line.startswith(f"kvcanary_cli/{reader}:")
+        and 'TypedDict "FindingRecord" has no key "position"' in line
+    }
+    assert in_views == set(READERS), renamed.stdout

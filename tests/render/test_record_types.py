@@ -1,0 +1,82 @@
+"""The record declarations' `Literal`s say what the code produces: each one that mirrors an
+enum or a table of the package holds exactly its values, so the two cannot drift."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import pytest
+
+from kvcanary_cli.analysis.model import CauseCode, Confidence, FindingCode, Severity
+from kvcanary_cli.analysis.selftest import FIELDS
+from kvcanary_cli.analysis.violations.report import OwnerKind
+from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
+from kvcanary_cli.planners import Backend
+from kvcanary_cli.planners.base import ProblemKind, ProblemRole, Semantics
+from kvcanary_cli.planners.triton_runtime import Mode
+from kvcanary_cli.render.records.check import KernelMode, KernelName
+from kvcanary_cli.render.records.common import (
+    CauseCodeName,
+    CellRole,
+    ConfidenceName,
+    FindingCodeName,
+    FindingRole,
+    SeverityName,
+)
+from kvcanary_cli.render.records.plan import (
+    BackendName,
+    ProblemKindName,
+    ProblemRoleName,
+    SemanticsName,
+)
+from kvcanary_cli.render.records.selftest import PlanField
+from kvcanary_cli.render.records.violations import (
+    BufferName,
+    OwnerRecord,
+    ViolationRowRecord,
+)
+from tests.render.record_schema import declared_keys
+
+
+@pytest.mark.parametrize(
+    ("literal", "enum"),
+    [
+        (FindingCodeName, FindingCode),
+        (CauseCodeName, CauseCode),
+        (SeverityName, Severity),
+        (ConfidenceName, Confidence),
+        (SemanticsName, Semantics),
+    ],
+    ids=["FindingCode", "CauseCode", "Severity", "Confidence", "Semantics"],
+)
+def test_literals_mirror_the_model_enums(literal: Any, enum: Any) -> None:
+    """Same values, in the enum's order (findings.md's table order)."""
+    assert get_args(literal) == tuple(member.value for member in enum)
+
+
+def test_plan_problem_literals_mirror_the_planner_enums() -> None:
+    assert set(get_args(ProblemKindName)) == {kind.code for kind in ProblemKind}
+    assert set(get_args(ProblemRoleName)) == {role.label for role in ProblemRole}
+
+
+def test_finding_roles_are_cell_roles_and_plan_reads() -> None:
+    plan_reads = {role.label for role in ProblemRole}
+    assert set(get_args(FindingRole)) == set(get_args(CellRole)) | plan_reads
+
+
+def test_planner_names_cover_every_backend_and_kernel() -> None:
+    """Every `--backend` is a plan record's backend; the check's kernels are the GPU-semantics
+    planners (vectorized runs as vectorized-gpu) or none; Triton's modes are kernel modes."""
+    assert {b.value for b in Backend} < set(get_args(BackendName))
+    assert set(get_args(KernelName)) - {"none"} < set(get_args(BackendName))
+    assert set(get_args(Mode)) < set(get_args(KernelMode))
+
+
+def test_selftest_fields_are_the_compared_fields() -> None:
+    assert get_args(PlanField) == FIELDS
+
+
+def test_violation_rows_lead_with_the_eight_ring_fields() -> None:
+    assert tuple(declared_keys(ViolationRowRecord))[:8] == VIOLATION_FIELDS
+    assert get_args(BufferName) == BUFFERS
+    assert get_args(declared_keys(OwnerRecord)["where"]) == tuple(k.value for k in OwnerKind)
