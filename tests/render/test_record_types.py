@@ -11,7 +11,7 @@ from kvcanary_cli.analysis.model import CauseCode, Confidence, FindingCode, Seve
 from kvcanary_cli.analysis.selftest import FIELDS
 from kvcanary_cli.analysis.violations.report import OwnerKind
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
-from kvcanary_cli.planners import Backend
+from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole, Semantics
 from kvcanary_cli.planners.triton_runtime import Mode
 from kvcanary_cli.render.records.check import KernelMode, KernelName
@@ -67,7 +67,7 @@ def test_finding_roles_are_cell_roles_and_plan_reads() -> None:
 def test_planner_names_cover_every_backend_and_kernel() -> None:
     """Every `--backend` is a plan record's backend; the check's kernels are the GPU-semantics
     planners (vectorized runs as vectorized-gpu) or none; Triton's modes are kernel modes."""
-    assert {b.value for b in Backend} < set(get_args(BackendName))
+    assert {b.value for b in BACKENDS} < set(get_args(BackendName))
     assert set(get_args(KernelName)) - {"none"} < set(get_args(BackendName))
     assert set(get_args(Mode)) < set(get_args(KernelMode))
 
