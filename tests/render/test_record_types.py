@@ -7,7 +7,15 @@ from typing import Any, get_args
 
 import pytest
 
-from kvcanary_cli.analysis.model import CauseCode, Confidence, FindingCode, Severity
+from kvcanary_cli.analysis.model import (
+    CauseCode,
+    Confidence,
+    FindingCode,
+    Group,
+    Role,
+    Severity,
+    Space,
+)
 from kvcanary_cli.analysis.selftest import FIELDS
 from kvcanary_cli.analysis.violations.report import OwnerKind
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
@@ -21,7 +29,9 @@ from kvcanary_cli.render.records.common import (
     ConfidenceName,
     FindingCodeName,
     FindingRole,
+    GroupName,
     SeverityName,
+    SpaceName,
 )
 from kvcanary_cli.render.records.plan import (
     BackendName,
@@ -46,8 +56,10 @@ from tests.render.record_schema import declared_keys
         (SeverityName, Severity),
         (ConfidenceName, Confidence),
         (SemanticsName, Semantics),
+        (GroupName, Group),
+        (SpaceName, Space),
     ],
-    ids=["FindingCode", "CauseCode", "Severity", "Confidence", "Semantics"],
+    ids=["FindingCode", "CauseCode", "Severity", "Confidence", "Semantics", "Group", "Space"],
 )
 def test_literals_mirror_the_model_enums(literal: Any, enum: Any) -> None:
     """Same values, in the enum's order (findings.md's table order)."""
@@ -62,6 +74,11 @@ def test_plan_problem_literals_mirror_the_planner_enums() -> None:
 def test_finding_roles_are_cell_roles_and_plan_reads() -> None:
     plan_reads = {role.label for role in ProblemRole}
     assert set(get_args(FindingRole)) == set(get_args(CellRole)) | plan_reads
+    assert set(get_args(FindingRole)) == {role.value for role in Role}
+    assert set(get_args(CellRole)) == {role.value for role in Role if role.live} | {
+        Role.STALE_TAIL.value,
+        Role.IDLE_ROW.value,
+    }
 
 
 def test_planner_names_cover_every_backend_and_kernel() -> None:
