@@ -13,6 +13,7 @@ import pytest
 from kvcanary_cli.dump import loader
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.tensor import DenseTensor
+from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.synth.scenarios import make_scenario
 
 ROWS, COLS = 512, 32768  # 64 MiB of int32: far above the noise of the resident set
@@ -83,6 +84,30 @@ def test_the_dump_names_its_mapped_tables(tmp_path: Path, monkeypatch: pytest.Mo
     table = dump.mapped["req_to_token"]
     assert isinstance(table, np.memmap)
     assert np.shares_memory(table, dump.req_to_token.array())
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc (Linux)")
+def test_a_loaded_big_table_hands_its_pages_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader gives a mapped table's tensor its mapping: a scan through the dump (what
+    provenance and the violation owners do) lets the pages go too."""
+    path = save_dump(
+        tmp_path / "big.safetensors",
+        req_to_token=np.arange(ROWS * COLS, dtype=np.int32).reshape(ROWS, COLS),
+        req_pool_indices=np.array([1]),
+        prefix_lens=np.array([4]),
+    )
+    monkeypatch.setattr(loader, "READ_LIMIT", 0)  # a "big" table: mapped
+    dump = load_dump(path)
+    mapped = dump.mapped["req_to_token"]
+    before = _resident_bytes(mapped)
+    hits = sum(
+        rows.size
+        for rows, _, _ in dump.req_to_token.find_cells(lambda v: v % 4099 == 7, chunk_cells=1 << 20)
+    )
+    assert hits > 1000
+    assert _resident_bytes(mapped) - before < ROWS * COLS * 4 // 4
 
 
 def test_a_threaded_scan_stopped_early_leaves_no_work_behind(mapped_table: np.memmap) -> None:
