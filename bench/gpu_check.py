@@ -21,7 +21,6 @@ import torch
 from timing import timed
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner
@@ -69,7 +68,7 @@ def check_group(dump: KvDump, group: str, repeat: int, skip_reference: bool) -> 
     if not skip_reference:
         seconds["reference"] = timed(lambda: ReferencePlanner().plan(dump, group), 1)
     if torch.cuda.is_available():
-        table = dense(dump.req_to_token)
+        table = dump.req_to_token.array()
         host = torch.from_numpy(table)
         seconds["req_to_token to cuda"] = timed(lambda: host.to("cuda"), repeat)
     print(f"[{group}] {plan.entries} entries, bs {plan.bs}, mode {triton.mode}: agree")

@@ -74,7 +74,6 @@ from timing import samples, summary  # noqa: E402
 
 from kvcanary_cli import __version__  # noqa: E402
 from kvcanary_cli.dump.loader import KvDump, load_dump  # noqa: E402
-from kvcanary_cli.dump.sparse import dense  # noqa: E402
 from kvcanary_cli.planners.base import Planner, Semantics  # noqa: E402
 from kvcanary_cli.planners.reference import ReferencePlanner  # noqa: E402
 from kvcanary_cli.planners.triton_planner import TritonPlanner  # noqa: E402
@@ -390,9 +389,9 @@ def floor_cells(dump: KvDump, group: str) -> tuple[np.ndarray, np.ndarray]:
 
 def floor_gather(bench: Bench, dump: KvDump, repeat: int) -> None:
     """The bare numpy gather of the cells the planners read (SWA: and their LUT entries)."""
-    table = dense(dump.req_to_token).reshape(-1)
+    table = dump.req_to_token.array().reshape(-1)
     lut = dump.full_to_swa_index_mapping
-    lut_np = None if lut is None else dense(lut)
+    lut_np = None if lut is None else lut.array()
 
     def gather(group: str) -> np.ndarray:
         index, _ = floor_cells(dump, group)

@@ -162,9 +162,9 @@ def inspect(path: PathLike) -> DumpDescription:
     """What a dump holds (rendered as the `kvcanary.inspect/2` record); validates the file on
     the way."""
     from kvcanary_cli.dump.describe import describe_dump
-    from kvcanary_cli.dump.loader import read_dump
+    from kvcanary_cli.dump.loader import load_dump
 
-    return describe_dump(read_dump(path), sglang_installed=installed_version())
+    return describe_dump(load_dump(path), sglang_installed=installed_version())
 
 
 def shrink(

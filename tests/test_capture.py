@@ -106,9 +106,10 @@ class WritePlan:
         )
 
 
-def _dense(array: object) -> np.ndarray:
-    """A format-1 dump's array (this module is imported by child processes, whatever kvcanary
-    they have installed: it names only long-standing modules)."""
+def _dense(tensor: Any) -> np.ndarray:
+    """A format-1 dump's tensor as its array (this module is imported by child processes,
+    whatever kvcanary they have installed: it names only long-standing modules)."""
+    array = tensor.array()
     assert isinstance(array, np.ndarray)
     return array
 

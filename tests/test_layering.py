@@ -213,6 +213,35 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
+#: Where a shrunk dump's sparse tensors live: only `dump/` knows they exist. Every other layer
+#: reads a dump's big tensors through `dump.tensor.StoredTensor` and never asks their kind.
+SPARSE_MODULE = "dump.sparse"
+
+
+def _sparse_names(path: Path) -> list[int]:
+    """Lines of `path` naming the sparse implementation itself (`SparseTensor`)."""
+    return [
+        _line(node)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Name) and node.id == "SparseTensor")
+        or (isinstance(node, ast.Attribute) and node.attr == "SparseTensor")
+    ]
+
+
+def test_only_the_dump_package_knows_the_sparse_storage() -> None:
+    graph = import_graph()
+    importers = {name for name, targets in graph.items() if SPARSE_MODULE in targets}
+    outside = sorted(name for name in importers if name.split(".")[0] != "dump")
+    assert outside == [], f"{outside} import {SPARSE_MODULE}: read through dump.tensor instead"
+    assert "dump.loader" in importers  # the check sees imports (it can fail)
+    named = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in MODULES
+        if layer_of(path) != "dump" and (lines := _sparse_names(path))
+    }
+    assert named == {}, f"modules outside dump/ name SparseTensor: {named}"
+
+
 def test_nothing_imports_the_cli() -> None:
     for path in MODULES:
         if path.name in ("cli.py", "__main__.py"):

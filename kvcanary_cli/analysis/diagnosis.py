@@ -29,7 +29,6 @@ from kvcanary_cli.analysis.model import (
 )
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
-from kvcanary_cli.dump.sparse import element
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.planners.upstream_raise import upstream_error
 
@@ -427,7 +426,7 @@ def _lut_evidence(
             f"{len(valid)} distinct live slots in {valid[0]}..{valid[-1]}: >= "
             f"lut_len, < num_full_slots, so valid slots the LUT cannot translate"
         )
-    last = element(lut, -1)
+    last = lut.element(-1)
     evidence.append(
         "the LUT ends in -1: allocated too small, not sliced"
         if last == -1
@@ -449,8 +448,8 @@ def _unrecorded_pool_evidence(
         return evidence, True
     evidence.append(f"{len(slots)} distinct live slots >= lut_len - 1, in {slots[0]}..{slots[-1]}")
     lut = dump.full_to_swa_index_mapping
-    if lut is not None and element(lut, -1) != -1:
-        evidence.append(f"the LUT ends in {element(lut, -1)}, not -1: it was sliced")
+    if lut is not None and lut.element(-1) != -1:
+        evidence.append(f"the LUT ends in {lut.element(-1)}, not -1: it was sliced")
         return evidence, True
     free = dump.free_full_slots
     if free is not None and free.size:

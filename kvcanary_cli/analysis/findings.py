@@ -22,7 +22,6 @@ from kvcanary_cli.analysis.model import (
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS, dtype_label
-from kvcanary_cli.dump.sparse import element, take_known
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
 
@@ -575,7 +574,7 @@ def lut_findings(dump: KvDump) -> list[Finding]:
     if lut is None or lut.size == 0:
         return []
     found: list[Finding] = []
-    lut_len, last = int(lut.shape[0]), element(lut, -1)
+    lut_len, last = int(lut.shape[0]), lut.element(-1)
     pool = dump.scalars["num_full_slots"]
     if pool.value is not None and not pool.assumed and pool.value + 1 > lut_len:
         found.append(
@@ -611,7 +610,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     in_window = (~cells.pending) & (cells.position >= start)
     mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
     swa = np.zeros_like(cells.slot)
-    swa[mappable] = take_known(lut_tensor, cells.slot[mappable])[0]
+    swa[mappable] = lut_tensor.take_known(cells.slot[mappable])[0]
     slot = cells.slot
     found = _cell_records(
         FindingCode.SWA_UNMAPPED_IN_WINDOW,
@@ -752,7 +751,7 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
     found: list[Finding] = []
     problems = plan.problems
     lut = dump.full_to_swa_index_mapping
-    clamp_value = element(lut, -1) if lut is not None and lut.size else None
+    clamp_value = lut.element(-1) if lut is not None and lut.size else None
     lut_len = 0 if lut is None else int(lut.shape[0])
     found += _lut_records(plan, lut_len, clamp_value)
     pool = dump.req_to_verify_expected_tokens

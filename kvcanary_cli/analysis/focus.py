@@ -39,7 +39,6 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
 )
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import element
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.host_parallel import usable_cores
@@ -52,7 +51,7 @@ def related_slots(dump: KvDump, slot: int) -> tuple[int, ...]:
     lut = dump.full_to_swa_index_mapping
     if lut is None or not 0 <= slot < int(lut.shape[0]) - 1:
         return (slot,)
-    swa = element(lut, slot)
+    swa = lut.element(slot)
     if swa <= 0:
         return (slot,)
     return tuple(sorted({slot, *full_slots_mapping_to(dump, [swa])[swa]}))

@@ -26,7 +26,6 @@ from kvcanary_cli.analysis.model import (
 )
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import element, find_cells, take, take_known, where_equal
 from kvcanary_cli.planners.frame import GroupFrame
 
 __all__ = [
@@ -109,7 +108,7 @@ def live_cells(dump: KvDump) -> LiveCells:
     pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, lens)
     pool_row = rpi[rows]
     flat = pool_row * dump.max_seq_len + pos
-    slot = take(dump.req_to_token, flat) if flat.size else flat
+    slot = dump.req_to_token.take(flat) if flat.size else flat
     return LiveCells(
         slot=slot,
         batch_row=rows,
@@ -231,12 +230,8 @@ class ProvenanceIndex:
         live_rows = self._first_live_rows() if self._live is not None else None
         members = SlotSet(wanted)
         one_slot = wanted.size == 1  # every hit is that slot: no search per hit
-        for rows, cols, values in find_cells(
-            self.dump.req_to_token,
-            members.contains,
-            chunk_cells=_SCAN_CELLS,
-            mapped=self.dump.mapped.get("req_to_token"),
-            threads=self._threads,
+        for rows, cols, values in self.dump.req_to_token.find_cells(
+            members.contains, chunk_cells=_SCAN_CELLS, threads=self._threads
         ):
             if batch_rows.size:
                 at = np.minimum(np.searchsorted(batch_rows, rows), batch_rows.size - 1)
@@ -388,10 +383,10 @@ class ProvenanceIndex:
         elif slot >= lut.shape[0]:
             note = (
                 f"slot >= lut_len {lut.shape[0]}: REF raises, the GPU clamps to "
-                f"LUT[{lut.shape[0] - 1}] = {element(lut, -1)}"
+                f"LUT[{lut.shape[0] - 1}] = {lut.element(-1)}"
             )
         else:
-            swa_slot = element(lut, slot)
+            swa_slot = lut.element(slot)
             if swa_slot == 0:
                 note = "unmapped (LUT = 0)"
         violations, violations_total = _violations(dump, slot, swa=False)
@@ -466,9 +461,9 @@ def clamp_target(dump: KvDump) -> int | None:
     """The SWA slot the GPU path clamps every slot >= lut_len onto (`LUT[lut_len - 1]`), when
     that is a real slot: a LUT that lost its trailing -1 (sliced) sends them somewhere."""
     lut = dump.full_to_swa_index_mapping
-    if lut is None or lut.size == 0 or element(lut, -1) < 0:
+    if lut is None or lut.size == 0 or lut.element(-1) < 0:
         return None
-    return element(lut, -1)
+    return lut.element(-1)
 
 
 def clamped_sources(
@@ -497,8 +492,8 @@ def full_slots_mapping_to(
     found: dict[int, tuple[int, ...]] = dict.fromkeys(wanted, ())
     if lut is None or not wanted:
         return found
-    stop = int(lut.shape[0]) - (1 if element(lut, -1) == -1 else 0)
-    hits, held = where_equal(lut, np.asarray(wanted, dtype=np.int64), stop=stop)
+    stop = int(lut.shape[0]) - (1 if lut.element(-1) == -1 else 0)
+    hits, held = lut.where_equal(np.asarray(wanted, dtype=np.int64), stop=stop)
     order = np.argsort(held, kind="stable")  # by SWA slot, full slots ascending
     values, hits = held[order], hits[order]
     starts = np.searchsorted(values, wanted, side="left")
@@ -566,7 +561,7 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
             continue
         if buffer.shape[1] < 32:
             continue
-        raw, known = take_known(buffer, slot * int(buffer.shape[1]) + np.arange(32))
+        raw, known = buffer.take_known(slot * int(buffer.shape[1]) + np.arange(32))
         if not known.all():
             continue  # a shrunk dump that did not keep this record
         fields = raw.astype(np.uint8).view("<i8")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import SparseArray, Stored, element, row_cells, take
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.frame import group_frame
 
@@ -150,7 +150,7 @@ def row_map(
     cells = []
     for pos, slot in zip(shown, slots, strict=True):
         role, seed = cell_role(dump, frame, first, pos)
-        swa = element(lut, slot) if lut is not None and 0 <= slot < lut.shape[0] else None
+        swa = lut.element(slot) if lut is not None and 0 <= slot < lut.shape[0] else None
         cells.append(
             RowCell(
                 position=pos,
@@ -196,7 +196,7 @@ _ROW_CHUNK = 1 << 20
 class _Row:
     """One row of `req_to_token`, read in bounded pieces (a shrunk dump: its kept cells)."""
 
-    def __init__(self, table: Stored, pool_row: int) -> None:
+    def __init__(self, table: StoredTensor, pool_row: int) -> None:
         self.table = table
         self.pool_row = pool_row
         self.length = int(table.shape[1])
@@ -206,40 +206,20 @@ class _Row:
         if not positions:
             return []
         flat = np.asarray(positions, dtype=np.int64) + self.pool_row * self.length
-        return [int(v) for v in take(self.table, flat).tolist()]
+        return [int(v) for v in self.table.take(flat).tolist()]
 
-    def _kept(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        assert isinstance(self.table, SparseArray)
-        return row_cells(self.table, self.pool_row, start, end)
+    def _pieces(self, start: int, end: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return self.table.row_cells(self.pool_row, start, end, chunk_cells=_ROW_CHUNK)
 
     def count_nonzero(self, start: int, end: int) -> int:
         """Cells of `[start, end)` holding a slot."""
-        if isinstance(self.table, SparseArray):
-            return int(np.count_nonzero(self._kept(start, end)[1]))
-        return _count_nonzero(self.table[self.pool_row], start, end)
+        return sum(int(np.count_nonzero(values)) for _, values in self._pieces(start, end))
 
     def nonzero_positions(self, start: int, end: int, limit: int) -> list[int]:
-        """The first `limit` positions of `[start, end)` holding a slot."""
-        if isinstance(self.table, SparseArray):
-            positions, values = self._kept(start, end)
-            return [int(p) for p in positions[values != 0][:limit]]
-        return _nonzero_positions(self.table[self.pool_row], start, end, limit)
-
-
-def _count_nonzero(row: np.ndarray, start: int, end: int) -> int:
-    """Non-zero cells of `row[start:end]`, counted in chunks (no row-sized temporary)."""
-    return sum(
-        int(np.count_nonzero(row[a : min(a + _ROW_CHUNK, end)]))
-        for a in range(start, end, _ROW_CHUNK)
-    )
-
-
-def _nonzero_positions(row: np.ndarray, start: int, end: int, limit: int) -> list[int]:
-    """The first `limit` positions of `row[start:end]` holding a slot, searched in chunks."""
-    found: list[int] = []
-    for a in range(start, end, _ROW_CHUNK):
-        hits = np.flatnonzero(row[a : min(a + _ROW_CHUNK, end)])[: limit - len(found)]
-        found.extend((hits + a).tolist())
-        if len(found) >= limit:
-            break
-    return found
+        """The first `limit` positions of `[start, end)` holding a slot, searched in pieces."""
+        found: list[int] = []
+        for positions, values in self._pieces(start, end):
+            if len(found) >= limit:
+                break
+            found.extend(positions[values != 0][: limit - len(found)].tolist())
+        return found

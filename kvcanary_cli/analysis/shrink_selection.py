@@ -43,7 +43,7 @@ from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep
-from kvcanary_cli.dump.sparse import Stored, take_known
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.base import Plan, Planner, Undefined
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 
@@ -178,7 +178,7 @@ def _owner_cells(dump: KvDump, rows: ViolationRows, found: CollectedFindings) ->
     return flat
 
 
-def _written_witness(plan: Plan, data: Stored) -> tuple[int, int] | None:
+def _written_witness(plan: Plan, data: StoredTensor) -> tuple[int, int] | None:
     """(slot, prev slot) of the first replayed entry whose record (or the one before it) is
     written: the replay takes a buffer whose records are all zero for one never written."""
     num_slots = int(data.shape[0])
@@ -223,7 +223,7 @@ def _canary_slots(
     return kept
 
 
-def _record_cells(data: Stored, slots: set[int]) -> np.ndarray:
+def _record_cells(data: StoredTensor, slots: set[int]) -> np.ndarray:
     """Flat bytes of the records of `slots` (inside the buffer) in a canary buffer."""
     wanted = np.array(sorted(s for s in slots if 0 <= s < int(data.shape[0])), dtype=np.int64)
     stride = int(data.shape[1])
@@ -296,7 +296,7 @@ def shrink_keep(
     elements = {"req_to_token": table}
     if dump.req_to_verify_expected_tokens is not None:
         elements["req_to_verify_expected_tokens"] = _pool_reads(dump, frames)
-    held = np.unique(take_known(dump.req_to_token, table)[0])
+    held = np.unique(dump.req_to_token.take_known(table)[0])
     finding_full = {f.slot for f in found.findings if f.slot is not None and f.space == "full"}
     finding_swa = {f.slot for f in found.findings if f.slot is not None and f.space == "swa"}
     full_slots = np.union1d(held, np.array(sorted(finding_full | row_full), dtype=np.int64))
@@ -310,7 +310,7 @@ def shrink_keep(
         entries = np.union1d(full_slots, np.array([*mapped, lut_len - 1], dtype=np.int64))
         entries = entries[(entries >= 0) & (entries < lut_len)]
         elements["full_to_swa_index_mapping"] = entries
-        swa_held = np.unique(take_known(lut, entries)[0])
+        swa_held = np.unique(lut.take_known(entries)[0])
     swa_slots = np.union1d(swa_held, np.array(sorted(finding_swa | row_swa), dtype=np.int64))
     named = {
         "full": {int(s) for s in finding_full | row_full},

@@ -14,7 +14,7 @@ import numpy as np
 
 from kvcanary_cli.canary.constants import BUFFERS, RECORD_BYTES, buffer_tensor_name
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import SparseArray, Stored
+from kvcanary_cli.dump.tensor import StoredTensor
 
 __all__ = ["Records", "dump_buffers", "read_records"]
 
@@ -47,19 +47,14 @@ class Records:
         )
 
 
-def read_records(buffer: Stored | np.ndarray, slots: np.ndarray) -> Records:
+def read_records(buffer: StoredTensor, slots: np.ndarray) -> Records:
     """Records of `slots` (each in `[0, num_slots)`; the caller masks the others)."""
     if len(buffer.shape) != 2 or buffer.shape[1] < RECORD_BYTES:
         raise ValueError(f"a canary buffer needs rows of >= {RECORD_BYTES} bytes")
     index = np.asarray(slots, dtype=np.int64).reshape(-1)
-    if isinstance(buffer, SparseArray):  # a shrunk dump: only some records are kept
-        flat = index[:, None] * int(buffer.shape[1]) + np.arange(RECORD_BYTES)[None, :]
-        values, kept = buffer.take(flat.reshape(-1))
-        raw = values.astype(np.uint8).reshape(-1, RECORD_BYTES)
-        known = np.asarray(kept.reshape(-1, RECORD_BYTES).all(axis=1), dtype=bool)
-    else:
-        raw = np.ascontiguousarray(np.asarray(buffer)[index, :RECORD_BYTES], dtype=np.uint8)
-        known = np.ones(index.shape, dtype=bool)
+    # a shrunk dump keeps only some records: the others are not known
+    cells, known = buffer.rows(index, RECORD_BYTES)
+    raw = np.ascontiguousarray(cells, dtype=np.uint8)
     words = raw.view("<i8").reshape(-1, 4).astype(np.int64)
     return Records(
         token=words[:, 0],
@@ -71,7 +66,7 @@ def read_records(buffer: Stored | np.ndarray, slots: np.ndarray) -> Records:
     )
 
 
-def dump_buffers(dump: KvDump, group: str) -> list[tuple[str, Stored]]:
+def dump_buffers(dump: KvDump, group: str) -> list[tuple[str, StoredTensor]]:
     """The group's canary buffers in the dump, as (`head.k`, ...) in launch order (K before V).
 
     Buffers whose rows are narrower than a record are left out (upstream refuses them).

@@ -18,7 +18,7 @@ import numpy as np
 from kvcanary_cli.canary.hashing import as_int64, combine_source_hashes, fold_chunks
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import parse_integer
-from kvcanary_cli.dump.sparse import SparseArray, take_known
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.errors import MetadataError, TensorShapeError
 from kvcanary_cli.safe_text import excerpt
 
@@ -42,7 +42,7 @@ class RealKvSource:
 
     name: str
     #: uint8 `[rows, row_bytes]` (sparse in a shrunk dump).
-    data: np.ndarray | SparseArray
+    data: StoredTensor
     page_size: int
     num_bytes_per_token: int
     read_bytes: int
@@ -134,7 +134,7 @@ def expected_real_kv(
         inside, row * width + (slots % source.page_size) * source.num_bytes_per_token, 0
     )
     flat = base[:, None] + np.arange(eff, dtype=np.int64)[None, :]
-    read, kept = take_known(source.data, flat.reshape(-1))
+    read, kept = source.data.take_known(flat.reshape(-1))
     chunk = read.astype(np.uint8).reshape(flat.shape)
     inside &= kept.reshape(flat.shape).all(axis=1)  # a shrunk dump may not keep the bytes
     values = as_int64(combine_source_hashes([fold_chunks(chunk)]))

@@ -24,7 +24,7 @@ from kvcanary_cli.canary.real_kv import RealKvMode, RealKvSetup, expected_real_k
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.sparse import SparseArray, Stored
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.base import Plan, Undefined
 
 __all__ = ["BufferReplay", "replay_buffer", "replay_dump"]
@@ -66,7 +66,7 @@ class BufferReplay:
 def replay_buffer(
     plan: Plan,
     buffer: str,
-    data: Stored | np.ndarray,
+    data: StoredTensor,
     *,
     real_kv: RealKvSetup | None = None,
     check_tokens: bool = False,
@@ -84,8 +84,7 @@ def replay_buffer(
             entries=0,
             notes=(f"{name}: verify not launched: {why}",),
         )
-    array: np.ndarray | SparseArray = data
-    num_slots = int(array.shape[0])
+    num_slots = int(data.shape[0])
     entries = plan.entries
     batch_rows = plan.entry_batch_rows()
     mode = _real_kv_mode(real_kv, plan.group, buffer)
@@ -107,7 +106,7 @@ def replay_buffer(
         stop = min(start + chunk, entries)
         rows, any_written = _replay_chunk(
             plan,
-            array,
+            data,
             num_slots,
             start,
             stop,
@@ -172,7 +171,7 @@ def _real_kv_mode(setup: RealKvSetup | None, group: str, buffer: str) -> str:
 
 def _replay_chunk(
     plan: Plan,
-    array: np.ndarray | SparseArray,
+    data: StoredTensor,
     num_slots: int,
     start: int,
     stop: int,
@@ -200,9 +199,9 @@ def _replay_chunk(
     counts["outside"] += int(outside.sum())
     idx = np.flatnonzero(usable)
     s, ep, pv = slot[idx], expected_pos[idx], prev[idx]
-    record = read_records(array, s)
+    record = read_records(data, s)
     reads_prev = pv > 0
-    before = read_records(array, pv[reads_prev])
+    before = read_records(data, pv[reads_prev])
     kept = record.known.copy()
     kept[reads_prev] &= before.known
     if not kept.all():  # a shrunk dump: only entries whose records it kept are checked

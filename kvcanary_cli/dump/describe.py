@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcanary_cli.dump.loader import DumpContents, KvDump
+from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, SHRINK_KEY, dtype_label
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
 
@@ -89,20 +89,13 @@ class DumpDescription:
     notes: tuple[str, ...]
 
 
-def describe_dump(
-    dump: DumpContents | KvDump, *, sglang_installed: str | None = None
-) -> DumpDescription:
+def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> DumpDescription:
     """Tensors, scalars with their source, groups, batch summary, identity keys and notes.
 
     `sglang_installed` is the SGLang version installed here (None: not installed), shown next
     to the version the dump records (`identity["sglang.version"]`).
     """
-    if isinstance(dump, DumpContents):  # `inspect`: the checked contents, no KvDump built
-        rpi, prefix, extend = (
-            dump.vector(n) for n in ("req_pool_indices", "prefix_lens", "extend_seq_lens")
-        )
-    else:
-        rpi, prefix, extend = (dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens)
+    rpi, prefix, extend = (dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens)
     active = rpi != 0
     # Python ints: claimed lengths near 2^63 would overflow a numpy sum
     total_prefix = sum(np.clip(prefix[active], 0, None).tolist())

@@ -1,11 +1,13 @@
-"""`load_dump`: open a dump lazily and return a validated, typed `KvDump`.
+"""`load_dump`: open a dump lazily and return a validated, typed `KvDump` (the one class a
+loaded dump is, for `inspect` and the analysis alike).
 
-Big tables (`req_to_token` reaches 2 GB in production) stay memory-mapped: planners gather
-only the rows of the batch. Everything else is read into memory while the file is open:
-per-batch tensors (as int64), LUT, free lists, ring, and tables up to `READ_LIMIT` bytes. A
-shrunk dump (format 1.1) stores its big tensors sparse: they load as `SparseArray`s in their
-original coordinates (see `dump.sparse`), and its `kvcanary.shrink` record says where it came
-from.
+The big tensors (tables, LUT, canary buffers, real-KV sources) load as `StoredTensor`s
+(`dump.tensor`): one interface whichever way the file stores them. Big tables (`req_to_token`
+reaches 2 GB in production) stay memory-mapped: planners gather only the rows of the batch.
+Everything else is read into memory while the file is open: per-batch tensors (as int64),
+LUT, free lists, ring, and tables up to `READ_LIMIT` bytes. A shrunk dump (format 1.1) stores
+its big tensors sparse (`dump.sparse`, in their original coordinates), and its
+`kvcanary.shrink` record says where it came from.
 
 Why read rather than map: a mapped page the file no longer has (another process truncated
 or rewrote it) kills the process with SIGBUS, which Python cannot catch. A read sees the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from io import BufferedReader
 from pathlib import Path
 
@@ -41,7 +44,8 @@ from kvcanary_cli.dump.schema import (
     spec_for,
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
-from kvcanary_cli.dump.sparse import SparseArray, Stored, ring_slots, sparse_array
+from kvcanary_cli.dump.sparse import SparseTensor, ring_slots, sparse_tensor
+from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
@@ -56,7 +60,6 @@ from kvcanary_cli.safe_text import excerpt
 
 __all__ = [
     "GROUPS",
-    "DumpContents",
     "READ_LIMIT",
     "DtypeNote",
     "KvDump",
@@ -64,7 +67,6 @@ __all__ = [
     "Scalar",
     "TensorInfo",
     "load_dump",
-    "read_dump",
 ]
 
 GROUPS = tuple(Group)
@@ -138,11 +140,48 @@ class DtypeNote:
     expected: str
 
 
-class _DumpFacts:
-    """What both views of a dump answer from its scalars and metadata alone."""
+@dataclass(eq=False, kw_only=True)
+class KvDump:
+    """One forward step of one rank, checked and typed: what `inspect` describes and what
+    planners and analysis read.
 
-    scalars: dict[str, Scalar]
+    Per-batch vectors are int64 `[bs]`. The big tensors are `StoredTensor`s in their stored
+    dtype (the dense LUT as int64); big tables are memory-mapped copy-on-write: the input
+    file is never modified.
+    """
+
+    path: Path
+    file_size: int
+    tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
+    scalars: dict[str, Scalar]
+    groups: tuple[Group, ...]
+    notes: list[str]
+    dtype_notes: list[DtypeNote]
+    req_to_token: StoredTensor
+    req_pool_indices: np.ndarray
+    prefix_lens: np.ndarray
+    extend_seq_lens: np.ndarray
+    full_to_swa_index_mapping: StoredTensor | None = None
+    req_to_verify_expected_tokens: StoredTensor | None = None
+    req_to_verify_expected_tokens_valid_lens: np.ndarray | None = None
+    out_cache_loc: np.ndarray | None = None
+    input_ids: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    free_full_slots: np.ndarray | None = None
+    free_swa_slots: np.ndarray | None = None
+    violation_ring: np.ndarray | None = None
+    violation_write_index: int | None = None
+    #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
+    rejected_scalars: list[RejectedScalar] = field(default_factory=list)
+    canary_buffers: dict[str, StoredTensor] = field(default_factory=dict)
+    #: `real_kv.<group>.<k|v>` sources (uint8, memory-mapped), by tensor name.
+    real_kv_sources: dict[str, StoredTensor] = field(default_factory=dict)
+    #: a shrunk dump's record (format 1.1): its source and what was dropped; None otherwise.
+    shrink: ShrinkRecord | None = None
+    #: The tables memory-mapped from the file, by tensor name (the same memory as their
+    #: tensors, whose scans hand the pages back as they go).
+    mapped: dict[str, np.memmap] = field(default_factory=dict)
 
     def scalar(self, name: str) -> int | None:
         """The resolved value of a scalar key (None when unknown)."""
@@ -164,98 +203,6 @@ class _DumpFacts:
         """Free-form identity keys (sglang version, model, rank, step, ...) present in the
         dump, in `IDENTITY_KEYS` order."""
         return {k: self.metadata[k] for k in IDENTITY_KEYS if k in self.metadata}
-
-
-@dataclass(eq=False, kw_only=True)
-class DumpContents(_DumpFacts):
-    """A checked dump as numpy arrays (memory-mapped or read) and sparse arrays: everything
-    `load_dump` validates."""
-
-    path: Path
-    file_size: int
-    tensors: dict[str, TensorInfo]
-    metadata: dict[str, str]
-    scalars: dict[str, Scalar]
-    rejected_scalars: list[RejectedScalar]
-    groups: tuple[Group, ...]
-    notes: list[str]
-    dtype_notes: list[DtypeNote]
-    arrays: dict[str, np.ndarray | SparseArray]
-    shrink: ShrinkRecord | None = None
-
-    def vector(self, name: str) -> np.ndarray:
-        """A per-batch-row tensor as int64 (zeros when the dump omits it)."""
-        array = self.arrays.get(name)
-        if array is None or isinstance(array, SparseArray):
-            return np.zeros(self.bs, dtype=np.int64)
-        return np.asarray(array, dtype=np.int64).reshape(-1)
-
-    @property
-    def bs(self) -> int:
-        """Batch size, padding rows included."""
-        return int(self.arrays["req_pool_indices"].shape[0])
-
-    @property
-    def max_reqs(self) -> int:
-        """Rows of `req_to_token`."""
-        return int(self.arrays["req_to_token"].shape[0])
-
-    @property
-    def max_seq_len(self) -> int:
-        """Columns of `req_to_token`."""
-        return int(self.arrays["req_to_token"].shape[1])
-
-    @property
-    def lut_len(self) -> int | None:
-        """Length of the SWA LUT, or None without one."""
-        lut = self.arrays.get("full_to_swa_index_mapping")
-        return None if lut is None else int(lut.shape[0])
-
-
-@dataclass(eq=False, kw_only=True)
-class KvDump(_DumpFacts):
-    """One forward step of one rank, as planners and analysis need it.
-
-    Per-batch vectors are int64 `[bs]`; `req_to_token` and the expected-token pool keep their
-    stored dtype and are memory-mapped (copy-on-write: the input file is never modified).
-    """
-
-    path: Path
-    file_size: int
-    tensors: dict[str, TensorInfo]
-    metadata: dict[str, str]
-    scalars: dict[str, Scalar]
-    groups: tuple[Group, ...]
-    notes: list[str]
-    dtype_notes: list[DtypeNote]
-    req_to_token: Stored
-    req_pool_indices: np.ndarray
-    prefix_lens: np.ndarray
-    extend_seq_lens: np.ndarray
-    full_to_swa_index_mapping: Stored | None = None
-    req_to_verify_expected_tokens: Stored | None = None
-    req_to_verify_expected_tokens_valid_lens: np.ndarray | None = None
-    out_cache_loc: np.ndarray | None = None
-    input_ids: np.ndarray | None = None
-    positions: np.ndarray | None = None
-    free_full_slots: np.ndarray | None = None
-    free_swa_slots: np.ndarray | None = None
-    violation_ring: np.ndarray | None = None
-    violation_write_index: int | None = None
-    #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
-    rejected_scalars: list[RejectedScalar] = field(default_factory=list)
-    canary_buffers: dict[str, Stored] = field(default_factory=dict)
-    #: `real_kv.<group>.<k|v>` sources (uint8, memory-mapped), by tensor name.
-    real_kv_sources: dict[str, Stored] = field(default_factory=dict)
-    #: a shrunk dump's record (format 1.1): its source and what was dropped; None otherwise.
-    shrink: ShrinkRecord | None = None
-    #: in a shrunk dump, per slot space (`full`, `swa`), the slots whose free-list membership
-    #: it records (sorted); a space not listed records every slot's.
-    free_domain: dict[str, np.ndarray] = field(default_factory=dict)
-    #: The tables memory-mapped from the file, by tensor name (the same memory as their
-    #: tensors): a whole-table scan hands their pages back as it goes (`find_cells`). Loaded
-    #: tables are read-only by contract: nothing in kvcanary writes to them.
-    mapped: dict[str, np.memmap] = field(default_factory=dict)
 
     @property
     def shrunk(self) -> bool:
@@ -288,6 +235,18 @@ class KvDump(_DumpFacts):
         """Length of `write_seed_slot_indices` (default: bs)."""
         value = self.scalar("write_req_capacity")
         return self.bs if value is None else value
+
+    @cached_property
+    def free_domain(self) -> dict[str, np.ndarray]:
+        """In a shrunk dump, per slot space (`full`, `swa`), the slots whose free-list
+        membership it records (sorted); a space not listed records every slot's. Worked out
+        on first use: `inspect` never asks."""
+        return _free_domain(
+            self.req_to_token,
+            self.full_to_swa_index_mapping,
+            self.violation_ring,
+            self.violation_write_index,
+        )
 
 
 def _truncated(entry: HeaderEntry) -> CorruptDumpError:
@@ -347,22 +306,9 @@ def load_dump(
 
     `overrides` are command-line values for scalar keys (and `groups`); they win over the
     metadata and over scalar tensors, and their source is recorded as "command line". Every
-    `DumpError` raised names the file.
+    `DumpError` raised names the file. Cheap enough for `inspect`: big tables stay mapped
+    and nothing is derived from their contents until asked.
     """
-    contents = read_dump(path, overrides=overrides)
-    try:
-        return _as_kvdump(contents)
-    except DumpError as exc:
-        if exc.path is None:
-            exc.path = str(path)
-        raise
-
-
-def read_dump(
-    path: str | os.PathLike[str], *, overrides: Mapping[str, int | str | None] | None = None
-) -> DumpContents:
-    """Open and check a dump as `load_dump` does, without building a `KvDump`: what
-    `inspect` needs."""
     try:
         header = read_header(path)
         try:
@@ -389,7 +335,7 @@ def read_dump(
 
 def _read_contents(
     header: SafetensorsHeader, handle: BufferedReader, overrides: dict[str, int | str | None]
-) -> DumpContents:
+) -> KvDump:
     # First: a newer format may legitimately break every other rule below.
     version = header.metadata.get("kvcanary.format")
     if version is not None and version.strip() not in (FORMAT_VERSION, SHRUNK_FORMAT_VERSION):
@@ -404,7 +350,7 @@ def _read_contents(
     shrink = _shrink_record(header) if shrunk else None
     notes: list[str] = []
     dtype_notes: list[DtypeNote] = []
-    arrays: dict[str, np.ndarray | SparseArray] = {}
+    arrays: dict[str, np.ndarray | SparseTensor] = {}
     infos: dict[str, TensorInfo] = {}
     scalar_tensors: dict[str, int] = {}
     for name, entry in header.entries.items():
@@ -460,85 +406,50 @@ def _read_contents(
     lut_len = None if lut is None else int(lut.shape[0])
     for name, (value, source) in derive_scalar_defaults(values, lut_len).items():
         scalars[name] = Scalar(name=name, value=value, source=source)
-    table = arrays["req_to_token"]
-    if isinstance(table, SparseArray):
 
-        def vector(name: str) -> np.ndarray:
-            array = arrays.get(name)
-            if array is None or isinstance(array, SparseArray):
-                return np.zeros(int(arrays["req_pool_indices"].shape[0]), dtype=np.int64)
-            return np.asarray(array, dtype=np.int64).reshape(-1)
+    def small(name: str) -> np.ndarray | None:
+        array = arrays.get(name)
+        if isinstance(array, SparseTensor):
+            raise AssertionError(f"{name} cannot be sparse")  # _sparse_tensors refuses it
+        return None if array is None else np.asarray(array, dtype=np.int64)
 
-        _check_live_ranges_kept(
-            table, vector("req_pool_indices"), vector("prefix_lens"), vector("extend_seq_lens")
-        )
+    def big(name: str) -> StoredTensor | None:
+        array = arrays.get(name)
+        if array is None or isinstance(array, SparseTensor):
+            return array
+        return DenseTensor(array, mapping=array if isinstance(array, np.memmap) else None)
+
+    rpi, prefix = _require(small("req_pool_indices")), _require(small("prefix_lens"))
+    extend = small("extend_seq_lens")
+    extend = np.zeros(rpi.shape[0], dtype=np.int64) if extend is None else extend
+    table = big("req_to_token")
+    assert table is not None  # check_batch raised MissingTensorError otherwise
+    _check_live_ranges_kept(table, rpi, prefix, extend)
     groups_override = overrides.get("groups")
     groups = resolve_groups(
         header.metadata.get("groups") if groups_override is None else str(groups_override),
         has_lut=lut is not None,
         option=None if groups_override is None else "--group",
     )
-    return DumpContents(
+    ring_index = arrays.get("violation_write_index")
+    has_pool = "req_to_verify_expected_tokens" in arrays
+    return KvDump(
         path=header.path,
         file_size=header.file_size,
         tensors=infos,
         metadata=dict(header.metadata),
         scalars=scalars,
-        rejected_scalars=rejected,
         groups=groups,
         notes=notes,
         dtype_notes=dtype_notes,
-        arrays=arrays,
-        shrink=shrink,
-    )
-
-
-def _as_kvdump(contents: DumpContents) -> KvDump:
-    """The analysis view of checked contents (tables stay memory-mapped or sparse)."""
-
-    arrays = contents.arrays
-    lut = arrays.get("full_to_swa_index_mapping")
-
-    def small(name: str) -> np.ndarray | None:
-        array = arrays.get(name)
-        if isinstance(array, SparseArray):
-            raise AssertionError(f"{name} cannot be sparse")  # _sparse_tensors refuses it
-        return None if array is None else np.asarray(array, dtype=np.int64)
-
-    def big(name: str) -> Stored | None:
-        array = arrays.get(name)
-        if array is None or isinstance(array, SparseArray):
-            return array
-        return array
-
-    bs = int(arrays["req_pool_indices"].shape[0])
-    extend = small("extend_seq_lens")
-    table = big("req_to_token")
-    assert table is not None  # check_batch raised MissingTensorError otherwise
-    ring_index = arrays.get("violation_write_index")
-    canary = {n: big(n) for n in arrays if n.startswith("canary.")}
-    real_kv = {n: big(n) for n in arrays if n.startswith("real_kv.")}
-    return KvDump(
-        path=contents.path,
-        file_size=contents.file_size,
-        tensors=contents.tensors,
-        metadata=contents.metadata,
-        scalars=contents.scalars,
-        groups=contents.groups,
-        notes=contents.notes,
-        dtype_notes=contents.dtype_notes,
         req_to_token=table,
-        req_pool_indices=_require(small("req_pool_indices")),
-        prefix_lens=_require(small("prefix_lens")),
-        extend_seq_lens=extend if extend is not None else np.zeros(bs, dtype=np.int64),
-        full_to_swa_index_mapping=(
-            lut if isinstance(lut, SparseArray) else small("full_to_swa_index_mapping")
-        ),
+        req_pool_indices=rpi,
+        prefix_lens=prefix,
+        extend_seq_lens=extend,
+        full_to_swa_index_mapping=_lut_tensor(lut),
         req_to_verify_expected_tokens=big("req_to_verify_expected_tokens"),
         req_to_verify_expected_tokens_valid_lens=(
-            small("req_to_verify_expected_tokens_valid_lens")
-            if "req_to_verify_expected_tokens" in arrays
-            else None
+            small("req_to_verify_expected_tokens_valid_lens") if has_pool else None
         ),
         out_cache_loc=small("out_cache_loc"),
         input_ids=small("input_ids"),
@@ -549,42 +460,46 @@ def _as_kvdump(contents: DumpContents) -> KvDump:
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
         ),
-        rejected_scalars=contents.rejected_scalars,
-        canary_buffers={n: b for n, b in canary.items() if b is not None},
-        real_kv_sources={n: b for n, b in real_kv.items() if b is not None},
-        shrink=contents.shrink,
-        free_domain=_free_domain(table, lut, arrays.get("violation_ring"), ring_index),
+        rejected_scalars=rejected,
+        canary_buffers={n: _require_tensor(big(n)) for n in arrays if n.startswith("canary.")},
+        real_kv_sources={n: _require_tensor(big(n)) for n in arrays if n.startswith("real_kv.")},
+        shrink=shrink,
         mapped={n: a for n, a in arrays.items() if isinstance(a, np.memmap)},
     )
 
 
+def _lut_tensor(lut: np.ndarray | SparseTensor | None) -> StoredTensor | None:
+    """The LUT as stored when sparse; a dense one is read whole (never mapped) and held as
+    int64, like the per-batch vectors."""
+    if lut is None or isinstance(lut, SparseTensor):
+        return lut
+    return DenseTensor(np.asarray(lut, dtype=np.int64))
+
+
 def _free_domain(
-    table: Stored,
-    lut: np.ndarray | SparseArray | None,
-    ring: np.ndarray | SparseArray | None,
-    ring_index: np.ndarray | SparseArray | None,
+    table: StoredTensor,
+    lut: StoredTensor | None,
+    ring: np.ndarray | None,
+    ring_index: int | None,
 ) -> dict[str, np.ndarray]:
     """The slots a shrunk dump's free lists speak for: those its kept cells (full) and kept
     LUT entries (SWA) hold, and those its violation ring names (`kvcanary shrink` keeps the
     free-list entries of exactly these, and nothing else asks)."""
-    if not isinstance(ring, np.ndarray | None) or not isinstance(ring_index, np.ndarray | None):
-        return {}  # never sparse
-    index = None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
-    ring_full, ring_swa = ring_slots(ring, index)
+    ring_full, ring_swa = ring_slots(ring, ring_index)
     domain = {}
-    if isinstance(table, SparseArray):
+    if isinstance(table, SparseTensor):
         domain["full"] = np.union1d(np.unique(np.asarray(table.values, np.int64)), ring_full)
-    if isinstance(lut, SparseArray):
+    if isinstance(lut, SparseTensor):
         domain["swa"] = np.union1d(np.unique(np.asarray(lut.values, np.int64)), ring_swa)
     return domain
 
 
 def _check_live_ranges_kept(
-    table: SparseArray, rp: np.ndarray, prefix: np.ndarray, extend: np.ndarray
+    table: StoredTensor, rp: np.ndarray, prefix: np.ndarray, extend: np.ndarray
 ) -> None:
     """A shrunk dump keeps every batch row's live cells (`kvcanary shrink` does): then the
     analysis, whose work follows the live ranges, is bounded by what the file stores and not
-    by the original shape it claims."""
+    by the original shape it claims. (A dense table keeps every cell: it always passes.)"""
     rows, width = int(table.shape[0]), int(table.shape[1])
     row = np.where(rp < 0, rp + rows, rp)  # where Python indexing (the reference) reads
     live = np.minimum(prefix.clip(0, width) + extend.clip(0, width), width)
@@ -607,16 +522,21 @@ def _require(tensor: np.ndarray | None) -> np.ndarray:
     return tensor
 
 
+def _require_tensor(tensor: StoredTensor | None) -> StoredTensor:
+    assert tensor is not None  # named from the loaded arrays
+    return tensor
+
+
 #: suffixes of the two tensors that complete a sparse tensor `NAME` (docs/dump-format.md).
 _RUNS, _SHAPE = ".runs", ".shape"
 
 
 def _sparse_tensors(
     header: SafetensorsHeader, handle: BufferedReader
-) -> tuple[dict[str, SparseArray], dict[str, str]]:
+) -> tuple[dict[str, SparseTensor], dict[str, str]]:
     """The sparse tensors of a shrunk dump (`NAME` + `NAME.runs` + `NAME.shape`), checked,
     and the roles of their companion tensors."""
-    sparse: dict[str, SparseArray] = {}
+    sparse: dict[str, SparseTensor] = {}
     companions: dict[str, str] = {}
     for runs_name in header.entries:
         if not runs_name.endswith(_RUNS):
@@ -646,7 +566,7 @@ def _sparse_tensors(
             )
         spec = spec_for(name)
         assert spec is not None
-        sparse[name] = sparse_array(
+        sparse[name] = sparse_tensor(
             name,
             _read_array(handle, values),
             _read_array(handle, header.entries[runs_name]),

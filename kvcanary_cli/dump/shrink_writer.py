@@ -33,7 +33,8 @@ from kvcanary_cli.dump.schema import (
     spec_for,
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
-from kvcanary_cli.dump.sparse import SparseArray, flat_runs
+from kvcanary_cli.dump.sparse import flat_runs
+from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor
 from kvcanary_cli.safe_text import printable
 
 __all__ = ["FREE_LISTS", "Keep", "ShrinkResult", "file_sha256", "write_shrunk"]
@@ -100,32 +101,32 @@ def _mapped(path: Path, entry: HeaderEntry) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
 
 
-def _stored(dump: KvDump, name: str) -> SparseArray | None:
-    """The dump's sparse tensor `name` (None when it is stored dense)."""
-    fields: dict[str, object] = {
+def _stored(dump: KvDump, name: str) -> StoredTensor | None:
+    """The dump's tensor `name` when the dump stores it sparse (None when dense: the writer
+    then reads the file's own bytes, in their stored dtype)."""
+    info = dump.tensors.get(name)
+    if info is None or info.kept is None:
+        return None
+    tensors: dict[str, StoredTensor | None] = {
         "req_to_token": dump.req_to_token,
         "full_to_swa_index_mapping": dump.full_to_swa_index_mapping,
         "req_to_verify_expected_tokens": dump.req_to_verify_expected_tokens,
         **dump.canary_buffers,
         **dump.real_kv_sources,
     }
-    value = fields.get(name)
-    return value if isinstance(value, SparseArray) else None
+    return tensors.get(name)
 
 
 def _sparse_parts(
-    name: str, source: SparseArray | np.ndarray, wanted: np.ndarray
+    name: str, source: StoredTensor, wanted: np.ndarray
 ) -> tuple[dict[str, np.ndarray], TensorCut]:
     """The three tensors of sparse `name` keeping `wanted`, and what that cut."""
-    shape = source.shape if isinstance(source, SparseArray) else tuple(source.shape)
+    shape = source.shape
     total = int(np.prod(shape, dtype=object)) if shape else 1
     flat = np.unique(np.asarray(wanted, dtype=np.int64))
     flat = flat[(flat >= 0) & (flat < total)]
-    if isinstance(source, SparseArray):
-        flat = flat[source.take(flat)[1]]  # what was not kept is not known: it stays dropped
-        values = source.take_raw(flat)
-    else:
-        values = np.asarray(source.reshape(-1)[flat])
+    flat = flat[source.known(flat)]  # what was not kept is not known: it stays dropped
+    values = source.take_raw(flat)
     itemsize = np.dtype(values.dtype).itemsize
     cut = TensorCut(
         name=name,
@@ -171,7 +172,7 @@ def write_shrunk(
             source = _stored(dump, name)
             parts, cut = _sparse_parts(
                 name,
-                source if source is not None else _mapped(header.path, entry),
+                source if source is not None else DenseTensor(_mapped(header.path, entry)),
                 keep.elements.get(name, np.zeros(0, dtype=np.int64)),
             )
             tensors.update(parts)

@@ -1,54 +1,35 @@
-"""Sparse tensors of a shrunk dump (format 1.1): only some elements of a tensor are stored.
+"""`SparseTensor`: a tensor of a shrunk dump (format 1.1), of which only some elements are
+stored.
 
 `kvcanary shrink` keeps what the analysis of a dump reads and drops the rest. A sparse tensor
 keeps its original shape, so pool rows, positions, slots and lengths keep their original
 values; its kept elements are stored as runs of consecutive flat (row-major) indices. An
-element that was not kept is unknown: it reads as 0, and `take_known` says which were kept.
+element that was not kept is unknown: it reads as 0, and the reads that say so say so.
 
-The helpers here take a dense tensor (format 1: every element known) or a `SparseArray`
-alike, so analysis code has one path for both, and the dense path is what it always was.
-Nothing here allocates by the original shape: work and memory follow the stored elements.
+It answers every read of `dump.tensor.StoredTensor` (the one type other layers see), so
+analysis has one path for dense and shrunk dumps. Nothing here allocates by the original
+shape: work and memory follow the stored elements. Only `dump/` imports this module.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeAlias, TypeVar
+from collections.abc import Generator, Iterator, Sequence
+from typing import overload
 
 import numpy as np
 
 from kvcanary_cli.dump.schema import LaunchTag
+from kvcanary_cli.dump.tensor import CellHits, Match, StoredTensor
 from kvcanary_cli.errors import TensorShapeError
 
-__all__ = [
-    "MAX_ELEMENTS",
-    "SparseArray",
-    "Stored",
-    "dense",
-    "element",
-    "find_cells",
-    "flat_runs",
-    "is_sparse",
-    "ring_slots",
-    "row_cells",
-    "sparse_array",
-    "take",
-    "take_known",
-    "take_raw",
-    "where_equal",
-]
-
-_T = TypeVar("_T")
+__all__ = ["MAX_ELEMENTS", "SparseTensor", "flat_runs", "ring_slots", "sparse_tensor"]
 
 #: No tensor of a real dump has more elements (the header reader bounds bytes the same way).
 MAX_ELEMENTS = 1 << 50
 
 
-class SparseArray:
+class SparseTensor(StoredTensor):
     """The kept elements of a tensor of `shape`, as runs of flat indices.
 
     `starts` and `lengths` (int64) describe disjoint runs in increasing order; `values` holds
@@ -59,29 +40,25 @@ class SparseArray:
         self, shape: tuple[int, ...], starts: np.ndarray, lengths: np.ndarray, values: np.ndarray
     ) -> None:
         self.shape = shape
+        self.dtype = values.dtype
         self.starts = starts
         self.lengths = lengths
         self.values = values
         self.offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
 
     @property
-    def ndim(self) -> int:
-        """Dimensions of the original tensor."""
-        return len(self.shape)
-
-    def numel(self) -> int:
-        """Elements of the original tensor (kept or not), like `torch.Tensor.numel`."""
-        return math.prod(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Elements of the original tensor, like `numpy.ndarray.size`."""
-        return self.numel()
-
-    @property
     def kept(self) -> int:
         """Elements stored."""
         return int(self.values.shape[0])
+
+    def array(self) -> np.ndarray:
+        """The stored elements in the original shape, when they are all of them."""
+        if not self.complete:
+            raise TypeError(
+                f"this tensor keeps {self.kept} of {self.size} elements (a shrunk dump): "
+                "read it with take()"
+            )
+        return np.asarray(self.values).reshape(self.shape)
 
     def _locate(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index into `values`, kept) of each flat index; any int64 index is accepted."""
@@ -104,7 +81,11 @@ class SparseArray:
         inside = np.clip(flat - self.starts[safe], 0, self.lengths[safe])
         return np.where(run >= 0, self.offsets[safe] + inside, 0)
 
-    def take(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def take(self, flat: np.ndarray) -> np.ndarray:
+        """int64 values at `flat` (0 where not kept)."""
+        return self.take_known(flat)[0]
+
+    def take_known(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """int64 values at `flat` (0 where not kept) and whether each was kept."""
         at, known = self._locate(flat)
         values = np.zeros(at.shape, dtype=np.int64)
@@ -119,9 +100,13 @@ class SparseArray:
             raise ValueError("take_raw needs kept indices")
         return np.asarray(self.values[at])
 
-    def flat_indices(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    def known(self, flat: np.ndarray) -> np.ndarray:
+        """Which of `flat` were kept."""
+        return self._locate(flat)[1]
+
+    def known_indices(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Every kept flat index in `[lo, hi)`, in order (int64)."""
-        hi = self.numel() if hi is None else hi
+        hi = self.size if hi is None else hi
         first = max(int(np.searchsorted(self.starts, lo, side="right")) - 1, 0)
         last = int(np.searchsorted(self.starts, hi, side="left"))
         starts, lengths = self.starts[first:last], self.lengths[first:last]
@@ -132,160 +117,110 @@ class SparseArray:
         flat = base + np.arange(total, dtype=np.int64)
         return flat[(flat >= lo) & (flat < hi)]
 
+    def _kept_in(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(range, flat index, index into `values`) of every kept element of each flat range
+        `[lo[i], hi[i])`, range by range, in order: one pass over the runs each range meets,
+        so the work follows the kept elements found (and one step per range)."""
+        first = np.clip(np.searchsorted(self.starts, lo, side="right") - 1, 0, None)
+        last = np.searchsorted(self.starts, hi, side="left")
+        count = np.maximum(last - first, 0)
+        pairs = int(count.sum())
+        if pairs == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        which = np.repeat(np.arange(lo.size, dtype=np.int64), count)
+        run = np.arange(pairs, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        run += np.repeat(first, count)
+        start = self.starts[run]
+        a = np.maximum(start, lo[which])
+        b = np.minimum(start + self.lengths[run], hi[which])
+        length = np.maximum(b - a, 0)
+        total = int(length.sum())
+        step = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
+        flat = np.repeat(a, length) + step
+        at = np.repeat(self.offsets[run] + (a - start), length) + step
+        return np.repeat(which, length), flat, at
 
-#: A tensor of a dump as analysis sees it: dense (memory-mapped or read) or sparse (shrunk dumps).
-Stored: TypeAlias = np.ndarray | SparseArray
+    def rows(self, rows: np.ndarray, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' kept cells in place, the others 0."""
+        index = np.asarray(rows, dtype=np.int64).reshape(-1)
+        self._check_rows(index)
+        cols, width = int(self.shape[1]), self._width(width)
+        out = np.zeros((index.size, width), dtype=self.dtype)
+        lo = index * cols
+        which, flat, at = self._kept_in(lo, lo + width)
+        out[which, flat - lo[which]] = self.values[at]
+        return out, np.bincount(which, minlength=index.size) == width
 
+    def row_cells(
+        self, row: int, lo: int, hi: int, *, chunk_cells: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The kept cells of the range, in pieces."""
+        self._check_rows(np.array([row], dtype=np.int64))
+        cols = int(self.shape[1])
+        lo, hi = max(lo, 0), min(hi, cols)
+        flat = self.known_indices(row * cols + lo, row * cols + max(hi, lo))
+        step = max(chunk_cells, 1)
+        for a in range(0, flat.size, step):
+            part = flat[a : a + step]
+            yield part - row * cols, self.take(part)
 
-def is_sparse(array: object) -> bool:
-    """True for the kept part of a tensor of a shrunk dump."""
-    return isinstance(array, SparseArray)
-
-
-def take(array: Stored, flat: np.ndarray) -> np.ndarray:
-    """int64 values at flat indices inside the array; elements not kept read as 0."""
-    if isinstance(array, SparseArray):
-        return array.take(flat)[0]
-    return np.asarray(array.reshape(-1)[flat], dtype=np.int64)
-
-
-def take_known(array: Stored | np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int64 values at flat indices inside the array, and which of them are known (all, for a
-    dense array)."""
-    if isinstance(array, SparseArray):
-        return array.take(flat)
-    values = np.asarray(array.reshape(-1)[np.asarray(flat, dtype=np.int64)], dtype=np.int64)
-    return values, np.ones(values.shape, dtype=bool)
-
-
-def take_raw(array: Stored, flat: np.ndarray) -> np.ndarray:
-    """Values at known flat indices in the stored dtype (what a writer copies)."""
-    if isinstance(array, SparseArray):
-        return array.take_raw(flat)
-    return np.asarray(array.reshape(-1)[np.asarray(flat, dtype=np.int64)])
-
-
-def dense(array: Stored) -> np.ndarray:
-    """A dense tensor, for code that only runs on format-1 dumps (tests, benchmarks)."""
-    if isinstance(array, SparseArray):
-        raise TypeError("this tensor is sparse (a shrunk dump): read it with take()")
-    return array
-
-
-def element(array: Stored, index: int) -> int:
-    """One element of a 1-D array (negative: from the end); 0 when not kept."""
-    length = int(array.shape[0])
-    at = index + length if index < 0 else index
-    if not isinstance(array, SparseArray):
-        return int(array[at])
-    values, _ = array.take(np.array([at], dtype=np.int64))
-    return int(values[0])
-
-
-def find_cells(
-    table: Stored,
-    match: Callable[[np.ndarray], np.ndarray],
-    *,
-    chunk_cells: int,
-    mapped: np.memmap | None = None,
-    threads: int = 1,
-) -> Generator[tuple[np.ndarray, np.ndarray, np.ndarray], None, None]:
-    """(rows, cols, values) of the cells of a 2-D table whose int64 value `match` accepts.
-
-    `match` takes integer values (any shape and integer dtype) and returns a mask of that
-    shape; the values yielded are int64. A dense table is scanned in chunks of about
-    `chunk_cells` cells, in order, by up to `threads` threads (numpy lets go of the GIL while
-    it compares, so two cores scan about twice as fast; `match` must be thread-safe); a sparse
-    one visits its kept cells only. `mapped`, the file mapping behind a dense `table`, lets
-    the scan hand each chunk's pages back once read, so a scan of a 2 GB table does not keep
-    2 GB resident.
-    """
-    cols = max(int(table.shape[1]), 1)
-    if isinstance(table, SparseArray):
-        flat = table.flat_indices()
-        for a in range(0, flat.size, chunk_cells):
+    def find_cells(
+        self, match: Match, *, chunk_cells: int, threads: int = 1
+    ) -> Generator[CellHits, None, None]:
+        """The kept cells only, `chunk_cells` at a time (one thread: the work is small)."""
+        cols = max(int(self.shape[1]), 1)
+        flat = self.known_indices()
+        for a in range(0, flat.size, max(chunk_cells, 1)):
             part = flat[a : a + chunk_cells]
-            values = np.asarray(table.values[a : a + part.size], dtype=np.int64)
+            values = np.asarray(self.values[a : a + part.size], dtype=np.int64)
             hit = np.flatnonzero(match(values))
             if hit.size:
                 yield part[hit] // cols, part[hit] % cols, values[hit]
-        return
-    # several threads share the chunk size: what is in flight stays about one chunk's worth
-    step = max(1, chunk_cells // max(threads, 1) // cols)
-    table_rows = int(table.shape[0]) if table.size else 0  # no bytes, nothing to scan
 
-    def scan(r0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        chunk = table[r0 : r0 + step]
-        # flat, not 2-D: np.nonzero of a 2-D mask costs ~40x more than flatnonzero of it
-        hits = np.flatnonzero(match(chunk))
-        found = (hits // cols + r0, hits % cols, chunk.reshape(-1)[hits].astype(np.int64))
-        if mapped is not None:
-            release_pages(mapped, r0 * cols, min(r0 + step, table_rows) * cols)
-        return found
-
-    for found in _in_order(scan, range(0, table_rows, step), threads):
-        if found[0].size:
-            yield found
-
-
-def _in_order(work: Callable[[int], _T], items: Iterable[int], threads: int) -> Iterator[_T]:
-    """`work(item)` for each item, on up to `threads` threads, yielded in item order. While
-    the caller handles one result, each thread works on (or holds) one more: never more than
-    `threads + 1` results exist at once, so memory stays that of a few chunks."""
-    if threads <= 1:
-        yield from map(work, items)
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="kvcanary-scan") as pool:
-        pending: deque[Future[_T]] = deque()
-        try:
-            for item in items:
-                pending.append(pool.submit(work, item))
-                if len(pending) > threads:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:  # the caller stopped early, or a chunk raised: drop what has not started
-            for future in pending:
-                future.cancel()
-
-
-def release_pages(mapped: np.memmap, start: int, stop: int) -> None:
-    """Drop from this process the whole pages of elements `[start, stop)` of a read-only
-    file mapping: they leave its resident set, and a later read maps them again from the
-    file (the page cache). Only for a copy-on-write or read-only mapping never written to,
-    where dropping a page loses nothing; anything else is left alone."""
-    region = getattr(mapped, "_mmap", None)
-    if region is None or mapped.mode not in ("c", "r") or not hasattr(region, "madvise"):
-        return
-    page = mmap.PAGESIZE
-    base = int(mapped.offset) % mmap.ALLOCATIONGRANULARITY  # where the array starts in `region`
-    first = base + start * mapped.itemsize
-    last = base + stop * mapped.itemsize
-    first, last = -(-first // page) * page, (last // page) * page  # whole pages only
-    if last > first:
-        region.madvise(mmap.MADV_DONTNEED, first, last - first)
-
-
-def where_equal(vector: Stored, wanted: np.ndarray, *, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices `i < stop` (in order) whose element is one of `wanted`, and those elements."""
-    wanted = np.asarray(wanted, dtype=np.int64)
-    if isinstance(vector, SparseArray):
-        index = vector.flat_indices(0, stop)
-        values = np.asarray(vector.values[: index.size], dtype=np.int64)
+    def where_equal(self, wanted: np.ndarray, *, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Among the kept elements below `stop`."""
+        wanted = np.asarray(wanted, dtype=np.int64)
+        index = self.known_indices(0, stop)
+        values = np.asarray(self.values[: index.size], dtype=np.int64)
         hit = np.isin(values, wanted)
         return index[hit], values[hit]
-    body = vector[:stop]
-    # one value (the usual question: which full slots map to this SWA slot) is one compare
-    hits = np.flatnonzero(body == int(wanted[0]) if wanted.size == 1 else np.isin(body, wanted))
-    return hits.astype(np.int64), body[hits].astype(np.int64)
+
+    def sequence(self) -> Sequence[int]:
+        """The kept elements behind list-like reads."""
+        index = self.known_indices()
+        return _KeptSequence(index, self.take(index), int(self.shape[0]))
+
+    def row_sequence(self, row: int) -> Sequence[int]:
+        """The row's kept cells behind list-like reads."""
+        self._check_rows(np.array([row], dtype=np.int64))
+        cols = int(self.shape[1])
+        flat = self.known_indices(row * cols, (row + 1) * cols)
+        return _KeptSequence(flat - row * cols, self.take(flat), cols)
 
 
-def row_cells(table: SparseArray, row: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, int64 values) of the kept cells of `row` in positions `[lo, hi)`."""
-    cols = int(table.shape[1])
-    flat = table.flat_indices(row * cols + lo, row * cols + hi)
-    values, _ = table.take(flat)
-    return flat - row * cols, values
+class _KeptSequence(Sequence[int]):
+    """List-like reads of part of a sparse tensor: the kept elements, 0 for the others; a
+    negative index counts from the end, as a list's does."""
+
+    def __init__(self, index: np.ndarray, values: np.ndarray, length: int) -> None:
+        self._values: dict[int, int] = dict(zip(index.tolist(), values.tolist(), strict=True))
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[int]: ...
+    def __getitem__(self, i: int | slice) -> int | Sequence[int]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._length))]
+        at = i + self._length if i < 0 else i
+        if not 0 <= at < self._length:
+            raise IndexError("index out of range")
+        return self._values.get(at, 0)
 
 
 def flat_runs(flat: np.ndarray) -> np.ndarray:
@@ -312,9 +247,9 @@ def ring_slots(ring: np.ndarray | None, write_index: int | None) -> tuple[np.nda
     return np.unique(slot[full]), np.unique(slot[swa])
 
 
-def sparse_array(
+def sparse_tensor(
     name: str, values: np.ndarray, runs: np.ndarray, shape: np.ndarray, ranks: tuple[int, ...]
-) -> SparseArray:
+) -> SparseTensor:
     """Check the three stored parts of sparse tensor `name` and join them; `TensorShapeError`
     naming the part at fault. Every check is bounded by what the file stores."""
     if values.ndim != 1:
@@ -364,4 +299,4 @@ def sparse_array(
             f"the runs cover {kept} elements but {int(values.shape[0])} are stored",
             field=f"{name}.runs",
         )
-    return SparseArray(dims, starts, lengths, values)
+    return SparseTensor(dims, starts, lengths, values)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from kvcanary_cli.dump.schema import SCALARS, TENSORS, Group, required_tensors
-from kvcanary_cli.dump.sparse import SparseArray
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.errors import (
     MetadataError,
     MissingTensorError,
@@ -25,7 +25,7 @@ __all__ = ["check_batch", "derive_scalar_defaults", "resolve_groups"]
 
 
 def check_batch(
-    arrays: Mapping[str, np.ndarray | SparseArray],
+    arrays: Mapping[str, np.ndarray | StoredTensor],
     scalars: Mapping[str, int | None],
     *,
     rejected: Mapping[str, str] | None = None,
@@ -101,7 +101,7 @@ def check_batch(
     return notes
 
 
-def _check_write_tensors(arrays: Mapping[str, np.ndarray | SparseArray]) -> None:
+def _check_write_tensors(arrays: Mapping[str, np.ndarray | StoredTensor]) -> None:
     if "out_cache_loc" not in arrays:
         for name in ("input_ids", "positions"):
             if name in arrays:

@@ -16,7 +16,7 @@ import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.sparse import Stored
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.errors import OptionError
 
 __all__ = [
@@ -84,7 +84,7 @@ class GroupFrame:
     #: W: 0 for the full group, `swa_window_size` (>= 0) for swa.
     window: int
     #: the SWA LUT for the swa group (sparse in a shrunk dump), None for full.
-    lut: Stored | None
+    lut: StoredTensor | None
     bs: int
     #: pool row per batch row (0 = padding).
     pool_rows: np.ndarray

@@ -9,12 +9,10 @@ against it. Like SGLang's torch reference (REF) it reads `req_to_token` with Pyt
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import overload
 
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import SparseArray, Stored, row_cells
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.base import (
     Plan,
@@ -55,42 +53,6 @@ class _Collector:
         return ProblemTable.from_rows(self.items)
 
 
-class _Kept(Sequence[int]):
-    """List-like reads of part of a sparse tensor: the kept elements, 0 for the others."""
-
-    def __init__(self, index: np.ndarray, values: np.ndarray, length: int) -> None:
-        self._values: dict[int, int] = dict(zip(index.tolist(), values.tolist(), strict=True))
-        self._length = length
-
-    def __len__(self) -> int:
-        return self._length
-
-    @overload
-    def __getitem__(self, i: int) -> int: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[int]: ...
-    def __getitem__(self, i: int | slice) -> int | Sequence[int]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._length))]
-        return self._values.get(i, 0)
-
-
-def _values(vector: Stored) -> Sequence[int]:
-    """A 1-D tensor as a Python sequence (the LUT)."""
-    if not isinstance(vector, SparseArray):
-        return list(vector.tolist())
-    index = vector.flat_indices()
-    return _Kept(index, vector.take(index)[0], int(vector.shape[0]))
-
-
-def _row_values(table: Stored, row: int) -> Sequence[int]:
-    """One row of a 2-D table as a Python sequence."""
-    if not isinstance(table, SparseArray):
-        return list(table[row].tolist())
-    positions, values = row_cells(table, row, 0, int(table.shape[1]))
-    return _Kept(positions, values, int(table.shape[1]))
-
-
 def _python_row(index: int, rows: int) -> int | None:
     """The row Python indexing reaches for `index`, or None where it raises IndexError."""
     if 0 <= index < rows:
@@ -121,7 +83,7 @@ class ReferencePlanner:
             return skipped_plan(
                 frame, backend=self.name, semantics=self.semantics, problems=row_level
             )
-        lut = None if frame.lut is None else _values(frame.lut)
+        lut = None if frame.lut is None else frame.lut.sequence()
         lut_len = 0 if lut is None else len(lut)
         rpi = dump.req_pool_indices.tolist()
         prefix = dump.prefix_lens.tolist()
@@ -138,13 +100,13 @@ class ReferencePlanner:
 
         def table_row(row: int) -> Sequence[int]:
             if row not in row_cache:
-                row_cache[row] = _row_values(dump.req_to_token, row)
+                row_cache[row] = dump.req_to_token.row_sequence(row)
             return row_cache[row]
 
         def pool_row_values(row: int) -> Sequence[int]:
             assert pool is not None
             if row not in pool_cache:
-                pool_cache[row] = _row_values(pool, row)
+                pool_cache[row] = pool.row_sequence(row)
             return pool_cache[row]
 
         def translate(raw: int, role: ProblemRole, r: int, pos: int, k: int) -> int | None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import Stored, dense
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.errors import OptionError, PlanTooLargeError
 from kvcanary_cli.planners.base import (
     Plan,
@@ -179,21 +179,20 @@ def plan_arguments(
         )
     gpu = device.type == "cuda"
 
-    def tensor(stored: Stored) -> torch.Tensor:
-        array = dense(stored)
+    def tensor(array: np.ndarray) -> torch.Tensor:
         if not array.flags.writeable:  # torch.from_numpy warns on memory it may not write
             array = array.copy()
         return torch.from_numpy(np.ascontiguousarray(array))  # >= 1-d: kept as it is
 
-    def vector(stored: Stored | None) -> torch.Tensor | None:
-        if stored is None:
+    def vector(array: np.ndarray | None) -> torch.Tensor | None:
+        if array is None:
             return None
-        return tensor(stored).to(device=device, dtype=torch.int64).contiguous()
+        return tensor(array).to(device=device, dtype=torch.int64).contiguous()
 
-    def table(stored: Stored | None) -> torch.Tensor | None:
+    def table(stored: StoredTensor | None) -> torch.Tensor | None:
         if stored is None:
             return None
-        host = tensor(stored)
+        host = tensor(stored.array())  # whole: `plan` refuses a shrunk dump before this
         return host.to(device=device, dtype=torch.int32 if gpu else host.dtype).contiguous()
 
     pool = dump.req_to_verify_expected_tokens
@@ -205,7 +204,7 @@ def plan_arguments(
         "extend_seq_lens": vector(dump.extend_seq_lens),
         "req_to_token": table(dump.req_to_token),
         "swa_window_size": frame.window,
-        "full_to_swa_index_mapping": vector(frame.lut),
+        "full_to_swa_index_mapping": vector(None if frame.lut is None else frame.lut.array()),
         "verify_capacity": frame.verify_capacity,
         "req_to_verify_expected_tokens": table(pool),
         "req_to_verify_expected_tokens_valid_lens": (

@@ -10,7 +10,8 @@ the staged rows to match (slots past the LUT stay past it, so the GPU clamp stil
 Cells and entries the dump did not keep read 0, as everywhere else.
 
 Memory follows the rows the batch reads (bounded by `MAX_STAGED_CELLS`), never the original
-shape; format-1 dumps are not staged at all (the kernels read the mapped tables themselves).
+shape; a dump whose planned tensors are whole (format 1) is not staged at all (the kernels
+read the mapped tables themselves).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import SparseArray, Stored, row_cells, take
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.frame import GroupFrame
 
@@ -49,15 +50,14 @@ class StagedInputs:
 
 
 def needs_staging(dump: KvDump) -> bool:
-    """A dump the kernels cannot read directly: one of its planned tensors is sparse."""
-    return any(
-        isinstance(t, SparseArray)
-        for t in (
-            dump.req_to_token,
-            dump.full_to_swa_index_mapping,
-            dump.req_to_verify_expected_tokens,
-        )
+    """A dump the kernels cannot read directly: one of its planned tensors is not whole (a
+    shrunk dump that did not keep every element)."""
+    planned = (
+        dump.req_to_token,
+        dump.full_to_swa_index_mapping,
+        dump.req_to_verify_expected_tokens,
     )
+    return not all(t is None or t.complete for t in planned)
 
 
 def _rows_read(lo: np.ndarray, hi: np.ndarray, width: int, rows: int) -> np.ndarray:
@@ -104,25 +104,13 @@ def _pool_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
     )
 
 
-def _stage_rows(table: Stored, rows: np.ndarray) -> np.ndarray:
-    """Rows of a table, dense, in the given order (cells a shrunk dump did not keep are 0)."""
-    width = int(table.shape[1])
-    if not isinstance(table, SparseArray):
-        return np.ascontiguousarray(table[rows])
-    out = np.zeros((rows.size, width), dtype=table.values.dtype)
-    for i, row in enumerate(rows.tolist()):  # per staged row: a batch's worth at most
-        positions, values = row_cells(table, row, 0, width)
-        out[i, positions] = values
-    return out
-
-
-def _stage_lut(lut: Stored) -> tuple[np.ndarray, np.ndarray | None]:
-    """The LUT the kernels read, and (for a sparse LUT) the kept slots in order: staged entry
-    `1 + i` is slot `keys[i]`'s, entry 0 reads 0 for every slot not kept."""
-    if not isinstance(lut, SparseArray):
-        return np.ascontiguousarray(lut, dtype=_I64), None
-    keys = lut.flat_indices()
-    values, _ = lut.take(keys)
+def _stage_lut(lut: StoredTensor) -> tuple[np.ndarray, np.ndarray | None]:
+    """The LUT the kernels read, and (for a LUT not kept whole) the kept slots in order:
+    staged entry `1 + i` is slot `keys[i]`'s, entry 0 reads 0 for every slot not kept."""
+    if lut.complete:
+        return np.ascontiguousarray(lut.array(), dtype=_I64), None
+    keys = lut.known_indices()
+    values = lut.take(keys)
     tail = [] if keys.size and int(keys[-1]) == int(lut.shape[0]) - 1 else [0]
     staged = np.concatenate([np.zeros(1, dtype=np.int64), values, np.array(tail, np.int64)])
     return staged, keys
@@ -163,14 +151,14 @@ def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
     found = (rank < staged.size) & (staged[np.minimum(rank, max(staged.size - 1, 0))] == rp)
     # Rows not staged are not read: send them past every staged table, keep negatives.
     renumbered = np.where(found, rank, np.where(rp < 0, rp, staged.size + rp))
-    table = _stage_rows(dump.req_to_token, in_table)
+    table = dump.req_to_token.rows(in_table)[0]  # cells a shrunk dump did not keep read 0
     lut, lut_len = None, 0
     if frame.lut is not None:
         lut, keys = _stage_lut(frame.lut)
         lut_len = int(lut.shape[0])
         if keys is not None:
             _renumber_slots(table, keys, int(frame.lut.shape[0]), lut_len)
-    staged_pool = None if pool is None else _stage_rows(pool, in_pool)
+    staged_pool = None if pool is None else pool.rows(in_pool)[0]
     return StagedInputs(
         rpi=renumbered.astype(np.int64),
         table=table,
@@ -187,4 +175,4 @@ def seed_values(dump: KvDump, batch_rows: np.ndarray) -> np.ndarray:
     the staged copy holds renumbered slots."""
     rp = dump.req_pool_indices[batch_rows]
     flat = rp * dump.max_seq_len + dump.prefix_lens[batch_rows] - 1
-    return take(dump.req_to_token, flat)
+    return dump.req_to_token.take(flat)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import dense, take
 from kvcanary_cli.planners import host_parallel, triton_runtime
 from kvcanary_cli.planners.base import (
     ClampFlag,
@@ -244,24 +243,22 @@ class TritonPlanner:
                 pool_numel=staged.pool_numel,
                 staged=True,
             )
-        lut = None if frame.lut is None else dense(frame.lut)
-        pool = (
-            None
-            if dump.req_to_verify_expected_tokens is None
-            else dense(dump.req_to_verify_expected_tokens)
-        )
+        # whole tensors (not staged): the kernels read them in place, mapped or read
+        lut = None if frame.lut is None else frame.lut.array()
+        stored_pool = dump.req_to_verify_expected_tokens
+        whole_pool = None if stored_pool is None else stored_pool.array()
         return _Inputs(
             rpi=vec(dump.req_pool_indices),
             prefix=vec(dump.prefix_lens),
             extend=vec(dump.extend_seq_lens),
             valid=vec(dump.req_to_verify_expected_tokens_valid_lens),
-            table=table(dense(dump.req_to_token)),
+            table=table(dump.req_to_token.array()),
             table_numel=int(dump.req_to_token.size),
             lut=vec(lut),
             lut_len=0 if lut is None else int(lut.shape[0]),
-            pool=table(pool),
-            pool_stride=0 if pool is None else int(pool.shape[1]),
-            pool_numel=0 if pool is None else int(pool.size),
+            pool=table(whole_pool),
+            pool_stride=0 if whole_pool is None else int(whole_pool.shape[1]),
+            pool_numel=0 if whole_pool is None else int(whole_pool.size),
         )
 
     def _entries(
@@ -368,7 +365,7 @@ def _entry_lut_problems(
             continue
         cell = pos[hit] - shift
         # A clamp implies the read was inside the table, so these cells exist.
-        raw = take(dump.req_to_token, rpi[hit] * dump.max_seq_len + cell)
+        raw = dump.req_to_token.take(rpi[hit] * dump.max_seq_len + cell)
         tables.append(
             ProblemTable.build(
                 ProblemKind.LUT_OUT_OF_RANGE,

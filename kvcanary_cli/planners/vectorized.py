@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import Stored, take
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.base import (
     Plan,
     ProblemKind,
@@ -47,12 +47,12 @@ class _Reader:
         self.pool_rows, self.pool_cols = (0, 0) if pool is None else (pool.shape[0], pool.shape[1])
 
     @staticmethod
-    def _gather(source: Stored, flat: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    def _gather(source: StoredTensor, flat: np.ndarray, ok: np.ndarray) -> np.ndarray:
         if bool(ok.all()):  # the common case: one gather, no masks
-            return take(source, flat)
+            return source.take(flat)
         values = np.zeros(flat.shape, dtype=_I64)
         if bool(ok.any()):
-            values[ok] = take(source, flat[ok])
+            values[ok] = source.take(flat[ok])
         return values
 
     def _address(
@@ -80,7 +80,7 @@ class _Reader:
 class _Translator:
     """Slot translation through the SWA LUT (identity without one)."""
 
-    def __init__(self, lut: Stored | None, gpu: bool) -> None:
+    def __init__(self, lut: StoredTensor | None, gpu: bool) -> None:
         self.lut = lut
         self.gpu = gpu
 
@@ -92,7 +92,7 @@ class _Translator:
             return raw, ok, np.zeros_like(ok)
         lut_len = int(self.lut.shape[0])
         big = ok & (raw >= lut_len)
-        value = np.where(raw < 0, raw, take(self.lut, np.clip(raw, 0, lut_len - 1)))
+        value = np.where(raw < 0, raw, self.lut.take(np.clip(raw, 0, lut_len - 1)))
         defined = ok if self.gpu else ok & ~big
         return np.where(defined, value, 0), defined, big
 

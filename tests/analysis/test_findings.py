@@ -11,7 +11,6 @@ from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.model import Finding, FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.synth.scenarios import SCENARIOS
@@ -108,7 +107,7 @@ def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: ScenarioDump
             continue
         p = int(dump.prefix_lens[r])
         for pos in range(max(0, p - window - 1), p):
-            if int(dense(dump.req_to_token)[rp, pos]) >= lut_len:
+            if int(dump.req_to_token.array()[rp, pos]) >= lut_len:
                 expected.add((r, pos))
     assert {(f.batch_row, f.position) for f in hits} == expected
     swa = next(g for g in report.groups if g.group == "swa")

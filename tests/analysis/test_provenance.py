@@ -11,7 +11,6 @@ from kvcanary_cli import api
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.sparse import dense, take
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
@@ -58,7 +57,7 @@ def test_stale_copy_in_idle_row_is_labelled(tmp_path) -> None:  # type: ignore[n
 def test_aliased_slot_shows_both_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
     path = tmp_path / "alias.safetensors"
-    table = dense(dump.req_to_token).copy()
+    table = dump.req_to_token.array().copy()
     table[2, 2] = 8  # B's pending write reuses A's slot 8 (A holds it at position 3)
     save_dump(
         path,
@@ -105,7 +104,7 @@ def test_swa_space_lists_the_full_slots_mapping_to_it(tmp_path) -> None:  # type
 
 def test_row_map_marks_bad_cells(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = _tiny_shared(tmp_path)
-    table = dense(dump.req_to_token).copy()
+    table = dump.req_to_token.array().copy()
     table[1, 1] = 0
     path = save_dump(
         tmp_path / "hole.safetensors",
@@ -188,13 +187,13 @@ def _slots_to_find(dump: KvDump, rng: np.random.Generator) -> set[int]:
     table = dump.req_to_token
     cells = live_cells(dump)
     held = np.unique(cells.slot)
-    anywhere = np.unique(np.asarray(table.values if hasattr(table, "values") else table))
+    anywhere = np.unique(table.take(table.known_indices()))  # a shrunk dump: the kept cells
     picks = [rng.choice(a, size=min(5, a.size), replace=False) for a in (held, anywhere) if a.size]
     ends = np.flatnonzero(np.r_[cells.batch_row[1:] != cells.batch_row[:-1], True])
     past = cells.pool_row[ends] * dump.max_seq_len + cells.position[ends] + 1
     past = past[cells.position[ends] + 1 < dump.max_seq_len]
     slots = {int(s) for part in picks for s in part} | {-3, 1 << 40}
-    slots |= set(take(table, past).tolist()) if cells.slot.size else set()
+    slots |= set(table.take(past).tolist()) if cells.slot.size else set()
     return slots - {0}
 
 
@@ -241,7 +240,7 @@ def test_the_index_keeps_the_first_cells_in_tier_order(
     from kvcanary_cli.analysis import provenance
 
     dump = load_dump(make_scenario(name, seed=3).save(tmp_path / "d.safetensors"))
-    table = np.asarray(dense(dump.req_to_token), dtype=np.int64)
+    table = np.asarray(dump.req_to_token.array(), dtype=np.int64)
     slots = _slots_to_find(dump, np.random.default_rng(max_cells)) | {0}
     rows, ends = provenance.live_ends(dump)
     end_of = dict(zip(rows.tolist(), ends.tolist(), strict=True))

@@ -18,7 +18,7 @@ from kvcanary_cli import api
 from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.sparse import SparseArray, dense
+from kvcanary_cli.dump.sparse import SparseTensor
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
@@ -88,7 +88,7 @@ def test_every_scenario_keeps_its_story(tmp_path: Path, name: str) -> None:
 def test_the_small_dump_keeps_the_original_ids(tmp_path: Path) -> None:
     original, small = shrunk_pair(tmp_path, "stale-tail", 1)
     big, little = load_dump(original), load_dump(small)
-    assert isinstance(little.req_to_token, SparseArray)
+    assert isinstance(little.req_to_token, SparseTensor)
     assert little.req_to_token.shape == tuple(big.req_to_token.shape)
     assert little.max_reqs == big.max_reqs and little.max_seq_len == big.max_seq_len
     assert little.lut_len == big.lut_len
@@ -117,7 +117,7 @@ def test_provenance_on_the_small_dump_covers_what_was_kept(tmp_path: Path) -> No
     # A slot nothing in the batch holds: the small dump does not know its allocator state.
     free = big.free_full_slots
     assert free is not None
-    held = set(np.unique(dense(big.req_to_token)).tolist())
+    held = set(np.unique(big.req_to_token.array()).tolist())
     stranger = next(int(s) for s in free.tolist() if int(s) not in held)
     for dump, state in ((big, "free"), (little, "unknown (not kept)")):
         traced = slot_query(dump, checked(dump).findings, stranger).slot

@@ -16,7 +16,6 @@ from kvcanary_cli.canary.real_kv import real_kv_setup
 from kvcanary_cli.canary.replay import BufferReplay, replay_buffer, replay_dump
 from kvcanary_cli.canary.ring_rows import multiset_difference
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.synth.state import SynthDump, SynthSpec, build_dump
@@ -209,17 +208,17 @@ def test_vectorized_replay_equals_the_scalar_oracle(tmp_path: Path, seed: int) -
     setup = real_kv_setup(dump)
     for group in dump.groups:
         plan = GPU.plan(dump, group)
-        source = dense(dump.real_kv_sources[f"real_kv.{group}.k"])
+        source = dump.real_kv_sources[f"real_kv.{group}.k"].array()
         rkv = {
             s: to_signed(int(combine_source_hashes([fold_chunks(source[s : s + 1, :16])])[0]))
             for s in range(source.shape[0])
         }
         for stage in ("head", "tail"):
-            buffer = dense(dump.canary_buffers[f"canary.{group}.{stage}.k"])
+            stored = dump.canary_buffers[f"canary.{group}.{stage}.k"]
             tag = int(LaunchTag[f"{stage.upper()}_K_{group.upper()}"])
-            want = oracle(plan, buffer, tag, True, rkv if stage == "tail" else {})
+            want = oracle(plan, stored.array(), tag, True, rkv if stage == "tail" else {})
             got = replay_buffer(
-                plan, f"{stage}.k", buffer, real_kv=setup, check_tokens=True, chunk=7
+                plan, f"{stage}.k", stored, real_kv=setup, check_tokens=True, chunk=7
             )
             rows = got.rows.fields
             matched, extra, missing = multiset_difference(rows, np.array(want).reshape(-1, 8))

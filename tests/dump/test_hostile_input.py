@@ -243,7 +243,7 @@ def _truncate_before_tensors(monkeypatch: pytest.MonkeyPatch, path: Path, size: 
     loader reads the tensors (as another process rewriting the dump in place would)."""
     real = loader._read_contents
 
-    def truncate_then_read(header: SafetensorsHeader, *args: Any) -> loader.DumpContents:
+    def truncate_then_read(header: SafetensorsHeader, *args: Any) -> loader.KvDump:
         os.truncate(path, size)
         return real(header, *args)
 
@@ -303,7 +303,7 @@ _SHRINK_AFTER_LOAD = textwrap.dedent(
     os.truncate(path, 0)  # another process rewrites the dump in place
     gpu = VectorizedPlanner(semantics=Semantics.GPU)
     report = run_check(dump, reference=VectorizedPlanner(), kernel=gpu)
-    slot = int(dump.req_to_token[int(dump.req_pool_indices[0]), 0])
+    slot = int(dump.req_to_token.rows(dump.req_pool_indices[:1])[0][0, 0])
     slot_query(dump, report.findings, slot, space="full", group=None, max_cells=64)
     row_map(dump, report, int(dump.req_pool_indices[0]), group=None, positions=None, max_cells=64)
     print(len(report.findings), "findings")

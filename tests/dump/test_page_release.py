@@ -12,7 +12,8 @@ import pytest
 
 from kvcanary_cli.dump import loader
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.sparse import dense, find_cells
+from kvcanary_cli.dump.tensor import DenseTensor
+from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.synth.scenarios import make_scenario
 
 ROWS, COLS = 512, 32768  # 64 MiB of int32: far above the noise of the resident set
@@ -35,8 +36,8 @@ def _resident_bytes(mapped: np.memmap) -> int:
 
 def _scan(table: np.ndarray, mapped: np.memmap | None, threads: int = 1) -> list[np.ndarray]:
     found = [[], [], []]  # type: list[list[np.ndarray]]
-    for part in find_cells(
-        table, lambda v: v % 4099 == 7, chunk_cells=1 << 20, mapped=mapped, threads=threads
+    for part in DenseTensor(table, mapping=mapped).find_cells(
+        lambda v: v % 4099 == 7, chunk_cells=1 << 20, threads=threads
     ):
         for kept, array in zip(found, part, strict=True):
             kept.append(array)
@@ -82,11 +83,37 @@ def test_the_dump_names_its_mapped_tables(tmp_path: Path, monkeypatch: pytest.Mo
     dump = load_dump(path)
     table = dump.mapped["req_to_token"]
     assert isinstance(table, np.memmap)
-    assert np.shares_memory(table, dense(dump.req_to_token))
+    assert np.shares_memory(table, dump.req_to_token.array())
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc (Linux)")
+def test_a_loaded_big_table_hands_its_pages_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader gives a mapped table's tensor its mapping: a scan through the dump (what
+    provenance and the violation owners do) lets the pages go too."""
+    path = save_dump(
+        tmp_path / "big.safetensors",
+        req_to_token=np.arange(ROWS * COLS, dtype=np.int32).reshape(ROWS, COLS),
+        req_pool_indices=np.array([1]),
+        prefix_lens=np.array([4]),
+    )
+    monkeypatch.setattr(loader, "READ_LIMIT", 0)  # a "big" table: mapped
+    dump = load_dump(path)
+    mapped = dump.mapped["req_to_token"]
+    before = _resident_bytes(mapped)
+    hits = sum(
+        rows.size
+        for rows, _, _ in dump.req_to_token.find_cells(lambda v: v % 4099 == 7, chunk_cells=1 << 20)
+    )
+    assert hits > 1000
+    assert _resident_bytes(mapped) - before < ROWS * COLS * 4 // 4
 
 
 def test_a_threaded_scan_stopped_early_leaves_no_work_behind(mapped_table: np.memmap) -> None:
-    scan = find_cells(mapped_table, lambda v: v % 4099 == 7, chunk_cells=1 << 16, threads=2)
+    scan = DenseTensor(mapped_table).find_cells(
+        lambda v: v % 4099 == 7, chunk_cells=1 << 16, threads=2
+    )
     first = next(scan)
     scan.close()  # what a caller that found enough does
     assert first[0][0] == 0 and first[2][0] == 7
@@ -100,4 +127,4 @@ def test_a_chunk_that_raises_raises_in_the_caller(mapped_table: np.memmap) -> No
         return np.asarray(values == 7)
 
     with pytest.raises(ValueError, match="bad chunk"):
-        list(find_cells(mapped_table, match, chunk_cells=1 << 18, threads=2))
+        list(DenseTensor(mapped_table).find_cells(match, chunk_cells=1 << 18, threads=2))

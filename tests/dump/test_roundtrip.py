@@ -21,7 +21,7 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import safetensors_dtype_of, write_safetensors
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, TENSORS
-from kvcanary_cli.dump.sparse import dense
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PathError, TensorDtypeError
 
@@ -119,10 +119,12 @@ def test_save_then_load_gives_back_every_value(kwargs: dict[str, Any], tmp_path:
         loaded = getattr(dump, name)
         assert loaded is not None, name
         assert list(loaded.shape) == list(saved.shape), name
+        if isinstance(loaded, StoredTensor):  # the tables and the LUT: read through the interface
+            loaded = loaded.array()
         assert np.array_equal(loaded.astype(np.int64), saved.astype(np.int64)), name
         assert dump.tensors[name].dtype == safetensors_dtype_of(saved.dtype), name
     # The big tables keep their stored dtype; per-batch vectors are read as int64.
-    assert dense(dump.req_to_token).dtype == tensors["req_to_token"].dtype
+    assert dump.req_to_token.array().dtype == tensors["req_to_token"].dtype
     for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens"):
         assert getattr(dump, name).dtype == np.int64
     if kwargs["extend_seq_lens"] is None:
@@ -167,10 +169,10 @@ def file_hash(path: Path) -> str:
 def test_a_loaded_dump_survives_its_file_being_replaced(tmp_dump: Path) -> None:
     save_dump(tmp_dump, **small_batch())
     dump = load_dump(tmp_dump)
-    table_before = dense(dump.req_to_token).copy()
+    table_before = dump.req_to_token.array().copy()
     save_dump(tmp_dump, **small_batch(prefix_lens=torch.tensor([5, 5, 5])))  # atomic replace
     assert dump.prefix_lens.tolist() == [3, 1, 0]
-    assert np.array_equal(dense(dump.req_to_token), table_before)  # still the old file's pages
+    assert np.array_equal(dump.req_to_token.array(), table_before)  # still the old file's pages
     assert load_dump(tmp_dump).prefix_lens.tolist() == [5, 5, 5]
 
 
@@ -237,7 +239,7 @@ def test_writer_stores_contiguous_copies(tmp_dump: Path) -> None:
     assert stored["prefix_lens"].tolist() == [0, 3, 6]
     assert all(t.is_contiguous() for t in stored.values())
     transposed[0, 0] = 99  # the file holds a copy, not a view of the caller's memory
-    assert dense(load_dump(tmp_dump).req_to_token)[0, 0] == 0
+    assert load_dump(tmp_dump).req_to_token.array()[0, 0] == 0
 
 
 def test_loader_never_modifies_the_input_file(tmp_dump: Path) -> None:
@@ -251,19 +253,19 @@ def test_loader_never_modifies_the_input_file(tmp_dump: Path) -> None:
     before = file_hash(tmp_dump)
     mtime = tmp_dump.stat().st_mtime_ns
     dump = load_dump(tmp_dump)
-    dense(dump.req_to_token)[:] = -1  # memory-mapped: these writes must stay private
+    dump.req_to_token.array()[:] = -1  # memory-mapped: these writes must stay private
     assert dump.req_to_verify_expected_tokens is not None
-    dense(dump.req_to_verify_expected_tokens).fill(7)
+    dump.req_to_verify_expected_tokens.array().fill(7)
     dump.prefix_lens += 100
     dump.req_pool_indices.fill(0)
-    assert dense(dump.req_to_token).min() == -1
+    assert dump.req_to_token.array().min() == -1
     assert file_hash(tmp_dump) == before
     del dump
     gc.collect()
     assert file_hash(tmp_dump) == before
     assert tmp_dump.stat().st_mtime_ns == mtime
     again = load_dump(tmp_dump)
-    assert np.array_equal(dense(again.req_to_token), np.arange(24, dtype=np.int32).reshape(4, 6))
+    assert np.array_equal(again.req_to_token.array(), np.arange(24, dtype=np.int32).reshape(4, 6))
     assert again.prefix_lens.tolist() == [3, 1, 0]
 
 

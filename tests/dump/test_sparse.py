@@ -1,5 +1,6 @@
 """`dump.sparse`: reading the kept elements of a tensor in its original coordinates, exactly as
-the dense tensor reads where kept (0 elsewhere), and refusing malformed runs."""
+the dense tensor reads where kept (0 elsewhere), and refusing malformed runs. (The reads every
+`StoredTensor` shares are pinned for both kinds in test_tensor.py.)"""
 
 from __future__ import annotations
 
@@ -12,31 +13,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.sparse import (
-    SparseArray,
-    _in_order,
-    element,
-    find_cells,
-    flat_runs,
-    ring_slots,
-    row_cells,
-    sparse_array,
-    take,
-    take_known,
-    take_raw,
-    where_equal,
-)
+from kvcanary_cli.dump.sparse import SparseTensor, flat_runs, ring_slots, sparse_tensor
+from kvcanary_cli.dump.tensor import DenseTensor, _in_order
 from kvcanary_cli.errors import TensorShapeError
 from kvcanary_cli.synth.scenarios import make_scenario
 
 
-def kept_part(dense: np.ndarray, flat: np.ndarray) -> SparseArray:
+def kept_part(dense: np.ndarray, flat: np.ndarray) -> SparseTensor:
     """The sparse form of `dense` keeping the flat indices `flat`, as the writer stores it."""
     flat = np.unique(flat)
     runs = flat_runs(flat)
     values = dense.reshape(-1)[flat]
     shape = np.array(dense.shape, dtype=np.int64)
-    return sparse_array("t", values, runs, shape, (dense.ndim,))
+    return sparse_tensor("t", values, runs, shape, (dense.ndim,))
 
 
 @given(
@@ -53,44 +42,52 @@ def test_reads_equal_the_dense_table_where_kept(
     keep = np.flatnonzero(rng.random(rows * cols) < share)
     sparse = kept_part(dense, keep)
     everything = np.arange(rows * cols, dtype=np.int64)
-    values, known = sparse.take(everything)
+    values, known = sparse.take_known(everything)
     assert known.tolist() == np.isin(everything, keep).tolist()
     assert values.tolist() == np.where(known, dense.reshape(-1), 0).tolist()
-    assert take(sparse, everything).tolist() == values.tolist()
-    assert sparse.flat_indices().tolist() == keep.tolist()
+    assert sparse.take(everything).tolist() == values.tolist()
+    assert sparse.known_indices().tolist() == keep.tolist()
     assert sparse.kept_before(everything).tolist() == [int((keep < i).sum()) for i in everything]
-    assert take_raw(sparse, keep).dtype == np.int32
-    assert take_raw(sparse, keep).tolist() == dense.reshape(-1)[keep].tolist()
+    assert sparse.take_raw(keep).dtype == np.int32
+    assert sparse.take_raw(keep).tolist() == dense.reshape(-1)[keep].tolist()
     # Scans visit kept cells only, with the dense scan's hits among them, in table order.
     wanted = np.array([3, 7, 11], dtype=np.int64)
     hits = [
         (int(r), int(c), int(v))
-        for rs, cs, vs in find_cells(sparse, lambda v: np.isin(v, wanted), chunk_cells=4)
+        for rs, cs, vs in sparse.find_cells(lambda v: np.isin(v, wanted), chunk_cells=4)
         for r, c, v in zip(rs, cs, vs, strict=True)
     ]
     full = [
         (int(r), int(c), int(v))
-        for rs, cs, vs in find_cells(dense, lambda v: np.isin(v, wanted), chunk_cells=4)
+        for rs, cs, vs in DenseTensor(dense).find_cells(lambda v: np.isin(v, wanted), chunk_cells=4)
         for r, c, v in zip(rs, cs, vs, strict=True)
     ]
     assert hits == [h for h in full if h[0] * cols + h[1] in set(keep.tolist())]
     row = int(rng.integers(rows))
-    positions, row_values = row_cells(sparse, row, 0, cols)
+    positions, row_values = _row(sparse, row, 0, cols)
     in_row = keep[(keep >= row * cols) & (keep < (row + 1) * cols)] - row * cols
     assert positions.tolist() == in_row.tolist()
     assert row_values.tolist() == dense[row, in_row].tolist()
 
 
+def _row(table: SparseTensor, row: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's kept cells in `[lo, hi)`, its pieces joined."""
+    pieces = list(table.row_cells(row, lo, hi, chunk_cells=1 << 20))
+    if not pieces:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate([p for p, _ in pieces]), np.concatenate([v for _, v in pieces])
+
+
 def test_vectors_read_like_the_dense_lut() -> None:
     lut = np.array([0, 5, 0, 7, 5, 9, -1], dtype=np.int64)
     sparse = kept_part(lut, np.array([1, 2, 4, 6]))
-    assert element(sparse, -1) == -1 and element(sparse, 1) == 5
-    assert element(sparse, 3) == 0  # not kept: reads 0
-    index, values = where_equal(sparse, np.array([5]), stop=6)
+    assert sparse.element(-1) == -1 and sparse.element(1) == 5
+    assert sparse.element(3) == 0  # not kept: reads 0
+    index, values = sparse.where_equal(np.array([5]), stop=6)
     assert index.tolist() == [1, 4] and values.tolist() == [5, 5]
-    dense_index, _ = where_equal(lut, np.array([5]), stop=6)
+    dense_index, _ = DenseTensor(lut).where_equal(np.array([5]), stop=6)
     assert dense_index.tolist() == [1, 4]
-    values, known = take_known(lut, np.array([3, 5]))
+    values, known = DenseTensor(lut).take_known(np.array([3, 5]))
     assert values.tolist() == [7, 9] and known.all()
 
 
@@ -100,7 +97,7 @@ def test_where_equal_finds_what_isin_finds(wanted: list[int], dtype: type) -> No
     """One value is looked up with one compare, several with `isin`: the same answer, in the
     table's own dtype (an int32 LUT never holds 2**40)."""
     lut: np.ndarray = np.array([0, 5, 0, 7, 5, 9, -1, 5], dtype=dtype)
-    index, values = where_equal(lut, np.array(wanted), stop=7)
+    index, values = DenseTensor(lut).where_equal(np.array(wanted), stop=7)
     expected = np.flatnonzero(np.isin(lut[:7].astype(np.int64), wanted))
     assert index.tolist() == expected.tolist()
     assert values.tolist() == lut[expected].tolist() and values.dtype == np.int64
@@ -139,7 +136,7 @@ def test_malformed_parts_are_refused_naming_the_part(
     runs: list[list[int]], shape: list[int], values: int, field: str, words: str
 ) -> None:
     with pytest.raises(TensorShapeError) as caught:
-        sparse_array(
+        sparse_tensor(
             "t",
             np.zeros(values, dtype=np.int32),
             np.array(runs, dtype=np.int64).reshape(-1, 2),
@@ -154,11 +151,16 @@ def test_the_original_shape_costs_nothing() -> None:
     """A table claiming 2^45 cells with three kept: reads stay sized by what is stored."""
     shape = np.array([1 << 20, 1 << 25], dtype=np.int64)
     runs = np.array([[5 << 25, 3]], dtype=np.int64)
-    table = sparse_array("t", np.array([7, 8, 9], np.int32), runs, shape, (2,))
-    assert table.numel() == 1 << 45 and table.kept == 3
-    assert row_cells(table, 5, 0, 1 << 25)[1].tolist() == [7, 8, 9]
-    hits = list(find_cells(table, lambda v: v == 8, chunk_cells=1 << 22))
+    table = sparse_tensor("t", np.array([7, 8, 9], np.int32), runs, shape, (2,))
+    assert table.size == 1 << 45 and table.kept == 3 and not table.complete
+    assert _row(table, 5, 0, 1 << 25)[1].tolist() == [7, 8, 9]
+    hits = list(table.find_cells(lambda v: v == 8, chunk_cells=1 << 22))
     assert [(int(r[0]), int(c[0])) for r, c, _ in hits] == [(5, 1)]
+    cells, known = table.rows(np.array([5, 6]), width=4)
+    assert cells.tolist() == [[7, 8, 9, 0], [0, 0, 0, 0]] and known.tolist() == [False, False]
+    assert table.row_sequence(5)[:4] == [7, 8, 9, 0] and len(table.row_sequence(5)) == 1 << 25
+    with pytest.raises(TypeError, match="keeps 3 of"):
+        table.array()  # no dense form of 2^45 cells
 
 
 def test_format_1_reads_runs_tensors_as_unknown_tensors(tmp_path: Path) -> None:
@@ -167,7 +169,7 @@ def test_format_1_reads_runs_tensors_as_unknown_tensors(tmp_path: Path) -> None:
     state = make_scenario("clean-decode", seed=0)
     state.tensors["req_to_token.runs"] = np.zeros((1, 2), dtype=np.int64)
     dump = load_dump(state.save(tmp_path / "v1.safetensors"))
-    assert isinstance(dump.req_to_token, np.ndarray) and dump.shrink is None
+    assert isinstance(dump.req_to_token, DenseTensor) and dump.shrink is None
     assert any("req_to_token.runs" in note for note in dump.notes)
 
 

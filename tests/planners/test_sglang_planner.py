@@ -14,7 +14,6 @@ from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.kernel_raise import UPSTREAM_RAISE, launch_divergences
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS
-from kvcanary_cli.dump.sparse import dense
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PlannerUnavailableError
 from kvcanary_cli.planners import PlannerChoice, make_kernel, make_planner
@@ -60,7 +59,7 @@ def test_arguments_are_the_launchers(sglang_standin: InstallStandin, tmp_path: P
     dump = scenario("clean-swa", tmp_path)
     arguments = plan_arguments(load_launcher(), dump, group_frame(dump, "swa"), torch.device("cpu"))
     assert set(arguments) == set(LAUNCHER_ARGUMENTS)
-    assert arguments["req_to_token"].data_ptr() == dense(dump.req_to_token).ctypes.data  # no copy
+    assert arguments["req_to_token"].data_ptr() == dump.req_to_token.array().ctypes.data  # no copy
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

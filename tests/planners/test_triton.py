@@ -141,15 +141,14 @@ def test_full_group_is_untranslated(lut_dump: KvDump) -> None:
 
 
 def test_overflow_writes_no_entries(tmp_path: Path, lut_dump: KvDump) -> None:
+    lut = lut_dump.full_to_swa_index_mapping
+    assert lut is not None
     tensors = {
-        n: getattr(lut_dump, n)
-        for n in (
-            "req_to_token",
-            "req_pool_indices",
-            "prefix_lens",
-            "extend_seq_lens",
-            "full_to_swa_index_mapping",
-        )
+        "req_to_token": lut_dump.req_to_token.array(),
+        "req_pool_indices": lut_dump.req_pool_indices,
+        "prefix_lens": lut_dump.prefix_lens,
+        "extend_seq_lens": lut_dump.extend_seq_lens,
+        "full_to_swa_index_mapping": lut.array(),
     }
     dump = _write(
         tmp_path / "o.safetensors", {"swa_window_size": 8, "verify_capacity": 3}, **tensors

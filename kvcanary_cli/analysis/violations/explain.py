@@ -25,7 +25,7 @@ from kvcanary_cli.analysis.violations.report import (
 from kvcanary_cli.canary.constants import FailReason, LaunchTag
 from kvcanary_cli.canary.ring_rows import ViolationRows
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.sparse import Stored, find_cells, take_known
+from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.frame import window_start
 
 __all__ = ["explain_rows"]
@@ -160,7 +160,7 @@ def _spaces(dump: KvDump, cells: LiveCells) -> list[_Space | None]:
         return [full, None]
     lut_len = int(lut.shape[0])
     mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
-    swa = np.where(mappable, take_known(lut, np.clip(cells.slot, 0, lut_len - 1))[0], 0)
+    swa = np.where(mappable, lut.take_known(np.clip(cells.slot, 0, lut_len - 1))[0], 0)
     start = window_start(dump.prefix_lens, dump.window("swa"))
     in_window = ~cells.pending & (cells.position >= start[cells.batch_row])
     return [full, _Space(cells, swa, in_window)]
@@ -196,11 +196,8 @@ def _table_owner(
             return np.isin(in_space(values), wanted_slots)
 
         # Cells come in table order, chunk after chunk: the first hit of a key wins.
-        for rows_hit, cols_hit, values in find_cells(
-            dump.req_to_token,
-            holds,
-            chunk_cells=_SCAN_CELLS,
-            mapped=dump.mapped.get("req_to_token"),
+        for rows_hit, cols_hit, values in dump.req_to_token.find_cells(
+            holds, chunk_cells=_SCAN_CELLS
         ):
             hit_key = (in_space(values) << 32) | cols_hit
             at = np.searchsorted(wanted, hit_key)
@@ -218,14 +215,14 @@ def _table_owner(
 _Translate = Callable[[np.ndarray], np.ndarray]
 
 
-def _swa_translation(lut: Stored | None) -> _Translate:
+def _swa_translation(lut: StoredTensor | None) -> _Translate:
     """Full slots to SWA slots for the owner scan (0 outside the LUT's body)."""
     assert lut is not None
     lut_len = int(lut.shape[0])
 
     def translate(values: np.ndarray) -> np.ndarray:
         inside = (values >= 0) & (values < lut_len - 1)
-        return np.where(inside, take_known(lut, np.clip(values, 0, lut_len - 1))[0], 0)
+        return np.where(inside, lut.take_known(np.clip(values, 0, lut_len - 1))[0], 0)
 
     return translate
 
@@ -244,12 +241,12 @@ def _prev_slots(
     lookup &= ref_pos <= dump.max_seq_len
     if lookup.any():
         flat = ref_row[lookup] * dump.max_seq_len + ref_pos[lookup] - 1
-        values = take_known(dump.req_to_token, flat)[0]
+        values = dump.req_to_token.take_known(flat)[0]
         lut = dump.full_to_swa_index_mapping
         if lut is not None:
             lut_len = int(lut.shape[0])
             inside = (values >= 0) & (values < lut_len)
-            swa = np.where(inside, take_known(lut, np.clip(values, 0, lut_len - 1))[0], values)
+            swa = np.where(inside, lut.take_known(np.clip(values, 0, lut_len - 1))[0], values)
             values = np.where(space[lookup] == 1, swa, values)
         prev[lookup] = values
         known[lookup] = True
