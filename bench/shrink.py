@@ -61,7 +61,7 @@ def _timed(run: Callable[[], Any]) -> tuple[Any, float]:
 def _check(path: Path) -> DumpReport:
     return run_check(
         load_dump(path),
-        reference=VectorizedPlanner(),
+        planner=VectorizedPlanner(),
         kernel=VectorizedPlanner(semantics=Semantics.GPU),
     )
 

@@ -69,7 +69,7 @@ def check(
     many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     return check_dumps(
         many,
-        reference=make_planner(PlannerChoice.VECTORIZED),
+        planner=make_planner(PlannerChoice.VECTORIZED),
         kernel=make_kernel(kernel),
         overrides=overrides,
         groups=groups,
@@ -102,16 +102,16 @@ def provenance(
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
     dump = load_dump(path, overrides=overrides)
-    reference = make_planner(PlannerChoice.VECTORIZED)
+    planner = make_planner(PlannerChoice.VECTORIZED)
     if slot is not None and space == Space.FULL:
         # only the batch rows that hold (or write) the slot: its findings, not the diagnosis
         # one scan of the table serves the findings' rows and the answer's cells
         index = focused_index(dump, slot, max_cells=max_cells)
-        found = focused_findings(dump, slot, reference=reference, index=index)
+        found = focused_findings(dump, slot, planner=planner, index=index)
         return slot_query(
             dump, found, slot, space=space, group=group, max_cells=max_cells, index=index
         )
-    report = run_check(dump, reference=reference, kernel=None)
+    report = run_check(dump, planner=planner, kernel=None)
     if slot is not None:
         return slot_query(
             dump,
@@ -184,7 +184,7 @@ def shrink(
     dump = load_dump(path, overrides=overrides)
     kernel = make_kernel(PlannerChoice.VECTORIZED)
     assert kernel is not None
-    keep, _ = shrink_keep(dump, reference=make_planner(PlannerChoice.VECTORIZED), kernel=kernel)
+    keep, _ = shrink_keep(dump, planner=make_planner(PlannerChoice.VECTORIZED), kernel=kernel)
     scalars = {
         name: int(value)
         for name, value in (overrides or {}).items()

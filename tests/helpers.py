@@ -28,7 +28,7 @@ PLANNERS: dict[str, Planner] = {
 
 def checked(dump: KvDump, *, kernel: str = "vectorized") -> DumpReport:
     """`run_check` with the vectorized reference and the named kernel."""
-    return run_check(dump, reference=VECTORIZED, kernel=KERNELS[kernel])
+    return run_check(dump, planner=VECTORIZED, kernel=KERNELS[kernel])
 
 
 #: The synth scenarios on which SGLang's torch reference raises (its first bad read): what

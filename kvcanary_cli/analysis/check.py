@@ -73,17 +73,17 @@ __all__ = [
 def run_check(
     dump: KvDump,
     *,
-    reference: Planner,
+    planner: Planner,
     kernel: Planner | None,
     groups: Sequence[str] | None = None,
 ) -> DumpReport:
     """Check one loaded dump and return its report.
 
-    `reference` plans with the reference semantics (in collect mode: every problem, never a
-    raise); `kernel` stands in for the production GPU path (None: no comparison). Each planner
-    says whose semantics it follows, and how it runs (`mode`), for the report.
+    `planner` plans with SGLang's reference semantics (REF; in collect mode: every problem,
+    never a raise); `kernel` stands in for the production GPU path (None: no comparison).
+    Each planner says whose semantics it follows, and how it runs (`mode`), for the report.
     """
-    found = collect_findings(dump, reference=reference, kernel=kernel, groups=groups)
+    found = collect_findings(dump, planner=planner, kernel=kernel, groups=groups)
     findings, plans, summaries = found.findings, found.plans, found.summaries
     del found  # the kernel's plans and the live cells: freed before the table scan below
     findings = attach_provenance(dump, findings)
@@ -131,7 +131,7 @@ class CollectedFindings:
 def collect_findings(
     dump: KvDump,
     *,
-    reference: Planner,
+    planner: Planner,
     kernel: Planner | None,
     groups: Sequence[str] | None = None,
 ) -> CollectedFindings:
@@ -140,14 +140,14 @@ def collect_findings(
     background = ThreadPoolExecutor(1) if _runs_on_host(kernel) and _spare_core() else None
     try:
         # The kernel (interpreted Triton on a CPU: the slowest part) plans on a spare core
-        # while this thread plans the reference and runs the detectors; same results, in
+        # while this thread plans with REF semantics and runs the detectors; same results, in
         # the same order, as planning it in turn. One thread, one group after the other: the
         # Triton interpreter patches `triton.language` for the length of a launch, so two
         # launches at once break each other (seen: "Did you forget to add @triton.jit?").
         pending: dict[str, Future[Plan]] = {}
         if background is not None and kernel is not None:
             pending = {group: background.submit(kernel.plan, dump, group) for group in chosen}
-        return _collect(dump, reference, kernel, chosen, pending)
+        return _collect(dump, planner, kernel, chosen, pending)
     finally:
         if background is not None:
             background.shutdown(wait=True, cancel_futures=True)
@@ -168,7 +168,7 @@ def _spare_core() -> bool:
 
 def _collect(
     dump: KvDump,
-    reference: Planner,
+    planner: Planner,
     kernel: Planner | None,
     chosen: Sequence[str],
     pending: Mapping[str, Future[Plan]],
@@ -180,7 +180,7 @@ def _collect(
     kernel_plans: dict[str, Plan] = {}
     token_seen: set[tuple[object, ...]] = set()
     for group in chosen:
-        plan = reference.plan(dump, group)
+        plan = planner.plan(dump, group)
         plans.append(plan)
         for finding in plan_findings(dump, plan):
             # The token pool is the same for every group: report a bad gather once (a batch
@@ -350,10 +350,10 @@ def _check_path(
         str, Mapping[str, int | str | None], Planner, Planner | None, tuple[str, ...] | None
     ],
 ) -> DumpReport:
-    path, overrides, reference, kernel, groups = args
+    path, overrides, planner, kernel, groups = args
     try:
         dump = load_dump(path, overrides=overrides)
-        return run_check(dump, reference=reference, kernel=kernel, groups=groups)
+        return run_check(dump, planner=planner, kernel=kernel, groups=groups)
     except KvcanaryError as exc:
         return DumpReport(path=path, identity={}, bs=0, groups=(), findings=(), error=str(exc))
 
@@ -361,7 +361,7 @@ def _check_path(
 def check_dumps(
     paths: Sequence[str | os.PathLike[str]],
     *,
-    reference: Planner,
+    planner: Planner,
     kernel: Planner | None,
     overrides: Mapping[str, int | str | None] | None = None,
     groups: Sequence[str] | None = None,
@@ -377,7 +377,7 @@ def check_dumps(
     report as the SGLang version installed here.
     """
     work = [
-        (str(Path(p)), dict(overrides or {}), reference, kernel, tuple(groups) if groups else None)
+        (str(Path(p)), dict(overrides or {}), planner, kernel, tuple(groups) if groups else None)
         for p in paths
     ]
     workers = worker_count(len(work), jobs, [Path(p) for p in paths])

@@ -75,14 +75,14 @@ _SCAN_THREADS = 4
 
 
 def focused_findings(
-    dump: KvDump, slot: int, *, reference: Planner, index: ProvenanceIndex | None = None
+    dump: KvDump, slot: int, *, planner: Planner, index: ProvenanceIndex | None = None
 ) -> list[Finding]:
     """The findings `check --kernel none` reports that touch full slot `slot` (its cells,
     and SWA findings naming it), with their provenance, before the diagnosis: no cause and
     no first-raise mark. `index` (from `focused_index`) saves a scan of the table."""
     related = related_slots(dump, slot)
     if _needs_whole_batch(dump, related):
-        found = collect_findings(dump, reference=reference, kernel=None).findings
+        found = collect_findings(dump, planner=planner, kernel=None).findings
     else:
         if index is None or not index.slots.issuperset(related):
             index = focused_index(dump, slot)
@@ -91,7 +91,7 @@ def focused_findings(
         view = _rows_holding(dump, cells, related)
         found = [
             f
-            for f in collect_findings(view, reference=reference, kernel=None).findings
+            for f in collect_findings(view, planner=planner, kernel=None).findings
             if f.code is not FindingCode.WRITE_TO_LIVE_SLOT
         ]
         # out_cache_loc is laid out by the whole batch's rows: its writes are read there. Only

@@ -268,15 +268,15 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
 
 
 def shrink_keep(
-    dump: KvDump, *, reference: Planner, kernel: Planner
+    dump: KvDump, *, planner: Planner, kernel: Planner
 ) -> tuple[Keep, CollectedFindings]:
     """What the small dump of `dump` keeps, and the findings it must reproduce.
 
-    `reference` and `kernel` plan like `check` does (the kernel with GPU semantics); the
-    canary replay runs on both plans, so the small dump replays like the original whichever
-    plan a later check replays.
+    `planner` (REF semantics) and `kernel` (GPU semantics) plan like `check` does; the canary
+    replay runs on both plans, so the small dump replays like the original whichever plan a
+    later check replays.
     """
-    found = collect_findings(dump, reference=reference, kernel=kernel)
+    found = collect_findings(dump, planner=planner, kernel=kernel)
     frames = {group: group_frame(dump, group) for group in dump.groups}
     replays = _replays(dump, [*found.plans, *found.kernel_plans.values()])
     rows = _violation_rows(dump, replays)

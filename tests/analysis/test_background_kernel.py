@@ -20,9 +20,9 @@ def test_the_kernel_in_the_background_changes_nothing(
 ) -> None:
     dump = load_synth(make_scenario(scenario, seed=1))
     monkeypatch.setattr(check, "_spare_core", lambda: False)
-    in_turn = run_check(dump, reference=VECTORIZED, kernel=TRITON)
+    in_turn = run_check(dump, planner=VECTORIZED, kernel=TRITON)
     monkeypatch.setattr(check, "_spare_core", lambda: True)
-    background = run_check(dump, reference=VECTORIZED, kernel=TRITON)
+    background = run_check(dump, planner=VECTORIZED, kernel=TRITON)
     assert background == in_turn
 
 
@@ -36,7 +36,7 @@ def test_a_kernel_that_fails_in_the_background_fails_the_check(
     monkeypatch.setattr(check, "_spare_core", lambda: True)
     dump = load_synth(make_scenario("truncated-lut", seed=0))
     with pytest.raises(RuntimeError, match="kernel broke on full"):
-        run_check(dump, reference=VECTORIZED, kernel=Broken())
+        run_check(dump, planner=VECTORIZED, kernel=Broken())
 
 
 @pytest.mark.parametrize(("mode", "background"), [("interpreter", True), ("compiled", False)])
@@ -58,5 +58,5 @@ def test_only_a_kernel_on_the_host_plans_in_the_background(
     monkeypatch.setattr(check, "_spare_core", lambda: True)
     monkeypatch.setattr(check, "ThreadPoolExecutor", counted)
     dump = load_synth(make_scenario("clean-swa", seed=0))
-    run_check(dump, reference=VECTORIZED, kernel=Kernel() if mode == "compiled" else TRITON)
+    run_check(dump, planner=VECTORIZED, kernel=Kernel() if mode == "compiled" else TRITON)
     assert bool(threads) is background

@@ -142,7 +142,7 @@ def test_kernel_divergence_reaches_the_report(scenario_dump: ScenarioDump) -> No
             seeds[0] = 12345
             return replace(plan, write_seed_slot_indices=seeds)
 
-    report = run_check(dump, reference=VECTORIZED, kernel=Broken(semantics=Semantics.GPU))
+    report = run_check(dump, planner=VECTORIZED, kernel=Broken(semantics=Semantics.GPU))
     assert codes_of(report.findings) == {"kernel-divergence"}
 
 

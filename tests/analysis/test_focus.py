@@ -47,7 +47,7 @@ def _key(f: Finding) -> tuple[object, ...]:
 
 def whole_check(dump: KvDump, slot: int) -> list[Finding]:
     """What the whole batch's check finds at `slot`, before the diagnosis, merged likewise."""
-    found = collect_findings(dump, reference=VECTORIZED, kernel=None).findings
+    found = collect_findings(dump, planner=VECTORIZED, kernel=None).findings
     touching = [f for f in found if touches(f, slot)]
     return sorted(merge_spread(attach_provenance(dump, touching)), key=Finding.order_key)
 
@@ -67,14 +67,14 @@ def slots_to_try(dump: KvDump, found: list[Finding], rng: np.random.Generator) -
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_focused_findings_equal_the_whole_check(name: str, seed: int, tmp_path: Path) -> None:
     dump = load_dump(make_scenario(name, seed=seed).save(tmp_path / "d.safetensors"))
-    everything = collect_findings(dump, reference=VECTORIZED, kernel=None).findings
+    everything = collect_findings(dump, planner=VECTORIZED, kernel=None).findings
     for slot in sorted(slots_to_try(dump, everything, np.random.default_rng(seed))):
         expected = [_key(f) for f in whole_check(dump, slot)]
-        got = [_key(f) for f in focused_findings(dump, slot, reference=VECTORIZED)]
+        got = [_key(f) for f in focused_findings(dump, slot, planner=VECTORIZED)]
         assert got == expected, (name, seed, slot)
         # as `provenance --slot` runs it: one wide index for the findings and the answer
         index = focused_index(dump, slot, max_cells=256)
-        shared = focused_findings(dump, slot, reference=VECTORIZED, index=index)
+        shared = focused_findings(dump, slot, planner=VECTORIZED, index=index)
         assert [_key(f) for f in shared] == expected, (name, seed, slot)
 
 

@@ -302,7 +302,7 @@ _SHRINK_AFTER_LOAD = textwrap.dedent(
     dump = load_dump(path)
     os.truncate(path, 0)  # another process rewrites the dump in place
     gpu = VectorizedPlanner(semantics=Semantics.GPU)
-    report = run_check(dump, reference=VectorizedPlanner(), kernel=gpu)
+    report = run_check(dump, planner=VectorizedPlanner(), kernel=gpu)
     slot = int(dump.req_to_token.rows(dump.req_pool_indices[:1])[0][0, 0])
     slot_query(dump, report.findings, slot, space="full", group=None, max_cells=64)
     row_map(dump, report, int(dump.req_pool_indices[0]), group=None, positions=None, max_cells=64)

@@ -76,7 +76,7 @@ def test_the_real_launcher_has_the_modelled_signature(real_sglang: Path) -> None
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_agree(real_sglang: Path, path: Path) -> None:
-    report = run_check(load_dump(path), reference=VECTORIZED, kernel=SGLangPlanner())
+    report = run_check(load_dump(path), planner=VECTORIZED, kernel=SGLangPlanner())
     assert not [f.message for f in report.findings if f.code == "kernel-divergence"]
     raised = {g.group: g.kernel_launch_error for g in report.groups if g.kernel_launch_error}
     assert raised == (
@@ -113,7 +113,7 @@ def test_every_scenario_agrees(real_sglang: Path, scenario_dumps: dict[str, KvDu
             assert got == expected, (name, group)
             if got is None:
                 assert_plans_equal(ours, theirs, upstream=True)
-        report = run_check(dump, reference=VECTORIZED, kernel=sglang)
+        report = run_check(dump, planner=VECTORIZED, kernel=sglang)
         assert not [f for f in report.findings if f.code == "kernel-divergence"], name
 
 
@@ -121,7 +121,7 @@ def test_the_truncated_lut_raise_is_kvcanarys_first_raise(real_sglang: Path) -> 
     dump = load_dump(ROOT / "examples" / "truncated-lut.safetensors")
     first = VECTORIZED.plan(dump, "swa").problems.first_raise()
     assert first is not None
-    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
+    report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
     marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
     assert [(f.code.value, f.batch_row, f.position, f.slot) for f in marked] == [
         ("lut-out-of-range", first.batch_row, first.position, first.value)

@@ -66,7 +66,7 @@ def test_arguments_are_the_launchers(sglang_standin: InstallStandin, tmp_path: P
 def test_examples_agree_with_the_reference(sglang_standin: InstallStandin, path: Path) -> None:
     sglang_standin()
     dump = load_dump(path)
-    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
+    report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
     assert not [f for f in report.findings if f.code == "kernel-divergence"]
     for group in report.groups:
         assert group.unexplained_differences == 0 and not group.explained_differences
@@ -94,7 +94,7 @@ def test_the_raise_is_tied_to_the_first_raise_finding(sglang_standin: InstallSta
     dump = load_dump(ROOT / "examples" / "truncated-lut.safetensors")
     first = VECTORIZED.plan(dump, "swa").problems.first_raise()
     assert first is not None
-    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
+    report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
     marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
     assert len(marked) == 1
     finding = marked[0]
@@ -130,7 +130,7 @@ def test_index_errors_are_predicted_and_marked(
         "IndexError",
         upstream_error(first, reference.frame).message,
     )
-    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
+    report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
     assert not [f for f in report.findings if f.code == "kernel-divergence"]
     marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
     assert [(f.code.value, f.batch_row) for f in marked] == [(code, first.batch_row)]
@@ -139,7 +139,7 @@ def test_index_errors_are_predicted_and_marked(
 def test_a_drifted_seed_is_a_kernel_divergence(sglang_standin: InstallStandin) -> None:
     sglang_standin(seed_back=2)
     dump = load_dump(ROOT / "examples" / "clean-swa.safetensors")
-    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
+    report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
     fields = {f.details["field"] for f in report.findings if f.code == "kernel-divergence"}
     assert fields == {"write seed"}
 
@@ -147,7 +147,7 @@ def test_a_drifted_seed_is_a_kernel_divergence(sglang_standin: InstallStandin) -
 def test_a_missed_raise_is_a_launch_divergence(sglang_standin: InstallStandin) -> None:
     sglang_standin(clamp=True)
     dump = load_dump(ROOT / "examples" / "truncated-lut.safetensors")
-    report = run_check(dump, reference=VECTORIZED, kernel=SGLangPlanner())
+    report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
     launch = [f for f in report.findings if f.details.get("field") == "launch"]
     assert len(launch) == 1
     assert launch[0].details["kernel"] == "no raise"
