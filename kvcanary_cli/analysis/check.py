@@ -183,9 +183,8 @@ def _collect(
         plan = planner.plan(dump, group)
         plans.append(plan)
         for finding in plan_findings(dump, plan):
-            # The token pool is the same for every group: report a bad gather once (a batch
-            # row's position names one gather).
-            key = (finding.code, finding.batch_row, finding.position)
+            # The token pool is the same for every group: report a bad gather once.
+            key = (finding.code, finding.batch_row, finding.gather_index)
             if finding.code is FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE:
                 if key in token_seen:
                     continue

@@ -775,6 +775,7 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
                 role=Role.VERIFY,
                 message=f"{what}: REF raises IndexError, the GPU reads another row's tokens",
                 details={"pool_shape": shape, "index": value},
+                gather_index=value,
             )
         )
     if plan.skipped is not None:

@@ -280,6 +280,9 @@ class Finding:
     #: and the slot the failing entry chains from.
     canary_cause: str | None = None
     prev_slot: int | None = None
+    #: for an expected-token finding: the index of the bad gather (a pool row outside the
+    #: pool, or a position past it); every group makes the same gather.
+    gather_index: int | None = None
     provenance: SlotProvenance | None = None
     #: scalars the finding holds under only because kvcanary derived them (not recorded):
     #: such a finding is `info` until the dump records them.

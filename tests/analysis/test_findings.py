@@ -12,6 +12,7 @@ from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.model import Finding, FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Semantics
+from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.synth.scenarios import SCENARIOS
 from kvcanary_cli.synth.state import SynthSpec, build_dump
@@ -214,3 +215,29 @@ def test_int64_table_is_read_like_int32(load_synth: LoadSynth) -> None:
     synth.tensors["req_to_token"] = synth.tensors["req_to_token"].astype(np.int64)
     report = checked(load_synth(synth), kernel="vectorized")
     assert codes_of(report.findings) == {"gpu-dtype-mismatch"}
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_pool_row_outside_the_token_pool_is_one_finding_for_both_groups(
+    seed: int, load_synth: LoadSynth
+) -> None:
+    """Both groups make the same expected-token gather of a row's pool row, at different
+    positions (0 in full, the window start in swa): one finding, the full group's."""
+    synth = build_dump(SynthSpec(window=8, expected_pool=True, max_seq_len=48), seed=seed)
+    rpi = synth.tensors["req_pool_indices"]
+    row = int(np.argmax(rpi))
+    pool_row = int(rpi[row])
+    synth.tensors["req_to_verify_expected_tokens"] = synth.tensors["req_to_verify_expected_tokens"][
+        :pool_row
+    ].copy()  # the pool ends just below this row's pool row
+    dump = load_synth(synth)
+    assert int(dump.prefix_lens[row]) > 8  # so the swa window starts past position 0
+    for planner in (VECTORIZED, ReferencePlanner()):
+        found = [
+            f
+            for f in run_check(dump, planner=planner, kernel=None).findings
+            if f.code is FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE and f.batch_row == row
+        ]
+        assert [(f.group.value, f.pool_row, f.gather_index) for f in found] == [
+            ("full", pool_row, pool_row)
+        ]
