@@ -263,3 +263,28 @@ def test_the_index_keeps_the_first_cells_in_tier_order(
             got = list(zip(*columns, strict=True))
             assert got == held[:max_cells], (slot, wanted)
             assert index.count(slot) == len(held)
+
+
+def test_a_full_slot_whose_swa_peer_is_free_shows_that_finding(tmp_path: Path) -> None:
+    """`provenance --slot F` lists the SWA-space finding on F's SWA peer when the SWA
+    allocator holds it as free: the finding names F (`Finding.full_slots`), as a collision
+    does; an unrelated full slot's answer does not list it."""
+    from kvcanary_cli import api
+    from kvcanary_cli.synth.scenarios import make_scenario
+
+    synth = make_scenario("clean-swa", seed=1)
+    tensors = synth.tensors
+    row = int(np.flatnonzero(tensors["req_pool_indices"])[0])
+    pool_row, prefix = int(tensors["req_pool_indices"][row]), int(tensors["prefix_lens"][row])
+    full = int(tensors["req_to_token"][pool_row, prefix - 1])
+    other = int(tensors["req_to_token"][pool_row, prefix - 2])
+    swa = int(tensors["full_to_swa_index_mapping"][full])
+    free = tensors["free_swa_slots"]
+    tensors["free_swa_slots"] = np.concatenate([free, np.array([swa], dtype=free.dtype)])
+    path = synth.save(tmp_path / "swa-peer-free.safetensors")
+    answer = api.provenance(path, slot=full)
+    assert answer.findings  # one per live cell of F (radix sharing may put it in two rows)
+    assert {(f.code.value, f.space.value, f.slot, f.full_slots) for f in answer.findings} == {
+        ("freed-slot-in-live-range", "swa", swa, (full,))
+    }
+    assert api.provenance(path, slot=other).findings == ()
