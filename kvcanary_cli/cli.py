@@ -247,4 +247,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     unless the user chose: on CPU-quota'd containers extra threads spin against each other
     (seen: a 121K-element arange 50x slower with 2 threads than with 1)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    app(args=argv, prog_name="kvcanary")
+    opt.run(app, argv)

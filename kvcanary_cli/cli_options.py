@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+import typer.main
 from typer.core import TyperGroup
 
 from kvcanary_cli import __version__
@@ -33,11 +34,11 @@ __all__ = [
     "ExitCode",
     "GroupChoice",
     "OneLineErrors",
-    "Space",
     "check_exit",
     "fail",
     "named_files",
     "parse_positions",
+    "run",
     "with_scalar_overrides",
 ]
 
@@ -96,7 +97,14 @@ def choice_of(*members: _Choice) -> dict[str, Any]:
             raise typer.BadParameter(f"{text!r} is not one of {', '.join(by_value)}")
         return by_value[text]
 
-    return {"parser": parse, "metavar": "[" + "|".join(by_value) + "]"}
+    def complete(incomplete: str) -> list[str]:
+        return [value for value in by_value if value.startswith(incomplete)]
+
+    return {
+        "parser": parse,
+        "metavar": "[" + "|".join(by_value) + "]",
+        "autocompletion": complete,  # a shell's TAB: the choices, as typer's enums had
+    }
 
 
 def check_exit(report: CheckReport) -> ExitCode:
@@ -123,6 +131,28 @@ def fail(message: str, code: int) -> NoReturn:
     """
     typer.echo(printable(message), err=True)
     sys.exit(code)
+
+
+def internal_error(exc: Exception) -> NoReturn:
+    """A bug: one line asking for a report, exit 3 (`KVCANARY_DEBUG=1`: the traceback too)."""
+    if os.environ.get("KVCANARY_DEBUG") == "1":
+        traceback.print_exception(exc)
+    fail(
+        f"internal error: {type(exc).__name__}: {exc} -- this is a kvcanary bug; "
+        "please report it with the output of `kvcanary inspect DUMP` "
+        "(KVCANARY_DEBUG=1 shows the traceback)",
+        ExitCode.INTERNAL,
+    )
+
+
+def run(app: typer.Typer, args: Sequence[str] | None) -> None:
+    """Run `app` as `kvcanary`. Typer builds the click command first (from the commands'
+    signatures): a failure there is a bug too, and ends in the same one line, exit 3."""
+    try:
+        command = typer.main.get_command(app)
+    except Exception as exc:
+        internal_error(exc)
+    command.main(args=args, prog_name="kvcanary")
 
 
 def show_version(value: bool) -> None:
@@ -166,14 +196,7 @@ class OneLineErrors(TyperGroup):
             where = f" (see '{context.command_path} --help')" if context is not None else ""
             fail(f"error: {exc.format_message()}{where}", ExitCode.BAD_INPUT)
         except Exception as exc:
-            if os.environ.get("KVCANARY_DEBUG") == "1":
-                traceback.print_exc()
-            fail(
-                f"internal error: {type(exc).__name__}: {exc} -- this is a kvcanary bug; "
-                "please report it with the output of `kvcanary inspect DUMP` "
-                "(KVCANARY_DEBUG=1 shows the traceback)",
-                ExitCode.INTERNAL,
-            )
+            internal_error(exc)
         if result == ExitCode.INTERRUPTED:  # click turns Ctrl-C into this exit code
             fail("interrupted", ExitCode.INTERRUPTED)
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)

@@ -100,3 +100,42 @@ def test_the_api_refuses_a_planner_outside_its_subset() -> None:
         make_kernel(PlannerChoice.REFERENCE)
     with pytest.raises(OptionError, match="--backend"):
         make_planner("none")
+
+
+def test_a_command_line_typer_cannot_build_is_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A declaration typer refuses (a bug, maybe a newer typer) is one line and exit 3, not a
+    traceback that exits 1 and reads as "findings"."""
+    import typer.main
+
+    from kvcanary_cli.cli import main
+
+    def refuse(app: object) -> None:
+        raise TypeError("parser= is not supported here")
+
+    monkeypatch.setattr(typer.main, "get_command", refuse)
+    monkeypatch.delenv("KVCANARY_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 3 and "Traceback" not in err
+    assert err.startswith("internal error: TypeError: parser= is not supported here")
+
+
+@pytest.mark.parametrize(
+    ("words", "offered"),
+    [
+        ("kvcanary check --format ", ["table", "json", "markdown"]),
+        ("kvcanary check --kernel v", ["vectorized"]),
+        ("kvcanary plan --backend ", ["reference", "vectorized", "triton", "sglang"]),
+    ],
+)
+def test_a_shell_completes_a_choice_option(words: str, offered: list[str]) -> None:
+    env = {
+        "_KVCANARY_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split(" ")) - 1),
+    }
+    result = CliRunner().invoke(app, [], env=env, prog_name="kvcanary")
+    assert result.stdout.split() == offered
