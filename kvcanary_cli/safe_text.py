@@ -46,7 +46,8 @@ RecordT = TypeVar("RecordT", bound=Mapping[str, object])
 def printable_record(record: RecordT) -> RecordT:
     """`record` (JSON-like) with `printable` applied to every string, keys included: what the
     table and Markdown views draw, so that no field can be forgotten. The result has the
-    record's type: only string contents change, never keys' names or value types.
+    record's type: a record's own keys are kvcanary's names and print as they are, so only
+    text from a dump changes (values, and the keys of its maps, such as metadata names).
 
     `repr` escapes exactly the characters `printable` does, with a backslash, at C speed: a
     record whose repr holds no backslash is returned as it is (the usual case), so a check

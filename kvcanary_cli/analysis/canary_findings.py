@@ -4,7 +4,7 @@ buffers, and report each failing entry (docs/canary.md §5, docs/findings.md).
 One finding per failing verify entry and failed check (`canary-chain-break`,
 `canary-position-mismatch`, `canary-token-mismatch`, `canary-real-kv-mismatch`); the
 buffers that fail the same entry the same way (HEAD and TAIL, K and V) are merged into it. Each
-carries the rows SGLang would record and the row's explanation (`violation_diagnosis`).
+carries the rows SGLang would record and the row's explanation (`violations.explain`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """A kernel's raise, held against where the reference says upstream raises.
 
 A kernel that is an upstream planner (`--kernel sglang`) can raise: SGLang's torch reference at
-its first bad read, its GPU path before launching. kvcanary's reference plan predicts that raise
-exactly (`planners.upstream.expected_raise`), so a raise is *explained* when it is the predicted
-one, and a `kernel-divergence` (field `launch`) when it is not, or when the kernel runs through
-where a raise was due. An explained raise is tied to its finding: the finding at that slot (or
-row) gets `details["upstream_raise"]`, the raise's text.
+its first bad read, its GPU path before launching. kvcanary's reference plan predicts that
+raise exactly (`planners.upstream_raise.expected_raise`), so a raise is *explained* when it is
+the predicted one, and a `kernel-divergence` (field `launch`) when it is not, or when the kernel
+runs through where a raise was due. An explained raise is tied to its finding: the finding at
+that slot (or row) gets `upstream_raise`, the raise's text (shown in its details too).
 """
 
 from __future__ import annotations

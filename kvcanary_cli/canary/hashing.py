@@ -5,7 +5,7 @@
 fingerprint folds 16-byte chunks of KV bytes. The array forms work on numpy uint64 and wrap
 modulo 2^64 like the kernels; int64 inputs are read as their two's-complement bit patterns.
 
-A leaf module (numpy only), so the dump layer's synthesizer can stamp chains with it.
+A leaf module (numpy only): the synthesizer (`synth`) stamps chains with it too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`describe_dump`: what a dump holds, as `kvcanary inspect` shows it (a `DumpDescription`).
 
-Frozen and typed; render turns it into the `kvcanary.inspect/2` record. Built from what the
-checked file contents and a loaded dump both have, so `inspect` needs no `KvDump`.
+Frozen and typed; render turns it into the `kvcanary.inspect/2` record. It reads the loaded
+dump's header facts, scalars and per-batch vectors only (numpy; no table is touched).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Writing a shrunk dump (format 1.1): what `analysis.shrink` chose to keep, and a record of
-what was dropped.
+"""Writing a shrunk dump (format 1.1): what `analysis.shrink_selection` chose to keep, and a
+record of what was dropped.
 
 The big tensors (the tables, the LUT, canary buffers, real-KV sources) are written sparse:
 their kept elements, the runs those elements form in the original's flat order, and the

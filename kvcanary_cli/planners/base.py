@@ -292,7 +292,7 @@ class Plan:
 
     Upstream leaves the entry arrays untouched on overflow; kvcanary then holds none. The
     frame (geometry, LUT, capacities) is the one every backend planned from; build plans with
-    `frame.assemble_plan`.
+    `assemble_plan` (below).
     """
 
     backend: str

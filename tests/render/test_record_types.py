@@ -17,7 +17,7 @@ from kvcanary_cli.analysis.model import (
     Space,
 )
 from kvcanary_cli.analysis.selftest import FIELDS
-from kvcanary_cli.analysis.violations.report import OwnerKind
+from kvcanary_cli.analysis.violations.report import Cause, OwnerKind
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
 from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole, Semantics
@@ -43,6 +43,7 @@ from kvcanary_cli.render.records.selftest import PlanField
 from kvcanary_cli.render.records.violations import (
     BufferName,
     OwnerRecord,
+    ViolationCause,
     ViolationRowRecord,
 )
 from tests.render.record_schema import declared_keys
@@ -58,8 +59,18 @@ from tests.render.record_schema import declared_keys
         (SemanticsName, Semantics),
         (GroupName, Group),
         (SpaceName, Space),
+        (ViolationCause, Cause),
     ],
-    ids=["FindingCode", "CauseCode", "Severity", "Confidence", "Semantics", "Group", "Space"],
+    ids=[
+        "FindingCode",
+        "CauseCode",
+        "Severity",
+        "Confidence",
+        "Semantics",
+        "Group",
+        "Space",
+        "ViolationCause",
+    ],
 )
 def test_literals_mirror_the_model_enums(literal: Any, enum: Any) -> None:
     """Same values, in the enum's order (findings.md's table order)."""

@@ -95,6 +95,7 @@ class CheckSummaryRecord(TypedDict):
     bad_input: int
     #: findings over all dumps
     findings: int
+    #: cells per severity over all dumps
     by_severity: SeverityCountsRecord
     #: over all dumps; only codes that occur
     counts: dict[FindingCodeName, int]
@@ -103,6 +104,7 @@ class CheckSummaryRecord(TypedDict):
 class GroupRecord(TypedDict):
     """How one group was planned, and how the kernel compared with the reference."""
 
+    #: the group planned
     group: GroupName
     #: W used for this group (0 for full)
     window: int
@@ -222,6 +224,7 @@ class DumpRecord(TypedDict):
     groups: list[GroupRecord]
     #: every scalar as the check used it
     scalars: list[ScalarRecord]
+    #: derived scalars some findings rest on (those findings are info)
     assumptions: list[AssumptionRecord]
     #: most likely first; [] without findings
     diagnosis: list[CauseRecord]

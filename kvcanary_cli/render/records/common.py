@@ -4,9 +4,10 @@ the one function that builds each.
 
 The `Literal`s that mirror an enum of `analysis.model` (`FindingCode`, `CauseCode`, `Severity`,
 `Confidence`) are checked against it by tests/render/test_record_types.py, so the two cannot
-drift; a value is narrowed to its `Literal` here and nowhere else. The `#:` comment above a key
-is its documentation: docs/json-schema.md's key tables are generated from these declarations
-(tests/render/schema_doc.py).
+drift; a value is narrowed to its `Literal` in the record builders (`render/records/`) and
+nowhere else, and the output tests validate every record against its declaration. The `#:`
+comment above a key is its documentation: docs/json-schema.md's key tables are generated from
+these declarations (tests/render/schema_doc.py).
 """
 
 from __future__ import annotations
@@ -308,6 +309,7 @@ class TensorCutRecord(TypedDict):
 class ShrinkSummaryRecord(TypedDict):
     """Where a shrunk dump came from and what it dropped (`inspect`'s `shrink`)."""
 
+    #: the original dump
     source: ShrinkSourceRecord
     #: the name made safe to print and paste (A-Za-z0-9._+-)
     source_file: str

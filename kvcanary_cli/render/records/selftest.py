@@ -48,6 +48,7 @@ class PlannerRecord(TypedDict):
 
     #: vectorized, triton, sglang (with --sglang)
     name: str
+    #: whose behaviour it reproduces on bad input
     semantics: SemanticsName
     #: as check's kernel_mode
     mode: str | None
@@ -62,6 +63,7 @@ class SGLangRecord(TypedDict):
     installed: str | None
     #: --sglang: SGLang's launcher is one of the planners
     run: bool
+    #: how SGLang's launcher ran: its torch reference, or its CUDA kernels
     mode: Literal["reference", "cuda"] | None
     #: SGLang versions kvcanary's model was verified on
     verified: list[str]

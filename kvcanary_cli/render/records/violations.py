@@ -34,6 +34,7 @@ from kvcanary_cli.render.records.common import (
 __all__ = [
     "VIOLATIONS_SCHEMA",
     "BufferName",
+    "ViolationCause",
     "ExplanationRecord",
     "RowOrigin",
     "SourceRecord",
@@ -49,6 +50,21 @@ RowOrigin = Literal["ring", "log", "log-message", "replay"]
 _ORIGINS: tuple[RowOrigin, ...] = ("ring", "log", "log-message", "replay")
 #: A canary buffer of a group.
 BufferName = Literal["head.k", "head.v", "tail.k", "tail.v"]
+#: What a violation row most likely means (canary.md §7); the values of `violations.report.Cause`.
+ViolationCause = Literal[
+    "write-check",
+    "aliasing",
+    "duplicate-in-row",
+    "use-after-free",
+    "stale-slot",
+    "foreign-record",
+    "follows-bad-record",
+    "stale-row",
+    "chain-break",
+    "wrong-token",
+    "kv-overwritten",
+    "no-live-cell",
+]
 
 
 class FiltersRecord(TypedDict):
@@ -61,6 +77,7 @@ class FiltersRecord(TypedDict):
 class ViolationsSummaryRecord(TypedDict):
     """Counts over every row."""
 
+    #: every row read or replayed
     rows: int
     #: ring, log, log-message, replay
     by_origin: dict[RowOrigin, int]
@@ -185,7 +202,8 @@ class ExplanationRecord(TypedDict):
     """The facts behind a row's diagnosis."""
 
     #: canary.md §7
-    cause: str
+    cause: ViolationCause
+    #: the slot's pool
     space: SpaceName
     #: the verify cell that read it
     referenced_by: ReferenceRecord | None
