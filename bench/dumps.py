@@ -8,10 +8,15 @@ pool of 4 M slots (8 M), so that medium plans ~2.2 M full and ~0.9 M SWA verify 
 ~300 MB file, like the production dump the targets were set on; large plans about twice
 that from a table eight times larger (2.1 GB).
 
-A dump is cached under `<cache>/{size}-{variant}-{key}.safetensors` with a sidecar `.json` (the
-slots and rows the benchmark queries, the entry counts); `key` hashes the shape, the seed, the
-truncation and the source of the code that writes the bytes (synth, writer), so a change to any
-of them builds afresh (and the stale file of that size and variant is removed).
+Slots are handed out from a shuffled free list, as on a serving engine after some churn: every
+request holds pages from all over the pool, so the slots past a truncated LUT are scattered
+through the table, not one run at its end. `ordered=True` keeps the old shape (pages handed out
+in order), to compare.
+
+A dump is cached under `<cache>/{size}-{allocation}-{variant}-{key}.safetensors` with a
+sidecar `.json` (the slots and rows the benchmark queries, the entry counts); `key` hashes the
+shape, the seed, the truncation and the source of the code that writes the bytes (synth,
+writer), so a change to any of them builds afresh (and the stale file of that shape is removed).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ __all__ = [
     "BenchDump",
     "default_cache",
     "ensure_dumps",
+    "shape",
     "write_json",
 ]
 
@@ -50,7 +56,9 @@ TRUNCATED = "truncated-lut"
 LUT_KEPT = 0.6
 SEED = 0
 #: Bump when the benchmark's own choices change (what the sidecar holds, the query picks).
-BENCH_DUMPS_VERSION = 1
+BENCH_DUMPS_VERSION = 2
+SHUFFLED = "shuffled"
+ORDERED = "ordered"
 
 _SWA = {"window": 4096, "mode": "mixed"}
 #: synth's table shapes with a production batch (tiny and small: quick runs and the test).
@@ -79,6 +87,15 @@ SHAPES: dict[str, SynthSpec] = {
 }
 
 
+def shape(size: str, ordered: bool = False) -> SynthSpec:
+    """`size`'s spec, its pages drawn from a shuffled free list (`ordered`: in page order)."""
+    return replace(SHAPES[size], shuffled_free_list=not ordered)
+
+
+def _allocation(ordered: bool) -> str:
+    return ORDERED if ordered else SHUFFLED
+
+
 @dataclass(frozen=True, kw_only=True)
 class BenchDump:
     """One cached dump and what the benchmark needs to know about it."""
@@ -105,10 +122,10 @@ def default_cache() -> Path:
     return Path(base) / "bench"
 
 
-def _key(size: str, variant: str) -> str:
+def _key(size: str, variant: str, ordered: bool) -> str:
     """Hash of everything that decides the dump's bytes and the sidecar's picks."""
     h = hashlib.sha256()
-    spec = json.dumps(asdict(SHAPES[size]), sort_keys=True)
+    spec = json.dumps(asdict(shape(size, ordered)), sort_keys=True)
     parts = [spec, variant, str(SEED), str(LUT_KEPT), str(BENCH_DUMPS_VERSION), __version__]
     h.update("\0".join(parts).encode())
     for module in (state, writer):
@@ -117,32 +134,38 @@ def _key(size: str, variant: str) -> str:
     return h.hexdigest()[:12]
 
 
-def _paths(cache: Path, size: str, variant: str) -> tuple[Path, Path]:
-    stem = f"{size}-{variant}-{_key(size, variant)}"
+def _paths(cache: Path, size: str, variant: str, ordered: bool) -> tuple[Path, Path]:
+    stem = f"{size}-{_allocation(ordered)}-{variant}-{_key(size, variant, ordered)}"
     return cache / f"{stem}.safetensors", cache / f"{stem}.json"
 
 
-def ensure_dumps(size: str, variants: list[str], cache: Path) -> dict[str, BenchDump]:
-    """The dumps of `size` in `variants` (clean, truncated-lut), built if not cached."""
+def ensure_dumps(
+    size: str, variants: list[str], cache: Path, *, ordered: bool = False
+) -> dict[str, BenchDump]:
+    """The dumps of `size` in `variants` (clean, truncated-lut), built if not cached; slots
+    from a shuffled free list (`ordered`: in page order)."""
     cache.mkdir(parents=True, exist_ok=True)
-    missing = [v for v in variants if not all(p.exists() for p in _paths(cache, size, v))]
+    missing = [v for v in variants if not all(p.exists() for p in _paths(cache, size, v, ordered))]
     if missing:
         start = time.perf_counter()
-        state = build_dump(SHAPES[size], seed=SEED)
-        print(f"simulated {size} in {time.perf_counter() - start:.1f}s", flush=True)
+        state = build_dump(shape(size, ordered), seed=SEED)
+        print(
+            f"simulated {size} ({_allocation(ordered)}) in {time.perf_counter() - start:.1f}s",
+            flush=True,
+        )
         for variant in missing:
-            _save(state, size, variant, cache)
+            _save(state, size, variant, cache, ordered)
     result = {}
     for variant in variants:
-        path, side = _paths(cache, size, variant)
+        path, side = _paths(cache, size, variant, ordered)
         result[variant] = BenchDump(path=path, variant=variant, info=json.loads(side.read_text()))
     return result
 
 
-def _save(state: SynthDump, size: str, variant: str, cache: Path) -> None:
-    """Write one variant of `state` and its sidecar; remove that size/variant's stale files."""
-    path, side = _paths(cache, size, variant)
-    for old in cache.glob(f"{size}-{variant}-*"):
+def _save(state: SynthDump, size: str, variant: str, cache: Path, ordered: bool) -> None:
+    """Write one variant of `state` and its sidecar; remove that shape's stale files."""
+    path, side = _paths(cache, size, variant, ordered)
+    for old in cache.glob(f"{size}-{_allocation(ordered)}-{variant}-*"):
         if old not in (path, side):
             old.unlink()
     tensors = dict(state.tensors)
@@ -152,7 +175,7 @@ def _save(state: SynthDump, size: str, variant: str, cache: Path) -> None:
     if variant == TRUNCATED:
         cut = max(1, int(lut.shape[0] * LUT_KEPT))
         tensors["full_to_swa_index_mapping"] = lut[:cut].copy()
-    metadata["note"] = f"kvcanary bench {size} {variant} (seed {SEED})" + (
+    metadata["note"] = f"kvcanary bench {size} {_allocation(ordered)} {variant} (seed {SEED})" + (
         f": LUT cut to {LUT_KEPT:.0%} of its length" if variant == TRUNCATED else ""
     )
     start = time.perf_counter()
@@ -160,6 +183,7 @@ def _save(state: SynthDump, size: str, variant: str, cache: Path) -> None:
         spec=state.spec, seed=state.seed, tensors=tensors, metadata=metadata, live=state.live
     ).save(path)
     info = _describe(state, size, variant, cut, path)
+    info["allocation"] = _allocation(ordered)
     write_json(side, info)
     print(
         f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in "

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--size", default="medium", choices=list(SHAPES))
     parser.add_argument("--truncated-lut", action="store_true")
+    parser.add_argument("--ordered", action="store_true", help="slots handed out in page order")
     parser.add_argument("--standard", action="store_true", help="the standard set, both dumps")
     parser.add_argument("--top", type=int, default=25, help="entries per list")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.standard == bool(args.command):
         parser.error("give a kvcanary command, or --standard")
     variants = [CLEAN, TRUNCATED] if args.standard else [TRUNCATED if args.truncated_lut else CLEAN]
-    dumps = ensure_dumps(args.size, variants, args.cache)
+    dumps = ensure_dumps(args.size, variants, args.cache, ordered=args.ordered)
     args.out.mkdir(parents=True, exist_ok=True)
     for variant in variants:
         commands = STANDARD[variant] if args.standard else [args.command]

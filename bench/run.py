@@ -2,9 +2,11 @@
 
     python bench/run.py --size medium                    # clean dump, 3 repetitions
     python bench/run.py --size medium --truncated-lut    # the LUT cut to 60 %: findings path
+    python bench/run.py --size medium --truncated-lut --ordered   # pages handed out in order
     python bench/run.py --size large --repeat 1 --skip reference sglang
 
-Builds (once, cached) a dump of the size (bench/dumps.py), then measures in one run, each
+Builds (once, cached) a dump of the size (bench/dumps.py; slots drawn from a shuffled free list,
+as on a serving engine after some churn, unless `--ordered`), then measures in one run, each
 command `--repeat` times in turn (min / median / max):
 
 - whole processes, with their peak RSS: `kvcanary check` per kernel, `check --format json`
@@ -528,6 +530,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"cut the LUT to {LUT_KEPT * 100:.0f} %% of its length (the production bug)",
     )
+    parser.add_argument(
+        "--ordered",
+        action="store_true",
+        help="hand slots out in page order instead of from a shuffled free list (the old "
+        "shape: the slots past a truncated LUT form one run per request)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument(
@@ -552,11 +560,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the CLI runs: kvcanary_cli.cli.main
     main_variant = TRUNCATED if args.truncated_lut else CLEAN
-    dumps = ensure_dumps(args.size, list(dict.fromkeys([CLEAN, main_variant])), args.cache)
+    dumps = ensure_dumps(
+        args.size, list(dict.fromkeys([CLEAN, main_variant])), args.cache, ordered=args.ordered
+    )
     target = dumps[main_variant]
     info = target.info
     print(
-        f"{args.size} {main_variant}: req_to_token {info['req_to_token']}, bs {info['bs']} "
+        f"{args.size} {main_variant} ({info['allocation']} slots): req_to_token "
+        f"{info['req_to_token']}, bs {info['bs']} "
         f"({info['active_rows']} live), window {info['window']}, verify entries "
         f"{info['entries']['full']} full + {info['entries']['swa']} swa, lut_len "
         f"{info['lut_len']}, file {info['file_bytes'] / 2**20:.0f} MiB"
@@ -598,6 +609,7 @@ def main(argv: list[str] | None = None) -> None:
         "schema": "kvcanary.bench/1",
         "size": args.size,
         "truncated_lut": args.truncated_lut,
+        "allocation": "ordered" if args.ordered else "shuffled",
         "repeat": args.repeat,
         "skipped": sorted(bench.skip),
         "machine": {**machine(), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
@@ -609,7 +621,13 @@ def main(argv: list[str] | None = None) -> None:
         "ratio_bounds": bounds,
         "targets": TARGETS,
     }
-    out = args.json or ROOT / "bench" / "out" / f"run-{args.size}-{main_variant}.json"
+    out = (
+        args.json
+        or ROOT
+        / "bench"
+        / "out"
+        / f"run-{args.size}-{main_variant}{'-ordered' if args.ordered else ''}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, record)
     print(f"\nwrote {out}")

@@ -62,6 +62,9 @@ class SynthSpec:
     max_request_len: int | None = None
     #: full-pool slots (size + page_size); None: enough for every row to be full.
     pool_slots: int | None = None
+    #: hand full-pool pages out from a shuffled free list, as a serving engine's does after
+    #: some churn (a request then holds pages from all over the pool); False: in page order.
+    shuffled_free_list: bool = False
     vocab: int = 32000
     #: stamp canary buffers (HEAD and TAIL, K) with clean chains over every live prefix.
     canary: bool = False
@@ -154,7 +157,7 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
     else:
         num_pages = (spec.max_reqs - 1) * pages_per_row + 1 + math.ceil(spec.spare_slots / p)
     num_full_slots = num_pages * p
-    full_alloc = _PageAllocator(num_pages, rng, shuffle=False)
+    full_alloc = _PageAllocator(num_pages, rng, shuffle=spec.shuffled_free_list)
     req_to_token = np.zeros((spec.max_reqs, spec.max_seq_len), dtype=np.int32)
     pool_cols = spec.max_seq_len
     expected = rng.integers(0, spec.vocab, size=(spec.max_reqs, pool_cols), dtype=np.int32)
