@@ -7,7 +7,7 @@
 
 Every function returns a typed result (frozen dataclasses), never a record: render any of them
 with `kvcanary_cli.render` (`render_check`, `render_provenance`, ...), which builds the
-versioned record (`kvcanary.check/1`, ...) the JSON, table and Markdown views show. Names
+versioned record (`kvcanary.check/2`, ...) the JSON, table and Markdown views show. Names
 (`kernel="vectorized"`) are mapped to planner objects here, as on the command line; to choose
 planners yourself, call `kvcanary_cli.analysis.check.run_check` with planner objects.
 """

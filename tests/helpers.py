@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.model import DumpReport
+from kvcanary_cli.analysis.model import DumpReport, Finding
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Planner, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
@@ -48,3 +48,34 @@ UPSTREAM_RAISING_SCENARIOS = frozenset(
 #: Scenarios whose lengths ask for more verify entries than the table holds: kvcanary plans
 #: none of them and never hands SGLang the claim to allocate (its plan is "not launched").
 NOT_HANDED_TO_SGLANG = frozenset({"absurd-prefix-length"})
+
+
+def cells_key(f: Finding) -> tuple[object, ...] | None:
+    """A finding group's cells as plain, comparable values (None for a row-level finding)."""
+    if f.cells is None:
+        return None
+    c = f.cells
+    return (
+        tuple(c.batch_row.tolist()),
+        tuple(c.pool_row.tolist()),
+        tuple(c.position.tolist()),
+        None if c.slot is None else tuple(c.slot.tolist()),
+        tuple(sorted((name, tuple(v.tolist())) for name, v in c.extra.items())),
+    )
+
+
+def expand_cells(f: Finding) -> list[tuple[object, ...]]:
+    """One (code, group, space, batch row, pool row, position, slot, role) per cell a finding
+    stands for: the shape findings had before they were groups."""
+    base = (f.code.value, f.group.value, f.space.value)
+    role = None if f.role is None else f.role.value
+    if f.cells is None:
+        return [(*base, f.batch_row, f.pool_row, f.position, f.slot, role)]
+    c = f.cells
+    slots = [None] * len(c) if c.slot is None else c.slot.tolist()
+    return [
+        (*base, b, p, q, s, role)
+        for b, p, q, s in zip(
+            c.batch_row.tolist(), c.pool_row.tolist(), c.position.tolist(), slots, strict=True
+        )
+    ]

@@ -14,7 +14,10 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from kvcanary_cli.analysis.canary_findings import canary_findings
+from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.diagnosis import (
     assumptions_of,
@@ -26,13 +29,13 @@ from kvcanary_cli.analysis.diagnosis import (
 from kvcanary_cli.analysis.findings import (
     batch_findings,
     lut_findings,
-    merge_spread,
     plan_findings,
     slot_findings,
     swa_findings,
 )
 from kvcanary_cli.analysis.kernel_raise import mark_upstream_raise
 from kvcanary_cli.analysis.model import (
+    CellColumns,
     CheckReport,
     DumpReport,
     Finding,
@@ -65,6 +68,7 @@ __all__ = [
     "attach_provenance",
     "check_dumps",
     "collect_findings",
+    "group_slots",
     "provenance_slots",
     "run_check",
 ]
@@ -92,7 +96,6 @@ def run_check(
     recorded, matches = recorded_exception(dump, raised)
     requests = tuple(request_summaries(dump, findings))
     assumptions = tuple(assumptions_of(dump, findings))
-    findings = merge_spread(findings)  # after everything that reads the cells one by one
     return DumpReport(
         path=str(dump.path),
         identity=dump.identity,
@@ -178,17 +181,17 @@ def _collect(
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}
-    token_seen: set[tuple[object, ...]] = set()
+    gathers_seen: list[CellColumns] = []
     for group in chosen:
         plan = planner.plan(dump, group)
         plans.append(plan)
         for finding in plan_findings(dump, plan):
-            # The token pool is the same for every group: report a bad gather once.
-            key = (finding.code, finding.batch_row, finding.gather_index)
             if finding.code is FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE:
-                if key in token_seen:
+                # The token pool is the same for every group: report a bad gather once.
+                fresh = _new_gathers(finding, gathers_seen)
+                if fresh is None:
                     continue
-                token_seen.add(key)
+                finding = fresh
             findings.append(finding)
         if group is Group.SWA:
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
@@ -229,6 +232,30 @@ def _collect(
         kernel_plans=kernel_plans,
         cells=cells,
     )
+
+
+def _new_gathers(finding: Finding, seen: list[CellColumns]) -> Finding | None:
+    """`finding` without the (batch row, gather index) pairs an earlier group reported
+    (None when nothing is left); the pairs it keeps join `seen`."""
+    cells = finding.cells
+    assert cells is not None
+    pairs = _pairs(cells.batch_row, cells.extra["gather_index"])
+    keep = np.ones(len(cells), dtype=bool)
+    if seen:
+        old = np.concatenate([_pairs(c.batch_row, c.extra["gather_index"]) for c in seen])
+        keep = ~np.isin(pairs, old)
+    if not keep.any():
+        return None
+    kept = restricted(finding, keep)
+    assert kept.cells is not None
+    seen.append(kept.cells)
+    return kept
+
+
+def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairs of int64 values as one comparable (structured) array."""
+    stacked = np.ascontiguousarray(np.stack([a, b], axis=1), dtype=np.int64)
+    return stacked.view([("a", np.int64), ("b", np.int64)]).ravel()
 
 
 #: What one checking process needs besides its dump's pages: numpy, triton and the plan
@@ -282,13 +309,32 @@ class ProvenanceSlots:
     clamped: tuple[int, ...]
 
 
+#: Distinct slots of a finding group whose provenance it carries (its example's first).
+PROVENANCE_SLOTS = 4
+
+
+def group_slots(finding: Finding, limit: int = PROVENANCE_SLOTS) -> tuple[list[int], int]:
+    """The first `limit` distinct slots of a finding group (its example's first, then in
+    report order), and how many distinct slots it has."""
+    if finding.slot is None:
+        return [], 0
+    cells = finding.cells
+    if cells is None or cells.slot is None:
+        return [finding.slot], 1
+    values, first = np.unique(cells.slot, return_index=True)
+    ordered = values[np.argsort(first, kind="stable")][: limit + 1].tolist()
+    shown = [finding.slot, *(v for v in ordered if v != finding.slot)][:limit]
+    return shown, int(values.size)
+
+
 def provenance_slots(dump: KvDump, findings: list[Finding]) -> ProvenanceSlots:
     """Which full slots the provenance of `findings` needs the cells of."""
-    swa_slots = {f.slot for f in findings if f.slot is not None and f.space is Space.SWA}
+    shown = [(f, group_slots(f)[0]) for f in findings]
+    swa_slots = {s for f, slots in shown if f.space is Space.SWA for s in slots}
     swa_sources = full_slots_mapping_to(dump, swa_slots)
     target = clamp_target(dump)
     clamped = clamped_sources(dump, findings) if target in swa_slots else ()
-    wanted = {f.slot for f in findings if f.slot is not None and f.space is not Space.SWA}
+    wanted = {s for f, slots in shown if f.space is not Space.SWA for s in slots}
     wanted.update(clamped)
     for sources in swa_sources.values():
         wanted.update(sources)
@@ -302,8 +348,8 @@ _FINDING_CELLS = 16
 def attach_provenance(
     dump: KvDump, findings: list[Finding], *, index: ProvenanceIndex | None = None
 ) -> list[Finding]:
-    """Give every slot-carrying finding the provenance of its slot (one table scan, none when
-    `index` already scanned for every slot needed).
+    """Give every slot-carrying finding the provenance of its first distinct slots (one
+    table scan, none when `index` already scanned for every slot needed).
 
     The SWA slot a truncated LUT ends in also lists the slots the GPU clamps onto it.
     """
@@ -320,27 +366,31 @@ def attach_provenance(
     out = []
     cache: dict[tuple[str, int, str], SlotProvenance] = {}
     for f in findings:
-        if f.slot is None:
+        shown, total = group_slots(f)
+        if not shown:
             out.append(f)
             continue
         if f.group not in frames:
             frames[f.group] = group_frame(dump, f.group)
         frame = frames[f.group]
-        key = (f.space, f.slot, f.group)
-        if key not in cache:
-            cache[key] = (
-                swa_provenance(
-                    dump,
-                    index,
-                    f.slot,
-                    swa_sources[f.slot],
-                    frame,
-                    clamped_from=clamped if f.slot == target else (),
+        provenance = []
+        for slot in shown:
+            key = (f.space, slot, f.group)
+            if key not in cache:
+                cache[key] = (
+                    swa_provenance(
+                        dump,
+                        index,
+                        slot,
+                        swa_sources[slot],
+                        frame,
+                        clamped_from=clamped if slot == target else (),
+                    )
+                    if f.space is Space.SWA
+                    else index.provenance(slot, frame)
                 )
-                if f.space is Space.SWA
-                else index.provenance(f.slot, frame)
-            )
-        out.append(replace(f, provenance=cache[key]))
+            provenance.append(cache[key])
+        out.append(replace(f, provenance=tuple(provenance), provenance_total=total))
     return out
 
 

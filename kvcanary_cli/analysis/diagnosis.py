@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kvcanary_cli.analysis.cells import at_cell, restricted
 from kvcanary_cli.analysis.model import (
     Assumption,
     Cause,
@@ -178,42 +179,85 @@ _PRECEDENCE = {code: i for i, code in enumerate(CauseCode)}
 
 @dataclass
 class _Claim:
-    """A cause being built: the findings it explains and why."""
+    """A cause being built: the findings it explains (some of their cells) and why."""
 
     code: CauseCode
     confidence: Confidence
     evidence: list[str]
+    #: findings with cells claimed, in claim order (their messages are default evidence).
     members: list[int]
+    #: finding code -> cells claimed.
+    explains: Counter[str] = field(default_factory=Counter)
+
+
+_CAUSES = list(CauseCode)
+_UNCLAIMED = -1
 
 
 class _Diagnosis:
-    """Findings being assigned to causes; each finding goes to the first cause that claims it."""
+    """Cells of findings being assigned to causes; each cell goes to the first cause that
+    claims it (a finding group whose cells go to several causes is split by cause)."""
 
     def __init__(self, dump: KvDump, findings: list[Finding]) -> None:
         self.dump = dump
         self.findings = findings
         self.claims: dict[CauseCode, _Claim] = {}
-        self.cause_of: list[CauseCode | None] = [None] * len(findings)
+        #: per finding, the index in `_CAUSES` of each cell's cause (`_UNCLAIMED`: none yet).
+        self.cause_of: list[np.ndarray] = [
+            np.full(f.count, _UNCLAIMED, dtype=np.int8) for f in findings
+        ]
 
-    def claim(self, code: CauseCode, confidence: Confidence, index: int) -> None:
-        if self.cause_of[index] is not None:
+    def claim(
+        self,
+        code: CauseCode,
+        confidence: Confidence,
+        index: int,
+        cells: np.ndarray | None = None,
+    ) -> None:
+        """Claim the unclaimed cells of finding `index` (those `cells` selects, a mask)."""
+        causes = self.cause_of[index]
+        free = causes == _UNCLAIMED
+        if cells is not None:
+            free &= cells
+        taken = int(np.count_nonzero(free))
+        if not taken:
             return
         entry = self.claims.setdefault(code, _Claim(code, confidence, [], []))
         entry.members.append(index)
-        self.cause_of[index] = code
+        entry.explains[self.findings[index].code.value] += taken
+        causes[free] = _CAUSES.index(code)
+
+    def free(self, index: int) -> np.ndarray:
+        """Mask of the cells of finding `index` no cause has claimed yet."""
+        free: np.ndarray = self.cause_of[index] == _UNCLAIMED
+        return free
 
     def evidence(self, code: CauseCode) -> list[str]:
         """The evidence list of a claimed cause (to add to)."""
         return self.claims[code].evidence
 
     def unclaimed(self, code: FindingCode) -> list[int]:
+        """Findings of `code` with a cell no cause has claimed."""
         return [
-            i for i, f in enumerate(self.findings) if f.code is code and self.cause_of[i] is None
+            i for i, f in enumerate(self.findings) if f.code is code and bool(self.free(i).any())
         ]
+
+    def split(self) -> list[Finding]:
+        """Every finding with its cause set; a group claimed by several causes is one finding
+        per cause."""
+        out: list[Finding] = []
+        for f, causes in zip(self.findings, self.cause_of, strict=True):
+            values = np.unique(causes)
+            for value in values.tolist():
+                cause = None if value == _UNCLAIMED else _CAUSES[value]
+                part = f if values.size == 1 else restricted(f, causes == value)
+                out.append(replace(part, cause=cause))
+        return out
 
 
 def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tuple[Cause, ...]]:
-    """Every finding with its cause set, and the causes ranked (empty without findings)."""
+    """Every finding with its cause set (split by cause), and the causes ranked (empty without
+    findings)."""
     state = _Diagnosis(dump, findings)
     _batch_rows(state)
     _stale_rows(state)
@@ -225,27 +269,25 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
     causes.extend(possible)
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
-    return [replace(f, cause=state.cause_of[i]) for i, f in enumerate(findings)], tuple(causes)
+    return state.split(), tuple(causes)
 
 
 def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
-    explains: Counter[str] = Counter()
-    for i in entry.members:  # cells: a run record counts each cell it stands for
-        explains[findings[i].code.value] += findings[i].cells
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
         summary=_SUMMARY[entry.code],
         evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
-        explains=dict(sorted(explains.items(), key=lambda kv: FindingCode(kv[0]).order)),
+        explains=dict(sorted(entry.explains.items(), key=lambda kv: FindingCode(kv[0]).order)),
         fix=_FIX[entry.code],
     )
 
 
 def _default_evidence(entry: _Claim, findings: list[Finding]) -> tuple[str, ...]:
     """The first findings themselves, when the cause needs no argument beyond its symptoms."""
-    shown = [findings[i].message for i in entry.members[:3]]
-    more = len(entry.members) - len(shown)
+    members = list(dict.fromkeys(entry.members))
+    shown = [findings[i].message for i in members[:3]]
+    more = len(members) - len(shown)
     return (*shown, f"... and {more} more") if more > 0 else tuple(shown)
 
 
@@ -256,51 +298,80 @@ def _batch_rows(state: _Diagnosis) -> None:
     }
     if not rows:
         return
+    bad = np.array(sorted(rows), dtype=np.int64)
     for i, f in enumerate(state.findings):
-        if f.code in _BATCH_CODES or f.batch_row in rows:
+        if f.code in _BATCH_CODES or (f.cells is None and f.batch_row in rows):
             state.claim(CauseCode.BATCH_METADATA_CORRUPT, Confidence.CERTAIN, i)
+        elif f.cells is not None:
+            state.claim(
+                CauseCode.BATCH_METADATA_CORRUPT,
+                Confidence.CERTAIN,
+                i,
+                np.isin(f.cells.batch_row, bad),
+            )
     state.evidence(CauseCode.BATCH_METADATA_CORRUPT).extend(
         f.message for f in state.findings if f.code in _BATCH_CODES
     )
 
 
 def _stale_rows(state: _Diagnosis) -> None:
-    """A run of symptoms that ends at the last prefix position of a row: a stale tail."""
+    """Symptoms that cover most of a row's prefix up to its last position: a stale tail."""
     findings = state.findings
-    prefix = np.maximum(state.dump.prefix_lens, 0).tolist()
-    by_row: dict[int, list[int]] = {}
+    prefix = np.maximum(state.dump.prefix_lens, 0)
+    bs = int(prefix.shape[0])
+    rows, positions, codes, members = [], [], [], []
     for i, f in enumerate(findings):
-        if (
-            f.code in _STALE_CODES
-            and f.batch_row is not None
-            and f.position is not None
-            and state.cause_of[i] is None
-            and f.position < prefix[f.batch_row]
-        ):
-            by_row.setdefault(f.batch_row, []).append(i)
-    for row, members in by_row.items():
-        p = prefix[row]
-        # the prefix positions the findings cover (a run record covers several)
-        spans = sorted((findings[i].position or 0, findings[i].position_end or 0) for i in members)
-        covered, first, last, reach = 0, spans[0][0], -1, -1
-        for a, b in spans:
-            b = min(b, p - 1)
-            if b > reach:
-                covered += b - max(a, reach + 1) + 1
-                reach = b
-            last = max(last, b)
-        # At least two cells, ending at the last prefix position, covering most of the run.
-        if covered < 2 or last != p - 1 or 2 * covered < p - first:
+        if f.code not in _STALE_CODES or f.cells is None:
             continue
-        for i in members:
-            state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i)
-        codes: Counter[str] = Counter()
-        for i in members:
-            codes[findings[i].code.value] += findings[i].cells
+        row = f.cells.batch_row
+        inside = state.free(i) & (row >= 0) & (row < bs)
+        inside[inside] &= f.cells.position[inside] < prefix[row[inside]]
+        if inside.any():
+            rows.append(row[inside])
+            positions.append(f.cells.position[inside])
+            codes.append(np.full(int(inside.sum()), f.code.order, dtype=np.int64))
+            members.append(i)
+    if not rows:
+        return
+    row, position, code = np.concatenate(rows), np.concatenate(positions), np.concatenate(codes)
+    # distinct positions per row: how much of the prefix the symptoms cover
+    order = np.lexsort((position, row))
+    r, q = row[order], position[order]
+    distinct = np.ones(r.size, dtype=bool)
+    distinct[1:] = (r[1:] != r[:-1]) | (q[1:] != q[:-1])
+    covered = np.bincount(r[distinct], minlength=bs)
+    first = np.full(bs, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, r, q)
+    last = np.full(bs, -1, dtype=np.int64)
+    np.maximum.at(last, r, q)
+    # At least two cells, ending at the last prefix position, covering most of the run.
+    stale = (covered >= 2) & (last == prefix - 1) & (2 * covered >= prefix - first)
+    if not stale.any():
+        return
+    stale_rows = np.flatnonzero(stale)
+    for i in members:
+        cells = findings[i].cells
+        assert cells is not None
+        row_of = np.clip(cells.batch_row, 0, bs - 1)
+        mask = stale[row_of] & (cells.position < prefix[row_of]) & (cells.batch_row < bs)
+        state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i, mask & (cells.batch_row >= 0))
+    pool_rows = state.dump.req_pool_indices
+    per_row = np.isin(row, stale_rows)
+    counted_rows, counted_codes = row[per_row], code[per_row]
+    every_code = list(FindingCode)
+    for b in stale_rows.tolist():
+        here = counted_codes[counted_rows == b]
+        tally: Counter[str] = Counter(
+            {
+                every_code[c].value: int(n)
+                for c, n in zip(*np.unique(here, return_counts=True), strict=True)
+            }
+        )
+        p, start = int(prefix[b]), int(first[b])
         state.evidence(CauseCode.STALE_ROW_READ).append(
-            f"batch row {row} (pool row {findings[members[0]].pool_row}): positions "
-            f"{first}..{p - 1}, the last {p - first} of its prefix of {p}, hold "
-            f"{_counted(codes)}; the cells before them are clean"
+            f"batch row {b} (pool row {int(pool_rows[b])}): positions "
+            f"{start}..{p - 1}, the last {p - start} of its prefix of {p}, hold "
+            f"{_counted(tally)}; the cells before them are clean"
         )
 
 
@@ -310,15 +381,29 @@ def _canary_records(state: _Diagnosis) -> None:
     follows a bad record joins that record's cause."""
     findings = state.findings
     canary = [
-        i for i, f in enumerate(findings) if f.code in _CANARY_CODES and state.cause_of[i] is None
+        i for i, f in enumerate(findings) if f.code in _CANARY_CODES and bool(state.free(i).any())
     ]
     if not canary:
         return
+    wanted = np.array(
+        sorted(
+            {s for i in canary for s in (findings[i].slot, findings[i].prev_slot) if s is not None}
+        ),
+        dtype=np.int64,
+    )
     slot_cause: dict[tuple[str, int], CauseCode] = {}
     for i, f in enumerate(findings):
-        cause = state.cause_of[i]
-        if cause is not None and f.slot is not None and f.code not in _CANARY_CODES:
-            slot_cause.setdefault((f.space, f.slot), cause)
+        if f.code in _CANARY_CODES or f.slot is None:
+            continue
+        causes = state.cause_of[i]
+        slots = (
+            np.array([f.slot], dtype=np.int64)
+            if f.cells is None or f.cells.slot is None
+            else f.cells.slot
+        )
+        hit = np.flatnonzero(np.isin(slots, wanted) & (causes != _UNCLAIMED))
+        for k in hit.tolist():
+            slot_cause.setdefault((f.space, int(slots[k])), _CAUSES[int(causes[k])])
     follows: list[int] = []
     for i in canary:
         f = findings[i]
@@ -331,9 +416,9 @@ def _canary_records(state: _Diagnosis) -> None:
         else:
             code = _BY_EXPLANATION.get(explained, CauseCode.FOREIGN_CANARY_RECORD)
             state.claim(code, Confidence.LIKELY, i)
-        claimed = state.cause_of[i]
-        if f.slot is not None and claimed is not None:
-            slot_cause.setdefault((f.space, f.slot), claimed)
+        claimed = int(state.cause_of[i][0])
+        if f.slot is not None and claimed != _UNCLAIMED:
+            slot_cause.setdefault((f.space, f.slot), _CAUSES[claimed])
     for i in follows:
         f = findings[i]
         before = (f.space, -1 if f.prev_slot is None else f.prev_slot)
@@ -342,6 +427,13 @@ def _canary_records(state: _Diagnosis) -> None:
 
 def _counted(codes: Counter[str]) -> str:
     return ", ".join(f"{n} {code}" for code, n in codes.most_common())
+
+
+def _cell_slots(finding: Finding) -> np.ndarray:
+    """Every cell's slot (the finding's own slot for a one-cell finding; -1 without one)."""
+    if finding.cells is not None and finding.cells.slot is not None:
+        return finding.cells.slot
+    return np.array([-1 if finding.slot is None else finding.slot], dtype=np.int64)
 
 
 def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
@@ -360,31 +452,43 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
     shorter = state.unclaimed(FindingCode.LUT_SHORTER_THAN_POOL)
     sentinel = state.unclaimed(FindingCode.LUT_SENTINEL_MISSING)
 
-    def slot(i: int) -> int:
-        value = findings[i].slot
-        return -1 if value is None else value
-
     if pool.value is not None and not pool.assumed:
-        corrupt = [*beyond, *(i for i in out_of_range if slot(i) >= pool.value)]
-        for i in corrupt:
+        size = pool.value
+        corrupt = False
+        for i in beyond:
             state.claim(CauseCode.SLOT_INDEX_CORRUPT, Confidence.CERTAIN, i)
+            corrupt = True
+        short: list[np.ndarray] = []
+        for i in out_of_range:
+            slots, free = _cell_slots(findings[i]), state.free(i)
+            too_big = free & (slots >= size)
+            if too_big.any():
+                state.claim(CauseCode.SLOT_INDEX_CORRUPT, Confidence.CERTAIN, i, too_big)
+                corrupt = True
+            short.append(slots[free & (slots >= 0) & (slots < size)])
         if corrupt:
             state.evidence(CauseCode.SLOT_INDEX_CORRUPT).append(
-                f"live slots >= num_full_slots {pool.value} ({pool.source}): beyond the pool, "
+                f"live slots >= num_full_slots {size} ({pool.source}): beyond the pool, "
                 "so beyond a correctly sized LUT too"
             )
-        short = [i for i in out_of_range if 0 <= slot(i) < pool.value]
-        if short or shorter:
-            for i in [*shorter, *short, *(sentinel if shorter else [])]:
+        valid = np.unique(np.concatenate(short)) if short else np.zeros(0, dtype=np.int64)
+        if valid.size or shorter:
+            for i in out_of_range:
+                slots = _cell_slots(findings[i])
+                state.claim(
+                    CauseCode.LUT_TOO_SHORT, Confidence.CERTAIN, i, (slots >= 0) & (slots < size)
+                )
+            for i in [*shorter, *(sentinel if shorter else [])]:
                 state.claim(CauseCode.LUT_TOO_SHORT, Confidence.CERTAIN, i)
             state.evidence(CauseCode.LUT_TOO_SHORT).extend(
-                _lut_evidence(dump, lut_len, pool.value, pool.source, [slot(i) for i in short])
+                _lut_evidence(dump, lut_len, size, pool.source, valid)
             )
         return []
     if not out_of_range and not beyond:
         return []
-    slots = sorted({slot(i) for i in (*out_of_range, *beyond) if slot(i) >= 0})
-    evidence, lut_likely = _unrecorded_pool_evidence(dump, lut_len, slots)
+    parts = [_cell_slots(findings[i])[state.free(i)] for i in (*out_of_range, *beyond)]
+    slots = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    evidence, lut_likely = _unrecorded_pool_evidence(dump, lut_len, slots[slots >= 0])
     first, second = (
         (CauseCode.LUT_TOO_SHORT, CauseCode.SLOT_INDEX_CORRUPT)
         if lut_likely
@@ -393,9 +497,6 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
     for i in (*out_of_range, *beyond, *sentinel):
         state.claim(first, Confidence.LIKELY, i)
     state.evidence(first).extend(evidence)
-    explains: Counter[str] = Counter()
-    for i in state.claims[first].members:
-        explains[findings[i].code.value] += findings[i].cells
     return [
         Cause(
             code=second,
@@ -405,25 +506,25 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
                 "num_full_slots is not recorded, so the pool size cannot rule it out",
                 *evidence,
             ),
-            explains=dict(explains),
+            explains=dict(state.claims[first].explains),
             fix=_FIX[second],
         )
     ]
 
 
 def _lut_evidence(
-    dump: KvDump, lut_len: int, pool_size: int, source: str, slots: Iterable[int]
+    dump: KvDump, lut_len: int, pool_size: int, source: str, valid: np.ndarray
 ) -> list[str]:
+    """Why the LUT is too short; `valid` are the distinct slots it cannot translate (sorted)."""
     lut = dump.full_to_swa_index_mapping
     assert lut is not None
-    valid = sorted(set(slots))
     evidence = [
         f"lut_len {lut_len}",
         f"num_full_slots {pool_size} ({source}): a production LUT has {pool_size + 1} entries",
     ]
-    if valid:
+    if valid.size:
         evidence.append(
-            f"{len(valid)} distinct live slots in {valid[0]}..{valid[-1]}: >= "
+            f"{valid.size} distinct live slots in {valid[0]}..{valid[-1]}: >= "
             f"lut_len, < num_full_slots, so valid slots the LUT cannot translate"
         )
     last = lut.element(-1)
@@ -436,17 +537,18 @@ def _lut_evidence(
 
 
 def _unrecorded_pool_evidence(
-    dump: KvDump, lut_len: int, slots: list[int]
+    dump: KvDump, lut_len: int, slots: np.ndarray
 ) -> tuple[list[str], bool]:
-    """Evidence about a LUT that may be short, when the pool size is not recorded."""
+    """Evidence about a LUT that may be short, when the pool size is not recorded (`slots`:
+    the distinct live slots past it, sorted)."""
     evidence = [
         f"lut_len {lut_len}",
         f"num_full_slots not recorded (derived as lut_len - 1 = "
         f"{lut_len - 1}); record it to decide",
     ]
-    if not slots:
+    if not slots.size:
         return evidence, True
-    evidence.append(f"{len(slots)} distinct live slots >= lut_len - 1, in {slots[0]}..{slots[-1]}")
+    evidence.append(f"{slots.size} distinct live slots >= lut_len - 1, in {slots[0]}..{slots[-1]}")
     lut = dump.full_to_swa_index_mapping
     if lut is not None and lut.element(-1) != -1:
         evidence.append(f"the LUT ends in {lut.element(-1)}, not -1: it was sliced")
@@ -460,10 +562,10 @@ def _unrecorded_pool_evidence(
                 "larger than the LUT"
             )
             return evidence, True
-    table_top = int(max(slots))
+    table_top = int(slots[-1])
     # Slots an allocator hands out are dense: a few past the LUT's end are a short LUT; a lone
     # slot far beyond everything else is a corrupt index.
-    likely_lut = len(slots) >= 2 and table_top < 2 * max(lut_len, 1)
+    likely_lut = slots.size >= 2 and table_top < 2 * max(lut_len, 1)
     evidence.append(
         "several slots just past the LUT's end, as an allocator hands them out"
         if likely_lut
@@ -477,7 +579,7 @@ def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:
     decides: dict[str, Counter[str]] = {}
     for f in findings:
         for name in f.assumes:
-            decides.setdefault(name, Counter())[f.code.value] += 1
+            decides.setdefault(name, Counter())[f.code.value] += f.count
     out = []
     for name, counts in decides.items():
         scalar = dump.scalars[name]
@@ -496,28 +598,36 @@ def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:
 
 
 def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSummary]:
-    """One summary per batch row with findings, in batch order."""
-    rows: dict[int, list[Finding]] = {}
+    """One summary per batch row with findings, in batch order (counted per cell)."""
+    bs = dump.bs
+    codes = list(FindingCode)
+    counts = np.zeros((len(codes), bs), dtype=np.int64)
+    first_bad = np.full(bs, np.iinfo(np.int64).max, dtype=np.int64)
     for f in findings:
-        if f.batch_row is not None and 0 <= f.batch_row < dump.bs:
-            rows.setdefault(f.batch_row, []).append(f)
-    rpi, prefix = dump.req_pool_indices.tolist(), dump.prefix_lens.tolist()
-    extend = dump.extend_seq_lens.tolist()
+        if f.cells is None:
+            if f.batch_row is None or not 0 <= f.batch_row < bs:
+                continue
+            counts[f.code.order, f.batch_row] += 1
+            if f.position is not None:
+                first_bad[f.batch_row] = min(first_bad[f.batch_row], f.position)
+            continue
+        row = f.cells.batch_row
+        inside = (row >= 0) & (row < bs)
+        counts[f.code.order] += np.bincount(row[inside], minlength=bs)
+        np.minimum.at(first_bad, row[inside], f.cells.position[inside])
+    rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
     out = []
-    for row in sorted(rows):
-        found = rows[row]
-        counts: Counter[str] = Counter()
-        for f in found:
-            counts[f.code.value] += f.cells
-        positions = [f.position for f in found if f.position is not None]
+    for batch_row in np.flatnonzero(counts.any(axis=0)).tolist():  # rows with findings
+        per_code = counts[:, batch_row]
+        bad = int(first_bad[batch_row])
         out.append(
             RequestSummary(
-                batch_row=row,
-                pool_row=int(rpi[row]),
-                prefix_len=int(prefix[row]),
-                extend_len=int(extend[row]),
-                counts=dict(sorted(counts.items(), key=lambda kv: FindingCode(kv[0]).order)),
-                first_bad_position=min(positions) if positions else None,
+                batch_row=batch_row,
+                pool_row=int(rpi[batch_row]),
+                prefix_len=int(prefix[batch_row]),
+                extend_len=int(extend[batch_row]),
+                counts={codes[c].value: int(per_code[c]) for c in np.flatnonzero(per_code)},
+                first_bad_position=None if bad == np.iinfo(np.int64).max else bad,
             )
         )
     return out
@@ -539,15 +649,13 @@ def first_raise(
         code = FindingCode(problem.kind.code)
         marked = list(findings)
         for i, f in enumerate(marked):
-            if (
-                f.code is code
-                and f.batch_row == problem.batch_row
-                and (
-                    code is not FindingCode.LUT_OUT_OF_RANGE
-                    or (f.group == plan.group and f.covers(problem.position))
-                )
+            if f.code is not code or (
+                code is FindingCode.LUT_OUT_OF_RANGE and f.group != plan.group
             ):
-                marked[i] = replace(f, first_raise=True)
+                continue
+            site = at_cell(f, problem.batch_row, problem.position)
+            if site is not None:
+                marked[i] = replace(site, first_raise=True)
                 break
         return FirstRaise(
             group=plan.group,

@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from kvcanary_cli.analysis.model import (
+    CellColumns,
     Finding,
     FindingCode,
     Group,
@@ -26,18 +27,13 @@ from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
 
 __all__ = [
-    "SLOT_SPREAD",
     "batch_findings",
     "lut_findings",
-    "merge_spread",
     "plan_findings",
     "slot_findings",
     "swa_findings",
     "write_findings",
 ]
-
-#: More one-cell records than this of one code and slot become one spread record.
-SLOT_SPREAD = 16
 
 
 def batch_findings(dump: KvDump) -> list[Finding]:
@@ -161,41 +157,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
     return found
 
 
-def _cell_finding(
-    code: FindingCode,
-    cells: LiveCells,
-    i: int | np.integer,
-    message: str,
-    *,
-    group: Group = Group.FULL,
-    slot: int | None = None,
-    space: Space = Space.FULL,
-    role: Role | None = None,
-    details: dict[str, object] | None = None,
-    full_slots: tuple[int, ...] = (),
-) -> Finding:
-    """A finding at live cell `i`; its role defaults to the full group's (window 0)."""
-    return Finding(
-        code=code,
-        group=group,
-        slot=int(cells.slot[i]) if slot is None else slot,
-        space=space,
-        batch_row=int(cells.batch_row[i]),
-        pool_row=int(cells.pool_row[i]),
-        position=int(cells.position[i]),
-        role=role or (Role.PENDING_WRITE if cells.pending[i] else Role.VERIFY),
-        message=message,
-        details=details or {},
-        full_slots=full_slots,
-    )
-
-
-#: A run of at least this many consecutive offending cells of one row (same code) is one
-#: record: output then grows with the problems, not with the cells. Shorter runs are listed
-#: cell by cell.
-RUN_CELLS = 16
-#: Cells a finding lists in its details (positions, other cells, a run's slots): a sample,
-#: with the total.
+#: Cells a finding lists in its details (positions, other cells): a sample, with the total.
 SAMPLE_CELLS = 8
 
 
@@ -211,74 +173,58 @@ def _cell_records(
     slots: np.ndarray | None = None,
     role: Callable[[int], Role | None] | None = None,
     details: Callable[[int], dict[str, object]] | None = None,
+    shared_details: Callable[[int], dict[str, object]] | None = None,
     full_slots: Callable[[int], tuple[int, ...]] | None = None,
     split: np.ndarray | None = None,
+    columns: dict[str, np.ndarray] | None = None,
 ) -> list[Finding]:
-    """Findings for the offending cells (ascending indices into `cells`): one per cell, or
-    one per run of `RUN_CELLS` or more consecutive positions of one row.
+    """One finding group per role of the offending cells (ascending indices into `cells`),
+    holding all of them as columns.
 
     `slots` (aligned with `cells`) replaces the slot reported (an SWA slot, say); `split`
-    (aligned with `offending`) keeps cells with different values out of one run.
+    (aligned with `offending`) keeps cells with different values (a role set) in different
+    groups; `columns` (aligned with `cells`) are the code's own per-cell columns. A group of
+    one cell says what that cell is (`message`, `details`); a larger one what its cells
+    share (`run_what`); `shared_details` (of the group's first cell) are the same for every
+    cell of a group, and go with every group.
     """
     offending = np.asarray(offending, dtype=np.int64)
     if offending.size == 0:
         return []
     reported = cells.slot if slots is None else slots
-    rows, positions = cells.batch_row[offending], cells.position[offending]
-    new_run = np.ones(offending.size, dtype=bool)
-    new_run[1:] = (
-        (rows[1:] != rows[:-1])
-        | (positions[1:] != positions[:-1] + 1)
-        | (cells.pending[offending][1:] != cells.pending[offending][:-1])
-    )
+    key = cells.pending[offending].astype(np.int64)
     if split is not None:
-        new_run[1:] |= split[1:] != split[:-1]
-    starts = np.flatnonzero(new_run)
-    ends = np.r_[starts[1:], offending.size]
+        key = key * (int(split.max(initial=0)) + 1) + split.astype(np.int64)
     found: list[Finding] = []
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        if b - a < RUN_CELLS:
-            for i in offending[a:b].tolist():
-                found.append(
-                    _cell_finding(
-                        code,
-                        cells,
-                        i,
-                        message(i),
-                        group=group,
-                        slot=int(reported[i]),
-                        space=space,
-                        role=role(i) if role else None,
-                        details=details(i) if details else None,
-                        full_slots=full_slots(i) if full_slots else (),
-                    )
-                )
-            continue
-        members = offending[a:b]
-        first, n = int(members[0]), b - a
-        sample = [int(v) for v in reported[members[:SAMPLE_CELLS]]]
-        shown = ", ".join(map(str, sample)) + (", ..." if n > SAMPLE_CELLS else "")
-        p0 = int(cells.position[first])
+    for value in np.unique(key).tolist():
+        members = offending[key == value]  # ascending: batch row, then position
+        first = int(members[0])
+        cell_columns = CellColumns(
+            batch_row=cells.batch_row[members].astype(np.int64),
+            pool_row=cells.pool_row[members].astype(np.int64),
+            position=cells.position[members].astype(np.int64),
+            slot=reported[members].astype(np.int64),
+            extra={n: v[members].astype(np.int64) for n, v in (columns or {}).items()},
+        )
+        one = members.size == 1
         found.append(
-            replace(
-                _cell_finding(
-                    code,
-                    cells,
-                    first,
-                    f"{n} consecutive cells, positions {p0}..{p0 + n - 1}, hold {run_what} "
-                    f"(slots {shown})",
-                    group=group,
-                    slot=sample[0],
-                    space=space,
-                    role=role(first) if role else None,
-                    full_slots=full_slots(first) if full_slots else (),
-                    details={
-                        **(details(first) if details else {}),
-                        "slots": sample,
-                        "slots_total": n,
-                    },
-                ),
-                cells=n,
+            Finding(
+                code=code,
+                group=group,
+                slot=int(reported[first]),
+                space=space,
+                batch_row=int(cells.batch_row[first]),
+                pool_row=int(cells.pool_row[first]),
+                position=int(cells.position[first]),
+                role=(role(first) if role else None)
+                or (Role.PENDING_WRITE if cells.pending[first] else Role.VERIFY),
+                message=message(first) if one else run_what,
+                details={
+                    **(shared_details(first) if shared_details else {}),
+                    **(details(first) if details and one else {}),
+                },
+                full_slots=full_slots(first) if full_slots else (),
+                cells=cell_columns,
             )
         )
     return found
@@ -315,7 +261,7 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
             np.flatnonzero(slot >= size),
             lambda i: f"live slot {slot[i]} is beyond the full pool ({size} slots, {pool.source})",
             run_what=f"slots beyond the full pool ({size} slots, {pool.source})",
-            details=lambda i: {"num_full_slots": size},
+            shared_details=lambda i: {"num_full_slots": size},
         )
         found += [replace(f, assumes=assumes) for f in beyond]
     real = slot > 0
@@ -364,19 +310,6 @@ def _held_twice(slot: np.ndarray, among: np.ndarray) -> np.ndarray:
     return out
 
 
-def _groups_of(*keys: np.ndarray) -> list[np.ndarray]:
-    """Index arrays of cells with equal keys (cell order within a group), only for keys that
-    occur twice or more. Several key arrays compare as tuples: no packing into one integer,
-    which could collide (int64 slots) or overflow."""
-    if keys[0].size == 0:
-        return []
-    order = np.lexsort(keys[::-1])  # first key primary; ties keep cell order (stable)
-    starts = _group_starts([k[order] for k in keys])
-    ends = np.r_[starts[1:], order.size]
-    repeated = ends - starts > 1
-    return [order[a:b] for a, b in zip(starts[repeated], ends[repeated], strict=True)]
-
-
 def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
     """Where each run of equal key tuples begins in sorted order."""
     change = np.zeros(sorted_keys[0].size, dtype=bool)
@@ -387,21 +320,25 @@ def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
 
 
 def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
-    """Every cell after the first of a slot that sits at several positions of one row."""
+    """Every cell after the first of a slot that sits at several positions of one row (found
+    with one sort; a one-cell finding lists the slot's positions)."""
     idx = np.flatnonzero(real)
-    seen: dict[int, tuple[list[int], int]] = {}
-    repeats: list[np.ndarray] = []
-    for group in _groups_of(cells.pool_row[idx], cells.slot[idx]):
-        members = idx[group]
-        positions = np.sort(cells.position[members])
-        shown = ([int(p) for p in positions[:SAMPLE_CELLS]], int(positions.size))
-        seen.update(dict.fromkeys(members[1:].tolist(), shown))
-        repeats.append(members[1:])
+    if idx.size < 2:
+        return []
+    row, slot = cells.pool_row[idx], cells.slot[idx]
+    order = np.lexsort((cells.position[idx], slot, row))
+    same = (row[order][1:] == row[order][:-1]) & (slot[order][1:] == slot[order][:-1])
+    repeats = np.sort(idx[order[1:][same]])
+
+    def positions(i: int) -> np.ndarray:
+        here = (cells.pool_row[idx] == cells.pool_row[i]) & (slot == cells.slot[i])
+        return np.sort(cells.position[idx][here])
 
     def message(i: int) -> str:
-        shown, total = seen[i]
-        listed = str(shown) if total <= SAMPLE_CELLS else f"{str(shown)[:-1]}, ...]"
-        many = f"{total} positions " if total > SAMPLE_CELLS else ""
+        at = positions(i)
+        shown = [int(p) for p in at[:SAMPLE_CELLS]]
+        listed = str(shown) if at.size <= SAMPLE_CELLS else f"{str(shown)[:-1]}, ...]"
+        many = f"{at.size} positions " if at.size > SAMPLE_CELLS else ""
         return (
             f"slot {cells.slot[i]} sits at {many}positions {listed} of pool row {cells.pool_row[i]}"
         )
@@ -409,10 +346,13 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     return _cell_records(
         FindingCode.DUPLICATE_SLOT_IN_ROW,
         cells,
-        np.sort(np.concatenate(repeats)) if repeats else np.zeros(0, dtype=np.int64),
+        repeats,
         message,
         run_what="slots that also sit at other positions of the same row",
-        details=lambda i: {"positions": seen[i][0], "positions_total": seen[i][1]},
+        details=lambda i: {
+            "positions": [int(p) for p in positions(i)[:SAMPLE_CELLS]],
+            "positions_total": int(positions(i).size),
+        },
     )
 
 
@@ -421,8 +361,9 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     slot at one position in many rows; only a second position is aliasing).
 
     Per slot, the position most of its cells agree on is the owner's (on a tie the smallest;
-    when no two agree, the position of its first cell) and every other cell is a copy.
-    Everything is computed per slot with sorts, not per cell.
+    when no two agree, the position of its first cell) and every other cell is a copy; each
+    copy carries its slot's owner position (column `owner_position`). Everything is computed
+    per slot with sorts, not per cell.
     """
     idx = np.flatnonzero(real)
     if idx.size == 0:
@@ -460,47 +401,34 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     copy = suspect[sid] & (position != owner[sid])
     if not copy.any():
         return []
-    in_suspect = np.flatnonzero(suspect[sid])
-    at_owner = in_suspect[position[in_suspect] == owner[sid[in_suspect]]]
-    owners: dict[int, list[tuple[int, int]]] = {}
-    for k in _first_per_group(sid, at_owner, 3).tolist():
-        owners.setdefault(int(sid[k]), []).append((int(row[k]), int(position[k])))
-    # A sample of each slot's cells to name other rows from (twice the sample: a finding
-    # leaves out its own row's cells).
-    members: dict[int, list[tuple[int, int]]] = {}
-    for k in _first_per_group(sid, in_suspect, 2 * SAMPLE_CELLS).tolist():
-        members.setdefault(int(sid[k]), []).append((int(row[k]), int(position[k])))
+    owner_position = np.zeros(len(cells), dtype=np.int64)
+    owner_position[idx] = owner[sid]
 
-    def at(i: int) -> int:
-        return int(np.searchsorted(idx, i))
+    def holders(i: int) -> list[tuple[int, int]]:
+        """(pool row, position) of the cells holding cell i's slot, in cell order."""
+        here = np.flatnonzero(slot == cells.slot[i])
+        return [(int(row[k]), int(position[k])) for k in here]
+
+    def message(i: int) -> str:
+        at = [c for c in holders(i) if c[1] == owner_position[i]][:3]
+        return (
+            f"slot {cells.slot[i]} is also live at (pool row, position) "
+            f"{', '.join(map(str, at))}: aliased across requests"
+        )
 
     def others(i: int) -> list[list[int]]:
-        k = at(i)
-        near = [c for c in members[int(sid[k])] if c[0] != row[k]]
+        near = [c for c in holders(i) if c[0] != cells.pool_row[i]]
         return [list(c) for c in near[:SAMPLE_CELLS]]
 
     return _cell_records(
         FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
         cells,
         idx[copy],
-        lambda i: (
-            f"slot {cells.slot[i]} is also live at (pool row, position) "
-            f"{', '.join(map(str, owners[int(sid[at(i)])]))}: aliased across requests"
-        ),
+        message,
         run_what="slots that other requests hold at another position: aliased across requests",
         details=lambda i: {"other_cells": others(i)},
+        columns={"owner_position": owner_position},
     )
-
-
-def _first_per_group(group_of: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
-    """The candidates (cell indices, ascending) among the first `k` of their group."""
-    if candidates.size == 0:
-        return candidates
-    ordered = candidates[np.argsort(group_of[candidates], kind="stable")]
-    groups = group_of[ordered]
-    starts = _group_starts([groups])
-    rank = np.arange(ordered.size) - np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
-    return np.sort(ordered[rank < k])
 
 
 def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
@@ -523,7 +451,6 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     w_pos = (
         np.minimum(np.maximum(dump.prefix_lens, 0), np.iinfo(np.int64).max // 2)[w_rows] + offsets
     )
-    found = []
     order = np.argsort(cells.slot, kind="stable")
     live_sorted = cells.slot[order]
     lo = np.searchsorted(live_sorted, written, side="left")
@@ -533,35 +460,39 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     if own.any():
         j = order[np.minimum(lo, len(order) - 1)]
         own &= (cells.pool_row[j] == w_pool) & (cells.position[j] == w_pos)
-    for i in np.flatnonzero((written > 0) & (hi > lo) & ~own):
-        x = written[i]
+    offending = np.flatnonzero((written > 0) & (hi > lo) & ~own)
+    writes = LiveCells(
+        slot=np.asarray(written, dtype=np.int64),
+        batch_row=w_rows.astype(np.int64),
+        pool_row=np.asarray(w_pool, dtype=np.int64),
+        position=w_pos.astype(np.int64),
+        pending=np.ones(n, dtype=bool),
+    )
+
+    def others(i: int) -> list[tuple[int, int]]:
+        """(pool row, position) of the live cells holding write i's slot, not its own."""
         same = order[lo[i] : min(hi[i], lo[i] + SAMPLE_CELLS + 1)]  # at most one is its own
-        others = [
+        return [
             (int(cells.pool_row[j]), int(cells.position[j]))
             for j in same
             if not (cells.pool_row[j] == w_pool[i] and cells.position[j] == w_pos[i])
         ]
-        if not others:
-            continue
-        found.append(
-            Finding(
-                code=FindingCode.WRITE_TO_LIVE_SLOT,
-                group=Group.FULL,
-                slot=int(x),
-                space=Space.FULL,
-                batch_row=int(w_rows[i]),
-                pool_row=int(w_pool[i]),
-                position=int(w_pos[i]),
-                role=Role.PENDING_WRITE,
-                message=f"out_cache_loc[{i}] writes slot {x}, which is live at (pool row, "
-                f"position) {', '.join(map(str, others[:3]))}",
-                details={
-                    "out_cache_loc_index": int(i),
-                    "other_cells": [list(o) for o in others[:SAMPLE_CELLS]],
-                },
-            )
-        )
-    return found
+
+    return _cell_records(
+        FindingCode.WRITE_TO_LIVE_SLOT,
+        writes,
+        offending,
+        lambda i: (
+            f"out_cache_loc[{i}] writes slot {written[i]}, which is live at (pool row, "
+            f"position) {', '.join(map(str, others(i)[:3]))}"
+        ),
+        run_what="slots this step writes (out_cache_loc) that other cells hold live",
+        details=lambda i: {
+            "out_cache_loc_index": int(i),
+            "other_cells": [list(o) for o in others(i)[:SAMPLE_CELLS]],
+        },
+        columns={"out_cache_loc_index": np.arange(n, dtype=np.int64)},
+    )
 
 
 def lut_findings(dump: KvDump) -> list[Finding]:
@@ -648,6 +579,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
             details=lambda i: {"full_slot": int(slot[i])},
             full_slots=lambda i: (int(slot[i]),),
             split=prefix_only,
+            columns={"full_slot": slot},
         )
     return found
 
@@ -672,14 +604,12 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
     colliding = (distinct[gid] > 1) & (full != first_full[gid])
     if not colliding.any():
         return []
-    sample: dict[int, list[int]] = {}
-    shared = pair_start[distinct[group_id[pair_start]] > 1]  # only SWA slots that collide
-    for k in _first_per_group(group_id, shared, SAMPLE_CELLS).tolist():
-        sample.setdefault(int(group_id[k]), []).append(int(f[k]))
+    swa_of = swa[idx]
 
     def of(i: int) -> tuple[list[int], int]:
-        g = int(gid[np.searchsorted(idx, i)])
-        return sample[g], int(distinct[g])
+        """The distinct full slots mapping to cell i's SWA slot (the first few), and how many."""
+        mapped = np.unique(full[swa_of == swa[i]])
+        return [int(v) for v in mapped[:SAMPLE_CELLS]], int(mapped.size)
 
     def listed(i: int) -> str:
         slots, total = of(i)
@@ -696,6 +626,7 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
         space=Space.SWA,
         details=lambda i: {"full_slot": int(cells.slot[i]), "full_slots": of(i)[0]},
         full_slots=lambda i: tuple(of(i)[0]),
+        columns={"full_slot": cells.slot},
     )
 
 
@@ -737,7 +668,7 @@ def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Find
         f"LUT[{lut_len - 1}] = {clamp_value})",
         group=plan.group,
         role=lambda c: Role(min(read_as(c)).label),  # the first read of the cell, REF's order
-        details=lambda c: {
+        shared_details=lambda c: {
             "lut_len": lut_len,
             "gpu_value": clamp_value,
             "read_as": sorted({r.label for r in read_as(c)}),
@@ -746,38 +677,68 @@ def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Find
     )
 
 
+def _expected_token_records(plan: Plan, shape: list[int] | None) -> list[Finding]:
+    """`expected-token-out-of-range`: one group for gathers from a pool row outside the
+    token pool, one for columns past it; each cell carries its gather index."""
+    problems = plan.problems
+    hit = np.flatnonzero(problems.kind == ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE)
+    if hit.size == 0:
+        return []
+    value = problems.value[hit].astype(np.int64)
+    pool_row = problems.pool_row[hit].astype(np.int64)
+    rows = shape[0] if shape else 0
+    bad_row = (value == pool_row) & ((pool_row < 0) | (pool_row >= rows)) & (shape is not None)
+    gathers = LiveCells(
+        slot=value,
+        batch_row=problems.batch_row[hit].astype(np.int64),
+        pool_row=pool_row,
+        position=problems.position[hit].astype(np.int64),
+        pending=np.zeros(hit.size, dtype=bool),
+    )
+    order = np.lexsort((gathers.position, gathers.batch_row))
+
+    def what(i: int) -> str:
+        if bad_row[i] and shape:
+            return f"pool row {pool_row[i]} is outside the expected-token pool's {shape[0]} rows"
+        return (
+            f"expected-token gather at column {value[i]} is inside valid_lens but outside "
+            f"the pool's {shape[1] if shape else '?'} columns"
+        )
+
+    found = _cell_records(
+        FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE,
+        gathers,
+        order,
+        lambda i: f"{what(i)}: REF raises IndexError, the GPU reads another row's tokens",
+        run_what="expected-token gathers outside the token pool: REF raises IndexError, the GPU "
+        "reads another row's tokens",
+        group=plan.group,
+        shared_details=lambda i: {"pool_shape": shape, "bad_pool_row": bool(bad_row[i])},
+        details=lambda i: {"index": int(value[i])},
+        split=bad_row[order].astype(np.int64),
+        columns={"gather_index": value},
+    )
+    return [
+        replace(
+            f,
+            slot=None,
+            gather_index=None if f.cells is None else int(f.cells.extra["gather_index"][0]),
+            cells=None if f.cells is None else replace(f.cells, slot=None),
+        )
+        for f in found
+    ]
+
+
 def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
     """Findings from one group's reference plan: LUT range, token pool, capacity."""
     found: list[Finding] = []
-    problems = plan.problems
     lut = dump.full_to_swa_index_mapping
     clamp_value = lut.element(-1) if lut is not None and lut.size else None
     lut_len = 0 if lut is None else int(lut.shape[0])
     found += _lut_records(plan, lut_len, clamp_value)
     pool = dump.req_to_verify_expected_tokens
     shape = None if pool is None else [int(d) for d in pool.shape]
-    for i in np.flatnonzero(problems.kind == ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE):
-        value, pool_row = int(problems.value[i]), int(problems.pool_row[i])
-        bad_row = shape is not None and value == pool_row and not 0 <= pool_row < shape[0]
-        what = (
-            f"pool row {pool_row} is outside the expected-token pool's {shape[0]} rows"
-            if bad_row and shape
-            else f"expected-token gather at column {value} is inside valid_lens but outside "
-            f"the pool's {shape[1] if shape else '?'} columns"
-        )
-        found.append(
-            Finding(
-                code=FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE,
-                group=plan.group,
-                batch_row=int(problems.batch_row[i]),
-                pool_row=pool_row,
-                position=int(problems.position[i]),
-                role=Role.VERIFY,
-                message=f"{what}: REF raises IndexError, the GPU reads another row's tokens",
-                details={"pool_shape": shape, "index": value},
-                gather_index=value,
-            )
-        )
+    found += _expected_token_records(plan, shape)
     if plan.skipped is not None:
         frame = plan.frame
         found.append(
@@ -803,46 +764,3 @@ def plan_findings(dump: KvDump, plan: Plan) -> list[Finding]:
             )
         )
     return found
-
-
-def merge_spread(findings: list[Finding]) -> list[Finding]:
-    """One record per (code, group, slot) that has more than `SLOT_SPREAD` one-cell
-    records: one slot aliased over a thousand rows is one problem, reported once with its
-    count and a sample of its cells (its provenance lists where it lives). Records that mark
-    a raise stay apart, so the report still points at the exact cell."""
-    groups: dict[tuple[object, ...], list[int]] = {}
-    for i, f in enumerate(findings):
-        if (
-            f.slot is not None
-            and f.position is not None
-            and f.cells == 1
-            and not f.first_raise
-            and f.upstream_raise is None
-        ):
-            # not the cause: one slot's cells of one code are one problem, and `provenance`
-            # (which has no diagnosis) must merge them the way `check` does
-            key = (f.code, f.group, f.space, f.slot, f.assumes)
-            groups.setdefault(key, []).append(i)
-    merged: dict[int, Finding] = {}
-    dropped: set[int] = set()
-    for members in groups.values():
-        if len(members) <= SLOT_SPREAD:
-            continue
-        members.sort(key=lambda i: findings[i].order_key())
-        first = findings[members[0]]
-        sample = [
-            [findings[i].batch_row, findings[i].pool_row, findings[i].position]
-            for i in members[:SAMPLE_CELLS]
-        ]
-        merged[members[0]] = replace(
-            first,
-            cells=len(members),
-            spread=True,
-            message=f"{len(members)} cells hold slot {first.slot}, the first at (pool row "
-            f"{first.pool_row}, position {first.position}): {first.message}",
-            details={**first.details, "cells_sample": sample},
-        )
-        dropped.update(members[1:])
-    if not merged:
-        return findings
-    return [merged.get(i, f) for i, f in enumerate(findings) if i not in dropped]

@@ -24,8 +24,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from kvcanary_cli.analysis.cells import holding
 from kvcanary_cli.analysis.check import attach_provenance, collect_findings
-from kvcanary_cli.analysis.findings import merge_spread, write_findings
+from kvcanary_cli.analysis.findings import write_findings
 from kvcanary_cli.analysis.model import (
     Finding,
     FindingCode,
@@ -43,7 +44,7 @@ from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.host_parallel import usable_cores
 
-__all__ = ["focused_findings", "focused_index", "related_slots", "touches"]
+__all__ = ["focused_findings", "focused_index", "related_slots", "swa_peer", "touching_part"]
 
 
 def related_slots(dump: KvDump, slot: int) -> tuple[int, ...]:
@@ -97,20 +98,32 @@ def focused_findings(
         # out_cache_loc is laid out by the whole batch's rows: its writes are read there. Only
         # writes of the related slots can touch `slot`, and `cells` holds every live cell of them.
         found += write_findings(dump, cells)
-    touching = [f for f in found if touches(f, slot)]
+    peer = swa_peer(dump, slot)
+    touching = [part for f in found if (part := touching_part(f, slot, peer)) is not None]
     # provenance from the whole dump: a masked row's stale tail is still a stale tail
-    return sorted(
-        merge_spread(attach_provenance(dump, touching, index=index)), key=Finding.order_key
-    )
+    return sorted(attach_provenance(dump, touching, index=index), key=Finding.order_key)
 
 
-def touches(finding: Finding, slot: int) -> bool:
-    """The finding is at a cell of full slot `slot`, or an SWA finding naming it."""
+def swa_peer(dump: KvDump, slot: int) -> int | None:
+    """LUT[slot], the SWA slot full slot `slot` reaches (None: no LUT, out of range, or
+    unmapped)."""
+    lut = dump.full_to_swa_index_mapping
+    if lut is None or not 0 < slot < int(lut.shape[0]) - 1:
+        return None
+    peer = lut.element(slot)
+    return peer if peer > 0 else None
+
+
+def touching_part(finding: Finding, slot: int, peer: int | None) -> Finding | None:
+    """The part of a finding at cells of full slot `slot`, or for an SWA-space finding at
+    its SWA peer `peer` (without one: the cells whose full slot is `slot`); None: no part."""
     if finding.slot is None:
-        return False
+        return None
     if finding.space is Space.FULL:
-        return finding.slot == slot
-    return slot in finding.full_slots
+        return holding(finding, np.array([slot], dtype=np.int64))
+    if peer is not None:
+        return holding(finding, np.array([peer], dtype=np.int64))
+    return holding(finding, np.array([slot], dtype=np.int64), via_full_slot=True)
 
 
 def _needs_whole_batch(dump: KvDump, related: tuple[int, ...]) -> bool:

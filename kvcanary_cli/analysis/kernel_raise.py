@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.cells import at_cell
+from kvcanary_cli.analysis.model import UPSTREAM_RAISE, Finding, FindingCode
 from kvcanary_cli.errors import UpstreamPlanError
 from kvcanary_cli.planners.base import Plan, ProblemKind, Semantics
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, expected_raise, raised
 
 __all__ = ["UPSTREAM_RAISE", "launch_divergences", "mark_upstream_raise"]
-
-#: The `details` key of the finding where the kernel raised, as the reference predicts.
-UPSTREAM_RAISE = "upstream_raise"
 
 
 def _text(error: UpstreamPlanError | None) -> str:
@@ -53,18 +51,17 @@ def launch_divergences(reference: Plan, kernel: Plan) -> list[Finding]:
     ]
 
 
-def _is_site(finding: Finding, reference: Plan, kernel: Plan) -> bool:
-    """The finding where the (predicted) raise happens."""
+def _site(finding: Finding, reference: Plan, kernel: Plan) -> Finding | None:
+    """The finding with the cell where the (predicted) raise happens as its example, or None
+    when the raise is not at this finding."""
     if kernel.semantics is Semantics.GPU:
-        return finding.code is FindingCode.KERNEL_LIMIT_EXCEEDED
+        return finding if finding.code is FindingCode.KERNEL_LIMIT_EXCEEDED else None
     first = reference.problems.first_raise()
     if first is None or finding.code.value != first.kind.code:
-        return False
-    if first.kind is ProblemKind.LUT_OUT_OF_RANGE:
-        return (
-            (finding.group, finding.batch_row) == (reference.group, first.batch_row)
-        ) and finding.covers(first.position)
-    return finding.batch_row == first.batch_row
+        return None
+    if first.kind is ProblemKind.LUT_OUT_OF_RANGE and finding.group != reference.group:
+        return None
+    return at_cell(finding, first.batch_row, first.position)
 
 
 def mark_upstream_raise(findings: list[Finding], reference: Plan, kernel: Plan) -> list[Finding]:
@@ -76,10 +73,9 @@ def mark_upstream_raise(findings: list[Finding], reference: Plan, kernel: Plan) 
         return findings
     out = list(findings)
     for i, finding in enumerate(out):
-        if finding.upstream_raise is None and _is_site(finding, reference, kernel):
+        site = None if finding.upstream_raise is not None else _site(finding, reference, kernel)
+        if site is not None:
             text = str(error)
-            out[i] = replace(
-                finding, upstream_raise=text, details={**finding.details, UPSTREAM_RAISE: text}
-            )
+            out[i] = replace(site, upstream_raise=text)
             break
     return out

@@ -7,11 +7,15 @@ build them by hand. Codes and severities are the contract of docs/findings.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcanary_cli.dump.schema import Group
+
+if TYPE_CHECKING:  # numpy is imported where cells are handled: `--help` never loads it
+    import numpy as np
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
 
 __all__ = [
@@ -21,6 +25,7 @@ __all__ = [
     "CauseCode",
     "Confidence",
     "FirstRaise",
+    "UPSTREAM_RAISE",
     "Group",
     "Role",
     "Space",
@@ -28,6 +33,7 @@ __all__ = [
     "ScalarValue",
     "code_order",
     "Cell",
+    "CellColumns",
     "CheckReport",
     "DumpReport",
     "Finding",
@@ -184,6 +190,11 @@ class Confidence(StrEnum):
         return {"possible": 0, "likely": 1, "certain": 2}[self.value]
 
 
+#: The `details` key of a finding record where the kernel's launch raised as the reference
+#: predicts (records add it from `Finding.upstream_raise`).
+UPSTREAM_RAISE = "upstream_raise"
+
+
 def code_order(code: FindingCode, group: str = "") -> tuple[int, int, str]:
     """Sort key of a (code, group) count: most severe first, then the codes table, then group."""
     return (-code.severity.rank, code.order, group)
@@ -256,9 +267,128 @@ class SlotProvenance:
     violations_total: int = 0
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class CellColumns:
+    """The `req_to_token` cells a finding group stands for, as parallel int64 arrays.
+
+    One entry per cell, ordered by batch row, then position (then slot): a group of a million
+    cells is five arrays, not a million objects; views turn into Python objects only what they
+    show. `extra` holds the code's own per-cell columns (an SWA finding's `full_slot`, the
+    position an aliased slot's owner holds it at, a write's `out_cache_loc` index).
+    """
+
+    batch_row: np.ndarray
+    pool_row: np.ndarray
+    position: np.ndarray
+    #: the slot the finding is about (an SWA slot for an SWA-space finding); None for a
+    #: finding about a cell's other reads (an expected-token gather).
+    slot: np.ndarray | None
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.position.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        """Equal cells, in the same order (reports compare by value)."""
+        import numpy as np
+
+        if not isinstance(other, CellColumns):
+            return NotImplemented
+        return (
+            all(
+                np.array_equal(a, b)
+                for a, b in (
+                    (self.batch_row, other.batch_row),
+                    (self.pool_row, other.pool_row),
+                    (self.position, other.position),
+                )
+            )
+            and _same(self.slot, other.slot)
+            and self.extra.keys() == other.extra.keys()
+            and all(np.array_equal(v, other.extra[k]) for k, v in self.extra.items())
+        )
+
+    def __hash__(self) -> int:
+        return hash((len(self), self.position[:4].tobytes(), self.batch_row[:4].tobytes()))
+
+    def take(self, index: np.ndarray) -> CellColumns:
+        """The cells at `index` (a boolean mask or integer indices), in that order."""
+        return CellColumns(
+            batch_row=self.batch_row[index],
+            pool_row=self.pool_row[index],
+            position=self.position[index],
+            slot=None if self.slot is None else self.slot[index],
+            extra={name: values[index] for name, values in self.extra.items()},
+        )
+
+    def sorted(self) -> CellColumns:
+        """The cells in report order: batch row, position, slot."""
+        import numpy as np
+
+        keys = (self.position, self.batch_row)
+        order = np.lexsort(keys if self.slot is None else (self.slot, *keys))
+        if order.size < 2 or bool((np.diff(order) > 0).all()):
+            return self
+        return self.take(order)
+
+    @staticmethod
+    def of(
+        *,
+        batch_row: np.ndarray,
+        pool_row: np.ndarray,
+        position: np.ndarray,
+        slot: np.ndarray | None,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> CellColumns:
+        """Columns from any integer arrays (copied to int64), sorted into report order."""
+        import numpy as np
+
+        def column(values: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(values, dtype=np.int64)
+
+        return CellColumns(
+            batch_row=column(batch_row),
+            pool_row=column(pool_row),
+            position=column(position),
+            slot=None if slot is None else column(slot),
+            extra={name: column(values) for name, values in (extra or {}).items()},
+        ).sorted()
+
+    @staticmethod
+    def concat(parts: list[CellColumns]) -> CellColumns:
+        """The cells of every part (with the same extra columns), in report order."""
+        import numpy as np
+
+        names = parts[0].extra.keys()
+        return CellColumns(
+            batch_row=np.concatenate([p.batch_row for p in parts]),
+            pool_row=np.concatenate([p.pool_row for p in parts]),
+            position=np.concatenate([p.position for p in parts]),
+            slot=None
+            if parts[0].slot is None
+            else np.concatenate([p.slot for p in parts if p.slot is not None]),
+            extra={n: np.concatenate([p.extra[n] for p in parts]) for n in names},
+        ).sorted()
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    import numpy as np
+
+    if a is None or b is None:
+        return a is b
+    return bool(np.array_equal(a, b))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Finding:
-    """One offending slot (or row, or tensor), with where it came from."""
+    """One problem: a finding *group* of cells sharing a code, cause, group and role, or one
+    row or tensor.
+
+    A cell-level finding holds every cell it stands for in `cells` (columns, complete); its
+    scalar fields (`slot`, `batch_row`, `pool_row`, `position`) describe its example cell: the
+    cell where SGLang's reference raises when the group holds it, else the first in report
+    order. Output then grows with the problems, not with the cells.
+    """
 
     code: FindingCode
     group: Group
@@ -268,11 +398,15 @@ class Finding:
     batch_row: int | None = None
     pool_row: int | None = None
     position: int | None = None
+    #: the role every cell of the group has (a LUT read: the first role it was read as).
     role: Role | None = None
     #: code-specific facts (other cells, kernel values, counts), JSON-safe: shown, never read
     #: by the analysis (what it reads is a typed field below).
     details: dict[str, object] = field(default_factory=dict)
-    #: for an SWA-space finding: the full slots whose LUT entries reach its SWA slot.
+    #: every cell of a cell-level finding (None: a row- or tensor-level finding).
+    cells: CellColumns | None = None
+    #: for an SWA-space finding: the full slots whose LUT entries reach its example's SWA
+    #: slot (each cell's own is its `full_slot` column).
     full_slots: tuple[int, ...] = ()
     #: the kernel's launch raised here, as the reference predicts (the raise's text).
     upstream_raise: str | None = None
@@ -283,22 +417,18 @@ class Finding:
     #: for an expected-token finding: the index of the bad gather (a pool row outside the
     #: pool, or a position past it); every group makes the same gather.
     gather_index: int | None = None
-    provenance: SlotProvenance | None = None
+    #: the provenance of the group's first distinct slots (the example's first);
+    #: `provenance_total` counts the distinct slots of the group.
+    provenance: tuple[SlotProvenance, ...] = ()
+    provenance_total: int = 0
     #: scalars the finding holds under only because kvcanary derived them (not recorded):
     #: such a finding is `info` until the dump records them.
     assumes: tuple[str, ...] = ()
     #: the cause the diagnosis groups this symptom under.
     cause: CauseCode | None = None
-    #: SGLang's torch reference raises at this finding (the first raising read, REF order).
+    #: SGLang's torch reference raises at this finding's example cell (the first raising
+    #: read, REF order).
     first_raise: bool = False
-    #: cells this record stands for: a run of consecutive positions `position ..
-    #: position + cells - 1` of one row with the same code (long runs are one record, so
-    #: output grows with the problems, not the cells; `slot` is the run's first slot).
-    cells: int = 1
-    #: the record stands for `cells` cells holding `slot` anywhere in the table (not a run):
-    #: one slot with many symptoms of one code is one record, the first cell's position
-    #: shown, `details.cells_sample` naming the first few.
-    spread: bool = False
 
     @property
     def severity(self) -> Severity:
@@ -306,21 +436,9 @@ class Finding:
         return Severity.INFO if self.assumes else self.code.severity
 
     @property
-    def position_end(self) -> int | None:
-        """The last position of the run this record covers (= `position` for one cell, or
-        for a spread record)."""
-        if self.position is None:
-            return None
-        return self.position if self.spread else self.position + self.cells - 1
-
-    def covers(self, position: int) -> bool:
-        """This record stands for the cell at `position` of its row (for a spread record:
-        its first cell, the one the report shows)."""
-        if self.position is None:
-            return False
-        if self.spread:
-            return position == self.position
-        return self.position <= position < self.position + self.cells
+    def count(self) -> int:
+        """Cells this finding stands for (1 for a row- or tensor-level finding)."""
+        return 1 if self.cells is None else len(self.cells)
 
     def order_key(self) -> tuple[Any, ...]:
         """The order of findings in every report.

@@ -473,10 +473,14 @@ def clamped_sources(
     the GPU path redirects them to `clamp_target(dump)`."""
     if clamp_target(dump) is None:
         return ()
-    slots = {
-        f.slot for f in findings if f.code is FindingCode.LUT_OUT_OF_RANGE and f.slot is not None
-    }
-    return tuple(sorted(slots)[:limit])
+    parts = [
+        np.asarray([f.slot] if f.cells is None or f.cells.slot is None else f.cells.slot)
+        for f in findings
+        if f.code is FindingCode.LUT_OUT_OF_RANGE and f.slot is not None
+    ]
+    if not parts:
+        return ()
+    return tuple(int(s) for s in np.unique(np.concatenate(parts))[:limit])
 
 
 def full_slots_mapping_to(

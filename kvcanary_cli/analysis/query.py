@@ -6,6 +6,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from kvcanary_cli.analysis.cells import holding, in_pool_row
+from kvcanary_cli.analysis.focus import swa_peer, touching_part
 from kvcanary_cli.analysis.model import (
     DumpReport,
     Finding,
@@ -71,16 +73,18 @@ def slot_query(
             index = ProvenanceIndex(dump, [slot], max_cells=max_cells)
         provenance = index.provenance(slot, frame)
         sources = (slot,)
-    touching = tuple(
-        f
-        for f in findings
-        if f.slot is not None
-        and (
-            (f.space == space and f.slot == slot)
-            or (space is Space.FULL and f.space is Space.SWA and slot in f.full_slots)
-            or (space is Space.SWA and f.space is Space.FULL and f.slot in sources)
-        )
-    )
+    wanted = np.array([slot], dtype=np.int64)
+    parts = []
+    for f in findings:
+        if f.slot is None:
+            continue
+        if f.space == space:
+            parts.append(holding(f, wanted))
+        elif space is Space.FULL:
+            parts.append(touching_part(f, slot, swa_peer(dump, slot)))
+        else:
+            parts.append(holding(f, np.asarray(sources, dtype=np.int64)))
+    touching = tuple(part for part in parts if part is not None)
     return ProvenanceReport(
         path=str(dump.path),
         identity=dump.identity,
@@ -109,7 +113,9 @@ def row_map(
     """
     if not 0 <= pool_row < dump.max_reqs:
         raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="--row")
-    touching = tuple(f for f in report.findings if f.pool_row == pool_row)
+    touching = tuple(
+        part for f in report.findings if (part := in_pool_row(f, pool_row)) is not None
+    )
     group = group or (Group.SWA if any(f.group is Group.SWA for f in touching) else Group.FULL)
     frame = group_frame(dump, group)
     row = _Row(dump.req_to_token, pool_row)

@@ -31,6 +31,7 @@ from kvcanary_cli.analysis.check import (
     collect_findings,
     provenance_slots,
 )
+from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, full_slots_mapping_to
 from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.analysis.violations.report import OWNER_KINDS, OwnerKind
@@ -267,6 +268,19 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
     return masks
 
 
+def _finding_slots(findings: list[Finding], space: str) -> np.ndarray:
+    """Every slot of `space` a finding holds, at any of its cells (sorted, distinct)."""
+    parts = [
+        np.asarray(
+            [f.slot] if f.cells is None or f.cells.slot is None else f.cells.slot,
+            dtype=np.int64,
+        )
+        for f in findings
+        if f.slot is not None and f.space == space
+    ]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+
 def shrink_keep(
     dump: KvDump, *, planner: Planner, kernel: Planner
 ) -> tuple[Keep, CollectedFindings]:
@@ -297,9 +311,11 @@ def shrink_keep(
     if dump.req_to_verify_expected_tokens is not None:
         elements["req_to_verify_expected_tokens"] = _pool_reads(dump, frames)
     held = np.unique(dump.req_to_token.take_known(table)[0])
-    finding_full = {f.slot for f in found.findings if f.slot is not None and f.space == "full"}
-    finding_swa = {f.slot for f in found.findings if f.slot is not None and f.space == "swa"}
-    full_slots = np.union1d(held, np.array(sorted(finding_full | row_full), dtype=np.int64))
+    finding_full = _finding_slots(found.findings, "full")
+    finding_swa = _finding_slots(found.findings, "swa")
+    full_slots = np.union1d(
+        held, np.union1d(finding_full, np.array(sorted(row_full), dtype=np.int64))
+    )
     swa_held = np.zeros(0, dtype=np.int64)
     lut = dump.full_to_swa_index_mapping
     if lut is not None:
@@ -311,10 +327,12 @@ def shrink_keep(
         entries = entries[(entries >= 0) & (entries < lut_len)]
         elements["full_to_swa_index_mapping"] = entries
         swa_held = np.unique(lut.take_known(entries)[0])
-    swa_slots = np.union1d(swa_held, np.array(sorted(finding_swa | row_swa), dtype=np.int64))
+    swa_slots = np.union1d(
+        swa_held, np.union1d(finding_swa, np.array(sorted(row_swa), dtype=np.int64))
+    )
     named = {
-        "full": {int(s) for s in finding_full | row_full},
-        "swa": {int(s) for s in finding_swa | row_swa},
+        "full": {int(s) for s in finding_full.tolist()} | row_full,
+        "swa": {int(s) for s in finding_swa.tolist()} | row_swa,
     }
     canary = _canary_slots(dump, replays, named)
     for name, kept_slots in canary.items():

@@ -7,7 +7,6 @@ which each view then styles (rich `Text`) or escapes (Markdown).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -67,12 +66,21 @@ __all__ = [
     "plan_problem_line",
     "plan_request_cells",
     "plural",
-    "position_text",
+    "EXAMPLE_CELLS",
+    "examples_text",
+    "positions_text",
+    "launch_mark",
+    "raise_mark",
+    "role_text",
+    "rows_text",
+    "where_lines",
+    "slots_text",
     "ref_raise_text",
     "replay_comparison_line",
     "row_lines",
     "row_notices",
     "selftest_verdict",
+    "section_size",
     "severity_count",
     "shown",
     "shrink_facts",
@@ -154,15 +162,117 @@ def difference_phrase(code: str, by_field: list[tuple[str, int]]) -> str:
     return f"{verb} {values} ({code})"
 
 
-def position_text(f: FindingRecord) -> str | None:
-    """A finding record's position for people: `a..b` for a run of cells."""
-    position = f["position"]
-    if position is None:
+def _range_text(bounds: list[int]) -> str:
+    first, last = bounds
+    return str(first) if first == last else f"{first}..{last}"
+
+
+def rows_text(f: FindingRecord) -> str | None:
+    """The batch rows a finding covers: `3`, or `0..255 (256)` for a group (distinct rows)."""
+    span = f["span"]
+    if span is None:
+        return None if f["batch_row"] is None else str(f["batch_row"])
+    text = _range_text(span["batch_rows"])
+    return text if span["rows"] == 1 else f"{text} ({span['rows']})"
+
+
+def positions_text(f: FindingRecord) -> str | None:
+    """The positions a finding covers: `14`, or `10..37` for a group."""
+    span = f["span"]
+    if span is None:
+        return None if f["position"] is None else str(f["position"])
+    return _range_text(span["positions"])
+
+
+def slots_text(f: FindingRecord) -> str:
+    """The slots a finding holds: `107`, `swa 12`, or `107..143 (15)` (distinct slots); `-` for
+    none."""
+    span = f["span"]
+    prefix = "swa " if f["space"] == "swa" else ""
+    if span is None or span["slots"] is None:
+        return "-" if f["slot"] is None else f"{prefix}{f['slot']}"
+    text = prefix + _range_text(span["slots"])
+    return text if span["distinct_slots"] == 1 else f"{text} ({span['distinct_slots']})"
+
+
+#: The plan reads of a LUT finding, in the order REF makes them.
+_READ_ORDER = {"verify": 0, "chain-prev": 1, "seed": 2}
+
+
+def role_text(f: FindingRecord) -> str | None:
+    """A finding's role; for a LUT read, every read that met its cells (`verify+chain-prev`)."""
+    read_as = f["details"].get("read_as")
+    if isinstance(read_as, list) and read_as:
+        reads = sorted((str(r) for r in read_as), key=lambda r: (_READ_ORDER.get(r, 3), r))
+        return "+".join(reads)
+    return f["role"]
+
+
+def where_lines(f: FindingRecord) -> list[str]:
+    """Where a finding's cells lie, one fact per line: batch rows, positions, slots."""
+    lines = []
+    rows, positions = rows_text(f), positions_text(f)
+    if rows is not None:
+        lines.append(f"batch row{'s' if f['count'] > 1 else ''} {rows}")
+    if positions is not None:
+        lines.append(f"pos {positions}")
+    slots = slots_text(f)
+    if slots != "-":
+        lines.append(f"slot{'s' if f['count'] > 1 else ''} {slots}")
+    return lines
+
+
+def raise_mark(f: FindingRecord) -> str | None:
+    """Where SGLang's reference raises first, when at this finding: `here`, or the group's
+    example cell."""
+    if not f["first_raise"]:
         return None
+    if f["count"] == 1:
+        return "← SGLang's reference raises here first"
+    return f"← SGLang's reference raises first at (batch row {f['batch_row']}, pos {f['position']})"
+
+
+def launch_mark(f: FindingRecord) -> str | None:
+    """Where the kernel's launch raised, as the reference predicts, when at this finding."""
+    if "upstream_raise" not in f["details"]:
+        return None
+    if f["count"] == 1:
+        return "← the kernel's launch raised here"
+    return f"← the kernel's launch raised at (batch row {f['batch_row']}, pos {f['position']})"
+
+
+#: cells of a group listed as examples.
+EXAMPLE_CELLS = 3
+
+
+def examples_text(f: FindingRecord, shown: int = EXAMPLE_CELLS) -> str | None:
+    """A few cells of a group, its example first: `e.g. row 0 pos 14: slot 107; ...; +12 more`
+    (batch rows). None for a finding of one cell or none (its own fields say it all)."""
     cells = f["cells"]
-    if f["spread"]:
-        return f"{position} (+{cells - 1} cells)"
-    return str(position) if cells == 1 else f"{position}..{position + cells - 1}"
+    if cells is None or f["count"] < 2:
+        return None
+    picked = [
+        i
+        for i in range(min(len(cells["position"]), shown + 1))
+        if not (cells["batch_row"][i] == f["batch_row"] and cells["position"][i] == f["position"])
+    ]
+    bits = []
+    for i in [None, *picked][:shown]:
+        row = f["batch_row"] if i is None else cells["batch_row"][i]
+        position = f["position"] if i is None else cells["position"][i]
+        slot = f["slot"] if i is None else None if cells["slot"] is None else cells["slot"][i]
+        held = "" if slot is None else f": slot {slot}"
+        bits.append(f"row {row} pos {position}{held}")
+    more = f["count"] - len(bits)
+    return "e.g. " + "; ".join(bits) + (f"; +{more} more" if more > 0 else "")
+
+
+def section_size(section: CodeSection) -> str:
+    """`15 cells in 3 findings`, `1 finding` (a finding of one row or tensor counts 1)."""
+    findings = plural(section.total, "finding")
+    if section.cells == section.total:
+        return findings
+    return f"{plural(section.cells, 'cell')} in {findings}"
 
 
 def severity_count(counts: list[CodeCountRecord], severity: SeverityName) -> int:
@@ -194,10 +304,13 @@ def shrunk_lines(shrunk: ShrunkRecord) -> list[str]:
 
 @dataclass(frozen=True)
 class CodeSection:
-    """One code's block in a dump's view: its total and the findings shown."""
+    """One code's block in a dump's view: its cells, its findings and those shown."""
 
     code: FindingCodeName
     severity: SeverityName
+    #: cells (and rows) its findings stand for.
+    cells: int
+    #: its findings (groups).
     total: int
     shown: list[FindingRecord]
 
@@ -211,11 +324,7 @@ class CauseSection:
     sections: list[CodeSection]
 
 
-def _code_sections(
-    findings: list[FindingRecord],
-    totals: Counter[tuple[FindingCodeName, SeverityName]],
-    max_rows: int,
-) -> list[CodeSection]:
+def _code_sections(findings: list[FindingRecord], max_rows: int) -> list[CodeSection]:
     by_code: dict[tuple[FindingCodeName, SeverityName], list[FindingRecord]] = {}
     for f in findings:  # already in report order
         by_code.setdefault((f["code"], f["severity"]), []).append(f)
@@ -223,35 +332,31 @@ def _code_sections(
         CodeSection(
             code=code,
             severity=severity,
-            total=total,
-            shown=by_code.get((code, severity), [])[: max(max_rows, 0)],
+            cells=sum(f["count"] for f in members),
+            total=len(members),
+            shown=members[: max(max_rows, 0)],
         )
-        for (code, severity), total in totals.items()
+        for (code, severity), members in by_code.items()
     ]
 
 
 def cause_sections(dump: DumpRecord, max_rows: int) -> list[CauseSection]:
-    """Per cause (diagnosis order), its findings per code: the total and the first `max_rows`.
+    """Per cause (diagnosis order), its findings per code: the totals and the first
+    `max_rows` findings (groups).
 
     The table and Markdown views both draw their finding blocks from this, so symptoms are
     always shown under their cause.
     """
-    totals: dict[str | None, Counter[tuple[FindingCodeName, SeverityName]]] = {}
+    members: dict[str | None, list[FindingRecord]] = {}
     for f in dump["findings"]:
-        totals.setdefault(f["cause"], Counter())[(f["code"], f["severity"])] += 1
+        members.setdefault(f["cause"], []).append(f)
     out = []
     for cause in dump["diagnosis"]:
-        if cause["cause"] in totals:
-            members = [f for f in dump["findings"] if f["cause"] == cause["cause"]]
-            out.append(
-                CauseSection(
-                    cause=cause,
-                    sections=_code_sections(members, totals.pop(cause["cause"]), max_rows),
-                )
-            )
-    for rest in totals.values():
-        members = [f for f in dump["findings"] if f["cause"] is None]
-        out.append(CauseSection(cause=None, sections=_code_sections(members, rest, max_rows)))
+        if cause["cause"] in members:
+            found = members.pop(cause["cause"])
+            out.append(CauseSection(cause=cause, sections=_code_sections(found, max_rows)))
+    for rest in members.values():
+        out.append(CauseSection(cause=None, sections=_code_sections(rest, max_rows)))
     return out
 
 

@@ -86,12 +86,21 @@ def test_the_per_request_view_appears_when_findings_span_requests(tmp_path: Path
     assert "requests with findings" not in runner.invoke(app, ["check", str(single)]).stdout
     record = json.loads(runner.invoke(app, ["check", str(spread), "-f", "json"]).stdout)
     [dump] = record["dumps"]
-    rows = {f["batch_row"] for f in dump["findings"] if f["batch_row"] is not None}
-    assert [r["batch_row"] for r in dump["requests"]] == sorted(rows)
+    cells = [  # (batch row, position) of every cell, groups expanded
+        pair
+        for f in dump["findings"]
+        for pair in (
+            zip(f["cells"]["batch_row"], f["cells"]["position"], strict=True)
+            if f["cells"] is not None
+            else [(f["batch_row"], f["position"])]
+        )
+        if pair[0] is not None
+    ]
+    assert [r["batch_row"] for r in dump["requests"]] == sorted({row for row, _ in cells})
     for request in dump["requests"]:
-        mine = [f for f in dump["findings"] if f["batch_row"] == request["batch_row"]]
+        mine = [position for row, position in cells if row == request["batch_row"]]
         assert sum(request["counts"].values()) == len(mine)
-        assert request["first_bad_position"] == min(f["position"] for f in mine)
+        assert request["first_bad_position"] == min(mine)
 
 
 def test_causes_come_before_symptoms_in_every_format(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
 """`provenance --slot` checks only the batch rows that hold or write the slot: the findings at
-the slot must be exactly those the whole check finds there (before the diagnosis)."""
+the slot must be exactly those the whole check finds there (before the diagnosis): the same
+codes, roles, cells and provenance. Their messages may differ: a finding group of one cell
+names that cell, a larger one what its cells share, and the focused check sees fewer rows."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ import numpy as np
 import pytest
 
 from kvcanary_cli.analysis.check import attach_provenance, collect_findings
-from kvcanary_cli.analysis.findings import merge_spread
 from kvcanary_cli.analysis.focus import (
     _rows_holding,
     focused_findings,
     focused_index,
     related_slots,
-    touches,
+    swa_peer,
+    touching_part,
 )
 from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import live_cells
@@ -27,7 +29,17 @@ from tests.helpers import VECTORIZED
 
 
 def _key(f: Finding) -> tuple[object, ...]:
-    prov = None if f.provenance is None else (f.provenance.cells, f.provenance.cells_total)
+    prov = tuple((p.slot, p.cells, p.cells_total) for p in f.provenance)
+    cells = None
+    if f.cells is not None:
+        c = f.cells
+        cells = (
+            c.batch_row.tolist(),
+            c.pool_row.tolist(),
+            c.position.tolist(),
+            None if c.slot is None else c.slot.tolist(),
+            json.dumps({k: v.tolist() for k, v in c.extra.items()}, sort_keys=True),
+        )
     return (
         f.code,
         f.group,
@@ -37,19 +49,18 @@ def _key(f: Finding) -> tuple[object, ...]:
         f.pool_row,
         f.position,
         f.role,
-        f.cells,
-        f.spread,
-        f.message,
-        json.dumps(f.details, sort_keys=True, default=str),
+        cells,
         prov,
+        f.provenance_total,
     )
 
 
 def whole_check(dump: KvDump, slot: int) -> list[Finding]:
-    """What the whole batch's check finds at `slot`, before the diagnosis, merged likewise."""
+    """What the whole batch's check finds at `slot`, before the diagnosis."""
     found = collect_findings(dump, planner=VECTORIZED, kernel=None).findings
-    touching = [f for f in found if touches(f, slot)]
-    return sorted(merge_spread(attach_provenance(dump, touching)), key=Finding.order_key)
+    peer = swa_peer(dump, slot)
+    touching = [part for f in found if (part := touching_part(f, slot, peer)) is not None]
+    return sorted(attach_provenance(dump, touching), key=Finding.order_key)
 
 
 def slots_to_try(dump: KvDump, found: list[Finding], rng: np.random.Generator) -> set[int]:

@@ -45,10 +45,10 @@ def report_of(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
 
 
 def codes(report: dict[str, Any]) -> dict[str, int]:
-    """Cells per finding code (a run record counts its cells)."""
+    """Cells per finding code (a finding group counts its cells)."""
     out: dict[str, int] = {}
     for f in report["findings"]:
-        out[f["code"]] = out.get(f["code"], 0) + f["cells"]
+        out[f["code"]] = out.get(f["code"], 0) + f["count"]
     return out
 
 
@@ -97,21 +97,29 @@ def spread_dump(path: Path, rows: int, cols: int) -> Path:
     )
 
 
-def test_one_slot_everywhere_is_one_record_per_row(tmp_path: Path) -> None:
-    rows, cols = 70, 128  # a 36 KB dump: 97 s, 1.4 GB and 185 MB of JSON before
+def test_one_slot_everywhere_is_one_finding_group(tmp_path: Path) -> None:
+    rows, cols = 70, 128  # a 36 KB dump: 97 s, 1.4 GB and 185 MB of JSON once
     path = spread_dump(tmp_path / "spread.safetensors", rows, cols)
     code, out, err = run("check", str(path), "--format", "json", "--kernel", "vectorized")
     assert code == 1, err
     report = json.loads(out)["dumps"][0]
     # every cell is accounted for: all but the first of each row repeat within the row
     assert codes(report)["duplicate-slot-in-row"] == (rows - 1) * (cols - 1)
-    # ... as one run record per row, not one record per cell
-    duplicates = [f for f in report["findings"] if f["code"] == "duplicate-slot-in-row"]
-    assert len(duplicates) == rows - 1
-    assert all(f["cells"] == cols - 1 and f["position"] == 1 for f in duplicates)
-    assert duplicates[0]["details"]["positions_total"] == cols
-    assert len(duplicates[0]["details"]["positions"]) == 8
-    assert len(out) < 4_000_000  # output grows with the problems, not the cells
+    # ... as one finding group with every cell in its columns, not one record per cell
+    (duplicates,) = [f for f in report["findings"] if f["code"] == "duplicate-slot-in-row"]
+    cells = duplicates["cells"]
+    assert sorted(zip(cells["batch_row"], cells["position"], strict=True)) == [
+        (row, position) for row in range(rows - 1) for position in range(1, cols)
+    ]
+    assert set(cells["slot"]) == {7}
+    assert duplicates["span"] == {
+        "rows": rows - 1,
+        "batch_rows": [0, rows - 2],
+        "positions": [1, cols - 1],
+        "slots": [7, 7],
+        "distinct_slots": 1,
+    }
+    assert len(out) < 400_000  # output grows with the problems (and a column per cell)
 
 
 @pytest.mark.slow  # whole processes, measured in memory

@@ -60,7 +60,7 @@ def test_examples_report_what_they_record(example: str) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_every_example_json_validates_against_the_schema(example: str) -> None:
-    """The golden JSON of each example is a `kvcanary.check/1` record as docs/json-schema.md
+    """The golden JSON of each example is a `kvcanary.check/2` record as docs/json-schema.md
     describes it (so are the JSON goldens `test_check_output_matches_golden` compares)."""
     import json
 
@@ -68,5 +68,5 @@ def test_every_example_json_validates_against_the_schema(example: str) -> None:
     from tests.render.record_schema import validate
 
     record = json.loads((GOLDEN / f"{Path(example).stem}.json").read_text())
-    assert record["schema"] == "kvcanary.check/1"
+    assert record["schema"] == "kvcanary.check/2"
     assert validate(record, CheckRecord) == []

@@ -45,7 +45,8 @@ def test_check_reports_the_raise_at_its_finding(sglang_standin: InstallStandin) 
     assert [(f["slot"], f["position"]) for f in marked] == [(107, 14)]
     table = run("check", TRUNCATED, "--kernel", "sglang", "--max-rows", "1")[1]
     assert f"SGLang installed here: {VERSION}" in table
-    assert "launch raised here" in table
+    words = " ".join(w for w in table.split() if w != "│")  # the message cell's lines, joined
+    assert "← the kernel's launch raised at (batch row 0, pos 14)" in words
 
 
 def test_check_clean_with_sglang_exits_0(sglang_standin: InstallStandin) -> None:

@@ -122,13 +122,13 @@ def test_the_truncated_lut_raise_is_kvcanarys_first_raise(real_sglang: Path) -> 
     first = VECTORIZED.plan(dump, "swa").problems.first_raise()
     assert first is not None
     report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
-    marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
+    marked = [f for f in report.findings if f.upstream_raise is not None]
     assert [(f.code.value, f.batch_row, f.position, f.slot) for f in marked] == [
         ("lut-out-of-range", first.batch_row, first.position, first.value)
     ]
     with pytest.raises(UpstreamPlanError) as strict:
         STRICT.plan(dump, "swa")
-    assert marked[0].details[UPSTREAM_RAISE] == str(strict.value)
+    assert marked[0].upstream_raise == str(strict.value)
 
 
 def test_selftest_agrees_and_lists_the_raises(real_sglang: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.kernel_raise import UPSTREAM_RAISE, launch_divergences
+from kvcanary_cli.analysis.kernel_raise import launch_divergences
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS
 from kvcanary_cli.dump.writer import save_dump
@@ -95,7 +95,7 @@ def test_the_raise_is_tied_to_the_first_raise_finding(sglang_standin: InstallSta
     first = VECTORIZED.plan(dump, "swa").problems.first_raise()
     assert first is not None
     report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
-    marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
+    marked = [f for f in report.findings if f.upstream_raise is not None]
     assert len(marked) == 1
     finding = marked[0]
     assert (finding.code, finding.group) == ("lut-out-of-range", "swa")
@@ -104,7 +104,7 @@ def test_the_raise_is_tied_to_the_first_raise_finding(sglang_standin: InstallSta
         first.position,
         first.value,
     )
-    assert finding.details[UPSTREAM_RAISE] == (
+    assert finding.upstream_raise == (
         "ValueError: kv-canary: SWA slot 107 is outside full_to_swa_index_mapping length 107"
     )
 
@@ -132,7 +132,7 @@ def test_index_errors_are_predicted_and_marked(
     )
     report = run_check(dump, planner=VECTORIZED, kernel=SGLangPlanner())
     assert not [f for f in report.findings if f.code == "kernel-divergence"]
-    marked = [f for f in report.findings if UPSTREAM_RAISE in f.details]
+    marked = [f for f in report.findings if f.upstream_raise is not None]
     assert [(f.code.value, f.batch_row) for f in marked] == [(code, first.batch_row)]
 
 
@@ -152,7 +152,7 @@ def test_a_missed_raise_is_a_launch_divergence(sglang_standin: InstallStandin) -
     assert len(launch) == 1
     assert launch[0].details["kernel"] == "no raise"
     assert str(launch[0].details["reference"]).startswith("ValueError: kv-canary: SWA slot 107")
-    assert not [f for f in report.findings if UPSTREAM_RAISE in f.details]
+    assert not [f for f in report.findings if f.upstream_raise is not None]
     swa = next(g for g in report.groups if g.group == "swa")
     assert swa.explained_differences.get("lut-out-of-range", 0) > 0  # the clamps, explained
     assert swa.unexplained_differences == 1

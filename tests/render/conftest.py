@@ -98,7 +98,8 @@ def _lut_findings() -> list[Finding]:
                 role=Role.VERIFY,
                 message=f"verify slot {slot} >= lut_len 512: REF raises, GPU reads LUT[511]",
                 details={"lut_len": 512, "gpu_value": -1, "cells": (5, 10 + i)},
-                provenance=prov,
+                provenance=(prov,),
+                provenance_total=1,
             )
         )
     return found
@@ -148,7 +149,8 @@ def main_findings() -> list[Finding]:
             role=Role.VERIFY,
             message="slot 77 is at positions 4 and 9 of pool row 8 | both live <here>",
             details={"positions": [4, 9]},
-            provenance=dup_prov,
+            provenance=(dup_prov,),
+            provenance_total=1,
         ),
         Finding(
             code=FindingCode.SWA_SLOT_COLLISION,
@@ -161,7 +163,8 @@ def main_findings() -> list[Finding]:
             role=Role.VERIFY,
             message="[bold]full slots 77 and 78[/bold] map to swa slot 12",
             details={"full_slot": 78},
-            provenance=swa_prov,
+            provenance=(swa_prov,),
+            provenance_total=1,
         ),
         Finding(
             code=FindingCode.ROW_OUT_OF_RANGE,
@@ -295,7 +298,7 @@ def any_report(request: pytest.FixtureRequest) -> CheckReport:
 @pytest.fixture
 def slot_report() -> ProvenanceReport:
     findings = [f for f in main_findings() if f.slot == 77]
-    prov = findings[0].provenance
+    (prov,) = findings[0].provenance
     return ProvenanceReport(
         path="dumps/step1207|rank0.safetensors",
         identity=dict(IDENTITY),

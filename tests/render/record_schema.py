@@ -33,8 +33,8 @@ __all__ = ["RECORDS", "declared_keys", "nested_typeddicts", "validate"]
 
 #: schema name -> the record's top-level declaration.
 RECORDS: dict[str, Any] = {
-    "kvcanary.check/1": CheckRecord,
-    "kvcanary.provenance/1": ProvenanceRecord,
+    "kvcanary.check/2": CheckRecord,
+    "kvcanary.provenance/2": ProvenanceRecord,
     "kvcanary.violations/1": ViolationsRecord,
     "kvcanary.inspect/2": InspectRecord,
     "kvcanary.plan/1": PlanRecord,

@@ -24,7 +24,7 @@ def test_every_format_renders_a_check(fmt: OutputFormat, any_report: CheckReport
         assert isinstance(out, str) and out.endswith("\n")
     if fmt is OutputFormat.JSON:
         assert isinstance(out, str)
-        assert json.loads(out)["schema"] == "kvcanary.check/1"
+        assert json.loads(out)["schema"] == "kvcanary.check/2"
 
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))

@@ -77,17 +77,8 @@ def test_code_tables_and_escaping(single_report: CheckReport) -> None:
         assert all(len(row) == len(header) for row in rows), header
     lut = [t for t in tables(markdown) if t[0].startswith("##### `lut-out-of-range`")]
     [(_, header, rows)] = lut
-    assert header == [
-        "group",
-        "slot",
-        "space",
-        "batch row",
-        "pool row",
-        "position",
-        "role",
-        "message",
-    ]
-    assert [r[1] for r in rows] == [str(900 + i) for i in range(10)]
+    assert header == ["group", "cells", "batch rows", "positions", "slots", "role", "message"]
+    assert [r[4] for r in rows] == [str(900 + i) for i in range(10)]
     assert "… and 2 more" in markdown
     dup = [t for t in tables(markdown) if t[0].startswith("##### `duplicate-slot-in-row`")]
     message = dup[0][2][0][-1]
@@ -101,7 +92,7 @@ def test_provenance_details_block(single_report: CheckReport) -> None:
     block = block[: block.index("</details>")]
     assert (
         "<summary><code>duplicate-slot-in-row</code> full slot 77, batch row 1, pool row 8, "
-        "position 4, verify (5 cells)</summary>\n\n" in block
+        "position 4, verify</summary>\n\n" in block
     )
     [(_, header, rows)] = [t for t in tables(block) if t[1][0] == "pool row"]
     assert header == ["pool row", "position", "batch rows", "role", "seed", "shared"]

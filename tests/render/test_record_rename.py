@@ -3,8 +3,8 @@ a key in one declaration fails type checking in the views that read it.
 
 The package is copied to a temporary folder and type-checked there (strict, the repo's mypy
 configuration, render/ checked and the rest followed silently, one cache for both runs): as
-it is, mypy passes; with the finding record's `position` renamed, it fails and names the view
-modules that read `position`.
+it is, mypy passes; with the finding record's `count` renamed, it fails and names the view
+modules that read `count`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DECLARATION = Path("kvcanary_cli") / "render" / "records" / "common.py"
-#: the finding record's key, as declared (the only `int | None` position in common.py).
-KEY = "    position: int | None\n"
-#: modules that read a finding's position: the helpers both views share, and the Markdown
-#: views of a check and a provenance answer.
-READERS = ("render/shared.py", "render/markdown/check.py", "render/markdown/provenance.py")
+#: the finding record's key, as declared (the only `count: int` in common.py).
+KEY = "    count: int\n"
+#: modules that read a finding's count: the helpers both views share, and the table and
+#: Markdown views of a check and a provenance answer.
+READERS = (
+    "render/shared.py",
+    "render/table/check.py",
+    "render/table/provenance.py",
+    "render/markdown/check.py",
+    "render/markdown/provenance.py",
+)
 
 
 def _mypy(copy: Path) -> subprocess.CompletedProcess[str]:
@@ -60,7 +66,7 @@ def test_mypy_names_the_views_that_read_a_renamed_key(tmp_path: Path) -> None:
     declaration = tmp_path / DECLARATION
     source = declaration.read_text()
     assert source.count(KEY) == 1 and "class FindingRecord(TypedDict)" in source
-    declaration.write_text(source.replace(KEY, "    location: int | None\n"))
+    declaration.write_text(source.replace(KEY, "    cell_count: int\n"))
     renamed = _mypy(tmp_path)
     assert renamed.returncode == 1, renamed.stdout + renamed.stderr
     errors = renamed.stdout.splitlines()
@@ -69,6 +75,6 @@ def test_mypy_names_the_views_that_read_a_renamed_key(tmp_path: Path) -> None:
         for reader in READERS
         for line in errors
         if line.startswith(f"kvcanary_cli/{reader}:")
-        and 'TypedDict "FindingRecord" has no key "position"' in line
+        and 'TypedDict "FindingRecord" has no key "count"' in line
     }
     assert in_views == set(READERS), renamed.stdout

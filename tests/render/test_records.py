@@ -1,4 +1,4 @@
-"""The `kvcanary.check/1` record: schema, completeness, order, verdicts, caps."""
+"""The `kvcanary.check/2` record: schema, completeness, order, verdicts, caps."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def test_finding_fields_are_copied(single_report: CheckReport) -> None:
     lut = next(r for r in records if r["code"] == "lut-out-of-range")
     assert lut["details"]["cells"] == [5, lut["position"]]  # tuples become lists
     dup = next(r for r in records if r["code"] == "duplicate-slot-in-row")
-    prov = dup["provenance"]
-    assert prov is not None
+    [prov] = dup["provenance"]
+    assert dup["provenance_total"] == 1
     assert prov["cells_total"] == 5 and len(prov["cells"]) == 3
     assert [c["shared"] for c in prov["cells"]] == [False, False, True]
     assert prov["canary"][0]["buffer"] == "canary.full.head.k"
@@ -184,7 +184,7 @@ def test_details_are_made_json_safe() -> None:
 def test_provenance_record_matches_schema(any_provenance: ProvenanceReport) -> None:
     record = provenance_record(any_provenance)
     assert validate(record, ProvenanceRecord) == []
-    assert record["schema"] == "kvcanary.provenance/1"
+    assert record["schema"] == "kvcanary.provenance/2"
     assert len(record["findings"]) == len(any_provenance.findings)
 
 

@@ -60,13 +60,13 @@ def test_check_table_details(single_report: CheckReport) -> None:
         check_table(check_record(single_report)), 300
     )
     assert "2 unexplained (kernel-divergence)" in text
-    # provenance condensed into the cells column (wide enough not to wrap)
+    # the example slot's provenance condensed under the message (wide enough not to wrap)
     wide = plain(check_table(check_record(single_report)), 300)
     assert (
-        "(row 8, pos 4) verify; (row 8, pos 9) pending-write; (row 3, pos 4) verify "
-        "shared; +2 more" in wide
+        "slot 77 is held at (row 8, pos 4) verify; (row 8, pos 9) pending-write; (row 3, "
+        "pos 4) verify shared; +2 more" in wide
     )
-    assert "(row 5, pos 10) verify seed" in wide
+    assert "(row 5, pos 10) verify seed" not in wide  # a slot held by its finding's cell only
     # messages are text, never markup
     assert "[bold]full slots 77 and 78[/bold]" in text
     assert "note: no out_cache_loc" in text

@@ -1,4 +1,4 @@
-"""The Markdown view of a `kvcanary.check/1` record: a GitHub issue body, at most GitHub's
+"""The Markdown view of a `kvcanary.check/2` record: a GitHub issue body, at most GitHub's
 length.
 
 Drawn from the same record as the JSON output (never from the dataclasses), so the two formats
@@ -28,11 +28,17 @@ from kvcanary_cli.render.shared import (
     CodeSection,
     cause_sections,
     differences_lines,
+    examples_text,
     failing_phrase,
     plural,
-    position_text,
+    positions_text,
+    raise_mark,
+    role_text,
+    rows_text,
+    section_size,
     severity_count,
     shrunk_lines,
+    slots_text,
 )
 from kvcanary_cli.safe_text import printable_record
 
@@ -64,29 +70,37 @@ def _groups_table(groups: list[GroupRecord]) -> str:
 
 def _where(f: FindingRecord) -> str:
     bits = []
+    if f["count"] > 1:
+        bits.append(plural(f["count"], "cell"))
     if f["slot"] is not None:
-        bits.append(f"{f['space']} slot {f['slot']}")
-    if f["batch_row"] is not None:
-        bits.append(f"batch row {f['batch_row']}")
-    if f["pool_row"] is not None:
+        bits.append(f"{f['space']} slot{'s' if f['count'] > 1 else ''} {slots_text(f)}")
+    rows = rows_text(f)
+    if rows is not None:
+        bits.append(f"batch row{'s' if f['count'] > 1 else ''} {rows}")
+    if f["pool_row"] is not None and f["count"] == 1:
         bits.append(f"pool row {f['pool_row']}")
-    if f["position"] is not None:
-        plural_s = "s" if f["cells"] > 1 else ""
-        bits.append(f"position{plural_s} {position_text(f)}")
-    if f["role"]:
-        bits.append(str(f["role"]))
+    positions = positions_text(f)
+    if positions is not None:
+        bits.append(f"position{'s' if f['count'] > 1 else ''} {positions}")
+    role = role_text(f)
+    if role:
+        bits.append(role)
     return ", ".join(bits) or f"group {f['group']}"
 
 
 def _details_block(f: FindingRecord) -> str:
-    prov = f["provenance"]
-    cells = "" if prov is None else f" ({plural(prov['cells_total'], 'cell')})"
-    summary = f"<code>{html.escape(f['code'])}</code> {html.escape(_where(f))}{html.escape(cells)}"
+    summary = f"<code>{html.escape(f['code'])}</code> {html.escape(_where(f))}"
     body = [_text(f["message"])]
-    if prov is None:
+    examples = examples_text(f)
+    if examples:
+        body.append(_text(examples))
+    if not f["provenance"]:
         body.append("No slot provenance (the finding is about a row or a tensor).")
-    else:
+    for prov in f["provenance"]:
         body.extend(provenance_body(prov))
+    more = f["provenance_total"] - len(f["provenance"])
+    if more > 0:
+        body.append(f"… and {plural(more, 'more slot')} (`kvcanary provenance --slot N` shows any)")
     if f["details"]:
         body.append("details: " + _code(json.dumps(f["details"], sort_keys=True), cell=False))
     return "\n\n".join([f"<details><summary>{summary}</summary>", *body, "</details>"])
@@ -94,8 +108,9 @@ def _details_block(f: FindingRecord) -> str:
 
 def _message_cell(f: FindingRecord) -> str:
     text = _text(f["message"])
-    if f["first_raise"]:
-        text += " **← SGLang's reference raises here first**"
+    mark = raise_mark(f)
+    if mark:
+        text += f" **{_text(mark)}**"
     if f["assumes"]:
         text += f" (assumes {_text(', '.join(f['assumes']))}: not recorded)"
     return text
@@ -107,35 +122,25 @@ def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
         shown = section.shown
         parts.append(
             f"##### {_code(section.code, cell=False)} · {section.severity} · "
-            f"{plural(section.total, 'finding')}"
+            f"{section_size(section)}"
         )
         if shown:
             parts.append(
                 _table(
-                    [
-                        "group",
-                        "slot",
-                        "space",
-                        "batch row",
-                        "pool row",
-                        "position",
-                        "role",
-                        "message",
-                    ],
+                    ["group", "cells", "batch rows", "positions", "slots", "role", "message"],
                     [
                         [
                             _code(f["group"]),
-                            _text(f["slot"]),
-                            _text(f["space"]),
-                            _text(f["batch_row"]),
-                            _text(f["pool_row"]),
-                            _text(position_text(f)),
-                            _text(f["role"]),
+                            str(f["count"]),
+                            _text(rows_text(f)),
+                            _text(positions_text(f)),
+                            _text(slots_text(f)),
+                            _text(role_text(f)),
                             _message_cell(f),
                         ]
                         for f in shown
                     ],
-                    right={1, 3, 4, 5},
+                    right={1},
                 )
             )
         if section.total > len(shown):
@@ -276,7 +281,7 @@ GITHUB_BODY_LIMIT = 65_536
 def check_markdown(
     record: CheckRecord, *, max_rows: int = 10, limit: int = GITHUB_BODY_LIMIT
 ) -> str:
-    """A `kvcanary.check/1` record as a GitHub issue body, at most `limit` characters.
+    """A `kvcanary.check/2` record as a GitHub issue body, at most `limit` characters.
 
     Per code, the first `max_rows` findings get a table row and a `<details>` provenance block;
     the rest are counted ("… and K more"). A body that would be too long for GitHub is
@@ -326,7 +331,7 @@ def _check_markdown(record: CheckRecord, max_rows: int, details: bool) -> str:
         (
             f"{failing_phrase(summary, record['fail_on'])} · "
             f"{plural(summary['findings'], 'finding')} "
-            f"({plural(by_severity['error'], 'error')}, "
+            f"({plural(summary['cells'], 'cell')}: {plural(by_severity['error'], 'error')}, "
             f"{plural(by_severity['warning'], 'warning')}, "
             f"{by_severity['info']} info) · kvcanary {record['kvcanary_version']} · "
             f"`{record['schema']}`"

@@ -1,4 +1,4 @@
-"""The Markdown view of a `kvcanary.provenance/1` record: the slot's cells or the row's map,
+"""The Markdown view of a `kvcanary.provenance/2` record: the slot's cells or the row's map,
 and the findings touching it."""
 
 from __future__ import annotations
@@ -8,7 +8,16 @@ from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
 from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
-from kvcanary_cli.render.shared import row_lines, row_notices, shrunk_lines
+from kvcanary_cli.render.shared import (
+    examples_text,
+    positions_text,
+    role_text,
+    row_lines,
+    row_notices,
+    rows_text,
+    shrunk_lines,
+    slots_text,
+)
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["provenance_markdown"]
@@ -57,7 +66,7 @@ def _row_section(row: RowMapRecord) -> list[str]:
 
 
 def provenance_markdown(record: ProvenanceRecord) -> str:
-    """A `kvcanary.provenance/1` record as Markdown: the slot's cells or the row's map."""
+    """A `kvcanary.provenance/2` record as Markdown: the slot's cells or the row's map."""
     record = printable_record(record)
     parts = [
         f"## kvcanary provenance: {_code(record['path'], cell=False)}",
@@ -81,10 +90,10 @@ def provenance_markdown(record: ProvenanceRecord) -> str:
                     "code",
                     "severity",
                     "group",
-                    "slot",
-                    "batch row",
-                    "pool row",
-                    "position",
+                    "cells",
+                    "slots",
+                    "batch rows",
+                    "positions",
                     "role",
                     "message",
                 ],
@@ -93,16 +102,16 @@ def provenance_markdown(record: ProvenanceRecord) -> str:
                         _code(f["code"]),
                         f["severity"],
                         _code(f["group"]),
-                        _text(f["slot"]),
-                        _text(f["batch_row"]),
-                        _text(f["pool_row"]),
-                        _text(f["position"]),
-                        _text(f["role"]),
-                        _text(f["message"]),
+                        str(f["count"]),
+                        _text(slots_text(f)),
+                        _text(rows_text(f)),
+                        _text(positions_text(f)),
+                        _text(role_text(f)),
+                        _text(f["message"] + (f" ({e})" if (e := examples_text(f)) else "")),
                     ]
                     for f in findings
                 ],
-                right={3, 4, 5, 6},
+                right={3},
             )
         )
     else:

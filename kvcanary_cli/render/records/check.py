@@ -1,4 +1,4 @@
-"""The `kvcanary.check/1` record: its declaration, and `check_record`, the one place it is built.
+"""The `kvcanary.check/2` record: its declaration, and `check_record`, the one place it is built.
 
 Every view of a check (JSON, Markdown, table, `--quiet`) reads this record, so no two formats
 can disagree. It holds JSON types only and every list has a fixed order, so equal reports give
@@ -64,7 +64,7 @@ __all__ = [
     "dump_verdict",
 ]
 
-CHECK_SCHEMA: Literal["kvcanary.check/1"] = "kvcanary.check/1"
+CHECK_SCHEMA: Literal["kvcanary.check/2"] = "kvcanary.check/2"
 
 #: A dump's verdict: from its most severe finding, or bad-input when it could not be read.
 DumpVerdict = Literal["clean", "warnings", "errors", "bad-input"]
@@ -93,8 +93,10 @@ class CheckSummaryRecord(TypedDict):
     failed: int
     #: dumps that could not be read
     bad_input: int
-    #: findings over all dumps
+    #: findings (groups) over all dumps
     findings: int
+    #: cells (and rows, tensors) the findings stand for: the sum of their `count`
+    cells: int
     #: cells per severity over all dumps
     by_severity: SeverityCountsRecord
     #: over all dumps; only codes that occur
@@ -247,7 +249,7 @@ class DumpRecord(TypedDict):
 class CheckRecord(TypedDict):
     """`kvcanary check --format json`."""
 
-    schema: Literal["kvcanary.check/1"]
+    schema: Literal["kvcanary.check/2"]
     kvcanary_version: str
     fail_on: SeverityName
     #: the SGLang version installed where check ran ("unknown": importable without package
@@ -287,8 +289,8 @@ def _group(group: GroupSummary) -> GroupRecord:
 def _counts(findings: tuple[Finding, ...]) -> list[CodeCountRecord]:
     """Per (code, group, severity): a code is `info` where its findings rest on assumptions."""
     counter: Counter[tuple[FindingCode, str, Severity]] = Counter()
-    for f in findings:  # a run record counts its cells
-        counter[(f.code, f.group, f.severity)] += f.cells
+    for f in findings:  # a finding group counts its cells
+        counter[(f.code, f.group, f.severity)] += f.count
     return [
         {
             "code": code_name(code),
@@ -393,7 +395,7 @@ def _dump(dump: DumpReport, fail_on: Severity) -> DumpRecord:
 
 
 def check_record(report: CheckReport) -> CheckRecord:
-    """The `kvcanary.check/1` record of a check.
+    """The `kvcanary.check/2` record of a check.
 
     `verdict` mirrors the exit code: `bad-input` (2) when a dump could not be read, else
     `findings` (1) when a finding reaches `fail_on`, else `clean` (0).
@@ -401,9 +403,9 @@ def check_record(report: CheckReport) -> CheckRecord:
     every = tuple(f for d in report.dumps for f in d.findings)
     by_code: Counter[FindingCode] = Counter()
     by_severity: Counter[Severity] = Counter()
-    for f in every:  # cells, not records: a run of 15 bad cells is 15
-        by_code[f.code] += f.cells
-        by_severity[f.severity] += f.cells
+    for f in every:  # cells, not records: a group of 15 bad cells is 15
+        by_code[f.code] += f.count
+        by_severity[f.severity] += f.count
     verdict: Literal["clean", "findings", "bad-input"] = "clean"
     if report.bad_input:
         verdict = "bad-input"
@@ -420,6 +422,7 @@ def check_record(report: CheckReport) -> CheckRecord:
             "failed": sum(d.fails(report.fail_on) for d in report.dumps),
             "bad_input": sum(d.error is not None for d in report.dumps),
             "findings": len(every),
+            "cells": sum(f.count for f in every),
             "by_severity": {
                 "error": by_severity[Severity.ERROR],
                 "warning": by_severity[Severity.WARNING],

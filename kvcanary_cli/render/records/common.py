@@ -13,10 +13,12 @@ these declarations (tests/render/schema_doc.py).
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import Literal, TypedDict, Union, cast
+from typing import TYPE_CHECKING, Literal, TypedDict, Union, cast
 
 from kvcanary_cli.analysis.model import (
+    UPSTREAM_RAISE,
     CauseCode,
+    CellColumns,
     Confidence,
     Finding,
     FindingCode,
@@ -25,10 +27,14 @@ from kvcanary_cli.analysis.model import (
     SlotProvenance,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = [
     "SHRUNK_NOTE",
     "AllocatorState",
     "CanaryEntryRecord",
+    "CellColumnsRecord",
     "CauseCodeName",
     "CellRecord",
     "CellRole",
@@ -44,10 +50,12 @@ __all__ = [
     "ShrinkSourceRecord",
     "ShrinkSummaryRecord",
     "ShrunkRecord",
+    "SpanRecord",
     "SlotProvenanceRecord",
     "SpaceName",
     "TensorCutRecord",
     "cause_name",
+    "cells_record",
     "code_counts",
     "code_name",
     "confidence_name",
@@ -60,6 +68,7 @@ __all__ = [
     "shrink_summary_record",
     "shrunk_record",
     "slot_provenance_record",
+    "span_record",
 ]
 
 #: A finding code (docs/findings.md); the values of `FindingCode`.
@@ -244,40 +253,78 @@ class SlotProvenanceRecord(TypedDict):
     violations_total: int
 
 
+class CellColumnsRecord(TypedDict):
+    """Every cell of a finding group as parallel columns: entry i of each list is cell i, in
+    report order (batch row, then position). Complete: nothing is dropped."""
+
+    batch_row: list[int]
+    pool_row: list[int]
+    position: list[int]
+    #: the slot of each cell (an SWA slot for space swa); null for a finding about a cell's
+    #: expected-token gather (its `gather_index` column says where the gather went)
+    slot: list[int] | None
+    #: the code's own per-cell columns (docs/json-schema.md, "Finding"): full_slot
+    #: (swa-slot-collision and freed-slot-in-live-range of space swa), owner_position
+    #: (slot-shared-across-positions), out_cache_loc_index (write-to-live-slot), gather_index
+    #: (expected-token-out-of-range); {} for the other codes
+    extra: dict[str, list[int]]
+
+
+class SpanRecord(TypedDict):
+    """Where a finding group's cells lie: [first, last] ranges and distinct counts."""
+
+    #: distinct batch rows holding its cells
+    rows: int
+    #: [smallest, largest] batch row
+    batch_rows: list[int]
+    #: [smallest, largest] position
+    positions: list[int]
+    #: [smallest, largest] slot; null without slots
+    slots: list[int] | None
+    #: distinct slots among its cells (0 without slots)
+    distinct_slots: int
+
+
 class FindingRecord(TypedDict):
-    """One offending slot, row or tensor, with where it came from."""
+    """One finding group: cells sharing a code, cause, group and role (or one row or
+    tensor), with where they came from."""
 
     code: FindingCodeName
     severity: SeverityName
     group: GroupName
-    #: null for row-, batch- and tensor-level findings
+    #: the example cell's slot (where SGLang's reference raises, when the group holds that
+    #: cell; else its first cell); null for row-, batch- and tensor-level findings
     slot: int | None
     #: which pool the slot belongs to
     space: SpaceName
+    #: the example cell's batch row (a row-level finding: its row)
     batch_row: int | None
+    #: the example cell's pool row
     pool_row: int | None
-    #: a run's first position
+    #: the example cell's position
     position: int | None
-    #: 1; a run of consecutive bad cells of one row (16 or more, same code) is one record
-    #: covering positions position .. position + cells - 1, its slot the first cell's,
-    #: details.slots the first 8
-    cells: int
-    #: true: the record stands for `cells` cells holding this slot anywhere (more than 16
-    #: one-cell records of one code and slot); position etc. are the first cell's,
-    #: details.cells_sample the first 8 [batch_row, pool_row, position]
-    spread: bool
-    #: the cell's role, or the plan read that met the problem (seed, expected-token)
+    #: cells the finding stands for (1 for a row-, batch- or tensor-level finding)
+    count: int
+    #: the role of every cell of the group, or the plan read that met the problem (seed,
+    #: expected-token)
     role: FindingRole | None
+    #: for one cell: what it is; for more: what they share
     message: str
     #: code-specific facts (below), JSON values only
     details: dict[str, JsonValue]
-    #: present whenever slot is not null
-    provenance: SlotProvenanceRecord | None
+    #: every cell, as columns; null for row-, batch- and tensor-level findings
+    cells: CellColumnsRecord | None
+    #: where the cells lie; null when `cells` is
+    span: SpanRecord | None
+    #: provenance of the group's first distinct slots (the example's first)
+    provenance: list[SlotProvenanceRecord]
+    #: distinct slots the group has (provenance lists the first few)
+    provenance_total: int
     #: derived scalars it rests on (then severity info)
     assumes: list[str]
     #: the diagnosis cause it is grouped under
     cause: CauseCodeName | None
-    #: SGLang's torch reference raises first here
+    #: SGLang's torch reference raises first at the example cell
     first_raise: bool
 
 
@@ -388,8 +435,44 @@ def slot_provenance_record(prov: SlotProvenance) -> SlotProvenanceRecord:
     }
 
 
+def _ints(values: np.ndarray) -> list[int]:
+    return cast(list[int], values.tolist())
+
+
+def cells_record(cells: CellColumns | None) -> CellColumnsRecord | None:
+    """A finding group's cells as JSON columns (None for a row- or tensor-level finding)."""
+    if cells is None:
+        return None
+    return {
+        "batch_row": _ints(cells.batch_row),
+        "pool_row": _ints(cells.pool_row),
+        "position": _ints(cells.position),
+        "slot": None if cells.slot is None else _ints(cells.slot),
+        "extra": {name: _ints(cells.extra[name]) for name in sorted(cells.extra)},
+    }
+
+
+def span_record(cells: CellColumns | None) -> SpanRecord | None:
+    """Ranges and distinct counts of a finding group's cells (None without cells)."""
+    if cells is None or not len(cells):
+        return None
+    import numpy as np  # here, not at the top: `--help` never loads numpy
+
+    def bounds(values: np.ndarray) -> list[int]:
+        return [int(values.min()), int(values.max())]
+
+    slots = cells.slot
+    return {
+        "rows": int(np.unique(cells.batch_row).size),
+        "batch_rows": bounds(cells.batch_row),
+        "positions": bounds(cells.position),
+        "slots": None if slots is None else bounds(slots),
+        "distinct_slots": 0 if slots is None else int(np.unique(slots).size),
+    }
+
+
 def finding_record(finding: Finding) -> FindingRecord:
-    """One finding as every record carries it."""
+    """One finding (group) as every record carries it."""
     return {
         "code": code_name(finding.code),
         "severity": severity_name(finding.severity),
@@ -399,14 +482,18 @@ def finding_record(finding: Finding) -> FindingRecord:
         "batch_row": finding.batch_row,
         "pool_row": finding.pool_row,
         "position": finding.position,
-        "cells": finding.cells,
-        "spread": finding.spread,
+        "count": finding.count,
         "role": None if finding.role is None else cast(FindingRole, str(finding.role)),
         "message": finding.message,
-        "details": details_record(finding.details),
-        "provenance": None
-        if finding.provenance is None
-        else slot_provenance_record(finding.provenance),
+        "details": details_record(
+            finding.details
+            if finding.upstream_raise is None
+            else {**finding.details, UPSTREAM_RAISE: finding.upstream_raise}
+        ),
+        "cells": cells_record(finding.cells),
+        "span": span_record(finding.cells),
+        "provenance": [slot_provenance_record(p) for p in finding.provenance],
+        "provenance_total": finding.provenance_total,
         "assumes": list(finding.assumes),
         "cause": None if finding.cause is None else cause_name(finding.cause),
         "first_raise": finding.first_raise,

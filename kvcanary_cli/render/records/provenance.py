@@ -1,4 +1,4 @@
-"""The `kvcanary.provenance/1` record (one slot's provenance, or one pool row's map): its
+"""The `kvcanary.provenance/2` record (one slot's provenance, or one pool row's map): its
 declaration, and `provenance_record`, the one place it is built."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
     "provenance_record",
 ]
 
-PROVENANCE_SCHEMA: Literal["kvcanary.provenance/1"] = "kvcanary.provenance/1"
+PROVENANCE_SCHEMA: Literal["kvcanary.provenance/2"] = "kvcanary.provenance/2"
 
 
 class RowCellRecord(TypedDict):
@@ -85,7 +85,7 @@ class RowMapRecord(TypedDict):
 class ProvenanceRecord(TypedDict):
     """`kvcanary provenance --format json`."""
 
-    schema: Literal["kvcanary.provenance/1"]
+    schema: Literal["kvcanary.provenance/2"]
     kvcanary_version: str
     path: str
     identity: dict[str, str]
@@ -130,7 +130,7 @@ def _row(row: RowMap) -> RowMapRecord:
 
 
 def provenance_record(report: ProvenanceReport) -> ProvenanceRecord:
-    """The `kvcanary.provenance/1` record: one slot's provenance or one pool row's map."""
+    """The `kvcanary.provenance/2` record: one slot's provenance or one pool row's map."""
     return {
         "schema": PROVENANCE_SCHEMA,
         "kvcanary_version": kvcanary_cli.__version__,

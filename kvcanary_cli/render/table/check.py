@@ -1,4 +1,4 @@
-"""The terminal view of a `kvcanary.check/1` record, and `--quiet`'s verdict lines.
+"""The terminal view of a `kvcanary.check/2` record, and `--quiet`'s verdict lines.
 
 Per dump: the verdict spelled out in words (the view reads the same without colour), identity,
 diagnosis, groups, counts, and the findings under their causes.
@@ -23,17 +23,21 @@ from kvcanary_cli.render.shared import (
     CodeSection,
     cause_sections,
     differences_lines,
+    examples_text,
     failing_phrase,
+    launch_mark,
     plural,
-    position_text,
+    raise_mark,
+    role_text,
+    section_size,
     severity_count,
+    where_lines,
 )
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,
     identity_line,
     indented,
     shrunk_block,
-    slot_text,
 )
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.safe_text import printable_record
@@ -48,23 +52,6 @@ _VERDICT_STYLE = {
 }
 _OVERALL_STYLE = {"findings": "bold red", "clean": "bold green", "bad-input": "bold magenta"}
 _CONFIDENCE_STYLE = {"certain": "bold red", "likely": "bold yellow", "possible": "yellow"}
-#: cells shown in the condensed provenance column before "+N more".
-_CELLS_SHOWN = 3
-
-
-def _cells_text(f: FindingRecord) -> str:
-    """Provenance condensed: `(row 8, pos 4) verify; (row 3, pos 4) verify shared; +2 more`."""
-    prov = f["provenance"]
-    if prov is None:
-        return "-"
-    bits = []
-    for c in prov["cells"][:_CELLS_SHOWN]:
-        flags = "".join(f" {flag}" for flag in ("seed", "shared") if c[flag])
-        bits.append(f"(row {c['pool_row']}, pos {c['position']}) {c['role']}{flags}")
-    more = prov["cells_total"] - min(len(prov["cells"]), _CELLS_SHOWN)
-    if more > 0:
-        bits.append(f"+{more} more")
-    return "; ".join(bits) or "no cells"
 
 
 def _groups_table(groups: list[GroupRecord]) -> Table:
@@ -114,20 +101,17 @@ def _counts_table(counts: list[CodeCountRecord]) -> Table:
 
 
 def _findings_table(findings: list[FindingRecord]) -> Table:
+    """One row per finding group: how many cells, where they lie, and what they are."""
     table = Table()
-    for name in ("group", "slot", "batch row", "pool row", "pos", "role"):
-        table.add_column(name, justify="left" if name in ("group", "role") else "right")
-    table.add_column("cells")
-    table.add_column("message")
+    for name in ("group", "cells", "where", "role"):
+        table.add_column(name, justify="right" if name == "cells" else "left")
+    table.add_column("message", ratio=1)
     for f in findings:
         table.add_row(
             _t(f["group"]),
-            _t(slot_text(f)),
-            _t(f["batch_row"]),
-            _t(f["pool_row"]),
-            _t(position_text(f)),
-            _t(f["role"]),
-            _t(_cells_text(f)),
+            _t(f["count"]),
+            _t("\n".join(where_lines(f)) or "-"),
+            _t(role_text(f)),
             _message_text(f),
         )
     return table
@@ -136,13 +120,44 @@ def _findings_table(findings: list[FindingRecord]) -> Table:
 def _message_text(f: FindingRecord) -> Text:
     """The message, flagged where SGLang's reference raises and where it rests on assumptions."""
     text = Text(f["message"])
-    if f["first_raise"]:
-        text.append(" ← SGLang's reference raises here first", style="bold")
-    if "upstream_raise" in f["details"]:
-        text.append(" ← the kernel's launch raised here", style="bold")
+    mark = raise_mark(f)
+    if mark:
+        text.append(f" {mark}", style="bold")
+    launched = launch_mark(f)
+    if launched:
+        text.append(f" {launched}", style="bold")
     if f["assumes"]:
         text.append(f" (assumes {', '.join(f['assumes'])}: not recorded)", style="yellow")
+    examples = examples_text(f)
+    if examples:
+        text.append(f"\n{examples}", style="dim")
+    holders = _holders_text(f)
+    if holders:
+        text.append(f"\n{holders}", style="dim")
     return text
+
+
+#: cells of the example slot's provenance shown before "+N more".
+_HOLDERS_SHOWN = 3
+
+
+def _holders_text(f: FindingRecord) -> str | None:
+    """Where the example's slot lives when that says more than the finding's own cells:
+    `slot 77 is held at (row 8, pos 4) verify; (row 3, pos 4) verify shared; +2 more`."""
+    if not f["provenance"]:
+        return None
+    prov = f["provenance"][0]
+    if prov["cells_total"] <= 1 and not prov["mapped_from"]:
+        return None
+    bits = []
+    for c in prov["cells"][:_HOLDERS_SHOWN]:
+        flags = "".join(f" {flag}" for flag in ("seed", "shared") if c[flag])
+        bits.append(f"(row {c['pool_row']}, pos {c['position']}) {c['role']}{flags}")
+    more = prov["cells_total"] - min(len(prov["cells"]), _HOLDERS_SHOWN)
+    if more > 0:
+        bits.append(f"+{more} more")
+    space = "swa slot" if prov["space"] == "swa" else "slot"
+    return f"{space} {prov['slot']} is held at " + ("; ".join(bits) or "no cell")
 
 
 def _code_blocks(sections: list[CodeSection]) -> list[RenderableType]:
@@ -151,7 +166,7 @@ def _code_blocks(sections: list[CodeSection]) -> list[RenderableType]:
         style = SEVERITY_STYLE.get(section.severity, "")
         parts.append(
             Text(
-                f"{section.code} ({section.severity}): {plural(section.total, 'finding')}",
+                f"{section.code} ({section.severity}): {section_size(section)}",
                 style=f"bold {style}".strip(),
             )
         )

@@ -7,7 +7,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcanary_cli.render.records.common import FindingRecord, ShrunkRecord
+from kvcanary_cli.render.records.common import ShrunkRecord
 from kvcanary_cli.render.shared import shrunk_lines
 
 __all__ = [
@@ -16,7 +16,6 @@ __all__ = [
     "identity_line",
     "indented",
     "shrunk_block",
-    "slot_text",
 ]
 
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -55,10 +54,3 @@ def identity_line(identity: dict[str, str], path: str | None = None) -> Renderab
 def shrunk_block(shrunk: ShrunkRecord) -> RenderableType:
     """A shrunk dump's facts, in yellow."""
     return indented([("", Text(line, style="yellow")) for line in shrunk_lines(shrunk)])
-
-
-def slot_text(f: FindingRecord) -> str:
-    """A finding's slot: `swa 12` for an SWA slot, `-` for none."""
-    if f["slot"] is None:
-        return "-"
-    return f"swa {f['slot']}" if f["space"] == "swa" else str(f["slot"])

@@ -1,4 +1,4 @@
-"""The terminal view of a `kvcanary.provenance/1` record: a slot's cells, translation,
+"""The terminal view of a `kvcanary.provenance/2` record: a slot's cells, translation,
 allocator, canary and violation rows, or a pool row's map; then the findings touching it."""
 
 from __future__ import annotations
@@ -9,12 +9,20 @@ from rich.text import Text
 
 from kvcanary_cli.render.records.common import FindingRecord, SlotProvenanceRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
-from kvcanary_cli.render.shared import cell_columns, position_text, row_lines, row_notices
+from kvcanary_cli.render.shared import (
+    cell_columns,
+    examples_text,
+    positions_text,
+    role_text,
+    row_lines,
+    row_notices,
+    rows_text,
+    slots_text,
+)
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,
     identity_line,
     shrunk_block,
-    slot_text,
 )
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.safe_text import printable_record
@@ -146,21 +154,20 @@ def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
 def _touching_table(findings: list[FindingRecord]) -> Table:
     table = Table(title="findings touching it", title_justify="left")
     table.add_column("code", no_wrap=True)
-    for name in ("group", "slot", "batch row", "pool row", "pos", "role", "message"):
-        table.add_column(
-            name, justify="right" if name in ("slot", "batch row", "pool row", "pos") else "left"
-        )
+    for name in ("group", "cells", "slots", "batch rows", "positions", "role", "message"):
+        table.add_column(name, justify="right" if name == "cells" else "left")
     for f in findings:
         style = SEVERITY_STYLE.get(f["severity"], "")
+        examples = examples_text(f)
         table.add_row(
             _t(f["code"], style),
             _t(f["group"]),
-            _t(slot_text(f)),
-            _t(f["batch_row"]),
-            _t(f["pool_row"]),
-            _t(position_text(f)),
-            _t(f["role"]),
-            _t(f["message"]),
+            _t(f["count"]),
+            _t(slots_text(f)),
+            _t(rows_text(f)),
+            _t(positions_text(f)),
+            _t(role_text(f)),
+            _t(f["message"] + (f"\n{examples}" if examples else "")),
         )
     return table
 

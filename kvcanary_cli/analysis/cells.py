@@ -1,0 +1,110 @@
+"""Operations on a finding group's cells (`model.CellColumns`): a part of it, its example.
+
+Detectors keep the cells they find as arrays; a finding group of a million cells is five
+arrays, and these functions select, split and re-point groups without a Python object per
+cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from kvcanary_cli.analysis.model import Finding
+
+__all__ = [
+    "at_cell",
+    "cell_index",
+    "holding",
+    "in_pool_row",
+    "part",
+    "restricted",
+    "with_example",
+]
+
+
+def cell_index(finding: Finding, batch_row: int, position: int) -> int | None:
+    """Index in `cells` of the cell at (batch row, position), or None."""
+    if finding.cells is None:
+        return None
+    hit = np.flatnonzero(
+        (finding.cells.batch_row == batch_row) & (finding.cells.position == position)
+    )
+    return int(hit[0]) if hit.size else None
+
+
+def holding(finding: Finding, slots: np.ndarray, *, via_full_slot: bool = False) -> Finding | None:
+    """The part of the finding at cells holding one of `slots` (None: no such cell).
+
+    `via_full_slot`: match an SWA-space finding's cells by the full slot reaching their
+    SWA slot (the `full_slot` column; else the example's `full_slots`)."""
+    slots = np.asarray(slots, dtype=np.int64)
+    if via_full_slot:
+        if finding.cells is not None and "full_slot" in finding.cells.extra:
+            return part(finding, np.isin(finding.cells.extra["full_slot"], slots))
+        return finding if bool(np.isin(finding.full_slots, slots).any()) else None
+    if finding.cells is None or finding.cells.slot is None:
+        return finding if finding.slot is not None and finding.slot in slots.tolist() else None
+    return part(finding, np.isin(finding.cells.slot, slots))
+
+
+def in_pool_row(finding: Finding, pool_row: int) -> Finding | None:
+    """The part of the finding in `pool_row` (None: none of it)."""
+    if finding.cells is None:
+        return finding if finding.pool_row == pool_row else None
+    return part(finding, finding.cells.pool_row == pool_row)
+
+
+def part(finding: Finding, keep: np.ndarray) -> Finding | None:
+    """`restricted(keep)`, or None when `keep` selects no cell."""
+    return restricted(finding, keep) if bool(keep.any()) else None
+
+
+def at_cell(finding: Finding, batch_row: int, position: int) -> Finding | None:
+    """The finding with the cell at (batch row, position) as its example, when it has
+    that cell (a row-level finding: when it is at that batch row); else None."""
+    if finding.cells is None:
+        return finding if finding.batch_row == batch_row else None
+    index = cell_index(finding, batch_row, position)
+    return None if index is None else with_example(finding, index)
+
+
+def with_example(finding: Finding, index: int) -> Finding:
+    """The finding with cell `index` as its example (the cell views point at)."""
+    cells = finding.cells
+    assert cells is not None
+    return replace(
+        finding,
+        slot=None if cells.slot is None else int(cells.slot[index]),
+        batch_row=int(cells.batch_row[index]),
+        pool_row=int(cells.pool_row[index]),
+        position=int(cells.position[index]),
+        gather_index=int(cells.extra["gather_index"][index])
+        if "gather_index" in cells.extra
+        else finding.gather_index,
+    )
+
+
+def restricted(finding: Finding, keep: np.ndarray) -> Finding:
+    """The finding with only the cells `keep` (a mask) selects, keeping its example when
+    it is among them (with its marks), else the first kept cell (marks cleared)."""
+    cells = finding.cells
+    assert cells is not None
+    if bool(keep.all()):
+        return finding
+    kept = cells.take(keep)
+    example = (kept.batch_row == finding.batch_row) & (kept.position == finding.position)
+    if kept.slot is not None:
+        example &= kept.slot == finding.slot
+    if example.any():
+        return replace(finding, cells=kept, provenance=(), provenance_total=0)
+    moved = replace(
+        finding,
+        cells=kept,
+        first_raise=False,
+        upstream_raise=None,
+        provenance=(),
+        provenance_total=0,
+    )
+    return with_example(moved, 0)
