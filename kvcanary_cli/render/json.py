@@ -9,6 +9,7 @@ a million indented lines.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Mapping
 
@@ -16,6 +17,8 @@ __all__ = ["INLINE_AFTER", "to_json"]
 
 #: Lists of integers longer than this are written on one line.
 INLINE_AFTER = 16
+#: A compact JSON list of integers (no float, bool or null).
+_INTEGERS = re.compile(r"\[-?\d+(?:,-?\d+)*\]")
 
 
 def to_json(record: Mapping[str, object]) -> str:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.json import to_json
 from kvcanary_cli.render.records.check import CheckRecord, check_record
@@ -39,3 +42,30 @@ def test_provenance_json(any_provenance: ProvenanceReport) -> None:
     assert validate(data, ProvenanceRecord) == []
     assert data == provenance_record(any_provenance)
     assert text.endswith("\n")
+
+
+_SCALARS = st.none() | st.booleans() | st.integers(-(1 << 62), 1 << 62) | st.text(max_size=8)
+_VALUES = st.recursive(
+    _SCALARS | st.lists(st.integers(-(1 << 62), 1 << 62), min_size=15, max_size=40),
+    lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(record=st.dictionaries(st.text(max_size=6), _VALUES))
+def test_json_text_reads_back_as_the_record(record: dict[str, object]) -> None:
+    """Long integer lists go on one line; the text still parses to the very record, and the
+    same record gives the same text (no marker or stray list survives)."""
+    text = to_json(record)
+    assert json.loads(text) == record
+    assert text == to_json(record)
+    assert "kvcanary-inline-" not in text or "kvcanary-inline-" in json.dumps(record)
+
+
+def test_long_integer_lists_are_one_line_and_nothing_else_is() -> None:
+    record = {"cells": list(range(100)), "flags": [1] * 20 + [True], "short": [1, 2, 3]}
+    lines = to_json(record).splitlines()
+    assert '  "cells": [' + ",".join(map(str, range(100))) + "]," in lines
+    assert "    true" in lines  # a list holding a bool keeps one item per line
+    assert "    3" in lines  # short lists too
