@@ -1,15 +1,20 @@
 """Canary findings: replay the verify launches of a planned group on the dump's canary
 buffers, and report each failing entry (docs/canary.md §5, docs/findings.md).
 
-One finding per failing verify entry and failed check (`canary-chain-break`,
-`canary-position-mismatch`, `canary-token-mismatch`, `canary-real-kv-mismatch`); the
-buffers that fail the same entry the same way (HEAD and TAIL, K and V) are merged into it. Each
-carries the rows SGLang would record and the row's explanation (`violations.explain`).
+Each failing verify entry and failed check (`canary-chain-break`, `canary-position-mismatch`,
+`canary-token-mismatch`, `canary-real-kv-mismatch`) is one cell: the buffers that fail the same
+entry the same way (HEAD and TAIL, K and V) are merged into it. The cells of one code are one
+finding group (the diagnosis splits it by cause), with the entry's prev slot and its row's
+explanation (`violations.explain`, an index into its causes) as columns; a group of one cell
+carries the rows SGLang would record and the whole explanation.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvcanary_cli.analysis.model import (
+    CellColumns,
     Finding,
     FindingCode,
     Role,
@@ -17,7 +22,7 @@ from kvcanary_cli.analysis.model import (
 )
 from kvcanary_cli.analysis.provenance import LiveCells
 from kvcanary_cli.analysis.violations.explain import explain_rows
-from kvcanary_cli.analysis.violations.report import explanation_text
+from kvcanary_cli.analysis.violations.report import CAUSES, Explanations, explanation_text
 from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.canary.constants import (
     VIOLATION_FIELDS,
@@ -53,43 +58,89 @@ def canary_findings(dump: KvDump, plan: Plan, cells: LiveCells | None = None) ->
         return []
     why = explain_rows(dump, rows, cells)
     fields = rows.fields
-    merged: dict[tuple[FindingCode, int], tuple[int, list[str], list[list[int]]]] = {}
-    for i in range(len(rows)):  # one per failing entry: bounded by the plan's entries
-        row = [int(v) for v in fields[i]]
-        buffer = buffer_tensor_name(plan.group, buffer_of_tag(row[0]) or "?")
-        for bit, code in _CODES:
-            if row[7] & bit:
-                first, buffers, same = merged.setdefault((code, int(rows.index[i])), (i, [], []))
-                buffers.append(buffer)
-                same.append(row)
     found = []
-    for (code, _), (i, buffers, same) in merged.items():
-        position = int(rows.expected_position[i])
-        facts = why.facts(i)
-        found.append(
-            Finding(
-                code=code,
-                group=plan.group,
-                slot=same[0][1],
-                space=Space(plan.group.value),  # a group's canary holds its pool's slots
-                batch_row=int(rows.batch_row[i]),
-                pool_row=int(why.ref_row[i]),
-                position=position,
-                role=Role.VERIFY,
-                message=f"{_what(code, same[0], position)}; {explanation_text(why, i, fields[i])}",
-                details={
-                    "buffers": buffers,
-                    "tag": tag_label(same[0][0]),
-                    "rows": same,
-                    "fields": list(VIOLATION_FIELDS),
-                    "prev_slot": int(rows.prev_slot[i]),
-                    "explanation": facts,
-                },
-                canary_cause=str(facts.get("cause", "")) or None,
-                prev_slot=int(rows.prev_slot[i]),
-            )
-        )
+    for bit, code in _CODES:
+        failing = np.flatnonzero(fields[:, 7] & bit)
+        if failing.size == 0:
+            continue
+        # the first row of each failing entry stands for it (rows are in launch order)
+        _, first = np.unique(rows.index[failing], return_index=True)
+        found.append(_group(plan, code, rows, why, failing[first], failing))
     return found
+
+
+def _group(
+    plan: Plan,
+    code: FindingCode,
+    rows: ViolationRows,
+    why: Explanations,
+    members: np.ndarray,
+    failing: np.ndarray,
+) -> Finding:
+    """One finding for the failing entries `members` (each its first row) of one code."""
+    fields = rows.fields
+    order = np.lexsort((rows.expected_position[members], rows.batch_row[members]))
+    members = members[order]
+    cells = CellColumns(
+        batch_row=rows.batch_row[members].astype(np.int64),
+        pool_row=why.ref_row[members].astype(np.int64),
+        position=rows.expected_position[members].astype(np.int64),
+        slot=fields[members, 1].astype(np.int64),
+        extra={
+            "prev_slot": rows.prev_slot[members].astype(np.int64),
+            "explanation": why.cause[members].astype(np.int64),
+        },
+    )
+    i = int(members[0])
+    cause = why.cause_at(i).value
+    if members.size == 1:
+        # every buffer failing this entry this way, in launch order
+        same = failing[rows.index[failing] == rows.index[i]]
+        recorded = [[int(v) for v in fields[k]] for k in same.tolist()]
+        message = f"{_what(code, recorded[0], int(rows.expected_position[i]))}; " + (
+            explanation_text(why, i, fields[i])
+        )
+        details: dict[str, object] = {
+            "buffers": [
+                buffer_tensor_name(plan.group, buffer_of_tag(row[0]) or "?") for row in recorded
+            ],
+            "tag": tag_label(recorded[0][0]),
+            "rows": recorded,
+            "fields": list(VIOLATION_FIELDS),
+            "prev_slot": int(rows.prev_slot[i]),
+            "explanation": why.facts(i),
+        }
+    else:
+        names, counts = np.unique(why.cause[members], return_counts=True)
+        explained = {CAUSES[int(k)].value: int(n) for k, n in zip(names, counts, strict=True)}
+        listed = ", ".join(f"{n} {name}" for name, n in explained.items())
+        message = f"{_GROUP_WHAT[code]} (explained: {listed})"
+        details = {"explanations": explained, "fields": list(VIOLATION_FIELDS)}
+    return Finding(
+        code=code,
+        group=plan.group,
+        slot=int(fields[i, 1]),
+        space=Space(plan.group.value),  # a group's canary holds its pool's slots
+        batch_row=int(rows.batch_row[i]),
+        pool_row=int(why.ref_row[i]),
+        position=int(rows.expected_position[i]),
+        role=Role.VERIFY,
+        message=message,
+        details=details,
+        cells=cells,
+        canary_cause=cause or None,
+        prev_slot=int(rows.prev_slot[i]),
+    )
+
+
+#: What a group's entries saw, per code.
+_GROUP_WHAT = {
+    FindingCode.CANARY_CHAIN_BREAK: "stored prev hashes break the chain",
+    FindingCode.CANARY_POSITION_MISMATCH: "stored positions differ from the expected ones",
+    FindingCode.CANARY_TOKEN_MISMATCH: "stored tokens differ from the expected ones",
+    FindingCode.CANARY_REAL_KV_MISMATCH: "stored real-KV hashes differ from the fingerprints "
+    "of the slots' KV bytes",
+}
 
 
 def _what(code: FindingCode, row: list[int], expected_position: int) -> str:

@@ -28,6 +28,7 @@ from kvcanary_cli.analysis.model import (
     FirstRaise,
     RequestSummary,
 )
+from kvcanary_cli.analysis.violations.report import CAUSES as EXPLANATION_CAUSES
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.planners.base import Plan
@@ -375,9 +376,38 @@ def _stale_rows(state: _Diagnosis) -> None:
         )
 
 
+class _SlotCauses:
+    """Per (space, slot): the cause its first claimed cell went to, as sorted arrays (the
+    first claim wins, as findings are visited in order)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(self, space: str, slots: np.ndarray, causes: np.ndarray) -> None:
+        self._parts.setdefault(space, []).append((slots, causes))
+        self._tables.pop(space, None)
+
+    def lookup(self, space: str, slots: np.ndarray) -> np.ndarray:
+        """The cause index of each slot (`_UNCLAIMED` where none is known)."""
+        if space not in self._tables:
+            parts = self._parts.get(space, [])
+            every = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+            causes = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int8)
+            known, first = np.unique(every, return_index=True)  # the first claim of each slot
+            self._tables[space] = (known, causes[first])
+        known, causes = self._tables[space]
+        out = np.full(slots.shape, _UNCLAIMED, dtype=np.int8)
+        if known.size:
+            at = np.minimum(np.searchsorted(known, slots), known.size - 1)
+            hit = known[at] == slots
+            out[hit] = causes[at[hit]]
+        return out
+
+
 def _canary_records(state: _Diagnosis) -> None:
-    """Canary findings join the cause of the slot's other symptoms when it has one (the same
-    slot in the same group), else the cause their explanation names; a chain break that
+    """Canary cells join the cause of their slot's other symptoms when it has one (the same
+    slot in the same space), else the cause their explanation names; a chain break that
     follows a bad record joins that record's cause."""
     findings = state.findings
     canary = [
@@ -385,44 +415,49 @@ def _canary_records(state: _Diagnosis) -> None:
     ]
     if not canary:
         return
-    wanted = np.array(
-        sorted(
-            {s for i in canary for s in (findings[i].slot, findings[i].prev_slot) if s is not None}
-        ),
-        dtype=np.int64,
-    )
-    slot_cause: dict[tuple[str, int], CauseCode] = {}
+    known = _SlotCauses()
     for i, f in enumerate(findings):
         if f.code in _CANARY_CODES or f.slot is None:
             continue
-        causes = state.cause_of[i]
-        slots = (
-            np.array([f.slot], dtype=np.int64)
-            if f.cells is None or f.cells.slot is None
-            else f.cells.slot
-        )
-        hit = np.flatnonzero(np.isin(slots, wanted) & (causes != _UNCLAIMED))
-        for k in hit.tolist():
-            slot_cause.setdefault((f.space, int(slots[k])), _CAUSES[int(causes[k])])
+        claimed = state.cause_of[i] != _UNCLAIMED
+        known.add(f.space, _cell_slots(f)[claimed], state.cause_of[i][claimed])
     follows: list[int] = []
     for i in canary:
         f = findings[i]
-        explained = f.canary_cause or ""
-        if f.slot is not None and (f.space, f.slot) in slot_cause:
-            state.claim(slot_cause[(f.space, f.slot)], Confidence.LIKELY, i)
-        elif explained == _FOLLOWS:
+        slots = _cell_slots(f)
+        joined = known.lookup(f.space, slots)
+        for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
+            state.claim(_CAUSES[value], Confidence.LIKELY, i, joined == value)
+        explained = _cell_explanations(f)
+        for name in sorted(set(explained.tolist()) - {_FOLLOWS}):
+            own = _BY_EXPLANATION.get(name, CauseCode.FOREIGN_CANARY_RECORD)
+            state.claim(own, Confidence.LIKELY, i, explained == name)
+        claimed = state.cause_of[i] != _UNCLAIMED
+        known.add(f.space, slots[claimed], state.cause_of[i][claimed])
+        if not claimed.all():
             follows.append(i)
-            continue
-        else:
-            code = _BY_EXPLANATION.get(explained, CauseCode.FOREIGN_CANARY_RECORD)
-            state.claim(code, Confidence.LIKELY, i)
-        claimed = int(state.cause_of[i][0])
-        if f.slot is not None and claimed != _UNCLAIMED:
-            slot_cause.setdefault((f.space, f.slot), _CAUSES[claimed])
     for i in follows:
         f = findings[i]
-        before = (f.space, -1 if f.prev_slot is None else f.prev_slot)
-        state.claim(slot_cause.get(before, CauseCode.FOREIGN_CANARY_RECORD), Confidence.LIKELY, i)
+        joined = known.lookup(f.space, _cell_prev_slots(f))
+        for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
+            state.claim(_CAUSES[value], Confidence.LIKELY, i, joined == value)
+        state.claim(CauseCode.FOREIGN_CANARY_RECORD, Confidence.LIKELY, i)
+
+
+def _cell_explanations(finding: Finding) -> np.ndarray:
+    """Each cell's explanation (a violation cause's name) of a canary finding."""
+    if finding.cells is not None and "explanation" in finding.cells.extra:
+        names = np.array([c.value for c in EXPLANATION_CAUSES], dtype=object)
+        explained: np.ndarray = names[finding.cells.extra["explanation"]]
+        return explained
+    return np.array([finding.canary_cause or ""], dtype=object)
+
+
+def _cell_prev_slots(finding: Finding) -> np.ndarray:
+    """Each cell's prev slot (a canary finding's `prev_slot` column; -1 without one)."""
+    if finding.cells is not None and "prev_slot" in finding.cells.extra:
+        return finding.cells.extra["prev_slot"]
+    return np.array([-1 if finding.prev_slot is None else finding.prev_slot], dtype=np.int64)
 
 
 def _counted(codes: Counter[str]) -> str:

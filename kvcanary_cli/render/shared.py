@@ -211,14 +211,15 @@ def role_text(f: FindingRecord) -> str | None:
 def where_lines(f: FindingRecord) -> list[str]:
     """Where a finding's cells lie, one fact per line: batch rows, positions, slots."""
     lines = []
+    span = f["span"]
     rows, positions = rows_text(f), positions_text(f)
     if rows is not None:
-        lines.append(f"batch row{'s' if f['count'] > 1 else ''} {rows}")
+        lines.append(f"batch row{'s' if span and span['rows'] > 1 else ''} {rows}")
     if positions is not None:
         lines.append(f"pos {positions}")
     slots = slots_text(f)
     if slots != "-":
-        lines.append(f"slot{'s' if f['count'] > 1 else ''} {slots}")
+        lines.append(f"slot{'s' if span and span['distinct_slots'] > 1 else ''} {slots}")
     return lines
 
 

@@ -72,16 +72,18 @@ def _where(f: FindingRecord) -> str:
     bits = []
     if f["count"] > 1:
         bits.append(plural(f["count"], "cell"))
+    span = f["span"]
     if f["slot"] is not None:
-        bits.append(f"{f['space']} slot{'s' if f['count'] > 1 else ''} {slots_text(f)}")
+        many = span is not None and span["distinct_slots"] > 1
+        bits.append(f"{f['space']} slot{'s' if many else ''} {slots_text(f)}")
     rows = rows_text(f)
     if rows is not None:
-        bits.append(f"batch row{'s' if f['count'] > 1 else ''} {rows}")
+        bits.append(f"batch row{'s' if span is not None and span['rows'] > 1 else ''} {rows}")
     if f["pool_row"] is not None and f["count"] == 1:
         bits.append(f"pool row {f['pool_row']}")
     positions = positions_text(f)
     if positions is not None:
-        bits.append(f"position{'s' if f['count'] > 1 else ''} {positions}")
+        bits.append(f"position{'s' if '..' in positions else ''} {positions}")
     role = role_text(f)
     if role:
         bits.append(role)
