@@ -6,7 +6,8 @@ its length (the truncated-LUT bug), its full-pool pages drawn from a shuffled fr
 serving engine after some churn (`--ordered`: handed out in page order, the old shape). It
 saves it, checks it, shrinks it, checks the small dump (asserting the same findings and
 diagnosis), and compresses both files with gzip (levels 1, 6, 9) and, when the `zstd` program
-is installed, zstd (levels 3 and 19). Sizes and seconds go to stdout and to
+is installed, zstd (levels 3 and 19). The small dump's bytes are listed tensor by tensor (its
+dtype and shape as stored), to show where they go. Sizes and seconds go to stdout and to
 `bench/out/shrink-<size>.json` (`shrink-<size>-ordered.json` with `--ordered`). Nothing here
 is asserted in tests. Usage:
 
@@ -34,6 +35,7 @@ import torch
 from kvcanary_cli import api
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.model import DumpReport
+from kvcanary_cli.dump.header import read_header
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
@@ -87,6 +89,13 @@ def _story(report: DumpReport) -> tuple[list[tuple[object, ...]], list[str]]:
     ]
 
 
+def stored_bytes(path: Path) -> dict[str, dict[str, Any]]:
+    """Each tensor of a safetensors file as stored (bytes, dtype, shape), largest first: where
+    a small dump's bytes go (read from the header only)."""
+    entries = sorted(read_header(path).entries.values(), key=lambda e: (-e.nbytes, e.name))
+    return {e.name: {"bytes": e.nbytes, "dtype": e.dtype, "shape": list(e.shape)} for e in entries}
+
+
 def compressed_sizes(path: Path) -> dict[str, dict[str, float]]:
     """Bytes and seconds of gzip (1, 6, 9) and zstd (3, 19, when installed) of a file."""
     data = path.read_bytes()
@@ -135,6 +144,7 @@ def run(size: str, seed: int, workdir: Path, *, ordered: bool = False) -> dict[s
             "shrink": round(shrink_s, 1),
             "check_small": round(small_check_s, 1),
         },
+        "small_tensors": stored_bytes(small),
         "kept": {
             t.name: {"kept": t.kept, "of": t.kept + t.dropped, "rows": [t.kept_rows, t.rows]}
             for t in result.record.tensors
