@@ -351,7 +351,7 @@ def _read_contents(
             hint="upgrade kvcanary",
         )
     shrunk = version is not None and version.strip() in shrunk_versions
-    narrow = shrunk and version is not None and version.strip() == SHRUNK_FORMAT_VERSION
+    narrow = version is not None and version.strip() == SHRUNK_FORMAT_VERSION
     sparse, companions = _sparse_tensors(header, handle, narrow=narrow) if shrunk else ({}, {})
     shrink = _shrink_record(header) if shrunk else None
     notes: list[str] = []

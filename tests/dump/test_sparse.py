@@ -168,7 +168,7 @@ def test_the_narrowest_dtype_holds_the_values_and_widens_to_the_original() -> No
 def test_malformed_gap_runs_are_refused(
     runs: list[list[int]], dtype: type, shape: list[int], words: str
 ) -> None:
-    table = np.array(runs, dtype=dtype).reshape(-1, 2)
+    table: np.ndarray = np.array(runs, dtype=dtype).reshape(-1, 2)
     with pytest.raises(TensorShapeError) as caught:
         sparse_tensor(
             "t",
