@@ -102,6 +102,7 @@ def test_inspect_shows_the_record_and_the_sparse_tensors(pair: tuple[Path, Path]
     assert record["format"] == "1.2"
     assert record["shrink"]["source"]["name"] == original.name
     assert "kvcanary.shrink" not in record["other_metadata"]
+    assert "kvcanary.dtypes" not in record["other_metadata"]  # part of the format, not extra
     table = next(t for t in record["tensors"] if t["name"] == "req_to_token")
     assert table["shape"] == [12, 48] and 0 < table["kept"] < 12 * 48
     code, out, _ = run("inspect", str(small))
