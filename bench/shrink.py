@@ -2,12 +2,17 @@
 compressing the result is worth offering.
 
 For each size it builds a serving state with 256 active requests and an SWA LUT cut to 60 % of
-its length (the truncated-LUT bug), saves it, checks it, shrinks it, checks the small dump
-(asserting the same findings and diagnosis), and compresses both files with gzip (levels 1, 6,
-9) and, when the `zstd` program is installed, zstd (levels 3 and 19). Sizes and seconds go to
-stdout and to `bench/out/shrink-<size>.json`. Nothing here is asserted in tests. Usage:
+its length (the truncated-LUT bug), its full-pool pages drawn from a shuffled free list as on a
+serving engine after some churn (`--ordered`: handed out in page order, the old shape). It
+saves it, checks it, shrinks it, checks the small dump (asserting the same findings and
+diagnosis), and compresses both files with gzip (levels 1, 6, 9) and, when the `zstd` program
+is installed, zstd (levels 3 and 19). The small dump's bytes are listed tensor by tensor (its
+dtype and shape as stored), to show where they go. Sizes and seconds go to stdout and to
+`bench/out/shrink-<size>.json` (`shrink-<size>-ordered.json` with `--ordered`). Nothing here
+is asserted in tests. Usage:
 
     python bench/shrink.py --size medium           # 2049 x 32772 req_to_token (268 MB)
+    python bench/shrink.py --size medium --ordered # the same, pages handed out in order
     python bench/shrink.py --size large            # 4097 x 131076 (2.1 GB; several minutes)
 """
 
@@ -30,6 +35,7 @@ import torch
 from kvcanary_cli import api
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.model import DumpReport
+from kvcanary_cli.dump.header import read_header
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
@@ -43,9 +49,16 @@ ACTIVE_ROWS = 256
 LUT_KEPT = 0.6
 
 
-def build(size: str, seed: int, path: Path) -> None:
-    """A production-shaped state of `size` with 256 requests, its LUT cut to 60 %."""
-    spec = replace(SIZES[size], active_rows=ACTIVE_ROWS, history=2 * ACTIVE_ROWS, window=128)
+def build(size: str, seed: int, path: Path, *, ordered: bool = False) -> None:
+    """A production-shaped state of `size` with 256 requests, its LUT cut to 60 %, its pages
+    from a shuffled free list (`ordered`: in page order)."""
+    spec = replace(
+        SIZES[size],
+        active_rows=ACTIVE_ROWS,
+        history=2 * ACTIVE_ROWS,
+        window=128,
+        shuffled_free_list=not ordered,
+    )
     state = build_dump(spec, seed=seed)
     lut = state.tensors["full_to_swa_index_mapping"]
     state.tensors["full_to_swa_index_mapping"] = lut[: int(lut.shape[0] * LUT_KEPT)].copy()
@@ -76,6 +89,13 @@ def _story(report: DumpReport) -> tuple[list[tuple[object, ...]], list[str]]:
     ]
 
 
+def stored_bytes(path: Path) -> dict[str, dict[str, Any]]:
+    """Each tensor of a safetensors file as stored (bytes, dtype, shape), largest first: where
+    a small dump's bytes go (read from the header only)."""
+    entries = sorted(read_header(path).entries.values(), key=lambda e: (-e.nbytes, e.name))
+    return {e.name: {"bytes": e.nbytes, "dtype": e.dtype, "shape": list(e.shape)} for e in entries}
+
+
 def compressed_sizes(path: Path) -> dict[str, dict[str, float]]:
     """Bytes and seconds of gzip (1, 6, 9) and zstd (3, 19, when installed) of a file."""
     data = path.read_bytes()
@@ -97,9 +117,9 @@ def compressed_sizes(path: Path) -> dict[str, dict[str, float]]:
     return sizes
 
 
-def run(size: str, seed: int, workdir: Path) -> dict[str, Any]:
+def run(size: str, seed: int, workdir: Path, *, ordered: bool = False) -> dict[str, Any]:
     original, small = workdir / f"{size}.safetensors", workdir / f"{size}.small.safetensors"
-    _, build_s = _timed(lambda: build(size, seed, original))
+    _, build_s = _timed(lambda: build(size, seed, original, ordered=ordered))
     report, check_s = _timed(lambda: _check(original))
     result, shrink_s = _timed(lambda: api.shrink(original, small))
     small_report, small_check_s = _timed(lambda: _check(small))
@@ -109,6 +129,7 @@ def run(size: str, seed: int, workdir: Path) -> dict[str, Any]:
     record: dict[str, Any] = {
         "size": size,
         "seed": seed,
+        "allocation": "ordered" if ordered else "shuffled",
         "table": [SIZES[size].max_reqs, SIZES[size].max_seq_len],
         "active_rows": ACTIVE_ROWS,
         "findings": len(report.findings),
@@ -123,6 +144,7 @@ def run(size: str, seed: int, workdir: Path) -> dict[str, Any]:
             "shrink": round(shrink_s, 1),
             "check_small": round(small_check_s, 1),
         },
+        "small_tensors": stored_bytes(small),
         "kept": {
             t.name: {"kept": t.kept, "of": t.kept + t.dropped, "rows": [t.kept_rows, t.rows]}
             for t in result.record.tensors
@@ -138,11 +160,15 @@ def main() -> None:
     parser.add_argument("--size", choices=("medium", "large"), default="medium")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
+    parser.add_argument(
+        "--ordered", action="store_true", help="hand pages out in page order (the old shape)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        record = run(args.size, args.seed, args.workdir or Path(tmp))
+        record = run(args.size, args.seed, args.workdir or Path(tmp), ordered=args.ordered)
     OUT.mkdir(exist_ok=True)
-    (OUT / f"shrink-{args.size}.json").write_text(json.dumps(record, indent=2) + "\n")
+    suffix = "-ordered" if args.ordered else ""
+    (OUT / f"shrink-{args.size}{suffix}.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     if not record["same_findings_and_diagnosis"]:
         raise SystemExit("FAIL: the small dump tells another story")

@@ -31,11 +31,15 @@ __all__ = [
 ]
 
 #: safetensors dtype strings of the (little-endian) numpy dtypes kvcanary reads and writes.
+#: (The unsigned ones beyond uint8 hold a shrunk dump's narrowed elements and runs.)
 STORED_DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype("<u1"),
     "I8": np.dtype("<i1"),
+    "U16": np.dtype("<u2"),
     "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
     "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
     "I64": np.dtype("<i8"),
 }
 _BY_KIND = {(dtype.kind, dtype.itemsize): name for name, dtype in STORED_DTYPES.items()}

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, SHRINK_KEY, dtype_label
+from kvcanary_cli.dump.schema import (
+    IDENTITY_KEYS,
+    ORIGINAL_DTYPES_KEY,
+    SCALARS,
+    SHRINK_KEY,
+    dtype_label,
+)
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
 
 __all__ = [
@@ -110,7 +116,7 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> DumpD
         k: v
         for k, v in sorted(dump.metadata.items())
         if k not in IDENTITY_KEYS
-        and k not in ("kvcanary.format", SHRINK_KEY)
+        and k not in ("kvcanary.format", SHRINK_KEY, ORIGINAL_DTYPES_KEY)
         and k not in dump.scalars
         and k != "groups"
     }

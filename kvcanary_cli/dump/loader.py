@@ -5,9 +5,9 @@ The big tensors (tables, LUT, canary buffers, real-KV sources) load as `StoredTe
 (`dump.tensor`): one interface whichever way the file stores them. Big tables (`req_to_token`
 reaches 2 GB in production) stay memory-mapped: planners gather only the rows of the batch.
 Everything else is read into memory while the file is open: per-batch tensors (as int64),
-LUT, free lists, ring, and tables up to `READ_LIMIT` bytes. A shrunk dump (format 1.1) stores
-its big tensors sparse (`dump.sparse`, in their original coordinates), and its
-`kvcanary.shrink` record says where it came from.
+LUT, free lists, ring, and tables up to `READ_LIMIT` bytes. A shrunk dump (format 1.2, or 1.1
+before it) stores its big tensors sparse (`dump.sparse`, in their original coordinates; 1.2 in
+a narrow dtype, `dump.narrow`), and its `kvcanary.shrink` record says where it came from.
 
 Why read rather than map: a mapped page the file no longer has (another process truncated
 or rewrote it) kills the process with SIGBUS, which Python cannot catch. A read sees the
@@ -29,13 +29,16 @@ import numpy as np
 from safetensors import safe_open
 
 from kvcanary_cli.dump.header import HeaderEntry, SafetensorsHeader, read_header
+from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     IDENTITY_KEYS,
     INTEGER_DTYPES,
+    ORIGINAL_DTYPES_KEY,
     SCALARS,
     SHRINK_KEY,
     SHRUNK_FORMAT_VERSION,
+    SHRUNK_FORMAT_VERSION_1_1,
     Group,
     TensorSpec,
     dtype_label,
@@ -177,7 +180,8 @@ class KvDump:
     canary_buffers: dict[str, StoredTensor] = field(default_factory=dict)
     #: `real_kv.<group>.<k|v>` sources (uint8, memory-mapped), by tensor name.
     real_kv_sources: dict[str, StoredTensor] = field(default_factory=dict)
-    #: a shrunk dump's record (format 1.1): its source and what was dropped; None otherwise.
+    #: a shrunk dump's record (format 1.1, 1.2): its source and what was dropped; None
+    #: otherwise.
     shrink: ShrinkRecord | None = None
     #: The tables memory-mapped from the file, by tensor name (the same memory as their
     #: tensors, whose scans hand the pages back as they go).
@@ -338,15 +342,17 @@ def _read_contents(
 ) -> KvDump:
     # First: a newer format may legitimately break every other rule below.
     version = header.metadata.get("kvcanary.format")
-    if version is not None and version.strip() not in (FORMAT_VERSION, SHRUNK_FORMAT_VERSION):
+    shrunk_versions = (SHRUNK_FORMAT_VERSION_1_1, SHRUNK_FORMAT_VERSION)
+    if version is not None and version.strip() not in (FORMAT_VERSION, *shrunk_versions):
         raise MetadataError(
             f"format version {version!r} is not supported (this kvcanary reads "
-            f"{FORMAT_VERSION!r} and {SHRUNK_FORMAT_VERSION!r})",
+            f"{FORMAT_VERSION!r}, {SHRUNK_FORMAT_VERSION_1_1!r} and {SHRUNK_FORMAT_VERSION!r})",
             field="kvcanary.format",
             hint="upgrade kvcanary",
         )
-    shrunk = version is not None and version.strip() == SHRUNK_FORMAT_VERSION
-    sparse, companions = _sparse_tensors(header, handle) if shrunk else ({}, {})
+    shrunk = version is not None and version.strip() in shrunk_versions
+    narrow = version is not None and version.strip() == SHRUNK_FORMAT_VERSION
+    sparse, companions = _sparse_tensors(header, handle, narrow=narrow) if shrunk else ({}, {})
     shrink = _shrink_record(header) if shrunk else None
     notes: list[str] = []
     dtype_notes: list[DtypeNote] = []
@@ -367,14 +373,13 @@ def _read_contents(
             kept = sparse[name]
             spec = spec_for(name)
             assert spec is not None  # _sparse_tensors takes sparse-capable names only
-            _check_tensor(replace(entry, shape=kept.shape), spec)
-            if entry.dtype != spec.canonical:
-                dtype_notes.append(
-                    DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical)
-                )
+            original = dtype_code(kept.dtype)  # what the elements were before any narrowing
+            _check_tensor(replace(entry, shape=kept.shape, dtype=original), spec)
+            if original != spec.canonical:
+                dtype_notes.append(DtypeNote(tensor=name, found=original, expected=spec.canonical))
             infos[name] = TensorInfo(
                 name=name,
-                dtype=entry.dtype,
+                dtype=original,
                 shape=kept.shape,
                 nbytes=entry.nbytes,
                 role=spec.role,
@@ -532,12 +537,12 @@ _RUNS, _SHAPE = ".runs", ".shape"
 
 
 def _sparse_tensors(
-    header: SafetensorsHeader, handle: BufferedReader
+    header: SafetensorsHeader, handle: BufferedReader, *, narrow: bool
 ) -> tuple[dict[str, SparseTensor], dict[str, str]]:
     """The sparse tensors of a shrunk dump (`NAME` + `NAME.runs` + `NAME.shape`), checked,
-    and the roles of their companion tensors."""
-    sparse: dict[str, SparseTensor] = {}
-    companions: dict[str, str] = {}
+    and the roles of their companion tensors. `narrow`: format 1.2 (runs as unsigned (gap,
+    length) pairs, elements narrowed from the dtype `kvcanary.dtypes` gives); else 1.1."""
+    names: list[str] = []
     for runs_name in header.entries:
         if not runs_name.endswith(_RUNS):
             continue
@@ -551,38 +556,55 @@ def _sparse_tensors(
         for part in (name, name + _SHAPE):
             if part not in header.entries:
                 raise MissingTensorError(f"is required with {runs_name}", field=part)
-        for part in (runs_name, name + _SHAPE):
-            if header.entries[part].dtype != "I64":
-                raise TensorDtypeError(
-                    f"dtype {dtype_label(header.entries[part].dtype)} is not accepted "
-                    "(expected int64)",
-                    field=part,
-                )
-        values = header.entries[name]
-        if values.dtype not in INTEGER_DTYPES:
+        _check_companion_dtype(header.entries[runs_name], RUN_DTYPES if narrow else ("I64",))
+        _check_companion_dtype(header.entries[name + _SHAPE], ("I64",))
+        if header.entries[name].dtype not in INTEGER_DTYPES:
             raise TensorDtypeError(
-                f"dtype {dtype_label(values.dtype)} is not accepted (expected an integer dtype)",
+                f"dtype {dtype_label(header.entries[name].dtype)} is not accepted "
+                "(expected an integer dtype)",
                 field=name,
             )
+        names.append(name)
+    stored = {name: header.entries[name].dtype for name in names}
+    original = (
+        parse_original_dtypes(header.metadata.get(ORIGINAL_DTYPES_KEY), stored)
+        if narrow
+        else stored
+    )
+    sparse: dict[str, SparseTensor] = {}
+    companions: dict[str, str] = {}
+    for name in names:
         spec = spec_for(name)
         assert spec is not None
         sparse[name] = sparse_tensor(
             name,
-            _read_array(handle, values),
-            _read_array(handle, header.entries[runs_name]),
+            _read_array(handle, header.entries[name]),
+            _read_array(handle, header.entries[name + _RUNS]),
             _read_array(handle, header.entries[name + _SHAPE]),
             spec.ranks,
+            gaps=narrow,
+            dtype=np.dtype(INTEGER_DTYPES[original[name]]),
         )
-        companions[runs_name] = f"runs of {name} kept by kvcanary shrink (flat start, length)"
+        pair = "gap, length" if narrow else "flat start, length"
+        companions[name + _RUNS] = f"runs of {name} kept by kvcanary shrink ({pair})"
         companions[name + _SHAPE] = f"original shape of {name}"
     return sparse, companions
+
+
+def _check_companion_dtype(entry: HeaderEntry, accepted: tuple[str, ...]) -> None:
+    if entry.dtype not in accepted:
+        want = " or ".join(dtype_label(d) for d in accepted)
+        raise TensorDtypeError(
+            f"dtype {dtype_label(entry.dtype)} is not accepted (expected {want})",
+            field=entry.name,
+        )
 
 
 def _shrink_record(header: SafetensorsHeader) -> ShrinkRecord:
     text = header.metadata.get(SHRINK_KEY)
     if text is None:
         raise MetadataError(
-            f"is required in a format {SHRUNK_FORMAT_VERSION} (shrunk) dump",
+            "is required in a shrunk dump (format 1.1 or 1.2)",
             field=SHRINK_KEY,
             hint="the shrunk dump is damaged; shrink the original again",
         )

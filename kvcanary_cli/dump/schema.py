@@ -22,10 +22,12 @@ __all__ = [
     "LAUNCHER_MODULE",
     "LAUNCHER_OUTPUTS",
     "MAX_INTEGER_DIGITS",
+    "ORIGINAL_DTYPES_KEY",
     "REAL_KV_TENSOR_PATTERN",
     "SCALARS",
     "SHRINK_KEY",
     "SHRUNK_FORMAT_VERSION",
+    "SHRUNK_FORMAT_VERSION_1_1",
     "TENSORS",
     "Group",
     "LaunchTag",
@@ -64,11 +66,16 @@ class LaunchTag(IntEnum):
 
 
 FORMAT_VERSION = "1"
-#: The format of a shrunk dump (`kvcanary shrink`): format 1 plus sparse tensors and the
-#: shrink record (docs/dump-format.md, "Shrunk dumps").
-SHRUNK_FORMAT_VERSION = "1.1"
+#: The format `kvcanary shrink` writes: format 1 plus sparse tensors, stored in the narrowest
+#: dtype that holds them, and the shrink record (docs/dump-format.md, "Shrunk dumps").
+SHRUNK_FORMAT_VERSION = "1.2"
+#: The first shrunk format: sparse tensors in their own dtype, runs as int64 (start, length).
+#: Still read, never written.
+SHRUNK_FORMAT_VERSION_1_1 = "1.1"
 #: Metadata key of a shrunk dump's record: its source, and what was dropped.
 SHRINK_KEY = "kvcanary.shrink"
+#: Metadata key of a format-1.2 dump: the original dtype of each sparse tensor (JSON).
+ORIGINAL_DTYPES_KEY = "kvcanary.dtypes"
 
 #: Byte size of every dtype string safetensors defines. Anything else in a header is corrupt.
 DTYPE_ITEMSIZE: dict[str, int] = {

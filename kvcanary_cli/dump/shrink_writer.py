@@ -1,11 +1,13 @@
-"""Writing a shrunk dump (format 1.1): what `analysis.shrink_selection` chose to keep, and a
+"""Writing a shrunk dump (format 1.2): what `analysis.shrink_selection` chose to keep, and a
 record of what was dropped.
 
 The big tensors (the tables, the LUT, canary buffers, real-KV sources) are written sparse:
-their kept elements, the runs those elements form in the original's flat order, and the
-original shape (docs/dump-format.md, "Shrunk dumps"). Free lists keep the entries chosen.
-Everything else the format defines is small and copied as stored (same dtype), so findings
-about dtypes and scalars read the same. Tensors the format does not define are dropped.
+their kept elements in the narrowest dtype that holds them (the original dtype recorded
+under `kvcanary.dtypes`), the runs those elements form in the original's flat order as
+narrow (gap, length) pairs, and the original shape (docs/dump-format.md, "Shrunk dumps").
+Free lists keep the entries chosen. Everything else the format defines is small and copied
+as stored (same dtype), so findings about dtypes and scalars read the same. Tensors the
+format does not define are dropped.
 
 Shrinking a shrunk dump keeps its record's source (the first original) and writes the same
 bytes when it keeps the same elements: the writer is deterministic.
@@ -23,9 +25,11 @@ import numpy as np
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.header import HeaderEntry, read_header
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.narrow import dtype_code, narrowest_dtype, original_dtypes_text
 from kvcanary_cli.dump.schema import (
     DTYPE_ITEMSIZE,
     INTEGER_DTYPES,
+    ORIGINAL_DTYPES_KEY,
     SCALARS,
     SHRINK_KEY,
     SHRUNK_FORMAT_VERSION,
@@ -33,7 +37,7 @@ from kvcanary_cli.dump.schema import (
     spec_for,
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
-from kvcanary_cli.dump.sparse import flat_runs
+from kvcanary_cli.dump.sparse import flat_runs, gap_runs
 from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor
 from kvcanary_cli.safe_text import printable
 
@@ -120,7 +124,8 @@ def _stored(dump: KvDump, name: str) -> StoredTensor | None:
 def _sparse_parts(
     name: str, source: StoredTensor, wanted: np.ndarray
 ) -> tuple[dict[str, np.ndarray], TensorCut]:
-    """The three tensors of sparse `name` keeping `wanted`, and what that cut."""
+    """The three tensors of sparse `name` keeping `wanted` (its elements narrowed from
+    `source.dtype`), and what that cut."""
     shape = source.shape
     total = int(np.prod(shape, dtype=object)) if shape else 1
     flat = np.unique(np.asarray(wanted, dtype=np.int64))
@@ -137,9 +142,10 @@ def _sparse_parts(
         rows=int(shape[0]) if len(shape) == 2 else None,
         kept_rows=int(np.unique(flat // max(int(shape[1]), 1)).size) if len(shape) == 2 else None,
     )
+    narrow = INTEGER_DTYPES[narrowest_dtype(values, dtype_code(source.dtype))]
     parts = {
-        name: np.ascontiguousarray(values),
-        f"{name}.runs": flat_runs(flat),
+        name: np.ascontiguousarray(values.astype(narrow)),
+        f"{name}.runs": gap_runs(flat_runs(flat)),
         f"{name}.shape": np.array(list(shape), dtype=np.int64),
     }
     return parts, cut
@@ -154,11 +160,12 @@ def write_shrunk(
     overrides: dict[str, int] | None = None,
     overwrite: bool = False,
 ) -> ShrinkResult:
-    """Write `dump` shrunk to `keep` as a format-1.1 dump at `out` (never over `dump`)."""
+    """Write `dump` shrunk to `keep` as a format-1.2 dump at `out` (never over `dump`)."""
     header = read_header(dump.path)
     previous = {t.name: t for t in dump.shrink.tensors} if dump.shrink else {}
     tensors: dict[str, np.ndarray] = {}
     cuts: list[TensorCut] = []
+    original_dtypes: dict[str, str] = {}
     sparse_names = {
         name[: -len(".runs")]
         for name in header.entries
@@ -169,14 +176,16 @@ def write_shrunk(
         if base in sparse_names and name in (f"{base}.runs", f"{base}.shape"):
             continue  # written again with their tensor
         if sparse_capable(name):
-            source = _stored(dump, name)
+            stored_sparse = _stored(dump, name)
+            source = (
+                DenseTensor(_mapped(header.path, entry)) if stored_sparse is None else stored_sparse
+            )
             parts, cut = _sparse_parts(
-                name,
-                source if source is not None else DenseTensor(_mapped(header.path, entry)),
-                keep.elements.get(name, np.zeros(0, dtype=np.int64)),
+                name, source, keep.elements.get(name, np.zeros(0, dtype=np.int64))
             )
             tensors.update(parts)
             cuts.append(cut)
+            original_dtypes[name] = dtype_code(source.dtype)
         elif name in FREE_LISTS:
             stored = _mapped(header.path, entry)
             mask = keep.free_lists.get(name, np.zeros(stored.shape, dtype=bool))
@@ -227,5 +236,6 @@ def write_shrunk(
     metadata = dict(dump.metadata)
     metadata["kvcanary.format"] = SHRUNK_FORMAT_VERSION
     metadata[SHRINK_KEY] = record.to_json()
+    metadata[ORIGINAL_DTYPES_KEY] = original_dtypes_text(original_dtypes)
     path = write_safetensors(out, tensors, metadata, inputs=[dump.path], overwrite=overwrite)
     return ShrinkResult(path=path, file_bytes=os.stat(path).st_size, record=record)

@@ -1,10 +1,12 @@
-"""`SparseTensor`: a tensor of a shrunk dump (format 1.1), of which only some elements are
-stored.
+"""`SparseTensor`: a tensor of a shrunk dump (format 1.1 or 1.2), of which only some elements
+are stored.
 
 `kvcanary shrink` keeps what the analysis of a dump reads and drops the rest. A sparse tensor
 keeps its original shape, so pool rows, positions, slots and lengths keep their original
 values; its kept elements are stored as runs of consecutive flat (row-major) indices. An
 element that was not kept is unknown: it reads as 0, and the reads that say so say so.
+Format 1.2 stores the elements in a narrower dtype than the original's and the runs as
+(gap, length) pairs (`dump.narrow`); reads hand back the original dtype either way.
 
 It answers every read of `dump.tensor.StoredTensor` (the one type other layers see), so
 analysis has one path for dense and shrunk dumps. Nothing here allocates by the original
@@ -19,11 +21,12 @@ from typing import overload
 
 import numpy as np
 
-from kvcanary_cli.dump.schema import LaunchTag
+from kvcanary_cli.dump.narrow import narrowest_unsigned
+from kvcanary_cli.dump.schema import INTEGER_DTYPES, LaunchTag
 from kvcanary_cli.dump.tensor import CellHits, Match, StoredTensor
 from kvcanary_cli.errors import TensorShapeError
 
-__all__ = ["MAX_ELEMENTS", "SparseTensor", "flat_runs", "ring_slots", "sparse_tensor"]
+__all__ = ["MAX_ELEMENTS", "SparseTensor", "flat_runs", "gap_runs", "ring_slots", "sparse_tensor"]
 
 #: No tensor of a real dump has more elements (the header reader bounds bytes the same way).
 MAX_ELEMENTS = 1 << 50
@@ -33,14 +36,20 @@ class SparseTensor(StoredTensor):
     """The kept elements of a tensor of `shape`, as runs of flat indices.
 
     `starts` and `lengths` (int64) describe disjoint runs in increasing order; `values` holds
-    the runs' elements one after the other, in the stored dtype (memory-mapped).
+    the runs' elements one after the other, in the stored dtype, which widens to `dtype` (the
+    original's, default the stored one): reads that keep the dtype give `dtype`.
     """
 
     def __init__(
-        self, shape: tuple[int, ...], starts: np.ndarray, lengths: np.ndarray, values: np.ndarray
+        self,
+        shape: tuple[int, ...],
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        values: np.ndarray,
+        dtype: np.dtype | None = None,
     ) -> None:
         self.shape = shape
-        self.dtype = values.dtype
+        self.dtype = values.dtype if dtype is None else np.dtype(dtype)
         self.starts = starts
         self.lengths = lengths
         self.values = values
@@ -58,7 +67,7 @@ class SparseTensor(StoredTensor):
                 f"this tensor keeps {self.kept} of {self.size} elements (a shrunk dump): "
                 "read it with take()"
             )
-        return np.asarray(self.values).reshape(self.shape)
+        return np.asarray(self.values, dtype=self.dtype).reshape(self.shape)
 
     def _locate(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index into `values`, kept) of each flat index; any int64 index is accepted."""
@@ -94,11 +103,11 @@ class SparseTensor(StoredTensor):
         return values, known
 
     def take_raw(self, flat: np.ndarray) -> np.ndarray:
-        """Values at kept flat indices, in the stored dtype (the caller passes kept ones)."""
+        """Values at kept flat indices, in the original dtype (the caller passes kept ones)."""
         at, known = self._locate(flat)
         if not known.all():
             raise ValueError("take_raw needs kept indices")
-        return np.asarray(self.values[at])
+        return np.asarray(self.values[at], dtype=self.dtype)
 
     def known(self, flat: np.ndarray) -> np.ndarray:
         """Which of `flat` were kept."""
@@ -234,6 +243,17 @@ def flat_runs(flat: np.ndarray) -> np.ndarray:
     return np.stack([starts, ends - starts], axis=1).astype(np.int64)
 
 
+def gap_runs(runs: np.ndarray) -> np.ndarray:
+    """Runs `[k, 2]` of (start, length) as format 1.2 stores them: (gap, length), the gap
+    being the elements skipped since the previous run's end (the first: since 0), in the
+    narrowest unsigned dtype. Gaps stay small where starts grow large."""
+    table = np.asarray(runs, dtype=np.int64).reshape(-1, 2)
+    ends = table[:, 0] + table[:, 1]
+    gaps = table[:, 0] - np.concatenate([np.zeros(1, dtype=np.int64), ends])[:-1]
+    pairs = np.stack([gaps, table[:, 1]], axis=1)
+    return pairs.astype(INTEGER_DTYPES[narrowest_unsigned(pairs)])
+
+
 def ring_slots(ring: np.ndarray | None, write_index: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(full-pool, SWA-pool) slots the valid rows of a violation ring name (sorted, unique)."""
     if ring is None or write_index is None:
@@ -248,10 +268,19 @@ def ring_slots(ring: np.ndarray | None, write_index: int | None) -> tuple[np.nda
 
 
 def sparse_tensor(
-    name: str, values: np.ndarray, runs: np.ndarray, shape: np.ndarray, ranks: tuple[int, ...]
+    name: str,
+    values: np.ndarray,
+    runs: np.ndarray,
+    shape: np.ndarray,
+    ranks: tuple[int, ...],
+    *,
+    gaps: bool = False,
+    dtype: np.dtype | None = None,
 ) -> SparseTensor:
     """Check the three stored parts of sparse tensor `name` and join them; `TensorShapeError`
-    naming the part at fault. Every check is bounded by what the file stores."""
+    naming the part at fault. Every check is bounded by what the file stores. `gaps`: the
+    runs are format 1.2's (gap, length) pairs (`gap_runs`), not (start, length); `dtype`:
+    the original dtype, which the stored one widens to (the caller checked it)."""
     if values.ndim != 1:
         raise TensorShapeError(
             f"a sparse tensor stores its kept elements 1-D, found shape {list(values.shape)}",
@@ -270,12 +299,14 @@ def sparse_tensor(
             field=f"{name}.shape",
         )
     if runs.ndim != 2 or int(runs.shape[1]) != 2:
+        pair = "gap, length" if gaps else "flat start, length"
         raise TensorShapeError(
-            f"has shape {list(runs.shape)}, expected [runs, 2] (flat start, length)",
+            f"has shape {list(runs.shape)}, expected [runs, 2] ({pair})",
             field=f"{name}.runs",
         )
     numel = math.prod(dims)
-    table = np.array(runs, dtype=np.int64)  # a copy: the runs are checked, then trusted
+    # a copy: the runs are checked, then trusted
+    table = _starts_from_gaps(name, runs, numel) if gaps else np.array(runs, dtype=np.int64)
     starts, lengths = table[:, 0].copy(), table[:, 1].copy()
     if starts.size:
         if (lengths < 1).any() or (lengths > numel).any() or (starts < 0).any():
@@ -299,4 +330,24 @@ def sparse_tensor(
             f"the runs cover {kept} elements but {int(values.shape[0])} are stored",
             field=f"{name}.runs",
         )
-    return SparseTensor(dims, starts, lengths, values)
+    return SparseTensor(dims, starts, lengths, values, dtype)
+
+
+def _starts_from_gaps(name: str, runs: np.ndarray, numel: int) -> np.ndarray:
+    """Format 1.2's runs (gap, length; an unsigned dtype) as (start, length) int64, refusing
+    a gap or length beyond the tensor and runs that end past it."""
+    if runs.size and ((runs < 0) | (runs > numel)).any():  # in the stored dtype: no wrap
+        raise TensorShapeError(
+            f"holds a gap or length outside [0, {numel}] (the original tensor's elements)",
+            field=f"{name}.runs",
+        )
+    pairs = runs.astype(np.int64)  # each at most 2^50 now
+    steps = pairs[:, 0] + pairs[:, 1]
+    # summed in float first, so that the exact sum below cannot wrap around
+    if float(steps.sum(dtype=np.float64)) > 2.0 * numel + 1:
+        raise TensorShapeError(
+            f"holds runs that end past the original tensor ({numel} elements)",
+            field=f"{name}.runs",
+        )
+    ends = np.cumsum(steps)
+    return np.stack([ends - pairs[:, 1], pairs[:, 1]], axis=1)

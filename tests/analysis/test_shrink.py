@@ -147,10 +147,14 @@ def test_overrides_travel_with_the_record(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_production_shaped_dump_shrinks_under_10_mb(tmp_path: Path) -> None:
-    """2049 x 32772 (268 MB of req_to_token), 256 requests, the SWA LUT cut to 60 %: the
-    acceptance bound is 25 MB (GitHub's attachment limit); the small dump is under 10 MB."""
-    spec = replace(SIZES["medium"], active_rows=256, history=512, window=128)
+def test_a_production_shaped_dump_shrinks_under_5_mb(tmp_path: Path) -> None:
+    """2049 x 32772 (268 MB of req_to_token), 256 requests holding pages from a shuffled free
+    list, the SWA LUT cut to 60 % (bench/shrink.py's dump): the acceptance bound is 25 MB
+    (GitHub's attachment limit); format 1.1 took it to 7.1 MB, format 1.2's narrow elements
+    and runs to 3.8 MB."""
+    spec = replace(
+        SIZES["medium"], active_rows=256, history=512, window=128, shuffled_free_list=True
+    )
     state = build_dump(spec, seed=1)
     lut = state.tensors["full_to_swa_index_mapping"]
     state.tensors["full_to_swa_index_mapping"] = lut[: int(lut.shape[0] * 0.6)].copy()
@@ -158,7 +162,7 @@ def test_a_production_shaped_dump_shrinks_under_10_mb(tmp_path: Path) -> None:
     small = tmp_path / "medium.small.safetensors"
     result = api.shrink(original, small)
     assert original.stat().st_size > 250_000_000
-    assert result.file_bytes == small.stat().st_size < 10_000_000
+    assert result.file_bytes == small.stat().st_size < 5_000_000
     before = checked(load_dump(original))
     after = checked(load_dump(small))
     assert story(after) == story(before)

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.sparse import gap_runs
 from kvcanary_cli.render.records.check import CheckRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.synth.scenarios import make_scenario
@@ -98,9 +99,10 @@ def test_inspect_shows_the_record_and_the_sparse_tensors(pair: tuple[Path, Path]
     code, out, _ = run("inspect", str(small), "--format", "json")
     assert code == 0
     record = json.loads(out)
-    assert record["format"] == "1.1"
+    assert record["format"] == "1.2"
     assert record["shrink"]["source"]["name"] == original.name
     assert "kvcanary.shrink" not in record["other_metadata"]
+    assert "kvcanary.dtypes" not in record["other_metadata"]  # part of the format, not extra
     table = next(t for t in record["tensors"] if t["name"] == "req_to_token")
     assert table["shape"] == [12, 48] and 0 < table["kept"] < 12 * 48
     code, out, _ = run("inspect", str(small))
@@ -159,18 +161,46 @@ def _meta(key: str, value: str | None) -> Change:
     return lambda _, meta: meta.pop(key) if value is None else meta.__setitem__(key, value)
 
 
+def _starts(runs: np.ndarray) -> np.ndarray:
+    """Format 1.2's runs (gap, length) as (flat start, length), int64."""
+    pairs = runs.astype(np.int64)
+    ends = np.cumsum(pairs[:, 0] + pairs[:, 1])
+    return np.stack([ends - pairs[:, 1], pairs[:, 1]], axis=1)
+
+
 def _first_run_past_the_end(tensors: dict[str, np.ndarray], _: dict[str, str]) -> None:
-    runs = tensors["req_to_token.runs"].copy()
-    runs[-1, 0] = 12 * 48 - 1
+    runs = tensors["req_to_token.runs"].astype(np.uint64)
+    runs[-1, 0] = 12 * 48 - 1  # a gap that skips past the table's end
     tensors["req_to_token.runs"] = runs
 
 
 def _lost_live_cells(tensors: dict[str, np.ndarray], _: dict[str, str]) -> None:
-    runs = tensors["req_to_token.runs"].copy()
+    runs = tensors["req_to_token.runs"].astype(np.uint64)
     runs[0, 1] -= 1  # one cell of a batch row's live range is no longer kept
     runs[0, 0] += 1
     tensors["req_to_token.runs"] = runs
     tensors["req_to_token"] = tensors["req_to_token"][1:].copy()
+
+
+def _dtypes(**changes: str | None) -> Change:
+    """`kvcanary.dtypes` with some tensors' original dtype changed (None: left out)."""
+
+    def change(_: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+        recorded = json.loads(meta["kvcanary.dtypes"])
+        recorded.update(changes)
+        meta["kvcanary.dtypes"] = json.dumps({k: v for k, v in recorded.items() if v})
+
+    return change
+
+
+def _widened_values(tensors: dict[str, np.ndarray], _: dict[str, str]) -> None:
+    tensors["req_to_token"] = tensors["req_to_token"].astype(np.int64)  # the record says int32
+
+
+def _huge_gap(tensors: dict[str, np.ndarray], _: dict[str, str]) -> None:
+    runs = tensors["req_to_token.runs"].astype(np.uint64)
+    runs[0, 0] = 2**64 - 1
+    tensors["req_to_token.runs"] = runs
 
 
 _I64 = np.int64
@@ -181,7 +211,7 @@ _I64 = np.int64
     [
         (_first_run_past_the_end, "req_to_token.runs", "run"),
         (
-            _set("req_to_token.runs", np.zeros((2, 3), dtype=_I64)),
+            _set("req_to_token.runs", np.zeros((2, 3), dtype=np.uint8)),
             "req_to_token.runs",
             "[runs, 2]",
         ),
@@ -196,9 +226,9 @@ _I64 = np.int64
             "2^50",
         ),
         (
-            _set("req_to_token.runs", np.zeros((0, 2), dtype=np.int32)),
+            _set("req_to_token.runs", np.zeros((0, 2), dtype=np.int64)),
             "req_to_token.runs",
-            "int64",
+            "expected uint8 or uint16",
         ),
         (_drop("req_to_token.shape"), "req_to_token.shape", "required with req_to_token.runs"),
         (_set("prefix_lens.runs", np.zeros((0, 2), dtype=_I64)), "prefix_lens.runs", "sparse"),
@@ -206,7 +236,18 @@ _I64 = np.int64
         (_meta("kvcanary.shrink", None), "kvcanary.shrink", "required"),
         (_meta("kvcanary.shrink", "{not json"), "kvcanary.shrink", "not JSON"),
         (_meta("kvcanary.shrink", '{"schema": "kvcanary.shrink/9"}'), "kvcanary.shrink", "schema"),
-        (_meta("kvcanary.format", "1.2"), "kvcanary.format", "not supported"),
+        (_meta("kvcanary.format", "1.3"), "kvcanary.format", "not supported"),
+        # format 1.2's own fields
+        (_huge_gap, "req_to_token.runs", "outside [0, 576]"),
+        (_meta("kvcanary.dtypes", None), "kvcanary.dtypes", "required"),
+        (_meta("kvcanary.dtypes", '{"req_to_token": '), "kvcanary.dtypes", "not JSON"),
+        (_meta("kvcanary.dtypes", '["I32"]'), "kvcanary.dtypes", "JSON object"),
+        (_dtypes(req_to_token=None), "kvcanary.dtypes", "original dtype of the sparse"),
+        (_dtypes(prefix_lens="I64"), "kvcanary.dtypes", "does not store sparse"),
+        (_dtypes(req_to_token="F32"), "kvcanary.dtypes", "not an integer dtype"),
+        (_dtypes(req_to_token="I16"), "req_to_token", "expected int32 or int64"),
+        (_dtypes(req_to_token="I8"), "req_to_token", "cannot hold"),
+        (_widened_values, "req_to_token", "int64, which its original dtype int32"),
     ],
 )
 def test_malformed_shrunk_dumps_are_one_line(
@@ -264,9 +305,9 @@ def test_the_kernels_will_not_stage_a_claimed_width(
     _, small = pair
     tensors, meta = _parts(small)
     width = 1 << 30
-    runs = tensors["req_to_token.runs"].copy()
+    runs = _starts(tensors["req_to_token.runs"])
     runs[:, 0] = runs[:, 0] // 48 * width + runs[:, 0] % 48
-    tensors["req_to_token.runs"] = runs
+    tensors["req_to_token.runs"] = gap_runs(runs)
     tensors["req_to_token.shape"] = np.array([12, width], dtype=_I64)
     wide = write_safetensors(tmp_path / "wide.safetensors", tensors, meta)
     code, _, err = run("check", str(wide), "--kernel", "triton")
@@ -274,3 +315,35 @@ def test_the_kernels_will_not_stage_a_claimed_width(
     code, out, err = run("check", str(wide), "--kernel", "vectorized", "--format", "json")
     assert code == 1, err
     assert json.loads(out)["dumps"][0]["bs"] == 5
+
+
+def test_dtype_findings_read_as_on_the_original(tmp_path: Path) -> None:
+    """Narrowed elements still report the dtype they had: an int64 table and an int32 LUT
+    give the same dtype warnings on the small dump, and `inspect` shows the original dtypes
+    next to the bytes actually stored."""
+    state = make_scenario("truncated-lut", seed=0)
+    state.tensors["req_to_token"] = state.tensors["req_to_token"].astype(np.int64)
+    lut = state.tensors["full_to_swa_index_mapping"]
+    state.tensors["full_to_swa_index_mapping"] = lut.astype(np.int32)
+    original = state.save(tmp_path / "wide.safetensors")
+    small = tmp_path / "wide.small.safetensors"
+    assert run("shrink", str(original), "-o", str(small))[0] == 0
+    stored = _parts(small)[0]
+    assert stored["req_to_token"].dtype.itemsize < 8
+    assert stored["full_to_swa_index_mapping"].dtype.itemsize < 4
+    warnings = []
+    for dump in (original, small):
+        code, out, _ = run("check", str(dump), "--kernel", "vectorized", "--format", "json")
+        assert code == 1
+        found = json.loads(out)["dumps"][0]["findings"]
+        warnings.append(
+            sorted(
+                json.dumps(f, sort_keys=True) for f in found if f["code"] == "gpu-dtype-mismatch"
+            )
+        )
+    assert len(warnings[0]) == 2 and warnings[1] == warnings[0]
+    code, out, _ = run("inspect", str(small), "--format", "json")
+    tensors = {t["name"]: t for t in json.loads(out)["tensors"]}
+    assert tensors["req_to_token"]["dtype"] == "int64"
+    assert tensors["full_to_swa_index_mapping"]["dtype"] == "int32"
+    assert tensors["req_to_token"]["bytes"] == stored["req_to_token"].nbytes

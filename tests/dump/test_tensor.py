@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcanary_cli.dump.shrink_writer import _sparse_parts
 from kvcanary_cli.dump.sparse import SparseTensor, flat_runs, sparse_tensor
 from kvcanary_cli.dump.tensor import CellHits, DenseTensor, Match, StoredTensor
 
@@ -42,6 +43,29 @@ def sparse_of(data: np.ndarray, kept: np.ndarray) -> SparseTensor:
     flat = np.flatnonzero(kept.reshape(-1)).astype(np.int64)
     shape = np.array(data.shape, dtype=np.int64)
     return sparse_tensor("t", data.reshape(-1)[flat], flat_runs(flat), shape, (data.ndim,))
+
+
+def narrow_parts(data: np.ndarray, kept: np.ndarray) -> dict[str, np.ndarray]:
+    """What the shrink writer stores (format 1.2) of `data` keeping `kept`: elements in the
+    narrowest dtype, runs as (gap, length) pairs, the original shape."""
+    flat = np.flatnonzero(kept.reshape(-1)).astype(np.int64)
+    parts, _ = _sparse_parts("t", DenseTensor(data), flat)
+    return parts
+
+
+def narrow_sparse_of(data: np.ndarray, kept: np.ndarray) -> SparseTensor:
+    """`narrow_parts` read back as the loader reads a format-1.2 dump (the original dtype as
+    `kvcanary.dtypes` gives it)."""
+    parts = narrow_parts(data, kept)
+    return sparse_tensor(
+        "t",
+        parts["t"],
+        parts["t.runs"],
+        parts["t.shape"],
+        (data.ndim,),
+        gaps=True,
+        dtype=data.dtype,
+    )
 
 
 def _pieces(pieces: Sequence[tuple[np.ndarray, ...]], width: int) -> list[np.ndarray]:
@@ -214,6 +238,51 @@ def test_the_sparse_tensor_reads_like_the_model(case: Case) -> None:
     check_contract(sparse_of(case.data, case.kept), case)
 
 
+@st.composite
+def wide_cases(draw: st.DrawFn) -> Case:
+    """As `cases`, with values spread over some leading bits of their dtype's range (its
+    extremes included), so that every narrower dtype gets its turn to hold them."""
+    base = draw(cases())
+    info = np.iinfo(base.data.dtype)
+    bits = draw(st.integers(1, info.bits))
+    lo = 0 if info.min == 0 else max(int(info.min), -(2 ** (bits - 1)))
+    hi = min(int(info.max), 2**bits - 1)
+    rng = np.random.default_rng(base.seed)
+    data = rng.integers(lo, hi, size=base.data.shape, endpoint=True, dtype=base.data.dtype)
+    if data.size and draw(st.booleans()):
+        data.reshape(-1)[0], data.reshape(-1)[-1] = lo, hi
+    return Case(data=data, kept=base.kept, seed=base.seed)
+
+
+def _narrowest_itemsize(values: np.ndarray, original: np.dtype) -> int:
+    """The fewest bytes an integer dtype holding `values`, whose every value `original`
+    holds, takes (a brute-force model of the writer's choice)."""
+    lo, hi = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    sizes = [
+        np.dtype(t).itemsize
+        for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64)
+        if np.iinfo(t).min <= lo
+        and hi <= np.iinfo(t).max
+        and np.iinfo(original).min <= np.iinfo(t).min
+        and np.iinfo(t).max <= np.iinfo(original).max
+    ]
+    return min(sizes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=wide_cases())
+def test_the_narrow_sparse_tensor_reads_like_the_model(case: Case) -> None:
+    """Format 1.2: stored in the narrowest dtype that holds the kept values, runs as unsigned
+    (gap, length) pairs; every read still gives the original dtype and values."""
+    parts = narrow_parts(case.data, case.kept)
+    stored, runs = parts["t"], parts["t.runs"]
+    kept_values = case.data.reshape(-1)[case.kept.reshape(-1)]
+    assert stored.dtype.itemsize == _narrowest_itemsize(kept_values, case.data.dtype)
+    assert np.can_cast(stored.dtype, case.data.dtype, casting="safe")
+    assert runs.dtype.kind == "u" and runs.dtype.itemsize <= 8
+    check_contract(narrow_sparse_of(case.data, case.kept), case)
+
+
 @settings(max_examples=150, deadline=None)
 @given(case=cases())
 def test_the_dense_tensor_reads_like_the_model(case: Case) -> None:
@@ -285,6 +354,14 @@ def _sparse_mutant(kind: type[SparseTensor]) -> Callable[[np.ndarray, np.ndarray
     return make
 
 
+def _forgets_the_original_dtype(data: np.ndarray, kept: np.ndarray) -> StoredTensor:
+    """A format-1.2 reader that hands back the narrow stored dtype, not the original one."""
+    parts = narrow_parts(data, kept)
+    return sparse_tensor(
+        "t", parts["t"], parts["t.runs"], parts["t.shape"], (data.ndim,), gaps=True
+    )
+
+
 def _dense_mutant(kind: type[DenseTensor]) -> Callable[[np.ndarray, np.ndarray], StoredTensor]:
     return lambda data, kept: kind(data)
 
@@ -298,8 +375,17 @@ def _dense_mutant(kind: type[DenseTensor]) -> Callable[[np.ndarray, np.ndarray],
         (_dense_mutant(_LastPieceDropped), False),
         (_sparse_mutant(_KeptBeforeInclusive), True),
         (_dense_mutant(_UnclippedRowCells), False),
+        (_forgets_the_original_dtype, True),
     ],
-    ids=["take", "where_equal", "rows", "find_cells", "kept_before", "row_cells"],
+    ids=[
+        "take",
+        "where_equal",
+        "rows",
+        "find_cells",
+        "kept_before",
+        "row_cells",
+        "narrow-dtype",
+    ],
 )
 def test_a_mutant_fails_the_contract(
     make: Callable[[np.ndarray, np.ndarray], StoredTensor], sparse: bool

@@ -239,7 +239,7 @@ class Seed:
 
     @property
     def sparse(self) -> bool:
-        """A shrunk dump (format 1.1): its tables are stored as kept runs (`NAME.runs`)."""
+        """A shrunk dump (format 1.2): its tables are stored as kept runs (`NAME.runs`)."""
         return "req_to_token.runs" in self.tensors
 
     def table(self) -> np.ndarray:
@@ -248,10 +248,11 @@ class Seed:
             return self.array("req_to_token")
         shape = tuple(int(d) for d in self.array("req_to_token.shape").reshape(-1))
         values = self.array("req_to_token").reshape(-1)
-        dense = np.zeros(int(np.prod(shape)), dtype=values.dtype)
-        at = 0
-        for start, length in self.array("req_to_token.runs").reshape(-1, 2).tolist():
-            dense[start : start + length] = values[at : at + length]
+        dense = np.zeros(int(np.prod(shape)), dtype=np.int64)
+        at = end = 0
+        for gap, length in self.array("req_to_token.runs").reshape(-1, 2).tolist():
+            start, end = end + gap, end + gap + length  # format 1.2: (gap, length) pairs
+            dense[start:end] = values[at : at + length]
             at += length
         return dense.reshape(shape)
 
@@ -1194,7 +1195,8 @@ def _crowded(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
 
 def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
     """The parts of a shrunk dump's sparse tensors: original shapes that claim the moon, runs
-    that overlap, run backwards, past the shape or past the stored values."""
+    (gap, length) that skip past the shape or the stored values, run backwards or are signed,
+    original dtypes that are no dtype or cannot hold what is stored."""
     names = [n[: -len(".runs")] for n in seed.tensors if n.endswith(".runs")]
     for _ in range(24):
         name = rng.choice(names)
@@ -1218,11 +1220,11 @@ def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
         )
     for _ in range(32):
         name = rng.choice(names)
-        runs = seed.array(name + ".runs").reshape(-1, 2)
+        runs = seed.array(name + ".runs").reshape(-1, 2).astype(np.uint64)
         how = rng.choice(
             [
-                "overlap",
-                "negative start",
+                "touching",
+                "signed",
                 "beyond shape",
                 "long",
                 "reversed",
@@ -1232,21 +1234,22 @@ def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
                 "zero length",
             ]
         )
-        edited = runs.copy()
+        edited: np.ndarray = runs.copy()
         if runs.size == 0 and how not in ("extreme", "long"):
             continue
-        if how == "overlap" and len(runs) > 1:
-            edited[1, 0] = edited[0, 0]
-        elif how == "negative start":
+        if how == "touching":  # every run right after the one before: other cells kept
+            edited[1:, 0] = 0
+        elif how == "signed":  # a signed run table, one gap negative
+            edited = runs.astype(np.int64)
             edited[0, 0] = -1
         elif how == "beyond shape":
             edited[-1, 0] = 2**48
         elif how == "long":
-            edited = np.asarray([[0, 2**40]], dtype=np.int64)
+            edited = np.asarray([[0, 2**40]], dtype=np.uint64)
         elif how == "reversed":
             edited = edited[::-1].copy()
         elif how == "extreme":
-            edited = np.asarray([[I64_MAX, I64_MAX], [I64_MIN, 1]], dtype=np.int64)
+            edited = np.asarray([[2**64 - 1, 2**64 - 1], [0, 1]], dtype=np.uint64)
         elif how == "empty":
             edited = edited[:0]
         elif how == "more than stored":
@@ -1254,6 +1257,25 @@ def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
         elif how == "zero length":
             edited[0, 1] = 0
         yield Mutant("data.sparse.runs", f"{name}.runs: {how}", seed.put(name + ".runs", edited))
+    dtypes = json.loads(seed.metadata.get("kvcanary.dtypes", "{}"))
+    odd: list[tuple[str | None, object]] = [
+        (rng.choice(names), "F32"),
+        (rng.choice(names), "I8"),  # narrower than what is stored, or not the format's
+        (rng.choice(names), 7),
+        ("prefix_lens", "I64"),
+        (None, None),
+    ]
+    for target, original in odd:
+        recorded: dict[str, object] = dict(dtypes)
+        if target is None:
+            recorded.pop(rng.choice(names), None)
+        else:
+            recorded[target] = original
+        yield Mutant(
+            "data.sparse.dtypes",
+            f"kvcanary.dtypes: {target} = {original!r}",
+            seed.with_metadata(**{"kvcanary.dtypes": json.dumps(recorded)}),
+        )
     for _ in range(8):
         name = rng.choice(names)
         values = seed.array(name)
@@ -1261,7 +1283,11 @@ def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
             continue
         edited = _fit(values, I64_MIN, I64_MAX).copy()
         edited[rng.randrange(edited.size)] = rng.choice([I64_MIN, I64_MAX, -1])
-        yield Mutant("data.sparse.values", f"{name}: an extreme kept value", seed.put(name, edited))
+        # an original that held such a value was int64 (a value, not the structure, is odd)
+        widened = {**dtypes, name: "I64"} if edited.dtype == np.int64 else dtypes
+        tensors = {**seed.tensors, name: Tensor.of(edited)}
+        blob = seed.rebuild(tensors, {**seed.metadata, "kvcanary.dtypes": json.dumps(widened)})
+        yield Mutant("data.sparse.values", f"{name}: an extreme kept value", blob)
 
 
 # --- length -------------------------------------------------------------------------------

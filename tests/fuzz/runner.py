@@ -75,9 +75,14 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
 
 #: value mutants that are bad input by the format's rules (docs/dump-format.md): exit 2 is
 #: right for them. A LUT with a window no SGLang could use leaves the swa group unplannable; a
-#: shrunk dump's sparse shapes and runs are its structure.
+#: shrunk dump's sparse shapes, runs and original dtypes are its structure.
 BAD_INPUT_KINDS = frozenset(
-    {"data.scalar.window-unplannable", "data.sparse.shape", "data.sparse.runs"}
+    {
+        "data.scalar.window-unplannable",
+        "data.sparse.shape",
+        "data.sparse.runs",
+        "data.sparse.dtypes",
+    }
 )
 
 #: the command each `crowded` mutant runs: the one its findings make expensive.

@@ -18,7 +18,7 @@ SEED_SCENARIOS = {
     "eagle": "clean-eagle-draft",
     "full": "clean-canary",
 }
-#: seed name -> the scenario (tiny) whose `kvcanary shrink` output is a seed: format 1.1, its
+#: seed name -> the scenario (tiny) whose `kvcanary shrink` output is a seed: format 1.2, its
 #: tables, LUT and canary buffers stored sparse.
 SHRUNK_SEEDS = {"shrunk": "truncated-lut"}
 
