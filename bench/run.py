@@ -44,6 +44,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -418,10 +419,23 @@ def ratios(bench: Bench, main: str) -> tuple[dict[str, Any], dict[str, str]]:
     m = bench.median
     out: dict[str, Any] = {}
     bounds: dict[str, str] = {}
+    spread: dict[str, list[float]] = {}
+
+    def paired(a: str, b: str) -> list[float]:
+        """[min, median, max] of the ratios of the runs made in the same repetition."""
+        top = bench.metrics.get(a, {}).get("seconds", {}).get("samples", [])
+        bottom = bench.metrics.get(b, {}).get("seconds", {}).get("samples", [])
+        ratios = [x / y for x, y in zip(top, bottom, strict=False) if y > 0]
+        if not ratios:
+            return []
+        return [min(ratios), statistics.median(ratios), max(ratios)]
 
     def ratio(key: str, a: str, b: str) -> None:
         top, bottom = m(a), m(b)
         out[key] = None if top is None or bottom is None or bottom == 0 else top / bottom
+        pairs = paired(a, b)
+        if pairs:
+            spread[key] = pairs
         over, under = bench.timed_out(a), bench.timed_out(b)
         if out[key] is not None and over != under:
             bounds[key] = ">=" if over else "<="
@@ -436,6 +450,11 @@ def ratios(bench: Bench, main: str) -> tuple[dict[str, Any], dict[str, str]]:
         ratio("truncated_json_over_clean_check", json_main, "check.clean.triton")
         ratio("truncated_json_over_clean_json", json_main, "check_json.clean.triton")
         ratio("truncated_check_over_clean_check", f"check.{main}.triton", "check.clean.triton")
+        truncated, clean = bench.metrics.get(json_main), bench.metrics.get("check.clean.triton")
+        if truncated is not None and clean is not None:
+            above = truncated["peak_rss_bytes"]["median"] - clean["peak_rss_bytes"]["median"]
+            out["truncated_json_rss_above_clean_check_gib"] = above / GiB
+            out["truncated_json_output_mib"] = truncated["stdout_bytes"] / 2**20
     for which in ("finding", "clean"):
         ratio(f"provenance_slot_{which}_over_scan", f"provenance_slot.{which}", "floor.scan")
     ratio("check_triton_over_floor_gather", f"check.{main}.triton", "floor.gather")
@@ -450,12 +469,16 @@ def ratios(bench: Bench, main: str) -> tuple[dict[str, Any], dict[str, str]]:
         for module in ("torch", "triton") if name in ("help", "inspect") else ("torch",):
             out[f"{name}_imports_{module}"] = None if record is None else record["imports"][module]
     out["help_seconds"] = m("help")
+    out["paired_min_median_max"] = spread
     return out, bounds
 
 
 TARGETS = {
     "sglang_reference_over_check_triton": ">= 10 (aim 20): check, default kernel, clean",
-    "truncated_json_over_clean_check": "<= 2: truncated-LUT check --format json vs clean check",
+    "truncated_json_over_clean_check": "<= 2 medium, <= 3 large: truncated-LUT check --format "
+    "json vs clean check (shuffled slots)",
+    "truncated_json_rss_above_clean_check_gib": "<= 0.5 on medium",
+    "truncated_json_output_mib": "<= 10 on medium",
     "truncated_json_over_clean_json": "<= 2: the same, both JSON",
     "provenance_slot_finding_over_scan": "<= 2: provenance --slot vs one bare chunked scan",
     "provenance_slot_clean_over_scan": "<= 2",
@@ -472,11 +495,17 @@ TARGETS = {
 
 def print_ratios(values: dict[str, Any], bounds: dict[str, str]) -> None:
     print("\nratios (the performance targets on the right; >= / <=: a side hit --timeout)")
+    spread = values.get("paired_min_median_max", {})
     for name, value in values.items():
+        if name == "paired_min_median_max":
+            continue
         shown = "n/a" if value is None else value if isinstance(value, bool) else f"{value:.3f}"
         shown = f"{bounds.get(name, '')}{shown}"
         target = TARGETS.get(name, "")
         print(f"  {name:46} {shown!s:>10}   {target}")
+        if name in spread and len(spread[name]) == 3:
+            low, middle, high = spread[name]
+            print(f"  {'':46} {'':>10}   paired runs: {low:.3f} / {middle:.3f} / {high:.3f}")
 
 
 # --- main --------------------------------------------------------------------------------------

@@ -321,55 +321,6 @@ class CellColumns:
             extra={name: values[index] for name, values in self.extra.items()},
         )
 
-    def sorted(self) -> CellColumns:
-        """The cells in report order: batch row, position, slot."""
-        import numpy as np
-
-        keys = (self.position, self.batch_row)
-        order = np.lexsort(keys if self.slot is None else (self.slot, *keys))
-        if order.size < 2 or bool((np.diff(order) > 0).all()):
-            return self
-        return self.take(order)
-
-    @staticmethod
-    def of(
-        *,
-        batch_row: np.ndarray,
-        pool_row: np.ndarray,
-        position: np.ndarray,
-        slot: np.ndarray | None,
-        extra: Mapping[str, np.ndarray] | None = None,
-    ) -> CellColumns:
-        """Columns from any integer arrays (copied to int64), sorted into report order."""
-        import numpy as np
-
-        def column(values: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(values, dtype=np.int64)
-
-        return CellColumns(
-            batch_row=column(batch_row),
-            pool_row=column(pool_row),
-            position=column(position),
-            slot=None if slot is None else column(slot),
-            extra={name: column(values) for name, values in (extra or {}).items()},
-        ).sorted()
-
-    @staticmethod
-    def concat(parts: list[CellColumns]) -> CellColumns:
-        """The cells of every part (with the same extra columns), in report order."""
-        import numpy as np
-
-        names = parts[0].extra.keys()
-        return CellColumns(
-            batch_row=np.concatenate([p.batch_row for p in parts]),
-            pool_row=np.concatenate([p.pool_row for p in parts]),
-            position=np.concatenate([p.position for p in parts]),
-            slot=None
-            if parts[0].slot is None
-            else np.concatenate([p.slot for p in parts if p.slot is not None]),
-            extra={n: np.concatenate([p.extra[n] for p in parts]) for n in names},
-        ).sorted()
-
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     import numpy as np
