@@ -45,7 +45,9 @@ class Comparison:
 
 
 def _both(reference: Plan, kernel: Plan) -> ProblemTable:
-    return ProblemTable.concat([reference.problems, kernel.problems])
+    """Both plans' problems, unordered (what reads them here needs no order, or orders the
+    few rows it needs)."""
+    return ProblemTable.joined([reference.problems, kernel.problems])
 
 
 def _entry_explanations(problems: ProblemTable, plan: Plan) -> dict[ProblemRole, np.ndarray]:
@@ -186,6 +188,7 @@ def _compare_write(
         seed_lut[problems.batch_row[lut]] = True
         row_kind = np.full(n, -1, dtype=np.int64)
         level = np.flatnonzero(in_rows & np.isin(problems.kind, [int(k) for k in _ROW_LEVEL]))
+        level = problems.canonical_order(level)
         for i in level[::-1].tolist():  # the first problem of a row wins
             row_kind[problems.batch_row[i]] = problems.kind[i]
         for r in bad_rows.tolist():

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import at_cell, restricted
+from kvcanary_cli.analysis.cells import at_cell, distinct, restricted
 from kvcanary_cli.analysis.model import (
     Assumption,
     Cause,
@@ -248,7 +248,7 @@ class _Diagnosis:
         per cause."""
         out: list[Finding] = []
         for f, causes in zip(self.findings, self.cause_of, strict=True):
-            values = np.unique(causes)
+            values = np.flatnonzero(np.bincount(causes.astype(np.int64) + 1)) - 1
             for value in values.tolist():
                 cause = None if value == _UNCLAIMED else _CAUSES[value]
                 part = f if values.size == 1 else restricted(f, causes == value)
@@ -506,7 +506,7 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
                 f"live slots >= num_full_slots {size} ({pool.source}): beyond the pool, "
                 "so beyond a correctly sized LUT too"
             )
-        valid = np.unique(np.concatenate(short)) if short else np.zeros(0, dtype=np.int64)
+        valid = distinct(np.concatenate(short)) if short else np.zeros(0, dtype=np.int64)
         if valid.size or shorter:
             for i in out_of_range:
                 slots = _cell_slots(findings[i])
@@ -522,7 +522,7 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
     if not out_of_range and not beyond:
         return []
     parts = [_cell_slots(findings[i])[state.free(i)] for i in (*out_of_range, *beyond)]
-    slots = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    slots = distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
     evidence, lut_likely = _unrecorded_pool_evidence(dump, lut_len, slots[slots >= 0])
     first, second = (
         (CauseCode.LUT_TOO_SHORT, CauseCode.SLOT_INDEX_CORRUPT)

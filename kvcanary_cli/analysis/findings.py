@@ -451,7 +451,9 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     w_pos = (
         np.minimum(np.maximum(dump.prefix_lens, 0), np.iinfo(np.int64).max // 2)[w_rows] + offsets
     )
-    order = np.argsort(cells.slot, kind="stable")
+    # Only the live cells holding a written slot matter: sort those, not the whole batch.
+    holders = np.flatnonzero(SlotSet(np.asarray(written)).contains(cells.slot))
+    order = holders[np.argsort(cells.slot[holders], kind="stable")]
     live_sorted = cells.slot[order]
     lo = np.searchsorted(live_sorted, written, side="left")
     hi = np.searchsorted(live_sorted, written, side="right")

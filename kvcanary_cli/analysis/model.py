@@ -311,6 +311,16 @@ class CellColumns:
     def __hash__(self) -> int:
         return hash((len(self), self.position[:4].tobytes(), self.batch_row[:4].tobytes()))
 
+    def distinct_count(self, column: str) -> int:
+        """How many distinct values a column (`batch_row`, `slot`, ...) holds (one sort)."""
+        import numpy as np
+
+        values = getattr(self, column)
+        if values is None or len(values) == 0:
+            return 0
+        ordered = np.sort(values)
+        return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
+
     def take(self, index: np.ndarray) -> CellColumns:
         """The cells at `index` (a boolean mask or integer indices), in that order."""
         return CellColumns(

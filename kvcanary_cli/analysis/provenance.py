@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.model import (
     CanaryRecord,
     Cell,
@@ -480,7 +481,7 @@ def clamped_sources(
     ]
     if not parts:
         return ()
-    return tuple(int(s) for s in np.unique(np.concatenate(parts))[:limit])
+    return tuple(int(s) for s in distinct(np.concatenate(parts))[:limit])
 
 
 def full_slots_mapping_to(

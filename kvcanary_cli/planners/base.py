@@ -129,6 +129,10 @@ class PlanProblem:
     raises: bool
 
 
+#: The columns of a `ProblemTable`.
+_PROBLEM_COLUMNS = ("kind", "role", "batch_row", "pool_row", "position", "value", "entry", "raises")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProblemTable:
     """Every problem a plan met, columnar (int64 numpy arrays of equal length)."""
@@ -202,23 +206,39 @@ class ProblemTable:
     @classmethod
     def concat(cls, tables: list[ProblemTable]) -> ProblemTable:
         """One table from many, in canonical order (entry order, then role, then kind)."""
-        names = ("kind", "role", "batch_row", "pool_row", "position", "value", "entry", "raises")
+        joined = cls.joined(tables)
+        return joined.take(joined.canonical_order(np.arange(len(joined))))
+
+    @classmethod
+    def joined(cls, tables: list[ProblemTable]) -> ProblemTable:
+        """One table from many, in no particular order (for lookups that need none: sorting a
+        million LUT problems costs more than the lookups)."""
+        names = _PROBLEM_COLUMNS
         if not tables:
             return cls(**{n: np.zeros(0, dtype=bool if n == "raises" else np.int64) for n in names})
-        cols = {n: np.concatenate([getattr(t, n) for t in tables]) for n in names}
-        phase = (cols["entry"] < 0).astype(np.int64)  # seeds after entries, like REF
+        return cls(**{n: np.concatenate([getattr(t, n) for t in tables]) for n in names})
+
+    def canonical_order(self, index: np.ndarray) -> np.ndarray:
+        """`index` (rows of this table) in canonical order: REF's evaluation order, entries
+        first and seeds after them, then role, kind, position and value."""
+        phase = (self.entry[index] < 0).astype(np.int64)
         order = np.lexsort(
             (
-                cols["value"],
-                cols["position"],
-                cols["kind"],
-                cols["role"],
-                cols["batch_row"],
-                cols["entry"],
+                self.value[index],
+                self.position[index],
+                self.kind[index],
+                self.role[index],
+                self.batch_row[index],
+                self.entry[index],
                 phase,
             )
         )
-        return cls(**{n: c[order] for n, c in cols.items()})
+        ordered: np.ndarray = index[order]
+        return ordered
+
+    def take(self, index: np.ndarray) -> ProblemTable:
+        """The rows at `index`, in that order."""
+        return ProblemTable(**{n: getattr(self, n)[index] for n in _PROBLEM_COLUMNS})
 
     def __len__(self) -> int:
         return int(self.kind.shape[0])

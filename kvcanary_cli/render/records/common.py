@@ -456,18 +456,17 @@ def span_record(cells: CellColumns | None) -> SpanRecord | None:
     """Ranges and distinct counts of a finding group's cells (None without cells)."""
     if cells is None or not len(cells):
         return None
-    import numpy as np  # here, not at the top: `--help` never loads numpy
 
     def bounds(values: np.ndarray) -> list[int]:
         return [int(values.min()), int(values.max())]
 
     slots = cells.slot
     return {
-        "rows": int(np.unique(cells.batch_row).size),
+        "rows": cells.distinct_count("batch_row"),
         "batch_rows": bounds(cells.batch_row),
         "positions": bounds(cells.position),
         "slots": None if slots is None else bounds(slots),
-        "distinct_slots": 0 if slots is None else int(np.unique(slots).size),
+        "distinct_slots": cells.distinct_count("slot"),
     }
 
 
