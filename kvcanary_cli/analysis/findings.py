@@ -326,7 +326,8 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     if idx.size < 2:
         return []
     row, slot = cells.pool_row[idx], cells.slot[idx]
-    order = np.lexsort((cells.position[idx], slot, row))
+    # stable: a slot's cells in one row stay in cell order, which is position order
+    order = np.lexsort((slot, row))
     same = (row[order][1:] == row[order][:-1]) & (slot[order][1:] == slot[order][:-1])
     repeats = np.sort(idx[order[1:][same]])
 
