@@ -4,7 +4,7 @@
 smaller than production's; the benchmark keeps synth's table shapes (`scenarios.SIZES`) and
 gives them a production batch: bs 2048 (4096 for large) of which 256 rows are live, requests up
 to 16 K tokens (32 K for large) with radix-shared prefixes, an SWA window of 4096 and a full
-pool of 4 M slots (8 M), so that medium plans ~2.2 M full and ~0.9 M SWA verify entries from a
+pool of 4 M slots (8 M), so that medium plans ~2 M full and ~0.9 M SWA verify entries from a
 ~300 MB file, like the production dump the targets were set on; large plans about twice
 that from a table eight times larger (2.1 GB).
 
