@@ -170,7 +170,7 @@ def inspect(path: PathLike) -> DumpDescription:
 def shrink(
     path: PathLike, out: PathLike | None, *, overrides: Overrides = None, force: bool = False
 ) -> ShrinkResult:
-    """Write a small dump (format 1.1) of `path` at `out`: what the analysis of `path` reads,
+    """Write a small dump (format 1.2) of `path` at `out`: what the analysis of `path` reads,
     in its original coordinates, with a record of the source and of what was dropped.
     `check` gives the same findings and diagnosis on it. `out` is never `path`; an existing
     file is replaced only with `force`."""

@@ -433,7 +433,7 @@ ShrinkOutOpt = Annotated[
     typer.Option(
         "--out",
         "-o",
-        help="The small dump to write (.safetensors, format 1.1).",
+        help="The small dump to write (.safetensors, format 1.2).",
         show_default=False,
     ),
 ]

@@ -1,7 +1,7 @@
 """`StoredTensor`: a big tensor of a dump behind one set of reads, whatever stores it.
 
 A format-1 dump stores every element of its tables, LUT, canary buffers and real-KV sources
-(`DenseTensor`: a numpy array, memory-mapped when big); a shrunk dump (format 1.1) stores
+(`DenseTensor`: a numpy array, memory-mapped when big); a shrunk dump (format 1.1 or 1.2) stores
 only some (`dump.sparse`). Planners, canary checks and analysis read both through the
 methods here and never ask which kind they hold: where the kinds genuinely differ (a shrunk
 dump's unknown elements read 0), a read says which elements are known, and `complete` says

@@ -218,7 +218,7 @@ class DumpRecord(TypedDict):
     #: --kernel triton: Triton's mode; --kernel sglang: SGLang's torch reference or its CUDA
     #: kernels; null for --kernel vectorized|none
     kernel_mode: KernelMode | None
-    #: a shrunk dump (format 1.1): where it came from
+    #: a shrunk dump (format 1.1 or 1.2): where it came from
     shrunk: ShrunkRecord | None
     #: reading notes: ignored tensors, ignored valid_lens, ...
     notes: list[str]
