@@ -120,20 +120,17 @@ def _findings_table(findings: list[FindingRecord]) -> Table:
 def _message_text(f: FindingRecord) -> Text:
     """The message, flagged where SGLang's reference raises and where it rests on assumptions."""
     text = Text(f["message"])
-    mark = raise_mark(f)
-    if mark:
-        text.append(f" {mark}", style="bold")
-    launched = launch_mark(f)
-    if launched:
-        text.append(f" {launched}", style="bold")
-    if f["assumes"]:
-        text.append(f" (assumes {', '.join(f['assumes'])}: not recorded)", style="yellow")
-    examples = examples_text(f)
-    if examples:
-        text.append(f"\n{examples}", style="dim")
-    holders = _holders_text(f)
-    if holders:
-        text.append(f"\n{holders}", style="dim")
+    assumes = f"(assumes {', '.join(f['assumes'])}: not recorded)" if f["assumes"] else None
+    pieces = (
+        (" ", raise_mark(f), "bold"),
+        (" ", launch_mark(f), "bold"),
+        (" ", assumes, "yellow"),
+        ("\n", examples_text(f), "dim"),  # a group: a few of its cells
+        ("\n", _holders_text(f), "dim"),  # where the example's slot lives
+    )
+    for separator, piece, style in pieces:
+        if piece:
+            text.append(f"{separator}{piece}", style=style)
     return text
 
 
