@@ -87,12 +87,17 @@ def with_example(finding: Finding, index: int) -> Finding:
     """The finding with cell `index` as its example (the cell views point at)."""
     cells = finding.cells
     assert cells is not None
+
+    def coordinate(column: np.ndarray) -> int | None:
+        value = int(column[index])
+        return None if value < 0 else value  # -1: a finding about slots, not table cells
+
     return replace(
         finding,
         slot=None if cells.slot is None else int(cells.slot[index]),
-        batch_row=int(cells.batch_row[index]),
-        pool_row=int(cells.pool_row[index]),
-        position=int(cells.position[index]),
+        batch_row=coordinate(cells.batch_row),
+        pool_row=coordinate(cells.pool_row),
+        position=coordinate(cells.position),
         gather_index=int(cells.extra["gather_index"][index])
         if "gather_index" in cells.extra
         else finding.gather_index,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcanary_cli.analysis.bookkeeping import free_list_findings, lut_bookkeeping_findings
 from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
@@ -177,7 +178,9 @@ def _collect(
     pending: Mapping[str, Future[Plan]],
 ) -> CollectedFindings:
     cells = live_cells(dump)
-    findings: list[Finding] = batch_findings(dump) + slot_findings(dump, cells)
+    findings: list[Finding] = (
+        batch_findings(dump) + slot_findings(dump, cells) + free_list_findings(dump)
+    )
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}
@@ -195,6 +198,7 @@ def _collect(
             findings.append(finding)
         if group is Group.SWA:
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
+            findings.extend(lut_bookkeeping_findings(dump, cells, plan))
         kernel_plan = None  # needed from here on: planned in the background, or now
         if group in pending:
             kernel_plan = pending[group].result()

@@ -63,6 +63,12 @@ _STALE_CODES = frozenset(
 )
 #: one code, one cause, when no row-level or LUT-level cause claims the finding first.
 _BY_CODE: dict[FindingCode, CauseCode] = {
+    FindingCode.FREE_LIST_DUPLICATE: CauseCode.DOUBLE_FREE,
+    FindingCode.RESERVED_SLOT_IN_USE: CauseCode.RESERVED_SLOT_FREED,
+    FindingCode.FREE_SLOT_STILL_MAPPED: CauseCode.STALE_SWA_MAPPING,
+    FindingCode.SWA_SLOT_FREE_AND_MAPPED: CauseCode.STALE_SWA_MAPPING,
+    FindingCode.SWA_SLOT_SHARED_OWNER: CauseCode.SWA_SHARED_OWNER,
+    FindingCode.SWA_WRITE_TO_LIVE_SLOT: CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
     FindingCode.NEGATIVE_SLOT: CauseCode.SLOT_INDEX_CORRUPT,
     FindingCode.FREED_SLOT_IN_LIVE_RANGE: CauseCode.USE_AFTER_FREE,
     FindingCode.SLOT_SHARED_ACROSS_POSITIONS: CauseCode.CROSS_REQUEST_ALIASING,
@@ -80,6 +86,16 @@ _BY_CODE: dict[FindingCode, CauseCode] = {
     FindingCode.SCALAR_OUT_OF_RANGE: CauseCode.SCALAR_METADATA_CORRUPT,
 }
 _SUMMARY: dict[CauseCode, str] = {
+    CauseCode.DOUBLE_FREE: "a slot is on a free list twice: it was freed twice, and will be "
+    "handed out to two owners",
+    CauseCode.RESERVED_SLOT_FREED: "the reserved padding slot (page 0) is on a free list or "
+    "mapped: an allocator can hand it out",
+    CauseCode.STALE_SWA_MAPPING: "LUT entries outlived their frees: free full slots still map to "
+    "SWA slots, or free SWA slots are still mapped",
+    CauseCode.SWA_SHARED_OWNER: "one SWA slot has several full owners in the LUT: freeing a "
+    "stale or cached owner frees a live request's SWA KV",
+    CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "this step's writes land, through the LUT, on SWA slots "
+    "other requests hold in their windows",
     CauseCode.LUT_TOO_SHORT: "the SWA LUT is shorter than the full pool: valid slots fall "
     "off its end",
     CauseCode.SLOT_INDEX_CORRUPT: "slot indices that cannot be right in any pool: the "
@@ -113,6 +129,17 @@ _SUMMARY: dict[CauseCode, str] = {
     "dump does not show",
 }
 _FIX: dict[CauseCode, str] = {
+    CauseCode.DOUBLE_FREE: "find the second free of these slots (a request freed twice, a "
+    "free group flushed twice, a tombstone freed after its slot was reused)",
+    CauseCode.RESERVED_SLOT_FREED: "never put page 0 on a free list: find the free that passed "
+    "padding slots (filter slot 0 before freeing)",
+    CauseCode.STALE_SWA_MAPPING: "clear the LUT for every token of every page free_swa "
+    "releases (with page_size > 1, the whole page, not only the tokens passed) before the full "
+    "slots go back",
+    CauseCode.SWA_SHARED_OWNER: "track the owner of each SWA slot and let only that owner free "
+    "it; clear a replaced or tombstoned full slot's mapping when its SWA slot is reused",
+    CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "recompute the SWA write targets from the current LUT "
+    "(a cached swa_out_cache_loc or translation outlived a mapping change)",
     CauseCode.LUT_TOO_SHORT: "size full_to_swa_index_mapping from the full pool (num_full_slots "
     "+ 1 entries, the last one -1) and pass the allocator's mapping itself, not a slice of it; "
     "the slots are fine",

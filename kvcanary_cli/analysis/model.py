@@ -111,6 +111,12 @@ class FindingCode(StrEnum):
     SWA_SLOT_COLLISION = "swa-slot-collision"
     FREED_SLOT_IN_LIVE_RANGE = "freed-slot-in-live-range"
     WRITE_TO_LIVE_SLOT = "write-to-live-slot"
+    SWA_WRITE_TO_LIVE_SLOT = "swa-write-to-live-slot"
+    FREE_SLOT_STILL_MAPPED = "free-slot-still-mapped"
+    SWA_SLOT_FREE_AND_MAPPED = "swa-slot-free-and-mapped"
+    SWA_SLOT_SHARED_OWNER = "swa-slot-shared-owner"
+    FREE_LIST_DUPLICATE = "free-list-duplicate"
+    RESERVED_SLOT_IN_USE = "reserved-slot-in-use"
     ROW_OUT_OF_RANGE = "row-out-of-range"
     PREFIX_BEYOND_ROW = "prefix-beyond-row"
     DUPLICATE_REQUEST_ROW = "duplicate-request-row"
@@ -153,8 +159,17 @@ _CODE_ORDER = {code: i for i, code in enumerate(FindingCode)}
 
 
 class CauseCode(StrEnum):
-    """Stable cause identifiers (docs/findings.md, "Diagnosis"): what to fix, not a symptom."""
+    """Stable cause identifiers (docs/findings.md, "Diagnosis"): what to fix, not a symptom.
 
+    Equally sure causes rank in this order: allocator mechanisms (a double free, a reserved
+    slot handed out, a stale SWA mapping, two owners of an SWA slot) before the symptoms they
+    leave in the batch."""
+
+    DOUBLE_FREE = "double-free"
+    RESERVED_SLOT_FREED = "reserved-slot-freed"
+    STALE_SWA_MAPPING = "stale-swa-mapping"
+    SWA_SHARED_OWNER = "swa-shared-owner"
+    SWA_WRITE_INTO_LIVE_SLOT = "swa-write-into-live-slot"
     LUT_TOO_SHORT = "lut-too-short"
     SLOT_INDEX_CORRUPT = "slot-index-corrupt"
     BATCH_METADATA_CORRUPT = "batch-metadata-corrupt"

@@ -172,6 +172,8 @@ def rows_text(f: FindingRecord) -> str | None:
     span = f["span"]
     if span is None:
         return None if f["batch_row"] is None else str(f["batch_row"])
+    if span["batch_rows"] is None:
+        return None
     text = _range_text(span["batch_rows"])
     return text if span["rows"] == 1 else f"{text} ({span['rows']})"
 
@@ -181,7 +183,7 @@ def positions_text(f: FindingRecord) -> str | None:
     span = f["span"]
     if span is None:
         return None if f["position"] is None else str(f["position"])
-    return _range_text(span["positions"])
+    return None if span["positions"] is None else _range_text(span["positions"])
 
 
 def slots_text(f: FindingRecord) -> str:
@@ -252,16 +254,21 @@ def examples_text(f: FindingRecord, shown: int = EXAMPLE_CELLS) -> str | None:
     cells = f["cells"]
     if cells is None or f["count"] < 2:
         return None
-    picked = [
-        i
-        for i in range(min(len(cells["position"]), shown + 1))
-        if not (cells["batch_row"][i] == f["batch_row"] and cells["position"][i] == f["position"])
-    ]
+
+    def is_example(i: int) -> bool:
+        if f["batch_row"] is None:  # a finding about slots: its example is a slot
+            return cells["slot"] is not None and cells["slot"][i] == f["slot"]
+        return cells["batch_row"][i] == f["batch_row"] and cells["position"][i] == f["position"]
+
+    picked = [i for i in range(min(len(cells["position"]), shown + 1)) if not is_example(i)]
     bits = []
     for i in [None, *picked][:shown]:
         row = f["batch_row"] if i is None else cells["batch_row"][i]
         position = f["position"] if i is None else cells["position"][i]
         slot = f["slot"] if i is None else None if cells["slot"] is None else cells["slot"][i]
+        if row is None or row < 0:  # a finding about slots, not table cells
+            bits.append(f"slot {slot}")
+            continue
         held = "" if slot is None else f": slot {slot}"
         bits.append(f"row {row} pos {position}{held}")
     more = f["count"] - len(bits)

@@ -376,6 +376,87 @@ def _int32_indices(d: SynthDump, rng: np.random.Generator) -> None:
     d.tensors["req_pool_indices"] = d.tensors["req_pool_indices"].astype(np.int32)
 
 
+# --- bookkeeping around the batch (SGLang's SWA allocator faults of 2026) -------------------
+
+
+def _page_size(d: SynthDump) -> int:
+    return int(d.metadata.get("page_size", "1"))
+
+
+def _free_page(d: SynthDump, rng: np.random.Generator, name: str) -> np.ndarray:
+    """The slots of one whole page on free list `name` (page 0 never is)."""
+    p = _page_size(d)
+    free = d.tensors[name]
+    pages = np.unique(free // p)
+    pages = pages[pages > 0]
+    if pages.size == 0:
+        raise RuntimeError(f"{name} holds no page")
+    page = int(pages[int(rng.integers(pages.size))])
+    return page * p + np.arange(p, dtype=np.int64)
+
+
+def _double_free(d: SynthDump, rng: np.random.Generator) -> None:
+    """A page freed twice: its slots are on the full free list twice."""
+    slots = _free_page(d, rng, "free_full_slots")
+    d.tensors["free_full_slots"] = np.concatenate([d.tensors["free_full_slots"], slots])
+    d.truth = {"slot": int(slots[0])}
+
+
+def _reserved_freed(d: SynthDump, rng: np.random.Generator) -> None:
+    """The padding page 0 freed: slots 0 .. page_size - 1 on the full free list."""
+    padding = np.arange(_page_size(d), dtype=np.int64)
+    d.tensors["free_full_slots"] = np.concatenate([d.tensors["free_full_slots"], padding])
+    d.truth = {"slot": 0}
+
+
+def _stale_swa_mapping(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PR #27779: free_swa cleared the LUT only for the tokens passed while the pages
+    went back whole: a free full page keeps mappings into a free SWA page."""
+    full = _free_page(d, rng, "free_full_slots")
+    swa = _free_page(d, rng, "free_swa_slots")
+    kept = max(1, full.size // 2)  # the tokens the free did not pass
+    d.tensors["full_to_swa_index_mapping"][full[-kept:]] = swa[-kept:]
+    d.truth = {"slot": int(full[-kept]), "swa_slot": int(swa[-kept])}
+
+
+def _out_of_window_cells(d: SynthDump) -> list[_Cell]:
+    """Live prefix cells before their request's window whose SWA peer was evicted (LUT 0)."""
+    window = int(d.metadata["swa_window_size"])
+    lut = d.tensors["full_to_swa_index_mapping"]
+    return [
+        (lr.batch_row, pos, int(lr.slots[pos]))
+        for lr in d.live
+        for pos in range(0, max(0, lr.prefix_len - window))
+        if lut[int(lr.slots[pos])] == 0
+    ]
+
+
+def _swa_shared_owner(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PR #27586: a tombstoned full slot's stale LUT entry points at an SWA slot a live
+    request now holds in its window."""
+    lut = d.tensors["full_to_swa_index_mapping"]
+    row, _, stale = _pick(rng, _out_of_window_cells(d), "an evicted out-of-window cell")
+    others = [c for c in _in_window_cells(d) if c[0] != row]
+    _, _, owner = _pick(rng, others, "another request's in-window cell")
+    lut[stale] = lut[owner]
+    d.truth = {"slot": int(lut[owner]), "full_slot": stale}
+
+
+def _swa_write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PR #25889: a cached full -> SWA translation outlived the mapping: this step's
+    write lands on an SWA slot another request holds in its window."""
+    loc = d.tensors["out_cache_loc"]
+    if loc.size == 0:
+        raise RuntimeError("no pending writes")
+    i = int(rng.integers(loc.size))
+    writer = _writer_row(d, i)
+    others = [c for c in _in_window_cells(d) if c[0] != writer]
+    _, _, owner = _pick(rng, others, "another request's in-window cell")
+    lut = d.tensors["full_to_swa_index_mapping"]
+    lut[int(loc[i])] = lut[owner]
+    d.truth = {"batch_row": writer, "slot": int(lut[owner]), "out_cache_loc_index": i}
+
+
 # --- canary scenarios (docs/canary.md §8) ----------------------------------------------------
 
 #: rows of a scenario's violation ring (SGLang's default is 1024).
@@ -634,6 +715,46 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_unfilled,
             expected=("padding-slot-in-live-range",),
             cause="unwritten-cells",
+        ),
+        Scenario(
+            name="double-free",
+            summary="a page freed twice: its slots are on the free list twice",
+            spec=_SWA_PAGED,
+            corrupt=_double_free,
+            expected=("free-list-duplicate",),
+            cause="double-free",
+        ),
+        Scenario(
+            name="reserved-slot-freed",
+            summary="the reserved padding page on the free list",
+            spec=_SWA_PAGED,
+            corrupt=_reserved_freed,
+            expected=("reserved-slot-in-use",),
+            cause="reserved-slot-freed",
+        ),
+        Scenario(
+            name="stale-swa-mapping",
+            summary="a free full page still maps into a free SWA page (SGLang PR #27779)",
+            spec=_SWA_PAGED,
+            corrupt=_stale_swa_mapping,
+            expected=("free-slot-still-mapped", "swa-slot-free-and-mapped"),
+            cause="stale-swa-mapping",
+        ),
+        Scenario(
+            name="swa-shared-owner",
+            summary="a tombstoned slot's stale mapping onto a live SWA slot (SGLang PR #27586)",
+            spec={**_SWA, "evict_prob": 1.0},
+            corrupt=_swa_shared_owner,
+            expected=("swa-slot-shared-owner",),
+            cause="swa-shared-owner",
+        ),
+        Scenario(
+            name="swa-write-into-live-slot",
+            summary="a write lands on another request's live SWA slot (SGLang PR #25889)",
+            spec=_SWA,
+            corrupt=_swa_write_into_live,
+            expected=("swa-write-to-live-slot",),
+            cause="swa-write-into-live-slot",
         ),
         Scenario(
             name="swa-lut-cleared-in-window",

@@ -84,6 +84,12 @@ FindingCodeName = Literal[
     "swa-slot-collision",
     "freed-slot-in-live-range",
     "write-to-live-slot",
+    "swa-write-to-live-slot",
+    "free-slot-still-mapped",
+    "swa-slot-free-and-mapped",
+    "swa-slot-shared-owner",
+    "free-list-duplicate",
+    "reserved-slot-in-use",
     "row-out-of-range",
     "prefix-beyond-row",
     "duplicate-request-row",
@@ -103,6 +109,11 @@ FindingCodeName = Literal[
 ]
 #: A cause code (docs/findings.md, "Diagnosis"); the values of `CauseCode`.
 CauseCodeName = Literal[
+    "double-free",
+    "reserved-slot-freed",
+    "stale-swa-mapping",
+    "swa-shared-owner",
+    "swa-write-into-live-slot",
     "lut-too-short",
     "slot-index-corrupt",
     "batch-metadata-corrupt",
@@ -257,6 +268,8 @@ class CellColumnsRecord(TypedDict):
     """Every cell of a finding group as parallel columns: entry i of each list is cell i, in
     report order (batch row, then position). Complete: nothing is dropped."""
 
+    #: -1 in the three coordinate columns: a finding about slots (a free-list entry, a LUT
+    #: entry), not table cells
     batch_row: list[int]
     pool_row: list[int]
     position: list[int]
@@ -273,12 +286,13 @@ class CellColumnsRecord(TypedDict):
 class SpanRecord(TypedDict):
     """Where a finding group's cells lie: [first, last] ranges and distinct counts."""
 
-    #: distinct batch rows holding its cells
+    #: distinct batch rows holding its cells (0 for a finding about slots, not cells)
     rows: int
-    #: [smallest, largest] batch row
-    batch_rows: list[int]
-    #: [smallest, largest] position
-    positions: list[int]
+    #: [smallest, largest] batch row; null for a finding about slots (a free list, the LUT),
+    #: whose cell columns hold -1
+    batch_rows: list[int] | None
+    #: [smallest, largest] position; null as batch_rows
+    positions: list[int] | None
     #: [smallest, largest] slot; null without slots
     slots: list[int] | None
     #: distinct slots among its cells (0 without slots)
@@ -461,10 +475,11 @@ def span_record(cells: CellColumns | None) -> SpanRecord | None:
         return [int(values.min()), int(values.max())]
 
     slots = cells.slot
+    in_table = bool((cells.position >= 0).any())
     return {
-        "rows": cells.distinct_count("batch_row"),
-        "batch_rows": bounds(cells.batch_row),
-        "positions": bounds(cells.position),
+        "rows": cells.distinct_count("batch_row") if in_table else 0,
+        "batch_rows": bounds(cells.batch_row) if in_table else None,
+        "positions": bounds(cells.position) if in_table else None,
         "slots": None if slots is None else bounds(slots),
         "distinct_slots": cells.distinct_count("slot"),
     }

@@ -1,0 +1,318 @@
+"""The allocator's bookkeeping around the batch: both free lists and the whole SWA LUT.
+
+The canary planner reads only the batch's cells; SGLang's SWA faults of 2026 lived in what
+surrounds them (docs/findings.md, "Bookkeeping"). In a clean state (SGLang 0.5.23's
+`srt/mem_cache/allocator/swa.py`, `paged.py`):
+
+- a free list holds each slot once, and never the reserved slot 0 (page 0: the padding slots
+  `0 .. page_size - 1`), which the LUT never maps either;
+- a full slot goes back on the free list only after its SWA peer is released and its LUT
+  entry cleared (`free_full` expects `LUT[slot] == 0`), so a free full slot maps to 0;
+- an SWA slot mapped from any full slot (live, cached, out of the window) is not free, and has
+  one full owner;
+- this step's writes (`out_cache_loc`) land, through the LUT, on SWA slots no other live cell of
+  the window holds.
+
+Each check is a few sorts over arrays as long as the LUT and the lists: no loop per slot. A
+finding about slots (not table cells) keeps -1 in its cells' coordinate columns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvcanary_cli.analysis.model import CellColumns, Finding, FindingCode, Group, Role, Space
+from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.planners.base import Plan
+
+__all__ = ["free_list_findings", "lut_bookkeeping_findings"]
+
+
+def _slot_cells(slots: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> CellColumns:
+    """Cells of a finding about slots: coordinates -1, the slots ascending."""
+    order = np.argsort(slots, kind="stable")
+    none = np.full(slots.size, -1, dtype=np.int64)
+    return CellColumns(
+        batch_row=none,
+        pool_row=none,
+        position=none,
+        slot=slots[order].astype(np.int64),
+        extra={name: values[order].astype(np.int64) for name, values in (extra or {}).items()},
+    )
+
+
+def _slot_finding(
+    code: FindingCode,
+    group: Group,
+    space: Space,
+    cells: CellColumns,
+    one: str,
+    many: str,
+    details: dict[str, object] | None = None,
+) -> Finding:
+    """A finding about slots: `one` describes a single slot ({slot}), `many` the group."""
+    assert cells.slot is not None
+    first = int(cells.slot[0])
+    return Finding(
+        code=code,
+        group=group,
+        space=space,
+        slot=first,
+        message=one.format(slot=first) if len(cells) == 1 else many,
+        details=details or {},
+        cells=cells,
+    )
+
+
+def _reserved(page_size: int | None) -> int:
+    """Slots `0 .. n - 1` are the padding page of both pools."""
+    return max(1, page_size or 1)
+
+
+def free_list_findings(dump: KvDump) -> list[Finding]:
+    """Both free lists: a slot listed twice (a double free), the reserved page listed."""
+    found: list[Finding] = []
+    reserved = _reserved(dump.scalars["page_size"].value)
+    lists = (
+        (Space.FULL, Group.FULL, dump.free_full_slots, "free_full_slots"),
+        (Space.SWA, Group.SWA, dump.free_swa_slots, "free_swa_slots"),
+    )
+    for space, group, free, name in lists:
+        if free is None or free.size == 0:
+            continue
+        values = np.asarray(free, dtype=np.int64).reshape(-1)
+        ordered = np.sort(values)
+        repeat = ordered[1:] == ordered[:-1]
+        if repeat.any():
+            twice = np.unique(ordered[1:][repeat])
+            times = np.searchsorted(ordered, twice, "right") - np.searchsorted(ordered, twice)
+            found.append(
+                _slot_finding(
+                    FindingCode.FREE_LIST_DUPLICATE,
+                    group,
+                    space,
+                    _slot_cells(twice, {"times_listed": times}),
+                    f"{space} slot {{slot}} is on {name} more than once: freed twice",
+                    f"{space} slots on {name} more than once: freed twice",
+                    {"free_list": name},
+                )
+            )
+        held = np.unique(values[(values >= 0) & (values < reserved)])
+        if held.size:
+            found.append(
+                _slot_finding(
+                    FindingCode.RESERVED_SLOT_IN_USE,
+                    group,
+                    space,
+                    _slot_cells(held),
+                    f"reserved {space} slot {{slot}} (the padding page) is on {name}",
+                    f"reserved {space} slots (the padding page) are on {name}",
+                    {"free_list": name, "reserved_slots": reserved},
+                )
+            )
+    return found
+
+
+def _lut_entries(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
+    """(full slot, LUT value) of every known LUT entry but the trailing -1 sentinel."""
+    lut = dump.full_to_swa_index_mapping
+    assert lut is not None
+    size = int(lut.shape[0])
+    stop = size - 1 if lut.element(-1) == -1 else size
+    if lut.complete:
+        full = np.arange(stop, dtype=np.int64)
+        return full, np.asarray(lut.array()[:stop], dtype=np.int64)
+    full = lut.known_indices(0, stop)
+    return full, np.asarray(lut.take_known(full)[0], dtype=np.int64)
+
+
+def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
+    """The whole LUT against both free lists and itself, and this step's SWA writes.
+
+    Faults the live-cell detectors already report are left to them: an SWA slot free and
+    mapped from a live cell (`freed-slot-in-live-range`), two in-window cells on one SWA slot
+    (`swa-slot-collision`)."""
+    if dump.full_to_swa_index_mapping is None or dump.full_to_swa_index_mapping.size == 0:
+        return []
+    full, swa = _lut_entries(dump)
+    reserved = _reserved(dump.scalars["page_size"].value)
+    mapped = swa > 0
+    found: list[Finding] = []
+    reserved_mapped = mapped & (full < reserved)
+    if reserved_mapped.any():
+        found.append(
+            _slot_finding(
+                FindingCode.RESERVED_SLOT_IN_USE,
+                Group.SWA,
+                Space.FULL,
+                _slot_cells(full[reserved_mapped], {"swa_slot": swa[reserved_mapped]}),
+                "reserved full slot {slot} (the padding page) maps to an SWA slot",
+                "reserved full slots (the padding page) map to SWA slots",
+                {"reserved_slots": reserved},
+            )
+        )
+    live = np.unique(cells.slot[cells.slot > 0])
+    if dump.free_full_slots is not None:
+        free_mapped = mapped & SlotSet(dump.free_full_slots).contains(full)
+        if free_mapped.any():
+            found.append(
+                _slot_finding(
+                    FindingCode.FREE_SLOT_STILL_MAPPED,
+                    Group.SWA,
+                    Space.FULL,
+                    _slot_cells(full[free_mapped], {"swa_slot": swa[free_mapped]}),
+                    "full slot {slot} is on the free list but its LUT entry still maps it to "
+                    "an SWA slot: its free skipped the SWA side",
+                    "full slots on the free list whose LUT entries still map them to SWA "
+                    "slots: their frees skipped the SWA side",
+                )
+            )
+    if dump.free_swa_slots is not None:
+        # mapped from a full slot outside the batch's live cells (those are already reported)
+        stale = mapped & SlotSet(dump.free_swa_slots).contains(swa) & ~np.isin(full, live)
+        if stale.any():
+            found.append(
+                _slot_finding(
+                    FindingCode.SWA_SLOT_FREE_AND_MAPPED,
+                    Group.SWA,
+                    Space.SWA,
+                    _slot_cells(swa[stale], {"full_slot": full[stale]}),
+                    "SWA slot {slot} is on the SWA free list, yet a full slot outside the batch "
+                    "still maps to it: a stale mapping",
+                    "SWA slots on the SWA free list that full slots outside the batch still "
+                    "map to: stale mappings",
+                )
+            )
+    writes = _swa_writes(dump, cells, plan, full, swa)
+    # a write's own full slot sharing the SWA slot is that write's finding, not a second owner's
+    written = [w.cells.extra["full_slot"] for w in writes if w.cells is not None]
+    found += _shared_owners(full[mapped], swa[mapped], cells, plan, *written)
+    return found + writes
+
+
+def _in_window(cells: LiveCells, plan: Plan) -> np.ndarray:
+    start = plan.frame.window_start[cells.batch_row]
+    mask: np.ndarray = (~cells.pending) & (cells.position >= start)
+    return mask
+
+
+def _shared_owners(
+    full: np.ndarray, swa: np.ndarray, cells: LiveCells, plan: Plan, *reported: np.ndarray
+) -> list[Finding]:
+    """SWA slots with more than one full owner anywhere in the LUT: each owner that is not an
+    in-window cell (owners that all are: `swa-slot-collision`) nor a `reported` full slot."""
+    if swa.size < 2:
+        return []
+    order = np.lexsort((full, swa))
+    s, f = swa[order], full[order]
+    again = np.zeros(s.size, dtype=bool)
+    again[1:] = s[1:] == s[:-1]
+    if not again.any():
+        return []
+    shared = np.unique(s[again])
+    owners = np.isin(s, shared)
+    window_slots = cells.slot[_in_window(cells, plan)]
+    # the owners that are not in-window cells: the stale or cached ones (owners that all sit
+    # in the window are swa-slot-collision's)
+    keep = owners & ~np.isin(f, window_slots)
+    for slots in reported:
+        keep &= ~np.isin(f, slots)
+    if not keep.any():
+        return []
+    return [
+        _slot_finding(
+            FindingCode.SWA_SLOT_SHARED_OWNER,
+            Group.SWA,
+            Space.SWA,
+            _slot_cells(s[keep], {"full_slot": f[keep]}),
+            "SWA slot {slot} has more than one full owner in the LUT (a cached or stale full "
+            "slot among them): freeing either frees the other's KV",
+            "SWA slots with more than one full owner in the LUT (cached or stale full slots "
+            "among them): freeing one frees another's KV",
+        )
+    ]
+
+
+def _swa_writes(
+    dump: KvDump, cells: LiveCells, plan: Plan, full: np.ndarray, swa: np.ndarray
+) -> list[Finding]:
+    """This step's writes whose SWA target (`LUT[out_cache_loc]`) another live cell of the
+    window holds."""
+    loc = dump.out_cache_loc
+    if loc is None or loc.size == 0:
+        return []
+    written = np.asarray(loc, dtype=np.int64).reshape(-1)
+    target = _translate(full, swa, written)
+    window = _in_window(cells, plan)
+    held = cells.slot[window]
+    held_swa = _translate(full, swa, held)
+    owner_full = held[held_swa > 0]
+    owner_swa = held_swa[held_swa > 0]
+    hit = np.flatnonzero((target > 0) & np.isin(target, owner_swa))
+    if hit.size == 0:
+        return []
+    # a write onto its own cell's SWA slot is the step's own token, not another's
+    order = np.argsort(owner_swa, kind="stable")
+    at = np.searchsorted(owner_swa[order], target[hit])
+    owner = owner_full[order][np.minimum(at, order.size - 1)]
+    foreign = owner != written[hit]
+    hit = hit[foreign]
+    if hit.size == 0:
+        return []
+    rows, positions, pools = _write_coordinates(dump, hit)
+    cells_of = CellColumns(
+        batch_row=rows,
+        pool_row=pools,
+        position=positions,
+        slot=target[hit],
+        extra={"full_slot": written[hit], "out_cache_loc_index": hit.astype(np.int64)},
+    )
+    first = int(hit[0])
+    return [
+        Finding(
+            code=FindingCode.SWA_WRITE_TO_LIVE_SLOT,
+            group=Group.SWA,
+            space=Space.SWA,
+            slot=int(target[first]),
+            batch_row=int(rows[0]),
+            pool_row=int(pools[0]),
+            position=int(positions[0]),
+            role=Role.PENDING_WRITE,
+            message=(
+                f"out_cache_loc[{first}] writes full slot {written[first]}, whose SWA slot "
+                f"{target[first]} another request holds live in its window"
+                if hit.size == 1
+                else "writes whose SWA slots (LUT[out_cache_loc]) other requests hold live in "
+                "their windows: a stale translation"
+            ),
+            cells=cells_of,
+            full_slots=(int(written[first]),),
+        )
+    ]
+
+
+def _translate(full: np.ndarray, swa: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """LUT[slot] for each slot through the known entries (`full` ascending), 0 where none:
+    a search, never an array sized by the largest slot a dump names."""
+    if full.size == 0:
+        return np.zeros(slots.shape, dtype=np.int64)
+    at = np.minimum(np.searchsorted(full, slots), full.size - 1)
+    found: np.ndarray = np.where(full[at] == slots, swa[at], 0)
+    return found
+
+
+def _write_coordinates(
+    dump: KvDump, index: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(batch row, position, pool row) of `out_cache_loc[index]`: each row writes E tokens from
+    its prefix length on, in batch order."""
+    rpi, extend = dump.req_pool_indices, dump.extend_seq_lens
+    tokens = int(np.asarray(dump.out_cache_loc).shape[0])
+    write_len = np.where((rpi != 0) & (extend > 0), np.minimum(extend, tokens), 0)
+    ends = np.cumsum(write_len)
+    rows = np.minimum(np.searchsorted(ends, index, side="right"), rpi.size - 1)
+    offsets = index - (ends - write_len)[rows]
+    prefix = np.minimum(np.maximum(dump.prefix_lens, 0), np.iinfo(np.int64).max // 2)
+    positions = prefix[rows] + offsets
+    return rows.astype(np.int64), positions.astype(np.int64), rpi[rows].astype(np.int64)
