@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.model import CellColumns, Finding, FindingCode, Group, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
@@ -65,6 +66,29 @@ def _slot_finding(
     )
 
 
+#: Values up to this many times the entries are counted with one `bincount` (else one sort).
+_BINCOUNT_SPAN = 4
+
+
+def _repeated(values: np.ndarray) -> np.ndarray:
+    """Mask of the entries whose value occurs more than once: one `bincount` when the values
+    are non-negative and within a few times the entry count (a pool's slots), else one sort;
+    never an array sized by a value alone, which a corrupt dump chooses."""
+    out = np.zeros(values.size, dtype=bool)
+    if values.size < 2:
+        return out
+    low, high = int(values.min()), int(values.max())
+    if low >= 0 and high < _BINCOUNT_SPAN * values.size + (1 << 20):
+        repeated: np.ndarray = np.bincount(values)[values] > 1
+        return repeated
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    same = ordered[1:] == ordered[:-1]
+    out[order[1:][same]] = True
+    out[order[:-1][same]] = True
+    return out
+
+
 def _reserved(page_size: int | None) -> int:
     """Slots `0 .. n - 1` are the padding page of both pools."""
     return max(1, page_size or 1)
@@ -82,10 +106,10 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
         if free is None or free.size == 0:
             continue
         values = np.asarray(free, dtype=np.int64).reshape(-1)
-        ordered = np.sort(values)
-        repeat = ordered[1:] == ordered[:-1]
+        repeat = _repeated(values)
         if repeat.any():
-            twice = np.unique(ordered[1:][repeat])
+            ordered = np.sort(values[repeat])  # the repeated entries only: few
+            twice = distinct(ordered)
             times = np.searchsorted(ordered, twice, "right") - np.searchsorted(ordered, twice)
             found.append(
                 _slot_finding(
@@ -152,7 +176,6 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                 {"reserved_slots": reserved},
             )
         )
-    live = np.unique(cells.slot[cells.slot > 0])
     if dump.free_full_slots is not None:
         free_mapped = mapped & SlotSet(dump.free_full_slots).contains(full)
         if free_mapped.any():
@@ -170,7 +193,8 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
             )
     if dump.free_swa_slots is not None:
         # mapped from a full slot outside the batch's live cells (those are already reported)
-        stale = mapped & SlotSet(dump.free_swa_slots).contains(swa) & ~np.isin(full, live)
+        stale = mapped & SlotSet(dump.free_swa_slots).contains(swa)
+        stale[stale] &= ~SlotSet(cells.slot[cells.slot > 0]).contains(full[stale])
         if stale.any():
             found.append(
                 _slot_finding(
@@ -202,20 +226,14 @@ def _shared_owners(
 ) -> list[Finding]:
     """SWA slots with more than one full owner anywhere in the LUT: each owner that is not an
     in-window cell (owners that all are: `swa-slot-collision`) nor a `reported` full slot."""
-    if swa.size < 2:
+    owners = _repeated(swa)
+    if not owners.any():
         return []
-    order = np.lexsort((full, swa))
-    s, f = swa[order], full[order]
-    again = np.zeros(s.size, dtype=bool)
-    again[1:] = s[1:] == s[:-1]
-    if not again.any():
-        return []
-    shared = np.unique(s[again])
-    owners = np.isin(s, shared)
+    s, f = swa[owners], full[owners]
     window_slots = cells.slot[_in_window(cells, plan)]
     # the owners that are not in-window cells: the stale or cached ones (owners that all sit
     # in the window are swa-slot-collision's)
-    keep = owners & ~np.isin(f, window_slots)
+    keep = ~np.isin(f, window_slots)
     for slots in reported:
         keep &= ~np.isin(f, slots)
     if not keep.any():
@@ -297,6 +315,10 @@ def _translate(full: np.ndarray, swa: np.ndarray, slots: np.ndarray) -> np.ndarr
     a search, never an array sized by the largest slot a dump names."""
     if full.size == 0:
         return np.zeros(slots.shape, dtype=np.int64)
+    if int(full[-1]) == full.size - 1:  # every entry known (`full` is 0, 1, 2, ...): index
+        inside = (slots >= 0) & (slots < full.size)
+        direct: np.ndarray = np.where(inside, swa[np.where(inside, slots, 0)], 0)
+        return direct
     at = np.minimum(np.searchsorted(full, slots), full.size - 1)
     found: np.ndarray = np.where(full[at] == slots, swa[at], 0)
     return found

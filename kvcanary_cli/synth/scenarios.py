@@ -978,11 +978,17 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def make_scenario(
-    name: str, *, seed: int = 0, size: str = "tiny", corrupt: bool = True
+    name: str,
+    *,
+    seed: int = 0,
+    size: str = "tiny",
+    corrupt: bool = True,
+    page_size: int | None = None,
 ) -> SynthDump:
     """Build scenario `name` at `size`; its metadata names the findings it must produce.
 
-    `corrupt=False` gives the clean state the corruption would start from (same shape).
+    `corrupt=False` gives the clean state the corruption would start from (same shape);
+    `page_size` overrides the scenario's page size.
     """
     if name not in SCENARIOS:
         raise OptionError(
@@ -993,6 +999,8 @@ def make_scenario(
     scenario = SCENARIOS[name]
     base = SIZES[size]
     spec = replace(base, **scenario.spec)  # type: ignore[arg-type]
+    if page_size is not None:
+        spec = replace(spec, page_size=page_size)
     if size in ("medium", "large"):
         spec = replace(spec, expected_pool=False, max_seq_len=base.max_seq_len)
     # Corruptions need material (an unshared slot, a stale tail...): try nearby seeds.
