@@ -24,9 +24,11 @@ __all__ = ["ALLOCATOR_MODULES", "SGLangAllocators", "extract_allocators", "load_
 
 _ALLOCATOR = "sglang/srt/mem_cache/allocator/"
 #: The wheel's allocator modules, unpacked unchanged.
-ALLOCATOR_MODULES = tuple(_ALLOCATOR + name for name in ("base.py", "token.py", "paged.py", "swa.py"))
+ALLOCATOR_MODULES = tuple(
+    _ALLOCATOR + name for name in ("base.py", "token.py", "paged.py", "swa.py")
+)
 
-_PLATFORMS_STUB = '''"""Stub platform registry: a CPU platform with no allocator of its own and no Triton."""
+_PLATFORMS_STUB = '''"""Stub platform registry: CPU, no allocator of its own, no Triton."""
 
 from types import SimpleNamespace
 
@@ -44,7 +46,7 @@ class _CpuPlatform:
 current_platform = _CpuPlatform()
 '''
 
-_KERNELS_STUB = '''"""Stub of the Triton allocator kernels: off CUDA the allocators take their torch paths."""
+_KERNELS_STUB = '''"""Stub of the Triton allocator kernels: off CUDA the allocators use torch."""
 
 
 def _cuda_only(*args, **kwargs):
@@ -99,7 +101,7 @@ def async_h2d(args, *, dtype, device):
     return torch.tensor(args, dtype=dtype).to(device)
 '''
 
-_INVARIANTS_STUB = '''"""Stub of SGLang's invariant checks, at the strict level: a violation raises."""
+_INVARIANTS_STUB = '''"""Stub of SGLang's invariant checks, strict: a violation raises."""
 
 import enum
 
@@ -136,8 +138,8 @@ def expect(invariant, value, msg=""):
         raise AssertionError(f"SGLang invariant {invariant.name} broken: {msg}")
 '''
 
-_SWA_POOL_STUB = '''"""Stub of the SWA KV pool base: the LUT registration and translation the allocator calls
-(no KV buffers)."""
+_SWA_POOL_STUB = '''"""Stub of the SWA KV pool base: the LUT bookkeeping the allocator calls
+(registration and translation), no KV buffers."""
 
 
 class BaseSWAKVPool:
