@@ -1,0 +1,117 @@
+"""Clean states from SGLang 0.5.23's own allocator: a hunt for false alarms.
+
+Random serving histories (tests/allocator_histories.py) drive the wheel's real
+`SWATokenToKVPoolAllocator`, `PagedTokenToKVPoolAllocator` and `TokenToKVPoolAllocator` on CPU
+(tests/sglang_allocator.py), and every state is dumped from their real LUT and free lists.
+Each state passes SGLang's own memory accounting (the driver checks it before dumping), so
+any finding kvcanary raises on one is a false alarm. Skipped without the cached wheel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.analysis.check import run_check
+from kvcanary_cli.analysis.model import DumpReport
+from kvcanary_cli.dump.loader import load_dump
+from tests.allocator_histories import HistoryDump, HistorySpec, run_history
+from tests.helpers import VECTORIZED
+from tests.sglang_allocator import SGLangAllocators, extract_allocators, load_allocators
+from tests.sglang_standin import forget_sglang
+from tests.sglang_wheel import WHEEL_ENV, WHEEL_VERSION, wheel_path
+
+WHEEL = wheel_path()
+
+pytestmark = pytest.mark.skipif(
+    WHEEL is None,
+    reason=f"the SGLang {WHEEL_VERSION} wheel is not cached: .ci/run fetches it with `pip "
+    f"download sglang=={WHEEL_VERSION} --no-deps -d $KVCANARY_CACHE/wheels` (default "
+    f"~/.cache/kvcanary/wheels), or set {WHEEL_ENV}",
+)
+
+#: Page sizes 1 and 4; full-only (window 0) and SWA windows below, at and off a page multiple;
+#: with a radix cache (prefix sharing, tombstones) and without one.
+SPECS = [
+    HistorySpec(page_size=page_size, window=window, radix=radix)
+    for page_size in (1, 4)
+    for window in (0, 3, 8, 13)
+    for radix in (True, False)
+]
+SEEDS_PER_SPEC = 30
+#: The fast lane: one seed each of page sizes 1 and 4, full-only and SWA, radix or not.
+FAST = [(spec, 1000 + index) for index, spec in enumerate(SPECS) if spec.window in (0, 8)]
+
+
+def _spec_id(spec: HistorySpec) -> str:
+    cache = "radix" if spec.radix else "nocache"
+    return f"page{spec.page_size}-window{spec.window}-{cache}"
+
+
+@pytest.fixture(scope="module")
+def allocators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangAllocators]:
+    """The wheel's allocator classes, imported from a temporary tree."""
+    assert WHEEL is not None
+    root = extract_allocators(WHEEL, tmp_path_factory.mktemp("sglang-allocator"))
+    yield load_allocators(root)
+    forget_sglang()
+
+
+def _check(state: HistoryDump, folder: Path) -> DumpReport:
+    path = state.save(folder / f"{_spec_id(state.spec)}-seed{state.seed}.safetensors")
+    return run_check(load_dump(path), planner=VECTORIZED, kernel=None)
+
+
+def _assert_clean(state: HistoryDump, folder: Path) -> None:
+    report = _check(state, folder)
+    found = [
+        f"{f.code.value} ({f.group.value}) row {f.pool_row} pos {f.position} slot {f.slot}: "
+        f"{f.message}"
+        for f in report.findings
+    ]
+    assert not found, f"false alarm on {state.metadata['note']}:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("spec", "seed"), FAST, ids=[_spec_id(s) for s, _ in FAST])
+def test_a_history_of_sglangs_allocator_is_clean(
+    allocators: SGLangAllocators, spec: HistorySpec, seed: int, tmp_path: Path
+) -> None:
+    _assert_clean(run_history(allocators, spec, seed), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS, ids=_spec_id)
+def test_histories_of_sglangs_allocator_are_clean(
+    allocators: SGLangAllocators, spec: HistorySpec, tmp_path: Path
+) -> None:
+    for seed in range(SEEDS_PER_SPEC):
+        _assert_clean(run_history(allocators, spec, seed), tmp_path)
+
+
+def _a_live_cell(state: HistoryDump) -> int:
+    """A full slot one of the step's batch rows verifies: the last cell of its prefix, which
+    is inside the SWA window too."""
+    table = state.tensors["req_to_token"]
+    row, prefix = next((row, prefix) for row, prefix in state.live_rows if prefix > 0)
+    return int(table[row, prefix - 1])
+
+
+@pytest.mark.parametrize("group", ["full", "swa"])
+def test_a_double_free_in_a_history_is_found(
+    allocators: SGLangAllocators, group: str, tmp_path: Path
+) -> None:
+    """The hunt can fail: a live slot put back on a free list (a double free) in a clean
+    state is reported as a use after free, at that slot, in that pool."""
+    state = run_history(allocators, HistorySpec(page_size=4, window=8, radix=True), 7)
+    slot = _a_live_cell(state)
+    if group == "swa":
+        slot = int(state.tensors["full_to_swa_index_mapping"][slot])
+        assert slot > 0
+    name = f"free_{group}_slots"
+    state.tensors[name] = np.append(state.tensors[name], np.int64(slot))
+    report = _check(state, tmp_path)
+    found = {(f.code.value, f.group.value, f.slot) for f in report.findings}
+    assert ("freed-slot-in-live-range", group, slot) in found, found
