@@ -69,6 +69,7 @@ _BY_CODE: dict[FindingCode, CauseCode] = {
     FindingCode.SWA_SLOT_FREE_AND_MAPPED: CauseCode.STALE_SWA_MAPPING,
     FindingCode.SWA_SLOT_SHARED_OWNER: CauseCode.SWA_SHARED_OWNER,
     FindingCode.SWA_WRITE_TO_LIVE_SLOT: CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
+    FindingCode.SLOT_SHARED_WITHOUT_PREFIX: CauseCode.RADIX_PREFIX_BROKEN,
     FindingCode.NEGATIVE_SLOT: CauseCode.SLOT_INDEX_CORRUPT,
     FindingCode.FREED_SLOT_IN_LIVE_RANGE: CauseCode.USE_AFTER_FREE,
     FindingCode.SLOT_SHARED_ACROSS_POSITIONS: CauseCode.CROSS_REQUEST_ALIASING,
@@ -96,6 +97,8 @@ _SUMMARY: dict[CauseCode, str] = {
     "stale or cached owner frees a live request's SWA KV",
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "this step's writes land, through the LUT, on SWA slots "
     "other requests hold in their windows",
+    CauseCode.RADIX_PREFIX_BROKEN: "rows share a slot at one position without sharing the "
+    "prefix before it: a copied cell, not radix sharing",
     CauseCode.LUT_TOO_SHORT: "the SWA LUT is shorter than the full pool: valid slots fall "
     "off its end",
     CauseCode.SLOT_INDEX_CORRUPT: "slot indices that cannot be right in any pool: the "
@@ -140,6 +143,9 @@ _FIX: dict[CauseCode, str] = {
     "it; clear a replaced or tombstoned full slot's mapping when its SWA slot is reused",
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "recompute the SWA write targets from the current LUT "
     "(a cached swa_out_cache_loc or translation outlived a mapping change)",
+    CauseCode.RADIX_PREFIX_BROKEN: "find what wrote another request's slot into this row "
+    "(a copy between rows, a prefix match that did not start at position 0, a fault "
+    "injector); radix sharing always shares the whole prefix",
     CauseCode.LUT_TOO_SHORT: "size full_to_swa_index_mapping from the full pool (num_full_slots "
     "+ 1 entries, the last one -1) and pass the allocator's mapping itself, not a slice of it; "
     "the slots are fine",

@@ -269,6 +269,7 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     shared = _held_twice(slot, real)
     found.extend(_duplicates_in_row(cells, shared))
     found.extend(_shared_across_positions(cells, shared))
+    found.extend(_shared_without_prefix(cells, shared))
     if dump.free_full_slots is not None:
         free = dump.free_full_slots
         found += _cell_records(
@@ -429,6 +430,110 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
         run_what="slots that other requests hold at another position: aliased across requests",
         details=lambda i: {"other_cells": others(i)},
         columns={"owner_position": owner_position},
+    )
+
+
+def _shared_without_prefix(cells: LiveCells, real: np.ndarray) -> list[Finding]:
+    """Cells holding the same slot at the same position as another row, where the rows hold
+    different slots just before it: a radix tree shares whole prefixes, so that is a copy, not
+    sharing (SGLang's own fault injector, `perturb/req_to_token.py`, makes exactly this).
+
+    Checking the position before suffices: a pair shared at p and p - 1 is, by the same rule
+    at p - 1, shared down to position 0. Which cell of a broken group is the copy: the one
+    whose cell before is not the group's most common; on a tie, the one whose row shares the
+    position before with some row (it sat in a radix run, and the copy broke it), else every
+    one. A group broken only because a cell just before it is blamed is that cell's echo.
+    """
+    n = len(cells)
+    if n < 2:
+        return []
+    # cells whose (position, slot) another row also holds: sharing, or a copy
+    same_place = np.zeros(n, dtype=bool)
+    idx = np.flatnonzero(real)
+    if idx.size < 2:
+        return []
+    order = np.lexsort((cells.slot[idx], cells.position[idx]))
+    key_start = _group_starts([cells.position[idx][order], cells.slot[idx][order]])
+    key_size = np.diff(np.r_[key_start, order.size])
+    same_place[idx[order]] = np.repeat(key_size, key_size) > 1
+    # the cell one position earlier in the same row (-1: none)
+    before = np.full(n, -1, dtype=np.int64)
+    follows = (cells.pool_row[1:] == cells.pool_row[:-1]) & (
+        cells.position[1:] == cells.position[:-1] + 1
+    )
+    before[1:][follows] = np.flatnonzero(follows)
+    candidates = np.flatnonzero(same_place & (cells.position > 0))
+    if candidates.size == 0:
+        return []
+    prior_slot = np.where(before >= 0, cells.slot[np.maximum(before, 0)], -1)
+    prior_shared = np.where(before >= 0, same_place[np.maximum(before, 0)], False)
+    two_before = np.where(before >= 0, before[np.maximum(before, 0)], -1)
+    # the row shared two positions back but not one: its cell before is a lone gap in a shared
+    # run (a bad cell other codes report), and this cell only its echo
+    gap_echo = ~prior_shared & (two_before >= 0) & same_place[np.maximum(two_before, 0)]
+
+    def blame(members: np.ndarray) -> np.ndarray:
+        """The blamed cells among `members` (cell indices), grouped by (position, slot)."""
+        if members.size == 0:
+            return members
+        o = np.lexsort((prior_slot[members], cells.slot[members], cells.position[members]))
+        m = members[o]
+        group = _group_starts([cells.position[m], cells.slot[m]])
+        sizes = np.diff(np.r_[group, m.size])
+        gid = np.repeat(np.arange(group.size), sizes)
+        runs = _group_starts([cells.position[m], cells.slot[m], prior_slot[m]])
+        run_size = np.diff(np.r_[runs, m.size])
+        run_group = gid[runs]
+        broken = (sizes > 1) & (np.bincount(run_group, minlength=group.size) > 1)
+        largest = np.zeros(group.size, dtype=np.int64)
+        np.maximum.at(largest, run_group, run_size)
+        top = run_size == largest[run_group]
+        single = np.bincount(run_group[top], minlength=group.size) == 1
+        run_of = np.repeat(np.arange(runs.size), run_size)
+        common = top[run_of] & single[gid]
+        odd = broken[gid] & ~common
+        # a tie: the members whose row sat in a radix run just before, when only some did
+        tie = broken[gid] & ~single[gid]
+        in_run = prior_shared[m]
+        some = np.bincount(gid[tie & in_run], minlength=group.size) > 0
+        every = np.bincount(gid[tie & in_run], minlength=group.size) == sizes
+        narrow = tie & some[gid] & ~every[gid]
+        odd &= ~narrow | in_run
+        odd &= ~(gap_echo[m] & single[gid])  # a lone gap's echo, against a majority run
+        return np.sort(m[odd])
+
+    first = blame(candidates)
+    if first.size == 0:
+        return []
+    echo_of_blamed = np.zeros(n, dtype=bool)
+    echo_of_blamed[first] = True
+    # a group whose disagreement comes from a blamed cell just before it: drop the group
+    o = np.lexsort((cells.slot[candidates], cells.position[candidates]))
+    c = candidates[o]
+    starts = _group_starts([cells.position[c], cells.slot[c]])
+    sizes = np.diff(np.r_[starts, c.size])
+    gid = np.repeat(np.arange(starts.size), sizes)
+    echoed = np.bincount(gid, weights=echo_of_blamed[np.maximum(before[c], 0)] & (before[c] >= 0))
+    kept = c[echoed[gid] == 0]
+    blamed = blame(kept)
+
+    def partners(i: int) -> list[int]:
+        same = (cells.position == cells.position[i]) & (cells.slot == cells.slot[i])
+        return sorted({int(r) for r in cells.pool_row[same]} - {int(cells.pool_row[i])})
+
+    return _cell_records(
+        FindingCode.SLOT_SHARED_WITHOUT_PREFIX,
+        cells,
+        blamed,
+        lambda i: (
+            f"slot {cells.slot[i]} sits at position {cells.position[i]} of pool rows "
+            f"{[int(cells.pool_row[i]), *partners(i)]}, which hold different slots just "
+            "before it: a copy, not radix sharing"
+        ),
+        run_what="slots shared at the same position with rows that hold different slots just "
+        "before it: copies, not radix sharing",
+        details=lambda i: {"pool_rows": partners(i)[:SAMPLE_CELLS]},
+        columns={"slot_before": prior_slot},
     )
 
 

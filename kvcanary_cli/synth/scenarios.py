@@ -442,6 +442,26 @@ def _swa_shared_owner(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"slot": int(lut[owner]), "full_slot": stale}
 
 
+def _radix_copy(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang's fault injector (`perturb/req_to_token.py`) landing on the same position: a live
+    cell overwritten with another request's slot at that very position, rows unshared before."""
+    table = d.tensors["req_to_token"]
+    pairs = []
+    for a in d.live:
+        for b in d.live:
+            if a.batch_row == b.batch_row:
+                continue
+            for pos in range(1, min(a.prefix_len, b.prefix_len)):
+                before_a, before_b = table[a.pool_row, pos - 1], table[b.pool_row, pos - 1]
+                if before_a != before_b and table[a.pool_row, pos] != table[b.pool_row, pos]:
+                    pairs.append((a, b, pos))
+    if not pairs:
+        raise RuntimeError("needs two requests that differ before a common position")
+    a, b, pos = pairs[int(rng.integers(len(pairs)))]
+    table[a.pool_row, pos] = table[b.pool_row, pos]
+    d.truth = {"batch_row": a.batch_row, "position": pos, "slot": int(table[b.pool_row, pos])}
+
+
 def _swa_write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
     """SGLang PR #25889: a cached full -> SWA translation outlived the mapping: this step's
     write lands on an SWA slot another request holds in its window."""
@@ -715,6 +735,15 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_unfilled,
             expected=("padding-slot-in-live-range",),
             cause="unwritten-cells",
+        ),
+        Scenario(
+            name="radix-copy",
+            summary="a cell overwritten with another request's slot at the same position, the "
+            "rows unshared before it (SGLang's fault injector)",
+            spec={},
+            corrupt=_radix_copy,
+            expected=("slot-shared-without-prefix",),
+            cause="radix-prefix-broken",
         ),
         Scenario(
             name="double-free",

@@ -1,4 +1,5 @@
-"""The bookkeeping audit (both free lists, the whole SWA LUT, this step's SWA writes): each
+"""The bookkeeping audit (both free lists, the whole SWA LUT, this step's SWA writes, radix
+sharing that skips the prefix): each
 fault is reported under its own cause first at page sizes 1 and 16, its clean twin stays
 silent, and clean serving states of every shape raise nothing."""
 
@@ -30,6 +31,7 @@ BOOKKEEPING = {
         "stale-swa-mapping",
         "swa-shared-owner",
         "swa-write-into-live-slot",
+        "radix-copy",
     )
 }
 
@@ -45,6 +47,16 @@ def test_each_fault_names_its_mechanism_and_its_twin_is_silent(
         bad = make_scenario(name, seed=seed, size=size, page_size=page_size)
         report = checked(load_dump(bad.save(tmp_path / "bad.safetensors")), kernel="vectorized")
         assert {f.code.value for f in report.findings} == expected, (name, seed)
+        if bad.truth.get("position") is not None:  # the corrupted cell is among those named
+            named = {
+                (row, position)
+                for f in report.findings
+                if f.cells is not None
+                for row, position in zip(
+                    f.cells.batch_row.tolist(), f.cells.position.tolist(), strict=True
+                )
+            }
+            assert (bad.truth["batch_row"], bad.truth["position"]) in named, (name, seed)
         assert report.diagnosis[0].code.value == cause, (name, seed)
         twin = make_scenario(name, seed=seed, size=size, page_size=page_size, corrupt=False)
         clean = checked(load_dump(twin.save(tmp_path / "twin.safetensors")), kernel="vectorized")
