@@ -462,10 +462,16 @@ def _shared_without_prefix(cells: LiveCells, real: np.ndarray) -> list[Finding]:
         cells.position[1:] == cells.position[:-1] + 1
     )
     before[1:][follows] = np.flatnonzero(follows)
-    candidates = np.flatnonzero(same_place & (cells.position > 0))
-    if candidates.size == 0:
-        return []
     prior_slot = np.where(before >= 0, cells.slot[np.maximum(before, 0)], -1)
+    # only groups whose cells before disagree can hold a copy (none in a clean state): one
+    # min/max per group over the sort already made
+    sorted_cells = idx[order]
+    low = np.minimum.reduceat(prior_slot[sorted_cells], key_start)
+    high = np.maximum.reduceat(prior_slot[sorted_cells], key_start)
+    disagree = (key_size > 1) & (low != high) & (cells.position[sorted_cells[key_start]] > 0)
+    if not disagree.any():
+        return []
+    candidates = np.sort(sorted_cells[np.repeat(disagree, key_size)])
     prior_shared = np.where(before >= 0, same_place[np.maximum(before, 0)], False)
     two_before = np.where(before >= 0, before[np.maximum(before, 0)], -1)
     # the row shared two positions back but not one: its cell before is a lone gap in a shared
