@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import importlib
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.sglang_standin import forget_sglang
+from tests.sglang_wheel import unpack
 
 __all__ = ["ALLOCATOR_MODULES", "SGLangAllocators", "extract_allocators", "load_allocators"]
 
@@ -192,16 +192,7 @@ class SGLangAllocators:
 
 def extract_allocators(wheel: Path, root: Path) -> Path:
     """Unpack the allocator modules and write the stubs into `root` (the sys.path entry)."""
-    with zipfile.ZipFile(wheel) as archive:
-        for member in ALLOCATOR_MODULES:
-            target = root / member
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(archive.read(member))
-    for member, text in STUBS.items():
-        target = root / member
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-    return root
+    return unpack(wheel, root, tuple(ALLOCATOR_MODULES), STUBS)
 
 
 def load_allocators(root: Path) -> SGLangAllocators:

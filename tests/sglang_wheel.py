@@ -15,7 +15,7 @@ import os
 import zipfile
 from pathlib import Path
 
-__all__ = ["WHEEL_ENV", "WHEEL_VERSION", "extract_kv_canary", "wheel_path"]
+__all__ = ["WHEEL_ENV", "WHEEL_VERSION", "extract_kv_canary", "unpack", "wheel_path"]
 
 WHEEL_VERSION = "0.5.23"
 #: Points at the wheel file (or a folder holding it) when it is not in the cache.
@@ -93,12 +93,17 @@ def wheel_path() -> Path | None:
 def extract_kv_canary(wheel: Path, root: Path) -> Path:
     """Unpack the plan launcher's modules and the metadata into `root` (the sys.path entry)."""
     info = f"sglang-{WHEEL_VERSION}.dist-info/METADATA"
+    return unpack(wheel, root, (*MODULES, info), STUBS)
+
+
+def unpack(wheel: Path, root: Path, members: tuple[str, ...], stubs: dict[str, str]) -> Path:
+    """The wheel's `members` as they are, and our `stubs` (path -> text), under `root`."""
     with zipfile.ZipFile(wheel) as archive:
-        for member in (*MODULES, info):
+        for member in members:
             target = root / member
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(archive.read(member))
-    for member, text in STUBS.items():
+    for member, text in stubs.items():
         target = root / member
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
