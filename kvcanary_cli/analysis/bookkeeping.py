@@ -43,6 +43,10 @@ def _slot_cells(slots: np.ndarray, extra: dict[str, np.ndarray] | None = None) -
     )
 
 
+#: Pages a finding names in its details (a sample, with the totals).
+_PAGES_SHOWN = 8
+
+
 def _slot_finding(
     code: FindingCode,
     group: Group,
@@ -51,17 +55,38 @@ def _slot_finding(
     one: str,
     many: str,
     details: dict[str, object] | None = None,
+    page_size: int = 1,
 ) -> Finding:
-    """A finding about slots: `one` describes a single slot ({slot}), `many` the group."""
+    """A finding about slots: `one` describes a single slot ({slot}), `many` the group.
+
+    With pages of several slots the allocator frees and maps whole pages, so the finding
+    says which pages are wholly in it and which only in part (a page partly cleared is the
+    mark of a free that handled tokens, not pages)."""
     assert cells.slot is not None
     first = int(cells.slot[0])
+    facts = dict(details or {})
+    message = one.format(slot=first) if len(cells) == 1 else many
+    if page_size > 1:
+        pages, counts = np.unique(cells.slot // page_size, return_counts=True)
+        whole, partial = pages[counts >= page_size], pages[counts < page_size]
+        facts.update(
+            page_size=page_size,
+            whole_pages=[int(x) for x in whole[:_PAGES_SHOWN]],
+            whole_pages_total=int(whole.size),
+            partial_pages=[int(x) for x in partial[:_PAGES_SHOWN]],
+            partial_pages_total=int(partial.size),
+        )
+        message += (
+            f" ({whole.size} whole page{'s' if whole.size != 1 else ''}, {partial.size} "
+            f"in part, of {page_size} slots)"
+        )
     return Finding(
         code=code,
         group=group,
         space=space,
         slot=first,
-        message=one.format(slot=first) if len(cells) == 1 else many,
-        details=details or {},
+        message=message,
+        details=facts,
         cells=cells,
     )
 
@@ -97,7 +122,8 @@ def _reserved(page_size: int | None) -> int:
 def free_list_findings(dump: KvDump) -> list[Finding]:
     """Both free lists: a slot listed twice (a double free), the reserved page listed."""
     found: list[Finding] = []
-    reserved = _reserved(dump.scalars["page_size"].value)
+    page = _reserved(dump.scalars["page_size"].value)
+    reserved = page
     lists = (
         (Space.FULL, Group.FULL, dump.free_full_slots, "free_full_slots"),
         (Space.SWA, Group.SWA, dump.free_swa_slots, "free_swa_slots"),
@@ -120,6 +146,7 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
                     f"{space} slot {{slot}} is on {name} more than once: freed twice",
                     f"{space} slots on {name} more than once: freed twice",
                     {"free_list": name},
+                    page_size=page,
                 )
             )
         held = np.unique(values[(values >= 0) & (values < reserved)])
@@ -133,6 +160,7 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
                     f"reserved {space} slot {{slot}} (the padding page) is on {name}",
                     f"reserved {space} slots (the padding page) are on {name}",
                     {"free_list": name, "reserved_slots": reserved},
+                    page_size=page,
                 )
             )
     return found
@@ -174,6 +202,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                 "reserved full slot {slot} (the padding page) maps to an SWA slot",
                 "reserved full slots (the padding page) map to SWA slots",
                 {"reserved_slots": reserved},
+                page_size=reserved,
             )
         )
     if dump.free_full_slots is not None:
@@ -189,6 +218,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     "an SWA slot: its free skipped the SWA side",
                     "full slots on the free list whose LUT entries still map them to SWA "
                     "slots: their frees skipped the SWA side",
+                    page_size=reserved,
                 )
             )
     if dump.free_swa_slots is not None:
@@ -206,6 +236,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     "still maps to it: a stale mapping",
                     "SWA slots on the SWA free list that full slots outside the batch still "
                     "map to: stale mappings",
+                    page_size=reserved,
                 )
             )
     writes = _swa_writes(dump, cells, plan, full, swa)

@@ -294,6 +294,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     findings)."""
     state = _Diagnosis(dump, findings)
     _batch_rows(state)
+    _writes_into_live(state)
     _stale_rows(state)
     possible = _lut_or_slots(state)
     for i, f in enumerate(findings):
@@ -346,6 +347,32 @@ def _batch_rows(state: _Diagnosis) -> None:
     state.evidence(CauseCode.BATCH_METADATA_CORRUPT).extend(
         f.message for f in state.findings if f.code in _BATCH_CODES
     )
+
+
+#: codes of a slot held twice: when this step's write made the second holder, the write is
+#: the cause (the allocator handed out a live slot), not aliasing or a copy.
+_HELD_TWICE_CODES = frozenset(
+    {
+        FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
+        FindingCode.SLOT_SHARED_WITHOUT_PREFIX,
+        FindingCode.DUPLICATE_SLOT_IN_ROW,
+    }
+)
+
+
+def _writes_into_live(state: _Diagnosis) -> None:
+    """A slot this step writes while another cell holds it live is one fault, the write: the
+    aliasing or repetition it leaves in `req_to_token` (the pending cell now holds the slot
+    too) goes to the same cause."""
+    findings = state.findings
+    parts = [_cell_slots(f) for f in findings if f.code is FindingCode.WRITE_TO_LIVE_SLOT]
+    if not parts:
+        return
+    written = distinct(np.concatenate(parts))
+    for i, f in enumerate(findings):
+        if f.code in _HELD_TWICE_CODES:
+            hit = np.isin(_cell_slots(f), written)
+            state.claim(CauseCode.WRITE_INTO_LIVE_SLOT, Confidence.CERTAIN, i, hit)
 
 
 def _stale_rows(state: _Diagnosis) -> None:

@@ -310,6 +310,12 @@ def _write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
     victims = [c for c in _unshared_prefix_cells(d) if c[0] != writer]
     _, _, slot = _pick(rng, victims, "a live slot of another request")
     loc[i] = slot
+    # SGLang writes the step's slots into req_to_token before the forward: the pending cell
+    # holds the live slot too
+    rpi, prefix, extend = _lens(d)
+    write_len = np.where((rpi != 0) & (extend > 0), extend, 0)
+    offset = i - int(np.cumsum(write_len)[writer] - write_len[writer])
+    d.tensors["req_to_token"][int(rpi[writer]), int(prefix[writer]) + offset] = slot
     d.truth = {"batch_row": writer, "slot": slot, "out_cache_loc_index": i}
 
 
@@ -859,6 +865,11 @@ SCENARIOS: dict[str, Scenario] = {
             spec={},
             corrupt=_write_into_live,
             expected=("write-to-live-slot",),
+            allowed=(
+                "slot-shared-across-positions",
+                "slot-shared-without-prefix",
+                "duplicate-slot-in-row",
+            ),
             cause="write-into-live-slot",
         ),
         Scenario(

@@ -4,7 +4,9 @@ per-cell findings of the shape before (one record per cell), on every synth scen
 `data/cells_before_groups.json.gz` holds, for every scenario at sizes tiny and small and seeds
 0 and 1, the findings of `check --kernel none` as kvcanary reported them one record per cell
 (commit b92c821, its run and spread records turned off): (code, group, space, batch row, pool
-row, position, slot, role). Expanding today's groups must give the same multiset.
+row, position, slot, role). Expanding today's groups must give the same multiset. The
+`write-into-live-slot` entries were recorded by that code on today's scenario, which also
+writes the pending cell as SGLang does.
 """
 
 from __future__ import annotations
