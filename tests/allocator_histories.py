@@ -434,6 +434,11 @@ class _History:
         if self.swa:
             tensors["full_to_swa_index_mapping"] = self._lut().numpy().copy()
             tensors["free_swa_slots"] = self._expanded(self.allocator.swa_attn_allocator)
+            # what SGLang's memory check counts as held: running rows, this step, the tree
+            held = self._running_pages() | set((out // self.ps).tolist()) | set(self.path_pages)
+            pages = np.array(sorted(held), dtype=np.int64)
+            offsets = np.arange(self.ps, dtype=np.int64)
+            tensors["held_full_slots"] = (pages[:, None] * self.ps + offsets).reshape(-1)
             metadata["swa_window_size"] = str(spec.window)
             metadata["num_swa_slots"] = str(spec.swa_tokens + self.ps)
         live = [(r.row, p) for r, p in zip(batch, prefix, strict=True)]

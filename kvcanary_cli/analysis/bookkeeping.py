@@ -239,11 +239,56 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     page_size=reserved,
                 )
             )
+    found += _swa_leaks(dump, full, swa)
     writes = _swa_writes(dump, cells, plan, full, swa)
     # a write's own full slot sharing the SWA slot is that write's finding, not a second owner's
     written = [w.cells.extra["full_slot"] for w in writes if w.cells is not None]
     found += _shared_owners(full[mapped], swa[mapped], cells, plan, *written)
     return found + writes
+
+
+def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]:
+    """SWA pages neither on the SWA free list nor mapped from a held full slot (SGLang's own
+    memory check, per page: a request's last page holds unwritten slots that map to 0).
+
+    Needs what is held (`held_full_slots`), the SWA free list and the recorded SWA pool size;
+    without them nothing is guessed. A shrunk dump keeps too little of the LUT and the free
+    list to tell: it is not accounted (docs/dump-format.md, "Shrunk dumps")."""
+    held, free = dump.held_full_slots, dump.free_swa_slots
+    pool = dump.scalars["num_swa_slots"]
+    lut = dump.full_to_swa_index_mapping
+    if held is None or free is None or pool.value is None or pool.assumed or dump.shrunk:
+        return []
+    full_pool = dump.scalars["num_full_slots"]
+    if lut is None or not lut.complete or lut.element(-1) != -1:
+        return []  # a sliced or partial LUT does not say what is mapped
+    if full_pool.value is None or full_pool.assumed or int(lut.shape[0]) < full_pool.value + 1:
+        return []  # a LUT too short for the pool: the slots past it map nowhere we can see
+    page = _reserved(dump.scalars["page_size"].value)
+    pages = pool.value // page
+    if pages <= 1 or pages > 4 * max(free.size + swa.size, 1) + (1 << 20):
+        return []  # a pool size the dump's own lists could not describe: not a count to trust
+    accounted = np.zeros(pages, dtype=bool)
+    accounted[0] = True  # the padding page
+    free_pages = np.asarray(free, dtype=np.int64) // page
+    accounted[free_pages[(free_pages >= 0) & (free_pages < pages)]] = True
+    in_use = (swa > 0) & SlotSet(np.asarray(held, dtype=np.int64)).contains(full)
+    used_pages = swa[in_use] // page
+    accounted[used_pages[used_pages < pages]] = True
+    leaked = np.flatnonzero(~accounted)
+    if leaked.size == 0:
+        return []
+    return [
+        _slot_finding(
+            FindingCode.SWA_PAGE_LEAKED,
+            Group.SWA,
+            Space.SWA,
+            _slot_cells(leaked * page, {"page": leaked}),
+            "SWA page at slot {slot} is neither free nor mapped from a held full slot: leaked",
+            "SWA pages neither free nor mapped from a held full slot: leaked",
+            {"page_size": page, "swa_pages": pages},
+        )
+    ]
 
 
 def _in_window(cells: LiveCells, plan: Plan) -> np.ndarray:
@@ -293,6 +338,10 @@ def _swa_writes(
         return []
     written = np.asarray(loc, dtype=np.int64).reshape(-1)
     target = _translate(full, swa, written)
+    translated = dump.swa_out_cache_loc  # what the backend really writes, when recorded
+    if translated is not None:
+        given = np.asarray(translated, dtype=np.int64).reshape(-1)[: written.size]
+        target[: given.size] = given
     window = _in_window(cells, plan)
     held = cells.slot[window]
     held_swa = _translate(full, swa, held)

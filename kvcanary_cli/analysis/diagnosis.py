@@ -70,6 +70,7 @@ _BY_CODE: dict[FindingCode, CauseCode] = {
     FindingCode.SWA_SLOT_SHARED_OWNER: CauseCode.SWA_SHARED_OWNER,
     FindingCode.SWA_WRITE_TO_LIVE_SLOT: CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
     FindingCode.SLOT_SHARED_WITHOUT_PREFIX: CauseCode.RADIX_PREFIX_BROKEN,
+    FindingCode.SWA_PAGE_LEAKED: CauseCode.SWA_LEAK,
     FindingCode.NEGATIVE_SLOT: CauseCode.SLOT_INDEX_CORRUPT,
     FindingCode.FREED_SLOT_IN_LIVE_RANGE: CauseCode.USE_AFTER_FREE,
     FindingCode.SLOT_SHARED_ACROSS_POSITIONS: CauseCode.CROSS_REQUEST_ALIASING,
@@ -99,6 +100,8 @@ _SUMMARY: dict[CauseCode, str] = {
     "other requests hold in their windows",
     CauseCode.RADIX_PREFIX_BROKEN: "rows share a slot at one position without sharing the "
     "prefix before it: a copied cell, not radix sharing",
+    CauseCode.SWA_LEAK: "SWA pages that are neither free nor mapped from a held full slot: "
+    "leaked (SGLang aborts with 'SWA Pool Mem Leak Detected' once enough are gone)",
     CauseCode.LUT_TOO_SHORT: "the SWA LUT is shorter than the full pool: valid slots fall "
     "off its end",
     CauseCode.SLOT_INDEX_CORRUPT: "slot indices that cannot be right in any pool: the "
@@ -143,6 +146,9 @@ _FIX: dict[CauseCode, str] = {
     "it; clear a replaced or tombstoned full slot's mapping when its SWA slot is reused",
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "recompute the SWA write targets from the current LUT "
     "(a cached swa_out_cache_loc or translation outlived a mapping change)",
+    CauseCode.SWA_LEAK: "find the path that clears a mapping without freeing its SWA page (an "
+    "eviction or tombstone that drops the LUT entry, a failed allocation that keeps the page; "
+    "SGLang issue #27789 with speculative decoding and page_size > 1)",
     CauseCode.RADIX_PREFIX_BROKEN: "find what wrote another request's slot into this row "
     "(a copy between rows, a prefix match that did not start at position 0, a fault "
     "injector); radix sharing always shares the whole prefix",

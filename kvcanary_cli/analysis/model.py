@@ -118,6 +118,7 @@ class FindingCode(StrEnum):
     SWA_SLOT_SHARED_OWNER = "swa-slot-shared-owner"
     FREE_LIST_DUPLICATE = "free-list-duplicate"
     RESERVED_SLOT_IN_USE = "reserved-slot-in-use"
+    SWA_PAGE_LEAKED = "swa-page-leaked"
     ROW_OUT_OF_RANGE = "row-out-of-range"
     PREFIX_BEYOND_ROW = "prefix-beyond-row"
     DUPLICATE_REQUEST_ROW = "duplicate-request-row"
@@ -192,6 +193,9 @@ class CauseCode(StrEnum):
     KV_OVERWRITTEN = "kv-overwritten"
     SCALAR_METADATA_CORRUPT = "scalar-metadata-corrupt"
     FOREIGN_CANARY_RECORD = "foreign-canary-record"
+    #: last among equals: a page is often leaked by a fault ranked above (a mapping
+    #: overwritten or cleared without its free).
+    SWA_LEAK = "swa-leak"
 
 
 class Confidence(StrEnum):

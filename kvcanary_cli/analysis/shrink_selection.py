@@ -265,6 +265,9 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
         if values.size:
             mask[int(np.argmax(values))] = True  # the diagnosis reads how far the pool goes
         masks[name] = mask
+    if dump.held_full_slots is not None:  # read only by leak accounting, which a shrunk dump
+        # cannot do (it keeps too little of the free lists): none of it is kept
+        masks["held_full_slots"] = np.zeros(dump.held_full_slots.shape, dtype=bool)
     return masks
 
 

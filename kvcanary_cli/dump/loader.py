@@ -173,6 +173,10 @@ class KvDump:
     positions: np.ndarray | None = None
     free_full_slots: np.ndarray | None = None
     free_swa_slots: np.ndarray | None = None
+    #: the SWA slots this step writes, as the backend translated `out_cache_loc`.
+    swa_out_cache_loc: np.ndarray | None = None
+    #: full slots a running request or the radix tree holds (SWA leak accounting).
+    held_full_slots: np.ndarray | None = None
     violation_ring: np.ndarray | None = None
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
@@ -461,6 +465,8 @@ def _read_contents(
         positions=small("positions"),
         free_full_slots=small("free_full_slots"),
         free_swa_slots=small("free_swa_slots"),
+        swa_out_cache_loc=small("swa_out_cache_loc"),
+        held_full_slots=small("held_full_slots"),
         violation_ring=small("violation_ring"),
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])

@@ -241,6 +241,20 @@ TENSORS: dict[str, TensorSpec] = {
             role="SWA-pool slots the SWA allocator holds as free",
         ),
         TensorSpec(
+            name="swa_out_cache_loc",
+            canonical="I64",
+            accepted=_INDEX,
+            role="SWA-pool slots written this step, as the attention backend translated "
+            "out_cache_loc (aligned with it)",
+        ),
+        TensorSpec(
+            name="held_full_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="full-pool slots held by a running request or the radix tree (what SGLang's "
+            "memory check counts as in use)",
+        ),
+        TensorSpec(
             name="violation_ring",
             canonical="I64",
             ranks=(2,),

@@ -186,7 +186,7 @@ def write_shrunk(
             tensors.update(parts)
             cuts.append(cut)
             original_dtypes[name] = dtype_code(source.dtype)
-        elif name in FREE_LISTS:
+        elif name in FREE_LISTS or name in keep.free_lists:  # lists of slots: masked
             stored = _mapped(header.path, entry)
             mask = keep.free_lists.get(name, np.zeros(stored.shape, dtype=bool))
             kept = np.ascontiguousarray(stored[mask])

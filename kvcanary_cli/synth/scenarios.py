@@ -468,6 +468,30 @@ def _radix_copy(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": a.batch_row, "position": pos, "slot": int(table[b.pool_row, pos])}
 
 
+def _swa_page_leak(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang issue #27789: an SWA page whose mapping was dropped (its tokens left the window)
+    without the page going back to the SWA free list."""
+    p = _page_size(d)
+    window = int(d.metadata["swa_window_size"])
+    lut = d.tensors["full_to_swa_index_mapping"]
+    in_window = {c[2] // p for c in _in_window_cells(d)}
+    pages = sorted(
+        {
+            int(slot) // p
+            for lr in d.live
+            for slot in lr.slots[: max(0, lr.prefix_len - window)]
+            if lut[int(slot)] > 0 and int(slot) // p not in in_window
+        }
+    )
+    if not pages:
+        raise RuntimeError("needs a mapped page outside every window")
+    page = pages[int(rng.integers(len(pages)))]
+    tokens = page * p + np.arange(p)
+    swa_page = int(lut[tokens[0]]) // p
+    lut[tokens] = 0  # evicted from the LUT ...
+    d.truth = {"slot": swa_page * p}  # ... but the SWA page never freed
+
+
 def _swa_write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
     """SGLang PR #25889: a cached full -> SWA translation outlived the mapping: this step's
     write lands on an SWA slot another request holds in its window."""
@@ -752,6 +776,14 @@ SCENARIOS: dict[str, Scenario] = {
             cause="radix-prefix-broken",
         ),
         Scenario(
+            name="swa-page-leak",
+            summary="an SWA page unmapped but never freed (SGLang issue #27789)",
+            spec={**_SWA_PAGED, "evict_prob": 0.0},
+            corrupt=_swa_page_leak,
+            expected=("swa-page-leaked",),
+            cause="swa-leak",
+        ),
+        Scenario(
             name="double-free",
             summary="a page freed twice: its slots are on the free list twice",
             spec=_SWA_PAGED,
@@ -789,6 +821,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec=_SWA,
             corrupt=_swa_write_into_live,
             expected=("swa-write-to-live-slot",),
+            allowed=("swa-page-leaked",),  # the written slot's own SWA page is orphaned
             cause="swa-write-into-live-slot",
         ),
         Scenario(
@@ -805,6 +838,7 @@ SCENARIOS: dict[str, Scenario] = {
             spec=_SWA,
             corrupt=_swa_collision,
             expected=("swa-slot-collision",),
+            allowed=("swa-page-leaked",),  # the overwritten mapping's SWA page is orphaned
             cause="swa-mapping-collision",
         ),
         Scenario(

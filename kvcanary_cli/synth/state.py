@@ -333,6 +333,8 @@ def _add_swa(
     metadata["num_swa_slots"] = str(num_swa_pages * p)
     if spec.free_lists:
         tensors["free_swa_slots"] = _expand(swa_free[len(mapped) :], p)
+        # what SGLang's memory check counts as held: every page of a running request
+        tensors["held_full_slots"] = _expand(np.array(sorted(full_pages), dtype=np.int64), p)
 
 
 #: bytes per token of a synthetic real-KV source (partial mode fingerprints the first 16).

@@ -32,6 +32,7 @@ BOOKKEEPING = {
         "swa-shared-owner",
         "swa-write-into-live-slot",
         "radix-copy",
+        "swa-page-leak",
     )
 }
 
@@ -46,7 +47,8 @@ def test_each_fault_names_its_mechanism_and_its_twin_is_silent(
     for seed in (0, 1):
         bad = make_scenario(name, seed=seed, size=size, page_size=page_size)
         report = checked(load_dump(bad.save(tmp_path / "bad.safetensors")), kernel="vectorized")
-        assert {f.code.value for f in report.findings} == expected, (name, seed)
+        found = {f.code.value for f in report.findings}
+        assert expected <= found <= expected | set(SCENARIOS[name].allowed), (name, seed)
         if bad.truth.get("position") is not None:  # the corrupted cell is among those named
             named = {
                 (row, position)

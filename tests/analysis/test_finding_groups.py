@@ -30,8 +30,26 @@ BEFORE = json.loads(
 )
 
 
+#: Codes added since the recording (the bookkeeping audit): not in it, left out here.
+ADDED = {
+    "swa-write-to-live-slot",
+    "free-slot-still-mapped",
+    "swa-slot-free-and-mapped",
+    "swa-slot-shared-owner",
+    "free-list-duplicate",
+    "reserved-slot-in-use",
+    "swa-page-leaked",
+    "slot-shared-without-prefix",
+}
+
+
 def _cells(findings: tuple[Finding, ...]) -> Counter[str]:
-    return Counter(json.dumps(list(cell)) for f in findings for cell in expand_cells(f))
+    return Counter(
+        json.dumps(list(cell))
+        for f in findings
+        if f.code.value not in ADDED
+        for cell in expand_cells(f)
+    )
 
 
 @pytest.mark.parametrize("key", sorted(BEFORE))

@@ -115,3 +115,50 @@ def test_a_double_free_in_a_history_is_found(
     report = _check(state, tmp_path)
     found = {(f.code.value, f.group.value, f.slot) for f in report.findings}
     assert ("freed-slot-in-live-range", group, slot) in found, found
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_faults_replayed_on_sglangs_allocator_state_name_their_mechanism(
+    allocators: SGLangAllocators, page_size: int, tmp_path: Path
+) -> None:
+    """The audit on the real allocator's state: a page freed twice, a full page freed with
+    its LUT entries left (SGLang PR #27779), an SWA page unmapped but never freed (issue
+    #27789); each reported under its own cause, first."""
+    spec = HistorySpec(page_size=page_size, window=8, radix=True)
+    state = run_history(allocators, spec, 3)
+    lut = state.tensors["full_to_swa_index_mapping"]
+    free_full = state.tensors["free_full_slots"]
+    free_swa = state.tensors["free_swa_slots"]
+    held = state.tensors["held_full_slots"]
+
+    def first_cause(tensors: dict[str, np.ndarray]) -> str:
+        broken = HistoryDump(
+            spec=state.spec,
+            seed=state.seed,
+            tensors={**state.tensors, **tensors},
+            metadata=state.metadata,
+            live_rows=state.live_rows,
+        )
+        return _check(broken, tmp_path).diagnosis[0].code.value
+
+    page = free_full[:page_size]  # the first free page, whole
+    assert first_cause({"free_full_slots": np.concatenate([free_full, page])}) == "double-free"
+    stale = lut.copy()
+    stale[page[0]] = free_swa[0]  # a token of a free page still maps into a free SWA page
+    assert first_cause({"full_to_swa_index_mapping": stale}) == "stale-swa-mapping"
+    # an SWA page mapped only from held full slots no batch row reads in its window
+    table = state.tensors["req_to_token"]
+    windows = np.concatenate(
+        [
+            table[row, max(0, prefix - spec.window - page_size) : prefix + 1]
+            for row, prefix in state.live_rows
+        ]
+    )
+    pages = lut[held[lut[held] > 0]] // page_size
+    read = set((lut[windows[windows > 0]] // page_size).tolist())
+    quiet = [int(x) for x in pages if int(x) not in read and x > 0]
+    if not quiet:
+        pytest.skip("every mapped SWA page is read by the batch in this history")
+    leaked = lut.copy()
+    leaked[(lut // page_size == quiet[0]) & (lut > 0)] = 0  # unmapped, never freed
+    assert first_cause({"full_to_swa_index_mapping": leaked}) == "swa-leak"

@@ -91,6 +91,7 @@ FindingCodeName = Literal[
     "swa-slot-shared-owner",
     "free-list-duplicate",
     "reserved-slot-in-use",
+    "swa-page-leaked",
     "row-out-of-range",
     "prefix-beyond-row",
     "duplicate-request-row",
@@ -136,6 +137,7 @@ CauseCodeName = Literal[
     "kv-overwritten",
     "scalar-metadata-corrupt",
     "foreign-canary-record",
+    "swa-leak",
 ]
 SeverityName = Literal["error", "warning", "info"]
 ConfidenceName = Literal["certain", "likely", "possible"]
