@@ -79,3 +79,15 @@ def expand_cells(f: Finding) -> list[tuple[object, ...]]:
             c.batch_row.tolist(), c.pool_row.tolist(), c.position.tolist(), slots, strict=True
         )
     ]
+
+
+#: The scenarios of the bookkeeping audit (free lists, the whole LUT, radix sharing, leaks).
+AUDIT_SCENARIOS = (
+    "double-free",
+    "reserved-slot-freed",
+    "stale-swa-mapping",
+    "swa-shared-owner",
+    "swa-write-into-live-slot",
+    "radix-copy",
+    "swa-page-leak",
+)
