@@ -1,8 +1,8 @@
 """The allocator's bookkeeping around the batch: both free lists and the whole SWA LUT.
 
 The canary planner reads only the batch's cells; SGLang's SWA faults of 2026 lived in what
-surrounds them (docs/findings.md, "Bookkeeping"). In a clean state (SGLang 0.5.23's
-`srt/mem_cache/allocator/swa.py`, `paged.py`):
+surrounds them (docs/findings.md, "Finding codes": the bookkeeping codes). In a clean state
+(SGLang 0.5.23's `srt/mem_cache/allocator/swa.py`, `paged.py`):
 
 - a free list holds each slot once, and never the reserved slot 0 (page 0: the padding slots
   `0 .. page_size - 1`), which the LUT never maps either;
@@ -11,7 +11,9 @@ surrounds them (docs/findings.md, "Bookkeeping"). In a clean state (SGLang 0.5.2
 - an SWA slot mapped from any full slot (live, cached, out of the window) is not free, and has
   one full owner;
 - this step's writes (`out_cache_loc`) land, through the LUT, on SWA slots no other live cell of
-  the window holds.
+  the window holds;
+- every SWA page is free, or mapped from a full slot a running request or the tree holds
+  (what the dump's `held_full_slots` lists): a page in neither is leaked.
 
 Each check is a few sorts over arrays as long as the LUT and the lists: no loop per slot. A
 finding about slots (not table cells) keeps -1 in its cells' coordinate columns.
