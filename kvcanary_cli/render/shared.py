@@ -221,7 +221,10 @@ def where_lines(f: FindingRecord) -> list[str]:
         lines.append(f"pos {positions}")
     slots = slots_text(f)
     if slots != "-":
-        lines.append(f"slot{'s' if span and span['distinct_slots'] > 1 else ''} {slots}")
+        label = "slot"
+        if slots.startswith("swa "):  # `swa slot 12`, not `slot swa 12`
+            label, slots = "swa slot", slots[len("swa ") :]
+        lines.append(f"{label}{'s' if span and span['distinct_slots'] > 1 else ''} {slots}")
     return lines
 
 
