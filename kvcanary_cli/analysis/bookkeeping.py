@@ -189,11 +189,13 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
     (`swa-slot-collision`)."""
     if dump.full_to_swa_index_mapping is None or dump.full_to_swa_index_mapping.size == 0:
         return []
-    full, swa = _lut_entries(dump)
+    every_full, every_swa = _lut_entries(dump)
     reserved = _reserved(dump.scalars["page_size"].value)
-    mapped = swa > 0
+    # only mapped entries can break these rules: check those (half the LUT or less)
+    picked = np.flatnonzero(every_swa > 0)
+    full, swa = every_full[picked], every_swa[picked]
     found: list[Finding] = []
-    reserved_mapped = mapped & (full < reserved)
+    reserved_mapped = full < reserved
     if reserved_mapped.any():
         found.append(
             _slot_finding(
@@ -208,7 +210,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
             )
         )
     if dump.free_full_slots is not None:
-        free_mapped = mapped & SlotSet(dump.free_full_slots).contains(full)
+        free_mapped = SlotSet(dump.free_full_slots).contains(full)
         if free_mapped.any():
             found.append(
                 _slot_finding(
@@ -225,7 +227,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
             )
     if dump.free_swa_slots is not None:
         # mapped from a full slot outside the batch's live cells (those are already reported)
-        stale = mapped & SlotSet(dump.free_swa_slots).contains(swa)
+        stale = SlotSet(dump.free_swa_slots).contains(swa)
         stale[stale] &= ~SlotSet(cells.slot[cells.slot > 0]).contains(full[stale])
         if stale.any():
             found.append(
@@ -242,10 +244,10 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                 )
             )
     found += _swa_leaks(dump, full, swa)
-    writes = _swa_writes(dump, cells, plan, full, swa)
+    writes = _swa_writes(dump, cells, plan, every_full, every_swa)
     # a write's own full slot sharing the SWA slot is that write's finding, not a second owner's
     written = [w.cells.extra["full_slot"] for w in writes if w.cells is not None]
-    found += _shared_owners(full[mapped], swa[mapped], cells, plan, *written)
+    found += _shared_owners(full, swa, cells, plan, *written)
     return found + writes
 
 
