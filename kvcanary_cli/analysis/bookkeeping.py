@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.findings import held_twice, step_writes
 from kvcanary_cli.analysis.model import CellColumns, Finding, FindingCode, Group, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
@@ -93,39 +94,16 @@ def _slot_finding(
     )
 
 
-#: Values up to this many times the entries are counted with one `bincount` (else one sort).
-_BINCOUNT_SPAN = 4
-
-
-def _repeated(values: np.ndarray) -> np.ndarray:
-    """Mask of the entries whose value occurs more than once: one `bincount` when the values
-    are non-negative and within a few times the entry count (a pool's slots), else one sort;
-    never an array sized by a value alone, which a corrupt dump chooses."""
-    out = np.zeros(values.size, dtype=bool)
-    if values.size < 2:
-        return out
-    low, high = int(values.min()), int(values.max())
-    if low >= 0 and high < _BINCOUNT_SPAN * values.size + (1 << 20):
-        repeated: np.ndarray = np.bincount(values)[values] > 1
-        return repeated
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    same = ordered[1:] == ordered[:-1]
-    out[order[1:][same]] = True
-    out[order[:-1][same]] = True
-    return out
-
-
-def _reserved(page_size: int | None) -> int:
-    """Slots `0 .. n - 1` are the padding page of both pools."""
+def _page_size(page_size: int | None) -> int:
+    """The page size (1 when not recorded): slots `0 .. page_size - 1` are the padding page of
+    both pools."""
     return max(1, page_size or 1)
 
 
 def free_list_findings(dump: KvDump) -> list[Finding]:
     """Both free lists: a slot listed twice (a double free), the reserved page listed."""
     found: list[Finding] = []
-    page = _reserved(dump.scalars["page_size"].value)
-    reserved = page
+    page = _page_size(dump.scalars["page_size"].value)  # the padding page: slots below it
     lists = (
         (Space.FULL, Group.FULL, dump.free_full_slots, "free_full_slots"),
         (Space.SWA, Group.SWA, dump.free_swa_slots, "free_swa_slots"),
@@ -134,7 +112,7 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
         if free is None or free.size == 0:
             continue
         values = np.asarray(free, dtype=np.int64).reshape(-1)
-        repeat = _repeated(values)
+        repeat = held_twice(values)
         if repeat.any():
             ordered = np.sort(values[repeat])  # the repeated entries only: few
             twice = distinct(ordered)
@@ -151,7 +129,7 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
                     page_size=page,
                 )
             )
-        held = np.unique(values[(values >= 0) & (values < reserved)])
+        held = np.unique(values[(values >= 0) & (values < page)])
         if held.size:
             found.append(
                 _slot_finding(
@@ -161,7 +139,7 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
                     _slot_cells(held),
                     f"reserved {space} slot {{slot}} (the padding page) is on {name}",
                     f"reserved {space} slots (the padding page) are on {name}",
-                    {"free_list": name, "reserved_slots": reserved},
+                    {"free_list": name, "reserved_slots": page},
                     page_size=page,
                 )
             )
@@ -190,23 +168,23 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
     if dump.full_to_swa_index_mapping is None or dump.full_to_swa_index_mapping.size == 0:
         return []
     every_full, every_swa = _lut_entries(dump)
-    reserved = _reserved(dump.scalars["page_size"].value)
+    page = _page_size(dump.scalars["page_size"].value)
     # only mapped entries can break these rules: check those (half the LUT or less)
     picked = np.flatnonzero(every_swa > 0)
     full, swa = every_full[picked], every_swa[picked]
     found: list[Finding] = []
-    reserved_mapped = full < reserved
-    if reserved_mapped.any():
+    padding_mapped = full < page
+    if padding_mapped.any():
         found.append(
             _slot_finding(
                 FindingCode.RESERVED_SLOT_IN_USE,
                 Group.SWA,
                 Space.FULL,
-                _slot_cells(full[reserved_mapped], {"swa_slot": swa[reserved_mapped]}),
-                "reserved full slot {slot} (the padding page) maps to an SWA slot",
-                "reserved full slots (the padding page) map to SWA slots",
-                {"reserved_slots": reserved},
-                page_size=reserved,
+                _slot_cells(full[padding_mapped], {"swa_slot": swa[padding_mapped]}),
+                "page full slot {slot} (the padding page) maps to an SWA slot",
+                "page full slots (the padding page) map to SWA slots",
+                {"reserved_slots": page},
+                page_size=page,
             )
         )
     if dump.free_full_slots is not None:
@@ -222,7 +200,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     "an SWA slot: its free skipped the SWA side",
                     "full slots on the free list whose LUT entries still map them to SWA "
                     "slots: their frees skipped the SWA side",
-                    page_size=reserved,
+                    page_size=page,
                 )
             )
     if dump.free_swa_slots is not None:
@@ -240,7 +218,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     "still maps to it: a stale mapping",
                     "SWA slots on the SWA free list that full slots outside the batch still "
                     "map to: stale mappings",
-                    page_size=reserved,
+                    page_size=page,
                 )
             )
     found += _swa_leaks(dump, full, swa)
@@ -268,7 +246,7 @@ def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]
         return []  # a sliced or partial LUT does not say what is mapped
     if full_pool.value is None or full_pool.assumed or int(lut.shape[0]) < full_pool.value + 1:
         return []  # a LUT too short for the pool: the slots past it map nowhere we can see
-    page = _reserved(dump.scalars["page_size"].value)
+    page = _page_size(dump.scalars["page_size"].value)
     pages = pool.value // page
     if pages <= 1 or pages > 4 * max(free.size + swa.size, 1) + (1 << 20):
         return []  # a pool size the dump's own lists could not describe: not a count to trust
@@ -306,7 +284,7 @@ def _shared_owners(
 ) -> list[Finding]:
     """SWA slots with more than one full owner anywhere in the LUT: each owner that is not an
     in-window cell (owners that all are: `swa-slot-collision`) nor a `reported` full slot."""
-    owners = _repeated(swa)
+    owners = held_twice(swa)
     if not owners.any():
         return []
     s, f = swa[owners], full[owners]
@@ -337,10 +315,10 @@ def _swa_writes(
 ) -> list[Finding]:
     """This step's writes whose SWA target (`LUT[out_cache_loc]`) another live cell of the
     window holds."""
-    loc = dump.out_cache_loc
-    if loc is None or loc.size == 0:
+    writes = step_writes(dump)
+    if writes is None or len(writes) == 0:
         return []
-    written = np.asarray(loc, dtype=np.int64).reshape(-1)
+    written = writes.slot
     target = _translate(full, swa, written)
     translated = dump.swa_out_cache_loc  # what the backend really writes, when recorded
     if translated is not None:
@@ -362,7 +340,7 @@ def _swa_writes(
     hit = hit[foreign]
     if hit.size == 0:
         return []
-    rows, positions, pools = _write_coordinates(dump, hit)
+    rows, pools, positions = writes.batch_row[hit], writes.pool_row[hit], writes.position[hit]
     cells_of = CellColumns(
         batch_row=rows,
         pool_row=pools,
@@ -406,19 +384,3 @@ def _translate(full: np.ndarray, swa: np.ndarray, slots: np.ndarray) -> np.ndarr
     at = np.minimum(np.searchsorted(full, slots), full.size - 1)
     found: np.ndarray = np.where(full[at] == slots, swa[at], 0)
     return found
-
-
-def _write_coordinates(
-    dump: KvDump, index: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(batch row, position, pool row) of `out_cache_loc[index]`: each row writes E tokens from
-    its prefix length on, in batch order."""
-    rpi, extend = dump.req_pool_indices, dump.extend_seq_lens
-    tokens = int(np.asarray(dump.out_cache_loc).shape[0])
-    write_len = np.where((rpi != 0) & (extend > 0), np.minimum(extend, tokens), 0)
-    ends = np.cumsum(write_len)
-    rows = np.minimum(np.searchsorted(ends, index, side="right"), rpi.size - 1)
-    offsets = index - (ends - write_len)[rows]
-    prefix = np.minimum(np.maximum(dump.prefix_lens, 0), np.iinfo(np.int64).max // 2)
-    positions = prefix[rows] + offsets
-    return rows.astype(np.int64), positions.astype(np.int64), rpi[rows].astype(np.int64)

@@ -16,6 +16,7 @@ from kvcanary_cli.analysis.model import Finding
 __all__ = [
     "at_cell",
     "cell_index",
+    "cell_slots",
     "distinct",
     "holding",
     "in_pool_row",
@@ -35,6 +36,13 @@ def distinct(values: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
+
+
+def cell_slots(finding: Finding) -> np.ndarray:
+    """Every cell's slot (the finding's own slot for a one-cell finding; -1 without one)."""
+    if finding.cells is not None and finding.cells.slot is not None:
+        return finding.cells.slot
+    return np.array([-1 if finding.slot is None else finding.slot], dtype=np.int64)
 
 
 def cell_index(finding: Finding, batch_row: int, position: int) -> int | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import at_cell, distinct, restricted
+from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, restricted
 from kvcanary_cli.analysis.model import (
     Assumption,
     Cause,
@@ -371,13 +371,13 @@ def _writes_into_live(state: _Diagnosis) -> None:
     aliasing or repetition it leaves in `req_to_token` (the pending cell now holds the slot
     too) goes to the same cause."""
     findings = state.findings
-    parts = [_cell_slots(f) for f in findings if f.code is FindingCode.WRITE_TO_LIVE_SLOT]
+    parts = [cell_slots(f) for f in findings if f.code is FindingCode.WRITE_TO_LIVE_SLOT]
     if not parts:
         return
     written = distinct(np.concatenate(parts))
     for i, f in enumerate(findings):
         if f.code in _HELD_TWICE_CODES:
-            hit = np.isin(_cell_slots(f), written)
+            hit = np.isin(cell_slots(f), written)
             state.claim(CauseCode.WRITE_INTO_LIVE_SLOT, Confidence.CERTAIN, i, hit)
 
 
@@ -486,11 +486,11 @@ def _canary_records(state: _Diagnosis) -> None:
         if f.code in _CANARY_CODES or f.slot is None:
             continue
         claimed = state.cause_of[i] != _UNCLAIMED
-        known.add(f.space, _cell_slots(f)[claimed], state.cause_of[i][claimed])
+        known.add(f.space, cell_slots(f)[claimed], state.cause_of[i][claimed])
     follows: list[int] = []
     for i in canary:
         f = findings[i]
-        slots = _cell_slots(f)
+        slots = cell_slots(f)
         joined = known.lookup(f.space, slots)
         for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
             state.claim(_CAUSES[value], Confidence.LIKELY, i, joined == value)
@@ -530,13 +530,6 @@ def _counted(codes: Counter[str]) -> str:
     return ", ".join(f"{n} {code}" for code, n in codes.most_common())
 
 
-def _cell_slots(finding: Finding) -> np.ndarray:
-    """Every cell's slot (the finding's own slot for a one-cell finding; -1 without one)."""
-    if finding.cells is not None and finding.cells.slot is not None:
-        return finding.cells.slot
-    return np.array([-1 if finding.slot is None else finding.slot], dtype=np.int64)
-
-
 def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
     """Slots >= lut_len: a LUT too short for valid slots, or slots no pool can hold.
 
@@ -561,7 +554,7 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
             corrupt = True
         short: list[np.ndarray] = []
         for i in out_of_range:
-            slots, free = _cell_slots(findings[i]), state.free(i)
+            slots, free = cell_slots(findings[i]), state.free(i)
             too_big = free & (slots >= size)
             if too_big.any():
                 state.claim(CauseCode.SLOT_INDEX_CORRUPT, Confidence.CERTAIN, i, too_big)
@@ -575,7 +568,7 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
         valid = distinct(np.concatenate(short)) if short else np.zeros(0, dtype=np.int64)
         if valid.size or shorter:
             for i in out_of_range:
-                slots = _cell_slots(findings[i])
+                slots = cell_slots(findings[i])
                 state.claim(
                     CauseCode.LUT_TOO_SHORT, Confidence.CERTAIN, i, (slots >= 0) & (slots < size)
                 )
@@ -587,7 +580,7 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
         return []
     if not out_of_range and not beyond:
         return []
-    parts = [_cell_slots(findings[i])[state.free(i)] for i in (*out_of_range, *beyond)]
+    parts = [cell_slots(findings[i])[state.free(i)] for i in (*out_of_range, *beyond)]
     slots = distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
     evidence, lut_likely = _unrecorded_pool_evidence(dump, lut_len, slots[slots >= 0])
     first, second = (

@@ -28,9 +28,11 @@ from kvcanary_cli.planners.frame import launch_limit
 
 __all__ = [
     "batch_findings",
+    "held_twice",
     "lut_findings",
     "plan_findings",
     "slot_findings",
+    "step_writes",
     "swa_findings",
     "write_findings",
 ]
@@ -266,7 +268,7 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         found += [replace(f, assumes=assumes) for f in beyond]
     real = slot > 0
     # A duplicate or an alias needs two cells holding one slot; most live slots have one.
-    shared = _held_twice(slot, real)
+    shared = held_twice(slot, real)
     found.extend(_duplicates_in_row(cells, shared))
     found.extend(_shared_across_positions(cells, shared))
     found.extend(_shared_without_prefix(cells, shared))
@@ -287,13 +289,14 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
 _BINCOUNT_SPAN = 4
 
 
-def _held_twice(slot: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """The cells of `among` whose slot another cell of `among` also holds (`among` narrowed).
+def held_twice(slot: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
+    """The cells of `among` (default: every cell) whose slot another cell of `among` also
+    holds.
 
     Slots are counted with a `bincount` when their values are non-negative and within a few
     times the cell count (the usual pool), otherwise by one sort: never by the values alone,
     which a corrupt dump chooses."""
-    idx = np.flatnonzero(among)
+    idx = np.arange(slot.size) if among is None else np.flatnonzero(among)
     values = slot[idx]
     out = np.zeros(slot.shape, dtype=bool)
     if values.size < 2:
@@ -543,26 +546,39 @@ def _shared_without_prefix(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     )
 
 
-def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
-    """Slots written this step that are already live for another (row, position)."""
+def step_writes(dump: KvDump) -> LiveCells | None:
+    """The cells this step writes (`out_cache_loc`), as pending cells in its order: each row
+    writes E tokens from its prefix length on, in batch order. None without `out_cache_loc`.
+
+    out_cache_loc holds what the batch really wrote, so no claimed length makes this larger
+    than out_cache_loc; entries past the rows' writes are ignored."""
     loc = dump.out_cache_loc
     if loc is None:
-        return []
+        return None
     rpi = dump.req_pool_indices
     extend = dump.extend_seq_lens
     tokens = int(loc.shape[0])
-    # Each row writes E tokens, in batch order; out_cache_loc holds what the batch really
-    # wrote, so no claimed length makes this larger than out_cache_loc.
     write_len = np.where((rpi != 0) & (extend > 0), np.minimum(extend, tokens), 0)
     ends = np.cumsum(write_len)  # <= bs * tokens: no overflow
     n = min(int(ends[-1]) if ends.size else 0, tokens)
-    w_rows = np.searchsorted(ends, np.arange(n), side="right")
-    offsets = np.arange(n) - (ends - write_len)[w_rows]
-    written = loc[:n]
-    w_pool = rpi[w_rows]
-    w_pos = (
-        np.minimum(np.maximum(dump.prefix_lens, 0), np.iinfo(np.int64).max // 2)[w_rows] + offsets
+    rows = np.searchsorted(ends, np.arange(n), side="right")
+    offsets = np.arange(n) - (ends - write_len)[rows]
+    prefix = np.minimum(np.maximum(dump.prefix_lens, 0), np.iinfo(np.int64).max // 2)
+    return LiveCells(
+        slot=np.asarray(loc[:n], dtype=np.int64),
+        batch_row=rows.astype(np.int64),
+        pool_row=np.asarray(rpi[rows], dtype=np.int64),
+        position=(prefix[rows] + offsets).astype(np.int64),
+        pending=np.ones(n, dtype=bool),
     )
+
+
+def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
+    """Slots written this step that are already live for another (row, position)."""
+    writes = step_writes(dump)
+    if writes is None:
+        return []
+    written, w_pool, w_pos, n = writes.slot, writes.pool_row, writes.position, len(writes)
     # Only the live cells holding a written slot matter: sort those, not the whole batch.
     holders = np.flatnonzero(SlotSet(np.asarray(written)).contains(cells.slot))
     order = holders[np.argsort(cells.slot[holders], kind="stable")]
@@ -575,13 +591,6 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         j = order[np.minimum(lo, len(order) - 1)]
         own &= (cells.pool_row[j] == w_pool) & (cells.position[j] == w_pos)
     offending = np.flatnonzero((written > 0) & (hi > lo) & ~own)
-    writes = LiveCells(
-        slot=np.asarray(written, dtype=np.int64),
-        batch_row=w_rows.astype(np.int64),
-        pool_row=np.asarray(w_pool, dtype=np.int64),
-        position=w_pos.astype(np.int64),
-        pending=np.ones(n, dtype=bool),
-    )
 
     def others(i: int) -> list[tuple[int, int]]:
         """(pool row, position) of the live cells holding write i's slot, not its own."""
@@ -671,7 +680,7 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     )
     # a collision needs two cells on one SWA slot: the others are left out before sorting
     found += _swa_collisions(
-        cells, swa, np.flatnonzero(_held_twice(swa, in_window & mappable & (swa > 0)))
+        cells, swa, np.flatnonzero(held_twice(swa, in_window & mappable & (swa > 0)))
     )
     if dump.free_swa_slots is not None:
         free = dump.free_swa_slots

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.cells import cell_slots, distinct
 from kvcanary_cli.analysis.model import (
     CanaryRecord,
     Cell,
@@ -475,7 +475,7 @@ def clamped_sources(
     if clamp_target(dump) is None:
         return ()
     parts = [
-        np.asarray([f.slot] if f.cells is None or f.cells.slot is None else f.cells.slot)
+        cell_slots(f)
         for f in findings
         if f.code is FindingCode.LUT_OUT_OF_RANGE and f.slot is not None
     ]

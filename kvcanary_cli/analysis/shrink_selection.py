@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from kvcanary_cli.analysis.cells import cell_slots, distinct
 from kvcanary_cli.analysis.check import (
     CollectedFindings,
     collect_findings,
@@ -273,15 +274,8 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
 
 def _finding_slots(findings: list[Finding], space: str) -> np.ndarray:
     """Every slot of `space` a finding holds, at any of its cells (sorted, distinct)."""
-    parts = [
-        np.asarray(
-            [f.slot] if f.cells is None or f.cells.slot is None else f.cells.slot,
-            dtype=np.int64,
-        )
-        for f in findings
-        if f.slot is not None and f.space == space
-    ]
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    parts = [cell_slots(f) for f in findings if f.slot is not None and f.space == space]
+    return distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
 def shrink_keep(
