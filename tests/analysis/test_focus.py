@@ -5,7 +5,6 @@ names that cell, a larger one what its cells share, and the focused check sees f
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,21 +24,11 @@ from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
-from tests.helpers import VECTORIZED
+from tests.helpers import VECTORIZED, cells_key
 
 
 def _key(f: Finding) -> tuple[object, ...]:
     prov = tuple((p.slot, p.cells, p.cells_total) for p in f.provenance)
-    cells = None
-    if f.cells is not None:
-        c = f.cells
-        cells = (
-            c.batch_row.tolist(),
-            c.pool_row.tolist(),
-            c.position.tolist(),
-            None if c.slot is None else c.slot.tolist(),
-            json.dumps({k: v.tolist() for k, v in c.extra.items()}, sort_keys=True),
-        )
     return (
         f.code,
         f.group,
@@ -49,7 +38,7 @@ def _key(f: Finding) -> tuple[object, ...]:
         f.pool_row,
         f.position,
         f.role,
-        cells,
+        cells_key(f),
         prov,
         f.provenance_total,
     )
