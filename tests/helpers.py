@@ -91,3 +91,6 @@ AUDIT_SCENARIOS = (
     "radix-copy",
     "swa-page-leak",
 )
+#: Scenarios of the diagnosis rules that keep a consistent row out of a stale-row read and a
+#: radix sharer's repeat out of aliasing: their codes are old, their causes are new.
+RULE_SCENARIOS = ("reuse-under-radix-sharer", "double-allocation")

@@ -22,6 +22,7 @@ __all__ = [
     "in_pool_row",
     "part",
     "restricted",
+    "pairs_among",
     "with_example",
 ]
 
@@ -36,6 +37,25 @@ def distinct(values: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
+
+
+def pairs_among(
+    rows: np.ndarray, slots: np.ndarray, among_rows: np.ndarray, among_slots: np.ndarray
+) -> np.ndarray:
+    """Mask of the (row, slot) pairs that are also among (`among_rows`, `among_slots`):
+    both columns ranked together, so no product of two values a dump chooses is formed."""
+    if rows.size == 0 or among_rows.size == 0:
+        return np.zeros(rows.shape, dtype=bool)
+    row_keys = distinct(np.concatenate([rows, among_rows]))
+    slot_keys = distinct(np.concatenate([slots, among_slots]))
+    width = np.int64(slot_keys.size)
+
+    def key(r: np.ndarray, s: np.ndarray) -> np.ndarray:
+        combined: np.ndarray = np.searchsorted(row_keys, r) * width + np.searchsorted(slot_keys, s)
+        return combined
+
+    found: np.ndarray = np.isin(key(rows, slots), key(among_rows, among_slots))
+    return found
 
 
 def cell_slots(finding: Finding) -> np.ndarray:

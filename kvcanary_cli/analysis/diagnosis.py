@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, restricted
+from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_among, restricted
 from kvcanary_cli.analysis.model import (
     Assumption,
     Cause,
@@ -301,6 +301,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     state = _Diagnosis(dump, findings)
     _batch_rows(state)
     _writes_into_live(state)
+    _reuse_within_request(state)
     _stale_rows(state)
     possible = _lut_or_slots(state)
     for i, f in enumerate(findings):
@@ -381,8 +382,30 @@ def _writes_into_live(state: _Diagnosis) -> None:
             state.claim(CauseCode.WRITE_INTO_LIVE_SLOT, Confidence.CERTAIN, i, hit)
 
 
+def _reuse_within_request(state: _Diagnosis) -> None:
+    """An aliased cell whose row holds its slot twice is the row's own repeat: when the other
+    holders share the slot's first position with it (radix sharers of the original cell), the
+    repeat is the fault, not a copy across requests."""
+    findings = state.findings
+    repeats = [
+        f for f in findings if f.code is FindingCode.DUPLICATE_SLOT_IN_ROW and f.cells is not None
+    ]
+    if not repeats:
+        return
+    rows = np.concatenate([f.cells.pool_row for f in repeats if f.cells is not None])
+    slots = np.concatenate([cell_slots(f) for f in repeats])
+    for i, f in enumerate(findings):
+        if f.code is FindingCode.SLOT_SHARED_ACROSS_POSITIONS and f.cells is not None:
+            hit = pairs_among(f.cells.pool_row, cell_slots(f), rows, slots)
+            state.claim(CauseCode.SLOT_REUSED_WITHIN_REQUEST, Confidence.CERTAIN, i, hit)
+
+
 def _stale_rows(state: _Diagnosis) -> None:
-    """Symptoms that cover most of a row's prefix up to its last position: a stale tail."""
+    """Symptoms that cover most of a row's prefix up to its last position: a stale tail.
+
+    The row must show a symptom of its own there (a freed, unwritten or repeated slot): a row
+    whose tail is only shared with other rows is consistent as far as it goes, and the
+    sharing is another cause's."""
     findings = state.findings
     prefix = np.maximum(state.dump.prefix_lens, 0)
     bs = int(prefix.shape[0])
@@ -411,8 +434,10 @@ def _stale_rows(state: _Diagnosis) -> None:
     np.minimum.at(first, r, q)
     last = np.full(bs, -1, dtype=np.int64)
     np.maximum.at(last, r, q)
-    # At least two cells, ending at the last prefix position, covering most of the run.
-    stale = (covered >= 2) & (last == prefix - 1) & (2 * covered >= prefix - first)
+    own = np.bincount(row[code != FindingCode.SLOT_SHARED_ACROSS_POSITIONS.order], minlength=bs)
+    # At least two cells, ending at the last prefix position, covering most of the run, with
+    # a symptom of the row's own among them.
+    stale = (covered >= 2) & (last == prefix - 1) & (2 * covered >= prefix - first) & (own > 0)
     if not stale.any():
         return
     stale_rows = np.flatnonzero(stale)

@@ -271,7 +271,8 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     shared = held_twice(slot, real)
     found.extend(_duplicates_in_row(cells, shared))
     found.extend(_shared_across_positions(cells, shared))
-    found.extend(_shared_without_prefix(cells, shared))
+    invalid = ~real if pool.value is None else ~real | (slot >= pool.value)
+    found.extend(_shared_without_prefix(cells, shared, invalid))
     if dump.free_full_slots is not None:
         free = dump.free_full_slots
         found += _cell_records(
@@ -436,7 +437,9 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     )
 
 
-def _shared_without_prefix(cells: LiveCells, real: np.ndarray) -> list[Finding]:
+def _shared_without_prefix(
+    cells: LiveCells, real: np.ndarray, invalid: np.ndarray
+) -> list[Finding]:
     """Cells holding the same slot at the same position as another row, where the rows hold
     different slots just before it: a radix tree shares whole prefixes, so that is a copy, not
     sharing (SGLang's own fault injector, `perturb/req_to_token.py`, makes exactly this).
@@ -445,7 +448,8 @@ def _shared_without_prefix(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     at p - 1, shared down to position 0. Which cell of a broken group is the copy: the one
     whose cell before is not the group's most common; on a tie, the one whose row shares the
     position before with some row (it sat in a radix run, and the copy broke it), else every
-    one. A group broken only because a cell just before it is blamed is that cell's echo.
+    one. A group broken only because a cell just before it is blamed, or is `invalid` (a
+    slot no pool holds, which other codes report), is that cell's echo.
     """
     n = len(cells)
     if n < 2:
@@ -511,20 +515,24 @@ def _shared_without_prefix(cells: LiveCells, real: np.ndarray) -> list[Finding]:
         odd &= ~(gap_echo[m] & single[gid])  # a lone gap's echo, against a majority run
         return np.sort(m[odd])
 
-    first = blame(candidates)
+    def without_echoes(echo: np.ndarray) -> np.ndarray:
+        """The candidates but groups whose disagreement comes from an `echo` cell (a
+        mask) just before one of their members."""
+        o = np.lexsort((cells.slot[candidates], cells.position[candidates]))
+        c = candidates[o]
+        starts = _group_starts([cells.position[c], cells.slot[c]])
+        sizes = np.diff(np.r_[starts, c.size])
+        gid = np.repeat(np.arange(starts.size), sizes)
+        echoed = np.bincount(gid, weights=echo[np.maximum(before[c], 0)] & (before[c] >= 0))
+        kept: np.ndarray = c[echoed[gid] == 0]
+        return kept
+
+    first = blame(without_echoes(invalid))
     if first.size == 0:
         return []
-    echo_of_blamed = np.zeros(n, dtype=bool)
-    echo_of_blamed[first] = True
-    # a group whose disagreement comes from a blamed cell just before it: drop the group
-    o = np.lexsort((cells.slot[candidates], cells.position[candidates]))
-    c = candidates[o]
-    starts = _group_starts([cells.position[c], cells.slot[c]])
-    sizes = np.diff(np.r_[starts, c.size])
-    gid = np.repeat(np.arange(starts.size), sizes)
-    echoed = np.bincount(gid, weights=echo_of_blamed[np.maximum(before[c], 0)] & (before[c] >= 0))
-    kept = c[echoed[gid] == 0]
-    blamed = blame(kept)
+    echo = invalid.copy()
+    echo[first] = True
+    blamed = blame(without_echoes(echo))
 
     def partners(i: int) -> list[int]:
         same = (cells.position == cells.position[i]) & (cells.slot == cells.slot[i])

@@ -351,6 +351,56 @@ def _duplicate_in_row(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": row, "position": max(pos, pos_b), "slot": slot}
 
 
+def _reuse_under_sharer(d: SynthDump, rng: np.random.Generator) -> None:
+    """A request handed its own slot again at a later position while a radix sharer still
+    holds the slot at its first position: the repeat looks like aliasing across requests."""
+    counts: dict[int, int] = {}
+    for lr in d.live:
+        for s in lr.slots[: lr.prefix_len + lr.extend_len].tolist():
+            counts[s] = counts.get(s, 0) + 1
+    pairs = [
+        (lr, pos, later)
+        for lr in d.live
+        for pos in range(lr.prefix_len)
+        if counts[int(lr.slots[pos])] > 1
+        for later in range(pos + 1, lr.prefix_len)
+        if counts[int(lr.slots[later])] == 1
+    ]
+    if not pairs:
+        raise RuntimeError("needs a radix-shared cell and a later unshared one in its row")
+    lr, pos, later = pairs[int(rng.integers(len(pairs)))]
+    slot = int(lr.slots[pos])
+    d.tensors["req_to_token"][lr.pool_row, later] = slot
+    d.truth = {"batch_row": lr.batch_row, "position": later, "slot": slot}
+
+
+def _double_allocation(d: SynthDump, rng: np.random.Generator) -> None:
+    """A live run of slots handed out a second time: a later request's last prefix cells are
+    an earlier request's live slots (its row is consistent; the allocator is not)."""
+    cells = _unshared_prefix_cells(d)
+    pairs = []
+    for late in d.live:
+        tail = min(4, late.prefix_len)
+        if tail < 2:
+            continue
+        for early in d.live:
+            if early.batch_row >= late.batch_row:
+                continue
+            run = [c for c in cells if c[0] == early.batch_row]
+            if len(run) >= tail:
+                pairs.append((early, late, tail, run))
+    if not pairs:
+        raise RuntimeError("needs two requests with live prefixes")
+    early, late, tail, run = pairs[int(rng.integers(len(pairs)))]
+    start = int(rng.integers(len(run) - tail + 1))
+    given = [c[2] for c in run[start : start + tail]]
+    end = late.prefix_len
+    if any(c[1] == p for c, p in zip(run[start:], range(end - tail, end), strict=False)):
+        raise RuntimeError("the runs line up position for position; try another seed")
+    d.tensors["req_to_token"][late.pool_row, end - tail : end] = np.asarray(given, np.int32)
+    d.truth = {"batch_row": late.batch_row, "position": end - 1, "slot": given[-1]}
+
+
 def _duplicate_request(d: SynthDump, rng: np.random.Generator) -> None:
     if len(d.live) < 2:
         raise RuntimeError("needs two requests")
@@ -929,6 +979,24 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_duplicate_in_row,
             expected=("duplicate-slot-in-row",),
             cause="slot-reused-within-request",
+        ),
+        Scenario(
+            name="reuse-under-radix-sharer",
+            summary="a slot repeated in its row while a radix sharer holds its first position",
+            spec={},
+            corrupt=_reuse_under_sharer,
+            expected=("duplicate-slot-in-row", "slot-shared-across-positions"),
+            allowed=("slot-shared-without-prefix",),
+            cause="slot-reused-within-request",
+        ),
+        Scenario(
+            name="double-allocation",
+            summary="a request's last cells are another request's live slots (handed out twice)",
+            spec={},
+            corrupt=_double_allocation,
+            expected=("slot-shared-across-positions",),
+            allowed=("slot-shared-without-prefix",),
+            cause="cross-request-aliasing",
         ),
         Scenario(
             name="duplicate-request-row",

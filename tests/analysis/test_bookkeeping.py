@@ -20,11 +20,12 @@ from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.synth.state import build_dump
-from tests.helpers import AUDIT_SCENARIOS, VECTORIZED, checked
+from tests.helpers import AUDIT_SCENARIOS, RULE_SCENARIOS, VECTORIZED, checked
 
 #: scenario -> (the codes it must raise, the cause that must come first)
 BOOKKEEPING = {
-    name: (set(SCENARIOS[name].expected), SCENARIOS[name].cause) for name in AUDIT_SCENARIOS
+    name: (set(SCENARIOS[name].expected), SCENARIOS[name].cause)
+    for name in (*AUDIT_SCENARIOS, *RULE_SCENARIOS)
 }
 
 
