@@ -210,10 +210,11 @@ def synth(
     size: str = "tiny",
     log: PathLike | None = None,
     force: bool = False,
+    page_size: int | None = None,
 ) -> str:
     """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
-    and diagnosis in its metadata, and with `log` a kv_canary server log of its violations.
-    Returns the line saying what was written."""
+    and diagnosis in its metadata, and with `log` a kv_canary server log of its violations;
+    `page_size` overrides the scenario's. Returns the line saying what was written."""
     from kvcanary_cli.synth.scenarios import make_scenario
     from kvcanary_cli.synth.server_log import write_scenario_log
 
@@ -221,10 +222,11 @@ def synth(
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
     if log is not None and str(log) == str(out):
         raise OptionError("names the dump's own file; give the log another name", option="--log")
-    state = make_scenario(scenario, seed=seed, size=size)
+    state = make_scenario(scenario, seed=seed, size=size, page_size=page_size)
     path = state.save(Path(out), overwrite=force)
     logged = "" if log is None else f" and {write_scenario_log(state, log, overwrite=force)}"
-    return f"wrote {path}{logged} ({scenario}, seed {seed}, size {size})"
+    paged = "" if page_size is None else f", page size {page_size}"
+    return f"wrote {path}{logged} ({scenario}, seed {seed}, size {size}{paged})"
 
 
 def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> SelftestReport:

@@ -177,8 +177,7 @@ def inspect(
 ) -> None:
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
-    Validates the file on the way: a malformed dump is reported as one error line, exit 2.
-    """
+    Validates the file on the way: a malformed dump gets one error line, exit 2."""
     described = render.render_inspect(api.inspect(dump), output_format)
     deliver(described, output, force=force, inputs=[dump])
 
@@ -210,16 +209,17 @@ def synth(
     list_: opt.ListOpt = False,
     force: opt.ForceOpt = False,
     log: opt.SynthLogOpt = None,
+    page_size: opt.SynthPageSizeOpt = None,
 ) -> None:
     """Generate a realistic dump: a clean serving state or one bug class of the canary.
 
-    Each dump records the findings `kvcanary check` must report and the cause it must rank
-    first in its metadata (kvcanary.expected_findings, kvcanary.expected_diagnosis).
-    """
+    Its metadata names the findings `check` must report and the cause it must rank first."""
     if list_:
         typer.echo("\n".join(api.scenarios()))
         return
-    wrote = api.synth(scenario, out, seed=seed, size=size, log=log, force=force)
+    wrote = api.synth(
+        scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size
+    )
     typer.echo(printable(wrote), err=str(out) == "-")
 
 

@@ -438,6 +438,18 @@ ShrinkOutOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=(1 << 63) - 1, help="Random seed.")]
+SynthPageSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--page-size",
+        min=1,
+        max=4096,
+        metavar="SLOTS",
+        help="Slots per page of both pools (default: the scenario's own; the SWA page "
+        "scenarios use 16). Page faults need 2 or more.",
+        show_default=False,
+    ),
+]
 SizeOpt = Annotated[
     str,
     typer.Option(

@@ -90,7 +90,9 @@ AUDIT_SCENARIOS = (
     "swa-write-into-live-slot",
     "radix-copy",
     "swa-page-leak",
+    "partial-page-free",
+    "swa-mapping-rewritten",
 )
-#: Scenarios of the diagnosis rules that keep a consistent row out of a stale-row read and a
-#: radix sharer's repeat out of aliasing: their codes are old, their causes are new.
-RULE_SCENARIOS = ("reuse-under-radix-sharer", "double-allocation")
+#: Scenarios of diagnosis rules over old codes (a consistent row is no stale-row read, a radix
+#: sharer's repeat is no aliasing, a live SWA page on the free list is its own cause).
+RULE_SCENARIOS = ("reuse-under-radix-sharer", "double-allocation", "swa-freed-while-live")

@@ -221,6 +221,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     page_size=page,
                 )
             )
+    found += _out_of_lockstep(full, swa, page)
     found += _swa_leaks(dump, full, swa)
     writes = _swa_writes(dump, cells, plan, every_full, every_swa)
     # a write's own full slot sharing the SWA slot is that write's finding, not a second owner's
@@ -229,17 +230,69 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
     return found + writes
 
 
+def _out_of_lockstep(full: np.ndarray, swa: np.ndarray, page: int) -> list[Finding]:
+    """Mapped entries that break the pages' lockstep: SGLang allocates, maps and frees full
+    and SWA pages together, so a token sits at the same offset of its page in both pools and
+    a full page's mapped tokens all map into one SWA page. An entry off its offset, or off the
+    SWA page most of its full page's tokens map to (the lower page on a tie), was written on
+    its own: a token-level rewrite no page allocation makes.
+
+    `full` ascends (the LUT's order), so a full page's entries are one run: a min and a max
+    per run find the split pages, and only their entries are sorted."""
+    if page <= 1 or full.size == 0:
+        return []
+    full_page, swa_page = full // page, swa // page
+    odd = (full % page) != (swa % page)
+    starts = np.flatnonzero(np.r_[True, full_page[1:] != full_page[:-1]])
+    sizes = np.diff(np.r_[starts, full.size])
+    split = np.minimum.reduceat(swa_page, starts) != np.maximum.reduceat(swa_page, starts)
+    if split.any():
+        entry = np.flatnonzero(np.repeat(split, sizes))
+        group, target = full_page[entry], swa_page[entry]
+        order = np.lexsort((target, group))
+        g, t = group[order], target[order]
+        run = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (t[1:] != t[:-1])])
+        run_size = np.diff(np.r_[run, g.size])
+        # the most common SWA page of each split full page (the lowest on a tie): runs are
+        # sorted by page within a group, so a stable sort by size keeps the lowest first
+        by_size = np.lexsort((np.arange(run.size), -run_size, g[run]))
+        first_of_group = np.r_[True, g[run][by_size][1:] != g[run][by_size][:-1]]
+        chosen = run[by_size][first_of_group]  # one run per group, groups ascending
+        odd[entry] |= target != t[chosen][np.searchsorted(g[chosen], group)]
+    if not odd.any():
+        return []
+    return [
+        _slot_finding(
+            FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP,
+            Group.SWA,
+            Space.FULL,
+            _slot_cells(full[odd], {"swa_slot": swa[odd]}),
+            "full slot {slot} maps to an SWA slot out of lockstep with its page (another "
+            "offset, or another SWA page than the rest of its full page): a mapping written "
+            "token by token",
+            "full slots mapped out of lockstep with their pages (another offset, or another "
+            "SWA page than the rest of their full page): mappings written token by token",
+            {"page_size": page},
+            page_size=page,
+        )
+    ]
+
+
 def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]:
     """SWA pages neither on the SWA free list nor mapped from a held full slot (SGLang's own
     memory check, per page: a request's last page holds unwritten slots that map to 0).
 
-    Needs what is held (`held_full_slots`), the SWA free list and the recorded SWA pool size;
-    without them nothing is guessed. A shrunk dump keeps too little of the LUT and the free
-    list to tell: it is not accounted (docs/dump-format.md, "Shrunk dumps")."""
+    A held full slot is one `held_full_slots` lists, or, without that record, one of the full
+    pool that is not on the full free list: SGLang counts a full slot in use exactly when it
+    is not free. Needs that, the SWA free list and the recorded pool sizes; without them
+    nothing is guessed. A shrunk dump keeps too little of the LUT and the free lists to tell:
+    it is not accounted (docs/dump-format.md, "Shrunk dumps")."""
     held, free = dump.held_full_slots, dump.free_swa_slots
     pool = dump.scalars["num_swa_slots"]
     lut = dump.full_to_swa_index_mapping
-    if held is None or free is None or pool.value is None or pool.assumed or dump.shrunk:
+    if held is None and dump.free_full_slots is None:
+        return []
+    if free is None or pool.value is None or pool.assumed or dump.shrunk:
         return []
     full_pool = dump.scalars["num_full_slots"]
     if lut is None or not lut.complete or lut.element(-1) != -1:
@@ -254,7 +307,12 @@ def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]
     accounted[0] = True  # the padding page
     free_pages = np.asarray(free, dtype=np.int64) // page
     accounted[free_pages[(free_pages >= 0) & (free_pages < pages)]] = True
-    in_use = (swa > 0) & SlotSet(np.asarray(held, dtype=np.int64)).contains(full)
+    if held is not None:
+        owned = SlotSet(np.asarray(held, dtype=np.int64)).contains(full)
+    else:
+        assert dump.free_full_slots is not None
+        owned = ~SlotSet(dump.free_full_slots).contains(full) & (full >= page)
+    in_use = (swa > 0) & owned
     used_pages = swa[in_use] // page
     accounted[used_pages[used_pages < pages]] = True
     leaked = np.flatnonzero(~accounted)

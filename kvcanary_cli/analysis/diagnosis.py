@@ -27,6 +27,8 @@ from kvcanary_cli.analysis.model import (
     FindingCode,
     FirstRaise,
     RequestSummary,
+    Role,
+    Space,
 )
 from kvcanary_cli.analysis.violations.report import CAUSES as EXPLANATION_CAUSES
 from kvcanary_cli.dump.loader import KvDump
@@ -98,6 +100,12 @@ _SUMMARY: dict[CauseCode, str] = {
     "stale or cached owner frees a live request's SWA KV",
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "this step's writes land, through the LUT, on SWA slots "
     "other requests hold in their windows",
+    CauseCode.PARTIAL_PAGE_FREE: "pages freed in part: some tokens of a full page still map to "
+    "an SWA page the allocator released whole, the others were cleared",
+    CauseCode.SWA_FREED_WHILE_LIVE: "SWA pages on the free list while live requests still map "
+    "them: the next allocation hands their KV to another request",
+    CauseCode.SWA_MAPPING_REWRITTEN: "LUT entries out of their pages' lockstep: a full page's "
+    "tokens map to other offsets or other SWA pages, which no page allocation does",
     CauseCode.RADIX_PREFIX_BROKEN: "rows share a slot at one position without sharing the "
     "prefix before it: a copied cell, not radix sharing",
     CauseCode.SWA_LEAK: "SWA pages that are neither free nor mapped from a held full slot: "
@@ -146,6 +154,15 @@ _FIX: dict[CauseCode, str] = {
     "it; clear a replaced or tombstoned full slot's mapping when its SWA slot is reused",
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "recompute the SWA write targets from the current LUT "
     "(a cached swa_out_cache_loc or translation outlived a mapping change)",
+    CauseCode.PARTIAL_PAGE_FREE: "with page_size > 1, clear the LUT for every token of each "
+    "page free_swa releases, not only the tokens passed (SGLang PR #27779); a later free of the "
+    "stale tokens double-frees the page",
+    CauseCode.SWA_FREED_WHILE_LIVE: "find the free that released a mapped SWA page: a deferred "
+    "free group holding a page a recovery or replacement mapped again (SGLang PR #36135), or a "
+    "free by an owner that no longer owns the page (PRs #25385, #25270)",
+    CauseCode.SWA_MAPPING_REWRITTEN: "map and clear the LUT per page, full and SWA pages "
+    "together; find the code that set single entries (a cached translation, a tombstone "
+    "recovery, a copy of one token's mapping)",
     CauseCode.SWA_LEAK: "find the path that clears a mapping without freeing its SWA page (an "
     "eviction or tombstone that drops the LUT entry, a failed allocation that keeps the page; "
     "SGLang issue #27789 with speculative decoding and page_size > 1)",
@@ -303,10 +320,13 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     _writes_into_live(state)
     _reuse_within_request(state)
     _stale_rows(state)
+    _partial_page_frees(state)
+    _swa_freed_while_live(state)
     possible = _lut_or_slots(state)
     for i, f in enumerate(findings):
         if f.code in _BY_CODE:
             state.claim(_BY_CODE[f.code], Confidence.CERTAIN, i)
+    _pages_out_of_lockstep(state)
     _canary_records(state)
     causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
     causes.extend(possible)
@@ -411,7 +431,8 @@ def _stale_rows(state: _Diagnosis) -> None:
     bs = int(prefix.shape[0])
     rows, positions, codes, members = [], [], [], []
     for i, f in enumerate(findings):
-        if f.code not in _STALE_CODES or f.cells is None:
+        # the old owner's tail is full slots; an SWA peer freed in the window is not one
+        if f.code not in _STALE_CODES or f.cells is None or f.space is not Space.FULL:
             continue
         row = f.cells.batch_row
         inside = state.free(i) & (row >= 0) & (row < bs)
@@ -465,6 +486,140 @@ def _stale_rows(state: _Diagnosis) -> None:
             f"{start}..{p - 1}, the last {p - start} of its prefix of {p}, hold "
             f"{_counted(tally)}; the cells before them are clean"
         )
+
+
+#: codes whose cells name a full slot mapped to an SWA slot: the cell's slot (full space) or
+#: its `full_slot` column (SWA space).
+_MAPPED_FULL_SLOT_CODES = frozenset(
+    {
+        FindingCode.FREE_SLOT_STILL_MAPPED,
+        FindingCode.SWA_SLOT_FREE_AND_MAPPED,
+        FindingCode.SWA_SLOT_SHARED_OWNER,
+        FindingCode.SWA_WRITE_TO_LIVE_SLOT,
+        FindingCode.SWA_SLOT_COLLISION,
+        FindingCode.FREED_SLOT_IN_LIVE_RANGE,
+    }
+)
+
+
+def _full_slots(finding: Finding) -> np.ndarray | None:
+    """The full slot of each cell of a finding about a mapping (None: not such a finding)."""
+    if finding.code not in _MAPPED_FULL_SLOT_CODES or finding.cells is None:
+        return None
+    if finding.space is Space.FULL:
+        return cell_slots(finding)
+    return finding.cells.extra.get("full_slot")
+
+
+def _lut_page_mapped(state: _Diagnosis, pages: np.ndarray) -> np.ndarray:
+    """How many tokens of each full page (`pages`, distinct) the LUT maps (value > 0)."""
+    lut = state.dump.full_to_swa_index_mapping
+    page = max(1, state.dump.scalars["page_size"].value or 1)
+    if lut is None or pages.size == 0:
+        return np.zeros(pages.shape, dtype=np.int64)
+    tokens = (pages[:, None] * page + np.arange(page, dtype=np.int64)).reshape(-1)
+    inside = (tokens >= 0) & (tokens < int(lut.shape[0]) - 1)
+    values = np.zeros(tokens.shape, dtype=np.int64)
+    values[inside] = lut.take_known(tokens[inside])[0]
+    mapped: np.ndarray = (values > 0).reshape(pages.size, page).sum(axis=1)
+    return mapped
+
+
+def _partial_page_frees(state: _Diagnosis) -> None:
+    """A free or stale mapping on a full page whose other tokens' entries were cleared: the
+    free cleared the LUT only for the tokens it was given while the allocator released whole
+    pages (SGLang PR #27779). Only with pages of several slots."""
+    page = max(1, state.dump.scalars["page_size"].value or 1)
+    if page <= 1 or state.dump.full_to_swa_index_mapping is None:
+        return
+    members = []
+    for i, f in enumerate(state.findings):
+        full = _full_slots(f)
+        # a free full page, a stale owner outside the batch, an out-of-window live cell: pages
+        # whose unmapped tokens were cleared (a live request's last page is unmapped past its
+        # end without any free)
+        if full is not None and (
+            f.code in (FindingCode.FREE_SLOT_STILL_MAPPED, FindingCode.SWA_SLOT_FREE_AND_MAPPED)
+            or (
+                f.code is FindingCode.FREED_SLOT_IN_LIVE_RANGE
+                and f.space is Space.SWA
+                and f.role is Role.PREFIX
+            )
+        ):
+            members.append((i, full // page))
+    if not members:
+        return
+    pages = distinct(np.concatenate([m[1] for m in members]))
+    partial = pages[_lut_page_mapped(state, pages) < page]
+    if partial.size == 0:
+        return
+    claimed = 0
+    for i, of in members:
+        hit = np.isin(of, partial)
+        if hit.any():
+            state.claim(CauseCode.PARTIAL_PAGE_FREE, Confidence.CERTAIN, i, hit)
+            claimed += 1
+    if not claimed:
+        return
+    mapped = _lut_page_mapped(state, partial)
+    shown = ", ".join(
+        f"full page {int(q)} (slots {int(q) * page}..{int(q) * page + page - 1}): {int(m)} of "
+        f"{page} tokens still mapped"
+        for q, m in zip(partial[:3], mapped[:3], strict=True)
+    )
+    more = f", and {partial.size - 3} more pages" if partial.size > 3 else ""
+    state.evidence(CauseCode.PARTIAL_PAGE_FREE).append(
+        f"{shown}{more}; the rest of each page was cleared: a free that cleared tokens, not pages"
+    )
+
+
+def _swa_freed_while_live(state: _Diagnosis) -> None:
+    """Live full slots whose SWA slots are on the SWA free list: the SWA page went back while a
+    request still maps it. With leaked SWA pages beside it, that is a mapping replaced
+    without freeing the old page, and the new one freed (SGLang PR #36135)."""
+    findings = state.findings
+    page = max(1, state.dump.scalars["page_size"].value or 1)
+    swa_slots = []
+    for i, f in enumerate(findings):
+        if f.code is FindingCode.FREED_SLOT_IN_LIVE_RANGE and f.space is Space.SWA:
+            free = state.free(i)
+            if free.any():
+                swa_slots.append(cell_slots(f)[free])
+                state.claim(CauseCode.SWA_FREED_WHILE_LIVE, Confidence.CERTAIN, i, free)
+    if not swa_slots:
+        return
+    pages = distinct(np.concatenate(swa_slots) // page)
+    unit = "page" if page > 1 else "slot"
+    leaked = sum(f.count for f in findings if f.code is FindingCode.SWA_PAGE_LEAKED)
+    line = (
+        f"{pages.size} SWA {unit}{'s' if pages.size != 1 else ''} on the SWA free list "
+        f"{'are' if pages.size != 1 else 'is'} mapped from live cells"
+    )
+    if leaked:
+        line += (
+            f", and {leaked} SWA page{'s are' if leaked != 1 else ' is'} leaked: the mark of "
+            "a mapping replaced without freeing the page it replaced, the new page then freed "
+            "with a deferred group"
+        )
+    state.evidence(CauseCode.SWA_FREED_WHILE_LIVE).append(line)
+
+
+def _pages_out_of_lockstep(state: _Diagnosis) -> None:
+    """An entry out of its page's lockstep joins the cause of another finding on the same full
+    slot (a stale owner, a stale write translation); alone, it is a mapping rewritten."""
+    known = _SlotCauses()
+    for i, f in enumerate(state.findings):
+        full = _full_slots(f)
+        if full is not None:
+            claimed = state.cause_of[i] != _UNCLAIMED
+            known.add("full", full[claimed], state.cause_of[i][claimed])
+    for i, f in enumerate(state.findings):
+        if f.code is not FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP:
+            continue
+        joined = known.lookup("full", cell_slots(f))
+        for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
+            state.claim(_CAUSES[value], Confidence.CERTAIN, i, joined == value)
+        state.claim(CauseCode.SWA_MAPPING_REWRITTEN, Confidence.CERTAIN, i)
 
 
 class _SlotCauses:

@@ -66,6 +66,8 @@ class Scenario:
     allowed: tuple[str, ...] = ()
     #: the cause `check` must rank first (None for clean scenarios).
     cause: str | None = None
+    #: the smallest page size the fault exists at (a page freed in part needs two slots).
+    min_page_size: int = 1
 
 
 _Cell = tuple[int, int, int]  # (batch row, position, slot)
@@ -466,13 +468,70 @@ def _reserved_freed(d: SynthDump, rng: np.random.Generator) -> None:
 
 
 def _stale_swa_mapping(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PRs #25385, #25270: a full page went back to the free list with its mapping kept,
+    into an SWA page that is free too."""
+    full = _free_page(d, rng, "free_full_slots")
+    swa = _free_page(d, rng, "free_swa_slots")
+    d.tensors["full_to_swa_index_mapping"][full] = swa
+    d.truth = {"slot": int(full[0]), "swa_slot": int(swa[0])}
+
+
+def _partial_page_free(d: SynthDump, rng: np.random.Generator) -> None:
     """SGLang PR #27779: free_swa cleared the LUT only for the tokens passed while the pages
-    went back whole: a free full page keeps mappings into a free SWA page."""
+    went back whole: part of a free full page keeps mappings into a free SWA page."""
     full = _free_page(d, rng, "free_full_slots")
     swa = _free_page(d, rng, "free_swa_slots")
     kept = max(1, full.size // 2)  # the tokens the free did not pass
     d.tensors["full_to_swa_index_mapping"][full[-kept:]] = swa[-kept:]
     d.truth = {"slot": int(full[-kept]), "swa_slot": int(swa[-kept])}
+
+
+def _window_pages(d: SynthDump) -> list[int]:
+    """Full pages whose every live token is an in-window cell mapped to one SWA page."""
+    p = _page_size(d)
+    lut = d.tensors["full_to_swa_index_mapping"]
+    cells = _in_window_cells(d)
+    pages = sorted({c[2] // p for c in cells})
+    held = {c[2] for c in cells}
+    out = []
+    for page in pages:
+        tokens = page * p + np.arange(p)
+        mapped = tokens[lut[tokens] > 0]
+        if mapped.size and all(int(t) in held for t in mapped):
+            out.append(page)
+    return out
+
+
+def _swa_freed_while_live(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PR #36135: tombstone recovery replaced a live page's SWA mapping with a page of a
+    deferred free group; the group was flushed (the new page freed while mapped) and the page
+    it replaced is mapped from nothing (leaked)."""
+    p = _page_size(d)
+    pages = _window_pages(d)
+    if not pages:
+        raise RuntimeError("needs an in-window page")
+    page = pages[int(rng.integers(len(pages)))]
+    tokens = page * p + np.arange(p)
+    lut = d.tensors["full_to_swa_index_mapping"]
+    mapped = tokens[lut[tokens] > 0]
+    replacement = _free_page(d, rng, "free_swa_slots")  # stays on the free list
+    lut[mapped] = replacement[mapped % p]
+    d.truth = {"slot": int(replacement[int(mapped[0]) % p]), "full_slot": int(mapped[0])}
+
+
+def _swa_mapping_rewritten(d: SynthDump, rng: np.random.Generator) -> None:
+    """Two tokens of one full page swap their SWA entries: both pages stay owned and mapped,
+    only the page lockstep (a token's offset is the same in both pools) is broken."""
+    p = _page_size(d)
+    lut = d.tensors["full_to_swa_index_mapping"]
+    pages = [q for q in _window_pages(d) if int((lut[q * p + np.arange(p)] > 0).sum()) >= 2]
+    if p < 2 or not pages:
+        raise RuntimeError("needs pages of two slots or more, one with two mapped tokens")
+    page = pages[int(rng.integers(len(pages)))]
+    tokens = page * p + np.arange(p)
+    a, b = (int(t) for t in tokens[lut[tokens] > 0][:2])
+    lut[a], lut[b] = lut[b], lut[a]
+    d.truth = {"slot": a, "swa_slot": int(lut[a])}
 
 
 def _out_of_window_cells(d: SynthDump) -> list[_Cell]:
@@ -858,11 +917,39 @@ SCENARIOS: dict[str, Scenario] = {
             cause="stale-swa-mapping",
         ),
         Scenario(
+            name="partial-page-free",
+            summary="part of a free full page still maps into a free SWA page (SGLang PR #27779)",
+            spec=_SWA_PAGED,
+            corrupt=_partial_page_free,
+            expected=("free-slot-still-mapped", "swa-slot-free-and-mapped"),
+            cause="partial-page-free",
+            min_page_size=2,
+        ),
+        Scenario(
+            name="swa-freed-while-live",
+            summary="a live page's replacement SWA page freed, the old one leaked (SGLang PR "
+            "#36135)",
+            spec=_SWA_PAGED,
+            corrupt=_swa_freed_while_live,
+            expected=("freed-slot-in-live-range", "swa-page-leaked"),
+            cause="swa-freed-while-live",
+        ),
+        Scenario(
+            name="swa-mapping-rewritten",
+            summary="two tokens of a full page swap their SWA entries (pages out of lockstep)",
+            spec=_SWA_PAGED,
+            corrupt=_swa_mapping_rewritten,
+            expected=("swa-page-out-of-lockstep",),
+            cause="swa-mapping-rewritten",
+            min_page_size=2,
+        ),
+        Scenario(
             name="swa-shared-owner",
             summary="a tombstoned slot's stale mapping onto a live SWA slot (SGLang PR #27586)",
             spec={**_SWA, "evict_prob": 1.0},
             corrupt=_swa_shared_owner,
             expected=("swa-slot-shared-owner",),
+            allowed=("swa-page-out-of-lockstep",),  # the stale entry is off its page's offset
             cause="swa-shared-owner",
         ),
         Scenario(
@@ -871,7 +958,8 @@ SCENARIOS: dict[str, Scenario] = {
             spec=_SWA,
             corrupt=_swa_write_into_live,
             expected=("swa-write-to-live-slot",),
-            allowed=("swa-page-leaked",),  # the written slot's own SWA page is orphaned
+            # the written slot's own SWA page is orphaned; its entry is off its page's offset
+            allowed=("swa-page-leaked", "swa-page-out-of-lockstep"),
             cause="swa-write-into-live-slot",
         ),
         Scenario(
@@ -1142,6 +1230,12 @@ def make_scenario(
     base = SIZES[size]
     spec = replace(base, **scenario.spec)  # type: ignore[arg-type]
     if page_size is not None:
+        if page_size < scenario.min_page_size:
+            raise OptionError(
+                f"scenario {name} needs pages of {scenario.min_page_size} slots or more "
+                f"(got --page-size {page_size})",
+                option="--page-size",
+            )
         spec = replace(spec, page_size=page_size)
     if size in ("medium", "large"):
         spec = replace(spec, expected_pool=False, max_seq_len=base.max_seq_len)

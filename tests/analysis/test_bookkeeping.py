@@ -36,6 +36,8 @@ def test_each_fault_names_its_mechanism_and_its_twin_is_silent(
     name: str, size: str, page_size: int, tmp_path: Path
 ) -> None:
     expected, cause = BOOKKEEPING[name]
+    if page_size < SCENARIOS[name].min_page_size:
+        pytest.skip(f"{name} needs pages of {SCENARIOS[name].min_page_size} slots or more")
     for seed in (0, 1):
         bad = make_scenario(name, seed=seed, size=size, page_size=page_size)
         report = checked(load_dump(bad.save(tmp_path / "bad.safetensors")), kernel="vectorized")
@@ -116,3 +118,99 @@ def test_free_list_duplicates_are_counted_once_per_slot(tmp_path: Path) -> None:
     )
     assert listed == {int(free[0]): 4, int(free[1]): 2}
     assert finding.batch_row is None and finding.position is None
+
+
+def _lockstep_cells(full: np.ndarray, swa: np.ndarray, page: int) -> dict[int, int]:
+    """{full slot: SWA slot} of the entries `_out_of_lockstep` reports."""
+    from kvcanary_cli.analysis.bookkeeping import _out_of_lockstep
+
+    found = _out_of_lockstep(full.astype(np.int64), swa.astype(np.int64), page)
+    if not found:
+        return {}
+    [finding] = found
+    assert finding.code is FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP and finding.cells is not None
+    assert finding.cells.slot is not None
+    return dict(
+        zip(finding.cells.slot.tolist(), finding.cells.extra["swa_slot"].tolist(), strict=True)
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    page=st.sampled_from([2, 4, 16]),
+    pages=st.integers(1, 40),
+    seed=st.integers(0, 10_000),
+)
+def test_pages_mapped_in_lockstep_are_silent_and_one_moved_entry_is_named(
+    page: int, pages: int, seed: int
+) -> None:
+    """Full pages mapped whole or in part (a request's last page) onto shuffled SWA pages at
+    the same offsets are silent; one entry moved to another offset or another SWA page is the
+    one named (never its page's other tokens)."""
+    rng = np.random.default_rng(seed)
+    swa_pages = rng.permutation(np.arange(1, pages + 1))
+    used = rng.integers(1, page + 1, size=pages)  # tokens mapped from each page's start
+    full = np.concatenate([(q + 1) * page + np.arange(n) for q, n in enumerate(used)])
+    swa = np.concatenate([s * page + np.arange(n) for s, n in zip(swa_pages, used, strict=True)])
+    assert _lockstep_cells(full, swa, page) == {}
+    moved = swa.copy()
+    k = int(rng.integers(full.size))
+    moved[k] = (pages + 1) * page + int(rng.integers(page))  # a page no one else maps to
+    if used[(full[k] // page) - 1] < 2 and moved[k] % page == full[k] % page:
+        return  # a page's only token, moved whole: still in lockstep
+    assert _lockstep_cells(full, moved, page) == {int(full[k]): int(moved[k])}
+
+
+def test_a_split_page_names_the_tokens_off_its_majority() -> None:
+    full = np.arange(4, 8)
+    assert _lockstep_cells(full, np.array([8, 9, 10, 11]), 4) == {}
+    assert _lockstep_cells(full, np.array([8, 10, 9, 11]), 4) == {5: 10, 6: 9}  # swapped
+    assert _lockstep_cells(full, np.array([8, 9, 42, 11]), 4) == {6: 42}  # another page
+    assert _lockstep_cells(full, np.array([8, 9, 14, 15]), 4) == {6: 14, 7: 15}  # a tie: lower
+    assert _lockstep_cells(full, np.array([8, 10, 9, 11]), 1) == {}  # no pages, no lockstep
+
+
+@pytest.mark.parametrize(
+    ("name", "cause"),
+    [
+        ("use-after-free", "use-after-free"),
+        ("cross-request-aliasing", "cross-request-aliasing"),
+        ("stale-tail", "stale-row-read"),
+        ("duplicate-slot-in-row", "slot-reused-within-request"),
+        ("swa-lut-cleared-in-window", "swa-mapping-cleared-in-window"),
+        ("slot-beyond-pool-swa", "slot-index-corrupt"),
+    ],
+)
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_symptom_causes_keep_their_names_with_pages(
+    name: str, cause: str, page_size: int, tmp_path: Path
+) -> None:
+    """The page rules claim only what they explain: faults of live cells keep their causes at
+    any page size, and a slot no pool holds is not read as a broken radix prefix after it."""
+    for seed in range(3):
+        bad = make_scenario(name, seed=seed, size="small", page_size=page_size)
+        report = checked(load_dump(bad.save(tmp_path / "bad.safetensors")), kernel="none")
+        assert report.diagnosis[0].code.value == cause, (name, seed)
+        codes = {f.code.value for f in report.findings}
+        assert "slot-shared-without-prefix" not in codes, (name, seed)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_leaks_are_accounted_from_the_free_lists_when_held_slots_are_not_recorded(
+    page_size: int, tmp_path: Path
+) -> None:
+    """Without `held_full_slots`, every full slot off the full free list counts as held (what
+    SGLang counts in use): the leak is still found, its twin stays silent, and a dump without
+    the full free list is not accounted at all."""
+    for seed in range(3):
+        for corrupt in (True, False):
+            state = make_scenario("swa-page-leak", seed=seed, page_size=page_size, corrupt=corrupt)
+            del state.tensors["held_full_slots"]
+            dump = load_dump(state.save(tmp_path / "leak.safetensors"))
+            codes = {f.code.value for f in checked(dump, kernel="none").findings}
+            assert codes == ({"swa-page-leaked"} if corrupt else set()), (seed, corrupt)
+            del state.tensors["free_full_slots"]
+            dump = load_dump(state.save(tmp_path / "leak.safetensors", overwrite=True))
+            assert "swa-page-leaked" not in {
+                f.code.value for f in checked(dump, kernel="none").findings
+            }

@@ -279,3 +279,19 @@ def test_synth_list_and_write(tmp_path: Path) -> None:
     code, out, _ = run("inspect", str(target), "--format", "json")
     meta = json.loads(out)["other_metadata"]
     assert meta["kvcanary.expected_findings"] == "freed-slot-in-live-range"
+
+
+def test_synth_page_size_sets_both_pools_and_refuses_pages_a_fault_cannot_have(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "paged.safetensors"
+    code, out, _ = run("synth", "partial-page-free", "-o", str(target), "--page-size", "4")
+    assert code == 0 and "page size 4" in out
+    assert load_dump(target).scalars["page_size"].value == 4
+    code, out, err = run(
+        "synth", "partial-page-free", "-o", str(tmp_path / "one.st"), "--page-size", "1"
+    )
+    assert code == 2 and "needs pages of 2 slots or more" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "one.st").exists()
+    code, _, _ = run("check", str(target), "-k", "none", "-f", "json")
+    assert code == 1
