@@ -30,7 +30,41 @@ from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 
-__all__ = ["free_list_findings", "lut_bookkeeping_findings"]
+__all__ = ["free_list_findings", "lut_bookkeeping_findings", "unaudited"]
+
+
+def unaudited(dump: KvDump) -> list[str]:
+    """One note per bookkeeping check the dump lacks a record for, naming what to record (a
+    missing record is said, never filled in with a guess). A shrunk dump says what it dropped
+    in its own record."""
+    if dump.shrunk:
+        return []
+    notes = []
+    swa = dump.full_to_swa_index_mapping is not None
+    if dump.free_full_slots is None:
+        notes.append(
+            "not checked without free_full_slots: live slots on the free list, double frees "
+            "of the full pool (record the full allocator's free pages, expanded to slots)"
+        )
+    if swa and dump.free_swa_slots is None:
+        notes.append(
+            "not checked without free_swa_slots: live SWA slots on the free list, stale SWA "
+            "mappings, SWA double frees and leaks (record the SWA allocator's free pages, "
+            "expanded to slots)"
+        )
+    lists = dump.free_swa_slots is not None and (
+        dump.free_full_slots is not None or dump.held_full_slots is not None
+    )
+    unrecorded = [
+        name
+        for name in ("num_full_slots", "num_swa_slots")
+        if dump.scalars[name].value is None or dump.scalars[name].assumed
+    ]
+    if swa and lists and unrecorded:
+        notes.append(
+            f"SWA leaks not accounted: record {' and '.join(unrecorded)} (the pools' sizes)"
+        )
+    return notes
 
 
 def _slot_cells(slots: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> CellColumns:

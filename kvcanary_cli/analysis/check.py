@@ -16,7 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcanary_cli.analysis.bookkeeping import free_list_findings, lut_bookkeeping_findings
+from kvcanary_cli.analysis.bookkeeping import (
+    free_list_findings,
+    lut_bookkeeping_findings,
+    unaudited,
+)
 from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
@@ -103,7 +107,7 @@ def run_check(
         bs=dump.bs,
         groups=summaries,
         findings=tuple(sorted(findings, key=Finding.order_key)),
-        notes=tuple(dump.notes),
+        notes=(*dump.notes, *unaudited(dump)),
         kernel_mode=kernel.mode if kernel else None,
         diagnosis=causes,
         requests=requests,

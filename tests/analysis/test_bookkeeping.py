@@ -214,3 +214,22 @@ def test_leaks_are_accounted_from_the_free_lists_when_held_slots_are_not_recorde
             assert "swa-page-leaked" not in {
                 f.code.value for f in checked(dump, kernel="none").findings
             }
+
+
+def test_a_check_the_dump_has_no_record_for_says_what_to_record(tmp_path: Path) -> None:
+    """A missing free list or pool size is named in the report's notes, never guessed; a dump
+    with every record has no such note."""
+    from kvcanary_cli.analysis.bookkeeping import unaudited
+
+    state = make_scenario("clean-swa-paged", seed=0)
+    whole = checked(load_dump(state.save(tmp_path / "whole.safetensors")), kernel="none")
+    assert not [n for n in whole.notes if "record" in n]
+    del state.tensors["free_swa_slots"]
+    dump = load_dump(state.save(tmp_path / "no-swa-list.safetensors"))
+    [note] = unaudited(dump)
+    assert note.startswith("not checked without free_swa_slots") and "SWA allocator" in note
+    assert note in checked(dump, kernel="none").notes
+    state = make_scenario("clean-swa-paged", seed=0)
+    del state.metadata["num_swa_slots"]
+    dump = load_dump(state.save(tmp_path / "no-pool.safetensors"))
+    assert unaudited(dump) == ["SWA leaks not accounted: record num_swa_slots (the pools' sizes)"]
