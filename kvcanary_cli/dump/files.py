@@ -5,6 +5,7 @@ Standard library only, so that the CLI can write reports without importing torch
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from kvcanary_cli.errors import PathError
+from kvcanary_cli.errors import PathError, PathExistsError
 
 __all__ = ["write_atomically"]
 
@@ -45,7 +46,9 @@ def write_atomically(
     replaced, nor one of `inputs` (the files the caller read: kvcanary never replaces the
     evidence it was given), nor an existing file unless `overwrite`. The data goes to a
     temporary file beside it, renamed over the target when complete, so no reader sees half a
-    file. The file gets the replaced file's mode, or the umask's for a new one.
+    file. Without `overwrite` the complete file takes the name only if the name is still
+    free then (two runs writing one target: one writes it, the other is told it exists). The
+    file gets the replaced file's mode, or the umask's for a new one.
     """
     if str(path) == "-":
         write(sys.stdout.buffer)
@@ -77,7 +80,7 @@ def write_atomically(
                 hint="write to another path",
             )
         if not overwrite:
-            raise PathError("exists", path=shown, hint="pass --force to overwrite it")
+            raise _exists(shown)
     if not path.parent.is_dir():
         raise PathError(
             "is in a directory that does not exist", path=shown, hint="create the directory first"
@@ -91,7 +94,13 @@ def write_atomically(
         with os.fdopen(fd, "wb") as handle:
             write(handle)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _publish_new(Path(tmp), path)
+    except FileExistsError:
+        Path(tmp).unlink(missing_ok=True)
+        raise _exists(shown) from None
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise PathError(f"cannot be written: {exc.strerror}", path=shown) from None
@@ -99,3 +108,32 @@ def write_atomically(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _exists(shown: str) -> PathExistsError:
+    return PathExistsError("exists", path=shown, hint="pass --force to overwrite it")
+
+
+#: Why a hard link may fail on a file system that has no hard links (FAT, some FUSE mounts).
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
+
+
+def _publish_new(tmp: Path, path: Path) -> None:
+    """Give the complete `tmp` the name `path` only if no file has it: a hard link fails on
+    an existing name (FileExistsError) where a rename would replace it."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        # No hard links here: claim the name with an empty file, then rename over it.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return
+    tmp.unlink()
