@@ -135,7 +135,7 @@ def violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
     )
     rendered = render.render_violations(report, output_format, max_rows=max_rows)
-    deliver(rendered, output, force=force, inputs=opt.named_files(sources, dump))
+    deliver(rendered, output, force=force, inputs=opt.input_files(sources, dump))
     raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
 
 

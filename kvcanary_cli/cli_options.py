@@ -36,7 +36,7 @@ __all__ = [
     "OneLineErrors",
     "check_exit",
     "fail",
-    "named_files",
+    "input_files",
     "parse_positions",
     "run",
     "with_scalar_overrides",
@@ -117,10 +117,9 @@ def check_exit(report: CheckReport) -> ExitCode:
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
-def named_files(sources: Sequence[str], dump: str | os.PathLike[str] | None) -> list[str]:
-    """The files a command read (stdin, `-`, is not one), which its `--output` may not replace."""
-    named = [source for source in sources if source != "-"]
-    return named + ([os.fspath(dump)] if dump is not None else [])
+def input_files(sources: Sequence[str], dump: str | os.PathLike[str] | None) -> list[str]:
+    """What a command read (`-`: standard input's file), which its `--output` may not replace."""
+    return [*sources, *([os.fspath(dump)] if dump is not None else [])]
 
 
 def fail(message: str, code: int) -> NoReturn:

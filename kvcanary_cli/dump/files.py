@@ -16,14 +16,28 @@ from typing import BinaryIO
 
 from kvcanary_cli.errors import PathError, PathExistsError
 
-__all__ = ["write_atomically"]
+__all__ = ["STANDARD_INPUT", "write_atomically"]
 
 
-def _same_file(a: Path, b: Path) -> bool:
+#: How a command names standard input among its inputs, as on its command line.
+STANDARD_INPUT = "-"
+
+
+def _file_id(source: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(device, inode) of an input; for `-`, of standard input's file when it is a regular one
+    (`cmd - -o LOG < LOG` reads LOG as surely as `cmd LOG -o LOG`). None: nothing to protect."""
     try:
-        return a.samefile(b)
-    except OSError:
-        return False
+        if str(source) == STANDARD_INPUT:
+            if sys.stdin is None:
+                return None
+            info = os.fstat(sys.stdin.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return None
+        else:
+            info = os.stat(source)
+    except (OSError, ValueError):  # ValueError: a replaced stdin without a descriptor
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _umask() -> int:
@@ -43,12 +57,13 @@ def write_atomically(
 
     `-` is standard output. Otherwise the target must be a regular file or not exist yet, in
     an existing directory: a directory, FIFO, device, socket or symbolic link is never
-    replaced, nor one of `inputs` (the files the caller read: kvcanary never replaces the
-    evidence it was given), nor an existing file unless `overwrite`. The data goes to a
-    temporary file beside it, renamed over the target when complete, so no reader sees half a
-    file. Without `overwrite` the complete file takes the name only if the name is still
-    free then (two runs writing one target: one writes it, the other is told it exists). The
-    file gets the replaced file's mode, or the umask's for a new one.
+    replaced, nor one of `inputs` (the files the caller read, `-` for standard input: kvcanary
+    never replaces the evidence it was given, however it was named), nor an existing file
+    unless `overwrite`. The data goes to a temporary file beside it, renamed over the target
+    when complete, so no reader sees half a file. Without `overwrite` the complete file takes
+    the name only if the name is still free then (two runs writing one target: one writes it,
+    the other is told it exists). The file gets the replaced file's mode, or the umask's for a
+    new one.
     """
     if str(path) == "-":
         write(sys.stdout.buffer)
@@ -73,7 +88,7 @@ def write_atomically(
             )
         if not stat.S_ISREG(info.st_mode):
             raise PathError("is not a regular file; refusing to replace it", path=shown)
-        if any(_same_file(path, Path(source)) for source in inputs):
+        if (info.st_dev, info.st_ino) in {_file_id(source) for source in inputs}:
             raise PathError(
                 "is an input of this command; refusing to overwrite it",
                 path=shown,

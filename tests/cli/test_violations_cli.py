@@ -225,3 +225,24 @@ def test_outputs_follow_the_output_rules(made: dict[str, Path], tmp_path: Path) 
         str(tmp_path / "e.safetensors"),
     )
     assert code == 2 and "--log" in err, err
+
+
+def test_standard_inputs_file_is_never_replaced(made: dict[str, Path], tmp_path: Path) -> None:
+    """`violations - -o LOG --force < LOG` is `violations LOG -o LOG`: refused, LOG intact."""
+    log = tmp_path / "server.log"
+    log.write_bytes(made["canary-aliasing.log"].read_bytes())
+    with log.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvcanary_cli", "violations", "-", "-o", str(log), "--force"],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: {log}: is an input of this command; refusing to overwrite it "
+        "(write to another path)"
+    ]
+    assert log.read_bytes() == made["canary-aliasing.log"].read_bytes()

@@ -57,3 +57,19 @@ def test_without_hard_links_a_new_file_is_still_created_exclusively(
         )
     assert (tmp_path / "other.bin").read_bytes() == b"theirs"
     assert sorted(os.listdir(tmp_path)) == ["new.bin", "other.bin"]
+
+
+def test_standard_inputs_file_is_an_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-` among the inputs is standard input: its file is never replaced, a pipe is no file."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"the evidence")
+    with log.open() as stdin:
+        monkeypatch.setattr(files.sys, "stdin", stdin)
+        with pytest.raises(PathError, match="is an input"):
+            write_atomically(log, lambda handle: handle.write(b"report"), inputs=["-"])
+    assert log.read_bytes() == b"the evidence"
+    read, write = os.pipe()
+    with os.fdopen(read) as stdin, os.fdopen(write):
+        monkeypatch.setattr(files.sys, "stdin", stdin)
+        write_atomically(tmp_path / "r.txt", lambda handle: handle.write(b"ok"), inputs=["-"])
+    assert (tmp_path / "r.txt").read_bytes() == b"ok"
