@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from kvcanary_cli.errors import PathError, PathExistsError
 
-__all__ = ["STANDARD_INPUT", "write_atomically"]
+__all__ = ["STANDARD_INPUT", "same_target", "write_atomically"]
 
 
 #: How a command names standard input among its inputs, as on its command line.
@@ -38,6 +38,25 @@ def _file_id(source: str | os.PathLike[str]) -> tuple[int, int] | None:
     except (OSError, ValueError):  # ValueError: a replaced stdin without a descriptor
         return None
     return info.st_dev, info.st_ino
+
+
+def same_target(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths to write name one file, however spelled (`x.st`, `./x.st`,
+    `/abs/x.st`, a directory reached through a link), or are one existing file."""
+    if str(a) == str(b):
+        return True
+    if "-" in (str(a), str(b)):  # `-` to write to is standard output, no file
+        return False
+    a_id = _file_id(a)
+    if a_id is not None and a_id == _file_id(b):
+        return True
+    return _entry(a) == _entry(b)
+
+
+def _entry(path: str | os.PathLike[str]) -> Path:
+    """The directory entry `path` names: its directory resolved, its own name as given."""
+    named = Path(path)
+    return Path(os.path.realpath(named.parent)) / named.name
 
 
 def _umask() -> int:
