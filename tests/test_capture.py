@@ -649,7 +649,7 @@ def test_restarted_servers_never_replace_an_earlier_dump(
 ) -> None:
     """Three server runs sharing one dump directory, each PID 1 in its own namespace and
     failing at the same step: three dumps, each run's note intact."""
-    monkeypatch.setattr(capture.os, "getpid", lambda: 1)
+    monkeypatch.setattr(os, "getpid", lambda: 1)
     install_sglang_hook(tmp_path, module=stand_in)
     for run in range(3):
         monkeypatch.setattr(capture, "_calls", itertools.count())  # a fresh process

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from pathlib import Path
 from typing import BinaryIO
 
 import pytest
 
-from kvcanary_cli.dump import files
 from kvcanary_cli.dump.files import write_atomically
 from kvcanary_cli.errors import PathError, PathExistsError
 
@@ -42,7 +42,7 @@ def test_without_hard_links_a_new_file_is_still_created_exclusively(
     def no_links(*_args: object, **_kwargs: object) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(files.os, "link", no_links)
+    monkeypatch.setattr(os, "link", no_links)
     target = tmp_path / "new.bin"
     write_atomically(target, lambda handle: handle.write(b"data"), overwrite=False)
     assert target.read_bytes() == b"data" and os.listdir(tmp_path) == ["new.bin"]
@@ -64,12 +64,12 @@ def test_standard_inputs_file_is_an_input(tmp_path: Path, monkeypatch: pytest.Mo
     log = tmp_path / "server.log"
     log.write_bytes(b"the evidence")
     with log.open() as stdin:
-        monkeypatch.setattr(files.sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stdin", stdin)
         with pytest.raises(PathError, match="is an input"):
             write_atomically(log, lambda handle: handle.write(b"report"), inputs=["-"])
     assert log.read_bytes() == b"the evidence"
     read, write = os.pipe()
     with os.fdopen(read) as stdin, os.fdopen(write):
-        monkeypatch.setattr(files.sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stdin", stdin)
         write_atomically(tmp_path / "r.txt", lambda handle: handle.write(b"ok"), inputs=["-"])
     assert (tmp_path / "r.txt").read_bytes() == b"ok"
