@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from kvcanary_cli.dump.streams import writing_to_standard_output
 from kvcanary_cli.errors import PathError, PathExistsError
 
 __all__ = ["STANDARD_INPUT", "same_target", "write_atomically"]
@@ -85,8 +86,9 @@ def write_atomically(
     new one.
     """
     if str(path) == "-":
-        write(sys.stdout.buffer)
-        sys.stdout.buffer.flush()
+        with writing_to_standard_output():
+            write(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
         return Path("-")
     if not str(path):
         raise PathError("is empty; name a file to write", path="''")
