@@ -215,12 +215,13 @@ def synth(
     """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
     and diagnosis in its metadata, and with `log` a kv_canary server log of its violations;
     `page_size` overrides the scenario's. Returns the line saying what was written."""
+    from kvcanary_cli.dump.files import same_target
     from kvcanary_cli.synth.scenarios import make_scenario
     from kvcanary_cli.synth.server_log import write_scenario_log
 
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
-    if log is not None and str(log) == str(out):
+    if log is not None and same_target(log, out):
         raise OptionError("names the dump's own file; give the log another name", option="--log")
     state = make_scenario(scenario, seed=seed, size=size, page_size=page_size)
     path = state.save(Path(out), overwrite=force)

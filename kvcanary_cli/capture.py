@@ -123,6 +123,13 @@ def save_plan_inputs(
     `req_pool_indices`, `prefix_lens` or `req_to_token` is missing; dump errors (a float
     tensor, say) propagate from `kvcanary_cli.dump.save_dump`.
     """
+    from kvcanary_cli.dump.writer import write_dump  # deferred: keeps `import capture` light
+
+    return write_dump(path, _dump_contents(kwargs, metadata, context))
+
+
+def _check_arguments(kwargs: Mapping[str, object], context: Mapping[str, object] | None) -> None:
+    """The TypeErrors of `save_plan_inputs`, raised before anything is converted."""
     unknown = sorted(set(kwargs) - set(PLAN_ARGUMENTS))
     if unknown:
         names = ", ".join(repr(name) for name in unknown)
@@ -139,9 +146,17 @@ def save_plan_inputs(
             f"outside the call: {', '.join(map(repr, foreign))}"
         )
 
-    # deferred: keeps `import capture` light
+
+def _dump_contents(
+    kwargs: Mapping[str, object],
+    metadata: Mapping[str, object] | None,
+    context: Mapping[str, object] | None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The checked arrays and metadata of the dump of one call (see `save_plan_inputs`)."""
     from kvcanary_cli.dump.atomic import host_array
-    from kvcanary_cli.dump.writer import save_dump
+    from kvcanary_cli.dump.writer import dump_contents
+
+    _check_arguments(kwargs, context)
 
     tensors: dict[str, Any] = {
         name: value for name, value in kwargs.items() if name not in LAUNCHER_OUTPUTS
@@ -168,7 +183,7 @@ def save_plan_inputs(
     if tensors.get("full_to_swa_index_mapping") is None:
         # Upstream plans the full group for this call; an SWA group needs the LUT anyway.
         meta.setdefault("groups", "full")
-    return save_dump(path, metadata=meta, **tensors)
+    return dump_contents(meta, tensors)
 
 
 def install_sglang_hook(
@@ -180,8 +195,9 @@ def install_sglang_hook(
     """Wrap SGLang's plan launcher so that a call that raises leaves a dump in `dump_dir`.
 
     The dump is `kvcanary-rank{rank}-step{n:06d}.safetensors`, n counting launcher calls in this
-    process (SGLang plans once per KV group per forward step), with the exception text in the
-    metadata key `note`. The original exception is then re-raised as the same object with its
+    process (SGLang plans once per KV group per forward step; `-pid{pid}`, then `-pid{pid}-2`...
+    added when the name is taken: an existing dump is never replaced), with the exception text
+    in the metadata key `note`. The original exception is then re-raised as the same object with its
     traceback; a failure to write the dump is logged (logger `kvcanary.capture`) and never
     replaces it. Successful calls only pay one counter increment.
 
@@ -311,13 +327,9 @@ def _dump_failed_call(
         if unknown:
             note += f" (arguments not saved: {', '.join(unknown)})"
         inputs = {name: value for name, value in kwargs.items() if name in PLAN_ARGUMENTS}
-        path = _free_path(dump_dir / f"kvcanary-rank{rank}-step{step:06d}.safetensors")
-        save_plan_inputs(
-            path,
-            metadata={"rank": rank, "step": step, "note": note},
-            context=server_context(kwargs.get("req_to_token")),
-            **inputs,
-        )
+        context = server_context(kwargs.get("req_to_token"))
+        contents = _dump_contents(inputs, {"rank": rank, "step": step, "note": note}, context)
+        path = _write_new(dump_dir / f"kvcanary-rank{rank}-step{step:06d}.safetensors", contents)
         _written[0] += 1  # only dumps written count against the limit
     except Exception as dump_exc:
         logger.warning(
@@ -336,11 +348,28 @@ def _dump_failed_call(
     )
 
 
-def _free_path(path: Path) -> Path:
-    """`path`, or a pid-suffixed sibling when another process (same rank and step) wrote it."""
-    if not path.exists():
-        return path
-    return path.with_name(f"{path.stem}-pid{os.getpid()}{path.suffix}")
+#: Names tried for one dump before giving up on it.
+_MAX_NAMES = 1000
+
+
+def _write_new(path: Path, contents: tuple[dict[str, Any], dict[str, str]]) -> Path:
+    """Write the dump as a new file: `path`, else `-pid{pid}`, else `-pid{pid}-2`, ... .
+
+    Each name is created exclusively: another process of the same rank and step (a restarted
+    server, whose PID may be 1 again in its container) never replaces earlier evidence.
+    """
+    from kvcanary_cli.dump.writer import write_dump
+    from kvcanary_cli.errors import PathExistsError
+
+    suffixed = f"{path.stem}-pid{os.getpid()}"
+    names = [path.name, f"{suffixed}{path.suffix}"]
+    names += (f"{suffixed}-{n}{path.suffix}" for n in range(2, _MAX_NAMES))
+    for name in names:
+        try:
+            return write_dump(path.with_name(name), contents, overwrite=False)
+        except PathExistsError:
+            continue
+    raise FileExistsError(f"{path} and {_MAX_NAMES - 1} suffixed names exist")
 
 
 def _detect_rank() -> int:

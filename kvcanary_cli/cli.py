@@ -14,7 +14,7 @@ from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.analysis.model import Group, Severity, Space
 from kvcanary_cli.cli_options import ExitCode, GroupChoice, fail, with_scalar_overrides
-from kvcanary_cli.output import deliver
+from kvcanary_cli.output import deliver, tell
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
@@ -37,7 +37,7 @@ app = typer.Typer(
 def _root(ctx: typer.Context, version: opt.VersionOpt = False) -> None:
     """Diagnose KV-cache dumps of SGLang's kv canary."""
     if ctx.invoked_subcommand is None:  # `kvcanary` alone: the help, as a usage error
-        typer.echo(ctx.get_help(), err=True)
+        tell(ctx.get_help(), on_stderr=True)
         raise typer.Exit(opt.ExitCode.BAD_INPUT)
 
 
@@ -135,7 +135,7 @@ def violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
     )
     rendered = render.render_violations(report, output_format, max_rows=max_rows)
-    deliver(rendered, output, force=force, inputs=opt.named_files(sources, dump))
+    deliver(rendered, output, force=force, inputs=opt.input_files(sources, dump))
     raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
 
 
@@ -197,7 +197,7 @@ def shrink(
     violation ring), in the original pool rows, positions and slots, and records the original's
     name, size and sha256 and what was dropped. `check` gives the same findings on it.
     """
-    typer.echo("\n".join(api.shrink(dump, out, overrides=overrides, force=force).summary_lines()))
+    tell("\n".join(api.shrink(dump, out, overrides=overrides, force=force).summary_lines()))
 
 
 @app.command()
@@ -215,12 +215,12 @@ def synth(
 
     Its metadata names the findings `check` must report and the cause it must rank first."""
     if list_:
-        typer.echo("\n".join(api.scenarios()))
+        tell("\n".join(api.scenarios()))
         return
     wrote = api.synth(
         scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size
     )
-    typer.echo(printable(wrote), err=str(out) == "-")
+    tell(printable(wrote), on_stderr=str(out) == "-")
 
 
 @app.command()

@@ -23,6 +23,11 @@ from typer.core import TyperGroup
 from kvcanary_cli import __version__
 from kvcanary_cli.analysis.model import CheckReport, Severity, Space
 from kvcanary_cli.dump.schema import SCALARS, Group
+from kvcanary_cli.dump.streams import (
+    prepare_standard_streams,
+    write_standard_error,
+    writing_to_standard_output,
+)
 from kvcanary_cli.errors import KvcanaryError, OptionError, UpstreamPlanError
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
@@ -36,7 +41,7 @@ __all__ = [
     "OneLineErrors",
     "check_exit",
     "fail",
-    "named_files",
+    "input_files",
     "parse_positions",
     "run",
     "with_scalar_overrides",
@@ -111,25 +116,25 @@ def check_exit(report: CheckReport) -> ExitCode:
     """`check`'s exit code; each unreadable dump's error goes to stderr on the way."""
     for bad in report.dumps:
         if bad.error is not None:
-            typer.echo(printable(f"error: {bad.error}"), err=True)
+            write_standard_error(printable(f"error: {bad.error}"))
     if report.bad_input:
         return ExitCode.BAD_INPUT
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
-def named_files(sources: Sequence[str], dump: str | os.PathLike[str] | None) -> list[str]:
-    """The files a command read (stdin, `-`, is not one), which its `--output` may not replace."""
-    named = [source for source in sources if source != "-"]
-    return named + ([os.fspath(dump)] if dump is not None else [])
+def input_files(sources: Sequence[str], dump: str | os.PathLike[str] | None) -> list[str]:
+    """What a command read (`-`: standard input's file), which its `--output` may not replace."""
+    return [*sources, *([os.fspath(dump)] if dump is not None else [])]
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """Print one line on stderr and exit with `code`.
+    """Print one line on stderr and exit with `code` (the line is lost with a closed stderr,
+    the code never is).
 
     The line is escaped (`printable`): it may quote a file name, a tensor name, an option value
     or an exception's text, none of which may reach the terminal as control characters.
     """
-    typer.echo(printable(message), err=True)
+    write_standard_error(printable(message))
     sys.exit(code)
 
 
@@ -148,6 +153,7 @@ def internal_error(exc: Exception) -> NoReturn:
 def run(app: typer.Typer, args: Sequence[str] | None) -> None:
     """Run `app` as `kvcanary`. Typer builds the click command first (from the commands'
     signatures): a failure there is a bug too, and ends in the same one line, exit 3."""
+    prepare_standard_streams()
     try:
         command = typer.main.get_command(app)
     except Exception as exc:
@@ -158,7 +164,8 @@ def run(app: typer.Typer, args: Sequence[str] | None) -> None:
 def show_version(value: bool) -> None:
     """`--version`: an eager option, so it answers before any command is looked for."""
     if value:
-        typer.echo(f"kvcanary {__version__}")
+        with writing_to_standard_output():
+            sys.stdout.write(f"kvcanary {__version__}\n")
         raise typer.Exit()
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "MissingTensorError",
     "OptionError",
     "PathError",
+    "PathExistsError",
     "PlanTooLargeError",
     "PlannerUnavailableError",
     "TensorDtypeError",
@@ -122,6 +123,11 @@ class PathError(KvcanaryError):
     def subject(self) -> str | None:
         """The path."""
         return self.path
+
+
+class PathExistsError(PathError):
+    """The file to write exists and may not be replaced: a caller that must never replace
+    one (the capture hook) picks another name on this error."""
 
 
 class UpstreamPlanError(Exception):

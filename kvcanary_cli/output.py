@@ -1,4 +1,5 @@
-"""Where a rendered view goes: standard output, or a file written the safe way.
+"""Where a rendered view goes: standard output, or a file written the safe way; and where a
+status line goes.
 
 A file gets the view as text (tables at 120 columns, no colour), written atomically, never over
 a command's input, a non-regular file or (without `--force`) an existing file.
@@ -14,9 +15,10 @@ from pathlib import Path
 from rich.console import Console, RenderableType
 
 from kvcanary_cli.dump.files import write_atomically
+from kvcanary_cli.dump.streams import write_standard_error, writing_to_standard_output
 from kvcanary_cli.render.console import PIPED_WIDTH, emit
 
-__all__ = ["deliver"]
+__all__ = ["deliver", "tell"]
 
 
 def deliver(
@@ -28,7 +30,8 @@ def deliver(
 ) -> None:
     """Print `rendered`, or write it to `output` (`-` is standard output)."""
     if output is None or str(output) == "-":
-        emit(rendered)
+        with writing_to_standard_output():
+            emit(rendered)
         return
     if isinstance(rendered, str):
         text = rendered
@@ -40,3 +43,13 @@ def deliver(
     write_atomically(
         Path(output), lambda handle: handle.write(data), inputs=inputs, overwrite=force
     )
+
+
+def tell(text: str, *, on_stderr: bool = False) -> None:
+    """A status line (or a few): on standard output, or on standard error when standard output
+    carries the data itself (`synth -o -`) or the line is a complaint."""
+    if on_stderr:
+        write_standard_error(text)
+        return
+    with writing_to_standard_output():
+        emit(text + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -638,3 +639,35 @@ def test_a_dump_directory_with_a_tilde_is_the_home_directory(
         stand_in.launch_canary_plan_kernels(**plan_kwargs())
     assert len(dumps_in(tmp_path / "kvc")) == 1
     assert not (tmp_path / "~").exists()
+
+
+def test_restarted_servers_never_replace_an_earlier_dump(
+    tmp_path: Path,
+    stand_in: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three server runs sharing one dump directory, each PID 1 in its own namespace and
+    failing at the same step: three dumps, each run's note intact."""
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    install_sglang_hook(tmp_path, module=stand_in)
+    for run in range(3):
+        monkeypatch.setattr(capture, "_calls", itertools.count())  # a fresh process
+        monkeypatch.setattr(capture, "_written", [0])
+        kwargs = plan_kwargs()
+        kwargs["req_to_token"][1, 0] = 100 + run  # tells the runs' dumps apart
+        with caplog.at_level(logging.WARNING, logger="kvcanary.capture"):
+            with pytest.raises(ValueError):
+                stand_in.launch_canary_plan_kernels(**kwargs)
+    names = [p.name for p in dumps_in(tmp_path)]
+    assert names == [
+        "kvcanary-rank0-step000000-pid1-2.safetensors",
+        "kvcanary-rank0-step000000-pid1.safetensors",
+        "kvcanary-rank0-step000000.safetensors",
+    ]
+    first_slots = sorted(int(_dense(load_dump(tmp_path / n).req_to_token)[1, 0]) for n in names)
+    assert first_slots == [100, 101, 102]
+    saved = [r.getMessage() for r in caplog.records if "inputs saved" in r.getMessage()]
+    assert [s.split("saved to ")[1].split(" ")[0] for s in saved] == [
+        str(tmp_path / n) for n in reversed(names)
+    ]

@@ -47,6 +47,7 @@ ALLOWED = {
         "safe_text",
         "errors",
         "dump.schema",
+        "dump.streams",
         "planners",
         "analysis.model",
         "render",
@@ -62,7 +63,7 @@ ALLOWED = {
         "analysis",
         "",
     },  # "" for __version__
-    "output": {"safe_text", "dump.files", "render"},
+    "output": {"safe_text", "dump.files", "dump.streams", "render"},
     "cli": {
         "safe_text",
         "errors",

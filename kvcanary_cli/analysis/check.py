@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +66,7 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.host_parallel import usable_cores
@@ -412,17 +416,111 @@ def attach_provenance(
     return out
 
 
-def _check_path(
-    args: tuple[
-        str, Mapping[str, int | str | None], Planner, Planner | None, tuple[str, ...] | None
-    ],
-) -> DumpReport:
+#: One dump to check, with what to check it with: path, overrides, planner, kernel, groups.
+_Work = tuple[str, Mapping[str, int | str | None], Planner, Planner | None, tuple[str, ...] | None]
+#: What the next --jobs run may do, said after a dump that took its process down with it.
+_FEWER_JOBS = "check it alone, or with fewer --jobs"
+#: What each fatal signal most likely means for a checking process.
+_SIGNAL_HINTS: dict[int, str] = {
+    signal.SIGBUS: "the file shrank while it was mapped: another process truncated or rewrote "
+    "it; check a stable copy",
+    signal.SIGKILL: f"often the out-of-memory killer; {_FEWER_JOBS}",
+}
+
+
+def _error_report(path: str, error: KvcanaryError) -> DumpReport:
+    return DumpReport(path=path, identity={}, bs=0, groups=(), findings=(), error=str(error))
+
+
+def _check_path(args: _Work) -> DumpReport:
     path, overrides, planner, kernel, groups = args
     try:
         dump = load_dump(path, overrides=overrides)
         return run_check(dump, planner=planner, kernel=kernel, groups=groups)
     except KvcanaryError as exc:
-        return DumpReport(path=path, identity={}, bs=0, groups=(), findings=(), error=str(exc))
+        return _error_report(path, exc)
+    except MemoryError:  # this dump's outcome; the other dumps still get theirs
+        message = "ran out of memory while kvcanary checked it"
+        return _error_report(path, DumpError(message, path=path, hint=_FEWER_JOBS))
+
+
+def _died(path: str, exitcode: int | None) -> DumpReport:
+    """The report of a dump whose checking process ended without a report."""
+    if exitcode is not None and exitcode < 0:
+        number = -exitcode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:  # a signal without a name here
+            name = f"signal {number}"
+        message = f"the process checking it was killed by {name}"
+        return _error_report(path, DumpError(message, path=path, hint=_SIGNAL_HINTS.get(number)))
+    message = f"the process checking it ended (exit status {exitcode}) without a report"
+    return _error_report(path, DumpError(message, path=path))
+
+
+def _check_and_send(item: _Work, send: Connection) -> None:
+    """In a process of its own: check one dump and send its report (or the bug raised)."""
+    try:
+        outcome: DumpReport | Exception = _check_path(item)
+    except Exception as exc:
+        outcome = exc
+    send.send(outcome)
+    send.close()
+
+
+def _check_alone(item: _Work, context: SpawnContext) -> DumpReport:
+    """Check one dump in a process of its own: if that process dies, only this dump is lost,
+    and how it died (its signal) is known."""
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_check_and_send, args=(item, send))
+    process.start()
+    send.close()  # the child's end: EOF once the child is gone
+    try:
+        outcome = receive.recv()
+    except EOFError:
+        outcome = None
+    finally:
+        receive.close()
+        process.join()
+    if isinstance(outcome, Exception):
+        raise outcome  # a bug in the worker, as the pool would have raised it
+    return _died(item[0], process.exitcode) if outcome is None else outcome
+
+
+def _check_in_workers(
+    work: Sequence[_Work], workers: int, progress: Callable[[int, int], None] | None
+) -> list[DumpReport]:
+    """Check dumps in `workers` processes, one report per dump whatever happens to the others.
+
+    A worker that dies (SIGBUS, SIGKILL) breaks the whole pool and takes every unfinished
+    dump down with it: those are checked again, each alone in a process of its own, where
+    only the dump at fault dies again, and gets one error saying how.
+    """
+    # spawn, not fork: forking a process that already runs threads (a kernel's torch or
+    # triton, the background planner) can deadlock.
+    context = multiprocessing.get_context("spawn")
+    reports: list[DumpReport | None] = [None] * len(work)
+    done = 0
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_check_path, item) for item in work]
+        for i, future in enumerate(futures):
+            try:
+                reports[i] = future.result()
+            except BrokenProcessPool:
+                continue
+            done += 1
+            if progress:
+                progress(done, len(work))
+    lost = [i for i, report in enumerate(reports) if report is None]
+    if lost:  # as many at once as there were workers: threads that wait on a process each
+        with ThreadPoolExecutor(min(workers, len(lost))) as alone:
+            again = alone.map(lambda i: _check_alone(work[i], context), lost)
+            for i, report in zip(lost, again, strict=True):
+                reports[i] = report
+                done += 1
+                if progress:
+                    progress(done, len(work))
+    return [report for report in reports if report is not None]
 
 
 def check_dumps(
@@ -439,7 +537,8 @@ def check_dumps(
 ) -> CheckReport:
     """Check dumps (one per rank, say), several in parallel processes; one report each.
 
-    A dump that cannot be read gets a report with `error` set instead of stopping the run.
+    A dump that cannot be read, or whose check runs out of memory or dies with its process,
+    gets a report with `error` set instead of stopping the run.
     Planners are pickled to the worker processes. `sglang_installed` is recorded in the
     report as the SGLang version installed here.
     """
@@ -455,12 +554,5 @@ def check_dumps(
             if progress:
                 progress(i + 1, len(work))
     else:
-        # spawn, not fork: forking a process that already runs threads (a kernel's torch or
-        # triton, the background planner) can deadlock.
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            for i, report in enumerate(pool.map(_check_path, work)):
-                reports.append(report)
-                if progress:
-                    progress(i + 1, len(work))
+        reports = _check_in_workers(work, workers, progress)
     return CheckReport(dumps=tuple(reports), fail_on=fail_on, sglang_installed=sglang_installed)

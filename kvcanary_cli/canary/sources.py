@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from kvcanary_cli.dump.header import MAX_HEADER_BYTES
+from kvcanary_cli.dump.streams import STANDARD_INPUT_NAME, standard_input_is_closed
 from kvcanary_cli.errors import PathError
 
 __all__ = ["SourceKind", "source_kind"]
@@ -28,6 +29,10 @@ class SourceKind(StrEnum):
 def source_kind(path: str) -> SourceKind:
     """Classify `path` by its first bytes; a `PathError` when it cannot be read at all."""
     if path == "-":
+        if standard_input_is_closed():
+            raise PathError(
+                "is closed", path=STANDARD_INPUT_NAME, hint="pipe a log into it, or name the log"
+            )
         return SourceKind.LOG
     target = Path(path)
     if not target.exists():

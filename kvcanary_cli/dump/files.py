@@ -5,6 +5,7 @@ Standard library only, so that the CLI can write reports without importing torch
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -13,16 +14,50 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from kvcanary_cli.errors import PathError
+from kvcanary_cli.dump.streams import writing_to_standard_output
+from kvcanary_cli.errors import PathError, PathExistsError
 
-__all__ = ["write_atomically"]
+__all__ = ["STANDARD_INPUT", "same_target", "write_atomically"]
 
 
-def _same_file(a: Path, b: Path) -> bool:
+#: How a command names standard input among its inputs, as on its command line.
+STANDARD_INPUT = "-"
+
+
+def _file_id(source: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(device, inode) of an input; for `-`, of standard input's file when it is a regular one
+    (`cmd - -o LOG < LOG` reads LOG as surely as `cmd LOG -o LOG`). None: nothing to protect."""
     try:
-        return a.samefile(b)
-    except OSError:
+        if str(source) == STANDARD_INPUT:
+            if sys.stdin is None:
+                return None
+            info = os.fstat(sys.stdin.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return None
+        else:
+            info = os.stat(source)
+    except (OSError, ValueError):  # ValueError: a replaced stdin without a descriptor
+        return None
+    return info.st_dev, info.st_ino
+
+
+def same_target(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths to write name one file, however spelled (`x.st`, `./x.st`,
+    `/abs/x.st`, a directory reached through a link), or are one existing file."""
+    if str(a) == str(b):
+        return True
+    if "-" in (str(a), str(b)):  # `-` to write to is standard output, no file
         return False
+    a_id = _file_id(a)
+    if a_id is not None and a_id == _file_id(b):
+        return True
+    return _entry(a) == _entry(b)
+
+
+def _entry(path: str | os.PathLike[str]) -> Path:
+    """The directory entry `path` names: its directory resolved, its own name as given."""
+    named = Path(path)
+    return Path(os.path.realpath(named.parent)) / named.name
 
 
 def _umask() -> int:
@@ -42,14 +77,18 @@ def write_atomically(
 
     `-` is standard output. Otherwise the target must be a regular file or not exist yet, in
     an existing directory: a directory, FIFO, device, socket or symbolic link is never
-    replaced, nor one of `inputs` (the files the caller read: kvcanary never replaces the
-    evidence it was given), nor an existing file unless `overwrite`. The data goes to a
-    temporary file beside it, renamed over the target when complete, so no reader sees half a
-    file. The file gets the replaced file's mode, or the umask's for a new one.
+    replaced, nor one of `inputs` (the files the caller read, `-` for standard input: kvcanary
+    never replaces the evidence it was given, however it was named), nor an existing file
+    unless `overwrite`. The data goes to a temporary file beside it, renamed over the target
+    when complete, so no reader sees half a file. Without `overwrite` the complete file takes
+    the name only if the name is still free then (two runs writing one target: one writes it,
+    the other is told it exists). The file gets the replaced file's mode, or the umask's for a
+    new one.
     """
     if str(path) == "-":
-        write(sys.stdout.buffer)
-        sys.stdout.buffer.flush()
+        with writing_to_standard_output():
+            write(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
         return Path("-")
     if not str(path):
         raise PathError("is empty; name a file to write", path="''")
@@ -70,14 +109,14 @@ def write_atomically(
             )
         if not stat.S_ISREG(info.st_mode):
             raise PathError("is not a regular file; refusing to replace it", path=shown)
-        if any(_same_file(path, Path(source)) for source in inputs):
+        if (info.st_dev, info.st_ino) in {_file_id(source) for source in inputs}:
             raise PathError(
                 "is an input of this command; refusing to overwrite it",
                 path=shown,
                 hint="write to another path",
             )
         if not overwrite:
-            raise PathError("exists", path=shown, hint="pass --force to overwrite it")
+            raise _exists(shown)
     if not path.parent.is_dir():
         raise PathError(
             "is in a directory that does not exist", path=shown, hint="create the directory first"
@@ -91,7 +130,13 @@ def write_atomically(
         with os.fdopen(fd, "wb") as handle:
             write(handle)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _publish_new(Path(tmp), path)
+    except FileExistsError:
+        Path(tmp).unlink(missing_ok=True)
+        raise _exists(shown) from None
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise PathError(f"cannot be written: {exc.strerror}", path=shown) from None
@@ -99,3 +144,32 @@ def write_atomically(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _exists(shown: str) -> PathExistsError:
+    return PathExistsError("exists", path=shown, hint="pass --force to overwrite it")
+
+
+#: Why a hard link may fail on a file system that has no hard links (FAT, some FUSE mounts).
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
+
+
+def _publish_new(tmp: Path, path: Path) -> None:
+    """Give the complete `tmp` the name `path` only if no file has it: a hard link fails on
+    an existing name (FileExistsError) where a rename would replace it."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        # No hard links here: claim the name with an empty file, then rename over it.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return
+    tmp.unlink()

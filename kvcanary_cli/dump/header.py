@@ -20,6 +20,7 @@ from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE
 from kvcanary_cli.errors import CorruptDumpError, DumpError
 
 __all__ = [
+    "FileState",
     "MAX_HEADER_BYTES",
     "MAX_HEADER_VALUES",
     "MAX_METADATA_KEYS",
@@ -66,11 +67,35 @@ class HeaderEntry:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FileState:
+    """Which file a path named, as it was when read: a file put in its place (an atomic
+    replace) has another inode, one rewritten in place another size or modification time."""
+
+    device: int
+    inode: int
+    size: int
+    modified_ns: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> FileState:
+        """The state `os.stat`/`os.fstat` reported."""
+        return cls(
+            device=info.st_dev, inode=info.st_ino, size=info.st_size, modified_ns=info.st_mtime_ns
+        )
+
+    def same_file(self, other: FileState) -> bool:
+        """One file (device and inode), whatever happened to its contents."""
+        return (self.device, self.inode) == (other.device, other.inode)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SafetensorsHeader:
     """The parsed header: tensor entries in file order and the `__metadata__` strings."""
 
     path: Path
     file_size: int
+    #: the file the header was read from.
+    state: FileState
     entries: dict[str, HeaderEntry]
     metadata: dict[str, str]
 
@@ -117,6 +142,8 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         raise _corrupt(path, f"file is {size} bytes, too short to be safetensors")
     try:
         with path.open("rb") as handle:
+            state = FileState.of(os.fstat(handle.fileno()))
+            size = state.size  # the file opened, should another have taken the path since
             header_len = int.from_bytes(handle.read(8), "little")
             if header_len == 0 or header_len > MAX_HEADER_BYTES:
                 raise _corrupt(
@@ -172,7 +199,9 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     entries: dict[str, HeaderEntry] = {}
     for name, entry in parsed.items():
         entries[name] = _parse_entry(path, name, entry, data_start, size)
-    return SafetensorsHeader(path=path, file_size=size, entries=entries, metadata=metadata)
+    return SafetensorsHeader(
+        path=path, file_size=size, state=state, entries=entries, metadata=metadata
+    )
 
 
 class _DuplicateKeyError(Exception):

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from kvcanary_cli.dump.header import HeaderEntry, SafetensorsHeader, read_header
+from kvcanary_cli.dump.header import FileState, HeaderEntry, SafetensorsHeader, read_header
 from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
@@ -155,6 +155,11 @@ class KvDump:
 
     path: Path
     file_size: int
+    #: the file as it was when its tensors were read and mapped: a writer that reads the
+    #: file again (shrink) checks that it still is.
+    file_state: FileState
+    #: the header the tensors were read by.
+    header: SafetensorsHeader
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
     scalars: dict[str, Scalar]
@@ -329,12 +334,18 @@ def load_dump(
         except OSError as exc:
             raise DumpError(f"cannot read: {exc.strerror}") from None
         with handle:
-            if os.fstat(handle.fileno()).st_size < header.file_size:
+            state = FileState.of(os.fstat(handle.fileno()))
+            if not state.same_file(header.state):
+                raise CorruptDumpError(
+                    "another file took its place while kvcanary read it",
+                    hint="another process replaced it; read a stable copy",
+                )
+            if state.size < header.file_size:
                 raise CorruptDumpError(
                     "the file was truncated while kvcanary read it",
                     hint="another process truncated or rewrote it; read a stable copy",
                 )
-            return _read_contents(header, handle, dict(overrides or {}))
+            return _read_contents(header, handle, state, dict(overrides or {}))
     except DumpError as exc:
         if exc.path is None:
             exc.path = str(path)
@@ -342,7 +353,10 @@ def load_dump(
 
 
 def _read_contents(
-    header: SafetensorsHeader, handle: BufferedReader, overrides: dict[str, int | str | None]
+    header: SafetensorsHeader,
+    handle: BufferedReader,
+    state: FileState,
+    overrides: dict[str, int | str | None],
 ) -> KvDump:
     # First: a newer format may legitimately break every other rule below.
     version = header.metadata.get("kvcanary.format")
@@ -445,6 +459,8 @@ def _read_contents(
     return KvDump(
         path=header.path,
         file_size=header.file_size,
+        file_state=state,
+        header=header,
         tensors=infos,
         metadata=dict(header.metadata),
         scalars=scalars,

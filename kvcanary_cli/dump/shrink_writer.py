@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from kvcanary_cli.dump.atomic import write_safetensors
-from kvcanary_cli.dump.header import HeaderEntry, read_header
+from kvcanary_cli.dump.header import FileState, HeaderEntry
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.narrow import dtype_code, narrowest_dtype, original_dtypes_text
 from kvcanary_cli.dump.schema import (
@@ -39,6 +42,7 @@ from kvcanary_cli.dump.schema import (
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
 from kvcanary_cli.dump.sparse import flat_runs, gap_runs
 from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor
+from kvcanary_cli.errors import DumpError
 from kvcanary_cli.safe_text import printable
 
 __all__ = ["FREE_LISTS", "Keep", "ShrinkResult", "file_sha256", "write_shrunk"]
@@ -91,18 +95,42 @@ class ShrinkResult:
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of a file, read in bounded chunks."""
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
+        return _sha256(handle)
+
+
+def _sha256(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    handle.seek(0)
+    while chunk := handle.read(_HASH_CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
-def _mapped(path: Path, entry: HeaderEntry) -> np.ndarray:
+def _mapped(handle: BinaryIO, entry: HeaderEntry) -> np.ndarray:
     dtype = np.dtype(INTEGER_DTYPES[entry.dtype])
     if entry.numel == 0:
         return np.zeros(entry.shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
+    return np.memmap(handle, dtype=dtype, mode="c", offset=entry.offset, shape=entry.shape)
+
+
+@contextmanager
+def _analysed_file(dump: KvDump) -> Iterator[BinaryIO]:
+    """The file `dump` was read from, open, once checked to be that file still, unchanged:
+    a dump replaced (or rewritten) since its analysis would give a small dump with one
+    file's bytes and hash and the other's cells."""
+    try:
+        handle = open(dump.path, "rb")  # closed below, after the check
+    except OSError as exc:
+        raise DumpError(f"cannot be read again: {exc.strerror}", path=str(dump.path)) from None
+    with handle:
+        if FileState.of(os.fstat(handle.fileno())) != dump.file_state:
+            raise DumpError(
+                "changed on disk after kvcanary analysed it",
+                path=str(dump.path),
+                hint="another process replaced or rewrote it; shrink a stable copy",
+            )
+        yield handle
 
 
 def _stored(dump: KvDump, name: str) -> StoredTensor | None:
@@ -160,8 +188,33 @@ def write_shrunk(
     overrides: dict[str, int] | None = None,
     overwrite: bool = False,
 ) -> ShrinkResult:
-    """Write `dump` shrunk to `keep` as a format-1.2 dump at `out` (never over `dump`)."""
-    header = read_header(dump.path)
+    """Write `dump` shrunk to `keep` as a format-1.2 dump at `out` (never over `dump`).
+
+    Its bytes and hash come from the file the analysis read, checked to be unchanged.
+    """
+    with _analysed_file(dump) as handle:
+        return _write_shrunk(
+            dump,
+            keep,
+            handle,
+            out,
+            kvcanary_version=kvcanary_version,
+            overrides=overrides,
+            overwrite=overwrite,
+        )
+
+
+def _write_shrunk(
+    dump: KvDump,
+    keep: Keep,
+    handle: BinaryIO,
+    out: str | os.PathLike[str],
+    *,
+    kvcanary_version: str,
+    overrides: dict[str, int] | None,
+    overwrite: bool,
+) -> ShrinkResult:
+    header = dump.header
     previous = {t.name: t for t in dump.shrink.tensors} if dump.shrink else {}
     tensors: dict[str, np.ndarray] = {}
     cuts: list[TensorCut] = []
@@ -177,9 +230,7 @@ def write_shrunk(
             continue  # written again with their tensor
         if sparse_capable(name):
             stored_sparse = _stored(dump, name)
-            source = (
-                DenseTensor(_mapped(header.path, entry)) if stored_sparse is None else stored_sparse
-            )
+            source = DenseTensor(_mapped(handle, entry)) if stored_sparse is None else stored_sparse
             parts, cut = _sparse_parts(
                 name, source, keep.elements.get(name, np.zeros(0, dtype=np.int64))
             )
@@ -187,7 +238,7 @@ def write_shrunk(
             cuts.append(cut)
             original_dtypes[name] = dtype_code(source.dtype)
         elif name in FREE_LISTS or name in keep.free_lists:  # lists of slots: masked
-            stored = _mapped(header.path, entry)
+            stored = _mapped(handle, entry)
             mask = keep.free_lists.get(name, np.zeros(stored.shape, dtype=bool))
             kept = np.ascontiguousarray(stored[mask])
             tensors[name] = kept
@@ -204,7 +255,7 @@ def write_shrunk(
             )
         elif spec_for(name) is not None or name in SCALARS:
             # 1-d at least, as written before (a 0-d scalar tensor is stored as [1])
-            tensors[name] = np.ascontiguousarray(_mapped(header.path, entry))
+            tensors[name] = np.ascontiguousarray(_mapped(handle, entry))
         else:  # not part of the format: nothing reads it
             cuts.append(
                 TensorCut(
@@ -223,7 +274,7 @@ def write_shrunk(
         merged = {**dump.shrink.overrides, **(overrides or {})}
     else:
         source_name, source_bytes = dump.path.name, dump.file_size
-        source_sha = file_sha256(dump.path)
+        source_sha = _sha256(handle)
         merged = dict(overrides or {})
     record = ShrinkRecord(
         source_name=source_name,

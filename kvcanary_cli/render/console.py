@@ -65,7 +65,7 @@ def progress(message: str, total: int) -> Iterator[Callable[[int, int], None] | 
 
     Yields the callback to report `(done, total)` with, or None when nothing is shown.
     """
-    if not sys.stderr.isatty():
+    if sys.stderr is None or not sys.stderr.isatty():  # None: closed (`2>&-`)
         yield None
         return
     from rich.progress import Progress

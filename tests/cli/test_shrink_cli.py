@@ -4,6 +4,7 @@ original ids, the shrink record, the reproduce command, and one-line errors on b
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,40 @@ def test_refuses_what_it_must_not_write(pair: tuple[Path, Path]) -> None:
         code, out, err = run("shrink", str(original), *args)
         assert code == 2 and out == ""
         assert len(err.strip().splitlines()) == 1 and words in err
+
+
+@pytest.mark.parametrize("change", ["replaced", "rewritten"])
+def test_a_dump_changed_during_the_run_is_refused(
+    change: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The small dump's hash and bytes must come from the file whose cells were analysed:
+    a dump replaced (or rewritten in place) after its analysis is one line, exit 2."""
+    from kvcanary_cli.analysis import shrink_selection
+
+    dump = make_scenario("truncated-lut", seed=1).save(tmp_path / "rank0.safetensors")
+    other = make_scenario("use-after-free", seed=2).save(tmp_path / "other.safetensors")
+    os.utime(dump, ns=(0, 0))  # a rewrite within the clock's tick must still show
+    analyse = shrink_selection.shrink_keep
+
+    def analyse_then_change(*args: Any, **kwargs: Any) -> Any:
+        kept = analyse(*args, **kwargs)
+        if change == "replaced":
+            os.replace(other, dump)  # a server's atomic save of its next dump
+        else:
+            with dump.open("r+b") as handle:
+                handle.seek(-8, os.SEEK_END)
+                handle.write(b"\xff" * 8)
+        return kept
+
+    monkeypatch.setattr(shrink_selection, "shrink_keep", analyse_then_change)
+    small = tmp_path / "small.safetensors"
+    code, out, err = run("shrink", str(dump), "-o", str(small))
+    assert code == 2 and out == "", err
+    assert err.splitlines() == [
+        f"error: {dump}: changed on disk after kvcanary analysed it (another process replaced "
+        "or rewrote it; shrink a stable copy)"
+    ]
+    assert not small.exists()
 
 
 def test_check_json_says_where_it_came_from(pair: tuple[Path, Path]) -> None:

@@ -225,3 +225,45 @@ def test_outputs_follow_the_output_rules(made: dict[str, Path], tmp_path: Path) 
         str(tmp_path / "e.safetensors"),
     )
     assert code == 2 and "--log" in err, err
+
+
+def test_standard_inputs_file_is_never_replaced(made: dict[str, Path], tmp_path: Path) -> None:
+    """`violations - -o LOG --force < LOG` is `violations LOG -o LOG`: refused, LOG intact."""
+    log = tmp_path / "server.log"
+    log.write_bytes(made["canary-aliasing.log"].read_bytes())
+    with log.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvcanary_cli", "violations", "-", "-o", str(log), "--force"],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: {log}: is an input of this command; refusing to overwrite it "
+        "(write to another path)"
+    ]
+    assert log.read_bytes() == made["canary-aliasing.log"].read_bytes()
+
+
+@pytest.mark.parametrize("spelling", ["absolute", "dot-slash", "through-a-link"])
+def test_synth_never_writes_its_log_over_its_dump(
+    spelling: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--log` naming the dump's own file, however spelled, is refused before anything is
+    written (with --force too)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path)
+    log = {
+        "absolute": str(tmp_path / "syn.st"),
+        "dot-slash": "./syn.st",
+        "through-a-link": str(tmp_path / "link" / "syn.st"),
+    }[spelling]
+    code, _, err = run("synth", "canary-aliasing", "-o", "syn.st", "--log", log, "--force")
+    assert code == 2 and err.startswith("error: --log: names the dump's own file"), err
+    assert not (tmp_path / "syn.st").exists()
+    (tmp_path / "syn.st").write_bytes(b"an earlier dump")
+    code, _, err = run("synth", "canary-aliasing", "-o", "syn.st", "--log", log, "--force")
+    assert code == 2 and (tmp_path / "syn.st").read_bytes() == b"an earlier dump"

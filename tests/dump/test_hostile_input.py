@@ -262,6 +262,23 @@ def test_a_dump_truncated_during_the_load_is_one_error(
     assert "\n" not in str(caught.value)
 
 
+def test_a_dump_replaced_between_header_and_tensors_is_one_error(
+    clean_dump: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tensors are read from the file whose header was parsed, or not at all."""
+    other = make_scenario("clean-swa", size="tiny").save(tmp_path / "other.safetensors")
+    real = read_header
+
+    def read_then_replace(path: Any) -> SafetensorsHeader:
+        header = real(path)
+        os.replace(other, clean_dump)  # a server's atomic save of its next dump
+        return header
+
+    monkeypatch.setattr("kvcanary_cli.dump.loader.read_header", read_then_replace)
+    with pytest.raises(CorruptDumpError, match="another file took its place"):
+        load_dump(clean_dump)
+
+
 def test_only_big_tables_are_mapped(clean_dump: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     header = read_header(clean_dump)
     with clean_dump.open("rb") as handle:
