@@ -15,7 +15,14 @@ import os
 import zipfile
 from pathlib import Path
 
-__all__ = ["WHEEL_ENV", "WHEEL_VERSION", "extract_kv_canary", "unpack", "wheel_path"]
+__all__ = [
+    "WHEEL_ENV",
+    "WHEEL_VERSION",
+    "extract_canary_runner",
+    "extract_kv_canary",
+    "unpack",
+    "wheel_path",
+]
 
 WHEEL_VERSION = "0.5.23"
 #: Points at the wheel file (or a folder holding it) when it is not in the cache.
@@ -108,3 +115,45 @@ def unpack(wheel: Path, root: Path, members: tuple[str, ...], stubs: dict[str, s
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
     return root
+
+
+#: The canary runner's modules the capture hook meets in a server: `kernel_launcher` (which
+#: binds the launcher from the `plan` package) and `violation_reporter`, with what they import.
+RUNNER_MODULES = tuple(
+    "sglang/srt/" + name
+    for name in (
+        "environ.py",
+        "kv_canary/buffer_group.py",
+        "kv_canary/config.py",
+        "kv_canary/endpoint.py",
+        "kv_canary/expected_inputs.py",
+        "kv_canary/plan_input.py",
+        "kv_canary/state.py",
+        "kv_canary/runner/__init__.py",
+        "kv_canary/runner/kernel_launcher.py",
+        "kv_canary/runner/violation_reporter.py",
+    )
+)
+_EMPTY = '"""Stub: the real package level imports the server."""\n'
+#: `runtime_context` imports the server's settings machinery; the canary config only calls
+#: `get_observability` in `CanaryConfig.from_env`, which tests do not use.
+_RUNTIME_STUB = '''"""Stub of SGLang's runtime context: tests build CanaryConfig themselves."""
+
+
+def get_observability():
+    """The server's settings are not part of this test tree."""
+    raise RuntimeError("stub: no server runtime context in this test tree")
+'''
+RUNNER_STUBS = {
+    **STUBS,
+    "sglang/srt/__init__.py": _EMPTY,
+    "sglang/srt/kv_canary/__init__.py": _EMPTY,
+    "sglang/srt/runtime_context.py": _RUNTIME_STUB,
+}
+
+
+def extract_canary_runner(wheel: Path, root: Path) -> Path:
+    """The plan launcher's modules and the canary runner's (`extract_kv_canary`'s, plus
+    `RUNNER_MODULES`) under `root`."""
+    info = f"sglang-{WHEEL_VERSION}.dist-info/METADATA"
+    return unpack(wheel, root, (*MODULES, *RUNNER_MODULES, info), RUNNER_STUBS)

@@ -25,7 +25,11 @@ from kvcanary_cli.capture import (
     SGLANG_PLAN_MODULE,
     install_from_env,
     install_sglang_hook,
+    launcher,
     save_plan_inputs,
+    server,
+    store,
+    triggers,
 )
 from kvcanary_cli.dump.loader import load_dump
 
@@ -149,7 +153,16 @@ def stand_in() -> types.ModuleType:
 def _no_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "LOCAL_RANK", DUMP_DIR_ENV, "KVCANARY_DUMP_LIMIT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(capture, "_written", [0])
+    for name in ("KVCANARY_GUARD", "KVCANARY_GUARD_EVERY", "KVCANARY_DUMP_EVERY"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("KVCANARY_DUMP_TRIGGER", "KVCANARY_DUMP_SIGNAL", "KVCANARY_DUMP_MAX_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(store, "BUDGET", store.Budget())  # a fresh process's budget
+    monkeypatch.setattr(triggers, "GUARD", triggers.Guard())
+    monkeypatch.setattr(triggers, "_SETTINGS", [triggers.Settings()])
+    monkeypatch.setattr(server, "_LAST", {})
+    monkeypatch.setattr(server, "_calls", itertools.count())
+    monkeypatch.setattr(server, "_last_step", [-1])
 
 
 def dumps_in(directory: Path) -> list[Path]:
@@ -350,8 +363,8 @@ def test_install_from_env_wraps_an_already_loaded_module(
     assert install_from_env() is True
     assert hasattr(stand_in.launch_canary_plan_kernels, "__kvcanary_original__")
     # Still armed for the module where SGLang sets the canary up with its model runner.
-    [finder] = [f for f in sys.meta_path if isinstance(f, capture._InstallOnImport)]
-    assert finder.pending == {capture.SGLANG_CANARY_MODULE}
+    [finder] = [f for f in sys.meta_path if isinstance(f, launcher._InstallOnImport)]
+    assert finder.pending == {capture.SGLANG_CANARY_MODULE, capture.SGLANG_REPORTER_MODULE}
     sys.meta_path.remove(finder)
 
 
@@ -464,7 +477,7 @@ def test_import_without_the_variable_stays_cheap(tmp_path: Path) -> None:
     code = (
         "import sys, kvcanary_cli.capture as c\n"
         "heavy = [m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules]\n"
-        "hooks = [f for f in sys.meta_path if isinstance(f, c._InstallOnImport)]\n"
+        "hooks = [f for f in sys.meta_path if isinstance(f, c.launcher._InstallOnImport)]\n"
         "print(heavy, hooks)\n"
     )
     result = subprocess.run(
@@ -536,7 +549,7 @@ CANARY_STAND_IN = textwrap.dedent(
 def test_install_canary_registers_the_runner_and_dumps_record_the_pools(
     tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(capture, "_RUNNERS", [])
+    monkeypatch.setattr(server, "_RUNNERS", [])
     canary = types.ModuleType("kvcanary_test_canary_api")
     exec(compile(CANARY_STAND_IN, "<stand-in canary api.py>", "exec"), canary.__dict__)
     assert capture.watch_model_runners(canary)
@@ -565,7 +578,7 @@ def test_captured_truncated_lut_is_diagnosed_with_both_lengths(
 
     from kvcanary_cli.cli import app
 
-    monkeypatch.setattr(capture, "_RUNNERS", [])
+    monkeypatch.setattr(server, "_RUNNERS", [])
     kwargs = plan_kwargs()  # LUT of 65 entries; slot 70 is live
     runner = _Runner(kwargs["req_to_token"], _Allocator(127, 1, [80, 81]))  # the server holds it
     capture.register_model_runner(runner)
@@ -593,7 +606,7 @@ def test_without_a_runner_the_dump_assumes_and_does_not_accuse(
 
     from kvcanary_cli.cli import app
 
-    monkeypatch.setattr(capture, "_RUNNERS", [])
+    monkeypatch.setattr(server, "_RUNNERS", [])
     install_sglang_hook(tmp_path, module=stand_in)
     with pytest.raises(ValueError):
         stand_in.launch_canary_plan_kernels(**plan_kwargs())
@@ -622,7 +635,7 @@ def test_failed_writes_do_not_use_up_the_limit(
     install_sglang_hook(blocker, module=stand_in)
     with pytest.raises(ValueError):  # the dump cannot be written: logged, limit untouched
         stand_in.launch_canary_plan_kernels(**plan_kwargs())
-    assert capture._written == [0]
+    assert store.BUDGET.dumps == 0
     install_sglang_hook(tmp_path / "dumps", module=stand_in)
     with pytest.raises(ValueError):
         stand_in.launch_canary_plan_kernels(**plan_kwargs())
@@ -652,8 +665,8 @@ def test_restarted_servers_never_replace_an_earlier_dump(
     monkeypatch.setattr(os, "getpid", lambda: 1)
     install_sglang_hook(tmp_path, module=stand_in)
     for run in range(3):
-        monkeypatch.setattr(capture, "_calls", itertools.count())  # a fresh process
-        monkeypatch.setattr(capture, "_written", [0])
+        monkeypatch.setattr(server, "_calls", itertools.count())  # a fresh process
+        monkeypatch.setattr(store, "BUDGET", store.Budget())
         kwargs = plan_kwargs()
         kwargs["req_to_token"][1, 0] = 100 + run  # tells the runs' dumps apart
         with caplog.at_level(logging.WARNING, logger="kvcanary.capture"):
@@ -671,3 +684,185 @@ def test_restarted_servers_never_replace_an_earlier_dump(
     assert [s.split("saved to ")[1].split(" ")[0] for s in saved] == [
         str(tmp_path / n) for n in reversed(names)
     ]
+
+
+# --- triggers: violations, the guard, snapshots, the byte budget -------------------------------
+
+
+REPORTER_STAND_IN = textwrap.dedent(
+    '''
+    """Shaped like SGLang 0.5.23's violation reporter: log mode warns, raise mode raises."""
+
+
+    class ViolationReporter:
+        def __init__(self, *, raise_mode, device_state):
+            self._raise_mode = raise_mode
+            self._device_state = device_state
+            self._last_logged_write_index = 0
+
+        def log_or_raise_violation(self, *, outer_step_counter):
+            log = self._device_state.violation_log
+            valid = min(int(log.violation_write_index[0]), log.violation_ring.shape[0])
+            if valid <= self._last_logged_write_index:
+                return
+            self._last_logged_write_index = valid
+            if self._raise_mode:
+                raise RuntimeError(f"{valid} violations at step {outer_step_counter}")
+    '''
+)
+
+
+def _reporter_module() -> types.ModuleType:
+    module = types.ModuleType("kvcanary_test_violation_reporter")
+    exec(compile(REPORTER_STAND_IN, "<stand-in violation_reporter.py>", "exec"), module.__dict__)
+    return module
+
+
+def _violation_state(rows: int) -> types.SimpleNamespace:
+    ring = torch.zeros(8, 8, dtype=torch.int64)
+    ring[:rows, 1] = torch.arange(1, rows + 1)  # slots 1.. (rows of the full HEAD K launch)
+    log = types.SimpleNamespace(
+        violation_ring=ring, violation_write_index=torch.tensor([rows], dtype=torch.int32)
+    )
+    return types.SimpleNamespace(violation_log=log)
+
+
+@pytest.mark.parametrize("raise_mode", [False, True])
+def test_a_pump_with_new_violation_rows_leaves_one_dump_in_either_mode(
+    raise_mode: bool, tmp_path: Path, stand_in: types.ModuleType
+) -> None:
+    """The reporter's pump runs unchanged (raise mode still raises its own error); the dump
+    holds the last plan call, the ring and write index, and both steps; a pump without new
+    rows writes nothing."""
+    module = _reporter_module()
+    install_sglang_hook(tmp_path, module=stand_in)
+    assert capture.watch_violation_reporter(module)
+    stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))
+    state = _violation_state(2)
+    reporter = module.ViolationReporter(raise_mode=raise_mode, device_state=state)
+    if raise_mode:
+        with pytest.raises(RuntimeError, match="2 violations at step 7"):
+            reporter.log_or_raise_violation(outer_step_counter=7)
+    else:
+        assert reporter.log_or_raise_violation(outer_step_counter=7) is None
+    reporter.log_or_raise_violation(outer_step_counter=8)  # nothing new: no dump
+    [path] = dumps_in(tmp_path)
+    assert path.name == "kvcanary-rank0-step000000-violations.safetensors"
+    dump = load_dump(path)
+    assert dump.identity["note"].startswith("captured on 2 new kv-canary violation(s)")
+    meta = dump.metadata
+    assert (meta["violations_pumped_step"], meta["violations_made_step"]) == ("7", "6")
+    assert meta["kvcanary.trigger"] == "violations"
+    assert dump.violation_ring is not None and dump.violation_ring[:2, 1].tolist() == [1, 2]
+    assert dump.violation_write_index == 2
+    assert (
+        _dense(dump.req_to_token).tolist() == plan_kwargs(bad_slot=False)["req_to_token"].tolist()
+    )
+
+
+def test_the_guard_writes_a_dump_before_a_sliced_lut_launches_then_stays_quiet(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVCANARY_GUARD=1: a LUT that no longer ends in -1 is caught at its first launch, from
+    its length and last entry alone; the launch then runs (and raises) unchanged, without a
+    second dump of that call, and the same LUT is not reported by the guard again (the later
+    raising calls leave their usual dumps)."""
+    monkeypatch.setenv("KVCANARY_GUARD", "1")
+    install_sglang_hook(tmp_path, module=stand_in)
+    kwargs = plan_kwargs()
+    kwargs["full_to_swa_index_mapping"] = kwargs["full_to_swa_index_mapping"][:60]
+    for _ in range(3):
+        with pytest.raises(ValueError, match="kv-canary: SWA slot 70"):
+            stand_in.launch_canary_plan_kernels(**kwargs)
+    assert len(stand_in.calls) == 3  # every launch ran
+    names = [p.name for p in dumps_in(tmp_path)]
+    assert names == [
+        "kvcanary-rank0-step000000-guard.safetensors",
+        "kvcanary-rank0-step000001.safetensors",
+        "kvcanary-rank0-step000002.safetensors",
+    ]
+    dump = load_dump(tmp_path / names[0])
+    assert "does not end in -1" in dump.identity["note"]
+    assert dump.metadata["kvcanary.trigger"] == "guard"
+
+
+def test_the_guard_is_off_by_default_and_silent_on_a_good_lut(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_sglang_hook(tmp_path, module=stand_in)
+    kwargs = plan_kwargs(bad_slot=False)
+    sliced = dict(kwargs, full_to_swa_index_mapping=kwargs["full_to_swa_index_mapping"][:60])
+    stand_in.launch_canary_plan_kernels(**sliced)
+    assert dumps_in(tmp_path) == []
+    monkeypatch.setenv("KVCANARY_GUARD", "1")
+    monkeypatch.setenv("KVCANARY_GUARD_EVERY", "1")
+    install_sglang_hook(tmp_path, module=stand_in)
+    for _ in range(3):
+        stand_in.launch_canary_plan_kernels(**kwargs)
+    assert dumps_in(tmp_path) == []
+
+
+def test_the_window_guard_counts_cells_past_the_lut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVCANARY_GUARD_EVERY=2: every second launch reads the window cells; slot 70 past a LUT
+    of 65 (which still ends in -1) is caught at the next checked launch, not before."""
+    monkeypatch.setenv("KVCANARY_GUARD", "1")
+    monkeypatch.setenv("KVCANARY_GUARD_EVERY", "2")
+    quiet = types.ModuleType("quiet_plan_api")
+    setattr(quiet, SGLANG_PLAN_FUNCTION, lambda **kwargs: None)
+    install_sglang_hook(tmp_path, module=quiet)
+    launch = getattr(quiet, SGLANG_PLAN_FUNCTION)
+    launch(**plan_kwargs(bad_slot=False))  # step 0: checked, clean
+    launch(**plan_kwargs())  # step 1: not checked
+    assert dumps_in(tmp_path) == []
+    launch(**plan_kwargs())  # step 2: checked
+    [path] = dumps_in(tmp_path)
+    assert path.name == "kvcanary-rank0-step000002-guard.safetensors"
+    note = load_dump(path).identity["note"]
+    assert "1 window cells hold slots the LUT of 65 entries cannot translate" in note
+
+
+def test_snapshots_every_n_launches_on_a_trigger_file_and_on_a_signal(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    trigger = tmp_path / "take-one"
+    monkeypatch.setenv("KVCANARY_DUMP_EVERY", "3")
+    monkeypatch.setenv("KVCANARY_DUMP_TRIGGER", str(trigger))
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "10")
+    out = tmp_path / "dumps"
+    install_sglang_hook(out, module=stand_in)
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        assert triggers.install_signal("USR2")
+        for step in range(7):
+            if step == 1:
+                trigger.write_text("")
+            if step == 4:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    steps = sorted(int(p.name.split("-step")[1][:6]) for p in dumps_in(out))
+    assert steps == [0, 1, 3, 4, 6] and not trigger.exists()
+    notes = {load_dump(p).identity["note"] for p in dumps_in(out)}
+    assert any("trigger file" in n for n in notes) and any("signal" in n for n in notes)
+
+
+def test_the_byte_budget_refuses_a_dump_and_says_so(
+    tmp_path: Path,
+    stand_in: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("KVCANARY_DUMP_MAX_BYTES", "100")
+    install_sglang_hook(tmp_path, module=stand_in)
+    with caplog.at_level(logging.WARNING, logger="kvcanary.capture"):
+        with pytest.raises(ValueError):
+            stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert dumps_in(tmp_path) == []
+    assert any("KVCANARY_DUMP_MAX_BYTES" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("KVCANARY_DUMP_MAX_BYTES", "2KiB")
+    assert store.env_bytes("KVCANARY_DUMP_MAX_BYTES") == 2048

@@ -41,7 +41,7 @@ ALLOWED = {
         "canary.constants",
         "",
     },
-    "capture": {"safe_text", "dump", "errors"},
+    "capture": {"safe_text", "dump", "errors", "capture"},
     # "" = the package root, for __version__
     "cli_options": {
         "safe_text",
