@@ -866,3 +866,22 @@ def test_the_byte_budget_refuses_a_dump_and_says_so(
     assert any("KVCANARY_DUMP_MAX_BYTES" in r.getMessage() for r in caplog.records)
     monkeypatch.setenv("KVCANARY_DUMP_MAX_BYTES", "2KiB")
     assert store.env_bytes("KVCANARY_DUMP_MAX_BYTES") == 2048
+
+
+def test_a_lut_sliced_to_a_growing_length_costs_one_guard_dump(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's bug slices one LUT to the slots handed out so far, a new length every
+    step: the guard reports that storage once, not at every launch."""
+    monkeypatch.setenv("KVCANARY_GUARD", "1")
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "50")
+    quiet = types.ModuleType("quiet_plan_api")
+    setattr(quiet, SGLANG_PLAN_FUNCTION, lambda **kwargs: None)
+    install_sglang_hook(tmp_path, module=quiet)
+    kwargs = plan_kwargs(bad_slot=False)
+    lut = kwargs["full_to_swa_index_mapping"]
+    for allocated in range(20, 30):
+        getattr(quiet, SGLANG_PLAN_FUNCTION)(
+            **dict(kwargs, full_to_swa_index_mapping=lut[:allocated])
+        )
+    assert [p.name for p in dumps_in(tmp_path)] == ["kvcanary-rank0-step000000-guard.safetensors"]

@@ -128,13 +128,17 @@ def snapshot_due(step: int) -> str | None:
 class Guard:
     """Checks of a launch's LUT that cost O(1) host work and no device sync on the hot path.
 
-    The trailing -1 is read once per LUT (its storage, length and device): a sliced LUT is a
-    new length, so it is read at its first launch. A failure is reported once per LUT and
-    reason, not at every step."""
+    The trailing -1 is read once per LUT (its storage and length): a sliced LUT is a new
+    length, so it is read at its first launch. Each check fails once per LUT storage: the
+    seed's bug slices the same storage to a growing length every step, which must cost one
+    dump and one device read, not one per step."""
+
+    #: LUTs whose trailing entry is remembered (a serving process has one or two).
+    _REMEMBERED = 256
 
     def __init__(self) -> None:
-        self._sentinel_seen: dict[tuple[object, ...], bool] = {}
-        self._reported: set[tuple[object, ...]] = set()
+        self._sentinel_ok: dict[tuple[object, ...], bool] = {}
+        self._reported: set[tuple[object, str]] = set()
 
     def failures(self, kwargs: Mapping[str, Any], step: int) -> list[str]:
         """What is wrong with launch `step`'s LUT that was not reported before."""
@@ -142,27 +146,32 @@ class Guard:
         if lut is None or not hasattr(lut, "shape"):
             return []
         length = int(lut.shape[0])
-        key = (_storage(lut), length, str(getattr(lut, "device", "")))
-        found = []
+        storage = (_storage(lut), str(getattr(lut, "device", "")))
+        found: dict[str, str] = {}
         pool = server.pool_size(kwargs.get("req_to_token"))
-        if pool is not None and length < pool + 1:
-            found.append(
+        if pool is not None and length < pool + 1 and (storage, "length") not in self._reported:
+            found["length"] = (
                 f"full_to_swa_index_mapping has {length} entries, fewer than num_full_slots + 1 "
                 f"= {pool + 1}: slots past its end will be clamped"
             )
-        if key not in self._sentinel_seen:
-            self._sentinel_seen[key] = length > 0 and int(lut[-1]) == -1
-        if not self._sentinel_seen[key]:
-            found.append(
-                "full_to_swa_index_mapping does not end in -1 (sliced, or its sentinel "
-                "overwritten): a clamped slot reads a real SWA slot"
-            )
+        if (storage, "sentinel") not in self._reported:
+            key = (*storage, length)
+            if key not in self._sentinel_ok:
+                if len(self._sentinel_ok) >= self._REMEMBERED:
+                    self._sentinel_ok.clear()
+                self._sentinel_ok[key] = length > 0 and int(lut[-1]) == -1
+            if not self._sentinel_ok[key]:
+                found["sentinel"] = (
+                    "full_to_swa_index_mapping does not end in -1 (sliced, or its sentinel "
+                    "overwritten): a clamped slot reads a real SWA slot"
+                )
         every = settings().guard_every
-        if every and step % every == 0:
-            found += _window_cells(kwargs, length)
-        fresh = [reason for reason in found if (key, reason) not in self._reported]
-        self._reported.update((key, reason) for reason in fresh)
-        return fresh
+        if every and step % every == 0 and (storage, "window") not in self._reported:
+            window = _window_cells(kwargs, length)
+            if window is not None:
+                found["window"] = window
+        self._reported.update((storage, check) for check in found)
+        return list(found.values())
 
 
 #: The process's guard (its memory of LUTs read and failures reported).
@@ -177,7 +186,7 @@ def _storage(tensor: Any) -> object:
     return getattr(getattr(tensor, "ctypes", None), "data", id(tensor))
 
 
-def _window_cells(kwargs: Mapping[str, Any], lut_length: int) -> list[str]:
+def _window_cells(kwargs: Mapping[str, Any], lut_length: int) -> str | None:
     """The batch's verify-window cells whose slots the LUT cannot translate: `bs x window`
     cells gathered on the call's device and one sync (the fuller guard, off by default)."""
     try:
@@ -190,7 +199,7 @@ def _window_cells(kwargs: Mapping[str, Any], lut_length: int) -> list[str]:
         ends = prefix + (0 if extend is None else extend.to(torch.int64).clamp(min=0))
         window = int(kwargs.get("swa_window_size") or 0)
         if window <= 0 or rows.numel() == 0:
-            return []
+            return None
         width = min(window, int(table.shape[1]))
         positions = ends[:, None] - width + torch.arange(width, device=ends.device)[None, :]
         inside = (positions >= 0) & (positions < ends[:, None]) & (rows[:, None] >= 0)
@@ -202,13 +211,13 @@ def _window_cells(kwargs: Mapping[str, Any], lut_length: int) -> list[str]:
         count = int(bad.sum())  # the one sync
     except Exception as exc:  # the guard never costs the launch
         logger.debug("kvcanary: the window guard failed (%s: %s)", type(exc).__name__, exc)
-        return []
+        return None
     if not count:
-        return []
-    return [
+        return None
+    return (
         f"{count} window cells hold slots the LUT of {lut_length} entries cannot translate "
         "(KVCANARY_GUARD_EVERY)"
-    ]
+    )
 
 
 def capture_state(
