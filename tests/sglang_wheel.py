@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 __all__ = [
+    "MISSING_WHEEL",
     "WHEEL_ENV",
     "WHEEL_VERSION",
     "extract_canary_runner",
@@ -95,6 +96,14 @@ def wheel_path() -> Path | None:
             if found:
                 return found[0]
     return None
+
+
+#: Why a test that needs the wheel is skipped without it (and how to get it).
+MISSING_WHEEL = (
+    f"the SGLang {WHEEL_VERSION} wheel is not cached: .ci/run fetches it with `pip download "
+    f"sglang=={WHEEL_VERSION} --no-deps -d $KVCANARY_CACHE/wheels` (default "
+    f"~/.cache/kvcanary/wheels), or set {WHEEL_ENV}"
+)
 
 
 def extract_kv_canary(wheel: Path, root: Path) -> Path:

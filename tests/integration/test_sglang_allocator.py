@@ -23,16 +23,11 @@ from tests.allocator_histories import HistoryDump, HistorySpec, run_history
 from tests.helpers import VECTORIZED
 from tests.sglang_allocator import SGLangAllocators, extract_allocators, load_allocators
 from tests.sglang_standin import forget_sglang
-from tests.sglang_wheel import WHEEL_ENV, WHEEL_VERSION, wheel_path
+from tests.sglang_wheel import MISSING_WHEEL, wheel_path
 
 WHEEL = wheel_path()
 
-pytestmark = pytest.mark.skipif(
-    WHEEL is None,
-    reason=f"the SGLang {WHEEL_VERSION} wheel is not cached: .ci/run fetches it with `pip "
-    f"download sglang=={WHEEL_VERSION} --no-deps -d $KVCANARY_CACHE/wheels` (default "
-    f"~/.cache/kvcanary/wheels), or set {WHEEL_ENV}",
-)
+pytestmark = pytest.mark.skipif(WHEEL is None, reason=MISSING_WHEEL)
 
 #: Page sizes 1 and 4; full-only (window 0) and SWA windows below, at and off a page multiple;
 #: with a radix cache (prefix sharing, tombstones) and without one.

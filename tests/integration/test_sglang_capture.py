@@ -26,16 +26,11 @@ from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.helpers import VECTORIZED
 from tests.sglang_standin import installed
-from tests.sglang_wheel import WHEEL_ENV, WHEEL_VERSION, extract_canary_runner, wheel_path
+from tests.sglang_wheel import MISSING_WHEEL, extract_canary_runner, wheel_path
 
 WHEEL = wheel_path()
 
-pytestmark = pytest.mark.skipif(
-    WHEEL is None,
-    reason=f"the SGLang {WHEEL_VERSION} wheel is not cached: .ci/run fetches it with `pip "
-    f"download sglang=={WHEEL_VERSION} --no-deps -d $KVCANARY_CACHE/wheels` (default "
-    f"~/.cache/kvcanary/wheels), or set {WHEEL_ENV}",
-)
+pytestmark = pytest.mark.skipif(WHEEL is None, reason=MISSING_WHEEL)
 
 _RUNNER = "sglang.srt.kv_canary."
 

@@ -32,19 +32,14 @@ from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import NOT_HANDED_TO_SGLANG, STRICT, UPSTREAM_RAISING_SCENARIOS, VECTORIZED
 from tests.planners.plan_helpers import assert_plans_equal
 from tests.sglang_standin import forget_sglang
-from tests.sglang_wheel import WHEEL_ENV, WHEEL_VERSION, extract_kv_canary, wheel_path
+from tests.sglang_wheel import MISSING_WHEEL, WHEEL_VERSION, extract_kv_canary, wheel_path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.safetensors"))
 WHEEL = wheel_path()
 #: Bug scenarios where SGLang's reference raises (the others plan through).
 
-pytestmark = pytest.mark.skipif(
-    WHEEL is None,
-    reason=f"the SGLang {WHEEL_VERSION} wheel is not cached: .ci/run fetches it with `pip "
-    f"download sglang=={WHEEL_VERSION} --no-deps -d $KVCANARY_CACHE/wheels` (default "
-    f"~/.cache/kvcanary/wheels), or set {WHEEL_ENV}",
-)
+pytestmark = pytest.mark.skipif(WHEEL is None, reason=MISSING_WHEEL)
 
 
 @pytest.fixture(scope="module")
