@@ -13,6 +13,7 @@ dump's violation ring and, as JSON lists of 8 ints, into `kvcanary.expected_viol
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -467,21 +468,13 @@ def _reserved_freed(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"slot": 0}
 
 
-def _stale_swa_mapping(d: SynthDump, rng: np.random.Generator) -> None:
-    """SGLang PRs #25385, #25270: a full page went back to the free list with its mapping kept,
-    into an SWA page that is free too."""
+def _free_page_still_mapped(d: SynthDump, rng: np.random.Generator, *, whole: bool) -> None:
+    """A free full page that still maps into a free SWA page: all of it (a free that skipped
+    the SWA side, SGLang PRs #25385 and #25270) or its second half (PR #27779: free_swa
+    cleared the LUT only for the tokens passed while the pages went back whole)."""
     full = _free_page(d, rng, "free_full_slots")
     swa = _free_page(d, rng, "free_swa_slots")
-    d.tensors["full_to_swa_index_mapping"][full] = swa
-    d.truth = {"slot": int(full[0]), "swa_slot": int(swa[0])}
-
-
-def _partial_page_free(d: SynthDump, rng: np.random.Generator) -> None:
-    """SGLang PR #27779: free_swa cleared the LUT only for the tokens passed while the pages
-    went back whole: part of a free full page keeps mappings into a free SWA page."""
-    full = _free_page(d, rng, "free_full_slots")
-    swa = _free_page(d, rng, "free_swa_slots")
-    kept = max(1, full.size // 2)  # the tokens the free did not pass
+    kept = full.size if whole else max(1, full.size // 2)  # the tokens the free did not pass
     d.tensors["full_to_swa_index_mapping"][full[-kept:]] = swa[-kept:]
     d.truth = {"slot": int(full[-kept]), "swa_slot": int(swa[-kept])}
 
@@ -910,9 +903,9 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="stale-swa-mapping",
-            summary="a free full page still maps into a free SWA page (SGLang PR #27779)",
+            summary="a free full page still maps into a free SWA page (SGLang PRs #25385, #25270)",
             spec=_SWA_PAGED,
-            corrupt=_stale_swa_mapping,
+            corrupt=functools.partial(_free_page_still_mapped, whole=True),
             expected=("free-slot-still-mapped", "swa-slot-free-and-mapped"),
             cause="stale-swa-mapping",
         ),
@@ -920,7 +913,7 @@ SCENARIOS: dict[str, Scenario] = {
             name="partial-page-free",
             summary="part of a free full page still maps into a free SWA page (SGLang PR #27779)",
             spec=_SWA_PAGED,
-            corrupt=_partial_page_free,
+            corrupt=functools.partial(_free_page_still_mapped, whole=False),
             expected=("free-slot-still-mapped", "swa-slot-free-and-mapped"),
             cause="partial-page-free",
             min_page_size=2,
