@@ -38,7 +38,7 @@ from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.analysis.violations.report import OWNER_KINDS, OwnerKind
 from kvcanary_cli.canary.buffers import dump_buffers, read_records
 from kvcanary_cli.canary.constants import BUFFERS, RECORD_BYTES, LaunchTag, buffer_tensor_name
-from kvcanary_cli.canary.real_kv import PARTIAL_BYTES, RealKvMode, real_kv_setup
+from kvcanary_cli.canary.real_kv import PARTIAL_BYTES, RealKvMode, real_kv_setup, slot_bytes
 from kvcanary_cli.canary.replay import BufferReplay, replay_dump
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
@@ -233,7 +233,9 @@ def _record_cells(data: StoredTensor, slots: set[int]) -> np.ndarray:
 
 
 def _real_kv_cells(dump: KvDump, canary: dict[str, set[int]]) -> dict[str, np.ndarray]:
-    """Per real-KV source, the bytes TAIL fingerprints of the kept records read."""
+    """Per real-KV source, the bytes TAIL fingerprints of the kept records read: of each slot
+    whose bytes the dump stores all of (the others' fingerprints are unknown, kept or not),
+    so the bytes kept are stored bytes, whatever width a shrunk source claims."""
     setup = real_kv_setup(dump)
     if setup.mode is None or setup.mode is RealKvMode.NONE:
         return {}
@@ -243,14 +245,11 @@ def _real_kv_cells(dump: KvDump, canary: dict[str, set[int]]) -> dict[str, np.nd
             *(canary.get(buffer_tensor_name(group, b), set()) for b in BUFFERS if b[-1] == half)
         )
         read = PARTIAL_BYTES if setup.mode is RealKvMode.PARTIAL else source.read_bytes
-        wanted = np.array(sorted(s for s in slots if s >= 0), dtype=np.int64)
-        rows, width = int(source.data.shape[0]), int(source.data.shape[1])
-        row = wanted // source.page_size
-        inside = row < rows
-        base = (
-            row[inside] * width + (wanted[inside] % source.page_size) * source.num_bytes_per_token
-        )
-        out[source.name] = (base[:, None] + np.arange(read)[None, :]).reshape(-1)
+        wanted = np.array(sorted(slots), dtype=np.int64)
+        wanted = wanted[(wanted >= 0) & (wanted // source.page_size < int(source.data.shape[0]))]
+        base = slot_bytes(source, wanted)
+        stored = source.data.kept_before(base + read) - source.data.kept_before(base) == read
+        out[source.name] = _ranges(base[stored], base[stored] + read, source.data.size)
     return out
 
 

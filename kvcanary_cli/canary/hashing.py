@@ -87,16 +87,20 @@ def mix3_array(a: np.ndarray | int, b: np.ndarray | int, c: np.ndarray | int) ->
     return splitmix64_array(inner ^ as_uint64(c))
 
 
-def fold_chunks(data: np.ndarray) -> np.ndarray:
+def fold_chunks(data: np.ndarray, acc: np.ndarray | None = None) -> np.ndarray:
     """Per-source real-KV hash of each row of `data` (uint8 `[n, bytes]`, bytes a multiple of
     16): start at 0 and fold every little-endian 8-byte word in order, `acc = sm(acc ^ word)`
     (the low then the high half of each 16-byte chunk). Returns uint64 `[n]`.
+
+    `acc` (uint64 `[n]`) continues a fold: the rows' earlier bytes were folded into it, so a
+    long token's bytes can be folded a piece at a time.
     """
     rows = np.ascontiguousarray(data, dtype=np.uint8)
     if rows.shape[1] % 16:
         raise ValueError(f"real-KV rows must be a multiple of 16 bytes, got {rows.shape[1]}")
     words = rows.view("<u8").reshape(rows.shape[0], rows.shape[1] // 8)
-    acc = np.zeros(rows.shape[0], dtype=np.uint64)
+    if acc is None:
+        acc = np.zeros(rows.shape[0], dtype=np.uint64)
     for column in range(words.shape[1]):  # bounded by the bytes per token, never by slots
         acc = splitmix64_array(acc ^ words[:, column])
     return acc

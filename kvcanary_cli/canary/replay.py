@@ -20,7 +20,12 @@ import numpy as np
 from kvcanary_cli.canary.buffers import dump_buffers, read_records
 from kvcanary_cli.canary.constants import BUFFERS, FailReason, buffer_tensor_name, tag_for
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, as_int64, mix3_array
-from kvcanary_cli.canary.real_kv import RealKvMode, RealKvSetup, expected_real_kv, real_kv_setup
+from kvcanary_cli.canary.real_kv import (
+    RealKvExpectation,
+    RealKvSetup,
+    real_kv_expectation,
+    real_kv_setup,
+)
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
@@ -87,7 +92,13 @@ def replay_buffer(
     num_slots = int(data.shape[0])
     entries = plan.entries
     batch_rows = plan.entry_batch_rows()
-    mode = _real_kv_mode(real_kv, plan.group, buffer)
+    # every slot's fingerprint once, however many entries read it (and whatever the chunk)
+    expectation = (
+        None
+        if real_kv is None
+        else real_kv_expectation(real_kv, plan.group, buffer, plan.verify_slot_indices)
+    )
+    mode = _real_kv_mode(expectation, buffer)
     counts = dict.fromkeys(
         (
             "checked",
@@ -112,8 +123,7 @@ def replay_buffer(
             stop,
             tag=tag,
             batch_rows=batch_rows,
-            real_kv=real_kv if mode != "skipped" else None,
-            buffer=buffer,
+            real_kv=expectation,
             check_tokens=check_tokens,
             counts=counts,
         )
@@ -139,8 +149,9 @@ def replay_buffer(
         )
     if counts["kv_unknown"]:
         notes.append(
-            f"{name}: {counts['kv_unknown']} slots lie outside the real-KV source: "
-            "real-KV check skipped for them"
+            f"{name}: {counts['kv_unknown']} entries read slots whose bytes the real-KV "
+            "source does not hold (outside it, or not kept by a shrunk dump): real-KV check "
+            "skipped for them"
         )
     return BufferReplay(
         group=plan.group,
@@ -160,13 +171,13 @@ def replay_buffer(
     )
 
 
-def _real_kv_mode(setup: RealKvSetup | None, group: str, buffer: str) -> str:
+def _real_kv_mode(expectation: RealKvExpectation | None, buffer: str) -> str:
     """`zero` (HEAD, or mode none), `checked` (a source), `skipped` (the dump does not say)."""
     if buffer.startswith("head"):
         return "zero"
-    if setup is None or expected_real_kv(setup, group, buffer, np.zeros(0)) is None:
+    if expectation is None:
         return "skipped"
-    return "zero" if setup.mode is RealKvMode.NONE else "checked"
+    return "zero" if expectation.zero else "checked"
 
 
 def _replay_chunk(
@@ -178,8 +189,7 @@ def _replay_chunk(
     *,
     tag: int,
     batch_rows: np.ndarray,
-    real_kv: RealKvSetup | None,
-    buffer: str,
+    real_kv: RealKvExpectation | None,
     check_tokens: bool,
     counts: dict[str, int],
 ) -> tuple[ViolationRows, bool]:
@@ -224,12 +234,10 @@ def _replay_chunk(
         bits |= np.where(mismatch, int(FailReason.VERIFY_TOKEN_MISMATCH), 0)
     bits |= np.where(record.position != ep, int(FailReason.VERIFY_POSITION_MISMATCH), 0)
     if real_kv is not None:
-        expectation = expected_real_kv(real_kv, plan.group, buffer, s)
-        if expectation is not None:
-            want, known = expectation
-            counts["kv_unknown"] += int((~known).sum())
-            differs = known & (record.real_kv_hash != want)
-            bits |= np.where(differs, int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH), 0)
+        want, known = real_kv.lookup(s)
+        counts["kv_unknown"] += int((~known).sum())
+        differs = known & (record.real_kv_hash != want)
+        bits |= np.where(differs, int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH), 0)
     fail = np.flatnonzero(bits)
     table = np.stack(
         [

@@ -157,6 +157,48 @@ def test_absurd_lengths_stay_bounded_in_memory(tmp_path: Path) -> None:
     assert peak < SMALL_DUMP_RSS
 
 
+# --- real-KV sources: each slot's bytes folded once, a step at a time ---------------------
+
+
+def one_slot_real_kv_dump(path: Path, entries: int, width: int) -> Path:
+    """Every verify entry reads slot 1, whose TAIL record is checked on `width` KV bytes."""
+    table = np.zeros((2, entries), dtype=np.int32)
+    table[1] = 1
+    records = np.zeros((2, 32), dtype=np.uint8)
+    records[1, 0] = 1  # written
+    kv = np.random.default_rng(0).integers(0, 256, size=(2, width), dtype=np.uint8)
+    return save_dump(
+        path,
+        req_to_token=table,
+        req_pool_indices=np.array([1]),
+        prefix_lens=np.array([entries]),
+        extend_seq_lens=np.array([0]),
+        metadata={"real_kv.mode": "all"},
+        **{"canary.full.tail.k": records, "real_kv.full.k": kv},
+    )
+
+
+@pytest.mark.slow  # whole processes, measured in memory
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["check", "--format", "json", "--kernel", "vectorized"],
+        ["violations", "--replay", "--format", "json"],
+        ["shrink", "-o", "{out}"],
+    ],
+    ids=["check", "violations", "shrink"],
+)
+def test_real_kv_replay_is_bounded_by_the_file(tmp_path: Path, command: list[str]) -> None:
+    # 8,192 entries x 16,000 bytes of one slot: a 100 KB dump took 2.3 GB (the 1.6 MB one of
+    # issue 27, 5.2 GB) when each entry gathered its slot's bytes as int64 indices.
+    path = one_slot_real_kv_dump(tmp_path / "one-slot.safetensors", 8192, 16_000)
+    out = str(tmp_path / "small.safetensors")
+    args = [command[0], str(path), *(a.replace("{out}", out) for a in command[1:])]
+    code, peak = peak_rss_of(*args)
+    assert code == (0 if command[0] == "shrink" else 1)
+    assert peak < SMALL_DUMP_RSS
+
+
 # --- int64 tables: no packed keys that collide or overflow ---------------------------------
 
 

@@ -8,15 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from kvcanary_cli import api
 from kvcanary_cli.analysis.violations.collect import violations_report
+from kvcanary_cli.canary import real_kv
+from kvcanary_cli.canary.hashing import combine_source_hashes, fold_chunks
 from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS
 from kvcanary_cli.canary.real_kv import RealKvMode, expected_real_kv, real_kv_setup
 from kvcanary_cli.canary.sources import SourceKind, source_kind
+from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.errors import DumpError, OptionError, PathError
 from kvcanary_cli.render import OutputFormat, render_violations
 from kvcanary_cli.synth.scenarios import make_scenario
+from tests.fuzz.mutants import Seed
 
 
 def test_source_kinds(tmp_path: Path) -> None:
@@ -139,3 +145,111 @@ def test_swa_divergence_samples_are_summarised(tmp_path: Path) -> None:
     assert swa.last == dict(zip(SWA_DIVERGENCE_KEYS, samples[-1], strict=True))
     out = render_violations(report, OutputFormat.TABLE)
     assert not isinstance(out, str)
+
+
+# --- real-KV sources: work follows the bytes stored, never entries x width (issue 27) -----
+
+
+def _all_mode(tmp_path: Path, name: str, **metadata: str) -> Path:
+    """clean-canary with TAIL records checked on every byte of a token (mode all)."""
+    synth = make_scenario("clean-canary", seed=0)
+    synth.metadata.update({"real_kv.mode": "all", **metadata})
+    return synth.save(tmp_path / name)
+
+
+def _folded(source: np.ndarray, slot: int, page: int, per_token: int, read: int) -> int:
+    """The fingerprint of one slot, straight from docs/canary.md §3."""
+    row, at = divmod(slot, page)
+    data = source[row : row + 1, at * per_token : at * per_token + read]
+    return int(np.asarray(combine_source_hashes([fold_chunks(data)])).view(np.int64)[0])
+
+
+@pytest.mark.parametrize("fold_bytes", [16, 64, 1 << 20])
+def test_fingerprints_fold_in_steps_like_one_pass(
+    tmp_path: Path, fold_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slots read many times, pages of 4 tokens of 64 bytes, 48 read: a step of a few bytes of
+    # a few slots folds to what one pass over each slot's bytes gives.
+    monkeypatch.setattr(real_kv, "FOLD_BYTES", fold_bytes)
+    synth = make_scenario("clean-canary", seed=0)
+    rng = np.random.default_rng(5)
+    for name in [n for n in synth.tensors if n.startswith("real_kv.")]:
+        synth.tensors[name] = rng.integers(0, 256, size=(40, 272), dtype=np.uint8)
+    synth.metadata.update(
+        {
+            "real_kv.mode": "all",
+            "real_kv.page_size": "4",
+            "real_kv.num_bytes_per_token": "64",
+            "real_kv.read_bytes": "48",
+        }
+    )
+    dump = load_dump(synth.save(tmp_path / "paged.safetensors"))
+    source = dump.real_kv_sources["real_kv.full.k"].array()
+    slots = rng.integers(-3, 170, size=500)
+    result = expected_real_kv(real_kv_setup(dump), "full", "tail.k", slots)
+    assert result is not None
+    values, known = result
+    inside = (slots >= 0) & (slots < 160)
+    assert known.tolist() == inside.tolist()
+    want = [
+        _folded(source, int(s), 4, 64, 48) if ok else 0 for s, ok in zip(slots, inside, strict=True)
+    ]
+    assert values.tolist() == want
+
+
+def test_a_source_without_rows_leaves_every_slot_unknown(tmp_path: Path) -> None:
+    # A source of shape [0, 32] in mode all was an IndexError (exit 3): every command reads it.
+    synth = make_scenario("clean-canary", seed=0)
+    synth.metadata["real_kv.mode"] = "all"
+    for name in [n for n in synth.tensors if n.startswith("real_kv.")]:
+        synth.tensors[name] = synth.tensors[name][:0]
+    path = synth.save(tmp_path / "empty-source.safetensors")
+    result = expected_real_kv(real_kv_setup(load_dump(path)), "full", "tail.k", np.arange(5))
+    assert result is not None and not result[1].any()
+    report = violations_report([str(path)], replay=True)
+    assert {r.buffer: r.real_kv for r in report.replay}["tail.k"] == "checked"
+    assert any("real-KV source" in note for note in report.notes)
+    for args in (
+        ["check", str(path), "--kernel", "vectorized"],
+        ["provenance", str(path), "--slot", "3", "--space", "swa"],
+        ["shrink", str(path), "-o", str(tmp_path / "small.safetensors")],
+    ):
+        result_of = CliRunner().invoke(app, args)
+        assert result_of.exit_code in (0, 1), (args, result_of.stderr)
+
+
+def test_a_shrunk_source_claiming_huge_rows_reads_what_it_stores(tmp_path: Path) -> None:
+    # A shrunk dump may claim rows of 2^40 bytes (`real_kv.*.shape`): np.arange(2^40) before.
+    source = _all_mode(tmp_path, "all.safetensors")
+    small = tmp_path / "small.safetensors"
+    api.shrink(source, small)
+    seed = Seed.parse("small", small.read_bytes())
+    rows = int(seed.array("real_kv.full.k.shape")[0])
+    claimed = tmp_path / "claimed.safetensors"
+    claimed.write_bytes(seed.put("real_kv.full.k.shape", np.array([rows, 1 << 40])))
+    dump = load_dump(claimed)
+    setup = real_kv_setup(dump)
+    assert setup.sources[("full", "k")].read_bytes == 1 << 40  # the claim, honoured as such
+    result = expected_real_kv(setup, "full", "tail.k", np.arange(1, 20))
+    assert result is not None and not result[1].any()  # no slot keeps 2^40 bytes
+    for args in (
+        ["check", str(claimed), "--kernel", "vectorized"],
+        ["violations", str(claimed), "--replay"],
+        ["provenance", str(claimed), "--slot", "3"],
+        ["shrink", str(claimed), "-o", str(tmp_path / "again.safetensors")],
+    ):
+        outcome = CliRunner().invoke(app, args)
+        assert outcome.exit_code in (0, 1), (args, outcome.stderr)
+
+
+def test_a_huge_page_size_is_blamed_and_the_dump_named(tmp_path: Path) -> None:
+    # real_kv.page_size = 2^62 made the default num_bytes_per_token 1, and the line blamed it
+    # (a key the dump never recorded), naming no file.
+    path = _all_mode(tmp_path, "paged.safetensors", **{"real_kv.page_size": str(1 << 62)})
+    with pytest.raises(DumpError) as caught:
+        real_kv_setup(load_dump(path))
+    assert caught.value.field == "real_kv.page_size" and caught.value.path == str(path)
+    outcome = CliRunner().invoke(app, ["violations", str(path), "--replay"])
+    assert outcome.exit_code == 2
+    assert outcome.stderr == f"error: {caught.value}\n"
+    assert str(path) in outcome.stderr and "real_kv.page_size" in outcome.stderr
