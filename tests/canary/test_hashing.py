@@ -104,3 +104,19 @@ def test_fold_is_per_row() -> None:
     combined = combine_source_hashes([fold_chunks(rows)])
     assert [int(x) for x in combined] == [0xD0D75FB652F288D8, 0xD6D75024DFD6C30C]
     assert fold_chunks(np.zeros((0, 16), np.uint8)).shape == (0,)
+
+
+def test_a_fold_continues_and_agrees_for_few_rows_and_many() -> None:
+    # Few rows fold on Python ints, many in numpy; a fold continued from `acc` is one fold.
+    data = np.random.default_rng(3).integers(0, 256, size=(40, 96), dtype=np.uint8)
+    whole = fold_chunks(data)
+    oracle = []
+    for row in data:
+        acc = 0
+        for word in row.view("<u8").tolist():
+            acc = splitmix64(acc ^ word)
+        oracle.append(acc)
+    assert whole.tolist() == oracle
+    assert [int(fold_chunks(data[i : i + 1])[0]) for i in range(40)] == oracle
+    assert fold_chunks(data[:, 48:], fold_chunks(data[:, :48])).tolist() == oracle
+    assert fold_chunks(data[:3, 32:], fold_chunks(data[:3, :32])).tolist() == oracle[:3]
