@@ -201,6 +201,18 @@ def test_over_long_lines_are_skipped_with_a_note() -> None:
     assert any("longer than" in note for note in scan.notes)
 
 
+def test_blank_runs_in_a_reasons_line_are_read_in_one_pass() -> None:
+    # `fail_reasons: x` + 65,000 blanks + `y` took 10 s (the pattern retried the blanks at
+    # every character); the crowded fuzz class `crowded.long-log-lines` guards the time.
+    lines = EXAMPLE.split("\n")
+    trailing = lines[:3] + ["  fail_reasons: verify_chain_hash verify_position \t  "] + lines[4:]
+    scan = scan_text("\n".join(trailing) + "\n")
+    assert scan.messages == 1 and scan.inconsistent == 0
+    blanks = lines[:3] + ["  fail_reasons: x" + " " * 65_000 + "y"]
+    scan = scan_text("\n".join(blanks * 8) + "\n")
+    assert len(scan.rows) == 8 and scan.incomplete == 8 and scan.overlong == 0
+
+
 def test_binary_data_is_neither_a_dump_nor_a_log() -> None:
     with pytest.raises(PathError, match="neither a dump"):
         scan_log(io.BytesIO(b"\x7fELF\x00\x00" + b"\n" * 10), "a\nb")

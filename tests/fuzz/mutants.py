@@ -108,6 +108,8 @@ class Mutant:
     kind: str
     detail: str
     blob: bytes
+    #: the file's name ends so: a server log is `.log` (a `.safetensors` name is a dump).
+    suffix: str = ".safetensors"
 
     @property
     def family(self) -> str:
@@ -1144,7 +1146,8 @@ def _scalars(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
 
 def _crowded(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
     """Small files whose findings are many and far-reaching (one corpus, whatever the seed):
-    slots shared by a thousand rows, a row full of one slot, a long ring over many slots."""
+    slots shared by a thousand rows, a row full of one slot, a long ring over many slots, a
+    wide slot read by every entry, a log of long lines."""
     del rng
 
     def dump(table: np.ndarray, prefix: int, **more: np.ndarray) -> bytes:
@@ -1190,6 +1193,51 @@ def _crowded(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
             violation_ring=ring,
             violation_write_index=np.asarray([capacity], dtype=np.int32),
         ),
+    )
+    yield _one_wide_slot(seed)
+    yield _long_log_lines()
+
+
+def _one_wide_slot(seed: Seed) -> Mutant:
+    """Every verify entry of a row reads slot 1, whose TAIL record is checked on 16 KiB of KV
+    bytes (`real_kv.mode` all): entries x bytes is what a replay must never allocate."""
+    entries, width = 8000, 16384
+    table = np.zeros((2, entries), dtype=np.int32)
+    table[1] = 1
+    records = np.zeros((2, 32), dtype=np.uint8)
+    records[1, 8] = 1  # written, at position 1: every entry but one fails its position check
+    batch: dict[str, np.ndarray] = {
+        "req_to_token": table,
+        "req_pool_indices": np.ones(1, dtype=np.int64),
+        "prefix_lens": np.full(1, entries, dtype=np.int64),
+        "extend_seq_lens": np.zeros(1, dtype=np.int64),
+        "canary.full.tail.k": records,
+        "real_kv.full.k": np.random.default_rng(0).integers(0, 256, (2, width), dtype=np.uint8),
+    }
+    tensors = {name: Tensor.of(values) for name, values in batch.items()}
+    return Mutant(
+        "crowded.real-kv-one-slot",
+        f"{entries} verify entries of one slot with {width} bytes of real KV",
+        seed.rebuild(tensors, {"num_full_slots": "64", "real_kv.mode": "all"}),
+    )
+
+
+def _long_log_lines() -> Mutant:
+    """A server log (not a dump: `violations` reads either) whose messages' `fail_reasons:`
+    lines hold 65,000 blanks between two words, just under the longest line kvcanary reads."""
+    head = [
+        "kv_canary violation: launch_tag=TAIL_K_FULL fail_reason=verify_position slot_idx=5 "
+        "position=3 stored_token=7 expected_token=7 stored_chain_hash=0x000000000000000b "
+        "expected_aux=0x000000000000000c",
+        "KV cache canary violation detected (kernel_kind=TAIL_K_FULL, slot_idx=5, position=3)",
+        "canary_kind:       per_forward_tail_k_full",
+        "  fail_reasons: x" + " " * 65_000 + "y",
+    ]
+    return Mutant(
+        "crowded.long-log-lines",
+        "3 messages whose fail_reasons line is x, 65,000 blanks, y",
+        ("\n".join(head * 3) + "\n").encode(),
+        ".log",
     )
 
 

@@ -90,6 +90,8 @@ CROWDED_COMMANDS: dict[str, tuple[str, ...]] = {
     "crowded.shared-slots": ("check", "{dump}", "--kernel", "none", "--format", "json"),
     "crowded.duplicate-row": ("check", "{dump}", "--kernel", "none", "--format", "json"),
     "crowded.ring": ("check", "{dump}", "--kernel", "none", "--format", "json"),
+    "crowded.real-kv-one-slot": ("violations", "{dump}", "--replay", "--format", "json"),
+    "crowded.long-log-lines": ("violations", "{dump}", "--format", "json"),
 }
 
 #: address space a worker may add to what it holds once torch and kvcanary are imported
@@ -232,7 +234,7 @@ def run_worker(
                 exclude is not None and mutant.kind in exclude
             ):
                 continue
-            dump = work / f"{mutant_id.replace('/', '-')}.safetensors"
+            dump = work / f"{mutant_id.replace('/', '-')}{mutant.suffix}"
             dump.write_bytes(mutant.blob)
             args = command_for(number, seed, dump, work / "out.safetensors")
             template = command if command is not None else CROWDED_COMMANDS.get(mutant.kind)

@@ -223,9 +223,14 @@ def apart_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 
     def run(kind: str) -> WorkerRun:
         family = kind.split(".")[0]
-        timeout = CROWDED_TIMEOUT if family == "crowded" else MUTANT_TIMEOUT
+        crowded = family == "crowded"
         return run_worker(
-            seeds_dir, family, folder / f"{kind}.jsonl", kinds=[kind], timeout=timeout
+            seeds_dir,
+            family,
+            folder / f"{kind}.jsonl",
+            kinds=[kind],
+            timeout=CROWDED_TIMEOUT if crowded else MUTANT_TIMEOUT,
+            headroom=CROWDED_HEADROOM if crowded else None,
         )
 
     kinds = sorted(set(ANALYSIS_FIXES) | set(CROWDED_COMMANDS))
