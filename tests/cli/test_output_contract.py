@@ -142,6 +142,21 @@ def test_markdown_stays_under_githubs_limit(tmp_path: Path) -> None:
     assert "Trimmed to fit GitHub's" in small and "--format json` has every finding" in small
 
 
+def test_a_long_note_is_shortened_never_the_findings(tmp_path: Path) -> None:
+    # A 70,000-character note left the summary table alone: the body was cut after it.
+    plain = make_scenario("truncated-lut", seed=1).save(tmp_path / "plain.safetensors")
+    usual = run("check", str(plain), "-k", "vectorized", "-f", "markdown").stdout
+    findings = usual[usual.index("#### Diagnosis") :]
+    for changes in ({"note": "n" * 70_000}, {"note": "n" * 60_000, "model": "m" * 60_000}):
+        synth = make_scenario("truncated-lut", seed=1)
+        synth.metadata.update(changes)
+        path = synth.save(tmp_path / "noted.safetensors", overwrite=True)
+        out = run("check", str(path), "-k", "vectorized", "-f", "markdown").stdout
+        assert len(out) <= 65_536 and "Trimmed" not in out
+        assert out.endswith(findings)  # every finding, as without the note
+        assert "n… (70,000 characters in all" in out or "n… (60,000 characters in all" in out
+
+
 # --- one shape for a dump, readable or not; one line per error -------------------------------
 
 

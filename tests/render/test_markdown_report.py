@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
-from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
-from kvcanary_cli.render.markdown.check import check_markdown
+from kvcanary_cli.analysis.model import CheckReport, DumpReport, ProvenanceReport
+from kvcanary_cli.render.markdown.check import GITHUB_BODY_LIMIT, check_markdown
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
 from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.provenance import provenance_record
@@ -159,3 +160,16 @@ def test_provenance_markdown_row(row_report: ProvenanceReport) -> None:
     assert rows[2][4] == "padding-slot-in-live-range"
     assert re.findall(r"[a-z-]+", rows[4][4]) == ["swa-unmapped-in-window", "duplicate-slot-in-row"]
     assert rows[5][2] == "verify (seed)"
+
+
+def test_many_long_notes_give_way_to_the_findings(findings_dump: DumpReport) -> None:
+    # What came from the dump is shortened first (values, then how many notes), never the
+    # findings: 200 notes of 5,000 characters would fill the body three times over.
+    noted = replace(findings_dump, notes=tuple(f"{i}: " + "x" * 5_000 for i in range(200)))
+    markdown = check_markdown(check_record(CheckReport(dumps=(noted,))))
+    usual = check_markdown(check_record(CheckReport(dumps=(findings_dump,))))
+    assert len(markdown) <= GITHUB_BODY_LIMIT and "Trimmed" not in markdown
+    assert markdown[markdown.index("\n#### ") :] == usual[usual.index("\n#### ") :]
+    assert "note: 9: xxx" in markdown and "note: 10: " not in markdown
+    assert "… and 190 more notes (--format json)" in markdown
+    assert markdown.count("(5,003 characters in all; --format json has them)") == 10

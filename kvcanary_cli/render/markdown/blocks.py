@@ -15,7 +15,7 @@ import re
 
 from kvcanary_cli.safe_text import printable
 
-__all__ = ["code", "table", "text"]
+__all__ = ["clipped", "code", "table", "text"]
 
 #: characters that take a backslash: inline syntax, or a table's cell separator.
 _BACKSLASHED = re.compile(r"[\\|*`~]")
@@ -37,6 +37,15 @@ def _escaped_line(line: str) -> str:
     shown = _LOOSE_UNDERSCORE.sub(r"\\_", shown)
     shown = shown.replace("](", "]\\(")
     return shown.replace("&", "&amp;").replace("<", "&lt;")
+
+
+def clipped(value: str, limit: int | None) -> str:
+    """A value from a dump cut to `limit` characters (None: whole), saying how long it was:
+    a note of 70,000 characters must not crowd the findings out of a body of bounded length
+    (the JSON output keeps every character)."""
+    if limit is None or len(value) <= limit:
+        return value
+    return f"{value[:limit]}… ({len(value):,} characters in all; --format json has them)"
 
 
 def code(value: object, *, cell: bool = True) -> str:

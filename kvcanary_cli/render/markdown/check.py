@@ -10,8 +10,10 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter
+from dataclasses import dataclass
 
 from kvcanary_cli.analysis.model import FindingCode, code_order
+from kvcanary_cli.render.markdown.blocks import clipped
 from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
@@ -186,7 +188,7 @@ def _diagnosis_section(dump: DumpRecord) -> list[str]:
     return ["#### Diagnosis", "\n".join(items)]
 
 
-def _raise_lines(dump: DumpRecord) -> list[str]:
+def _raise_lines(dump: DumpRecord, text_limit: int) -> list[str]:
     lines = []
     raised = dump["first_raise"]
     if raised is not None:
@@ -197,6 +199,8 @@ def _raise_lines(dump: DumpRecord) -> list[str]:
             f"{_code(raised['exception_type'] + ': ' + raised['message'], cell=False)}"
         )
     recorded = dump["recorded_exception"]
+    if recorded is not None:  # from the dump's note
+        recorded = clipped(recorded, text_limit)
     if recorded is not None and dump["recorded_exception_matches"]:
         lines.append(f"The dump's note records the same exception: {_code(recorded, cell=False)}")
     elif recorded is not None:
@@ -235,22 +239,25 @@ def _requests_table(requests: list[RequestRecord]) -> str:
     )
 
 
-def _dump_section(dump: DumpRecord, max_rows: int, details: bool = True) -> list[str]:
+def _dump_section(dump: DumpRecord, max_rows: int, details: bool, text: DumpText) -> list[str]:
     parts = [f"### {_code(dump['path'], cell=False)}: {dump['verdict']}"]
     if dump["error"] is not None:
-        parts.append(f"**Bad input:** {_text(dump['error'])}")
-    parts.append(identity_table(dump["identity"]))
+        parts.append(f"**Bad input:** {_text(clipped(dump['error'], text.chars))}")
+    parts.append(identity_table(dump["identity"], limit=text.chars))
     facts = [f"batch size: {dump['bs']}"]
     if dump["kernel_mode"]:
         facts.append(f"kernel mode: {_text(dump['kernel_mode'])}")
     if dump["shrunk"] is not None:
         facts.extend(_text(line) for line in shrunk_lines(dump["shrunk"]))
-    facts.extend(f"note: {_text(note)}" for note in dump["notes"])
+    notes = dump["notes"]
+    facts.extend(f"note: {_text(clipped(note, text.chars))}" for note in notes[: text.notes])
+    if len(notes) > text.notes:
+        facts.append(f"… and {plural(len(notes) - text.notes, 'more note')} (--format json)")
     parts.append("\n".join(f"- {fact}" for fact in facts))
     if dump["shrunk"] is not None:
         parts.append(reproduce(dump["shrunk"]))
     parts.extend(_diagnosis_section(dump))
-    parts.extend(_raise_lines(dump))
+    parts.extend(_raise_lines(dump, text.chars))
     if dump["groups"]:
         parts.append(_groups_table(dump["groups"]))
     if len(dump["requests"]) >= 2:
@@ -280,6 +287,20 @@ def _summary_rows(record: CheckRecord) -> list[list[str]]:
 GITHUB_BODY_LIMIT = 65_536
 
 
+@dataclass(frozen=True)
+class DumpText:
+    """How much of what came from a dump (identity values, notes, the recorded exception)
+    a body shows: characters per value, notes per dump."""
+
+    chars: int
+    notes: int
+
+
+#: What came from the dump, shown generously, then shortly when the body is too long: it is
+#: shortened before any finding is.
+_DUMP_TEXT = (DumpText(chars=4_000, notes=50), DumpText(chars=300, notes=10))
+
+
 def check_markdown(
     record: CheckRecord, *, max_rows: int = 10, limit: int = GITHUB_BODY_LIMIT
 ) -> str:
@@ -287,16 +308,19 @@ def check_markdown(
 
     Per code, the first `max_rows` findings get a table row and a `<details>` provenance block;
     the rest are counted ("… and K more"). A body that would be too long for GitHub is
-    trimmed, saying so at the top: fewer rows per code, then no provenance blocks, then the
-    last sections cut; the JSON output always has everything.
+    trimmed: first what came from the dump is shortened (each value says so), then, saying so
+    at the top, fewer rows per code, then no provenance blocks, then the last sections cut;
+    the JSON output always has everything.
     """
     record = printable_record(record)
-    rows, details = max_rows, True
+    rows, details, text = max_rows, True, _DUMP_TEXT[0]
     while True:
-        body = _check_markdown(record, rows, details)
+        body = _check_markdown(record, rows, details, text)
         if len(body) <= limit:
             break
-        if rows > 1:
+        if text != _DUMP_TEXT[-1]:
+            text = _DUMP_TEXT[-1]
+        elif rows > 1:
             rows //= 2
         elif details:
             details = False
@@ -325,7 +349,7 @@ def _cut(body: str, limit: int, record: CheckRecord) -> str:
     return notice + kept + "\n"
 
 
-def _check_markdown(record: CheckRecord, max_rows: int, details: bool) -> str:
+def _check_markdown(record: CheckRecord, max_rows: int, details: bool, text: DumpText) -> str:
     summary = record["summary"]
     by_severity = summary["by_severity"]
     head = [
@@ -360,7 +384,7 @@ def _check_markdown(record: CheckRecord, max_rows: int, details: bool) -> str:
                         str(d["bs"]),
                         str(severity_count(d["counts"], "error")),
                         str(severity_count(d["counts"], "warning")),
-                        _text(d["error"]),
+                        _text(None if d["error"] is None else clipped(d["error"], text.chars)),
                     ]
                     for d in record["dumps"]
                 ],
@@ -369,5 +393,5 @@ def _check_markdown(record: CheckRecord, max_rows: int, details: bool) -> str:
         )
     parts = list(head)
     for dump in record["dumps"]:
-        parts.extend(_dump_section(dump, max_rows, details))
+        parts.extend(_dump_section(dump, max_rows, details, text))
     return "\n\n".join(parts) + "\n"

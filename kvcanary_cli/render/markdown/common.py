@@ -3,7 +3,7 @@ how a shrunk dump was made."""
 
 from __future__ import annotations
 
-from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.markdown.blocks import clipped, code, table, text
 from kvcanary_cli.render.records.common import (
     CellRecord,
     ShrunkRecord,
@@ -14,11 +14,13 @@ from kvcanary_cli.render.shared import cell_columns
 __all__ = ["identity_table", "provenance_body", "reproduce"]
 
 
-def identity_table(identity: dict[str, str]) -> str:
-    """The identity keys as a table, or a line saying there are none."""
+def identity_table(identity: dict[str, str], *, limit: int | None = None) -> str:
+    """The identity keys as a table, or a line saying there are none; each value cut to
+    `limit` characters (`blocks.clipped`)."""
     if not identity:
         return "No identity metadata recorded (sglang.version, model, rank, step, ...)."
-    return table(["identity", "value"], [[text(k), text(v)] for k, v in identity.items()])
+    rows = [[text(k), text(clipped(v, limit))] for k, v in identity.items()]
+    return table(["identity", "value"], rows)
 
 
 def _cells_table(cells: list[CellRecord], *, swa: bool) -> str:
