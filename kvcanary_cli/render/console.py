@@ -17,7 +17,7 @@ from rich.text import Text
 
 from kvcanary_cli.safe_text import printable
 
-__all__ = ["PIPED_WIDTH", "OutputFormat", "emit", "make_console", "progress"]
+__all__ = ["MIN_WIDTH", "PIPED_WIDTH", "OutputFormat", "emit", "make_console", "progress"]
 
 
 class OutputFormat(StrEnum):
@@ -30,17 +30,21 @@ class OutputFormat(StrEnum):
 
 #: Width when the output is not a terminal (piped into a file or a pager); COLUMNS wins.
 PIPED_WIDTH = 120
+#: Narrower widths (COLUMNS=0 printed nothing at all, COLUMNS=1 a character a line) are read
+#: as this one: a terminal that narrow wraps the lines, which still read.
+MIN_WIDTH = 40
 
 
 def make_console(file: IO[str] | None = None, *, width: int | None = None) -> Console:
     """A console for tables: rich decides colour from the terminal and NO_COLOR.
 
     Piped output gets `PIPED_WIDTH` columns rather than rich's 80, so finding tables stay
-    readable in CI logs and files.
+    readable in CI logs and files; no output is narrower than `MIN_WIDTH`.
     """
     console = Console(file=file, width=width, soft_wrap=False, highlight=False)
     if width is None and not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = PIPED_WIDTH
+    console.width = max(console.width, MIN_WIDTH)
     return console
 
 
@@ -71,6 +75,7 @@ def progress(message: str, total: int) -> Iterator[Callable[[int, int], None] | 
     from rich.progress import Progress
 
     stderr = Console(stderr=True)
+    stderr.width = max(stderr.width, MIN_WIDTH)
     if total <= 1:  # a Text: the message names a file, never to be read as markup
         with stderr.status(Text(printable(message))):
             yield None

@@ -246,3 +246,19 @@ def test_the_python_api_returns_what_the_cli_renders() -> None:
     assert rendered == cli.stdout
     row = api.provenance(EXAMPLES / "stale-tail.safetensors", row=10)
     assert row.row is not None and row.findings
+
+
+@pytest.mark.parametrize("columns", ["0", "1", "39"])
+def test_a_terminal_narrower_than_the_minimum_reads_as_the_minimum(columns: str) -> None:
+    # COLUMNS=0 printed nothing at all (exit 0 for a clean dump), COLUMNS=1 a character a line.
+    from kvcanary_cli.render.console import MIN_WIDTH
+
+    result = CliRunner().invoke(
+        app,
+        ["check", str(EXAMPLES / "clean-swa.safetensors"), "-k", "vectorized"],
+        env={"COLUMNS": columns},
+    )
+    lines = result.stdout.splitlines()
+    assert result.exit_code == 0 and len(lines) > 5
+    assert max(len(line) for line in lines) == MIN_WIDTH
+    assert "CLEAN" in result.stdout and "clean-swa" in result.stdout
