@@ -138,6 +138,7 @@ class ReferencePlanner:
                 f"the batch asks for {total} verify entries; the scalar reference stops at "
                 f"{SCALAR_ENTRY_LIMIT}",
                 field="prefix_lens",
+                path=str(dump.path),
                 hint="use --backend vectorized",
             )
         slots: list[int] = []

@@ -175,6 +175,7 @@ def plan_arguments(
             f"{frame.verify_capacity}, more than kvcanary hands SGLang "
             f"({MAX_MATERIALIZED_ENTRIES})",
             field="prefix_lens",
+            path=str(dump.path),
             hint="the lengths or verify_capacity look corrupt",
         )
     gpu = device.type == "cuda"

@@ -130,7 +130,7 @@ def _renumber_slots(table: np.ndarray, keys: np.ndarray, lut_len: int, staged_le
 def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
     """The kernel inputs of `frame`'s plan of a shrunk dump (see the module doc)."""
     if frame.unplannable is not None:  # the rows read follow the entries: bounded first
-        raise PlanTooLargeError(frame.unplannable, field="prefix_lens")
+        raise PlanTooLargeError(frame.unplannable, field="prefix_lens", path=str(dump.path))
     table_rows = _table_rows(dump, frame)
     pool_rows = _pool_rows(dump, frame)
     # Row 0 stays row 0: the kernels take pool row 0 for a padding row of the batch.
@@ -144,6 +144,7 @@ def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
             f"the Triton kernels need the rows this batch reads dense: {cells} cells, more "
             f"than kvcanary stages ({MAX_STAGED_CELLS})",
             field="req_to_token",
+            path=str(dump.path),
             hint="use --kernel vectorized on this shrunk dump",
         )
     rp = frame.pool_rows

@@ -278,3 +278,30 @@ def test_truncated_lut_example_strict_exits_1_with_the_upstream_message(runner: 
     )
     assert result.exit_code == 1, result.output
     assert lut_error_message(first.value, loaded.lut_len or 0) in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("limit", "args"),
+    [
+        ("staging.MAX_STAGED_CELLS", ["check", "{small}"]),  # the Triton kernels, staged
+        ("staging.MAX_STAGED_CELLS", ["plan", "{small}", "--backend", "triton"]),
+        ("reference.SCALAR_ENTRY_LIMIT", ["plan", "{dump}", "--backend", "reference"]),
+    ],
+)
+def test_a_plan_too_large_names_the_dump(
+    limit: str, args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The refusals were raised after the loader returned, so the error line named no file.
+    from kvcanary_cli import api
+    from kvcanary_cli.planners import reference, staging
+    from kvcanary_cli.synth.scenarios import make_scenario
+
+    dump = make_scenario("truncated-lut", seed=0).save(tmp_path / "big.safetensors")
+    small = tmp_path / "small.safetensors"
+    api.shrink(dump, small)
+    module, name = limit.split(".")
+    monkeypatch.setattr({"staging": staging, "reference": reference}[module], name, 10)
+    result = CliRunner().invoke(app, [a.format(dump=dump, small=small) for a in args])
+    assert result.exit_code == 2
+    path = small if "{small}" in args else dump
+    assert result.stderr.startswith(f"error: {path}: ") and len(result.stderr.splitlines()) == 1
