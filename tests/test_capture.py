@@ -218,6 +218,22 @@ def test_save_plan_inputs_expected_pool_and_int_like_scalars(tmp_path: Path) -> 
     assert dump.req_to_verify_expected_tokens_valid_lens.tolist() == [5, 4, 0]
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", ["to_sparse", "to_sparse_csr"])
+def test_save_plan_inputs_names_a_sparse_tensor(tmp_path: Path, layout: str) -> None:
+    # numpy cannot take a sparse tensor: it was refused as "dtype torch.int32 is not accepted
+    # (expected int32 or int64)", an int32 tensor refused for being int32.
+    from kvcanary_cli.errors import DumpError
+
+    kwargs = plan_kwargs()
+    kwargs["req_to_token"] = getattr(kwargs["req_to_token"].to(torch.int32), layout)()
+    with pytest.raises(DumpError) as caught:
+        save_plan_inputs(tmp_path / "d.safetensors", **kwargs)
+    message = str(caught.value)
+    assert message.startswith("req_to_token: is a sparse tensor (torch.sparse_")
+    assert "pass req_to_token.to_dense()" in message and "dtype" not in message
+
+
 def test_save_plan_inputs_rejects_unknown_arguments(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"unexpected keyword arguments 'bogus', 'out_cache_lok'"):
         save_plan_inputs(tmp_path / "d.safetensors", bogus=1, out_cache_lok=2, **plan_kwargs())

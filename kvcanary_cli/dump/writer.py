@@ -28,7 +28,7 @@ from kvcanary_cli.dump.schema import (
     parse_integer,
     spec_for,
 )
-from kvcanary_cli.errors import MetadataError, TensorDtypeError
+from kvcanary_cli.errors import DumpError, MetadataError, TensorDtypeError
 
 __all__ = ["TensorLike", "dump_contents", "save_dump", "write_dump"]
 
@@ -94,6 +94,13 @@ def dump_contents(
 
 def _to_host_array(name: str, value: TensorLike) -> np.ndarray:
     is_tensor = is_torch_tensor(value)
+    layout = str(getattr(value, "layout", "torch.strided")) if is_tensor else "torch.strided"
+    if layout != "torch.strided":  # numpy refuses it, and its dtype was then blamed
+        raise DumpError(
+            f"is a sparse tensor ({layout}); a dump stores dense ones",
+            field=name,
+            hint=f"pass {name}.to_dense()",
+        )
     try:
         array = host_array(value)
     except TypeError:  # a torch dtype numpy lacks (bfloat16...): never an integer one
