@@ -605,7 +605,7 @@ def difference_value(difference: DifferenceRecord, side: Literal["baseline", "pl
 
 
 def source_detail(source: SourceRecord) -> str:
-    """What a source gave: a ring's state, or what the log parser met."""
+    """What a source gave: a ring's state, what the log parser met, or why neither."""
     ring = source["ring"]
     if ring is not None:
         detail = (
@@ -627,7 +627,8 @@ def source_detail(source: SourceRecord) -> str:
                 f"{swa['peak_swa_out_of_window_tokens']})"
             )
         return detail
-    return "no violation ring"
+    # neither read: the source says why (no ring in the dump, a file named twice)
+    return source["notes"][0] if source["notes"] else "no violation ring"
 
 
 def violation_reasons(row: ViolationRowRecord) -> str:

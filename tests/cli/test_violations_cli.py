@@ -267,3 +267,19 @@ def test_synth_never_writes_its_log_over_its_dump(
     (tmp_path / "syn.st").write_bytes(b"an earlier dump")
     code, _, err = run("synth", "canary-aliasing", "-o", "syn.st", "--log", log, "--force")
     assert code == 2 and (tmp_path / "syn.st").read_bytes() == b"an earlier dump"
+
+
+def test_a_file_named_twice_is_read_once(made: dict[str, Path], tmp_path: Path) -> None:
+    # `violations D D` counted the same ring twice (and a log named twice, its rows twice).
+    dump, log = made["canary-aliasing"], made["canary-aliasing.log"]
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(dump)
+    _, once = json_of("violations", str(dump))
+    for again in (str(dump), str(link), f"{dump.parent}/./{dump.name}"):
+        _, twice = json_of("violations", str(dump), again)
+        assert twice["rows"] == once["rows"]
+        assert [s["rows"] for s in twice["sources"]] == [len(once["rows"]), 0]
+        assert "the same file as SOURCE 1" in twice["sources"][1]["notes"][0]
+    _, logged = json_of("violations", str(log), "--dump", str(dump))
+    _, logged_twice = json_of("violations", str(log), str(log), "--dump", str(dump))
+    assert len(logged_twice["rows"]) == len(logged["rows"]) > 0

@@ -71,7 +71,13 @@ def violations_report(
     loaded = _the_dump(sources, kinds, dump, overrides)
     summaries: list[SourceSummary] = []
     observed: list[ViolationRows] = []
+    read: dict[object, int] = {}
     for index, (path, kind) in enumerate(zip(sources, kinds, strict=True)):
+        first = index if path == "-" else read.setdefault(_file_key(path), index)
+        if first != index:  # one file named twice: its rows are one set of observations
+            again = f"the same file as SOURCE {first + 1} ({printable(sources[first])}): read once"
+            summaries.append(SourceSummary(path=path, kind=kind.value, rows=0, notes=(again,)))
+            continue
         if kind is SourceKind.DUMP:
             summary, rows = _ring_source(path, loaded, index)
         else:
@@ -129,6 +135,17 @@ def violations_report(
     )
 
 
+def _file_key(path: str) -> object:
+    """What tells two named files apart: the file itself (device and inode), however the
+    path is spelled or linked; the resolved path where it cannot be read (source_kind has
+    refused those already)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return str(Path(path).resolve())
+    return (info.st_dev, info.st_ino)
+
+
 def _the_dump(
     sources: Sequence[str],
     kinds: Sequence[SourceKind],
@@ -139,7 +156,7 @@ def _the_dump(
     paths = [p for p, k in zip(sources, kinds, strict=True) if k is SourceKind.DUMP]
     if dump is not None:
         paths.append(os.fspath(dump))
-    distinct = {str(Path(p).resolve()): p for p in paths}
+    distinct = {_file_key(p): p for p in paths}
     if len(distinct) > 1:
         raise OptionError(
             f"give at most one dump ({len(distinct)} given): rows are explained against one "
