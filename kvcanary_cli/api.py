@@ -49,6 +49,25 @@ __all__ = [
 PathLike = str | os.PathLike[str]
 Overrides = Mapping[str, int | str | None] | None
 
+#: the int64 range: what the command line takes for slots, rows, positions and seeds.
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _integer(value: object, option: str, low: int, high: int = _INT64[1]) -> int:
+    """`value` when it is an int in `[low, high]`; else the `OptionError` the command line
+    gives (the API is called with values no option parser saw: 2**70 was an OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        raise OptionError(f"{shown} is not an integer in [{low}, {high}]", option=option)
+    return value
+
+
+def _one_of(value: object, allowed: Sequence[str], option: str) -> str:
+    """`value` when it is one of `allowed`; else an `OptionError` naming the choices."""
+    if not isinstance(value, str) or value not in allowed:
+        raise OptionError(f"{str(value)[:40]!r} is not one of {', '.join(allowed)}", option=option)
+    return value
+
 
 def check(
     paths: PathLike | Sequence[PathLike],
@@ -67,13 +86,16 @@ def check(
     from kvcanary_cli.analysis.model import Severity
 
     many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    severity = Severity(_one_of(fail_on, [s.value for s in Severity], "--fail-on"))
+    if jobs is not None:
+        _integer(jobs, "--jobs", 1)
     return check_dumps(
         many,
         planner=make_planner(PlannerChoice.VECTORIZED),
         kernel=make_kernel(kernel),
         overrides=overrides,
         groups=groups,
-        fail_on=Severity(fail_on),
+        fail_on=severity,
         jobs=jobs,
         progress=progress,
         sglang_installed=installed_version(),
@@ -101,6 +123,16 @@ def provenance(
 
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
+    if slot is not None:
+        _integer(slot, "--slot", _INT64[0])
+    if row is not None:
+        _integer(row, "--row", 0)
+    if positions is not None:
+        if not isinstance(positions, tuple | list) or len(positions) != 2:
+            raise OptionError("is not a (start, end) pair", option="--positions")
+        for end in positions:
+            _integer(end, "--positions", 0)
+    _integer(max_cells, "--max-rows", 1)
     dump = load_dump(path, overrides=overrides)
     planner = make_planner(PlannerChoice.VECTORIZED)
     if slot is not None and space == Space.FULL:
@@ -221,6 +253,7 @@ def synth(
 
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
+    _integer(seed, "--seed", 0)
     if log is not None and same_target(log, out):
         raise OptionError("names the dump's own file; give the log another name", option="--log")
     state = make_scenario(scenario, seed=seed, size=size, page_size=page_size)
@@ -247,7 +280,7 @@ def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> Self
 
 
 def violations(
-    sources: Sequence[str],
+    sources: PathLike | Sequence[PathLike],
     *,
     dump: PathLike | None = None,
     replay: bool = False,
@@ -255,11 +288,25 @@ def violations(
     buffer: str | None = None,
     overrides: Overrides = None,
 ) -> ViolationsReport:
-    """Violation rows from dumps' rings and server logs (`-`: stdin), explained against the
-    one dump involved (a SOURCE, or `dump`); with `replay`, compared with the rows SGLang's
-    verify would record on that dump. `group`/`buffer` restrict rows and replay."""
+    """Violation rows from dumps' rings and server logs (`-`: stdin; one path, or several),
+    explained against the one dump involved (a SOURCE, or `dump`); with `replay`, compared
+    with the rows SGLang's verify would record on that dump. `group`/`buffer` restrict rows
+    and replay."""
     from kvcanary_cli.analysis.violations.collect import violations_report
+    from kvcanary_cli.canary.constants import BUFFERS
+    from kvcanary_cli.dump.schema import Group
 
+    # one path is one SOURCE (iterating a string gave one source per character)
+    many = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
+    if group is not None:
+        _one_of(group, [g.value for g in Group], "--group")
+    if buffer is not None:
+        _one_of(buffer, BUFFERS, "--buffer")
     return violations_report(
-        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
+        [os.fspath(source) for source in many],
+        dump=dump,
+        replay=replay,
+        group=group,
+        buffer=buffer,
+        overrides=overrides,
     )

@@ -56,19 +56,25 @@ KERNELS = (
 )
 
 
-def _refuse(choice: PlannerChoice, allowed: tuple[PlannerChoice, ...], option: str) -> None:
+def _chosen(
+    value: PlannerChoice | str, allowed: tuple[PlannerChoice, ...], option: str
+) -> PlannerChoice:
+    """`value` as one of `allowed`; an `OptionError` naming `option` otherwise (the Python
+    API passes names unchecked by the command line)."""
+    choice = next((c for c in PlannerChoice if c.value == value), None)
     if choice not in allowed:
         from kvcanary_cli.errors import OptionError
 
         names = ", ".join(allowed)
-        raise OptionError(f"{choice.value!r} is not one of {names}", option=option)
+        raise OptionError(f"{str(value)[:40]!r} is not one of {names}", option=option)
+    assert choice is not None
+    return choice
 
 
 def make_planner(choice: PlannerChoice | str, *, strict: bool = False) -> Planner:
     """The planner `plan --backend` names; `strict` (raise where REF raises) is the scalar
     reference's only."""
-    choice = PlannerChoice(choice)
-    _refuse(choice, BACKENDS, "--backend")
+    choice = _chosen(choice, BACKENDS, "--backend")
     if strict and choice is not PlannerChoice.REFERENCE:
         from kvcanary_cli.errors import OptionError
 
@@ -96,8 +102,7 @@ def make_planner(choice: PlannerChoice | str, *, strict: bool = False) -> Planne
 
 def make_kernel(choice: PlannerChoice | str) -> Planner | None:
     """The GPU-semantics planner `check --kernel` names (None for `none`)."""
-    choice = PlannerChoice(choice)
-    _refuse(choice, KERNELS, "--kernel")
+    choice = _chosen(choice, KERNELS, "--kernel")
     match choice:
         case PlannerChoice.TRITON:
             from kvcanary_cli.planners.triton_planner import TritonPlanner

@@ -297,6 +297,55 @@ def test_api_overrides_are_range_checked_too() -> None:
         api.provenance(CLEAN, slot=3, overrides={"verify_capacity": 10**30})
 
 
+@pytest.mark.parametrize(
+    ("call", "option"),
+    [
+        (lambda api: api.provenance(CLEAN, slot=2**70), "--slot"),  # was an OverflowError
+        (lambda api: api.provenance(CLEAN, slot=-(2**64)), "--slot"),
+        (lambda api: api.provenance(CLEAN, slot=True), "--slot"),
+        (lambda api: api.provenance(CLEAN, row=3, positions=(0, 10**20)), "--positions"),
+        (lambda api: api.provenance(CLEAN, slot=3, max_cells=0), "--max-rows"),
+        (lambda api: api.violations([CLEAN], group="bogus"), "--group"),
+        (lambda api: api.violations([CLEAN], buffer="tail.q"), "--buffer"),
+        (lambda api: api.check(CLEAN, fail_on="fatal"), "--fail-on"),  # was a ValueError
+        (lambda api: api.check(CLEAN, kernel="cuda"), "--kernel"),
+        (lambda api: api.check(CLEAN, jobs=0), "--jobs"),
+        (lambda api: api.plan(CLEAN, backend="fast"), "--backend"),
+        (lambda api: api.synth("clean-swa", "never.safetensors", seed=-1), "--seed"),
+    ],
+    ids=[
+        "slot-2^70",
+        "slot-minus-2^64",
+        "slot-bool",
+        "positions",
+        "max-cells",
+        "group",
+        "buffer",
+        "fail-on",
+        "kernel",
+        "jobs",
+        "backend",
+        "seed",
+    ],
+)
+def test_the_api_checks_what_the_command_line_checks(call: Any, option: str) -> None:
+    from kvcanary_cli import api
+    from kvcanary_cli.errors import OptionError
+
+    with pytest.raises(OptionError) as caught:
+        call(api)
+    assert caught.value.option == option
+
+
+def test_the_api_takes_one_path_as_one_source() -> None:
+    # api.violations("path") read one source per character of the string.
+    from kvcanary_cli import api
+
+    one = api.violations(CLEAN)
+    assert [s.path for s in one.sources] == [CLEAN]
+    assert [s.path for s in api.violations(Path(CLEAN)).sources] == [CLEAN]
+
+
 # --- a table with rows but no bytes -----------------------------------------------------------
 
 
