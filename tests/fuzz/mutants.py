@@ -157,6 +157,8 @@ class Seed:
     header: dict[str, Any]
     metadata: dict[str, str]
     tensors: dict[str, Tensor]
+    #: the families mutated from it (a seed added for its values alone skips the others).
+    families: tuple[str, ...] = FAMILIES
 
     @staticmethod
     def parse(name: str, blob: bytes) -> Seed:
@@ -290,7 +292,8 @@ def corpus(seeds: Sequence[Seed], family: str) -> Iterator[Mutant]:
     """
     make = _GENERATORS[family]
     for seed in seeds[:1] if family == "crowded" else seeds:
-        yield from make(seed, random.Random(f"{family}/{seed.name}"))
+        if family in seed.families or family == "crowded":
+            yield from make(seed, random.Random(f"{family}/{seed.name}"))
 
 
 # --- header -------------------------------------------------------------------------------
@@ -858,6 +861,49 @@ def _data_mutants(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
         )
         yield Mutant("data.canary-bytes", f"{name}: {how} bytes", seed.put(name, values))
     yield from _scalars(seed, rng)
+    if any(n.startswith("real_kv.") for n in seed.tensors):  # a stream of its own: the
+        # classes above draw what they always drew
+        yield from _real_kv(seed, random.Random(f"real-kv/{seed.name}"))
+
+
+#: metadata of real-KV sources, from ordinary to what upstream refuses (docs/canary.md §3).
+REAL_KV_METADATA: dict[str, tuple[str, ...]] = {
+    "real_kv.mode": ("none", "partial", "all", "sometimes", ""),
+    "real_kv.page_size": ("1", "2", "3", "16", str(2**40), str(2**62), "0", "-1", "x"),
+    "real_kv.num_bytes_per_token": ("16", "24", "32", str(2**40), str(2**62), "0"),
+    "real_kv.read_bytes": ("16", "32", "48", str(2**62), "-16"),
+}
+
+
+def _real_kv(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
+    """Real-KV sources of other sizes (no rows, a row of 64 KiB, 4 KiB per token), read on
+    every byte (mode all), and source metadata from ordinary to absurd."""
+    names = sorted(n for n in seed.tensors if n.startswith("real_kv."))
+    shapes = [(0, 32), (1, 16), (2, 65_536), (3, 4_096), (64, 1_024), (545, 48)]
+    for rows, width in shapes:
+        name = rng.choice(names)
+        count = rows * width
+        pattern = [rng.randrange(256) for _ in range(min(count, 4096))]
+        values = np.resize(np.asarray(pattern, dtype=np.uint8), count).reshape(rows, width)
+        tensors = {**seed.tensors, name: Tensor.of(values)}
+        metadata = {**seed.metadata, "real_kv.mode": "all"}
+        yield Mutant(
+            "data.real-kv.width",
+            f"{name} [{rows}, {width}], mode all",
+            seed.rebuild(tensors, metadata),
+        )
+    for _ in range(16):
+        changes = {
+            key: rng.choice(values)
+            for key, values in REAL_KV_METADATA.items()
+            if rng.random() < 0.6
+        }
+        changes.setdefault("real_kv.mode", "all")
+        yield Mutant(
+            "data.real-kv.metadata",
+            ", ".join(f"{k} = {v}" for k, v in sorted(changes.items())),
+            seed.with_metadata(**changes),
+        )
 
 
 def _fit(values: np.ndarray, *numbers: int) -> np.ndarray:
@@ -1336,6 +1382,26 @@ def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
         tensors = {**seed.tensors, name: Tensor.of(edited)}
         blob = seed.rebuild(tensors, {**seed.metadata, "kvcanary.dtypes": json.dumps(widened)})
         yield Mutant("data.sparse.values", f"{name}: an extreme kept value", blob)
+    yield from _sparse_real_kv(seed)
+
+
+def _sparse_real_kv(seed: Seed) -> Iterator[Mutant]:
+    """A shrunk dump's real-KV sources claiming rows of up to 2^44 bytes, or far more rows,
+    read in every mode: work must follow the bytes stored, never the claim."""
+    names = [n[: -len(".runs")] for n in seed.tensors if n.startswith("real_kv.") and ".runs" in n]
+    for name in names:
+        rows, width = (int(d) for d in seed.array(name + ".shape"))
+        for claim in ([rows, 2**40], [rows, 2**44], [rows, width * 2**20], [2**40, width]):
+            if claim[0] * claim[1] > 2**50:  # more than any real tensor: bad input, not this
+                continue
+            for mode in ("all", "partial"):
+                tensors = {**seed.tensors, name + ".shape": Tensor.of(np.asarray(claim))}
+                metadata = {**seed.metadata, "real_kv.mode": mode}
+                yield Mutant(
+                    "data.sparse.real-kv-shape",
+                    f"{name}.shape = {claim}, mode {mode}",
+                    seed.rebuild(tensors, metadata),
+                )
 
 
 # --- length -------------------------------------------------------------------------------

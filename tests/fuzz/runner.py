@@ -75,13 +75,15 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
 
 #: value mutants that are bad input by the format's rules (docs/dump-format.md): exit 2 is
 #: right for them. A LUT with a window no SGLang could use leaves the swa group unplannable; a
-#: shrunk dump's sparse shapes, runs and original dtypes are its structure.
+#: shrunk dump's sparse shapes, runs and original dtypes are its structure; real-KV metadata
+#: upstream refuses (docs/canary.md §3) is bad input.
 BAD_INPUT_KINDS = frozenset(
     {
         "data.scalar.window-unplannable",
         "data.sparse.shape",
         "data.sparse.runs",
         "data.sparse.dtypes",
+        "data.real-kv.metadata",
     }
 )
 

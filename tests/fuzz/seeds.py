@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.fuzz.mutants import Seed
 
-__all__ = ["SEED_SCENARIOS", "SHRUNK_SEEDS", "load_seeds", "write_seeds"]
+__all__ = ["SEED_FAMILIES", "SEED_SCENARIOS", "SHRUNK_SEEDS", "load_seeds", "write_seeds"]
 
 #: seed name -> synth scenario (tiny): SWA with free lists and writes; canary buffers, a
 #: violation ring and an expected-token pool; an EAGLE draft pool; everything at once (LUT,
@@ -19,8 +20,11 @@ SEED_SCENARIOS = {
     "full": "clean-canary",
 }
 #: seed name -> the scenario (tiny) whose `kvcanary shrink` output is a seed: format 1.2, its
-#: tables, LUT and canary buffers stored sparse.
-SHRUNK_SEEDS = {"shrunk": "truncated-lut"}
+#: tables, LUT and canary buffers stored sparse; and its real-KV sources (`shrunk-kv`).
+SHRUNK_SEEDS = {"shrunk": "truncated-lut", "shrunk-kv": "canary-kv-overwritten"}
+#: seeds mutated in some families only: `shrunk-kv` adds sparse real-KV sources to the values
+#: mutated; its header and its truncations would repeat those of `shrunk`.
+SEED_FAMILIES = {"shrunk-kv": ("data",)}
 
 
 def write_seeds(directory: Path) -> dict[str, Path]:
@@ -44,4 +48,8 @@ def write_seeds(directory: Path) -> dict[str, Path]:
 def load_seeds(directory: Path) -> list[Seed]:
     """The seeds written by `write_seeds`, parsed, in order (the shrunk ones last)."""
     names = [*SEED_SCENARIOS, *SHRUNK_SEEDS]
-    return [Seed.parse(name, (directory / f"{name}.safetensors").read_bytes()) for name in names]
+    seeds = [Seed.parse(name, (directory / f"{name}.safetensors").read_bytes()) for name in names]
+    return [
+        replace(seed, families=SEED_FAMILIES[seed.name]) if seed.name in SEED_FAMILIES else seed
+        for seed in seeds
+    ]

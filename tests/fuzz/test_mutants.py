@@ -1,10 +1,11 @@
 """Mutation tests: every mutant of the corpus, through every command, keeps the contract.
 
-The corpus (`tests/fuzz/mutants.py`, about 3,300 mutants of five small dumps: four `synth`
-scenarios and one `shrink` output) runs in guarded worker processes (`tests/fuzz/runner.py`):
-an address-space cap 2 GiB above the worker's own, and a minute per mutant. Those are guards,
-not speed checks: a clean run of a mutant takes milliseconds, and a run that does work by a
-number the file claims breaks them loudly, naming the mutant. A smaller sample runs through
+The corpus (`tests/fuzz/mutants.py`, about 3,500 mutants of six small dumps: four `synth`
+scenarios and two `shrink` outputs, one of them mutated in its values only) runs in guarded
+worker processes (`tests/fuzz/runner.py`): an address-space cap 2 GiB above the worker's own,
+and a minute per mutant. Those are guards, not speed checks: a clean run of a mutant takes
+milliseconds, and a run that does work by a number the file claims breaks them loudly, naming
+the mutant. A smaller sample runs through
 real `kvcanary` processes, where a signal (SIGBUS, SIGSEGV) would show as such. Everything
 that starts a process is marked `slow` (still part of `python -m pytest`; the fast lane
 `-m "not slow"` leaves it out).
