@@ -1375,8 +1375,13 @@ def _sparse_parts(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
         values = seed.array(name)
         if values.size == 0:
             continue
-        edited = _fit(values, I64_MIN, I64_MAX).copy()
-        edited[rng.randrange(edited.size)] = rng.choice([I64_MIN, I64_MAX, -1])
+        at, extreme = rng.randrange(values.size), rng.choice([I64_MIN, I64_MAX, -1])
+        if name.startswith(("canary.", "real_kv.")):  # bytes (uint8 is their one dtype)
+            edited = values.copy()
+            edited[at] = 0 if extreme == I64_MIN else 255
+        else:
+            edited = _fit(values, I64_MIN, I64_MAX).copy()
+            edited[at] = extreme
         # an original that held such a value was int64 (a value, not the structure, is odd)
         widened = {**dtypes, name: "I64"} if edited.dtype == np.int64 else dtypes
         tensors = {**seed.tensors, name: Tensor.of(edited)}

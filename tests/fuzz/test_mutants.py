@@ -34,6 +34,7 @@ import pytest
 
 from tests.fuzz.mutants import FAMILIES, Seed, corpus
 from tests.fuzz.runner import (
+    BAD_INPUT_KINDS,
     COMMANDS,
     CROWDED_COMMANDS,
     MEMORY_HEADROOM,
@@ -182,7 +183,9 @@ def test_the_corpus_is_big_and_covers_every_command(corpus_runs: dict[str, Worke
         seen = {name for name in names if any(_same_command(name, u) for u in used)}
         assert seen == names, (family, sorted(names - seen))
         exits = Counter(r["exit"] for r in run.results)
-        if family in ("data", "length"):  # values: the analysis runs (findings, or none)
+        if family in ("data", "length"):  # values: the analysis runs (findings, or none);
+            # a shrunk dump's structure (its sparse parts) may be bad input
+            exits = Counter(r["exit"] for r in run.results if r["kind"] not in BAD_INPUT_KINDS)
             assert exits[0] + exits[1] > 9 * exits[2], (family, exits)
         else:  # the file: mostly refused, some still readable
             assert exits[2] > exits[0] + exits[1], (family, exits)
