@@ -24,7 +24,9 @@ from kvcanary_cli import __version__
 from kvcanary_cli.analysis.model import CheckReport, Severity, Space
 from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.dump.streams import (
+    STANDARD_OUTPUT_NAME,
     prepare_standard_streams,
+    standard_output_refusal,
     write_standard_error,
     writing_to_standard_output,
 )
@@ -202,6 +204,11 @@ class OneLineErrors(TyperGroup):
             context = getattr(exc, "ctx", None)
             where = f" (see '{context.command_path} --help')" if context is not None else ""
             fail(f"error: {exc.format_message()}{where}", ExitCode.BAD_INPUT)
+        except OSError as exc:  # click's own writes (`--help`) to a full or closed stdout
+            refused = standard_output_refusal(exc)
+            if refused is None:
+                internal_error(exc)
+            fail(f"error: {STANDARD_OUTPUT_NAME}: {refused}", ExitCode.BAD_INPUT)
         except Exception as exc:
             internal_error(exc)
         if result == ExitCode.INTERRUPTED:  # click turns Ctrl-C into this exit code

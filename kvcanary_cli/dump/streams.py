@@ -21,6 +21,7 @@ __all__ = [
     "STANDARD_OUTPUT_NAME",
     "prepare_standard_streams",
     "standard_input_is_closed",
+    "standard_output_refusal",
     "write_standard_error",
     "writing_to_standard_output",
 ]
@@ -92,6 +93,22 @@ def writing_to_standard_output() -> Iterator[None]:
         _discard(stdout)
         reason = exc.strerror or type(exc).__name__
         raise PathError(f"cannot be written: {reason}", path=STANDARD_OUTPUT_NAME) from None
+
+
+def standard_output_refusal(exc: OSError) -> str | None:
+    """Why standard output refused a write kvcanary did not make itself (click printing
+    `--help` to a full disk or a gone reader): the error's innermost frame is click's `echo`.
+    None for any other OSError, which stays a bug. A refusing stream is pointed at /dev/null,
+    so the interpreter's exit does not fail on it too."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    code = None if frame is None else frame.tb_frame.f_code
+    if code is None or code.co_name != "echo" or "click" not in code.co_filename:
+        return None
+    if sys.stdout is not None:
+        _discard(sys.stdout)
+    return f"cannot be written: {exc.strerror or type(exc).__name__}"
 
 
 def write_standard_error(text: str) -> None:

@@ -44,8 +44,10 @@ full_disk = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /d
         ("inspect", DUMP, "--format", "json"),
         ("synth", "clean-swa", "-o", "-"),
         ("--version",),
+        ("--help",),
+        ("check", "--help"),
     ],
-    ids=["table", "json", "binary", "version"],
+    ids=["table", "json", "binary", "version", "help", "command-help"],
 )
 def test_standard_output_on_a_full_disk_is_one_line(args: tuple[str, ...]) -> None:
     done = kvcanary("> /dev/full", *args)
