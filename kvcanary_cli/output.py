@@ -1,8 +1,9 @@
 """Where a rendered view goes: standard output, or a file written the safe way; and where a
 status line goes.
 
-A file gets the view as text (tables at 120 columns, no colour), written atomically, never over
-a command's input, a non-regular file or (without `--force`) an existing file.
+A file gets the view as text (tables at 120 columns, no colour, no spaces padding its lines),
+written atomically, never over a command's input, a non-regular file or (without `--force`)
+an existing file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.console import Console, RenderableType
 
 from kvcanary_cli.dump.files import write_atomically
 from kvcanary_cli.dump.streams import write_standard_error, writing_to_standard_output
-from kvcanary_cli.render.console import PIPED_WIDTH, emit
+from kvcanary_cli.render.console import PIPED_WIDTH, emit, without_padding
 
 __all__ = ["deliver", "tell"]
 
@@ -38,7 +39,7 @@ def deliver(
     else:
         buffer = io.StringIO()
         Console(file=buffer, width=PIPED_WIDTH, color_system=None, soft_wrap=False).print(rendered)
-        text = buffer.getvalue()
+        text = without_padding(buffer.getvalue())
     data = text.encode("utf-8")
     write_atomically(
         Path(output), lambda handle: handle.write(data), inputs=inputs, overwrite=force

@@ -17,7 +17,15 @@ from rich.text import Text
 
 from kvcanary_cli.safe_text import printable
 
-__all__ = ["MIN_WIDTH", "PIPED_WIDTH", "OutputFormat", "emit", "make_console", "progress"]
+__all__ = [
+    "MIN_WIDTH",
+    "PIPED_WIDTH",
+    "OutputFormat",
+    "emit",
+    "make_console",
+    "progress",
+    "without_padding",
+]
 
 
 class OutputFormat(StrEnum):
@@ -58,9 +66,19 @@ def emit(rendered: RenderableType, console: Console | None = None) -> None:
     console = console or make_console()
     if isinstance(rendered, str):
         console.file.write(rendered)
-        console.file.flush()
-    else:
+    elif console.is_terminal:
         console.print(rendered)
+    else:  # a pipe or a file: no line padded to the width with spaces
+        with console.capture() as captured:
+            console.print(rendered)
+        console.file.write(without_padding(captured.get()))
+    console.file.flush()
+
+
+def without_padding(text: str) -> str:
+    """`text` without the spaces rich pads lines with (to the width of a table or a wrapped
+    paragraph): what a terminal shows, but noise in a file, a diff or a pasted report."""
+    return "\n".join(line.rstrip(" ") for line in text.split("\n"))
 
 
 @contextmanager
