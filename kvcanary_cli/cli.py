@@ -13,7 +13,7 @@ import typer
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.analysis.model import Group, Severity, Space
-from kvcanary_cli.cli_options import ExitCode, GroupChoice, fail, with_scalar_overrides
+from kvcanary_cli.cli_options import ExitCode, GroupChoice, fail
 from kvcanary_cli.output import deliver, tell
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
@@ -41,8 +41,7 @@ def _root(ctx: typer.Context, version: opt.VersionOpt = False) -> None:
         raise typer.Exit(opt.ExitCode.BAD_INPUT)
 
 
-@app.command()
-@with_scalar_overrides
+@opt.command(app, overrides=True)
 def check(
     dumps: opt.DumpsArg,
     group: opt.GroupsOpt = GroupChoice.ALL,
@@ -73,13 +72,14 @@ def check(
             jobs=jobs,
             progress=tick,
         )
-    rendered = render.render_check(report, output_format, max_rows=max_rows, quiet=quiet)
+    rendered = render.render_check(
+        report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=opt.to_stdout(output)
+    )
     deliver(rendered, output, force=force, inputs=dumps)
     raise typer.Exit(opt.check_exit(report))
 
 
-@app.command()
-@with_scalar_overrides
+@opt.command(app, overrides=True)
 def provenance(
     dump: opt.DumpArg,
     slot: opt.SlotOpt = None,
@@ -113,8 +113,7 @@ def provenance(
     deliver(render.render_provenance(answer, output_format), output, force=force, inputs=[dump])
 
 
-@app.command()
-@with_scalar_overrides
+@opt.command(app, overrides=True)
 def violations(
     sources: opt.SourcesArg,
     replay: opt.ReplayOpt = False,
@@ -139,8 +138,7 @@ def violations(
     raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
 
 
-@app.command()
-@with_scalar_overrides
+@opt.command(app, overrides=True)
 def plan(
     dump: opt.DumpArg,
     group: opt.PlanGroupOpt = Group.FULL,
@@ -168,7 +166,7 @@ def plan(
         fail(run.problem, ExitCode.FINDINGS)
 
 
-@app.command()
+@opt.command(app)
 def inspect(
     dump: opt.DumpArg,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
@@ -182,8 +180,7 @@ def inspect(
     deliver(described, output, force=force, inputs=[dump])
 
 
-@app.command()
-@with_scalar_overrides
+@opt.command(app, overrides=True)
 def shrink(
     dump: opt.DumpArg,
     out: opt.ShrinkOutOpt = None,
@@ -200,7 +197,7 @@ def shrink(
     tell("\n".join(api.shrink(dump, out, overrides=overrides, force=force).summary_lines()))
 
 
-@app.command()
+@opt.command(app)
 def synth(
     scenario: opt.ScenarioArg = None,
     out: opt.SynthOutOpt = None,
@@ -223,7 +220,7 @@ def synth(
     tell(printable(wrote), on_stderr=str(out) == "-")
 
 
-@app.command()
+@opt.command(app)
 def selftest(
     sglang: opt.SGLangOpt = False,
     size: opt.SelftestSizeOpt = "tiny",

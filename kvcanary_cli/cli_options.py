@@ -42,10 +42,12 @@ __all__ = [
     "GroupChoice",
     "OneLineErrors",
     "check_exit",
+    "command",
     "fail",
     "input_files",
     "parse_positions",
     "run",
+    "to_stdout",
     "with_scalar_overrides",
 ]
 
@@ -86,6 +88,7 @@ class Buffer(StrEnum):
 
 
 _Choice = TypeVar("_Choice", bound=StrEnum)
+_Command = TypeVar("_Command", bound=Callable[..., None])
 
 
 def choice_of(*members: _Choice) -> dict[str, Any]:
@@ -214,6 +217,21 @@ class OneLineErrors(TyperGroup):
         if result == ExitCode.INTERRUPTED:  # click turns Ctrl-C into this exit code
             fail("interrupted", ExitCode.INTERRUPTED)
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
+
+
+def command(app: typer.Typer, *, overrides: bool = False) -> Callable[[_Command], _Command]:
+    """`@app.command()`, with the scalar overrides (`with_scalar_overrides`) when asked."""
+
+    def register(function: _Command) -> _Command:
+        app.command()(with_scalar_overrides(function) if overrides else function)
+        return function
+
+    return register
+
+
+def to_stdout(output: str | os.PathLike[str] | None) -> bool:
+    """Whether `--output` names standard output (unset or `-`) rather than a file."""
+    return output is None or os.fspath(output) == "-"
 
 
 def _parameter(option: str) -> str:

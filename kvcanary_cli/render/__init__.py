@@ -58,19 +58,25 @@ __all__ = [
 
 
 def render_check(
-    report: CheckReport, fmt: OutputFormat, *, max_rows: int = 10, quiet: bool = False
+    report: CheckReport,
+    fmt: OutputFormat,
+    *,
+    max_rows: int = 10,
+    quiet: bool = False,
+    to_stdout: bool = False,
 ) -> str | RenderableType:
     """A check report in `fmt` (or, `quiet`, only the verdict lines, whatever `fmt`).
 
     JSON carries every finding; table and Markdown show the first `max_rows` findings per code
-    and count the rest.
+    and count the rest. `to_stdout`: the view goes where `check`'s error lines on stderr
+    are read too, so the table does not repeat why a dump is unreadable (a file keeps it).
     """
     record = check_record(report)
     if quiet:
         return verdict_lines(record)
     match fmt:
         case OutputFormat.TABLE:
-            return check_table(record, max_rows=max_rows)
+            return check_table(record, max_rows=max_rows, errors_on_stderr=to_stdout)
         case OutputFormat.JSON:
             return to_json(record)
         case OutputFormat.MARKDOWN:

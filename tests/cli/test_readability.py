@@ -39,3 +39,21 @@ def test_piped_and_file_output_has_no_padding_spaces(command: str, tmp_path: Pat
         assert padded == [], padded[:3]
         assert "━━" in text  # tables are still drawn
 
+
+def test_an_unreadable_dump_is_reported_once(tmp_path: Path) -> None:
+    bad = tmp_path / "cut.safetensors"
+    bad.write_bytes((EXAMPLES / "stale-tail.safetensors").read_bytes()[:100])
+    good = str(EXAMPLES / "stale-tail.safetensors")
+    for args in ([str(bad)], [str(bad), good]):
+        result = run("check", *args)
+        assert result.exit_code == 2
+        [line] = result.stderr.strip().splitlines()
+        reason = line.removeprefix("error: ")
+        assert "runs past the end" in reason
+        assert "runs past the end" not in result.stdout  # said once: on stderr
+        said = " ".join(result.stdout.split())
+        assert f"BAD INPUT: {bad} (unreadable: the error line on stderr says why)" in said
+    # a report written to a file keeps the reason: nothing else holds it there
+    target = tmp_path / "report.txt"
+    assert run("check", str(bad), good, "-o", str(target)).exit_code == 2
+    assert "runs past the end" in target.read_text()

@@ -274,12 +274,18 @@ def _requests_table(requests: list[RequestRecord]) -> Table:
     return table
 
 
-def _dump_blocks(dump: DumpRecord, fail_on: str, max_rows: int) -> list[RenderableType]:
-    parts: list[RenderableType] = [_verdict_text(dump, fail_on)]
+def _dump_blocks(
+    dump: DumpRecord, fail_on: str, max_rows: int, errors_on_stderr: bool
+) -> list[RenderableType]:
+    verdict = _verdict_text(dump, fail_on)
+    if dump["error"] is not None and errors_on_stderr:  # the reason is said once, on stderr
+        verdict.append("  (unreadable: the error line on stderr says why)")
+    parts: list[RenderableType] = [verdict]
     if dump["identity"] or dump["error"] is None:
         parts.append(identity_line(dump["identity"]))
     if dump["error"] is not None:
-        parts.append(Text(f"  bad input: {dump['error']}", style="magenta"))
+        if not errors_on_stderr:
+            parts.append(Text(f"  bad input: {dump['error']}", style="magenta"))
     else:
         facts = [f"bs {dump['bs']}"]
         if dump["kernel_mode"]:
@@ -303,9 +309,10 @@ def _dump_blocks(dump: DumpRecord, fail_on: str, max_rows: int) -> list[Renderab
     return parts
 
 
-def _summary_table(record: CheckRecord) -> Table:
+def _summary_table(record: CheckRecord, errors_on_stderr: bool) -> Table:
     table = Table(title="summary", title_justify="left")
-    for name in ("dump", "verdict", "bs", "errors", "warnings", "error"):
+    names = ["dump", "verdict", "bs", "errors", "warnings"]
+    for name in names if errors_on_stderr else [*names, "error"]:
         table.add_column(name, justify="right" if name in ("bs", "errors", "warnings") else "left")
     for d in record["dumps"]:
         errors = severity_count(d["counts"], "error")
@@ -316,7 +323,7 @@ def _summary_table(record: CheckRecord) -> Table:
             _t(d["bs"]),
             _t(errors),
             _t(warnings),
-            _t(d["error"]),
+            *(() if errors_on_stderr else (_t(d["error"]),)),
         )
     return table
 
@@ -346,10 +353,14 @@ def _verdict_text(dump: DumpRecord, fail_on: str) -> Text:
     return head
 
 
-def check_table(record: CheckRecord, *, max_rows: int = 10) -> RenderableType:
+def check_table(
+    record: CheckRecord, *, max_rows: int = 10, errors_on_stderr: bool = False
+) -> RenderableType:
     """Per dump: verdict, identity, groups, counts, then per code the first `max_rows` findings.
 
-    A summary of all dumps follows when there are two or more.
+    A summary of all dumps follows when there are two or more. `errors_on_stderr`: the
+    unreadable dumps' error lines go to the same terminal (`check` prints them on stderr),
+    so the view names those dumps without repeating why.
     """
     record = printable_record(record)
     parts: list[RenderableType] = []
@@ -358,10 +369,10 @@ def check_table(record: CheckRecord, *, max_rows: int = 10) -> RenderableType:
     for i, dump in enumerate(record["dumps"]):
         if i:
             parts.append(Text(""))
-        parts.extend(_dump_blocks(dump, record["fail_on"], max_rows))
+        parts.extend(_dump_blocks(dump, record["fail_on"], max_rows, errors_on_stderr))
     if len(record["dumps"]) >= 2:
         parts.append(Text(""))
-        parts.append(_summary_table(record))
+        parts.append(_summary_table(record, errors_on_stderr))
         s = record["summary"]
         parts.append(
             Text(
