@@ -110,7 +110,8 @@ def provenance(
         max_cells=max_rows,
         overrides=overrides,
     )
-    deliver(render.render_provenance(answer, output_format), output, force=force, inputs=[dump])
+    rendered = render.render_provenance(answer, output_format, max_rows=max_rows)
+    deliver(rendered, output, force=force, inputs=[dump])
 
 
 @opt.command(app, overrides=True)

@@ -408,7 +408,8 @@ CellsOpt = Annotated[
     typer.Option(
         "--max-rows",
         min=1,
-        help="Cells listed: per slot for --slot, per row map for --row (marked cells first).",
+        help="Rows of each table: cells per slot for --slot, per row map for --row (marked "
+        "cells first), and the findings touching it (JSON lists them all).",
     ),
 ]
 RoleGroupOpt = Annotated[

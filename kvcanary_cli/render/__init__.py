@@ -85,16 +85,21 @@ def render_check(
             assert_never(fmt)
 
 
-def render_provenance(report: ProvenanceReport, fmt: OutputFormat) -> str | RenderableType:
-    """A provenance answer (one slot, or one pool row) in `fmt`."""
+def render_provenance(
+    report: ProvenanceReport, fmt: OutputFormat, *, max_rows: int = 256
+) -> str | RenderableType:
+    """A provenance answer (one slot, or one pool row) in `fmt`.
+
+    JSON carries every finding touching it; table and Markdown show the first `max_rows`.
+    """
     record = provenance_record(report)
     match fmt:
         case OutputFormat.TABLE:
-            return provenance_table(record)
+            return provenance_table(record, max_rows=max_rows)
         case OutputFormat.JSON:
             return to_json(record)
         case OutputFormat.MARKDOWN:
-            return provenance_markdown(record)
+            return provenance_markdown(record, max_rows=max_rows)
         case _:
             assert_never(fmt)
 

@@ -4,12 +4,23 @@ said once, and the words, help and documents around them."""
 
 from __future__ import annotations
 
+import io
+import json
+import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner, Result
 
+from kvcanary_cli import api
+from kvcanary_cli.analysis.model import CheckReport
 from kvcanary_cli.cli import app
+from kvcanary_cli.render import OutputFormat, render_check, render_provenance
+from kvcanary_cli.render.records.check import check_record
+from kvcanary_cli.render.records.common import FindingRecord
+from kvcanary_cli.render.records.provenance import provenance_record
+from kvcanary_cli.render.shared import cause_sections, positions_text, rows_text, slots_text
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -57,3 +68,108 @@ def test_an_unreadable_dump_is_reported_once(tmp_path: Path) -> None:
     target = tmp_path / "report.txt"
     assert run("check", str(bad), good, "-o", str(target)).exit_code == 2
     assert "runs past the end" in target.read_text()
+
+
+# --- 80 columns ------------------------------------------------------------------------------
+
+
+def at_width(renderable: object, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def _reads_whole(text: str, findings: list[FindingRecord], *, codes_per_finding: bool) -> None:
+    """Every finding's code, rows, positions and slots, and its message's first 60
+    characters, are in `text`, no word cut short."""
+    assert not re.search(r"\w…", text), [line for line in text.splitlines() if "…" in line]
+    assert max(map(len, text.splitlines())) <= 80
+    flowing = " ".join(text.split())
+    for f in findings:
+        if codes_per_finding:
+            assert f"{f['code']} ({f['severity']})" in flowing
+        else:
+            assert re.search(rf"^{re.escape(f['code'])} \({f['severity']}\): ", text, re.M)
+        for where in (slots_text(f), rows_text(f), positions_text(f)):
+            if where not in (None, "-"):
+                assert where in flowing, (f["code"], where)
+        assert " ".join(f["message"][:60].split()) in flowing, f["message"]
+
+
+@pytest.fixture(scope="module")
+def checked_examples() -> dict[str, CheckReport]:
+    return {name: api.check(EXAMPLES / name, kernel="vectorized") for name in EXAMPLE_NAMES}
+
+
+@pytest.mark.parametrize("example", EXAMPLE_NAMES)
+def test_check_reads_whole_at_80_columns(
+    example: str, checked_examples: dict[str, CheckReport]
+) -> None:
+    report = checked_examples[example]
+    text = at_width(render_check(report, OutputFormat.TABLE), 80)
+    [dump] = check_record(report)["dumps"]
+    shown = [f for s in cause_sections(dump, 10) for section in s.sections for f in section.shown]
+    assert shown or example == "clean-swa.safetensors"
+    _reads_whole(text, shown, codes_per_finding=False)
+
+
+@pytest.mark.parametrize("example", EXAMPLE_NAMES)
+def test_provenance_reads_whole_at_80_columns(
+    example: str, checked_examples: dict[str, CheckReport]
+) -> None:
+    findings = checked_examples[example].dumps[0].findings
+    asked: list[dict[str, object]] = []
+    for f in findings[:3]:
+        if f.slot is not None:
+            asked.append({"slot": f.slot, "space": f.space.value})
+        if f.pool_row is not None and f.pool_row >= 0:
+            asked.append({"row": f.pool_row})
+    if not findings:
+        asked.append({"row": 1})
+    for question in asked:
+        answer = api.provenance(EXAMPLES / example, **question)  # type: ignore[arg-type]
+        text = at_width(render_provenance(answer, OutputFormat.TABLE), 80)
+        record = provenance_record(answer)
+        _reads_whole(text, record["findings"], codes_per_finding=True)
+
+
+def test_the_issues_80_column_provenance_reads_whole() -> None:
+    """The command of issue 26 in an 80-column terminal: every line fits, messages wrap
+    across the width (no column a few characters wide), and --max-rows bounds the findings."""
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app,
+        ["provenance", str(EXAMPLES / "truncated-lut.safetensors"), "--slot", "47"]
+        + ["--space", "swa", "--max-rows", "2"],
+    )
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert sum(line.startswith("• lut-out-of-range (error)") for line in lines) == 2
+    assert "… and 1 more finding (--max-rows)" in lines
+    assert (
+        "  slots >= lut_len 107 (REF raises at the first; the GPU clamps them to LUT[106]" in lines
+    )
+
+
+# --- --max-rows bounds every table that grows with the dump ------------------------------------
+
+
+def test_max_rows_bounds_the_findings_touching_a_slot_or_row() -> None:
+    dump = str(EXAMPLES / "truncated-lut.safetensors")
+    for args in (["--slot", "47", "--space", "swa"], ["--row", "9"]):
+        every = json.loads(run("provenance", dump, *args, "-f", "json").stdout)["findings"]
+        assert len(every) >= 2
+        table = run("provenance", dump, *args, "--max-rows", "1").stdout
+        assert f"… and {len(every) - 1} more finding" in table
+        markdown = run("provenance", dump, *args, "--max-rows", "1", "-f", "markdown").stdout
+        assert f"… and {len(every) - 1} more finding" in markdown
+        assert markdown.count("| `lut-out-of-range` | error |") == 1
+
+
+def test_max_rows_bounds_the_requests_with_findings() -> None:
+    dump = str(EXAMPLES / "truncated-lut.safetensors")
+    table = run("check", dump, "-k", "vectorized", "--max-rows", "2").stdout
+    requests = table.split("requests with findings")[1].split("── cause")[0]
+    assert len(re.findall(r"^│ +\d+ │", requests, re.M)) == 2
+    assert "… and 1 more request with findings (--max-rows)" in requests
+    markdown = run("check", dump, "-k", "vectorized", "--max-rows", "2", "-f", "markdown").stdout
+    assert "… and 1 more request with findings" in markdown

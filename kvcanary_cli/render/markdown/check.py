@@ -261,7 +261,10 @@ def _dump_section(dump: DumpRecord, max_rows: int, details: bool, text: DumpText
     if dump["groups"]:
         parts.append(_groups_table(dump["groups"]))
     if len(dump["requests"]) >= 2:
-        parts.extend(["#### Requests with findings", _requests_table(dump["requests"])])
+        requests = dump["requests"]
+        parts.extend(["#### Requests with findings", _requests_table(requests[:max_rows])])
+        if len(requests) > max_rows:
+            parts.append(f"… and {plural(len(requests) - max_rows, 'more request')} with findings")
     if dump["counts"]:
         parts.extend(_findings_sections(dump, max_rows, details))
     elif dump["error"] is None:

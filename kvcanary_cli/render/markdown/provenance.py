@@ -10,6 +10,7 @@ from kvcanary_cli.render.markdown.common import identity_table, provenance_body,
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
 from kvcanary_cli.render.shared import (
     examples_text,
+    plural,
     positions_text,
     role_text,
     row_lines,
@@ -65,8 +66,9 @@ def _row_section(row: RowMapRecord) -> list[str]:
     ]
 
 
-def provenance_markdown(record: ProvenanceRecord) -> str:
-    """A `kvcanary.provenance/2` record as Markdown: the slot's cells or the row's map."""
+def provenance_markdown(record: ProvenanceRecord, *, max_rows: int = 256) -> str:
+    """A `kvcanary.provenance/2` record as Markdown: the slot's cells or the row's map, and
+    the first `max_rows` findings touching it."""
     record = printable_record(record)
     parts = [
         f"## kvcanary provenance: {_code(record['path'], cell=False)}",
@@ -109,11 +111,14 @@ def provenance_markdown(record: ProvenanceRecord) -> str:
                         _text(role_text(f)),
                         _text(f["message"] + (f" ({e})" if (e := examples_text(f)) else "")),
                     ]
-                    for f in findings
+                    for f in findings[:max_rows]
                 ],
                 right={3},
             )
         )
+        if len(findings) > max_rows:
+            more = plural(len(findings) - max_rows, "more finding")
+            parts.append(f"*… and {more} (`--max-rows`; `--format json` lists them all)*")
     else:
         parts.append("None.")
     return "\n\n".join(parts) + "\n"

@@ -17,29 +17,25 @@ from kvcanary_cli.render.records.check import (
     GroupRecord,
     RequestRecord,
 )
-from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.shared import (
     DIFFERENCES_NOTE,
     CodeSection,
     cause_sections,
     differences_lines,
-    examples_text,
     failing_phrase,
-    launch_mark,
     plural,
-    raise_mark,
-    role_text,
     section_size,
     severity_count,
-    where_lines,
 )
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,
+    ByWidth,
     identity_line,
     indented,
     shrunk_block,
 )
 from kvcanary_cli.render.table.common import cell as _t
+from kvcanary_cli.render.table.findings import FINDINGS_TABLE_WIDTH, findings_view
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["check_table", "verdict_lines"]
@@ -54,19 +50,38 @@ _OVERALL_STYLE = {"findings": "bold red", "clean": "bold green", "bad-input": "b
 _CONFIDENCE_STYLE = {"certain": "bold red", "likely": "bold yellow", "possible": "yellow"}
 
 
-def _groups_table(groups: list[GroupRecord]) -> Table:
-    table = Table(
-        title="groups", title_justify="left", caption=DIFFERENCES_NOTE, caption_justify="left"
+def _groups_view(groups: list[GroupRecord]) -> RenderableType:
+    """The groups table; where it has no room for the differences (80 columns), they follow
+    it, one line per group."""
+    lines = [
+        (
+            "-",
+            Text(
+                f"{g['group']} differences: " + "; ".join(differences_lines(g)),
+                style="bold red"
+                if g["unexplained_differences"] or g["kernel_launch_error"]
+                else "",
+            ),
+        )
+        for g in groups
+    ]
+    return ByWidth(
+        wide=_groups_table(groups, with_differences=True),
+        narrow=Group(
+            _groups_table(groups, with_differences=False),
+            indented(lines),
+            Text(DIFFERENCES_NOTE, style="dim"),
+        ),
+        min_width=FINDINGS_TABLE_WIDTH,
     )
-    for name in (
-        "group",
-        "window",
-        "verify entries",
-        "capacity",
-        "enable",
-        "kernel",
-        "differences",
-    ):
+
+
+def _groups_table(groups: list[GroupRecord], *, with_differences: bool) -> Table:
+    table = Table(title="groups", title_justify="left")
+    if with_differences:  # else the note follows the differences, across the whole width
+        table.caption, table.caption_justify = DIFFERENCES_NOTE, "left"
+    names = ["group", "window", "verify entries", "capacity", "enable", "kernel"]
+    for name in [*names, "differences"] if with_differences else names:
         table.add_column(
             name,
             justify="right"
@@ -83,7 +98,7 @@ def _groups_table(groups: list[GroupRecord]) -> Table:
             _t(g["verify_capacity"]),
             _t(g["enable"]),
             _t(g["kernel"]),
-            Text("\n".join(lines), style=style),
+            *([Text("\n".join(lines), style=style)] if with_differences else []),
         )
     return table
 
@@ -100,63 +115,6 @@ def _counts_table(counts: list[CodeCountRecord]) -> Table:
     return table
 
 
-def _findings_table(findings: list[FindingRecord]) -> Table:
-    """One row per finding group: how many cells, where they lie, and what they are."""
-    table = Table()
-    for name in ("group", "cells", "where", "role"):
-        table.add_column(name, justify="right" if name == "cells" else "left")
-    table.add_column("message", ratio=1)
-    for f in findings:
-        table.add_row(
-            _t(f["group"]),
-            _t(f["count"]),
-            _t("\n".join(where_lines(f)) or "-"),
-            _t(role_text(f)),
-            _message_text(f),
-        )
-    return table
-
-
-def _message_text(f: FindingRecord) -> Text:
-    """The message, flagged where SGLang's reference raises and where it rests on assumptions."""
-    text = Text(f["message"])
-    assumes = f"(assumes {', '.join(f['assumes'])}: not recorded)" if f["assumes"] else None
-    pieces = (
-        (" ", raise_mark(f), "bold"),
-        (" ", launch_mark(f), "bold"),
-        (" ", assumes, "yellow"),
-        ("\n", examples_text(f), "dim"),  # a group: a few of its cells
-        ("\n", _holders_text(f), "dim"),  # where the example's slot lives
-    )
-    for separator, piece, style in pieces:
-        if piece:
-            text.append(f"{separator}{piece}", style=style)
-    return text
-
-
-#: cells of the example slot's provenance shown before "+N more".
-_HOLDERS_SHOWN = 3
-
-
-def _holders_text(f: FindingRecord) -> str | None:
-    """Where the example's slot lives when that says more than the finding's own cells:
-    `slot 77 is held at (row 8, pos 4) verify; (row 3, pos 4) verify shared; +2 more`."""
-    if not f["provenance"]:
-        return None
-    prov = f["provenance"][0]
-    if prov["cells_total"] <= 1 and not prov["mapped_from"]:
-        return None
-    bits = []
-    for c in prov["cells"][:_HOLDERS_SHOWN]:
-        flags = "".join(f" {flag}" for flag in ("seed", "shared") if c[flag])
-        bits.append(f"(row {c['pool_row']}, pos {c['position']}) {c['role']}{flags}")
-    more = prov["cells_total"] - min(len(prov["cells"]), _HOLDERS_SHOWN)
-    if more > 0:
-        bits.append(f"+{more} more")
-    space = "swa slot" if prov["space"] == "swa" else "slot"
-    return f"{space} {prov['slot']} is held at " + ("; ".join(bits) or "no cell")
-
-
 def _code_blocks(sections: list[CodeSection]) -> list[RenderableType]:
     parts: list[RenderableType] = []
     for section in sections:
@@ -168,7 +126,7 @@ def _code_blocks(sections: list[CodeSection]) -> list[RenderableType]:
             )
         )
         if section.shown:
-            parts.append(_findings_table(section.shown))
+            parts.append(findings_view(section.shown))
         if section.total > len(section.shown):
             parts.append(Text(f"… and {section.total - len(section.shown)} more (--max-rows)"))
     return parts
@@ -298,11 +256,14 @@ def _dump_blocks(
     parts.extend(_diagnosis_blocks(dump))
     parts.extend(_raise_blocks(dump))
     if dump["groups"]:
-        parts.append(_groups_table(dump["groups"]))
+        parts.append(_groups_view(dump["groups"]))
     if dump["counts"]:
         parts.append(_counts_table(dump["counts"]))
         if len(dump["requests"]) >= 2:
-            parts.append(_requests_table(dump["requests"]))
+            parts.append(_requests_table(dump["requests"][:max_rows]))
+            if len(dump["requests"]) > max_rows:
+                more = plural(len(dump["requests"]) - max_rows, "more request")
+                parts.append(Text(f"… and {more} with findings (--max-rows)"))
         parts.extend(_findings_blocks(dump, max_rows))
     elif dump["error"] is None:
         parts.append(Text("  no findings", style="green"))

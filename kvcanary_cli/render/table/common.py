@@ -3,7 +3,8 @@ lines, a finding's slot, and the styles of severities."""
 
 from __future__ import annotations
 
-from rich.console import RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -12,6 +13,7 @@ from kvcanary_cli.render.shared import shrunk_lines
 
 __all__ = [
     "SEVERITY_STYLE",
+    "ByWidth",
     "cell",
     "identity_line",
     "indented",
@@ -19,6 +21,23 @@ __all__ = [
 ]
 
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
+
+
+class ByWidth:
+    """One of two layouts of the same thing, chosen by the width the console gives it: `wide`
+    from `min_width` columns up, else `narrow` (the renderers do not know the width)."""
+
+    def __init__(self, *, wide: RenderableType, narrow: RenderableType, min_width: int) -> None:
+        self.wide, self.narrow, self.min_width = wide, narrow, min_width
+
+    def _chosen(self, options: ConsoleOptions) -> RenderableType:
+        return self.wide if options.max_width >= self.min_width else self.narrow
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._chosen(options)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self._chosen(options))
 
 
 def cell(value: object, style: str = "") -> Text:
@@ -30,10 +49,12 @@ def indented(rows: list[tuple[str, Text]], indent: int = 2) -> Table:
     """Lines that wrap under their own start: (marker, text) rows after `indent` spaces."""
     grid = Table.grid()
     grid.add_column(width=indent, no_wrap=True)
-    grid.add_column(no_wrap=True)
+    marked = any(marker for marker, _ in rows)  # an empty column would still take a space
+    if marked:
+        grid.add_column(no_wrap=True)
     grid.add_column(ratio=1)
     for marker, text in rows:
-        grid.add_row("", Text(marker + " " if marker else ""), text)
+        grid.add_row("", *([Text(marker + " " if marker else "")] if marked else []), text)
     return grid
 
 

@@ -9,28 +9,16 @@ from rich.text import Text
 
 from kvcanary_cli.render.records.common import FindingRecord, SlotProvenanceRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
-from kvcanary_cli.render.shared import (
-    cell_columns,
-    examples_text,
-    positions_text,
-    role_text,
-    row_lines,
-    row_notices,
-    rows_text,
-    slots_text,
-)
-from kvcanary_cli.render.table.common import (
-    SEVERITY_STYLE,
-    identity_line,
-    shrunk_block,
-)
+from kvcanary_cli.render.shared import cell_columns, plural, row_lines, row_notices
 from kvcanary_cli.render.table.common import cell as _t
+from kvcanary_cli.render.table.common import identity_line, indented, shrunk_block
+from kvcanary_cli.render.table.findings import findings_view
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["provenance_table"]
 
 
-def _slot_blocks(prov: SlotProvenanceRecord) -> list[RenderableType]:
+def _slot_blocks(prov: SlotProvenanceRecord, max_rows: int) -> list[RenderableType]:
     head = Text(f"{prov['space']} slot {prov['slot']}", style="bold")
     if prov["swa_slot"] is not None:
         head.append(f"  → swa slot {prov['swa_slot']} (LUT[{prov['slot']}])")
@@ -39,15 +27,13 @@ def _slot_blocks(prov: SlotProvenanceRecord) -> list[RenderableType]:
     parts: list[RenderableType] = [head]
     if prov["space"] == "swa":
         mapped = ", ".join(map(str, prov["mapped_from"])) or "none"
-        parts.append(Text(f"  mapped from full slots (LUT[f] = {prov['slot']}): {mapped}"))
-    if prov["clamped_from"]:
         parts.append(
-            Text(
-                "  redirected here by the GPU clamp (full slots >= lut_len the SWA plan reads): "
-                + ", ".join(map(str, prov["clamped_from"])),
-                style="yellow",
-            )
+            indented([("", Text(f"mapped from full slots (LUT[f] = {prov['slot']}): {mapped}"))])
         )
+    if prov["clamped_from"]:
+        clamped = ", ".join(map(str, prov["clamped_from"]))
+        redirected = "redirected here by the GPU clamp (full slots >= lut_len the SWA plan reads)"
+        parts.append(indented([("", Text(f"{redirected}: {clamped}", style="yellow"))]))
     parts.append(
         Text(
             f"  allocator: {prov['allocator'] or 'unknown (no free list in the dump)'}",
@@ -79,7 +65,7 @@ def _slot_blocks(prov: SlotProvenanceRecord) -> list[RenderableType]:
         canary = Table(title="canary records", title_justify="left")
         for name in ("buffer", "token", "position", "prev hash", "real kv hash"):
             canary.add_column(name, justify="left" if name == "buffer" else "right")
-        for r in prov["canary"]:
+        for r in prov["canary"][:max_rows]:
             canary.add_row(
                 _t(r["buffer"]),
                 _t(r["token"]),
@@ -88,13 +74,15 @@ def _slot_blocks(prov: SlotProvenanceRecord) -> list[RenderableType]:
                 _t(r["real_kv_hash"]),
             )
         parts.append(canary)
+        if len(prov["canary"]) > max_rows:
+            parts.append(Text(f"… and {len(prov['canary']) - max_rows} more records (--max-rows)"))
     if prov["violations"]:
-        shown, total = len(prov["violations"]), prov["violations_total"]
+        shown, total = min(len(prov["violations"]), max_rows), prov["violations_total"]
         title = "violation ring rows" + (f" (first {shown} of {total})" if total > shown else "")
         violations = Table(title=title, title_justify="left")
         violations.add_column("index", justify="right")
         violations.add_column("fields")
-        for v in prov["violations"]:
+        for v in prov["violations"][:shown]:
             violations.add_row(_t(v["index"]), _t(", ".join(map(str, v["fields"]))))
         parts.append(violations)
     return parts
@@ -120,6 +108,9 @@ def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
         table.add_column(
             name, justify="right" if name in ("position", "slot", "swa slot") else "left"
         )
+    # a code is never cut: the marks column keeps room for the longest (the roles wrap)
+    codes = [len(m) + 3 for c in row["cells"] for m in c["marks"]]
+    table.columns[-1].min_width = max(codes, default=None)
     for line in row_lines(row):
         if line[0] == "gap":
             gap = line[1]
@@ -151,32 +142,20 @@ def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
     return parts
 
 
-def _touching_table(findings: list[FindingRecord]) -> Table:
-    table = Table(title="findings touching it", title_justify="left")
-    table.add_column("code", no_wrap=True)
-    for name in ("group", "cells", "slots", "batch rows", "positions", "role", "message"):
-        table.add_column(name, justify="right" if name == "cells" else "left")
-    for f in findings:
-        style = SEVERITY_STYLE.get(f["severity"], "")
-        examples = examples_text(f)
-        table.add_row(
-            _t(f["code"], style),
-            _t(f["group"]),
-            _t(f["count"]),
-            _t(slots_text(f)),
-            _t(rows_text(f)),
-            _t(positions_text(f)),
-            _t(role_text(f)),
-            _t(f["message"] + (f"\n{examples}" if examples else "")),
-        )
-    return table
+def _touching_blocks(findings: list[FindingRecord], max_rows: int) -> list[RenderableType]:
+    parts: list[RenderableType] = [Text("findings touching it", style="bold")]
+    parts.append(findings_view(findings[:max_rows], with_code=True))
+    if len(findings) > max_rows:
+        parts.append(Text(f"… and {plural(len(findings) - max_rows, 'more finding')} (--max-rows)"))
+    return parts
 
 
-def provenance_table(record: ProvenanceRecord) -> RenderableType:
+def provenance_table(record: ProvenanceRecord, *, max_rows: int = 256) -> RenderableType:
     """A slot's cells, translation, allocator, canary and violation rows, or a pool row's map.
 
-    Findings touching the slot (or row) follow; in a row map, the cells they mark are flagged
-    with `!` and the finding codes (and highlighted when colour is on).
+    Findings touching the slot (or row) follow, the first `max_rows` of them; in a row map,
+    the cells they mark are flagged with `!` and the finding codes (and highlighted when
+    colour is on).
     """
     record = printable_record(record)
     parts: list[RenderableType] = [
@@ -186,11 +165,11 @@ def provenance_table(record: ProvenanceRecord) -> RenderableType:
     if record["shrunk"] is not None:
         parts.append(shrunk_block(record["shrunk"]))
     if record["slot"] is not None:
-        parts.extend(_slot_blocks(record["slot"]))
+        parts.extend(_slot_blocks(record["slot"], max_rows))
     if record["row"] is not None:
         parts.extend(_row_blocks(record["row"]))
     if record["findings"]:
-        parts.append(_touching_table(record["findings"]))
+        parts.extend(_touching_blocks(record["findings"], max_rows))
     else:
         parts.append(Text("no findings touch it", style="green"))
     return Group(*parts)
