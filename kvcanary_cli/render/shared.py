@@ -7,6 +7,7 @@ which each view then styles (rich `Text`) or escapes (Markdown).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -45,6 +46,10 @@ if TYPE_CHECKING:  # the violations record is built with numpy: `--help` does no
 __all__ = [
     "CUT_COLUMNS",
     "DIFFERENCES_NOTE",
+    "UNITS_NOTE",
+    "code_cells",
+    "findings_per_count",
+    "severity_cells",
     "REQUEST_COLUMNS",
     "CauseSection",
     "CodeSection",
@@ -112,12 +117,43 @@ _DIFFERENCE_VERBS: dict[str, str] = {
     "prefix-beyond-row": "kernel read neighbouring rows for",
 }
 
-#: How to read a groups table: what "verify entries", differences and findings count.
+#: How to read a groups table: what "verify entries" and differences count.
 DIFFERENCES_NOTE = (
     "verify entries: what the reference plan requests; differences: plan values where the "
     "kernel and the reference disagree (a cell read as a verify slot and as a chain "
-    "predecessor counts twice); findings: cells and rows"
+    "predecessor counts twice)"
 )
+
+#: The two units of a report's counts: what a cell and a finding are.
+UNITS_NOTE = (
+    "cells: the req_to_token cells with a problem (a problem of a request, a tensor or a "
+    "scalar counts as 1 cell); a finding groups the cells of one code, cause, group and role"
+)
+
+
+def code_cells(counts: dict[FindingCodeName, int], name: Callable[[str], str] = str) -> str:
+    """`15 lut-out-of-range cells, 1 lut-sentinel-missing cell`: counts of cells per code,
+    each named as cells (`name` formats a code, e.g. as Markdown code)."""
+    return ", ".join(
+        f"{n} {name(code)} {'cell' if n == 1 else 'cells'}" for code, n in counts.items()
+    )
+
+
+def severity_cells(counts: list[CodeCountRecord], findings: int) -> str:
+    """`16 error cells, 1 warning cell in 5 findings`: a dump's verdict in named units."""
+    errors = severity_count(counts, "error")
+    warnings = severity_count(counts, "warning")
+    return (
+        f"{plural(errors, 'error cell')}, {plural(warnings, 'warning cell')} in "
+        f"{plural(findings, 'finding')}"
+    )
+
+
+def findings_per_count(dump: DumpRecord) -> list[int]:
+    """Per entry of a dump's `counts` (code, group, severity), how many findings hold its
+    cells."""
+    keys = [(f["code"], f["group"], f["severity"]) for f in dump["findings"]]
+    return [keys.count((c["code"], c["group"], c["severity"])) for c in dump["counts"]]
 
 
 def cell_columns(swa: bool) -> tuple[str, ...]:
@@ -168,14 +204,14 @@ def _range_text(bounds: list[int]) -> str:
 
 
 def rows_text(f: FindingRecord) -> str | None:
-    """The batch rows a finding covers: `3`, or `0..255 (256)` for a group (distinct rows)."""
+    """The batch rows a finding covers: `3`, or `0..255 (256 distinct)` for a group."""
     span = f["span"]
     if span is None:
         return None if f["batch_row"] is None else str(f["batch_row"])
     if span["batch_rows"] is None:
         return None
     text = _range_text(span["batch_rows"])
-    return text if span["rows"] == 1 else f"{text} ({span['rows']})"
+    return text if span["rows"] == 1 else f"{text} ({span['rows']} distinct)"
 
 
 def positions_text(f: FindingRecord) -> str | None:
@@ -187,14 +223,13 @@ def positions_text(f: FindingRecord) -> str | None:
 
 
 def slots_text(f: FindingRecord) -> str:
-    """The slots a finding holds: `107`, `swa 12`, or `107..143 (15)` (distinct slots); `-` for
-    none."""
+    """The slots a finding holds: `107`, `swa 12`, or `107..143 (15 distinct)`; `-` for none."""
     span = f["span"]
     prefix = "swa " if f["space"] == "swa" else ""
     if span is None or span["slots"] is None:
         return "-" if f["slot"] is None else f"{prefix}{f['slot']}"
     text = prefix + _range_text(span["slots"])
-    return text if span["distinct_slots"] == 1 else f"{text} ({span['distinct_slots']})"
+    return text if span["distinct_slots"] == 1 else f"{text} ({span['distinct_slots']} distinct)"
 
 
 #: The plan reads of a LUT finding, in the order REF makes them.
@@ -287,7 +322,7 @@ def section_size(section: CodeSection) -> str:
 
 
 def severity_count(counts: list[CodeCountRecord], severity: SeverityName) -> int:
-    """Findings of one severity over a dump's counts."""
+    """Cells of one severity over a dump's counts."""
     return sum(c["count"] for c in counts if c["severity"] == severity)
 
 

@@ -225,7 +225,7 @@ def test_quiet_prints_the_verdict_only() -> None:
     assert result.stdout.splitlines() == [
         "ERRORS: "
         + str(EXAMPLES / "truncated-lut.safetensors")
-        + "  (16 errors, 1 warning; fails --fail-on error)"
+        + "  (16 error cells, 1 warning cell in 5 findings; fails --fail-on error)"
     ]
 
 

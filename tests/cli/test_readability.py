@@ -67,7 +67,7 @@ def test_an_unreadable_dump_is_reported_once(tmp_path: Path) -> None:
     # a report written to a file keeps the reason: nothing else holds it there
     target = tmp_path / "report.txt"
     assert run("check", str(bad), good, "-o", str(target)).exit_code == 2
-    assert "runs past the end" in target.read_text()
+    assert "runs past the end" in " ".join(target.read_text().split())
 
 
 # --- 80 columns ------------------------------------------------------------------------------
@@ -173,3 +173,37 @@ def test_max_rows_bounds_the_requests_with_findings() -> None:
     assert "… and 1 more request with findings (--max-rows)" in requests
     markdown = run("check", dump, "-k", "vectorized", "--max-rows", "2", "-f", "markdown").stdout
     assert "… and 1 more request with findings" in markdown
+
+
+# --- one unit per number ---------------------------------------------------------------------
+
+
+def test_every_count_of_a_report_names_its_unit(tmp_path: Path) -> None:
+    """The issue's dump: a truncated LUT without a recorded pool size. Counts of cells say
+    "cells", counts of findings say "findings", distinct slots and rows say "distinct"."""
+    dump = tmp_path / "u.safetensors"
+    wrote = run("synth", "truncated-lut-unrecorded", "-o", str(dump), "--seed", "7")
+    assert wrote.exit_code == 0, wrote.stderr
+    record = json.loads(run("check", str(dump), "-k", "vectorized", "-f", "json").stdout)
+    [checked] = record["dumps"]
+    counts = {c["code"]: c["count"] for c in checked["counts"]}
+    beyond = counts["slot-beyond-pool"]
+    text = " ".join(run("check", str(dump), "-k", "vectorized").stdout.split())
+    markdown = run("check", str(dump), "-k", "vectorized", "-f", "markdown").stdout
+    cells, findings = sum(counts.values()), len(checked["findings"])
+    errors = sum(c["count"] for c in checked["counts"] if c["severity"] == "error")
+    assert f"({errors} error cells, " in text and f" in {findings} findings; fails" in text
+    assert f"{beyond} slot-beyond-pool cells rest on it" in text
+    assert f"{beyond} `slot-beyond-pool` cells rest on it" in markdown
+    explained = checked["diagnosis"][0]["explains"]
+    explains = re.findall(r"- explains (.*?) - fix", text)[0]
+    for code, n in explained.items():
+        assert f"{n} {code} cell{'s' if n > 1 else ''}" in explains
+    assert f"({cells} cells: " in markdown
+    assert "cells: the req_to_token cells with a problem" in text
+    assert re.search(r"┃ code +┃ severity ┃ group ┃ findings ┃ cells ┃", text)
+    assert "cells with findings" in text
+    # a number alone in parentheses is a distinct count, and says so
+    assert not re.search(r"\.\.\d+ \(\d+\)", text), re.findall(r"\S+ \.\.\d+ \(\d+\)", text)
+    assert re.search(r"slots \d+\.\.\d+ \(\d+ distinct\)", text)
+    assert "findings: cells and rows" not in text

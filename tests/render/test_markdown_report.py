@@ -21,8 +21,8 @@ HEAD = re.compile(r"^##### `([a-z-]+)` · (error|warning|info) · (\d+) findings
 
 def _summary(markdown: str) -> dict[tuple[str, str], int]:
     [(_, header, rows)] = [t for t in tables(markdown) if t[0] == "### Summary"]
-    assert header == ["code", "severity", "group", "count"]
-    return {(code, group): int(count) for code, _sev, group, count in rows}
+    assert header == ["code", "severity", "group", "findings", "cells"]
+    return {(code, group): int(cells) for code, _sev, group, _findings, cells in rows}
 
 
 def _dump_sections(markdown: str) -> list[str]:

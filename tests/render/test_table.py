@@ -52,8 +52,8 @@ def test_check_table_caps_rows_per_code(single_report: CheckReport) -> None:
 def test_check_table_details(single_report: CheckReport) -> None:
     text = plain(check_table(check_record(single_report)))
     assert (
-        "ERRORS: dumps/step1207|rank0.safetensors  (15 errors, 3 warnings; fails "
-        "--fail-on error)" in text
+        "ERRORS: dumps/step1207|rank0.safetensors  (15 error cells, 3 warning cells in 18 "
+        "findings; fails --fail-on error)" in text
     )
     assert "sglang 0.5.1 @ abc1234 · model Qwen/Qwen3-8B · rank 0 · step 1207" in text
     assert "kernel clamped 17 plan values (lut-out-of-range)" in plain(

@@ -27,11 +27,14 @@ from kvcanary_cli.render.records.check import (
 from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.shared import (
     DIFFERENCES_NOTE,
+    UNITS_NOTE,
     CodeSection,
     cause_sections,
+    code_cells,
     differences_lines,
     examples_text,
     failing_phrase,
+    findings_per_count,
     plural,
     positions_text,
     raise_mark,
@@ -178,9 +181,7 @@ def _diagnosis_section(dump: DumpRecord) -> list[str]:
             f"{_text(cause['summary'])}"
         ]
         lines.extend(f"   - {_text(fact)}" for fact in cause["evidence"])
-        explains = ", ".join(
-            f"{n} {_code(code, cell=False)}" for code, n in cause["explains"].items()
-        )
+        explains = code_cells(cause["explains"], lambda code: _code(code, cell=False))
         if explains:
             lines.append(f"   - explains: {explains}")
         lines.append(f"   - **fix:** {_text(cause['fix'])}")
@@ -212,7 +213,7 @@ def _raise_lines(dump: DumpRecord, text_limit: int) -> list[str]:
             "state that failed, or kvcanary's model differs from the SGLang that ran."
         )
     for a in dump["assumptions"]:
-        decides = ", ".join(f"{n} {_code(code, cell=False)}" for code, n in a["decides"].items())
+        decides = code_cells(a["decides"], lambda code: _code(code, cell=False))
         lines.append(
             f"**Assumption:** {_code(a['scalar'], cell=False)} = {a['value']} "
             f"({_text(a['source'])}) is not recorded; {decides} rest on it and are "
@@ -223,7 +224,7 @@ def _raise_lines(dump: DumpRecord, text_limit: int) -> list[str]:
 
 def _requests_table(requests: list[RequestRecord]) -> str:
     return _table(
-        ["batch row", "pool row", "P", "E", "first bad position", "findings"],
+        ["batch row", "pool row", "P", "E", "first bad position", "cells with findings"],
         [
             [
                 str(r["batch_row"]),
@@ -231,7 +232,7 @@ def _requests_table(requests: list[RequestRecord]) -> str:
                 str(r["prefix_len"]),
                 str(r["extend_len"]),
                 _text(r["first_bad_position"]),
-                ", ".join(f"{n} {_code(code)}" for code, n in r["counts"].items()),
+                code_cells(r["counts"], _code),
             ]
             for r in requests
         ],
@@ -274,15 +275,19 @@ def _dump_section(dump: DumpRecord, max_rows: int, details: bool, text: DumpText
 
 def _summary_rows(record: CheckRecord) -> list[list[str]]:
     totals: Counter[tuple[str, str]] = Counter()
+    findings: Counter[tuple[str, str]] = Counter()
     severity: dict[str, str] = {}
     for dump in record["dumps"]:
-        for c in dump["counts"]:
+        for c, held in zip(dump["counts"], findings_per_count(dump), strict=True):
             key = (c["code"], c["group"])
             totals[key] += c["count"]
+            findings[key] += held
             severity[c["code"]] = c["severity"]
+    order = sorted(totals, key=lambda k: code_order(FindingCode(k[0]), k[1]))
     return [
-        [_code(code), severity[code], _code(group), str(totals[(code, group)])]
-        for code, group in sorted(totals, key=lambda k: code_order(FindingCode(k[0]), k[1]))
+        [_code(code), severity[code], _code(group), str(findings[(code, group)])]
+        + [str(totals[(code, group)])]
+        for code, group in order
     ]
 
 
@@ -360,9 +365,10 @@ def _check_markdown(record: CheckRecord, max_rows: int, details: bool, text: Dum
         (
             f"{failing_phrase(summary, record['fail_on'])} · "
             f"{plural(summary['findings'], 'finding')} "
-            f"({plural(summary['cells'], 'cell')}: {plural(by_severity['error'], 'error')}, "
-            f"{plural(by_severity['warning'], 'warning')}, "
-            f"{by_severity['info']} info) · kvcanary {record['kvcanary_version']} · "
+            f"({plural(summary['cells'], 'cell')}: {plural(by_severity['error'], 'error cell')}, "
+            f"{plural(by_severity['warning'], 'warning cell')}, "
+            f"{plural(by_severity['info'], 'info cell')}) · "
+            f"kvcanary {record['kvcanary_version']} · "
             f"`{record['schema']}`"
             + (
                 f" · SGLang installed here: {_text(record['sglang_installed'])}"
@@ -373,25 +379,28 @@ def _check_markdown(record: CheckRecord, max_rows: int, details: bool, text: Dum
         "### Summary",
     ]
     rows = _summary_rows(record)
-    head.append(
-        _table(["code", "severity", "group", "count"], rows, right={3}) if rows else "No findings."
-    )
+    if rows:
+        head.append(_table(["code", "severity", "group", "findings", "cells"], rows, right={3, 4}))
+        head.append(f"*{_text(UNITS_NOTE)}*")
+    else:
+        head.append("No findings.")
     if len(record["dumps"]) >= 2:
         head.append(
             _table(
-                ["dump", "verdict", "bs", "errors", "warnings", "error"],
+                ["dump", "verdict", "bs", "findings", "error cells", "warning cells", "error"],
                 [
                     [
                         _code(d["path"]),
                         d["verdict"],
                         str(d["bs"]),
+                        str(d["findings_total"]),
                         str(severity_count(d["counts"], "error")),
                         str(severity_count(d["counts"], "warning")),
                         _text(None if d["error"] is None else clipped(d["error"], text.chars)),
                     ]
                     for d in record["dumps"]
                 ],
-                right={2, 3, 4},
+                right={2, 3, 4, 5},
             )
         )
     parts = list(head)

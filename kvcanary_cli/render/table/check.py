@@ -12,19 +12,22 @@ from rich.text import Text
 
 from kvcanary_cli.render.records.check import (
     CheckRecord,
-    CodeCountRecord,
     DumpRecord,
     GroupRecord,
     RequestRecord,
 )
 from kvcanary_cli.render.shared import (
     DIFFERENCES_NOTE,
+    UNITS_NOTE,
     CodeSection,
     cause_sections,
+    code_cells,
     differences_lines,
     failing_phrase,
+    findings_per_count,
     plural,
     section_size,
+    severity_cells,
     severity_count,
 )
 from kvcanary_cli.render.table.common import (
@@ -103,14 +106,18 @@ def _groups_table(groups: list[GroupRecord], *, with_differences: bool) -> Table
     return table
 
 
-def _counts_table(counts: list[CodeCountRecord]) -> Table:
+def _counts_table(dump: DumpRecord) -> Table:
     table = Table(title="findings by code", title_justify="left")
-    for name in ("code", "severity", "group", "count"):
-        table.add_column(name, justify="right" if name == "count" else "left")
-    for c in counts:
+    for name in ("code", "severity", "group", "findings", "cells"):
+        table.add_column(name, justify="right" if name in ("findings", "cells") else "left")
+    for c, findings in zip(dump["counts"], findings_per_count(dump), strict=True):
         style = SEVERITY_STYLE.get(c["severity"], "")
         table.add_row(
-            _t(c["code"], style), _t(c["severity"], style), _t(c["group"]), _t(c["count"])
+            _t(c["code"], style),
+            _t(c["severity"], style),
+            _t(c["group"]),
+            _t(findings),
+            _t(c["count"]),
         )
     return table
 
@@ -157,7 +164,7 @@ def _diagnosis_blocks(dump: DumpRecord) -> list[RenderableType]:
         head.append(f": {cause['summary']}", style="")
         parts.append(indented([(f"{number}.", head)]))
         rows = [("-", Text(fact)) for fact in cause["evidence"]]
-        explains = ", ".join(f"{n} {code}" for code, n in cause["explains"].items())
+        explains = code_cells(cause["explains"])
         if explains:
             rows.append(("-", Text(f"explains {explains}")))
         rows.append(("-", Text(f"fix: {cause['fix']}", style="bold")))
@@ -200,7 +207,7 @@ def _raise_blocks(dump: DumpRecord) -> list[RenderableType]:
             )
         )
     for a in dump["assumptions"]:
-        decides = ", ".join(f"{n} {code}" for code, n in a["decides"].items())
+        decides = code_cells(a["decides"])
         rows.append(
             (
                 "",
@@ -218,9 +225,9 @@ def _requests_table(requests: list[RequestRecord]) -> Table:
     table = Table(title="requests with findings", title_justify="left")
     for name in ("batch row", "pool row", "P", "E", "first bad pos"):
         table.add_column(name, justify="right")
-    table.add_column("findings")
+    table.add_column("cells with findings")
     for r in requests:
-        counts = ", ".join(f"{n} {code}" for code, n in r["counts"].items())
+        counts = code_cells(r["counts"])
         table.add_row(
             _t(r["batch_row"]),
             _t(r["pool_row"]),
@@ -258,7 +265,8 @@ def _dump_blocks(
     if dump["groups"]:
         parts.append(_groups_view(dump["groups"]))
     if dump["counts"]:
-        parts.append(_counts_table(dump["counts"]))
+        parts.append(_counts_table(dump))
+        parts.append(Text(UNITS_NOTE, style="dim"))
         if len(dump["requests"]) >= 2:
             parts.append(_requests_table(dump["requests"][:max_rows]))
             if len(dump["requests"]) > max_rows:
@@ -272,9 +280,9 @@ def _dump_blocks(
 
 def _summary_table(record: CheckRecord, errors_on_stderr: bool) -> Table:
     table = Table(title="summary", title_justify="left")
-    names = ["dump", "verdict", "bs", "errors", "warnings"]
+    names = ["dump", "verdict", "bs", "findings", "error cells", "warning cells"]
     for name in names if errors_on_stderr else [*names, "error"]:
-        table.add_column(name, justify="right" if name in ("bs", "errors", "warnings") else "left")
+        table.add_column(name, justify="left" if name in ("dump", "verdict", "error") else "right")
     for d in record["dumps"]:
         errors = severity_count(d["counts"], "error")
         warnings = severity_count(d["counts"], "warning")
@@ -282,6 +290,7 @@ def _summary_table(record: CheckRecord, errors_on_stderr: bool) -> Table:
             _t(d["path"]),
             _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
             _t(d["bs"]),
+            _t(d["findings_total"]),
             _t(errors),
             _t(warnings),
             *(() if errors_on_stderr else (_t(d["error"]),)),
@@ -300,15 +309,13 @@ def verdict_lines(record: CheckRecord) -> str:
 
 def _verdict_text(dump: DumpRecord, fail_on: str) -> Text:
     verdict = dump["verdict"]
-    errors = severity_count(dump["counts"], "error")
-    warnings = severity_count(dump["counts"], "warning")
     head = Text(
         f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
         style=_VERDICT_STYLE.get(verdict, "bold"),
     )
     if dump["error"] is None:
         head.append(
-            f"  ({plural(errors, 'error')}, {plural(warnings, 'warning')}; "
+            f"  ({severity_cells(dump['counts'], dump['findings_total'])}; "
             f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})"
         )
     return head
