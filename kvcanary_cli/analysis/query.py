@@ -108,8 +108,9 @@ def row_map(
     `group` labels the roles with that group's window; by default the group the row's findings
     are in (swa if any is). Shown: every marked cell first (up to `max_cells`), then the
     edges of the live range, the window start and the row's head, in `positions` (a
-    `[start, end)` range) when given. What is not shown is counted in gaps, never dropped
-    silently. Work and memory grow with the cells shown, not with the row's length.
+    `[start, end)` range) when given. What is not shown, in the range or outside it, is
+    counted in gaps, never dropped silently. Memory grows with the cells shown, not with the
+    row's length (the counts read the row in bounded pieces).
     """
     if not 0 <= pool_row < dump.max_reqs:
         raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="--row")
@@ -167,7 +168,7 @@ def row_map(
                 marks=tuple(dict.fromkeys(marks.get(pos, ()))),
             )
         )
-    edges = [lo - 1, *shown, hi]
+    edges = [-1, *shown, msl]  # positions outside --positions are gaps too
     gaps = tuple(
         RowGap(start=a + 1, end=b, filled=row.count_nonzero(a + 1, b))
         for a, b in zip(edges, edges[1:], strict=False)

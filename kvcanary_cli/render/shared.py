@@ -420,13 +420,14 @@ def row_lines(row: RowMapRecord) -> list[RowLine]:
 
 def row_notices(row: RowMapRecord) -> list[str]:
     """What a row map does not show, in words."""
-    count = len(row["cells"])
-    lo, hi = row["positions"] or (0, row["max_seq_len"])
+    count, length = len(row["cells"]), row["max_seq_len"]
     notices = []
-    if count < hi - lo:
+    if count < length:
+        asked = row["positions"]
+        within = "" if asked is None else f" (--positions {asked[0]}:{asked[1]})"
         notices.append(
-            f"showing {count} of {hi - lo} positions {lo}..{hi - 1}; the others are "
-            "in the gap rows (--positions START:END and --max-rows show more)"
+            f"showing {count} of the row's {length} positions{within}; the others are in "
+            "the gap rows (--positions START:END and --max-rows show more)"
         )
     if row["marks_not_shown"]:
         notices.append(

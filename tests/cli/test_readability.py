@@ -207,3 +207,26 @@ def test_every_count_of_a_report_names_its_unit(tmp_path: Path) -> None:
     assert not re.search(r"\.\.\d+ \(\d+\)", text), re.findall(r"\S+ \.\.\d+ \(\d+\)", text)
     assert re.search(r"slots \d+\.\.\d+ \(\d+ distinct\)", text)
     assert "findings: cells and rows" not in text
+
+
+# --- a row map says what it leaves out -----------------------------------------------------
+
+
+def test_a_position_range_shows_the_rest_of_the_row_as_gaps() -> None:
+    """Issue 26: `--positions 10:20` on a row of 48 positions: 0..9 and 20..47 are gap rows
+    with their filled counts, and the map says it shows 10 of 48."""
+    args = ["provenance", str(EXAMPLES / "stale-tail.safetensors"), "--row", "10"]
+    row = json.loads(run(*args, "--positions", "10:20", "-f", "json").stdout)["row"]
+    whole = json.loads(run(*args, "-f", "json").stdout)["row"]
+    gaps = {(g["start"], g["end"]): g["filled"] for g in row["gaps"]}
+    assert gaps == {(0, 10): 10, (20, 48): whole["filled"] - 10 - 10}
+    shown = {c["position"] for c in row["cells"]}
+    covered = shown.union(*(range(a, b) for a, b in gaps))
+    assert shown == set(range(10, 20)) and covered == set(range(48))
+    table = " ".join(run(*args, "--positions", "10:20").stdout.split())
+    assert "positions 0..9 not shown (10 filled)" in table
+    assert "positions 20..47 not shown (14 filled)" in table
+    assert "showing 10 of the row's 48 positions (--positions 10:20)" in table
+    markdown = run(*args, "--positions", "10:20", "-f", "markdown").stdout
+    assert "*positions 0..9 not shown (10 filled)*" in markdown
+    assert "showing 10 of the row's 48 positions (--positions 10:20)" in markdown

@@ -48,9 +48,9 @@ class RowCellRecord(TypedDict):
 
 
 class GapRecord(TypedDict):
-    """Positions [start, end) between shown cells."""
+    """Positions [start, end) not shown: between shown cells, or outside --positions."""
 
-    #: positions [start, end) between shown cells
+    #: positions [start, end) not shown: between shown cells, or outside --positions
     start: int
     end: int
     #: how many of them hold a slot

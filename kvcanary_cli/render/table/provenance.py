@@ -138,7 +138,9 @@ def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
             _t("! " + ", ".join(c["marks"]) if marked else "", style),
         )
     parts.append(table)
-    parts.extend(Text(f"  {notice}", style="yellow") for notice in row_notices(row))
+    notices = [("", Text(notice, style="yellow")) for notice in row_notices(row)]
+    if notices:
+        parts.append(indented(notices))
     return parts
 
 
