@@ -91,18 +91,26 @@ _Choice = TypeVar("_Choice", bound=StrEnum)
 _Command = TypeVar("_Command", bound=Callable[..., None])
 
 
-def choice_of(*members: _Choice) -> dict[str, Any]:
+def choice_of(
+    *members: _Choice, option: str = "", aliases: dict[str, _Choice] | None = None
+) -> dict[str, Any]:
     """`typer.Option` settings for an option that takes one of `members` (of one enum).
 
     A parser of our own instead of typer's enum coercion: one enum may serve several options
     with different subsets (`PlannerChoice`), and a wrong value reads "'x' is not one of a,
-    b" in the one error line, without the validation library's wording around it.
+    b" in the one error line, without the validation library's wording around it. An alias
+    (an old name) is taken, with a note on stderr naming the choice it stands for.
     """
     by_value = {member.value: member for member in members}
+    aliases = aliases or {}
 
     def parse(text: str | _Choice) -> _Choice:
         if isinstance(text, StrEnum):  # the default, already a member
             return text  # type: ignore[return-value]
+        if text in aliases:
+            new = aliases[text].value
+            write_standard_error(f"note: {option} {text} is the old name of {option} {new}")
+            return aliases[text]
         if text not in by_value:
             raise typer.BadParameter(f"{text!r} is not one of {', '.join(by_value)}")
         return by_value[text]
@@ -115,6 +123,44 @@ def choice_of(*members: _Choice) -> dict[str, Any]:
         "metavar": "[" + "|".join(by_value) + "]",
         "autocompletion": complete,  # a shell's TAB: the choices, as typer's enums had
     }
+
+
+def _readable(value: int) -> str:
+    """An integer as a person reads a bound: `2^31-1`, `-2^31`, `2^40`, or its digits."""
+    magnitude = abs(value)
+    for exact, suffix in ((magnitude, ""), (magnitude + 1, "-1")):
+        bits = exact.bit_length() - 1
+        if bits >= 16 and exact == 1 << bits:
+            return f"{'-' if value < 0 else ''}2^{bits}{suffix}"
+    return str(value)
+
+
+def integer(
+    help: str, minimum: int | None = None, maximum: int | None = None, metavar: str = "INT"
+) -> dict[str, Any]:
+    """`typer.Option` settings for an integer option in [minimum, maximum]: the range in
+    words at the end of the help (`0 to 2^31-1`, not click's `[0<=x<=2147483647]`), and a
+    parser that refuses a value outside it in the one error line."""
+    if minimum is not None and maximum is not None:
+        bounds = f"{_readable(minimum)} to {_readable(maximum)}"
+    elif minimum is not None:
+        bounds = f"at least {_readable(minimum)}"
+    else:
+        bounds = f"at most {_readable(maximum)}" if maximum is not None else ""
+
+    def parse(text: str | int) -> int:
+        try:
+            value = text if isinstance(text, int) else int(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not an integer") from None
+        both = f" ({bounds})" if minimum is not None and maximum is not None else ""
+        if minimum is not None and value < minimum:
+            raise typer.BadParameter(f"{value} is below {_readable(minimum)}{both}")
+        if maximum is not None and value > maximum:
+            raise typer.BadParameter(f"{value} is above {_readable(maximum)}{both}")
+        return value
+
+    return {"help": f"{help} [{bounds}]" if bounds else help, "parser": parse, "metavar": metavar}
 
 
 def check_exit(report: CheckReport) -> ExitCode:
@@ -257,9 +303,11 @@ def with_scalar_overrides(command: Callable[..., None]) -> Callable[..., None]:
                 typer.Option(
                     spec.option,
                     rich_help_panel="Scalar overrides",
-                    help=f"Override {spec.name}: {spec.meaning} (default: {spec.default}).",
-                    min=spec.minimum,
-                    max=spec.maximum,
+                    **integer(
+                        f"Override {spec.name}: {spec.meaning} (default: {spec.default}).",
+                        spec.minimum,
+                        spec.maximum,
+                    ),
                 ),
             ],
         )
@@ -294,6 +342,8 @@ DumpsArg = Annotated[
         metavar="DUMP",
     ),
 ]
+#: `--kernel` and `--backend` names of earlier versions: the vectorized planner ran on torch.
+_OLD_NAMES = {"torch": PlannerChoice.VECTORIZED}
 FormatOpt = Annotated[
     OutputFormat,
     typer.Option(
@@ -320,8 +370,8 @@ KernelOpt = Annotated[
         help="What stands in for the production GPU path: triton (the kernels; compiled on CUDA, "
         "interpreted elsewhere), vectorized (same GPU semantics in numpy: fast), sglang (the "
         "installed SGLang's own launcher: its kernels on CUDA, its torch reference elsewhere), "
-        "none (skip the comparison).",
-        **choice_of(*KERNELS),
+        "none (skip the comparison). torch: the old name of vectorized.",
+        **choice_of(*KERNELS, option="--kernel", aliases=_OLD_NAMES),
     ),
 ]
 FailOnOpt = Annotated[
@@ -334,8 +384,12 @@ FindingRowsOpt = Annotated[
     int,
     typer.Option(
         "--max-rows",
-        min=1,
-        help="Findings shown per code in table and markdown output (JSON lists them all).",
+        **integer(
+            "Rows of each table in table and markdown output: findings per code, requests "
+            "(JSON lists them all).",
+            1,
+            metavar="N",
+        ),
     ),
 ]
 JobsOpt = Annotated[
@@ -343,9 +397,12 @@ JobsOpt = Annotated[
     typer.Option(
         "--jobs",
         "-j",
-        min=1,
-        help="Processes for several dumps (default: the cores; never more than the cores, the "
-        "dumps, or what the available memory holds).",
+        **integer(
+            "Processes for several dumps (default: the cores; never more than the cores, the "
+            "dumps, or what the available memory holds).",
+            1,
+            metavar="N",
+        ),
     ),
 ]
 SlotOpt = Annotated[
@@ -353,9 +410,12 @@ SlotOpt = Annotated[
     typer.Option(
         "--slot",
         "-s",
-        min=-(1 << 63),
-        max=(1 << 63) - 1,
-        help="Slot to trace: every req_to_token cell holding it.",
+        **integer(
+            "Slot to trace: every req_to_token cell holding it.",
+            -(1 << 63),
+            (1 << 63) - 1,
+            metavar="N",
+        ),
     ),
 ]
 RowOpt = Annotated[
@@ -363,10 +423,13 @@ RowOpt = Annotated[
     typer.Option(
         "--row",
         "-r",
-        min=0,
-        max=(1 << 63) - 1,
-        help="Pool row to map instead: live prefix, window, pending writes, stale "
-        "tail, bad cells marked.",
+        **integer(
+            "Pool row to map instead: live prefix, window, pending writes, stale tail, bad "
+            "cells marked.",
+            0,
+            (1 << 63) - 1,
+            metavar="R",
+        ),
     ),
 ]
 SpaceOpt = Annotated[
@@ -407,9 +470,12 @@ CellsOpt = Annotated[
     int,
     typer.Option(
         "--max-rows",
-        min=1,
-        help="Rows of each table: cells per slot for --slot, per row map for --row (marked "
-        "cells first), and the findings touching it (JSON lists them all).",
+        **integer(
+            "Rows of each table: cells per slot for --slot, per row map for --row (marked "
+            "cells first), and the findings touching it (JSON lists them all).",
+            1,
+            metavar="N",
+        ),
     ),
 ]
 RoleGroupOpt = Annotated[
@@ -432,8 +498,8 @@ BackendOpt = Annotated[
         help="reference: scalar, literal (slow); vectorized: numpy, same results; triton: the GPU "
         "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input); sglang: "
         "the installed SGLang's own launcher (its kernels on CUDA, its torch reference "
-        "elsewhere).",
-        **choice_of(*BACKENDS),
+        "elsewhere). torch: the old name of vectorized.",
+        **choice_of(*BACKENDS, option="--backend", aliases=_OLD_NAMES),
     ),
 ]
 StrictOpt = Annotated[
@@ -454,7 +520,7 @@ PlanOutOpt = Annotated[
     ),
 ]
 RequestRowsOpt = Annotated[
-    int, typer.Option("--max-rows", min=1, help="Batch rows shown in the table.")
+    int, typer.Option("--max-rows", **integer("Batch rows shown in the table.", 1, metavar="N"))
 ]
 ScenarioArg = Annotated[
     str | None,
@@ -470,16 +536,20 @@ ShrinkOutOpt = Annotated[
         show_default=False,
     ),
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=(1 << 63) - 1, help="Random seed.")]
+SeedOpt = Annotated[
+    int, typer.Option("--seed", **integer("Random seed.", 0, (1 << 63) - 1, metavar="N"))
+]
 SynthPageSizeOpt = Annotated[
     int | None,
     typer.Option(
         "--page-size",
-        min=1,
-        max=4096,
-        metavar="SLOTS",
-        help="Slots per page of both pools (default: the scenario's own; the SWA page "
-        "scenarios use 16). Page faults need 2 or more.",
+        **integer(
+            "Slots per page of both pools (default: the scenario's own; the SWA page "
+            "scenarios use 16). Page faults need 2 or more.",
+            1,
+            4096,
+            metavar="SLOTS",
+        ),
         show_default=False,
     ),
 ]
@@ -566,7 +636,8 @@ JoinDumpOpt = Annotated[
 ViolationRowsOpt = Annotated[
     int,
     typer.Option(
-        "--max-rows", min=1, help="Rows shown in table and markdown output (JSON lists all)."
+        "--max-rows",
+        **integer("Rows shown in table and markdown output (JSON lists all).", 1, metavar="N"),
     ),
 ]
 #: what `with_scalar_overrides` hands a command.

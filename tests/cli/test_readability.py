@@ -230,3 +230,79 @@ def test_a_position_range_shows_the_rest_of_the_row_as_gaps() -> None:
     markdown = run(*args, "--positions", "10:20", "-f", "markdown").stdout
     assert "*positions 0..9 not shown (10 filled)*" in markdown
     assert "showing 10 of the row's 48 positions (--positions 10:20)" in markdown
+
+
+# --- --help, old names -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", ["check", "provenance", "violations", "plan", "synth", "shrink", "selftest"]
+)
+def test_help_states_integer_ranges_as_people_read_them(command: str) -> None:
+    text = CliRunner(env={"COLUMNS": "100"}).invoke(app, [command, "--help"]).stdout
+    assert "<=x" not in text and "x>=" not in text and "<int range>" not in text
+    assert not re.search(r"\d{7,}", text), re.findall(r"\S*\d{7,}\S*", text)
+    if command in ("check", "provenance", "plan", "violations", "shrink"):
+        assert "[-2^31 to 2^40]" in text and "[0 to 2^31-1]" in text  # --swa-window, capacity
+
+
+def test_an_integer_out_of_range_is_one_line_in_the_same_words() -> None:
+    dump = str(EXAMPLES / "clean-swa.safetensors")
+    result = run("check", dump, "--page-size", "0")
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: Invalid value for '--page-size': 0 is below 1 (1 to 2^31-1) "
+        "(see 'kvcanary check --help')"
+    ]
+    assert "is above 2^63-1" in run("provenance", dump, "--slot", str(1 << 63)).stderr
+    assert "'x' is not an integer" in run("check", dump, "--max-rows", "x").stderr
+
+
+@pytest.mark.parametrize(("command", "option"), [("plan", "--backend"), ("check", "--kernel")])
+def test_torch_is_the_old_name_of_vectorized(command: str, option: str) -> None:
+    dump = str(EXAMPLES / "truncated-lut.safetensors")
+    old = run(command, dump, option, "torch", "-f", "json")
+    new = run(command, dump, option, "vectorized", "-f", "json")
+    assert old.exit_code == new.exit_code and old.stdout == new.stdout
+    assert old.stderr.startswith(f"note: {option} torch is the old name of {option} vectorized\n")
+    assert "torch" not in run(command, dump, option, "vectorized").stderr
+
+
+# --- documents --------------------------------------------------------------------------------
+
+
+def test_examples_readme_quotes_what_its_commands_print() -> None:
+    """Each phrase examples/README.md quotes from a report is in the output of its row's
+    command (issue 26: it quoted "kernel clamped 29 entries" long after that changed)."""
+    quoted = 0
+    for line in (EXAMPLES / "README.md").read_text().splitlines():
+        command = re.search(r"`kvcanary ([^`]+)`", line)
+        phrases = re.findall(r'"([^"]+)"', line)
+        if command is None or not phrases:
+            continue
+        args = command[1].split()
+        if args[0] == "check":
+            args += ["-k", "vectorized"]
+        out = CliRunner(env={"COLUMNS": "300"}).invoke(app, args)
+        said = " ".join(out.stdout.split())
+        for phrase in phrases:
+            assert phrase in said, (phrase, args)
+            quoted += 1
+    assert quoted >= 2
+
+
+def test_the_readme_findings_table_has_every_code() -> None:
+    from kvcanary_cli.analysis.model import FindingCode
+
+    section = (ROOT / "README.md").read_text().split("## Findings\n")[1].split("\n## ")[0]
+    listed = set(re.findall(r"^\| `([a-z-]+)` \| (?:error|warning|info) \|", section, re.M))
+    assert listed == {code.value for code in FindingCode}
+
+
+def test_the_readme_commands_table_names_plans_backends_as_plan_takes_them() -> None:
+    readme = (ROOT / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| `kvcanary plan DUMP")]
+    backends = re.search(r"--backend ([a-z\\|]+)\]", row)
+    assert backends is not None
+    assert backends[1].split("\\|") == ["reference", "vectorized", "triton", "sglang"]
+    assert "`--backend torch` still works" in row
