@@ -34,6 +34,7 @@ from kvcanary_cli.analysis.violations.report import CAUSES as EXPLANATION_CAUSES
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.planners.base import Plan
+from kvcanary_cli.planners.frame import GPU_MAX_BS
 from kvcanary_cli.planners.upstream_raise import upstream_error
 
 __all__ = [
@@ -197,7 +198,8 @@ _FIX: dict[CauseCode, str] = {
     CauseCode.EXPECTED_TOKEN_POOL_MISMATCH: "size req_to_verify_expected_tokens to the "
     "request lengths, or fix its valid lengths",
     CauseCode.VERIFY_CAPACITY_OVERFLOW: "raise the verify capacity (ServerArgs / pool sizing)",
-    CauseCode.KERNEL_LIMIT: "keep bs within _PLAN_BS_BLOCK_SIZE and write_req_capacity",
+    CauseCode.KERNEL_LIMIT: f"keep bs at most {GPU_MAX_BS} (the GPU plan path's block size) "
+    "and at most write_req_capacity",
     CauseCode.NONCANONICAL_DTYPE: "store the tensors in the dtypes the GPU path requires (or "
     "ignore: kvcanary read them anyway)",
     CauseCode.PLANNER_DIVERGENCE: "report it to kvcanary with this dump: the kernel model and "

@@ -284,7 +284,8 @@ class SlotProvenance:
     #: for the SWA slot a truncated LUT ends in: the live full slots >= lut_len the GPU path
     #: clamps onto it.
     clamped_from: tuple[int, ...] = ()
-    #: "free" or "in use" when the dump has the allocator's free list for this space.
+    #: "free", "in use" or "beyond the pool" (no slot of it) when the dump has the allocator's
+    #: free list for this space.
     allocator: str | None = None
     canary: tuple[CanaryRecord, ...] = ()
     #: the first ring rows of the slot; `violations_total` counts them all.

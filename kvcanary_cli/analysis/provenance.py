@@ -398,7 +398,12 @@ class ProvenanceIndex:
             cells_total=total,
             swa_slot=swa_slot,
             translation_note=note,
-            allocator=_allocator_state(dump.free_full_slots, slot, dump.free_domain.get("full")),
+            allocator=_allocator_state(
+                dump.free_full_slots,
+                slot,
+                dump.free_domain.get("full"),
+                dump.scalar("num_full_slots"),
+            ),
             canary=_canary_records(dump, "full", slot),
             violations=violations,
             violations_total=violations_total,
@@ -451,7 +456,9 @@ def swa_provenance(
         cells_total=total,
         mapped_from=mapped_from,
         clamped_from=clamped_from,
-        allocator=_allocator_state(dump.free_swa_slots, swa_slot, dump.free_domain.get("swa")),
+        allocator=_allocator_state(
+            dump.free_swa_slots, swa_slot, dump.free_domain.get("swa"), dump.scalar("num_swa_slots")
+        ),
         canary=_canary_records(dump, "swa", swa_slot),
         violations=violations,
         violations_total=violations_total,
@@ -548,10 +555,17 @@ def _free_list(free: np.ndarray) -> _FreeList:
 
 
 def _allocator_state(
-    free: np.ndarray | None, slot: int, known: np.ndarray | None = None
+    free: np.ndarray | None,
+    slot: int,
+    known: np.ndarray | None = None,
+    pool: int | None = None,
 ) -> str | None:
+    """`free`, `in use`, `beyond the pool` (outside the `pool` slots the allocator hands out:
+    never "in use"), `unknown (not kept)`, or None without a free list."""
     if free is None:
         return None
+    if pool is not None and not 0 <= slot < pool:
+        return "beyond the pool"
     if known is not None:  # sorted: a shrunk dump keeps the entries of its kept slots
         at = int(np.searchsorted(known, slot))
         if at >= known.size or int(known[at]) != slot:

@@ -46,10 +46,12 @@ if TYPE_CHECKING:  # the violations record is built with numpy: `--help` does no
 __all__ = [
     "CUT_COLUMNS",
     "DIFFERENCES_NOTE",
+    "FIRST_RAISE_MARK",
     "UNITS_NOTE",
     "code_cells",
     "findings_per_count",
     "severity_cells",
+    "REPLAY_NOTE",
     "REQUEST_COLUMNS",
     "CauseSection",
     "CodeSection",
@@ -263,14 +265,22 @@ def where_lines(f: FindingRecord) -> list[str]:
     return lines
 
 
+#: How a finding is marked where SGLang's reference raises first; the line naming the first
+#: raise quotes it.
+FIRST_RAISE_MARK = "← first raise"
+
+
 def raise_mark(f: FindingRecord) -> str | None:
     """Where SGLang's reference raises first, when at this finding: `here`, or the group's
     example cell."""
     if not f["first_raise"]:
         return None
     if f["count"] == 1:
-        return "← SGLang's reference raises here first"
-    return f"← SGLang's reference raises first at (batch row {f['batch_row']}, pos {f['position']})"
+        return f"{FIRST_RAISE_MARK}: SGLang's reference raises here"
+    return (
+        f"{FIRST_RAISE_MARK}: SGLang's reference raises at (batch row {f['batch_row']}, "
+        f"pos {f['position']})"
+    )
 
 
 def launch_mark(f: FindingRecord) -> str | None:
@@ -638,6 +648,16 @@ def difference_value(difference: DifferenceRecord, side: Literal["baseline", "pl
 
 
 # --- violations --------------------------------------------------------------------------
+
+
+#: How to read a replay table: what each column counts.
+REPLAY_NOTE = (
+    "entries: verify entries planned; checked: entries verified; slot 0: entries skipped, "
+    "their slot being 0; no chain check: entries checked without a chain check (prev slot "
+    "0); real KV: zero (a HEAD buffer must hold 0), checked (a TAIL buffer, against the real "
+    "KV fingerprint the dump records) or skipped (the dump records no real_kv.mode); rows: "
+    "the violation rows the replay gives"
+)
 
 
 def source_detail(source: SourceRecord) -> str:

@@ -306,3 +306,53 @@ def test_the_readme_commands_table_names_plans_backends_as_plan_takes_them() -> 
     assert backends is not None
     assert backends[1].split("\\|") == ["reference", "vectorized", "triton", "sglang"]
     assert "`--backend torch` still works" in row
+
+
+# --- wording ----------------------------------------------------------------------------------
+
+
+def test_a_slot_beyond_the_pool_is_not_in_use(tmp_path: Path) -> None:
+    dump = tmp_path / "beyond.safetensors"
+    assert run("synth", "slot-beyond-pool", "-o", str(dump)).exit_code == 0
+    record = json.loads(run("check", str(dump), "-k", "vectorized", "-f", "json").stdout)
+    [finding] = record["dumps"][0]["findings"]
+    slot = str(finding["slot"])
+    assert "  allocator: beyond the pool" in run("provenance", str(dump), "--slot", slot).stdout
+    answer = json.loads(run("provenance", str(dump), "--slot", slot, "-f", "json").stdout)
+    assert answer["slot"]["allocator"] == "beyond the pool"
+    assert "allocator: free" in run("provenance", str(dump), "--slot", "5").stdout
+
+
+def test_the_first_raise_is_marked_as_the_line_naming_it_says() -> None:
+    dump = str(EXAMPLES / "truncated-lut.safetensors")
+    for fmt in ("table", "markdown"):
+        out = CliRunner(env={"COLUMNS": "300"}).invoke(
+            app, ["check", dump, "-k", "vectorized", "-f", fmt]
+        )
+        text = " ".join(out.stdout.split())
+        [mark] = re.findall(r"marked \**'?([^'*]+?)'?\** below\)", text)
+        assert mark == "← first raise"
+        assert text.count(mark) >= 2, fmt  # the line naming it, and the finding it marks
+
+
+def test_fixes_name_values_not_upstreams_internal_names(tmp_path: Path) -> None:
+    dump = tmp_path / "limit.safetensors"
+    assert run("synth", "kernel-limit-exceeded", "-o", str(dump)).exit_code == 0
+    record = json.loads(run("check", str(dump), "-k", "vectorized", "-f", "json").stdout)
+    fixes = [cause["fix"] for cause in record["dumps"][0]["diagnosis"]]
+    assert any("at most 4096" in fix for fix in fixes), fixes
+    assert not any("_PLAN_BS_BLOCK_SIZE" in fix for fix in fixes)
+
+
+def test_the_replay_columns_are_explained_where_they_are_shown() -> None:
+    args = [
+        str(EXAMPLES / "canary-aliasing.log"),
+        "--dump",
+        str(EXAMPLES / "canary-aliasing.safetensors"),
+    ]
+    for fmt in ("table", "markdown"):
+        out = run("violations", *args, "--replay", "-f", fmt).stdout
+        said = " ".join(out.split())
+        assert "slot 0: entries skipped, their slot being 0" in said
+        assert "no chain check: entries checked without a chain check (prev slot 0)" in said
+        assert "skipped (the dump records no real_kv.mode)" in said

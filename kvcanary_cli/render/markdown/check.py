@@ -27,6 +27,7 @@ from kvcanary_cli.render.records.check import (
 from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.shared import (
     DIFFERENCES_NOTE,
+    FIRST_RAISE_MARK,
     UNITS_NOTE,
     CodeSection,
     cause_sections,
@@ -196,7 +197,8 @@ def _raise_lines(dump: DumpRecord, text_limit: int) -> list[str]:
         lines.append(
             f"SGLang's reference raises first in group {_code(raised['group'], cell=False)} at "
             f"batch row {raised['batch_row']}, position {raised['position']} "
-            f"({_code(raised['code'], cell=False)}): "
+            f"({_code(raised['code'], cell=False)}, marked **{_text(FIRST_RAISE_MARK)}** "
+            "below): "
             f"{_code(raised['exception_type'] + ': ' + raised['message'], cell=False)}"
         )
     recorded = dump["recorded_exception"]

@@ -9,6 +9,7 @@ from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _md_table
 from kvcanary_cli.render.markdown.blocks import text as _md_text
 from kvcanary_cli.render.shared import (
+    REPLAY_NOTE,
     plural,
     replay_comparison_line,
     slot_cells_text,
@@ -71,6 +72,7 @@ def violations_markdown(record: ViolationsRecord, *, max_rows: int = 20) -> str:
                 right={2, 3, 4, 5, 7},
             )
         )
+        parts.append(f"*{_md_text(REPLAY_NOTE)}*")
     if record["comparison"] is not None:
         parts.append(replay_comparison_line(record["comparison"]))
     shown = record["rows"][: max(max_rows, 0)]

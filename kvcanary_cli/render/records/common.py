@@ -162,8 +162,9 @@ FindingRole = Literal[
     "seed",
     "expected-token",
 ]
-#: A slot on the allocator's free list, or not; unknown where a shrunk dump did not keep it.
-AllocatorState = Literal["free", "in use", "unknown (not kept)"]
+#: A slot on the allocator's free list, or not (in use), or no slot of the pool at all
+#: (negative, or >= the pool size); unknown where a shrunk dump did not keep it.
+AllocatorState = Literal["free", "in use", "beyond the pool", "unknown (not kept)"]
 #: Where a scalar's value came from, as a fact or an assumption.
 ScalarOrigin = Literal["recorded", "overridden", "derived", "default", "unknown"]
 #: Any JSON value (a finding's `details` are code-specific).

@@ -18,6 +18,7 @@ from kvcanary_cli.render.records.check import (
 )
 from kvcanary_cli.render.shared import (
     DIFFERENCES_NOTE,
+    FIRST_RAISE_MARK,
     UNITS_NOTE,
     CodeSection,
     cause_sections,
@@ -183,7 +184,7 @@ def _raise_blocks(dump: DumpRecord) -> list[RenderableType]:
                 Text(
                     f"SGLang's reference raises first in group {raised['group']} at batch "
                     f"row {raised['batch_row']}, position {raised['position']} "
-                    f"({raised['code']}, marked 'first raise'): "
+                    f"({raised['code']}, marked '{FIRST_RAISE_MARK}' below): "
                     f"{raised['exception_type']}: {raised['message']}"
                 ),
             )

@@ -12,6 +12,7 @@ from rich.text import Text
 from kvcanary_cli.canary.constants import hex64
 from kvcanary_cli.render.records.common import SlotProvenanceRecord
 from kvcanary_cli.render.shared import (
+    REPLAY_NOTE,
     plural,
     replay_comparison_line,
     slot_cells_text,
@@ -115,6 +116,7 @@ def violations_table(record: ViolationsRecord, *, max_rows: int = 20) -> Rendera
         parts.append(sources)
     if record["replay"]:
         parts.append(_replay_table(record["replay"]))
+        parts.append(Text(REPLAY_NOTE, style="dim"))
     if record["comparison"] is not None:
         parts.append(Text(replay_comparison_line(record["comparison"])))
     shown = record["rows"][: max(max_rows, 0)]
