@@ -356,3 +356,39 @@ def test_the_replay_columns_are_explained_where_they_are_shown() -> None:
         assert "slot 0: entries skipped, their slot being 0" in said
         assert "no chain check: entries checked without a chain check (prev slot 0)" in said
         assert "skipped (the dump records no real_kv.mode)" in said
+
+
+def test_the_safetensors_alone_recipe_records_what_the_checks_need(tmp_path: Path) -> None:
+    """The README's "With safetensors alone" recipe records write_req_capacity and page_size:
+    a batch larger than the write plan is reported from its dump (kernel-limit-exceeded)."""
+    from kvcanary_cli.dump.loader import load_dump
+    from tests.helpers import checked
+    from tests.test_capture import WritePlan, _Allocator, plan_kwargs
+
+    readme = (ROOT / "README.md").read_text()
+    recipe = readme.split("**With safetensors alone**")[1].split("```python\n")[1].split("```")[0]
+    target = tmp_path / "step.safetensors"
+    kwargs = plan_kwargs()
+    kwargs["write_plan_out"] = WritePlan.allocate(2)  # bs 3: one request too many
+    namespace = {
+        "plan_kwargs": kwargs,
+        "allocator": _Allocator(size=127, page_size=1, free_pages=[80]),
+    }
+    exec(compile(recipe.replace("/tmp/step.safetensors", str(target)), "README", "exec"), namespace)
+    dump = load_dump(target)
+    assert dump.scalars["write_req_capacity"].origin == "recorded"
+    assert dump.scalars["page_size"].origin == "recorded"
+    assert "kernel-limit-exceeded" in {f.code.value for f in checked(dump).findings}
+
+
+def test_the_quick_start_warns_before_the_commands_it_warns_about() -> None:
+    """A copy-paster reads the CUDA-build warning before the first command, and the first
+    command installs the CPU build; the install's size is stated."""
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start\n")[1].split("\n## ")[0]
+    before, commands = quick.split("```bash\n", 1)
+    assert "CUDA build" in before and "5.5 GB" in before
+    first = commands.splitlines()[0]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in first
+    flowing = " ".join(quick.split())
+    assert "about 2 GB" in flowing and "triton (1.0 GB)" in flowing and "torch (0.75 GB)" in flowing
