@@ -43,6 +43,7 @@ __all__ = [
     "RowCell",
     "RowGap",
     "RowMap",
+    "RowOccupancy",
     "Severity",
     "SlotProvenance",
     "ViolationRow",
@@ -626,6 +627,20 @@ class RowMap:
     window: tuple[int, int] | None = None
     #: marked positions (cells with findings) in the range that did not fit `max_cells`.
     marks_not_shown: int = 0
+    #: how full the row is along the range shown, for a picture of it (a row strip).
+    occupancy: RowOccupancy | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowOccupancy:
+    """Positions `[start, end)` of a row in steps of `step` positions, and how many of each
+    step hold a slot: the range mapped, up to its last filled position or live end."""
+
+    start: int
+    end: int
+    step: int
+    #: per step, its positions holding a non-zero slot.
+    filled: tuple[int, ...]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from kvcanary_cli.analysis.model import (
     RowCell,
     RowGap,
     RowMap,
+    RowOccupancy,
     Space,
 )
 from kvcanary_cli.analysis.provenance import (
@@ -168,6 +169,8 @@ def row_map(
                 marks=tuple(dict.fromkeys(marks.get(pos, ()))),
             )
         )
+    live_end = 0 if first is None else min(max(prefix or 0, 0) + max(extend or 0, 0), msl)
+    occupancy = row.occupancy(lo, max(min(live_end, hi), row.last_filled(lo, hi) + 1, lo + 1))
     edges = [-1, *shown, msl]  # positions outside --positions are gaps too
     gaps = tuple(
         RowGap(start=a + 1, end=b, filled=row.count_nonzero(a + 1, b))
@@ -190,6 +193,7 @@ def row_map(
             gaps=gaps,
             window=None if positions is None else (lo, hi),
             marks_not_shown=len(marks) - len(set(marks) & taken),
+            occupancy=occupancy,
         ),
         findings=touching,
         shrink=dump.shrink,
@@ -198,6 +202,8 @@ def row_map(
 
 #: cells of a row examined per step when counting or searching (bounds temporaries).
 _ROW_CHUNK = 1 << 20
+#: the most steps a row's occupancy profile has (what a row strip is drawn from).
+_OCCUPANCY_STEPS = 1024
 
 
 class _Row:
@@ -221,6 +227,24 @@ class _Row:
     def count_nonzero(self, start: int, end: int) -> int:
         """Cells of `[start, end)` holding a slot."""
         return sum(int(np.count_nonzero(values)) for _, values in self._pieces(start, end))
+
+    def last_filled(self, start: int, end: int) -> int:
+        """The last position of `[start, end)` holding a slot, or `start - 1`."""
+        last = start - 1
+        for positions, values in self._pieces(start, end):
+            held = positions[values != 0]
+            if held.size:
+                last = int(held[-1])
+        return last
+
+    def occupancy(self, start: int, end: int) -> RowOccupancy:
+        """How many positions of each step of `[start, end)` hold a slot: at most
+        `_OCCUPANCY_STEPS` steps, one position each for a row up to that long."""
+        step = -(-(end - start) // _OCCUPANCY_STEPS)
+        filled = np.zeros(-(-(end - start) // step), dtype=np.int64)
+        for positions, values in self._pieces(start, end):
+            np.add.at(filled, (positions[values != 0] - start) // step, 1)
+        return RowOccupancy(start=start, end=end, step=step, filled=tuple(filled.tolist()))
 
     def nonzero_positions(self, start: int, end: int, limit: int) -> list[int]:
         """The first `limit` positions of `[start, end)` holding a slot, searched in pieces."""

@@ -111,9 +111,10 @@ def test_row_provenance_table(row_report: ProvenanceReport, width: int) -> None:
     for role in ("prefix", "verify (seed)", "pending-write", "stale-tail"):
         assert role in text
     marked = [line for line in text.splitlines() if "! " in line]
-    assert len(marked) == 2
+    assert len(marked) == 3  # one code per line: a code is never cut
     assert "padding-slot-in-live-range" in marked[0]
-    assert "swa-unmapped-in-window, duplicate-slot-in-row" in marked[1]
+    assert "! swa-unmapped-in-window" in marked[1] and "! duplicate-slot-in-row" in marked[2]
+    assert re.match(r"│ +\d+ │", marked[1]) and re.match(r"│ +│", marked[2])  # the same cell
 
 
 def test_table_never_prints(single_report: CheckReport, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,6 +25,7 @@ from kvcanary_cli.render.records.common import (
 __all__ = [
     "PROVENANCE_SCHEMA",
     "GapRecord",
+    "OccupancyRecord",
     "ProvenanceRecord",
     "RowCellRecord",
     "RowMapRecord",
@@ -57,6 +58,18 @@ class GapRecord(TypedDict):
     filled: int
 
 
+class OccupancyRecord(TypedDict):
+    """How full a row is along the range mapped, in steps: what its strip is drawn from."""
+
+    #: positions [start, end): the range mapped, up to its last filled position or live end
+    start: int
+    end: int
+    #: positions per step (1 for a row of up to 1024 positions)
+    step: int
+    #: per step, its positions holding a slot
+    filled: list[int]
+
+
 class RowMapRecord(TypedDict):
     """A pool row as the batch sees it."""
 
@@ -80,6 +93,8 @@ class RowMapRecord(TypedDict):
     positions: list[int] | None
     #: marked cells in the range beyond --max-rows
     marks_not_shown: int
+    #: how full the row is along the range mapped
+    occupancy: OccupancyRecord | None
 
 
 class ProvenanceRecord(TypedDict):
@@ -126,6 +141,14 @@ def _row(row: RowMap) -> RowMapRecord:
         "gaps": [{"start": g.start, "end": g.end, "filled": g.filled} for g in row.gaps],
         "positions": None if row.window is None else list(row.window),
         "marks_not_shown": row.marks_not_shown,
+        "occupancy": None
+        if row.occupancy is None
+        else {
+            "start": row.occupancy.start,
+            "end": row.occupancy.end,
+            "step": row.occupancy.step,
+            "filled": list(row.occupancy.filled),
+        },
     }
 
 

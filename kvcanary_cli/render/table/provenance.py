@@ -13,6 +13,7 @@ from kvcanary_cli.render.shared import cell_columns, plural, row_lines, row_noti
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.render.table.common import identity_line, indented, shrunk_block
 from kvcanary_cli.render.table.findings import findings_view
+from kvcanary_cli.render.table.pictures import RowStrip
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["provenance_table"]
@@ -88,7 +89,7 @@ def _slot_blocks(prov: SlotProvenanceRecord, max_rows: int) -> list[RenderableTy
     return parts
 
 
-def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
+def _row_blocks(row: RowMapRecord, findings: list[FindingRecord]) -> list[RenderableType]:
     batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle row)"
     parts: list[RenderableType] = [
         Text(
@@ -103,14 +104,14 @@ def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
             f" · {row['filled']} filled of max_seq_len {row['max_seq_len']}"
         ),
     ]
+    if row["occupancy"] is not None:
+        parts.append(RowStrip(row, findings))
     table = Table()
     for name in ("position", "slot", "role", "swa slot", "marks"):
         table.add_column(
             name, justify="right" if name in ("position", "slot", "swa slot") else "left"
         )
-    # a code is never cut: the marks column keeps room for the longest (the roles wrap)
-    codes = [len(m) + 3 for c in row["cells"] for m in c["marks"]]
-    table.columns[-1].min_width = max(codes, default=None)
+    table.columns[-1].no_wrap = True  # a code is never cut: one per line, the roles wrap
     for line in row_lines(row):
         if line[0] == "gap":
             gap = line[1]
@@ -135,7 +136,7 @@ def _row_blocks(row: RowMapRecord) -> list[RenderableType]:
             _t(c["slot"], style),
             _t(role, style),
             _t(c["swa_slot"], style),
-            _t("! " + ", ".join(c["marks"]) if marked else "", style),
+            _t("\n".join(f"! {code}" for code in c["marks"]), style),
         )
     parts.append(table)
     notices = [("", Text(notice, style="yellow")) for notice in row_notices(row)]
@@ -169,7 +170,7 @@ def provenance_table(record: ProvenanceRecord, *, max_rows: int = 256) -> Render
     if record["slot"] is not None:
         parts.extend(_slot_blocks(record["slot"], max_rows))
     if record["row"] is not None:
-        parts.extend(_row_blocks(record["row"]))
+        parts.extend(_row_blocks(record["row"], record["findings"]))
     if record["findings"]:
         parts.extend(_touching_blocks(record["findings"], max_rows))
     else:

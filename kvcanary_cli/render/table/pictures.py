@@ -1,0 +1,276 @@
+"""Pictures for a terminal: a pool row as a strip (`provenance --row`), and where a dump's
+findings sit (`check`).
+
+Each picture is drawn at the width the console gives it: one character per position while the
+row fits, else one per run of positions (said above the picture). Every kind of cell has its
+own glyph and every finding code its own letter, named in a legend, so a picture reads the same
+without colour (`NO_COLOR`, a pipe, a file); colour only adds the severity's hue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.text import Text
+
+from kvcanary_cli.render.records.check import DumpRecord
+from kvcanary_cli.render.records.common import FindingRecord
+from kvcanary_cli.render.records.provenance import RowMapRecord
+from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.table.common import SEVERITY_STYLE
+
+__all__ = ["FindingsMap", "RowStrip", "code_letters"]
+
+#: Glyph, style and legend of each kind of position in a row strip, in legend order.
+_KINDS: dict[str, tuple[str, str, str]] = {
+    "prefix": ("▒", "blue", "live prefix"),
+    "window": ("█", "green", "verify window"),
+    "pending": ("+", "cyan", "pending write"),
+    "stale": ("~", "yellow", "stale tail"),
+    "idle": ("o", "magenta", "held by an idle row"),
+    "empty": ("·", "dim", "no slot"),
+}
+#: The letters finding codes are drawn with, most severe code first.
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+#: Columns a picture leaves on its left.
+_INDENT = 2
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+
+
+def code_letters(findings: Iterable[FindingRecord]) -> dict[str, tuple[str, str]]:
+    """A letter and a severity per finding code, most severe first, then in report order
+    (after A..Z, the codes share `*`)."""
+    severity: dict[str, str] = {}
+    for f in findings:
+        current = severity.get(f["code"])
+        if current is None or _SEVERITY_RANK[f["severity"]] < _SEVERITY_RANK[current]:
+            severity[f["code"]] = f["severity"]
+    ordered = sorted(severity, key=lambda code: _SEVERITY_RANK[severity[code]])
+    return {
+        code: (_LETTERS[i] if i < len(_LETTERS) else "*", severity[code])
+        for i, code in enumerate(ordered)
+    }
+
+
+def _per_char(length: int, room: int) -> int:
+    """Positions per character for `length` positions in `room` characters (at least 1)."""
+    return max(1, -(-length // max(room, 1)))
+
+
+def _scale_line(start: int, chars: int, step: int) -> Text:
+    """Position labels under a picture, every 10 characters where they fit."""
+    line = [" "] * chars
+    for i in range(0, chars, 10):
+        label = str(start + i * step)
+        if i + len(label) <= chars and all(c == " " for c in line[max(i - 1, 0) : i]):
+            line[i : i + len(label)] = label
+    return Text("".join(line).rstrip(), style="dim")
+
+
+def _scale_text(step: int) -> str:
+    return "1 position per character" if step == 1 else f"{step} positions per character"
+
+
+def _legend(entries: list[tuple[str, str, str]], width: int) -> Iterator[Text]:
+    """`glyph meaning` entries, two spaces apart, wrapped at `width`."""
+    line = Text(" " * _INDENT)
+    for glyph, style, meaning in entries:
+        piece = len(glyph) + 1 + len(meaning)
+        if line.cell_len > _INDENT and line.cell_len + 2 + piece > width:
+            yield line
+            line = Text(" " * _INDENT)
+        if line.cell_len > _INDENT:
+            line.append("  ")
+        line.append(glyph, style=style)
+        line.append(f" {meaning}")
+    if line.cell_len > _INDENT:
+        yield line
+
+
+def _mark_style(severity: str) -> str:
+    return f"bold {SEVERITY_STYLE.get(severity, '')}".strip()
+
+
+def _marks(
+    findings: list[FindingRecord], rows: set[int], *, by: Literal["batch_row", "pool_row"]
+) -> tuple[dict[str, tuple[str, str]], dict[int, dict[int, str]]]:
+    """Letters for the codes with a cell in `rows` (batch or pool rows, `by` names the cell
+    column), and per row the most severe code's letter at each position a cell is on."""
+    at: dict[int, dict[int, list[str]]] = {row: {} for row in rows}
+    drawn = []
+    for f in findings:
+        cells = f["cells"]
+        if cells is None:
+            continue
+        found = False
+        for row, position in zip(cells[by], cells["position"], strict=True):
+            if row in at:
+                at[row].setdefault(position, []).append(f["code"])
+                found = True
+        if found:
+            drawn.append(f)
+    letters = code_letters(drawn)
+    marks = {
+        row: {p: min(letters[code][0] for code in codes) for p, codes in held.items()}
+        for row, held in at.items()
+    }
+    return letters, marks
+
+
+@dataclass(frozen=True)
+class _Live:
+    """A live row's ranges: prefix `[0, window)`, window `[window, prefix)`, pending writes
+    `[prefix, end)`."""
+
+    window: int
+    prefix: int
+    end: int
+
+
+class RowStrip:
+    """A pool row as one line of glyphs: its live prefix, verify window, pending writes and
+    stale tail, and each cell with a finding as its code's letter; a scale and a legend."""
+
+    def __init__(self, row: RowMapRecord, findings: list[FindingRecord]) -> None:
+        self.row = row
+        self.findings = findings
+        self.letters, marks = _marks(findings, {row["pool_row"]}, by="pool_row")
+        self.marks = marks[row["pool_row"]]
+        self.live: _Live | None = None
+        if row["prefix_len"] is not None and row["extend_len"] is not None:
+            prefix = max(row["prefix_len"], 0)
+            self.live = _Live(
+                window=max(min(row["window_start"] or 0, prefix), 0),
+                prefix=prefix,
+                end=prefix + max(row["extend_len"], 0),
+            )
+
+    def _kind(self, lo: int, hi: int, filled: int) -> str:
+        live = self.live
+        if live is not None and lo < live.end:
+            for kind, start, end in (
+                ("pending", live.prefix, live.end),
+                ("window", live.window, live.prefix),
+                ("prefix", 0, live.window),
+            ):
+                if lo < end and start < hi:
+                    return kind
+        if filled:
+            return "stale" if live is not None else "idle"
+        return "empty"
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        occupancy = self.row["occupancy"]
+        if occupancy is None:
+            return
+        width = options.max_width
+        start, end, base = occupancy["start"], occupancy["end"], occupancy["step"]
+        filled = occupancy["filled"]
+        steps = _per_char(len(filled), width - _INDENT)
+        step = steps * base
+        chars = -(-len(filled) // steps)
+        strip = Text(" " * _INDENT)
+        kinds: set[str] = set()
+        letters: set[str] = set()
+        for i in range(chars):
+            lo, hi = start + i * step, min(start + (i + 1) * step, end)
+            marked = [self.marks[p] for p in range(lo, hi) if p in self.marks]
+            if marked:
+                letter = min(marked)
+                letters.add(letter)
+                severity = next(s for c, (ltr, s) in self.letters.items() if ltr == letter)
+                strip.append(letter, style=_mark_style(severity))
+                continue
+            kind = self._kind(lo, hi, sum(filled[i * steps : (i + 1) * steps]))
+            kinds.add(kind)
+            glyph, style, _ = _KINDS[kind]
+            strip.append(glyph, style=style)
+        asked = self.row["positions"]
+        range_end = asked[1] if asked is not None else self.row["max_seq_len"]
+        rest = f" ({end}..{range_end - 1}: no slot)" if range_end > end else ""
+        yield Text(
+            f"row strip, positions {start}..{end - 1}{rest}: {_scale_text(step)}", style="bold"
+        )
+        yield strip
+        yield Text(" " * _INDENT) + _scale_line(start, chars, step)
+        entries = [_KINDS[k] for k in _KINDS if k in kinds]
+        entries += [
+            (letter, _mark_style(severity), f"{code} ({severity})")
+            for code, (letter, severity) in self.letters.items()
+            if letter in letters
+        ]
+        yield from _legend(entries, width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(options.max_width, options.max_width)
+
+
+class FindingsMap:
+    """Where a dump's findings sit: one line per batch row with findings (the first
+    `max_rows`), its positions as glyphs: a live cell `·`, a cell with a finding its code's
+    letter; a scale and a legend."""
+
+    def __init__(self, dump: DumpRecord, max_rows: int) -> None:
+        self.requests = dump["requests"][:max_rows]
+        self.more = len(dump["requests"]) - len(self.requests)
+        shown = {r["batch_row"] for r in self.requests}
+        self.letters, self.marks = _marks(dump["findings"], shown, by="batch_row")
+        self.ends = {
+            r["batch_row"]: max(
+                max(r["prefix_len"], 0) + max(r["extend_len"], 0),
+                max(self.marks[r["batch_row"]], default=-1) + 1,
+            )
+            for r in self.requests
+        }
+
+    @property
+    def drawn(self) -> bool:
+        """Whether there is anything to draw: a finding on a cell of a shown batch row."""
+        return any(self.marks.values())
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not self.drawn:
+            return
+        width = options.max_width
+        labels = {
+            r["batch_row"]: f"row {r['batch_row']} (pool {r['pool_row']})" for r in self.requests
+        }
+        label_width = max(map(len, labels.values()))
+        room = width - _INDENT - label_width - 1
+        longest = max(self.ends.values())
+        step = _per_char(longest, room)
+        yield Text(
+            f"where the findings sit: batch rows by position, {_scale_text(step)}", style="bold"
+        )
+        seen: set[str] = set()
+        severity_of = {letter: severity for letter, severity in self.letters.values()}
+        for r in self.requests:
+            line = Text(" " * _INDENT + labels[r["batch_row"]].ljust(label_width) + " ")
+            marks, end = self.marks[r["batch_row"]], self.ends[r["batch_row"]]
+            for lo in range(0, end, step):
+                marked = [marks[p] for p in range(lo, min(lo + step, end)) if p in marks]
+                if marked:
+                    letter = min(marked)
+                    seen.add(letter)
+                    line.append(letter, style=_mark_style(severity_of[letter]))
+                else:
+                    line.append("·", style="dim")
+            yield line
+        chars = -(-longest // step)
+        yield Text(" " * (_INDENT + label_width + 1)) + _scale_line(0, chars, step)
+        if self.more:
+            yield Text(f"  … and {plural(self.more, 'more batch row')} (--max-rows)")
+        entries = [("·", "dim", "a live cell without findings")]
+        entries += [
+            (letter, _mark_style(severity), f"{code} ({severity})")
+            for code, (letter, severity) in self.letters.items()
+            if letter in seen
+        ]
+        yield from _legend(entries, width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(options.max_width, options.max_width)
