@@ -41,7 +41,7 @@ def _root(ctx: typer.Context, version: opt.VersionOpt = False) -> None:
         raise typer.Exit(opt.ExitCode.BAD_INPUT)
 
 
-@opt.command(app, overrides=True)
+@opt.command(app, overrides=True, svg=True)
 def check(
     dumps: opt.DumpsArg,
     group: opt.GroupsOpt = GroupChoice.ALL,
@@ -79,7 +79,7 @@ def check(
     raise typer.Exit(opt.check_exit(report))
 
 
-@opt.command(app, overrides=True)
+@opt.command(app, overrides=True, svg=True)
 def provenance(
     dump: opt.DumpArg,
     slot: opt.SlotOpt = None,
@@ -114,7 +114,7 @@ def provenance(
     deliver(rendered, output, force=force, inputs=[dump])
 
 
-@opt.command(app, overrides=True)
+@opt.command(app, overrides=True, svg=True)
 def violations(
     sources: opt.SourcesArg,
     replay: opt.ReplayOpt = False,
@@ -139,7 +139,7 @@ def violations(
     raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
 
 
-@opt.command(app, overrides=True)
+@opt.command(app, overrides=True, svg=True)
 def plan(
     dump: opt.DumpArg,
     group: opt.PlanGroupOpt = Group.FULL,
@@ -162,12 +162,13 @@ def plan(
         dump, group.value, backend=backend, strict=strict, out=out, force=force, overrides=overrides
     )
     if run.summary is not None:
-        deliver(render.render_plan(run.summary, output_format, max_rows=max_rows), None)
+        rendered = render.render_plan(run.summary, output_format, max_rows=max_rows)
+        deliver(rendered, None, force=force, inputs=[dump, *([out] if out else [])])
     if run.problem is not None:
         fail(run.problem, ExitCode.FINDINGS)
 
 
-@opt.command(app)
+@opt.command(app, svg=True)
 def inspect(
     dump: opt.DumpArg,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
@@ -221,7 +222,7 @@ def synth(
     tell(printable(wrote), on_stderr=str(out) == "-")
 
 
-@opt.command(app)
+@opt.command(app, svg=True)
 def selftest(
     sglang: opt.SGLangOpt = False,
     size: opt.SelftestSizeOpt = "tiny",

@@ -33,6 +33,7 @@ from kvcanary_cli.dump.streams import (
 from kvcanary_cli.errors import KvcanaryError, OptionError, UpstreamPlanError
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
+from kvcanary_cli.render.image import SVG_TARGET
 from kvcanary_cli.safe_text import printable
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "run",
     "to_stdout",
     "with_scalar_overrides",
+    "with_svg",
 ]
 
 
@@ -265,14 +267,43 @@ class OneLineErrors(TyperGroup):
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
 
 
-def command(app: typer.Typer, *, overrides: bool = False) -> Callable[[_Command], _Command]:
-    """`@app.command()`, with the scalar overrides (`with_scalar_overrides`) when asked."""
+def command(
+    app: typer.Typer, *, overrides: bool = False, svg: bool = False
+) -> Callable[[_Command], _Command]:
+    """`@app.command()`, with `--svg FILE` (`with_svg`) and the scalar overrides
+    (`with_scalar_overrides`) when asked."""
 
     def register(function: _Command) -> _Command:
-        app.command()(with_scalar_overrides(function) if overrides else function)
+        wrapped: Callable[..., None] = with_svg(function) if svg else function
+        app.command()(with_scalar_overrides(wrapped) if overrides else wrapped)
         return function
 
     return register
+
+
+def with_svg(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command `--svg FILE`: the view it delivers is also saved as an SVG image there
+    (`render.image.SVG_TARGET`, which `output.deliver` reads), by the rules of `-o`."""
+    declared = signature(command, eval_str=True)
+    params = list(declared.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.name == "overrides"), len(params))
+    svg = Parameter("svg", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=SvgOpt)
+    params.insert(at, svg)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        target = kwargs.pop("svg")
+        if target is not None and str(target) in ("", "-"):
+            raise OptionError("writes an image file: name one", option="--svg")
+        token = SVG_TARGET.set(None if target is None else str(target))
+        try:
+            command(**kwargs)
+        finally:
+            SVG_TARGET.reset(token)
+
+    wrapper.__signature__ = declared.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def to_stdout(output: str | os.PathLike[str] | None) -> bool:
@@ -573,6 +604,16 @@ OutputOpt = Annotated[
     ),
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
+SvgOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--svg",
+        metavar="FILE",
+        help="Also save the report as an SVG image (in colour, as the terminal shows it), to "
+        "attach to an issue.",
+        show_default=False,
+    ),
+]
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print only the verdict line of each dump.")
 ]

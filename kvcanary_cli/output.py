@@ -17,7 +17,8 @@ from rich.console import Console, RenderableType
 
 from kvcanary_cli.dump.files import write_atomically
 from kvcanary_cli.dump.streams import write_standard_error, writing_to_standard_output
-from kvcanary_cli.render.console import PIPED_WIDTH, emit, without_padding
+from kvcanary_cli.render.console import PIPED_WIDTH, emit, make_console, without_padding
+from kvcanary_cli.render.image import SVG_TARGET, svg_of
 
 __all__ = ["deliver", "tell"]
 
@@ -29,11 +30,34 @@ def deliver(
     force: bool = False,
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
-    """Print `rendered`, or write it to `output` (`-` is standard output)."""
+    """Print `rendered`, or write it to `output` (`-` is standard output); with `--svg FILE`
+    (`SVG_TARGET`), save it as an image there too, by the same rules as `output`."""
+    inputs = list(inputs)
     if output is None or str(output) == "-":
         with writing_to_standard_output():
             emit(rendered)
-        return
+    else:
+        _write_text(rendered, Path(output), force=force, inputs=inputs)
+    target = SVG_TARGET.get()
+    if target is not None:
+        written = [] if output is None or str(output) == "-" else [output]
+        width = PIPED_WIDTH if written else make_console().width  # as the view was written
+        image = svg_of(rendered, width=width).encode("utf-8")
+        write_atomically(
+            Path(target),
+            lambda handle: handle.write(image),
+            inputs=[*inputs, *written],
+            overwrite=force,
+        )
+
+
+def _write_text(
+    rendered: str | RenderableType,
+    output: Path,
+    *,
+    force: bool,
+    inputs: list[str | os.PathLike[str]],
+) -> None:
     if isinstance(rendered, str):
         text = rendered
     else:
@@ -41,9 +65,7 @@ def deliver(
         Console(file=buffer, width=PIPED_WIDTH, color_system=None, soft_wrap=False).print(rendered)
         text = without_padding(buffer.getvalue())
     data = text.encode("utf-8")
-    write_atomically(
-        Path(output), lambda handle: handle.write(data), inputs=inputs, overwrite=force
-    )
+    write_atomically(output, lambda handle: handle.write(data), inputs=inputs, overwrite=force)
 
 
 def tell(text: str, *, on_stderr: bool = False) -> None:

@@ -392,3 +392,61 @@ def test_the_quick_start_warns_before_the_commands_it_warns_about() -> None:
     assert "--index-url https://download.pytorch.org/whl/cpu" in first
     flowing = " ".join(quick.split())
     assert "about 2 GB" in flowing and "triton (1.0 GB)" in flowing and "torch (0.75 GB)" in flowing
+
+
+# --- --svg ------------------------------------------------------------------------------------
+
+
+def _svg_text(path: Path) -> str:
+    """The words of an SVG rich recorded, spaces restored."""
+    import html
+
+    return html.unescape(" ".join(re.findall(r">([^<>]+)</text>", path.read_text())))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "truncated-lut.safetensors", "-k", "vectorized"],
+        ["provenance", "stale-tail.safetensors", "--row", "10"],
+        ["provenance", "truncated-lut.safetensors", "--slot", "107"],
+        ["inspect", "clean-swa.safetensors"],
+        ["plan", "clean-swa.safetensors", "--group", "swa"],
+        ["violations", "canary-aliasing.log", "--dump", "canary-aliasing.safetensors"],
+    ],
+    ids=lambda a: a[0] if isinstance(a, list) else str(a),
+)
+def test_svg_saves_the_view_as_an_image(args: list[str], tmp_path: Path) -> None:
+    """`--svg FILE` saves what the command shows, in colour, as rich records it; the report
+    still goes to standard output."""
+    argv = [a if not a.endswith((".safetensors", ".log")) else str(EXAMPLES / a) for a in args]
+    image = tmp_path / "report.svg"
+    result = run(*argv, "--svg", str(image))
+    assert result.exit_code in (0, 1), result.stderr
+    svg = image.read_text()
+    assert svg.startswith("<svg ") and "Generated with Rich" in svg
+    words = " ".join(_svg_text(image).split())
+    first = result.stdout.splitlines()[0].split()
+    assert " ".join(first[:2]) in words  # the report's first words are in the picture
+    if args[0] == "check":
+        assert "fill: #cc555a" in svg  # the errors' red: a picture in colour
+        assert "where the findings sit" in words
+    if "--row" in args:
+        assert "row strip, positions 0..33" in words
+
+
+def test_svg_is_written_by_the_rules_of_output_files(tmp_path: Path) -> None:
+    dump = str(EXAMPLES / "stale-tail.safetensors")
+    image = tmp_path / "row.svg"
+    assert run("provenance", dump, "--row", "10", "--svg", str(image)).exit_code == 0
+    again = run("provenance", dump, "--row", "10", "--svg", str(image))
+    assert again.exit_code == 2 and "--force" in again.stderr
+    assert run("provenance", dump, "--row", "10", "--svg", str(image), "--force").exit_code == 0
+    over_input = run("check", dump, "--svg", dump)
+    assert over_input.exit_code == 2 and "is an input" in over_input.stderr
+    dash = run("inspect", dump, "--svg", "-")
+    assert dash.exit_code == 2 and dash.stderr.startswith("error: --svg")
+    # with -o, the image is the view the file holds (120 columns), never over the file
+    report = tmp_path / "report.txt"
+    assert run("check", dump, "-o", str(report), "--svg", str(report)).exit_code == 2
+    assert report.exists() and "ERRORS:" in report.read_text()
