@@ -709,7 +709,8 @@ def _cell_prev_slots(finding: Finding) -> np.ndarray:
 
 
 def _counted(codes: Counter[str]) -> str:
-    return ", ".join(f"{n} {code}" for code, n in codes.most_common())
+    """`4 freed-slot-in-live-range cells`: counts of cells per code, named as cells."""
+    return ", ".join(f"{n} {code} cell{'s' if n != 1 else ''}" for code, n in codes.most_common())
 
 
 def _lut_or_slots(state: _Diagnosis) -> list[Cause]:

@@ -450,3 +450,9 @@ def test_svg_is_written_by_the_rules_of_output_files(tmp_path: Path) -> None:
     report = tmp_path / "report.txt"
     assert run("check", dump, "-o", str(report), "--svg", str(report)).exit_code == 2
     assert report.exists() and "ERRORS:" in report.read_text()
+
+
+def test_the_diagnosis_evidence_names_its_counts_as_cells() -> None:
+    out = run("check", str(EXAMPLES / "stale-tail.safetensors"), "-k", "vectorized", "-f", "json")
+    [cause] = json.loads(out.stdout)["dumps"][0]["diagnosis"]
+    assert any("hold 4 freed-slot-in-live-range cells;" in fact for fact in cause["evidence"])
