@@ -15,7 +15,7 @@ from rich.console import Console
 from kvcanary_cli import api
 from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.provenance import provenance_record
-from kvcanary_cli.render.table.pictures import FindingsMap, RowStrip
+from kvcanary_cli.render.table.pictures import FindingsMap, RowStrip, SlotAxis
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -94,6 +94,23 @@ def test_findings_map_matches_golden(
 ) -> None:
     text = drawn(_map(dump), width, colour)
     _compare(f"map-{dump}-{width}-{'colour' if colour else 'plain'}.txt", text, update_golden)
+
+
+@pytest.mark.parametrize(("width", "colour"), CASES, ids=IDS)
+def test_slot_axis_matches_golden(width: int, colour: bool, update_golden: bool) -> None:
+    report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
+    axis = SlotAxis(check_record(report)["dumps"][0])
+    assert axis.drawn
+    text = drawn(axis, width, colour)
+    _compare(
+        f"slots-truncated-lut-{width}-{'colour' if colour else 'plain'}.txt", text, update_golden
+    )
+    if not colour:
+        lines = text.splitlines()
+        at = lines[2].index("^lut_len 107")
+        per_char = int(re.search(r"(\d+) slots per character", lines[0])[1])  # type: ignore[index]
+        assert at - 2 == 107 // per_char and lines[1][at] == "A"  # slot 107, the first bad one
+        assert lines[2].rstrip().endswith("pool size 545^")
 
 
 @pytest.mark.parametrize("width", [80, 120])

@@ -40,7 +40,7 @@ from kvcanary_cli.render.table.common import (
 )
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.render.table.findings import FINDINGS_TABLE_WIDTH, findings_view
-from kvcanary_cli.render.table.pictures import FindingsMap
+from kvcanary_cli.render.table.pictures import FindingsMap, SlotAxis
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["check_table", "verdict_lines"]
@@ -274,9 +274,9 @@ def _dump_blocks(
             if len(dump["requests"]) > max_rows:
                 more = plural(len(dump["requests"]) - max_rows, "more request")
                 parts.append(Text(f"… and {more} with findings (--max-rows)"))
-        picture = FindingsMap(dump, max_rows)
-        if picture.drawn:
-            parts.append(picture)
+        for picture in (FindingsMap(dump, max_rows), SlotAxis(dump)):
+            if picture.drawn:
+                parts.append(picture)
         parts.extend(_findings_blocks(dump, max_rows))
     elif dump["error"] is None:
         parts.append(Text("  no findings", style="green"))

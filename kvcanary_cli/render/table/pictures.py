@@ -23,7 +23,7 @@ from kvcanary_cli.render.records.provenance import RowMapRecord
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import SEVERITY_STYLE
 
-__all__ = ["FindingsMap", "RowStrip", "code_letters"]
+__all__ = ["FindingsMap", "RowStrip", "SlotAxis", "code_letters"]
 
 #: Glyph, style and legend of each kind of position in a row strip, in legend order.
 _KINDS: dict[str, tuple[str, str, str]] = {
@@ -265,6 +265,94 @@ class FindingsMap:
         if self.more:
             yield Text(f"  … and {plural(self.more, 'more batch row')} (--max-rows)")
         entries = [("·", "dim", "a live cell without findings")]
+        entries += [
+            (letter, _mark_style(severity), f"{code} ({severity})")
+            for code, (letter, severity) in self.letters.items()
+            if letter in seen
+        ]
+        yield from _legend(entries, width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(options.max_width, options.max_width)
+
+
+class SlotAxis:
+    """Where a dump's findings sit among the full pool's slots: one line from slot 0 to the
+    pool's size (or the largest slot found), `|` at `lut_len` and at the pool's end, a slot
+    with a finding its code's letter; drawn when the LUT's length or the pool's size is what
+    the findings are about (or they hold slots but no batch row's cells)."""
+
+    def __init__(self, dump: DumpRecord) -> None:
+        slotted = [f for f in dump["findings"] if f["space"] == "full" and f["cells"] is not None]
+        self.letters = code_letters(f for f in slotted if f["cells"] and f["cells"]["slot"])
+        self.slots: dict[int, str] = {}
+        for f in slotted:
+            cells = f["cells"]
+            letter = self.letters.get(f["code"], ("*", ""))[0]
+            for slot in (cells["slot"] or []) if cells is not None else []:
+                if slot >= 0 and (slot not in self.slots or letter < self.slots[slot]):
+                    self.slots[slot] = letter
+        lut = [f["details"]["lut_len"] for f in dump["findings"] if "lut_len" in f["details"]]
+        self.lut_len = int(lut[0]) if lut and isinstance(lut[0], int) else None
+        pool = [s for s in dump["scalars"] if s["name"] == "num_full_slots"]
+        self.pool = pool[0]["value"] if pool else None
+        self.pool_name = "pool size" + (
+            " (derived)" if pool and pool[0]["origin"] == "derived" else ""
+        )
+        beyond = self.pool is not None and any(slot >= self.pool for slot in self.slots)
+        cells_only_of_slots = all(
+            f["cells"] is None or min(f["cells"]["batch_row"], default=0) < 0
+            for f in dump["findings"]
+        )
+        self.drawn = bool(self.slots) and (
+            self.lut_len is not None or beyond or cells_only_of_slots
+        )
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not self.drawn:
+            return
+        width = options.max_width
+        ends = [max(self.slots) + 1, self.pool or 0, self.lut_len or 0]
+        length = max(ends)
+        step = _per_char(length + 1, width - _INDENT)
+        chars = -(-(length + 1) // step)
+        line = Text(" " * _INDENT)
+        seen: set[str] = set()
+        severity_of = {letter: severity for letter, severity in self.letters.values()}
+        for i in range(chars):
+            held = [self.slots[s] for s in range(i * step, (i + 1) * step) if s in self.slots]
+            if held:
+                letter = min(held)
+                seen.add(letter)
+                line.append(letter, style=_mark_style(severity_of.get(letter, "")))
+            else:
+                line.append("·", style="dim")
+        unit = "1 slot per character" if step == 1 else f"{step} slots per character"
+        yield Text(f"where the findings sit among the full pool's slots: {unit}", style="bold")
+        yield line
+        marks = [(0, "0")] + [
+            (b // step, f"{name} {b}")
+            for name, b in (("lut_len", self.lut_len), (self.pool_name, self.pool))
+            if b is not None
+        ]
+        rows: list[list[str]] = []
+        for at, text in marks:  # `^` under the character the bound falls in
+            if at == 0:
+                label, start = text, 0
+            elif at + 1 + len(text) <= chars:
+                label, start = f"^{text}", at
+            else:
+                label, start = f"{text}^", max(at - len(text), 0)
+            for row in rows:
+                if all(c == " " for c in row[max(start - 1, 0) : start + len(label) + 1]):
+                    break
+            else:
+                row = [" "] * max(chars, start + len(label))
+                rows.append(row)
+            row[start : start + len(label)] = label
+        for row in rows:
+            yield Text(" " * _INDENT + "".join(row).rstrip(), style="dim")
+        entries = [("·", "dim", "slots without findings")]
         entries += [
             (letter, _mark_style(severity), f"{code} ({severity})")
             for code, (letter, severity) in self.letters.items()
