@@ -195,3 +195,27 @@ def test_the_pictures_are_in_the_reports() -> None:
     )
     assert "row strip, positions 0..33" in row
     assert KIND_GLYPHS
+
+
+def test_pictures_of_absurd_slots_and_lengths_cost_what_they_draw(tmp_path: Path) -> None:
+    """A slot of 2^31 - 1 and a prefix of 2^40: each character stands for billions of slots or
+    positions, and drawing them takes the time of the characters, not of what they stand for."""
+    import torch
+
+    from kvcanary_cli.dump.writer import save_dump
+
+    table = torch.zeros(3, 64, dtype=torch.int32)
+    table[1, :20] = torch.arange(1, 21, dtype=torch.int32)
+    table[1, 7] = (1 << 31) - 1
+    path = save_dump(
+        tmp_path / "absurd.safetensors",
+        req_to_token=table,
+        req_pool_indices=torch.tensor([1, 2]),
+        prefix_lens=torch.tensor([20, 1 << 40]),
+        metadata={"num_full_slots": "64"},
+    )
+    dump = check_record(api.check(path, kernel="vectorized"))["dumps"][0]
+    axis = drawn(SlotAxis(dump), 80, colour=False)
+    assert "^pool size 64" in axis and re.search(r"\d+ slots per character", axis)
+    assert axis.splitlines()[1].rstrip().endswith("A")
+    drawn(FindingsMap(dump, 10), 80, colour=False)

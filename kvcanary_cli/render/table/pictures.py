@@ -71,6 +71,18 @@ def _scale_line(start: int, chars: int, step: int) -> Text:
     return Text("".join(line).rstrip(), style="dim")
 
 
+def _by_char(marks: dict[int, str], start: int, step: int) -> dict[int, str]:
+    """The letters of `marks` (position -> letter) per character of `step` positions from
+    `start`, the most severe (lowest) letter where several meet: work grows with the marks,
+    never with the positions a character stands for (a claimed length may be 2^63)."""
+    chars: dict[int, str] = {}
+    for position, letter in marks.items():
+        at = (position - start) // step
+        if at not in chars or letter < chars[at]:
+            chars[at] = letter
+    return chars
+
+
 def _scale_text(step: int) -> str:
     return "1 position per character" if step == 1 else f"{step} positions per character"
 
@@ -176,11 +188,11 @@ class RowStrip:
         strip = Text(" " * _INDENT)
         kinds: set[str] = set()
         letters: set[str] = set()
+        marked = _by_char(self.marks, start, step)
         for i in range(chars):
             lo, hi = start + i * step, min(start + (i + 1) * step, end)
-            marked = [self.marks[p] for p in range(lo, hi) if p in self.marks]
-            if marked:
-                letter = min(marked)
+            if i in marked:
+                letter = marked[i]
                 letters.add(letter)
                 severity = next(s for c, (ltr, s) in self.letters.items() if ltr == letter)
                 strip.append(letter, style=_mark_style(severity))
@@ -251,10 +263,10 @@ class FindingsMap:
         for r in self.requests:
             line = Text(" " * _INDENT + labels[r["batch_row"]].ljust(label_width) + " ")
             marks, end = self.marks[r["batch_row"]], self.ends[r["batch_row"]]
-            for lo in range(0, end, step):
-                marked = [marks[p] for p in range(lo, min(lo + step, end)) if p in marks]
-                if marked:
-                    letter = min(marked)
+            marked = _by_char(marks, 0, step)
+            for i in range(-(-end // step)):
+                if i in marked:
+                    letter = marked[i]
                     seen.add(letter)
                     line.append(letter, style=_mark_style(severity_of[letter]))
                 else:
@@ -319,10 +331,10 @@ class SlotAxis:
         line = Text(" " * _INDENT)
         seen: set[str] = set()
         severity_of = {letter: severity for letter, severity in self.letters.values()}
+        held = _by_char(self.slots, 0, step)
         for i in range(chars):
-            held = [self.slots[s] for s in range(i * step, (i + 1) * step) if s in self.slots]
-            if held:
-                letter = min(held)
+            if i in held:
+                letter = held[i]
                 seen.add(letter)
                 line.append(letter, style=_mark_style(severity_of.get(letter, "")))
             else:
@@ -337,7 +349,7 @@ class SlotAxis:
         ]
         rows: list[list[str]] = []
         for at, text in marks:  # `^` under the character the bound falls in
-            if at == 0:
+            if text == "0":
                 label, start = text, 0
             elif at + 1 + len(text) <= chars:
                 label, start = f"^{text}", at
