@@ -1,0 +1,407 @@
+"""`timeline` against sequences with a planted event (synth/sequence.py): each event class is
+named with its slot or page and the steps it happened between, on three seeds and on other
+page sizes and dump spacings; every clean twin reports nothing; shrunk dumps tell the same
+story (but the leak, which a shrunk dump cannot account); the dumps are read one at a time;
+a mix of ranks, shapes or steps is refused."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvcanary_cli.analysis.timeline as timeline_module
+from kvcanary_cli import api
+from kvcanary_cli.analysis.check import run_check
+from kvcanary_cli.analysis.model import EventKind, FindingCode, Space, TimelineReport
+from kvcanary_cli.analysis.timeline import leaked_swa_pages, timeline
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.errors import DumpError, OptionError
+from kvcanary_cli.planners import PlannerChoice, make_planner
+from kvcanary_cli.synth.sequence import (
+    EVENTS,
+    PLANTED_KEY,
+    SEQUENCES,
+    synth_sequence,
+    twin_of,
+    write_sequence,
+)
+
+PLANNER = make_planner(PlannerChoice.VECTORIZED)
+SEEDS = (0, 1, 2)
+#: (steps, every, page size, at, size): the default spacing, and sparser dumps with pages.
+SHAPES = [(6, 1, 1, None, "tiny"), (5, 3, 4, 7, "tiny"), (4, 2, 16, 5, "small")]
+
+
+def _write(tmp_path: Path, name: str, seed: int, shape: tuple[Any, ...]) -> list[Path]:
+    steps, every, page, at, size = shape
+    folder = tmp_path / f"{name}-{seed}-{steps}-{every}-{page}"
+    return write_sequence(
+        name, folder, steps=steps, seed=seed, every=every, page_size=page, at=at, size=size
+    )
+
+
+def _truth(paths: list[Path]) -> dict[str, Any]:
+    truth: dict[str, Any] = json.loads(load_dump(paths[-1]).metadata[PLANTED_KEY])
+    return truth
+
+
+def _assert_names_the_event(report: TimelineReport, truth: dict[str, Any]) -> None:
+    assert [e.kind for e in report.events] == [EventKind(truth["event"])], report.events
+    event = report.events[0]
+    assert (event.after_step, event.at_step) == (truth["after_step"], truth["at_step"])
+    assert event.to_dump == truth["dump"]
+    named = set(np.asarray(event.cells.slot).tolist())
+    if event.kind is EventKind.SWA_LEAK:
+        assert truth["pages"][0] in event.pages and set(event.pages) <= set(truth["pages"])
+    else:  # the planted slots, and only those
+        assert named and named <= set(truth["slots"])
+        assert set(event.pages) == set(truth["pages"])
+        assert event.space is Space.FULL
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "steps{}-every{}-page{}-at{}-{}".format(*s))
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", EVENTS)
+def test_each_planted_event_is_named_with_its_slot_and_steps(
+    tmp_path: Path, name: str, seed: int, shape: tuple[Any, ...]
+) -> None:
+    paths = _write(tmp_path, name, seed, shape)
+    truth = _truth(paths)
+    report = timeline(paths, planner=PLANNER)
+    _assert_names_the_event(report, truth)
+    assert report.failed
+    # its twin runs the same loop without the plant: nothing at all
+    twin = timeline(_write(tmp_path, twin_of(name), seed, shape), planner=PLANNER)
+    assert twin.events == () and not twin.failed
+    assert twin.findings == () and all(d.worst is None for d in twin.dumps)
+
+
+@pytest.mark.parametrize("name", EVENTS)
+def test_the_event_ties_to_the_findings_and_cause_of_its_dump(tmp_path: Path, name: str) -> None:
+    paths = _write(tmp_path, name, 0, SHAPES[0])
+    event = timeline(paths, planner=PLANNER).events[0]
+    expected = {
+        "use-after-free": ({FindingCode.FREED_SLOT_IN_LIVE_RANGE}, "use-after-free"),
+        "swa-leak": ({FindingCode.SWA_PAGE_LEAKED}, "swa-leak"),
+        # a mapping moved page and all: no single dump shows anything
+        "lut-rewritten": (set(), "swa-mapping-rewritten"),
+    }
+    if name in expected:
+        codes, cause = expected[name]
+        assert set(event.findings) == codes and event.cause == cause
+    else:  # the newcomer's prefill writes into the victim's slot: check names that
+        assert FindingCode.SLOT_SHARED_ACROSS_POSITIONS in event.findings
+
+
+def test_the_leak_is_one_event_that_says_how_it_grows(tmp_path: Path) -> None:
+    paths = write_sequence("swa-leak", tmp_path, steps=7, at=3)
+    report = timeline(paths, planner=PLANNER)
+    truth = _truth(paths)
+    (event,) = report.events
+    assert list(event.pages) == sorted(truth["pages"])
+    assert "+1 pages per step" in event.message
+    leaked = [d.leaked_swa_pages for d in report.dumps]
+    assert leaked == [0, 0] + list(range(1, 6))
+    assert [i.leak_per_step for i in report.intervals] == [0.0] + [1.0] * 5
+    assert [len(i.leak_new) for i in report.intervals] == [0] + [1] * 5
+
+
+@pytest.mark.parametrize("name", [*EVENTS, "clean", "clean-swa"])
+def test_leak_accounting_agrees_with_check(tmp_path: Path, name: str) -> None:
+    """Two implementations of SGLang's memory check: the timeline's and check's finding."""
+    for path in write_sequence(name, tmp_path, steps=5, page_size=4):
+        dump = load_dump(path)
+        pages, note = leaked_swa_pages(dump)
+        found = [
+            f
+            for f in run_check(dump, planner=PLANNER, kernel=None).findings
+            if f.code is FindingCode.SWA_PAGE_LEAKED
+        ]
+        if dump.full_to_swa_index_mapping is None:
+            assert pages is None and note is None and not found
+            continue
+        assert pages is not None and note is None
+        checked = found[0].cells.extra["page"].tolist() if found and found[0].cells else []
+        assert pages.tolist() == checked
+
+
+@pytest.mark.parametrize("name", SEQUENCES)
+def test_shrunk_dumps_tell_the_same_story(tmp_path: Path, name: str) -> None:
+    paths = write_sequence(name, tmp_path / "full", steps=5, seed=1)
+    small = []
+    for path in paths:
+        api.shrink(path, tmp_path / f"small-{path.name}")
+        small.append(tmp_path / f"small-{path.name}")
+    full, shrunk = timeline(paths, planner=PLANNER), timeline(small, planner=PLANNER)
+    assert all(d.shrunk for d in shrunk.dumps)
+    assert [(i.born, i.grew, i.finished, i.reused) for i in shrunk.intervals] == [
+        (i.born, i.grew, i.finished, i.reused) for i in full.intervals
+    ]
+    if name == "swa-leak":  # a shrunk dump does not account leaks, and says so
+        assert shrunk.events == () and all(d.leaked_swa_pages is None for d in shrunk.dumps)
+        assert any("SWA leaks not accounted" in n for n in shrunk.notes)
+        return
+    strip = [(e.kind, e.after_step, e.at_step, e.cells.slot.tolist()) for e in full.events]  # type: ignore[union-attr]
+    assert [
+        (e.kind, e.after_step, e.at_step, e.cells.slot.tolist())  # type: ignore[union-attr]
+        for e in shrunk.events
+    ] == strip
+
+
+def test_requests_born_grown_finished_and_rows_reused(tmp_path: Path) -> None:
+    paths = write_sequence("clean", tmp_path, steps=8, seed=3)
+    report = timeline(paths, planner=None)
+    assert not report.checked and report.findings == ()
+    for interval, (a, b) in zip(
+        report.intervals, zip(report.dumps, report.dumps[1:], strict=False), strict=True
+    ):
+        # every request of the older dump grew, finished, or lost its row to another
+        assert len(interval.grew) + interval.unchanged + len(interval.finished) + len(
+            interval.reused
+        ) >= a.requests - len(interval.reused)
+        assert (
+            len(interval.grew)
+            + interval.unchanged
+            + len(interval.born)
+            + len(interval.reused)
+            + len(interval.resumed)
+            == b.requests
+        )
+        assert interval.tokens_added == len(interval.grew)  # a decode token each
+    assert any(i.born for i in report.intervals) and any(i.reused for i in report.intervals)
+
+
+def test_a_request_missing_from_one_batch_is_resumed_not_born(tmp_path: Path) -> None:
+    """A prefill-only step leaves the running requests out of its batch: they come back."""
+    paths = write_sequence("clean", tmp_path, steps=3, seed=0)
+    middle = load_dump(paths[1])
+    contents = dump_contents(
+        middle.metadata,
+        {
+            "req_to_token": middle.req_to_token.array(),
+            "req_pool_indices": middle.req_pool_indices[:1],
+            "prefix_lens": middle.prefix_lens[:1],
+            "extend_seq_lens": middle.extend_seq_lens[:1],
+            "free_full_slots": middle.free_full_slots,
+        },
+    )
+    write_dump(paths[1], contents)
+    kept = int(middle.req_pool_indices[0])
+    del middle
+    report = timeline(paths, planner=PLANNER)
+    first, second = report.intervals
+    assert set(second.resumed) == set(first.finished) and kept not in first.finished
+    assert second.born == () and report.events == ()
+
+
+def test_slot_history_follows_the_owners(tmp_path: Path) -> None:
+    paths = write_sequence("double-allocation", tmp_path, steps=5, seed=2)
+    truth = _truth(paths)
+    slot = truth["slots"][0]
+    report = timeline(paths, planner=None, focus=(slot, Space.FULL))
+    assert report.slot is not None
+    states = [m.state for m in report.slot.moments]
+    shown = truth["dump"]
+    assert states[:shown] == ["held"] * shown and states[shown:] == ["held twice"] * (5 - shown)
+    owners = {(o.pool_row, o.position) for o in report.slot.moments[-1].owners}
+    assert owners == {
+        (truth["pool_row"], truth["positions"][0]),
+        (truth["other_pool_row"], truth["other_positions"][0]),
+    }
+    assert [e.kind for e in report.events] == [EventKind.DOUBLE_ALLOCATION]
+    # a slot no event touches: held, then gone or back on the free list; no event listed
+    other = timeline(paths, planner=None, focus=(slot + 1, Space.FULL))
+    assert other.events == ()
+
+
+def test_swa_slot_history(tmp_path: Path) -> None:
+    paths = write_sequence("lut-rewritten", tmp_path, steps=4, seed=0)
+    truth = _truth(paths)
+    report = timeline(paths, planner=None, focus=(truth["new_swa_page"], Space.SWA))
+    assert report.slot is not None and [e.kind for e in report.events] == [EventKind.LUT_REWRITTEN]
+    moments = report.slot.moments
+    assert moments[truth["dump"]].owners[0].full_slot == truth["slots"][0]
+    with pytest.raises(OptionError, match="no LUT"):
+        timeline(
+            write_sequence("clean", tmp_path / "full", steps=2), planner=None, focus=(1, Space.SWA)
+        )
+
+
+def test_the_dumps_are_read_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most one dump is loaded at a time (memory: two dumps' live cells, one table's
+    pages); freed by reference counting alone, as soon as its snapshot is taken."""
+    loaded: list[weakref.ref[KvDump]] = []
+
+    def load(path: Path, **kwargs: Any) -> KvDump:
+        assert all(ref() is None for ref in loaded)
+        dump = load_dump(path, **kwargs)
+        loaded.append(weakref.ref(dump))
+        return dump
+
+    monkeypatch.setattr(timeline_module, "load_dump", load)
+    gc.disable()
+    try:
+        timeline(write_sequence("swa-leak", tmp_path, steps=5), planner=PLANNER)
+    finally:
+        gc.enable()
+    assert len(loaded) == 5
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+
+def _rewrite(path: Path, **metadata: str | None) -> None:
+    dump = load_dump(path)
+    meta = {k: v for k, v in dump.metadata.items() if k not in metadata}
+    meta.update({k: v for k, v in metadata.items() if v is not None})
+    tensors = {
+        "req_to_token": dump.req_to_token.array(),
+        "req_pool_indices": dump.req_pool_indices,
+        "prefix_lens": dump.prefix_lens,
+        "extend_seq_lens": dump.extend_seq_lens,
+    }
+    del dump
+    write_dump(path, dump_contents(meta, tensors))
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> list[Path]:
+    return write_sequence("clean", tmp_path, steps=3)
+
+
+def test_a_mix_of_ranks_is_refused(three: list[Path]) -> None:
+    _rewrite(three[1], rank="1")
+    with pytest.raises(DumpError, match="records rank '1', .* rank '0': a timeline reads one rank"):
+        timeline(three, planner=None)
+
+
+def test_a_mix_of_shapes_is_refused(three: list[Path], tmp_path: Path) -> None:
+    other = write_sequence("clean", tmp_path / "small", steps=2, size="small")
+    _rewrite(other[0], step="9")
+    with pytest.raises(DumpError, match=r"req_to_token: is \[64, 512\], .*'s is \[12, 64\]"):
+        timeline([*three, other[0]], planner=None)
+    paged = write_sequence("clean", tmp_path / "paged", steps=2, page_size=2)
+    _rewrite(paged[0], step="9")
+    with pytest.raises(DumpError, match="page_size: is 2, .*'s is 1"):
+        timeline([*three, paged[0]], planner=None)
+
+
+def test_steps_must_order_the_dumps(three: list[Path]) -> None:
+    with pytest.raises(DumpError, match="two dumps of one step"):
+        timeline([three[0], three[1], three[1]], planner=None)
+    with pytest.raises(DumpError, match="give the older dump first"):
+        timeline([three[1], three[0]], planner=None, keep_order=True)
+    shuffled = timeline([three[2], three[0], three[1]], planner=None)
+    assert [d.step for d in shuffled.dumps] == [1, 2, 3]
+    _rewrite(three[1], step=None)
+    with pytest.raises(DumpError, match="records no step"):
+        timeline(three, planner=None)
+    _rewrite(three[1], step="two")
+    with pytest.raises(DumpError, match="not an integer"):
+        timeline(three, planner=None)
+    with pytest.raises(OptionError, match="two dumps or more"):
+        timeline(three[:1], planner=None)
+
+
+def test_dumps_without_steps_are_read_as_given(three: list[Path]) -> None:
+    for path in three:
+        _rewrite(path, step=None, rank=None)
+    report = timeline([three[0], three[2]], planner=None)
+    assert [d.step for d in report.dumps] == [None, None] and report.rank is None
+    assert any("no dump records its step" in n for n in report.notes)
+    assert report.intervals[0].after_step is None
+
+
+# --- properties ----------------------------------------------------------------------------
+
+
+@settings(max_examples=12)
+@given(
+    name=st.sampled_from(["clean", "clean-swa"]),
+    seed=st.integers(0, 10_000),
+    every=st.integers(1, 4),
+    page=st.sampled_from([1, 2, 4, 8]),
+    size=st.sampled_from(["tiny", "small"]),
+)
+def test_clean_sequences_never_report_an_event(
+    tmp_path_factory: pytest.TempPathFactory, name: str, seed: int, every: int, page: int, size: str
+) -> None:
+    folder = tmp_path_factory.mktemp("clean")
+    paths = write_sequence(name, folder, steps=4, seed=seed, every=every, page_size=page, size=size)
+    report = timeline(paths, planner=PLANNER)
+    assert report.events == () and report.findings == () and not report.failed
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 10_000), shuffle=st.integers(0, 2**32 - 1))
+def test_the_batch_order_does_not_matter(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, shuffle: int
+) -> None:
+    """Permuting the batch rows of a dump (with their lengths and writes) changes nothing."""
+    folder = tmp_path_factory.mktemp("order")
+    paths = write_sequence("use-after-free", folder, steps=4, seed=seed)
+    before = timeline(paths, planner=None)
+    rng = np.random.default_rng(shuffle)
+    for path in paths:
+        dump = load_dump(path)
+        order = rng.permutation(dump.bs)
+        contents = dump_contents(
+            dump.metadata,
+            {
+                "req_to_token": dump.req_to_token.array(),
+                "req_pool_indices": dump.req_pool_indices[order],
+                "prefix_lens": dump.prefix_lens[order],
+                "extend_seq_lens": dump.extend_seq_lens[order],
+                "free_full_slots": dump.free_full_slots,
+            },
+        )
+        del dump
+        write_dump(path, contents)
+    after = timeline(paths, planner=None)
+    assert [(e.kind, e.after_step, e.cells.slot.tolist()) for e in after.events] == [  # type: ignore[union-attr]
+        (e.kind, e.after_step, e.cells.slot.tolist())  # type: ignore[union-attr]
+        for e in before.events
+    ]
+    assert [(i.born, i.grew, i.finished, i.reused) for i in after.intervals] == [
+        (i.born, i.grew, i.finished, i.reused) for i in before.intervals
+    ]
+
+
+def test_the_truth_is_in_every_dump() -> None:
+    """Dumps before the event hold the plan; from the one that shows it on, the whole truth."""
+    dumps = list(synth_sequence("use-after-free", steps=4, every=2, at=5))
+    truths = [json.loads(d.metadata[PLANTED_KEY]) for d in dumps]
+    assert [int(d.metadata["step"]) for d in dumps] == [2, 4, 6, 8]
+    for truth in truths:
+        assert truth["event"] == "use-after-free" and truth["step"] == 5
+        assert (truth["after_step"], truth["at_step"], truth["dump"]) == (4, 6, 2)
+    assert "slots" not in truths[1] and truths[2] == truths[3] and truths[2]["slots"]
+    clean = [json.loads(d.metadata[PLANTED_KEY]) for d in synth_sequence("clean", steps=2)]
+    assert clean == [{"event": None}] * 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 1}, "2 dumps or more"),
+        ({"steps": 4, "at": 1}, "not after the first dump"),
+        ({"steps": 4, "at": 5}, "at or before the last"),
+        ({"steps": 60}, "do not fit a row"),
+        ({"steps": 3, "every": 8, "name": "swa-leak"}, "skip past the window"),
+        ({"steps": 3, "size": "large"}, "sizes tiny, small, medium"),
+        ({"steps": 3, "name": "nope"}, "unknown sequence"),
+    ],
+)
+def test_sequence_options_are_checked(kwargs: dict[str, Any], message: str) -> None:
+    name = kwargs.pop("name", "clean")
+    with pytest.raises(OptionError, match=message):
+        list(synth_sequence(name, **kwargs))
