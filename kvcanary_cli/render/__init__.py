@@ -1,9 +1,10 @@
 """Rendering: pure functions from a command's typed result to rich renderables or strings (no
 printing), organised by format.
 
-`render_check`, `render_provenance`, `render_violations`, `render_inspect`, `render_plan` and
-`render_selftest` build the command's record once (`render.records`, one module per command)
-and hand it to the view `fmt` asks for: `render.json`, `render.table` or `render.markdown`.
+`render_check`, `render_provenance`, `render_violations`, `render_inspect`, `render_plan`,
+`render_selftest` and `render_timeline` build the command's record once (`render.records`,
+one module per command) and hand it to the view `fmt` asks for: `render.json`,
+`render.table` or `render.markdown`.
 The views only read records. A `str` result (JSON, Markdown) is written verbatim; a
 renderable goes through a console (see `emit`).
 """
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, assert_never
 
 from rich.console import RenderableType
 
-from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
+from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, TimelineReport
 from kvcanary_cli.render.console import OutputFormat, emit, make_console
 from kvcanary_cli.render.json import to_json
 from kvcanary_cli.render.markdown.check import check_markdown
@@ -22,17 +23,20 @@ from kvcanary_cli.render.markdown.inspect import inspect_markdown
 from kvcanary_cli.render.markdown.plan import plan_markdown
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
 from kvcanary_cli.render.markdown.selftest import selftest_markdown
+from kvcanary_cli.render.markdown.timeline import timeline_markdown
 from kvcanary_cli.render.markdown.violations import violations_markdown
 from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.inspect import inspect_record
 from kvcanary_cli.render.records.plan import plan_record
 from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.records.selftest import selftest_record
+from kvcanary_cli.render.records.timeline import timeline_record
 from kvcanary_cli.render.table.check import check_table, verdict_lines
 from kvcanary_cli.render.table.inspect import inspect_table
 from kvcanary_cli.render.table.plan import plan_table
 from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.render.table.selftest import selftest_table
+from kvcanary_cli.render.table.timeline import timeline_table
 from kvcanary_cli.render.table.violations import violations_table
 
 # These results' modules compute with numpy (and the violations record is built with it):
@@ -52,6 +56,7 @@ __all__ = [
     "render_plan",
     "render_provenance",
     "render_selftest",
+    "render_timeline",
     "render_violations",
     "to_json",
 ]
@@ -170,5 +175,24 @@ def render_violations(
             return violations_markdown(
                 violations_record(report, max_rows=max_rows), max_rows=max_rows
             )
+        case _:
+            assert_never(fmt)
+
+
+def render_timeline(
+    report: TimelineReport, fmt: OutputFormat, max_rows: int = 10
+) -> str | RenderableType:
+    """What changed between dumps of one rank (the `kvcanary.timeline/1` record) in `fmt`.
+
+    JSON carries every event cell and owner change; table and Markdown show the first few of
+    each event and, for one interval (`diff`), the first `max_rows` owner changes."""
+    record = timeline_record(report)
+    match fmt:
+        case OutputFormat.TABLE:
+            return timeline_table(record, max_rows=max_rows)
+        case OutputFormat.JSON:
+            return to_json(record)
+        case OutputFormat.MARKDOWN:
+            return timeline_markdown(record, max_rows=max_rows)
         case _:
             assert_never(fmt)

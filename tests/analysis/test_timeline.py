@@ -405,3 +405,80 @@ def test_sequence_options_are_checked(kwargs: dict[str, Any], message: str) -> N
     name = kwargs.pop("name", "clean")
     with pytest.raises(OptionError, match=message):
         list(synth_sequence(name, **kwargs))
+
+
+# --- hand-made pairs -----------------------------------------------------------------------
+
+
+def _pair_dump(
+    path: Path, step: int, rows: dict[int, list[int]], free: list[int] | None, **extra: Any
+) -> Path:
+    """A dump whose batch is `rows` (pool row -> its slots, all cached: E = 0)."""
+    table = np.zeros((8, 16), dtype=np.int32)
+    for row, slots in rows.items():
+        table[row, : len(slots)] = slots
+    tensors: dict[str, Any] = {
+        "req_to_token": table,
+        "req_pool_indices": np.array(list(rows), dtype=np.int64),
+        "prefix_lens": np.array([len(s) for s in rows.values()], dtype=np.int64),
+        "free_full_slots": None if free is None else np.array(free, dtype=np.int64),
+        **extra,
+    }
+    meta = {"rank": "0", "step": str(step), "num_full_slots": "64"}
+    write_dump(path, dump_contents(meta, {k: v for k, v in tensors.items() if v is not None}))
+    return path
+
+
+def test_owner_changes_and_allocations(tmp_path: Path) -> None:
+    old = _pair_dump(tmp_path / "a.safetensors", 10, {1: [10, 11, 12], 2: [20, 21]}, [22, 30, 31])
+    new = _pair_dump(
+        tmp_path / "b.safetensors", 12, {2: [20, 21, 22], 3: [10, 11, 31]}, [12, 30, 40]
+    )
+    report = timeline([old, new], planner=PLANNER, keep_order=True)
+    (interval,) = report.intervals
+    assert (interval.born, interval.grew, interval.finished) == ((3,), (2,), (1,))
+    assert interval.reused == () and interval.tokens_added == 1
+    changes = interval.owner_changes
+    assert changes.slot is not None and changes.slot.tolist() == [10, 11]
+    assert changes.pool_row.tolist() == [3, 3] and changes.position.tolist() == [0, 1]
+    assert changes.extra["old_pool_row"].tolist() == [1, 1]
+    assert changes.extra["old_position"].tolist() == [0, 1]
+    # 22 and 31 came from the free list; 40 is free now, 12 went back: no event
+    assert (interval.allocated_from_free, interval.allocated_unseen) == (2, 0)
+    assert report.events == () and not report.failed
+
+
+def test_a_second_owner_without_free_lists_is_a_double_allocation(tmp_path: Path) -> None:
+    old = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12]}, None)
+    new = _pair_dump(tmp_path / "b.safetensors", 2, {1: [10, 11, 12, 13], 2: [5, 11]}, None)
+    (event,) = timeline([old, new], planner=PLANNER).events
+    assert event.kind is EventKind.DOUBLE_ALLOCATION and event.cells.slot.tolist() == [11]  # type: ignore[union-attr]
+    assert (event.cells.pool_row.tolist(), event.cells.position.tolist()) == ([1], [1])
+    assert event.cells.extra["other_pool_row"].tolist() == [2]
+    assert event.cells.extra["other_position"].tolist() == [1]
+    # one position, another slot before it: check calls it a copy, not radix sharing
+    assert event.findings == (FindingCode.SLOT_SHARED_WITHOUT_PREFIX,)
+
+
+def test_a_freed_slot_handed_out_again_is_a_use_after_free(tmp_path: Path) -> None:
+    """Freed while held (already so in the first dump: its check finding says it), then
+    handed to another request while the first still holds it: the second stage is an event."""
+    old = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12]}, [11, 20])
+    new = _pair_dump(tmp_path / "b.safetensors", 2, {1: [10, 11, 12], 2: [11]}, [20])
+    report = timeline([old, new], planner=PLANNER)
+    (event,) = report.events
+    assert event.kind is EventKind.USE_AFTER_FREE and "handed out again" in event.message
+    assert event.cells.slot.tolist() == [11]  # type: ignore[union-attr]
+    first = {f.code: f.first_dump for f in report.findings}
+    assert first[FindingCode.FREED_SLOT_IN_LIVE_RANGE] == 0
+
+
+def test_radix_sharing_is_one_owner(tmp_path: Path) -> None:
+    """A new request sharing another's cached prefix (same slots at the same positions) is
+    no second owner; a copy of one slot to another position is."""
+    old = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12]}, [13, 14, 15])
+    shared = _pair_dump(tmp_path / "b.safetensors", 2, {1: [10, 11, 12], 2: [10, 11, 14]}, [15])
+    assert timeline([old, shared], planner=PLANNER).events == ()
+    copied = _pair_dump(tmp_path / "c.safetensors", 3, {1: [10, 11, 12], 2: [10, 12, 14]}, [15])
+    (event,) = timeline([old, copied], planner=PLANNER).events
+    assert event.kind is EventKind.DOUBLE_ALLOCATION and event.cells.slot.tolist() == [12]  # type: ignore[union-attr]

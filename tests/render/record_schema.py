@@ -27,6 +27,7 @@ from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.plan import PlanRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.render.records.selftest import SelftestRecord
+from kvcanary_cli.render.records.timeline import TimelineRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
 
 __all__ = ["RECORDS", "declared_keys", "nested_typeddicts", "validate"]
@@ -39,6 +40,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.inspect/2": InspectRecord,
     "kvcanary.plan/1": PlanRecord,
     "kvcanary.selftest/1": SelftestRecord,
+    "kvcanary.timeline/1": TimelineRecord,
 }
 
 

@@ -28,6 +28,7 @@ from typing import Any, ForwardRef, Literal, Union, get_args, get_origin, is_typ
 from kvcanary_cli.render.records.check import PlanValueName
 from kvcanary_cli.render.records.common import CauseCodeName, FindingCodeName
 from kvcanary_cli.render.records.selftest import PlanField
+from kvcanary_cli.render.records.timeline import EventKindName
 from kvcanary_cli.render.records.violations import RowOrigin
 from tests.render.record_schema import RECORDS, declared_keys, nested_typeddicts
 
@@ -46,6 +47,7 @@ NAMES: dict[Any, str] = {
     PlanField: "<plan field>",
     PlanValueName: "<plan value>",
     RowOrigin: "<origin>",
+    EventKindName: "<event kind>",
 }
 _LONG = 8
 #: where the comments start, and the widest line.

@@ -21,9 +21,11 @@ from kvcanary_cli.render import (
     render_plan,
     render_provenance,
     render_selftest,
+    render_timeline,
     render_violations,
 )
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.synth.sequence import PLANTED_KEY, SEQUENCES, write_sequence
 from tests.render.record_schema import RECORDS, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,8 +91,29 @@ def test_every_command_on_every_dump_matches_its_record(
         record = rendered if isinstance(rendered, dict) else _valid(rendered)
         seen.add(record["schema"])
         assert record["schema"] in RECORDS, command
-    # plan: unless every group is refused (corrupt lengths: nothing planned, no record)
-    assert seen >= set(RECORDS) - {"kvcanary.selftest/1", "kvcanary.plan/1"}
+    # plan: unless every group is refused (corrupt lengths: nothing planned, no record);
+    # selftest and timeline read no one dump (below)
+    assert seen >= set(RECORDS) - {"kvcanary.selftest/1", "kvcanary.plan/1", "kvcanary.timeline/1"}
+
+
+@pytest.mark.parametrize("name", SEQUENCES)
+def test_timelines_match_their_record(tmp_path: Path, name: str) -> None:
+    """timeline, diff and provenance --slot over the dumps of every sequence, and of its
+    shrunk dumps."""
+    paths = write_sequence(name, tmp_path, steps=4, seed=1)
+    small = []
+    for path in paths:
+        small.append(tmp_path / f"small-{path.name}")
+        api.shrink(path, small[-1])
+    for dumps in (paths, small):
+        record = _valid(render_timeline(api.timeline(dumps), OutputFormat.JSON))
+        assert record["checked"] and len(record["dumps"]) == 4
+        _valid(render_timeline(api.diff(dumps[0], dumps[-1]), OutputFormat.JSON))
+        truth = json.loads(load_dump(paths[-1]).metadata[PLANTED_KEY])
+        slot = (truth.get("slots") or [1])[0]
+        space = truth.get("space", "full")
+        history = api.slot_history(dumps, slot=slot, space=space if dumps is paths else "full")
+        assert _valid(render_timeline(history, OutputFormat.JSON))["slot"]["slot"] == slot
 
 
 def test_selftest_matches_its_record(no_sglang: None) -> None:

@@ -10,6 +10,7 @@ import pytest
 from kvcanary_cli.analysis.model import (
     CauseCode,
     Confidence,
+    EventKind,
     FindingCode,
     Group,
     Role,
@@ -40,6 +41,7 @@ from kvcanary_cli.render.records.plan import (
     SemanticsName,
 )
 from kvcanary_cli.render.records.selftest import PlanField
+from kvcanary_cli.render.records.timeline import EventKindName
 from kvcanary_cli.render.records.violations import (
     BufferName,
     OwnerRecord,
@@ -60,6 +62,7 @@ from tests.render.record_schema import declared_keys
         (GroupName, Group),
         (SpaceName, Space),
         (ViolationCause, Cause),
+        (EventKindName, EventKind),
     ],
     ids=[
         "FindingCode",
@@ -70,6 +73,7 @@ from tests.render.record_schema import declared_keys
         "Group",
         "Space",
         "ViolationCause",
+        "EventKind",
     ],
 )
 def test_literals_mirror_the_model_enums(literal: Any, enum: Any) -> None:

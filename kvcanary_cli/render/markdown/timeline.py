@@ -1,0 +1,74 @@
+"""The Markdown view of a `kvcanary.timeline/1` record: what changed between dumps of one
+rank, to paste into a bug report."""
+
+from __future__ import annotations
+
+from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.records.timeline import TimelineRecord
+from kvcanary_cli.render.timeline_text import (
+    dump_cells,
+    event_columns,
+    event_headline,
+    event_rows,
+    finding_cells,
+    headline,
+    interval_cells,
+    interval_header,
+    moment_cells,
+    owner_change_rows,
+    verdict_text,
+)
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["timeline_markdown"]
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
+    return table([text(h) for h in header], [[text(c) for c in row] for row in rows], right=right)
+
+
+def timeline_markdown(record: TimelineRecord, *, max_rows: int = 10) -> str:
+    """Headline, verdict, events, dumps, intervals, findings first seen, slot history, notes."""
+    record = printable_record(record)
+    parts = [
+        "## kvcanary timeline",
+        f"{text(headline(record))} · `{record['schema']}`",
+        f"**{text(verdict_text(record))}**",
+    ]
+    for event in record["events"]:
+        parts.append(f"### {text(event_headline(event))}")
+        parts.append(text(event["message"]))
+        rows, more = event_rows(event)
+        columns = event_columns(event)
+        parts.append(_table(columns, rows, right=set(range(len(columns)))))
+        if more:
+            parts.append(f"… and {more} more (`--format json` lists them all)")
+    parts.append("### Dumps")
+    header = ["#", "step", "requests", "live cells", "free slots", "leaked pages", "findings"]
+    rows = [dump_cells(d) for d in record["dumps"]]
+    cells = [[*(text(c) for c in row[:-1]), code(row[-1])] for row in rows]
+    parts.append(table([text(h) for h in [*header, "path"]], cells, right={0, 1, 2, 3, 4, 5}))
+    if record["intervals"]:
+        parts.append("### Between dumps (pool rows)")
+        parts.append(_table(interval_header(), [interval_cells(i) for i in record["intervals"]]))
+    if len(record["intervals"]) == 1:
+        changes, more = owner_change_rows(record["intervals"][0], max_rows)
+        if changes:
+            parts.append("Slots taken over from an owner the older dump had (free not seen):")
+            parts.append(_table(["slot", "old pool row:pos", "new pool row:pos"], changes, {0}))
+            if more:
+                parts.append(f"… and {more} more")
+    if record["findings"]:
+        parts.append("### Check findings, by the dump they first appear in")
+        rows = [finding_cells(record, k) for k in range(len(record["findings"]))]
+        parts.append(_table(["code", "cause", "group", "first seen", "cells per dump"], rows))
+    slot = record["slot"]
+    if slot is not None:
+        parts.append(f"### {text(slot['space'])} slot {slot['slot']} over the dumps")
+        swa = slot["space"] == "swa"
+        rows = [moment_cells(m, swa=swa) for m in slot["moments"]]
+        header = ["#", "step", "state", "owners (pool row:pos)", "allocator", "SWA slot"]
+        parts.append(_table(header, rows, {0, 1}))
+    if record["notes"]:
+        parts.append("\n".join(f"- note: {text(n)}" for n in record["notes"]))
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,227 @@
+"""Phrases the terminal and Markdown views of a `kvcanary.timeline/1` record share: the
+headline, the verdict, an interval's steps and changes, an event's cells, a slot's owners.
+Pure functions of the record."""
+
+from __future__ import annotations
+
+from kvcanary_cli.render.records.timeline import (
+    EventRecord,
+    IntervalRecord,
+    SlotMomentRecord,
+    TimelineDumpRecord,
+    TimelineRecord,
+)
+
+__all__ = [
+    "EVENT_ROWS",
+    "dump_cells",
+    "event_columns",
+    "event_headline",
+    "event_rows",
+    "finding_cells",
+    "headline",
+    "interval_cells",
+    "interval_header",
+    "moment_cells",
+    "owner_change_rows",
+    "rows_text",
+    "steps_text",
+    "verdict_text",
+]
+
+#: cells listed per event in the table and Markdown views (JSON lists them all).
+EVENT_ROWS = 8
+
+
+def steps_text(after: int | None, at: int | None) -> str:
+    """`steps (12, 16]`: the interval a change happened in."""
+    if at is None:
+        return "between the dumps"
+    return f"steps ({'?' if after is None else after}, {at}]"
+
+
+def _step(step: int | None, index: int) -> str:
+    return f"#{index}" if step is None else str(step)
+
+
+def headline(record: TimelineRecord) -> str:
+    """What was read: how many dumps, of which rank, over which steps."""
+    dumps = record["dumps"]
+    rank = "rank ?" if record["rank"] is None else f"rank {record['rank']}"
+    span = f"steps {_step(dumps[0]['step'], 0)} to {_step(dumps[-1]['step'], len(dumps) - 1)}"
+    checked = "; each dump checked as check --kernel none" if record["checked"] else ""
+    return f"{len(dumps)} dumps of {rank}, {span}{checked}"
+
+
+def verdict_text(record: TimelineRecord) -> str:
+    """One line: the events by kind and interval, or that there is none."""
+    events = record["events"]
+    if events:
+        parts = [
+            f"{e['kind']} ({steps_text(e['after_step'], e['at_step'])}, {_count(e)})"
+            for e in events
+        ]
+        return f"{len(events)} event(s): " + "; ".join(parts)
+    if record["verdict"] == "findings":
+        bad = [str(d["index"]) for d in record["dumps"] if d["worst"] == "error"]
+        return f"no event; error findings in dump(s) {', '.join(bad)} (check them)"
+    if record["checked"]:
+        return "no event, no error finding"
+    return "no event"
+
+
+def _count(e: EventRecord) -> str:
+    what = "page" if e["kind"] == "swa-leak" else f"{e['space']} slot"
+    return f"{e['count']} {what}{'' if e['count'] == 1 else 's'}"
+
+
+def rows_text(rows: list[int], limit: int = 6) -> str:
+    """A list of pool rows, shortened: `3: 5, 7, 9`."""
+    if not rows:
+        return "-"
+    shown = ", ".join(map(str, rows[:limit]))
+    more = ", …" if len(rows) > limit else ""
+    return f"{len(rows)}: {shown}{more}"
+
+
+def dump_cells(d: TimelineDumpRecord) -> list[str]:
+    """A dump's row: index, step, requests, live cells, free slots, leaked pages, findings."""
+    leaked = "-" if d["leaked_swa_pages"] is None else str(d["leaked_swa_pages"])
+    findings = "-" if d["finding_cells"] is None else str(d["finding_cells"])
+    if d["worst"] is not None:
+        findings += f" ({d['worst']})"
+    free = "-" if d["free_full_slots"] is None else str(d["free_full_slots"])
+    shrunk = " (shrunk)" if d["shrunk"] else ""
+    return [
+        str(d["index"]),
+        _step(d["step"], d["index"]),
+        str(d["requests"]),
+        str(d["live_cells"]),
+        free,
+        leaked,
+        findings,
+        d["path"] + shrunk,
+    ]
+
+
+def interval_header() -> list[str]:
+    """Column names of the intervals' table."""
+    return ["steps", "born", "grew", "finished", "reused", "+cells", "allocated", "leak"]
+
+
+def interval_cells(i: IntervalRecord) -> list[str]:
+    """An interval's row: requests born, grown, finished, reused; cells added; slots newly
+    held (from the free list / unseen / taken over); the leak's change."""
+    leak = "-"
+    if i["leak_delta"] is not None:
+        rate = "" if i["leak_per_step"] is None else f" ({i['leak_per_step']:+.3g}/step)"
+        leak = f"{i['leak_delta']:+d}{rate}"
+    changes = len(i["owner_changes"]["slot"])
+    allocated = f"{i['allocated_from_free']} free"
+    if i["allocated_unseen"]:
+        allocated += f", {i['allocated_unseen']} unseen"
+    if changes:
+        allocated += f", {changes} taken over"
+    finished = rows_text(i["finished"])
+    if i["resumed"]:
+        finished += f" (back: {rows_text(i['resumed'])})"
+    return [
+        steps_text(i["after_step"], i["at_step"]),
+        rows_text(i["born"]),
+        str(len(i["grew"])),
+        finished,
+        rows_text(i["reused"]),
+        str(i["tokens_added"]),
+        allocated,
+        leak,
+    ]
+
+
+def event_headline(e: EventRecord) -> str:
+    """`use-after-free in steps (3, 4] (dumps 2 → 3): 1 full slot · cause use-after-free`."""
+    findings = f" · findings {', '.join(e['findings'])}" if e["findings"] else ""
+    return (
+        f"{e['kind']} in {steps_text(e['after_step'], e['at_step'])} (dumps {e['from_dump']} → "
+        f"{e['to_dump']}): {_count(e)} · cause {e['cause']}{findings}"
+    )
+
+
+def event_columns(e: EventRecord) -> list[str]:
+    """Column names of an event's cells."""
+    if e["kind"] == "swa-leak":
+        return ["SWA page", "first slot"]
+    base = ["slot", "page", "pool row", "position"]
+    if e["kind"] == "lut-rewritten":
+        return [*base, "SWA slot before", "after"]
+    if "other_pool_row" in e["cells"]["extra"]:
+        return [*base, "other pool row", "other position"]
+    return base
+
+
+def event_rows(e: EventRecord, limit: int = EVENT_ROWS) -> tuple[list[list[str]], int]:
+    """An event's first `limit` cells as rows, and how many are left out."""
+    cells = e["cells"]
+    extra = cells["extra"]
+    rows = []
+    for i in range(min(limit, len(cells["slot"]))):
+        if e["kind"] == "swa-leak":
+            rows.append([str(extra["page"][i]), str(cells["slot"][i])])
+            continue
+        row = [
+            str(cells["slot"][i]),
+            str(extra["page"][i]),
+            str(cells["pool_row"][i]),
+            str(cells["position"][i]),
+        ]
+        for name in ("swa_before", "swa_after", "other_pool_row", "other_position"):
+            if name in extra:
+                row.append(str(extra[name][i]))
+        rows.append(row)
+    return rows, len(cells["slot"]) - len(rows)
+
+
+def owner_change_rows(i: IntervalRecord, limit: int) -> tuple[list[list[str]], int]:
+    """The first `limit` owner changes of an interval: slot, old owner, new owner."""
+    changes = i["owner_changes"]
+    rows = [
+        [
+            str(changes["slot"][k]),
+            f"{changes['extra']['old_pool_row'][k]}:{changes['extra']['old_position'][k]}",
+            f"{changes['pool_row'][k]}:{changes['position'][k]}",
+        ]
+        for k in range(min(limit, len(changes["slot"])))
+    ]
+    return rows, len(changes["slot"]) - len(rows)
+
+
+def finding_cells(record: TimelineRecord, f_index: int) -> list[str]:
+    """A finding history's row: code, cause, group, first seen, cells per dump."""
+    f = record["findings"][f_index]
+    first = f"dump {f['first_dump']} (step {_step(f['first_step'], f['first_dump'])})"
+    return [
+        f["code"],
+        f["cause"] or "-",
+        f["group"],
+        first,
+        " ".join(str(c) for c in f["cells"]),
+    ]
+
+
+def moment_cells(m: SlotMomentRecord, *, swa: bool) -> list[str]:
+    """A slot moment's row: dump, step, state, owners (pool row:position, and for an SWA slot
+    the full slot mapping to it), free, SWA slot."""
+    owners = ", ".join(
+        f"{o['pool_row']}:{o['position']}" + (f" (full {o['full_slot']})" if swa else "")
+        for o in m["owners"][:4]
+    )
+    if m["owners_total"] > 4:
+        owners += f", … ({m['owners_total']} in all)"
+    free = "-" if m["free"] is None else ("free" if m["free"] else "in use")
+    return [
+        str(m["dump"]),
+        _step(m["step"], m["dump"]),
+        m["state"],
+        owners or "-",
+        free,
+        "-" if m["swa_slot"] is None else str(m["swa_slot"]),
+    ]
