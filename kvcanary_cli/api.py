@@ -27,7 +27,12 @@ from kvcanary_cli.planners.sglang_runtime import installed_version
 # Each function imports what it runs: `inspect` reads a dump with numpy alone, and
 # `import kvcanary_cli.api` stays light.
 if TYPE_CHECKING:
-    from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, Severity
+    from kvcanary_cli.analysis.model import (
+        CheckReport,
+        ProvenanceReport,
+        Severity,
+        TimelineReport,
+    )
     from kvcanary_cli.analysis.plan_summary import PlanRun
     from kvcanary_cli.analysis.selftest import SelftestReport
     from kvcanary_cli.analysis.violations.report import ViolationsReport
@@ -36,13 +41,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check",
+    "diff",
     "inspect",
     "plan",
     "provenance",
     "scenarios",
     "selftest",
     "shrink",
+    "slot_history",
     "synth",
+    "timeline",
     "violations",
 ]
 
@@ -228,10 +236,12 @@ def shrink(
 
 
 def scenarios() -> list[str]:
-    """The `synth` scenarios, one line each: name, summary, expected finding codes."""
+    """The `synth` scenarios, one line each: name, summary, expected finding codes; then the
+    sequences `synth --steps K` writes."""
     from kvcanary_cli.synth.scenarios import scenario_lines
+    from kvcanary_cli.synth.sequence import sequence_lines
 
-    return scenario_lines()
+    return [*scenario_lines(), "", "sequences (--steps K -o DIR):", *sequence_lines()]
 
 
 def synth(
@@ -243,10 +253,19 @@ def synth(
     log: PathLike | None = None,
     force: bool = False,
     page_size: int | None = None,
+    steps: int | None = None,
+    at: int | None = None,
+    every: int | None = None,
 ) -> str:
     """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
     and diagnosis in its metadata, and with `log` a kv_canary server log of its violations;
-    `page_size` overrides the scenario's. Returns the line saying what was written."""
+    `page_size` overrides the scenario's. With `steps`, `scenario` names a sequence (one rank's
+    dumps every `every` steps, an event planted at step `at`) and `out` a folder. Returns the
+    line saying what was written."""
+    if steps is not None:
+        return _synth_sequence(scenario, out, steps, seed, size, every or 1, at, page_size, force)
+    if at is not None or every not in (None, 1):
+        raise OptionError("--at and --every go with --steps K", option="--at/--every")
     from kvcanary_cli.dump.files import same_target
     from kvcanary_cli.synth.scenarios import make_scenario
     from kvcanary_cli.synth.server_log import write_scenario_log
@@ -261,6 +280,90 @@ def synth(
     logged = "" if log is None else f" and {write_scenario_log(state, log, overwrite=force)}"
     paged = "" if page_size is None else f", page size {page_size}"
     return f"wrote {path}{logged} ({scenario}, seed {seed}, size {size}{paged})"
+
+
+def _synth_sequence(
+    name: str | None,
+    out: PathLike | None,
+    steps: int,
+    seed: int,
+    size: str,
+    every: int,
+    at: int | None,
+    page_size: int | None,
+    force: bool,
+) -> str:
+    from kvcanary_cli.synth.sequence import write_sequence
+
+    if name is None or out is None or str(out) == "-":
+        raise OptionError("give a SEQUENCE and --out FOLDER (or --list)", option="synth --steps")
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise OptionError(
+            f"{folder} is not a folder: --steps writes one dump a step", option="--out"
+        )
+    paths = write_sequence(
+        name,
+        folder,
+        steps=steps,
+        seed=seed,
+        size=size,
+        every=every,
+        at=at,
+        page_size=page_size,
+        overwrite=force,
+    )
+    return (
+        f"wrote {len(paths)} dumps to {folder} ({name}, seed {seed}, size {size}, one every "
+        f"{every} step(s)): {paths[0].name} … {paths[-1].name}"
+    )
+
+
+def timeline(
+    paths: Sequence[PathLike], *, overrides: Overrides = None, check: bool = True
+) -> TimelineReport:
+    """What changed between dumps of one rank (read in step order, one at a time): requests,
+    slot owners, LUT entries, SWA leaks, and the events that break the allocator's contract,
+    each dated to the steps between two dumps. With `check`, each dump is checked as `check
+    --kernel none` does, to date its findings and name each event's cause."""
+    from kvcanary_cli.analysis.timeline import timeline as run_timeline
+
+    planner = make_planner(PlannerChoice.VECTORIZED) if check else None
+    return run_timeline(list(paths), planner=planner, overrides=_dict(overrides))
+
+
+def diff(old: PathLike, new: PathLike, *, overrides: Overrides = None) -> TimelineReport:
+    """What changed from `old` to `new` (two dumps of one rank, `old` the earlier)."""
+    from kvcanary_cli.analysis.timeline import timeline as run_timeline
+
+    planner = make_planner(PlannerChoice.VECTORIZED)
+    return run_timeline([old, new], planner=planner, keep_order=True, overrides=_dict(overrides))
+
+
+def slot_history(
+    paths: Sequence[PathLike],
+    *,
+    slot: int | None,
+    row: int | None = None,
+    space: str = "full",
+    overrides: Overrides = None,
+) -> TimelineReport:
+    """One slot over several dumps of one rank: its owners, allocator state and LUT entry in
+    each, and the events that touch it (`provenance --slot N DUMP DUMP...`)."""
+    from kvcanary_cli.analysis.model import Space
+    from kvcanary_cli.analysis.timeline import timeline as run_timeline
+
+    if slot is None or row is not None:
+        raise OptionError(
+            "over several dumps, give --slot N (--row maps one dump's row)", option="--slot/--row"
+        )
+    return run_timeline(
+        list(paths), planner=None, focus=(slot, Space(space)), overrides=_dict(overrides)
+    )
+
+
+def _dict(overrides: Overrides) -> dict[str, int | str | None] | None:
+    return None if overrides is None else dict(overrides)
 
 
 def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> SelftestReport:

@@ -1,19 +1,17 @@
 """The `kvcanary` command line, wiring only: options → `api` → `render` → `output`, exit code.
-
 Option declarations and the error policy live in `cli_options`. `api` imports what a command
 runs when it runs, so `kvcanary --help` imports neither torch nor triton."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import typer
 
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.analysis.model import Group, Severity, Space
-from kvcanary_cli.cli_options import ExitCode, GroupChoice, fail
+from kvcanary_cli.cli_options import ExitCode, GroupChoice, ReportTo, fail
 from kvcanary_cli.output import deliver, tell
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
@@ -22,37 +20,18 @@ from kvcanary_cli.safe_text import printable
 
 __all__ = ["ExitCode", "app", "main"]
 
-app = typer.Typer(
-    name="kvcanary",
-    cls=opt.OneLineErrors,
-    invoke_without_command=True,
-    pretty_exceptions_enable=False,
-    pretty_exceptions_show_locals=False,
-    rich_markup_mode=None,
-    help=opt.APP_HELP,
-)
+app = opt.make_app()
 
 
-@app.callback()
-def _root(ctx: typer.Context, version: opt.VersionOpt = False) -> None:
-    """Diagnose KV-cache dumps of SGLang's kv canary."""
-    if ctx.invoked_subcommand is None:  # `kvcanary` alone: the help, as a usage error
-        tell(ctx.get_help(), on_stderr=True)
-        raise typer.Exit(opt.ExitCode.BAD_INPUT)
-
-
-@opt.command(app, overrides=True, svg=True)
+@opt.command(app, overrides=True, svg=True, report=True, rows=(opt.FindingRowsOpt, 10))
 def check(
     dumps: opt.DumpsArg,
     group: opt.GroupsOpt = GroupChoice.ALL,
     kernel: opt.KernelOpt = PlannerChoice.TRITON,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
     fail_on: opt.FailOnOpt = Severity.ERROR,
-    max_rows: opt.FindingRowsOpt = 10,
     jobs: opt.JobsOpt = None,
     quiet: opt.QuietOpt = False,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
+    to: ReportTo = opt.STDOUT,
     overrides: opt.Overrides = None,
 ) -> None:
     """Find every bad slot in a dump and say where it came from.
@@ -73,24 +52,21 @@ def check(
             progress=tick,
         )
     rendered = render.render_check(
-        report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=opt.to_stdout(output)
+        report, to.fmt, max_rows=to.rows, quiet=quiet, to_stdout=opt.to_stdout(to.file)
     )
-    deliver(rendered, output, force=force, inputs=dumps)
+    deliver(rendered, to.file, force=to.force, inputs=dumps)
     raise typer.Exit(opt.check_exit(report))
 
 
-@opt.command(app, overrides=True, svg=True)
+@opt.command(app, overrides=True, svg=True, report=True, rows=(opt.CellsOpt, 256))
 def provenance(
-    dump: opt.DumpArg,
+    dumps: opt.ProvenanceDumpsArg,
     slot: opt.SlotOpt = None,
     row: opt.RowOpt = None,
     space: opt.SpaceOpt = Space.FULL,
     group: opt.RoleGroupOpt = None,
     positions: opt.PositionsOpt = None,
-    max_rows: opt.CellsOpt = 256,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
+    to: ReportTo = opt.STDOUT,
     overrides: opt.Overrides = None,
 ) -> None:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
@@ -100,31 +76,55 @@ def provenance(
     translation, allocator state when the dump has free lists, and the findings touching it.
     A row map marks the cells with findings and says which positions it leaves out.
     """
+    if len(dumps) > 1:  # the slot over the dumps
+        history = api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
+        deliver(render.render_timeline(history, to.fmt), to.file, force=to.force, inputs=dumps)
+        return
     answer = api.provenance(
-        dump,
+        dumps[0],
         slot=slot,
         row=row,
         space=space.value,
         group=None if group is None else group.value,
         positions=opt.parse_positions(positions),
-        max_cells=max_rows,
+        max_cells=to.rows,
         overrides=overrides,
     )
-    rendered = render.render_provenance(answer, output_format, max_rows=max_rows)
-    deliver(rendered, output, force=force, inputs=[dump])
+    rendered = render.render_provenance(answer, to.fmt, max_rows=to.rows)
+    deliver(rendered, to.file, force=to.force, inputs=dumps)
 
 
-@opt.command(app, overrides=True, svg=True)
+@opt.command(app, svg=True, report=True, rows=(opt.ChangeRowsOpt, 10))
+def timeline(dumps: opt.SequenceArg, to: ReportTo = opt.STDOUT) -> None:
+    """What changed between dumps of one rank, and when: requests, slot owners, LUT, SWA leak.
+
+    Each event (use-after-free, double-allocation, lut-rewritten, swa-leak) with its slots or
+    pages, the steps it happened between and its cause; the dump each finding first appears
+    in. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
+    """
+    found = api.timeline(dumps)
+    deliver(render.render_timeline(found, to.fmt, to.rows), to.file, force=to.force, inputs=dumps)
+    raise typer.Exit(opt.timeline_exit(found))
+
+
+@opt.command(app, svg=True, report=True, rows=(opt.ChangeRowsOpt, 10))
+def diff(old: opt.OldArg, new: opt.NewArg, to: ReportTo = opt.STDOUT) -> None:
+    """What changed from OLD to NEW, two dumps of one rank: the timeline of two dumps.
+
+    Per request born, grew, finished, row reused; per slot owner changes; the events."""
+    found, inputs = api.diff(old, new), [old, new]
+    deliver(render.render_timeline(found, to.fmt, to.rows), to.file, force=to.force, inputs=inputs)
+    raise typer.Exit(opt.timeline_exit(found))
+
+
+@opt.command(app, overrides=True, svg=True, report=True, rows=(opt.ViolationRowsOpt, 20))
 def violations(
     sources: opt.SourcesArg,
     replay: opt.ReplayOpt = False,
     group: opt.ViolationGroupOpt = None,
     buffer: opt.BufferOpt = None,
     dump: opt.JoinDumpOpt = None,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    max_rows: opt.ViolationRowsOpt = 20,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
+    to: ReportTo = opt.STDOUT,
     overrides: opt.Overrides = None,
 ) -> None:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
@@ -134,8 +134,8 @@ def violations(
     report = api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
     )
-    rendered = render.render_violations(report, output_format, max_rows=max_rows)
-    deliver(rendered, output, force=force, inputs=opt.input_files(sources, dump))
+    rendered = render.render_violations(report, to.fmt, max_rows=to.rows)
+    deliver(rendered, to.file, force=to.force, inputs=opt.input_files(sources, dump))
     raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
 
 
@@ -168,18 +168,13 @@ def plan(
         fail(run.problem, ExitCode.FINDINGS)
 
 
-@opt.command(app, svg=True)
-def inspect(
-    dump: opt.DumpArg,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-) -> None:
+@opt.command(app, svg=True, report=True)
+def inspect(dump: opt.DumpArg, to: ReportTo = opt.STDOUT) -> None:
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
     Validates the file on the way: a malformed dump gets one error line, exit 2."""
-    described = render.render_inspect(api.inspect(dump), output_format)
-    deliver(described, output, force=force, inputs=[dump])
+    described = render.render_inspect(api.inspect(dump), to.fmt)
+    deliver(described, to.file, force=to.force, inputs=[dump])
 
 
 @opt.command(app, overrides=True)
@@ -199,7 +194,7 @@ def shrink(
     tell("\n".join(api.shrink(dump, out, overrides=overrides, force=force).summary_lines()))
 
 
-@opt.command(app)
+@opt.command(app, sequence=True)
 def synth(
     scenario: opt.ScenarioArg = None,
     out: opt.SynthOutOpt = None,
@@ -209,27 +204,27 @@ def synth(
     force: opt.ForceOpt = False,
     log: opt.SynthLogOpt = None,
     page_size: opt.SynthPageSizeOpt = None,
+    sequence: Mapping[str, int | None] = opt.NO_SEQUENCE,
 ) -> None:
     """Generate a realistic dump: a clean serving state or one bug class of the canary.
 
-    Its metadata names the findings `check` must report and the cause it must rank first."""
+    Its metadata names the findings `check` must report and the cause it must rank first.
+    With --steps K: K dumps of one rank, one event planted (the truth in their metadata)."""
     if list_:
         tell("\n".join(api.scenarios()))
         return
     wrote = api.synth(
-        scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size
+        scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size, **sequence
     )
     tell(printable(wrote), on_stderr=str(out) == "-")
 
 
-@opt.command(app, svg=True)
+@opt.command(app, svg=True, report=True)
 def selftest(
     sglang: opt.SGLangOpt = False,
     size: opt.SelftestSizeOpt = "tiny",
     seed: opt.SeedOpt = 0,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
+    to: ReportTo = opt.STDOUT,
 ) -> None:
     """Compare kvcanary's planners (and, with --sglang, your SGLang) on every synth scenario.
 
@@ -237,13 +232,10 @@ def selftest(
     disagree. Exit 0 on full agreement, 1 on any difference.
     """
     report = api.selftest(sglang=sglang, size=size, seed=seed)
-    deliver(render.render_selftest(report, output_format), output, force=force)
+    deliver(render.render_selftest(report, to.fmt), to.file, force=to.force)
     raise typer.Exit(ExitCode.CLEAN if report.agree else ExitCode.FINDINGS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point. One OpenMP thread (torch's, where SGLang's planners run)
-    unless the user chose: on CPU-quota'd containers extra threads spin against each other
-    (seen: a 121K-element arange 50x slower with 2 threads than with 1)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    """Console-script entry point (`cli_options.run`: the threads, the one-line errors)."""
     opt.run(app, argv)

@@ -10,10 +10,12 @@ import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from inspect import Parameter, signature
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -21,7 +23,7 @@ import typer.main
 from typer.core import TyperGroup
 
 from kvcanary_cli import __version__
-from kvcanary_cli.analysis.model import CheckReport, Severity, Space
+from kvcanary_cli.analysis.model import CheckReport, Severity, Space, TimelineReport
 from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.dump.streams import (
     STANDARD_OUTPUT_NAME,
@@ -38,18 +40,27 @@ from kvcanary_cli.safe_text import printable
 
 __all__ = [
     "APP_HELP",
+    "APP_SETTINGS",
+    "NO_SEQUENCE",
+    "STDOUT",
     "Buffer",
     "ExitCode",
     "GroupChoice",
     "OneLineErrors",
+    "ReportTo",
     "check_exit",
     "command",
     "fail",
     "input_files",
+    "make_app",
     "parse_positions",
+    "root",
     "run",
+    "timeline_exit",
     "to_stdout",
+    "with_report_options",
     "with_scalar_overrides",
+    "with_sequence_options",
     "with_svg",
 ]
 
@@ -175,6 +186,11 @@ def check_exit(report: CheckReport) -> ExitCode:
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
 
 
+def timeline_exit(report: TimelineReport) -> ExitCode:
+    """`timeline`'s and `diff`'s exit code: 1 on an event or an error finding."""
+    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+
+
 def input_files(sources: Sequence[str], dump: str | os.PathLike[str] | None) -> list[str]:
     """What a command read (`-`: standard input's file), which its `--output` may not replace."""
     return [*sources, *([os.fspath(dump)] if dump is not None else [])]
@@ -205,7 +221,12 @@ def internal_error(exc: Exception) -> NoReturn:
 
 def run(app: typer.Typer, args: Sequence[str] | None) -> None:
     """Run `app` as `kvcanary`. Typer builds the click command first (from the commands'
-    signatures): a failure there is a bug too, and ends in the same one line, exit 3."""
+    signatures): a failure there is a bug too, and ends in the same one line, exit 3.
+
+    One OpenMP thread (torch's, where SGLang's planners run) unless the user chose: on
+    CPU-quota'd containers extra threads spin against each other (seen: a 121K-element arange
+    50x slower with 2 threads than with 1)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     prepare_standard_streams()
     try:
         command = typer.main.get_command(app)
@@ -267,18 +288,137 @@ class OneLineErrors(TyperGroup):
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
 
 
+#: How the `kvcanary` app is built (`make_app`): one-line errors, no rich markup or tracebacks
+#: of typer's own, and `kvcanary` alone shows the help.
+APP_SETTINGS: dict[str, Any] = {
+    "name": "kvcanary",
+    "cls": OneLineErrors,
+    "invoke_without_command": True,
+    "pretty_exceptions_enable": False,
+    "pretty_exceptions_show_locals": False,
+    "rich_markup_mode": None,
+    "help": APP_HELP,
+}
+
+
+def make_app() -> typer.Typer:
+    """The `kvcanary` app, before its commands: built with `APP_SETTINGS`, `root` its
+    callback."""
+    app = typer.Typer(**APP_SETTINGS)
+    app.callback()(root)
+    return app
+
+
+def root(ctx: typer.Context, version: VersionOpt = False) -> None:
+    """Diagnose KV-cache dumps of SGLang's kv canary (`kvcanary` alone: the help, as a usage
+    error)."""
+    if ctx.invoked_subcommand is None:
+        write_standard_error(ctx.get_help())
+        raise typer.Exit(ExitCode.BAD_INPUT)
+
+
 def command(
-    app: typer.Typer, *, overrides: bool = False, svg: bool = False
+    app: typer.Typer,
+    *,
+    overrides: bool = False,
+    svg: bool = False,
+    report: bool = False,
+    rows: tuple[Any, int] | None = None,
+    sequence: bool = False,
 ) -> Callable[[_Command], _Command]:
-    """`@app.command()`, with `--svg FILE` (`with_svg`) and the scalar overrides
-    (`with_scalar_overrides`) when asked."""
+    """`@app.command()`, with what it asks for: `--format`, `--output`, `--force` and with
+    `rows` an annotated `--max-rows` and its default (`with_report_options`), `--svg FILE`
+    (`with_svg`), the scalar overrides (`with_scalar_overrides`), `synth`'s `--steps`, `--at`
+    and `--every` (`with_sequence_options`)."""
 
     def register(function: _Command) -> _Command:
-        wrapped: Callable[..., None] = with_svg(function) if svg else function
+        wrapped: Callable[..., None] = function
+        if report:
+            wrapped = with_report_options(wrapped, rows)
+        if sequence:
+            wrapped = with_sequence_options(wrapped)
+        if svg:
+            wrapped = with_svg(wrapped)
         app.command()(with_scalar_overrides(wrapped) if overrides else wrapped)
         return function
 
     return register
+
+
+@dataclass(frozen=True)
+class ReportTo:
+    """Where a command's report goes: its format, its file (None or `-`: standard output),
+    whether an existing file may be replaced, and how many rows its table and Markdown views
+    list (`with_report_options`)."""
+
+    fmt: OutputFormat = OutputFormat.TABLE
+    file: Path | None = None
+    force: bool = False
+    rows: int = 0
+
+
+#: A report as a table on standard output: what a command called without options prints.
+STDOUT = ReportTo()
+
+
+def _with_parameters(
+    command: Callable[..., None], added: list[Parameter], passed: Callable[[dict[str, Any]], Any]
+) -> Callable[..., None]:
+    """`command` with `added` options in its signature before `overrides` (or at its end);
+    what `passed` makes of their values goes to it as its parameter `to` or `sequence`."""
+    declared = signature(command, eval_str=True)
+    names = {p.name for p in added}
+    target = "to" if "to" in declared.parameters else "sequence"
+    params = [p for p in declared.parameters.values() if p.name != target]
+    at = next((i for i, p in enumerate(params) if p.name == "overrides"), len(params))
+    params[at:at] = added
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name in names}
+        command(**{target: passed(values)}, **kwargs)
+
+    wrapper.__signature__ = declared.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+def with_report_options(
+    command: Callable[..., None], rows: tuple[Any, int] | None = None
+) -> Callable[..., None]:
+    """Give a reporting command `--format`, `--output` and `--force` (and with `rows`, an
+    annotated `--max-rows` option and its default), passed to it as one `to: ReportTo`, as
+    `with_scalar_overrides` gives the scalars."""
+    kind = Parameter.POSITIONAL_OR_KEYWORD
+    added = [
+        Parameter("output_format", kind, default=OutputFormat.TABLE, annotation=FormatOpt),
+        Parameter("output", kind, default=None, annotation=OutputOpt),
+        Parameter("force", kind, default=False, annotation=ForceOpt),
+    ]
+    if rows is not None:
+        added.insert(0, Parameter("max_rows", kind, default=rows[1], annotation=rows[0]))
+
+    def to(values: dict[str, Any]) -> ReportTo:
+        fmt, file, force = values["output_format"], values["output"], values["force"]
+        return ReportTo(fmt, file, force, values.get("max_rows", 0))
+
+    return _with_parameters(command, added, to)
+
+
+def with_sequence_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `synth` `--steps`, `--at` and `--every`, passed to it as one `sequence` dict of
+    `api.synth`'s keyword arguments of the same names."""
+    kind = Parameter.POSITIONAL_OR_KEYWORD
+    added = [
+        Parameter("steps", kind, default=None, annotation=StepsOpt),
+        Parameter("at", kind, default=None, annotation=AtOpt),
+        Parameter("every", kind, default=1, annotation=EveryOpt),
+    ]
+    return _with_parameters(command, added, dict)
+
+
+#: `synth` without --steps: no sequence options.
+NO_SEQUENCE: Mapping[str, int | None] = MappingProxyType({})
 
 
 def with_svg(command: Callable[..., None]) -> Callable[..., None]:
@@ -371,6 +511,41 @@ DumpsArg = Annotated[
         help="One or more .safetensors dumps (one per rank, say).",
         show_default=False,
         metavar="DUMP",
+    ),
+]
+SequenceArg = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Two or more dumps of one rank, in any order: they are read by their step.",
+        show_default=False,
+        metavar="DUMP",
+    ),
+]
+OldArg = Annotated[
+    Path,
+    typer.Argument(help="The earlier dump.", show_default=False, metavar="OLD"),
+]
+NewArg = Annotated[
+    Path,
+    typer.Argument(help="The later dump, of the same rank.", show_default=False, metavar="NEW"),
+]
+ProvenanceDumpsArg = Annotated[
+    list[Path],
+    typer.Argument(
+        help="A dump; or several of one rank, with --slot: the slot's owners over time.",
+        show_default=False,
+        metavar="DUMP",
+    ),
+]
+ChangeRowsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-rows",
+        **integer(
+            "Owner changes listed (diff) in table and markdown output (JSON lists them all).",
+            1,
+            metavar="N",
+        ),
     ),
 ]
 #: `--kernel` and `--backend` names of earlier versions: the vectorized planner ran on torch.
@@ -557,7 +732,43 @@ ScenarioArg = Annotated[
     str | None,
     typer.Argument(help="Scenario name (see --list).", show_default=False, metavar="SCENARIO"),
 ]
-SynthOutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Dump file to write.")]
+SynthOutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="Dump file to write (with --steps: a folder)."),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--steps",
+        **integer(
+            "Write K dumps of one rank into the --out folder: SCENARIO is then a sequence "
+            "(see --list), its event planted at --at.",
+            2,
+            64,
+            metavar="K",
+        ),
+        show_default=False,
+    ),
+]
+AtOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--at",
+        **integer(
+            "With --steps: the forward step the event happens at (default: the middle dump's).",
+            1,
+            metavar="STEP",
+        ),
+        show_default=False,
+    ),
+]
+EveryOpt = Annotated[
+    int,
+    typer.Option(
+        "--every",
+        **integer("With --steps: forward steps between dumps.", 1, 64, metavar="N"),
+    ),
+]
 ShrinkOutOpt = Annotated[
     Path | None,
     typer.Option(

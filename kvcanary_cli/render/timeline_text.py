@@ -4,6 +4,8 @@ Pure functions of the record."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from kvcanary_cli.render.records.timeline import (
     EventRecord,
     IntervalRecord,
@@ -17,8 +19,10 @@ __all__ = [
     "dump_cells",
     "event_columns",
     "event_headline",
+    "event_lines",
     "event_rows",
     "finding_cells",
+    "folder",
     "headline",
     "interval_cells",
     "interval_header",
@@ -44,13 +48,20 @@ def _step(step: int | None, index: int) -> str:
     return f"#{index}" if step is None else str(step)
 
 
+def folder(record: TimelineRecord) -> str | None:
+    """The folder every dump is in, if they share one (the views then show file names)."""
+    parents = {str(PurePath(d["path"]).parent) for d in record["dumps"]}
+    return parents.pop() if len(parents) == 1 else None
+
+
 def headline(record: TimelineRecord) -> str:
-    """What was read: how many dumps, of which rank, over which steps."""
+    """What was read: how many dumps, of which rank, over which steps, from where."""
     dumps = record["dumps"]
     rank = "rank ?" if record["rank"] is None else f"rank {record['rank']}"
     span = f"steps {_step(dumps[0]['step'], 0)} to {_step(dumps[-1]['step'], len(dumps) - 1)}"
-    checked = "; each dump checked as check --kernel none" if record["checked"] else ""
-    return f"{len(dumps)} dumps of {rank}, {span}{checked}"
+    where = "" if folder(record) is None else f" in {folder(record)}"
+    checked = "; each checked as check --kernel none" if record["checked"] else ""
+    return f"{len(dumps)} dumps of {rank}, {span}{where}{checked}"
 
 
 def verdict_text(record: TimelineRecord) -> str:
@@ -84,8 +95,9 @@ def rows_text(rows: list[int], limit: int = 6) -> str:
     return f"{len(rows)}: {shown}{more}"
 
 
-def dump_cells(d: TimelineDumpRecord) -> list[str]:
-    """A dump's row: index, step, requests, live cells, free slots, leaked pages, findings."""
+def dump_cells(d: TimelineDumpRecord, *, name_only: bool = False) -> list[str]:
+    """A dump's row: index, step, requests, live cells, free slots, leaked pages, findings,
+    and its path (`name_only`: its file name)."""
     leaked = "-" if d["leaked_swa_pages"] is None else str(d["leaked_swa_pages"])
     findings = "-" if d["finding_cells"] is None else str(d["finding_cells"])
     if d["worst"] is not None:
@@ -100,7 +112,7 @@ def dump_cells(d: TimelineDumpRecord) -> list[str]:
         free,
         leaked,
         findings,
-        d["path"] + shrunk,
+        (PurePath(d["path"]).name if name_only else d["path"]) + shrunk,
     ]
 
 
@@ -117,7 +129,7 @@ def interval_cells(i: IntervalRecord) -> list[str]:
         rate = "" if i["leak_per_step"] is None else f" ({i['leak_per_step']:+.3g}/step)"
         leak = f"{i['leak_delta']:+d}{rate}"
     changes = len(i["owner_changes"]["slot"])
-    allocated = f"{i['allocated_from_free']} free"
+    allocated = f"{i['allocated_from_free']} from free list"
     if i["allocated_unseen"]:
         allocated += f", {i['allocated_unseen']} unseen"
     if changes:
@@ -139,18 +151,30 @@ def interval_cells(i: IntervalRecord) -> list[str]:
 
 def event_headline(e: EventRecord) -> str:
     """`use-after-free in steps (3, 4] (dumps 2 → 3): 1 full slot · cause use-after-free`."""
-    findings = f" · findings {', '.join(e['findings'])}" if e["findings"] else ""
     return (
         f"{e['kind']} in {steps_text(e['after_step'], e['at_step'])} (dumps {e['from_dump']} → "
-        f"{e['to_dump']}): {_count(e)} · cause {e['cause']}{findings}"
+        f"{e['to_dump']}): {_count(e)} · cause {e['cause']}"
     )
+
+
+def event_lines(e: EventRecord) -> list[str]:
+    """What the event is, and the findings of its dump on its slots."""
+    lines = [e["message"]]
+    if e["findings"]:
+        lines.append(f"findings of dump {e['to_dump']} on them: {', '.join(e['findings'])}")
+    return lines
+
+
+def _paged(e: EventRecord) -> bool:
+    """Pages differ from slots (a page size above 1): the page column says something."""
+    return e["cells"]["extra"].get("page", []) != e["cells"]["slot"]
 
 
 def event_columns(e: EventRecord) -> list[str]:
     """Column names of an event's cells."""
     if e["kind"] == "swa-leak":
         return ["SWA page", "first slot"]
-    base = ["slot", "page", "pool row", "position"]
+    base = ["slot", *(["page"] if _paged(e) else []), "pool row", "position"]
     if e["kind"] == "lut-rewritten":
         return [*base, "SWA slot before", "after"]
     if "other_pool_row" in e["cells"]["extra"]:
@@ -169,7 +193,7 @@ def event_rows(e: EventRecord, limit: int = EVENT_ROWS) -> tuple[list[list[str]]
             continue
         row = [
             str(cells["slot"][i]),
-            str(extra["page"][i]),
+            *([str(extra["page"][i])] if _paged(e) else []),
             str(cells["pool_row"][i]),
             str(cells["position"][i]),
         ]

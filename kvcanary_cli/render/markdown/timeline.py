@@ -9,8 +9,10 @@ from kvcanary_cli.render.timeline_text import (
     dump_cells,
     event_columns,
     event_headline,
+    event_lines,
     event_rows,
     finding_cells,
+    folder,
     headline,
     interval_cells,
     interval_header,
@@ -37,17 +39,19 @@ def timeline_markdown(record: TimelineRecord, *, max_rows: int = 10) -> str:
     ]
     for event in record["events"]:
         parts.append(f"### {text(event_headline(event))}")
-        parts.append(text(event["message"]))
+        parts.append("\n".join(f"- {text(line)}" for line in event_lines(event)))
         rows, more = event_rows(event)
         columns = event_columns(event)
         parts.append(_table(columns, rows, right=set(range(len(columns)))))
         if more:
             parts.append(f"… and {more} more (`--format json` lists them all)")
     parts.append("### Dumps")
-    header = ["#", "step", "requests", "live cells", "free slots", "leaked pages", "findings"]
-    rows = [dump_cells(d) for d in record["dumps"]]
+    header = ["#", "step", "requests", "cells", "free", "leaked", "findings"]
+    short = folder(record) is not None
+    rows = [dump_cells(d, name_only=short) for d in record["dumps"]]
     cells = [[*(text(c) for c in row[:-1]), code(row[-1])] for row in rows]
-    parts.append(table([text(h) for h in [*header, "path"]], cells, right={0, 1, 2, 3, 4, 5}))
+    names = [text(h) for h in [*header, "file" if short else "path"]]
+    parts.append(table(names, cells, right={0, 1, 2, 3, 4, 5}))
     if record["intervals"]:
         parts.append("### Between dumps (pool rows)")
         parts.append(_table(interval_header(), [interval_cells(i) for i in record["intervals"]]))

@@ -15,8 +15,10 @@ from kvcanary_cli.render.timeline_text import (
     dump_cells,
     event_columns,
     event_headline,
+    event_lines,
     event_rows,
     finding_cells,
+    folder,
     headline,
     interval_cells,
     interval_header,
@@ -28,13 +30,16 @@ from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["timeline_table"]
 
-_RIGHT = {"#", "step", "requests", "live cells", "free slots", "leaked pages", "+cells"}
+_RIGHT = {"#", "step", "requests", "cells", "free", "leaked", "+cells"}
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     grid = Table(title=title, title_justify="left")
     for name in header:
-        grid.add_column(name, justify="right" if name in _RIGHT else "left")
+        if name in ("path", "file"):
+            grid.add_column(name, overflow="fold")
+        else:
+            grid.add_column(name, justify="right" if name in _RIGHT else "left")
     for row in rows:
         grid.add_row(*(_t(c) for c in row))
     return grid
@@ -47,9 +52,10 @@ def timeline_table(record: TimelineRecord, *, max_rows: int = 10) -> RenderableT
     (`diff`); with more, their count is in the intervals' table."""
     record = printable_record(record)
     parts: list[RenderableType] = [Text("kvcanary timeline: " + headline(record), style="bold")]
-    dumps = [dump_cells(d) for d in record["dumps"]]
-    header = ["#", "step", "requests", "live cells", "free slots", "leaked pages", "findings"]
-    parts.append(_table("dumps", [*header, "path"], dumps))
+    short = folder(record) is not None
+    dumps = [dump_cells(d, name_only=short) for d in record["dumps"]]
+    header = ["#", "step", "requests", "cells", "free", "leaked", "findings"]
+    parts.append(_table("dumps", [*header, "file" if short else "path"], dumps))
     if record["intervals"]:
         rows = [interval_cells(i) for i in record["intervals"]]
         parts.append(_table("between dumps (pool rows)", interval_header(), rows))
@@ -62,7 +68,7 @@ def timeline_table(record: TimelineRecord, *, max_rows: int = 10) -> RenderableT
                 parts.append(Text(f"… and {more} more"))
     for event in record["events"]:
         parts.append(Text("✗ " + event_headline(event), style="bold red"))
-        parts.append(indented([("", Text(event["message"]))], indent=4))
+        parts.append(indented([("", Text(line)) for line in event_lines(event)], indent=4))
         rows, more = event_rows(event)
         parts.append(_table("", event_columns(event), rows))
         if more:

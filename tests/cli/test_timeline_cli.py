@@ -1,0 +1,172 @@
+"""`kvcanary timeline`, `diff`, `provenance --slot` over several dumps and `synth --steps` from
+the command line: exit codes, every format, one error line for what is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.synth.sequence import PLANTED_KEY, write_sequence
+from tests.render.md_tables import tables
+from tests.render.record_schema import RECORDS, validate
+from tests.test_layering import _run_and_list_imports
+
+
+def run(*args: object) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def uaf(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return write_sequence("use-after-free", tmp_path_factory.mktemp("uaf"), steps=5, seed=1)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return write_sequence("clean-swa", tmp_path_factory.mktemp("clean"), steps=4, seed=1)
+
+
+def _record(result: Result) -> dict[str, object]:
+    record: dict[str, object] = json.loads(result.stdout)
+    assert validate(record, RECORDS["kvcanary.timeline/1"]) == []
+    return record
+
+
+def test_an_event_exits_1_in_every_format(uaf: list[Path]) -> None:
+    truth = json.loads(load_dump(uaf[-1]).metadata[PLANTED_KEY])
+    table = run("timeline", *reversed(uaf))  # any order: read by step
+    assert table.exit_code == 1, table.stderr
+    assert f"use-after-free in steps ({truth['after_step']}, {truth['at_step']}]" in table.stdout
+    assert str(truth["slots"][0]) in table.stdout
+    record = _record(run("timeline", *uaf, "-f", "json"))
+    assert record["verdict"] == "events"
+    markdown = run("timeline", *uaf, "--format", "markdown")
+    assert markdown.exit_code == 1 and "## kvcanary timeline" in markdown.stdout
+    event_table = next(t for t in tables(markdown.stdout) if t[1][0] == "slot")
+    assert event_table[2][0][0] == str(truth["slots"][0])
+
+
+def test_a_clean_sequence_exits_0(clean: list[Path]) -> None:
+    result = run("timeline", *clean)
+    assert result.exit_code == 0 and "no event, no error finding" in result.stdout
+    record = _record(run("timeline", *clean, "-f", "json"))
+    assert record["verdict"] == "clean" and record["events"] == []
+
+
+def test_diff_lists_owner_changes_and_writes_a_file(clean: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "diff.md"
+    result = run("diff", clean[0], clean[-1], "-f", "markdown", "-o", out)
+    assert result.exit_code == 0 and out.read_text().startswith("## kvcanary timeline")
+    again = run("diff", clean[0], clean[-1], "-f", "markdown", "-o", out)
+    assert again.exit_code == 2 and "--force" in again.stderr
+    assert run("diff", clean[0], clean[-1], "-o", out, "--force").exit_code == 0
+    record = _record(run("diff", clean[0], clean[-1], "-f", "json", "--max-rows", "1"))
+    assert len(record["intervals"]) == 1  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["timeline", "{0}"], "give two dumps or more"),
+        (["diff", "{1}", "{0}"], "give the older dump first"),
+        (["timeline", "{0}", "{0}"], "two dumps of one step"),
+        (["provenance", "--row", "3", "{0}", "{1}"], "over several dumps, give --slot N"),
+        (["timeline", "{0}", "missing.safetensors"], "missing.safetensors"),
+    ],
+)
+def test_refusals_are_one_line_exit_2(uaf: list[Path], args: list[str], message: str) -> None:
+    result = run(*(a.format(*uaf) for a in args))
+    assert result.exit_code == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+def test_a_mix_of_ranks_is_one_line(uaf: list[Path], tmp_path: Path) -> None:
+    other = tmp_path / "rank1.safetensors"
+    dump = load_dump(uaf[1])
+    tensors = {
+        "req_to_token": dump.req_to_token.array(),
+        "req_pool_indices": dump.req_pool_indices,
+        "prefix_lens": dump.prefix_lens,
+    }
+    write_dump(other, dump_contents({**dump.metadata, "rank": "1", "step": "9"}, tensors))
+    del dump
+    result = run("timeline", *uaf, other)
+    assert result.exit_code == 2 and "a timeline reads one rank's dumps" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_provenance_over_several_dumps(uaf: list[Path]) -> None:
+    truth = json.loads(load_dump(uaf[-1]).metadata[PLANTED_KEY])
+    slot = truth["slots"][0]
+    result = run("provenance", "--slot", slot, *uaf, "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    record = _record(result)
+    moments = record["slot"]["moments"]  # type: ignore[index]
+    states = [m["state"] for m in moments]
+    assert states[truth["dump"]] == "held and free" and states[0] == "held"
+    assert [e["kind"] for e in record["events"]] == ["use-after-free"]  # type: ignore[attr-defined]
+    table = run("provenance", "--slot", slot, *uaf)
+    assert f"full slot {slot} over the dumps" in table.stdout
+    one = run("provenance", "--slot", slot, uaf[0], "-f", "json")  # one dump: as before
+    assert json.loads(one.stdout)["schema"] == "kvcanary.provenance/2"
+
+
+def test_synth_steps_writes_the_sequence(tmp_path: Path) -> None:
+    folder = tmp_path / "seq"
+    result = run("synth", "swa-leak", "--steps", 4, "--at", 3, "--every", 2, "-o", folder)
+    assert result.exit_code == 0, result.stderr
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [f"kvcanary-rank0-step{s:06d}.safetensors" for s in (2, 4, 6, 8)]
+    assert "wrote 4 dumps" in result.stdout
+    again = run("synth", "swa-leak", "--steps", 4, "-o", folder)
+    assert again.exit_code == 2 and "--force" in again.stderr
+    assert run("synth", "swa-leak", "--steps", 4, "-o", folder, "--force").exit_code == 0
+    listed = run("synth", "--list").stdout
+    assert "sequences (--steps K -o DIR):" in listed and "lut-rewritten" in listed
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["synth", "clean", "--at", "3", "-o", "x.safetensors"],
+            "--at and --every go with --steps",
+        ),
+        (["synth", "clean", "--steps", "3", "--at", "9", "-o", "{dir}"], "at or before the last"),
+        (["synth", "clean", "--steps", "1", "-o", "{dir}"], "1 is below 2"),
+        (["synth", "clean", "--steps", "3", "-o", "{file}"], "is not a folder"),
+        (["synth", "clean", "--steps", "3"], "give a SEQUENCE and --out FOLDER"),
+        (["synth", "truncated-lut", "--steps", "3", "-o", "{dir}"], "unknown sequence"),
+    ],
+)
+def test_synth_steps_refusals(tmp_path: Path, args: list[str], message: str) -> None:
+    file = tmp_path / "file"
+    file.write_text("x")
+    result = run(*(a.format(dir=tmp_path / "d", file=file) for a in args))
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+def test_timeline_help_and_run_stay_light(uaf: list[Path]) -> None:
+    """--help imports no numpy; a timeline (checks included) never imports torch on a CPU."""
+    imported, code = _run_and_list_imports(["timeline", "--help"])
+    assert imported == [] and code == 0
+    imported, code = _run_and_list_imports(["timeline", *map(str, uaf)])
+    assert "torch" not in imported and code == 1
+
+
+def test_the_example_sequence() -> None:
+    """examples/timeline-use-after-free: what examples/README.md says it shows."""
+    folder = Path(__file__).resolve().parents[2] / "examples" / "timeline-use-after-free"
+    record = _record(run("timeline", *sorted(folder.glob("*.safetensors")), "-f", "json"))
+    events = record["events"]
+    assert isinstance(events, list) and len(events) == 1
+    event = events[0]
+    assert (event["kind"], event["after_step"], event["at_step"]) == ("use-after-free", 2, 3)
+    cells = event["cells"]
+    assert (cells["slot"], cells["pool_row"], cells["position"]) == ([282], [8], [1])
