@@ -120,3 +120,37 @@ def test_the_benchmark_explains_itself() -> None:
     )
     assert shown.returncode == 0, shown.stderr
     assert "--truncated-lut" in shown.stdout and "parts for --skip" in shown.stdout
+
+
+#: What bench/timeline.py measures (whole processes) and the ratios the target is stated in.
+TIMELINE_PROCESSES = ["checks", "checks_none", "timeline", "provenance_slot"]
+TIMELINE_RATIOS = [
+    "timeline_over_checks",
+    "timeline_over_checks_none",
+    "provenance_slot_over_checks_none",
+    "timeline_rss_over_one_check_rss",
+    "timeline_rss_over_one_check_none_rss",
+    "timeline_rss_over_two_tables",
+    "timeline_rss_gib",
+]
+
+
+@pytest.mark.slow
+def test_the_timeline_benchmark_records_its_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "timeline.json"
+    argv = ["--size", "tiny", "--repeat", "1", "--json", str(out), "--cache", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "timeline.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    for name in TIMELINE_PROCESSES:
+        _seconds(record["metrics"][name])
+        assert record["metrics"][name]["peak_rss_bytes"] > 0
+    # the planted leak: every check and the timeline find it (exit 1); provenance exits 0
+    assert [record["metrics"][n]["exit_code"] for n in TIMELINE_PROCESSES] == [1, 1, 1, 0]
+    assert all(math.isfinite(record["ratios"][n]) for n in TIMELINE_RATIOS)
+    assert len(record["dumps"]) == 4 and "timeline_over_checks" in done.stdout
