@@ -619,10 +619,12 @@ class _Tracker:
             cells = hit[start == since]
             held = int(np.count_nonzero(cont[cells]))
             after = self.steps[since]
+            how = [f"{held} held since dump {since}"] if held else []
+            if cells.size > held:
+                how.append(f"{cells.size - held} handed out since, still listed free")
             what = (
-                f"{cells.size} slot(s) on the full free list while a request still holds them"
-                f" ({held} held since dump {since}, {cells.size - held} handed out since): "
-                f"freed {_steps(after, b.step)}"
+                f"{cells.size} slot(s) on the full free list while a request still holds them "
+                f"({', '.join(how)}): freed {_steps(after, b.step)}"
             )
             found.append(self._event(EventKind.USE_AFTER_FREE, Space.FULL, since, b, cells, what))
         return found
