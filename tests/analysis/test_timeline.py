@@ -482,3 +482,49 @@ def test_radix_sharing_is_one_owner(tmp_path: Path) -> None:
     copied = _pair_dump(tmp_path / "c.safetensors", 3, {1: [10, 11, 12], 2: [10, 12, 14]}, [15])
     (event,) = timeline([old, copied], planner=PLANNER).events
     assert event.kind is EventKind.DOUBLE_ALLOCATION and event.cells.slot.tolist() == [12]  # type: ignore[union-attr]
+
+
+# --- hostile dumps -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_seeds(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    from tests.fuzz.seeds import load_seeds, write_seeds
+
+    folder = tmp_path_factory.mktemp("seeds")
+    write_seeds(folder)
+    return load_seeds(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["data", "length", "crowded"])
+def test_corrupt_values_between_two_dumps(
+    tmp_path: Path, fuzz_seeds: list[Any], family: str
+) -> None:
+    """A seed, then one of its mutants whose values only are corrupt (every fourth of the
+    corpus): the timeline reports (its checks find what is wrong) or refuses the mutant with
+    bad input exactly when loading it does; it never fails otherwise."""
+    from tests.fuzz.mutants import Seed, corpus, frame
+
+    runs = [(seed, mutant) for seed in fuzz_seeds for mutant in corpus([seed], family)]
+    for seed, mutant in runs[::4]:
+        first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+        header = json.loads(json.dumps(seed.header))
+        header["__metadata__"].pop("step", None)
+        step = Seed.parse("mutant", mutant.blob).metadata.get("step")
+        if step is not None:  # the seed one step before its mutant
+            header["__metadata__"]["step"] = str(int(step) - 1)
+        first.write_bytes(frame(json.dumps(header).encode(), seed.data))
+        second.write_bytes(mutant.blob)
+        try:
+            load_dump(second)
+        except DumpError:
+            with pytest.raises(DumpError):
+                timeline([first, second], planner=PLANNER)
+            continue
+        try:
+            report = timeline([first, second], planner=PLANNER)
+        except DumpError as exc:  # another pool than the seed's: one line, as documented
+            assert "a timeline reads one rank's pools" in str(exc), (mutant.kind, exc)
+            continue
+        assert len(report.dumps) == 2, mutant.kind
