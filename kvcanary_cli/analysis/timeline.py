@@ -418,12 +418,20 @@ class _Rows:
     length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     hash: np.ndarray = field(default_factory=lambda: np.zeros(0, _U))
 
-    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(seen before, index into the registry) of each row."""
-        at = np.searchsorted(self.rows, rows)
-        safe = np.minimum(at, max(self.rows.size - 1, 0))
-        seen = (at < self.rows.size) & (self.rows[safe] == rows) if self.rows.size else at < 0
-        return seen, safe
+    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For each row: seen before, and its last dump, length and hash (-1, 0, 0 unseen)."""
+        if self.rows.size == 0:
+            unseen = np.zeros(rows.shape, dtype=bool)
+            zeros = np.zeros(rows.shape, dtype=np.int64)
+            return unseen, zeros - 1, zeros, zeros.astype(_U)
+        at = np.minimum(np.searchsorted(self.rows, rows), self.rows.size - 1)
+        seen = self.rows[at] == rows
+        return (
+            seen,
+            np.where(seen, self.last[at], -1),
+            np.where(seen, self.length[at], 0),
+            np.where(seen, self.hash[at], _U(0)),
+        )
 
     def update(self, snap: Snapshot) -> None:
         keep = ~np.isin(self.rows, snap.rows)
@@ -552,12 +560,10 @@ class _Tracker:
     # --- one interval ----------------------------------------------------------------------
 
     def _compare(self, a: Snapshot, b: Snapshot) -> tuple[TimelineInterval, list[TimelineEvent]]:
-        seen, at = self.registry.lookup(b.rows)
-        last_len = np.where(seen, self.registry.length[at], 0)
+        seen, last, last_len, last_hash = self.registry.lookup(b.rows)
         cut = np.minimum(last_len, b.lengths)
-        same = seen & (b.lengths >= last_len) & (b.row_hash(cut) == self.registry.hash[at])
+        same = seen & (b.lengths >= last_len) & (b.row_hash(cut) == last_hash)
         in_a = _in(b.rows, a.rows)
-        last = np.where(seen, self.registry.last[at], -1)
         row_of_cell = b.row_of_cell
         cont = b.position < np.repeat(np.where(same, last_len, 0), b.lengths)
         # continuing cells of rows in `a`: the same cell there
@@ -659,7 +665,7 @@ class _Tracker:
         if holder.size == 0:
             return [], np.zeros(0, np.int64)
         was_free = _in(b.slot[holder], self.freed_live)
-        if a.free is not None and a.free_known is not None:
+        if a.free is not None and a.free_known is not None and a.slot.size:
             listed = mapped[holder] & a.free[a_cell[holder]] & a.free_known[a_cell[holder]]
             was_free |= listed
         found = []

@@ -528,3 +528,18 @@ def test_corrupt_values_between_two_dumps(
             assert "a timeline reads one rank's pools" in str(exc), (mutant.kind, exc)
             continue
         assert len(report.dumps) == 2, mutant.kind
+
+
+def test_a_batch_of_padding_rows_only(tmp_path: Path) -> None:
+    """No live cell in a dump (a padding-only batch): nothing to compare, nothing breaks."""
+    empty = _pair_dump(tmp_path / "a.safetensors", 1, {0: []}, [5, 6])
+    full = _pair_dump(tmp_path / "b.safetensors", 2, {1: [5, 6], 2: [6]}, [5])
+    again = _pair_dump(tmp_path / "c.safetensors", 3, {0: []}, [])
+    report = timeline([empty, full, again], planner=PLANNER)
+    first, second = report.intervals
+    assert first.born == (1, 2) and second.finished == (1, 2)
+    # slot 6 held twice, 5 held and listed free: both handed out since the empty dump
+    assert {e.kind for e in report.events} == {
+        EventKind.USE_AFTER_FREE,
+        EventKind.DOUBLE_ALLOCATION,
+    }
