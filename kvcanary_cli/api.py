@@ -263,7 +263,8 @@ def synth(
     dumps every `every` steps, an event planted at step `at`) and `out` a folder. Returns the
     line saying what was written."""
     if steps is not None:
-        return _synth_sequence(scenario, out, steps, seed, size, every or 1, at, page_size, force)
+        every = 1 if every is None else every
+        return _synth_sequence(scenario, out, steps, seed, size, every, at, page_size, force)
     if at is not None or every not in (None, 1):
         raise OptionError("--at and --every go with --steps K", option="--at/--every")
     from kvcanary_cli.dump.files import same_target
@@ -295,6 +296,13 @@ def _synth_sequence(
 ) -> str:
     from kvcanary_cli.synth.sequence import write_sequence
 
+    _integer(steps, "--steps", 2, 64)
+    _integer(every, "--every", 1, 64)
+    _integer(seed, "--seed", 0)
+    if at is not None:
+        _integer(at, "--at", 1)
+    if page_size is not None:
+        _integer(page_size, "--page-size", 1, 4096)
     if name is None or out is None or str(out) == "-":
         raise OptionError("give a SEQUENCE and --out FOLDER (or --list)", option="synth --steps")
     folder = Path(out)
@@ -320,7 +328,7 @@ def _synth_sequence(
 
 
 def timeline(
-    paths: Sequence[PathLike], *, overrides: Overrides = None, check: bool = True
+    paths: PathLike | Sequence[PathLike], *, overrides: Overrides = None, check: bool = True
 ) -> TimelineReport:
     """What changed between dumps of one rank (read in step order, one at a time): requests,
     slot owners, LUT entries, SWA leaks, and the events that break the allocator's contract,
@@ -329,7 +337,8 @@ def timeline(
     from kvcanary_cli.analysis.timeline import timeline as run_timeline
 
     planner = make_planner(PlannerChoice.VECTORIZED) if check else None
-    return run_timeline(list(paths), planner=planner, overrides=_dict(overrides))
+    many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    return run_timeline(many, planner=planner, overrides=_dict(overrides))
 
 
 def diff(old: PathLike, new: PathLike, *, overrides: Overrides = None) -> TimelineReport:
@@ -341,7 +350,7 @@ def diff(old: PathLike, new: PathLike, *, overrides: Overrides = None) -> Timeli
 
 
 def slot_history(
-    paths: Sequence[PathLike],
+    paths: PathLike | Sequence[PathLike],
     *,
     slot: int | None,
     row: int | None = None,
@@ -357,9 +366,10 @@ def slot_history(
         raise OptionError(
             "over several dumps, give --slot N (--row maps one dump's row)", option="--slot/--row"
         )
-    return run_timeline(
-        list(paths), planner=None, focus=(slot, Space(space)), overrides=_dict(overrides)
-    )
+    _integer(slot, "--slot", _INT64[0])
+    space = _one_of(space, [s.value for s in Space], "--space")
+    many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    return run_timeline(many, planner=None, focus=(slot, Space(space)), overrides=_dict(overrides))
 
 
 def _dict(overrides: Overrides) -> dict[str, int | str | None] | None:

@@ -170,3 +170,19 @@ def test_the_example_sequence() -> None:
     assert (event["kind"], event["after_step"], event["at_step"]) == ("use-after-free", 2, 3)
     cells = event["cells"]
     assert (cells["slot"], cells["pool_row"], cells["position"]) == ([282], [8], [1])
+
+
+def test_the_api_checks_what_the_command_line_checks(uaf: list[Path], tmp_path: Path) -> None:
+    from kvcanary_cli import api
+    from kvcanary_cli.errors import OptionError
+
+    with pytest.raises(OptionError, match="--slot"):
+        api.slot_history(uaf, slot=2**70)
+    with pytest.raises(OptionError, match="--space"):
+        api.slot_history(uaf, slot=1, space="both")
+    with pytest.raises(OptionError, match="--steps"):
+        api.synth("clean", tmp_path / "seq", steps=True)
+    with pytest.raises(OptionError, match="--every"):
+        api.synth("clean", tmp_path / "seq", steps=3, every=0)
+    with pytest.raises(OptionError, match="DUMP"):
+        api.timeline(uaf[0])  # one path: one dump, not one per character
