@@ -139,6 +139,7 @@ def order_dumps(paths: Sequence[PathLike], *, keep_order: bool) -> list[_Entry]:
                     f"records step {after.step}, as {before.path} does: two dumps of one step",
                     field="step",
                     path=str(after.path),
+                    hint="two triggers of the capture hook at one launch? give one of them",
                 )
             if after.step < before.step:
                 raise DumpError(

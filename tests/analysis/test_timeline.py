@@ -503,21 +503,24 @@ def test_corrupt_values_between_two_dumps(
 ) -> None:
     """A seed, then one of its mutants whose values only are corrupt (every fourth of the
     corpus): the timeline reports (its checks find what is wrong) or refuses the mutant with
-    bad input exactly when loading it does; it never fails otherwise."""
+    bad input exactly when checking it does; it never fails otherwise."""
     from tests.fuzz.mutants import Seed, corpus, frame
 
     runs = [(seed, mutant) for seed in fuzz_seeds for mutant in corpus([seed], family)]
     for seed, mutant in runs[::4]:
+        try:
+            step = Seed.parse("mutant", mutant.blob).metadata.get("step")
+        except ValueError:  # not a dump at all (a crowded log): not for a timeline
+            continue
         first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
         header = json.loads(json.dumps(seed.header))
         header["__metadata__"].pop("step", None)
-        step = Seed.parse("mutant", mutant.blob).metadata.get("step")
         if step is not None:  # the seed one step before its mutant
             header["__metadata__"]["step"] = str(int(step) - 1)
         first.write_bytes(frame(json.dumps(header).encode(), seed.data))
         second.write_bytes(mutant.blob)
         try:
-            load_dump(second)
+            run_check(load_dump(second), planner=PLANNER, kernel=None)
         except DumpError:
             with pytest.raises(DumpError):
                 timeline([first, second], planner=PLANNER)
