@@ -397,8 +397,8 @@ def _focus(snap: Snapshot, dump: KvDump, slot: int, space: Space) -> None:
         )
         for r, c in zip(rows[:MAX_OWNERS].tolist(), hit[:MAX_OWNERS].tolist(), strict=True)
     )
-    signatures = {(int(p), int(q)) for p, q in zip(snap.position[hit], snap.prev[hit], strict=True)}
-    snap.focus_owners = len(signatures)
+    pairs = np.stack([snap.position[hit], snap.prev[hit]], axis=1)
+    snap.focus_owners = int(np.unique(pairs, axis=0).shape[0]) if hit.size else 0
     snap.moment = SlotMoment(
         dump=snap.index,
         step=snap.step,
