@@ -9,7 +9,7 @@ without colour (`NO_COLOR`, a pipe, a file); colour only adds the severity's hue
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,6 +85,17 @@ def _by_char(marks: dict[int, str], start: int, step: int) -> dict[int, str]:
 
 def _scale_text(step: int) -> str:
     return "1 position per character" if step == 1 else f"{step} positions per character"
+
+
+def _code_entries(
+    letters: dict[str, tuple[str, str]], shown: Container[str]
+) -> list[tuple[str, str, str]]:
+    """Legend entries (glyph, style, meaning) of the finding codes whose letters are `shown`."""
+    return [
+        (letter, _mark_style(severity), f"{code} ({severity})")
+        for code, (letter, severity) in letters.items()
+        if letter in shown
+    ]
 
 
 def _legend(entries: list[tuple[str, str, str]], width: int) -> Iterator[Text]:
@@ -210,11 +221,7 @@ class RowStrip:
         yield strip
         yield Text(" " * _INDENT) + _scale_line(start, chars, step)
         entries = [_KINDS[k] for k in _KINDS if k in kinds]
-        entries += [
-            (letter, _mark_style(severity), f"{code} ({severity})")
-            for code, (letter, severity) in self.letters.items()
-            if letter in letters
-        ]
+        entries += _code_entries(self.letters, letters)
         yield from _legend(entries, width)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
@@ -277,11 +284,7 @@ class FindingsMap:
         if self.more:
             yield Text(f"  … and {plural(self.more, 'more batch row')} (--max-rows)")
         entries = [("·", "dim", "a live cell without findings")]
-        entries += [
-            (letter, _mark_style(severity), f"{code} ({severity})")
-            for code, (letter, severity) in self.letters.items()
-            if letter in seen
-        ]
+        entries += _code_entries(self.letters, seen)
         yield from _legend(entries, width)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
@@ -365,11 +368,7 @@ class SlotAxis:
         for row in rows:
             yield Text(" " * _INDENT + "".join(row).rstrip(), style="dim")
         entries = [("·", "dim", "slots without findings")]
-        entries += [
-            (letter, _mark_style(severity), f"{code} ({severity})")
-            for code, (letter, severity) in self.letters.items()
-            if letter in seen
-        ]
+        entries += _code_entries(self.letters, seen)
         yield from _legend(entries, width)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
