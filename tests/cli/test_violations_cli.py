@@ -283,3 +283,18 @@ def test_a_file_named_twice_is_read_once(made: dict[str, Path], tmp_path: Path) 
     _, logged = json_of("violations", str(log), "--dump", str(dump))
     _, logged_twice = json_of("violations", str(log), str(log), "--dump", str(dump))
     assert len(logged_twice["rows"]) == len(logged["rows"]) > 0
+
+
+def test_a_violation_slot_beyond_the_pool_is_not_in_use(tmp_path: Path) -> None:
+    """The explanation's allocator state says what provenance says: a slot the allocator never
+    hands out is beyond the pool, not in use."""
+
+    state = make_scenario("canary-aliasing", seed=0)
+    pool = int(state.metadata["num_full_slots"])
+    state.tensors["violation_ring"][0, 1] = pool + 5  # the first row names a slot past the pool
+    path = state.save(tmp_path / "beyond.safetensors")
+    result = CliRunner().invoke(app, ["violations", str(path), "--format", "json"])
+    rows = json.loads(result.stdout)["rows"]
+    states = {row["slot_idx"]: row["explanation"]["allocator"] for row in rows}
+    assert states[pool + 5] == "beyond the pool"
+    assert set(states.values()) - {"beyond the pool"} <= {"free", "in use"}

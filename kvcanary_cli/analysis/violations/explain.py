@@ -254,11 +254,17 @@ def _prev_slots(
 
 
 def _free(dump: KvDump, space: np.ndarray, slot: np.ndarray) -> np.ndarray:
+    """Per row: 1 on its space's free list, 0 in use, 2 beyond the pool (a slot the allocator
+    never hands out is not "in use"), -1 without a free list."""
     out = np.full(slot.shape, -1, dtype=np.int64)
-    for index, free in ((0, dump.free_full_slots), (1, dump.free_swa_slots)):
+    lists = ((0, dump.free_full_slots, "num_full_slots"), (1, dump.free_swa_slots, "num_swa_slots"))
+    for index, free, pool_name in lists:
         mine = space == index
         if free is not None and mine.any():
             out[mine] = np.isin(slot[mine], free).astype(np.int64)
+            pool = dump.scalars[pool_name].value
+            if pool is not None:
+                out[mine & ((slot < 0) | (slot >= pool))] = 2
     return out
 
 

@@ -94,7 +94,7 @@ class Explanations:
     owner_kind: np.ndarray
     prev_slot: np.ndarray
     prev_known: np.ndarray
-    #: 1 on the free list of the slot's space, 0 in use, -1 no free list in the dump.
+    #: 1 on the free list of the slot's space, 0 in use, 2 beyond the pool, -1 no free list.
     free: np.ndarray
 
     def __len__(self) -> int:
@@ -129,7 +129,7 @@ class Explanations:
                 "where": OWNER_KINDS[int(self.owner_kind[i])].value,
             },
             "prev_slot": int(self.prev_slot[i]) if self.prev_known[i] else None,
-            "allocator": {1: "free", 0: "in use"}.get(int(self.free[i])),
+            "allocator": {1: "free", 0: "in use", 2: "beyond the pool"}.get(int(self.free[i])),
         }
 
 

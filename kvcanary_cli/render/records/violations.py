@@ -212,7 +212,7 @@ class ExplanationRecord(TypedDict):
     #: the slot before the verify cell
     prev_slot: int | None
     #: null: no free list for this space in the dump
-    allocator: Literal["free", "in use"] | None
+    allocator: Literal["free", "in use", "beyond the pool"] | None
 
 
 class ViolationRowRecord(TypedDict):
