@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from kvcanary_cli.analysis.model import Finding
+from kvcanary_cli.dump.tensor import distinct  # the layers below sort the same way
 
 __all__ = [
     "at_cell",
@@ -25,18 +26,6 @@ __all__ = [
     "pairs_among",
     "with_example",
 ]
-
-
-def distinct(values: np.ndarray) -> np.ndarray:
-    """The distinct values, sorted: one sort (numpy 2.4's hashing `np.unique` is ten times
-    slower on a few hundred thousand int64 slots)."""
-    ordered = np.sort(np.asarray(values).reshape(-1))
-    if ordered.size < 2:
-        return ordered
-    keep = np.empty(ordered.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
-    return ordered[keep]
 
 
 def pairs_among(

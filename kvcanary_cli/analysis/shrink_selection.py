@@ -99,7 +99,7 @@ def _table_reads(dump: KvDump, frames: Mapping[Group, GroupFrame]) -> np.ndarray
         wanted = frame.seed_wanted
         seed = (rp * width + prefix - 1)[: wanted.size][wanted]
         parts.append(_ranges(seed, seed + 1, total))
-    return np.unique(np.concatenate(parts))
+    return distinct(np.concatenate(parts))
 
 
 def _pool_reads(dump: KvDump, frames: Mapping[Group, GroupFrame]) -> np.ndarray:
@@ -129,7 +129,7 @@ def _pool_reads(dump: KvDump, frames: Mapping[Group, GroupFrame]) -> np.ndarray:
             parts.append(
                 _ranges((rp * width + s_lo)[reads], (rp * width + s_hi)[reads], rows * width)
             )
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    return distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _replays(dump: KvDump, plans: list[Plan]) -> list[tuple[Plan, BufferReplay]]:
@@ -302,11 +302,11 @@ def shrink_keep(
         index = ProvenanceIndex(dump, wanted, max_cells=PROVENANCE_CELLS)
         cell_rows, cell_cols = index.kept_cells()
         table_parts.append(cell_rows * width + cell_cols)
-    table = np.unique(np.concatenate(table_parts))
+    table = distinct(np.concatenate(table_parts))
     elements = {"req_to_token": table}
     if dump.req_to_verify_expected_tokens is not None:
         elements["req_to_verify_expected_tokens"] = _pool_reads(dump, frames)
-    held = np.unique(dump.req_to_token.take_known(table)[0])
+    held = distinct(dump.req_to_token.take_known(table)[0])
     finding_full = _finding_slots(found.findings, "full")
     finding_swa = _finding_slots(found.findings, "swa")
     full_slots = np.union1d(
@@ -322,7 +322,7 @@ def shrink_keep(
         entries = np.union1d(full_slots, np.array([*mapped, lut_len - 1], dtype=np.int64))
         entries = entries[(entries >= 0) & (entries < lut_len)]
         elements["full_to_swa_index_mapping"] = entries
-        swa_held = np.unique(lut.take_known(entries)[0])
+        swa_held = distinct(lut.take_known(entries)[0])
     swa_slots = np.union1d(
         swa_held, np.union1d(finding_swa, np.array(sorted(row_swa), dtype=np.int64))
     )

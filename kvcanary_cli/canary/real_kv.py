@@ -18,7 +18,7 @@ import numpy as np
 from kvcanary_cli.canary.hashing import as_int64, combine_source_hashes, fold_chunks
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import parse_integer
-from kvcanary_cli.dump.tensor import StoredTensor
+from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.errors import DumpError, MetadataError, TensorShapeError
 from kvcanary_cli.safe_text import excerpt
 
@@ -217,10 +217,10 @@ def _fingerprints(
     """
     rows = int(source.data.shape[0])
     inside = slots[(slots >= 0) & (slots // source.page_size < rows)]
-    distinct = np.unique(inside)
-    base = slot_bytes(source, distinct)
+    wanted = distinct(inside)
+    base = slot_bytes(source, wanted)
     known = source.data.kept_before(base + eff) - source.data.kept_before(base) == eff
-    values = np.zeros(distinct.shape, dtype=np.int64)
+    values = np.zeros(wanted.shape, dtype=np.int64)
     todo = np.flatnonzero(known)
     # many slots a step, a few of their bytes at a time: a fold is sequential within a slot,
     # so the loop below turns once per 8 bytes of a slot, and each turn takes every slot
@@ -234,4 +234,4 @@ def _fingerprints(
             flat = (base[pick, None] + span[None, :]).reshape(-1)
             acc = fold_chunks(source.data.take_raw(flat).reshape(pick.size, span.size), acc)
         values[pick] = as_int64(combine_source_hashes([acc]))
-    return distinct, values, known
+    return wanted, values, known

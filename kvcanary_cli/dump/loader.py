@@ -48,7 +48,7 @@ from kvcanary_cli.dump.schema import (
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
 from kvcanary_cli.dump.sparse import SparseTensor, ring_slots, sparse_tensor
-from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor
+from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor, distinct
 from kvcanary_cli.dump.validate import check_batch, derive_scalar_defaults, resolve_groups
 from kvcanary_cli.errors import (
     CorruptDumpError,
@@ -515,9 +515,9 @@ def _free_domain(
     ring_full, ring_swa = ring_slots(ring, ring_index)
     domain = {}
     if isinstance(table, SparseTensor):
-        domain["full"] = np.union1d(np.unique(np.asarray(table.values, np.int64)), ring_full)
+        domain["full"] = np.union1d(distinct(np.asarray(table.values, np.int64)), ring_full)
     if isinstance(lut, SparseTensor):
-        domain["swa"] = np.union1d(np.unique(np.asarray(lut.values, np.int64)), ring_swa)
+        domain["swa"] = np.union1d(distinct(np.asarray(lut.values, np.int64)), ring_swa)
     return domain
 
 

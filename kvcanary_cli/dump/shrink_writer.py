@@ -41,7 +41,7 @@ from kvcanary_cli.dump.schema import (
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
 from kvcanary_cli.dump.sparse import flat_runs, gap_runs
-from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor
+from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor, distinct
 from kvcanary_cli.errors import DumpError
 from kvcanary_cli.safe_text import printable
 
@@ -156,7 +156,7 @@ def _sparse_parts(
     `source.dtype`), and what that cut."""
     shape = source.shape
     total = int(np.prod(shape, dtype=object)) if shape else 1
-    flat = np.unique(np.asarray(wanted, dtype=np.int64))
+    flat = distinct(np.asarray(wanted, dtype=np.int64))
     flat = flat[(flat >= 0) & (flat < total)]
     flat = flat[source.known(flat)]  # what was not kept is not known: it stays dropped
     values = source.take_raw(flat)
@@ -168,7 +168,7 @@ def _sparse_parts(
         dropped=total - int(flat.size),
         dropped_bytes=(total - int(flat.size)) * itemsize,
         rows=int(shape[0]) if len(shape) == 2 else None,
-        kept_rows=int(np.unique(flat // max(int(shape[1]), 1)).size) if len(shape) == 2 else None,
+        kept_rows=int(distinct(flat // max(int(shape[1]), 1)).size) if len(shape) == 2 else None,
     )
     narrow = INTEGER_DTYPES[narrowest_dtype(values, dtype_code(source.dtype))]
     parts = {

@@ -23,10 +23,17 @@ import numpy as np
 
 from kvcanary_cli.dump.narrow import narrowest_unsigned
 from kvcanary_cli.dump.schema import INTEGER_DTYPES, LaunchTag
-from kvcanary_cli.dump.tensor import CellHits, Match, StoredTensor
+from kvcanary_cli.dump.tensor import CellHits, Match, StoredTensor, distinct
 from kvcanary_cli.errors import TensorShapeError
 
-__all__ = ["MAX_ELEMENTS", "SparseTensor", "flat_runs", "gap_runs", "ring_slots", "sparse_tensor"]
+__all__ = [
+    "MAX_ELEMENTS",
+    "SparseTensor",
+    "flat_runs",
+    "gap_runs",
+    "ring_slots",
+    "sparse_tensor",
+]
 
 #: No tensor of a real dump has more elements (the header reader bounds bytes the same way).
 MAX_ELEMENTS = 1 << 50
@@ -264,7 +271,7 @@ def ring_slots(ring: np.ndarray | None, write_index: int | None) -> tuple[np.nda
     tag, slot = rows[:valid, 0], rows[:valid, 1]
     swa = (tag >= int(LaunchTag.HEAD_K_SWA)) & (tag < len(LaunchTag))
     full = (tag >= 0) & (tag < int(LaunchTag.HEAD_K_SWA))
-    return np.unique(slot[full]), np.unique(slot[swa])
+    return distinct(slot[full]), distinct(slot[swa])
 
 
 def sparse_tensor(

@@ -23,7 +23,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
-__all__ = ["CellHits", "DenseTensor", "Match", "StoredTensor", "release_pages"]
+__all__ = ["CellHits", "DenseTensor", "Match", "StoredTensor", "distinct", "release_pages"]
 
 _T = TypeVar("_T")
 
@@ -31,6 +31,19 @@ _T = TypeVar("_T")
 CellHits: TypeAlias = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: A scan's test: integer values (any shape and integer dtype) to a mask of that shape.
 Match: TypeAlias = Callable[[np.ndarray], np.ndarray]
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted: one sort (numpy 2.4's hashing `np.unique` is ten times
+    slower on a few hundred thousand int64 slots, and on millions of flat indices)."""
+    ordered = np.sort(np.asarray(values).reshape(-1))
+    if ordered.size < 2:
+        return ordered
+    keep = np.empty(ordered.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    unique: np.ndarray = ordered[keep]
+    return unique
 
 
 class StoredTensor(ABC):

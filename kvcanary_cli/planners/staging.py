@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.tensor import StoredTensor
+from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.frame import GroupFrame
 
@@ -69,7 +69,7 @@ def _rows_read(lo: np.ndarray, hi: np.ndarray, width: int, rows: int) -> np.ndar
     if counts.size == 0:
         return np.zeros(0, dtype=np.int64)
     starts = np.repeat(first - (np.cumsum(counts) - counts), counts)
-    return np.unique(starts + np.arange(int(counts.sum()), dtype=np.int64))
+    return distinct(starts + np.arange(int(counts.sum()), dtype=np.int64))
 
 
 def _table_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
