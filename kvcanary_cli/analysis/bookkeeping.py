@@ -30,7 +30,7 @@ from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 
-__all__ = ["free_list_findings", "lut_bookkeeping_findings", "unaudited"]
+__all__ = ["free_list_findings", "leaked_swa_pages", "lut_bookkeeping_findings", "unaudited"]
 
 
 def unaudited(dump: KvDump) -> list[str]:
@@ -312,31 +312,49 @@ def _out_of_lockstep(full: np.ndarray, swa: np.ndarray, page: int) -> list[Findi
     ]
 
 
-def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]:
-    """SWA pages neither on the SWA free list nor mapped from a held full slot (SGLang's own
-    memory check, per page: a request's last page holds unwritten slots that map to 0).
+def _recorded(dump: KvDump, name: str) -> int | None:
+    """A scalar the dump records (None: absent, or only derived or assumed)."""
+    scalar = dump.scalars[name]
+    return None if scalar.value is None or scalar.assumed else scalar.value
+
+
+def leaked_swa_pages(
+    dump: KvDump, mapped: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray | None, str | None]:
+    """The dump's leaked SWA pages (sorted), by SGLang's own memory check per page: a page
+    neither on the SWA free list nor mapped from a held full slot (a request's last page holds
+    unwritten slots that map to 0). `check` (`swa-page-leaked`) and `timeline` both count
+    leaks here. `mapped` is the LUT's (full slot, SWA slot) entries with an SWA slot, when the
+    caller has them.
 
     A held full slot is one `held_full_slots` lists, or, without that record, one of the full
     pool that is not on the full free list: SGLang counts a full slot in use exactly when it
-    is not free. Needs that, the SWA free list and the recorded pool sizes; without them
-    nothing is guessed. A shrunk dump keeps too little of the LUT and the free lists to tell:
-    it is not accounted (docs/dump-format.md, "Shrunk dumps")."""
-    held, free = dump.held_full_slots, dump.free_swa_slots
-    pool = dump.scalars["num_swa_slots"]
+    is not free. None, with what is missing, when the dump cannot say (reason None: no LUT,
+    not an SWA dump): nothing is guessed. A shrunk dump keeps too little of the LUT and the
+    free lists to tell (docs/dump-format.md, "Shrunk dumps")."""
     lut = dump.full_to_swa_index_mapping
-    if held is None and dump.free_full_slots is None:
-        return []
-    if free is None or pool.value is None or pool.assumed or dump.shrunk:
-        return []
-    full_pool = dump.scalars["num_full_slots"]
-    if lut is None or not lut.complete or lut.element(-1) != -1:
-        return []  # a sliced or partial LUT does not say what is mapped
-    if full_pool.value is None or full_pool.assumed or int(lut.shape[0]) < full_pool.value + 1:
-        return []  # a LUT too short for the pool: the slots past it map nowhere we can see
+    if lut is None:
+        return None, None
+    held, free = dump.held_full_slots, dump.free_swa_slots
+    if free is None or (held is None and dump.free_full_slots is None):
+        return None, "record free_swa_slots and held_full_slots (or free_full_slots)"
+    if dump.shrunk:
+        return None, "a shrunk dump keeps too little of the LUT and the free lists"
+    swa_slots, full_slots = _recorded(dump, "num_swa_slots"), _recorded(dump, "num_full_slots")
+    if swa_slots is None or full_slots is None:
+        return None, "record num_full_slots and num_swa_slots"
+    if not lut.complete or lut.element(-1) != -1 or int(lut.shape[0]) < full_slots + 1:
+        # the slots past a sliced or short LUT map nowhere we can see
+        return None, "the LUT is partial, sliced or shorter than the pool"
+    if mapped is None:
+        every_full, every_swa = _lut_entries(dump)
+        picked = np.flatnonzero(every_swa > 0)
+        mapped = every_full[picked], every_swa[picked]
+    full, swa = mapped
     page = _page_size(dump.scalars["page_size"].value)
-    pages = pool.value // page
+    pages = swa_slots // page
     if pages <= 1 or pages > 4 * max(free.size + swa.size, 1) + (1 << 20):
-        return []  # a pool size the dump's own lists could not describe: not a count to trust
+        return None, f"num_swa_slots {swa_slots} is not a pool its lists could describe"
     accounted = np.zeros(pages, dtype=bool)
     accounted[0] = True  # the padding page
     free_pages = np.asarray(free, dtype=np.int64) // page
@@ -346,12 +364,18 @@ def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]
     else:
         assert dump.free_full_slots is not None
         owned = ~SlotSet(dump.free_full_slots).contains(full) & (full >= page)
-    in_use = (swa > 0) & owned
-    used_pages = swa[in_use] // page
+    used_pages = swa[(swa > 0) & owned] // page
     accounted[used_pages[used_pages < pages]] = True
-    leaked = np.flatnonzero(~accounted)
-    if leaked.size == 0:
+    return np.flatnonzero(~accounted).astype(np.int64), None
+
+
+def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]:
+    """`swa-page-leaked`: the pages `leaked_swa_pages` counts, one cell per page."""
+    leaked, _ = leaked_swa_pages(dump, (full, swa))
+    if leaked is None or leaked.size == 0:
         return []
+    page = _page_size(dump.scalars["page_size"].value)
+    pages = int(dump.scalars["num_swa_slots"].value or 0) // page
     return [
         _slot_finding(
             FindingCode.SWA_PAGE_LEAKED,

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.model import (
@@ -71,7 +72,7 @@ from kvcanary_cli.errors import DumpError, OptionError
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.safe_text import excerpt
 
-__all__ = ["MAX_OWNERS", "Snapshot", "leaked_swa_pages", "snapshot", "timeline"]
+__all__ = ["MAX_OWNERS", "Snapshot", "snapshot", "timeline"]
 
 PathLike = str | os.PathLike[str]
 #: owners of the focus slot listed per dump (`owners_total` counts them all).
@@ -226,57 +227,6 @@ def _mix(slot: np.ndarray, position: np.ndarray) -> np.ndarray:
     x *= _U(0xBF58476D1CE4E5B9)
     x ^= x >> _U(29)
     return x
-
-
-def _scalar_recorded(dump: KvDump, name: str) -> int | None:
-    scalar = dump.scalars[name]
-    return None if scalar.value is None or scalar.assumed else scalar.value
-
-
-def leaked_swa_pages(dump: KvDump) -> tuple[np.ndarray | None, str | None]:
-    """The dump's leaked SWA pages (sorted), by SGLang's memory check per page: a page that is
-    neither on the SWA free list nor mapped from a held full slot (`held_full_slots`, or,
-    without it, every full slot off the full free list). None, with the reason, when the dump
-    cannot say: no LUT (reason None: not an SWA dump), a partial or sliced LUT, a shrunk dump,
-    a list or a pool size not recorded, or a pool larger than its lists could describe."""
-    lut = dump.full_to_swa_index_mapping
-    if lut is None:
-        return None, None
-    held, free = dump.held_full_slots, dump.free_swa_slots
-    if free is None or (held is None and dump.free_full_slots is None):
-        return None, "record free_swa_slots and held_full_slots (or free_full_slots)"
-    if dump.shrunk:
-        return None, "a shrunk dump keeps too little of the LUT and the free lists"
-    swa_slots, full_slots = (
-        _scalar_recorded(dump, "num_swa_slots"),
-        _scalar_recorded(dump, "num_full_slots"),
-    )
-    if swa_slots is None or full_slots is None:
-        return None, "record num_full_slots and num_swa_slots"
-    size = int(lut.shape[0])
-    if not lut.complete or lut.element(-1) != -1 or size < full_slots + 1:
-        return None, "the LUT is partial, sliced or shorter than the pool"
-    page = max(dump.scalar("page_size") or 1, 1)
-    pages = swa_slots // page
-    if pages <= 1 or pages > 4 * (free.size + size) + (1 << 20):
-        return None, f"num_swa_slots {swa_slots} is not a pool its lists could describe"
-    entries = np.asarray(lut.array()[: size - 1], dtype=np.int64)
-    owned = np.zeros(entries.size, dtype=bool)
-    if held is not None:
-        inside = held[(held >= 0) & (held < entries.size)]
-        owned[inside] = True
-    else:
-        assert dump.free_full_slots is not None
-        owned[page:] = True
-        listed = dump.free_full_slots
-        owned[listed[(listed >= 0) & (listed < entries.size)]] = False
-    accounted = np.zeros(pages, dtype=bool)
-    accounted[0] = True  # the padding page
-    free_pages = free // page
-    accounted[free_pages[(free_pages >= 0) & (free_pages < pages)]] = True
-    used = entries[owned & (entries > 0)] // page
-    accounted[used[used < pages]] = True
-    return np.flatnonzero(~accounted).astype(np.int64), None
 
 
 def snapshot(
