@@ -552,18 +552,15 @@ def _partial_page_frees(state: _Diagnosis) -> None:
     if not members:
         return
     pages = distinct(np.concatenate([m[1] for m in members]))
-    partial = pages[_lut_page_mapped(state, pages) < page]
-    if partial.size == 0:
-        return
-    claimed = 0
+    mapped = _lut_page_mapped(state, pages)
+    cut = mapped < page
+    partial, mapped = pages[cut], mapped[cut]
     for i, of in members:
         hit = np.isin(of, partial)
         if hit.any():
             state.claim(CauseCode.PARTIAL_PAGE_FREE, Confidence.CERTAIN, i, hit)
-            claimed += 1
-    if not claimed:
+    if CauseCode.PARTIAL_PAGE_FREE not in state.claims:  # none, or every cell claimed before
         return
-    mapped = _lut_page_mapped(state, partial)
     shown = ", ".join(
         f"full page {int(q)} (slots {int(q) * page}..{int(q) * page + page - 1}): {int(m)} of "
         f"{page} tokens still mapped"

@@ -148,3 +148,37 @@ def test_without_a_pool_size_the_free_list_argues_for_a_short_lut(load_synth: Lo
     assert (first.code.value, first.confidence.value) == ("lut-too-short", "likely")
     assert (second.code.value, second.confidence.value) == ("slot-index-corrupt", "possible")
     assert any("record it to decide" in e for e in first.evidence)
+
+
+def test_a_partial_page_whose_cells_a_batch_cause_took_first_adds_no_cause(
+    tmp_path: Path,
+) -> None:
+    """Out-of-window cells of a corrupt batch row go to batch-metadata-corrupt first; the page
+    rule then has nothing to claim, and the diagnosis says so instead of failing."""
+    from kvcanary_cli.analysis.diagnosis import diagnose
+    from kvcanary_cli.analysis.model import CellColumns, Finding, FindingCode, Group, Role, Space
+
+    state = make_scenario("partial-page-free", seed=0, page_size=4)
+    dump = load_dump(state.save(tmp_path / "d.safetensors"))
+    full, swa = state.truth["slot"], state.truth["swa_slot"]
+    one = np.array([0], dtype=np.int64)
+    freed = Finding(
+        code=FindingCode.FREED_SLOT_IN_LIVE_RANGE,
+        group=Group.SWA,
+        space=Space.SWA,
+        role=Role.PREFIX,
+        message="a stand-in",
+        slot=swa,
+        cells=CellColumns(
+            batch_row=one,
+            pool_row=one + 1,
+            position=one,
+            slot=one + swa,
+            extra={"full_slot": one + full},
+        ),
+    )
+    bad_row = Finding(
+        code=FindingCode.NEGATIVE_LENGTH, group=Group.FULL, message="a stand-in", batch_row=0
+    )
+    _, causes = diagnose(dump, [freed, bad_row])
+    assert [c.code.value for c in causes] == ["batch-metadata-corrupt"]
