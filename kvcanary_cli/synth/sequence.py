@@ -333,9 +333,7 @@ class _Loop:
         count = request.pages.size - first
         swa = self.swa_free.alloc(count)
         request.swa = np.concatenate([request.swa[:first], swa])
-        offsets = np.arange(p, dtype=np.int64)
-        full_slots = (request.pages[first:, None] * p + offsets).reshape(-1)
-        self.lut[full_slots] = (swa[:, None] * p + offsets).reshape(-1)
+        self.lut[_page_slots(request.pages[first:], p)] = _page_slots(swa, p)
 
     def unmap(self, request: _Request, start: int, stop: int, t: int | None = None) -> None:
         """Free the SWA pages of full pages `[start, stop)` of the request (the leak plant keeps
@@ -345,8 +343,7 @@ class _Loop:
         p = self.plan.page
         pages, swa = request.pages[start:stop], request.swa[start:stop]
         mapped = swa > 0
-        offsets = np.arange(p, dtype=np.int64)
-        self.lut[(pages[mapped, None] * p + offsets).reshape(-1)] = 0
+        self.lut[_page_slots(pages[mapped], p)] = 0
         freed = swa[mapped]
         if t is not None and freed.size and self._leaks_at(t):
             self.leaked.append((t, int(freed[0])))
@@ -529,8 +526,7 @@ class _Loop:
                 raise RuntimeError("the victim's newest page is not mapped")
             new = int(self.swa_free.alloc(1)[0])
             page = int(victim.pages[j])
-            offsets = np.arange(p, dtype=np.int64)
-            self.lut[page * p + offsets] = new * p + offsets
+            self.lut[_page_slots(np.array([page]), p)] = _page_slots(np.array([new]), p)
             victim.swa[j] = new
             self.swa_free.free(np.array([old], dtype=np.int64))
             held = np.arange(j * p, min((j + 1) * p, self._older()))
@@ -560,7 +556,6 @@ class _Loop:
         )
         writes = [self.table[r.row, r.prefix : r.prefix + r.extend] for r in batch]
         held = np.flatnonzero(self.refcount > 0)
-        offsets = np.arange(p, dtype=np.int64)
         tensors: dict[str, np.ndarray] = {
             "req_to_token": self.table,
             "req_pool_indices": rows,
@@ -570,7 +565,7 @@ class _Loop:
                 np.concatenate(writes).astype(np.int64) if writes else np.zeros(0, np.int64)
             ),
             "free_full_slots": _expand(self.full.contents(), p),
-            "held_full_slots": (held[:, None] * p + offsets).reshape(-1),
+            "held_full_slots": _page_slots(held, p),
         }
         metadata = {
             "page_size": str(p),
@@ -612,10 +607,16 @@ class _Loop:
         return SynthDump(spec=spec, seed=seed, tensors=tensors, metadata=metadata, live=[])
 
 
+def _page_slots(pages: np.ndarray, page_size: int) -> np.ndarray:
+    """The slots of `pages`, page by page in their order (a full page's tokens and its SWA
+    page's line up offset for offset)."""
+    offsets = np.arange(page_size, dtype=np.int64)
+    return (np.asarray(pages, np.int64)[:, None] * page_size + offsets).reshape(-1)
+
+
 def _expand(pages: np.ndarray, page_size: int) -> np.ndarray:
     """Pages to the slots they hold, sorted (the dump lists free slots, not pages)."""
-    offsets = np.arange(page_size, dtype=np.int64)
-    return np.sort((np.asarray(pages, np.int64)[:, None] * page_size + offsets).reshape(-1))
+    return np.sort(_page_slots(pages, page_size))
 
 
 def _dump_steps(steps: int, every: int) -> list[int]:
