@@ -402,14 +402,6 @@ def _first_per(keys: np.ndarray) -> np.ndarray:
     return mask
 
 
-def _in(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """Mask of `values` found in a sorted array."""
-    if sorted_set.size == 0:
-        return np.zeros(values.shape, dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
-    return np.asarray(sorted_set[at] == values)
-
-
 def _columns(
     snap: Snapshot, cells: np.ndarray, extra: dict[str, np.ndarray] | None = None
 ) -> CellColumns:
@@ -514,7 +506,7 @@ class _Tracker:
         seen, last, last_len, last_hash = self.registry.lookup(b.rows)
         cut = np.minimum(last_len, b.lengths)
         same = seen & (b.lengths >= last_len) & (b.row_hash(cut) == last_hash)
-        in_a = _in(b.rows, a.rows)
+        in_a = SlotSet(a.rows).contains(b.rows)
         row_of_cell = b.row_of_cell
         cont = b.position < np.repeat(np.where(same, last_len, 0), b.lengths)
         # continuing cells of rows in `a`: the same cell there
@@ -532,7 +524,7 @@ class _Tracker:
         leak_new, leak_event = self._leak(b)
         if leak_event is not None:
             events.append(leak_event)
-        a_same = _in(a.rows, b.rows[same])
+        a_same = SlotSet(b.rows[same]).contains(a.rows)
         from_free, unseen, changes = self._allocations(a, b, cont, a_same, event_slots)
         delta, per_step = _leak_change(a, b)
         interval = TimelineInterval(
@@ -542,7 +534,7 @@ class _Tracker:
             at_step=b.step,
             born=tuple(b.rows[~seen].tolist()),
             grew=tuple(b.rows[same & in_a & (b.lengths > last_len)].tolist()),
-            finished=tuple(a.rows[~_in(a.rows, b.rows)].tolist()),
+            finished=tuple(a.rows[~SlotSet(b.rows).contains(a.rows)].tolist()),
             reused=tuple(b.rows[seen & ~same].tolist()),
             resumed=tuple(b.rows[same & ~in_a].tolist()),
             unchanged=int(np.count_nonzero(same & in_a & (b.lengths == last_len))),
@@ -563,7 +555,7 @@ class _Tracker:
         if b.free is None or b.free_known is None:
             return []
         hit = np.flatnonzero(b.free & b.free_known & (b.slot > 0))
-        hit = hit[~_in(b.slot[hit], self.freed_live)]
+        hit = hit[~SlotSet(self.freed_live).contains(b.slot[hit])]
         if hit.size == 0:
             return []
         hit = hit[np.argsort(b.slot[hit], kind="stable")]
@@ -593,10 +585,10 @@ class _Tracker:
         them: a use after free when a dump listed the slot free in between, else a double
         allocation. Returns the events and the slots."""
         slots = _multi_owner_slots(b)
-        slots = slots[~_in(slots, self.two_owners)]
+        slots = slots[~SlotSet(self.two_owners).contains(slots)]
         if slots.size == 0:
             return [], slots
-        cells = np.flatnonzero(_in(b.slot, slots))
+        cells = np.flatnonzero(SlotSet(slots).contains(b.slot))
         # holder: a continuing cell first; other: a new cell with another signature
         order = np.lexsort((b.position[cells], cont[cells].astype(np.int8) * -1, b.slot[cells]))
         cells = cells[order]
@@ -615,7 +607,7 @@ class _Tracker:
         holder, other = holder[fresh], other[fresh]
         if holder.size == 0:
             return [], np.zeros(0, np.int64)
-        was_free = _in(b.slot[holder], self.freed_live)
+        was_free = SlotSet(self.freed_live).contains(b.slot[holder])
         if a.free is not None and a.free_known is not None and a.slot.size:
             listed = mapped[holder] & a.free[a_cell[holder]] & a.free_known[a_cell[holder]]
             was_free |= listed
@@ -672,7 +664,7 @@ class _Tracker:
         base = self.leak_base
         if b.leaked is None or base is None:
             return np.zeros(0, np.int64), None
-        new = b.leaked[~_in(b.leaked, self.leak_seen)]
+        new = b.leaked[~SlotSet(self.leak_seen).contains(b.leaked)]
         if new.size == 0:
             return new, None
         if self.leak_first is None:
@@ -715,17 +707,21 @@ class _Tracker:
         new = np.flatnonzero(~cont & (b.slot > 0))
         new = new[np.argsort(b.slot[new], kind="stable")]
         new = new[_first_per(b.slot[new])]
-        was_held = _in(b.slot[new], a.distinct_slots)
-        listed = np.zeros(new.size, bool) if a.free_list is None else _in(b.slot[new], a.free_list)
+        was_held = SlotSet(a.distinct_slots).contains(b.slot[new])
+        listed = (
+            np.zeros(new.size, bool)
+            if a.free_list is None
+            else SlotSet(a.free_list).contains(b.slot[new])
+        )
         # an owner change: the slot's owners in `a` are gone, and no continuing cell holds it
         gone = ~np.repeat(a_same, a.lengths)
-        taken = new[was_held & ~_in(b.slot[new], skip)]
+        taken = new[was_held & ~SlotSet(skip).contains(b.slot[new])]
         gone_cells = np.flatnonzero(gone & SlotSet(b.slot[taken]).contains(a.slot))
         gone_cells = gone_cells[np.argsort(a.slot[gone_cells], kind="stable")]
         gone_cells = gone_cells[_first_per(a.slot[gone_cells])]
-        changed = taken[_in(b.slot[taken], a.slot[gone_cells])]
+        changed = taken[SlotSet(a.slot[gone_cells]).contains(b.slot[taken])]
         still = SlotSet(b.slot[changed]).contains(b.slot) & cont
-        changed = changed[~_in(b.slot[changed], distinct(b.slot[still]))]
+        changed = changed[~SlotSet(b.slot[still]).contains(b.slot[changed])]
         old = gone_cells[np.searchsorted(a.slot[gone_cells], b.slot[changed])]
         a_rows = a.row_of_cell
         changes = _columns(
