@@ -1,5 +1,7 @@
 """Shared test set-up: the hypothesis profile, one torch thread, `--update-golden`, `tmp_dump`,
-and SGLang as a test needs it: a stand-in package (`sglang_standin`) or none (`no_sglang`)."""
+SGLang as a test needs it: a stand-in package (`sglang_standin`) or none (`no_sglang`), and
+torch as an extra: a test module that cannot import it is skipped with the reason
+(`tests/torch_extra.py`)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 
 from kvcanary_cli import api
 from kvcanary_cli.planners import sglang_runtime
 from tests.sglang_standin import forget_sglang, write_standin
+from tests.torch_extra import HAS_TORCH, NEEDS_TORCH, is_missing_torch, needs_torch
 
 # Examples are drawn from a seeded-per-run random source as usual; only timing-based health
 # checks are off, because a loaded 2-core CI machine must not turn slow generation into a failure.
@@ -27,7 +29,32 @@ settings.load_profile("kvcanary")
 
 # As the CLI does (OMP_NUM_THREADS=1 in kvcanary_cli.cli.main): one intra-op thread; on CPU-quota'd
 # CI machines more threads spin against each other and slow every small tensor op.
-torch.set_num_threads(1)
+if HAS_TORCH:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class _TorchOptionalModule(pytest.Module):
+    """A test module that is skipped, with the reason, when its imports fail for want of torch
+    (any other import error stays a collection error)."""
+
+    def collect(self) -> Any:
+        try:
+            return super().collect()
+        except self.CollectError as exc:
+            if is_missing_torch(exc.__cause__):
+                where = self.path.relative_to(self.config.rootpath)
+                pytest.skip(f"{where} imports torch: {NEEDS_TORCH}", allow_module_level=True)
+            raise
+
+
+def pytest_pycollect_makemodule(
+    module_path: Path, parent: pytest.Collector
+) -> pytest.Module | None:
+    if HAS_TORCH:
+        return None  # pytest's own
+    return _TorchOptionalModule.from_parent(parent, path=module_path)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,6 +85,8 @@ def sglang_standin(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[InstallStandin]:
     """Put a stand-in SGLang first on sys.path for this test; every `sglang` module goes after."""
+
+    needs_torch()  # the stand-in's plan modules run on torch, as SGLang's do
 
     def install(**options: Any) -> Path:
         forget_sglang()

@@ -1,8 +1,10 @@
-"""The README's quoted command output is the real output (as pip-audit's `check-readme`).
+"""The README's quoted command output is the real output (as pip-audit's `check-readme`), and
+its Quick start is what CI runs.
 
 Every ```text block of the README that starts with `$ kvcanary ...` is re-run as a user would
 (a fresh process, 100 columns, no colour) and must print exactly the lines quoted (trailing
 spaces aside), as on a machine without SGLang installed (reports name the installed SGLang).
+The Quick start's two commands are `.ci/run`'s, word for word, and CI checks their exit codes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.torch_extra import WITHOUT_TORCH, needs_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"```text\n\$ kvcanary (?P<args>[^\n]*)\n(?P<output>.*?)```", re.S)
@@ -52,6 +56,7 @@ PYTHON = re.compile(r"```python\n(?P<code>.*?)```", re.S)
 
 def test_the_readme_dump_recipes_work_as_written(tmp_path: Path) -> None:
     """Each Python recipe of "Producing a dump" runs and gives a dump kvcanary diagnoses."""
+    needs_torch()  # the recipes run in the server, on its torch tensors
     from kvcanary_cli.dump.loader import load_dump
     from tests.helpers import checked
     from tests.test_capture import _Allocator, _Runner, plan_kwargs
@@ -89,3 +94,114 @@ def test_the_readme_python_api_example_runs(monkeypatch: pytest.MonkeyPatch) -> 
     namespace: dict[str, object] = {}
     exec(compile(code, "README", "exec"), namespace)
     assert namespace["report"].dumps[0].diagnosis[0].code.value == "lut-too-short"  # type: ignore[attr-defined]
+
+
+# --- Quick start: two commands, from the package index alone, and exactly what CI runs ---------
+
+QUICK_START = re.compile(r"## Quick start\n\n```bash\n(?P<commands>.*?)```", re.S)
+CI = ROOT / ".ci" / "run"
+#: what would fetch from anywhere but the package index, or need a step before the commands.
+_OTHER_SOURCES = ("--index-url", "--extra-index-url", " -i ", "--find-links", " -f ", "http")
+
+
+def quick_start() -> list[str]:
+    found = QUICK_START.search((ROOT / "README.md").read_text())
+    assert found is not None, "README.md: no ```bash block right under ## Quick start"
+    return found["commands"].rstrip("\n").split("\n")
+
+
+def ci_lines() -> list[str]:
+    """`.ci/run`'s lines, stripped, without comments and blank lines."""
+    lines = (line.strip() for line in CI.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_the_quick_start_is_two_commands_from_the_package_index() -> None:
+    first, second = quick_start()
+    install, run = first.split(" && ")
+    assert install == "pip install ." and run.startswith("kvcanary check examples/")
+    assert (ROOT / run.split()[-1]).is_file()  # a bundled example
+    assert second == "pip install -e '.[test]' && python -m pytest -q"  # the whole suite
+    for command in (first, second):
+        assert not [s for s in _OTHER_SOURCES if s in f" {command} "], command
+    assert "torch" not in first + second  # torch is an extra, explained below the commands
+
+
+def test_ci_runs_the_quick_start_commands_as_written() -> None:
+    """`.ci/run` runs the two lines word for word, in order, and checks how each ended: the
+    first must exit 1 on its dump's findings (a crash exits 2 or 3), the second 0."""
+    first, second = quick_start()
+    lines = ci_lines()
+    assert lines.count(f"out=$({first})") == 1 and lines.count(second) == 1, lines
+    one, two = lines.index(f"out=$({first})"), lines.index(second)
+    assert one < two
+    for at, expected in ((one, 1), (two, 0)):
+        assert lines[at - 1] == "set +e" and lines[at + 1 : at + 3] == ["code=$?", "set -e"]
+        check = lines[at + 3 : at + 6]
+        assert any(f'"$code" -ne {expected}' in line for line in check), check
+    assert "torch" not in " ".join(lines[:one])  # the first command meets no torch CI added
+    assert not [line for line in lines if "pytest" in line and line != second]
+    assert "--index-url" not in CI.read_text() and "--extra-index-url" not in CI.read_text()
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "green"),
+    [
+        (1, "  1. lut-too-short (certain): the SWA LUT is shorter", True),
+        (0, "CLEAN", False),  # the example's findings are gone
+        (1, "", False),  # exit 1 without the report (a failed install exits 1 too)
+        (2, "", False),  # bad input
+        (3, "", False),  # internal error: a traceback's exit
+    ],
+)
+def test_ci_turns_red_unless_the_first_command_exits_1_with_its_findings(
+    tmp_path: Path, code: int, stdout: str, green: bool
+) -> None:
+    """`.ci/run`'s own check of the first command, run with stand-ins for pip and kvcanary."""
+    text = CI.read_text().splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("out=$(")) - 1
+    end = next(i for i in range(start, len(text)) if text[i] == "fi") + 1
+    for name, body in (("pip", "exit 0"), ("kvcanary", f"printf '%s\\n' '{stdout}'; exit {code}")):
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + "\n".join(text[start:end]) + "\necho passed"],
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode == 0 and done.stdout.endswith("passed\n")) == green, done
+
+
+def test_the_quick_start_explains_torch_below_the_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start\n")[1].split("\n## ")[0]
+    below = " ".join(quick.split("```", 2)[2].split())
+    assert "pip install 'kvcanary[torch]'" in below  # how to add it
+    assert "--index-url https://download.pytorch.org/whl/cpu" in below  # the CPU build
+    assert "CUDA build" in below and "5.5 GB" in below  # why not a bare `pip install torch`
+    assert "On a GPU machine" in below and "bring your own CUDA build of torch" in below
+
+
+def test_the_quoted_torch_error_is_the_real_one() -> None:
+    """The README's line for `--kernel sglang` without torch is what that run prints."""
+    quick = (ROOT / "README.md").read_text().split("## Quick start\n")[1].split("\n## ")[0]
+    [quoted] = re.findall(r"```text\n(error: [^\n]*)\n```", quick)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT_TORCH + _WITHOUT_SGLANG,
+            "check",
+            "--kernel",
+            "sglang",
+            "examples/truncated-lut.safetensors",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "100", "NO_COLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", quoted + "\n")

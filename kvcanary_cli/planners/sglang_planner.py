@@ -38,6 +38,7 @@ from kvcanary_cli.planners.sglang_runtime import (
     VERIFY_ENTRY_FIELDS,
     SGLangLauncher,
     load_launcher,
+    require_torch,
 )
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED
 
@@ -63,7 +64,7 @@ class SGLangPlanner:
     name = "sglang"
 
     def __init__(self, *, device: str | None = None, option: str = "--kernel sglang") -> None:
-        import torch  # SGLang's launcher runs on torch tensors
+        torch = require_torch(option)  # SGLang's launcher runs on torch tensors
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -21,6 +21,7 @@ import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS, LAUNCHER_FUNCTION, LAUNCHER_MODULE
@@ -37,6 +38,7 @@ __all__ = [
     "installed_version",
     "load_launcher",
     "load_reference_launcher",
+    "require_torch",
     "signature_problems",
 ]
 
@@ -60,6 +62,9 @@ VERIFY_ENTRY_FIELDS = (
 )
 VERIFY_PLAN_FIELDS = (*VERIFY_ENTRY_FIELDS, "verify_num_valid", "enable")
 WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
+
+#: How to add torch, which kvcanary installs only as an extra (`pyproject.toml`).
+TORCH_INSTALL = "pip install 'kvcanary[torch]'"
 
 _ALTERNATIVES = {
     "--kernel sglang": "--kernel vectorized or triton models SGLang {v} without it",
@@ -103,6 +108,20 @@ def installed_version() -> str | None:
     except (ImportError, ValueError):
         found = False
     return "unknown" if found else None
+
+
+def require_torch(option: str) -> ModuleType:
+    """torch, which SGLang's planners run on; `PlannerUnavailableError` (one line naming the
+    extra, exit 2) where it is not installed: kvcanary's own planners never need it."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise PlannerUnavailableError(
+            f"SGLang's planners run on torch, which cannot be imported here ({exc})",
+            option=option,
+            hint=f"{TORCH_INSTALL}; {_hint(option)}",
+        ) from None
+    return torch
 
 
 def _named(version: str | None) -> str:

@@ -59,6 +59,17 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _gpu_without_torch() -> bool:
+    """A GPU driver is there but torch is not: compiled kernels would have no device memory."""
+    if not any(Path(node).exists() for node in _GPU_NODES):
+        return False
+    try:
+        import torch  # noqa: F401 (cuda_available imported it already, where it can be)
+    except ImportError:
+        return True
+    return False
+
+
 def prepare_environment() -> None:
     """Ask for the interpreter when no CUDA device exists, unless the user chose already.
 
@@ -90,6 +101,13 @@ def load_triton() -> tuple[ModuleType, ModuleType]:
             hint="pip install triton (Linux), or use --backend vectorized",
         ) from None
     if not cuda_available() and not _interpret_requested():
+        if _gpu_without_torch():
+            raise PlannerUnavailableError(
+                f"{_ENV}={os.environ.get(_ENV)!r} asks triton to compile kernels, which get "
+                "their device memory from torch, and torch cannot be imported here",
+                option="--kernel triton",
+                hint=f"pip install 'kvcanary[torch]' (your CUDA build), or unset {_ENV}",
+            )
         raise PlannerUnavailableError(
             f"{_ENV}={os.environ.get(_ENV)!r} asks triton to compile kernels, but no CUDA "
             "device is available",

@@ -24,6 +24,7 @@ from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.synth.state import build_dump
 from tests.helpers import VECTORIZED, cells_key, checked
+from tests.torch_extra import needs_torch
 
 Story = tuple[list[tuple[object, ...]], list[str]]
 
@@ -134,6 +135,7 @@ def test_provenance_on_the_small_dump_covers_what_was_kept(tmp_path: Path) -> No
 
 
 def test_sglang_refuses_a_shrunk_dump(tmp_path: Path) -> None:
+    needs_torch()  # SGLang's planner is built on torch
     _, small = shrunk_pair(tmp_path, "clean-swa", 0)
     with pytest.raises(OptionError, match="shrunk"):
         SGLangPlanner(device="cpu").plan(load_dump(small), "full")

@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -209,7 +210,6 @@ def run_worker(
     each runs its turn of `COMMANDS`, or `command` (a template) when given."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("NO_COLOR", "1")
-    import torch
     import typer.main
     import typer.testing
     from typer.testing import CliRunner
@@ -217,7 +217,10 @@ def run_worker(
     from kvcanary_cli.cli import app
     from tests.fuzz.seeds import load_seeds
 
-    torch.set_num_threads(1)
+    if find_spec("torch") is not None:  # an extra: where it is, one thread as the CLI runs
+        import torch
+
+        torch.set_num_threads(1)
     # typer rebuilds the click command on every invoke (most of a bad-input run's time): build
     # it once per worker process.
     build = functools.lru_cache(maxsize=None)(typer.main.get_command)

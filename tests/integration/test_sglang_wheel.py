@@ -33,6 +33,7 @@ from tests.helpers import NOT_HANDED_TO_SGLANG, STRICT, UPSTREAM_RAISING_SCENARI
 from tests.planners.plan_helpers import assert_plans_equal
 from tests.sglang_standin import forget_sglang
 from tests.sglang_wheel import MISSING_WHEEL, WHEEL_VERSION, extract_kv_canary, wheel_path
+from tests.torch_extra import needs_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.safetensors"))
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.skipif(WHEEL is None, reason=MISSING_WHEEL)
 def real_sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """SGLang 0.5.23's plan modules first on sys.path for this module's tests."""
     assert WHEEL is not None
+    needs_torch()  # SGLang's plan modules run on torch
     root = extract_kv_canary(WHEEL, tmp_path_factory.mktemp("sglang-wheel"))
     forget_sglang()
     with pytest.MonkeyPatch.context() as patch:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -143,19 +144,17 @@ def test_a_strip_marks_each_bad_cell_at_its_position() -> None:
 
 
 def test_a_long_row_is_drawn_in_runs_of_positions(tmp_path: Path) -> None:
-    import torch
-
     from kvcanary_cli.dump.writer import save_dump
 
-    table = torch.zeros(3, 5008, dtype=torch.int32)
-    table[1, :5000] = torch.arange(1, 5001, dtype=torch.int32)
+    table = np.zeros((3, 5008), dtype=np.int32)
+    table[1, :5000] = np.arange(1, 5001, dtype=np.int32)
     table[1, 3456] = table[1, 10]
     path = save_dump(
         tmp_path / "long.safetensors",
         req_to_token=table,
-        req_pool_indices=torch.tensor([1]),
-        prefix_lens=torch.tensor([4900]),
-        extend_seq_lens=torch.tensor([100]),
+        req_pool_indices=np.array([1], dtype=np.int64),
+        prefix_lens=np.array([4900], dtype=np.int64),
+        extend_seq_lens=np.array([100], dtype=np.int64),
         metadata={"num_full_slots": "6000"},
     )
     record = provenance_record(api.provenance(path, row=1))
@@ -200,18 +199,16 @@ def test_the_pictures_are_in_the_reports() -> None:
 def test_pictures_of_absurd_slots_and_lengths_cost_what_they_draw(tmp_path: Path) -> None:
     """A slot of 2^31 - 1 and a prefix of 2^40: each character stands for billions of slots or
     positions, and drawing them takes the time of the characters, not of what they stand for."""
-    import torch
-
     from kvcanary_cli.dump.writer import save_dump
 
-    table = torch.zeros(3, 64, dtype=torch.int32)
-    table[1, :20] = torch.arange(1, 21, dtype=torch.int32)
+    table = np.zeros((3, 64), dtype=np.int32)
+    table[1, :20] = np.arange(1, 21, dtype=np.int32)
     table[1, 7] = (1 << 31) - 1
     path = save_dump(
         tmp_path / "absurd.safetensors",
         req_to_token=table,
-        req_pool_indices=torch.tensor([1, 2]),
-        prefix_lens=torch.tensor([20, 1 << 40]),
+        req_pool_indices=np.array([1, 2], dtype=np.int64),
+        prefix_lens=np.array([20, 1 << 40], dtype=np.int64),
         metadata={"num_full_slots": "64"},
     )
     dump = check_record(api.check(path, kernel="vectorized"))["dumps"][0]

@@ -1,0 +1,113 @@
+"""torch is an extra (`kvcanary[torch]`): every command runs without it on its default kernels,
+and those that need it (SGLang's planners, compiled kernels) say so in one line, exit 2.
+
+Each check runs in a fresh interpreter where torch cannot be imported (`WITHOUT_TORCH`), so
+it holds whether or not this machine has torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kvcanary_cli.errors import PlannerUnavailableError
+from kvcanary_cli.planners import triton_runtime
+from tests.torch_extra import WITHOUT_TORCH
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+TRUNCATED = str(EXAMPLES / "truncated-lut.safetensors")
+STEPS = [str(p) for p in sorted((EXAMPLES / "timeline-use-after-free").glob("*.safetensors"))]
+EXTRA = "pip install 'kvcanary[torch]'"
+
+#: (arguments, the exit code they must give): the default kernels, and the SGLang planners.
+RUNS: list[tuple[list[str], int]] = [
+    (["check", TRUNCATED], 1),
+    (["check", TRUNCATED, "--kernel", "vectorized", "--format", "json"], 1),
+    (["provenance", TRUNCATED, "--slot", "107"], 0),
+    (["provenance", TRUNCATED, "--row", "3"], 0),
+    (["inspect", TRUNCATED], 0),
+    (["shrink", TRUNCATED, "-o", "{tmp}/small.safetensors"], 0),
+    (["timeline", *STEPS], 1),
+    (["diff", STEPS[1], STEPS[2]], 1),
+    (["violations", str(EXAMPLES / "canary-aliasing.log"), "--replay", "--dump",
+      str(EXAMPLES / "canary-aliasing.safetensors")], 1),
+    (["synth", "truncated-lut", "-o", "{tmp}/t.safetensors"], 0),
+    (["plan", TRUNCATED, "--group", "swa"], 1),
+    (["plan", TRUNCATED, "--backend", "triton"], 0),
+    (["selftest", "--size", "tiny"], 0),
+    (["check", TRUNCATED, "--kernel", "sglang"], 2),
+    (["plan", TRUNCATED, "--backend", "sglang"], 2),
+    (["selftest", "--sglang"], 2),
+]  # fmt: skip
+
+_SCRIPT = (
+    WITHOUT_TORCH
+    + """
+import sys
+from typer.testing import CliRunner
+from kvcanary_cli.cli import app
+
+runs = []
+for args in eval(sys.argv[1]):
+    result = CliRunner().invoke(app, args)
+    crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
+    runs.append((int(result.exit_code), repr(result.exception) if crashed else None, result.stderr))
+print(repr((runs, "torch" in sys.modules)))
+"""
+)
+
+
+def test_every_command_runs_without_torch_and_the_sglang_ones_name_the_extra(
+    tmp_path: Path,
+) -> None:
+    argvs = [[a.format(tmp=tmp_path) for a in args] for args, _ in RUNS]
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, repr(argvs)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "100", "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    runs, imported_torch = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert not imported_torch
+    for (args, expected), (code, crash, err) in zip(RUNS, runs, strict=True):
+        assert (code, crash) == (expected, None), (args, err)
+        if expected == 2:  # one line, naming the option, what is missing and the extra
+            assert len(err.strip().splitlines()) == 1, err
+            assert "run on torch, which cannot be imported here" in err and EXTRA in err, err
+        else:
+            assert "torch" not in err, (args, err)
+
+
+def test_compiled_kernels_without_torch_name_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU driver but no torch, and TRITON_INTERPRET=0: compiling needs torch's memory."""
+    node = tmp_path / "nvidiactl"
+    node.touch()
+    monkeypatch.setattr(triton_runtime, "_GPU_NODES", (str(node),))
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    # triton itself is not imported: this process's later tests expect it interpreted
+    monkeypatch.setattr(importlib, "import_module", ModuleType)
+    triton_runtime.cuda_available.cache_clear()
+    try:
+        with pytest.raises(PlannerUnavailableError, match="torch cannot be imported") as raised:
+            triton_runtime.load_triton()
+        assert raised.value.hint is not None and EXTRA in raised.value.hint
+        monkeypatch.setattr(triton_runtime, "_GPU_NODES", ())  # no GPU: the old message
+        triton_runtime.cuda_available.cache_clear()
+        with pytest.raises(PlannerUnavailableError, match="no CUDA device is available"):
+            triton_runtime.load_triton()
+    finally:
+        triton_runtime.cuda_available.cache_clear()
