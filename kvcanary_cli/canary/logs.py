@@ -46,6 +46,7 @@ __all__ = [
     "SwaDivergence",
     "format_pump",
     "format_violation",
+    "log_text",
     "scan_log",
     "scan_log_path",
     "write_log",
@@ -134,8 +135,13 @@ def write_log(
 
     Written like every kvcanary output (`dump.files.write_atomically`): only over a regular
     file, and over an existing one only with `overwrite`."""
-    text = "".join(f"{prefix}{message}\n" for message in messages).encode("utf-8")
+    text = log_text(messages, prefix=prefix)
     return write_atomically(path, lambda handle: handle.write(text), overwrite=overwrite)
+
+
+def log_text(messages: Sequence[str], *, prefix: str) -> bytes:
+    """The bytes `write_log` writes."""
+    return "".join(f"{prefix}{message}\n" for message in messages).encode("utf-8")
 
 
 # --- parsing ------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ before the next is taken (`synth_sequence` yields them one at a time).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcanary_cli.dump.files import write_all_atomically
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.synth.state import SynthDump, SynthSpec
 
@@ -734,9 +736,13 @@ def write_sequence(
     dumps = synth_sequence(
         name, steps=steps, seed=seed, size=size, every=every, at=at, page_size=page_size
     )
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for dump in dumps:
-        step = int(dump.metadata["step"])
-        written.append(dump.save(folder / dump_name(0, step), overwrite=overwrite))
-    return written
+    targets = [dump.target(folder / dump_name(0, int(dump.metadata["step"]))) for dump in dumps]
+    try:  # every dump or none: a refused one leaves no earlier steps behind
+        return write_all_atomically(targets, overwrite=overwrite)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # empty again: nothing was published
+        raise
