@@ -40,6 +40,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -736,11 +737,20 @@ def write_sequence(
     dumps = synth_sequence(
         name, steps=steps, seed=seed, size=size, every=every, at=at, page_size=page_size
     )
+    pending = iter(dumps)
+    first = next(pending)  # the options are checked before anything is written
+    paths = [folder / dump_name(0, step) for step in _dump_steps(steps, every)]
+    loaded = iter([first])
+
+    def write_next(handle: BinaryIO) -> None:
+        # The dumps share the loop's arrays: each is written before the next is made.
+        dump = next(loaded, None) or next(pending)
+        dump.target(folder)[1](handle)
+
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    targets = [dump.target(folder / dump_name(0, int(dump.metadata["step"]))) for dump in dumps]
     try:  # every dump or none: a refused one leaves no earlier steps behind
-        return write_all_atomically(targets, overwrite=overwrite)
+        return write_all_atomically([(path, write_next) for path in paths], overwrite=overwrite)
     except BaseException:
         if created:
             with contextlib.suppress(OSError):
