@@ -267,9 +267,9 @@ def synth(
         return _synth_sequence(scenario, out, steps, seed, size, every, at, page_size, force)
     if at is not None or every not in (None, 1):
         raise OptionError("--at and --every go with --steps K", option="--at/--every")
-    from kvcanary_cli.dump.files import same_target
+    from kvcanary_cli.dump.files import Target, same_target, write_all_atomically
     from kvcanary_cli.synth.scenarios import make_scenario
-    from kvcanary_cli.synth.server_log import write_scenario_log
+    from kvcanary_cli.synth.server_log import scenario_log
 
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
@@ -277,10 +277,24 @@ def synth(
     if log is not None and same_target(log, out):
         raise OptionError("names the dump's own file; give the log another name", option="--log")
     state = make_scenario(scenario, seed=seed, size=size, page_size=page_size)
-    path = state.save(Path(out), overwrite=force)
-    logged = "" if log is None else f" and {write_scenario_log(state, log, overwrite=force)}"
+    if log is None or str(out) == "-":  # the log first: a refused one prints no dump
+        logged = "" if log is None else f" and {_write_log(scenario_log(state), log, force)}"
+        path = state.save(Path(out), overwrite=force)
+    else:  # both files or neither: a refused log leaves no dump behind
+        text = scenario_log(state)
+        log_target: Target = (Path(log), lambda handle: handle.write(text))
+        path, log_path = write_all_atomically(
+            [state.target(Path(out)), log_target], overwrite=force
+        )
+        logged = f" and {log_path}"
     paged = "" if page_size is None else f", page size {page_size}"
     return f"wrote {path}{logged} ({scenario}, seed {seed}, size {size}{paged})"
+
+
+def _write_log(text: bytes, log: PathLike, force: bool) -> Path:
+    from kvcanary_cli.dump.files import write_atomically
+
+    return write_atomically(log, lambda handle: handle.write(text), overwrite=force)
 
 
 def _synth_sequence(

@@ -129,14 +129,15 @@ def violations(
 ) -> None:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
-    A SOURCE is a dump or a server log ('-': stdin). Exit 0 no row, 1 rows, 2 bad input.
+    A SOURCE is a dump or a server log ('-': stdin). Exit 0 no row, 1 rows (or violation
+    lines that cannot be read: cut short, garbled), 2 bad input.
     """
     report = api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
     )
     rendered = render.render_violations(report, to.fmt, max_rows=to.rows)
     deliver(rendered, to.file, force=to.force, inputs=opt.input_files(sources, dump))
-    raise typer.Exit(ExitCode.FINDINGS if len(report.rows) else ExitCode.CLEAN)
+    raise typer.Exit(ExitCode.FINDINGS if report.found else ExitCode.CLEAN)
 
 
 @opt.command(app, overrides=True, svg=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console, RenderableType
 
-from kvcanary_cli.dump.files import write_atomically
+from kvcanary_cli.dump.files import Target, write_all_atomically
 from kvcanary_cli.dump.streams import write_standard_error, writing_to_standard_output
 from kvcanary_cli.render.console import PIPED_WIDTH, emit, make_console, without_padding
 from kvcanary_cli.render.image import SVG_TARGET, svg_of
@@ -31,41 +31,34 @@ def deliver(
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
     """Print `rendered`, or write it to `output` (`-` is standard output); with `--svg FILE`
-    (`SVG_TARGET`), save it as an image there too, by the same rules as `output`."""
-    inputs = list(inputs)
-    if output is None or str(output) == "-":
-        with writing_to_standard_output():
-            emit(rendered)
-    else:
-        _write_text(rendered, Path(output), force=force, inputs=inputs)
+    (`SVG_TARGET`), save it as an image there too, by the same rules as `output`.
+
+    Both files are checked before either is written, and written together or not at all: a
+    refused image leaves no report behind (its rerun would be told the report exists)."""
+    to_file = output is not None and str(output) != "-"
+    targets: list[Target] = []
+    if to_file:
+        data = _text_of(rendered).encode("utf-8")
+        targets.append((Path(os.fspath(output)), lambda handle: handle.write(data)))  # type: ignore[arg-type]
     target = SVG_TARGET.get()
     if target is not None:
-        written = [] if output is None or str(output) == "-" else [output]
-        width = PIPED_WIDTH if written else make_console().width  # as the view was written
+        width = PIPED_WIDTH if to_file else make_console().width  # as the view was written
         image = svg_of(rendered, width=width).encode("utf-8")
-        write_atomically(
-            Path(target),
-            lambda handle: handle.write(image),
-            inputs=[*inputs, *written],
-            overwrite=force,
-        )
+        targets.append((Path(target), lambda handle: handle.write(image)))
+    if targets:
+        write_all_atomically(targets, inputs=inputs, overwrite=force)
+    if not to_file:
+        with writing_to_standard_output():
+            emit(rendered)
 
 
-def _write_text(
-    rendered: str | RenderableType,
-    output: Path,
-    *,
-    force: bool,
-    inputs: list[str | os.PathLike[str]],
-) -> None:
+def _text_of(rendered: str | RenderableType) -> str:
+    """The view as a file holds it: 120 columns, no colour, no padding."""
     if isinstance(rendered, str):
-        text = rendered
-    else:
-        buffer = io.StringIO()
-        Console(file=buffer, width=PIPED_WIDTH, color_system=None, soft_wrap=False).print(rendered)
-        text = without_padding(buffer.getvalue())
-    data = text.encode("utf-8")
-    write_atomically(output, lambda handle: handle.write(data), inputs=inputs, overwrite=force)
+        return rendered
+    buffer = io.StringIO()
+    Console(file=buffer, width=PIPED_WIDTH, color_system=None, soft_wrap=False).print(rendered)
+    return without_padding(buffer.getvalue())
 
 
 def tell(text: str, *, on_stderr: bool = False) -> None:

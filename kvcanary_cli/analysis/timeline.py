@@ -65,7 +65,7 @@ from kvcanary_cli.analysis.model import (
     TimelineReport,
 )
 from kvcanary_cli.analysis.provenance import SlotSet
-from kvcanary_cli.dump.header import read_header
+from kvcanary_cli.dump.header import FileState, read_header
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import parse_integer
 from kvcanary_cli.errors import DumpError, OptionError
@@ -87,6 +87,9 @@ class _Entry:
     path: Path
     step: int | None
     rank: str | None
+    #: the file the header was read from: the one loaded must be it, unchanged.
+    state: FileState
+    metadata: dict[str, str]
 
 
 def order_dumps(paths: Sequence[PathLike], *, keep_order: bool) -> list[_Entry]:
@@ -110,7 +113,15 @@ def order_dumps(paths: Sequence[PathLike], *, keep_order: bool) -> list[_Entry]:
                     field="step",
                     path=str(path),
                 )
-        entries.append(_Entry(path=Path(path), step=step, rank=meta.get("rank")))
+        entries.append(
+            _Entry(
+                path=Path(path),
+                step=step,
+                rank=meta.get("rank"),
+                state=header.state,
+                metadata=dict(meta),
+            )
+        )
     ranks = {e.rank.strip() for e in entries if e.rank is not None}
     if len(ranks) > 1:
         first = next(e for e in entries if e.rank is not None)
@@ -902,6 +913,21 @@ def _linked(event: TimelineEvent, report: DumpReport) -> TimelineEvent:
     return replace(event, findings=tuple(codes), cause=cause or event.cause)
 
 
+def _same_as_ordered(entry: _Entry, dump: KvDump) -> None:
+    """Refuse a dump that is not the file its header was read from when the sequence was put
+    in step order (replaced or rewritten since): it would be read under another step."""
+    header = dump.header
+    if header.state == entry.state and header.metadata == entry.metadata:
+        return
+    step = "no step" if entry.step is None else f"step {entry.step}"
+    raise DumpError(
+        f"changed while the timeline read the sequence (ordered as {step}, then replaced or "
+        "rewritten)",
+        path=str(entry.path),
+        hint="copy the dumps somewhere the capture hook does not write, and read the copies",
+    )
+
+
 def timeline(
     paths: Sequence[PathLike],
     *,
@@ -924,6 +950,7 @@ def timeline(
     notes: list[str] = []
     for index, entry in enumerate(entries):
         dump = load_dump(entry.path, overrides=overrides)
+        _same_as_ordered(entry, dump)
         pools = (tuple(dump.req_to_token.shape), dump.scalar("page_size") or 1)
         if shape is None:
             shape = (*pools, entry.path)

@@ -46,6 +46,7 @@ __all__ = [
     "SwaDivergence",
     "format_pump",
     "format_violation",
+    "log_text",
     "scan_log",
     "scan_log_path",
     "write_log",
@@ -134,8 +135,13 @@ def write_log(
 
     Written like every kvcanary output (`dump.files.write_atomically`): only over a regular
     file, and over an existing one only with `overwrite`."""
-    text = "".join(f"{prefix}{message}\n" for message in messages).encode("utf-8")
+    text = log_text(messages, prefix=prefix)
     return write_atomically(path, lambda handle: handle.write(text), overwrite=overwrite)
+
+
+def log_text(messages: Sequence[str], *, prefix: str) -> bytes:
+    """The bytes `write_log` writes."""
+    return "".join(f"{prefix}{message}\n" for message in messages).encode("utf-8")
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -207,6 +213,11 @@ class LogScan:
     unparsed: int = 0
     unparsed_lines: tuple[int, ...] = ()
     incomplete: int = 0
+    #: lines that begin a violation (a structured line, or a message's first line without
+    #: one) but give no row: cut short (a collector's line limit) or garbled. Each is a
+    #: violation that was logged and could not be read, never a clean log.
+    unread: int = 0
+    unread_lines: tuple[int, ...] = ()
     #: messages whose lines disagree with their structured line (the row is kept).
     inconsistent: int = 0
     overlong: int = 0
@@ -251,9 +262,20 @@ class _Collector:
     def __init__(self) -> None:
         self.columns = [array("q") for _ in range(13)]
         self.counts = dict.fromkeys(
-            ("structured", "messages", "rebuilt", "unparsed", "incomplete", "inconsistent"), 0
+            (
+                "structured",
+                "messages",
+                "rebuilt",
+                "unparsed",
+                "incomplete",
+                "inconsistent",
+                "unread",
+            ),
+            0,
         )
         self.unparsed_lines: list[int] = []
+        self.unread_lines: list[int] = []
+        self.last_unread = -1
         self.swa = array("q")
         self.swa_lines = array("q")
 
@@ -261,6 +283,7 @@ class _Collector:
         """Keep a message's row; count it as complete, cut short, rebuilt, inconsistent."""
         if message.rebuilt and any(v is None for v in message.fields):
             self.counts["incomplete"] += 1  # too little left to rebuild its row
+            self.unread(message.line)
             return
         self.counts["rebuilt"] += int(message.rebuilt)
         if message.next > 7:
@@ -279,6 +302,20 @@ class _Collector:
         self.counts["unparsed"] += 1
         if len(self.unparsed_lines) < _KEPT_LINES:
             self.unparsed_lines.append(number)
+
+    def unread(self, number: int) -> None:
+        """A violation began at line `number` and gave no row."""
+        self.counts["unread"] += 1
+        self.last_unread = number
+        if len(self.unread_lines) < _KEPT_LINES:
+            self.unread_lines.append(number)
+
+    def read_after_all(self, number: int) -> None:
+        """The violation that began at line `number` is read from the message after it."""
+        self.counts["unread"] -= 1
+        self.last_unread = -1
+        if self.unread_lines and self.unread_lines[-1] == number:
+            self.unread_lines.pop()
 
     def rows(self) -> ViolationRows:
         data = [
@@ -469,6 +506,7 @@ def scan_log(stream: BinaryIO, name: str) -> LogScan:
             message = _structured(structured, number)
             if message is None:
                 out.unparsed(number)
+                out.unread(number)
             else:
                 out.counts["structured"] += 1
             continue
@@ -477,16 +515,35 @@ def scan_log(stream: BinaryIO, name: str) -> LogScan:
             message = _detected(detected, number)
             if message is None:
                 out.unparsed(number)
+                out.unread(number)
+            elif out.last_unread == number - 1:
+                out.read_after_all(number - 1)  # its cut structured line: the message says it
             continue
         swa = _SWA.search(line)
         if swa:
             _swa_sample(swa.group(1), number, out)
             continue
-        if b"kv_canary violation" in line or b"canary violation detected" in line:
+        if _begins_a_violation(line):
             out.unparsed(number)
+            out.unread(number)
     if message is not None:
         out.add(message)
     return _finish(name, lines, out, overlong, overlong_count)
+
+
+#: how a violation's first line begins (its structured line, or the message's own first line
+#: when the structured one is missing), and the least of it that still says so.
+_HEADS = (b"kv_canary violation", b"KV cache canary violation detected")
+_LEAST = len(b"kv_canary v")
+
+
+def _begins_a_violation(line: bytes) -> bool:
+    """Whether a line that parsed as nothing else is a violation's first line, however short
+    it was cut: it holds a head, or ends in the head's beginning (`... kv_canary viol`)."""
+    if any(head in line for head in _HEADS):
+        return True
+    tail = line.rstrip()[-len(_HEADS[1]) :]
+    return any(tail.endswith(head[:cut]) for head in _HEADS for cut in range(_LEAST, len(head) + 1))
 
 
 def _swa_sample(text: bytes, number: int, out: _Collector) -> None:
@@ -523,6 +580,11 @@ def _finish(
             f"{overlong_count} lines longer than {MAX_LINE_BYTES} bytes were skipped (first at "
             f"lines {', '.join(map(str, overlong))})"
         )
+    if c["unread"]:
+        notes.append(
+            f"{c['unread']} violation(s) logged but not readable, cut short or garbled (first "
+            f"at lines {', '.join(map(str, out.unread_lines))}): the log does not show them clean"
+        )
     if c["incomplete"]:
         notes.append(f"{c['incomplete']} violation messages were cut short")
     if c["inconsistent"]:
@@ -547,6 +609,8 @@ def _finish(
         unparsed=c["unparsed"],
         unparsed_lines=tuple(out.unparsed_lines),
         incomplete=c["incomplete"],
+        unread=c["unread"],
+        unread_lines=tuple(out.unread_lines),
         inconsistent=c["inconsistent"],
         overlong=overlong_count,
         overlong_lines=tuple(overlong),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeGuard
 
@@ -27,6 +27,7 @@ __all__ = [
     "host_array",
     "is_torch_tensor",
     "safetensors_dtype_of",
+    "safetensors_writer",
     "write_safetensors",
 ]
 
@@ -93,8 +94,16 @@ def write_safetensors(
     """Write integer arrays as a safetensors file, through `write_atomically` (torch
     tensors are taken too, through `host_array`)."""
     return write_atomically(
-        path, lambda handle: _write(handle, tensors, metadata), inputs=inputs, overwrite=overwrite
+        path, safetensors_writer(tensors, metadata), inputs=inputs, overwrite=overwrite
     )
+
+
+def safetensors_writer(
+    tensors: Mapping[str, np.ndarray], metadata: dict[str, str]
+) -> Callable[[BinaryIO], None]:
+    """What writes these arrays as a safetensors file to a handle: for
+    `dump.files.write_all_atomically`, where a dump is one of several files written together."""
+    return lambda handle: _write(handle, tensors, metadata)
 
 
 def _stored_array(name: str, value: object) -> tuple[np.ndarray, str]:

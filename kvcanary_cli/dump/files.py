@@ -10,14 +10,14 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from kvcanary_cli.dump.streams import writing_to_standard_output
 from kvcanary_cli.errors import PathError, PathExistsError
 
-__all__ = ["STANDARD_INPUT", "same_target", "write_atomically"]
+__all__ = ["STANDARD_INPUT", "Target", "same_target", "write_all_atomically", "write_atomically"]
 
 
 #: How a command names standard input among its inputs, as on its command line.
@@ -90,9 +90,54 @@ def write_atomically(
             write(sys.stdout.buffer)
             sys.stdout.buffer.flush()
         return Path("-")
-    if not str(path):
-        raise PathError("is empty; name a file to write", path="''")
-    path = Path(path)
+    [written] = write_all_atomically([(path, write)], inputs=inputs, overwrite=overwrite)
+    return written
+
+
+#: One file to write: its path and what writes its bytes to a handle.
+Target = tuple[str | os.PathLike[str], Callable[[BinaryIO], object]]
+
+
+def write_all_atomically(
+    targets: Sequence[Target],
+    *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    overwrite: bool = True,
+) -> list[Path]:
+    """Write several files by the rules of `write_atomically`, all of them or none.
+
+    Every target is checked before any is written (one named twice, however spelled, is
+    refused), each is written to a temporary file beside it, and only then are they given
+    their names in turn; when one cannot be, those already published are taken back (a
+    replaced file gets its old content again), so a refused run leaves nothing behind and
+    its rerun is not told that its own half-output exists. No target may be `-`.
+    """
+    inputs = list(inputs)
+    paths = [Path(path) for path, _ in targets]
+    for i, path in enumerate(paths):
+        if not str(path) or str(path) == "-":
+            raise PathError("is not a file to write; name one", path=repr(str(path)))
+        for other in paths[:i]:
+            if same_target(other, path):
+                raise PathError(
+                    f"is the same file given twice (also as {other}); give each output its own"
+                    " file",
+                    path=str(path),
+                )
+    modes = [_checked_target(path, inputs=inputs, overwrite=overwrite) for path in paths]
+    staged: list[Path] = []
+    try:
+        for path, mode, (_, write) in zip(paths, modes, targets, strict=True):
+            staged.append(_stage(path, mode, write))
+        _publish_all(paths, staged, overwrite=overwrite)
+    finally:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+    return paths
+
+
+def _checked_target(path: Path, *, inputs: list[str | os.PathLike[str]], overwrite: bool) -> int:
+    """Refuse `path` where it may not be written; the mode its file gets."""
     shown = str(path)
     try:
         info = path.lstat()
@@ -121,29 +166,81 @@ def write_atomically(
         raise PathError(
             "is in a directory that does not exist", path=shown, hint="create the directory first"
         )
-    mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
+    return stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
+
+
+def _stage(path: Path, mode: int, write: Callable[[BinaryIO], object]) -> Path:
+    """`write` into a complete temporary file beside `path`, with `mode`."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise PathError(f"cannot be written: {exc.strerror}", path=shown) from None
+        raise PathError(f"cannot be written: {exc.strerror}", path=str(path)) from None
+    tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
         os.chmod(tmp, mode)
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            _publish_new(Path(tmp), path)
-    except FileExistsError:
-        Path(tmp).unlink(missing_ok=True)
-        raise _exists(shown) from None
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise PathError(f"cannot be written: {exc.strerror}", path=shown) from None
+        tmp.unlink(missing_ok=True)
+        raise PathError(f"cannot be written: {exc.strerror}", path=str(path)) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return path
+    return tmp
+
+
+def _publish_all(paths: list[Path], staged: list[Path], *, overwrite: bool) -> None:
+    """Give each staged file its name; on a failure, take back the ones published."""
+    published: list[tuple[Path, Path | None]] = []  # (path, the old file kept aside, if any)
+    try:
+        for path, tmp in zip(paths, staged, strict=True):
+            kept = _keep_aside(path) if overwrite and len(paths) > 1 else None
+            try:
+                if overwrite:
+                    os.replace(tmp, path)
+                else:
+                    _publish_new(tmp, path)
+            except BaseException:
+                if kept is not None:
+                    kept.unlink(missing_ok=True)
+                raise
+            published.append((path, kept))
+    except FileExistsError:
+        _take_back(published)
+        raise _exists(str(path)) from None
+    except OSError as exc:
+        _take_back(published)
+        raise PathError(f"cannot be written: {exc.strerror}", path=str(path)) from None
+    except BaseException:
+        _take_back(published)
+        raise
+    for _, kept in published:
+        if kept is not None:
+            kept.unlink(missing_ok=True)
+
+
+def _keep_aside(path: Path) -> Path | None:
+    """A second name for the file at `path` (a hard link), so that it can be put back."""
+    if not path.exists():
+        return None
+    aside = Path(tempfile.mktemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    try:
+        os.link(path, aside)
+    except OSError:
+        return None  # no hard links here: a rollback then removes the new file
+    return aside
+
+
+def _take_back(published: list[tuple[Path, Path | None]]) -> None:
+    """Undo published files, newest first: the old file back where there was one."""
+    for path, kept in reversed(published):
+        try:
+            if kept is not None:
+                os.replace(kept, path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            pass  # best effort: the error being raised is the one to report
 
 
 def _exists(shown: str) -> PathExistsError:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias, Union
+from typing import TYPE_CHECKING, BinaryIO, TypeAlias, Union
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from kvcanary_cli.dump.atomic import (
     host_array,
     is_torch_tensor,
     safetensors_dtype_of,
+    safetensors_writer,
     write_safetensors,
 )
 from kvcanary_cli.dump.schema import (
@@ -30,7 +31,7 @@ from kvcanary_cli.dump.schema import (
 )
 from kvcanary_cli.errors import DumpError, MetadataError, TensorDtypeError
 
-__all__ = ["TensorLike", "dump_contents", "save_dump", "write_dump"]
+__all__ = ["TensorLike", "dump_contents", "dump_writer", "save_dump", "write_dump"]
 
 if TYPE_CHECKING:  # accepted, never imported: a tensor exists only where torch is
     import torch
@@ -66,6 +67,14 @@ def write_dump(
     """Write what `dump_contents` prepared (`overwrite` False: refuse an existing file)."""
     tensors, metadata = contents
     return write_safetensors(path, tensors, metadata, overwrite=overwrite)
+
+
+def dump_writer(
+    contents: tuple[dict[str, np.ndarray], dict[str, str]],
+) -> Callable[[BinaryIO], None]:
+    """What writes what `dump_contents` prepared to a handle (for files written together)."""
+    tensors, metadata = contents
+    return safetensors_writer(tensors, metadata)
 
 
 def dump_contents(

@@ -675,6 +675,8 @@ def source_detail(source: SourceRecord) -> str:
             f"{plural(log['lines'], 'line')}: {plural(log['structured'], 'violation line')}, "
             f"{plural(log['messages'], 'full message')}, {log['unparsed']} unparsed"
         )
+        if log["unread_violations"]:
+            detail += f", {log['unread_violations']} violation(s) unreadable (cut short?)"
         swa = log["swa_divergence"]
         if swa is not None:
             detail += (

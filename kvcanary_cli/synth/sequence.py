@@ -34,14 +34,17 @@ before the next is taken (`synth_sequence` yields them one at a time).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
+from kvcanary_cli.dump.files import write_all_atomically
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.synth.state import SynthDump, SynthSpec
 
@@ -734,9 +737,22 @@ def write_sequence(
     dumps = synth_sequence(
         name, steps=steps, seed=seed, size=size, every=every, at=at, page_size=page_size
     )
+    pending = iter(dumps)
+    first = next(pending)  # the options are checked before anything is written
+    paths = [folder / dump_name(0, step) for step in _dump_steps(steps, every)]
+    loaded = iter([first])
+
+    def write_next(handle: BinaryIO) -> None:
+        # The dumps share the loop's arrays: each is written before the next is made.
+        dump = next(loaded, None) or next(pending)
+        dump.target(folder)[1](handle)
+
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for dump in dumps:
-        step = int(dump.metadata["step"])
-        written.append(dump.save(folder / dump_name(0, step), overwrite=overwrite))
-    return written
+    try:  # every dump or none: a refused one leaves no earlier steps behind
+        return write_all_atomically([(path, write_next) for path in paths], overwrite=overwrite)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # empty again: nothing was published
+        raise

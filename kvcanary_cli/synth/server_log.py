@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvcanary_cli.canary.logs import format_pump, write_log
+from kvcanary_cli.canary.logs import format_pump, log_text, write_log
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.synth.state import SynthDump
 
-__all__ = ["LOG_PREFIX", "write_scenario_log"]
+__all__ = ["LOG_PREFIX", "scenario_log", "write_scenario_log"]
 
 #: what precedes the first line of each message in a synthetic log (SGLang's logging format).
 LOG_PREFIX = "[2025-06-01 12:00:00 TP0] "
@@ -19,8 +19,17 @@ LOG_PREFIX = "[2025-06-01 12:00:00 TP0] "
 def write_scenario_log(
     state: SynthDump, path: str | os.PathLike[str], *, overwrite: bool = True
 ) -> Path:
+    """Write the server log of a canary scenario (`scenario_log`)."""
+    return write_log(path, _log_lines(state), prefix=LOG_PREFIX, overwrite=overwrite)
+
+
+def scenario_log(state: SynthDump) -> bytes:
     """The server log of a canary scenario: one pump of its violation ring, logged the step
     after the dump's (docs/canary.md §8), between ordinary log lines."""
+    return log_text(_log_lines(state), prefix=LOG_PREFIX)
+
+
+def _log_lines(state: SynthDump) -> list[str]:
     ring = state.tensors.get("violation_ring")
     index = state.tensors.get("violation_write_index")
     if ring is None or index is None:
@@ -35,4 +44,4 @@ def write_scenario_log(
         f"[canary] step={step} protected_tokens=4096 sweep_passes=0 violations={len(messages)} "
         "launch_tags_active=4/12",
     ]
-    return write_log(path, lines, prefix=LOG_PREFIX, overwrite=overwrite)
+    return lines

@@ -24,7 +24,8 @@ from kvcanary_cli.canary.hashing import (
     fold_chunks,
     mix3_array,
 )
-from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.dump.files import Target
+from kvcanary_cli.dump.writer import dump_contents, dump_writer, write_dump
 
 __all__ = ["LiveRequest", "SynthDump", "SynthSpec", "build_dump"]
 
@@ -104,6 +105,10 @@ class SynthDump:
         """Write the state as a format-v1 dump (`overwrite` False: refuse an existing file)."""
         contents = dump_contents(self.metadata, self.tensors)
         return write_dump(path, contents, overwrite=overwrite)
+
+    def target(self, path: str | Path) -> Target:
+        """The dump as one of several files written together (`write_all_atomically`)."""
+        return Path(path), dump_writer(dump_contents(self.metadata, self.tensors))
 
 
 class _PageAllocator:

@@ -186,3 +186,38 @@ def test_the_api_checks_what_the_command_line_checks(uaf: list[Path], tmp_path: 
         api.synth("clean", tmp_path / "seq", steps=3, every=0)
     with pytest.raises(OptionError, match="DUMP"):
         api.timeline(uaf[0])  # one path: one dump, not one per character
+
+
+@pytest.mark.parametrize("how", ["replaced", "rewritten in place"])
+def test_a_dump_changed_after_ordering_is_refused(
+    clean: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The sequence is ordered by its headers, then loaded one dump at a time: a dump another
+    file took the place of in between (the capture hook writing on) is not read under the
+    step its old header gave (issue 36, class 10). Unchanged, the same run goes through."""
+    import shutil
+
+    from kvcanary_cli.analysis import timeline as timeline_module
+
+    copies = [Path(shutil.copy(p, tmp_path / p.name)) for p in clean]
+    assert run("timeline", *copies).exit_code == 0  # the clean twin: nothing changed
+    victim, newer = copies[1], tmp_path / "newer.safetensors"
+    shutil.copy(clean[-1], newer)
+    real_load = timeline_module.load_dump
+    swapped = False
+
+    def load_after_a_swap(path: Path, **kwargs: object) -> object:
+        nonlocal swapped
+        if not swapped:  # the first load: every header was read already
+            swapped = True
+            if how == "replaced":
+                newer.replace(victim)
+            else:
+                victim.write_bytes(newer.read_bytes())
+        return real_load(path, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(timeline_module, "load_dump", load_after_a_swap)
+    result = run("timeline", *copies)
+    assert result.exit_code == 2, result.stdout
+    assert victim.name in result.stderr and "changed while the timeline read" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""

@@ -298,3 +298,68 @@ def test_a_violation_slot_beyond_the_pool_is_not_in_use(tmp_path: Path) -> None:
     states = {row["slot_idx"]: row["explanation"]["allocator"] for row in rows}
     assert states[pool + 5] == "beyond the pool"
     assert set(states.values()) - {"beyond the pool"} <= {"free", "in use"}
+
+
+# --- violation lines cut short (issue 36, class 11) -----------------------------------------
+
+
+def _cut_log(tmp_path: Path, lines: list[str]) -> Path:
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    return log
+
+
+_STRUCTURED_LINE = (
+    "[2025-06-01 12:00:00 TP0] kv_canary violation: launch_tag=TAIL_K_FULL "
+    "fail_reason=verify_position slot_idx=5 position=3 stored_token=7 expected_token=7 "
+    "stored_chain_hash=0x000000000000000b expected_aux=0x000000000000000c"
+)
+
+
+@pytest.mark.parametrize("keep", [len("[2025-06-01 12:00:00 TP0] kv_canary v"), 120, -1])
+def test_a_violation_line_cut_short_is_never_clean(tmp_path: Path, keep: int) -> None:
+    """A log collector cut the line at its limit: no row is readable, but a violation was
+    logged; the verdict says so and exits 1, in every format."""
+    log = _cut_log(tmp_path, ["Decode batch. #running-req: 4", _STRUCTURED_LINE[:keep]])
+    code, out, _ = run("violations", str(log))
+    assert code == 1, out
+    assert "CLEAN" not in out and "UNREADABLE: 1 violation logged" in out
+    record = json.loads(run("violations", str(log), "--format", "json")[1])
+    assert record["verdict"] == "unreadable" and record["unread_violations"] == 1
+    assert record["sources"][0]["log"]["unread_violations"] == 1
+    code, out, _ = run("violations", str(log), "--format", "markdown")
+    assert code == 1 and "violations: unreadable" in out
+
+
+def test_a_complete_or_recovered_violation_is_not_unread(tmp_path: Path) -> None:
+    """Clean twins: the whole line is a row; a cut structured line followed by its whole
+    message is read from the message (one row, nothing unread); ordinary canary lines and a
+    log without violations stay clean."""
+    whole = json.loads(
+        run("violations", str(_cut_log(tmp_path, [_STRUCTURED_LINE])), "-f", "json")[1]
+    )
+    assert whole["verdict"] == "violations" and whole["unread_violations"] == 0
+    message = [
+        "KV cache canary violation detected (kernel_kind=TAIL_K_FULL, slot_idx=5, position=3)",
+        "canary_kind:       per_forward_tail_k_full",
+        "  fail_reasons: verify_position",
+        "  stored:   token_id=7   position=3 prev_hash=0x000000000000000b",
+        "  expected: prev_hash=0x000000000000000c",
+        "  total_violations=1 ring_overflow=False step_when_pumped=9",
+    ]
+    code, out, _ = run(
+        "violations", str(_cut_log(tmp_path, [_STRUCTURED_LINE[:90], *message])), "-f", "json"
+    )
+    record = json.loads(out)
+    assert code == 1 and record["rows_total"] == 1
+    assert record["unread_violations"] == 0 and record["verdict"] == "violations"
+    quiet = _cut_log(
+        tmp_path,
+        [
+            "[canary] step=9 protected_tokens=4096 sweep_passes=0 violations=0",
+            "kv_canary enabled: 12 launch tags",
+            "Decode batch. #running-req: 4",
+        ],
+    )
+    code, out, _ = run("violations", str(quiet))
+    assert code == 0 and "CLEAN: no violation rows" in out

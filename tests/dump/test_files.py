@@ -73,3 +73,59 @@ def test_standard_inputs_file_is_an_input(tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setattr(sys, "stdin", stdin)
         write_atomically(tmp_path / "r.txt", lambda handle: handle.write(b"ok"), inputs=["-"])
     assert (tmp_path / "r.txt").read_bytes() == b"ok"
+
+
+# --- several files together (issue 36, class 8) ---------------------------------------------
+
+
+def test_files_written_together_are_taken_back_when_a_later_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second target's name is taken between the checks and its publishing: the first,
+    already published, is taken back (a replaced file gets its old bytes again)."""
+    from kvcanary_cli.dump import files
+
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_bytes(b"old first")
+
+    def write_second(handle: BinaryIO) -> None:
+        handle.write(b"new second")
+
+    real_replace = os.replace
+
+    def replace_failing_on_second(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst) == second:
+            raise OSError(errno.EIO, "I/O error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", replace_failing_on_second)
+    with pytest.raises(PathError, match="cannot be written"):
+        files.write_all_atomically(
+            [(first, lambda handle: handle.write(b"new first")), (second, write_second)]
+        )
+    monkeypatch.undo()
+    assert first.read_bytes() == b"old first" and not second.exists()
+    assert sorted(os.listdir(tmp_path)) == ["first.txt"]  # no staged or kept-aside file left
+
+    new_only = tmp_path / "new.txt"
+    second.write_bytes(b"taken")
+    with pytest.raises(PathExistsError):
+        files.write_all_atomically(
+            [(new_only, lambda handle: handle.write(b"x")), (second, write_second)],
+            overwrite=False,
+        )
+    assert not new_only.exists() and second.read_bytes() == b"taken"
+
+
+def test_one_file_named_twice_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    from kvcanary_cli.dump.files import write_all_atomically
+
+    target = tmp_path / "out.txt"
+    with pytest.raises(PathError, match="same file given twice"):
+        write_all_atomically(
+            [
+                (target, lambda h: h.write(b"a")),
+                (tmp_path / "." / "out.txt", lambda h: h.write(b"b")),
+            ]
+        )
+    assert os.listdir(tmp_path) == []

@@ -1242,6 +1242,7 @@ def _crowded(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
     )
     yield _one_wide_slot(seed)
     yield _long_log_lines()
+    yield _cut_violation_lines()
 
 
 def _one_wide_slot(seed: Seed) -> Mutant:
@@ -1283,6 +1284,33 @@ def _long_log_lines() -> Mutant:
         "crowded.long-log-lines",
         "3 messages whose fail_reasons line is x, 65,000 blanks, y",
         ("\n".join(head * 3) + "\n").encode(),
+        ".log",
+    )
+
+
+def _cut_violation_lines() -> Mutant:
+    """A server log whose violation lines a log collector cut at its line limit: the
+    structured line cut at every length from `kv_canary v` to one character short, and a
+    message's first line cut the same way, each between ordinary lines. No row can be read,
+    and every line is a violation logged: never a clean log (exit 1)."""
+    structured = (
+        "[2025-06-01 12:00:00 TP0] kv_canary violation: launch_tag=TAIL_K_FULL "
+        "fail_reason=verify_position slot_idx=5 position=3 stored_token=7 expected_token=7 "
+        "stored_chain_hash=0x000000000000000b expected_aux=0x000000000000000c"
+    )
+    detected = (
+        "KV cache canary violation detected (kernel_kind=TAIL_K_FULL, slot_idx=5, position=3)"
+    )
+    ordinary = "[2025-06-01 12:00:01 TP0] Decode batch. #running-req: 4, #token: 96"
+    lines = []
+    for line in (structured, detected):
+        start = line.index("canary v") + len("canary v")
+        for cut in range(start, len(line)):
+            lines += [line[:cut], ordinary]
+    return Mutant(
+        "crowded.cut-violation-lines",
+        f"{len(lines) // 2} violation lines cut short, every length, no row readable",
+        ("\n".join(lines) + "\n").encode(),
         ".log",
     )
 

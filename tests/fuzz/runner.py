@@ -95,6 +95,7 @@ CROWDED_COMMANDS: dict[str, tuple[str, ...]] = {
     "crowded.ring": ("check", "{dump}", "--kernel", "none", "--format", "json"),
     "crowded.real-kv-one-slot": ("violations", "{dump}", "--replay", "--format", "json"),
     "crowded.long-log-lines": ("violations", "{dump}", "--format", "json"),
+    "crowded.cut-violation-lines": ("violations", "{dump}", "--format", "markdown"),
 }
 
 #: address space a worker may add to what it holds once torch and kvcanary are imported

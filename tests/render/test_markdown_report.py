@@ -134,10 +134,17 @@ def test_multi_dump_table_and_bad_input(multi_report: CheckReport) -> None:
     [(_, header, rows)] = [t for t in tables(markdown) if t[1][0] == "dump"]
     assert [r[1] for r in rows] == ["errors", "clean", "warnings", "bad-input"]
     assert rows[3][-1] == "missing tensor \\`req_to_token\\` (needed by every plan)"
-    section = _dump_sections(markdown)[3]
-    assert section.startswith("dumps/broken.safetensors`: bad-input")
-    assert "**Bad input:** missing tensor" in section
-    assert "No findings." in _dump_sections(markdown)[1]
+    # the table in the order given; the sections failing first (errors, bad input, warnings)
+    sections = _dump_sections(markdown)
+    assert [s.split("`: ")[1].split("\n")[0] for s in sections] == [
+        "errors",
+        "bad-input",
+        "warnings",
+        "clean",
+    ]
+    assert sections[1].startswith("dumps/broken.safetensors`: bad-input")
+    assert "**Bad input:** missing tensor" in sections[1]
+    assert "No findings." in sections[3]
 
 
 def test_markdown_is_deterministic(multi_report: CheckReport) -> None:
@@ -173,3 +180,41 @@ def test_many_long_notes_give_way_to_the_findings(findings_dump: DumpReport) -> 
     assert "note: 9: xxx" in markdown and "note: 10: " not in markdown
     assert "… and 190 more notes (--format json)" in markdown
     assert markdown.count("(5,003 characters in all; --format json has them)") == 10
+
+
+def test_many_clean_dumps_never_crowd_out_the_failing_one(
+    findings_dump: DumpReport, clean_dump: DumpReport
+) -> None:
+    """Issue 36, class 13: forty clean dumps with long notes, the only failing dump last. The
+    body fits GitHub's limit with the failing dump's section whole (diagnosis and findings)
+    and first, and each clean dump summarised on one line."""
+    notes = tuple(f"note {k}: " + "x" * 2_000 for k in range(12))
+    clean = [
+        replace(clean_dump, path=f"dumps/clean-{i:02d}.safetensors", notes=notes) for i in range(40)
+    ]
+    record = check_record(CheckReport(dumps=(*clean, findings_dump)))
+    markdown = check_markdown(record)
+    assert len(markdown) <= GITHUB_BODY_LIMIT
+    alone = check_markdown(check_record(CheckReport(dumps=(findings_dump,))))
+    failing = alone[alone.index("### `dumps/step1207") :]  # its section, as a body of its own
+    sections = _dump_sections(markdown)
+    assert sections[0].startswith("dumps/step1207|rank0.safetensors`: errors")
+    assert failing.strip() in markdown  # whole: diagnosis, findings, provenance
+    assert "### Clean dumps (40)" in markdown
+    for i in range(40):
+        assert f"- `dumps/clean-{i:02d}.safetensors`: clean, batch size" in markdown
+    assert "x" * 300 not in markdown  # no clean dump's note
+
+
+def test_clean_dumps_keep_their_sections_when_the_body_fits(
+    findings_dump: DumpReport, clean_dump: DumpReport
+) -> None:
+    """The twin: a body that fits keeps every clean dump's section, after the failing one."""
+    clean = [replace(clean_dump, path=f"dumps/clean-{i}.safetensors") for i in range(3)]
+    markdown = check_markdown(check_record(CheckReport(dumps=(*clean, findings_dump))))
+    sections = _dump_sections(markdown)
+    assert [s.split("`")[0] for s in sections] == [
+        "dumps/step1207|rank0.safetensors",
+        *(f"dumps/clean-{i}.safetensors" for i in range(3)),
+    ]
+    assert "Clean dumps (" not in markdown

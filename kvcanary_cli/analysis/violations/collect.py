@@ -222,6 +222,7 @@ def _log_source(scan: LogScan, index: int) -> tuple[SourceSummary, ViolationRows
         inconsistent=scan.inconsistent,
         overlong=scan.overlong,
         swa_divergence=swa,
+        unread=scan.unread,
     )
     summary = SourceSummary(path=scan.name, kind="log", rows=0, log=log, notes=scan.notes)
     return summary, scan.rows.with_source(index)

@@ -247,6 +247,8 @@ class LogSummary:
     inconsistent: int
     overlong: int
     swa_divergence: SwaSummary | None = None
+    #: violations begun and not readable (cut short, garbled): never a clean log.
+    unread: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,3 +308,13 @@ class ViolationsReport:
     group: str | None = None
     buffer: str | None = None
     notes: tuple[str, ...] = ()
+
+    @property
+    def unread(self) -> int:
+        """Violations the logs began and no row could be read from (cut short, garbled)."""
+        return sum(s.log.unread for s in self.sources if s.log is not None)
+
+    @property
+    def found(self) -> bool:
+        """Whether the command exits 1: rows, or violations logged that could not be read."""
+        return bool(len(self.rows) or self.unread)

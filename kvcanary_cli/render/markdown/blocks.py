@@ -4,8 +4,12 @@ Text from a dump must read as itself once rendered: no link, image or HTML of it
 emphasis, no broken table or code span. So `text` escapes non-printable characters
 (`safe_text.printable`, which also keeps a heading on its line), backslashes, `|`, `*`, `~`,
 backticks, a `_` that could start or end emphasis, the `(` of a `](` (a link or an image),
-`&` (an entity such as `&#x202e;` would decode) and `<` (HTML, autolinks). A `code` span's
-fence is longer than any run of backticks inside it. Bare URLs are left alone: GitHub may
+`&` (an entity such as `&#x202e;` would decode) and `<` (HTML, autolinks), and keeps an
+`@user` or `@org/team` from mentioning anyone: GitHub looks for mentions in the rendered text
+(outside code), after entities and backslash escapes are decoded, so neither `\\@` nor `&#64;`
+stops one; a word joiner (U+2060, written `&#8288;`) between `@` and the name does, and renders
+as nothing (the reader sees `@user`). A `code` span's fence is longer than any run of
+backticks inside it, and no mention is made in code. Bare URLs are left alone: GitHub may
 still link one, but such a link shows its own target.
 """
 
@@ -22,6 +26,10 @@ _BACKSLASHED = re.compile(r"[\\|*`~]")
 #: a `_` not inside a word (`lut_len` stays as it is; `_u_` cannot make emphasis).
 _LOOSE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
 _BACKTICKS = re.compile(r"`+")
+#: an `@` a name follows: where GitHub would mention a user or a team.
+_MENTION = re.compile(r"@(?=[0-9A-Za-z])")
+#: what goes between them: a word joiner, as an entity (ASCII, and `printable` leaves it be).
+_NO_MENTION = "@&#8288;"
 
 
 def text(value: object) -> str:
@@ -36,7 +44,8 @@ def _escaped_line(line: str) -> str:
     shown = _BACKSLASHED.sub(lambda m: "\\" + m.group(), printable(line))
     shown = _LOOSE_UNDERSCORE.sub(r"\\_", shown)
     shown = shown.replace("](", "]\\(")
-    return shown.replace("&", "&amp;").replace("<", "&lt;")
+    shown = shown.replace("&", "&amp;").replace("<", "&lt;")
+    return _MENTION.sub(_NO_MENTION, shown)
 
 
 def clipped(value: str, limit: int | None) -> str:

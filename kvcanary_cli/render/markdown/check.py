@@ -324,8 +324,9 @@ def check_markdown(
     """
     record = printable_record(record)
     rows, details, text = max_rows, True, _DUMP_TEXT[0]
+    brief = _clean_in_brief(record, rows, details, text, limit)
     while True:
-        body = _check_markdown(record, rows, details, text)
+        body = _check_markdown(record, rows, details, text, brief=brief)
         if len(body) <= limit:
             break
         if text != _DUMP_TEXT[-1]:
@@ -359,7 +360,41 @@ def _cut(body: str, limit: int, record: CheckRecord) -> str:
     return notice + kept + "\n"
 
 
-def _check_markdown(record: CheckRecord, max_rows: int, details: bool, text: DumpText) -> str:
+#: The order of dump sections in a body of several dumps: the failing ones (and their
+#: diagnoses) first, so that a trim never cuts the one that matters for the clean ones.
+_SECTION_ORDER = {"errors": 0, "bad-input": 1, "warnings": 2, "clean": 3}
+
+
+def _in_section_order(dumps: list[DumpRecord]) -> list[DumpRecord]:
+    return sorted(dumps, key=lambda d: _SECTION_ORDER.get(d["verdict"], 0))
+
+
+def _clean_in_brief(
+    record: CheckRecord, rows: int, details: bool, text: DumpText, limit: int
+) -> bool:
+    """Whether the clean dumps are summarised one line each: when there are clean and other
+    dumps, and the body with every section is too long."""
+    verdicts = {d["verdict"] for d in record["dumps"]}
+    if "clean" not in verdicts or verdicts == {"clean"}:
+        return False
+    return len(_check_markdown(record, rows, details, text, brief=False)) > limit
+
+
+def _clean_summary(clean: list[DumpRecord]) -> list[str]:
+    lines = [
+        f"- {_code(d['path'], cell=False)}: clean, batch size {d['bs']}, no findings" for d in clean
+    ]
+    return [
+        f"### Clean dumps ({len(clean)})",
+        "\n".join(lines),
+        f"*One line each, to fit GitHub's {GITHUB_BODY_LIMIT:,}-character limit; "
+        "`kvcanary check --format json` has their sections.*",
+    ]
+
+
+def _check_markdown(
+    record: CheckRecord, max_rows: int, details: bool, text: DumpText, *, brief: bool = False
+) -> str:
     summary = record["summary"]
     by_severity = summary["by_severity"]
     head = [
@@ -406,6 +441,11 @@ def _check_markdown(record: CheckRecord, max_rows: int, details: bool, text: Dum
             )
         )
     parts = list(head)
-    for dump in record["dumps"]:
-        parts.extend(_dump_section(dump, max_rows, details, text))
+    dumps = _in_section_order(record["dumps"])
+    clean = [d for d in dumps if brief and d["verdict"] == "clean"]
+    for dump in dumps:
+        if not (brief and dump["verdict"] == "clean"):
+            parts.extend(_dump_section(dump, max_rows, details, text))
+    if clean:
+        parts.extend(_clean_summary(clean))
     return "\n\n".join(parts) + "\n"

@@ -26,9 +26,15 @@ __all__ = ["violations_markdown"]
 def violations_markdown(record: ViolationsRecord, *, max_rows: int = 20) -> str:
     """The record as a GitHub issue body."""
     record = printable_record(record)
-    total = record["rows_total"]
+    total, unread = record["rows_total"], record["unread_violations"]
+    if total:
+        verdict = plural(total, "row") + (f" ({unread} more unreadable)" if unread else "")
+    elif unread:
+        verdict = f"unreadable ({plural(unread, 'violation')} cut short or garbled)"
+    else:
+        verdict = "clean"
     parts = [
-        f"## kvcanary violations: {plural(total, 'row') if total else 'clean'}",
+        f"## kvcanary violations: {verdict}",
         f"kvcanary {record['kvcanary_version']} · `{record['schema']}`"
         + (f" · explained against {_code(record['dump'], cell=False)}" if record["dump"] else ""),
     ]

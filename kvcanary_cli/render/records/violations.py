@@ -121,6 +121,8 @@ class LogRecord(TypedDict):
     incomplete: int
     inconsistent: int
     overlong: int
+    #: violations begun but not readable (cut short, garbled): exit 1
+    unread_violations: int
     swa_divergence: SwaDivergenceRecord | None
 
 
@@ -258,8 +260,10 @@ class ViolationsRecord(TypedDict):
 
     schema: Literal["kvcanary.violations/1"]
     kvcanary_version: str
-    #: the exit code in words: 1 or 0
-    verdict: Literal["violations", "clean"]
+    #: the exit code in words: 1 (rows; or no row, but violations logged unreadable) or 0
+    verdict: Literal["violations", "unreadable", "clean"]
+    #: violations the logs began that gave no row (cut short, garbled; docs/canary.md §6)
+    unread_violations: int
     #: the dump rows are explained against
     dump: str | None
     #: that dump's identity keys; {} without one
@@ -343,6 +347,7 @@ def _source(report: ViolationsReport, i: int) -> SourceRecord:
             "incomplete": s.log.incomplete,
             "inconsistent": s.log.inconsistent,
             "overlong": s.log.overlong,
+            "unread_violations": s.log.unread,
             "swa_divergence": None
             if swa is None
             else {
@@ -404,7 +409,8 @@ def violations_record(report: ViolationsReport, *, max_rows: int | None = None) 
     return {
         "schema": VIOLATIONS_SCHEMA,
         "kvcanary_version": kvcanary_cli.__version__,
-        "verdict": "violations" if total else "clean",
+        "verdict": "violations" if total else "unreadable" if report.unread else "clean",
+        "unread_violations": report.unread,
         "dump": report.dump,
         "identity": dict(report.identity),
         "filters": {

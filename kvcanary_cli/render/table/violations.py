@@ -96,11 +96,15 @@ def _replay_table(replay: list[ReplayRecord]) -> Table:
 def violations_table(record: ViolationsRecord, *, max_rows: int = 20) -> RenderableType:
     """Sources, replay, the first `max_rows` rows with their diagnosis, and notes."""
     record = printable_record(record)
-    total = record["rows_total"]
-    head = Text(
-        f"VIOLATIONS: {plural(total, 'row')}" if total else "CLEAN: no violation rows",
-        style="bold red" if total else "bold green",
-    )
+    total, unread = record["rows_total"], record["unread_violations"]
+    if total:
+        words = f"VIOLATIONS: {plural(total, 'row')}"
+        words += f" ({unread} more logged, unreadable)" if unread else ""
+    elif unread:
+        words = f"UNREADABLE: {plural(unread, 'violation')} logged, cut short or garbled"
+    else:
+        words = "CLEAN: no violation rows"
+    head = Text(words, style="bold red" if total or unread else "bold green")
     by_origin = record["summary"]["by_origin"]
     if by_origin:
         head.append("  (" + ", ".join(f"{k} {v}" for k, v in by_origin.items()) + ")")
