@@ -121,3 +121,28 @@ def stale_rows_dump(path: Path, rows: int, *, prefix: int = 8, tail: int = 4) ->
         free_full_slots=freed.astype(np.int64),
         metadata={"num_full_slots": str(rows * prefix + 16)},
     )
+
+
+def wide_dump(path: Path, *, rows: int = 128, width: int = 131_076, seed: int = 1) -> Path:
+    """A clean SWA state of production row width (`req_to_token` of `rows + 1` x `width`)
+    whose `rows` live requests hold pages from all over a shuffled pool: shrunk, it is the
+    wide sparse dump whose kernel staging holds `rows x width` dense cells."""
+    from dataclasses import replace
+
+    from kvcanary_cli.synth.scenarios import SIZES
+    from kvcanary_cli.synth.state import build_dump
+
+    spec = replace(
+        SIZES["small"],
+        max_reqs=rows + 1,
+        max_seq_len=width,
+        active_rows=rows,
+        padding_rows=1,
+        history=rows,
+        max_request_len=2048,
+        pool_slots=1 << 19,
+        window=64,
+        mode="mixed",
+        shuffled_free_list=True,
+    )
+    return build_dump(spec, seed=seed).save(path)
