@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.model import DumpReport, Finding
 from kvcanary_cli.dump.loader import KvDump
@@ -96,3 +100,49 @@ AUDIT_SCENARIOS = (
 #: Scenarios of diagnosis rules over old codes (a consistent row is no stale-row read, a radix
 #: sharer's repeat is no aliasing, a live SWA page on the free list is its own cause).
 RULE_SCENARIOS = ("reuse-under-radix-sharer", "double-allocation", "swa-freed-while-live")
+
+
+def stale_rows_dump(path: Path, rows: int, *, prefix: int = 8, tail: int = 4) -> Path:
+    """A dump whose `rows` batch rows each read a stale tail: the last `tail` of their
+    `prefix` cells hold slots on the free list (the shape of the stale-row-read diagnosis at
+    any batch size). Built with numpy only: cheap at tens of thousands of rows."""
+    from kvcanary_cli.dump.writer import save_dump
+
+    width = prefix + 2
+    table = np.zeros((rows + 1, width), dtype=np.int32)
+    slots = 1 + np.arange(rows * prefix, dtype=np.int32).reshape(rows, prefix)
+    table[1:, :prefix] = slots
+    freed = slots[:, prefix - tail :].reshape(-1)
+    return save_dump(
+        path,
+        req_to_token=table,
+        req_pool_indices=np.arange(1, rows + 1, dtype=np.int64),
+        prefix_lens=np.full(rows, prefix, dtype=np.int64),
+        free_full_slots=freed.astype(np.int64),
+        metadata={"num_full_slots": str(rows * prefix + 16)},
+    )
+
+
+def wide_dump(path: Path, *, rows: int = 128, width: int = 131_076, seed: int = 1) -> Path:
+    """A clean SWA state of production row width (`req_to_token` of `rows + 1` x `width`)
+    whose `rows` live requests hold pages from all over a shuffled pool: shrunk, it is the
+    wide sparse dump whose kernel staging holds `rows x width` dense cells."""
+    from dataclasses import replace
+
+    from kvcanary_cli.synth.scenarios import SIZES
+    from kvcanary_cli.synth.state import build_dump
+
+    spec = replace(
+        SIZES["small"],
+        max_reqs=rows + 1,
+        max_seq_len=width,
+        active_rows=rows,
+        padding_rows=1,
+        history=rows,
+        max_request_len=2048,
+        pool_slots=1 << 19,
+        window=64,
+        mode="mixed",
+        shuffled_free_list=True,
+    )
+    return build_dump(spec, seed=seed).save(path)

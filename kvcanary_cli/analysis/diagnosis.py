@@ -470,24 +470,53 @@ def _stale_rows(state: _Diagnosis) -> None:
         row_of = np.clip(cells.batch_row, 0, bs - 1)
         mask = stale[row_of] & (cells.position < prefix[row_of]) & (cells.batch_row < bs)
         state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i, mask & (cells.batch_row >= 0))
+    state.evidence(CauseCode.STALE_ROW_READ).extend(
+        _stale_row_lines(state, stale_rows, row[stale[row]], code[stale[row]], first)
+    )
+
+
+#: Stale rows the evidence names one by one; the rest are counted in one line.
+STALE_ROWS_SHOWN = 5
+
+
+def _stale_row_lines(
+    state: _Diagnosis,
+    stale_rows: np.ndarray,
+    row: np.ndarray,
+    code: np.ndarray,
+    first: np.ndarray,
+) -> list[str]:
+    """One line per stale batch row for the first `STALE_ROWS_SHOWN` (its tail's cells per
+    code), then one line counting the others: one sort of the cells, whatever the batch."""
+    prefix = np.maximum(state.dump.prefix_lens, 0)
     pool_rows = state.dump.req_pool_indices
-    per_row = np.isin(row, stale_rows)
-    counted_rows, counted_codes = row[per_row], code[per_row]
+    shown = stale_rows[:STALE_ROWS_SHOWN]
     every_code = list(FindingCode)
-    for b in stale_rows.tolist():
-        here = counted_codes[counted_rows == b]
-        tally: Counter[str] = Counter(
-            {
-                every_code[c].value: int(n)
-                for c, n in zip(*np.unique(here, return_counts=True), strict=True)
-            }
-        )
+    # cells per (row, code) of the rows shown, counted in one pass
+    named = np.isin(row, shown)
+    key = row[named] * len(every_code) + code[named]
+    key.sort()
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+    counts = np.diff(np.r_[starts, key.size])
+    tallies: dict[int, Counter[str]] = {int(b): Counter() for b in shown.tolist()}
+    for k, n in zip(key[starts].tolist(), counts.tolist(), strict=True):
+        tallies[k // len(every_code)][every_code[k % len(every_code)].value] = int(n)
+    lines = []
+    for b in shown.tolist():
         p, start = int(prefix[b]), int(first[b])
-        state.evidence(CauseCode.STALE_ROW_READ).append(
+        lines.append(
             f"batch row {b} (pool row {int(pool_rows[b])}): positions "
             f"{start}..{p - 1}, the last {p - start} of its prefix of {p}, hold "
-            f"{_counted(tally)}; the cells before them are clean"
+            f"{_counted(tallies[b])}; the cells before them are clean"
         )
+    more = int(stale_rows.size - shown.size)
+    if more > 0:
+        rest = int(row.size - int(np.count_nonzero(named)))
+        lines.append(
+            f"... and {more} more batch row{'s' if more != 1 else ''} with a stale tail "
+            f"({rest} cell{'s' if rest != 1 else ''}; every one is in the findings)"
+        )
+    return lines
 
 
 #: codes whose cells name a full slot mapped to an SWA slot: the cell's slot (full space) or

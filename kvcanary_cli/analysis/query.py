@@ -29,7 +29,7 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.tensor import StoredTensor
+from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.frame import group_frame
 
@@ -128,10 +128,7 @@ def row_map(
             f"positions {positions[0]}:{positions[1]} hold no cell of a row of {msl}",
             option="--positions",
         )
-    marks: dict[int, list[str]] = {}
-    for f in touching:
-        if f.position is not None and lo <= f.position < hi:
-            marks.setdefault(f.position, []).append(f.code.value)
+    marked, marks = _marks(touching, lo, hi, max_cells)
     batch_rows = tuple(batch_rows_of(dump).get(pool_row, ()))
     first = batch_rows[0] if batch_rows else None
     prefix = extend = start = None
@@ -143,7 +140,7 @@ def row_map(
         spans += [(start - 1, start + _EDGE), (live_end - _EDGE, live_end + _EDGE), (0, live_end)]
     else:  # an idle row: its first filled cells
         spans += [(p, p + 1) for p in row.nonzero_positions(lo, hi, max_cells)]
-    shown = sorted(marks)[:max_cells]
+    shown = sorted(marks)
     taken = set(shown)
     for a, b in spans:
         for pos in range(max(a, lo), min(b, hi)):
@@ -166,7 +163,7 @@ def row_map(
                 role=role,
                 seed=seed,
                 swa_slot=swa,
-                marks=tuple(dict.fromkeys(marks.get(pos, ()))),
+                marks=marks.get(pos, ()),
             )
         )
     live_end = 0 if first is None else min(max(prefix or 0, 0) + max(extend or 0, 0), msl)
@@ -192,12 +189,44 @@ def row_map(
             max_seq_len=msl,
             gaps=gaps,
             window=None if positions is None else (lo, hi),
-            marks_not_shown=len(marks) - len(set(marks) & taken),
+            marks_not_shown=marked - len(marks),
             occupancy=occupancy,
         ),
         findings=touching,
         shrink=dump.shrink,
     )
+
+
+def _marks(
+    touching: Sequence[Finding], lo: int, hi: int, max_cells: int
+) -> tuple[int, dict[int, tuple[str, ...]]]:
+    """How many positions of `[lo, hi)` a finding's cell is on (every cell of every finding
+    in the row, not only each finding's first), and the codes at the first `max_cells` of
+    them (each code once, in finding order): the work is one sort of the row's finding
+    cells, the Python objects are for the positions shown."""
+    positions, owners = [], []
+    for i, f in enumerate(touching):
+        if f.cells is not None:
+            at = f.cells.position
+        elif f.position is not None:
+            at = np.array([f.position], dtype=np.int64)
+        else:
+            continue
+        at = at[(at >= lo) & (at < hi)]
+        positions.append(at)
+        owners.append(np.full(at.size, i, dtype=np.int64))
+    if not positions:
+        return 0, {}
+    position, owner = np.concatenate(positions), np.concatenate(owners)
+    marked = distinct(position)
+    shown = marked[:max_cells]
+    keep = np.isin(position, shown)
+    position, owner = position[keep], owner[keep]
+    order = np.lexsort((owner, position))
+    marks: dict[int, list[str]] = {int(p): [] for p in shown.tolist()}
+    for p, i in zip(position[order].tolist(), owner[order].tolist(), strict=True):
+        marks[p].append(touching[i].code.value)
+    return int(marked.size), {p: tuple(dict.fromkeys(codes)) for p, codes in marks.items()}
 
 
 #: cells of a row examined per step when counting or searching (bounds temporaries).

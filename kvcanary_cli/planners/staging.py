@@ -116,15 +116,24 @@ def _stage_lut(lut: StoredTensor) -> tuple[np.ndarray, np.ndarray | None]:
     return staged, keys
 
 
+#: cells of the staged table renumbered per step: the int64 temporaries stay a few MB,
+#: whatever the number of rows staged (a whole row of 131 K cells at a time or more).
+_RENUMBER_CHUNK = 1 << 20
+
+
 def _renumber_slots(table: np.ndarray, keys: np.ndarray, lut_len: int, staged_len: int) -> None:
     """Slot values of staged rows to staged LUT entries, in place: negative ones stay, ones
-    past the LUT go past the staged LUT, kept ones to their entry, the others to entry 0."""
-    values = table.astype(np.int64)
-    at = np.searchsorted(keys, values)
-    kept = (at < keys.size) & (keys[np.minimum(at, max(keys.size - 1, 0))] == values)
-    out = np.where(values < 0, values, np.where(values >= lut_len, staged_len, 0))
-    out = np.where(kept & (values >= 0) & (values < lut_len), at + 1, out)
-    table[...] = out.astype(table.dtype)
+    past the LUT go past the staged LUT, kept ones to their entry, the others to entry 0.
+    In bounded steps over the flat table (its temporaries are int64: 8 bytes a cell)."""
+    flat = table.reshape(-1)
+    last = max(keys.size - 1, 0)
+    for lo in range(0, flat.size, _RENUMBER_CHUNK):
+        values = flat[lo : lo + _RENUMBER_CHUNK].astype(np.int64)
+        at = np.searchsorted(keys, values)
+        kept = (at < keys.size) & (keys[np.minimum(at, last)] == values)
+        out = np.where(values < 0, values, np.where(values >= lut_len, staged_len, 0))
+        out = np.where(kept & (values >= 0) & (values < lut_len), at + 1, out)
+        flat[lo : lo + _RENUMBER_CHUNK] = out.astype(table.dtype)
 
 
 def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:

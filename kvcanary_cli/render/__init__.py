@@ -76,9 +76,9 @@ def render_check(
     and count the rest. `to_stdout`: the view goes where `check`'s error lines on stderr
     are read too, so the table does not repeat why a dump is unreadable (a file keeps it).
     """
+    if quiet:  # counts only: no record per finding, whatever the number of cells
+        return verdict_lines(check_record(report, findings=False))
     record = check_record(report)
-    if quiet:
-        return verdict_lines(record)
     match fmt:
         case OutputFormat.TABLE:
             return check_table(record, max_rows=max_rows, errors_on_stderr=to_stdout)

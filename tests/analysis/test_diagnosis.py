@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,48 @@ def test_a_partial_page_whose_cells_a_batch_cause_took_first_adds_no_cause(
     )
     _, causes = diagnose(dump, [freed, bad_row])
     assert [c.code.value for c in causes] == ["batch-metadata-corrupt"]
+
+
+def test_many_stale_rows_are_one_pass_and_a_bounded_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,000 batch rows each reading a stale tail: one cause whose evidence names the first
+    few rows and counts the rest, built without a pass over the cells per row (which made a
+    10 MB dump run for minutes)."""
+    from kvcanary_cli.analysis import diagnosis
+    from tests.helpers import stale_rows_dump
+
+    lines: list[object] = []
+    counted = diagnosis._counted
+
+    def counting(codes: Counter[str]) -> str:
+        lines.append(codes)
+        return counted(codes)
+
+    monkeypatch.setattr(diagnosis, "_counted", counting)
+    report = checked(load_dump(stale_rows_dump(tmp_path / "rows.safetensors", 2_000)))
+    [cause] = report.diagnosis
+    assert cause.code.value == "stale-row-read"
+    shown = diagnosis.STALE_ROWS_SHOWN
+    assert len(lines) <= shown  # a tally per row shown, not per row
+    assert len(cause.evidence) == shown + 1
+    assert cause.evidence[0].startswith("batch row 0 (pool row 1): positions 4..7, the last 4")
+    assert "4 freed-slot-in-live-range cells" in cause.evidence[shown - 1]
+    assert cause.evidence[-1] == (
+        f"... and {2_000 - shown} more batch rows with a stale tail "
+        f"({4 * (2_000 - shown)} cells; every one is in the findings)"
+    )
+    assert sum(cause.explains.values()) == 8_000
+
+
+def test_a_few_stale_rows_are_each_named(tmp_path: Path) -> None:
+    from tests.helpers import stale_rows_dump
+
+    report = checked(load_dump(stale_rows_dump(tmp_path / "rows.safetensors", 3, tail=3)))
+    [cause] = report.diagnosis
+    assert [e.split(":")[0] for e in cause.evidence] == [
+        "batch row 0 (pool row 1)",
+        "batch row 1 (pool row 2)",
+        "batch row 2 (pool row 3)",
+    ]
+    assert all("3 freed-slot-in-live-range cells" in e for e in cause.evidence)

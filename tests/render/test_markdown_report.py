@@ -218,3 +218,29 @@ def test_clean_dumps_keep_their_sections_when_the_body_fits(
         *(f"dumps/clean-{i}.safetensors" for i in range(3)),
     ]
     assert "Clean dumps (" not in markdown
+
+
+def test_a_long_argument_gives_way_before_the_diagnosis_or_a_finding(
+    findings_dump: DumpReport,
+) -> None:
+    # A cause whose evidence is thousands of lines (one per batch row) is shortened in the
+    # body, never cut with the diagnosis and every finding after it.
+    from kvcanary_cli.analysis.model import Cause, CauseCode, Confidence
+
+    argued = Cause(
+        code=CauseCode.STALE_ROW_READ,
+        confidence=Confidence.LIKELY,
+        summary="stale tails",
+        evidence=tuple(f"batch row {i}: " + "y" * 120 for i in range(3_000)),
+        explains={"freed-slot-in-live-range": 3_000},
+        fix="fix it",
+    )
+    long = replace(findings_dump, diagnosis=(argued, *findings_dump.diagnosis))
+    markdown = check_markdown(check_record(CheckReport(dumps=(long,))))
+    usual = check_markdown(check_record(CheckReport(dumps=(findings_dump,))))
+    assert len(markdown) <= GITHUB_BODY_LIMIT and "Trimmed" not in markdown
+    assert "#### Diagnosis" in markdown and "**`stale-row-read`** (likely)" in markdown
+    assert "batch row 49: " in markdown and "batch row 50: " not in markdown
+    assert "… and 2950 more evidence lines (--format json)" in markdown
+    tail = usual[usual.index("\n##### ") :]
+    assert markdown.endswith(tail)

@@ -172,7 +172,7 @@ def _findings_sections(dump: DumpRecord, max_rows: int, details: bool) -> list[s
     return parts
 
 
-def _diagnosis_section(dump: DumpRecord) -> list[str]:
+def _diagnosis_section(dump: DumpRecord, text: DumpText) -> list[str]:
     if not dump["diagnosis"]:
         return []
     items = []
@@ -181,7 +181,13 @@ def _diagnosis_section(dump: DumpRecord) -> list[str]:
             f"{number}. **{_code(cause['cause'], cell=False)}** ({cause['confidence']}): "
             f"{_text(cause['summary'])}"
         ]
-        lines.extend(f"   - {_text(fact)}" for fact in cause["evidence"])
+        evidence = cause["evidence"]
+        lines.extend(
+            f"   - {_text(clipped(fact, text.chars))}" for fact in evidence[: text.evidence]
+        )
+        if len(evidence) > text.evidence:
+            more = plural(len(evidence) - text.evidence, "more evidence line")
+            lines.append(f"   - … and {more} (--format json)")
         explains = code_cells(cause["explains"], lambda code: _code(code, cell=False))
         if explains:
             lines.append(f"   - explains: {explains}")
@@ -259,7 +265,7 @@ def _dump_section(dump: DumpRecord, max_rows: int, details: bool, text: DumpText
     parts.append("\n".join(f"- {fact}" for fact in facts))
     if dump["shrunk"] is not None:
         parts.append(reproduce(dump["shrunk"]))
-    parts.extend(_diagnosis_section(dump))
+    parts.extend(_diagnosis_section(dump, text))
     parts.extend(_raise_lines(dump, text.chars))
     if dump["groups"]:
         parts.append(_groups_table(dump["groups"]))
@@ -304,11 +310,17 @@ class DumpText:
 
     chars: int
     notes: int
+    #: evidence lines per cause in the diagnosis (the rest counted): a long argument is
+    #: shortened before any finding is, so the diagnosis is never what a trim cuts.
+    evidence: int
 
 
 #: What came from the dump, shown generously, then shortly when the body is too long: it is
 #: shortened before any finding is.
-_DUMP_TEXT = (DumpText(chars=4_000, notes=50), DumpText(chars=300, notes=10))
+_DUMP_TEXT = (
+    DumpText(chars=4_000, notes=50, evidence=50),
+    DumpText(chars=300, notes=10, evidence=5),
+)
 
 
 def check_markdown(

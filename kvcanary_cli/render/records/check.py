@@ -352,7 +352,7 @@ def dump_verdict(dump: DumpReport) -> DumpVerdict:
     return "clean"
 
 
-def _dump(dump: DumpReport, fail_on: Severity) -> DumpRecord:
+def _dump(dump: DumpReport, fail_on: Severity, findings: bool = True) -> DumpRecord:
     return {
         "path": dump.path,
         "identity": identity_record(dump.identity),
@@ -390,12 +390,15 @@ def _dump(dump: DumpReport, fail_on: Severity) -> DumpRecord:
         "requests": [_request(r) for r in dump.requests],
         "counts": _counts(dump.findings),
         "findings_total": len(dump.findings),
-        "findings": findings_record(dump.findings),
+        "findings": findings_record(dump.findings) if findings else [],
     }
 
 
-def check_record(report: CheckReport) -> CheckRecord:
+def check_record(report: CheckReport, *, findings: bool = True) -> CheckRecord:
     """The `kvcanary.check/2` record of a check.
+
+    `findings=False` leaves each dump's `findings` list empty (its counts, diagnosis and
+    totals stay): what the verdict lines read, without a record per finding and cell.
 
     `verdict` mirrors the exit code: `bad-input` (2) when a dump could not be read, else
     `findings` (1) when a finding reaches `fail_on`, else `clean` (0).
@@ -430,5 +433,5 @@ def check_record(report: CheckReport) -> CheckRecord:
             },
             "counts": {code_name(c): by_code[c] for c in FindingCode if by_code[c]},
         },
-        "dumps": [_dump(d, report.fail_on) for d in report.dumps],
+        "dumps": [_dump(d, report.fail_on, findings) for d in report.dumps],
     }

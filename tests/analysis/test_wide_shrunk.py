@@ -1,0 +1,54 @@
+"""Shrunk dumps of production-wide pools: memory follows what is asked for and found (a quiet
+check holds no record per cell; the kernels' staging of a wide row holds no int64 copy of
+it), measured as a child's peak (`tests.child_memory`), never as a wall time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvcanary_cli import api
+from kvcanary_cli.render import render_check
+from kvcanary_cli.render.console import OutputFormat
+from kvcanary_cli.render.records import common
+from tests.child_memory import peak_rss_of
+from tests.helpers import stale_rows_dump, wide_dump
+
+#: a check of a small shrunk dump with the Triton kernels imported and a 67 MB staged table
+#: (128 rows x 131,076 cells, int32): 340 MB; 1 GB when each staged cell had int64 copies.
+WIDE_CHECK_RSS = 560 << 20
+
+
+def test_a_quiet_check_builds_no_record_per_finding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = api.check([stale_rows_dump(tmp_path / "rows.safetensors", 500)])
+    assert report.failed
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("a quiet check turned a finding's cells into a record")
+
+    monkeypatch.setattr(common, "cells_record", refuse)
+    lines = render_check(report, OutputFormat.TABLE, quiet=True)
+    assert isinstance(lines, str)
+    assert lines.startswith("ERRORS: ") and "2000 error cells" in lines
+    with pytest.raises(AssertionError, match="quiet check"):  # the full views do build it
+        render_check(report, OutputFormat.JSON)
+
+
+@pytest.fixture(scope="module")
+def wide_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("wide")
+    source = wide_dump(directory / "wide.safetensors")
+    small = directory / "wide.small.safetensors"
+    api.shrink(source, small)
+    source.unlink()
+    return small
+
+
+@pytest.mark.slow  # whole processes, measured in memory
+def test_a_wide_shrunk_dump_checks_in_bounded_memory(wide_small: Path) -> None:
+    code, peak = peak_rss_of("check", str(wide_small), "--quiet")
+    assert code == 0
+    assert peak < WIDE_CHECK_RSS
