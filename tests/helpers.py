@@ -89,6 +89,8 @@ def expand_cells(f: Finding) -> list[tuple[object, ...]]:
 AUDIT_SCENARIOS = (
     "double-free",
     "reserved-slot-freed",
+    "reserved-swa-page-freed",
+    "reserved-swa-page-handed-out",
     "stale-swa-mapping",
     "swa-shared-owner",
     "swa-write-into-live-slot",

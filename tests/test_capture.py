@@ -901,3 +901,186 @@ def test_a_lut_sliced_to_a_growing_length_costs_one_guard_dump(
             **dict(kwargs, full_to_swa_index_mapping=lut[:allocated])
         )
     assert [p.name for p in dumps_in(tmp_path)] == ["kvcanary-rank0-step000000-guard.safetensors"]
+
+
+# --- a capture inside a live server: spent budgets, unreadable budgets, bad directories ------
+
+
+class _CountingAllocator(_Allocator):
+    """An allocator that counts the reads of its free list (a device copy and sort on a GPU)."""
+
+    reads = 0
+
+    def get_all_free_pages(self) -> torch.Tensor:
+        self.reads += 1
+        return super().get_all_free_pages()
+
+
+def _capture_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The capture's warnings other than the ones naming a dump written."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "kvcanary.capture"
+        and r.levelno >= logging.WARNING
+        and "saved to" not in r.getMessage()
+    ]
+
+
+def test_a_spent_dump_limit_costs_a_due_trigger_nothing(
+    tmp_path: Path,
+    stand_in: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Snapshots due at every launch, a raising launch and the guard, with the limit of one
+    dump spent by the first: no later free-list read, and one warning in all."""
+    monkeypatch.setattr(server, "_RUNNERS", [])
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "1")
+    monkeypatch.setenv("KVCANARY_DUMP_EVERY", "1")
+    monkeypatch.setenv("KVCANARY_GUARD", "1")
+    kwargs = plan_kwargs(bad_slot=False)
+    # a pool the LUT of 65 entries fits: the guard stays silent
+    allocator = _CountingAllocator(size=63, page_size=1, free_pages=[40, 41])
+    runner = _Runner(kwargs["req_to_token"], allocator)  # held: the hook holds it weakly
+    capture.register_model_runner(runner)
+    install_sglang_hook(tmp_path, module=stand_in)
+    with caplog.at_level(logging.DEBUG, logger="kvcanary.capture"):
+        for _ in range(6):
+            stand_in.launch_canary_plan_kernels(**kwargs)
+        for _ in range(2):
+            with pytest.raises(ValueError, match="kv-canary: SWA slot 70"):
+                stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert [p.name for p in dumps_in(tmp_path)] == [
+        "kvcanary-rank0-step000000-snapshot.safetensors"
+    ]
+    assert allocator.reads == 1  # the one dump's
+    [warning] = _capture_warnings(caplog)
+    assert "dump limit of 1 is reached" in warning and "KVCANARY_DUMP_LIMIT" in warning
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("KVCANARY_DUMP_LIMIT", "1.0"),
+        ("KVCANARY_DUMP_LIMIT", "one"),
+        ("KVCANARY_DUMP_LIMIT", "-1"),
+        ("KVCANARY_DUMP_LIMIT", "0x10"),
+        ("KVCANARY_DUMP_MAX_BYTES", "0.5K"),
+        ("KVCANARY_DUMP_MAX_BYTES", "1e2"),
+        ("KVCANARY_DUMP_MAX_BYTES", "0x10"),
+        ("KVCANARY_DUMP_MAX_BYTES", "-5G"),
+    ],
+)
+def test_an_unreadable_budget_disarms_capture_in_one_log_line(
+    name: str,
+    value: str,
+    tmp_path: Path,
+    stand_in: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Never the defaults (4 dumps, 16 GiB): no dump at all, one line naming the variable."""
+    monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.WARNING, logger="kvcanary.capture"):
+        install_sglang_hook(tmp_path, module=stand_in)
+        for _ in range(3):
+            with pytest.raises(ValueError, match="kv-canary: SWA slot 70"):
+                stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert dumps_in(tmp_path) == []
+    [warning] = _capture_warnings(caplog)
+    assert f"{name}={value!r}" in warning and "disarmed" in warning
+
+
+def test_an_unreadable_snapshot_count_turns_that_trigger_off_and_says_so(
+    tmp_path: Path,
+    stand_in: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("KVCANARY_DUMP_EVERY", "1.0")
+    with caplog.at_level(logging.WARNING, logger="kvcanary.capture"):
+        install_sglang_hook(tmp_path, module=stand_in)
+        for _ in range(3):
+            stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))
+        with pytest.raises(ValueError):
+            stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    assert [p.name for p in dumps_in(tmp_path)] == ["kvcanary-rank0-step000003.safetensors"]
+    [warning] = _capture_warnings(caplog)
+    assert "KVCANARY_DUMP_EVERY='1.0' is not a count" in warning
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("4096", 4096), ("4096B", 4096), ("2KiB", 2048), ("512m", 512 << 20), ("16GB", 16 << 30)],
+)
+def test_byte_counts_in_the_documented_grammar(
+    value: str, expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVCANARY_DUMP_MAX_BYTES", value)
+    assert store.read_bytes("KVCANARY_DUMP_MAX_BYTES") == (expected, None)
+
+
+def test_a_dump_directory_that_cannot_be_written_is_left_alone_for_a_growing_pause(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Due at every launch: the first failure pauses the directory (no free-list read while it
+    lasts), a retry after it fails again and doubles it, and once the directory can be
+    written the next due launch writes, the failures having used up nothing."""
+    monkeypatch.setattr(server, "_RUNNERS", [])
+    monkeypatch.setenv("KVCANARY_DUMP_EVERY", "1")
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "1")
+    now = [100.0]
+    monkeypatch.setattr(store, "_clock", lambda: now[0])
+    kwargs = plan_kwargs(bad_slot=False)
+    allocator = _CountingAllocator(size=127, page_size=1, free_pages=[80, 81])
+    runner = _Runner(kwargs["req_to_token"], allocator)  # held: the hook holds it weakly
+    capture.register_model_runner(runner)
+    blocked = tmp_path / "dumps"
+    blocked.write_text("a file where the dump directory should be")
+    install_sglang_hook(blocked, module=stand_in)
+
+    def launches(count: int) -> None:
+        for _ in range(count):
+            stand_in.launch_canary_plan_kernels(**kwargs)
+
+    launches(5)
+    assert allocator.reads <= 1 and store.BUDGET.dumps == 0
+    now[0] += 1.5  # past the first pause (1 s): one retry, which fails and pauses 2 s
+    launches(5)
+    assert allocator.reads <= 2 and store.BUDGET.dumps == 0
+    now[0] += 1.5
+    launches(3)
+    assert allocator.reads <= 2
+    blocked.unlink()
+    now[0] += 1.0  # past the second pause
+    launches(3)
+    assert [p.name for p in dumps_in(blocked)] == ["kvcanary-rank0-step000013-snapshot.safetensors"]
+    assert store.BUDGET.dumps == 1
+
+
+def test_losing_the_trigger_file_race_leaves_the_trigger_armed(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another rank removes the file between this rank's look and its unlink: this rank still
+    takes that snapshot, and the next trigger file is taken too."""
+    trigger = tmp_path / "take-one"
+    monkeypatch.setenv("KVCANARY_DUMP_TRIGGER", str(trigger))
+    out = tmp_path / "dumps"
+    install_sglang_hook(out, module=stand_in)
+    unlink = Path.unlink
+
+    def another_rank_first(self: Path, missing_ok: bool = False) -> None:
+        if self == trigger:
+            os.remove(self)  # the other rank's unlink
+        unlink(self, missing_ok=missing_ok)
+
+    trigger.write_text("")
+    with monkeypatch.context() as racing:
+        racing.setattr(Path, "unlink", another_rank_first)
+        stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))  # step 0
+    stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))  # step 1: no file
+    trigger.write_text("")
+    stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))  # step 2
+    steps = [int(p.name.split("-step")[1][:6]) for p in dumps_in(out)]
+    assert steps == [0, 2] and not trigger.exists()

@@ -4,8 +4,8 @@ The canary planner reads only the batch's cells; SGLang's SWA faults of 2026 liv
 surrounds them (docs/findings.md, "Finding codes": the bookkeeping codes). In a clean state
 (SGLang 0.5.23's `srt/mem_cache/allocator/swa.py`, `paged.py`):
 
-- a free list holds each slot once, and never the reserved slot 0 (page 0: the padding slots
-  `0 .. page_size - 1`), which the LUT never maps either;
+- a free list holds each slot once, and never a slot of the reserved page 0 (the padding
+  slots `0 .. page_size - 1`, in both pools), which the LUT never maps from nor to either;
 - a full slot goes back on the free list only after its SWA peer is released and its LUT
   entry cleared (`free_full` expects `LUT[slot] == 0`), so a free full slot maps to 0;
 - an SWA slot mapped from any full slot (live, cached, out of the window) is not free, and has
@@ -208,6 +208,24 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
     full, swa = every_full[picked], every_swa[picked]
     found: list[Finding] = []
     padding_mapped = full < page
+    # SWA slots 1 .. page_size - 1 of the padding page (slot 0 reads as unmapped): SGLang
+    # hands them out once page 0 reached its SWA free list (PR #38519 at page_size > 1)
+    padding_handed = swa < page
+    if padding_handed.any():
+        found.append(
+            _slot_finding(
+                FindingCode.RESERVED_SLOT_IN_USE,
+                Group.SWA,
+                Space.FULL,
+                _slot_cells(full[padding_handed], {"swa_slot": swa[padding_handed]}),
+                "full slot {slot} maps into the SWA pool's reserved padding page: SWA page 0 "
+                "was freed and handed out",
+                "full slots map into the SWA pool's reserved padding page (SWA slots 1 .. "
+                "page_size - 1): SWA page 0 was freed and handed out",
+                {"reserved_slots": page},
+                page_size=page,
+            )
+        )
     if padding_mapped.any():
         found.append(
             _slot_finding(

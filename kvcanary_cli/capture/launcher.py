@@ -160,8 +160,8 @@ def _before_launch(kwargs: Mapping[str, Any], step: int) -> bool:
     """Remember the call and run the guard (when on); True when the guard wrote a dump."""
     try:
         server.remember_call(kwargs)
-        if not triggers.settings().guard:
-            return False
+        if not triggers.settings().guard or store.BUDGET.closed() is not None:
+            return False  # a guard that could not write its dump reads nothing
         failed = triggers.GUARD.failures(kwargs, step)
         if not failed:
             return False
@@ -188,14 +188,16 @@ def _dump_failed_call(exc: Exception, kwargs: Mapping[str, Any], *, step: int) -
         return
     try:
         rank = store.detect_rank() if current.rank is None else current.rank
+        stem = f"kvcanary-rank{rank}-step{step:06d}"
+        inputs = {name: value for name, value in kwargs.items() if name in store.PLAN_ARGUMENTS}
+        if not store.admit(current.dump_dir, stem, inputs):
+            return  # the exception continues; nothing was read off the device
         note = store.short_note(f"captured on {type(exc).__name__}: {exc}")
         unknown = sorted(set(kwargs) - set(store.PLAN_ARGUMENTS))
         if unknown:
             note += f" (arguments not saved: {', '.join(unknown)})"
-        inputs = {name: value for name, value in kwargs.items() if name in store.PLAN_ARGUMENTS}
         context = server.server_context(kwargs.get("req_to_token"))
         metadata = {"rank": rank, "step": step, "note": note, "kvcanary.trigger": "raise"}
-        stem = f"kvcanary-rank{rank}-step{step:06d}"
         path = store.capture_dump(current.dump_dir, stem, inputs, metadata, context)
     except Exception as dump_exc:
         logger.warning(

@@ -3,7 +3,9 @@ each dump, and the per-process budget that keeps a server's disk safe.
 
 Every dump holds the whole `req_to_token` (2 GB in production), so one process writes at most
 `KVCANARY_DUMP_LIMIT` dumps (default 4) and `KVCANARY_DUMP_MAX_BYTES` bytes (default 16 GiB),
-whatever triggers them. Importing this module costs only the standard library.
+whatever triggers them. A budget that is spent, or that cannot be read, closes capture before
+anything is read off the device; a dump directory that cannot be written is retried with a
+growing pause. Importing this module costs only the standard library.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import re
 import sys
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,12 +35,16 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "PLAN_ARGUMENTS",
     "Budget",
+    "admit",
     "capture_dump",
     "detect_rank",
     "dump_contents_of",
     "env_int",
+    "env_count",
     "estimated_bytes",
     "in_format",
+    "read_bytes",
+    "read_count",
     "save_plan_inputs",
     "short_note",
 ]
@@ -57,6 +65,11 @@ DEFAULT_DUMP_LIMIT = 4
 DEFAULT_MAX_BYTES = 16 << 30
 #: Names tried for one dump before giving up on it.
 _MAX_NAMES = 1000
+#: Seconds a dump directory that could not be written is left alone, doubling per failure.
+_FIRST_PAUSE = 1.0
+_LONGEST_PAUSE = 300.0
+#: The clock of those pauses (tests replace it).
+_clock = time.monotonic
 
 
 def save_plan_inputs(
@@ -150,20 +163,58 @@ def dump_contents_of(
 class Budget:
     """What this process has written, against `KVCANARY_DUMP_LIMIT` (dumps) and
     `KVCANARY_DUMP_MAX_BYTES` (bytes), read at each dump so a test or operator can change
-    them. Only dumps written count."""
+    them. Only dumps written count: a write that fails leaves the budget as it was, and its
+    directory is left alone for a pause that doubles with each failure in a row.
+
+    Each reason to refuse is logged once per process (then at debug level): a server whose
+    budget is spent pays one warning, not one per due trigger."""
 
     def __init__(self) -> None:
         self.dumps = 0
         self.bytes = 0
+        self._warned: set[str] = set()
+        #: directory -> (failures in a row, clock time before which it is not tried again)
+        self._failed: dict[Path, tuple[int, float]] = {}
+
+    def limits(self) -> tuple[int, int] | str:
+        """(dump limit, byte cap) from the environment, or why they cannot be read."""
+        limit, bad_limit = read_count("KVCANARY_DUMP_LIMIT")
+        cap, bad_cap = read_bytes("KVCANARY_DUMP_MAX_BYTES")
+        problems = [problem for problem in (bad_limit, bad_cap) if problem is not None]
+        if problems:
+            return "; ".join(problems)
+        return (
+            DEFAULT_DUMP_LIMIT if limit is None else limit,
+            DEFAULT_MAX_BYTES if cap is None else cap,
+        )
+
+    def closed(self) -> tuple[str, str] | None:
+        """(kind, why) no dump at all may be written now; None: one may. Host integers and
+        the environment only: this runs before anything is read off the device."""
+        limits = self.limits()
+        if isinstance(limits, str):
+            return "unreadable", f"capture is disarmed: {limits}"
+        limit, cap = limits
+        if self.dumps >= limit:
+            return "limit", (
+                f"the dump limit of {limit} is reached (KVCANARY_DUMP_LIMIT): "
+                "this process writes no more dumps"
+            )
+        if self.bytes >= cap:
+            return "bytes", (
+                f"the {cap}-byte budget is spent ({self.bytes} written; "
+                "KVCANARY_DUMP_MAX_BYTES): this process writes no more dumps"
+            )
+        return None
 
     def refusal(self, size: int) -> str | None:
         """Why a dump of about `size` bytes must not be written (None: it may)."""
-        limit = env_int("KVCANARY_DUMP_LIMIT")
-        limit = DEFAULT_DUMP_LIMIT if limit is None else limit
-        if self.dumps >= limit:
-            return f"the dump limit of {limit} is reached (KVCANARY_DUMP_LIMIT)"
-        cap = env_bytes("KVCANARY_DUMP_MAX_BYTES")
-        cap = DEFAULT_MAX_BYTES if cap is None else cap
+        closed = self.closed()
+        if closed is not None:
+            return closed[1]
+        limits = self.limits()
+        assert not isinstance(limits, str)  # closed() would have said so
+        cap = limits[1]
         if self.bytes + size > cap:
             return (
                 f"{size} more bytes would pass the {cap}-byte budget "
@@ -175,6 +226,30 @@ class Budget:
         """Count a dump written (its size on disk)."""
         self.dumps += 1
         self.bytes += size
+
+    def warn_once(self, kind: str, message: str, *args: object) -> None:
+        """Log `message` as a warning the first time `kind` is refused, later at debug level."""
+        if kind in self._warned:
+            logger.debug(message, *args)
+            return
+        self._warned.add(kind)
+        logger.warning(message, *args)
+
+    def pausing(self, directory: Path) -> bool:
+        """Whether `directory` failed lately and its pause is not over."""
+        failed = self._failed.get(directory)
+        return failed is not None and _clock() < failed[1]
+
+    def write_failed(self, directory: Path) -> float:
+        """Note a failed write into `directory`; return the seconds it is now left alone."""
+        count = self._failed.get(directory, (0, 0.0))[0] + 1
+        pause = min(_LONGEST_PAUSE, _FIRST_PAUSE * (1 << min(count - 1, 30)))
+        self._failed[directory] = (count, _clock() + pause)
+        return pause
+
+    def write_succeeded(self, directory: Path) -> None:
+        """A write into `directory` worked: its failures are forgotten."""
+        self._failed.pop(directory, None)
 
 
 #: The process's budget (replaced, not mutated, by tests that need a fresh process).
@@ -194,6 +269,26 @@ def estimated_bytes(values: Mapping[str, object]) -> int:
     return total
 
 
+def admit(dump_dir: Path, stem: str, inputs: Mapping[str, object] | None = None) -> bool:
+    """Whether a trigger may go on to gather and write dump `stem`: the budget is open and
+    `dump_dir` is not pausing after a failed write (with `inputs`, also that their bytes fit).
+    Reads host integers and the environment only, so a trigger refused here has read nothing
+    off the device; the refusal is logged once per kind."""
+    closed = BUDGET.closed()
+    if closed is not None:
+        BUDGET.warn_once(closed[0], "kvcanary: not writing %s: %s", stem, closed[1])
+        return False
+    if BUDGET.pausing(dump_dir):
+        logger.debug("kvcanary: not writing %s: %s failed lately", stem, dump_dir)
+        return False
+    if inputs is not None:
+        refused = BUDGET.refusal(estimated_bytes(inputs))
+        if refused is not None:
+            BUDGET.warn_once("bytes", "kvcanary: not writing %s: %s", stem, refused)
+            return False
+    return True
+
+
 def capture_dump(
     dump_dir: Path,
     stem: str,
@@ -202,18 +297,29 @@ def capture_dump(
     context: Mapping[str, object],
 ) -> Path | None:
     """Write one dump as `dump_dir/{stem}.safetensors` (a fresh name when taken) within the
-    budget; None, logged, when the budget refuses it. Other errors propagate: each trigger
+    budget; None, logged, when the budget refuses it. A write that fails (an `OSError`)
+    starts a pause of `dump_dir` (`admit`) and propagates, as do other errors: each trigger
     logs them its own way and never lets them reach SGLang."""
     size = estimated_bytes({**inputs, **context})
     refused = BUDGET.refusal(size)
     if refused is not None:
-        logger.warning("kvcanary: not writing %s: %s", stem, refused)
+        BUDGET.warn_once("bytes", "kvcanary: not writing %s: %s", stem, refused)
         return None
     from kvcanary_cli.dump.writer import write_dump  # deferred: keeps `import capture` light
 
-    dump_dir.mkdir(parents=True, exist_ok=True)
-    contents = dump_contents_of(inputs, metadata, context)
-    path = _write_new(dump_dir / f"{stem}.safetensors", contents, write_dump)
+    try:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(dump_dir, os.W_OK | os.X_OK):  # before anything is copied
+            raise PermissionError(f"{dump_dir} is not writable")
+        contents = dump_contents_of(inputs, metadata, context)
+        path = _write_new(dump_dir / f"{stem}.safetensors", contents, write_dump)
+    except OSError:
+        pause = BUDGET.write_failed(dump_dir)
+        logger.warning(
+            "kvcanary: writing into %s failed; it is left alone for %.0f s", dump_dir, pause
+        )
+        raise
+    BUDGET.write_succeeded(dump_dir)
     BUDGET.spend(path.stat().st_size)
     return path
 
@@ -261,26 +367,58 @@ def detect_rank() -> int:
 
 
 def env_int(name: str) -> int | None:
-    """An integer environment variable (None: unset or not an integer)."""
+    """An integer environment variable (None: unset or not an integer): the rank variables,
+    which torch's launchers set."""
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):
         return None
 
 
+#: What a count (`KVCANARY_DUMP_LIMIT`, `..._EVERY`) may be: decimal digits (at most 18),
+#: nothing else.
+_COUNT = re.compile(r"[0-9]{1,18}")
+#: What a byte count may be: digits, then optionally K, M, G or T, an `i` after it and a `B`
+#: (any case): `4096`, `4096B`, `512M`, `2KiB`, `16GB`.
+_BYTE_COUNT = re.compile(r"([0-9]{1,18})(?:([KMGT])I?)?B?")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def env_bytes(name: str) -> int | None:
-    """A byte count from the environment: `4096`, `512M`, `16G` (None: unset or unreadable)."""
-    text = os.environ.get(name, "").strip().upper().removesuffix("B").removesuffix("I")
+def read_count(name: str) -> tuple[int | None, str | None]:
+    """(the count, None) for a variable of digits, (None, None) when unset or blank, or
+    (None, why) for anything else: `1.0`, `1e2`, `0x10`, `-1`, `one` are not counts."""
+    text = os.environ.get(name, "").strip()
     if not text:
-        return None
-    unit = text[-1] if text[-1] in _UNITS else ""
-    try:
-        return int(text[: len(text) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        return None
+        return None, None
+    if _COUNT.fullmatch(text) is None:
+        return None, f"{name}={text[:40]!r} is not a count (digits only, e.g. 4)"
+    return int(text), None
+
+
+def read_bytes(name: str) -> tuple[int | None, str | None]:
+    """(the byte count, None) for `4096`, `512M`, `2KiB`, `16GB`...; (None, None) when unset
+    or blank; (None, why) for anything else (`0.5K`, `1e2`, `0x10`, `-1`)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None, None
+    match = _BYTE_COUNT.fullmatch(text.upper())
+    if match is None:
+        return None, (
+            f"{name}={text[:40]!r} is not a byte count "
+            "(digits with an optional K, M, G or T suffix, e.g. 512M or 16GiB)"
+        )
+    return int(match.group(1)) * _UNITS[match.group(2) or ""], None
+
+
+def env_count(name: str) -> int | None:
+    """A count from the environment (None: unset, blank or unreadable: see `read_count`)."""
+    return read_count(name)[0]
+
+
+def env_bytes(name: str) -> int | None:
+    """A byte count from the environment (None: unset, blank or unreadable: see
+    `read_bytes`)."""
+    return read_bytes(name)[0]
 
 
 def _as_int(value: object) -> object:

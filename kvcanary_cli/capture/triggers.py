@@ -65,14 +65,29 @@ class Settings:
 
     @classmethod
     def from_env(cls, dump_dir: Path, rank: int | None) -> Settings:
-        """The settings `KVCANARY_GUARD*`, `KVCANARY_DUMP_EVERY` and `..._TRIGGER` ask for."""
+        """The settings `KVCANARY_GUARD*`, `KVCANARY_DUMP_EVERY` and `..._TRIGGER` ask for.
+
+        A count that cannot be read (`1.0`, `-3`, `one`) turns its trigger off, and an
+        unreadable budget closes every trigger (`store.Budget.closed`): each says so in one
+        log line, and none falls back to a default."""
         trigger = os.environ.get("KVCANARY_DUMP_TRIGGER", "").strip()
+        counts = {}
+        for name in ("KVCANARY_GUARD_EVERY", "KVCANARY_DUMP_EVERY"):
+            value, problem = store.read_count(name)
+            if problem is not None:
+                store.BUDGET.warn_once(problem, "kvcanary: %s: that trigger is off", problem)
+            counts[name] = value or 0
+        limits = store.BUDGET.limits()
+        if isinstance(limits, str):
+            store.BUDGET.warn_once(
+                "unreadable", "kvcanary: capture is disarmed, no dump is written: %s", limits
+            )
         return cls(
             dump_dir=dump_dir,
             rank=rank,
             guard=os.environ.get("KVCANARY_GUARD", "").strip() not in ("", "0"),
-            guard_every=max(0, store.env_int("KVCANARY_GUARD_EVERY") or 0),
-            dump_every=max(0, store.env_int("KVCANARY_DUMP_EVERY") or 0),
+            guard_every=counts["KVCANARY_GUARD_EVERY"],
+            dump_every=counts["KVCANARY_DUMP_EVERY"],
             trigger_file=Path(os.path.expanduser(trigger)) if trigger else None,
         )
 
@@ -119,8 +134,15 @@ def snapshot_due(step: int) -> str | None:
     if trigger is not None and trigger.exists():
         try:
             trigger.unlink()
-        except OSError:
-            current.trigger_file = None  # cannot consume it: stop looking, not snapshot forever
+        except FileNotFoundError:
+            pass  # another rank took it first: this one saw it too, and keeps watching
+        except OSError as exc:  # cannot consume it: stop looking, not snapshot forever
+            current.trigger_file = None
+            logger.warning(
+                "kvcanary: cannot remove the trigger file %s (%s); it is no longer watched",
+                trigger,
+                exc,
+            )
         return f"trigger file {trigger} (KVCANARY_DUMP_TRIGGER)"
     return None
 
@@ -236,7 +258,11 @@ def capture_state(
     if current.dump_dir is None:
         return None
     try:
+        rank = store.detect_rank() if current.rank is None else current.rank
+        stem = f"kvcanary-rank{rank}-step{step:06d}-{trigger}"
         inputs = dict(call if call is not None else server.last_call() or {})
+        if not store.admit(current.dump_dir, stem, inputs):
+            return None  # nothing was read off the device
         table = inputs.get("req_to_token")
         manager = server.manager_for(device_state=device_state, req_to_token=table)
         if table is None:
@@ -248,7 +274,6 @@ def capture_state(
         inputs = {name: value for name, value in inputs.items() if name in store.PLAN_ARGUMENTS}
         context = server.server_context(table)
         context.update(server.canary_state(manager=manager, device_state=device_state))
-        rank = store.detect_rank() if current.rank is None else current.rank
         metadata: dict[str, object] = {
             "rank": rank,
             "step": step,
@@ -256,7 +281,6 @@ def capture_state(
             "kvcanary.trigger": trigger,
             **(extra or {}),
         }
-        stem = f"kvcanary-rank{rank}-step{step:06d}-{trigger}"
         path = store.capture_dump(current.dump_dir, stem, inputs, metadata, context)
     except Exception as exc:
         logger.warning(

@@ -468,6 +468,38 @@ def _reserved_freed(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"slot": 0}
 
 
+def _reserved_swa_freed(d: SynthDump, rng: np.random.Generator) -> None:
+    """The SWA padding page freed: SWA slots 0 .. page_size - 1 on the SWA free list (SGLang
+    PR #38519: an unmapped representative's LUT entry, 0, freed as an SWA slot)."""
+    padding = np.arange(_page_size(d), dtype=np.int64)
+    d.tensors["free_swa_slots"] = np.concatenate([d.tensors["free_swa_slots"], padding])
+    d.truth = {"slot": 0}
+
+
+def _reserved_swa_handed_out(d: SynthDump, rng: np.random.Generator) -> None:
+    """PR #38519 at page_size > 1, one step later: the SWA padding page, freed, was handed
+    out to two held full pages outside the window, so their tokens map into SWA slots
+    1 .. page_size - 1 (the first token to slot 0, which reads as unmapped); the SWA pages
+    they held before went back on the free list."""
+    p = _page_size(d)
+    lut = d.tensors["full_to_swa_index_mapping"]
+    mapped = np.flatnonzero(lut[:-1] > 0)
+    mapped = mapped[mapped % p > 0]  # a token that lands past slot 0 of the padding page
+    window = np.array([c[2] for c in _in_window_cells(d)], dtype=np.int64)
+    pages = np.setdiff1d(mapped // p, np.r_[window // p, d.tensors["free_full_slots"] // p])
+    if p < 2 or pages.size == 0:
+        raise RuntimeError("needs pages of two slots or more and a held page off the window")
+    chosen = rng.choice(pages, size=min(2, pages.size), replace=False)
+    tokens = (np.sort(chosen)[:, None] * p + np.arange(p)[None, :]).reshape(-1)
+    tokens = tokens[lut[tokens] > 0]
+    old_pages = np.unique(lut[tokens] // p)
+    lut[tokens] = tokens % p
+    back = (old_pages[:, None] * p + np.arange(p)[None, :]).reshape(-1)
+    d.tensors["free_swa_slots"] = np.sort(np.r_[d.tensors["free_swa_slots"], back])
+    first = int(tokens[tokens % p > 0][0])
+    d.truth = {"slot": first % p, "full_slot": first}
+
+
 def _free_page_still_mapped(d: SynthDump, rng: np.random.Generator, *, whole: bool) -> None:
     """A free full page that still maps into a free SWA page: all of it (a free that skipped
     the SWA side, SGLang PRs #25385 and #25270) or its second half (PR #27779: free_swa
@@ -900,6 +932,25 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_reserved_freed,
             expected=("reserved-slot-in-use",),
             cause="reserved-slot-freed",
+        ),
+        Scenario(
+            name="reserved-swa-page-freed",
+            summary="the SWA pool's reserved padding page on the SWA free list (PR #38519)",
+            spec=_SWA_PAGED,
+            corrupt=_reserved_swa_freed,
+            expected=("reserved-slot-in-use",),
+            cause="reserved-slot-freed",
+        ),
+        Scenario(
+            name="reserved-swa-page-handed-out",
+            summary="the SWA padding page freed and handed out: full pages map into SWA "
+            "slots 1 .. page_size - 1 (PR #38519 at page_size > 1)",
+            spec=_SWA_PAGED,
+            corrupt=_reserved_swa_handed_out,
+            expected=("reserved-slot-in-use",),
+            allowed=("swa-slot-shared-owner",),
+            cause="reserved-slot-freed",
+            min_page_size=2,
         ),
         Scenario(
             name="stale-swa-mapping",

@@ -1,6 +1,6 @@
 """The bookkeeping audit (both free lists, the whole SWA LUT, this step's SWA writes, radix
 sharing that skips the prefix): each
-fault is reported under its own cause first at page sizes 1 and 16, its clean twin stays
+fault is reported under its own cause first at page sizes 1, 4 and 16, its clean twin stays
 silent, and clean serving states of every shape raise nothing."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ BOOKKEEPING = {
 }
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("size", ["tiny", "small"])
 @pytest.mark.parametrize("name", sorted(BOOKKEEPING))
 def test_each_fault_names_its_mechanism_and_its_twin_is_silent(
@@ -233,3 +233,30 @@ def test_a_check_the_dump_has_no_record_for_says_what_to_record(tmp_path: Path) 
     del state.metadata["num_swa_slots"]
     dump = load_dump(state.save(tmp_path / "no-pool.safetensors"))
     assert unaudited(dump) == ["SWA leaks not accounted: record num_swa_slots (the pools' sizes)"]
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_swa_slots_handed_out_from_the_reserved_page_are_named_as_that_page(
+    page_size: int, tmp_path: Path
+) -> None:
+    """PR #38519 at page_size > 1: the SWA padding page freed and handed out to two full
+    pages, which then map into SWA slots 1 .. page_size - 1. The reserved page comes first;
+    the shared owners it makes are named too, and never alone. The twin is silent."""
+    bad = make_scenario("reserved-swa-page-handed-out", seed=0, page_size=page_size)
+    report = checked(load_dump(bad.save(tmp_path / "bad.safetensors")), kernel="vectorized")
+    [reserved] = [f for f in report.findings if f.code is FindingCode.RESERVED_SLOT_IN_USE]
+    assert reserved.cells is not None and reserved.cells.slot is not None
+    handed = set(reserved.cells.extra["swa_slot"].tolist())
+    assert handed == set(range(1, page_size))  # every reserved slot but 0, which reads unmapped
+    assert bad.truth["full_slot"] in reserved.cells.slot.tolist()
+    codes = {f.code for f in report.findings}
+    assert FindingCode.SWA_SLOT_SHARED_OWNER in codes
+    assert [c.code.value for c in report.diagnosis][:2] == [
+        "reserved-slot-freed",
+        "swa-shared-owner",
+    ]
+    twin = make_scenario("reserved-swa-page-handed-out", seed=0, page_size=page_size, corrupt=False)
+    assert (
+        checked(load_dump(twin.save(tmp_path / "twin.safetensors")), kernel="vectorized").findings
+        == ()
+    )
