@@ -43,7 +43,17 @@ ALLOWED = {
     },
     "capture": {"safe_text", "dump", "errors", "capture"},
     # SGLang's real stack under a workload, recorded by the capture code, audited by `api`
-    "soak": {"safe_text", "errors", "dump", "capture", "analysis", "api", "render", "soak"},
+    "soak": {
+        "safe_text",
+        "errors",
+        "dump",
+        "capture",
+        "analysis",
+        "api",
+        "render",
+        "cli_options",
+        "soak",
+    },
     # "" = the package root, for __version__
     "cli_options": {
         "safe_text",

@@ -72,14 +72,24 @@ def run_history(
 
     limit = max_steps if max_steps is not None else workload.steps * 4 + 64
     while not found and scheduler.step_no < limit:
-        info = scheduler.step(on_plan)
-        if planned:
-            # SGLang checks a busy step after its result is processed, as the event loop does
-            verdict = planned.pop()
-            if checks is not None:
-                verdict.sglang = checks.busy()
-            _note(verdict)
-        after_step(stack, info.step)
+        try:
+            info = scheduler.step(on_plan)
+            if planned:
+                # SGLang checks a busy step after its result is processed, as its loop does
+                verdict = planned.pop()
+                if checks is not None:
+                    verdict.sglang = checks.busy()
+                _note(verdict)
+            after_step(stack, info.step)
+        except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
+            verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
+            text = (str(exc).strip().splitlines() or [""])[0]
+            verdict.sglang = [f"SGLang raised {type(exc).__name__}: {text}"[:300]]
+            verdict.mode = "crash"
+            result.sglang_steps += 1
+            result.sglang_said = result.sglang_said or list(verdict.sglang)
+            found.append(verdict)
+            break
         if info.mode == "idle" and not found and audit(info.step):
             verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
             result.audited += 1
