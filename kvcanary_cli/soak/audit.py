@@ -1,0 +1,190 @@
+"""Audit one step of the real stack twice: kvcanary's `check` on a dump kvcanary's own capture
+code records from the objects, and SGLang's own checks on the same state.
+
+SGLang's checks are its `SchedulerInvariantChecker` (built from the real
+`SchedulerPoolStatsObserver` over our scheduler's batches): `self_check_during_busy` and
+`_check_kv_page_invariants` while requests run, `_check_all_pools` and `_check_req_pool` at
+idle, and `UnifiedRadixCache.sanity_check()` at idle. Each raises (an assertion, or strict
+mode's `ValueError`); we keep the first line of what it said.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kvcanary_cli.capture.tree import capture_state
+from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.soak.driver import Scheduler
+
+__all__ = ["Audit", "SGLangChecks", "audit_step", "record_dump"]
+
+
+@dataclass
+class Audit:
+    """One step's verdicts: kvcanary's finding codes (first is the top one's) and what
+    SGLang's checks said (empty: silent)."""
+
+    step: int
+    mode: str
+    codes: list[str] = field(default_factory=list)
+    top_cause: str | None = None
+    sglang: list[str] = field(default_factory=list)
+    dump: Path | None = None
+
+    @property
+    def kvcanary_found(self) -> bool:
+        """kvcanary reports an error finding."""
+        return bool(self.codes)
+
+
+def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
+    """Every request holding a pool row: the batch's, the running batch's, the chunked one."""
+    seen: dict[int, Any] = {}
+    groups = [getattr(batch, "reqs", None) or [], scheduler.running.reqs]
+    if scheduler.chunked_req is not None:
+        groups.append([scheduler.chunked_req])
+    for group in groups:
+        for req in group:
+            if req.kv.holds_kv:
+                seen[id(req)] = req
+    return list(seen.values())
+
+
+def record_dump(scheduler: Scheduler, batch: Any, path: Path) -> Path:
+    """The state as a format-v1 dump at `path`, recorded by `capture.tree`."""
+    stack = scheduler.stack
+    tensors, metadata = capture_state(
+        req_to_token_pool=stack.req_to_token_pool,
+        allocator=stack.allocator,
+        tree=stack.tree,
+        batch=batch,
+        requests=running_requests(scheduler, batch),
+        window=stack.spec.window,
+    )
+    metadata.update(
+        {
+            "sglang.version": stack.modules.tree.version,
+            "step": str(scheduler.step_no),
+            "note": f"kvcanary soak, seed {scheduler.workload.seed}, core {stack.spec.core}",
+        }
+    )
+    return write_dump(path, dump_contents(metadata, tensors))
+
+
+class SGLangChecks:
+    """SGLang's invariant checker over our scheduler (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        stack = scheduler.stack
+        m = stack.modules
+        self.checker: Any = None
+        checker_module = m.invariant_checker
+        if checker_module is None:
+            return
+        from importlib import import_module
+
+        observer_module = import_module(
+            "sglang.srt.managers.scheduler_components.pool_stats_observer"
+        )
+        disagg = import_module("sglang.srt.disaggregation.utils")
+        spec = stack.spec
+        observer = observer_module.SchedulerPoolStatsObserver(
+            tree_cache=stack.tree,
+            token_to_kv_pool_allocator=stack.allocator,
+            req_to_token_pool=stack.req_to_token_pool,
+            session_controller=SimpleNamespace(sessions={}),
+            hisparse_coordinator=None,
+            is_hybrid_swa=True,
+            is_hybrid_ssm=False,
+            enable_hisparse=False,
+            full_tokens_per_layer=spec.full_tokens,
+            swa_tokens_per_layer=spec.swa_tokens,
+            max_total_num_tokens=spec.full_tokens,
+        )
+        self.checker = checker_module.SchedulerInvariantChecker(
+            is_hybrid_swa=True,
+            is_hybrid_ssm=False,
+            disaggregation_mode=disagg.DisaggregationMode.NULL,
+            page_size=spec.page_size,
+            full_tokens_per_layer=spec.full_tokens,
+            swa_tokens_per_layer=spec.swa_tokens,
+            max_total_num_tokens=spec.full_tokens,
+            tree_cache=stack.tree,
+            token_to_kv_pool_allocator=stack.allocator,
+            req_to_token_pool=stack.req_to_token_pool,
+            pool_stats_observer=observer,
+            get_last_batch=lambda: scheduler.last_batch,
+            get_running_batch=lambda: scheduler.running,
+            scheduler_stage_metrics=None,
+            get_chunked_req=lambda: scheduler.chunked_req,
+        )
+
+    def busy(self) -> list[str]:
+        """`self_check_during_busy` and `_check_kv_page_invariants`."""
+        if self.checker is None:
+            return []
+        said = _said(self.checker.self_check_during_busy)
+        return said + _said(self.checker._check_kv_page_invariants)
+
+    def idle(self) -> list[str]:
+        """`_check_all_pools` (strict: a leak raises), `_check_req_pool`, the tree's
+        `sanity_check`."""
+        said: list[str] = []
+        if self.checker is not None:
+            checker = self.checker
+
+            def pools() -> None:
+                stats = checker.pool_stats_observer.get_pool_stats()
+                leak, messages = checker._check_all_pools(stats)
+                if leak:
+                    checker._report_leak("pool", " ".join(m for m in messages if m))
+
+            said += _said(pools)
+            said += _said(checker._check_req_pool)
+        said += _said(self.scheduler.stack.tree.sanity_check)
+        return said
+
+
+def _said(check: Any) -> list[str]:
+    """What a check raised (its first line), or nothing."""
+    try:
+        check()
+    except Exception as exc:  # SGLang's checks raise AssertionError or ValueError
+        text = str(exc).strip().splitlines()
+        return [f"{type(exc).__name__}: {text[0] if text else ''}"[:300]]
+    return []
+
+
+def audit_step(
+    scheduler: Scheduler,
+    batch: Any,
+    checks: SGLangChecks | None,
+    *,
+    idle: bool,
+    folder: Path | None = None,
+) -> Audit:
+    """Record the state, check it with kvcanary (reference planner, no GPU kernel), and run
+    SGLang's checks on the same state."""
+    from kvcanary_cli import api
+
+    audit = Audit(step=scheduler.step_no, mode="idle" if idle else "plan")
+    with tempfile.TemporaryDirectory(prefix="kvcanary-soak-") as scratch:
+        path = record_dump(scheduler, batch, Path(folder or scratch) / "state.safetensors")
+        report = api.check([path], kernel="none")
+        dump = report.dumps[0]
+        if dump.error:
+            audit.codes.append(f"error: {dump.error}")
+        errors = [f for f in dump.findings if f.severity.value == "error"]
+        audit.codes += [f.code.value for f in errors]
+        if dump.diagnosis:
+            audit.top_cause = str(dump.diagnosis[0].code.value)
+        if folder is not None:
+            audit.dump = path
+    if checks is not None:
+        audit.sglang = checks.idle() if idle else checks.busy()
+    return audit

@@ -1,0 +1,196 @@
+"""`kvcanary soak`: histories of a seeded random workload on SGLang's real stack, audited after
+every step, until the step budget is spent or something is found.
+
+Histories cycle through page sizes (1, 4, 16 unless one is given) and the tree cores the
+install has. On the first finding: the dump of that step, the workload with its seed and step,
+and a shrunk workload that still fails the same way (same top cause) go to `--out`; the report
+says whether SGLang's own checks saw anything at that step. Importing this module costs only
+the standard library: SGLang and torch load when a soak runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SoakReport", "render_soak", "soak"]
+
+#: Steps per history: short histories find the planted faults early and shrink fast.
+HISTORY_STEPS = 80
+
+
+@dataclass
+class SoakReport:
+    """What a soak ran and found."""
+
+    sglang_version: str
+    sglang_root: str
+    histories: int = 0
+    steps: int = 0
+    audited_steps: int = 0
+    seconds: float = 0.0
+    found: bool = False
+    #: the first failing history: its seed, page size, core, step, finding codes, top cause
+    failure: dict[str, Any] | None = None
+    #: what SGLang's own checks said at that step (empty: nothing), and whether they were
+    #: silent about what kvcanary found
+    sglang_said: list[str] = field(default_factory=list)
+    sglang_missed: bool = False
+    files: dict[str, str] = field(default_factory=dict)
+    shrunk_arrivals: tuple[int, int] | None = None
+
+
+def _specs(page_size: int | None, cores: tuple[str, ...], core: str | None) -> list[Any]:
+    from kvcanary_cli.soak.stack import StackSpec
+
+    sizes = [page_size] if page_size else [1, 4, 16]
+    chosen = [core] if core else list(cores)
+    return [
+        StackSpec(
+            page_size=ps,
+            core=c,
+            full_tokens=384,
+            swa_tokens=192,
+            max_reqs=12,
+            window=16,
+            chunked_prefill_size=32,
+        )
+        for ps in sizes
+        for c in chosen
+    ]
+
+
+def soak(
+    *,
+    sglang_tree: str | None,
+    steps: int,
+    seed: int,
+    page_size: int | None = None,
+    core: str | None = None,
+    fault: str | None = None,
+    out: Path,
+    progress: Callable[[int, int], None] | None = None,
+) -> SoakReport:
+    """Run histories until `steps` scheduler steps are spent or one fails (see module)."""
+    from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.soak.faults import FAULTS
+    from kvcanary_cli.soak.run import run_history, shrink_workload
+    from kvcanary_cli.soak.stack import load_sglang
+    from kvcanary_cli.soak.workload import Workload, random_workload
+
+    if fault is not None and fault not in FAULTS:
+        raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="--fault")
+    modules = load_sglang(sglang_tree)
+    if core is not None and core not in modules.cores:
+        raise OptionError(
+            f"tree core {core!r} is not in this SGLang (available: {', '.join(modules.cores)})",
+            option="--core",
+        )
+    specs = _specs(page_size, modules.cores, core)
+    report = SoakReport(sglang_version=modules.tree.version, sglang_root=str(modules.tree.root))
+    started = time.monotonic()
+    history = 0
+    while report.steps < steps:
+        spec = specs[history % len(specs)]
+        history_seed = seed * 1_000_003 + history
+        workload = random_workload(
+            history_seed, steps=HISTORY_STEPS, requests=20, max_prompt=60, max_new=20
+        )
+        result = run_history(modules, spec, workload, fault=fault)
+        history += 1
+        report.histories += 1
+        report.steps += result.steps
+        report.audited_steps += result.audited
+        if progress is not None:
+            progress(min(report.steps, steps), steps)
+        failure = result.failure
+        if failure is None:
+            continue
+        report.found = True
+        report.sglang_said = list(failure.sglang)
+        report.sglang_missed = not failure.sglang
+        report.failure = {
+            "seed": history_seed,
+            "page_size": spec.page_size,
+            "core": spec.core,
+            "step": failure.step,
+            "when": failure.mode,
+            "codes": failure.codes,
+            "top_cause": failure.top_cause,
+            "fault": fault,
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        cause = failure.top_cause
+
+        def fails(candidate: Workload, spec: Any = spec, cause: Any = cause) -> bool:
+            again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False)
+            return again.failure is not None and again.failure.top_cause == cause
+
+        shrunk = shrink_workload(workload, fails)
+        # the dumps: the original failing step, and the shrunk workload's (which still fails)
+        for name, chosen in (("dump", workload), ("shrunk_dump", shrunk)):
+            scratch = out / f".{name}"
+            scratch.mkdir(exist_ok=True)
+            again = run_history(modules, spec, chosen, fault=fault, folder=scratch)
+            if again.failure is not None and again.failure.dump is not None:
+                target = out / f"soak-{name.replace('_', '-')}.safetensors"
+                shutil.move(str(again.failure.dump), target)
+                report.files[name] = str(target)
+            shutil.rmtree(scratch, ignore_errors=True)
+        meta = {"spec": asdict(spec), **report.failure}
+        for name, chosen in (("workload", workload), ("reproducer", shrunk)):
+            path = out / f"soak-{name}.json"
+            body = json.loads(chosen.to_json())
+            path.write_text(json.dumps({**meta, "workload": body}, indent=1) + "\n")
+            report.files[name] = str(path)
+        report.shrunk_arrivals = (len(workload.arrivals), len(shrunk.arrivals))
+        break
+    report.seconds = round(time.monotonic() - started, 2)
+    return report
+
+
+def render_soak(report: SoakReport, fmt: str) -> str:
+    """The report as JSON, or as a few lines for a terminal."""
+    if fmt == "json":
+        return json.dumps(asdict(report), indent=1, sort_keys=True) + "\n"
+    from kvcanary_cli.safe_text import printable
+
+    lines = [
+        f"kvcanary soak: SGLang {report.sglang_version} ({report.sglang_root}), "
+        f"{report.histories} histories, {report.steps} steps, {report.audited_steps} audited, "
+        f"{report.seconds} s"
+    ]
+    if not report.found or report.failure is None:
+        lines.append("clean: no finding, SGLang's checks silent on every audited step")
+        return "".join(printable(line) + "\n" for line in lines)
+    f = report.failure
+    lines.append(
+        f"FOUND at step {f['step']} ({f['when']}) of seed {f['seed']}, page size "
+        f"{f['page_size']}, {f['core']} core: {', '.join(f['codes'])} "
+        f"(cause: {f['top_cause']})"
+    )
+    if report.sglang_missed:
+        lines.append("SGLang's own checks were silent at that step: only kvcanary saw it")
+    else:
+        lines.append("SGLang's own checks at that step: " + " | ".join(report.sglang_said))
+    if report.shrunk_arrivals:
+        before, after = report.shrunk_arrivals
+        lines.append(f"shrunk the workload from {before} to {after} requests")
+    for name, path in report.files.items():
+        lines.append(f"  {name}: {path}")
+    return "".join(printable(line) + "\n" for line in lines)
+
+
+def main_exit(report: SoakReport) -> int:
+    """0 clean, 1 found (bad input raised before: 2)."""
+    return 1 if report.found else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `kvcanary soak`")

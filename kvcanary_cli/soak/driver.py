@@ -1,0 +1,283 @@
+"""A small scheduler loop over SGLang's real stack: what `Scheduler` does for memory, no model.
+
+Each `step` mirrors SGLang 0.5.23's `get_next_batch_to_run` (stash the chunked request, merge
+the last prefill batch into the running one, filter finished requests), then either
+`get_new_batch_prefill` (a `PrefillAdder` admits waiting requests: prefix match, locks,
+chunking; `ScheduleBatch.prepare_for_extend` allocates, evicting the tree under pressure) or
+`update_running_batch` (`check_decode_mem`, `retract_decode`, `prepare_for_decode`, which frees
+out-of-window SWA). The forward is a random next token per request; the result processing is
+`process_batch_result_prefill` / `_decode`'s memory part inside one free group
+(`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches memory is SGLang's own.
+
+`on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
+written yet); `on_idle` when nothing runs and nothing waits.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from kvcanary_cli.soak.stack import Stack
+from kvcanary_cli.soak.workload import VOCAB, Workload
+
+__all__ = ["Scheduler", "StepInfo"]
+
+
+@dataclass
+class StepInfo:
+    """What one step did (counts for the report; `batch` is the step's `ScheduleBatch`)."""
+
+    step: int
+    mode: str  # "extend", "decode" or "idle"
+    batch: Any = None
+    retracted: int = 0
+    finished: int = 0
+
+
+@dataclass
+class Counters:
+    """Events over a run (what the workload reached)."""
+
+    extends: int = 0
+    decodes: int = 0
+    chunks: int = 0
+    retractions: int = 0
+    finishes: int = 0
+    idles: int = 0
+    shared_prefix_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters by name."""
+        return dict(vars(self))
+
+
+@dataclass
+class Scheduler:
+    """The loop's state: waiting queue, running batch, chunked request (see module doc)."""
+
+    stack: Stack
+    workload: Workload
+    max_prefill_tokens: int = 256
+    waiting: list[Any] = field(default_factory=list)
+    counters: Counters = field(default_factory=Counters)
+
+    def __post_init__(self) -> None:
+        m = self.stack.modules
+        self._sb = m.schedule_batch
+        self._policy = m.schedule_policy
+        self._common = m.common
+        self._rng = np.random.default_rng(self.workload.seed ^ 0x5EED)
+        self._model_config = SimpleNamespace(
+            vocab_size=VOCAB, is_encoder_decoder=False, is_multimodal=False, hf_config=None
+        )
+        self._spec = self._spec_none()
+        self.running = self._empty_batch()
+        self.last_batch: Any = None
+        self.chunked_req: Any = None
+        self._next_arrival = 0
+        self._rid = 0
+        self.step_no = 0
+
+    def _spec_none(self) -> Any:
+        from importlib import import_module
+
+        spec = import_module("sglang.srt.speculative.spec_info")
+        return spec.SpeculativeAlgorithm.NONE
+
+    def _empty_batch(self) -> Any:
+        return self._sb.ScheduleBatch(reqs=[], batch_is_full=False)
+
+    def _new_req(self, prompt: tuple[int, ...], max_new: int) -> Any:
+        sp = self.stack.modules.sampling_params.SamplingParams(
+            max_new_tokens=max_new, ignore_eos=True
+        )
+        sp.normalize(None)  # what the tokenizer manager does: empty stop lists
+        self._rid += 1
+        req = self._sb.Req(
+            f"soak-{self._rid}",
+            "",
+            array("q", prompt),
+            sp,
+            vocab_size=VOCAB,
+        )
+        return req
+
+    @property
+    def done(self) -> bool:
+        """Every arrival came, and nothing runs or waits."""
+        return (
+            self._next_arrival >= len(self.workload.arrivals)
+            and not self.waiting
+            and self.running.is_empty()
+            and self.chunked_req is None
+            and (self.last_batch is None or self.last_batch.is_empty())
+        )
+
+    def step(self, on_plan: Callable[[Any], None] | None = None) -> StepInfo:
+        """One scheduler iteration (arrivals, batch choice, forward, result)."""
+        arrivals = self.workload.arrivals
+        while (
+            self._next_arrival < len(arrivals) and arrivals[self._next_arrival].step <= self.step_no
+        ):
+            a = arrivals[self._next_arrival]
+            self.waiting.append(self._new_req(a.prompt, a.max_new_tokens))
+            self._next_arrival += 1
+        info = StepInfo(step=self.step_no, mode="idle")
+        batch = self._next_batch(info)
+        if batch is not None:
+            info.batch = batch
+            info.mode = "extend" if batch.forward_mode.is_extend() else "decode"
+            if on_plan is not None:
+                on_plan(batch)
+            self._process(batch, info)
+        else:
+            self.counters.idles += 1
+        self.last_batch = batch
+        self.step_no += 1
+        return info
+
+    # -- get_next_batch_to_run ---------------------------------------------------------
+
+    def _next_batch(self, info: StepInfo) -> Any:
+        exclude = []
+        if self.chunked_req is not None:
+            exclude.append(self.chunked_req)
+            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
+                self._common.checkpoint_kv_cache(self.chunked_req, self.stack.tree)
+        last = self.last_batch
+        if last is not None and last.forward_mode.is_extend():
+            if last.chunked_req is not None:
+                exclude.append(last.chunked_req)
+            last.filter_batch(reqs_to_exclude=exclude)
+            if not last.is_empty() and last is not self.running:
+                if self.running.is_empty():
+                    self.running = last
+                else:
+                    self.running.merge_batch(last)
+        self.running.filter_batch()
+        new_batch = self._prefill()
+        if new_batch is not None:
+            self.counters.extends += 1
+            return new_batch
+        if not self.running.is_empty():
+            decode = self._update_running(info)
+            if decode is not None and not decode.is_empty():
+                self.counters.decodes += 1
+                return decode
+        return None
+
+    def _prefill(self) -> Any:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        stack = self.stack
+        pool = stack.req_to_token_pool
+        if pool.available_size() <= 0 and self.chunked_req is None:
+            return None
+        adder = self._policy.PrefillAdder(
+            stack.spec.page_size,
+            stack.tree,
+            stack.allocator,
+            self.running,
+            0.5,
+            self.max_prefill_tokens,
+            stack.spec.chunked_prefill_size,
+            0,
+            0,
+            max_prefill_bs=0,
+            max_running_requests=stack.spec.max_reqs,
+        )
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        result = self._policy.AddReqResult
+        for req in self.waiting:
+            if adder.budget_state() == result.OTHER:
+                break
+            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            if len(adder.can_run_list) >= pool.available_size() + held:
+                break
+            req.init_next_round_input(stack.tree)
+            res = adder.add_one_req(
+                req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
+            )
+            if res != result.CONTINUE:
+                break
+        can_run = adder.can_run_list
+        if not can_run:
+            return None
+        chosen = set(map(id, can_run))
+        self.waiting = [r for r in self.waiting if id(r) not in chosen]
+        self.counters.shared_prefix_tokens += sum(int(r.prefix_len) for r in can_run)
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
+            self.counters.chunks += 1
+        batch = self._sb.ScheduleBatch.init_new(
+            can_run,
+            pool,
+            stack.allocator,
+            stack.tree,
+            self._model_config,
+            False,
+            self._spec,
+            chunked_req=self.chunked_req,
+        )
+        batch.prepare_for_extend()
+        batch.decoding_reqs = None
+        return batch
+
+    def _update_running(self, info: StepInfo) -> Any:
+        batch = self.running
+        initial = batch.batch_size()
+        if not batch.check_decode_mem():
+            retracted, _, aborted = batch.retract_decode()
+            info.retracted = len(retracted) + len(aborted)
+            self.counters.retractions += info.retracted
+            for req in retracted:
+                self.waiting.append(req)
+            for req in aborted:  # finished by SGLang (to_finish): nothing to requeue
+                del req
+        if batch.batch_size() < initial:
+            batch.batch_is_full = False
+        if batch.is_empty():
+            return None
+        batch.prepare_for_decode()
+        return batch
+
+    # -- forward + result processing ---------------------------------------------------
+
+    def _process(self, batch: Any, info: StepInfo) -> None:
+        tree, allocator = self.stack.tree, self.stack.allocator
+        tokens = self._rng.integers(1, VOCAB, size=len(batch.reqs))
+        allocator.free_group_begin()
+        try:
+            for req, token in zip(batch.reqs, tokens, strict=True):
+                if info.mode == "extend":
+                    if req.inflight_middle_chunks > 0:
+                        req.inflight_middle_chunks -= 1
+                        continue
+                    req.output_ids.append(int(token))
+                    req.update_finish_state()
+                    if req.finished():
+                        self._common.release_kv_cache(req, tree, checkpoint=True)
+                        info.finished += 1
+                    else:
+                        self._common.checkpoint_kv_cache(req, tree)
+                else:
+                    if req.finished():
+                        continue
+                    req.output_ids.extend([int(token)])
+                    req.update_finish_state(1)
+                    if req.finished():
+                        self._common.release_kv_cache(req, tree, checkpoint=True)
+                        info.finished += 1
+        finally:
+            allocator.free_group_end()
+        self.counters.finishes += info.finished

@@ -1,0 +1,92 @@
+"""A seeded random serving workload: which requests arrive when, with which prompt.
+
+A workload is a list of `Arrival`s, nothing else: the scheduler loop (`soak.driver`) turns it
+into prefills, chunks, decodes, window frees, retractions and evictions, and the random next
+tokens come from the seed. Dropping arrivals gives a smaller workload of the same kind, which
+is what shrinking (`soak.shrink`) does.
+
+Prompts share prefixes on purpose: each draws a stem from a few shared ones (a system prompt,
+a conversation's earlier turns) and adds a tail of its own, so the radix tree matches, splits
+and tombstones nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["Arrival", "Workload", "random_workload"]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request: the scheduler step it arrives at, its prompt and its output length."""
+
+    step: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Arrivals ordered by step, and the seed of the forward's random next tokens."""
+
+    seed: int
+    arrivals: tuple[Arrival, ...]
+    #: scheduler steps to run (past the last arrival, so requests can finish)
+    steps: int
+
+    def without(self, keep: list[int]) -> Workload:
+        """The workload with only the arrivals at the indices `keep`."""
+        return Workload(self.seed, tuple(self.arrivals[i] for i in keep), self.steps)
+
+    def to_json(self) -> str:
+        """The workload as JSON (a reproducer file)."""
+        return json.dumps(
+            {
+                "seed": self.seed,
+                "steps": self.steps,
+                "arrivals": [asdict(a) for a in self.arrivals],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Workload:
+        """Read a workload `to_json` wrote."""
+        data = json.loads(text)
+        arrivals = tuple(
+            Arrival(int(a["step"]), tuple(int(t) for t in a["prompt"]), int(a["max_new_tokens"]))
+            for a in data["arrivals"]
+        )
+        return cls(int(data["seed"]), arrivals, int(data["steps"]))
+
+
+#: Token ids of prompts and outputs (a small vocabulary: outputs repeat prompts' prefixes too).
+VOCAB = 64
+
+
+def random_workload(
+    seed: int, *, steps: int, requests: int, max_prompt: int, max_new: int
+) -> Workload:
+    """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
+    sharing a few stems, outputs up to `max_new` tokens."""
+    rng = np.random.default_rng(seed)
+    stems = [
+        tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
+        for _ in range(int(rng.integers(1, 4)))
+    ]
+    arrivals = []
+    last = max(1, steps * 3 // 4)
+    for _ in range(requests):
+        stem = stems[int(rng.integers(len(stems)))] if rng.random() < 0.7 else ()
+        cut = int(rng.integers(0, len(stem) + 1))
+        tail_len = int(rng.integers(1, max(2, max_prompt - cut)))
+        tail = tuple(int(t) for t in rng.integers(1, VOCAB, size=tail_len))
+        prompt = (stem[:cut] + tail)[:max_prompt]
+        arrivals.append(
+            Arrival(int(rng.integers(0, last)), prompt, int(rng.integers(1, max_new + 1)))
+        )
+    arrivals.sort(key=lambda a: a.step)
+    return Workload(seed, tuple(arrivals), steps)
