@@ -98,9 +98,9 @@ def provenance(
 def timeline(dumps: opt.SequenceArg, to: ReportTo = opt.STDOUT) -> None:
     """What changed between dumps of one rank, and when: requests, slot owners, LUT, SWA leak.
 
-    Each event (use-after-free, double-allocation, lut-rewritten, swa-leak) with its slots or
-    pages, the steps it happened between and its cause; the dump each finding first appears
-    in. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
+    Each event (use-after-free, double-allocation, prefix-rewritten, lut-rewritten, swa-leak)
+    with its slots or pages, the steps it happened between and its cause; the dump each
+    finding first appears in. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
     found = api.timeline(dumps)
     deliver(render.render_timeline(found, to.fmt, to.rows), to.file, force=to.force, inputs=dumps)
