@@ -12,7 +12,7 @@ from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.analysis.model import Group, Severity, Space
 from kvcanary_cli.cli_options import ExitCode, GroupChoice, ReportTo, fail
-from kvcanary_cli.output import check_before_writing, deliver, tell
+from kvcanary_cli.output import deliver, tell
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
@@ -129,8 +129,7 @@ def violations(
 ) -> None:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
-    A SOURCE is a dump or a server log ('-': stdin). Exit 0 no row, 1 rows (or violation
-    lines that cannot be read: cut short, garbled), 2 bad input.
+    A SOURCE: a dump or log ('-': stdin). Exit 0 clean, 1 rows or unreadable lines, 2 bad input.
     """
     report = api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
@@ -159,8 +158,6 @@ def plan(
     GPU launch refuses the batch; 2 on bad input.
     """
     # --strict: SGLang's raise propagates as UpstreamPlanError, exit 1 (cli_options)
-    if out is not None:  # --out and --svg: both checked before either is written
-        check_before_writing(out, force=force, inputs=[dump])
     run = api.plan(
         dump, group.value, backend=backend, strict=strict, out=out, force=force, overrides=overrides
     )

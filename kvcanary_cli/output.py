@@ -15,12 +15,12 @@ from pathlib import Path
 
 from rich.console import Console, RenderableType
 
-from kvcanary_cli.dump.files import Target, check_targets, write_all_atomically
+from kvcanary_cli.dump.files import Target, write_all_atomically
 from kvcanary_cli.dump.streams import write_standard_error, writing_to_standard_output
 from kvcanary_cli.render.console import PIPED_WIDTH, emit, make_console, without_padding
 from kvcanary_cli.render.image import SVG_TARGET, svg_of
 
-__all__ = ["check_before_writing", "deliver", "tell"]
+__all__ = ["deliver", "tell"]
 
 
 def deliver(
@@ -50,19 +50,6 @@ def deliver(
     if not to_file:
         with writing_to_standard_output():
             emit(rendered)
-
-
-def check_before_writing(
-    path: str | os.PathLike[str],
-    *,
-    force: bool = False,
-    inputs: Iterable[str | os.PathLike[str]] = (),
-) -> None:
-    """Refuse now a file a command writes itself (`plan --out`) that `deliver` could not write
-    beside the `--svg` image, or the image beside it: checked before either is written."""
-    target = SVG_TARGET.get()
-    if target is not None:
-        check_targets([Path(os.fspath(path)), Path(target)], inputs=inputs, overwrite=force)
 
 
 def _text_of(rendered: str | RenderableType) -> str:
