@@ -436,11 +436,11 @@ def with_svg(command: Callable[..., None]) -> Callable[..., None]:
         target = kwargs.pop("svg")
         if target is not None and str(target) in ("", "-"):
             raise OptionError("writes an image file: name one", option="--svg")
-        token = SVG_TARGET.set(None if target is None else str(target))
         if target is not None and kwargs.get("out") is not None:  # a file it writes itself
             inputs = [kwargs["dump"]] if kwargs.get("dump") is not None else []
             # checked with the image before either is written (`output.deliver` writes it)
             check_targets([kwargs["out"], target], inputs=inputs, overwrite=bool(kwargs["force"]))
+        token = SVG_TARGET.set(None if target is None else str(target))
         try:
             command(**kwargs)
         finally:
