@@ -107,9 +107,9 @@ def provenance(
 def timeline(dumps: opt.SequenceArg, to: ReportTo = opt.STDOUT) -> None:
     """What changed between dumps of one rank, and when: requests, slot owners, LUT, SWA leak.
 
-    Each event (use-after-free, double-allocation, lut-rewritten, swa-leak) with its slots or
-    pages, the steps it happened between and its cause; the dump each finding first appears
-    in. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
+    Each event (use-after-free, double-allocation, prefix-rewritten, lut-rewritten, swa-leak)
+    with its slots or pages, the steps it happened between and its cause; the dump each
+    finding first appears in. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
     found = api.timeline(dumps)
     deliver(render.render_timeline(found, to.fmt, to.rows), to.file, force=to.force, inputs=dumps)
@@ -138,8 +138,7 @@ def violations(
 ) -> None:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
-    A SOURCE is a dump or a server log ('-': stdin). Exit 0 no row, 1 rows (or violation
-    lines that cannot be read: cut short, garbled), 2 bad input.
+    A SOURCE: a dump or log ('-': stdin). Exit 0 clean, 1 rows or unreadable lines, 2 bad input.
     """
     report = api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides

@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from kvcanary_cli import __version__
 from kvcanary_cli.analysis.model import CheckReport, Severity, Space, TimelineReport
+from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.dump.streams import (
     STANDARD_OUTPUT_NAME,
@@ -435,6 +436,10 @@ def with_svg(command: Callable[..., None]) -> Callable[..., None]:
         target = kwargs.pop("svg")
         if target is not None and str(target) in ("", "-"):
             raise OptionError("writes an image file: name one", option="--svg")
+        if target is not None and kwargs.get("out") is not None:  # a file it writes itself
+            inputs = [kwargs["dump"]] if kwargs.get("dump") is not None else []
+            # checked with the image before either is written (`output.deliver` writes it)
+            check_targets([kwargs["out"], target], inputs=inputs, overwrite=bool(kwargs["force"]))
         token = SVG_TARGET.set(None if target is None else str(target))
         try:
             command(**kwargs)

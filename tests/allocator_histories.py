@@ -30,7 +30,7 @@ import torch
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from tests.sglang_allocator import SGLangAllocators
 
-__all__ = ["HistoryDump", "HistorySpec", "run_history"]
+__all__ = ["HistoryDump", "HistorySpec", "run_history", "run_history_states"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -457,3 +457,20 @@ def run_history(classes: SGLangAllocators, spec: HistorySpec, seed: int) -> Hist
         if taken is not None:
             return taken
     raise AssertionError(f"history {seed} never allocated after step {dump_from}")
+
+
+def run_history_states(
+    classes: SGLangAllocators, spec: HistorySpec, seed: int, count: int
+) -> list[HistoryDump]:
+    """The states of `count` consecutive allocating steps from the middle of a history on,
+    each with `rank` and `step` in its metadata: one rank's dumps for a timeline."""
+    history = _History(classes, spec, seed)
+    states: list[HistoryDump] = []
+    for index in range(spec.steps * 4):
+        taken = history.step(dump=index >= spec.steps // 2)
+        if taken is not None:
+            taken.metadata.update(rank="0", step=str(index + 1))
+            states.append(taken)
+            if len(states) == count:
+                return states
+    raise AssertionError(f"history {seed} allocated {len(states)} times, not {count}")

@@ -60,6 +60,8 @@ ALLOWED = {
         "errors",
         "dump.schema",
         "dump.streams",
+        # standard library only: `--svg` checks a command's own `--out` beside the image
+        "dump.files",
         "planners",
         "analysis.model",
         "render",

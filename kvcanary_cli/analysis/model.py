@@ -684,6 +684,7 @@ class EventKind(StrEnum):
 
     DOUBLE_ALLOCATION = "double-allocation"
     USE_AFTER_FREE = "use-after-free"
+    PREFIX_REWRITTEN = "prefix-rewritten"
     LUT_REWRITTEN = "lut-rewritten"
     SWA_LEAK = "swa-leak"
 
@@ -696,6 +697,7 @@ class EventKind(StrEnum):
 _EVENT_CAUSES = {
     EventKind.DOUBLE_ALLOCATION: CauseCode.CROSS_REQUEST_ALIASING,
     EventKind.USE_AFTER_FREE: CauseCode.USE_AFTER_FREE,
+    EventKind.PREFIX_REWRITTEN: CauseCode.RADIX_PREFIX_BROKEN,
     EventKind.LUT_REWRITTEN: CauseCode.SWA_MAPPING_REWRITTEN,
     EventKind.SWA_LEAK: CauseCode.SWA_LEAK,
 }

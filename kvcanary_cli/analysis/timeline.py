@@ -26,6 +26,8 @@ first dump is left to its check's findings):
   after a dump listed it free;
 - `double-allocation`: a slot a new owner got while an owner holds it and no dump listed it
   free in between;
+- `prefix-rewritten`: a written cell of a live request (its row the same request: a later
+  written position unchanged) that holds another slot now, with the old slot's fate;
 - `lut-rewritten`: a continuing cell whose LUT entry maps to another non-zero SWA slot;
 - `swa-leak`: SWA pages leaked (neither free nor mapped from a held full slot) that the last
   dump accounting leaks did not have.
@@ -72,7 +74,7 @@ from kvcanary_cli.errors import DumpError, OptionError
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.safe_text import excerpt
 
-__all__ = ["MAX_OWNERS", "Snapshot", "snapshot", "timeline"]
+__all__ = ["MAX_OWNERS", "PREFIX_FATES", "Snapshot", "snapshot", "timeline"]
 
 PathLike = str | os.PathLike[str]
 #: owners of the focus slot listed per dump (`owners_total` counts them all).
@@ -519,7 +521,12 @@ class _Tracker:
         same = seen & (b.lengths >= last_len) & (b.row_hash(cut) == last_hash)
         in_a = SlotSet(a.rows).contains(b.rows)
         row_of_cell = b.row_of_cell
+        # a live request whose written cells changed keeps its row: the same request, the
+        # changed cells new (allocated between the dumps), and an event
+        rewritten, old_cell = _rewritten_cells(a, b, ~same & in_a & (last == a.index), last_len)
+        same |= np.bincount(row_of_cell[rewritten], minlength=b.rows.size) > 0
         cont = b.position < np.repeat(np.where(same, last_len, 0), b.lengths)
+        cont[rewritten] = False
         # continuing cells of rows in `a`: the same cell there
         mapped = cont & np.repeat(in_a & same, b.lengths)
         a_cell = np.zeros(b.slot.shape, dtype=np.int64)
@@ -531,6 +538,7 @@ class _Tracker:
         owner_events, event_slots = self._two_owners(a, b, cont, mapped, a_cell)
         event_slots = distinct(event_slots)
         events += owner_events
+        events += self._prefix_rewritten(a, b, rewritten, old_cell)
         events += self._lut_rewritten(a, b, mapped, a_cell)
         leak_new, leak_event = self._leak(b)
         if leak_event is not None:
@@ -646,6 +654,36 @@ class _Tracker:
                 )
             found.append(self._event(kind, Space.FULL, a.index, b, holder[pick], what, extra))
         return found, b.slot[holder]
+
+    def _prefix_rewritten(
+        self, a: Snapshot, b: Snapshot, cells: np.ndarray, old_cells: np.ndarray
+    ) -> list[TimelineEvent]:
+        """Written cells of live requests that hold another slot now, with the old slot and
+        what became of it (`PREFIX_FATES`)."""
+        if cells.size == 0:
+            return []
+        old = a.slot[old_cells]
+        fate = np.full(old.shape, FATE_UNKNOWN, dtype=np.int64)
+        if b.free_list is not None:
+            listed = SlotSet(b.free_list).contains(old)
+            if b.free_domain is not None:  # a shrunk dump speaks for the slots it kept
+                listed &= SlotSet(b.free_domain).contains(old)
+            fate[:] = np.where(listed, FATE_FREE, FATE_ORPHANED)
+            if b.free_domain is not None:
+                fate[~SlotSet(b.free_domain).contains(old)] = FATE_UNKNOWN
+        fate[SlotSet(b.distinct_slots).contains(old)] = FATE_HELD
+        counts = [
+            f"{int(np.count_nonzero(fate == code))} {word}"
+            for code, word in PREFIX_FATES.items()
+            if np.any(fate == code)
+        ]
+        what = (
+            f"{cells.size} written cell(s) of live requests hold another slot than in the dump "
+            f"before (old slots: {', '.join(counts)}): rewritten {_steps(a.step, b.step)}; "
+            "a live request's written cells never change while it keeps its pool row"
+        )
+        extra = {"old_slot": old, "old_slot_fate": fate}
+        return [self._event(EventKind.PREFIX_REWRITTEN, Space.FULL, a.index, b, cells, what, extra)]
 
     def _lut_rewritten(
         self, a: Snapshot, b: Snapshot, mapped: np.ndarray, a_cell: np.ndarray
@@ -850,6 +888,50 @@ class _Tracker:
             slot=slot,
             notes=tuple(notes),
         )
+
+
+#: What became of a rewritten cell's old slot (`old_slot_fate` of a `prefix-rewritten` event):
+#: held by a live cell of the later dump (another request, or this one elsewhere), on its
+#: full free list, neither (orphaned: leaked, or kept by the radix cache), or unknown (the
+#: dump records no free list, or a shrunk dump does not speak for the slot).
+FATE_ORPHANED, FATE_FREE, FATE_HELD, FATE_UNKNOWN = 0, 1, 2, -1
+PREFIX_FATES = {
+    FATE_ORPHANED: "orphaned (neither free nor held)",
+    FATE_FREE: "free",
+    FATE_HELD: "held by a live cell",
+    FATE_UNKNOWN: "not held (no free list to tell free from orphaned)",
+}
+
+
+def _rewritten_cells(
+    a: Snapshot, b: Snapshot, candidate: np.ndarray, last_len: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cells of `b` (and their cells in `a`) that a live request wrote before `a` and that
+    hold another slot in `b`, for the rows `candidate` marks (in both dumps, `a` the row's
+    last, its cells not a prefix of `b`'s).
+
+    A request that keeps its row only grows, and SGLang never rewrites its written cells; a
+    new request in the row (a reused row) shares at most a cached prefix from position 0 and
+    differs from there on. So a written cell differs and the row is still the same request
+    when a later written position holds the same slot as in `a`: the changed cells are those
+    before the row's last unchanged position. Sorts and gathers over the candidate rows'
+    cells, no loop."""
+    none = np.zeros(0, dtype=np.int64)
+    rows = np.flatnonzero(candidate & (b.lengths >= last_len) & (last_len > 0))
+    if rows.size == 0 or a.rows.size == 0:
+        return none, none
+    a_row = np.searchsorted(a.rows, b.rows[rows])
+    written = last_len[rows]
+    cells = _ragged(b.starts[rows], written)
+    old = _ragged(a.starts[a_row], written)
+    group = np.repeat(np.arange(rows.size, dtype=np.int64), written)
+    position = b.position[cells]
+    differs = b.slot[cells] != a.slot[old]
+    kept = np.where(differs, -1, position)
+    heads = np.cumsum(written) - written
+    last_kept = np.maximum.reduceat(kept, heads)
+    hit = differs & (position < last_kept[group]) & (a.slot[old] > 0)
+    return cells[hit], old[hit]
 
 
 def _multi_owner_slots(snap: Snapshot) -> np.ndarray:

@@ -17,7 +17,14 @@ from typing import BinaryIO
 from kvcanary_cli.dump.streams import writing_to_standard_output
 from kvcanary_cli.errors import PathError, PathExistsError
 
-__all__ = ["STANDARD_INPUT", "Target", "same_target", "write_all_atomically", "write_atomically"]
+__all__ = [
+    "STANDARD_INPUT",
+    "Target",
+    "check_targets",
+    "same_target",
+    "write_all_atomically",
+    "write_atomically",
+]
 
 
 #: How a command names standard input among its inputs, as on its command line.
@@ -112,19 +119,8 @@ def write_all_atomically(
     replaced file gets its old content again), so a refused run leaves nothing behind and
     its rerun is not told that its own half-output exists. No target may be `-`.
     """
-    inputs = list(inputs)
     paths = [Path(path) for path, _ in targets]
-    for i, path in enumerate(paths):
-        if not str(path) or str(path) == "-":
-            raise PathError("is not a file to write; name one", path=repr(str(path)))
-        for other in paths[:i]:
-            if same_target(other, path):
-                raise PathError(
-                    f"is the same file given twice (also as {other}); give each output its own"
-                    " file",
-                    path=str(path),
-                )
-    modes = [_checked_target(path, inputs=inputs, overwrite=overwrite) for path in paths]
+    modes = check_targets(paths, inputs=inputs, overwrite=overwrite)
     staged: list[Path] = []
     try:
         for path, mode, (_, write) in zip(paths, modes, targets, strict=True):
@@ -134,6 +130,30 @@ def write_all_atomically(
         for tmp in staged:
             tmp.unlink(missing_ok=True)
     return paths
+
+
+def check_targets(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    overwrite: bool = True,
+) -> list[int]:
+    """Refuse, before anything is written, targets that `write_all_atomically` would refuse
+    (one named twice, however spelled; an input; an existing file without `overwrite`...);
+    the modes their files get. For a command whose outputs are written by two writers."""
+    inputs = list(inputs)
+    named = [Path(path) for path in paths]
+    for i, path in enumerate(named):
+        if not str(path) or str(path) == "-":
+            raise PathError("is not a file to write; name one", path=repr(str(path)))
+        for other in named[:i]:
+            if same_target(other, path):
+                raise PathError(
+                    f"is the same file given twice (also as {other}); give each output its own"
+                    " file",
+                    path=str(path),
+                )
+    return [_checked_target(path, inputs=inputs, overwrite=overwrite) for path in named]
 
 
 def _checked_target(path: Path, *, inputs: list[str | os.PathLike[str]], overwrite: bool) -> int:

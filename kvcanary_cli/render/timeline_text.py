@@ -170,6 +170,10 @@ def _paged(e: EventRecord) -> bool:
     return e["cells"]["extra"].get("page", []) != e["cells"]["slot"]
 
 
+#: `old_slot_fate` of a prefix-rewritten event, in words (analysis.timeline.PREFIX_FATES).
+OLD_SLOT_FATES = {0: "orphaned", 1: "free", 2: "held", -1: "not held"}
+
+
 def event_columns(e: EventRecord) -> list[str]:
     """Column names of an event's cells."""
     if e["kind"] == "swa-leak":
@@ -177,6 +181,8 @@ def event_columns(e: EventRecord) -> list[str]:
     base = ["slot", *(["page"] if _paged(e) else []), "pool row", "position"]
     if e["kind"] == "lut-rewritten":
         return [*base, "SWA slot before", "after"]
+    if e["kind"] == "prefix-rewritten":
+        return [*base, "old slot", "old slot now"]
     if "other_pool_row" in e["cells"]["extra"]:
         return [*base, "other pool row", "other position"]
     return base
@@ -197,9 +203,11 @@ def event_rows(e: EventRecord, limit: int = EVENT_ROWS) -> tuple[list[list[str]]
             str(cells["pool_row"][i]),
             str(cells["position"][i]),
         ]
-        for name in ("swa_before", "swa_after", "other_pool_row", "other_position"):
+        for name in ("swa_before", "swa_after", "other_pool_row", "other_position", "old_slot"):
             if name in extra:
                 row.append(str(extra[name][i]))
+        if "old_slot_fate" in extra:
+            row.append(OLD_SLOT_FATES.get(extra["old_slot_fate"][i], "?"))
         rows.append(row)
     return rows, len(cells["slot"]) - len(rows)
 

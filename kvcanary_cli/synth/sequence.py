@@ -21,6 +21,9 @@ and differs from the event's sequence only by the plant:
   handed out again while the victim holds it; the page it should have had stays free;
 - `use-after-free`: one of the victim's complete pages goes back on the free list while the
   victim still holds it;
+- `prefix-rewritten`: one of the victim's complete pages is swapped, in its row, for a page
+  fresh from the free list; the old page is neither freed nor held by anyone (orphaned), and
+  every dump on its own is clean;
 - `lut-rewritten`: the SWA mapping of the victim's newest page, in its window, moves to another
   SWA page (the old one freed, pages still in lockstep: no single dump shows it);
 - `swa-leak`: from the event step on, the first SWA page the window leaves behind each step has
@@ -67,7 +70,7 @@ __all__ = [
 PLANTED_KEY = "kvcanary.planted_event"
 SEQUENCE_KEY = "kvcanary.sequence"
 #: The event classes a sequence can plant (the names `kvcanary timeline` reports them by).
-EVENTS = ("double-allocation", "use-after-free", "lut-rewritten", "swa-leak")
+EVENTS = ("double-allocation", "use-after-free", "prefix-rewritten", "lut-rewritten", "swa-leak")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +153,13 @@ SEQUENCES: dict[str, SequenceKind] = {
             name="use-after-free",
             summary="a page of a running request put back on the free list",
             event="use-after-free",
+            swa=False,
+        ),
+        SequenceKind(
+            name="prefix-rewritten",
+            summary="a written page of a running request swapped for a fresh one, the old "
+            "one orphaned",
+            event="prefix-rewritten",
             swa=False,
         ),
         SequenceKind(
@@ -521,6 +531,24 @@ class _Loop:
                 pages=[page],
                 pool_row=victim.row,
                 positions=(j * p + np.arange(p)).tolist(),
+            )
+        elif event == "prefix-rewritten":
+            j = self._victim_page()
+            old, new = int(victim.pages[j]), int(self.full.alloc(1)[0])
+            victim.pages = victim.pages.copy()
+            victim.pages[j] = new
+            self.refcount[old] -= 1  # neither freed nor held: orphaned
+            self.refcount[new] += 1
+            self.table[victim.row, j * p : (j + 1) * p] = self.slots(victim, j * p, (j + 1) * p)
+            self.truth.update(
+                space="full",
+                slots=(new * p + np.arange(p)).tolist(),
+                pages=[new],
+                pool_row=victim.row,
+                positions=(j * p + np.arange(p)).tolist(),
+                old_slots=(old * p + np.arange(p)).tolist(),
+                old_pages=[old],
+                old_fate="orphaned",
             )
         elif event == "lut-rewritten":
             j = (self._older() - 1) // p  # a page the dump before shows, still in the window

@@ -95,6 +95,8 @@ def test_the_event_ties_to_the_findings_and_cause_of_its_dump(tmp_path: Path, na
         "swa-leak": ({FindingCode.SWA_PAGE_LEAKED}, "swa-leak"),
         # a mapping moved page and all: no single dump shows anything
         "lut-rewritten": (set(), "swa-mapping-rewritten"),
+        # a page swapped in the row, the old one orphaned: every dump is clean on its own
+        "prefix-rewritten": (set(), "radix-prefix-broken"),
     }
     if name in expected:
         codes, cause = expected[name]
@@ -547,3 +549,98 @@ def test_a_batch_of_padding_rows_only(tmp_path: Path) -> None:
         EventKind.USE_AFTER_FREE,
         EventKind.DOUBLE_ALLOCATION,
     }
+
+
+# --- a live request's written cells rewritten (issue 35, part 5) ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("free", "other", "fate", "word"),
+    [
+        ([30], {}, 0, "orphaned"),  # 11 is neither free nor held
+        ([11, 30], {}, 1, "free"),  # 11 went back to the free list
+        ([30], {3: [5, 11]}, 2, "held by a live cell"),  # another request holds 11 at 1
+        (None, {}, -1, "no free list"),  # no free list: free and orphaned look alike
+    ],
+    ids=["orphaned", "free", "held", "unknown"],
+)
+def test_a_rewritten_written_cell_is_an_event_with_the_old_slots_fate(
+    tmp_path: Path, free: list[int] | None, other: dict[int, list[int]], fate: int, word: str
+) -> None:
+    """Row 1 holds 10 11 12, then 10 40 12 13: position 1 changed while the request grew (its
+    later written position unchanged), which SGLang never does while it keeps the row."""
+    old = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12], 2: [20, 21]}, free and [40])
+    rows = {1: [10, 40, 12, 13], 2: [20, 21, 22], **other}
+    new = _pair_dump(tmp_path / "b.safetensors", 2, rows, free)
+    for report in (
+        timeline([old, new], planner=PLANNER),
+        api.diff(old, new),  # diff reads the same intervals
+    ):
+        kinds = [e.kind for e in report.events]
+        assert EventKind.PREFIX_REWRITTEN in kinds and report.failed
+        event = report.events[kinds.index(EventKind.PREFIX_REWRITTEN)]
+        assert (event.after_step, event.at_step, event.to_dump) == (1, 2, 1)
+        cells = event.cells
+        assert cells.slot is not None and cells.slot.tolist() == [40]
+        assert (cells.pool_row.tolist(), cells.position.tolist()) == ([1], [1])
+        assert cells.extra["old_slot"].tolist() == [11]
+        assert cells.extra["old_slot_fate"].tolist() == [fate]
+        assert word in event.message
+        (interval,) = report.intervals
+        assert 1 in interval.grew and 1 not in interval.reused  # the same request
+
+
+def test_a_rewritten_cell_is_reported_once(tmp_path: Path) -> None:
+    a = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12]}, [40, 41])
+    b = _pair_dump(tmp_path / "b.safetensors", 2, {1: [10, 40, 12, 13]}, [41])
+    c = _pair_dump(tmp_path / "c.safetensors", 3, {1: [10, 40, 12, 13, 14]}, [41])
+    report = timeline([a, b, c], planner=PLANNER)
+    assert [(e.kind, e.to_dump) for e in report.events] == [(EventKind.PREFIX_REWRITTEN, 1)]
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        {1: [10, 31, 32, 33]},  # another request took the row, sharing the cached slot 10
+        {1: [30, 31, 32]},  # another request took the row, nothing shared
+        {1: [10, 11, 12, 13]},  # the request grew
+        {1: [10, 11]},  # shorter: another request sharing a prefix (no growth)
+    ],
+    ids=["reused-sharing-a-prefix", "reused", "grew", "shorter"],
+)
+def test_a_reused_row_or_a_grown_request_is_no_rewrite(
+    tmp_path: Path, rows: dict[int, list[int]]
+) -> None:
+    """The clean twins: a new request in the row differs from the old one from some position
+    on (a shared cached prefix comes first); nothing later is unchanged, so nothing was
+    rewritten."""
+    old = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12], 2: [20]}, [30, 31, 32, 33])
+    new = _pair_dump(tmp_path / "b.safetensors", 2, {**rows, 2: [20]}, [11, 12])
+    report = timeline([old, new], planner=PLANNER)
+    assert EventKind.PREFIX_REWRITTEN not in [e.kind for e in report.events]
+
+
+def test_the_rewrite_check_is_vectorized_over_a_big_pool(tmp_path: Path) -> None:
+    """Many rows, one rewritten cell each: the event names every one (no loop per cell or row:
+    sorts and gathers; this only checks the answer at a size a loop would make slow)."""
+    rows, width = 2000, 64
+    table = np.arange(1, rows * width + 1, dtype=np.int64).reshape(rows, width) + 100
+    table[0] = 0
+    later = table.copy()
+    later[1:, 5] += 10_000_000  # position 5 of every row: a slot never seen
+    batch = np.arange(1, rows, dtype=np.int64)
+    paths = []
+    for step, (t, n) in enumerate([(table, 40), (later, 41)], start=1):
+        tensors = {
+            "req_to_token": t,
+            "req_pool_indices": batch,
+            "prefix_lens": np.full(batch.size, n, dtype=np.int64),
+        }
+        meta = {"rank": "0", "step": str(step), "num_full_slots": str(20_000_000)}
+        paths.append(write_dump(tmp_path / f"{step}.safetensors", dump_contents(meta, tensors)))
+    (event,) = [
+        e for e in timeline(paths, planner=None).events if e.kind is EventKind.PREFIX_REWRITTEN
+    ]
+    assert event.cells.slot is not None and event.cells.slot.size == rows - 1
+    assert set(event.cells.position.tolist()) == {5}
+    assert set(event.cells.extra["old_slot_fate"].tolist()) == {-1}

@@ -221,3 +221,22 @@ def test_a_dump_changed_after_ordering_is_refused(
     assert result.exit_code == 2, result.stdout
     assert victim.name in result.stderr and "changed while the timeline read" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+def test_a_rewritten_prefix_exits_1_and_its_twin_0(tmp_path: Path) -> None:
+    """Issue 35, part 5: every dump of the sequence is clean on its own; the timeline (and
+    diff of the two dumps around it) names the rewrite, and its twin stays at exit 0."""
+    paths = write_sequence("prefix-rewritten", tmp_path / "rw", steps=5, seed=2, page_size=4)
+    result = run("timeline", *paths, "--format", "json")
+    assert result.exit_code == 1, result.stderr
+    record = _record(result)
+    [event] = record["events"]  # type: ignore[misc]
+    assert event["kind"] == "prefix-rewritten" and event["cause"] == "radix-prefix-broken"
+    assert set(event["cells"]["extra"]["old_slot_fate"]) == {0}  # orphaned
+    truth = json.loads(load_dump(paths[-1]).metadata[PLANTED_KEY])
+    assert event["cells"]["extra"]["old_slot"] == truth["old_slots"]
+    shown = truth["dump"]
+    assert run("diff", paths[shown - 1], paths[shown]).exit_code == 1
+    assert all(run("check", p, "-k", "none").exit_code == 0 for p in paths)
+    twin = write_sequence("clean", tmp_path / "twin", steps=5, seed=2, page_size=4)
+    assert run("timeline", *twin).exit_code == 0

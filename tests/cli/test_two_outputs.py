@@ -78,3 +78,16 @@ def test_a_refused_step_leaves_no_other_steps(tmp_path: Path) -> None:
     assert list(folder.iterdir()) == [taken] and taken.read_bytes() == b"someone else's"
     assert run("synth", "clean", "--steps", "4", "-o", str(folder), "--force").exit_code == 0
     assert len(list(folder.iterdir())) == 4
+
+
+def test_plan_out_and_svg_are_checked_before_either_is_written(tmp_path: Path) -> None:
+    plan, image = tmp_path / "plan.safetensors", tmp_path / "plan.svg"
+    image.write_text("kept")
+    refused = run("plan", DUMP, "--out", str(plan), "--svg", str(image))
+    assert refused.exit_code == 2 and "exists" in refused.stderr and not plan.exists()
+    twice = run("plan", DUMP, "--out", str(plan), "--svg", str(plan))
+    assert twice.exit_code == 2 and "same file given twice" in twice.stderr
+    assert not plan.exists()
+    image.unlink()
+    assert run("plan", DUMP, "--out", str(plan), "--svg", str(image)).exit_code == 0
+    assert plan.stat().st_size > 0 and image.read_text().startswith("<svg ")

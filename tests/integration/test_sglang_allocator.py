@@ -19,7 +19,7 @@ import pytest
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.dump.loader import load_dump
-from tests.allocator_histories import HistoryDump, HistorySpec, run_history
+from tests.allocator_histories import HistoryDump, HistorySpec, run_history, run_history_states
 from tests.helpers import VECTORIZED
 from tests.sglang_allocator import SGLangAllocators, extract_allocators, load_allocators
 from tests.sglang_standin import forget_sglang
@@ -174,3 +174,21 @@ def test_faults_replayed_on_sglangs_allocator_state_name_their_mechanism(
     leaked = lut.copy()
     leaked[(lut // page_size == quiet[0]) & (lut > 0)] = 0  # unmapped, never freed
     assert first_cause({"full_to_swa_index_mapping": leaked}) == "swa-leak"
+
+
+@pytest.mark.parametrize(("spec", "seed"), FAST, ids=[_spec_id(s) for s, _ in FAST])
+def test_a_timeline_of_sglangs_allocator_reports_no_rewritten_prefix(
+    allocators: SGLangAllocators, spec: HistorySpec, seed: int, tmp_path: Path
+) -> None:
+    """Consecutive states of SGLang's own allocator (radix reuse of cached prefixes, rows
+    handed back and reused, SWA eviction): a live request's written cells never change, so
+    the timeline names no `prefix-rewritten` (issue 35, part 5: its false-alarm hunt)."""
+    from kvcanary_cli.analysis.model import EventKind
+    from kvcanary_cli.analysis.timeline import timeline
+
+    states = run_history_states(allocators, spec, seed, 8)
+    paths = [s.save(tmp_path / f"step{i}.safetensors") for i, s in enumerate(states)]
+    report = timeline(paths, planner=None)
+    rewritten = [e.message for e in report.events if e.kind is EventKind.PREFIX_REWRITTEN]
+    assert not rewritten, rewritten
+    assert sum(len(i.grew) for i in report.intervals) > 0  # requests ran on through it

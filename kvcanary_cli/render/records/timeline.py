@@ -47,7 +47,9 @@ __all__ = [
 TIMELINE_SCHEMA: Literal["kvcanary.timeline/1"] = "kvcanary.timeline/1"
 
 #: An event between two dumps (docs/timeline.md); the values of `EventKind`.
-EventKindName = Literal["double-allocation", "use-after-free", "lut-rewritten", "swa-leak"]
+EventKindName = Literal[
+    "double-allocation", "use-after-free", "prefix-rewritten", "lut-rewritten", "swa-leak"
+]
 #: events: at least one event; findings: no event, a dump with an error finding; clean.
 TimelineVerdict = Literal["events", "findings", "clean"]
 
@@ -88,7 +90,9 @@ class ColumnsRecord(TypedDict):
     position: list[int]
     #: the kind's own columns: page (every event: the slot's page), other_pool_row,
     #: other_position (double-allocation, use-after-free of a slot handed out again),
-    #: swa_before, swa_after (lut-rewritten); old_pool_row, old_position (owner changes)
+    #: swa_before, swa_after (lut-rewritten); old_slot, old_slot_fate (prefix-rewritten: 0
+    #: orphaned, 1 free, 2 held by a live cell, -1 unknown); old_pool_row, old_position
+    #: (owner changes)
     extra: dict[str, list[int]]
 
 
