@@ -90,3 +90,14 @@ def test_a_shrunk_batch_of_every_row_checks_like_its_source(
     assert any("kernel plan is the vectorized-gpu model of the triton" in n for n in shrunk.notes)
     assert not any("model of the triton" in n for n in original.notes)
     assert [g.kernel for g in shrunk.groups] == [g.kernel for g in original.groups]
+
+
+def test_a_clean_production_wide_shrunk_pool_checks_clean(tmp_path: Path) -> None:
+    # The shape of the report: 2049 x 131,076, all 2048 batch rows live, only their cells
+    # stored (a 100 KB file); the default kernel is Triton's.
+    from tests.helpers import wide_shrunk_dump
+
+    [dump] = api.check([wide_shrunk_dump(tmp_path / "wide.safetensors")]).dumps
+    assert dump.error is None and not dump.findings
+    assert {g.group for g in dump.groups} == {"full"} and dump.groups[0].kernel == "triton"
+    assert any("vectorized-gpu model of the triton kernels" in n for n in dump.notes)
