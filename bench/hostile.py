@@ -59,11 +59,12 @@ def measure(tree: Path, *args: str, timeout: float = 1800) -> dict[str, Any]:
     """Exit code, seconds, peak RSS (MiB) and output of `kvcanary ARGS` run from `tree`."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     start = time.perf_counter()
-    done = subprocess.run(
+    done = subprocess.run(  # run from `tree`: `python -c` puts the working directory first
         [sys.executable, "-c", _CHILD, *args],
         capture_output=True,
         text=True,
         env=env,
+        cwd=tree,
         timeout=timeout,
         check=False,
     )
