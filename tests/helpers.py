@@ -148,3 +148,62 @@ def wide_dump(path: Path, *, rows: int = 128, width: int = 131_076, seed: int = 
         shuffled_free_list=True,
     )
     return build_dump(spec, seed=seed).save(path)
+
+
+def wide_shrunk_contents(
+    *, rows: int = 2048, width: int = 131_076, prefix: int = 4
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors and metadata of a shrunk dump (format 1.2) of a clean production-wide
+    pool: `rows + 1` pool rows of `width` cells whose `rows` batch rows are all live, each
+    holding `prefix` distinct slots. Only the live cells are stored, so the file is small
+    while the shape is the production one (a batch of every row: 2048 x 131,076 cells to
+    stage dense for the Triton kernels, past the 2^28 kvcanary stages)."""
+    from kvcanary_cli.dump.narrow import original_dtypes_text
+    from kvcanary_cli.dump.schema import ORIGINAL_DTYPES_KEY, SHRINK_KEY, SHRUNK_FORMAT_VERSION
+    from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
+    from kvcanary_cli.dump.sparse import flat_runs, gap_runs
+
+    pool_rows = np.arange(1, rows + 1, dtype=np.int64)
+    flat = (pool_rows[:, None] * width + np.arange(prefix, dtype=np.int64)).reshape(-1)
+    values = (1 + np.arange(flat.size)).astype(np.int32)
+    slots = rows * prefix + 16
+    cut = TensorCut(
+        name="req_to_token",
+        shape=(rows + 1, width),
+        kept=int(flat.size),
+        dropped=(rows + 1) * width - int(flat.size),
+        dropped_bytes=((rows + 1) * width - int(flat.size)) * 4,
+        rows=rows + 1,
+        kept_rows=rows,
+    )
+    record = ShrinkRecord(
+        source_name="wide.safetensors",
+        source_bytes=(rows + 1) * width * 4,
+        source_sha256="0" * 64,
+        kvcanary_version="test",
+        tensors=(cut,),
+    )
+    tensors = {
+        "req_to_token": values,
+        "req_to_token.runs": gap_runs(flat_runs(flat)),
+        "req_to_token.shape": np.array([rows + 1, width], dtype=np.int64),
+        "req_pool_indices": pool_rows,
+        "prefix_lens": np.full(rows, prefix, dtype=np.int64),
+        "extend_seq_lens": np.zeros(rows, dtype=np.int64),
+        "free_full_slots": np.arange(flat.size + 1, slots, dtype=np.int64),
+    }
+    metadata = {
+        "num_full_slots": str(slots),
+        "kvcanary.format": SHRUNK_FORMAT_VERSION,
+        SHRINK_KEY: record.to_json(),
+        ORIGINAL_DTYPES_KEY: original_dtypes_text({"req_to_token": "I32"}),
+    }
+    return tensors, metadata
+
+
+def wide_shrunk_dump(path: Path, **shape: int) -> Path:
+    """`wide_shrunk_contents` written to `path`."""
+    from kvcanary_cli.dump.atomic import write_safetensors
+
+    tensors, metadata = wide_shrunk_contents(**shape)
+    return write_safetensors(path, tensors, metadata)

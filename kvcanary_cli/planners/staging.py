@@ -25,7 +25,14 @@ from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.frame import GroupFrame
 
-__all__ = ["MAX_STAGED_CELLS", "StagedInputs", "needs_staging", "stage"]
+__all__ = ["MAX_STAGED_CELLS", "StagedInputs", "StagingTooLargeError", "needs_staging", "stage"]
+
+
+class StagingTooLargeError(PlanTooLargeError):
+    """The rows a shrunk dump's batch reads are more cells than kvcanary stages dense: a
+    batch of every row of a production-wide pool (2048 rows of 131,076 cells) is one.
+    Triton's planner then plans with the vectorized model of the same kernels."""
+
 
 #: Cells the staged rows may hold (1 GiB of int32): far above a production batch's rows.
 MAX_STAGED_CELLS = 1 << 28
@@ -149,7 +156,7 @@ def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
     in_pool = staged[staged < (0 if pool is None else int(pool.shape[0]))]
     cells = in_table.size * dump.max_seq_len + (0 if pool is None else in_pool.size * pool.shape[1])
     if cells > MAX_STAGED_CELLS:
-        raise PlanTooLargeError(
+        raise StagingTooLargeError(
             f"the Triton kernels need the rows this batch reads dense: {cells} cells, more "
             f"than kvcanary stages ({MAX_STAGED_CELLS})",
             field="req_to_token",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvcanary_cli import api
+from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.render import render_check
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.render.records import common
@@ -52,3 +53,51 @@ def test_a_wide_shrunk_dump_checks_in_bounded_memory(wide_small: Path) -> None:
     code, peak = peak_rss_of("check", str(wide_small), "--quiet")
     assert code == 0
     assert peak < WIDE_CHECK_RSS
+
+
+def _story(report: DumpReport) -> tuple[str, list[tuple[object, ...]], list[str]]:
+    findings = sorted(
+        (f.code.value, f.group, f.slot, f.batch_row, f.pool_row, f.position, f.count)
+        for f in report.findings
+    )
+    return (
+        "clean" if not report.findings else "findings",
+        [tuple(-1 if v is None else v for v in f) for f in findings],
+        [c.code.value for c in report.diagnosis],
+    )
+
+
+@pytest.mark.parametrize("scenario", ["clean-swa", "truncated-lut"])
+def test_a_shrunk_batch_of_every_row_checks_like_its_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str
+) -> None:
+    # A clean 2049 x 131,076 pool whose 2048 batch rows are all live: its shrunk dump asked
+    # the Triton kernels to stage 268,574,724 cells dense, past the 2^28 kvcanary stages, and
+    # `check` (shrink's next step) said BAD INPUT. Here the limit is lowered to the rows of a
+    # tiny dump: the check plans the kernel with their numpy model and finds what the
+    # original does, saying so in a note.
+    from kvcanary_cli.planners import staging
+    from kvcanary_cli.synth.scenarios import make_scenario
+
+    source = make_scenario(scenario, seed=0).save(tmp_path / "source.safetensors")
+    small = tmp_path / "small.safetensors"
+    api.shrink(source, small)
+    monkeypatch.setattr(staging, "MAX_STAGED_CELLS", 10)
+    [original] = api.check([source]).dumps
+    [shrunk] = api.check([small]).dumps
+    assert shrunk.error is None
+    assert _story(shrunk) == _story(original)
+    assert any("kernel plan is the vectorized-gpu model of the triton" in n for n in shrunk.notes)
+    assert not any("model of the triton" in n for n in original.notes)
+    assert [g.kernel for g in shrunk.groups] == [g.kernel for g in original.groups]
+
+
+def test_a_clean_production_wide_shrunk_pool_checks_clean(tmp_path: Path) -> None:
+    # The shape of the report: 2049 x 131,076, all 2048 batch rows live, only their cells
+    # stored (a 100 KB file); the default kernel is Triton's.
+    from tests.helpers import wide_shrunk_dump
+
+    [dump] = api.check([wide_shrunk_dump(tmp_path / "wide.safetensors")]).dumps
+    assert dump.error is None and not dump.findings
+    assert {g.group for g in dump.groups} == {"full"} and dump.groups[0].kernel == "triton"
+    assert any("vectorized-gpu model of the triton kernels" in n for n in dump.notes)

@@ -1193,7 +1193,8 @@ def _scalars(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
 def _crowded(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
     """Small files whose findings are many and far-reaching (one corpus, whatever the seed):
     slots shared by a thousand rows, a row full of one slot, a long ring over many slots, a
-    wide slot read by every entry, a log of long lines."""
+    wide slot read by every entry, a log of long lines, thousands of batch rows each reading
+    a stale tail, a shrunk production-wide pool whose every row is live."""
     del rng
 
     def dump(table: np.ndarray, prefix: int, **more: np.ndarray) -> bytes:
@@ -1243,6 +1244,40 @@ def _crowded(seed: Seed, rng: random.Random) -> Iterator[Mutant]:
     yield _one_wide_slot(seed)
     yield _long_log_lines()
     yield _cut_violation_lines()
+    rows, prefix, tail = 3000, 8, 4  # every batch row reads a stale tail of freed slots
+    table = np.zeros((rows + 1, prefix + 1), dtype=np.int32)
+    slots = 1 + np.arange(rows * prefix, dtype=np.int32).reshape(rows, prefix)
+    table[1:, :prefix] = slots
+    batch: dict[str, np.ndarray] = {
+        "req_to_token": table,
+        "req_pool_indices": np.arange(1, rows + 1, dtype=np.int64),
+        "prefix_lens": np.full(rows, prefix, dtype=np.int64),
+        "extend_seq_lens": np.zeros(rows, dtype=np.int64),
+        "free_full_slots": slots[:, prefix - tail :].reshape(-1).astype(np.int64),
+    }
+    yield Mutant(
+        "crowded.stale-rows",
+        f"{rows} batch rows, each with the last {tail} of its {prefix} cells freed",
+        seed.rebuild(
+            {name: Tensor.of(values) for name, values in batch.items()},
+            {"num_full_slots": str(rows * prefix + 16)},
+        ),
+    )
+    yield _wide_shrunk_pool(seed)
+
+
+def _wide_shrunk_pool(seed: Seed) -> Mutant:
+    """A shrunk dump of a production-wide pool (2049 x 131,076 cells) whose 2048 batch rows
+    are all live, only their cells stored: more rows than the Triton kernels are staged
+    dense for, in a 100 KB file."""
+    from tests.helpers import wide_shrunk_contents
+
+    tensors, metadata = wide_shrunk_contents()
+    return Mutant(
+        "crowded.wide-shrunk-pool",
+        "a 2049 x 131,076 shrunk table, every one of its 2048 batch rows live",
+        seed.rebuild({name: Tensor.of(values) for name, values in tensors.items()}, metadata),
+    )
 
 
 def _one_wide_slot(seed: Seed) -> Mutant:

@@ -96,6 +96,8 @@ CROWDED_COMMANDS: dict[str, tuple[str, ...]] = {
     "crowded.real-kv-one-slot": ("violations", "{dump}", "--replay", "--format", "json"),
     "crowded.long-log-lines": ("violations", "{dump}", "--format", "json"),
     "crowded.cut-violation-lines": ("violations", "{dump}", "--format", "markdown"),
+    "crowded.stale-rows": ("check", "{dump}", "--kernel", "none", "--format", "markdown"),
+    "crowded.wide-shrunk-pool": ("check", "{dump}", "--kernel", "triton"),
 }
 
 #: address space a worker may add to what it holds once torch and kvcanary are imported

@@ -58,6 +58,9 @@ ANALYSIS_FIXES: dict[str, str] = {}
 #: and 100 MB): seconds, and address space above the worker's own.
 CROWDED_TIMEOUT = 10
 CROWDED_HEADROOM = 512 << 20
+#: Crowded dumps that are clean (exit 0; the others have findings, exit 1): a shrunk
+#: production-wide pool checks like the clean original it stands for.
+CLEAN_CROWDED = {"crowded.wide-shrunk-pool": 0}
 #: Mutants per CI run that the corpus must reach (issue 11).
 MINIMUM_MUTANTS = 2000
 
@@ -269,7 +272,7 @@ def test_crowded_dump_stays_bounded(kind: str, apart_runs: dict[str, WorkerRun])
     run = apart_runs[kind]
     breaches = run.breaches()
     assert not breaches, "\n".join(breaches)
-    assert [r["exit"] for r in run.results] == [1]
+    assert [r["exit"] for r in run.results] == [CLEAN_CROWDED.get(kind, 1)]
 
 
 #: int64 `req_to_token` (an accepted dtype) with slots past 2^31, in a pool that large (so

@@ -44,7 +44,7 @@ class RowCellRecord(TypedDict):
     seed: bool
     #: LUT[slot] when in range
     swa_slot: int | None
-    #: codes of findings pointing at this cell
+    #: codes of the findings with a cell here (each cell of a group, not only its example)
     marks: list[FindingCodeName]
 
 

@@ -1,0 +1,151 @@
+"""Benchmark: the bounded-work cases of the fourth hostile-input round, as whole processes
+(seconds and peak RSS, the child's own `VmHWM`), optionally of another checkout to compare.
+
+- `stale-rows-N`: N batch rows each reading a stale tail (the last 4 of 8 cells freed):
+  `check --kernel none --quiet`, and `--format markdown` (its length, and whether the
+  diagnosis survived the body's trim). The stale-row diagnosis once filtered every cell per
+  batch row (minutes at 100 K rows) and argued with one line per row.
+- `wide-shrunk`: a production-shaped pool (2049 x 131,076, 256 live rows, SWA window 4096,
+  LUT cut to 60 %) shrunk: `check --quiet`, `check` (table), `provenance --slot` of a
+  finding's slot. The Triton staging once held int64 copies of every staged cell.
+- `wide-pool-all-live`: a shrunk 2049 x 131,076 pool whose 2048 batch rows are all live
+  (only their cells stored): `check`, which once said BAD INPUT (2^28 cells to stage).
+
+Usage:
+
+    python bench/hostile.py                     # this checkout
+    python bench/hostile.py --tree /work/main   # another one, for a before/after
+    python bench/hostile.py --skip wide-shrunk  # leave out the slow-to-build dump
+
+Figures go to stdout and `bench/out/hostile.json` (`--json` elsewhere). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.dumps import shape  # noqa: E402
+from tests.helpers import stale_rows_dump, wide_shrunk_dump  # noqa: E402
+
+OUT = ROOT / "bench" / "out"
+_CHILD = """
+import sys
+from kvcanary_cli.cli import main
+code = 0
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+with open("/proc/self/status", encoding="ascii") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print(peak, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def measure(tree: Path, *args: str, timeout: float = 1800) -> dict[str, Any]:
+    """Exit code, seconds, peak RSS (MiB) and output of `kvcanary ARGS` run from `tree`."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    start = time.perf_counter()
+    done = subprocess.run(  # run from `tree`: `python -c` puts the working directory first
+        [sys.executable, "-c", _CHILD, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tree,
+        timeout=timeout,
+        check=False,
+    )
+    seconds = time.perf_counter() - start
+    lines = done.stderr.strip().splitlines()
+    return {
+        "args": list(args),
+        "exit": done.returncode,
+        "seconds": round(seconds, 2),
+        "peak_rss_mib": round(int(lines[-1]) / 1024) if lines and lines[-1].isdigit() else None,
+        "output_chars": len(done.stdout),
+        "first_line": (done.stdout.splitlines() or [""])[0][:200],
+        "stderr": "\n".join(lines[:-1])[-300:],
+        "diagnosis_kept": "#### Diagnosis" in done.stdout,
+    }
+
+
+def _wide_shrunk(workdir: Path) -> tuple[Path, int]:
+    """The shrunk production-shaped pool, and the slot of its largest finding."""
+    from kvcanary_cli import api
+    from kvcanary_cli.synth.state import build_dump
+
+    source, small = workdir / "wide.safetensors", workdir / "wide.small.safetensors"
+    state = build_dump(replace(shape("medium"), max_seq_len=131_076), seed=0)
+    lut = state.tensors["full_to_swa_index_mapping"]
+    state.tensors["full_to_swa_index_mapping"] = lut[: int(lut.shape[0] * 0.6)].copy()
+    state.save(source)
+    del state
+    api.shrink(source, small)
+    source.unlink()
+    report = api.check([small], kernel="vectorized")
+    slot = max(
+        (f for f in report.dumps[0].findings if f.slot is not None), key=lambda f: f.count
+    ).slot
+    assert slot is not None
+    return small, slot
+
+
+def run(tree: Path, workdir: Path, skip: set[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for rows in (20_000, 100_000):
+        name = f"stale-rows-{rows}"
+        if name in skip:
+            continue
+        path = stale_rows_dump(workdir / f"{name}.safetensors", rows)
+        results[name] = {
+            "file_bytes": path.stat().st_size,
+            "quiet": measure(tree, "check", str(path), "--kernel", "none", "--quiet"),
+            "markdown": measure(
+                tree, "check", str(path), "--kernel", "none", "--format", "markdown"
+            ),
+        }
+    if "wide-shrunk" not in skip:
+        small, slot = _wide_shrunk(workdir)
+        results["wide-shrunk"] = {
+            "file_bytes": small.stat().st_size,
+            "check_quiet": measure(tree, "check", str(small), "--quiet"),
+            "check_table": measure(tree, "check", str(small)),
+            "provenance_slot": measure(tree, "provenance", str(small), "--slot", str(slot)),
+        }
+    if "wide-pool-all-live" not in skip:
+        path = wide_shrunk_dump(workdir / "all-live.safetensors")
+        results["wide-pool-all-live"] = {
+            "file_bytes": path.stat().st_size,
+            "check": measure(tree, "check", str(path), "--quiet"),
+        }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to measure")
+    parser.add_argument("--skip", action="append", default=[], help="a case to leave out")
+    parser.add_argument("--json", type=Path, default=OUT / "hostile.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        record = {"tree": str(args.tree), "cases": run(args.tree, Path(tmp), set(args.skip))}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
