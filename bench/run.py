@@ -269,6 +269,8 @@ def sglang_command(bench: Bench, dumps: dict[str, BenchDump]) -> Command | None:
 def sglang_root(cache: Path) -> tuple[str | None, str]:
     """Where SGLang comes from: ("", how) for an installed one, (extracted tree, how) for the
     cached release wheel, (None, why not) otherwise."""
+    if importlib.util.find_spec("torch") is None:  # an extra: SGLang's planner runs on it
+        return None, "torch is not installed (SGLang runs on it): pip install 'kvcanary[torch]'"
     if importlib.util.find_spec("sglang") is not None:
         return "", "the installed SGLang"
     from tests.sglang_wheel import extract_kv_canary, wheel_path

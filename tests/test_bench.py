@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.sglang_wheel import wheel_path
+from tests.torch_extra import HAS_TORCH
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,9 @@ def test_the_benchmark_records_every_metric(tmp_path: Path) -> None:
     for name in ("help", "inspect", "check", "provenance"):
         assert set(metrics[f"imports.{name}"]["imports"]) >= {"torch", "triton"}
     assert metrics["imports.check"]["imports"]["triton"]  # it did run the kernels
-    sglang_here = wheel_path() is not None or importlib.util.find_spec("sglang") is not None
+    sglang_here = HAS_TORCH and (
+        wheel_path() is not None or importlib.util.find_spec("sglang") is not None
+    )
     for name in SGLANG:
         if "skipped" in metrics[name]:
             assert not sglang_here, metrics[name]["skipped"]
