@@ -19,7 +19,7 @@ import pytest
 
 from kvcanary_cli.errors import PlannerUnavailableError
 from kvcanary_cli.planners import triton_runtime
-from tests.torch_extra import WITHOUT_TORCH
+from tests.torch_extra import PACKAGE, WITHOUT_TORCH, is_missing_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -111,3 +111,28 @@ def test_compiled_kernels_without_torch_name_the_extra(
             triton_runtime.load_triton()
     finally:
         triton_runtime.cuda_available.cache_clear()
+
+
+def _raised_from(filename: Path, name: str = "torch") -> ModuleNotFoundError:
+    try:
+        exec(compile(f"raise ModuleNotFoundError('no', name={name!r})", str(filename), "exec"))
+    except ModuleNotFoundError as exc:
+        return exc
+    raise AssertionError("not raised")
+
+
+def test_only_a_test_asking_for_missing_torch_is_skipped() -> None:
+    """A test module importing torch where it is absent is skipped; kvcanary's own module
+    importing torch when imported is a bug, and stays a collection error (as does any
+    other missing module, or torch missing where it is installed)."""
+    in_tests = _raised_from(ROOT / "tests" / "test_x.py")
+    assert is_missing_torch(in_tests, torch_installed=False)
+    assert not is_missing_torch(in_tests, torch_installed=True)
+    assert is_missing_torch(
+        _raised_from(ROOT / "tests" / "x.py", "torch.cuda"), torch_installed=False
+    )
+    assert not is_missing_torch(
+        _raised_from(ROOT / "tests" / "x.py", "torchvision"), torch_installed=False
+    )
+    assert not is_missing_torch(_raised_from(PACKAGE / "dump" / "x.py"), torch_installed=False)
+    assert not is_missing_torch(ImportError("torch"), torch_installed=False)

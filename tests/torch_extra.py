@@ -9,14 +9,18 @@ asks `needs_torch()`. With torch installed (CI installs it) all of them run.
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+import kvcanary_cli
 
 #: The reason every torch-less skip gives.
 NEEDS_TORCH = "needs torch, which kvcanary installs as an extra: pip install 'kvcanary[torch]'"
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+PACKAGE = Path(kvcanary_cli.__file__).resolve().parent
 
 
 def needs_torch() -> ModuleType:
@@ -25,11 +29,20 @@ def needs_torch() -> ModuleType:
     return torch
 
 
-def is_missing_torch(error: BaseException | None) -> bool:
-    """Whether `error` (an import's failure) is torch, or a part of it, not being installed."""
-    if HAS_TORCH or not isinstance(error, ModuleNotFoundError) or error.name is None:
+def is_missing_torch(error: BaseException | None, *, torch_installed: bool = HAS_TORCH) -> bool:
+    """Whether `error` (an import's failure) is torch, or a part of it, not being installed,
+    and a test (or its helper) asked for it: kvcanary's own modules never import torch when
+    imported, so a failure raised from one of them is a bug to report, not a test to skip."""
+    if torch_installed or not isinstance(error, ModuleNotFoundError) or error.name is None:
         return False
-    return error.name == "torch" or error.name.startswith("torch.")
+    if error.name != "torch" and not error.name.startswith("torch."):
+        return False
+    frame = error.__traceback__
+    while frame is not None:
+        if PACKAGE in Path(frame.tb_frame.f_code.co_filename).parents:
+            return False
+        frame = frame.tb_next
+    return True
 
 
 #: Python source that makes torch absent from the process it runs in, as on a machine where it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,6 +53,7 @@ _VALUES = st.recursive(
 )
 
 
+@pytest.mark.slow  # the fast lane's heaviest test: 60 generated records, up to 60 leaves each
 @settings(max_examples=60, deadline=None)
 @given(record=st.dictionaries(st.text(max_size=6), _VALUES))
 def test_json_text_reads_back_as_the_record(record: dict[str, object]) -> None:
