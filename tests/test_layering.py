@@ -42,6 +42,8 @@ ALLOWED = {
         "",
     },
     "capture": {"safe_text", "dump", "errors", "capture"},
+    # SGLang's real stack under a workload, recorded by the capture code, audited by `api`
+    "soak": {"safe_text", "errors", "dump", "capture", "analysis", "api", "render", "soak"},
     # "" = the package root, for __version__
     "cli_options": {
         "safe_text",
@@ -76,6 +78,7 @@ ALLOWED = {
         "cli_options",
         "api",
         "output",
+        "soak",
         "",
     },
     "__main__": {"cli"},
