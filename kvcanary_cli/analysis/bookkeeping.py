@@ -13,7 +13,9 @@ surrounds them (docs/findings.md, "Finding codes": the bookkeeping codes). In a 
 - this step's writes (`out_cache_loc`) land, through the LUT, on SWA slots no other live cell of
   the window holds;
 - every SWA page is free, or mapped from a full slot a running request or the tree holds
-  (what the dump's `held_full_slots` lists): a page in neither is leaked.
+  (what the dump's `held_full_slots` lists, or its `tree_full_slots` and the running rows'
+  `req_pool_allocated_lens`), a tombstoned tree slot (in `tree_full_slots`, not in
+  `tree_swa_resident_slots`) holding no SWA: a page in none is leaked.
 
 Each check is a few sorts over arrays as long as the LUT and the lists: no loop per slot. A
 finding about slots (not table cells) keeps -1 in its cells' coordinate columns.
@@ -354,7 +356,8 @@ def leaked_swa_pages(
     if lut is None:
         return None, None
     held, free = dump.held_full_slots, dump.free_swa_slots
-    if free is None or (held is None and dump.free_full_slots is None):
+    recorded = dump.tree_full_slots is not None and dump.req_pool_allocated_lens is not None
+    if free is None or (held is None and dump.free_full_slots is None and not recorded):
         return None, "record free_swa_slots and held_full_slots (or free_full_slots)"
     if dump.shrunk:
         return None, "a shrunk dump keeps too little of the LUT and the free lists"
@@ -377,14 +380,45 @@ def leaked_swa_pages(
     accounted[0] = True  # the padding page
     free_pages = np.asarray(free, dtype=np.int64) // page
     accounted[free_pages[(free_pages >= 0) & (free_pages < pages)]] = True
+    running = _running_slots(dump)
+    tree = dump.tree_full_slots
+    if held is None and running is not None and tree is not None:
+        held = np.concatenate([running, np.asarray(tree, dtype=np.int64)])
     if held is not None:
         owned = SlotSet(np.asarray(held, dtype=np.int64)).contains(full)
     else:
         assert dump.free_full_slots is not None
         owned = ~SlotSet(dump.free_full_slots).contains(full) & (full >= page)
+    resident = dump.tree_swa_resident_slots
+    if tree is not None and resident is not None:
+        # a tombstoned node keeps its full KV, not its SWA: SGLang's SWA check counts only
+        # the tree's SWA-resident part (and running requests), so a page mapped only from a
+        # tombstoned slot is counted nowhere
+        tombstoned = SlotSet(np.asarray(tree, dtype=np.int64)).contains(full)
+        tombstoned &= ~SlotSet(np.asarray(resident, dtype=np.int64)).contains(full)
+        if running is not None:
+            tombstoned &= ~SlotSet(running).contains(full)
+        owned &= ~tombstoned
     used_pages = swa[(swa > 0) & owned] // page
     accounted[used_pages[used_pages < pages]] = True
     return np.flatnonzero(~accounted).astype(np.int64), None
+
+
+def _running_slots(dump: KvDump) -> np.ndarray | None:
+    """The full slots running requests hold: each pool row up to its recorded allocated
+    length (`req_pool_allocated_lens`); None without that record or with a partial table."""
+    lens = dump.req_pool_allocated_lens
+    if lens is None or not dump.req_to_token.complete or dump.req_to_token.ndim != 2:
+        return None
+    rows_count, width = (int(n) for n in dump.req_to_token.shape)
+    lens = np.clip(np.asarray(lens, dtype=np.int64)[:rows_count], 0, width)
+    rows = np.flatnonzero(lens > 0)
+    if rows.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    table, _ = dump.req_to_token.rows(rows, int(lens[rows].max()))
+    within = np.arange(table.shape[1])[None, :] < lens[rows][:, None]
+    slots: np.ndarray = table[within].astype(np.int64)
+    return slots
 
 
 def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]:

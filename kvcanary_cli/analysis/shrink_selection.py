@@ -268,6 +268,10 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
     if dump.held_full_slots is not None:  # read only by leak accounting, which a shrunk dump
         # cannot do (it keeps too little of the free lists): none of it is kept
         masks["held_full_slots"] = np.zeros(dump.held_full_slots.shape, dtype=bool)
+    for name in ("tree_full_slots", "tree_swa_resident_slots"):  # the same: leak accounting
+        held = getattr(dump, name)
+        if held is not None:
+            masks[name] = np.zeros(held.shape, dtype=bool)
     return masks
 
 

@@ -184,6 +184,11 @@ class KvDump:
     swa_out_cache_loc: np.ndarray | None = None
     #: full slots a running request or the radix tree holds (SWA leak accounting).
     held_full_slots: np.ndarray | None = None
+    #: what the radix tree holds, all of it and its SWA-resident part, and each pool row's
+    #: allocated length (capture.tree records them from the real tree and requests).
+    tree_full_slots: np.ndarray | None = None
+    tree_swa_resident_slots: np.ndarray | None = None
+    req_pool_allocated_lens: np.ndarray | None = None
     violation_ring: np.ndarray | None = None
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
@@ -488,6 +493,9 @@ def _read_contents(
         free_swa_slots=small("free_swa_slots"),
         swa_out_cache_loc=small("swa_out_cache_loc"),
         held_full_slots=small("held_full_slots"),
+        tree_full_slots=small("tree_full_slots"),
+        tree_swa_resident_slots=small("tree_swa_resident_slots"),
+        req_pool_allocated_lens=small("req_pool_allocated_lens"),
         violation_ring=small("violation_ring"),
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])

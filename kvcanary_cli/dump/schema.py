@@ -255,6 +255,24 @@ TENSORS: dict[str, TensorSpec] = {
             "memory check counts as in use)",
         ),
         TensorSpec(
+            name="tree_full_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="full-pool slots the radix tree holds (tombstoned nodes too)",
+        ),
+        TensorSpec(
+            name="tree_swa_resident_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="the tree's full slots whose nodes keep their SWA side (not tombstoned)",
+        ),
+        TensorSpec(
+            name="req_pool_allocated_lens",
+            canonical="I64",
+            accepted=_INDEX,
+            role="per pool row, the tokens its running request has allocated (0: none)",
+        ),
+        TensorSpec(
             name="violation_ring",
             canonical="I64",
             ranks=(2,),

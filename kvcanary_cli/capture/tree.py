@@ -1,0 +1,220 @@
+"""What SGLang's radix tree and scheduler hold, recorded from the real objects.
+
+The free lists say what is free; SGLang's memory check counts the rest as held by a running
+request or by the tree, and a leak is a page in neither. Without the tree's own record a dump
+can only *derive* that set from the free lists, which hides exactly the leaks it should show.
+`tree_state` reads it from the tree (`UnifiedRadixCache.all_values_flatten`, and the tree
+core's SWA-resident walk: a tombstoned node keeps its full KV but no SWA), from the running
+requests (`kv.req_pool_idx`, `kv.kv_allocated_len`) and from both allocators' free lists (in
+every release: `get_all_free_pages()` where it exists, else `free_pages` plus the staged
+`release_pages`). `batch_state` adds the step's batch (a `ScheduleBatch` after its
+allocation), so `capture_state` is a whole format-v1 dump's tensors and metadata.
+
+Register a tree with `register_tree_cache` (weakly held) and the hook reads it back with
+`tree_for(req_to_token)`. Every read is best effort: a renamed attribute costs that fact,
+never the dump, and nothing here raises into SGLang. Importing costs only the standard
+library; numpy and torch are imported when a state is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = [
+    "batch_state",
+    "capture_state",
+    "free_slots",
+    "register_tree_cache",
+    "tree_for",
+    "tree_state",
+]
+
+logger = logging.getLogger("kvcanary.capture")
+
+_TREES: list[weakref.ref[Any]] = []
+
+
+def register_tree_cache(tree: object) -> None:
+    """Remember (weakly) a radix tree, so dumps of its pools record what it holds."""
+    _TREES[:] = [ref for ref in _TREES if ref() is not None and ref() is not tree]
+    try:
+        _TREES.append(weakref.ref(tree))
+    except TypeError:
+        logger.debug("kvcanary: cannot hold a weak reference to %r", type(tree).__name__)
+
+
+def tree_for(req_to_token: object) -> Any:
+    """The registered tree whose ReqToTokenPool holds `req_to_token` (or the only one)."""
+    alive = [tree for tree in (ref() for ref in _TREES) if tree is not None]
+    for tree in alive:
+        pool = getattr(tree, "req_to_token_pool", None)
+        if getattr(pool, "req_to_token", None) is req_to_token:
+            return tree
+    return alive[0] if len(alive) == 1 else None
+
+
+def _host(values: Any) -> Any:
+    """A tensor, list or array as a flat int64 numpy array on the host: always a copy (a
+    CPU tensor's numpy view would follow the server's later writes)."""
+    import numpy as np
+
+    detach = getattr(values, "detach", None)
+    if callable(detach):
+        values = detach().cpu().numpy()
+    return np.array(values, dtype=np.int64, copy=True).reshape(-1)
+
+
+def _pages_to_slots(pages: Any, page_size: int) -> Any:
+    import numpy as np
+
+    pages = _host(pages)
+    if page_size > 1:
+        offsets = np.arange(page_size, dtype=np.int64)
+        pages = (pages[:, None] * page_size + offsets[None, :]).reshape(-1)
+    return np.sort(pages)
+
+
+def free_slots(allocator: object, page_size: int) -> Any:
+    """One allocator's free slots (pages expanded), free and staged for release; None when
+    it has no free list we know."""
+    get_pages = getattr(allocator, "get_all_free_pages", None)
+    if callable(get_pages):
+        pages = get_pages()
+        return None if pages is None else _pages_to_slots(pages, page_size)
+    free = getattr(allocator, "free_pages", None)
+    if free is None:
+        return None
+    staged = getattr(allocator, "release_pages", None)
+    import numpy as np
+
+    both = [_host(free)] + ([] if staged is None else [_host(staged)])
+    return _pages_to_slots(np.concatenate(both), page_size)
+
+
+def _tree_slots(tree: object) -> tuple[Any, Any]:
+    """(full slots the tree holds, the SWA-resident part): None where unreadable."""
+    held = resident = None
+    flatten = getattr(tree, "all_values_flatten", None)
+    if callable(flatten):
+        values = flatten()
+        held = _host(values if values is not None else [])
+    core = getattr(tree, "tree_core", tree)
+    walk = getattr(core, "walk_for_kv_canary", None)
+    if callable(walk):
+        try:
+            result = walk(unlocked_only=False, swa_resident_only=True)
+            resident = _host(result.slot_indices)
+        except Exception as exc:  # a core without an SWA component
+            logger.debug("kvcanary: the SWA walk failed (%s: %s)", type(exc).__name__, exc)
+    return held, resident
+
+
+def tree_state(
+    *, allocator: object, tree: object = None, requests: Iterable[object] = (), rows: int = 0
+) -> dict[str, Any]:
+    """The allocator's and the tree's bookkeeping, by the dump format's names.
+
+    `requests` are the running requests (each holds its pool row up to `kv_allocated_len`);
+    `rows` the pool's row count, for `req_pool_allocated_lens`."""
+    import numpy as np
+
+    facts: dict[str, Any] = {}
+    try:
+        page = int(getattr(allocator, "page_size", 1) or 1)
+        facts["page_size"] = page
+        full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
+        if full is not None:
+            facts["num_full_slots"] = int(full) + page
+        swa = getattr(allocator, "_size_swa", None)
+        if swa is not None:
+            facts["num_swa_slots"] = int(swa) + page
+        for name, sub in (
+            ("free_full_slots", getattr(allocator, "full_attn_allocator", allocator)),
+            ("free_swa_slots", getattr(allocator, "swa_attn_allocator", None)),
+        ):
+            if sub is not None:
+                free = free_slots(sub, page)
+                if free is not None:
+                    facts[name] = free
+        if tree is not None:
+            held, resident = _tree_slots(tree)
+            if held is not None:
+                facts["tree_full_slots"] = np.sort(held)
+            if resident is not None:
+                facts["tree_swa_resident_slots"] = np.sort(resident)
+        if rows > 0:
+            lens = np.zeros(rows, dtype=np.int64)
+            for req in requests:
+                kv = getattr(req, "kv", req)
+                row = getattr(kv, "req_pool_idx", None)
+                if row is not None and 0 <= int(row) < rows:
+                    lens[int(row)] = max(lens[int(row)], int(getattr(kv, "kv_allocated_len", 0)))
+            facts["req_pool_allocated_lens"] = lens
+    except Exception as exc:  # a changed allocator or tree must not cost the dump
+        logger.debug("kvcanary: reading the tree state failed (%s: %s)", type(exc).__name__, exc)
+    return facts
+
+
+def batch_state(batch: Any) -> dict[str, Any]:
+    """The planner inputs of a `ScheduleBatch` after its allocation (extend: prefix and
+    extend lengths; decode: the new token's position and 1), and its writes."""
+    import numpy as np
+
+    facts: dict[str, Any] = {}
+    indices = _host(batch.req_pool_indices)
+    facts["req_pool_indices"] = indices
+    mode = getattr(batch, "forward_mode", None)
+    extend = bool(getattr(mode, "is_extend", lambda: False)())
+    if extend:
+        facts["prefix_lens"] = _host(batch.prefix_lens)
+        facts["extend_seq_lens"] = _host(batch.extend_lens)
+    else:
+        facts["prefix_lens"] = _host(batch.seq_lens) - 1
+        facts["extend_seq_lens"] = np.ones(indices.size, dtype=np.int64)
+    out = getattr(batch, "out_cache_loc", None)
+    if out is not None:
+        facts["out_cache_loc"] = _host(out)
+    facts["forward_mode"] = "extend" if extend else "decode"
+    return facts
+
+
+def capture_state(
+    *,
+    req_to_token_pool: Any,
+    allocator: object,
+    tree: object = None,
+    batch: object = None,
+    requests: Iterable[object] = (),
+    window: int | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A whole dump of the stack (tensors, metadata): the batch's planner inputs (an idle
+    dump has an empty batch), the LUT, both free lists, the tree's slots, the running
+    requests' allocated lengths. Best effort, like every capture read."""
+    import numpy as np
+
+    table = _host(req_to_token_pool.req_to_token)
+    shape = tuple(req_to_token_pool.req_to_token.shape)
+    tensors: dict[str, Any] = {"req_to_token": table.reshape(shape).astype(np.int32)}
+    metadata: dict[str, str] = {}
+    if batch is not None:
+        facts = batch_state(batch)
+        metadata["forward_mode"] = str(facts.pop("forward_mode"))
+        tensors.update(facts)
+    else:
+        empty = np.zeros(0, dtype=np.int64)
+        tensors.update(req_pool_indices=empty, prefix_lens=empty, extend_seq_lens=empty)
+        metadata["forward_mode"] = "idle"
+    lut = getattr(allocator, "full_to_swa_index_mapping", None)
+    if lut is not None:
+        tensors["full_to_swa_index_mapping"] = _host(lut)
+    if window is not None:
+        metadata["swa_window_size"] = str(int(window))
+    state = tree_state(allocator=allocator, tree=tree, requests=requests, rows=shape[0])
+    for name in ("page_size", "num_full_slots", "num_swa_slots"):
+        if name in state:
+            metadata[name] = str(int(state.pop(name)))
+    tensors.update(state)
+    return tensors, metadata
