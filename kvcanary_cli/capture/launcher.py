@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.capture import server, store, triggers
+from kvcanary_cli.capture import leaks, server, store, triggers
 from kvcanary_cli.dump.releases import PLAN_MODULES
 from kvcanary_cli.dump.schema import LAUNCHER_FUNCTION, LAUNCHER_MODULE
 
@@ -93,6 +93,9 @@ def install_sglang_hook(
     reporter = sys.modules.get(triggers.SGLANG_REPORTER_MODULE)
     if reporter is not None:
         triggers.watch_violation_reporter(reporter)
+    checker = sys.modules.get(leaks.SGLANG_CHECKER_MODULE)
+    if checker is not None:
+        leaks.watch_invariant_checker(checker)
     return True
 
 
@@ -129,7 +132,11 @@ def install_from_env() -> bool:
     name = os.environ.get("KVCANARY_DUMP_SIGNAL", "").strip()
     if name:
         triggers.install_signal(name)
-    watched = (server.SGLANG_CANARY_MODULE, triggers.SGLANG_REPORTER_MODULE)
+    watched = (
+        server.SGLANG_CANARY_MODULE,
+        triggers.SGLANG_REPORTER_MODULE,
+        leaks.SGLANG_CHECKER_MODULE,
+    )
     for loaded in (sys.modules.get(module) for module in watched):
         if loaded is not None:
             _watch(loaded, dump_dir)
@@ -150,6 +157,8 @@ def _watch(module: ModuleType, dump_dir: str) -> None:
         server.watch_model_runners(module)
     elif module.__name__ == triggers.SGLANG_REPORTER_MODULE:
         triggers.watch_violation_reporter(module)
+    elif module.__name__ == leaks.SGLANG_CHECKER_MODULE:
+        leaks.watch_invariant_checker(module)
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,14 +243,15 @@ def _dump_failed_call(exc: Exception, kwargs: Mapping[str, Any], *, step: int) -
 
 
 class _InstallOnImport(importlib.abc.MetaPathFinder):
-    """Import hook: wrap the launcher (in either release layout), `install_canary` and the
-    violation reporter as soon as SGLang loads them. It steps out of `sys.meta_path` once all
-    three are loaded (one launcher module is enough: a release has only one)."""
+    """Import hook: wrap the launcher (in either release layout), `install_canary`, the
+    violation reporter and the scheduler's invariant checker as soon as SGLang loads them. It
+    steps out of `sys.meta_path` once all are loaded (one launcher module is enough: a release
+    has only one)."""
 
     def __init__(self, dump_dir: str) -> None:
         self.dump_dir = dump_dir
         watched = {*SGLANG_PLAN_MODULES, server.SGLANG_CANARY_MODULE}
-        watched.add(triggers.SGLANG_REPORTER_MODULE)
+        watched.update((triggers.SGLANG_REPORTER_MODULE, leaks.SGLANG_CHECKER_MODULE))
         self.pending = watched - set(sys.modules)
         if any(name in sys.modules for name in SGLANG_PLAN_MODULES):
             self.pending -= set(SGLANG_PLAN_MODULES)
