@@ -99,9 +99,11 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
     private = np.setdiff1d(inside(running), tree_slots, assume_unique=True)
     accounted[private] = True
     leaked = np.flatnonzero(~accounted).astype(np.int64)
+    listed = np.asarray(free, dtype=np.int64).reshape(-1)
     counts = {
         "total": size - page,
         "available": int(inside(free_slots).size),
+        "listed_twice": int(inside(listed).size - inside(free_slots).size),
         "tree": int(inside(tree_slots).size),
         "uncached": int(private.size),
         "leaked": int(leaked.size),
@@ -153,6 +155,13 @@ def pool_leak_findings(dump: KvDump) -> list[Finding]:
     ]
 
 
+def _repeated(values: np.ndarray) -> np.ndarray:
+    """The distinct values listed more than once (sorted)."""
+    ordered = np.sort(values.reshape(-1))
+    again = ordered[1:][ordered[1:] == ordered[:-1]]
+    return distinct(again)
+
+
 def _difference(printed: dict[str, int]) -> int:
     accounted = sum(printed[name] for name in _FIELDS if name != "total")
     return printed["total"] - accounted
@@ -187,9 +196,17 @@ def _full_note(dump: KvDump, printed: dict[str, int]) -> str:
         )
     leaked, counts = found
     held = printed["evictable"] + printed["protected"]
+    twice = counts["listed_twice"]
+    free_text = f"{counts['available']} free"
+    if twice:
+        repeated = _repeated(np.asarray(dump.free_full_slots, dtype=np.int64))
+        free_text += (
+            f" ({counts['available'] + twice} entries on the free list: {twice} listed more "
+            f"than once, {_pages_text(repeated, _page(dump))})"
+        )
     parts = [
         f"kvcanary counts total {counts['total']}",
-        f"{counts['available']} free (SGLang: available {printed['available']})",
+        f"{free_text} (SGLang: available {printed['available']})",
         f"{counts['tree']} in the tree (SGLang: evictable + protected {held})",
         f"{counts['uncached']} held by running requests only (SGLang: uncached "
         f"{printed['uncached']})",
@@ -198,13 +215,22 @@ def _full_note(dump: KvDump, printed: dict[str, int]) -> str:
         parts.append(f"{leaked.size} leaked: {_pages_text(leaked, _page(dump))}")
     else:
         parts.append("none leaked")
-    agrees = leaked.size == missing
-    tail = (
-        "the leaked slots are exactly the difference"
-        if agrees
-        else f"SGLang's difference is {missing}, kvcanary's leak {leaked.size}: the counts "
-        "that differ above say which side's bookkeeping disagrees with its own lists"
-    )
+    # SGLang counts the free list's entries: a slot listed twice counts twice
+    expected = int(leaked.size) - twice
+    if expected != missing:
+        tail = (
+            f"SGLang's difference is {missing}, kvcanary's {expected} (leaked less listed "
+            "twice): the counts that differ above say which bookkeeping disagrees with its "
+            "own lists"
+        )
+    elif twice:
+        tail = (
+            "the leaked slots less the slots listed twice are exactly the difference"
+            if leaked.size
+            else "the slots listed twice are exactly SGLang's excess: a double free"
+        )
+    else:
+        tail = "the leaked slots are exactly the difference"
     return f"{head}; {'; '.join(parts)}; {tail}"
 
 
@@ -215,20 +241,21 @@ def _swa_note(dump: KvDump, printed: dict[str, int]) -> str:
     if leaked is None:
         return f"{head}; this dump cannot name them ({reason or 'no SWA pool recorded'})"
     page = _page(dump)
-    free = dump.free_swa_slots
-    free_count = 0 if free is None else int(distinct(np.asarray(free, dtype=np.int64)).size)
-    slots = leaked.size * page
-    parts = [
-        f"kvcanary counts {free_count} SWA slots free (SGLang: available {printed['available']})"
-    ]
-    if leaked.size:
-        parts.append(f"{slots} leaked: {_pages_text(leaked * page, page)}")
+    free = np.zeros(0, dtype=np.int64) if dump.free_swa_slots is None else dump.free_swa_slots
+    listed = np.asarray(free, dtype=np.int64).reshape(-1)
+    free_count = int(distinct(listed).size)
+    twice = int(listed.size) - free_count
+    slots = int(leaked.size) * page
+    free_text = f"{free_count} SWA slots free"
+    if twice:
+        free_text += f" ({listed.size} entries: {twice} listed more than once)"
+    parts = [f"kvcanary counts {free_text} (SGLang: available {printed['available']})"]
+    parts.append(f"{slots} leaked: {_pages_text(leaked * page, page)}" if slots else "none leaked")
+    expected = slots - twice
+    if expected != missing:
+        tail = f"SGLang's difference is {missing}, kvcanary's {expected} slots"
+    elif twice:
+        tail = "the leaked slots less the slots listed twice are exactly the difference"
     else:
-        parts.append("none leaked")
-    agrees = slots == missing
-    tail = (
-        "the leaked pages are exactly the difference"
-        if agrees
-        else f"SGLang's difference is {missing}, kvcanary's leak {slots} slots"
-    )
+        tail = "the leaked pages are exactly the difference"
     return f"{head}; {'; '.join(parts)}; {tail}"

@@ -229,3 +229,29 @@ def test_a_clean_stack_leaves_no_dump_and_its_state_checks_clean(
     assert report.findings == ()
     [note] = [n for n in report.notes if "[full]" in n]
     assert "0 slots unaccounted" in note and "none leaked" in note
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_double_free_is_named_and_is_exactly_sglangs_excess(
+    page_size: int, sglang: Any, armed: Any
+) -> None:
+    """Pages freed twice on the full side: SGLang's idle sum comes out above its total
+    (available counts the list's entries); the dump names the pages listed twice and says
+    they are the excess."""
+    built, ctx = _checker(sglang, page_size)
+    if page_size == 1:
+        slots = built.allocator.alloc(8)
+    else:
+        zero, length = torch.tensor([0]), torch.tensor([8])
+        slots = built.allocator.alloc_extend(zero, zero, length, length, torch.tensor([-1]), 8)
+    built.allocator.free(slots)
+    built.allocator.full_attn_allocator.free(slots)  # the second free
+    with pytest.raises(ValueError, match="pool memory leak detected"):
+        _idle_check(ctx.checker)
+    [path] = sorted(armed.dumps.glob("*.safetensors"))
+    report = checked(load_dump(path), kernel="vectorized")
+    assert {f.code for f in report.findings} == {FindingCode.FREE_LIST_DUPLICATE}
+    assert report.diagnosis[0].code.value == "double-free"
+    [note] = [n for n in report.notes if "[full]" in n]
+    assert "-8 slots unaccounted" in note and "8 listed more than once" in note
+    assert "exactly SGLang's excess" in note
