@@ -52,24 +52,35 @@ def _page(dump: KvDump) -> int:
     return max(1, int(dump.scalars["page_size"].value or 1))
 
 
-def _running_cells(dump: KvDump) -> np.ndarray:
-    """The slots of every running request's allocated cells (`req_pool_allocated_lens`)."""
+#: Table cells gathered per step when reading the running rows (bounds the memory).
+_CHUNK_CELLS = 1 << 22
+
+
+def _running_slots(dump: KvDump, size: int, page: int) -> np.ndarray:
+    """Which slots of `[0, size)` the running requests hold: every page one of their
+    allocated cells (`req_pool_allocated_lens`) lies in, whole (SGLang allocates pages; a
+    row's last page is partly unwritten). A boolean array, filled a chunk of rows at a time,
+    so the memory is the pool's, whatever the lengths claim."""
+    pages = -(-size // page)
+    held = np.zeros(pages, dtype=bool)
     lens = dump.req_pool_allocated_lens
     table = dump.req_to_token
     if lens is None:
-        return np.zeros(0, dtype=np.int64)
-    lens = np.asarray(lens, dtype=np.int64).reshape(-1)[: int(table.shape[0])]
-    rows = np.flatnonzero(lens > 0)
-    if rows.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return held
     width = int(table.shape[1])
-    lengths = np.minimum(lens[rows], width)
-    cols = np.arange(int(lengths.max()), dtype=np.int64)
-    inside = cols[None, :] < lengths[:, None]
-    flat = (rows[:, None] * width + cols[None, :])[inside]
-    values, known = table.take_known(flat)
-    held: np.ndarray = np.asarray(values, dtype=np.int64)[np.asarray(known, dtype=bool)]
-    return held
+    lens = np.minimum(np.asarray(lens, dtype=np.int64).reshape(-1)[: int(table.shape[0])], width)
+    rows = np.flatnonzero(lens > 0)
+    per_step = max(1, _CHUNK_CELLS // max(width, 1))
+    for start in range(0, rows.size, per_step):
+        chunk = rows[start : start + per_step]
+        lengths = lens[chunk]
+        cols = np.arange(int(lengths.max()), dtype=np.int64)
+        inside = cols[None, :] < lengths[:, None]
+        flat = (chunk[:, None] * width + cols[None, :])[inside]
+        values, known = table.take_known(flat)
+        values = np.asarray(values, dtype=np.int64)[np.asarray(known, dtype=bool)]
+        held[values[(values >= 0) & (values < size)] // page] = True
+    return np.repeat(held, page)[:size]
 
 
 def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
@@ -87,7 +98,6 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
         return None
     free_slots = distinct(np.asarray(free, dtype=np.int64))
     tree_slots = distinct(np.asarray(tree, dtype=np.int64))
-    running = distinct(_running_cells(dump))
 
     def inside(values: np.ndarray) -> np.ndarray:
         return values[(values >= page) & (values < size)]
@@ -96,8 +106,10 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
     accounted[:page] = True  # the padding page
     accounted[inside(free_slots)] = True
     accounted[inside(tree_slots)] = True
-    private = np.setdiff1d(inside(running), tree_slots, assume_unique=True)
-    accounted[private] = True
+    private = _running_slots(dump, size, page)
+    private[:page] = False
+    private[inside(tree_slots)] = False
+    accounted |= private
     leaked = np.flatnonzero(~accounted).astype(np.int64)
     listed = np.asarray(free, dtype=np.int64).reshape(-1)
     counts = {
@@ -105,7 +117,7 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
         "available": int(inside(free_slots).size),
         "listed_twice": int(inside(listed).size - inside(free_slots).size),
         "tree": int(inside(tree_slots).size),
-        "uncached": int(private.size),
+        "uncached": int(private.sum()),
         "leaked": int(leaked.size),
     }
     return leaked, counts
