@@ -11,10 +11,11 @@ import pytest
 from kvcanary_cli.analysis.model import FindingCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.synth.scenarios import make_scenario
+from kvcanary_cli.synth.state import SynthDump
 from tests.helpers import checked
 
 
-def _recorded(page_size: int, *, drop_page: bool, lens_row: bool = False) -> tuple[object, int]:
+def _recorded(page_size: int, *, drop_page: bool, lens_row: bool = False) -> tuple[SynthDump, int]:
     """A clean SWA state with the tree's record: every full slot off the free list is the
     tree's, or (`lens_row`) one live row's are a running request's instead; `drop_page`
     forgets one held page in both records (the leak)."""
@@ -42,12 +43,12 @@ def _recorded(page_size: int, *, drop_page: bool, lens_row: bool = False) -> tup
     return state, leaked_page
 
 
-def _printed(state: object, leaked: int) -> None:
+def _printed(state: SynthDump, leaked: int) -> None:
     """The counts SGLang's idle check would print for the state (`leaked` slots missing)."""
-    meta = state.metadata  # type: ignore[attr-defined]
+    meta = state.metadata
     page = int(meta.get("page_size", "1"))
     total = int(meta["num_full_slots"]) - page
-    free = len(state.tensors["free_full_slots"])  # type: ignore[attr-defined]
+    free = len(state.tensors["free_full_slots"])
     counts = {"total": total, "available": free, "evictable": total - free - leaked}
     counts.update(protected=0, session_held=0, uncached=0)
     for name, value in counts.items():
