@@ -260,6 +260,13 @@ def sglang_version() -> str | None:
     if not _VERSION:
         found: str | None = None
         module = sys.modules.get("sglang.version")
+        if module is None and "sglang" in sys.modules:  # SGLang is loaded: a tiny module
+            try:
+                import importlib
+
+                module = importlib.import_module("sglang.version")
+            except Exception:
+                module = None
         text = getattr(module, "__version__", None)
         if isinstance(text, str):
             found = text

@@ -129,6 +129,7 @@ def armed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang: Any) -> Itera
     monkeypatch.setattr(store, "BUDGET", store.Budget())
     monkeypatch.setattr(triggers, "_SETTINGS", [triggers.Settings()])
     monkeypatch.setattr(server, "_calls", itertools.count())
+    monkeypatch.setattr(server, "_VERSION", [])
     module = sglang.invariant_checker
     report = module.raise_error_or_warn
     real = getattr(report, server.ORIGINAL_ATTR, report)
@@ -173,6 +174,7 @@ def test_the_idle_leak_report_leaves_a_dump_first_and_check_reconciles_its_count
     printed = str(raised.value)
     dump = load_dump(path)
     assert dump.metadata["kvcanary.trigger"] == "leak"
+    assert dump.metadata["sglang.version"] == "0.5.23"
     assert dump.bs == 0 and dump.metadata["forward_mode"] == "idle"  # no batch
     counts = leaks.printed_counts(printed)
     assert counts and all(dump.metadata[k] == str(v) for k, v in counts.items())
