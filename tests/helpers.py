@@ -96,6 +96,7 @@ AUDIT_SCENARIOS = (
     "swa-write-into-live-slot",
     "radix-copy",
     "swa-page-leak",
+    "full-page-leak",
     "partial-page-free",
     "swa-mapping-rewritten",
 )

@@ -17,10 +17,13 @@ from pathlib import Path
 
 __all__ = [
     "MISSING_WHEEL",
+    "RELEASES",
     "WHEEL_ENV",
     "WHEEL_VERSION",
     "extract_canary_runner",
     "extract_kv_canary",
+    "extract_release",
+    "missing_wheel",
     "unpack",
     "wheel_path",
 ]
@@ -81,15 +84,23 @@ def _cache_dir() -> Path:
     return Path(base) / "wheels"
 
 
-def wheel_path() -> Path | None:
-    """The cached SGLang 0.5.23 wheel: `$KVCANARY_SGLANG_WHEEL` (file or folder), else the
-    cache `.ci/run` downloads into; None when neither has it."""
-    pattern = f"sglang-{WHEEL_VERSION}-*.whl"
+#: Earlier releases with kv canary the release tests run against (each fetched like the
+#: 0.5.23 wheel, `pip download sglang==V --no-deps`; a test is skipped without its wheel).
+RELEASES = ("0.5.13", "0.5.16", "0.5.20", "0.5.21")
+
+
+def wheel_path(version: str = WHEEL_VERSION) -> Path | None:
+    """The cached SGLang wheel of `version` (default 0.5.23): `$KVCANARY_SGLANG_WHEEL` (a file,
+    used for 0.5.23 only, or a folder), else the cache `.ci/run` downloads into; None when
+    neither has it."""
+    pattern = f"sglang-{version}-*.whl"
     given = os.environ.get(WHEEL_ENV)
     places = [Path(given)] if given else []
     places.append(_cache_dir())
     for place in places:
         if place.is_file():
+            if version != WHEEL_VERSION and not place.name.startswith(f"sglang-{version}-"):
+                continue
             return place
         if place.is_dir():
             found = sorted(place.glob(pattern))
@@ -104,6 +115,41 @@ MISSING_WHEEL = (
     f"sglang=={WHEEL_VERSION} --no-deps -d $KVCANARY_CACHE/wheels` (default "
     f"~/.cache/kvcanary/wheels), or set {WHEEL_ENV}"
 )
+
+
+def missing_wheel(version: str) -> str:
+    """Why a test that needs the `version` wheel is skipped without it."""
+    return (
+        f"the SGLang {version} wheel is not cached: `pip download sglang=={version} --no-deps "
+        f"-d $KVCANARY_CACHE/wheels` (default ~/.cache/kvcanary/wheels)"
+    )
+
+
+#: 0.5.13 .. 0.5.19's layout: kv canary under `jit_kernel`, whose `utils` module is the JIT
+#: toolchain (stubbed as for 0.5.23).
+_OLD_CANARY = "sglang/jit_kernel/kv_canary/"
+_OLD_STUBS = {
+    "sglang/__init__.py": STUBS["sglang/__init__.py"],
+    "sglang/jit_kernel/__init__.py": '"""Stub: JIT kernels are for CUDA only."""\n',
+    "sglang/jit_kernel/utils.py": _JIT_STUB,
+    _OLD_CANARY + "__init__.py": '"""Stub: the real one registers the launchers."""\n',
+}
+
+
+def extract_release(wheel: Path, root: Path, version: str) -> Path:
+    """`extract_kv_canary` for any release with kv canary: the plan launcher's modules in the
+    release's own layout (`kernels/ops` from 0.5.20, `jit_kernel` before; `_dispatch.py` only
+    where the release has it), the stubs that layout needs, and the package metadata."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    new_layout = any(name.startswith(_CANARY) for name in names)
+    prefix, stubs = (_CANARY, STUBS) if new_layout else (_OLD_CANARY, _OLD_STUBS)
+    members = tuple(
+        prefix + module.removeprefix(_CANARY)
+        for module in MODULES
+        if prefix + module.removeprefix(_CANARY) in names
+    )
+    return unpack(wheel, root, (*members, f"sglang-{version}.dist-info/METADATA"), stubs)
 
 
 def extract_kv_canary(wheel: Path, root: Path) -> Path:

@@ -378,9 +378,14 @@ def test_install_from_env_wraps_an_already_loaded_module(
     monkeypatch.setitem(sys.modules, SGLANG_PLAN_MODULE, stand_in)
     assert install_from_env() is True
     assert hasattr(stand_in.launch_canary_plan_kernels, "__kvcanary_original__")
-    # Still armed for the module where SGLang sets the canary up with its model runner.
+    # Still armed for the module where SGLang sets the canary up with its model runner, the
+    # reporter and the invariant checker; not for the other release's launcher module.
     [finder] = [f for f in sys.meta_path if isinstance(f, launcher._InstallOnImport)]
-    assert finder.pending == {capture.SGLANG_CANARY_MODULE, capture.SGLANG_REPORTER_MODULE}
+    assert finder.pending == {
+        capture.SGLANG_CANARY_MODULE,
+        capture.SGLANG_REPORTER_MODULE,
+        capture.SGLANG_CHECKER_MODULE,
+    }
     sys.meta_path.remove(finder)
 
 
@@ -1084,3 +1089,47 @@ def test_losing_the_trigger_file_race_leaves_the_trigger_armed(
     stand_in.launch_canary_plan_kernels(**plan_kwargs(bad_slot=False))  # step 2
     steps = [int(p.name.split("-step")[1][:6]) for p in dumps_in(out)]
     assert steps == [0, 2] and not trigger.exists()
+
+
+# --- releases before 0.5.20: free lists without get_all_free_pages() -------------------------
+
+
+class _AllocatorBefore0520:
+    """Shaped like 0.5.13 .. 0.5.19's allocators (their `allocator/base.py`): free pages in
+    `free_pages`, frees staged in `release_pages` until the next merge; no census method."""
+
+    def __init__(self, size: int, page_size: int, free: list[int], staged: list[int]) -> None:
+        self.size, self.page_size = size, page_size
+        self.free_pages = torch.tensor(free, dtype=torch.int64)
+        self.release_pages = torch.tensor(staged, dtype=torch.int64)
+
+
+def test_free_lists_of_a_release_before_0_5_20_are_recorded_with_the_staged_pages(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "_RUNNERS", [])
+    kwargs = plan_kwargs()
+    full = _AllocatorBefore0520(size=60, page_size=4, free=[14], staged=[12])
+    swa = _AllocatorBefore0520(size=40, page_size=4, free=[9], staged=[])
+    runner = _Runner(kwargs["req_to_token"], _SWAAllocator(full, swa))  # type: ignore[arg-type]
+    capture.register_model_runner(runner)
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**kwargs)
+    dump = load_dump(dumps_in(tmp_path)[0])
+    assert dump.free_full_slots is not None and dump.free_swa_slots is not None
+    assert dump.free_full_slots.tolist() == [*range(48, 52), *range(56, 60)]
+    assert dump.free_swa_slots.tolist() == [36, 37, 38, 39]
+
+
+def test_a_dump_records_the_serving_release(
+    tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "_VERSION", [])
+    monkeypatch.setitem(sys.modules, "sglang.version", types.SimpleNamespace(__version__="0.5.16"))
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(ValueError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs())
+    dump = load_dump(dumps_in(tmp_path)[0])
+    assert dump.metadata["sglang.version"] == "0.5.16"
+    assert not [n for n in dump.notes if "SGLang" in n]

@@ -43,6 +43,7 @@ from kvcanary_cli.analysis.findings import (
     swa_findings,
 )
 from kvcanary_cli.analysis.kernel_raise import mark_upstream_raise
+from kvcanary_cli.analysis.leak_check import pool_leak_findings, reconciliation_notes
 from kvcanary_cli.analysis.model import (
     CellColumns,
     CheckReport,
@@ -130,7 +131,7 @@ def run_check(
         bs=dump.bs,
         groups=summaries,
         findings=tuple(sorted(findings, key=Finding.order_key)),
-        notes=(*dump.notes, *unaudited(dump), *stand_ins),
+        notes=(*dump.notes, *unaudited(dump), *reconciliation_notes(dump), *stand_ins),
         kernel_mode=kernel.mode if kernel else None,
         diagnosis=causes,
         requests=requests,
@@ -208,7 +209,10 @@ def _collect(
 ) -> CollectedFindings:
     cells = live_cells(dump)
     findings: list[Finding] = (
-        batch_findings(dump) + slot_findings(dump, cells) + free_list_findings(dump)
+        batch_findings(dump)
+        + slot_findings(dump, cells)
+        + free_list_findings(dump)
+        + pool_leak_findings(dump)
     )
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []

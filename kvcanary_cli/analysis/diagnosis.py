@@ -74,6 +74,7 @@ _BY_CODE: dict[FindingCode, CauseCode] = {
     FindingCode.SWA_WRITE_TO_LIVE_SLOT: CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
     FindingCode.SLOT_SHARED_WITHOUT_PREFIX: CauseCode.RADIX_PREFIX_BROKEN,
     FindingCode.SWA_PAGE_LEAKED: CauseCode.SWA_LEAK,
+    FindingCode.FULL_PAGE_LEAKED: CauseCode.FULL_LEAK,
     FindingCode.NEGATIVE_SLOT: CauseCode.SLOT_INDEX_CORRUPT,
     FindingCode.FREED_SLOT_IN_LIVE_RANGE: CauseCode.USE_AFTER_FREE,
     FindingCode.SLOT_SHARED_ACROSS_POSITIONS: CauseCode.CROSS_REQUEST_ALIASING,
@@ -111,6 +112,8 @@ _SUMMARY: dict[CauseCode, str] = {
     "prefix before it: a copied cell, not radix sharing",
     CauseCode.SWA_LEAK: "SWA pages that are neither free nor mapped from a held full slot: "
     "leaked (SGLang aborts with 'SWA Pool Mem Leak Detected' once enough are gone)",
+    CauseCode.FULL_LEAK: "full-pool pages neither free, nor the radix tree's, nor a running "
+    "request's: leaked (SGLang's 'pool memory leak detected!')",
     CauseCode.LUT_TOO_SHORT: "the SWA LUT is shorter than the full pool: valid slots fall "
     "off its end",
     CauseCode.SLOT_INDEX_CORRUPT: "slot indices that cannot be right in any pool: the "
@@ -167,6 +170,9 @@ _FIX: dict[CauseCode, str] = {
     CauseCode.SWA_LEAK: "find the path that clears a mapping without freeing its SWA page (an "
     "eviction or tombstone that drops the LUT entry, a failed allocation that keeps the page; "
     "SGLang issue #27789 with speculative decoding and page_size > 1)",
+    CauseCode.FULL_LEAK: "find the path that dropped these pages' owner without freeing them "
+    "(a request released without its KV, a tree node removed without its free); the table "
+    "cells that still hold them, in the provenance, say who had them last",
     CauseCode.RADIX_PREFIX_BROKEN: "find what wrote another request's slot into this row "
     "(a copy between rows, a prefix match that did not start at position 0, a fault "
     "injector); radix sharing always shares the whole prefix",

@@ -130,6 +130,7 @@ class FindingCode(StrEnum):
     FREE_LIST_DUPLICATE = "free-list-duplicate"
     RESERVED_SLOT_IN_USE = "reserved-slot-in-use"
     SWA_PAGE_LEAKED = "swa-page-leaked"
+    FULL_PAGE_LEAKED = "full-page-leaked"
     ROW_OUT_OF_RANGE = "row-out-of-range"
     PREFIX_BEYOND_ROW = "prefix-beyond-row"
     DUPLICATE_REQUEST_ROW = "duplicate-request-row"
@@ -210,6 +211,7 @@ class CauseCode(StrEnum):
     #: last among equals: a page is often leaked by a fault ranked above (a mapping
     #: overwritten or cleared without its free).
     SWA_LEAK = "swa-leak"
+    FULL_LEAK = "full-leak"
 
 
 class Confidence(StrEnum):

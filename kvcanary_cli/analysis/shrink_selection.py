@@ -32,7 +32,7 @@ from kvcanary_cli.analysis.check import (
     collect_findings,
     provenance_slots,
 )
-from kvcanary_cli.analysis.model import Finding
+from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, full_slots_mapping_to
 from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.analysis.violations.report import OWNER_KINDS, OwnerKind
@@ -295,7 +295,10 @@ def shrink_keep(
     replays = _replays(dump, [*found.plans, *found.kernel_plans.values()])
     rows = _violation_rows(dump, replays)
     row_full, row_swa = _row_slots(dump, rows)
-    slots = provenance_slots(dump, found.findings)
+    # a shrunk dump cannot carry a full-pool leak (its accounting reads the whole free list
+    # and tree record): its slots are not kept for it, so shrinking again keeps the same
+    kept = [f for f in found.findings if f.code is not FindingCode.FULL_PAGE_LEAKED]
+    slots = provenance_slots(dump, kept)
     row_sources = full_slots_mapping_to(dump, row_swa)
     wanted = set(slots.wanted) | row_full
     for sources in (*slots.swa_sources.values(), *row_sources.values()):
@@ -311,8 +314,8 @@ def shrink_keep(
     if dump.req_to_verify_expected_tokens is not None:
         elements["req_to_verify_expected_tokens"] = _pool_reads(dump, frames)
     held = distinct(dump.req_to_token.take_known(table)[0])
-    finding_full = _finding_slots(found.findings, "full")
-    finding_swa = _finding_slots(found.findings, "swa")
+    finding_full = _finding_slots(kept, "full")
+    finding_swa = _finding_slots(kept, "swa")
     full_slots = np.union1d(
         held, np.union1d(finding_full, np.array(sorted(row_full), dtype=np.int64))
     )

@@ -1,6 +1,6 @@
 """Capture dumps from a live SGLang process: when a plan call raises, when the canary reports
 violations, before the GPU kernels would clamp a bad LUT (the guard), and on request
-(snapshots).
+(snapshots), and at SGLang's own memory-leak checks (`leaks`).
 
 A plan failure (`ValueError: kv-canary: SWA slot ...`) or a canary violation is only
 diagnosable with the state of that step, and it is gone once the process moves on. This
@@ -33,6 +33,7 @@ from kvcanary_cli.capture.launcher import (
     install_from_env,
     install_sglang_hook,
 )
+from kvcanary_cli.capture.leaks import SGLANG_CHECKER_MODULE, watch_invariant_checker
 from kvcanary_cli.capture.server import (
     SGLANG_CANARY_MODULE,
     register_canary_manager,
@@ -53,6 +54,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DUMP_DIR_ENV",
     "PLAN_ARGUMENTS",
+    "SGLANG_CHECKER_MODULE",
     "SGLANG_CANARY_MODULE",
     "SGLANG_PLAN_FUNCTION",
     "SGLANG_PLAN_MODULE",
@@ -63,6 +65,7 @@ __all__ = [
     "register_model_runner",
     "save_plan_inputs",
     "server_context",
+    "watch_invariant_checker",
     "watch_model_runners",
     "watch_violation_reporter",
 ]

@@ -22,13 +22,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.capture import server, store, triggers
+from kvcanary_cli.capture import leaks, server, store, triggers
+from kvcanary_cli.dump.releases import PLAN_MODULES
 from kvcanary_cli.dump.schema import LAUNCHER_FUNCTION, LAUNCHER_MODULE
 
 __all__ = [
     "DUMP_DIR_ENV",
     "SGLANG_PLAN_FUNCTION",
     "SGLANG_PLAN_MODULE",
+    "SGLANG_PLAN_MODULES",
     "install_from_env",
     "install_sglang_hook",
 ]
@@ -40,6 +42,9 @@ DUMP_DIR_ENV = "KVCANARY_DUMP_DIR"
 #: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
 SGLANG_PLAN_MODULE = LAUNCHER_MODULE
 SGLANG_PLAN_FUNCTION = LAUNCHER_FUNCTION
+#: The launcher's module in every release with kv canary: 0.5.20 on, then 0.5.13 .. 0.5.19
+#: (`jit_kernel/kv_canary/plan/api.py`).
+SGLANG_PLAN_MODULES = PLAN_MODULES
 
 
 def install_sglang_hook(
@@ -59,7 +64,8 @@ def install_sglang_hook(
     environment) write into the same directory.
 
     `module` is the module holding `launch_canary_plan_kernels` (default: import
-    `sglang.kernels.ops.kv_canary.plan.api`). `rank` defaults, at dump time, to `$RANK`, else
+    `sglang.kernels.ops.kv_canary.plan.api`, else 0.5.13 .. 0.5.19's
+    `sglang.jit_kernel.kv_canary.plan.api`). `rank` defaults, at dump time, to `$RANK`, else
     the torch.distributed rank when initialised, else `$LOCAL_RANK`, else 0. Installing again
     replaces the wrapper (the new `dump_dir` and `rank` apply) instead of stacking a second one;
     other modules already holding the launcher under that name (the `plan` package,
@@ -67,18 +73,8 @@ def install_sglang_hook(
     imported or lacks the launcher.
     """
     if module is None:
-        try:
-            module = importlib.import_module(SGLANG_PLAN_MODULE)
-        except ImportError:
-            logger.debug("kvcanary: %s is not importable; hook not installed", SGLANG_PLAN_MODULE)
-            return False
-        except Exception as exc:  # importing SGLang must never break the host program
-            logger.warning(
-                "kvcanary: importing %s failed (%s: %s); hook not installed",
-                SGLANG_PLAN_MODULE,
-                type(exc).__name__,
-                exc,
-            )
+        module = _import_plan_module()
+        if module is None:
             return False
     current = getattr(module, SGLANG_PLAN_FUNCTION, None)
     if not callable(current):
@@ -97,7 +93,28 @@ def install_sglang_hook(
     reporter = sys.modules.get(triggers.SGLANG_REPORTER_MODULE)
     if reporter is not None:
         triggers.watch_violation_reporter(reporter)
+    checker = sys.modules.get(leaks.SGLANG_CHECKER_MODULE)
+    if checker is not None:
+        leaks.watch_invariant_checker(checker)
     return True
+
+
+def _import_plan_module() -> ModuleType | None:
+    """The launcher's module of the installed SGLang, whichever release layout it has."""
+    for name in SGLANG_PLAN_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            logger.debug("kvcanary: %s is not importable", name)
+        except Exception as exc:  # importing SGLang must never break the host program
+            logger.warning(
+                "kvcanary: importing %s failed (%s: %s); hook not installed",
+                name,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+    return None
 
 
 def install_from_env() -> bool:
@@ -115,12 +132,16 @@ def install_from_env() -> bool:
     name = os.environ.get("KVCANARY_DUMP_SIGNAL", "").strip()
     if name:
         triggers.install_signal(name)
-    watched = (server.SGLANG_CANARY_MODULE, triggers.SGLANG_REPORTER_MODULE)
+    watched = (
+        server.SGLANG_CANARY_MODULE,
+        triggers.SGLANG_REPORTER_MODULE,
+        leaks.SGLANG_CHECKER_MODULE,
+    )
     for loaded in (sys.modules.get(module) for module in watched):
         if loaded is not None:
             _watch(loaded, dump_dir)
-    plan = sys.modules.get(SGLANG_PLAN_MODULE)
-    if any(module not in sys.modules for module in (*watched, SGLANG_PLAN_MODULE)):
+    plan = next((sys.modules[m] for m in SGLANG_PLAN_MODULES if m in sys.modules), None)
+    if plan is None or any(module not in sys.modules for module in watched):
         if not any(isinstance(finder, _InstallOnImport) for finder in sys.meta_path):
             sys.meta_path.insert(0, _InstallOnImport(dump_dir))
     if plan is not None:
@@ -130,12 +151,14 @@ def install_from_env() -> bool:
 
 def _watch(module: ModuleType, dump_dir: str) -> None:
     """Wrap what a freshly loaded SGLang module holds."""
-    if module.__name__ == SGLANG_PLAN_MODULE:
+    if module.__name__ in SGLANG_PLAN_MODULES:
         install_sglang_hook(dump_dir, module=module)
     elif module.__name__ == server.SGLANG_CANARY_MODULE:
         server.watch_model_runners(module)
     elif module.__name__ == triggers.SGLANG_REPORTER_MODULE:
         triggers.watch_violation_reporter(module)
+    elif module.__name__ == leaks.SGLANG_CHECKER_MODULE:
+        leaks.watch_invariant_checker(module)
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -198,6 +221,7 @@ def _dump_failed_call(exc: Exception, kwargs: Mapping[str, Any], *, step: int) -
             note += f" (arguments not saved: {', '.join(unknown)})"
         context = server.server_context(kwargs.get("req_to_token"))
         metadata = {"rank": rank, "step": step, "note": note, "kvcanary.trigger": "raise"}
+        metadata.update(server.release_metadata())
         path = store.capture_dump(current.dump_dir, stem, inputs, metadata, context)
     except Exception as dump_exc:
         logger.warning(
@@ -219,13 +243,18 @@ def _dump_failed_call(exc: Exception, kwargs: Mapping[str, Any], *, step: int) -
 
 
 class _InstallOnImport(importlib.abc.MetaPathFinder):
-    """Import hook: wrap the launcher, `install_canary` and the violation reporter as soon as
-    SGLang loads them. It steps out of `sys.meta_path` once all three are loaded."""
+    """Import hook: wrap the launcher (in either release layout), `install_canary`, the
+    violation reporter and the scheduler's invariant checker as soon as SGLang loads them. It
+    steps out of `sys.meta_path` once all are loaded (one launcher module is enough: a release
+    has only one)."""
 
     def __init__(self, dump_dir: str) -> None:
         self.dump_dir = dump_dir
-        watched = {SGLANG_PLAN_MODULE, server.SGLANG_CANARY_MODULE, triggers.SGLANG_REPORTER_MODULE}
+        watched = {*SGLANG_PLAN_MODULES, server.SGLANG_CANARY_MODULE}
+        watched.update((triggers.SGLANG_REPORTER_MODULE, leaks.SGLANG_CHECKER_MODULE))
         self.pending = watched - set(sys.modules)
+        if any(name in sys.modules for name in SGLANG_PLAN_MODULES):
+            self.pending -= set(SGLANG_PLAN_MODULES)
 
     def find_spec(
         self,
@@ -251,6 +280,8 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
     def loaded(self, module: ModuleType) -> None:
         """Wrap what `module` holds, and leave once nothing is pending."""
         self.pending.discard(module.__name__)
+        if module.__name__ in SGLANG_PLAN_MODULES:
+            self.pending -= set(SGLANG_PLAN_MODULES)
         if not self.pending and self in sys.meta_path:
             sys.meta_path.remove(self)
         _watch(module, self.dump_dir)

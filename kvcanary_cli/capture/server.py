@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -30,7 +31,9 @@ __all__ = [
     "remember_call",
     "next_step",
     "runner_for",
+    "release_metadata",
     "server_context",
+    "sglang_version",
     "watch_model_runners",
 ]
 
@@ -103,8 +106,6 @@ def watch_model_runners(module: ModuleType) -> bool:
 
 def rebind(old: object, new: Callable[..., Any], name: str) -> None:
     """Point every loaded module's attribute `name` that is `old` at `new`."""
-    import sys
-
     for mod in list(sys.modules.values()):
         try:
             namespace = vars(mod)
@@ -215,24 +216,77 @@ def server_context(req_to_token: object) -> dict[str, object]:
     return facts
 
 
+def _free_pages(allocator: object) -> list[Any] | None:
+    """The allocator's free pages, free and staged for release, as the release keeps them:
+    `get_all_free_pages()` (0.5.20 on), else `free_pages` and `release_pages` (0.5.13 ..
+    0.5.19, whose allocators have no census). None: the allocator has no page list."""
+    get_pages = getattr(allocator, "get_all_free_pages", None)
+    if callable(get_pages):
+        pages = get_pages()
+        return None if pages is None else [pages]
+    free = getattr(allocator, "free_pages", None)
+    if free is None:
+        return None
+    staged = getattr(allocator, "release_pages", None)
+    return [free] if staged is None else [free, staged]
+
+
 def _free_slots(allocator: object, page_size: int) -> Any:
     """The allocator's free pages (free and pending release) as sorted slot ids, on the CPU."""
-    get_pages = getattr(allocator, "get_all_free_pages", None)
-    if not callable(get_pages):
-        return None
-    pages = get_pages()
-    if pages is None:
+    parts = _free_pages(allocator)
+    if parts is None:
         return None
     import numpy as np
 
     from kvcanary_cli.dump.atomic import host_array
 
-    array = host_array(pages)  # a torch tensor on the server's device, usually
-    slots = np.asarray(pages if array is None else array).astype(np.int64).reshape(-1)
+    arrays = []
+    for pages in parts:
+        array = host_array(pages)  # a torch tensor on the server's device, usually
+        arrays.append(np.asarray(pages if array is None else array).astype(np.int64).reshape(-1))
+    slots = np.concatenate(arrays)
     if page_size > 1:
         offsets = np.arange(page_size, dtype=np.int64)
         slots = (slots[:, None] * page_size + offsets[None, :]).reshape(-1)
     return np.sort(slots)
+
+
+_VERSION: list[str | None] = []
+
+
+def sglang_version() -> str | None:
+    """The serving SGLang's version (`sglang.version`, else its package metadata), read once
+    per process at the first dump; None when neither says."""
+    if not _VERSION:
+        found: str | None = None
+        module = sys.modules.get("sglang.version")
+        if module is None and "sglang" in sys.modules:  # SGLang is loaded: a tiny module
+            try:
+                import importlib
+
+                module = importlib.import_module("sglang.version")
+            except Exception:
+                module = None
+        text = getattr(module, "__version__", None)
+        if isinstance(text, str):
+            found = text
+        else:
+            try:
+                import importlib.metadata
+
+                found = importlib.metadata.version("sglang")
+            except Exception:  # no metadata (a source tree): the dump just lacks the key
+                found = None
+        _VERSION.append(found)
+    return _VERSION[0]
+
+
+def release_metadata() -> dict[str, object]:
+    """The dump metadata naming the serving SGLang release (`sglang.version`), when known."""
+    from kvcanary_cli.dump.releases import METADATA_KEY
+
+    version = sglang_version()
+    return {} if version is None else {METADATA_KEY: version}
 
 
 #: Canary buffers of a buffer group, by (head|tail, k|v): SGLang 0.5.23's

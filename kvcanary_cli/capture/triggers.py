@@ -279,6 +279,7 @@ def capture_state(
             "step": step,
             "note": store.short_note(note),
             "kvcanary.trigger": trigger,
+            **server.release_metadata(),
             **(extra or {}),
         }
         path = store.capture_dump(current.dump_dir, stem, inputs, metadata, context)

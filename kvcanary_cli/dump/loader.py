@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
+from kvcanary_cli.dump import releases
 from kvcanary_cli.dump.header import FileState, HeaderEntry, SafetensorsHeader, read_header
 from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
+from kvcanary_cli.dump.releases import out_of_range_note
 from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     IDENTITY_KEYS,
@@ -430,6 +432,9 @@ def _read_contents(
     scalars, rejected = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
     notes.extend(check_batch(arrays, values, rejected={r.name: r.reason for r in rejected}))
+    release = out_of_range_note(header.metadata.get(releases.METADATA_KEY), "this dump")
+    if release is not None:
+        notes.append(release)
     lut = arrays.get("full_to_swa_index_mapping")
     lut_len = None if lut is None else int(lut.shape[0])
     for name, (value, source) in derive_scalar_defaults(values, lut_len).items():

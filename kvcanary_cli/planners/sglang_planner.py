@@ -80,7 +80,7 @@ class SGLangPlanner:
 
     def load(self) -> SGLangLauncher:
         """The installed launcher; `PlannerUnavailableError` when missing or mismatched."""
-        return load_launcher(option=self.option)
+        return load_launcher(option=self.option, device=self.device.type)
 
     def plan(self, dump: KvDump, group: str) -> Plan:
         """Run SGLang's launcher on `group` of `dump`; its exception becomes `launch_error`."""

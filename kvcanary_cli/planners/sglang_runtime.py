@@ -1,7 +1,8 @@
 """Where the installed SGLang is loaded: its plan launcher, checked against kvcanary's model.
 
-SGLang is imported the normal way (`sglang.kernels.ops.kv_canary.plan.api`, which imports the
-`sglang` package and with it the server), and only when an SGLang planner first needs it:
+SGLang is imported the normal way (`sglang.kernels.ops.kv_canary.plan.api`, or 0.5.13 ..
+0.5.19's `sglang.jit_kernel.kv_canary.plan.api`, which import the `sglang` package and with it
+the server), and only when an SGLang planner first needs it:
 never when kvcanary itself is imported, so `kvcanary --help` stays light. Before the import,
 triton's environment is prepared as for kvcanary's own kernels (`triton_runtime`), since
 SGLang's plan module imports triton.
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS, LAUNCHER_FUNCTION, LAUNCHER_MODULE
+from kvcanary_cli.dump.releases import KV_CANARY_PACKAGES, has_reference_dispatch
+from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS, LAUNCHER_FUNCTION
 from kvcanary_cli.errors import PlannerUnavailableError
 
 __all__ = [
@@ -44,13 +46,13 @@ __all__ = [
 
 #: SGLang releases whose kv-canary plan step kvcanary's planners were verified against, by
 #: running SGLang's own code on every synthetic scenario (`kvcanary selftest --sglang`).
-VERIFIED_VERSIONS: tuple[str, ...] = ("0.5.23",)
+VERIFIED_VERSIONS: tuple[str, ...] = ("0.5.13", "0.5.16", "0.5.20", "0.5.21", "0.5.23")
 
-#: SGLang's torch reference of the launcher (what the launcher runs off CUDA).
+#: SGLang's torch reference of the launcher (what the launcher runs off CUDA from 0.5.21).
 REFERENCE_MODULE = "sglang.kernels.ops.kv_canary.plan_ref"
 REFERENCE_FUNCTION = "launch_canary_plan_kernels_torch_reference"
-_VERIFY_MODULE = "sglang.kernels.ops.kv_canary.verify"
-_WRITE_MODULE = "sglang.kernels.ops.kv_canary.write"
+#: The module of the launcher that dispatches to the reference off CUDA (0.5.21 on).
+_DISPATCH_NAME = "use_torch_reference"
 
 #: Fields of SGLang's `VerifyPlan` and `WritePlan` that kvcanary reads back (§1.3): the
 #: per-entry ones first. `Plan.upstream_tensors` names its fields the same way.
@@ -91,6 +93,12 @@ class SGLangLauncher:
     version: str | None
     #: `module:function` that `launch` is.
     where: str
+    #: kv canary's package in this release (`sglang.kernels.ops.kv_canary`, or 0.5.13 ..
+    #: 0.5.19's `sglang.jit_kernel.kv_canary`).
+    package: str = KV_CANARY_PACKAGES[0]
+    #: True when `launch` is the reference called directly because this release's launcher
+    #: would run the device kernels off CUDA (before 0.5.21).
+    direct_reference: bool = False
 
 
 def installed_version() -> str | None:
@@ -211,11 +219,41 @@ def _output_type(
     return cls
 
 
-def _load(module_name: str, function_name: str, option: str) -> SGLangLauncher:
+def _package(option: str, version: str | None) -> str:
+    """kv canary's package in the installed SGLang: the first layout whose plan launcher
+    module exists (`find_spec` imports only the parents, as importing it would)."""
+    from kvcanary_cli.planners import triton_runtime
+
+    triton_runtime.prepare_environment()
+    for package in KV_CANARY_PACKAGES:
+        try:
+            if importlib.util.find_spec(f"{package}.plan.api") is not None:
+                return package
+        except ModuleNotFoundError:
+            continue
+        except Exception as exc:  # importing the parents imports the server
+            raise _import_failed(package, exc, option=option, version=version) from None
+    return KV_CANARY_PACKAGES[0]  # the import below then says what is missing
+
+
+def _load(
+    function_name: str, option: str, *, reference: bool, cuda: bool = False
+) -> SGLangLauncher:
     version = installed_version()
-    module = _import(module_name, option=option, version=version)
-    function = getattr(module, function_name, None)
-    where = f"{module_name}:{function_name}"
+    package = _package(option, version) if version is not None else KV_CANARY_PACKAGES[0]
+    launcher_module = f"{package}.plan.api"
+    module = _import(launcher_module, option=option, version=version)
+    direct = False
+    if not reference and not cuda:
+        # before 0.5.21 the launcher runs the Triton and JIT CUDA kernels on any device: its
+        # module lacks the dispatch, and its version (when known) is below 0.5.21
+        direct = not hasattr(module, _DISPATCH_NAME) and has_reference_dispatch(version) is not True
+    module_name, name = launcher_module, function_name
+    if reference or direct:
+        module_name, name = f"{package}.plan_ref", REFERENCE_FUNCTION
+        module = _import(module_name, option=option, version=version)
+    function = getattr(module, name, None)
+    where = f"{module_name}:{name}"
     if not callable(function):
         raise PlannerUnavailableError(
             f"{_named(version)} has no {where}", option=option, hint=_hint(option)
@@ -223,13 +261,13 @@ def _load(module_name: str, function_name: str, option: str) -> SGLangLauncher:
     problems = signature_problems(function)
     if problems:
         raise PlannerUnavailableError(
-            f"{_named(version)}'s {function_name} does not match the signature kvcanary models "
+            f"{_named(version)}'s {name} does not match the signature kvcanary models "
             f"(SGLang {', '.join(VERIFIED_VERSIONS)}): {'; '.join(problems)}",
             option=option,
             hint=_hint(option),
         )
-    verify = _import(_VERIFY_MODULE, option=option, version=version)
-    write = _import(_WRITE_MODULE, option=option, version=version)
+    verify = _import(f"{package}.verify", option=option, version=version)
+    write = _import(f"{package}.write", option=option, version=version)
     return SGLangLauncher(
         launch=function,
         verify_plan=_output_type(
@@ -240,16 +278,21 @@ def _load(module_name: str, function_name: str, option: str) -> SGLangLauncher:
         ),
         version=version,
         where=where,
+        package=package,
+        direct_reference=direct,
     )
 
 
-def load_launcher(*, option: str = "--kernel sglang") -> SGLangLauncher:
+def load_launcher(*, option: str = "--kernel sglang", device: str = "cpu") -> SGLangLauncher:
     """SGLang's `launch_canary_plan_kernels`: its kernels on CUDA, its torch reference elsewhere.
 
-    Raises `PlannerUnavailableError` (naming `option`) when SGLang cannot be imported, lacks
-    the launcher, or the launcher's signature is not the one kvcanary models.
+    Off CUDA (`device`), a release whose launcher would still run the device kernels (before
+    0.5.21: no torch-reference dispatch) gives its reference (`plan_ref`) instead, called
+    directly (`direct_reference`), as SGLang 0.5.21 on does by itself. Raises
+    `PlannerUnavailableError` (naming `option`) when SGLang cannot be imported, lacks the
+    launcher, or the launcher's signature is not the one kvcanary models.
     """
-    return _load(LAUNCHER_MODULE, LAUNCHER_FUNCTION, option)
+    return _load(LAUNCHER_FUNCTION, option, reference=False, cuda=device == "cuda")
 
 
 def load_reference_launcher(*, option: str = "--kernel sglang") -> SGLangLauncher:
@@ -257,4 +300,4 @@ def load_reference_launcher(*, option: str = "--kernel sglang") -> SGLangLaunche
 
     Same arguments and checks as `load_launcher`.
     """
-    return _load(REFERENCE_MODULE, REFERENCE_FUNCTION, option)
+    return _load(REFERENCE_FUNCTION, option, reference=True)

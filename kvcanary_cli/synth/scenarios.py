@@ -500,6 +500,25 @@ def _reserved_swa_handed_out(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"slot": first % p, "full_slot": first}
 
 
+def _full_page_leak(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang's "pool memory leak detected!": the dump records what the tree holds and each
+    pool row's allocated length (as the capture hook's leak trigger does), and one full page
+    off the free list is in neither: its owner was dropped without its free."""
+    p = _page_size(d)
+    size = int(d.metadata["num_full_slots"])
+    free = np.asarray(d.tensors["free_full_slots"], dtype=np.int64)
+    held = np.setdiff1d(np.arange(p, size, dtype=np.int64), free)
+    pages = np.unique(held // p)
+    if pages.size == 0:
+        raise RuntimeError("needs a held full page")
+    page = int(pages[int(rng.integers(pages.size))])
+    d.tensors["tree_full_slots"] = held[held // p != page]
+    d.tensors["req_pool_allocated_lens"] = np.zeros(
+        d.tensors["req_to_token"].shape[0], dtype=np.int64
+    )
+    d.truth = {"slot": page * p}
+
+
 def _free_page_still_mapped(d: SynthDump, rng: np.random.Generator, *, whole: bool) -> None:
     """A free full page that still maps into a free SWA page: all of it (a free that skipped
     the SWA side, SGLang PRs #25385 and #25270) or its second half (PR #27779: free_swa
@@ -932,6 +951,16 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_reserved_freed,
             expected=("reserved-slot-in-use",),
             cause="reserved-slot-freed",
+        ),
+        Scenario(
+            name="full-page-leak",
+            summary="a full page neither free, nor the tree's, nor a running request's "
+            "(SGLang's 'pool memory leak detected!')",
+            spec=_SWA_PAGED,
+            corrupt=_full_page_leak,
+            expected=("full-page-leaked",),
+            allowed=("swa-page-leaked",),
+            cause="full-leak",
         ),
         Scenario(
             name="reserved-swa-page-freed",

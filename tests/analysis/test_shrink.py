@@ -29,9 +29,9 @@ from tests.torch_extra import needs_torch
 Story = tuple[list[tuple[object, ...]], list[str]]
 
 
-#: Codes a shrunk dump cannot carry: SWA leak accounting needs the whole SWA free list and
-#: what every held slot maps to (docs/dump-format.md, "Shrunk dumps").
-NOT_IN_SHRUNK = {"swa-page-leaked"}
+#: Codes a shrunk dump cannot carry: leak accounting needs the whole free lists and what
+#: every held slot maps to, or the whole tree record (docs/dump-format.md, "Shrunk dumps").
+NOT_IN_SHRUNK = {"swa-page-leaked", "full-page-leaked"}
 
 
 def story(report: DumpReport) -> Story:
@@ -55,7 +55,7 @@ def story(report: DumpReport) -> Story:
         if f.code.value not in NOT_IN_SHRUNK
     )
     return [tuple(-1 if v is None else v for v in f) for f in findings], [
-        c.code.value for c in report.diagnosis if c.code.value != "swa-leak"
+        c.code.value for c in report.diagnosis if c.code.value not in ("swa-leak", "full-leak")
     ]
 
 

@@ -93,6 +93,7 @@ FindingCodeName = Literal[
     "free-list-duplicate",
     "reserved-slot-in-use",
     "swa-page-leaked",
+    "full-page-leaked",
     "row-out-of-range",
     "prefix-beyond-row",
     "duplicate-request-row",
@@ -142,6 +143,7 @@ CauseCodeName = Literal[
     "scalar-metadata-corrupt",
     "foreign-canary-record",
     "swa-leak",
+    "full-leak",
 ]
 SeverityName = Literal["error", "warning", "info"]
 ConfidenceName = Literal["certain", "likely", "possible"]

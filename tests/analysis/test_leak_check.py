@@ -1,0 +1,105 @@
+"""`full-page-leaked` and the reconciliation with SGLang's printed counts, on synthetic
+states (the real checker's test is tests/integration/test_sglang_leak_trigger.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.analysis.model import FindingCode
+from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.synth.scenarios import make_scenario
+from kvcanary_cli.synth.state import SynthDump
+from tests.helpers import checked
+
+
+def _recorded(page_size: int, *, drop_page: bool, lens_row: bool = False) -> tuple[SynthDump, int]:
+    """A clean SWA state with the tree's record: every full slot off the free list is the
+    tree's, or (`lens_row`) one live row's are a running request's instead; `drop_page`
+    forgets one held page in both records (the leak)."""
+    state = make_scenario("clean-swa", seed=3, size="tiny", page_size=page_size)
+    size = int(state.metadata["num_full_slots"])
+    free = np.asarray(state.tensors["free_full_slots"], dtype=np.int64)
+    held = np.setdiff1d(np.arange(page_size, size), free)
+    table = np.asarray(state.tensors["req_to_token"])
+    lens = np.zeros(table.shape[0], dtype=np.int64)
+    row_pages = np.zeros(0, dtype=np.int64)
+    if lens_row:
+        row = int(state.tensors["req_pool_indices"][0])
+        length = int(state.tensors["prefix_lens"][0] + state.tensors["extend_seq_lens"][0])
+        lens[row] = length
+        held = np.setdiff1d(held, table[row, :length])
+        # SGLang allocates whole pages: the row's last page is the request's, all of it
+        row_pages = np.unique(table[row, :length] // page_size)
+        held = held[~np.isin(held // page_size, row_pages)]
+    leaked_page = -1
+    if drop_page:
+        leaked_page = int(held[-1] // page_size)
+        held = held[held // page_size != leaked_page]
+    state.tensors["tree_full_slots"] = held
+    state.tensors["req_pool_allocated_lens"] = lens
+    return state, leaked_page
+
+
+def _printed(state: SynthDump, leaked: int) -> None:
+    """The counts SGLang's idle check would print for the state (`leaked` slots missing)."""
+    meta = state.metadata
+    page = int(meta.get("page_size", "1"))
+    total = int(meta["num_full_slots"]) - page
+    free = len(state.tensors["free_full_slots"])
+    counts = {"total": total, "available": free, "evictable": total - free - leaked}
+    counts.update(protected=0, session_held=0, uncached=0)
+    for name, value in counts.items():
+        meta[f"sglang.check.full.{name}"] = str(value)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("lens_row", [False, True])
+def test_a_page_neither_free_nor_held_is_named_and_reconciled(
+    page_size: int, lens_row: bool, tmp_path: Path
+) -> None:
+    state, page = _recorded(page_size, drop_page=True, lens_row=lens_row)
+    leaked = np.arange(page * page_size, (page + 1) * page_size)
+    _printed(state, leaked.size)
+    report = checked(load_dump(state.save(tmp_path / "bad.safetensors")), kernel="vectorized")
+    [finding] = [f for f in report.findings if f.code is FindingCode.FULL_PAGE_LEAKED]
+    assert finding.cells is not None and finding.cells.slot is not None
+    assert finding.cells.slot.tolist() == leaked.tolist()
+    assert report.diagnosis[0].code.value == "full-leak"
+    [note] = [n for n in report.notes if "[full]" in n]
+    assert f"{leaked.size} slots unaccounted" in note and "exactly the difference" in note
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("lens_row", [False, True])
+def test_the_clean_twin_is_silent_and_reconciles_to_zero(
+    page_size: int, lens_row: bool, tmp_path: Path
+) -> None:
+    state, _ = _recorded(page_size, drop_page=False, lens_row=lens_row)
+    _printed(state, 0)
+    report = checked(load_dump(state.save(tmp_path / "twin.safetensors")), kernel="vectorized")
+    assert report.findings == ()
+    [note] = [n for n in report.notes if "[full]" in n]
+    assert "0 slots unaccounted" in note and "none leaked" in note
+
+
+def test_without_the_tree_record_nothing_is_guessed(tmp_path: Path) -> None:
+    state, _ = _recorded(4, drop_page=True)
+    del state.tensors["tree_full_slots"]
+    _printed(state, 4)
+    report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="vectorized")
+    assert FindingCode.FULL_PAGE_LEAKED not in {f.code for f in report.findings}
+    [note] = [n for n in report.notes if "[full]" in n]
+    assert "cannot name them" in note
+
+
+def test_lengths_that_claim_every_cell_stay_bounded(tmp_path: Path) -> None:
+    """Hostile lengths (every row allocated to its end): the reading is chunked and the
+    slots past the pool are ignored; the check still answers."""
+    state, _ = _recorded(1, drop_page=False)
+    table = np.asarray(state.tensors["req_to_token"])
+    state.tensors["req_pool_allocated_lens"] = np.full(table.shape[0], 2**40, dtype=np.int64)
+    report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="vectorized")
+    assert FindingCode.FULL_PAGE_LEAKED not in {f.code for f in report.findings}
