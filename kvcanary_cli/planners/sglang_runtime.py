@@ -77,7 +77,8 @@ _ALTERNATIVES = {
 def _hint(option: str) -> str:
     """What to do instead, for the option that asked for SGLang."""
     default = "without --sglang, selftest checks kvcanary's model of SGLang {v} alone"
-    return _ALTERNATIVES.get(option, default).format(v=", ".join(VERIFIED_VERSIONS))
+    releases = f"{VERIFIED_VERSIONS[0]} to {VERIFIED_VERSIONS[-1]}"
+    return _ALTERNATIVES.get(option, default).format(v=releases)
 
 
 @dataclass(frozen=True, kw_only=True)
