@@ -22,7 +22,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.capture import server, store, triggers
+import kvcanary_cli.capture.server as server
+import kvcanary_cli.capture.store as store
+import kvcanary_cli.capture.triggers as triggers
 from kvcanary_cli.dump.schema import LAUNCHER_FUNCTION, LAUNCHER_MODULE
 
 __all__ = [
