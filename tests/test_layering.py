@@ -144,41 +144,77 @@ def test_imports_follow_the_layers(path: Path) -> None:
         assert ok, f"{path.relative_to(PACKAGE)}:{line} ({layer}) imports kvcanary_cli.{target}"
 
 
-def module_name(path: Path) -> str:
-    """`planners.base` for planners/base.py; a package's `__init__` is the package itself."""
-    parts = path.relative_to(PACKAGE).with_suffix("").parts
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    """`planners.base` for planners/base.py; a package's `__init__` is the package itself
+    (`planners`; the top package's own is "")."""
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the package modules it imports (every import, `TYPE_CHECKING` ones too: a
-    circle drawn only for the type checker is still a circle in the design).
+def _packages_above(name: str) -> list[str]:
+    """The packages Python initializes before module `name`: "" (the top), then each dotted
+    prefix (`["", "planners"]` for `planners.base`)."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]
 
-    `from kvcanary_cli.planners import triton_runtime` imports the module `triton_runtime`,
-    not the package's `__init__` as a dependency of its own.
+
+def import_graph(root: Path = PACKAGE, top: str = "kvcanary_cli") -> dict[str, set[str]]:
+    """Module -> the package modules it depends on when imported, as Python runs them.
+
+    Every import counts, inside functions and under `TYPE_CHECKING` too: a lazy import or a
+    circle drawn only for the type checker is still a circle in the design. Python runs a
+    package's `__init__` before any module under it, so an import reaching `a.b.c` (`import
+    a.b.c`, `from a.b.c import x`) also depends on the `__init__` of `a` and `a.b` -- except
+    the packages enclosing the importer, which are already running when it runs. A `from P
+    import name` reads the namespace of P's `__init__`, so it depends on P even from inside P
+    (while P's `__init__` is still running, its names are not there yet): a submodule that
+    wants a sibling names it by its full path (`from P.sibling import x`, `import P.sibling
+    as sibling`), never through its package. A package's `__init__` importing one of its own
+    modules depends on it like any other importer.
     """
-    modules = {module_name(path): path for path in MODULES}
+    modules = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
 
     def owner(name: str) -> str:
         while name and name not in modules:
             name = name.rpartition(".")[0]
         return name
 
+    def inside(full: str) -> str | None:
+        """`full` relative to the top package ("" for the top itself), None if outside."""
+        if full == top:
+            return ""
+        return full.removeprefix(top + ".") if full.startswith(top + ".") else None
+
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        running = set(_packages_above(name)) | ({name} if is_package else set())
         targets: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                imported = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                imported = [f"{node.module}.{alias.name}" for alias in node.names]
+                reached = [inside(alias.name) for alias in node.names]
+                read_from = None
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: resolved against the importer's own package
+                    base = name.split(".") if is_package and name else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                    read_from = module
+                elif (read_from := inside(node.module or "")) is None:
+                    continue
+                prefix = read_from + "." if read_from else ""
+                reached = [prefix + alias.name for alias in node.names]
             else:
                 continue
-            for full in imported:
-                if full.startswith("kvcanary_cli."):
-                    target = owner(full.removeprefix("kvcanary_cli."))
-                    if target != name:
-                        targets.add(target)
+            for full in reached:
+                if full is None:
+                    continue
+                target = owner(full)
+                targets.add(target)
+                targets.update(p for p in _packages_above(target) if p not in running)
+            if read_from is not None and read_from in modules:
+                targets.add(read_from)
+        targets.discard(name)
         graph[name] = targets
     return graph
 
@@ -227,6 +263,38 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     """The two tests above can fail: a circle of three is found, a chain is not."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def _toy_package(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(f'"""{relative}."""\n{text}')
+    return root / "toy"
+
+
+def test_the_graph_sees_a_circle_through_a_package_init(tmp_path: Path) -> None:
+    """`toy.cap`'s `__init__` imports its `hook`, which reaches back through the package
+    (`from toy.cap import store`): Python runs that as a circle, so the graph draws it; the
+    same hook naming its sibling by its full path draws none. A module outside the package
+    depends on the package's `__init__` too, and a lazy import counts."""
+    files = {
+        "toy/__init__.py": "",
+        "toy/cap/__init__.py": "from toy.cap.hook import install\n",
+        "toy/cap/hook.py": "from toy.cap import store\n",
+        "toy/cap/store.py": "",
+        "toy/user.py": "def f():\n    from toy.cap.store import save\n",
+        "toy/rel/__init__.py": "from . import mod\n",
+        "toy/rel/mod.py": "",
+    }
+    root = _toy_package(tmp_path / "circle", files)
+    graph = import_graph(root, top="toy")
+    assert find_cycle(graph) == ["cap", "cap.hook", "cap"]
+    assert graph["user"] == {"cap", "cap.store"}
+    assert graph["rel"] == {"rel.mod"}  # relative imports resolve too
+    files["toy/cap/hook.py"] = "from toy.cap.store import save\nimport toy.cap.store as store\n"
+    clean = import_graph(_toy_package(tmp_path / "clean", files), top="toy")
+    assert find_cycle(clean) is None
+    assert clean["cap.hook"] == {"cap.store"}  # its own package is already running
 
 
 #: Where a shrunk dump's sparse tensors live: only `dump/` knows they exist. Every other layer

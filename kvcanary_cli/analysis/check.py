@@ -7,15 +7,10 @@ detector, and attaches provenance to every finding in one pass over `req_to_toke
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnContext
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +29,13 @@ from kvcanary_cli.analysis.diagnosis import (
     first_raise,
     recorded_exception,
     request_summaries,
+)
+from kvcanary_cli.analysis.dump_pool import (
+    FEWER_JOBS,
+    DumpWork,
+    check_in_workers,
+    error_report,
+    worker_count,
 )
 from kvcanary_cli.analysis.findings import (
     batch_findings,
@@ -295,43 +297,6 @@ def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return stacked.view([("a", np.int64), ("b", np.int64)]).ravel()
 
 
-#: What one checking process needs besides its dump's pages: numpy, triton and the plan
-#: (sized when workers still loaded torch; a worker without it needs less).
-_WORKER_BASE_BYTES = 768 << 20
-
-
-def worker_count(dumps: int, jobs: int | None, paths: Sequence[Path] = ()) -> int:
-    """Processes for checking `dumps` dumps: what was asked (default: the cores), but never
-    more than the dumps, the cores this process may run on, or what the available memory
-    holds (each worker may map the largest dump): more only makes them fight."""
-    cores = usable_cores()
-    wanted = min(dumps, jobs or cores, cores)
-    available = _available_memory()
-    if available is not None:
-        largest = max((_size(p) for p in paths), default=0)
-        wanted = min(wanted, max(1, available // (_WORKER_BASE_BYTES + largest)))
-    return max(1, wanted)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 @dataclass(frozen=True, kw_only=True)
 class ProvenanceSlots:
     """The full slots whose cells findings show, and how SWA slots reach them."""
@@ -441,111 +406,16 @@ def attach_provenance(
     return out
 
 
-#: One dump to check, with what to check it with: path, overrides, planner, kernel, groups.
-_Work = tuple[str, Mapping[str, int | str | None], Planner, Planner | None, tuple[str, ...] | None]
-#: What the next --jobs run may do, said after a dump that took its process down with it.
-_FEWER_JOBS = "check it alone, or with fewer --jobs"
-#: What each fatal signal most likely means for a checking process.
-_SIGNAL_HINTS: dict[int, str] = {
-    signal.SIGBUS: "the file shrank while it was mapped: another process truncated or rewrote "
-    "it; check a stable copy",
-    signal.SIGKILL: f"often the out-of-memory killer; {_FEWER_JOBS}",
-}
-
-
-def _error_report(path: str, error: KvcanaryError) -> DumpReport:
-    return DumpReport(path=path, identity={}, bs=0, groups=(), findings=(), error=str(error))
-
-
-def _check_path(args: _Work) -> DumpReport:
-    path, overrides, planner, kernel, groups = args
+def _check_path(item: DumpWork) -> DumpReport:
+    """Check one dump (in a worker process or here): its report, or its error's."""
     try:
-        dump = load_dump(path, overrides=overrides)
-        return run_check(dump, planner=planner, kernel=kernel, groups=groups)
+        dump = load_dump(item.path, overrides=item.overrides)
+        return run_check(dump, planner=item.planner, kernel=item.kernel, groups=item.groups)
     except KvcanaryError as exc:
-        return _error_report(path, exc)
+        return error_report(item.path, exc)
     except MemoryError:  # this dump's outcome; the other dumps still get theirs
         message = "ran out of memory while kvcanary checked it"
-        return _error_report(path, DumpError(message, path=path, hint=_FEWER_JOBS))
-
-
-def _died(path: str, exitcode: int | None) -> DumpReport:
-    """The report of a dump whose checking process ended without a report."""
-    if exitcode is not None and exitcode < 0:
-        number = -exitcode
-        try:
-            name = signal.Signals(number).name
-        except ValueError:  # a signal without a name here
-            name = f"signal {number}"
-        message = f"the process checking it was killed by {name}"
-        return _error_report(path, DumpError(message, path=path, hint=_SIGNAL_HINTS.get(number)))
-    message = f"the process checking it ended (exit status {exitcode}) without a report"
-    return _error_report(path, DumpError(message, path=path))
-
-
-def _check_and_send(item: _Work, send: Connection) -> None:
-    """In a process of its own: check one dump and send its report (or the bug raised)."""
-    try:
-        outcome: DumpReport | Exception = _check_path(item)
-    except Exception as exc:
-        outcome = exc
-    send.send(outcome)
-    send.close()
-
-
-def _check_alone(item: _Work, context: SpawnContext) -> DumpReport:
-    """Check one dump in a process of its own: if that process dies, only this dump is lost,
-    and how it died (its signal) is known."""
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_check_and_send, args=(item, send))
-    process.start()
-    send.close()  # the child's end: EOF once the child is gone
-    try:
-        outcome = receive.recv()
-    except EOFError:
-        outcome = None
-    finally:
-        receive.close()
-        process.join()
-    if isinstance(outcome, Exception):
-        raise outcome  # a bug in the worker, as the pool would have raised it
-    return _died(item[0], process.exitcode) if outcome is None else outcome
-
-
-def _check_in_workers(
-    work: Sequence[_Work], workers: int, progress: Callable[[int, int], None] | None
-) -> list[DumpReport]:
-    """Check dumps in `workers` processes, one report per dump whatever happens to the others.
-
-    A worker that dies (SIGBUS, SIGKILL) breaks the whole pool and takes every unfinished
-    dump down with it: those are checked again, each alone in a process of its own, where
-    only the dump at fault dies again, and gets one error saying how.
-    """
-    # spawn, not fork: forking a process that already runs threads (a kernel's torch or
-    # triton, the background planner) can deadlock.
-    context = multiprocessing.get_context("spawn")
-    reports: list[DumpReport | None] = [None] * len(work)
-    done = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(_check_path, item) for item in work]
-        for i, future in enumerate(futures):
-            try:
-                reports[i] = future.result()
-            except BrokenProcessPool:
-                continue
-            done += 1
-            if progress:
-                progress(done, len(work))
-    lost = [i for i, report in enumerate(reports) if report is None]
-    if lost:  # as many at once as there were workers: threads that wait on a process each
-        with ThreadPoolExecutor(min(workers, len(lost))) as alone:
-            again = alone.map(lambda i: _check_alone(work[i], context), lost)
-            for i, report in zip(lost, again, strict=True):
-                reports[i] = report
-                done += 1
-                if progress:
-                    progress(done, len(work))
-    return [report for report in reports if report is not None]
+        return error_report(item.path, DumpError(message, path=item.path, hint=FEWER_JOBS))
 
 
 def check_dumps(
@@ -564,11 +434,17 @@ def check_dumps(
 
     A dump that cannot be read, or whose check runs out of memory or dies with its process,
     gets a report with `error` set instead of stopping the run.
-    Planners are pickled to the worker processes. `sglang_installed` is recorded in the
-    report as the SGLang version installed here.
+    Planners are pickled to the worker processes (`dump_pool` runs them). `sglang_installed`
+    is recorded in the report as the SGLang version installed here.
     """
     work = [
-        (str(Path(p)), dict(overrides or {}), planner, kernel, tuple(groups) if groups else None)
+        DumpWork(
+            path=str(Path(p)),
+            overrides=dict(overrides or {}),
+            planner=planner,
+            kernel=kernel,
+            groups=tuple(groups) if groups else None,
+        )
         for p in paths
     ]
     workers = worker_count(len(work), jobs, [Path(p) for p in paths])
@@ -579,5 +455,5 @@ def check_dumps(
             if progress:
                 progress(i + 1, len(work))
     else:
-        reports = _check_in_workers(work, workers, progress)
+        reports = check_in_workers(_check_path, work, workers, progress)
     return CheckReport(dumps=tuple(reports), fail_on=fail_on, sglang_installed=sglang_installed)

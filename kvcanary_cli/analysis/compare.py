@@ -16,7 +16,7 @@ from kvcanary_cli.analysis.kernel_raise import launch_divergences
 from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
 
-__all__ = ["Comparison", "compare_plans"]
+__all__ = ["PlanComparison", "compare_plans"]
 
 _ROW_LEVEL = [kind for kind in ProblemKind if kind.row_level]
 #: (plan field, undefined bit, problem role, label) of the three per-entry values.
@@ -28,7 +28,7 @@ _FIELDS = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class Comparison:
+class PlanComparison:
     """Differences between a reference plan and a kernel plan of the same group."""
 
     #: finding code -> plan values that differ because of it.
@@ -92,12 +92,12 @@ def _code_index(kind: ProblemKind) -> int:
     return FindingCode(kind.code).order
 
 
-def compare_plans(reference: Plan, kernel: Plan) -> Comparison:
+def compare_plans(reference: Plan, kernel: Plan) -> PlanComparison:
     """Compare on what both define; explain each difference or report a divergence.
 
     A kernel's raise (or a raise it misses) is held against the reference's prediction first.
     """
-    result = Comparison(divergences=launch_divergences(reference, kernel))
+    result = PlanComparison(divergences=launch_divergences(reference, kernel))
     if kernel.launch_error is not None:
         return result
     group = reference.group
@@ -166,7 +166,7 @@ def _compare_write(
     reference: Plan,
     kernel: Plan,
     problems: ProblemTable,
-    result: Comparison,
+    result: PlanComparison,
     diverge: Callable[..., None],
 ) -> None:
     n = min(reference.write_seed_slot_indices.shape[0], kernel.write_seed_slot_indices.shape[0])

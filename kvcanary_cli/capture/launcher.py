@@ -22,7 +22,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.capture import leaks, server, store, triggers
+import kvcanary_cli.capture.leaks as leaks
+import kvcanary_cli.capture.server as server
+import kvcanary_cli.capture.store as store
+import kvcanary_cli.capture.triggers as triggers
 from kvcanary_cli.dump.releases import PLAN_MODULES
 from kvcanary_cli.dump.schema import LAUNCHER_FUNCTION, LAUNCHER_MODULE
 

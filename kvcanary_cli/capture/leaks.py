@@ -26,7 +26,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.capture import server, store, triggers
+import kvcanary_cli.capture.server as server
+import kvcanary_cli.capture.store as store
+import kvcanary_cli.capture.triggers as triggers
 
 __all__ = [
     "SGLANG_CHECKER_MODULE",
@@ -116,7 +118,7 @@ def capture_leak(checker: object, message: str, *, raised: bool) -> None:
         stem = f"kvcanary-rank{rank}-step{step:06d}-leak"
         if not store.admit(current.dump_dir, stem, {"req_to_token": table}):
             return  # nothing was read
-        from kvcanary_cli.capture import tree as tree_capture
+        import kvcanary_cli.capture.tree as tree_capture
 
         requests = _requests(checker)
         tree = getattr(checker, "tree_cache", None)

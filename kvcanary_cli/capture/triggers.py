@@ -29,7 +29,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvcanary_cli.capture import server, store
+import kvcanary_cli.capture.server as server
+import kvcanary_cli.capture.store as store
 
 __all__ = [
     "SGLANG_REPORTER_MODULE",

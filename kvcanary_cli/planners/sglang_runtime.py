@@ -139,7 +139,7 @@ def _named(version: str | None) -> str:
 
 def _import(module: str, *, option: str, version: str | None) -> Any:
     """Import one of SGLang's modules; any failure becomes one `PlannerUnavailableError` line."""
-    from kvcanary_cli.planners import triton_runtime
+    import kvcanary_cli.planners.triton_runtime as triton_runtime
 
     triton_runtime.prepare_environment()
     try:

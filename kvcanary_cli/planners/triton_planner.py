@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+import kvcanary_cli.planners.host_parallel as host_parallel
+import kvcanary_cli.planners.triton_runtime as triton_runtime
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.planners import host_parallel, triton_runtime
 from kvcanary_cli.planners.base import (
     ClampFlag,
     Plan,

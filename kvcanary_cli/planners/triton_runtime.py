@@ -140,7 +140,8 @@ def std_library_interpreted() -> bool:
 def load_kernels() -> ModuleType:
     """The `triton_kernels` module, decorated in the mode `mode()` reports."""
     load_triton()
-    from kvcanary_cli.planners import triton_kernels  # only after the environment is ready
+    # only after the environment is ready
+    import kvcanary_cli.planners.triton_kernels as triton_kernels
 
     if _interpreted(triton_kernels.plan_offsets_kernel) != (mode() == "interpreter"):
         raise PlannerUnavailableError(

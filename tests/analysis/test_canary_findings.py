@@ -12,7 +12,7 @@ import pytest
 
 from kvcanary_cli.analysis.model import Finding, FindingCode
 from kvcanary_cli.analysis.violations.explain import explain_rows
-from kvcanary_cli.analysis.violations.report import Cause, explanation_text
+from kvcanary_cli.analysis.violations.report import ViolationRowCause, explanation_text
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
@@ -93,10 +93,13 @@ def test_replay_yields_exactly_the_recorded_rows(
 
 
 EXPECTED_CAUSES = {
-    "canary-use-after-free": {Cause.USE_AFTER_FREE, Cause.FOLLOWS_BAD_RECORD},
-    "canary-aliasing": {Cause.ALIASING, Cause.FOLLOWS_BAD_RECORD},
-    "canary-stale-row": {Cause.STALE_ROW},
-    "canary-kv-overwritten": {Cause.KV_OVERWRITTEN},
+    "canary-use-after-free": {
+        ViolationRowCause.USE_AFTER_FREE,
+        ViolationRowCause.FOLLOWS_BAD_RECORD,
+    },
+    "canary-aliasing": {ViolationRowCause.ALIASING, ViolationRowCause.FOLLOWS_BAD_RECORD},
+    "canary-stale-row": {ViolationRowCause.STALE_ROW},
+    "canary-kv-overwritten": {ViolationRowCause.KV_OVERWRITTEN},
 }
 
 
@@ -148,7 +151,7 @@ def test_rows_of_an_unknown_tag_or_absent_slot(scenario_dump: ScenarioDump) -> N
         origin=RowOrigin.LOG,
     )
     why = explain_rows(dump, rows)
-    assert [why.cause_at(i) for i in range(3)] == [Cause.NO_LIVE_CELL] * 3
+    assert [why.cause_at(i) for i in range(3)] == [ViolationRowCause.NO_LIVE_CELL] * 3
     assert "no live cell" in explanation_text(why, 1, rows.fields[1])
 
 
@@ -163,5 +166,5 @@ def test_swa_rows_are_explained_in_the_swa_space(scenario_dump: ScenarioDump) ->
     )
     why = explain_rows(dump, rows)
     facts = why.facts(0)
-    assert facts["space"] == "swa" and why.cause_at(0) is Cause.FOREIGN_RECORD
+    assert facts["space"] == "swa" and why.cause_at(0) is ViolationRowCause.FOREIGN_RECORD
     assert facts["referenced_by"]["position"] == position  # type: ignore[index]

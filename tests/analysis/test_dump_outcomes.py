@@ -13,6 +13,7 @@ import pytest
 
 from kvcanary_cli.analysis import check
 from kvcanary_cli.analysis.check import check_dumps
+from kvcanary_cli.analysis.dump_pool import DumpWork, check_alone
 from kvcanary_cli.analysis.model import CheckReport
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
@@ -83,8 +84,8 @@ def test_a_worker_killed_by_a_signal_costs_only_its_dumps_report(
 
 def test_a_dump_checked_alone_says_how_its_process_died(three: list[Path]) -> None:
     planner = FailingPlanner("use-after-free.safetensors", signal.SIGKILL)
-    work: check._Work = (str(three[2]), {}, planner, None, None)
-    report = check._check_alone(work, multiprocessing.get_context("spawn"))
+    work = DumpWork(path=str(three[2]), overrides={}, planner=planner, kernel=None, groups=None)
+    report = check_alone(check._check_path, work, multiprocessing.get_context("spawn"))
     assert report.error == (
         f"{three[2]}: the process checking it was killed by SIGKILL (often the out-of-memory "
         "killer; check it alone, or with fewer --jobs)"

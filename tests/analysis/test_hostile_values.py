@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kvcanary_cli.analysis import check as check_module
-from kvcanary_cli.analysis.check import worker_count
+from kvcanary_cli.analysis import dump_pool
+from kvcanary_cli.analysis.dump_pool import worker_count
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.synth.scenarios import make_scenario
@@ -370,9 +370,9 @@ def test_workers_are_capped_by_cores_dumps_and_memory(monkeypatch: pytest.Monkey
     cores = len(os.sched_getaffinity(0))
     assert worker_count(16, 16) <= cores
     assert worker_count(2, 16) <= 2
-    monkeypatch.setattr(check_module, "_available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(dump_pool, "_available_memory", lambda: 1 << 30)
     assert worker_count(16, 16) == 1  # 1 GiB holds one checking process
-    monkeypatch.setattr(check_module, "_available_memory", lambda: None)
+    monkeypatch.setattr(dump_pool, "_available_memory", lambda: None)
     assert worker_count(16, None) == min(16, cores)
 
 

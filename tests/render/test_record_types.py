@@ -18,7 +18,7 @@ from kvcanary_cli.analysis.model import (
     Space,
 )
 from kvcanary_cli.analysis.selftest import FIELDS
-from kvcanary_cli.analysis.violations.report import Cause, OwnerKind
+from kvcanary_cli.analysis.violations.report import OwnerKind, ViolationRowCause
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
 from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole, Semantics
@@ -61,7 +61,7 @@ from tests.render.record_schema import declared_keys
         (SemanticsName, Semantics),
         (GroupName, Group),
         (SpaceName, Space),
-        (ViolationCause, Cause),
+        (ViolationCause, ViolationRowCause),
         (EventKindName, EventKind),
     ],
     ids=[

@@ -22,8 +22,8 @@ from kvcanary_cli.analysis.provenance import (
 )
 from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.analysis.violations.report import (
-    Comparison,
     LogSummary,
+    ReplayComparison,
     ReplaySummary,
     RingSummary,
     SourceSummary,
@@ -99,7 +99,7 @@ def violations_report(
     comparison = None
     if replay and len(seen):
         matched, only_seen, only_replayed = multiset_difference(seen.fields, replayed.fields)
-        comparison = Comparison(
+        comparison = ReplayComparison(
             matched=matched, observed_only=only_seen.size, replayed_only=only_replayed.size
         )
     rows = ViolationRows.concat([seen, replayed])

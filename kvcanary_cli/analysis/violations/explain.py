@@ -4,8 +4,8 @@ For each row: which verify cell read the slot (a replayed row knows its entry; a
 row is matched to the live cells holding the slot), which cell holds the slot at the row's
 *stored* position (the record's owner: a live cell, else any cell of the table), whether the
 slot is on the free list, and whether the record before it is itself broken. The cause follows
-from these facts (see `Cause`). Lookups are sorted-key searches over the live cells and at
-most one chunked pass over `req_to_token`; no loop runs per row.
+from these facts (see `ViolationRowCause`). Lookups are sorted-key searches over the live cells
+and at most one chunked pass over `req_to_token`; no loop runs per row.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from kvcanary_cli.analysis.provenance import LiveCells, live_cells
 from kvcanary_cli.analysis.violations.report import (
     CAUSES,
     OWNER_KINDS,
-    Cause,
     Explanations,
     OwnerKind,
+    ViolationRowCause,
 )
 from kvcanary_cli.canary.constants import FailReason, LaunchTag
 from kvcanary_cli.canary.ring_rows import ViolationRows
@@ -293,26 +293,26 @@ def _causes(
     space: np.ndarray,
     referenced: np.ndarray,
 ) -> np.ndarray:
-    """The cause of every row, first matching rule first (the order of `Cause`)."""
+    """The cause of every row, first matching rule first (the order of `ViolationRowCause`)."""
     live = owner_kind == OWNER_KINDS.index(OwnerKind.LIVE)
     elsewhere = owner_kind > OWNER_KINDS.index(OwnerKind.LIVE)
     position = (bits & _POSITION) != 0
     chain = (bits & _CHAIN) != 0
     rules = [
-        ((bits & _WRITE) != 0, Cause.WRITE_CHECK),
-        (position & live & (owner_row != ref_row), Cause.ALIASING),
-        (position & live, Cause.DUPLICATE_IN_ROW),
-        (position & (free == 1), Cause.USE_AFTER_FREE),
-        (position & elsewhere, Cause.STALE_SLOT),
-        (position & referenced, Cause.FOREIGN_RECORD),
-        (chain & broken, Cause.FOLLOWS_BAD_RECORD),
-        (chain & (free == 1) & referenced, Cause.STALE_ROW),
-        (chain & referenced, Cause.CHAIN_BREAK),
-        (((bits & _TOKEN) != 0) & ~position & ~chain, Cause.WRONG_TOKEN),
-        (((bits & _REAL_KV) != 0) & ~position & ~chain, Cause.KV_OVERWRITTEN),
+        ((bits & _WRITE) != 0, ViolationRowCause.WRITE_CHECK),
+        (position & live & (owner_row != ref_row), ViolationRowCause.ALIASING),
+        (position & live, ViolationRowCause.DUPLICATE_IN_ROW),
+        (position & (free == 1), ViolationRowCause.USE_AFTER_FREE),
+        (position & elsewhere, ViolationRowCause.STALE_SLOT),
+        (position & referenced, ViolationRowCause.FOREIGN_RECORD),
+        (chain & broken, ViolationRowCause.FOLLOWS_BAD_RECORD),
+        (chain & (free == 1) & referenced, ViolationRowCause.STALE_ROW),
+        (chain & referenced, ViolationRowCause.CHAIN_BREAK),
+        (((bits & _TOKEN) != 0) & ~position & ~chain, ViolationRowCause.WRONG_TOKEN),
+        (((bits & _REAL_KV) != 0) & ~position & ~chain, ViolationRowCause.KV_OVERWRITTEN),
     ]
     return np.select(
         [mask & (space >= 0) for mask, _ in rules],
         [CAUSES.index(c) for _, c in rules],
-        default=CAUSES.index(Cause.NO_LIVE_CELL),
+        default=CAUSES.index(ViolationRowCause.NO_LIVE_CELL),
     ).astype(np.int64)

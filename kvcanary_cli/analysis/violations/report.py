@@ -17,21 +17,21 @@ from kvcanary_cli.analysis.model import SlotProvenance
 from kvcanary_cli.canary.ring_rows import ViolationRows
 
 __all__ = [
-    "Cause",
-    "Comparison",
     "Explanations",
     "LogSummary",
     "OwnerKind",
+    "ReplayComparison",
     "ReplaySummary",
     "RingSummary",
     "SourceSummary",
     "SwaSummary",
+    "ViolationRowCause",
     "ViolationsReport",
     "explanation_text",
 ]
 
 
-class Cause(StrEnum):
+class ViolationRowCause(StrEnum):
     """What a violation row most likely means (docs/canary.md §7), in the order checked."""
 
     #: a write-kernel row: the token or position written is not the expected one.
@@ -60,7 +60,7 @@ class Cause(StrEnum):
     NO_LIVE_CELL = "no-live-cell"
 
 
-CAUSES = list(Cause)
+CAUSES = list(ViolationRowCause)
 
 
 class OwnerKind(StrEnum):
@@ -100,7 +100,7 @@ class Explanations:
     def __len__(self) -> int:
         return int(self.cause.shape[0])
 
-    def cause_at(self, i: int) -> Cause:
+    def cause_at(self, i: int) -> ViolationRowCause:
         """The cause of row `i`."""
         return CAUSES[int(self.cause[i])]
 
@@ -150,64 +150,64 @@ def explanation_text(explanations: Explanations, i: int, fields: np.ndarray) -> 
     )
     where = f" ({_at(ref_row, ref_pos)})" if ref_row >= 0 else ""
     match e.cause_at(i):
-        case Cause.WRITE_CHECK:
+        case ViolationRowCause.WRITE_CHECK:
             return (
                 f"write of slot {slot}: token {token} at position {stored_pos}, expected token "
                 f"{expected} at position {int(fields[6])}"
             )
-        case Cause.ALIASING:
+        case ViolationRowCause.ALIASING:
             return (
                 f"stored position {stored_pos} belongs to row {owner_row}; {referenced}: aliasing"
             )
-        case Cause.DUPLICATE_IN_ROW:
+        case ViolationRowCause.DUPLICATE_IN_ROW:
             return (
                 f"stored position {stored_pos} belongs to row {owner_row}, which also references "
                 f"the slot at position {ref_pos}: one slot at two positions of a row"
             )
-        case Cause.USE_AFTER_FREE:
+        case ViolationRowCause.USE_AFTER_FREE:
             return (
                 f"slot {slot} is on the free list and no live cell holds it at stored position "
                 f"{stored_pos}; {referenced}: use after free (the record is a later owner's)"
             )
-        case Cause.STALE_SLOT:
+        case ViolationRowCause.STALE_SLOT:
             kind = OWNER_KINDS[int(e.owner_kind[i])]
             place = "an idle row" if kind is OwnerKind.IDLE_ROW else "the row's stale tail"
             return (
                 f"stored position {stored_pos} belongs to row {owner_row} ({place}); "
                 f"{referenced}: a stale slot, freed and handed out again"
             )
-        case Cause.FOREIGN_RECORD:
+        case ViolationRowCause.FOREIGN_RECORD:
             return (
                 f"no cell holds slot {slot} at stored position {stored_pos}; {referenced}: the "
                 "record was overwritten by a writer this dump does not show"
             )
-        case Cause.FOLLOWS_BAD_RECORD:
+        case ViolationRowCause.FOLLOWS_BAD_RECORD:
             return (
                 f"the chain breaks after the bad record of slot {int(e.prev_slot[i])}"
                 f"{f' ({_at(ref_row, ref_pos - 1)})' if ref_row >= 0 else ''}"
             )
-        case Cause.STALE_ROW:
+        case ViolationRowCause.STALE_ROW:
             return (
                 f"row {ref_row} reads slot {slot} at position {ref_pos}, but the slot is on the "
                 "free list: a stale row (the prefix length covers cells a previous owner left); "
                 "its record continues another sequence's chain"
             )
-        case Cause.CHAIN_BREAK:
+        case ViolationRowCause.CHAIN_BREAK:
             return (
                 f"the record of slot {slot}{where} does not continue the chain of the position "
                 "before it: written by another sequence (stale row, or a misplaced page)"
             )
-        case Cause.WRONG_TOKEN:
+        case ViolationRowCause.WRONG_TOKEN:
             return (
                 f"stored token {token}, expected {expected}{where}: a wrong token was written, "
                 "or the record is stale"
             )
-        case Cause.KV_OVERWRITTEN:
+        case ViolationRowCause.KV_OVERWRITTEN:
             return (
                 f"the KV bytes of slot {slot}{where} no longer match the fingerprint written with "
                 "them: KV overwritten after the write"
             )
-        case Cause.NO_LIVE_CELL:
+        case ViolationRowCause.NO_LIVE_CELL:
             space = "SWA" if int(e.space[i]) == 1 else "full"
             return f"no live cell of the dump holds {space} slot {slot}"
 
@@ -282,7 +282,7 @@ class ReplaySummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Comparison:
+class ReplayComparison:
     """Replayed rows against observed rows (ring and logs), as multisets of the 8 fields."""
 
     matched: int
@@ -304,7 +304,7 @@ class ViolationsReport:
     slots: tuple[SlotProvenance, ...] = ()
     slots_total: int = 0
     replay: tuple[ReplaySummary, ...] = ()
-    comparison: Comparison | None = None
+    comparison: ReplayComparison | None = None
     group: str | None = None
     buffer: str | None = None
     notes: tuple[str, ...] = ()

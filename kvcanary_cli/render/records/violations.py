@@ -50,7 +50,8 @@ RowOrigin = Literal["ring", "log", "log-message", "replay"]
 _ORIGINS: tuple[RowOrigin, ...] = ("ring", "log", "log-message", "replay")
 #: A canary buffer of a group.
 BufferName = Literal["head.k", "head.v", "tail.k", "tail.v"]
-#: What a violation row most likely means (canary.md §7); the values of `violations.report.Cause`.
+#: What a violation row most likely means (canary.md §7); the values of
+#: `violations.report.ViolationRowCause`.
 ViolationCause = Literal[
     "write-check",
     "aliasing",
