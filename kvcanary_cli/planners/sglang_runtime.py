@@ -223,7 +223,7 @@ def _output_type(
 def _package(option: str, version: str | None) -> str:
     """kv canary's package in the installed SGLang: the first layout whose plan launcher
     module exists (`find_spec` imports only the parents, as importing it would)."""
-    from kvcanary_cli.planners import triton_runtime
+    import kvcanary_cli.planners.triton_runtime as triton_runtime
 
     triton_runtime.prepare_environment()
     for package in KV_CANARY_PACKAGES:
