@@ -136,3 +136,45 @@ def test_only_a_test_asking_for_missing_torch_is_skipped() -> None:
     )
     assert not is_missing_torch(_raised_from(PACKAGE / "dump" / "x.py"), torch_installed=False)
     assert not is_missing_torch(ImportError("torch"), torch_installed=False)
+
+
+@pytest.mark.slow
+def test_no_extra_but_torch_pulls_torch(tmp_path: Path) -> None:
+    """A package of the test extras that depends on torch (compressed-tensors does) would make
+    the README's test line install a CUDA build of several GB on a machine without torch: pip
+    resolves every extra but `torch` in a fresh environment, and neither torch nor triton's
+    CUDA companions may be among what it would install. Skipped where the index is out of
+    reach."""
+    import json
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = sorted(name for name in project["optional-dependencies"] if name != "torch")
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(env / "bin" / "python"),
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            f"{ROOT}[{','.join(extras)}]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"pip could not resolve the extras here: {done.stderr.strip()[-300:]}")
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert "kvcanary" in names  # the report lists what would be installed
+    pulled = sorted(n for n in names if n == "torch" or n.startswith("nvidia-"))
+    assert not pulled, f"extras {extras} would install {pulled}"

@@ -48,7 +48,9 @@ CORES = ("python", "rust")
 #: Python packages the memory-cache modules import at import time (the `sglang-cpu` extra).
 EXTRA = "kvcanary[sglang-cpu]"
 #: Packages only touched at import time by SGLang's model configs: a stand-in is enough.
-_STANDINS = ("torchvision", "IPython")
+#: (compressed-tensors requires torch: as a real dependency of the extra it would pull a CUDA
+#: build of torch into an environment that has none.)
+_STANDINS = ("torchvision", "IPython", "compressed_tensors")
 #: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
