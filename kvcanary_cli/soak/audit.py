@@ -42,9 +42,15 @@ class Audit:
 
 
 def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
-    """Every request holding a pool row: the batch's, the running batch's, the chunked one."""
+    """Every request holding a pool row: the batch's, the running batch's, the last prefill
+    batch's (not merged yet), the chunked one."""
     seen: dict[int, Any] = {}
-    groups = [getattr(batch, "reqs", None) or [], scheduler.running.reqs]
+    last = scheduler.last_batch  # a prefill batch merges into the running one next step
+    groups = [
+        getattr(batch, "reqs", None) or [],
+        scheduler.running.reqs,
+        getattr(last, "reqs", None) or [],
+    ]
     if scheduler.chunked_req is not None:
         groups.append([scheduler.chunked_req])
     for group in groups:

@@ -1,7 +1,8 @@
 """One soak history, and shrinking a failing one.
 
 `run_history` builds a fresh stack, plants the fault (if any), runs the workload step by step
-and audits the chosen steps (`soak.audit`); it stops at the first step kvcanary or SGLang's
+and audits the chosen steps (`soak.audit`: at plan time, after the step's result, at idle);
+it stops at the first step kvcanary or SGLang's
 checks flag. `shrink_workload` then removes arrivals while the history still fails the same
 way (kvcanary names the same top finding): delta debugging over the arrival list, ending with
 one-at-a-time removal, so the reproducer is 1-minimal in its arrivals.
@@ -80,6 +81,13 @@ def run_history(
                 if checks is not None:
                     verdict.sglang = checks.busy()
                 _note(verdict)
+                if not found:
+                    # and the state the result left (a double free shows on the free list
+                    # before the next allocation hands the slot out twice)
+                    after = audit_step(scheduler, None, None, idle=False, folder=folder)
+                    after.mode = "after-result"
+                    _note(after)
+                    after.sglang = list(verdict.sglang)  # what SGLang said on this step
             after_step(stack, info.step)
         except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
             verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
