@@ -50,7 +50,7 @@ SoakFaultOpt = Annotated[
         "--fault",
         metavar="NAME",
         help="Plant a known SGLang bug to see soak find it: unmapped-representative, "
-        "double-free-group-end or token-exact-free-swa.",
+        "double-free-group-end or shared-boundary-page.",
     ),
 ]
 SoakOutOpt = Annotated[

@@ -51,7 +51,7 @@ def run_history(
     stack = build_stack(modules, spec)
     scheduler = Scheduler(stack, workload)
     checks = SGLangChecks(scheduler) if sglang_checks else None
-    after_step = plant(fault, stack)
+    after_step, undo = plant(fault, stack)
     result = HistoryResult(steps=0, audited=0, counters=scheduler.counters)
     found: list[Audit] = []
 
@@ -71,43 +71,46 @@ def run_history(
         if verdict.kvcanary_found or (stop_on_sglang and verdict.sglang):
             found.append(verdict)
 
-    limit = max_steps if max_steps is not None else workload.steps * 4 + 64
-    while not found and scheduler.step_no < limit:
-        try:
-            info = scheduler.step(on_plan)
-            if planned:
-                # SGLang checks a busy step after its result is processed, as its loop does
-                verdict = planned.pop()
-                if checks is not None:
-                    verdict.sglang = checks.busy()
+    try:
+        limit = max_steps if max_steps is not None else workload.steps * 4 + 64
+        while not found and scheduler.step_no < limit:
+            try:
+                info = scheduler.step(on_plan)
+                if planned:
+                    # SGLang checks a busy step after its result is processed, as its loop does
+                    verdict = planned.pop()
+                    if checks is not None:
+                        verdict.sglang = checks.busy()
+                    _note(verdict)
+                    if not found:
+                        # and the state the result left (a double free shows on the free list
+                        # before the next allocation hands the slot out twice)
+                        after = audit_step(scheduler, None, None, idle=False, folder=folder)
+                        after.mode = "after-result"
+                        _note(after)
+                        after.sglang = list(verdict.sglang)  # what SGLang said on this step
+                after_step(stack, info.step)
+            except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
+                verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
+                text = (str(exc).strip().splitlines() or [""])[0]
+                verdict.sglang = [f"SGLang raised {type(exc).__name__}: {text}"[:300]]
+                verdict.mode = "crash"
+                result.sglang_steps += 1
+                result.sglang_said = result.sglang_said or list(verdict.sglang)
+                found.append(verdict)
+                break
+            if info.mode == "idle" and not found and audit(info.step):
+                verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
+                result.audited += 1
                 _note(verdict)
-                if not found:
-                    # and the state the result left (a double free shows on the free list
-                    # before the next allocation hands the slot out twice)
-                    after = audit_step(scheduler, None, None, idle=False, folder=folder)
-                    after.mode = "after-result"
-                    _note(after)
-                    after.sglang = list(verdict.sglang)  # what SGLang said on this step
-            after_step(stack, info.step)
-        except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
-            verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
-            text = (str(exc).strip().splitlines() or [""])[0]
-            verdict.sglang = [f"SGLang raised {type(exc).__name__}: {text}"[:300]]
-            verdict.mode = "crash"
-            result.sglang_steps += 1
-            result.sglang_said = result.sglang_said or list(verdict.sglang)
-            found.append(verdict)
-            break
-        if info.mode == "idle" and not found and audit(info.step):
+            if scheduler.done and scheduler.step_no >= workload.steps:
+                break
+        if not found and scheduler.done:
             verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
             result.audited += 1
             _note(verdict)
-        if scheduler.done and scheduler.step_no >= workload.steps:
-            break
-    if not found and scheduler.done:
-        verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
-        result.audited += 1
-        _note(verdict)
+    finally:
+        undo()
     result.steps = scheduler.step_no
     result.failure = found[0] if found else None
     return result

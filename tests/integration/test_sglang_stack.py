@@ -157,10 +157,21 @@ def test_double_free_group_end_named_first(sglang: Any, page_size: int) -> None:
     assert codes[0] == "free-list-duplicate"
 
 
-@pytest.mark.parametrize("fault", ["unmapped-representative", "double-free-group-end"])
-def test_fault_clean_twin_is_silent(sglang: Any, fault: str) -> None:
-    """The same workloads without the fault: nothing found, SGLang silent."""
-    for page_size in (1, 4):
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_shared_boundary_page_named_first(sglang: Any, page_size: int) -> None:
+    """PR #36457: a finished request's tail free from its first unkept token frees the whole
+    boundary page the head free releases too."""
+    result = _run(sglang, page_size, "python", 3, 80, fault="shared-boundary-page")
+    cause, codes = _first(result)
+    assert cause == "double-free", codes
+    assert codes[0] == "free-list-duplicate"
+
+
+def test_fault_clean_twins_are_silent(sglang: Any) -> None:
+    """The faults' workloads without the fault: nothing found, SGLang silent (and a patched
+    module is restored after its history)."""
+    _run(sglang, 4, "python", 3, 80, fault="shared-boundary-page")
+    for page_size in (1, 4, 16):
         _assert_clean(_run(sglang, page_size, "python", 3, 80))
 
 
@@ -173,16 +184,25 @@ def _soak(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _soak_here(*args: str) -> tuple[int, str, str]:
+    """`kvcanary soak` in this process (SGLang is imported once per session)."""
+    from typer.testing import CliRunner
+
+    from kvcanary_cli.cli import app
+
+    result = CliRunner().invoke(app, ["soak", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
 def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> None:
     """Within the default budget; the reproducer has fewer requests and still fails."""
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
     from kvcanary_cli.soak.workload import Workload
 
-    wheel = str(wheel_path())
-    run = _soak(
+    code, out, err = _soak_here(
         "--sglang-tree",
-        wheel,
+        str(wheel_path()),
         "--fault",
         "unmapped-representative",
         "--out",
@@ -190,37 +210,32 @@ def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> No
         "--format",
         "json",
     )
-    assert run.returncode == 1, run.stderr
-    report = json.loads(run.stdout)
+    assert code == 1, err
+    report = json.loads(out)
     assert report["found"] and report["failure"]["top_cause"] == "reserved-slot-freed"
     before, after = report["shrunk_arrivals"]
     assert after < before
     saved = json.loads((tmp_path / "soak-reproducer.json").read_text())
     assert (tmp_path / "soak-dump.safetensors").is_file()
     workload = Workload.from_json(json.dumps(saved["workload"]))
+    assert len(workload.arrivals) == after
     again = run_history(sglang, StackSpec(**saved["spec"]), workload, fault=saved["fault"])
     assert again.failure is not None and again.failure.top_cause == "reserved-slot-freed"
-    checked = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvcanary_cli",
-            "check",
-            "--kernel",
-            "none",
-            str(tmp_path / "soak-shrunk-dump.safetensors"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert checked.returncode == 1
+    # the clean twin: the same reproducer without the fault
+    assert run_history(sglang, StackSpec(**saved["spec"]), workload).failure is None
+    from kvcanary_cli import api
+
+    checked = api.check([tmp_path / "soak-shrunk-dump.safetensors"], kernel="none")
+    assert checked.failed
 
 
 def test_soak_clean_exits_zero(sglang: Any, tmp_path: Path) -> None:
-    run = _soak("--sglang-tree", str(wheel_path()), "--steps", "120", "--out", str(tmp_path))
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "clean" in run.stdout
+    code, out, err = _soak_here(
+        "--sglang-tree", str(wheel_path()), "--steps", "120", "--out", str(tmp_path)
+    )
+    assert code == 0, out + err
+    assert "clean" in out
+    assert not any(tmp_path.iterdir())  # nothing written when nothing is found
 
 
 def test_soak_bad_tree_is_one_line_exit_2(tmp_path: Path) -> None:
