@@ -176,12 +176,12 @@ def audit_step(
 ) -> Audit:
     """Record the state, check it with kvcanary (reference planner, no GPU kernel), and run
     SGLang's checks on the same state."""
-    from kvcanary_cli import api
+    from kvcanary_cli.api import check
 
     audit = Audit(step=scheduler.step_no, mode="idle" if idle else "plan")
     with tempfile.TemporaryDirectory(prefix="kvcanary-soak-") as scratch:
         path = record_dump(scheduler, batch, Path(folder or scratch) / "state.safetensors")
-        report = api.check([path], kernel="none")
+        report = check([path], kernel="none")
         dump = report.dumps[0]
         if dump.error:
             audit.codes.append(f"error: {dump.error}")
