@@ -87,16 +87,31 @@ def test_clean_histories_slow(sglang: Any, page_size: int, core: str, seed: int)
     _assert_clean(result)
 
 
-def test_pressure_reaches_retraction_and_tree_reuse(sglang: Any) -> None:
-    """The workload really reaches what it is for: shared prefixes and retractions."""
+def test_pressure_reaches_retraction_and_tree_reuse(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workload really reaches what it is for: shared prefixes, retractions, and tombstone
+    recovery (an insert bringing SWA back to a tombstoned node), with every audit clean."""
+    from importlib import import_module
+
+    component = import_module("sglang.srt.mem_cache.unified_cache.components.swa").SWAComponent
+    original = component._recover_from_incoming
+    recovered = [0]
+
+    def counting(self: Any, **kwargs: Any) -> Any:
+        recovered[0] += 1
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(component, "_recover_from_incoming", counting)
     retracted = shared = 0
     for seed in range(6):
-        result = _run(sglang, 1, "python", 500 + seed, 100)
-        _assert_clean(result)
+        result = _run(sglang, 1, "python", 500 + seed, 100, audit=lambda step: step % 10 == 0)
+        assert result.failure is None and result.sglang_said == []
         retracted += result.counters.retractions
         shared += result.counters.shared_prefix_tokens
     assert shared > 0
     assert retracted > 0
+    assert recovered[0] > 0
 
 
 def test_capture_records_tree_and_rows(sglang: Any, tmp_path: Path) -> None:
