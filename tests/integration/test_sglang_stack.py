@@ -281,3 +281,17 @@ def test_soak_bad_tree_is_one_line_exit_2(tmp_path: Path) -> None:
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0
     assert "not an SGLang tree" in run.stderr
+
+
+def test_soak_tree_without_kv_canary_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "sglang" / "srt").mkdir(parents=True)
+    run = _soak("--sglang-tree", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0
+    assert "no kv canary" in run.stderr
+
+
+def test_soak_unknown_fault_is_one_line_exit_2(tmp_path: Path) -> None:
+    run = _soak("--fault", "no-such-bug", "--out", str(tmp_path))
+    assert run.returncode == 2
+    assert "--fault" in run.stderr and run.stderr.strip().count("\n") == 0
