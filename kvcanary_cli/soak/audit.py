@@ -99,36 +99,37 @@ class SGLangChecks:
         )
         disagg = import_module("sglang.srt.disaggregation.utils")
         spec = stack.spec
-        observer = observer_module.SchedulerPoolStatsObserver(
-            tree_cache=stack.tree,
-            token_to_kv_pool_allocator=stack.allocator,
-            req_to_token_pool=stack.req_to_token_pool,
-            session_controller=SimpleNamespace(sessions={}),
-            hisparse_coordinator=None,
-            is_hybrid_swa=True,
-            is_hybrid_ssm=False,
-            enable_hisparse=False,
-            full_tokens_per_layer=spec.full_tokens,
-            swa_tokens_per_layer=spec.swa_tokens,
-            max_total_num_tokens=spec.full_tokens,
-        )
-        self.checker = checker_module.SchedulerInvariantChecker(
-            is_hybrid_swa=True,
-            is_hybrid_ssm=False,
-            disaggregation_mode=disagg.DisaggregationMode.NULL,
-            page_size=spec.page_size,
-            full_tokens_per_layer=spec.full_tokens,
-            swa_tokens_per_layer=spec.swa_tokens,
-            max_total_num_tokens=spec.full_tokens,
-            tree_cache=stack.tree,
-            token_to_kv_pool_allocator=stack.allocator,
-            req_to_token_pool=stack.req_to_token_pool,
-            pool_stats_observer=observer,
-            get_last_batch=lambda: scheduler.last_batch,
-            get_running_batch=lambda: scheduler.running,
-            scheduler_stage_metrics=None,
-            get_chunked_req=lambda: scheduler.chunked_req,
-        )
+        common = {
+            "tree_cache": stack.tree,
+            "token_to_kv_pool_allocator": stack.allocator,
+            "req_to_token_pool": stack.req_to_token_pool,
+            "is_hybrid_swa": True,
+            "is_hybrid_ssm": False,
+            "full_tokens_per_layer": spec.full_tokens,
+            "swa_tokens_per_layer": spec.swa_tokens,
+            "max_total_num_tokens": spec.full_tokens,
+            "get_last_batch": lambda: scheduler.last_batch,
+            "get_running_batch": lambda: scheduler.running,
+            "get_chunked_req": lambda: scheduler.chunked_req,
+        }
+        try:
+            observer = _build(
+                observer_module.SchedulerPoolStatsObserver,
+                common,
+                session_controller=SimpleNamespace(sessions={}),
+                hisparse_coordinator=None,
+                enable_hisparse=False,
+            )
+            self.checker = _build(
+                checker_module.SchedulerInvariantChecker,
+                common,
+                disaggregation_mode=disagg.DisaggregationMode.NULL,
+                page_size=spec.page_size,
+                pool_stats_observer=observer,
+                scheduler_stage_metrics=None,
+            )
+        except TypeError:  # a release whose checker needs more than we can give: tree only
+            self.checker = None
 
     def busy(self) -> list[str]:
         """`self_check_during_busy` and `_check_kv_page_invariants`."""
@@ -154,6 +155,16 @@ class SGLangChecks:
             said += _said(checker._check_req_pool)
         said += _said(self.scheduler.stack.tree.sanity_check)
         return said
+
+
+def _build(cls: Any, common: dict[str, Any], **own: Any) -> Any:
+    """`cls(...)` with the arguments this release's signature takes (releases add and drop
+    keyword arguments of the observer and the checker)."""
+    import inspect
+
+    accepted = inspect.signature(cls).parameters
+    given = {**common, **own}
+    return cls(**{name: value for name, value in given.items() if name in accepted})
 
 
 def _said(check: Any) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from kvcanary_cli.soak.audit import Audit, SGLangChecks, audit_step
 from kvcanary_cli.soak.driver import Counters, Scheduler
 from kvcanary_cli.soak.faults import plant
-from kvcanary_cli.soak.stack import SGLangModules, StackSpec, build_stack
+from kvcanary_cli.soak.stack import SGLangModules, SGLangUnavailableError, StackSpec, build_stack
 from kvcanary_cli.soak.workload import Workload
 
 __all__ = ["HistoryResult", "run_history", "shrink_workload"]
@@ -91,6 +91,7 @@ def run_history(
                         after.sglang = list(verdict.sglang)  # what SGLang said on this step
                 after_step(stack, info.step)
             except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
+                _refuse_if_ours(exc, modules)
                 verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
                 text = (str(exc).strip().splitlines() or [""])[0]
                 verdict.sglang = [f"SGLang raised {type(exc).__name__}: {text}"[:300]]
@@ -114,6 +115,21 @@ def run_history(
     result.steps = scheduler.step_no
     result.failure = found[0] if found else None
     return result
+
+
+def _refuse_if_ours(exc: Exception, modules: SGLangModules) -> None:
+    """An error raised in kvcanary's own driver (not inside SGLang) means this release's
+    scheduler API is not the one soak drives: bad input, not a finding."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and "kvcanary_cli" in Path(frames[-1].filename).parts:
+        text = (str(exc).strip().splitlines() or [""])[0]
+        raise SGLangUnavailableError(
+            f"SGLang {modules.tree.version}'s scheduler objects differ from those soak drives "
+            f"(SGLang 0.5.23's): {type(exc).__name__}: {text}"[:400],
+            source=str(modules.tree.root),
+        ) from None
 
 
 def shrink_workload(
