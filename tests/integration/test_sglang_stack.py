@@ -298,3 +298,15 @@ def test_soak_unknown_fault_is_one_line_exit_2(tmp_path: Path) -> None:
     run = _soak("--fault", "no-such-bug", "--out", str(tmp_path))
     assert run.returncode == 2
     assert "--fault" in run.stderr and run.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_soak_on_a_release_it_does_not_drive_is_one_line_exit_2(tmp_path: Path) -> None:
+    """SGLang 0.5.21 loads, but its `Req` is not 0.5.23's: an error line, not a finding."""
+    wheel = wheel_path()
+    older = None if wheel is None else next(wheel.parent.glob("sglang-0.5.21-*.whl"), None)
+    if older is None:
+        pytest.skip("the SGLang 0.5.21 wheel is not cached")
+    run = _soak("--sglang-tree", str(older), "--steps", "40", "--out", str(tmp_path))
+    assert run.returncode == 2, run.stdout
+    assert "differ from those soak drives" in run.stderr
