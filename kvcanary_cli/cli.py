@@ -5,7 +5,6 @@ runs when it runs, so `kvcanary --help` imports neither torch nor triton."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import typer
 
@@ -18,14 +17,7 @@ from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
 from kvcanary_cli.safe_text import printable
-from kvcanary_cli.soak.options import (
-    SoakCoreOpt,
-    SoakFaultOpt,
-    SoakOutOpt,
-    SoakPageSizeOpt,
-    SoakStepsOpt,
-    SoakTreeOpt,
-)
+from kvcanary_cli.soak import options as soak_opt
 
 __all__ = ["ExitCode", "app", "main"]
 
@@ -245,41 +237,7 @@ def selftest(
     raise typer.Exit(ExitCode.CLEAN if report.agree else ExitCode.FINDINGS)
 
 
-@app.command()
-def soak(
-    sglang_tree: SoakTreeOpt = None,
-    steps: SoakStepsOpt = 600,
-    seed: opt.SeedOpt = 0,
-    page_size: SoakPageSizeOpt = None,
-    core: SoakCoreOpt = None,
-    fault: SoakFaultOpt = None,
-    out: SoakOutOpt = Path("kvcanary-soak"),
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-) -> None:
-    """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
-
-    kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on the
-    first finding the dump, the workload (seed, step) and a shrunk workload that still fails go
-    to --out, and the report says what SGLang's checks did not see. Exit 0 clean, 1 found, 2
-    bad input (not an SGLang tree, no kv canary, a missing dependency).
-    """
-    from kvcanary_cli.soak.command import main_exit, render_soak
-    from kvcanary_cli.soak.command import soak as run_soak
-
-    with progress(f"soaking SGLang for {steps} steps", 2) as tick:
-        report = run_soak(
-            sglang_tree=sglang_tree,
-            steps=steps,
-            seed=seed,
-            page_size=page_size,
-            core=core,
-            fault=fault,
-            out=out,
-            progress=tick,
-        )
-    fmt = "json" if output_format is OutputFormat.JSON else "table"
-    deliver(render_soak(report, fmt), None, force=False, inputs=[])
-    raise typer.Exit(main_exit(report))
+soak_opt.register(app)  # `kvcanary soak` (kvcanary_cli/soak)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -52,6 +52,7 @@ ALLOWED = {
         "api",
         "render",
         "cli_options",
+        "output",
         "soak",
     },
     # "" = the package root, for __version__

@@ -119,43 +119,64 @@ def tree_state(
 
     `requests` are the running requests (each holds its pool row up to `kv_allocated_len`);
     `rows` the pool's row count, for `req_pool_allocated_lens`."""
+    facts: dict[str, Any] = {}
+    _read(facts, _pool_facts, allocator)
+    if tree is not None:
+        _read(facts, _tree_facts, tree)
+    if rows > 0:
+        _read(facts, _row_facts, requests, rows)
+    return facts
+
+
+def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
+    """One group of facts, best effort: a changed object costs these facts only."""
+    try:
+        return read(facts, *args)
+    except Exception as exc:  # a changed allocator or tree must not cost the dump
+        logger.debug("kvcanary: %s failed (%s: %s)", read.__name__, type(exc).__name__, exc)
+        return None
+
+
+def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
+    page = int(getattr(allocator, "page_size", 1) or 1)
+    facts["page_size"] = page
+    full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
+    if full is not None:
+        facts["num_full_slots"] = int(full) + page
+    swa = getattr(allocator, "_size_swa", None)
+    if swa is not None:
+        facts["num_swa_slots"] = int(swa) + page
+    for name, sub in (
+        ("free_full_slots", getattr(allocator, "full_attn_allocator", allocator)),
+        ("free_swa_slots", getattr(allocator, "swa_attn_allocator", None)),
+    ):
+        if sub is not None:
+            free = free_slots(sub, page)
+            if free is not None:
+                facts[name] = free
+    return page
+
+
+def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
     import numpy as np
 
-    facts: dict[str, Any] = {}
-    try:
-        page = int(getattr(allocator, "page_size", 1) or 1)
-        facts["page_size"] = page
-        full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
-        if full is not None:
-            facts["num_full_slots"] = int(full) + page
-        swa = getattr(allocator, "_size_swa", None)
-        if swa is not None:
-            facts["num_swa_slots"] = int(swa) + page
-        for name, sub in (
-            ("free_full_slots", getattr(allocator, "full_attn_allocator", allocator)),
-            ("free_swa_slots", getattr(allocator, "swa_attn_allocator", None)),
-        ):
-            if sub is not None:
-                free = free_slots(sub, page)
-                if free is not None:
-                    facts[name] = free
-        if tree is not None:
-            held, resident = _tree_slots(tree)
-            if held is not None:
-                facts["tree_full_slots"] = np.sort(held)
-            if resident is not None:
-                facts["tree_swa_resident_slots"] = np.sort(resident)
-        if rows > 0:
-            lens = np.zeros(rows, dtype=np.int64)
-            for req in requests:
-                kv = getattr(req, "kv", req)
-                row = getattr(kv, "req_pool_idx", None)
-                if row is not None and 0 <= int(row) < rows:
-                    lens[int(row)] = max(lens[int(row)], int(getattr(kv, "kv_allocated_len", 0)))
-            facts["req_pool_allocated_lens"] = lens
-    except Exception as exc:  # a changed allocator or tree must not cost the dump
-        logger.debug("kvcanary: reading the tree state failed (%s: %s)", type(exc).__name__, exc)
-    return facts
+    held, resident = _tree_slots(tree)
+    if held is not None:
+        facts["tree_full_slots"] = np.sort(held)
+    if resident is not None:
+        facts["tree_swa_resident_slots"] = np.sort(resident)
+
+
+def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int) -> None:
+    import numpy as np
+
+    lens = np.zeros(rows, dtype=np.int64)
+    for req in requests:
+        kv = getattr(req, "kv", req)
+        row = getattr(kv, "req_pool_idx", None)
+        if row is not None and 0 <= int(row) < rows:
+            lens[int(row)] = max(lens[int(row)], int(getattr(kv, "kv_allocated_len", 0)))
+    facts["req_pool_allocated_lens"] = lens
 
 
 def batch_state(batch: Any) -> dict[str, Any]:

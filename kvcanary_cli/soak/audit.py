@@ -42,9 +42,15 @@ class Audit:
 
 
 def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
-    """Every request holding a pool row: the batch's, the running batch's, the chunked one."""
+    """Every request holding a pool row: the batch's, the running batch's, the last prefill
+    batch's (not merged yet), the chunked one."""
     seen: dict[int, Any] = {}
-    groups = [getattr(batch, "reqs", None) or [], scheduler.running.reqs]
+    last = scheduler.last_batch  # a prefill batch merges into the running one next step
+    groups = [
+        getattr(batch, "reqs", None) or [],
+        scheduler.running.reqs,
+        getattr(last, "reqs", None) or [],
+    ]
     if scheduler.chunked_req is not None:
         groups.append([scheduler.chunked_req])
     for group in groups:
@@ -93,36 +99,37 @@ class SGLangChecks:
         )
         disagg = import_module("sglang.srt.disaggregation.utils")
         spec = stack.spec
-        observer = observer_module.SchedulerPoolStatsObserver(
-            tree_cache=stack.tree,
-            token_to_kv_pool_allocator=stack.allocator,
-            req_to_token_pool=stack.req_to_token_pool,
-            session_controller=SimpleNamespace(sessions={}),
-            hisparse_coordinator=None,
-            is_hybrid_swa=True,
-            is_hybrid_ssm=False,
-            enable_hisparse=False,
-            full_tokens_per_layer=spec.full_tokens,
-            swa_tokens_per_layer=spec.swa_tokens,
-            max_total_num_tokens=spec.full_tokens,
-        )
-        self.checker = checker_module.SchedulerInvariantChecker(
-            is_hybrid_swa=True,
-            is_hybrid_ssm=False,
-            disaggregation_mode=disagg.DisaggregationMode.NULL,
-            page_size=spec.page_size,
-            full_tokens_per_layer=spec.full_tokens,
-            swa_tokens_per_layer=spec.swa_tokens,
-            max_total_num_tokens=spec.full_tokens,
-            tree_cache=stack.tree,
-            token_to_kv_pool_allocator=stack.allocator,
-            req_to_token_pool=stack.req_to_token_pool,
-            pool_stats_observer=observer,
-            get_last_batch=lambda: scheduler.last_batch,
-            get_running_batch=lambda: scheduler.running,
-            scheduler_stage_metrics=None,
-            get_chunked_req=lambda: scheduler.chunked_req,
-        )
+        common = {
+            "tree_cache": stack.tree,
+            "token_to_kv_pool_allocator": stack.allocator,
+            "req_to_token_pool": stack.req_to_token_pool,
+            "is_hybrid_swa": True,
+            "is_hybrid_ssm": False,
+            "full_tokens_per_layer": spec.full_tokens,
+            "swa_tokens_per_layer": spec.swa_tokens,
+            "max_total_num_tokens": spec.full_tokens,
+            "get_last_batch": lambda: scheduler.last_batch,
+            "get_running_batch": lambda: scheduler.running,
+            "get_chunked_req": lambda: scheduler.chunked_req,
+        }
+        try:
+            observer = _build(
+                observer_module.SchedulerPoolStatsObserver,
+                common,
+                session_controller=SimpleNamespace(sessions={}),
+                hisparse_coordinator=None,
+                enable_hisparse=False,
+            )
+            self.checker = _build(
+                checker_module.SchedulerInvariantChecker,
+                common,
+                disaggregation_mode=disagg.DisaggregationMode.NULL,
+                page_size=spec.page_size,
+                pool_stats_observer=observer,
+                scheduler_stage_metrics=None,
+            )
+        except TypeError:  # a release whose checker needs more than we can give: tree only
+            self.checker = None
 
     def busy(self) -> list[str]:
         """`self_check_during_busy` and `_check_kv_page_invariants`."""
@@ -150,6 +157,16 @@ class SGLangChecks:
         return said
 
 
+def _build(cls: Any, common: dict[str, Any], **own: Any) -> Any:
+    """`cls(...)` with the arguments this release's signature takes (releases add and drop
+    keyword arguments of the observer and the checker)."""
+    import inspect
+
+    accepted = inspect.signature(cls).parameters
+    given = {**common, **own}
+    return cls(**{name: value for name, value in given.items() if name in accepted})
+
+
 def _said(check: Any) -> list[str]:
     """What a check raised (its first line), or nothing."""
     try:
@@ -170,12 +187,12 @@ def audit_step(
 ) -> Audit:
     """Record the state, check it with kvcanary (reference planner, no GPU kernel), and run
     SGLang's checks on the same state."""
-    from kvcanary_cli import api
+    from kvcanary_cli.api import check
 
     audit = Audit(step=scheduler.step_no, mode="idle" if idle else "plan")
     with tempfile.TemporaryDirectory(prefix="kvcanary-soak-") as scratch:
         path = record_dump(scheduler, batch, Path(folder or scratch) / "state.safetensors")
-        report = api.check([path], kernel="none")
+        report = check([path], kernel="none")
         dump = report.dumps[0]
         if dump.error:
             audit.codes.append(f"error: {dump.error}")

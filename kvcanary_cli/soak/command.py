@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SoakReport", "render_soak", "soak"]
+__all__ = ["SoakReport", "render_soak", "run_and_render", "soak"]
 
 #: Steps per history: short histories find the planted faults early and shrink fast.
 HISTORY_STEPS = 80
@@ -187,9 +187,32 @@ def render_soak(report: SoakReport, fmt: str) -> str:
     return "".join(printable(line) + "\n" for line in lines)
 
 
-def main_exit(report: SoakReport) -> int:
-    """0 clean, 1 found (bad input raised before: 2)."""
-    return 1 if report.found else 0
+def run_and_render(
+    sglang_tree: str | None,
+    steps: int,
+    seed: int,
+    page_size: int | None,
+    core: str | None,
+    fault: str | None,
+    out: Path,
+    fmt: str,
+) -> tuple[str, int]:
+    """The command: a soak with a progress bar on a terminal, its report rendered, and the
+    exit code (0 clean, 1 found; bad input raises before, exit 2)."""
+    from kvcanary_cli.render.console import progress
+
+    with progress(f"soaking SGLang for {steps} steps", 2) as tick:
+        report = soak(
+            sglang_tree=sglang_tree,
+            steps=steps,
+            seed=seed,
+            page_size=page_size,
+            core=core,
+            fault=fault,
+            out=out,
+            progress=tick,
+        )
+    return render_soak(report, "json" if fmt == "json" else "table"), 1 if report.found else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,10 +6,9 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   allocator while the node keeps its SWA value; when the tree later evicts that SWA, it frees
   the (now 0) mapping of the node's page representatives, so the reserved page 0 lands on the
   SWA free list and is handed out again.
-- `token-exact-free-swa` (before PR #27779): `free_swa` clears the mapping of exactly the
-  tokens it was given and frees their SWA pages, so the rest of each freed page keeps mapping
-  into a page that is now free. In 0.5.23 every free the scheduler makes is whole pages
-  (segments), so this one is reached only by a caller freeing part of a page.
+- `shared-boundary-page` (before PR #36457): a finished request's tail free starts at its
+  first unkept token instead of the next page boundary; at page size > 1 the set-shaped free
+  of the boundary page's rest frees that whole page, which the head free releases as well.
 - `double-free-group-end`: a free group is flushed twice, every full slot freed in it goes on
   the free list a second time.
 """
@@ -21,9 +20,10 @@ from typing import Any
 
 __all__ = ["FAULTS", "Fault", "plant"]
 
-#: A fault: called once with the stack after it is built (it may patch the allocator), and
-#: then after every step with (stack, step) (it may make a call).
-Fault = tuple[Callable[[Any], None], Callable[[Any, int], None]]
+#: A fault: called once with the stack after it is built (it may patch the allocator or a
+#: module, and return its undo), and then after every step with (stack, step) (it may make
+#: a call).
+Fault = tuple[Callable[[Any], Any], Callable[[Any, int], None]]
 
 
 def _nothing(*args: Any) -> None:
@@ -55,23 +55,31 @@ def _free_tree_swa_pairs(stack: Any, step: int) -> None:
     stack.tree.evict(params(num_tokens=0, swa_num_tokens=stack.spec.swa_tokens))
 
 
-def _token_exact_free_swa(stack: Any) -> None:
+def _shared_boundary_page(stack: Any) -> Callable[[], None]:
+    """The tail free of a finished request before PR #36457: it starts at the first token the
+    request does not keep, not at the next page boundary, so a set-shaped free of the rest of
+    the boundary page frees (and clears) that whole page, which the head free releases too."""
     import torch
 
+    common = stack.modules.common
+    original = common._release_overallocated_kv_indices
+    ps = stack.spec.page_size
     allocator = stack.allocator
+    table = stack.req_to_token_pool.req_to_token
 
-    def free_swa(free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        swa = allocator.full_to_swa_index_mapping[free_index]
-        allocator.full_to_swa_index_mapping[free_index] = 0
-        swa = swa[swa > 0]
-        if allocator.free_group is not None:
-            allocator.swa_free_group.append(swa)
-        else:
-            allocator.swa_attn_allocator.free(swa)
+    def release_tail(req: Any, start_p: int, end_p: int, tree_cache: Any) -> None:
+        if ps > 1 and start_p % ps and req.kv.req_pool_idx is not None:
+            last = int(table[req.kv.req_pool_idx, start_p - 1])
+            page_end = (last // ps + 1) * ps
+            allocator.free(torch.arange(last + 1, page_end, dtype=torch.int64))
+        original(req, start_p, end_p, tree_cache)
 
-    allocator.free_swa = free_swa
+    common._release_overallocated_kv_indices = release_tail
+
+    def undo() -> None:
+        common._release_overallocated_kv_indices = original
+
+    return undo
 
 
 def _double_free_group_end(stack: Any) -> None:
@@ -95,15 +103,16 @@ def _double_free_group_end(stack: Any) -> None:
 
 FAULTS: dict[str, Fault] = {
     "unmapped-representative": (_nothing, _free_tree_swa_pairs),
-    "token-exact-free-swa": (_token_exact_free_swa, _nothing),
+    "shared-boundary-page": (_shared_boundary_page, _nothing),
     "double-free-group-end": (_double_free_group_end, _nothing),
 }
 
 
-def plant(name: str | None, stack: Any) -> Callable[[Any, int], None]:
-    """Plant fault `name` (None: none) in `stack`; the per-step call to make."""
+def plant(name: str | None, stack: Any) -> tuple[Callable[[Any, int], None], Callable[[], None]]:
+    """Plant fault `name` (None: none) in `stack`: the per-step call, and the undo (a fault
+    that patches a module must not outlive its history)."""
     if name is None:
-        return _nothing
+        return _nothing, _nothing
     patch, each_step = FAULTS[name]
-    patch(stack)
-    return each_step
+    undo = patch(stack)
+    return each_step, undo if callable(undo) else _nothing

@@ -1,4 +1,5 @@
-"""`kvcanary soak`'s options, declared like the other commands' (cli_options): typer only."""
+"""`kvcanary soak`'s options, declared like the other commands' (cli_options), and the command
+itself (`register`): typer only, so `kvcanary --help` imports neither torch nor SGLang."""
 
 from __future__ import annotations
 
@@ -7,18 +8,23 @@ from typing import Annotated
 
 import typer
 
+import kvcanary_cli.cli_options as opt
 from kvcanary_cli.cli_options import integer
+from kvcanary_cli.output import deliver
+from kvcanary_cli.render import OutputFormat
 
 __all__ = [
-    "SoakCoreOpt",
-    "SoakFaultOpt",
-    "SoakOutOpt",
-    "SoakPageSizeOpt",
-    "SoakStepsOpt",
-    "SoakTreeOpt",
+    "DEFAULT_OUT",
+    "CoreOpt",
+    "FaultOpt",
+    "OutOpt",
+    "PageSizeOpt",
+    "StepsOpt",
+    "TreeOpt",
+    "register",
 ]
 
-SoakTreeOpt = Annotated[
+TreeOpt = Annotated[
     str | None,
     typer.Option(
         "--sglang-tree",
@@ -26,36 +32,69 @@ SoakTreeOpt = Annotated[
         help="An SGLang source tree or release wheel to run instead of the installed SGLang.",
     ),
 ]
-SoakStepsOpt = Annotated[
+StepsOpt = Annotated[
     int,
     typer.Option(
         "--steps", **integer("Scheduler steps to run in all (the budget).", 1, 10**7, "N")
     ),
 ]
-SoakPageSizeOpt = Annotated[
+PageSizeOpt = Annotated[
     int | None,
     typer.Option(
         "--page-size", **integer("One KV page size (default: 1, 4 and 16 in turn).", 1, 64, "N")
     ),
 ]
-SoakCoreOpt = Annotated[
+CoreOpt = Annotated[
     str | None,
     typer.Option(
         "--core", metavar="python|rust", help="One radix tree core (default: every one here)."
     ),
 ]
-SoakFaultOpt = Annotated[
+FaultOpt = Annotated[
     str | None,
     typer.Option(
         "--fault",
         metavar="NAME",
         help="Plant a known SGLang bug to see soak find it: unmapped-representative, "
-        "double-free-group-end or token-exact-free-swa.",
+        "double-free-group-end or shared-boundary-page.",
     ),
 ]
-SoakOutOpt = Annotated[
+#: Where a failure's files go by default.
+DEFAULT_OUT = Path("kvcanary-soak")
+OutOpt = Annotated[
     Path,
     typer.Option(
         "--out", metavar="DIR", help="Where a failure's dump, workload and reproducer go."
     ),
 ]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `soak` to the `kvcanary` app."""
+
+    @app.command()
+    def soak(
+        sglang_tree: TreeOpt = None,
+        steps: StepsOpt = 600,
+        seed: opt.SeedOpt = 0,
+        page_size: PageSizeOpt = None,
+        core: CoreOpt = None,
+        fault: FaultOpt = None,
+        out: OutOpt = DEFAULT_OUT,
+        output_format: opt.FormatOpt = OutputFormat.TABLE,
+    ) -> None:
+        """Run SGLang's real memory cache on CPU under a seeded random workload, audited each
+        step.
+
+        kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
+        the first finding the dump, the workload (seed, step) and a shrunk workload that still
+        fails go to --out, and the report says what SGLang's checks did not see. Exit 0 clean,
+        1 found, 2 bad input (not an SGLang tree, no kv canary, a missing dependency).
+        """
+        from kvcanary_cli.soak.command import run_and_render
+
+        text, code = run_and_render(
+            sglang_tree, steps, seed, page_size, core, fault, out, output_format.value
+        )
+        deliver(text, None, force=False, inputs=[])
+        raise typer.Exit(code)

@@ -1,7 +1,8 @@
 """One soak history, and shrinking a failing one.
 
 `run_history` builds a fresh stack, plants the fault (if any), runs the workload step by step
-and audits the chosen steps (`soak.audit`); it stops at the first step kvcanary or SGLang's
+and audits the chosen steps (`soak.audit`: at plan time, after the step's result, at idle);
+it stops at the first step kvcanary or SGLang's
 checks flag. `shrink_workload` then removes arrivals while the history still fails the same
 way (kvcanary names the same top finding): delta debugging over the arrival list, ending with
 one-at-a-time removal, so the reproducer is 1-minimal in its arrivals.
@@ -16,7 +17,7 @@ from pathlib import Path
 from kvcanary_cli.soak.audit import Audit, SGLangChecks, audit_step
 from kvcanary_cli.soak.driver import Counters, Scheduler
 from kvcanary_cli.soak.faults import plant
-from kvcanary_cli.soak.stack import SGLangModules, StackSpec, build_stack
+from kvcanary_cli.soak.stack import SGLangModules, SGLangUnavailableError, StackSpec, build_stack
 from kvcanary_cli.soak.workload import Workload
 
 __all__ = ["HistoryResult", "run_history", "shrink_workload"]
@@ -50,7 +51,7 @@ def run_history(
     stack = build_stack(modules, spec)
     scheduler = Scheduler(stack, workload)
     checks = SGLangChecks(scheduler) if sglang_checks else None
-    after_step = plant(fault, stack)
+    after_step, undo = plant(fault, stack)
     result = HistoryResult(steps=0, audited=0, counters=scheduler.counters)
     found: list[Audit] = []
 
@@ -70,39 +71,65 @@ def run_history(
         if verdict.kvcanary_found or (stop_on_sglang and verdict.sglang):
             found.append(verdict)
 
-    limit = max_steps if max_steps is not None else workload.steps * 4 + 64
-    while not found and scheduler.step_no < limit:
-        try:
-            info = scheduler.step(on_plan)
-            if planned:
-                # SGLang checks a busy step after its result is processed, as its loop does
-                verdict = planned.pop()
-                if checks is not None:
-                    verdict.sglang = checks.busy()
+    try:
+        limit = max_steps if max_steps is not None else workload.steps * 4 + 64
+        while not found and scheduler.step_no < limit:
+            try:
+                info = scheduler.step(on_plan)
+                if planned:
+                    # SGLang checks a busy step after its result is processed, as its loop does
+                    verdict = planned.pop()
+                    if checks is not None:
+                        verdict.sglang = checks.busy()
+                    _note(verdict)
+                    if not found:
+                        # and the state the result left (a double free shows on the free list
+                        # before the next allocation hands the slot out twice)
+                        after = audit_step(scheduler, None, None, idle=False, folder=folder)
+                        after.mode = "after-result"
+                        _note(after)
+                        after.sglang = list(verdict.sglang)  # what SGLang said on this step
+                after_step(stack, info.step)
+            except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
+                _refuse_if_ours(exc, modules)
+                verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
+                text = (str(exc).strip().splitlines() or [""])[0]
+                verdict.sglang = [f"SGLang raised {type(exc).__name__}: {text}"[:300]]
+                verdict.mode = "crash"
+                result.sglang_steps += 1
+                result.sglang_said = result.sglang_said or list(verdict.sglang)
+                found.append(verdict)
+                break
+            if info.mode == "idle" and not found and audit(info.step):
+                verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
+                result.audited += 1
                 _note(verdict)
-            after_step(stack, info.step)
-        except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
-            verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
-            text = (str(exc).strip().splitlines() or [""])[0]
-            verdict.sglang = [f"SGLang raised {type(exc).__name__}: {text}"[:300]]
-            verdict.mode = "crash"
-            result.sglang_steps += 1
-            result.sglang_said = result.sglang_said or list(verdict.sglang)
-            found.append(verdict)
-            break
-        if info.mode == "idle" and not found and audit(info.step):
+            if scheduler.done and scheduler.step_no >= workload.steps:
+                break
+        if not found and scheduler.done:
             verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
             result.audited += 1
             _note(verdict)
-        if scheduler.done and scheduler.step_no >= workload.steps:
-            break
-    if not found and scheduler.done:
-        verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
-        result.audited += 1
-        _note(verdict)
+    finally:
+        undo()
     result.steps = scheduler.step_no
     result.failure = found[0] if found else None
     return result
+
+
+def _refuse_if_ours(exc: Exception, modules: SGLangModules) -> None:
+    """An error raised in kvcanary's own driver (not inside SGLang) means this release's
+    scheduler API is not the one soak drives: bad input, not a finding."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and "kvcanary_cli" in Path(frames[-1].filename).parts:
+        text = (str(exc).strip().splitlines() or [""])[0]
+        raise SGLangUnavailableError(
+            f"SGLang {modules.tree.version}'s scheduler objects differ from those soak drives "
+            f"(SGLang 0.5.23's): {type(exc).__name__}: {text}"[:400],
+            source=str(modules.tree.root),
+        ) from None
 
 
 def shrink_workload(
