@@ -10,6 +10,7 @@ dependencies (`pip install -e '.[test]'` installs them).
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -82,9 +83,17 @@ def test_clean_histories(sglang: Any, page_size: int, core: str, seed: int) -> N
 @pytest.mark.parametrize("seed", range(34))
 @pytest.mark.parametrize(("page_size", "core"), CASES)
 def test_clean_histories_slow(sglang: Any, page_size: int, core: str, seed: int) -> None:
-    """204 longer histories: pressure brings retractions, eviction and tombstones."""
-    result = _run(sglang, page_size, core, 1000 + seed, 100)
-    _assert_clean(result)
+    """204 longer histories: pressure brings retractions, eviction and tombstones. kvcanary
+    audits random plan calls (one in five, seeded) and every idle state, SGLang's checks run on
+    every step: auditing every step quadruples the lane's time and finds nothing more here (the
+    fast lane and the bench audit every step)."""
+    picks = random.Random(seed)
+    result = _run(
+        sglang, page_size, core, 1000 + seed, 100, audit=lambda step: picks.random() < 0.2
+    )
+    assert result.failure is None, (result.failure.codes, result.failure.sglang)
+    assert result.sglang_said == [], result.sglang_said
+    assert result.audited >= result.steps // 10
 
 
 def test_pressure_reaches_retraction_and_tree_reuse(
@@ -164,14 +173,10 @@ def test_unmapped_representative_named_first(sglang: Any, page_size: int) -> Non
     assert any("SWA Pool Mem Leak" in said for said in result.failure.sglang)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="at page size 4, once SGLang has handed SWA slots 1-3 of the reserved page 0 to "
-    "live pages, kvcanary names only swa-shared-owner until page 0 is recognised as reserved "
-    "as a whole page (not only slot 0), which another change brings",
-)
 def test_unmapped_representative_after_page_zero_is_reused(sglang: Any) -> None:
-    """PR #38519 seen late: audits start at step 12, after page 0's slots were handed out."""
+    """PR #38519 seen late: audits start at step 12, after SGLang handed SWA slots 1-3 of the
+    reserved page 0 to live pages (page size 4): still named as the reserved page, not only as
+    swa-shared-owner (it was, while only slot 0 was reserved)."""
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.workload import random_workload
 
