@@ -187,68 +187,19 @@ def server_context(req_to_token: object) -> dict[str, object]:
     """What the model runner behind a call knows that the call does not carry.
 
     Pool sizes (`num_full_slots`/`num_swa_slots` = size + page_size, the rows of the KV
-    buffers), `page_size`, and the allocators' free lists expanded from pages to slots. Each
-    fact is best effort: an attribute SGLang renamed costs that fact, never the dump.
+    buffers), `page_size`, the allocators' free lists expanded from pages to slots (in every
+    release: `capture.tree` reads them), and what a registered radix tree holds. Each fact is
+    best effort: an attribute SGLang renamed costs that fact, never the dump.
     """
     runner = runner_for(req_to_token)
     if runner is None:
         return {}
     allocator = getattr(runner, "token_to_kv_pool_allocator", None)
-    facts: dict[str, object] = {}
-    try:
-        page = int(getattr(allocator, "page_size", None) or getattr(runner, "page_size", 1) or 1)
-        facts["page_size"] = page
-        full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
-        if full is not None:
-            facts["num_full_slots"] = int(full) + page
-        swa = getattr(allocator, "_size_swa", None)
-        if swa is not None:
-            facts["num_swa_slots"] = int(swa) + page
-        for name, sub in (
-            ("free_full_slots", getattr(allocator, "full_attn_allocator", allocator)),
-            ("free_swa_slots", getattr(allocator, "swa_attn_allocator", None)),
-        ):
-            free = _free_slots(sub, page)
-            if free is not None:
-                facts[name] = free
-    except Exception as exc:  # a changed allocator must not cost the dump
-        logger.debug("kvcanary: reading the allocator failed (%s: %s)", type(exc).__name__, exc)
-    return facts
+    if allocator is None:
+        return {}
+    from kvcanary_cli.capture.tree import tree_for, tree_state
 
-
-def _free_pages(allocator: object) -> list[Any] | None:
-    """The allocator's free pages, free and staged for release, as the release keeps them:
-    `get_all_free_pages()` (0.5.20 on), else `free_pages` and `release_pages` (0.5.13 ..
-    0.5.19, whose allocators have no census). None: the allocator has no page list."""
-    get_pages = getattr(allocator, "get_all_free_pages", None)
-    if callable(get_pages):
-        pages = get_pages()
-        return None if pages is None else [pages]
-    free = getattr(allocator, "free_pages", None)
-    if free is None:
-        return None
-    staged = getattr(allocator, "release_pages", None)
-    return [free] if staged is None else [free, staged]
-
-
-def _free_slots(allocator: object, page_size: int) -> Any:
-    """The allocator's free pages (free and pending release) as sorted slot ids, on the CPU."""
-    parts = _free_pages(allocator)
-    if parts is None:
-        return None
-    import numpy as np
-
-    from kvcanary_cli.dump.atomic import host_array
-
-    arrays = []
-    for pages in parts:
-        array = host_array(pages)  # a torch tensor on the server's device, usually
-        arrays.append(np.asarray(pages if array is None else array).astype(np.int64).reshape(-1))
-    slots = np.concatenate(arrays)
-    if page_size > 1:
-        offsets = np.arange(page_size, dtype=np.int64)
-        slots = (slots[:, None] * page_size + offsets[None, :]).reshape(-1)
-    return np.sort(slots)
+    return dict(tree_state(allocator=allocator, tree=tree_for(req_to_token)))
 
 
 _VERSION: list[str | None] = []
