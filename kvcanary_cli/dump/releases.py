@@ -86,8 +86,8 @@ def _name(release: tuple[int, int, int]) -> str:
 def out_of_range_note(version: str | None, what: str) -> str | None:
     """One note when `what` (a dump, a log) says it comes from an SGLang release outside
     0.5.13 .. 0.5.23 (or from a version that cannot be read); None inside the range or when
-    no version is recorded."""
-    if version is None:
+    no version is recorded (an empty one included)."""
+    if version is None or not version.strip():
         return None
     parsed = parse_release(version)
     span = f"{_name(FIRST_RELEASE)} .. {_name(LAST_RELEASE)}"
