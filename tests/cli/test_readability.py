@@ -29,7 +29,9 @@ EXAMPLE_NAMES = sorted(p.name for p in EXAMPLES.glob("*.safetensors"))
 
 
 def run(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+    """At the width the README quotes (100 columns), whatever the test runner's own terminal
+    (pytest-xdist's workers export theirs)."""
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "100"})
 
 
 # --- output without padding; bad input said once ------------------------------------------
