@@ -36,7 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.dumps import shape  # noqa: E402
+from dumps import shape  # noqa: E402
+
 from tests.helpers import stale_rows_dump, wide_shrunk_dump  # noqa: E402
 
 OUT = ROOT / "bench" / "out"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -203,7 +204,7 @@ def test_a_dump_changed_after_ordering_is_refused(
     assert run("timeline", *copies).exit_code == 0  # the clean twin: nothing changed
     victim, newer = copies[1], tmp_path / "newer.safetensors"
     shutil.copy(clean[-1], newer)
-    real_load = timeline_module.load_dump
+    real_load = timeline_module.load_dump  # type: ignore[attr-defined]
     swapped = False
 
     def load_after_a_swap(path: Path, **kwargs: object) -> object:
@@ -229,8 +230,8 @@ def test_a_rewritten_prefix_exits_1_and_its_twin_0(tmp_path: Path) -> None:
     paths = write_sequence("prefix-rewritten", tmp_path / "rw", steps=5, seed=2, page_size=4)
     result = run("timeline", *paths, "--format", "json")
     assert result.exit_code == 1, result.stderr
-    record = _record(result)
-    [event] = record["events"]  # type: ignore[misc]
+    events: Any = _record(result)["events"]
+    [event] = events
     assert event["kind"] == "prefix-rewritten" and event["cause"] == "radix-prefix-broken"
     assert set(event["cells"]["extra"]["old_slot_fate"]) == {0}  # orphaned
     truth = json.loads(load_dump(paths[-1]).metadata[PLANTED_KEY])

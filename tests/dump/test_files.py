@@ -98,7 +98,7 @@ def test_files_written_together_are_taken_back_when_a_later_one_fails(
             raise OSError(errno.EIO, "I/O error")
         real_replace(src, dst)
 
-    monkeypatch.setattr(files.os, "replace", replace_failing_on_second)
+    monkeypatch.setattr(os, "replace", replace_failing_on_second)
     with pytest.raises(PathError, match="cannot be written"):
         files.write_all_atomically(
             [(first, lambda handle: handle.write(b"new first")), (second, write_second)]
