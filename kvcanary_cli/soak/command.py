@@ -51,19 +51,7 @@ def _specs(page_size: int | None, cores: tuple[str, ...], core: str | None) -> l
 
     sizes = [page_size] if page_size else [1, 4, 16]
     chosen = [core] if core else list(cores)
-    return [
-        StackSpec(
-            page_size=ps,
-            core=c,
-            full_tokens=384,
-            swa_tokens=192,
-            max_reqs=12,
-            window=16,
-            chunked_prefill_size=32,
-        )
-        for ps in sizes
-        for c in chosen
-    ]
+    return [StackSpec.pressured(ps, c) for ps in sizes for c in chosen]
 
 
 def soak(

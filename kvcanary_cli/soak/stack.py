@@ -362,6 +362,20 @@ class StackSpec:
     chunked_prefill_size: int = 64
     core: str = "python"
 
+    @classmethod
+    def pressured(cls, page_size: int, core: str) -> StackSpec:
+        """The shape soak runs: pools small enough for the random workload to bring eviction,
+        retraction and tombstones within a few dozen steps."""
+        return cls(
+            page_size=page_size,
+            core=core,
+            full_tokens=384,
+            swa_tokens=192,
+            max_reqs=12,
+            window=16,
+            chunked_prefill_size=32,
+        )
+
 
 @dataclass
 class Stack:

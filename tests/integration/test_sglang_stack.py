@@ -39,15 +39,7 @@ def sglang() -> Any:
 def _spec(page_size: int, core: str) -> Any:
     from kvcanary_cli.soak.stack import StackSpec
 
-    return StackSpec(
-        page_size=page_size,
-        core=core,
-        full_tokens=384,
-        swa_tokens=192,
-        max_reqs=12,
-        window=16,
-        chunked_prefill_size=32,
-    )
+    return StackSpec.pressured(page_size, core)
 
 
 def _run(sglang: Any, page_size: int, core: str, seed: int, steps: int, **kw: Any) -> Any:
