@@ -38,22 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 from dumps import shape  # noqa: E402
 
+from tests.child_memory import PEAK_RSS_SCRIPT  # noqa: E402
 from tests.helpers import stale_rows_dump, wide_shrunk_dump  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
-_CHILD = """
-import sys
-from kvcanary_cli.cli import main
-code = 0
-try:
-    main(sys.argv[1:])
-except SystemExit as exc:
-    code = exc.code
-with open("/proc/self/status", encoding="ascii") as status:
-    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-print(peak, file=sys.stderr)
-sys.exit(code)
-"""
 
 
 def measure(tree: Path, *args: str, timeout: float = 1800) -> dict[str, Any]:
@@ -61,7 +49,7 @@ def measure(tree: Path, *args: str, timeout: float = 1800) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     start = time.perf_counter()
     done = subprocess.run(  # run from `tree`: `python -c` puts the working directory first
-        [sys.executable, "-c", _CHILD, *args],
+        [sys.executable, "-c", PEAK_RSS_SCRIPT, *args],
         capture_output=True,
         text=True,
         env=env,

@@ -14,11 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["peak_rss_of"]
+__all__ = ["PEAK_RSS_SCRIPT", "peak_rss_of"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_SCRIPT = """
+#: `python -c` this with kvcanary's arguments: it runs the command, then prints its own peak RSS
+#: (KiB) as the last line of stderr.
+PEAK_RSS_SCRIPT = """
 import sys
 from kvcanary_cli.cli import main
 code = 0
@@ -39,7 +41,7 @@ def peak_rss_of(*args: str, timeout: float = 300) -> tuple[int, int]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, *args],
+        [sys.executable, "-c", PEAK_RSS_SCRIPT, *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
