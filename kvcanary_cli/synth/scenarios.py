@@ -660,6 +660,67 @@ def _swa_write_into_live(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": writer, "slot": int(lut[owner]), "out_cache_loc_index": i}
 
 
+def _swa_boundary_page_cleared(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PR #36457: two radix nodes share one full page at a split that is not
+    page-aligned; evicting the first node's SWA (its tokens left the window) cleared the
+    whole page and freed its SWA page, erasing the second node's entries still in the window."""
+    p = _page_size(d)
+    window = int(d.metadata["swa_window_size"])
+    lut = d.tensors["full_to_swa_index_mapping"]
+    pages = []
+    for lr in d.live:
+        start = lr.prefix_len - window
+        if start <= 0 or start % p == 0:
+            continue  # the window starts on a page boundary: no page straddles it
+        page = int(lr.slots[start]) // p
+        if (lut[page * p + np.arange(p)] > 0).all():
+            pages.append((lr.batch_row, start, page))
+    if p < 2 or not pages:
+        raise RuntimeError("needs pages of two slots or more and a window starting mid-page")
+    row, start, page = pages[int(rng.integers(len(pages)))]
+    tokens = page * p + np.arange(p)
+    swa_page = int(lut[tokens[0]]) // p
+    lut[tokens] = 0
+    back = swa_page * p + np.arange(p, dtype=np.int64)
+    d.tensors["free_swa_slots"] = np.sort(np.r_[d.tensors["free_swa_slots"], back])
+    d.truth = {"batch_row": row, "position": start, "slot": page * p + start % p}
+
+
+def _swa_page_reissued(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PR #27779, one step later: a free cleared the LUT for half of an out-of-window
+    full page only while the SWA page went back whole; the allocator then handed that SWA page
+    to a live request's in-window page, so it has two full owners, the old one stale."""
+    p = _page_size(d)
+    window = int(d.metadata["swa_window_size"])
+    lut = d.tensors["full_to_swa_index_mapping"]
+    owners = _window_pages(d)
+    held_before = {
+        int(lr.slots[pos]) // p
+        for lr in d.live
+        for pos in range(0, max(0, lr.prefix_len - window))
+    }
+    in_window = {c[2] // p for c in _in_window_cells(d)}
+    stale = sorted(
+        q for q in held_before - in_window if not (lut[q * p + np.arange(p)] > 0).any()
+    )
+    if p < 4 or not owners or not stale:
+        raise RuntimeError("needs pages of four slots or more, an in-window and an evicted page")
+    owner = owners[int(rng.integers(len(owners)))]
+    old = stale[int(rng.integers(len(stale)))]
+    swa_page = int(lut[owner * p + np.flatnonzero(lut[owner * p + np.arange(p)] > 0)[0]]) // p
+    kept = np.arange(p // 2, p, dtype=np.int64)  # the tokens the partial free did not clear
+    lut[old * p + kept] = swa_page * p + kept
+    d.truth = {"slot": int(swa_page * p + kept[0]), "full_slot": int(old * p + kept[0])}
+
+
+def _reserved_swa_freed_twice(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang PR #38519, freed twice: unmapped representatives of two tombstoned nodes freed
+    as SWA slot 0, so the SWA pool's reserved padding page is on its free list twice."""
+    padding = np.arange(_page_size(d), dtype=np.int64)
+    d.tensors["free_swa_slots"] = np.concatenate([d.tensors["free_swa_slots"], padding, padding])
+    d.truth = {"slot": 0}
+
+
 # --- canary scenarios (docs/canary.md §8) ----------------------------------------------------
 
 #: rows of a scenario's violation ring (SGLang's default is 1024).
@@ -980,6 +1041,35 @@ SCENARIOS: dict[str, Scenario] = {
             allowed=("swa-slot-shared-owner",),
             cause="reserved-slot-freed",
             min_page_size=2,
+        ),
+        Scenario(
+            name="reserved-swa-page-freed-twice",
+            summary="the SWA pool's reserved padding page on the SWA free list twice (PR #38519: "
+            "unmapped representatives freed as slot 0)",
+            spec=_SWA_PAGED,
+            corrupt=_reserved_swa_freed_twice,
+            expected=("free-list-duplicate", "reserved-slot-in-use"),
+            cause="reserved-slot-freed",
+        ),
+        Scenario(
+            name="swa-boundary-page-cleared",
+            summary="a full page straddling the window's start cleared whole: its in-window "
+            "entries erased with the rest (PR #36457: two nodes sharing a boundary page)",
+            spec=_SWA_PAGED,
+            corrupt=_swa_boundary_page_cleared,
+            expected=("swa-unmapped-in-window",),
+            cause="swa-boundary-page-cleared",
+            min_page_size=2,
+        ),
+        Scenario(
+            name="swa-page-reissued",
+            summary="an SWA page freed whole by a partial-page free and handed out again: two "
+            "full owners, the old one stale (PR #27779, one step later)",
+            spec={**_SWA_PAGED, "evict_prob": 1.0},
+            corrupt=_swa_page_reissued,
+            expected=("swa-slot-shared-owner",),
+            cause="swa-page-reissued",
+            min_page_size=4,
         ),
         Scenario(
             name="stale-swa-mapping",
