@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kvcanary_cli.analysis.chains import link
 from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_among, restricted
 from kvcanary_cli.analysis.model import (
     Assumption,
@@ -339,7 +340,8 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
     causes.extend(possible)
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
-    return state.split(), tuple(causes)
+    split = state.split()
+    return split, link(dump, split, causes)
 
 
 def _cause(entry: _Claim, findings: list[Finding]) -> Cause:

@@ -182,6 +182,8 @@ class CauseCode(StrEnum):
     DOUBLE_FREE = "double-free"
     RESERVED_SLOT_FREED = "reserved-slot-freed"
     PARTIAL_PAGE_FREE = "partial-page-free"
+    SWA_PAGE_REISSUED = "swa-page-reissued"
+    SWA_BOUNDARY_PAGE_CLEARED = "swa-boundary-page-cleared"
     STALE_SWA_MAPPING = "stale-swa-mapping"
     SWA_SHARED_OWNER = "swa-shared-owner"
     SWA_FREED_WHILE_LIVE = "swa-freed-while-live"
@@ -491,6 +493,12 @@ class Cause:
     #: finding code -> how many findings this cause explains.
     explains: dict[str, int]
     fix: str
+    #: the cause that explains this one's symptoms too (a chain: one fault, one story); None
+    #: for a top-level cause. Reports show an explained cause as an "also shows" line of its
+    #: parent, and print only the parent's fix.
+    explained_by: CauseCode | None = None
+    #: for a parent: one line per cause it explains (codes, counts, where).
+    also_shows: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,6 +48,7 @@ __all__ = [
     "DIFFERENCES_NOTE",
     "FIRST_RAISE_MARK",
     "UNITS_NOTE",
+    "top_causes",
     "code_cells",
     "findings_per_count",
     "severity_cells",
@@ -396,6 +397,12 @@ def _code_sections(findings: list[FindingRecord], max_rows: int) -> list[CodeSec
     ]
 
 
+def top_causes(dump: DumpRecord) -> list[CauseRecord]:
+    """The causes a report lists: those no other cause explains (docs/findings.md, "Chains");
+    the others are their parents' "also shows" lines."""
+    return [c for c in dump["diagnosis"] if c["explained_by"] is None]
+
+
 def cause_sections(dump: DumpRecord, max_rows: int) -> list[CauseSection]:
     """Per cause (diagnosis order), its findings per code: the totals and the first
     `max_rows` findings (groups).
@@ -403,11 +410,12 @@ def cause_sections(dump: DumpRecord, max_rows: int) -> list[CauseSection]:
     The table and Markdown views both draw their finding blocks from this, so symptoms are
     always shown under their cause.
     """
+    parent = {c["cause"]: c["explained_by"] for c in dump["diagnosis"] if c["explained_by"]}
     members: dict[str | None, list[FindingRecord]] = {}
-    for f in dump["findings"]:
-        members.setdefault(f["cause"], []).append(f)
+    for f in dump["findings"]:  # an explained cause's symptoms go under its parent
+        members.setdefault(parent.get(f["cause"] or "", f["cause"]), []).append(f)
     out = []
-    for cause in dump["diagnosis"]:
+    for cause in top_causes(dump):
         if cause["cause"] in members:
             found = members.pop(cause["cause"])
             out.append(CauseSection(cause=cause, sections=_code_sections(found, max_rows)))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from kvcanary_cli.analysis.model import CauseCode, DumpReport
+from kvcanary_cli.analysis.model import CauseCode, CheckReport, DumpReport
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.render.markdown.check import check_markdown
 from kvcanary_cli.render.records.check import check_record
@@ -44,7 +44,7 @@ def _top(report: DumpReport) -> list[str]:
 
 def _table_text(report: DumpReport) -> str:
     console = Console(file=io.StringIO(), record=True, width=100, color_system=None)
-    console.print(check_table(check_record([report])))
+    console.print(check_table(check_record(CheckReport(dumps=(report,)))))
     return console.export_text()
 
 
@@ -142,14 +142,14 @@ def test_a_leak_of_a_cleared_mapping_joins_the_mapping(tmp_path: Path) -> None:
     assert CauseCode.SWA_LEAK in causes, report.diagnosis
     assert _top(report) == ["swa-mapping-cleared-in-window"], report.diagnosis
     assert causes[CauseCode.SWA_LEAK].explained_by is CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW
-    record = check_record([report])["dumps"][0]
+    record = check_record(CheckReport(dumps=(report,)))["dumps"][0]
     by_code = {c["cause"]: c for c in record["diagnosis"]}
     assert by_code["swa-leak"]["explained_by"] == "swa-mapping-cleared-in-window"
     assert by_code["swa-mapping-cleared-in-window"]["explained_by"] is None
     assert any("swa-page-leaked" in line for line in by_code["swa-mapping-cleared-in-window"][
         "also_shows"
     ])
-    markdown = check_markdown(check_record([report]))
+    markdown = check_markdown(check_record(CheckReport(dumps=(report,))))
     assert "also shows" in markdown and markdown.count("**fix:**") == 1
 
 
@@ -230,7 +230,7 @@ def test_the_legend_explains_the_terms_the_report_uses(tmp_path: Path) -> None:
     report = _check(make_scenario("stale-tail", seed=0), tmp_path / "d.safetensors")
     text = _table_text(report)
     assert "P: prefix length" in text and "E: extend length" in text, text
-    markdown = check_markdown(check_record([report]))
+    markdown = check_markdown(check_record(CheckReport(dumps=(report,))))
     assert "P: prefix length" in markdown
     slots = _check(make_scenario("double-free", seed=0), tmp_path / "e.safetensors")
     # free-list entries are entries, not cells

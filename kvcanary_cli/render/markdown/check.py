@@ -45,6 +45,7 @@ from kvcanary_cli.render.shared import (
     severity_count,
     shrunk_lines,
     slots_text,
+    top_causes,
 )
 from kvcanary_cli.safe_text import printable_record
 
@@ -176,7 +177,7 @@ def _diagnosis_section(dump: DumpRecord, text: DumpText) -> list[str]:
     if not dump["diagnosis"]:
         return []
     items = []
-    for number, cause in enumerate(dump["diagnosis"], 1):
+    for number, cause in enumerate(top_causes(dump), 1):
         lines = [
             f"{number}. **{_code(cause['cause'], cell=False)}** ({cause['confidence']}): "
             f"{_text(cause['summary'])}"
@@ -191,6 +192,7 @@ def _diagnosis_section(dump: DumpRecord, text: DumpText) -> list[str]:
         explains = code_cells(cause["explains"], lambda code: _code(code, cell=False))
         if explains:
             lines.append(f"   - explains: {explains}")
+        lines.extend(f"   - {_text(clipped(line, text.chars))}" for line in cause["also_shows"])
         lines.append(f"   - **fix:** {_text(cause['fix'])}")
         items.append("\n".join(lines))
     return ["#### Diagnosis", "\n".join(items)]

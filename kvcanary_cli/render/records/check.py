@@ -164,6 +164,11 @@ class CauseRecord(TypedDict):
     #: findings it accounts for (their `cause`)
     explains: dict[FindingCodeName, int]
     fix: str
+    #: the cause whose fault left these symptoms too (a chain, docs/findings.md "Chains");
+    #: null for a top-level cause
+    explained_by: CauseCodeName | None
+    #: for a parent: one line per cause it explains (codes, counts, where)
+    also_shows: list[str]
 
 
 class FirstRaiseRecord(TypedDict):
@@ -313,6 +318,8 @@ def _cause(cause: Cause) -> CauseRecord:
         "evidence": list(cause.evidence),
         "explains": code_counts(cause.explains),
         "fix": cause.fix,
+        "explained_by": None if cause.explained_by is None else cause_name(cause.explained_by),
+        "also_shows": list(cause.also_shows),
     }
 
 

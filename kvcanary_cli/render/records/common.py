@@ -116,6 +116,8 @@ CauseCodeName = Literal[
     "double-free",
     "reserved-slot-freed",
     "partial-page-free",
+    "swa-page-reissued",
+    "swa-boundary-page-cleared",
     "stale-swa-mapping",
     "swa-shared-owner",
     "swa-freed-while-live",

@@ -30,6 +30,7 @@ from kvcanary_cli.render.shared import (
     section_size,
     severity_cells,
     severity_count,
+    top_causes,
 )
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,
@@ -160,7 +161,7 @@ def _diagnosis_blocks(dump: DumpRecord) -> list[RenderableType]:
     if not dump["diagnosis"]:
         return []
     parts: list[RenderableType] = [Text("diagnosis", style="bold")]
-    for number, cause in enumerate(dump["diagnosis"], 1):
+    for number, cause in enumerate(top_causes(dump), 1):
         style = _CONFIDENCE_STYLE.get(cause["confidence"], "")
         head = Text(f"{cause['cause']} ({cause['confidence']})", style=style)
         head.append(f": {cause['summary']}", style="")
@@ -169,6 +170,7 @@ def _diagnosis_blocks(dump: DumpRecord) -> list[RenderableType]:
         explains = code_cells(cause["explains"])
         if explains:
             rows.append(("-", Text(f"explains {explains}")))
+        rows.extend(("-", Text(line)) for line in cause["also_shows"])
         rows.append(("-", Text(f"fix: {cause['fix']}", style="bold")))
         parts.append(indented(rows, indent=5))
     return parts

@@ -1,0 +1,250 @@
+"""Chains of causes: one fault, one story (docs/findings.md, "Chains").
+
+A fault leaves symptoms that other causes would name on their own: the reserved page freed
+twice is also a double free, a mapping cleared without its free also leaks a page, a freed
+slot a request still reads also keeps its LUT entry. Once the diagnosis has claimed every
+cell, `link` marks such a cause as explained by the one whose fault left it (`explained_by`),
+gives the parent one "also shows" line per cause it explains (codes, counts, where), and
+orders the causes: the top-level ones in rank order, each followed by those it explains.
+Only a cause whose every finding the parent's fault accounts for is absorbed; the rest stay
+top-level, for the cells nothing else explains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from kvcanary_cli.analysis.cells import cell_slots, distinct
+from kvcanary_cli.analysis.model import Cause, CauseCode, Confidence, Finding, FindingCode, Space
+from kvcanary_cli.dump.loader import KvDump
+
+__all__ = ["link", "numbers", "span"]
+
+#: Causes the reserved page explains when every slot they name lies on it: what page 0 on a
+#: free list leads to (listed twice, handed out, mapped from live or stale full slots).
+_RESERVED_SYMPTOMS = frozenset(
+    {
+        CauseCode.DOUBLE_FREE,
+        CauseCode.STALE_SWA_MAPPING,
+        CauseCode.SWA_SHARED_OWNER,
+        CauseCode.SWA_FREED_WHILE_LIVE,
+        CauseCode.SWA_MAPPING_REWRITTEN,
+        CauseCode.SWA_MAPPING_COLLISION,
+        CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
+        CauseCode.PARTIAL_PAGE_FREE,
+    }
+)
+#: Causes whose fault drops or replaces an SWA mapping without freeing the page it held: a
+#: leak of no more pages than they concern is theirs (in this order of preference).
+_LEAVES_LEAKS = (
+    CauseCode.SWA_BOUNDARY_PAGE_CLEARED,
+    CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+    CauseCode.SWA_FREED_WHILE_LIVE,
+    CauseCode.SWA_PAGE_REISSUED,
+    CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
+    CauseCode.SWA_MAPPING_COLLISION,
+    CauseCode.SWA_SHARED_OWNER,
+    CauseCode.SWA_MAPPING_REWRITTEN,
+)
+
+#: values a `span` names one by one before it counts the rest.
+_SHOWN = 4
+
+
+def span(values: np.ndarray | Sequence[int]) -> str:
+    """`36..39`, `3, 9, 12` or `3, 9, 12, 40, ... (9)`: distinct values, a run as a range."""
+    v = distinct(np.asarray(values, dtype=np.int64))
+    if v.size == 0:
+        return ""
+    if v.size > 2 and int(v[-1]) - int(v[0]) == v.size - 1:
+        return f"{v[0]}..{v[-1]}"
+    shown = ", ".join(str(x) for x in v[:_SHOWN].tolist())
+    return shown if v.size <= _SHOWN else f"{shown}, ... ({v.size})"
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return one if n == 1 else (many or one + "s")
+
+
+def _slots_phrase(space: str, values: np.ndarray) -> str:
+    count = distinct(values).size
+    return f"{space} {_plural(count, 'slot')} {span(values)}"
+
+
+def _full_of(f: Finding) -> np.ndarray | None:
+    """The full slot of each cell of a finding (its slot in the full space, else its
+    `full_slot` column), None where it has none."""
+    if f.cells is None:
+        return None if f.slot is None or f.space is not Space.FULL else np.array([f.slot])
+    if f.space is Space.FULL and f.cells.slot is not None:
+        return f.cells.slot
+    return f.cells.extra.get("full_slot")
+
+
+def _swa_of(f: Finding) -> np.ndarray | None:
+    """The SWA slot of each cell (its slot in the SWA space, else its `swa_slot` column)."""
+    if f.cells is None:
+        return None if f.slot is None or f.space is not Space.SWA else np.array([f.slot])
+    if f.space is Space.SWA and f.cells.slot is not None:
+        return f.cells.slot
+    return f.cells.extra.get("swa_slot")
+
+
+def numbers(f: Finding) -> str:
+    """Where a finding's cells are, in numbers: `full slots 36..39 -> SWA slots 20..23;
+    batch row 1 (pool row 3), positions 30..33` (empty for a row- or tensor-level one)."""
+    if f.cells is None or len(f.cells) == 0:
+        return ""
+    bits = []
+    full, swa = _full_of(f), _swa_of(f)
+    if full is not None and swa is not None:
+        bits.append(f"{_slots_phrase('full', full)} -> {_slots_phrase('SWA', swa)}")
+    elif full is not None:
+        bits.append(_slots_phrase("full", full))
+    elif swa is not None:
+        bits.append(_slots_phrase("SWA", swa))
+    if "page" in f.cells.extra:
+        pages = f.cells.extra["page"]
+        bits[-1:] = [f"SWA {_plural(distinct(pages).size, 'page')} {span(pages)}"]
+    rows = f.cells.batch_row
+    inside = rows >= 0
+    if inside.any():
+        b, r = rows[inside], f.cells.pool_row[inside]
+        where = (
+            f"batch {_plural(distinct(b).size, 'row')} {span(b)} "
+            f"(pool {_plural(distinct(r).size, 'row')} {span(r)})"
+        )
+        q = f.cells.position[inside]
+        bits.append(f"{where}, {_plural(distinct(q).size, 'position')} {span(q)}")
+    return "; ".join(bits)
+
+
+def _touches_page_zero(f: Finding, page: int) -> bool:
+    """Every cell names a slot of the reserved page 0 (in any of its slot columns)."""
+    columns = [c for c in (_full_of(f), _swa_of(f)) if c is not None]
+    if f.cells is not None and f.cells.slot is not None:
+        columns.append(f.cells.slot)
+    if not columns:
+        return False
+    hit = np.zeros(len(columns[0]), dtype=bool)
+    for c in columns:
+        hit |= (c >= 0) & (c < page)
+    return bool(hit.all())
+
+
+def _full_pages(fs: list[Finding], page: int) -> int:
+    """Distinct full pages the findings' cells name (their full slots)."""
+    parts = [v // page for v in (_full_of(f) for f in fs) if v is not None and v.size]
+    return int(distinct(np.concatenate(parts)).size) if parts else 0
+
+
+def _swa_pages(fs: list[Finding], page: int) -> int:
+    parts = [v // page for v in (_swa_of(f) for f in fs) if v is not None and v.size]
+    return int(distinct(np.concatenate(parts)).size) if parts else 0
+
+
+def _where(fs: list[Finding]) -> str:
+    return "; ".join(dict.fromkeys(n for n in (numbers(f) for f in fs[:2]) if n))
+
+
+def _unit(code: FindingCode) -> tuple[str, str]:
+    """What a code's cells are: table cells, LUT or free-list entries, or pages."""
+    if code in (FindingCode.SWA_PAGE_LEAKED, FindingCode.FULL_PAGE_LEAKED):
+        return "page", "pages"
+    if code in SLOT_CODES:
+        return "entry", "entries"
+    return "cell", "cells"
+
+
+#: Codes whose cells are LUT or free-list entries (about slots, outside req_to_token).
+SLOT_CODES = frozenset(
+    {
+        FindingCode.FREE_LIST_DUPLICATE,
+        FindingCode.RESERVED_SLOT_IN_USE,
+        FindingCode.FREE_SLOT_STILL_MAPPED,
+        FindingCode.SWA_SLOT_FREE_AND_MAPPED,
+        FindingCode.SWA_SLOT_SHARED_OWNER,
+        FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP,
+    }
+)
+
+
+def counted(explains: dict[str, int]) -> str:
+    """`2 free-list-duplicate entries, 1 swa-page-leaked page`: counts in their units."""
+    out = []
+    for code, n in explains.items():
+        one, many = _unit(FindingCode(code))
+        out.append(f"{n} {code} {one if n == 1 else many}")
+    return ", ".join(out)
+
+
+def link(dump: KvDump, findings: list[Finding], causes: list[Cause]) -> tuple[Cause, ...]:
+    """The causes with their chains set (see the module's docstring), parents first."""
+    page = max(1, dump.scalars["page_size"].value or 1)
+    members: dict[CauseCode, list[Finding]] = {}
+    for f in findings:
+        if f.cause is not None:
+            members.setdefault(f.cause, []).append(f)
+    present = {c.code for c in causes if c.confidence is not Confidence.POSSIBLE}
+    parent: dict[CauseCode, CauseCode] = {}
+    why: dict[CauseCode, str] = {}
+
+    def absorb(child: CauseCode, by: CauseCode, reason: str) -> None:
+        if child in present and child != by and child not in parent and by not in parent:
+            parent[child] = by
+            why[child] = reason
+
+    # the reserved page first: what page 0 on a free list leads to is the reserved page's
+    if CauseCode.RESERVED_SLOT_FREED in present:
+        for code in _RESERVED_SYMPTOMS:
+            fs = members.get(code, [])
+            if fs and all(_touches_page_zero(f, page) for f in fs):
+                absorb(code, CauseCode.RESERVED_SLOT_FREED, "every slot it names is on page 0")
+    # a live slot put on the free list keeps its LUT entry: the free is the fault
+    freed = [
+        f for f in members.get(CauseCode.USE_AFTER_FREE, []) if f.space is Space.FULL
+    ]
+    stale = members.get(CauseCode.STALE_SWA_MAPPING, [])
+    if freed and stale:
+        live = np.concatenate([cell_slots(f) for f in freed])
+        mapped = [_full_of(f) for f in stale]
+        if all(v is not None and np.isin(v, live).all() for v in mapped):
+            absorb(
+                CauseCode.STALE_SWA_MAPPING,
+                CauseCode.USE_AFTER_FREE,
+                "its full slots are live slots on the free list, still mapped because a "
+                "request still holds them",
+            )
+    # a mapping dropped or replaced without its free leaks the page it held
+    leaks = members.get(CauseCode.SWA_LEAK, [])
+    if leaks:
+        leaked = _swa_pages(leaks, page)
+        for code in _LEAVES_LEAKS:
+            fs = members.get(code, [])
+            if fs and code not in parent and leaked <= max(_full_pages(fs, page), 1):
+                absorb(
+                    CauseCode.SWA_LEAK,
+                    code,
+                    "the SWA pages its mappings held, dropped without a free",
+                )
+                break
+    if not parent:
+        return tuple(causes)
+    by_code = {c.code: c for c in causes}
+    out: list[Cause] = []
+    for c in causes:
+        if c.code in parent:
+            continue
+        children = [by_code[k] for k, v in parent.items() if v is c.code]
+        children.sort(key=causes.index)
+        lines = tuple(
+            f"also shows {counted(k.explains)} ({k.code.value}: {why[k.code]})"
+            + (f": {where}" if (where := _where(members.get(k.code, []))) else "")
+            for k in children
+        )
+        out.append(replace(c, also_shows=c.also_shows + lines))
+        out.extend(replace(k, explained_by=c.code) for k in children)
+    return tuple(out)
