@@ -27,15 +27,11 @@ from kvcanary_cli.planners.sglang_runtime import installed_version
 # Each function imports what it runs: `inspect` reads a dump with numpy alone, and
 # `import kvcanary_cli.api` stays light.
 if TYPE_CHECKING:
-    from kvcanary_cli.analysis.model import (
-        CheckReport,
-        ProvenanceReport,
-        Severity,
-        TimelineReport,
-    )
+    from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, TimelineReport
     from kvcanary_cli.analysis.plan_summary import PlanRun
     from kvcanary_cli.analysis.selftest import SelftestReport
     from kvcanary_cli.analysis.violations.report import ViolationsReport
+    from kvcanary_cli.catalog import Severity
     from kvcanary_cli.dump.describe import DumpDescription
     from kvcanary_cli.dump.shrink_writer import ShrinkResult
 
@@ -91,7 +87,7 @@ def check(
     report, the others are still checked. `kernel`: triton, vectorized, sglang or none. The report
     names the SGLang version installed here, if any, so a reader knows what was compared."""
     from kvcanary_cli.analysis.check import check_dumps
-    from kvcanary_cli.analysis.model import Severity
+    from kvcanary_cli.catalog import Severity
 
     many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     severity = Severity(_one_of(fail_on, [s.value for s in Severity], "--fail-on"))

@@ -10,7 +10,8 @@ import typer
 
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
-from kvcanary_cli.analysis.model import Group, Severity, Space
+from kvcanary_cli.analysis.model import Group, Space
+from kvcanary_cli.catalog import Severity
 from kvcanary_cli.cli_options import ExitCode, GroupChoice, ReportTo, fail
 from kvcanary_cli.output import deliver, tell
 from kvcanary_cli.planners import PlannerChoice

@@ -23,7 +23,8 @@ import typer.main
 from typer.core import TyperGroup
 
 from kvcanary_cli import __version__
-from kvcanary_cli.analysis.model import CheckReport, Severity, Space, TimelineReport
+from kvcanary_cli.analysis.model import CheckReport, Space, TimelineReport
+from kvcanary_cli.catalog import Severity
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.dump.streams import (

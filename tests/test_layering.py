@@ -1,6 +1,7 @@
 """Imports flow one way: cli -> api/render -> analysis -> synth -> canary -> planners -> dump
 -> errors (AST check), and no import circle exists, between packages or between modules; `safe_text`
-(the one escape for text shown from a dump) is a leaf every layer may use.
+(the one escape for text shown from a dump) and `catalog` (every code with its entry, standard
+library only) are leaves every layer may use.
 
 Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
 imports `triton_kernels` (after preparing the environment), so the two cannot form a cycle;
@@ -21,17 +22,28 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kvcanary_cli"
 #: layer -> package modules (prefixes) it may import.
 ALLOWED = {
     "safe_text": set(),
-    "errors": {"safe_text"},
-    "dump": {"safe_text", "errors", "dump"},
-    "planners": {"safe_text", "errors", "dump", "planners"},
-    "canary": {"safe_text", "errors", "dump", "planners", "canary"},
+    "catalog": set(),
+    "errors": {"safe_text", "catalog"},
+    "dump": {"safe_text", "catalog", "errors", "dump"},
+    "planners": {"safe_text", "catalog", "errors", "dump", "planners"},
+    "canary": {"safe_text", "catalog", "errors", "dump", "planners", "canary"},
     # serving states and scenarios: they stamp canary records and rings
-    "synth": {"safe_text", "errors", "dump", "canary", "synth"},
-    "analysis": {"safe_text", "errors", "dump", "planners", "canary", "synth", "analysis"},
+    "synth": {"safe_text", "catalog", "errors", "dump", "canary", "synth"},
+    "analysis": {
+        "safe_text",
+        "catalog",
+        "errors",
+        "dump",
+        "planners",
+        "canary",
+        "synth",
+        "analysis",
+    },
     # the commands' typed results it builds records from; "" = the package root, for
     # __version__
     "render": {
         "safe_text",
+        "catalog",
         "render",
         "analysis.model",
         "analysis.plan_summary",
@@ -41,10 +53,11 @@ ALLOWED = {
         "canary.constants",
         "",
     },
-    "capture": {"safe_text", "dump", "errors", "capture"},
+    "capture": {"safe_text", "catalog", "dump", "errors", "capture"},
     # SGLang's real stack under a workload, recorded by the capture code, audited by `api`
     "soak": {
         "safe_text",
+        "catalog",
         "errors",
         "dump",
         "capture",
@@ -58,6 +71,7 @@ ALLOWED = {
     # "" = the package root, for __version__
     "cli_options": {
         "safe_text",
+        "catalog",
         "errors",
         "dump.schema",
         "dump.streams",
@@ -70,6 +84,7 @@ ALLOWED = {
     },
     "api": {
         "safe_text",
+        "catalog",
         "errors",
         "dump",
         "planners",
@@ -78,9 +93,10 @@ ALLOWED = {
         "analysis",
         "",
     },  # "" for __version__
-    "output": {"safe_text", "dump.files", "dump.streams", "render"},
+    "output": {"safe_text", "catalog", "dump.files", "dump.streams", "render"},
     "cli": {
         "safe_text",
+        "catalog",
         "errors",
         "dump",
         "planners",
@@ -348,6 +364,10 @@ def test_every_module_has_a_docstring() -> None:
 
 def test_safe_text_is_a_leaf() -> None:
     assert package_imports(PACKAGE / "safe_text.py") == []
+
+
+def test_the_catalog_is_a_leaf() -> None:
+    assert package_imports(PACKAGE / "catalog.py") == []
 
 
 def test_kernels_do_not_import_the_runtime() -> None:

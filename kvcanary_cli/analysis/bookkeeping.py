@@ -27,8 +27,9 @@ import numpy as np
 
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.findings import held_twice, step_writes
-from kvcanary_cli.analysis.model import CellColumns, Finding, FindingCode, Group, Role, Space
+from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 

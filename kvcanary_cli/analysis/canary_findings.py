@@ -13,13 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import (
-    CellColumns,
-    Finding,
-    FindingCode,
-    Role,
-    Space,
-)
+from kvcanary_cli.analysis.model import CellColumns, Finding, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells
 from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.analysis.violations.report import CAUSES, Explanations, explanation_text
@@ -34,6 +28,7 @@ from kvcanary_cli.canary.constants import (
 )
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring_rows import ViolationRows
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 

@@ -51,11 +51,9 @@ from kvcanary_cli.analysis.model import (
     CheckReport,
     DumpReport,
     Finding,
-    FindingCode,
     Group,
     GroupSummary,
     ScalarValue,
-    Severity,
     SlotProvenance,
     Space,
 )
@@ -68,6 +66,7 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
+from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner

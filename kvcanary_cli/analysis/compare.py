@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvcanary_cli.analysis.kernel_raise import launch_divergences
-from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.model import Finding
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
 
 __all__ = ["PlanComparison", "compare_plans"]

@@ -4,8 +4,9 @@ A finding is a symptom at one cell or row; a cause explains a group of them and 
 (docs/findings.md, "Diagnosis"). Row-level causes claim their rows' symptoms first (corrupt
 batch metadata, a recycled row read through a too-long prefix); the LUT-versus-slot question
 is decided from the recorded pool size when there is one, from the other evidence when there
-is not; every other symptom maps to the cause its code names. When the evidence does not
-decide, the losing cause is kept as `possible` instead of being dropped.
+is not; every other symptom maps to the cause its code names (`catalog.CAUSE_OF_FINDING`). When
+the evidence does not decide, the losing cause is kept as `possible` instead of being dropped.
+A cause's summary and fix are its catalog entry's.
 """
 
 from __future__ import annotations
@@ -22,20 +23,25 @@ from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_amo
 from kvcanary_cli.analysis.model import (
     Assumption,
     Cause,
-    CauseCode,
-    Confidence,
     Finding,
-    FindingCode,
     FirstRaise,
     RequestSummary,
     Role,
     Space,
 )
 from kvcanary_cli.analysis.violations.report import CAUSES as EXPLANATION_CAUSES
+from kvcanary_cli.catalog import (
+    CAUSE_OF_EXPLANATION,
+    CAUSE_OF_FINDING,
+    CAUSES,
+    CauseCode,
+    Confidence,
+    FindingCode,
+    ViolationRowCause,
+)
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.planners.base import Plan
-from kvcanary_cli.planners.frame import GPU_MAX_BS
 from kvcanary_cli.planners.upstream_raise import upstream_error
 
 __all__ = [
@@ -65,162 +71,8 @@ _STALE_CODES = frozenset(
         FindingCode.DUPLICATE_SLOT_IN_ROW,
     }
 )
-#: one code, one cause, when no row-level or LUT-level cause claims the finding first.
-_BY_CODE: dict[FindingCode, CauseCode] = {
-    FindingCode.FREE_LIST_DUPLICATE: CauseCode.DOUBLE_FREE,
-    FindingCode.RESERVED_SLOT_IN_USE: CauseCode.RESERVED_SLOT_FREED,
-    FindingCode.FREE_SLOT_STILL_MAPPED: CauseCode.STALE_SWA_MAPPING,
-    FindingCode.SWA_SLOT_FREE_AND_MAPPED: CauseCode.STALE_SWA_MAPPING,
-    FindingCode.SWA_SLOT_SHARED_OWNER: CauseCode.SWA_SHARED_OWNER,
-    FindingCode.SWA_WRITE_TO_LIVE_SLOT: CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
-    FindingCode.SLOT_SHARED_WITHOUT_PREFIX: CauseCode.RADIX_PREFIX_BROKEN,
-    FindingCode.SWA_PAGE_LEAKED: CauseCode.SWA_LEAK,
-    FindingCode.FULL_PAGE_LEAKED: CauseCode.FULL_LEAK,
-    FindingCode.NEGATIVE_SLOT: CauseCode.SLOT_INDEX_CORRUPT,
-    FindingCode.FREED_SLOT_IN_LIVE_RANGE: CauseCode.USE_AFTER_FREE,
-    FindingCode.SLOT_SHARED_ACROSS_POSITIONS: CauseCode.CROSS_REQUEST_ALIASING,
-    FindingCode.DUPLICATE_SLOT_IN_ROW: CauseCode.SLOT_REUSED_WITHIN_REQUEST,
-    FindingCode.PADDING_SLOT_IN_LIVE_RANGE: CauseCode.UNWRITTEN_CELLS,
-    FindingCode.SWA_UNMAPPED_IN_WINDOW: CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
-    FindingCode.SWA_SLOT_COLLISION: CauseCode.SWA_MAPPING_COLLISION,
-    FindingCode.WRITE_TO_LIVE_SLOT: CauseCode.WRITE_INTO_LIVE_SLOT,
-    FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE: CauseCode.EXPECTED_TOKEN_POOL_MISMATCH,
-    FindingCode.VERIFY_CAPACITY_OVERFLOW: CauseCode.VERIFY_CAPACITY_OVERFLOW,
-    FindingCode.KERNEL_LIMIT_EXCEEDED: CauseCode.KERNEL_LIMIT,
-    FindingCode.KERNEL_DIVERGENCE: CauseCode.PLANNER_DIVERGENCE,
-    FindingCode.GPU_DTYPE_MISMATCH: CauseCode.NONCANONICAL_DTYPE,
-    FindingCode.LUT_SENTINEL_MISSING: CauseCode.LUT_SENTINEL_OVERWRITTEN,
-    FindingCode.SCALAR_OUT_OF_RANGE: CauseCode.SCALAR_METADATA_CORRUPT,
-}
-_SUMMARY: dict[CauseCode, str] = {
-    CauseCode.DOUBLE_FREE: "a slot is on a free list twice: it was freed twice, and will be "
-    "handed out to two owners",
-    CauseCode.RESERVED_SLOT_FREED: "the reserved padding slot (page 0) is on a free list or "
-    "mapped: an allocator can hand it out",
-    CauseCode.STALE_SWA_MAPPING: "LUT entries outlived their frees: free full slots still map to "
-    "SWA slots, or free SWA slots are still mapped",
-    CauseCode.SWA_SHARED_OWNER: "one SWA slot has several full owners in the LUT: freeing a "
-    "stale or cached owner frees a live request's SWA KV",
-    CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "this step's writes land, through the LUT, on SWA slots "
-    "other requests hold in their windows",
-    CauseCode.PARTIAL_PAGE_FREE: "pages freed in part: some tokens of a full page still map to "
-    "an SWA page the allocator released whole, the others were cleared",
-    CauseCode.SWA_FREED_WHILE_LIVE: "SWA pages on the free list while live requests still map "
-    "them: the next allocation hands their KV to another request",
-    CauseCode.SWA_MAPPING_REWRITTEN: "LUT entries out of their pages' lockstep: a full page's "
-    "tokens map to other offsets or other SWA pages, which no page allocation does",
-    CauseCode.RADIX_PREFIX_BROKEN: "rows share a slot at one position without sharing the "
-    "prefix before it: a copied cell, not radix sharing",
-    CauseCode.SWA_LEAK: "SWA pages that are neither free nor mapped from a held full slot: "
-    "leaked (SGLang aborts with 'SWA Pool Mem Leak Detected' once enough are gone)",
-    CauseCode.FULL_LEAK: "full-pool pages neither free, nor the radix tree's, nor a running "
-    "request's: leaked (SGLang's 'pool memory leak detected!')",
-    CauseCode.LUT_TOO_SHORT: "the SWA LUT is shorter than the full pool: valid slots fall "
-    "off its end",
-    CauseCode.SLOT_INDEX_CORRUPT: "slot indices that cannot be right in any pool: the "
-    "producer of the slot indices is wrong",
-    CauseCode.BATCH_METADATA_CORRUPT: "the batch metadata itself is wrong (pool rows, "
-    "lengths): the cells read through it are symptoms",
-    CauseCode.STALE_ROW_READ: "a recycled pool row read through a too-long prefix: the live "
-    "range runs into the stale tail of an earlier owner",
-    CauseCode.USE_AFTER_FREE: "live slots are on the allocator's free list",
-    CauseCode.CROSS_REQUEST_ALIASING: "one slot is live at different positions of two requests",
-    CauseCode.SLOT_REUSED_WITHIN_REQUEST: "one slot sits at two live positions of one request",
-    CauseCode.UNWRITTEN_CELLS: "live prefix cells hold slot 0: never written, or zeroed",
-    CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: "SWA peers freed while their tokens are still in "
-    "the window",
-    CauseCode.SWA_MAPPING_COLLISION: "two live full slots map to one SWA slot",
-    CauseCode.WRITE_INTO_LIVE_SLOT: "this step writes slots that other requests still hold",
-    CauseCode.LUT_SENTINEL_OVERWRITTEN: "the LUT's trailing -1 is gone",
-    CauseCode.EXPECTED_TOKEN_POOL_MISMATCH: "the expected-token pool is smaller than its "
-    "valid lengths say",
-    CauseCode.VERIFY_CAPACITY_OVERFLOW: "more verify entries than capacity: the verify launch "
-    "is skipped this step",
-    CauseCode.KERNEL_LIMIT: "the GPU plan path refuses this batch",
-    CauseCode.NONCANONICAL_DTYPE: "tensors in dtypes the production GPU path rejects",
-    CauseCode.PLANNER_DIVERGENCE: "the reference and the kernel disagree where no finding "
-    "explains it",
-    CauseCode.KV_OVERWRITTEN: "the KV bytes of live slots changed after the canary "
-    "fingerprinted them",
-    CauseCode.SCALAR_METADATA_CORRUPT: "a scalar the dump records is not one SGLang could "
-    "have used",
-    CauseCode.FOREIGN_CANARY_RECORD: "verified slots hold canary records of a writer the "
-    "dump does not show",
-}
-_FIX: dict[CauseCode, str] = {
-    CauseCode.DOUBLE_FREE: "find the second free of these slots (a request freed twice, a "
-    "free group flushed twice, a tombstone freed after its slot was reused)",
-    CauseCode.RESERVED_SLOT_FREED: "never put page 0 on a free list: find the free that passed "
-    "padding slots (filter slot 0 before freeing)",
-    CauseCode.STALE_SWA_MAPPING: "clear the LUT for every token of every page free_swa "
-    "releases (with page_size > 1, the whole page, not only the tokens passed) before the full "
-    "slots go back",
-    CauseCode.SWA_SHARED_OWNER: "track the owner of each SWA slot and let only that owner free "
-    "it; clear a replaced or tombstoned full slot's mapping when its SWA slot is reused",
-    CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "recompute the SWA write targets from the current LUT "
-    "(a cached swa_out_cache_loc or translation outlived a mapping change)",
-    CauseCode.PARTIAL_PAGE_FREE: "with page_size > 1, clear the LUT for every token of each "
-    "page free_swa releases, not only the tokens passed (SGLang PR #27779); a later free of the "
-    "stale tokens double-frees the page",
-    CauseCode.SWA_FREED_WHILE_LIVE: "find the free that released a mapped SWA page: a deferred "
-    "free group holding a page a recovery or replacement mapped again (SGLang PR #36135), or a "
-    "free by an owner that no longer owns the page (PRs #25385, #25270)",
-    CauseCode.SWA_MAPPING_REWRITTEN: "map and clear the LUT per page, full and SWA pages "
-    "together; find the code that set single entries (a cached translation, a tombstone "
-    "recovery, a copy of one token's mapping)",
-    CauseCode.SWA_LEAK: "find the path that clears a mapping without freeing its SWA page (an "
-    "eviction or tombstone that drops the LUT entry, a failed allocation that keeps the page; "
-    "SGLang issue #27789 with speculative decoding and page_size > 1)",
-    CauseCode.FULL_LEAK: "find the path that dropped these pages' owner without freeing them "
-    "(a request released without its KV, a tree node removed without its free); the table "
-    "cells that still hold them, in the provenance, say who had them last",
-    CauseCode.RADIX_PREFIX_BROKEN: "find what wrote another request's slot into this row "
-    "(a copy between rows, a prefix match that did not start at position 0, a fault "
-    "injector); radix sharing always shares the whole prefix",
-    CauseCode.LUT_TOO_SHORT: "size full_to_swa_index_mapping from the full pool (num_full_slots "
-    "+ 1 entries, the last one -1) and pass the allocator's mapping itself, not a slice of it; "
-    "the slots are fine",
-    CauseCode.SLOT_INDEX_CORRUPT: "find what wrote these req_to_token cells (allocation, "
-    "prefix-cache match, copy between rows); the LUT is not at fault",
-    CauseCode.BATCH_METADATA_CORRUPT: "fix how req_pool_indices / prefix_lens / "
-    "extend_seq_lens are built for the batch (ForwardBatch); ignore the cell symptoms until then",
-    CauseCode.STALE_ROW_READ: "the prefix length of this request is larger than what its row "
-    "holds: check prefix_lens (chunked prefill, retraction, radix match) for this request",
-    CauseCode.USE_AFTER_FREE: "find who freed these slots while a request still held them "
-    "(free on finish or retract, radix eviction of a locked node)",
-    CauseCode.CROSS_REQUEST_ALIASING: "find how a slot of one request was copied into another "
-    "at another position (prefix-cache match, row reuse without reset)",
-    CauseCode.SLOT_REUSED_WITHIN_REQUEST: "the allocator handed the same slot out twice to one "
-    "request, or a copy within the row went wrong",
-    CauseCode.UNWRITTEN_CELLS: "find why these positions were never written (skipped "
-    "allocation, zeroed row, prefix length past the written part)",
-    CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: "the out-of-window eviction freed SWA peers of "
-    "tokens still inside the window: check the eviction threshold against the window",
-    CauseCode.SWA_MAPPING_COLLISION: "an SWA slot was handed out twice, or a free skipped the "
-    "SWA side and left a stale mapping",
-    CauseCode.WRITE_INTO_LIVE_SLOT: "the allocator returned a slot still in use: check frees "
-    "and the free list",
-    CauseCode.LUT_SENTINEL_OVERWRITTEN: "keep the LUT's last entry at -1 (it makes a clamp "
-    "land on 'no slot')",
-    CauseCode.EXPECTED_TOKEN_POOL_MISMATCH: "size req_to_verify_expected_tokens to the "
-    "request lengths, or fix its valid lengths",
-    CauseCode.VERIFY_CAPACITY_OVERFLOW: "raise the verify capacity (ServerArgs / pool sizing)",
-    CauseCode.KERNEL_LIMIT: f"keep bs at most {GPU_MAX_BS} (the GPU plan path's block size) "
-    "and at most write_req_capacity",
-    CauseCode.NONCANONICAL_DTYPE: "store the tensors in the dtypes the GPU path requires (or "
-    "ignore: kvcanary read them anyway)",
-    CauseCode.PLANNER_DIVERGENCE: "report it to kvcanary with this dump: the kernel model and "
-    "the reference disagree",
-    CauseCode.KV_OVERWRITTEN: "find what wrote into these slots' KV after their step (a kernel "
-    "writing out of bounds, a copy or transfer into the wrong pages)",
-    CauseCode.SCALAR_METADATA_CORRUPT: "check what recorded the scalar (the capture hook's "
-    "server context); rerun with the real value through its option",
-    CauseCode.FOREIGN_CANARY_RECORD: "trace the slots with `kvcanary provenance --slot`: they "
-    "were rewritten by a sequence outside this batch (a transfer, a finished request, a "
-    "misplaced page)",
-}
-#: The cause of a canary finding, from its explanation (docs/canary.md §7) when no symptom
-#: in req_to_token or the allocator claimed it first.
+#: Canary findings: their cause is their explanation's (`CAUSE_OF_EXPLANATION`, docs/canary.md
+#: §7) when no symptom in req_to_token or the allocator claimed them first.
 _CANARY_CODES = frozenset(
     {
         FindingCode.CANARY_CHAIN_BREAK,
@@ -229,16 +81,8 @@ _CANARY_CODES = frozenset(
         FindingCode.CANARY_REAL_KV_MISMATCH,
     }
 )
-_BY_EXPLANATION: dict[str, CauseCode] = {
-    "aliasing": CauseCode.CROSS_REQUEST_ALIASING,
-    "duplicate-in-row": CauseCode.SLOT_REUSED_WITHIN_REQUEST,
-    "use-after-free": CauseCode.USE_AFTER_FREE,
-    "stale-slot": CauseCode.USE_AFTER_FREE,
-    "stale-row": CauseCode.STALE_ROW_READ,
-    "kv-overwritten": CauseCode.KV_OVERWRITTEN,
-}
 #: The explanation of a chain break caused by the bad record before it.
-_FOLLOWS = "follows-bad-record"
+_FOLLOWS = ViolationRowCause.FOLLOWS_BAD_RECORD
 #: Causes in the order a user should look at them when equally sure: root causes first.
 _PRECEDENCE = {code: i for i, code in enumerate(CauseCode)}
 
@@ -333,8 +177,8 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     _swa_freed_while_live(state)
     possible = _lut_or_slots(state)
     for i, f in enumerate(findings):
-        if f.code in _BY_CODE:
-            state.claim(_BY_CODE[f.code], Confidence.CERTAIN, i)
+        if f.code in CAUSE_OF_FINDING:
+            state.claim(CAUSE_OF_FINDING[f.code], Confidence.CERTAIN, i)
     _pages_out_of_lockstep(state)
     _canary_records(state)
     causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
@@ -348,10 +192,10 @@ def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
-        summary=_SUMMARY[entry.code],
+        summary=CAUSES[entry.code].summary,
         evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
         explains=dict(sorted(entry.explains.items(), key=lambda kv: FindingCode(kv[0]).order)),
-        fix=_FIX[entry.code],
+        fix=CAUSES[entry.code].fix,
     )
 
 
@@ -712,7 +556,7 @@ def _canary_records(state: _Diagnosis) -> None:
             state.claim(_CAUSES[value], Confidence.LIKELY, i, joined == value)
         explained = _cell_explanations(f)
         for name in sorted(set(explained.tolist()) - {_FOLLOWS}):
-            own = _BY_EXPLANATION.get(name, CauseCode.FOREIGN_CANARY_RECORD)
+            own = CAUSE_OF_EXPLANATION.get(name, CauseCode.FOREIGN_CANARY_RECORD)
             state.claim(own, Confidence.LIKELY, i, explained == name)
         claimed = state.cause_of[i] != _UNCLAIMED
         known.add(f.space, slots[claimed], state.cause_of[i][claimed])
@@ -812,13 +656,13 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
         Cause(
             code=second,
             confidence=Confidence.POSSIBLE,
-            summary=_SUMMARY[second],
+            summary=CAUSES[second].summary,
             evidence=(
                 "num_full_slots is not recorded, so the pool size cannot rule it out",
                 *evidence,
             ),
             explains=dict(state.claims[first].explains),
-            fix=_FIX[second],
+            fix=CAUSES[second].fix,
         )
     ]
 

@@ -12,15 +12,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import (
-    CellColumns,
-    Finding,
-    FindingCode,
-    Group,
-    Role,
-    Space,
-)
+from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS, dtype_label
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole

@@ -27,11 +27,7 @@ import numpy as np
 from kvcanary_cli.analysis.cells import holding
 from kvcanary_cli.analysis.check import attach_provenance, collect_findings
 from kvcanary_cli.analysis.findings import write_findings
-from kvcanary_cli.analysis.model import (
-    Finding,
-    FindingCode,
-    Space,
-)
+from kvcanary_cli.analysis.model import Finding, Space
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
@@ -39,6 +35,7 @@ from kvcanary_cli.analysis.provenance import (
     full_slots_mapping_to,
     live_cells,
 )
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.planners.frame import group_frame

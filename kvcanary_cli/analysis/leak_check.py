@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
-from kvcanary_cli.analysis.model import CellColumns, Finding, FindingCode, Group, Space
+from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Space
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.tensor import distinct
 

@@ -1,7 +1,7 @@
 """Result types of a check: findings, slot provenance, per-dump and overall reports.
 
 Frozen and logic-free (beyond small properties), so renderers can rely on them and tests can
-build them by hand. Codes and severities are the contract of docs/findings.md.
+build them by hand. Codes and severities are the catalog's (`kvcanary_cli.catalog`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from kvcanary_cli.catalog import CauseCode, Confidence, EventKind, FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
 
 if TYPE_CHECKING:  # numpy is imported where cells are handled: `--help` never loads it
@@ -22,8 +23,6 @@ __all__ = [
     "Assumption",
     "CanaryRecord",
     "Cause",
-    "CauseCode",
-    "Confidence",
     "FirstRaise",
     "UPSTREAM_RAISE",
     "Group",
@@ -36,17 +35,14 @@ __all__ = [
     "CellColumns",
     "CheckReport",
     "DumpReport",
-    "EventKind",
     "FindingHistory",
     "Finding",
-    "FindingCode",
     "GroupSummary",
     "ProvenanceReport",
     "RowCell",
     "RowGap",
     "RowMap",
     "RowOccupancy",
-    "Severity",
     "SlotHistory",
     "SlotMoment",
     "SlotOwner",
@@ -92,141 +88,6 @@ class Role(StrEnum):
 
 
 _LIVE_ROLES = frozenset({Role.VERIFY, Role.PREFIX, Role.CHAIN_PREV, Role.PENDING_WRITE})
-
-
-class Severity(StrEnum):
-    """error: the canary or the KV cache is wrong or unsafe; warning: blind or skipped."""
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-    @property
-    def rank(self) -> int:
-        """Higher is worse (for `--fail-on`)."""
-        return {"info": 0, "warning": 1, "error": 2}[self.value]
-
-
-class FindingCode(StrEnum):
-    """Stable finding identifiers (renaming one breaks the JSON schema)."""
-
-    LUT_OUT_OF_RANGE = "lut-out-of-range"
-    LUT_SHORTER_THAN_POOL = "lut-shorter-than-pool"
-    SLOT_BEYOND_POOL = "slot-beyond-pool"
-    NEGATIVE_SLOT = "negative-slot"
-    PADDING_SLOT_IN_LIVE_RANGE = "padding-slot-in-live-range"
-    SWA_UNMAPPED_IN_WINDOW = "swa-unmapped-in-window"
-    DUPLICATE_SLOT_IN_ROW = "duplicate-slot-in-row"
-    SLOT_SHARED_ACROSS_POSITIONS = "slot-shared-across-positions"
-    SLOT_SHARED_WITHOUT_PREFIX = "slot-shared-without-prefix"
-    SWA_SLOT_COLLISION = "swa-slot-collision"
-    FREED_SLOT_IN_LIVE_RANGE = "freed-slot-in-live-range"
-    WRITE_TO_LIVE_SLOT = "write-to-live-slot"
-    SWA_WRITE_TO_LIVE_SLOT = "swa-write-to-live-slot"
-    FREE_SLOT_STILL_MAPPED = "free-slot-still-mapped"
-    SWA_SLOT_FREE_AND_MAPPED = "swa-slot-free-and-mapped"
-    SWA_SLOT_SHARED_OWNER = "swa-slot-shared-owner"
-    SWA_PAGE_OUT_OF_LOCKSTEP = "swa-page-out-of-lockstep"
-    FREE_LIST_DUPLICATE = "free-list-duplicate"
-    RESERVED_SLOT_IN_USE = "reserved-slot-in-use"
-    SWA_PAGE_LEAKED = "swa-page-leaked"
-    FULL_PAGE_LEAKED = "full-page-leaked"
-    ROW_OUT_OF_RANGE = "row-out-of-range"
-    PREFIX_BEYOND_ROW = "prefix-beyond-row"
-    DUPLICATE_REQUEST_ROW = "duplicate-request-row"
-    VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
-    SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
-    EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
-    KERNEL_LIMIT_EXCEEDED = "kernel-limit-exceeded"
-    KERNEL_DIVERGENCE = "kernel-divergence"
-    CANARY_CHAIN_BREAK = "canary-chain-break"
-    CANARY_POSITION_MISMATCH = "canary-position-mismatch"
-    CANARY_TOKEN_MISMATCH = "canary-token-mismatch"
-    CANARY_REAL_KV_MISMATCH = "canary-real-kv-mismatch"
-    VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
-    NEGATIVE_LENGTH = "negative-length"
-    GPU_DTYPE_MISMATCH = "gpu-dtype-mismatch"
-    LUT_SENTINEL_MISSING = "lut-sentinel-missing"
-
-    @property
-    def severity(self) -> Severity:
-        """Severity fixed by docs/findings.md."""
-        if self in _WARNINGS:
-            return Severity.WARNING
-        return Severity.ERROR
-
-    @property
-    def order(self) -> int:
-        """Position in the codes table: reports list codes in this order within a severity."""
-        return _CODE_ORDER[self]
-
-
-_WARNINGS = frozenset(
-    {
-        FindingCode.VERIFY_CAPACITY_OVERFLOW,
-        FindingCode.NEGATIVE_LENGTH,
-        FindingCode.GPU_DTYPE_MISMATCH,
-        FindingCode.LUT_SENTINEL_MISSING,
-    }
-)
-_CODE_ORDER = {code: i for i, code in enumerate(FindingCode)}
-
-
-class CauseCode(StrEnum):
-    """Stable cause identifiers (docs/findings.md, "Diagnosis"): what to fix, not a symptom.
-
-    Equally sure causes rank in this order: allocator mechanisms (a double free, a reserved
-    slot handed out, a stale SWA mapping, two owners of an SWA slot) before the symptoms they
-    leave in the batch."""
-
-    DOUBLE_FREE = "double-free"
-    RESERVED_SLOT_FREED = "reserved-slot-freed"
-    PARTIAL_PAGE_FREE = "partial-page-free"
-    SWA_PAGE_REISSUED = "swa-page-reissued"
-    SWA_BOUNDARY_PAGE_CLEARED = "swa-boundary-page-cleared"
-    STALE_SWA_MAPPING = "stale-swa-mapping"
-    SWA_SHARED_OWNER = "swa-shared-owner"
-    SWA_FREED_WHILE_LIVE = "swa-freed-while-live"
-    SWA_WRITE_INTO_LIVE_SLOT = "swa-write-into-live-slot"
-    SWA_MAPPING_REWRITTEN = "swa-mapping-rewritten"
-    RADIX_PREFIX_BROKEN = "radix-prefix-broken"
-    LUT_TOO_SHORT = "lut-too-short"
-    SLOT_INDEX_CORRUPT = "slot-index-corrupt"
-    BATCH_METADATA_CORRUPT = "batch-metadata-corrupt"
-    STALE_ROW_READ = "stale-row-read"
-    USE_AFTER_FREE = "use-after-free"
-    CROSS_REQUEST_ALIASING = "cross-request-aliasing"
-    SLOT_REUSED_WITHIN_REQUEST = "slot-reused-within-request"
-    UNWRITTEN_CELLS = "unwritten-cells"
-    SWA_MAPPING_CLEARED_IN_WINDOW = "swa-mapping-cleared-in-window"
-    SWA_MAPPING_COLLISION = "swa-mapping-collision"
-    WRITE_INTO_LIVE_SLOT = "write-into-live-slot"
-    LUT_SENTINEL_OVERWRITTEN = "lut-sentinel-overwritten"
-    EXPECTED_TOKEN_POOL_MISMATCH = "expected-token-pool-mismatch"
-    VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
-    KERNEL_LIMIT = "kernel-limit"
-    NONCANONICAL_DTYPE = "noncanonical-dtype"
-    PLANNER_DIVERGENCE = "planner-divergence"
-    KV_OVERWRITTEN = "kv-overwritten"
-    SCALAR_METADATA_CORRUPT = "scalar-metadata-corrupt"
-    FOREIGN_CANARY_RECORD = "foreign-canary-record"
-    #: last among equals: a page is often leaked by a fault ranked above (a mapping
-    #: overwritten or cleared without its free).
-    SWA_LEAK = "swa-leak"
-    FULL_LEAK = "full-leak"
-
-
-class Confidence(StrEnum):
-    """How sure the diagnosis is of a cause."""
-
-    CERTAIN = "certain"
-    LIKELY = "likely"
-    POSSIBLE = "possible"
-
-    @property
-    def rank(self) -> int:
-        """Higher is surer."""
-        return {"possible": 0, "likely": 1, "certain": 2}[self.value]
 
 
 #: The `details` key of a finding record where the kernel's launch raised as the reference
@@ -686,31 +547,6 @@ class ProvenanceReport:
 
 
 # --- timeline: what changed between dumps of one rank (`kvcanary timeline`, `diff`) ---------
-
-
-class EventKind(StrEnum):
-    """Stable identifiers of the events a timeline finds between two dumps (docs/timeline.md):
-    each is a change no single dump can date."""
-
-    DOUBLE_ALLOCATION = "double-allocation"
-    USE_AFTER_FREE = "use-after-free"
-    PREFIX_REWRITTEN = "prefix-rewritten"
-    LUT_REWRITTEN = "lut-rewritten"
-    SWA_LEAK = "swa-leak"
-
-    @property
-    def default_cause(self) -> CauseCode:
-        """The cause an event belongs to when no finding of its dump names one."""
-        return _EVENT_CAUSES[self]
-
-
-_EVENT_CAUSES = {
-    EventKind.DOUBLE_ALLOCATION: CauseCode.CROSS_REQUEST_ALIASING,
-    EventKind.USE_AFTER_FREE: CauseCode.USE_AFTER_FREE,
-    EventKind.PREFIX_REWRITTEN: CauseCode.RADIX_PREFIX_BROKEN,
-    EventKind.LUT_REWRITTEN: CauseCode.SWA_MAPPING_REWRITTEN,
-    EventKind.SWA_LEAK: CauseCode.SWA_LEAK,
-}
 
 
 @dataclass(frozen=True, kw_only=True)

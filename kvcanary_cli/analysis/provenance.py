@@ -19,13 +19,13 @@ from kvcanary_cli.analysis.model import (
     CanaryRecord,
     Cell,
     Finding,
-    FindingCode,
     Role,
     SlotProvenance,
     Space,
     ViolationRow,
 )
 from kvcanary_cli.canary.ring import decode_ring
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.frame import GroupFrame
 

@@ -32,7 +32,7 @@ from kvcanary_cli.analysis.check import (
     collect_findings,
     provenance_slots,
 )
-from kvcanary_cli.analysis.model import Finding, FindingCode
+from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, full_slots_mapping_to
 from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.analysis.violations.report import OWNER_KINDS, OwnerKind
@@ -42,6 +42,7 @@ from kvcanary_cli.canary.real_kv import PARTIAL_BYTES, RealKvMode, real_kv_setup
 from kvcanary_cli.canary.replay import BufferReplay, replay_dump
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep

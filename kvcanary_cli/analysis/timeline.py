@@ -49,14 +49,10 @@ from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.model import (
-    CauseCode,
     CellColumns,
     DumpReport,
-    EventKind,
-    FindingCode,
     FindingHistory,
     Group,
-    Severity,
     SlotHistory,
     SlotMoment,
     SlotOwner,
@@ -67,6 +63,7 @@ from kvcanary_cli.analysis.model import (
     TimelineReport,
 )
 from kvcanary_cli.analysis.provenance import SlotSet
+from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
 from kvcanary_cli.dump.header import FileState, read_header
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import parse_integer

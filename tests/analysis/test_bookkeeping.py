@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcanary_cli.analysis.bookkeeping import free_list_findings, lut_bookkeeping_findings
-from kvcanary_cli.analysis.model import FindingCode
 from kvcanary_cli.analysis.provenance import live_cells
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.synth.state import build_dump

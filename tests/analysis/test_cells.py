@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcanary_cli.analysis.cells import at_cell, holding, in_pool_row, part, restricted
-from kvcanary_cli.analysis.model import CellColumns, Finding, FindingCode, Group, Role
+from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Role
+from kvcanary_cli.catalog import FindingCode
 
 
 @st.composite

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcanary_cli.analysis.model import FindingCode
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.synth.scenarios import make_scenario
 from kvcanary_cli.synth.state import SynthDump

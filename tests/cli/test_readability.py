@@ -295,7 +295,7 @@ def test_examples_readme_quotes_what_its_commands_print() -> None:
 
 
 def test_the_readme_findings_table_has_every_code() -> None:
-    from kvcanary_cli.analysis.model import FindingCode
+    from kvcanary_cli.catalog import FindingCode
 
     section = (ROOT / "README.md").read_text().split("## Findings\n")[1].split("\n## ")[0]
     listed = set(re.findall(r"^\| `([a-z-]+)` \| (?:error|warning|info) \|", section, re.M))

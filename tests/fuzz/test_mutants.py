@@ -293,7 +293,7 @@ def test_int64_slots_keep_their_identity(case: str, tmp_path: Path) -> None:
     import numpy as np
 
     from kvcanary_cli import api
-    from kvcanary_cli.analysis.model import Severity
+    from kvcanary_cli.catalog import Severity
     from kvcanary_cli.dump.writer import save_dump
 
     cells, expected = WIDE_SLOTS[case]

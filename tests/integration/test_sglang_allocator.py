@@ -183,8 +183,8 @@ def test_a_timeline_of_sglangs_allocator_reports_no_rewritten_prefix(
     """Consecutive states of SGLang's own allocator (radix reuse of cached prefixes, rows
     handed back and reused, SWA eviction): a live request's written cells never change, so
     the timeline names no `prefix-rewritten` (issue 35, part 5: its false-alarm hunt)."""
-    from kvcanary_cli.analysis.model import EventKind
     from kvcanary_cli.analysis.timeline import timeline
+    from kvcanary_cli.catalog import EventKind
 
     states = run_history_states(allocators, spec, seed, 8)
     paths = [s.save(tmp_path / f"step{i}.safetensors") for i, s in enumerate(states)]

@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 import torch
 
-from kvcanary_cli.analysis.model import FindingCode
 from kvcanary_cli.capture import (
     DUMP_DIR_ENV,
     install_from_env,
@@ -34,6 +33,7 @@ from kvcanary_cli.capture import (
     store,
     triggers,
 )
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.soak import stack as soak_stack
 from tests.helpers import checked

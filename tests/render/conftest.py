@@ -12,18 +12,17 @@ from kvcanary_cli.analysis.model import (
     CheckReport,
     DumpReport,
     Finding,
-    FindingCode,
     Group,
     GroupSummary,
     ProvenanceReport,
     Role,
     RowCell,
     RowMap,
-    Severity,
     SlotProvenance,
     Space,
     ViolationRow,
 )
+from kvcanary_cli.catalog import FindingCode, Severity
 
 IDENTITY = {
     "sglang.version": "0.5.1",

@@ -225,7 +225,8 @@ def test_a_long_argument_gives_way_before_the_diagnosis_or_a_finding(
 ) -> None:
     # A cause whose evidence is thousands of lines (one per batch row) is shortened in the
     # body, never cut with the diagnosis and every finding after it.
-    from kvcanary_cli.analysis.model import Cause, CauseCode, Confidence
+    from kvcanary_cli.analysis.model import Cause
+    from kvcanary_cli.catalog import CauseCode, Confidence
 
     argued = Cause(
         code=CauseCode.STALE_ROW_READ,

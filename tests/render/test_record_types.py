@@ -7,19 +7,18 @@ from typing import Any, get_args
 
 import pytest
 
-from kvcanary_cli.analysis.model import (
+from kvcanary_cli.analysis.model import Group, Role, Space
+from kvcanary_cli.analysis.selftest import FIELDS
+from kvcanary_cli.analysis.violations.report import OwnerKind
+from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
+from kvcanary_cli.catalog import (
     CauseCode,
     Confidence,
     EventKind,
     FindingCode,
-    Group,
-    Role,
     Severity,
-    Space,
+    ViolationRowCause,
 )
-from kvcanary_cli.analysis.selftest import FIELDS
-from kvcanary_cli.analysis.violations.report import OwnerKind, ViolationRowCause
-from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
 from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole, Semantics
 from kvcanary_cli.planners.triton_runtime import Mode

@@ -11,12 +11,11 @@ from kvcanary_cli.analysis.model import (
     CheckReport,
     DumpReport,
     Finding,
-    FindingCode,
     Group,
     ProvenanceReport,
     Role,
-    Severity,
 )
+from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.render.records.check import CheckRecord, check_record
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, provenance_record
 from tests.render.record_schema import validate

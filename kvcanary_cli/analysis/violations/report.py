@@ -15,6 +15,7 @@ import numpy as np
 
 from kvcanary_cli.analysis.model import SlotProvenance
 from kvcanary_cli.canary.ring_rows import ViolationRows
+from kvcanary_cli.catalog import ViolationRowCause
 
 __all__ = [
     "Explanations",
@@ -25,41 +26,12 @@ __all__ = [
     "RingSummary",
     "SourceSummary",
     "SwaSummary",
-    "ViolationRowCause",
     "ViolationsReport",
     "explanation_text",
 ]
 
 
-class ViolationRowCause(StrEnum):
-    """What a violation row most likely means (docs/canary.md §7), in the order checked."""
-
-    #: a write-kernel row: the token or position written is not the expected one.
-    WRITE_CHECK = "write-check"
-    #: the stored position belongs to another live row holding the same slot.
-    ALIASING = "aliasing"
-    #: the stored position belongs to another position of the very row that reads the slot.
-    DUPLICATE_IN_ROW = "duplicate-in-row"
-    #: the slot is on the free list and no live cell holds it at the stored position.
-    USE_AFTER_FREE = "use-after-free"
-    #: the stored position belongs to an idle row or a row's stale tail.
-    STALE_SLOT = "stale-slot"
-    #: no cell holds the slot at the stored position: an unseen writer.
-    FOREIGN_RECORD = "foreign-record"
-    #: a chain break after a record that is itself broken.
-    FOLLOWS_BAD_RECORD = "follows-bad-record"
-    #: a chain break at a slot on the free list: the row reads a previous owner's cells.
-    STALE_ROW = "stale-row"
-    #: any other chain break: the record was written by another sequence.
-    CHAIN_BREAK = "chain-break"
-    #: only the token differs.
-    WRONG_TOKEN = "wrong-token"
-    #: only the real-KV fingerprint differs: the KV bytes changed after the write.
-    KV_OVERWRITTEN = "kv-overwritten"
-    #: the dump has no live cell holding the slot.
-    NO_LIVE_CELL = "no-live-cell"
-
-
+#: the causes in the order checked: `Explanations.cause` holds indices into it.
 CAUSES = list(ViolationRowCause)
 
 

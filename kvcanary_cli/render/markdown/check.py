@@ -12,7 +12,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
-from kvcanary_cli.analysis.model import FindingCode, code_order
+from kvcanary_cli.analysis.model import code_order
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.markdown.blocks import clipped
 from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table

@@ -16,13 +16,12 @@ from kvcanary_cli.analysis.model import (
     CheckReport,
     DumpReport,
     Finding,
-    FindingCode,
     FirstRaise,
     GroupSummary,
     RequestSummary,
-    Severity,
     code_order,
 )
+from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.render.records.common import (
     CauseCodeName,
     ConfidenceName,

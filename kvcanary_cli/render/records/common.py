@@ -17,15 +17,12 @@ from typing import TYPE_CHECKING, Literal, TypedDict, Union, cast
 
 from kvcanary_cli.analysis.model import (
     UPSTREAM_RAISE,
-    CauseCode,
     CellColumns,
-    Confidence,
     Finding,
-    FindingCode,
-    Severity,
     ShrinkRecord,
     SlotProvenance,
 )
+from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
 
 if TYPE_CHECKING:
     import numpy as np

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Literal, TypedDict, cast
 
 import kvcanary_cli
-from kvcanary_cli.analysis.model import FindingCode, ProvenanceReport, RowMap
+from kvcanary_cli.analysis.model import ProvenanceReport, RowMap
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.records.common import (
     CellRole,
     FindingCodeName,

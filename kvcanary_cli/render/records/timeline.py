@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Literal, TypedDict, cast
 import kvcanary_cli
 from kvcanary_cli.analysis.model import (
     CellColumns,
-    EventKind,
     FindingHistory,
     SlotHistory,
     TimelineDump,
@@ -17,6 +16,7 @@ from kvcanary_cli.analysis.model import (
     TimelineInterval,
     TimelineReport,
 )
+from kvcanary_cli.catalog import EventKind
 from kvcanary_cli.render.records.common import (
     CauseCodeName,
     FindingCodeName,

@@ -1,0 +1,1593 @@
+"""The catalog: every code kvcanary reports, declared once, with what the reports and the docs
+say about it.
+
+Four kinds of code: finding codes (a symptom at a cell, row or tensor, docs/findings.md), causes
+(what to fix, the diagnosis's answer), timeline events (a change between two dumps,
+docs/timeline.md) and violation-row causes (what a canary violation row most likely means,
+docs/canary.md §7). Each is a `StrEnum` (a member serialises as its string), and each member
+has exactly one entry in its table (`FINDINGS`, `CAUSES`, `EVENTS`, `VIOLATION_CAUSES`): its
+severity, its texts (the diagnosis's summary and fix, the docs' table cells) and the mappings
+between kinds (the finding codes a cause explains by default, the violation explanations that
+name it, the cause an event belongs to). Every other module names a code by its member, never
+by its string; the docs' code tables are generated from these entries
+(`python -m tests.docs_tables`).
+
+Member order is meaningful: `FindingCode` is the order of reports (within a severity) and of
+the codes table; `CauseCode` is the diagnosis's precedence among equally sure causes.
+
+Adding a bug class: its entries here (a finding code and, when it is a new fault, a cause),
+the detector that reports it (or the diagnosis rule that claims it), and the scenario that
+plants it (`synth/scenarios.py`); then `python -m tests.docs_tables` rewrites the docs'
+tables. Nothing else names it.
+
+Standard library only: every layer of the package may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import TypeVar
+
+__all__ = [
+    "CAUSES",
+    "CAUSE_OF_EXPLANATION",
+    "CAUSE_OF_FINDING",
+    "EVENTS",
+    "FINDINGS",
+    "VIOLATION_CAUSES",
+    "CauseCode",
+    "CauseEntry",
+    "Confidence",
+    "EventEntry",
+    "EventKind",
+    "FindingCode",
+    "FindingEntry",
+    "Severity",
+    "ViolationCauseEntry",
+    "ViolationRowCause",
+]
+
+
+class Severity(StrEnum):
+    """error: the canary or the KV cache is wrong or unsafe; warning: blind or skipped."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        """Higher is worse (for `--fail-on`)."""
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+
+class Confidence(StrEnum):
+    """How sure the diagnosis is of a cause."""
+
+    CERTAIN = "certain"
+    LIKELY = "likely"
+    POSSIBLE = "possible"
+
+    @property
+    def rank(self) -> int:
+        """Higher is surer."""
+        return _CONFIDENCE_RANK[self]
+
+
+_CONFIDENCE_RANK = {Confidence.POSSIBLE: 0, Confidence.LIKELY: 1, Confidence.CERTAIN: 2}
+
+
+class FindingCode(StrEnum):
+    """Stable finding identifiers (renaming one breaks the JSON schema)."""
+
+    LUT_OUT_OF_RANGE = "lut-out-of-range"
+    LUT_SHORTER_THAN_POOL = "lut-shorter-than-pool"
+    SLOT_BEYOND_POOL = "slot-beyond-pool"
+    NEGATIVE_SLOT = "negative-slot"
+    PADDING_SLOT_IN_LIVE_RANGE = "padding-slot-in-live-range"
+    SWA_UNMAPPED_IN_WINDOW = "swa-unmapped-in-window"
+    DUPLICATE_SLOT_IN_ROW = "duplicate-slot-in-row"
+    SLOT_SHARED_ACROSS_POSITIONS = "slot-shared-across-positions"
+    SLOT_SHARED_WITHOUT_PREFIX = "slot-shared-without-prefix"
+    SWA_SLOT_COLLISION = "swa-slot-collision"
+    FREED_SLOT_IN_LIVE_RANGE = "freed-slot-in-live-range"
+    WRITE_TO_LIVE_SLOT = "write-to-live-slot"
+    SWA_WRITE_TO_LIVE_SLOT = "swa-write-to-live-slot"
+    FREE_SLOT_STILL_MAPPED = "free-slot-still-mapped"
+    SWA_SLOT_FREE_AND_MAPPED = "swa-slot-free-and-mapped"
+    SWA_SLOT_SHARED_OWNER = "swa-slot-shared-owner"
+    SWA_PAGE_OUT_OF_LOCKSTEP = "swa-page-out-of-lockstep"
+    FREE_LIST_DUPLICATE = "free-list-duplicate"
+    RESERVED_SLOT_IN_USE = "reserved-slot-in-use"
+    SWA_PAGE_LEAKED = "swa-page-leaked"
+    FULL_PAGE_LEAKED = "full-page-leaked"
+    ROW_OUT_OF_RANGE = "row-out-of-range"
+    PREFIX_BEYOND_ROW = "prefix-beyond-row"
+    DUPLICATE_REQUEST_ROW = "duplicate-request-row"
+    VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
+    SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
+    EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
+    KERNEL_LIMIT_EXCEEDED = "kernel-limit-exceeded"
+    KERNEL_DIVERGENCE = "kernel-divergence"
+    CANARY_CHAIN_BREAK = "canary-chain-break"
+    CANARY_POSITION_MISMATCH = "canary-position-mismatch"
+    CANARY_TOKEN_MISMATCH = "canary-token-mismatch"
+    CANARY_REAL_KV_MISMATCH = "canary-real-kv-mismatch"
+    VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
+    NEGATIVE_LENGTH = "negative-length"
+    GPU_DTYPE_MISMATCH = "gpu-dtype-mismatch"
+    LUT_SENTINEL_MISSING = "lut-sentinel-missing"
+
+    @property
+    def severity(self) -> Severity:
+        """The code's severity (its catalog entry)."""
+        return FINDINGS[self].severity
+
+    @property
+    def order(self) -> int:
+        """Position in the codes table: reports list codes in this order within a severity."""
+        return _CODE_ORDER[self]
+
+
+_CODE_ORDER = {code: i for i, code in enumerate(FindingCode)}
+
+
+class CauseCode(StrEnum):
+    """Stable cause identifiers (docs/findings.md, "Diagnosis"): what to fix, not a symptom.
+
+    Equally sure causes rank in this order: allocator mechanisms (a double free, a reserved
+    slot handed out, a stale SWA mapping, two owners of an SWA slot) before the symptoms they
+    leave in the batch."""
+
+    DOUBLE_FREE = "double-free"
+    RESERVED_SLOT_FREED = "reserved-slot-freed"
+    PARTIAL_PAGE_FREE = "partial-page-free"
+    SWA_PAGE_REISSUED = "swa-page-reissued"
+    SWA_BOUNDARY_PAGE_CLEARED = "swa-boundary-page-cleared"
+    STALE_SWA_MAPPING = "stale-swa-mapping"
+    SWA_SHARED_OWNER = "swa-shared-owner"
+    SWA_FREED_WHILE_LIVE = "swa-freed-while-live"
+    SWA_WRITE_INTO_LIVE_SLOT = "swa-write-into-live-slot"
+    SWA_MAPPING_REWRITTEN = "swa-mapping-rewritten"
+    RADIX_PREFIX_BROKEN = "radix-prefix-broken"
+    LUT_TOO_SHORT = "lut-too-short"
+    SLOT_INDEX_CORRUPT = "slot-index-corrupt"
+    BATCH_METADATA_CORRUPT = "batch-metadata-corrupt"
+    STALE_ROW_READ = "stale-row-read"
+    USE_AFTER_FREE = "use-after-free"
+    CROSS_REQUEST_ALIASING = "cross-request-aliasing"
+    SLOT_REUSED_WITHIN_REQUEST = "slot-reused-within-request"
+    UNWRITTEN_CELLS = "unwritten-cells"
+    SWA_MAPPING_CLEARED_IN_WINDOW = "swa-mapping-cleared-in-window"
+    SWA_MAPPING_COLLISION = "swa-mapping-collision"
+    WRITE_INTO_LIVE_SLOT = "write-into-live-slot"
+    LUT_SENTINEL_OVERWRITTEN = "lut-sentinel-overwritten"
+    EXPECTED_TOKEN_POOL_MISMATCH = "expected-token-pool-mismatch"
+    VERIFY_CAPACITY_OVERFLOW = "verify-capacity-overflow"
+    KERNEL_LIMIT = "kernel-limit"
+    NONCANONICAL_DTYPE = "noncanonical-dtype"
+    PLANNER_DIVERGENCE = "planner-divergence"
+    KV_OVERWRITTEN = "kv-overwritten"
+    SCALAR_METADATA_CORRUPT = "scalar-metadata-corrupt"
+    FOREIGN_CANARY_RECORD = "foreign-canary-record"
+    #: last among equals: a page is often leaked by a fault ranked above (a mapping
+    #: overwritten or cleared without its free).
+    SWA_LEAK = "swa-leak"
+    FULL_LEAK = "full-leak"
+
+
+class EventKind(StrEnum):
+    """Stable identifiers of the events a timeline finds between two dumps (docs/timeline.md):
+    each is a change no single dump can date."""
+
+    DOUBLE_ALLOCATION = "double-allocation"
+    USE_AFTER_FREE = "use-after-free"
+    PREFIX_REWRITTEN = "prefix-rewritten"
+    LUT_REWRITTEN = "lut-rewritten"
+    SWA_LEAK = "swa-leak"
+
+    @property
+    def default_cause(self) -> CauseCode:
+        """The cause an event belongs to when no finding of its dump names one."""
+        return EVENTS[self].cause
+
+
+class ViolationRowCause(StrEnum):
+    """What a violation row most likely means (docs/canary.md §7), in the order checked."""
+
+    #: a write-kernel row: the token or position written is not the expected one.
+    WRITE_CHECK = "write-check"
+    #: the stored position belongs to another live row holding the same slot.
+    ALIASING = "aliasing"
+    #: the stored position belongs to another position of the very row that reads the slot.
+    DUPLICATE_IN_ROW = "duplicate-in-row"
+    #: the slot is on the free list and no live cell holds it at the stored position.
+    USE_AFTER_FREE = "use-after-free"
+    #: the stored position belongs to an idle row or a row's stale tail.
+    STALE_SLOT = "stale-slot"
+    #: no cell holds the slot at the stored position: an unseen writer.
+    FOREIGN_RECORD = "foreign-record"
+    #: a chain break after a record that is itself broken.
+    FOLLOWS_BAD_RECORD = "follows-bad-record"
+    #: a chain break at a slot on the free list: the row reads a previous owner's cells.
+    STALE_ROW = "stale-row"
+    #: any other chain break: the record was written by another sequence.
+    CHAIN_BREAK = "chain-break"
+    #: only the token differs.
+    WRONG_TOKEN = "wrong-token"
+    #: only the real-KV fingerprint differs: the KV bytes changed after the write.
+    KV_OVERWRITTEN = "kv-overwritten"
+    #: the dump has no live cell holding the slot.
+    NO_LIVE_CELL = "no-live-cell"
+
+
+# --- the entries --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class FindingEntry:
+    """What the catalog says about a finding code (docs/findings.md, "Finding codes")."""
+
+    severity: Severity
+    #: the doc's severity column after the severity itself (when the severity can change).
+    severity_note: str = ""
+    #: the doc's columns: under which group it is reported, when, what it usually means.
+    group: str
+    when: str
+    meaning: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CauseEntry:
+    """What the catalog says about a cause (docs/findings.md, "Diagnosis: causes")."""
+
+    #: what went wrong, and what to change (a diagnosis's `summary` and `fix`).
+    summary: str
+    fix: str
+    #: the doc's "evidence that points to it".
+    evidence: str
+    #: finding codes this cause explains when no row-level or LUT-level cause claims them
+    #: first (each code maps to at most one cause).
+    findings: tuple[FindingCode, ...] = ()
+    #: violation-row explanations that name this cause for a canary finding no other
+    #: symptom explains (docs/canary.md §7).
+    explanations: tuple[ViolationRowCause, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventEntry:
+    """What the catalog says about a timeline event (docs/timeline.md, "Events")."""
+
+    #: the cause the event belongs to when no finding of its dump names one.
+    cause: CauseCode
+    #: the doc's "what the timeline saw".
+    seen: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViolationCauseEntry:
+    """What the catalog says about a violation row's cause (docs/canary.md §7)."""
+
+    when: str
+    meaning: str
+
+
+_Code = TypeVar("_Code", bound=StrEnum)
+_Entry = TypeVar("_Entry")
+
+
+def _table(codes: type[_Code], entries: Iterable[tuple[_Code, _Entry]]) -> Mapping[_Code, _Entry]:
+    """One entry per member of `codes`, in the members' order (a member missing or listed
+    twice is an error at import)."""
+    table: dict[_Code, _Entry] = {}
+    for code, entry in entries:
+        if code in table:
+            raise ValueError(f"{codes.__name__}.{code.name} has two catalog entries")
+        table[code] = entry
+    missing = [code.name for code in codes if code not in table]
+    if missing:
+        raise ValueError(f"{codes.__name__} members without a catalog entry: {missing}")
+    return MappingProxyType({code: table[code] for code in codes})
+
+
+def _inverse(lists: Mapping[CauseCode, tuple[_Code, ...]]) -> Mapping[_Code, CauseCode]:
+    """Members listed by causes, inverted: member -> the one cause listing it."""
+    out: dict[_Code, CauseCode] = {}
+    for cause, codes in lists.items():
+        for code in codes:
+            if code in out:
+                raise ValueError(f"{code!r} maps to {out[code]} and {cause}")
+            out[code] = cause
+    return MappingProxyType(out)
+
+
+FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
+    FindingCode,
+    (
+        (
+            FindingCode.LUT_OUT_OF_RANGE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group (`swa`)",
+                when=(
+                    "the SWA plan has to translate a slot `≥ lut_len` (as a verify slot, as a "
+                    "chain predecessor or as a write seed). SGLang's torch reference stops with "
+                    "an error on the first such slot; the GPU path clamps the index to "
+                    "`LUT[lut_len − 1]`, which is −1 in a production LUT. Every offending cell "
+                    "is listed."
+                ),
+                meaning=(
+                    "the LUT is shorter than the full pool (sliced to the allocated pages, "
+                    "sized from the wrong pool), or the slot id itself is corrupt; "
+                    "`num_full_slots` decides which"
+                ),
+            ),
+        ),
+        (
+            FindingCode.LUT_SHORTER_THAN_POOL,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "the recorded (or overridden) `num_full_slots + 1` is larger than "
+                    "`lut_len`: the LUT cannot translate the pool's highest slots"
+                ),
+                meaning="the LUT was sized from another pool or sliced to the allocated pages",
+            ),
+        ),
+        (
+            FindingCode.SLOT_BEYOND_POOL,
+            FindingEntry(
+                severity=Severity.ERROR,
+                severity_note="(`info` when `num_full_slots` is derived)",
+                group="`full`",
+                when=(
+                    "a live full slot is `≥ num_full_slots`. Checked when `num_full_slots` is "
+                    "known: recorded, given with `--num-full-slots`, or derived as `lut_len − 1`"
+                ),
+                meaning=(
+                    "a corrupt slot id; with a derived `num_full_slots`, possibly only a short LUT"
+                ),
+            ),
+        ),
+        (
+            FindingCode.NEGATIVE_SLOT,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when="a live cell of `req_to_token` is negative",
+                meaning=(
+                    'a corrupt table entry (for example −1 stored as "no slot"); negative '
+                    "slots pass untranslated into the plan, and the canary then reads outside "
+                    "its buffer"
+                ),
+            ),
+        ),
+        (
+            FindingCode.PADDING_SLOT_IN_LIVE_RANGE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when="a prefix cell holds slot 0",
+                meaning=(
+                    "the cell was never written or was zeroed; the canary silently skips slot "
+                    "0, so that token is unchecked"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SWA_UNMAPPED_IN_WINDOW,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "a verify-window cell holds a slot `s` with `0 < s < lut_len − 1` and "
+                    "`LUT[s] = 0`"
+                ),
+                meaning=(
+                    "the SWA slot paired with this token was released while the token was still "
+                    "inside the window, so the SWA canary cannot check it (a LUT never written, "
+                    "as in SGLang's per-request SWA ring mode, shows up for every cell)"
+                ),
+            ),
+        ),
+        (
+            FindingCode.DUPLICATE_SLOT_IN_ROW,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a pool row holds the same non-zero slot at two or more of its live positions"
+                ),
+                meaning="slot reuse inside one request: a stale or double allocation",
+            ),
+        ),
+        (
+            FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "one non-zero slot is live at **different** positions in two pool rows. The "
+                    "same slot at the same position in several rows is radix prefix sharing: "
+                    "legitimate, shown in provenance as `shared`, never a finding"
+                ),
+                meaning=(
+                    "cross-request aliasing: a pointer copied from another request, or a slot "
+                    "handed out twice"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SLOT_SHARED_WITHOUT_PREFIX,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "two live rows hold the same slot at the same position, but different slots "
+                    "just before it. A radix tree shares whole prefixes, so this is a copied "
+                    "cell, not sharing. The cell blamed is the one whose position-before "
+                    "differs from the others holding the slot; on a tie, the one whose row was "
+                    "sharing a prefix that the copy broke; when nothing decides, both. A break "
+                    "whose cell before is itself a slot no pool holds (0, negative, past the "
+                    "full pool) is that cell's echo, not a copy: it is left to the code that "
+                    "reports the cell. `cells.extra.slot_before` is the row's slot one position "
+                    "earlier"
+                ),
+                meaning=(
+                    "a copy between rows, a prefix match that did not start at position 0, or "
+                    "SGLang's fault injector (`perturb/req_to_token.py`) landing on the same "
+                    "position"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SWA_SLOT_COLLISION,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "the LUT sends two distinct full slots, each inside some verify window, to "
+                    "one and the same non-zero SWA slot (the finding's slot is that SWA slot)"
+                ),
+                meaning=(
+                    "a stale LUT entry after a free that skipped the SWA side, or an SWA slot "
+                    "handed out twice"
+                ),
+            ),
+        ),
+        (
+            FindingCode.FREED_SLOT_IN_LIVE_RANGE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full` or `swa`",
+                when=(
+                    "the allocator counts a live slot as free: a live full slot listed in "
+                    "`free_full_slots`; for the `swa` group, a live full slot whose non-zero "
+                    "SWA slot is on `free_swa_slots`. Needs the free lists in the dump"
+                ),
+                meaning=(
+                    "use after free; also typical when a reused pool row is read with a prefix "
+                    "length that runs into what its previous owner left behind"
+                ),
+            ),
+        ),
+        (
+            FindingCode.WRITE_TO_LIVE_SLOT,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "this step writes (through `out_cache_loc`) a non-zero slot that some other "
+                    "(pool row, position) still holds as live. Needs `out_cache_loc`"
+                ),
+                meaning=(
+                    "the allocator handed out a slot that is still in use; this step overwrites "
+                    "another request's KV"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SWA_WRITE_TO_LIVE_SLOT,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "this step's write of a full slot (`out_cache_loc`) lands, through the LUT, "
+                    "on an SWA slot that a live cell of another request's window holds. Needs "
+                    "`out_cache_loc` and the LUT"
+                ),
+                meaning=(
+                    "a cached full → SWA translation outlived a mapping change (SGLang PR "
+                    "#25889): the write overwrites another request's SWA KV"
+                ),
+            ),
+        ),
+        (
+            FindingCode.FREE_SLOT_STILL_MAPPED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "a full slot on the full free list whose LUT entry is not 0. SGLang frees "
+                    "the SWA peer and clears the entry before the full slot goes back "
+                    "(`free_full` expects `LUT[slot] == 0`). About slots, not cells: the cell "
+                    "columns hold −1; `cells.extra.swa_slot` is the entry"
+                ),
+                meaning=(
+                    "a free that skipped the SWA side, or cleared only part of a page (SGLang "
+                    "PR #27779). With `page_size` > 1 the finding names the pages wholly in it "
+                    "and those only in part: a page partly still mapped is the mark of a free "
+                    "that handled tokens, not pages"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SWA_SLOT_FREE_AND_MAPPED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "an SWA slot on the SWA free list that a full slot outside the batch's live "
+                    "cells still maps to (a live cell's is `freed-slot-in-live-range`). Slots, "
+                    "not cells; `cells.extra.full_slot` is the mapping full slot"
+                ),
+                meaning=(
+                    "a stale mapping: the SWA page was freed, its LUT entries were not cleared"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SWA_SLOT_SHARED_OWNER,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "an SWA slot that several full slots map to anywhere in the LUT (live, out "
+                    "of the window, cached), reported at each owner that is not an in-window "
+                    "cell (owners all in the window: `swa-slot-collision`). Slots, not cells; "
+                    "`cells.extra.full_slot` is the owner"
+                ),
+                meaning=(
+                    "a stale or tombstoned full slot kept its mapping after the SWA slot was "
+                    "reused (SGLang PRs #27586, #25385, #25270): freeing it frees a live "
+                    "request's SWA KV"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "with `page_size` > 1, a mapped LUT entry out of its page's lockstep: "
+                    "SGLang allocates, maps and frees full and SWA pages together, so a token "
+                    "sits at the same offset of its page in both pools (`slot % page_size == "
+                    "LUT[slot] % page_size`) and the mapped tokens of one full page map into "
+                    "one SWA page. Named: each entry off its offset, or off the SWA page most "
+                    "of its full page's tokens map to (the lower page on a tie). Slots, not "
+                    "cells; `cells.extra.swa_slot` is the entry"
+                ),
+                meaning=(
+                    "a mapping written token by token: a stale owner's entry pointed at another "
+                    "slot (PRs #27586, #25889), a tombstone recovery or a copy of one token's "
+                    "mapping"
+                ),
+            ),
+        ),
+        (
+            FindingCode.FREE_LIST_DUPLICATE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the list's (`full`, `swa`)",
+                when="a slot on a free list twice (`cells.extra.times_listed`)",
+                meaning="a double free: the slot will be handed to two owners",
+            ),
+        ),
+        (
+            FindingCode.RESERVED_SLOT_IN_USE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the list's",
+                when=(
+                    "a slot of the reserved padding page (slots `0 .. page_size − 1`, in either "
+                    "pool) is on a free list, is a LUT key that maps to an SWA slot, or is an "
+                    "SWA slot the LUT maps to (slots `1 .. page_size − 1` of SWA page 0: SWA "
+                    "page 0 was freed and handed out, SGLang PR #38519 at page_size > 1)"
+                ),
+                meaning=(
+                    "padding slots were freed or mapped: an allocator can hand the padding page out"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SWA_PAGE_LEAKED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`swa`",
+                when=(
+                    "an SWA page that is neither on the SWA free list nor mapped from a full "
+                    "slot a running request or the tree holds (SGLang's memory check, per "
+                    "page). Needs `held_full_slots` (or the tree's record, `tree_full_slots` "
+                    "with the running rows' `req_pool_allocated_lens`; or `free_full_slots`: "
+                    "every full slot off it counts as held), `free_swa_slots`, recorded "
+                    "`num_full_slots` and `num_swa_slots`, and a whole LUT; otherwise not "
+                    "checked. With `tree_swa_resident_slots`, a tombstoned tree slot (held full "
+                    "side only) holds no SWA page, as in SGLang's own count. Slots, not cells: "
+                    "one cell per page (its first slot), `cells.extra.page`"
+                ),
+                meaning=(
+                    "an unmapping that did not free the page (SGLang issue #27789: speculative "
+                    "decoding with `page_size > 1`)"
+                ),
+            ),
+        ),
+        (
+            FindingCode.FULL_PAGE_LEAKED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a full-pool slot that is neither on the full free list, nor among the "
+                    "slots the radix tree holds (`tree_full_slots`), nor inside a running "
+                    "request's allocated cells (`req_pool_allocated_lens`): what SGLang's `pool "
+                    "memory leak detected!` counts, named. Needs those three records, "
+                    "`free_full_slots` and a recorded `num_full_slots` (the capture hook's "
+                    "`leak` dumps have them); otherwise not checked. Slots, not cells: one cell "
+                    "per slot; the provenance names the table cells that still hold them (who "
+                    "had them last)"
+                ),
+                meaning=(
+                    "an owner dropped without its free (a request released without its KV, a "
+                    "tree node removed without freeing it)"
+                ),
+            ),
+        ),
+        (
+            FindingCode.ROW_OUT_OF_RANGE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when="`req_pool_indices[r]` is negative or `≥ max_reqs`",
+                meaning=(
+                    "corrupt batch metadata. The GPU path reads outside the table; the torch "
+                    "reference raises, or for `−max_reqs ≤ rp < 0` silently reads row `max_reqs "
+                    "+ rp`"
+                ),
+            ),
+        ),
+        (
+            FindingCode.PREFIX_BEYOND_ROW,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when="`max(P,0) + max(E,0) > max_seq_len` for an in-range pool row",
+                meaning=(
+                    "a wrong prefix length; the GPU path reads the following rows of the table "
+                    "(or past its end)"
+                ),
+            ),
+        ),
+        (
+            FindingCode.DUPLICATE_REQUEST_ROW,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when="one non-zero pool row is used by two batch rows",
+                meaning="corrupt batch metadata; both rows verify and write the same request",
+            ),
+        ),
+        (
+            FindingCode.VERIFY_TOTAL_IMPLAUSIBLE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group",
+                when=(
+                    "the batch asks for more verify entries than `req_to_token` can supply "
+                    "(more than its cell count, at least 2^16, at most 2^26), with no capacity "
+                    "overflow to skip them"
+                ),
+                meaning=(
+                    "corrupt lengths (`prefix-beyond-row`, duplicate rows). kvcanary plans none "
+                    "of this group's entries (nothing is sized by the claim), so no entry of it "
+                    "is checked; the rest of the dump is"
+                ),
+            ),
+        ),
+        (
+            FindingCode.SCALAR_OUT_OF_RANGE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a scalar the dump records is outside the range SGLang could use "
+                    "([dump-format.md](dump-format.md))"
+                ),
+                meaning=(
+                    "corrupt metadata, or a capture that recorded the wrong value. kvcanary "
+                    "plans as if the dump did not record it; pass the real value with its option"
+                ),
+            ),
+        ),
+        (
+            FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group (reported once)",
+                when=(
+                    "an expected-token gather with `0 ≤ s < valid_lens[r]` falls outside the "
+                    "expected-token pool: a column `≥ cols`, or a pool row outside its rows"
+                ),
+                meaning=(
+                    "`valid_lens` larger than the pool's width, or a pool row the pool does not "
+                    "have. The reference raises `IndexError`; the GPU reads another row's tokens"
+                ),
+            ),
+        ),
+        (
+            FindingCode.KERNEL_LIMIT_EXCEEDED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when="`bs > 4096`, or `bs > write_req_capacity` (needs the capacity recorded)",
+                meaning=(
+                    "production's plan call raises before launching, so the canary does not run "
+                    "this step"
+                ),
+            ),
+        ),
+        (
+            FindingCode.KERNEL_DIVERGENCE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group",
+                when=(
+                    "the reference and the kernel planner disagree on a value both define, and "
+                    "no other finding explains the difference; or the kernel's launch raises "
+                    "other than the reference predicts, or runs through where a raise is due "
+                    "(`details.field` is `launch`)"
+                ),
+                meaning=(
+                    "a bug in the GPU path (or in kvcanary); with `--kernel sglang`, kvcanary's "
+                    "model no longer matching your SGLang: report it with the dump and "
+                    "`kvcanary selftest --sglang --format markdown`"
+                ),
+            ),
+        ),
+        (
+            FindingCode.CANARY_CHAIN_BREAK,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group",
+                when=(
+                    "replaying verify on the dump's canary buffers ([canary.md](canary.md) §5): "
+                    "a verified record's `prev_hash` is not the link of the record before it"
+                ),
+                meaning=(
+                    "the record was written by another sequence (aliasing, a stale slot or row, "
+                    "a misplaced page), or the record before it is broken itself"
+                ),
+            ),
+        ),
+        (
+            FindingCode.CANARY_POSITION_MISMATCH,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group",
+                when="a verified record stores another position than the one the plan expects",
+                meaning=(
+                    "the slot holds another request's record, or another position's: aliasing, "
+                    "use after free, a slot handed out twice"
+                ),
+            ),
+        ),
+        (
+            FindingCode.CANARY_TOKEN_MISMATCH,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group",
+                when=(
+                    "(only with the expected-token pool) a verified record stores another token "
+                    "than the pool's"
+                ),
+                meaning="a wrong token was written, or the record is stale",
+            ),
+        ),
+        (
+            FindingCode.CANARY_REAL_KV_MISMATCH,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the planned group",
+                when=(
+                    "a HEAD record holds a fingerprint, or a TAIL record's fingerprint is not "
+                    "that of the slot's bytes in the dump's real-KV source (only when the dump "
+                    "records `real_kv.mode`)"
+                ),
+                meaning="the KV bytes of a live slot changed after they were written",
+            ),
+        ),
+        (
+            FindingCode.VERIFY_CAPACITY_OVERFLOW,
+            FindingEntry(
+                severity=Severity.WARNING,
+                group="the planned group",
+                when="requested verify entries `> verify_capacity` (equality is not overflow)",
+                meaning=(
+                    "no slot is verified in this step (`enable = 0`), although canary writes go "
+                    "on. Usually heavy radix sharing inflating `Σ P`"
+                ),
+            ),
+        ),
+        (
+            FindingCode.NEGATIVE_LENGTH,
+            FindingEntry(
+                severity=Severity.WARNING,
+                group="`full`",
+                when="`P < 0` or `E < 0` on an active row",
+                meaning="corrupt batch metadata; the planner treats the value as 0",
+            ),
+        ),
+        (
+            FindingCode.GPU_DTYPE_MISMATCH,
+            FindingEntry(
+                severity=Severity.WARNING,
+                group="`full`",
+                when=(
+                    "a tensor is stored with an *also accepted* dtype "
+                    "([dump-format.md](dump-format.md))"
+                ),
+                meaning=(
+                    "the dump was converted on the way, or production would refuse this tensor"
+                ),
+            ),
+        ),
+        (
+            FindingCode.LUT_SENTINEL_MISSING,
+            FindingEntry(
+                severity=Severity.WARNING,
+                group="`swa`",
+                when="the LUT's last entry is not −1",
+                meaning=(
+                    "the LUT was sliced (`lut[:n]`) or its last entry overwritten; a GPU clamp "
+                    'then lands on a real SWA slot instead of "no slot"'
+                ),
+            ),
+        ),
+    ),
+)
+CAUSES: Mapping[CauseCode, CauseEntry] = _table(
+    CauseCode,
+    (
+        (
+            CauseCode.DOUBLE_FREE,
+            CauseEntry(
+                summary=(
+                    "a slot is on a free list twice: it was freed twice, and will be handed out "
+                    "to two owners"
+                ),
+                fix=(
+                    "find the second free of these slots (a request freed twice, a free group "
+                    "flushed twice, a tombstone freed after its slot was reused)"
+                ),
+                evidence="`free-list-duplicate`",
+                findings=(FindingCode.FREE_LIST_DUPLICATE,),
+            ),
+        ),
+        (
+            CauseCode.RESERVED_SLOT_FREED,
+            CauseEntry(
+                summary=(
+                    "the reserved padding slot (page 0) is on a free list or mapped: an "
+                    "allocator can hand it out"
+                ),
+                fix=(
+                    "never put page 0 on a free list: find the free that passed padding slots "
+                    "(filter slot 0 before freeing)"
+                ),
+                evidence="`reserved-slot-in-use`",
+                findings=(FindingCode.RESERVED_SLOT_IN_USE,),
+            ),
+        ),
+        (
+            CauseCode.PARTIAL_PAGE_FREE,
+            CauseEntry(
+                summary=(
+                    "pages freed in part: some tokens of a full page still map to an SWA page "
+                    "the allocator released whole, the others were cleared"
+                ),
+                fix=(
+                    "free per page: with page_size > 1, clear the LUT for every token of each "
+                    "page free_swa releases, not only the tokens passed; a later free of the "
+                    "stale tokens double-frees the page"
+                ),
+                evidence=(
+                    "with `page_size` > 1, `free-slot-still-mapped`, "
+                    "`swa-slot-free-and-mapped`, or `freed-slot-in-live-range` (SWA, "
+                    "out-of-window cells) on a full page whose other tokens' entries are 0: "
+                    "part of the page still maps into an SWA page the allocator released whole. "
+                    "A free that cleared the LUT for the tokens it was given, not for the page "
+                    "(SGLang PR #27779); a later free of the stale tokens double-frees the SWA "
+                    "page. The evidence names the pages and how many of their tokens are still "
+                    "mapped"
+                ),
+            ),
+        ),
+        (
+            CauseCode.SWA_PAGE_REISSUED,
+            CauseEntry(
+                summary=(
+                    "an SWA page a partial-page free released whole was handed out again: a new "
+                    "full page maps into it while the old page's kept entries still do (two "
+                    "owners, one stale)"
+                ),
+                fix=(
+                    "free SWA per page: clear every entry of a page that goes back (free per "
+                    "entry and keep the page until its last mapping goes); the old page's stale "
+                    "entries must go before their free releases the new owner's KV"
+                ),
+                evidence=(
+                    "`swa-slot-shared-owner` whose stale owner is a full page that keeps at "
+                    "least 2 entries into the SWA page at their own offsets while its other "
+                    "entries are 0, with `page_size` >= 4: a partial-page free released the SWA "
+                    "page whole and the allocator handed it to a new request (SGLang PR #27779, "
+                    "one step later). The evidence names the SWA page, the old full page and "
+                    "how many entries it keeps, and the new owner's full page with the rows and "
+                    "positions that hold it"
+                ),
+            ),
+        ),
+        (
+            CauseCode.SWA_BOUNDARY_PAGE_CLEARED,
+            CauseEntry(
+                summary=(
+                    "a full page straddling a window's start was cleared whole: the clear of "
+                    "the tokens that left the window erased the entries of those still in it"
+                ),
+                fix=(
+                    "free a shared boundary page per entry: when the first node's tokens leave "
+                    "the window clear only their entries, and release the SWA page with its last "
+                    "in-window token (keep the page until its last mapping goes)"
+                ),
+                evidence=(
+                    "`swa-unmapped-in-window` cells, with `page_size` > 1, on a full page whose "
+                    "every LUT entry is 0 and whose first token sits before its row's window "
+                    "start: the page straddles the window's edge (two radix nodes sharing one "
+                    "page at a split that is not page-aligned, SGLang PR #36457), and a clear "
+                    "meant for its out-of-window part took the whole page. The evidence names "
+                    "the page, its slots, the rows and positions holding it and each row's "
+                    "window start"
+                ),
+            ),
+        ),
+        (
+            CauseCode.STALE_SWA_MAPPING,
+            CauseEntry(
+                summary=(
+                    "LUT entries outlived their frees: free full slots still map to SWA slots, "
+                    "or free SWA slots are still mapped"
+                ),
+                fix=(
+                    "clear the LUT for every token of every page free_swa releases (with "
+                    "page_size > 1, the whole page, not only the tokens passed) before the full "
+                    "slots go back"
+                ),
+                evidence=(
+                    "`free-slot-still-mapped`, `swa-slot-free-and-mapped` on whole pages: LUT "
+                    "entries that outlived their frees (SGLang PRs #25385, #25270)"
+                ),
+                findings=(
+                    FindingCode.FREE_SLOT_STILL_MAPPED,
+                    FindingCode.SWA_SLOT_FREE_AND_MAPPED,
+                ),
+            ),
+        ),
+        (
+            CauseCode.SWA_SHARED_OWNER,
+            CauseEntry(
+                summary=(
+                    "one SWA slot has several full owners in the LUT: freeing a stale or cached "
+                    "owner frees a live request's SWA KV"
+                ),
+                fix=(
+                    "track the owner of each SWA slot and let only that owner free it; clear a "
+                    "replaced or tombstoned full slot's mapping when its SWA slot is reused"
+                ),
+                evidence=(
+                    "`swa-slot-shared-owner`: no reverse ownership; only the SWA slot's owner "
+                    "may free it"
+                ),
+                findings=(FindingCode.SWA_SLOT_SHARED_OWNER,),
+            ),
+        ),
+        (
+            CauseCode.SWA_FREED_WHILE_LIVE,
+            CauseEntry(
+                summary=(
+                    "SWA pages on the free list while live requests still map them: the next "
+                    "allocation hands their KV to another request"
+                ),
+                fix=(
+                    "find the free that released a mapped SWA page: a deferred free group "
+                    "flushed after a recovery or replacement mapped one of its pages again, or "
+                    "a free by an owner that no longer owns the page; free a page only while no "
+                    "entry maps it"
+                ),
+                evidence=(
+                    "`freed-slot-in-live-range` in the SWA pool: a live cell maps to an SWA "
+                    "slot on the SWA free list, which the next allocation hands to another "
+                    "request. With `swa-page-leaked` beside it, the evidence says so: a mapping "
+                    "replaced without freeing the page it replaced, the new page then freed "
+                    "with a deferred free group (SGLang PR #36135)"
+                ),
+            ),
+        ),
+        (
+            CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
+            CauseEntry(
+                summary=(
+                    "this step's writes land on SWA slots that live cells of the window hold "
+                    "(another request's, or the writing request's own)"
+                ),
+                fix=(
+                    "recompute the SWA write targets from the current LUT (a cached "
+                    "swa_out_cache_loc or translation outlived a mapping change)"
+                ),
+                evidence=(
+                    "`swa-write-to-live-slot`: recompute the SWA write targets from the current LUT"
+                ),
+                findings=(FindingCode.SWA_WRITE_TO_LIVE_SLOT,),
+            ),
+        ),
+        (
+            CauseCode.SWA_MAPPING_REWRITTEN,
+            CauseEntry(
+                summary=(
+                    "LUT entries out of their pages' lockstep: a full page's tokens map to "
+                    "other offsets or other SWA pages, which no page allocation does"
+                ),
+                fix=(
+                    "map and clear the LUT per page, full and SWA pages together; find the code "
+                    "that set single entries (a cached translation, a tombstone recovery, a "
+                    "copy of one token's mapping)"
+                ),
+                evidence=(
+                    "`swa-page-out-of-lockstep` whose full slot no other finding explains (an "
+                    "entry that joins a stale owner or a stale write translation goes to that "
+                    "cause)"
+                ),
+            ),
+        ),
+        (
+            CauseCode.RADIX_PREFIX_BROKEN,
+            CauseEntry(
+                summary=(
+                    "rows share a slot at one position without sharing the prefix before it: a "
+                    "copied cell, not radix sharing"
+                ),
+                fix=(
+                    "find what wrote another request's slot into this row (a copy between rows, "
+                    "a prefix match that did not start at position 0, a fault injector); radix "
+                    "sharing always shares the whole prefix"
+                ),
+                evidence="`slot-shared-without-prefix`",
+                findings=(FindingCode.SLOT_SHARED_WITHOUT_PREFIX,),
+            ),
+        ),
+        (
+            CauseCode.LUT_TOO_SHORT,
+            CauseEntry(
+                summary="the SWA LUT is shorter than the full pool: valid slots fall off its end",
+                fix=(
+                    "size full_to_swa_index_mapping from the full pool (num_full_slots + 1 "
+                    "entries, the last one -1) and pass the allocator's mapping itself, not a "
+                    "slice of it; the slots are fine"
+                ),
+                evidence=(
+                    "slots `≥ lut_len` that are otherwise valid: below the recorded "
+                    "`num_full_slots`, live, not free; also `lut-shorter-than-pool`, and a LUT "
+                    "that no longer ends in −1 (sliced). The fix is the LUT, not the slots"
+                ),
+            ),
+        ),
+        (
+            CauseCode.SLOT_INDEX_CORRUPT,
+            CauseEntry(
+                summary=(
+                    "slot indices that cannot be right in any pool: the producer of the slot "
+                    "indices is wrong"
+                ),
+                fix=(
+                    "find what wrote these req_to_token cells (allocation, prefix-cache match, "
+                    "copy between rows); the LUT is not at fault"
+                ),
+                evidence=(
+                    "live slots that no pool can hold: negative, or `≥` the recorded "
+                    "`num_full_slots` (and so `≥` a correctly sized LUT too). The producer of "
+                    "the slot indices is wrong; the LUT is not"
+                ),
+                findings=(FindingCode.NEGATIVE_SLOT,),
+            ),
+        ),
+        (
+            CauseCode.BATCH_METADATA_CORRUPT,
+            CauseEntry(
+                summary=(
+                    "the batch metadata itself is wrong (pool rows, lengths): the cells read "
+                    "through it are symptoms"
+                ),
+                fix=(
+                    "fix how req_pool_indices / prefix_lens / extend_seq_lens are built for the "
+                    "batch (ForwardBatch); ignore the cell symptoms until then"
+                ),
+                evidence=(
+                    "`row-out-of-range`, `prefix-beyond-row`, `duplicate-request-row`, "
+                    "`negative-length`, `verify-total-implausible`; every other finding in "
+                    "those batch rows is grouped under it"
+                ),
+            ),
+        ),
+        (
+            CauseCode.STALE_ROW_READ,
+            CauseEntry(
+                summary=(
+                    "a recycled pool row read through a too-long prefix: the live range runs "
+                    "into the stale tail of an earlier owner"
+                ),
+                fix=(
+                    "the prefix length of this request is larger than what its row holds: check "
+                    "prefix_lens (chunked prefill, retraction, radix match) for this request"
+                ),
+                evidence=(
+                    "a run of findings (freed, aliased, unwritten or repeated slots) that ends "
+                    "at the last prefix position `P − 1` of a row and covers most of it, while "
+                    "the cells before it are clean, with at least one freed, unwritten or "
+                    "repeated slot of the row's own among them: a recycled row read through a "
+                    "too-long prefix, into its previous owner's tail. The evidence names the "
+                    "first 5 such batch rows (positions, the cells per code) and counts the "
+                    "others in one line, however large the batch. A row whose tail is only "
+                    "shared with other rows is consistent as far as it goes (a slot handed out "
+                    "twice puts a live run at the end of a newer row): that is "
+                    "`cross-request-aliasing`"
+                ),
+                explanations=(ViolationRowCause.STALE_ROW,),
+            ),
+        ),
+        (
+            CauseCode.USE_AFTER_FREE,
+            CauseEntry(
+                summary="live slots are on the allocator's free list",
+                fix=(
+                    "find who freed these slots while a request still held them (free on finish "
+                    "or retract, radix eviction of a locked node)"
+                ),
+                evidence="`freed-slot-in-live-range` (full pool) not explained above",
+                findings=(FindingCode.FREED_SLOT_IN_LIVE_RANGE,),
+                explanations=(
+                    ViolationRowCause.USE_AFTER_FREE,
+                    ViolationRowCause.STALE_SLOT,
+                ),
+            ),
+        ),
+        (
+            CauseCode.CROSS_REQUEST_ALIASING,
+            CauseEntry(
+                summary="one slot is live at different positions of two requests",
+                fix=(
+                    "find how a slot of one request was copied into another at another position "
+                    "(prefix-cache match, row reuse without reset)"
+                ),
+                evidence="`slot-shared-across-positions`",
+                findings=(FindingCode.SLOT_SHARED_ACROSS_POSITIONS,),
+                explanations=(ViolationRowCause.ALIASING,),
+            ),
+        ),
+        (
+            CauseCode.SLOT_REUSED_WITHIN_REQUEST,
+            CauseEntry(
+                summary="one slot sits at two live positions of one request",
+                fix=(
+                    "the allocator handed the same slot out twice to one request, or a copy "
+                    "within the row went wrong"
+                ),
+                evidence=(
+                    "`duplicate-slot-in-row`; and the `slot-shared-across-positions` cell of a "
+                    "row that holds the same slot at an earlier position too: its radix sharers "
+                    "hold that first position, and the repeat is the fault, not a copy across "
+                    "requests"
+                ),
+                findings=(FindingCode.DUPLICATE_SLOT_IN_ROW,),
+                explanations=(ViolationRowCause.DUPLICATE_IN_ROW,),
+            ),
+        ),
+        (
+            CauseCode.UNWRITTEN_CELLS,
+            CauseEntry(
+                summary="live prefix cells hold slot 0: never written, or zeroed",
+                fix=(
+                    "find why these positions were never written (skipped allocation, zeroed "
+                    "row, prefix length past the written part)"
+                ),
+                evidence="`padding-slot-in-live-range`",
+                findings=(FindingCode.PADDING_SLOT_IN_LIVE_RANGE,),
+            ),
+        ),
+        (
+            CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+            CauseEntry(
+                summary="SWA peers freed while their tokens are still in the window",
+                fix=(
+                    "the out-of-window eviction freed SWA peers of tokens still inside the "
+                    "window: check the eviction threshold against the window"
+                ),
+                evidence="`swa-unmapped-in-window`",
+                findings=(FindingCode.SWA_UNMAPPED_IN_WINDOW,),
+            ),
+        ),
+        (
+            CauseCode.SWA_MAPPING_COLLISION,
+            CauseEntry(
+                summary="two live full slots map to one SWA slot",
+                fix=(
+                    "an SWA slot was handed out twice, or a free skipped the SWA side and left "
+                    "a stale mapping"
+                ),
+                evidence="`swa-slot-collision`",
+                findings=(FindingCode.SWA_SLOT_COLLISION,),
+            ),
+        ),
+        (
+            CauseCode.WRITE_INTO_LIVE_SLOT,
+            CauseEntry(
+                summary="this step writes slots that other requests still hold",
+                fix="the allocator returned a slot still in use: check frees and the free list",
+                evidence="`write-to-live-slot`",
+                findings=(FindingCode.WRITE_TO_LIVE_SLOT,),
+            ),
+        ),
+        (
+            CauseCode.LUT_SENTINEL_OVERWRITTEN,
+            CauseEntry(
+                summary="the LUT's trailing -1 is gone",
+                fix="keep the LUT's last entry at -1 (it makes a clamp land on 'no slot')",
+                evidence="`lut-sentinel-missing` on a LUT that is not too short",
+                findings=(FindingCode.LUT_SENTINEL_MISSING,),
+            ),
+        ),
+        (
+            CauseCode.EXPECTED_TOKEN_POOL_MISMATCH,
+            CauseEntry(
+                summary="the expected-token pool is smaller than its valid lengths say",
+                fix=(
+                    "size req_to_verify_expected_tokens to the request lengths, or fix its "
+                    "valid lengths"
+                ),
+                evidence="`expected-token-out-of-range`",
+                findings=(FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE,),
+            ),
+        ),
+        (
+            CauseCode.VERIFY_CAPACITY_OVERFLOW,
+            CauseEntry(
+                summary=(
+                    "more verify entries than capacity: the verify launch is skipped this step"
+                ),
+                fix="raise the verify capacity (ServerArgs / pool sizing)",
+                evidence="`verify-capacity-overflow`",
+                findings=(FindingCode.VERIFY_CAPACITY_OVERFLOW,),
+            ),
+        ),
+        (
+            CauseCode.KERNEL_LIMIT,
+            CauseEntry(
+                summary="the GPU plan path refuses this batch",
+                fix=(
+                    "keep bs at most 4096 (the GPU plan path's block size) and at most "
+                    "write_req_capacity"
+                ),
+                evidence="`kernel-limit-exceeded`",
+                findings=(FindingCode.KERNEL_LIMIT_EXCEEDED,),
+            ),
+        ),
+        (
+            CauseCode.NONCANONICAL_DTYPE,
+            CauseEntry(
+                summary="tensors in dtypes the production GPU path rejects",
+                fix=(
+                    "store the tensors in the dtypes the GPU path requires (or ignore: kvcanary "
+                    "read them anyway)"
+                ),
+                evidence="`gpu-dtype-mismatch`",
+                findings=(FindingCode.GPU_DTYPE_MISMATCH,),
+            ),
+        ),
+        (
+            CauseCode.PLANNER_DIVERGENCE,
+            CauseEntry(
+                summary="the reference and the kernel disagree where no finding explains it",
+                fix=(
+                    "report it to kvcanary with this dump: the kernel model and the reference "
+                    "disagree"
+                ),
+                evidence="`kernel-divergence`",
+                findings=(FindingCode.KERNEL_DIVERGENCE,),
+            ),
+        ),
+        (
+            CauseCode.KV_OVERWRITTEN,
+            CauseEntry(
+                summary="the KV bytes of live slots changed after the canary fingerprinted them",
+                fix=(
+                    "find what wrote into these slots' KV after their step (a kernel writing "
+                    "out of bounds, a copy or transfer into the wrong pages)"
+                ),
+                evidence=(
+                    "`canary-real-kv-mismatch` whose row explanation is `kv-overwritten` "
+                    "([canary.md](canary.md) §7)"
+                ),
+                explanations=(ViolationRowCause.KV_OVERWRITTEN,),
+            ),
+        ),
+        (
+            CauseCode.SCALAR_METADATA_CORRUPT,
+            CauseEntry(
+                summary="a scalar the dump records is not one SGLang could have used",
+                fix=(
+                    "check what recorded the scalar (the capture hook's server context); rerun "
+                    "with the real value through its option"
+                ),
+                evidence="`scalar-out-of-range`",
+                findings=(FindingCode.SCALAR_OUT_OF_RANGE,),
+            ),
+        ),
+        (
+            CauseCode.FOREIGN_CANARY_RECORD,
+            CauseEntry(
+                summary="verified slots hold canary records of a writer the dump does not show",
+                fix=(
+                    "trace the slots with `kvcanary provenance --slot`: they were rewritten by "
+                    "a sequence outside this batch (a transfer, a finished request, a misplaced "
+                    "page)"
+                ),
+                evidence=(
+                    "`canary-*` findings that no symptom in `req_to_token` or the allocator "
+                    "explains, and whose row explanation names no cause above "
+                    "(`foreign-record`, `chain-break`, `wrong-token`, `write-check`, "
+                    "`no-live-cell`)"
+                ),
+            ),
+        ),
+        (
+            CauseCode.SWA_LEAK,
+            CauseEntry(
+                summary=(
+                    "SWA pages that are neither free nor mapped from a held full slot: leaked "
+                    "(SGLang aborts with 'SWA Pool Mem Leak Detected' once enough are gone)"
+                ),
+                fix=(
+                    "find the path that clears a mapping without freeing its SWA page (an "
+                    "eviction or tombstone that drops the LUT entry, a failed allocation that "
+                    "keeps the page, a speculative step with page_size > 1 that drops its "
+                    "rejected tokens' entries)"
+                ),
+                evidence="`swa-page-leaked`",
+                findings=(FindingCode.SWA_PAGE_LEAKED,),
+            ),
+        ),
+        (
+            CauseCode.FULL_LEAK,
+            CauseEntry(
+                summary=(
+                    "full-pool pages neither free, nor the radix tree's, nor a running "
+                    "request's: leaked (SGLang's 'pool memory leak detected!')"
+                ),
+                fix=(
+                    "find the path that dropped these pages' owner without freeing them (a "
+                    "request released without its KV, a tree node removed without its free); "
+                    "the table cells that still hold them, in the provenance, say who had them "
+                    "last"
+                ),
+                evidence="`full-page-leaked`",
+                findings=(FindingCode.FULL_PAGE_LEAKED,),
+            ),
+        ),
+    ),
+)
+EVENTS: Mapping[EventKind, EventEntry] = _table(
+    EventKind,
+    (
+        (
+            EventKind.DOUBLE_ALLOCATION,
+            EventEntry(
+                cause=CauseCode.CROSS_REQUEST_ALIASING,
+                seen=(
+                    "a slot got a second owner (another position, or another slot before it) "
+                    "while its owner still holds it, and no dump listed it free in between: "
+                    "handed out twice without a free. Without free lists in the dumps, every "
+                    "second owner is reported this way"
+                ),
+            ),
+        ),
+        (
+            EventKind.USE_AFTER_FREE,
+            EventEntry(
+                cause=CauseCode.USE_AFTER_FREE,
+                seen=(
+                    "a live slot is on the full free list that was not before: freed while its "
+                    "owner still holds it (`from_dump`: the last dump in which that owner held "
+                    "it), or handed out while still listed free. Also: a slot a dump listed "
+                    "free while held, handed to a second owner while the first still holds it "
+                    '("handed out again")'
+                ),
+            ),
+        ),
+        (
+            EventKind.PREFIX_REWRITTEN,
+            EventEntry(
+                cause=CauseCode.RADIX_PREFIX_BROKEN,
+                seen=(
+                    "a written cell of a live request holds another slot than in the dump "
+                    "before. The request is the same one, not a new request in its row: it grew "
+                    "or stayed, and a later position it had written still holds the same slot "
+                    "(a new request in a reused row shares at most a cached prefix from "
+                    "position 0 and differs from there on). SGLang never changes a live "
+                    "request's written cells while it keeps its pool row. Each cell has its old "
+                    "slot (`old_slot`) and what became of it (`old_slot_fate`): `0` orphaned "
+                    "(neither on the free list nor held by a live cell: leaked, or kept only by "
+                    "the radix cache), `1` free, `2` held by a live cell (another request, or "
+                    "this one at another position), `-1` not held and no free list to tell free "
+                    "from orphaned (or a shrunk dump that does not speak for the slot). The row "
+                    "counts as `grew`; the changed cells count as newly allocated. Every dump "
+                    "on its own may be clean"
+                ),
+            ),
+        ),
+        (
+            EventKind.LUT_REWRITTEN,
+            EventEntry(
+                cause=CauseCode.SWA_MAPPING_REWRITTEN,
+                seen=(
+                    "a continuing cell's LUT entry maps to another non-zero SWA slot than in "
+                    "the dump before (`swa_before`, `swa_after`). A mapping moved page and all, "
+                    "still in lockstep, shows in no single dump"
+                ),
+            ),
+        ),
+        (
+            EventKind.SWA_LEAK,
+            EventEntry(
+                cause=CauseCode.SWA_LEAK,
+                seen=(
+                    "SWA pages leaked (neither on the SWA free list nor mapped from a held full "
+                    "slot: SGLang's memory check, as `swa-page-leaked`) that the last dump "
+                    "accounting leaks did not have. One event for the sequence, dated by its "
+                    "first pages; its pages grow with the leak, and its message says how many "
+                    "pages per step"
+                ),
+            ),
+        ),
+    ),
+)
+VIOLATION_CAUSES: Mapping[ViolationRowCause, ViolationCauseEntry] = _table(
+    ViolationRowCause,
+    (
+        (
+            ViolationRowCause.WRITE_CHECK,
+            ViolationCauseEntry(
+                when="a write row",
+                meaning="a wrong token or position was written",
+            ),
+        ),
+        (
+            ViolationRowCause.ALIASING,
+            ViolationCauseEntry(
+                when="position mismatch; another live row holds the slot at the stored position",
+                meaning="two requests use one slot; the later writer's record won",
+            ),
+        ),
+        (
+            ViolationRowCause.DUPLICATE_IN_ROW,
+            ViolationCauseEntry(
+                when=(
+                    "position mismatch; the reading row itself holds the slot at the stored "
+                    "position"
+                ),
+                meaning="one slot at two positions of a request",
+            ),
+        ),
+        (
+            ViolationRowCause.USE_AFTER_FREE,
+            ViolationCauseEntry(
+                when=(
+                    "position mismatch; the slot is on the free list and no live cell holds it "
+                    "at the stored position"
+                ),
+                meaning=(
+                    "the slot was freed and rewritten by its next owner while this request "
+                    "still reads it"
+                ),
+            ),
+        ),
+        (
+            ViolationRowCause.STALE_SLOT,
+            ViolationCauseEntry(
+                when=(
+                    "position mismatch; only an idle row or a stale tail holds the slot at the "
+                    "stored position"
+                ),
+                meaning="a slot freed and handed out again",
+            ),
+        ),
+        (
+            ViolationRowCause.FOREIGN_RECORD,
+            ViolationCauseEntry(
+                when="position mismatch; no cell holds the slot at the stored position",
+                meaning="a writer the dump does not show (a transfer, a finished request)",
+            ),
+        ),
+        (
+            ViolationRowCause.FOLLOWS_BAD_RECORD,
+            ViolationCauseEntry(
+                when="chain break; the slot before has a position mismatch of its own",
+                meaning="the break is the consequence of the bad record before it",
+            ),
+        ),
+        (
+            ViolationRowCause.STALE_ROW,
+            ViolationCauseEntry(
+                when="chain break at a slot on the free list",
+                meaning=(
+                    "a reused pool row read past its end: the records continue the previous "
+                    "owner's chain"
+                ),
+            ),
+        ),
+        (
+            ViolationRowCause.CHAIN_BREAK,
+            ViolationCauseEntry(
+                when="any other chain break",
+                meaning=(
+                    "the record was written by another sequence (a stale row without free "
+                    "lists, a misplaced page)"
+                ),
+            ),
+        ),
+        (
+            ViolationRowCause.WRONG_TOKEN,
+            ViolationCauseEntry(
+                when="only the token differs",
+                meaning="a wrong token was written, or the record is stale",
+            ),
+        ),
+        (
+            ViolationRowCause.KV_OVERWRITTEN,
+            ViolationCauseEntry(
+                when="only the real-KV fingerprint differs",
+                meaning="the KV bytes changed after the TAIL write",
+            ),
+        ),
+        (
+            ViolationRowCause.NO_LIVE_CELL,
+            ViolationCauseEntry(
+                when="the dump has no live cell holding the slot (or the tag is unknown)",
+                meaning="the row is from another step, or the slot leaked",
+            ),
+        ),
+    ),
+)
+
+
+#: finding code -> the cause that explains it by default (`CauseEntry.findings`).
+CAUSE_OF_FINDING: Mapping[FindingCode, CauseCode] = _inverse(
+    {cause: entry.findings for cause, entry in CAUSES.items()}
+)
+#: violation-row explanation -> the cause it names (`CauseEntry.explanations`).
+CAUSE_OF_EXPLANATION: Mapping[ViolationRowCause, CauseCode] = _inverse(
+    {cause: entry.explanations for cause, entry in CAUSES.items()}
+)
