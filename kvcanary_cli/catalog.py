@@ -951,9 +951,9 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "the tokens that left the window erased the entries of those still in it"
                 ),
                 fix=(
-                    "free a shared boundary page per entry: when the first node's tokens leave "
-                    "the window clear only their entries, and release the SWA page with its last "
-                    "in-window token (keep the page until its last mapping goes)"
+                    "free per entry and keep the page until its last mapping goes: when the "
+                    "first node's tokens of a shared boundary page leave the window, clear only "
+                    "their entries, and release the SWA page with its last in-window token"
                 ),
                 evidence=(
                     "`swa-unmapped-in-window` cells, with `page_size` > 1, on a full page whose "

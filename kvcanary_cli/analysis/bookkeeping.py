@@ -490,26 +490,29 @@ def _swa_writes(
     written = writes.slot
     target = _translate(full, swa, written)
     translated = dump.swa_out_cache_loc  # what the backend really writes, when recorded
+    given_count = 0
     if translated is not None:
         given = np.asarray(translated, dtype=np.int64).reshape(-1)[: written.size]
         target[: given.size] = given
+        given_count = int(given.size)
     window = _in_window(cells, plan)
     held = cells.slot[window]
     held_swa = _translate(full, swa, held)
-    owner_full = held[held_swa > 0]
-    owner_swa = held_swa[held_swa > 0]
+    live = held_swa > 0
+    owner_full, owner_swa = held[live], held_swa[live]
+    owner_row, owner_pos = cells.batch_row[window][live], cells.position[window][live]
     hit = np.flatnonzero((target > 0) & np.isin(target, owner_swa))
     if hit.size == 0:
         return []
     # a write onto its own cell's SWA slot is the step's own token, not another's
     order = np.argsort(owner_swa, kind="stable")
-    at = np.searchsorted(owner_swa[order], target[hit])
-    owner = owner_full[order][np.minimum(at, order.size - 1)]
-    foreign = owner != written[hit]
-    hit = hit[foreign]
+    at = order[np.minimum(np.searchsorted(owner_swa[order], target[hit]), order.size - 1)]
+    foreign = owner_full[at] != written[hit]
+    hit, at = hit[foreign], at[foreign]
     if hit.size == 0:
         return []
     rows, pools, positions = writes.batch_row[hit], writes.pool_row[hit], writes.position[hit]
+    same = owner_row[at] == rows
     cells_of = CellColumns(
         batch_row=rows,
         pool_row=pools,
@@ -518,6 +521,24 @@ def _swa_writes(
         extra={"full_slot": written[hit], "out_cache_loc_index": hit.astype(np.int64)},
     )
     first = int(hit[0])
+    source = (
+        f"swa_out_cache_loc[{first}]" if first < given_count else f"LUT[{written[first]}]"
+    )
+    whose = (
+        "the same request"
+        if same[0]
+        else f"another request (batch row {int(owner_row[at[0]])})"
+    )
+    from_given = int(np.count_nonzero(hit < given_count))
+    sources = " and ".join(
+        name
+        for name, n in (
+            ("swa_out_cache_loc", from_given),
+            ("LUT[out_cache_loc]", hit.size - from_given),
+        )
+        if n
+    )
+    n_same = int(np.count_nonzero(same))
     return [
         Finding(
             code=FindingCode.SWA_WRITE_TO_LIVE_SLOT,
@@ -530,10 +551,12 @@ def _swa_writes(
             role=Role.PENDING_WRITE,
             message=(
                 f"out_cache_loc[{first}] writes full slot {written[first]}, whose SWA slot "
-                f"{target[first]} another request holds live in its window"
+                f"{target[first]} (from {source}) {whose} holds live at position "
+                f"{int(owner_pos[at[0]])} of its window"
                 if hit.size == 1
-                else "writes whose SWA slots (LUT[out_cache_loc]) other requests hold live in "
-                "their windows: a stale translation"
+                else f"writes whose SWA targets (from {sources}) live cells of the window "
+                f"hold: {n_same} onto the same request's, {hit.size - n_same} onto another "
+                "request's; a stale translation"
             ),
             cells=cells_of,
             full_slots=(int(written[first]),),

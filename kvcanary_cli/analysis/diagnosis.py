@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.chains import link
+from kvcanary_cli.analysis.chains import link, numbers, span
 from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_among, restricted
 from kvcanary_cli.analysis.model import (
     Assumption,
@@ -29,6 +29,7 @@ from kvcanary_cli.analysis.model import (
     Role,
     Space,
 )
+from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.analysis.violations.report import CAUSES as EXPLANATION_CAUSES
 from kvcanary_cli.catalog import (
     CAUSE_OF_EXPLANATION,
@@ -173,6 +174,8 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     _writes_into_live(state)
     _reuse_within_request(state)
     _stale_rows(state)
+    _boundary_pages(state)
+    _reissued_pages(state)
     _partial_page_frees(state)
     _swa_freed_while_live(state)
     possible = _lut_or_slots(state)
@@ -181,6 +184,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
             state.claim(CAUSE_OF_FINDING[f.code], Confidence.CERTAIN, i)
     _pages_out_of_lockstep(state)
     _canary_records(state)
+    _reserved_page(state)
     causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
     causes.extend(possible)
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
@@ -202,9 +206,209 @@ def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
 def _default_evidence(entry: _Claim, findings: list[Finding]) -> tuple[str, ...]:
     """The first findings themselves, when the cause needs no argument beyond its symptoms."""
     members = list(dict.fromkeys(entry.members))
-    shown = [findings[i].message for i in members[:3]]
+    shown = [_with_numbers(findings[i]) for i in members[:3]]
     more = len(members) - len(shown)
     return (*shown, f"... and {more} more") if more > 0 else tuple(shown)
+
+
+def _with_numbers(f: Finding) -> str:
+    """A finding's message, with where its cells are when the message of an SWA group does not
+    say (a group's message names what its cells share, not which they are)."""
+    if f.group != "swa":
+        return f.message
+    where = numbers(f)
+    return f"{f.message}: {where}" if where else f.message
+
+
+def _positions(first: int, last: int) -> str:
+    return f"position {first}" if first == last else f"positions {first}..{last}"
+
+
+def _page_text(page: int, size: int) -> str:
+    return f"page {page} (slots {page * size}..{page * size + size - 1})"
+
+
+def _boundary_pages(state: _Diagnosis) -> None:
+    """In-window cells unmapped because their full page was cleared whole while it straddles
+    the window's start (its first token is before the row's window): a clear meant for the
+    tokens that left the window took the page, so the in-window tokens of the node sharing
+    it lost their SWA KV (SGLang PR #36457). Only with pages of several slots."""
+    dump = state.dump
+    page = max(1, dump.scalars["page_size"].value or 1)
+    window = dump.scalars["swa_window_size"].value or 0
+    if page <= 1 or window <= 0 or dump.full_to_swa_index_mapping is None:
+        return
+    prefix = np.maximum(dump.prefix_lens, 0)
+    bs = int(prefix.shape[0])
+    start = np.maximum(prefix - window, 0)
+    unmapped = [
+        i
+        for i, f in enumerate(state.findings)
+        if f.code is FindingCode.SWA_UNMAPPED_IN_WINDOW and f.cells is not None
+    ]
+    boundary: list[np.ndarray] = []
+    for i in unmapped:
+        cells = state.findings[i].cells
+        assert cells is not None
+        slots, row, pos = cell_slots(state.findings[i]), cells.batch_row, cells.position
+        inside = state.free(i) & (row >= 0) & (row < bs)
+        row_of = np.clip(row, 0, max(bs - 1, 0))
+        first = pos - slots % page  # where the page starts in the row
+        straddles = inside & (slots % page == pos % page) & (first < start[row_of])
+        boundary.append(slots[straddles] // page)
+    pages = distinct(np.concatenate(boundary)) if boundary else np.zeros(0, dtype=np.int64)
+    cleared = pages[_lut_page_mapped(state, pages) == 0]
+    if cleared.size == 0:
+        return
+    hits: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for i in unmapped:  # every in-window cell of a cleared boundary page (sharers' too)
+        f = state.findings[i]
+        assert f.cells is not None
+        slots, row, pos = cell_slots(f), f.cells.batch_row, f.cells.position
+        hit = state.free(i) & np.isin(slots // page, cleared)
+        if hit.any():
+            state.claim(CauseCode.SWA_BOUNDARY_PAGE_CLEARED, Confidence.CERTAIN, i, hit)
+            hits.append((slots[hit] // page, row[hit], f.cells.pool_row[hit], pos[hit]))
+    if not hits:
+        return
+    q, b, r, p = (np.concatenate(part) for part in zip(*hits, strict=True))
+    pages = distinct(q)
+    lines = []
+    for one in pages[:3].tolist():
+        at = q == one
+        rows = distinct(b[at])
+        heads = {int(x): int(p[at & (b == x)].min()) // page * page for x in rows.tolist()}
+        # the row whose window starts inside the page (the first node's tokens left it)
+        row0 = next((x for x, h in heads.items() if h < int(start[x])), int(rows[0]))
+        head, ws = heads[row0], int(start[row0])
+        end = min(head + page, int(prefix[row0])) - 1
+        pool0 = int(r[at & (b == row0)][0])
+        others = (
+            f"; {rows.size - 1} other batch row{'s' if rows.size > 2 else ''} hold"
+            f"{'' if rows.size > 2 else 's'} it too"
+            if rows.size > 1
+            else ""
+        )
+        lines.append(
+            f"full {_page_text(one, page)}: every entry 0; batch row {row0} (pool row "
+            f"{pool0}) holds it at positions {head}..{end} and its window starts at {ws}: "
+            f"{_positions(head, ws - 1)} left the window, {_positions(ws, end)} still in it "
+            f"lost {'its' if ws == end else 'their'} SWA entries{others}"
+        )
+    more = f" (and {pages.size - 3} more pages)" if pages.size > 3 else ""
+    lines.append(
+        f"a clear of the whole page for the tokens before the window erased the entries of "
+        f"those inside it{more}: a page two nodes share at a split that is not page-aligned"
+    )
+    state.evidence(CauseCode.SWA_BOUNDARY_PAGE_CLEARED).extend(lines)
+
+
+def _reissued_pages(state: _Diagnosis) -> None:
+    """Second owners of an SWA slot that are the remains of a page mapping: a full page that
+    keeps two or more entries into the SWA page at their own offsets while its other entries
+    are 0. A partial-page free released the SWA page whole, and the allocator handed it out
+    again (SGLang PR #27779, one step later). Only with pages of four slots or more."""
+    dump = state.dump
+    page = max(1, dump.scalars["page_size"].value or 1)
+    lut = dump.full_to_swa_index_mapping
+    if page < 4 or lut is None:
+        return
+    found: list[tuple[np.ndarray, np.ndarray]] = []
+    for i, f in enumerate(state.findings):
+        if f.code is not FindingCode.SWA_SLOT_SHARED_OWNER or f.cells is None:
+            continue
+        full, swa = f.cells.extra.get("full_slot"), cell_slots(f)
+        if full is None:
+            continue
+        # page 0 handed out is the reserved page's (its first slot reads as unmapped)
+        in_step = state.free(i) & (full % page == swa % page) & (swa >= page)
+        if not in_step.any():
+            continue
+        pages = distinct(full[in_step] // page)
+        kept = _lut_page_mapped(state, pages)
+        partial = pages[(kept >= 2) & (kept < page)]
+        hit = in_step & np.isin(full // page, partial)
+        if hit.any():
+            state.claim(CauseCode.SWA_PAGE_REISSUED, Confidence.CERTAIN, i, hit)
+            found.append((full[hit], swa[hit]))
+    if not found:
+        return
+    full = np.concatenate([x[0] for x in found])
+    swa = np.concatenate([x[1] for x in found])
+    lines = []
+    for swa_page in distinct(swa // page)[:3].tolist():
+        old = int(full[swa // page == swa_page][0]) // page
+        kept = int(_lut_page_mapped(state, np.array([old]))[0])
+        line = (
+            f"SWA {_page_text(swa_page, page)}: full {_page_text(old, page)} keeps {kept} of "
+            f"its {page} entries into it, the other {page - kept} cleared (a partial-page free "
+            "released the SWA page whole)"
+        )
+        owners = _new_owners(state, swa_page, page, old)
+        if owners:
+            line += f"; {owners}: the page was handed out again, and the old entries are stale"
+        lines.append(line)
+    state.evidence(CauseCode.SWA_PAGE_REISSUED).extend(lines)
+
+
+def _new_owners(state: _Diagnosis, swa_page: int, page: int, old: int) -> str:
+    """`full page 14 (slots 56..59), held by batch row 1 (pool row 3) at positions 8..11`: the
+    other full pages mapping into an SWA page, and the live cells holding them."""
+    lut = state.dump.full_to_swa_index_mapping
+    if lut is None or not lut.complete:
+        return ""
+    values = np.asarray(lut.array()[:-1], dtype=np.int64)
+    into = np.flatnonzero((values // page == swa_page) & (values > 0))
+    pages = distinct(into // page)
+    pages = pages[pages != old]
+    if pages.size == 0:
+        return ""
+    new = int(pages[0])
+    text = f"full {_page_text(new, page)} maps into it too"
+    cells = live_cells(state.dump)
+    on = (cells.slot // page == new) & (cells.slot > 0)
+    if on.any():
+        b, r, q = cells.batch_row[on], cells.pool_row[on], cells.position[on]
+        text += (
+            f", held by batch row {int(b[0])} (pool row {int(r[0])}) at positions "
+            f"{span(q[b == b[0]])}"
+        )
+    return text
+
+
+def _reserved_page(state: _Diagnosis) -> None:
+    """The reserved page's own argument: which free list holds page 0 and how many times
+    (twice or more: freed twice, as unmapped tokens whose LUT entry reads 0 are), and which
+    full slots map into it (handed out)."""
+    if CauseCode.RESERVED_SLOT_FREED not in state.claims:
+        return
+    dump = state.dump
+    page = max(1, dump.scalars["page_size"].value or 1)
+    lines = []
+    for space, name, free in (
+        ("full", "free_full_slots", dump.free_full_slots),
+        ("SWA", "free_swa_slots", dump.free_swa_slots),
+    ):
+        if free is None or free.size == 0:
+            continue
+        values = np.asarray(free, dtype=np.int64).reshape(-1)
+        reserved = values[(values >= 0) & (values < page)]
+        if reserved.size == 0:
+            continue
+        times = int(np.bincount(reserved, minlength=page).max())
+        line = f"the reserved {space} {_page_text(0, page)} is on {name}"
+        if times >= 2:
+            line += (
+                f" {times} times: freed {times} times (freeing an unmapped token frees "
+                "slot 0, the value its LUT entry reads)"
+            )
+        else:
+            line += ": freed, so an allocation can hand it out"
+        lines.append(line)
+    for f in state.findings:
+        if f.code is FindingCode.RESERVED_SLOT_IN_USE and f.space is Space.FULL and f.cells:
+            lines.append(_with_numbers(replace(f, group=f.group, message=f.message)))
+    state.evidence(CauseCode.RESERVED_SLOT_FREED).extend(lines)
 
 
 def _batch_rows(state: _Diagnosis) -> None:
@@ -486,17 +690,23 @@ def _swa_freed_while_live(state: _Diagnosis) -> None:
 
 def _pages_out_of_lockstep(state: _Diagnosis) -> None:
     """An entry out of its page's lockstep joins the cause of another finding on the same full
-    slot (a stale owner, a stale write translation); alone, it is a mapping rewritten."""
+    slot (a stale owner, a stale write translation) or on the same SWA slot (the other holder
+    of a collision); alone, it is a mapping rewritten."""
     known = _SlotCauses()
     for i, f in enumerate(state.findings):
         full = _full_slots(f)
         if full is not None:
             claimed = state.cause_of[i] != _UNCLAIMED
             known.add("full", full[claimed], state.cause_of[i][claimed])
+            if f.space is Space.SWA:
+                known.add("swa", cell_slots(f)[claimed], state.cause_of[i][claimed])
     for i, f in enumerate(state.findings):
         if f.code is not FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP:
             continue
         joined = known.lookup("full", cell_slots(f))
+        if f.cells is not None and "swa_slot" in f.cells.extra:
+            by_swa = known.lookup("swa", f.cells.extra["swa_slot"])
+            joined = np.where(joined == _UNCLAIMED, by_swa, joined)
         for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
             state.claim(_CAUSES[value], Confidence.CERTAIN, i, joined == value)
         state.claim(CauseCode.SWA_MAPPING_REWRITTEN, Confidence.CERTAIN, i)
