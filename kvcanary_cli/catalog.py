@@ -48,6 +48,7 @@ __all__ = [
     "Severity",
     "ViolationCauseEntry",
     "ViolationRowCause",
+    "cell_unit",
 ]
 
 
@@ -1591,3 +1592,28 @@ CAUSE_OF_FINDING: Mapping[FindingCode, CauseCode] = _inverse(
 CAUSE_OF_EXPLANATION: Mapping[ViolationRowCause, CauseCode] = _inverse(
     {cause: entry.explanations for cause, entry in CAUSES.items()}
 )
+
+
+#: Finding codes whose cells are LUT or free-list entries (about slots, not req_to_token
+#: cells), and those whose cells are pages: what reports call their units.
+_ENTRY_CODES = frozenset(
+    {
+        FindingCode.FREE_LIST_DUPLICATE,
+        FindingCode.RESERVED_SLOT_IN_USE,
+        FindingCode.FREE_SLOT_STILL_MAPPED,
+        FindingCode.SWA_SLOT_FREE_AND_MAPPED,
+        FindingCode.SWA_SLOT_SHARED_OWNER,
+        FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP,
+    }
+)
+_PAGE_CODES = frozenset({FindingCode.SWA_PAGE_LEAKED, FindingCode.FULL_PAGE_LEAKED})
+
+
+def cell_unit(code: FindingCode, count: int) -> str:
+    """What `count` cells of a finding code are, in words: `cells` of req_to_token, LUT or
+    free-list `entries`, or `pages` (a leak), singular for 1."""
+    if code in _PAGE_CODES:
+        return "page" if count == 1 else "pages"
+    if code in _ENTRY_CODES:
+        return "entry" if count == 1 else "entries"
+    return "cell" if count == 1 else "cells"

@@ -521,13 +521,9 @@ def _swa_writes(
         extra={"full_slot": written[hit], "out_cache_loc_index": hit.astype(np.int64)},
     )
     first = int(hit[0])
-    source = (
-        f"swa_out_cache_loc[{first}]" if first < given_count else f"LUT[{written[first]}]"
-    )
+    source = f"swa_out_cache_loc[{first}]" if first < given_count else f"LUT[{written[first]}]"
     whose = (
-        "the same request"
-        if same[0]
-        else f"another request (batch row {int(owner_row[at[0]])})"
+        "the same request" if same[0] else f"another request (batch row {int(owner_row[at[0]])})"
     )
     from_given = int(np.count_nonzero(hit < given_count))
     sources = " and ".join(

@@ -18,10 +18,11 @@ from dataclasses import replace
 import numpy as np
 
 from kvcanary_cli.analysis.cells import cell_slots, distinct
-from kvcanary_cli.analysis.model import Cause, CauseCode, Confidence, Finding, FindingCode, Space
+from kvcanary_cli.analysis.model import Cause, Finding, Space
+from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, cell_unit
 from kvcanary_cli.dump.loader import KvDump
 
-__all__ = ["link", "numbers", "span"]
+__all__ = ["counted", "link", "numbers", "span"]
 
 #: Causes the reserved page explains when every slot they name lies on it: what page 0 on a
 #: free list leads to (listed twice, handed out, mapped from live or stale full slots).
@@ -150,35 +151,11 @@ def _where(fs: list[Finding]) -> str:
     return "; ".join(dict.fromkeys(n for n in (numbers(f) for f in fs[:2]) if n))
 
 
-def _unit(code: FindingCode) -> tuple[str, str]:
-    """What a code's cells are: table cells, LUT or free-list entries, or pages."""
-    if code in (FindingCode.SWA_PAGE_LEAKED, FindingCode.FULL_PAGE_LEAKED):
-        return "page", "pages"
-    if code in SLOT_CODES:
-        return "entry", "entries"
-    return "cell", "cells"
-
-
-#: Codes whose cells are LUT or free-list entries (about slots, outside req_to_token).
-SLOT_CODES = frozenset(
-    {
-        FindingCode.FREE_LIST_DUPLICATE,
-        FindingCode.RESERVED_SLOT_IN_USE,
-        FindingCode.FREE_SLOT_STILL_MAPPED,
-        FindingCode.SWA_SLOT_FREE_AND_MAPPED,
-        FindingCode.SWA_SLOT_SHARED_OWNER,
-        FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP,
-    }
-)
-
-
 def counted(explains: dict[str, int]) -> str:
     """`2 free-list-duplicate entries, 1 swa-page-leaked page`: counts in their units."""
-    out = []
-    for code, n in explains.items():
-        one, many = _unit(FindingCode(code))
-        out.append(f"{n} {code} {one if n == 1 else many}")
-    return ", ".join(out)
+    return ", ".join(
+        f"{n} {code} {cell_unit(FindingCode(code), n)}" for code, n in explains.items()
+    )
 
 
 def link(dump: KvDump, findings: list[Finding], causes: list[Cause]) -> tuple[Cause, ...]:
@@ -204,9 +181,7 @@ def link(dump: KvDump, findings: list[Finding], causes: list[Cause]) -> tuple[Ca
             if fs and all(_touches_page_zero(f, page) for f in fs):
                 absorb(code, CauseCode.RESERVED_SLOT_FREED, "every slot it names is on page 0")
     # a live slot put on the free list keeps its LUT entry: the free is the fault
-    freed = [
-        f for f in members.get(CauseCode.USE_AFTER_FREE, []) if f.space is Space.FULL
-    ]
+    freed = [f for f in members.get(CauseCode.USE_AFTER_FREE, []) if f.space is Space.FULL]
     stale = members.get(CauseCode.STALE_SWA_MAPPING, [])
     if freed and stale:
         live = np.concatenate([cell_slots(f) for f in freed])

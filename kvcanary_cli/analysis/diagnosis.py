@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.chains import link, numbers, span
 from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_among, restricted
+from kvcanary_cli.analysis.chains import link, numbers, span
 from kvcanary_cli.analysis.model import (
     Assumption,
     Cause,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from kvcanary_cli.catalog import FindingCode, cell_unit
 from kvcanary_cli.render.records.check import (
     CauseRecord,
     CheckSummaryRecord,
@@ -48,6 +49,8 @@ __all__ = [
     "DIFFERENCES_NOTE",
     "FIRST_RAISE_MARK",
     "UNITS_NOTE",
+    "GLOSSARY",
+    "glossary",
     "top_causes",
     "code_cells",
     "findings_per_count",
@@ -130,15 +133,55 @@ DIFFERENCES_NOTE = (
 #: The two units of a report's counts: what a cell and a finding are.
 UNITS_NOTE = (
     "cells: the req_to_token cells with a problem (a problem of a request, a tensor or a "
-    "scalar counts as 1 cell); a finding groups the cells of one code, cause, group and role"
+    "scalar counts as 1 cell; a LUT or free-list entry as 1 entry, a leaked page as 1 page); "
+    "a finding groups the cells of one code, cause, group and role"
 )
+
+#: The planner terms a report may use, in the order a glossary lists them.
+GLOSSARY = {
+    "batch row": "a request's index in this batch; its pool row is its row of req_to_token",
+    "P": "prefix length, the cells a request has written",
+    "E": "extend length, the tokens this step writes (positions P..P+E-1)",
+    "verify": "a prefix cell inside the window, which the canary verifies",
+    "prefix": "a live prefix cell before the window",
+    "chain-prev": "the cell just before the window, whose record the first verify read chains from",
+    "seed": "a writing row's last prefix cell P-1, which this step's writes chain from",
+    "pending-write": "a cell this step writes",
+    "stale-tail": "a cell past a live row's end, left by an earlier owner",
+    "idle-row": "a cell of a pool row no request of the batch uses",
+    "expected-token": "a read of the expected-token pool",
+    "REF": "SGLang's torch reference planner, which reads cells in its own order and raises "
+    "at the first bad one",
+}
+
+
+def glossary(dumps: list[DumpRecord]) -> str | None:
+    """`terms: P: prefix length ...; chain-prev: ...`: the planner terms the reports of
+    `dumps` use (roles of their findings, P and E of a requests table, REF where the
+    reference raises), each explained once; None when they use none."""
+    used: set[str] = set()
+    for dump in dumps:
+        if dump["findings"] or dump["requests"]:
+            used.add("batch row")
+        if len(dump["requests"]) >= 2:
+            used.update(("P", "E"))
+        if dump["first_raise"] is not None:
+            used.add("REF")
+        for f in dump["findings"]:
+            role = role_text(f)
+            if role:
+                used.update(role.split("+"))
+            if "REF" in f["message"]:
+                used.add("REF")
+    terms = [f"{term}: {meaning}" for term, meaning in GLOSSARY.items() if term in used]
+    return "terms: " + "; ".join(terms) if terms else None
 
 
 def code_cells(counts: dict[FindingCodeName, int], name: Callable[[str], str] = str) -> str:
     """`15 lut-out-of-range cells, 1 lut-sentinel-missing cell`: counts of cells per code,
     each named as cells (`name` formats a code, e.g. as Markdown code)."""
     return ", ".join(
-        f"{n} {name(code)} {'cell' if n == 1 else 'cells'}" for code, n in counts.items()
+        f"{n} {name(code)} {cell_unit(FindingCode(code), n)}" for code, n in counts.items()
     )
 
 

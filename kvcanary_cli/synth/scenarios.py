@@ -695,14 +695,10 @@ def _swa_page_reissued(d: SynthDump, rng: np.random.Generator) -> None:
     lut = d.tensors["full_to_swa_index_mapping"]
     owners = _window_pages(d)
     held_before = {
-        int(lr.slots[pos]) // p
-        for lr in d.live
-        for pos in range(0, max(0, lr.prefix_len - window))
+        int(lr.slots[pos]) // p for lr in d.live for pos in range(0, max(0, lr.prefix_len - window))
     }
     in_window = {c[2] // p for c in _in_window_cells(d)}
-    stale = sorted(
-        q for q in held_before - in_window if not (lut[q * p + np.arange(p)] > 0).any()
-    )
+    stale = sorted(q for q in held_before - in_window if not (lut[q * p + np.arange(p)] > 0).any())
     if p < 4 or not owners or not stale:
         raise RuntimeError("needs pages of four slots or more, an in-window and an evicted page")
     owner = owners[int(rng.integers(len(owners)))]

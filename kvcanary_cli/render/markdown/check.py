@@ -37,6 +37,7 @@ from kvcanary_cli.render.shared import (
     examples_text,
     failing_phrase,
     findings_per_count,
+    glossary,
     plural,
     positions_text,
     raise_mark,
@@ -434,6 +435,9 @@ def _check_markdown(
     if rows:
         head.append(_table(["code", "severity", "group", "findings", "cells"], rows, right={3, 4}))
         head.append(f"*{_text(UNITS_NOTE)}*")
+        terms = glossary(record["dumps"])
+        if terms:
+            head.append(f"*{_text(terms)}*")
     else:
         head.append("No findings.")
     if len(record["dumps"]) >= 2:

@@ -26,6 +26,7 @@ from kvcanary_cli.render.shared import (
     differences_lines,
     failing_phrase,
     findings_per_count,
+    glossary,
     plural,
     section_size,
     severity_cells,
@@ -271,6 +272,9 @@ def _dump_blocks(
     if dump["counts"]:
         parts.append(_counts_table(dump))
         parts.append(Text(UNITS_NOTE, style="dim"))
+        terms = glossary([dump])
+        if terms:
+            parts.append(Text(terms, style="dim"))
         if len(dump["requests"]) >= 2:
             parts.append(_requests_table(dump["requests"][:max_rows]))
             if len(dump["requests"]) > max_rows:
