@@ -19,7 +19,7 @@ def test_the_doc_tables_are_the_generated_ones() -> None:
 def test_a_hand_edited_table_is_caught() -> None:
     edited = TEXT.replace('"slot_idx": int,', '"slot_idx": str,', 1)
     assert edited != TEXT and render_doc(edited) != edited
-    dropped = TEXT.replace('  "fix": str\n', "", 1)
+    dropped = TEXT.replace('  "fix": str,\n', "", 1)
     assert dropped != TEXT and render_doc(dropped) != dropped
 
 
