@@ -500,9 +500,11 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 severity=Severity.ERROR,
                 group="`swa`",
                 when=(
-                    "this step's write of a full slot (`out_cache_loc`) lands, through the LUT, "
-                    "on an SWA slot that a live cell of another request's window holds. Needs "
-                    "`out_cache_loc` and the LUT"
+                    "this step's write of a full slot (`out_cache_loc`) lands, through the LUT "
+                    "(or `swa_out_cache_loc` when the dump records it), on an SWA slot that "
+                    "another live cell of the window holds: another request's, or the writing "
+                    "request's own. The message says which, and where the target came from. "
+                    "Needs `out_cache_loc` and the LUT"
                 ),
                 meaning=(
                     "a cached full → SWA translation outlived a mapping change (SGLang PR "

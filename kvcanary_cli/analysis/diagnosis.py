@@ -338,10 +338,10 @@ def _reissued_pages(state: _Diagnosis) -> None:
     lines = []
     for swa_page in distinct(swa // page)[:3].tolist():
         old = int(full[swa // page == swa_page][0]) // page
-        kept = int(_lut_page_mapped(state, np.array([old]))[0])
+        keeps = int(_lut_page_mapped(state, np.array([old]))[0])
         line = (
-            f"SWA {_page_text(swa_page, page)}: full {_page_text(old, page)} keeps {kept} of "
-            f"its {page} entries into it, the other {page - kept} cleared (a partial-page free "
+            f"SWA {_page_text(swa_page, page)}: full {_page_text(old, page)} keeps {keeps} of "
+            f"its {page} entries into it, the other {page - keeps} cleared (a partial-page free "
             "released the SWA page whole)"
         )
         owners = _new_owners(state, swa_page, page, old)

@@ -453,10 +453,13 @@ def cause_sections(dump: DumpRecord, max_rows: int) -> list[CauseSection]:
     The table and Markdown views both draw their finding blocks from this, so symptoms are
     always shown under their cause.
     """
-    parent = {c["cause"]: c["explained_by"] for c in dump["diagnosis"] if c["explained_by"]}
+    parent: dict[str, str] = {
+        c["cause"]: c["explained_by"] for c in dump["diagnosis"] if c["explained_by"]
+    }
     members: dict[str | None, list[FindingRecord]] = {}
     for f in dump["findings"]:  # an explained cause's symptoms go under its parent
-        members.setdefault(parent.get(f["cause"] or "", f["cause"]), []).append(f)
+        own: str | None = f["cause"]
+        members.setdefault(parent.get(own or "", own), []).append(f)
     out = []
     for cause in top_causes(dump):
         if cause["cause"] in members:

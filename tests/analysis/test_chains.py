@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from kvcanary_cli.analysis.model import CauseCode, CheckReport, DumpReport
+from kvcanary_cli.analysis.model import CheckReport, DumpReport
+from kvcanary_cli.catalog import CauseCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.render.markdown.check import check_markdown
 from kvcanary_cli.render.records.check import check_record
