@@ -17,8 +17,10 @@ the codes table; `CauseCode` is the diagnosis's precedence among equally sure ca
 
 Adding a bug class: its entries here (a finding code and, when it is a new fault, a cause),
 the detector that reports it (or the diagnosis rule that claims it), and the scenario that
-plants it (`synth/scenarios.py`); then `python -m tests.docs_tables` rewrites the docs'
-tables. Nothing else names it.
+plants it (`synth/scenarios.py`); then `python -m tests.docs_tables` and `python -m
+tests.render.schema_doc` rewrite the docs' tables and value lists. Nothing else names it:
+tests/test_catalog.py fails when a module outside the catalog and the scenarios spells a
+code's string.
 
 Standard library only: every layer of the package may import it.
 """

@@ -200,8 +200,8 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
     """The whole LUT against both free lists and itself, and this step's SWA writes.
 
     Faults the live-cell detectors already report are left to them: an SWA slot free and
-    mapped from a live cell (`freed-slot-in-live-range`), two in-window cells on one SWA slot
-    (`swa-slot-collision`)."""
+    mapped from a live cell (`FREED_SLOT_IN_LIVE_RANGE`), two in-window cells on one SWA slot
+    (`SWA_SLOT_COLLISION`)."""
     if dump.full_to_swa_index_mapping is None or dump.full_to_swa_index_mapping.size == 0:
         return []
     every_full, every_swa = _lut_entries(dump)
@@ -344,7 +344,7 @@ def leaked_swa_pages(
 ) -> tuple[np.ndarray | None, str | None]:
     """The dump's leaked SWA pages (sorted), by SGLang's own memory check per page: a page
     neither on the SWA free list nor mapped from a held full slot (a request's last page holds
-    unwritten slots that map to 0). `check` (`swa-page-leaked`) and `timeline` both count
+    unwritten slots that map to 0). `check` (`SWA_PAGE_LEAKED`) and `timeline` both count
     leaks here. `mapped` is the LUT's (full slot, SWA slot) entries with an SWA slot, when the
     caller has them.
 
@@ -423,7 +423,7 @@ def _running_slots(dump: KvDump) -> np.ndarray | None:
 
 
 def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]:
-    """`swa-page-leaked`: the pages `leaked_swa_pages` counts, one cell per page."""
+    """`SWA_PAGE_LEAKED`: the pages `leaked_swa_pages` counts, one cell per page."""
     leaked, _ = leaked_swa_pages(dump, (full, swa))
     if leaked is None or leaked.size == 0:
         return []
@@ -452,7 +452,7 @@ def _shared_owners(
     full: np.ndarray, swa: np.ndarray, cells: LiveCells, plan: Plan, *reported: np.ndarray
 ) -> list[Finding]:
     """SWA slots with more than one full owner anywhere in the LUT: each owner that is not an
-    in-window cell (owners that all are: `swa-slot-collision`) nor a `reported` full slot."""
+    in-window cell (owners that all are: `SWA_SLOT_COLLISION`) nor a `reported` full slot."""
     owners = held_twice(swa)
     if not owners.any():
         return []

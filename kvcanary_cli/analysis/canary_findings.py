@@ -1,8 +1,8 @@
 """Canary findings: replay the verify launches of a planned group on the dump's canary
 buffers, and report each failing entry (docs/canary.md §5, docs/findings.md).
 
-Each failing verify entry and failed check (`canary-chain-break`, `canary-position-mismatch`,
-`canary-token-mismatch`, `canary-real-kv-mismatch`) is one cell: the buffers that fail the same
+Each failing verify entry and failed check (`CANARY_CHAIN_BREAK`, `CANARY_POSITION_MISMATCH`,
+`CANARY_TOKEN_MISMATCH`, `CANARY_REAL_KV_MISMATCH`) is one cell: the buffers that fail the same
 entry the same way (HEAD and TAIL, K and V) are merged into it. The cells of one code are one
 finding group (the diagnosis splits it by cause), with the entry's prev slot and its row's
 explanation (`violations.explain`, an index into its causes) as columns; a group of one cell

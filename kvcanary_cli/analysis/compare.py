@@ -1,8 +1,8 @@
 """Reference vs kernel: exact comparison of two plans, with every difference explained or not.
 
 Plans are integers, so there is no tolerance. A difference is *explained* when a problem of
-either plan accounts for it (a clamp at a slot >= lut_len is `lut-out-of-range`, a masked
-read of a bad pool row is `row-out-of-range`, ...); anything else is a `kernel-divergence`.
+either plan accounts for it (a clamp at a slot >= lut_len is `LUT_OUT_OF_RANGE`, a masked
+read of a bad pool row is `ROW_OUT_OF_RANGE`, ...); anything else is a `KERNEL_DIVERGENCE`.
 """
 
 from __future__ import annotations

@@ -756,7 +756,7 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
 
 
 def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Finding]:
-    """One `lut-out-of-range` per offending cell (a slot read as verify at p and as chain-prev
+    """One `LUT_OUT_OF_RANGE` per offending cell (a slot read as verify at p and as chain-prev
     at p+1 is one cell, with the roles it was read as), in runs like the live-cell codes."""
     problems = plan.problems
     hit = np.flatnonzero(problems.kind == ProblemKind.LUT_OUT_OF_RANGE)
@@ -803,7 +803,7 @@ def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Find
 
 
 def _expected_token_records(plan: Plan, shape: list[int] | None) -> list[Finding]:
-    """`expected-token-out-of-range`: one group for gathers from a pool row outside the
+    """`EXPECTED_TOKEN_OUT_OF_RANGE`: one group for gathers from a pool row outside the
     token pool, one for columns past it; each cell carries its gather index."""
     problems = plan.problems
     hit = np.flatnonzero(problems.kind == ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE)

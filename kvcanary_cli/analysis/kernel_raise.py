@@ -3,7 +3,7 @@
 A kernel that is an upstream planner (`--kernel sglang`) can raise: SGLang's torch reference at
 its first bad read, its GPU path before launching. kvcanary's reference plan predicts that
 raise exactly (`planners.upstream_raise.expected_raise`), so a raise is *explained* when it is
-the predicted one, and a `kernel-divergence` (field `launch`) when it is not, or when the kernel
+the predicted one, and a `KERNEL_DIVERGENCE` (field `launch`) when it is not, or when the kernel
 runs through where a raise was due. An explained raise is tied to its finding: the finding at
 that slot (or row) gets `upstream_raise`, the raise's text (shown in its details too).
 """
@@ -36,7 +36,7 @@ def _matched(reference: Plan, kernel: Plan) -> tuple[bool, UpstreamPlanError | N
 
 
 def launch_divergences(reference: Plan, kernel: Plan) -> list[Finding]:
-    """A `kernel-divergence` when the kernel's raise is not the one the reference predicts."""
+    """A `KERNEL_DIVERGENCE` when the kernel's raise is not the one the reference predicts."""
     matched, _ = _matched(reference, kernel)
     if matched:
         return []

@@ -7,7 +7,7 @@ total`. It says how many slots are missing, never which. A dump that records wha
 holds (`tree_full_slots`, `tree_swa_resident_slots`) and what each running request has
 allocated (`req_pool_allocated_lens`) names them: a full slot of the pool that is not free,
 not the tree's and not inside a running request's allocated cells is leaked
-(`full-page-leaked`). The capture hook's leak trigger records SGLang's printed counts as
+(`FULL_PAGE_LEAKED`). The capture hook's leak trigger records SGLang's printed counts as
 `sglang.check.<pool>.<count>`; `reconciliation_notes` sets them against kvcanary's own
 counts of the same state and says which pages make up the difference.
 
@@ -133,7 +133,7 @@ def _pages_text(slots: np.ndarray, page: int) -> str:
 
 
 def pool_leak_findings(dump: KvDump) -> list[Finding]:
-    """`full-page-leaked`: full-pool slots neither free, nor the tree's, nor a running
+    """`FULL_PAGE_LEAKED`: full-pool slots neither free, nor the tree's, nor a running
     request's (SGLang's "pool memory leak detected!"), one cell per slot."""
     found = full_leaks(dump)
     if found is None or found[0].size == 0:

@@ -53,7 +53,7 @@ class LiveCells:
     """Live cells of in-range active rows, flat (numpy int64 arrays of equal length).
 
     Rows whose pool row repeats in the batch contribute once (their first batch row), so a
-    duplicated request does not look like aliasing; `duplicate-request-row` reports it.
+    duplicated request does not look like aliasing; `DUPLICATE_REQUEST_ROW` reports it.
     """
 
     slot: np.ndarray
@@ -477,7 +477,7 @@ def clamp_target(dump: KvDump) -> int | None:
 def clamped_sources(
     dump: KvDump, findings: Iterable[Finding], *, limit: int = 64
 ) -> tuple[int, ...]:
-    """The full slots >= lut_len the SWA plan translates (its `lut-out-of-range` findings):
+    """The full slots >= lut_len the SWA plan translates (its `LUT_OUT_OF_RANGE` findings):
     the GPU path redirects them to `clamp_target(dump)`."""
     if clamp_target(dump) is None:
         return ()

@@ -21,15 +21,15 @@ prefixes count as one owner, as in `check` (docs/findings.md).
 Events (each reported once, at the first dump that shows it; what a dump already shows in the
 first dump is left to its check's findings):
 
-- `use-after-free`: a live slot on the full free list (freed while its owner still holds it,
+- `USE_AFTER_FREE`: a live slot on the full free list (freed while its owner still holds it,
   or handed out while still listed free); a slot an owner still holds that a new owner got
   after a dump listed it free;
-- `double-allocation`: a slot a new owner got while an owner holds it and no dump listed it
+- `DOUBLE_ALLOCATION`: a slot a new owner got while an owner holds it and no dump listed it
   free in between;
-- `prefix-rewritten`: a written cell of a live request (its row the same request: a later
+- `PREFIX_REWRITTEN`: a written cell of a live request (its row the same request: a later
   written position unchanged) that holds another slot now, with the old slot's fate;
-- `lut-rewritten`: a continuing cell whose LUT entry maps to another non-zero SWA slot;
-- `swa-leak`: SWA pages leaked (neither free nor mapped from a held full slot) that the last
+- `LUT_REWRITTEN`: a continuing cell whose LUT entry maps to another non-zero SWA slot;
+- `SWA_LEAK`: SWA pages leaked (neither free nor mapped from a held full slot) that the last
   dump accounting leaks did not have.
 
 Everything is sorts, searches and gathers over the cells: no loop per cell, slot or row; the
@@ -887,7 +887,7 @@ class _Tracker:
         )
 
 
-#: What became of a rewritten cell's old slot (`old_slot_fate` of a `prefix-rewritten` event):
+#: What became of a rewritten cell's old slot (`old_slot_fate` of a `PREFIX_REWRITTEN` event):
 #: held by a live cell of the later dump (another request, or this one elsewhere), on its
 #: full free list, neither (orphaned: leaked, or kept by the radix cache), or unknown (the
 #: dump records no free list, or a shrunk dump does not speak for the slot).

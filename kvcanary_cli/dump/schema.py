@@ -145,7 +145,7 @@ class TensorSpec:
     name: str
     #: dtype the production GPU path requires.
     canonical: str
-    #: other dtypes read as if they were the canonical one (with a `gpu-dtype-mismatch` note).
+    #: other dtypes read as if they were the canonical one (with a `GPU_DTYPE_MISMATCH` note).
     accepted: tuple[str, ...] = ()
     #: number of dimensions; (0, 1) for scalars stored as tensors.
     ranks: tuple[int, ...] = (1,)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners.frame import GroupFrame
@@ -83,9 +84,9 @@ class ProblemKind(IntEnum):
     EXPECTED_TOKEN_OUT_OF_RANGE = 3
 
     @property
-    def code(self) -> str:
-        """The finding code (docs/findings.md) this problem is reported under."""
-        return self.name.lower().replace("_", "-")
+    def code(self) -> FindingCode:
+        """The finding code this problem is reported under (the member of the same name)."""
+        return FindingCode[self.name]
 
     @property
     def row_level(self) -> bool:

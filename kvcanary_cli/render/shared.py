@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from kvcanary_cli.catalog import FindingCode, cell_unit
+from kvcanary_cli.catalog import FindingCode, Severity, cell_unit
 from kvcanary_cli.render.records.check import (
     CauseRecord,
     CheckSummaryRecord,
@@ -20,9 +20,7 @@ from kvcanary_cli.render.records.check import (
     GroupRecord,
 )
 from kvcanary_cli.render.records.common import (
-    FindingCodeName,
     FindingRecord,
-    SeverityName,
     ShrinkSummaryRecord,
     ShrunkRecord,
     SlotProvenanceRecord,
@@ -117,10 +115,10 @@ def shown(value: object) -> str:
 # --- check and provenance ----------------------------------------------------------------
 
 _DIFFERENCE_VERBS: dict[str, str] = {
-    "lut-out-of-range": "kernel clamped",
-    "slot-beyond-pool": "kernel read past the pool for",
-    "row-out-of-range": "kernel read out of bounds for",
-    "prefix-beyond-row": "kernel read neighbouring rows for",
+    FindingCode.LUT_OUT_OF_RANGE: "kernel clamped",
+    FindingCode.SLOT_BEYOND_POOL: "kernel read past the pool for",
+    FindingCode.ROW_OUT_OF_RANGE: "kernel read out of bounds for",
+    FindingCode.PREFIX_BEYOND_ROW: "kernel read neighbouring rows for",
 }
 
 #: How to read a groups table: what "verify entries" and differences count.
@@ -177,7 +175,7 @@ def glossary(dumps: list[DumpRecord]) -> str | None:
     return "terms: " + "; ".join(terms) if terms else None
 
 
-def code_cells(counts: dict[FindingCodeName, int], name: Callable[[str], str] = str) -> str:
+def code_cells(counts: dict[FindingCode, int], name: Callable[[str], str] = str) -> str:
     """`15 lut-out-of-range cells, 1 lut-sentinel-missing cell`: counts of cells per code,
     each named as cells (`name` formats a code, e.g. as Markdown code)."""
     return ", ".join(
@@ -187,8 +185,8 @@ def code_cells(counts: dict[FindingCodeName, int], name: Callable[[str], str] = 
 
 def severity_cells(counts: list[CodeCountRecord], findings: int) -> str:
     """`16 error cells, 1 warning cell in 5 findings`: a dump's verdict in named units."""
-    errors = severity_count(counts, "error")
-    warnings = severity_count(counts, "warning")
+    errors = severity_count(counts, Severity.ERROR)
+    warnings = severity_count(counts, Severity.WARNING)
     return (
         f"{plural(errors, 'error cell')}, {plural(warnings, 'warning cell')} in "
         f"{plural(findings, 'finding')}"
@@ -228,7 +226,8 @@ def differences_lines(group: GroupRecord) -> list[str]:
         for code, n in group["explained_differences"].items()
     ]
     if group["unexplained_differences"]:
-        lines.append(f"{group['unexplained_differences']} unexplained (kernel-divergence)")
+        unexplained = group["unexplained_differences"]
+        lines.append(f"{unexplained} unexplained ({FindingCode.KERNEL_DIVERGENCE})")
     if group["kernel_launch_error"]:
         lines.append(f"launch raises: {group['kernel_launch_error']}")
     return lines or ["none"]
@@ -375,7 +374,7 @@ def section_size(section: CodeSection) -> str:
     return f"{plural(section.cells, 'cell')} in {findings}"
 
 
-def severity_count(counts: list[CodeCountRecord], severity: SeverityName) -> int:
+def severity_count(counts: list[CodeCountRecord], severity: Severity) -> int:
     """Cells of one severity over a dump's counts."""
     return sum(c["count"] for c in counts if c["severity"] == severity)
 
@@ -406,8 +405,8 @@ def shrunk_lines(shrunk: ShrunkRecord) -> list[str]:
 class CodeSection:
     """One code's block in a dump's view: its cells, its findings and those shown."""
 
-    code: FindingCodeName
-    severity: SeverityName
+    code: FindingCode
+    severity: Severity
     #: cells (and rows) its findings stand for.
     cells: int
     #: its findings (groups).
@@ -425,7 +424,7 @@ class CauseSection:
 
 
 def _code_sections(findings: list[FindingRecord], max_rows: int) -> list[CodeSection]:
-    by_code: dict[tuple[FindingCodeName, SeverityName], list[FindingRecord]] = {}
+    by_code: dict[tuple[FindingCode, Severity], list[FindingRecord]] = {}
     for f in findings:  # already in report order
         by_code.setdefault((f["code"], f["severity"]), []).append(f)
     return [

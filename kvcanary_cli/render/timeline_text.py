@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from kvcanary_cli.catalog import EventKind
 from kvcanary_cli.render.records.timeline import (
     EventRecord,
     IntervalRecord,
@@ -82,7 +83,7 @@ def verdict_text(record: TimelineRecord) -> str:
 
 
 def _count(e: EventRecord) -> str:
-    what = "page" if e["kind"] == "swa-leak" else f"{e['space']} slot"
+    what = "page" if e["kind"] == EventKind.SWA_LEAK else f"{e['space']} slot"
     return f"{e['count']} {what}{'' if e['count'] == 1 else 's'}"
 
 
@@ -176,12 +177,12 @@ OLD_SLOT_FATES = {0: "orphaned", 1: "free", 2: "held", -1: "not held"}
 
 def event_columns(e: EventRecord) -> list[str]:
     """Column names of an event's cells."""
-    if e["kind"] == "swa-leak":
+    if e["kind"] == EventKind.SWA_LEAK:
         return ["SWA page", "first slot"]
     base = ["slot", *(["page"] if _paged(e) else []), "pool row", "position"]
-    if e["kind"] == "lut-rewritten":
+    if e["kind"] == EventKind.LUT_REWRITTEN:
         return [*base, "SWA slot before", "after"]
-    if e["kind"] == "prefix-rewritten":
+    if e["kind"] == EventKind.PREFIX_REWRITTEN:
         return [*base, "old slot", "old slot now"]
     if "other_pool_row" in e["cells"]["extra"]:
         return [*base, "other pool row", "other position"]
@@ -194,7 +195,7 @@ def event_rows(e: EventRecord, limit: int = EVENT_ROWS) -> tuple[list[list[str]]
     extra = cells["extra"]
     rows = []
     for i in range(min(limit, len(cells["slot"]))):
-        if e["kind"] == "swa-leak":
+        if e["kind"] == EventKind.SWA_LEAK:
             rows.append([str(extra["page"][i]), str(cells["slot"][i])])
             continue
         row = [

@@ -17,16 +17,16 @@ pinned (the *newcomer*). Both happen in every sequence, so a clean twin (`clean`
 full-pool events, `clean-swa` for the SWA ones, same seed and steps) runs the very same loop,
 and differs from the event's sequence only by the plant:
 
-- `double-allocation`: the newcomer's first page is one of the victim's pages (not its first),
+- `DOUBLE_ALLOCATION`: the newcomer's first page is one of the victim's pages (not its first),
   handed out again while the victim holds it; the page it should have had stays free;
-- `use-after-free`: one of the victim's complete pages goes back on the free list while the
+- `USE_AFTER_FREE`: one of the victim's complete pages goes back on the free list while the
   victim still holds it;
-- `prefix-rewritten`: one of the victim's complete pages is swapped, in its row, for a page
+- `PREFIX_REWRITTEN`: one of the victim's complete pages is swapped, in its row, for a page
   fresh from the free list; the old page is neither freed nor held by anyone (orphaned), and
   every dump on its own is clean;
-- `lut-rewritten`: the SWA mapping of the victim's newest page, in its window, moves to another
+- `LUT_REWRITTEN`: the SWA mapping of the victim's newest page, in its window, moves to another
   SWA page (the old one freed, pages still in lockstep: no single dump shows it);
-- `swa-leak`: from the event step on, the first SWA page the window leaves behind each step has
+- `SWA_LEAK`: from the event step on, the first SWA page the window leaves behind each step has
   its LUT entries cleared but is never freed: the leak grows a page per eviction.
 
 The truth (the event, its step, the first dump that shows it, the slots or pages, the owners)
@@ -47,6 +47,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from kvcanary_cli.catalog import EventKind
 from kvcanary_cli.dump.files import write_all_atomically
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.synth.state import SynthDump, SynthSpec
@@ -70,7 +71,7 @@ __all__ = [
 PLANTED_KEY = "kvcanary.planted_event"
 SEQUENCE_KEY = "kvcanary.sequence"
 #: The event classes a sequence can plant (the names `kvcanary timeline` reports them by).
-EVENTS = ("double-allocation", "use-after-free", "prefix-rewritten", "lut-rewritten", "swa-leak")
+EVENTS: tuple[EventKind, ...] = tuple(EventKind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,7 +131,7 @@ class SequenceKind:
 
     name: str
     summary: str
-    event: str | None
+    event: EventKind | None
     swa: bool
 
 
@@ -144,22 +145,22 @@ SEQUENCES: dict[str, SequenceKind] = {
             swa=False,
         ),
         SequenceKind(
-            name="double-allocation",
+            name=EventKind.DOUBLE_ALLOCATION,
             summary="a page of a running request handed to a new one (no free in between)",
-            event="double-allocation",
+            event=EventKind.DOUBLE_ALLOCATION,
             swa=False,
         ),
         SequenceKind(
-            name="use-after-free",
+            name=EventKind.USE_AFTER_FREE,
             summary="a page of a running request put back on the free list",
-            event="use-after-free",
+            event=EventKind.USE_AFTER_FREE,
             swa=False,
         ),
         SequenceKind(
-            name="prefix-rewritten",
+            name=EventKind.PREFIX_REWRITTEN,
             summary="a written page of a running request swapped for a fresh one, the old "
             "one orphaned",
-            event="prefix-rewritten",
+            event=EventKind.PREFIX_REWRITTEN,
             swa=False,
         ),
         SequenceKind(
@@ -169,15 +170,15 @@ SEQUENCES: dict[str, SequenceKind] = {
             swa=True,
         ),
         SequenceKind(
-            name="lut-rewritten",
+            name=EventKind.LUT_REWRITTEN,
             summary="the SWA mapping of a live in-window page moved to another SWA page",
-            event="lut-rewritten",
+            event=EventKind.LUT_REWRITTEN,
             swa=True,
         ),
         SequenceKind(
-            name="swa-leak",
+            name=EventKind.SWA_LEAK,
             summary="SWA pages left behind the window unmapped but never freed, one a step",
-            event="swa-leak",
+            event=EventKind.SWA_LEAK,
             swa=True,
         ),
     )
@@ -263,7 +264,7 @@ class _Request:
 @dataclass(frozen=True, kw_only=True)
 class _Plan:
     name: str
-    event: str | None
+    event: EventKind | None
     swa: bool
     steps: int
     every: int
@@ -366,7 +367,7 @@ class _Loop:
 
     def _leaks_at(self, t: int) -> bool:
         return (
-            self.plan.event == "swa-leak"
+            self.plan.event == EventKind.SWA_LEAK
             and t >= self.plan.at
             and not any(step == t for step, _ in self.leaked)
         )
@@ -473,7 +474,7 @@ class _Loop:
         length = int(self.plant_rng.integers(self.plan.page, min(self.shape.max_prompt, 16) + 1))
         length = max(1, min(length, self.room))
         self.newcomer = self.start(length, share=False, pinned=True)
-        if self.plan.event == "double-allocation":
+        if self.plan.event == EventKind.DOUBLE_ALLOCATION:
             self._double_allocate(self.newcomer)
 
     def _older(self) -> int:
@@ -521,7 +522,7 @@ class _Loop:
         assert victim is not None
         p = self.plan.page
         event = self.plan.event
-        if event == "use-after-free":
+        if event == EventKind.USE_AFTER_FREE:
             j = self._victim_page()
             page = int(victim.pages[j])
             self.full.free(np.array([page], dtype=np.int64))
@@ -532,7 +533,7 @@ class _Loop:
                 pool_row=victim.row,
                 positions=(j * p + np.arange(p)).tolist(),
             )
-        elif event == "prefix-rewritten":
+        elif event == EventKind.PREFIX_REWRITTEN:
             j = self._victim_page()
             old, new = int(victim.pages[j]), int(self.full.alloc(1)[0])
             victim.pages = victim.pages.copy()
@@ -550,7 +551,7 @@ class _Loop:
                 old_pages=[old],
                 old_fate="orphaned",
             )
-        elif event == "lut-rewritten":
+        elif event == EventKind.LUT_REWRITTEN:
             j = (self._older() - 1) // p  # a page the dump before shows, still in the window
             old = int(victim.swa[j])
             if old == 0:
@@ -729,7 +730,7 @@ def _truth(loop: _Loop, plan: _Plan, marks: list[int], shown: int) -> dict[str, 
     if plan.event is None:
         return truth
     truth["step"] = plan.at
-    if plan.event == "swa-leak" and loop.leaked:
+    if plan.event == EventKind.SWA_LEAK and loop.leaked:
         first = loop.leaked[0][0]
         shown = next(i for i, step in enumerate(marks) if step >= first)
         p = plan.page

@@ -145,11 +145,10 @@ def test_a_leak_of_a_cleared_mapping_joins_the_mapping(tmp_path: Path) -> None:
     assert causes[CauseCode.SWA_LEAK].explained_by is CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW
     record = check_record(CheckReport(dumps=(report,)))["dumps"][0]
     by_code = {c["cause"]: c for c in record["diagnosis"]}
-    assert by_code["swa-leak"]["explained_by"] == "swa-mapping-cleared-in-window"
-    assert by_code["swa-mapping-cleared-in-window"]["explained_by"] is None
-    assert any(
-        "swa-page-leaked" in line for line in by_code["swa-mapping-cleared-in-window"]["also_shows"]
-    )
+    cleared = CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW
+    assert by_code[CauseCode.SWA_LEAK]["explained_by"] == "swa-mapping-cleared-in-window"
+    assert by_code[cleared]["explained_by"] is None
+    assert any("swa-page-leaked" in line for line in by_code[cleared]["also_shows"])
     markdown = check_markdown(check_record(CheckReport(dumps=(report,))))
     assert "also shows" in markdown and markdown.count("**fix:**") == 1
 

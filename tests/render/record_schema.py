@@ -2,12 +2,14 @@
 
 The schema is the `TypedDict`s themselves, walked with `typing.get_type_hints`: an object has
 exactly its declared keys (no missing, no extra), a `Literal` admits its values only (and `1`
-is not `True`), `X | None`, `list[X]` and `dict[K, V]` check their parts, and a nested
-`TypedDict` is checked the same way. `JsonValue` (a finding's `details`) admits any JSON value.
+is not `True`), a catalog enum (`FindingCode`, ...) its members' strings, `X | None`,
+`list[X]` and `dict[K, V]` check their parts, and a nested `TypedDict` is checked the same
+way. `JsonValue` (a finding's `details`) admits any JSON value.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import types
 from collections.abc import Iterator
@@ -64,6 +66,19 @@ def _is_json(value: Any) -> bool:
     return False
 
 
+def _plain(value: Any) -> Any:
+    """A value as JSON holds it (an enum member as its value)."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _same_value(value: Any, allowed: Any) -> bool:
+    """`value` is `allowed` as JSON sees it: equal and of the same JSON type (`1` is not
+    `True`); a member of a catalog enum is its string."""
+    if isinstance(value, enum.Enum) or isinstance(allowed, enum.Enum):
+        return type(_plain(value)) is type(_plain(allowed)) and _plain(value) == _plain(allowed)
+    return type(value) is type(allowed) and bool(value == allowed)
+
+
 def _name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp)
 
@@ -82,9 +97,11 @@ def validate(value: Any, tp: Any, path: str = "$") -> list[str]:
             e for k, t in keys.items() if k in value for e in validate(value[k], t, f"{path}.{k}")
         ]
     origin, args = get_origin(tp), get_args(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a catalog code: its values
+        origin, args = Literal, tuple(tp)
     if origin is Literal:
-        ok = any(type(value) is type(a) and value == a for a in args)
-        return [] if ok else [f"{path}: {value!r} not one of {list(args)}"]
+        ok = any(_same_value(value, a) for a in args)
+        return [] if ok else [f"{path}: {value!r} not one of {[_plain(a) for a in args]}"]
     if _is_union(tp):
         if value is None:
             ok = type(None) in args

@@ -16,6 +16,7 @@ tests/render/test_schema_doc.py checks that the doc's tables are what this gener
 from __future__ import annotations
 
 import ast
+import enum
 import functools
 import json
 import re
@@ -25,14 +26,13 @@ import types
 from pathlib import Path
 from typing import Any, ForwardRef, Literal, Union, get_args, get_origin, is_typeddict
 
+from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode
 from kvcanary_cli.render.records.check import PlanValueName
-from kvcanary_cli.render.records.common import CauseCodeName, FindingCodeName
 from kvcanary_cli.render.records.selftest import PlanField
-from kvcanary_cli.render.records.timeline import EventKindName
 from kvcanary_cli.render.records.violations import RowOrigin
 from tests.render.record_schema import RECORDS, declared_keys, nested_typeddicts
 
-__all__ = ["DOC", "MARKER", "declarations", "generate", "render_doc"]
+__all__ = ["DOC", "MARKER", "declarations", "generate", "render_doc", "value_set"]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "json-schema.md"
 #: `<!-- record keys: Name Name -->` and the ```text block after it.
@@ -42,12 +42,12 @@ _LEGEND = re.compile(r"<!-- record names -->\n```text\n.*?```", re.S)
 #: Value sets shown by name (their values are in the legend): as a dict's keys always, as a
 #: value when they are long.
 NAMES: dict[Any, str] = {
-    FindingCodeName: "<finding code>",
-    CauseCodeName: "<cause code>",
+    FindingCode: "<finding code>",
+    CauseCode: "<cause code>",
     PlanField: "<plan field>",
     PlanValueName: "<plan value>",
     RowOrigin: "<origin>",
-    EventKindName: "<event kind>",
+    EventKind: "<event kind>",
 }
 _LONG = 8
 #: where the comments start, and the widest line.
@@ -120,13 +120,24 @@ def _refers_to_itself(tp: Any) -> bool:
     return isinstance(tp, ForwardRef) or any(_refers_to_itself(a) for a in get_args(tp))
 
 
+def value_set(tp: Any) -> tuple[Any, ...] | None:
+    """The values a `Literal` or a catalog enum (a `StrEnum`) admits, in order; None for any
+    other type."""
+    if get_origin(tp) is Literal:
+        return get_args(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tuple(member.value for member in tp)
+    return None
+
+
 def _literal(tp: Any, *, as_key: bool = False) -> str:
+    values = value_set(tp) or ()
     name = NAMES.get(tp)
-    if name is not None and (as_key or len(get_args(tp)) > _LONG):
+    if name is not None and (as_key or len(values) > _LONG):
         return f'"{name}"' if as_key else name
     if as_key:
         return '"<key>"'
-    return " | ".join(json.dumps(v) for v in get_args(tp))
+    return " | ".join(json.dumps(v) for v in values)
 
 
 def type_text(tp: Any, named: set[str]) -> str:
@@ -143,7 +154,7 @@ def type_text(tp: Any, named: set[str]) -> str:
         keys = declared_keys(tp).items()  # in a type (a dict's values): on one line
         return "{" + ", ".join(f"{json.dumps(k)}: {type_text(t, named)}" for k, t in keys) + "}"
     origin, args = get_origin(tp), get_args(tp)
-    if origin is Literal:
+    if value_set(tp) is not None:
         return _literal(tp)
     if _is_union(tp):
         members = [a for a in args if a is not type(None)]
@@ -152,7 +163,7 @@ def type_text(tp: Any, named: set[str]) -> str:
     if origin is list:
         return f"[{type_text(args[0], named)}]"
     if origin is dict:
-        key = _literal(args[0], as_key=True) if get_origin(args[0]) is Literal else '"<key>"'
+        key = _literal(args[0], as_key=True) if value_set(args[0]) is not None else '"<key>"'
         return f"{{{key}: {type_text(args[1], named)}}}"
     raise TypeError(f"no doc form for {tp!r}")
 
@@ -243,7 +254,7 @@ def legend() -> str:
     """The named value sets and their values."""
     out = []
     for tp, name in NAMES.items():
-        values = [json.dumps(v) for v in get_args(tp)]
+        values = [json.dumps(v) for v in value_set(tp) or ()]
         head = f"{name} = "
         line, lines = head + values[0], []
         for value in values[1:]:

@@ -202,7 +202,11 @@ def test_schema_validator_catches_mistakes(single_report: CheckReport) -> None:
     del finding["role"]
     finding["slot"] = "12"
     finding["extra"] = 1
+    finding["code"] = "no-such-code"  # a catalog enum admits its members' strings only
+    record["fail_on"] = 2
     errors = validate(record, CheckRecord)
     assert any("missing key 'role'" in e for e in errors)
     assert any(".slot: expected int" in e for e in errors)
     assert any("unexpected key 'extra'" in e for e in errors)
+    assert any(".code: 'no-such-code' not one of" in e for e in errors)
+    assert any(".fail_on: 2 not one of" in e for e in errors)

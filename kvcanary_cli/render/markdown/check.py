@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kvcanary_cli.analysis.model import code_order
-from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.render.markdown.blocks import clipped
 from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table
@@ -450,8 +450,8 @@ def _check_markdown(
                         d["verdict"],
                         str(d["bs"]),
                         str(d["findings_total"]),
-                        str(severity_count(d["counts"], "error")),
-                        str(severity_count(d["counts"], "warning")),
+                        str(severity_count(d["counts"], Severity.ERROR)),
+                        str(severity_count(d["counts"], Severity.WARNING)),
                         _text(None if d["error"] is None else clipped(d["error"], text.chars)),
                     ]
                     for d in record["dumps"]

@@ -21,24 +21,16 @@ from kvcanary_cli.analysis.model import (
     RequestSummary,
     code_order,
 )
-from kvcanary_cli.catalog import FindingCode, Severity
+from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
 from kvcanary_cli.render.records.common import (
-    CauseCodeName,
-    ConfidenceName,
-    FindingCodeName,
     FindingRecord,
     GroupName,
     ScalarOrigin,
-    SeverityName,
     ShrunkRecord,
-    cause_name,
     code_counts,
-    code_name,
-    confidence_name,
     findings_record,
     group_name,
     identity_record,
-    severity_name,
     shrunk_record,
 )
 
@@ -99,7 +91,7 @@ class CheckSummaryRecord(TypedDict):
     #: cells per severity over all dumps
     by_severity: SeverityCountsRecord
     #: over all dumps; only codes that occur
-    counts: dict[FindingCodeName, int]
+    counts: dict[FindingCode, int]
 
 
 class GroupRecord(TypedDict):
@@ -119,9 +111,9 @@ class GroupRecord(TypedDict):
     #: none)
     kernel: KernelName
     #: plan values where reference and kernel differ, by the finding code explaining them
-    explained_differences: dict[FindingCodeName, int]
+    explained_differences: dict[FindingCode, int]
     #: the same per plan field (verify slot, prev slot, expected token, write seed)
-    explained_by_field: dict[FindingCodeName, dict[PlanValueName, int]]
+    explained_by_field: dict[FindingCode, dict[PlanValueName, int]]
     #: = the kernel-divergence findings of this group
     unexplained_differences: int
     #: the error the kernel's launch raised: production's GPU path refusing the batch, or,
@@ -146,7 +138,7 @@ class AssumptionRecord(TypedDict):
     value: int | None
     source: str
     #: findings that rest on the derived value
-    decides: dict[FindingCodeName, int]
+    decides: dict[FindingCode, int]
     #: what to record (or pass) to decide them
     advice: str
 
@@ -155,17 +147,17 @@ class CauseRecord(TypedDict):
     """A diagnosis: what went wrong upstream of a group of findings, and what to fix."""
 
     #: docs/findings.md, "Diagnosis"
-    cause: CauseCodeName
-    confidence: ConfidenceName
+    cause: CauseCode
+    confidence: Confidence
     summary: str
     #: the facts that point to it
     evidence: list[str]
     #: findings it accounts for (their `cause`)
-    explains: dict[FindingCodeName, int]
+    explains: dict[FindingCode, int]
     fix: str
     #: the cause whose fault left these symptoms too (a chain, docs/findings.md "Chains");
     #: null for a top-level cause
-    explained_by: CauseCodeName | None
+    explained_by: CauseCode | None
     #: for a parent: one line per cause it explains (codes, counts, where)
     also_shows: list[str]
 
@@ -177,7 +169,7 @@ class FirstRaiseRecord(TypedDict):
     #: upstream's exception, verbatim
     exception_type: str
     message: str
-    code: FindingCodeName
+    code: FindingCode
     batch_row: int
     position: int
 
@@ -190,15 +182,15 @@ class RequestRecord(TypedDict):
     prefix_len: int
     extend_len: int
     #: findings at this batch row
-    counts: dict[FindingCodeName, int]
+    counts: dict[FindingCode, int]
     first_bad_position: int | None
 
 
 class CodeCountRecord(TypedDict):
     """Findings of one code, group and severity."""
 
-    code: FindingCodeName
-    severity: SeverityName
+    code: FindingCode
+    severity: Severity
     group: GroupName
     count: int
 
@@ -255,7 +247,7 @@ class CheckRecord(TypedDict):
 
     schema: Literal["kvcanary.check/2"]
     kvcanary_version: str
-    fail_on: SeverityName
+    fail_on: Severity
     #: the SGLang version installed where check ran ("unknown": importable without package
     #: metadata); null when not installed. Each dump's identity holds the version it was
     #: recorded with
@@ -282,7 +274,7 @@ def _group(group: GroupSummary) -> GroupRecord:
             {k: group.explained_differences[k] for k in by_code(group.explained_differences)}
         ),
         "explained_by_field": cast(
-            dict[FindingCodeName, dict[PlanValueName, int]],
+            dict[FindingCode, dict[PlanValueName, int]],
             {k: dict(group.explained_by_field[k]) for k in by_code(group.explained_by_field)},
         ),
         "unexplained_differences": group.unexplained_differences,
@@ -297,8 +289,8 @@ def _counts(findings: tuple[Finding, ...]) -> list[CodeCountRecord]:
         counter[(f.code, f.group, f.severity)] += f.count
     return [
         {
-            "code": code_name(code),
-            "severity": severity_name(severity),
+            "code": code,
+            "severity": severity,
             "group": group_name(group),
             "count": n,
         }
@@ -311,13 +303,13 @@ def _counts(findings: tuple[Finding, ...]) -> list[CodeCountRecord]:
 
 def _cause(cause: Cause) -> CauseRecord:
     return {
-        "cause": cause_name(cause.code),
-        "confidence": confidence_name(cause.confidence),
+        "cause": cause.code,
+        "confidence": cause.confidence,
         "summary": cause.summary,
         "evidence": list(cause.evidence),
         "explains": code_counts(cause.explains),
         "fix": cause.fix,
-        "explained_by": None if cause.explained_by is None else cause_name(cause.explained_by),
+        "explained_by": cause.explained_by,
         "also_shows": list(cause.also_shows),
     }
 
@@ -340,7 +332,7 @@ def _first_raise(raised: FirstRaise | None) -> FirstRaiseRecord | None:
         "group": group_name(raised.group),
         "exception_type": raised.exception_type,
         "message": raised.message,
-        "code": code_name(raised.code),
+        "code": raised.code,
         "batch_row": raised.batch_row,
         "position": raised.position,
     }
@@ -423,7 +415,7 @@ def check_record(report: CheckReport, *, findings: bool = True) -> CheckRecord:
     return {
         "schema": CHECK_SCHEMA,
         "kvcanary_version": kvcanary_cli.__version__,
-        "fail_on": severity_name(report.fail_on),
+        "fail_on": report.fail_on,
         "sglang_installed": report.sglang_installed,
         "verdict": verdict,
         "summary": {
@@ -437,7 +429,7 @@ def check_record(report: CheckReport, *, findings: bool = True) -> CheckRecord:
                 "warning": by_severity[Severity.WARNING],
                 "info": by_severity[Severity.INFO],
             },
-            "counts": {code_name(c): by_code[c] for c in FindingCode if by_code[c]},
+            "counts": {c: by_code[c] for c in FindingCode if by_code[c]},
         },
         "dumps": [_dump(d, report.fail_on, findings) for d in report.dumps],
     }

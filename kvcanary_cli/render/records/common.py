@@ -1,13 +1,14 @@
-"""What several records share: the names of codes, severities, groups and roles as `Literal`
-types, the JSON value type, and the finding, slot provenance, shrunk and identity pieces with
-the one function that builds each.
+"""What several records share: the names of groups, spaces and roles as `Literal` types, the
+JSON value type, and the finding, slot provenance, shrunk and identity pieces with the one
+function that builds each.
 
-The `Literal`s that mirror an enum of `analysis.model` (`FindingCode`, `CauseCode`, `Severity`,
-`Confidence`) are checked against it by tests/render/test_record_types.py, so the two cannot
-drift; a value is narrowed to its `Literal` in the record builders (`render/records/`) and
-nowhere else, and the output tests validate every record against its declaration. The `#:`
-comment above a key is its documentation: docs/json-schema.md's key tables are generated from
-these declarations (tests/render/schema_doc.py).
+Codes, severities and confidences are the catalog's enums themselves (`kvcanary_cli.catalog`;
+a `StrEnum` member is its string in JSON). The `Literal`s that mirror an enum of the analysis
+(`Group`, `Space`, `Role`) are checked against it by tests/render/test_record_types.py, so the
+two cannot drift; a value is narrowed to its `Literal` in the record builders
+(`render/records/`) and nowhere else, and the output tests validate every record against its
+declaration. The `#:` comment above a key is its documentation: docs/json-schema.md's key
+tables are generated from these declarations (tests/render/schema_doc.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kvcanary_cli.analysis.model import (
     ShrinkRecord,
     SlotProvenance,
 )
-from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
+from kvcanary_cli.catalog import CauseCode, FindingCode, Severity
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,18 +33,14 @@ __all__ = [
     "AllocatorState",
     "CanaryEntryRecord",
     "CellColumnsRecord",
-    "CauseCodeName",
     "CellRecord",
     "CellRole",
-    "ConfidenceName",
-    "FindingCodeName",
     "FindingRecord",
     "FindingRole",
     "GroupName",
     "JsonValue",
     "RingRowRecord",
     "ScalarOrigin",
-    "SeverityName",
     "ShrinkSourceRecord",
     "ShrinkSummaryRecord",
     "ShrunkRecord",
@@ -51,101 +48,19 @@ __all__ = [
     "SlotProvenanceRecord",
     "SpaceName",
     "TensorCutRecord",
-    "cause_name",
     "cells_record",
     "code_counts",
-    "code_name",
-    "confidence_name",
     "details_record",
     "finding_record",
     "findings_record",
     "group_name",
     "identity_record",
-    "severity_name",
     "shrink_summary_record",
     "shrunk_record",
     "slot_provenance_record",
     "span_record",
 ]
 
-#: A finding code (docs/findings.md); the values of `FindingCode`.
-FindingCodeName = Literal[
-    "lut-out-of-range",
-    "lut-shorter-than-pool",
-    "slot-beyond-pool",
-    "negative-slot",
-    "padding-slot-in-live-range",
-    "swa-unmapped-in-window",
-    "duplicate-slot-in-row",
-    "slot-shared-across-positions",
-    "slot-shared-without-prefix",
-    "swa-slot-collision",
-    "freed-slot-in-live-range",
-    "write-to-live-slot",
-    "swa-write-to-live-slot",
-    "free-slot-still-mapped",
-    "swa-slot-free-and-mapped",
-    "swa-slot-shared-owner",
-    "swa-page-out-of-lockstep",
-    "free-list-duplicate",
-    "reserved-slot-in-use",
-    "swa-page-leaked",
-    "full-page-leaked",
-    "row-out-of-range",
-    "prefix-beyond-row",
-    "duplicate-request-row",
-    "verify-total-implausible",
-    "scalar-out-of-range",
-    "expected-token-out-of-range",
-    "kernel-limit-exceeded",
-    "kernel-divergence",
-    "canary-chain-break",
-    "canary-position-mismatch",
-    "canary-token-mismatch",
-    "canary-real-kv-mismatch",
-    "verify-capacity-overflow",
-    "negative-length",
-    "gpu-dtype-mismatch",
-    "lut-sentinel-missing",
-]
-#: A cause code (docs/findings.md, "Diagnosis"); the values of `CauseCode`.
-CauseCodeName = Literal[
-    "double-free",
-    "reserved-slot-freed",
-    "partial-page-free",
-    "swa-page-reissued",
-    "swa-boundary-page-cleared",
-    "stale-swa-mapping",
-    "swa-shared-owner",
-    "swa-freed-while-live",
-    "swa-write-into-live-slot",
-    "swa-mapping-rewritten",
-    "radix-prefix-broken",
-    "lut-too-short",
-    "slot-index-corrupt",
-    "batch-metadata-corrupt",
-    "stale-row-read",
-    "use-after-free",
-    "cross-request-aliasing",
-    "slot-reused-within-request",
-    "unwritten-cells",
-    "swa-mapping-cleared-in-window",
-    "swa-mapping-collision",
-    "write-into-live-slot",
-    "lut-sentinel-overwritten",
-    "expected-token-pool-mismatch",
-    "verify-capacity-overflow",
-    "kernel-limit",
-    "noncanonical-dtype",
-    "planner-divergence",
-    "kv-overwritten",
-    "scalar-metadata-corrupt",
-    "foreign-canary-record",
-    "swa-leak",
-    "full-leak",
-]
-SeverityName = Literal["error", "warning", "info"]
-ConfidenceName = Literal["certain", "likely", "possible"]
 #: An attention group: full attention, or the sliding window's.
 GroupName = Literal["full", "swa"]
 #: Which KV pool a slot indexes.
@@ -178,34 +93,14 @@ SHRUNK_NOTE = (
 )
 
 
-def code_name(code: FindingCode) -> FindingCodeName:
-    """A finding code as its record value (mypy checks the enum's values fit the Literal)."""
-    return code.value
-
-
-def cause_name(code: CauseCode) -> CauseCodeName:
-    """A cause code as its record value."""
-    return code.value
-
-
-def severity_name(severity: Severity) -> SeverityName:
-    """A severity as its record value."""
-    return severity.value
-
-
-def confidence_name(confidence: Confidence) -> ConfidenceName:
-    """A confidence as its record value."""
-    return confidence.value
-
-
 def group_name(group: str) -> GroupName:
     """A group as the analysis names it (`full`, `swa`); `str()` keeps a StrEnum's value."""
     return cast(GroupName, str(group))
 
 
-def code_counts(counts: dict[str, int]) -> dict[FindingCodeName, int]:
-    """A finding code -> count mapping of the analysis, keys as record values."""
-    return cast(dict[FindingCodeName, int], dict(counts))
+def code_counts(counts: dict[str, int]) -> dict[FindingCode, int]:
+    """A finding code -> count mapping of the analysis, keyed by the codes themselves."""
+    return {FindingCode(code): n for code, n in counts.items()}
 
 
 class CellRecord(TypedDict):
@@ -313,8 +208,8 @@ class FindingRecord(TypedDict):
     """One finding group: cells sharing a code, cause, group and role (or one row or
     tensor), with where they came from."""
 
-    code: FindingCodeName
-    severity: SeverityName
+    code: FindingCode
+    severity: Severity
     group: GroupName
     #: the example cell's slot (where SGLang's reference raises, when the group holds that
     #: cell; else its first cell); null for row-, batch- and tensor-level findings
@@ -347,7 +242,7 @@ class FindingRecord(TypedDict):
     #: derived scalars it rests on (then severity info)
     assumes: list[str]
     #: the diagnosis cause it is grouped under
-    cause: CauseCodeName | None
+    cause: CauseCode | None
     #: SGLang's torch reference raises first at the example cell
     first_raise: bool
 
@@ -498,8 +393,8 @@ def span_record(cells: CellColumns | None) -> SpanRecord | None:
 def finding_record(finding: Finding) -> FindingRecord:
     """One finding (group) as every record carries it."""
     return {
-        "code": code_name(finding.code),
-        "severity": severity_name(finding.severity),
+        "code": finding.code,
+        "severity": finding.severity,
         "group": group_name(finding.group),
         "slot": finding.slot,
         "space": cast(SpaceName, str(finding.space)),
@@ -519,7 +414,7 @@ def finding_record(finding: Finding) -> FindingRecord:
         "provenance": [slot_provenance_record(p) for p in finding.provenance],
         "provenance_total": finding.provenance_total,
         "assumes": list(finding.assumes),
-        "cause": None if finding.cause is None else cause_name(finding.cause),
+        "cause": None if finding.cause is None else finding.cause,
         "first_raise": finding.first_raise,
     }
 

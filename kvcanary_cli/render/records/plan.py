@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.records.common import GroupName, group_name
 
 if TYPE_CHECKING:  # the summary's module plans with numpy: `kvcanary --help` does not import it
@@ -28,9 +29,12 @@ PLAN_SCHEMA: Literal["kvcanary.plan/1"] = "kvcanary.plan/1"
 BackendName = Literal["reference", "vectorized", "triton", "vectorized-gpu", "sglang"]
 #: Whose behaviour on bad input: SGLang's torch reference, or the production GPU path.
 SemanticsName = Literal["reference", "gpu"]
-#: A problem met while planning (a finding code).
+#: A problem met while planning (a finding code: `planners.base.ProblemKind.code`).
 ProblemKindName = Literal[
-    "lut-out-of-range", "row-out-of-range", "prefix-beyond-row", "expected-token-out-of-range"
+    FindingCode.LUT_OUT_OF_RANGE,
+    FindingCode.ROW_OUT_OF_RANGE,
+    FindingCode.PREFIX_BEYOND_ROW,
+    FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE,
 ]
 #: The plan read that met a problem.
 ProblemRoleName = Literal["verify", "chain-prev", "seed", "expected-token"]

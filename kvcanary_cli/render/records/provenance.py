@@ -10,12 +10,10 @@ from kvcanary_cli.analysis.model import ProvenanceReport, RowMap
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.records.common import (
     CellRole,
-    FindingCodeName,
     FindingRecord,
     GroupName,
     ShrunkRecord,
     SlotProvenanceRecord,
-    code_name,
     findings_record,
     group_name,
     identity_record,
@@ -46,7 +44,7 @@ class RowCellRecord(TypedDict):
     #: LUT[slot] when in range
     swa_slot: int | None
     #: codes of the findings with a cell here (each cell of a group, not only its example)
-    marks: list[FindingCodeName]
+    marks: list[FindingCode]
 
 
 class GapRecord(TypedDict):
@@ -133,7 +131,7 @@ def _row(row: RowMap) -> RowMapRecord:
                 "seed": c.seed,
                 "swa_slot": c.swa_slot,
                 "marks": [
-                    code_name(code)
+                    code
                     for code in sorted((FindingCode(m) for m in c.marks), key=lambda m: m.order)
                 ],
             }

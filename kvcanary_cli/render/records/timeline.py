@@ -16,18 +16,12 @@ from kvcanary_cli.analysis.model import (
     TimelineInterval,
     TimelineReport,
 )
-from kvcanary_cli.catalog import EventKind
+from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
 from kvcanary_cli.render.records.common import (
-    CauseCodeName,
-    FindingCodeName,
     GroupName,
-    SeverityName,
     SpaceName,
-    cause_name,
-    code_name,
     group_name,
     identity_record,
-    severity_name,
 )
 
 if TYPE_CHECKING:
@@ -35,21 +29,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TIMELINE_SCHEMA",
-    "EventKindName",
     "EventRecord",
     "IntervalRecord",
     "TimelineRecord",
     "TimelineVerdict",
-    "event_kind_name",
     "timeline_record",
 ]
 
 TIMELINE_SCHEMA: Literal["kvcanary.timeline/1"] = "kvcanary.timeline/1"
 
-#: An event between two dumps (docs/timeline.md); the values of `EventKind`.
-EventKindName = Literal[
-    "double-allocation", "use-after-free", "prefix-rewritten", "lut-rewritten", "swa-leak"
-]
 #: events: at least one event; findings: no event, a dump with an error finding; clean.
 TimelineVerdict = Literal["events", "findings", "clean"]
 
@@ -76,7 +64,7 @@ class TimelineDumpRecord(TypedDict):
     #: cells of its check findings (as check --kernel none); null when not checked
     finding_cells: int | None
     #: the worst severity among them; null without a finding or a check
-    worst: SeverityName | None
+    worst: Severity | None
     shrunk: bool
 
 
@@ -135,9 +123,9 @@ class IntervalRecord(TypedDict):
 class EventRecord(TypedDict):
     """A change between dumps that breaks the allocator's contract."""
 
-    kind: EventKindName
+    kind: EventKind
     #: the cause of the first finding of to_dump that touches its slots, else the kind's own
-    cause: CauseCodeName
+    cause: CauseCode
     space: SpaceName
     #: the dumps it happened between: in steps (after_step, at_step]; to_dump is the first
     #: dump that shows it
@@ -151,17 +139,17 @@ class EventRecord(TypedDict):
     #: the pages of its slots (full pages; SWA pages for swa-leak)
     pages: list[int]
     #: codes of to_dump's check findings that touch its slots
-    findings: list[FindingCodeName]
+    findings: list[FindingCode]
     message: str
 
 
 class FindingHistoryRecord(TypedDict):
     """A check finding (code, group, cause) across the dumps."""
 
-    code: FindingCodeName
-    severity: SeverityName
+    code: FindingCode
+    severity: Severity
     group: GroupName
-    cause: CauseCodeName | None
+    cause: CauseCode | None
     space: SpaceName
     #: the first dump it appears in
     first_dump: int
@@ -270,7 +258,7 @@ def _dump(d: TimelineDump) -> TimelineDumpRecord:
         "leaked_swa_pages": d.leaked_swa_pages,
         "leak_note": d.leak_note,
         "finding_cells": d.finding_cells,
-        "worst": None if d.worst is None else severity_name(d.worst),
+        "worst": None if d.worst is None else d.worst,
         "shrunk": d.shrunk,
     }
 
@@ -297,15 +285,10 @@ def _interval(i: TimelineInterval) -> IntervalRecord:
     }
 
 
-def event_kind_name(kind: EventKind) -> EventKindName:
-    """An event kind as its record value."""
-    return kind.value
-
-
 def _event(e: TimelineEvent) -> EventRecord:
     return {
-        "kind": event_kind_name(e.kind),
-        "cause": cause_name(e.cause),
+        "kind": e.kind,
+        "cause": e.cause,
         "space": _space(e.space),
         "from_dump": e.from_dump,
         "to_dump": e.to_dump,
@@ -314,17 +297,17 @@ def _event(e: TimelineEvent) -> EventRecord:
         "count": len(e.cells),
         "cells": _columns(e.cells),
         "pages": list(e.pages),
-        "findings": [code_name(c) for c in e.findings],
+        "findings": [c for c in e.findings],
         "message": e.message,
     }
 
 
 def _finding(f: FindingHistory) -> FindingHistoryRecord:
     return {
-        "code": code_name(f.code),
-        "severity": severity_name(f.severity),
+        "code": f.code,
+        "severity": f.severity,
         "group": group_name(f.group),
-        "cause": None if f.cause is None else cause_name(f.cause),
+        "cause": None if f.cause is None else f.cause,
         "space": _space(f.space),
         "first_dump": f.first_dump,
         "first_step": f.first_step,

@@ -23,6 +23,7 @@ from kvcanary_cli.canary.constants import (
     reason_labels,
     tag_label,
 )
+from kvcanary_cli.catalog import ViolationRowCause
 from kvcanary_cli.render.records.common import (
     GroupName,
     SlotProvenanceRecord,
@@ -34,7 +35,6 @@ from kvcanary_cli.render.records.common import (
 __all__ = [
     "VIOLATIONS_SCHEMA",
     "BufferName",
-    "ViolationCause",
     "ExplanationRecord",
     "RowOrigin",
     "SourceRecord",
@@ -50,22 +50,6 @@ RowOrigin = Literal["ring", "log", "log-message", "replay"]
 _ORIGINS: tuple[RowOrigin, ...] = ("ring", "log", "log-message", "replay")
 #: A canary buffer of a group.
 BufferName = Literal["head.k", "head.v", "tail.k", "tail.v"]
-#: What a violation row most likely means (canary.md §7); the values of
-#: `violations.report.ViolationRowCause`.
-ViolationCause = Literal[
-    "write-check",
-    "aliasing",
-    "duplicate-in-row",
-    "use-after-free",
-    "stale-slot",
-    "foreign-record",
-    "follows-bad-record",
-    "stale-row",
-    "chain-break",
-    "wrong-token",
-    "kv-overwritten",
-    "no-live-cell",
-]
 
 
 class FiltersRecord(TypedDict):
@@ -205,7 +189,7 @@ class ExplanationRecord(TypedDict):
     """The facts behind a row's diagnosis."""
 
     #: canary.md §7
-    cause: ViolationCause
+    cause: ViolationRowCause
     #: the slot's pool
     space: SpaceName
     #: the verify cell that read it

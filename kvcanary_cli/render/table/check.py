@@ -10,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.catalog import Severity
 from kvcanary_cli.render.records.check import (
     CheckRecord,
     DumpRecord,
@@ -295,8 +296,8 @@ def _summary_table(record: CheckRecord, errors_on_stderr: bool) -> Table:
     for name in names if errors_on_stderr else [*names, "error"]:
         table.add_column(name, justify="left" if name in ("dump", "verdict", "error") else "right")
     for d in record["dumps"]:
-        errors = severity_count(d["counts"], "error")
-        warnings = severity_count(d["counts"], "warning")
+        errors = severity_count(d["counts"], Severity.ERROR)
+        warnings = severity_count(d["counts"], Severity.WARNING)
         table.add_row(
             _t(d["path"]),
             _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
