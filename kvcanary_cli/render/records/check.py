@@ -11,16 +11,6 @@ from collections import Counter
 from typing import Literal, TypedDict, cast
 
 import kvcanary_cli
-from kvcanary_cli.analysis.model import (
-    Cause,
-    CheckReport,
-    DumpReport,
-    Finding,
-    FirstRaise,
-    GroupSummary,
-    RequestSummary,
-    code_order,
-)
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.render.records.common import (
     CauseCodeName,
@@ -40,6 +30,16 @@ from kvcanary_cli.render.records.common import (
     identity_record,
     severity_name,
     shrunk_record,
+)
+from kvcanary_cli.results.check import (
+    Cause,
+    CheckReport,
+    DumpReport,
+    Finding,
+    FirstRaise,
+    GroupSummary,
+    RequestSummary,
+    code_order,
 )
 
 __all__ = [

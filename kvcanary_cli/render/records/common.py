@@ -2,7 +2,7 @@
 types, the JSON value type, and the finding, slot provenance, shrunk and identity pieces with
 the one function that builds each.
 
-The `Literal`s that mirror an enum of `analysis.model` (`FindingCode`, `CauseCode`, `Severity`,
+The `Literal`s that mirror an enum of `catalog` (`FindingCode`, `CauseCode`, `Severity`,
 `Confidence`) are checked against it by tests/render/test_record_types.py, so the two cannot
 drift; a value is narrowed to its `Literal` in the record builders (`render/records/`) and
 nowhere else, and the output tests validate every record against its declaration. The `#:`
@@ -15,14 +15,10 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Literal, TypedDict, Union, cast
 
-from kvcanary_cli.analysis.model import (
-    UPSTREAM_RAISE,
-    CellColumns,
-    Finding,
-    ShrinkRecord,
-    SlotProvenance,
-)
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
+from kvcanary_cli.dump.shrink_record import ShrinkRecord
+from kvcanary_cli.results.cells import CellColumns, SlotProvenance
+from kvcanary_cli.results.check import UPSTREAM_RAISE, Finding
 
 if TYPE_CHECKING:
     import numpy as np

@@ -13,7 +13,6 @@ from typing import Literal, TypedDict, cast
 import numpy as np
 
 import kvcanary_cli
-from kvcanary_cli.analysis.violations.report import CAUSES, ViolationsReport, explanation_text
 from kvcanary_cli.canary.constants import (
     FailReason,
     buffer_of_tag,
@@ -30,6 +29,7 @@ from kvcanary_cli.render.records.common import (
     group_name,
     slot_provenance_record,
 )
+from kvcanary_cli.results.violations import CAUSES, ViolationsReport, explanation_text
 
 __all__ = [
     "VIOLATIONS_SCHEMA",
@@ -51,7 +51,7 @@ _ORIGINS: tuple[RowOrigin, ...] = ("ring", "log", "log-message", "replay")
 #: A canary buffer of a group.
 BufferName = Literal["head.k", "head.v", "tail.k", "tail.v"]
 #: What a violation row most likely means (canary.md §7); the values of
-#: `violations.report.ViolationRowCause`.
+#: `catalog.ViolationRowCause`.
 ViolationCause = Literal[
     "write-check",
     "aliasing",
