@@ -34,11 +34,11 @@ import torch
 
 from kvcanary_cli import api
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.dump.header import read_header
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.results.check import DumpReport
 from kvcanary_cli.synth.scenarios import SIZES
 from kvcanary_cli.synth.state import build_dump
 

@@ -27,13 +27,15 @@ from kvcanary_cli.planners.sglang_runtime import installed_version
 # Each function imports what it runs: `inspect` reads a dump with numpy alone, and
 # `import kvcanary_cli.api` stays light.
 if TYPE_CHECKING:
-    from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, TimelineReport
-    from kvcanary_cli.analysis.plan_summary import PlanRun
-    from kvcanary_cli.analysis.selftest import SelftestReport
-    from kvcanary_cli.analysis.violations.report import ViolationsReport
     from kvcanary_cli.catalog import Severity
-    from kvcanary_cli.dump.describe import DumpDescription
     from kvcanary_cli.dump.shrink_writer import ShrinkResult
+    from kvcanary_cli.results.check import CheckReport
+    from kvcanary_cli.results.inspect import DumpDescription
+    from kvcanary_cli.results.plan import PlanRun
+    from kvcanary_cli.results.provenance import ProvenanceReport
+    from kvcanary_cli.results.selftest import SelftestReport
+    from kvcanary_cli.results.timeline import TimelineReport
+    from kvcanary_cli.results.violations import ViolationsReport
 
 __all__ = [
     "check",
@@ -121,9 +123,9 @@ def provenance(
     optionally limited to `positions` [start, end)), with the findings touching it."""
     from kvcanary_cli.analysis.check import run_check
     from kvcanary_cli.analysis.focus import focused_findings, focused_index
-    from kvcanary_cli.analysis.model import Space
     from kvcanary_cli.analysis.query import row_map, slot_query
     from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli.results.cells import Space
 
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
@@ -174,9 +176,10 @@ def plan(
     """One planner's plan of one group, written to `out` (a plan file) when it was made and
     would launch, with its per-request summary. With `strict`, the reference raises
     `UpstreamPlanError` where SGLang's does."""
-    from kvcanary_cli.analysis.plan_summary import PlanRun, summarize_plan
+    from kvcanary_cli.analysis.plan_summary import summarize_plan
     from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
+    from kvcanary_cli.results.plan import PlanRun
 
     planner = make_planner(backend, strict=strict)
     dump = load_dump(path, overrides=overrides)
@@ -197,7 +200,7 @@ def plan(
 def inspect(path: PathLike) -> DumpDescription:
     """What a dump holds (rendered as the `kvcanary.inspect/2` record); validates the file on
     the way."""
-    from kvcanary_cli.dump.describe import describe_dump
+    from kvcanary_cli.analysis.describe import describe_dump
     from kvcanary_cli.dump.loader import load_dump
 
     return describe_dump(load_dump(path), sglang_installed=installed_version())
@@ -369,8 +372,8 @@ def slot_history(
 ) -> TimelineReport:
     """One slot over several dumps of one rank: its owners, allocator state and LUT entry in
     each, and the events that touch it (`provenance --slot N DUMP DUMP...`)."""
-    from kvcanary_cli.analysis.model import Space
     from kvcanary_cli.analysis.timeline import timeline as run_timeline
+    from kvcanary_cli.results.cells import Space
 
     if slot is None or row is not None:
         raise OptionError(

@@ -10,13 +10,14 @@ import typer
 
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
-from kvcanary_cli.analysis.model import Group, Space
 from kvcanary_cli.catalog import Severity
 from kvcanary_cli.cli_options import ExitCode, GroupChoice, ReportTo, fail
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.output import deliver, tell
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
+from kvcanary_cli.results.cells import Space
 from kvcanary_cli.safe_text import printable
 from kvcanary_cli.soak import options as soak_opt
 

@@ -23,7 +23,6 @@ import typer.main
 from typer.core import TyperGroup
 
 from kvcanary_cli import __version__
-from kvcanary_cli.analysis.model import CheckReport, Space, TimelineReport
 from kvcanary_cli.catalog import Severity
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import SCALARS, Group
@@ -38,6 +37,9 @@ from kvcanary_cli.errors import KvcanaryError, OptionError, UpstreamPlanError
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.render.image import SVG_TARGET
+from kvcanary_cli.results.cells import Space
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.timeline import TimelineReport
 from kvcanary_cli.safe_text import printable
 
 __all__ = [

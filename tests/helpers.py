@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.model import DumpReport, Finding
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Planner, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.results.check import DumpReport, Finding
 
 REFERENCE = ReferencePlanner()
 STRICT = ReferencePlanner(strict=True)

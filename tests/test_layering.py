@@ -1,7 +1,9 @@
 """Imports flow one way: cli -> api/render -> analysis -> synth -> canary -> planners -> dump
 -> errors (AST check), and no import circle exists, between packages or between modules; `safe_text`
 (the one escape for text shown from a dump) and `catalog` (every code with its entry, standard
-library only) are leaves every layer may use.
+library only) are leaves every layer may use. `results` (the commands' typed results) sits
+below the analysis that computes them and the render that shows them, above canary, planners
+and dump, whose types the results hold: render reads results, never the analysis.
 
 Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
 imports `triton_kernels` (after preparing the environment), so the two cannot form a cycle;
@@ -29,6 +31,8 @@ ALLOWED = {
     "canary": {"safe_text", "catalog", "errors", "dump", "planners", "canary"},
     # serving states and scenarios: they stamp canary records and rings
     "synth": {"safe_text", "catalog", "errors", "dump", "canary", "synth"},
+    # the commands' typed results: data and small derived properties, no analysis
+    "results": {"safe_text", "catalog", "errors", "dump", "planners", "canary", "results"},
     "analysis": {
         "safe_text",
         "catalog",
@@ -37,19 +41,17 @@ ALLOWED = {
         "planners",
         "canary",
         "synth",
+        "results",
         "analysis",
     },
-    # the commands' typed results it builds records from; "" = the package root, for
-    # __version__
+    # the commands' typed results it builds records from (and the shrink record they hold);
+    # "" = the package root, for __version__
     "render": {
         "safe_text",
         "catalog",
         "render",
-        "analysis.model",
-        "analysis.plan_summary",
-        "analysis.selftest",
-        "analysis.violations.report",
-        "dump.describe",
+        "results",
+        "dump.shrink_record",
         "canary.constants",
         "",
     },
@@ -61,6 +63,7 @@ ALLOWED = {
         "errors",
         "dump",
         "capture",
+        "results",
         "analysis",
         "api",
         "render",
@@ -78,7 +81,7 @@ ALLOWED = {
         # standard library only: `--svg` checks a command's own `--out` beside the image
         "dump.files",
         "planners",
-        "analysis.model",
+        "results",
         "render",
         "",
     },
@@ -90,6 +93,7 @@ ALLOWED = {
         "planners",
         "canary",
         "synth",
+        "results",
         "analysis",
         "",
     },  # "" for __version__
@@ -102,6 +106,7 @@ ALLOWED = {
         "planners",
         "canary",
         "synth",
+        "results",
         "analysis",
         "render",
         "cli_options",

@@ -27,11 +27,13 @@ import numpy as np
 
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.findings import held_twice, step_writes
-from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners.base import Plan
+from kvcanary_cli.results.cells import CellColumns, Role, Space
+from kvcanary_cli.results.check import Finding
 
 __all__ = ["free_list_findings", "leaked_swa_pages", "lut_bookkeeping_findings", "unaudited"]
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import CellColumns, Finding, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells
 from kvcanary_cli.analysis.violations.explain import explain_rows
-from kvcanary_cli.analysis.violations.report import CAUSES, Explanations, explanation_text
 from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.canary.constants import (
     VIOLATION_FIELDS,
@@ -31,6 +29,9 @@ from kvcanary_cli.canary.ring_rows import ViolationRows
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
+from kvcanary_cli.results.cells import CellColumns, Role, Space
+from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.violations import CAUSES, Explanations, explanation_text
 
 __all__ = ["canary_findings"]
 

@@ -1,4 +1,4 @@
-"""Operations on a finding group's cells (`model.CellColumns`): a part of it, its example.
+"""Operations on a finding group's cells (`results.cells.CellColumns`): a part of it, its example.
 
 Detectors keep the cells they find as arrays; a finding group of a million cells is five
 arrays, and these functions select, split and re-point groups without a Python object per
@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.dump.tensor import distinct  # the layers below sort the same way
+from kvcanary_cli.results.check import Finding
 
 __all__ = [
     "at_cell",

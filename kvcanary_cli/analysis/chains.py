@@ -18,9 +18,10 @@ from dataclasses import replace
 import numpy as np
 
 from kvcanary_cli.analysis.cells import cell_slots, distinct
-from kvcanary_cli.analysis.model import Cause, Finding, Space
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, cell_unit
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.results.cells import Space
+from kvcanary_cli.results.check import Cause, Finding
 
 __all__ = ["counted", "link", "numbers", "span"]
 

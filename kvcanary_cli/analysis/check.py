@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcanary_cli.analysis.assumptions import assumptions_of
 from kvcanary_cli.analysis.bookkeeping import (
     free_list_findings,
     lut_bookkeeping_findings,
@@ -23,13 +24,7 @@ from kvcanary_cli.analysis.bookkeeping import (
 from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
-from kvcanary_cli.analysis.diagnosis import (
-    assumptions_of,
-    diagnose,
-    first_raise,
-    recorded_exception,
-    request_summaries,
-)
+from kvcanary_cli.analysis.diagnosis import diagnose, first_raise, recorded_exception
 from kvcanary_cli.analysis.dump_pool import (
     FEWER_JOBS,
     DumpWork,
@@ -46,17 +41,6 @@ from kvcanary_cli.analysis.findings import (
 )
 from kvcanary_cli.analysis.kernel_raise import mark_upstream_raise
 from kvcanary_cli.analysis.leak_check import pool_leak_findings, reconciliation_notes
-from kvcanary_cli.analysis.model import (
-    CellColumns,
-    CheckReport,
-    DumpReport,
-    Finding,
-    Group,
-    GroupSummary,
-    ScalarValue,
-    SlotProvenance,
-    Space,
-)
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
@@ -66,14 +50,18 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
+from kvcanary_cli.analysis.request_summaries import request_summaries
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.host_parallel import usable_cores
 from kvcanary_cli.planners.staging import StagingTooLargeError
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.results.cells import CellColumns, SlotProvenance, Space
+from kvcanary_cli.results.check import CheckReport, DumpReport, Finding, GroupSummary, ScalarValue
 
 __all__ = [
     "CollectedFindings",

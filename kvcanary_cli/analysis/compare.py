@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvcanary_cli.analysis.kernel_raise import launch_divergences
-from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
+from kvcanary_cli.results.check import Finding
 
 __all__ = ["PlanComparison", "compare_plans"]
 

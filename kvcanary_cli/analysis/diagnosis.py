@@ -20,17 +20,7 @@ import numpy as np
 
 from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_among, restricted
 from kvcanary_cli.analysis.chains import link, numbers, span
-from kvcanary_cli.analysis.model import (
-    Assumption,
-    Cause,
-    Finding,
-    FirstRaise,
-    RequestSummary,
-    Role,
-    Space,
-)
 from kvcanary_cli.analysis.provenance import live_cells
-from kvcanary_cli.analysis.violations.report import CAUSES as EXPLANATION_CAUSES
 from kvcanary_cli.catalog import (
     CAUSE_OF_EXPLANATION,
     CAUSE_OF_FINDING,
@@ -41,16 +31,16 @@ from kvcanary_cli.catalog import (
     ViolationRowCause,
 )
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.planners.upstream_raise import upstream_error
+from kvcanary_cli.results.cells import Role, Space
+from kvcanary_cli.results.check import Cause, Finding, FirstRaise
+from kvcanary_cli.results.violations import CAUSES as EXPLANATION_CAUSES
 
 __all__ = [
-    "assumptions_of",
     "diagnose",
     "first_raise",
     "recorded_exception",
-    "request_summaries",
 ]
 
 _BATCH_CODES = frozenset(
@@ -937,65 +927,6 @@ def _unrecorded_pool_evidence(
         else "few slots, far past the LUT's end"
     )
     return evidence, likely_lut
-
-
-def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:
-    """The derived scalars findings rest on, with what to record to decide them."""
-    decides: dict[str, Counter[str]] = {}
-    for f in findings:
-        for name in f.assumes:
-            decides.setdefault(name, Counter())[f.code.value] += f.count
-    out = []
-    for name, counts in decides.items():
-        scalar = dump.scalars[name]
-        spec = SCALARS[name]
-        out.append(
-            Assumption(
-                scalar=name,
-                value=scalar.value,
-                source=scalar.source,
-                decides=dict(counts),
-                advice=f"record {name} ({spec.meaning}) in the dump's metadata, or pass "
-                f"{spec.option}, to turn these into facts",
-            )
-        )
-    return out
-
-
-def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSummary]:
-    """One summary per batch row with findings, in batch order (counted per cell)."""
-    bs = dump.bs
-    codes = list(FindingCode)
-    counts = np.zeros((len(codes), bs), dtype=np.int64)
-    first_bad = np.full(bs, np.iinfo(np.int64).max, dtype=np.int64)
-    for f in findings:
-        if f.cells is None:
-            if f.batch_row is None or not 0 <= f.batch_row < bs:
-                continue
-            counts[f.code.order, f.batch_row] += 1
-            if f.position is not None:
-                first_bad[f.batch_row] = min(first_bad[f.batch_row], f.position)
-            continue
-        row = f.cells.batch_row
-        inside = (row >= 0) & (row < bs)
-        counts[f.code.order] += np.bincount(row[inside], minlength=bs)
-        np.minimum.at(first_bad, row[inside], f.cells.position[inside])
-    rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
-    out = []
-    for batch_row in np.flatnonzero(counts.any(axis=0)).tolist():  # rows with findings
-        per_code = counts[:, batch_row]
-        bad = int(first_bad[batch_row])
-        out.append(
-            RequestSummary(
-                batch_row=batch_row,
-                pool_row=int(rpi[batch_row]),
-                prefix_len=int(prefix[batch_row]),
-                extend_len=int(extend[batch_row]),
-                counts={codes[c].value: int(per_code[c]) for c in np.flatnonzero(per_code)},
-                first_bad_position=None if bad == np.iinfo(np.int64).max else bad,
-            )
-        )
-    return out
 
 
 def first_raise(

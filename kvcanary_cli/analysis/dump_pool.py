@@ -19,10 +19,10 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext
 from pathlib import Path
 
-from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.planners.host_parallel import usable_cores
+from kvcanary_cli.results.check import DumpReport
 
 __all__ = [
     "FEWER_JOBS",

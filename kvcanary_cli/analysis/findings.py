@@ -12,13 +12,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Role, Space
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import SCALARS, dtype_label
+from kvcanary_cli.dump.schema import SCALARS, Group, dtype_label
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
+from kvcanary_cli.results.cells import CellColumns, Role, Space
+from kvcanary_cli.results.check import Finding
 
 __all__ = [
     "batch_findings",

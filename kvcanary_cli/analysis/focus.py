@@ -27,7 +27,6 @@ import numpy as np
 from kvcanary_cli.analysis.cells import holding
 from kvcanary_cli.analysis.check import attach_provenance, collect_findings
 from kvcanary_cli.analysis.findings import write_findings
-from kvcanary_cli.analysis.model import Finding, Space
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
@@ -40,6 +39,8 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.host_parallel import usable_cores
+from kvcanary_cli.results.cells import Space
+from kvcanary_cli.results.check import Finding
 
 __all__ = ["focused_findings", "focused_index", "related_slots", "swa_peer", "touching_part"]
 

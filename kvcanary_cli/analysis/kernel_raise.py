@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvcanary_cli.analysis.cells import at_cell
-from kvcanary_cli.analysis.model import UPSTREAM_RAISE, Finding
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.errors import UpstreamPlanError
 from kvcanary_cli.planners.base import Plan, ProblemKind, Semantics
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, expected_raise, raised
+from kvcanary_cli.results.check import UPSTREAM_RAISE, Finding
 
 __all__ = ["UPSTREAM_RAISE", "launch_divergences", "mark_upstream_raise"]
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import numpy as np
 
 from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
-from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Space
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import distinct
+from kvcanary_cli.results.cells import CellColumns, Space
+from kvcanary_cli.results.check import Finding
 
 __all__ = ["full_leaks", "pool_leak_findings", "printed_counts", "reconciliation_notes"]
 

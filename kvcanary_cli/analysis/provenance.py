@@ -15,19 +15,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvcanary_cli.analysis.cells import cell_slots, distinct
-from kvcanary_cli.analysis.model import (
-    CanaryRecord,
-    Cell,
-    Finding,
-    Role,
-    SlotProvenance,
-    Space,
-    ViolationRow,
-)
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.frame import GroupFrame
+from kvcanary_cli.results.cells import CanaryRecord, Cell, Role, SlotProvenance, Space, ViolationRow
+from kvcanary_cli.results.check import Finding
 
 __all__ = [
     "LiveCells",

@@ -8,17 +8,6 @@ import numpy as np
 
 from kvcanary_cli.analysis.cells import holding, in_pool_row
 from kvcanary_cli.analysis.focus import swa_peer, touching_part
-from kvcanary_cli.analysis.model import (
-    DumpReport,
-    Finding,
-    Group,
-    ProvenanceReport,
-    RowCell,
-    RowGap,
-    RowMap,
-    RowOccupancy,
-    Space,
-)
 from kvcanary_cli.analysis.provenance import (
     ProvenanceIndex,
     batch_rows_of,
@@ -29,9 +18,13 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.frame import group_frame
+from kvcanary_cli.results.cells import Space
+from kvcanary_cli.results.check import DumpReport, Finding
+from kvcanary_cli.results.provenance import ProvenanceReport, RowCell, RowGap, RowMap, RowOccupancy
 
 __all__ = ["row_map", "slot_query"]
 

@@ -1,6 +1,6 @@
 """`run_selftest`: every synthetic scenario through several planners, compared field by field.
 
-The `SelftestReport` it returns is the drift report (render turns it into the
+The `SelftestReport` it returns (`results.selftest`) is the drift report (render turns it into the
 `kvcanary.selftest/1` record): for each `synth` scenario and group, each planner's plan against
 the baseline of its semantics (kvcanary's scalar reference for REF semantics, its vectorized
 GPU model for GPU semantics), per plan field (`Plan.upstream_tensors()`) and per raise: where
@@ -13,34 +13,31 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import OptionError, UpstreamPlanError
-from kvcanary_cli.planners.base import Plan, Planner, PlanProblem, Semantics, Undefined
+from kvcanary_cli.planners.base import Plan, Planner, Semantics, Undefined
 from kvcanary_cli.planners.sglang_runtime import (
     VERIFIED_VERSIONS,
     VERIFY_PLAN_FIELDS,
     WRITE_PLAN_FIELDS,
 )
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, raised, upstream_error
+from kvcanary_cli.results.selftest import (
+    Difference,
+    GroupResult,
+    PlannerComparison,
+    PlannerInfo,
+    RefRaise,
+    ScenarioResult,
+    SelftestReport,
+)
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 
-__all__ = [
-    "FIELDS",
-    "SELFTEST_SIZES",
-    "Difference",
-    "GroupResult",
-    "PlannerComparison",
-    "PlannerInfo",
-    "RefRaise",
-    "ScenarioResult",
-    "SelftestReport",
-    "run_selftest",
-]
+__all__ = ["FIELDS", "SELFTEST_SIZES", "run_selftest"]
 
 #: Sizes the selftest runs at: the scalar reference is the baseline, so no benchmark sizes.
 SELFTEST_SIZES = ("tiny", "small")
@@ -52,112 +49,6 @@ _UNDEFINED_BIT = {
     "verify_prev_slot_indices": Undefined.PREV,
     "verify_expected_tokens": Undefined.TOKEN,
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class Difference:
-    """The first place where one field of two plans differs."""
-
-    #: a plan field of `FIELDS`, or "raise".
-    field: str
-    #: the first differing element (None: a length mismatch, or the raise).
-    index: int | None
-    #: the values, "undefined", "N values" on a length mismatch, or raise texts (None: no raise).
-    baseline: int | str | None
-    planner: int | str | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlannerComparison:
-    """One planner's plan of a group against its baseline's, field by field."""
-
-    planner: str
-    baseline: str
-    semantics: Semantics
-    #: field -> "agree", "differ" or "n/a" (a side raised: upstream defines no values).
-    fields: dict[str, str]
-    differences: tuple[Difference, ...]
-    #: the baseline's raise ("ValueError: ..."), and the planner's.
-    expected_raise: str | None
-    raised: str | None
-    #: why kvcanary did not launch SGLang's CUDA kernels (reads outside req_to_token).
-    not_launched: str | None
-
-    @property
-    def agree(self) -> bool:
-        """No field and no raise differs."""
-        return not self.differences
-
-
-@dataclass(frozen=True, kw_only=True)
-class RefRaise:
-    """Where SGLang's torch reference raises on a group (kvcanary's prediction, REF order)."""
-
-    error: str
-    problem: PlanProblem
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupResult:
-    """One group of a scenario: where REF raises, and each planner's comparison."""
-
-    group: str
-    ref_raise: RefRaise | None
-    #: one per planner, in the report's planner order.
-    comparisons: tuple[PlannerComparison, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScenarioResult:
-    """One `synth` scenario, group by group."""
-
-    scenario: str
-    summary: str
-    expected_findings: tuple[str, ...]
-    groups: tuple[GroupResult, ...]
-
-    @property
-    def clean(self) -> bool:
-        """A clean serving state (no expected finding)."""
-        return not self.expected_findings
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlannerInfo:
-    """A compared planner and the baseline it is compared with."""
-
-    name: str
-    semantics: Semantics
-    #: as check's kernel mode (None for kvcanary's numpy planners).
-    mode: str | None
-    baseline: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class SelftestReport:
-    """The drift report: every scenario's comparisons, and what SGLang was here."""
-
-    kvcanary_version: str
-    size: str
-    seed: int
-    fields: tuple[str, ...]
-    planners: tuple[PlannerInfo, ...]
-    sglang_installed: str | None
-    #: SGLang's launcher is one of the planners (`--sglang`), and how it ran.
-    sglang_run: bool
-    sglang_mode: str | None
-    #: SGLang versions kvcanary's model was verified on.
-    verified: tuple[str, ...]
-    scenarios: tuple[ScenarioResult, ...]
-
-    def comparisons(self) -> list[PlannerComparison]:
-        """Every comparison, scenario by scenario and group by group."""
-        return [c for s in self.scenarios for g in s.groups for c in g.comparisons]
-
-    @property
-    def agree(self) -> bool:
-        """Every planner agrees with its baseline on every group (exit 0)."""
-        return all(c.agree for c in self.comparisons())
 
 
 def _defined(plan: Plan, name: str, values: np.ndarray) -> np.ndarray:

@@ -32,10 +32,8 @@ from kvcanary_cli.analysis.check import (
     collect_findings,
     provenance_slots,
 )
-from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, full_slots_mapping_to
 from kvcanary_cli.analysis.violations.explain import explain_rows
-from kvcanary_cli.analysis.violations.report import OWNER_KINDS, OwnerKind
 from kvcanary_cli.canary.buffers import dump_buffers, read_records
 from kvcanary_cli.canary.constants import BUFFERS, RECORD_BYTES, LaunchTag, buffer_tensor_name
 from kvcanary_cli.canary.real_kv import PARTIAL_BYTES, RealKvMode, real_kv_setup, slot_bytes
@@ -49,6 +47,8 @@ from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep
 from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.base import Plan, Planner, Undefined
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
+from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.violations import OWNER_KINDS, OwnerKind
 
 __all__ = ["PROVENANCE_CELLS", "shrink_keep"]
 

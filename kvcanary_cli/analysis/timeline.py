@@ -48,27 +48,25 @@ import numpy as np
 from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.model import (
-    CellColumns,
-    DumpReport,
+from kvcanary_cli.analysis.provenance import SlotSet
+from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
+from kvcanary_cli.dump.header import FileState, read_header
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.schema import Group, parse_integer
+from kvcanary_cli.errors import DumpError, OptionError
+from kvcanary_cli.planners.base import Planner
+from kvcanary_cli.results.cells import CellColumns, Space
+from kvcanary_cli.results.check import DumpReport
+from kvcanary_cli.results.timeline import (
     FindingHistory,
-    Group,
     SlotHistory,
     SlotMoment,
     SlotOwner,
-    Space,
     TimelineDump,
     TimelineEvent,
     TimelineInterval,
     TimelineReport,
 )
-from kvcanary_cli.analysis.provenance import SlotSet
-from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
-from kvcanary_cli.dump.header import FileState, read_header
-from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.schema import parse_integer
-from kvcanary_cli.errors import DumpError, OptionError
-from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.safe_text import excerpt
 
 __all__ = ["MAX_OWNERS", "PREFIX_FATES", "Snapshot", "snapshot", "timeline"]

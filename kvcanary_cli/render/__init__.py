@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, assert_never
 
 from rich.console import RenderableType
 
-from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport, TimelineReport
 from kvcanary_cli.render.console import OutputFormat, emit, make_console
 from kvcanary_cli.render.json import to_json
 from kvcanary_cli.render.markdown.check import check_markdown
@@ -38,14 +37,17 @@ from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.render.table.selftest import selftest_table
 from kvcanary_cli.render.table.timeline import timeline_table
 from kvcanary_cli.render.table.violations import violations_table
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
+from kvcanary_cli.results.timeline import TimelineReport
 
 # These results' modules compute with numpy (and the violations record is built with it):
 # imported when used, not by `kvcanary --help`.
 if TYPE_CHECKING:
-    from kvcanary_cli.analysis.plan_summary import PlanSummary
-    from kvcanary_cli.analysis.selftest import SelftestReport
-    from kvcanary_cli.analysis.violations.report import ViolationsReport
-    from kvcanary_cli.dump.describe import DumpDescription
+    from kvcanary_cli.results.inspect import DumpDescription
+    from kvcanary_cli.results.plan import PlanSummary
+    from kvcanary_cli.results.selftest import SelftestReport
+    from kvcanary_cli.results.violations import ViolationsReport
 
 __all__ = [
     "OutputFormat",

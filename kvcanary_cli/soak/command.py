@@ -15,35 +15,16 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SoakReport", "render_soak", "run_and_render", "soak"]
+from kvcanary_cli.results.soak import SoakReport
+
+__all__ = ["render_soak", "run_and_render", "soak"]
 
 #: Steps per history: short histories find the planted faults early and shrink fast.
 HISTORY_STEPS = 80
-
-
-@dataclass
-class SoakReport:
-    """What a soak ran and found."""
-
-    sglang_version: str
-    sglang_root: str
-    histories: int = 0
-    steps: int = 0
-    audited_steps: int = 0
-    seconds: float = 0.0
-    found: bool = False
-    #: the first failing history: its seed, page size, core, step, finding codes, top cause
-    failure: dict[str, Any] | None = None
-    #: what SGLang's own checks said at that step (empty: nothing), and whether they were
-    #: silent about what kvcanary found
-    sglang_said: list[str] = field(default_factory=list)
-    sglang_missed: bool = False
-    files: dict[str, str] = field(default_factory=dict)
-    shrunk_arrivals: tuple[int, int] | None = None
 
 
 def _specs(page_size: int | None, cores: tuple[str, ...], core: str | None) -> list[Any]:

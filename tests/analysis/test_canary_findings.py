@@ -10,15 +10,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.violations.explain import explain_rows
-from kvcanary_cli.analysis.violations.report import explanation_text
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.catalog import FindingCode, ViolationRowCause
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.violations import explanation_text
 from kvcanary_cli.synth.scenarios import SCENARIOS
 from tests.analysis.conftest import ScenarioDump
 from tests.helpers import checked

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcanary_cli.analysis.cells import at_cell, holding, in_pool_row, part, restricted
-from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Role
 from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.results.cells import CellColumns, Role
+from kvcanary_cli.results.check import Finding
 
 
 @st.composite

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from kvcanary_cli.analysis.model import CheckReport, DumpReport
 from kvcanary_cli.catalog import CauseCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.render.markdown.check import check_markdown
 from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.table.check import check_table
+from kvcanary_cli.results.check import CheckReport, DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.synth.state import SynthDump
 from tests.helpers import checked

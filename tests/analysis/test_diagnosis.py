@@ -157,8 +157,10 @@ def test_a_partial_page_whose_cells_a_batch_cause_took_first_adds_no_cause(
     """Out-of-window cells of a corrupt batch row go to batch-metadata-corrupt first; the page
     rule then has nothing to claim, and the diagnosis says so instead of failing."""
     from kvcanary_cli.analysis.diagnosis import diagnose
-    from kvcanary_cli.analysis.model import CellColumns, Finding, Group, Role, Space
     from kvcanary_cli.catalog import FindingCode
+    from kvcanary_cli.dump.schema import Group
+    from kvcanary_cli.results.cells import CellColumns, Role, Space
+    from kvcanary_cli.results.check import Finding
 
     state = make_scenario("partial-page-free", seed=0, page_size=4)
     dump = load_dump(state.save(tmp_path / "d.safetensors"))

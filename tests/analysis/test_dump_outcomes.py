@@ -14,10 +14,10 @@ import pytest
 from kvcanary_cli.analysis import check
 from kvcanary_cli.analysis.check import check_dumps
 from kvcanary_cli.analysis.dump_pool import DumpWork, check_alone
-from kvcanary_cli.analysis.model import CheckReport
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.synth.scenarios import make_scenario
 
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.results.check import Finding
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import AUDIT_SCENARIOS, VECTORIZED, expand_cells
 

@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.compare import compare_plans
-from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.results.check import Finding
 from kvcanary_cli.synth.scenarios import SCENARIOS
 from kvcanary_cli.synth.state import SynthSpec, build_dump
 from tests.analysis.conftest import LoadSynth, ScenarioDump

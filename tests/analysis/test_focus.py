@@ -20,9 +20,9 @@ from kvcanary_cli.analysis.focus import (
     swa_peer,
     touching_part,
 )
-from kvcanary_cli.analysis.model import Finding
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.results.check import Finding
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import VECTORIZED, cells_key
 

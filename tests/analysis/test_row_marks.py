@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.analysis.query import row_map
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
 from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.table.provenance import provenance_table
+from kvcanary_cli.results.check import DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import checked
 

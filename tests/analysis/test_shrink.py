@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from kvcanary_cli import api
-from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.sparse import SparseTensor
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
+from kvcanary_cli.results.check import DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.synth.state import build_dump
 from tests.helpers import VECTORIZED, cells_key, checked

@@ -21,13 +21,14 @@ import kvcanary_cli.analysis.timeline as timeline_module
 from kvcanary_cli import api
 from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.model import Space, TimelineReport
 from kvcanary_cli.analysis.timeline import timeline
 from kvcanary_cli.catalog import EventKind, FindingCode
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.errors import DumpError, OptionError
 from kvcanary_cli.planners import PlannerChoice, make_planner
+from kvcanary_cli.results.cells import Space
+from kvcanary_cli.results.timeline import TimelineReport
 from kvcanary_cli.synth.sequence import (
     EVENTS,
     PLANTED_KEY,

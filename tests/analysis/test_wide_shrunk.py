@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from kvcanary_cli import api
-from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.render import render_check
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.render.records import common
+from kvcanary_cli.results.check import DumpReport
 from tests.child_memory import peak_rss_of
 from tests.helpers import stale_rows_dump, wide_dump
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.model import DumpReport
 from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.results.check import DumpReport
 from tests.allocator_histories import HistoryDump, HistorySpec, run_history, run_history_states
 from tests.helpers import VECTORIZED
 from tests.sglang_allocator import SGLangAllocators, extract_allocators, load_allocators

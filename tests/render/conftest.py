@@ -6,23 +6,11 @@ import random
 
 import pytest
 
-from kvcanary_cli.analysis.model import (
-    CanaryRecord,
-    Cell,
-    CheckReport,
-    DumpReport,
-    Finding,
-    Group,
-    GroupSummary,
-    ProvenanceReport,
-    Role,
-    RowCell,
-    RowMap,
-    SlotProvenance,
-    Space,
-    ViolationRow,
-)
 from kvcanary_cli.catalog import FindingCode, Severity
+from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.results.cells import CanaryRecord, Cell, Role, SlotProvenance, Space, ViolationRow
+from kvcanary_cli.results.check import CheckReport, DumpReport, Finding, GroupSummary
+from kvcanary_cli.results.provenance import ProvenanceReport, RowCell, RowMap
 
 IDENTITY = {
     "sglang.version": "0.5.1",

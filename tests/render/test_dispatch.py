@@ -11,8 +11,9 @@ import pytest
 from rich.console import Console, ConsoleRenderable
 
 import kvcanary_cli.render as render_pkg
-from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render import OutputFormat, emit, render_check, render_provenance
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
@@ -59,20 +60,15 @@ def test_emit_writes_strings_verbatim(single_report: CheckReport) -> None:
 
 
 def test_render_imports_only_results_and_itself() -> None:
-    """render may import the commands' typed results (analysis.model, the violations report,
-    the plan summary, the selftest report, the dump description), the package root (for
-    __version__), the canary's labels, the escape for shown text, the catalog of codes and
-    itself: every module of it, in every subpackage."""
+    """render may import the commands' typed results (`results`, and the shrink record they
+    hold), the package root (for __version__), the canary's labels, the escape for shown text,
+    the catalog of codes and itself: every module of it, in every subpackage."""
     allowed = {
         "kvcanary_cli",
         "kvcanary_cli.safe_text",
         "kvcanary_cli.catalog",
-        "kvcanary_cli.analysis.model",
-        "kvcanary_cli.analysis.plan_summary",
-        "kvcanary_cli.analysis.selftest",
-        "kvcanary_cli.analysis.violations.report",
         "kvcanary_cli.canary.constants",
-        "kvcanary_cli.dump.describe",
+        "kvcanary_cli.dump.shrink_record",
     }
     root = Path(render_pkg.__file__).parent
     paths = sorted(root.rglob("*.py"))
@@ -87,15 +83,15 @@ def test_render_imports_only_results_and_itself() -> None:
                 continue
             for name in names:
                 if name.startswith("kvcanary_cli"):
-                    assert name in allowed or name.startswith("kvcanary_cli.render"), (
-                        f"{path.relative_to(root)} imports {name}"
-                    )
+                    assert name in allowed or name.startswith(
+                        ("kvcanary_cli.render", "kvcanary_cli.results.")
+                    ), f"{path.relative_to(root)} imports {name}"
 
 
 def test_views_read_records_only() -> None:
     """The table and Markdown views (and their shared helpers) read records: they import no
-    result type of the analysis or the dump, and from `render.records` only declarations
-    (record types, Literals), never a builder."""
+    result type (of `results`, the analysis or the dump), and from `render.records` only
+    declarations (record types, Literals), never a builder."""
     root = Path(render_pkg.__file__).parent
     views = [*(root / "table").glob("*.py"), *(root / "markdown").glob("*.py")]
     views.append(root / "shared.py")
@@ -105,11 +101,13 @@ def test_views_read_records_only() -> None:
             if not isinstance(node, ast.ImportFrom) or not node.module:
                 continue
             where = f"{path.relative_to(root)} imports from {node.module}"
-            if node.module == "kvcanary_cli.analysis.model":
+            if node.module == "kvcanary_cli.results.check":
                 # the codes' order (a sort key), for the Markdown summary
                 assert {a.name for a in node.names} <= {"code_order"}, where
                 continue
-            assert not node.module.startswith(("kvcanary_cli.analysis", "kvcanary_cli.dump")), where
+            assert not node.module.startswith(
+                ("kvcanary_cli.analysis", "kvcanary_cli.results", "kvcanary_cli.dump")
+            ), where
             if node.module.startswith("kvcanary_cli.render.records"):
                 builders = [a.name for a in node.names if not a.name[:1].isupper()]
                 assert builders == [], f"{where}: {builders}"

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.json import to_json
 from kvcanary_cli.render.records.check import CheckRecord, check_record
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, provenance_record
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 from tests.render.record_schema import validate
 
 

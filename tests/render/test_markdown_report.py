@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from kvcanary_cli.analysis.model import CheckReport, DumpReport, ProvenanceReport
 from kvcanary_cli.render.markdown.check import GITHUB_BODY_LIMIT, check_markdown
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
 from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.provenance import provenance_record
+from kvcanary_cli.results.check import CheckReport, DumpReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 from tests.render.md_tables import tables
 
 HEAD = re.compile(r"^##### `([a-z-]+)` · (error|warning|info) · (\d+) findings?$", re.M)
@@ -225,8 +226,8 @@ def test_a_long_argument_gives_way_before_the_diagnosis_or_a_finding(
 ) -> None:
     # A cause whose evidence is thousands of lines (one per batch row) is shortened in the
     # body, never cut with the diagnosis and every finding after it.
-    from kvcanary_cli.analysis.model import Cause
     from kvcanary_cli.catalog import CauseCode, Confidence
+    from kvcanary_cli.results.check import Cause
 
     argued = Cause(
         code=CauseCode.STALE_ROW_READ,

@@ -8,10 +8,9 @@ from typing import Any, get_args
 
 import pytest
 
-from kvcanary_cli.analysis.model import Group, Role, Space
 from kvcanary_cli.analysis.selftest import FIELDS
-from kvcanary_cli.analysis.violations.report import OwnerKind
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole, Semantics
 from kvcanary_cli.planners.triton_runtime import Mode
@@ -34,6 +33,8 @@ from kvcanary_cli.render.records.violations import (
     OwnerRecord,
     ViolationRowRecord,
 )
+from kvcanary_cli.results.cells import Role, Space
+from kvcanary_cli.results.violations import OwnerKind
 from tests.render.record_schema import declared_keys
 
 

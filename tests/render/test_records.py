@@ -7,17 +7,13 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from kvcanary_cli.analysis.model import (
-    CheckReport,
-    DumpReport,
-    Finding,
-    Group,
-    ProvenanceReport,
-    Role,
-)
 from kvcanary_cli.catalog import FindingCode, Severity
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.render.records.check import CheckRecord, check_record
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, provenance_record
+from kvcanary_cli.results.cells import Role
+from kvcanary_cli.results.check import CheckReport, DumpReport, Finding
+from kvcanary_cli.results.provenance import ProvenanceReport
 from tests.render.record_schema import validate
 
 CODE_INDEX = {c.value: i for i, c in enumerate(FindingCode)}

@@ -8,11 +8,12 @@ import re
 import pytest
 from rich.console import Console, RenderableType
 
-from kvcanary_cli.analysis.model import CheckReport, ProvenanceReport
 from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.table.check import check_table
 from kvcanary_cli.render.table.provenance import provenance_table
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 
 _BOX_START, _BOX_END = "┏┃┡│└", "┓┃┩│┘"
 

@@ -14,22 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import SlotProvenance
 from kvcanary_cli.analysis.provenance import (
     ProvenanceIndex,
     full_slots_mapping_to,
     swa_provenance,
 )
 from kvcanary_cli.analysis.violations.explain import explain_rows
-from kvcanary_cli.analysis.violations.report import (
-    LogSummary,
-    ReplayComparison,
-    ReplaySummary,
-    RingSummary,
-    SourceSummary,
-    SwaSummary,
-    ViolationsReport,
-)
 from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.canary.constants import BUFFERS, LaunchTag
 from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS, LogScan, scan_log_path
@@ -42,6 +32,16 @@ from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
+from kvcanary_cli.results.cells import SlotProvenance
+from kvcanary_cli.results.violations import (
+    LogSummary,
+    ReplayComparison,
+    ReplaySummary,
+    RingSummary,
+    SourceSummary,
+    SwaSummary,
+    ViolationsReport,
+)
 from kvcanary_cli.safe_text import printable
 
 __all__ = ["REPLAY_SOURCE", "violations_report"]

@@ -15,13 +15,13 @@ from collections.abc import Callable
 import numpy as np
 
 from kvcanary_cli.analysis.provenance import LiveCells, live_cells
-from kvcanary_cli.analysis.violations.report import CAUSES, OWNER_KINDS, Explanations, OwnerKind
 from kvcanary_cli.canary.constants import FailReason, LaunchTag
 from kvcanary_cli.canary.ring_rows import ViolationRows
 from kvcanary_cli.catalog import ViolationRowCause
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.frame import window_start
+from kvcanary_cli.results.violations import CAUSES, OWNER_KINDS, Explanations, OwnerKind
 
 __all__ = ["explain_rows"]
 

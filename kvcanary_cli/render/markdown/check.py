@@ -12,7 +12,6 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
-from kvcanary_cli.analysis.model import code_order
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.render.markdown.blocks import clipped
 from kvcanary_cli.render.markdown.blocks import code as _code
@@ -49,6 +48,7 @@ from kvcanary_cli.render.shared import (
     slots_text,
     top_causes,
 )
+from kvcanary_cli.results.check import code_order
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["GITHUB_BODY_LIMIT", "check_markdown"]

@@ -11,16 +11,6 @@ from collections import Counter
 from typing import Literal, TypedDict, cast
 
 import kvcanary_cli
-from kvcanary_cli.analysis.model import (
-    Cause,
-    CheckReport,
-    DumpReport,
-    Finding,
-    FirstRaise,
-    GroupSummary,
-    RequestSummary,
-    code_order,
-)
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
 from kvcanary_cli.render.records.common import (
     FindingRecord,
@@ -32,6 +22,16 @@ from kvcanary_cli.render.records.common import (
     group_name,
     identity_record,
     shrunk_record,
+)
+from kvcanary_cli.results.check import (
+    Cause,
+    CheckReport,
+    DumpReport,
+    Finding,
+    FirstRaise,
+    GroupSummary,
+    RequestSummary,
+    code_order,
 )
 
 __all__ = [

@@ -16,14 +16,10 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Literal, TypedDict, Union, cast
 
-from kvcanary_cli.analysis.model import (
-    UPSTREAM_RAISE,
-    CellColumns,
-    Finding,
-    ShrinkRecord,
-    SlotProvenance,
-)
 from kvcanary_cli.catalog import CauseCode, FindingCode, Severity
+from kvcanary_cli.dump.shrink_record import ShrinkRecord
+from kvcanary_cli.results.cells import CellColumns, SlotProvenance
+from kvcanary_cli.results.check import UPSTREAM_RAISE, Finding
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,5 +1,5 @@
 """The `kvcanary.inspect/2` record (what a dump holds): its declaration, and `inspect_record`,
-the one place it is built from `dump.describe.DumpDescription`."""
+the one place it is built from `results.inspect.DumpDescription`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kvcanary_cli.render.records.common import (
 )
 
 if TYPE_CHECKING:  # describe reads dumps with numpy: `kvcanary --help` does not import it
-    from kvcanary_cli.dump.describe import DumpDescription
+    from kvcanary_cli.results.inspect import DumpDescription
 
 __all__ = ["INSPECT_SCHEMA", "InspectRecord", "ScalarSource", "inspect_record"]
 

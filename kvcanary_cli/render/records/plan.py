@@ -1,5 +1,5 @@
 """The `kvcanary.plan/1` record (one planner's plan, per request): its declaration, and
-`plan_record`, the one place it is built from `analysis.plan_summary.PlanSummary`."""
+`plan_record`, the one place it is built from `results.plan.PlanSummary`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.records.common import GroupName, group_name
 
 if TYPE_CHECKING:  # the summary's module plans with numpy: `kvcanary --help` does not import it
-    from kvcanary_cli.analysis.plan_summary import PlanSummary
+    from kvcanary_cli.results.plan import PlanSummary
 
 __all__ = [
     "PLAN_SCHEMA",

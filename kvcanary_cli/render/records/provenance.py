@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Literal, TypedDict, cast
 
 import kvcanary_cli
-from kvcanary_cli.analysis.model import ProvenanceReport, RowMap
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.records.common import (
     CellRole,
@@ -20,6 +19,7 @@ from kvcanary_cli.render.records.common import (
     shrunk_record,
     slot_provenance_record,
 )
+from kvcanary_cli.results.provenance import ProvenanceReport, RowMap
 
 __all__ = [
     "PROVENANCE_SCHEMA",

@@ -1,5 +1,5 @@
 """The `kvcanary.selftest/1` record (the drift report): its declaration, and `selftest_record`,
-the one place it is built from `analysis.selftest.SelftestReport`."""
+the one place it is built from `results.selftest.SelftestReport`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kvcanary_cli.render.records.common import GroupName, group_name
 from kvcanary_cli.render.records.plan import SemanticsName
 
 if TYPE_CHECKING:  # the selftest plans synthetic dumps: `kvcanary --help` does not import it
-    from kvcanary_cli.analysis.selftest import (
+    from kvcanary_cli.results.selftest import (
         GroupResult,
         PlannerComparison,
         ScenarioResult,

@@ -1,27 +1,27 @@
 """The `kvcanary.timeline/1` record (what changed between dumps of one rank: `timeline`, `diff`,
 and `provenance --slot` over several dumps): its declaration, and `timeline_record`, the one
-place it is built from `analysis.model.TimelineReport`."""
+place it is built from `results.timeline.TimelineReport`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
 import kvcanary_cli
-from kvcanary_cli.analysis.model import (
-    CellColumns,
-    FindingHistory,
-    SlotHistory,
-    TimelineDump,
-    TimelineEvent,
-    TimelineInterval,
-    TimelineReport,
-)
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
 from kvcanary_cli.render.records.common import (
     GroupName,
     SpaceName,
     group_name,
     identity_record,
+)
+from kvcanary_cli.results.cells import CellColumns
+from kvcanary_cli.results.timeline import (
+    FindingHistory,
+    SlotHistory,
+    TimelineDump,
+    TimelineEvent,
+    TimelineInterval,
+    TimelineReport,
 )
 
 if TYPE_CHECKING:

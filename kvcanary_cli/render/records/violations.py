@@ -13,7 +13,6 @@ from typing import Literal, TypedDict, cast
 import numpy as np
 
 import kvcanary_cli
-from kvcanary_cli.analysis.violations.report import CAUSES, ViolationsReport, explanation_text
 from kvcanary_cli.canary.constants import (
     FailReason,
     buffer_of_tag,
@@ -31,6 +30,7 @@ from kvcanary_cli.render.records.common import (
     group_name,
     slot_provenance_record,
 )
+from kvcanary_cli.results.violations import CAUSES, ViolationsReport, explanation_text
 
 __all__ = [
     "VIOLATIONS_SCHEMA",

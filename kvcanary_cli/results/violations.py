@@ -1,4 +1,4 @@
-"""The answer of `kvcanary violations`: violation rows from rings, logs and replays, each
+"""Results of `kvcanary violations`: violation rows from rings, logs and replays, each
 explained against a dump (docs/canary.md §7).
 
 Rows and explanations stay columnar (numpy) so that a ring of any size is handled without a
@@ -13,9 +13,9 @@ from enum import StrEnum
 
 import numpy as np
 
-from kvcanary_cli.analysis.model import SlotProvenance
 from kvcanary_cli.canary.ring_rows import ViolationRows
 from kvcanary_cli.catalog import ViolationRowCause
+from kvcanary_cli.results.cells import SlotProvenance
 
 __all__ = [
     "Explanations",
