@@ -215,6 +215,8 @@ def _positions(first: int, last: int) -> str:
 
 
 def _page_text(page: int, size: int) -> str:
+    if size == 1:
+        return f"page {page} (slot {page})"
     return f"page {page} (slots {page * size}..{page * size + size - 1})"
 
 
