@@ -59,7 +59,7 @@ def check(
         report = api.check(
             dumps,
             kernel=kernel,
-            groups=None if group == opt.ALL_GROUPS else [group],
+            groups=None if group == opt.ALL_GROUPS else [str(group)],
             overrides=opt.overrides(ctx),
             fail_on=fail_on,
             jobs=jobs,
