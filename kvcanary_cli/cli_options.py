@@ -63,7 +63,7 @@ def choice_of(
 
 
 def integer(
-    help: str, low: api.Bounds | int | None, high: int | None = None, metavar: str = "INT"
+    help: str, low: api.Bounds | int | None = None, high: int | None = None, metavar: str = "INT"
 ) -> dict[str, Any]:
     """`typer.Option` settings for an integer option within `low` (an `api.Bounds`, or its
     low end, with `high`): the range in words at the end of the help (`0 to 2^31-1`, not

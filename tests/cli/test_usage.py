@@ -92,6 +92,17 @@ def test_every_kernel_choice_is_accepted(kernel: PlannerChoice) -> None:
     assert code == 0, err
 
 
+def test_buffer_takes_every_canary_buffer() -> None:
+    """`--buffer`'s choices (`api.BUFFER_CHOICES`, in the order help lists them) are the
+    canary's buffers, all of them."""
+    from kvcanary_cli import api
+    from kvcanary_cli.canary.constants import BUFFERS
+
+    assert sorted(api.BUFFER_CHOICES) == sorted(BUFFERS)
+    code, _, err = run("violations", str(EXAMPLE), "--buffer", "x")
+    assert code == 2 and f"'x' is not one of {', '.join(api.BUFFER_CHOICES)}" in err
+
+
 def test_the_api_refuses_a_planner_outside_its_subset() -> None:
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.planners import make_kernel, make_planner
