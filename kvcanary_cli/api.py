@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,16 +56,64 @@ __all__ = [
 PathLike = str | os.PathLike[str]
 Overrides = Mapping[str, int | str | None] | None
 
-#: the int64 range: what the command line takes for slots, rows, positions and seeds.
-_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+def _readable(value: int) -> str:
+    """An integer as a person reads a bound: `2^31-1`, `-2^31`, `2^40`, or its digits."""
+    magnitude = abs(value)
+    for exact, suffix in ((magnitude, ""), (magnitude + 1, "-1")):
+        bits = exact.bit_length() - 1
+        if bits >= 16 and exact == 1 << bits:
+            return f"{'-' if value < 0 else ''}2^{bits}{suffix}"
+    return str(value)
 
 
-def _integer(value: object, option: str, low: int, high: int = _INT64[1]) -> int:
-    """`value` when it is an int in `[low, high]`; else the `OptionError` the command line
+@dataclass(frozen=True)
+class Bounds:
+    """The integers an option takes, `low` to `high` (None: no bound that side), declared once:
+    this module checks what a caller passes, the command line what a user types (and states
+    the range at the end of the option's help), in the same words."""
+
+    low: int | None = None
+    high: int | None = None
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"{_readable(self.low)} to {_readable(self.high)}"
+        if self.low is not None:
+            return f"at least {_readable(self.low)}"
+        return "" if self.high is None else f"at most {_readable(self.high)}"
+
+    def refusal(self, value: int) -> str | None:
+        """Why `value` is out of range (`0 is below 1 (1 to 64)`); None when it is in."""
+        both = f" ({self})" if self.low is not None and self.high is not None else ""
+        if self.low is not None and value < self.low:
+            return f"{value} is below {_readable(self.low)}{both}"
+        if self.high is not None and value > self.high:
+            return f"{value} is above {_readable(self.high)}{both}"
+        return None
+
+
+_INT64_MAX = (1 << 63) - 1
+#: `--slot`: any int64 (a bad slot is what a finding reports, not a bad option).
+SLOT = Bounds(-(1 << 63), _INT64_MAX)
+#: `--row`, `--positions`, `--seed`: a non-negative int64.
+INDEX = Bounds(0, _INT64_MAX)
+#: `--jobs`, `--max-rows`, `synth --at`: one or more.
+POSITIVE = Bounds(1)
+#: `synth --steps`, `--every` and `--page-size`.
+STEPS, EVERY, PAGE_SIZE = Bounds(2, 64), Bounds(1, 64), Bounds(1, 4096)
+#: `violations --buffer`: a group's canary buffers, in the order the command line lists them.
+BUFFER_CHOICES = ("head.k", "tail.k", "head.v", "tail.v")
+
+
+def _integer(value: object, option: str, bounds: Bounds) -> int:
+    """`value` when it is an int within `bounds`; else the `OptionError` the command line
     gives (the API is called with values no option parser saw: 2**70 was an OverflowError)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if isinstance(value, bool) or not isinstance(value, int):
         shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
-        raise OptionError(f"{shown} is not an integer in [{low}, {high}]", option=option)
+        raise OptionError(f"{shown} is not an integer", option=option)
+    if (refused := bounds.refusal(value)) is not None:
+        raise OptionError(refused, option=option)
     return value
 
 
@@ -73,6 +122,11 @@ def _one_of(value: object, allowed: Sequence[str], option: str) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise OptionError(f"{str(value)[:40]!r} is not one of {', '.join(allowed)}", option=option)
     return value
+
+
+def _many(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
+    """One path or several, as a list (iterating one string gave one path per character)."""
+    return [paths] if isinstance(paths, str | os.PathLike) else list(paths)
 
 
 def check(
@@ -91,10 +145,10 @@ def check(
     from kvcanary_cli.analysis.check import check_dumps
     from kvcanary_cli.catalog import Severity
 
-    many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    many = _many(paths)
     severity = Severity(_one_of(fail_on, [s.value for s in Severity], "--fail-on"))
     if jobs is not None:
-        _integer(jobs, "--jobs", 1)
+        _integer(jobs, "--jobs", POSITIVE)
     return check_dumps(
         many,
         planner=make_planner(PlannerChoice.VECTORIZED),
@@ -130,15 +184,15 @@ def provenance(
     if (slot is None) == (row is None):
         raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
     if slot is not None:
-        _integer(slot, "--slot", _INT64[0])
+        _integer(slot, "--slot", SLOT)
     if row is not None:
-        _integer(row, "--row", 0)
+        _integer(row, "--row", INDEX)
     if positions is not None:
         if not isinstance(positions, tuple | list) or len(positions) != 2:
             raise OptionError("is not a (start, end) pair", option="--positions")
         for end in positions:
-            _integer(end, "--positions", 0)
-    _integer(max_cells, "--max-rows", 1)
+            _integer(end, "--positions", INDEX)
+    _integer(max_cells, "--max-rows", POSITIVE)
     dump = load_dump(path, overrides=overrides)
     planner = make_planner(PlannerChoice.VECTORIZED)
     if slot is not None and space == Space.FULL:
@@ -261,6 +315,9 @@ def synth(
     `page_size` overrides the scenario's. With `steps`, `scenario` names a sequence (one rank's
     dumps every `every` steps, an event planted at step `at`) and `out` a folder. Returns the
     line saying what was written."""
+    _integer(seed, "--seed", INDEX)
+    if page_size is not None:
+        _integer(page_size, "--page-size", PAGE_SIZE)
     if steps is not None:
         every = 1 if every is None else every
         return _synth_sequence(scenario, out, steps, seed, size, every, at, page_size, force)
@@ -272,7 +329,6 @@ def synth(
 
     if scenario is None or out is None:
         raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
-    _integer(seed, "--seed", 0)
     if log is not None and same_target(log, out):
         raise OptionError("names the dump's own file; give the log another name", option="--log")
     state = make_scenario(scenario, seed=seed, size=size, page_size=page_size)
@@ -309,13 +365,10 @@ def _synth_sequence(
 ) -> str:
     from kvcanary_cli.synth.sequence import write_sequence
 
-    _integer(steps, "--steps", 2, 64)
-    _integer(every, "--every", 1, 64)
-    _integer(seed, "--seed", 0)
+    _integer(steps, "--steps", STEPS)
+    _integer(every, "--every", EVERY)
     if at is not None:
-        _integer(at, "--at", 1)
-    if page_size is not None:
-        _integer(page_size, "--page-size", 1, 4096)
+        _integer(at, "--at", POSITIVE)
     if name is None or out is None or str(out) == "-":
         raise OptionError("give a SEQUENCE and --out FOLDER (or --list)", option="synth --steps")
     folder = Path(out)
@@ -350,7 +403,7 @@ def timeline(
     from kvcanary_cli.analysis.timeline import timeline as run_timeline
 
     planner = make_planner(PlannerChoice.VECTORIZED) if check else None
-    many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    many = _many(paths)
     return run_timeline(many, planner=planner, overrides=_dict(overrides))
 
 
@@ -379,9 +432,9 @@ def slot_history(
         raise OptionError(
             "over several dumps, give --slot N (--row maps one dump's row)", option="--slot/--row"
         )
-    _integer(slot, "--slot", _INT64[0])
+    _integer(slot, "--slot", SLOT)
     space = _one_of(space, [s.value for s in Space], "--space")
-    many = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    many = _many(paths)
     return run_timeline(many, planner=None, focus=(slot, Space(space)), overrides=_dict(overrides))
 
 
@@ -419,17 +472,14 @@ def violations(
     with the rows SGLang's verify would record on that dump. `group`/`buffer` restrict rows
     and replay."""
     from kvcanary_cli.analysis.violations.collect import violations_report
-    from kvcanary_cli.canary.constants import BUFFERS
     from kvcanary_cli.dump.schema import Group
 
-    # one path is one SOURCE (iterating a string gave one source per character)
-    many = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     if group is not None:
         _one_of(group, [g.value for g in Group], "--group")
     if buffer is not None:
-        _one_of(buffer, BUFFERS, "--buffer")
+        _one_of(buffer, BUFFER_CHOICES, "--buffer")
     return violations_report(
-        [os.fspath(source) for source in many],
+        [os.fspath(source) for source in _many(sources)],
         dump=dump,
         replay=replay,
         group=group,

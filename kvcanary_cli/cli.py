@@ -1,19 +1,21 @@
-"""The `kvcanary` command line, wiring only: options → `api` → `render` → `output`, exit code.
-Option declarations and the error policy live in `cli_options`. `api` imports what a command
-runs when it runs, so `kvcanary --help` imports neither torch nor triton."""
+"""The `kvcanary` commands: each one's options written out (declared in `cli_options`) →
+`api` → `render` → `output`, and its exit code (`cli_app`, which also builds, runs and ends the
+app). `api` imports what a command runs when it runs, so `kvcanary --help` imports neither
+torch nor triton."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import typer
 
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.cli_options import ExitCode, GroupChoice, ReportTo, fail
+from kvcanary_cli.cli_app import ExitCode, check_exit, fail, make_app, run, timeline_exit
+from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.output import deliver, tell
+from kvcanary_cli.output import complain, deliver, tell
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
@@ -23,19 +25,30 @@ from kvcanary_cli.soak import options as soak_opt
 
 __all__ = ["ExitCode", "app", "main"]
 
-app = opt.make_app()
+app = make_app()
 
 
-@opt.command(app, overrides=True, svg=True, report=True, rows=(opt.FindingRowsOpt, 10))
+@app.command()
 def check(
+    ctx: typer.Context,
     dumps: opt.DumpsArg,
-    group: opt.GroupsOpt = GroupChoice.ALL,
+    group: opt.GroupsOpt = opt.ALL_GROUPS,
     kernel: opt.KernelOpt = PlannerChoice.TRITON,
     fail_on: opt.FailOnOpt = Severity.ERROR,
     jobs: opt.JobsOpt = None,
     quiet: opt.QuietOpt = False,
-    to: ReportTo = opt.STDOUT,
-    overrides: opt.Overrides = None,
+    max_rows: opt.FindingRowsOpt = 10,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
+    swa_window_size: opt.SwaWindowOpt = None,
+    verify_capacity: opt.VerifyCapacityOpt = None,
+    write_req_capacity: opt.WriteCapacityOpt = None,
+    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
+    page_size: opt.PageSizeOpt = None,
+    num_full_slots: opt.FullSlotsOpt = None,
+    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Find every bad slot in a dump and say where it came from.
 
@@ -48,29 +61,43 @@ def check(
         report = api.check(
             dumps,
             kernel=kernel,
-            groups=None if group is GroupChoice.ALL else [group.value],
-            overrides=overrides,
+            groups=None if group == opt.ALL_GROUPS else [str(group)],
+            overrides=opt.overrides(ctx),
             fail_on=fail_on,
             jobs=jobs,
             progress=tick,
         )
-    rendered = render.render_check(
-        report, to.fmt, max_rows=to.rows, quiet=quiet, to_stdout=opt.to_stdout(to.file)
+    to_stdout = opt.to_stdout(output)
+    view = render.render_check(
+        report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout
     )
-    deliver(rendered, to.file, force=to.force, inputs=dumps)
-    raise typer.Exit(opt.check_exit(report))
+    deliver(view, output, force=force, svg=svg, inputs=dumps)
+    for unreadable in (dump.error for dump in report.dumps if dump.error is not None):
+        complain(f"error: {unreadable}")
+    raise typer.Exit(check_exit(report))
 
 
-@opt.command(app, overrides=True, svg=True, report=True, rows=(opt.CellsOpt, 256))
+@app.command()
 def provenance(
+    ctx: typer.Context,
     dumps: opt.ProvenanceDumpsArg,
     slot: opt.SlotOpt = None,
     row: opt.RowOpt = None,
     space: opt.SpaceOpt = Space.FULL,
     group: opt.RoleGroupOpt = None,
     positions: opt.PositionsOpt = None,
-    to: ReportTo = opt.STDOUT,
-    overrides: opt.Overrides = None,
+    max_rows: opt.CellsOpt = 256,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
+    swa_window_size: opt.SwaWindowOpt = None,
+    verify_capacity: opt.VerifyCapacityOpt = None,
+    write_req_capacity: opt.WriteCapacityOpt = None,
+    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
+    page_size: opt.PageSizeOpt = None,
+    num_full_slots: opt.FullSlotsOpt = None,
+    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
 
@@ -79,9 +106,11 @@ def provenance(
     translation, allocator state when the dump has free lists, and the findings touching it.
     A row map marks the cells with findings and says which positions it leaves out.
     """
+    overrides = opt.overrides(ctx)
     if len(dumps) > 1:  # the slot over the dumps
         history = api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
-        deliver(render.render_timeline(history, to.fmt), to.file, force=to.force, inputs=dumps)
+        view = render.render_timeline(history, output_format)
+        deliver(view, output, force=force, svg=svg, inputs=dumps)
         return
     answer = api.provenance(
         dumps[0],
@@ -90,15 +119,22 @@ def provenance(
         space=space.value,
         group=None if group is None else group.value,
         positions=opt.parse_positions(positions),
-        max_cells=to.rows,
+        max_cells=max_rows,
         overrides=overrides,
     )
-    rendered = render.render_provenance(answer, to.fmt, max_rows=to.rows)
-    deliver(rendered, to.file, force=to.force, inputs=dumps)
+    view = render.render_provenance(answer, output_format, max_rows=max_rows)
+    deliver(view, output, force=force, svg=svg, inputs=dumps)
 
 
-@opt.command(app, svg=True, report=True, rows=(opt.ChangeRowsOpt, 10))
-def timeline(dumps: opt.SequenceArg, to: ReportTo = opt.STDOUT) -> None:
+@app.command()
+def timeline(
+    dumps: opt.SequenceArg,
+    max_rows: opt.ChangeRowsOpt = 10,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
+) -> None:
     """What changed between dumps of one rank, and when: requests, slot owners, LUT, SWA leak.
 
     Each event (use-after-free, double-allocation, prefix-rewritten, lut-rewritten, swa-leak)
@@ -106,44 +142,66 @@ def timeline(dumps: opt.SequenceArg, to: ReportTo = opt.STDOUT) -> None:
     finding first appears in. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
     found = api.timeline(dumps)
-    deliver(render.render_timeline(found, to.fmt, to.rows), to.file, force=to.force, inputs=dumps)
-    raise typer.Exit(opt.timeline_exit(found))
+    view = render.render_timeline(found, output_format, max_rows)
+    deliver(view, output, force=force, svg=svg, inputs=dumps)
+    raise typer.Exit(timeline_exit(found))
 
 
-@opt.command(app, svg=True, report=True, rows=(opt.ChangeRowsOpt, 10))
-def diff(old: opt.OldArg, new: opt.NewArg, to: ReportTo = opt.STDOUT) -> None:
+@app.command()
+def diff(
+    old: opt.OldArg,
+    new: opt.NewArg,
+    max_rows: opt.ChangeRowsOpt = 10,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
+) -> None:
     """What changed from OLD to NEW, two dumps of one rank: the timeline of two dumps.
 
     Per request born, grew, finished, row reused; per slot owner changes; the events."""
-    found, inputs = api.diff(old, new), [old, new]
-    deliver(render.render_timeline(found, to.fmt, to.rows), to.file, force=to.force, inputs=inputs)
-    raise typer.Exit(opt.timeline_exit(found))
+    found = api.diff(old, new)
+    view = render.render_timeline(found, output_format, max_rows)
+    deliver(view, output, force=force, svg=svg, inputs=[old, new])
+    raise typer.Exit(timeline_exit(found))
 
 
-@opt.command(app, overrides=True, svg=True, report=True, rows=(opt.ViolationRowsOpt, 20))
+@app.command()
 def violations(
+    ctx: typer.Context,
     sources: opt.SourcesArg,
     replay: opt.ReplayOpt = False,
     group: opt.ViolationGroupOpt = None,
     buffer: opt.BufferOpt = None,
     dump: opt.JoinDumpOpt = None,
-    to: ReportTo = opt.STDOUT,
-    overrides: opt.Overrides = None,
+    max_rows: opt.ViolationRowsOpt = 20,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
+    swa_window_size: opt.SwaWindowOpt = None,
+    verify_capacity: opt.VerifyCapacityOpt = None,
+    write_req_capacity: opt.WriteCapacityOpt = None,
+    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
+    page_size: opt.PageSizeOpt = None,
+    num_full_slots: opt.FullSlotsOpt = None,
+    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
     A SOURCE: a dump or log ('-': stdin). Exit 0 clean, 1 rows or unreadable lines, 2 bad input.
     """
     report = api.violations(
-        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=overrides
+        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(ctx)
     )
-    rendered = render.render_violations(report, to.fmt, max_rows=to.rows)
-    deliver(rendered, to.file, force=to.force, inputs=opt.input_files(sources, dump))
+    view = render.render_violations(report, output_format, max_rows=max_rows)
+    deliver(view, output, force=force, svg=svg, inputs=opt.input_files(sources, dump))
     raise typer.Exit(ExitCode.FINDINGS if report.found else ExitCode.CLEAN)
 
 
-@opt.command(app, overrides=True, svg=True)
+@app.command()
 def plan(
+    ctx: typer.Context,
     dump: opt.DumpArg,
     group: opt.PlanGroupOpt = Group.FULL,
     backend: opt.BackendOpt = PlannerChoice.VECTORIZED,
@@ -152,7 +210,14 @@ def plan(
     force: opt.ForceOpt = False,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     max_rows: opt.RequestRowsOpt = 50,
-    overrides: opt.Overrides = None,
+    svg: opt.SvgOpt = None,
+    swa_window_size: opt.SwaWindowOpt = None,
+    verify_capacity: opt.VerifyCapacityOpt = None,
+    write_req_capacity: opt.WriteCapacityOpt = None,
+    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
+    page_size: opt.PageSizeOpt = None,
+    num_full_slots: opt.FullSlotsOpt = None,
+    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Run one planner on one group and show the plan per request (or write it with --out).
 
@@ -160,32 +225,48 @@ def plan(
     without it the plan goes on and marks the values upstream leaves undefined), or when the
     GPU launch refuses the batch; 2 on bad input.
     """
-    # --strict: SGLang's raise propagates as UpstreamPlanError, exit 1 (cli_options)
-    run = api.plan(
+    if svg is not None and out is not None:  # both checked before the plan file is written
+        check_targets([out, svg], inputs=[dump], overwrite=force)
+    # --strict: SGLang's raise propagates as UpstreamPlanError, exit 1 (cli_app)
+    overrides = opt.overrides(ctx)
+    planned = api.plan(
         dump, group.value, backend=backend, strict=strict, out=out, force=force, overrides=overrides
     )
-    if run.summary is not None:
-        rendered = render.render_plan(run.summary, output_format, max_rows=max_rows)
-        deliver(rendered, None, force=force, inputs=[dump, *([out] if out else [])])
-    if run.problem is not None:
-        fail(run.problem, ExitCode.FINDINGS)
+    if planned.summary is not None:
+        view = render.render_plan(planned.summary, output_format, max_rows=max_rows)
+        deliver(view, None, force=force, svg=svg, inputs=[dump, *([out] if out else [])])
+    if planned.problem is not None:
+        fail(planned.problem, ExitCode.FINDINGS)
 
 
-@opt.command(app, svg=True, report=True)
-def inspect(dump: opt.DumpArg, to: ReportTo = opt.STDOUT) -> None:
+@app.command()
+def inspect(
+    dump: opt.DumpArg,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
+) -> None:
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
     Validates the file on the way: a malformed dump gets one error line, exit 2."""
-    described = render.render_inspect(api.inspect(dump), to.fmt)
-    deliver(described, to.file, force=to.force, inputs=[dump])
+    view = render.render_inspect(api.inspect(dump), output_format)
+    deliver(view, output, force=force, svg=svg, inputs=[dump])
 
 
-@opt.command(app, overrides=True)
+@app.command()
 def shrink(
+    ctx: typer.Context,
     dump: opt.DumpArg,
     out: opt.ShrinkOutOpt = None,
     force: opt.ForceOpt = False,
-    overrides: opt.Overrides = None,
+    swa_window_size: opt.SwaWindowOpt = None,
+    verify_capacity: opt.VerifyCapacityOpt = None,
+    write_req_capacity: opt.WriteCapacityOpt = None,
+    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
+    page_size: opt.PageSizeOpt = None,
+    num_full_slots: opt.FullSlotsOpt = None,
+    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Write a small dump that tells the same story, to attach to a bug report.
 
@@ -194,10 +275,11 @@ def shrink(
     violation ring), in the original pool rows, positions and slots, and records the original's
     name, size and sha256 and what was dropped. `check` gives the same findings on it.
     """
-    tell("\n".join(api.shrink(dump, out, overrides=overrides, force=force).summary_lines()))
+    shrunk = api.shrink(dump, out, overrides=opt.overrides(ctx), force=force)
+    tell("\n".join(shrunk.summary_lines()))
 
 
-@opt.command(app, sequence=True)
+@app.command()
 def synth(
     scenario: opt.ScenarioArg = None,
     out: opt.SynthOutOpt = None,
@@ -207,7 +289,9 @@ def synth(
     force: opt.ForceOpt = False,
     log: opt.SynthLogOpt = None,
     page_size: opt.SynthPageSizeOpt = None,
-    sequence: Mapping[str, int | None] = opt.NO_SEQUENCE,
+    steps: opt.StepsOpt = None,
+    at: opt.AtOpt = None,
+    every: opt.EveryOpt = 1,
 ) -> None:
     """Generate a realistic dump: a clean serving state or one bug class of the canary.
 
@@ -217,17 +301,29 @@ def synth(
         tell("\n".join(api.scenarios()))
         return
     wrote = api.synth(
-        scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size, **sequence
+        scenario,
+        out,
+        seed=seed,
+        size=size,
+        log=log,
+        force=force,
+        page_size=page_size,
+        steps=steps,
+        at=at,
+        every=every,
     )
     tell(printable(wrote), on_stderr=str(out) == "-")
 
 
-@opt.command(app, svg=True, report=True)
+@app.command()
 def selftest(
     sglang: opt.SGLangOpt = False,
     size: opt.SelftestSizeOpt = "tiny",
     seed: opt.SeedOpt = 0,
-    to: ReportTo = opt.STDOUT,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
 ) -> None:
     """Compare kvcanary's planners (and, with --sglang, your SGLang) on every synth scenario.
 
@@ -235,7 +331,7 @@ def selftest(
     disagree. Exit 0 on full agreement, 1 on any difference.
     """
     report = api.selftest(sglang=sglang, size=size, seed=seed)
-    deliver(render.render_selftest(report, to.fmt), to.file, force=to.force)
+    deliver(render.render_selftest(report, output_format), output, force=force, svg=svg)
     raise typer.Exit(ExitCode.CLEAN if report.agree else ExitCode.FINDINGS)
 
 
@@ -243,5 +339,5 @@ soak_opt.register(app)  # `kvcanary soak` (kvcanary_cli/soak)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point (`cli_options.run`: the threads, the one-line errors)."""
-    opt.run(app, argv)
+    """Console-script entry point (`cli_app.run`: the threads, the one-line errors)."""
+    run(app, argv)

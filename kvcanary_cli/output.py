@@ -18,9 +18,10 @@ from rich.console import Console, RenderableType
 from kvcanary_cli.dump.files import Target, write_all_atomically
 from kvcanary_cli.dump.streams import write_standard_error, writing_to_standard_output
 from kvcanary_cli.render.console import PIPED_WIDTH, emit, make_console, without_padding
-from kvcanary_cli.render.image import SVG_TARGET, svg_of
+from kvcanary_cli.render.image import svg_of
+from kvcanary_cli.safe_text import printable
 
-__all__ = ["deliver", "tell"]
+__all__ = ["complain", "deliver", "tell"]
 
 
 def deliver(
@@ -28,10 +29,11 @@ def deliver(
     output: str | os.PathLike[str] | None,
     *,
     force: bool = False,
+    svg: str | os.PathLike[str] | None = None,
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
-    """Print `rendered`, or write it to `output` (`-` is standard output); with `--svg FILE`
-    (`SVG_TARGET`), save it as an image there too, by the same rules as `output`.
+    """Print `rendered`, or write it to `output` (`-` is standard output); with `svg` (`--svg
+    FILE`), save it as an image there too, by the same rules as `output`.
 
     Both files are checked before either is written, and written together or not at all: a
     refused image leaves no report behind (its rerun would be told the report exists)."""
@@ -40,11 +42,10 @@ def deliver(
     if to_file:
         data = _text_of(rendered).encode("utf-8")
         targets.append((Path(os.fspath(output)), lambda handle: handle.write(data)))  # type: ignore[arg-type]
-    target = SVG_TARGET.get()
-    if target is not None:
+    if svg is not None:
         width = PIPED_WIDTH if to_file else make_console().width  # as the view was written
         image = svg_of(rendered, width=width).encode("utf-8")
-        targets.append((Path(target), lambda handle: handle.write(image)))
+        targets.append((Path(svg), lambda handle: handle.write(image)))
     if targets:
         write_all_atomically(targets, inputs=inputs, overwrite=force)
     if not to_file:
@@ -69,3 +70,10 @@ def tell(text: str, *, on_stderr: bool = False) -> None:
         return
     with writing_to_standard_output():
         emit(text + "\n")
+
+
+def complain(line: str) -> None:
+    """One line on stderr, escaped (`printable`): it may quote a file name, a tensor name, an
+    option value or an exception's text, none of which may reach the terminal as control
+    characters."""
+    write_standard_error(printable(line))

@@ -2,22 +2,18 @@
 console recording, as an SVG image to attach to an issue (in colour, at the width the
 terminal view has).
 
-The command line sets `SVG_TARGET` for the command it runs; `output.deliver` saves each view
-it delivers there too.
+`output.deliver` saves the view a command delivers there too, when the command was given
+`--svg FILE`.
 """
 
 from __future__ import annotations
 
 import io
-from contextvars import ContextVar
 
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-__all__ = ["SVG_TARGET", "svg_of"]
-
-#: `--svg FILE` of the running command: where the view it delivers is also saved as an SVG.
-SVG_TARGET: ContextVar[str | None] = ContextVar("kvcanary_svg_target", default=None)
+__all__ = ["svg_of"]
 
 
 def svg_of(rendered: str | RenderableType, *, width: int, title: str = "kvcanary") -> str:

@@ -92,6 +92,17 @@ def test_every_kernel_choice_is_accepted(kernel: PlannerChoice) -> None:
     assert code == 0, err
 
 
+def test_buffer_takes_every_canary_buffer() -> None:
+    """`--buffer`'s choices (`api.BUFFER_CHOICES`, in the order help lists them) are the
+    canary's buffers, all of them."""
+    from kvcanary_cli import api
+    from kvcanary_cli.canary.constants import BUFFERS
+
+    assert sorted(api.BUFFER_CHOICES) == sorted(BUFFERS)
+    code, _, err = run("violations", str(EXAMPLE), "--buffer", "x")
+    assert code == 2 and f"'x' is not one of {', '.join(api.BUFFER_CHOICES)}" in err
+
+
 def test_the_api_refuses_a_planner_outside_its_subset() -> None:
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.planners import make_kernel, make_planner
@@ -139,3 +150,53 @@ def test_a_shell_completes_a_choice_option(words: str, offered: list[str]) -> No
     }
     result = CliRunner().invoke(app, [], env=env, prog_name="kvcanary")
     assert result.stdout.split() == offered
+
+
+@pytest.mark.parametrize("name", ["check", "provenance", "violations", "plan", "shrink"])
+def test_a_command_that_reads_a_dump_takes_every_scalar_override(name: str) -> None:
+    """The scalar overrides are written out per command: one per scalar of the format, in the
+    schema's order, each named as the scalar (`cli_options.overrides` reads them back)."""
+    import typer.main
+
+    from kvcanary_cli.dump.schema import SCALARS
+
+    command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    scalars = [p for p in command.params if p.name in SCALARS]
+    assert [p.name for p in scalars] == list(SCALARS)
+    assert [p.opts for p in scalars] == [[spec.option] for spec in SCALARS.values()]
+
+
+@pytest.mark.parametrize(
+    ("args", "call", "option"),
+    [
+        (["synth", "clean-swa", "-o", "x.safetensors", "--seed", "-1"], {"seed": -1}, "--seed"),
+        (["synth", "clean", "--steps", "65", "-o", "d"], {"steps": 65}, "--steps"),
+        (["synth", "clean-swa", "-o", "x", "--page-size", "0"], {"page_size": 0}, "--page-size"),
+    ],
+)
+def test_the_command_line_and_the_api_refuse_a_value_in_the_same_words(
+    args: list[str], call: dict[str, int], option: str, tmp_path: Path
+) -> None:
+    """One declaration of each bound (`api.Bounds`): the option parser and the API refuse the
+    same values, in the same words."""
+    from kvcanary_cli import api
+    from kvcanary_cli.errors import OptionError
+
+    code, _, err = run(*args)
+    with pytest.raises(OptionError) as caught:
+        api.synth("clean-swa", tmp_path / "x.safetensors", **call)  # type: ignore[arg-type]
+    assert code == 2 and f": {caught.value.message} (see 'kvcanary synth --help')" in err, err
+    assert caught.value.option == option
+
+
+def test_the_exit_code_is_computed_without_printing(capsys: pytest.CaptureFixture[str]) -> None:
+    """`check_exit` only computes: `check` itself prints each unreadable dump's error line."""
+    from kvcanary_cli import api
+    from kvcanary_cli.cli_app import ExitCode, check_exit
+
+    report = api.check([EXAMPLE, EXAMPLE.with_name("no-such.safetensors")], kernel="none")
+    capsys.readouterr()
+    assert check_exit(report) is ExitCode.BAD_INPUT
+    assert capsys.readouterr() == ("", "")
+    code, _, err = run("check", "-k", "none", "-q", str(EXAMPLE), "no-such.safetensors")
+    assert code == 2 and err.splitlines() == ["error: no-such.safetensors: no such file"]

@@ -1,0 +1,180 @@
+"""The `kvcanary` app itself: how it is built (no rich markup or tracebacks of typer's own),
+run (standard streams, threads) and ended: the exit codes, computed from a command's result
+without printing, and the one-line error policy (every failure one stderr line).
+
+`cli` adds the commands (their options declared in `cli_options`); nothing here knows what a
+command does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Annotated, Any, NoReturn
+
+import typer
+import typer.main
+from typer.core import TyperGroup
+
+from kvcanary_cli import __version__
+from kvcanary_cli.dump.streams import (
+    STANDARD_OUTPUT_NAME,
+    prepare_standard_streams,
+    standard_output_refusal,
+    write_standard_error,
+    writing_to_standard_output,
+)
+from kvcanary_cli.errors import KvcanaryError, UpstreamPlanError
+from kvcanary_cli.output import complain
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.timeline import TimelineReport
+
+__all__ = ["ExitCode", "check_exit", "fail", "make_app", "run", "timeline_exit"]
+
+
+class ExitCode(IntEnum):
+    """Exit codes, as documented in the README and docs/findings.md."""
+
+    CLEAN = 0
+    FINDINGS = 1
+    BAD_INPUT = 2
+    INTERNAL = 3
+    #: the shell's 128 + SIGINT: a run stopped by Ctrl-C.
+    INTERRUPTED = 130
+
+
+def check_exit(report: CheckReport) -> ExitCode:
+    """`check`'s exit code: an unreadable dump (exit 2) wins over findings."""
+    if report.bad_input:
+        return ExitCode.BAD_INPUT
+    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+
+
+def timeline_exit(report: TimelineReport) -> ExitCode:
+    """`timeline`'s and `diff`'s exit code: 1 on an event or an error finding."""
+    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """`complain` (one escaped line on stderr) and exit with `code` (the line is lost with a
+    closed stderr, the code never is)."""
+    complain(message)
+    sys.exit(code)
+
+
+def internal_error(exc: Exception) -> NoReturn:
+    """A bug: one line asking for a report, exit 3 (`KVCANARY_DEBUG=1`: the traceback too)."""
+    if os.environ.get("KVCANARY_DEBUG") == "1":
+        traceback.print_exception(exc)
+    fail(
+        f"internal error: {type(exc).__name__}: {exc} -- this is a kvcanary bug; "
+        "please report it with the output of `kvcanary inspect DUMP` "
+        "(KVCANARY_DEBUG=1 shows the traceback)",
+        ExitCode.INTERNAL,
+    )
+
+
+def run(app: typer.Typer, args: Sequence[str] | None) -> None:
+    """Run `app` as `kvcanary`. Typer builds the click command first (from the commands'
+    signatures): a failure there is a bug too, and ends in the same one line, exit 3.
+
+    One OpenMP thread (torch's, where SGLang's planners run) unless the user chose: on
+    CPU-quota'd containers extra threads spin against each other (seen: a 121K-element arange
+    50x slower with 2 threads than with 1)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    prepare_standard_streams()
+    try:
+        command = typer.main.get_command(app)
+    except Exception as exc:
+        internal_error(exc)
+    command.main(args=args, prog_name="kvcanary")
+
+
+def show_version(value: bool) -> None:
+    """`--version`: an eager option, so it answers before any command is looked for."""
+    if value:
+        with writing_to_standard_output():
+            sys.stdout.write(f"kvcanary {__version__}\n")
+        raise typer.Exit()
+
+
+class OneLineErrors(TyperGroup):
+    """Every failure ends in one stderr line: usage errors and bad input exit 2, bugs exit 3.
+
+    Click runs the command not standalone (`standalone_mode=False`), so each exception comes
+    back here by its type instead of being shown by click: click's own errors (usage,
+    parameters), kvcanary's (`KvcanaryError`: bad input or options; `UpstreamPlanError`:
+    `plan --strict` met SGLang's raise), Ctrl-C, and anything else, which is a bug.
+    """
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the command; turn exceptions into one line and an exit code."""
+        try:
+            result = super().main(
+                args, prog_name, complete_var, False, windows_expand_args, **extra
+            )
+        except KvcanaryError as exc:
+            fail(f"error: {exc}", ExitCode.BAD_INPUT)
+        except UpstreamPlanError as exc:
+            fail(str(exc), ExitCode.FINDINGS)
+        except (typer.Abort, KeyboardInterrupt):
+            fail("interrupted", ExitCode.INTERRUPTED)
+        except typer.TyperException as exc:  # click's errors: usage, bad parameters
+            context = getattr(exc, "ctx", None)
+            where = f" (see '{context.command_path} --help')" if context is not None else ""
+            fail(f"error: {exc.format_message()}{where}", ExitCode.BAD_INPUT)
+        except OSError as exc:  # click's own writes (`--help`) to a full or closed stdout
+            refused = standard_output_refusal(exc)
+            if refused is None:
+                internal_error(exc)
+            fail(f"error: {STANDARD_OUTPUT_NAME}: {refused}", ExitCode.BAD_INPUT)
+        except Exception as exc:
+            internal_error(exc)
+        if result == ExitCode.INTERRUPTED:  # click turns Ctrl-C into this exit code
+            fail("interrupted", ExitCode.INTERRUPTED)
+        sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
+
+
+def make_app() -> typer.Typer:
+    """The `kvcanary` app, before its commands: one-line errors, no rich markup or tracebacks
+    of typer's own, and `kvcanary` alone shows the help."""
+    app = typer.Typer(
+        name="kvcanary",
+        cls=OneLineErrors,
+        invoke_without_command=True,
+        pretty_exceptions_enable=False,
+        pretty_exceptions_show_locals=False,
+        rich_markup_mode=None,
+        help="Diagnose KV-cache dumps of SGLang's kv canary: run the reference planner and the "
+        "GPU kernel on a dump, compare them, and show every bad slot with where it came from."
+        "\n\nExit codes: 0 clean, 1 findings, 2 bad input or usage, 3 internal error.",
+    )
+    app.callback()(root)
+    return app
+
+
+VersionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--version", is_eager=True, callback=show_version, help="Print the version and exit."
+    ),
+]
+
+
+def root(ctx: typer.Context, version: VersionOpt = False) -> None:
+    """Diagnose KV-cache dumps of SGLang's kv canary (`kvcanary` alone: the help, as a usage
+    error)."""
+    if ctx.invoked_subcommand is None:
+        write_standard_error(ctx.get_help())
+        raise typer.Exit(ExitCode.BAD_INPUT)
