@@ -23,13 +23,7 @@ from kvcanary_cli.analysis.bookkeeping import (
 from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
-from kvcanary_cli.analysis.diagnosis import (
-    assumptions_of,
-    diagnose,
-    first_raise,
-    recorded_exception,
-    request_summaries,
-)
+from kvcanary_cli.analysis.diagnosis import assumptions_of, diagnose, request_summaries
 from kvcanary_cli.analysis.dump_pool import (
     FEWER_JOBS,
     DumpWork,
@@ -68,6 +62,7 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
+from kvcanary_cli.analysis.upstream_raise import first_raise, recorded_exception
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
@@ -122,7 +117,7 @@ def run_check(
     ]
     del found  # the kernel's plans and the live cells: freed before the table scan below
     findings = attach_provenance(dump, findings)
-    raised, findings = first_raise(dump, plans, findings)
+    raised, findings = first_raise(plans, findings)
     findings, causes = diagnose(dump, findings)
     recorded, matches = recorded_exception(dump, raised)
     requests = tuple(request_summaries(dump, findings))

@@ -10,14 +10,12 @@ decide, the losing cause is kept as `possible` instead of being dropped.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_among, restricted
+from kvcanary_cli.analysis.cells import cell_slots, distinct, pairs_among, restricted
 from kvcanary_cli.analysis.model import (
     Assumption,
     Cause,
@@ -25,7 +23,6 @@ from kvcanary_cli.analysis.model import (
     Confidence,
     Finding,
     FindingCode,
-    FirstRaise,
     RequestSummary,
     Role,
     Space,
@@ -33,15 +30,11 @@ from kvcanary_cli.analysis.model import (
 from kvcanary_cli.analysis.violations.report import CAUSES as EXPLANATION_CAUSES
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
-from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.planners.frame import GPU_MAX_BS
-from kvcanary_cli.planners.upstream_raise import upstream_error
 
 __all__ = [
     "assumptions_of",
     "diagnose",
-    "first_raise",
-    "recorded_exception",
     "request_summaries",
 ]
 
@@ -940,57 +933,3 @@ def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSumm
             )
         )
     return out
-
-
-def first_raise(
-    dump: KvDump, plans: Iterable[Plan], findings: list[Finding]
-) -> tuple[FirstRaise | None, list[Finding]]:
-    """Where SGLang's torch reference stops, and the findings with that one marked.
-
-    Upstream plans the groups in order (full, then swa) and raises at the first bad read of
-    the first group that has one, in its own entry order (`ProblemTable.first_raise`).
-    """
-    for plan in plans:
-        problem = plan.problems.first_raise()
-        if problem is None:
-            continue
-        error = upstream_error(problem, plan.frame)
-        code = FindingCode(problem.kind.code)
-        marked = list(findings)
-        for i, f in enumerate(marked):
-            if f.code is not code or (
-                code is FindingCode.LUT_OUT_OF_RANGE and f.group != plan.group
-            ):
-                continue
-            site = at_cell(f, problem.batch_row, problem.position)
-            if site is not None:
-                marked[i] = replace(site, first_raise=True)
-                break
-        return FirstRaise(
-            group=plan.group,
-            exception_type=error.exception_type,
-            message=error.message,
-            code=code,
-            batch_row=problem.batch_row,
-            position=problem.position,
-        ), marked
-    return None, findings
-
-
-_CAPTURED = re.compile(
-    r"captured on (?P<type>[A-Za-z_][\w.]*): (?P<message>.*?)"
-    r"(?: \(arguments not saved: .*\))?$",
-    re.S,
-)
-
-
-def recorded_exception(dump: KvDump, raised: FirstRaise | None) -> tuple[str | None, bool | None]:
-    """The upstream exception the capture hook stored in `note`, and whether it is the one
-    kvcanary's reference raises first (None, None when the dump records none)."""
-    match = _CAPTURED.match(dump.metadata.get("note", "").strip())
-    if match is None:
-        return None, None
-    recorded = f"{match['type']}: {match['message']}"
-    if raised is None:
-        return recorded, False
-    return recorded, recorded == f"{raised.exception_type}: {raised.message}"
