@@ -31,7 +31,7 @@ from kvcanary_cli.capture import (
     store,
     triggers,
 )
-from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.loader import RecordedException, load_dump
 
 LUT_ERROR = "kv-canary: SWA slot 70 is outside full_to_swa_index_mapping length 65"
 
@@ -285,6 +285,13 @@ def test_dump_of_failed_call_has_inputs_and_note(
     assert path.name == f"kvcanary-rank3-step{int(step):06d}.safetensors"
     assert dump.metadata["rank"] == "3"
     assert dump.metadata["note"] == f"captured on ValueError: {LUT_ERROR}"
+    # the exception as data: what the analysis holds against kvcanary's reference
+    assert dump.metadata["sglang.exception.type"] == "ValueError"
+    assert dump.metadata["sglang.exception.message"] == LUT_ERROR
+    assert dump.recorded_exception == RecordedException(
+        exception_type="ValueError", message=LUT_ERROR
+    )
+    assert dump.metadata["kvcanary.trigger"] == "raise"
     assert dump.scalar("swa_window_size") == 8
     assert dump.scalar("verify_capacity") == 32
     assert dump.write_req_capacity == 5
@@ -292,6 +299,22 @@ def test_dump_of_failed_call_has_inputs_and_note(
     assert dump.lut_len == 65
     assert int(_dense(dump.req_to_token)[2, 2]) == 70
     assert dump.identity["note"].startswith("captured on ValueError")
+
+
+def test_an_argument_the_format_lacks_is_named_in_the_note_not_in_the_exception(
+    tmp_path: Path, stand_in: types.ModuleType
+) -> None:
+    install_sglang_hook(tmp_path, module=stand_in)
+    with pytest.raises(TypeError):
+        stand_in.launch_canary_plan_kernels(**plan_kwargs(), new_argument=1)
+    [path] = dumps_in(tmp_path)
+    dump = load_dump(path)
+    assert dump.metadata["note"].startswith("captured on TypeError: ")
+    assert dump.metadata["note"].endswith(" (arguments not saved: new_argument)")
+    recorded = dump.recorded_exception
+    assert recorded is not None and recorded.exception_type == "TypeError"
+    assert "new_argument" in recorded.message and "not saved" not in recorded.message
+    assert "new_argument" not in dump.tensors
 
 
 def test_step_counts_calls_and_explicit_rank(tmp_path: Path, stand_in: types.ModuleType) -> None:
@@ -805,6 +828,10 @@ def test_the_guard_writes_a_dump_before_a_sliced_lut_launches_then_stays_quiet(
     dump = load_dump(tmp_path / names[0])
     assert "does not end in -1" in dump.identity["note"]
     assert dump.metadata["kvcanary.trigger"] == "guard"
+    assert dump.recorded_exception is None  # the guard runs before anything raised
+    raised = load_dump(tmp_path / names[1])
+    assert raised.recorded_exception is not None
+    assert raised.recorded_exception.message.startswith("kv-canary: SWA slot 70")
 
 
 def test_the_guard_is_off_by_default_and_silent_on_a_good_lut(

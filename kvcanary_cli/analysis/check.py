@@ -24,7 +24,7 @@ from kvcanary_cli.analysis.bookkeeping import (
 from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
-from kvcanary_cli.analysis.diagnosis import diagnose, first_raise, recorded_exception
+from kvcanary_cli.analysis.diagnosis import diagnose
 from kvcanary_cli.analysis.dump_pool import (
     FEWER_JOBS,
     DumpWork,
@@ -51,6 +51,7 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.analysis.request_summaries import request_summaries
+from kvcanary_cli.analysis.upstream_raise import first_raise, recorded_exception
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
@@ -109,7 +110,7 @@ def run_check(
     ]
     del found  # the kernel's plans and the live cells: freed before the table scan below
     findings = attach_provenance(dump, findings)
-    raised, findings = first_raise(dump, plans, findings)
+    raised, findings = first_raise(plans, findings)
     findings, causes = diagnose(dump, findings)
     recorded, matches = recorded_exception(dump, raised)
     requests = tuple(request_summaries(dump, findings))

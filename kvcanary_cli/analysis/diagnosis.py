@@ -11,14 +11,12 @@ A cause's summary and fix are its catalog entry's.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import at_cell, cell_slots, distinct, pairs_among, restricted
+from kvcanary_cli.analysis.cells import cell_slots, distinct, pairs_among, restricted
 from kvcanary_cli.analysis.chains import link, numbers, span
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import (
@@ -31,16 +29,12 @@ from kvcanary_cli.catalog import (
     ViolationRowCause,
 )
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.planners.base import Plan
-from kvcanary_cli.planners.upstream_raise import upstream_error
 from kvcanary_cli.results.cells import Role, Space
-from kvcanary_cli.results.check import Cause, Finding, FirstRaise
+from kvcanary_cli.results.check import Cause, Finding
 from kvcanary_cli.results.violations import CAUSES as EXPLANATION_CAUSES
 
 __all__ = [
     "diagnose",
-    "first_raise",
-    "recorded_exception",
 ]
 
 _BATCH_CODES = frozenset(
@@ -929,57 +923,3 @@ def _unrecorded_pool_evidence(
         else "few slots, far past the LUT's end"
     )
     return evidence, likely_lut
-
-
-def first_raise(
-    dump: KvDump, plans: Iterable[Plan], findings: list[Finding]
-) -> tuple[FirstRaise | None, list[Finding]]:
-    """Where SGLang's torch reference stops, and the findings with that one marked.
-
-    Upstream plans the groups in order (full, then swa) and raises at the first bad read of
-    the first group that has one, in its own entry order (`ProblemTable.first_raise`).
-    """
-    for plan in plans:
-        problem = plan.problems.first_raise()
-        if problem is None:
-            continue
-        error = upstream_error(problem, plan.frame)
-        code = FindingCode(problem.kind.code)
-        marked = list(findings)
-        for i, f in enumerate(marked):
-            if f.code is not code or (
-                code is FindingCode.LUT_OUT_OF_RANGE and f.group != plan.group
-            ):
-                continue
-            site = at_cell(f, problem.batch_row, problem.position)
-            if site is not None:
-                marked[i] = replace(site, first_raise=True)
-                break
-        return FirstRaise(
-            group=plan.group,
-            exception_type=error.exception_type,
-            message=error.message,
-            code=code,
-            batch_row=problem.batch_row,
-            position=problem.position,
-        ), marked
-    return None, findings
-
-
-_CAPTURED = re.compile(
-    r"captured on (?P<type>[A-Za-z_][\w.]*): (?P<message>.*?)"
-    r"(?: \(arguments not saved: .*\))?$",
-    re.S,
-)
-
-
-def recorded_exception(dump: KvDump, raised: FirstRaise | None) -> tuple[str | None, bool | None]:
-    """The upstream exception the capture hook stored in `note`, and whether it is the one
-    kvcanary's reference raises first (None, None when the dump records none)."""
-    match = _CAPTURED.match(dump.metadata.get("note", "").strip())
-    if match is None:
-        return None, None
-    recorded = f"{match['type']}: {match['message']}"
-    if raised is None:
-        return recorded, False
-    return recorded, recorded == f"{raised.exception_type}: {raised.message}"

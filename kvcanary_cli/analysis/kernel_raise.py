@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvcanary_cli.analysis.cells import at_cell
+from kvcanary_cli.analysis.upstream_raise import raise_site
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.errors import UpstreamPlanError
-from kvcanary_cli.planners.base import Plan, ProblemKind, Semantics
-from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, expected_raise, raised
+from kvcanary_cli.planners.base import Plan, Semantics
+from kvcanary_cli.planners.upstream_raise import (
+    NOT_LAUNCHED,
+    expected_raise,
+    raised,
+    reference_raise,
+)
 from kvcanary_cli.results.check import UPSTREAM_RAISE, Finding
 
 __all__ = ["UPSTREAM_RAISE", "launch_divergences", "mark_upstream_raise"]
@@ -57,12 +62,8 @@ def _site(finding: Finding, reference: Plan, kernel: Plan) -> Finding | None:
     when the raise is not at this finding."""
     if kernel.semantics is Semantics.GPU:
         return finding if finding.code is FindingCode.KERNEL_LIMIT_EXCEEDED else None
-    first = reference.problems.first_raise()
-    if first is None or finding.code.value != first.kind.code:
-        return None
-    if first.kind is ProblemKind.LUT_OUT_OF_RANGE and finding.group != reference.group:
-        return None
-    return at_cell(finding, first.batch_row, first.position)
+    first = reference_raise(reference)
+    return None if first is None else raise_site(finding, first)
 
 
 def mark_upstream_raise(findings: list[Finding], reference: Plan, kernel: Plan) -> list[Finding]:

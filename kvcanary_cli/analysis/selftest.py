@@ -25,7 +25,7 @@ from kvcanary_cli.planners.sglang_runtime import (
     VERIFY_PLAN_FIELDS,
     WRITE_PLAN_FIELDS,
 )
-from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, raised, upstream_error
+from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, raised, reference_raise
 from kvcanary_cli.results.selftest import (
     Difference,
     GroupResult,
@@ -121,10 +121,10 @@ def _compare(baseline: Plan, other: Plan, baseline_name: str) -> PlannerComparis
 
 def _ref_raise(plan: Plan | None) -> RefRaise | None:
     """Where, in REF's order, SGLang's torch reference raises on this group (None: it does not)."""
-    first = None if plan is None else plan.problems.first_raise()
-    if plan is None or first is None:
+    first = None if plan is None else reference_raise(plan)
+    if first is None:
         return None
-    return RefRaise(error=str(upstream_error(first, plan.frame)), problem=first)
+    return RefRaise(error=str(first.error), problem=first.problem)
 
 
 def _baseline_for(planner: Planner, baselines: Sequence[Planner]) -> Planner:

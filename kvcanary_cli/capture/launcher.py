@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.leaks as leaks
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
@@ -60,8 +61,9 @@ def install_sglang_hook(
 
     The dump is `kvcanary-rank{rank}-step{n:06d}.safetensors`, n counting launcher calls in this
     process (SGLang plans once per KV group per forward step; `-pid{pid}`, then `-pid{pid}-2`...
-    added when the name is taken: an existing dump is never replaced), with the exception text
-    in the metadata key `note`. The original exception is then re-raised as the same object
+    added when the name is taken: an existing dump is never replaced), with the exception's
+    type and message in the metadata keys `sglang.exception.type` and `.message` (and its text
+    in `note`). The original exception is then re-raised as the same object
     with its traceback; a failure to write the dump is logged (logger `kvcanary.capture`) and
     never replaces it. The violation trigger, guard and snapshots (`triggers`, from the
     environment) write into the same directory.
@@ -210,22 +212,20 @@ def _after_launch(kwargs: Mapping[str, Any], step: int) -> None:
 def _dump_failed_call(exc: Exception, kwargs: Mapping[str, Any], *, step: int) -> None:
     """Best effort: any failure here is logged, so the caller's exception stays the one seen."""
     current = triggers.settings()
-    if current.dump_dir is None:
-        return
     try:
-        rank = store.detect_rank() if current.rank is None else current.rank
-        stem = f"kvcanary-rank{rank}-step{step:06d}"
+        dump = builder.pending_dump(current.dump_dir, current.rank, step, builder.RAISE)
+        if dump is None:
+            return
         inputs = {name: value for name, value in kwargs.items() if name in store.PLAN_ARGUMENTS}
-        if not store.admit(current.dump_dir, stem, inputs):
+        if not dump.admit(inputs):
             return  # the exception continues; nothing was read off the device
-        note = store.short_note(f"captured on {type(exc).__name__}: {exc}")
-        unknown = sorted(set(kwargs) - set(store.PLAN_ARGUMENTS))
-        if unknown:
-            note += f" (arguments not saved: {', '.join(unknown)})"
-        context = server.server_context(kwargs.get("req_to_token"))
-        metadata = {"rank": rank, "step": step, "note": note, "kvcanary.trigger": "raise"}
-        metadata.update(server.release_metadata())
-        path = store.capture_dump(current.dump_dir, stem, inputs, metadata, context)
+        path = dump.write(
+            inputs,
+            server.server_context(kwargs.get("req_to_token")),
+            f"captured on {type(exc).__name__}: {exc}",
+            unsaved=sorted(set(kwargs) - set(store.PLAN_ARGUMENTS)),
+            extra=builder.exception_metadata(exc),
+        )
     except Exception as dump_exc:
         logger.warning(
             "kvcanary: could not write a dump for the failed %s call (%s: %s)",

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
 import kvcanary_cli.capture.triggers as triggers
@@ -113,10 +114,8 @@ def capture_leak(checker: object, message: str, *, raised: bool) -> None:
         allocator = getattr(checker, "token_to_kv_pool_allocator", None)
         if table is None or allocator is None:
             return
-        rank = store.detect_rank() if current.rank is None else current.rank
-        step = server.last_step()
-        stem = f"kvcanary-rank{rank}-step{step:06d}-leak"
-        if not store.admit(current.dump_dir, stem, {"req_to_token": table}):
+        dump = builder.pending_dump(current.dump_dir, current.rank, server.last_step(), "leak")
+        if dump is None or not dump.admit({"req_to_token": table}):
             return  # nothing was read
         import kvcanary_cli.capture.tree as tree_capture
 
@@ -139,18 +138,15 @@ def capture_leak(checker: object, message: str, *, raised: bool) -> None:
             if name in facts:
                 context[name] = int(facts.pop(name))
         first = message.strip().splitlines()[0] if message.strip() else "a memory check"
-        metadata: dict[str, object] = {
-            "rank": rank,
-            "step": step,
-            "note": store.short_note(f"captured at SGLang's memory check: {first}"),
-            "kvcanary.trigger": "leak",
+        extra: dict[str, object] = {
             f"{COUNTS_PREFIX}message": store.short_note(message),
             f"{COUNTS_PREFIX}raised": "yes" if raised else "warned",
             **facts,
             **printed_counts(message),
-            **server.release_metadata(),
         }
-        path = store.capture_dump(current.dump_dir, stem, inputs, metadata, context)
+        path = dump.write(
+            inputs, context, f"captured at SGLang's memory check: {first}", extra=extra
+        )
     except Exception as exc:  # the report goes on as SGLang wrote it
         logger.warning("kvcanary: could not write the leak dump (%s: %s)", type(exc).__name__, exc)
         return

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
 
@@ -256,13 +257,12 @@ def capture_state(
     one), what the model runner knows, the canary buffers and the violation ring. Logged,
     never raised: a capture that fails leaves SGLang as it was."""
     current = settings()
-    if current.dump_dir is None:
-        return None
     try:
-        rank = store.detect_rank() if current.rank is None else current.rank
-        stem = f"kvcanary-rank{rank}-step{step:06d}-{trigger}"
+        dump = builder.pending_dump(current.dump_dir, current.rank, step, trigger)
+        if dump is None:
+            return None
         inputs = dict(call if call is not None else server.last_call() or {})
-        if not store.admit(current.dump_dir, stem, inputs):
+        if not dump.admit(inputs):
             return None  # nothing was read off the device
         table = inputs.get("req_to_token")
         manager = server.manager_for(device_state=device_state, req_to_token=table)
@@ -272,18 +272,9 @@ def capture_state(
                 logger.warning("kvcanary: no plan call and no canary manager to dump (%s)", trigger)
                 return None
             inputs, table = bare, bare["req_to_token"]
-        inputs = {name: value for name, value in inputs.items() if name in store.PLAN_ARGUMENTS}
         context = server.server_context(table)
         context.update(server.canary_state(manager=manager, device_state=device_state))
-        metadata: dict[str, object] = {
-            "rank": rank,
-            "step": step,
-            "note": store.short_note(note),
-            "kvcanary.trigger": trigger,
-            **server.release_metadata(),
-            **(extra or {}),
-        }
-        path = store.capture_dump(current.dump_dir, stem, inputs, metadata, context)
+        path = dump.write(inputs, context, note, extra=extra)
     except Exception as exc:
         logger.warning(
             "kvcanary: could not write the %s dump (%s: %s)", trigger, type(exc).__name__, exc

@@ -33,6 +33,8 @@ from kvcanary_cli.dump.header import FileState, HeaderEntry, SafetensorsHeader, 
 from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
 from kvcanary_cli.dump.releases import out_of_range_note
 from kvcanary_cli.dump.schema import (
+    EXCEPTION_MESSAGE_KEY,
+    EXCEPTION_TYPE_KEY,
     FORMAT_VERSION,
     IDENTITY_KEYS,
     INTEGER_DTYPES,
@@ -68,6 +70,7 @@ __all__ = [
     "READ_LIMIT",
     "DtypeNote",
     "KvDump",
+    "RecordedException",
     "RejectedScalar",
     "Scalar",
     "TensorInfo",
@@ -145,6 +148,18 @@ class DtypeNote:
     expected: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class RecordedException:
+    """The exception SGLang's plan launcher raised on the dumped call, as the capture hook
+    records it (`sglang.exception.type` and `sglang.exception.message`)."""
+
+    exception_type: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.exception_type}: {self.message}"
+
+
 @dataclass(eq=False, kw_only=True)
 class KvDump:
     """One forward step of one rank, checked and typed: what `inspect` describes and what
@@ -199,6 +214,8 @@ class KvDump:
     #: a shrunk dump's record (format 1.1, 1.2): its source and what was dropped; None
     #: otherwise.
     shrink: ShrinkRecord | None = None
+    #: the exception the launcher raised on this call, when the dump records one.
+    recorded_exception: RecordedException | None = None
     #: The tables memory-mapped from the file, by tensor name (the same memory as their
     #: tensors, whose scans hand the pages back as they go).
     mapped: dict[str, np.memmap] = field(default_factory=dict)
@@ -504,7 +521,18 @@ def _read_contents(
         canary_buffers={n: _require_tensor(big(n)) for n in arrays if n.startswith("canary.")},
         real_kv_sources={n: _require_tensor(big(n)) for n in arrays if n.startswith("real_kv.")},
         shrink=shrink,
+        recorded_exception=_recorded_exception(header.metadata),
         mapped={n: a for n, a in arrays.items() if isinstance(a, np.memmap)},
+    )
+
+
+def _recorded_exception(metadata: Mapping[str, str]) -> RecordedException | None:
+    """The recorded exception: its type names it (a message without one is not read)."""
+    exception_type = metadata.get(EXCEPTION_TYPE_KEY, "")
+    if not exception_type.strip():
+        return None
+    return RecordedException(
+        exception_type=exception_type, message=metadata.get(EXCEPTION_MESSAGE_KEY, "")
     )
 
 

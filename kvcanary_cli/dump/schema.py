@@ -14,6 +14,8 @@ from enum import IntEnum, StrEnum
 __all__ = [
     "CANARY_TENSOR_PATTERN",
     "DTYPE_ITEMSIZE",
+    "EXCEPTION_MESSAGE_KEY",
+    "EXCEPTION_TYPE_KEY",
     "FORMAT_VERSION",
     "IDENTITY_KEYS",
     "INTEGER_DTYPES",
@@ -444,6 +446,11 @@ IDENTITY_KEYS: tuple[str, ...] = (
     "captured_at",
     "note",
 )
+
+#: The exception SGLang's plan launcher raised on the dumped call (the capture hook's `raise`
+#: dumps): its type's name and its message, as two metadata strings.
+EXCEPTION_TYPE_KEY = "sglang.exception.type"
+EXCEPTION_MESSAGE_KEY = "sglang.exception.message"
 
 #: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
 LAUNCHER_MODULE = "sglang.kernels.ops.kv_canary.plan.api"

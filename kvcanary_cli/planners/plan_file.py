@@ -17,7 +17,7 @@ import numpy as np
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan, Semantics
-from kvcanary_cli.planners.upstream_raise import upstream_error
+from kvcanary_cli.planners.upstream_raise import reference_raise
 
 __all__ = ["PLAN_FORMAT", "save_plan", "upstream_raise"]
 
@@ -26,8 +26,8 @@ PLAN_FORMAT = "1"
 
 def upstream_raise(plan: Plan) -> str | None:
     """SGLang's reference exception for this plan ("Type: message"), when it raises."""
-    problem = plan.problems.first_raise() if plan.semantics is Semantics.REFERENCE else None
-    return None if problem is None else str(upstream_error(problem, plan.frame))
+    raised = reference_raise(plan) if plan.semantics is Semantics.REFERENCE else None
+    return None if raised is None else str(raised.error)
 
 
 def save_plan(

@@ -28,7 +28,7 @@ from kvcanary_cli.planners.base import (
 )
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.row_problems import row_problems
-from kvcanary_cli.planners.upstream_raise import upstream_error
+from kvcanary_cli.planners.upstream_raise import reference_raise, upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
 
@@ -77,12 +77,13 @@ class ReferencePlanner:
         frame = group_frame(dump, group)
         if frame.unplannable:
             row_level = row_problems(dump, frame, gpu=False)
-            first = row_level.first_raise()
-            if self.strict and first is not None:
-                raise upstream_error(first, frame)
-            return skipped_plan(
+            plan = skipped_plan(
                 frame, backend=self.name, semantics=self.semantics, problems=row_level
             )
+            first = reference_raise(plan) if self.strict else None
+            if first is not None:
+                raise first.error
+            return plan
         lut = None if frame.lut is None else frame.lut.sequence()
         lut_len = 0 if lut is None else len(lut)
         rpi = dump.req_pool_indices.tolist()

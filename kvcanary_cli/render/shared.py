@@ -20,6 +20,7 @@ from kvcanary_cli.render.records.check import (
     GroupRecord,
 )
 from kvcanary_cli.render.records.common import (
+    UPSTREAM_RAISE,
     FindingRecord,
     ShrinkSummaryRecord,
     ShrunkRecord,
@@ -328,7 +329,7 @@ def raise_mark(f: FindingRecord) -> str | None:
 
 def launch_mark(f: FindingRecord) -> str | None:
     """Where the kernel's launch raised, as the reference predicts, when at this finding."""
-    if "upstream_raise" not in f["details"]:
+    if UPSTREAM_RAISE not in f["details"]:
         return None
     if f["count"] == 1:
         return "← the kernel's launch raised here"

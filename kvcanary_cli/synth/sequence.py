@@ -1,10 +1,11 @@
 """Synthetic dump sequences: one rank's serving state every few forward steps, with at most one
 planted event, for `kvcanary timeline` (`kvcanary synth NAME --steps K -o DIR`).
 
-A small serving loop follows the allocator contracts `synth.state` builds one state with
-(docs/semantics.md §2-§3), step by step: pool rows handed out last-freed first and left stale
-when freed; full-pool pages from a first-in first-out free list (page 0 reserved); radix-shared
-prefixes as refcounted whole pages (full-pool sequences); every running request decoding one
+A small serving loop runs on the allocator simulation `synth.state` builds one state with
+(`synth.allocator`, docs/semantics.md §2-§3), step by step: pool rows handed out last-freed
+first and left stale when freed; full-pool pages from a first-in first-out free list (page 0
+reserved); radix-shared prefixes as refcounted whole pages (full-pool sequences); every running
+request decoding one
 token per step and new requests prefilled in the step they arrive; and, with an SWA window,
 each full page mapped to an SWA page in lockstep when allocated, its SWA page freed (its LUT
 entries cleared) once the whole page lies behind the window, before the chain predecessor.
@@ -50,6 +51,7 @@ import numpy as np
 from kvcanary_cli.catalog import EventKind
 from kvcanary_cli.dump.files import write_all_atomically
 from kvcanary_cli.errors import OptionError
+from kvcanary_cli.synth.allocator import FullPool, RowPool, SwaPool, page_slots, slots_at
 from kvcanary_cli.synth.state import SynthDump, SynthSpec
 
 __all__ = [
@@ -205,46 +207,6 @@ def dump_name(rank: int, step: int) -> str:
     return f"kvcanary-rank{rank}-step{step:06d}.safetensors"
 
 
-class _Ring:
-    """A first-in first-out free list of page ids: allocate from the front, free to the back."""
-
-    def __init__(self, pages: np.ndarray, capacity: int) -> None:
-        self._buf = np.zeros(max(capacity, pages.size) + 1, dtype=np.int64)
-        self._buf[: pages.size] = pages
-        self._head = 0
-        self._size = int(pages.size)
-
-    def __len__(self) -> int:
-        return self._size
-
-    def _at(self, start: int, count: int) -> np.ndarray:
-        return (start + np.arange(count, dtype=np.int64)) % self._buf.size
-
-    def alloc(self, count: int) -> np.ndarray:
-        if count > self._size:
-            raise RuntimeError("synthetic pool exhausted")
-        pages: np.ndarray = self._buf[self._at(self._head, count)].copy()
-        self._head = (self._head + count) % self._buf.size
-        self._size -= count
-        return pages
-
-    def free(self, pages: np.ndarray) -> None:
-        if self._size + pages.size > self._buf.size:
-            raise RuntimeError("synthetic free list overflows")
-        self._buf[self._at(self._head + self._size, pages.size)] = pages
-        self._size += int(pages.size)
-
-    def unget(self, pages: np.ndarray) -> None:
-        """Put pages back at the front (an allocation undone)."""
-        self._head = (self._head - pages.size) % self._buf.size
-        self._buf[self._at(self._head, pages.size)] = pages
-        self._size += int(pages.size)
-
-    def contents(self) -> np.ndarray:
-        listed: np.ndarray = self._buf[self._at(self._head, self._size)]
-        return listed
-
-
 @dataclass(kw_only=True)
 class _Request:
     row: int
@@ -284,31 +246,24 @@ class _Loop:
         p = plan.page
         row_pages = math.ceil(shape.max_seq_len / p)
         if shape.pool_slots is not None:
-            self.full_pages = math.ceil(shape.pool_slots / p)
+            full_pages = math.ceil(shape.pool_slots / p)
         else:
-            self.full_pages = (shape.max_reqs - 1) * row_pages + 1 + math.ceil(16 / p)
-        order = np.arange(1, self.full_pages, dtype=np.int64)
-        self.rng.shuffle(order)
-        self.full = _Ring(order, self.full_pages + 1)
-        self.refcount = np.zeros(self.full_pages, dtype=np.int64)
-        self.table = np.zeros((shape.max_reqs, shape.max_seq_len), dtype=np.int32)
-        self.free_rows = list(range(1, shape.max_reqs))
+            full_pages = (shape.max_reqs - 1) * row_pages + 1 + math.ceil(16 / p)
+        self.full = FullPool(full_pages, p, self.rng)
+        self.rows = RowPool(shape.max_reqs, shape.max_seq_len)
+        self.table = self.rows.table
         self.running: list[_Request] = []
         self.window = shape.window if plan.swa else 0
         total = plan.steps * plan.every
         if plan.swa:
             per_request = math.ceil((self.window + 1) / p) + 3
-            self.swa_pages = (
+            swa_pages = (
                 shape.running * per_request
                 + (shape.max_arrivals + 1) * math.ceil(shape.max_prompt / p)
                 + total
                 + 8
             )
-            swa_order = np.arange(1, self.swa_pages, dtype=np.int64)
-            self.rng.shuffle(swa_order)
-            self.swa_free = _Ring(swa_order, self.swa_pages + 1)
-            self.lut = np.zeros(self.full_pages * p + 1, dtype=np.int64)
-            self.lut[-1] = -1
+            self.swa = SwaPool(swa_pages, self.full.num_slots, p, self.rng)
         #: longest request that still fits its row through every step of the sequence.
         self.room = shape.max_seq_len - total - 2
         #: the victim's shortest length: pages older than a dump and, with a window, beyond it.
@@ -335,34 +290,28 @@ class _Loop:
     # --- pages -----------------------------------------------------------------------------
 
     def slots(self, request: _Request, start: int, stop: int) -> np.ndarray:
-        p = self.plan.page
-        positions = np.arange(start, stop, dtype=np.int64)
-        return request.pages[positions // p] * p + positions % p
+        return slots_at(request.pages, start, stop, self.plan.page)
 
     def map_pages(self, request: _Request, first: int) -> None:
         """Give full pages `first..` of the request SWA pages, in lockstep."""
         if not self.plan.swa:
             return
-        p = self.plan.page
-        count = request.pages.size - first
-        swa = self.swa_free.alloc(count)
+        swa = self.swa.map(request.pages[first:])
         request.swa = np.concatenate([request.swa[:first], swa])
-        self.lut[_page_slots(request.pages[first:], p)] = _page_slots(swa, p)
 
     def unmap(self, request: _Request, start: int, stop: int, t: int | None = None) -> None:
         """Free the SWA pages of full pages `[start, stop)` of the request (the leak plant keeps
         the first one of each step it runs at)."""
         if not self.plan.swa or stop <= start:
             return
-        p = self.plan.page
         pages, swa = request.pages[start:stop], request.swa[start:stop]
         mapped = swa > 0
-        self.lut[_page_slots(pages[mapped], p)] = 0
+        self.swa.clear(pages[mapped])
         freed = swa[mapped]
         if t is not None and freed.size and self._leaks_at(t):
             self.leaked.append((t, int(freed[0])))
             freed = freed[1:]
-        self.swa_free.free(freed)
+        self.swa.release(freed)
         request.swa[start:stop] = 0
 
     def _leaks_at(self, t: int) -> bool:
@@ -376,7 +325,7 @@ class _Loop:
 
     def start(self, length: int, *, share: bool = True, pinned: bool = False) -> _Request:
         p = self.plan.page
-        row = self.free_rows.pop()
+        row = self.rows.take()
         shared = 0
         donor = None
         sharing = share and not self.plan.swa and self.running
@@ -386,8 +335,10 @@ class _Loop:
             whole = min(donor.prefix // p, (length - 1) // p)
             shared = int(self.rng.integers(0, whole + 1)) if whole > 0 else 0
         own = self.full.alloc(math.ceil(length / p) - shared)
-        pages = np.concatenate([donor.pages[:shared], own]) if donor is not None else own
-        self.refcount[pages] += 1
+        pages = own
+        if donor is not None:
+            self.full.hold(donor.pages[:shared])
+            pages = np.concatenate([donor.pages[:shared], own])
         request = _Request(row=row, pages=pages, length=length, pinned=pinned)
         request.prefix, request.extend = shared * p, length - shared * p
         self.table[row, :length] = self.slots(request, 0, length)
@@ -398,17 +349,14 @@ class _Loop:
     def finish(self, request: _Request) -> None:
         self.running.remove(request)
         self.unmap(request, request.evicted, request.pages.size)
-        self.refcount[request.pages] -= 1
-        gone = request.pages[self.refcount[request.pages] == 0]
-        self.full.free(np.unique(gone))
-        self.free_rows.append(request.row)
+        self.full.release(request.pages)
+        self.rows.give_back(request.row)
 
     def decode(self, request: _Request) -> None:
         p = self.plan.page
         request.prefix, request.extend = request.length, 1
         if request.length % p == 0:
             new = self.full.alloc(1)
-            self.refcount[new] += 1
             request.pages = np.concatenate([request.pages, new])
             self.map_pages(request, request.pages.size - 1)
         request.length += 1
@@ -458,7 +406,7 @@ class _Loop:
                 self.finish(request)
         for request in self.running:
             self.decode(request)
-        arrivals = min(shape.max_arrivals, shape.running - len(self.running), len(self.free_rows))
+        arrivals = min(shape.max_arrivals, shape.running - len(self.running), len(self.rows))
         for _ in range(max(arrivals, 0)):
             self.start(self.prompt())
         if t == self.plan.at:
@@ -469,7 +417,7 @@ class _Loop:
             self.plant(t)
 
     def arrive_newcomer(self) -> None:
-        if not self.free_rows:
+        if not self.rows:
             self.finish(next(r for r in self.running if not r.pinned))
         length = int(self.plant_rng.integers(self.plan.page, min(self.shape.max_prompt, 16) + 1))
         length = max(1, min(length, self.room))
@@ -487,7 +435,7 @@ class _Loop:
         victim = self.victim
         assert victim is not None
         complete = self._older() // self.plan.page
-        choices = [j for j in range(1, complete) if self.refcount[victim.pages[j]] == 1]
+        choices = [j for j in range(1, complete) if self.full.refcount[victim.pages[j]] == 1]
         if not choices:
             raise RuntimeError("the victim holds no complete unshared page")
         return choices[int(self.plant_rng.integers(len(choices)))]
@@ -498,12 +446,10 @@ class _Loop:
         p = self.plan.page
         j = self._victim_page()
         page = int(victim.pages[j])
-        own = int(newcomer.pages[0])
-        self.refcount[own] -= 1
-        self.full.unget(np.array([own], dtype=np.int64))  # the page it should have had
+        self.full.undo(newcomer.pages[:1])  # the page it should have had
         newcomer.pages = newcomer.pages.copy()
         newcomer.pages[0] = page
-        self.refcount[page] += 1
+        self.full.hold(newcomer.pages[:1])
         held = min(p, newcomer.length)
         self.table[newcomer.row, :held] = self.slots(newcomer, 0, held)
         slots = page * p + np.arange(held)
@@ -525,7 +471,7 @@ class _Loop:
         if event == EventKind.USE_AFTER_FREE:
             j = self._victim_page()
             page = int(victim.pages[j])
-            self.full.free(np.array([page], dtype=np.int64))
+            self.full.free.free(np.array([page], dtype=np.int64))  # still held: not released
             self.truth.update(
                 space="full",
                 slots=(page * p + np.arange(p)).tolist(),
@@ -538,8 +484,7 @@ class _Loop:
             old, new = int(victim.pages[j]), int(self.full.alloc(1)[0])
             victim.pages = victim.pages.copy()
             victim.pages[j] = new
-            self.refcount[old] -= 1  # neither freed nor held: orphaned
-            self.refcount[new] += 1
+            self.full.forget(np.array([old], dtype=np.int64))  # neither freed nor held: orphaned
             self.table[victim.row, j * p : (j + 1) * p] = self.slots(victim, j * p, (j + 1) * p)
             self.truth.update(
                 space="full",
@@ -556,11 +501,11 @@ class _Loop:
             old = int(victim.swa[j])
             if old == 0:
                 raise RuntimeError("the victim's newest page is not mapped")
-            new = int(self.swa_free.alloc(1)[0])
+            new = int(self.swa.free.alloc(1)[0])
             page = int(victim.pages[j])
-            self.lut[_page_slots(np.array([page]), p)] = _page_slots(np.array([new]), p)
+            self.swa.point(np.array([page]), np.array([new]))
             victim.swa[j] = new
-            self.swa_free.free(np.array([old], dtype=np.int64))
+            self.swa.release(np.array([old], dtype=np.int64))
             held = np.arange(j * p, min((j + 1) * p, self._older()))
             self.truth.update(
                 space="full",
@@ -587,7 +532,6 @@ class _Loop:
             [r.extend for r in batch] + list(self.rng.integers(0, 2, pad)), dtype=np.int64
         )
         writes = [self.table[r.row, r.prefix : r.prefix + r.extend] for r in batch]
-        held = np.flatnonzero(self.refcount > 0)
         tensors: dict[str, np.ndarray] = {
             "req_to_token": self.table,
             "req_pool_indices": rows,
@@ -596,12 +540,12 @@ class _Loop:
             "out_cache_loc": (
                 np.concatenate(writes).astype(np.int64) if writes else np.zeros(0, np.int64)
             ),
-            "free_full_slots": _expand(self.full.contents(), p),
-            "held_full_slots": _page_slots(held, p),
+            "free_full_slots": self.full.free_slots(),
+            "held_full_slots": page_slots(self.full.held(), p),
         }
         metadata = {
             "page_size": str(p),
-            "num_full_slots": str(self.full_pages * p),
+            "num_full_slots": str(self.full.num_slots),
             "write_req_capacity": str(rows.size),
             "kv_token_id_vs_position_offset": "0",
             "forward_mode": "mixed",
@@ -623,10 +567,10 @@ class _Loop:
             ),
         }
         if self.plan.swa:
-            tensors["full_to_swa_index_mapping"] = self.lut
-            tensors["free_swa_slots"] = _expand(self.swa_free.contents(), p)
+            tensors["full_to_swa_index_mapping"] = self.swa.lut
+            tensors["free_swa_slots"] = self.swa.free_slots()
             metadata["swa_window_size"] = str(self.window)
-            metadata["num_swa_slots"] = str(self.swa_pages * p)
+            metadata["num_swa_slots"] = str(self.swa.num_slots)
         spec = SynthSpec(
             max_reqs=shape.max_reqs,
             max_seq_len=shape.max_seq_len,
@@ -637,18 +581,6 @@ class _Loop:
             window=self.window,
         )
         return SynthDump(spec=spec, seed=seed, tensors=tensors, metadata=metadata, live=[])
-
-
-def _page_slots(pages: np.ndarray, page_size: int) -> np.ndarray:
-    """The slots of `pages`, page by page in their order (a full page's tokens and its SWA
-    page's line up offset for offset)."""
-    offsets = np.arange(page_size, dtype=np.int64)
-    return (np.asarray(pages, np.int64)[:, None] * page_size + offsets).reshape(-1)
-
-
-def _expand(pages: np.ndarray, page_size: int) -> np.ndarray:
-    """Pages to the slots they hold, sorted (the dump lists free slots, not pages)."""
-    return np.sort(_page_slots(pages, page_size))
 
 
 def _dump_steps(steps: int, every: int) -> list[int]:

@@ -1,11 +1,11 @@
 """Synthetic dumps: consistent random serving states, built the way SGLang's allocators work.
 
-The simulation follows the allocator contracts of docs/semantics.md §2-§3: pool rows are
-handed out LIFO and freed without clearing (stale tails), token slots come from a free list
-(slot or page 0 reserved), radix sharing reuses the same slots at the same positions, pending
-writes sit in `[P, P+E)`, and the SWA LUT has length `num_full_slots + 1` with a trailing -1,
-0 for unmapped slots, the recent window mapped and older slots cleared lazily by whole pages.
-Work is per request (numpy slices), never per token, so production-size tables build quickly.
+A short serving history runs on the allocator simulation of `synth.allocator` (docs/semantics.md
+§2-§3): pool rows handed out LIFO and freed without clearing (stale tails), token slots from a
+free list (slot or page 0 reserved), radix sharing reusing the same slots at the same positions;
+pending writes sit in `[P, P+E)`, and the SWA LUT maps the recent window, older slots cleared
+lazily by whole pages. Work is per request (numpy slices), never per token, so production-size
+tables build quickly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from kvcanary_cli.canary.hashing import (
 )
 from kvcanary_cli.dump.files import Target
 from kvcanary_cli.dump.writer import dump_contents, dump_writer, write_dump
+from kvcanary_cli.synth.allocator import FullPool, RowPool, SwaPool, expand, slots_at
 
 __all__ = ["LiveRequest", "SynthDump", "SynthSpec", "build_dump"]
 
@@ -111,32 +112,6 @@ class SynthDump:
         return Path(path), dump_writer(dump_contents(self.metadata, self.tensors))
 
 
-class _PageAllocator:
-    """A free list of pages (page 0 reserved): allocate from the front, free to the back."""
-
-    def __init__(self, num_pages: int, rng: np.random.Generator, shuffle: bool) -> None:
-        pages = np.arange(1, num_pages, dtype=np.int64)
-        if shuffle:
-            rng.shuffle(pages)
-        self._free: list[np.ndarray] = [pages]
-
-    def alloc(self, count: int) -> np.ndarray:
-        if count == 0:
-            return np.zeros(0, dtype=np.int64)
-        pool = np.concatenate(self._free) if len(self._free) > 1 else self._free[0]
-        if pool.shape[0] < count:
-            raise RuntimeError("synthetic pool exhausted; raise spare_slots")
-        self._free = [pool[count:]]
-        return pool[:count].copy()
-
-    def free(self, pages: np.ndarray) -> None:
-        if pages.size:
-            self._free.append(np.asarray(pages, dtype=np.int64))
-
-    def free_pages(self) -> np.ndarray:
-        return np.concatenate(self._free)
-
-
 @dataclass(kw_only=True)
 class _Request:
     row: int
@@ -148,8 +123,7 @@ class _Request:
         return int(self.tokens.shape[0])
 
     def slots(self, page_size: int) -> np.ndarray:
-        positions = np.arange(self.length(), dtype=np.int64)
-        return self.pages[positions // page_size] * page_size + positions % page_size
+        return slots_at(self.pages, 0, self.length(), page_size)
 
 
 def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
@@ -161,20 +135,19 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         num_pages = math.ceil(spec.pool_slots / p)
     else:
         num_pages = (spec.max_reqs - 1) * pages_per_row + 1 + math.ceil(spec.spare_slots / p)
-    num_full_slots = num_pages * p
-    full_alloc = _PageAllocator(num_pages, rng, shuffle=spec.shuffled_free_list)
-    req_to_token = np.zeros((spec.max_reqs, spec.max_seq_len), dtype=np.int32)
+    full = FullPool(num_pages, p, rng if spec.shuffled_free_list else None)
+    num_full_slots = full.num_slots
+    rows = RowPool(spec.max_reqs, spec.max_seq_len)
+    req_to_token = rows.table
     pool_cols = spec.max_seq_len
     expected = rng.integers(0, spec.vocab, size=(spec.max_reqs, pool_cols), dtype=np.int32)
-    free_rows = list(range(1, spec.max_reqs))
     live: list[_Request] = []
-    refcount = np.zeros(num_pages, dtype=np.int64)
     budget = spec.max_seq_len - 2  # leave room for this step's writes
     if spec.max_request_len is not None:
         budget = min(budget, spec.max_request_len)
 
     def start(length: int) -> _Request:
-        row = free_rows.pop()
+        row = rows.take()
         shared = 0
         donor = None
         # A draft pool's record at p holds token p+1, which two sharers need not agree on:
@@ -182,15 +155,15 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         if live and rng.random() < spec.share_prob and not (spec.canary and spec.token_offset):
             donor = live[int(rng.integers(len(live)))]
             shared = min(donor.length(), int(rng.integers(1, length + 1))) // p * p
-        own_pages = full_alloc.alloc(math.ceil((length - shared) / p))
+        own_pages = full.alloc(math.ceil((length - shared) / p))
         if donor is not None and shared:
+            full.hold(donor.pages[: shared // p])
             pages = np.concatenate([donor.pages[: shared // p], own_pages])
             tokens = np.concatenate(
                 [donor.tokens[:shared], rng.integers(0, spec.vocab, length - shared)]
             )
         else:
             pages, tokens = own_pages, rng.integers(0, spec.vocab, length)
-        refcount[pages] += 1
         request = _Request(row=row, tokens=tokens.astype(np.int64), pages=pages, owned_from=shared)
         req_to_token[row, :length] = request.slots(p)
         expected[row, :length] = request.tokens
@@ -199,9 +172,8 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
 
     def finish(request: _Request) -> None:
         live.remove(request)
-        refcount[request.pages] -= 1
-        full_alloc.free(np.unique(request.pages[refcount[request.pages] == 0]))
-        free_rows.append(request.row)
+        full.release(request.pages)
+        rows.give_back(request.row)
 
     for _ in range(spec.history):
         if len(live) >= spec.max_reqs - 1 or (live and rng.random() < 0.5):
@@ -223,8 +195,7 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         old_len = request.length()
         # Fill the partial last page first, then whole new pages.
         need_pages = math.ceil((old_len + e) / p) - math.ceil(old_len / p)
-        new_pages = full_alloc.alloc(need_pages)
-        refcount[new_pages] += 1
+        new_pages = full.alloc(need_pages)
         request.pages = np.concatenate([request.pages, new_pages])
         request.tokens = np.concatenate([request.tokens, rng.integers(0, spec.vocab, e)])
         req_to_token[request.row, : old_len + e] = request.slots(p)
@@ -277,7 +248,7 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         tensors["input_ids"] = _cat(toks)
         tensors["positions"] = _cat(poss)
     if spec.free_lists:
-        tensors["free_full_slots"] = _expand(full_alloc.free_pages(), p)
+        tensors["free_full_slots"] = full.free_slots()
     if spec.expected_pool:
         valid = np.array(
             [lr.prefix_len + lr.extend_len for lr in live_requests] + [0] * pad, dtype=np.int64
@@ -285,7 +256,7 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         tensors["req_to_verify_expected_tokens"] = expected
         tensors["req_to_verify_expected_tokens_valid_lens"] = valid
     if spec.window > 0:
-        _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots, num_pages)
+        _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots)
     if spec.canary:
         _stamp_canary(tensors, metadata, live_requests, spec, rng, num_full_slots)
     return SynthDump(spec=spec, seed=seed, tensors=tensors, metadata=metadata, live=live_requests)
@@ -297,12 +268,6 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64)
 
 
-def _expand(pages: np.ndarray, page_size: int) -> np.ndarray:
-    """Pages to the slots they hold, sorted (the dump lists free slots, not pages)."""
-    offsets = np.arange(page_size, dtype=np.int64)
-    return np.sort((pages[:, None] * page_size + offsets[None, :]).reshape(-1))
-
-
 def _add_swa(
     tensors: dict[str, np.ndarray],
     metadata: dict[str, str],
@@ -310,7 +275,6 @@ def _add_swa(
     spec: SynthSpec,
     rng: np.random.Generator,
     num_full_slots: int,
-    num_pages: int,
 ) -> None:
     """Map live full slots to SWA slots page by page, then clear old pages lazily (§2)."""
     p = spec.page_size
@@ -325,21 +289,15 @@ def _add_swa(
     evictable = sorted(full_pages - retained)
     evicted = {pg for pg in evictable if rng.random() < spec.evict_prob}
     mapped = sorted(full_pages - evicted)
-    num_swa_pages = len(mapped) + 1 + max(2, len(mapped) // 4)
-    swa_free = np.arange(1, num_swa_pages, dtype=np.int64)
-    rng.shuffle(swa_free)
-    lut = np.zeros(num_full_slots + 1, dtype=np.int64)
-    lut[-1] = -1
-    offsets = np.arange(p, dtype=np.int64)
-    for full_page, swa_page in zip(mapped, swa_free[: len(mapped)], strict=True):
-        lut[full_page * p + offsets] = swa_page * p + offsets
-    tensors["full_to_swa_index_mapping"] = lut
+    swa = SwaPool(len(mapped) + 1 + max(2, len(mapped) // 4), num_full_slots, p, rng)
+    swa.map(np.array(mapped, dtype=np.int64))
+    tensors["full_to_swa_index_mapping"] = swa.lut
     metadata["swa_window_size"] = str(spec.window)
-    metadata["num_swa_slots"] = str(num_swa_pages * p)
+    metadata["num_swa_slots"] = str(swa.num_slots)
     if spec.free_lists:
-        tensors["free_swa_slots"] = _expand(swa_free[len(mapped) :], p)
+        tensors["free_swa_slots"] = swa.free_slots()
         # what SGLang's memory check counts as held: every page of a running request
-        tensors["held_full_slots"] = _expand(np.array(sorted(full_pages), dtype=np.int64), p)
+        tensors["held_full_slots"] = expand(np.array(sorted(full_pages), dtype=np.int64), p)
 
 
 #: bytes per token of a synthetic real-KV source (partial mode fingerprints the first 16).

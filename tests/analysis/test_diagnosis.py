@@ -1,4 +1,4 @@
-"""Diagnosis: causes ranked first, symptoms grouped, the first raise, recorded exceptions."""
+"""Diagnosis: causes ranked first, symptoms grouped."""
 
 from __future__ import annotations
 
@@ -13,69 +13,9 @@ from typer.testing import CliRunner
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.writer import save_dump
-from kvcanary_cli.errors import UpstreamPlanError
 from kvcanary_cli.synth.scenarios import make_scenario
-from tests.analysis.conftest import LoadSynth, ScenarioDump
-from tests.helpers import STRICT, checked
-
-
-def test_first_raise_is_where_the_strict_reference_raises(scenario_dump: ScenarioDump) -> None:
-    dump, _ = scenario_dump("truncated-lut", seed=2)
-    report = checked(dump)
-    with pytest.raises(UpstreamPlanError) as raised:
-        for group in dump.groups:
-            STRICT.plan(dump, group)
-    assert report.first_raise is not None
-    assert report.first_raise.message == raised.value.message
-    assert report.first_raise.exception_type == raised.value.exception_type
-    [marked] = [f for f in report.findings if f.first_raise]
-    assert marked.code.value == "lut-out-of-range"
-    assert (marked.batch_row, marked.position) == (
-        report.first_raise.batch_row,
-        report.first_raise.position,
-    )
-    assert f"SWA slot {marked.slot} " in report.first_raise.message
-
-
-def test_clean_and_non_raising_dumps_have_no_first_raise(scenario_dump: ScenarioDump) -> None:
-    for name in ("clean-swa", "use-after-free"):
-        report = checked(scenario_dump(name)[0])
-        assert report.first_raise is None and not any(f.first_raise for f in report.findings)
-
-
-def _with_note(tmp_path: Path, note: str) -> Path:
-    synth = make_scenario("truncated-lut", seed=1)
-    synth.metadata["note"] = note
-    return synth.save(tmp_path / "noted.safetensors")
-
-
-def test_a_recorded_exception_that_matches_is_confirmed(tmp_path: Path) -> None:
-    dump = load_dump(_with_note(tmp_path, "placeholder"))
-    raised = checked(dump).first_raise
-    assert raised is not None
-    path = _with_note(tmp_path, f"captured on {raised.exception_type}: {raised.message}")
-    report = checked(load_dump(path))
-    assert report.recorded_exception == f"{raised.exception_type}: {raised.message}"
-    assert report.recorded_exception_matches is True
-
-
-def test_a_recorded_exception_that_differs_is_shouted(tmp_path: Path) -> None:
-    note = (
-        "captured on ValueError: kv-canary: SWA slot 99999 is outside "
-        "full_to_swa_index_mapping length 3"
-    )
-    path = _with_note(tmp_path, note)
-    report = checked(load_dump(path))
-    assert report.recorded_exception_matches is False
-    result = CliRunner().invoke(app, ["check", str(path), "-k", "vectorized"])
-    assert "MISMATCH: the dump's note records" in result.stdout
-    result = CliRunner().invoke(app, ["check", str(path), "-k", "vectorized", "-f", "markdown"])
-    assert "**Mismatch:**" in result.stdout
-
-
-def test_no_recorded_exception_without_a_capture_note(scenario_dump: ScenarioDump) -> None:
-    report = checked(scenario_dump("truncated-lut")[0])
-    assert report.recorded_exception is None and report.recorded_exception_matches is None
+from tests.analysis.conftest import LoadSynth
+from tests.helpers import checked
 
 
 def test_the_per_request_view_appears_when_findings_span_requests(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from typer.testing import CliRunner, Result
 
 from kvcanary_cli.canary.logs import format_pump
 from kvcanary_cli.cli import app
+from kvcanary_cli.dump.schema import EXCEPTION_MESSAGE_KEY, EXCEPTION_TYPE_KEY
 from kvcanary_cli.synth.scenarios import make_scenario
 
 #: escape sequences and controls a terminal acts on, and a line that spoofs a clean verdict.
@@ -82,7 +83,14 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
     folder = tmp_path_factory.mktemp("hostile")
     state = make_scenario("canary-aliasing", seed=0, size="tiny")
     state.metadata.update(
-        {"model": HOSTILE, "sglang.commit": HOSTILE, "note": NOTE, HOSTILE: HOSTILE}
+        {
+            "model": HOSTILE,
+            "sglang.commit": HOSTILE,
+            "note": NOTE,
+            EXCEPTION_TYPE_KEY: "ValueError",  # the recorded exception's line shows it
+            EXCEPTION_MESSAGE_KEY: HOSTILE,
+            HOSTILE: HOSTILE,
+        }
     )
     state.tensors[HOSTILE] = np.array([1, 2], dtype=np.int32)
     dump = state.save(folder / f"{FILE_STEM}.safetensors")
@@ -221,6 +229,8 @@ def test_dump_text_reaches_no_output_raw(hostile: Hostile, command: str, fmt: st
         assert str(hostile.dump) in strings  # the path, exactly
         if command.startswith(("check", "provenance", "inspect", "violations")):
             assert {HOSTILE, NOTE} <= strings  # metadata values, exactly
+        if command.startswith("check"):  # the recorded exception, exactly
+            assert f"ValueError: {HOSTILE}" in strings
         if command == "inspect":
             record = json.loads(result.stdout)
             assert record["other_metadata"][HOSTILE] == HOSTILE

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SHRUNK_NOTE",
+    "UPSTREAM_RAISE",
     "AllocatorState",
     "CanaryEntryRecord",
     "CellColumnsRecord",
