@@ -381,7 +381,8 @@ def _reserved_page(state: _Diagnosis) -> None:
         reserved = values[(values >= 0) & (values < page)]
         if reserved.size == 0:
             continue
-        times = int(np.bincount(reserved, minlength=page).max())
+        # counted per distinct slot: bounded by the free list, not by the claimed page size
+        times = int(np.unique(reserved, return_counts=True)[1].max())
         line = f"the reserved {space} {_page_text(0, page)} is on {name}"
         if times >= 2:
             line += (
@@ -590,11 +591,15 @@ def _lut_page_mapped(state: _Diagnosis, pages: np.ndarray) -> np.ndarray:
     page = max(1, state.dump.scalars["page_size"].value or 1)
     if lut is None or pages.size == 0:
         return np.zeros(pages.shape, dtype=np.int64)
-    tokens = (pages[:, None] * page + np.arange(page, dtype=np.int64)).reshape(-1)
-    inside = (tokens >= 0) & (tokens < int(lut.shape[0]) - 1)
+    keys = int(lut.shape[0]) - 1  # the sentinel is no key
+    # a page's offsets past the LUT's keys map nothing: the width is bounded by the LUT's
+    # real length, not by the page size the dump claims
+    width = max(1, min(page, keys))
+    tokens = (pages[:, None] * page + np.arange(width, dtype=np.int64)).reshape(-1)
+    inside = (tokens >= 0) & (tokens < keys)
     values = np.zeros(tokens.shape, dtype=np.int64)
     values[inside] = lut.take_known(tokens[inside])[0]
-    mapped: np.ndarray = (values > 0).reshape(pages.size, page).sum(axis=1)
+    mapped: np.ndarray = (values > 0).reshape(pages.size, width).sum(axis=1)
     return mapped
 
 
