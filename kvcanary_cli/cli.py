@@ -15,7 +15,7 @@ from kvcanary_cli.catalog import Severity
 from kvcanary_cli.cli_app import ExitCode, check_exit, fail, make_app, run, timeline_exit
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.output import complain, deliver, tell
+from kvcanary_cli.output import complain, deliver, tell, to_stdout
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
@@ -67,9 +67,8 @@ def check(
             jobs=jobs,
             progress=tick,
         )
-    to_stdout = opt.to_stdout(output)
     view = render.render_check(
-        report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout
+        report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout(output)
     )
     deliver(view, output, force=force, svg=svg, inputs=dumps)
     for unreadable in (dump.error for dump in report.dumps if dump.error is not None):
@@ -195,7 +194,7 @@ def violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(ctx)
     )
     view = render.render_violations(report, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=opt.input_files(sources, dump))
+    deliver(view, output, force=force, svg=svg, inputs=[*sources, *([dump] if dump else [])])
     raise typer.Exit(ExitCode.FINDINGS if report.found else ExitCode.CLEAN)
 
 

@@ -1,20 +1,19 @@
 """Every option of the `kvcanary` commands, declared once as a typer `Annotated` alias (a
 command writes out the ones it takes), and the parsers typer is given for a choice and for an
-integer within its bounds (`api.Bounds`: the API checks the same numbers).
+integer within its bounds (`values.Bounds`: the API checks the same numbers).
 
 `cli` declares the commands with these; nothing here knows what a command does.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
-import kvcanary_cli.api as api
+import kvcanary_cli.option_values as values
 from kvcanary_cli.catalog import Severity
 from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.dump.streams import write_standard_error
@@ -23,17 +22,19 @@ from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.results.cells import Space
 
-__all__ = ["ALL_GROUPS", "choice_of", "input_files", "integer", "overrides", "parse_positions"]
-__all__ += ["to_stdout"]
+__all__ = ["ALL_GROUPS", "choice_option", "integer_option", "overrides", "parse_positions"]
 
 _Choice = TypeVar("_Choice", bound=str)
 
 
-def choice_of(
-    *choices: _Choice, option: str = "", aliases: dict[str, _Choice] | None = None
-) -> dict[str, Any]:
-    """`typer.Option` settings for an option that takes one of `choices` (strings, or members
-    of one StrEnum).
+def choice_option(
+    *names: str,
+    among: Iterable[_Choice],
+    help: str,
+    aliases: dict[str, _Choice] | None = None,
+    **more: Any,
+) -> Any:
+    """A `typer.Option` that takes one of `among` (strings, or members of one StrEnum).
 
     A parser of our own instead of typer's enum coercion (which takes a whole enum and words
     a wrong value in its validation library's terms): one enum serves several options with
@@ -41,58 +42,45 @@ def choice_of(
     the one error line. An alias (an old name) is taken, with a note on stderr naming the
     choice it stands for.
     """
-    by_value = {str(choice): choice for choice in choices}
+    by_value = {str(choice): choice for choice in among}
     aliases = aliases or {}
 
     def parse(text: str) -> _Choice:
         if text in aliases:
             new = aliases[text]
-            write_standard_error(f"note: {option} {text} is the old name of {option} {new}")
+            write_standard_error(f"note: {names[0]} {text} is the old name of {names[0]} {new}")
             return new
         if text not in by_value:
             raise typer.BadParameter(f"{text!r} is not one of {', '.join(by_value)}")
         return by_value[text]
 
-    def complete(incomplete: str) -> list[str]:
+    def complete(incomplete: str) -> list[str]:  # a shell's TAB: the choices, as enums had
         return [value for value in by_value if value.startswith(incomplete)]
 
-    return {
-        "parser": parse,
-        "metavar": "[" + "|".join(by_value) + "]",
-        "autocompletion": complete,  # a shell's TAB: the choices, as typer's enums had
-    }
+    metavar = "[" + "|".join(by_value) + "]"
+    return typer.Option(
+        *names, help=help, parser=parse, metavar=metavar, autocompletion=complete, **more
+    )
 
 
-def integer(
-    help: str, low: api.Bounds | int | None = None, high: int | None = None, metavar: str = "INT"
-) -> dict[str, Any]:
-    """`typer.Option` settings for an integer option within `low` (an `api.Bounds`, or its
-    low end, with `high`): the range in words at the end of the help (`0 to 2^31-1`, not
-    click's `[0<=x<=2147483647]`), and a parser that refuses a value outside it in the one
-    error line, in the words `api` refuses it in."""
-    bounds = low if isinstance(low, api.Bounds) else api.Bounds(low, high)
+def integer_option(
+    *names: str, within: values.Bounds, help: str, metavar: str = "N", **more: Any
+) -> Any:
+    """A `typer.Option` that takes an integer `within` its bounds: the range in words at the
+    end of the help (`0 to 2^31-1`, not click's `[0<=x<=2147483647]`), and a parser that
+    refuses a value outside it in the one error line, in the words `api` refuses it in."""
 
     def parse(text: str | int) -> int:
         try:
             value = int(text)
         except ValueError:
             raise typer.BadParameter(f"{text!r} is not an integer") from None
-        if (refused := bounds.refusal(value)) is not None:
+        if (refused := within.refusal(value)) is not None:
             raise typer.BadParameter(refused)
         return value
 
-    said = f"{help} [{bounds}]" if str(bounds) else help
-    return {"help": said, "parser": parse, "metavar": metavar}
-
-
-def input_files(sources: Sequence[str], dump: str | os.PathLike[str] | None) -> list[str]:
-    """What a command read (`-`: standard input's file), which its `--output` may not replace."""
-    return [*sources, *([os.fspath(dump)] if dump is not None else [])]
-
-
-def to_stdout(output: str | os.PathLike[str] | None) -> bool:
-    """Whether `--output` names standard output (unset or `-`) rather than a file."""
-    return output is None or os.fspath(output) == "-"
+    said = f"{help} [{within}]" if str(within) else help
+    return typer.Option(*names, help=said, parser=parse, metavar=metavar, **more)
 
 
 def overrides(ctx: typer.Context) -> dict[str, int | None]:
@@ -112,9 +100,13 @@ def _scalar(name: str) -> Any:
     """The option of scalar `name` of the format (dump/schema.py `SCALARS`, its range too): a
     value given wins over the dump's (`overrides`)."""
     spec = SCALARS[name]
-    said = f"Override {spec.name}: {spec.meaning} (default: {spec.default})."
-    bounded = integer(said, spec.minimum, spec.maximum)
-    return typer.Option(spec.option, rich_help_panel="Scalar overrides", **bounded)
+    return integer_option(
+        spec.option,
+        within=values.Bounds(spec.minimum, spec.maximum),
+        help=f"Override {spec.name}: {spec.meaning} (default: {spec.default}).",
+        metavar="INT",
+        rich_help_panel="Scalar overrides",
+    )
 
 
 def parse_positions(text: str | None) -> tuple[int, int] | None:
@@ -135,16 +127,8 @@ def _argument(metavar: str, help: str) -> Any:
     return typer.Argument(help=help, show_default=False, metavar=metavar)
 
 
-def _integer(*names: str, within: api.Bounds, help: str, metavar: str = "N", **more: Any) -> Any:
-    return typer.Option(*names, **{**integer(help, within, metavar=metavar), **more})
-
-
 def _rows(help: str) -> Any:
-    return _integer("--max-rows", within=api.POSITIVE, help=help)
-
-
-def _choice(*names: str, among: Iterable[str], help: str, **more: Any) -> Any:
-    return typer.Option(*names, help=help, **choice_of(*among, option=names[0], **more))
+    return integer_option("--max-rows", within=values.POSITIVE, help=help)
 
 
 # --- the options of the commands, declared once -------------------------------------------
@@ -157,7 +141,7 @@ _OLD_NAMES = {"torch": PlannerChoice.VECTORIZED}
 # every command that reports
 FormatOpt = Annotated[
     OutputFormat,
-    _choice(
+    choice_option(
         "--format",
         "-f",
         among=OutputFormat,
@@ -186,7 +170,7 @@ SvgOpt = Annotated[
     ),
 ]
 DumpArg = Annotated[Path, _argument("DUMP", "A .safetensors dump (format: docs/dump-format.md).")]
-SeedOpt = Annotated[int, _integer("--seed", within=api.INDEX, help="Random seed.")]
+SeedOpt = Annotated[int, integer_option("--seed", within=values.INDEX, help="Random seed.")]
 #: the scalar overrides, one option a scalar of the format; a command taking them names its
 #: parameters as the scalars (`overrides` reads them back)
 SwaWindowOpt = Annotated[int | None, _scalar("swa_window_size")]
@@ -203,7 +187,7 @@ DumpsArg = Annotated[
 ]
 GroupsOpt = Annotated[
     str,
-    _choice(
+    choice_option(
         "--group",
         "-g",
         among=[*Group, ALL_GROUPS],
@@ -212,7 +196,7 @@ GroupsOpt = Annotated[
 ]
 KernelOpt = Annotated[
     PlannerChoice,
-    _choice(
+    choice_option(
         "--kernel",
         "-k",
         among=KERNELS,
@@ -225,14 +209,16 @@ KernelOpt = Annotated[
 ]
 FailOnOpt = Annotated[
     Severity,
-    _choice("--fail-on", among=Severity, help="Exit 1 when a finding is at least this severe."),
+    choice_option(
+        "--fail-on", among=Severity, help="Exit 1 when a finding is at least this severe."
+    ),
 ]
 JobsOpt = Annotated[
     int | None,
-    _integer(
+    integer_option(
         "--jobs",
         "-j",
-        within=api.POSITIVE,
+        within=values.POSITIVE,
         help="Processes for several dumps (default: the cores; never more than the cores, the "
         "dumps, or what the available memory holds).",
     ),
@@ -255,16 +241,19 @@ ProvenanceDumpsArg = Annotated[
 ]
 SlotOpt = Annotated[
     int | None,
-    _integer(
-        "--slot", "-s", within=api.SLOT, help="Slot to trace: every req_to_token cell holding it."
+    integer_option(
+        "--slot",
+        "-s",
+        within=values.SLOT,
+        help="Slot to trace: every req_to_token cell holding it.",
     ),
 ]
 RowOpt = Annotated[
     int | None,
-    _integer(
+    integer_option(
         "--row",
         "-r",
-        within=api.INDEX,
+        within=values.INDEX,
         metavar="R",
         help="Pool row to map instead: live prefix, window, pending writes, stale tail, bad "
         "cells marked.",
@@ -272,11 +261,13 @@ RowOpt = Annotated[
 ]
 SpaceOpt = Annotated[
     Space,
-    _choice("--space", among=Space, help="Whether --slot is a full-pool slot or an SWA-pool slot."),
+    choice_option(
+        "--space", among=Space, help="Whether --slot is a full-pool slot or an SWA-pool slot."
+    ),
 ]
 RoleGroupOpt = Annotated[
     Group | None,
-    _choice(
+    choice_option(
         "--group",
         "-g",
         among=Group,
@@ -325,13 +316,13 @@ ReplayOpt = Annotated[
 ]
 ViolationGroupOpt = Annotated[
     Group | None,
-    _choice("--group", "-g", among=Group, help="Only rows and replays of this group."),
+    choice_option("--group", "-g", among=Group, help="Only rows and replays of this group."),
 ]
 BufferOpt = Annotated[
     str | None,
-    _choice(
+    choice_option(
         "--buffer",
-        among=api.BUFFER_CHOICES,
+        among=values.BUFFER_CHOICES,
         help="Only rows and replays of this canary buffer (sweeps read tail.*).",
     ),
 ]
@@ -344,10 +335,10 @@ ViolationRowsOpt = Annotated[
 ]
 
 # plan
-PlanGroupOpt = Annotated[Group, _choice("--group", "-g", among=Group, help="Group to plan.")]
+PlanGroupOpt = Annotated[Group, choice_option("--group", "-g", among=Group, help="Group to plan.")]
 BackendOpt = Annotated[
     PlannerChoice,
-    _choice(
+    choice_option(
         "--backend",
         "-b",
         among=BACKENDS,
@@ -414,9 +405,9 @@ SynthLogOpt = Annotated[
 ]
 SynthPageSizeOpt = Annotated[
     int | None,
-    _integer(
+    integer_option(
         "--page-size",
-        within=api.PAGE_SIZE,
+        within=values.PAGE_SIZE,
         metavar="SLOTS",
         show_default=False,
         help="Slots per page of both pools (default: the scenario's own; the SWA page "
@@ -425,9 +416,9 @@ SynthPageSizeOpt = Annotated[
 ]
 StepsOpt = Annotated[
     int | None,
-    _integer(
+    integer_option(
         "--steps",
-        within=api.STEPS,
+        within=values.STEPS,
         metavar="K",
         show_default=False,
         help="Write K dumps of one rank into the --out folder: SCENARIO is then a sequence "
@@ -436,16 +427,19 @@ StepsOpt = Annotated[
 ]
 AtOpt = Annotated[
     int | None,
-    _integer(
+    integer_option(
         "--at",
-        within=api.POSITIVE,
+        within=values.POSITIVE,
         metavar="STEP",
         show_default=False,
         help="With --steps: the forward step the event happens at (default: the middle dump's).",
     ),
 ]
 EveryOpt = Annotated[
-    int, _integer("--every", within=api.EVERY, help="With --steps: forward steps between dumps.")
+    int,
+    integer_option(
+        "--every", within=values.EVERY, help="With --steps: forward steps between dumps."
+    ),
 ]
 
 # selftest

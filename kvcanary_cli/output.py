@@ -21,7 +21,7 @@ from kvcanary_cli.render.console import PIPED_WIDTH, emit, make_console, without
 from kvcanary_cli.render.image import svg_of
 from kvcanary_cli.safe_text import printable
 
-__all__ = ["complain", "deliver", "tell"]
+__all__ = ["complain", "deliver", "tell", "to_stdout"]
 
 
 def deliver(
@@ -37,7 +37,7 @@ def deliver(
 
     Both files are checked before either is written, and written together or not at all: a
     refused image leaves no report behind (its rerun would be told the report exists)."""
-    to_file = output is not None and str(output) != "-"
+    to_file = not to_stdout(output)
     targets: list[Target] = []
     if to_file:
         data = _text_of(rendered).encode("utf-8")
@@ -51,6 +51,11 @@ def deliver(
     if not to_file:
         with writing_to_standard_output():
             emit(rendered)
+
+
+def to_stdout(output: str | os.PathLike[str] | None) -> bool:
+    """Whether `--output` names standard output (unset or `-`) rather than a file."""
+    return output is None or os.fspath(output) == "-"
 
 
 def _text_of(rendered: str | RenderableType) -> str:

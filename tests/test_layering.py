@@ -26,17 +26,20 @@ ALLOWED = {
     "safe_text": set(),
     "catalog": set(),
     "errors": {"safe_text", "catalog"},
+    # the integer ranges and choice lists the API and the options both check
+    "option_values": {"errors"},
     "dump": {"safe_text", "catalog", "errors", "dump"},
     "planners": {"safe_text", "catalog", "errors", "dump", "planners"},
     "canary": {"safe_text", "catalog", "errors", "dump", "planners", "canary"},
     # serving states and scenarios: they stamp canary records and rings
-    "synth": {"safe_text", "catalog", "errors", "dump", "canary", "synth"},
+    "synth": {"safe_text", "catalog", "errors", "option_values", "dump", "canary", "synth"},
     # the commands' typed results: data and small derived properties, no analysis
     "results": {"safe_text", "catalog", "errors", "dump", "planners", "canary", "results"},
     "analysis": {
         "safe_text",
         "catalog",
         "errors",
+        "option_values",
         "dump",
         "planners",
         "canary",
@@ -68,21 +71,21 @@ ALLOWED = {
         "api",
         "render",
         "cli_options",
+        "option_values",
         "output",
         "soak",
     },
-    # "" = the package root, for __version__
-    # the options; their integer bounds are the API's (`api.Bounds`), which checks them too
+    # the typer options; their ranges and choices are `option_values`, which the API checks too
     "cli_options": {
         "safe_text",
         "catalog",
         "errors",
+        "option_values",
         "dump.schema",
         "dump.streams",
         "planners",
         "results",
         "render",
-        "api",
     },
     # the app: built, run and ended (exit codes, the one-line errors); "" for __version__
     "cli_app": {"safe_text", "errors", "dump.streams", "results", "output", ""},
@@ -90,6 +93,7 @@ ALLOWED = {
         "safe_text",
         "catalog",
         "errors",
+        "option_values",
         "dump",
         "planners",
         "canary",

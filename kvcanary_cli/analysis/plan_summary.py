@@ -1,15 +1,43 @@
-"""`summarize_plan`: one planner's plan of one group, per request (`kvcanary plan`).
+"""`kvcanary plan`: one planner's plan of one group (`plan_run`), per request
+(`summarize_plan`), written to a plan file when asked.
 
-The `PlanSummary` it returns, and the `PlanRun` of `api.plan`, are `results.plan`'s.
+The `PlanSummary` and `PlanRun` it returns are `results.plan`'s.
 """
 
 from __future__ import annotations
 
-from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.planners.base import Plan
-from kvcanary_cli.results.plan import PlanRequest, PlanSummary
+import os
 
-__all__ = ["summarize_plan"]
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.planners.base import Plan, Planner
+from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
+from kvcanary_cli.results.plan import PlanRequest, PlanRun, PlanSummary
+
+__all__ = ["plan_run", "summarize_plan"]
+
+
+def plan_run(
+    dump: KvDump,
+    group: str,
+    planner: Planner,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    force: bool = False,
+) -> PlanRun:
+    """`planner`'s plan of `group`, saved at `out` when it was made and would launch, and the
+    problem `kvcanary plan` exits 1 on: a refused launch, or where SGLang's reference raises."""
+    result = planner.plan(dump, group)
+    if result.skipped is not None:  # nothing to write or show entry by entry
+        return PlanRun(dump, result, None, f"not planned: {result.skipped}")
+    if out is not None and result.launch_error is None:
+        save_plan(out, result, dump=dump, overwrite=force)
+    problem = None
+    if result.launch_error is not None:
+        problem = f"{result.launch_error_type}: {result.launch_error}"
+    elif (raised := upstream_raise(result)) is not None:
+        marked = f"; {out} marks them in kvcanary.verify_undefined" if out else ""
+        problem = f"SGLang's reference raises here: {raised} (planned on past it{marked})"
+    return PlanRun(dump, result, summarize_plan(dump, result), problem)
 
 
 def summarize_plan(dump: KvDump, plan: Plan, *, max_problems: int = 50) -> PlanSummary:

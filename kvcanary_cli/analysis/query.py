@@ -7,7 +7,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvcanary_cli.analysis.cells import holding, in_pool_row
-from kvcanary_cli.analysis.focus import swa_peer, touching_part
+from kvcanary_cli.analysis.check import run_check
+from kvcanary_cli.analysis.focus import (
+    focused_findings,
+    focused_index,
+    swa_peer,
+    touching_part,
+)
 from kvcanary_cli.analysis.provenance import (
     ProvenanceIndex,
     batch_rows_of,
@@ -21,15 +27,58 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.errors import OptionError
+from kvcanary_cli.option_values import INDEX, POSITIVE, SLOT, checked_integer
+from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.results.cells import Space
 from kvcanary_cli.results.check import DumpReport, Finding
 from kvcanary_cli.results.provenance import ProvenanceReport, RowCell, RowGap, RowMap, RowOccupancy
 
-__all__ = ["row_map", "slot_query"]
+__all__ = ["provenance_report", "row_map", "slot_query"]
 
 #: Cells shown around the interesting parts of a long row.
 _EDGE = 16
+
+
+def provenance_report(
+    dump: KvDump,
+    planner: Planner,
+    *,
+    slot: int | None,
+    row: int | None,
+    space: str,
+    group: str | None,
+    positions: tuple[int, int] | None,
+    max_cells: int,
+) -> ProvenanceReport:
+    """`kvcanary provenance`'s answer: one slot's provenance (`slot`) or one pool row's map
+    (`row`), with the findings touching it."""
+    if (slot is None) == (row is None):
+        raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
+    if slot is not None:
+        checked_integer(slot, "--slot", SLOT)
+    if row is not None:
+        checked_integer(row, "--row", INDEX)
+    if positions is not None:
+        if not isinstance(positions, tuple | list) or len(positions) != 2:
+            raise OptionError("is not a (start, end) pair", option="--positions")
+        for end in positions:
+            checked_integer(end, "--positions", INDEX)
+    checked_integer(max_cells, "--max-rows", POSITIVE)
+    if slot is not None and space == Space.FULL:
+        # only the batch rows that hold (or write) the slot: its findings, not the diagnosis;
+        # one scan of the table serves the findings' rows and the answer's cells
+        index = focused_index(dump, slot, max_cells=max_cells)
+        found = focused_findings(dump, slot, planner=planner, index=index)
+        return slot_query(
+            dump, found, slot, space=space, group=group, max_cells=max_cells, index=index
+        )
+    report = run_check(dump, planner=planner, kernel=None)
+    if slot is not None:
+        found = list(report.findings)
+        return slot_query(dump, found, slot, space=space, group=group, max_cells=max_cells)
+    assert row is not None
+    return row_map(dump, report, row, group=group, positions=positions, max_cells=max_cells)
 
 
 def slot_query(

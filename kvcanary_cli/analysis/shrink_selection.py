@@ -22,6 +22,7 @@ findings and diagnosis; counts over the whole table (cells holding a slot) cover
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import numpy as np
@@ -42,15 +43,15 @@ from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep
+from kvcanary_cli.dump.schema import SCALARS, Group
+from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep, ShrinkResult, write_shrunk
 from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.base import Plan, Planner, Undefined
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.results.check import Finding
 from kvcanary_cli.results.violations import OWNER_KINDS, OwnerKind
 
-__all__ = ["PROVENANCE_CELLS", "shrink_keep"]
+__all__ = ["PROVENANCE_CELLS", "shrink_dump", "shrink_keep"]
 
 #: Cells kept per slot for provenance: as many as `check` and `violations` show.
 PROVENANCE_CELLS = 16
@@ -280,6 +281,29 @@ def _finding_slots(findings: list[Finding], space: str) -> np.ndarray:
     """Every slot of `space` a finding holds, at any of its cells (sorted, distinct)."""
     parts = [cell_slots(f) for f in findings if f.slot is not None and f.space == space]
     return distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+
+def shrink_dump(
+    dump: KvDump,
+    out: str | os.PathLike[str],
+    *,
+    planner: Planner,
+    kernel: Planner,
+    overrides: Mapping[str, int | str | None] | None,
+    kvcanary_version: str,
+    force: bool,
+) -> ShrinkResult:
+    """Write the small dump of `dump` at `out`, recording the scalar `overrides` it was
+    analysed with (the small dump then says the same without them)."""
+    keep, _ = shrink_keep(dump, planner=planner, kernel=kernel)
+    scalars = {
+        name: int(value)
+        for name, value in (overrides or {}).items()
+        if name in SCALARS and value is not None
+    }
+    return write_shrunk(
+        dump, keep, out, kvcanary_version=kvcanary_version, overrides=scalars, overwrite=force
+    )
 
 
 def shrink_keep(

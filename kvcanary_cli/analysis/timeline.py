@@ -39,7 +39,7 @@ per-event loops run over the events (one per kind and interval) and a dump's fin
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -54,6 +54,7 @@ from kvcanary_cli.dump.header import FileState, read_header
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group, parse_integer
 from kvcanary_cli.errors import DumpError, OptionError
+from kvcanary_cli.option_values import SLOT, checked_choice, checked_integer
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.results.cells import CellColumns, Space
 from kvcanary_cli.results.check import DumpReport
@@ -1011,7 +1012,7 @@ def timeline(
     planner: Planner | None,
     keep_order: bool = False,
     focus: tuple[int, Space] | None = None,
-    overrides: dict[str, int | str | None] | None = None,
+    overrides: Mapping[str, int | str | None] | None = None,
 ) -> TimelineReport:
     """Read `paths` (one rank's dumps) in step order, one at a time, and report what changed
     between each and the next. With a `planner`, each dump is also checked (as `check --kernel
@@ -1068,3 +1069,22 @@ def timeline(
     if entries[0].rank is None or len(ranks) > 1:
         notes.append("not every dump records its rank")
     return tracker.report(rank, checked=planner is not None, notes=notes)
+
+
+def slot_history(
+    paths: Sequence[PathLike],
+    *,
+    slot: int | None,
+    row: int | None,
+    space: str,
+    overrides: Mapping[str, int | str | None] | None = None,
+) -> TimelineReport:
+    """`provenance --slot N DUMP DUMP...`: the timeline of one rank's dumps focused on one slot
+    (its owners, allocator state and LUT entry in each); a row map is of one dump."""
+    if slot is None or row is not None:
+        raise OptionError(
+            "over several dumps, give --slot N (--row maps one dump's row)", option="--slot/--row"
+        )
+    checked_integer(slot, "--slot", SLOT)
+    focus = (slot, Space(checked_choice(space, [s.value for s in Space], "--space")))
+    return timeline(paths, planner=None, focus=focus, overrides=overrides)

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 import kvcanary_cli.cli_options as opt
-from kvcanary_cli.cli_options import integer
+from kvcanary_cli.cli_options import integer_option
+from kvcanary_cli.option_values import Bounds
 from kvcanary_cli.output import deliver
 from kvcanary_cli.render import OutputFormat
 
@@ -34,14 +35,14 @@ TreeOpt = Annotated[
 ]
 StepsOpt = Annotated[
     int,
-    typer.Option(
-        "--steps", **integer("Scheduler steps to run in all (the budget).", 1, 10**7, "N")
+    integer_option(
+        "--steps", within=Bounds(1, 10**7), help="Scheduler steps to run in all (the budget)."
     ),
 ]
 PageSizeOpt = Annotated[
     int | None,
-    typer.Option(
-        "--page-size", **integer("One KV page size (default: 1, 4 and 16 in turn).", 1, 64, "N")
+    integer_option(
+        "--page-size", within=Bounds(1, 64), help="One KV page size (default: 1, 4 and 16 in turn)."
     ),
 ]
 CoreOpt = Annotated[

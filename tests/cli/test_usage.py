@@ -93,14 +93,14 @@ def test_every_kernel_choice_is_accepted(kernel: PlannerChoice) -> None:
 
 
 def test_buffer_takes_every_canary_buffer() -> None:
-    """`--buffer`'s choices (`api.BUFFER_CHOICES`, in the order help lists them) are the
-    canary's buffers, all of them."""
-    from kvcanary_cli import api
+    """`--buffer`'s choices (`option_values.BUFFER_CHOICES`, in the order help lists them) are
+    the canary's buffers, all of them."""
     from kvcanary_cli.canary.constants import BUFFERS
+    from kvcanary_cli.option_values import BUFFER_CHOICES
 
-    assert sorted(api.BUFFER_CHOICES) == sorted(BUFFERS)
+    assert sorted(BUFFER_CHOICES) == sorted(BUFFERS)
     code, _, err = run("violations", str(EXAMPLE), "--buffer", "x")
-    assert code == 2 and f"'x' is not one of {', '.join(api.BUFFER_CHOICES)}" in err
+    assert code == 2 and f"'x' is not one of {', '.join(BUFFER_CHOICES)}" in err
 
 
 def test_the_api_refuses_a_planner_outside_its_subset() -> None:
@@ -177,8 +177,8 @@ def test_a_command_that_reads_a_dump_takes_every_scalar_override(name: str) -> N
 def test_the_command_line_and_the_api_refuse_a_value_in_the_same_words(
     args: list[str], call: dict[str, int], option: str, tmp_path: Path
 ) -> None:
-    """One declaration of each bound (`api.Bounds`): the option parser and the API refuse the
-    same values, in the same words."""
+    """One declaration of each bound (`option_values.Bounds`): the option parser and the API
+    refuse the same values, in the same words."""
     from kvcanary_cli import api
     from kvcanary_cli.errors import OptionError
 

@@ -28,7 +28,9 @@ from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows, multiset_difference
 from kvcanary_cli.canary.sources import SourceKind, source_kind
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import OptionError
+from kvcanary_cli.option_values import BUFFER_CHOICES, checked_choice
 from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
@@ -67,6 +69,10 @@ def violations_report(
     `dump` is the dump to join with when no SOURCE is one; `group` (`full`, `swa`) and
     `buffer` (`head.k`, ...) restrict the rows and the replay.
     """
+    if group is not None:
+        checked_choice(group, [g.value for g in Group], "--group")
+    if buffer is not None:
+        checked_choice(buffer, BUFFER_CHOICES, "--buffer")
     kinds = [source_kind(path) for path in sources]
     loaded = _the_dump(sources, kinds, dump, overrides)
     summaries: list[SourceSummary] = []
