@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.option_values import POSITIVE, checked_choice, checked_integer
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.selftest import SelftestReport
     from kvcanary_cli.results.timeline import TimelineReport
     from kvcanary_cli.results.violations import ViolationsReport
+    from kvcanary_cli.synth.files import SynthOptions
 
 __all__ = [
     "check",
@@ -184,38 +185,16 @@ def scenarios() -> list[str]:
     return [*scenario_lines(), "", "sequences (--steps K -o DIR):", *sequence_lines()]
 
 
-def synth(
-    scenario: str | None,
-    out: PathLike | None,
-    *,
-    seed: int = 0,
-    size: str = "tiny",
-    log: PathLike | None = None,
-    force: bool = False,
-    page_size: int | None = None,
-    steps: int | None = None,
-    at: int | None = None,
-    every: int | None = None,
-) -> str:
+def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOptions]) -> str:
     """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
     and diagnosis in its metadata, and with `log` a kv_canary server log of its violations;
     `page_size` overrides the scenario's. With `steps`, `scenario` names a sequence (one rank's
-    dumps every `every` steps, an event planted at step `at`) and `out` a folder. Returns the
-    line saying what was written."""
+    dumps every `every` steps, an event planted at step `at`) and `out` a folder. Options:
+    `seed` (0), `size` ("tiny"), `log`, `force`, `page_size`, `steps`, `at`, `every`. Returns
+    the line saying what was written."""
     from kvcanary_cli.synth.files import write_synth
 
-    return write_synth(
-        scenario,
-        out,
-        seed=seed,
-        size=size,
-        log=log,
-        force=force,
-        page_size=page_size,
-        steps=steps,
-        at=at,
-        every=every,
-    )
+    return write_synth(scenario, out, **options)
 
 
 def timeline(

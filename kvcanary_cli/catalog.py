@@ -54,36 +54,30 @@ __all__ = [
 ]
 
 
-class Severity(StrEnum):
+class _Scale(StrEnum):
+    """A scale declared from its top down: an earlier member ranks higher."""
+
+    @property
+    def rank(self) -> int:
+        """Higher is worse (a severity, for `--fail-on`) or surer (a confidence)."""
+        members = list(type(self))
+        return len(members) - 1 - members.index(self)
+
+
+class Severity(_Scale):
     """error: the canary or the KV cache is wrong or unsafe; warning: blind or skipped."""
 
     ERROR = "error"
     WARNING = "warning"
     INFO = "info"
 
-    @property
-    def rank(self) -> int:
-        """Higher is worse (for `--fail-on`)."""
-        return _SEVERITY_RANK[self]
 
-
-_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
-
-
-class Confidence(StrEnum):
+class Confidence(_Scale):
     """How sure the diagnosis is of a cause."""
 
     CERTAIN = "certain"
     LIKELY = "likely"
     POSSIBLE = "possible"
-
-    @property
-    def rank(self) -> int:
-        """Higher is surer."""
-        return _CONFIDENCE_RANK[self]
-
-
-_CONFIDENCE_RANK = {Confidence.POSSIBLE: 0, Confidence.LIKELY: 1, Confidence.CERTAIN: 2}
 
 
 class FindingCode(StrEnum):

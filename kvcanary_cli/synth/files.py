@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypedDict
 
 from kvcanary_cli.dump.files import Target, same_target, write_all_atomically, write_atomically
 from kvcanary_cli.errors import OptionError
@@ -15,25 +16,39 @@ from kvcanary_cli.synth.scenarios import make_scenario
 from kvcanary_cli.synth.sequence import write_sequence
 from kvcanary_cli.synth.server_log import scenario_log
 
-__all__ = ["write_scenario", "write_steps", "write_synth"]
+__all__ = ["SynthOptions", "write_scenario", "write_synth"]
 
 PathLike = str | os.PathLike[str]
+
+
+class SynthOptions(TypedDict, total=False):
+    """`write_synth`'s keyword options, for the API that passes them on."""
+
+    seed: int
+    size: str
+    log: PathLike | None
+    force: bool
+    page_size: int | None
+    steps: int | None
+    at: int | None
+    every: int | None
 
 
 def write_synth(
     scenario: str | None,
     out: PathLike | None,
     *,
-    seed: int,
-    size: str,
-    log: PathLike | None,
-    force: bool,
-    page_size: int | None,
-    steps: int | None,
-    at: int | None,
-    every: int | None,
+    seed: int = 0,
+    size: str = "tiny",
+    log: PathLike | None = None,
+    force: bool = False,
+    page_size: int | None = None,
+    steps: int | None = None,
+    at: int | None = None,
+    every: int | None = None,
 ) -> str:
-    """`write_scenario`, or with `steps` `write_steps`, once their options are checked."""
+    """`write_scenario`, or with `steps` a sequence's `steps` dumps of one rank in the folder
+    `out`, once their options are checked."""
     checked_integer(seed, "--seed", INDEX)
     if page_size is not None:
         checked_integer(page_size, "--page-size", PAGE_SIZE)
@@ -51,16 +66,25 @@ def write_synth(
         checked_integer(at, "--at", POSITIVE)
     if scenario is None or out is None or str(out) == "-":
         raise OptionError("give a SEQUENCE and --out FOLDER (or --list)", option="synth --steps")
-    return write_steps(
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise OptionError(
+            f"{folder} is not a folder: --steps writes one dump a step", option="--out"
+        )
+    paths = write_sequence(
         scenario,
-        out,
+        folder,
         steps=steps,
         seed=seed,
         size=size,
         every=every,
         at=at,
         page_size=page_size,
-        force=force,
+        overwrite=force,
+    )
+    return (
+        f"wrote {len(paths)} dumps to {folder} ({scenario}, seed {seed}, size {size}, one every "
+        f"{every} step(s)): {paths[0].name} … {paths[-1].name}"
     )
 
 
@@ -95,38 +119,3 @@ def write_scenario(
         logged = f" and {log_path}"
     paged = "" if page_size is None else f", page size {page_size}"
     return f"wrote {path}{logged} ({scenario}, seed {seed}, size {size}{paged})"
-
-
-def write_steps(
-    name: str,
-    out: PathLike,
-    *,
-    steps: int,
-    seed: int,
-    size: str,
-    every: int,
-    at: int | None,
-    page_size: int | None,
-    force: bool,
-) -> str:
-    """Write sequence `name` as `steps` dumps of one rank into the folder `out`."""
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise OptionError(
-            f"{folder} is not a folder: --steps writes one dump a step", option="--out"
-        )
-    paths = write_sequence(
-        name,
-        folder,
-        steps=steps,
-        seed=seed,
-        size=size,
-        every=every,
-        at=at,
-        page_size=page_size,
-        overwrite=force,
-    )
-    return (
-        f"wrote {len(paths)} dumps to {folder} ({name}, seed {seed}, size {size}, one every "
-        f"{every} step(s)): {paths[0].name} … {paths[-1].name}"
-    )
