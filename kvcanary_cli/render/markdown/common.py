@@ -4,12 +4,12 @@ how a shrunk dump was made."""
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import clipped, code, table, text
+from kvcanary_cli.render.phrases.provenance import cell_columns
 from kvcanary_cli.render.records.common import (
     CellRecord,
     ShrunkRecord,
     SlotProvenanceRecord,
 )
-from kvcanary_cli.render.shared import cell_columns
 
 __all__ = ["identity_table", "provenance_body", "reproduce"]
 

@@ -1,5 +1,5 @@
-"""Rich pieces several terminal views share: plain cells, indented lines, identity and shrunk
-lines, a finding's slot, and the styles of severities."""
+"""Rich pieces several terminal views share: a layout chosen by width, plain cells, indented
+lines, identity and shrunk lines, and the styles of severities."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.phrases.shrink import shrunk_lines
 from kvcanary_cli.render.records.common import ShrunkRecord
-from kvcanary_cli.render.shared import shrunk_lines
 
 __all__ = [
     "SEVERITY_STYLE",

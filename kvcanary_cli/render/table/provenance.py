@@ -7,9 +7,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.phrases.provenance import cell_columns, row_lines, row_notices
 from kvcanary_cli.render.records.common import FindingRecord, SlotProvenanceRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
-from kvcanary_cli.render.shared import cell_columns, plural, row_lines, row_notices
+from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.render.table.common import identity_line, indented, shrunk_block
 from kvcanary_cli.render.table.findings import findings_view

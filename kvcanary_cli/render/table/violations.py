@@ -10,15 +10,15 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.canary.constants import hex64
-from kvcanary_cli.render.records.common import SlotProvenanceRecord
-from kvcanary_cli.render.shared import (
+from kvcanary_cli.render.phrases.violations import (
     REPLAY_NOTE,
-    plural,
     replay_comparison_line,
     slot_cells_text,
     source_detail,
     violation_reasons,
 )
+from kvcanary_cli.render.records.common import SlotProvenanceRecord
+from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.safe_text import printable_record
 
