@@ -36,6 +36,7 @@ from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,
     ByWidth,
+    cells,
     identity_line,
     indented,
     shrunk_block,
@@ -101,12 +102,14 @@ def _groups_table(groups: list[GroupRecord], differences: list[list[str]] | None
     for i, g in enumerate(groups):
         style = "bold red" if g["unexplained_differences"] or g["kernel_launch_error"] else ""
         table.add_row(
-            _t(g["group"]),
-            _t(g["window"]),
-            _t(g["total_verify"]),
-            _t(g["verify_capacity"]),
-            _t(g["enable"]),
-            _t(g["kernel"]),
+            *cells(
+                g["group"],
+                g["window"],
+                g["total_verify"],
+                g["verify_capacity"],
+                g["enable"],
+                g["kernel"],
+            ),
             *([Text("\n".join(differences[i]), style=style)] if differences is not None else []),
         )
     return table
@@ -119,11 +122,7 @@ def _counts_table(dump: DumpRecord) -> Table:
     for c, findings in zip(dump["counts"], findings_per_count(dump), strict=True):
         style = SEVERITY_STYLE.get(c["severity"], "")
         table.add_row(
-            _t(c["code"], style),
-            _t(c["severity"], style),
-            _t(c["group"]),
-            _t(findings),
-            _t(c["count"]),
+            *cells(c["code"], c["severity"], style=style), *cells(c["group"], findings, c["count"])
         )
     return table
 
@@ -236,12 +235,14 @@ def _requests_table(requests: list[RequestRecord]) -> Table:
     for r in requests:
         counts = code_cells(r["counts"])
         table.add_row(
-            _t(r["batch_row"]),
-            _t(r["pool_row"]),
-            _t(r["prefix_len"]),
-            _t(r["extend_len"]),
-            _t(r["first_bad_position"]),
-            _t(counts),
+            *cells(
+                r["batch_row"],
+                r["pool_row"],
+                r["prefix_len"],
+                r["extend_len"],
+                r["first_bad_position"],
+                counts,
+            )
         )
     return table
 
@@ -302,11 +303,13 @@ def _summary_table(record: CheckRecord, errors_on_stderr: bool) -> Table:
         table.add_row(
             _t(d["path"]),
             _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
-            _t(d["bs"]),
-            _t(d["findings_total"]),
-            _t(errors),
-            _t(warnings),
-            *(() if errors_on_stderr else (_t(d["error"]),)),
+            *cells(
+                d["bs"],
+                d["findings_total"],
+                errors,
+                warnings,
+                *([] if errors_on_stderr else [d["error"]]),
+            ),
         )
     return table
 

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from kvcanary_cli.render.phrases.findings import FindingWords, finding_words
 from kvcanary_cli.render.records.common import FindingRecord
-from kvcanary_cli.render.table.common import SEVERITY_STYLE, ByWidth
+from kvcanary_cli.render.table.common import SEVERITY_STYLE, ByWidth, cells
 from kvcanary_cli.render.table.common import cell as _t
 
 __all__ = ["FINDINGS_TABLE_WIDTH", "findings_view", "message_text"]
@@ -82,10 +82,7 @@ def _findings_table(findings: _Worded, with_code: bool) -> Table:
         code = (_t(f["code"], SEVERITY_STYLE.get(f["severity"], "")),) if with_code else ()
         table.add_row(
             *code,
-            _t(f["group"]),
-            _t(f["count"]),
-            _t("\n".join(words.where) or "-"),
-            _t(words.role),
+            *cells(f["group"], f["count"], "\n".join(words.where) or "-", words.role),
             message_text(f, words),
         )
     return table
