@@ -11,6 +11,7 @@ import html
 import json
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.render.markdown.blocks import clipped
@@ -45,6 +46,10 @@ from kvcanary_cli.results.check import code_order
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["GITHUB_BODY_LIMIT", "check_markdown"]
+
+#: A code as an inline code span outside a table; handed to `code_cells`, which names each
+#: code with it (a partial: the phrase calls the escape directly, not back into this view).
+_code_span = partial(_code, cell=False)
 
 _TITLES = {"clean": "clean", "findings": "findings", "bad-input": "bad input"}
 
@@ -180,7 +185,7 @@ def _diagnosis_section(dump: DumpRecord, text: DumpText) -> list[str]:
         if len(evidence) > text.evidence:
             more = plural(len(evidence) - text.evidence, "more evidence line")
             lines.append(f"   - … and {more} (--format json)")
-        explains = code_cells(cause["explains"], lambda code: _code(code, cell=False))
+        explains = code_cells(cause["explains"], _code_span)
         if explains:
             lines.append(f"   - explains: {explains}")
         lines.extend(f"   - {_text(clipped(line, text.chars))}" for line in cause["also_shows"])
@@ -214,7 +219,7 @@ def _raise_lines(dump: DumpRecord, text_limit: int) -> list[str]:
             "state that failed, or kvcanary's model differs from the SGLang that ran."
         )
     for a in dump["assumptions"]:
-        decides = code_cells(a["decides"], lambda code: _code(code, cell=False))
+        decides = code_cells(a["decides"], _code_span)
         lines.append(
             f"**Assumption:** {_code(a['scalar'], cell=False)} = {a['value']} "
             f"({_text(a['source'])}) is not recorded; {decides} rest on it and are "

@@ -7,21 +7,14 @@ from typing import Literal
 
 from kvcanary_cli.render.records.provenance import GapRecord, RowCellRecord, RowMapRecord
 
-__all__ = ["RowLine", "cell_columns", "row_lines", "row_notices"]
+__all__ = ["CELL_COLUMNS", "RowLine", "row_lines", "row_notices"]
 
-
-def cell_columns(swa: bool) -> tuple[str, ...]:
-    """The columns of a slot's cell table, in both views (an SWA slot's cells also name the
-    full slot that maps to it)."""
-    return (
-        "pool row",
-        "position",
-        *(("full slot",) if swa else ()),
-        "batch rows",
-        "role",
-        "seed",
-        "shared",
-    )
+#: The columns of a slot's cell table in both views, for a full slot (False) and an SWA slot
+#: (True), whose cells also name the full slot that maps to it.
+CELL_COLUMNS: dict[bool, tuple[str, ...]] = {
+    False: ("pool row", "position", "batch rows", "role", "seed", "shared"),
+    True: ("pool row", "position", "full slot", "batch rows", "role", "seed", "shared"),
+}
 
 
 #: One line of a row map: a shown cell, or a run of positions left out.

@@ -7,7 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcanary_cli.render.phrases.provenance import cell_columns, row_lines, row_notices
+from kvcanary_cli.render.phrases.provenance import CELL_COLUMNS, row_lines, row_notices
 from kvcanary_cli.render.records.common import FindingRecord, SlotProvenanceRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
 from kvcanary_cli.render.shared import plural
@@ -45,7 +45,7 @@ def _slot_blocks(prov: SlotProvenanceRecord, max_rows: int) -> list[RenderableTy
     cell_table = Table(
         title=f"cells ({prov['cells_total']} in req_to_token, live first)", title_justify="left"
     )
-    for name in cell_columns(swa):
+    for name in CELL_COLUMNS[swa]:
         cell_table.add_column(
             name, justify="right" if name in ("pool row", "position", "full slot") else "left"
         )
