@@ -16,10 +16,11 @@ from typer.testing import CliRunner, Result
 from kvcanary_cli import api
 from kvcanary_cli.cli import app
 from kvcanary_cli.render import OutputFormat, render_check, render_provenance
+from kvcanary_cli.render.phrases.check import cause_sections
+from kvcanary_cli.render.phrases.findings import positions_text, rows_text, slots_text
 from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.records.provenance import provenance_record
-from kvcanary_cli.render.shared import cause_sections, positions_text, rows_text, slots_text
 from kvcanary_cli.results.check import CheckReport
 from tests.torch_extra import needs_torch
 

@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DECLARATION = Path("kvcanary_cli") / "render" / "records" / "common.py"
 #: the finding record's key, as declared (the only `count: int` in common.py).
 KEY = "    count: int\n"
-#: modules that read a finding's count: the helpers both views share, the findings of the
-#: table view (check's and provenance's), and the Markdown views of a check and a provenance
-#: answer.
+#: modules that read a finding's count: the phrases both views share (a finding's, and a
+#: check's per code), the findings of the table view (check's and provenance's), and the
+#: Markdown views of a check and a provenance answer.
 READERS = (
-    "render/shared.py",
+    "render/phrases/findings.py",
+    "render/phrases/check.py",
     "render/table/findings.py",
     "render/markdown/check.py",
     "render/markdown/provenance.py",

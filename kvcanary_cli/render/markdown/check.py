@@ -11,6 +11,7 @@ import html
 import json
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.render.markdown.blocks import clipped
@@ -18,6 +19,21 @@ from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
 from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
+from kvcanary_cli.render.phrases.check import (
+    DIFFERENCES_NOTE,
+    UNITS_NOTE,
+    CodeSection,
+    cause_sections,
+    code_cells,
+    differences_lines,
+    failing_phrase,
+    findings_per_count,
+    glossary,
+    severity_count,
+    top_causes,
+)
+from kvcanary_cli.render.phrases.findings import FIRST_RAISE_MARK, FindingWords, finding_words
+from kvcanary_cli.render.phrases.shrink import shrunk_lines
 from kvcanary_cli.render.records.check import (
     CheckRecord,
     DumpRecord,
@@ -25,33 +41,15 @@ from kvcanary_cli.render.records.check import (
     RequestRecord,
 )
 from kvcanary_cli.render.records.common import FindingRecord
-from kvcanary_cli.render.shared import (
-    DIFFERENCES_NOTE,
-    FIRST_RAISE_MARK,
-    UNITS_NOTE,
-    CodeSection,
-    cause_sections,
-    code_cells,
-    differences_lines,
-    examples_text,
-    failing_phrase,
-    findings_per_count,
-    glossary,
-    plural,
-    positions_text,
-    raise_mark,
-    role_text,
-    rows_text,
-    section_size,
-    severity_count,
-    shrunk_lines,
-    slots_text,
-    top_causes,
-)
+from kvcanary_cli.render.shared import plural
 from kvcanary_cli.results.check import code_order
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["GITHUB_BODY_LIMIT", "check_markdown"]
+
+#: A code as an inline code span outside a table; handed to `code_cells`, which names each
+#: code with it (a partial: the phrase calls the escape directly, not back into this view).
+_code_span = partial(_code, cell=False)
 
 _TITLES = {"clean": "clean", "findings": "findings", "bad-input": "bad input"}
 
@@ -77,34 +75,32 @@ def _groups_table(groups: list[GroupRecord]) -> str:
     return f"{table}\n\n*{_text(DIFFERENCES_NOTE)}*"
 
 
-def _where(f: FindingRecord) -> str:
+def _where(f: FindingRecord, words: FindingWords) -> str:
     bits = []
     if f["count"] > 1:
-        bits.append(plural(f["count"], "cell"))
+        bits.append(words.cells)
     span = f["span"]
     if f["slot"] is not None:
         many = span is not None and span["distinct_slots"] > 1
-        bits.append(f"{f['space']} slot{'s' if many else ''} {slots_text(f)}")
-    rows = rows_text(f)
+        bits.append(f"{f['space']} slot{'s' if many else ''} {words.slots}")
+    rows = words.rows
     if rows is not None:
         bits.append(f"batch row{'s' if span is not None and span['rows'] > 1 else ''} {rows}")
     if f["pool_row"] is not None and f["count"] == 1:
         bits.append(f"pool row {f['pool_row']}")
-    positions = positions_text(f)
+    positions = words.positions
     if positions is not None:
         bits.append(f"position{'s' if '..' in positions else ''} {positions}")
-    role = role_text(f)
-    if role:
-        bits.append(role)
+    if words.role:
+        bits.append(words.role)
     return ", ".join(bits) or f"group {f['group']}"
 
 
-def _details_block(f: FindingRecord) -> str:
-    summary = f"<code>{html.escape(f['code'])}</code> {html.escape(_where(f))}"
+def _details_block(f: FindingRecord, words: FindingWords) -> str:
+    summary = f"<code>{html.escape(f['code'])}</code> {html.escape(_where(f, words))}"
     body = [_text(f["message"])]
-    examples = examples_text(f)
-    if examples:
-        body.append(_text(examples))
+    if words.examples:
+        body.append(_text(words.examples))
     if not f["provenance"]:
         body.append("No slot provenance (the finding is about a row or a tensor).")
     for prov in f["provenance"]:
@@ -117,11 +113,10 @@ def _details_block(f: FindingRecord) -> str:
     return "\n\n".join([f"<details><summary>{summary}</summary>", *body, "</details>"])
 
 
-def _message_cell(f: FindingRecord) -> str:
+def _message_cell(f: FindingRecord, words: FindingWords) -> str:
     text = _text(f["message"])
-    mark = raise_mark(f)
-    if mark:
-        text += f" **{_text(mark)}**"
+    if words.raise_mark:
+        text += f" **{_text(words.raise_mark)}**"
     if f["assumes"]:
         text += f" (assumes {_text(', '.join(f['assumes']))}: not recorded)"
     return text
@@ -130,10 +125,9 @@ def _message_cell(f: FindingRecord) -> str:
 def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
     parts: list[str] = []
     for section in sections:
-        shown = section.shown
+        shown = [(f, finding_words(f)) for f in section.shown]
         parts.append(
-            f"##### {_code(section.code, cell=False)} · {section.severity} · "
-            f"{section_size(section)}"
+            f"##### {_code(section.code, cell=False)} · {section.severity} · {section.size}"
         )
         if shown:
             parts.append(
@@ -143,13 +137,13 @@ def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
                         [
                             _code(f["group"]),
                             str(f["count"]),
-                            _text(rows_text(f)),
-                            _text(positions_text(f)),
-                            _text(slots_text(f)),
-                            _text(role_text(f)),
-                            _message_cell(f),
+                            _text(words.rows),
+                            _text(words.positions),
+                            _text(words.slots),
+                            _text(words.role),
+                            _message_cell(f, words),
                         ]
-                        for f in shown
+                        for f, words in shown
                     ],
                     right={1},
                 )
@@ -157,7 +151,7 @@ def _code_sections(sections: list[CodeSection], details: bool) -> list[str]:
         if section.total > len(shown):
             parts.append(f"… and {section.total - len(shown)} more")
         if details:
-            parts.extend(_details_block(f) for f in shown)
+            parts.extend(_details_block(f, words) for f, words in shown)
     return parts
 
 
@@ -191,7 +185,7 @@ def _diagnosis_section(dump: DumpRecord, text: DumpText) -> list[str]:
         if len(evidence) > text.evidence:
             more = plural(len(evidence) - text.evidence, "more evidence line")
             lines.append(f"   - … and {more} (--format json)")
-        explains = code_cells(cause["explains"], lambda code: _code(code, cell=False))
+        explains = code_cells(cause["explains"], _code_span)
         if explains:
             lines.append(f"   - explains: {explains}")
         lines.extend(f"   - {_text(clipped(line, text.chars))}" for line in cause["also_shows"])
@@ -225,7 +219,7 @@ def _raise_lines(dump: DumpRecord, text_limit: int) -> list[str]:
             "state that failed, or kvcanary's model differs from the SGLang that ran."
         )
     for a in dump["assumptions"]:
-        decides = code_cells(a["decides"], lambda code: _code(code, cell=False))
+        decides = code_cells(a["decides"], _code_span)
         lines.append(
             f"**Assumption:** {_code(a['scalar'], cell=False)} = {a['value']} "
             f"({_text(a['source'])}) is not recorded; {decides} rest on it and are "

@@ -4,12 +4,12 @@ how a shrunk dump was made."""
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import clipped, code, table, text
+from kvcanary_cli.render.phrases.provenance import CELL_COLUMNS
 from kvcanary_cli.render.records.common import (
     CellRecord,
     ShrunkRecord,
     SlotProvenanceRecord,
 )
-from kvcanary_cli.render.shared import cell_columns
 
 __all__ = ["identity_table", "provenance_body", "reproduce"]
 
@@ -36,7 +36,7 @@ def _cells_table(cells: list[CellRecord], *, swa: bool) -> str:
         ]
         for c in cells
     ]
-    return table(list(cell_columns(swa)), rows, right={0, 1, 2} if swa else {0, 1})
+    return table(list(CELL_COLUMNS[swa]), rows, right={0, 1, 2} if swa else {0, 1})
 
 
 def _translation(prov: SlotProvenanceRecord) -> str:

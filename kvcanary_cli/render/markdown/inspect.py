@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.phrases.inspect import batch_facts, inspect_metadata, tensor_role
+from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.render.records.inspect import InspectRecord
-from kvcanary_cli.render.shared import (
-    CUT_COLUMNS,
-    batch_facts,
-    cut_rows,
-    fmt_bytes,
-    inspect_metadata,
-    shrink_facts,
-    tensor_role,
-)
+from kvcanary_cli.render.shared import fmt_bytes
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["inspect_markdown"]

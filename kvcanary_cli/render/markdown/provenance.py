@@ -7,18 +7,11 @@ from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
 from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
+from kvcanary_cli.render.phrases.findings import finding_words
+from kvcanary_cli.render.phrases.provenance import row_lines, row_notices
+from kvcanary_cli.render.phrases.shrink import shrunk_lines
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
-from kvcanary_cli.render.shared import (
-    examples_text,
-    plural,
-    positions_text,
-    role_text,
-    row_lines,
-    row_notices,
-    rows_text,
-    shrunk_lines,
-    slots_text,
-)
+from kvcanary_cli.render.shared import plural
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["provenance_markdown"]
@@ -105,13 +98,13 @@ def provenance_markdown(record: ProvenanceRecord, *, max_rows: int = 256) -> str
                         f["severity"],
                         _code(f["group"]),
                         str(f["count"]),
-                        _text(slots_text(f)),
-                        _text(rows_text(f)),
-                        _text(positions_text(f)),
-                        _text(role_text(f)),
-                        _text(f["message"] + (f" ({e})" if (e := examples_text(f)) else "")),
+                        _text(words.slots),
+                        _text(words.rows),
+                        _text(words.positions),
+                        _text(words.role),
+                        _text(f["message"] + (f" ({e})" if (e := words.examples) else "")),
                     ]
-                    for f in findings[:max_rows]
+                    for f, words in ((f, finding_words(f)) for f in findings[:max_rows])
                 ],
                 right={3},
             )

@@ -4,14 +4,14 @@ kvcanary and an SGLang disagree."""
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import code, table, text
-from kvcanary_cli.render.records.selftest import SelftestRecord
-from kvcanary_cli.render.shared import (
+from kvcanary_cli.render.phrases.selftest import (
     agreement_rows,
     difference_value,
     differences_found,
     selftest_verdict,
     sglang_line,
 )
+from kvcanary_cli.render.records.selftest import SelftestRecord
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["selftest_markdown"]

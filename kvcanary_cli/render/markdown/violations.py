@@ -8,13 +8,13 @@ from kvcanary_cli.canary.constants import hex64
 from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _md_table
 from kvcanary_cli.render.markdown.blocks import text as _md_text
-from kvcanary_cli.render.shared import (
+from kvcanary_cli.render.phrases.violations import (
     REPLAY_NOTE,
-    plural,
     replay_comparison_line,
     slot_cells_text,
     source_detail,
 )
+from kvcanary_cli.render.shared import plural
 from kvcanary_cli.safe_text import printable_record
 
 if TYPE_CHECKING:  # the record's module builds it with numpy

@@ -11,15 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.render.records.check import (
-    CheckRecord,
-    DumpRecord,
-    GroupRecord,
-    RequestRecord,
-)
-from kvcanary_cli.render.shared import (
+from kvcanary_cli.render.phrases.check import (
     DIFFERENCES_NOTE,
-    FIRST_RAISE_MARK,
     UNITS_NOTE,
     CodeSection,
     cause_sections,
@@ -28,15 +21,22 @@ from kvcanary_cli.render.shared import (
     failing_phrase,
     findings_per_count,
     glossary,
-    plural,
-    section_size,
     severity_cells,
     severity_count,
     top_causes,
 )
+from kvcanary_cli.render.phrases.findings import FIRST_RAISE_MARK
+from kvcanary_cli.render.records.check import (
+    CheckRecord,
+    DumpRecord,
+    GroupRecord,
+    RequestRecord,
+)
+from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,
     ByWidth,
+    cells,
     identity_line,
     indented,
     shrunk_block,
@@ -61,22 +61,23 @@ _CONFIDENCE_STYLE = {"certain": "bold red", "likely": "bold yellow", "possible":
 def _groups_view(groups: list[GroupRecord]) -> RenderableType:
     """The groups table; where it has no room for the differences (80 columns), they follow
     it, one line per group."""
+    differences = [differences_lines(g) for g in groups]
     lines = [
         (
             "-",
             Text(
-                f"{g['group']} differences: " + "; ".join(differences_lines(g)),
+                f"{g['group']} differences: " + "; ".join(lines),
                 style="bold red"
                 if g["unexplained_differences"] or g["kernel_launch_error"]
                 else "",
             ),
         )
-        for g in groups
+        for g, lines in zip(groups, differences, strict=True)
     ]
     return ByWidth(
-        wide=_groups_table(groups, with_differences=True),
+        wide=_groups_table(groups, differences),
         narrow=Group(
-            _groups_table(groups, with_differences=False),
+            _groups_table(groups, None),
             indented(lines),
             Text(DIFFERENCES_NOTE, style="dim"),
         ),
@@ -84,7 +85,9 @@ def _groups_view(groups: list[GroupRecord]) -> RenderableType:
     )
 
 
-def _groups_table(groups: list[GroupRecord], *, with_differences: bool) -> Table:
+def _groups_table(groups: list[GroupRecord], differences: list[list[str]] | None) -> Table:
+    """The groups, with each one's `differences` lines in a column (None: without it)."""
+    with_differences = differences is not None
     table = Table(title="groups", title_justify="left")
     if with_differences:  # else the note follows the differences, across the whole width
         table.caption, table.caption_justify = DIFFERENCES_NOTE, "left"
@@ -96,17 +99,18 @@ def _groups_table(groups: list[GroupRecord], *, with_differences: bool) -> Table
             if name in ("window", "verify entries", "capacity", "enable")
             else "left",
         )
-    for g in groups:
-        lines = differences_lines(g)
+    for i, g in enumerate(groups):
         style = "bold red" if g["unexplained_differences"] or g["kernel_launch_error"] else ""
         table.add_row(
-            _t(g["group"]),
-            _t(g["window"]),
-            _t(g["total_verify"]),
-            _t(g["verify_capacity"]),
-            _t(g["enable"]),
-            _t(g["kernel"]),
-            *([Text("\n".join(lines), style=style)] if with_differences else []),
+            *cells(
+                g["group"],
+                g["window"],
+                g["total_verify"],
+                g["verify_capacity"],
+                g["enable"],
+                g["kernel"],
+            ),
+            *([Text("\n".join(differences[i]), style=style)] if differences is not None else []),
         )
     return table
 
@@ -118,11 +122,7 @@ def _counts_table(dump: DumpRecord) -> Table:
     for c, findings in zip(dump["counts"], findings_per_count(dump), strict=True):
         style = SEVERITY_STYLE.get(c["severity"], "")
         table.add_row(
-            _t(c["code"], style),
-            _t(c["severity"], style),
-            _t(c["group"]),
-            _t(findings),
-            _t(c["count"]),
+            *cells(c["code"], c["severity"], style=style), *cells(c["group"], findings, c["count"])
         )
     return table
 
@@ -133,7 +133,7 @@ def _code_blocks(sections: list[CodeSection]) -> list[RenderableType]:
         style = SEVERITY_STYLE.get(section.severity, "")
         parts.append(
             Text(
-                f"{section.code} ({section.severity}): {section_size(section)}",
+                f"{section.code} ({section.severity}): {section.size}",
                 style=f"bold {style}".strip(),
             )
         )
@@ -235,12 +235,14 @@ def _requests_table(requests: list[RequestRecord]) -> Table:
     for r in requests:
         counts = code_cells(r["counts"])
         table.add_row(
-            _t(r["batch_row"]),
-            _t(r["pool_row"]),
-            _t(r["prefix_len"]),
-            _t(r["extend_len"]),
-            _t(r["first_bad_position"]),
-            _t(counts),
+            *cells(
+                r["batch_row"],
+                r["pool_row"],
+                r["prefix_len"],
+                r["extend_len"],
+                r["first_bad_position"],
+                counts,
+            )
         )
     return table
 
@@ -301,11 +303,13 @@ def _summary_table(record: CheckRecord, errors_on_stderr: bool) -> Table:
         table.add_row(
             _t(d["path"]),
             _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
-            _t(d["bs"]),
-            _t(d["findings_total"]),
-            _t(errors),
-            _t(warnings),
-            *(() if errors_on_stderr else (_t(d["error"]),)),
+            *cells(
+                d["bs"],
+                d["findings_total"],
+                errors,
+                warnings,
+                *([] if errors_on_stderr else [d["error"]]),
+            ),
         )
     return table
 

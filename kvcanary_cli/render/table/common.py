@@ -1,5 +1,5 @@
-"""Rich pieces several terminal views share: plain cells, indented lines, identity and shrunk
-lines, a finding's slot, and the styles of severities."""
+"""Rich pieces several terminal views share: a layout chosen by width, plain cells (one, or a
+row's at once), indented lines, identity and shrunk lines, and the styles of severities."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.phrases.shrink import shrunk_lines
 from kvcanary_cli.render.records.common import ShrunkRecord
-from kvcanary_cli.render.shared import shrunk_lines
 
 __all__ = [
     "SEVERITY_STYLE",
     "ByWidth",
     "cell",
+    "cells",
     "identity_line",
     "indented",
     "shrunk_block",
@@ -43,6 +44,11 @@ class ByWidth:
 def cell(value: object, style: str = "") -> Text:
     """A table cell: the value's text (`-` for None), never read as markup."""
     return Text("-" if value is None else str(value), style=style)
+
+
+def cells(*values: object, style: str = "") -> list[Text]:
+    """A row's cells (`cell` each) in one style: one call per row, not one per cell."""
+    return [cell(value, style) for value in values]
 
 
 def indented(rows: list[tuple[str, Text]], indent: int = 2) -> Table:

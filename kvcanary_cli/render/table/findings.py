@@ -13,16 +13,9 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.phrases.findings import FindingWords, finding_words
 from kvcanary_cli.render.records.common import FindingRecord
-from kvcanary_cli.render.shared import (
-    examples_text,
-    launch_mark,
-    plural,
-    raise_mark,
-    role_text,
-    where_lines,
-)
-from kvcanary_cli.render.table.common import SEVERITY_STYLE, ByWidth
+from kvcanary_cli.render.table.common import SEVERITY_STYLE, ByWidth, cells
 from kvcanary_cli.render.table.common import cell as _t
 
 __all__ = ["FINDINGS_TABLE_WIDTH", "findings_view", "message_text"]
@@ -35,16 +28,16 @@ FINDINGS_TABLE_WIDTH = 100
 _HOLDERS_SHOWN = 3
 
 
-def message_text(f: FindingRecord) -> Text:
+def message_text(f: FindingRecord, words: FindingWords) -> Text:
     """The message, flagged where SGLang's reference raises and where it rests on assumptions,
     then a few of the group's cells and where the example's slot lives."""
     text = Text(f["message"])
     assumes = f"(assumes {', '.join(f['assumes'])}: not recorded)" if f["assumes"] else None
     pieces = (
-        (" ", raise_mark(f), "bold"),
-        (" ", launch_mark(f), "bold"),
+        (" ", words.raise_mark, "bold"),
+        (" ", words.launch_mark, "bold"),
         (" ", assumes, "yellow"),
-        ("\n", examples_text(f), "dim"),  # a group: a few of its cells
+        ("\n", words.examples, "dim"),  # a group: a few of its cells
         ("\n", _holders_text(f), "dim"),  # where the example's slot lives
     )
     for separator, piece, style in pieces:
@@ -72,7 +65,12 @@ def _holders_text(f: FindingRecord) -> str | None:
     return f"{space} {prov['slot']} is held at " + ("; ".join(bits) or "no cell")
 
 
-def _findings_table(findings: list[FindingRecord], with_code: bool) -> Table:
+#: A finding with its phrases (`phrases.findings.finding_words`), worked out once for both
+#: layouts.
+_Worded = list[tuple[FindingRecord, FindingWords]]
+
+
+def _findings_table(findings: _Worded, with_code: bool) -> Table:
     """One row per finding group: how many cells, where they lie, and what they are."""
     table = Table()
     if with_code:
@@ -80,44 +78,42 @@ def _findings_table(findings: list[FindingRecord], with_code: bool) -> Table:
     for name in ("group", "cells", "where", "role"):
         table.add_column(name, justify="right" if name == "cells" else "left")
     table.add_column("message", ratio=1)
-    for f in findings:
+    for f, words in findings:
         code = (_t(f["code"], SEVERITY_STYLE.get(f["severity"], "")),) if with_code else ()
         table.add_row(
             *code,
-            _t(f["group"]),
-            _t(f["count"]),
-            _t("\n".join(where_lines(f)) or "-"),
-            _t(role_text(f)),
-            message_text(f),
+            *cells(f["group"], f["count"], "\n".join(words.where) or "-", words.role),
+            message_text(f, words),
         )
     return table
 
 
-def _finding_blocks(findings: list[FindingRecord], with_code: bool) -> Table:
+def _finding_blocks(findings: _Worded, with_code: bool) -> Table:
     """One block per finding: a head line (code, group, cells, role), where its cells lie,
     then the message wrapping under them across the whole width."""
     grid = Table.grid()
     grid.add_column(width=2, no_wrap=True)
     grid.add_column(ratio=1)
-    for f in findings:
+    for f, words in findings:
         head = Text()
         if with_code:
             head.append(f"{f['code']} ({f['severity']}) · ", SEVERITY_STYLE.get(f["severity"], ""))
-        role = role_text(f)
-        head.append(" · ".join([f["group"], plural(f["count"], "cell"), *([role] if role else [])]))
+        role = words.role
+        head.append(" · ".join([f["group"], words.cells, *([role] if role else [])]))
         grid.add_row(Text("•"), head)
-        where = " · ".join(where_lines(f))
+        where = " · ".join(words.where)
         if where:
             grid.add_row(Text(""), Text(where))
-        grid.add_row(Text(""), message_text(f))
+        grid.add_row(Text(""), message_text(f, words))
     return grid
 
 
 def findings_view(findings: list[FindingRecord], *, with_code: bool = False) -> RenderableType:
     """Findings as a table from `FINDINGS_TABLE_WIDTH` columns up, else one block each;
     `with_code`: each names its code (`check` names it in the heading above instead)."""
+    worded = [(f, finding_words(f)) for f in findings]
     return ByWidth(
-        wide=_findings_table(findings, with_code),
-        narrow=_finding_blocks(findings, with_code),
+        wide=_findings_table(worded, with_code),
+        narrow=_finding_blocks(worded, with_code),
         min_width=FINDINGS_TABLE_WIDTH,
     )

@@ -11,24 +11,14 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.phrases.inspect import batch_facts, inspect_metadata, tensor_role
+from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.render.records.inspect import InspectRecord
-from kvcanary_cli.render.shared import (
-    CUT_COLUMNS,
-    batch_facts,
-    cut_rows,
-    fmt_bytes,
-    inspect_metadata,
-    shrink_facts,
-    tensor_role,
-)
-from kvcanary_cli.render.table.common import cell
+from kvcanary_cli.render.shared import fmt_bytes
+from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["inspect_table"]
-
-
-def _cells(*values: object) -> list[Text]:
-    return [cell(value) for value in values]
 
 
 def inspect_table(record: InspectRecord) -> RenderableType:
@@ -46,7 +36,7 @@ def inspect_table(record: InspectRecord) -> RenderableType:
         tensors.add_column(col, justify="right" if col == "bytes" else "left")
     for t in record["tensors"]:
         tensors.add_row(
-            *_cells(
+            *cells(
                 t["name"],
                 t["dtype"],
                 "x".join(map(str, t["shape"])) or "[]",
@@ -63,21 +53,21 @@ def inspect_table(record: InspectRecord) -> RenderableType:
         for col in CUT_COLUMNS:
             cut.add_column(col, justify="left" if col in ("tensor", "original shape") else "right")
         for row in cut_rows(shrink):
-            cut.add_row(*_cells(*row))
+            cut.add_row(*cells(*row))
         parts.append(cut)
     scalars = Table(title="scalars", title_justify="left")
     for col in ("name", "value", "origin", "source", "option"):
         scalars.add_column(col)
     for s in record["scalars"]:
-        scalars.add_row(*_cells(s["name"], s["value"], s["origin"], s["source"], s["option"]))
+        scalars.add_row(*cells(s["name"], s["value"], s["origin"], s["source"], s["option"]))
     parts.append(scalars)
     groups = ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
     summary = Table(title="batch", title_justify="left", show_header=False)
     summary.add_column("key")
     summary.add_column("value")
-    summary.add_row(*_cells("groups", groups))
+    summary.add_row(*cells("groups", groups))
     for key, value in batch_facts(record["batch"]):
-        summary.add_row(*_cells(key, value))
+        summary.add_row(*cells(key, value))
     parts.append(summary)
     identity = inspect_metadata(record)
     if identity:
@@ -85,7 +75,7 @@ def inspect_table(record: InspectRecord) -> RenderableType:
         meta.add_column("key")
         meta.add_column("value")
         for key, text in identity.items():
-            meta.add_row(*_cells(key, text))
+            meta.add_row(*cells(key, text))
         parts.append(meta)
     if record["notes"]:
         parts.append(Text("notes:", style="bold"))

@@ -10,13 +10,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcanary_cli.render.records.plan import PlanRecord
-from kvcanary_cli.render.shared import (
+from kvcanary_cli.render.phrases.plan import (
     REQUEST_COLUMNS,
     plan_headline,
     plan_problem_line,
     plan_request_cells,
 )
+from kvcanary_cli.render.records.plan import PlanRecord
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["plan_table"]

@@ -7,11 +7,11 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.phrases.provenance import CELL_COLUMNS, row_lines, row_notices
 from kvcanary_cli.render.records.common import FindingRecord, SlotProvenanceRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
-from kvcanary_cli.render.shared import cell_columns, plural, row_lines, row_notices
-from kvcanary_cli.render.table.common import cell as _t
-from kvcanary_cli.render.table.common import identity_line, indented, shrunk_block
+from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.table.common import cells, identity_line, indented, shrunk_block
 from kvcanary_cli.render.table.findings import findings_view
 from kvcanary_cli.render.table.pictures import RowStrip
 from kvcanary_cli.safe_text import printable_record
@@ -42,24 +42,26 @@ def _slot_blocks(prov: SlotProvenanceRecord, max_rows: int) -> list[RenderableTy
         )
     )
     swa = prov["space"] == "swa"
-    cells = Table(
+    cell_table = Table(
         title=f"cells ({prov['cells_total']} in req_to_token, live first)", title_justify="left"
     )
-    for name in cell_columns(swa):
-        cells.add_column(
+    for name in CELL_COLUMNS[swa]:
+        cell_table.add_column(
             name, justify="right" if name in ("pool row", "position", "full slot") else "left"
         )
     for c in prov["cells"]:
-        cells.add_row(
-            _t(c["pool_row"]),
-            _t(c["position"]),
-            *((_t(c["full_slot"]),) if swa else ()),
-            _t(", ".join(map(str, c["batch_rows"])) or "-"),
-            _t(c["role"]),
-            _t("seed" if c["seed"] else ""),
-            _t("shared" if c["shared"] else ""),
+        cell_table.add_row(
+            *cells(
+                c["pool_row"],
+                c["position"],
+                *((c["full_slot"],) if swa else ()),
+                ", ".join(map(str, c["batch_rows"])) or "-",
+                c["role"],
+                "seed" if c["seed"] else "",
+                "shared" if c["shared"] else "",
+            )
         )
-    parts.append(cells)
+    parts.append(cell_table)
     if prov["cells_total"] > len(prov["cells"]):
         parts.append(Text(f"… and {prov['cells_total'] - len(prov['cells'])} more cells"))
     if prov["canary"]:
@@ -68,11 +70,7 @@ def _slot_blocks(prov: SlotProvenanceRecord, max_rows: int) -> list[RenderableTy
             canary.add_column(name, justify="left" if name == "buffer" else "right")
         for r in prov["canary"][:max_rows]:
             canary.add_row(
-                _t(r["buffer"]),
-                _t(r["token"]),
-                _t(r["position"]),
-                _t(r["prev_hash"]),
-                _t(r["real_kv_hash"]),
+                *cells(r["buffer"], r["token"], r["position"], r["prev_hash"], r["real_kv_hash"])
             )
         parts.append(canary)
         if len(prov["canary"]) > max_rows:
@@ -84,7 +82,7 @@ def _slot_blocks(prov: SlotProvenanceRecord, max_rows: int) -> list[RenderableTy
         violations.add_column("index", justify="right")
         violations.add_column("fields")
         for v in prov["violations"][:shown]:
-            violations.add_row(_t(v["index"]), _t(", ".join(map(str, v["fields"]))))
+            violations.add_row(*cells(v["index"], ", ".join(map(str, v["fields"]))))
         parts.append(violations)
     return parts
 
@@ -131,13 +129,8 @@ def _row_blocks(row: RowMapRecord, findings: list[FindingRecord]) -> list[Render
         marked = bool(c["marks"])
         style = "bold red" if marked else ""
         role = c["role"] + (" (seed)" if c["seed"] else "")
-        table.add_row(
-            _t(c["position"], style),
-            _t(c["slot"], style),
-            _t(role, style),
-            _t(c["swa_slot"], style),
-            _t("\n".join(f"! {code}" for code in c["marks"]), style),
-        )
+        marks = "\n".join(f"! {code}" for code in c["marks"])
+        table.add_row(*cells(c["position"], c["slot"], role, c["swa_slot"], marks, style=style))
     parts.append(table)
     notices = [("", Text(notice, style="yellow")) for notice in row_notices(row)]
     if notices:

@@ -10,15 +10,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcanary_cli.render.records.selftest import SelftestRecord
-from kvcanary_cli.render.shared import (
+from kvcanary_cli.render.phrases.selftest import (
     agreement_rows,
     difference_value,
     differences_found,
     selftest_verdict,
     sglang_line,
-    shown,
 )
+from kvcanary_cli.render.records.selftest import SelftestRecord
+from kvcanary_cli.render.shared import shown
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["selftest_table"]

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.records.timeline import TimelineRecord
-from kvcanary_cli.render.table.common import SEVERITY_STYLE, indented
+from kvcanary_cli.render.table.common import SEVERITY_STYLE, cells, indented
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.render.timeline_text import (
     dump_cells,
@@ -41,7 +41,7 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> Table:
         else:
             grid.add_column(name, justify="right" if name in _RIGHT else "left")
     for row in rows:
-        grid.add_row(*(_t(c) for c in row))
+        grid.add_row(*cells(*row))
     return grid
 
 
@@ -81,7 +81,7 @@ def timeline_table(record: TimelineRecord, *, max_rows: int = 10) -> RenderableT
             grid.add_column(name)
         for f, row in zip(record["findings"], rows, strict=True):
             style = SEVERITY_STYLE.get(f["severity"], "")
-            grid.add_row(_t(row[0], style), *(_t(c) for c in row[1:]))
+            grid.add_row(_t(row[0], style), *cells(*row[1:]))
         parts.append(grid)
     slot = record["slot"]
     if slot is not None:

@@ -10,16 +10,16 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.canary.constants import hex64
-from kvcanary_cli.render.records.common import SlotProvenanceRecord
-from kvcanary_cli.render.shared import (
+from kvcanary_cli.render.phrases.violations import (
     REPLAY_NOTE,
-    plural,
     replay_comparison_line,
     slot_cells_text,
     source_detail,
     violation_reasons,
 )
-from kvcanary_cli.render.table.common import cell as _t
+from kvcanary_cli.render.records.common import SlotProvenanceRecord
+from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.safe_text import printable_record
 
 if TYPE_CHECKING:  # the record's module builds it with numpy
@@ -38,10 +38,12 @@ def _slots_table(slots: list[SlotProvenanceRecord]) -> Table:
         table.add_column(name, justify="right" if name == "slot" else "left")
     for prov in slots:
         table.add_row(
-            _t(prov["space"]),
-            _t(prov["slot"]),
-            _t(prov["allocator"] or "unknown"),
-            _t(slot_cells_text(prov)),
+            *cells(
+                prov["space"],
+                prov["slot"],
+                prov["allocator"] or "unknown",
+                slot_cells_text(prov),
+            )
         )
     return table
 
@@ -61,13 +63,15 @@ def _row_table(rows: list[ViolationRowRecord]) -> Table:
         if r["expected_token"] != -1:
             token += f" / {r['expected_token']}"
         table.add_row(
-            _t(origin),
-            _t(r["tag"]),
-            _t(r["slot_idx"]),
-            _t(r["position"]),
-            _t(token),
-            _t(violation_reasons(r)),
-            _t(r["diagnosis"] or f"prev hash {hex64(r['stored_chain_hash'])}"),
+            *cells(
+                origin,
+                r["tag"],
+                r["slot_idx"],
+                r["position"],
+                token,
+                violation_reasons(r),
+                r["diagnosis"] or f"prev hash {hex64(r['stored_chain_hash'])}",
+            )
         )
     return table
 
@@ -81,14 +85,16 @@ def _replay_table(replay: list[ReplayRecord]) -> Table:
     table.add_column("rows", justify="right")
     for r in replay:
         table.add_row(
-            _t(r["group"]),
-            _t(r["buffer"]),
-            _t(r["entries"]),
-            _t(r["checked"]),
-            _t(r["slot_zero"]),
-            _t(r["chain_skipped"]),
-            _t(r["real_kv"]),
-            _t(r["rows"]),
+            *cells(
+                r["group"],
+                r["buffer"],
+                r["entries"],
+                r["checked"],
+                r["slot_zero"],
+                r["chain_skipped"],
+                r["real_kv"],
+                r["rows"],
+            )
         )
     return table
 
@@ -115,7 +121,7 @@ def violations_table(record: ViolationsRecord, *, max_rows: int = 20) -> Rendera
     for name in ("source", "kind", "rows", "read"):
         sources.add_column(name, justify="right" if name == "rows" else "left")
     for s in record["sources"]:
-        sources.add_row(_t(s["path"]), _t(s["kind"]), _t(s["rows"]), _t(source_detail(s)))
+        sources.add_row(*cells(s["path"], s["kind"], s["rows"], source_detail(s)))
     if record["sources"]:
         parts.append(sources)
     if record["replay"]:
