@@ -17,6 +17,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.text import Text
 
+from kvcanary_cli.catalog import Severity
 from kvcanary_cli.render.records.check import DumpRecord
 from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.records.provenance import RowMapRecord
@@ -38,7 +39,6 @@ _KINDS: dict[str, tuple[str, str, str]] = {
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 #: Columns a picture leaves on its left.
 _INDENT = 2
-_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 
 
 def code_letters(findings: Iterable[FindingRecord]) -> dict[str, tuple[str, str]]:
@@ -47,9 +47,9 @@ def code_letters(findings: Iterable[FindingRecord]) -> dict[str, tuple[str, str]
     severity: dict[str, str] = {}
     for f in findings:
         current = severity.get(f["code"])
-        if current is None or _SEVERITY_RANK[f["severity"]] < _SEVERITY_RANK[current]:
+        if current is None or Severity(f["severity"]).rank > Severity(current).rank:
             severity[f["code"]] = f["severity"]
-    ordered = sorted(severity, key=lambda code: _SEVERITY_RANK[severity[code]])
+    ordered = sorted(severity, key=lambda code: -Severity(severity[code]).rank)
     return {
         code: (_LETTERS[i] if i < len(_LETTERS) else "*", severity[code])
         for i, code in enumerate(ordered)
