@@ -1,6 +1,6 @@
 """Every option of the `kvcanary` commands, declared once as a typer `Annotated` alias (a
 command writes out the ones it takes), and the parsers typer is given for a choice and for an
-integer within its bounds (`values.Bounds`: the API checks the same numbers).
+integer within its bounds (`option_values.Bounds`: the API checks the same numbers).
 
 `cli` declares the commands with these; nothing here knows what a command does.
 """
