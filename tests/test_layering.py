@@ -62,7 +62,8 @@ ALLOWED = {
         "",
     },
     "capture": {"safe_text", "catalog", "dump", "errors", "capture"},
-    # SGLang's real stack under a workload, recorded by the capture code, audited by `api`
+    # SGLang's real stack under a workload, recorded by the capture code, audited by `api`;
+    # "" for __version__ (its report names the kvcanary that ran it)
     "soak": {
         "safe_text",
         "catalog",
@@ -77,6 +78,7 @@ ALLOWED = {
         "option_values",
         "output",
         "soak",
+        "",
     },
     # the typer options; their ranges and choices are `option_values`, which the API checks too
     "cli_options": {

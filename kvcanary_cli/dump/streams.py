@@ -11,7 +11,7 @@ import io
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from typing import IO
 
 from kvcanary_cli.errors import PathError
@@ -21,6 +21,7 @@ __all__ = [
     "STANDARD_OUTPUT_NAME",
     "prepare_standard_streams",
     "standard_input_is_closed",
+    "standard_output_on_standard_error",
     "standard_output_refusal",
     "write_standard_error",
     "writing_to_standard_output",
@@ -93,6 +94,37 @@ def writing_to_standard_output() -> Iterator[None]:
         _discard(stdout)
         reason = exc.strerror or type(exc).__name__
         raise PathError(f"cannot be written: {reason}", path=STANDARD_OUTPUT_NAME) from None
+
+
+@contextmanager
+def standard_output_on_standard_error() -> Iterator[None]:
+    """Inside, what a library prints to standard output (`print`, or its descriptor written
+    directly, as a native extension does) goes to standard error: a command whose data is on
+    standard output (a JSON record) runs a library that talks there (SGLang, printing its
+    radix tree on out-of-memory). Both are restored on the way out, however it ends."""
+    for stream in (sys.stdout, sys.stderr):
+        _flush(stream)
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptor 1 or 2 to point: Python's own stream is moved still
+        saved = None
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _flush(sys.stderr)
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _flush(stream: IO[str] | None) -> None:
+    try:
+        if stream is not None:
+            stream.flush()
+    except (OSError, ValueError):
+        pass  # a refusing stream: what it says is lost, as write_standard_error loses it
 
 
 def standard_output_refusal(exc: OSError) -> str | None:

@@ -2,9 +2,9 @@
 printing), organised by format.
 
 `render_check`, `render_provenance`, `render_violations`, `render_inspect`, `render_plan`,
-`render_selftest` and `render_timeline` build the command's record once (`render.records`,
-one module per command) and hand it to the view `fmt` asks for: `render.json`,
-`render.table` or `render.markdown`.
+`render_selftest`, `render_timeline` and `render_soak` build the command's record once
+(`render.records`, one module per command) and hand it to the view `fmt` asks for:
+`render.json`, `render.table` or `render.markdown`.
 The views only read records. A `str` result (JSON, Markdown) is written verbatim; a
 renderable goes through a console (see `emit`).
 """
@@ -22,6 +22,7 @@ from kvcanary_cli.render.markdown.inspect import inspect_markdown
 from kvcanary_cli.render.markdown.plan import plan_markdown
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
 from kvcanary_cli.render.markdown.selftest import selftest_markdown
+from kvcanary_cli.render.markdown.soak import soak_markdown
 from kvcanary_cli.render.markdown.timeline import timeline_markdown
 from kvcanary_cli.render.markdown.violations import violations_markdown
 from kvcanary_cli.render.records.check import check_record
@@ -29,16 +30,19 @@ from kvcanary_cli.render.records.inspect import inspect_record
 from kvcanary_cli.render.records.plan import plan_record
 from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.records.selftest import selftest_record
+from kvcanary_cli.render.records.soak import soak_record
 from kvcanary_cli.render.records.timeline import timeline_record
 from kvcanary_cli.render.table.check import check_table, verdict_lines
 from kvcanary_cli.render.table.inspect import inspect_table
 from kvcanary_cli.render.table.plan import plan_table
 from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.render.table.selftest import selftest_table
+from kvcanary_cli.render.table.soak import soak_table
 from kvcanary_cli.render.table.timeline import timeline_table
 from kvcanary_cli.render.table.violations import violations_table
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.provenance import ProvenanceReport
+from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
 # These results' modules compute with numpy (and the violations record is built with it):
@@ -58,6 +62,7 @@ __all__ = [
     "render_plan",
     "render_provenance",
     "render_selftest",
+    "render_soak",
     "render_timeline",
     "render_violations",
     "to_json",
@@ -196,5 +201,19 @@ def render_timeline(
             return to_json(record)
         case OutputFormat.MARKDOWN:
             return timeline_markdown(record, max_rows=max_rows)
+        case _:
+            assert_never(fmt)
+
+
+def render_soak(report: SoakReport, fmt: OutputFormat) -> str:
+    """What a soak ran and found (the `kvcanary.soak/1` record) in `fmt`."""
+    record = soak_record(report)
+    match fmt:
+        case OutputFormat.TABLE:
+            return soak_table(record)
+        case OutputFormat.JSON:
+            return to_json(record)
+        case OutputFormat.MARKDOWN:
+            return soak_markdown(record)
         case _:
             assert_never(fmt)

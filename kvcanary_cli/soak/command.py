@@ -11,17 +11,21 @@ the standard library: SGLang and torch load when a soak runs.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvcanary_cli.results.soak import SoakReport
+from kvcanary_cli.results.soak import SoakFailure, SoakReport
 
-__all__ = ["render_soak", "run_and_render", "soak"]
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from kvcanary_cli.render.console import OutputFormat
+
+__all__ = ["run_and_render", "soak"]
 
 #: Steps per history: short histories find the planted faults early and shrink fast.
 HISTORY_STEPS = 80
@@ -44,17 +48,24 @@ def soak(
     core: str | None = None,
     fault: str | None = None,
     out: Path,
+    force: bool = False,
+    timings: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> SoakReport:
-    """Run histories until `steps` scheduler steps are spent or one fails (see module)."""
+    """Run histories until `steps` scheduler steps are spent or one fails (see module).
+
+    `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
+    from kvcanary_cli import __version__
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.soak.faults import FAULTS
-    from kvcanary_cli.soak.run import run_history, shrink_workload
+    from kvcanary_cli.soak.outputs import check_out
+    from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import load_sglang
-    from kvcanary_cli.soak.workload import Workload, random_workload
+    from kvcanary_cli.soak.workload import random_workload
 
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="--fault")
+    check_out(out, force=force)
     modules = load_sglang(sglang_tree)
     if core is not None and core not in modules.cores:
         raise OptionError(
@@ -62,7 +73,13 @@ def soak(
             option="--core",
         )
     specs = _specs(page_size, modules.cores, core)
-    report = SoakReport(sglang_version=modules.tree.version, sglang_root=str(modules.tree.root))
+    report = SoakReport(
+        kvcanary_version=__version__,
+        sglang_version=modules.tree.version,
+        sglang_root=str(modules.tree.root),
+        seed=seed,
+        budget=steps,
+    )
     started = time.monotonic()
     history = 0
     while report.steps < steps:
@@ -71,89 +88,75 @@ def soak(
         workload = random_workload(
             history_seed, steps=HISTORY_STEPS, requests=20, max_prompt=60, max_new=20
         )
-        result = run_history(modules, spec, workload, fault=fault)
+        # the budget is steps run: the last history stops where it is spent
+        result = run_history(modules, spec, workload, fault=fault, max_steps=steps - report.steps)
         history += 1
         report.histories += 1
         report.steps += result.steps
         report.audited_steps += result.audited
         if progress is not None:
             progress(min(report.steps, steps), steps)
-        failure = result.failure
-        if failure is None:
-            continue
-        report.found = True
-        report.sglang_said = list(failure.sglang)
-        report.sglang_missed = not failure.sglang
-        report.failure = {
-            "seed": history_seed,
-            "page_size": spec.page_size,
-            "core": spec.core,
-            "step": failure.step,
-            "when": failure.mode,
-            "codes": failure.codes,
-            "top_cause": failure.top_cause,
-            "fault": fault,
-        }
-        out.mkdir(parents=True, exist_ok=True)
-        cause = failure.top_cause
-
-        def fails(candidate: Workload, spec: Any = spec, cause: Any = cause) -> bool:
-            again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False)
-            return again.failure is not None and again.failure.top_cause == cause
-
-        shrunk = shrink_workload(workload, fails)
-        # the dumps: the original failing step, and the shrunk workload's (which still fails)
-        for name, chosen in (("dump", workload), ("shrunk_dump", shrunk)):
-            scratch = out / f".{name}"
-            scratch.mkdir(exist_ok=True)
-            again = run_history(modules, spec, chosen, fault=fault, folder=scratch)
-            if again.failure is not None and again.failure.dump is not None:
-                target = out / f"soak-{name.replace('_', '-')}.safetensors"
-                shutil.move(str(again.failure.dump), target)
-                report.files[name] = str(target)
-            shutil.rmtree(scratch, ignore_errors=True)
-        meta = {"spec": asdict(spec), **report.failure}
-        for name, chosen in (("workload", workload), ("reproducer", shrunk)):
-            path = out / f"soak-{name}.json"
-            body = json.loads(chosen.to_json())
-            path.write_text(json.dumps({**meta, "workload": body}, indent=1) + "\n")
-            report.files[name] = str(path)
-        report.shrunk_arrivals = (len(workload.arrivals), len(shrunk.arrivals))
-        break
-    report.seconds = round(time.monotonic() - started, 2)
+        if result.failure is not None:
+            _keep_finding(report, modules, spec, workload, result.failure, fault, out, force)
+            break
+    if timings:
+        report.seconds = round(time.monotonic() - started, 2)
     return report
 
 
-def render_soak(report: SoakReport, fmt: str) -> str:
-    """The report as JSON, or as a few lines for a terminal."""
-    if fmt == "json":
-        return json.dumps(asdict(report), indent=1, sort_keys=True) + "\n"
-    from kvcanary_cli.safe_text import printable
+def _keep_finding(
+    report: SoakReport,
+    modules: Any,
+    spec: Any,
+    workload: Any,
+    failure: Any,
+    fault: str | None,
+    out: Path,
+    force: bool,
+) -> None:
+    """Shrink the failing workload, record the dumps of both, and write the four files."""
+    from kvcanary_cli.soak.outputs import scratch, write_outputs
+    from kvcanary_cli.soak.run import run_history, shrink_workload
 
-    lines = [
-        f"kvcanary soak: SGLang {report.sglang_version} ({report.sglang_root}), "
-        f"{report.histories} histories, {report.steps} steps, {report.audited_steps} audited, "
-        f"{report.seconds} s"
-    ]
-    if not report.found or report.failure is None:
-        lines.append("clean: no finding, SGLang's checks silent on every audited step")
-        return "".join(printable(line) + "\n" for line in lines)
-    f = report.failure
-    lines.append(
-        f"FOUND at step {f['step']} ({f['when']}) of seed {f['seed']}, page size "
-        f"{f['page_size']}, {f['core']} core: {', '.join(f['codes'])} "
-        f"(cause: {f['top_cause']})"
+    report.sglang_said = list(failure.sglang)
+    report.failure = SoakFailure(
+        seed=workload.seed,
+        page_size=spec.page_size,
+        core=spec.core,
+        step=failure.step,
+        when=failure.mode,
+        codes=tuple(failure.codes),
+        top_cause=failure.top_cause,
+        fault=fault,
     )
-    if report.sglang_missed:
-        lines.append("SGLang's own checks were silent at that step: only kvcanary saw it")
-    else:
-        lines.append("SGLang's own checks at that step: " + " | ".join(report.sglang_said))
-    if report.shrunk_arrivals:
-        before, after = report.shrunk_arrivals
-        lines.append(f"shrunk the workload from {before} to {after} requests")
-    for name, path in report.files.items():
-        lines.append(f"  {name}: {path}")
-    return "".join(printable(line) + "\n" for line in lines)
+    cause = failure.top_cause
+
+    def fails(candidate: Any) -> bool:
+        again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False)
+        return again.failure is not None and again.failure.top_cause == cause
+
+    shrunk = shrink_workload(workload, fails)
+    report.shrunk_arrivals = (len(workload.arrivals), len(shrunk.arrivals))
+    meta = {"spec": asdict(spec), **_failure_fields(report.failure)}
+    contents: dict[str, Path | bytes] = {}
+    with scratch() as folder:
+        # the dumps: the original failing step, and the shrunk workload's (which still fails)
+        for name, chosen in (("dump", workload), ("shrunk_dump", shrunk)):
+            (folder / name).mkdir()
+            again = run_history(modules, spec, chosen, fault=fault, folder=folder / name)
+            if again.failure is not None and again.failure.dump is not None:
+                contents[name] = again.failure.dump
+        for name, chosen in (("workload", workload), ("reproducer", shrunk)):
+            body = json.loads(chosen.to_json())
+            contents[name] = (json.dumps({**meta, "workload": body}, indent=1) + "\n").encode()
+        report.files = write_outputs(out, contents, force=force)
+
+
+def _failure_fields(failure: SoakFailure) -> dict[str, Any]:
+    """What a workload file says of its failure, besides the stack's shape."""
+    fields = asdict(failure)
+    fields["codes"] = list(failure.codes)
+    return fields
 
 
 def run_and_render(
@@ -164,13 +167,22 @@ def run_and_render(
     core: str | None,
     fault: str | None,
     out: Path,
-    fmt: str,
-) -> tuple[str, int]:
+    fmt: OutputFormat,
+    *,
+    force: bool = False,
+    timings: bool = False,
+) -> tuple[str | RenderableType, int]:
     """The command: a soak with a progress bar on a terminal, its report rendered, and the
-    exit code (0 clean, 1 found; bad input raises before, exit 2)."""
+    exit code (0 clean, 1 found; bad input raises before, exit 2). Whatever SGLang prints on
+    standard output goes to standard error: standard output carries the report."""
+    from kvcanary_cli.dump.streams import standard_output_on_standard_error
+    from kvcanary_cli.render import render_soak
     from kvcanary_cli.render.console import progress
 
-    with progress(f"soaking SGLang for {steps} steps", 2) as tick:
+    with (
+        standard_output_on_standard_error(),
+        progress(f"soaking SGLang for {steps} steps", 2) as tick,
+    ):
         report = soak(
             sglang_tree=sglang_tree,
             steps=steps,
@@ -179,9 +191,11 @@ def run_and_render(
             core=core,
             fault=fault,
             out=out,
+            force=force,
+            timings=timings,
             progress=tick,
         )
-    return render_soak(report, "json" if fmt == "json" else "table"), 1 if report.found else 0
+    return render_soak(report, fmt), 1 if report.found else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

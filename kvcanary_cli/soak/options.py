@@ -21,6 +21,7 @@ __all__ = [
     "OutOpt",
     "PageSizeOpt",
     "StepsOpt",
+    "TimingsOpt",
     "TreeOpt",
     "register",
 ]
@@ -36,7 +37,10 @@ TreeOpt = Annotated[
 StepsOpt = Annotated[
     int,
     integer_option(
-        "--steps", within=Bounds(1, 10**7), help="Scheduler steps to run in all (the budget)."
+        "--steps",
+        within=Bounds(1, 10**7),
+        help="Scheduler steps to run in all (the budget: the last history stops where it is "
+        "spent; shrinking a finding runs more).",
     ),
 ]
 PageSizeOpt = Annotated[
@@ -69,6 +73,14 @@ OutOpt = Annotated[
     ),
 ]
 
+TimingsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--timings",
+        help="Report the wall-clock seconds (off: two runs of one soak print the same bytes).",
+    ),
+]
+
 
 def register(app: typer.Typer) -> None:
     """Add `soak` to the `kvcanary` app."""
@@ -82,20 +94,32 @@ def register(app: typer.Typer) -> None:
         core: CoreOpt = None,
         fault: FaultOpt = None,
         out: OutOpt = DEFAULT_OUT,
+        force: opt.ForceOpt = False,
         output_format: opt.FormatOpt = OutputFormat.TABLE,
+        timings: TimingsOpt = False,
     ) -> None:
         """Run SGLang's real memory cache on CPU under a seeded random workload, audited each
         step.
 
         kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
         the first finding the dump, the workload (seed, step) and a shrunk workload that still
-        fails go to --out, and the report says what SGLang's checks did not see. Exit 0 clean,
-        1 found, 2 bad input (not an SGLang tree, no kv canary, a missing dependency).
+        fails go to --out (checked before the soak: --force to replace earlier files), and the
+        report says what SGLang's checks did not see. Exit 0 clean, 1 found, 2 bad input (not
+        an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
         """
         from kvcanary_cli.soak.command import run_and_render
 
         text, code = run_and_render(
-            sglang_tree, steps, seed, page_size, core, fault, out, output_format.value
+            sglang_tree,
+            steps,
+            seed,
+            page_size,
+            core,
+            fault,
+            out,
+            output_format,
+            force=force,
+            timings=timings,
         )
-        deliver(text, None, force=False, inputs=[])
+        deliver(text, None, inputs=[])
         raise typer.Exit(code)

@@ -47,7 +47,11 @@ def run_history(
     folder: Path | None = None,
     max_steps: int | None = None,
 ) -> HistoryResult:
-    """Run `workload`; audit each step `audit(step)` picks (at plan time, and at idle)."""
+    """Run `workload`; audit each step `audit(step)` picks (at plan time, and at idle).
+
+    It ends when the workload is served, at the first step flagged, or after `max_steps`
+    steps (what is left of soak's budget); never past the workload's steps * 4 + 64, time
+    enough to drain."""
     stack = build_stack(modules, spec)
     scheduler = Scheduler(stack, workload)
     checks = SGLangChecks(scheduler) if sglang_checks else None
@@ -72,7 +76,9 @@ def run_history(
             found.append(verdict)
 
     try:
-        limit = max_steps if max_steps is not None else workload.steps * 4 + 64
+        limit = workload.steps * 4 + 64
+        if max_steps is not None:
+            limit = min(limit, max_steps)
         while not found and scheduler.step_no < limit:
             try:
                 info = scheduler.step(on_plan)

@@ -29,6 +29,7 @@ from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.plan import PlanRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.render.records.selftest import SelftestRecord
+from kvcanary_cli.render.records.soak import SoakRecord
 from kvcanary_cli.render.records.timeline import TimelineRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
 
@@ -43,6 +44,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.plan/1": PlanRecord,
     "kvcanary.selftest/1": SelftestRecord,
     "kvcanary.timeline/1": TimelineRecord,
+    "kvcanary.soak/1": SoakRecord,
 }
 
 

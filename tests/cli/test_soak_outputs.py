@@ -1,0 +1,285 @@
+"""`kvcanary soak`'s outputs without SGLang: a stand-in for the stack (every history finds, or
+none does) drives the real command, so `--out`, the files written on a finding, the
+`kvcanary.soak/1` record and `--steps` are checked in a second each. The real stack's runs are
+in tests/integration/test_sglang_stack.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.soak import run as soak_run
+from kvcanary_cli.soak import stack as soak_stack
+from kvcanary_cli.soak.audit import Audit
+from kvcanary_cli.soak.workload import Workload
+
+OUTPUTS = (
+    "soak-dump.safetensors",
+    "soak-shrunk-dump.safetensors",
+    "soak-workload.json",
+    "soak-reproducer.json",
+)
+
+
+@dataclass
+class FakeSGLang:
+    """What the stand-in did, and how it behaves."""
+
+    finds: bool = True
+    loads: int = 0
+    #: step counts the histories ran
+    histories: list[int] = field(default_factory=list)
+    #: raise KeyboardInterrupt in the history that records the shrunk workload's dump
+    interrupt_shrunk_dump: bool = False
+    dumps_recorded: int = 0
+    #: printed while loading, as SGLang prints (its radix tree on out-of-memory)
+    chatter: bool = False
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
+    state = FakeSGLang()
+    modules = SimpleNamespace(
+        cores=("python",), tree=SimpleNamespace(version="0.0.fake", root=Path("/fake/sglang"))
+    )
+
+    def load_sglang(source: object = None) -> object:
+        state.loads += 1
+        if state.chatter:
+            print("RadixCache tree (printed by SGLang)")
+            os.write(1, b"fd-level chatter from SGLang\n")
+        return modules
+
+    def run_history(
+        modules: object,
+        spec: Any,
+        workload: Workload,
+        *,
+        fault: str | None = None,
+        folder: Path | None = None,
+        max_steps: int | None = None,
+        **_: object,
+    ) -> soak_run.HistoryResult:
+        steps = workload.steps if max_steps is None else min(workload.steps, max_steps)
+        state.histories.append(steps)
+        failure = None
+        if state.finds and workload.arrivals:
+            failure = Audit(step=steps, mode="plan", codes=["free-list-duplicate"])
+            failure.top_cause = "double-free"
+            if folder is not None:
+                state.dumps_recorded += 1
+                if state.interrupt_shrunk_dump and state.dumps_recorded == 2:
+                    raise KeyboardInterrupt
+                failure.dump = folder / "state.safetensors"
+                failure.dump.write_bytes(b"dump of %d arrivals" % len(workload.arrivals))
+        return soak_run.HistoryResult(
+            steps=steps,
+            audited=steps,
+            counters=None,  # type: ignore[arg-type]
+            failure=failure,
+        )
+
+    monkeypatch.setattr(soak_stack, "load_sglang", load_sglang)
+    monkeypatch.setattr(soak_run, "run_history", run_history)
+    yield state
+
+
+def soak(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["soak", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _one_line(err: str) -> None:
+    assert err.count("\n") == 1, err
+
+
+# --out is checked before anything runs
+
+
+def test_a_file_as_out_is_refused_before_soaking(fake: FakeSGLang, tmp_path: Path) -> None:
+    """Not after the soak, its finding lost in an exit 3."""
+    named = tmp_path / "results"
+    named.write_text("mine\n")
+    code, out, err = soak("--out", str(named))
+    assert code == 2, err
+    _one_line(err)
+    assert str(named) in err and "not a directory" in err
+    assert fake.loads == 0 and fake.histories == []
+    assert named.read_text() == "mine\n"
+
+
+def test_out_under_a_file_is_refused_before_soaking(fake: FakeSGLang, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    code, _, err = soak("--out", str(tmp_path / "file" / "sub"))
+    assert code == 2, err
+    _one_line(err)
+    assert fake.loads == 0
+
+
+def test_a_new_out_folder_is_made_on_a_finding_only(fake: FakeSGLang, tmp_path: Path) -> None:
+    """The clean twin: a missing --out is fine, and a clean soak creates nothing."""
+    fake.finds = False
+    code, _, err = soak("--out", str(tmp_path / "a" / "b"), "--steps", "100")
+    assert code == 0, err
+    assert not (tmp_path / "a").exists()
+    fake.finds = True
+    code, _, err = soak("--out", str(tmp_path / "a" / "b"), "--steps", "100")
+    assert code == 1, err
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == sorted(OUTPUTS)
+
+
+# the files: the rules of every other output
+
+
+def test_a_link_among_the_outputs_is_never_written_through(
+    fake: FakeSGLang, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim.json"
+    victim.write_text("outside --out\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "soak-workload.json").symlink_to(victim)
+    for force in ([], ["--force"]):
+        code, _, err = soak("--out", str(out), *force)
+        assert code == 2, err
+        _one_line(err)
+        assert "symbolic link" in err
+        assert fake.histories == []  # refused before soaking
+    assert victim.read_text() == "outside --out\n"
+    assert [p.name for p in out.iterdir()] == ["soak-workload.json"]
+
+
+def test_existing_outputs_are_replaced_with_force_only(fake: FakeSGLang, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "soak-dump.safetensors").write_bytes(b"an earlier finding")
+    code, _, err = soak("--out", str(out))
+    assert code == 2, err
+    _one_line(err)
+    assert "exists" in err and "--force" in err
+    assert fake.histories == []
+    assert [p.name for p in out.iterdir()] == ["soak-dump.safetensors"]
+    code, _, err = soak("--out", str(out), "--force")
+    assert code == 1, err
+    assert (out / "soak-dump.safetensors").read_bytes().startswith(b"dump of ")
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+
+
+def test_an_interrupted_soak_leaves_no_file(fake: FakeSGLang, tmp_path: Path) -> None:
+    """Ctrl-C while the shrunk workload's dump is recorded: neither the first dump alone nor a
+    hidden scratch folder stays in --out."""
+    fake.interrupt_shrunk_dump = True
+    out = tmp_path / "out"
+    code, _, err = soak("--out", str(out))
+    assert code == 130, err
+    assert not out.exists() or list(out.iterdir()) == []
+    assert fake.dumps_recorded == 2  # it was interrupted where it was meant to be
+
+
+def test_an_interrupted_write_leaves_no_file(
+    fake: FakeSGLang, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the files are written: none of them, no staged file, no hidden folder."""
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = []
+    real = Workload.to_json
+
+    def to_json(self: Workload) -> str:
+        calls.append(1)
+        if len(calls) == 2:  # the reproducer's, after the workload's
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(Workload, "to_json", to_json)
+    code, _, err = soak("--out", str(out))
+    assert code == 130, err
+    assert list(out.iterdir()) == []
+
+
+# the record
+
+
+def _report(*args: str) -> tuple[int, str, str]:
+    return soak(*args, "--format", "json")
+
+
+def test_json_is_a_versioned_documented_deterministic_record(
+    fake: FakeSGLang, tmp_path: Path
+) -> None:
+    from kvcanary_cli import __version__
+    from kvcanary_cli.render.records.soak import SoakRecord
+    from tests.render.record_schema import validate
+
+    code, first, err = _report("--out", str(tmp_path / "a"), "--seed", "3")
+    assert code == 1, err
+    record = json.loads(first)
+    assert validate(record, SoakRecord) == []
+    assert record["schema"] == "kvcanary.soak/1"
+    assert record["kvcanary_version"] == __version__
+    assert record["seconds"] is None  # wall-clock time is opt-in
+    assert record["failure"]["top_cause"] == "double-free"
+    assert first.startswith('{\n  "')  # indented like every other record
+    code, second, err = _report("--out", str(tmp_path / "a"), "--seed", "3", "--force")
+    assert code == 1, err
+    assert second == first
+    code, timed, err = _report("--out", str(tmp_path / "b"), "--seed", "3", "--timings")
+    assert code == 1, err
+    assert isinstance(json.loads(timed)["seconds"], float)
+
+
+def test_a_clean_record_matches_its_declaration(fake: FakeSGLang, tmp_path: Path) -> None:
+    from kvcanary_cli.render.records.soak import SoakRecord
+    from tests.render.record_schema import validate
+
+    fake.finds = False
+    code, text, err = _report("--out", str(tmp_path / "o"), "--steps", "200")
+    assert code == 0, err
+    record = json.loads(text)
+    assert validate(record, SoakRecord) == []
+    assert record["found"] is False and record["failure"] is None and record["files"] == {}
+
+
+def test_sglang_printing_to_stdout_stays_off_the_record(
+    fake: FakeSGLang, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    fake.chatter = True
+    code, text, err = _report("--out", str(tmp_path / "o"))
+    assert code == 1, err
+    json.loads(text)  # nothing before the `{`
+    assert "RadixCache tree" in err
+    captured = capfd.readouterr()  # the descriptor itself, under the runner's streams
+    assert "fd-level chatter" not in captured.out
+    assert "fd-level chatter" in captured.err
+
+
+def test_markdown_is_markdown(fake: FakeSGLang, tmp_path: Path) -> None:
+    code, text, err = soak("--out", str(tmp_path / "o"), "--format", "markdown")
+    assert code == 1, err
+    assert text.startswith("## kvcanary soak")
+    assert "| " in text and "`double-free`" in text
+    fake.finds = False
+    code, text, err = soak("--out", str(tmp_path / "p"), "--format", "markdown")
+    assert code == 0, err
+    assert text.startswith("## kvcanary soak")
+
+
+# the budget
+
+
+@pytest.mark.parametrize("budget", [1, 79, 81, 200])
+def test_steps_is_the_number_of_steps_run(fake: FakeSGLang, tmp_path: Path, budget: int) -> None:
+    fake.finds = False
+    code, text, err = _report("--out", str(tmp_path / "o"), "--steps", str(budget))
+    assert code == 0, err
+    assert sum(fake.histories) == budget
+    assert json.loads(text)["steps"] == budget
