@@ -10,6 +10,7 @@ folder in `--out`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -25,10 +26,12 @@ __all__ = ["check_out", "scratch", "write_outputs"]
 
 
 def check_out(out: Path, *, force: bool) -> None:
-    """Refuse `--out` before a step runs: not a folder (nor to be one), or holding a file soak
-    may not replace (a link, a non-regular file, or without `force` any file)."""
+    """Refuse `--out` before a step runs: not a folder (nor to be one), not writable, or
+    holding a file soak may not replace (a link, a non-regular file, or without `force` any
+    file)."""
     if out.is_dir():
         check_targets([out / name for name in SOAK_FILES.values()], overwrite=force)
+        _writable(out, out)
         return
     hint = "name a folder; it is created on a finding"
     if out.exists() or out.is_symlink():
@@ -40,6 +43,14 @@ def check_out(out: Path, *, force: bool) -> None:
         above = above.parent
     if not above.is_dir():
         raise PathError(f"cannot be created: {above} is not a directory", path=str(out), hint=hint)
+    _writable(above, out)
+
+
+def _writable(folder: Path, out: Path) -> None:
+    """Refuse a folder where no file (or folder) can be created."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        where = "" if folder == out else f" in {folder}"
+        raise PathError(f"cannot be written: permission denied{where}", path=str(out))
 
 
 @contextmanager

@@ -125,6 +125,25 @@ def test_out_under_a_file_is_refused_before_soaking(fake: FakeSGLang, tmp_path: 
     assert fake.loads == 0
 
 
+def test_an_unwritable_out_is_refused_before_soaking(
+    fake: FakeSGLang, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Permissions are faked: root may write anywhere.) Its folder, or the one it would be
+    created in."""
+    real = os.access
+
+    def access(path: str, mode: int) -> bool:
+        return real(path, mode) and not (mode & os.W_OK and Path(path) == tmp_path)
+
+    monkeypatch.setattr(os, "access", access)
+    for out in (tmp_path, tmp_path / "new" / "folder"):
+        code, _, err = soak("--out", str(out))
+        assert code == 2, err
+        _one_line(err)
+        assert "permission denied" in err
+    assert fake.loads == 0
+
+
 def test_a_new_out_folder_is_made_on_a_finding_only(fake: FakeSGLang, tmp_path: Path) -> None:
     """The clean twin: a missing --out is fine, and a clean soak creates nothing."""
     fake.finds = False

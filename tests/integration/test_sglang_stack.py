@@ -250,6 +250,7 @@ def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> No
     )
     assert code == 1, err
     report = json.loads(out)
+    assert report["schema"] == "kvcanary.soak/1"
     assert report["found"] and report["failure"]["top_cause"] == "reserved-slot-freed"
     before, after = report["shrunk_arrivals"]
     assert after < before
@@ -272,8 +273,24 @@ def test_soak_clean_exits_zero(sglang: Any, tmp_path: Path) -> None:
         "--sglang-tree", str(wheel_path()), "--steps", "120", "--out", str(tmp_path)
     )
     assert code == 0, out + err
-    assert "clean" in out
+    assert "clean" in out and "120 of 120 steps" in out
     assert not any(tmp_path.iterdir())  # nothing written when nothing is found
+
+
+def test_soak_runs_its_budget_and_prints_the_same_record_twice(
+    sglang: Any, tmp_path: Path
+) -> None:
+    """`--steps 1` runs one step (not a whole history), and the same soak prints the same
+    bytes: its `kvcanary.soak/1` record carries no wall-clock time."""
+    args = ("--sglang-tree", str(wheel_path()), "--steps", "1", "--out", str(tmp_path / "o"))
+    code, first, err = _soak_here(*args, "--format", "json")
+    assert code == 0, err
+    record = json.loads(first)
+    assert record["schema"] == "kvcanary.soak/1"
+    assert (record["steps"], record["histories"], record["budget"]) == (1, 1, 1)
+    code, second, err = _soak_here(*args, "--format", "json")
+    assert code == 0, err
+    assert second == first
 
 
 def test_soak_bad_tree_is_one_line_exit_2(tmp_path: Path) -> None:
