@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 from kvcanary_cli.results.soak import SoakFailure, SoakReport
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
     from kvcanary_cli.render.console import OutputFormat
 
 __all__ = ["run_and_render", "soak"]
@@ -137,7 +135,7 @@ def _keep_finding(
 
     shrunk = shrink_workload(workload, fails)
     report.shrunk_arrivals = (len(workload.arrivals), len(shrunk.arrivals))
-    meta = {"spec": asdict(spec), **_failure_fields(report.failure)}
+    meta = {"spec": asdict(spec), **asdict(report.failure)}
     contents: dict[str, Path | bytes] = {}
     with scratch() as folder:
         # the dumps: the original failing step, and the shrunk workload's (which still fails)
@@ -152,13 +150,6 @@ def _keep_finding(
         report.files = write_outputs(out, contents, force=force)
 
 
-def _failure_fields(failure: SoakFailure) -> dict[str, Any]:
-    """What a workload file says of its failure, besides the stack's shape."""
-    fields = asdict(failure)
-    fields["codes"] = list(failure.codes)
-    return fields
-
-
 def run_and_render(
     sglang_tree: str | None,
     steps: int,
@@ -171,7 +162,7 @@ def run_and_render(
     *,
     force: bool = False,
     timings: bool = False,
-) -> tuple[str | RenderableType, int]:
+) -> tuple[str, int]:
     """The command: a soak with a progress bar on a terminal, its report rendered, and the
     exit code (0 clean, 1 found; bad input raises before, exit 2). Whatever SGLang prints on
     standard output goes to standard error: standard output carries the report."""
