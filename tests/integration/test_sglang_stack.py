@@ -277,9 +277,7 @@ def test_soak_clean_exits_zero(sglang: Any, tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())  # nothing written when nothing is found
 
 
-def test_soak_runs_its_budget_and_prints_the_same_record_twice(
-    sglang: Any, tmp_path: Path
-) -> None:
+def test_soak_runs_its_budget_and_prints_the_same_record_twice(sglang: Any, tmp_path: Path) -> None:
     """`--steps 1` runs one step (not a whole history), and the same soak prints the same
     bytes: its `kvcanary.soak/1` record carries no wall-clock time."""
     args = ("--sglang-tree", str(wheel_path()), "--steps", "1", "--out", str(tmp_path / "o"))
