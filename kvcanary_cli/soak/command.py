@@ -48,6 +48,7 @@ def soak(
 ) -> SoakReport:
     """Run histories until `steps` scheduler steps are spent or one fails (see module)."""
     from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.output import complain
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.run import run_history, shrink_workload
     from kvcanary_cli.soak.stack import load_sglang
@@ -57,8 +58,10 @@ def soak(
         raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="--fault")
     modules = load_sglang(sglang_tree)
     if core is not None and core not in modules.cores:
+        why = "".join(f"; {note}" for note in modules.notes)
         raise OptionError(
-            f"tree core {core!r} is not in this SGLang (available: {', '.join(modules.cores)})",
+            f"tree core {core!r} is not in this SGLang (available: "
+            f"{', '.join(modules.cores)}){why}",
             option="--core",
         )
     specs = _specs(page_size, modules.cores, core)
@@ -121,6 +124,9 @@ def soak(
         report.shrunk_arrivals = (len(workload.arrivals), len(shrunk.arrivals))
         break
     report.seconds = round(time.monotonic() - started, 2)
+    if core is None:  # a tree core the default would have soaked too, once the run went well
+        for note in modules.notes:
+            complain(f"note: {note}")
     return report
 
 

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def soak(
     return subprocess.run(command, capture_output=True, text=True, env=environ, timeout=120)
 
 
-def assert_one_line_exit_2(run: subprocess.CompletedProcess, *needles: str) -> None:
+def assert_one_line_exit_2(run: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
     assert run.stdout == ""  # no verdict, in any format
     lines = run.stderr.strip().splitlines()
@@ -129,7 +130,8 @@ from kvcanary_cli.soak.stack import load_sglang
 
 modules = load_sglang(sys.argv[1])
 print(",".join(modules.cores))
-print(*modules.notes, sep="\\n")
+for note in modules.notes:
+    print(note)
 """
 
 
@@ -247,10 +249,8 @@ def _stream_start(path: Path, member: str) -> int:
     with zipfile.ZipFile(path) as archive:
         info = archive.getinfo(member)
     data = path.read_bytes()
-    name_len, extra_len = struct.unpack(
-        "<HH", data[info.header_offset + 26 : info.header_offset + 30]
-    )
-    return info.header_offset + 30 + name_len + extra_len
+    name_len, extra_len = struct.unpack_from("<HH", data, info.header_offset + 26)
+    return int(info.header_offset + 30 + name_len + extra_len)
 
 
 def _corrupt_deflate(path: Path, member: str) -> None:
@@ -267,7 +267,7 @@ def _unknown_method(path: Path, member: str) -> None:
 
 def _encrypted(path: Path, member: str) -> None:
     with zipfile.ZipFile(path) as archive:
-        flags = struct.pack("<H", archive.getinfo(member).flag_bits | 0x1)
+        flags = struct.pack("<H", int(archive.getinfo(member).flag_bits) | 0x1)
     _patch(path, member, local={6: flags}, central={8: flags})
 
 
@@ -287,7 +287,9 @@ def cache_entries(cache: Path) -> list[str]:
     [_corrupt_deflate, _unknown_method, _encrypted, _lying_size],
     ids=["corrupt-deflate", "unknown-method", "encrypted", "lying-size"],
 )
-def test_a_damaged_wheel_is_one_line_exit_2_and_leaves_nothing(tmp_path: Path, damage) -> None:
+def test_a_damaged_wheel_is_one_line_exit_2_and_leaves_nothing(
+    tmp_path: Path, damage: Callable[[Path, str], None]
+) -> None:
     member = _file_of("sglang.srt.server_args")
     wheel = write_wheel(tmp_path / WHEEL_NAME, tree_files({"sglang.srt.server_args": _LONG}))
     damage(wheel, member)
@@ -317,20 +319,22 @@ def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path: Path) -> None:
 
 
 def test_the_cache_is_keyed_by_content_not_by_the_file_name(tmp_path: Path) -> None:
-    """Two different wheels under one file name: the second runs its own code, and only
-    the modules soak can import are unpacked (no docs, no staging folder left)."""
+    """Two different wheels under one file name: the second runs its own code; native
+    extensions soak never loads stay packed (the Rust tree core's is unpacked); no staging
+    folder is left."""
     wheel = tmp_path / "wheels" / WHEEL_NAME
     cache = tmp_path / "c"
     for label in ("tree A", "tree B"):
         files = tree_files({"sglang.srt.server_args": f'raise RuntimeError("{label}")\n'})
-        files["sglang/docs/notes.md"] = "not a module\n"
+        files["sglang/srt/rust_extensions/_server.so"] = "not loaded by soak\n"
+        files[f"{RUST}/mem_cache.so"] = "the Rust tree core\n"
         write_wheel(wheel, files)
         run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=cache)
         assert_one_line_exit_2(run, str(wheel), label)
     entries = cache_entries(cache)
     assert len(entries) == 2 and not any(name.startswith(".") for name in entries), entries
-    assert not list(cache.rglob("notes.md"))
-    assert list(cache.rglob("server_args.py"))
+    assert not list(cache.rglob("_server.so"))
+    assert len(list(cache.rglob("mem_cache.so"))) == 2
 
 
 _INTERRUPTED_UNPACK = """
