@@ -370,3 +370,70 @@ def test_a_signal_while_unpacking_leaves_nothing(tmp_path: Path, number: int) ->
     assert run.returncode in (130, -int(number), 128 + int(number)), (run.returncode, run.stderr)
     assert "Traceback" not in run.stderr
     assert cache_entries(tmp_path / "c") == []
+
+
+_RELOAD = """
+import sys
+from kvcanary_cli.soak.stack import SGLangUnavailableError, load_sglang
+
+try:
+    load_sglang(sys.argv[1])
+except SGLangUnavailableError as exc:
+    print("refused:", exc)
+print("left:", sorted(name for name in sys.modules if name.split(".")[0] == "sglang"))
+print("then:", ",".join(load_sglang(sys.argv[2]).cores))
+"""
+
+
+def test_a_failed_import_leaves_no_sglang_behind(tmp_path: Path) -> None:
+    """In one process (the API): after a tree that fails at import, another tree loads (it was
+    refused as 'another SGLang is already imported' when the half-import stayed)."""
+    broken = tree_files({"sglang.srt.mem_cache.memory_pool": "raise RuntimeError('no')\n"})
+    bad = write_tree(tmp_path / "bad", broken)
+    good = write_tree(tmp_path / "good", tree_files())
+    run = subprocess.run(
+        [sys.executable, "-c", _RELOAD, str(bad), str(good)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    refused, left, then = run.stdout.splitlines()
+    assert "sglang.srt.mem_cache.memory_pool fails at import" in refused
+    assert left == "left: []"
+    assert then == "then: python,rust"
+
+
+def test_an_exit_of_sglang_while_a_history_runs_is_refused(tmp_path: Path) -> None:
+    """The run-time twin of sys.exit at import: raised by the tree's code inside a soak
+    history, it is an error naming the module, never the process's exit; Ctrl-C, and an exit
+    raised by code outside the tree, pass as they are."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from kvcanary_cli.soak.stack import SGLangUnavailableError, find_tree, refusing_sglang_exits
+
+    files = tree_files()
+    files["sglang/srt/exiting.py"] = (
+        "import sys\n\n\ndef exit_now():\n    sys.exit(0)\n\n\n"
+        "def interrupt():\n    raise KeyboardInterrupt\n"
+    )
+    tree = find_tree(write_tree(tmp_path / "tree", files))
+    spec = importlib.util.spec_from_file_location("exiting", tree.root / "sglang/srt/exiting.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    @refusing_sglang_exits
+    def history(modules: object, step: Callable[[], None]) -> None:
+        step()
+
+    modules: object = SimpleNamespace(tree=tree)
+    with pytest.raises(
+        SGLangUnavailableError, match=r"sglang\.srt\.exiting raises SystemExit\(0\)"
+    ):
+        history(modules, module.exit_now)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        history(modules, module.interrupt)  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        history(modules, lambda: sys.exit(0))  # type: ignore[arg-type]
