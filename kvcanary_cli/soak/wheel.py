@@ -112,17 +112,25 @@ def _stage(
             name = "zlib.error" if isinstance(exc, zlib.error) else type(exc).__name__
             raise WheelRefusedError(f"{name}: {exc}") from None
         check(staging)
-        (staging / MARKER).write_text("ok\n")
         try:
-            staging.rename(target)
-        except OSError:
-            if not (target / MARKER).is_file():
-                raise
-            shutil.rmtree(staging)  # another kvcanary unpacked the same wheel meanwhile
+            (staging / MARKER).write_text("ok\n")
+            _keep(staging, target)
+        except OSError as exc:
+            raise WheelRefusedError(f"cannot write to the cache {target.parent} ({exc})") from None
         return target
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _keep(staging: Path, target: Path) -> None:
+    """The staged tree renamed into place (one rename: never half there)."""
+    try:
+        staging.rename(target)
+    except OSError:
+        if not (target / MARKER).is_file():
+            raise
+        shutil.rmtree(staging)  # another kvcanary unpacked the same wheel meanwhile
 
 
 def _members(

@@ -306,6 +306,16 @@ def test_a_damaged_wheel_is_one_line_exit_2_and_leaves_nothing(
     assert cache_entries(tmp_path / "c") == []
 
 
+def test_a_wheel_refused_as_a_tree_leaves_nothing(tmp_path: Path) -> None:
+    """Unpacked, then checked: no kv canary. The staged tree is not kept."""
+    files = tree_files()
+    del files["sglang/kernels/ops/kv_canary/__init__.py"]
+    wheel = write_wheel(tmp_path / WHEEL_NAME, files)
+    run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
+    assert_one_line_exit_2(run, str(wheel), "no kv canary")
+    assert cache_entries(tmp_path / "c") == []
+
+
 def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path: Path) -> None:
     """8 MB of a module deflated into a few KB: more than the bound the wheel's real size
     sets; refused before anything is written, and nothing stays in the cache."""
