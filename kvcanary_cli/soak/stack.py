@@ -10,6 +10,11 @@ modules. `build_stack` then builds them the way SGLang's scheduler does: server 
 for the scheduler role, `ReqToTokenPool`, `SWAKVPool`, `SWATokenToKVPoolAllocator`,
 `UnifiedRadixCache` (FULL and SWA components, the Python or the Rust tree core).
 
+The tree is untrusted input: whatever its modules do at import or at run time (raise, fail to
+compile, `sys.exit`) and whatever release it is (no Rust tree core: the Python one; other
+constructors) ends in one SGLangUnavailableError naming the tree and what failed, never in
+exit 3 or a verdict; wheels are unpacked by `soak.wheel`.
+
 One SGLang per process: the modules are process-wide (`sys.modules`), so a second, different
 tree is refused with an error, never mixed in. Nothing here is SGLang's code.
 """
@@ -61,7 +66,7 @@ _STANDINS = ("torchvision", "IPython", "compressed_tensors")
 #: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
-#: The Rust tree core's package (0.5.22 and later) and its extension module.
+#: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
 _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 #: The release soak's stack and scheduler loop are written for.

@@ -3,11 +3,12 @@
 A wheel is untrusted input until its tree is checked, so:
 - the cache is keyed by a hash of the wheel's bytes, never its file name: another wheel under
   the same name never runs the first one's code;
-- only the members the caller wants are unpacked (soak: the package's Python modules, the Rust
-  tree core's extension, the version in the dist-info), stored or deflated, never encrypted;
+- only the members the caller wants are unpacked (soak: the `sglang` package without the
+  native extensions it never loads, and the version in the dist-info), stored or deflated,
+  never encrypted;
 - what they declare unpacked is bounded by the wheel's real size on disk (`INFLATE_BOUND`
-  times; SGLang 0.5.23's modules declare 1.8 times the wheel), so a zip bomb is refused before
-  a byte is written, and no member may inflate past what it declares;
+  times; what soak takes of SGLang 0.5.23's wheel declares 2.05 times it), so a zip bomb is
+  refused before a byte is written, and no member may inflate past what it declares;
 - everything goes to a hidden staging folder in the cache, renamed into place only once the
   caller has checked the tree; the staging folder is removed on any failure, on Ctrl-C and on
   SIGTERM (which then ends the process as it would have).
@@ -31,7 +32,7 @@ from typing import BinaryIO
 __all__ = ["INFLATE_BOUND", "WheelRefusedError", "unpack_wheel"]
 
 #: The most the unpacked members may declare, in times the wheel's size on disk. Python source
-#: deflates 4 to 5 times (SGLang 0.5.23's modules: 4.1); a deflate bomb reaches about 1000.
+#: deflates 4 to 5 times (SGLang 0.5.23's modules alone: 4.1); a deflate bomb reaches 1000.
 INFLATE_BOUND = 16
 #: Written last into a staged tree: a cached folder without it was never completed.
 MARKER = ".kvcanary-unpacked"
