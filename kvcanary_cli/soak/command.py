@@ -55,6 +55,7 @@ def soak(
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
     from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.output import complain
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.outputs import check_out
     from kvcanary_cli.soak.run import run_history
@@ -66,8 +67,10 @@ def soak(
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
     if core is not None and core not in modules.cores:
+        why = "".join(f"; {note}" for note in modules.notes)
         raise OptionError(
-            f"tree core {core!r} is not in this SGLang (available: {', '.join(modules.cores)})",
+            f"tree core {core!r} is not in this SGLang (available: "
+            f"{', '.join(modules.cores)}){why}",
             option="--core",
         )
     specs = _specs(page_size, modules.cores, core)
@@ -99,6 +102,9 @@ def soak(
             break
     if timings:
         report.seconds = round(time.monotonic() - started, 2)
+    if core is None:  # a tree core the default would have soaked too, once the run went well
+        for note in modules.notes:
+            complain(f"note: {note}")
     return report
 
 

@@ -17,7 +17,15 @@ from pathlib import Path
 from kvcanary_cli.soak.audit import Audit, SGLangChecks, audit_step
 from kvcanary_cli.soak.driver import Counters, Scheduler
 from kvcanary_cli.soak.faults import plant
-from kvcanary_cli.soak.stack import SGLangModules, SGLangUnavailableError, StackSpec, build_stack
+from kvcanary_cli.soak.stack import (
+    SUPPORTED,
+    SGLangModules,
+    SGLangUnavailableError,
+    StackSpec,
+    build_stack,
+    fitting,
+    refusing_sglang_exits,
+)
 from kvcanary_cli.soak.workload import Workload
 
 __all__ = ["HistoryResult", "run_history", "shrink_workload"]
@@ -35,6 +43,7 @@ class HistoryResult:
     sglang_steps: int = 0
 
 
+@refusing_sglang_exits
 def run_history(
     modules: SGLangModules,
     spec: StackSpec,
@@ -53,9 +62,10 @@ def run_history(
     steps (what is left of soak's budget); never past the workload's steps * 4 + 64, time
     enough to drain."""
     stack = build_stack(modules, spec)
-    scheduler = Scheduler(stack, workload)
-    checks = SGLangChecks(scheduler) if sglang_checks else None
-    after_step, undo = plant(fault, stack)
+    with fitting(modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"):
+        scheduler = Scheduler(stack, workload)
+        checks = SGLangChecks(scheduler) if sglang_checks else None
+        after_step, undo = plant(fault, stack)
     result = HistoryResult(steps=0, audited=0, counters=scheduler.counters)
     found: list[Audit] = []
 
@@ -132,9 +142,9 @@ def _refuse_if_ours(exc: Exception, modules: SGLangModules) -> None:
     if frames and "kvcanary_cli" in Path(frames[-1].filename).parts:
         text = (str(exc).strip().splitlines() or [""])[0]
         raise SGLangUnavailableError(
-            f"SGLang {modules.tree.version}'s scheduler objects differ from those soak drives "
-            f"(SGLang 0.5.23's): {type(exc).__name__}: {text}"[:400],
-            source=str(modules.tree.root),
+            f"{modules.tree.release}'s scheduler objects differ from those soak drives "
+            f"(SGLang {SUPPORTED}'s): {type(exc).__name__}: {text}"[:400],
+            source=modules.tree.label,
         ) from None
 
 

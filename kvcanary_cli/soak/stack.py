@@ -10,6 +10,11 @@ modules. `build_stack` then builds them the way SGLang's scheduler does: server 
 for the scheduler role, `ReqToTokenPool`, `SWAKVPool`, `SWATokenToKVPoolAllocator`,
 `UnifiedRadixCache` (FULL and SWA components, the Python or the Rust tree core).
 
+The tree is untrusted input: whatever its modules do at import or at run time (raise, fail to
+compile, `sys.exit`) and whatever release it is (no Rust tree core: the Python one; other
+constructors) ends in one SGLangUnavailableError naming the tree and what failed, never in
+exit 3 or a verdict; wheels are unpacked by `soak.wheel`.
+
 One SGLang per process: the modules are process-wide (`sys.modules`), so a second, different
 tree is refused with an error, never mixed in. Nothing here is SGLang's code.
 """
@@ -23,24 +28,31 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 import types
 import warnings
-import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.soak.wheel import WheelRefusedError, unpack_wheel
 
 __all__ = [
     "CORES",
+    "SUPPORTED",
     "SGLangModules",
     "SGLangUnavailableError",
     "Stack",
     "StackSpec",
     "build_stack",
     "find_tree",
+    "fitting",
     "load_sglang",
+    "refusing_sglang_exits",
 ]
 
 #: Tree cores `UnifiedRadixCache` can run (`tree_core_backend`).
@@ -54,6 +66,11 @@ _STANDINS = ("torchvision", "IPython", "compressed_tensors")
 #: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
+#: The Rust tree core's package (older trees have none) and its extension module.
+_RUST = "srt/mem_cache/rust_tree_core"
+_RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
+#: The release soak's stack and scheduler loop are written for.
+SUPPORTED = "0.5.23"
 
 
 class SGLangUnavailableError(KvcanaryError):
@@ -77,6 +94,13 @@ class SGLangTree:
     version: str
     #: the module path of kv canary's planner package
     canary_module: str
+    #: what the user named (a wheel, a folder) or where the installed one is: errors name it
+    label: str
+
+    @property
+    def release(self) -> str:
+        """`SGLang 0.5.23`, or what is known when the tree does not say its version."""
+        return f"SGLang {self.version}" if self.version != "unknown" else "SGLang (version unknown)"
 
 
 def _cache_dir() -> Path:
@@ -84,26 +108,15 @@ def _cache_dir() -> Path:
     return Path(base) / "sglang-trees"
 
 
-def _unpack_wheel(wheel: Path) -> Path:
-    """The wheel unpacked once into kvcanary's cache (a marker file says it is complete)."""
-    target = _cache_dir() / wheel.stem
-    marker = target / ".kvcanary-unpacked"
-    if marker.is_file():
-        return target
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            names = [n for n in archive.namelist() if n.startswith("sglang")]
-            if not any(n.startswith("sglang/") for n in names):
-                raise SGLangUnavailableError(
-                    "this wheel holds no sglang package", source=str(wheel)
-                )
-            archive.extractall(target, members=names)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise SGLangUnavailableError(
-            f"cannot unpack the wheel ({type(exc).__name__}: {exc})", source=str(wheel)
-        ) from None
-    marker.write_text("ok\n")
-    return target
+def _soak_imports(name: str) -> bool:
+    """The members of a wheel soak unpacks: the `sglang` package (modules, and the data its
+    modules look for at import: kernel sources, configs) without its native extensions but the
+    Rust tree core's (0.5.23: 42 of 46 MB), and the dist-info's METADATA (its folder names the
+    version)."""
+    folder, _, base = name.rpartition("/")
+    if name.startswith("sglang/"):
+        return not base.endswith(".so") or folder == "sglang/" + _RUST
+    return base == "METADATA" and folder.startswith("sglang-") and folder.endswith(".dist-info")
 
 
 def _version_of(package: Path) -> str:
@@ -141,7 +154,17 @@ def find_tree(source: str | Path | None = None) -> SGLangTree:
         path = Path(source).expanduser()
         label = str(source)
         if path.is_file() and path.suffix == ".whl":
-            root = _unpack_wheel(path)
+            try:
+                root = unpack_wheel(
+                    path,
+                    _cache_dir(),
+                    wanted=_soak_imports,
+                    check=lambda staged: _checked_tree(staged, label),
+                )
+            except WheelRefusedError as exc:
+                raise SGLangUnavailableError(
+                    f"cannot unpack the wheel: {exc}", source=label
+                ) from None
         elif path.is_dir():
             candidates = [path, path / "python", path.parent]
             found = [c for c in candidates if (c / "sglang" / "srt").is_dir()]
@@ -157,6 +180,11 @@ def find_tree(source: str | Path | None = None) -> SGLangTree:
             raise SGLangUnavailableError(
                 "not an SGLang tree: neither a folder nor a .whl file", source=label
             )
+    return _checked_tree(root, label)
+
+
+def _checked_tree(root: Path, label: str) -> SGLangTree:
+    """`root` as an SGLang tree soak can load: its package, kv canary, the radix cache."""
     package = root / "sglang"
     if not (package / "srt").is_dir():
         raise SGLangUnavailableError("not an SGLang tree: no sglang/srt package", source=label)
@@ -171,7 +199,10 @@ def find_tree(source: str | Path | None = None) -> SGLangTree:
             f"SGLang {version} has no UnifiedRadixCache ({_TREE})", source=label
         )
     return SGLangTree(
-        root=root, version=version, canary_module="sglang." + canary[0].replace("/", ".")
+        root=root,
+        version=version,
+        canary_module="sglang." + canary[0].replace("/", "."),
+        label=label,
     )
 
 
@@ -247,6 +278,8 @@ class SGLangModules:
     invariant_checker: Any
     #: the tree cores this install can run
     cores: tuple[str, ...]
+    #: what the user should know about this tree (a tree core it lacks, and why)
+    notes: tuple[str, ...] = ()
 
 
 #: The modules `load_sglang` imports, by field.
@@ -297,7 +330,11 @@ def _prepare_imports() -> None:
 
 
 def load_sglang(source: str | Path | None = None) -> SGLangModules:
-    """Import SGLang's memory-cache stack from `source` (see `find_tree`), once per process."""
+    """Import SGLang's memory-cache stack from `source` (see `find_tree`), once per process.
+
+    Whatever the tree does at import (raises, fails to compile, calls `sys.exit`) is one
+    SGLangUnavailableError naming the module; only Ctrl-C passes. A failed import leaves no
+    `sglang` module behind."""
     tree = find_tree(source)
     key = str(tree.root.resolve())
     if key in _LOADED:
@@ -307,45 +344,185 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     if loaded is not None and paths[:1] != [str((tree.root / "sglang").resolve())]:
         raise SGLangUnavailableError(
             f"another SGLang is already imported in this process ({paths[:1] or loaded!r})",
-            source=str(source or tree.root),
+            source=tree.label,
         )
+    before = {name for name in sys.modules if _is_sglang(name)}
     if loaded is None:
         _register_bare_package(tree.root)
     _prepare_imports()
     modules: dict[str, Any] = {}
+    importing = "sglang"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "only CUDA supports ..." at import, on CPU
             for field, name in _MODULES.items():
+                importing = name
                 modules[field] = importlib.import_module(name)
+            importing = _CHECKER
             try:
                 modules["invariant_checker"] = importlib.import_module(_CHECKER)
             except ImportError:
                 modules["invariant_checker"] = None
-    except ModuleNotFoundError as exc:
-        missing = exc.name or str(exc)
-        if missing.startswith("sglang"):
-            raise SGLangUnavailableError(
-                f"SGLang {tree.version} lacks the module {missing} this stack needs",
-                source=str(source or tree.root),
-            ) from None
-        raise SGLangUnavailableError(
-            f"SGLang {tree.version} needs the Python package {missing!r} at import",
-            source=str(source or tree.root),
-            hint=f"pip install '{EXTRA}'",
-        ) from None
-    except ImportError as exc:
-        raise SGLangUnavailableError(
-            f"SGLang {tree.version} does not import here ({type(exc).__name__}: {exc})",
-            source=str(source or tree.root),
-            hint=f"pip install '{EXTRA}'",
-        ) from None
-    cores = ["python"]
-    if importlib.util.find_spec("sglang.srt.mem_cache.rust_tree_core.mem_cache") is not None:
-        cores.append("rust")
-    result = SGLangModules(tree=tree, cores=tuple(cores), **modules)
+            importing = _RUST_MODULE
+            cores, notes = _cores(tree)
+    except BaseException as exc:
+        for name in set(sys.modules) - before:
+            if _is_sglang(name):
+                del sys.modules[name]
+        refusal = _import_refusal(exc, tree, importing)
+        if refusal is None:
+            raise
+        raise refusal from None
+    result = SGLangModules(tree=tree, cores=cores, notes=notes, **modules)
     _LOADED[key] = result
     return result
+
+
+def _is_sglang(name: str) -> bool:
+    return name == "sglang" or name.startswith("sglang.")
+
+
+def _cores(tree: SGLangTree) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The tree cores this tree can run, and why the Rust one is missing where it is: older
+    trees have no `rust_tree_core`, a source checkout may not have built its extension."""
+    where = f"sglang/{_RUST}"
+    if not (tree.root / where).is_dir():
+        return ("python",), (
+            f"{tree.release} has no Rust tree core (no {where}): the Python core only",
+        )
+    try:
+        spec = importlib.util.find_spec(_RUST_MODULE)
+    except ModuleNotFoundError as exc:
+        if not _RUST_MODULE.startswith(exc.name or "?"):
+            raise
+        spec = None
+    if spec is None:
+        return ("python",), (
+            f"{tree.release}'s Rust tree core is not built for this Python (no mem_cache "
+            f"extension in {where}): the Python core only",
+        )
+    return CORES, ()
+
+
+def _import_refusal(
+    exc: BaseException, tree: SGLangTree, importing: str
+) -> SGLangUnavailableError | None:
+    """What to say when importing `importing` raised `exc`; None: let it pass (Ctrl-C, or an
+    exception that SGLang's code did not raise, such as a signal handler's)."""
+    if isinstance(exc, ModuleNotFoundError):
+        missing = exc.name or str(exc)
+        if missing.startswith("sglang"):
+            return SGLangUnavailableError(
+                f"{tree.release} lacks the module {missing} this stack needs", source=tree.label
+            )
+        return SGLangUnavailableError(
+            f"{tree.release} needs the Python package {missing!r} at import",
+            source=tree.label,
+            hint=f"pip install '{EXTRA}'",
+        )
+    if isinstance(exc, ImportError):
+        return SGLangUnavailableError(
+            f"{tree.release} does not import here ({_shown(exc)})",
+            source=tree.label,
+            hint=f"pip install '{EXTRA}'",
+        )
+    module = _module_at_fault(exc, tree) or importing
+    if isinstance(exc, Exception):
+        return SGLangUnavailableError(
+            f"{tree.release}'s module {module} fails at import ({_shown(exc)})", source=tree.label
+        )
+    if isinstance(exc, KeyboardInterrupt) or not _raised_by_sglang(exc, tree):
+        return None
+    return SGLangUnavailableError(
+        f"{tree.release}'s module {module} raises {_shown(exc)} at import: {_NO_VERDICT}",
+        source=tree.label,
+    )
+
+
+_NO_VERDICT = "soak never takes an exit of SGLang's for a verdict"
+
+
+def _shown(exc: BaseException) -> str:
+    """`Type: first line` (`SystemExit(0)` for an exit), at most 300 characters."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r})"
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:300]
+
+
+def _module_of(filename: str, tree: SGLangTree) -> str | None:
+    """The dotted name of a file of the tree's package; None for any other file."""
+    try:
+        relative = Path(filename).resolve().relative_to(tree.root.resolve())
+    except (ValueError, OSError):
+        return None
+    parts = list(relative.with_suffix("").parts)
+    if not parts or parts[0] != "sglang" or relative.suffix != ".py":
+        return None
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_at_fault(exc: BaseException, tree: SGLangTree) -> str | None:
+    """The tree's module that raised `exc` (for a SyntaxError, the one that did not compile)."""
+    files = [exc.filename] if isinstance(exc, SyntaxError) and exc.filename else []
+    files += [frame.filename for frame in reversed(traceback.extract_tb(exc.__traceback__))]
+    return next((m for m in (_module_of(f, tree) for f in files) if m), None)
+
+
+def _raised_by_sglang(exc: BaseException, tree: SGLangTree) -> bool:
+    """Whether SGLang's code raised `exc` (a frame of the tree's, and the last frame not one of
+    kvcanary's: a signal handler of kvcanary's raises in its own frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or "kvcanary_cli" in Path(frames[-1].filename).parts:
+        return False
+    return any(_module_of(frame.filename, tree) for frame in frames)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def refusing_sglang_exits(
+    run: Callable[Concatenate[SGLangModules, _P], _R],
+) -> Callable[Concatenate[SGLangModules, _P], _R]:
+    """For a function running the SGLangModules it is given first: an exit of SGLang's
+    there (`sys.exit`, another BaseException that is not Ctrl-C) is an error line, exit 2,
+    never the process's exit or a verdict."""
+
+    @wraps(run)
+    def guarded(modules: SGLangModules, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return run(modules, *args, **kwargs)
+        except Exception:
+            raise
+        except BaseException as exc:
+            tree = modules.tree
+            if isinstance(exc, KeyboardInterrupt) or not _raised_by_sglang(exc, tree):
+                raise
+            module = _module_at_fault(exc, tree) or "its code"
+            raise SGLangUnavailableError(
+                f"{tree.release}'s {module} raises {_shown(exc)} while soak runs it: "
+                + _NO_VERDICT,
+                source=tree.label,
+            ) from None
+
+    return guarded
+
+
+@contextmanager
+def fitting(tree: SGLangTree, what: str) -> Iterator[None]:
+    """Build `what` of SGLang's inside: a failure (another release's signature, a class it
+    lacks) is an error line, exit 2, naming it, the tree and the release soak drives."""
+    try:
+        yield
+    except SGLangUnavailableError:
+        raise
+    except Exception as exc:
+        raise SGLangUnavailableError(
+            f"{tree.release}'s {what} does not fit soak ({_shown(exc)}); soak drives "
+            f"SGLang {SUPPORTED}",
+            source=tree.label,
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,63 +568,72 @@ class Stack:
 
 
 def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
-    """Build the pools, the allocator and the tree on CPU, in the scheduler's order."""
-    import torch
-
+    """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
+    release's constructors: an error line naming the one that did not fit, see `fitting`)."""
+    tree = modules.tree
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(
-            f"tree core {spec.core!r} is not available in SGLang {modules.tree.version} "
-            f"(available: {', '.join(modules.cores)})"
+            f"tree core {spec.core!r} is not available in {tree.release} "
+            f"(available: {', '.join(modules.cores)})",
+            source=tree.label,
         )
-    rc = modules.runtime_context
-    server_args = modules.server_args.ServerArgs(
-        model_path="dummy",
-        page_size=spec.page_size,
-        device="cpu",
-        attention_backend="torch_native",
-        chunked_prefill_size=spec.chunked_prefill_size,
-        disable_overlap_schedule=True,
-    )
-    rc.reset_context()
-    rc.publish(server_args, role="scheduler")
-    req_to_token_pool = modules.memory_pool.ReqToTokenPool(
-        size=spec.max_reqs,
-        max_context_len=spec.max_context_len,
-        device="cpu",
-        enable_memory_saver=False,
-    )
-    kv_pool = modules.swa_memory_pool.SWAKVPool(
-        size=spec.full_tokens,
-        size_swa=spec.swa_tokens,
-        page_size=spec.page_size,
-        dtype=torch.bfloat16,
-        head_num=1,
-        head_dim=4,
-        swa_attention_layer_ids=[0],
-        full_attention_layer_ids=[1],
-        device="cpu",
-    )
-    allocator = modules.swa_allocator.SWATokenToKVPoolAllocator(
-        spec.full_tokens,
-        spec.swa_tokens,
-        spec.page_size,
-        torch.bfloat16,
-        "cpu",
-        kv_pool,
-        False,
-    )
-    kinds = modules.component_type.ComponentType
-    params = modules.cache_init_params.CacheInitParams(
-        disable=False,
-        req_to_token_pool=req_to_token_pool,
-        token_to_kv_pool_allocator=allocator,
-        page_size=spec.page_size,
-        sliding_window_size=spec.window,
-        chunked_prefill_size=spec.chunked_prefill_size,
-        tree_components=(kinds.FULL, kinds.SWA),
-        tree_core_backend=spec.core,
-    )
-    tree = modules.unified_radix_cache.UnifiedRadixCache(params)
+    with fitting(tree, "ServerArgs"):
+        server_args = modules.server_args.ServerArgs(
+            model_path="dummy",
+            page_size=spec.page_size,
+            device="cpu",
+            attention_backend="torch_native",
+            chunked_prefill_size=spec.chunked_prefill_size,
+            disable_overlap_schedule=True,
+        )
+    with fitting(tree, "runtime context (reset_context, publish)"):
+        rc = modules.runtime_context
+        rc.reset_context()
+        rc.publish(server_args, role="scheduler")
+    with fitting(tree, "ReqToTokenPool"):
+        req_to_token_pool = modules.memory_pool.ReqToTokenPool(
+            size=spec.max_reqs,
+            max_context_len=spec.max_context_len,
+            device="cpu",
+            enable_memory_saver=False,
+        )
+    import torch  # SGLang's pools imported it already
+
+    with fitting(tree, "SWAKVPool"):
+        kv_pool = modules.swa_memory_pool.SWAKVPool(
+            size=spec.full_tokens,
+            size_swa=spec.swa_tokens,
+            page_size=spec.page_size,
+            dtype=torch.bfloat16,
+            head_num=1,
+            head_dim=4,
+            swa_attention_layer_ids=[0],
+            full_attention_layer_ids=[1],
+            device="cpu",
+        )
+    with fitting(tree, "SWATokenToKVPoolAllocator"):
+        allocator = modules.swa_allocator.SWATokenToKVPoolAllocator(
+            spec.full_tokens,
+            spec.swa_tokens,
+            spec.page_size,
+            torch.bfloat16,
+            "cpu",
+            kv_pool,
+            False,
+        )
+    with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
+        kinds = modules.component_type.ComponentType
+        params = modules.cache_init_params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=allocator,
+            page_size=spec.page_size,
+            sliding_window_size=spec.window,
+            chunked_prefill_size=spec.chunked_prefill_size,
+            tree_components=(kinds.FULL, kinds.SWA),
+            tree_core_backend=spec.core,
+        )
+        radix = modules.unified_radix_cache.UnifiedRadixCache(params)
     return Stack(
         modules=modules,
         spec=spec,
@@ -455,5 +641,5 @@ def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
         req_to_token_pool=req_to_token_pool,
         kv_pool=kv_pool,
         allocator=allocator,
-        tree=tree,
+        tree=radix,
     )

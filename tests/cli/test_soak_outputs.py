@@ -49,7 +49,9 @@ class FakeSGLang:
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
     state = FakeSGLang()
     modules = SimpleNamespace(
-        cores=("python",), tree=SimpleNamespace(version="0.0.fake", root=Path("/fake/sglang"))
+        cores=("python",),
+        notes=(),
+        tree=SimpleNamespace(version="0.0.fake", root=Path("/fake/sglang")),
     )
 
     def load_sglang(source: object = None) -> object:

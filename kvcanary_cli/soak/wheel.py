@@ -1,0 +1,204 @@
+"""A release wheel unpacked into kvcanary's cache, for soak to import SGLang from.
+
+A wheel is untrusted input until its tree is checked, so:
+- the cache is keyed by a hash of the wheel's bytes, never its file name: another wheel under
+  the same name never runs the first one's code;
+- only the members the caller wants are unpacked (soak: the `sglang` package without the
+  native extensions it never loads, and the version in the dist-info), stored or deflated,
+  never encrypted;
+- what they declare unpacked is bounded by the wheel's real size on disk (`INFLATE_BOUND`
+  times; what soak takes of SGLang 0.5.23's wheel declares 2.05 times it), so a zip bomb is
+  refused before a byte is written, and no member may inflate past what it declares;
+- everything goes to a hidden staging folder in the cache, renamed into place only once the
+  caller has checked the tree; the staging folder is removed on any failure, on Ctrl-C and on
+  SIGTERM (which then ends the process as it would have).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["INFLATE_BOUND", "WheelRefusedError", "unpack_wheel"]
+
+#: The most the unpacked members may declare, in times the wheel's size on disk. Python source
+#: deflates 4 to 5 times (SGLang 0.5.23's modules alone: 4.1); a deflate bomb reaches 1000.
+INFLATE_BOUND = 16
+#: Written last into a staged tree: a cached folder without it was never completed.
+MARKER = ".kvcanary-unpacked"
+_CHUNK = 1 << 16
+#: What a damaged archive raises while it is read: a broken deflate stream (zlib.error), a
+#: stream cut short (EOFError), a bad CRC or header (BadZipFile), the rest of zipfile's own.
+_UNREADABLE = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+    EOFError,
+    NotImplementedError,
+    RuntimeError,
+    ValueError,
+    OSError,
+)
+
+
+class WheelRefusedError(Exception):
+    """The wheel cannot be unpacked safely; the message says why (the caller names the file)."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the process was so that clean-ups run first."""
+
+
+def unpack_wheel(
+    wheel: Path, cache: Path, *, wanted: Callable[[str], bool], check: Callable[[Path], object]
+) -> Path:
+    """The folder in `cache` holding `wheel`'s `wanted` members, unpacked once per content.
+
+    `check(folder)` sees the staged folder before it is kept and raises to refuse it: a refused
+    or damaged wheel leaves nothing in `cache`. Raises WheelRefusedError (see the module)."""
+    try:
+        handle = wheel.open("rb")
+    except OSError as exc:
+        raise WheelRefusedError(f"cannot read it ({exc.strerror or exc})") from None
+    with handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            digest = _sha256(handle)
+            handle.seek(0)
+        except OSError as exc:
+            raise WheelRefusedError(f"cannot read it ({exc.strerror or exc})") from None
+        target = cache / f"wheel-{digest[:32]}"
+        if (target / MARKER).is_file():
+            return target
+        with _unwinding_on_sigterm():
+            return _stage(handle, size, target, wanted, check)
+
+
+def _sha256(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := handle.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stage(
+    handle: BinaryIO,
+    size: int,
+    target: Path,
+    wanted: Callable[[str], bool],
+    check: Callable[[Path], object],
+) -> Path:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=target.parent))
+    except OSError as exc:
+        raise WheelRefusedError(f"cannot write to the cache {target.parent} ({exc})") from None
+    try:
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                members = _members(archive, size, wanted)
+                for info in members:
+                    _extract(archive, info, staging)
+        except _UNREADABLE as exc:
+            name = "zlib.error" if isinstance(exc, zlib.error) else type(exc).__name__
+            raise WheelRefusedError(f"{name}: {exc}") from None
+        check(staging)
+        try:
+            (staging / MARKER).write_text("ok\n")
+            _keep(staging, target)
+        except OSError as exc:
+            raise WheelRefusedError(f"cannot write to the cache {target.parent} ({exc})") from None
+        return target
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _keep(staging: Path, target: Path) -> None:
+    """The staged tree renamed into place (one rename: never half there)."""
+    try:
+        staging.rename(target)
+    except OSError:
+        if not (target / MARKER).is_file():
+            raise
+        shutil.rmtree(staging)  # another kvcanary unpacked the same wheel meanwhile
+
+
+def _members(
+    archive: zipfile.ZipFile, size: int, wanted: Callable[[str], bool]
+) -> list[zipfile.ZipInfo]:
+    """The wanted members, each safe to write and to inflate, and their declared total within
+    the bound the wheel's size sets."""
+    members = [info for info in archive.infolist() if not info.is_dir() and wanted(info.filename)]
+    for info in members:
+        name = info.filename
+        parts = name.split("/")
+        if name.startswith("/") or "\\" in name or "\0" in name or {"", ".", ".."} & set(parts):
+            raise WheelRefusedError(f"member {name!r} is not a plain relative path")
+        if info.flag_bits & 0x1:
+            raise WheelRefusedError(f"member {name} is encrypted")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise WheelRefusedError(
+                f"member {name} uses compression method {info.compress_type} "
+                "(a wheel's members are stored or deflated)"
+            )
+    declared = sum(info.file_size for info in members)
+    if declared > INFLATE_BOUND * size:
+        raise WheelRefusedError(
+            f"its members declare {declared:,} bytes unpacked from {size:,} bytes, more than "
+            f"{INFLATE_BOUND} times the wheel's size (a zip bomb?)"
+        )
+    return members
+
+
+def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, staging: Path) -> None:
+    """One member, never inflated past the size it declares."""
+    path = staging.joinpath(*info.filename.split("/"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with archive.open(info) as source, path.open("xb") as sink:
+        while chunk := source.read(_CHUNK):
+            written += len(chunk)
+            if written > info.file_size:
+                break
+            sink.write(chunk)
+    if written != info.file_size:
+        raise WheelRefusedError(
+            f"member {info.filename} does not inflate to the {info.file_size:,} bytes it declares"
+        )
+
+
+@contextmanager
+def _unwinding_on_sigterm() -> Iterator[None]:
+    """SIGTERM inside raises where the process was, so that clean-ups run; then the process
+    ends by SIGTERM as it would have. Only where SIGTERM has its default action (a handler
+    someone installed stays theirs) and in the main thread (the only one signals reach)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminated(number: int, frame: object) -> None:
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None  # only if SIGTERM is blocked
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

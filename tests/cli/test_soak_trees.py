@@ -1,0 +1,449 @@
+"""`kvcanary soak --sglang-tree` on hostile or foreign trees and wheels: small fake SGLang trees
+and wheels built here (no real SGLang), each run as the CLI in a subprocess (the loader
+registers `sglang` process-wide). Whatever the tree does at import, whatever release it is and
+whatever the wheel holds, the answer is one stderr line and exit 2, never a traceback, exit 3
+or a verdict (exit 0 or 1 on empty stdout), and a refused wheel leaves nothing in the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvcanary_cli.soak.stack import _MODULES
+
+#: The version the fake trees declare (`sglang/_version.py`).
+FAKE_VERSION = "0.4.9"
+RUST = "sglang/srt/mem_cache/rust_tree_core"
+
+
+def _file_of(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+def tree_files(overrides: dict[str, str] | None = None, *, rust: bool = True) -> dict[str, str]:
+    """An SGLang tree's files that find_tree accepts: every module the loader imports (empty
+    unless overridden, by module name), kv canary's folder, a version, the Rust core's
+    package (unless `rust` is False)."""
+    files = {_file_of(name): "" for name in _MODULES.values()}
+    files["sglang/_version.py"] = f'__version__ = "{FAKE_VERSION}"\n'
+    files["sglang/kernels/ops/kv_canary/__init__.py"] = ""
+    if rust:
+        files[f"{RUST}/__init__.py"] = ""
+        files[f"{RUST}/mem_cache.py"] = ""
+    for name, text in (overrides or {}).items():
+        files[_file_of(name)] = text
+    return files
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def soak(
+    *args: str, cache: Path, script: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kvcanary soak ARGS` in a subprocess with its own cache (`KVCANARY_CACHE`); with
+    `script`, the same command run by that script (after it patched something)."""
+    environ = {**os.environ, "KVCANARY_CACHE": str(cache), **(env or {})}
+    environ.pop("KVCANARY_DEBUG", None)
+    command = [sys.executable, "-m", "kvcanary_cli", "soak", *args]
+    if script is not None:
+        command = [sys.executable, "-c", script, "soak", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=environ, timeout=120)
+
+
+def assert_one_line_exit_2(run: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
+    assert run.stdout == ""  # no verdict, in any format
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert "Traceback" not in run.stderr and "kvcanary bug" not in run.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+# -- a module failing at import (item 3) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "module", "what"),
+    [
+        ('raise RuntimeError("needs CUDA")\n', "sglang.srt.server_args", "needs CUDA"),
+        ("def broken(:\n    pass\n", "sglang.srt.server_args", "SyntaxError"),
+        ("import sys\nsys.exit(0)\n", "sglang.srt.server_args", "SystemExit(0)"),
+        (
+            "class Stop(BaseException):\n    pass\n\nraise Stop('halt')\n",
+            "sglang.srt.server_args",
+            "Stop",
+        ),
+        # a module the first one imports: the one that fails is named
+        ("import sglang.srt.cuda_only\n", "sglang.srt.cuda_only", "ZeroDivisionError"),
+    ],
+    ids=["runtime-error", "syntax-error", "sys-exit-0", "base-exception", "nested"],
+)
+def test_a_module_failing_at_import_is_one_line_exit_2(
+    tmp_path: Path, text: str, module: str, what: str
+) -> None:
+    files = tree_files({"sglang.srt.server_args": text})
+    files["sglang/srt/cuda_only.py"] = "1 / 0\n"
+    tree = write_tree(tmp_path / "tree", files)
+    run = soak(
+        "--sglang-tree",
+        str(tree),
+        "--format",
+        "json",
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+    )
+    assert_one_line_exit_2(run, str(tree), module, what, FAKE_VERSION)
+    assert not (tmp_path / "o").exists()
+
+
+def test_sys_exit_at_import_is_never_a_clean_table(tmp_path: Path) -> None:
+    """The same refusal in the table format: exit 0 with no output read as clean before."""
+    tree = write_tree(
+        tmp_path / "tree", tree_files({"sglang.srt.mem_cache.memory_pool": "raise SystemExit(0)\n"})
+    )
+    run = soak("--sglang-tree", str(tree), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
+    assert_one_line_exit_2(run, str(tree), "sglang.srt.mem_cache.memory_pool", "SystemExit(0)")
+
+
+# -- a tree of another release (item 4) ---------------------------------------------------
+
+_CORES = """
+import sys
+from kvcanary_cli.soak.stack import load_sglang
+
+modules = load_sglang(sys.argv[1])
+print(",".join(modules.cores))
+for note in modules.notes:
+    print(note)
+"""
+
+
+def test_a_tree_without_the_rust_core_runs_the_python_core_and_says_so(tmp_path: Path) -> None:
+    """Older trees have no `rust_tree_core`: the Python core, and a note naming what is missing
+    (looking for the Rust core raised before)."""
+    tree = write_tree(tmp_path / "tree", tree_files(rust=False))
+    run = subprocess.run(
+        [sys.executable, "-c", _CORES, str(tree)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    cores, *notes = run.stdout.splitlines()
+    assert cores == "python"
+    assert len(notes) == 1 and "Rust tree core" in notes[0] and "Python" in notes[0], notes
+    # its twin with the Rust core: both cores, nothing to say
+    tree = write_tree(tmp_path / "with-rust", tree_files())
+    run = subprocess.run(
+        [sys.executable, "-c", _CORES, str(tree)], capture_output=True, text=True, timeout=120
+    )
+    assert run.stdout.splitlines() == ["python,rust"], run.stderr
+
+
+def test_asking_for_the_missing_rust_core_is_one_line_exit_2(tmp_path: Path) -> None:
+    tree = write_tree(tmp_path / "tree", tree_files(rust=False))
+    run = soak(
+        "--sglang-tree",
+        str(tree),
+        "--core",
+        "rust",
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+    )
+    assert_one_line_exit_2(run, "--core", "rust", "rust_tree_core")
+
+
+_FITTING_ARGS = "class ServerArgs:\n    def __init__(self, **kwargs):\n        pass\n"
+_CONTEXT = "def reset_context():\n    pass\n\n\ndef publish(*args, **kwargs):\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "what"),
+    [
+        (
+            {
+                "sglang.srt.server_args": "class ServerArgs:\n"
+                "    def __init__(self, model, *, page_size):\n        pass\n"
+            },
+            "ServerArgs",
+        ),
+        (
+            {
+                "sglang.srt.server_args": _FITTING_ARGS,
+                "sglang.srt.runtime_context": _CONTEXT,
+                "sglang.srt.mem_cache.memory_pool": "class ReqToTokenPool:\n"
+                "    def __init__(self, size, device):\n        pass\n",
+            },
+            "ReqToTokenPool",
+        ),
+        ({"sglang.srt.server_args": _FITTING_ARGS}, "reset_context"),
+    ],
+    ids=["server-args", "req-to-token-pool", "runtime-context"],
+)
+def test_a_release_whose_constructors_differ_is_one_line_exit_2(
+    tmp_path: Path, overrides: dict[str, str], what: str
+) -> None:
+    """Another release's ServerArgs, pools or context (a TypeError, an AttributeError): what
+    did not fit, the tree, its version and the release soak drives."""
+    tree = write_tree(tmp_path / "tree", tree_files(overrides))
+    run = soak(
+        "--sglang-tree",
+        str(tree),
+        "--format",
+        "json",
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+    )
+    assert_one_line_exit_2(run, str(tree), what, FAKE_VERSION, "0.5.23")
+
+
+# -- wheels (item 5) ----------------------------------------------------------------------
+
+WHEEL_NAME = f"sglang-{FAKE_VERSION}-py3-none-any.whl"
+#: a module's text long enough to deflate into a real stream
+_LONG = "".join(f"VALUE_{i} = {i * 7919 % 1000}\n" for i in range(400))
+
+
+def write_wheel(path: Path, files: dict[str, str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr(f"sglang-{FAKE_VERSION}.dist-info/METADATA", "Name: sglang\n")
+    return path
+
+
+def _patch(path: Path, member: str, *, local: dict[int, bytes], central: dict[int, bytes]) -> None:
+    """Overwrite fields of `member`'s local header (offsets from it) and central entry."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member)
+        start_dir = archive.start_dir
+    data = bytearray(path.read_bytes())
+    for offset, value in local.items():
+        at = info.header_offset + offset
+        data[at : at + len(value)] = value
+    entry = data.index(member.encode(), start_dir) - 46
+    assert data[entry : entry + 4] == b"PK\x01\x02"
+    for offset, value in central.items():
+        data[entry + offset : entry + offset + len(value)] = value
+    path.write_bytes(bytes(data))
+
+
+def _stream_start(path: Path, member: str) -> int:
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member)
+    data = path.read_bytes()
+    name_len, extra_len = struct.unpack_from("<HH", data, info.header_offset + 26)
+    return int(info.header_offset + 30 + name_len + extra_len)
+
+
+def _corrupt_deflate(path: Path, member: str) -> None:
+    at = _stream_start(path, member)
+    data = bytearray(path.read_bytes())
+    data[at : at + 8] = b"\xff" * 8  # a reserved block type
+    path.write_bytes(bytes(data))
+
+
+def _unknown_method(path: Path, member: str) -> None:
+    method = struct.pack("<H", 99)
+    _patch(path, member, local={8: method}, central={10: method})
+
+
+def _encrypted(path: Path, member: str) -> None:
+    with zipfile.ZipFile(path) as archive:
+        flags = struct.pack("<H", int(archive.getinfo(member).flag_bits) | 0x1)
+    _patch(path, member, local={6: flags}, central={8: flags})
+
+
+def _lying_size(path: Path, member: str) -> None:
+    """Declares 100 bytes for a stream that inflates to several thousand."""
+    size = struct.pack("<I", 100)
+    _patch(path, member, local={22: size}, central={24: size})
+
+
+def cache_entries(cache: Path) -> list[str]:
+    trees = cache / "sglang-trees"
+    return sorted(p.name for p in trees.iterdir()) if trees.is_dir() else []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_corrupt_deflate, _unknown_method, _encrypted, _lying_size],
+    ids=["corrupt-deflate", "unknown-method", "encrypted", "lying-size"],
+)
+def test_a_damaged_wheel_is_one_line_exit_2_and_leaves_nothing(
+    tmp_path: Path, damage: Callable[[Path, str], None]
+) -> None:
+    member = _file_of("sglang.srt.server_args")
+    wheel = write_wheel(tmp_path / WHEEL_NAME, tree_files({"sglang.srt.server_args": _LONG}))
+    damage(wheel, member)
+    run = soak(
+        "--sglang-tree",
+        str(wheel),
+        "--format",
+        "json",
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+    )
+    assert_one_line_exit_2(run, str(wheel), "cannot unpack")
+    assert cache_entries(tmp_path / "c") == []
+
+
+def test_a_wheel_refused_as_a_tree_leaves_nothing(tmp_path: Path) -> None:
+    """Unpacked, then checked: no kv canary. The staged tree is not kept."""
+    files = tree_files()
+    del files["sglang/kernels/ops/kv_canary/__init__.py"]
+    wheel = write_wheel(tmp_path / WHEEL_NAME, files)
+    run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
+    assert_one_line_exit_2(run, str(wheel), "no kv canary")
+    assert cache_entries(tmp_path / "c") == []
+
+
+def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path: Path) -> None:
+    """8 MB of a module deflated into a few KB: more than the bound the wheel's real size
+    sets; refused before anything is written, and nothing stays in the cache."""
+    files = tree_files({"sglang.srt.server_args": 'raise RuntimeError("unpacked")\n'})
+    files["sglang/srt/mem_cache/padding.py"] = "#" * (8 << 20)
+    wheel = write_wheel(tmp_path / WHEEL_NAME, files)
+    assert wheel.stat().st_size < 64 << 10
+    run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
+    assert_one_line_exit_2(run, str(wheel), "unpack")
+    assert cache_entries(tmp_path / "c") == []
+
+
+def test_the_cache_is_keyed_by_content_not_by_the_file_name(tmp_path: Path) -> None:
+    """Two different wheels under one file name: the second runs its own code; native
+    extensions soak never loads stay packed (the Rust tree core's is unpacked); no staging
+    folder is left."""
+    wheel = tmp_path / "wheels" / WHEEL_NAME
+    cache = tmp_path / "c"
+    for label in ("tree A", "tree B"):
+        files = tree_files({"sglang.srt.server_args": f'raise RuntimeError("{label}")\n'})
+        files["sglang/srt/rust_extensions/_server.so"] = "not loaded by soak\n"
+        files[f"{RUST}/mem_cache.so"] = "the Rust tree core\n"
+        write_wheel(wheel, files)
+        run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=cache)
+        assert_one_line_exit_2(run, str(wheel), label)
+    entries = cache_entries(cache)
+    assert len(entries) == 2 and not any(name.startswith(".") for name in entries), entries
+    assert not list(cache.rglob("_server.so"))
+    assert len(list(cache.rglob("mem_cache.so"))) == 2
+
+
+_INTERRUPTED_UNPACK = """
+import os, runpy, signal, sys, zipfile
+
+number = int(os.environ["KVCANARY_TEST_SIGNAL"])
+read = zipfile.ZipExtFile.read
+
+
+def interrupted(self, *args):
+    os.kill(os.getpid(), number)
+    return read(self, *args)
+
+
+zipfile.ZipExtFile.read = interrupted
+sys.argv[0] = "kvcanary"
+runpy.run_module("kvcanary_cli", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_unpacking_leaves_nothing(tmp_path: Path, number: int) -> None:
+    wheel = write_wheel(tmp_path / WHEEL_NAME, tree_files())
+    run = soak(
+        "--sglang-tree",
+        str(wheel),
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+        script=_INTERRUPTED_UNPACK,
+        env={"KVCANARY_TEST_SIGNAL": str(int(number))},
+    )
+    assert run.returncode in (130, -int(number), 128 + int(number)), (run.returncode, run.stderr)
+    assert "Traceback" not in run.stderr
+    assert cache_entries(tmp_path / "c") == []
+
+
+_RELOAD = """
+import sys
+from kvcanary_cli.soak.stack import SGLangUnavailableError, load_sglang
+
+try:
+    load_sglang(sys.argv[1])
+except SGLangUnavailableError as exc:
+    print("refused:", exc)
+print("left:", sorted(name for name in sys.modules if name.split(".")[0] == "sglang"))
+print("then:", ",".join(load_sglang(sys.argv[2]).cores))
+"""
+
+
+def test_a_failed_import_leaves_no_sglang_behind(tmp_path: Path) -> None:
+    """In one process (the API): after a tree that fails at import, another tree loads (it was
+    refused as 'another SGLang is already imported' when the half-import stayed)."""
+    broken = tree_files({"sglang.srt.mem_cache.memory_pool": "raise RuntimeError('no')\n"})
+    bad = write_tree(tmp_path / "bad", broken)
+    good = write_tree(tmp_path / "good", tree_files())
+    run = subprocess.run(
+        [sys.executable, "-c", _RELOAD, str(bad), str(good)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    refused, left, then = run.stdout.splitlines()
+    assert "sglang.srt.mem_cache.memory_pool fails at import" in refused
+    assert left == "left: []"
+    assert then == "then: python,rust"
+
+
+def test_an_exit_of_sglang_while_a_history_runs_is_refused(tmp_path: Path) -> None:
+    """The run-time twin of sys.exit at import: raised by the tree's code inside a soak
+    history, it is an error naming the module, never the process's exit; Ctrl-C, and an exit
+    raised by code outside the tree, pass as they are."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from kvcanary_cli.soak.stack import SGLangUnavailableError, find_tree, refusing_sglang_exits
+
+    files = tree_files()
+    files["sglang/srt/exiting.py"] = (
+        "import sys\n\n\ndef exit_now():\n    sys.exit(0)\n\n\n"
+        "def interrupt():\n    raise KeyboardInterrupt\n"
+    )
+    tree = find_tree(write_tree(tmp_path / "tree", files))
+    spec = importlib.util.spec_from_file_location("exiting", tree.root / "sglang/srt/exiting.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    @refusing_sglang_exits
+    def history(modules: object, step: Callable[[], None]) -> None:
+        step()
+
+    modules: object = SimpleNamespace(tree=tree)
+    with pytest.raises(
+        SGLangUnavailableError, match=r"sglang\.srt\.exiting raises SystemExit\(0\)"
+    ):
+        history(modules, module.exit_now)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        history(modules, module.interrupt)  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        history(modules, lambda: sys.exit(0))  # type: ignore[arg-type]
