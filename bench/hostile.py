@@ -10,6 +10,10 @@
   finding's slot. The Triton staging once held int64 copies of every staged cell.
 - `wide-pool-all-live`: a shrunk 2049 x 131,076 pool whose 2048 batch rows are all live
   (only their cells stored): `check`, which once said BAD INPUT (2^28 cells to stage).
+- `one-slot-shrunk`: a 9.9 MB shrunk dump (format 1.2, uint8 elements, one run) of a 4097 x
+  2400 table whose every live cell holds slot 7 (`tests.helpers.one_slot_shrunk_dump`):
+  `provenance --slot 7` (table and JSON) and `check` (table and JSON). Its table views once
+  built every cell of both findings (9.8 M each) as Python ints to show a few (3.9 GB).
 
 Usage:
 
@@ -39,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from dumps import shape  # noqa: E402
 
 from tests.child_memory import PEAK_RSS_SCRIPT  # noqa: E402
-from tests.helpers import stale_rows_dump, wide_shrunk_dump  # noqa: E402
+from tests.helpers import one_slot_shrunk_dump, stale_rows_dump, wide_shrunk_dump  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 
@@ -92,6 +96,18 @@ def _wide_shrunk(workdir: Path) -> tuple[Path, int]:
     return small, slot
 
 
+def one_slot_shrunk(tree: Path, workdir: Path) -> dict[str, Any]:
+    """The `one-slot-shrunk` case: every live cell of a shrunk table holds slot 7."""
+    path = str(one_slot_shrunk_dump(workdir / "one-slot.safetensors"))
+    return {
+        "file_bytes": Path(path).stat().st_size,
+        "provenance_slot": measure(tree, "provenance", path, "--slot", "7"),
+        "provenance_slot_json": measure(tree, "provenance", path, "--slot", "7", "-f", "json"),
+        "check_table": measure(tree, "check", path),
+        "check_json": measure(tree, "check", path, "-f", "json"),
+    }
+
+
 def run(tree: Path, workdir: Path, skip: set[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for rows in (20_000, 100_000):
@@ -120,6 +136,8 @@ def run(tree: Path, workdir: Path, skip: set[str]) -> dict[str, Any]:
             "file_bytes": path.stat().st_size,
             "check": measure(tree, "check", str(path), "--quiet"),
         }
+    if "one-slot-shrunk" not in skip:
+        results["one-slot-shrunk"] = one_slot_shrunk(tree, workdir)
     return results
 
 

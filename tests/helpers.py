@@ -208,3 +208,53 @@ def wide_shrunk_dump(path: Path, **shape: int) -> Path:
 
     tensors, metadata = wide_shrunk_contents(**shape)
     return write_safetensors(path, tensors, metadata)
+
+
+def one_slot_shrunk_dump(
+    path: Path, *, rows: int = 4096, width: int = 2400, slot: int = 7, slots: int = 16
+) -> Path:
+    """A shrunk dump (format 1.2) whose `req_to_token` (`rows + 1` x `width`, uint8 elements
+    of an int32 original) is stored whole as one run, and whose `rows` live batch rows hold
+    `slot` in every one of their `width` cells: one slot aliased by every live cell, so a
+    view of that slot's findings has `rows x width` cells to show a few of."""
+    from kvcanary_cli.dump.atomic import write_safetensors
+    from kvcanary_cli.dump.narrow import original_dtypes_text
+    from kvcanary_cli.dump.schema import ORIGINAL_DTYPES_KEY, SHRINK_KEY, SHRUNK_FORMAT_VERSION
+    from kvcanary_cli.dump.shrink_record import ShrinkRecord, TensorCut
+    from kvcanary_cli.dump.sparse import gap_runs
+
+    table = np.full((rows + 1, width), slot, dtype=np.uint8)
+    table[0] = 0
+    cut = TensorCut(
+        name="req_to_token",
+        shape=(rows + 1, width),
+        kept=table.size,
+        dropped=0,
+        dropped_bytes=0,
+        rows=rows + 1,
+        kept_rows=rows + 1,
+    )
+    record = ShrinkRecord(
+        source_name="one-slot.safetensors",
+        source_bytes=table.size * 4,
+        source_sha256="0" * 64,
+        kvcanary_version="test",
+        tensors=(cut,),
+    )
+    pool_rows = np.arange(1, rows + 1, dtype=np.int64)
+    tensors = {
+        "req_to_token": table.reshape(-1),
+        "req_to_token.runs": gap_runs(np.array([[0, table.size]], dtype=np.int64)),
+        "req_to_token.shape": np.array([rows + 1, width], dtype=np.int64),
+        "req_pool_indices": pool_rows,
+        "prefix_lens": np.full(rows, width, dtype=np.int64),
+        "extend_seq_lens": np.zeros(rows, dtype=np.int64),
+        "free_full_slots": np.array([s for s in range(1, slots) if s != slot], dtype=np.int64),
+    }
+    metadata = {
+        "num_full_slots": str(slots),
+        "kvcanary.format": SHRUNK_FORMAT_VERSION,
+        SHRINK_KEY: record.to_json(),
+        ORIGINAL_DTYPES_KEY: original_dtypes_text({"req_to_token": "I32"}),
+    }
+    return write_safetensors(path, tensors, metadata)

@@ -193,15 +193,17 @@ def _cell_records(
     if split is not None:
         key = key * (int(split.max(initial=0)) + 1) + split.astype(np.int64)
     found: list[Finding] = []
-    for value in np.unique(key).tolist():
-        members = offending[key == value]  # ascending: batch row, then position
+    values = np.unique(key).tolist()
+    for value in values:
+        # ascending: batch row, then position (one key: all of them, not a copy)
+        members = offending if len(values) == 1 else offending[key == value]
         first = int(members[0])
-        cell_columns = CellColumns(
-            batch_row=cells.batch_row[members].astype(np.int64),
-            pool_row=cells.pool_row[members].astype(np.int64),
-            position=cells.position[members].astype(np.int64),
-            slot=reported[members].astype(np.int64),
-            extra={n: v[members].astype(np.int64) for n, v in (columns or {}).items()},
+        cell_columns = CellColumns(  # a gather copies already: no second copy for the dtype
+            batch_row=cells.batch_row[members].astype(np.int64, copy=False),
+            pool_row=cells.pool_row[members].astype(np.int64, copy=False),
+            position=cells.position[members].astype(np.int64, copy=False),
+            slot=reported[members].astype(np.int64, copy=False),
+            extra={n: v[members].astype(np.int64, copy=False) for n, v in (columns or {}).items()},
         )
         one = members.size == 1
         found.append(
@@ -325,7 +327,10 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     idx = np.flatnonzero(real)
     if idx.size < 2:
         return []
-    row, slot = cells.pool_row[idx], cells.slot[idx]
+    if idx.size == len(cells):  # every cell: the columns themselves, not copies
+        row, slot = cells.pool_row, cells.slot
+    else:
+        row, slot = cells.pool_row[idx], cells.slot[idx]
     # stable: a slot's cells in one row stay in cell order, which is position order
     order = np.lexsort((slot, row))
     same = (row[order][1:] == row[order][:-1]) & (slot[order][1:] == slot[order][:-1])
@@ -369,7 +374,10 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     idx = np.flatnonzero(real)
     if idx.size == 0:
         return []
-    slot, position, row = cells.slot[idx], cells.position[idx], cells.pool_row[idx]
+    if idx.size == len(cells):  # every cell: the columns themselves, not copies
+        slot, position, row = cells.slot, cells.position, cells.pool_row
+    else:
+        slot, position, row = cells.slot[idx], cells.position[idx], cells.pool_row[idx]
     # slot-major, then position, then cell order
     order = np.lexsort((position, slot))
     s, p = slot[order], position[order]
@@ -382,9 +390,12 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     sid = np.empty(idx.size, dtype=np.int64)  # slot id of each cell, in cell order
     sid[order] = slot_id
     by_row = np.lexsort((row, slot))
-    rows_per_slot = np.bincount(
-        sid[by_row][_group_starts([slot[by_row], row[by_row]])], minlength=slot_start.size
-    )
+    row_start = _group_starts([slot[by_row], row[by_row]])
+    rows_per_slot = np.bincount(sid[by_row[row_start]], minlength=slot_start.size)
+    del (
+        by_row,
+        row_start,
+    )  # a sort per cell each: let each go once read (a slot may be every cell's)
     suspect = (positions_per_slot > 1) & (rows_per_slot > 1)
     if not suspect.any():
         return []
@@ -399,11 +410,15 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     first_cell = np.full(slot_start.size, idx.size, dtype=np.int64)
     np.minimum.at(first_cell, slot_id, order)
     owner = np.where(longest > 1, best, position[np.minimum(first_cell, idx.size - 1)])
-    copy = suspect[sid] & (position != owner[sid])
+    del order, s, p, slot_id
+    owner_of_cell = owner[sid]
+    copy = suspect[sid] & (position != owner_of_cell)
+    del sid
     if not copy.any():
         return []
     owner_position = np.zeros(len(cells), dtype=np.int64)
-    owner_position[idx] = owner[sid]
+    owner_position[idx] = owner_of_cell
+    del owner_of_cell
 
     def holders(i: int) -> list[tuple[int, int]]:
         """(pool row, position) of the cells holding cell i's slot, in cell order."""

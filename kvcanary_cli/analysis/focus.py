@@ -88,14 +88,14 @@ def focused_findings(
         # slot 0 is padding: a shrunk dump's unknown cells read as 0 but are not scanned
         cells = live_cells(dump) if 0 in related else index.live_cells()
         view = _rows_holding(dump, cells, related)
-        found = [
-            f
-            for f in collect_findings(view, planner=planner, kernel=None).findings
-            if f.code is not FindingCode.WRITE_TO_LIVE_SLOT
-        ]
+        del cells  # the view's live cells hold them all again (one slot may be every cell's)
+        collected = collect_findings(view, planner=planner, kernel=None)
+        found = [f for f in collected.findings if f.code is not FindingCode.WRITE_TO_LIVE_SLOT]
         # out_cache_loc is laid out by the whole batch's rows: its writes are read there. Only
-        # writes of the related slots can touch `slot`, and `cells` holds every live cell of them.
-        found += write_findings(dump, cells)
+        # writes of the related slots can touch `slot`, and the view's live cells holding them
+        # are every live cell of them (the rows holding them are the view's rows).
+        found += write_findings(dump, _holding_slots(collected.cells, related))
+        del collected
     peer = swa_peer(dump, slot)
     touching = [part for f in found if (part := touching_part(f, slot, peer)) is not None]
     # provenance from the whole dump: a masked row's stale tail is still a stale tail
@@ -143,6 +143,20 @@ def _needs_whole_batch(dump: KvDump, related: tuple[int, ...]) -> bool:
 
 #: `full_slots_mapping_to`'s limit: at this many, some sharing full slots may be missing.
 _RELATED_LIMIT = 64
+
+
+def _holding_slots(cells: LiveCells, slots: Iterable[int]) -> LiveCells:
+    """The live `cells` holding one of `slots`, in their order (all of them: no copy)."""
+    held = SlotSet(np.asarray(list(slots), dtype=np.int64)).contains(cells.slot)
+    if held.all():
+        return cells
+    return LiveCells(
+        slot=cells.slot[held],
+        batch_row=cells.batch_row[held],
+        pool_row=cells.pool_row[held],
+        position=cells.position[held],
+        pending=cells.pending[held],
+    )
 
 
 def _rows_holding(dump: KvDump, cells: LiveCells, slots: Iterable[int]) -> KvDump:

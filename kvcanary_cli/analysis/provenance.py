@@ -269,24 +269,30 @@ class ProvenanceIndex:
         """The cells of `live_cells(self.dump)` that hold one of the slots, in its order.
 
         A shrunk dump's unknown cells read as 0 there, but the scan visits kept cells only:
-        for slot 0 (padding) use `live_cells` itself."""
+        for slot 0 (padding) use `live_cells` itself. The cells are handed over, not kept: a
+        second call finds none."""
         if self._live is None:
             raise ValueError("this index was built without live=True")
         parts = list(zip(*self._live, strict=True)) or [()] * 4
+        self._live = []  # handed over, not kept twice: a slot every live cell holds is all of them
         slot, batch_row, pool_row, position = (
             np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts
         )
+        del parts
         order = np.lexsort((position, batch_row))  # live_cells' order: batch row, position
         prefix, _ = _live_lengths(self.dump)
-        batch_row = batch_row[order]
-        position = position[order]
-        return LiveCells(
-            slot=slot[order],
+        # one column at a time: each unsorted one goes as its sorted one comes
+        slot, pool_row = slot[order], pool_row[order]
+        batch_row, position = batch_row[order], position[order]
+        del order
+        cells = LiveCells(
+            slot=slot,
             batch_row=batch_row,
-            pool_row=pool_row[order],
+            pool_row=pool_row,
             position=position,
             pending=position >= prefix[batch_row],
         )
+        return cells
 
     def narrowed(self, max_cells: int) -> ProvenanceIndex:
         """This index as if built with a smaller `max_cells` (the same scan, fewer cells)."""

@@ -12,6 +12,8 @@ import json
 import secrets
 from collections.abc import Mapping
 
+from kvcanary_cli.render.records.columns import IntColumn
+
 __all__ = ["INLINE_AFTER", "to_json"]
 
 #: Lists of integers longer than this are written on one line.
@@ -30,6 +32,11 @@ def to_json(record: Mapping[str, object]) -> str:
     def fold(value: object) -> object:
         if isinstance(value, Mapping):
             return {key: fold(item) for key, item in value.items()}
+        if isinstance(value, IntColumn):
+            if len(value) <= INLINE_AFTER:
+                return value.tolist()
+            inline.append(value.json_text())
+            return f"{token}{len(inline) - 1}"
         if isinstance(value, list | tuple):
             if len(value) > INLINE_AFTER and all(type(item) is int for item in value):
                 inline.append(json.dumps(value, separators=(",", ":")))

@@ -101,3 +101,19 @@ def test_a_clean_production_wide_shrunk_pool_checks_clean(tmp_path: Path) -> Non
     assert dump.error is None and not dump.findings
     assert {g.group for g in dump.groups} == {"full"} and dump.groups[0].kernel == "triton"
     assert any("vectorized-gpu model of the triton kernels" in n for n in dump.notes)
+
+
+#: `provenance --slot 7` of a shrunk table whose 1024 live rows hold slot 7 in all 1200 cells
+#: (1.2 M cells, two findings of every one): 290 MB; 590 MB when the table view built every
+#: cell as Python ints and the findings' detectors held several sorted copies of each column.
+ONE_SLOT_RSS = 420 << 20
+
+
+@pytest.mark.slow  # a whole process, measured in memory
+def test_provenance_of_a_slot_every_cell_holds_is_bounded(tmp_path: Path) -> None:
+    from tests.helpers import one_slot_shrunk_dump
+
+    path = one_slot_shrunk_dump(tmp_path / "one-slot.safetensors", rows=1024, width=1200)
+    code, peak = peak_rss_of("provenance", str(path), "--slot", "7")
+    assert code == 0
+    assert peak < ONE_SLOT_RSS, f"{peak >> 20} MiB"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import (
     Any,
     ForwardRef,
@@ -25,6 +25,7 @@ from typing import (
 )
 
 from kvcanary_cli.render.records.check import CheckRecord
+from kvcanary_cli.render.records.columns import IntColumn
 from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.plan import PlanRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
@@ -114,8 +115,8 @@ def validate(value: Any, tp: Any, path: str = "$") -> list[str]:
         if any(not validate(value, m, path) for m in members):
             return []
         return [f"{path}: {value!r} is none of {tp}"]
-    if origin is list:
-        if not isinstance(value, list):
+    if origin is list or origin is Sequence:  # a record's cell column: a list in JSON
+        if not isinstance(value, list if origin is list else (list, IntColumn)):
             return [f"{path}: expected a list, got {type(value).__name__}"]
         return [e for i, v in enumerate(value) for e in validate(v, args[0], f"{path}[{i}]")]
     if origin is dict:

@@ -23,6 +23,7 @@ import re
 import sys
 import textwrap
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ForwardRef, Literal, Union, get_args, get_origin, is_typeddict
 
@@ -160,7 +161,7 @@ def type_text(tp: Any, named: set[str]) -> str:
         members = [a for a in args if a is not type(None)]
         tail = [" | null"] if len(members) < len(args) else []
         return " | ".join(type_text(m, named) for m in members) + "".join(tail)
-    if origin is list:
+    if origin is list or origin is Sequence:  # a cell column (`IntColumn`) is a JSON list
         return f"[{type_text(args[0], named)}]"
     if origin is dict:
         key = _literal(args[0], as_key=True) if value_set(args[0]) is not None else '"<key>"'

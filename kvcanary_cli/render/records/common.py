@@ -13,11 +13,13 @@ tables are generated from these declarations (tests/render/schema_doc.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Literal, TypedDict, Union, cast
 
 from kvcanary_cli.catalog import CauseCode, FindingCode, Severity
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
+from kvcanary_cli.render.records.columns import IntColumn
 from kvcanary_cli.results.cells import CellColumns, SlotProvenance
 from kvcanary_cli.results.check import UPSTREAM_RAISE, Finding
 
@@ -168,21 +170,23 @@ class SlotProvenanceRecord(TypedDict):
 
 class CellColumnsRecord(TypedDict):
     """Every cell of a finding group as parallel columns: entry i of each list is cell i, in
-    report order (batch row, then position). Complete: nothing is dropped."""
+    report order (batch row, then position). Complete: nothing is dropped. In the record each
+    column is an `IntColumn` over the analysis' array (JSON writes it as a list; a view reads
+    the entries it shows)."""
 
     #: -1 in the three coordinate columns: a finding about slots (a free-list entry, a LUT
     #: entry), not table cells
-    batch_row: list[int]
-    pool_row: list[int]
-    position: list[int]
+    batch_row: Sequence[int]
+    pool_row: Sequence[int]
+    position: Sequence[int]
     #: the slot of each cell (an SWA slot for space swa); null for a finding about a cell's
     #: expected-token gather (its `gather_index` column says where the gather went)
-    slot: list[int] | None
+    slot: Sequence[int] | None
     #: the code's own per-cell columns (docs/json-schema.md, "Finding"): full_slot
     #: (swa-slot-collision and freed-slot-in-live-range of space swa), owner_position
     #: (slot-shared-across-positions), out_cache_loc_index (write-to-live-slot), gather_index
     #: (expected-token-out-of-range); {} for the other codes
-    extra: dict[str, list[int]]
+    extra: dict[str, Sequence[int]]
 
 
 class SpanRecord(TypedDict):
@@ -351,20 +355,17 @@ def slot_provenance_record(prov: SlotProvenance) -> SlotProvenanceRecord:
     }
 
 
-def _ints(values: np.ndarray) -> list[int]:
-    return cast(list[int], values.tolist())
-
-
 def cells_record(cells: CellColumns | None) -> CellColumnsRecord | None:
-    """A finding group's cells as JSON columns (None for a row- or tensor-level finding)."""
+    """A finding group's cells as columns (None for a row- or tensor-level finding): each an
+    `IntColumn` over the group's array, so building the record converts no cell."""
     if cells is None:
         return None
     return {
-        "batch_row": _ints(cells.batch_row),
-        "pool_row": _ints(cells.pool_row),
-        "position": _ints(cells.position),
-        "slot": None if cells.slot is None else _ints(cells.slot),
-        "extra": {name: _ints(cells.extra[name]) for name in sorted(cells.extra)},
+        "batch_row": IntColumn(cells.batch_row),
+        "pool_row": IntColumn(cells.pool_row),
+        "position": IntColumn(cells.position),
+        "slot": None if cells.slot is None else IntColumn(cells.slot),
+        "extra": {name: IntColumn(cells.extra[name]) for name in sorted(cells.extra)},
     }
 
 

@@ -123,18 +123,22 @@ def _marks(
 ) -> tuple[dict[str, tuple[str, str]], dict[int, dict[int, str]]]:
     """Letters for the codes with a cell in `rows` (batch or pool rows, `by` names the cell
     column), and per row the most severe code's letter at each position a cell is on."""
+    import numpy as np  # the columns' arrays: only the cells in `rows` become Python ints
+
     at: dict[int, dict[int, list[str]]] = {row: {} for row in rows}
+    wanted = np.array(sorted(rows), dtype=np.int64)
     drawn = []
     for f in findings:
         cells = f["cells"]
         if cells is None:
             continue
-        found = False
-        for row, position in zip(cells[by], cells["position"], strict=True):
-            if row in at:
-                at[row].setdefault(position, []).append(f["code"])
-                found = True
-        if found:
+        here = np.flatnonzero(np.isin(np.asarray(cells[by]), wanted))
+        in_rows = np.asarray(cells[by])[here].tolist()
+        for row, position in zip(
+            in_rows, np.asarray(cells["position"])[here].tolist(), strict=True
+        ):
+            at[row].setdefault(position, []).append(f["code"])
+        if here.size:
             drawn.append(f)
     letters = code_letters(drawn)
     marks = {
@@ -298,14 +302,18 @@ class SlotAxis:
     the findings are about (or they hold slots but no batch row's cells)."""
 
     def __init__(self, dump: DumpRecord) -> None:
+        import numpy as np  # each finding's distinct slots, not each of its cells
+
         slotted = [f for f in dump["findings"] if f["space"] == "full" and f["cells"] is not None]
         self.letters = code_letters(f for f in slotted if f["cells"] and f["cells"]["slot"])
         self.slots: dict[int, str] = {}
         for f in slotted:
             cells = f["cells"]
             letter = self.letters.get(f["code"], ("*", ""))[0]
-            for slot in (cells["slot"] or []) if cells is not None else []:
-                if slot >= 0 and (slot not in self.slots or letter < self.slots[slot]):
+            column = None if cells is None else cells["slot"]
+            held = np.unique(np.asarray(column)) if column else np.zeros(0, dtype=np.int64)
+            for slot in held[held >= 0].tolist():
+                if slot not in self.slots or letter < self.slots[slot]:
                     self.slots[slot] = letter
         lut = [f["details"]["lut_len"] for f in dump["findings"] if "lut_len" in f["details"]]
         self.lut_len = int(lut[0]) if lut and isinstance(lut[0], int) else None
@@ -316,7 +324,8 @@ class SlotAxis:
         )
         beyond = self.pool is not None and any(slot >= self.pool for slot in self.slots)
         cells_only_of_slots = all(
-            f["cells"] is None or min(f["cells"]["batch_row"], default=0) < 0
+            f["cells"] is None
+            or (len(f["cells"]["batch_row"]) > 0 and int(np.min(f["cells"]["batch_row"])) < 0)
             for f in dump["findings"]
         )
         self.drawn = bool(self.slots) and (

@@ -1,0 +1,95 @@
+"""The table and Markdown views read the cells they show, not every cell of every finding.
+
+One slot held by every live cell of a shrunk dump (`one_slot_shrunk_dump`): its two findings
+stand for 153,344 cells each, of which the views show a handful and count the rest. What a
+view allocates is measured with `tracemalloc` while it is built and drawn (a bound on memory,
+never a wall time): it once built every cell as Python ints, then copied the record to make it
+printable (3.9 GB at 9.8 M cells); JSON, which lists every cell, writes the columns from their
+arrays a piece at a time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kvcanary_cli import api
+from kvcanary_cli.render import render_check, render_provenance
+from kvcanary_cli.render.console import OutputFormat
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
+from tests.helpers import one_slot_shrunk_dump
+
+ROWS, WIDTH = 256, 600
+#: What a view of the dump may allocate: its text and rich's drawing of it (a few hundred KB).
+#: Every cell as a Python int in a list is 8 bytes per entry before any int object: 12 MB for
+#: the findings' 10 columns here.
+VIEW_BYTES = 4 << 20
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("one-slot") / "one-slot.safetensors"
+    return one_slot_shrunk_dump(path, rows=ROWS, width=WIDTH)
+
+
+@pytest.fixture(scope="module")
+def provenance(dump: Path) -> ProvenanceReport:
+    return api.provenance(dump, slot=7)
+
+
+@pytest.fixture(scope="module")
+def check(dump: Path) -> CheckReport:
+    return api.check([dump], kernel="none")
+
+
+def _drawn(view: object) -> str:
+    if isinstance(view, str):
+        return view
+    buffer = io.StringIO()
+    Console(file=buffer, width=120, color_system=None).print(view)
+    return buffer.getvalue()
+
+
+def _allocated(make: Callable[[], object]) -> tuple[int, str]:
+    """(peak bytes allocated, text) while the view is built and drawn."""
+    tracemalloc.start()
+    try:
+        text = _drawn(make())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak, text
+
+
+@pytest.mark.parametrize("fmt", [OutputFormat.TABLE, OutputFormat.MARKDOWN])
+def test_a_provenance_view_allocates_what_it_shows(
+    provenance: ProvenanceReport, fmt: OutputFormat
+) -> None:
+    assert [f.count for f in provenance.findings] == [ROWS * (WIDTH - 1)] * 2
+    peak, text = _allocated(lambda: render_provenance(provenance, fmt, max_rows=8))
+    assert f"{ROWS * (WIDTH - 1) - 2} more" in text or "+153341 more" in text
+    assert peak < VIEW_BYTES, f"{peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("fmt", [OutputFormat.TABLE, OutputFormat.MARKDOWN])
+def test_a_check_view_allocates_what_it_shows(check: CheckReport, fmt: OutputFormat) -> None:
+    peak, text = _allocated(lambda: render_check(check, fmt))
+    assert "slot-shared-across-positions" in text
+    assert peak < VIEW_BYTES, f"{peak / 2**20:.1f} MiB"
+
+
+def test_json_lists_every_cell_from_the_arrays(provenance: ProvenanceReport) -> None:
+    text = render_provenance(provenance, OutputFormat.JSON)
+    assert isinstance(text, str)
+    findings = json.loads(text)["findings"]
+    for finding, group in zip(findings, provenance.findings, strict=True):
+        assert group.cells is not None
+        assert finding["cells"]["position"] == group.cells.position.tolist()
+        assert finding["cells"]["slot"] == [7] * group.count
