@@ -1432,11 +1432,17 @@ EVENTS: Mapping[EventKind, EventEntry] = _table(
                 cause=CauseCode.RADIX_PREFIX_BROKEN,
                 seen=(
                     "a written cell of a live request holds another slot than in the dump "
-                    "before. The request is the same one, not a new request in its row: it grew "
-                    "or stayed, and a later position it had written still holds the same slot "
-                    "(a new request in a reused row shares at most a cached prefix from "
-                    "position 0 and differs from there on). SGLang never changes a live "
-                    "request's written cells while it keeps its pool row. Each cell has its old "
+                    "before. The request is the same one, not a new request in its row: its "
+                    "prefix covers every cell it had, and a later position it had written still "
+                    "holds the same slot (a new request in a reused row shares at most a cached "
+                    "prefix from position 0 and differs from there on). SGLang changes a live "
+                    "request's written cells only to de-duplicate them: the radix cache writes "
+                    "its own slots over cells it already held and frees the request's copies. "
+                    "A cell whose new slot is the tree's (`tree_full_slots` of the later dump; "
+                    "without it, another live request's at the same position after the same "
+                    "slot, or a slot in use already in the dump before) and whose old slot is "
+                    "accounted for (free, in a page a live cell holds, or held as the dump "
+                    "records it) is such a de-duplication, not an event. Each cell has its old "
                     "slot (`old_slot`) and what became of it (`old_slot_fate`): `0` orphaned "
                     "(neither on the free list nor held by a live cell: leaked, or kept only by "
                     "the radix cache), `1` free, `2` held by a live cell (another request, or "
@@ -1452,9 +1458,13 @@ EVENTS: Mapping[EventKind, EventEntry] = _table(
             EventEntry(
                 cause=CauseCode.SWA_MAPPING_REWRITTEN,
                 seen=(
-                    "a continuing cell's LUT entry maps to another non-zero SWA slot than in "
-                    "the dump before (`swa_before`, `swa_after`). A mapping moved page and all, "
-                    "still in lockstep, shows in no single dump"
+                    "a continuing cell in its request's SWA window maps to another non-zero "
+                    "SWA slot than in the dump before (`swa_before`, `swa_after`). A mapping "
+                    "moved page and all, still in lockstep, shows in no single dump. Behind the "
+                    "window the SWA side of a cached cell may be freed and come back with other "
+                    "slots (a tombstone recovered), and a row whose cells the radix cache "
+                    "rewrote in the interval is not compared (it may be a request retracted and "
+                    "prefilled again)"
                 ),
             ),
         ),

@@ -35,7 +35,13 @@ from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.results.cells import CellColumns, Role, Space
 from kvcanary_cli.results.check import Finding
 
-__all__ = ["free_list_findings", "leaked_swa_pages", "lut_bookkeeping_findings", "unaudited"]
+__all__ = [
+    "free_list_findings",
+    "leaked_swa_pages",
+    "lut_bookkeeping_findings",
+    "recorded_held_slots",
+    "unaudited",
+]
 
 
 def unaudited(dump: KvDump) -> list[str]:
@@ -385,8 +391,8 @@ def leaked_swa_pages(
     accounted[free_pages[(free_pages >= 0) & (free_pages < pages)]] = True
     running = _running_slots(dump)
     tree = dump.tree_full_slots
-    if held is None and running is not None and tree is not None:
-        held = np.concatenate([running, np.asarray(tree, dtype=np.int64)])
+    if held is None:
+        held = _tree_and_running(dump, running)
     if held is not None:
         owned = SlotSet(np.asarray(held, dtype=np.int64)).contains(full)
     else:
@@ -405,6 +411,22 @@ def leaked_swa_pages(
     used_pages = swa[(swa > 0) & owned] // page
     accounted[used_pages[used_pages < pages]] = True
     return np.flatnonzero(~accounted).astype(np.int64), None
+
+
+def recorded_held_slots(dump: KvDump) -> np.ndarray | None:
+    """The full slots the dump records as held (not sorted, not distinct): its
+    `held_full_slots`, else the tree's and the running rows' (`tree_full_slots` and
+    `req_pool_allocated_lens`); None when it records neither."""
+    if dump.held_full_slots is not None:
+        return np.asarray(dump.held_full_slots, dtype=np.int64)
+    return _tree_and_running(dump, _running_slots(dump))
+
+
+def _tree_and_running(dump: KvDump, running: np.ndarray | None) -> np.ndarray | None:
+    tree = dump.tree_full_slots
+    if tree is None or running is None:
+        return None
+    return np.concatenate([running, np.asarray(tree, dtype=np.int64)])
 
 
 def _running_slots(dump: KvDump) -> np.ndarray | None:

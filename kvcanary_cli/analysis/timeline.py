@@ -11,9 +11,12 @@ one before it and dropped after the next: memory is that of two dumps' live cell
 table pages one gather touches), however long the sequence.
 
 Requests are pool rows. A row keeps, across the whole sequence, the length it was last seen
-with and a hash of its cells up to there; a row of the next dump whose cells start with the
-same slots at the same positions is the same request (grown, or back in the batch after dumps
-without it), and its cells up to that length are *continuing*; any other is a new request.
+with and a hash of its cells up to there; a row of the next dump whose prefix covers those
+cells (a request that keeps its row has written them all by its next step; a shorter prefix
+is a new request, or the same one retracted and prefilled again) and whose cells start with
+the same slots at the same positions is the same request (grown, or back in the batch after
+dumps without it), and its cells up to that length are *continuing*; any other is a new
+request.
 Every other cell of the later dump is new: allocated between the dumps. An *owner* of a slot
 is a live cell, told apart by (position, slot one position earlier), so radix-shared
 prefixes count as one owner, as in `check` (docs/findings.md).
@@ -27,8 +30,10 @@ first dump is left to its check's findings):
 - `DOUBLE_ALLOCATION`: a slot a new owner got while an owner holds it and no dump listed it
   free in between;
 - `PREFIX_REWRITTEN`: a written cell of a live request (its row the same request: a later
-  written position unchanged) that holds another slot now, with the old slot's fate;
-- `LUT_REWRITTEN`: a continuing cell whose LUT entry maps to another non-zero SWA slot;
+  written position unchanged) that holds another slot now, with the old slot's fate, unless
+  the radix cache put its own slot there (de-duplication: `_deduplicated`);
+- `LUT_REWRITTEN`: a continuing cell in its request's SWA window whose LUT entry maps to
+  another non-zero SWA slot;
 - `SWA_LEAK`: SWA pages leaked (neither free nor mapped from a held full slot) that the last
   dump accounting leaks did not have.
 
@@ -45,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
+from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages, recorded_held_slots
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.provenance import SlotSet
@@ -177,6 +182,11 @@ class Snapshot:
     batch_rows: np.ndarray
     lengths: np.ndarray
     starts: np.ndarray
+    #: per row: its prefix (the cells written before this step; the rest are pending writes).
+    prefix: np.ndarray
+    #: a speculative step (`forward_mode` a verify or draft step): only some of its pending
+    #: writes are kept, where any other step writes them all.
+    speculative: bool
     #: per cell (row by row, position by position): slot, position, and the owner signature's
     #: second half, the slot one position earlier (-1 at position 0).
     slot: np.ndarray
@@ -194,8 +204,15 @@ class Snapshot:
     #: per cell: the LUT entry of its slot, and whether the dump has it (None: no LUT).
     swa: np.ndarray | None
     swa_known: np.ndarray | None
+    #: the SWA window (`swa_window_size`), when recorded (and not 0).
+    window: int | None
     #: leaked SWA pages (sorted), or None when the dump does not account leaks.
     leaked: np.ndarray | None
+    #: the full slots the radix tree holds, and those the dump records as held by anyone
+    #: (the tree, running requests: `recorded_held_slots`), distinct and sorted; None when
+    #: not recorded.
+    tree: np.ndarray | None = None
+    held: np.ndarray | None = None
     #: the focus slot in this dump (`provenance --slot` over several dumps).
     moment: SlotMoment | None = None
     #: slots held with two owner signatures (`_multi_owner_slots`), once worked out.
@@ -216,10 +233,29 @@ class Snapshot:
         """Index into `rows` of each cell."""
         return np.repeat(np.arange(self.rows.size, dtype=np.int64), self.lengths)
 
-    def row_hash(self, cut: np.ndarray) -> np.ndarray:
-        """Hash of each row's first `cut` cells (`cut` per row, at most its length)."""
-        hashes: np.ndarray = self.sums[self.starts + cut] - self.sums[self.starts]
+    def row_hash(self, cut: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Hash of each row's first `cut` cells (`cut` per row, at most its length); `rows`:
+        of these rows only (indices into `rows`)."""
+        starts = self.starts if rows is None else self.starts[rows]
+        hashes: np.ndarray = self.sums[starts + cut] - self.sums[starts]
         return hashes
+
+    def speaks_for(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: the dump's full free list says whether it is free (it has one, and a
+        shrunk dump kept the slot)."""
+        if self.free_list is None:
+            return np.zeros(slots.shape, dtype=bool)
+        if self.free_domain is None:
+            return np.ones(slots.shape, dtype=bool)
+        return SlotSet(self.free_domain).contains(slots)
+
+    def listed_free(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: the full free list holds it (False where the dump has no list, or a
+        shrunk dump does not speak for the slot)."""
+        if self.free_list is None:
+            return np.zeros(slots.shape, dtype=bool)
+        listed: np.ndarray = SlotSet(self.free_list).contains(slots) & self.speaks_for(slots)
+        return listed
 
 
 def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -257,6 +293,7 @@ def snapshot(
     rows = by_row[first].astype(np.int64)
     batch_rows = active[order][first].astype(np.int64)
     lengths = live[batch_rows]
+    prefix = np.minimum(dump.prefix_lens[batch_rows].clip(0, width), lengths).astype(np.int64)
     flat = _ragged(rows * width, lengths)
     slot = dump.req_to_token.take(flat)
     del flat
@@ -284,6 +321,7 @@ def snapshot(
         values, known = lut.take_known(np.where(inside, slot, 0))
         swa, swa_known = np.where(inside, values, 0), known & inside
     leaked, leak_note = leaked_swa_pages(dump)
+    held = recorded_held_slots(dump)
     info = TimelineDump(
         index=index,
         path=str(dump.path),
@@ -308,6 +346,8 @@ def snapshot(
         batch_rows=batch_rows,
         lengths=lengths,
         starts=starts,
+        prefix=prefix,
+        speculative=_speculative(dump.metadata.get("forward_mode")),
         slot=slot,
         position=position,
         prev=prev,
@@ -318,7 +358,10 @@ def snapshot(
         free_domain=domain,
         swa=swa,
         swa_known=swa_known,
+        window=dump.scalar("swa_window_size") or None,
         leaked=leaked,
+        tree=None if dump.tree_full_slots is None else distinct(dump.tree_full_slots),
+        held=None if held is None else distinct(held),
     )
     if focus is not None:
         _focus(snap, dump, *focus)
@@ -371,26 +414,33 @@ def _focus(snap: Snapshot, dump: KvDump, slot: int, space: Space) -> None:
 
 @dataclass(eq=False, kw_only=True)
 class _Rows:
-    """Every pool row seen so far: the dump it was last seen in, its length and cells' hash."""
+    """Every pool row seen so far: the dump it was last seen in, its length, how many of its
+    cells a request that keeps the row has surely written by its next step (`committed`: all
+    of them, but a speculative step's drafts) and the hashes of its cells up to each."""
 
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     hash: np.ndarray = field(default_factory=lambda: np.zeros(0, _U))
+    committed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    committed_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, _U))
 
-    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """For each row: seen before, and its last dump, length and hash (-1, 0, 0 unseen)."""
+    def lookup(self, rows: np.ndarray) -> _Seen:
+        """For each row: seen before, and its last dump, lengths and hashes (-1, 0, 0, 0
+        unseen)."""
         if self.rows.size == 0:
             unseen = np.zeros(rows.shape, dtype=bool)
             zeros = np.zeros(rows.shape, dtype=np.int64)
-            return unseen, zeros - 1, zeros, zeros.astype(_U)
+            return _Seen(unseen, zeros - 1, zeros, zeros.astype(_U), zeros, zeros.astype(_U))
         at = np.minimum(np.searchsorted(self.rows, rows), self.rows.size - 1)
         seen = self.rows[at] == rows
-        return (
+        return _Seen(
             seen,
             np.where(seen, self.last[at], -1),
             np.where(seen, self.length[at], 0),
             np.where(seen, self.hash[at], _U(0)),
+            np.where(seen, self.committed[at], 0),
+            np.where(seen, self.committed_hash[at], _U(0)),
         )
 
     def update(self, snap: Snapshot) -> None:
@@ -399,9 +449,26 @@ class _Rows:
         self.last = np.concatenate([self.last[keep], np.full(snap.rows.size, snap.index, np.int64)])
         self.length = np.concatenate([self.length[keep], snap.lengths])
         self.hash = np.concatenate([self.hash[keep], snap.row_hash(snap.lengths)])
+        committed = snap.prefix if snap.speculative else snap.lengths
+        self.committed = np.concatenate([self.committed[keep], committed])
+        self.committed_hash = np.concatenate([self.committed_hash[keep], snap.row_hash(committed)])
         order = np.argsort(self.rows, kind="stable")
         self.rows, self.last = self.rows[order], self.last[order]
         self.length, self.hash = self.length[order], self.hash[order]
+        self.committed = self.committed[order]
+        self.committed_hash = self.committed_hash[order]
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What `_Rows.lookup` knows of each row of a dump (per row, in its `rows` order)."""
+
+    seen: np.ndarray
+    last: np.ndarray
+    length: np.ndarray
+    hash: np.ndarray
+    committed: np.ndarray
+    committed_hash: np.ndarray
 
 
 def _first_per(keys: np.ndarray) -> np.ndarray:
@@ -512,17 +579,20 @@ class _Tracker:
     # --- one interval ----------------------------------------------------------------------
 
     def _compare(self, a: Snapshot, b: Snapshot) -> tuple[TimelineInterval, list[TimelineEvent]]:
-        seen, last, last_len, last_hash = self.registry.lookup(b.rows)
-        cut = np.minimum(last_len, b.lengths)
-        same = seen & (b.lengths >= last_len) & (b.row_hash(cut) == last_hash)
+        known = self.registry.lookup(b.rows)
+        seen, last, last_len = known.seen, known.last, known.length
         in_a = SlotSet(a.rows).contains(b.rows)
         row_of_cell = b.row_of_cell
+        written, same = _continuing(a, b, known, in_a)
         # a live request whose written cells changed keeps its row: the same request, the
-        # changed cells new (allocated between the dumps), and an event
-        rewritten, old_cell = _rewritten_cells(a, b, ~same & in_a & (last == a.index), last_len)
+        # changed cells new (allocated between the dumps), and an event unless the radix
+        # cache put its own slots there
+        rewritten, old_cell, changed = _rewritten_cells(a, b, ~same & in_a, written)
+        intact = np.repeat(same, b.lengths)
         same |= np.bincount(row_of_cell[rewritten], minlength=b.rows.size) > 0
-        cont = b.position < np.repeat(np.where(same, last_len, 0), b.lengths)
-        cont[rewritten] = False
+        cont = b.position < np.repeat(np.where(same, written, 0), b.lengths)
+        cont[changed] = False
+        broken = ~_deduplicated(a, b, rewritten, old_cell)
         # continuing cells of rows in `a`: the same cell there
         mapped = cont & np.repeat(in_a & same, b.lengths)
         a_cell = np.zeros(b.slot.shape, dtype=np.int64)
@@ -534,8 +604,10 @@ class _Tracker:
         owner_events, event_slots = self._two_owners(a, b, cont, mapped, a_cell)
         event_slots = distinct(event_slots)
         events += owner_events
-        events += self._prefix_rewritten(a, b, rewritten, old_cell)
-        events += self._lut_rewritten(a, b, mapped, a_cell)
+        events += self._prefix_rewritten(a, b, rewritten[broken], old_cell[broken])
+        # a row the radix cache rewrote may also be a request retracted and prefilled again
+        # between the dumps (its old pages back, with new SWA): its mappings tell nothing
+        events += self._lut_rewritten(a, b, mapped & intact, a_cell)
         leak_new, leak_event = self._leak(b)
         if leak_event is not None:
             events.append(leak_event)
@@ -552,8 +624,8 @@ class _Tracker:
             finished=tuple(a.rows[~SlotSet(b.rows).contains(a.rows)].tolist()),
             reused=tuple(b.rows[seen & ~same].tolist()),
             resumed=tuple(b.rows[same & ~in_a].tolist()),
-            unchanged=int(np.count_nonzero(same & in_a & (b.lengths == last_len))),
-            tokens_added=int((b.lengths - last_len)[same & in_a].sum()),
+            unchanged=int(np.count_nonzero(same & in_a & (b.lengths <= last_len))),
+            tokens_added=int(np.maximum(b.lengths - last_len, 0)[same & in_a].sum()),
             allocated_from_free=from_free,
             allocated_unseen=unseen,
             owner_changes=changes,
@@ -684,13 +756,18 @@ class _Tracker:
     def _lut_rewritten(
         self, a: Snapshot, b: Snapshot, mapped: np.ndarray, a_cell: np.ndarray
     ) -> list[TimelineEvent]:
-        """Continuing cells whose LUT entry moved from one SWA slot to another."""
+        """Continuing cells in their request's window whose LUT entry moved from one SWA
+        slot to another. Behind the window a request reads no SWA: its cached cells there
+        are the tree's, whose SWA side is freed (a tombstone) and may come back with other
+        slots when another request caches the same tokens."""
         if a.swa is None or b.swa is None or a.swa_known is None or b.swa_known is None:
             return []
         if a.slot.size == 0:
             return []
         before = np.where(mapped, a.swa[a_cell], 0)
         known = mapped & a.swa_known[a_cell] & b.swa_known
+        if b.window is not None:  # the first query of b's step reads back to here
+            known &= b.position >= np.repeat(b.prefix, b.lengths) - b.window
         moved = np.flatnonzero(known & (before > 0) & (b.swa > 0) & (b.swa != before))
         if moved.size == 0:
             return []
@@ -899,25 +976,59 @@ PREFIX_FATES = {
 }
 
 
-def _rewritten_cells(
-    a: Snapshot, b: Snapshot, candidate: np.ndarray, last_len: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Cells of `b` (and their cells in `a`) that a live request wrote before `a` and that
-    hold another slot in `b`, for the rows `candidate` marks (in both dumps, `a` the row's
-    last, its cells not a prefix of `b`'s).
+def _speculative(mode: str | None) -> bool:
+    """A forward mode whose pending writes are drafts (SGLang's `target_verify`,
+    `draft_extend`...): the next step keeps only the accepted ones."""
+    text = (mode or "").lower()
+    return "verify" in text or "draft" in text
 
-    A request that keeps its row only grows, and SGLang never rewrites its written cells; a
-    new request in the row (a reused row) shares at most a cached prefix from position 0 and
-    differs from there on. So a written cell differs and the row is still the same request
-    when a later written position holds the same slot as in `a`: the changed cells are those
-    before the row's last unchanged position. Sorts and gathers over the candidate rows'
-    cells, no loop."""
+
+def _continuing(
+    a: Snapshot, b: Snapshot, known: _Seen, in_a: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of `b`: how many of its first cells are those the row's last request had
+    (`written`), and whether they still are (`same`: the same request, grown or not).
+
+    A request that keeps its row has written, by its next step, every cell it had (after a
+    speculative step, the accepted drafts: the cells compared end at the prefix), so its
+    prefix there covers them. A shorter prefix is a new occupancy: another request, or the
+    same one retracted and prefilled again in its row (its old cells freed or cached, its
+    pending writes new, even where the free list handed back the same slots)."""
+    continuing = known.seen & (b.prefix >= known.committed)
+    written = np.where(continuing, np.minimum(known.length, b.prefix), 0)
+    expected = known.hash.copy()
+    partial = np.flatnonzero(continuing & (written < known.length))
+    if partial.size:  # drafts not all kept: hashed up to the prefix, from `a` if it has it
+        here = partial[in_a[partial]]
+        expected[here] = a.row_hash(written[here], np.searchsorted(a.rows, b.rows[here]))
+        away = partial[~in_a[partial]]
+        written[away] = known.committed[away]
+        expected[away] = known.committed_hash[away]
+    same = continuing & (b.row_hash(written) == expected)
+    return written, same
+
+
+def _rewritten_cells(
+    a: Snapshot, b: Snapshot, candidate: np.ndarray, written: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cells of `b` (and their cells in `a`) among a row's first `written` (`_continuing`)
+    that hold another slot in `b`, for the rows `candidate` marks (in both dumps, `a` the
+    row's last, its cells not a prefix of `b`'s); and every cell of those rows that differs.
+
+    A request that keeps its row only grows; a new request in the row (a reused row) shares
+    at most a cached prefix from position 0 and differs from there on. So a written cell
+    differs and the row is still the same request when a later written position holds the
+    same slot as in `a`: the rewritten cells are those before the row's last unchanged
+    position. (A new request can look so too, where the radix cache had replaced some of
+    the old request's cells when it cached them: its cells after that position differ, and
+    only unchanged cells continue.) Sorts and gathers over the candidate rows' cells, no
+    loop."""
     none = np.zeros(0, dtype=np.int64)
-    rows = np.flatnonzero(candidate & (b.lengths >= last_len) & (last_len > 0))
+    rows = np.flatnonzero(candidate & (written > 0))
     if rows.size == 0 or a.rows.size == 0:
-        return none, none
+        return none, none, none
     a_row = np.searchsorted(a.rows, b.rows[rows])
-    written = last_len[rows]
+    written = written[rows]
     cells = _ragged(b.starts[rows], written)
     old = _ragged(a.starts[a_row], written)
     group = np.repeat(np.arange(rows.size, dtype=np.int64), written)
@@ -927,7 +1038,47 @@ def _rewritten_cells(
     heads = np.cumsum(written) - written
     last_kept = np.maximum.reduceat(kept, heads)
     hit = differs & (position < last_kept[group]) & (a.slot[old] > 0)
-    return cells[hit], old[hit]
+    return cells[hit], old[hit], cells[differs]
+
+
+def _deduplicated(a: Snapshot, b: Snapshot, cells: np.ndarray, old_cells: np.ndarray) -> np.ndarray:
+    """Which rewritten cells are the radix cache's de-duplication: SGLang's tree, caching a
+    running request's tokens, writes its own slots for the positions it already held over
+    the request's cells and frees the request's copies (UnifiedRadixCache, through
+    `mem_cache.common`'s checkpoint and insert path).
+
+    Such a cell's new slot is the tree's and not listed free: `b`'s record of the tree holds
+    it. Without that record, the cached prefix shows another way: another live request holds
+    the slot at the same position after the same slot (one owner, as `check` reads it), or
+    the slot was in use already in `a` (its free list speaks for the slot and does not list
+    it), where a slot fresh from the free list was not. Its old slot is accounted for: listed
+    free, in a page a live cell holds (allocated again: pages are handed out whole), or held
+    as `b` records it (the tree's, a running request's). Anything else (a slot fresh from the
+    free list, an old slot orphaned, no way to tell) stays a rewrite."""
+    if cells.size == 0:
+        return np.zeros(0, dtype=bool)
+    new, old = b.slot[cells], a.slot[old_cells]
+    accounted = b.listed_free(old) | SlotSet(distinct(b.slot // b.page)).contains(old // b.page)
+    for held in (b.held, b.tree):
+        if held is not None:
+            accounted |= SlotSet(held).contains(old)
+    if b.tree is not None:
+        cached = SlotSet(b.tree).contains(new)
+    else:
+        cached = _shared(b, cells) | (a.speaks_for(new) & ~a.listed_free(new))
+    deduplicated: np.ndarray = cached & ~b.listed_free(new) & accounted
+    return deduplicated
+
+
+def _shared(b: Snapshot, cells: np.ndarray) -> np.ndarray:
+    """Per cell of `b`: another live cell holds its slot at the same position after the same
+    slot (radix sharing); one sort over the cells holding those slots."""
+    holders = np.flatnonzero(SlotSet(distinct(b.slot[cells])).contains(b.slot))
+    keys = np.stack([b.slot[holders], b.position[holders], b.prev[holders]], axis=1)
+    _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    twice = counts[inverse.reshape(-1)] > 1  # one row holds a position once: another row
+    shared: np.ndarray = SlotSet(distinct(holders[twice])).contains(cells)
+    return shared
 
 
 def _multi_owner_slots(snap: Snapshot) -> np.ndarray:

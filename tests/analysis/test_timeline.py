@@ -416,9 +416,17 @@ def test_sequence_options_are_checked(kwargs: dict[str, Any], message: str) -> N
 
 
 def _pair_dump(
-    path: Path, step: int, rows: dict[int, list[int]], free: list[int] | None, **extra: Any
+    path: Path,
+    step: int,
+    rows: dict[int, list[int]],
+    free: list[int] | None,
+    *,
+    window: int | None = None,
+    mode: str | None = None,
+    **extra: Any,
 ) -> Path:
-    """A dump whose batch is `rows` (pool row -> its slots, all cached: E = 0)."""
+    """A dump whose batch is `rows` (pool row -> its slots, all cached: E = 0); `extra` adds or
+    replaces tensors, `window` records an SWA window, `mode` a forward mode."""
     table = np.zeros((8, 16), dtype=np.int32)
     for row, slots in rows.items():
         table[row, : len(slots)] = slots
@@ -430,6 +438,10 @@ def _pair_dump(
         **extra,
     }
     meta = {"rank": "0", "step": str(step), "num_full_slots": "64"}
+    if window is not None:
+        meta["swa_window_size"] = str(window)
+    if mode is not None:
+        meta["forward_mode"] = mode
     write_dump(path, dump_contents(meta, {k: v for k, v in tensors.items() if v is not None}))
     return path
 
@@ -646,3 +658,219 @@ def test_the_rewrite_check_is_vectorized_over_a_big_pool(tmp_path: Path) -> None
     assert event.cells.slot is not None and event.cells.slot.size == rows - 1
     assert set(event.cells.position.tolist()) == {5}
     assert set(event.cells.extra["old_slot_fate"].tolist()) == {-1}
+
+
+# --- SGLang's own rewrites and re-prefills are no events (issue 43, items 1 and 2) ------------
+
+
+def _dedup_pair(
+    tmp_path: Path, *, tree: list[int] | None, free: list[int] | None, other: list[int]
+) -> TimelineReport:
+    """Row 1 holds 10 11 12 13 14 (written), then 10 11 50 51 14 15: the radix cache inserted
+    the request's tokens, found those at 2 and 3 cached as 50 51 (another request's), wrote the
+    tree's slots over the request's own (UnifiedRadixCache's unfinished-request caching:
+    `req_to_token[row, protected:len] = tree slots`) and freed its duplicates."""
+    old = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12, 13, 14]}, [15, 50, 51, 60])
+    extra: dict[str, Any] = {}
+    if tree is not None:
+        extra["tree_full_slots"] = np.array(tree, dtype=np.int64)
+    rows = {1: [10, 11, 50, 51, 14, 15], **({2: other} if other else {})}
+    new = _pair_dump(tmp_path / "b.safetensors", 2, rows, free, **extra)
+    return timeline([old, new], planner=PLANNER)
+
+
+def test_the_radix_caches_deduplication_is_no_rewrite(tmp_path: Path) -> None:
+    """The new slots are the tree's (the later dump's record says it holds them), the old ones
+    went back to the free list: de-duplication, no event, and the request grew."""
+    report = _dedup_pair(tmp_path, tree=[10, 11, 14, 50, 51], free=[12, 13, 60], other=[])
+    assert report.events == () and not report.failed
+    (interval,) = report.intervals
+    assert interval.grew == (1,) and interval.reused == ()
+
+
+def test_the_old_slot_still_held_by_the_tree_is_accounted(tmp_path: Path) -> None:
+    """The old slots still in the tree (another node holds them) are accounted too."""
+    report = _dedup_pair(tmp_path, tree=[10, 11, 12, 13, 14, 50, 51], free=[60], other=[])
+    assert report.events == ()
+
+
+@pytest.mark.parametrize(
+    ("tree", "free"),
+    [
+        ([10, 11, 14], [12, 13, 60]),  # 50 51 are no slots the tree holds: a rewrite
+        ([10, 11, 14, 50, 51], [60]),  # 12 13 neither free, held nor the tree's: orphaned
+        ([10, 11, 14, 50, 51], [12, 13, 50, 51, 60]),  # the tree's, and listed free
+        (None, [12, 13, 60]),  # no record of the tree: 50 51 came off the free list
+    ],
+    ids=["new-slot-not-the-trees", "old-slot-orphaned", "new-slot-listed-free", "no-tree"],
+)
+def test_a_rewrite_the_tree_does_not_account_for_is_still_an_event(
+    tmp_path: Path, tree: list[int] | None, free: list[int]
+) -> None:
+    """The twins of de-duplication: the event stays for every cell the later dump's tree and
+    free list do not account for."""
+    report = _dedup_pair(tmp_path, tree=tree, free=free, other=[])
+    (event,) = [e for e in report.events if e.kind is EventKind.PREFIX_REWRITTEN]
+    assert event.cells.slot is not None and event.cells.slot.tolist() == [50, 51]
+    assert event.cells.extra["old_slot"].tolist() == [12, 13]
+
+
+def test_without_a_tree_record_a_prefix_another_request_shares_is_the_trees(
+    tmp_path: Path,
+) -> None:
+    """A dump that records no tree (a snapshot of a server whose tree is not registered): the
+    new slots are the radix cache's when another live request holds them at the same positions
+    after the same slot (one owner: the shared cached prefix), and the old ones are free."""
+    report = _dedup_pair(tmp_path, tree=None, free=[12, 13, 60], other=[10, 11, 50, 51, 70])
+    assert EventKind.PREFIX_REWRITTEN not in [e.kind for e in report.events]
+    # the same picture with the old slots orphaned stays an event
+    report = _dedup_pair(tmp_path, tree=None, free=[60], other=[10, 11, 50, 51, 70])
+    assert EventKind.PREFIX_REWRITTEN in [e.kind for e in report.events]
+
+
+def _lut(mapped: dict[int, int]) -> np.ndarray:
+    lut = np.zeros(65, dtype=np.int64)
+    lut[-1] = -1
+    for full, swa in mapped.items():
+        lut[full] = swa
+    return lut
+
+
+def test_a_request_prefilled_again_in_its_row_is_a_new_occupancy(tmp_path: Path) -> None:
+    """Row 1 decodes at position 5 (10..15, mapped to SWA 20..25), is retracted, and is
+    prefilled again in the same row: prefix 2 (the tree kept 10 11), an extend of 6 that gets
+    its old full slots 12..15 back (a last-freed-first free list) with new SWA slots. Its prefix
+    shrank: a new request in the row, whose pending writes are no rewritten mapping."""
+    old = _pair_dump(
+        tmp_path / "a.safetensors",
+        1,
+        {1: [10, 11, 12, 13, 14, 15]},
+        [16, 17, 40],
+        prefix_lens=np.array([5]),
+        extend_seq_lens=np.array([1]),
+        window=8,
+        full_to_swa_index_mapping=_lut({s: s + 10 for s in range(10, 16)}),
+    )
+    new = _pair_dump(
+        tmp_path / "b.safetensors",
+        2,
+        {1: [10, 11, 12, 13, 14, 15, 16, 17]},
+        [40],
+        prefix_lens=np.array([2]),
+        extend_seq_lens=np.array([6]),
+        window=8,
+        full_to_swa_index_mapping=_lut({10: 20, 11: 21, **{s: s + 30 for s in range(12, 18)}}),
+    )
+    for report in (timeline([old, new], planner=PLANNER), api.diff(old, new)):
+        assert [e.kind for e in report.events] == []
+        (interval,) = report.intervals
+        assert interval.reused == (1,) and interval.grew == () and interval.tokens_added == 0
+
+
+def test_a_continuing_request_whose_mapping_moved_is_still_an_event(tmp_path: Path) -> None:
+    """The twin: the request keeps its prefix (5, then 6) and a written cell's mapping moves."""
+    lut = {s: s + 10 for s in range(10, 16)}
+    old = _pair_dump(
+        tmp_path / "a.safetensors",
+        1,
+        {1: [10, 11, 12, 13, 14, 15]},
+        [16, 40],
+        prefix_lens=np.array([5]),
+        extend_seq_lens=np.array([1]),
+        window=8,
+        full_to_swa_index_mapping=_lut(lut),
+    )
+    new = _pair_dump(
+        tmp_path / "b.safetensors",
+        2,
+        {1: [10, 11, 12, 13, 14, 15, 16]},
+        [],
+        prefix_lens=np.array([6]),
+        extend_seq_lens=np.array([1]),
+        window=8,
+        full_to_swa_index_mapping=_lut({**lut, 13: 40, 16: 26}),
+    )
+    report = timeline([old, new], planner=None)
+    (event,) = report.events
+    assert event.kind is EventKind.LUT_REWRITTEN and event.cells.position.tolist() == [3]
+    assert report.intervals[0].grew == (1,)
+
+
+def _lut_pair(
+    tmp_path: Path,
+    old: tuple[list[int], int, int, dict[int, int]],
+    new: tuple[list[int], int, int, dict[int, int]],
+    *,
+    mode: str = "extend",
+    window: int = 8,
+) -> TimelineReport:
+    """Row 1 in two dumps: (slots, prefix, extend, LUT) each; `mode` is the first's."""
+    paths = []
+    for step, (slots, prefix, extend, lut) in enumerate((old, new), start=1):
+        paths.append(
+            _pair_dump(
+                tmp_path / f"{step}.safetensors",
+                step,
+                {1: slots},
+                [],
+                window=window,
+                mode=mode if step == 1 else "decode",
+                prefix_lens=np.array([prefix]),
+                extend_seq_lens=np.array([extend]),
+                full_to_swa_index_mapping=_lut(lut),
+            )
+        )
+    return timeline(paths, planner=None)
+
+
+def test_pending_writes_not_covered_by_the_next_prefix_are_a_new_request(tmp_path: Path) -> None:
+    """A prefill of 6 (prefix 0), then prefix 4 in the row: had the request kept its row, its
+    prefix would cover all 6. Another request (or the same one prefilled again) took the row
+    and got slots 14 15 back with new SWA slots: no event, the row `reused`."""
+    lut = {s: s + 10 for s in range(10, 16)}
+    report = _lut_pair(
+        tmp_path,
+        ([10, 11, 12, 13, 14, 15], 0, 6, lut),
+        ([10, 11, 12, 13, 14, 15, 16], 4, 3, {**lut, 14: 40, 15: 41, 16: 42}),
+    )
+    assert report.events == ()
+    assert report.intervals[0].reused == (1,)
+
+
+def test_a_speculative_steps_rejected_drafts_are_no_rewrite(tmp_path: Path) -> None:
+    """The twin, after a verify step: only the accepted drafts are kept, so prefix 4 is the
+    same request; the rejected drafts' slots (14 15, mapped anew) are no event, a moved
+    mapping in its accepted cells is."""
+    lut = {s: s + 10 for s in range(10, 16)}
+    later = {**lut, 14: 40, 15: 41, 16: 42}
+    report = _lut_pair(
+        tmp_path,
+        ([10, 11, 12, 13, 14, 15], 2, 4, lut),
+        ([10, 11, 12, 13, 14, 15, 16], 4, 3, later),
+        mode="target_verify",
+    )
+    assert report.events == () and report.intervals[0].grew == (1,)
+    report = _lut_pair(
+        tmp_path,
+        ([10, 11, 12, 13, 14, 15], 2, 4, lut),
+        ([10, 11, 12, 13, 14, 15, 16], 4, 3, {**later, 13: 43}),
+        mode="target_verify",
+    )
+    (event,) = report.events
+    assert event.kind is EventKind.LUT_REWRITTEN and event.cells.position.tolist() == [3]
+
+
+def test_a_mapping_behind_the_window_may_come_back_with_other_slots(tmp_path: Path) -> None:
+    """Behind its window a request reads no SWA: the tree's SWA side of a cached slot there
+    is freed (a tombstone) and comes back with other slots when another request caches the
+    same tokens. Only a cell in the window (position 8 here, window 4) is an event."""
+    slots = list(range(10, 20))
+    lut = {s: s + 10 for s in slots}
+    back = {**lut, 10: 50, 11: 51}  # positions 0 and 1, far behind the window
+    report = _lut_pair(tmp_path, (slots, 9, 1, lut), ([*slots, 20], 10, 1, back), window=4)
+    assert report.events == ()
+    report = _lut_pair(
+        tmp_path, (slots, 9, 1, lut), ([*slots, 20], 10, 1, {**back, 18: 52}), window=4
+    )
+    (event,) = report.events
+    assert event.kind is EventKind.LUT_REWRITTEN and event.cells.position.tolist() == [8]

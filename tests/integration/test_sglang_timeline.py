@@ -1,0 +1,187 @@
+"""Timelines of SGLang 0.5.23's real stack: every plan-time state of soak's clean runs (pools,
+SWA allocator, UnifiedRadixCache with either core, driven by kvcanary's soak scheduler) is
+recorded by kvcanary's own capture code, and the timeline over consecutive states (and over
+every third, as a capture every N launches gives) must report no event: SGLang's checks are
+silent on these states, so any event is a false alarm.
+
+Two of SGLang's own moves once read as events (issue 43): the radix cache writing its slots
+over a running request's cells and freeing the request's copies (de-duplication, on caching
+a chunk or a finished request), and a request retracted and prefilled again in the same pool
+row (a new occupancy whose pending writes get new SWA slots). Skipped without the wheel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.analysis.timeline import timeline
+from kvcanary_cli.dump.loader import load_dump
+from tests.helpers import VECTORIZED
+from tests.sglang_wheel import MISSING_WHEEL, wheel_path
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="session")
+def sglang() -> Any:
+    wheel = wheel_path()
+    if wheel is None:
+        pytest.skip(MISSING_WHEEL)
+    from kvcanary_cli.soak.stack import SGLangUnavailableError, load_sglang
+
+    try:
+        return load_sglang(wheel)
+    except SGLangUnavailableError as exc:
+        pytest.skip(f"SGLang's stack does not import here: {exc}")
+
+
+@dataclass
+class History:
+    """One clean run's plan-time dumps (step order) and what the run went through."""
+
+    paths: list[Path]
+    counters: dict[str, int]
+    evictions: int
+
+
+def _history(sglang: Any, page_size: int, core: str, seed: int, folder: Path) -> History:
+    """Run soak's pressured stack on a seeded workload of 100 steps, recording the state at
+    every plan (what the capture hook's snapshot trigger records), and counting the tree's
+    evictions."""
+    from kvcanary_cli.soak.audit import record_dump
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.stack import StackSpec, build_stack
+    from kvcanary_cli.soak.workload import random_workload
+
+    if core not in sglang.cores:
+        pytest.skip(f"no {core} tree core in this SGLang")
+    steps = 100
+    workload = random_workload(seed, steps=steps, requests=steps // 4, max_prompt=60, max_new=20)
+    stack = build_stack(sglang, StackSpec.pressured(page_size, core))
+    evict = stack.tree.evict_for_alloc  # what the allocator calls when it runs short
+    evictions = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        evictions[0] += 1
+        return evict(*args, **kwargs)
+
+    stack.tree.evict_for_alloc = counting
+    scheduler = Scheduler(stack, workload)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+
+    def on_plan(batch: Any) -> None:
+        path = folder / f"{scheduler.step_no:04d}.safetensors"
+        paths.append(record_dump(scheduler, batch, path))
+
+    while scheduler.step_no < steps * 4 + 64:
+        scheduler.step(on_plan)
+        if scheduler.done and scheduler.step_no >= steps:
+            break
+    return History(paths, scheduler.counters.as_dict(), evictions[0])
+
+
+def _rows(path: Path) -> dict[int, tuple[int, int, np.ndarray]]:
+    """Pool row -> (prefix, length, its live cells) of a dump's batch."""
+    dump = load_dump(path)
+    table = dump.req_to_token.array()
+    rows: dict[int, tuple[int, int, np.ndarray]] = {}
+    for i, row in enumerate(dump.req_pool_indices.tolist()):
+        prefix = int(dump.prefix_lens[i])
+        length = prefix + int(dump.extend_seq_lens[i])
+        rows.setdefault(row, (prefix, length, np.asarray(table[row, :length])))
+    return rows
+
+
+def _moves(paths: list[Path]) -> tuple[int, int]:
+    """Consecutive dumps where a request that kept its row (prefix covering all it had) holds
+    other slots in cells it had written (the radix cache's de-duplication), and where a row's
+    prefix shrank (a request retracted, or finished, and another prefill in the row)."""
+    rewritten = shrank = 0
+    before = _rows(paths[0])
+    for path in paths[1:]:
+        after = _rows(path)
+        for row, (prefix, _, cells) in after.items():
+            if row not in before:
+                continue
+            old_prefix, old_length, old = before[row]
+            if prefix >= old_length and np.any(cells[:old_length] != old):
+                rewritten += 1
+            shrank += prefix < old_prefix
+        before = after
+    return rewritten, shrank
+
+
+def _events(paths: list[Path], **kwargs: Any) -> list[str]:
+    report = timeline(paths, **kwargs)
+    return [f"{e.kind.value} dumps {e.from_dump}-{e.to_dump}: {e.message}" for e in report.events]
+
+
+def test_the_radix_caches_deduplication_is_no_rewrite(sglang: Any, tmp_path: Path) -> None:
+    """Issue 43, item 1: a chunked request whose cached chunk the tree de-duplicated (its
+    cells now hold the tree's slots, its own went back to the free list) is no
+    `prefix-rewritten` (three events before the fix)."""
+    history = _history(sglang, 1, "python", 1000, tmp_path)
+    rewritten, _ = _moves(history.paths)
+    assert rewritten > 0  # the history does what the test is about
+    assert _events(history.paths, planner=None) == []
+
+
+def test_a_request_prefilled_again_in_its_row_is_a_new_request(sglang: Any, tmp_path: Path) -> None:
+    """Issue 43, item 2: a request retracted and prefilled again in its pool row (its prefix
+    shrank) is a new request there: no `lut-rewritten` for its pending writes' new SWA slots,
+    no `prefix-rewritten`, and the row is `reused`, not `grew` (events before the fix)."""
+    history = _history(sglang, 4, "python", 1005, tmp_path)
+    _, shrank = _moves(history.paths)
+    assert shrank > 0 and history.counters["retractions"] > 0
+    assert _events(history.paths, planner=None) == []
+    report = timeline(history.paths, planner=None)
+    assert sum(len(i.reused) for i in report.intervals) >= shrank
+
+
+#: (page size, core) x seeds: 6 x 4 = 24 histories (about 2,200 consecutive pairs), chosen
+#: among seeds whose runs retract at page sizes 4 and 16.
+SWEEP = [
+    (page_size, core, seed)
+    for page_size in (1, 4, 16)
+    for core in ("python", "rust")
+    for seed in (1003, 1005, 1011, 1012)
+]
+
+
+@pytest.mark.slow
+def test_timelines_of_clean_real_histories_report_nothing(
+    sglang: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """24 clean histories of the real stack (page sizes 1, 4 and 16, both tree cores, 4 seeds
+    each; chunked prefill, decode, window frees, retraction, eviction, de-duplication): the
+    timeline of every plan-time state, consecutive and every third, reports no event, and
+    each state is check-clean (`timeline` checks every dump of the consecutive run)."""
+    totals = {"pairs": 0, "rewritten": 0, "shrank": 0, "retractions": 0, "chunks": 0}
+    evictions = 0
+    for page_size, core, seed in SWEEP:
+        folder = tmp_path_factory.mktemp(f"timeline-{page_size}-{core}-{seed}")
+        history = _history(sglang, page_size, core, seed, folder)
+        paths = history.paths
+        report = timeline(paths, planner=VECTORIZED)
+        label = (page_size, core, seed)
+        assert [e.kind.value for e in report.events] == [], (label, _events(paths, planner=None))
+        assert report.findings == () and not report.failed, (label, report.findings[:3])
+        for start in range(3):
+            assert _events(paths[start::3], planner=None) == [], (label, start)
+        rewritten, shrank = _moves(paths)
+        totals["pairs"] += len(paths) - 1
+        totals["rewritten"] += rewritten
+        totals["shrank"] += shrank
+        totals["retractions"] += history.counters["retractions"]
+        totals["chunks"] += history.counters["chunks"]
+        evictions += history.evictions
+    # the sweep reaches what it is for
+    assert totals["pairs"] > 2000, totals
+    assert all(totals[k] > 0 for k in ("rewritten", "shrank", "retractions", "chunks")), totals
+    assert evictions > 0
