@@ -1,8 +1,9 @@
 """`provenance --row` marks every bad cell of its row, not only each finding's first: in the
 JSON record (`row.cells[].marks`), in the terminal table and in Markdown, for every synth
-scenario at every size and page size 1, 4 and 16, bounded by `--max-rows` (the marked
-positions past it are counted, "N marked positions do not fit"). tiny and small run in the
-fast lane, medium in the slow one, large with `KVCANARY_TEST_LARGE=1`."""
+scenario at page size 1, 4 and 16, bounded by `--max-rows` (the marked positions past it are
+counted, "N marked positions do not fit"). tiny runs every scenario at every page size in the
+fast lane; small (every scenario, its page sizes taken in turn) and a sample at medium in the
+slow one; every size and page size with `KVCANARY_TEST_LARGE=1`."""
 
 from __future__ import annotations
 
@@ -119,12 +120,24 @@ _SWEEP = bool(os.environ.get("KVCANARY_TEST_LARGE"))
 _MEDIUM_SAMPLE = {("truncated-lut", 1), ("stale-tail", 4), ("partial-page-free", 16)}
 
 
+def _small_cases() -> list[tuple[str, str, int]]:
+    """Every scenario once at small, at a page size taken in turn (1, 4, 16, 1, ...; at least
+    its smallest): tiny already crosses every scenario with every page size, the same path."""
+    cases = []
+    for turn, (name, scenario) in enumerate(SCENARIOS.items()):
+        pages = [p for p in PAGE_SIZES if p >= scenario.min_page_size]
+        cases.append((name, "small", pages[turn % len(pages)]))
+    return cases
+
+
 def _larger_cases() -> list[tuple[str, str, int]]:
     if _SWEEP:
         return _cases(("small", "medium", "large"))
     medium = [c for c in _cases(("medium",)) if (c[0], c[2]) in _MEDIUM_SAMPLE]
     assert len(medium) == len(_MEDIUM_SAMPLE), "a sampled scenario was renamed"
-    return _cases(("small",)) + medium
+    small = _small_cases()
+    assert {page for _, _, page in small} == set(PAGE_SIZES)
+    return small + medium
 
 
 @pytest.mark.slow

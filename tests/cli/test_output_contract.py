@@ -8,8 +8,8 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner, Result
 
 from kvcanary_cli import api
@@ -28,14 +28,14 @@ def run(*args: str) -> Result:
 
 def _long_row_dump(tmp_path: Path, length: int = 5000, bad_at: int = 3456) -> Path:
     """One request of `length` tokens whose slot at `bad_at` repeats the slot at 10."""
-    table = torch.zeros(3, length + 8, dtype=torch.int32)
-    table[1, :length] = torch.arange(1, length + 1, dtype=torch.int32)
+    table = np.zeros((3, length + 8), dtype=np.int32)
+    table[1, :length] = np.arange(1, length + 1, dtype=np.int32)
     table[1, bad_at] = table[1, 10]
     return save_dump(
         tmp_path / "long.safetensors",
         req_to_token=table,
-        req_pool_indices=torch.tensor([1]),
-        prefix_lens=torch.tensor([length]),
+        req_pool_indices=[1],
+        prefix_lens=[length],
         metadata={"num_full_slots": str(length + 64)},
     )
 

@@ -1,7 +1,7 @@
 """Malformed dumps: each one is bad input -- one `error:` line on stderr, exit 2, no traceback.
 
 Every case builds its file in tmp_path (raw bytes and hand-written headers for broken files,
-`safetensors.torch.save_file` for well-formed files the format rejects), then runs
+`safetensors.numpy.save_file` for well-formed files the format rejects), then runs
 `kvcanary inspect FILE` in-process and calls `load_dump` directly on the same file.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
-from safetensors.torch import save_file
+from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
@@ -48,13 +48,13 @@ def raw_file(
     return path
 
 
-def good_tensors() -> dict[str, torch.Tensor]:
+def good_tensors() -> dict[str, np.ndarray]:
     """A minimal valid batch of BS rows (padding row included)."""
     return {
-        "req_to_token": torch.arange(4 * 8, dtype=torch.int32).reshape(4, 8),
-        "req_pool_indices": torch.tensor([1, 2, 0], dtype=torch.int64),
-        "prefix_lens": torch.tensor([3, 0, 0], dtype=torch.int64),
-        "extend_seq_lens": torch.tensor([1, 2, 0], dtype=torch.int64),
+        "req_to_token": np.arange(4 * 8, dtype=np.int32).reshape(4, 8),
+        "req_pool_indices": np.array([1, 2, 0], dtype=np.int64),
+        "prefix_lens": np.array([3, 0, 0], dtype=np.int64),
+        "extend_seq_lens": np.array([1, 2, 0], dtype=np.int64),
     }
 
 
@@ -62,7 +62,7 @@ def st_file(
     path: Path,
     metadata: dict[str, str] | None = None,
     drop: tuple[str, ...] = (),
-    **changes: torch.Tensor,
+    **changes: np.ndarray,
 ) -> Path:
     """A well-formed safetensors file: the good batch, minus `drop`, with `changes` applied."""
     tensors = {k: v for k, v in good_tensors().items() if k not in drop}
@@ -214,14 +214,14 @@ def _missing_tensor(name: str) -> Callable[[Path], Path]:
 
 
 def _changed(
-    metadata: dict[str, str] | None = None, drop: tuple[str, ...] = (), **changes: torch.Tensor
+    metadata: dict[str, str] | None = None, drop: tuple[str, ...] = (), **changes: np.ndarray
 ) -> Callable[[Path], Path]:
     return lambda tmp: st_file(tmp / "d", metadata, drop, **changes)
 
 
-_I64 = torch.int64
-_LUT = torch.arange(10, dtype=_I64)
-_POOL = torch.zeros(4, 8, dtype=torch.int32)
+_I64 = np.int64
+_LUT = np.arange(10, dtype=_I64)
+_POOL = np.zeros((4, 8), dtype=np.int32)
 
 CASES: dict[str, Case] = {
     # The file itself.
@@ -279,82 +279,82 @@ CASES: dict[str, Case] = {
     },
     # Dtypes.
     "float32-req_to_token": Case(
-        _changed(req_to_token=torch.zeros(4, 8)),
+        _changed(req_to_token=np.zeros((4, 8), dtype=np.float32)),
         TensorDtypeError,
         ("req_to_token", "float32", "expected int32 or int64"),
     ),
     "bool-prefix_lens": Case(
-        _changed(prefix_lens=torch.zeros(BS, dtype=torch.bool)),
+        _changed(prefix_lens=np.zeros(BS, dtype=np.bool_)),
         TensorDtypeError,
         ("prefix_lens", "bool", "expected int64 or int32"),
     ),
     "uint16-req_pool_indices": Case(
-        _changed(req_pool_indices=torch.zeros(BS, dtype=torch.uint16)),
+        _changed(req_pool_indices=np.zeros(BS, dtype=np.uint16)),
         TensorDtypeError,
         ("req_pool_indices", "uint16", "expected int64 or int32"),
     ),
     "float16-extend_seq_lens": Case(
-        _changed(extend_seq_lens=torch.zeros(BS, dtype=torch.float16)),
+        _changed(extend_seq_lens=np.zeros(BS, dtype=np.float16)),
         TensorDtypeError,
         ("extend_seq_lens", "float16"),
     ),
     "int8-expected-pool": Case(
         _changed(
-            req_to_verify_expected_tokens=torch.zeros(4, 8, dtype=torch.int8),
-            req_to_verify_expected_tokens_valid_lens=torch.zeros(BS, dtype=_I64),
+            req_to_verify_expected_tokens=np.zeros((4, 8), dtype=np.int8),
+            req_to_verify_expected_tokens_valid_lens=np.zeros(BS, dtype=_I64),
         ),
         TensorDtypeError,
         ("req_to_verify_expected_tokens", "int8"),
     ),
     "float-scalar-tensor": Case(
-        _changed(page_size=torch.tensor(1.0)),
+        _changed(page_size=np.array(1.0, dtype=np.float32)),
         TensorDtypeError,
         ("page_size", "float32", "integer"),
     ),
     # Ranks.
     "1d-req_to_token": Case(
-        _changed(req_to_token=torch.zeros(32, dtype=torch.int32)),
+        _changed(req_to_token=np.zeros(32, dtype=np.int32)),
         TensorShapeError,
         ("req_to_token", "[32]", "1-D", "expected 2-D"),
     ),
     "2d-prefix_lens": Case(
-        _changed(prefix_lens=torch.zeros(BS, 1, dtype=_I64)),
+        _changed(prefix_lens=np.zeros((BS, 1), dtype=_I64)),
         TensorShapeError,
         ("prefix_lens", "[3, 1]", "2-D", "expected 1-D"),
     ),
     "0d-req_pool_indices": Case(
-        _changed(req_pool_indices=torch.tensor(1)),
+        _changed(req_pool_indices=np.array(1, dtype=np.int64)),
         TensorShapeError,
         ("req_pool_indices", "0-D", "expected 1-D"),
     ),
     "violation_write_index-empty": Case(
         _changed(
-            violation_ring=torch.zeros(2, 8, dtype=_I64),
-            violation_write_index=torch.zeros(0, dtype=torch.int32),
+            violation_ring=np.zeros((2, 8), dtype=_I64),
+            violation_write_index=np.zeros(0, dtype=np.int32),
         ),
         TensorShapeError,
         ("violation_write_index", "[0]", "expected [] or [1]"),
     ),
     "scalar-tensor-two-elements": Case(
-        _changed(page_size=torch.tensor([1, 2])),
+        _changed(page_size=np.array([1, 2], dtype=np.int64)),
         MetadataError,
         ("page_size", "[2]", "expected [] or [1]"),
     ),
     # Lengths against bs.
     "prefix_lens-length-ne-bs": Case(
-        _changed(prefix_lens=torch.zeros(BS + 1, dtype=_I64)),
+        _changed(prefix_lens=np.zeros(BS + 1, dtype=_I64)),
         TensorShapeError,
         ("prefix_lens", "length 4", "bs=3"),
     ),
     "extend_seq_lens-length-ne-bs": Case(
-        _changed(extend_seq_lens=torch.zeros(BS - 1, dtype=_I64)),
+        _changed(extend_seq_lens=np.zeros(BS - 1, dtype=_I64)),
         TensorShapeError,
         ("extend_seq_lens", "length 2", "bs=3"),
     ),
     "valid_lens-length-ne-bs": Case(
         _changed(
             req_to_verify_expected_tokens=_POOL,
-            req_to_verify_expected_tokens_valid_lens=torch.zeros(1, dtype=_I64),
+            req_to_verify_expected_tokens_valid_lens=np.zeros(1, dtype=_I64),
         ),
         TensorShapeError,
         ("req_to_verify_expected_tokens_valid_lens", "length 1", "bs=3"),
@@ -371,12 +371,12 @@ CASES: dict[str, Case] = {
         ("verify_capacity", "'1_0'", "not an integer"),
     ),
     "ring-without-write-index": Case(
-        _changed(violation_ring=torch.zeros(4, 8, dtype=_I64)),
+        _changed(violation_ring=np.zeros((4, 8), dtype=_I64)),
         MissingTensorError,
         ("violation_write_index", "violation_ring"),
     ),
     "scalar-given-twice": Case(
-        _changed({"page_size": "2"}, page_size=torch.tensor(4)),
+        _changed({"page_size": "2"}, page_size=np.array(4, dtype=np.int64)),
         MetadataError,
         ("page_size", "given twice", "metadata says 2", "tensor says 4"),
     ),
@@ -391,7 +391,7 @@ CASES: dict[str, Case] = {
         ("req_to_verify_expected_tokens_valid_lens", "required", "req_to_verify_expected_tokens"),
     ),
     "lut-length-0": Case(
-        _changed({"swa_window_size": "4"}, full_to_swa_index_mapping=torch.zeros(0, dtype=_I64)),
+        _changed({"swa_window_size": "4"}, full_to_swa_index_mapping=np.zeros(0, dtype=_I64)),
         TensorShapeError,
         ("full_to_swa_index_mapping", "empty", "length 0"),
     ),
@@ -402,7 +402,7 @@ CASES: dict[str, Case] = {
     ),
     # A newer format may change anything: the version is what to report, not the dtype.
     "format-version-2-before-dtype": Case(
-        _changed({"kvcanary.format": "2"}, req_to_token=torch.zeros(4, 8)),
+        _changed({"kvcanary.format": "2"}, req_to_token=np.zeros((4, 8), dtype=np.float32)),
         MetadataError,
         ("kvcanary.format", "'2'"),
     ),

@@ -1,4 +1,8 @@
-"""save_dump -> load_dump gives back what was saved; the writer and loader keep their promises."""
+"""save_dump -> load_dump gives back what was saved; the writer and loader keep their promises.
+
+The dumps are built from numpy arrays, so every test here runs without torch; the one that
+hands `save_dump` torch tensors (as SGLang does) asks for torch itself.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -25,8 +28,9 @@ from kvcanary_cli.dump.schema import IDENTITY_KEYS, SCALARS, TENSORS
 from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PathError, TensorDtypeError
+from tests.torch_extra import needs_torch
 
-INT_DTYPES = (torch.int32, torch.int64)
+INT_DTYPES: tuple[type[np.signedinteger[Any]], ...] = (np.int32, np.int64)
 #: Scalars as save_dump takes them (Python ints), with the range of values SGLang could use
 #: (outside it, a recorded value is reported as corrupt and planned as unrecorded).
 SCALAR_RANGE = {
@@ -42,8 +46,8 @@ _EXAMPLE = itertools.count()
 RESERVED_KEYS = {*SCALARS, "groups", "kvcanary.format", "sglang.version", "sglang.commit"}
 
 
-def _bounds(dtype: torch.dtype, limit: int) -> tuple[int, int]:
-    info = torch.iinfo(dtype)
+def _bounds(dtype: type[np.signedinteger[Any]], limit: int) -> tuple[int, int]:
+    info = np.iinfo(dtype)
     return max(info.min, -limit), min(info.max, limit)
 
 
@@ -52,13 +56,13 @@ def int_tensors(
     draw: st.DrawFn,
     shape: tuple[int, ...],
     limit: int = 2**62,
-    dtypes: tuple[torch.dtype, ...] = INT_DTYPES,
-) -> torch.Tensor:
+    dtypes: tuple[type[np.signedinteger[Any]], ...] = INT_DTYPES,
+) -> np.ndarray:
     dtype = draw(st.sampled_from(dtypes))
     low, high = _bounds(dtype, limit)
     numel = int(np.prod(shape))
     values = draw(st.lists(st.integers(low, high), min_size=numel, max_size=numel))
-    return torch.tensor(values, dtype=dtype).reshape(shape)
+    return np.array(values, dtype=dtype).reshape(shape)
 
 
 @st.composite
@@ -105,7 +109,7 @@ def test_save_then_load_gives_back_every_value(kwargs: dict[str, Any], tmp_path:
     path = tmp_path / f"rt-{next(_EXAMPLE)}.safetensors"  # a fresh file per example
     save_dump(path, **kwargs)
     dump = load_dump(path)
-    tensors = {k: v.numpy() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, np.ndarray)}
     ints = {k: v for k, v in kwargs.items() if isinstance(v, int)}
 
     assert dump.metadata["kvcanary.format"] == "1"
@@ -156,10 +160,10 @@ def test_save_then_load_gives_back_every_value(kwargs: dict[str, Any], tmp_path:
 
 def small_batch(**changes: Any) -> dict[str, Any]:
     batch: dict[str, Any] = {
-        "req_to_token": torch.arange(24, dtype=torch.int32).reshape(4, 6),
-        "req_pool_indices": torch.tensor([2, 1, 0]),
-        "prefix_lens": torch.tensor([3, 1, 0]),
-        "extend_seq_lens": torch.tensor([1, 2, 0]),
+        "req_to_token": np.arange(24, dtype=np.int32).reshape(4, 6),
+        "req_pool_indices": np.array([2, 1, 0], dtype=np.int64),
+        "prefix_lens": np.array([3, 1, 0], dtype=np.int64),
+        "extend_seq_lens": np.array([1, 2, 0], dtype=np.int64),
     }
     batch.update(changes)
     return batch
@@ -173,7 +177,9 @@ def test_a_loaded_dump_survives_its_file_being_replaced(tmp_dump: Path) -> None:
     save_dump(tmp_dump, **small_batch())
     dump = load_dump(tmp_dump)
     table_before = dump.req_to_token.array().copy()
-    save_dump(tmp_dump, **small_batch(prefix_lens=torch.tensor([5, 5, 5])))  # atomic replace
+    save_dump(
+        tmp_dump, **small_batch(prefix_lens=np.array([5, 5, 5], dtype=np.int64))
+    )  # atomic replace
     assert dump.prefix_lens.tolist() == [3, 1, 0]
     assert np.array_equal(dump.req_to_token.array(), table_before)  # still the old file's pages
     assert load_dump(tmp_dump).prefix_lens.tolist() == [5, 5, 5]
@@ -191,19 +197,20 @@ def test_writer_refuses_to_overwrite_an_input(tmp_dump: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("req_to_token", torch.zeros(4, 6)),
-        ("prefix_lens", torch.zeros(3, dtype=torch.float64)),
-        ("req_pool_indices", torch.zeros(3, dtype=torch.bool)),
-        ("full_to_swa_index_mapping", torch.zeros(3, dtype=torch.int16)),
+        ("req_to_token", np.zeros((4, 6), dtype=np.float32)),
+        ("prefix_lens", np.zeros(3, dtype=np.float64)),
+        ("req_pool_indices", np.zeros(3, dtype=np.bool_)),
+        ("full_to_swa_index_mapping", np.zeros(3, dtype=np.int16)),
     ],
 )
 def test_save_rejects_a_wrong_dtype_for_a_known_name(
-    name: str, value: torch.Tensor, tmp_dump: Path
+    name: str, value: np.ndarray, tmp_dump: Path
 ) -> None:
     with pytest.raises(TensorDtypeError) as caught:
         save_dump(tmp_dump, **small_batch(**{name: value}))
     text = str(caught.value)
     assert text.startswith(f"{name}: ") and "\n" not in text
+    assert caught.value.hint is not None and ".astype(numpy." in caught.value.hint
     assert not tmp_dump.exists()
     assert list(tmp_dump.parent.iterdir()) == []  # no temporary file left behind
 
@@ -227,31 +234,51 @@ def test_none_kwargs_are_skipped(tmp_dump: Path) -> None:
 
 
 def test_writer_stores_contiguous_copies(tmp_dump: Path) -> None:
-    base = torch.arange(24, dtype=torch.int32).reshape(6, 4)
-    transposed = base.t()  # [4, 6], not contiguous
-    strided = torch.arange(12, dtype=torch.int64)[::4]  # [3], stride 4
-    numpy_strided = np.arange(9, dtype=np.int64)[::3]  # [3], stride 3
-    assert not transposed.is_contiguous() and not strided.is_contiguous()
-    save_dump(
-        tmp_dump, req_to_token=transposed, req_pool_indices=strided, prefix_lens=numpy_strided
-    )
-    with safe_open(str(tmp_dump), framework="pt") as handle:
+    transposed = np.arange(24, dtype=np.int32).reshape(6, 4).T  # [4, 6], not contiguous
+    strided = np.arange(12, dtype=np.int64)[::4]  # [3], stride 4
+    assert not transposed.flags.c_contiguous and not strided.flags.c_contiguous
+    save_dump(tmp_dump, req_to_token=transposed, req_pool_indices=strided, prefix_lens=[0, 3, 6])
+    with safe_open(str(tmp_dump), framework="np") as handle:
         stored = {name: handle.get_tensor(name) for name in handle.keys()}
-    assert torch.equal(stored["req_to_token"], transposed)
-    assert torch.equal(stored["req_pool_indices"], strided)
+    assert np.array_equal(stored["req_to_token"], transposed)
+    assert np.array_equal(stored["req_pool_indices"], strided)
     assert stored["prefix_lens"].tolist() == [0, 3, 6]
-    assert all(t.is_contiguous() for t in stored.values())
     transposed[0, 0] = 99  # the file holds a copy, not a view of the caller's memory
     assert load_dump(tmp_dump).req_to_token.array()[0, 0] == 0
 
 
+def test_writer_takes_torch_tensors_as_sglang_passes_them(tmp_dump: Path) -> None:
+    """Non-contiguous CPU tensors are stored as copies; a wrong dtype's hint is torch's."""
+    torch = needs_torch()
+    transposed = torch.arange(24, dtype=torch.int32).reshape(6, 4).t()  # [4, 6], not contiguous
+    strided = torch.arange(12, dtype=torch.int64)[::4]  # [3], stride 4
+    assert not transposed.is_contiguous() and not strided.is_contiguous()
+    save_dump(
+        tmp_dump,
+        req_to_token=transposed,
+        req_pool_indices=strided,
+        prefix_lens=torch.tensor([0, 3, 6]),
+        write_req_capacity=torch.tensor(7),  # a 0-d tensor: a scalar stored as a tensor
+    )
+    with safe_open(str(tmp_dump), framework="np") as handle:
+        stored = {name: handle.get_tensor(name) for name in handle.keys()}
+    assert np.array_equal(stored["req_to_token"], transposed.numpy())
+    assert np.array_equal(stored["req_pool_indices"], strided.numpy())
+    assert stored["write_req_capacity"].shape == () and int(stored["write_req_capacity"]) == 7
+    transposed[0, 0] = 99  # the file holds a copy, not a view of the caller's memory
+    assert load_dump(tmp_dump).req_to_token.array()[0, 0] == 0
+    with pytest.raises(TensorDtypeError) as caught:
+        save_dump(tmp_dump, **small_batch(prefix_lens=torch.zeros(3, dtype=torch.float64)))
+    assert caught.value.hint == "pass prefix_lens.to(torch.int64)"
+
+
 def test_loader_never_modifies_the_input_file(tmp_dump: Path) -> None:
-    pool = torch.arange(24, dtype=torch.int32).reshape(4, 6)
+    pool = np.arange(24, dtype=np.int32).reshape(4, 6)
     save_dump(
         tmp_dump,
         **small_batch(),
         req_to_verify_expected_tokens=pool,
-        req_to_verify_expected_tokens_valid_lens=torch.tensor([4, 3, 0]),
+        req_to_verify_expected_tokens_valid_lens=np.array([4, 3, 0], dtype=np.int64),
     )
     before = file_hash(tmp_dump)
     mtime = tmp_dump.stat().st_mtime_ns
@@ -287,7 +314,7 @@ def test_inspect_json_has_schema_bs_and_scalar_sources(tmp_dump: Path) -> None:
         **small_batch(),
         page_size=4,
         verify_capacity=10,
-        write_req_capacity=torch.tensor(7),  # a scalar stored as a 0-d tensor
+        write_req_capacity=np.array(7, dtype=np.int64),  # a scalar stored as a 0-d tensor
         metadata={"model": "m", "rank": 3, "custom.key": "x"},
     )
     record = run_inspect_json(tmp_dump)
@@ -313,7 +340,7 @@ def test_inspect_json_has_schema_bs_and_scalar_sources(tmp_dump: Path) -> None:
 
 
 def test_int32_req_pool_indices_gets_a_gpu_path_note(tmp_dump: Path) -> None:
-    save_dump(tmp_dump, **small_batch(req_pool_indices=torch.tensor([2, 1, 0], dtype=torch.int32)))
+    save_dump(tmp_dump, **small_batch(req_pool_indices=np.array([2, 1, 0], dtype=np.int32)))
     dump = load_dump(tmp_dump)
     assert [(n.tensor, n.found, n.expected) for n in dump.dtype_notes] == [
         ("req_pool_indices", "I32", "I64")
@@ -337,7 +364,7 @@ def test_save_dump_refuses_a_list_of_floats(tmp_path: Path) -> None:
     with pytest.raises(TensorDtypeError, match="prefix_lens"):
         save_dump(
             tmp_path / "f.safetensors",
-            req_to_token=torch.zeros(2, 2, dtype=torch.int32),
+            req_to_token=np.zeros((2, 2), dtype=np.int32),
             req_pool_indices=[1],
             prefix_lens=[1.5],  # type: ignore[list-item]  # the point of the test
         )
@@ -347,7 +374,7 @@ def test_save_dump_refuses_a_list_of_floats(tmp_path: Path) -> None:
 def test_save_dump_takes_a_list_of_ints(tmp_path: Path) -> None:
     path = save_dump(
         tmp_path / "i.safetensors",
-        req_to_token=torch.zeros(2, 4, dtype=torch.int32),
+        req_to_token=np.zeros((2, 4), dtype=np.int32),
         req_pool_indices=[1],
         prefix_lens=[3],
     )

@@ -1,7 +1,7 @@
 """Run mutants through the command line and judge every run by the bad-input contract.
 
 `python -m tests.fuzz.runner --family F --seeds DIR --out RESULTS.jsonl` is the guarded worker
-the tests start: once torch and kvcanary are imported it caps its address space (RLIMIT_AS,
+the tests start: once kvcanary is imported it caps its address space (RLIMIT_AS,
 `MEMORY_HEADROOM` above what it holds) and each mutant's wall time, then runs the family's
 mutants in-process (typer's CliRunner, the same `app` as `kvcanary`), one command each, and
 writes one JSON line per mutant. A mutant that breaks the time guard ends the worker; the
@@ -28,7 +28,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib.util import find_spec
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -100,8 +99,8 @@ CROWDED_COMMANDS: dict[str, tuple[str, ...]] = {
     "crowded.wide-shrunk-pool": ("check", "{dump}", "--kernel", "triton"),
 }
 
-#: address space a worker may add to what it holds once torch and kvcanary are imported
-#: (about 0.6 GiB; the Triton interpreter adds 0.2 GiB): far more than any mutant of a small
+#: address space a worker may add to what it holds once kvcanary is imported (the Triton
+#: interpreter adds 0.2 GiB): far more than any mutant of a small
 #: seed needs, far less than a run that allocates by a claimed size.
 MEMORY_HEADROOM = 2 << 30
 #: seconds one mutant may take in a worker (a clean run takes well under one).
@@ -220,10 +219,8 @@ def run_worker(
     from kvcanary_cli.cli import app
     from tests.fuzz.seeds import load_seeds
 
-    if find_spec("torch") is not None:  # an extra: where it is, one thread as the CLI runs
-        import torch
-
-        torch.set_num_threads(1)
+    # torch is not imported: no command here runs on it (tests/test_torch_extra.py), and its
+    # import alone cost each worker 1.4 s of CPU.
     # typer rebuilds the click command on every invoke (most of a bad-input run's time): build
     # it once per worker process.
     build = functools.lru_cache(maxsize=None)(typer.main.get_command)

@@ -18,6 +18,7 @@ import pytest
 
 from kvcanary_cli.planners import triton_runtime
 from kvcanary_cli.planners.kernel_arrays import HostBuffer, kernel_arrays
+from tests.torch_extra import needs_torch
 
 pytest.importorskip("triton")
 
@@ -86,7 +87,7 @@ def test_the_torch_memory_path_plans_what_numpy_memory_plans(
     """Compiled kernels get their memory from torch (`_TorchArrays("cuda")`). Without a GPU,
     the same code path runs here on CPU tensors, which the interpreter also takes: uploads,
     allocations by numpy dtype and downloads must give the plan numpy memory gives."""
-    pytest.importorskip("torch")
+    needs_torch()  # the compiled kernels' memory path is torch's
     from kvcanary_cli.dump.loader import load_dump
     from kvcanary_cli.planners import kernel_arrays as arrays
     from kvcanary_cli.planners import triton_planner
