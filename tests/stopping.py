@@ -40,6 +40,8 @@ class Stopped:
     signalled: bool
     #: its exit status as `subprocess` gives it (-15: killed by SIGTERM itself).
     exit_code: int
+    #: seconds from the signal to its exit.
+    seconds: float = 0.0
     #: its descendants still alive (not zombies) `grace` seconds after it ended.
     survivors: list[psutil.Process] = field(default_factory=list)
     #: the survivors' resident memory, in bytes, when they were found.
@@ -148,7 +150,9 @@ def _stop(
             raise TimeoutError(f"{process.args!r} never got ready to stop")
         time.sleep(0.005)
     process.send_signal(signal_number)
+    signalled = time.monotonic()
     code = process.wait(timeout)
+    seconds = time.monotonic() - signalled
     _, left = psutil.wait_procs(list(seen.values()), timeout=grace)
     survivors = [p for p in left if _running(p)]
     rss = 0
@@ -161,6 +165,7 @@ def _stop(
     return Stopped(
         signalled=True,
         exit_code=code,
+        seconds=seconds,
         survivors=survivors,
         survivor_rss=rss,
         output=output.text(),
