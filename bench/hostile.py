@@ -15,6 +15,16 @@
   `provenance --slot 7` (table and JSON) and `check` (table and JSON). Its table views once
   built every cell of both findings (9.8 M each) as Python ints to show a few (3.9 GB).
 
+The fifth round's SIGTERM cases (a real process stopped mid-run, `tests/stopping.py`):
+
+- `sigterm-pool`: `check` of four small dumps with `-j 2`, SIGTERM once both workers run: its
+  exit code, seconds to exit, and the processes it left alive 10 s later (workers, the
+  resource tracker) with their RSS. They once stayed forever, re-parented and blocked.
+- `sigterm-writer`: `synth clean-swa --size medium -o` (285 MB), SIGTERM while its
+  `.NAME.XXXX.tmp` is being written: the bytes left staged in the folder.
+- `sigterm-cursor`: the `sigterm-pool` run on a pseudo-terminal, SIGTERM once the progress
+  bar hid the cursor: whether the cursor was shown again.
+
 Usage:
 
     python bench/hostile.py                     # this checkout
@@ -44,6 +54,7 @@ from dumps import shape  # noqa: E402
 
 from tests.child_memory import PEAK_RSS_SCRIPT  # noqa: E402
 from tests.helpers import one_slot_shrunk_dump, stale_rows_dump, wide_shrunk_dump  # noqa: E402
+from tests.stopping import HIDE_CURSOR, Stopped, is_worker, stop_when  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 
@@ -138,7 +149,77 @@ def run(tree: Path, workdir: Path, skip: set[str]) -> dict[str, Any]:
         }
     if "one-slot-shrunk" not in skip:
         results["one-slot-shrunk"] = one_slot_shrunk(tree, workdir)
+    results.update(run_sigterm_cases(tree, workdir, skip))
     return results
+
+
+#: Seconds a stopped run's processes get to end before they count as left behind.
+_GRACE = 10
+
+
+def _left(stopped: Stopped) -> dict[str, Any]:
+    """What a signalled run ended with, and what it left alive (then ended here)."""
+    record = {
+        "signalled": stopped.signalled,
+        "exit": stopped.exit_code,
+        "seconds_to_exit": round(stopped.seconds, 2),
+        "processes_left": len(stopped.survivors),
+        "rss_left_mib": round(stopped.survivor_rss / 2**20),
+    }
+    stopped.kill_survivors()
+    return record
+
+
+def _four_small(workdir: Path) -> list[str]:
+    from kvcanary_cli.synth.scenarios import make_scenario
+
+    path = make_scenario("clean-swa", size="small").save(workdir / "sigterm-small.safetensors")
+    return [str(path)] * 4
+
+
+def _two_workers(alive: list[Any], written: bytes) -> bool:
+    return sum(map(is_worker, alive)) >= 2
+
+
+def sigterm_pool(tree: Path, workdir: Path) -> dict[str, Any]:
+    args = ["check", *_four_small(workdir), "-j", "2"]
+    return _left(stop_when(args, _two_workers, tree=tree, grace=_GRACE))
+
+
+def sigterm_writer(tree: Path, workdir: Path) -> dict[str, Any]:
+    out = workdir / "sigterm-out"
+    out.mkdir()
+    args = ["synth", "clean-swa", "--size", "medium", "-o", str(out / "big.safetensors")]
+    record = _left(stop_when(args, lambda *_: any(out.glob(".*.tmp")), tree=tree, grace=_GRACE))
+    staged = list(out.glob(".*.tmp"))
+    record["staged_files_left"] = len(staged)
+    record["staged_bytes_left"] = sum(p.stat().st_size for p in staged)
+    record["output_written"] = (out / "big.safetensors").exists()
+    for path in out.iterdir():
+        path.unlink()
+    return record
+
+
+def sigterm_cursor(tree: Path, workdir: Path) -> dict[str, Any]:
+    def bar_and_workers(alive: list[Any], written: bytes) -> bool:
+        return HIDE_CURSOR in written and _two_workers(alive, written)
+
+    args = ["check", *_four_small(workdir), "-j", "2"]
+    stopped = stop_when(args, bar_and_workers, tree=tree, terminal=True, grace=_GRACE)
+    restored = stopped.cursor_restored()
+    return {**_left(stopped), "cursor_restored": restored}
+
+
+#: The SIGTERM cases, by name (`--skip NAME` leaves one out).
+SIGTERM_CASES = {
+    "sigterm-pool": sigterm_pool,
+    "sigterm-writer": sigterm_writer,
+    "sigterm-cursor": sigterm_cursor,
+}
+
+
+def run_sigterm_cases(tree: Path, workdir: Path, skip: set[str]) -> dict[str, Any]:
+    return {name: case(tree, workdir) for name, case in SIGTERM_CASES.items() if name not in skip}
 
 
 def main() -> None:

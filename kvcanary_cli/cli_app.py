@@ -9,10 +9,14 @@ command does.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import IntEnum
+from types import FrameType
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -27,12 +31,21 @@ from kvcanary_cli.dump.streams import (
     write_standard_error,
     writing_to_standard_output,
 )
-from kvcanary_cli.errors import KvcanaryError, UpstreamPlanError
+from kvcanary_cli.errors import KvcanaryError, Terminated, UpstreamPlanError
 from kvcanary_cli.output import complain
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.timeline import TimelineReport
 
-__all__ = ["ExitCode", "check_exit", "fail", "make_app", "run", "timeline_exit"]
+__all__ = [
+    "ExitCode",
+    "check_exit",
+    "fail",
+    "make_app",
+    "run",
+    "sigterm_unwinds",
+    "stopped",
+    "timeline_exit",
+]
 
 
 class ExitCode(IntEnum):
@@ -44,6 +57,8 @@ class ExitCode(IntEnum):
     INTERNAL = 3
     #: the shell's 128 + SIGINT: a run stopped by Ctrl-C.
     INTERRUPTED = 130
+    #: the shell's 128 + SIGTERM: a run stopped by `kill`, a supervisor or a timeout.
+    TERMINATED = 143
 
 
 def check_exit(report: CheckReport) -> ExitCode:
@@ -77,20 +92,61 @@ def internal_error(exc: Exception) -> NoReturn:
     )
 
 
+def stopped(exc: BaseException | None = None) -> NoReturn:
+    """A run stopped from outside: by SIGTERM (`Terminated`, exit 143) or Ctrl-C (exit 130).
+    Click and typer hand the interrupt back wrapped (`Abort`) or as the exit code 130 (`exc`
+    None): the handler's mark says which it was."""
+    if _TERMINATING.is_set() or isinstance(exc, Terminated):
+        fail("terminated", ExitCode.TERMINATED)
+    fail("interrupted", ExitCode.INTERRUPTED)
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's handler: raise `Terminated` once; a second SIGTERM while the first unwinds is
+    ignored, so that it cannot cut the clean-up short (SIGKILL still ends the process)."""
+    if _TERMINATING.is_set():
+        return
+    _TERMINATING.set()
+    raise Terminated
+
+
+_TERMINATING = threading.Event()
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While inside: SIGTERM unwinds the run as Ctrl-C does (see `Terminated`); the previous
+    handler is back after. Only the main thread can install a handler, and a process started
+    with SIGTERM ignored (`nohup`-like parents) keeps ignoring it."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+        yield
+        return
+    _TERMINATING.clear()
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:  # None: a handler not installed from Python, which cannot be put back
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def run(app: typer.Typer, args: Sequence[str] | None) -> None:
     """Run `app` as `kvcanary`. Typer builds the click command first (from the commands'
     signatures): a failure there is a bug too, and ends in the same one line, exit 3.
 
     One OpenMP thread (torch's, where SGLang's planners run) unless the user chose: on
     CPU-quota'd containers extra threads spin against each other (seen: a 121K-element arange
-    50x slower with 2 threads than with 1)."""
+    50x slower with 2 threads than with 1). SIGTERM unwinds like Ctrl-C (`sigterm_unwinds`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     prepare_standard_streams()
-    try:
-        command = typer.main.get_command(app)
-    except Exception as exc:
-        internal_error(exc)
-    command.main(args=args, prog_name="kvcanary")
+    with sigterm_unwinds():
+        try:
+            command = typer.main.get_command(app)
+        except KeyboardInterrupt as exc:
+            stopped(exc)
+        except Exception as exc:
+            internal_error(exc)
+        command.main(args=args, prog_name="kvcanary")
 
 
 def show_version(value: bool) -> None:
@@ -107,7 +163,7 @@ class OneLineErrors(TyperGroup):
     Click runs the command not standalone (`standalone_mode=False`), so each exception comes
     back here by its type instead of being shown by click: click's own errors (usage,
     parameters), kvcanary's (`KvcanaryError`: bad input or options; `UpstreamPlanError`:
-    `plan --strict` met SGLang's raise), Ctrl-C, and anything else, which is a bug.
+    `plan --strict` met SGLang's raise), Ctrl-C and SIGTERM, and anything else, which is a bug.
     """
 
     def main(
@@ -128,8 +184,8 @@ class OneLineErrors(TyperGroup):
             fail(f"error: {exc}", ExitCode.BAD_INPUT)
         except UpstreamPlanError as exc:
             fail(str(exc), ExitCode.FINDINGS)
-        except (typer.Abort, KeyboardInterrupt):
-            fail("interrupted", ExitCode.INTERRUPTED)
+        except (typer.Abort, KeyboardInterrupt) as exc:
+            stopped(exc)
         except typer.TyperException as exc:  # click's errors: usage, bad parameters
             context = getattr(exc, "ctx", None)
             where = f" (see '{context.command_path} --help')" if context is not None else ""
@@ -141,8 +197,8 @@ class OneLineErrors(TyperGroup):
             fail(f"error: {STANDARD_OUTPUT_NAME}: {refused}", ExitCode.BAD_INPUT)
         except Exception as exc:
             internal_error(exc)
-        if result == ExitCode.INTERRUPTED:  # click turns Ctrl-C into this exit code
-            fail("interrupted", ExitCode.INTERRUPTED)
+        if result == ExitCode.INTERRUPTED:  # typer turns Ctrl-C (and SIGTERM) into this code
+            stopped()
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
 
 

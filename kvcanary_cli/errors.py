@@ -7,6 +7,8 @@ parser's message from a hostile dump cannot reach the terminal as control charac
 - `DumpError`: the file cannot be read as a dump; names the file and the tensor or key;
 - `OptionError`: a command-line option (or option combination) is unusable; names the option;
 - `PathError`: a path kvcanary was asked to read or write is unusable; names the path.
+
+And one that is no error: `Terminated`, the SIGTERM the CLI turns into an unwinding.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "PlannerUnavailableError",
     "TensorDtypeError",
     "TensorShapeError",
+    "Terminated",
     "UpstreamPlanError",
 ]
 
@@ -144,3 +147,12 @@ class UpstreamPlanError(Exception):
 
     def __str__(self) -> str:
         return f"{self.exception_type}: {self.message}"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised by the CLI's handler so that the run unwinds as for Ctrl-C: every
+    `finally` runs (staged files removed, worker processes ended, the terminal restored).
+
+    A `KeyboardInterrupt`, so that whatever stops cleanly on Ctrl-C stops the same way here,
+    and no `except Exception` swallows it; only the exit code differs (143, not 130).
+    """

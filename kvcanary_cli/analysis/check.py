@@ -58,7 +58,7 @@ from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
-from kvcanary_cli.planners.host_parallel import usable_cores
+from kvcanary_cli.planners.host_parallel import stop_children, usable_cores
 from kvcanary_cli.planners.staging import StagingTooLargeError
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.cells import CellColumns, SlotProvenance, Space
@@ -172,6 +172,10 @@ def collect_findings(
                 group: background.submit(_kernel_plan, kernel, dump, group) for group in chosen
             }
         return _collect(dump, planner, kernel, chosen, pending)
+    except BaseException:  # stopped: the kernel's forked halves go now, not after its launch
+        if background is not None:
+            stop_children()
+        raise
     finally:
         if background is not None:
             background.shutdown(wait=True, cancel_futures=True)

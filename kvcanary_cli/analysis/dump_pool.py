@@ -5,18 +5,25 @@ per dump whatever happens to the others.
 can run it); this module only runs it: in a pool, and again alone in a process of its own for
 every dump a dying worker took down with it, so that only the dump at fault gets an error,
 saying how its process died.
+
+The processes end with the run: stopped (Ctrl-C, SIGTERM, a bug), it kills them instead of
+waiting for their dumps, and each is killed by the kernel when its parent dies, however it dies
+(a worker left behind, re-parented, would wait forever on a queue nobody feeds).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 
 from kvcanary_cli.errors import DumpError, KvcanaryError
@@ -115,8 +122,60 @@ def _died(path: str, exitcode: int | None) -> DumpReport:
     return error_report(path, DumpError(message, path=path))
 
 
-def _check_and_send(check: CheckOne, item: DumpWork, send: Connection) -> None:
+#: prctl(2)'s request for the signal a process gets when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent(parent: int) -> None:
+    """In a checking process: have the kernel kill it when `parent` ends, however that ends
+    (SIGKILL, the out-of-memory killer). Linux only; elsewhere the parent's unwinding is all."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent ended before the request took
+        os._exit(1)
+
+
+class _Started:
+    """The processes `check_alone` started, to kill when the run stops (`stop`); one started
+    after that is killed at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._processes: list[SpawnProcess] = []
+        self._stopped = False
+
+    def add(self, process: SpawnProcess) -> None:
+        with self._lock:
+            self._processes.append(process)
+            if self._stopped:
+                process.kill()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for process in self._processes:
+                process.kill()
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End the pool now: no dump not yet begun, and the workers killed (a shutdown alone
+    waits for the dumps they hold). `_processes` is the pool's own record of its workers
+    (Python has no public one before 3.14)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.kill()
+
+
+def _check_and_send(check: CheckOne, item: DumpWork, send: Connection, parent: int) -> None:
     """In a process of its own: check one dump and send its report (or the bug raised)."""
+    _end_with_parent(parent)
     try:
         outcome: DumpReport | Exception = check(item)
     except Exception as exc:
@@ -125,12 +184,16 @@ def _check_and_send(check: CheckOne, item: DumpWork, send: Connection) -> None:
     send.close()
 
 
-def check_alone(check: CheckOne, item: DumpWork, context: SpawnContext) -> DumpReport:
+def check_alone(
+    check: CheckOne, item: DumpWork, context: SpawnContext, started: _Started | None = None
+) -> DumpReport:
     """Check one dump in a process of its own: if that process dies, only this dump is lost,
-    and how it died (its signal) is known."""
+    and how it died (its signal) is known. `started` is told of the process."""
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_check_and_send, args=(check, item, send))
+    process = context.Process(target=_check_and_send, args=(check, item, send, os.getpid()))
     process.start()
+    if started is not None:
+        started.add(process)
     send.close()  # the child's end: EOF once the child is gone
     try:
         outcome = receive.recv()
@@ -161,23 +224,38 @@ def check_in_workers(
     context = multiprocessing.get_context("spawn")
     reports: list[DumpReport | None] = [None] * len(work)
     done = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(check, item) for item in work]
-        for i, future in enumerate(futures):
-            try:
-                reports[i] = future.result()
-            except BrokenProcessPool:
-                continue
-            done += 1
-            if progress:
-                progress(done, len(work))
-    lost = [i for i, report in enumerate(reports) if report is None]
-    if lost:  # as many at once as there were workers: threads that wait on a process each
-        with ThreadPoolExecutor(min(workers, len(lost))) as alone:
-            again = alone.map(lambda i: check_alone(check, work[i], context), lost)
-            for i, report in zip(lost, again, strict=True):
-                reports[i] = report
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=context,
+        initializer=_end_with_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
+        try:
+            futures = [pool.submit(check, item) for item in work]
+            for i, future in enumerate(futures):
+                try:
+                    reports[i] = future.result()
+                except BrokenProcessPool:
+                    continue
                 done += 1
                 if progress:
                     progress(done, len(work))
+        except BaseException:  # stopped: the workers go now, not after their dumps
+            _stop_workers(pool)
+            raise
+    lost = [i for i, report in enumerate(reports) if report is None]
+    if lost:  # as many at once as there were workers: threads that wait on a process each
+        started = _Started()
+        with ThreadPoolExecutor(min(workers, len(lost))) as alone:
+            try:
+                again = alone.map(lambda i: check_alone(check, work[i], context, started), lost)
+                for i, report in zip(lost, again, strict=True):
+                    reports[i] = report
+                    done += 1
+                    if progress:
+                        progress(done, len(work))
+            except BaseException:
+                alone.shutdown(wait=False, cancel_futures=True)
+                started.stop()
+                raise
     return [report for report in reports if report is not None]

@@ -24,6 +24,7 @@ even ``from ... import launch_canary_plan_kernels`` bindings made later get the 
 
 from __future__ import annotations
 
+import logging
 import os
 
 from kvcanary_cli.capture.launcher import (
@@ -71,4 +72,9 @@ __all__ = [
 ]
 
 if os.environ.get(DUMP_DIR_ENV, "").strip():
-    install_from_env()
+    try:
+        install_from_env()
+    except Exception as exc:  # arming never breaks the program that imports this (SGLang)
+        logging.getLogger("kvcanary.capture").warning(
+            "kvcanary: the capture hook is not armed (%s: %s)", type(exc).__name__, exc
+        )

@@ -109,19 +109,60 @@ def configure(new: Settings) -> None:
     _SETTINGS[0] = new
 
 
+#: Signals no snapshot may take over: those that stop the server (Ctrl-C, a supervisor's
+#: SIGTERM), those no process can catch, and faults, whose handler, once it returns, re-runs
+#: the faulting instruction forever.
+_NOT_FOR_SNAPSHOTS = frozenset(
+    {
+        signal.SIGINT,
+        signal.SIGTERM,
+        signal.SIGKILL,
+        signal.SIGSTOP,
+        signal.SIGSEGV,
+        signal.SIGBUS,
+        signal.SIGFPE,
+        signal.SIGILL,
+        signal.SIGABRT,
+    }
+)
+
+
 def install_signal(name: str) -> bool:
-    """Take a snapshot at the next launch after signal `name` (`USR2`, `SIGUSR2` or a number);
-    only the main thread can install a handler."""
-    text = name.strip().upper()
-    try:
-        number = (
-            int(text) if text.isdigit() else int(getattr(signal, "SIG" + text.removeprefix("SIG")))
+    """Take a snapshot at the next launch after signal `name` (`USR2`, `SIGUSR2` or a number).
+    Anything else (no such signal, one that stops the server or cannot be caught, a thread
+    other than the main one, which alone can install a handler) is one warning, and no
+    snapshot is taken on a signal: never an exception into the server."""
+    number, problem = _snapshot_signal(name)
+    if number is not None:
+        try:
+            signal.signal(number, lambda *_: settings().signal_pending.set())
+        except (ValueError, OSError, OverflowError) as exc:
+            problem = str(exc)
+    if problem is not None:
+        logger.warning(
+            "kvcanary: KVCANARY_DUMP_SIGNAL=%r: %s; that trigger is off",
+            name.strip()[:40],
+            problem,
         )
-        signal.signal(number, lambda *_: settings().signal_pending.set())
-    except (AttributeError, ValueError, OSError) as exc:
-        logger.warning("kvcanary: cannot take snapshots on signal %r (%s)", name, exc)
         return False
     return True
+
+
+def _snapshot_signal(name: str) -> tuple[int, None] | tuple[None, str]:
+    """(the signal's number, None), or (None, why no snapshot may be taken on it)."""
+    text = name.strip().upper()
+    if text.isascii() and text.isdigit():
+        number = int(text) if len(text) <= 3 else None
+        if number is None or number not in signal.valid_signals():
+            return None, "no signal has that number here"
+    else:
+        known = signal.Signals.__members__.get("SIG" + text.removeprefix("SIG"))
+        if known is None:
+            return None, "no signal has that name (e.g. USR2, SIGUSR2 or its number)"
+        number = int(known)
+    if number in _NOT_FOR_SNAPSHOTS:
+        return None, f"{signal.Signals(number).name} must keep its own meaning; use USR1 or USR2"
+    return number, None
 
 
 def snapshot_due(step: int) -> str | None:

@@ -12,7 +12,9 @@ Only where it is safe and worth it: Linux (`fork`), the interpreter, no torch in
 and not inside a worker process of `check_dumps` (each already has its core). A child runs
 only its part (the interpreter and numpy, no lock another thread of `check` may hold) and
 leaves with `os._exit`: no stdio flushed twice, no parent cleanup run in it. A child that
-dies (killed, out of memory) costs time, not results: its part runs again here.
+dies (killed, out of memory) costs time, not results: its part runs again here. A run stopped
+while its children work (Ctrl-C, SIGTERM; in another thread: `stop_children`) kills them: none
+outlives it.
 """
 
 from __future__ import annotations
@@ -22,16 +24,27 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
-__all__ = ["MIN_FORKED_ENTRIES", "host_processes", "run_parts", "split", "usable_cores"]
+from kvcanary_cli.errors import Terminated
+
+__all__ = [
+    "MIN_FORKED_ENTRIES",
+    "host_processes",
+    "run_parts",
+    "split",
+    "stop_children",
+    "usable_cores",
+]
 
 #: Below this many entries a fork costs more than it saves.
 MIN_FORKED_ENTRIES = 1 << 19
 #: The most processes one launch uses (the rest of `check` needs a core too).
 _MAX_PROCESSES = 2
-#: A child's exit code when Ctrl-C stopped it (the shell's 128 + SIGINT).
+#: A child's exit code when Ctrl-C stopped it (the shell's 128 + SIGINT), or SIGTERM (128 + 15).
 _INTERRUPTED = 130
+_TERMINATED = 143
 
 
 def usable_cores() -> int:
@@ -68,27 +81,119 @@ def run_parts(parts: Sequence[Callable[[], None]]) -> None:
         for part in parts:
             part()
         return
-    children: list[tuple[int, Callable[[], None]]] = []
     mallopt = _glibc_mallopt()  # looked up once, here: the children only call it
-    for part in parts:
-        pid = os.fork()
-        if pid == 0:  # the child: run the part, leave without unwinding the parent's stack
-            code = 1
-            try:
-                _reuse_freed_memory(mallopt)
-                part()
-                code = 0
-            except KeyboardInterrupt:  # Ctrl-C reaches the whole process group
-                code = _INTERRUPTED
-            finally:
-                os._exit(code)
-        children.append((pid, part))
-    codes = [(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), part) for pid, part in children]
+    children = _Children()
+    codes: list[tuple[int, Callable[[], None]]] = []
+    with _LOCK:
+        _RUNNING.add(children)
+    try:
+        for part in parts:
+            _fork(part, mallopt, children)
+        for pid, part in list(children.parts.items()):
+            status = os.waitpid(pid, 0)[1]
+            children.reaped(pid)
+            codes.append((os.waitstatus_to_exitcode(status), part))
+    except BaseException:  # stopped (Ctrl-C, SIGTERM): no child outlives the run
+        children.stop()
+        children.reap()
+        raise
+    finally:
+        with _LOCK:
+            _RUNNING.discard(children)
+    if children.stopped:
+        raise KeyboardInterrupt  # `stop_children`: the run stops, its parts are not redone
+    if any(code == _TERMINATED for code, _ in codes):
+        raise Terminated  # SIGTERM reached the process group: stop as the parent would
     if any(code in (_INTERRUPTED, -signal.SIGINT) for code, _ in codes):
         raise KeyboardInterrupt  # the user stopped the run: do not redo the parts here
     for code, part in codes:
         if code != 0:
             part()
+
+
+class _Children:
+    """The forked children of one `run_parts` not yet reaped, by pid, with their parts."""
+
+    def __init__(self) -> None:
+        self.parts: dict[int, Callable[[], None]] = {}
+        self.stopped = False
+        self._lock = threading.Lock()
+
+    def add(self, pid: int, part: Callable[[], None]) -> None:
+        """A child just forked (killed at once when the run stopped while it was forked)."""
+        with self._lock:
+            self.parts[pid] = part
+            if self.stopped:
+                os.kill(pid, signal.SIGKILL)
+
+    def reaped(self, pid: int) -> None:
+        with self._lock:
+            del self.parts[pid]
+
+    def stop(self) -> None:
+        """Kill every child not yet reaped (the waiting thread reaps them)."""
+        with self._lock:
+            self.stopped = True
+            for pid in self.parts:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # reaped just before
+                    pass
+
+    def reap(self) -> None:
+        with self._lock:
+            for pid in list(self.parts):
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:  # reaped just before the stop
+                    pass
+                del self.parts[pid]
+
+
+#: Every `run_parts` waiting now (another thread's, beside the detectors of `check`).
+_RUNNING: set[_Children] = set()
+_LOCK = threading.Lock()
+
+
+def stop_children() -> None:
+    """Kill the forked children of every `run_parts` in progress, in any thread: each then
+    raises KeyboardInterrupt instead of redoing their parts. For a run that stops in another
+    thread than the one waiting on them (the main one gets Ctrl-C and SIGTERM)."""
+    with _LOCK:
+        running = list(_RUNNING)
+    for children in running:
+        children.stop()
+
+
+#: The signals that stop a run; held back while a child is forked and recorded.
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _fork(
+    part: Callable[[], None],
+    mallopt: Callable[[int, int], int] | None,
+    children: _Children,
+) -> None:
+    """Fork a child running `part`, and add it to `children`. Ctrl-C and SIGTERM wait until
+    the parent holds the pid (so that it can kill the child) and the child is inside its `try`
+    (so that it leaves by `os._exit`, never by unwinding a copy of the parent's stack)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: run the part, leave without unwinding the parent's stack
+            code = 1
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+                _reuse_freed_memory(mallopt)
+                part()
+                code = 0
+            except KeyboardInterrupt as exc:  # Ctrl-C reaches the whole process group
+                code = _TERMINATED if isinstance(exc, Terminated) else _INTERRUPTED
+            finally:
+                os._exit(code)
+        children.add(pid, part)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 #: glibc's `mallopt` parameters (malloc.h), and the size from which a child's allocations

@@ -6,15 +6,20 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.errors import Terminated
 from kvcanary_cli.planners import host_parallel
 from kvcanary_cli.planners.triton_planner import TritonPlanner
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
@@ -119,3 +124,73 @@ def test_ctrl_c_in_a_child_stops_the_run_instead_of_redoing_the_part() -> None:
     with pytest.raises(KeyboardInterrupt):
         host_parallel.run_parts([interrupted, lambda: None])
     assert ran_here == []
+
+
+def test_sigterm_in_a_child_stops_the_run_as_sigterm() -> None:
+    """A child that the group's SIGTERM unwound (`Terminated`) stops the run as SIGTERM, not as
+    Ctrl-C: the exit code says which (143, not 130)."""
+
+    def terminated() -> None:
+        if os.getpid() != parent:
+            raise Terminated
+        raise AssertionError("redone here")
+
+    parent = os.getpid()
+    with pytest.raises(KeyboardInterrupt) as stopped:  # a plain one would end the session
+        host_parallel.run_parts([terminated, lambda: None])
+    assert stopped.type is Terminated
+
+
+def test_a_run_stopped_while_its_children_work_kills_them() -> None:
+    """Stopped while waiting (Ctrl-C, SIGTERM), the parent kills its children rather than
+    leave them re-parented to finish (or never finish) their parts. Each child stops the parent
+    (SIGINT) as soon as it runs; the parent's handler notes its children, then raises."""
+    parent = os.getpid()
+    children: list[psutil.Process] = []
+
+    def stop(signum: int, frame: object) -> None:
+        if not children:
+            children.extend(psutil.Process(parent).children())
+            raise KeyboardInterrupt
+
+    def forever() -> None:
+        os.kill(parent, signal.SIGINT)
+        time.sleep(60)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host_parallel.run_parts([forever, forever])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _, alive = psutil.wait_procs(children, timeout=0)
+        for child in alive:
+            child.kill()
+    assert children and alive == []
+
+
+def test_stop_children_ends_a_run_waiting_in_another_thread() -> None:
+    """`check` plans the kernel in a second thread; the main one, stopped, stops its children
+    (`stop_children`): the waiting thread raises KeyboardInterrupt rather than redo parts."""
+    me = psutil.Process()
+    before = {child.pid for child in me.children()}
+    outcome: list[BaseException] = []
+
+    def waiting() -> None:
+        try:
+            host_parallel.run_parts([lambda: time.sleep(60), lambda: time.sleep(60)])
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=waiting)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(forked := [c for c in me.children() if c.pid not in before]) < 2:
+        assert time.monotonic() < deadline, "the children never started"
+        time.sleep(0.01)
+    host_parallel.stop_children()
+    thread.join(60)
+    _, alive = psutil.wait_procs(forked, timeout=0)
+    for child in alive:
+        child.kill()
+    assert [type(exc) for exc in outcome] == [KeyboardInterrupt] and alive == []
