@@ -65,6 +65,19 @@ def soak(
     return subprocess.run(command, capture_output=True, text=True, env=environ, timeout=120)
 
 
+def soak_json(tree: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`kvcanary soak --sglang-tree TREE --format json`, its --out and cache under tmp_path."""
+    return soak(
+        "--sglang-tree",
+        str(tree),
+        "--format",
+        "json",
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+    )
+
+
 def assert_one_line_exit_2(run: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
     assert run.stdout == ""  # no verdict, in any format
@@ -100,15 +113,7 @@ def test_a_module_failing_at_import_is_one_line_exit_2(
     files = tree_files({"sglang.srt.server_args": text})
     files["sglang/srt/cuda_only.py"] = "1 / 0\n"
     tree = write_tree(tmp_path / "tree", files)
-    run = soak(
-        "--sglang-tree",
-        str(tree),
-        "--format",
-        "json",
-        "--out",
-        str(tmp_path / "o"),
-        cache=tmp_path / "c",
-    )
+    run = soak_json(tree, tmp_path)
     assert_one_line_exit_2(run, str(tree), module, what, FAKE_VERSION)
     assert not (tmp_path / "o").exists()
 
@@ -201,15 +206,7 @@ def test_a_release_whose_constructors_differ_is_one_line_exit_2(
     """Another release's ServerArgs, pools or context (a TypeError, an AttributeError): what
     did not fit, the tree, its version and the release soak drives."""
     tree = write_tree(tmp_path / "tree", tree_files(overrides))
-    run = soak(
-        "--sglang-tree",
-        str(tree),
-        "--format",
-        "json",
-        "--out",
-        str(tmp_path / "o"),
-        cache=tmp_path / "c",
-    )
+    run = soak_json(tree, tmp_path)
     assert_one_line_exit_2(run, str(tree), what, FAKE_VERSION, "0.5.23")
 
 
@@ -293,15 +290,7 @@ def test_a_damaged_wheel_is_one_line_exit_2_and_leaves_nothing(
     member = _file_of("sglang.srt.server_args")
     wheel = write_wheel(tmp_path / WHEEL_NAME, tree_files({"sglang.srt.server_args": _LONG}))
     damage(wheel, member)
-    run = soak(
-        "--sglang-tree",
-        str(wheel),
-        "--format",
-        "json",
-        "--out",
-        str(tmp_path / "o"),
-        cache=tmp_path / "c",
-    )
+    run = soak_json(wheel, tmp_path)
     assert_one_line_exit_2(run, str(wheel), "cannot unpack")
     assert cache_entries(tmp_path / "c") == []
 
