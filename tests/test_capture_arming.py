@@ -49,18 +49,23 @@ def handlers() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def test_an_unusable_dump_signal_is_one_warning_at_import(tmp_path: Path) -> None:
-    """`import kvcanary_cli.capture` (what sitecustomize does in the server) once raised
-    OverflowError out of the import."""
-    env = dict(os.environ, KVCANARY_DUMP_DIR=str(tmp_path), KVCANARY_DUMP_SIGNAL="99999999999")
-    done = subprocess.run(
-        [sys.executable, "-c", "import kvcanary_cli.capture"],
+def _python(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -c SCRIPT` in `env`: what the server's interpreter does at start-up."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
         check=False,
     )
+
+
+def test_an_unusable_dump_signal_is_one_warning_at_import(tmp_path: Path) -> None:
+    """`import kvcanary_cli.capture` (what sitecustomize does in the server) once raised
+    OverflowError out of the import."""
+    env = dict(os.environ, KVCANARY_DUMP_DIR=str(tmp_path), KVCANARY_DUMP_SIGNAL="99999999999")
+    done = _python("import kvcanary_cli.capture", env)
     assert done.returncode == 0, done.stderr
     [line] = done.stderr.splitlines()
     assert "KVCANARY_DUMP_SIGNAL='99999999999'" in line and "off" in line
@@ -109,14 +114,7 @@ def test_arming_that_fails_anyhow_is_one_warning_at_import(tmp_path: Path) -> No
         "importlib.reload(capture)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVCANARY_")}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    done = _python(script, env)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [
         "kvcanary: the capture hook is not armed (RuntimeError: arming broke)"
