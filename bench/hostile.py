@@ -20,7 +20,7 @@ The fifth round's SIGTERM cases (a real process stopped mid-run, `tests/stopping
 - `sigterm-pool`: `check` of four small dumps with `-j 2`, SIGTERM once both workers run: its
   exit code, seconds to exit, and the processes it left alive 10 s later (workers, the
   resource tracker) with their RSS. They once stayed forever, re-parented and blocked.
-- `sigterm-writer`: `synth clean-swa --size medium -o` (285 MB), SIGTERM while its
+- `sigterm-writer`: `synth clean-swa --size medium --out` (285 MB), SIGTERM while its
   `.NAME.XXXX.tmp` is being written: the bytes left staged in the folder.
 - `sigterm-cursor`: the `sigterm-pool` run on a pseudo-terminal, SIGTERM once the progress
   bar hid the cursor: whether the cursor was shown again.
@@ -189,7 +189,7 @@ def sigterm_pool(tree: Path, workdir: Path) -> dict[str, Any]:
 def sigterm_writer(tree: Path, workdir: Path) -> dict[str, Any]:
     out = workdir / "sigterm-out"
     out.mkdir()
-    args = ["synth", "clean-swa", "--size", "medium", "-o", str(out / "big.safetensors")]
+    args = ["synth", "clean-swa", "--size", "medium", "--out", str(out / "big.safetensors")]
     record = _left(stop_when(args, lambda *_: any(out.glob(".*.tmp")), tree=tree, grace=_GRACE))
     staged = list(out.glob(".*.tmp"))
     record["staged_files_left"] = len(staged)

@@ -53,6 +53,9 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
+#: `provenance`: the cells of a slot or row it lists at most (a hostile dump's slot can fill
+#: millions), unless asked for more.
+CELLS = 256
 Overrides = Mapping[str, int | str | None] | None
 
 
@@ -77,9 +80,9 @@ def check(
     from kvcanary_cli.analysis.check import check_dumps
     from kvcanary_cli.catalog import Severity
 
-    severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "--fail-on"))
+    severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
     if jobs is not None:
-        checked_integer(jobs, "--jobs", POSITIVE)
+        checked_integer(jobs, "jobs", POSITIVE)
     return check_dumps(
         _many(paths),
         planner=make_planner(PlannerChoice.VECTORIZED),
@@ -101,7 +104,7 @@ def provenance(
     space: str = "full",
     group: str | None = None,
     positions: tuple[int, int] | None = None,
-    max_cells: int = 256,
+    max_cells: int = CELLS,
     overrides: Overrides = None,
 ) -> ProvenanceReport:
     """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
@@ -162,7 +165,7 @@ def shrink(
     from kvcanary_cli.dump.loader import load_dump
 
     if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
-        raise OptionError("give the small dump's file: -o SMALL.safetensors", option="--out")
+        raise OptionError("name the small dump's file (SMALL.safetensors)", option="out")
     kernel = make_kernel(PlannerChoice.VECTORIZED)
     assert kernel is not None
     return shrink_dump(
@@ -182,7 +185,7 @@ def scenarios() -> list[str]:
     from kvcanary_cli.synth.scenarios import scenario_lines
     from kvcanary_cli.synth.sequence import sequence_lines
 
-    return [*scenario_lines(), "", "sequences (--steps K -o DIR):", *sequence_lines()]
+    return [*scenario_lines(), "", "sequences (--steps K --out DIR):", *sequence_lines()]
 
 
 def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOptions]) -> str:

@@ -346,7 +346,8 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="`full`",
                 when=(
                     "a live full slot is `≥ num_full_slots`. Checked when `num_full_slots` is "
-                    "known: recorded, given with `--num-full-slots`, or derived as `lut_len − 1`"
+                    "known: recorded, given with `--set num_full_slots=N`, or derived as "
+                    "`lut_len − 1`"
                 ),
                 meaning=(
                     "a corrupt slot id; with a derived `num_full_slots`, possibly only a short LUT"

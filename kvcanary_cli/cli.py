@@ -1,54 +1,78 @@
-"""The `kvcanary` commands: each one's options written out (declared in `cli_options`) →
+"""The `kvcanary` commands: each one's options (the shared ones declared in `cli_options`) →
 `api` → `render` → `output`, and its exit code (`cli_app`, which also builds, runs and ends the
 app). `api` imports what a command runs when it runs, so `kvcanary --help` imports neither
-torch nor triton."""
+torch, triton nor SGLang.
+
+`-o/--output FILE` is the report of every command that has one; a dump, plan or folder a
+command writes is its `--out`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+import kvcanary_cli.option_values as values
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.catalog import Severity
 from kvcanary_cli.cli_app import ExitCode, check_exit, fail, make_app, run, timeline_exit
+from kvcanary_cli.cli_options import MAX_ROWS, argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.output import complain, deliver, tell, to_stdout
-from kvcanary_cli.planners import PlannerChoice
+from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render import OutputFormat
 from kvcanary_cli.render.console import progress
 from kvcanary_cli.results.cells import Space
 from kvcanary_cli.safe_text import printable
-from kvcanary_cli.soak import options as soak_opt
 
 __all__ = ["ExitCode", "app", "main"]
 
 app = make_app()
 
+_PLANNERS = (
+    "triton: the GPU kernels (compiled on CUDA, interpreted elsewhere); vectorized: the same "
+    "semantics in numpy, fast; sglang: the installed SGLang's own launcher (its kernels on "
+    "CUDA, its torch reference elsewhere)"
+)
+
 
 @app.command()
 def check(
-    ctx: typer.Context,
-    dumps: opt.DumpsArg,
-    group: opt.GroupsOpt = opt.ALL_GROUPS,
-    kernel: opt.KernelOpt = PlannerChoice.TRITON,
-    fail_on: opt.FailOnOpt = Severity.ERROR,
-    jobs: opt.JobsOpt = None,
-    quiet: opt.QuietOpt = False,
-    max_rows: opt.FindingRowsOpt = 10,
+    dumps: Annotated[list[Path], argument("DUMP", "One or more dumps (one per rank, say).")],
+    group: Annotated[
+        str, choice_option("--group", "-g", among=[*Group, "all"], help="Groups to plan.")
+    ] = "all",
+    kernel: Annotated[
+        PlannerChoice,
+        choice_option(
+            "--kernel",
+            "-k",
+            among=KERNELS,
+            aliases=opt.OLD_NAMES,
+            help=f"What stands in for the production GPU path. {_PLANNERS}; none: no comparison.",
+        ),
+    ] = PlannerChoice.TRITON,
+    fail_on: Annotated[
+        Severity,
+        choice_option("--fail-on", among=Severity, help="Exit 1 on a finding this severe."),
+    ] = Severity.ERROR,
+    jobs: Annotated[
+        int | None,
+        integer_option(
+            "--jobs", "-j", within=values.POSITIVE, help="Processes (default: what fits here)."
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Verdict lines only.")] = False,
+    sets: opt.SetOpt = None,
+    max_rows: opt.RowsOpt = MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
     svg: opt.SvgOpt = None,
-    swa_window_size: opt.SwaWindowOpt = None,
-    verify_capacity: opt.VerifyCapacityOpt = None,
-    write_req_capacity: opt.WriteCapacityOpt = None,
-    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
-    page_size: opt.PageSizeOpt = None,
-    num_full_slots: opt.FullSlotsOpt = None,
-    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Find every bad slot in a dump and say where it came from.
 
@@ -61,8 +85,8 @@ def check(
         report = api.check(
             dumps,
             kernel=kernel,
-            groups=None if group == opt.ALL_GROUPS else [str(group)],
-            overrides=opt.overrides(ctx),
+            groups=None if group == "all" else [group],
+            overrides=opt.overrides(sets),
             fail_on=fail_on,
             jobs=jobs,
             progress=tick,
@@ -78,25 +102,36 @@ def check(
 
 @app.command()
 def provenance(
-    ctx: typer.Context,
-    dumps: opt.ProvenanceDumpsArg,
-    slot: opt.SlotOpt = None,
-    row: opt.RowOpt = None,
-    space: opt.SpaceOpt = Space.FULL,
-    group: opt.RoleGroupOpt = None,
-    positions: opt.PositionsOpt = None,
-    max_rows: opt.CellsOpt = 256,
+    dumps: Annotated[
+        list[Path], argument("DUMP", "A dump; or several of one rank: the slot over time.")
+    ],
+    slot: Annotated[
+        int | None,
+        integer_option("--slot", "-s", within=values.SLOT, help="The slot to trace."),
+    ] = None,
+    row: Annotated[
+        int | None,
+        integer_option("--row", "-r", within=values.INDEX, help="The pool row to map instead."),
+    ] = None,
+    space: Annotated[
+        Space, choice_option("--space", among=Space, help="The pool --slot is a slot of.")
+    ] = Space.FULL,
+    group: Annotated[
+        Group | None,
+        choice_option(
+            "--group", "-g", among=Group, help="The window for roles (default: --space's)."
+        ),
+    ] = None,
+    positions: Annotated[
+        str | None,
+        typer.Option("--positions", metavar="START:END", help="With --row: the positions."),
+    ] = None,
+    sets: opt.SetOpt = None,
+    max_rows: opt.RowsOpt = MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
     svg: opt.SvgOpt = None,
-    swa_window_size: opt.SwaWindowOpt = None,
-    verify_capacity: opt.VerifyCapacityOpt = None,
-    write_req_capacity: opt.WriteCapacityOpt = None,
-    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
-    page_size: opt.PageSizeOpt = None,
-    num_full_slots: opt.FullSlotsOpt = None,
-    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
 
@@ -105,40 +140,40 @@ def provenance(
     translation, allocator state when the dump has free lists, and the findings touching it.
     A row map marks the cells with findings and says which positions it leaves out.
     """
-    overrides = opt.overrides(ctx)
+    overrides = opt.overrides(sets)
     if len(dumps) > 1:  # the slot over the dumps
         history = api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
         view = render.render_timeline(history, output_format)
-        deliver(view, output, force=force, svg=svg, inputs=dumps)
-        return
-    answer = api.provenance(
-        dumps[0],
-        slot=slot,
-        row=row,
-        space=space.value,
-        group=None if group is None else group.value,
-        positions=opt.parse_positions(positions),
-        max_cells=max_rows,
-        overrides=overrides,
-    )
-    view = render.render_provenance(answer, output_format, max_rows=max_rows)
+    else:
+        answer = api.provenance(
+            dumps[0],
+            slot=slot,
+            row=row,
+            space=space.value,
+            group=None if group is None else group.value,
+            positions=opt.parse_positions(positions),
+            max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
+            overrides=overrides,
+        )
+        view = render.render_provenance(answer, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=dumps)
 
 
 @app.command()
 def timeline(
-    dumps: opt.SequenceArg,
-    max_rows: opt.ChangeRowsOpt = 10,
+    dumps: Annotated[list[Path], argument("DUMP", "Two or more dumps of one rank.")],
+    max_rows: opt.RowsOpt = MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
     svg: opt.SvgOpt = None,
 ) -> None:
-    """What changed between dumps of one rank, and when: requests, slot owners, LUT, SWA leak.
+    """What changed between dumps of one rank, and when.
 
-    Each event (use-after-free, double-allocation, prefix-rewritten, lut-rewritten, swa-leak)
-    with its slots or pages, the steps it happened between and its cause; the dump each
-    finding first appears in. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
+    Requests, slot owners, LUT, SWA leak; each event (use-after-free, double-allocation,
+    prefix-rewritten, lut-rewritten, swa-leak) with its slots or pages, the steps it happened
+    between and its cause; the dump each finding first appears in. The dumps are read in step
+    order. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
     found = api.timeline(dumps)
     view = render.render_timeline(found, output_format, max_rows)
@@ -148,17 +183,18 @@ def timeline(
 
 @app.command()
 def diff(
-    old: opt.OldArg,
-    new: opt.NewArg,
-    max_rows: opt.ChangeRowsOpt = 10,
+    old: Annotated[Path, argument("OLD", "The earlier dump.")],
+    new: Annotated[Path, argument("NEW", "The later dump, of the same rank.")],
+    max_rows: opt.RowsOpt = MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
     svg: opt.SvgOpt = None,
 ) -> None:
-    """What changed from OLD to NEW, two dumps of one rank: the timeline of two dumps.
+    """What changed from OLD to NEW, two dumps of one rank.
 
-    Per request born, grew, finished, row reused; per slot owner changes; the events."""
+    The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
+    changes; the events."""
     found = api.diff(old, new)
     view = render.render_timeline(found, output_format, max_rows)
     deliver(view, output, force=force, svg=svg, inputs=[old, new])
@@ -167,31 +203,31 @@ def diff(
 
 @app.command()
 def violations(
-    ctx: typer.Context,
-    sources: opt.SourcesArg,
-    replay: opt.ReplayOpt = False,
-    group: opt.ViolationGroupOpt = None,
-    buffer: opt.BufferOpt = None,
-    dump: opt.JoinDumpOpt = None,
-    max_rows: opt.ViolationRowsOpt = 20,
+    sources: Annotated[list[str], argument("SOURCE", "Dumps or server logs (-: stdin).")],
+    replay: Annotated[
+        bool, typer.Option("--replay", help="Replay the dump's verify launches and compare.")
+    ] = False,
+    group: opt.GroupOpt = None,
+    buffer: Annotated[
+        str | None,
+        choice_option("--buffer", among=values.BUFFER_CHOICES, help="Only this canary buffer."),
+    ] = None,
+    dump: Annotated[
+        Path | None,
+        typer.Option("--dump", metavar="DUMP", help="The dump to explain log rows against."),
+    ] = None,
+    sets: opt.SetOpt = None,
+    max_rows: opt.RowsOpt = MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
     svg: opt.SvgOpt = None,
-    swa_window_size: opt.SwaWindowOpt = None,
-    verify_capacity: opt.VerifyCapacityOpt = None,
-    write_req_capacity: opt.WriteCapacityOpt = None,
-    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
-    page_size: opt.PageSizeOpt = None,
-    num_full_slots: opt.FullSlotsOpt = None,
-    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
-    A SOURCE: a dump or log ('-': stdin). Exit 0 clean, 1 rows or unreadable lines, 2 bad input.
-    """
+    Exit 0 clean, 1 rows or unreadable lines, 2 bad input."""
     report = api.violations(
-        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(ctx)
+        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(sets)
     )
     view = render.render_violations(report, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=[*sources, *([dump] if dump else [])])
@@ -200,40 +236,51 @@ def violations(
 
 @app.command()
 def plan(
-    ctx: typer.Context,
     dump: opt.DumpArg,
-    group: opt.PlanGroupOpt = Group.FULL,
-    backend: opt.BackendOpt = PlannerChoice.VECTORIZED,
-    strict: opt.StrictOpt = False,
-    out: opt.PlanOutOpt = None,
-    force: opt.ForceOpt = False,
+    group: Annotated[
+        Group, choice_option("--group", "-g", among=Group, help="The group to plan.")
+    ] = Group.FULL,
+    backend: Annotated[
+        PlannerChoice,
+        choice_option(
+            "--backend",
+            "-b",
+            among=BACKENDS,
+            aliases=opt.OLD_NAMES,
+            help=f"reference: SGLang's scalar reference, literal (slow); {_PLANNERS}.",
+        ),
+    ] = PlannerChoice.VECTORIZED,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="With reference: raise where SGLang's raises.")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="FILE", help="Also write the plan (.safetensors)."),
+    ] = None,
+    sets: opt.SetOpt = None,
+    max_rows: opt.RowsOpt = MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
-    max_rows: opt.RequestRowsOpt = 50,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
     svg: opt.SvgOpt = None,
-    swa_window_size: opt.SwaWindowOpt = None,
-    verify_capacity: opt.VerifyCapacityOpt = None,
-    write_req_capacity: opt.WriteCapacityOpt = None,
-    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
-    page_size: opt.PageSizeOpt = None,
-    num_full_slots: opt.FullSlotsOpt = None,
-    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
-    """Run one planner on one group and show the plan per request (or write it with --out).
+    """Run one planner on one group and show the plan per request.
 
-    Exit 0 when planned; 1 when upstream would raise (--strict raises like SGLang's reference;
+    --out writes the plan (SGLang's field names, trimmed to what upstream defines). Exit 0
+    when planned; 1 when upstream would raise (--strict raises like SGLang's reference;
     without it the plan goes on and marks the values upstream leaves undefined), or when the
     GPU launch refuses the batch; 2 on bad input.
     """
-    if svg is not None and out is not None:  # both checked before the plan file is written
-        check_targets([out, svg], inputs=[dump], overwrite=force)
-    # --strict: SGLang's raise propagates as UpstreamPlanError, exit 1 (cli_app)
-    overrides = opt.overrides(ctx)
-    planned = api.plan(
-        dump, group.value, backend=backend, strict=strict, out=out, force=force, overrides=overrides
-    )
+    reports = [p for p in (svg, None if to_stdout(output) else output) if p is not None]
+    if out is not None and reports:  # all checked before the plan file is written
+        check_targets([out, *reports], inputs=[dump], overwrite=force)
+    planned = api.plan(  # --strict: SGLang's raise is an UpstreamPlanError, exit 1 (cli_app)
+        dump, group.value, backend=backend, strict=strict, out=out, force=force,
+        overrides=opt.overrides(sets),
+    )  # fmt: skip
     if planned.summary is not None:
         view = render.render_plan(planned.summary, output_format, max_rows=max_rows)
-        deliver(view, None, force=force, svg=svg, inputs=[dump, *([out] if out else [])])
+        deliver(view, output, force=force, svg=svg, inputs=[dump, *([out] if out else [])])
     if planned.problem is not None:
         fail(planned.problem, ExitCode.FINDINGS)
 
@@ -255,17 +302,13 @@ def inspect(
 
 @app.command()
 def shrink(
-    ctx: typer.Context,
     dump: opt.DumpArg,
-    out: opt.ShrinkOutOpt = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="FILE", help="The small dump to write (.safetensors)."),
+    ] = None,
+    sets: opt.SetOpt = None,
     force: opt.ForceOpt = False,
-    swa_window_size: opt.SwaWindowOpt = None,
-    verify_capacity: opt.VerifyCapacityOpt = None,
-    write_req_capacity: opt.WriteCapacityOpt = None,
-    kv_token_id_vs_position_offset: opt.TokenOffsetOpt = None,
-    page_size: opt.PageSizeOpt = None,
-    num_full_slots: opt.FullSlotsOpt = None,
-    num_swa_slots: opt.SwaSlotsOpt = None,
 ) -> None:
     """Write a small dump that tells the same story, to attach to a bug report.
 
@@ -274,23 +317,65 @@ def shrink(
     violation ring), in the original pool rows, positions and slots, and records the original's
     name, size and sha256 and what was dropped. `check` gives the same findings on it.
     """
-    shrunk = api.shrink(dump, out, overrides=opt.overrides(ctx), force=force)
+    shrunk = api.shrink(dump, out, overrides=opt.overrides(sets), force=force)
     tell("\n".join(shrunk.summary_lines()))
 
 
 @app.command()
 def synth(
-    scenario: opt.ScenarioArg = None,
-    out: opt.SynthOutOpt = None,
+    scenario: Annotated[str | None, argument("SCENARIO", "Scenario name (see --list).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="FILE|DIR", help="The dump (with --steps: a folder)."),
+    ] = None,
     seed: opt.SeedOpt = 0,
-    size: opt.SizeOpt = "tiny",
-    list_: opt.ListOpt = False,
+    size: Annotated[
+        str,
+        typer.Option(
+            "--size",
+            metavar="tiny|small|medium|large",
+            help="medium (2049 x 32772) and large (4097 x 131076) are for benchmarks.",
+        ),
+    ] = "tiny",
+    list_: Annotated[bool, typer.Option("--list", help="List the scenarios.")] = False,
     force: opt.ForceOpt = False,
-    log: opt.SynthLogOpt = None,
-    page_size: opt.SynthPageSizeOpt = None,
-    steps: opt.StepsOpt = None,
-    at: opt.AtOpt = None,
-    every: opt.EveryOpt = 1,
+    log: Annotated[
+        Path | None,
+        typer.Option("--log", metavar="FILE", help="Also write the server log of its ring."),
+    ] = None,
+    page_size: Annotated[
+        int | None,
+        integer_option(
+            "--page-size",
+            within=values.PAGE_SIZE,
+            help="Slots per page (default: the scenario's).",
+            show_default=False,
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        integer_option(
+            "--steps",
+            within=values.STEPS,
+            metavar="K",
+            help="Write K dumps of one rank into --out: a sequence (see --list).",
+            show_default=False,
+        ),
+    ] = None,
+    at: Annotated[
+        int | None,
+        integer_option(
+            "--at",
+            within=values.POSITIVE,
+            metavar="STEP",
+            help="With --steps: the event's step (default: the middle dump's).",
+            show_default=False,
+        ),
+    ] = None,
+    every: Annotated[
+        int,
+        integer_option("--every", within=values.EVERY, help="With --steps: steps between dumps."),
+    ] = 1,
 ) -> None:
     """Generate a realistic dump: a clean serving state or one bug class of the canary.
 
@@ -316,8 +401,10 @@ def synth(
 
 @app.command()
 def selftest(
-    sglang: opt.SGLangOpt = False,
-    size: opt.SelftestSizeOpt = "tiny",
+    sglang: Annotated[
+        bool, typer.Option("--sglang", help="Also run the installed SGLang's plan launcher.")
+    ] = False,
+    size: Annotated[str, typer.Option("--size", metavar="tiny|small", help="Dump size.")] = "tiny",
     seed: opt.SeedOpt = 0,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
@@ -327,14 +414,69 @@ def selftest(
     """Compare kvcanary's planners (and, with --sglang, your SGLang) on every synth scenario.
 
     Per plan field and raise: the drift report to attach when kvcanary and your SGLang
-    disagree. Exit 0 on full agreement, 1 on any difference.
+    disagree. Exit 0 on full agreement, 1 on any difference, 2 when --sglang finds no SGLang
+    or a launcher of another signature.
     """
     report = api.selftest(sglang=sglang, size=size, seed=seed)
     deliver(render.render_selftest(report, output_format), output, force=force, svg=svg)
     raise typer.Exit(ExitCode.CLEAN if report.agree else ExitCode.FINDINGS)
 
 
-soak_opt.register(app)  # `kvcanary soak` (kvcanary_cli/soak)
+@app.command()
+def soak(
+    sglang_tree: Annotated[
+        str | None,
+        typer.Option("--sglang-tree", metavar="PATH", help="An SGLang tree or wheel to run."),
+    ] = None,
+    steps: Annotated[
+        int, integer_option("--steps", within=values.Bounds(1, 10**7), help="Steps in all.")
+    ] = 600,
+    seed: opt.SeedOpt = 0,
+    page_size: Annotated[
+        int | None,
+        integer_option(
+            "--page-size", within=values.Bounds(1, 64), help="One page size (default: 1, 4, 16)."
+        ),
+    ] = None,
+    core: Annotated[
+        str | None,
+        typer.Option("--core", metavar="python|rust", help="One tree core (default: each)."),
+    ] = None,
+    fault: Annotated[
+        str | None,
+        typer.Option(
+            "--fault",
+            metavar="NAME",
+            help="Plant a known SGLang bug: unmapped-representative, double-free-group-end or "
+            "shared-boundary-page.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", metavar="DIR", help="Where a failure's files go.")
+    ] = Path("kvcanary-soak"),
+    timings: Annotated[
+        bool, typer.Option("--timings", help="Report the seconds (off: the same bytes each run).")
+    ] = False,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+) -> None:
+    """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
+
+    kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
+    the first finding the dump, the workload (seed, step) and a shrunk workload that still
+    fails go to --out (checked before the soak: --force to replace earlier files), and the
+    report says what SGLang's checks did not see. Exit 0 clean, 1 found, 2 bad input (not
+    an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
+    """
+    from kvcanary_cli.soak.command import run_and_render
+
+    text, code = run_and_render(
+        sglang_tree, steps, seed, page_size, core, fault, out, output_format,
+        force=force, timings=timings,
+    )  # fmt: skip
+    deliver(text, output, force=force)
+    raise typer.Exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,9 +21,10 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 import typer.main
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from kvcanary_cli import __version__
+from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.dump.streams import (
     STANDARD_OUTPUT_NAME,
     prepare_standard_streams,
@@ -31,7 +32,7 @@ from kvcanary_cli.dump.streams import (
     write_standard_error,
     writing_to_standard_output,
 )
-from kvcanary_cli.errors import KvcanaryError, Terminated, UpstreamPlanError
+from kvcanary_cli.errors import KvcanaryError, OptionError, Terminated, UpstreamPlanError
 from kvcanary_cli.output import complain
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.timeline import TimelineReport
@@ -166,6 +167,24 @@ class OneLineErrors(TyperGroup):
     `plan --strict` met SGLang's raise), Ctrl-C and SIGTERM, and anything else, which is a bug.
     """
 
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; an `OptionError` from below names the API's keyword (`page_size`):
+        here it gets the command line's flag (`--page-size`; a scalar: `--set page_size`)."""
+        try:
+            return super().invoke(ctx)
+        except OptionError as exc:
+            command = self.get_command(ctx, ctx.invoked_subcommand or "")
+            exc.option = flag_of(command, exc.option)
+            raise
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """Each command's first paragraph whole, wrapped, where click would cut it ("...")."""
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and command.help and not command.short_help:
+                command.short_help = " ".join(command.help.split("\n\n")[0].split())
+        super().format_commands(ctx, formatter)
+
     def main(
         self,
         args: Sequence[str] | None = None,
@@ -202,10 +221,57 @@ class OneLineErrors(TyperGroup):
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
 
 
+def flag_of(command: Any, keywords: str) -> str:
+    """`slot/row` as the command line spells it (`--slot/--row`): each API keyword the flag
+    or argument of that name, a scalar `--set NAME`, anything else as it is."""
+    params = {param.name: param for param in command.params} if command else {}
+
+    def one(keyword: str) -> str:
+        param = params.get(keyword)
+        if isinstance(param, TyperOption):
+            return max(param.opts, key=len)
+        if param is not None:
+            return param.metavar or str(param.name).upper()
+        return f"--set {keyword}" if keyword in SCALARS and "sets" in params else keyword
+
+    return "/".join(one(keyword) for keyword in keywords.split("/"))
+
+
+class _Argument(TyperArgument):
+    """A positional argument shown as click shows one (`DUMP...`, `[SCENARIO]`), without the
+    Python type typer adds (`DUMP <list[Path]>`) or its braces (`{DUMP}...`)."""
+
+    def _shown(self) -> str:
+        return (self.metavar or str(self.name).upper()) + ("..." if self.nargs != 1 else "")
+
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        return [self._shown() if self.required else f"[{self._shown()}]"]
+
+    def get_help_record(self, ctx: Any) -> tuple[str, str]:
+        return self._shown(), (self.help or "") + ("  [required]" if self.required else "")
+
+
+class Command(TyperCommand):
+    """A `kvcanary` command: its arguments shown as `_Argument`s."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument:
+                param.__class__ = _Argument
+
+
+class _App(typer.Typer):
+    """`kvcanary`: its commands are `Command`s."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        return super().command(*args, **{"cls": Command, **kwargs})
+
+
 def make_app() -> typer.Typer:
     """The `kvcanary` app, before its commands: one-line errors, no rich markup or tracebacks
     of typer's own, and `kvcanary` alone shows the help."""
-    app = typer.Typer(
+    app = _App(
         name="kvcanary",
         cls=OneLineErrors,
         invoke_without_command=True,

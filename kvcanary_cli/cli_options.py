@@ -1,6 +1,6 @@
-"""Every option of the `kvcanary` commands, declared once as a typer `Annotated` alias (a
-command writes out the ones it takes), and the parsers typer is given for a choice and for an
-integer within its bounds (`option_values.Bounds`: the API checks the same numbers).
+"""The options several `kvcanary` commands share, declared once as typer `Annotated` aliases,
+and the parsers typer is given for a choice, an integer within its bounds
+(`option_values.Bounds`: the API checks the same numbers) and a `--set NAME=VALUE`.
 
 `cli` declares the commands with these; nothing here knows what a command does.
 """
@@ -14,15 +14,13 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 import kvcanary_cli.option_values as values
-from kvcanary_cli.catalog import Severity
 from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.dump.streams import write_standard_error
 from kvcanary_cli.errors import OptionError
-from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
+from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
-from kvcanary_cli.results.cells import Space
 
-__all__ = ["ALL_GROUPS", "choice_option", "integer_option", "overrides", "parse_positions"]
+__all__ = ["MAX_ROWS", "choice_option", "integer_option", "overrides", "parse_positions"]
 
 _Choice = TypeVar("_Choice", bound=str)
 
@@ -83,30 +81,31 @@ def integer_option(
     return typer.Option(*names, help=said, parser=parse, metavar=metavar, **more)
 
 
-def overrides(ctx: typer.Context) -> dict[str, int | None]:
-    """A command's scalar overrides (its `--swa-window` ... options, its parameters named as the
-    format's scalars), keyed by scalar name, as `api` takes them."""
-    return {name: ctx.params[name] for name in SCALARS}
+def _assignment(text: str) -> str:
+    """`--set NAME=VALUE`: NAME a scalar of the format, VALUE an integer within its range
+    (dump/schema.py `SCALARS`), checked as it is parsed (`overrides` reads it back)."""
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise typer.BadParameter(f"{text!r} is not NAME=VALUE (e.g. page_size=16)")
+    if (spec := SCALARS.get(name)) is None:
+        raise typer.BadParameter(f"{name!r} is not one of {', '.join(SCALARS)}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{name}: {value!r} is not an integer") from None
+    if (refused := values.Bounds(spec.minimum, spec.maximum).refusal(number)) is not None:
+        raise typer.BadParameter(f"{name}: {refused}")
+    return text
 
 
-def _image_file(value: Path | None) -> Path | None:
-    """`--svg FILE`: an image is a file (`-`, standard output, is none)."""
-    if value is not None and str(value) in ("", "-"):
-        raise OptionError("writes an image file: name one", option="--svg")
-    return value
-
-
-def _scalar(name: str) -> Any:
-    """The option of scalar `name` of the format (dump/schema.py `SCALARS`, its range too): a
-    value given wins over the dump's (`overrides`)."""
-    spec = SCALARS[name]
-    return integer_option(
-        spec.option,
-        within=values.Bounds(spec.minimum, spec.maximum),
-        help=f"Override {spec.name}: {spec.meaning} (default: {spec.default}).",
-        metavar="INT",
-        rich_help_panel="Scalar overrides",
-    )
+def overrides(assignments: list[str] | None) -> dict[str, int]:
+    """`--set NAME=VALUE ...` as `api` takes it: each scalar once."""
+    given: dict[str, int] = {}
+    for name, _, value in (text.partition("=") for text in assignments or ()):
+        if name in given:
+            raise OptionError(f"{name} is given twice", option="set")
+        given[name] = int(value)
+    return given
 
 
 def parse_positions(text: str | None) -> tuple[int, int] | None:
@@ -123,20 +122,22 @@ def parse_positions(text: str | None) -> tuple[int, int] | None:
         raise typer.BadParameter(f"{text!r} is not START:END (e.g. 3000:4000)") from None
 
 
-def _argument(metavar: str, help: str) -> Any:
+def _image_file(value: Path | None) -> Path | None:
+    """`--svg FILE`: an image is a file (`-`, standard output, is none)."""
+    if value is not None and str(value) in ("", "-"):
+        raise OptionError("writes an image file: name one", option="svg")
+    return value
+
+
+def argument(metavar: str, help: str) -> Any:
+    """A positional argument shown by its metavar (`DUMP...`, never a Python type)."""
     return typer.Argument(help=help, show_default=False, metavar=metavar)
 
 
-def _rows(help: str) -> Any:
-    return integer_option("--max-rows", within=values.POSITIVE, help=help)
-
-
-# --- the options of the commands, declared once -------------------------------------------
-
-#: `check --group all`: every group the dump has.
-ALL_GROUPS = "all"
 #: `--kernel` and `--backend` names of earlier versions: the vectorized planner ran on torch.
-_OLD_NAMES = {"torch": PlannerChoice.VECTORIZED}
+OLD_NAMES = {"torch": PlannerChoice.VECTORIZED}
+#: `--max-rows`: one default for every table.
+MAX_ROWS = 20
 
 # every command that reports
 FormatOpt = Annotated[
@@ -169,288 +170,30 @@ SvgOpt = Annotated[
         callback=_image_file,
     ),
 ]
-DumpArg = Annotated[Path, _argument("DUMP", "A .safetensors dump (format: docs/dump-format.md).")]
+RowsOpt = Annotated[
+    int,
+    integer_option(
+        "--max-rows",
+        within=values.POSITIVE,
+        help="Rows of each table in table and markdown output (JSON lists them all).",
+    ),
+]
+# every command that reads a dump's scalars
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="NAME=VALUE",
+        parser=_assignment,
+        show_default=False,
+        help="Override a scalar of the dump (repeatable): "
+        + ", ".join(SCALARS)
+        + " (`kvcanary inspect` shows each and its source; docs/dump-format.md, the ranges).",
+    ),
+]
+DumpArg = Annotated[Path, argument("DUMP", "A .safetensors dump (format: docs/dump-format.md).")]
 SeedOpt = Annotated[int, integer_option("--seed", within=values.INDEX, help="Random seed.")]
-#: the scalar overrides, one option a scalar of the format; a command taking them names its
-#: parameters as the scalars (`overrides` reads them back)
-SwaWindowOpt = Annotated[int | None, _scalar("swa_window_size")]
-VerifyCapacityOpt = Annotated[int | None, _scalar("verify_capacity")]
-WriteCapacityOpt = Annotated[int | None, _scalar("write_req_capacity")]
-TokenOffsetOpt = Annotated[int | None, _scalar("kv_token_id_vs_position_offset")]
-PageSizeOpt = Annotated[int | None, _scalar("page_size")]
-FullSlotsOpt = Annotated[int | None, _scalar("num_full_slots")]
-SwaSlotsOpt = Annotated[int | None, _scalar("num_swa_slots")]
-
-# check
-DumpsArg = Annotated[
-    list[Path], _argument("DUMP", "One or more .safetensors dumps (one per rank, say).")
-]
-GroupsOpt = Annotated[
-    str,
-    choice_option(
-        "--group",
-        "-g",
-        among=[*Group, ALL_GROUPS],
-        help="Groups to plan (all: every group the dump has).",
-    ),
-]
-KernelOpt = Annotated[
-    PlannerChoice,
-    choice_option(
-        "--kernel",
-        "-k",
-        among=KERNELS,
-        aliases=_OLD_NAMES,
-        help="What stands in for the production GPU path: triton (the kernels; compiled on CUDA, "
-        "interpreted elsewhere), vectorized (same GPU semantics in numpy: fast), sglang (the "
-        "installed SGLang's own launcher: its kernels on CUDA, its torch reference elsewhere), "
-        "none (skip the comparison). torch: the old name of vectorized.",
-    ),
-]
-FailOnOpt = Annotated[
-    Severity,
-    choice_option(
-        "--fail-on", among=Severity, help="Exit 1 when a finding is at least this severe."
-    ),
-]
-JobsOpt = Annotated[
-    int | None,
-    integer_option(
-        "--jobs",
-        "-j",
-        within=values.POSITIVE,
-        help="Processes for several dumps (default: the cores; never more than the cores, the "
-        "dumps, or what the available memory holds).",
-    ),
-]
-QuietOpt = Annotated[
-    bool, typer.Option("--quiet", "-q", help="Print only the verdict line of each dump.")
-]
-FindingRowsOpt = Annotated[
-    int,
-    _rows(
-        "Rows of each table in table and markdown output: findings per code, requests (JSON "
-        "lists them all)."
-    ),
-]
-
-# provenance
-ProvenanceDumpsArg = Annotated[
-    list[Path],
-    _argument("DUMP", "A dump; or several of one rank, with --slot: the slot's owners over time."),
-]
-SlotOpt = Annotated[
-    int | None,
-    integer_option(
-        "--slot",
-        "-s",
-        within=values.SLOT,
-        help="Slot to trace: every req_to_token cell holding it.",
-    ),
-]
-RowOpt = Annotated[
-    int | None,
-    integer_option(
-        "--row",
-        "-r",
-        within=values.INDEX,
-        metavar="R",
-        help="Pool row to map instead: live prefix, window, pending writes, stale tail, bad "
-        "cells marked.",
-    ),
-]
-SpaceOpt = Annotated[
-    Space,
-    choice_option(
-        "--space", among=Space, help="Whether --slot is a full-pool slot or an SWA-pool slot."
-    ),
-]
-RoleGroupOpt = Annotated[
+GroupOpt = Annotated[
     Group | None,
-    choice_option(
-        "--group",
-        "-g",
-        among=Group,
-        help="Group whose window labels the roles (default: swa for --space swa, else full).",
-    ),
-]
-PositionsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--positions",
-        metavar="START:END",
-        help="With --row: the positions to map, [START, END) (either side may be left out).",
-    ),
-]
-CellsOpt = Annotated[
-    int,
-    _rows(
-        "Rows of each table: cells per slot for --slot, per row map for --row (marked cells "
-        "first), and the findings touching it (JSON lists them all)."
-    ),
-]
-
-# timeline, diff
-SequenceArg = Annotated[
-    list[Path],
-    _argument("DUMP", "Two or more dumps of one rank, in any order: they are read by their step."),
-]
-OldArg = Annotated[Path, _argument("OLD", "The earlier dump.")]
-NewArg = Annotated[Path, _argument("NEW", "The later dump, of the same rank.")]
-ChangeRowsOpt = Annotated[
-    int, _rows("Owner changes listed (diff) in table and markdown output (JSON lists them all).")
-]
-
-# violations
-SourcesArg = Annotated[
-    list[str],
-    _argument("SOURCE", "Dumps (their violation_ring) or server logs; - reads a log from stdin."),
-]
-ReplayOpt = Annotated[
-    bool,
-    typer.Option(
-        "--replay",
-        help="Replay the dump's verify launches on its canary buffers (the rows SGLang would "
-        "record) and compare them with the rows read.",
-    ),
-]
-ViolationGroupOpt = Annotated[
-    Group | None,
-    choice_option("--group", "-g", among=Group, help="Only rows and replays of this group."),
-]
-BufferOpt = Annotated[
-    str | None,
-    choice_option(
-        "--buffer",
-        among=values.BUFFER_CHOICES,
-        help="Only rows and replays of this canary buffer (sweeps read tail.*).",
-    ),
-]
-JoinDumpOpt = Annotated[
-    Path | None,
-    typer.Option("--dump", help="The dump to explain log rows against (and to replay)."),
-]
-ViolationRowsOpt = Annotated[
-    int, _rows("Rows shown in table and markdown output (JSON lists all).")
-]
-
-# plan
-PlanGroupOpt = Annotated[Group, choice_option("--group", "-g", among=Group, help="Group to plan.")]
-BackendOpt = Annotated[
-    PlannerChoice,
-    choice_option(
-        "--backend",
-        "-b",
-        among=BACKENDS,
-        aliases=_OLD_NAMES,
-        help="reference: scalar, literal (slow); vectorized: numpy, same results; triton: the GPU "
-        "kernels (compiled on CUDA, interpreted elsewhere; GPU semantics on bad input); sglang: "
-        "the installed SGLang's own launcher (its kernels on CUDA, its torch reference "
-        "elsewhere). torch: the old name of vectorized.",
-    ),
-]
-StrictOpt = Annotated[
-    bool,
-    typer.Option(
-        "--strict",
-        help="With --backend reference: raise (exit 1) exactly where SGLang's torch "
-        "reference raises, with its message.",
-    ),
-]
-PlanOutOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--out",
-        "-o",
-        help="Write the plan (SGLang's field names, trimmed to what upstream "
-        "defines) to this .safetensors file.",
-    ),
-]
-RequestRowsOpt = Annotated[int, _rows("Batch rows shown in the table.")]
-
-# shrink
-ShrinkOutOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--out",
-        "-o",
-        help="The small dump to write (.safetensors, format 1.2).",
-        show_default=False,
-    ),
-]
-
-# synth
-ScenarioArg = Annotated[str | None, _argument("SCENARIO", "Scenario name (see --list).")]
-SynthOutOpt = Annotated[
-    Path | None,
-    typer.Option("--out", "-o", help="Dump file to write (with --steps: a folder)."),
-]
-SizeOpt = Annotated[
-    str,
-    typer.Option(
-        "--size",
-        metavar="tiny|small|medium|large",
-        help="tiny/small for examples and tests; medium (2049 x 32772) and large (4097 x 131076) "
-        "req_to_token for benchmarks.",
-    ),
-]
-ListOpt = Annotated[bool, typer.Option("--list", help="List the scenarios.")]
-SynthLogOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--log",
-        help="Also write the server log SGLang would print for the scenario's violation ring "
-        "(canary scenarios).",
-    ),
-]
-SynthPageSizeOpt = Annotated[
-    int | None,
-    integer_option(
-        "--page-size",
-        within=values.PAGE_SIZE,
-        metavar="SLOTS",
-        show_default=False,
-        help="Slots per page of both pools (default: the scenario's own; the SWA page "
-        "scenarios use 16). Page faults need 2 or more.",
-    ),
-]
-StepsOpt = Annotated[
-    int | None,
-    integer_option(
-        "--steps",
-        within=values.STEPS,
-        metavar="K",
-        show_default=False,
-        help="Write K dumps of one rank into the --out folder: SCENARIO is then a sequence "
-        "(see --list), its event planted at --at.",
-    ),
-]
-AtOpt = Annotated[
-    int | None,
-    integer_option(
-        "--at",
-        within=values.POSITIVE,
-        metavar="STEP",
-        show_default=False,
-        help="With --steps: the forward step the event happens at (default: the middle dump's).",
-    ),
-]
-EveryOpt = Annotated[
-    int,
-    integer_option(
-        "--every", within=values.EVERY, help="With --steps: forward steps between dumps."
-    ),
-]
-
-# selftest
-SGLangOpt = Annotated[
-    bool,
-    typer.Option(
-        "--sglang",
-        help="Also run the installed SGLang's own plan launcher and compare it with kvcanary's "
-        "model (exit 2 when SGLang is missing or its launcher's signature differs).",
-    ),
-]
-SelftestSizeOpt = Annotated[
-    str, typer.Option("--size", metavar="tiny|small", help="Size of the scenario dumps.")
+    choice_option("--group", "-g", among=Group, help="Only this group (default: every one)."),
 ]

@@ -5,7 +5,8 @@ whole line the CLI prints (escaped by `safe_text.printable`: a file name, a tens
 parser's message from a hostile dump cannot reach the terminal as control characters):
 
 - `DumpError`: the file cannot be read as a dump; names the file and the tensor or key;
-- `OptionError`: a command-line option (or option combination) is unusable; names the option;
+- `OptionError`: an option (or option combination) is unusable; names it by its keyword in
+  the API (`page_size`, `slot/row`), which the command line replaces with its flag;
 - `PathError`: a path kvcanary was asked to read or write is unusable; names the path.
 
 And one that is no error: `Terminated`, the SIGTERM the CLI turns into an unwinding.
@@ -108,7 +109,7 @@ class OptionError(KvcanaryError):
         self.option = option
 
     def subject(self) -> str | None:
-        """The option, as the user typed it (`--group`)."""
+        """The option: the API's keyword, or (set by the command line) its flag."""
         return self.option
 
 

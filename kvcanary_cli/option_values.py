@@ -50,7 +50,7 @@ class Bounds:
 
 
 _INT64_MAX = (1 << 63) - 1
-#: `--slot`: any int64 (a bad slot is what a finding reports, not a bad option).
+#: `slot`: any int64 (a bad slot is what a finding reports, not a bad option).
 SLOT = Bounds(-(1 << 63), _INT64_MAX)
 #: `--row`, `--positions`, `--seed`: a non-negative int64.
 INDEX = Bounds(0, _INT64_MAX)
@@ -63,8 +63,9 @@ BUFFER_CHOICES = ("head.k", "tail.k", "head.v", "tail.v")
 
 
 def checked_integer(value: object, option: str, bounds: Bounds) -> int:
-    """`value` when it is an int within `bounds`; else the `OptionError` the command line
-    gives (the API is called with values no option parser saw: 2**70 was an OverflowError)."""
+    """`value` when it is an int within `bounds`; else an `OptionError` naming `option` (the
+    API's keyword) in the words the command line uses (the API is called with values no
+    option parser saw: 2**70 was an OverflowError)."""
     if isinstance(value, bool) or not isinstance(value, int):
         shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
         raise OptionError(f"{shown} is not an integer", option=option)

@@ -663,7 +663,10 @@ def test_without_a_runner_the_dump_assumes_and_does_not_accuse(
     errors = {f["code"] for f in dump["findings"] if f["severity"] == "error"}
     assert errors == {"lut-out-of-range"}
     [assumption] = dump["assumptions"]
-    assert assumption["scalar"] == "num_full_slots" and "--num-full-slots" in assumption["advice"]
+    assert (
+        assumption["scalar"] == "num_full_slots"
+        and "--set num_full_slots=N" in assumption["advice"]
+    )
     # One slot past a LUT of unknown pool: both answers stay on the table, neither certain.
     causes = {c["cause"]: c["confidence"] for c in dump["diagnosis"]}
     assert set(causes) == {"lut-too-short", "slot-index-corrupt"}

@@ -93,11 +93,11 @@ ALLOWED = {
         "render",
     },
     # the app: built, run and ended (exit codes, the one-line errors); "" for __version__
-    "cli_app": {"safe_text", "errors", "dump.streams", "results", "output", ""},
+    "cli_app": {"safe_text", "errors", "dump.schema", "dump.streams", "results", "output", ""},
     "api": _DATA | {"analysis", ""},  # "" for __version__
     "output": {"safe_text", "catalog", "dump.files", "dump.streams", "render"},
-    "cli": (_DATA - {"option_values"})
-    | {"analysis", "render", "cli_options", "cli_app", "api", "output", "soak", ""},
+    # the commands declare the options only they take, with their ranges (`option_values`)
+    "cli": _DATA | {"analysis", "render", "cli_options", "cli_app", "api", "output", "soak", ""},
     "__main__": {"cli"},
     "__init__": set(),
 }

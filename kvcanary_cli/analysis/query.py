@@ -54,17 +54,17 @@ def provenance_report(
     """`kvcanary provenance`'s answer: one slot's provenance (`slot`) or one pool row's map
     (`row`), with the findings touching it."""
     if (slot is None) == (row is None):
-        raise OptionError("give exactly one of --slot N or --row R", option="--slot/--row")
+        raise OptionError("give exactly one of --slot N or --row R", option="slot/row")
     if slot is not None:
-        checked_integer(slot, "--slot", SLOT)
+        checked_integer(slot, "slot", SLOT)
     if row is not None:
-        checked_integer(row, "--row", INDEX)
+        checked_integer(row, "row", INDEX)
     if positions is not None:
         if not isinstance(positions, tuple | list) or len(positions) != 2:
-            raise OptionError("is not a (start, end) pair", option="--positions")
+            raise OptionError("is not a (start, end) pair", option="positions")
         for end in positions:
-            checked_integer(end, "--positions", INDEX)
-    checked_integer(max_cells, "--max-rows", POSITIVE)
+            checked_integer(end, "positions", INDEX)
+    checked_integer(max_cells, "max_cells", POSITIVE)
     if slot is not None and space == Space.FULL:
         # only the batch rows that hold (or write) the slot: its findings, not the diagnosis;
         # one scan of the table serves the findings' rows and the answer's cells
@@ -98,11 +98,11 @@ def slot_query(
     for the slot with `max_cells` (`focus.focused_index`), so the table is not scanned again.
     """
     if space not in tuple(Space):
-        raise OptionError(f"unknown space {space!r} (expected full or swa)", option="--space")
+        raise OptionError(f"unknown space {space!r} (expected full or swa)", option="space")
     space = Space(space)
     if space is Space.SWA and dump.full_to_swa_index_mapping is None:
         raise OptionError(
-            "this dump has no full_to_swa_index_mapping", option="--space", hint="use --space full"
+            "this dump has no full_to_swa_index_mapping", option="space", hint="use --space full"
         )
     frame = group_frame(dump, group or (Group.SWA if space is Space.SWA else Group.FULL))
     if space is Space.SWA:
@@ -156,7 +156,7 @@ def row_map(
     row's length (the counts read the row in bounded pieces).
     """
     if not 0 <= pool_row < dump.max_reqs:
-        raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="--row")
+        raise OptionError(f"pool row {pool_row} is outside [0, {dump.max_reqs})", option="row")
     touching = tuple(
         part for f in report.findings if (part := in_pool_row(f, pool_row)) is not None
     )
@@ -168,7 +168,7 @@ def row_map(
     if positions is not None and lo >= hi:
         raise OptionError(
             f"positions {positions[0]}:{positions[1]} hold no cell of a row of {msl}",
-            option="--positions",
+            option="positions",
         )
     marked, marks = _marks(touching, lo, hi, max_cells)
     batch_rows = tuple(batch_rows_of(dump).get(pool_row, ()))

@@ -168,14 +168,14 @@ def run_selftest(
     """
     if size not in SELFTEST_SIZES:
         raise OptionError(
-            f"unknown size {size!r} (choose {', '.join(SELFTEST_SIZES)})", option="--size"
+            f"unknown size {size!r} (choose {', '.join(SELFTEST_SIZES)})", option="size"
         )
     names = list(scenarios or SCENARIOS)
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:
         raise OptionError(
             f"unknown scenario {unknown[0]!r}",
-            option="SCENARIO",
+            option="scenarios",
             hint="kvcanary synth --list shows them",
         )
     for planner in planners:

@@ -1194,7 +1194,7 @@ def timeline(
             )
         if focus is not None and focus[1] is Space.SWA and dump.full_to_swa_index_mapping is None:
             raise OptionError(
-                f"{entry.path} has no LUT: an SWA slot has no owners there", option="--space"
+                f"{entry.path} has no LUT: an SWA slot has no owners there", option="space"
             )
         report = None if planner is None else run_check(dump, planner=planner, kernel=None)
         snap = snapshot(dump, index, entry.step, focus=focus)
@@ -1234,8 +1234,8 @@ def slot_history(
     (its owners, allocator state and LUT entry in each); a row map is of one dump."""
     if slot is None or row is not None:
         raise OptionError(
-            "over several dumps, give --slot N (--row maps one dump's row)", option="--slot/--row"
+            "over several dumps, give --slot N (--row maps one dump's row)", option="slot/row"
         )
-    checked_integer(slot, "--slot", SLOT)
-    focus = (slot, Space(checked_choice(space, [s.value for s in Space], "--space")))
+    checked_integer(slot, "slot", SLOT)
+    focus = (slot, Space(checked_choice(space, [s.value for s in Space], "space")))
     return timeline(paths, planner=None, focus=focus, overrides=overrides)

@@ -479,7 +479,7 @@ def _read_contents(
     groups = resolve_groups(
         header.metadata.get("groups") if groups_override is None else str(groups_override),
         has_lut=lut is not None,
-        option=None if groups_override is None else "--group",
+        option=None if groups_override is None else "group",
     )
     ring_index = arrays.get("violation_write_index")
     has_pool = "req_to_verify_expected_tokens" in arrays
@@ -710,7 +710,7 @@ def _resolve_scalars(
         if override is not None:
             value = int(override)
             if (why := spec.out_of_range(value)) is not None:
-                raise OptionError(why, option=spec.option)
+                raise OptionError(why, option=name)
             resolved[name] = Scalar(name=name, value=value, source="command line")
             continue
         recorded, source = (

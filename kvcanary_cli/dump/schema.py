@@ -342,11 +342,9 @@ def required_tensors() -> tuple[str, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class ScalarSpec:
-    """One scalar: its CLI override, its default when absent, and the smallest legal value."""
+    """One scalar: its default when absent, and the smallest and largest legal values."""
 
     name: str
-    #: the command-line option that overrides the dump's value.
-    option: str
     #: what applies when neither the dump nor the command line gives a value: a constant, or
     #: a description of where the value is derived from.
     default: int | str
@@ -356,6 +354,11 @@ class ScalarSpec:
     #: command-line value outside is a usage error.
     minimum: int | None = None
     maximum: int | None = None
+
+    @property
+    def option(self) -> str:
+        """How a user overrides the dump's value (the command line's `--set`)."""
+        return f"--set {self.name}=N"
 
     def out_of_range(self, value: int) -> str | None:
         """Why `value` cannot be this scalar (None: it can)."""
@@ -378,7 +381,6 @@ SCALARS: dict[str, ScalarSpec] = {
     for spec in (
         ScalarSpec(
             name="swa_window_size",
-            option="--swa-window",
             default="none",
             meaning="window W of the swa group; required with a LUT",
             minimum=-_INT32_LIMIT,
@@ -386,7 +388,6 @@ SCALARS: dict[str, ScalarSpec] = {
         ),
         ScalarSpec(
             name="verify_capacity",
-            option="--verify-capacity",
             default="total requested entries (no overflow)",
             meaning="verify capacity of each group's plan",
             minimum=0,
@@ -394,7 +395,6 @@ SCALARS: dict[str, ScalarSpec] = {
         ),
         ScalarSpec(
             name="write_req_capacity",
-            option="--write-req-capacity",
             default="bs",
             meaning="write capacity (length of write_seed_slot_indices)",
             minimum=0,
@@ -402,7 +402,6 @@ SCALARS: dict[str, ScalarSpec] = {
         ),
         ScalarSpec(
             name="kv_token_id_vs_position_offset",
-            option="--token-offset",
             default=0,
             meaning="0 for target pools, 1 for EAGLE draft pools",
             minimum=-_INT32_LIMIT,
@@ -410,7 +409,6 @@ SCALARS: dict[str, ScalarSpec] = {
         ),
         ScalarSpec(
             name="page_size",
-            option="--page-size",
             default=1,
             meaning="KV page size",
             minimum=1,
@@ -418,7 +416,6 @@ SCALARS: dict[str, ScalarSpec] = {
         ),
         ScalarSpec(
             name="num_full_slots",
-            option="--num-full-slots",
             default="lut_len - 1 with a LUT, else unknown",
             meaning="rows of the full KV pool (size + page_size)",
             minimum=0,
@@ -426,7 +423,6 @@ SCALARS: dict[str, ScalarSpec] = {
         ),
         ScalarSpec(
             name="num_swa_slots",
-            option="--num-swa-slots",
             default="unknown",
             meaning="rows of the SWA KV pool",
             minimum=0,

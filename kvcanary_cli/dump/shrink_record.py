@@ -81,7 +81,7 @@ class ShrinkRecord:
     def command(self, small_name: str) -> str:
         """The command that makes the small dump from the original (names made shell-safe)."""
         options = [
-            f"{SCALARS[name].option} {value}"
+            f"--set {name}={value}"
             for name, value in sorted(self.overrides.items())
             if name in SCALARS
         ]
@@ -90,7 +90,7 @@ class ShrinkRecord:
                 "kvcanary shrink",
                 safe_file_name(self.source_name),
                 *options,
-                "-o",
+                "--out",
                 safe_file_name(small_name, "SMALL.safetensors"),
             ]
         )

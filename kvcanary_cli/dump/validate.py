@@ -75,7 +75,7 @@ def check_batch(
                 if why is None
                 else f"{why}: the swa group cannot be planned without a window",
                 field="swa_window_size",
-                hint="pass --swa-window W, or set swa_window_size in the dump's metadata",
+                hint="pass --set swa_window_size=W, or record it in the dump's metadata",
             )
     window = scalars.get("swa_window_size")
     if window is not None and window < 0:

@@ -74,13 +74,13 @@ def _chosen(
 def make_planner(choice: PlannerChoice | str, *, strict: bool = False) -> Planner:
     """The planner `plan --backend` names; `strict` (raise where REF raises) is the scalar
     reference's only."""
-    choice = _chosen(choice, BACKENDS, "--backend")
+    choice = _chosen(choice, BACKENDS, "backend")
     if strict and choice is not PlannerChoice.REFERENCE:
         from kvcanary_cli.errors import OptionError
 
         raise OptionError(
             "applies to the scalar reference only",
-            option="--strict",
+            option="strict",
             hint="add --backend reference",
         )
     match choice:
@@ -102,7 +102,7 @@ def make_planner(choice: PlannerChoice | str, *, strict: bool = False) -> Planne
 
 def make_kernel(choice: PlannerChoice | str) -> Planner | None:
     """The GPU-semantics planner `check --kernel` names (None for `none`)."""
-    choice = _chosen(choice, KERNELS, "--kernel")
+    choice = _chosen(choice, KERNELS, "kernel")
     match choice:
         case PlannerChoice.TRITON:
             from kvcanary_cli.planners.triton_planner import TritonPlanner

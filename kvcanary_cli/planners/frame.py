@@ -184,12 +184,12 @@ def group_frame(dump: KvDump, group: str) -> GroupFrame:
         if lut is None:
             raise OptionError(
                 "group swa needs full_to_swa_index_mapping, which this dump lacks",
-                option="--group",
+                option="group",
                 hint="use --group full",
             )
         window = dump.window("swa")
     else:
-        raise OptionError(f"unknown group {group!r} (expected full or swa)", option="--group")
+        raise OptionError(f"unknown group {group!r} (expected full or swa)", option="group")
     rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
     pool = dump.req_to_verify_expected_tokens
     active = rpi != 0

@@ -63,7 +63,7 @@ def soak(
     from kvcanary_cli.soak.workload import random_workload
 
     if fault is not None and fault not in FAULTS:
-        raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="--fault")
+        raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="fault")
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
     if core is not None and core not in modules.cores:
@@ -71,7 +71,7 @@ def soak(
         raise OptionError(
             f"tree core {core!r} is not in this SGLang (available: "
             f"{', '.join(modules.cores)}){why}",
-            option="--core",
+            option="core",
         )
     specs = _specs(page_size, modules.cores, core)
     report = SoakReport(

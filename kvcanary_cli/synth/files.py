@@ -49,28 +49,26 @@ def write_synth(
 ) -> str:
     """`write_scenario`, or with `steps` a sequence's `steps` dumps of one rank in the folder
     `out`, once their options are checked."""
-    checked_integer(seed, "--seed", INDEX)
+    checked_integer(seed, "seed", INDEX)
     if page_size is not None:
-        checked_integer(page_size, "--page-size", PAGE_SIZE)
+        checked_integer(page_size, "page_size", PAGE_SIZE)
     if steps is None:
         if at is not None or every not in (None, 1):
-            raise OptionError("--at and --every go with --steps K", option="--at/--every")
+            raise OptionError("--at and --every go with --steps K", option="at/every")
         if scenario is None or out is None:
             raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
         return write_scenario(
             scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size
         )
-    checked_integer(steps, "--steps", STEPS)
-    every = checked_integer(1 if every is None else every, "--every", EVERY)
+    checked_integer(steps, "steps", STEPS)
+    every = checked_integer(1 if every is None else every, "every", EVERY)
     if at is not None:
-        checked_integer(at, "--at", POSITIVE)
+        checked_integer(at, "at", POSITIVE)
     if scenario is None or out is None or str(out) == "-":
         raise OptionError("give a SEQUENCE and --out FOLDER (or --list)", option="synth --steps")
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
-        raise OptionError(
-            f"{folder} is not a folder: --steps writes one dump a step", option="--out"
-        )
+        raise OptionError(f"{folder} is not a folder: --steps writes one dump a step", option="out")
     paths = write_sequence(
         scenario,
         folder,
@@ -101,7 +99,7 @@ def write_scenario(
     """Write `scenario`'s dump at `out` (`-`: standard output) and, with `log`, the kv_canary
     server log of its violations."""
     if log is not None and same_target(log, out):
-        raise OptionError("names the dump's own file; give the log another name", option="--log")
+        raise OptionError("names the dump's own file; give the log another name", option="log")
     state = make_scenario(scenario, seed=seed, size=size, page_size=page_size)
     logged = ""
     if log is None:

@@ -1381,10 +1381,10 @@ def make_scenario(
     """
     if name not in SCENARIOS:
         raise OptionError(
-            f"unknown scenario {name!r}", option="SCENARIO", hint="kvcanary synth --list shows them"
+            f"unknown scenario {name!r}", option="scenario", hint="kvcanary synth --list shows them"
         )
     if size not in SIZES:
-        raise OptionError(f"unknown size {size!r} (choose {', '.join(SIZES)})", option="--size")
+        raise OptionError(f"unknown size {size!r} (choose {', '.join(SIZES)})", option="size")
     scenario = SCENARIOS[name]
     base = SIZES[size]
     spec = replace(base, **scenario.spec)  # type: ignore[arg-type]
@@ -1393,7 +1393,7 @@ def make_scenario(
             raise OptionError(
                 f"scenario {name} needs pages of {scenario.min_page_size} slots or more "
                 f"(got --page-size {page_size})",
-                option="--page-size",
+                option="page_size",
             )
         spec = replace(spec, page_size=page_size)
     if size in ("medium", "large"):

@@ -272,13 +272,13 @@ class _Loop:
             raise OptionError(
                 f"dumps every {plan.every} steps skip past the window of {self.window} tokens "
                 "(take --every below it)",
-                option="--every",
+                option="every",
             )
         if self.room < self.low + p:
             raise OptionError(
                 f"{plan.steps} dumps every {plan.every} steps do not fit a row of "
                 f"{shape.max_seq_len} (size too small: take fewer steps or a larger --size)",
-                option="--steps",
+                option="steps",
             )
         self.truth: dict[str, object] = {"event": plan.event}
         self.leaked: list[tuple[int, int]] = []
@@ -606,22 +606,22 @@ def synth_sequence(
     if name not in SEQUENCES:
         raise OptionError(
             f"unknown sequence {name!r} (choose {', '.join(SEQUENCES)})",
-            option="SCENARIO",
+            option="scenario",
             hint="kvcanary synth --list shows them",
         )
     if size not in SEQUENCE_SIZES:
         raise OptionError(
-            f"a sequence comes in sizes {', '.join(SEQUENCE_SIZES)}, not {size!r}", option="--size"
+            f"a sequence comes in sizes {', '.join(SEQUENCE_SIZES)}, not {size!r}", option="size"
         )
     if steps < 2:
-        raise OptionError("a sequence needs 2 dumps or more", option="--steps")
+        raise OptionError("a sequence needs 2 dumps or more", option="steps")
     marks = _dump_steps(steps, every)
     at = marks[steps // 2] if at is None else at
     if not marks[0] < at <= marks[-1]:
         raise OptionError(
             f"step {at} is not after the first dump (step {marks[0]}) and at or before the "
             f"last (step {marks[-1]})",
-            option="--at",
+            option="at",
         )
     kind = SEQUENCES[name]
     plan = _Plan(

@@ -34,7 +34,7 @@ def _log_lines(state: SynthDump) -> list[str]:
     index = state.tensors.get("violation_write_index")
     if ring is None or index is None:
         raise OptionError(
-            "this scenario records no violation ring (choose a canary-* scenario)", option="--log"
+            "this scenario records no violation ring (choose a canary-* scenario)", option="log"
         )
     step = int(state.metadata.get("step", "0")) + 1
     messages = format_pump(ring, int(index.reshape(-1)[0]), step_when_pumped=step)

@@ -184,7 +184,7 @@ def one_slot_real_kv_dump(path: Path, entries: int, width: int) -> Path:
     [
         ["check", "--format", "json", "--kernel", "vectorized"],
         ["violations", "--replay", "--format", "json"],
-        ["shrink", "-o", "{out}"],
+        ["shrink", "--out", "{out}"],
     ],
     ids=["check", "violations", "shrink"],
 )
@@ -271,13 +271,13 @@ def test_one_corrupt_dump_does_not_stop_the_others(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "option"),
     [
-        (["check", CLEAN, "--swa-window", str(1 << 63)], "--swa-window"),
-        (["check", CLEAN, "--token-offset", str(10**22)], "--token-offset"),
+        (["check", CLEAN, "--set", f"swa_window_size={1 << 63}"], "swa_window_size"),
+        (["check", CLEAN, "--set", f"kv_token_id_vs_position_offset={10**22}"], "--set"),
         (["provenance", CLEAN, "--slot", str(1 << 63)], "--slot"),
         (["provenance", CLEAN, "--slot", str(-(1 << 63) - 1)], "--slot"),
         (["provenance", CLEAN, "--row", "3", "--positions", f"0:{10**20}"], "--positions"),
-        (["plan", CLEAN, "--verify-capacity", str(1 << 31)], "--verify-capacity"),
-        (["synth", "clean-swa", "-o", "x.safetensors", "--seed", "-1"], "--seed"),
+        (["plan", CLEAN, "--set", f"verify_capacity={1 << 31}"], "verify_capacity"),
+        (["synth", "clean-swa", "--out", "x.safetensors", "--seed", "-1"], "--seed"),
         (["provenance", CLEAN, "--slot", "3", "--group", "bogus"], "--group"),
     ],
 )
@@ -292,26 +292,26 @@ def test_api_overrides_are_range_checked_too() -> None:
     from kvcanary_cli.errors import OptionError
 
     report = api.check(CLEAN, kernel="vectorized", overrides={"verify_capacity": 10**30})
-    assert report.bad_input and "--verify-capacity" in str(report.dumps[0].error)
-    with pytest.raises(OptionError, match="--verify-capacity"):
+    assert report.bad_input and "verify_capacity: " in str(report.dumps[0].error)
+    with pytest.raises(OptionError, match="^verify_capacity: "):
         api.provenance(CLEAN, slot=3, overrides={"verify_capacity": 10**30})
 
 
 @pytest.mark.parametrize(
     ("call", "option"),
     [
-        (lambda api: api.provenance(CLEAN, slot=2**70), "--slot"),  # was an OverflowError
-        (lambda api: api.provenance(CLEAN, slot=-(2**64)), "--slot"),
-        (lambda api: api.provenance(CLEAN, slot=True), "--slot"),
-        (lambda api: api.provenance(CLEAN, row=3, positions=(0, 10**20)), "--positions"),
-        (lambda api: api.provenance(CLEAN, slot=3, max_cells=0), "--max-rows"),
-        (lambda api: api.violations([CLEAN], group="bogus"), "--group"),
-        (lambda api: api.violations([CLEAN], buffer="tail.q"), "--buffer"),
-        (lambda api: api.check(CLEAN, fail_on="fatal"), "--fail-on"),  # was a ValueError
-        (lambda api: api.check(CLEAN, kernel="cuda"), "--kernel"),
-        (lambda api: api.check(CLEAN, jobs=0), "--jobs"),
-        (lambda api: api.plan(CLEAN, backend="fast"), "--backend"),
-        (lambda api: api.synth("clean-swa", "never.safetensors", seed=-1), "--seed"),
+        (lambda api: api.provenance(CLEAN, slot=2**70), "slot"),  # was an OverflowError
+        (lambda api: api.provenance(CLEAN, slot=-(2**64)), "slot"),
+        (lambda api: api.provenance(CLEAN, slot=True), "slot"),
+        (lambda api: api.provenance(CLEAN, row=3, positions=(0, 10**20)), "positions"),
+        (lambda api: api.provenance(CLEAN, slot=3, max_cells=0), "max_cells"),
+        (lambda api: api.violations([CLEAN], group="bogus"), "group"),
+        (lambda api: api.violations([CLEAN], buffer="tail.q"), "buffer"),
+        (lambda api: api.check(CLEAN, fail_on="fatal"), "fail_on"),  # was a ValueError
+        (lambda api: api.check(CLEAN, kernel="cuda"), "kernel"),
+        (lambda api: api.check(CLEAN, jobs=0), "jobs"),
+        (lambda api: api.plan(CLEAN, backend="fast"), "backend"),
+        (lambda api: api.synth("clean-swa", "never.safetensors", seed=-1), "seed"),
     ],
     ids=[
         "slot-2^70",
@@ -329,6 +329,7 @@ def test_api_overrides_are_range_checked_too() -> None:
     ],
 )
 def test_the_api_checks_what_the_command_line_checks(call: Any, option: str) -> None:
+    """The API names its own keyword (`max_cells`), the command line its flag."""
     from kvcanary_cli import api
     from kvcanary_cli.errors import OptionError
 

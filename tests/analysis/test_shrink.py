@@ -148,7 +148,7 @@ def test_overrides_travel_with_the_record(tmp_path: Path) -> None:
     small = tmp_path / "small.safetensors"
     result = api.shrink(original, small, overrides={"swa_window_size": 8})
     assert result.record.overrides == {"swa_window_size": 8}
-    assert "--swa-window 8" in result.record.command(small.name)
+    assert "--set swa_window_size=8" in result.record.command(small.name)
     before = checked(load_dump(original, overrides={"swa_window_size": 8}))
     after = checked(load_dump(small, overrides={"swa_window_size": 8}))
     assert story(after) == story(before)

@@ -212,7 +212,7 @@ def test_a_source_without_rows_leaves_every_slot_unknown(tmp_path: Path) -> None
     for args in (
         ["check", str(path), "--kernel", "vectorized"],
         ["provenance", str(path), "--slot", "3", "--space", "swa"],
-        ["shrink", str(path), "-o", str(tmp_path / "small.safetensors")],
+        ["shrink", str(path), "--out", str(tmp_path / "small.safetensors")],
     ):
         result_of = CliRunner().invoke(app, args)
         assert result_of.exit_code in (0, 1), (args, result_of.stderr)
@@ -236,7 +236,7 @@ def test_a_shrunk_source_claiming_huge_rows_reads_what_it_stores(tmp_path: Path)
         ["check", str(claimed), "--kernel", "vectorized"],
         ["violations", str(claimed), "--replay"],
         ["provenance", str(claimed), "--slot", "3"],
-        ["shrink", str(claimed), "-o", str(tmp_path / "again.safetensors")],
+        ["shrink", str(claimed), "--out", str(tmp_path / "again.safetensors")],
     ):
         outcome = CliRunner().invoke(app, args)
         assert outcome.exit_code in (0, 1), (args, outcome.stderr)

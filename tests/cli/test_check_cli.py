@@ -263,7 +263,7 @@ def test_findings_that_rest_on_a_derived_pool_size_are_info(tmp_path: Path) -> N
     assert assumption["decides"] == {"slot-beyond-pool": sum(f["count"] for f in beyond)}
     # The same dump with the pool size given on the command line: facts, errors again.
     code, out, _ = run(
-        "check", str(path), "-k", "vectorized", "-f", "json", "--num-full-slots", "9"
+        "check", str(path), "-k", "vectorized", "-f", "json", "--set", "num_full_slots=9"
     )
     [dump] = json.loads(out)["dumps"]
     assert {f["severity"] for f in dump["findings"] if f["code"] == "slot-beyond-pool"} == {"error"}
@@ -274,7 +274,7 @@ def test_synth_list_and_write(tmp_path: Path) -> None:
     code, out, _ = run("synth", "--list")
     assert code == 0 and all(name in out for name in SCENARIOS)
     target = tmp_path / "x.safetensors"
-    code, out, _ = run("synth", "use-after-free", "-o", str(target), "--seed", "4")
+    code, out, _ = run("synth", "use-after-free", "--out", str(target), "--seed", "4")
     assert code == 0 and target.exists()
     code, out, _ = run("inspect", str(target), "--format", "json")
     meta = json.loads(out)["other_metadata"]
@@ -285,11 +285,11 @@ def test_synth_page_size_sets_both_pools_and_refuses_pages_a_fault_cannot_have(
     tmp_path: Path,
 ) -> None:
     target = tmp_path / "paged.safetensors"
-    code, out, _ = run("synth", "partial-page-free", "-o", str(target), "--page-size", "4")
+    code, out, _ = run("synth", "partial-page-free", "--out", str(target), "--page-size", "4")
     assert code == 0 and "page size 4" in out
     assert load_dump(target).scalars["page_size"].value == 4
     code, out, err = run(
-        "synth", "partial-page-free", "-o", str(tmp_path / "one.st"), "--page-size", "1"
+        "synth", "partial-page-free", "--out", str(tmp_path / "one.st"), "--page-size", "1"
     )
     assert code == 2 and "needs pages of 2 slots or more" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "one.st").exists()

@@ -91,7 +91,7 @@ def _plan_file(
 @pytest.mark.parametrize("backend", ["vectorized", _TRITON])
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--verify-capacity", "3"], ["--token-offset", "1"]],
+    [[], ["--set", "verify_capacity=3"], ["--set", "kv_token_id_vs_position_offset=1"]],
     ids=["plain", "overflow", "offset1"],
 )
 @pytest.mark.parametrize("group", ["full", "swa"])
@@ -109,7 +109,7 @@ def test_plan_file_is_identical_to_reference(
     assert other == reference, f"{backend} wrote a different plan file than reference"
     tensors = load_file(str(tmp_path / "reference.safetensors"))
     assert tensors["write_num_valid_reqs"].tolist() == [7]
-    if extra[:1] == ["--verify-capacity"]:
+    if extra[1:] == ["verify_capacity=3"]:
         assert tensors["enable"].tolist() == [0]
         assert tensors["verify_slot_indices"].size == 0
     else:

@@ -186,7 +186,7 @@ def test_every_count_of_a_report_names_its_unit(tmp_path: Path) -> None:
     """The issue's dump: a truncated LUT without a recorded pool size. Counts of cells say
     "cells", counts of findings say "findings", distinct slots and rows say "distinct"."""
     dump = tmp_path / "u.safetensors"
-    wrote = run("synth", "truncated-lut-unrecorded", "-o", str(dump), "--seed", "7")
+    wrote = run("synth", "truncated-lut-unrecorded", "--out", str(dump), "--seed", "7")
     assert wrote.exit_code == 0, wrote.stderr
     record = json.loads(run("check", str(dump), "-k", "vectorized", "-f", "json").stdout)
     [checked] = record["dumps"]
@@ -246,16 +246,14 @@ def test_help_states_integer_ranges_as_people_read_them(command: str) -> None:
     text = CliRunner(env={"COLUMNS": "100"}).invoke(app, [command, "--help"]).stdout
     assert "<=x" not in text and "x>=" not in text and "<int range>" not in text
     assert not re.search(r"\d{7,}", text), re.findall(r"\S*\d{7,}\S*", text)
-    if command in ("check", "provenance", "plan", "violations", "shrink"):
-        assert "[-2^31 to 2^40]" in text and "[0 to 2^31-1]" in text  # --swa-window, capacity
 
 
 def test_an_integer_out_of_range_is_one_line_in_the_same_words() -> None:
     dump = str(EXAMPLES / "clean-swa.safetensors")
-    result = run("check", dump, "--page-size", "0")
+    result = run("check", dump, "--set", "page_size=0")
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
-        "error: Invalid value for '--page-size': 0 is below 1 (1 to 2^31-1) "
+        "error: Invalid value for '--set': page_size: 0 is below 1 (1 to 2^31-1) "
         "(see 'kvcanary check --help')"
     ]
     assert "is above 2^63-1" in run("provenance", dump, "--slot", str(1 << 63)).stderr
@@ -317,7 +315,7 @@ def test_the_readme_commands_table_names_plans_backends_as_plan_takes_them() -> 
 
 def test_a_slot_beyond_the_pool_is_not_in_use(tmp_path: Path) -> None:
     dump = tmp_path / "beyond.safetensors"
-    assert run("synth", "slot-beyond-pool", "-o", str(dump)).exit_code == 0
+    assert run("synth", "slot-beyond-pool", "--out", str(dump)).exit_code == 0
     record = json.loads(run("check", str(dump), "-k", "vectorized", "-f", "json").stdout)
     [finding] = record["dumps"][0]["findings"]
     slot = str(finding["slot"])
@@ -341,7 +339,7 @@ def test_the_first_raise_is_marked_as_the_line_naming_it_says() -> None:
 
 def test_fixes_name_values_not_upstreams_internal_names(tmp_path: Path) -> None:
     dump = tmp_path / "limit.safetensors"
-    assert run("synth", "kernel-limit-exceeded", "-o", str(dump)).exit_code == 0
+    assert run("synth", "kernel-limit-exceeded", "--out", str(dump)).exit_code == 0
     record = json.loads(run("check", str(dump), "-k", "vectorized", "-f", "json").stdout)
     fixes = [cause["fix"] for cause in record["dumps"][0]["diagnosis"]]
     assert any("at most 4096" in fix for fix in fixes), fixes

@@ -65,7 +65,7 @@ def test_plan_backend_sglang(sglang_standin: InstallStandin, tmp_path: Path) -> 
     assert theirs.read_bytes() == ours.read_bytes()
     raised = tmp_path / "raised.safetensors"
     code, out, err = run(
-        "plan", TRUNCATED, "-g", "swa", "-b", "sglang", "-o", str(raised), "-f", "json"
+        "plan", TRUNCATED, "-g", "swa", "-b", "sglang", "--out", str(raised), "-f", "json"
     )
     assert code == 1
     assert err.strip() == f"ValueError: {SLOT_107}"

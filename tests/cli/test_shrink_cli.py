@@ -36,7 +36,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     # A hostile-looking name: the reproduce command must not carry it verbatim.
     original = make_scenario("truncated-lut", seed=1).save(folder / "rank 0;$(id).safetensors")
     small = folder / "small.safetensors"
-    code, out, err = run("shrink", str(original), "-o", str(small))
+    code, out, err = run("shrink", str(original), "--out", str(small))
     assert code == 0, err
     assert "req_to_token: kept" in out and "check it: kvcanary check" in out
     return original, small
@@ -45,10 +45,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_refuses_what_it_must_not_write(pair: tuple[Path, Path]) -> None:
     original, small = pair
     for args, words in (
-        (["-o", str(small)], "exists"),
-        (["-o", str(original), "--force"], "input of this command"),
-        ([], "-o SMALL.safetensors"),
-        (["-o", "-"], "-o SMALL.safetensors"),
+        (["--out", str(small)], "exists"),
+        (["--out", str(original), "--force"], "input of this command"),
+        ([], "--out: name the small dump"),
+        (["--out", "-"], "--out: name the small dump"),
     ):
         code, out, err = run("shrink", str(original), *args)
         assert code == 2 and out == ""
@@ -80,7 +80,7 @@ def test_a_dump_changed_during_the_run_is_refused(
 
     monkeypatch.setattr(shrink_selection, "shrink_keep", analyse_then_change)
     small = tmp_path / "small.safetensors"
-    code, out, err = run("shrink", str(dump), "-o", str(small))
+    code, out, err = run("shrink", str(dump), "--out", str(small))
     assert code == 2 and out == "", err
     assert err.splitlines() == [
         f"error: {dump}: changed on disk after kvcanary analysed it (another process replaced "
@@ -110,7 +110,7 @@ def test_markdown_carries_the_command_that_made_it(pair: tuple[Path, Path]) -> N
     _, small = pair
     code, out, _ = run("check", str(small), "--kernel", "vectorized", "--format", "markdown")
     assert code == 1
-    assert "```bash\nkvcanary shrink rank_0___id_.safetensors -o small.safetensors\n```" in out
+    assert "```bash\nkvcanary shrink rank_0___id_.safetensors --out small.safetensors\n```" in out
     assert "provenance covers the kept cells only" in out
     code, out, _ = run("check", str(small), "--kernel", "vectorized")
     assert "shrunk from rank_0___id_.safetensors" in out and "$(" not in out
@@ -126,7 +126,7 @@ def test_provenance_reports_say_so(pair: tuple[Path, Path]) -> None:
     code, out, _ = run("provenance", str(small), "--row", "11")
     assert code == 0 and "kept cells only" in out
     code, out, _ = run("provenance", str(small), "--row", "11", "--format", "markdown")
-    assert "kvcanary shrink rank_0___id_.safetensors -o small.safetensors" in out
+    assert "kvcanary shrink rank_0___id_.safetensors --out small.safetensors" in out
 
 
 def test_inspect_shows_the_record_and_the_sparse_tensors(pair: tuple[Path, Path]) -> None:
@@ -150,7 +150,7 @@ def test_plan_and_violations_read_it(tmp_path: Path) -> None:
     state = make_scenario("canary-aliasing", seed=0)
     original = state.save(tmp_path / "canary.safetensors")
     small = tmp_path / "canary.small.safetensors"
-    assert run("shrink", str(original), "-o", str(small))[0] == 0
+    assert run("shrink", str(original), "--out", str(small))[0] == 0
     for backend in ("reference", "vectorized", "triton"):
         plans = []
         for dump in (original, small):
@@ -367,7 +367,7 @@ def test_dtype_findings_read_as_on_the_original(tmp_path: Path) -> None:
     state.tensors["full_to_swa_index_mapping"] = lut.astype(np.int32)
     original = state.save(tmp_path / "wide.safetensors")
     small = tmp_path / "wide.small.safetensors"
-    assert run("shrink", str(original), "-o", str(small))[0] == 0
+    assert run("shrink", str(original), "--out", str(small))[0] == 0
     stored = _parts(small)[0]
     assert stored["req_to_token"].dtype.itemsize < 8
     assert stored["full_to_swa_index_mapping"].dtype.itemsize < 4

@@ -84,7 +84,7 @@ def test_sigterm_mid_write_leaves_no_staged_file(tmp_path: Path) -> None:
     def staging(_alive: list[psutil.Process], _written: bytes) -> bool:
         return any(out.glob(".*.tmp"))
 
-    args = ["synth", "clean-swa", "--size", "medium", "-o", str(out / "big.safetensors")]
+    args = ["synth", "clean-swa", "--size", "medium", "--out", str(out / "big.safetensors")]
     stopped = _checked(stop_when(args, staging))
     assert stopped.exit_code == TERMINATED, stopped.output
     assert sorted(p.name for p in out.iterdir()) == []

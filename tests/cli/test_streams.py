@@ -42,7 +42,7 @@ full_disk = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /d
     [
         ("inspect", DUMP),
         ("inspect", DUMP, "--format", "json"),
-        ("synth", "clean-swa", "-o", "-"),
+        ("synth", "clean-swa", "--out", "-"),
         ("--version",),
         ("--help",),
         ("check", "--help"),

@@ -53,17 +53,17 @@ def test_one_file_for_report_and_image_is_named_twice(tmp_path: Path) -> None:
 def test_a_refused_log_leaves_no_dump(tmp_path: Path) -> None:
     dump, log = tmp_path / "a.safetensors", tmp_path / "a.log"
     log.write_text("kept")
-    refused = run("synth", "canary-aliasing", "-o", str(dump), "--log", str(log))
+    refused = run("synth", "canary-aliasing", "--out", str(dump), "--log", str(log))
     assert refused.exit_code == 2 and "exists" in refused.stderr
     assert not dump.exists() and log.read_text() == "kept"
     log.unlink()
-    assert run("synth", "canary-aliasing", "-o", str(dump), "--log", str(log)).exit_code == 0
+    assert run("synth", "canary-aliasing", "--out", str(dump), "--log", str(log)).exit_code == 0
     assert dump.stat().st_size > 0 and "violations=4" in log.read_text()
 
 
 def test_a_log_the_scenario_cannot_have_leaves_no_dump(tmp_path: Path) -> None:
     dump = tmp_path / "a.safetensors"
-    refused = run("synth", "clean-decode", "-o", str(dump), "--log", str(tmp_path / "a.log"))
+    refused = run("synth", "clean-decode", "--out", str(dump), "--log", str(tmp_path / "a.log"))
     assert refused.exit_code == 2 and "violation ring" in refused.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -73,10 +73,10 @@ def test_a_refused_step_leaves_no_other_steps(tmp_path: Path) -> None:
     folder.mkdir()
     taken = folder / dump_name(0, 2)
     taken.write_bytes(b"someone else's")
-    refused = run("synth", "clean", "--steps", "4", "-o", str(folder))
+    refused = run("synth", "clean", "--steps", "4", "--out", str(folder))
     assert refused.exit_code == 2 and "exists" in refused.stderr
     assert list(folder.iterdir()) == [taken] and taken.read_bytes() == b"someone else's"
-    assert run("synth", "clean", "--steps", "4", "-o", str(folder), "--force").exit_code == 0
+    assert run("synth", "clean", "--steps", "4", "--out", str(folder), "--force").exit_code == 0
     assert len(list(folder.iterdir())) == 4
 
 

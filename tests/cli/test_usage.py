@@ -107,9 +107,9 @@ def test_the_api_refuses_a_planner_outside_its_subset() -> None:
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.planners import make_kernel, make_planner
 
-    with pytest.raises(OptionError, match="--kernel"):
+    with pytest.raises(OptionError, match="^kernel: "):
         make_kernel(PlannerChoice.REFERENCE)
-    with pytest.raises(OptionError, match="--backend"):
+    with pytest.raises(OptionError, match="^backend: "):
         make_planner("none")
 
 
@@ -152,33 +152,19 @@ def test_a_shell_completes_a_choice_option(words: str, offered: list[str]) -> No
     assert result.stdout.split() == offered
 
 
-@pytest.mark.parametrize("name", ["check", "provenance", "violations", "plan", "shrink"])
-def test_a_command_that_reads_a_dump_takes_every_scalar_override(name: str) -> None:
-    """The scalar overrides are written out per command: one per scalar of the format, in the
-    schema's order, each named as the scalar (`cli_options.overrides` reads them back)."""
-    import typer.main
-
-    from kvcanary_cli.dump.schema import SCALARS
-
-    command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
-    scalars = [p for p in command.params if p.name in SCALARS]
-    assert [p.name for p in scalars] == list(SCALARS)
-    assert [p.opts for p in scalars] == [[spec.option] for spec in SCALARS.values()]
-
-
 @pytest.mark.parametrize(
     ("args", "call", "option"),
     [
-        (["synth", "clean-swa", "-o", "x.safetensors", "--seed", "-1"], {"seed": -1}, "--seed"),
-        (["synth", "clean", "--steps", "65", "-o", "d"], {"steps": 65}, "--steps"),
-        (["synth", "clean-swa", "-o", "x", "--page-size", "0"], {"page_size": 0}, "--page-size"),
+        (["synth", "clean-swa", "--out", "x.safetensors", "--seed", "-1"], {"seed": -1}, "seed"),
+        (["synth", "clean", "--steps", "65", "--out", "d"], {"steps": 65}, "steps"),
+        (["synth", "clean-swa", "--out", "x", "--page-size", "0"], {"page_size": 0}, "page_size"),
     ],
 )
 def test_the_command_line_and_the_api_refuse_a_value_in_the_same_words(
     args: list[str], call: dict[str, int], option: str, tmp_path: Path
 ) -> None:
     """One declaration of each bound (`option_values.Bounds`): the option parser and the API
-    refuse the same values, in the same words."""
+    refuse the same values, in the same words (the API naming its keyword)."""
     from kvcanary_cli import api
     from kvcanary_cli.errors import OptionError
 

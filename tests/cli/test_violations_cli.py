@@ -33,7 +33,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for name in ("canary-aliasing", "canary-stale-row", "canary-kv-overwritten"):
         dump, log = folder / f"{name}.safetensors", folder / f"{name}.log"
-        code, _, err = run("synth", name, "-o", str(dump), "--log", str(log), "--seed", "2")
+        code, _, err = run("synth", name, "--out", str(dump), "--log", str(log), "--seed", "2")
         assert code == 0, err
         out[name], out[f"{name}.log"] = dump, log
     out["clean-canary"] = make_scenario("clean-canary", seed=1).save(folder / "clean.safetensors")
@@ -146,7 +146,7 @@ def test_bad_inputs_are_one_line_exit_2(made: dict[str, Path], tmp_path: Path) -
         (
             "synth",
             "use-after-free",
-            "-o",
+            "--out",
             str(tmp_path / "x.safetensors"),
             "--log",
             str(tmp_path / "x.log"),
@@ -213,13 +213,13 @@ def test_outputs_follow_the_output_rules(made: dict[str, Path], tmp_path: Path) 
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert log.read_bytes() == before
     code, _, err = run(
-        "synth", "canary-aliasing", "-o", str(tmp_path / "d.safetensors"), "--log", str(report)
+        "synth", "canary-aliasing", "--out", str(tmp_path / "d.safetensors"), "--log", str(report)
     )
     assert code == 2 and "--force" in err, err
     code, _, err = run(
         "synth",
         "canary-aliasing",
-        "-o",
+        "--out",
         str(tmp_path / "e.safetensors"),
         "--log",
         str(tmp_path / "e.safetensors"),
@@ -261,11 +261,11 @@ def test_synth_never_writes_its_log_over_its_dump(
         "dot-slash": "./syn.st",
         "through-a-link": str(tmp_path / "link" / "syn.st"),
     }[spelling]
-    code, _, err = run("synth", "canary-aliasing", "-o", "syn.st", "--log", log, "--force")
+    code, _, err = run("synth", "canary-aliasing", "--out", "syn.st", "--log", log, "--force")
     assert code == 2 and err.startswith("error: --log: names the dump's own file"), err
     assert not (tmp_path / "syn.st").exists()
     (tmp_path / "syn.st").write_bytes(b"an earlier dump")
-    code, _, err = run("synth", "canary-aliasing", "-o", "syn.st", "--log", log, "--force")
+    code, _, err = run("synth", "canary-aliasing", "--out", "syn.st", "--log", log, "--force")
     assert code == 2 and (tmp_path / "syn.st").read_bytes() == b"an earlier dump"
 
 

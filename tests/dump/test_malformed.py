@@ -383,7 +383,7 @@ CASES: dict[str, Case] = {
     "lut-without-window": Case(
         _changed(full_to_swa_index_mapping=_LUT),
         MetadataError,
-        ("swa_window_size", "full_to_swa_index_mapping", "--swa-window"),
+        ("swa_window_size", "full_to_swa_index_mapping", "--set swa_window_size=W"),
     ),
     "pool-without-valid_lens": Case(
         _changed(req_to_verify_expected_tokens=_POOL),

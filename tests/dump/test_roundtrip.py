@@ -325,7 +325,7 @@ def test_inspect_json_has_schema_bs_and_scalar_sources(tmp_dump: Path) -> None:
     assert record["batch"]["max_reqs"] == 4 and record["batch"]["max_seq_len"] == 6
     sources = {s["name"]: (s["value"], s["source"]) for s in record["scalars"]}
     options = {s["name"]: s["option"] for s in record["scalars"]}
-    assert options["swa_window_size"] == "--swa-window"  # from the schema, like the CLI's
+    assert options["swa_window_size"] == "--set swa_window_size=N"  # the CLI's --set
     assert "identity" in record and "provenance" not in record
     assert sources["page_size"] == (4, "metadata")
     assert sources["verify_capacity"] == (10, "metadata")

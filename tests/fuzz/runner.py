@@ -70,7 +70,7 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("inspect", "{dump}", "--format", "markdown"),
     ("plan", "{dump}", "--group", "swa", "--backend", "reference", "--format", "json"),
     ("check", "{dump}", "--kernel", "vectorized", "--group", "swa", "--format", "json"),
-    ("shrink", "{dump}", "-o", "{out}", "--force"),
+    ("shrink", "{dump}", "--out", "{out}", "--force"),
 )
 
 #: value mutants that are bad input by the format's rules (docs/dump-format.md): exit 2 is

@@ -70,9 +70,9 @@ def violations_report(
     `buffer` (`head.k`, ...) restrict the rows and the replay.
     """
     if group is not None:
-        checked_choice(group, [g.value for g in Group], "--group")
+        checked_choice(group, [g.value for g in Group], "group")
     if buffer is not None:
-        checked_choice(buffer, BUFFER_CHOICES, "--buffer")
+        checked_choice(buffer, BUFFER_CHOICES, "buffer")
     kinds = [source_kind(path) for path in sources]
     loaded = _the_dump(sources, kinds, dump, overrides)
     summaries: list[SourceSummary] = []
@@ -97,9 +97,7 @@ def violations_report(
     replayed = ViolationRows.empty()
     if replay:
         if loaded is None:
-            raise OptionError(
-                "needs a dump: give one as a SOURCE or with --dump", option="--replay"
-            )
+            raise OptionError("needs a dump: give one as a SOURCE or with --dump", option="replay")
         replayed, replays, replay_notes = _replay(loaded, group, buffer)
         notes.extend(replay_notes)
     comparison = None
@@ -167,7 +165,7 @@ def _the_dump(
         raise OptionError(
             f"give at most one dump ({len(distinct)} given): rows are explained against one "
             "forward step",
-            option="SOURCE/--dump",
+            option="sources/dump",
             hint="run the command once per dump",
         )
     if not distinct:
