@@ -12,6 +12,9 @@ row (a new occupancy whose pending writes get new SWA slots). Skipped without th
 
 from __future__ import annotations
 
+import itertools
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +145,103 @@ def test_a_request_prefilled_again_in_its_row_is_a_new_request(sglang: Any, tmp_
     assert _events(history.paths, planner=None) == []
     report = timeline(history.paths, planner=None)
     assert sum(len(i.reused) for i in report.intervals) >= shrank
+
+
+# --- the radix tree SGLang builds, recorded without registering it (issue 43) ----------------
+
+_TREE_MODULE = "sglang.srt.mem_cache.unified_radix_cache"
+
+
+class _Runner:
+    """What the hook reads from SGLang's ModelRunner: its pools."""
+
+    def __init__(self, req_to_token_pool: Any, allocator: Any) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = allocator
+
+
+def test_snapshots_record_the_radix_tree_sglang_builds(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43: on a server nothing calls `register_tree_cache`. With the hook armed by
+    `KVCANARY_DUMP_DIR` (here after SGLang loaded its modules: `import kvcanary_cli.capture`
+    late; the import-hook path is tests/test_capture_tree.py's), the `UnifiedRadixCache` the
+    scheduler builds registers itself, and every snapshot the capture hook writes records
+    what it holds. Those
+    snapshots (the tree's record, the free lists, no running requests' lengths) are
+    check-clean, and their timeline, consecutive and every third, has no event and no
+    undecided rewrite."""
+    import torch
+
+    from kvcanary_cli.capture import (
+        DUMP_DIR_ENV,
+        install_from_env,
+        launcher,
+        server,
+        store,
+        triggers,
+    )
+    from kvcanary_cli.capture import tree as tree_capture
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.stack import StackSpec, build_stack
+    from kvcanary_cli.soak.workload import random_workload
+
+    cls = sglang.unified_radix_cache.UnifiedRadixCache
+    monkeypatch.setattr(cls, "__init__", vars(cls)["__init__"])  # unwrapped after the test
+    monkeypatch.setattr(tree_capture, "_TREES", [])
+    monkeypatch.setitem(sys.modules, _TREE_MODULE, sglang.unified_radix_cache)
+    dumps = tmp_path / "dumps"
+    for name, value in ((DUMP_DIR_ENV, str(dumps)), ("KVCANARY_DUMP_EVERY", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "1000")
+    monkeypatch.setattr(store, "BUDGET", store.Budget())
+    monkeypatch.setattr(triggers, "_SETTINGS", [triggers.Settings()])
+    monkeypatch.setattr(server, "_LAST", {})
+    monkeypatch.setattr(server, "_RUNNERS", [])
+    monkeypatch.setattr(server, "_calls", itertools.count())
+    before = list(sys.meta_path)
+    try:
+        assert install_from_env()
+    finally:
+        sys.meta_path[:] = before
+    plan = types.ModuleType("kvcanary_test_plan")  # the launcher's call, not its work
+    plan.launch_canary_plan_kernels = lambda **kwargs: None  # type: ignore[attr-defined]
+    assert launcher.install_sglang_hook(dumps, module=plan)
+
+    spec = StackSpec.pressured(4, "python")
+    stack = build_stack(sglang, spec)
+    # what `install_canary` registers on a server: the model runner, with its pools
+    runner = _Runner(stack.req_to_token_pool, stack.allocator)
+    server.register_model_runner(runner)
+    scheduler = Scheduler(
+        stack, random_workload(1005, steps=40, requests=10, max_prompt=60, max_new=20)
+    )
+
+    def on_plan(batch: Any) -> None:
+        facts = tree_capture.batch_state(batch)
+        plan.launch_canary_plan_kernels(
+            req_pool_indices=torch.from_numpy(facts["req_pool_indices"]),
+            prefix_lens=torch.from_numpy(facts["prefix_lens"]),
+            extend_seq_lens=torch.from_numpy(facts["extend_seq_lens"]),
+            req_to_token=stack.req_to_token_pool.req_to_token,
+            swa_window_size=spec.window,
+            full_to_swa_index_mapping=stack.allocator.full_to_swa_index_mapping,
+        )
+
+    while scheduler.step_no < 40:
+        scheduler.step(on_plan)
+    paths = sorted(dumps.glob("*-snapshot.safetensors"))
+    assert len(paths) > 20
+    last = load_dump(paths[-1])
+    assert last.tree_full_slots is not None and last.tree_swa_resident_slots is not None
+    held = np.sort(np.asarray(stack.tree.all_values_flatten().tolist(), dtype=np.int64))
+    assert np.array_equal(np.sort(last.tree_full_slots), held) and held.size > 0
+    report = timeline(paths, planner=VECTORIZED)  # checks every dump too
+    assert report.events == () and report.findings == () and not report.failed
+    assert not [n for n in report.notes if "tree_full_slots" in n]
+    for start in range(3):
+        sparse = timeline(paths[start::3], planner=None)
+        assert sparse.events == () and not [n for n in sparse.notes if "tree_full_slots" in n]
 
 
 #: (page size, core) x seeds: 6 x 4 = 24 histories (about 2,200 consecutive pairs), chosen
