@@ -143,6 +143,30 @@ def _plans(name: str, capacity: str, fields: dict[str, str]) -> str:
     )
 
 
+#: A radix cache module: the class SGLang builds one tree of per scheduler, with what
+#: `capture.tree` reads (its pool, the slots it holds).
+_TREE = """
+class {name}:
+    \"\"\"Stand-in radix cache: holds the slots it is given.\"\"\"
+
+    def __init__(self, params):
+        if params.held is None:
+            raise ValueError("stand-in: a tree needs its slots")
+        self.req_to_token_pool = params.req_to_token_pool
+        self.held = list(params.held)
+
+    def all_values_flatten(self):
+        return list(self.held)
+"""
+
+#: Radix cache modules by the `tree` option of `write_standin` (capture.tree's names).
+TREE_MODULES = {
+    "unified": ("unified_radix_cache", "UnifiedRadixCache"),
+    "swa": ("swa_radix_cache", "SWARadixCache"),
+    "radix": ("radix_cache", "RadixCache"),
+}
+
+
 def write_standin(
     root: Path,
     *,
@@ -152,19 +176,27 @@ def write_standin(
     seed_back: int = 1,
     import_error: bool = False,
     launcher: bool = True,
+    trees: tuple[str, ...] = (),
 ) -> Path:
     """Write the stand-in package under `root` and return `root` (the sys.path entry).
 
     `drop_argument` removes `kv_token_id_vs_position_offset` from the signature; `clamp`
     makes it clamp slots >= lut_len like the GPU instead of raising; `seed_back=2` reads the
     wrong seed cell; `import_error` makes the plan module fail to import; `launcher=False`
-    writes the package without any kv-canary module (an SGLang from before the canary).
+    writes the package without any kv-canary module (an SGLang from before the canary);
+    `trees` adds radix cache modules (`TREE_MODULES`) under `sglang.srt.mem_cache`.
     """
     package = root / "sglang"
     canary = package / "kernels" / "ops" / "kv_canary"
-    for folder in (package, package / "kernels", package / "kernels" / "ops"):
+    cache = package / "srt" / "mem_cache"
+    folders = [package, package / "kernels", package / "kernels" / "ops"]
+    folders += [package / "srt", cache] if trees else []
+    for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "__init__.py").write_text('"""Stand-in package level."""\n')
+    for kind in trees:
+        module, name = TREE_MODULES[kind]
+        (cache / f"{module}.py").write_text(_TREE.format(name=name))
     if version is not None:
         info = root / f"sglang-{version}.dist-info"
         info.mkdir(exist_ok=True)

@@ -402,12 +402,14 @@ def test_install_from_env_wraps_an_already_loaded_module(
     assert install_from_env() is True
     assert hasattr(stand_in.launch_canary_plan_kernels, "__kvcanary_original__")
     # Still armed for the module where SGLang sets the canary up with its model runner, the
-    # reporter and the invariant checker; not for the other release's launcher module.
+    # reporter, the invariant checker and the radix caches; not for the other release's
+    # launcher module.
     [finder] = [f for f in sys.meta_path if isinstance(f, launcher._InstallOnImport)]
     assert finder.pending == {
         capture.SGLANG_CANARY_MODULE,
         capture.SGLANG_REPORTER_MODULE,
         capture.SGLANG_CHECKER_MODULE,
+        *capture.SGLANG_TREE_CLASSES,
     }
     sys.meta_path.remove(finder)
 

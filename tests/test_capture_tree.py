@@ -5,11 +5,25 @@ found by its pool, and a broken object costing only its facts."""
 
 from __future__ import annotations
 
+import gc
+import importlib
+import logging
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+import kvcanary_cli.capture.server as server
+import kvcanary_cli.capture.tree as tree_capture
+import kvcanary_cli.capture.triggers as triggers
+from kvcanary_cli.capture import DUMP_DIR_ENV, install_from_env
+from kvcanary_cli.capture.server import ORIGINAL_ATTR
 from kvcanary_cli.capture.tree import free_slots, register_tree_cache, tree_for, tree_state
+from tests.sglang_standin import forget_sglang, installed, write_standin
 
 
 class _WithPages:
@@ -64,3 +78,125 @@ def test_tree_state_records_rows_and_survives_a_broken_tree() -> None:
     assert facts["num_full_slots"] == 9 and facts["free_full_slots"].tolist() == [4]
     assert "tree_full_slots" not in facts
     assert facts["req_pool_allocated_lens"].tolist() == [0, 0, 5]  # the rows still recorded
+
+
+# --- the hook finds SGLang's tree by itself (issue 43) ---------------------------------------
+
+
+@pytest.fixture
+def armed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The capture hook armed by `KVCANARY_DUMP_DIR` with a fresh registry of trees; the
+    import hook and every `sglang` module gone afterwards."""
+    monkeypatch.setenv(DUMP_DIR_ENV, str(tmp_path / "dumps"))
+    monkeypatch.setattr(tree_capture, "_TREES", [])
+    monkeypatch.setattr(triggers, "_SETTINGS", [triggers.Settings()])
+    before = list(sys.meta_path)
+    try:
+        yield tmp_path
+    finally:
+        sys.meta_path[:] = before
+        forget_sglang()
+
+
+def _params(held: list[int] | None) -> tuple[object, SimpleNamespace]:
+    table = object()
+    return table, SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=table), held=held)
+
+
+def test_each_tree_sglang_builds_after_the_hook_is_armed_registers_itself(
+    armed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing calls `register_tree_cache` on a real server: the hook wraps the radix cache
+    classes as SGLang loads their modules (never earlier), and each tree built after is
+    found by its pool, read into the dump's facts, and held weakly."""
+    root = write_standin(armed / "tree", trees=("unified", "radix"), launcher=False)
+    with installed(monkeypatch, root):
+        assert install_from_env()
+        assert "sglang.srt.mem_cache.unified_radix_cache" not in sys.modules  # not imported early
+        unified = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
+        radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
+        table, params = _params([7, 3, 5])
+        other_table, other = _params([9])
+        built = unified.UnifiedRadixCache(params)
+        second = radix.RadixCache(other)
+        assert tree_for(table) is built and tree_for(other_table) is second
+        allocator = SimpleNamespace(page_size=1, size=16, free_pages=np.array([1]))
+        facts = tree_state(allocator=allocator, tree=tree_for(table))
+        assert facts["tree_full_slots"].tolist() == [3, 5, 7]
+        assert built.held == [7, 3, 5]  # built as SGLang built it
+        del built, second
+        gc.collect()
+        assert tree_for(table) is None  # weakly held: a server's tree is never kept alive
+
+
+def _module(name: str, cls: type) -> types.ModuleType:
+    module = types.ModuleType(name)
+    setattr(module, cls.__name__, cls)
+    return module
+
+
+def test_watching_a_tree_class_never_changes_what_sglang_does(
+    armed: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wrapped `__init__` builds what the original builds and raises what it raises;
+    watching twice wraps once; a tree that cannot be held weakly, a module without the class
+    and a class that refuses the wrapper cost the record, never SGLang's work."""
+    name = "sglang.srt.mem_cache.unified_radix_cache"
+
+    class UnifiedRadixCache:
+        def __init__(self, params: SimpleNamespace) -> None:
+            if params.held is None:
+                raise ValueError("needs its slots")
+            self.req_to_token_pool = params.req_to_token_pool
+
+    module = _module(name, UnifiedRadixCache)
+    assert server.watch_tree_classes(module) and server.watch_tree_classes(module)
+    wrapped = vars(UnifiedRadixCache)["__init__"]
+    assert getattr(wrapped, ORIGINAL_ATTR).__qualname__.endswith("UnifiedRadixCache.__init__")
+    table, params = _params(None)
+    with pytest.raises(ValueError, match="needs its slots"):
+        UnifiedRadixCache(params)
+    assert tree_for(table) is None  # a tree that was not built is not registered
+    table, params = _params([1])
+    built = UnifiedRadixCache(params)
+    assert tree_for(table) is built and len(tree_capture._TREES) == 1
+
+    class Slotted:  # no weak reference possible: built all the same, not recorded
+        __slots__ = ("req_to_token_pool",)
+
+        def __init__(self, params: SimpleNamespace) -> None:
+            self.req_to_token_pool = params.req_to_token_pool
+
+    Slotted.__name__ = "RadixCache"
+    assert server.watch_tree_classes(_module("sglang.srt.mem_cache.radix_cache", Slotted))
+    table, params = _params([1])
+    assert Slotted(params).req_to_token_pool.req_to_token is table
+    assert [ref() for ref in tree_capture._TREES] == [built]
+
+    assert not server.watch_tree_classes(types.ModuleType(name))  # the release has no such class
+    assert not server.watch_tree_classes(_module("sglang.srt.other", UnifiedRadixCache))
+
+    class Frozen(type):
+        def __setattr__(cls, key: str, value: object) -> None:
+            raise TypeError("frozen class")
+
+    class SWARadixCache(metaclass=Frozen):
+        def __init__(self) -> None:
+            pass
+
+    with caplog.at_level(logging.WARNING, logger="kvcanary.capture"):
+        assert not server.watch_tree_classes(
+            _module("sglang.srt.mem_cache.swa_radix_cache", SWARadixCache)
+        )
+    assert "cannot watch sglang.srt.mem_cache.swa_radix_cache" in caplog.text
+    SWARadixCache()  # unchanged
+
+
+def test_a_tree_of_another_pool_is_never_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One tree registered (the server's), a dump of another pool: not its tree (its slots
+    would read as that pool's leaks)."""
+    monkeypatch.setattr(tree_capture, "_TREES", [])
+    table = object()
+    only = _Tree(table)
+    register_tree_cache(only)
+    assert tree_for(table) is only and tree_for(object()) is None

@@ -31,7 +31,9 @@ first dump is left to its check's findings):
   free in between;
 - `PREFIX_REWRITTEN`: a written cell of a live request (its row the same request: a later
   written position unchanged) that holds another slot now, with the old slot's fate, unless
-  the radix cache put its own slot there (de-duplication: `_deduplicated`);
+  the radix cache put its own slot there (de-duplication: `_deduplicated`). Without the
+  tree's record only a rewrite whose old slot the dump proves orphaned is one; the others
+  (`_undecided`: SGLang's retraction and re-prefill look the same) are a note;
 - `LUT_REWRITTEN`: a continuing cell in its request's SWA window whose LUT entry maps to
   another non-zero SWA slot;
 - `SWA_LEAK`: SWA pages leaked (neither free nor mapped from a held full slot) that the last
@@ -360,8 +362,11 @@ def snapshot(
         swa_known=swa_known,
         window=dump.scalar("swa_window_size") or None,
         leaked=leaked,
-        tree=None if dump.tree_full_slots is None else distinct(dump.tree_full_slots),
-        held=None if held is None else distinct(held),
+        # a shrunk dump keeps none of these records (they are leak accounting's): unrecorded
+        tree=None
+        if dump.tree_full_slots is None or dump.shrunk
+        else distinct(dump.tree_full_slots),
+        held=None if held is None or dump.shrunk else distinct(held),
     )
     if focus is not None:
         _focus(snap, dump, *focus)
@@ -529,6 +534,9 @@ class _Tracker:
         default_factory=dict
     )
     moments: list[SlotMoment] = field(default_factory=list)
+    #: rewritten cells a dump without the tree's record cannot decide (`_undecided`): per
+    #: interval (from, to, cells); a note, not an event.
+    undecided: list[tuple[int, int, int]] = field(default_factory=list)
 
     def add(self, snap: Snapshot, report: DumpReport | None) -> None:
         """Compare a dump with the one before, then keep it as the one before."""
@@ -593,6 +601,10 @@ class _Tracker:
         cont = b.position < np.repeat(np.where(same, written, 0), b.lengths)
         cont[changed] = False
         broken = ~_deduplicated(a, b, rewritten, old_cell)
+        undecided = broken & _undecided(b, a.slot[old_cell])
+        if undecided.any():
+            self.undecided.append((a.index, b.index, int(np.count_nonzero(undecided))))
+        broken &= ~undecided
         # continuing cells of rows in `a`: the same cell there
         mapped = cont & np.repeat(in_a & same, b.lengths)
         a_cell = np.zeros(b.slot.shape, dtype=np.int64)
@@ -917,6 +929,23 @@ class _Tracker:
             assert isinstance(cells, dict)
             cells[index] = cells.get(index, 0) + finding.count
 
+    def _undecided_note(self) -> str:
+        """What the dumps without the tree's record could not decide, and what would."""
+        first, to, _ = self.undecided[0]
+        cells = sum(count for _, _, count in self.undecided)
+        where = f"first between dumps {first} and {to}, {_steps(self.steps[first], self.steps[to])}"
+        if len(self.undecided) > 1:
+            where += f"; {len(self.undecided)} intervals in all"
+        return (
+            f"{cells} written cell(s) of live requests hold another slot than in the dump "
+            f"before ({where}), where the later dump records no radix tree (`tree_full_slots`) "
+            "and its own bookkeeping does not show the old slot orphaned: not reported as "
+            "prefix-rewritten, since such dumps cannot tell a rewrite from SGLang's own moves "
+            "(a request retracted and prefilled again between the dumps, the old slots kept "
+            "or freed by the tree). Dumps that record the tree decide it (the capture hook "
+            "records it when it finds SGLang's radix cache); closer snapshots make it rarer"
+        )
+
     def report(self, rank: str | None, *, checked: bool, notes: list[str]) -> TimelineReport:
         """The results, once every dump has been added."""
         count = len(self.dumps)
@@ -951,6 +980,8 @@ class _Tracker:
         if self.focus is not None:
             events = [e for e in events if _touches(e, *self.focus)]
             slot = SlotHistory(slot=self.focus[0], space=self.focus[1], moments=tuple(self.moments))
+        elif self.undecided:
+            notes = [*notes, self._undecided_note()]
         return TimelineReport(
             rank=rank,
             dumps=tuple(self.dumps),
@@ -1058,16 +1089,39 @@ def _deduplicated(a: Snapshot, b: Snapshot, cells: np.ndarray, old_cells: np.nda
     if cells.size == 0:
         return np.zeros(0, dtype=bool)
     new, old = b.slot[cells], a.slot[old_cells]
-    accounted = b.listed_free(old) | SlotSet(distinct(b.slot // b.page)).contains(old // b.page)
-    for held in (b.held, b.tree):
-        if held is not None:
-            accounted |= SlotSet(held).contains(old)
+    accounted = _accounted(b, old)
     if b.tree is not None:
         cached = SlotSet(b.tree).contains(new)
     else:
         cached = _shared(b, cells) | (a.speaks_for(new) & ~a.listed_free(new))
     deduplicated: np.ndarray = cached & ~b.listed_free(new) & accounted
     return deduplicated
+
+
+def _accounted(b: Snapshot, old: np.ndarray) -> np.ndarray:
+    """Per old slot of a rewritten cell: `b` accounts for it (listed free, in a page a live
+    cell holds, or held as `b` records it: `held_full_slots`, the tree's record)."""
+    accounted: np.ndarray = b.listed_free(old)
+    accounted |= SlotSet(distinct(b.slot // b.page)).contains(old // b.page)
+    for held in (b.held, b.tree):
+        if held is not None:
+            accounted |= SlotSet(held).contains(old)
+    return accounted
+
+
+def _undecided(b: Snapshot, old: np.ndarray) -> np.ndarray:
+    """Which rewritten cells (not de-duplicated, old slots `old`) `b` cannot tell from SGLang's
+    own moves: without the tree's record, a request retracted and prefilled again between
+    sparse dumps, whose old slots the tree keeps or freed and whose new ones the tree took
+    over, looks rewritten (issue 43). Such a cell is decided only when its old slot is proved
+    orphaned by `b`'s own bookkeeping: its free list speaks for the slot and does not list
+    it, and its record of what is held (`held_full_slots`) does not hold it."""
+    if b.tree is not None:
+        return np.zeros(old.shape, dtype=bool)
+    if b.held is None:
+        return np.ones(old.shape, dtype=bool)
+    undecided: np.ndarray = ~b.speaks_for(old) | _accounted(b, old)
+    return undecided
 
 
 def _shared(b: Snapshot, cells: np.ndarray) -> np.ndarray:

@@ -19,7 +19,9 @@ forked) inherit through the environment. Either
 Then ``KVCANARY_DUMP_DIR=/tmp/kvcanary-dumps python -m sglang.launch_server ...``. Importing this
 package costs only the standard library; with the variable set it arms an import hook that
 wraps SGLang's modules as soon as SGLang loads them (SGLang itself is not imported early), so
-even ``from ... import launch_canary_plan_kernels`` bindings made later get the wrapper.
+even ``from ... import launch_canary_plan_kernels`` bindings made later get the wrapper, and
+every radix tree SGLang builds registers itself (`register_tree_cache`), so dumps record what
+it holds.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ from kvcanary_cli.capture.launcher import (
 from kvcanary_cli.capture.leaks import SGLANG_CHECKER_MODULE, watch_invariant_checker
 from kvcanary_cli.capture.server import (
     SGLANG_CANARY_MODULE,
+    SGLANG_TREE_CLASSES,
     register_canary_manager,
     register_model_runner,
     server_context,
     watch_model_runners,
+    watch_tree_classes,
 )
 from kvcanary_cli.capture.store import (
     DEFAULT_DUMP_LIMIT,
@@ -48,6 +52,7 @@ from kvcanary_cli.capture.store import (
     PLAN_ARGUMENTS,
     save_plan_inputs,
 )
+from kvcanary_cli.capture.tree import register_tree_cache
 from kvcanary_cli.capture.triggers import SGLANG_REPORTER_MODULE, watch_violation_reporter
 
 __all__ = [
@@ -60,14 +65,17 @@ __all__ = [
     "SGLANG_PLAN_FUNCTION",
     "SGLANG_PLAN_MODULE",
     "SGLANG_REPORTER_MODULE",
+    "SGLANG_TREE_CLASSES",
     "install_from_env",
     "install_sglang_hook",
     "register_canary_manager",
     "register_model_runner",
+    "register_tree_cache",
     "save_plan_inputs",
     "server_context",
     "watch_invariant_checker",
     "watch_model_runners",
+    "watch_tree_classes",
     "watch_violation_reporter",
 ]
 

@@ -3,9 +3,11 @@
 `install_sglang_hook` wraps `launch_canary_plan_kernels`: every call is remembered (for dumps
 taken between calls), a call that raises leaves a dump before its exception continues
 unchanged, and the optional guard and snapshots (`triggers`) run around the launch. The
-import hook wraps the launcher, SGLang's `install_canary` and its violation reporter as soon as
-SGLang loads them, so bindings made later (`kernel_launcher` imports the launcher from the
-`plan` package) get the wrapper; SGLang itself is never imported early.
+import hook wraps the launcher, SGLang's `install_canary`, its violation reporter, its
+invariant checker and its radix cache classes (`server.watch_tree_classes`: every tree built
+registers itself, so dumps record what it holds) as soon as SGLang loads them, so bindings
+made later (`kernel_launcher` imports the launcher from the `plan` package) get the wrapper;
+SGLang itself is never imported early.
 """
 
 from __future__ import annotations
@@ -101,6 +103,10 @@ def install_sglang_hook(
     checker = sys.modules.get(leaks.SGLANG_CHECKER_MODULE)
     if checker is not None:
         leaks.watch_invariant_checker(checker)
+    for name in server.SGLANG_TREE_CLASSES:  # trees built from now on register themselves
+        cache = sys.modules.get(name)
+        if cache is not None:
+            server.watch_tree_classes(cache)
     return True
 
 
@@ -141,6 +147,7 @@ def install_from_env() -> bool:
         server.SGLANG_CANARY_MODULE,
         triggers.SGLANG_REPORTER_MODULE,
         leaks.SGLANG_CHECKER_MODULE,
+        *server.SGLANG_TREE_CLASSES,
     )
     for loaded in (sys.modules.get(module) for module in watched):
         if loaded is not None:
@@ -164,6 +171,8 @@ def _watch(module: ModuleType, dump_dir: str) -> None:
         triggers.watch_violation_reporter(module)
     elif module.__name__ == leaks.SGLANG_CHECKER_MODULE:
         leaks.watch_invariant_checker(module)
+    elif module.__name__ in server.SGLANG_TREE_CLASSES:
+        server.watch_tree_classes(module)
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -247,13 +256,14 @@ def _dump_failed_call(exc: Exception, kwargs: Mapping[str, Any], *, step: int) -
 
 class _InstallOnImport(importlib.abc.MetaPathFinder):
     """Import hook: wrap the launcher (in either release layout), `install_canary`, the
-    violation reporter and the scheduler's invariant checker as soon as SGLang loads them. It
-    steps out of `sys.meta_path` once all are loaded (one launcher module is enough: a release
-    has only one)."""
+    violation reporter, the scheduler's invariant checker and the radix cache classes (so each
+    tree registers itself) as soon as SGLang loads them. It steps out of `sys.meta_path` once
+    all are loaded (one launcher module is enough: a release has only one); a module the
+    release lacks keeps it there, at the cost of one set lookup per first import of a module."""
 
     def __init__(self, dump_dir: str) -> None:
         self.dump_dir = dump_dir
-        watched = {*SGLANG_PLAN_MODULES, server.SGLANG_CANARY_MODULE}
+        watched = {*SGLANG_PLAN_MODULES, server.SGLANG_CANARY_MODULE, *server.SGLANG_TREE_CLASSES}
         watched.update((triggers.SGLANG_REPORTER_MODULE, leaks.SGLANG_CHECKER_MODULE))
         self.pending = watched - set(sys.modules)
         if any(name in sys.modules for name in SGLANG_PLAN_MODULES):

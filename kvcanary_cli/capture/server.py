@@ -1,6 +1,7 @@
 """What the serving process knows besides a launcher call: its model runners (pool sizes,
-page size, free lists), its canary managers (canary buffers, the violation ring) and the last
-plan call it made.
+page size, free lists), its canary managers (canary buffers, the violation ring), its radix
+trees (each registers itself in `capture.tree` once `watch_tree_classes` wrapped its class)
+and the last plan call it made.
 
 Everything is held weakly or replaced each step, read best effort (an attribute another SGLang
 version renamed costs that fact, never the dump), and copied off the device only when a dump
@@ -20,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "ORIGINAL_ATTR",
+    "SGLANG_TREE_CLASSES",
     "canary_state",
     "last_call",
     "last_step",
@@ -35,6 +37,7 @@ __all__ = [
     "server_context",
     "sglang_version",
     "watch_model_runners",
+    "watch_tree_classes",
 ]
 
 logger = logging.getLogger("kvcanary.capture")
@@ -46,6 +49,15 @@ SGLANG_INSTALL_FUNCTION = "install_canary"
 #: Attribute on a wrapper pointing at the function it wraps (marks it, and makes reinstalling
 #: replace the wrapper instead of stacking a second one).
 ORIGINAL_ATTR = "__kvcanary_original__"
+
+#: SGLang's radix caches, by the module that defines them: `UnifiedRadixCache` (0.5.21 on),
+#: the SWA tree of the releases before it, and `RadixCache` (every release; the caches built
+#: on it call its `__init__`). Each registers itself when built, once its module is watched.
+SGLANG_TREE_CLASSES = {
+    "sglang.srt.mem_cache.unified_radix_cache": "UnifiedRadixCache",
+    "sglang.srt.mem_cache.swa_radix_cache": "SWARadixCache",
+    "sglang.srt.mem_cache.radix_cache": "RadixCache",
+}
 
 #: Model runners and canary managers this process set the canary up for (weakly held).
 _RUNNERS: list[weakref.ref[Any]] = []
@@ -101,6 +113,41 @@ def watch_model_runners(module: ModuleType) -> bool:
     setattr(install_and_register, ORIGINAL_ATTR, original)
     setattr(module, SGLANG_INSTALL_FUNCTION, install_and_register)
     rebind(current, install_and_register, SGLANG_INSTALL_FUNCTION)
+    return True
+
+
+def watch_tree_classes(module: ModuleType) -> bool:
+    """Wrap the `__init__` of the radix cache class `module` defines (`SGLANG_TREE_CLASSES`)
+    so that every tree built registers itself; the construction itself is unchanged, and a
+    tree that cannot be registered is only logged. Watching again replaces the wrapper
+    instead of stacking a second one. False when the module has no such class."""
+    cls = getattr(module, SGLANG_TREE_CLASSES.get(getattr(module, "__name__", ""), ""), None)
+    init = vars(cls).get("__init__") if isinstance(cls, type) else None
+    if not callable(init):
+        return False
+    original: Callable[..., Any] = getattr(init, ORIGINAL_ATTR, init)
+
+    @functools.wraps(original)
+    def init_and_register(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            from kvcanary_cli.capture.tree import register_tree_cache
+
+            register_tree_cache(self)
+        except Exception as exc:  # the tree is built: registering it must not undo that
+            logger.debug("kvcanary: could not register the tree (%s: %s)", type(exc).__name__, exc)
+
+    setattr(init_and_register, ORIGINAL_ATTR, original)
+    try:
+        cls.__init__ = init_and_register  # type: ignore[misc]  # wrapping it is the point
+    except (AttributeError, TypeError) as exc:  # a class that refuses new attributes
+        logger.warning(
+            "kvcanary: cannot watch %s for its radix tree (%s: %s); dumps will not record it",
+            getattr(module, "__name__", module),
+            type(exc).__name__,
+            exc,
+        )
+        return False
     return True
 
 

@@ -10,10 +10,13 @@ every release: `get_all_free_pages()` where it exists, else `free_pages` plus th
 `release_pages`). `batch_state` adds the step's batch (a `ScheduleBatch` after its
 allocation), so `capture_state` is a whole format-v1 dump's tensors and metadata.
 
-Register a tree with `register_tree_cache` (weakly held) and the hook reads it back with
-`tree_for(req_to_token)`. Every read is best effort: a renamed attribute costs that fact,
-never the dump, and nothing here raises into SGLang. Importing costs only the standard
-library; numpy and torch are imported when a state is read.
+The capture hook finds the tree by itself: `server.watch_tree_classes` wraps the `__init__`
+of SGLang's radix cache classes as their modules load, so every tree built after registers
+itself (weakly held) with `register_tree_cache`, and the hook reads it back with
+`tree_for(req_to_token)`. A tree built before the hook was installed is registered
+by calling `register_tree_cache` yourself. Every read is best effort: a renamed attribute
+costs that fact, never the dump, and nothing here raises into SGLang. Importing costs only
+the standard library; numpy and torch are imported when a state is read.
 """
 
 from __future__ import annotations
@@ -47,13 +50,14 @@ def register_tree_cache(tree: object) -> None:
 
 
 def tree_for(req_to_token: object) -> Any:
-    """The registered tree whose ReqToTokenPool holds `req_to_token` (or the only one)."""
-    alive = [tree for tree in (ref() for ref in _TREES) if tree is not None]
-    for tree in alive:
+    """The registered tree whose ReqToTokenPool holds `req_to_token` (SGLang's tree and model
+    runner share the pool), else None: another pool's tree is never recorded, since its
+    slots would read as this pool's leaks."""
+    for tree in (ref() for ref in _TREES):
         pool = getattr(tree, "req_to_token_pool", None)
-        if getattr(pool, "req_to_token", None) is req_to_token:
+        if tree is not None and getattr(pool, "req_to_token", None) is req_to_token:
             return tree
-    return alive[0] if len(alive) == 1 else None
+    return None
 
 
 def _host(values: Any) -> Any:

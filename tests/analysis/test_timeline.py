@@ -155,6 +155,14 @@ def test_shrunk_dumps_tell_the_same_story(tmp_path: Path, name: str) -> None:
         assert shrunk.events == () and all(d.leaked_swa_pages is None for d in shrunk.dumps)
         assert any("SWA leaks not accounted" in n for n in shrunk.notes)
         return
+    if name == "prefix-rewritten":  # nor what is held: the orphaned old page is not proved
+        # orphaned, and the rewrite is a note (issue 43), dated as the event was
+        (event,) = full.events
+        assert shrunk.events == () and not shrunk.failed
+        (note,) = [n for n in shrunk.notes if "tree_full_slots" in n]
+        assert note.startswith(f"{event.cells.slot.size} written cell(s)")  # type: ignore[union-attr]
+        assert f"between dumps {event.from_dump} and {event.to_dump}" in note
+        return
     strip = [(e.kind, e.after_step, e.at_step, e.cells.slot.tolist()) for e in full.events]  # type: ignore[union-attr]
     assert [
         (e.kind, e.after_step, e.at_step, e.cells.slot.tolist())  # type: ignore[union-attr]
@@ -582,10 +590,12 @@ def test_a_rewritten_written_cell_is_an_event_with_the_old_slots_fate(
     tmp_path: Path, free: list[int] | None, other: dict[int, list[int]], fate: int, word: str
 ) -> None:
     """Row 1 holds 10 11 12, then 10 40 12 13: position 1 changed while the request grew (its
-    later written position unchanged), which SGLang never does while it keeps the row."""
+    later written position unchanged), which SGLang never does while it keeps the row. The
+    later dump records the tree (10 12), which does not hold 40: no de-duplication."""
     old = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12], 2: [20, 21]}, free and [40])
     rows = {1: [10, 40, 12, 13], 2: [20, 21, 22], **other}
-    new = _pair_dump(tmp_path / "b.safetensors", 2, rows, free)
+    tree = np.array([10, 12], dtype=np.int64)
+    new = _pair_dump(tmp_path / "b.safetensors", 2, rows, free, tree_full_slots=tree)
     for report in (
         timeline([old, new], planner=PLANNER),
         api.diff(old, new),  # diff reads the same intervals
@@ -605,9 +615,12 @@ def test_a_rewritten_written_cell_is_an_event_with_the_old_slots_fate(
 
 
 def test_a_rewritten_cell_is_reported_once(tmp_path: Path) -> None:
+    tree = np.array([10], dtype=np.int64)
     a = _pair_dump(tmp_path / "a.safetensors", 1, {1: [10, 11, 12]}, [40, 41])
-    b = _pair_dump(tmp_path / "b.safetensors", 2, {1: [10, 40, 12, 13]}, [41])
-    c = _pair_dump(tmp_path / "c.safetensors", 3, {1: [10, 40, 12, 13, 14]}, [41])
+    b = _pair_dump(tmp_path / "b.safetensors", 2, {1: [10, 40, 12, 13]}, [41], tree_full_slots=tree)
+    c = _pair_dump(
+        tmp_path / "c.safetensors", 3, {1: [10, 40, 12, 13, 14]}, [41], tree_full_slots=tree
+    )
     report = timeline([a, b, c], planner=PLANNER)
     assert [(e.kind, e.to_dump) for e in report.events] == [(EventKind.PREFIX_REWRITTEN, 1)]
 
@@ -649,6 +662,7 @@ def test_the_rewrite_check_is_vectorized_over_a_big_pool(tmp_path: Path) -> None
             "req_to_token": t,
             "req_pool_indices": batch,
             "prefix_lens": np.full(batch.size, n, dtype=np.int64),
+            "tree_full_slots": np.array([101], dtype=np.int64),  # not the new slots
         }
         meta = {"rank": "0", "step": str(step), "num_full_slots": str(20_000_000)}
         paths.append(write_dump(tmp_path / f"{step}.safetensors", dump_contents(meta, tensors)))
@@ -664,7 +678,12 @@ def test_the_rewrite_check_is_vectorized_over_a_big_pool(tmp_path: Path) -> None
 
 
 def _dedup_pair(
-    tmp_path: Path, *, tree: list[int] | None, free: list[int] | None, other: list[int]
+    tmp_path: Path,
+    *,
+    tree: list[int] | None,
+    free: list[int] | None,
+    other: list[int],
+    held: list[int] | None = None,
 ) -> TimelineReport:
     """Row 1 holds 10 11 12 13 14 (written), then 10 11 50 51 14 15: the radix cache inserted
     the request's tokens, found those at 2 and 3 cached as 50 51 (another request's), wrote the
@@ -674,6 +693,8 @@ def _dedup_pair(
     extra: dict[str, Any] = {}
     if tree is not None:
         extra["tree_full_slots"] = np.array(tree, dtype=np.int64)
+    if held is not None:
+        extra["held_full_slots"] = np.array(held, dtype=np.int64)
     rows = {1: [10, 11, 50, 51, 14, 15], **({2: other} if other else {})}
     new = _pair_dump(tmp_path / "b.safetensors", 2, rows, free, **extra)
     return timeline([old, new], planner=PLANNER)
@@ -700,9 +721,8 @@ def test_the_old_slot_still_held_by_the_tree_is_accounted(tmp_path: Path) -> Non
         ([10, 11, 14], [12, 13, 60]),  # 50 51 are no slots the tree holds: a rewrite
         ([10, 11, 14, 50, 51], [60]),  # 12 13 neither free, held nor the tree's: orphaned
         ([10, 11, 14, 50, 51], [12, 13, 50, 51, 60]),  # the tree's, and listed free
-        (None, [12, 13, 60]),  # no record of the tree: 50 51 came off the free list
     ],
-    ids=["new-slot-not-the-trees", "old-slot-orphaned", "new-slot-listed-free", "no-tree"],
+    ids=["new-slot-not-the-trees", "old-slot-orphaned", "new-slot-listed-free"],
 )
 def test_a_rewrite_the_tree_does_not_account_for_is_still_an_event(
     tmp_path: Path, tree: list[int] | None, free: list[int]
@@ -723,9 +743,50 @@ def test_without_a_tree_record_a_prefix_another_request_shares_is_the_trees(
     after the same slot (one owner: the shared cached prefix), and the old ones are free."""
     report = _dedup_pair(tmp_path, tree=None, free=[12, 13, 60], other=[10, 11, 50, 51, 70])
     assert EventKind.PREFIX_REWRITTEN not in [e.kind for e in report.events]
-    # the same picture with the old slots orphaned stays an event
-    report = _dedup_pair(tmp_path, tree=None, free=[60], other=[10, 11, 50, 51, 70])
+    # the same picture with the old slots orphaned (neither free nor held, as the dump's
+    # `held_full_slots` says) stays an event
+    held = [10, 11, 14, 15, 50, 51, 70]
+    report = _dedup_pair(tmp_path, tree=None, free=[60], other=[10, 11, 50, 51, 70], held=held)
     assert EventKind.PREFIX_REWRITTEN in [e.kind for e in report.events]
+
+
+@pytest.mark.parametrize(
+    ("free", "held"),
+    [
+        ([60], None),  # 12 13 not free: the tree may keep them (a request retracted, then
+        # prefilled again with 50 51 fresh from the free list)
+        ([12, 13, 60], None),  # 12 13 freed, 50 51 fresh: the tree may have taken them over
+        (None, None),  # no free list either
+        ([12, 13, 60], [10, 11, 14, 15, 50, 51]),  # held recorded, but 12 13 are free
+        ([60], [10, 11, 12, 13, 14, 15, 50, 51]),  # held recorded, and it holds 12 13
+    ],
+    ids=["old-not-free", "old-free", "no-free-list", "held-old-free", "held-old-held"],
+)
+def test_without_a_tree_record_a_rewrite_it_cannot_tell_apart_is_a_note(
+    tmp_path: Path, free: list[int] | None, held: list[int] | None
+) -> None:
+    """Issue 43: dumps without the tree's record, a few plans apart, show a request retracted
+    and prefilled again in its row between them as a rewrite (its old slots kept or freed by
+    the tree, its new ones fresh from the free list): no dump of the pair tells it from a
+    fault. No event, then, but a note that says so and what would decide it."""
+    report = _dedup_pair(tmp_path, tree=None, free=free, other=[], held=held)
+    assert report.events == () and not report.failed
+    (note,) = [n for n in report.notes if "tree_full_slots" in n]
+    assert note.startswith("2 written cell(s)") and "between dumps 0 and 1" in note
+    assert "retracted and prefilled again" in note and "record the tree" in note
+    (interval,) = report.intervals
+    assert interval.grew == (1,)
+
+
+def test_without_a_tree_record_an_orphaned_old_slot_is_still_an_event(tmp_path: Path) -> None:
+    """The twin: the dump's own bookkeeping (`held_full_slots` and the free list) proves the old
+    slots orphaned: neither free nor held by anyone, the tree included. An event, no note."""
+    report = _dedup_pair(tmp_path, tree=None, free=[60], other=[], held=[10, 11, 14, 15, 50, 51])
+    (event,) = report.events
+    assert event.kind is EventKind.PREFIX_REWRITTEN
+    assert event.cells.extra["old_slot"].tolist() == [12, 13]
+    assert event.cells.extra["old_slot_fate"].tolist() == [0, 0]
+    assert not [n for n in report.notes if "tree_full_slots" in n]
 
 
 def _lut(mapped: dict[int, int]) -> np.ndarray:

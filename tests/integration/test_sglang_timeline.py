@@ -12,6 +12,9 @@ row (a new occupancy whose pending writes get new SWA slots). Skipped without th
 
 from __future__ import annotations
 
+import itertools
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,14 +45,35 @@ def sglang() -> Any:
 
 @dataclass
 class History:
-    """One clean run's plan-time dumps (step order) and what the run went through."""
+    """One clean run's plan-time dumps (step order) and what the run went through; `bare`:
+    the same states recorded as a snapshot of a server whose tree the hook did not find
+    (the free lists, no tree and no running requests' lengths), when asked for."""
 
     paths: list[Path]
     counters: dict[str, int]
     evictions: int
+    bare: list[Path]
 
 
-def _history(sglang: Any, page_size: int, core: str, seed: int, folder: Path) -> History:
+def _bare_dump(scheduler: Any, batch: Any, path: Path) -> Path:
+    from kvcanary_cli.capture.tree import capture_state
+    from kvcanary_cli.dump.writer import dump_contents, write_dump
+
+    stack = scheduler.stack
+    tensors, metadata = capture_state(
+        req_to_token_pool=stack.req_to_token_pool,
+        allocator=stack.allocator,
+        batch=batch,
+        window=stack.spec.window,
+    )
+    tensors.pop("req_pool_allocated_lens", None)
+    metadata.update(step=str(scheduler.step_no), rank="0")
+    return write_dump(path, dump_contents(metadata, tensors))
+
+
+def _history(
+    sglang: Any, page_size: int, core: str, seed: int, folder: Path, *, bare: bool = False
+) -> History:
     """Run soak's pressured stack on a seeded workload of 100 steps, recording the state at
     every plan (what the capture hook's snapshot trigger records), and counting the tree's
     evictions."""
@@ -74,16 +98,20 @@ def _history(sglang: Any, page_size: int, core: str, seed: int, folder: Path) ->
     scheduler = Scheduler(stack, workload)
     folder.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
+    bare_paths: list[Path] = []
 
     def on_plan(batch: Any) -> None:
         path = folder / f"{scheduler.step_no:04d}.safetensors"
         paths.append(record_dump(scheduler, batch, path))
+        if bare:
+            bare_path = folder / f"{scheduler.step_no:04d}-bare.safetensors"
+            bare_paths.append(_bare_dump(scheduler, batch, bare_path))
 
     while scheduler.step_no < steps * 4 + 64:
         scheduler.step(on_plan)
         if scheduler.done and scheduler.step_no >= steps:
             break
-    return History(paths, scheduler.counters.as_dict(), evictions[0])
+    return History(paths, scheduler.counters.as_dict(), evictions[0], bare_paths)
 
 
 def _rows(path: Path) -> dict[int, tuple[int, int, np.ndarray]]:
@@ -144,6 +172,103 @@ def test_a_request_prefilled_again_in_its_row_is_a_new_request(sglang: Any, tmp_
     assert sum(len(i.reused) for i in report.intervals) >= shrank
 
 
+# --- the radix tree SGLang builds, recorded without registering it (issue 43) ----------------
+
+_TREE_MODULE = "sglang.srt.mem_cache.unified_radix_cache"
+
+
+class _Runner:
+    """What the hook reads from SGLang's ModelRunner: its pools."""
+
+    def __init__(self, req_to_token_pool: Any, allocator: Any) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = allocator
+
+
+def test_snapshots_record_the_radix_tree_sglang_builds(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43: on a server nothing calls `register_tree_cache`. With the hook armed by
+    `KVCANARY_DUMP_DIR` (here after SGLang loaded its modules: `import kvcanary_cli.capture`
+    late; the import-hook path is tests/test_capture_tree.py's), the `UnifiedRadixCache` the
+    scheduler builds registers itself, and every snapshot the capture hook writes records
+    what it holds. Those
+    snapshots (the tree's record, the free lists, no running requests' lengths) are
+    check-clean, and their timeline, consecutive and every third, has no event and no
+    undecided rewrite."""
+    import torch
+
+    from kvcanary_cli.capture import (
+        DUMP_DIR_ENV,
+        install_from_env,
+        launcher,
+        server,
+        store,
+        triggers,
+    )
+    from kvcanary_cli.capture import tree as tree_capture
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.stack import StackSpec, build_stack
+    from kvcanary_cli.soak.workload import random_workload
+
+    cls = sglang.unified_radix_cache.UnifiedRadixCache
+    monkeypatch.setattr(cls, "__init__", vars(cls)["__init__"])  # unwrapped after the test
+    monkeypatch.setattr(tree_capture, "_TREES", [])
+    monkeypatch.setitem(sys.modules, _TREE_MODULE, sglang.unified_radix_cache)
+    dumps = tmp_path / "dumps"
+    for name, value in ((DUMP_DIR_ENV, str(dumps)), ("KVCANARY_DUMP_EVERY", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "1000")
+    monkeypatch.setattr(store, "BUDGET", store.Budget())
+    monkeypatch.setattr(triggers, "_SETTINGS", [triggers.Settings()])
+    monkeypatch.setattr(server, "_LAST", {})
+    monkeypatch.setattr(server, "_RUNNERS", [])
+    monkeypatch.setattr(server, "_calls", itertools.count())
+    before = list(sys.meta_path)
+    try:
+        assert install_from_env()
+    finally:
+        sys.meta_path[:] = before
+    plan = types.ModuleType("kvcanary_test_plan")  # the launcher's call, not its work
+    plan.launch_canary_plan_kernels = lambda **kwargs: None  # type: ignore[attr-defined]
+    assert launcher.install_sglang_hook(dumps, module=plan)
+
+    spec = StackSpec.pressured(4, "python")
+    stack = build_stack(sglang, spec)
+    # what `install_canary` registers on a server: the model runner, with its pools
+    runner = _Runner(stack.req_to_token_pool, stack.allocator)
+    server.register_model_runner(runner)
+    scheduler = Scheduler(
+        stack, random_workload(1005, steps=40, requests=10, max_prompt=60, max_new=20)
+    )
+
+    def on_plan(batch: Any) -> None:
+        facts = tree_capture.batch_state(batch)
+        plan.launch_canary_plan_kernels(
+            req_pool_indices=torch.from_numpy(facts["req_pool_indices"]),
+            prefix_lens=torch.from_numpy(facts["prefix_lens"]),
+            extend_seq_lens=torch.from_numpy(facts["extend_seq_lens"]),
+            req_to_token=stack.req_to_token_pool.req_to_token,
+            swa_window_size=spec.window,
+            full_to_swa_index_mapping=stack.allocator.full_to_swa_index_mapping,
+        )
+
+    while scheduler.step_no < 40:
+        scheduler.step(on_plan)
+    paths = sorted(dumps.glob("*-snapshot.safetensors"))
+    assert len(paths) > 20
+    last = load_dump(paths[-1])
+    assert last.tree_full_slots is not None and last.tree_swa_resident_slots is not None
+    held = np.sort(np.asarray(stack.tree.all_values_flatten().tolist(), dtype=np.int64))
+    assert np.array_equal(np.sort(last.tree_full_slots), held) and held.size > 0
+    report = timeline(paths, planner=VECTORIZED)  # checks every dump too
+    assert report.events == () and report.findings == () and not report.failed
+    assert not [n for n in report.notes if "tree_full_slots" in n]
+    for start in range(3):
+        sparse = timeline(paths[start::3], planner=None)
+        assert sparse.events == () and not [n for n in sparse.notes if "tree_full_slots" in n]
+
+
 #: (page size, core) x seeds: 6 x 4 = 24 histories (about 2,200 consecutive pairs), chosen
 #: among seeds whose runs retract at page sizes 4 and 16.
 SWEEP = [
@@ -161,12 +286,17 @@ def test_timelines_of_clean_real_histories_report_nothing(
     """24 clean histories of the real stack (page sizes 1, 4 and 16, both tree cores, 4 seeds
     each; chunked prefill, decode, window frees, retraction, eviction, de-duplication): the
     timeline of every plan-time state, consecutive and every third, reports no event, and
-    each state is check-clean (`timeline` checks every dump of the consecutive run)."""
+    each state is check-clean (`timeline` checks every dump of the consecutive run).
+
+    The same states recorded without the tree (a server whose tree the hook did not find),
+    every third and every fifth from each offset: no event either (issue 43: before, 60 and
+    102 prefix-rewritten events over 120 histories, a request retracted and prefilled again
+    between the dumps); what such dumps cannot decide is a note."""
     totals = {"pairs": 0, "rewritten": 0, "shrank": 0, "retractions": 0, "chunks": 0}
-    evictions = 0
+    evictions = undecided = 0
     for page_size, core, seed in SWEEP:
         folder = tmp_path_factory.mktemp(f"timeline-{page_size}-{core}-{seed}")
-        history = _history(sglang, page_size, core, seed, folder)
+        history = _history(sglang, page_size, core, seed, folder, bare=True)
         paths = history.paths
         report = timeline(paths, planner=VECTORIZED)
         label = (page_size, core, seed)
@@ -174,6 +304,11 @@ def test_timelines_of_clean_real_histories_report_nothing(
         assert report.findings == () and not report.failed, (label, report.findings[:3])
         for start in range(3):
             assert _events(paths[start::3], planner=None) == [], (label, start)
+        for every in (3, 5):
+            for start in range(every):
+                sparse = timeline(history.bare[start::every], planner=None)
+                assert sparse.events == (), (label, every, start, sparse.events[0].message)
+                undecided += any("tree_full_slots" in n for n in sparse.notes)
         rewritten, shrank = _moves(paths)
         totals["pairs"] += len(paths) - 1
         totals["rewritten"] += rewritten
@@ -185,3 +320,4 @@ def test_timelines_of_clean_real_histories_report_nothing(
     assert totals["pairs"] > 2000, totals
     assert all(totals[k] > 0 for k in ("rewritten", "shrank", "retractions", "chunks")), totals
     assert evictions > 0
+    assert undecided > 0  # the bare sweep reaches what its rule is for
