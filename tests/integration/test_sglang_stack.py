@@ -18,22 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.sglang_wheel import MISSING_WHEEL, wheel_path
+from tests.sglang_wheel import wheel_path
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="session")
-def sglang() -> Any:
-    wheel = wheel_path()
-    if wheel is None:
-        pytest.skip(MISSING_WHEEL)
-    from kvcanary_cli.soak.stack import SGLangUnavailableError, load_sglang
-
-    try:
-        return load_sglang(wheel)
-    except SGLangUnavailableError as exc:
-        pytest.skip(f"SGLang's stack does not import here: {exc}")
 
 
 def _spec(page_size: int, core: str) -> Any:

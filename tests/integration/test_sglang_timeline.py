@@ -25,22 +25,8 @@ import pytest
 from kvcanary_cli.analysis.timeline import timeline
 from kvcanary_cli.dump.loader import load_dump
 from tests.helpers import VECTORIZED
-from tests.sglang_wheel import MISSING_WHEEL, wheel_path
 
 pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="session")
-def sglang() -> Any:
-    wheel = wheel_path()
-    if wheel is None:
-        pytest.skip(MISSING_WHEEL)
-    from kvcanary_cli.soak.stack import SGLangUnavailableError, load_sglang
-
-    try:
-        return load_sglang(wheel)
-    except SGLangUnavailableError as exc:
-        pytest.skip(f"SGLang's stack does not import here: {exc}")
 
 
 @dataclass

@@ -1,0 +1,23 @@
+"""The one load of SGLang 0.5.23's memory-cache stack that the stack and timeline tests share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.sglang_wheel import MISSING_WHEEL, wheel_path
+
+
+@pytest.fixture(scope="session")
+def sglang() -> Any:
+    """SGLang's modules from the cached release wheel; the test is skipped without it."""
+    wheel = wheel_path()
+    if wheel is None:
+        pytest.skip(MISSING_WHEEL)
+    from kvcanary_cli.soak.stack import SGLangUnavailableError, load_sglang
+
+    try:
+        return load_sglang(wheel)
+    except SGLangUnavailableError as exc:
+        pytest.skip(f"SGLang's stack does not import here: {exc}")
