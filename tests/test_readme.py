@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.torch_extra import WITHOUT_TORCH, needs_torch
+from tests.torch_extra import HAS_TORCH, WITHOUT_TORCH, needs_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"```text\n\$ kvcanary (?P<args>[^\n]*)\n(?P<output>.*?)```", re.S)
@@ -205,3 +205,29 @@ def test_the_quoted_torch_error_is_the_real_one() -> None:
         timeout=120,
     )
     assert (done.returncode, done.stdout, done.stderr) == (2, "", quoted + "\n")
+
+
+FIGURES = re.compile(
+    r"the whole suite, (?P<whole>[\d,]+) tests.*?the\s+fast\s+lane,\s+`-m \"not slow\"`,\s+"
+    r"(?P<fast>[\d,]+) tests",
+    re.S,
+)
+
+
+def test_the_suite_figures_in_the_readme_are_this_suite(request: pytest.FixtureRequest) -> None:
+    """The Development section's test counts (whole suite, fast lane) are within 10 % of what
+    this run collected: figures a reader plans by, not a past release's. Checked only on a
+    whole collection with torch (a chosen file, `-k` or `-m` collects a part)."""
+    config = request.config
+    if not HAS_TORCH or config.option.markexpr or config.option.keyword:
+        pytest.skip("counts only on a whole collection with torch")
+    if [Path(arg).resolve() for arg in config.args] not in ([ROOT / "tests"], [ROOT]):
+        pytest.skip("counts only on a whole collection (no test file or folder chosen)")
+    found = FIGURES.search((ROOT / "README.md").read_text())
+    assert found, "the README's Development section gives the suite's test counts"
+    items = request.session.items
+    whole = len(items)
+    fast = sum(1 for item in items if item.get_closest_marker("slow") is None)
+    for name, real in (("whole", whole), ("fast", fast)):
+        said = int(found[name].replace(",", ""))
+        assert abs(said - real) <= 0.1 * real, f"README says {said} {name}-suite tests; {real} ran"
