@@ -198,12 +198,13 @@ def _cell_records(
         # ascending: batch row, then position (one key: all of them, not a copy)
         members = offending if len(values) == 1 else offending[key == value]
         first = int(members[0])
-        cell_columns = CellColumns(  # a gather copies already: no second copy for the dtype
-            batch_row=cells.batch_row[members].astype(np.int64, copy=False),
-            pool_row=cells.pool_row[members].astype(np.int64, copy=False),
-            position=cells.position[members].astype(np.int64, copy=False),
-            slot=reported[members].astype(np.int64, copy=False),
-            extra={n: v[members].astype(np.int64, copy=False) for n, v in (columns or {}).items()},
+        cell_columns = CellColumns.gathered(
+            members,
+            batch_row=cells.batch_row,
+            pool_row=cells.pool_row,
+            position=cells.position,
+            slot=reported,
+            extra=columns,
         )
         one = members.size == 1
         found.append(
@@ -864,7 +865,7 @@ def _expected_token_records(plan: Plan, shape: list[int] | None) -> list[Finding
             f,
             slot=None,
             gather_index=None if f.cells is None else int(f.cells.extra["gather_index"][0]),
-            cells=None if f.cells is None else replace(f.cells, slot=None),
+            cells=None if f.cells is None else f.cells.without_slot(),
         )
         for f in found
     ]
