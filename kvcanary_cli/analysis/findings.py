@@ -313,6 +313,15 @@ def held_twice(slot: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def _holding(values: np.ndarray) -> np.dtype:
+    """The narrowest integer dtype holding every one of `values` (and 0)."""
+    low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    for dtype in (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)):
+        if np.iinfo(dtype).min <= min(low, 0) and max(high, 0) <= np.iinfo(dtype).max:
+            return dtype
+    return np.dtype(np.int64)
+
+
 def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
     """Where each run of equal key tuples begins in sorted order."""
     change = np.zeros(sorted_keys[0].size, dtype=bool)
@@ -381,23 +390,21 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
         slot, position, row = cells.slot[idx], cells.position[idx], cells.pool_row[idx]
     # slot-major, then position, then cell order
     order = np.lexsort((position, slot))
-    s, p = slot[order], position[order]
+    s = slot[order]
     slot_start = _group_starts([s])
-    slot_id = np.repeat(np.arange(slot_start.size), np.diff(np.r_[slot_start, s.size]))
+    p = position[order]
     run_start = _group_starts([s, p])  # runs of one (slot, position)
-    run_len = np.diff(np.r_[run_start, s.size])
-    run_slot = slot_id[run_start]
+    del s  # per cell each: let each go once read (a slot may be every cell's)
+    run_len = np.diff(np.r_[run_start, order.size])
+    run_slot = np.searchsorted(slot_start, run_start, side="right") - 1
     positions_per_slot = np.bincount(run_slot, minlength=slot_start.size)
-    sid = np.empty(idx.size, dtype=np.int64)  # slot id of each cell, in cell order
-    sid[order] = slot_id
-    by_row = np.lexsort((row, slot))
-    row_start = _group_starts([slot[by_row], row[by_row]])
-    rows_per_slot = np.bincount(sid[by_row[row_start]], minlength=slot_start.size)
-    del (
-        by_row,
-        row_start,
-    )  # a sort per cell each: let each go once read (a slot may be every cell's)
-    suspect = (positions_per_slot > 1) & (rows_per_slot > 1)
+    # held by several rows: its rows' smallest and largest differ (no sort by row)
+    by_slot = row[order]
+    several_rows = np.minimum.reduceat(by_slot, slot_start) != np.maximum.reduceat(
+        by_slot, slot_start
+    )
+    del by_slot
+    suspect = (positions_per_slot > 1) & several_rows
     if not suspect.any():
         return []
     # owner position per slot: the longest run (first = smallest position on a tie); when
@@ -405,19 +412,22 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     longest = np.zeros(slot_start.size, dtype=np.int64)
     np.maximum.at(longest, run_slot, run_len)
     is_best = run_len == longest[run_slot]
-    first_best = np.full(slot_start.size, s.size, dtype=np.int64)
+    first_best = np.full(slot_start.size, order.size, dtype=np.int64)
     np.minimum.at(first_best, run_slot[is_best], run_start[is_best])
-    best = p[np.minimum(first_best, s.size - 1)]
-    first_cell = np.full(slot_start.size, idx.size, dtype=np.int64)
-    np.minimum.at(first_cell, slot_id, order)
-    owner = np.where(longest > 1, best, position[np.minimum(first_cell, idx.size - 1)])
-    del order, s, p, slot_id
+    best = p[np.minimum(first_best, order.size - 1)]
+    first_cell = np.minimum.reduceat(order, slot_start)  # the slot's cells are a run of order
+    owner = np.where(longest > 1, best, position[first_cell])
+    del p
+    # slot id of each cell, in cell order (its slot's rank among the slots)
+    sid = np.searchsorted(slot[order[slot_start]], slot)
+    del order
     owner_of_cell = owner[sid]
     copy = suspect[sid] & (position != owner_of_cell)
     del sid
     if not copy.any():
         return []
-    owner_position = np.zeros(len(cells), dtype=np.int64)
+    # the owners' positions in the narrowest dtype holding them (read back as int64)
+    owner_position = np.zeros(len(cells), dtype=_holding(owner))
     owner_position[idx] = owner_of_cell
     del owner_of_cell
 
