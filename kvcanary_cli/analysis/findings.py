@@ -343,7 +343,11 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
         row, slot = cells.pool_row[idx], cells.slot[idx]
     # stable: a slot's cells in one row stay in cell order, which is position order
     order = np.lexsort((slot, row))
-    same = (row[order][1:] == row[order][:-1]) & (slot[order][1:] == slot[order][:-1])
+    same = np.ones(max(order.size - 1, 0), dtype=bool)
+    for column in (row, slot):  # one sorted copy at a time (a slot may be every cell's)
+        ordered = column[order]
+        same &= ordered[1:] == ordered[:-1]
+        del ordered
     repeats = np.sort(idx[order[1:][same]])
 
     def positions(i: int) -> np.ndarray:
@@ -480,10 +484,20 @@ def _shared_without_prefix(
     idx = np.flatnonzero(real)
     if idx.size < 2:
         return []
-    order = np.lexsort((cells.slot[idx], cells.position[idx]))
-    key_start = _group_starts([cells.position[idx][order], cells.slot[idx][order]])
-    key_size = np.diff(np.r_[key_start, order.size])
-    same_place[idx[order]] = np.repeat(key_size, key_size) > 1
+    # every cell: the columns themselves, not copies (a slot may be every cell's)
+    every = idx.size == n
+    slot, position = (
+        (cells.slot, cells.position) if every else (cells.slot[idx], cells.position[idx])
+    )
+    order = np.lexsort((slot, position))
+    sorted_cells = order if every else idx[order]
+    del order, slot, position
+    position_sorted = cells.position[sorted_cells]
+    key_start = _group_starts([position_sorted, cells.slot[sorted_cells]])
+    first_position = position_sorted[key_start]
+    del position_sorted
+    key_size = np.diff(np.r_[key_start, sorted_cells.size])
+    same_place[sorted_cells] = np.repeat(key_size > 1, key_size)
     # the cell one position earlier in the same row (-1: none)
     before = np.full(n, -1, dtype=np.int64)
     follows = (cells.pool_row[1:] == cells.pool_row[:-1]) & (
@@ -493,10 +507,11 @@ def _shared_without_prefix(
     prior_slot = np.where(before >= 0, cells.slot[np.maximum(before, 0)], -1)
     # only groups whose cells before disagree can hold a copy (none in a clean state): one
     # min/max per group over the sort already made
-    sorted_cells = idx[order]
-    low = np.minimum.reduceat(prior_slot[sorted_cells], key_start)
-    high = np.maximum.reduceat(prior_slot[sorted_cells], key_start)
-    disagree = (key_size > 1) & (low != high) & (cells.position[sorted_cells[key_start]] > 0)
+    prior_sorted = prior_slot[sorted_cells]
+    low = np.minimum.reduceat(prior_sorted, key_start)
+    high = np.maximum.reduceat(prior_sorted, key_start)
+    del prior_sorted
+    disagree = (key_size > 1) & (low != high) & (first_position > 0)
     if not disagree.any():
         return []
     candidates = np.sort(sorted_cells[np.repeat(disagree, key_size)])
