@@ -188,10 +188,14 @@ def _cell_records(
     offending = np.asarray(offending, dtype=np.int64)
     if offending.size == 0:
         return []
-    reported = cells.slot if slots is None else slots
-    key = cells.pending[offending].astype(np.int64)
-    if split is not None:
-        key = key * (int(split.max(initial=0)) + 1) + split.astype(np.int64)
+    # the slots as held (value reads only; `CellColumns` reads them back as int64)
+    reported = cells.held("slot") if slots is None else slots
+    pending = cells.pending[offending]
+    if split is None:
+        key = pending.view(np.uint8)  # 0 or 1: a byte a cell
+    else:
+        key = pending.astype(np.int64) * (int(split.max(initial=0)) + 1) + split.astype(np.int64)
+    del pending
     found: list[Finding] = []
     values = np.unique(key).tolist()
     for value in values:
@@ -200,10 +204,10 @@ def _cell_records(
         first = int(members[0])
         cell_columns = CellColumns.gathered(
             members,
-            batch_row=cells.batch_row,
-            pool_row=cells.pool_row,
-            position=cells.position,
-            slot=reported,
+            batch_row=cells.column("batch_row"),
+            pool_row=cells.column("pool_row"),
+            position=cells.column("position"),
+            slot=cells.column("slot") if slots is None else slots,
             extra=columns,
         )
         one = members.size == 1
@@ -213,9 +217,9 @@ def _cell_records(
                 group=group,
                 slot=int(reported[first]),
                 space=space,
-                batch_row=int(cells.batch_row[first]),
-                pool_row=int(cells.pool_row[first]),
-                position=int(cells.position[first]),
+                batch_row=int(cells.held("batch_row")[first]),
+                pool_row=int(cells.held("pool_row")[first]),
+                position=int(cells.held("position")[first]),
                 role=(role(first) if role else None)
                 or (Role.PENDING_WRITE if cells.pending[first] else Role.VERIFY),
                 message=message(first) if one else run_what,
@@ -233,7 +237,7 @@ def _cell_records(
 def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     """Full-space slot findings over the live cells."""
     found: list[Finding] = []
-    slot = cells.slot
+    slot = cells.held("slot")  # compared, counted and shown only: as held
     found += _cell_records(
         FindingCode.NEGATIVE_SLOT,
         cells,
@@ -337,10 +341,12 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     idx = np.flatnonzero(real)
     if idx.size < 2:
         return []
-    if idx.size == len(cells):  # every cell: the columns themselves, not copies
-        row, slot = cells.pool_row, cells.slot
+    # compared and sorted only: the columns as held (every cell: themselves, not copies)
+    all_row, all_slot, all_position = (cells.held(n) for n in ("pool_row", "slot", "position"))
+    if idx.size == len(cells):
+        row, slot = all_row, all_slot
     else:
-        row, slot = cells.pool_row[idx], cells.slot[idx]
+        row, slot = all_row[idx], all_slot[idx]
     # stable: a slot's cells in one row stay in cell order, which is position order
     order = np.lexsort((slot, row))
     same = np.ones(max(order.size - 1, 0), dtype=bool)
@@ -351,17 +357,15 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     repeats = np.sort(idx[order[1:][same]])
 
     def positions(i: int) -> np.ndarray:
-        here = (cells.pool_row[idx] == cells.pool_row[i]) & (slot == cells.slot[i])
-        return np.sort(cells.position[idx][here])
+        here = (all_row[idx] == all_row[i]) & (slot == all_slot[i])
+        return np.sort(all_position[idx][here])
 
     def message(i: int) -> str:
         at = positions(i)
         shown = [int(p) for p in at[:SAMPLE_CELLS]]
         listed = str(shown) if at.size <= SAMPLE_CELLS else f"{str(shown)[:-1]}, ...]"
         many = f"{at.size} positions " if at.size > SAMPLE_CELLS else ""
-        return (
-            f"slot {cells.slot[i]} sits at {many}positions {listed} of pool row {cells.pool_row[i]}"
-        )
+        return f"slot {all_slot[i]} sits at {many}positions {listed} of pool row {all_row[i]}"
 
     return _cell_records(
         FindingCode.DUPLICATE_SLOT_IN_ROW,
@@ -388,10 +392,12 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     idx = np.flatnonzero(real)
     if idx.size == 0:
         return []
-    if idx.size == len(cells):  # every cell: the columns themselves, not copies
-        slot, position, row = cells.slot, cells.position, cells.pool_row
+    # compared, sorted and counted only: the columns as held (every cell: themselves)
+    all_slot, all_position, all_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
+    if idx.size == len(cells):
+        slot, position, row = all_slot, all_position, all_row
     else:
-        slot, position, row = cells.slot[idx], cells.position[idx], cells.pool_row[idx]
+        slot, position, row = all_slot[idx], all_position[idx], all_row[idx]
     # slot-major, then position, then cell order
     order = np.lexsort((position, slot))
     s = slot[order]
@@ -437,18 +443,18 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
 
     def holders(i: int) -> list[tuple[int, int]]:
         """(pool row, position) of the cells holding cell i's slot, in cell order."""
-        here = np.flatnonzero(slot == cells.slot[i])
+        here = np.flatnonzero(slot == all_slot[i])
         return [(int(row[k]), int(position[k])) for k in here]
 
     def message(i: int) -> str:
         at = [c for c in holders(i) if c[1] == owner_position[i]][:3]
         return (
-            f"slot {cells.slot[i]} is also live at (pool row, position) "
+            f"slot {all_slot[i]} is also live at (pool row, position) "
             f"{', '.join(map(str, at))}: aliased across requests"
         )
 
     def others(i: int) -> list[list[int]]:
-        near = [c for c in holders(i) if c[0] != cells.pool_row[i]]
+        near = [c for c in holders(i) if c[0] != all_row[i]]
         return [list(c) for c in near[:SAMPLE_CELLS]]
 
     return _cell_records(
@@ -484,27 +490,27 @@ def _shared_without_prefix(
     idx = np.flatnonzero(real)
     if idx.size < 2:
         return []
-    # every cell: the columns themselves, not copies (a slot may be every cell's)
-    every = idx.size == n
-    slot, position = (
-        (cells.slot, cells.position) if every else (cells.slot[idx], cells.position[idx])
-    )
+    # compared, sorted and shown only: the columns as held (read once, never copied whole);
+    # the one sum below is taken in int64
+    c_slot, c_position, c_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
+    every = idx.size == n  # every cell: the columns themselves, not copies
+    slot, position = (c_slot, c_position) if every else (c_slot[idx], c_position[idx])
     order = np.lexsort((slot, position))
     sorted_cells = order if every else idx[order]
     del order, slot, position
-    position_sorted = cells.position[sorted_cells]
-    key_start = _group_starts([position_sorted, cells.slot[sorted_cells]])
+    position_sorted = c_position[sorted_cells]
+    key_start = _group_starts([position_sorted, c_slot[sorted_cells]])
     first_position = position_sorted[key_start]
     del position_sorted
     key_size = np.diff(np.r_[key_start, sorted_cells.size])
     same_place[sorted_cells] = np.repeat(key_size > 1, key_size)
     # the cell one position earlier in the same row (-1: none)
     before = np.full(n, -1, dtype=np.int64)
-    follows = (cells.pool_row[1:] == cells.pool_row[:-1]) & (
-        cells.position[1:] == cells.position[:-1] + 1
+    follows = (c_row[1:] == c_row[:-1]) & (
+        c_position[1:] == np.add(c_position[:-1], 1, dtype=np.int64)
     )
     before[1:][follows] = np.flatnonzero(follows)
-    prior_slot = np.where(before >= 0, cells.slot[np.maximum(before, 0)], -1)
+    prior_slot = np.where(before >= 0, c_slot[np.maximum(before, 0)], -1)
     # only groups whose cells before disagree can hold a copy (none in a clean state): one
     # min/max per group over the sort already made
     prior_sorted = prior_slot[sorted_cells]
@@ -525,12 +531,12 @@ def _shared_without_prefix(
         """The blamed cells among `members` (cell indices), grouped by (position, slot)."""
         if members.size == 0:
             return members
-        o = np.lexsort((prior_slot[members], cells.slot[members], cells.position[members]))
+        o = np.lexsort((prior_slot[members], c_slot[members], c_position[members]))
         m = members[o]
-        group = _group_starts([cells.position[m], cells.slot[m]])
+        group = _group_starts([c_position[m], c_slot[m]])
         sizes = np.diff(np.r_[group, m.size])
         gid = np.repeat(np.arange(group.size), sizes)
-        runs = _group_starts([cells.position[m], cells.slot[m], prior_slot[m]])
+        runs = _group_starts([c_position[m], c_slot[m], prior_slot[m]])
         run_size = np.diff(np.r_[runs, m.size])
         run_group = gid[runs]
         broken = (sizes > 1) & (np.bincount(run_group, minlength=group.size) > 1)
@@ -554,9 +560,9 @@ def _shared_without_prefix(
     def without_echoes(echo: np.ndarray) -> np.ndarray:
         """The candidates but groups whose disagreement comes from an `echo` cell (a
         mask) just before one of their members."""
-        o = np.lexsort((cells.slot[candidates], cells.position[candidates]))
+        o = np.lexsort((c_slot[candidates], c_position[candidates]))
         c = candidates[o]
-        starts = _group_starts([cells.position[c], cells.slot[c]])
+        starts = _group_starts([c_position[c], c_slot[c]])
         sizes = np.diff(np.r_[starts, c.size])
         gid = np.repeat(np.arange(starts.size), sizes)
         echoed = np.bincount(gid, weights=echo[np.maximum(before[c], 0)] & (before[c] >= 0))
@@ -571,16 +577,16 @@ def _shared_without_prefix(
     blamed = blame(without_echoes(echo))
 
     def partners(i: int) -> list[int]:
-        same = (cells.position == cells.position[i]) & (cells.slot == cells.slot[i])
-        return sorted({int(r) for r in cells.pool_row[same]} - {int(cells.pool_row[i])})
+        same = (c_position == c_position[i]) & (c_slot == c_slot[i])
+        return sorted({int(r) for r in c_row[same]} - {int(c_row[i])})
 
     return _cell_records(
         FindingCode.SLOT_SHARED_WITHOUT_PREFIX,
         cells,
         blamed,
         lambda i: (
-            f"slot {cells.slot[i]} sits at position {cells.position[i]} of pool rows "
-            f"{[int(cells.pool_row[i]), *partners(i)]}, which hold different slots just "
+            f"slot {c_slot[i]} sits at position {c_position[i]} of pool rows "
+            f"{[int(c_row[i]), *partners(i)]}, which hold different slots just "
             "before it: a copy, not radix sharing"
         ),
         run_what="slots shared at the same position with rows that hold different slots just "
@@ -624,25 +630,27 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         return []
     written, w_pool, w_pos, n = writes.slot, writes.pool_row, writes.position, len(writes)
     # Only the live cells holding a written slot matter: sort those, not the whole batch.
-    holders = np.flatnonzero(SlotSet(np.asarray(written)).contains(cells.slot))
-    order = holders[np.argsort(cells.slot[holders], kind="stable")]
-    live_sorted = cells.slot[order]
+    # compared and sorted only: the live columns as held
+    c_slot, c_row, c_position = (cells.held(n) for n in ("slot", "pool_row", "position"))
+    holders = np.flatnonzero(SlotSet(np.asarray(written)).contains(c_slot))
+    order = holders[np.argsort(c_slot[holders], kind="stable")]
+    live_sorted = c_slot[order]
     lo = np.searchsorted(live_sorted, written, side="left")
     hi = np.searchsorted(live_sorted, written, side="right")
     # Every pending write is live in its own cell; only look closer where there is more.
     own = (hi - lo == 1) & (written > 0)
     if own.any():
         j = order[np.minimum(lo, len(order) - 1)]
-        own &= (cells.pool_row[j] == w_pool) & (cells.position[j] == w_pos)
+        own &= (c_row[j] == w_pool) & (c_position[j] == w_pos)
     offending = np.flatnonzero((written > 0) & (hi > lo) & ~own)
 
     def others(i: int) -> list[tuple[int, int]]:
         """(pool row, position) of the live cells holding write i's slot, not its own."""
         same = order[lo[i] : min(hi[i], lo[i] + SAMPLE_CELLS + 1)]  # at most one is its own
         return [
-            (int(cells.pool_row[j]), int(cells.position[j]))
+            (int(c_row[j]), int(c_position[j]))
             for j in same
-            if not (cells.pool_row[j] == w_pool[i] and cells.position[j] == w_pos[i])
+            if not (c_row[j] == w_pool[i] and c_position[j] == w_pos[i])
         ]
 
     return _cell_records(
@@ -704,12 +712,13 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     if lut_tensor is None:
         return []
     lut_len = int(lut_tensor.shape[0])
-    start = plan.frame.window_start[cells.batch_row]
-    in_window = (~cells.pending) & (cells.position >= start)
-    mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
-    swa = np.zeros_like(cells.slot)
-    swa[mappable] = lut_tensor.take_known(cells.slot[mappable])[0]
+    start = plan.frame.window_start[cells.held("batch_row")]
+    in_window = (~cells.pending) & (cells.held("position") >= start)
+    del start
     slot = cells.slot
+    mappable = (slot > 0) & (slot < lut_len - 1)
+    swa = np.zeros_like(slot)
+    swa[mappable] = lut_tensor.take_known(slot[mappable])[0]
     found = _cell_records(
         FindingCode.SWA_UNMAPPED_IN_WINDOW,
         cells,
@@ -791,7 +800,7 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
         group=Group.SWA,
         slots=swa,
         space=Space.SWA,
-        details=lambda i: {"full_slot": int(cells.slot[i]), "full_slots": of(i)[0]},
+        details=lambda i: {"full_slot": int(cells.held("slot")[i]), "full_slots": of(i)[0]},
         full_slots=lambda i: tuple(of(i)[0]),
         columns={"full_slot": cells.slot},
     )
