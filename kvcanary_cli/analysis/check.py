@@ -309,9 +309,10 @@ def group_slots(finding: Finding, limit: int = PROVENANCE_SLOTS) -> tuple[list[i
     if finding.slot is None:
         return [], 0
     cells = finding.cells
-    if cells is None or cells.slot is None:
+    held = None if cells is None else cells.column("slot")
+    if held is None:
         return [finding.slot], 1
-    values, first = np.unique(cells.slot, return_index=True)
+    values, first = np.unique(held, return_index=True)  # as held: the same ints
     ordered = values[np.argsort(first, kind="stable")][: limit + 1].tolist()
     shown = [finding.slot, *(v for v in ordered if v != finding.slot)][:limit]
     return shown, int(values.size)
