@@ -19,6 +19,7 @@ __all__ = [
     "cell_index",
     "cell_slots",
     "distinct",
+    "held_slots",
     "holding",
     "in_pool_row",
     "part",
@@ -52,6 +53,13 @@ def cell_slots(finding: Finding) -> np.ndarray:
     if finding.cells is not None and finding.cells.slot is not None:
         return finding.cells.slot
     return np.array([-1 if finding.slot is None else finding.slot], dtype=np.int64)
+
+
+def held_slots(finding: Finding) -> np.ndarray:
+    """`cell_slots` as the cells hold them (a narrow dtype): to compare or count, never to
+    compute with."""
+    held = None if finding.cells is None else finding.cells.column("slot")
+    return cell_slots(finding) if held is None else held
 
 
 def cell_index(finding: Finding, batch_row: int, position: int) -> int | None:
