@@ -51,7 +51,11 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.analysis.request_summaries import request_summaries
-from kvcanary_cli.analysis.upstream_raise import first_raise, recorded_exception
+from kvcanary_cli.analysis.upstream_raise import (
+    first_raise,
+    recorded_exception,
+    reference_raises,
+)
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
@@ -101,16 +105,17 @@ def run_check(
     Each planner says whose semantics it follows, and how it runs (`mode`), for the report.
     """
     found = collect_findings(dump, planner=planner, kernel=kernel, groups=groups)
-    findings, plans, summaries = found.findings, found.plans, found.summaries
+    findings, summaries = found.findings, found.summaries
+    raises = reference_raises(found.plans)  # all the marking needs of the plans
     stand_ins = [
         f"the {group} group's kernel plan is the {plan.backend} model of the {kernel.name} "
         "kernels: this shrunk dump's batch reads more rows than kvcanary stages dense for them"
         for group, plan in found.kernel_plans.items()
         if kernel is not None and plan.backend != kernel.name
     ]
-    del found  # the kernel's plans and the live cells: freed before the table scan below
+    del found  # the plans and the live cells: freed before the table scan below
     findings = attach_provenance(dump, findings)
-    raised, findings = first_raise(plans, findings)
+    raised, findings = first_raise(raises, findings)
     findings, causes = diagnose(dump, findings)
     recorded, matches = recorded_exception(dump, raised)
     requests = tuple(request_summaries(dump, findings))
