@@ -56,6 +56,7 @@ from kvcanary_cli.analysis.upstream_raise import (
     recorded_exception,
     reference_raises,
 )
+from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
@@ -161,8 +162,13 @@ def collect_findings(
     planner: Planner,
     kernel: Planner | None,
     groups: Sequence[str] | None = None,
+    keep_entries: bool = True,
 ) -> CollectedFindings:
-    """Plan every group, compare, and run every finding detector (no provenance yet)."""
+    """Plan every group, compare, and run every finding detector (no provenance yet).
+
+    `keep_entries=False`: the reference plans keep their verify entries only where a
+    detector reads them (a kernel to compare with, canary buffers to replay): a caller that
+    reads only the findings does not hold ten million entries it never looks at."""
     chosen = tuple(groups) if groups else dump.groups
     background = ThreadPoolExecutor(1) if _runs_on_host(kernel) and _spare_core() else None
     try:
@@ -176,7 +182,7 @@ def collect_findings(
             pending = {
                 group: background.submit(_kernel_plan, kernel, dump, group) for group in chosen
             }
-        return _collect(dump, planner, kernel, chosen, pending)
+        return _collect(dump, planner, kernel, chosen, pending, keep_entries)
     finally:
         if background is not None:
             background.shutdown(wait=True, cancel_futures=True)
@@ -201,6 +207,7 @@ def _collect(
     kernel: Planner | None,
     chosen: Sequence[str],
     pending: Mapping[str, Future[Plan]],
+    keep_entries: bool,
 ) -> CollectedFindings:
     cells = live_cells(dump)
     findings: list[Finding] = (
@@ -214,7 +221,8 @@ def _collect(
     kernel_plans: dict[str, Plan] = {}
     gathers_seen: list[CellColumns] = []
     for group in chosen:
-        plan = planner.plan(dump, group)
+        read = keep_entries or kernel is not None or bool(dump_buffers(dump, group))
+        plan = _reference_plan(planner, dump, group, keep_entries=read)
         plans.append(plan)
         for finding in plan_findings(dump, plan):
             if finding.code is FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE:
@@ -264,6 +272,14 @@ def _collect(
         kernel_plans=kernel_plans,
         cells=cells,
     )
+
+
+def _reference_plan(planner: Planner, dump: KvDump, group: str, *, keep_entries: bool) -> Plan:
+    """`planner`'s plan of `group`, without its entries when nothing reads them and the
+    planner can leave them out (the vectorized one plans them all and keeps none)."""
+    if not keep_entries and isinstance(planner, VectorizedPlanner):
+        return planner.plan(dump, group, keep_entries=False)
+    return planner.plan(dump, group)
 
 
 def _new_gathers(finding: Finding, seen: list[CellColumns]) -> Finding | None:

@@ -504,13 +504,13 @@ def _shared_without_prefix(
     del position_sorted
     key_size = np.diff(np.r_[key_start, sorted_cells.size])
     same_place[sorted_cells] = np.repeat(key_size > 1, key_size)
-    # the cell one position earlier in the same row (-1: none)
-    before = np.full(n, -1, dtype=np.int64)
+    # whether each cell (but the first) is one position after the cell before it, same row
     follows = (c_row[1:] == c_row[:-1]) & (
         c_position[1:] == np.add(c_position[:-1], 1, dtype=np.int64)
     )
-    before[1:][follows] = np.flatnonzero(follows)
-    prior_slot = np.where(before >= 0, c_slot[np.maximum(before, 0)], -1)
+    # the slot one position earlier in the same row (-1: none), as held
+    prior_slot = np.full(n, -1, dtype=np.result_type(c_slot.dtype, np.int8))
+    prior_slot[1:][follows] = c_slot[:-1][follows]
     # only groups whose cells before disagree can hold a copy (none in a clean state): one
     # min/max per group over the sort already made
     prior_sorted = prior_slot[sorted_cells]
@@ -521,6 +521,9 @@ def _shared_without_prefix(
     if not disagree.any():
         return []
     candidates = np.sort(sorted_cells[np.repeat(disagree, key_size)])
+    # the cell one position earlier in the same row (-1: none)
+    before = np.full(n, -1, dtype=np.int64)
+    before[1:][follows] = np.flatnonzero(follows)
     prior_shared = np.where(before >= 0, same_place[np.maximum(before, 0)], False)
     two_before = np.where(before >= 0, before[np.maximum(before, 0)], -1)
     # the row shared two positions back but not one: its cell before is a lone gap in a shared

@@ -89,7 +89,8 @@ def focused_findings(
         cells = live_cells(dump) if 0 in related else index.live_cells()
         view = _rows_holding(dump, cells, related)
         del cells  # the view's live cells hold them all again (one slot may be every cell's)
-        collected = collect_findings(view, planner=planner, kernel=None)
+        # the findings only: no verify entry is held unless a canary replay reads it
+        collected = collect_findings(view, planner=planner, kernel=None, keep_entries=False)
         found = [f for f in collected.findings if f.code is not FindingCode.WRITE_TO_LIVE_SLOT]
         # out_cache_loc is laid out by the whole batch's rows: its writes are read there. Only
         # writes of the related slots can touch `slot`, and the view's live cells holding them

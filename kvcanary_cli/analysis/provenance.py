@@ -45,6 +45,8 @@ __all__ = [
 
 #: cells of req_to_token examined per step of the provenance scan (bounds temporaries).
 _SCAN_CELLS = 1 << 20
+#: values looked up at a time by `SlotSet.contains` (bounds its int64 offsets).
+_LOOKUP_CHUNK = 1 << 20
 #: violation-ring kernel_kind (launch tag) values of the SWA group: HEAD/TAIL/SWEEP x K/V.
 _SWA_TAGS = range(6, 12)
 
@@ -236,6 +238,12 @@ class SlotSet:
             return np.asarray(values == self._low)
         if self._lookup is None:
             return np.isin(values, self.slots)
+        if values.size > _LOOKUP_CHUNK:  # a piece at a time: its int64 offsets stay small
+            flat = values.reshape(-1)
+            found = np.empty(flat.shape, dtype=bool)
+            for a in range(0, flat.size, _LOOKUP_CHUNK):
+                found[a : a + _LOOKUP_CHUNK] = self.contains(flat[a : a + _LOOKUP_CHUNK])
+            return found.reshape(values.shape)
         shifted = values.astype(np.int64) - self._low
         inside = (shifted >= 0) & (shifted < self._lookup.size)
         return self._lookup[np.where(inside, shifted, 0)] & inside

@@ -109,8 +109,9 @@ class VectorizedPlanner:
         self.name = "vectorized" if semantics is Semantics.REFERENCE else "vectorized-gpu"
         self.chunk_entries = chunk_entries
 
-    def plan(self, dump: KvDump, group: str) -> Plan:
-        """Plan `group` of `dump`."""
+    def plan(self, dump: KvDump, group: str, *, keep_entries: bool = True) -> Plan:
+        """Plan `group` of `dump`. `keep_entries=False`: every entry is planned (its problems
+        are the same) but none is kept (`Plan.entries_dropped`), for a check that reads none."""
         gpu = self.semantics is Semantics.GPU
         frame = group_frame(dump, group)
         if gpu and frame.launch is not None:
@@ -132,11 +133,12 @@ class VectorizedPlanner:
         # Each chunk's entries go straight into their place in the plan's columns: a batch
         # of ten million entries holds them once, not once in chunks and again joined.
         columns: list[np.ndarray] | None = None
-        total = int(lens.sum()) if frame.enable else 0
+        keep = bool(frame.enable) and keep_entries
+        total = int(lens.sum()) if keep else 0
         done = 0
         for r0, r1 in _row_chunks(lens, self.chunk_entries):
             part = self._entries(dump, frame, reader, translate, lens, r0, r1, problems)
-            if not frame.enable:
+            if not keep:
                 continue  # planned for its problems only
             if columns is None:
                 columns = [np.empty(total, dtype=column.dtype) for column in part]
@@ -166,6 +168,7 @@ class VectorizedPlanner:
             seeds=seeds,
             seed_undefined=seed_undefined,
             problems=ProblemTable.concat(problems),
+            entries_dropped=bool(frame.enable) and not keep_entries,
         )
 
     def _entries(
