@@ -487,17 +487,18 @@ def _shared_without_prefix(
         return []
     # cells whose (position, slot) another row also holds: sharing, or a copy
     same_place = np.zeros(n, dtype=bool)
-    idx = np.flatnonzero(real)
-    if idx.size < 2:
+    count = int(np.count_nonzero(real))
+    if count < 2:
         return []
     # compared, sorted and shown only: the columns as held (read once, never copied whole);
-    # the one sum below is taken in int64
+    # the one sum (`_follows`) is taken in int64
     c_slot, c_position, c_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
-    every = idx.size == n  # every cell: the columns themselves, not copies
-    slot, position = (c_slot, c_position) if every else (c_slot[idx], c_position[idx])
-    order = np.lexsort((slot, position))
-    sorted_cells = order if every else idx[order]
-    del order, slot, position
+    if count == n:  # every cell: the columns themselves, not copies
+        sorted_cells = np.lexsort((c_slot, c_position))
+    else:
+        idx = np.flatnonzero(real)
+        sorted_cells = idx[np.lexsort((c_slot[idx], c_position[idx]))]
+        del idx
     position_sorted = c_position[sorted_cells]
     key_start = _group_starts([position_sorted, c_slot[sorted_cells]])
     first_position = position_sorted[key_start]
@@ -505,9 +506,7 @@ def _shared_without_prefix(
     key_size = np.diff(np.r_[key_start, sorted_cells.size])
     same_place[sorted_cells] = np.repeat(key_size > 1, key_size)
     # whether each cell (but the first) is one position after the cell before it, same row
-    follows = (c_row[1:] == c_row[:-1]) & (
-        c_position[1:] == np.add(c_position[:-1], 1, dtype=np.int64)
-    )
+    follows = _follows(c_row, c_position)
     # the slot one position earlier in the same row (-1: none), as held
     prior_slot = np.full(n, -1, dtype=np.result_type(c_slot.dtype, np.int8))
     prior_slot[1:][follows] = c_slot[:-1][follows]
@@ -597,6 +596,22 @@ def _shared_without_prefix(
         details=lambda i: {"pool_rows": partners(i)[:SAMPLE_CELLS]},
         columns={"slot_before": prior_slot},
     )
+
+
+#: cells compared at a time by `_follows` (bounds its int64 sums).
+_FOLLOWS_CHUNK = 1 << 20
+
+
+def _follows(row: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """Per cell but the first: whether it is in the row of the cell before it, one position
+    later (the sum taken in int64, a piece at a time: a narrow position + 1 never wraps)."""
+    out = np.empty(max(row.size - 1, 0), dtype=bool)
+    for a in range(0, out.size, _FOLLOWS_CHUNK):
+        b = min(a + _FOLLOWS_CHUNK, out.size)
+        out[a:b] = (row[a + 1 : b + 1] == row[a:b]) & (
+            position[a + 1 : b + 1] == np.add(position[a:b], 1, dtype=np.int64)
+        )
+    return out
 
 
 def step_writes(dump: KvDump) -> LiveCells | None:

@@ -175,7 +175,7 @@ class CellColumns:
         def held(values: np.ndarray | NarrowColumn) -> NarrowColumn:
             if isinstance(values, NarrowColumn):  # held narrow already: gathered as held
                 return NarrowColumn(values.values[index], np.dtype(np.int64))
-            return NarrowColumn.of(values[index].astype(np.int64, copy=False))
+            return NarrowColumn.of(values[index], np.dtype(np.int64))  # read as int64
 
         columns: dict[str, np.ndarray | NarrowColumn] = {
             "batch_row": batch_row,
@@ -300,25 +300,26 @@ class NarrowColumn:
         self.dtype = dtype
 
     @classmethod
-    def of(cls, values: np.ndarray | NarrowColumn) -> NarrowColumn:
-        """`values` held narrow (a column held already is kept as it is)."""
+    def of(cls, values: np.ndarray | NarrowColumn, dtype: np.dtype | None = None) -> NarrowColumn:
+        """`values` held narrow (a column held already is kept as it is), read back as
+        `values.astype(dtype)` (default: their own dtype)."""
         import numpy as np
 
         if isinstance(values, NarrowColumn):
             return values
         values = np.asarray(values)
-        dtype = values.dtype
-        if not cls.enabled or dtype.kind not in "iu" or values.size == 0:
-            return cls(values, dtype)
+        given = values.dtype if dtype is None else np.dtype(dtype)
+        if not cls.enabled or values.dtype.kind not in "iu" or values.size == 0:
+            return cls(values, given)
         low, high = int(values.min()), int(values.max())
         for name in _NARROW_DTYPES:
             narrow = np.dtype(name)
-            if narrow.itemsize >= dtype.itemsize:
+            if narrow.itemsize >= values.dtype.itemsize:
                 break
             limits = np.iinfo(narrow)
             if limits.min <= low and high <= limits.max:
-                return cls(values.astype(narrow), dtype)
-        return cls(values, dtype)
+                return cls(values.astype(narrow), given)
+        return cls(values, given)
 
     def wide(self) -> np.ndarray:
         """The values in the dtype given (the array held, when that is its dtype)."""
