@@ -338,15 +338,14 @@ def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
 def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     """Every cell after the first of a slot that sits at several positions of one row (found
     with one sort; a one-cell finding lists the slot's positions)."""
-    idx = np.flatnonzero(real)
-    if idx.size < 2:
+    count = int(np.count_nonzero(real))
+    if count < 2:
         return []
-    # compared and sorted only: the columns as held (every cell: themselves, not copies)
+    # compared and sorted only: the columns as held (every cell: themselves, not copies, and
+    # no index of them)
     all_row, all_slot, all_position = (cells.held(n) for n in ("pool_row", "slot", "position"))
-    if idx.size == len(cells):
-        row, slot = all_row, all_slot
-    else:
-        row, slot = all_row[idx], all_slot[idx]
+    idx = None if count == len(cells) else np.flatnonzero(real)
+    row, slot = (all_row, all_slot) if idx is None else (all_row[idx], all_slot[idx])
     # stable: a slot's cells in one row stay in cell order, which is position order
     order = np.lexsort((slot, row))
     same = np.ones(max(order.size - 1, 0), dtype=bool)
@@ -354,11 +353,15 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
         ordered = column[order]
         same &= ordered[1:] == ordered[:-1]
         del ordered
-    repeats = np.sort(idx[order[1:][same]])
+    repeats = order[1:][same]
+    del order, same
+    if idx is not None:
+        repeats = idx[repeats]
+    repeats.sort()
 
     def positions(i: int) -> np.ndarray:
-        here = (all_row[idx] == all_row[i]) & (slot == all_slot[i])
-        return np.sort(all_position[idx][here])
+        here = (row == all_row[i]) & (slot == all_slot[i])
+        return np.sort((all_position if idx is None else all_position[idx])[here])
 
     def message(i: int) -> str:
         at = positions(i)
@@ -389,12 +392,14 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     copy carries its slot's owner position (column `owner_position`). Everything is computed
     per slot with sorts, not per cell.
     """
-    idx = np.flatnonzero(real)
-    if idx.size == 0:
+    count = int(np.count_nonzero(real))
+    if count == 0:
         return []
-    # compared, sorted and counted only: the columns as held (every cell: themselves)
+    # compared, sorted and counted only: the columns as held (every cell: themselves, and no
+    # index of them)
     all_slot, all_position, all_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
-    if idx.size == len(cells):
+    idx = None if count == len(cells) else np.flatnonzero(real)
+    if idx is None:
         slot, position, row = all_slot, all_position, all_row
     else:
         slot, position, row = all_slot[idx], all_position[idx], all_row[idx]
@@ -438,7 +443,7 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
         return []
     # the owners' positions in the narrowest dtype holding them (read back as int64)
     owner_position = np.zeros(len(cells), dtype=_holding(owner))
-    owner_position[idx] = owner_of_cell
+    owner_position[slice(None) if idx is None else idx] = owner_of_cell
     del owner_of_cell
 
     def holders(i: int) -> list[tuple[int, int]]:
@@ -460,7 +465,7 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     return _cell_records(
         FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
         cells,
-        idx[copy],
+        np.flatnonzero(copy) if idx is None else idx[copy],
         message,
         run_what="slots that other requests hold at another position: aliased across requests",
         details=lambda i: {"other_cells": others(i)},
