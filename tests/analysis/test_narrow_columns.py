@@ -4,6 +4,7 @@ every column held as given (int64), on the synth corpus and at the narrow dtypes
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,9 @@ def test_cell_columns_read_as_given_and_equal_columns_held_wide(
     taken = cells.take(np.array([2, 0])).slot
     assert taken is not None and taken.tolist() == [128, -1]
     assert cells.without_slot().slot is None and cells.distinct_count("slot") == 3
+    # a `check -j` worker hands its findings back pickled
+    back = pickle.loads(pickle.dumps(cells))
+    assert back == cells and back.position.dtype == np.int64
 
 
 def _outputs(paths: list[tuple[str, list[str]]], monkeypatch: pytest.MonkeyPatch) -> list[str]:
