@@ -20,7 +20,6 @@ Usage:
     python bench/hostile.py                     # this checkout
     python bench/hostile.py --tree /work/main   # another one, for a before/after
     python bench/hostile.py --skip wide-shrunk  # leave out the slow-to-build dump
-    python bench/hostile.py --only one-slot-shrunk  # one case
 
 Figures go to stdout and `bench/out/hostile.json` (`--json` elsewhere). Nothing is asserted.
 """
@@ -109,16 +108,6 @@ def one_slot_shrunk(tree: Path, workdir: Path) -> dict[str, Any]:
     }
 
 
-#: every case, by the name `--skip` and `--only` take.
-CASES = (
-    "stale-rows-20000",
-    "stale-rows-100000",
-    "wide-shrunk",
-    "wide-pool-all-live",
-    "one-slot-shrunk",
-)
-
-
 def run(tree: Path, workdir: Path, skip: set[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for rows in (20_000, 100_000):
@@ -156,14 +145,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to measure")
     parser.add_argument("--skip", action="append", default=[], help="a case to leave out")
-    parser.add_argument("--only", action="append", default=[], help="the case(s) to run")
     parser.add_argument("--json", type=Path, default=OUT / "hostile.json")
     args = parser.parse_args()
-    skip = set(args.skip)
-    if args.only:
-        skip |= set(CASES) - set(args.only)
     with tempfile.TemporaryDirectory() as tmp:
-        record = {"tree": str(args.tree), "cases": run(args.tree, Path(tmp), skip)}
+        record = {"tree": str(args.tree), "cases": run(args.tree, Path(tmp), set(args.skip))}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
