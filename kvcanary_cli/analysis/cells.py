@@ -19,6 +19,7 @@ __all__ = [
     "cell_index",
     "cell_slots",
     "distinct",
+    "held_slots",
     "holding",
     "in_pool_row",
     "part",
@@ -54,6 +55,13 @@ def cell_slots(finding: Finding) -> np.ndarray:
     return np.array([-1 if finding.slot is None else finding.slot], dtype=np.int64)
 
 
+def held_slots(finding: Finding) -> np.ndarray:
+    """`cell_slots` as the cells hold them (a narrow dtype): to compare or count, never to
+    compute with."""
+    held = None if finding.cells is None else finding.cells.column("slot")
+    return cell_slots(finding) if held is None else held
+
+
 def cell_index(finding: Finding, batch_row: int, position: int) -> int | None:
     """Index in `cells` of the cell at (batch row, position), or None."""
     if finding.cells is None:
@@ -71,12 +79,14 @@ def holding(finding: Finding, slots: np.ndarray, *, via_full_slot: bool = False)
     SWA slot (the `full_slot` column; else the example's `full_slots`)."""
     slots = np.asarray(slots, dtype=np.int64)
     if via_full_slot:
-        if finding.cells is not None and "full_slot" in finding.cells.extra:
-            return part(finding, np.isin(finding.cells.extra["full_slot"], slots))
+        full_slot = None if finding.cells is None else finding.cells.column("full_slot")
+        if full_slot is not None:  # compared as held
+            return part(finding, np.isin(full_slot, slots))
         return finding if bool(np.isin(finding.full_slots, slots).any()) else None
-    if finding.cells is None or finding.cells.slot is None:
+    held = None if finding.cells is None else finding.cells.column("slot")
+    if held is None:
         return finding if finding.slot is not None and finding.slot in slots.tolist() else None
-    return part(finding, np.isin(finding.cells.slot, slots))
+    return part(finding, np.isin(held, slots))  # compared as held
 
 
 def in_pool_row(finding: Finding, pool_row: int) -> Finding | None:

@@ -51,7 +51,12 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.analysis.request_summaries import request_summaries
-from kvcanary_cli.analysis.upstream_raise import first_raise, recorded_exception
+from kvcanary_cli.analysis.upstream_raise import (
+    first_raise,
+    recorded_exception,
+    reference_raises,
+)
+from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
@@ -101,16 +106,17 @@ def run_check(
     Each planner says whose semantics it follows, and how it runs (`mode`), for the report.
     """
     found = collect_findings(dump, planner=planner, kernel=kernel, groups=groups)
-    findings, plans, summaries = found.findings, found.plans, found.summaries
+    findings, summaries = found.findings, found.summaries
+    raises = reference_raises(found.plans)  # all the marking needs of the plans
     stand_ins = [
         f"the {group} group's kernel plan is the {plan.backend} model of the {kernel.name} "
         "kernels: this shrunk dump's batch reads more rows than kvcanary stages dense for them"
         for group, plan in found.kernel_plans.items()
         if kernel is not None and plan.backend != kernel.name
     ]
-    del found  # the kernel's plans and the live cells: freed before the table scan below
+    del found  # the plans and the live cells: freed before the table scan below
     findings = attach_provenance(dump, findings)
-    raised, findings = first_raise(plans, findings)
+    raised, findings = first_raise(raises, findings)
     findings, causes = diagnose(dump, findings)
     recorded, matches = recorded_exception(dump, raised)
     requests = tuple(request_summaries(dump, findings))
@@ -156,8 +162,13 @@ def collect_findings(
     planner: Planner,
     kernel: Planner | None,
     groups: Sequence[str] | None = None,
+    keep_entries: bool = True,
 ) -> CollectedFindings:
-    """Plan every group, compare, and run every finding detector (no provenance yet)."""
+    """Plan every group, compare, and run every finding detector (no provenance yet).
+
+    `keep_entries=False`: the reference plans keep their verify entries only where a
+    detector reads them (a kernel to compare with, canary buffers to replay): a caller that
+    reads only the findings does not hold ten million entries it never looks at."""
     chosen = tuple(groups) if groups else dump.groups
     background = ThreadPoolExecutor(1) if _runs_on_host(kernel) and _spare_core() else None
     try:
@@ -171,7 +182,7 @@ def collect_findings(
             pending = {
                 group: background.submit(_kernel_plan, kernel, dump, group) for group in chosen
             }
-        return _collect(dump, planner, kernel, chosen, pending)
+        return _collect(dump, planner, kernel, chosen, pending, keep_entries)
     except BaseException:  # stopped: the kernel's forked halves go now, not after its launch
         if background is not None:
             stop_children()
@@ -200,6 +211,7 @@ def _collect(
     kernel: Planner | None,
     chosen: Sequence[str],
     pending: Mapping[str, Future[Plan]],
+    keep_entries: bool,
 ) -> CollectedFindings:
     cells = live_cells(dump)
     findings: list[Finding] = (
@@ -213,7 +225,8 @@ def _collect(
     kernel_plans: dict[str, Plan] = {}
     gathers_seen: list[CellColumns] = []
     for group in chosen:
-        plan = planner.plan(dump, group)
+        read = keep_entries or kernel is not None or bool(dump_buffers(dump, group))
+        plan = _reference_plan(planner, dump, group, keep_entries=read)
         plans.append(plan)
         for finding in plan_findings(dump, plan):
             if finding.code is FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE:
@@ -265,6 +278,14 @@ def _collect(
     )
 
 
+def _reference_plan(planner: Planner, dump: KvDump, group: str, *, keep_entries: bool) -> Plan:
+    """`planner`'s plan of `group`, without its entries when nothing reads them and the
+    planner can leave them out (the vectorized one plans them all and keeps none)."""
+    if not keep_entries and isinstance(planner, VectorizedPlanner):
+        return planner.plan(dump, group, keep_entries=False)
+    return planner.plan(dump, group)
+
+
 def _new_gathers(finding: Finding, seen: list[CellColumns]) -> Finding | None:
     """`finding` without the (batch row, gather index) pairs an earlier group reported
     (None when nothing is left); the pairs it keeps join `seen`."""
@@ -313,9 +334,10 @@ def group_slots(finding: Finding, limit: int = PROVENANCE_SLOTS) -> tuple[list[i
     if finding.slot is None:
         return [], 0
     cells = finding.cells
-    if cells is None or cells.slot is None:
+    held = None if cells is None else cells.column("slot")
+    if held is None:
         return [finding.slot], 1
-    values, first = np.unique(cells.slot, return_index=True)
+    values, first = np.unique(held, return_index=True)  # as held: the same ints
     ordered = values[np.argsort(first, kind="stable")][: limit + 1].tolist()
     shown = [finding.slot, *(v for v in ordered if v != finding.slot)][:limit]
     return shown, int(values.size)

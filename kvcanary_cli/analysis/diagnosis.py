@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import cell_slots, distinct, pairs_among, restricted
+from kvcanary_cli.analysis.cells import cell_slots, distinct, held_slots, pairs_among, restricted
 from kvcanary_cli.analysis.chains import link, numbers, span
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import (
@@ -142,7 +142,7 @@ class _Diagnosis:
         per cause."""
         out: list[Finding] = []
         for f, causes in zip(self.findings, self.cause_of, strict=True):
-            values = np.flatnonzero(np.bincount(causes.astype(np.int64) + 1)) - 1
+            values = np.flatnonzero(np.bincount(causes.astype(np.int16) + 1)) - 1  # int8 + 1
             for value in values.tolist():
                 cause = None if value == _UNCLAIMED else _CAUSES[value]
                 part = f if values.size == 1 else restricted(f, causes == value)
@@ -443,7 +443,7 @@ def _writes_into_live(state: _Diagnosis) -> None:
     written = distinct(np.concatenate(parts))
     for i, f in enumerate(findings):
         if f.code in _HELD_TWICE_CODES:
-            hit = np.isin(cell_slots(f), written)
+            hit = np.isin(held_slots(f), written)
             state.claim(CauseCode.WRITE_INTO_LIVE_SLOT, Confidence.CERTAIN, i, hit)
 
 
@@ -457,11 +457,12 @@ def _reuse_within_request(state: _Diagnosis) -> None:
     ]
     if not repeats:
         return
-    rows = np.concatenate([f.cells.pool_row for f in repeats if f.cells is not None])
-    slots = np.concatenate([cell_slots(f) for f in repeats])
+    # compared only (`pairs_among` ranks them): the columns as held
+    rows = np.concatenate([_held(f, "pool_row") for f in repeats])
+    slots = np.concatenate([held_slots(f) for f in repeats])
     for i, f in enumerate(findings):
         if f.code is FindingCode.SLOT_SHARED_ACROSS_POSITIONS and f.cells is not None:
-            hit = pairs_among(f.cells.pool_row, cell_slots(f), rows, slots)
+            hit = pairs_among(_held(f, "pool_row"), held_slots(f), rows, slots)
             state.claim(CauseCode.SLOT_REUSED_WITHIN_REQUEST, Confidence.CERTAIN, i, hit)
 
 
@@ -479,13 +480,14 @@ def _stale_rows(state: _Diagnosis) -> None:
         # the old owner's tail is full slots; an SWA peer freed in the window is not one
         if f.code not in _STALE_CODES or f.cells is None or f.space is not Space.FULL:
             continue
-        row = f.cells.batch_row
+        # compared, counted and used as indices only: the columns as held
+        row, at = _held(f, "batch_row"), _held(f, "position")
         inside = state.free(i) & (row >= 0) & (row < bs)
-        inside[inside] &= f.cells.position[inside] < prefix[row[inside]]
+        inside[inside] &= at[inside] < prefix[row[inside]]
         if inside.any():
             rows.append(row[inside])
-            positions.append(f.cells.position[inside])
-            codes.append(np.full(int(inside.sum()), f.code.order, dtype=np.int64))
+            positions.append(at[inside])
+            codes.append(np.full(int(inside.sum()), f.code.order, dtype=np.int16))
             members.append(i)
     if not rows:
         return
@@ -508,11 +510,15 @@ def _stale_rows(state: _Diagnosis) -> None:
         return
     stale_rows = np.flatnonzero(stale)
     for i in members:
-        cells = findings[i].cells
-        assert cells is not None
-        row_of = np.clip(cells.batch_row, 0, bs - 1)
-        mask = stale[row_of] & (cells.position < prefix[row_of]) & (cells.batch_row < bs)
-        state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i, mask & (cells.batch_row >= 0))
+        held_row, at = _held(findings[i], "batch_row"), _held(findings[i], "position")
+        inside = (held_row >= 0) & (held_row < bs)
+        row_of = np.where(inside, held_row, 0)
+        state.claim(
+            CauseCode.STALE_ROW_READ,
+            Confidence.LIKELY,
+            i,
+            inside & stale[row_of] & (at < prefix[row_of]),
+        )
     state.evidence(CauseCode.STALE_ROW_READ).extend(
         _stale_row_lines(state, stale_rows, row[stale[row]], code[stale[row]], first)
     )
@@ -520,6 +526,15 @@ def _stale_rows(state: _Diagnosis) -> None:
 
 #: Stale rows the evidence names one by one; the rest are counted in one line.
 STALE_ROWS_SHOWN = 5
+
+
+def _held(finding: Finding, name: str) -> np.ndarray:
+    """A column of a finding group's cells as held (a narrow dtype): to compare, count or
+    index with, never to compute with."""
+    assert finding.cells is not None
+    held = finding.cells.column(name)
+    assert held is not None
+    return held
 
 
 def _stale_row_lines(
@@ -537,7 +552,7 @@ def _stale_row_lines(
     every_code = list(FindingCode)
     # cells per (row, code) of the rows shown, counted in one pass
     named = np.isin(row, shown)
-    key = row[named] * len(every_code) + code[named]
+    key = row[named].astype(np.int64) * len(every_code) + code[named]  # rows may be held narrow
     key.sort()
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
     counts = np.diff(np.r_[starts, key.size])

@@ -18,7 +18,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS, Group, dtype_label
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
-from kvcanary_cli.results.cells import CellColumns, Role, Space
+from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, Space
 from kvcanary_cli.results.check import Finding
 
 __all__ = [
@@ -188,22 +188,27 @@ def _cell_records(
     offending = np.asarray(offending, dtype=np.int64)
     if offending.size == 0:
         return []
-    reported = cells.slot if slots is None else slots
-    key = cells.pending[offending].astype(np.int64)
-    if split is not None:
-        key = key * (int(split.max(initial=0)) + 1) + split.astype(np.int64)
+    # the slots as held (value reads only; `CellColumns` reads them back as int64)
+    reported = cells.held("slot") if slots is None else slots
+    pending = cells.pending[offending]
+    if split is None:
+        key = pending.view(np.uint8)  # 0 or 1: a byte a cell
+    else:
+        key = pending.astype(np.int64) * (int(split.max(initial=0)) + 1) + split.astype(np.int64)
+    del pending
     found: list[Finding] = []
     values = np.unique(key).tolist()
     for value in values:
         # ascending: batch row, then position (one key: all of them, not a copy)
         members = offending if len(values) == 1 else offending[key == value]
         first = int(members[0])
-        cell_columns = CellColumns(  # a gather copies already: no second copy for the dtype
-            batch_row=cells.batch_row[members].astype(np.int64, copy=False),
-            pool_row=cells.pool_row[members].astype(np.int64, copy=False),
-            position=cells.position[members].astype(np.int64, copy=False),
-            slot=reported[members].astype(np.int64, copy=False),
-            extra={n: v[members].astype(np.int64, copy=False) for n, v in (columns or {}).items()},
+        cell_columns = CellColumns.gathered(
+            members,
+            batch_row=cells.column("batch_row"),
+            pool_row=cells.column("pool_row"),
+            position=cells.column("position"),
+            slot=cells.column("slot") if slots is None else slots,
+            extra=columns,
         )
         one = members.size == 1
         found.append(
@@ -212,9 +217,9 @@ def _cell_records(
                 group=group,
                 slot=int(reported[first]),
                 space=space,
-                batch_row=int(cells.batch_row[first]),
-                pool_row=int(cells.pool_row[first]),
-                position=int(cells.position[first]),
+                batch_row=int(cells.held("batch_row")[first]),
+                pool_row=int(cells.held("pool_row")[first]),
+                position=int(cells.held("position")[first]),
                 role=(role(first) if role else None)
                 or (Role.PENDING_WRITE if cells.pending[first] else Role.VERIFY),
                 message=message(first) if one else run_what,
@@ -232,7 +237,7 @@ def _cell_records(
 def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     """Full-space slot findings over the live cells."""
     found: list[Finding] = []
-    slot = cells.slot
+    slot = cells.held("slot")  # compared, counted and shown only: as held
     found += _cell_records(
         FindingCode.NEGATIVE_SLOT,
         cells,
@@ -312,6 +317,17 @@ def held_twice(slot: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def _holding(values: np.ndarray) -> np.dtype:
+    """The narrowest integer dtype holding every one of `values` (and 0)."""
+    if not NarrowColumn.enabled:  # tests hold every column wide to compare results
+        return np.dtype(np.int64)
+    low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    for dtype in (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)):
+        if np.iinfo(dtype).min <= min(low, 0) and max(high, 0) <= np.iinfo(dtype).max:
+            return dtype
+    return np.dtype(np.int64)
+
+
 def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
     """Where each run of equal key tuples begins in sorted order."""
     change = np.zeros(sorted_keys[0].size, dtype=bool)
@@ -324,30 +340,37 @@ def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
 def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     """Every cell after the first of a slot that sits at several positions of one row (found
     with one sort; a one-cell finding lists the slot's positions)."""
-    idx = np.flatnonzero(real)
-    if idx.size < 2:
+    count = int(np.count_nonzero(real))
+    if count < 2:
         return []
-    if idx.size == len(cells):  # every cell: the columns themselves, not copies
-        row, slot = cells.pool_row, cells.slot
-    else:
-        row, slot = cells.pool_row[idx], cells.slot[idx]
+    # compared and sorted only: the columns as held (every cell: themselves, not copies, and
+    # no index of them)
+    all_row, all_slot, all_position = (cells.held(n) for n in ("pool_row", "slot", "position"))
+    idx = None if count == len(cells) else np.flatnonzero(real)
+    row, slot = (all_row, all_slot) if idx is None else (all_row[idx], all_slot[idx])
     # stable: a slot's cells in one row stay in cell order, which is position order
     order = np.lexsort((slot, row))
-    same = (row[order][1:] == row[order][:-1]) & (slot[order][1:] == slot[order][:-1])
-    repeats = np.sort(idx[order[1:][same]])
+    same = np.ones(max(order.size - 1, 0), dtype=bool)
+    for column in (row, slot):  # one sorted copy at a time (a slot may be every cell's)
+        ordered = column[order]
+        same &= ordered[1:] == ordered[:-1]
+        del ordered
+    repeats = order[1:][same]
+    del order, same
+    if idx is not None:
+        repeats = idx[repeats]
+    repeats.sort()
 
     def positions(i: int) -> np.ndarray:
-        here = (cells.pool_row[idx] == cells.pool_row[i]) & (slot == cells.slot[i])
-        return np.sort(cells.position[idx][here])
+        here = (row == all_row[i]) & (slot == all_slot[i])
+        return np.sort((all_position if idx is None else all_position[idx])[here])
 
     def message(i: int) -> str:
         at = positions(i)
         shown = [int(p) for p in at[:SAMPLE_CELLS]]
         listed = str(shown) if at.size <= SAMPLE_CELLS else f"{str(shown)[:-1]}, ...]"
         many = f"{at.size} positions " if at.size > SAMPLE_CELLS else ""
-        return (
-            f"slot {cells.slot[i]} sits at {many}positions {listed} of pool row {cells.pool_row[i]}"
-        )
+        return f"slot {all_slot[i]} sits at {many}positions {listed} of pool row {all_row[i]}"
 
     return _cell_records(
         FindingCode.DUPLICATE_SLOT_IN_ROW,
@@ -371,32 +394,34 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     copy carries its slot's owner position (column `owner_position`). Everything is computed
     per slot with sorts, not per cell.
     """
-    idx = np.flatnonzero(real)
-    if idx.size == 0:
+    count = int(np.count_nonzero(real))
+    if count == 0:
         return []
-    if idx.size == len(cells):  # every cell: the columns themselves, not copies
-        slot, position, row = cells.slot, cells.position, cells.pool_row
+    # compared, sorted and counted only: the columns as held (every cell: themselves, and no
+    # index of them)
+    all_slot, all_position, all_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
+    idx = None if count == len(cells) else np.flatnonzero(real)
+    if idx is None:
+        slot, position, row = all_slot, all_position, all_row
     else:
-        slot, position, row = cells.slot[idx], cells.position[idx], cells.pool_row[idx]
+        slot, position, row = all_slot[idx], all_position[idx], all_row[idx]
     # slot-major, then position, then cell order
     order = np.lexsort((position, slot))
-    s, p = slot[order], position[order]
+    s = slot[order]
     slot_start = _group_starts([s])
-    slot_id = np.repeat(np.arange(slot_start.size), np.diff(np.r_[slot_start, s.size]))
+    p = position[order]
     run_start = _group_starts([s, p])  # runs of one (slot, position)
-    run_len = np.diff(np.r_[run_start, s.size])
-    run_slot = slot_id[run_start]
+    del s  # per cell each: let each go once read (a slot may be every cell's)
+    run_len = np.diff(np.r_[run_start, order.size])
+    run_slot = np.searchsorted(slot_start, run_start, side="right") - 1
     positions_per_slot = np.bincount(run_slot, minlength=slot_start.size)
-    sid = np.empty(idx.size, dtype=np.int64)  # slot id of each cell, in cell order
-    sid[order] = slot_id
-    by_row = np.lexsort((row, slot))
-    row_start = _group_starts([slot[by_row], row[by_row]])
-    rows_per_slot = np.bincount(sid[by_row[row_start]], minlength=slot_start.size)
-    del (
-        by_row,
-        row_start,
-    )  # a sort per cell each: let each go once read (a slot may be every cell's)
-    suspect = (positions_per_slot > 1) & (rows_per_slot > 1)
+    # held by several rows: its rows' smallest and largest differ (no sort by row)
+    by_slot = row[order]
+    several_rows = np.minimum.reduceat(by_slot, slot_start) != np.maximum.reduceat(
+        by_slot, slot_start
+    )
+    del by_slot
+    suspect = (positions_per_slot > 1) & several_rows
     if not suspect.any():
         return []
     # owner position per slot: the longest run (first = smallest position on a tie); when
@@ -404,42 +429,45 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     longest = np.zeros(slot_start.size, dtype=np.int64)
     np.maximum.at(longest, run_slot, run_len)
     is_best = run_len == longest[run_slot]
-    first_best = np.full(slot_start.size, s.size, dtype=np.int64)
+    first_best = np.full(slot_start.size, order.size, dtype=np.int64)
     np.minimum.at(first_best, run_slot[is_best], run_start[is_best])
-    best = p[np.minimum(first_best, s.size - 1)]
-    first_cell = np.full(slot_start.size, idx.size, dtype=np.int64)
-    np.minimum.at(first_cell, slot_id, order)
-    owner = np.where(longest > 1, best, position[np.minimum(first_cell, idx.size - 1)])
-    del order, s, p, slot_id
+    best = p[np.minimum(first_best, order.size - 1)]
+    first_cell = np.minimum.reduceat(order, slot_start)  # the slot's cells are a run of order
+    owner = np.where(longest > 1, best, position[first_cell])
+    del p
+    # slot id of each cell, in cell order (its slot's rank among the slots)
+    sid = np.searchsorted(slot[order[slot_start]], slot)
+    del order
     owner_of_cell = owner[sid]
     copy = suspect[sid] & (position != owner_of_cell)
     del sid
     if not copy.any():
         return []
-    owner_position = np.zeros(len(cells), dtype=np.int64)
-    owner_position[idx] = owner_of_cell
+    # the owners' positions in the narrowest dtype holding them (read back as int64)
+    owner_position = np.zeros(len(cells), dtype=_holding(owner))
+    owner_position[slice(None) if idx is None else idx] = owner_of_cell
     del owner_of_cell
 
     def holders(i: int) -> list[tuple[int, int]]:
         """(pool row, position) of the cells holding cell i's slot, in cell order."""
-        here = np.flatnonzero(slot == cells.slot[i])
+        here = np.flatnonzero(slot == all_slot[i])
         return [(int(row[k]), int(position[k])) for k in here]
 
     def message(i: int) -> str:
         at = [c for c in holders(i) if c[1] == owner_position[i]][:3]
         return (
-            f"slot {cells.slot[i]} is also live at (pool row, position) "
+            f"slot {all_slot[i]} is also live at (pool row, position) "
             f"{', '.join(map(str, at))}: aliased across requests"
         )
 
     def others(i: int) -> list[list[int]]:
-        near = [c for c in holders(i) if c[0] != cells.pool_row[i]]
+        near = [c for c in holders(i) if c[0] != all_row[i]]
         return [list(c) for c in near[:SAMPLE_CELLS]]
 
     return _cell_records(
         FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
         cells,
-        idx[copy],
+        np.flatnonzero(copy) if idx is None else idx[copy],
         message,
         run_what="slots that other requests hold at another position: aliased across requests",
         details=lambda i: {"other_cells": others(i)},
@@ -466,29 +494,42 @@ def _shared_without_prefix(
         return []
     # cells whose (position, slot) another row also holds: sharing, or a copy
     same_place = np.zeros(n, dtype=bool)
-    idx = np.flatnonzero(real)
-    if idx.size < 2:
+    count = int(np.count_nonzero(real))
+    if count < 2:
         return []
-    order = np.lexsort((cells.slot[idx], cells.position[idx]))
-    key_start = _group_starts([cells.position[idx][order], cells.slot[idx][order]])
-    key_size = np.diff(np.r_[key_start, order.size])
-    same_place[idx[order]] = np.repeat(key_size, key_size) > 1
-    # the cell one position earlier in the same row (-1: none)
-    before = np.full(n, -1, dtype=np.int64)
-    follows = (cells.pool_row[1:] == cells.pool_row[:-1]) & (
-        cells.position[1:] == cells.position[:-1] + 1
-    )
-    before[1:][follows] = np.flatnonzero(follows)
-    prior_slot = np.where(before >= 0, cells.slot[np.maximum(before, 0)], -1)
+    # compared, sorted and shown only: the columns as held (read once, never copied whole);
+    # the one sum (`_follows`) is taken in int64
+    c_slot, c_position, c_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
+    if count == n:  # every cell: the columns themselves, not copies
+        sorted_cells = np.lexsort((c_slot, c_position))
+    else:
+        idx = np.flatnonzero(real)
+        sorted_cells = idx[np.lexsort((c_slot[idx], c_position[idx]))]
+        del idx
+    position_sorted = c_position[sorted_cells]
+    key_start = _group_starts([position_sorted, c_slot[sorted_cells]])
+    first_position = position_sorted[key_start]
+    del position_sorted
+    key_size = np.diff(np.r_[key_start, sorted_cells.size])
+    same_place[sorted_cells] = np.repeat(key_size > 1, key_size)
+    # whether each cell (but the first) is one position after the cell before it, same row
+    follows = _follows(c_row, c_position)
+    # the slot one position earlier in the same row (-1: none), as held
+    prior_slot = np.full(n, -1, dtype=np.result_type(c_slot.dtype, np.int8))
+    prior_slot[1:][follows] = c_slot[:-1][follows]
     # only groups whose cells before disagree can hold a copy (none in a clean state): one
     # min/max per group over the sort already made
-    sorted_cells = idx[order]
-    low = np.minimum.reduceat(prior_slot[sorted_cells], key_start)
-    high = np.maximum.reduceat(prior_slot[sorted_cells], key_start)
-    disagree = (key_size > 1) & (low != high) & (cells.position[sorted_cells[key_start]] > 0)
+    prior_sorted = prior_slot[sorted_cells]
+    low = np.minimum.reduceat(prior_sorted, key_start)
+    high = np.maximum.reduceat(prior_sorted, key_start)
+    del prior_sorted
+    disagree = (key_size > 1) & (low != high) & (first_position > 0)
     if not disagree.any():
         return []
     candidates = np.sort(sorted_cells[np.repeat(disagree, key_size)])
+    # the cell one position earlier in the same row (-1: none)
+    before = np.full(n, -1, dtype=np.int64)
+    before[1:][follows] = np.flatnonzero(follows)
     prior_shared = np.where(before >= 0, same_place[np.maximum(before, 0)], False)
     two_before = np.where(before >= 0, before[np.maximum(before, 0)], -1)
     # the row shared two positions back but not one: its cell before is a lone gap in a shared
@@ -499,12 +540,12 @@ def _shared_without_prefix(
         """The blamed cells among `members` (cell indices), grouped by (position, slot)."""
         if members.size == 0:
             return members
-        o = np.lexsort((prior_slot[members], cells.slot[members], cells.position[members]))
+        o = np.lexsort((prior_slot[members], c_slot[members], c_position[members]))
         m = members[o]
-        group = _group_starts([cells.position[m], cells.slot[m]])
+        group = _group_starts([c_position[m], c_slot[m]])
         sizes = np.diff(np.r_[group, m.size])
         gid = np.repeat(np.arange(group.size), sizes)
-        runs = _group_starts([cells.position[m], cells.slot[m], prior_slot[m]])
+        runs = _group_starts([c_position[m], c_slot[m], prior_slot[m]])
         run_size = np.diff(np.r_[runs, m.size])
         run_group = gid[runs]
         broken = (sizes > 1) & (np.bincount(run_group, minlength=group.size) > 1)
@@ -528,9 +569,9 @@ def _shared_without_prefix(
     def without_echoes(echo: np.ndarray) -> np.ndarray:
         """The candidates but groups whose disagreement comes from an `echo` cell (a
         mask) just before one of their members."""
-        o = np.lexsort((cells.slot[candidates], cells.position[candidates]))
+        o = np.lexsort((c_slot[candidates], c_position[candidates]))
         c = candidates[o]
-        starts = _group_starts([cells.position[c], cells.slot[c]])
+        starts = _group_starts([c_position[c], c_slot[c]])
         sizes = np.diff(np.r_[starts, c.size])
         gid = np.repeat(np.arange(starts.size), sizes)
         echoed = np.bincount(gid, weights=echo[np.maximum(before[c], 0)] & (before[c] >= 0))
@@ -545,16 +586,16 @@ def _shared_without_prefix(
     blamed = blame(without_echoes(echo))
 
     def partners(i: int) -> list[int]:
-        same = (cells.position == cells.position[i]) & (cells.slot == cells.slot[i])
-        return sorted({int(r) for r in cells.pool_row[same]} - {int(cells.pool_row[i])})
+        same = (c_position == c_position[i]) & (c_slot == c_slot[i])
+        return sorted({int(r) for r in c_row[same]} - {int(c_row[i])})
 
     return _cell_records(
         FindingCode.SLOT_SHARED_WITHOUT_PREFIX,
         cells,
         blamed,
         lambda i: (
-            f"slot {cells.slot[i]} sits at position {cells.position[i]} of pool rows "
-            f"{[int(cells.pool_row[i]), *partners(i)]}, which hold different slots just "
+            f"slot {c_slot[i]} sits at position {c_position[i]} of pool rows "
+            f"{[int(c_row[i]), *partners(i)]}, which hold different slots just "
             "before it: a copy, not radix sharing"
         ),
         run_what="slots shared at the same position with rows that hold different slots just "
@@ -562,6 +603,22 @@ def _shared_without_prefix(
         details=lambda i: {"pool_rows": partners(i)[:SAMPLE_CELLS]},
         columns={"slot_before": prior_slot},
     )
+
+
+#: cells compared at a time by `_follows` (bounds its int64 sums).
+_FOLLOWS_CHUNK = 1 << 20
+
+
+def _follows(row: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """Per cell but the first: whether it is in the row of the cell before it, one position
+    later (the sum taken in int64, a piece at a time: a narrow position + 1 never wraps)."""
+    out = np.empty(max(row.size - 1, 0), dtype=bool)
+    for a in range(0, out.size, _FOLLOWS_CHUNK):
+        b = min(a + _FOLLOWS_CHUNK, out.size)
+        out[a:b] = (row[a + 1 : b + 1] == row[a:b]) & (
+            position[a + 1 : b + 1] == np.add(position[a:b], 1, dtype=np.int64)
+        )
+    return out
 
 
 def step_writes(dump: KvDump) -> LiveCells | None:
@@ -598,25 +655,27 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         return []
     written, w_pool, w_pos, n = writes.slot, writes.pool_row, writes.position, len(writes)
     # Only the live cells holding a written slot matter: sort those, not the whole batch.
-    holders = np.flatnonzero(SlotSet(np.asarray(written)).contains(cells.slot))
-    order = holders[np.argsort(cells.slot[holders], kind="stable")]
-    live_sorted = cells.slot[order]
+    # compared and sorted only: the live columns as held
+    c_slot, c_row, c_position = (cells.held(n) for n in ("slot", "pool_row", "position"))
+    holders = np.flatnonzero(SlotSet(np.asarray(written)).contains(c_slot))
+    order = holders[np.argsort(c_slot[holders], kind="stable")]
+    live_sorted = c_slot[order]
     lo = np.searchsorted(live_sorted, written, side="left")
     hi = np.searchsorted(live_sorted, written, side="right")
     # Every pending write is live in its own cell; only look closer where there is more.
     own = (hi - lo == 1) & (written > 0)
     if own.any():
         j = order[np.minimum(lo, len(order) - 1)]
-        own &= (cells.pool_row[j] == w_pool) & (cells.position[j] == w_pos)
+        own &= (c_row[j] == w_pool) & (c_position[j] == w_pos)
     offending = np.flatnonzero((written > 0) & (hi > lo) & ~own)
 
     def others(i: int) -> list[tuple[int, int]]:
         """(pool row, position) of the live cells holding write i's slot, not its own."""
         same = order[lo[i] : min(hi[i], lo[i] + SAMPLE_CELLS + 1)]  # at most one is its own
         return [
-            (int(cells.pool_row[j]), int(cells.position[j]))
+            (int(c_row[j]), int(c_position[j]))
             for j in same
-            if not (cells.pool_row[j] == w_pool[i] and cells.position[j] == w_pos[i])
+            if not (c_row[j] == w_pool[i] and c_position[j] == w_pos[i])
         ]
 
     return _cell_records(
@@ -678,12 +737,13 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     if lut_tensor is None:
         return []
     lut_len = int(lut_tensor.shape[0])
-    start = plan.frame.window_start[cells.batch_row]
-    in_window = (~cells.pending) & (cells.position >= start)
-    mappable = (cells.slot > 0) & (cells.slot < lut_len - 1)
-    swa = np.zeros_like(cells.slot)
-    swa[mappable] = lut_tensor.take_known(cells.slot[mappable])[0]
+    start = plan.frame.window_start[cells.held("batch_row")]
+    in_window = (~cells.pending) & (cells.held("position") >= start)
+    del start
     slot = cells.slot
+    mappable = (slot > 0) & (slot < lut_len - 1)
+    swa = np.zeros_like(slot)
+    swa[mappable] = lut_tensor.take_known(slot[mappable])[0]
     found = _cell_records(
         FindingCode.SWA_UNMAPPED_IN_WINDOW,
         cells,
@@ -765,7 +825,7 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
         group=Group.SWA,
         slots=swa,
         space=Space.SWA,
-        details=lambda i: {"full_slot": int(cells.slot[i]), "full_slots": of(i)[0]},
+        details=lambda i: {"full_slot": int(cells.held("slot")[i]), "full_slots": of(i)[0]},
         full_slots=lambda i: tuple(of(i)[0]),
         columns={"full_slot": cells.slot},
     )
@@ -864,7 +924,7 @@ def _expected_token_records(plan: Plan, shape: list[int] | None) -> list[Finding
             f,
             slot=None,
             gather_index=None if f.cells is None else int(f.cells.extra["gather_index"][0]),
-            cells=None if f.cells is None else replace(f.cells, slot=None),
+            cells=None if f.cells is None else f.cells.without_slot(),
         )
         for f in found
     ]

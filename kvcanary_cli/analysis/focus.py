@@ -89,7 +89,8 @@ def focused_findings(
         cells = live_cells(dump) if 0 in related else index.live_cells()
         view = _rows_holding(dump, cells, related)
         del cells  # the view's live cells hold them all again (one slot may be every cell's)
-        collected = collect_findings(view, planner=planner, kernel=None)
+        # the findings only: no verify entry is held unless a canary replay reads it
+        collected = collect_findings(view, planner=planner, kernel=None, keep_entries=False)
         found = [f for f in collected.findings if f.code is not FindingCode.WRITE_TO_LIVE_SLOT]
         # out_cache_loc is laid out by the whole batch's rows: its writes are read there. Only
         # writes of the related slots can touch `slot`, and the view's live cells holding them
@@ -147,14 +148,14 @@ _RELATED_LIMIT = 64
 
 def _holding_slots(cells: LiveCells, slots: Iterable[int]) -> LiveCells:
     """The live `cells` holding one of `slots`, in their order (all of them: no copy)."""
-    held = SlotSet(np.asarray(list(slots), dtype=np.int64)).contains(cells.slot)
+    held = SlotSet(np.asarray(list(slots), dtype=np.int64)).contains(cells.held("slot"))
     if held.all():
         return cells
     return LiveCells(
-        slot=cells.slot[held],
-        batch_row=cells.batch_row[held],
-        pool_row=cells.pool_row[held],
-        position=cells.position[held],
+        slot=cells.column("slot").take(held),
+        batch_row=cells.column("batch_row").take(held),
+        pool_row=cells.column("pool_row").take(held),
+        position=cells.column("position").take(held),
         pending=cells.pending[held],
     )
 
@@ -163,7 +164,7 @@ def _rows_holding(dump: KvDump, cells: LiveCells, slots: Iterable[int]) -> KvDum
     """`dump` with every batch row that does not hold one of `slots` in its live `cells`
     made padding (`req_pool_indices` 0): planners and detectors skip padding rows."""
     wanted = SlotSet(np.asarray(list(slots), dtype=np.int64))
-    held = cells.pool_row[wanted.contains(cells.slot)]
+    held = cells.held("pool_row")[wanted.contains(cells.held("slot"))]
     rpi = dump.req_pool_indices
     keep = np.isin(rpi, held) & (rpi != 0)
     masked = dump.req_pool_indices.copy()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -19,7 +19,15 @@ from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.frame import GroupFrame
-from kvcanary_cli.results.cells import CanaryRecord, Cell, Role, SlotProvenance, Space, ViolationRow
+from kvcanary_cli.results.cells import (
+    CanaryRecord,
+    Cell,
+    NarrowColumn,
+    Role,
+    SlotProvenance,
+    Space,
+    ViolationRow,
+)
 from kvcanary_cli.results.check import Finding
 
 __all__ = [
@@ -36,28 +44,76 @@ __all__ = [
 ]
 
 #: cells of req_to_token examined per step of the provenance scan (bounds temporaries).
-_SCAN_CELLS = 1 << 22
+_SCAN_CELLS = 1 << 20
+#: values looked up at a time by `SlotSet.contains` (bounds its int64 offsets).
+_LOOKUP_CHUNK = 1 << 20
 #: violation-ring kernel_kind (launch tag) values of the SWA group: HEAD/TAIL/SWEEP x K/V.
 _SWA_TAGS = range(6, 12)
 
 
-@dataclass(frozen=True, kw_only=True)
 class LiveCells:
-    """Live cells of in-range active rows, flat (numpy int64 arrays of equal length).
+    """Live cells of in-range active rows, flat (integer arrays of equal length, read as
+    given: int64 from `live_cells`).
 
     Rows whose pool row repeats in the batch contribute once (their first batch row), so a
     duplicated request does not look like aliasing; `DUPLICATE_REQUEST_ROW` reports it.
+
+    Each column is held in the narrowest dtype its values fit (`NarrowColumn`): a batch of
+    ten million live cells holds tens of megabytes while its detectors run, not hundreds.
+    `held` gives a column as held, for what compares, sorts or counts values.
     """
 
-    slot: np.ndarray
-    batch_row: np.ndarray
-    pool_row: np.ndarray
-    position: np.ndarray
-    #: True for pending writes `[P, P+E)`, False for the prefix `[0, P)`.
-    pending: np.ndarray
+    __slots__ = ("_columns", "pending")
+
+    def __init__(
+        self,
+        *,
+        slot: np.ndarray | NarrowColumn,
+        batch_row: np.ndarray | NarrowColumn,
+        pool_row: np.ndarray | NarrowColumn,
+        position: np.ndarray | NarrowColumn,
+        pending: np.ndarray,
+    ) -> None:
+        self._columns = {
+            "slot": NarrowColumn.of(slot),
+            "batch_row": NarrowColumn.of(batch_row),
+            "pool_row": NarrowColumn.of(pool_row),
+            "position": NarrowColumn.of(position),
+        }
+        #: True for pending writes `[P, P+E)`, False for the prefix `[0, P)`.
+        self.pending = pending
+
+    @property
+    def slot(self) -> np.ndarray:
+        """Each cell's slot."""
+        return self._columns["slot"].wide()
+
+    @property
+    def batch_row(self) -> np.ndarray:
+        """Each cell's batch row."""
+        return self._columns["batch_row"].wide()
+
+    @property
+    def pool_row(self) -> np.ndarray:
+        """Each cell's pool row."""
+        return self._columns["pool_row"].wide()
+
+    @property
+    def position(self) -> np.ndarray:
+        """Each cell's position in its row."""
+        return self._columns["position"].wide()
+
+    def held(self, name: str) -> np.ndarray:
+        """A column as held: values to compare, sort or count, never to compute with (its
+        dtype may be narrow)."""
+        return self._columns[name].values
+
+    def column(self, name: str) -> NarrowColumn:
+        """A column with the dtype it reads as (what `CellColumns.gathered` keeps narrow)."""
+        return self._columns[name]
 
     def __len__(self) -> int:
-        return int(self.slot.shape[0])
+        return int(self._columns["slot"].values.shape[0])
 
 
 def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
@@ -100,15 +156,23 @@ def live_cells(dump: KvDump) -> LiveCells:
     rows = np.repeat(np.arange(rpi.size, dtype=np.int64), lens)
     starts = np.cumsum(lens) - lens
     pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, lens)
+    pending = pos >= prefix[rows]
     pool_row = rpi[rows]
+    # each column held narrow as soon as it is built: ten million live cells are never four
+    # int64 columns at once
+    batch_row = NarrowColumn.of(rows)
+    del rows
     flat = pool_row * dump.max_seq_len + pos
-    slot = dump.req_to_token.take(flat) if flat.size else flat
+    pool_column, position = NarrowColumn.of(pool_row), NarrowColumn.of(pos)
+    del pool_row, pos
+    slot = NarrowColumn.of(dump.req_to_token.take(flat) if flat.size else flat)
+    del flat
     return LiveCells(
         slot=slot,
-        batch_row=rows,
-        pool_row=pool_row,
-        position=pos,
-        pending=pos >= prefix[rows],
+        batch_row=batch_row,
+        pool_row=pool_column,
+        position=position,
+        pending=pending,
     )
 
 
@@ -174,6 +238,12 @@ class SlotSet:
             return np.asarray(values == self._low)
         if self._lookup is None:
             return np.isin(values, self.slots)
+        if values.size > _LOOKUP_CHUNK:  # a piece at a time: its int64 offsets stay small
+            flat = values.reshape(-1)
+            found = np.empty(flat.shape, dtype=bool)
+            for a in range(0, flat.size, _LOOKUP_CHUNK):
+                found[a : a + _LOOKUP_CHUNK] = self.contains(flat[a : a + _LOOKUP_CHUNK])
+            return found.reshape(values.shape)
         shifted = values.astype(np.int64) - self._low
         inside = (shifted >= 0) & (shifted < self._lookup.size)
         return self._lookup[np.where(inside, shifted, 0)] & inside
@@ -209,7 +279,7 @@ class ProvenanceIndex:
         self._counts = np.zeros(wanted.size, dtype=np.int64)
         empty = np.zeros(0, dtype=np.int64)
         self._kept = {"slot": empty, "tier": empty, "row": empty, "col": empty}
-        self._live: list[tuple[np.ndarray, ...]] | None = [] if live else None
+        self._live: list[tuple[NarrowColumn, ...]] | None = [] if live else None
         self._threads = threads
         if wanted.size:
             self._scan(wanted)
@@ -263,7 +333,13 @@ class ProvenanceIndex:
         live = (pool_rows[at] == rows) & (cols < lens[at])
         if live.any():
             assert self._live is not None
-            self._live.append((values[live], batch_row[at[live]], rows[live], cols[live]))
+            # held narrow from the start: a slot every live cell holds keeps them all
+            self._live.append(
+                tuple(
+                    NarrowColumn.of(column)
+                    for column in (values[live], batch_row[at[live]], rows[live], cols[live])
+                )
+            )
 
     def live_cells(self) -> LiveCells:
         """The cells of `live_cells(self.dump)` that hold one of the slots, in its order.
@@ -275,24 +351,23 @@ class ProvenanceIndex:
             raise ValueError("this index was built without live=True")
         parts = list(zip(*self._live, strict=True)) or [()] * 4
         self._live = []  # handed over, not kept twice: a slot every live cell holds is all of them
-        slot, batch_row, pool_row, position = (
-            np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts
-        )
+        # joined as held (each column reads back in the dtype joining the given ones makes)
+        slot, batch_row, pool_row, position = (_joined(p) for p in parts)
         del parts
-        order = np.lexsort((position, batch_row))  # live_cells' order: batch row, position
+        # live_cells' order: batch row, position (sorted as held: the same order)
+        order = np.lexsort((position.values, batch_row.values))
         prefix, _ = _live_lengths(self.dump)
         # one column at a time: each unsorted one goes as its sorted one comes
-        slot, pool_row = slot[order], pool_row[order]
-        batch_row, position = batch_row[order], position[order]
+        slot, pool_row = slot.take(order), pool_row.take(order)
+        batch_row, position = batch_row.take(order), position.take(order)
         del order
-        cells = LiveCells(
+        return LiveCells(
             slot=slot,
             batch_row=batch_row,
             pool_row=pool_row,
             position=position,
-            pending=position >= prefix[batch_row],
+            pending=position.values >= prefix[batch_row.values],
         )
-        return cells
 
     def narrowed(self, max_cells: int) -> ProvenanceIndex:
         """This index as if built with a smaller `max_cells` (the same scan, fewer cells)."""
@@ -407,6 +482,14 @@ class ProvenanceIndex:
             violations=violations,
             violations_total=violations_total,
         )
+
+
+def _joined(parts: tuple[NarrowColumn, ...]) -> NarrowColumn:
+    """Parts of one column, joined as held (empty: int64)."""
+    if not parts:
+        return NarrowColumn(np.zeros(0, dtype=np.int64), np.dtype(np.int64))
+    given = np.result_type(*(part.dtype for part in parts))
+    return NarrowColumn(np.concatenate([part.values for part in parts]), given)
 
 
 def _rank_in_runs(ordered: np.ndarray) -> np.ndarray:

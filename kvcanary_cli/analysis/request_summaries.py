@@ -26,10 +26,12 @@ def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSumm
             if f.position is not None:
                 first_bad[f.batch_row] = min(first_bad[f.batch_row], f.position)
             continue
-        row = f.cells.batch_row
+        # counted and compared only: the columns as held
+        row, position = f.cells.column("batch_row"), f.cells.column("position")
+        assert row is not None and position is not None
         inside = (row >= 0) & (row < bs)
         counts[f.code.order] += np.bincount(row[inside], minlength=bs)
-        np.minimum.at(first_bad, row[inside], f.cells.position[inside])
+        np.minimum.at(first_bad, row[inside], position[inside])
     rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
     out = []
     for batch_row in np.flatnonzero(counts.any(axis=0)).tolist():  # rows with findings

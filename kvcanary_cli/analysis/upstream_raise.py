@@ -20,7 +20,7 @@ from kvcanary_cli.planners.base import Plan, ProblemKind
 from kvcanary_cli.planners.upstream_raise import ReferenceRaise, reference_raise
 from kvcanary_cli.results.check import Finding, FirstRaise
 
-__all__ = ["first_raise", "raise_site", "recorded_exception"]
+__all__ = ["first_raise", "raise_site", "recorded_exception", "reference_raises"]
 
 
 def raise_site(finding: Finding, raised: ReferenceRaise) -> Finding | None:
@@ -34,16 +34,22 @@ def raise_site(finding: Finding, raised: ReferenceRaise) -> Finding | None:
     return at_cell(finding, problem.batch_row, problem.position)
 
 
+def reference_raises(plans: Iterable[Plan]) -> list[ReferenceRaise | None]:
+    """What REF raises in each of `plans` (its groups, in order): all `first_raise` needs of
+    them, so the plans' entries can go before the findings are marked."""
+    return [reference_raise(plan) for plan in plans]
+
+
 def first_raise(
-    plans: Iterable[Plan], findings: list[Finding]
+    raises: Iterable[ReferenceRaise | None], findings: list[Finding]
 ) -> tuple[FirstRaise | None, list[Finding]]:
     """Where SGLang's torch reference stops, and the findings with that one marked.
 
     Upstream plans the groups in order (full, then swa) and raises at the first bad read of
-    the first group that has one, in its own entry order (`ProblemTable.first_raise`).
+    the first group that has one, in its own entry order (`ProblemTable.first_raise`):
+    `raises` are `reference_raises` of the reference plans.
     """
-    for plan in plans:
-        raised = reference_raise(plan)
+    for raised in raises:
         if raised is None:
             continue
         marked = list(findings)

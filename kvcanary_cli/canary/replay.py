@@ -282,6 +282,12 @@ def replay_dump(
             for buffer, data in dump_buffers(dump, group):
                 if buffer.startswith(stage) and buffer in wanted:
                     done.append(
-                        replay_buffer(plan, buffer, data, real_kv=setup, check_tokens=check_tokens)
+                        replay_buffer(
+                            plan.entry_arrays(),
+                            buffer,
+                            data,
+                            real_kv=setup,
+                            check_tokens=check_tokens,
+                        )
                     )
     return done

@@ -37,6 +37,8 @@ __all__ = [
 
 #: No tensor of a real dump has more elements (the header reader bounds bytes the same way).
 MAX_ELEMENTS = 1 << 50
+#: reads located at a time by `SparseTensor.take_known` (bounds its temporaries).
+_TAKE_CHUNK = 1 << 20
 
 
 class SparseTensor(StoredTensor):
@@ -102,7 +104,17 @@ class SparseTensor(StoredTensor):
         return self.take_known(flat)[0]
 
     def take_known(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """int64 values at `flat` (0 where not kept) and whether each was kept."""
+        """int64 values at `flat` (0 where not kept) and whether each was kept (located
+        `_TAKE_CHUNK` at a time: ten million reads never hold five int64 temporaries each)."""
+        flat = np.asarray(flat, dtype=np.int64)
+        if flat.size > _TAKE_CHUNK:
+            values = np.zeros(flat.shape, dtype=np.int64)
+            known = np.zeros(flat.shape, dtype=bool)
+            flat_1d, values_1d, known_1d = flat.reshape(-1), values.reshape(-1), known.reshape(-1)
+            for a in range(0, flat_1d.size, _TAKE_CHUNK):
+                b = a + _TAKE_CHUNK
+                values_1d[a:b], known_1d[a:b] = self.take_known(flat_1d[a:b])
+            return values, known
         at, known = self._locate(flat)
         values = np.zeros(at.shape, dtype=np.int64)
         if known.any():

@@ -347,6 +347,10 @@ class Plan:
     #: why kvcanary planned no entry of this group (corrupt lengths asking for more entries
     #: than the table can hold; `GroupFrame.unplannable`); outputs are then empty.
     skipped: str | None = None
+    #: the entries were planned (their problems are all here) but not kept: a check that reads
+    #: no entry (no canary buffer to replay, no kernel to compare) does not hold them. Entry
+    #: arrays are then empty; `entry_arrays` refuses such a plan.
+    entries_dropped: bool = False
 
     @property
     def group(self) -> Group:
@@ -383,6 +387,13 @@ class Plan:
         """Number of materialized verify entries."""
         return int(self.verify_slot_indices.shape[0])
 
+    def entry_arrays(self) -> Plan:
+        """This plan, for a reader of its entries: `ValueError` when they were not kept
+        (`entries_dropped`), never an empty plan read as one with no entries."""
+        if self.entries_dropped:
+            raise ValueError(f"the {self.group} plan's entries were not kept")
+        return self
+
     def entry_batch_rows(self) -> np.ndarray:
         """Batch row owning each materialized entry (int64 [entries])."""
         lens = self.verify_offsets[1:] - self.verify_offsets[:-1]
@@ -392,6 +403,7 @@ class Plan:
     def upstream_tensors(self) -> dict[str, np.ndarray]:
         """The fields upstream defines, named like SGLang's VerifyPlan / WritePlan."""
         n = self.verify_num_valid if self.enable == 1 else 0
+        self.entry_arrays()
         return {
             "verify_slot_indices": self.verify_slot_indices[:n],
             "verify_expected_tokens": self.verify_expected_tokens[:n],
@@ -420,6 +432,7 @@ def assemble_plan(
     write_num_valid_reqs: int | None = None,
     launch_error: str | None = None,
     launch_error_type: str = "ValueError",
+    entries_dropped: bool = False,
 ) -> Plan:
     """The one place a `Plan` is built.
 
@@ -452,6 +465,7 @@ def assemble_plan(
         problems=problems,
         launch_error=launch_error,
         launch_error_type=launch_error_type,
+        entries_dropped=entries_dropped,
     )
 
 

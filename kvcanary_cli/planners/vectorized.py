@@ -103,14 +103,15 @@ class VectorizedPlanner:
     mode = None
 
     def __init__(
-        self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 22
+        self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 20
     ) -> None:
         self.semantics = semantics
         self.name = "vectorized" if semantics is Semantics.REFERENCE else "vectorized-gpu"
         self.chunk_entries = chunk_entries
 
-    def plan(self, dump: KvDump, group: str) -> Plan:
-        """Plan `group` of `dump`."""
+    def plan(self, dump: KvDump, group: str, *, keep_entries: bool = True) -> Plan:
+        """Plan `group` of `dump`. `keep_entries=False`: every entry is planned (its problems
+        are the same) but none is kept (`Plan.entries_dropped`), for a check that reads none."""
         gpu = self.semantics is Semantics.GPU
         frame = group_frame(dump, group)
         if gpu and frame.launch is not None:
@@ -129,15 +130,28 @@ class VectorizedPlanner:
             lens = _scan_lens(dump, frame)
         else:
             lens = np.zeros_like(frame.verify_len)
-        parts = [
-            self._entries(dump, frame, reader, translate, lens, r0, r1, problems)
-            for r0, r1 in _row_chunks(lens, self.chunk_entries)
-        ]
+        # Each chunk's entries go straight into their place in the plan's columns: a batch
+        # of ten million entries holds them once, not once in chunks and again joined.
+        columns: list[np.ndarray] | None = None
+        keep = bool(frame.enable) and keep_entries
+        total = int(lens.sum()) if keep else 0
+        done = 0
+        for r0, r1 in _row_chunks(lens, self.chunk_entries):
+            part = self._entries(dump, frame, reader, translate, lens, r0, r1, problems)
+            if not keep:
+                continue  # planned for its problems only
+            if columns is None:
+                columns = [np.empty(total, dtype=column.dtype) for column in part]
+            size = int(part[0].shape[0])
+            for k, column in enumerate(part):
+                if not np.can_cast(column.dtype, columns[k].dtype, "safe"):
+                    columns[k] = columns[k].astype(np.result_type(columns[k], column))
+                columns[k][done : done + size] = column
+            done += size
+            del part
         entries = VerifyEntries.empty()
-        if frame.enable and parts:
-            slot, token, position, prev, undefined = (
-                np.concatenate(column) for column in zip(*parts, strict=True)
-            )
+        if columns is not None:
+            slot, token, position, prev, undefined = (column[:done] for column in columns)
             entries = VerifyEntries(
                 slot=slot,
                 expected_token=token,
@@ -154,6 +168,7 @@ class VectorizedPlanner:
             seeds=seeds,
             seed_undefined=seed_undefined,
             problems=ProblemTable.concat(problems),
+            entries_dropped=bool(frame.enable) and not keep_entries,
         )
 
     def _entries(

@@ -7,8 +7,8 @@ with its canary records and violation-ring rows).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ __all__ = [
     "CanaryRecord",
     "Cell",
     "CellColumns",
+    "NarrowColumn",
     "Role",
     "SlotProvenance",
     "Space",
@@ -124,7 +125,6 @@ class SlotProvenance:
     violations_total: int = 0
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
 class CellColumns:
     """The `req_to_token` cells a finding group stands for, as parallel int64 arrays.
 
@@ -132,66 +132,229 @@ class CellColumns:
     cells is five arrays, not a million objects; views turn into Python objects only what they
     show. `extra` holds the code's own per-cell columns (an SWA finding's `full_slot`, the
     position an aliased slot's owner holds it at, a write's `out_cache_loc` index).
+
+    Each column is held in the narrowest integer dtype its values fit (a table's rows and
+    positions, a small pool's slots: a few bytes a cell, not 8) and read back in the dtype it
+    was given, so no reader does arithmetic in a narrow dtype: a group of ten million cells
+    holds tens of megabytes, not hundreds.
     """
 
-    batch_row: np.ndarray
-    pool_row: np.ndarray
-    position: np.ndarray
-    #: the slot the finding is about (an SWA slot for an SWA-space finding); None for a
-    #: finding about a cell's other reads (an expected-token gather).
-    slot: np.ndarray | None
-    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+    __slots__ = ("_columns", "_extra")
+
+    def __init__(
+        self,
+        *,
+        batch_row: np.ndarray,
+        pool_row: np.ndarray,
+        position: np.ndarray,
+        slot: np.ndarray | None,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        columns = {"batch_row": batch_row, "pool_row": pool_row, "position": position}
+        if slot is not None:
+            columns["slot"] = slot
+        self._columns = {name: NarrowColumn.of(values) for name, values in columns.items()}
+        self._extra = {name: NarrowColumn.of(values) for name, values in (extra or {}).items()}
+
+    @classmethod
+    def gathered(
+        cls,
+        index: np.ndarray,
+        *,
+        batch_row: np.ndarray | NarrowColumn,
+        pool_row: np.ndarray | NarrowColumn,
+        position: np.ndarray | NarrowColumn,
+        slot: np.ndarray | NarrowColumn | None,
+        extra: Mapping[str, np.ndarray | NarrowColumn] | None = None,
+    ) -> CellColumns:
+        """The cells at `index` of whole columns, read back as int64: gathered a column at a
+        time, each held narrow before the next is gathered (ten million cells gather a few
+        of their columns' bytes at once, not every column at eight bytes a cell)."""
+        import numpy as np
+
+        def held(values: np.ndarray | NarrowColumn) -> NarrowColumn:
+            if isinstance(values, NarrowColumn):  # held narrow already: gathered as held
+                return NarrowColumn(values.values[index], np.dtype(np.int64))
+            return NarrowColumn.of(values[index], np.dtype(np.int64))  # read as int64
+
+        columns: dict[str, np.ndarray | NarrowColumn] = {
+            "batch_row": batch_row,
+            "pool_row": pool_row,
+            "position": position,
+        }
+        if slot is not None:
+            columns["slot"] = slot
+        return cls._built(
+            {name: held(values) for name, values in columns.items()},
+            {name: held(values) for name, values in (extra or {}).items()},
+        )
+
+    @property
+    def batch_row(self) -> np.ndarray:
+        """Each cell's batch row (-1: a finding about slots, not table cells)."""
+        return self._columns["batch_row"].wide()
+
+    @property
+    def pool_row(self) -> np.ndarray:
+        """Each cell's pool row (its `req_to_token` row)."""
+        return self._columns["pool_row"].wide()
+
+    @property
+    def position(self) -> np.ndarray:
+        """Each cell's position in its row."""
+        return self._columns["position"].wide()
+
+    @property
+    def slot(self) -> np.ndarray | None:
+        """The slot the finding is about (an SWA slot for an SWA-space finding); None for a
+        finding about a cell's other reads (an expected-token gather)."""
+        held = self._columns.get("slot")
+        return None if held is None else held.wide()
+
+    @property
+    def extra(self) -> Mapping[str, np.ndarray]:
+        """The code's own per-cell columns, by name."""
+        return _WideColumns(self._extra)
+
+    def column(self, name: str) -> np.ndarray | None:
+        """A column (`batch_row`, `slot`, an extra one) as held: values to compare, count
+        or sort, never to compute with (its dtype may be narrow). None: no such column."""
+        held = self._columns.get(name) or self._extra.get(name)
+        return None if held is None else held.values
+
+    def without_slot(self) -> CellColumns:
+        """The same cells without a slot column (a finding about a cell's other reads)."""
+        return self._built({k: v for k, v in self._columns.items() if k != "slot"}, self._extra)
 
     def __len__(self) -> int:
-        return int(self.position.shape[0])
+        return int(self._columns["position"].values.shape[0])
+
+    def __repr__(self) -> str:
+        return f"CellColumns({len(self)} cells, columns {[*self._columns, *self._extra]})"
 
     def __eq__(self, other: object) -> bool:
         """Equal cells, in the same order (reports compare by value)."""
-        import numpy as np
-
         if not isinstance(other, CellColumns):
             return NotImplemented
-        return (
-            all(
-                np.array_equal(a, b)
-                for a, b in (
-                    (self.batch_row, other.batch_row),
-                    (self.pool_row, other.pool_row),
-                    (self.position, other.position),
-                )
-            )
-            and _same(self.slot, other.slot)
-            and self.extra.keys() == other.extra.keys()
-            and all(np.array_equal(v, other.extra[k]) for k, v in self.extra.items())
+        return _same_columns(self._columns, other._columns) and _same_columns(
+            self._extra, other._extra
         )
 
     def __hash__(self) -> int:
-        return hash((len(self), self.position[:4].tobytes(), self.batch_row[:4].tobytes()))
+        import numpy as np
+
+        def head(name: str) -> bytes:
+            return self._columns[name].values[:4].astype(np.int64).tobytes()
+
+        return hash((len(self), head("position"), head("batch_row")))
 
     def distinct_count(self, column: str) -> int:
         """How many distinct values a column (`batch_row`, `slot`, ...) holds (one sort)."""
         import numpy as np
 
-        values = getattr(self, column)
+        values = self.column(column)
         if values is None or len(values) == 0:
             return 0
-        ordered = np.sort(values)
+        ordered = np.sort(values)  # as held: the same order, a fraction of the bytes
         return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
 
     def take(self, index: np.ndarray) -> CellColumns:
         """The cells at `index` (a boolean mask or integer indices), in that order."""
-        return CellColumns(
-            batch_row=self.batch_row[index],
-            pool_row=self.pool_row[index],
-            position=self.position[index],
-            slot=None if self.slot is None else self.slot[index],
-            extra={name: values[index] for name, values in self.extra.items()},
+        return self._built(
+            {name: held.take(index) for name, held in self._columns.items()},
+            {name: held.take(index) for name, held in self._extra.items()},
         )
 
+    @classmethod
+    def _built(
+        cls, columns: Mapping[str, NarrowColumn], extra: Mapping[str, NarrowColumn]
+    ) -> CellColumns:
+        made = cls.__new__(cls)
+        made._columns = dict(columns)
+        made._extra = dict(extra)
+        return made
 
-def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    def __getstate__(self) -> tuple[dict[str, NarrowColumn], dict[str, NarrowColumn]]:
+        return self._columns, self._extra
+
+    def __setstate__(self, state: tuple[dict[str, NarrowColumn], dict[str, NarrowColumn]]) -> None:
+        self._columns, self._extra = state
+
+
+#: Narrow integer dtypes a column may be held in, narrowest first (signed: a -1 is common).
+_NARROW_DTYPES = ("int8", "int16", "int32")
+
+
+class NarrowColumn:
+    """One column held in the narrowest signed integer dtype its values fit, and the dtype it
+    was given (what readers get back: bit for bit the values given). A column of ten million
+    table positions holds 20 MB, not 80, and no reader computes in the narrow dtype."""
+
+    __slots__ = ("dtype", "values")
+
+    #: tests turn narrowing off to compare results against columns held as given.
+    enabled = True
+
+    def __init__(self, values: np.ndarray, dtype: np.dtype) -> None:
+        self.values = values
+        self.dtype = dtype
+
+    @classmethod
+    def of(cls, values: np.ndarray | NarrowColumn, dtype: np.dtype | None = None) -> NarrowColumn:
+        """`values` held narrow (a column held already is kept as it is), read back as
+        `values.astype(dtype)` (default: their own dtype)."""
+        import numpy as np
+
+        if isinstance(values, NarrowColumn):
+            return values
+        values = np.asarray(values)
+        given = values.dtype if dtype is None else np.dtype(dtype)
+        if not cls.enabled or values.dtype.kind not in "iu" or values.size == 0:
+            return cls(values, given)
+        low, high = int(values.min()), int(values.max())
+        for name in _NARROW_DTYPES:
+            narrow = np.dtype(name)
+            if narrow.itemsize >= values.dtype.itemsize:
+                break
+            limits = np.iinfo(narrow)
+            if limits.min <= low and high <= limits.max:
+                return cls(values.astype(narrow), given)
+        return cls(values, given)
+
+    def wide(self) -> np.ndarray:
+        """The values in the dtype given (the array held, when that is its dtype)."""
+        return self.values.astype(self.dtype, copy=False)
+
+    def take(self, index: np.ndarray) -> NarrowColumn:
+        """The entries at `index`, held as these are."""
+        return NarrowColumn(self.values[index], self.dtype)
+
+    def __getstate__(self) -> tuple[np.ndarray, np.dtype]:
+        return self.values, self.dtype
+
+    def __setstate__(self, state: tuple[np.ndarray, np.dtype]) -> None:
+        self.values, self.dtype = state
+
+
+class _WideColumns(Mapping[str, "np.ndarray"]):
+    """`CellColumns.extra`: its columns by name, each read in the dtype it was given."""
+
+    def __init__(self, held: Mapping[str, NarrowColumn]) -> None:
+        self._held = held
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._held[name].wide()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def _same_columns(a: Mapping[str, NarrowColumn], b: Mapping[str, NarrowColumn]) -> bool:
     import numpy as np
 
-    if a is None or b is None:
-        return a is b
-    return bool(np.array_equal(a, b))
+    return a.keys() == b.keys() and all(
+        np.array_equal(held.values, b[name].values) for name, held in a.items()
+    )

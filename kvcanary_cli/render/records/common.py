@@ -360,12 +360,20 @@ def cells_record(cells: CellColumns | None) -> CellColumnsRecord | None:
     `IntColumn` over the group's array, so building the record converts no cell."""
     if cells is None:
         return None
+
+    def column(name: str) -> IntColumn | None:
+        held = cells.column(name)  # as held (a narrow dtype): its ints are the same
+        return None if held is None else IntColumn(held)
+
+    batch_row, pool_row, position = column("batch_row"), column("pool_row"), column("position")
+    assert batch_row is not None and pool_row is not None and position is not None
+    extra = {name: column(name) for name in sorted(cells.extra)}
     return {
-        "batch_row": IntColumn(cells.batch_row),
-        "pool_row": IntColumn(cells.pool_row),
-        "position": IntColumn(cells.position),
-        "slot": None if cells.slot is None else IntColumn(cells.slot),
-        "extra": {name: IntColumn(cells.extra[name]) for name in sorted(cells.extra)},
+        "batch_row": batch_row,
+        "pool_row": pool_row,
+        "position": position,
+        "slot": column("slot"),
+        "extra": {name: values for name, values in extra.items() if values is not None},
     }
 
 
@@ -377,12 +385,15 @@ def span_record(cells: CellColumns | None) -> SpanRecord | None:
     def bounds(values: np.ndarray) -> list[int]:
         return [int(values.min()), int(values.max())]
 
-    slots = cells.slot
-    in_table = bool((cells.position >= 0).any())
+    # the columns as held (a narrow dtype): bounds and counts are the same
+    slots, position = cells.column("slot"), cells.column("position")
+    batch_row = cells.column("batch_row")
+    assert position is not None and batch_row is not None
+    in_table = bool((position >= 0).any())
     return {
         "rows": cells.distinct_count("batch_row") if in_table else 0,
-        "batch_rows": bounds(cells.batch_row) if in_table else None,
-        "positions": bounds(cells.position) if in_table else None,
+        "batch_rows": bounds(batch_row) if in_table else None,
+        "positions": bounds(position) if in_table else None,
         "slots": None if slots is None else bounds(slots),
         "distinct_slots": cells.distinct_count("slot"),
     }
