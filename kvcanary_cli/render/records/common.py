@@ -144,7 +144,7 @@ class SlotProvenanceRecord(TypedDict):
     slot: int
     space: SpaceName
     #: live cells first, then stale tails of batch rows, then idle rows; at most 16 in check,
-    #: --max-rows (256) in provenance
+    #: 256 or --max-rows if more in provenance
     cells: list[CellRecord]
     #: count over the whole table, not only those listed
     cells_total: int

@@ -48,7 +48,7 @@ class InspectScalarRecord(TypedDict):
     value: int | None
     source: ScalarSource
     origin: ScalarOrigin
-    #: the command-line option that overrides it
+    #: how the command line overrides it (--set NAME=N)
     option: str
     #: what it is, as `--help` says
     meaning: str
