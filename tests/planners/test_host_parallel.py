@@ -146,11 +146,12 @@ def test_a_run_stopped_while_its_children_work_kills_them() -> None:
     leave them re-parented to finish (or never finish) their parts. Each child stops the parent
     (SIGINT) as soon as it runs; the parent's handler notes its children, then raises."""
     parent = os.getpid()
+    before = {child.pid for child in psutil.Process(parent).children()}  # not this run's
     children: list[psutil.Process] = []
 
     def stop(signum: int, frame: object) -> None:
         if not children:
-            children.extend(psutil.Process(parent).children())
+            children.extend(c for c in psutil.Process(parent).children() if c.pid not in before)
             raise KeyboardInterrupt
 
     def forever() -> None:
