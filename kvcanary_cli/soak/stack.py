@@ -329,6 +329,20 @@ def _prepare_imports() -> None:
         sys.meta_path.append(_Standins(missing))
 
 
+def _require_torch(tree: SGLangTree) -> None:
+    """SGLang's pools are torch tensors: without torch every tree fails at its first import,
+    which would read as the tree's fault (and transformers says so on stderr first)."""
+    try:
+        import torch  # noqa: F401  (SGLang imports it first thing anyway)
+    except ImportError as exc:
+        raise SGLangUnavailableError(
+            f"SGLang's memory cache runs on torch, which cannot be imported here ({exc})",
+            source=tree.label,
+            hint="pip install 'kvcanary[torch]'; without a GPU, torch's CPU build first, "
+            "as the README's Quick start says",
+        ) from None
+
+
 def load_sglang(source: str | Path | None = None) -> SGLangModules:
     """Import SGLang's memory-cache stack from `source` (see `find_tree`), once per process.
 
@@ -339,6 +353,7 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     key = str(tree.root.resolve())
     if key in _LOADED:
         return _LOADED[key]
+    _require_torch(tree)
     loaded = sys.modules.get("sglang")
     paths = [str(Path(p).resolve()) for p in getattr(loaded, "__path__", None) or []]
     if loaded is not None and paths[:1] != [str((tree.root / "sglang").resolve())]:

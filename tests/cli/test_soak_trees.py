@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvcanary_cli.soak.stack import _MODULES
+from tests.torch_extra import WITHOUT_TORCH, needs_torch
 
 #: The version the fake trees declare (`sglang/_version.py`).
 FAKE_VERSION = "0.4.9"
@@ -110,6 +111,7 @@ def assert_one_line_exit_2(run: subprocess.CompletedProcess[str], *needles: str)
 def test_a_module_failing_at_import_is_one_line_exit_2(
     tmp_path: Path, text: str, module: str, what: str
 ) -> None:
+    needs_torch()  # SGLang imports torch before anything of the tree runs
     files = tree_files({"sglang.srt.server_args": text})
     files["sglang/srt/cuda_only.py"] = "1 / 0\n"
     tree = write_tree(tmp_path / "tree", files)
@@ -120,6 +122,7 @@ def test_a_module_failing_at_import_is_one_line_exit_2(
 
 def test_sys_exit_at_import_is_never_a_clean_table(tmp_path: Path) -> None:
     """The same refusal in the table format: exit 0 with no output read as clean before."""
+    needs_torch()  # SGLang imports torch before anything of the tree runs
     tree = write_tree(
         tmp_path / "tree", tree_files({"sglang.srt.mem_cache.memory_pool": "raise SystemExit(0)\n"})
     )
@@ -143,6 +146,7 @@ for note in modules.notes:
 def test_a_tree_without_the_rust_core_runs_the_python_core_and_says_so(tmp_path: Path) -> None:
     """Older trees have no `rust_tree_core`: the Python core, and a note naming what is missing
     (looking for the Rust core raised before)."""
+    needs_torch()  # SGLang imports torch before anything of the tree runs
     tree = write_tree(tmp_path / "tree", tree_files(rust=False))
     run = subprocess.run(
         [sys.executable, "-c", _CORES, str(tree)], capture_output=True, text=True, timeout=120
@@ -160,6 +164,7 @@ def test_a_tree_without_the_rust_core_runs_the_python_core_and_says_so(tmp_path:
 
 
 def test_asking_for_the_missing_rust_core_is_one_line_exit_2(tmp_path: Path) -> None:
+    needs_torch()  # SGLang imports torch before anything of the tree runs
     tree = write_tree(tmp_path / "tree", tree_files(rust=False))
     run = soak(
         "--sglang-tree",
@@ -205,6 +210,7 @@ def test_a_release_whose_constructors_differ_is_one_line_exit_2(
 ) -> None:
     """Another release's ServerArgs, pools or context (a TypeError, an AttributeError): what
     did not fit, the tree, its version and the release soak drives."""
+    needs_torch()  # SGLang imports torch before anything of the tree runs
     tree = write_tree(tmp_path / "tree", tree_files(overrides))
     run = soak_json(tree, tmp_path)
     assert_one_line_exit_2(run, str(tree), what, FAKE_VERSION, "0.5.23")
@@ -321,6 +327,7 @@ def test_the_cache_is_keyed_by_content_not_by_the_file_name(tmp_path: Path) -> N
     """Two different wheels under one file name: the second runs its own code; native
     extensions soak never loads stay packed (the Rust tree core's is unpacked); no staging
     folder is left."""
+    needs_torch()  # SGLang imports torch before anything of the tree runs
     wheel = tmp_path / "wheels" / WHEEL_NAME
     cache = tmp_path / "c"
     for label in ("tree A", "tree B"):
@@ -387,6 +394,7 @@ print("then:", ",".join(load_sglang(sys.argv[2]).cores))
 def test_a_failed_import_leaves_no_sglang_behind(tmp_path: Path) -> None:
     """In one process (the API): after a tree that fails at import, another tree loads (it was
     refused as 'another SGLang is already imported' when the half-import stayed)."""
+    needs_torch()  # SGLang imports torch before anything of the tree runs
     broken = tree_files({"sglang.srt.mem_cache.memory_pool": "raise RuntimeError('no')\n"})
     bad = write_tree(tmp_path / "bad", broken)
     good = write_tree(tmp_path / "good", tree_files())
@@ -436,3 +444,20 @@ def test_an_exit_of_sglang_while_a_history_runs_is_refused(tmp_path: Path) -> No
         history(modules, module.interrupt)  # type: ignore[arg-type]
     with pytest.raises(SystemExit):
         history(modules, lambda: sys.exit(0))  # type: ignore[arg-type]
+
+
+def test_soak_without_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
+    """Without torch every tree fails at its first import: that is torch's absence, not the
+    tree's fault (once: "module sglang.srt.server_args fails at import", after transformers'
+    own complaint on stderr)."""
+    tree = write_tree(tmp_path / "tree", tree_files({}))
+    script = WITHOUT_TORCH + "from kvcanary_cli.cli import main\nmain(sys.argv[1:])\n"
+    run = soak(
+        "--sglang-tree",
+        str(tree),
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+        script=script,
+    )
+    assert_one_line_exit_2(run, str(tree), "torch", "kvcanary[torch]")
