@@ -30,9 +30,9 @@ class FailingPlanner(VectorizedPlanner):
         self.victim = victim
         self.signal_number = signal_number
 
-    def plan(self, dump: KvDump, group: str) -> Plan:
+    def plan(self, dump: KvDump, group: str, *, keep_entries: bool = True) -> Plan:
         if dump.path.name != self.victim:
-            return super().plan(dump, group)
+            return super().plan(dump, group, keep_entries=keep_entries)
         if self.signal_number is None:
             raise MemoryError
         assert multiprocessing.parent_process() is not None, "never kill the test runner"

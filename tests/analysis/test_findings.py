@@ -11,7 +11,7 @@ from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.planners.base import Semantics
+from kvcanary_cli.planners.base import Plan, Semantics
 from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.check import Finding
@@ -136,10 +136,10 @@ def test_kernel_divergence_reaches_the_report(scenario_dump: ScenarioDump) -> No
     dump, _ = scenario_dump("clean-decode")
 
     class Broken(VectorizedPlanner):
-        def plan(self, dump: KvDump, group: str):  # type: ignore[no-untyped-def]
+        def plan(self, dump: KvDump, group: str, *, keep_entries: bool = True) -> Plan:
             from dataclasses import replace
 
-            plan = super().plan(dump, group)
+            plan = super().plan(dump, group, keep_entries=keep_entries)
             seeds = plan.write_seed_slot_indices.copy()
             seeds[0] = 12345
             return replace(plan, write_seed_slot_indices=seeds)
