@@ -27,6 +27,7 @@ from kvcanary_cli.results.cells import (
     SlotProvenance,
     Space,
     ViolationRow,
+    WideColumn,
 )
 from kvcanary_cli.results.check import Finding
 
@@ -83,25 +84,10 @@ class LiveCells:
         #: True for pending writes `[P, P+E)`, False for the prefix `[0, P)`.
         self.pending = pending
 
-    @property
-    def slot(self) -> np.ndarray:
-        """Each cell's slot."""
-        return self._columns["slot"].wide()
-
-    @property
-    def batch_row(self) -> np.ndarray:
-        """Each cell's batch row."""
-        return self._columns["batch_row"].wide()
-
-    @property
-    def pool_row(self) -> np.ndarray:
-        """Each cell's pool row."""
-        return self._columns["pool_row"].wide()
-
-    @property
-    def position(self) -> np.ndarray:
-        """Each cell's position in its row."""
-        return self._columns["position"].wide()
+    slot = WideColumn("Each cell's slot.")
+    batch_row = WideColumn("Each cell's batch row.")
+    pool_row = WideColumn("Each cell's pool row.")
+    position = WideColumn("Each cell's position in its row.")
 
     def held(self, name: str) -> np.ndarray:
         """A column as held: values to compare, sort or count, never to compute with (its

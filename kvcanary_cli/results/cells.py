@@ -24,6 +24,7 @@ __all__ = [
     "SlotProvenance",
     "Space",
     "ViolationRow",
+    "WideColumn",
 ]
 
 
@@ -125,6 +126,22 @@ class SlotProvenance:
     violations_total: int = 0
 
 
+class WideColumn:
+    """A class attribute reading the instance's held column of its own name back in the
+    dtype given (`obj._columns[name].wide()`): one declaration per column, its docstring."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> np.ndarray:
+        columns: Mapping[str, NarrowColumn] = getattr(obj, "_columns")  # noqa: B009
+        return columns[self.name].wide()
+
+
 class CellColumns:
     """The `req_to_token` cells a finding group stands for, as parallel int64 arrays.
 
@@ -189,20 +206,9 @@ class CellColumns:
             {name: held(values) for name, values in (extra or {}).items()},
         )
 
-    @property
-    def batch_row(self) -> np.ndarray:
-        """Each cell's batch row (-1: a finding about slots, not table cells)."""
-        return self._columns["batch_row"].wide()
-
-    @property
-    def pool_row(self) -> np.ndarray:
-        """Each cell's pool row (its `req_to_token` row)."""
-        return self._columns["pool_row"].wide()
-
-    @property
-    def position(self) -> np.ndarray:
-        """Each cell's position in its row."""
-        return self._columns["position"].wide()
+    batch_row = WideColumn("Each cell's batch row (-1: a finding about slots, not table cells).")
+    pool_row = WideColumn("Each cell's pool row (its `req_to_token` row).")
+    position = WideColumn("Each cell's position in its row.")
 
     @property
     def slot(self) -> np.ndarray | None:
