@@ -280,7 +280,8 @@ def make_app() -> typer.Typer:
         rich_markup_mode=None,
         help="Diagnose KV-cache dumps of SGLang's kv canary: run the reference planner and the "
         "GPU kernel on a dump, compare them, and show every bad slot with where it came from."
-        "\n\nExit codes: 0 clean, 1 findings, 2 bad input or usage, 3 internal error, 130 stopped by Ctrl-C, 143 by SIGTERM.",
+        "\n\nExit codes: 0 clean, 1 findings, 2 bad input or usage, 3 internal error, "
+        "130 stopped by Ctrl-C, 143 by SIGTERM.",
     )
     app.callback()(root)
     return app
