@@ -10,8 +10,8 @@ A wheel is untrusted input until its tree is checked, so:
   times; what soak takes of SGLang 0.5.23's wheel declares 2.05 times it), so a zip bomb is
   refused before a byte is written, and no member may inflate past what it declares;
 - everything goes to a hidden staging folder in the cache, renamed into place only once the
-  caller has checked the tree; the staging folder is removed on any failure, on Ctrl-C and on
-  SIGTERM (which then ends the process as it would have).
+  caller has checked the tree; the staging folder is removed on any failure and on Ctrl-C
+  (and on SIGTERM, which the command line turns into the same unwinding: `errors.Terminated`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -55,10 +52,6 @@ class WheelRefusedError(Exception):
     """The wheel cannot be unpacked safely; the message says why (the caller names the file)."""
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised where the process was so that clean-ups run first."""
-
-
 def unpack_wheel(
     wheel: Path, cache: Path, *, wanted: Callable[[str], bool], check: Callable[[Path], object]
 ) -> Path:
@@ -80,8 +73,7 @@ def unpack_wheel(
         target = cache / f"wheel-{digest[:32]}"
         if (target / MARKER).is_file():
             return target
-        with _unwinding_on_sigterm():
-            return _stage(handle, size, target, wanted, check)
+        return _stage(handle, size, target, wanted, check)
 
 
 def _sha256(handle: BinaryIO) -> str:
@@ -176,29 +168,3 @@ def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, staging: Path) -> 
         raise WheelRefusedError(
             f"member {info.filename} does not inflate to the {info.file_size:,} bytes it declares"
         )
-
-
-@contextmanager
-def _unwinding_on_sigterm() -> Iterator[None]:
-    """SIGTERM inside raises where the process was, so that clean-ups run; then the process
-    ends by SIGTERM as it would have. Only where SIGTERM has its default action (a handler
-    someone installed stays theirs) and in the main thread (the only one signals reach)."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-
-    def terminated(number: int, frame: object) -> None:
-        raise _Terminated
-
-    signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise SystemExit(128 + signal.SIGTERM) from None  # only if SIGTERM is blocked
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
