@@ -143,7 +143,7 @@ class WideColumn:
 
 
 class CellColumns:
-    """The `req_to_token` cells a finding group stands for, as parallel int64 arrays.
+    """The `req_to_token` cells a finding group stands for, as parallel integer arrays.
 
     One entry per cell, ordered by batch row, then position (then slot): a group of a million
     cells is five arrays, not a million objects; views turn into Python objects only what they
