@@ -69,13 +69,7 @@ def integer_option(
     refuses a value outside it in the one error line, in the words `api` refuses it in."""
 
     def parse(text: str | int) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise typer.BadParameter(f"{text!r} is not an integer") from None
-        if (refused := within.refusal(value)) is not None:
-            raise typer.BadParameter(refused)
-        return value
+        return _integer(text, within)
 
     said = f"{help} [{within}]" if str(within) else help
     return typer.Option(*names, help=said, parser=parse, metavar=metavar, **more)
@@ -90,12 +84,21 @@ def _assignment(text: str) -> str:
     if (spec := SCALARS.get(name)) is None:
         raise typer.BadParameter(f"{name!r} is not one of {', '.join(SCALARS)}")
     try:
-        number = int(value)
-    except ValueError:
-        raise typer.BadParameter(f"{name}: {value!r} is not an integer") from None
-    if (refused := values.Bounds(spec.minimum, spec.maximum).refusal(number)) is not None:
-        raise typer.BadParameter(f"{name}: {refused}")
+        _integer(value, values.Bounds(spec.minimum, spec.maximum))
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(f"{name}: {exc.message}") from None
     return text
+
+
+def _integer(text: str | int, within: values.Bounds) -> int:
+    """`text` as an integer within its bounds, or the one error line saying why not."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not an integer") from None
+    if (refused := within.refusal(value)) is not None:
+        raise typer.BadParameter(refused)
+    return value
 
 
 def overrides(assignments: list[str] | None) -> dict[str, int]:
