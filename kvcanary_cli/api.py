@@ -5,9 +5,9 @@
     report.dumps[0].diagnosis[0].code                           # e.g. CauseCode.LUT_TOO_SHORT
     answer = api.provenance("dump.safetensors", slot=107)       # a ProvenanceReport
 
-Every function returns a typed result (frozen dataclasses), never a record: render any of them
-with `kvcanary_cli.render` (`render_check`, `render_provenance`, ...), which builds the
-versioned record (`kvcanary.check/2`, ...) the JSON, table and Markdown views show. Names
+Every function returns a typed result (frozen dataclasses) that is its versioned record
+(`kvcanary.check/2`, ...): `kvcanary_cli.render.render` shows any of them in JSON, as a
+table or as Markdown. Names
 (`kernel="vectorized"`) are mapped to planner objects here, as on the command line; to choose
 planners yourself, call `kvcanary_cli.analysis.check.run_check` with planner objects.
 """

@@ -91,7 +91,7 @@ def check(
             jobs=jobs,
             progress=tick,
         )
-    view = render.render_check(
+    view = render.render(
         report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout(output)
     )
     deliver(view, output, force=force, svg=svg, inputs=dumps)
@@ -143,7 +143,7 @@ def provenance(
     overrides = opt.overrides(sets)
     if len(dumps) > 1:  # the slot over the dumps
         history = api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
-        view = render.render_timeline(history, output_format)
+        view = render.render(history, output_format, max_rows=max_rows)
     else:
         answer = api.provenance(
             dumps[0],
@@ -155,7 +155,7 @@ def provenance(
             max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
             overrides=overrides,
         )
-        view = render.render_provenance(answer, output_format, max_rows=max_rows)
+        view = render.render(answer, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=dumps)
 
 
@@ -176,7 +176,7 @@ def timeline(
     order. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
     found = api.timeline(dumps)
-    view = render.render_timeline(found, output_format, max_rows)
+    view = render.render(found, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=dumps)
     raise typer.Exit(timeline_exit(found))
 
@@ -196,7 +196,7 @@ def diff(
     The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
     changes; the events."""
     found = api.diff(old, new)
-    view = render.render_timeline(found, output_format, max_rows)
+    view = render.render(found, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=[old, new])
     raise typer.Exit(timeline_exit(found))
 
@@ -229,7 +229,7 @@ def violations(
     report = api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(sets)
     )
-    view = render.render_violations(report, output_format, max_rows=max_rows)
+    view = render.render(report, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=[*sources, *([dump] if dump else [])])
     raise typer.Exit(ExitCode.FINDINGS if report.found else ExitCode.CLEAN)
 
@@ -279,7 +279,7 @@ def plan(
         overrides=opt.overrides(sets),
     )  # fmt: skip
     if planned.summary is not None:
-        view = render.render_plan(planned.summary, output_format, max_rows=max_rows)
+        view = render.render(planned.summary, output_format, max_rows=max_rows)
         deliver(view, output, force=force, svg=svg, inputs=[dump, *([out] if out else [])])
     if planned.problem is not None:
         fail(planned.problem, ExitCode.FINDINGS)
@@ -296,7 +296,7 @@ def inspect(
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
     Validates the file on the way: a malformed dump gets one error line, exit 2."""
-    view = render.render_inspect(api.inspect(dump), output_format)
+    view = render.render(api.inspect(dump), output_format)
     deliver(view, output, force=force, svg=svg, inputs=[dump])
 
 
@@ -418,7 +418,7 @@ def selftest(
     or a launcher of another signature.
     """
     report = api.selftest(sglang=sglang, size=size, seed=seed)
-    deliver(render.render_selftest(report, output_format), output, force=force, svg=svg)
+    deliver(render.render(report, output_format), output, force=force, svg=svg)
     raise typer.Exit(ExitCode.CLEAN if report.agree else ExitCode.FINDINGS)
 
 

@@ -18,7 +18,9 @@ A leaf: it imports nothing from kvcanary, so every layer can use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import dataclasses
+import enum
 from typing import Any, TypeVar, cast
 
 __all__ = ["excerpt", "printable", "printable_record"]
@@ -39,8 +41,8 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
-#: A record: a mapping of JSON values (a `TypedDict` of `render.records`, say).
-RecordT = TypeVar("RecordT", bound=Mapping[str, object])
+#: A record: a result dataclass (`results/`), or a mapping of JSON values.
+RecordT = TypeVar("RecordT")
 
 
 def printable_record(record: RecordT) -> RecordT:
@@ -59,10 +61,19 @@ def printable_record(record: RecordT) -> RecordT:
 
 
 def _printable_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # kvcanary's own names
+        return value
     if isinstance(value, str):
         return printable(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        clean = copy.copy(value)  # frozen: each field is set on the copy as it is made
+        for item in dataclasses.fields(value):
+            object.__setattr__(clean, item.name, _printable_value(getattr(value, item.name)))
+        return clean
     if isinstance(value, dict):
         return {_printable_value(k): _printable_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, tuple):
+        return tuple(_printable_value(v) for v in value)
+    if isinstance(value, list):
         return [_printable_value(v) for v in value]
     return value

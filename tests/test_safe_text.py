@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import DumpError, PathError
 from kvcanary_cli.render.markdown.blocks import code, text
 from kvcanary_cli.safe_text import printable, printable_record
@@ -34,9 +37,33 @@ def test_printable_output_prints_and_keeps_every_character(value: str) -> None:
 def test_printable_record_escapes_keys_and_nested_values() -> None:
     record = {"a\x1b": ["\r", {"k\u202e": ("v\n", 3, None)}], "n": 1.5}
     assert printable_record(record) == {
-        "a\\x1b": ["\\r", {"k\\u202e": ["v\\n", 3, None]}],
+        "a\\x1b": ["\\r", {"k\\u202e": ("v\\n", 3, None)}],
         "n": 1.5,
     }
+
+
+def test_printable_record_escapes_a_result_and_keeps_its_type_and_enums() -> None:
+    """A result (a frozen dataclass, the record itself) comes back as a copy of its class,
+    every string escaped, nested results and enum members kept as they are."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        name: str
+        group: Group
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        path: str
+        inner: tuple[Inner, ...]
+        count: int
+
+    result = Outer(path="d\x1b.st", inner=(Inner(name="k\u202e", group=Group.SWA),), count=3)
+    shown = printable_record(result)
+    assert type(shown) is Outer and shown == Outer(
+        path="d\\x1b.st", inner=(Inner(name="k\\u202e", group=Group.SWA),), count=3
+    )
+    assert shown.inner[0].group is Group.SWA
+    assert result.path == "d\x1b.st"  # the original is left as it is
 
 
 def test_error_lines_are_escaped_but_keep_their_fields() -> None:

@@ -7,11 +7,21 @@ The `PlanSummary` and `PlanRun` it returns are `results.plan`'s.
 from __future__ import annotations
 
 import os
+from typing import Literal, cast
 
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.plan_file import save_plan, upstream_raise
-from kvcanary_cli.results.plan import PlanRequest, PlanRun, PlanSummary
+from kvcanary_cli.results.plan import (
+    BackendName,
+    PlanProblemRow,
+    PlanRequest,
+    PlanRun,
+    PlanSummary,
+    ProblemKindName,
+    ProblemRoleName,
+)
 
 __all__ = ["plan_run", "summarize_plan"]
 
@@ -76,10 +86,11 @@ def summarize_plan(dump: KvDump, plan: Plan, *, max_problems: int = 50) -> PlanS
             )
         )
     problems = plan.problems
+    shown = [problems.rows_at(i) for i in range(min(len(problems), max_problems))]
     return PlanSummary(
         dump=str(dump.path),
-        group=plan.group,
-        backend=plan.backend,
+        group=Group(plan.group),
+        backend=cast(BackendName, plan.backend),
         semantics=plan.semantics,
         window=plan.window,
         translated=plan.translated,
@@ -87,12 +98,24 @@ def summarize_plan(dump: KvDump, plan: Plan, *, max_problems: int = 50) -> PlanS
         verify_capacity=plan.verify_capacity,
         total_verify=plan.total_verify,
         verify_num_valid=plan.verify_num_valid,
-        enable=plan.enable,
+        enable=cast(Literal[0, 1], plan.enable),
         write_req_capacity=plan.write_req_capacity,
         write_num_valid_reqs=plan.write_num_valid_reqs,
         undefined_entries=int((plan.verify_undefined != 0).sum()),
         launch_error=plan.launch_error,
         requests=tuple(requests),
         problem_count=len(problems),
-        problems=tuple(problems.rows_at(i) for i in range(min(len(problems), max_problems))),
+        problems=tuple(
+            PlanProblemRow(
+                kind=cast(ProblemKindName, p.kind.code),
+                role=cast(ProblemRoleName, p.role.label),
+                batch_row=p.batch_row,
+                pool_row=p.pool_row,
+                position=p.position,
+                value=p.value,
+                entry=p.entry,
+                upstream_raises=p.raises,
+            )
+            for p in shown
+        ),
     )

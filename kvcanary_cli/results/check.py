@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
@@ -252,6 +252,8 @@ class DumpReport:
 @dataclass(frozen=True, kw_only=True)
 class CheckReport:
     """One report per dump plus the `--fail-on` threshold that sets the verdicts."""
+
+    SCHEMA: ClassVar[str] = "kvcanary.check/2"
 
     dumps: tuple[DumpReport, ...]
     fail_on: Severity = Severity.ERROR

@@ -6,6 +6,7 @@ Frozen and typed; render turns it into the `kvcanary.inspect/2` record.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
 
@@ -56,6 +57,8 @@ class BatchDescription:
 @dataclass(frozen=True, kw_only=True)
 class DumpDescription:
     """What a dump holds: tensors, scalars with their source, groups, batch, identity, notes."""
+
+    SCHEMA: ClassVar[str] = "kvcanary.inspect/2"
 
     path: str
     #: the file's name, for the command that remakes a shrunk dump.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
@@ -76,6 +77,8 @@ class RowGap:
 @dataclass(frozen=True, kw_only=True)
 class ProvenanceReport:
     """Answer of `kvcanary provenance`: one slot's cells, or one pool row's map."""
+
+    SCHEMA: ClassVar[str] = "kvcanary.provenance/2"
 
     path: str
     identity: dict[str, str]

@@ -7,6 +7,7 @@ Render turns a `SelftestReport` into the `kvcanary.selftest/1` record.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvcanary_cli.planners.base import PlanProblem, Semantics
 
@@ -103,6 +104,8 @@ class PlannerInfo:
 @dataclass(frozen=True, kw_only=True)
 class SelftestReport:
     """The drift report: every scenario's comparisons, and what SGLang was here."""
+
+    SCHEMA: ClassVar[str] = "kvcanary.selftest/1"
 
     kvcanary_version: str
     size: str

@@ -6,6 +6,7 @@ Render turns a `SoakReport` into the `kvcanary.soak/1` record.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 __all__ = ["SOAK_FILES", "SoakFailure", "SoakReport"]
 
@@ -38,6 +39,8 @@ class SoakFailure:
 @dataclass(kw_only=True)
 class SoakReport:
     """What a soak ran and found."""
+
+    SCHEMA: ClassVar[str] = "kvcanary.soak/1"
 
     kvcanary_version: str
     sglang_version: str

@@ -4,6 +4,7 @@ changed between dumps of one rank, and a slot's owners over time."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
@@ -154,6 +155,8 @@ class SlotHistory:
 @dataclass(frozen=True, kw_only=True)
 class TimelineReport:
     """Answer of `kvcanary timeline` (and `diff`, `provenance --slot` over several dumps)."""
+
+    SCHEMA: ClassVar[str] = "kvcanary.timeline/1"
 
     rank: str | None
     dumps: tuple[TimelineDump, ...]

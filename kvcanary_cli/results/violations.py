@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import ClassVar
 
 import numpy as np
 
@@ -265,6 +266,8 @@ class ReplayComparison:
 @dataclass(frozen=True, kw_only=True)
 class ViolationsReport:
     """Everything `kvcanary violations` found."""
+
+    SCHEMA: ClassVar[str] = "kvcanary.violations/1"
 
     sources: tuple[SourceSummary, ...]
     rows: ViolationRows

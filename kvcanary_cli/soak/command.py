@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from kvcanary_cli.results.soak import SoakFailure, SoakReport
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from kvcanary_cli.render.console import OutputFormat
 
 __all__ = ["run_and_render", "soak"]
@@ -168,12 +170,12 @@ def run_and_render(
     *,
     force: bool = False,
     timings: bool = False,
-) -> tuple[str, int]:
+) -> tuple[str | RenderableType, int]:
     """The command: a soak with a progress bar on a terminal, its report rendered, and the
     exit code (0 clean, 1 found; bad input raises before, exit 2). Whatever SGLang prints on
     standard output goes to standard error: standard output carries the report."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
-    from kvcanary_cli.render import render_soak
+    from kvcanary_cli.render import render
     from kvcanary_cli.render.console import progress
 
     with (
@@ -192,7 +194,7 @@ def run_and_render(
             timings=timings,
             progress=tick,
         )
-    return render_soak(report, fmt), 1 if report.found else 0
+    return render(report, fmt), 1 if report.found else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

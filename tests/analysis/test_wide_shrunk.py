@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvcanary_cli import api
-from kvcanary_cli.render import render_check
+from kvcanary_cli.render import render
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.render.records import common
 from kvcanary_cli.results.check import DumpReport
@@ -31,11 +31,11 @@ def test_a_quiet_check_builds_no_record_per_finding(
         raise AssertionError("a quiet check turned a finding's cells into a record")
 
     monkeypatch.setattr(common, "cells_record", refuse)
-    lines = render_check(report, OutputFormat.TABLE, quiet=True)
+    lines = render(report, OutputFormat.TABLE, quiet=True)
     assert isinstance(lines, str)
     assert lines.startswith("ERRORS: ") and "2000 error cells" in lines
     with pytest.raises(AssertionError, match="quiet check"):  # the full views do build it
-        render_check(report, OutputFormat.JSON)
+        render(report, OutputFormat.JSON)
 
 
 @pytest.fixture(scope="module")

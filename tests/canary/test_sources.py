@@ -20,7 +20,7 @@ from kvcanary_cli.canary.sources import SourceKind, source_kind
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.errors import DumpError, OptionError, PathError
-from kvcanary_cli.render import OutputFormat, render_violations
+from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.fuzz.mutants import Seed
 
@@ -103,7 +103,7 @@ def test_a_large_ring_is_decoded_filtered_and_explained(tmp_path: Path) -> None:
     assert len(report.rows) == n and report.explanations is not None
     assert report.sources[0].ring is not None and report.sources[0].ring.overflow
     assert report.slots_total > len(report.slots) == 64
-    out = render_violations(report, OutputFormat.MARKDOWN, max_rows=5)
+    out = render(report, OutputFormat.MARKDOWN, max_rows=5)
     assert isinstance(out, str) and f"… and {n - 5} more" in out
     swa_only = violations_report([str(path)], group="swa", buffer="tail.k")
     expected = np.isin(ring[:, 0], [8, 10]).sum()
@@ -143,7 +143,7 @@ def test_swa_divergence_samples_are_summarised(tmp_path: Path) -> None:
         7,
     )
     assert swa.last == dict(zip(SWA_DIVERGENCE_KEYS, samples[-1], strict=True))
-    out = render_violations(report, OutputFormat.TABLE)
+    out = render(report, OutputFormat.TABLE)
     assert not isinstance(out, str)
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 from kvcanary_cli import api
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.writer import save_dump
-from kvcanary_cli.render import OutputFormat, render_check
+from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.synth.scenarios import make_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_markdown_counts_dumps_in_plain_words() -> None:
 def test_markdown_stays_under_githubs_limit(tmp_path: Path) -> None:
     path = make_scenario("truncated-lut", size="small", seed=0).save(tmp_path / "s.safetensors")
     report = api.check(path, kernel="vectorized")
-    full = render_check(report, OutputFormat.MARKDOWN, max_rows=10_000)
+    full = render(report, OutputFormat.MARKDOWN, max_rows=10_000)
     assert isinstance(full, str)
     from kvcanary_cli.render.markdown.check import check_markdown
     from kvcanary_cli.render.records.check import check_record
@@ -239,7 +239,7 @@ def test_shell_completion_is_offered() -> None:
 def test_the_python_api_returns_what_the_cli_renders() -> None:
     report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
     assert report.dumps[0].diagnosis[0].code.value == "lut-too-short"
-    rendered = render_check(report, OutputFormat.JSON)
+    rendered = render(report, OutputFormat.JSON)
     cli = run(
         "check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "vectorized", "-f", "json"
     )

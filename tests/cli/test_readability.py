@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 
 from kvcanary_cli import api
 from kvcanary_cli.cli import app
-from kvcanary_cli.render import OutputFormat, render_check, render_provenance
+from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.render.phrases.check import cause_sections
 from kvcanary_cli.render.phrases.findings import positions_text, rows_text, slots_text
 from kvcanary_cli.render.records.check import check_record
@@ -110,7 +110,7 @@ def test_check_reads_whole_at_80_columns(
     example: str, checked_examples: dict[str, CheckReport]
 ) -> None:
     report = checked_examples[example]
-    text = at_width(render_check(report, OutputFormat.TABLE), 80)
+    text = at_width(render(report, OutputFormat.TABLE), 80)
     [dump] = check_record(report)["dumps"]
     shown = [f for s in cause_sections(dump, 10) for section in s.sections for f in section.shown]
     assert shown or example == "clean-swa.safetensors"
@@ -132,7 +132,7 @@ def test_provenance_reads_whole_at_80_columns(
         asked.append({"row": 1})
     for question in asked:
         answer = api.provenance(EXAMPLES / example, **question)  # type: ignore[arg-type]
-        text = at_width(render_provenance(answer, OutputFormat.TABLE), 80)
+        text = at_width(render(answer, OutputFormat.TABLE), 80)
         record = provenance_record(answer)
         _reads_whole(text, record["findings"], codes_per_finding=True)
 

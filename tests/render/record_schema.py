@@ -9,6 +9,7 @@ way. `JsonValue` (a finding's `details`) admits any JSON value.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import types
@@ -27,14 +28,15 @@ from typing import (
 from kvcanary_cli.render.records.check import CheckRecord
 from kvcanary_cli.render.records.columns import IntColumn
 from kvcanary_cli.render.records.inspect import InspectRecord
-from kvcanary_cli.render.records.plan import PlanRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.render.records.selftest import SelftestRecord
 from kvcanary_cli.render.records.soak import SoakRecord
 from kvcanary_cli.render.records.timeline import TimelineRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
+from kvcanary_cli.results.plan import PlanSummary
+from kvcanary_cli.results.record import record_keys
 
-__all__ = ["RECORDS", "declared_keys", "nested_typeddicts", "validate"]
+__all__ = ["RECORDS", "declared_keys", "is_declaration", "nested_typeddicts", "validate"]
 
 #: schema name -> the record's top-level declaration.
 RECORDS: dict[str, Any] = {
@@ -42,17 +44,39 @@ RECORDS: dict[str, Any] = {
     "kvcanary.provenance/2": ProvenanceRecord,
     "kvcanary.violations/1": ViolationsRecord,
     "kvcanary.inspect/2": InspectRecord,
-    "kvcanary.plan/1": PlanRecord,
+    "kvcanary.plan/1": PlanSummary,
     "kvcanary.selftest/1": SelftestRecord,
     "kvcanary.timeline/1": TimelineRecord,
     "kvcanary.soak/1": SoakRecord,
 }
 
 
+def is_declaration(tp: Any) -> bool:
+    """A record object's declaration: a result dataclass (`results/`), or a TypedDict."""
+    return is_typeddict(tp) or (isinstance(tp, type) and dataclasses.is_dataclass(tp))
+
+
 @functools.cache
-def declared_keys(typed_dict: Any) -> dict[str, Any]:
-    """A TypedDict's keys and their types, inherited ones first, forward references resolved."""
-    return get_type_hints(typed_dict)
+def declared_keys(declaration: Any) -> dict[str, Any]:
+    """A declaration's keys and their types, in record order, forward references resolved.
+
+    A TypedDict's keys are its annotations (inherited ones first); a result dataclass' are
+    `schema` (when it names one), its recorded fields, then its `@recorded` properties
+    (`results.record.record_keys`)."""
+    if is_typeddict(declaration):
+        return get_type_hints(declaration)
+    hints = get_type_hints(declaration)
+    keys: dict[str, Any] = {}
+    schema = getattr(declaration, "SCHEMA", None)
+    if isinstance(schema, str):
+        keys["schema"] = Literal[schema]
+    for name, item in record_keys(declaration):
+        keys[name] = (
+            hints[name]
+            if isinstance(item, dataclasses.Field)
+            else (get_type_hints(item.fget)["return"])
+        )
+    return keys
 
 
 def _is_union(tp: Any) -> bool:
@@ -90,7 +114,7 @@ def validate(value: Any, tp: Any, path: str = "$") -> list[str]:
     """Every place where `value` breaks the declaration `tp` (an empty list when it conforms)."""
     if isinstance(tp, ForwardRef) or tp is object:  # JsonValue's recursion, or any value
         return [] if _is_json(value) else [f"{path}: not a JSON value: {value!r}"]
-    if is_typeddict(tp):
+    if is_declaration(tp):
         if not isinstance(value, dict):
             return [f"{path}: expected an object ({_name(tp)}), got {type(value).__name__}"]
         keys = declared_keys(tp)
@@ -115,6 +139,8 @@ def validate(value: Any, tp: Any, path: str = "$") -> list[str]:
         if any(not validate(value, m, path) for m in members):
             return []
         return [f"{path}: {value!r} is none of {tp}"]
+    if origin is tuple:  # a result's tuple: a list in JSON
+        origin, args = list, args[:1]
     if origin is list or origin is Sequence:  # a record's cell column: a list in JSON
         if not isinstance(value, list if origin is list else (list, IntColumn)):
             return [f"{path}: expected a list, got {type(value).__name__}"]
@@ -149,7 +175,7 @@ def nested_typeddicts(tp: Any) -> Iterator[Any]:
     seen: set[Any] = set()
 
     def walk(t: Any) -> Iterator[Any]:
-        if is_typeddict(t):
+        if is_declaration(t):
             if t in seen:
                 return
             seen.add(t)

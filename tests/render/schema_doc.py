@@ -25,13 +25,13 @@ import textwrap
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ForwardRef, Literal, Union, get_args, get_origin, is_typeddict
+from typing import Any, ForwardRef, Literal, Union, get_args, get_origin
 
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode
 from kvcanary_cli.render.records.check import PlanValueName
 from kvcanary_cli.render.records.selftest import PlanField
 from kvcanary_cli.render.records.violations import RowOrigin
-from tests.render.record_schema import RECORDS, declared_keys, nested_typeddicts
+from tests.render.record_schema import RECORDS, declared_keys, is_declaration, nested_typeddicts
 
 __all__ = ["DOC", "MARKER", "declarations", "generate", "render_doc", "value_set"]
 
@@ -83,18 +83,23 @@ def _key_docs(td: Any) -> dict[str, str]:
         return {}
     docs: dict[str, str] = {}
     for base in node.bases:
-        if isinstance(base, ast.Name) and base.id != "TypedDict":
+        if isinstance(base, ast.Name) and base.id in declarations():
             docs.update(_key_docs(declarations()[base.id]))
     lines = _source_lines(td.__module__)
     for item in node.body:
+        name, first = None, 0
         if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            name, first = item.target.id, item.lineno
+        elif isinstance(item, ast.FunctionDef) and item.decorator_list:  # a @recorded key
+            name, first = item.name, item.decorator_list[0].lineno
+        if name is not None:
             comment: list[str] = []
-            row = item.lineno - 2
+            row = first - 2
             while row >= 0 and lines[row].strip().startswith("#:"):
                 comment.insert(0, lines[row].strip()[2:].strip())
                 row -= 1
             if comment:
-                docs[item.target.id] = " ".join(comment)
+                docs[name] = " ".join(comment)
     return docs
 
 
@@ -149,7 +154,7 @@ def type_text(tp: Any, named: set[str]) -> str:
         return str(tp.__name__)
     if isinstance(tp, ForwardRef) or (_is_union(tp) and _refers_to_itself(tp)):
         return "<JSON value>"
-    if is_typeddict(tp):
+    if is_declaration(tp):
         if tp.__name__ in named:
             return display_name(tp)
         keys = declared_keys(tp).items()  # in a type (a dict's values): on one line
@@ -161,7 +166,7 @@ def type_text(tp: Any, named: set[str]) -> str:
         members = [a for a in args if a is not type(None)]
         tail = [" | null"] if len(members) < len(args) else []
         return " | ".join(type_text(m, named) for m in members) + "".join(tail)
-    if origin is list or origin is Sequence:  # a cell column (`IntColumn`) is a JSON list
+    if origin in (list, tuple, Sequence):  # a tuple, a cell column (`IntColumn`): a JSON list
         return f"[{type_text(args[0], named)}]"
     if origin is dict:
         key = _literal(args[0], as_key=True) if value_set(args[0]) is not None else '"<key>"'
@@ -204,11 +209,11 @@ def _inline(tp: Any, named: set[str]) -> tuple[Any, str, str] | None:
         return None
     inner = members[0]
     tail = " | null" if nullable else ""
-    if is_typeddict(inner) and inner.__name__ not in named:
+    if is_declaration(inner) and inner.__name__ not in named:
         return inner, "{", tail
-    if get_origin(inner) is list:
-        (item,) = get_args(inner)
-        if is_typeddict(item) and item.__name__ not in named:
+    if get_origin(inner) in (list, tuple):
+        item = get_args(inner)[0]
+        if is_declaration(item) and item.__name__ not in named:
             return item, "[ {", " ]" + tail
     return None
 

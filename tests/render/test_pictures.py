@@ -175,10 +175,10 @@ def test_the_map_is_bounded_by_max_rows() -> None:
 
 
 def test_the_pictures_are_in_the_reports() -> None:
-    from kvcanary_cli.render import OutputFormat, render_check, render_provenance
+    from kvcanary_cli.render import OutputFormat, render
 
     check = drawn(
-        render_check(
+        render(
             api.check(EXAMPLES / "stale-tail.safetensors", kernel="vectorized"), OutputFormat.TABLE
         ),
         120,
@@ -186,9 +186,7 @@ def test_the_pictures_are_in_the_reports() -> None:
     )
     assert "where the findings sit: batch rows by position" in check
     row = drawn(
-        render_provenance(
-            api.provenance(EXAMPLES / "stale-tail.safetensors", row=10), OutputFormat.TABLE
-        ),
+        render(api.provenance(EXAMPLES / "stale-tail.safetensors", row=10), OutputFormat.TABLE),
         120,
         colour=False,
     )

@@ -14,16 +14,7 @@ import pytest
 
 from kvcanary_cli import api
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.render import (
-    OutputFormat,
-    render_check,
-    render_inspect,
-    render_plan,
-    render_provenance,
-    render_selftest,
-    render_timeline,
-    render_violations,
-)
+from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.synth.sequence import PLANTED_KEY, SEQUENCES, write_sequence
 from tests.render.record_schema import RECORDS, validate
@@ -58,7 +49,7 @@ def _json_outputs(path: Path) -> Iterator[tuple[str, object]]:
     """Each command's JSON on one dump: check, provenance (a slot in each space, a pool row),
     violations (its ring, replayed), inspect and plan (each group)."""
     report = api.check(path, kernel="vectorized")
-    check = _valid(render_check(report, OutputFormat.JSON))
+    check = _valid(render(report, OutputFormat.JSON))
     yield "check", check
     findings = check["dumps"][0]["findings"]
     dump = load_dump(path)
@@ -69,17 +60,17 @@ def _json_outputs(path: Path) -> Iterator[tuple[str, object]]:
             answer = api.provenance(path, slot=slot, space=space)
             yield (
                 f"provenance --slot {slot} --space {space}",
-                render_provenance(answer, OutputFormat.JSON),
+                render(answer, OutputFormat.JSON),
             )
     row = int(dump.req_pool_indices[0])
-    yield "provenance --row", render_provenance(api.provenance(path, row=row), OutputFormat.JSON)
+    yield "provenance --row", render(api.provenance(path, row=row), OutputFormat.JSON)
     violations = api.violations([str(path)], replay=True)
-    yield "violations --replay", render_violations(violations, OutputFormat.JSON)
-    yield "inspect", render_inspect(api.inspect(path), OutputFormat.JSON)
+    yield "violations --replay", render(violations, OutputFormat.JSON)
+    yield "inspect", render(api.inspect(path), OutputFormat.JSON)
     for group in dump.groups:
         run = api.plan(path, group)
         if run.summary is not None:
-            yield f"plan --group {group}", render_plan(run.summary, OutputFormat.JSON)
+            yield f"plan --group {group}", render(run.summary, OutputFormat.JSON)
 
 
 @pytest.mark.parametrize("dump", DUMPS)
@@ -108,18 +99,18 @@ def test_timelines_match_their_record(tmp_path: Path, name: str) -> None:
         small.append(tmp_path / f"small-{path.name}")
         api.shrink(path, small[-1])
     for dumps in (paths, small):
-        record = _valid(render_timeline(api.timeline(dumps), OutputFormat.JSON))
+        record = _valid(render(api.timeline(dumps), OutputFormat.JSON))
         assert record["checked"] and len(record["dumps"]) == 4
-        _valid(render_timeline(api.diff(dumps[0], dumps[-1]), OutputFormat.JSON))
+        _valid(render(api.diff(dumps[0], dumps[-1]), OutputFormat.JSON))
         truth = json.loads(load_dump(paths[-1]).metadata[PLANTED_KEY])
         slot = (truth.get("slots") or [1])[0]
         space = truth.get("space", "full")
         history = api.slot_history(dumps, slot=slot, space=space if dumps is paths else "full")
-        assert _valid(render_timeline(history, OutputFormat.JSON))["slot"]["slot"] == slot
+        assert _valid(render(history, OutputFormat.JSON))["slot"]["slot"] == slot
 
 
 def test_selftest_matches_its_record(no_sglang: None) -> None:
-    record = _valid(render_selftest(api.selftest(), OutputFormat.JSON))
+    record = _valid(render(api.selftest(), OutputFormat.JSON))
     assert record["summary"]["scenarios"] == len(SCENARIOS)
 
 
@@ -130,28 +121,28 @@ def test_other_kernels_and_bad_input_match_the_check_record(
     example = ROOT / "examples" / "truncated-lut.safetensors"
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a dump")
-    triton = _valid(render_check(api.check(example, kernel="triton"), OutputFormat.JSON))
+    triton = _valid(render(api.check(example, kernel="triton"), OutputFormat.JSON))
     assert triton["dumps"][0]["kernel_mode"] in ("interpreter", "compiled")
-    none = _valid(render_check(api.check([example, bad], kernel="none"), OutputFormat.JSON))
+    none = _valid(render(api.check([example, bad], kernel="none"), OutputFormat.JSON))
     assert [d["verdict"] for d in none["dumps"]][1] == "bad-input"
     assert {g["kernel"] for g in none["dumps"][0]["groups"]} == {"none"}
     for backend in ("reference", "triton"):
         run = api.plan(example, "swa", backend=backend)
         assert run.summary is not None
-        assert _valid(render_plan(run.summary, OutputFormat.JSON))["backend"] == backend
+        assert _valid(render(run.summary, OutputFormat.JSON))["backend"] == backend
 
 
 def test_a_shrunk_dump_and_a_log_match_their_records(tmp_path: Path, no_sglang: None) -> None:
     """The `shrunk` objects of check, provenance and inspect; violations read from a log."""
     small = tmp_path / "small.safetensors"
     api.shrink(ROOT / "examples" / "truncated-lut.safetensors", small)
-    check = _valid(render_check(api.check(small, kernel="vectorized"), OutputFormat.JSON))
+    check = _valid(render(api.check(small, kernel="vectorized"), OutputFormat.JSON))
     assert check["dumps"][0]["shrunk"] is not None
-    provenance = _valid(render_provenance(api.provenance(small, slot=107), OutputFormat.JSON))
+    provenance = _valid(render(api.provenance(small, slot=107), OutputFormat.JSON))
     assert provenance["shrunk"] is not None
-    assert _valid(render_inspect(api.inspect(small), OutputFormat.JSON))["shrink"] is not None
+    assert _valid(render(api.inspect(small), OutputFormat.JSON))["shrink"] is not None
     log = ROOT / "examples" / "canary-aliasing.log"
     report = api.violations([str(log)], dump=ROOT / "examples" / "canary-aliasing.safetensors")
-    violations = _valid(render_violations(report, OutputFormat.JSON))
+    violations = _valid(render(report, OutputFormat.JSON))
     assert violations["rows"] and violations["rows"][0]["explanation"] is not None
     assert violations["sources"][0]["log"] is not None

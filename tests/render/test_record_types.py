@@ -21,19 +21,14 @@ from kvcanary_cli.render.records.common import (
     GroupName,
     SpaceName,
 )
-from kvcanary_cli.render.records.plan import (
-    BackendName,
-    ProblemKindName,
-    ProblemRoleName,
-    SemanticsName,
-)
-from kvcanary_cli.render.records.selftest import PlanField
+from kvcanary_cli.render.records.selftest import PlanField, SemanticsName
 from kvcanary_cli.render.records.violations import (
     BufferName,
     OwnerRecord,
     ViolationRowRecord,
 )
 from kvcanary_cli.results.cells import Role, Space
+from kvcanary_cli.results.plan import BackendName, ProblemKindName, ProblemRoleName
 from kvcanary_cli.results.violations import OwnerKind
 from tests.render.record_schema import declared_keys
 

@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from kvcanary_cli import api
-from kvcanary_cli.render import render_check, render_provenance
+from kvcanary_cli.render import render
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.provenance import ProvenanceReport
@@ -73,20 +73,20 @@ def test_a_provenance_view_allocates_what_it_shows(
     provenance: ProvenanceReport, fmt: OutputFormat
 ) -> None:
     assert [f.count for f in provenance.findings] == [ROWS * (WIDTH - 1)] * 2
-    peak, text = _allocated(lambda: render_provenance(provenance, fmt, max_rows=8))
+    peak, text = _allocated(lambda: render(provenance, fmt, max_rows=8))
     assert f"{ROWS * (WIDTH - 1) - 2} more" in text or "+153341 more" in text
     assert peak < VIEW_BYTES, f"{peak / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("fmt", [OutputFormat.TABLE, OutputFormat.MARKDOWN])
 def test_a_check_view_allocates_what_it_shows(check: CheckReport, fmt: OutputFormat) -> None:
-    peak, text = _allocated(lambda: render_check(check, fmt))
+    peak, text = _allocated(lambda: render(check, fmt))
     assert "slot-shared-across-positions" in text
     assert peak < VIEW_BYTES, f"{peak / 2**20:.1f} MiB"
 
 
 def test_json_lists_every_cell_from_the_arrays(provenance: ProvenanceReport) -> None:
-    text = render_provenance(provenance, OutputFormat.JSON)
+    text = render(provenance, OutputFormat.JSON)
     assert isinstance(text, str)
     findings = json.loads(text)["findings"]
     for finding, group in zip(findings, provenance.findings, strict=True):

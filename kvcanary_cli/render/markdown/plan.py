@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvcanary_cli.render.markdown.blocks import table, text
 from kvcanary_cli.render.phrases.plan import (
     REQUEST_COLUMNS,
@@ -9,19 +11,21 @@ from kvcanary_cli.render.phrases.plan import (
     plan_problem_line,
     plan_request_cells,
 )
-from kvcanary_cli.render.records.plan import PlanRecord
 from kvcanary_cli.safe_text import printable_record
+
+if TYPE_CHECKING:  # the plan's module plans with numpy: `kvcanary --help` does not import it
+    from kvcanary_cli.results.plan import PlanSummary
 
 __all__ = ["plan_markdown"]
 
 
-def plan_markdown(record: PlanRecord, *, max_rows: int = 50) -> str:
+def plan_markdown(plan: PlanSummary, *, max_rows: int = 20) -> str:
     """Header line, the first `max_rows` requests, and the problems met, as GitHub Markdown."""
-    record = printable_record(record)
-    rows = record["requests"]
-    parts = [f"## kvcanary plan: {text(record['dump'])}", f"**{text(plan_headline(record))}**"]
-    if record["launch_error"]:
-        parts.append(f"The GPU launch raises: {text(record['launch_error'])}")
+    plan = printable_record(plan)
+    rows = plan.requests
+    parts = [f"## kvcanary plan: {text(plan.dump)}", f"**{text(plan_headline(plan))}**"]
+    if plan.launch_error:
+        parts.append(f"The GPU launch raises: {text(plan.launch_error)}")
     parts.append(
         table(
             list(REQUEST_COLUMNS),
@@ -31,10 +35,10 @@ def plan_markdown(record: PlanRecord, *, max_rows: int = 50) -> str:
     )
     if len(rows) > max_rows:
         parts.append(f"… and {len(rows) - max_rows} more batch rows (--max-rows)")
-    if record["problem_count"]:
-        lines = [f"- {text(plan_problem_line(p))}" for p in record["problems"]]
-        more = record["problem_count"] - len(record["problems"])
+    if plan.problem_count:
+        lines = [f"- {text(plan_problem_line(p))}" for p in plan.problems]
+        more = plan.problem_count - len(plan.problems)
         if more > 0:
             lines.append(f"- … and {more} more")
-        parts.append(f"{record['problem_count']} problems met while planning:\n" + "\n".join(lines))
+        parts.append(f"{plan.problem_count} problems met while planning:\n" + "\n".join(lines))
     return "\n\n".join(parts) + "\n"

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
 from kvcanary_cli.render.records.common import GroupName, group_name
-from kvcanary_cli.render.records.plan import SemanticsName
 
 if TYPE_CHECKING:  # the selftest plans synthetic dumps: `kvcanary --help` does not import it
     from kvcanary_cli.results.selftest import (
@@ -23,6 +22,9 @@ __all__ = [
     "SelftestRecord",
     "selftest_record",
 ]
+
+#: Whose behaviour on bad input: SGLang's torch reference, or the production GPU path.
+SemanticsName = Literal["reference", "gpu"]
 
 SELFTEST_SCHEMA: Literal["kvcanary.selftest/1"] = "kvcanary.selftest/1"
 
