@@ -100,18 +100,19 @@ def test_a_quote_is_the_whole_output_or_says_it_goes_on(
     assert quotes(stdout, quoted) == right
 
 
-SECTION = re.compile(r"## Producing a dump from SGLang\n(?P<body>.*?)\n## ", re.S)
+SECTION = re.compile(r"## By hand, next to the failing call\n(?P<body>.*?)\n## ", re.S)
 PYTHON = re.compile(r"```python\n(?P<code>.*?)```", re.S)
 
 
-def test_the_readme_dump_recipes_work_as_written(tmp_path: Path) -> None:
-    """Each Python recipe of "Producing a dump" runs and gives a dump kvcanary diagnoses."""
+def test_the_capture_recipes_work_as_written(tmp_path: Path) -> None:
+    """Each Python recipe of docs/capture.md's "By hand" runs and gives a dump kvcanary
+    diagnoses."""
     needs_torch()  # the recipes run in the server, on its torch tensors
     from kvcanary_cli.dump.loader import load_dump
     from tests.helpers import checked
     from tests.test_capture import _Allocator, _Runner, plan_kwargs
 
-    section = SECTION.search((ROOT / "README.md").read_text())
+    section = SECTION.search(page("docs/capture.md"))
     assert section is not None
     recipes = PYTHON.findall(section["body"])
     assert len(recipes) >= 2
@@ -125,7 +126,8 @@ def test_the_readme_dump_recipes_work_as_written(tmp_path: Path) -> None:
             "model_runner": _Runner(kwargs["req_to_token"], allocator),
         }
         exec(
-            compile(code.replace("/tmp/step.safetensors", str(target)), "README", "exec"), namespace
+            compile(code.replace("/tmp/step.safetensors", str(target)), "capture", "exec"),
+            namespace,
         )
         report = checked(load_dump(target))
         assert report.diagnosis[0].code.value == "lut-too-short", (i, report.diagnosis)
@@ -134,15 +136,13 @@ def test_the_readme_dump_recipes_work_as_written(tmp_path: Path) -> None:
         assert errors == {"lut-out-of-range", "lut-shorter-than-pool"}
 
 
-def test_the_readme_python_api_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_python_api_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
-    section = re.search(
-        r"## Python API\n(?P<body>.*?)\n## ", (ROOT / "README.md").read_text(), re.S
-    )
+    section = re.search(r"## An example\n(?P<body>.*?)\n## ", page("docs/python-api.md"), re.S)
     assert section is not None
     [code] = PYTHON.findall(section["body"])
     namespace: dict[str, object] = {}
-    exec(compile(code, "README", "exec"), namespace)
+    exec(compile(code, "python-api", "exec"), namespace)
     assert namespace["report"].dumps[0].diagnosis[0].code.value == "lut-too-short"  # type: ignore[attr-defined]
 
 
@@ -224,20 +224,39 @@ def test_ci_turns_red_unless_the_first_command_exits_1_with_its_findings(
     assert (done.returncode == 0 and done.stdout.endswith("passed\n")) == green, done
 
 
+def quick_start_section() -> str:
+    """The README's Quick start, up to the next section."""
+    return page("README.md").split("## Quick start\n")[1].split("\n## ")[0]
+
+
 def test_the_quick_start_explains_torch_below_the_commands() -> None:
-    readme = (ROOT / "README.md").read_text()
-    quick = readme.split("## Quick start\n")[1].split("\n## ")[0]
-    below = " ".join(quick.split("```", 2)[2].split())
+    below = " ".join(quick_start_section().split("```", 2)[2].split())
     assert "pip install 'kvcanary[torch]'" in below  # how to add it
     assert "--index-url https://download.pytorch.org/whl/cpu" in below  # the CPU build
     assert "CUDA build" in below and "5.5 GB" in below  # why not a bare `pip install torch`
     assert "On a GPU machine" in below and "bring your own CUDA build of torch" in below
 
 
+def test_the_readme_is_read_in_a_minute() -> None:
+    """What kvcanary is, the Quick start and what its first command prints come first, in at
+    most 60 lines; the rest is pages of docs/, each of which the README and docs/README.md
+    point to."""
+    readme = page("README.md")
+    top = readme.split("\n## ", 2)  # the title and intro, the Quick start, the rest
+    assert top[1].startswith("Quick start\n")
+    assert len("\n## ".join(top[:2]).splitlines()) <= 60
+    first = quick_start()[0].split(" && ")[1]
+    [(where, args, _), *_] = QUOTED
+    assert (where, f"kvcanary {args}") == ("README.md", first)  # what the first command prints
+    pages = {path.name for path in DOCS.glob("*.md")} - {"README.md"}
+    assert pages <= set(re.findall(r"\]\(docs/([\w-]+\.md)\)", readme))
+    assert pages <= set(re.findall(r"\]\(([\w-]+\.md)\)", page("docs/README.md")))
+
+
 def test_the_quoted_torch_error_is_the_real_one() -> None:
-    """The README's line for `--kernel sglang` without torch is what that run prints."""
-    quick = (ROOT / "README.md").read_text().split("## Quick start\n")[1].split("\n## ")[0]
-    [quoted] = re.findall(r"```text\n(error: [^\n]*)\n```", quick)
+    """docs/commands.md's line for `--kernel sglang` without torch is what that run prints."""
+    section = page("docs/commands.md").split("## What needs torch\n")[1].split("\n## ")[0]
+    [quoted] = re.findall(r"```text\n(error: [^\n]*)\n```", section)
     done = subprocess.run(
         [
             sys.executable,
@@ -265,16 +284,16 @@ FIGURES = re.compile(
 
 
 def test_the_suite_figures_in_the_readme_are_this_suite(request: pytest.FixtureRequest) -> None:
-    """The Development section's test counts (whole suite, fast lane) are within 10 % of what
-    this run collected: figures a reader plans by, not a past release's. Checked only on a
-    whole collection with torch (a chosen file, `-k` or `-m` collects a part)."""
+    """The Quick start's test counts (whole suite, fast lane) are within 10 % of what this run
+    collected: figures a reader plans by, not a past release's. Checked only on a whole
+    collection with torch (a chosen file, `-k` or `-m` collects a part)."""
     config = request.config
     if not HAS_TORCH or config.option.markexpr or config.option.keyword:
         pytest.skip("counts only on a whole collection with torch")
     if [Path(arg).resolve() for arg in config.args] not in ([ROOT / "tests"], [ROOT]):
         pytest.skip("counts only on a whole collection (no test file or folder chosen)")
-    found = FIGURES.search((ROOT / "README.md").read_text())
-    assert found, "the README's Development section gives the suite's test counts"
+    found = FIGURES.search(quick_start_section())
+    assert found, "the README's Quick start gives the suite's test counts"
     items = request.session.items
     whole = len(items)
     fast = sum(1 for item in items if item.get_closest_marker("slow") is None)
