@@ -50,7 +50,7 @@ __all__ = [
 
 
 class ExitCode(IntEnum):
-    """Exit codes, as documented in the README and docs/findings.md."""
+    """Exit codes, as documented in docs/findings.md."""
 
     CLEAN = 0
     FINDINGS = 1

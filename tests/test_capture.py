@@ -619,7 +619,7 @@ def test_install_canary_registers_the_runner_and_dumps_record_the_pools(
 def test_captured_truncated_lut_is_diagnosed_with_both_lengths(
     tmp_path: Path, stand_in: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's capture path: exactly the lut-out-of-range errors, cause lut-too-short."""
+    """docs/capture.md's capture path: exactly the lut-out-of-range errors, cause lut-too-short."""
     from typer.testing import CliRunner
 
     from kvcanary_cli.cli import app

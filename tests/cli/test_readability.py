@@ -30,7 +30,7 @@ EXAMPLE_NAMES = sorted(p.name for p in EXAMPLES.glob("*.safetensors"))
 
 
 def run(*args: str) -> Result:
-    """At the width the README quotes (100 columns), whatever the test runner's own terminal
+    """At the width the docs quote (100 columns), whatever the test runner's own terminal
     (pytest-xdist's workers export theirs)."""
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "100"})
 
@@ -293,17 +293,18 @@ def test_examples_readme_quotes_what_its_commands_print() -> None:
     assert quoted >= 2
 
 
-def test_the_readme_findings_table_has_every_code() -> None:
-    from kvcanary_cli.catalog import FindingCode
+def test_the_findings_page_lists_every_code_with_its_severity() -> None:
+    from kvcanary_cli.catalog import FINDINGS, FindingCode
 
-    section = (ROOT / "README.md").read_text().split("## Findings\n")[1].split("\n## ")[0]
-    listed = set(re.findall(r"^\| `([a-z-]+)` \| (?:error|warning|info) \|", section, re.M))
-    assert listed == {code.value for code in FindingCode}
+    doc = (ROOT / "docs" / "findings.md").read_text()
+    section = doc.split("## Finding codes\n")[1].split("\n## ")[0]
+    listed = dict(re.findall(r"^\| `([a-z-]+)` \| (error|warning|info)\b", section, re.M))
+    assert listed == {code.value: str(FINDINGS[code].severity) for code in FindingCode}
 
 
-def test_the_readme_commands_table_names_plans_backends_as_plan_takes_them() -> None:
-    readme = (ROOT / "README.md").read_text()
-    [row] = [line for line in readme.splitlines() if line.startswith("| `kvcanary plan DUMP")]
+def test_the_commands_table_names_plans_backends_as_plan_takes_them() -> None:
+    doc = (ROOT / "docs" / "commands.md").read_text()
+    [row] = [line for line in doc.splitlines() if line.startswith("| `kvcanary plan DUMP")]
     backends = re.search(r"--backend ([a-z\\|]+)\]", row)
     assert backends is not None
     assert backends[1].split("\\|") == ["reference", "vectorized", "triton", "sglang"]
@@ -361,15 +362,16 @@ def test_the_replay_columns_are_explained_where_they_are_shown() -> None:
 
 
 def test_the_safetensors_alone_recipe_records_what_the_checks_need(tmp_path: Path) -> None:
-    """The README's "With safetensors alone" recipe records write_req_capacity and page_size:
-    a batch larger than the write plan is reported from its dump (kernel-limit-exceeded)."""
+    """docs/capture.md's "With safetensors alone" recipe records write_req_capacity and
+    page_size: a batch larger than the write plan is reported from its dump
+    (kernel-limit-exceeded)."""
     needs_torch()  # the recipe runs in the server, on its torch tensors
     from kvcanary_cli.dump.loader import load_dump
     from tests.helpers import checked
     from tests.test_capture import WritePlan, _Allocator, plan_kwargs
 
-    readme = (ROOT / "README.md").read_text()
-    recipe = readme.split("**With safetensors alone**")[1].split("```python\n")[1].split("```")[0]
+    doc = (ROOT / "docs" / "capture.md").read_text()
+    recipe = doc.split("**With safetensors alone**")[1].split("```python\n")[1].split("```")[0]
     target = tmp_path / "step.safetensors"
     kwargs = plan_kwargs()
     kwargs["write_plan_out"] = WritePlan.allocate(2)  # bs 3: one request too many
@@ -377,7 +379,9 @@ def test_the_safetensors_alone_recipe_records_what_the_checks_need(tmp_path: Pat
         "plan_kwargs": kwargs,
         "allocator": _Allocator(size=127, page_size=1, free_pages=[80]),
     }
-    exec(compile(recipe.replace("/tmp/step.safetensors", str(target)), "README", "exec"), namespace)
+    exec(
+        compile(recipe.replace("/tmp/step.safetensors", str(target)), "capture", "exec"), namespace
+    )
     dump = load_dump(target)
     assert dump.scalars["write_req_capacity"].origin == "recorded"
     assert dump.scalars["page_size"].origin == "recorded"
