@@ -9,14 +9,10 @@ command does.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from enum import IntEnum
-from types import FrameType
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -32,7 +28,14 @@ from kvcanary_cli.dump.streams import (
     write_standard_error,
     writing_to_standard_output,
 )
-from kvcanary_cli.errors import KvcanaryError, OptionError, Terminated, UpstreamPlanError
+from kvcanary_cli.errors import (
+    KvcanaryError,
+    OptionError,
+    Terminated,
+    UpstreamPlanError,
+    sigterm_unwinds,
+    terminating,
+)
 from kvcanary_cli.output import complain
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.timeline import TimelineReport
@@ -43,7 +46,6 @@ __all__ = [
     "fail",
     "make_app",
     "run",
-    "sigterm_unwinds",
     "stopped",
     "timeline_exit",
 ]
@@ -97,38 +99,9 @@ def stopped(exc: BaseException | None = None) -> NoReturn:
     """A run stopped from outside: by SIGTERM (`Terminated`, exit 143) or Ctrl-C (exit 130).
     Click and typer hand the interrupt back wrapped (`Abort`) or as the exit code 130 (`exc`
     None): the handler's mark says which it was."""
-    if _TERMINATING.is_set() or isinstance(exc, Terminated):
+    if terminating() or isinstance(exc, Terminated):
         fail("terminated", ExitCode.TERMINATED)
     fail("interrupted", ExitCode.INTERRUPTED)
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM's handler: raise `Terminated` once; a second SIGTERM while the first unwinds is
-    ignored, so that it cannot cut the clean-up short (SIGKILL still ends the process)."""
-    if _TERMINATING.is_set():
-        return
-    _TERMINATING.set()
-    raise Terminated
-
-
-_TERMINATING = threading.Event()
-
-
-@contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """While inside: SIGTERM unwinds the run as Ctrl-C does (see `Terminated`); the previous
-    handler is back after. Only the main thread can install a handler, and a process started
-    with SIGTERM ignored (`nohup`-like parents) keeps ignoring it."""
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
-        yield
-        return
-    _TERMINATING.clear()
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:  # None: a handler not installed from Python, which cannot be put back
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def run(app: typer.Typer, args: Sequence[str] | None) -> None:
