@@ -17,7 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 import typer.main
-from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from kvcanary_cli import __version__
 from kvcanary_cli.dump.schema import SCALARS
@@ -131,14 +131,26 @@ def show_version(value: bool) -> None:
         raise typer.Exit()
 
 
-class OneLineErrors(TyperGroup):
-    """Every failure ends in one stderr line: usage errors and bad input exit 2, bugs exit 3.
+class Kvcanary(TyperGroup):
+    """The `kvcanary` group. Every failure ends in one stderr line: usage errors and bad input
+    exit 2, bugs exit 3.
 
     Click runs the command not standalone (`standalone_mode=False`), so each exception comes
     back here by its type instead of being shown by click: click's own errors (usage,
     parameters), kvcanary's (`KvcanaryError`: bad input or options; `UpstreamPlanError`:
     `plan --strict` met SGLang's raise), Ctrl-C and SIGTERM, and anything else, which is a bug.
     """
+
+    def __init__(self, **attrs: Any) -> None:
+        """Each command's summary its first paragraph whole, where click would cut it ("..."),
+        and its arguments shown by their metavars (`_Argument`)."""
+        super().__init__(**attrs)
+        for command in self.commands.values():
+            if command.help and not command.short_help:
+                command.short_help = " ".join(command.help.split("\n\n")[0].split())
+            for param in command.params:
+                if type(param) is TyperArgument:
+                    param.__class__ = _Argument
 
     def invoke(self, ctx: Any) -> Any:
         """Run the command; an `OptionError` from below names the API's keyword (`page_size`):
@@ -149,14 +161,6 @@ class OneLineErrors(TyperGroup):
             command = self.get_command(ctx, ctx.invoked_subcommand or "")
             exc.option = flag_of(command, exc.option)
             raise
-
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
-        """Each command's first paragraph whole, wrapped, where click would cut it ("...")."""
-        for name in self.list_commands(ctx):
-            command = self.get_command(ctx, name)
-            if command is not None and command.help and not command.short_help:
-                command.short_help = " ".join(command.help.split("\n\n")[0].split())
-        super().format_commands(ctx, formatter)
 
     def main(
         self,
@@ -224,29 +228,12 @@ class _Argument(TyperArgument):
         return self._shown(), (self.help or "") + ("  [required]" if self.required else "")
 
 
-class Command(TyperCommand):
-    """A `kvcanary` command: its arguments shown as `_Argument`s."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            if type(param) is TyperArgument:
-                param.__class__ = _Argument
-
-
-class _App(typer.Typer):
-    """`kvcanary`: its commands are `Command`s."""
-
-    def command(self, *args: Any, **kwargs: Any) -> Any:
-        return super().command(*args, **{"cls": Command, **kwargs})
-
-
 def make_app() -> typer.Typer:
     """The `kvcanary` app, before its commands: one-line errors, no rich markup or tracebacks
     of typer's own, and `kvcanary` alone shows the help."""
-    app = _App(
+    app = typer.Typer(
         name="kvcanary",
-        cls=OneLineErrors,
+        cls=Kvcanary,
         invoke_without_command=True,
         pretty_exceptions_enable=False,
         pretty_exceptions_show_locals=False,
@@ -260,15 +247,15 @@ def make_app() -> typer.Typer:
     return app
 
 
-VersionOpt = Annotated[
-    bool,
-    typer.Option(
-        "--version", is_eager=True, callback=show_version, help="Print the version and exit."
-    ),
-]
-
-
-def root(ctx: typer.Context, version: VersionOpt = False) -> None:
+def root(
+    ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=show_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """Diagnose KV-cache dumps of SGLang's kv canary (`kvcanary` alone: the help, as a usage
     error)."""
     if ctx.invoked_subcommand is None:
