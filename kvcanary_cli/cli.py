@@ -349,7 +349,6 @@ def synth(
             "--page-size",
             within=values.PAGE_SIZE,
             help="Slots per page (default: the scenario's).",
-            show_default=False,
         ),
     ] = None,
     steps: Annotated[
@@ -359,7 +358,6 @@ def synth(
             within=values.STEPS,
             metavar="K",
             help="Write K dumps of one rank into --out: a sequence (see --list).",
-            show_default=False,
         ),
     ] = None,
     at: Annotated[
@@ -369,7 +367,6 @@ def synth(
             within=values.POSITIVE,
             metavar="STEP",
             help="With --steps: the event's step (default: the middle dump's).",
-            show_default=False,
         ),
     ] = None,
     every: Annotated[

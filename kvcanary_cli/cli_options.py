@@ -134,7 +134,7 @@ def _image_file(value: Path | None) -> Path | None:
 
 def argument(metavar: str, help: str) -> Any:
     """A positional argument shown by its metavar (`DUMP...`, never a Python type)."""
-    return typer.Argument(help=help, show_default=False, metavar=metavar)
+    return typer.Argument(help=help, metavar=metavar)
 
 
 #: `--kernel` and `--backend` names of earlier versions: the vectorized planner ran on torch.
@@ -169,7 +169,6 @@ SvgOpt = Annotated[
         metavar="FILE",
         help="Also save the report as an SVG image (in colour, as the terminal shows it), to "
         "attach to an issue.",
-        show_default=False,
         callback=_image_file,
     ),
 ]
@@ -188,7 +187,6 @@ SetOpt = Annotated[
         "--set",
         metavar="NAME=VALUE",
         parser=_assignment,
-        show_default=False,
         help="Override a scalar of the dump (repeatable): "
         + ", ".join(SCALARS)
         + " (`kvcanary inspect` shows each and its source; docs/dump-format.md, the ranges).",
