@@ -207,7 +207,10 @@ def violations(
     replay: Annotated[
         bool, typer.Option("--replay", help="Replay the dump's verify launches and compare.")
     ] = False,
-    group: opt.GroupOpt = None,
+    group: Annotated[
+        Group | None,
+        choice_option("--group", "-g", among=Group, help="Only this group (default: every one)."),
+    ] = None,
     buffer: Annotated[
         str | None,
         choice_option("--buffer", among=values.BUFFER_CHOICES, help="Only this canary buffer."),

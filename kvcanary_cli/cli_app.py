@@ -46,7 +46,6 @@ __all__ = [
     "fail",
     "make_app",
     "run",
-    "stopped",
     "timeline_exit",
 ]
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 import kvcanary_cli.option_values as values
-from kvcanary_cli.dump.schema import SCALARS, Group
+from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.dump.streams import write_standard_error
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners import PlannerChoice
@@ -194,7 +194,3 @@ SetOpt = Annotated[
 ]
 DumpArg = Annotated[Path, argument("DUMP", "A .safetensors dump (format: docs/dump-format.md).")]
 SeedOpt = Annotated[int, integer_option("--seed", within=values.INDEX, help="Random seed.")]
-GroupOpt = Annotated[
-    Group | None,
-    choice_option("--group", "-g", among=Group, help="Only this group (default: every one)."),
-]
