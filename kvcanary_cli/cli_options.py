@@ -20,7 +20,7 @@ from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
 
-__all__ = ["MAX_ROWS", "choice_option", "integer_option", "overrides", "parse_positions"]
+__all__ = ["choice_option", "integer_option", "overrides", "parse_positions"]
 
 _Choice = TypeVar("_Choice", bound=str)
 
@@ -139,8 +139,6 @@ def argument(metavar: str, help: str) -> Any:
 
 #: `--kernel` and `--backend` names of earlier versions: the vectorized planner ran on torch.
 OLD_NAMES = {"torch": PlannerChoice.VECTORIZED}
-#: `--max-rows`: one default for every table.
-MAX_ROWS = 20
 
 # every command that reports
 FormatOpt = Annotated[
