@@ -161,20 +161,10 @@ class Kvcanary(TyperGroup):
             exc.option = flag_of(command, exc.option)
             raise
 
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run the command; turn exceptions into one line and an exit code."""
         try:
-            result = super().main(
-                args, prog_name, complete_var, False, windows_expand_args, **extra
-            )
+            result = super().main(*args, **{**kwargs, "standalone_mode": False})
         except KvcanaryError as exc:
             fail(f"error: {exc}", ExitCode.BAD_INPUT)
         except UpstreamPlanError as exc:
