@@ -1,15 +1,8 @@
-"""The Python API: what each command computes, as the objects the CLI renders.
-
-    from kvcanary_cli import api
-    report = api.check("dump.safetensors", kernel="vectorized")  # a CheckReport
-    report.dumps[0].diagnosis[0].code                           # e.g. CauseCode.LUT_TOO_SHORT
-    answer = api.provenance("dump.safetensors", slot=107)       # a ProvenanceReport
-
-Every function returns a typed result (frozen dataclasses) that is its versioned record
-(`kvcanary.check/2`, ...): `kvcanary_cli.render.render` shows any of them in JSON, as a
-table or as Markdown. Names
-(`kernel="vectorized"`) are mapped to planner objects here, as on the command line; to choose
-planners yourself, call `kvcanary_cli.analysis.check.run_check` with planner objects.
+"""The Python API: one function per command, returning the command's typed result (frozen
+dataclasses), which is its versioned record (`kvcanary.check/2`, ...): `kvcanary_cli.render.render`
+shows any of them as JSON, a table or Markdown. Names (`kernel="vectorized"`) are mapped to
+planner objects here, as on the command line; the README's "Python API" shows an example and
+how to choose the planners yourself.
 """
 
 from __future__ import annotations

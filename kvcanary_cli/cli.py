@@ -19,12 +19,12 @@ from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.catalog import Severity
 from kvcanary_cli.cli_app import ExitCode, check_exit, fail, make_app, run, timeline_exit
-from kvcanary_cli.cli_options import MAX_ROWS, argument, choice_option, integer_option
+from kvcanary_cli.cli_options import argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.output import complain, deliver, tell, to_stdout
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
-from kvcanary_cli.render import OutputFormat
+from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
 from kvcanary_cli.render.console import progress
 from kvcanary_cli.results.cells import Space
 from kvcanary_cli.safe_text import printable
@@ -68,7 +68,7 @@ def check(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Verdict lines only.")] = False,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = MAX_ROWS,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
@@ -127,7 +127,7 @@ def provenance(
         typer.Option("--positions", metavar="START:END", help="With --row: the positions."),
     ] = None,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = MAX_ROWS,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
@@ -162,7 +162,7 @@ def provenance(
 @app.command()
 def timeline(
     dumps: Annotated[list[Path], argument("DUMP", "Two or more dumps of one rank.")],
-    max_rows: opt.RowsOpt = MAX_ROWS,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
@@ -185,7 +185,7 @@ def timeline(
 def diff(
     old: Annotated[Path, argument("OLD", "The earlier dump.")],
     new: Annotated[Path, argument("NEW", "The later dump, of the same rank.")],
-    max_rows: opt.RowsOpt = MAX_ROWS,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
@@ -207,7 +207,10 @@ def violations(
     replay: Annotated[
         bool, typer.Option("--replay", help="Replay the dump's verify launches and compare.")
     ] = False,
-    group: opt.GroupOpt = None,
+    group: Annotated[
+        Group | None,
+        choice_option("--group", "-g", among=Group, help="Only this group (default: every one)."),
+    ] = None,
     buffer: Annotated[
         str | None,
         choice_option("--buffer", among=values.BUFFER_CHOICES, help="Only this canary buffer."),
@@ -217,7 +220,7 @@ def violations(
         typer.Option("--dump", metavar="DUMP", help="The dump to explain log rows against."),
     ] = None,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = MAX_ROWS,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
@@ -258,7 +261,7 @@ def plan(
         typer.Option("--out", metavar="FILE", help="Also write the plan (.safetensors)."),
     ] = None,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = MAX_ROWS,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
@@ -349,7 +352,6 @@ def synth(
             "--page-size",
             within=values.PAGE_SIZE,
             help="Slots per page (default: the scenario's).",
-            show_default=False,
         ),
     ] = None,
     steps: Annotated[
@@ -359,7 +361,6 @@ def synth(
             within=values.STEPS,
             metavar="K",
             help="Write K dumps of one rank into --out: a sequence (see --list).",
-            show_default=False,
         ),
     ] = None,
     at: Annotated[
@@ -369,7 +370,6 @@ def synth(
             within=values.POSITIVE,
             metavar="STEP",
             help="With --steps: the event's step (default: the middle dump's).",
-            show_default=False,
         ),
     ] = None,
     every: Annotated[

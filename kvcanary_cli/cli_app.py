@@ -9,19 +9,15 @@ command does.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from enum import IntEnum
-from types import FrameType
 from typing import Annotated, Any, NoReturn
 
 import typer
 import typer.main
-from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from kvcanary_cli import __version__
 from kvcanary_cli.dump.schema import SCALARS
@@ -32,7 +28,14 @@ from kvcanary_cli.dump.streams import (
     write_standard_error,
     writing_to_standard_output,
 )
-from kvcanary_cli.errors import KvcanaryError, OptionError, Terminated, UpstreamPlanError
+from kvcanary_cli.errors import (
+    KvcanaryError,
+    OptionError,
+    Terminated,
+    UpstreamPlanError,
+    sigterm_unwinds,
+    terminating,
+)
 from kvcanary_cli.output import complain
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.timeline import TimelineReport
@@ -43,8 +46,6 @@ __all__ = [
     "fail",
     "make_app",
     "run",
-    "sigterm_unwinds",
-    "stopped",
     "timeline_exit",
 ]
 
@@ -97,38 +98,9 @@ def stopped(exc: BaseException | None = None) -> NoReturn:
     """A run stopped from outside: by SIGTERM (`Terminated`, exit 143) or Ctrl-C (exit 130).
     Click and typer hand the interrupt back wrapped (`Abort`) or as the exit code 130 (`exc`
     None): the handler's mark says which it was."""
-    if _TERMINATING.is_set() or isinstance(exc, Terminated):
+    if terminating() or isinstance(exc, Terminated):
         fail("terminated", ExitCode.TERMINATED)
     fail("interrupted", ExitCode.INTERRUPTED)
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM's handler: raise `Terminated` once; a second SIGTERM while the first unwinds is
-    ignored, so that it cannot cut the clean-up short (SIGKILL still ends the process)."""
-    if _TERMINATING.is_set():
-        return
-    _TERMINATING.set()
-    raise Terminated
-
-
-_TERMINATING = threading.Event()
-
-
-@contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """While inside: SIGTERM unwinds the run as Ctrl-C does (see `Terminated`); the previous
-    handler is back after. Only the main thread can install a handler, and a process started
-    with SIGTERM ignored (`nohup`-like parents) keeps ignoring it."""
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
-        yield
-        return
-    _TERMINATING.clear()
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:  # None: a handler not installed from Python, which cannot be put back
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def run(app: typer.Typer, args: Sequence[str] | None) -> None:
@@ -158,14 +130,26 @@ def show_version(value: bool) -> None:
         raise typer.Exit()
 
 
-class OneLineErrors(TyperGroup):
-    """Every failure ends in one stderr line: usage errors and bad input exit 2, bugs exit 3.
+class Kvcanary(TyperGroup):
+    """The `kvcanary` group. Every failure ends in one stderr line: usage errors and bad input
+    exit 2, bugs exit 3.
 
     Click runs the command not standalone (`standalone_mode=False`), so each exception comes
     back here by its type instead of being shown by click: click's own errors (usage,
     parameters), kvcanary's (`KvcanaryError`: bad input or options; `UpstreamPlanError`:
     `plan --strict` met SGLang's raise), Ctrl-C and SIGTERM, and anything else, which is a bug.
     """
+
+    def __init__(self, **attrs: Any) -> None:
+        """Each command's summary its first paragraph whole, where click would cut it ("..."),
+        and its arguments shown by their metavars (`_Argument`)."""
+        super().__init__(**attrs)
+        for command in self.commands.values():
+            if command.help and not command.short_help:
+                command.short_help = " ".join(command.help.split("\n\n")[0].split())
+            for param in command.params:
+                if type(param) is TyperArgument:
+                    param.__class__ = _Argument
 
     def invoke(self, ctx: Any) -> Any:
         """Run the command; an `OptionError` from below names the API's keyword (`page_size`):
@@ -177,28 +161,10 @@ class OneLineErrors(TyperGroup):
             exc.option = flag_of(command, exc.option)
             raise
 
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
-        """Each command's first paragraph whole, wrapped, where click would cut it ("...")."""
-        for name in self.list_commands(ctx):
-            command = self.get_command(ctx, name)
-            if command is not None and command.help and not command.short_help:
-                command.short_help = " ".join(command.help.split("\n\n")[0].split())
-        super().format_commands(ctx, formatter)
-
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run the command; turn exceptions into one line and an exit code."""
         try:
-            result = super().main(
-                args, prog_name, complete_var, False, windows_expand_args, **extra
-            )
+            result = super().main(*args, **{**kwargs, "standalone_mode": False})
         except KvcanaryError as exc:
             fail(f"error: {exc}", ExitCode.BAD_INPUT)
         except UpstreamPlanError as exc:
@@ -251,29 +217,12 @@ class _Argument(TyperArgument):
         return self._shown(), (self.help or "") + ("  [required]" if self.required else "")
 
 
-class Command(TyperCommand):
-    """A `kvcanary` command: its arguments shown as `_Argument`s."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            if type(param) is TyperArgument:
-                param.__class__ = _Argument
-
-
-class _App(typer.Typer):
-    """`kvcanary`: its commands are `Command`s."""
-
-    def command(self, *args: Any, **kwargs: Any) -> Any:
-        return super().command(*args, **{"cls": Command, **kwargs})
-
-
 def make_app() -> typer.Typer:
     """The `kvcanary` app, before its commands: one-line errors, no rich markup or tracebacks
     of typer's own, and `kvcanary` alone shows the help."""
-    app = _App(
+    app = typer.Typer(
         name="kvcanary",
-        cls=OneLineErrors,
+        cls=Kvcanary,
         invoke_without_command=True,
         pretty_exceptions_enable=False,
         pretty_exceptions_show_locals=False,
@@ -287,15 +236,15 @@ def make_app() -> typer.Typer:
     return app
 
 
-VersionOpt = Annotated[
-    bool,
-    typer.Option(
-        "--version", is_eager=True, callback=show_version, help="Print the version and exit."
-    ),
-]
-
-
-def root(ctx: typer.Context, version: VersionOpt = False) -> None:
+def root(
+    ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=show_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """Diagnose KV-cache dumps of SGLang's kv canary (`kvcanary` alone: the help, as a usage
     error)."""
     if ctx.invoked_subcommand is None:

@@ -14,13 +14,13 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 import kvcanary_cli.option_values as values
-from kvcanary_cli.dump.schema import SCALARS, Group
+from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.dump.streams import write_standard_error
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render.console import OutputFormat
 
-__all__ = ["MAX_ROWS", "choice_option", "integer_option", "overrides", "parse_positions"]
+__all__ = ["choice_option", "integer_option", "overrides", "parse_positions"]
 
 _Choice = TypeVar("_Choice", bound=str)
 
@@ -134,13 +134,11 @@ def _image_file(value: Path | None) -> Path | None:
 
 def argument(metavar: str, help: str) -> Any:
     """A positional argument shown by its metavar (`DUMP...`, never a Python type)."""
-    return typer.Argument(help=help, show_default=False, metavar=metavar)
+    return typer.Argument(help=help, metavar=metavar)
 
 
 #: `--kernel` and `--backend` names of earlier versions: the vectorized planner ran on torch.
 OLD_NAMES = {"torch": PlannerChoice.VECTORIZED}
-#: `--max-rows`: one default for every table.
-MAX_ROWS = 20
 
 # every command that reports
 FormatOpt = Annotated[
@@ -169,7 +167,6 @@ SvgOpt = Annotated[
         metavar="FILE",
         help="Also save the report as an SVG image (in colour, as the terminal shows it), to "
         "attach to an issue.",
-        show_default=False,
         callback=_image_file,
     ),
 ]
@@ -188,7 +185,6 @@ SetOpt = Annotated[
         "--set",
         metavar="NAME=VALUE",
         parser=_assignment,
-        show_default=False,
         help="Override a scalar of the dump (repeatable): "
         + ", ".join(SCALARS)
         + " (`kvcanary inspect` shows each and its source; docs/dump-format.md, the ranges).",
@@ -196,7 +192,3 @@ SetOpt = Annotated[
 ]
 DumpArg = Annotated[Path, argument("DUMP", "A .safetensors dump (format: docs/dump-format.md).")]
 SeedOpt = Annotated[int, integer_option("--seed", within=values.INDEX, help="Random seed.")]
-GroupOpt = Annotated[
-    Group | None,
-    choice_option("--group", "-g", among=Group, help="Only this group (default: every one)."),
-]

@@ -9,10 +9,17 @@ parser's message from a hostile dump cannot reach the terminal as control charac
   the API (`page_size`, `slot/row`), which the command line replaces with its flag;
 - `PathError`: a path kvcanary was asked to read or write is unusable; names the path.
 
-And one that is no error: `Terminated`, the SIGTERM the CLI turns into an unwinding.
+And one that is no error: `Terminated`, the SIGTERM a run turns into an unwinding while
+inside `sigterm_unwinds` (the CLI runs every command there).
 """
 
 from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 from kvcanary_cli.safe_text import printable
 
@@ -31,6 +38,8 @@ __all__ = [
     "TensorShapeError",
     "Terminated",
     "UpstreamPlanError",
+    "sigterm_unwinds",
+    "terminating",
 ]
 
 
@@ -151,9 +160,43 @@ class UpstreamPlanError(Exception):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised by the CLI's handler so that the run unwinds as for Ctrl-C: every
+    """SIGTERM, raised by `sigterm_unwinds`' handler so that the run unwinds as for Ctrl-C: every
     `finally` runs (staged files removed, worker processes ended, the terminal restored).
 
     A `KeyboardInterrupt`, so that whatever stops cleanly on Ctrl-C stops the same way here,
     and no `except Exception` swallows it; only the exit code differs (143, not 130).
     """
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's handler: raise `Terminated` once; a second SIGTERM while the first unwinds is
+    ignored, so that it cannot cut the clean-up short (SIGKILL still ends the process)."""
+    if _TERMINATING.is_set():
+        return
+    _TERMINATING.set()
+    raise Terminated
+
+
+_TERMINATING = threading.Event()
+
+
+def terminating() -> bool:
+    """Whether SIGTERM started the unwinding (typer hands Ctrl-C and SIGTERM back alike)."""
+    return _TERMINATING.is_set()
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While inside: SIGTERM unwinds the run as Ctrl-C does (see `Terminated`); the previous
+    handler is back after. Only the main thread can install a handler, and a process started
+    with SIGTERM ignored (`nohup`-like parents) keeps ignoring it."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+        yield
+        return
+    _TERMINATING.clear()
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:  # None: a handler not installed from Python, which cannot be put back
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
