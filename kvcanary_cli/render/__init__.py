@@ -96,10 +96,9 @@ def render(
             record, rows = selftest_record(result), {}  # type: ignore[arg-type]
         case "soak":
             from kvcanary_cli.render.markdown.soak import soak_markdown as markdown
-            from kvcanary_cli.render.records.soak import soak_record
             from kvcanary_cli.render.table.soak import soak_table as table
 
-            record, rows = soak_record(result), {}  # type: ignore[arg-type]
+            rows = {}
         case _:
             raise TypeError(f"no view of a {result.SCHEMA} record")
     match fmt:
