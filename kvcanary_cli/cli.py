@@ -469,14 +469,14 @@ def soak(
     report says what SGLang's checks did not see. Exit 0 clean, 1 found, 2 bad input (not
     an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """
-    from kvcanary_cli.soak.command import run_and_render
+    from kvcanary_cli.cli_app import soak_exit
+    from kvcanary_cli.soak.command import run_soak
 
-    text, code = run_and_render(
-        sglang_tree, steps, seed, page_size, core, fault, out, output_format,
-        force=force, timings=timings,
-    )  # fmt: skip
-    deliver(text, output, force=force)
-    raise typer.Exit(code)
+    report = run_soak(
+        sglang_tree, steps, seed, page_size, core, fault, out, force=force, timings=timings
+    )
+    deliver(render.render(report, output_format), output, force=force)
+    raise typer.Exit(soak_exit(report))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -38,6 +38,7 @@ from kvcanary_cli.errors import (
 )
 from kvcanary_cli.output import complain
 from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "fail",
     "make_app",
     "run",
+    "soak_exit",
     "timeline_exit",
 ]
 
@@ -73,6 +75,11 @@ def check_exit(report: CheckReport) -> ExitCode:
 def timeline_exit(report: TimelineReport) -> ExitCode:
     """`timeline`'s and `diff`'s exit code: 1 on an event or an error finding."""
     return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+
+
+def soak_exit(report: SoakReport) -> ExitCode:
+    """`soak`'s exit code: 1 when a history failed."""
+    return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -1,7 +1,7 @@
 """`run_selftest`: every synthetic scenario through several planners, compared field by field.
 
-The `SelftestReport` it returns (`results.selftest`) is the drift report (render turns it into the
-`kvcanary.selftest/1` record): for each `synth` scenario and group, each planner's plan against
+The `SelftestReport` it returns (`results.selftest`) is the drift report, the
+`kvcanary.selftest/1` record: for each `synth` scenario and group, each planner's plan against
 the baseline of its semantics (kvcanary's scalar reference for REF semantics, its vectorized
 GPU model for GPU semantics), per plan field (`Plan.upstream_tensors()`) and per raise: where
 the plan step raises, and with what. With the installed SGLang among the planners, it says
@@ -14,10 +14,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, cast
 
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import OptionError, UpstreamPlanError
 from kvcanary_cli.planners.base import Plan, Planner, Semantics, Undefined
 from kvcanary_cli.planners.sglang_runtime import (
@@ -28,12 +30,15 @@ from kvcanary_cli.planners.sglang_runtime import (
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, raised, reference_raise
 from kvcanary_cli.results.selftest import (
     Difference,
+    FieldStatus,
     GroupResult,
+    PlanField,
     PlannerComparison,
     PlannerInfo,
     RefRaise,
     ScenarioResult,
     SelftestReport,
+    SGLangInfo,
 )
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 
@@ -42,7 +47,7 @@ __all__ = ["FIELDS", "SELFTEST_SIZES", "run_selftest"]
 #: Sizes the selftest runs at: the scalar reference is the baseline, so no benchmark sizes.
 SELFTEST_SIZES = ("tiny", "small")
 #: What is compared: SGLang's plan fields, then where (and with what) the plan step raises.
-FIELDS = (*VERIFY_PLAN_FIELDS, *WRITE_PLAN_FIELDS, "raise")
+FIELDS = cast(tuple[PlanField, ...], (*VERIFY_PLAN_FIELDS, *WRITE_PLAN_FIELDS, "raise"))
 #: Entry fields whose values a planner may leave undefined, and the bit saying so.
 _UNDEFINED_BIT = {
     "verify_slot_indices": Undefined.SLOT,
@@ -61,7 +66,7 @@ def _defined(plan: Plan, name: str, values: np.ndarray) -> np.ndarray:
     return np.ones(n, dtype=bool)
 
 
-def _difference(baseline: Plan, other: Plan, name: str) -> Difference | None:
+def _difference(baseline: Plan, other: Plan, name: PlanField) -> Difference | None:
     """The first place where field `name` of the two plans differs (None: they agree)."""
     a = baseline.upstream_tensors()[name].reshape(-1)
     b = other.upstream_tensors()[name].reshape(-1)
@@ -90,7 +95,7 @@ def _text(error: UpstreamPlanError | None) -> str | None:
 def _compare(baseline: Plan, other: Plan, baseline_name: str) -> PlannerComparison:
     """One planner's plan against its baseline's, field by field."""
     want, got = _text(raised(baseline)), _text(raised(other))
-    fields: dict[str, str] = {}
+    fields: dict[PlanField, FieldStatus] = {}
     differences: list[Difference] = []
     # A side that raised, or that kvcanary did not plan (corrupt lengths), has no values.
     without_values = any(p.launch_error is not None or p.skipped for p in (baseline, other))
@@ -124,7 +129,16 @@ def _ref_raise(plan: Plan | None) -> RefRaise | None:
     first = None if plan is None else reference_raise(plan)
     if first is None:
         return None
-    return RefRaise(error=str(first.error), problem=first.problem)
+    problem = first.problem
+    return RefRaise(
+        error=str(first.error),
+        kind=problem.kind.code,
+        role=problem.role.label,
+        batch_row=problem.batch_row,
+        pool_row=problem.pool_row,
+        position=problem.position,
+        value=problem.value,
+    )
 
 
 def _baseline_for(planner: Planner, baselines: Sequence[Planner]) -> Planner:
@@ -146,7 +160,9 @@ def _group(
         baseline = _baseline_for(planner, baselines)
         comparisons.append(_compare(plans[baseline.name], planner.plan(dump, group), baseline.name))
     ref = next((plans[b.name] for b in baselines if b.semantics is Semantics.REFERENCE), None)
-    return GroupResult(group=group, ref_raise=_ref_raise(ref), comparisons=tuple(comparisons))
+    return GroupResult(
+        group=Group(group), ref_raise=_ref_raise(ref), comparisons=tuple(comparisons)
+    )
 
 
 def run_selftest(
@@ -198,7 +214,7 @@ def run_selftest(
     sglang = next((p for p in planners if p.name == "sglang"), None)
     return SelftestReport(
         kvcanary_version=kvcanary_version,
-        size=size,
+        size=cast(Literal["tiny", "small"], size),
         seed=seed,
         fields=FIELDS,
         planners=tuple(
@@ -210,9 +226,11 @@ def run_selftest(
             )
             for p in planners
         ),
-        sglang_installed=sglang_installed,
-        sglang_run=sglang is not None,
-        sglang_mode=None if sglang is None else sglang.mode,
-        verified=tuple(VERIFIED_VERSIONS),
+        sglang=SGLangInfo(
+            installed=sglang_installed,
+            run=sglang is not None,
+            mode=None if sglang is None else cast(Literal["reference", "cuda"], sglang.mode),
+            verified=tuple(VERIFIED_VERSIONS),
+        ),
         scenarios=tuple(results),
     )

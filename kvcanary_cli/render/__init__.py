@@ -90,16 +90,14 @@ def render(
             from kvcanary_cli.render.table.plan import plan_table as table
         case "selftest":
             from kvcanary_cli.render.markdown.selftest import selftest_markdown as markdown
-            from kvcanary_cli.render.records.selftest import selftest_record
             from kvcanary_cli.render.table.selftest import selftest_table as table
 
-            record, rows = selftest_record(result), {}  # type: ignore[arg-type]
+            rows = {}
         case "soak":
             from kvcanary_cli.render.markdown.soak import soak_markdown as markdown
-            from kvcanary_cli.render.records.soak import soak_record
             from kvcanary_cli.render.table.soak import soak_table as table
 
-            record, rows = soak_record(result), {}  # type: ignore[arg-type]
+            rows = {}
         case _:
             raise TypeError(f"no view of a {result.SCHEMA} record")
     match fmt:

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvcanary_cli.capture.tree import capture_state
 from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.results.soak import AuditPoint
 from kvcanary_cli.soak.driver import Scheduler
 
 __all__ = ["Audit", "SGLangChecks", "audit_step", "record_dump"]
@@ -29,7 +30,7 @@ class Audit:
     SGLang's checks said (empty: silent)."""
 
     step: int
-    mode: str
+    mode: AuditPoint
     codes: list[str] = field(default_factory=list)
     top_cause: str | None = None
     sglang: list[str] = field(default_factory=list)

@@ -14,18 +14,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvcanary_cli.results.soak import SoakFailure, SoakReport
+from kvcanary_cli.results.soak import SoakFailure, SoakFile, SoakReport
 
-if TYPE_CHECKING:
-    from rich.console import RenderableType
-
-    from kvcanary_cli.render.console import OutputFormat
-
-__all__ = ["run_and_render", "soak"]
+__all__ = ["run_soak", "soak"]
 
 #: Steps per history: short histories find the planted faults early and shrink fast.
 HISTORY_STEPS = 80
@@ -76,34 +71,38 @@ def soak(
             option="core",
         )
     specs = _specs(page_size, modules.cores, core)
+    started = time.monotonic()
+    histories = steps_run = audited = 0
+    failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
+    while steps_run < steps and failed is None:
+        spec = specs[histories % len(specs)]
+        history_seed = seed * 1_000_003 + histories
+        workload = random_workload(
+            history_seed, steps=HISTORY_STEPS, requests=20, max_prompt=60, max_new=20
+        )
+        # the budget is steps run: the last history stops where it is spent
+        result = run_history(modules, spec, workload, fault=fault, max_steps=steps - steps_run)
+        histories += 1
+        steps_run += result.steps
+        audited += result.audited
+        if progress is not None:
+            progress(min(steps_run, steps), steps)
+        if result.failure is not None:
+            failed = (spec, workload, result.failure)
     report = SoakReport(
         kvcanary_version=__version__,
         sglang_version=modules.tree.version,
         sglang_root=str(modules.tree.root),
         seed=seed,
         budget=steps,
+        histories=histories,
+        steps=steps_run,
+        audited_steps=audited,
     )
-    started = time.monotonic()
-    history = 0
-    while report.steps < steps:
-        spec = specs[history % len(specs)]
-        history_seed = seed * 1_000_003 + history
-        workload = random_workload(
-            history_seed, steps=HISTORY_STEPS, requests=20, max_prompt=60, max_new=20
-        )
-        # the budget is steps run: the last history stops where it is spent
-        result = run_history(modules, spec, workload, fault=fault, max_steps=steps - report.steps)
-        history += 1
-        report.histories += 1
-        report.steps += result.steps
-        report.audited_steps += result.audited
-        if progress is not None:
-            progress(min(report.steps, steps), steps)
-        if result.failure is not None:
-            _keep_finding(report, modules, spec, workload, result.failure, fault, out, force)
-            break
+    if failed is not None:
+        report = _keep_finding(report, modules, *failed, fault, out, force)
     if timings:
-        report.seconds = round(time.monotonic() - started, 2)
+        report = replace(report, seconds=round(time.monotonic() - started, 2))
     if core is None:  # a tree core the default would have soaked too, once the run went well
         for note in modules.notes:
             complain(f"note: {note}")
@@ -119,13 +118,13 @@ def _keep_finding(
     fault: str | None,
     out: Path,
     force: bool,
-) -> None:
-    """Shrink the failing workload, record the dumps of both, and write the four files."""
+) -> SoakReport:
+    """Shrink the failing workload, record the dumps of both, write the four files, and say
+    so in the report."""
     from kvcanary_cli.soak.outputs import scratch, write_outputs
     from kvcanary_cli.soak.run import run_history, shrink_workload
 
-    report.sglang_said = list(failure.sglang)
-    report.failure = SoakFailure(
+    found = SoakFailure(
         seed=workload.seed,
         page_size=spec.page_size,
         core=spec.core,
@@ -142,23 +141,31 @@ def _keep_finding(
         return again.failure is not None and again.failure.top_cause == cause
 
     shrunk = shrink_workload(workload, fails)
-    report.shrunk_arrivals = (len(workload.arrivals), len(shrunk.arrivals))
-    meta = {"spec": asdict(spec), **asdict(report.failure)}
-    contents: dict[str, Path | bytes] = {}
+    meta = {"spec": asdict(spec), **asdict(found)}
+    contents: dict[SoakFile, Path | bytes] = {}
+    dumps: dict[SoakFile, Any] = {"dump": workload, "shrunk_dump": shrunk}
+    workloads: dict[SoakFile, Any] = {"workload": workload, "reproducer": shrunk}
     with scratch() as folder:
         # the dumps: the original failing step, and the shrunk workload's (which still fails)
-        for name, chosen in (("dump", workload), ("shrunk_dump", shrunk)):
+        for name, chosen in dumps.items():
             (folder / name).mkdir()
             again = run_history(modules, spec, chosen, fault=fault, folder=folder / name)
             if again.failure is not None and again.failure.dump is not None:
                 contents[name] = again.failure.dump
-        for name, chosen in (("workload", workload), ("reproducer", shrunk)):
+        for name, chosen in workloads.items():
             body = json.loads(chosen.to_json())
             contents[name] = (json.dumps({**meta, "workload": body}, indent=1) + "\n").encode()
-        report.files = write_outputs(out, contents, force=force)
+        files = write_outputs(out, contents, force=force)
+    return replace(
+        report,
+        failure=found,
+        sglang_said=tuple(failure.sglang),
+        files=files,
+        shrunk_arrivals=(len(workload.arrivals), len(shrunk.arrivals)),
+    )
 
 
-def run_and_render(
+def run_soak(
     sglang_tree: str | None,
     steps: int,
     seed: int,
@@ -166,23 +173,21 @@ def run_and_render(
     core: str | None,
     fault: str | None,
     out: Path,
-    fmt: OutputFormat,
     *,
     force: bool = False,
     timings: bool = False,
-) -> tuple[str | RenderableType, int]:
-    """The command: a soak with a progress bar on a terminal, its report rendered, and the
-    exit code (0 clean, 1 found; bad input raises before, exit 2). Whatever SGLang prints on
-    standard output goes to standard error: standard output carries the report."""
+) -> SoakReport:
+    """The command: a soak with a progress bar on a terminal (bad input raises before it
+    runs, exit 2). Whatever SGLang prints on standard output goes to standard error:
+    standard output carries the report."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
-    from kvcanary_cli.render import render
     from kvcanary_cli.render.console import progress
 
     with (
         standard_output_on_standard_error(),
         progress(f"soaking SGLang for {steps} steps", 2) as tick,
     ):
-        report = soak(
+        return soak(
             sglang_tree=sglang_tree,
             steps=steps,
             seed=seed,
@@ -194,7 +199,6 @@ def run_and_render(
             timings=timings,
             progress=tick,
         )
-    return render(report, fmt), 1 if report.found else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from kvcanary_cli.dump.files import Target, check_targets, write_all_atomically
 from kvcanary_cli.errors import PathError
-from kvcanary_cli.results.soak import SOAK_FILES
+from kvcanary_cli.results.soak import SOAK_FILES, SoakFile
 
 __all__ = ["check_out", "scratch", "write_outputs"]
 
@@ -61,8 +61,8 @@ def scratch() -> Iterator[Path]:
 
 
 def write_outputs(
-    out: Path, contents: Mapping[str, Path | bytes], *, force: bool
-) -> dict[str, str]:
+    out: Path, contents: Mapping[SoakFile, Path | bytes], *, force: bool
+) -> dict[SoakFile, str]:
     """Write each of `contents` (by its `SOAK_FILES` name: a recorded file to copy, or bytes)
     into `out`, all or none; the paths written, by name. A folder made here for them is
     removed again when the files are not written."""

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.render.records.check import CheckRecord
-from kvcanary_cli.render.records.selftest import SelftestRecord
+from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.synth.scenarios import SCENARIOS
 from tests.conftest import InstallStandin
 from tests.helpers import UPSTREAM_RAISING_SCENARIOS
@@ -110,7 +110,7 @@ def test_selftest_without_sglang_agrees(no_sglang: None) -> None:
     code, out, err = run("selftest", "--format", "json")
     assert code == 0, err
     record = json.loads(out)
-    assert validate(record, SelftestRecord) == []
+    assert validate(record, SelftestReport) == []
     assert record["verdict"] == "agree"
     assert [p["name"] for p in record["planners"]] == ["vectorized", "triton"]
     assert record["sglang"] == {
@@ -128,7 +128,7 @@ def test_selftest_with_sglang(sglang_standin: InstallStandin) -> None:
     code, out, err = run("selftest", "--sglang", "--format", "json")
     assert code == 0, err
     record = json.loads(out)
-    assert validate(record, SelftestRecord) == []
+    assert validate(record, SelftestReport) == []
     assert record["sglang"]["installed"] == VERSION and record["sglang"]["run"]
     raises = {
         s["scenario"]: c["raised"]

@@ -43,6 +43,8 @@ class FakeSGLang:
     dumps_recorded: int = 0
     #: printed while loading, as SGLang prints (its radix tree on out-of-memory)
     chatter: bool = False
+    #: what SGLang's own checks say at a failing step
+    said: list[str] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -77,6 +79,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
         if state.finds and workload.arrivals:
             failure = Audit(step=steps, mode="plan", codes=["free-list-duplicate"])
             failure.top_cause = "double-free"
+            failure.sglang = list(state.said)
             if folder is not None:
                 state.dumps_recorded += 1
                 if state.interrupt_shrunk_dump and state.dumps_recorded == 2:
@@ -238,13 +241,13 @@ def test_json_is_a_versioned_documented_deterministic_record(
     fake: FakeSGLang, tmp_path: Path
 ) -> None:
     from kvcanary_cli import __version__
-    from kvcanary_cli.render.records.soak import SoakRecord
+    from kvcanary_cli.results.soak import SoakReport
     from tests.render.record_schema import validate
 
     code, first, err = _report("--out", str(tmp_path / "a"), "--seed", "3")
     assert code == 1, err
     record = json.loads(first)
-    assert validate(record, SoakRecord) == []
+    assert validate(record, SoakReport) == []
     assert record["schema"] == "kvcanary.soak/1"
     assert record["kvcanary_version"] == __version__
     assert record["seconds"] is None  # wall-clock time is opt-in
@@ -259,14 +262,14 @@ def test_json_is_a_versioned_documented_deterministic_record(
 
 
 def test_a_clean_record_matches_its_declaration(fake: FakeSGLang, tmp_path: Path) -> None:
-    from kvcanary_cli.render.records.soak import SoakRecord
+    from kvcanary_cli.results.soak import SoakReport
     from tests.render.record_schema import validate
 
     fake.finds = False
     code, text, err = _report("--out", str(tmp_path / "o"), "--steps", "200")
     assert code == 0, err
     record = json.loads(text)
-    assert validate(record, SoakRecord) == []
+    assert validate(record, SoakReport) == []
     assert record["found"] is False and record["failure"] is None and record["files"] == {}
 
 
@@ -284,14 +287,33 @@ def test_sglang_printing_to_stdout_stays_off_the_record(
 
 
 def test_markdown_is_markdown(fake: FakeSGLang, tmp_path: Path) -> None:
+    """A heading, the facts as a list, the failure as a table of one row (a `|` in what SGLang
+    said stays in its paragraph), the files as a list; clean: the heading and the verdict."""
+    from tests.render.md_tables import tables
+
+    fake.said = ["assert a | b"]
     code, text, err = soak("--out", str(tmp_path / "o"), "--format", "markdown")
     assert code == 1, err
-    assert text.startswith("## kvcanary soak")
-    assert "| " in text and "`double-free`" in text
+    blocks = text.split("\n\n")
+    assert blocks[0] == "## kvcanary soak: found double-free"
+    assert all(line.startswith("- ") for line in blocks[1].splitlines())
+    [(before, header, rows)] = tables(text)
+    assert before.startswith("FOUND at step ")
+    assert header == ["seed", "page size", "core", "step", "when", "codes", "cause", "fault"]
+    assert rows == [["0", "1", "python", "80", "plan", "free-list-duplicate", "double-free", "-"]]
+    assert "SGLang's own checks at that step: assert a \\| b" in blocks
+    files = blocks[blocks.index("### Files") + 1].splitlines()
+    assert [line.split(":")[0] for line in files] == [
+        "- dump",
+        "- shrunk_dump",
+        "- workload",
+        "- reproducer",
+    ]
     fake.finds = False
     code, text, err = soak("--out", str(tmp_path / "p"), "--format", "markdown")
     assert code == 0, err
-    assert text.startswith("## kvcanary soak")
+    assert text.startswith("## kvcanary soak: clean\n\n")
+    assert tables(text) == []
 
 
 # the budget

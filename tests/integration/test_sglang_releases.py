@@ -29,7 +29,6 @@ from kvcanary_cli.dump.releases import parse_release
 from kvcanary_cli.planners import make_selftest_planners
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.planners.sglang_runtime import load_launcher
-from kvcanary_cli.render.records.selftest import selftest_record
 from tests.helpers import VECTORIZED
 from tests.sglang_standin import forget_sglang
 from tests.sglang_wheel import RELEASES, WHEEL_VERSION, extract_release, missing_wheel, wheel_path
@@ -102,12 +101,10 @@ def test_kernel_sglang_agrees_and_raises_the_seeds_error(release: str) -> None:
 
 
 def test_selftest_sglang_agrees(release: str) -> None:
-    record = selftest_record(
-        run_selftest(
-            *make_selftest_planners(sglang=True), kvcanary_version="test", sglang_installed=release
-        )
+    report = run_selftest(
+        *make_selftest_planners(sglang=True), kvcanary_version="test", sglang_installed=release
     )
-    assert record["verdict"] == "agree", record["summary"]
+    assert report.verdict == "agree", report.summary
 
 
 def test_the_hook_finds_the_launcher_and_stamps_the_release(

@@ -27,7 +27,6 @@ from kvcanary_cli.planners import make_selftest_planners
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.planners.sglang_runtime import load_launcher, load_reference_launcher
 from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED
-from kvcanary_cli.render.records.selftest import selftest_record
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import NOT_HANDED_TO_SGLANG, STRICT, UPSTREAM_RAISING_SCENARIOS, VECTORIZED
 from tests.planners.plan_helpers import assert_plans_equal
@@ -129,28 +128,26 @@ def test_the_truncated_lut_raise_is_kvcanarys_first_raise(real_sglang: Path) -> 
 
 
 def test_selftest_agrees_and_lists_the_raises(real_sglang: Path) -> None:
-    record = selftest_record(
-        run_selftest(
-            *make_selftest_planners(sglang=True),
-            kvcanary_version="test",
-            sglang_installed=WHEEL_VERSION,
-        )
+    report = run_selftest(
+        *make_selftest_planners(sglang=True),
+        kvcanary_version="test",
+        sglang_installed=WHEEL_VERSION,
     )
-    assert record["verdict"] == "agree", record["summary"]
+    assert report.verdict == "agree", report.summary
     raised = {}
-    for scenario in record["scenarios"]:
-        for group in scenario["groups"]:
-            (sglang,) = [c for c in group["comparisons"] if c["planner"] == "sglang"]
-            if sglang["not_launched"]:
-                assert scenario["scenario"] in NOT_HANDED_TO_SGLANG
+    for scenario in report.scenarios:
+        for group in scenario.groups:
+            (sglang,) = [c for c in group.comparisons if c.planner == "sglang"]
+            if sglang.not_launched:
+                assert scenario.scenario in NOT_HANDED_TO_SGLANG
                 continue
-            assert sglang["agree"] and sglang["raised"] == sglang["expected_raise"]
-            if sglang["raised"]:
-                assert group["ref_raise"] is not None
-                assert group["ref_raise"]["error"] == sglang["raised"]
-                raised[scenario["scenario"]] = sglang["raised"]
-            elif scenario["clean"]:
-                assert set(sglang["fields"].values()) == {"agree"}
+            assert sglang.agree and sglang.raised == sglang.expected_raise
+            if sglang.raised:
+                assert group.ref_raise is not None
+                assert group.ref_raise.error == sglang.raised
+                raised[scenario.scenario] = sglang.raised
+            elif scenario.clean:
+                assert set(sglang.fields.values()) == {"agree"}
     assert set(raised) == UPSTREAM_RAISING_SCENARIOS
 
 

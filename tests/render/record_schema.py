@@ -29,12 +29,12 @@ from kvcanary_cli.render.records.check import CheckRecord
 from kvcanary_cli.render.records.columns import IntColumn
 from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
-from kvcanary_cli.render.records.selftest import SelftestRecord
-from kvcanary_cli.render.records.soak import SoakRecord
 from kvcanary_cli.render.records.timeline import TimelineRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
 from kvcanary_cli.results.plan import PlanSummary
 from kvcanary_cli.results.record import record_keys
+from kvcanary_cli.results.selftest import SelftestReport
+from kvcanary_cli.results.soak import SoakReport
 
 __all__ = ["RECORDS", "declared_keys", "is_declaration", "nested_typeddicts", "validate"]
 
@@ -45,9 +45,9 @@ RECORDS: dict[str, Any] = {
     "kvcanary.violations/1": ViolationsRecord,
     "kvcanary.inspect/2": InspectRecord,
     "kvcanary.plan/1": PlanSummary,
-    "kvcanary.selftest/1": SelftestRecord,
+    "kvcanary.selftest/1": SelftestReport,
     "kvcanary.timeline/1": TimelineRecord,
-    "kvcanary.soak/1": SoakRecord,
+    "kvcanary.soak/1": SoakReport,
 }
 
 

@@ -29,8 +29,8 @@ from typing import Any, ForwardRef, Literal, Union, get_args, get_origin
 
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode
 from kvcanary_cli.render.records.check import PlanValueName
-from kvcanary_cli.render.records.selftest import PlanField
 from kvcanary_cli.render.records.violations import RowOrigin
+from kvcanary_cli.results.selftest import PlanField
 from tests.render.record_schema import RECORDS, declared_keys, is_declaration, nested_typeddicts
 
 __all__ = ["DOC", "MARKER", "declarations", "generate", "render_doc", "value_set"]

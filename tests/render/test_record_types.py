@@ -12,7 +12,7 @@ from kvcanary_cli.analysis.selftest import FIELDS
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners import BACKENDS
-from kvcanary_cli.planners.base import ProblemKind, ProblemRole, Semantics
+from kvcanary_cli.planners.base import ProblemKind, ProblemRole
 from kvcanary_cli.planners.triton_runtime import Mode
 from kvcanary_cli.render.records.check import KernelMode, KernelName
 from kvcanary_cli.render.records.common import (
@@ -21,7 +21,6 @@ from kvcanary_cli.render.records.common import (
     GroupName,
     SpaceName,
 )
-from kvcanary_cli.render.records.selftest import PlanField, SemanticsName
 from kvcanary_cli.render.records.violations import (
     BufferName,
     OwnerRecord,
@@ -29,6 +28,7 @@ from kvcanary_cli.render.records.violations import (
 )
 from kvcanary_cli.results.cells import Role, Space
 from kvcanary_cli.results.plan import BackendName, ProblemKindName, ProblemRoleName
+from kvcanary_cli.results.selftest import PlanField
 from kvcanary_cli.results.violations import OwnerKind
 from tests.render.record_schema import declared_keys
 
@@ -36,11 +36,10 @@ from tests.render.record_schema import declared_keys
 @pytest.mark.parametrize(
     ("literal", "enum"),
     [
-        (SemanticsName, Semantics),
         (GroupName, Group),
         (SpaceName, Space),
     ],
-    ids=["Semantics", "Group", "Space"],
+    ids=["Group", "Space"],
 )
 def test_literals_mirror_the_model_enums(literal: Any, enum: Any) -> None:
     """Same values, in the enum's order (findings.md's table order)."""

@@ -1,52 +1,54 @@
-"""The Markdown view of a `kvcanary.selftest/1` record: the one to paste into an issue when
-kvcanary and an SGLang disagree."""
+"""The Markdown view of a selftest (the `kvcanary.selftest/1` record): the one to paste into an
+issue when kvcanary and an SGLang disagree."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvcanary_cli.render.markdown.blocks import code, table, text
-from kvcanary_cli.render.phrases.selftest import (
+from kvcanary_cli.render.table.selftest import (
     agreement_rows,
     difference_value,
     differences_found,
     selftest_verdict,
     sglang_line,
 )
-from kvcanary_cli.render.records.selftest import SelftestRecord
 from kvcanary_cli.safe_text import printable_record
+
+if TYPE_CHECKING:  # the selftest plans synthetic dumps: `kvcanary --help` does not import it
+    from kvcanary_cli.results.selftest import SelftestReport
 
 __all__ = ["selftest_markdown"]
 
 
-def selftest_markdown(record: SelftestRecord) -> str:
+def selftest_markdown(report: SelftestReport) -> str:
     """Facts, the verdict, the agreement table and the differences, as GitHub Markdown."""
-    record = printable_record(record)
-    title = "agreement" if record["verdict"] == "agree" else "disagreement"
+    report = printable_record(report)
+    title = "agreement" if report.verdict == "agree" else "disagreement"
     facts = [
-        f"kvcanary {text(record['kvcanary_version'])} · `{record['schema']}`",
-        text(sglang_line(record)),
-        f"scenarios: {record['summary']['scenarios']} (size {text(record['size'])}, "
-        f"seed {record['seed']})",
-        "compared: "
-        + "; ".join(f"{code(p['name'])} vs {code(p['baseline'])}" for p in record["planners"]),
+        f"kvcanary {text(report.kvcanary_version)} · `{report.SCHEMA}`",
+        text(sglang_line(report)),
+        f"scenarios: {report.summary.scenarios} (size {text(report.size)}, seed {report.seed})",
+        "compared: " + "; ".join(f"{code(p.name)} vs {code(p.baseline)}" for p in report.planners),
     ]
     parts = [
         f"## kvcanary selftest: {title}",
         "\n".join(f"- {fact}" for fact in facts),
-        text(selftest_verdict(record)),
+        text(selftest_verdict(report)),
         table(
             [
                 "scenario",
                 "group",
-                *[p["name"] for p in record["planners"]],
+                *[p.name for p in report.planners],
                 "SGLang's reference raises at",
             ],
             [
                 [code(scenario), code(group), *[text(c) for c in cells], text(raises)]
-                for scenario, group, cells, raises in agreement_rows(record)
+                for scenario, group, cells, raises in agreement_rows(report)
             ],
         ),
     ]
-    found = differences_found(record)
+    found = differences_found(report)
     if found:
         parts.append("### Differences (first per field)")
         parts.append(
@@ -56,9 +58,9 @@ def selftest_markdown(record: SelftestRecord) -> str:
                     [
                         code(scenario),
                         code(group),
-                        code(c["planner"]),
-                        code(d["field"]),
-                        text(d["index"]),
+                        code(c.planner),
+                        code(d.field),
+                        text(d.index),
                         text(difference_value(d, "baseline")),
                         text(difference_value(d, "planner")),
                     ]
