@@ -135,9 +135,11 @@ def timeline() -> TimelineReport:
         )
         for i in range(2)
     )
-    steps = {"from_dump": 0, "to_dump": 1, "after_step": 1, "at_step": 2}
     interval = TimelineInterval(
-        **steps,
+        from_dump=0,
+        to_dump=1,
+        after_step=1,
+        at_step=2,
         born=(),
         grew=(),
         finished=(),
@@ -150,7 +152,10 @@ def timeline() -> TimelineReport:
         owner_changes=columns("old_pool_row", "old_position"),
     )
     event = TimelineEvent(
-        **steps,
+        from_dump=0,
+        to_dump=1,
+        after_step=1,
+        at_step=2,
         kind=EventKind.USE_AFTER_FREE,
         cause=CauseCode.USE_AFTER_FREE,
         space=Space.FULL,
