@@ -75,10 +75,7 @@ def render(
                 record = violations_record(result, max_rows=max_rows)  # type: ignore[arg-type]
         case "timeline":
             from kvcanary_cli.render.markdown.timeline import timeline_markdown as markdown
-            from kvcanary_cli.render.records.timeline import timeline_record
             from kvcanary_cli.render.table.timeline import timeline_table as table
-
-            record = timeline_record(result)  # type: ignore[arg-type]
         case "inspect":
             from kvcanary_cli.render.markdown.inspect import inspect_markdown as markdown
             from kvcanary_cli.render.records.inspect import inspect_record

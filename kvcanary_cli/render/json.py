@@ -12,7 +12,7 @@ import json
 import secrets
 from collections.abc import Mapping
 
-from kvcanary_cli.render.records.columns import IntColumn
+from kvcanary_cli.results.columns import IntColumn
 
 __all__ = ["INLINE_AFTER", "to_json"]
 

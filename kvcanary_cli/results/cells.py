@@ -228,6 +228,21 @@ class CellColumns:
         held = self._columns.get(name) or self._extra.get(name)
         return None if held is None else held.values
 
+    def __record__(self) -> dict[str, object]:
+        """Its JSON form: `batch_row`, `pool_row`, `position`, `slot` (null without one) and
+        `extra` by name, each an `IntColumn` over the column as held, so no cell becomes a
+        Python int before JSON writes it."""
+        from kvcanary_cli.results.columns import IntColumn
+
+        held = {name: IntColumn(column.values) for name, column in self._columns.items()}
+        return {
+            "batch_row": held["batch_row"],
+            "pool_row": held["pool_row"],
+            "position": held["position"],
+            "slot": held.get("slot"),
+            "extra": {name: IntColumn(self._extra[name].values) for name in sorted(self._extra)},
+        }
+
     def without_slot(self) -> CellColumns:
         """The same cells without a slot column (a finding about a cell's other reads)."""
         return self._built({k: v for k, v in self._columns.items() if k != "slot"}, self._extra)

@@ -15,6 +15,7 @@ import functools
 import types
 from collections.abc import Iterator, Sequence
 from typing import (
+    Annotated,
     Any,
     ForwardRef,
     Literal,
@@ -26,15 +27,15 @@ from typing import (
 )
 
 from kvcanary_cli.render.records.check import CheckRecord
-from kvcanary_cli.render.records.columns import IntColumn
 from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
-from kvcanary_cli.render.records.timeline import TimelineRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
+from kvcanary_cli.results.columns import IntColumn
 from kvcanary_cli.results.plan import PlanSummary
 from kvcanary_cli.results.record import record_keys
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.results.soak import SoakReport
+from kvcanary_cli.results.timeline import TimelineReport
 
 __all__ = ["RECORDS", "declared_keys", "is_declaration", "nested_typeddicts", "validate"]
 
@@ -46,7 +47,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.inspect/2": InspectRecord,
     "kvcanary.plan/1": PlanSummary,
     "kvcanary.selftest/1": SelftestReport,
-    "kvcanary.timeline/1": TimelineRecord,
+    "kvcanary.timeline/1": TimelineReport,
     "kvcanary.soak/1": SoakReport,
 }
 
@@ -62,20 +63,22 @@ def declared_keys(declaration: Any) -> dict[str, Any]:
 
     A TypedDict's keys are its annotations (inherited ones first); a result dataclass' are
     `schema` (when it names one), its recorded fields, then its `@recorded` properties
-    (`results.record.record_keys`)."""
+    (`results.record.record_keys`). A field of a type with a JSON form of its own
+    (`__record__`) is `Annotated` with that form's declaration: the key has the declaration."""
     if is_typeddict(declaration):
         return get_type_hints(declaration)
-    hints = get_type_hints(declaration)
+    hints = get_type_hints(declaration, include_extras=True)
     keys: dict[str, Any] = {}
     schema = getattr(declaration, "SCHEMA", None)
     if isinstance(schema, str):
         keys["schema"] = Literal[schema]
     for name, item in record_keys(declaration):
-        keys[name] = (
+        tp = (
             hints[name]
             if isinstance(item, dataclasses.Field)
             else (get_type_hints(item.fget)["return"])
         )
+        keys[name] = tp.__metadata__[0] if get_origin(tp) is Annotated else tp
     return keys
 
 

@@ -5,7 +5,8 @@ stand for 153,344 cells each, of which the views show a handful and count the re
 view allocates is measured with `tracemalloc` while it is built and drawn (a bound on memory,
 never a wall time): it once built every cell as Python ints, then copied the record to make it
 printable (3.9 GB at 9.8 M cells); JSON, which lists every cell, writes the columns from their
-arrays a piece at a time.
+arrays a piece at a time. A timeline's event and owner changes of a million cells each: its
+views read the few they show (they built the whole record first: 589 MiB).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kvcanary_cli.render import render
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.provenance import ProvenanceReport
+from kvcanary_cli.results.timeline import TimelineReport
 from tests.helpers import one_slot_shrunk_dump
 
 ROWS, WIDTH = 256, 600
@@ -93,3 +95,96 @@ def test_json_lists_every_cell_from_the_arrays(provenance: ProvenanceReport) -> 
         assert group.cells is not None
         assert finding["cells"]["position"] == group.cells.position.tolist()
         assert finding["cells"]["slot"] == [7] * group.count
+
+
+#: A timeline event (and an interval's owner changes) of a million cells.
+TIMELINE_CELLS = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def timeline() -> TimelineReport:
+    """Two dumps, one interval whose owner changes and one use-after-free event each stand
+    for `TIMELINE_CELLS` cells."""
+    import numpy as np
+
+    from kvcanary_cli.catalog import CauseCode, EventKind
+    from kvcanary_cli.results.cells import CellColumns, Space
+    from kvcanary_cli.results.timeline import TimelineDump, TimelineEvent, TimelineInterval
+
+    cell = np.arange(TIMELINE_CELLS, dtype=np.int64)
+
+    def columns(*extra: str) -> CellColumns:
+        named = {name: cell + k for k, name in enumerate(extra)}
+        return CellColumns(batch_row=cell, pool_row=cell, position=cell, slot=cell, extra=named)
+
+    dumps = tuple(
+        TimelineDump(
+            index=i,
+            path=f"d{i}.safetensors",
+            step=i + 1,
+            identity={},
+            bs=1,
+            requests=1,
+            live_cells=TIMELINE_CELLS,
+            free_full_slots=None,
+            leaked_swa_pages=None,
+            leak_note=None,
+            finding_cells=None,
+            worst=None,
+            shrunk=False,
+        )
+        for i in range(2)
+    )
+    interval = TimelineInterval(
+        from_dump=0,
+        to_dump=1,
+        after_step=1,
+        at_step=2,
+        born=(),
+        grew=(),
+        finished=(),
+        reused=(),
+        resumed=(),
+        unchanged=1,
+        tokens_added=0,
+        allocated_from_free=0,
+        allocated_unseen=0,
+        owner_changes=columns("old_pool_row", "old_position"),
+    )
+    event = TimelineEvent(
+        from_dump=0,
+        to_dump=1,
+        after_step=1,
+        at_step=2,
+        kind=EventKind.USE_AFTER_FREE,
+        cause=CauseCode.USE_AFTER_FREE,
+        space=Space.FULL,
+        cells=columns("page"),
+        pages=(),
+        findings=(),
+        message="a page of a running request put back on the free list",
+    )
+    return TimelineReport(
+        rank="0", dumps=dumps, intervals=(interval,), events=(event,), findings=(), checked=False
+    )
+
+
+@pytest.mark.parametrize("fmt", [OutputFormat.TABLE, OutputFormat.MARKDOWN])
+def test_a_timeline_view_allocates_what_it_shows(
+    timeline: TimelineReport, fmt: OutputFormat
+) -> None:
+    peak, text = _allocated(lambda: render(timeline, fmt, max_rows=8))
+    assert f"{TIMELINE_CELLS - 8} more" in text  # the event's cells and the owner changes
+    assert peak < VIEW_BYTES, f"{peak / 2**20:.1f} MiB"
+
+
+def test_timeline_json_lists_every_cell(timeline: TimelineReport) -> None:
+    text = render(timeline, OutputFormat.JSON)
+    assert isinstance(text, str)
+    record = json.loads(text)
+    (event,) = record["events"]
+    assert event["count"] == TIMELINE_CELLS and event["cells"]["extra"]["page"][-1] == (
+        TIMELINE_CELLS - 1
+    )
+    changes = record["intervals"][0]["owner_changes"]
+    assert changes["extra"]["old_position"] == list(range(1, TIMELINE_CELLS + 1))

@@ -1,0 +1,83 @@
+"""`IntColumn`: a cell column of a record, as a read-only sequence of ints over the analysis'
+numpy array (`CellColumns.__record__` gives its columns as these).
+
+A finding group may stand for millions of cells. Its record carries every one (JSON lists
+them all), but a table or Markdown view shows a few and counts the rest: a column that turned
+every cell into a Python int before a view read three of them cost gigabytes for kilobytes of
+output. So a record's cell column wraps the array: an entry read is converted when read, a
+view that needs the whole column computes over the array (`numpy.asarray(column)`, no copy),
+and JSON writes it in pieces (`json_text`). numpy is imported only when a column is built or
+read: `kvcanary --help` never loads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["IntColumn"]
+
+#: Entries converted to Python ints at a time when a column is iterated or written as JSON.
+_PIECE = 1 << 16
+
+
+class IntColumn(Sequence[int]):
+    """The entries of a one-dimensional integer array as a read-only `Sequence[int]`."""
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        import numpy as np
+
+        return np.asarray(self._array, dtype=dtype)
+
+    def __len__(self) -> int:
+        return int(self._array.shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> IntColumn: ...
+    def __getitem__(self, index: int | slice) -> int | IntColumn:
+        if isinstance(index, slice):
+            return IntColumn(self._array[index])
+        return int(self._array[index])
+
+    def __iter__(self) -> Iterator[int]:
+        for start in range(0, len(self), _PIECE):
+            yield from self._array[start : start + _PIECE].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a column or a list of the same ints, in order."""
+        import numpy as np
+
+        if isinstance(other, IntColumn):
+            return bool(np.array_equal(self._array, other._array))
+        if isinstance(other, list | tuple):
+            return len(other) == len(self) and self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a list, which has no hash
+
+    def __repr__(self) -> str:
+        """Short, whatever the length: `printable_record` reads a record's repr to learn
+        whether any string needs escaping (an int never does)."""
+        return f"IntColumn(<{len(self)} ints>)"
+
+    def tolist(self) -> list[int]:
+        """Every entry as a Python int (what a JSON parser gives back)."""
+        return list(self)
+
+    def json_text(self) -> str:
+        """The column as a compact JSON list, `[1,2,3]`, converted a piece at a time."""
+        pieces = (
+            ",".join(map(str, self._array[start : start + _PIECE].tolist()))
+            for start in range(0, len(self), _PIECE)
+        )
+        return "[" + ",".join(pieces) + "]"
