@@ -47,8 +47,9 @@ ALLOWED = {
     "canary": {"safe_text", "catalog", "errors", "dump", "planners", "canary"},
     # serving states and scenarios: they stamp canary records and rings
     "synth": {"safe_text", "catalog", "errors", "option_values", "dump", "canary", "synth"},
-    # the commands' typed results: data and small derived properties, no analysis
-    "results": {"safe_text", "catalog", "errors", "dump", "planners", "canary", "results"},
+    # the commands' typed results: data and small derived properties, no analysis; "" for
+    # __version__ (a record names the kvcanary that made it)
+    "results": {"safe_text", "catalog", "errors", "dump", "planners", "canary", "results", ""},
     "analysis": _DATA | {"analysis"},
     # the commands' typed results it builds records from (and the shrink record they hold);
     # "" = the package root, for __version__

@@ -1,5 +1,5 @@
 """`IntColumn`: a cell column of a record, as a read-only sequence of ints over the analysis'
-numpy array.
+numpy array (`CellColumns.__record__` gives its columns as these).
 
 A finding group may stand for millions of cells. Its record carries every one (JSON lists
 them all), but a table or Markdown view shows a few and counts the rest: a column that turned
