@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.results.check import Assumption, Finding
@@ -14,10 +15,10 @@ __all__ = ["assumptions_of"]
 
 def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:
     """The derived scalars findings rest on, with what to record to decide them."""
-    decides: dict[str, Counter[str]] = {}
+    decides: dict[str, Counter[FindingCode]] = {}
     for f in findings:
         for name in f.assumes:
-            decides.setdefault(name, Counter())[f.code.value] += f.count
+            decides.setdefault(name, Counter())[f.code] += f.count
     out = []
     for name, counts in decides.items():
         scalar = dump.scalars[name]

@@ -23,6 +23,8 @@ finding about slots (not table cells) keeps -1 in its cells' coordinate columns.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from kvcanary_cli.analysis.cells import distinct
@@ -33,7 +35,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.results.cells import CellColumns, Role, Space
-from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
     "free_list_findings",
@@ -134,7 +136,7 @@ def _slot_finding(
         space=space,
         slot=first,
         message=message,
-        details=facts,
+        details=cast(dict[str, JsonValue], facts),
         cells=cells,
     )
 

@@ -11,6 +11,8 @@ carries the rows SGLang would record and the whole explanation.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from kvcanary_cli.analysis.provenance import LiveCells
@@ -30,7 +32,7 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.results.cells import CellColumns, Role, Space
-from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.check import Finding, JsonValue
 from kvcanary_cli.results.violations import CAUSES, Explanations, explanation_text
 
 __all__ = ["canary_findings"]
@@ -122,7 +124,7 @@ def _group(
         position=int(rows.expected_position[i]),
         role=Role.VERIFY,
         message=message,
-        details=details,
+        details=cast(dict[str, JsonValue], details),
         cells=cells,
         canary_cause=cause or None,
         prev_slot=int(rows.prev_slot[i]),

@@ -152,7 +152,7 @@ def _where(fs: list[Finding]) -> str:
     return "; ".join(dict.fromkeys(n for n in (numbers(f) for f in fs[:2]) if n))
 
 
-def counted(explains: dict[str, int]) -> str:
+def counted(explains: dict[FindingCode, int]) -> str:
     """`2 free-list-duplicate entries, 1 swa-page-leaked page`: counts in their units."""
     return ", ".join(
         f"{n} {code} {cell_unit(FindingCode(code), n)}" for code, n in explains.items()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal, cast
 
 import numpy as np
 
@@ -67,7 +68,17 @@ from kvcanary_cli.planners.host_parallel import stop_children, usable_cores
 from kvcanary_cli.planners.staging import StagingTooLargeError
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.cells import CellColumns, SlotProvenance, Space
-from kvcanary_cli.results.check import CheckReport, DumpReport, Finding, GroupSummary, ScalarValue
+from kvcanary_cli.results.check import (
+    CheckReport,
+    DumpReport,
+    Finding,
+    GroupSummary,
+    KernelMode,
+    KernelName,
+    PlanValueName,
+    ScalarOrigin,
+    ScalarValue,
+)
 
 __all__ = [
     "CollectedFindings",
@@ -126,16 +137,18 @@ def run_check(
         identity=dump.identity,
         bs=dump.bs,
         groups=summaries,
-        findings=tuple(sorted(findings, key=Finding.order_key)),
+        findings=tuple(findings),  # the report sorts them
         notes=(*dump.notes, *unaudited(dump), *reconciliation_notes(dump), *stand_ins),
-        kernel_mode=kernel.mode if kernel else None,
+        kernel_mode=cast(KernelMode | None, kernel.mode if kernel else None),
         diagnosis=causes,
         requests=requests,
         first_raise=raised,
         recorded_exception=recorded,
         recorded_exception_matches=matches,
         scalars=tuple(
-            ScalarValue(name=s.name, value=s.value, origin=s.origin, source=s.source)
+            ScalarValue(
+                name=s.name, value=s.value, origin=cast(ScalarOrigin, s.origin), source=s.source
+            )
             for s in dump.scalars.values()
         ),
         assumptions=assumptions,
@@ -261,10 +274,15 @@ def _collect(
                 window=plan.window,
                 total_verify=plan.total_verify,
                 verify_capacity=plan.verify_capacity,
-                enable=plan.enable,
-                kernel=kernel.name if kernel else "none",
-                explained_differences=comparison.explained if comparison else {},
-                explained_by_field=comparison.explained_by_field if comparison else {},
+                enable=cast(Literal[0, 1], plan.enable),
+                kernel=cast(KernelName, kernel.name if kernel else "none"),
+                explained_differences=cast(
+                    dict[FindingCode, int], comparison.explained if comparison else {}
+                ),
+                explained_by_field=cast(
+                    dict[FindingCode, dict[PlanValueName, int]],
+                    comparison.explained_by_field if comparison else {},
+                ),
                 unexplained_differences=len(comparison.divergences) if comparison else 0,
                 kernel_launch_error=None if kernel_plan is None else kernel_plan.launch_error,
             )

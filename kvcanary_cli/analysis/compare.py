@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from kvcanary_cli.analysis.kernel_raise import launch_divergences
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
-from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = ["PlanComparison", "compare_plans"]
 
@@ -118,7 +119,10 @@ def compare_plans(reference: Plan, kernel: Plan) -> PlanComparison:
                 code=FindingCode.KERNEL_DIVERGENCE,
                 group=group,
                 message=f"{what}: reference {ref_value}, kernel {kernel_value}",
-                details={"field": what, "reference": ref_value, "kernel": kernel_value},
+                details=cast(
+                    dict[str, JsonValue],
+                    {"field": what, "reference": ref_value, "kernel": kernel_value},
+                ),
                 batch_row=batch_row,
                 position=position,
             )

@@ -82,7 +82,7 @@ class _Claim:
     #: findings with cells claimed, in claim order (their messages are default evidence).
     members: list[int]
     #: finding code -> cells claimed.
-    explains: Counter[str] = field(default_factory=Counter)
+    explains: Counter[FindingCode] = field(default_factory=Counter)
 
 
 _CAUSES = list(CauseCode)
@@ -119,7 +119,7 @@ class _Diagnosis:
             return
         entry = self.claims.setdefault(code, _Claim(code, confidence, [], []))
         entry.members.append(index)
-        entry.explains[self.findings[index].code.value] += taken
+        entry.explains[self.findings[index].code] += taken
         causes[free] = _CAUSES.index(code)
 
     def free(self, index: int) -> np.ndarray:
@@ -182,7 +182,7 @@ def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
         confidence=entry.confidence,
         summary=CAUSES[entry.code].summary,
         evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
-        explains=dict(sorted(entry.explains.items(), key=lambda kv: FindingCode(kv[0]).order)),
+        explains=dict(sorted(entry.explains.items(), key=lambda kv: kv[0].order)),
         fix=CAUSES[entry.code].fix,
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from kvcanary_cli.dump.schema import SCALARS, Group, dtype_label
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, Space
-from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
     "batch_findings",
@@ -223,10 +224,13 @@ def _cell_records(
                 role=(role(first) if role else None)
                 or (Role.PENDING_WRITE if cells.pending[first] else Role.VERIFY),
                 message=message(first) if one else run_what,
-                details={
-                    **(shared_details(first) if shared_details else {}),
-                    **(details(first) if details and one else {}),
-                },
+                details=cast(
+                    dict[str, JsonValue],
+                    {
+                        **(shared_details(first) if shared_details else {}),
+                        **(details(first) if details and one else {}),
+                    },
+                ),
                 full_slots=full_slots(first) if full_slots else (),
                 cells=cell_columns,
             )

@@ -78,6 +78,8 @@ def mark_upstream_raise(findings: list[Finding], reference: Plan, kernel: Plan) 
         site = None if finding.upstream_raise is not None else _site(finding, reference, kernel)
         if site is not None:
             text = str(error)
-            out[i] = replace(site, upstream_raise=text)
+            out[i] = replace(
+                site, upstream_raise=text, details={**site.details, UPSTREAM_RAISE: text}
+            )
             break
     return out

@@ -17,6 +17,8 @@ allocated cells: no loop per slot.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages
@@ -25,7 +27,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import distinct
 from kvcanary_cli.results.cells import CellColumns, Space
-from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = ["full_leaks", "pool_leak_findings", "printed_counts", "reconciliation_notes"]
 
@@ -164,7 +166,7 @@ def pool_leak_findings(dump: KvDump) -> list[Finding]:
             space=Space.FULL,
             message=message,
             slot=first,
-            details=details,
+            details=cast(dict[str, JsonValue], details),
             cells=cells,
         )
     ]

@@ -20,13 +20,15 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.frame import GroupFrame
 from kvcanary_cli.results.cells import (
-    CanaryRecord,
+    AllocatorState,
+    CanaryEntry,
     Cell,
+    CellRole,
     NarrowColumn,
+    RingRow,
     Role,
     SlotProvenance,
     Space,
-    ViolationRow,
     WideColumn,
 )
 from kvcanary_cli.results.check import Finding
@@ -164,7 +166,7 @@ def live_cells(dump: KvDump) -> LiveCells:
 
 def cell_role(
     dump: KvDump, frame: GroupFrame, batch_row: int | None, position: int
-) -> tuple[Role, bool]:
+) -> tuple[CellRole, bool]:
     """(role, is_seed) of a cell at `position` of the pool row used by `batch_row`, with the
     window of `frame`'s group."""
     if batch_row is None:
@@ -627,7 +629,7 @@ def _allocator_state(
     slot: int,
     known: np.ndarray | None = None,
     pool: int | None = None,
-) -> str | None:
+) -> AllocatorState | None:
     """`free`, `in use`, `beyond the pool` (outside the `pool` slots the allocator hands out:
     never "in use"), `unknown (not kept)`, or None without a free list."""
     if free is None:
@@ -641,7 +643,7 @@ def _allocator_state(
     return "free" if _free_list(free).holds(free, slot) else "in use"
 
 
-def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, ...]:
+def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryEntry, ...]:
     records = []
     for name, buffer in sorted(dump.canary_buffers.items()):
         if not name.startswith(f"canary.{space}.") or not 0 <= slot < buffer.shape[0]:
@@ -653,7 +655,7 @@ def _canary_records(dump: KvDump, space: str, slot: int) -> tuple[CanaryRecord, 
             continue  # a shrunk dump that did not keep this record
         fields = raw.astype(np.uint8).view("<i8")
         records.append(
-            CanaryRecord(
+            CanaryEntry(
                 buffer=name,
                 token=int(fields[0]),
                 position=int(fields[1]),
@@ -680,7 +682,7 @@ def _ring_rows(ring: np.ndarray, write_index: int) -> np.ndarray:
     return rows
 
 
-def _violations(dump: KvDump, slot: int, *, swa: bool) -> tuple[tuple[ViolationRow, ...], int]:
+def _violations(dump: KvDump, slot: int, *, swa: bool) -> tuple[tuple[RingRow, ...], int]:
     """The first ring rows (docs/canary.md §4) whose slot is `slot`, in that slot's space,
     and how many there are."""
     ring = dump.violation_ring
@@ -692,7 +694,7 @@ def _violations(dump: KvDump, slot: int, *, swa: bool) -> tuple[tuple[ViolationR
         (rows[:, 1] == slot) & (((tags >= _SWA_TAGS.start) & (tags < _SWA_TAGS.stop)) == swa)
     )
     shown = tuple(
-        ViolationRow(index=int(i), fields=tuple(int(x) for x in rows[i]))
+        RingRow(index=int(i), fields=tuple(int(x) for x in rows[i]))
         for i in mine[:VIOLATION_ROWS_SHOWN]
     )
     return shown, int(mine.size)

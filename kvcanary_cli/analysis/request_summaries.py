@@ -43,7 +43,7 @@ def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSumm
                 pool_row=int(rpi[batch_row]),
                 prefix_len=int(prefix[batch_row]),
                 extend_len=int(extend[batch_row]),
-                counts={codes[c].value: int(per_code[c]) for c in np.flatnonzero(per_code)},
+                counts={codes[c]: int(per_code[c]) for c in np.flatnonzero(per_code)},
                 first_bad_position=None if bad == np.iinfo(np.int64).max else bad,
             )
         )

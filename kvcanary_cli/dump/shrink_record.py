@@ -38,15 +38,16 @@ def safe_file_name(name: str, default: str = "DUMP.safetensors") -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TensorCut:
-    """What shrinking did to one tensor of the original: elements kept and dropped, rows."""
+    """What shrinking did to one tensor of the original (a record: its fields are the keys of
+    a report's `shrunk.tensors`)."""
 
     name: str
-    #: the original shape.
+    #: its shape in the original
     shape: tuple[int, ...]
     kept: int
     dropped: int
     dropped_bytes: int
-    #: rows of a 2-D tensor, and how many hold a kept element (None for 1-D tensors).
+    #: 2-D tensors: rows, and rows holding a kept element
     rows: int | None = None
     kept_rows: int | None = None
 

@@ -49,12 +49,10 @@ def render(
     match schema:
         case "check":
             from kvcanary_cli.render.markdown.check import check_markdown as markdown
-            from kvcanary_cli.render.records.check import check_record
             from kvcanary_cli.render.table.check import check_table, verdict_lines
 
-            if quiet:  # counts only: no record per finding, whatever the number of cells
-                return verdict_lines(check_record(result, findings=False))  # type: ignore[arg-type]
-            record = check_record(result)  # type: ignore[arg-type]
+            if quiet:  # counts only: no finding read, whatever the number of cells
+                return verdict_lines(result)  # type: ignore[arg-type]
 
             def table(r: Any, **kw: Any) -> RenderableType:
                 return check_table(r, errors_on_stderr=to_stdout, **kw)

@@ -1,29 +1,36 @@
 """A slot and the cells holding it: the vocabulary the commands' results share.
 
 Which pool a slot indexes (`Space`), what a cell is to the batch (`Role`), one cell (`Cell`),
-a finding group's cells as columns (`CellColumns`), and where a slot lives (`SlotProvenance`,
-with its canary records and violation-ring rows).
+a finding group's cells as columns (`CellColumns`, its record `CellColumnsRecord`) and where
+they lie (`Span`), and where a slot lives (`SlotProvenance`, with its canary entries and
+violation-ring rows). The dataclasses are records: their fields are the JSON keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, TypedDict
+
+from kvcanary_cli.results.columns import IntColumn
 
 if TYPE_CHECKING:  # numpy is imported where cells are handled: `--help` never loads it
     import numpy as np
 
 __all__ = [
-    "CanaryRecord",
+    "AllocatorState",
+    "CanaryEntry",
     "Cell",
     "CellColumns",
+    "CellColumnsRecord",
+    "CellRole",
     "NarrowColumn",
+    "RingRow",
     "Role",
     "SlotProvenance",
     "Space",
-    "ViolationRow",
+    "Span",
     "WideColumn",
 ]
 
@@ -62,28 +69,37 @@ class Role(StrEnum):
 _LIVE_ROLES = frozenset({Role.VERIFY, Role.PREFIX, Role.CHAIN_PREV, Role.PENDING_WRITE})
 
 
+#: A `req_to_token` cell's role in the batch (docs/findings.md, "Roles").
+CellRole = Literal[
+    Role.VERIFY, Role.PREFIX, Role.CHAIN_PREV, Role.PENDING_WRITE, Role.STALE_TAIL, Role.IDLE_ROW
+]
+#: A slot on the allocator's free list, or not (in use), or no slot of the pool at all
+#: (negative, or >= the pool size); unknown where a shrunk dump did not keep it.
+AllocatorState = Literal["free", "in use", "beyond the pool", "unknown (not kept)"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Cell:
-    """One `req_to_token` cell holding a slot, labelled by its role in the batch."""
+    """One `req_to_token` cell holding the slot."""
 
     pool_row: int
     position: int
-    #: batch rows using this pool row (empty for idle rows).
+    #: batch rows using this pool row; [] for an idle row
     batch_rows: tuple[int, ...]
-    #: verify, prefix, chain-prev, pending-write, stale-tail or idle-row.
-    role: Role
-    #: the cell is a row's write seed (`P-1` of a row that writes).
+    role: CellRole
+    #: P-1 of a row that writes
     seed: bool = False
-    #: another live row holds the same slot at the same position (radix prefix sharing).
+    #: same slot, same position in another live row
     shared: bool = False
-    #: in SWA-space provenance: the full slot this cell holds (which reaches the SWA slot).
+    #: space swa: the full slot this cell holds
     full_slot: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class CanaryRecord:
-    """A slot's record in one canary buffer (`canary.<group>.<head|tail>.<k|v>`)."""
+class CanaryEntry:
+    """The slot's record in one canary buffer."""
 
+    #: the canary tensor, canary.<group>.<head|tail>.<k|v>
     buffer: str
     token: int
     position: int
@@ -92,38 +108,104 @@ class CanaryRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ViolationRow:
+class RingRow:
     """A violation-ring row whose slot field is this slot."""
 
+    #: the ring row
     index: int
+    #: its 8 fields (docs/canary.md §4)
     fields: tuple[int, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
 class SlotProvenance:
-    """Where a slot lives: every cell holding it, its translation, allocator and canary state."""
+    """Where one slot lives: every cell holding it, its translation, allocator and canary."""
 
     slot: int
     space: Space
-    #: the first cells (live ones first); `cells_total` counts all of them.
+    #: live cells first, then stale tails of batch rows, then idle rows; at most 16 in check,
+    #: 256 or --max-rows if more in provenance
     cells: tuple[Cell, ...]
+    #: count over the whole table, not only those listed
     cells_total: int
-    #: LUT[slot] for a full slot, when the dump has a LUT and the slot is in range.
+    #: LUT[slot], for a full slot inside the LUT
     swa_slot: int | None = None
-    #: why there is no usable translation ("no LUT", "slot >= lut_len ...", "unmapped").
+    #: set when swa_slot is missing or 0, saying why
     translation_note: str | None = None
-    #: for an SWA slot: the full slots whose LUT entry is this slot.
+    #: space swa: full slots f with LUT[f] == slot (the last index too when it is not the -1)
     mapped_from: tuple[int, ...] = ()
-    #: for the SWA slot a truncated LUT ends in: the live full slots >= lut_len the GPU path
-    #: clamps onto it.
+    #: space swa, for LUT[lut_len - 1] of a LUT without its -1: the slots >= lut_len the GPU
+    #: clamps here
     clamped_from: tuple[int, ...] = ()
-    #: "free", "in use" or "beyond the pool" (no slot of it) when the dump has the allocator's
-    #: free list for this space.
-    allocator: str | None = None
-    canary: tuple[CanaryRecord, ...] = ()
-    #: the first ring rows of the slot; `violations_total` counts them all.
-    violations: tuple[ViolationRow, ...] = ()
+    #: null: no free list for this space in the dump; unknown: a shrunk dump that did not keep
+    #: the slot
+    allocator: AllocatorState | None = None
+    #: a shrunk dump: the kept records
+    canary: tuple[CanaryEntry, ...] = ()
+    #: the slot's first 16 ring rows, oldest first
+    violations: tuple[RingRow, ...] = ()
+    #: all of the slot's valid ring rows
     violations_total: int = 0
+
+
+class CellColumnsRecord(TypedDict):
+    """Every cell of a finding group as parallel columns: entry i of each list is cell i, in
+    report order (batch row, then position). Complete: nothing is dropped. Each column is an
+    `IntColumn` over the analysis' array (JSON writes it as a list; a view reads the entries
+    it shows)."""
+
+    #: -1 in the three coordinate columns: a finding about slots (a free-list entry, a LUT
+    #: entry), not table cells
+    batch_row: Sequence[int]
+    pool_row: Sequence[int]
+    position: Sequence[int]
+    #: the slot of each cell (an SWA slot for space swa); null for a finding about a cell's
+    #: expected-token gather (its `gather_index` column says where the gather went)
+    slot: Sequence[int] | None
+    #: the code's own per-cell columns (docs/json-schema.md, "Finding"): full_slot
+    #: (swa-slot-collision and freed-slot-in-live-range of space swa), owner_position
+    #: (slot-shared-across-positions), out_cache_loc_index (write-to-live-slot), gather_index
+    #: (expected-token-out-of-range); {} for the other codes
+    extra: dict[str, Sequence[int]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Span:
+    """Where a finding group's cells lie: [first, last] ranges and distinct counts."""
+
+    #: distinct batch rows holding its cells (0 for a finding about slots, not cells)
+    rows: int
+    #: [smallest, largest] batch row; null for a finding about slots (a free list, the LUT),
+    #: whose cell columns hold -1
+    batch_rows: tuple[int, int] | None
+    #: [smallest, largest] position; null as batch_rows
+    positions: tuple[int, int] | None
+    #: [smallest, largest] slot; null without slots
+    slots: tuple[int, int] | None
+    #: distinct slots among its cells (0 without slots)
+    distinct_slots: int
+
+    @classmethod
+    def of(cls, cells: CellColumns | None) -> Span | None:
+        """Ranges and distinct counts of a finding group's cells (None without cells); the
+        columns read as held (a narrow dtype): bounds and counts are the same."""
+        if cells is None or not len(cells):
+            return None
+
+        def bounds(values: np.ndarray) -> tuple[int, int]:
+            return (int(values.min()), int(values.max()))
+
+        slots, position = cells.column("slot"), cells.column("position")
+        batch_row = cells.column("batch_row")
+        assert position is not None and batch_row is not None
+        in_table = bool((position >= 0).any())
+        return cls(
+            rows=cells.distinct_count("batch_row") if in_table else 0,
+            batch_rows=bounds(batch_row) if in_table else None,
+            positions=bounds(position) if in_table else None,
+            slots=None if slots is None else bounds(slots),
+            distinct_slots=cells.distinct_count("slot"),
+        )
 
 
 class WideColumn:
@@ -228,19 +310,20 @@ class CellColumns:
         held = self._columns.get(name) or self._extra.get(name)
         return None if held is None else held.values
 
-    def __record__(self) -> dict[str, object]:
-        """Its JSON form: `batch_row`, `pool_row`, `position`, `slot` (null without one) and
-        `extra` by name, each an `IntColumn` over the column as held, so no cell becomes a
-        Python int before JSON writes it."""
-        from kvcanary_cli.results.columns import IntColumn
+    def __record__(self) -> CellColumnsRecord:
+        """Every cell as columns, each an `IntColumn` over the column as held (its ints are
+        the same): building the record converts no cell."""
 
-        held = {name: IntColumn(column.values) for name, column in self._columns.items()}
+        def column(held: NarrowColumn) -> IntColumn:
+            return IntColumn(held.values)
+
+        slot = self._columns.get("slot")
         return {
-            "batch_row": held["batch_row"],
-            "pool_row": held["pool_row"],
-            "position": held["position"],
-            "slot": held.get("slot"),
-            "extra": {name: IntColumn(self._extra[name].values) for name in sorted(self._extra)},
+            "batch_row": column(self._columns["batch_row"]),
+            "pool_row": column(self._columns["pool_row"]),
+            "position": column(self._columns["position"]),
+            "slot": None if slot is None else column(slot),
+            "extra": {name: column(self._extra[name]) for name in sorted(self._extra)},
         }
 
     def without_slot(self) -> CellColumns:

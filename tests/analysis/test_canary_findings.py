@@ -52,7 +52,7 @@ def test_code_fires_at_the_corrupted_cell(
         truth["slot"],
     )
     assert first.role == "verify" and first.provenance is not None
-    assert first.details["explanation"]["referenced_by"]["position"] == truth["position"]  # type: ignore[index]
+    assert first.details["explanation"]["referenced_by"]["position"] == truth["position"]  # type: ignore[index, call-overload]
 
 
 @pytest.mark.parametrize("code", list(CODE_SCENARIO), ids=lambda c: c.value)
@@ -73,8 +73,8 @@ def test_buffers_failing_the_same_way_make_one_finding(scenario_dump: ScenarioDu
     details = hits[0].details
     assert details["buffers"] == ["canary.full.head.k", "canary.full.tail.k"]
     rows = details["rows"]
-    assert isinstance(rows, list) and [row[1] for row in rows] == [truth["slot"]] * 2
-    assert details["explanation"]["cause"] == "aliasing"  # type: ignore[index]
+    assert isinstance(rows, list) and [row[1] for row in rows] == [truth["slot"]] * 2  # type: ignore[index]
+    assert details["explanation"]["cause"] == "aliasing"  # type: ignore[index, call-overload]
     assert "aliasing" in hits[0].message
 
 

@@ -15,12 +15,12 @@ from rich.console import Console
 from kvcanary_cli.catalog import CauseCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.render.markdown.check import check_markdown
-from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.table.check import check_table
 from kvcanary_cli.results.check import CheckReport, DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.synth.state import SynthDump
 from tests.helpers import checked
+from tests.render.record_schema import record_of
 
 #: the page mechanisms: scenario -> the page sizes its test runs at
 MECHANISMS = {
@@ -45,7 +45,7 @@ def _top(report: DumpReport) -> list[str]:
 
 def _table_text(report: DumpReport) -> str:
     console = Console(file=io.StringIO(), record=True, width=100, color_system=None)
-    console.print(check_table(check_record(CheckReport(dumps=(report,)))))
+    console.print(check_table(CheckReport(dumps=(report,))))
     return console.export_text()
 
 
@@ -143,13 +143,13 @@ def test_a_leak_of_a_cleared_mapping_joins_the_mapping(tmp_path: Path) -> None:
     assert CauseCode.SWA_LEAK in causes, report.diagnosis
     assert _top(report) == ["swa-mapping-cleared-in-window"], report.diagnosis
     assert causes[CauseCode.SWA_LEAK].explained_by is CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW
-    record = check_record(CheckReport(dumps=(report,)))["dumps"][0]
+    record = record_of(CheckReport(dumps=(report,)))["dumps"][0]
     by_code = {c["cause"]: c for c in record["diagnosis"]}
     cleared = CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW
     assert by_code[CauseCode.SWA_LEAK]["explained_by"] == "swa-mapping-cleared-in-window"
     assert by_code[cleared]["explained_by"] is None
     assert any("swa-page-leaked" in line for line in by_code[cleared]["also_shows"])
-    markdown = check_markdown(check_record(CheckReport(dumps=(report,))))
+    markdown = check_markdown(CheckReport(dumps=(report,)))
     assert "also shows" in markdown and markdown.count("**fix:**") == 1
 
 
@@ -231,7 +231,7 @@ def test_the_legend_explains_the_terms_the_report_uses(tmp_path: Path) -> None:
     assert len(report.requests) >= 2
     text = " ".join(_table_text(report).split())
     assert "P: prefix length" in text and "E: extend length" in text, text
-    markdown = " ".join(check_markdown(check_record(CheckReport(dumps=(report,)))).split())
+    markdown = " ".join(check_markdown(CheckReport(dumps=(report,))).split())
     assert "P: prefix length" in markdown and "chain-prev: the cell" in text
     slots = _check(make_scenario("double-free", seed=0), tmp_path / "e.safetensors")
     # free-list entries are entries, not cells

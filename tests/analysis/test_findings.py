@@ -113,7 +113,7 @@ def test_truncated_lut_lists_every_out_of_range_slot(scenario_dump: ScenarioDump
                 expected.add((r, pos))
     assert {(row, position) for _, _, _, row, _, position, _, _ in hits} == expected
     swa = next(g for g in report.groups if g.group == "swa")
-    assert swa.explained_differences.get("lut-out-of-range", 0) > 0
+    assert swa.explained_differences.get(FindingCode.LUT_OUT_OF_RANGE, 0) > 0
 
 
 def test_kernel_divergence_fires_on_an_unexplained_difference(scenario_dump: ScenarioDump) -> None:

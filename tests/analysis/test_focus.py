@@ -56,7 +56,13 @@ def slots_to_try(dump: KvDump, found: list[Finding], rng: np.random.Generator) -
     slots = {f.slot for f in found if f.slot is not None and f.space == "full"}
     for f in found:
         full = f.details.get("full_slots", f.details.get("full_slot"))
-        slots.update(full if isinstance(full, list) else [full] if isinstance(full, int) else [])
+        slots.update(
+            [s for s in full if isinstance(s, int)]
+            if isinstance(full, list)
+            else [full]
+            if isinstance(full, int)
+            else []
+        )
     live = np.unique(live_cells(dump).slot)
     if live.size:
         slots.update(int(s) for s in rng.choice(live, size=min(4, live.size), replace=False))

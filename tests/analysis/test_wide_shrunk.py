@@ -11,7 +11,7 @@ import pytest
 from kvcanary_cli import api
 from kvcanary_cli.render import render
 from kvcanary_cli.render.console import OutputFormat
-from kvcanary_cli.render.records import common
+from kvcanary_cli.results.cells import CellColumns
 from kvcanary_cli.results.check import DumpReport
 from tests.child_memory import peak_rss_of
 from tests.helpers import stale_rows_dump, wide_dump
@@ -30,7 +30,7 @@ def test_a_quiet_check_builds_no_record_per_finding(
     def refuse(*_: object) -> None:
         raise AssertionError("a quiet check turned a finding's cells into a record")
 
-    monkeypatch.setattr(common, "cells_record", refuse)
+    monkeypatch.setattr(CellColumns, "__record__", refuse)
     lines = render(report, OutputFormat.TABLE, quiet=True)
     assert isinstance(lines, str)
     assert lines.startswith("ERRORS: ") and "2000 error cells" in lines

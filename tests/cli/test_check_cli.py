@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.render.records.check import CheckRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.render.record_schema import validate
 
@@ -44,7 +44,7 @@ def test_findings_exit_1_and_json_validates(dumps: dict[str, Path]) -> None:
     )
     assert code == 1
     record = json.loads(out)
-    assert validate(record, CheckRecord) == []
+    assert validate(record, CheckReport) == []
     assert record["verdict"] == "findings"
     findings = record["dumps"][0]["findings"]
     cells = [f for f in findings if f["code"] == "lut-out-of-range"]
@@ -142,7 +142,7 @@ def test_several_dumps_one_report_each(dumps: dict[str, Path]) -> None:
     )
     assert code == 1
     record = json.loads(out)
-    assert validate(record, CheckRecord) == []
+    assert validate(record, CheckReport) == []
     assert [Path(d["path"]).name for d in record["dumps"]] == [
         "clean-swa.safetensors",
         "truncated-lut.safetensors",
@@ -236,7 +236,7 @@ def test_every_scenario_and_seed_reports_its_codes(name: str, seed: int, tmp_pat
         assert meta["kvcanary.expected_diagnosis"] == scenario.cause
         # every finding is grouped under a cause the diagnosis lists
         assert {f["cause"] for f in record["dumps"][0]["findings"]} <= set(causes)
-    assert validate(record, CheckRecord) == []
+    assert validate(record, CheckReport) == []
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -64,9 +64,9 @@ def test_every_example_json_validates_against_the_schema(example: str) -> None:
     describes it (so are the JSON goldens `test_check_output_matches_golden` compares)."""
     import json
 
-    from kvcanary_cli.render.records.check import CheckRecord
+    from kvcanary_cli.results.check import CheckReport
     from tests.render.record_schema import validate
 
     record = json.loads((GOLDEN / f"{Path(example).stem}.json").read_text())
     assert record["schema"] == "kvcanary.check/2"
-    assert validate(record, CheckRecord) == []
+    assert validate(record, CheckReport) == []

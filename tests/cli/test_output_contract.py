@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from kvcanary_cli import api
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.render import OutputFormat, render
@@ -115,8 +116,8 @@ def test_the_clamp_target_shows_the_slots_redirected_to_it() -> None:
 def test_differences_name_what_they_count() -> None:
     report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
     swa = next(g for g in report.dumps[0].groups if g.group == "swa")
-    by_field = swa.explained_by_field["lut-out-of-range"]
-    assert sum(by_field.values()) == swa.explained_differences["lut-out-of-range"]
+    by_field = swa.explained_by_field[FindingCode.LUT_OUT_OF_RANGE]
+    assert sum(by_field.values()) == swa.explained_differences[FindingCode.LUT_OUT_OF_RANGE]
     text = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "vectorized").stdout
     assert "clamped 29 entries" not in text and "verify slots" in text and "counts twice" in text
     none = run("check", str(EXAMPLES / "truncated-lut.safetensors"), "-k", "none").stdout
@@ -134,10 +135,9 @@ def test_markdown_stays_under_githubs_limit(tmp_path: Path) -> None:
     full = render(report, OutputFormat.MARKDOWN, max_rows=10_000)
     assert isinstance(full, str)
     from kvcanary_cli.render.markdown.check import check_markdown
-    from kvcanary_cli.render.records.check import check_record
 
     limit = len(full) // 2
-    small = check_markdown(check_record(report), max_rows=10_000, limit=limit)
+    small = check_markdown(report, max_rows=10_000, limit=limit)
     assert len(small) <= limit < len(full)
     assert "Trimmed to fit GitHub's" in small and "--format json` has every finding" in small
 

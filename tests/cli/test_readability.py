@@ -17,11 +17,9 @@ from kvcanary_cli import api
 from kvcanary_cli.cli import app
 from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.render.phrases.check import cause_sections
-from kvcanary_cli.render.phrases.findings import positions_text, rows_text, slots_text
-from kvcanary_cli.render.records.check import check_record
-from kvcanary_cli.render.records.common import FindingRecord
+from kvcanary_cli.render.phrases.findings import finding_words
 from kvcanary_cli.render.records.provenance import provenance_record
-from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.check import CheckReport, Finding
 from tests.torch_extra import needs_torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +81,7 @@ def at_width(renderable: object, width: int) -> str:
     return console.export_text()
 
 
-def _reads_whole(text: str, findings: list[FindingRecord], *, codes_per_finding: bool) -> None:
+def _reads_whole(text: str, findings: list[Finding], *, codes_per_finding: bool) -> None:
     """Every finding's code, rows, positions and slots, and its message's first 60
     characters, are in `text`, no word cut short."""
     assert not re.search(r"\w…", text), [line for line in text.splitlines() if "…" in line]
@@ -91,13 +89,14 @@ def _reads_whole(text: str, findings: list[FindingRecord], *, codes_per_finding:
     flowing = " ".join(text.split())
     for f in findings:
         if codes_per_finding:
-            assert f"{f['code']} ({f['severity']})" in flowing
+            assert f"{f.code} ({f.severity})" in flowing
         else:
-            assert re.search(rf"^{re.escape(f['code'])} \({f['severity']}\): ", text, re.M)
-        for where in (slots_text(f), rows_text(f), positions_text(f)):
+            assert re.search(rf"^{re.escape(f.code)} \({f.severity}\): ", text, re.M)
+        words = finding_words(f)
+        for where in (words.slots, words.rows, words.positions):
             if where not in (None, "-"):
-                assert where in flowing, (f["code"], where)
-        assert " ".join(f["message"][:60].split()) in flowing, f["message"]
+                assert where in flowing, (f.code, where)
+        assert " ".join(f.message[:60].split()) in flowing, f.message
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +110,7 @@ def test_check_reads_whole_at_80_columns(
 ) -> None:
     report = checked_examples[example]
     text = at_width(render(report, OutputFormat.TABLE), 80)
-    [dump] = check_record(report)["dumps"]
+    [dump] = report.dumps
     shown = [f for s in cause_sections(dump, 10) for section in s.sections for f in section.shown]
     assert shown or example == "clean-swa.safetensors"
     _reads_whole(text, shown, codes_per_finding=False)

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
-from kvcanary_cli.render.records.check import CheckRecord
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.synth.scenarios import SCENARIOS
 from tests.conftest import InstallStandin
@@ -35,7 +35,7 @@ def test_check_reports_the_raise_at_its_finding(sglang_standin: InstallStandin) 
     code, out, err = run("check", TRUNCATED, "--kernel", "sglang", "--format", "json")
     assert code == 1, err
     record = json.loads(out)
-    assert validate(record, CheckRecord) == []
+    assert validate(record, CheckReport) == []
     assert record["sglang_installed"] == VERSION
     dump = record["dumps"][0]
     assert dump["kernel_mode"] == "reference"

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.sparse import gap_runs
-from kvcanary_cli.render.records.check import CheckRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.render.record_schema import validate
 
@@ -94,7 +94,7 @@ def test_check_json_says_where_it_came_from(pair: tuple[Path, Path]) -> None:
     code, out, _ = run("check", str(small), "--kernel", "vectorized", "--format", "json")
     assert code == 1
     record = json.loads(out)
-    assert validate(record, CheckRecord) == []
+    assert validate(record, CheckReport) == []
     shrunk = record["dumps"][0]["shrunk"]
     assert shrunk["source"]["name"] == original.name
     assert shrunk["source"]["bytes"] == original.stat().st_size

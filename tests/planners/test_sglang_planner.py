@@ -12,6 +12,7 @@ import torch
 
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.kernel_raise import launch_divergences
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS
 from kvcanary_cli.dump.writer import save_dump
@@ -154,7 +155,9 @@ def test_a_missed_raise_is_a_launch_divergence(sglang_standin: InstallStandin) -
     assert str(launch[0].details["reference"]).startswith("ValueError: kv-canary: SWA slot 107")
     assert not [f for f in report.findings if f.upstream_raise is not None]
     swa = next(g for g in report.groups if g.group == "swa")
-    assert swa.explained_differences.get("lut-out-of-range", 0) > 0  # the clamps, explained
+    assert (
+        swa.explained_differences.get(FindingCode.LUT_OUT_OF_RANGE, 0) > 0
+    )  # the clamps, explained
     assert swa.unexplained_differences == 1
 
 

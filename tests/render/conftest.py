@@ -8,7 +8,7 @@ import pytest
 
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.results.cells import CanaryRecord, Cell, Role, SlotProvenance, Space, ViolationRow
+from kvcanary_cli.results.cells import CanaryEntry, Cell, RingRow, Role, SlotProvenance, Space
 from kvcanary_cli.results.check import CheckReport, DumpReport, Finding, GroupSummary
 from kvcanary_cli.results.provenance import ProvenanceReport, RowCell, RowMap
 
@@ -84,7 +84,7 @@ def _lut_findings() -> list[Finding]:
                 position=10 + i,
                 role=Role.VERIFY,
                 message=f"verify slot {slot} >= lut_len 512: REF raises, GPU reads LUT[511]",
-                details={"lut_len": 512, "gpu_value": -1, "cells": (5, 10 + i)},
+                details={"lut_len": 512, "gpu_value": -1, "cells": [5, 10 + i]},
                 provenance=(prov,),
                 provenance_total=1,
             )
@@ -106,7 +106,7 @@ def main_findings() -> list[Finding]:
         swa_slot=12,
         allocator="free",
         canary=(
-            CanaryRecord(
+            CanaryEntry(
                 buffer="canary.full.head.k",
                 token=151643,
                 position=4,
@@ -114,7 +114,7 @@ def main_findings() -> list[Finding]:
                 real_kv_hash=987654321,
             ),
         ),
-        violations=(ViolationRow(index=0, fields=(77, 4, 1, 0)),),
+        violations=(RingRow(index=0, fields=(77, 4, 1, 0)),),
     )
     swa_prov = SlotProvenance(
         slot=12,
@@ -202,7 +202,10 @@ GROUPS = (
         verify_capacity=512,
         enable=0,
         kernel="triton",
-        explained_differences={"lut-out-of-range": 17, "kernel-divergence": 1},
+        explained_differences={
+            FindingCode.LUT_OUT_OF_RANGE: 17,
+            FindingCode.KERNEL_DIVERGENCE: 1,
+        },
         unexplained_differences=2,
         kernel_launch_error=None,
     ),

@@ -26,22 +26,29 @@ from typing import (
     is_typeddict,
 )
 
-from kvcanary_cli.render.records.check import CheckRecord
 from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.columns import IntColumn
 from kvcanary_cli.results.plan import PlanSummary
-from kvcanary_cli.results.record import record_keys
+from kvcanary_cli.results.record import record_keys, to_record
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
-__all__ = ["RECORDS", "declared_keys", "is_declaration", "nested_typeddicts", "validate"]
+__all__ = [
+    "RECORDS",
+    "declared_keys",
+    "is_declaration",
+    "nested_typeddicts",
+    "record_of",
+    "validate",
+]
 
 #: schema name -> the record's top-level declaration.
 RECORDS: dict[str, Any] = {
-    "kvcanary.check/2": CheckRecord,
+    "kvcanary.check/2": CheckReport,
     "kvcanary.provenance/2": ProvenanceRecord,
     "kvcanary.violations/1": ViolationsRecord,
     "kvcanary.inspect/2": InspectRecord,
@@ -78,8 +85,30 @@ def declared_keys(declaration: Any) -> dict[str, Any]:
             if isinstance(item, dataclasses.Field)
             else (get_type_hints(item.fget)["return"])
         )
-        keys[name] = tp.__metadata__[0] if get_origin(tp) is Annotated else tp
+        keys[name] = tp.__metadata__[0] if get_origin(tp) is Annotated else _own_records(tp)
     return keys
+
+
+def _own_records(tp: Any) -> Any:
+    """`tp` with each value that gives its own JSON form (`__record__`, a cell column set)
+    read as the declaration its `__record__` returns."""
+    own = getattr(tp, "__record__", None) if isinstance(tp, type) else None
+    if own is not None:
+        return get_type_hints(own)["return"]
+    args = get_args(tp)
+    if get_origin(tp) is Literal or not args:
+        return tp
+    resolved = tuple(_own_records(a) for a in args)
+    if resolved == args:
+        return tp
+    if _is_union(tp):
+        return Union[resolved]  # noqa: UP007
+    return get_origin(tp)[resolved]
+
+
+def record_of(result: object) -> Any:
+    """A result's record (`to_record`), for a test to read by key."""
+    return to_record(result)
 
 
 def _is_union(tp: Any) -> bool:
@@ -114,7 +143,12 @@ def _name(tp: Any) -> str:
 
 
 def validate(value: Any, tp: Any, path: str = "$") -> list[str]:
-    """Every place where `value` breaks the declaration `tp` (an empty list when it conforms)."""
+    """Every place where `value` breaks the declaration `tp` (an empty list when it conforms).
+
+    A typed result inside `value` (a record still built by hand holds some) is read as its
+    record."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = to_record(value)
     if isinstance(tp, ForwardRef) or tp is object:  # JsonValue's recursion, or any value
         return [] if _is_json(value) else [f"{path}: not a JSON value: {value!r}"]
     if is_declaration(tp):

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, ForwardRef, Literal, Union, get_args, get_origin
 
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode
-from kvcanary_cli.render.records.check import PlanValueName
 from kvcanary_cli.render.records.violations import RowOrigin
+from kvcanary_cli.results.check import PlanValueName
 from kvcanary_cli.results.selftest import PlanField
 from tests.render.record_schema import RECORDS, declared_keys, is_declaration, nested_typeddicts
 
@@ -111,9 +111,14 @@ def _named_base(td: Any, named: set[str]) -> Any | None:
     return None
 
 
+#: Declarations the doc names shorter than their class.
+_SHORT_NAMES = {"DumpReport": "Dump", "GroupSummary": "Group"}
+
+
 def display_name(td: Any) -> str:
-    """`<shrink summary>` for ShrinkSummaryRecord."""
-    words = re.findall(r"[A-Z]+(?=[A-Z][a-z]|$)|[A-Z][a-z]*", td.__name__.removesuffix("Record"))
+    """`<shrink summary>` for ShrinkSummaryRecord (or ShrinkSummary)."""
+    name = _SHORT_NAMES.get(td.__name__, td.__name__)
+    words = re.findall(r"[A-Z]+(?=[A-Z][a-z]|$)|[A-Z][a-z]*", name.removesuffix("Record"))
     return f"<{' '.join(w.lower() for w in words)}>"
 
 

@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import pytest
 
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.markdown.check import GITHUB_BODY_LIMIT, check_markdown
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
-from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.results.check import CheckReport, DumpReport
 from kvcanary_cli.results.provenance import ProvenanceReport
 from tests.render.md_tables import tables
+from tests.render.record_schema import record_of
 
 HEAD = re.compile(r"^##### `([a-z-]+)` · (error|warning|info) · (\d+) findings?$", re.M)
 
@@ -31,8 +32,8 @@ def _dump_sections(markdown: str) -> list[str]:
 
 
 def test_summary_agrees_with_json(any_report: CheckReport) -> None:
-    record = check_record(any_report)
-    markdown = check_markdown(record)
+    record = record_of(any_report)
+    markdown = check_markdown(any_report)
     expected: Counter[tuple[str, str]] = Counter()
     for dump in record["dumps"]:
         for c in dump["counts"]:
@@ -48,15 +49,15 @@ def test_summary_agrees_with_json(any_report: CheckReport) -> None:
 def test_title_and_verdict(
     multi_report: CheckReport, clean_report: CheckReport, single_report: CheckReport
 ) -> None:
-    assert check_markdown(check_record(multi_report)).startswith("## kvcanary check: bad input\n")
-    assert check_markdown(check_record(clean_report)).startswith("## kvcanary check: clean\n")
-    assert check_markdown(check_record(single_report)).startswith("## kvcanary check: findings\n")
+    assert check_markdown(multi_report).startswith("## kvcanary check: bad input\n")
+    assert check_markdown(clean_report).startswith("## kvcanary check: clean\n")
+    assert check_markdown(single_report).startswith("## kvcanary check: findings\n")
 
 
 @pytest.mark.parametrize("max_rows", [0, 1, 3, 10, 50])
 def test_details_per_shown_finding(multi_report: CheckReport, max_rows: int) -> None:
-    record = check_record(multi_report)
-    markdown = check_markdown(record, max_rows=max_rows)
+    record = record_of(multi_report)
+    markdown = check_markdown(multi_report, max_rows=max_rows)
     sections = _dump_sections(markdown)
     assert len(sections) == len(record["dumps"])
     for dump, section in zip(record["dumps"], sections, strict=True):
@@ -74,7 +75,7 @@ def test_details_per_shown_finding(multi_report: CheckReport, max_rows: int) -> 
 
 
 def test_code_tables_and_escaping(single_report: CheckReport) -> None:
-    markdown = check_markdown(check_record(single_report), max_rows=10)
+    markdown = check_markdown(single_report, max_rows=10)
     for _, header, rows in tables(markdown):
         assert all(len(row) == len(header) for row in rows), header
     lut = [t for t in tables(markdown) if t[0].startswith("##### `lut-out-of-range`")]
@@ -89,7 +90,7 @@ def test_code_tables_and_escaping(single_report: CheckReport) -> None:
 
 
 def test_provenance_details_block(single_report: CheckReport) -> None:
-    markdown = check_markdown(check_record(single_report))
+    markdown = check_markdown(single_report)
     block = markdown[markdown.index("<details><summary><code>duplicate-slot-in-row") :]
     block = block[: block.index("</details>")]
     assert (
@@ -106,7 +107,7 @@ def test_provenance_details_block(single_report: CheckReport) -> None:
 
 
 def test_identity_and_groups(single_report: CheckReport) -> None:
-    markdown = check_markdown(check_record(single_report))
+    markdown = check_markdown(single_report)
     # outside tables a pipe needs no escape (a backslash would show inside a code span)
     assert "\n### `dumps/step1207|rank0.safetensors`: errors\n" in markdown
     [(_, _, identity)] = [t for t in tables(markdown) if t[1] == ["identity", "value"]]
@@ -131,7 +132,7 @@ def test_identity_and_groups(single_report: CheckReport) -> None:
 
 
 def test_multi_dump_table_and_bad_input(multi_report: CheckReport) -> None:
-    markdown = check_markdown(check_record(multi_report))
+    markdown = check_markdown(multi_report)
     [(_, header, rows)] = [t for t in tables(markdown) if t[1][0] == "dump"]
     assert [r[1] for r in rows] == ["errors", "clean", "warnings", "bad-input"]
     assert rows[3][-1] == "missing tensor \\`req_to_token\\` (needed by every plan)"
@@ -149,7 +150,7 @@ def test_multi_dump_table_and_bad_input(multi_report: CheckReport) -> None:
 
 
 def test_markdown_is_deterministic(multi_report: CheckReport) -> None:
-    assert check_markdown(check_record(multi_report)) == check_markdown(check_record(multi_report))
+    assert check_markdown(multi_report) == check_markdown(multi_report)
 
 
 def test_provenance_markdown_slot(slot_report: ProvenanceReport) -> None:
@@ -174,8 +175,8 @@ def test_many_long_notes_give_way_to_the_findings(findings_dump: DumpReport) -> 
     # What came from the dump is shortened first (values, then how many notes), never the
     # findings: 200 notes of 5,000 characters would fill the body three times over.
     noted = replace(findings_dump, notes=tuple(f"{i}: " + "x" * 5_000 for i in range(200)))
-    markdown = check_markdown(check_record(CheckReport(dumps=(noted,))))
-    usual = check_markdown(check_record(CheckReport(dumps=(findings_dump,))))
+    markdown = check_markdown(CheckReport(dumps=(noted,)))
+    usual = check_markdown(CheckReport(dumps=(findings_dump,)))
     assert len(markdown) <= GITHUB_BODY_LIMIT and "Trimmed" not in markdown
     assert markdown[markdown.index("\n#### ") :] == usual[usual.index("\n#### ") :]
     assert "note: 9: xxx" in markdown and "note: 10: " not in markdown
@@ -193,10 +194,9 @@ def test_many_clean_dumps_never_crowd_out_the_failing_one(
     clean = [
         replace(clean_dump, path=f"dumps/clean-{i:02d}.safetensors", notes=notes) for i in range(40)
     ]
-    record = check_record(CheckReport(dumps=(*clean, findings_dump)))
-    markdown = check_markdown(record)
+    markdown = check_markdown(CheckReport(dumps=(*clean, findings_dump)))
     assert len(markdown) <= GITHUB_BODY_LIMIT
-    alone = check_markdown(check_record(CheckReport(dumps=(findings_dump,))))
+    alone = check_markdown(CheckReport(dumps=(findings_dump,)))
     failing = alone[alone.index("### `dumps/step1207") :]  # its section, as a body of its own
     sections = _dump_sections(markdown)
     assert sections[0].startswith("dumps/step1207|rank0.safetensors`: errors")
@@ -212,7 +212,7 @@ def test_clean_dumps_keep_their_sections_when_the_body_fits(
 ) -> None:
     """The twin: a body that fits keeps every clean dump's section, after the failing one."""
     clean = [replace(clean_dump, path=f"dumps/clean-{i}.safetensors") for i in range(3)]
-    markdown = check_markdown(check_record(CheckReport(dumps=(*clean, findings_dump))))
+    markdown = check_markdown(CheckReport(dumps=(*clean, findings_dump)))
     sections = _dump_sections(markdown)
     assert [s.split("`")[0] for s in sections] == [
         "dumps/step1207|rank0.safetensors",
@@ -234,12 +234,12 @@ def test_a_long_argument_gives_way_before_the_diagnosis_or_a_finding(
         confidence=Confidence.LIKELY,
         summary="stale tails",
         evidence=tuple(f"batch row {i}: " + "y" * 120 for i in range(3_000)),
-        explains={"freed-slot-in-live-range": 3_000},
+        explains={FindingCode.FREED_SLOT_IN_LIVE_RANGE: 3_000},
         fix="fix it",
     )
     long = replace(findings_dump, diagnosis=(argued, *findings_dump.diagnosis))
-    markdown = check_markdown(check_record(CheckReport(dumps=(long,))))
-    usual = check_markdown(check_record(CheckReport(dumps=(findings_dump,))))
+    markdown = check_markdown(CheckReport(dumps=(long,)))
+    usual = check_markdown(CheckReport(dumps=(findings_dump,)))
     assert len(markdown) <= GITHUB_BODY_LIMIT and "Trimmed" not in markdown
     assert "#### Diagnosis" in markdown and "**`stale-row-read`** (likely)" in markdown
     assert "batch row 49: " in markdown and "batch row 50: " not in markdown

@@ -14,7 +14,6 @@ import pytest
 from rich.console import Console
 
 from kvcanary_cli import api
-from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.table.pictures import FindingsMap, RowStrip, SlotAxis
 
@@ -57,7 +56,7 @@ def _strip(dump: str, question: dict[str, Any]) -> RowStrip:
 
 def _map(dump: str, max_rows: int = 10) -> FindingsMap:
     report = api.check(EXAMPLES / f"{dump}.safetensors", kernel="vectorized")
-    return FindingsMap(check_record(report)["dumps"][0], max_rows)
+    return FindingsMap(report.dumps[0], max_rows)
 
 
 def _compare(name: str, text: str, update_golden: bool) -> None:
@@ -100,7 +99,7 @@ def test_findings_map_matches_golden(
 @pytest.mark.parametrize(("width", "colour"), CASES, ids=IDS)
 def test_slot_axis_matches_golden(width: int, colour: bool, update_golden: bool) -> None:
     report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
-    axis = SlotAxis(check_record(report)["dumps"][0])
+    axis = SlotAxis(report.dumps[0])
     assert axis.drawn
     text = drawn(axis, width, colour)
     _compare(
@@ -209,7 +208,7 @@ def test_pictures_of_absurd_slots_and_lengths_cost_what_they_draw(tmp_path: Path
         prefix_lens=np.array([20, 1 << 40], dtype=np.int64),
         metadata={"num_full_slots": "64"},
     )
-    dump = check_record(api.check(path, kernel="vectorized"))["dumps"][0]
+    dump = api.check(path, kernel="vectorized").dumps[0]
     axis = drawn(SlotAxis(dump), 80, colour=False)
     assert "^pool size 64" in axis and re.search(r"\d+ slots per character", axis)
     assert axis.splitlines()[1].rstrip().endswith("A")

@@ -1,10 +1,11 @@
-"""mypy sees a renamed record key: the views read records through their TypedDicts, so renaming
-a key in one declaration fails type checking in the views that read it.
+"""mypy sees a renamed record key: the views read the typed results whose fields and properties
+are the keys, so renaming a key in one declaration fails type checking in the views that read
+it.
 
 The package is copied to a temporary folder and type-checked there (strict, the repo's mypy
 configuration, render/ checked and the rest followed silently, one cache for both runs): as
-it is, mypy passes; with the finding record's `count` renamed, it fails and names the view
-modules that read `count`.
+it is, mypy passes; with the finding's `count` renamed, it fails and names the view modules
+that read `count`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DECLARATION = Path("kvcanary_cli") / "render" / "records" / "common.py"
-#: the finding record's key, as declared (the only `count: int` in common.py).
-KEY = "    count: int\n"
+DECLARATION = Path("kvcanary_cli") / "results" / "check.py"
+#: the finding's key, as declared (the only `count` property in results/check.py).
+KEY = "    def count(self) -> int:\n"
 #: modules that read a finding's count: the phrases both views share (a finding's, and a
 #: check's per code), the findings of the table view (check's and provenance's), and the
 #: Markdown views of a check and a provenance answer.
@@ -66,8 +67,8 @@ def test_mypy_names_the_views_that_read_a_renamed_key(tmp_path: Path) -> None:
 
     declaration = tmp_path / DECLARATION
     source = declaration.read_text()
-    assert source.count(KEY) == 1 and "class FindingRecord(TypedDict)" in source
-    declaration.write_text(source.replace(KEY, "    cell_count: int\n"))
+    assert source.count(KEY) == 1 and "class Finding:" in source
+    declaration.write_text(source.replace(KEY, "    def cell_count(self) -> int:\n"))
     renamed = _mypy(tmp_path)
     assert renamed.returncode == 1, renamed.stdout + renamed.stderr
     errors = renamed.stdout.splitlines()
@@ -76,6 +77,6 @@ def test_mypy_names_the_views_that_read_a_renamed_key(tmp_path: Path) -> None:
         for reader in READERS
         for line in errors
         if line.startswith(f"kvcanary_cli/{reader}:")
-        and 'TypedDict "FindingRecord" has no key "count"' in line
+        and '"Finding" has no attribute "count"' in line
     }
     assert in_views == set(READERS), renamed.stdout

@@ -14,19 +14,14 @@ from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole
 from kvcanary_cli.planners.triton_runtime import Mode
-from kvcanary_cli.render.records.check import KernelMode, KernelName
-from kvcanary_cli.render.records.common import (
-    CellRole,
-    FindingRole,
-    GroupName,
-    SpaceName,
-)
+from kvcanary_cli.render.records.common import GroupName, SpaceName
 from kvcanary_cli.render.records.violations import (
     BufferName,
     OwnerRecord,
     ViolationRowRecord,
 )
-from kvcanary_cli.results.cells import Role, Space
+from kvcanary_cli.results.cells import CellRole, Role, Space
+from kvcanary_cli.results.check import KernelMode, KernelName
 from kvcanary_cli.results.plan import BackendName, ProblemKindName, ProblemRoleName
 from kvcanary_cli.results.selftest import PlanField
 from kvcanary_cli.results.violations import OwnerKind
@@ -53,11 +48,10 @@ def test_plan_problem_literals_mirror_the_planner_enums() -> None:
 
 def test_finding_roles_are_cell_roles_and_plan_reads() -> None:
     plan_reads = {role.label for role in ProblemRole}
-    assert set(get_args(FindingRole)) == set(get_args(CellRole)) | plan_reads
-    assert set(get_args(FindingRole)) == {role.value for role in Role}
-    assert set(get_args(CellRole)) == {role.value for role in Role if role.live} | {
-        Role.STALE_TAIL.value,
-        Role.IDLE_ROW.value,
+    assert {role.value for role in Role} == set(get_args(CellRole)) | plan_reads
+    assert set(get_args(CellRole)) == {role for role in Role if role.live} | {
+        Role.STALE_TAIL,
+        Role.IDLE_ROW,
     }
 
 

@@ -9,24 +9,23 @@ from typing import Any
 
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.render.records.check import CheckRecord, check_record
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, provenance_record
 from kvcanary_cli.results.cells import Role
 from kvcanary_cli.results.check import CheckReport, DumpReport, Finding
 from kvcanary_cli.results.provenance import ProvenanceReport
-from tests.render.record_schema import validate
+from tests.render.record_schema import record_of, validate
 
 CODE_INDEX = {c.value: i for i, c in enumerate(FindingCode)}
 
 
 def test_record_matches_schema(any_report: CheckReport) -> None:
-    record = check_record(any_report)
-    assert validate(record, CheckRecord) == []
+    record = record_of(any_report)
+    assert validate(record, CheckReport) == []
     assert json.loads(json.dumps(record)) == record  # JSON types only
 
 
 def test_every_finding_is_in_the_record(multi_report: CheckReport) -> None:
-    record = check_record(multi_report)
+    record = record_of(multi_report)
     for dump, rec in zip(multi_report.dumps, record["dumps"], strict=True):
         assert len(rec["findings"]) == len(dump.findings) == rec["findings_total"]
         assert sum(c["count"] for c in rec["counts"]) == len(dump.findings)
@@ -39,7 +38,7 @@ def test_every_finding_is_in_the_record(multi_report: CheckReport) -> None:
 
 def test_finding_fields_are_copied(single_report: CheckReport) -> None:
     findings = single_report.dumps[0].findings
-    records = check_record(single_report)["dumps"][0]["findings"]
+    records = record_of(single_report)["dumps"][0]["findings"]
     expected = sorted(
         (
             f.code.value,
@@ -86,7 +85,7 @@ def _none_last(v: int | None) -> tuple[bool, int]:
 
 
 def test_findings_order(multi_report: CheckReport) -> None:
-    for rec in check_record(multi_report)["dumps"]:
+    for rec in record_of(multi_report)["dumps"]:
         keys = [
             (
                 -Severity(f["severity"]).rank,
@@ -111,12 +110,12 @@ def test_findings_order(multi_report: CheckReport) -> None:
 
 def test_order_does_not_depend_on_input_order(single_report: CheckReport) -> None:
     dump = single_report.dumps[0]
-    baseline = json.dumps(check_record(single_report), sort_keys=True)
+    baseline = json.dumps(record_of(single_report), sort_keys=True)
     for seed in range(5):
         findings = list(dump.findings)
         random.Random(seed).shuffle(findings)
         shuffled = CheckReport(dumps=(replace(dump, findings=tuple(findings)),))
-        assert json.dumps(check_record(shuffled), sort_keys=True) == baseline
+        assert json.dumps(record_of(shuffled), sort_keys=True) == baseline
 
 
 def test_none_sorts_last() -> None:
@@ -136,7 +135,7 @@ def test_none_sorts_last() -> None:
 
 
 def test_verdicts(multi_report: CheckReport) -> None:
-    record = check_record(multi_report)
+    record = record_of(multi_report)
     assert [d["verdict"] for d in record["dumps"]] == ["errors", "clean", "warnings", "bad-input"]
     assert [d["fails"] for d in record["dumps"]] == [True, False, False, False]
     assert record["verdict"] == "bad-input"  # exit code 2 outranks 1
@@ -144,7 +143,7 @@ def test_verdicts(multi_report: CheckReport) -> None:
     error = record["dumps"][3]["error"]
     assert error is not None and error.startswith("missing tensor")
 
-    warn = check_record(replace(multi_report, fail_on=Severity.WARNING))
+    warn = record_of(replace(multi_report, fail_on=Severity.WARNING))
     assert [d["fails"] for d in warn["dumps"]] == [True, False, True, False]
     assert warn["fail_on"] == "warning"
 
@@ -152,12 +151,12 @@ def test_verdicts(multi_report: CheckReport) -> None:
 def test_top_level_verdicts(
     single_report: CheckReport, clean_report: CheckReport, warning_dump: DumpReport
 ) -> None:
-    assert check_record(single_report)["verdict"] == "findings"
-    assert check_record(clean_report)["verdict"] == "clean"
+    assert record_of(single_report)["verdict"] == "findings"
+    assert record_of(clean_report)["verdict"] == "clean"
     only_warnings = CheckReport(dumps=(warning_dump,))
-    assert check_record(only_warnings)["verdict"] == "clean"
-    assert check_record(replace(only_warnings, fail_on=Severity.WARNING))["verdict"] == "findings"
-    assert check_record(CheckReport(dumps=()))["verdict"] == "clean"
+    assert record_of(only_warnings)["verdict"] == "clean"
+    assert record_of(replace(only_warnings, fail_on=Severity.WARNING))["verdict"] == "findings"
+    assert record_of(CheckReport(dumps=()))["verdict"] == "clean"
 
 
 def test_details_are_made_json_safe() -> None:
@@ -165,15 +164,15 @@ def test_details_are_made_json_safe() -> None:
         code=FindingCode.NEGATIVE_SLOT,
         group=Group.FULL,
         message="m",
-        details={"t": (1, 2), "nested": {"b": (3,), "a": None}, "odd": {1, 2}},
+        details={"t": (1, 2), "nested": {"b": (3,), "a": None}, "odd": {1, 2}},  # type: ignore[dict-item]  # not JSON: made so
     )
     report = CheckReport(
         dumps=(DumpReport(path="p", identity={}, bs=1, groups=(), findings=(finding,)),)
     )
-    details = check_record(report)["dumps"][0]["findings"][0]["details"]
+    details = record_of(report)["dumps"][0]["findings"][0]["details"]
     assert details["t"] == [1, 2] and details["nested"] == {"a": None, "b": [3]}
     assert isinstance(details["odd"], str)
-    assert validate(check_record(report), CheckRecord) == []
+    assert validate(record_of(report), CheckReport) == []
 
 
 def test_provenance_record_matches_schema(any_provenance: ProvenanceReport) -> None:
@@ -193,14 +192,14 @@ def test_provenance_record_row(row_report: ProvenanceReport) -> None:
 
 
 def test_schema_validator_catches_mistakes(single_report: CheckReport) -> None:
-    record: dict[str, Any] = json.loads(json.dumps(check_record(single_report)))
+    record: dict[str, Any] = json.loads(json.dumps(record_of(single_report)))
     finding = record["dumps"][0]["findings"][0]
     del finding["role"]
     finding["slot"] = "12"
     finding["extra"] = 1
     finding["code"] = "no-such-code"  # a catalog enum admits its members' strings only
     record["fail_on"] = 2
-    errors = validate(record, CheckRecord)
+    errors = validate(record, CheckReport)
     assert any("missing key 'role'" in e for e in errors)
     assert any(".slot: expected int" in e for e in errors)
     assert any("unexpected key 'extra'" in e for e in errors)

@@ -8,12 +8,12 @@ import re
 import pytest
 from rich.console import Console, RenderableType
 
-from kvcanary_cli.render.records.check import check_record
 from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.table.check import check_table
 from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.provenance import ProvenanceReport
+from tests.render.record_schema import record_of
 
 _BOX_START, _BOX_END = "┏┃┡│└", "┓┃┩│┘"
 
@@ -31,8 +31,8 @@ def plain(renderable: RenderableType, width: int = 120) -> str:
 
 @pytest.mark.parametrize("width", [100, 120])
 def test_check_table_shows_verdicts_and_codes(any_report: CheckReport, width: int) -> None:
-    text = plain(check_table(check_record(any_report)), width)
-    record = check_record(any_report)
+    text = plain(check_table(any_report), width)
+    record = record_of(any_report)
     for dump in record["dumps"]:
         verdict = dump["verdict"].upper().replace("-", " ")
         assert re.search(rf"^{verdict}: ", text, re.M), verdict
@@ -43,26 +43,26 @@ def test_check_table_shows_verdicts_and_codes(any_report: CheckReport, width: in
 
 
 def test_check_table_caps_rows_per_code(single_report: CheckReport) -> None:
-    text = plain(check_table(check_record(single_report), max_rows=3))
+    text = plain(check_table(single_report, max_rows=3))
     assert "lut-out-of-range (error): 12 findings" in text
     assert "… and 9 more (--max-rows)" in text
     assert "901" in text and "903" not in text
-    assert "… and" not in plain(check_table(check_record(single_report), max_rows=50))
+    assert "… and" not in plain(check_table(single_report, max_rows=50))
 
 
 def test_check_table_details(single_report: CheckReport) -> None:
-    text = plain(check_table(check_record(single_report)))
+    text = plain(check_table(single_report))
     assert (
         "ERRORS: dumps/step1207|rank0.safetensors  (15 error cells, 3 warning cells in 18 "
         "findings; fails --fail-on error)" in text
     )
     assert "sglang 0.5.1 @ abc1234 · model Qwen/Qwen3-8B · rank 0 · step 1207" in text
     assert "kernel clamped 17 plan values (lut-out-of-range)" in plain(
-        check_table(check_record(single_report)), 300
+        check_table(single_report), 300
     )
     assert "2 unexplained (kernel-divergence)" in text
     # the example slot's provenance condensed under the message (wide enough not to wrap)
-    wide = plain(check_table(check_record(single_report)), 300)
+    wide = plain(check_table(single_report), 300)
     assert (
         "slot 77 is held at (row 8, pos 4) verify; (row 8, pos 9) pending-write; (row 3, "
         "pos 4) verify shared; +2 more" in wide
@@ -76,20 +76,18 @@ def test_check_table_details(single_report: CheckReport) -> None:
 def test_multi_dump_summary_only_with_two_dumps(
     multi_report: CheckReport, single_report: CheckReport
 ) -> None:
-    text = plain(check_table(check_record(multi_report)))
+    text = plain(check_table(multi_report))
     assert re.search(r"^summary", text, re.M)
     assert "1 of 4 dumps fails at --fail-on error; 1 unreadable" in text
     assert "bad input: missing tensor `req_to_token`" in text
     assert "no findings" in text
-    assert not re.search(r"^summary", plain(check_table(check_record(single_report))), re.M)
+    assert not re.search(r"^summary", plain(check_table(single_report)), re.M)
 
 
 def test_check_table_order_follows_the_record(single_report: CheckReport) -> None:
-    text = plain(check_table(check_record(single_report)))
+    text = plain(check_table(single_report))
     heads = re.findall(r"^([a-z-]+) \((?:error|warning)\): ", text, re.M)
-    codes = list(
-        dict.fromkeys(c["code"] for c in check_record(single_report)["dumps"][0]["counts"])
-    )
+    codes = list(dict.fromkeys(c.code for c in single_report.dumps[0].counts))
     assert heads == codes
 
 
@@ -119,7 +117,7 @@ def test_row_provenance_table(row_report: ProvenanceReport, width: int) -> None:
 
 
 def test_table_never_prints(single_report: CheckReport, capsys: pytest.CaptureFixture[str]) -> None:
-    check_table(check_record(single_report))
+    check_table(single_report)
     assert capsys.readouterr() == ("", "")
 
 
@@ -134,6 +132,6 @@ def test_piped_output_has_no_colour(
         else:
             monkeypatch.setenv("NO_COLOR", no_color)
         buf = io.StringIO()
-        make_console(buf, width=100).print(check_table(check_record(single_report)))
+        make_console(buf, width=100).print(check_table(single_report))
         assert "\x1b[" not in buf.getvalue()
         assert "ERRORS: " in buf.getvalue()

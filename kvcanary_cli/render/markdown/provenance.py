@@ -72,7 +72,7 @@ def provenance_markdown(record: ProvenanceRecord, *, max_rows: int = 256) -> str
         parts.append(reproduce(record["shrunk"]))
     if record["slot"] is not None:
         prov = record["slot"]
-        parts.append(f"### {prov['space'].upper()} slot {prov['slot']}")
+        parts.append(f"### {prov.space.upper()} slot {prov.slot}")
         parts.extend(provenance_body(prov))
     if record["row"] is not None:
         parts.extend(_row_section(record["row"]))
@@ -94,15 +94,15 @@ def provenance_markdown(record: ProvenanceRecord, *, max_rows: int = 256) -> str
                 ],
                 [
                     [
-                        _code(f["code"]),
-                        f["severity"],
-                        _code(f["group"]),
-                        str(f["count"]),
+                        _code(f.code),
+                        f.severity,
+                        _code(f.group),
+                        str(f.count),
                         _text(words.slots),
                         _text(words.rows),
                         _text(words.positions),
                         _text(words.role),
-                        _text(f["message"] + (f" ({e})" if (e := words.examples) else "")),
+                        _text(f.message + (f" ({e})" if (e := words.examples) else "")),
                     ]
                     for f, words in ((f, finding_words(f)) for f in findings[:max_rows])
                 ],

@@ -125,9 +125,9 @@ def violations_markdown(record: ViolationsRecord, *, max_rows: int = 20) -> str:
                 ["space", "slot", "allocator", "cells in req_to_token"],
                 [
                     [
-                        p["space"],
-                        str(p["slot"]),
-                        _md_text(p["allocator"]),
+                        p.space,
+                        str(p.slot),
+                        _md_text(p.allocator),
                         _md_text(slot_cells_text(p)),
                     ]
                     for p in record["slots"][: max(max_rows, 0)]

@@ -4,20 +4,20 @@ code."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvcanary_cli.catalog import FindingCode, Severity, cell_unit
 from kvcanary_cli.render.phrases.findings import role_terms
-from kvcanary_cli.render.records.check import (
-    CauseRecord,
-    CheckSummaryRecord,
-    CodeCountRecord,
-    DumpRecord,
-    GroupRecord,
-)
-from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.shared import plural
+from kvcanary_cli.results.check import (
+    Cause,
+    CheckSummary,
+    CodeCount,
+    DumpReport,
+    Finding,
+    GroupSummary,
+)
 
 __all__ = [
     "DIFFERENCES_NOTE",
@@ -76,19 +76,19 @@ GLOSSARY = {
 }
 
 
-def glossary(dumps: list[DumpRecord]) -> str | None:
+def glossary(dumps: Sequence[DumpReport]) -> str | None:
     """`terms: P: prefix length ...; chain-prev: ...`: the planner terms the reports of
     `dumps` use (roles of their findings, P and E of a requests table, REF where the
     reference raises), each explained once; None when they use none."""
     used: set[str] = set()
     for dump in dumps:
-        if dump["findings"] or dump["requests"]:
+        if dump.findings or dump.requests:
             used.add("batch row")
-        if len(dump["requests"]) >= 2:
+        if len(dump.requests) >= 2:
             used.update(("P", "E"))
-        if dump["first_raise"] is not None:
+        if dump.first_raise is not None:
             used.add("REF")
-        used |= role_terms(dump["findings"])
+        used |= role_terms(dump.findings)
     terms = [f"{term}: {meaning}" for term, meaning in GLOSSARY.items() if term in used]
     return "terms: " + "; ".join(terms) if terms else None
 
@@ -101,12 +101,12 @@ def code_cells(counts: dict[FindingCode, int], name: Callable[[str], str] = str)
     )
 
 
-def severity_count(counts: list[CodeCountRecord], severity: Severity) -> int:
+def severity_count(counts: Sequence[CodeCount], severity: Severity) -> int:
     """Cells of one severity over a dump's counts."""
-    return sum(c["count"] for c in counts if c["severity"] == severity)
+    return sum(c.count for c in counts if c.severity == severity)
 
 
-def severity_cells(counts: list[CodeCountRecord], findings: int) -> str:
+def severity_cells(counts: Sequence[CodeCount], findings: int) -> str:
     """`16 error cells, 1 warning cell in 5 findings`: a dump's verdict in named units."""
     errors = severity_count(counts, Severity.ERROR)
     warnings = severity_count(counts, Severity.WARNING)
@@ -116,16 +116,16 @@ def severity_cells(counts: list[CodeCountRecord], findings: int) -> str:
     )
 
 
-def findings_per_count(dump: DumpRecord) -> list[int]:
+def findings_per_count(dump: DumpReport) -> list[int]:
     """Per entry of a dump's `counts` (code, group, severity), how many findings hold its
     cells."""
-    keys = [(f["code"], f["group"], f["severity"]) for f in dump["findings"]]
-    return [keys.count((c["code"], c["group"], c["severity"])) for c in dump["counts"]]
+    keys = [(f.code, f.group, f.severity) for f in dump.findings]
+    return [keys.count((c.code, c.group, c.severity)) for c in dump.counts]
 
 
-def failing_phrase(summary: CheckSummaryRecord, fail_on: str) -> str:
+def failing_phrase(summary: CheckSummary, fail_on: str) -> str:
     """`the dump fails --fail-on error` / `2 of 3 dumps fail ...`, with the unreadable count."""
-    failed, dumps, bad = summary["failed"], summary["dumps"], summary["bad_input"]
+    failed, dumps, bad = summary.failed, summary.dumps, summary.bad_input
     if dumps == 1:
         verdict = "is unreadable" if bad else ("fails" if failed else "passes")
         return f"the dump {verdict}" + ("" if bad else f" at --fail-on {fail_on}")
@@ -137,22 +137,22 @@ def failing_phrase(summary: CheckSummaryRecord, fail_on: str) -> str:
 # --- the groups: where the kernel and the reference differ ---------------------------------
 
 
-def differences_lines(group: GroupRecord) -> list[str]:
+def differences_lines(group: GroupSummary) -> list[str]:
     """A group's reference/kernel comparison in words, one line per kind of difference."""
-    if group["kernel"] == "none":
+    if group.kernel == "none":
         return ["not compared (--kernel none)"]
-    by_field = group["explained_by_field"]
+    by_field = group.explained_by_field
     lines = [
         difference_phrase(
             code, list(by_field[code].items()) if by_field.get(code) else [("plan value", n)]
         )
-        for code, n in group["explained_differences"].items()
+        for code, n in group.explained_differences.items()
     ]
-    if group["unexplained_differences"]:
-        unexplained = group["unexplained_differences"]
+    if group.unexplained_differences:
+        unexplained = group.unexplained_differences
         lines.append(f"{unexplained} unexplained ({FindingCode.KERNEL_DIVERGENCE})")
-    if group["kernel_launch_error"]:
-        lines.append(f"launch raises: {group['kernel_launch_error']}")
+    if group.kernel_launch_error:
+        lines.append(f"launch raises: {group.kernel_launch_error}")
     return lines or ["none"]
 
 
@@ -179,7 +179,7 @@ class CodeSection:
     cells: int
     #: its findings (groups).
     total: int
-    shown: list[FindingRecord]
+    shown: list[Finding]
     #: `15 cells in 3 findings`, `1 finding` (a finding of one row or tensor counts 1).
     size: str
 
@@ -189,7 +189,7 @@ class CauseSection:
     """One cause's block: the diagnosis entry and its symptoms, code by code."""
 
     #: the `diagnosis` entry; None for findings no cause explains.
-    cause: CauseRecord | None
+    cause: Cause | None
     sections: list[CodeSection]
 
 
@@ -200,13 +200,13 @@ def _section_size(cells: int, total: int) -> str:
     return f"{plural(cells, 'cell')} in {findings}"
 
 
-def _code_sections(findings: list[FindingRecord], max_rows: int) -> list[CodeSection]:
-    by_code: dict[tuple[FindingCode, Severity], list[FindingRecord]] = {}
+def _code_sections(findings: list[Finding], max_rows: int) -> list[CodeSection]:
+    by_code: dict[tuple[FindingCode, Severity], list[Finding]] = {}
     for f in findings:  # already in report order
-        by_code.setdefault((f["code"], f["severity"]), []).append(f)
+        by_code.setdefault((f.code, f.severity), []).append(f)
     out = []
     for (code, severity), members in by_code.items():
-        cells = sum(f["count"] for f in members)
+        cells = sum(f.count for f in members)
         out.append(
             CodeSection(
                 code=code,
@@ -220,30 +220,28 @@ def _code_sections(findings: list[FindingRecord], max_rows: int) -> list[CodeSec
     return out
 
 
-def top_causes(dump: DumpRecord) -> list[CauseRecord]:
+def top_causes(dump: DumpReport) -> list[Cause]:
     """The causes a report lists: those no other cause explains (docs/findings.md, "Chains");
     the others are their parents' "also shows" lines."""
-    return [c for c in dump["diagnosis"] if c["explained_by"] is None]
+    return [c for c in dump.diagnosis if c.explained_by is None]
 
 
-def cause_sections(dump: DumpRecord, max_rows: int) -> list[CauseSection]:
+def cause_sections(dump: DumpReport, max_rows: int) -> list[CauseSection]:
     """Per cause (diagnosis order), its findings per code: the totals and the first
     `max_rows` findings (groups).
 
     The table and Markdown views both draw their finding blocks from this, so symptoms are
     always shown under their cause.
     """
-    parent: dict[str, str] = {
-        c["cause"]: c["explained_by"] for c in dump["diagnosis"] if c["explained_by"]
-    }
-    members: dict[str | None, list[FindingRecord]] = {}
-    for f in dump["findings"]:  # an explained cause's symptoms go under its parent
-        own: str | None = f["cause"]
+    parent: dict[str, str] = {c.code: c.explained_by for c in dump.diagnosis if c.explained_by}
+    members: dict[str | None, list[Finding]] = {}
+    for f in dump.findings:  # an explained cause's symptoms go under its parent
+        own: str | None = f.cause
         members.setdefault(parent.get(own or "", own), []).append(f)
     out = []
     for cause in top_causes(dump):
-        if cause["cause"] in members:
-            found = members.pop(cause["cause"])
+        if cause.code in members:
+            found = members.pop(cause.code)
             out.append(CauseSection(cause=cause, sections=_code_sections(found, max_rows)))
     for rest in members.values():
         out.append(CauseSection(cause=None, sections=_code_sections(rest, max_rows)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvcanary_cli.render.records.common import SlotProvenanceRecord
 from kvcanary_cli.render.shared import plural
+from kvcanary_cli.results.cells import SlotProvenance
 
 if TYPE_CHECKING:  # the violations record is built with numpy: `--help` does not import it
     from kvcanary_cli.render.records.violations import (
@@ -67,10 +67,10 @@ def violation_reasons(row: ViolationRowRecord) -> str:
     return ", ".join(label.removeprefix("verify_") for label in row["reasons"]) or "none"
 
 
-def slot_cells_text(prov: SlotProvenanceRecord) -> str:
+def slot_cells_text(prov: SlotProvenance) -> str:
     """A slot's first cells, condensed: `(row 9, pos 13) verify; +2 more`."""
-    cells = [f"(row {c['pool_row']}, pos {c['position']}) {c['role']}" for c in prov["cells"][:3]]
-    more = prov["cells_total"] - len(cells)
+    cells = [f"(row {c.pool_row}, pos {c.position}) {c.role}" for c in prov.cells[:3]]
+    more = prov.cells_total - len(cells)
     if more > 0:
         cells.append(f"+{more} more")
     return "; ".join(cells) or "none"

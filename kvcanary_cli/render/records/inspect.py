@@ -5,14 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
-from kvcanary_cli.render.records.common import (
-    GroupName,
-    ScalarOrigin,
-    ShrinkSummaryRecord,
-    group_name,
-    identity_record,
-    shrink_summary_record,
-)
+from kvcanary_cli.render.records.common import GroupName, group_name, identity_record
+from kvcanary_cli.results.check import ScalarOrigin
+from kvcanary_cli.results.shrink import ShrinkSummary
 
 if TYPE_CHECKING:  # describe reads dumps with numpy: `kvcanary --help` does not import it
     from kvcanary_cli.results.inspect import DumpDescription
@@ -96,7 +91,7 @@ class InspectRecord(TypedDict):
     #: metadata that is neither a scalar nor an identity key
     other_metadata: dict[str, str]
     #: a shrunk dump's record, as check's "shrunk" without its note
-    shrink: ShrinkSummaryRecord | None
+    shrink: ShrinkSummary | None
     #: reading notes, and dtypes the GPU path would refuse
     notes: list[str]
 
@@ -145,7 +140,7 @@ def inspect_record(description: DumpDescription) -> InspectRecord:
         "identity": identity_record(description.identity),
         "shrink": None
         if description.shrink is None
-        else shrink_summary_record(description.shrink, description.file_name),
+        else ShrinkSummary.of(description.shrink, description.file_name),
         "sglang_installed": description.sglang_installed,
         "other_metadata": dict(description.other_metadata),
         "notes": list(description.notes),

@@ -3,23 +3,16 @@ declaration, and `provenance_record`, the one place it is built."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Literal, TypedDict, cast
 
 import kvcanary_cli
 from kvcanary_cli.catalog import FindingCode
-from kvcanary_cli.render.records.common import (
-    CellRole,
-    FindingRecord,
-    GroupName,
-    ShrunkRecord,
-    SlotProvenanceRecord,
-    findings_record,
-    group_name,
-    identity_record,
-    shrunk_record,
-    slot_provenance_record,
-)
+from kvcanary_cli.render.records.common import GroupName, group_name, identity_record
+from kvcanary_cli.results.cells import CellRole, SlotProvenance
+from kvcanary_cli.results.check import Finding
 from kvcanary_cli.results.provenance import ProvenanceReport, RowMap
+from kvcanary_cli.results.shrink import Shrunk
 
 __all__ = [
     "PROVENANCE_SCHEMA",
@@ -104,13 +97,13 @@ class ProvenanceRecord(TypedDict):
     path: str
     identity: dict[str, str]
     #: as in check: set for a shrunk dump
-    shrunk: ShrunkRecord | None
+    shrunk: Shrunk | None
     #: --slot
-    slot: SlotProvenanceRecord | None
+    slot: SlotProvenance | None
     #: --row
     row: RowMapRecord | None
     #: the findings touching the slot or the row
-    findings: list[FindingRecord]
+    findings: list[Finding]
 
 
 def _row(row: RowMap) -> RowMapRecord:
@@ -127,7 +120,7 @@ def _row(row: RowMap) -> RowMapRecord:
             {
                 "position": c.position,
                 "slot": c.slot,
-                "role": cast(CellRole, str(c.role)),
+                "role": cast(CellRole, c.role),
                 "seed": c.seed,
                 "swa_slot": c.swa_slot,
                 "marks": [
@@ -158,8 +151,10 @@ def provenance_record(report: ProvenanceReport) -> ProvenanceRecord:
         "kvcanary_version": kvcanary_cli.__version__,
         "path": report.path,
         "identity": identity_record(report.identity),
-        "shrunk": shrunk_record(report.shrink, report.path),
-        "slot": None if report.slot is None else slot_provenance_record(report.slot),
+        "shrunk": None
+        if report.shrink is None
+        else Shrunk.of(report.shrink, PurePath(report.path).name),
+        "slot": report.slot,
         "row": None if report.row is None else _row(report.row),
-        "findings": findings_record(report.findings),
+        "findings": sorted(report.findings, key=Finding.order_key),
     }

@@ -23,13 +23,8 @@ from kvcanary_cli.canary.constants import (
     tag_label,
 )
 from kvcanary_cli.catalog import ViolationRowCause
-from kvcanary_cli.render.records.common import (
-    GroupName,
-    SlotProvenanceRecord,
-    SpaceName,
-    group_name,
-    slot_provenance_record,
-)
+from kvcanary_cli.render.records.common import GroupName, SpaceName, group_name
+from kvcanary_cli.results.cells import SlotProvenance
 from kvcanary_cli.results.violations import CAUSES, ViolationsReport, explanation_text
 
 __all__ = [
@@ -266,7 +261,7 @@ class ViolationsRecord(TypedDict):
     #: sources in order, then the replay
     rows: list[ViolationRowRecord]
     #: the rows' first 64 distinct slots; [] without a dump
-    slots: list[SlotProvenanceRecord]
+    slots: list[SlotProvenance]
     #: distinct slots in the rows
     slots_total: int
 
@@ -430,6 +425,6 @@ def violations_record(report: ViolationsReport, *, max_rows: int | None = None) 
         "notes": list(report.notes),
         "rows_total": total,
         "rows": [_row(report, i) for i in range(shown)],
-        "slots": [slot_provenance_record(p) for p in report.slots],
+        "slots": list(report.slots),
         "slots_total": report.slots_total,
     }

@@ -1,4 +1,4 @@
-"""The terminal view of a `kvcanary.check/2` record, and `--quiet`'s verdict lines.
+"""The terminal view of a check (the `kvcanary.check/2` record), and `--quiet`'s verdict lines.
 
 Per dump: the verdict spelled out in words (the view reads the same without colour), identity,
 diagnosis, groups, counts, and the findings under their causes.
@@ -26,12 +26,6 @@ from kvcanary_cli.render.phrases.check import (
     top_causes,
 )
 from kvcanary_cli.render.phrases.findings import FIRST_RAISE_MARK
-from kvcanary_cli.render.records.check import (
-    CheckRecord,
-    DumpRecord,
-    GroupRecord,
-    RequestRecord,
-)
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,
@@ -44,6 +38,7 @@ from kvcanary_cli.render.table.common import (
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.render.table.findings import FINDINGS_TABLE_WIDTH, findings_view
 from kvcanary_cli.render.table.pictures import FindingsMap, SlotAxis
+from kvcanary_cli.results.check import CheckReport, DumpReport, GroupSummary, RequestSummary
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["check_table", "verdict_lines"]
@@ -58,7 +53,7 @@ _OVERALL_STYLE = {"findings": "bold red", "clean": "bold green", "bad-input": "b
 _CONFIDENCE_STYLE = {"certain": "bold red", "likely": "bold yellow", "possible": "yellow"}
 
 
-def _groups_view(groups: list[GroupRecord]) -> RenderableType:
+def _groups_view(groups: tuple[GroupSummary, ...]) -> RenderableType:
     """The groups table; where it has no room for the differences (80 columns), they follow
     it, one line per group."""
     differences = [differences_lines(g) for g in groups]
@@ -66,10 +61,8 @@ def _groups_view(groups: list[GroupRecord]) -> RenderableType:
         (
             "-",
             Text(
-                f"{g['group']} differences: " + "; ".join(lines),
-                style="bold red"
-                if g["unexplained_differences"] or g["kernel_launch_error"]
-                else "",
+                f"{g.group} differences: " + "; ".join(lines),
+                style="bold red" if g.unexplained_differences or g.kernel_launch_error else "",
             ),
         )
         for g, lines in zip(groups, differences, strict=True)
@@ -85,7 +78,7 @@ def _groups_view(groups: list[GroupRecord]) -> RenderableType:
     )
 
 
-def _groups_table(groups: list[GroupRecord], differences: list[list[str]] | None) -> Table:
+def _groups_table(groups: tuple[GroupSummary, ...], differences: list[list[str]] | None) -> Table:
     """The groups, with each one's `differences` lines in a column (None: without it)."""
     with_differences = differences is not None
     table = Table(title="groups", title_justify="left")
@@ -100,30 +93,28 @@ def _groups_table(groups: list[GroupRecord], differences: list[list[str]] | None
             else "left",
         )
     for i, g in enumerate(groups):
-        style = "bold red" if g["unexplained_differences"] or g["kernel_launch_error"] else ""
+        style = "bold red" if g.unexplained_differences or g.kernel_launch_error else ""
         table.add_row(
             *cells(
-                g["group"],
-                g["window"],
-                g["total_verify"],
-                g["verify_capacity"],
-                g["enable"],
-                g["kernel"],
+                g.group,
+                g.window,
+                g.total_verify,
+                g.verify_capacity,
+                g.enable,
+                g.kernel,
             ),
             *([Text("\n".join(differences[i]), style=style)] if differences is not None else []),
         )
     return table
 
 
-def _counts_table(dump: DumpRecord) -> Table:
+def _counts_table(dump: DumpReport) -> Table:
     table = Table(title="findings by code", title_justify="left")
     for name in ("code", "severity", "group", "findings", "cells"):
         table.add_column(name, justify="right" if name in ("findings", "cells") else "left")
-    for c, findings in zip(dump["counts"], findings_per_count(dump), strict=True):
-        style = SEVERITY_STYLE.get(c["severity"], "")
-        table.add_row(
-            *cells(c["code"], c["severity"], style=style), *cells(c["group"], findings, c["count"])
-        )
+    for c, findings in zip(dump.counts, findings_per_count(dump), strict=True):
+        style = SEVERITY_STYLE.get(c.severity, "")
+        table.add_row(*cells(c.code, c.severity, style=style), *cells(c.group, findings, c.count))
     return table
 
 
@@ -144,58 +135,58 @@ def _code_blocks(sections: list[CodeSection]) -> list[RenderableType]:
     return parts
 
 
-def _findings_blocks(dump: DumpRecord, max_rows: int) -> list[RenderableType]:
+def _findings_blocks(dump: DumpReport, max_rows: int) -> list[RenderableType]:
     """Symptoms under their causes, in diagnosis order."""
     parts: list[RenderableType] = []
     for number, block in enumerate(cause_sections(dump, max_rows), 1):
         title = (
             "findings no cause explains"
             if block.cause is None
-            else f"cause {number}: {block.cause['cause']} ({block.cause['confidence']})"
+            else f"cause {number}: {block.cause.cause} ({block.cause.confidence})"
         )
         parts.append(Text(f"── {title}", style="bold"))
         parts.extend(_code_blocks(block.sections))
     return parts
 
 
-def _diagnosis_blocks(dump: DumpRecord) -> list[RenderableType]:
+def _diagnosis_blocks(dump: DumpReport) -> list[RenderableType]:
     """The causes, most likely first: what went wrong, the evidence, the fix."""
-    if not dump["diagnosis"]:
+    if not dump.diagnosis:
         return []
     parts: list[RenderableType] = [Text("diagnosis", style="bold")]
     for number, cause in enumerate(top_causes(dump), 1):
-        style = _CONFIDENCE_STYLE.get(cause["confidence"], "")
-        head = Text(f"{cause['cause']} ({cause['confidence']})", style=style)
-        head.append(f": {cause['summary']}", style="")
+        style = _CONFIDENCE_STYLE.get(cause.confidence, "")
+        head = Text(f"{cause.cause} ({cause.confidence})", style=style)
+        head.append(f": {cause.summary}", style="")
         parts.append(indented([(f"{number}.", head)]))
-        rows = [("-", Text(fact)) for fact in cause["evidence"]]
-        explains = code_cells(cause["explains"])
+        rows = [("-", Text(fact)) for fact in cause.evidence]
+        explains = code_cells(cause.explains)
         if explains:
             rows.append(("-", Text(f"explains {explains}")))
-        rows.extend(("-", Text(line)) for line in cause["also_shows"])
-        rows.append(("-", Text(f"fix: {cause['fix']}", style="bold")))
+        rows.extend(("-", Text(line)) for line in cause.also_shows)
+        rows.append(("-", Text(f"fix: {cause.fix}", style="bold")))
         parts.append(indented(rows, indent=5))
     return parts
 
 
-def _raise_blocks(dump: DumpRecord) -> list[RenderableType]:
+def _raise_blocks(dump: DumpReport) -> list[RenderableType]:
     """Where SGLang's reference raises first, and whether the dump's recorded error agrees."""
     rows: list[tuple[str, Text]] = []
-    raised = dump["first_raise"]
+    raised = dump.first_raise
     if raised is not None:
         rows.append(
             (
                 "",
                 Text(
-                    f"SGLang's reference raises first in group {raised['group']} at batch "
-                    f"row {raised['batch_row']}, position {raised['position']} "
-                    f"({raised['code']}, marked '{FIRST_RAISE_MARK}' below): "
-                    f"{raised['exception_type']}: {raised['message']}"
+                    f"SGLang's reference raises first in group {raised.group} at batch "
+                    f"row {raised.batch_row}, position {raised.position} "
+                    f"({raised.code}, marked '{FIRST_RAISE_MARK}' below): "
+                    f"{raised.exception_type}: {raised.message}"
                 ),
             )
         )
-    recorded = dump["recorded_exception"]
-    if recorded is not None and dump["recorded_exception_matches"]:
+    recorded = dump.recorded_exception
+    if recorded is not None and dump.recorded_exception_matches:
         rows.append(
             ("", Text(f"the dump's note records the same exception: {recorded}", style="green"))
         )
@@ -212,14 +203,14 @@ def _raise_blocks(dump: DumpRecord) -> list[RenderableType]:
                 ),
             )
         )
-    for a in dump["assumptions"]:
-        decides = code_cells(a["decides"])
+    for a in dump.assumptions:
+        decides = code_cells(a.decides)
         rows.append(
             (
                 "",
                 Text(
-                    f"assumption: {a['scalar']} = {a['value']} ({a['source']}) is not recorded; "
-                    f"{decides} rest on it and are reported as info: {a['advice']}",
+                    f"assumption: {a.scalar} = {a.value} ({a.source}) is not recorded; "
+                    f"{decides} rest on it and are reported as info: {a.advice}",
                     style="yellow",
                 ),
             )
@@ -227,20 +218,20 @@ def _raise_blocks(dump: DumpRecord) -> list[RenderableType]:
     return [indented(rows)] if rows else []
 
 
-def _requests_table(requests: list[RequestRecord]) -> Table:
+def _requests_table(requests: tuple[RequestSummary, ...]) -> Table:
     table = Table(title="requests with findings", title_justify="left")
     for name in ("batch row", "pool row", "P", "E", "first bad pos"):
         table.add_column(name, justify="right")
     table.add_column("cells with findings")
     for r in requests:
-        counts = code_cells(r["counts"])
+        counts = code_cells(r.counts)
         table.add_row(
             *cells(
-                r["batch_row"],
-                r["pool_row"],
-                r["prefix_len"],
-                r["extend_len"],
-                r["first_bad_position"],
+                r.batch_row,
+                r.pool_row,
+                r.prefix_len,
+                r.extend_len,
+                r.first_bad_position,
                 counts,
             )
         )
@@ -248,97 +239,97 @@ def _requests_table(requests: list[RequestRecord]) -> Table:
 
 
 def _dump_blocks(
-    dump: DumpRecord, fail_on: str, max_rows: int, errors_on_stderr: bool
+    dump: DumpReport, fail_on: str, max_rows: int, errors_on_stderr: bool
 ) -> list[RenderableType]:
     verdict = _verdict_text(dump, fail_on)
-    if dump["error"] is not None and errors_on_stderr:  # the reason is said once, on stderr
+    if dump.error is not None and errors_on_stderr:  # the reason is said once, on stderr
         verdict.append("  (unreadable: the error line on stderr says why)")
     parts: list[RenderableType] = [verdict]
-    if dump["identity"] or dump["error"] is None:
-        parts.append(identity_line(dump["identity"]))
-    if dump["error"] is not None:
+    if dump.identity or dump.error is None:
+        parts.append(identity_line(dump.identity))
+    if dump.error is not None:
         if not errors_on_stderr:
-            parts.append(Text(f"  bad input: {dump['error']}", style="magenta"))
+            parts.append(Text(f"  bad input: {dump.error}", style="magenta"))
     else:
-        facts = [f"bs {dump['bs']}"]
-        if dump["kernel_mode"]:
-            facts.append(f"kernel mode {dump['kernel_mode']}")
+        facts = [f"bs {dump.bs}"]
+        if dump.kernel_mode:
+            facts.append(f"kernel mode {dump.kernel_mode}")
         parts.append(Text("  " + " · ".join(facts)))
-    if dump["shrunk"] is not None:
-        parts.append(shrunk_block(dump["shrunk"]))
-    if dump["notes"]:
-        parts.append(indented([("", Text(f"note: {note}", style="dim")) for note in dump["notes"]]))
+    if dump.shrunk is not None:
+        parts.append(shrunk_block(dump.shrunk))
+    if dump.notes:
+        parts.append(indented([("", Text(f"note: {note}", style="dim")) for note in dump.notes]))
     parts.extend(_diagnosis_blocks(dump))
     parts.extend(_raise_blocks(dump))
-    if dump["groups"]:
-        parts.append(_groups_view(dump["groups"]))
-    if dump["counts"]:
+    if dump.groups:
+        parts.append(_groups_view(dump.groups))
+    if dump.counts:
         parts.append(_counts_table(dump))
         parts.append(Text(UNITS_NOTE, style="dim"))
         terms = glossary([dump])
         if terms:
             parts.append(Text(terms, style="dim"))
-        if len(dump["requests"]) >= 2:
-            parts.append(_requests_table(dump["requests"][:max_rows]))
-            if len(dump["requests"]) > max_rows:
-                more = plural(len(dump["requests"]) - max_rows, "more request")
+        if len(dump.requests) >= 2:
+            parts.append(_requests_table(dump.requests[:max_rows]))
+            if len(dump.requests) > max_rows:
+                more = plural(len(dump.requests) - max_rows, "more request")
                 parts.append(Text(f"… and {more} with findings (--max-rows)"))
         for picture in (FindingsMap(dump, max_rows), SlotAxis(dump)):
             if picture.drawn:
                 parts.append(picture)
         parts.extend(_findings_blocks(dump, max_rows))
-    elif dump["error"] is None:
+    elif dump.error is None:
         parts.append(Text("  no findings", style="green"))
     return parts
 
 
-def _summary_table(record: CheckRecord, errors_on_stderr: bool) -> Table:
+def _summary_table(report: CheckReport, errors_on_stderr: bool) -> Table:
     table = Table(title="summary", title_justify="left")
     names = ["dump", "verdict", "bs", "findings", "error cells", "warning cells"]
     for name in names if errors_on_stderr else [*names, "error"]:
         table.add_column(name, justify="left" if name in ("dump", "verdict", "error") else "right")
-    for d in record["dumps"]:
-        errors = severity_count(d["counts"], Severity.ERROR)
-        warnings = severity_count(d["counts"], Severity.WARNING)
+    for d in report.dumps:
+        errors = severity_count(d.counts, Severity.ERROR)
+        warnings = severity_count(d.counts, Severity.WARNING)
         table.add_row(
-            _t(d["path"]),
-            _t(d["verdict"], _VERDICT_STYLE.get(d["verdict"], "")),
+            _t(d.path),
+            _t(d.verdict, _VERDICT_STYLE.get(d.verdict, "")),
             *cells(
-                d["bs"],
-                d["findings_total"],
+                d.bs,
+                d.findings_total,
                 errors,
                 warnings,
-                *([] if errors_on_stderr else [d["error"]]),
+                *([] if errors_on_stderr else [d.error]),
             ),
         )
     return table
 
 
-def verdict_lines(record: CheckRecord) -> str:
+def verdict_lines(report: CheckReport) -> str:
     """`--quiet`: the verdict line of each dump (and the overall one for several), as text."""
-    record = printable_record(record)
-    lines = [_verdict_text(dump, record["fail_on"]).plain for dump in record["dumps"]]
-    if len(record["dumps"]) >= 2:
-        lines.append(failing_phrase(record["summary"], record["fail_on"]))
+    report = printable_record(report)
+    lines = [_verdict_text(dump, report.fail_on).plain for dump in report.dumps]
+    if len(report.dumps) >= 2:
+        lines.append(failing_phrase(report.summary, report.fail_on))
     return "\n".join(lines) + "\n"
 
 
-def _verdict_text(dump: DumpRecord, fail_on: str) -> Text:
-    verdict = dump["verdict"]
+def _verdict_text(dump: DumpReport, fail_on: str) -> Text:
+    verdict = dump.verdict
     head = Text(
-        f"{verdict.upper().replace('-', ' ')}: {dump['path']}",
+        f"{verdict.upper().replace('-', ' ')}: {dump.path}",
         style=_VERDICT_STYLE.get(verdict, "bold"),
     )
-    if dump["error"] is None:
+    if dump.error is None:
         head.append(
-            f"  ({severity_cells(dump['counts'], dump['findings_total'])}; "
-            f"{'fails' if dump['fails'] else 'passes'} --fail-on {fail_on})"
+            f"  ({severity_cells(dump.counts, dump.findings_total)}; "
+            f"{'fails' if dump.fails else 'passes'} --fail-on {fail_on})"
         )
     return head
 
 
 def check_table(
-    record: CheckRecord, *, max_rows: int = 10, errors_on_stderr: bool = False
+    report: CheckReport, *, max_rows: int = 10, errors_on_stderr: bool = False
 ) -> RenderableType:
     """Per dump: verdict, identity, groups, counts, then per code the first `max_rows` findings.
 
@@ -346,22 +337,22 @@ def check_table(
     unreadable dumps' error lines go to the same terminal (`check` prints them on stderr),
     so the view names those dumps without repeating why.
     """
-    record = printable_record(record)
+    report = printable_record(report)
     parts: list[RenderableType] = []
-    if record["sglang_installed"]:
-        parts.append(Text(f"SGLang installed here: {record['sglang_installed']}", style="dim"))
-    for i, dump in enumerate(record["dumps"]):
+    if report.sglang_installed:
+        parts.append(Text(f"SGLang installed here: {report.sglang_installed}", style="dim"))
+    for i, dump in enumerate(report.dumps):
         if i:
             parts.append(Text(""))
-        parts.extend(_dump_blocks(dump, record["fail_on"], max_rows, errors_on_stderr))
-    if len(record["dumps"]) >= 2:
+        parts.extend(_dump_blocks(dump, report.fail_on, max_rows, errors_on_stderr))
+    if len(report.dumps) >= 2:
         parts.append(Text(""))
-        parts.append(_summary_table(record, errors_on_stderr))
-        s = record["summary"]
+        parts.append(_summary_table(report, errors_on_stderr))
+        s = report.summary
         parts.append(
             Text(
-                failing_phrase(s, record["fail_on"]),
-                style=_OVERALL_STYLE.get(record["verdict"], "bold"),
+                failing_phrase(s, report.fail_on),
+                style=_OVERALL_STYLE.get(report.verdict, "bold"),
             )
         )
     if not parts:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.phrases.shrink import shrunk_lines
-from kvcanary_cli.render.records.common import ShrunkRecord
+from kvcanary_cli.results.shrink import Shrunk
 
 __all__ = [
     "SEVERITY_STYLE",
@@ -78,6 +78,6 @@ def identity_line(identity: dict[str, str], path: str | None = None) -> Renderab
     return indented([("", Text(" · ".join(bits) or "no identity metadata", style="dim"))])
 
 
-def shrunk_block(shrunk: ShrunkRecord) -> RenderableType:
+def shrunk_block(shrunk: Shrunk) -> RenderableType:
     """A shrunk dump's facts, in yellow."""
     return indented([("", Text(line, style="yellow")) for line in shrunk_lines(shrunk)])

@@ -9,14 +9,16 @@ where the example's slot lives.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.phrases.findings import FindingWords, finding_words
-from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.table.common import SEVERITY_STYLE, ByWidth, cells
 from kvcanary_cli.render.table.common import cell as _t
+from kvcanary_cli.results.check import Finding
 
 __all__ = ["FINDINGS_TABLE_WIDTH", "findings_view", "message_text"]
 
@@ -28,11 +30,11 @@ FINDINGS_TABLE_WIDTH = 100
 _HOLDERS_SHOWN = 3
 
 
-def message_text(f: FindingRecord, words: FindingWords) -> Text:
+def message_text(f: Finding, words: FindingWords) -> Text:
     """The message, flagged where SGLang's reference raises and where it rests on assumptions,
     then a few of the group's cells and where the example's slot lives."""
-    text = Text(f["message"])
-    assumes = f"(assumes {', '.join(f['assumes'])}: not recorded)" if f["assumes"] else None
+    text = Text(f.message)
+    assumes = f"(assumes {', '.join(f.assumes)}: not recorded)" if f.assumes else None
     pieces = (
         (" ", words.raise_mark, "bold"),
         (" ", words.launch_mark, "bold"),
@@ -46,28 +48,28 @@ def message_text(f: FindingRecord, words: FindingWords) -> Text:
     return text
 
 
-def _holders_text(f: FindingRecord) -> str | None:
+def _holders_text(f: Finding) -> str | None:
     """Where the example's slot lives when that says more than the finding's own cells:
     `slot 77 is held at (row 8, pos 4) verify; (row 3, pos 4) verify shared; +2 more`."""
-    if not f["provenance"]:
+    if not f.provenance:
         return None
-    prov = f["provenance"][0]
-    if prov["cells_total"] <= 1 and not prov["mapped_from"]:
+    prov = f.provenance[0]
+    if prov.cells_total <= 1 and not prov.mapped_from:
         return None
     bits = []
-    for c in prov["cells"][:_HOLDERS_SHOWN]:
-        flags = "".join(f" {flag}" for flag in ("seed", "shared") if c[flag])
-        bits.append(f"(row {c['pool_row']}, pos {c['position']}) {c['role']}{flags}")
-    more = prov["cells_total"] - min(len(prov["cells"]), _HOLDERS_SHOWN)
+    for c in prov.cells[:_HOLDERS_SHOWN]:
+        flags = "".join(f" {flag}" for flag, on in (("seed", c.seed), ("shared", c.shared)) if on)
+        bits.append(f"(row {c.pool_row}, pos {c.position}) {c.role}{flags}")
+    more = prov.cells_total - min(len(prov.cells), _HOLDERS_SHOWN)
     if more > 0:
         bits.append(f"+{more} more")
-    space = "swa slot" if prov["space"] == "swa" else "slot"
-    return f"{space} {prov['slot']} is held at " + ("; ".join(bits) or "no cell")
+    space = "swa slot" if prov.space == "swa" else "slot"
+    return f"{space} {prov.slot} is held at " + ("; ".join(bits) or "no cell")
 
 
 #: A finding with its phrases (`phrases.findings.finding_words`), worked out once for both
 #: layouts.
-_Worded = list[tuple[FindingRecord, FindingWords]]
+_Worded = list[tuple[Finding, FindingWords]]
 
 
 def _findings_table(findings: _Worded, with_code: bool) -> Table:
@@ -79,10 +81,10 @@ def _findings_table(findings: _Worded, with_code: bool) -> Table:
         table.add_column(name, justify="right" if name == "cells" else "left")
     table.add_column("message", ratio=1)
     for f, words in findings:
-        code = (_t(f["code"], SEVERITY_STYLE.get(f["severity"], "")),) if with_code else ()
+        code = (_t(f.code, SEVERITY_STYLE.get(f.severity, "")),) if with_code else ()
         table.add_row(
             *code,
-            *cells(f["group"], f["count"], "\n".join(words.where) or "-", words.role),
+            *cells(f.group, f.count, "\n".join(words.where) or "-", words.role),
             message_text(f, words),
         )
     return table
@@ -97,9 +99,9 @@ def _finding_blocks(findings: _Worded, with_code: bool) -> Table:
     for f, words in findings:
         head = Text()
         if with_code:
-            head.append(f"{f['code']} ({f['severity']}) · ", SEVERITY_STYLE.get(f["severity"], ""))
+            head.append(f"{f.code} ({f.severity}) · ", SEVERITY_STYLE.get(f.severity, ""))
         role = words.role
-        head.append(" · ".join([f["group"], words.cells, *([role] if role else [])]))
+        head.append(" · ".join([f.group, words.cells, *([role] if role else [])]))
         grid.add_row(Text("•"), head)
         where = " · ".join(words.where)
         if where:
@@ -108,7 +110,7 @@ def _finding_blocks(findings: _Worded, with_code: bool) -> Table:
     return grid
 
 
-def findings_view(findings: list[FindingRecord], *, with_code: bool = False) -> RenderableType:
+def findings_view(findings: Sequence[Finding], *, with_code: bool = False) -> RenderableType:
     """Findings as a table from `FINDINGS_TABLE_WIDTH` columns up, else one block each;
     `with_code`: each names its code (`check` names it in the heading above instead)."""
     worded = [(f, finding_words(f)) for f in findings]

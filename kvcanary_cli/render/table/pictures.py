@@ -9,20 +9,24 @@ without colour (`NO_COLOR`, a pipe, a file); colour only adds the severity's hue
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.text import Text
 
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.render.records.check import DumpRecord
-from kvcanary_cli.render.records.common import FindingRecord
 from kvcanary_cli.render.records.provenance import RowMapRecord
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import SEVERITY_STYLE
+from kvcanary_cli.results.check import DumpReport, Finding
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from kvcanary_cli.results.cells import CellColumns
 
 __all__ = ["FindingsMap", "RowStrip", "SlotAxis", "code_letters"]
 
@@ -41,14 +45,14 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _INDENT = 2
 
 
-def code_letters(findings: Iterable[FindingRecord]) -> dict[str, tuple[str, str]]:
+def code_letters(findings: Iterable[Finding]) -> dict[str, tuple[str, str]]:
     """A letter and a severity per finding code, most severe first, then in report order
     (after A..Z, the codes share `*`)."""
     severity: dict[str, str] = {}
     for f in findings:
-        current = severity.get(f["code"])
-        if current is None or Severity(f["severity"]).rank > Severity(current).rank:
-            severity[f["code"]] = f["severity"]
+        current = severity.get(f.code)
+        if current is None or Severity(f.severity).rank > Severity(current).rank:
+            severity[f.code] = f.severity
     ordered = sorted(severity, key=lambda code: -Severity(severity[code]).rank)
     return {
         code: (_LETTERS[i] if i < len(_LETTERS) else "*", severity[code])
@@ -119,7 +123,7 @@ def _mark_style(severity: str) -> str:
 
 
 def _marks(
-    findings: list[FindingRecord], rows: set[int], *, by: Literal["batch_row", "pool_row"]
+    findings: Sequence[Finding], rows: set[int], *, by: Literal["batch_row", "pool_row"]
 ) -> tuple[dict[str, tuple[str, str]], dict[int, dict[int, str]]]:
     """Letters for the codes with a cell in `rows` (batch or pool rows, `by` names the cell
     column), and per row the most severe code's letter at each position a cell is on."""
@@ -129,15 +133,14 @@ def _marks(
     wanted = np.array(sorted(rows), dtype=np.int64)
     drawn = []
     for f in findings:
-        cells = f["cells"]
+        cells = f.cells
         if cells is None:
             continue
-        here = np.flatnonzero(np.isin(np.asarray(cells[by]), wanted))
-        in_rows = np.asarray(cells[by])[here].tolist()
-        for row, position in zip(
-            in_rows, np.asarray(cells["position"])[here].tolist(), strict=True
-        ):
-            at[row].setdefault(position, []).append(f["code"])
+        held, positions = cells.column(by), cells.column("position")  # as held: same ints
+        assert held is not None and positions is not None
+        here = np.flatnonzero(np.isin(held, wanted))
+        for row, position in zip(held[here].tolist(), positions[here].tolist(), strict=True):
+            at[row].setdefault(position, []).append(f.code)
         if here.size:
             drawn.append(f)
     letters = code_letters(drawn)
@@ -162,7 +165,7 @@ class RowStrip:
     """A pool row as one line of glyphs: its live prefix, verify window, pending writes and
     stale tail, and each cell with a finding as its code's letter; a scale and a legend."""
 
-    def __init__(self, row: RowMapRecord, findings: list[FindingRecord]) -> None:
+    def __init__(self, row: RowMapRecord, findings: list[Finding]) -> None:
         self.row = row
         self.findings = findings
         self.letters, marks = _marks(findings, {row["pool_row"]}, by="pool_row")
@@ -237,15 +240,15 @@ class FindingsMap:
     `max_rows`), its positions as glyphs: a live cell `·`, a cell with a finding its code's
     letter; a scale and a legend."""
 
-    def __init__(self, dump: DumpRecord, max_rows: int) -> None:
-        self.requests = dump["requests"][:max_rows]
-        self.more = len(dump["requests"]) - len(self.requests)
-        shown = {r["batch_row"] for r in self.requests}
-        self.letters, self.marks = _marks(dump["findings"], shown, by="batch_row")
+    def __init__(self, dump: DumpReport, max_rows: int) -> None:
+        self.requests = dump.requests[:max_rows]
+        self.more = len(dump.requests) - len(self.requests)
+        shown = {r.batch_row for r in self.requests}
+        self.letters, self.marks = _marks(dump.findings, shown, by="batch_row")
         self.ends = {
-            r["batch_row"]: max(
-                max(r["prefix_len"], 0) + max(r["extend_len"], 0),
-                max(self.marks[r["batch_row"]], default=-1) + 1,
+            r.batch_row: max(
+                max(r.prefix_len, 0) + max(r.extend_len, 0),
+                max(self.marks[r.batch_row], default=-1) + 1,
             )
             for r in self.requests
         }
@@ -259,9 +262,7 @@ class FindingsMap:
         if not self.drawn:
             return
         width = options.max_width
-        labels = {
-            r["batch_row"]: f"row {r['batch_row']} (pool {r['pool_row']})" for r in self.requests
-        }
+        labels = {r.batch_row: f"row {r.batch_row} (pool {r.pool_row})" for r in self.requests}
         label_width = max(map(len, labels.values()))
         room = width - _INDENT - label_width - 1
         longest = max(self.ends.values())
@@ -272,8 +273,8 @@ class FindingsMap:
         seen: set[str] = set()
         severity_of = {letter: severity for letter, severity in self.letters.values()}
         for r in self.requests:
-            line = Text(" " * _INDENT + labels[r["batch_row"]].ljust(label_width) + " ")
-            marks, end = self.marks[r["batch_row"]], self.ends[r["batch_row"]]
+            line = Text(" " * _INDENT + labels[r.batch_row].ljust(label_width) + " ")
+            marks, end = self.marks[r.batch_row], self.ends[r.batch_row]
             marked = _by_char(marks, 0, step)
             for i in range(-(-end // step)):
                 if i in marked:
@@ -295,38 +296,48 @@ class FindingsMap:
         return Measurement(options.max_width, options.max_width)
 
 
+def _slots(f: Finding) -> np.ndarray:
+    """A finding's slot column as held (empty without one)."""
+    import numpy as np
+
+    held = None if f.cells is None else f.cells.column("slot")
+    return np.zeros(0, dtype=np.int64) if held is None else held
+
+
+def _min_batch_row(cells: CellColumns) -> int:
+    held = cells.column("batch_row")
+    return 0 if held is None else int(held.min())
+
+
 class SlotAxis:
     """Where a dump's findings sit among the full pool's slots: one line from slot 0 to the
     pool's size (or the largest slot found), `|` at `lut_len` and at the pool's end, a slot
     with a finding its code's letter; drawn when the LUT's length or the pool's size is what
     the findings are about (or they hold slots but no batch row's cells)."""
 
-    def __init__(self, dump: DumpRecord) -> None:
+    def __init__(self, dump: DumpReport) -> None:
         import numpy as np  # each finding's distinct slots, not each of its cells
 
-        slotted = [f for f in dump["findings"] if f["space"] == "full" and f["cells"] is not None]
-        self.letters = code_letters(f for f in slotted if f["cells"] and f["cells"]["slot"])
+        slotted = [f for f in dump.findings if f.space == "full" and f.cells is not None]
+        self.letters = code_letters(f for f in slotted if _slots(f).size)
         self.slots: dict[int, str] = {}
         for f in slotted:
-            cells = f["cells"]
-            letter = self.letters.get(f["code"], ("*", ""))[0]
-            column = None if cells is None else cells["slot"]
-            held = np.unique(np.asarray(column)) if column else np.zeros(0, dtype=np.int64)
+            letter = self.letters.get(f.code, ("*", ""))[0]
+            held = np.unique(_slots(f))
             for slot in held[held >= 0].tolist():
                 if slot not in self.slots or letter < self.slots[slot]:
                     self.slots[slot] = letter
-        lut = [f["details"]["lut_len"] for f in dump["findings"] if "lut_len" in f["details"]]
+        lut = [f.details["lut_len"] for f in dump.findings if "lut_len" in f.details]
         self.lut_len = int(lut[0]) if lut and isinstance(lut[0], int) else None
-        pool = [s for s in dump["scalars"] if s["name"] == "num_full_slots"]
-        self.pool = pool[0]["value"] if pool else None
+        pool = [s for s in dump.scalars if s.name == "num_full_slots"]
+        self.pool = pool[0].value if pool else None
         self.pool_name = "pool size" + (
-            " (derived)" if pool and pool[0]["origin"] == "derived" else ""
+            " (derived)" if pool and pool[0].origin == "derived" else ""
         )
         beyond = self.pool is not None and any(slot >= self.pool for slot in self.slots)
         cells_only_of_slots = all(
-            f["cells"] is None
-            or (len(f["cells"]["batch_row"]) > 0 and int(np.min(f["cells"]["batch_row"])) < 0)
-            for f in dump["findings"]
+            f.cells is None or (len(f.cells) > 0 and _min_batch_row(f.cells) < 0)
+            for f in dump.findings
         )
         self.drawn = bool(self.slots) and (
             self.lut_len is not None or beyond or cells_only_of_slots

@@ -8,86 +8,85 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.phrases.provenance import CELL_COLUMNS, row_lines, row_notices
-from kvcanary_cli.render.records.common import FindingRecord, SlotProvenanceRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import cells, identity_line, indented, shrunk_block
 from kvcanary_cli.render.table.findings import findings_view
 from kvcanary_cli.render.table.pictures import RowStrip
+from kvcanary_cli.results.cells import SlotProvenance
+from kvcanary_cli.results.check import Finding
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["provenance_table"]
 
 
-def _slot_blocks(prov: SlotProvenanceRecord, max_rows: int) -> list[RenderableType]:
-    head = Text(f"{prov['space']} slot {prov['slot']}", style="bold")
-    if prov["swa_slot"] is not None:
-        head.append(f"  → swa slot {prov['swa_slot']} (LUT[{prov['slot']}])")
-    elif prov["translation_note"]:
-        head.append(f"  → no SWA translation: {prov['translation_note']}", style="yellow")
+def _slot_blocks(prov: SlotProvenance, max_rows: int) -> list[RenderableType]:
+    head = Text(f"{prov.space} slot {prov.slot}", style="bold")
+    if prov.swa_slot is not None:
+        head.append(f"  → swa slot {prov.swa_slot} (LUT[{prov.slot}])")
+    elif prov.translation_note:
+        head.append(f"  → no SWA translation: {prov.translation_note}", style="yellow")
     parts: list[RenderableType] = [head]
-    if prov["space"] == "swa":
-        mapped = ", ".join(map(str, prov["mapped_from"])) or "none"
+    if prov.space == "swa":
+        mapped = ", ".join(map(str, prov.mapped_from)) or "none"
         parts.append(
-            indented([("", Text(f"mapped from full slots (LUT[f] = {prov['slot']}): {mapped}"))])
+            indented([("", Text(f"mapped from full slots (LUT[f] = {prov.slot}): {mapped}"))])
         )
-    if prov["clamped_from"]:
-        clamped = ", ".join(map(str, prov["clamped_from"]))
+    if prov.clamped_from:
+        clamped = ", ".join(map(str, prov.clamped_from))
         redirected = "redirected here by the GPU clamp (full slots >= lut_len the SWA plan reads)"
         parts.append(indented([("", Text(f"{redirected}: {clamped}", style="yellow"))]))
     parts.append(
         Text(
-            f"  allocator: {prov['allocator'] or 'unknown (no free list in the dump)'}",
-            style="red" if prov["allocator"] == "free" else "",
+            f"  allocator: {prov.allocator or 'unknown (no free list in the dump)'}",
+            style="red" if prov.allocator == "free" else "",
         )
     )
-    swa = prov["space"] == "swa"
+    swa = prov.space == "swa"
     cell_table = Table(
-        title=f"cells ({prov['cells_total']} in req_to_token, live first)", title_justify="left"
+        title=f"cells ({prov.cells_total} in req_to_token, live first)", title_justify="left"
     )
     for name in CELL_COLUMNS[swa]:
         cell_table.add_column(
             name, justify="right" if name in ("pool row", "position", "full slot") else "left"
         )
-    for c in prov["cells"]:
+    for c in prov.cells:
         cell_table.add_row(
             *cells(
-                c["pool_row"],
-                c["position"],
-                *((c["full_slot"],) if swa else ()),
-                ", ".join(map(str, c["batch_rows"])) or "-",
-                c["role"],
-                "seed" if c["seed"] else "",
-                "shared" if c["shared"] else "",
+                c.pool_row,
+                c.position,
+                *((c.full_slot,) if swa else ()),
+                ", ".join(map(str, c.batch_rows)) or "-",
+                c.role,
+                "seed" if c.seed else "",
+                "shared" if c.shared else "",
             )
         )
     parts.append(cell_table)
-    if prov["cells_total"] > len(prov["cells"]):
-        parts.append(Text(f"… and {prov['cells_total'] - len(prov['cells'])} more cells"))
-    if prov["canary"]:
+    if prov.cells_total > len(prov.cells):
+        parts.append(Text(f"… and {prov.cells_total - len(prov.cells)} more cells"))
+    if prov.canary:
         canary = Table(title="canary records", title_justify="left")
         for name in ("buffer", "token", "position", "prev hash", "real kv hash"):
             canary.add_column(name, justify="left" if name == "buffer" else "right")
-        for r in prov["canary"][:max_rows]:
-            canary.add_row(
-                *cells(r["buffer"], r["token"], r["position"], r["prev_hash"], r["real_kv_hash"])
-            )
+        for r in prov.canary[:max_rows]:
+            canary.add_row(*cells(r.buffer, r.token, r.position, r.prev_hash, r.real_kv_hash))
         parts.append(canary)
-        if len(prov["canary"]) > max_rows:
-            parts.append(Text(f"… and {len(prov['canary']) - max_rows} more records (--max-rows)"))
-    if prov["violations"]:
-        shown, total = min(len(prov["violations"]), max_rows), prov["violations_total"]
+        if len(prov.canary) > max_rows:
+            parts.append(Text(f"… and {len(prov.canary) - max_rows} more records (--max-rows)"))
+    if prov.violations:
+        shown, total = min(len(prov.violations), max_rows), prov.violations_total
         title = "violation ring rows" + (f" (first {shown} of {total})" if total > shown else "")
         violations = Table(title=title, title_justify="left")
         violations.add_column("index", justify="right")
         violations.add_column("fields")
-        for v in prov["violations"][:shown]:
-            violations.add_row(*cells(v["index"], ", ".join(map(str, v["fields"]))))
+        for v in prov.violations[:shown]:
+            violations.add_row(*cells(v.index, ", ".join(map(str, v.fields))))
         parts.append(violations)
     return parts
 
 
-def _row_blocks(row: RowMapRecord, findings: list[FindingRecord]) -> list[RenderableType]:
+def _row_blocks(row: RowMapRecord, findings: list[Finding]) -> list[RenderableType]:
     batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle row)"
     parts: list[RenderableType] = [
         Text(
@@ -138,7 +137,7 @@ def _row_blocks(row: RowMapRecord, findings: list[FindingRecord]) -> list[Render
     return parts
 
 
-def _touching_blocks(findings: list[FindingRecord], max_rows: int) -> list[RenderableType]:
+def _touching_blocks(findings: list[Finding], max_rows: int) -> list[RenderableType]:
     parts: list[RenderableType] = [Text("findings touching it", style="bold")]
     parts.append(findings_view(findings[:max_rows], with_code=True))
     if len(findings) > max_rows:

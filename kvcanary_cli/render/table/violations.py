@@ -17,9 +17,9 @@ from kvcanary_cli.render.phrases.violations import (
     source_detail,
     violation_reasons,
 )
-from kvcanary_cli.render.records.common import SlotProvenanceRecord
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import cells
+from kvcanary_cli.results.cells import SlotProvenance
 from kvcanary_cli.safe_text import printable_record
 
 if TYPE_CHECKING:  # the record's module builds it with numpy
@@ -32,16 +32,16 @@ if TYPE_CHECKING:  # the record's module builds it with numpy
 __all__ = ["violations_table"]
 
 
-def _slots_table(slots: list[SlotProvenanceRecord]) -> Table:
+def _slots_table(slots: list[SlotProvenance]) -> Table:
     table = Table(title="slots", title_justify="left")
     for name in ("space", "slot", "allocator", "cells in req_to_token"):
         table.add_column(name, justify="right" if name == "slot" else "left")
     for prov in slots:
         table.add_row(
             *cells(
-                prov["space"],
-                prov["slot"],
-                prov["allocator"] or "unknown",
+                prov.space,
+                prov.slot,
+                prov.allocator or "unknown",
                 slot_cells_text(prov),
             )
         )
