@@ -40,7 +40,6 @@ from kvcanary_cli.analysis.findings import (
     slot_findings,
     swa_findings,
 )
-from kvcanary_cli.analysis.kernel_raise import mark_upstream_raise
 from kvcanary_cli.analysis.leak_check import pool_leak_findings, reconciliation_notes
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
@@ -54,6 +53,7 @@ from kvcanary_cli.analysis.provenance import (
 from kvcanary_cli.analysis.request_summaries import request_summaries
 from kvcanary_cli.analysis.upstream_raise import (
     first_raise,
+    mark_upstream_raise,
     recorded_exception,
     reference_raises,
 )

@@ -13,7 +13,7 @@ from typing import cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.kernel_raise import launch_divergences
+from kvcanary_cli.analysis.upstream_raise import launch_divergences
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
 from kvcanary_cli.results.check import Finding, JsonValue

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvcanary_cli.analysis.check import run_check
-from kvcanary_cli.analysis.kernel_raise import launch_divergences
+from kvcanary_cli.analysis.upstream_raise import launch_divergences
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS
