@@ -2,12 +2,15 @@
 
 Plans every group with the reference semantics (collect mode: every problem, never a raise)
 and with the kernel that stands in for production, compares them, runs every finding
-detector, and attaches provenance to every finding in one pass over `req_to_token`.
+detector, and attaches provenance to every finding in one pass over `req_to_token`. The
+dump's report is assembled here too: its batch rows with findings (`request_summaries`) and
+the derived scalars its findings rest on (`assumptions_of`).
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -16,7 +19,6 @@ from typing import Literal, cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.assumptions import assumptions_of
 from kvcanary_cli.analysis.bookkeeping import (
     free_list_findings,
     lut_bookkeeping_findings,
@@ -50,7 +52,6 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
-from kvcanary_cli.analysis.request_summaries import request_summaries
 from kvcanary_cli.analysis.upstream_raise import (
     first_raise,
     mark_upstream_raise,
@@ -60,7 +61,7 @@ from kvcanary_cli.analysis.upstream_raise import (
 from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
@@ -69,6 +70,7 @@ from kvcanary_cli.planners.staging import StagingTooLargeError
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.cells import CellColumns, SlotProvenance, Space
 from kvcanary_cli.results.check import (
+    Assumption,
     CheckReport,
     DumpReport,
     Finding,
@@ -76,6 +78,7 @@ from kvcanary_cli.results.check import (
     KernelMode,
     KernelName,
     PlanValueName,
+    RequestSummary,
     ScalarOrigin,
     ScalarValue,
 )
@@ -435,6 +438,67 @@ def attach_provenance(
                 )
             provenance.append(cache[key])
         out.append(replace(f, provenance=tuple(provenance), provenance_total=total))
+    return out
+
+
+def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSummary]:
+    """One summary per batch row with findings, in batch order (counted per cell)."""
+    bs = dump.bs
+    codes = list(FindingCode)
+    counts = np.zeros((len(codes), bs), dtype=np.int64)
+    first_bad = np.full(bs, np.iinfo(np.int64).max, dtype=np.int64)
+    for f in findings:
+        if f.cells is None:
+            if f.batch_row is None or not 0 <= f.batch_row < bs:
+                continue
+            counts[f.code.order, f.batch_row] += 1
+            if f.position is not None:
+                first_bad[f.batch_row] = min(first_bad[f.batch_row], f.position)
+            continue
+        # counted and compared only: the columns as held
+        row, position = f.cells.column("batch_row"), f.cells.column("position")
+        assert row is not None and position is not None
+        inside = (row >= 0) & (row < bs)
+        counts[f.code.order] += np.bincount(row[inside], minlength=bs)
+        np.minimum.at(first_bad, row[inside], position[inside])
+    rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
+    out = []
+    for batch_row in np.flatnonzero(counts.any(axis=0)).tolist():  # rows with findings
+        per_code = counts[:, batch_row]
+        bad = int(first_bad[batch_row])
+        out.append(
+            RequestSummary(
+                batch_row=batch_row,
+                pool_row=int(rpi[batch_row]),
+                prefix_len=int(prefix[batch_row]),
+                extend_len=int(extend[batch_row]),
+                counts={codes[c]: int(per_code[c]) for c in np.flatnonzero(per_code)},
+                first_bad_position=None if bad == np.iinfo(np.int64).max else bad,
+            )
+        )
+    return out
+
+
+def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:
+    """The derived scalars findings rest on, with what to record to decide them."""
+    decides: dict[str, Counter[FindingCode]] = {}
+    for f in findings:
+        for name in f.assumes:
+            decides.setdefault(name, Counter())[f.code] += f.count
+    out = []
+    for name, counts in decides.items():
+        scalar = dump.scalars[name]
+        spec = SCALARS[name]
+        out.append(
+            Assumption(
+                scalar=name,
+                value=scalar.value,
+                source=scalar.source,
+                decides=dict(counts),
+                advice=f"record {name} ({spec.meaning}) in the dump's metadata, or pass "
+                f"{spec.option}, to turn these into facts",
+            )
+        )
     return out
 
 
