@@ -24,10 +24,10 @@ from kvcanary_cli.planners.base import (
     Undefined,
     VerifyEntries,
     assemble_plan,
+    row_problems,
     skipped_plan,
 )
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
-from kvcanary_cli.planners.row_problems import row_problems
 from kvcanary_cli.planners.upstream_raise import reference_raise, upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]

@@ -31,9 +31,9 @@ from kvcanary_cli.planners.base import (
     VerifyEntries,
     assemble_plan,
     raised_plan,
+    row_problems,
 )
 from kvcanary_cli.planners.frame import MAX_MATERIALIZED_ENTRIES, GroupFrame, group_frame
-from kvcanary_cli.planners.row_problems import row_problems
 from kvcanary_cli.planners.sglang_runtime import (
     VERIFY_ENTRY_FIELDS,
     SGLangLauncher,

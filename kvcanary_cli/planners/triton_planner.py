@@ -31,11 +31,11 @@ from kvcanary_cli.planners.base import (
     VerifyEntries,
     assemble_plan,
     failed_plan,
+    row_problems,
     skipped_plan,
 )
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.kernel_arrays import KernelArrays, kernel_arrays, shared_host_arrays
-from kvcanary_cli.planners.row_problems import row_problems
 from kvcanary_cli.planners.staging import needs_staging, seed_values, stage
 
 __all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]

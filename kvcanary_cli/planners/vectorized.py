@@ -25,10 +25,11 @@ from kvcanary_cli.planners.base import (
     VerifyEntries,
     assemble_plan,
     failed_plan,
+    python_rows_resolve,
+    row_problems,
     skipped_plan,
 )
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
-from kvcanary_cli.planners.row_problems import python_rows_resolve, row_problems
 
 __all__ = ["VectorizedPlanner"]
 
