@@ -25,7 +25,7 @@ from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.frame import GroupFrame
 
-__all__ = ["MAX_STAGED_CELLS", "StagedInputs", "StagingTooLargeError", "needs_staging", "stage"]
+__all__ = ["MAX_STAGED_CELLS", "StagedInputs", "StagingTooLargeError", "stage"]
 
 
 class StagingTooLargeError(PlanTooLargeError):
@@ -54,17 +54,6 @@ class StagedInputs:
     #: the staged expected-token pool (None without one) and its elements.
     pool: np.ndarray | None
     pool_numel: int
-
-
-def needs_staging(dump: KvDump) -> bool:
-    """A dump the kernels cannot read directly: one of its planned tensors is not whole (a
-    shrunk dump that did not keep every element)."""
-    planned = (
-        dump.req_to_token,
-        dump.full_to_swa_index_mapping,
-        dump.req_to_verify_expected_tokens,
-    )
-    return not all(t is None or t.complete for t in planned)
 
 
 def _rows_read(lo: np.ndarray, hi: np.ndarray, width: int, rows: int) -> np.ndarray:

@@ -36,7 +36,7 @@ from kvcanary_cli.planners.base import (
 )
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.kernel_arrays import KernelArrays, kernel_arrays, shared_host_arrays
-from kvcanary_cli.planners.staging import needs_staging, seed_values, stage
+from kvcanary_cli.planners.staging import seed_values, stage
 
 __all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]
 
@@ -227,7 +227,7 @@ class TritonPlanner:
                 return memory.upload(np.zeros(1, dtype=np.int32))
             return memory.upload(array)
 
-        if needs_staging(dump):  # a shrunk dump: the rows the batch reads, dense
+        if not _whole(dump):  # a shrunk dump: the rows the batch reads, dense
             staged = stage(dump, frame)
             pool = dump.req_to_verify_expected_tokens
             return _Inputs(
@@ -380,6 +380,17 @@ def _entry_lut_problems(
             )
         )
     return ProblemTable.concat(tables)
+
+
+def _whole(dump: KvDump) -> bool:
+    """The kernels read the dump's tables directly: every planned tensor is whole (else a
+    shrunk dump that did not keep every element is staged, `staging.stage`)."""
+    planned = (
+        dump.req_to_token,
+        dump.full_to_swa_index_mapping,
+        dump.req_to_verify_expected_tokens,
+    )
+    return all(t is None or t.complete for t in planned)
 
 
 def _seed_lut_problems(
