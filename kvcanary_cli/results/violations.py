@@ -316,8 +316,8 @@ class ViolationRow:
 
 class ExplainedRows:
     """Every violation row, columnar (`ViolationRows`), with its explanation when a dump was
-    given: JSON writes every row as a `ViolationRow` (`__record__`), a view the rows it shows
-    (`head`); neither keeps more than a row's objects per row written."""
+    given: JSON writes every row as a `ViolationRow` (`__record__`); a view makes only the
+    rows it shows (`head`), whatever the number of rows."""
 
     __slots__ = ("columns", "explanations", "paths")
 
