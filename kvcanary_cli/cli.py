@@ -18,7 +18,17 @@ import kvcanary_cli.option_values as values
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.cli_app import ExitCode, check_exit, fail, make_app, run, timeline_exit
+from kvcanary_cli.cli_app import (
+    ExitCode,
+    check_exit,
+    fail,
+    make_app,
+    run,
+    selftest_exit,
+    soak_exit,
+    timeline_exit,
+    violations_exit,
+)
 from kvcanary_cli.cli_options import argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
@@ -234,7 +244,7 @@ def violations(
     )
     view = render.render(report, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=[*sources, *([dump] if dump else [])])
-    raise typer.Exit(ExitCode.FINDINGS if report.found else ExitCode.CLEAN)
+    raise typer.Exit(violations_exit(report))
 
 
 @app.command()
@@ -419,7 +429,7 @@ def selftest(
     """
     report = api.selftest(sglang=sglang, size=size, seed=seed)
     deliver(render.render(report, output_format), output, force=force, svg=svg)
-    raise typer.Exit(ExitCode.CLEAN if report.agree else ExitCode.FINDINGS)
+    raise typer.Exit(selftest_exit(report))
 
 
 @app.command()
@@ -469,7 +479,6 @@ def soak(
     report says what SGLang's checks did not see. Exit 0 clean, 1 found, 2 bad input (not
     an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """
-    from kvcanary_cli.cli_app import soak_exit
     from kvcanary_cli.soak.command import run_soak
 
     report = run_soak(

@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import typer.main
@@ -41,14 +41,20 @@ from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
+if TYPE_CHECKING:  # rows are numpy columns: `kvcanary --help` does not import them
+    from kvcanary_cli.results.selftest import SelftestReport
+    from kvcanary_cli.results.violations import ViolationsReport
+
 __all__ = [
     "ExitCode",
     "check_exit",
     "fail",
     "make_app",
     "run",
+    "selftest_exit",
     "soak_exit",
     "timeline_exit",
+    "violations_exit",
 ]
 
 
@@ -80,6 +86,16 @@ def timeline_exit(report: TimelineReport) -> ExitCode:
 def soak_exit(report: SoakReport) -> ExitCode:
     """`soak`'s exit code: 1 when a history failed."""
     return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
+
+
+def violations_exit(report: ViolationsReport) -> ExitCode:
+    """`violations`' exit code: 1 on a row, or on a violation logged that could not be read."""
+    return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
+
+
+def selftest_exit(report: SelftestReport) -> ExitCode:
+    """`selftest`'s exit code: 1 on any difference between the planners."""
+    return ExitCode.CLEAN if report.agree else ExitCode.FINDINGS
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -64,13 +64,7 @@ def render(
             record = provenance_record(result)  # type: ignore[arg-type]
         case "violations":
             from kvcanary_cli.render.markdown.violations import violations_markdown as markdown
-            from kvcanary_cli.render.records.violations import violations_record
             from kvcanary_cli.render.table.violations import violations_table as table
-
-            if fmt is OutputFormat.JSON:
-                record = violations_record(result)  # type: ignore[arg-type]
-            else:  # only the rows shown get a record each
-                record = violations_record(result, max_rows=max_rows)  # type: ignore[arg-type]
         case "timeline":
             from kvcanary_cli.render.markdown.timeline import timeline_markdown as markdown
             from kvcanary_cli.render.table.timeline import timeline_table as table

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -74,6 +75,12 @@ def record_keys(cls: type) -> Iterator[tuple[str, Any]]:
                 yield name, attribute
 
 
+@functools.cache
+def _key_names(cls: type) -> tuple[str, ...]:
+    """`record_keys`' names, once per class (a record of many rows walks a class per row)."""
+    return tuple(name for name, _ in record_keys(cls))
+
+
 def to_record(result: object) -> dict[str, object]:
     """The record of a result (a dataclass): `schema` first when the class names one."""
     record = _value(result)
@@ -82,7 +89,13 @@ def to_record(result: object) -> dict[str, object]:
     return record
 
 
+#: Values that are their own JSON form (exactly these types: an enum of int or str is not).
+_PLAIN = frozenset({type(None), bool, int, float, str})
+
+
 def _value(value: object) -> object:
+    if type(value) in _PLAIN:  # most values: no isinstance chain
+        return value
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, enum.Enum):
@@ -95,7 +108,7 @@ def _value(value: object) -> object:
         schema = getattr(cls, "SCHEMA", None)
         if isinstance(schema, str):
             out["schema"] = schema
-        for name, _ in record_keys(cls):
+        for name in _key_names(cls):
             out[name] = _value(getattr(value, name))
         return out
     own = getattr(value, "__record__", None)

@@ -1,35 +1,67 @@
 """Results of `kvcanary violations`: violation rows from rings, logs and replays, each
-explained against a dump (docs/canary.md §7).
+explained against a dump (docs/canary.md §4 and §7). `ViolationsReport` is the
+`kvcanary.violations/1` record.
 
-Rows and explanations stay columnar (numpy) so that a ring of any size is handled without a
-loop per row; `explanation_text` turns one row's explanation into the one-line diagnosis when
-it is shown. Frozen and logic-light, for renderers.
+Rows and explanations stay columnar (numpy, `ExplainedRows`) so that a ring of any size is
+handled without a loop per row: a row becomes a `ViolationRow` (its JSON object) when JSON
+writes it or a view shows it, and the summary counts come from the columns.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal, cast, get_args
 
 import numpy as np
 
+import kvcanary_cli
+from kvcanary_cli.canary.constants import (
+    FailReason,
+    buffer_of_tag,
+    canary_kind,
+    group_of_tag,
+    is_write,
+    reason_labels,
+    tag_label,
+)
 from kvcanary_cli.canary.ring_rows import ViolationRows
+from kvcanary_cli.canary.sources import SourceKind
 from kvcanary_cli.catalog import ViolationRowCause
-from kvcanary_cli.results.cells import SlotProvenance
+from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.results.cells import SlotProvenance, Space
+from kvcanary_cli.results.record import recorded, to_record
 
 __all__ = [
+    "BufferName",
+    "ExplainedRows",
+    "Explanation",
     "Explanations",
     "LogSummary",
+    "OriginName",
     "OwnerKind",
     "ReplayComparison",
     "ReplaySummary",
     "RingSummary",
     "SourceSummary",
     "SwaSummary",
+    "ViolationRow",
     "ViolationsReport",
     "explanation_text",
 ]
+
+#: Where a row was read: a dump's ring, a log line, a log message rebuilt from a message whose
+#: first line was missing, or the replay (`canary.ring_rows.RowOrigin`, by label).
+OriginName = Literal["ring", "log", "log-message", "replay"]
+ORIGIN_NAMES: tuple[OriginName, ...] = get_args(OriginName)
+#: A canary buffer of a group.
+BufferName = Literal["head.k", "head.v", "tail.k", "tail.v"]
+#: A slot's allocator state: on the free list, in use, or no slot of the pool.
+AllocatorName = Literal["free", "in use", "beyond the pool"]
+_ALLOCATOR: dict[int, AllocatorName] = {1: "free", 0: "in use", 2: "beyond the pool"}
+#: Rows whose columns are read into Python at a time.
+_PIECE = 1 << 14
 
 
 #: the causes in the order checked: `Explanations.cause` holds indices into it.
@@ -46,6 +78,42 @@ class OwnerKind(StrEnum):
 
 
 OWNER_KINDS = list(OwnerKind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reference:
+    """The verify cell that read the slot."""
+
+    pool_row: int | None
+    position: int | None
+    batch_row: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Owner:
+    """A cell holding the slot at the stored position."""
+
+    pool_row: int | None
+    position: int | None
+    where: OwnerKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class Explanation:
+    """The facts behind a row's diagnosis."""
+
+    #: canary.md §7
+    cause: ViolationRowCause
+    #: the slot's pool
+    space: Space
+    #: the verify cell that read it
+    referenced_by: Reference | None
+    #: a cell holding the slot at the stored position
+    owner: Owner | None
+    #: the slot before the verify cell
+    prev_slot: int | None
+    #: null: no free list for this space in the dump
+    allocator: AllocatorName | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,40 +145,44 @@ class Explanations:
         """The cause of row `i`."""
         return CAUSES[int(self.cause[i])]
 
-    def facts(self, i: int) -> dict[str, object]:
-        """Row `i`'s explanation as JSON values (what a diagnosis cause needs)."""
+    def explanation(self, i: int) -> Explanation:
+        """Row `i`'s explanation (the facts its diagnosis says)."""
 
         def known(column: np.ndarray) -> int | None:
             value = int(column[i])
             return None if value < 0 else value
 
-        return {
-            "cause": self.cause_at(i).value,
-            "space": "swa" if int(self.space[i]) == 1 else "full",
-            "referenced_by": None
+        return Explanation(
+            cause=self.cause_at(i),
+            space=Space.SWA if int(self.space[i]) == 1 else Space.FULL,
+            referenced_by=None
             if known(self.ref_row) is None
-            else {
-                "pool_row": known(self.ref_row),
-                "position": known(self.ref_position),
-                "batch_row": known(self.ref_batch_row),
-            },
-            "owner": None
+            else Reference(
+                pool_row=known(self.ref_row),
+                position=known(self.ref_position),
+                batch_row=known(self.ref_batch_row),
+            ),
+            owner=None
             if known(self.owner_row) is None
-            else {
-                "pool_row": known(self.owner_row),
-                "position": known(self.owner_position),
-                "where": OWNER_KINDS[int(self.owner_kind[i])].value,
-            },
-            "prev_slot": int(self.prev_slot[i]) if self.prev_known[i] else None,
-            "allocator": {1: "free", 0: "in use", 2: "beyond the pool"}.get(int(self.free[i])),
-        }
+            else Owner(
+                pool_row=known(self.owner_row),
+                position=known(self.owner_position),
+                where=OWNER_KINDS[int(self.owner_kind[i])],
+            ),
+            prev_slot=int(self.prev_slot[i]) if self.prev_known[i] else None,
+            allocator=_ALLOCATOR.get(int(self.free[i])),
+        )
+
+    def facts(self, i: int) -> dict[str, object]:
+        """Row `i`'s explanation as JSON values (a canary finding's `details.explanation`)."""
+        return to_record(self.explanation(i))
 
 
 def _at(row: int, position: int) -> str:
     return f"row {row}, position {position}"
 
 
-def explanation_text(explanations: Explanations, i: int, fields: np.ndarray) -> str:
+def explanation_text(explanations: Explanations, i: int, fields: Sequence[int]) -> str:
     """The one-line diagnosis of row `i` (its 8 fields given)."""
     e = explanations
     slot, stored_pos, token, expected = (int(fields[k]) for k in (1, 2, 3, 4))
@@ -186,8 +258,158 @@ def explanation_text(explanations: Explanations, i: int, fields: np.ndarray) -> 
 
 
 @dataclass(frozen=True, kw_only=True)
+class Pump:
+    """A log message's last line."""
+
+    total_violations: int
+    ring_overflow: bool
+    step_when_pumped: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyEntry:
+    """A replayed row's failing verify entry."""
+
+    batch_row: int
+    expected_position: int
+    prev_slot: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViolationRow:
+    """One violation row: the 8 ring fields (as signed int64) and what they mean."""
+
+    #: the 8 ring fields, kernel_kind .. fail_reason_bits, as signed int64
+    kernel_kind: int
+    slot_idx: int
+    position: int
+    stored_token: int
+    expected_token: int
+    stored_chain_hash: int
+    expected_aux: int
+    fail_reason_bits: int
+    #: log-message: rebuilt from a message whose first line was missing
+    origin: OriginName
+    #: the source's path, or "replay"
+    source: str
+    #: ring row, 1-based log line, or verify entry
+    index: int
+    #: HEAD_K_FULL, ..., or unknown(N)
+    tag: str
+    #: per_forward_head_k_full, sweep_k_swa, ...
+    canary_kind: str
+    #: null for an unknown tag
+    group: Group | None
+    buffer: BufferName | None
+    #: labels of the known bits, ascending
+    reasons: tuple[str, ...]
+    is_write: bool
+    #: from the message's last line (logs only)
+    pump: Pump | None
+    #: replayed rows: the failing verify entry
+    entry: VerifyEntry | None
+    #: the one-line explanation (with a dump)
+    diagnosis: str | None
+    #: the facts behind it; null without a dump
+    explanation: Explanation | None
+
+
+class ExplainedRows:
+    """Every violation row, columnar (`ViolationRows`), with its explanation when a dump was
+    given: JSON writes every row as a `ViolationRow` (`__record__`); a view makes only the
+    rows it shows (`head`), whatever the number of rows."""
+
+    __slots__ = ("columns", "explanations", "paths")
+
+    def __init__(
+        self,
+        columns: ViolationRows,
+        *,
+        paths: tuple[str, ...],
+        explanations: Explanations | None = None,
+    ) -> None:
+        self.columns = columns
+        #: the path of each source, by the rows' `source` index (-1: the replay).
+        self.paths = paths
+        self.explanations = explanations
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __repr__(self) -> str:
+        """Short, whatever the number of rows (`printable_record` reads a result's repr)."""
+        return f"ExplainedRows(<{len(self)} rows>)"
+
+    def head(self, n: int) -> tuple[ViolationRow, ...]:
+        """The first `n` rows (fewer when there are fewer)."""
+        return tuple(self._rows(min(max(n, 0), len(self))))
+
+    def __record__(self) -> list[dict[str, object]]:
+        """Every row's JSON object, in order (sources in command-line order, then replay)."""
+        return [to_record(row) for row in self._rows(len(self))]
+
+    def _rows(self, stop: int) -> Iterator[ViolationRow]:
+        """The first `stop` rows, their columns read a piece at a time (`tolist`, not an
+        `int()` per value)."""
+        for start in range(0, stop, _PIECE):
+            yield from self._piece(start, min(start + _PIECE, stop))
+
+    def _piece(self, start: int, stop: int) -> Iterator[ViolationRow]:
+        rows, why = self.columns, self.explanations
+        part = slice(start, stop)
+        columns = zip(
+            rows.fields[part].tolist(),
+            rows.origin[part].tolist(),
+            rows.source[part].tolist(),
+            rows.index[part].tolist(),
+            rows.total_violations[part].tolist(),
+            rows.ring_overflow[part].tolist(),
+            rows.step_when_pumped[part].tolist(),
+            rows.batch_row[part].tolist(),
+            rows.expected_position[part].tolist(),
+            rows.prev_slot[part].tolist(),
+            strict=True,
+        )
+        for i, (fields, origin, source, index, pumped, overflow, step, row, at, prev) in enumerate(
+            columns, start
+        ):
+            tag, bits = fields[0], fields[7]
+            group = group_of_tag(tag)
+            yield ViolationRow(
+                kernel_kind=fields[0],
+                slot_idx=fields[1],
+                position=fields[2],
+                stored_token=fields[3],
+                expected_token=fields[4],
+                stored_chain_hash=fields[5],
+                expected_aux=fields[6],
+                fail_reason_bits=fields[7],
+                origin=ORIGIN_NAMES[origin],
+                source=self.paths[source] if source >= 0 else "replay",
+                index=index,
+                tag=tag_label(tag),
+                canary_kind=canary_kind(tag),
+                group=None if group is None else Group(group),
+                buffer=cast("BufferName | None", buffer_of_tag(tag)),
+                reasons=tuple(reason_labels(bits)),
+                is_write=is_write(bits),
+                pump=Pump(
+                    total_violations=pumped, ring_overflow=overflow == 1, step_when_pumped=step
+                )
+                if pumped >= 0
+                else None,
+                entry=VerifyEntry(batch_row=row, expected_position=at, prev_slot=prev)
+                if row >= 0
+                else None,
+                diagnosis=None if why is None else explanation_text(why, i, fields),
+                # the same facts are a canary finding's `details.explanation`
+                explanation=None if why is None else why.explanation(i),
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class RingSummary:
-    """A dump's violation ring as decoded (docs/canary.md §4)."""
+    """A dump's violation ring as decoded."""
 
     capacity: int
     write_index: int
@@ -199,9 +421,10 @@ class RingSummary:
 
 @dataclass(frozen=True, kw_only=True)
 class SwaSummary:
-    """The `kv_canary_swa_divergence=` samples of a log."""
+    """The kv_canary_swa_divergence= samples of a log."""
 
     samples: int
+    #: the last sample's values, by key
     last: dict[str, int]
     peak_swa_full_idx_divergence: int
     peak_swa_out_of_window_tokens: int
@@ -219,19 +442,21 @@ class LogSummary:
     incomplete: int
     inconsistent: int
     overlong: int
+    #: violations begun but not readable (cut short, garbled): exit 1
+    unread_violations: int = 0
     swa_divergence: SwaSummary | None = None
-    #: violations begun and not readable (cut short, garbled): never a clean log.
-    unread: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
 class SourceSummary:
     """One SOURCE of the command: a dump (its ring) or a log."""
 
+    #: as given; "-" for stdin
     path: str
-    kind: str
-    #: rows it contributed, after the --group / --buffer filters.
+    kind: SourceKind
+    #: rows it gave, after the filters
     rows: int
+    #: a dump's ring
     ring: RingSummary | None = None
     log: LogSummary | None = None
     notes: tuple[str, ...] = ()
@@ -241,22 +466,26 @@ class SourceSummary:
 class ReplaySummary:
     """One replayed verify launch."""
 
-    group: str
+    group: Group
     buffer: str
-    tag: int
+    tag: str
+    #: verify entries of the plan (0: not launched)
     entries: int
+    #: checked, and skipped as slot 0
     checked: int
     slot_zero: int
+    #: checked without a chain check (prev slot 0)
     chain_skipped: int
+    #: left out (canary.md §5)
     outside_buffer: int
     undefined: int
-    real_kv: str
+    real_kv: Literal["checked", "zero", "skipped"]
     rows: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReplayComparison:
-    """Replayed rows against observed rows (ring and logs), as multisets of the 8 fields."""
+    """Replayed rows against the rows read, as multisets of the 8 fields."""
 
     matched: int
     observed_only: int
@@ -264,32 +493,109 @@ class ReplayComparison:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Filters:
+    """The --group and --buffer filters."""
+
+    group: Group | None = None
+    buffer: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViolationsSummary:
+    """Counts over every row."""
+
+    #: every row read or replayed
+    rows: int
+    #: ring, log, log-message, replay
+    by_origin: dict[OriginName, int]
+    #: by tag label (HEAD_K_FULL, ...)
+    by_tag: dict[str, int]
+    #: verify_position, ... (rows with that bit)
+    by_reason: dict[str, int]
+    #: {} without a dump
+    by_cause: dict[str, int]
+
+
+#: Every row in JSON, columnar in the result.
+Rows = Annotated[ExplainedRows, list[ViolationRow]]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ViolationsReport:
-    """Everything `kvcanary violations` found."""
+    """`kvcanary violations --format json`."""
 
     SCHEMA: ClassVar[str] = "kvcanary.violations/1"
 
+    #: the dump rows are explained against
+    dump: str | None
+    #: that dump's identity keys; {} without one
+    identity: dict[str, str]
+    filters: Filters
+    #: in command-line order
     sources: tuple[SourceSummary, ...]
-    rows: ViolationRows
-    #: the dump rows were joined with (a source, or --dump); None without one.
-    dump: str | None = None
-    identity: dict[str, str] = field(default_factory=dict)
-    explanations: Explanations | None = None
-    #: provenance of the rows' distinct slots (the first ones; `slots_total` counts all).
-    slots: tuple[SlotProvenance, ...] = ()
-    slots_total: int = 0
-    replay: tuple[ReplaySummary, ...] = ()
-    comparison: ReplayComparison | None = None
-    group: str | None = None
-    buffer: str | None = None
-    notes: tuple[str, ...] = ()
+    #: --replay: one per buffer, in launch order
+    replay: tuple[ReplaySummary, ...]
+    #: --replay with rows read: multisets of the 8 fields
+    comparison: ReplayComparison | None
+    notes: tuple[str, ...]
+    #: sources in order, then the replay
+    rows: Rows
+    #: the rows' first 64 distinct slots; [] without a dump
+    slots: tuple[SlotProvenance, ...]
+    #: distinct slots in the rows
+    slots_total: int
 
-    @property
-    def unread(self) -> int:
+    @recorded
+    def kvcanary_version(self) -> str:
+        """The kvcanary that made the record."""
+        return kvcanary_cli.__version__
+
+    #: the exit code in words: 1 (rows; or no row, but violations logged unreadable) or 0
+    @recorded
+    def verdict(self) -> Literal["violations", "unreadable", "clean"]:
+        """Rows, or no row but violations logged unreadable, or neither."""
+        if len(self.rows):
+            return "violations"
+        return "unreadable" if self.unread_violations else "clean"
+
+    #: violations the logs began that gave no row (cut short, garbled; docs/canary.md §6)
+    @recorded
+    def unread_violations(self) -> int:
         """Violations the logs began and no row could be read from (cut short, garbled)."""
-        return sum(s.log.unread for s in self.sources if s.log is not None)
+        return sum(s.log.unread_violations for s in self.sources if s.log is not None)
+
+    @recorded
+    def summary(self) -> ViolationsSummary:
+        """Counts over every row, from the columns (no work per row)."""
+        rows = self.rows.columns
+        tags, tag_counts = np.unique(rows.tag, return_counts=True)
+        origins = np.bincount(rows.origin, minlength=len(ORIGIN_NAMES))
+        by_reason = {
+            label: int(np.count_nonzero(rows.bits & int(bit)))
+            for bit, label in ((b, reason_labels(int(b))[0]) for b in FailReason)
+            if np.any(rows.bits & int(bit))
+        }
+        by_cause: dict[str, int] = {}
+        why = self.rows.explanations
+        if why is not None:
+            counts = np.bincount(why.cause, minlength=len(CAUSES))
+            by_cause = {CAUSES[i].value: int(n) for i, n in enumerate(counts) if n}
+        return ViolationsSummary(
+            rows=len(rows),
+            by_origin={name: int(n) for name, n in zip(ORIGIN_NAMES, origins, strict=False) if n},
+            by_tag=dict(
+                sorted((tag_label(int(t)), int(n)) for t, n in zip(tags, tag_counts, strict=True))
+            ),
+            by_reason=dict(sorted(by_reason.items())),
+            by_cause=dict(sorted(by_cause.items())),
+        )
+
+    @recorded
+    def rows_total(self) -> int:
+        """Every row (`rows` lists them all; a view shows the first few)."""
+        return len(self.rows)
 
     @property
     def found(self) -> bool:
         """Whether the command exits 1: rows, or violations logged that could not be read."""
-        return bool(len(self.rows) or self.unread)
+        return self.verdict != "clean"

@@ -3,11 +3,14 @@ large ring handled without a loop per row."""
 
 from __future__ import annotations
 
+import io
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from kvcanary_cli import api
@@ -100,11 +103,20 @@ def test_a_large_ring_is_decoded_filtered_and_explained(tmp_path: Path) -> None:
     synth.tensors["violation_write_index"] = np.array([n + 5], dtype=np.int32)
     path = synth.save(tmp_path / "big.safetensors")
     report = violations_report([str(path)])
-    assert len(report.rows) == n and report.explanations is not None
+    assert len(report.rows) == n and report.rows.explanations is not None
     assert report.sources[0].ring is not None and report.sources[0].ring.overflow
     assert report.slots_total > len(report.slots) == 64
     out = render(report, OutputFormat.MARKDOWN, max_rows=5)
     assert isinstance(out, str) and f"… and {n - 5} more" in out
+    for fmt in (OutputFormat.TABLE, OutputFormat.MARKDOWN):  # a view makes the rows it shows
+        tracemalloc.start()
+        try:
+            drawn = io.StringIO()
+            Console(file=drawn, width=120).print(render(report, fmt, max_rows=5))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert f"{n - 5} more" in drawn.getvalue() and peak < 4 << 20, f"{peak / 2**20:.1f} MiB"
     swa_only = violations_report([str(path)], group="swa", buffer="tail.k")
     expected = np.isin(ring[:, 0], [8, 10]).sum()
     assert len(swa_only.rows) == expected

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.canary.logs import format_violation
 from kvcanary_cli.cli import app
-from kvcanary_cli.render.records.violations import ViolationsRecord
+from kvcanary_cli.results.violations import ViolationsReport
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.render.record_schema import validate
 
@@ -45,7 +45,7 @@ def json_of(*args: str, stdin: str | None = None) -> tuple[int, dict[str, Any]]:
     code, out, err = run(*args, "--format", "json", stdin=stdin)
     assert code in (0, 1), err
     record = json.loads(out)
-    assert validate(record, ViolationsRecord) == []
+    assert validate(record, ViolationsReport) == []
     return code, record
 
 

@@ -28,7 +28,6 @@ from typing import (
 
 from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.provenance import ProvenanceRecord
-from kvcanary_cli.render.records.violations import ViolationsRecord
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.columns import IntColumn
 from kvcanary_cli.results.plan import PlanSummary
@@ -36,6 +35,7 @@ from kvcanary_cli.results.record import record_keys, to_record
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
+from kvcanary_cli.results.violations import ViolationsReport
 
 __all__ = [
     "RECORDS",
@@ -50,7 +50,7 @@ __all__ = [
 RECORDS: dict[str, Any] = {
     "kvcanary.check/2": CheckReport,
     "kvcanary.provenance/2": ProvenanceRecord,
-    "kvcanary.violations/1": ViolationsRecord,
+    "kvcanary.violations/1": ViolationsReport,
     "kvcanary.inspect/2": InspectRecord,
     "kvcanary.plan/1": PlanSummary,
     "kvcanary.selftest/1": SelftestReport,

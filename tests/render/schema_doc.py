@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, ForwardRef, Literal, Union, get_args, get_origin
 
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode
-from kvcanary_cli.render.records.violations import RowOrigin
 from kvcanary_cli.results.check import PlanValueName
 from kvcanary_cli.results.selftest import PlanField
+from kvcanary_cli.results.violations import OriginName
 from tests.render.record_schema import RECORDS, declared_keys, is_declaration, nested_typeddicts
 
 __all__ = ["DOC", "MARKER", "declarations", "generate", "render_doc", "value_set"]
@@ -47,7 +47,7 @@ NAMES: dict[Any, str] = {
     CauseCode: "<cause code>",
     PlanField: "<plan field>",
     PlanValueName: "<plan value>",
-    RowOrigin: "<origin>",
+    OriginName: "<origin>",
     EventKind: "<event kind>",
 }
 _LONG = 8

@@ -10,21 +10,17 @@ import pytest
 
 from kvcanary_cli.analysis.selftest import FIELDS
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
+from kvcanary_cli.canary.ring_rows import RowOrigin
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole
 from kvcanary_cli.planners.triton_runtime import Mode
 from kvcanary_cli.render.records.common import GroupName, SpaceName
-from kvcanary_cli.render.records.violations import (
-    BufferName,
-    OwnerRecord,
-    ViolationRowRecord,
-)
 from kvcanary_cli.results.cells import CellRole, Role, Space
 from kvcanary_cli.results.check import KernelMode, KernelName
 from kvcanary_cli.results.plan import BackendName, ProblemKindName, ProblemRoleName
 from kvcanary_cli.results.selftest import PlanField
-from kvcanary_cli.results.violations import OwnerKind
+from kvcanary_cli.results.violations import BufferName, OriginName, ViolationRow
 from tests.render.record_schema import declared_keys
 
 
@@ -68,6 +64,6 @@ def test_selftest_fields_are_the_compared_fields() -> None:
 
 
 def test_violation_rows_lead_with_the_eight_ring_fields() -> None:
-    assert tuple(declared_keys(ViolationRowRecord))[:8] == VIOLATION_FIELDS
+    assert tuple(declared_keys(ViolationRow))[:8] == VIOLATION_FIELDS
     assert get_args(BufferName) == BUFFERS
-    assert get_args(declared_keys(OwnerRecord)["where"]) == tuple(k.value for k in OwnerKind)
+    assert get_args(OriginName) == tuple(origin.label for origin in RowOrigin)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal, cast
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from kvcanary_cli.analysis.provenance import (
 )
 from kvcanary_cli.analysis.violations.explain import explain_rows
 from kvcanary_cli.canary.buffers import dump_buffers
-from kvcanary_cli.canary.constants import BUFFERS, LaunchTag
+from kvcanary_cli.canary.constants import BUFFERS, LaunchTag, tag_label
 from kvcanary_cli.canary.logs import SWA_DIVERGENCE_KEYS, LogScan, scan_log_path
 from kvcanary_cli.canary.replay import replay_dump
 from kvcanary_cli.canary.ring import decode_ring
@@ -36,6 +37,8 @@ from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.cells import SlotProvenance
 from kvcanary_cli.results.violations import (
+    ExplainedRows,
+    Filters,
     LogSummary,
     ReplayComparison,
     ReplaySummary,
@@ -82,7 +85,7 @@ def violations_report(
         first = index if path == "-" else read.setdefault(_file_key(path), index)
         if first != index:  # one file named twice: its rows are one set of observations
             again = f"the same file as SOURCE {first + 1} ({printable(sources[first])}): read once"
-            summaries.append(SourceSummary(path=path, kind=kind.value, rows=0, notes=(again,)))
+            summaries.append(SourceSummary(path=path, kind=kind, rows=0, notes=(again,)))
             continue
         if kind is SourceKind.DUMP:
             summary, rows = _ring_source(path, loaded, index)
@@ -107,35 +110,31 @@ def violations_report(
             matched=matched, observed_only=only_seen.size, replayed_only=only_replayed.size
         )
     rows = ViolationRows.concat([seen, replayed])
-    if loaded is None:
-        return ViolationsReport(
-            sources=tuple(summaries),
-            rows=rows,
-            replay=tuple(replays),
-            comparison=comparison,
-            group=group,
-            buffer=buffer,
-            notes=tuple(notes),
-        )
-    slots, total = _slot_provenance(loaded, rows, max_slots)
-    if loaded.shrink is not None:
-        notes.append(
-            f"{printable(loaded.path.name)} is shrunk from {loaded.shrink.source_file}: "
-            "explanations, provenance and replay cover the kept cells and records only"
-        )
+    paths = tuple(s.path for s in summaries)
+    slots: tuple[SlotProvenance, ...] = ()
+    total = 0
+    if loaded is not None:
+        slots, total = _slot_provenance(loaded, rows, max_slots)
+        if loaded.shrink is not None:
+            notes.append(
+                f"{printable(loaded.path.name)} is shrunk from {loaded.shrink.source_file}: "
+                "explanations, provenance and replay cover the kept cells and records only"
+            )
     return ViolationsReport(
+        dump=None if loaded is None else str(loaded.path),
+        identity={} if loaded is None else dict(loaded.identity),
+        filters=Filters(group=None if group is None else Group(group), buffer=buffer),
         sources=tuple(summaries),
-        rows=rows,
-        dump=str(loaded.path),
-        identity=loaded.identity,
-        explanations=explain_rows(loaded, rows),
-        slots=slots,
-        slots_total=total,
         replay=tuple(replays),
         comparison=comparison,
-        group=group,
-        buffer=buffer,
         notes=tuple(notes),
+        rows=ExplainedRows(
+            rows,
+            paths=paths,
+            explanations=None if loaded is None else explain_rows(loaded, rows),
+        ),
+        slots=slots,
+        slots_total=total,
     )
 
 
@@ -178,7 +177,7 @@ def _ring_source(path: str, dump: KvDump | None, index: int) -> tuple[SourceSumm
     notes: list[str] = []
     if dump.violation_ring is None or dump.violation_write_index is None:
         notes.append("no violation_ring in this dump")
-        return SourceSummary(path=path, kind="dump", rows=0, notes=tuple(notes)), (
+        return SourceSummary(path=path, kind=SourceKind.DUMP, rows=0, notes=tuple(notes)), (
             ViolationRows.empty()
         )
     state = decode_ring(dump.violation_ring, dump.violation_write_index)
@@ -203,7 +202,9 @@ def _ring_source(path: str, dump: KvDump | None, index: int) -> tuple[SourceSumm
         stray_rows=state.stray_rows,
     )
     rows = ViolationRows.build(state.rows, origin=RowOrigin.RING, source=index)
-    return SourceSummary(path=path, kind="dump", rows=0, ring=ring, notes=tuple(notes)), rows
+    return SourceSummary(
+        path=path, kind=SourceKind.DUMP, rows=0, ring=ring, notes=tuple(notes)
+    ), rows
 
 
 def _log_source(scan: LogScan, index: int) -> tuple[SourceSummary, ViolationRows]:
@@ -226,9 +227,9 @@ def _log_source(scan: LogScan, index: int) -> tuple[SourceSummary, ViolationRows
         inconsistent=scan.inconsistent,
         overlong=scan.overlong,
         swa_divergence=swa,
-        unread=scan.unread,
+        unread_violations=scan.unread,
     )
-    summary = SourceSummary(path=scan.name, kind="log", rows=0, log=log, notes=scan.notes)
+    summary = SourceSummary(path=scan.name, kind=SourceKind.LOG, rows=0, log=log, notes=scan.notes)
     return summary, scan.rows.with_source(index)
 
 
@@ -270,16 +271,16 @@ def _replay(
     done = replay_dump(dump, plans, buffers=[buffer] if buffer is not None else BUFFERS)
     summaries = [
         ReplaySummary(
-            group=r.group,
+            group=Group(r.group),
             buffer=r.buffer,
-            tag=r.tag,
+            tag=tag_label(r.tag),
             entries=r.entries,
             checked=r.checked,
             slot_zero=r.slot_zero,
             chain_skipped=r.chain_skipped,
             outside_buffer=r.outside_buffer,
             undefined=r.undefined,
-            real_kv=r.real_kv,
+            real_kv=cast(Literal["checked", "zero", "skipped"], r.real_kv),
             rows=len(r.rows),
         )
         for r in done

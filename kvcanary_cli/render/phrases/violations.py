@@ -1,27 +1,17 @@
-"""Violation rows in words, as `violations`' table and Markdown views say them: what each
-source gave, the reasons of a row, a slot's cells, and the replay against the rows read."""
+"""Violation reports in words, as `violations`' table and Markdown views say them: what each
+source gave, a slot's cells, and the replay against the rows read."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from kvcanary_cli.render.shared import plural
-from kvcanary_cli.results.cells import SlotProvenance
 
-if TYPE_CHECKING:  # the violations record is built with numpy: `--help` does not import it
-    from kvcanary_cli.render.records.violations import (
-        ReplayComparisonRecord,
-        SourceRecord,
-        ViolationRowRecord,
-    )
+if TYPE_CHECKING:  # the violations results hold numpy columns: `--help` does not import them
+    from kvcanary_cli.results.cells import SlotProvenance
+    from kvcanary_cli.results.violations import ReplayComparison, SourceSummary
 
-__all__ = [
-    "REPLAY_NOTE",
-    "replay_comparison_line",
-    "slot_cells_text",
-    "source_detail",
-    "violation_reasons",
-]
+__all__ = ["REPLAY_NOTE", "replay_comparison_line", "slot_cells_text", "source_detail"]
 
 #: How to read a replay table: what each column counts.
 REPLAY_NOTE = (
@@ -33,38 +23,30 @@ REPLAY_NOTE = (
 )
 
 
-def source_detail(source: SourceRecord) -> str:
+def source_detail(source: SourceSummary) -> str:
     """What a source gave: a ring's state, what the log parser met, or why neither."""
-    ring = source["ring"]
+    ring = source.ring
     if ring is not None:
-        detail = (
-            f"ring: {ring['valid']} of {ring['capacity']} rows valid, write index "
-            f"{ring['write_index']}"
-        )
-        return detail + (" (overflow)" if ring["overflow"] else "")
-    log = source["log"]
+        detail = f"ring: {ring.valid} of {ring.capacity} rows valid, write index {ring.write_index}"
+        return detail + (" (overflow)" if ring.overflow else "")
+    log = source.log
     if log is not None:
         detail = (
-            f"{plural(log['lines'], 'line')}: {plural(log['structured'], 'violation line')}, "
-            f"{plural(log['messages'], 'full message')}, {log['unparsed']} unparsed"
+            f"{plural(log.lines, 'line')}: {plural(log.structured, 'violation line')}, "
+            f"{plural(log.messages, 'full message')}, {log.unparsed} unparsed"
         )
-        if log["unread_violations"]:
-            detail += f", {log['unread_violations']} violation(s) unreadable (cut short?)"
-        swa = log["swa_divergence"]
+        if log.unread_violations:
+            detail += f", {log.unread_violations} violation(s) unreadable (cut short?)"
+        swa = log.swa_divergence
         if swa is not None:
             detail += (
-                f"; {plural(swa['samples'], 'SWA divergence sample')} (peak index divergence "
-                f"{swa['peak_swa_full_idx_divergence']}, out of window "
-                f"{swa['peak_swa_out_of_window_tokens']})"
+                f"; {plural(swa.samples, 'SWA divergence sample')} (peak index divergence "
+                f"{swa.peak_swa_full_idx_divergence}, out of window "
+                f"{swa.peak_swa_out_of_window_tokens})"
             )
         return detail
     # neither read: the source says why (no ring in the dump, a file named twice)
-    return source["notes"][0] if source["notes"] else "no violation ring"
-
-
-def violation_reasons(row: ViolationRowRecord) -> str:
-    """Reason labels, shortened for a table (`verify_` dropped, `write_` kept)."""
-    return ", ".join(label.removeprefix("verify_") for label in row["reasons"]) or "none"
+    return source.notes[0] if source.notes else "no violation ring"
 
 
 def slot_cells_text(prov: SlotProvenance) -> str:
@@ -76,9 +58,9 @@ def slot_cells_text(prov: SlotProvenance) -> str:
     return "; ".join(cells) or "none"
 
 
-def replay_comparison_line(comparison: ReplayComparisonRecord) -> str:
+def replay_comparison_line(comparison: ReplayComparison) -> str:
     """Replayed rows against the rows read, in words."""
     return (
-        f"replay vs observed rows (as multisets): {comparison['matched']} matched, "
-        f"{comparison['observed_only']} only observed, {comparison['replayed_only']} only replayed"
+        f"replay vs observed rows (as multisets): {comparison.matched} matched, "
+        f"{comparison.observed_only} only observed, {comparison.replayed_only} only replayed"
     )

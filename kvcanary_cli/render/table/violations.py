@@ -1,5 +1,5 @@
-"""The terminal view of a `kvcanary.violations/1` record: sources, replay, the first rows
-with their diagnosis, the slots, and notes."""
+"""The terminal view of a violations report: sources, replay, the first rows with their
+diagnosis, the slots, and notes."""
 
 from __future__ import annotations
 
@@ -15,40 +15,30 @@ from kvcanary_cli.render.phrases.violations import (
     replay_comparison_line,
     slot_cells_text,
     source_detail,
-    violation_reasons,
 )
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import cells
-from kvcanary_cli.results.cells import SlotProvenance
 from kvcanary_cli.safe_text import printable_record
 
-if TYPE_CHECKING:  # the record's module builds it with numpy
-    from kvcanary_cli.render.records.violations import (
-        ReplayRecord,
-        ViolationRowRecord,
-        ViolationsRecord,
-    )
+if TYPE_CHECKING:  # the rows are numpy columns: `--help` does not import them
+    from kvcanary_cli.results.cells import SlotProvenance
+    from kvcanary_cli.results.violations import ReplaySummary, ViolationRow, ViolationsReport
 
 __all__ = ["violations_table"]
 
 
-def _slots_table(slots: list[SlotProvenance]) -> Table:
+def _slots_table(slots: tuple[SlotProvenance, ...]) -> Table:
     table = Table(title="slots", title_justify="left")
     for name in ("space", "slot", "allocator", "cells in req_to_token"):
         table.add_column(name, justify="right" if name == "slot" else "left")
     for prov in slots:
         table.add_row(
-            *cells(
-                prov.space,
-                prov.slot,
-                prov.allocator or "unknown",
-                slot_cells_text(prov),
-            )
+            *cells(prov.space, prov.slot, prov.allocator or "unknown", slot_cells_text(prov))
         )
     return table
 
 
-def _row_table(rows: list[ViolationRowRecord]) -> Table:
+def _row_table(rows: tuple[ViolationRow, ...]) -> Table:
     table = Table(title="violation rows", title_justify="left")
     table.add_column("from")
     table.add_column("tag")
@@ -58,25 +48,25 @@ def _row_table(rows: list[ViolationRowRecord]) -> Table:
     table.add_column("reasons")
     table.add_column("diagnosis")
     for r in rows:
-        origin = "replay" if r["origin"] == "replay" else f"{r['origin']} {r['index']}"
-        token = f"{r['stored_token']}"
-        if r["expected_token"] != -1:
-            token += f" / {r['expected_token']}"
+        token = f"{r.stored_token}"
+        if r.expected_token != -1:
+            token += f" / {r.expected_token}"
         table.add_row(
             *cells(
-                origin,
-                r["tag"],
-                r["slot_idx"],
-                r["position"],
+                "replay" if r.origin == "replay" else f"{r.origin} {r.index}",
+                r.tag,
+                r.slot_idx,
+                r.position,
                 token,
-                violation_reasons(r),
-                r["diagnosis"] or f"prev hash {hex64(r['stored_chain_hash'])}",
+                # shortened for a table: `verify_` dropped, `write_` kept
+                ", ".join(label.removeprefix("verify_") for label in r.reasons) or "none",
+                r.diagnosis or f"prev hash {hex64(r.stored_chain_hash)}",
             )
         )
     return table
 
 
-def _replay_table(replay: list[ReplayRecord]) -> Table:
+def _replay_table(replay: tuple[ReplaySummary, ...]) -> Table:
     table = Table(title="replay", title_justify="left")
     for name in ("group", "buffer", "entries", "checked", "slot 0", "no chain check", "real KV"):
         table.add_column(
@@ -86,23 +76,23 @@ def _replay_table(replay: list[ReplayRecord]) -> Table:
     for r in replay:
         table.add_row(
             *cells(
-                r["group"],
-                r["buffer"],
-                r["entries"],
-                r["checked"],
-                r["slot_zero"],
-                r["chain_skipped"],
-                r["real_kv"],
-                r["rows"],
+                r.group,
+                r.buffer,
+                r.entries,
+                r.checked,
+                r.slot_zero,
+                r.chain_skipped,
+                r.real_kv,
+                r.rows,
             )
         )
     return table
 
 
-def violations_table(record: ViolationsRecord, *, max_rows: int = 20) -> RenderableType:
+def violations_table(report: ViolationsReport, *, max_rows: int = 20) -> RenderableType:
     """Sources, replay, the first `max_rows` rows with their diagnosis, and notes."""
-    record = printable_record(record)
-    total, unread = record["rows_total"], record["unread_violations"]
+    report = printable_record(report)
+    total, unread = len(report.rows), report.unread_violations
     if total:
         words = f"VIOLATIONS: {plural(total, 'row')}"
         words += f" ({unread} more logged, unreadable)" if unread else ""
@@ -111,31 +101,31 @@ def violations_table(record: ViolationsRecord, *, max_rows: int = 20) -> Rendera
     else:
         words = "CLEAN: no violation rows"
     head = Text(words, style="bold red" if total or unread else "bold green")
-    by_origin = record["summary"]["by_origin"]
+    by_origin = report.summary.by_origin
     if by_origin:
         head.append("  (" + ", ".join(f"{k} {v}" for k, v in by_origin.items()) + ")")
     parts: list[RenderableType] = [head]
-    if record["dump"] is not None:
-        parts.append(Text(f"  explained against {record['dump']}", style="dim"))
+    if report.dump is not None:
+        parts.append(Text(f"  explained against {report.dump}", style="dim"))
     sources = Table(title="sources", title_justify="left")
     for name in ("source", "kind", "rows", "read"):
         sources.add_column(name, justify="right" if name == "rows" else "left")
-    for s in record["sources"]:
-        sources.add_row(*cells(s["path"], s["kind"], s["rows"], source_detail(s)))
-    if record["sources"]:
+    for s in report.sources:
+        sources.add_row(*cells(s.path, s.kind, s.rows, source_detail(s)))
+    if report.sources:
         parts.append(sources)
-    if record["replay"]:
-        parts.append(_replay_table(record["replay"]))
+    if report.replay:
+        parts.append(_replay_table(report.replay))
         parts.append(Text(REPLAY_NOTE, style="dim"))
-    if record["comparison"] is not None:
-        parts.append(Text(replay_comparison_line(record["comparison"])))
-    shown = record["rows"][: max(max_rows, 0)]
+    if report.comparison is not None:
+        parts.append(Text(replay_comparison_line(report.comparison)))
+    shown = tuple(printable_record(row) for row in report.rows.head(max_rows))
     if shown:
         parts.append(_row_table(shown))
     if total > len(shown):
         parts.append(Text(f"… and {total - len(shown)} more (--max-rows)"))
-    if record["slots"]:
-        parts.append(_slots_table(record["slots"][: max(max_rows, 0)]))
-    notes = [n for s in record["sources"] for n in (f"{s['path']}: {x}" for x in s["notes"])]
-    parts.extend(Text(f"  note: {note}", style="dim") for note in notes + record["notes"])
+    if report.slots:
+        parts.append(_slots_table(report.slots[: max(max_rows, 0)]))
+    notes = [f"{s.path}: {note}" for s in report.sources for note in s.notes]
+    parts.extend(Text(f"  note: {note}", style="dim") for note in [*notes, *report.notes])
     return Group(*parts)
