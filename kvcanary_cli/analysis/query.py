@@ -23,6 +23,7 @@ from kvcanary_cli.analysis.provenance import (
     full_slots_mapping_to,
     swa_provenance,
 )
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import StoredTensor, distinct
@@ -230,7 +231,7 @@ def row_map(
             filled=row.count_nonzero(0, msl),
             max_seq_len=msl,
             gaps=gaps,
-            window=None if positions is None else (lo, hi),
+            positions=None if positions is None else (lo, hi),
             marks_not_shown=marked - len(marks),
             occupancy=occupancy,
         ),
@@ -241,7 +242,7 @@ def row_map(
 
 def _marks(
     touching: Sequence[Finding], lo: int, hi: int, max_cells: int
-) -> tuple[int, dict[int, tuple[str, ...]]]:
+) -> tuple[int, dict[int, tuple[FindingCode, ...]]]:
     """How many positions of `[lo, hi)` a finding's cell is on (every cell of every finding
     in the row, not only each finding's first), and the codes at the first `max_cells` of
     them (each code once, in finding order): the work is one sort of the row's finding
@@ -265,9 +266,9 @@ def _marks(
     keep = np.isin(position, shown)
     position, owner = position[keep], owner[keep]
     order = np.lexsort((owner, position))
-    marks: dict[int, list[str]] = {int(p): [] for p in shown.tolist()}
+    marks: dict[int, list[FindingCode]] = {int(p): [] for p in shown.tolist()}
     for p, i in zip(position[order].tolist(), owner[order].tolist(), strict=True):
-        marks[p].append(touching[i].code.value)
+        marks[p].append(touching[i].code)
     return int(marked.size), {p: tuple(dict.fromkeys(codes)) for p, codes in marks.items()}
 
 

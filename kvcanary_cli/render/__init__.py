@@ -58,10 +58,7 @@ def render(
                 return check_table(r, errors_on_stderr=to_stdout, **kw)
         case "provenance":
             from kvcanary_cli.render.markdown.provenance import provenance_markdown as markdown
-            from kvcanary_cli.render.records.provenance import provenance_record
             from kvcanary_cli.render.table.provenance import provenance_table as table
-
-            record = provenance_record(result)  # type: ignore[arg-type]
         case "violations":
             from kvcanary_cli.render.markdown.violations import violations_markdown as markdown
             from kvcanary_cli.render.records.violations import violations_record

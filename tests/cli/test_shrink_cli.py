@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.sparse import gap_runs
-from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.render.record_schema import validate
 
@@ -121,7 +121,7 @@ def test_provenance_reports_say_so(pair: tuple[Path, Path]) -> None:
     code, out, _ = run("provenance", str(small), "--slot", "107", "--format", "json")
     assert code == 0
     record = json.loads(out)
-    assert validate(record, ProvenanceRecord) == []
+    assert validate(record, ProvenanceReport) == []
     assert record["shrunk"] is not None and record["slot"]["cells"]
     code, out, _ = run("provenance", str(small), "--row", "11")
     assert code == 0 and "kept cells only" in out

@@ -27,11 +27,11 @@ from typing import (
 )
 
 from kvcanary_cli.render.records.inspect import InspectRecord
-from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.columns import IntColumn
 from kvcanary_cli.results.plan import PlanSummary
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.results.record import record_keys, to_record
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.results.soak import SoakReport
@@ -49,7 +49,7 @@ __all__ = [
 #: schema name -> the record's top-level declaration.
 RECORDS: dict[str, Any] = {
     "kvcanary.check/2": CheckReport,
-    "kvcanary.provenance/2": ProvenanceRecord,
+    "kvcanary.provenance/2": ProvenanceReport,
     "kvcanary.violations/1": ViolationsRecord,
     "kvcanary.inspect/2": InspectRecord,
     "kvcanary.plan/1": PlanSummary,
