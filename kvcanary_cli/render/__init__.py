@@ -73,10 +73,9 @@ def render(
             from kvcanary_cli.render.table.timeline import timeline_table as table
         case "inspect":
             from kvcanary_cli.render.markdown.inspect import inspect_markdown as markdown
-            from kvcanary_cli.render.records.inspect import inspect_record
             from kvcanary_cli.render.table.inspect import inspect_table as table
 
-            record, rows = inspect_record(result), {}  # type: ignore[arg-type]
+            rows = {}
         case "plan":
             from kvcanary_cli.render.markdown.plan import plan_markdown as markdown
             from kvcanary_cli.render.table.plan import plan_table as table

@@ -26,10 +26,10 @@ from typing import (
     is_typeddict,
 )
 
-from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.records.violations import ViolationsRecord
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.columns import IntColumn
+from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.results.plan import PlanSummary
 from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.results.record import record_keys, to_record
@@ -51,7 +51,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.check/2": CheckReport,
     "kvcanary.provenance/2": ProvenanceReport,
     "kvcanary.violations/1": ViolationsRecord,
-    "kvcanary.inspect/2": InspectRecord,
+    "kvcanary.inspect/2": DumpDescription,
     "kvcanary.plan/1": PlanSummary,
     "kvcanary.selftest/1": SelftestReport,
     "kvcanary.timeline/1": TimelineReport,

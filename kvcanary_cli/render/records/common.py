@@ -1,6 +1,5 @@
 """What the records still built by hand share (`render/records/`, until each command's result
-is its record, `results.record`): the names of groups and spaces as `Literal` types, and the
-identity keys.
+is its record, `results.record`): the names of groups and spaces as `Literal` types.
 
 The `Literal`s mirror enums of the analysis (`Group`, `Space`); tests/render/test_record_types.py
 checks they hold the same values.
@@ -10,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, cast
 
-__all__ = ["GroupName", "SpaceName", "group_name", "identity_record"]
+__all__ = ["GroupName", "SpaceName", "group_name"]
 
 #: An attention group: full attention, or the sliding window's.
 GroupName = Literal["full", "swa"]
@@ -21,8 +20,3 @@ SpaceName = Literal["full", "swa"]
 def group_name(group: str) -> GroupName:
     """A group as the analysis names it (`full`, `swa`); `str()` keeps a StrEnum's value."""
     return cast(GroupName, str(group))
-
-
-def identity_record(identity: dict[str, str]) -> dict[str, str]:
-    """Identity keys in the dump's order (the format's identity keys first)."""
-    return {k: str(v) for k, v in identity.items()}
