@@ -34,6 +34,7 @@ from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.results.cells import Space
 from kvcanary_cli.results.check import DumpReport, Finding
 from kvcanary_cli.results.provenance import ProvenanceReport, RowCell, RowGap, RowMap, RowOccupancy
+from kvcanary_cli.results.shrink import Shrunk
 
 __all__ = ["provenance_report", "row_map", "slot_query"]
 
@@ -134,7 +135,7 @@ def slot_query(
         identity=dump.identity,
         slot=provenance,
         findings=touching,
-        shrink=dump.shrink,
+        shrunk=_shrunk(dump),
     )
 
 
@@ -236,8 +237,13 @@ def row_map(
             occupancy=occupancy,
         ),
         findings=touching,
-        shrink=dump.shrink,
+        shrunk=_shrunk(dump),
     )
+
+
+def _shrunk(dump: KvDump) -> Shrunk | None:
+    """A shrunk dump's `shrunk`, its command made from the file's own name."""
+    return None if dump.shrink is None else Shrunk.of(dump.shrink, dump.path.name)
 
 
 def _marks(

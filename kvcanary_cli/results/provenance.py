@@ -8,15 +8,13 @@ property.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import ClassVar
 
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.shrink_record import ShrinkRecord
 from kvcanary_cli.results.cells import CellRole, SlotProvenance
 from kvcanary_cli.results.check import Finding
-from kvcanary_cli.results.record import not_recorded, recorded
+from kvcanary_cli.results.record import recorded
 from kvcanary_cli.results.shrink import Shrunk
 
 __all__ = ["ProvenanceReport", "RowCell", "RowGap", "RowMap", "RowOccupancy"]
@@ -104,14 +102,14 @@ class ProvenanceReport:
 
     path: str
     identity: dict[str, str]
+    #: as in check: set for a shrunk dump
+    shrunk: Shrunk | None = None
     #: --slot
     slot: SlotProvenance | None = None
     #: --row
     row: RowMap | None = None
     #: the findings touching the slot or the row
     findings: tuple[Finding, ...] = ()
-    #: a shrunk dump's record (`shrunk`): its provenance covers the kept cells only.
-    shrink: ShrinkRecord | None = not_recorded(default=None)
 
     def __post_init__(self) -> None:  # report order, whatever order they were gathered in
         object.__setattr__(self, "findings", tuple(sorted(self.findings, key=Finding.order_key)))
@@ -122,9 +120,3 @@ class ProvenanceReport:
         import kvcanary_cli
 
         return kvcanary_cli.__version__
-
-    #: as in check: set for a shrunk dump
-    @recorded
-    def shrunk(self) -> Shrunk | None:
-        """Where a shrunk dump came from (None: not a shrunk dump)."""
-        return None if self.shrink is None else Shrunk.of(self.shrink, PurePath(self.path).name)

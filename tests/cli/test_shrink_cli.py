@@ -129,6 +129,28 @@ def test_provenance_reports_say_so(pair: tuple[Path, Path]) -> None:
     assert "kvcanary shrink rank_0___id_.safetensors --out small.safetensors" in out
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("provenance", "--slot", "107"),
+        ("provenance", "--row", "11"),
+        ("inspect",),
+    ],
+    ids=["provenance-slot", "provenance-row", "inspect"],
+)
+def test_the_command_names_the_file_as_written_not_as_shown(
+    pair: tuple[Path, Path], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """A small dump whose name holds an ESC: the command that remakes it names the file made
+    shell-safe from its own name, not from the escaped text the report shows it as."""
+    _, small = pair
+    named = tmp_path / "evil\x1b[31m.safetensors"
+    named.write_bytes(small.read_bytes())
+    code, out, err = run(*args, str(named), "--format", "markdown")
+    assert code in (0, 1), err
+    assert "--out evil__31m.safetensors" in out.replace("\\_", "_")  # Markdown text escapes _
+
+
 def test_inspect_shows_the_record_and_the_sparse_tensors(pair: tuple[Path, Path]) -> None:
     original, small = pair
     code, out, _ = run("inspect", str(small), "--format", "json")

@@ -49,15 +49,14 @@ def _row_section(row: RowMap) -> list[str]:
 def provenance_markdown(report: ProvenanceReport, *, max_rows: int = 256) -> str:
     """A `kvcanary.provenance/2` report as Markdown: the slot's cells or the row's map, and
     the first `max_rows` findings touching it."""
-    shrunk = printable_record(report.shrunk)  # its command made from the file's own name
     report = printable_record(report)
     parts = [
         f"## kvcanary provenance: {_code(report.path, cell=False)}",
         identity_table(report.identity),
     ]
-    if shrunk is not None:
-        parts.append("\n".join(f"- {_text(line)}" for line in shrunk_lines(shrunk)))
-        parts.append(reproduce(shrunk))
+    if report.shrunk is not None:
+        parts.append("\n".join(f"- {_text(line)}" for line in shrunk_lines(report.shrunk)))
+        parts.append(reproduce(report.shrunk))
     if report.slot is not None:
         prov = report.slot
         parts.append(f"### {prov.space.upper()} slot {prov.slot}")

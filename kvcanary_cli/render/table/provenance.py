@@ -136,11 +136,10 @@ def provenance_table(report: ProvenanceReport, *, max_rows: int = 256) -> Render
     the cells they mark are flagged with `!` and the finding codes (and highlighted when
     colour is on).
     """
-    shrunk = printable_record(report.shrunk)  # its command made from the file's own name
     report = printable_record(report)
     parts: list[RenderableType] = [Text(report.path, style="bold"), identity_line(report.identity)]
-    if shrunk is not None:
-        parts.append(shrunk_block(shrunk))
+    if report.shrunk is not None:
+        parts.append(shrunk_block(report.shrunk))
     if report.slot is not None:
         parts.extend(_slot_blocks(report.slot, max_rows))
     if report.row is not None:
