@@ -132,11 +132,12 @@ def test_provenance_reports_say_so(pair: tuple[Path, Path]) -> None:
 @pytest.mark.parametrize(
     "args",
     [
+        ("check", "--kernel", "vectorized"),
         ("provenance", "--slot", "107"),
         ("provenance", "--row", "11"),
         ("inspect",),
     ],
-    ids=["provenance-slot", "provenance-row", "inspect"],
+    ids=["check", "provenance-slot", "provenance-row", "inspect"],
 )
 def test_the_command_names_the_file_as_written_not_as_shown(
     pair: tuple[Path, Path], tmp_path: Path, args: tuple[str, ...]
