@@ -82,6 +82,7 @@ from kvcanary_cli.results.check import (
     ScalarOrigin,
     ScalarValue,
 )
+from kvcanary_cli.results.shrink import Shrunk
 
 __all__ = [
     "CollectedFindings",
@@ -155,7 +156,7 @@ def run_check(
             for s in dump.scalars.values()
         ),
         assumptions=assumptions,
-        shrink=dump.shrink,
+        shrunk=None if dump.shrink is None else Shrunk.of(dump.shrink, dump.path.name),
     )
 
 

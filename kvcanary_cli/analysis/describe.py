@@ -1,11 +1,11 @@
-"""`describe_dump`: what a dump holds, as `kvcanary inspect` shows it (a `DumpDescription`).
-
-The description is `results.inspect`'s; render turns it into the `kvcanary.inspect/2` record.
-It reads the loaded dump's header facts, scalars and per-batch vectors only (numpy; no table is
-touched).
+"""`describe_dump`: what a dump holds, as `kvcanary inspect` shows it (a `DumpDescription`,
+the `kvcanary.inspect/2` record). It reads the loaded dump's header facts, scalars and
+per-batch vectors only (numpy; no table is touched).
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 
@@ -17,12 +17,16 @@ from kvcanary_cli.dump.schema import (
     SHRINK_KEY,
     dtype_label,
 )
+from kvcanary_cli.results.check import ScalarOrigin
 from kvcanary_cli.results.inspect import (
     BatchDescription,
     DumpDescription,
+    GroupDescription,
     ScalarDescription,
+    ScalarSource,
     TensorDescription,
 )
+from kvcanary_cli.results.shrink import ShrinkSummary
 
 __all__ = ["describe_dump"]
 
@@ -54,7 +58,6 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> DumpD
     }
     return DumpDescription(
         path=str(dump.path),
-        file_name=dump.path.name,
         file_bytes=dump.file_size,
         format=dump.metadata.get("kvcanary.format"),
         tensors=tuple(
@@ -62,7 +65,7 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> DumpD
                 name=info.name,
                 dtype=dtype_label(info.dtype),
                 shape=tuple(info.shape),
-                nbytes=info.nbytes,
+                bytes=info.nbytes,
                 role=info.role,
                 kept=info.kept,
             )
@@ -72,14 +75,14 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> DumpD
             ScalarDescription(
                 name=s.name,
                 value=s.value,
-                source=s.source,
-                origin=s.origin,
+                source=cast(ScalarSource, s.source),
+                origin=cast(ScalarOrigin, s.origin),
                 option=SCALARS[s.name].option,
                 meaning=SCALARS[s.name].meaning,
             )
             for s in dump.scalars.values()
         ),
-        groups=tuple((group, dump.window(group)) for group in dump.groups),
+        groups=tuple(GroupDescription(name=g, window=dump.window(g)) for g in dump.groups),
         batch=BatchDescription(
             bs=dump.bs,
             active_rows=int(active.sum()),
@@ -91,7 +94,7 @@ def describe_dump(dump: KvDump, *, sglang_installed: str | None = None) -> DumpD
             lut_len=dump.lut_len,
         ),
         identity=dump.identity,
-        shrink=dump.shrink,
+        shrink=None if dump.shrink is None else ShrinkSummary.of(dump.shrink, dump.path.name),
         sglang_installed=sglang_installed,
         other_metadata=extra,
         notes=tuple(notes),

@@ -23,6 +23,7 @@ from kvcanary_cli.analysis.provenance import (
     full_slots_mapping_to,
     swa_provenance,
 )
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import StoredTensor, distinct
@@ -33,6 +34,7 @@ from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.results.cells import Space
 from kvcanary_cli.results.check import DumpReport, Finding
 from kvcanary_cli.results.provenance import ProvenanceReport, RowCell, RowGap, RowMap, RowOccupancy
+from kvcanary_cli.results.shrink import Shrunk
 
 __all__ = ["provenance_report", "row_map", "slot_query"]
 
@@ -133,7 +135,7 @@ def slot_query(
         identity=dump.identity,
         slot=provenance,
         findings=touching,
-        shrink=dump.shrink,
+        shrunk=_shrunk(dump),
     )
 
 
@@ -230,18 +232,23 @@ def row_map(
             filled=row.count_nonzero(0, msl),
             max_seq_len=msl,
             gaps=gaps,
-            window=None if positions is None else (lo, hi),
+            positions=None if positions is None else (lo, hi),
             marks_not_shown=marked - len(marks),
             occupancy=occupancy,
         ),
         findings=touching,
-        shrink=dump.shrink,
+        shrunk=_shrunk(dump),
     )
+
+
+def _shrunk(dump: KvDump) -> Shrunk | None:
+    """A shrunk dump's `shrunk`, its command made from the file's own name."""
+    return None if dump.shrink is None else Shrunk.of(dump.shrink, dump.path.name)
 
 
 def _marks(
     touching: Sequence[Finding], lo: int, hi: int, max_cells: int
-) -> tuple[int, dict[int, tuple[str, ...]]]:
+) -> tuple[int, dict[int, tuple[FindingCode, ...]]]:
     """How many positions of `[lo, hi)` a finding's cell is on (every cell of every finding
     in the row, not only each finding's first), and the codes at the first `max_cells` of
     them (each code once, in finding order): the work is one sort of the row's finding
@@ -265,9 +272,9 @@ def _marks(
     keep = np.isin(position, shown)
     position, owner = position[keep], owner[keep]
     order = np.lexsort((owner, position))
-    marks: dict[int, list[str]] = {int(p): [] for p in shown.tolist()}
+    marks: dict[int, list[FindingCode]] = {int(p): [] for p in shown.tolist()}
     for p, i in zip(position[order].tolist(), owner[order].tolist(), strict=True):
-        marks[p].append(touching[i].code.value)
+        marks[p].append(touching[i].code)
     return int(marked.size), {p: tuple(dict.fromkeys(codes)) for p, codes in marks.items()}
 
 

@@ -44,7 +44,6 @@ def render(
     schema = result.SCHEMA.split("/")[0].removeprefix("kvcanary.")
     table: Any
     markdown: Any
-    record: Any = None
     rows = {"max_rows": max_rows}
     match schema:
         case "check":
@@ -58,10 +57,7 @@ def render(
                 return check_table(r, errors_on_stderr=to_stdout, **kw)
         case "provenance":
             from kvcanary_cli.render.markdown.provenance import provenance_markdown as markdown
-            from kvcanary_cli.render.records.provenance import provenance_record
             from kvcanary_cli.render.table.provenance import provenance_table as table
-
-            record = provenance_record(result)  # type: ignore[arg-type]
         case "violations":
             from kvcanary_cli.render.markdown.violations import violations_markdown as markdown
             from kvcanary_cli.render.table.violations import violations_table as table
@@ -70,10 +66,9 @@ def render(
             from kvcanary_cli.render.table.timeline import timeline_table as table
         case "inspect":
             from kvcanary_cli.render.markdown.inspect import inspect_markdown as markdown
-            from kvcanary_cli.render.records.inspect import inspect_record
             from kvcanary_cli.render.table.inspect import inspect_table as table
 
-            record, rows = inspect_record(result), {}  # type: ignore[arg-type]
+            rows = {}
         case "plan":
             from kvcanary_cli.render.markdown.plan import plan_markdown as markdown
             from kvcanary_cli.render.table.plan import plan_table as table
@@ -91,14 +86,12 @@ def render(
             raise TypeError(f"no view of a {result.SCHEMA} record")
     match fmt:
         case OutputFormat.JSON:
-            if record is None:
-                from kvcanary_cli.results.record import to_record
+            from kvcanary_cli.results.record import to_record
 
-                record = to_record(result)
-            return to_json(record)
+            return to_json(to_record(result))
         case OutputFormat.TABLE:
-            return table(result if record is None else record, **rows)  # type: ignore[no-any-return]
+            return table(result, **rows)  # type: ignore[no-any-return]
         case OutputFormat.MARKDOWN:
-            return markdown(result if record is None else record, **rows)  # type: ignore[no-any-return]
+            return markdown(result, **rows)  # type: ignore[no-any-return]
         case _:
             assert_never(fmt)

@@ -8,13 +8,11 @@ a million indented lines.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import secrets
 from collections.abc import Mapping
 
 from kvcanary_cli.results.columns import IntColumn
-from kvcanary_cli.results.record import to_record
 
 __all__ = ["INLINE_AFTER", "to_json"]
 
@@ -32,8 +30,6 @@ def to_json(record: Mapping[str, object]) -> str:
     token = f"kvcanary-inline-{secrets.token_hex(16)}-"
 
     def fold(value: object) -> object:
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return fold(to_record(value))  # a typed result inside a record still built by hand
         if isinstance(value, Mapping):
             return {key: fold(item) for key, item in value.items()}
         if isinstance(value, IntColumn):

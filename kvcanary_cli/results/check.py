@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import PurePath
 from typing import Any, ClassVar, Literal, Union
 
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.shrink_record import ShrinkRecord
 from kvcanary_cli.results.cells import CellColumns, Role, SlotProvenance, Space, Span
 from kvcanary_cli.results.record import not_recorded, recorded
 from kvcanary_cli.results.shrink import Shrunk
@@ -319,6 +317,8 @@ class DumpReport:
     #: --kernel triton: Triton's mode; --kernel sglang: SGLang's torch reference or its CUDA
     #: kernels; null for --kernel vectorized|none
     kernel_mode: KernelMode | None = None
+    #: a shrunk dump (format 1.1 or 1.2): where it came from
+    shrunk: Shrunk | None = None
     #: reading notes: ignored tensors, ignored valid_lens, ...
     notes: tuple[str, ...] = ()
     #: in planning order (by default full, then swa)
@@ -339,8 +339,6 @@ class DumpReport:
     requests: tuple[RequestSummary, ...] = ()
     #: every finding; never truncated
     findings: tuple[Finding, ...]
-    #: a shrunk dump's record: where it came from and what it dropped (`shrunk`).
-    shrink: ShrinkRecord | None = not_recorded(default=None)
     #: the threshold `fails` reads (the check's `--fail-on`: `CheckReport` sets it).
     fail_on: Severity = not_recorded(default=Severity.ERROR)
 
@@ -372,13 +370,6 @@ class DumpReport:
     def fails(self) -> bool:
         """A finding is at or above `fail_on`."""
         return any(f.severity.rank >= self.fail_on.rank for f in self.findings)
-
-    #: a shrunk dump (format 1.1 or 1.2): where it came from
-    @recorded
-    def shrunk(self) -> Shrunk | None:
-        """Where a shrunk dump came from (None: not a shrunk dump); its provenance covers the
-        kept cells only."""
-        return None if self.shrink is None else Shrunk.of(self.shrink, PurePath(self.path).name)
 
     #: one per (code, group, severity) that occurs: severity, then code order, then group
     @recorded

@@ -1,31 +1,65 @@
-"""Results of `kvcanary provenance`: one slot's cells, or one pool row's map."""
+"""Results of `kvcanary provenance`: one slot's cells, or one pool row's map.
+
+`ProvenanceReport` is the `kvcanary.provenance/2` record (`results.record.to_record`): each
+field is a key (its `#:` comment the key's documentation), a derived key is a `@recorded`
+property.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.shrink_record import ShrinkRecord
-from kvcanary_cli.results.cells import Role, SlotProvenance
+from kvcanary_cli.results.cells import CellRole, SlotProvenance
 from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.record import recorded
+from kvcanary_cli.results.shrink import Shrunk
 
 __all__ = ["ProvenanceReport", "RowCell", "RowGap", "RowMap", "RowOccupancy"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RowCell:
-    """One position of a pool row, for `provenance --row`."""
+    """One shown position of a pool row."""
 
     position: int
     slot: int
-    #: verify, prefix, chain-prev, pending-write, stale-tail or idle-row.
-    role: Role
+    role: CellRole
     seed: bool = False
-    #: LUT[slot] when the dump has a LUT and the slot is in range.
+    #: LUT[slot] when in range
     swa_slot: int | None = None
-    #: codes of the findings that point at this cell.
-    marks: tuple[str, ...] = ()
+    #: codes of the findings with a cell here (each cell of a group, not only its example)
+    marks: tuple[FindingCode, ...] = ()
+
+    def __post_init__(self) -> None:  # the codes table's order, whatever order they came in
+        codes = sorted((FindingCode(m) for m in self.marks), key=lambda m: m.order)
+        object.__setattr__(self, "marks", tuple(codes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowGap:
+    """Positions [start, end) not shown: between shown cells, or outside --positions."""
+
+    #: positions [start, end) not shown: between shown cells, or outside --positions
+    start: int
+    end: int
+    #: how many of them hold a slot
+    filled: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowOccupancy:
+    """How full a row is along the range mapped, in steps: what its strip is drawn from."""
+
+    #: positions [start, end): the range mapped, up to its last filled position or live end
+    start: int
+    end: int
+    #: positions per step (1 for a row of up to 1024 positions)
+    step: int
+    #: per step, its positions holding a slot
+    filled: tuple[int, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,58 +67,56 @@ class RowMap:
     """A pool row as the batch sees it: live prefix, window, pending writes, stale tail."""
 
     pool_row: int
+    #: [] when no batch row uses it
     batch_rows: tuple[int, ...]
+    #: null when no batch row uses it
     prefix_len: int | None
     extend_len: int | None
     window_start: int | None
+    #: whose window labels the roles (default: swa when the row has swa findings, else full)
     group: Group
-    #: positions shown, in order (the live range's edges, a few stale cells, marked cells).
-    cells: tuple[RowCell, ...]
-    #: positions of the row holding a non-zero slot (shown or not).
+    #: positions of the row holding a non-zero slot
     filled: int
     max_seq_len: int
-    #: the runs of positions between shown cells that are not shown.
+    #: shown positions, by position: every marked cell first (up to --max-rows), then the
+    #: live range's edges, the window start and the row's head
+    cells: tuple[RowCell, ...]
     gaps: tuple[RowGap, ...] = ()
-    #: the position range asked for (`--positions`), else None (the whole row).
-    window: tuple[int, int] | None = None
-    #: marked positions (cells with findings) in the range that did not fit `max_cells`.
+    #: the range asked for (--positions), [start, end), else null
+    positions: tuple[int, int] | None = None
+    #: marked cells in the range beyond --max-rows
     marks_not_shown: int = 0
-    #: how full the row is along the range shown, for a picture of it (a row strip).
+    #: how full the row is along the range mapped
     occupancy: RowOccupancy | None = None
 
-
-@dataclass(frozen=True, kw_only=True)
-class RowOccupancy:
-    """Positions `[start, end)` of a row in steps of `step` positions, and how many of each
-    step hold a slot: the range mapped, up to its last filled position or live end."""
-
-    start: int
-    end: int
-    step: int
-    #: per step, its positions holding a non-zero slot.
-    filled: tuple[int, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RowGap:
-    """Positions `[start, end)` of a row map that are not shown, and how many hold a slot."""
-
-    start: int
-    end: int
-    filled: int
+    def __post_init__(self) -> None:  # by position, whatever order they were picked in
+        object.__setattr__(self, "cells", tuple(sorted(self.cells, key=lambda c: c.position)))
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProvenanceReport:
-    """Answer of `kvcanary provenance`: one slot's cells, or one pool row's map."""
+    """`kvcanary provenance --format json`: one slot's cells, or one pool row's map, and the
+    findings touching it."""
 
     SCHEMA: ClassVar[str] = "kvcanary.provenance/2"
 
     path: str
     identity: dict[str, str]
+    #: as in check: set for a shrunk dump
+    shrunk: Shrunk | None = None
+    #: --slot
     slot: SlotProvenance | None = None
+    #: --row
     row: RowMap | None = None
-    #: findings that touch the slot (or the row).
+    #: the findings touching the slot or the row
     findings: tuple[Finding, ...] = ()
-    #: set for a shrunk dump (its provenance covers the kept cells only).
-    shrink: ShrinkRecord | None = None
+
+    def __post_init__(self) -> None:  # report order, whatever order they were gathered in
+        object.__setattr__(self, "findings", tuple(sorted(self.findings, key=Finding.order_key)))
+
+    @recorded
+    def kvcanary_version(self) -> str:
+        """The kvcanary that answered."""
+        import kvcanary_cli
+
+        return kvcanary_cli.__version__

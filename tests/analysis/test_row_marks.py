@@ -19,11 +19,11 @@ from rich.console import Console
 from kvcanary_cli.analysis.query import row_map
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
-from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.results.check import DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import checked
+from tests.render.record_schema import record_of
 
 #: the default of `provenance --max-rows`.
 MAX_CELLS = 256
@@ -71,17 +71,16 @@ def _check_rows(path: Path) -> int:
     checked_rows = 0
     for pool_row, wanted in sorted(_bad_cells(dump, report).items()):
         answer = row_map(dump, report, pool_row, max_cells=MAX_CELLS)
-        record = provenance_record(answer)
-        row = record["row"]
+        row = record_of(answer)["row"]
         assert row is not None
         shown = sorted(wanted)[:MAX_CELLS]
         json_marks = {c["position"]: set(c["marks"]) for c in row["cells"] if c["marks"]}
         assert json_marks == {p: wanted[p] for p in shown}, (path.name, pool_row)
         assert row["marks_not_shown"] == len(wanted) - len(shown)
         console = Console(file=io.StringIO(), record=True, width=400, color_system=None)
-        console.print(provenance_table(record))
+        console.print(provenance_table(answer))
         assert _table_marks(console.export_text()) == json_marks, (path.name, pool_row)
-        markdown = provenance_markdown(record, max_rows=MAX_CELLS)
+        markdown = provenance_markdown(answer, max_rows=MAX_CELLS)
         for p in shown:
             assert any(
                 line.startswith(f"| {p} |") and all(code in line for code in wanted[p])

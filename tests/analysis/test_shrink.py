@@ -123,7 +123,7 @@ def test_provenance_on_the_small_dump_covers_what_was_kept(tmp_path: Path) -> No
         assert row.row is not None
         marked = [c.position for c in row.row.cells if c.marks]
         assert marked == [finding.position]
-    assert slot_query(little, checked(little).findings, finding.slot).shrink is not None
+    assert slot_query(little, checked(little).findings, finding.slot).shrunk is not None
     # A slot nothing in the batch holds: the small dump does not know its allocator state.
     free = big.free_full_slots
     assert free is not None

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.render.record_schema import validate
 
@@ -201,7 +201,7 @@ def test_provenance_json_validates(dumps: dict[str, Path]) -> None:
     )
     assert code == 0, err
     record = json.loads(out)
-    assert validate(record, ProvenanceRecord) == []
+    assert validate(record, ProvenanceReport) == []
     cells = {(c["pool_row"], c["position"]) for c in record["slot"]["cells"]}
     assert (finding["pool_row"], finding["position"]) in cells and len(cells) >= 2
     assert record["findings"][0]["code"] == "slot-shared-across-positions"

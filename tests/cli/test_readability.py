@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,6 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.render.phrases.check import cause_sections
 from kvcanary_cli.render.phrases.findings import finding_words
-from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.results.check import CheckReport, Finding
 from tests.torch_extra import needs_torch
 
@@ -81,7 +81,7 @@ def at_width(renderable: object, width: int) -> str:
     return console.export_text()
 
 
-def _reads_whole(text: str, findings: list[Finding], *, codes_per_finding: bool) -> None:
+def _reads_whole(text: str, findings: Sequence[Finding], *, codes_per_finding: bool) -> None:
     """Every finding's code, rows, positions and slots, and its message's first 60
     characters, are in `text`, no word cut short."""
     assert not re.search(r"\w…", text), [line for line in text.splitlines() if "…" in line]
@@ -132,8 +132,7 @@ def test_provenance_reads_whole_at_80_columns(
     for question in asked:
         answer = api.provenance(EXAMPLES / example, **question)  # type: ignore[arg-type]
         text = at_width(render(answer, OutputFormat.TABLE), 80)
-        record = provenance_record(answer)
-        _reads_whole(text, record["findings"], codes_per_finding=True)
+        _reads_whole(text, answer.findings, codes_per_finding=True)
 
 
 def test_the_issues_80_column_provenance_reads_whole() -> None:

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.sparse import gap_runs
-from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.render.record_schema import validate
 
@@ -121,12 +121,35 @@ def test_provenance_reports_say_so(pair: tuple[Path, Path]) -> None:
     code, out, _ = run("provenance", str(small), "--slot", "107", "--format", "json")
     assert code == 0
     record = json.loads(out)
-    assert validate(record, ProvenanceRecord) == []
+    assert validate(record, ProvenanceReport) == []
     assert record["shrunk"] is not None and record["slot"]["cells"]
     code, out, _ = run("provenance", str(small), "--row", "11")
     assert code == 0 and "kept cells only" in out
     code, out, _ = run("provenance", str(small), "--row", "11", "--format", "markdown")
     assert "kvcanary shrink rank_0___id_.safetensors --out small.safetensors" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("check", "--kernel", "vectorized"),
+        ("provenance", "--slot", "107"),
+        ("provenance", "--row", "11"),
+        ("inspect",),
+    ],
+    ids=["check", "provenance-slot", "provenance-row", "inspect"],
+)
+def test_the_command_names_the_file_as_written_not_as_shown(
+    pair: tuple[Path, Path], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """A small dump whose name holds an ESC: the command that remakes it names the file made
+    shell-safe from its own name, not from the escaped text the report shows it as."""
+    _, small = pair
+    named = tmp_path / "evil\x1b[31m.safetensors"
+    named.write_bytes(small.read_bytes())
+    code, out, err = run(*args, str(named), "--format", "markdown")
+    assert code in (0, 1), err
+    assert "--out evil__31m.safetensors" in out.replace("\\_", "_")  # Markdown text escapes _
 
 
 def test_inspect_shows_the_record_and_the_sparse_tensors(pair: tuple[Path, Path]) -> None:

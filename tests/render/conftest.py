@@ -312,9 +312,9 @@ def row_report() -> ProvenanceReport:
             else Role.STALE_TAIL,
             seed=p == 5,
             swa_slot=None if p >= 8 else 10 + p,
-            marks=("padding-slot-in-live-range",)
+            marks=(FindingCode.PADDING_SLOT_IN_LIVE_RANGE,)
             if p == 2
-            else ("swa-unmapped-in-window", "duplicate-slot-in-row")
+            else (FindingCode.SWA_UNMAPPED_IN_WINDOW, FindingCode.DUPLICATE_SLOT_IN_ROW)
             if p == 4
             else (),
         )

@@ -1,9 +1,10 @@
-"""Validate JSON values against the record declarations of `kvcanary_cli.render.records`.
+"""Validate JSON values against the commands' typed results, which are their records.
 
-The schema is the `TypedDict`s themselves, walked with `typing.get_type_hints`: an object has
+The schema is the result dataclasses themselves (and the few `TypedDict`s that declare a
+leaf's own JSON form, `__record__`), walked with `typing.get_type_hints`: an object has
 exactly its declared keys (no missing, no extra), a `Literal` admits its values only (and `1`
 is not `True`), a catalog enum (`FindingCode`, ...) its members' strings, `X | None`,
-`list[X]` and `dict[K, V]` check their parts, and a nested `TypedDict` is checked the same
+`list[X]` and `dict[K, V]` check their parts, and a nested declaration is checked the same
 way. `JsonValue` (a finding's `details`) admits any JSON value.
 """
 
@@ -26,11 +27,11 @@ from typing import (
     is_typeddict,
 )
 
-from kvcanary_cli.render.records.inspect import InspectRecord
-from kvcanary_cli.render.records.provenance import ProvenanceRecord
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.columns import IntColumn
+from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.results.plan import PlanSummary
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.results.record import record_keys, to_record
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.results.soak import SoakReport
@@ -49,9 +50,9 @@ __all__ = [
 #: schema name -> the record's top-level declaration.
 RECORDS: dict[str, Any] = {
     "kvcanary.check/2": CheckReport,
-    "kvcanary.provenance/2": ProvenanceRecord,
+    "kvcanary.provenance/2": ProvenanceReport,
     "kvcanary.violations/1": ViolationsReport,
-    "kvcanary.inspect/2": InspectRecord,
+    "kvcanary.inspect/2": DumpDescription,
     "kvcanary.plan/1": PlanSummary,
     "kvcanary.selftest/1": SelftestReport,
     "kvcanary.timeline/1": TimelineReport,
@@ -143,12 +144,7 @@ def _name(tp: Any) -> str:
 
 
 def validate(value: Any, tp: Any, path: str = "$") -> list[str]:
-    """Every place where `value` breaks the declaration `tp` (an empty list when it conforms).
-
-    A typed result inside `value` (a record still built by hand holds some) is read as its
-    record."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = to_record(value)
+    """Every place where `value` breaks the declaration `tp` (an empty list when it conforms)."""
     if isinstance(tp, ForwardRef) or tp is object:  # JsonValue's recursion, or any value
         return [] if _is_json(value) else [f"{path}: not a JSON value: {value!r}"]
     if is_declaration(tp):

@@ -1,12 +1,12 @@
-"""Generate the key tables of docs/json-schema.md from the record declarations.
+"""Generate the key tables of docs/json-schema.md from the commands' typed results.
 
-Each table in the doc follows a marker naming the TypedDicts it shows,
-`<!-- record keys: DumpRecord CauseRecord -->`, and is a ```text block: one object per name,
-its keys in declaration order, each with its type (from `typing.get_type_hints`) and its
-documentation (the `#:` comment above the key in `kvcanary_cli/render/records/`). A TypedDict
-named by some marker is shown as `<its name>` wherever it is used; any other is written out
-in place. `<!-- record names -->` marks the legend of the named value sets (finding codes,
-...). The doc's prose is left as it is.
+Each table in the doc follows a marker naming the declarations it shows,
+`<!-- record keys: DumpReport Cause -->`, and is a ```text block: one object per name, its
+keys in record order (`results.record.record_keys`), each with its type (from
+`typing.get_type_hints`) and its documentation (the `#:` comment above the field in
+`kvcanary_cli/results/`). A declaration named by some marker is shown as `<its name>`
+wherever it is used; any other is written out in place. `<!-- record names -->` marks the
+legend of the named value sets (finding codes, ...). The doc's prose is left as it is.
 
     python -m tests.render.schema_doc      # rewrite docs/json-schema.md's tables
 

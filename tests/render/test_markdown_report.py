@@ -12,7 +12,6 @@ import pytest
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.render.markdown.check import GITHUB_BODY_LIMIT, check_markdown
 from kvcanary_cli.render.markdown.provenance import provenance_markdown
-from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.results.check import CheckReport, DumpReport
 from kvcanary_cli.results.provenance import ProvenanceReport
 from tests.render.md_tables import tables
@@ -154,7 +153,7 @@ def test_markdown_is_deterministic(multi_report: CheckReport) -> None:
 
 
 def test_provenance_markdown_slot(slot_report: ProvenanceReport) -> None:
-    markdown = provenance_markdown(provenance_record(slot_report))
+    markdown = provenance_markdown(slot_report)
     assert markdown.startswith("## kvcanary provenance: ")
     assert "### FULL slot 77" in markdown
     [(_, _, findings)] = [t for t in tables(markdown) if t[1][0] == "code"]
@@ -162,7 +161,7 @@ def test_provenance_markdown_slot(slot_report: ProvenanceReport) -> None:
 
 
 def test_provenance_markdown_row(row_report: ProvenanceReport) -> None:
-    markdown = provenance_markdown(provenance_record(row_report))
+    markdown = provenance_markdown(row_report)
     [(_, header, rows)] = [t for t in tables(markdown) if t[1][0] == "position"]
     assert header == ["position", "slot", "role", "swa slot", "marks"]
     assert len(rows) == 10

@@ -14,7 +14,6 @@ import pytest
 from rich.console import Console
 
 from kvcanary_cli import api
-from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.table.pictures import FindingsMap, RowStrip, SlotAxis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,9 +48,9 @@ def drawn(picture: object, width: int, colour: bool) -> str:
 
 
 def _strip(dump: str, question: dict[str, Any]) -> RowStrip:
-    record = provenance_record(api.provenance(EXAMPLES / f"{dump}.safetensors", **question))
-    assert record["row"] is not None
-    return RowStrip(record["row"], record["findings"])
+    answer = api.provenance(EXAMPLES / f"{dump}.safetensors", **question)
+    assert answer.row is not None
+    return RowStrip(answer.row, answer.findings)
 
 
 def _map(dump: str, max_rows: int = 10) -> FindingsMap:
@@ -156,10 +155,10 @@ def test_a_long_row_is_drawn_in_runs_of_positions(tmp_path: Path) -> None:
         extend_seq_lens=np.array([100], dtype=np.int64),
         metadata={"num_full_slots": "6000"},
     )
-    record = provenance_record(api.provenance(path, row=1))
-    assert record["row"] is not None and record["row"]["occupancy"] is not None
-    assert record["row"]["occupancy"]["step"] == 5  # 5000 positions in at most 1024 steps
-    text = drawn(RowStrip(record["row"], record["findings"]), 80, colour=False)
+    answer = api.provenance(path, row=1)
+    assert answer.row is not None and answer.row.occupancy is not None
+    assert answer.row.occupancy.step == 5  # 5000 positions in at most 1024 steps
+    text = drawn(RowStrip(answer.row, answer.findings), 80, colour=False)
     head, strip = text.splitlines()[:2]
     per_char = int(re.search(r"(\d+) positions per character", head)[1])  # type: ignore[index]
     assert len(strip) - 2 == -(-5000 // per_char) <= 78

@@ -4,37 +4,20 @@ codes need no mirror: records declare the enums themselves)."""
 
 from __future__ import annotations
 
-from typing import Any, get_args
-
-import pytest
+from typing import get_args
 
 from kvcanary_cli.analysis.selftest import FIELDS
 from kvcanary_cli.canary.constants import BUFFERS, VIOLATION_FIELDS
 from kvcanary_cli.canary.ring_rows import RowOrigin
-from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners import BACKENDS
 from kvcanary_cli.planners.base import ProblemKind, ProblemRole
 from kvcanary_cli.planners.triton_runtime import Mode
-from kvcanary_cli.render.records.common import GroupName, SpaceName
-from kvcanary_cli.results.cells import CellRole, Role, Space
+from kvcanary_cli.results.cells import CellRole, Role
 from kvcanary_cli.results.check import KernelMode, KernelName
 from kvcanary_cli.results.plan import BackendName, ProblemKindName, ProblemRoleName
 from kvcanary_cli.results.selftest import PlanField
 from kvcanary_cli.results.violations import BufferName, OriginName, ViolationRow
 from tests.render.record_schema import declared_keys
-
-
-@pytest.mark.parametrize(
-    ("literal", "enum"),
-    [
-        (GroupName, Group),
-        (SpaceName, Space),
-    ],
-    ids=["Group", "Space"],
-)
-def test_literals_mirror_the_model_enums(literal: Any, enum: Any) -> None:
-    """Same values, in the enum's order (findings.md's table order)."""
-    assert get_args(literal) == tuple(member.value for member in enum)
 
 
 def test_plan_problem_literals_mirror_the_planner_enums() -> None:

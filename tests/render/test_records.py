@@ -9,7 +9,6 @@ from typing import Any
 
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.render.records.provenance import ProvenanceRecord, provenance_record
 from kvcanary_cli.results.cells import Role
 from kvcanary_cli.results.check import CheckReport, DumpReport, Finding
 from kvcanary_cli.results.provenance import ProvenanceReport
@@ -176,14 +175,14 @@ def test_details_are_made_json_safe() -> None:
 
 
 def test_provenance_record_matches_schema(any_provenance: ProvenanceReport) -> None:
-    record = provenance_record(any_provenance)
-    assert validate(record, ProvenanceRecord) == []
+    record = record_of(any_provenance)
+    assert validate(record, ProvenanceReport) == []
     assert record["schema"] == "kvcanary.provenance/2"
     assert len(record["findings"]) == len(any_provenance.findings)
 
 
 def test_provenance_record_row(row_report: ProvenanceReport) -> None:
-    row = provenance_record(row_report)["row"]
+    row = record_of(row_report)["row"]
     assert row is not None
     assert [c["position"] for c in row["cells"]] == list(range(10))
     # marks follow FindingCode order, whatever order the analysis gave

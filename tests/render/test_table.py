@@ -8,7 +8,6 @@ import re
 import pytest
 from rich.console import Console, RenderableType
 
-from kvcanary_cli.render.records.provenance import provenance_record
 from kvcanary_cli.render.table.check import check_table
 from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.results.check import CheckReport
@@ -93,7 +92,7 @@ def test_check_table_order_follows_the_record(single_report: CheckReport) -> Non
 
 @pytest.mark.parametrize("width", [100, 120])
 def test_slot_provenance_table(slot_report: ProvenanceReport, width: int) -> None:
-    text = plain(provenance_table(provenance_record(slot_report)), width)
+    text = plain(provenance_table(slot_report), width)
     assert "full slot 77  → swa slot 12 (LUT[77])" in text
     assert "allocator: free" in text
     assert "cells (5 in req_to_token, live first)" in text and "… and 2 more cells" in text
@@ -104,7 +103,7 @@ def test_slot_provenance_table(slot_report: ProvenanceReport, width: int) -> Non
 
 @pytest.mark.parametrize("width", [100, 120])
 def test_row_provenance_table(row_report: ProvenanceReport, width: int) -> None:
-    text = plain(provenance_table(provenance_record(row_report)), width)
+    text = plain(provenance_table(row_report), width)
     assert "pool row 8 (batch rows 1), group swa" in text
     assert "P 6 · E 2 · window start 3 · 9 filled of max_seq_len 4096" in text
     for role in ("prefix", "verify (seed)", "pending-write", "stale-tail"):

@@ -1,52 +1,49 @@
-"""The Markdown view of a `kvcanary.inspect/2` record: the table view's blocks, for GitHub."""
+"""The Markdown view of a `kvcanary.inspect/2` description: the table view's blocks, for GitHub."""
 
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import code, table, text
 from kvcanary_cli.render.phrases.inspect import batch_facts, inspect_metadata, tensor_role
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
-from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.shared import fmt_bytes
+from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["inspect_markdown"]
 
 
-def inspect_markdown(record: InspectRecord) -> str:
+def inspect_markdown(dump: DumpDescription) -> str:
     """Tensors, scalars, batch, shrink, identity and notes, as GitHub Markdown."""
-    record = printable_record(record)
-    groups = ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
+    dump = printable_record(dump)
+    groups = ", ".join(f"{g.name} (window {g.window})" for g in dump.groups)
     parts = [
-        f"## kvcanary inspect: {code(record['path'], cell=False)}",
-        f"{fmt_bytes(record['file_bytes'])}, format {text(record['format'] or 'hand-made')}",
+        f"## kvcanary inspect: {code(dump.path, cell=False)}",
+        f"{fmt_bytes(dump.file_bytes)}, format {text(dump.format or 'hand-made')}",
         table(
             ["tensor", "dtype", "shape", "bytes", "role"],
             [
                 [
-                    code(t["name"]),
-                    text(t["dtype"]),
-                    "x".join(map(str, t["shape"])) or "[]",
-                    str(t["bytes"]),
+                    code(t.name),
+                    text(t.dtype),
+                    "x".join(map(str, t.shape)) or "[]",
+                    str(t.bytes),
                     text(tensor_role(t)),
                 ]
-                for t in record["tensors"]
+                for t in dump.tensors
             ],
             right={3},
         ),
         table(
             ["scalar", "value", "source", "option"],
-            [
-                [code(s["name"]), text(s["value"]), text(s["source"]), code(s["option"])]
-                for s in record["scalars"]
-            ],
+            [[code(s.name), text(s.value), text(s.source), code(s.option)] for s in dump.scalars],
         ),
         table(
             ["batch", "value"],
             [["groups", text(groups)]]
-            + [[key, text(value)] for key, value in batch_facts(record["batch"])],
+            + [[key, text(value)] for key, value in batch_facts(dump.batch)],
         ),
     ]
-    shrink = record["shrink"]
+    shrink = dump.shrink
     if shrink is not None:
         parts.append("\n".join(f"- {text(fact)}" for fact in shrink_facts(shrink)))
         parts.append(
@@ -56,11 +53,11 @@ def inspect_markdown(record: InspectRecord) -> str:
                 right={2, 3, 4},
             )
         )
-    identity = inspect_metadata(record)
+    identity = inspect_metadata(dump)
     if identity:
         parts.append(
             table(["identity", "value"], [[code(k), text(v)] for k, v in identity.items()])
         )
-    if record["notes"]:
-        parts.append("\n".join(f"- {text(note)}" for note in record["notes"]))
+    if dump.notes:
+        parts.append("\n".join(f"- {text(note)}" for note in dump.notes))
     return "\n\n".join(parts) + "\n"

@@ -1,4 +1,4 @@
-"""The Markdown view of a `kvcanary.provenance/2` record: the slot's cells or the row's map,
+"""The Markdown view of a `kvcanary.provenance/2` report: the slot's cells or the row's map,
 and the findings touching it."""
 
 from __future__ import annotations
@@ -10,73 +10,60 @@ from kvcanary_cli.render.markdown.common import identity_table, provenance_body,
 from kvcanary_cli.render.phrases.findings import finding_words
 from kvcanary_cli.render.phrases.provenance import row_lines, row_notices
 from kvcanary_cli.render.phrases.shrink import shrunk_lines
-from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
 from kvcanary_cli.render.shared import plural
+from kvcanary_cli.results.provenance import ProvenanceReport, RowGap, RowMap
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["provenance_markdown"]
 
 
-def _row_section(row: RowMapRecord) -> list[str]:
-    batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle)"
+def _row_section(row: RowMap) -> list[str]:
+    batch_rows = ", ".join(map(str, row.batch_rows)) or "none (idle)"
     facts = [
         f"batch rows: {batch_rows}",
-        f"group: {_code(row['group'], cell=False)}",
-        f"prefix P: {_text(row['prefix_len'])}, extend E: {_text(row['extend_len'])}, "
-        f"window start: {_text(row['window_start'])}",
-        f"filled positions: {row['filled']} of max_seq_len {row['max_seq_len']}",
+        f"group: {_code(row.group, cell=False)}",
+        f"prefix P: {_text(row.prefix_len)}, extend E: {_text(row.extend_len)}, "
+        f"window start: {_text(row.window_start)}",
+        f"filled positions: {row.filled} of max_seq_len {row.max_seq_len}",
     ]
     facts.extend(f"**{_text(notice)}**" for notice in row_notices(row))
-    rows = []
-    for line in row_lines(row):
-        if line[0] == "gap":
-            gap = line[1]
-            rows.append(
-                [
-                    "⋯",
-                    "⋯",
-                    f"*positions {gap['start']}..{gap['end'] - 1} not shown "
-                    f"({gap['filled']} filled)*",
-                    "",
-                    "",
-                ]
-            )
-            continue
-        c = line[1]
-        rows.append(
-            [
-                str(c["position"]),
-                str(c["slot"]),
-                _text(c["role"]) + (" (seed)" if c["seed"] else ""),
-                _text(c["swa_slot"]),
-                ", ".join(_code(m) for m in c["marks"]) or "",
-            ]
-        )
+    rows = [
+        ["⋯", "⋯", f"*positions {c.start}..{c.end - 1} not shown ({c.filled} filled)*", "", ""]
+        if isinstance(c, RowGap)
+        else [
+            str(c.position),
+            str(c.slot),
+            _text(c.role) + (" (seed)" if c.seed else ""),
+            _text(c.swa_slot),
+            ", ".join(_code(m) for m in c.marks) or "",
+        ]
+        for c in row_lines(row)
+    ]
     return [
-        f"### Pool row {row['pool_row']}",
+        f"### Pool row {row.pool_row}",
         "\n".join(f"- {fact}" for fact in facts),
         _table(["position", "slot", "role", "swa slot", "marks"], rows, right={0, 1, 3}),
     ]
 
 
-def provenance_markdown(record: ProvenanceRecord, *, max_rows: int = 256) -> str:
-    """A `kvcanary.provenance/2` record as Markdown: the slot's cells or the row's map, and
+def provenance_markdown(report: ProvenanceReport, *, max_rows: int = 256) -> str:
+    """A `kvcanary.provenance/2` report as Markdown: the slot's cells or the row's map, and
     the first `max_rows` findings touching it."""
-    record = printable_record(record)
+    report = printable_record(report)
     parts = [
-        f"## kvcanary provenance: {_code(record['path'], cell=False)}",
-        identity_table(record["identity"]),
+        f"## kvcanary provenance: {_code(report.path, cell=False)}",
+        identity_table(report.identity),
     ]
-    if record["shrunk"] is not None:
-        parts.append("\n".join(f"- {_text(line)}" for line in shrunk_lines(record["shrunk"])))
-        parts.append(reproduce(record["shrunk"]))
-    if record["slot"] is not None:
-        prov = record["slot"]
+    if report.shrunk is not None:
+        parts.append("\n".join(f"- {_text(line)}" for line in shrunk_lines(report.shrunk)))
+        parts.append(reproduce(report.shrunk))
+    if report.slot is not None:
+        prov = report.slot
         parts.append(f"### {prov.space.upper()} slot {prov.slot}")
         parts.extend(provenance_body(prov))
-    if record["row"] is not None:
-        parts.extend(_row_section(record["row"]))
-    findings = record["findings"]  # already in report order
+    if report.row is not None:
+        parts.extend(_row_section(report.row))
+    findings = report.findings  # already in report order
     parts.append("### Findings touching it")
     if findings:
         parts.append(

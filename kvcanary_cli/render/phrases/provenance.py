@@ -3,11 +3,9 @@ slot's cells, and a row map's lines and what it leaves out."""
 
 from __future__ import annotations
 
-from typing import Literal
+from kvcanary_cli.results.provenance import RowCell, RowGap, RowMap
 
-from kvcanary_cli.render.records.provenance import GapRecord, RowCellRecord, RowMapRecord
-
-__all__ = ["CELL_COLUMNS", "RowLine", "row_lines", "row_notices"]
+__all__ = ["CELL_COLUMNS", "row_lines", "row_notices"]
 
 #: The columns of a slot's cell table in both views, for a full slot (False) and an SWA slot
 #: (True), whose cells also name the full slot that maps to it.
@@ -17,32 +15,28 @@ CELL_COLUMNS: dict[bool, tuple[str, ...]] = {
 }
 
 
-#: One line of a row map: a shown cell, or a run of positions left out.
-RowLine = tuple[Literal["cell"], RowCellRecord] | tuple[Literal["gap"], GapRecord]
-
-
-def row_lines(row: RowMapRecord) -> list[RowLine]:
+def row_lines(row: RowMap) -> list[RowCell | RowGap]:
     """The row map's cells and gaps in position order, so that every view shows where
     positions were left out."""
-    items: list[tuple[int, RowLine]] = [(c["position"], ("cell", c)) for c in row["cells"]]
-    items += [(g["start"], ("gap", g)) for g in row["gaps"]]
+    items: list[tuple[int, RowCell | RowGap]] = [(c.position, c) for c in row.cells]
+    items += [(g.start, g) for g in row.gaps]
     return [item for _, item in sorted(items, key=lambda pair: pair[0])]
 
 
-def row_notices(row: RowMapRecord) -> list[str]:
+def row_notices(row: RowMap) -> list[str]:
     """What a row map does not show, in words."""
-    count, length = len(row["cells"]), row["max_seq_len"]
+    count, length = len(row.cells), row.max_seq_len
     notices = []
     if count < length:
-        asked = row["positions"]
+        asked = row.positions
         within = "" if asked is None else f" (--positions {asked[0]}:{asked[1]})"
         notices.append(
             f"showing {count} of the row's {length} positions{within}; the others are in "
             "the gap rows (--positions START:END and --max-rows show more)"
         )
-    if row["marks_not_shown"]:
+    if row.marks_not_shown:
         notices.append(
-            f"{row['marks_not_shown']} marked positions do not fit --max-rows: narrow "
+            f"{row.marks_not_shown} marked positions do not fit --max-rows: narrow "
             "the range with --positions to see them"
         )
     return notices

@@ -1,4 +1,4 @@
-"""The terminal view of a `kvcanary.inspect/2` record (what a dump holds).
+"""The terminal view of a `kvcanary.inspect/2` description (what a dump holds).
 
 Almost everything here comes from the dump itself (tensor names, metadata keys and values,
 notes): every table cell is a `Text`, so a name like `[/x]` or `[link=...]` is shown as it is,
@@ -13,39 +13,31 @@ from rich.text import Text
 
 from kvcanary_cli.render.phrases.inspect import batch_facts, inspect_metadata, tensor_role
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
-from kvcanary_cli.render.records.inspect import InspectRecord
 from kvcanary_cli.render.shared import fmt_bytes
 from kvcanary_cli.render.table.common import cells
+from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["inspect_table"]
 
 
-def inspect_table(record: InspectRecord) -> RenderableType:
+def inspect_table(dump: DumpDescription) -> RenderableType:
     """Tensors, shrink, scalars, batch summary, identity and notes, one block each."""
-    record = printable_record(record)
+    dump = printable_record(dump)
     parts: list[RenderableType] = [
         Text(
-            f"{record['path']}  ({fmt_bytes(record['file_bytes'])}, "
-            f"format {record['format'] or 'hand-made'})",
+            f"{dump.path}  ({fmt_bytes(dump.file_bytes)}, format {dump.format or 'hand-made'})",
             style="bold",
         )
     ]
     tensors = Table(title="tensors", title_justify="left")
     for col in ("name", "dtype", "shape", "bytes", "role"):
         tensors.add_column(col, justify="right" if col == "bytes" else "left")
-    for t in record["tensors"]:
-        tensors.add_row(
-            *cells(
-                t["name"],
-                t["dtype"],
-                "x".join(map(str, t["shape"])) or "[]",
-                fmt_bytes(t["bytes"]),
-                tensor_role(t),
-            )
-        )
+    for t in dump.tensors:
+        shape = "x".join(map(str, t.shape)) or "[]"
+        tensors.add_row(*cells(t.name, t.dtype, shape, fmt_bytes(t.bytes), tensor_role(t)))
     parts.append(tensors)
-    shrink = record["shrink"]
+    shrink = dump.shrink
     if shrink is not None:
         parts.append(Text("shrunk", style="bold"))
         parts.extend(Text(f"  {fact}", style="yellow") for fact in shrink_facts(shrink))
@@ -58,18 +50,18 @@ def inspect_table(record: InspectRecord) -> RenderableType:
     scalars = Table(title="scalars", title_justify="left")
     for col in ("name", "value", "origin", "source", "option"):
         scalars.add_column(col)
-    for s in record["scalars"]:
-        scalars.add_row(*cells(s["name"], s["value"], s["origin"], s["source"], s["option"]))
+    for s in dump.scalars:
+        scalars.add_row(*cells(s.name, s.value, s.origin, s.source, s.option))
     parts.append(scalars)
-    groups = ", ".join(f"{g['name']} (window {g['window']})" for g in record["groups"])
+    groups = ", ".join(f"{g.name} (window {g.window})" for g in dump.groups)
     summary = Table(title="batch", title_justify="left", show_header=False)
     summary.add_column("key")
     summary.add_column("value")
     summary.add_row(*cells("groups", groups))
-    for key, value in batch_facts(record["batch"]):
+    for key, value in batch_facts(dump.batch):
         summary.add_row(*cells(key, value))
     parts.append(summary)
-    identity = inspect_metadata(record)
+    identity = inspect_metadata(dump)
     if identity:
         meta = Table(title="identity", title_justify="left", show_header=False)
         meta.add_column("key")
@@ -77,7 +69,7 @@ def inspect_table(record: InspectRecord) -> RenderableType:
         for key, text in identity.items():
             meta.add_row(*cells(key, text))
         parts.append(meta)
-    if record["notes"]:
+    if dump.notes:
         parts.append(Text("notes:", style="bold"))
-        parts.extend(Text(f"  - {note}") for note in record["notes"])
+        parts.extend(Text(f"  - {note}") for note in dump.notes)
     return Group(*parts)

@@ -18,10 +18,10 @@ from rich.measure import Measurement
 from rich.text import Text
 
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.render.records.provenance import RowMapRecord
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import SEVERITY_STYLE
 from kvcanary_cli.results.check import DumpReport, Finding
+from kvcanary_cli.results.provenance import RowMap
 
 if TYPE_CHECKING:
     import numpy as np
@@ -165,18 +165,17 @@ class RowStrip:
     """A pool row as one line of glyphs: its live prefix, verify window, pending writes and
     stale tail, and each cell with a finding as its code's letter; a scale and a legend."""
 
-    def __init__(self, row: RowMapRecord, findings: list[Finding]) -> None:
+    def __init__(self, row: RowMap, findings: Sequence[Finding]) -> None:
         self.row = row
-        self.findings = findings
-        self.letters, marks = _marks(findings, {row["pool_row"]}, by="pool_row")
-        self.marks = marks[row["pool_row"]]
+        self.letters, marks = _marks(findings, {row.pool_row}, by="pool_row")
+        self.marks = marks[row.pool_row]
         self.live: _Live | None = None
-        if row["prefix_len"] is not None and row["extend_len"] is not None:
-            prefix = max(row["prefix_len"], 0)
+        if row.prefix_len is not None and row.extend_len is not None:
+            prefix = max(row.prefix_len, 0)
             self.live = _Live(
-                window=max(min(row["window_start"] or 0, prefix), 0),
+                window=max(min(row.window_start or 0, prefix), 0),
                 prefix=prefix,
-                end=prefix + max(row["extend_len"], 0),
+                end=prefix + max(row.extend_len, 0),
             )
 
     def _kind(self, lo: int, hi: int, filled: int) -> str:
@@ -194,12 +193,12 @@ class RowStrip:
         return "empty"
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        occupancy = self.row["occupancy"]
+        occupancy = self.row.occupancy
         if occupancy is None:
             return
         width = options.max_width
-        start, end, base = occupancy["start"], occupancy["end"], occupancy["step"]
-        filled = occupancy["filled"]
+        start, end, base = occupancy.start, occupancy.end, occupancy.step
+        filled = occupancy.filled
         steps = _per_char(len(filled), width - _INDENT)
         step = steps * base
         chars = -(-len(filled) // steps)
@@ -219,8 +218,8 @@ class RowStrip:
             kinds.add(kind)
             glyph, style, _ = _KINDS[kind]
             strip.append(glyph, style=style)
-        asked = self.row["positions"]
-        range_end = asked[1] if asked is not None else self.row["max_seq_len"]
+        asked = self.row.positions
+        range_end = asked[1] if asked is not None else self.row.max_seq_len
         rest = f" ({end}..{range_end - 1}: no slot)" if range_end > end else ""
         yield Text(
             f"row strip, positions {start}..{end - 1}{rest}: {_scale_text(step)}", style="bold"

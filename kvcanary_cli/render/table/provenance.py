@@ -1,4 +1,4 @@
-"""The terminal view of a `kvcanary.provenance/2` record: a slot's cells, translation,
+"""The terminal view of a `kvcanary.provenance/2` report: a slot's cells, translation,
 allocator, canary and violation rows, or a pool row's map; then the findings touching it."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.phrases.provenance import CELL_COLUMNS, row_lines, row_notices
-from kvcanary_cli.render.records.provenance import ProvenanceRecord, RowMapRecord
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import cells, identity_line, indented, shrunk_block
 from kvcanary_cli.render.table.findings import findings_view
 from kvcanary_cli.render.table.pictures import RowStrip
 from kvcanary_cli.results.cells import SlotProvenance
 from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.provenance import ProvenanceReport, RowGap, RowMap
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = ["provenance_table"]
@@ -86,22 +86,18 @@ def _slot_blocks(prov: SlotProvenance, max_rows: int) -> list[RenderableType]:
     return parts
 
 
-def _row_blocks(row: RowMapRecord, findings: list[Finding]) -> list[RenderableType]:
-    batch_rows = ", ".join(map(str, row["batch_rows"])) or "none (idle row)"
+def _row_blocks(row: RowMap, findings: tuple[Finding, ...]) -> list[RenderableType]:
+    batch_rows = ", ".join(map(str, row.batch_rows)) or "none (idle row)"
     parts: list[RenderableType] = [
+        Text(f"pool row {row.pool_row} (batch rows {batch_rows}), group {row.group}", style="bold"),
         Text(
-            f"pool row {row['pool_row']} (batch rows {batch_rows}), group {row['group']}",
-            style="bold",
-        ),
-        Text(
-            f"  P {row['prefix_len'] if row['prefix_len'] is not None else '-'}"
-            f" · E {row['extend_len'] if row['extend_len'] is not None else '-'}"
-            f" · window start "
-            f"{row['window_start'] if row['window_start'] is not None else '-'}"
-            f" · {row['filled']} filled of max_seq_len {row['max_seq_len']}"
+            f"  P {row.prefix_len if row.prefix_len is not None else '-'}"
+            f" · E {row.extend_len if row.extend_len is not None else '-'}"
+            f" · window start {row.window_start if row.window_start is not None else '-'}"
+            f" · {row.filled} filled of max_seq_len {row.max_seq_len}"
         ),
     ]
-    if row["occupancy"] is not None:
+    if row.occupancy is not None:
         parts.append(RowStrip(row, findings))
     table = Table()
     for name in ("position", "slot", "role", "swa slot", "marks"):
@@ -110,26 +106,14 @@ def _row_blocks(row: RowMapRecord, findings: list[Finding]) -> list[RenderableTy
         )
     table.columns[-1].no_wrap = True  # a code is never cut: one per line, the roles wrap
     for line in row_lines(row):
-        if line[0] == "gap":
-            gap = line[1]
-            table.add_row(
-                Text("⋯", style="dim"),
-                Text("⋯", style="dim"),
-                Text(
-                    f"positions {gap['start']}..{gap['end'] - 1} not shown "
-                    f"({gap['filled']} filled)",
-                    style="dim",
-                ),
-                Text(""),
-                Text(""),
-            )
+        if isinstance(line, RowGap):
+            dim = f"positions {line.start}..{line.end - 1} not shown ({line.filled} filled)"
+            table.add_row(*(Text(t, style="dim") for t in ("⋯", "⋯", dim)), Text(""), Text(""))
             continue
-        c = line[1]
-        marked = bool(c["marks"])
-        style = "bold red" if marked else ""
-        role = c["role"] + (" (seed)" if c["seed"] else "")
-        marks = "\n".join(f"! {code}" for code in c["marks"])
-        table.add_row(*cells(c["position"], c["slot"], role, c["swa_slot"], marks, style=style))
+        style = "bold red" if line.marks else ""
+        role = line.role + (" (seed)" if line.seed else "")
+        marks = "\n".join(f"! {code}" for code in line.marks)
+        table.add_row(*cells(line.position, line.slot, role, line.swa_slot, marks, style=style))
     parts.append(table)
     notices = [("", Text(notice, style="yellow")) for notice in row_notices(row)]
     if notices:
@@ -137,7 +121,7 @@ def _row_blocks(row: RowMapRecord, findings: list[Finding]) -> list[RenderableTy
     return parts
 
 
-def _touching_blocks(findings: list[Finding], max_rows: int) -> list[RenderableType]:
+def _touching_blocks(findings: tuple[Finding, ...], max_rows: int) -> list[RenderableType]:
     parts: list[RenderableType] = [Text("findings touching it", style="bold")]
     parts.append(findings_view(findings[:max_rows], with_code=True))
     if len(findings) > max_rows:
@@ -145,26 +129,23 @@ def _touching_blocks(findings: list[Finding], max_rows: int) -> list[RenderableT
     return parts
 
 
-def provenance_table(record: ProvenanceRecord, *, max_rows: int = 256) -> RenderableType:
+def provenance_table(report: ProvenanceReport, *, max_rows: int = 256) -> RenderableType:
     """A slot's cells, translation, allocator, canary and violation rows, or a pool row's map.
 
     Findings touching the slot (or row) follow, the first `max_rows` of them; in a row map,
     the cells they mark are flagged with `!` and the finding codes (and highlighted when
     colour is on).
     """
-    record = printable_record(record)
-    parts: list[RenderableType] = [
-        Text(record["path"], style="bold"),
-        identity_line(record["identity"]),
-    ]
-    if record["shrunk"] is not None:
-        parts.append(shrunk_block(record["shrunk"]))
-    if record["slot"] is not None:
-        parts.extend(_slot_blocks(record["slot"], max_rows))
-    if record["row"] is not None:
-        parts.extend(_row_blocks(record["row"], record["findings"]))
-    if record["findings"]:
-        parts.extend(_touching_blocks(record["findings"], max_rows))
+    report = printable_record(report)
+    parts: list[RenderableType] = [Text(report.path, style="bold"), identity_line(report.identity)]
+    if report.shrunk is not None:
+        parts.append(shrunk_block(report.shrunk))
+    if report.slot is not None:
+        parts.extend(_slot_blocks(report.slot, max_rows))
+    if report.row is not None:
+        parts.extend(_row_blocks(report.row, report.findings))
+    if report.findings:
+        parts.extend(_touching_blocks(report.findings, max_rows))
     else:
         parts.append(Text("no findings touch it", style="green"))
     return Group(*parts)
