@@ -264,9 +264,13 @@ def _collect(
         if kernel_plan is not None:
             kernel_plans[group] = kernel_plan
         # Replay verify on the canary buffers with the plan production ran (the kernel's,
-        # unless it refused the batch or there is none).
-        ran = kernel_plan if kernel_plan is not None and kernel_plan.launch_error is None else plan
-        findings.extend(canary_findings(dump, ran, cells))
+        # unless it refused the batch or there is none); a dump without canary buffers (a
+        # capture without kv canary, most synthetic ones) has nothing to replay.
+        if dump.canary_buffers:
+            ran = plan
+            if kernel_plan is not None and kernel_plan.launch_error is None:
+                ran = kernel_plan
+            findings.extend(canary_findings(dump, ran, cells))
         comparison = None
         if kernel_plan is not None:
             comparison = compare_plans(plan, kernel_plan)
@@ -544,7 +548,8 @@ def check_dumps(
         )
         for p in paths
     ]
-    workers = worker_count(len(work), jobs, [Path(p) for p in paths])
+    # one dump is checked here: no pool to size
+    workers = worker_count(len(work), jobs, [Path(p) for p in paths]) if len(work) > 1 else 1
     reports: list[DumpReport] = []
     if workers <= 1:
         for i, item in enumerate(work):

@@ -172,8 +172,8 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
     causes.extend(possible)
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
-    split = state.split()
-    return split, link(dump, split, causes)
+    split = state.split()  # a chain links two causes or more
+    return split, (link(dump, split, causes) if len(causes) > 1 else tuple(causes))
 
 
 def _cause(entry: _Claim, findings: list[Finding]) -> Cause:

@@ -449,7 +449,8 @@ def _read_contents(
     scalars, rejected = _resolve_scalars(header.metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
     notes.extend(check_batch(arrays, values, rejected={r.name: r.reason for r in rejected}))
-    release = out_of_range_note(header.metadata.get(releases.METADATA_KEY), "this dump")
+    version = header.metadata.get(releases.METADATA_KEY)  # a synthetic dump records none
+    release = None if version is None else out_of_range_note(version, "this dump")
     if release is not None:
         notes.append(release)
     lut = arrays.get("full_to_swa_index_mapping")
@@ -552,7 +553,10 @@ def _free_domain(
 ) -> dict[str, np.ndarray]:
     """The slots a shrunk dump's free lists speak for: those its kept cells (full) and kept
     LUT entries (SWA) hold, and those its violation ring names (`kvcanary shrink` keeps the
-    free-list entries of exactly these, and nothing else asks)."""
+    free-list entries of exactly these, and nothing else asks); none for a whole dump,
+    which records every slot's."""
+    if not isinstance(table, SparseTensor) and not isinstance(lut, SparseTensor):
+        return {}
     ring_full, ring_swa = ring_slots(ring, ring_index)
     domain = {}
     if isinstance(table, SparseTensor):
