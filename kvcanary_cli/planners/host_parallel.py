@@ -3,7 +3,7 @@
 The Triton interpreter runs a launch's programs one after another on one core, and holds the
 GIL while it does. The programs of the entries kernel are independent (each writes its own
 entries), so on a host with cores to spare the launch is cut into contiguous entry ranges,
-each run by a forked child writing into shared memory (`kernel_arrays.shared_host_arrays`),
+each run by a forked child writing into shared memory (`triton_runtime.shared_host_arrays`),
 while the parent, which only waits, leaves its core to the rest of `check`. The outputs are
 the bytes one process would write; `tests/planners/test_host_parallel.py` compares them.
 

@@ -3,9 +3,10 @@
 GPU semantics (see `base`): the same plan as `VectorizedPlanner(semantics=Semantics.GPU)`, field by
 field, computed the way production does (docs/semantics.md §1.5): one offsets program
 over the padded batch, then a 1-D grid over the verify entries. On a CUDA device the kernels
-compile; elsewhere they run in the triton interpreter (`triton_runtime`) on numpy memory
-(`kernel_arrays`). Inputs are copied to a CUDA device whole, because flat addressing may read
-any row of `req_to_token`; the interpreter reads the memory-mapped tables in place.
+compile; elsewhere they run in the triton interpreter on numpy memory (both chosen, and the
+memory made, by `triton_runtime`). Inputs are copied to a CUDA device whole, because flat
+addressing may read any row of `req_to_token`; the interpreter reads the memory-mapped tables in
+place.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from kvcanary_cli.planners.base import (
     skipped_plan,
 )
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
-from kvcanary_cli.planners.kernel_arrays import KernelArrays, kernel_arrays, shared_host_arrays
 from kvcanary_cli.planners.staging import seed_values, stage
+from kvcanary_cli.planners.triton_runtime import KernelArrays, kernel_arrays, shared_host_arrays
 
 __all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]
 

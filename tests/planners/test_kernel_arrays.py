@@ -1,4 +1,4 @@
-"""`kernel_arrays`: the Triton interpreter runs kernels on numpy memory (no torch).
+"""`triton_runtime.kernel_arrays`: the Triton interpreter runs kernels on numpy memory (no torch).
 
 These pin what the interpreter needs of a kernel argument: a Triton release that reads
 another tensor method fails here first, with the method's name in the error. The torch memory
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvcanary_cli.planners import triton_runtime
-from kvcanary_cli.planners.kernel_arrays import HostBuffer, kernel_arrays
+from kvcanary_cli.planners.triton_runtime import HostBuffer, kernel_arrays
 from tests.torch_extra import needs_torch
 
 pytest.importorskip("triton")
@@ -26,7 +26,7 @@ _SCRIPT = """
 import sys
 import numpy as np
 from kvcanary_cli.planners import triton_runtime
-from kvcanary_cli.planners.kernel_arrays import kernel_arrays
+from kvcanary_cli.planners.triton_runtime import kernel_arrays
 
 triton, tl = triton_runtime.load_triton()
 
@@ -89,14 +89,15 @@ def test_the_torch_memory_path_plans_what_numpy_memory_plans(
     allocations by numpy dtype and downloads must give the plan numpy memory gives."""
     needs_torch()  # the compiled kernels' memory path is torch's
     from kvcanary_cli.dump.loader import load_dump
-    from kvcanary_cli.planners import kernel_arrays as arrays
     from kvcanary_cli.planners import triton_planner
     from kvcanary_cli.synth.scenarios import make_scenario
 
     dump = load_dump(make_scenario(scenario, seed=3).save(tmp_path / "d.safetensors"))
     planner = triton_planner.TritonPlanner(host_processes=1)
     with_numpy = [planner.plan(dump, group) for group in dump.groups]
-    monkeypatch.setattr(triton_planner, "kernel_arrays", lambda mode: arrays._TorchArrays("cpu"))
+    monkeypatch.setattr(
+        triton_planner, "kernel_arrays", lambda mode: triton_runtime._TorchArrays("cpu")
+    )
     with_torch = [planner.plan(dump, group) for group in dump.groups]
     for got, want in zip(with_torch, with_numpy, strict=True):
         for field in dataclasses.fields(got):
