@@ -22,6 +22,8 @@ import numpy as np
 from kvcanary_cli.analysis.bookkeeping import (
     free_list_findings,
     lut_bookkeeping_findings,
+    pool_leak_findings,
+    reconciliation_notes,
     unaudited,
 )
 from kvcanary_cli.analysis.canary_findings import canary_findings
@@ -42,7 +44,6 @@ from kvcanary_cli.analysis.findings import (
     slot_findings,
     swa_findings,
 )
-from kvcanary_cli.analysis.leak_check import pool_leak_findings, reconciliation_notes
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
