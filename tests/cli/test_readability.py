@@ -17,8 +17,7 @@ from typer.testing import CliRunner, Result
 from kvcanary_cli import api
 from kvcanary_cli.cli import app
 from kvcanary_cli.render import OutputFormat, render
-from kvcanary_cli.render.phrases.check import cause_sections
-from kvcanary_cli.render.phrases.findings import finding_words
+from kvcanary_cli.render.phrases.check import cause_sections, finding_words
 from kvcanary_cli.results.check import CheckReport, Finding
 from tests.torch_extra import needs_torch
 

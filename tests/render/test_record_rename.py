@@ -25,7 +25,6 @@ KEY = "    def count(self) -> int:\n"
 #: check's per code), the findings of the table view (check's and provenance's), and the
 #: Markdown views of a check and a provenance answer.
 READERS = (
-    "render/phrases/findings.py",
     "render/phrases/check.py",
     "render/table/findings.py",
     "render/markdown/check.py",

@@ -21,18 +21,20 @@ from kvcanary_cli.render.markdown.blocks import text as _text
 from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
 from kvcanary_cli.render.phrases.check import (
     DIFFERENCES_NOTE,
+    FIRST_RAISE_MARK,
     UNITS_NOTE,
     CodeSection,
+    FindingWords,
     cause_sections,
     code_cells,
     differences_lines,
     failing_phrase,
+    finding_words,
     findings_per_count,
     glossary,
     severity_count,
     top_causes,
 )
-from kvcanary_cli.render.phrases.findings import FIRST_RAISE_MARK, FindingWords, finding_words
 from kvcanary_cli.render.phrases.shrink import shrunk_lines
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.results.check import (

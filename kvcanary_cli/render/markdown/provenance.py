@@ -7,7 +7,7 @@ from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
 from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
-from kvcanary_cli.render.phrases.findings import finding_words
+from kvcanary_cli.render.phrases.check import finding_words
 from kvcanary_cli.render.phrases.provenance import row_lines, row_notices
 from kvcanary_cli.render.phrases.shrink import shrunk_lines
 from kvcanary_cli.render.shared import plural

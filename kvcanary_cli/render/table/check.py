@@ -13,6 +13,7 @@ from rich.text import Text
 from kvcanary_cli.catalog import Severity
 from kvcanary_cli.render.phrases.check import (
     DIFFERENCES_NOTE,
+    FIRST_RAISE_MARK,
     UNITS_NOTE,
     CodeSection,
     cause_sections,
@@ -25,7 +26,6 @@ from kvcanary_cli.render.phrases.check import (
     severity_count,
     top_causes,
 )
-from kvcanary_cli.render.phrases.findings import FIRST_RAISE_MARK
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import (
     SEVERITY_STYLE,

@@ -15,7 +15,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcanary_cli.render.phrases.findings import FindingWords, finding_words
+from kvcanary_cli.render.phrases.check import FindingWords, finding_words
 from kvcanary_cli.render.table.common import SEVERITY_STYLE, ByWidth, cells
 from kvcanary_cli.render.table.common import cell as _t
 from kvcanary_cli.results.check import Finding
@@ -67,7 +67,7 @@ def _holders_text(f: Finding) -> str | None:
     return f"{space} {prov.slot} is held at " + ("; ".join(bits) or "no cell")
 
 
-#: A finding with its phrases (`phrases.findings.finding_words`), worked out once for both
+#: A finding with its phrases (`phrases.check.finding_words`), worked out once for both
 #: layouts.
 _Worded = list[tuple[Finding, FindingWords]]
 
