@@ -22,11 +22,11 @@ DECLARATION = Path("kvcanary_cli") / "results" / "check.py"
 #: the finding's key, as declared (the only `count` property in results/check.py).
 KEY = "    def count(self) -> int:\n"
 #: modules that read a finding's count: the phrases both views share (a finding's, and a
-#: check's per code), the findings of the table view (check's and provenance's), and the
-#: Markdown views of a check and a provenance answer.
+#: check's per code), the pieces the table views share (check's and provenance's findings),
+#: and the Markdown views of a check and a provenance answer.
 READERS = (
     "render/phrases/check.py",
-    "render/table/findings.py",
+    "render/table/common.py",
     "render/markdown/check.py",
     "render/markdown/provenance.py",
 )

@@ -28,15 +28,16 @@ from kvcanary_cli.render.phrases.check import (
 )
 from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import (
+    FINDINGS_TABLE_WIDTH,
     SEVERITY_STYLE,
     ByWidth,
     cells,
+    findings_view,
     identity_line,
     indented,
     shrunk_block,
 )
 from kvcanary_cli.render.table.common import cell as _t
-from kvcanary_cli.render.table.findings import FINDINGS_TABLE_WIDTH, findings_view
 from kvcanary_cli.render.table.pictures import FindingsMap, SlotAxis
 from kvcanary_cli.results.check import CheckReport, DumpReport, GroupSummary, RequestSummary
 from kvcanary_cli.safe_text import printable_record

@@ -9,8 +9,13 @@ from rich.text import Text
 
 from kvcanary_cli.render.phrases.provenance import CELL_COLUMNS, row_lines, row_notices
 from kvcanary_cli.render.shared import plural
-from kvcanary_cli.render.table.common import cells, identity_line, indented, shrunk_block
-from kvcanary_cli.render.table.findings import findings_view
+from kvcanary_cli.render.table.common import (
+    cells,
+    findings_view,
+    identity_line,
+    indented,
+    shrunk_block,
+)
 from kvcanary_cli.render.table.pictures import RowStrip
 from kvcanary_cli.results.cells import SlotProvenance
 from kvcanary_cli.results.check import Finding
