@@ -21,13 +21,20 @@ import numpy as np
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import OptionError, UpstreamPlanError
-from kvcanary_cli.planners.base import Plan, Planner, Semantics, Undefined
+from kvcanary_cli.planners.base import (
+    NOT_LAUNCHED,
+    Plan,
+    Planner,
+    Semantics,
+    Undefined,
+    raised,
+    reference_raise,
+)
 from kvcanary_cli.planners.sglang_runtime import (
     VERIFIED_VERSIONS,
     VERIFY_PLAN_FIELDS,
     WRITE_PLAN_FIELDS,
 )
-from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, raised, reference_raise
 from kvcanary_cli.results.selftest import (
     Difference,
     FieldStatus,

@@ -2,14 +2,14 @@
 records, and a kernel's raise held against both.
 
 The raise itself is derived once, from kvcanary's reference plans
-(`planners.upstream_raise.reference_raise`). Here it becomes the dump's `FirstRaise` (SGLang
+(`planners.base.reference_raise`). Here it becomes the dump's `FirstRaise` (SGLang
 plans its groups in order, full then swa, and stops at the first that raises), the finding at
 that cell is marked (`first_raise`), and the exception the capture hook recorded
 (`KvDump.recorded_exception`) is held against it.
 
 A kernel that is an upstream planner (`--kernel sglang`) can raise too: SGLang's torch
 reference at its first bad read, its GPU path before launching. The reference plan predicts
-that raise exactly (`planners.upstream_raise.expected_raise`), so a raise is *explained* when
+that raise exactly (`planners.base.expected_raise`), so a raise is *explained* when
 it is the predicted one, and a `KERNEL_DIVERGENCE` (field `launch`) when it is not, or when the
 kernel runs through where a raise was due. An explained raise is tied to its finding (found by
 `raise_site`, as the first raise is): that finding gets `upstream_raise`, the raise's text.
@@ -24,10 +24,12 @@ from kvcanary_cli.analysis.cells import at_cell
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.errors import UpstreamPlanError
-from kvcanary_cli.planners.base import Plan, ProblemKind, Semantics
-from kvcanary_cli.planners.upstream_raise import (
+from kvcanary_cli.planners.base import (
     NOT_LAUNCHED,
+    Plan,
+    ProblemKind,
     ReferenceRaise,
+    Semantics,
     expected_raise,
     raised,
     reference_raise,

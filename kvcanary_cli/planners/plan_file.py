@@ -16,8 +16,7 @@ import numpy as np
 
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.planners.base import Plan, Semantics
-from kvcanary_cli.planners.upstream_raise import reference_raise
+from kvcanary_cli.planners.base import Plan, Semantics, reference_raise
 
 __all__ = ["PLAN_FORMAT", "save_plan", "upstream_raise"]
 

@@ -24,11 +24,12 @@ from kvcanary_cli.planners.base import (
     Undefined,
     VerifyEntries,
     assemble_plan,
+    reference_raise,
     row_problems,
     skipped_plan,
+    upstream_error,
 )
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
-from kvcanary_cli.planners.upstream_raise import reference_raise, upstream_error
 
 __all__ = ["SCALAR_ENTRY_LIMIT", "ReferencePlanner"]
 

@@ -24,6 +24,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.errors import OptionError, PlanTooLargeError
 from kvcanary_cli.planners.base import (
+    NOT_LAUNCHED,
     Plan,
     ProblemKind,
     ProblemTable,
@@ -40,7 +41,6 @@ from kvcanary_cli.planners.sglang_runtime import (
     load_launcher,
     require_torch,
 )
-from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED
 
 if TYPE_CHECKING:
     import torch

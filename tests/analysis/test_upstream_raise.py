@@ -14,7 +14,7 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import RecordedException, load_dump
 from kvcanary_cli.dump.schema import EXCEPTION_MESSAGE_KEY, EXCEPTION_TYPE_KEY, Group
 from kvcanary_cli.errors import UpstreamPlanError
-from kvcanary_cli.planners.upstream_raise import reference_raise
+from kvcanary_cli.planners.base import reference_raise
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.analysis.conftest import ScenarioDump
 from tests.helpers import REFERENCE, STRICT, checked

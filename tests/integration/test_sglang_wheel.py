@@ -23,9 +23,9 @@ from kvcanary_cli.analysis.selftest import run_selftest
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import UpstreamPlanError
 from kvcanary_cli.planners import make_selftest_planners
+from kvcanary_cli.planners.base import NOT_LAUNCHED
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.planners.sglang_runtime import load_launcher, load_reference_launcher
-from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED
 from kvcanary_cli.results.check import UPSTREAM_RAISE
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import NOT_HANDED_TO_SGLANG, STRICT, UPSTREAM_RAISING_SCENARIOS, VECTORIZED

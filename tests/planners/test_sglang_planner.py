@@ -18,7 +18,7 @@ from kvcanary_cli.dump.schema import LAUNCHER_ARGUMENTS
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.errors import PlannerUnavailableError
 from kvcanary_cli.planners import PlannerChoice, make_kernel, make_planner
-from kvcanary_cli.planners.base import Semantics
+from kvcanary_cli.planners.base import NOT_LAUNCHED, Semantics, upstream_error
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner, plan_arguments
 from kvcanary_cli.planners.sglang_runtime import (
@@ -27,7 +27,6 @@ from kvcanary_cli.planners.sglang_runtime import (
     load_launcher,
     load_reference_launcher,
 )
-from kvcanary_cli.planners.upstream_raise import NOT_LAUNCHED, upstream_error
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.conftest import InstallStandin
 from tests.helpers import VECTORIZED
