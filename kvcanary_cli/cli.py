@@ -4,9 +4,12 @@ app). `api` imports what a command runs when it runs, so `kvcanary --help` impor
 torch, triton nor SGLang.
 
 `-o/--output FILE` is the report of every command that has one; a dump, plan or folder a
-command writes is its `--out`."""
+command writes is its `--out`.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: typer reads each command's options from its
+signature's `Annotated` types, and string annotations are evaluated again each time the app
+is built (every `app()` call), running every option's builder in `cli_options` anew; evaluated
+at import, they are built once."""
 
 from collections.abc import Sequence
 from pathlib import Path
