@@ -125,6 +125,32 @@ def test_the_benchmark_explains_itself() -> None:
     assert "--truncated-lut" in shown.stdout and "parts for --skip" in shown.stdout
 
 
+#: The most kvcanary_cli modules `check` may enter on one example dump, in any format (issue 44:
+#: a step the dump gives nothing to do is not taken; one topic is one module).
+CHECK_MODULES = 40
+
+
+def test_check_of_an_example_enters_at_most_40_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/walk.py's count for `check` on the truncated-LUT example, in every format."""
+    spec = importlib.util.spec_from_file_location("bench_walk", ROOT / "bench" / "walk.py")
+    assert spec is not None and spec.loader is not None
+    walk = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, walk)  # its dataclasses look their module up
+    spec.loader.exec_module(walk)
+    import kvcanary_cli
+    from kvcanary_cli.cli import app
+
+    package = Path(kvcanary_cli.__file__).resolve().parent
+    dump = ROOT / "examples" / "truncated-lut.safetensors"
+    entered = {}
+    for fmt in walk.FORMATS:
+        command = ["check", str(dump), "--format", fmt]
+        walk.run_check(app, command, None)  # its lazy imports first, as the walk does
+        entered[fmt] = sorted(walk.run_check(app, command, package).walk.visits())
+    over = {fmt: modules for fmt, modules in entered.items() if len(modules) > CHECK_MODULES}
+    assert not over, {fmt: (len(modules), modules) for fmt, modules in over.items()}
+
+
 #: What bench/timeline.py measures (whole processes) and the ratios the target is stated in.
 TIMELINE_PROCESSES = ["checks", "checks_none", "timeline", "provenance_slot"]
 TIMELINE_RATIOS = [
