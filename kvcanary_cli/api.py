@@ -1,8 +1,8 @@
 """The Python API: one function per command, returning the command's typed result (frozen
 dataclasses), which is its versioned record (`kvcanary.check/2`, ...): `kvcanary_cli.render.render`
 shows any of them as JSON, a table or Markdown. Names (`kernel="vectorized"`) are mapped to
-planner objects here, as on the command line; the README's "Python API" shows an example and
-how to choose the planners yourself.
+planner objects here, as on the command line; docs/python-api.md shows an example and how
+to choose the planners yourself.
 """
 
 from __future__ import annotations
