@@ -155,8 +155,13 @@ def run_history(
                 idle(at)
             if scheduler.done and scheduler.step_no >= workload.steps:
                 break
-        if not found and scheduler.done:
-            idle(max(scheduler.step_no - 1, 0))  # the state the last step left
+        final = max(scheduler.step_no - 1, 0)  # the state the last step left, once
+        if (
+            not found
+            and scheduler.done
+            and not (last and (last[0].step, last[0].mode) == (final, "idle"))
+        ):
+            idle(final)
     finally:
         undo()
     result.steps = scheduler.step_no
