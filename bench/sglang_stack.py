@@ -58,7 +58,7 @@ def main() -> int:
         events.update(result.counters.as_dict())
         if result.failure is not None:
             findings.update(result.failure.codes)
-        complaints.update(result.sglang_said)
+        complaints.update(result.sglang_counts)  # per check: audited steps it fired on
         if (history + 1) % 100 == 0:
             print(
                 f"{history + 1} histories, {steps} steps, {time.monotonic() - t0:.0f} s",

@@ -477,10 +477,11 @@ def soak(
     """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
 
     kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
-    the first finding the dump, the workload (seed, step) and a shrunk workload that still
-    fails go to --out (checked before the soak: --force to replace earlier files), and the
-    report says what SGLang's checks did not see. Exit 0 clean, 1 found, 2 bad input (not
-    an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
+    kvcanary's first finding (or SGLang's crash) the dump, the workload (seed, step) and a
+    shrunk workload that still fails go to --out (checked before the soak: --force to replace
+    earlier files). The report says what each side saw over the whole run, and who first.
+    Exit 0 clean, 1 found (by kvcanary, SGLang's checks, or an SGLang crash), 2 bad input
+    (not an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """
     from kvcanary_cli.soak.command import run_soak
 

@@ -84,7 +84,8 @@ def timeline_exit(report: TimelineReport) -> ExitCode:
 
 
 def soak_exit(report: SoakReport) -> ExitCode:
-    """`soak`'s exit code: 1 when a history failed."""
+    """`soak`'s exit code: 1 when kvcanary found something, SGLang's own checks complained
+    or SGLang crashed."""
     return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
 
 

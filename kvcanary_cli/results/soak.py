@@ -1,6 +1,10 @@
-"""Results of `kvcanary soak`: what a soak ran and found (standard library only).
+"""Results of `kvcanary soak`: what a soak ran, and what kvcanary and SGLang's own checks saw
+(standard library only).
 
-A `SoakReport` is the `kvcanary.soak/1` record; the soak builds it once, at its end.
+A `SoakReport` is the `kvcanary.soak/2` record; the soak builds it once, at its end. /2 (from
+/1): SGLang's complaints are kept for the whole run, per check (`sglang_checks`), not only at
+kvcanary's failing step (`sglang_said` is gone); an SGLang crash carries its exception
+(`failure.crash`); `seen` says who saw a fault first, and by how many steps.
 """
 
 from __future__ import annotations
@@ -10,12 +14,54 @@ from typing import ClassVar, Literal
 
 from kvcanary_cli.results.record import recorded
 
-__all__ = ["SOAK_FILES", "AuditPoint", "SoakFailure", "SoakFile", "SoakReport"]
+__all__ = [
+    "SGLANG_CHECKS",
+    "SOAK_FILES",
+    "AuditPoint",
+    "CheckPoint",
+    "FirstSeen",
+    "SGLangCheck",
+    "SGLangCheckName",
+    "SGLangCrash",
+    "SGLangMessage",
+    "SGLangPoint",
+    "SoakFailure",
+    "SoakFile",
+    "SoakReport",
+    "StatePoint",
+]
 
 #: A file a finding leaves in --out.
 SoakFile = Literal["dump", "shrunk_dump", "workload", "reproducer"]
 #: When a history's failing audit ran.
 AuditPoint = Literal["plan", "after-result", "idle", "crash"]
+#: Where in a step kvcanary audits a state.
+StatePoint = Literal["plan", "after-result", "idle"]
+#: Where in a step SGLang's checks run.
+CheckPoint = Literal["after-result", "idle"]
+#: Where in a step SGLang complained: its checks, or its crash.
+SGLangPoint = Literal["after-result", "idle", "crash"]
+#: One of SGLang's own checks soak runs: two while requests run, three at idle.
+SGLangCheckName = Literal[
+    "self_check_during_busy",
+    "_check_kv_page_invariants",
+    "_check_all_pools",
+    "_check_req_pool",
+    "sanity_check",
+]
+#: Who saw a fault first in one history.
+Seer = Literal["kvcanary", "sglang", "both"]
+#: The order of the audit points within one step.
+_ORDER: dict[AuditPoint, int] = {"plan": 0, "crash": 1, "after-result": 2, "idle": 3}
+
+#: SGLang's checks, in the order soak runs them.
+SGLANG_CHECKS: tuple[SGLangCheckName, ...] = (
+    "self_check_during_busy",
+    "_check_kv_page_invariants",
+    "_check_all_pools",
+    "_check_req_pool",
+    "sanity_check",
+)
 
 #: The files a finding leaves in `--out`, by the name the report gives each, in order.
 SOAK_FILES: dict[SoakFile, str] = {
@@ -27,33 +73,128 @@ SOAK_FILES: dict[SoakFile, str] = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class SGLangCrash:
+    """An exception out of SGLang's code while the workload ran (out of memory, an
+    assertion): the history ends there."""
+
+    #: the exception's class name (OutOfMemoryError, AssertionError, ...)
+    exception: str
+    #: its message's first line (300 characters at most)
+    message: str
+    #: the innermost frame of SGLang's code it came out of ("sglang/srt/...py:LINE in
+    #: FUNCTION"); null when no frame of the tree is on its traceback
+    raised_in: str | None
+    #: the step of the last state kvcanary audited before it (the dump in files); null when
+    #: none was
+    state_step: int | None
+    #: where in that step it was audited; null when none was
+    state_when: StatePoint | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SoakFailure:
-    """The first failing history."""
+    """The first failing history: kvcanary's first finding, or SGLang's crash."""
 
     #: the history's own seed (its workload's, as the workload files hold it), not --seed
     seed: int
     page_size: int
     #: the radix tree core: python or rust
     core: str
-    #: the scheduler step of the history that failed
+    #: the scheduler step of the history that failed (from 0)
     step: int
     #: plan: before the step's forward; after-result: once its result was processed; idle: no
-    #: request running; crash: SGLang raised (its text is in sglang_said)
+    #: request running (after the step); crash: SGLang raised during the step (see crash)
     when: AuditPoint
     #: kvcanary's error finding codes at that step, the top finding's first ("error: ..." for
-    #: a dump kvcanary could not read)
+    #: a dump kvcanary could not read); [] for a crash
     codes: tuple[str, ...]
     #: the top finding's diagnosis cause; shrinking keeps it
     top_cause: str | None
     #: the planted --fault, or null
     fault: str | None
+    #: what SGLang raised, when is crash; else null
+    crash: SGLangCrash | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangMessage:
+    """One complaint of one of SGLang's checks."""
+
+    #: the history's own seed
+    seed: int
+    page_size: int
+    core: str
+    step: int
+    #: after-result: the busy checks, once the step's result was processed; idle: the idle
+    #: checks
+    when: CheckPoint
+    #: what the check raised: its class and the first line of its message (300 characters at
+    #: most)
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangCheck:
+    """What one of SGLang's own checks said over the whole soak (a check that never complained
+    has no entry)."""
+
+    check: SGLangCheckName
+    #: audited steps it complained on, over every history
+    steps: int
+    #: histories it complained in
+    histories: int
+    #: its first complaints (3 at most), in the order said
+    first: tuple[SGLangMessage, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstSeen:
+    """Who saw a fault first, in one history: the failing one, else the first SGLang
+    complained in."""
+
+    #: the history's own seed
+    seed: int
+    page_size: int
+    core: str
+    #: kvcanary's first error finding in that history; null: none
+    kvcanary_step: int | None
+    #: where in its step; null: none
+    kvcanary_when: StatePoint | None
+    #: SGLang's first complaint in it (a check, or its crash); null: none up to where the
+    #: history stopped
+    sglang_step: int | None
+    #: where in its step: its checks (after-result, idle) or its crash; null: none
+    sglang_when: SGLangPoint | None
+
+    #: the side that saw it first (at an earlier step, or earlier in the same step: plan,
+    #: crash, after-result, idle); both: at the same point; a side that saw nothing is never
+    #: first
+    @recorded
+    def first(self) -> Seer:
+        """The side that saw it earlier."""
+        if self.kvcanary_step is None or self.kvcanary_when is None:
+            return "sglang"
+        if self.sglang_step is None or self.sglang_when is None:
+            return "kvcanary"
+        kvcanary = (self.kvcanary_step, _ORDER[self.kvcanary_when])
+        sglang = (self.sglang_step, _ORDER[self.sglang_when])
+        return "both" if kvcanary == sglang else "kvcanary" if kvcanary < sglang else "sglang"
+
+    #: steps between the two sides' first sight (0: the same step); null unless both saw
+    @recorded
+    def lead(self) -> int | None:
+        """How many steps the first side was ahead."""
+        if self.kvcanary_step is None or self.sglang_step is None:
+            return None
+        return abs(self.kvcanary_step - self.sglang_step)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SoakReport:
-    """`kvcanary soak --format json`: what a soak ran, and its first finding."""
+    """`kvcanary soak --format json`: what a soak ran, kvcanary's first finding, and what
+    SGLang's own checks said over the whole run."""
 
-    SCHEMA: ClassVar[str] = "kvcanary.soak/1"
+    SCHEMA: ClassVar[str] = "kvcanary.soak/2"
 
     kvcanary_version: str
     #: the SGLang release soaked
@@ -71,25 +212,42 @@ class SoakReport:
     audited_steps: int
     #: wall-clock seconds of the histories; null unless --timings (a record is reproducible)
     seconds: float | None = None
-    #: the first failing history; null when none failed
+    #: the first failing history (kvcanary's finding or SGLang's crash: the soak stops
+    #: there); null when none failed
     failure: SoakFailure | None = None
-    #: what SGLang's own checks said at the failing step, first line of each; [] when silent
-    sglang_said: tuple[str, ...] = ()
+    #: what SGLang's own checks complained of over the whole run, per check, in the order
+    #: they first did; [] when they were silent on every audited step
+    sglang_checks: tuple[SGLangCheck, ...] = ()
+    #: who saw a fault first; null when neither kvcanary nor SGLang saw one
+    seen: FirstSeen | None = None
     #: the files written to --out, by kind: dump, shrunk_dump, workload, reproducer (below);
-    #: {} when nothing was found
+    #: {} when no history failed
     files: dict[SoakFile, str] = field(default_factory=dict)
-    #: [requests in the failing workload, requests in the shrunk one]; null when nothing was
-    #: found
+    #: [requests in the failing workload, requests in the shrunk one]; null when no history
+    #: failed
     shrunk_arrivals: tuple[int, int] | None = None
 
-    #: a history failed (exit 1)
+    #: kvcanary named an error finding
+    @recorded
+    def kvcanary_found(self) -> bool:
+        """A failure that is not SGLang's crash."""
+        return self.failure is not None and self.failure.crash is None
+
+    #: SGLang's own checks complained, or SGLang crashed
+    @recorded
+    def sglang_found(self) -> bool:
+        """Any complaint of SGLang's, or its crash."""
+        return bool(self.sglang_checks) or (self.failure is not None and not self.kvcanary_found)
+
+    #: kvcanary or SGLang saw something (exit 1)
     @recorded
     def found(self) -> bool:
-        """Whether there is a failure: the exit code reads it."""
-        return self.failure is not None
+        """Either side: the exit code reads it."""
+        return self.kvcanary_found or self.sglang_found
 
-    #: found, and SGLang's own checks were silent at that step: only kvcanary saw it
+    #: kvcanary found, and SGLang's checks were silent in that history up to that step: only
+    #: kvcanary saw it
     @recorded
     def sglang_missed(self) -> bool:
         """The case a soak is for: kvcanary saw what SGLang's checks did not."""
-        return self.found and not self.sglang_said
+        return self.kvcanary_found and self.seen is not None and self.seen.sglang_step is None

@@ -5,7 +5,7 @@ SGLang's checks are its `SchedulerInvariantChecker` (built from the real
 `SchedulerPoolStatsObserver` over our scheduler's batches): `self_check_during_busy` and
 `_check_kv_page_invariants` while requests run, `_check_all_pools` and `_check_req_pool` at
 idle, and `UnifiedRadixCache.sanity_check()` at idle. Each raises (an assertion, or strict
-mode's `ValueError`); we keep the first line of what it said.
+mode's `ValueError`); we keep which check it was and the first line of what it said.
 """
 
 from __future__ import annotations
@@ -18,28 +18,43 @@ from typing import Any
 
 from kvcanary_cli.capture.tree import capture_state
 from kvcanary_cli.dump.writer import dump_contents, write_dump
-from kvcanary_cli.results.soak import AuditPoint
+from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
 from kvcanary_cli.soak.driver import Scheduler
 
-__all__ = ["Audit", "SGLangChecks", "audit_step", "record_dump"]
+__all__ = ["Audit", "SGLangChecks", "Said", "audit_step", "record_dump"]
+
+
+@dataclass(frozen=True)
+class Said:
+    """One complaint of one of SGLang's checks: which, and the first line it raised."""
+
+    check: SGLangCheckName
+    message: str
 
 
 @dataclass
 class Audit:
     """One step's verdicts: kvcanary's finding codes (first is the top one's) and what
-    SGLang's checks said (empty: silent)."""
+    SGLang's checks said (empty: silent); or SGLang's crash, with the last audited dump."""
 
     step: int
     mode: AuditPoint
     codes: list[str] = field(default_factory=list)
     top_cause: str | None = None
-    sglang: list[str] = field(default_factory=list)
+    sglang: list[Said] = field(default_factory=list)
     dump: Path | None = None
+    crash: SGLangCrash | None = None
 
     @property
     def kvcanary_found(self) -> bool:
         """kvcanary reports an error finding."""
         return bool(self.codes)
+
+    @property
+    def key(self) -> str | None:
+        """What a shrunk workload must fail with again: the top cause, or the crash's
+        exception."""
+        return self.top_cause if self.crash is None else f"crash {self.crash.exception}"
 
 
 def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
@@ -132,17 +147,17 @@ class SGLangChecks:
         except TypeError:  # a release whose checker needs more than we can give: tree only
             self.checker = None
 
-    def busy(self) -> list[str]:
+    def busy(self) -> list[Said]:
         """`self_check_during_busy` and `_check_kv_page_invariants`."""
         if self.checker is None:
             return []
-        said = _said(self.checker.self_check_during_busy)
-        return said + _said(self.checker._check_kv_page_invariants)
+        said = _said("self_check_during_busy", self.checker.self_check_during_busy)
+        return said + _said("_check_kv_page_invariants", self.checker._check_kv_page_invariants)
 
-    def idle(self) -> list[str]:
+    def idle(self) -> list[Said]:
         """`_check_all_pools` (strict: a leak raises), `_check_req_pool`, the tree's
         `sanity_check`."""
-        said: list[str] = []
+        said: list[Said] = []
         if self.checker is not None:
             checker = self.checker
 
@@ -152,9 +167,9 @@ class SGLangChecks:
                 if leak:
                     checker._report_leak("pool", " ".join(m for m in messages if m))
 
-            said += _said(pools)
-            said += _said(checker._check_req_pool)
-        said += _said(self.scheduler.stack.tree.sanity_check)
+            said += _said("_check_all_pools", pools)
+            said += _said("_check_req_pool", checker._check_req_pool)
+        said += _said("sanity_check", self.scheduler.stack.tree.sanity_check)
         return said
 
 
@@ -168,13 +183,13 @@ def _build(cls: Any, common: dict[str, Any], **own: Any) -> Any:
     return cls(**{name: value for name, value in given.items() if name in accepted})
 
 
-def _said(check: Any) -> list[str]:
-    """What a check raised (its first line), or nothing."""
+def _said(name: SGLangCheckName, check: Any) -> list[Said]:
+    """What check `name` raised (its first line), or nothing."""
     try:
         check()
     except Exception as exc:  # SGLang's checks raise AssertionError or ValueError
         text = str(exc).strip().splitlines()
-        return [f"{type(exc).__name__}: {text[0] if text else ''}"[:300]]
+        return [Said(name, f"{type(exc).__name__}: {text[0] if text else ''}"[:300])]
     return []
 
 

@@ -2,10 +2,12 @@
 every step, until the step budget is spent or something is found.
 
 Histories cycle through page sizes (1, 4, 16 unless one is given) and the tree cores the
-install has. On the first finding: the dump of that step, the workload with its seed and step,
-and a shrunk workload that still fails the same way (same top cause) go to `--out`; the report
-says whether SGLang's own checks saw anything at that step. Importing this module costs only
-the standard library: SGLang and torch load when a soak runs.
+install has. On kvcanary's first finding, or SGLang's crash: the dump of that step (a crash:
+of the last state audited before it), the workload with its seed and step, and a shrunk
+workload that still fails the same way go to `--out`. What SGLang's own checks say never stops
+a soak: the report counts every complaint per check over the whole run, keeps the first few,
+and says who saw a fault first. Importing this module costs only the standard library: SGLang
+and torch load when a soak runs.
 """
 
 from __future__ import annotations
@@ -14,11 +16,19 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvcanary_cli.results.soak import SoakFailure, SoakFile, SoakReport
+from kvcanary_cli.results.soak import (
+    FirstSeen,
+    SGLangCheck,
+    SGLangCheckName,
+    SGLangMessage,
+    SoakFailure,
+    SoakFile,
+    SoakReport,
+)
 
 __all__ = ["run_soak", "soak"]
 
@@ -32,6 +42,51 @@ def _specs(page_size: int | None, cores: tuple[str, ...], core: str | None) -> l
     sizes = [page_size] if page_size else [1, 4, 16]
     chosen = [core] if core else list(cores)
     return [StackSpec.pressured(ps, c) for ps in sizes for c in chosen]
+
+
+@dataclass
+class _Heard:
+    """One of SGLang's checks over the soak so far: how often, where, its first complaints."""
+
+    steps: int = 0
+    histories: int = 0
+    first: list[SGLangMessage] = field(default_factory=list)
+
+
+def _hear(heard: dict[SGLangCheckName, _Heard], result: Any, spec: Any, seed: int) -> None:
+    """Add a history's complaints (`HistoryResult`) to the soak's, keeping the first few."""
+    from kvcanary_cli.soak.run import KEEP
+
+    for check, count in result.sglang_counts.items():
+        tally = heard.setdefault(check, _Heard())
+        tally.steps += count
+        tally.histories += 1
+        for one in result.sglang_first[check][: KEEP - len(tally.first)]:
+            tally.first.append(
+                SGLangMessage(
+                    seed=seed,
+                    page_size=spec.page_size,
+                    core=spec.core,
+                    step=one.step,
+                    when=one.when,
+                    message=one.said.message,
+                )
+            )
+
+
+def _seen(result: Any, spec: Any, seed: int) -> FirstSeen:
+    """Who saw something first in a history that failed or SGLang complained in."""
+    failure = result.failure
+    kvcanary = failure if failure is not None and failure.crash is None else None
+    return FirstSeen(
+        seed=seed,
+        page_size=spec.page_size,
+        core=spec.core,
+        kvcanary_step=None if kvcanary is None else kvcanary.step,
+        kvcanary_when=None if kvcanary is None else kvcanary.mode,
+        sglang_step=result.sglang_step,
+        sglang_when=result.sglang_when,
+    )
 
 
 def soak(
@@ -74,6 +129,8 @@ def soak(
     started = time.monotonic()
     histories = steps_run = audited = 0
     failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
+    heard: dict[SGLangCheckName, _Heard] = {}
+    seen: FirstSeen | None = None  # the failing history's, else the first SGLang complained in
     while steps_run < steps and failed is None:
         spec = specs[histories % len(specs)]
         history_seed = seed * 1_000_003 + histories
@@ -87,8 +144,11 @@ def soak(
         audited += result.audited
         if progress is not None:
             progress(min(steps_run, steps), steps)
+        _hear(heard, result, spec, workload.seed)
         if result.failure is not None:
             failed = (spec, workload, result.failure)
+        if result.failure is not None or (seen is None and result.sglang_step is not None):
+            seen = _seen(result, spec, workload.seed)
     report = SoakReport(
         kvcanary_version=__version__,
         sglang_version=modules.tree.version,
@@ -98,6 +158,11 @@ def soak(
         histories=histories,
         steps=steps_run,
         audited_steps=audited,
+        sglang_checks=tuple(
+            SGLangCheck(check=check, steps=t.steps, histories=t.histories, first=tuple(t.first))
+            for check, t in heard.items()
+        ),
+        seen=seen,
     )
     if failed is not None:
         report = _keep_finding(report, modules, *failed, fault, out, force)
@@ -119,8 +184,8 @@ def _keep_finding(
     out: Path,
     force: bool,
 ) -> SoakReport:
-    """Shrink the failing workload, record the dumps of both, write the four files, and say
-    so in the report."""
+    """Shrink the failing workload, record the dumps of both (a crash: the last state audited
+    before it), write the four files, and say so in the report."""
     from kvcanary_cli.soak.outputs import scratch, write_outputs
     from kvcanary_cli.soak.run import run_history, shrink_workload
 
@@ -133,12 +198,13 @@ def _keep_finding(
         codes=tuple(failure.codes),
         top_cause=failure.top_cause,
         fault=fault,
+        crash=failure.crash,
     )
-    cause = failure.top_cause
+    key = failure.key
 
     def fails(candidate: Any) -> bool:
         again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False)
-        return again.failure is not None and again.failure.top_cause == cause
+        return again.failure is not None and again.failure.key == key
 
     shrunk = shrink_workload(workload, fails)
     meta = {"spec": asdict(spec), **asdict(found)}
@@ -159,7 +225,6 @@ def _keep_finding(
     return replace(
         report,
         failure=found,
-        sglang_said=tuple(failure.sglang),
         files=files,
         shrunk_arrivals=(len(workload.arrivals), len(shrunk.arrivals)),
     )

@@ -2,10 +2,12 @@
 
 `run_history` builds a fresh stack, plants the fault (if any), runs the workload step by step
 and audits the chosen steps (`soak.audit`: at plan time, after the step's result, at idle);
-it stops at the first step kvcanary or SGLang's
-checks flag. `shrink_workload` then removes arrivals while the history still fails the same
-way (kvcanary names the same top finding): delta debugging over the arrival list, ending with
-one-at-a-time removal, so the reproducer is 1-minimal in its arrivals.
+it stops at the first step kvcanary flags, or where SGLang's code raises (a crash: the dump
+is the last state audited before it). What SGLang's own checks say does not stop it: every
+complaint is counted per check, the first few kept. `shrink_workload` then removes arrivals
+while the history still fails the same way (same top cause, or same crash): delta debugging
+over the arrival list, ending with one-at-a-time removal, so the reproducer is 1-minimal in
+its arrivals.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvcanary_cli.soak.audit import Audit, SGLangChecks, audit_step
+from kvcanary_cli.results.soak import CheckPoint, SGLangCheckName, SGLangCrash, SGLangPoint
+from kvcanary_cli.soak.audit import Audit, Said, SGLangChecks, audit_step
 from kvcanary_cli.soak.driver import Counters, Scheduler
 from kvcanary_cli.soak.faults import plant
 from kvcanary_cli.soak.stack import (
@@ -28,19 +31,48 @@ from kvcanary_cli.soak.stack import (
 )
 from kvcanary_cli.soak.workload import Workload
 
-__all__ = ["HistoryResult", "run_history", "shrink_workload"]
+__all__ = ["KEEP", "Complaint", "HistoryResult", "run_history", "shrink_workload"]
+
+#: Complaints kept per check (in a history, and in a soak's report); the rest are counted.
+KEEP = 3
+
+
+@dataclass(frozen=True)
+class Complaint:
+    """One complaint of SGLang's checks in a history: where it was said, and what."""
+
+    step: int
+    when: CheckPoint
+    said: Said
 
 
 @dataclass
 class HistoryResult:
-    """What a history did and the first step flagged (None: clean)."""
+    """What a history did, the first step flagged (None: clean), and what SGLang's checks
+    said on the way."""
 
     steps: int
     audited: int
     counters: Counters
     failure: Audit | None = None
-    sglang_said: list[str] = field(default_factory=list)
-    sglang_steps: int = 0
+    #: per check (in the order they first complained): the audited steps it complained on
+    sglang_counts: dict[SGLangCheckName, int] = field(default_factory=dict)
+    #: per check: its first `KEEP` complaints
+    sglang_first: dict[SGLangCheckName, list[Complaint]] = field(default_factory=dict)
+    #: the first step SGLang complained at (a check or its crash), and where in it; None:
+    #: silent
+    sglang_step: int | None = None
+    sglang_when: SGLangPoint | None = None
+
+    def heard(self, step: int, when: CheckPoint, said: list[Said]) -> None:
+        """Count what SGLang's checks said at `step`, keeping the first few per check."""
+        for one in said:
+            self.sglang_counts[one.check] = self.sglang_counts.get(one.check, 0) + 1
+            kept = self.sglang_first.setdefault(one.check, [])
+            if len(kept) < KEEP:
+                kept.append(Complaint(step, when, one))
+        if said and self.sglang_step is None:
+            self.sglang_step, self.sglang_when = step, when
 
 
 @refusing_sglang_exits
@@ -52,15 +84,14 @@ def run_history(
     fault: str | None = None,
     audit: Callable[[int], bool] = lambda step: True,
     sglang_checks: bool = True,
-    stop_on_sglang: bool = False,
     folder: Path | None = None,
     max_steps: int | None = None,
 ) -> HistoryResult:
     """Run `workload`; audit each step `audit(step)` picks (at plan time, and at idle).
 
-    It ends when the workload is served, at the first step flagged, or after `max_steps`
-    steps (what is left of soak's budget); never past the workload's steps * 4 + 64, time
-    enough to drain."""
+    It ends when the workload is served, at the first step kvcanary flags or SGLang crashes
+    at, or after `max_steps` steps (what is left of soak's budget); never past the workload's
+    steps * 4 + 64, time enough to drain."""
     stack = build_stack(modules, spec)
     with fitting(modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"):
         scheduler = Scheduler(stack, workload)
@@ -68,28 +99,34 @@ def run_history(
         after_step, undo = plant(fault, stack)
     result = HistoryResult(steps=0, audited=0, counters=scheduler.counters)
     found: list[Audit] = []
-
     planned: list[Audit] = []
+    last: list[Audit] = []  # the last state audited (a crash's dump)
+
+    def note(verdict: Audit) -> None:
+        last[:] = [verdict]
+        if verdict.kvcanary_found:
+            found.append(verdict)
 
     def on_plan(batch: object) -> None:
         if found or not audit(scheduler.step_no):
             return
         planned.append(audit_step(scheduler, batch, None, idle=False, folder=folder))
+        last[:] = planned[-1:]
         result.audited += 1
 
-    def _note(verdict: Audit) -> None:
-        if verdict.sglang:
-            result.sglang_steps += 1
-            if not result.sglang_said:
-                result.sglang_said = list(verdict.sglang)
-        if verdict.kvcanary_found or (stop_on_sglang and verdict.sglang):
-            found.append(verdict)
+    def idle(step: int) -> None:
+        verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
+        verdict.step = step
+        result.audited += 1
+        result.heard(verdict.step, "idle", verdict.sglang)
+        note(verdict)
 
     try:
         limit = workload.steps * 4 + 64
         if max_steps is not None:
             limit = min(limit, max_steps)
         while not found and scheduler.step_no < limit:
+            at = scheduler.step_no
             try:
                 info = scheduler.step(on_plan)
                 if planned:
@@ -97,40 +134,63 @@ def run_history(
                     verdict = planned.pop()
                     if checks is not None:
                         verdict.sglang = checks.busy()
-                    _note(verdict)
-                    if not found:
+                        result.heard(at, "after-result", verdict.sglang)
+                    if verdict.kvcanary_found:
+                        found.append(verdict)
+                    else:
                         # and the state the result left (a double free shows on the free list
                         # before the next allocation hands the slot out twice)
                         after = audit_step(scheduler, None, None, idle=False, folder=folder)
-                        after.mode = "after-result"
-                        _note(after)
+                        after.step, after.mode = at, "after-result"
                         after.sglang = list(verdict.sglang)  # what SGLang said on this step
+                        note(after)
                 after_step(stack, info.step)
-            except Exception as exc:  # SGLang's own assertion inside the stack: a failure too
+            except Exception as exc:  # raised inside SGLang's code: a crash, a finding too
                 _refuse_if_ours(exc, modules)
-                verdict = audit_step(scheduler, None, None, idle=True, folder=folder)
-                text = (str(exc).strip().splitlines() or [""])[0]
-                verdict.sglang = [f"SGLang raised {type(exc).__name__}: {text}"[:300]]
-                verdict.mode = "crash"
-                result.sglang_steps += 1
-                result.sglang_said = result.sglang_said or list(verdict.sglang)
-                found.append(verdict)
+                found.append(_crash(exc, at, modules.tree.root, last[0] if last else None))
+                if result.sglang_step is None:
+                    result.sglang_step, result.sglang_when = at, "crash"
                 break
             if info.mode == "idle" and not found and audit(info.step):
-                verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
-                result.audited += 1
-                _note(verdict)
+                idle(at)
             if scheduler.done and scheduler.step_no >= workload.steps:
                 break
-        if not found and scheduler.done:
-            verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
-            result.audited += 1
-            _note(verdict)
+        final = max(scheduler.step_no - 1, 0)  # the state the last step left, once
+        if (
+            not found
+            and scheduler.done
+            and not (last and (last[0].step, last[0].mode) == (final, "idle"))
+        ):
+            idle(final)
     finally:
         undo()
     result.steps = scheduler.step_no
     result.failure = found[0] if found else None
     return result
+
+
+def _crash(exc: Exception, step: int, root: Path, state: Audit | None) -> Audit:
+    """SGLang's crash at `step` as a failing audit: its exception, where in SGLang's code it
+    came out, and the last state audited before it (`state`; its dump, when one was kept)."""
+    import traceback
+
+    text = (str(exc).strip().splitlines() or [""])[0]
+    raised_in = None
+    top = root.resolve()
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        where = Path(frame.filename).resolve()
+        if where.is_relative_to(top):
+            raised_in = f"{where.relative_to(top).as_posix()}:{frame.lineno} in {frame.name}"
+            break
+    verdict = Audit(step=step, mode="crash", dump=state.dump if state else None)
+    verdict.crash = SGLangCrash(
+        exception=type(exc).__name__,
+        message=text[:300],
+        raised_in=raised_in,
+        state_step=state.step if state else None,
+        state_when=None if state is None or state.mode == "crash" else state.mode,
+    )
+    return verdict
 
 
 def _refuse_if_ours(exc: Exception, modules: SGLangModules) -> None:

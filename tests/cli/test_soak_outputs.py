@@ -1,6 +1,7 @@
 """`kvcanary soak`'s outputs without SGLang: a stand-in for the stack (every history finds, or
-none does) drives the real command, so `--out`, the files written on a finding, the
-`kvcanary.soak/1` record and `--steps` are checked in a second each. The real stack's runs are
+none does; SGLang's checks complain in each, or stay silent) drives the real command, so `--out`,
+the files written on a finding, the `kvcanary.soak/2` record, its views and `--steps` are
+checked in a second each. The real stack's runs are
 in tests/integration/test_sglang_stack.py."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 from kvcanary_cli.cli import app
 from kvcanary_cli.soak import run as soak_run
 from kvcanary_cli.soak import stack as soak_stack
-from kvcanary_cli.soak.audit import Audit
+from kvcanary_cli.soak.audit import Audit, Said
 from kvcanary_cli.soak.workload import Workload
 
 OUTPUTS = (
@@ -43,7 +44,7 @@ class FakeSGLang:
     dumps_recorded: int = 0
     #: printed while loading, as SGLang prints (its radix tree on out-of-memory)
     chatter: bool = False
-    #: what SGLang's own checks say at a failing step
+    #: what SGLang's `_check_req_pool` says at each history's last step (every history)
     said: list[str] = field(default_factory=list)
 
 
@@ -75,23 +76,25 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
     ) -> soak_run.HistoryResult:
         steps = workload.steps if max_steps is None else min(workload.steps, max_steps)
         state.histories.append(steps)
-        failure = None
+        said = [Said("_check_req_pool", text) for text in state.said]
+        result = soak_run.HistoryResult(
+            steps=steps,
+            audited=steps,
+            counters=None,  # type: ignore[arg-type]
+        )
+        result.heard(steps - 1, "idle", said)
         if state.finds and workload.arrivals:
             failure = Audit(step=steps, mode="plan", codes=["free-list-duplicate"])
             failure.top_cause = "double-free"
-            failure.sglang = list(state.said)
+            failure.sglang = said
             if folder is not None:
                 state.dumps_recorded += 1
                 if state.interrupt_shrunk_dump and state.dumps_recorded == 2:
                     raise KeyboardInterrupt
                 failure.dump = folder / "state.safetensors"
                 failure.dump.write_bytes(b"dump of %d arrivals" % len(workload.arrivals))
-        return soak_run.HistoryResult(
-            steps=steps,
-            audited=steps,
-            counters=None,  # type: ignore[arg-type]
-            failure=failure,
-        )
+            result.failure = failure
+        return result
 
     monkeypatch.setattr(soak_stack, "load_sglang", load_sglang)
     monkeypatch.setattr(soak_run, "run_history", run_history)
@@ -248,7 +251,7 @@ def test_json_is_a_versioned_documented_deterministic_record(
     assert code == 1, err
     record = json.loads(first)
     assert validate(record, SoakReport) == []
-    assert record["schema"] == "kvcanary.soak/1"
+    assert record["schema"] == "kvcanary.soak/2"
     assert record["kvcanary_version"] == __version__
     assert record["seconds"] is None  # wall-clock time is opt-in
     assert record["failure"]["top_cause"] == "double-free"
@@ -271,6 +274,43 @@ def test_a_clean_record_matches_its_declaration(fake: FakeSGLang, tmp_path: Path
     record = json.loads(text)
     assert validate(record, SoakReport) == []
     assert record["found"] is False and record["failure"] is None and record["files"] == {}
+    assert record["sglang_checks"] == [] and record["seen"] is None
+
+
+def test_sglang_complaining_alone_is_a_finding_said_beside_kvcanarys_nothing(
+    fake: FakeSGLang, tmp_path: Path
+) -> None:
+    """Every history: kvcanary finds nothing, SGLang's row check complains. Exit 1 with no
+    file (nothing of kvcanary's to keep), every complaint counted, the first 3 kept, and each
+    view says what SGLang said and "kvcanary: nothing"."""
+    from kvcanary_cli.results.soak import SoakReport
+    from tests.render.md_tables import tables
+    from tests.render.record_schema import validate
+
+    fake.finds = False
+    fake.said = ["ValueError: req_to_token_pool memory leak detected!"]
+    code, text, err = _report("--out", str(tmp_path / "o"), "--steps", "400")
+    assert code == 1, err
+    record = json.loads(text)
+    assert validate(record, SoakReport) == []
+    assert not (tmp_path / "o").exists()
+    assert record["found"] and record["sglang_found"] and not record["kvcanary_found"]
+    [check] = record["sglang_checks"]
+    assert (check["check"], check["steps"], check["histories"]) == ("_check_req_pool", 5, 5)
+    assert [said["seed"] for said in check["first"]] == [0, 1, 2]  # bounded: the first 3
+    assert check["first"][0]["message"] == fake.said[0]
+    assert record["seen"]["first"] == "sglang" and record["seen"]["lead"] is None
+    code, table, err = soak("--out", str(tmp_path / "o"), "--steps", "400")
+    assert code == 1, err
+    assert "kvcanary: nothing" in table and "silent" not in table
+    assert "_check_req_pool: 5 audited steps in 5 histories" in table
+    assert table.count("req_to_token_pool memory leak detected!") == 3
+    code, markdown, err = soak("--out", str(tmp_path / "o"), "--format", "markdown")
+    assert code == 1, err
+    assert markdown.startswith("## kvcanary soak: SGLang's checks complained; kvcanary: nothing")
+    [(_, header, rows)] = tables(markdown)
+    assert header == ["check", "audited steps", "histories", "said at", "what it said"]
+    assert [row[0] for row in rows] == ["_check_req_pool"] * 3
 
 
 def test_sglang_printing_to_stdout_stays_off_the_record(
@@ -287,8 +327,9 @@ def test_sglang_printing_to_stdout_stays_off_the_record(
 
 
 def test_markdown_is_markdown(fake: FakeSGLang, tmp_path: Path) -> None:
-    """A heading, the facts as a list, the failure as a table of one row (a `|` in what SGLang
-    said stays in its paragraph), the files as a list; clean: the heading and the verdict."""
+    """A heading, the facts as a list, the failure as a table of one row, who saw it first,
+    SGLang's complaints as a table (a `|` it said stays in its cell), the files as a list;
+    clean: the heading and the verdict."""
     from tests.render.md_tables import tables
 
     fake.said = ["assert a | b"]
@@ -297,11 +338,16 @@ def test_markdown_is_markdown(fake: FakeSGLang, tmp_path: Path) -> None:
     blocks = text.split("\n\n")
     assert blocks[0] == "## kvcanary soak: found double-free"
     assert all(line.startswith("- ") for line in blocks[1].splitlines())
-    [(before, header, rows)] = tables(text)
+    [(before, header, rows), (_, said_header, said_rows)] = tables(text)
     assert before.startswith("FOUND at step ")
     assert header == ["seed", "page size", "core", "step", "when", "codes", "cause", "fault"]
     assert rows == [["0", "1", "python", "80", "plan", "free-list-duplicate", "double-free", "-"]]
-    assert "SGLang's own checks at that step: assert a \\| b" in blocks
+    # the stand-in's SGLang complains at idle one step before kvcanary's plan-time finding
+    assert (
+        "SGLang saw it first, at step 79 (idle) of seed 0, page size 1, python core; "
+        "kvcanary at step 80 (plan), 1 steps later"
+    ) in blocks
+    assert said_header[0] == "check" and said_rows[0][-1] == "assert a | b"
     files = blocks[blocks.index("### Files") + 1].splitlines()
     assert [line.split(":")[0] for line in files] == [
         "- dump",
@@ -309,10 +355,11 @@ def test_markdown_is_markdown(fake: FakeSGLang, tmp_path: Path) -> None:
         "- workload",
         "- reproducer",
     ]
-    fake.finds = False
+    fake.finds, fake.said = False, []
     code, text, err = soak("--out", str(tmp_path / "p"), "--format", "markdown")
     assert code == 0, err
     assert text.startswith("## kvcanary soak: clean\n\n")
+    assert "SGLang's own checks silent on every audited step" in text
     assert tables(text) == []
 
 

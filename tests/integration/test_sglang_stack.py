@@ -44,7 +44,7 @@ CASES = [(ps, core) for ps in (1, 4, 16) for core in ("python", "rust")]
 
 def _assert_clean(result: Any) -> None:
     assert result.failure is None, (result.failure.codes, result.failure.sglang)
-    assert result.sglang_said == [], result.sglang_said
+    assert result.sglang_counts == {}, result.sglang_first
     assert result.audited >= result.steps // 2  # plan-time and idle audits happened
 
 
@@ -71,7 +71,7 @@ def test_clean_histories_slow(sglang: Any, page_size: int, core: str, seed: int)
         sglang, page_size, core, 1000 + seed, 100, audit=lambda step: picks.random() < 0.2
     )
     assert result.failure is None, (result.failure.codes, result.failure.sglang)
-    assert result.sglang_said == [], result.sglang_said
+    assert result.sglang_counts == {}, result.sglang_first
     assert result.audited >= result.steps // 10
 
 
@@ -94,7 +94,7 @@ def test_pressure_reaches_retraction_and_tree_reuse(
     retracted = shared = 0
     for seed in range(6):
         result = _run(sglang, 1, "python", 500 + seed, 100, audit=lambda step: step % 10 == 0)
-        assert result.failure is None and result.sglang_said == []
+        assert result.failure is None and result.sglang_counts == {}
         retracted += result.counters.retractions
         shared += result.counters.shared_prefix_tokens
     assert shared > 0
@@ -149,7 +149,7 @@ def test_unmapped_representative_named_first(sglang: Any, page_size: int) -> Non
     assert cause == "reserved-slot-freed", codes
     assert codes[0] == "reserved-slot-in-use"
     # SGLang's own checks are wired to the same steps: here they see a leak (counts only)
-    assert any("SWA Pool Mem Leak" in said for said in result.failure.sglang)
+    assert any("SWA Pool Mem Leak" in said.message for said in result.failure.sglang)
 
 
 def test_unmapped_representative_after_page_zero_is_reused(sglang: Any) -> None:
@@ -179,7 +179,7 @@ def test_double_free_group_end_named_first(sglang: Any, page_size: int) -> None:
     cause, codes = _first(result)
     assert cause == "double-free", codes
     assert codes[0] == "free-list-duplicate"
-    assert any("double free" in said for said in result.failure.sglang)
+    assert any("double free" in said.message for said in result.failure.sglang)
 
 
 @pytest.mark.parametrize("page_size", [4, 16])
@@ -237,8 +237,16 @@ def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> No
     )
     assert code == 1, err
     report = json.loads(out)
-    assert report["schema"] == "kvcanary.soak/1"
+    assert report["schema"] == "kvcanary.soak/2"
     assert report["found"] and report["failure"]["top_cause"] == "reserved-slot-freed"
+    assert report["kvcanary_found"] and report["failure"]["crash"] is None
+    # SGLang's pool check sees a leak in that history too: who saw it first, by how much
+    # (kvcanary at plan time, SGLang's busy check once the step's result is processed)
+    seen = report["seen"]
+    assert (seen["kvcanary_step"], seen["kvcanary_when"]) == (report["failure"]["step"], "plan")
+    assert seen["sglang_when"] == "after-result" and seen["sglang_step"] >= seen["kvcanary_step"]
+    assert seen["first"] == "kvcanary"
+    assert seen["lead"] == seen["sglang_step"] - seen["kvcanary_step"]
     before, after = report["shrunk_arrivals"]
     assert after < before
     saved = json.loads((tmp_path / "soak-reproducer.json").read_text())
@@ -256,22 +264,129 @@ def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> No
 
 
 def test_soak_clean_exits_zero(sglang: Any, tmp_path: Path) -> None:
-    code, out, err = _soak_here(
-        "--sglang-tree", str(wheel_path()), "--steps", "120", "--out", str(tmp_path)
-    )
+    """The release: exit 0, and "silent" is said because SGLang's checks ran and said nothing
+    (the twin of the row leak and the crash below)."""
+    args = ("--sglang-tree", str(wheel_path()), "--steps", "120", "--out", str(tmp_path))
+    code, out, err = _soak_here(*args)
     assert code == 0, out + err
     assert "clean" in out and "120 of 120 steps" in out
+    assert "SGLang's own checks silent on every audited step" in out
     assert not any(tmp_path.iterdir())  # nothing written when nothing is found
+    code, out, err = _soak_here(*args, "--format", "json")
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["schema"] == "kvcanary.soak/2"
+    assert record["audited_steps"] > 0 and record["sglang_checks"] == []
+    assert record["failure"] is None and record["seen"] is None
+    assert not record["found"] and not record["sglang_found"]
+
+
+#: SGLang's own module whose request-row pool the two planted faults below patch
+_POOLS = "sglang.srt.mem_cache.memory_pool"
+
+
+def _one_history_kind(out: Path) -> tuple[str, ...]:
+    """Two histories of one page size and core (a planted fault behaves alike in each)."""
+    options = {"--sglang-tree": str(wheel_path()), "--steps": "160", "--page-size": "1"}
+    options |= {"--core": "python", "--out": str(out)}
+    return tuple(part for option in options.items() for part in option)
+
+
+def test_a_row_only_sglang_sees_leaked_exits_1_and_says_so(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A req_to_token row leak (the first row handed out is never given back): SGLang's
+    `_check_req_pool` sees it at idle, kvcanary (no row invariant yet) does not. The soak runs
+    its whole budget, exits 1, and says what SGLang said beside "kvcanary: nothing"."""
+    from importlib import import_module
+
+    pool = import_module(_POOLS).ReqToTokenPool
+    original = pool.free
+
+    def leaky_free(self: Any, req: Any) -> None:
+        if req.kv.req_pool_idx == self.size:  # the first row alloc pops
+            req.kv.req_pool_idx = None
+            return
+        original(self, req)
+
+    monkeypatch.setattr(pool, "free", leaky_free)
+    args = _one_history_kind(tmp_path)
+    code, out, err = _soak_here(*args, "--format", "json")
+    assert code == 1, out + err
+    record = json.loads(out)
+    assert record["failure"] is None and record["files"] == {}  # kvcanary found nothing
+    assert record["steps"] == 160  # not stopped: SGLang's complaints do not end a soak
+    assert record["found"] and record["sglang_found"] and not record["kvcanary_found"]
+    [check] = record["sglang_checks"]
+    assert check["check"] == "_check_req_pool"
+    assert 1 <= check["histories"] <= record["histories"]
+    assert check["steps"] >= 2
+    first = check["first"][0]
+    assert "req_to_token_pool memory leak" in first["message"]
+    assert first["when"] == "idle"
+    seen = record["seen"]
+    assert (seen["first"], seen["kvcanary_step"], seen["lead"]) == ("sglang", None, None)
+    assert (seen["sglang_step"], seen["sglang_when"]) == (first["step"], "idle")
+    assert seen["seed"] == first["seed"]
+    code, table, err = _soak_here(*args)
+    assert code == 1, table + err
+    assert "kvcanary: nothing" in table and "_check_req_pool" in table
+    assert "req_to_token_pool memory leak" in table and "silent" not in table
+
+
+def test_an_sglang_crash_exits_1_with_its_exception(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of memory raised inside SGLang's allocation when a third request takes a row: a
+    finding with its exception, the step, where in SGLang it came out, and the dump of the
+    last state kvcanary audited before it (clean: the crash is SGLang's)."""
+    from importlib import import_module
+
+    from kvcanary_cli import api
+
+    pool = import_module(_POOLS).ReqToTokenPool
+    original = pool.alloc
+
+    def failing_alloc(self: Any, reqs: list[Any]) -> Any:
+        if len(self.free_slots) - len(reqs) < self.size - 2:
+            raise torch.OutOfMemoryError("CPU out of memory (planted by the test)")
+        return original(self, reqs)
+
+    monkeypatch.setattr(pool, "alloc", failing_alloc)
+    args = _one_history_kind(tmp_path)
+    code, out, err = _soak_here(*args, "--format", "json")
+    assert code == 1, out + err
+    record = json.loads(out)
+    failure = record["failure"]
+    assert failure["when"] == "crash" and failure["codes"] == []
+    crash = failure["crash"]
+    assert crash["exception"] == "OutOfMemoryError"
+    assert crash["message"] == "CPU out of memory (planted by the test)"
+    assert crash["raised_in"].startswith("sglang/srt/mem_cache/")
+    assert 0 <= crash["state_step"] <= failure["step"] and crash["state_when"] is not None
+    assert record["sglang_found"] and not record["kvcanary_found"]
+    seen = record["seen"]
+    assert (seen["first"], seen["sglang_step"], seen["sglang_when"]) == (
+        "sglang",
+        failure["step"],
+        "crash",
+    )
+    before = api.check([Path(record["files"]["dump"])], kernel="none")
+    assert not before.failed  # the state just before the crash is sound
+    code, table, err = _soak_here(*args, "--force")
+    assert code == 1, table + err
+    assert "SGLang crashed at step" in table and "OutOfMemoryError" in table
+    assert "kvcanary: nothing" in table
 
 
 def test_soak_runs_its_budget_and_prints_the_same_record_twice(sglang: Any, tmp_path: Path) -> None:
     """`--steps 1` runs one step (not a whole history), and the same soak prints the same
-    bytes: its `kvcanary.soak/1` record carries no wall-clock time."""
+    bytes: its `kvcanary.soak/2` record carries no wall-clock time."""
     args = ("--sglang-tree", str(wheel_path()), "--steps", "1", "--out", str(tmp_path / "o"))
     code, first, err = _soak_here(*args, "--format", "json")
     assert code == 0, err
     record = json.loads(first)
-    assert record["schema"] == "kvcanary.soak/1"
+    assert record["schema"] == "kvcanary.soak/2"
     assert (record["steps"], record["histories"], record["budget"]) == (1, 1, 1)
     code, second, err = _soak_here(*args, "--format", "json")
     assert code == 0, err

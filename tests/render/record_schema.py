@@ -56,7 +56,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.plan/1": PlanSummary,
     "kvcanary.selftest/1": SelftestReport,
     "kvcanary.timeline/1": TimelineReport,
-    "kvcanary.soak/1": SoakReport,
+    "kvcanary.soak/2": SoakReport,
 }
 
 

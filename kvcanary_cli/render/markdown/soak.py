@@ -1,10 +1,11 @@
-"""The Markdown view of a soak (the `kvcanary.soak/1` record): the one to paste into an SGLang
-issue or pull request."""
+"""The Markdown view of a soak (the `kvcanary.soak/2` record): the one to paste into an SGLang
+issue or pull request. The verdict and who saw it first in words, kvcanary's failure and
+SGLang's complaints as tables."""
 
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import code, table, text
-from kvcanary_cli.render.table.soak import ran_line, sglang_verdict, shrunk_line, soak_verdict
+from kvcanary_cli.render.table.soak import SILENT, ran_line, seen_line, shrunk_line, soak_verdict
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.safe_text import printable_record
 
@@ -12,10 +13,16 @@ __all__ = ["soak_markdown"]
 
 
 def soak_markdown(report: SoakReport) -> str:
-    """Facts, the verdict, the failure as a table, SGLang's checks, and the files."""
+    """Facts, the verdict, the failure as a table, who saw it first, SGLang's checks, and the
+    files."""
     report = printable_record(report)
     failure = report.failure
-    title = "clean" if failure is None else f"found {failure.top_cause or 'a finding'}"
+    if failure is None:
+        title = "SGLang's checks complained; kvcanary: nothing" if report.found else "clean"
+    elif failure.crash is not None:
+        title = f"SGLang crashed ({failure.crash.exception})"
+    else:
+        title = f"found {failure.top_cause or 'a finding'}"
     facts = [
         f"kvcanary {text(report.kvcanary_version)} · `{report.SCHEMA}`",
         f"SGLang {code(report.sglang_version, cell=False)} from "
@@ -23,28 +30,53 @@ def soak_markdown(report: SoakReport) -> str:
         text(ran_line(report)),
     ]
     parts = [f"## kvcanary soak: {text(title)}", "\n".join(f"- {fact}" for fact in facts)]
-    parts.append(text(soak_verdict(failure)))
-    if failure is None:
+    parts.append(text(soak_verdict(report)))
+    if not report.found:
         return "\n\n".join(parts) + "\n"
-    parts.append(
-        table(
-            ["seed", "page size", "core", "step", "when", "codes", "cause", "fault"],
-            [
+    if failure is not None:
+        parts.append(
+            table(
+                ["seed", "page size", "core", "step", "when", "codes", "cause", "fault"],
                 [
-                    text(failure.seed),
-                    text(failure.page_size),
-                    code(failure.core),
-                    text(failure.step),
-                    code(failure.when),
-                    ", ".join(code(c) for c in failure.codes),
-                    code(failure.top_cause or "-"),
-                    code(failure.fault) if failure.fault else "-",
-                ]
-            ],
-            right={0, 1, 3},
+                    [
+                        text(failure.seed),
+                        text(failure.page_size),
+                        code(failure.core),
+                        text(failure.step),
+                        code(failure.when),
+                        ", ".join(code(c) for c in failure.codes) or "-",
+                        code(failure.top_cause or "-"),
+                        code(failure.fault) if failure.fault else "-",
+                    ]
+                ],
+                right={0, 1, 3},
+            )
         )
-    )
-    parts.append(text(sglang_verdict(report)))
+    seen = seen_line(report)
+    if seen is not None:
+        parts.append(text(seen))
+    parts.append("### SGLang's own checks")
+    if not report.sglang_checks:
+        parts.append(text(SILENT))
+    else:
+        parts.append(
+            table(
+                ["check", "audited steps", "histories", "said at", "what it said"],
+                [
+                    [
+                        code(check.check),
+                        text(check.steps),
+                        text(check.histories),
+                        text(f"step {said.step} ({said.when}), seed {said.seed}, page size ")
+                        + text(f"{said.page_size}, {said.core} core"),
+                        text(said.message),
+                    ]
+                    for check in report.sglang_checks
+                    for said in check.first
+                ],
+                right={1, 2},
+            )
+        )
     shrunk = shrunk_line(report)
     if shrunk is not None:
         parts.append(text(shrunk))

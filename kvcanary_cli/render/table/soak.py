@@ -1,30 +1,49 @@
-"""The terminal view of a soak (the `kvcanary.soak/1` record): a few lines, the files last;
-and the soak in words, as its Markdown view says it too."""
+"""The terminal view of a soak (the `kvcanary.soak/2` record): a few lines, the files last;
+and the soak in words, as its Markdown view says it too. What each side saw is said side by
+side: kvcanary's finding (or "kvcanary: nothing"), SGLang's complaints or crash (or that its
+checks were silent), and who saw a fault first."""
 
 from __future__ import annotations
 
-from kvcanary_cli.results.soak import SoakFailure, SoakReport
+from kvcanary_cli.results.soak import SGLangCheck, SGLangMessage, SoakReport
 from kvcanary_cli.safe_text import printable_record
 
-__all__ = ["ran_line", "shrunk_line", "sglang_verdict", "soak_table", "soak_verdict"]
+__all__ = [
+    "check_line",
+    "message_line",
+    "ran_line",
+    "seen_line",
+    "shrunk_line",
+    "soak_table",
+    "soak_verdict",
+]
 
-CLEAN = "clean: no finding, SGLang's checks silent on every audited step"
+SILENT = "SGLang's own checks silent on every audited step"
+CLEAN = f"clean: kvcanary found nothing, {SILENT}"
 
 
 def soak_table(report: SoakReport) -> str:
-    """What ran, the verdict, what SGLang said, the shrink and the files written."""
+    """What ran, the verdict, who saw it first, what SGLang said, the shrink and the files."""
     report = printable_record(report)
     lines = [
         f"kvcanary soak: SGLang {report.sglang_version} ({report.sglang_root}), "
         + ran_line(report),
-        soak_verdict(report.failure),
+        soak_verdict(report),
     ]
-    if report.failure is not None:
-        lines.append(sglang_verdict(report))
-        shrunk = shrunk_line(report)
-        if shrunk is not None:
-            lines.append(shrunk)
-        lines += [f"  {name}: {path}" for name, path in report.files.items()]
+    seen = seen_line(report)
+    if seen is not None:
+        lines.append(seen)
+    if report.sglang_checks:
+        lines.append("SGLang's own checks over the run:")
+        for check in report.sglang_checks:
+            lines.append(f"  {check_line(check)}")
+            lines += [f"    {message_line(said)}" for said in check.first]
+    elif report.found:
+        lines.append(SILENT)
+    shrunk = shrunk_line(report)
+    if shrunk is not None:
+        lines.append(shrunk)
+    lines += [f"  {name}: {path}" for name, path in report.files.items()]
     return "".join(line + "\n" for line in lines)
 
 
@@ -37,23 +56,72 @@ def ran_line(report: SoakReport) -> str:
     )
 
 
-def soak_verdict(failure: SoakFailure | None) -> str:
-    """Clean, or where the first failing history failed and what kvcanary named."""
+def soak_verdict(report: SoakReport) -> str:
+    """Clean; where kvcanary's first finding was and what it named; SGLang's crash; or
+    SGLang's complaints alone."""
+    failure = report.failure
     if failure is None:
-        return CLEAN
+        if not report.found:
+            return CLEAN
+        return "FOUND by SGLang's own checks only; kvcanary: nothing on every audited step"
+    where = f"seed {failure.seed}, page size {failure.page_size}, {failure.core} core"
     planted = "" if failure.fault is None else f", fault {failure.fault} planted"
+    crash = failure.crash
+    if crash is not None:
+        raised = "" if crash.raised_in is None else f", raised in {crash.raised_in}"
+        state = (
+            "no state was audited before it"
+            if crash.state_step is None
+            else f"the dump is the last state audited before it, step {crash.state_step} "
+            f"({crash.state_when})"
+        )
+        return (
+            f"FOUND: SGLang crashed at step {failure.step} ({where}{planted}): "
+            f"{crash.exception}: {crash.message}{raised}; {state}"
+        )
     return (
-        f"FOUND at step {failure.step} ({failure.when}) of seed {failure.seed}, page "
-        f"size {failure.page_size}, {failure.core} core{planted}: "
+        f"FOUND at step {failure.step} ({failure.when}) of {where}{planted}: "
         f"{', '.join(failure.codes)} (cause: {failure.top_cause or 'none named'})"
     )
 
 
-def sglang_verdict(report: SoakReport) -> str:
-    """What SGLang's own checks said at the failing step."""
-    if report.sglang_missed:
-        return "SGLang's own checks were silent at that step: only kvcanary saw it"
-    return "SGLang's own checks at that step: " + " | ".join(report.sglang_said)
+def seen_line(report: SoakReport) -> str | None:
+    """Who saw a fault first in the history compared, and by how many steps."""
+    seen = report.seen
+    if seen is None:
+        return None
+    history = f"seed {seen.seed}, page size {seen.page_size}, {seen.core} core"
+    kvcanary = f"step {seen.kvcanary_step} ({seen.kvcanary_when})"
+    sglang = f"step {seen.sglang_step} ({seen.sglang_when})"
+    if seen.kvcanary_step is None:
+        return f"only SGLang saw it, first at {sglang} of {history}; kvcanary: nothing"
+    if seen.sglang_step is None:
+        return (
+            f"only kvcanary saw it: SGLang's own checks were silent in that history through "
+            f"{kvcanary}"
+        )
+    if seen.first == "both":
+        return f"kvcanary and SGLang both saw it first at {kvcanary} of {history}"
+    (first, at), (second, then) = (
+        [("kvcanary", kvcanary), ("SGLang", sglang)]
+        if seen.first == "kvcanary"
+        else [("SGLang", sglang), ("kvcanary", kvcanary)]
+    )
+    later = "later in the same step" if seen.lead == 0 else f"{seen.lead} steps later"
+    return f"{first} saw it first, at {at} of {history}; {second} at {then}, {later}"
+
+
+def check_line(check: SGLangCheck) -> str:
+    """One of SGLang's checks: how often it complained."""
+    return f"{check.check}: {check.steps} audited steps in {check.histories} histories"
+
+
+def message_line(said: SGLangMessage) -> str:
+    """One complaint: where, and what."""
+    return (
+        f"step {said.step} ({said.when}) of seed {said.seed}, page size {said.page_size}, "
+        f"{said.core} core: {said.message}"
+    )
 
 
 def shrunk_line(report: SoakReport) -> str | None:
