@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.inspect import DumpDescription
     from kvcanary_cli.results.plan import PlanRun
     from kvcanary_cli.results.provenance import ProvenanceReport
+    from kvcanary_cli.results.ranks import RanksReport
     from kvcanary_cli.results.selftest import SelftestReport
     from kvcanary_cli.results.timeline import TimelineReport
     from kvcanary_cli.results.violations import ViolationsReport
@@ -36,6 +37,7 @@ __all__ = [
     "inspect",
     "plan",
     "provenance",
+    "ranks",
     "scenarios",
     "selftest",
     "shrink",
@@ -212,6 +214,15 @@ def diff(old: PathLike, new: PathLike, *, overrides: Overrides = None) -> Timeli
 
     planner = make_planner(PlannerChoice.VECTORIZED)
     return run_timeline([old, new], planner=planner, keep_order=True, overrides=overrides)
+
+
+def ranks(paths: Sequence[PathLike], *, overrides: Overrides = None) -> RanksReport:
+    """One step's dumps of every tensor-parallel rank, compared with the first: sizes,
+    requests, the req_to_token cells the batch uses, free lists and the LUT, each rank's
+    first divergence named (`kvcanary.ranks/1`)."""
+    from kvcanary_cli.analysis.ranks import compare_ranks
+
+    return compare_ranks(_many(paths), overrides=overrides)
 
 
 def slot_history(

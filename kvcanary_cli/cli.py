@@ -26,6 +26,7 @@ from kvcanary_cli.cli_app import (
     check_exit,
     fail,
     make_app,
+    ranks_exit,
     run,
     selftest_exit,
     soak_exit,
@@ -212,6 +213,31 @@ def diff(
     view = render.render(found, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=[old, new])
     raise typer.Exit(timeline_exit(found))
+
+
+@app.command()
+def ranks(
+    dumps: Annotated[list[Path], argument("DUMP", "One step's dumps, one per TP rank.")],
+    sets: opt.SetOpt = None,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+    svg: opt.SvgOpt = None,
+) -> None:
+    """Compare one step's dumps of every tensor-parallel rank: they must hold the same
+    bookkeeping.
+
+    Each rank against the first (by rank): pool sizes, each batch row's request (pool row,
+    prefix and extend lengths), the req_to_token cells the batch uses, free lists (and their
+    order), the SWA LUT; names each rank's first divergence (batch row, pool row, position,
+    page). Dumps of different steps or models are refused. Exit 0 identical, 1 a rank
+    diverges, 2 bad input.
+    """
+    report = api.ranks(dumps, overrides=opt.overrides(sets))
+    view = render.render(report, output_format, max_rows=max_rows)
+    deliver(view, output, force=force, svg=svg, inputs=dumps)
+    raise typer.Exit(ranks_exit(report))
 
 
 @app.command()

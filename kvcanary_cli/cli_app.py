@@ -42,6 +42,7 @@ from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
 if TYPE_CHECKING:  # rows are numpy columns: `kvcanary --help` does not import them
+    from kvcanary_cli.results.ranks import RanksReport
     from kvcanary_cli.results.selftest import SelftestReport
     from kvcanary_cli.results.violations import ViolationsReport
 
@@ -50,6 +51,7 @@ __all__ = [
     "check_exit",
     "fail",
     "make_app",
+    "ranks_exit",
     "run",
     "selftest_exit",
     "soak_exit",
@@ -92,6 +94,11 @@ def soak_exit(report: SoakReport) -> ExitCode:
 def violations_exit(report: ViolationsReport) -> ExitCode:
     """`violations`' exit code: 1 on a row, or on a violation logged that could not be read."""
     return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
+
+
+def ranks_exit(report: RanksReport) -> ExitCode:
+    """`ranks`' exit code: 1 when a rank diverges from the reference."""
+    return ExitCode.FINDINGS if report.verdict == "divergent" else ExitCode.CLEAN
 
 
 def selftest_exit(report: SelftestReport) -> ExitCode:

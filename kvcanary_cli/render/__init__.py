@@ -77,6 +77,9 @@ def render(
             from kvcanary_cli.render.table.selftest import selftest_table as table
 
             rows = {}
+        case "ranks":
+            from kvcanary_cli.render.markdown.ranks import ranks_markdown as markdown
+            from kvcanary_cli.render.table.ranks import ranks_table as table
         case "soak":
             from kvcanary_cli.render.markdown.soak import soak_markdown as markdown
             from kvcanary_cli.render.table.soak import soak_table as table
