@@ -27,7 +27,13 @@ from kvcanary_cli.dump.header import read_header
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import parse_integer
 from kvcanary_cli.errors import DumpError, OptionError
-from kvcanary_cli.results.ranks import Divergence, DivergenceKind, RankDump, RanksReport
+from kvcanary_cli.results.ranks import (
+    ComparedPart,
+    Divergence,
+    DivergenceKind,
+    RankDump,
+    RanksReport,
+)
 from kvcanary_cli.safe_text import excerpt
 
 __all__ = ["compare_ranks"]
@@ -39,7 +45,7 @@ _CELLS = 1 << 22
 _LUT_PIECE = 1 << 20
 _SIZES = ("page_size", "num_full_slots", "num_swa_slots")
 _REQUEST_FIELDS = ("req_pool_indices", "prefix_lens", "extend_seq_lens")
-_FREE_LISTS = ("free_full_slots", "free_swa_slots")
+_FREE_LISTS: tuple[ComparedPart, ...] = ("free_full_slots", "free_swa_slots")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +157,9 @@ def _ordered(paths: Sequence[PathLike]) -> list[_Entry]:
         seen[e.label] = e.path
     numbers = [parse_integer(e.label) for e in entries]
     if all(n is not None for n in numbers):
-        entries = [e for _, e in sorted(zip(numbers, entries, strict=True), key=lambda p: p[0] or 0)]
+        entries = [
+            e for _, e in sorted(zip(numbers, entries, strict=True), key=lambda p: p[0] or 0)
+        ]
     return entries
 
 
@@ -162,7 +170,7 @@ class _Pair:
     def __init__(self, ref: KvDump, other: KvDump, ref_rank: str, rank: str, page: int) -> None:
         self.ref, self.other, self.page = ref, other, page
         self.ref_rank, self.rank = ref_rank, rank
-        self.compared: list[str] = []
+        self.compared: list[ComparedPart] = []
         self.notes: list[str] = []
         self.cells = 0
 

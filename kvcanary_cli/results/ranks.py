@@ -15,11 +15,13 @@ from typing import ClassVar, Literal
 import kvcanary_cli
 from kvcanary_cli.results.record import recorded
 
-__all__ = ["Divergence", "DivergenceKind", "RankDump", "RanksReport"]
+__all__ = ["ComparedPart", "Divergence", "DivergenceKind", "RankDump", "RanksReport"]
 
 #: What differs, in the order compared: the pools' sizes, the batch size, a request (its
 #: pool row or lengths), a req_to_token cell a request uses, a free list, the SWA LUT.
 DivergenceKind = Literal["pool-size", "batch-size", "request", "table", "free-list", "lut"]
+#: What a rank is compared on, in order.
+ComparedPart = Literal["sizes", "batch", "req_to_token", "free_full_slots", "free_swa_slots", "lut"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +39,8 @@ class Divergence:
     position: int | None
     #: the page of that position (table, request), or of the slot or LUT entry (free-list, lut)
     page: int | None
-    #: the slot: a free-list slot one side lacks, or a LUT index
+    #: free-list: the slot one side lacks or lists twice, or the reference's at the first
+    #: entry out of order; lut: the full slot whose entry differs
     slot: int | None
     #: the reference's value and this rank's (a length, a slot, a size; null: absent there)
     reference_value: int | None
@@ -57,9 +60,8 @@ class RankDump:
     identity: dict[str, str]
     #: the first divergence from the reference; null for the reference and identical ranks
     divergence: Divergence | None
-    #: what was compared, in order, up to the first divergence: sizes, batch, req_to_token,
-    #: free_full_slots, free_swa_slots, lut ([] for the reference)
-    compared: tuple[str, ...]
+    #: what was compared, in order, up to the first divergence ([] for the reference)
+    compared: tuple[ComparedPart, ...]
     #: req_to_token cells compared: the rows the batch uses, up to their lengths
     table_cells: int
 

@@ -32,6 +32,7 @@ from kvcanary_cli.results.columns import IntColumn
 from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.results.plan import PlanSummary
 from kvcanary_cli.results.provenance import ProvenanceReport
+from kvcanary_cli.results.ranks import RanksReport
 from kvcanary_cli.results.record import record_keys, to_record
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.results.soak import SoakReport
@@ -57,6 +58,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.selftest/1": SelftestReport,
     "kvcanary.timeline/1": TimelineReport,
     "kvcanary.soak/2": SoakReport,
+    "kvcanary.ranks/1": RanksReport,
 }
 
 
