@@ -5,7 +5,6 @@ dumps of different steps or models, or of one rank twice, are refused."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,39 +13,13 @@ import pytest
 from kvcanary_cli.analysis.ranks import compare_ranks
 from kvcanary_cli.errors import DumpError
 from kvcanary_cli.results.ranks import RanksReport
-from kvcanary_cli.synth.state import SynthDump, SynthSpec, build_dump
-
-PAGE = 4
-Tensors = dict[str, np.ndarray]
+from kvcanary_cli.synth.state import SynthDump
+from tests.rank_dumps import PAGE, Tensors, rank_state, write_ranks
 
 
 @pytest.fixture(scope="module")
 def base() -> SynthDump:
-    return build_dump(SynthSpec(page_size=PAGE, window=8, max_seq_len=64), seed=3)
-
-
-def write_ranks(
-    base: SynthDump,
-    folder: Path,
-    change: Callable[[Tensors], None] | None = None,
-    *,
-    ranks: int = 3,
-    meta: dict[str, str] | None = None,
-) -> list[Path]:
-    """`ranks` dumps of step 7; the last one changed by `change` (and `meta`)."""
-    paths = []
-    for rank in range(ranks):
-        tensors = {name: array.copy() for name, array in base.tensors.items()}
-        metadata = {**base.metadata, "rank": str(rank), "step": "7"}
-        if rank == ranks - 1:
-            if change is not None:
-                change(tensors)
-            metadata.update(meta or {})
-        dump = SynthDump(
-            spec=base.spec, seed=base.seed, tensors=tensors, metadata=metadata, live=[]
-        )
-        paths.append(dump.save(folder / f"rank{rank}.safetensors"))
-    return paths
+    return rank_state()
 
 
 def first(report: RanksReport) -> tuple[str, dict[str, object]]:

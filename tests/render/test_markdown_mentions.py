@@ -59,6 +59,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     state.metadata["note"] = NOTE
     state.metadata["model"] = "@someone/model"
     dump = state.save(folder / "@octocat.safetensors")
+    twin = state.save(folder / "@twin.safetensors")  # the same step of another rank
     log = folder / "@octocat.log"
     shutil.copy(EXAMPLES / "canary-aliasing.log", log)
     with log.open("a") as handle:  # a canary-looking line that does not parse: a note
@@ -66,7 +67,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     canary = folder / "@canary.safetensors"
     shutil.copy(EXAMPLES / "canary-aliasing.safetensors", canary)
     steps = write_sequence("use-after-free", folder / "@seq", steps=3, seed=1)
-    return {"dump": dump, "log": log, "canary": canary, "a": steps[0], "b": steps[-1]}
+    return {"dump": dump, "twin": twin, "log": log, "canary": canary, "a": steps[0], "b": steps[-1]}
 
 
 VIEWS = {
@@ -79,6 +80,7 @@ VIEWS = {
     "violations": ["violations", "{log}", "--dump", "{canary}"],
     "timeline": ["timeline", "{a}", "{b}"],
     "diff": ["diff", "{a}", "{b}"],
+    "ranks": ["ranks", "{dump}", "{twin}"],
 }
 
 

@@ -47,7 +47,7 @@ def _valid(rendered: object) -> dict[str, Any]:
 
 def _json_outputs(path: Path) -> Iterator[tuple[str, object]]:
     """Each command's JSON on one dump: check, provenance (a slot in each space, a pool row),
-    violations (its ring, replayed), inspect and plan (each group)."""
+    violations (its ring, replayed), inspect, ranks and plan (each group)."""
     report = api.check(path, kernel="vectorized")
     check = _valid(render(report, OutputFormat.JSON))
     yield "check", check
@@ -67,6 +67,7 @@ def _json_outputs(path: Path) -> Iterator[tuple[str, object]]:
     violations = api.violations([str(path)], replay=True)
     yield "violations --replay", render(violations, OutputFormat.JSON)
     yield "inspect", render(api.inspect(path), OutputFormat.JSON)
+    yield "ranks (the dump as two ranks)", render(api.ranks([path, path]), OutputFormat.JSON)
     for group in dump.groups:
         run = api.plan(path, group)
         if run.summary is not None:
