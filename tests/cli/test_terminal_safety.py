@@ -153,6 +153,7 @@ COMMANDS: dict[str, tuple[Callable[[Hostile], list[str]], set[int]]] = {
     "plan": (lambda h: ["plan", str(h.dump)], {0, 1}),
     "inspect": (lambda h: ["inspect", str(h.dump)], {0}),
     "violations-dump": (lambda h: ["violations", str(h.dump)], {1}),
+    "ranks": (lambda h: ["ranks", str(h.dump), str(h.dump)], {0}),  # one dump as two ranks
     "violations-log": (
         lambda h: ["violations", str(h.log), "--dump", str(h.dump), "--replay"],
         {1},
@@ -227,7 +228,7 @@ def test_dump_text_reaches_no_output_raw(hostile: Hostile, command: str, fmt: st
     elif fmt == "json":
         strings = set(_strings(json.loads(result.stdout)))
         assert str(hostile.dump) in strings  # the path, exactly
-        if command.startswith(("check", "provenance", "inspect", "violations")):
+        if command.startswith(("check", "provenance", "inspect", "violations", "ranks")):
             assert {HOSTILE, NOTE} <= strings  # metadata values, exactly
         if command.startswith("check"):  # the recorded exception, exactly
             assert f"ValueError: {HOSTILE}" in strings

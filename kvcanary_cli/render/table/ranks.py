@@ -49,7 +49,7 @@ def verdict(report: RanksReport) -> str:
 def ranks_table(report: RanksReport, *, max_rows: int) -> RenderableType:
     """The heading, a row per rank (the first `max_rows`), the verdict and the notes."""
     report = printable_record(report)
-    table = Table(title=heading(report), title_justify="left")
+    table = Table(title=Text(heading(report)), title_justify="left")  # never markup
     for column in RANK_COLUMNS:
         table.add_column(column, justify="right" if column in _NUMBERS else "left")
     for rank in report.ranks[:max_rows]:
