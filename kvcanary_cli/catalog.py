@@ -107,6 +107,9 @@ class FindingCode(StrEnum):
     ROW_OUT_OF_RANGE = "row-out-of-range"
     PREFIX_BEYOND_ROW = "prefix-beyond-row"
     DUPLICATE_REQUEST_ROW = "duplicate-request-row"
+    REQ_ROW_FREE_AND_HELD = "req-row-free-and-held"
+    REQ_ROW_HANDED_OUT_TWICE = "req-row-handed-out-twice"
+    REQ_ROW_LEAKED = "req-row-leaked"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -143,6 +146,7 @@ class CauseCode(StrEnum):
     leave in the batch."""
 
     DOUBLE_FREE = "double-free"
+    REQ_ROW_DOUBLE_FREE = "req-row-double-free"
     RESERVED_SLOT_FREED = "reserved-slot-freed"
     PARTIAL_PAGE_FREE = "partial-page-free"
     SWA_PAGE_REISSUED = "swa-page-reissued"
@@ -177,6 +181,7 @@ class CauseCode(StrEnum):
     #: overwritten or cleared without its free).
     SWA_LEAK = "swa-leak"
     FULL_LEAK = "full-leak"
+    REQ_ROW_LEAK = "req-row-leak"
 
 
 class EventKind(StrEnum):
@@ -685,6 +690,55 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
             ),
         ),
         (
+            FindingCode.REQ_ROW_FREE_AND_HELD,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a pool row of `req_to_token` on the request pool's free list "
+                    "(`free_req_rows`) that a running request (`running_req_rows`) or a batch "
+                    "row still uses. Rows, not cells: `details.rows`"
+                ),
+                meaning=(
+                    "a request's row freed while it runs (or freed and kept): the next request "
+                    "handed the row overwrites its `req_to_token` cells"
+                ),
+            ),
+        ),
+        (
+            FindingCode.REQ_ROW_HANDED_OUT_TWICE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a pool row on `free_req_rows` more than once, or held by two running "
+                    "requests (`running_req_rows`). Rows, not cells: `details.rows`"
+                ),
+                meaning=(
+                    "a row freed twice: it is (or will be) handed to two requests, which then "
+                    "write one another's `req_to_token` cells"
+                ),
+            ),
+        ),
+        (
+            FindingCode.REQ_ROW_LEAKED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a pool row (1 .. `max_reqs` − 1) neither on `free_req_rows` nor held by a "
+                    "running request (`running_req_rows`): SGLang's `req_to_token_pool memory "
+                    "leak detected!`, named. Needs both records (kvcanary's capture and soak "
+                    "write them); otherwise not checked. Rows, not cells: `details.rows`"
+                ),
+                meaning=(
+                    "a request dropped without freeing its row (a finish, abort or retraction "
+                    "path that skips `ReqToTokenPool.free`): the pool shrinks until no request "
+                    "can be admitted"
+                ),
+            ),
+        ),
+        (
             FindingCode.VERIFY_TOTAL_IMPLAUSIBLE,
             FindingEntry(
                 severity=Severity.ERROR,
@@ -878,6 +932,26 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`free-list-duplicate`",
                 findings=(FindingCode.FREE_LIST_DUPLICATE,),
+            ),
+        ),
+        (
+            CauseCode.REQ_ROW_DOUBLE_FREE,
+            CauseEntry(
+                summary=(
+                    "a request-pool row is free while a running request holds it, or is listed "
+                    "or held twice: it was freed too early or twice, and two requests share "
+                    "its req_to_token cells"
+                ),
+                fix=(
+                    "find the free of this row (`ReqToTokenPool.free`) that ran while its "
+                    "request still ran, or ran twice (a retraction or abort freeing a row its "
+                    "finish frees again)"
+                ),
+                evidence="`req-row-free-and-held`, `req-row-handed-out-twice`",
+                findings=(
+                    FindingCode.REQ_ROW_FREE_AND_HELD,
+                    FindingCode.REQ_ROW_HANDED_OUT_TWICE,
+                ),
             ),
         ),
         (
@@ -1395,6 +1469,22 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`full-page-leaked`",
                 findings=(FindingCode.FULL_PAGE_LEAKED,),
+            ),
+        ),
+        (
+            CauseCode.REQ_ROW_LEAK,
+            CauseEntry(
+                summary=(
+                    "request-pool rows neither free nor held by a running request: leaked "
+                    "(SGLang's 'req_to_token_pool memory leak detected!')"
+                ),
+                fix=(
+                    "find the path that dropped these rows' requests without "
+                    "`ReqToTokenPool.free` (a finish, abort or retraction); the rows' "
+                    "req_to_token cells say which request had them last"
+                ),
+                evidence="`req-row-leaked`",
+                findings=(FindingCode.REQ_ROW_LEAKED,),
             ),
         ),
     ),

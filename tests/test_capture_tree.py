@@ -80,6 +80,24 @@ def test_tree_state_records_rows_and_survives_a_broken_tree() -> None:
     assert facts["req_pool_allocated_lens"].tolist() == [0, 0, 5]  # the rows still recorded
 
 
+def test_rows_held_free_and_unknown() -> None:
+    """Each running request's row once (a request on a session's record shares its kv), a
+    session's idle record too, the request pool's free list as it is; requests not known:
+    no row recorded as held (an empty list would call every row leaked)."""
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([4]), release_pages=None)
+    shared = SimpleNamespace(req_pool_idx=2, kv_allocated_len=5)
+    idle = SimpleNamespace(req_pool_idx=3, kv_allocated_len=0)
+    tree = SimpleNamespace(session_records=lambda: {"a": shared, "b": idle})
+    running = [SimpleNamespace(kv=shared), SimpleNamespace(kv=SimpleNamespace(req_pool_idx=1))]
+    facts = tree_state(allocator=allocator, tree=tree, requests=running, rows=5)
+    assert sorted(facts["running_req_rows"].tolist()) == [1, 2, 3]
+    assert "running_req_rows" not in tree_state(allocator=allocator, tree=tree, rows=5)
+    pool = SimpleNamespace(req_to_token=np.zeros((5, 4), dtype=np.int32), free_slots=[4, 4])
+    tensors, _ = tree_capture.capture_state(req_to_token_pool=pool, allocator=allocator)
+    assert tensors["free_req_rows"].tolist() == [4, 4]
+    assert "running_req_rows" not in tensors
+
+
 # --- the hook finds SGLang's tree by itself (issue 43) ---------------------------------------
 
 

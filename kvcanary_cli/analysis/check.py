@@ -53,6 +53,7 @@ from kvcanary_cli.analysis.provenance import (
     live_cells,
     swa_provenance,
 )
+from kvcanary_cli.analysis.req_rows import req_row_findings
 from kvcanary_cli.analysis.upstream_raise import (
     first_raise,
     mark_upstream_raise,
@@ -237,6 +238,7 @@ def _collect(
         + slot_findings(dump, cells)
         + free_list_findings(dump)
         + pool_leak_findings(dump)
+        + req_row_findings(dump)
     )
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []

@@ -274,6 +274,10 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
         held = getattr(dump, name)
         if held is not None:
             masks[name] = np.zeros(held.shape, dtype=bool)
+    for name in ("free_req_rows", "running_req_rows"):  # a list per pool row: kept whole
+        rows = getattr(dump, name)
+        if rows is not None:
+            masks[name] = np.ones(rows.shape, dtype=bool)
     return masks
 
 

@@ -159,16 +159,18 @@ def capture_leak(checker: object, message: str, *, raised: bool) -> None:
         )
 
 
-def _requests(checker: object) -> list[Any]:
-    """The requests owning pool rows, as the checker counts them (best effort)."""
+def _requests(checker: object) -> list[Any] | None:
+    """The requests owning pool rows, as the checker counts them (best effort); None when
+    the checker cannot say (then no row is recorded as held: an empty list would call every
+    row leaked)."""
     owners = getattr(checker, "_requests_owning_rows", None)
     try:
-        return list(owners()) if callable(owners) else []
+        return list(owners()) if callable(owners) else None
     except Exception as exc:
         logger.debug(
             "kvcanary: reading the running requests failed (%s: %s)", type(exc).__name__, exc
         )
-        return []
+        return None
 
 
 def _window(tree: object) -> int | None:

@@ -5,10 +5,11 @@ request or by the tree, and a leak is a page in neither. Without the tree's own 
 can only *derive* that set from the free lists, which hides exactly the leaks it should show.
 `tree_state` reads it from the tree (`UnifiedRadixCache.all_values_flatten`, and the tree
 core's SWA-resident walk: a tombstoned node keeps its full KV but no SWA), from the running
-requests (`kv.req_pool_idx`, `kv.kv_allocated_len`) and from both allocators' free lists (in
-every release: `get_all_free_pages()` where it exists, else `free_pages` plus the staged
-`release_pages`). `batch_state` adds the step's batch (a `ScheduleBatch` after its
-allocation), so `capture_state` is a whole format-v1 dump's tensors and metadata.
+requests (`kv.req_pool_idx`, `kv.kv_allocated_len`; a session's record holds its row too),
+from both allocators' free lists (in every release: `get_all_free_pages()` where it exists,
+else `free_pages` plus the staged `release_pages`) and from the request pool's (`free_slots`).
+`batch_state` adds the step's batch (a `ScheduleBatch` after its allocation), so
+`capture_state` is a whole format-v1 dump's tensors and metadata.
 
 The capture hook finds the tree by itself: `server.watch_tree_classes` wraps the `__init__`
 of SGLang's radix cache classes as their modules load, so every tree built after registers
@@ -117,18 +118,23 @@ def _tree_slots(tree: object) -> tuple[Any, Any]:
 
 
 def tree_state(
-    *, allocator: object, tree: object = None, requests: Iterable[object] = (), rows: int = 0
+    *,
+    allocator: object,
+    tree: object = None,
+    requests: Iterable[object] | None = None,
+    rows: int = 0,
 ) -> dict[str, Any]:
     """The allocator's and the tree's bookkeeping, by the dump format's names.
 
-    `requests` are the running requests (each holds its pool row up to `kv_allocated_len`);
-    `rows` the pool's row count, for `req_pool_allocated_lens`."""
+    `requests` are the running requests (each holds its pool row up to `kv_allocated_len`;
+    None: not known, so no row is recorded as held); `rows` the pool's row count, for
+    `req_pool_allocated_lens` and `running_req_rows`."""
     facts: dict[str, Any] = {}
     _read(facts, _pool_facts, allocator)
     if tree is not None:
         _read(facts, _tree_facts, tree)
-    if rows > 0:
-        _read(facts, _row_facts, requests, rows)
+    if rows > 0 and requests is not None:
+        _read(facts, _row_facts, requests, rows, tree)
     return facts
 
 
@@ -171,16 +177,24 @@ def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
         facts["tree_swa_resident_slots"] = np.sort(resident)
 
 
-def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int) -> None:
+def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tree: Any) -> None:
     import numpy as np
 
     lens = np.zeros(rows, dtype=np.int64)
+    holders: dict[int, Any] = {}  # by identity: a request on a session's record shares its kv
     for req in requests:
         kv = getattr(req, "kv", req)
+        holders[id(kv)] = kv
         row = getattr(kv, "req_pool_idx", None)
         if row is not None and 0 <= int(row) < rows:
             lens[int(row)] = max(lens[int(row)], int(getattr(kv, "kv_allocated_len", 0)))
     facts["req_pool_allocated_lens"] = lens
+    records = getattr(tree, "session_records", None)
+    if callable(records):  # a session keeps its row between its requests
+        for kv in records().values():
+            holders[id(kv)] = kv
+    held = [getattr(kv, "req_pool_idx", None) for kv in holders.values()]
+    facts["running_req_rows"] = np.array([int(r) for r in held if r is not None], dtype=np.int64)
 
 
 def batch_state(batch: Any) -> dict[str, Any]:
@@ -212,12 +226,13 @@ def capture_state(
     allocator: object,
     tree: object = None,
     batch: object = None,
-    requests: Iterable[object] = (),
+    requests: Iterable[object] | None = None,
     window: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """A whole dump of the stack (tensors, metadata): the batch's planner inputs (an idle
-    dump has an empty batch), the LUT, both free lists, the tree's slots, the running
-    requests' allocated lengths. Best effort, like every capture read."""
+    dump has an empty batch), the LUT, both free lists and the request pool's, the tree's
+    slots, the running requests' rows and allocated lengths (`requests` None: not known, not
+    recorded). Best effort, like every capture read."""
     import numpy as np
 
     table = _host(req_to_token_pool.req_to_token)
@@ -237,6 +252,9 @@ def capture_state(
         tensors["full_to_swa_index_mapping"] = _host(lut)
     if window is not None:
         metadata["swa_window_size"] = str(int(window))
+    free_rows = getattr(req_to_token_pool, "free_slots", None)
+    if free_rows is not None:
+        tensors["free_req_rows"] = _host(free_rows)
     state = tree_state(allocator=allocator, tree=tree, requests=requests, rows=shape[0])
     for name in ("page_size", "num_full_slots", "num_swa_slots"):
         if name in state:

@@ -211,6 +211,9 @@ class KvDump:
     tree_full_slots: np.ndarray | None = None
     tree_swa_resident_slots: np.ndarray | None = None
     req_pool_allocated_lens: np.ndarray | None = None
+    #: the request pool's free rows, and each running request's row (one entry a request).
+    free_req_rows: np.ndarray | None = None
+    running_req_rows: np.ndarray | None = None
     violation_ring: np.ndarray | None = None
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
@@ -521,6 +524,8 @@ def _read_contents(
         tree_full_slots=small("tree_full_slots"),
         tree_swa_resident_slots=small("tree_swa_resident_slots"),
         req_pool_allocated_lens=small("req_pool_allocated_lens"),
+        free_req_rows=small("free_req_rows"),
+        running_req_rows=small("running_req_rows"),
         violation_ring=small("violation_ring"),
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])

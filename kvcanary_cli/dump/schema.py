@@ -275,6 +275,18 @@ TENSORS: dict[str, TensorSpec] = {
             role="per pool row, the tokens its running request has allocated (0: none)",
         ),
         TensorSpec(
+            name="free_req_rows",
+            canonical="I64",
+            accepted=_INDEX,
+            role="pool rows of req_to_token the request pool holds as free",
+        ),
+        TensorSpec(
+            name="running_req_rows",
+            canonical="I64",
+            accepted=_INDEX,
+            role="the pool row of each running request",
+        ),
+        TensorSpec(
             name="violation_ring",
             canonical="I64",
             ranks=(2,),

@@ -112,6 +112,10 @@ class RowPool:
         """A finished request's row, cells left as they are."""
         self._free.append(row)
 
+    def free_rows(self) -> list[int]:
+        """The free rows, in list order (SGLang's `ReqToTokenPool.free_slots`)."""
+        return list(self._free)
+
 
 class FullPool:
     """The full KV pool's pages: a free list and, per page, how many requests hold it."""

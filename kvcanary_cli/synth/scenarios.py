@@ -414,6 +414,35 @@ def _duplicate_request(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": second, "pool_row": int(rpi[first])}
 
 
+def _free_row(d: SynthDump, rng: np.random.Generator) -> int:
+    free = d.tensors["free_req_rows"]
+    if free.size == 0:
+        raise RuntimeError("needs a free request row")
+    return int(free[int(rng.integers(free.size))])
+
+
+def _req_row_leaked(d: SynthDump, rng: np.random.Generator) -> None:
+    """A finished request's row never given back: off the free list, held by no request."""
+    row = _free_row(d, rng)
+    free = d.tensors["free_req_rows"]
+    d.tensors["free_req_rows"] = free[free != row]
+    d.truth = {"pool_row": row}
+
+
+def _req_row_freed_while_running(d: SynthDump, rng: np.random.Generator) -> None:
+    """A running request's row freed (a retraction that frees and keeps running)."""
+    row = d.live[int(rng.integers(len(d.live)))].pool_row
+    d.tensors["free_req_rows"] = np.append(d.tensors["free_req_rows"], row)
+    d.truth = {"pool_row": row}
+
+
+def _req_row_freed_twice(d: SynthDump, rng: np.random.Generator) -> None:
+    """A finished request's row freed twice: on the free list twice."""
+    row = _free_row(d, rng)
+    d.tensors["free_req_rows"] = np.append(d.tensors["free_req_rows"], row)
+    d.truth = {"pool_row": row}
+
+
 def _token_pool_narrow(d: SynthDump, rng: np.random.Generator) -> None:
     pool = d.tensors["req_to_verify_expected_tokens"]
     longest = max(lr.prefix_len for lr in d.live)
@@ -907,6 +936,7 @@ def _canary_kv_overwritten(d: SynthDump, rng: np.random.Generator) -> None:
 
 _SWA = {"window": 8}
 _SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
+_REQ_ROWS = {"req_rows": True}
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -1252,6 +1282,30 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_duplicate_request,
             expected=("duplicate-request-row",),
             cause="batch-metadata-corrupt",
+        ),
+        Scenario(
+            name="req-row-leaked",
+            summary="a finished request's req_to_token row never freed",
+            spec=_REQ_ROWS,
+            corrupt=_req_row_leaked,
+            expected=("req-row-leaked",),
+            cause="req-row-leak",
+        ),
+        Scenario(
+            name="req-row-freed-while-running",
+            summary="a running request's req_to_token row on the request pool's free list",
+            spec=_REQ_ROWS,
+            corrupt=_req_row_freed_while_running,
+            expected=("req-row-free-and-held",),
+            cause="req-row-double-free",
+        ),
+        Scenario(
+            name="req-row-freed-twice",
+            summary="a req_to_token row on the request pool's free list twice",
+            spec=_REQ_ROWS,
+            corrupt=_req_row_freed_twice,
+            expected=("req-row-handed-out-twice",),
+            cause="req-row-double-free",
         ),
         Scenario(
             name="expected-token-out-of-range",

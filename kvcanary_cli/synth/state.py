@@ -75,6 +75,9 @@ class SynthSpec:
     #: with `canary`: real-KV sources (`real_kv.<group>.<half>`, partial mode), so that TAIL
     #: records carry a fingerprint.
     canary_real_kv: bool = False
+    #: record the request pool's free rows and the running requests' rows (`free_req_rows`,
+    #: `running_req_rows`).
+    req_rows: bool = False
 
 
 @dataclass(kw_only=True)
@@ -249,6 +252,9 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         tensors["positions"] = _cat(poss)
     if spec.free_lists:
         tensors["free_full_slots"] = full.free_slots()
+    if spec.req_rows:
+        tensors["free_req_rows"] = np.array(rows.free_rows(), dtype=np.int64)
+        tensors["running_req_rows"] = np.array([r.row for r in live], dtype=np.int64)
     if spec.expected_pool:
         valid = np.array(
             [lr.prefix_len + lr.extend_len for lr in live_requests] + [0] * pad, dtype=np.int64

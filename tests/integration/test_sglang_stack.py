@@ -265,7 +265,7 @@ def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> No
 
 def test_soak_clean_exits_zero(sglang: Any, tmp_path: Path) -> None:
     """The release: exit 0, and "silent" is said because SGLang's checks ran and said nothing
-    (the twin of the row leak and the crash below)."""
+    (the twin of the row leak, the row count and the crash below)."""
     args = ("--sglang-tree", str(wheel_path()), "--steps", "120", "--out", str(tmp_path))
     code, out, err = _soak_here(*args)
     assert code == 0, out + err
@@ -292,12 +292,8 @@ def _one_history_kind(out: Path) -> tuple[str, ...]:
     return tuple(part for option in options.items() for part in option)
 
 
-def test_a_row_only_sglang_sees_leaked_exits_1_and_says_so(
-    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A req_to_token row leak (the first row handed out is never given back): SGLang's
-    `_check_req_pool` sees it at idle, kvcanary (no row invariant yet) does not. The soak runs
-    its whole budget, exits 1, and says what SGLang said beside "kvcanary: nothing"."""
+def _leak_first_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A req_to_token row leak: the first row handed out is never given back."""
     from importlib import import_module
 
     pool = import_module(_POOLS).ReqToTokenPool
@@ -310,6 +306,62 @@ def test_a_row_only_sglang_sees_leaked_exits_1_and_says_so(
         original(self, req)
 
     monkeypatch.setattr(pool, "free", leaky_free)
+
+
+def test_a_leaked_row_is_named_before_sglangs_idle_check(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row leak SGLang's `_check_req_pool` counts at idle: kvcanary names the row
+    (`req-row-leaked`) as soon as its request is gone, busy or idle, first."""
+    _leak_first_row(monkeypatch)
+    code, out, err = _soak_here(*_one_history_kind(tmp_path), "--format", "json")
+    assert code == 1, out + err
+    record = json.loads(out)
+    failure = record["failure"]
+    assert failure["codes"] == ["req-row-leaked"] and failure["top_cause"] == "req-row-leak"
+    assert record["kvcanary_found"] and record["seen"]["first"] == "kvcanary"
+    from kvcanary_cli import api
+
+    [dump] = api.check([Path(record["files"]["dump"])], kernel="none").dumps
+    [leak] = [f for f in dump.findings if f.code.value == "req-row-leaked"]
+    assert leak.details["rows"] == [leak.pool_row]
+
+
+def test_a_row_freed_twice_is_named(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first row freed goes on the request pool's free list twice: named at once
+    (`req-row-handed-out-twice`), before it is handed to two requests."""
+    from importlib import import_module
+
+    pool = import_module(_POOLS).ReqToTokenPool
+    original = pool.free_rows
+    done: list[bool] = []
+
+    def free_twice(self: Any, indices: list[int]) -> None:
+        original(self, indices if done else [*indices, *indices])
+        done.append(True)
+
+    monkeypatch.setattr(pool, "free_rows", free_twice)
+    code, out, err = _soak_here(*_one_history_kind(tmp_path), "--format", "json")
+    assert code == 1, out + err
+    failure = json.loads(out)["failure"]
+    assert failure["codes"][0] == "req-row-handed-out-twice", failure
+    assert failure["top_cause"] == "req-row-double-free"
+
+
+def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's `_check_req_pool` complains at idle (its session count is off by one: a
+    session holds no row here) and kvcanary, whose rows all add up, sees nothing. The soak
+    runs its whole budget, exits 1, and says what SGLang said beside "kvcanary: nothing"."""
+    from importlib import import_module
+
+    observer = import_module(
+        "sglang.srt.managers.scheduler_components.pool_stats_observer"
+    ).SchedulerPoolStatsObserver
+    monkeypatch.setattr(observer, "session_held_req_count", lambda self: 1)
     args = _one_history_kind(tmp_path)
     code, out, err = _soak_here(*args, "--format", "json")
     assert code == 1, out + err

@@ -1,0 +1,103 @@
+"""The request pool's rows: every pool row of `req_to_token` but the padding row 0 is free
+(`free_req_rows`, SGLang's `ReqToTokenPool.free_slots`) or held by exactly one running request
+(`running_req_rows`), never both, and never listed twice.
+
+SGLang's own `_check_req_pool` compares counts, at idle only; with both records a dump names
+the rows, busy or idle. A row in the batch (`req_pool_indices`) is held too, so a dump that
+records only the free list still shows a batch row that is free. A record the dump lacks is
+not guessed: without `running_req_rows` no row is called leaked. A few sorts over lists as
+long as the pool has rows; a shrunk dump keeps both lists whole, and the table's shape.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+
+from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.results.check import Finding, JsonValue
+
+__all__ = ["req_row_findings"]
+
+#: Rows a finding names in its details (a sample, with the total).
+_ROWS_SHOWN = 16
+
+
+def _repeated(values: np.ndarray) -> np.ndarray:
+    """The distinct values listed more than once (sorted)."""
+    ordered = np.sort(values)
+    return distinct(ordered[1:][ordered[1:] == ordered[:-1]])
+
+
+def _finding(code: FindingCode, rows: np.ndarray, one: str, many: str) -> Finding:
+    first = int(rows[0])
+    return Finding(
+        code=code,
+        group=Group.FULL,
+        pool_row=first,
+        message=one.format(row=first) if rows.size == 1 else many.format(n=rows.size),
+        details=cast(
+            dict[str, JsonValue],
+            {"rows": [int(r) for r in rows[:_ROWS_SHOWN]], "rows_total": int(rows.size)},
+        ),
+    )
+
+
+def req_row_findings(dump: KvDump) -> list[Finding]:
+    """Rows free and held, listed or held twice, and (with both records) leaked."""
+    free, running = dump.free_req_rows, dump.running_req_rows
+    if free is None and running is None:
+        return []
+    rows = int(dump.req_to_token.shape[0])
+
+    def inside(values: np.ndarray | None) -> np.ndarray:
+        if values is None:
+            return np.zeros(0, dtype=np.int64)
+        flat = np.asarray(values, dtype=np.int64).reshape(-1)
+        return flat[(flat > 0) & (flat < rows)]
+
+    free_rows, running_rows = inside(free), inside(running)
+    held = distinct(np.concatenate([running_rows, inside(dump.req_pool_indices)]))
+    found: list[Finding] = []
+    both = np.intersect1d(distinct(free_rows), held)
+    if both.size:
+        found.append(
+            _finding(
+                FindingCode.REQ_ROW_FREE_AND_HELD,
+                both,
+                "pool row {row} is on the request pool's free list, yet a running request "
+                "holds it: freed while in use",
+                "{n} pool rows are on the request pool's free list, yet running requests "
+                "hold them: freed while in use",
+            )
+        )
+    twice = distinct(np.concatenate([_repeated(free_rows), _repeated(running_rows)]))
+    if twice.size:
+        found.append(
+            _finding(
+                FindingCode.REQ_ROW_HANDED_OUT_TWICE,
+                twice,
+                "pool row {row} is listed free twice or held by two running requests: freed twice",
+                "{n} pool rows are listed free twice or held by two running requests: freed twice",
+            )
+        )
+    if free is not None and running is not None:
+        accounted = np.zeros(rows, dtype=bool)
+        accounted[0] = True  # the padding row
+        accounted[free_rows] = True
+        accounted[held] = True
+        leaked = np.flatnonzero(~accounted).astype(np.int64)
+        if leaked.size:
+            found.append(
+                _finding(
+                    FindingCode.REQ_ROW_LEAKED,
+                    leaked,
+                    "pool row {row} is neither free nor held by a running request: leaked",
+                    "{n} pool rows are neither free nor held by a running request: leaked",
+                )
+            )
+    return found
