@@ -238,8 +238,9 @@ def _collect(
         + slot_findings(dump, cells)
         + free_list_findings(dump)
         + pool_leak_findings(dump)
-        + req_row_findings(dump)
     )
+    if dump.free_req_rows is not None or dump.running_req_rows is not None:
+        findings += req_row_findings(dump)  # a dump without the pool rows' records: nothing
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}
