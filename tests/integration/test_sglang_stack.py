@@ -327,6 +327,7 @@ def test_a_leaked_row_is_named_before_sglangs_idle_check(
     assert leak.details["rows"] == [leak.pool_row]
 
 
+@pytest.mark.slow
 def test_a_row_freed_twice_is_named(
     sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -386,6 +387,7 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
     assert "req_to_token_pool memory leak" in table and "silent" not in table
 
 
+@pytest.mark.slow
 def test_an_sglang_crash_exits_1_with_its_exception(
     sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
