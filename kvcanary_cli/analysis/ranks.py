@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcanary_cli.dump.header import read_header
+from kvcanary_cli.dump.header import read_header_and_step
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import parse_integer
 from kvcanary_cli.errors import DumpError, OptionError
@@ -109,20 +109,8 @@ def _ordered(paths: Sequence[PathLike]) -> list[_Entry]:
     headers alone; different steps or models, or one rank twice, are refused."""
     entries = []
     for i, path in enumerate(paths, 1):
-        try:
-            meta = read_header(path).metadata
-        except DumpError as exc:
-            exc.path = exc.path or str(path)
-            raise
-        step = None
-        if "step" in meta:
-            step = parse_integer(meta["step"])
-            if step is None:
-                raise DumpError(
-                    f"metadata value {excerpt(meta['step'])} is not an integer",
-                    field="step",
-                    path=str(path),
-                )
+        header, step = read_header_and_step(path)
+        meta = header.metadata
         rank = meta.get("rank")
         label = rank.strip() if rank is not None else f"#{i}"
         entries.append(_Entry(path=str(path), label=label, step=step, model=meta.get("model")))

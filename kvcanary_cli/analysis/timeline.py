@@ -57,9 +57,9 @@ from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.provenance import SlotSet
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
-from kvcanary_cli.dump.header import FileState, read_header
+from kvcanary_cli.dump.header import FileState, read_header_and_step
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.schema import Group, parse_integer
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import DumpError, OptionError
 from kvcanary_cli.option_values import SLOT, checked_choice, checked_integer
 from kvcanary_cli.planners.base import Planner
@@ -102,22 +102,8 @@ def order_dumps(paths: Sequence[PathLike], *, keep_order: bool) -> list[_Entry]:
     twice or by only some dumps is refused (`keep_order`: steps must increase as given)."""
     entries = []
     for path in paths:
-        try:
-            header = read_header(path)
-        except DumpError as exc:
-            if exc.path is None:
-                exc.path = str(path)
-            raise
+        header, step = read_header_and_step(path)
         meta = header.metadata
-        step = None
-        if "step" in meta:
-            step = parse_integer(meta["step"])
-            if step is None:
-                raise DumpError(
-                    f"metadata value {excerpt(meta['step'])} is not an integer",
-                    field="step",
-                    path=str(path),
-                )
         entries.append(
             _Entry(
                 path=Path(path),

@@ -16,8 +16,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE
+from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE, parse_integer
 from kvcanary_cli.errors import CorruptDumpError, DumpError
+from kvcanary_cli.safe_text import excerpt
 
 __all__ = [
     "FileState",
@@ -29,6 +30,7 @@ __all__ = [
     "HeaderEntry",
     "SafetensorsHeader",
     "read_header",
+    "read_header_and_step",
 ]
 
 #: A dump's header is a few KB (about 30 tensors, a few dozen metadata keys); safetensors
@@ -308,3 +310,21 @@ def _parse_entry(
     return HeaderEntry(
         name=name, dtype=dtype, shape=tuple(shape), offset=data_start + begin, nbytes=nbytes
     )
+
+
+def read_header_and_step(path: str | os.PathLike[str]) -> tuple[SafetensorsHeader, int | None]:
+    """A dump's header, and the step its metadata records (None: not recorded), for commands
+    that order or match dumps before loading them. An error names the file; a step that is
+    not an integer is bad input."""
+    try:
+        header = read_header(path)
+    except DumpError as exc:
+        exc.path = exc.path or str(path)
+        raise
+    text = header.metadata.get("step")
+    step = None if text is None else parse_integer(text)
+    if text is not None and step is None:
+        raise DumpError(
+            f"metadata value {excerpt(text)} is not an integer", field="step", path=str(path)
+        )
+    return header, step
