@@ -143,8 +143,13 @@ def test_sigterm_in_a_child_stops_the_run_as_sigterm() -> None:
 
 def test_a_run_stopped_while_its_children_work_kills_them() -> None:
     """Stopped while waiting (Ctrl-C, SIGTERM), the parent kills its children rather than
-    leave them re-parented to finish (or never finish) their parts. Each child stops the parent
-    (SIGINT) as soon as it runs; the parent's handler notes its children, then raises."""
+    leave them re-parented to finish (or never finish) their parts. The first child stops the
+    parent (SIGINT) as soon as it runs; the parent's handler notes its children, then raises.
+
+    One child signals, not both: a second SIGINT could reach this process after the test put
+    pytest's handler back, and raise in whatever the next test runs (between taking a lock and
+    the `try` that gives it back, logging's module lock once, which left the next fork in
+    another thread, and then every executor of that worker, waiting forever)."""
     parent = os.getpid()
     before = {child.pid for child in psutil.Process(parent).children()}  # not this run's
     children: list[psutil.Process] = []
@@ -154,14 +159,17 @@ def test_a_run_stopped_while_its_children_work_kills_them() -> None:
             children.extend(c for c in psutil.Process(parent).children() if c.pid not in before)
             raise KeyboardInterrupt
 
-    def forever() -> None:
+    def signalling() -> None:
         os.kill(parent, signal.SIGINT)
+        time.sleep(60)
+
+    def forever() -> None:
         time.sleep(60)
 
     previous = signal.signal(signal.SIGINT, stop)
     try:
         with pytest.raises(KeyboardInterrupt):
-            host_parallel.run_parts([forever, forever])
+            host_parallel.run_parts([signalling, forever])
     finally:
         signal.signal(signal.SIGINT, previous)
         _, alive = psutil.wait_procs(children, timeout=0)
