@@ -110,6 +110,7 @@ class FindingCode(StrEnum):
     REQ_ROW_FREE_AND_HELD = "req-row-free-and-held"
     REQ_ROW_HANDED_OUT_TWICE = "req-row-handed-out-twice"
     REQ_ROW_LEAKED = "req-row-leaked"
+    TREE_LOCK_LEAKED = "tree-lock-leaked"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -182,6 +183,7 @@ class CauseCode(StrEnum):
     SWA_LEAK = "swa-leak"
     FULL_LEAK = "full-leak"
     REQ_ROW_LEAK = "req-row-leak"
+    TREE_LOCK_LEAK = "tree-lock-leak"
 
 
 class EventKind(StrEnum):
@@ -735,6 +737,24 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a request dropped without freeing its row (a finish, abort or retraction "
                     "path that skips `ReqToTokenPool.free`): the pool shrinks until no request "
                     "can be admitted"
+                ),
+            ),
+        ),
+        (
+            FindingCode.TREE_LOCK_LEAKED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a full slot of a locked radix-tree node (`tree_locked_full_slots`) in no "
+                    "running request's `req_to_token` row (`running_req_rows` and the batch's "
+                    "rows, up to `req_pool_allocated_lens`); at idle, any locked slot. Needs "
+                    "both records (kvcanary's capture and soak write them); otherwise not "
+                    "checked. `details.slots`"
+                ),
+                meaning=(
+                    "a lock that outlived its request: those nodes can never be evicted, and "
+                    "SGLang counts them as protected, not leaked"
                 ),
             ),
         ),
@@ -1485,6 +1505,21 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`req-row-leaked`",
                 findings=(FindingCode.REQ_ROW_LEAKED,),
+            ),
+        ),
+        (
+            CauseCode.TREE_LOCK_LEAK,
+            CauseEntry(
+                summary=(
+                    "radix-tree nodes stay locked though no running request matched them: a "
+                    "lock never released"
+                ),
+                fix=(
+                    "find the finish, abort or retraction path that drops a request without "
+                    "unlocking its prefix (`dec_lock_ref`, `tree_cache.unlock(req.lock)`)"
+                ),
+                evidence="`tree-lock-leaked`",
+                findings=(FindingCode.TREE_LOCK_LEAKED,),
             ),
         ),
     ),

@@ -218,3 +218,30 @@ def test_a_tree_of_another_pool_is_never_recorded(monkeypatch: pytest.MonkeyPatc
     only = _Tree(table)
     register_tree_cache(only)
     assert tree_for(table) is only and tree_for(object()) is None
+
+
+def test_the_locked_part_is_what_the_unlocked_walk_leaves_out() -> None:
+    """Locked slots: all the tree holds less the core's walk of unlocked nodes; a core whose
+    walk fails costs that record only."""
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([7]), release_pages=None)
+
+    def walk(*, unlocked_only: bool, swa_resident_only: bool) -> SimpleNamespace:
+        slots = [1, 2] if unlocked_only else [1, 2, 3, 4, 5]
+        return SimpleNamespace(slot_indices=np.array(slots))
+
+    tree = SimpleNamespace(all_values_flatten=lambda: np.array([5, 1, 4, 2, 3]), tree_core=None)
+    tree.tree_core = SimpleNamespace(walk_for_kv_canary=walk)
+    assert tree_state(allocator=allocator, tree=tree)["tree_locked_full_slots"].tolist() == [
+        3,
+        4,
+        5,
+    ]
+
+    def broken(*, unlocked_only: bool, swa_resident_only: bool) -> SimpleNamespace:
+        if unlocked_only:
+            raise RuntimeError("renamed")
+        return walk(unlocked_only=False, swa_resident_only=swa_resident_only)
+
+    tree.tree_core = SimpleNamespace(walk_for_kv_canary=broken)
+    facts = tree_state(allocator=allocator, tree=tree)
+    assert "tree_locked_full_slots" not in facts and facts["tree_full_slots"].size == 5

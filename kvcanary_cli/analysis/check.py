@@ -241,6 +241,10 @@ def _collect(
     )
     if dump.free_req_rows is not None or dump.running_req_rows is not None:
         findings += req_row_findings(dump)  # a dump without the pool rows' records: nothing
+    if dump.tree_locked_full_slots is not None:
+        from kvcanary_cli.analysis.tree_locks import tree_lock_findings
+
+        findings += tree_lock_findings(dump)  # only a dump that records the tree's locks
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}

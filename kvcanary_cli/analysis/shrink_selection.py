@@ -274,6 +274,9 @@ def _free_masks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> dict[str, np
         held = getattr(dump, name)
         if held is not None:
             masks[name] = np.zeros(held.shape, dtype=bool)
+    if dump.tree_locked_full_slots is not None:  # only the slots kept: a stray lock stays
+        # stray, and a rightful one whose row's cells the shrink drops is not kept to look stray
+        masks["tree_locked_full_slots"] = np.isin(dump.tree_locked_full_slots, full)
     for name in ("free_req_rows", "running_req_rows"):  # a list per pool row: kept whole
         rows = getattr(dump, name)
         if rows is not None:

@@ -4,7 +4,8 @@ The free lists say what is free; SGLang's memory check counts the rest as held b
 request or by the tree, and a leak is a page in neither. Without the tree's own record a dump
 can only *derive* that set from the free lists, which hides exactly the leaks it should show.
 `tree_state` reads it from the tree (`UnifiedRadixCache.all_values_flatten`, and the tree
-core's SWA-resident walk: a tombstoned node keeps its full KV but no SWA), from the running
+core's SWA-resident walk: a tombstoned node keeps its full KV but no SWA; its walk of the
+unlocked nodes, whose complement is the locked part), from the running
 requests (`kv.req_pool_idx`, `kv.kv_allocated_len`; a session's record holds its row too),
 from both allocators' free lists (in every release: `get_all_free_pages()` where it exists,
 else `free_pages` plus the staged `release_pages`) and from the request pool's (`free_slots`).
@@ -99,9 +100,13 @@ def free_slots(allocator: object, page_size: int) -> Any:
     return _pages_to_slots(np.concatenate(both), page_size)
 
 
-def _tree_slots(tree: object) -> tuple[Any, Any]:
-    """(full slots the tree holds, the SWA-resident part): None where unreadable."""
-    held = resident = None
+def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
+    """(full slots the tree holds, the SWA-resident part, the locked part): None where
+    unreadable. The locked part is what the core's walk of unlocked nodes (full lock count
+    zero) leaves out of all it holds: both cores have that walk, neither a locked one."""
+    import numpy as np
+
+    held = resident = locked = None
     flatten = getattr(tree, "all_values_flatten", None)
     if callable(flatten):
         values = flatten()
@@ -114,7 +119,13 @@ def _tree_slots(tree: object) -> tuple[Any, Any]:
             resident = _host(result.slot_indices)
         except Exception as exc:  # a core without an SWA component
             logger.debug("kvcanary: the SWA walk failed (%s: %s)", type(exc).__name__, exc)
-    return held, resident
+        if held is not None:
+            try:
+                unlocked = _host(walk(unlocked_only=True, swa_resident_only=False).slot_indices)
+                locked = np.setdiff1d(held, unlocked)
+            except Exception as exc:
+                logger.debug("kvcanary: the lock walk failed (%s: %s)", type(exc).__name__, exc)
+    return held, resident, locked
 
 
 def tree_state(
@@ -170,11 +181,13 @@ def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
 def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
     import numpy as np
 
-    held, resident = _tree_slots(tree)
+    held, resident, locked = _tree_slots(tree)
     if held is not None:
         facts["tree_full_slots"] = np.sort(held)
     if resident is not None:
         facts["tree_swa_resident_slots"] = np.sort(resident)
+    if locked is not None:
+        facts["tree_locked_full_slots"] = locked
 
 
 def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tree: Any) -> None:

@@ -210,6 +210,8 @@ class KvDump:
     #: allocated length (capture.tree records them from the real tree and requests).
     tree_full_slots: np.ndarray | None = None
     tree_swa_resident_slots: np.ndarray | None = None
+    #: the tree's full slots whose nodes are locked.
+    tree_locked_full_slots: np.ndarray | None = None
     req_pool_allocated_lens: np.ndarray | None = None
     #: the request pool's free rows, and each running request's row (one entry a request).
     free_req_rows: np.ndarray | None = None
@@ -523,6 +525,7 @@ def _read_contents(
         held_full_slots=small("held_full_slots"),
         tree_full_slots=small("tree_full_slots"),
         tree_swa_resident_slots=small("tree_swa_resident_slots"),
+        tree_locked_full_slots=small("tree_locked_full_slots"),
         req_pool_allocated_lens=small("req_pool_allocated_lens"),
         free_req_rows=small("free_req_rows"),
         running_req_rows=small("running_req_rows"),

@@ -269,6 +269,12 @@ TENSORS: dict[str, TensorSpec] = {
             role="the tree's full slots whose nodes keep their SWA side (not tombstoned)",
         ),
         TensorSpec(
+            name="tree_locked_full_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="the tree's full slots whose nodes are locked (a running request matched them)",
+        ),
+        TensorSpec(
             name="req_pool_allocated_lens",
             canonical="I64",
             accepted=_INDEX,

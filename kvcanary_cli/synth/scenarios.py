@@ -436,6 +436,17 @@ def _req_row_freed_while_running(d: SynthDump, rng: np.random.Generator) -> None
     d.truth = {"pool_row": row}
 
 
+def _tree_lock_leaked(d: SynthDump, rng: np.random.Generator) -> None:
+    """A finished request's prefix left locked: a slot no live row holds is locked."""
+    live = np.concatenate([lr.slots for lr in d.live]).astype(np.int64)
+    size = int(d.metadata["num_full_slots"])
+    page = int(d.metadata.get("page_size", "1"))
+    spare = np.setdiff1d(np.arange(page, size, dtype=np.int64), live)
+    slot = int(spare[int(rng.integers(spare.size))])
+    d.tensors["tree_locked_full_slots"] = np.union1d(d.tensors["tree_locked_full_slots"], [slot])
+    d.truth = {"slot": slot}
+
+
 def _req_row_freed_twice(d: SynthDump, rng: np.random.Generator) -> None:
     """A finished request's row freed twice: on the free list twice."""
     row = _free_row(d, rng)
@@ -937,6 +948,7 @@ def _canary_kv_overwritten(d: SynthDump, rng: np.random.Generator) -> None:
 _SWA = {"window": 8}
 _SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
 _REQ_ROWS = {"req_rows": True}
+_TREE_LOCKS = {"req_rows": True, "tree_locks": True}
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -1306,6 +1318,14 @@ SCENARIOS: dict[str, Scenario] = {
             corrupt=_req_row_freed_twice,
             expected=("req-row-handed-out-twice",),
             cause="req-row-double-free",
+        ),
+        Scenario(
+            name="tree-lock-leaked",
+            summary="a finished request's prefix left locked in the radix tree",
+            spec=_TREE_LOCKS,
+            corrupt=_tree_lock_leaked,
+            expected=("tree-lock-leaked",),
+            cause="tree-lock-leak",
         ),
         Scenario(
             name="expected-token-out-of-range",

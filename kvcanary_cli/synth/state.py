@@ -78,6 +78,9 @@ class SynthSpec:
     #: record the request pool's free rows and the running requests' rows (`free_req_rows`,
     #: `running_req_rows`).
     req_rows: bool = False
+    #: with `req_rows`: record the radix tree's locked slots (`tree_locked_full_slots`), each
+    #: live request's prefix (what its lock covers).
+    tree_locks: bool = False
 
 
 @dataclass(kw_only=True)
@@ -255,6 +258,10 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
     if spec.req_rows:
         tensors["free_req_rows"] = np.array(rows.free_rows(), dtype=np.int64)
         tensors["running_req_rows"] = np.array([r.row for r in live], dtype=np.int64)
+    if spec.req_rows and spec.tree_locks:
+        tensors["tree_locked_full_slots"] = np.unique(
+            _cat([lr.slots[: lr.prefix_len] for lr in live_requests]).astype(np.int64)
+        )
     if spec.expected_pool:
         valid = np.array(
             [lr.prefix_len + lr.extend_len for lr in live_requests] + [0] * pad, dtype=np.int64

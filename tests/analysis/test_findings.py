@@ -242,3 +242,27 @@ def test_a_pool_row_outside_the_token_pool_is_one_finding_for_both_groups(
         assert [(f.group.value, f.pool_row, f.gather_index) for f in found] == [
             ("full", pool_row, pool_row)
         ]
+
+
+def test_a_lock_held_at_idle_is_named_and_a_lock_free_idle_is_silent(
+    load_synth: LoadSynth,
+) -> None:
+    """At idle (no request runs, no batch) every locked tree slot is a lock never released;
+    the same idle state with no lock says nothing."""
+    from kvcanary_cli.analysis.tree_locks import tree_lock_findings
+    from kvcanary_cli.dump.schema import TENSORS
+
+    synth = build_dump(SynthSpec(req_rows=True, tree_locks=True, write_tensors=False), 5)
+    locked = synth.tensors["tree_locked_full_slots"]
+    assert locked.size
+    empty = np.zeros(0, dtype=np.int64)
+    batch = [name for name in synth.tensors if name in TENSORS and TENSORS[name].per_batch_row]
+    synth.tensors |= dict.fromkeys([*batch, "running_req_rows"], empty)
+    [finding] = tree_lock_findings(load_synth(synth))
+    assert finding.code is FindingCode.TREE_LOCK_LEAKED and "no request runs" in finding.message
+    assert finding.details["slots_total"] == locked.size and finding.slot == int(locked.min())
+    synth.tensors["tree_locked_full_slots"] = empty
+    assert tree_lock_findings(load_synth(synth)) == []
+    del synth.tensors["running_req_rows"]  # requests not known: no lock is called stray
+    synth.tensors["tree_locked_full_slots"] = locked
+    assert tree_lock_findings(load_synth(synth)) == []

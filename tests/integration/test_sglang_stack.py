@@ -132,6 +132,8 @@ def test_capture_records_tree_and_rows(sglang: Any, tmp_path: Path) -> None:
     assert np.isin(resident, tree).all()
     lens = tensors["req_pool_allocated_lens"]
     assert lens.sum() == sum(r.kv.kv_allocated_len for r in reqs)
+    locked = tensors["tree_locked_full_slots"]  # the locked part: what SGLang counts protected
+    assert locked.size == int(stack.tree.full_protected_size()) > 0 and np.isin(locked, tree).all()
     assert metadata["page_size"] == "4" and metadata["forward_mode"] == "idle"
 
 
@@ -325,6 +327,32 @@ def test_a_leaked_row_is_named_before_sglangs_idle_check(
     [dump] = api.check([Path(record["files"]["dump"])], kernel="none").dumps
     [leak] = [f for f in dump.findings if f.code.value == "req-row-leaked"]
     assert leak.details["rows"] == [leak.pool_row]
+
+
+def test_a_lock_never_released_is_named(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first finish that holds a tree lock drops it unreleased (its `unlock` skipped):
+    the nodes stay locked with no request on them, `tree-lock-leaked` names their slots."""
+    from importlib import import_module
+
+    common = import_module("sglang.srt.mem_cache.common")
+    original = common.release_kv_cache
+    done: list[bool] = []
+
+    def keep_lock(req: Any, tree: Any, **kw: Any) -> None:
+        if not done and req.lock is not None:
+            req.lock = None  # the lock is lost, never released
+            done.append(True)
+        original(req, tree, **kw)
+
+    monkeypatch.setattr(common, "release_kv_cache", keep_lock)
+    code, out, err = _soak_here(*_one_history_kind(tmp_path), "--format", "json")
+    assert code == 1, out + err
+    record = json.loads(out)
+    failure = record["failure"]
+    assert failure["codes"] == ["tree-lock-leaked"] and failure["top_cause"] == "tree-lock-leak"
+    assert record["kvcanary_found"] and done
 
 
 @pytest.mark.slow

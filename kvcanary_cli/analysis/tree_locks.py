@@ -1,0 +1,84 @@
+"""The radix tree's locks: a locked node is a running request's matched prefix, so every
+full slot of a locked node (`tree_locked_full_slots`) lies in some running request's row of
+`req_to_token`, up to its allocated length; at idle no slot is locked at all.
+
+A lock never released (a finish or retraction path that skips `dec_lock_ref`) leaves its
+nodes locked after the request is gone: they can never be evicted, and SGLang's memory
+check counts them as protected, not leaked. The dump must record the running requests
+(`running_req_rows`, with the batch's rows): without them no lock is called stray. A row
+whose allocated length is not recorded counts whole (a lock there is given the benefit of
+the doubt). One sort over the locked slots and the running rows' cells.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+
+from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.results.check import Finding, JsonValue
+
+__all__ = ["tree_lock_findings"]
+
+#: Slots a finding names in its details (a sample, with the total).
+_SLOTS_SHOWN = 16
+
+
+def _rows(values: np.ndarray | None, rows: int) -> np.ndarray:
+    if values is None:
+        return np.zeros(0, dtype=np.int64)
+    flat = np.asarray(values, dtype=np.int64).reshape(-1)
+    return flat[(flat > 0) & (flat < rows)]
+
+
+def tree_lock_findings(dump: KvDump) -> list[Finding]:
+    """Locked tree slots in no running request's row (all of them, at idle)."""
+    locked, running = dump.tree_locked_full_slots, dump.running_req_rows
+    if locked is None or running is None:
+        return []
+    table = dump.req_to_token
+    rows, width = int(table.shape[0]), int(table.shape[1])
+    held = distinct(np.concatenate([_rows(running, rows), _rows(dump.req_pool_indices, rows)]))
+    lens = np.full(held.size, width, dtype=np.int64)
+    recorded = dump.req_pool_allocated_lens
+    if recorded is not None:
+        known = np.asarray(recorded, dtype=np.int64).reshape(-1)
+        at = held[held < known.size]
+        lens[: at.size] = np.where(known[at] > 0, np.minimum(known[at], width), width)
+    values, _ = table.rows(held)  # a cell a shrunk dump did not keep reads 0: no slot
+    within = np.arange(width)[None, :] < lens[:, None]
+    inside = distinct(values[within].astype(np.int64))
+    slots = distinct(np.asarray(locked, dtype=np.int64).reshape(-1))
+    stray = np.setdiff1d(slots[slots > 0], inside, assume_unique=True)
+    if not stray.size:
+        return []
+    first = int(stray[0])
+    where = (
+        "yet no request runs"
+        if not held.size
+        else "yet no running request's row holds it"
+        if stray.size == 1
+        else "yet no running request's row holds them"
+    )
+    one = f"slot {first} of the radix tree is locked, {where}: a lock never released"
+    many = f"{stray.size} slots of the radix tree are locked, {where}: a lock never released"
+    return [
+        Finding(
+            code=FindingCode.TREE_LOCK_LEAKED,
+            group=Group.FULL,
+            slot=first,
+            message=one if stray.size == 1 else many,
+            details=cast(
+                dict[str, JsonValue],
+                {
+                    "slots": [int(s) for s in stray[:_SLOTS_SHOWN]],
+                    "slots_total": int(stray.size),
+                    "running_rows": int(held.size),
+                },
+            ),
+        )
+    ]
