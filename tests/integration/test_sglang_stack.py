@@ -329,6 +329,7 @@ def test_a_leaked_row_is_named_before_sglangs_idle_check(
     assert leak.details["rows"] == [leak.pool_row]
 
 
+@pytest.mark.slow
 def test_a_lock_never_released_is_named(
     sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
