@@ -294,6 +294,14 @@ def _one_history_kind(out: Path) -> tuple[str, ...]:
     return tuple(part for option in options.items() for part in option)
 
 
+def _no_shrinking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the failing workload as it is: the finding is what these tests read, and
+    shrinking (test_soak_finds_planted_fault_and_shrinks's subject) reruns it many times."""
+    monkeypatch.setattr(
+        "kvcanary_cli.soak.run.shrink_workload", lambda workload, fails, **_: workload
+    )
+
+
 def _leak_first_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """A req_to_token row leak: the first row handed out is never given back."""
     from importlib import import_module
@@ -348,6 +356,7 @@ def test_a_lock_never_released_is_named(
         original(req, tree, **kw)
 
     monkeypatch.setattr(common, "release_kv_cache", keep_lock)
+    _no_shrinking(monkeypatch)
     code, out, err = _soak_here(*_one_history_kind(tmp_path), "--format", "json")
     assert code == 1, out + err
     record = json.loads(out)
@@ -373,6 +382,7 @@ def test_a_row_freed_twice_is_named(
         done.append(True)
 
     monkeypatch.setattr(pool, "free_rows", free_twice)
+    _no_shrinking(monkeypatch)
     code, out, err = _soak_here(*_one_history_kind(tmp_path), "--format", "json")
     assert code == 1, out + err
     failure = json.loads(out)["failure"]
