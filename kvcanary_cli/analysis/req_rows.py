@@ -21,10 +21,27 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.results.check import Finding, JsonValue
 
-__all__ = ["req_row_findings"]
+__all__ = ["held_rows", "pool_rows", "req_row_findings"]
 
 #: Rows a finding names in its details (a sample, with the total).
 _ROWS_SHOWN = 16
+
+
+def pool_rows(values: np.ndarray | None, rows: int) -> np.ndarray:
+    """The entries of a row list that name a pool row (0 < row < `rows`: the padding row 0
+    and values outside the table name none), flat int64; empty for a list not recorded."""
+    if values is None:
+        return np.zeros(0, dtype=np.int64)
+    flat = np.asarray(values, dtype=np.int64).reshape(-1)
+    return flat[(flat > 0) & (flat < rows)]
+
+
+def held_rows(dump: KvDump) -> np.ndarray:
+    """The pool rows running requests hold: `running_req_rows` and the batch's rows,
+    distinct and sorted."""
+    rows = int(dump.req_to_token.shape[0])
+    running = pool_rows(dump.running_req_rows, rows)
+    return distinct(np.concatenate([running, pool_rows(dump.req_pool_indices, rows)]))
 
 
 def _repeated(values: np.ndarray) -> np.ndarray:
@@ -53,15 +70,8 @@ def req_row_findings(dump: KvDump) -> list[Finding]:
     if free is None and running is None:
         return []
     rows = int(dump.req_to_token.shape[0])
-
-    def inside(values: np.ndarray | None) -> np.ndarray:
-        if values is None:
-            return np.zeros(0, dtype=np.int64)
-        flat = np.asarray(values, dtype=np.int64).reshape(-1)
-        return flat[(flat > 0) & (flat < rows)]
-
-    free_rows, running_rows = inside(free), inside(running)
-    held = distinct(np.concatenate([running_rows, inside(dump.req_pool_indices)]))
+    free_rows, running_rows = pool_rows(free, rows), pool_rows(running, rows)
+    held = held_rows(dump)
     found: list[Finding] = []
     both = np.intersect1d(distinct(free_rows), held)
     if both.size:

@@ -17,6 +17,7 @@ from typing import cast
 import numpy as np
 
 from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.req_rows import held_rows
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
@@ -28,21 +29,14 @@ __all__ = ["tree_lock_findings"]
 _SLOTS_SHOWN = 16
 
 
-def _rows(values: np.ndarray | None, rows: int) -> np.ndarray:
-    if values is None:
-        return np.zeros(0, dtype=np.int64)
-    flat = np.asarray(values, dtype=np.int64).reshape(-1)
-    return flat[(flat > 0) & (flat < rows)]
-
-
 def tree_lock_findings(dump: KvDump) -> list[Finding]:
     """Locked tree slots in no running request's row (all of them, at idle)."""
     locked, running = dump.tree_locked_full_slots, dump.running_req_rows
     if locked is None or running is None:
         return []
     table = dump.req_to_token
-    rows, width = int(table.shape[0]), int(table.shape[1])
-    held = distinct(np.concatenate([_rows(running, rows), _rows(dump.req_pool_indices, rows)]))
+    width = int(table.shape[1])
+    held = held_rows(dump)
     lens = np.full(held.size, width, dtype=np.int64)
     recorded = dump.req_pool_allocated_lens
     if recorded is not None:
