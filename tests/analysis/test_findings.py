@@ -266,3 +266,25 @@ def test_a_lock_held_at_idle_is_named_and_a_lock_free_idle_is_silent(
     del synth.tensors["running_req_rows"]  # requests not known: no lock is called stray
     synth.tensors["tree_locked_full_slots"] = locked
     assert tree_lock_findings(load_synth(synth)) == []
+
+
+def test_running_rows_read_a_piece_at_a_time_give_the_same_answer(
+    load_synth: LoadSynth, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The running rows are read a few million cells at a time; read one row at a time, a
+    busy state whose locks lie in its running prefixes is still silent, and one slot
+    locked outside them is still the one named."""
+    from kvcanary_cli.analysis import tree_locks
+
+    synth = build_dump(SynthSpec(req_rows=True, tree_locks=True, write_tensors=False), 5)
+    dump = load_synth(synth)
+    assert dump.running_req_rows is not None and dump.running_req_rows.size > 1
+    monkeypatch.setattr(tree_locks, "_CELLS_AT_ONCE", 1)  # one row per piece
+    assert tree_locks.tree_lock_findings(dump) == []
+    held = {int(s) for s in np.asarray(dump.req_to_token.rows(dump.running_req_rows)[0]).ravel()}
+    stray = next(s for s in range(1, 1 << 20) if s not in held)
+    synth.tensors["tree_locked_full_slots"] = np.append(
+        synth.tensors["tree_locked_full_slots"], stray
+    ).astype(np.int64)
+    [finding] = tree_locks.tree_lock_findings(load_synth(synth))
+    assert finding.details["slots"] == [stray] and finding.slot == stray
