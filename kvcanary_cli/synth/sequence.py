@@ -334,6 +334,10 @@ class _Loop:
             # only a cached prefix is shared: not the pages a request writes this step
             whole = min(donor.prefix // p, (length - 1) // p)
             shared = int(self.rng.integers(0, whole + 1)) if whole > 0 else 0
+            if donor.pinned:
+                # The victim keeps its last cached page to itself: an event needs one of its
+                # complete pages unshared (the draw is kept, so other sequences do not change).
+                shared = max(0, min(shared, donor.prefix // p - 1))
         own = self.full.alloc(math.ceil(length / p) - shared)
         pages = own
         if donor is not None:
