@@ -47,6 +47,13 @@ __all__ = [
     "EventKind",
     "FindingCode",
     "FindingEntry",
+    "POOL_CAUSES",
+    "POOL_CAUSE_OF",
+    "POOL_FINDINGS",
+    "PoolCause",
+    "PoolCauseEntry",
+    "PoolCode",
+    "PoolFindingEntry",
     "Severity",
     "ViolationCauseEntry",
     "ViolationRowCause",
@@ -1756,3 +1763,293 @@ def cell_unit(code: FindingCode, count: int) -> str:
     if code in _ENTRY_CODES:
         return "entry" if count == 1 else "entries"
     return "cell" if count == 1 else "cells"
+
+
+# --- block pools (vLLM's and any later engine's): codes of `kvcanary check` on a pool dump --
+
+
+class PoolCode(StrEnum):
+    """Stable identifiers of what a block-pool check finds (docs/findings.md, "Block pools"):
+    a block's reference count, queue place, holders and hash against each other. Errors all."""
+
+    BLOCK_OUT_OF_RANGE = "block-out-of-range"
+    FREE_QUEUE_BROKEN = "free-queue-broken"
+    FREE_QUEUE_DUPLICATE = "free-queue-duplicate"
+    FREE_COUNT_MISMATCH = "free-count-mismatch"
+    NEGATIVE_REF_COUNT = "negative-ref-count"
+    QUEUED_BLOCK_HELD = "queued-block-held"
+    REF_COUNT_LOW = "ref-count-low"
+    REF_COUNT_HIGH = "ref-count-high"
+    BLOCK_LEAKED = "block-leaked"
+    NULL_BLOCK_MISPLACED = "null-block-misplaced"
+    BLOCK_IN_TWO_GROUPS = "block-in-two-groups"
+    HASH_ENTRY_STALE = "hash-entry-stale"
+    HASH_GROUP_FOREIGN = "hash-group-foreign"
+    HASHED_BLOCK_UNMAPPED = "hashed-block-unmapped"
+    TABLE_OF_DEAD_REQUEST = "table-of-dead-request"
+    REQUEST_MISSING_IN_GROUP = "request-missing-in-group"
+
+
+class PoolCause(StrEnum):
+    """What to fix in a block pool, in precedence order among the faults a dump shows."""
+
+    CORRUPT_BLOCK_ID = "corrupt-block-id"
+    QUEUE_CORRUPT = "queue-corrupt"
+    POOL_DOUBLE_FREE = "pool-double-free"
+    FREED_WHILE_HELD = "freed-while-held"
+    FREE_COUNT_DRIFT = "free-count-drift"
+    NULL_BLOCK_MISUSED = "null-block-misused"
+    CROSS_GROUP_BLOCK = "cross-group-block"
+    STALE_HASH = "stale-hash"
+    REQUEST_NOT_FREED = "request-not-freed"
+    POOL_LEAK = "pool-leak"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolFindingEntry:
+    """What the catalog says about a block-pool finding (docs/findings.md, "Block pools")."""
+
+    #: the invariant broken, and what it usually means.
+    when: str
+    meaning: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolCauseEntry:
+    """What the catalog says about a block-pool cause: its story, fix and the findings it
+    explains."""
+
+    summary: str
+    fix: str
+    findings: tuple[PoolCode, ...]
+
+
+POOL_FINDINGS: Mapping[PoolCode, PoolFindingEntry] = _table(
+    PoolCode,
+    (
+        (
+            PoolCode.BLOCK_OUT_OF_RANGE,
+            PoolFindingEntry(
+                when="a table, the free queue, the hash map or a deferred free names a block id "
+                "outside `[0, num_blocks)`",
+                meaning="a corrupt block id; the engine would index outside its pool",
+            ),
+        ),
+        (
+            PoolCode.FREE_QUEUE_BROKEN,
+            PoolFindingEntry(
+                when="the free queue walked head → tail does not end at its tail sentinel (a "
+                "cycle) or disagrees with the walk back through the `prev` links",
+                meaning="the queue's links were rewritten outside `popleft`/`remove`/`append`",
+            ),
+        ),
+        (
+            PoolCode.FREE_QUEUE_DUPLICATE,
+            PoolFindingEntry(
+                when="a block id appears more than once in the free queue",
+                meaning="a block freed twice: it will be handed out to two requests",
+            ),
+        ),
+        (
+            PoolCode.FREE_COUNT_MISMATCH,
+            PoolFindingEntry(
+                when="the queue's own `num_free_blocks` differs from its length, or free + "
+                "referenced + null differs from the pool size",
+                meaning="the free counter ran ahead of (or behind) the queue: `popleft_n` "
+                "asserts or hands out fewer blocks than asked",
+            ),
+        ),
+        (
+            PoolCode.NEGATIVE_REF_COUNT,
+            PoolFindingEntry(
+                when="a block's `ref_cnt` is negative",
+                meaning="more frees than allocations of the block",
+            ),
+        ),
+        (
+            PoolCode.QUEUED_BLOCK_HELD,
+            PoolFindingEntry(
+                when="a block on the free queue is in a request's table or a deferred free "
+                "(a block released until reuse excepted), or has `ref_cnt > 0`",
+                meaning="freed while a request still reads it: the next allocation overwrites "
+                "its KV",
+            ),
+        ),
+        (
+            PoolCode.REF_COUNT_LOW,
+            PoolFindingEntry(
+                when="a block's `ref_cnt` is below its holders (table entries across groups "
+                "and deferred frees), not negative",
+                meaning="a holder's reference was dropped early: the block returns to the queue "
+                "while still held",
+            ),
+        ),
+        (
+            PoolCode.REF_COUNT_HIGH,
+            PoolFindingEntry(
+                when="a block's `ref_cnt` is above its holders",
+                meaning="a reference never released: the block never returns to the queue",
+            ),
+        ),
+        (
+            PoolCode.BLOCK_LEAKED,
+            PoolFindingEntry(
+                when="a block that is not the null block, with `ref_cnt == 0`, is not on the "
+                "free queue",
+                meaning="freed without being queued: lost to the pool until restart",
+            ),
+        ),
+        (
+            PoolCode.NULL_BLOCK_MISPLACED,
+            PoolFindingEntry(
+                when="the null block is on the free queue, in a full-attention table, or in a "
+                "sliding-window table after a real block (only a leading run is dropped)",
+                meaning="the null block (no KV) is read as data, or handed out",
+            ),
+        ),
+        (
+            PoolCode.BLOCK_IN_TWO_GROUPS,
+            PoolFindingEntry(
+                when="one block is in the tables of two KV-cache groups",
+                meaning="a group reuses a block another group still holds (groups share one "
+                "pool and id space)",
+            ),
+        ),
+        (
+            PoolCode.HASH_ENTRY_STALE,
+            PoolFindingEntry(
+                when="a hash-map entry points to the null block or to a block that does not "
+                "carry that hash",
+                meaning="the block was reused without leaving the prefix cache: a prefix hit "
+                "reads another prompt's KV",
+            ),
+        ),
+        (
+            PoolCode.HASH_GROUP_FOREIGN,
+            PoolFindingEntry(
+                when="a held block's hash names another group than the table holding it",
+                meaning="a block cached for one group serves another",
+            ),
+        ),
+        (
+            PoolCode.HASHED_BLOCK_UNMAPPED,
+            PoolFindingEntry(
+                when="a block carries a hash that no hash-map entry points to it under",
+                meaning="evicted from the map without its hash reset (or the reverse): a "
+                "later eviction misses it",
+            ),
+        ),
+        (
+            PoolCode.TABLE_OF_DEAD_REQUEST,
+            PoolFindingEntry(
+                when="a non-empty block table belongs to a request the scheduler no longer has",
+                meaning="a finished or aborted request whose blocks were never freed",
+            ),
+        ),
+        (
+            PoolCode.REQUEST_MISSING_IN_GROUP,
+            PoolFindingEntry(
+                when="a request has blocks in one group and none in another (groups allocate "
+                "together)",
+                meaning="a free or an allocation reached only some groups",
+            ),
+        ),
+    ),
+)
+
+POOL_CAUSES: Mapping[PoolCause, PoolCauseEntry] = _table(
+    PoolCause,
+    (
+        (
+            PoolCause.CORRUPT_BLOCK_ID,
+            PoolCauseEntry(
+                summary="block ids outside the pool",
+                fix="find the writer of the out-of-range id (a table or queue link written "
+                "from another pool's size)",
+                findings=(PoolCode.BLOCK_OUT_OF_RANGE,),
+            ),
+        ),
+        (
+            PoolCause.QUEUE_CORRUPT,
+            PoolCauseEntry(
+                summary="the free queue's links are corrupt",
+                fix="touch the queue only through its own methods; guard `remove` against a "
+                "block that is not queued",
+                findings=(PoolCode.FREE_QUEUE_BROKEN,),
+            ),
+        ),
+        (
+            PoolCause.POOL_DOUBLE_FREE,
+            PoolCauseEntry(
+                summary="a block was freed twice",
+                fix="guard `free_blocks` (ref_cnt > 0, block not queued) and find the second "
+                "free: often a path that frees a request's blocks and a deferred or offload "
+                "path that frees them again",
+                findings=(PoolCode.FREE_QUEUE_DUPLICATE, PoolCode.NEGATIVE_REF_COUNT),
+            ),
+        ),
+        (
+            PoolCause.FREED_WHILE_HELD,
+            PoolCauseEntry(
+                summary="a block was freed while a request still holds it",
+                fix="free a request's blocks only after its last reader (in-flight steps: "
+                "defer the free), and drop it from the table when freeing",
+                findings=(PoolCode.QUEUED_BLOCK_HELD, PoolCode.REF_COUNT_LOW),
+            ),
+        ),
+        (
+            PoolCause.FREE_COUNT_DRIFT,
+            PoolCauseEntry(
+                summary="the free counter disagrees with the free queue",
+                fix="update `num_free_blocks` in the same place as the links",
+                findings=(PoolCode.FREE_COUNT_MISMATCH,),
+            ),
+        ),
+        (
+            PoolCause.NULL_BLOCK_MISUSED,
+            PoolCauseEntry(
+                summary="the null block is where a real block belongs",
+                fix="use the null block only for blocks a window dropped, never queue it",
+                findings=(PoolCode.NULL_BLOCK_MISPLACED,),
+            ),
+        ),
+        (
+            PoolCause.CROSS_GROUP_BLOCK,
+            PoolCauseEntry(
+                summary="a block serves two KV-cache groups",
+                fix="free a block in every group that holds it before any group reuses it",
+                findings=(PoolCode.BLOCK_IN_TWO_GROUPS, PoolCode.HASH_GROUP_FOREIGN),
+            ),
+        ),
+        (
+            PoolCause.STALE_HASH,
+            PoolCauseEntry(
+                summary="the prefix-cache map and the blocks' hashes disagree",
+                fix="evict a block from the map (and reset its hash) when it is reused",
+                findings=(PoolCode.HASH_ENTRY_STALE, PoolCode.HASHED_BLOCK_UNMAPPED),
+            ),
+        ),
+        (
+            PoolCause.REQUEST_NOT_FREED,
+            PoolCauseEntry(
+                summary="a request left the scheduler with its blocks",
+                fix="free the request in every group when it finishes, aborts or is preempted",
+                findings=(PoolCode.TABLE_OF_DEAD_REQUEST, PoolCode.REQUEST_MISSING_IN_GROUP),
+            ),
+        ),
+        (
+            PoolCause.POOL_LEAK,
+            PoolCauseEntry(
+                summary="blocks neither free nor held",
+                fix="find the path that drops a reference without `free_blocks`, or frees "
+                "without queueing",
+                findings=(PoolCode.BLOCK_LEAKED, PoolCode.REF_COUNT_HIGH),
+            ),
+        ),
+    ),
+)
+
+#: pool finding code -> the cause that explains it.
+POOL_CAUSE_OF: Mapping[PoolCode, PoolCause] = MappingProxyType(
+    {code: cause for cause, entry in POOL_CAUSES.items() for code in entry.findings}
+)

@@ -1,0 +1,76 @@
+"""Which engine a dump describes, and a dump read whole as named integer arrays.
+
+A dump names its engine in `kvcanary.engine` (absent: SGLang, every dump before vLLM's). A
+block-pool dump (vLLM's) is a handful of small arrays read whole: this reader checks the
+header first (`read_header`, bounded), takes integer tensors only, and leaves what they mean
+to the engine's package.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvcanary_cli.dump.header import FileState, read_header
+from kvcanary_cli.dump.schema import INTEGER_DTYPES, dtype_label
+from kvcanary_cli.errors import CorruptDumpError, DumpError, TensorDtypeError
+
+__all__ = ["ENGINE_KEY", "SGLANG", "StoredArrays", "engine_of", "read_arrays"]
+
+#: The metadata key naming the engine a dump describes.
+ENGINE_KEY = "kvcanary.engine"
+#: The engine of a dump without `kvcanary.engine`.
+SGLANG = "sglang"
+
+
+def engine_of(metadata: dict[str, str]) -> str:
+    """The engine a dump's metadata names (SGLang when it names none)."""
+    return metadata.get(ENGINE_KEY, SGLANG).strip().lower() or SGLANG
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredArrays:
+    """A dump's tensors (integer arrays, read into memory) and its metadata strings."""
+
+    path: Path
+    arrays: dict[str, np.ndarray]
+    metadata: dict[str, str]
+
+    @property
+    def engine(self) -> str:
+        """The engine the dump describes."""
+        return engine_of(self.metadata)
+
+
+def read_arrays(path: str | os.PathLike[str]) -> StoredArrays:
+    """Every tensor of a dump as a numpy array; a `DumpError` naming the file on bad input."""
+    try:
+        header = read_header(path)
+        try:
+            handle = header.path.open("rb")
+        except OSError as exc:
+            raise DumpError(f"cannot read: {exc.strerror}") from None
+        arrays: dict[str, np.ndarray] = {}
+        with handle:
+            if not FileState.of(os.fstat(handle.fileno())).same_file(header.state):
+                raise CorruptDumpError("another file took its place while kvcanary read it")
+            for name, entry in header.entries.items():
+                if entry.dtype not in INTEGER_DTYPES:
+                    raise TensorDtypeError(
+                        f"dtype {dtype_label(entry.dtype)} is not an integer dtype", field=name
+                    )
+                array = np.empty(entry.shape, dtype=np.dtype(INTEGER_DTYPES[entry.dtype]))
+                handle.seek(entry.offset)
+                if entry.nbytes and handle.readinto(array.reshape(-1).view(np.uint8).data) != (
+                    entry.nbytes
+                ):
+                    raise CorruptDumpError("the file was truncated while kvcanary read it")
+                arrays[name] = array
+        return StoredArrays(path=header.path, arrays=arrays, metadata=dict(header.metadata))
+    except DumpError as exc:
+        if exc.path is None:
+            exc.path = str(path)
+        raise

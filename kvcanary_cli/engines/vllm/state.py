@@ -1,0 +1,333 @@
+"""vLLM's block-pool bookkeeping as arrays: the dump's layout (docs/dump-format.md, "vLLM
+dumps"), read from and written to a dump.
+
+One state is one scheduler's `KVCacheManager` at one step: the pool's reference counts and
+hashes, the free queue as walked both ways, the prefix-cache map, every group's request block
+tables (flat: one entry per (group, request, index)), deferred frees, and the request set.
+Reading checks the arrays' shapes and cross-references (bad input, exit 2); what they say
+about the pool is the check's business.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvcanary_cli.dump.engine import ENGINE_KEY, StoredArrays
+from kvcanary_cli.dump.schema import FORMAT_VERSION, parse_integer
+from kvcanary_cli.errors import MetadataError, MissingTensorError, TensorShapeError
+
+__all__ = ["ENGINE", "FULL", "SLIDING_WINDOW", "GroupSpec", "VllmState", "state_of"]
+
+#: The engine name in `kvcanary.engine`.
+ENGINE = "vllm"
+#: Group kinds: full attention keeps every block; the others drop blocks (null) that left
+#: their window.
+FULL = "full"
+SLIDING_WINDOW = "sliding_window"
+
+_I64 = np.int64
+_I32 = np.int32
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupSpec:
+    """One KV-cache group: its manager kind, block size (tokens) and window (tokens)."""
+
+    kind: str
+    block_size: int
+    window: int | None = None
+
+    @property
+    def drops_blocks(self) -> bool:
+        """Whether the group replaces blocks that left its window by the null block."""
+        return self.kind != FULL
+
+
+def _empty(dtype: type, *shape: int) -> np.ndarray:
+    return np.zeros(shape or (0,), dtype=dtype)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class VllmState:
+    """The arrays of one vLLM block-pool dump (ids are block ids unless named otherwise)."""
+
+    num_blocks: int
+    null_block: int = 0
+    #: the free queue's own counter (`num_free_blocks`).
+    num_free_blocks: int
+    groups: tuple[GroupSpec, ...]
+    #: request ids; `request_*` and `table_request`/`deferred_request` index them.
+    request_ids: tuple[str, ...]
+    #: 1 for a request the scheduler has (waiting or running), 0 for one it no longer has.
+    request_live: np.ndarray
+    request_num_tokens: np.ndarray
+    request_num_computed: np.ndarray
+    ref_cnt: np.ndarray
+    #: the queue walked head → tail by `next` links, and tail → head by `prev` links.
+    free_queue: np.ndarray
+    free_queue_reverse: np.ndarray | None = None
+    #: the forward walk reached the tail sentinel (False: cut after `num_blocks` steps).
+    queue_complete: bool = True
+    #: per block: its hash's group (−1: no hash) and digest (the hash without its group id).
+    hash_group: np.ndarray
+    hash_digest: np.ndarray
+    #: the prefix-cache map, one entry per (key, block).
+    map_block: np.ndarray
+    map_group: np.ndarray
+    map_digest: np.ndarray
+    #: the request block tables, one entry per (group, request, index), sorted so.
+    table_group: np.ndarray
+    table_request: np.ndarray
+    table_index: np.ndarray
+    table_block: np.ndarray
+    #: blocks freed only after an in-flight step (ref held, in no table); request −1: unknown.
+    deferred_block: np.ndarray = field(default_factory=lambda: _empty(_I64))
+    deferred_request: np.ndarray = field(default_factory=lambda: _empty(_I32))
+    #: blocks released until reuse: queued and counted free, still read by their table.
+    released_block: np.ndarray = field(default_factory=lambda: _empty(_I64))
+    version: str | None = None
+    #: free-form provenance (step, model, note ...), kept as written.
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def contents(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """The dump's tensors and metadata strings (for `write_safetensors`)."""
+        tensors = {
+            "vllm.request_live": np.asarray(self.request_live, dtype=np.uint8),
+            "vllm.request_num_tokens": np.asarray(self.request_num_tokens, dtype=_I64),
+            "vllm.request_num_computed": np.asarray(self.request_num_computed, dtype=_I64),
+            "vllm.ref_cnt": np.asarray(self.ref_cnt, dtype=_I32),
+            "vllm.free_queue": np.asarray(self.free_queue, dtype=_I64),
+            "vllm.hash_group": np.asarray(self.hash_group, dtype=_I32),
+            "vllm.hash_digest": np.asarray(self.hash_digest, dtype=np.uint8),
+            "vllm.map_block": np.asarray(self.map_block, dtype=_I64),
+            "vllm.map_group": np.asarray(self.map_group, dtype=_I32),
+            "vllm.map_digest": np.asarray(self.map_digest, dtype=np.uint8),
+            "vllm.table_group": np.asarray(self.table_group, dtype=_I32),
+            "vllm.table_request": np.asarray(self.table_request, dtype=_I32),
+            "vllm.table_index": np.asarray(self.table_index, dtype=_I32),
+            "vllm.table_block": np.asarray(self.table_block, dtype=_I64),
+            "vllm.deferred_block": np.asarray(self.deferred_block, dtype=_I64),
+            "vllm.deferred_request": np.asarray(self.deferred_request, dtype=_I32),
+            "vllm.released_block": np.asarray(self.released_block, dtype=_I64),
+        }
+        if self.free_queue_reverse is not None:
+            tensors["vllm.free_queue_reverse"] = np.asarray(self.free_queue_reverse, dtype=_I64)
+        groups = [
+            {"kind": g.kind, "block_size": g.block_size, "window": g.window} for g in self.groups
+        ]
+        meta = {
+            **self.extra,
+            "kvcanary.format": FORMAT_VERSION,
+            ENGINE_KEY: ENGINE,
+            "vllm.num_blocks": str(self.num_blocks),
+            "vllm.null_block": str(self.null_block),
+            "vllm.num_free_blocks": str(self.num_free_blocks),
+            "vllm.free_queue_complete": "1" if self.queue_complete else "0",
+            "vllm.groups": json.dumps(groups),
+            "vllm.request_ids": json.dumps(list(self.request_ids)),
+        }
+        if self.version is not None:
+            meta["vllm.version"] = self.version
+        return tensors, meta
+
+
+# --- reading --------------------------------------------------------------------------------
+
+#: tensor -> (rank, required); digests are 2-D [n, digest bytes].
+_TENSORS: dict[str, tuple[int, bool]] = {
+    "vllm.request_live": (1, True),
+    "vllm.request_num_tokens": (1, False),
+    "vllm.request_num_computed": (1, False),
+    "vllm.ref_cnt": (1, True),
+    "vllm.free_queue": (1, True),
+    "vllm.free_queue_reverse": (1, False),
+    "vllm.hash_group": (1, False),
+    "vllm.hash_digest": (2, False),
+    "vllm.map_block": (1, False),
+    "vllm.map_group": (1, False),
+    "vllm.map_digest": (2, False),
+    "vllm.table_group": (1, True),
+    "vllm.table_request": (1, True),
+    "vllm.table_index": (1, True),
+    "vllm.table_block": (1, True),
+    "vllm.deferred_block": (1, False),
+    "vllm.deferred_request": (1, False),
+    "vllm.released_block": (1, False),
+}
+_KNOWN_META = {
+    "kvcanary.format",
+    ENGINE_KEY,
+    "vllm.num_blocks",
+    "vllm.null_block",
+    "vllm.num_free_blocks",
+    "vllm.free_queue_complete",
+    "vllm.groups",
+    "vllm.request_ids",
+    "vllm.version",
+}
+
+
+def _meta_int(meta: Mapping[str, str], key: str, default: int | None = None) -> int:
+    text = meta.get(key)
+    if text is None:
+        if default is None:
+            raise MetadataError("missing (a vLLM dump records it)", field=key)
+        return default
+    value = parse_integer(text)
+    if value is None or value < 0:
+        raise MetadataError(f"{text[:40]!r} is not a non-negative integer", field=key)
+    return value
+
+
+def _meta_json(meta: Mapping[str, str], key: str) -> Any:
+    try:
+        return json.loads(meta.get(key, ""))
+    except ValueError:
+        raise MetadataError("is not JSON (a vLLM dump records it)", field=key) from None
+
+
+def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
+    raw = _meta_json(meta, "vllm.groups")
+    if not isinstance(raw, list) or not raw:
+        raise MetadataError("expected a non-empty JSON list of groups", field="vllm.groups")
+    out = []
+    for g in raw:
+        ok = (
+            isinstance(g, dict)
+            and isinstance(g.get("kind"), str)
+            and isinstance(g.get("block_size"), int)
+            and g["block_size"] > 0
+            and (g.get("window") is None or isinstance(g.get("window"), int))
+        )
+        if not ok:
+            raise MetadataError(
+                'each group is {"kind": str, "block_size": int > 0, "window": int | null}',
+                field="vllm.groups",
+            )
+        out.append(GroupSpec(kind=g["kind"], block_size=g["block_size"], window=g.get("window")))
+    return tuple(out)
+
+
+def _request_ids(meta: Mapping[str, str]) -> tuple[str, ...]:
+    raw = _meta_json(meta, "vllm.request_ids")
+    if not isinstance(raw, list) or not all(isinstance(r, str) for r in raw):
+        raise MetadataError("expected a JSON list of strings", field="vllm.request_ids")
+    return tuple(raw)
+
+
+def _shape(arrays: Mapping[str, np.ndarray], name: str, length: int, what: str) -> None:
+    if name in arrays and arrays[name].shape[0] != length:
+        raise TensorShapeError(
+            f"has {arrays[name].shape[0]} entries, expected {length} ({what})", field=name
+        )
+
+
+def state_of(stored: StoredArrays) -> VllmState:
+    """The state a vLLM dump holds; a `DumpError` naming the tensor or key on bad input."""
+    arrays, meta = stored.arrays, stored.metadata
+    for name, (rank, required) in _TENSORS.items():
+        if name not in arrays:
+            if required:
+                raise MissingTensorError("missing (a vLLM dump requires it)", field=name)
+            continue
+        if arrays[name].ndim != rank:
+            raise TensorShapeError(f"is {arrays[name].ndim}-D, expected {rank}-D", field=name)
+    n = _meta_int(meta, "vllm.num_blocks")
+    groups = _groups(meta)
+    requests = _request_ids(meta)
+    r = len(requests)
+    _shape(arrays, "vllm.ref_cnt", n, "one per block")
+    _shape(arrays, "vllm.hash_group", n, "one per block")
+    _shape(arrays, "vllm.hash_digest", n, "one per block")
+    for name in ("vllm.request_live", "vllm.request_num_tokens", "vllm.request_num_computed"):
+        _shape(arrays, name, r, "one per request of vllm.request_ids")
+    e = arrays["vllm.table_block"].shape[0]
+    for name in ("vllm.table_group", "vllm.table_request", "vllm.table_index"):
+        _shape(arrays, name, e, "one per entry of vllm.table_block")
+    m = arrays.get("vllm.map_block", _empty(_I64)).shape[0]
+    _shape(arrays, "vllm.map_group", m, "one per entry of vllm.map_block")
+    _shape(arrays, "vllm.map_digest", m, "one per entry of vllm.map_block")
+    d = arrays.get("vllm.deferred_block", _empty(_I64)).shape[0]
+    _shape(arrays, "vllm.deferred_request", d, "one per entry of vllm.deferred_block")
+    width = arrays["vllm.hash_digest"].shape[1] if "vllm.hash_digest" in arrays else 0
+    if "vllm.map_digest" in arrays and arrays["vllm.map_digest"].shape[1] != width:
+        raise TensorShapeError(
+            f"digests are {arrays['vllm.map_digest'].shape[1]} bytes, vllm.hash_digest's "
+            f"{width}",
+            field="vllm.map_digest",
+        )
+
+    def ints(name: str, dtype: type, default_len: int = 0) -> np.ndarray:
+        return np.asarray(arrays.get(name, _empty(dtype, default_len)), dtype=dtype)
+
+    tg = ints("vllm.table_group", _I64)
+    tr = ints("vllm.table_request", _I64)
+    ti = ints("vllm.table_index", _I64)
+    tb = ints("vllm.table_block", _I64)
+    if tg.size and (tg.min() < 0 or tg.max() >= len(groups)):
+        raise TensorShapeError(f"names a group outside 0..{len(groups) - 1}", field="vllm.table_group")
+    if tr.size and (tr.min() < 0 or tr.max() >= r):
+        raise TensorShapeError(f"names a request outside 0..{r - 1}", field="vllm.table_request")
+    order = np.lexsort((ti, tr, tg))
+    if order.size and not np.array_equal(order, np.arange(order.size)):
+        tg, tr, ti, tb = tg[order], tr[order], ti[order], tb[order]
+    starts = np.ones(tg.size, dtype=bool)
+    starts[1:] = (tg[1:] != tg[:-1]) | (tr[1:] != tr[:-1])
+    first = np.maximum.accumulate(np.where(starts, np.arange(tg.size), 0))
+    if not np.array_equal(ti, np.arange(tg.size) - first):
+        raise TensorShapeError(
+            "each (group, request) table's indices must count 0, 1, 2, ... without gaps or "
+            "repeats",
+            field="vllm.table_index",
+        )
+    dr = ints("vllm.deferred_request", _I64, d) if "vllm.deferred_request" in arrays else None
+    if dr is None:
+        dr = np.full(d, -1, dtype=_I64)
+    if dr.size and (dr.min() < -1 or dr.max() >= r):
+        raise TensorShapeError(
+            f"names a request outside -1..{r - 1}", field="vllm.deferred_request"
+        )
+    null = _meta_int(meta, "vllm.null_block", 0)
+    if null >= max(n, 1):
+        raise MetadataError(f"{null} is outside the pool of {n} blocks", field="vllm.null_block")
+    complete = meta.get("vllm.free_queue_complete", "1").strip()
+    if complete not in ("0", "1"):
+        raise MetadataError("expected 0 or 1", field="vllm.free_queue_complete")
+    return VllmState(
+        num_blocks=n,
+        null_block=null,
+        num_free_blocks=_meta_int(meta, "vllm.num_free_blocks"),
+        groups=groups,
+        request_ids=requests,
+        request_live=ints("vllm.request_live", _I64) != 0,
+        request_num_tokens=ints("vllm.request_num_tokens", _I64, r),
+        request_num_computed=ints("vllm.request_num_computed", _I64, r),
+        ref_cnt=ints("vllm.ref_cnt", _I64),
+        free_queue=ints("vllm.free_queue", _I64),
+        free_queue_reverse=(
+            ints("vllm.free_queue_reverse", _I64) if "vllm.free_queue_reverse" in arrays else None
+        ),
+        queue_complete=complete == "1",
+        hash_group=(
+            ints("vllm.hash_group", _I64) if "vllm.hash_group" in arrays else np.full(n, -1)
+        ),
+        hash_digest=np.asarray(arrays.get("vllm.hash_digest", np.zeros((n, 0), np.uint8))),
+        map_block=ints("vllm.map_block", _I64),
+        map_group=ints("vllm.map_group", _I64, m),
+        map_digest=np.asarray(arrays.get("vllm.map_digest", np.zeros((m, width), np.uint8))),
+        table_group=tg,
+        table_request=tr,
+        table_index=ti,
+        table_block=tb,
+        deferred_block=ints("vllm.deferred_block", _I64),
+        deferred_request=dr,
+        released_block=ints("vllm.released_block", _I64),
+        version=meta.get("vllm.version"),
+        extra={k: v for k, v in meta.items() if k not in _KNOWN_META},
+    )
+

@@ -1,0 +1,502 @@
+"""Synthetic vLLM block-pool states: a clean serving state (full attention, or full plus a
+sliding window), and the same state with one fault planted, each naming the finding codes
+`check` must report (in its metadata, `vllm.expected_findings`).
+
+The clean state is built by a small allocator model of this module's own (shared prefixes
+with ref counts above 1, cached blocks on the queue's tail, dropped window blocks, waiting
+requests, deferred frees, a block released until reuse); a fault edits it the way the bug
+would, keeping every other invariant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kvcanary_cli.catalog import PoolCode
+from kvcanary_cli.engines.vllm.state import FULL, SLIDING_WINDOW, GroupSpec, VllmState
+
+__all__ = ["SCENARIOS", "SIZES", "Scenario", "build"]
+
+#: size -> (blocks, requests).
+SIZES = {"tiny": (64, 6), "small": (2048, 64), "medium": (16384, 256), "large": (131072, 1024)}
+BLOCK_SIZE = 16
+WINDOW = 64
+_DIGEST = 16
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.blake2b(repr(parts).encode(), digest_size=_DIGEST).digest()
+
+
+@dataclass
+class _Builder:
+    """The allocator model: blocks handed out from a shuffled free list, holders counted."""
+
+    n: int
+    rng: np.random.Generator
+
+    def __post_init__(self) -> None:
+        self.free = [int(b) for b in self.rng.permutation(np.arange(1, self.n))]
+        self.ref = np.zeros(self.n, dtype=np.int64)
+        self.hash_group = np.full(self.n, -1, dtype=np.int64)
+        self.hash_digest = np.zeros((self.n, _DIGEST), dtype=np.uint8)
+        self.cached_free: list[int] = []
+        self.entries: list[tuple[int, int, int, int]] = []  # group, request, index, block
+
+    def take(self, count: int) -> list[int] | None:
+        if count > len(self.free):
+            return None
+        out, self.free = self.free[:count], self.free[count:]
+        return out
+
+    def hash(self, block: int, group: int, *key: object) -> None:
+        self.hash_group[block] = group
+        self.hash_digest[block] = np.frombuffer(_digest(group, *key), dtype=np.uint8)
+
+
+def _clean(seed: int, size: str, hybrid: bool) -> VllmState:
+    n, r_count = SIZES[size]
+    rng = np.random.default_rng(seed)
+    b = _Builder(n, rng)
+    groups = [GroupSpec(kind=FULL, block_size=BLOCK_SIZE)]
+    if hybrid:
+        groups.append(GroupSpec(kind=SLIDING_WINDOW, block_size=BLOCK_SIZE, window=WINDOW))
+    share = 0.45 if hybrid else 0.6
+    avg = max(2, int(share * (n - 1) / r_count / len(groups)))
+    families: dict[int, list[int]] = {}
+    ids, live, tokens = [], [], []
+    for r in range(r_count):
+        ids.append(f"req-{seed}-{r}")
+        live.append(1)
+        t = int(rng.integers(1, 2 * avg * BLOCK_SIZE))
+        if r % 7 == 6:  # waiting: no blocks yet (an empty defaultdict entry at most)
+            tokens.append(t)
+            continue
+        nb = -(-t // BLOCK_SIZE)
+        complete = t // BLOCK_SIZE
+        fam = r % 3
+        prefix = families.get(fam)
+        if prefix is None and complete >= 2:
+            got = b.take(min(complete, 4))
+            if got is None:
+                tokens.append(t)
+                continue
+            prefix = families[fam] = got
+            for i, blk in enumerate(prefix):
+                b.hash(blk, 0, "prefix", fam, i)
+        shared = prefix[: min(len(prefix), complete)] if prefix else []
+        own = b.take(nb - len(shared))
+        sw: list[int] = []
+        dropped = max(0, t - WINDOW) // BLOCK_SIZE if hybrid else 0
+        if own is not None and hybrid:
+            sw_got = b.take(nb - dropped)
+            if sw_got is None:
+                b.free = own + b.free
+                own = None
+            else:
+                sw = sw_got
+        if own is None:
+            tokens.append(t)
+            continue
+        tokens.append(t)
+        table = shared + own
+        for i, blk in enumerate(table):
+            b.ref[blk] += 1
+            b.entries.append((0, r, i, blk))
+            if len(shared) <= i < complete:
+                b.hash(blk, 0, "own", r, i)
+        if hybrid:
+            for i in range(nb):
+                blk = 0 if i < dropped else sw[i - dropped]
+                b.entries.append((1, r, i, blk))
+                if blk:
+                    b.ref[blk] += 1
+                    if i < complete:
+                        b.hash(blk, 1, "sw", r, i)
+            for i in range(min(dropped, 2)):  # dropped window blocks kept cached on the queue
+                got = b.take(1)
+                if got:
+                    b.hash(got[0], 1, "sw", r, i)
+                    b.cached_free.append(got[0])
+    # family prefix blocks no request holds are cached free blocks (hashed, ref 0)
+    b.cached_free += [blk for p in families.values() for blk in p if b.ref[blk] == 0]
+    # a preempted request whose blocks wait for the in-flight step: deferred frees
+    deferred = b.take(3) or []
+    for blk in deferred:
+        b.ref[blk] = 1
+    ids.append(f"req-{seed}-preempted")
+    live.append(1)
+    tokens.append(3 * BLOCK_SIZE)
+    # a block released until reuse: queued, counted free, still in its table
+    released: list[int] = []
+    entries = np.array(b.entries, dtype=np.int64).reshape(-1, 4)
+    single = np.flatnonzero(
+        (entries[:, 0] == 0) & (b.ref[entries[:, 3]] == 1) & (b.hash_group[entries[:, 3]] < 0)
+    )
+    if single.size:
+        blk = int(entries[single[0], 3])
+        b.ref[blk] = 0
+        released.append(blk)
+    queue = np.array(b.free + released + b.cached_free, dtype=np.int64)
+    hashed = np.flatnonzero(b.hash_group >= 0)
+    return VllmState(
+        num_blocks=n,
+        num_free_blocks=int(queue.size),
+        groups=tuple(groups),
+        request_ids=tuple(ids),
+        request_live=np.array(live, dtype=bool),
+        request_num_tokens=np.array(tokens, dtype=np.int64),
+        request_num_computed=np.array(tokens, dtype=np.int64),
+        ref_cnt=b.ref,
+        free_queue=queue,
+        free_queue_reverse=queue[::-1].copy(),
+        hash_group=b.hash_group,
+        hash_digest=b.hash_digest,
+        map_block=hashed.astype(np.int64),
+        map_group=b.hash_group[hashed],
+        map_digest=b.hash_digest[hashed],
+        table_group=entries[:, 0],
+        table_request=entries[:, 1],
+        table_index=entries[:, 2],
+        table_block=entries[:, 3],
+        deferred_block=np.array(deferred, dtype=np.int64),
+        deferred_request=np.full(len(deferred), len(ids) - 1, dtype=np.int64),
+        released_block=np.array(released, dtype=np.int64),
+        version="0.33.0",
+        extra={"note": "kvcanary synth: a vLLM block pool"},
+    )
+
+
+# --- faults: each edits the clean state as its bug would ------------------------------------
+
+
+def _copy(s: VllmState) -> VllmState:
+    arrays = {
+        k: v.copy()
+        for k, v in vars(s).items()
+        if isinstance(v, np.ndarray)  # every array, so an edit never reaches the clean state
+    }
+    return replace(s, **arrays)
+
+
+def _holders(s: VllmState) -> np.ndarray:
+    real = s.table_block != s.null_block
+    return np.bincount(s.table_block[real], minlength=s.num_blocks) + np.bincount(
+        s.deferred_block, minlength=s.num_blocks
+    )
+
+
+def _queued(s: VllmState) -> np.ndarray:
+    return np.bincount(s.free_queue, minlength=s.num_blocks) > 0
+
+
+def _pick(rng: np.random.Generator, candidates: np.ndarray, what: str) -> int:
+    if candidates.size == 0:
+        raise ValueError(f"the clean state has no {what} to plant the fault in")
+    return int(candidates[rng.integers(candidates.size)])
+
+
+def _requeue(s: VllmState, block: int) -> VllmState:
+    """`block` appended to the free queue (both walks and the counter)."""
+    q = np.append(s.free_queue, block)
+    return replace(s, free_queue=q, free_queue_reverse=q[::-1].copy(), num_free_blocks=q.size)
+
+
+def _release(s: VllmState, block: int) -> VllmState:
+    """One reference of `block` dropped; queued when it was the last (vLLM's `free_blocks`)."""
+    s.ref_cnt[block] -= 1
+    return _requeue(s, block) if s.ref_cnt[block] == 0 else s
+
+
+def _free_blocks(s: VllmState) -> np.ndarray:
+    hashed = s.hash_group >= 0
+    return np.flatnonzero(_queued(s) & ~hashed & (s.ref_cnt == 0))
+
+
+def _double_free(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A freed block freed again: ref_cnt 0 → −1 (vLLM does not queue it twice)."""
+    s.ref_cnt[_pick(rng, _free_blocks(s), "free block")] = -1
+    return s
+
+
+def _queue_duplicate(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A free block appended to the queue again (an offload path's own free)."""
+    return _requeue(s, _pick(rng, _free_blocks(s), "free block"))
+
+
+def _shared(s: VllmState) -> np.ndarray:
+    return np.flatnonzero((_holders(s) >= 2) & (s.ref_cnt >= 2))
+
+
+def _freed_while_held(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A request's free dropped every reference of a block other requests still hold."""
+    block = _pick(rng, _shared(s), "shared block")
+    s.ref_cnt[block] = 0
+    return _requeue(s, block)
+
+
+def _ref_count_low(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A shared block lost one reference too many, not yet all."""
+    s.ref_cnt[_pick(rng, _shared(s), "shared block")] -= 1
+    return s
+
+
+def _own_held(s: VllmState) -> np.ndarray:
+    """Blocks held once, by a group-0 table, unhashed (a request's partial last block)."""
+    h = _holders(s)
+    entries = s.table_block[(s.table_group == 0) & (s.table_block != s.null_block)]
+    candidates = entries[(h[entries] == 1) & (s.ref_cnt[entries] == 1)]
+    return candidates[s.hash_group[candidates] < 0]
+
+
+def _leak(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A block's last reference dropped without queueing it."""
+    block = _pick(rng, _free_blocks(s), "free block")
+    q = s.free_queue[s.free_queue != block]
+    return replace(s, free_queue=q, free_queue_reverse=q[::-1].copy(), num_free_blocks=q.size)
+
+
+def _ref_count_high(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A reference taken and never released (a prefix hit counted twice)."""
+    s.ref_cnt[_pick(rng, _own_held(s), "held block")] += 1
+    return s
+
+
+def _queue_broken(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A `prev` link rewritten: the walk back disagrees with the walk forward."""
+    rev = s.free_queue[::-1].copy()
+    i = int(rng.integers(1, rev.size))
+    rev[[i - 1, i]] = rev[[i, i - 1]]
+    return replace(s, free_queue_reverse=rev)
+
+
+def _free_count(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """The free counter ran ahead of the queue."""
+    return replace(s, num_free_blocks=s.num_free_blocks + int(rng.integers(1, 4)))
+
+
+def _last_entries(s: VllmState, group: int) -> np.ndarray:
+    """Entries that are the last of their (group, request) table, real blocks, with a null
+    or a real block before them (index ≥ 1)."""
+    last = np.ones(s.table_block.size, dtype=bool)
+    last[:-1] = (s.table_request[1:] != s.table_request[:-1]) | (
+        s.table_group[1:] != s.table_group[:-1]
+    )
+    return np.flatnonzero(
+        last & (s.table_group == group) & (s.table_block != s.null_block) & (s.table_index >= 1)
+    )
+
+
+def _swap_entry(s: VllmState, entry: int, block: int) -> VllmState:
+    """Table entry `entry` now holds `block`; its old block released as vLLM would."""
+    old = int(s.table_block[entry])
+    s.table_block[entry] = block
+    if 0 <= block < s.num_blocks and block != s.null_block:
+        s.ref_cnt[block] += 1
+    return _release(s, old)
+
+
+def _null_block(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A window drop that nulled a request's last block (not a leading one)."""
+    return _swap_entry(s, _pick(rng, _last_entries(s, 1), "window table"), s.null_block)
+
+
+def _two_groups(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """Group 0 took a block group 1 still holds (an unhashed one, so no hash disagrees)."""
+    sw = _last_entries(s, 1)
+    sw = sw[s.hash_group[s.table_block[sw]] < 0]
+    block = int(s.table_block[_pick(rng, sw, "unhashed window block")])
+    full = _last_entries(s, 0)
+    full = full[(s.hash_group[s.table_block[full]] < 0) & (s.table_request[full] != 0)]
+    return _swap_entry(s, _pick(rng, full, "unhashed full block"), block)
+
+
+def _foreign_hash(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A held group-0 block cached under group 1's key (map and block agree)."""
+    held = s.table_block[(s.table_group == 0) & (s.table_block != s.null_block)]
+    block = _pick(rng, np.unique(held[s.hash_group[held] == 0]), "hashed held block")
+    s.hash_group[block] = 1
+    s.map_group[s.map_block == block] = 1
+    return s
+
+
+def _stale_hash(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A block reused while an old prefix key still points to it."""
+    block = _pick(rng, np.flatnonzero(s.hash_group >= 0), "hashed block")
+    key = np.frombuffer(_digest("stale", block), dtype=np.uint8)[None, :]
+    return replace(
+        s,
+        map_block=np.append(s.map_block, block),
+        map_group=np.append(s.map_group, 0),
+        map_digest=np.concatenate([s.map_digest, key]),
+    )
+
+
+def _hash_unmapped(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A map entry evicted without resetting its block's hash."""
+    drop = int(rng.integers(s.map_block.size))
+    keep = np.arange(s.map_block.size) != drop
+    return replace(
+        s, map_block=s.map_block[keep], map_group=s.map_group[keep], map_digest=s.map_digest[keep]
+    )
+
+
+def _dead_request(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A request finished (gone from the scheduler) without freeing its blocks."""
+    s.request_live[_pick(rng, np.unique(s.table_request), "request with blocks")] = False
+    return s
+
+
+def _missing_group(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A request's free reached group 1 only: its group-1 table gone, blocks released."""
+    request = _pick(rng, np.unique(s.table_request[s.table_group == 1]), "window table")
+    drop = (s.table_group == 1) & (s.table_request == request)
+    for block in s.table_block[drop]:
+        if block != s.null_block:
+            s = _release(s, int(block))
+    keep = ~drop
+    return replace(
+        s,
+        table_group=s.table_group[keep],
+        table_request=s.table_request[keep],
+        table_index=s.table_index[keep],
+        table_block=s.table_block[keep],
+    )
+
+
+def _out_of_range(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A table entry written with an id past the pool (another pool's size)."""
+    entry = _pick(rng, _last_entries(s, 0), "table")
+    return _swap_entry(s, entry, s.num_blocks + int(rng.integers(1, 100)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """A vLLM synth scenario: the state it builds and the findings `check` must report."""
+
+    summary: str
+    hybrid: bool
+    expected: tuple[PoolCode, ...]
+    plant: Callable[[VllmState, np.random.Generator], VllmState] | None = None
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "vllm-clean": Scenario(summary="a clean full-attention pool", hybrid=False, expected=()),
+    "vllm-hybrid-clean": Scenario(
+        summary="a clean full + sliding-window pool", hybrid=True, expected=()
+    ),
+    "vllm-double-free": Scenario(
+        summary="a free block freed again (ref_cnt −1)",
+        hybrid=False,
+        expected=(PoolCode.NEGATIVE_REF_COUNT,),
+        plant=_double_free,
+    ),
+    "vllm-queue-duplicate": Scenario(
+        summary="a free block queued twice",
+        hybrid=False,
+        expected=(PoolCode.FREE_QUEUE_DUPLICATE,),
+        plant=_queue_duplicate,
+    ),
+    "vllm-freed-while-held": Scenario(
+        summary="a shared block freed while other requests hold it",
+        hybrid=False,
+        expected=(PoolCode.QUEUED_BLOCK_HELD,),
+        plant=_freed_while_held,
+    ),
+    "vllm-ref-count-low": Scenario(
+        summary="a shared block lost a reference",
+        hybrid=False,
+        expected=(PoolCode.REF_COUNT_LOW,),
+        plant=_ref_count_low,
+    ),
+    "vllm-ref-count-high": Scenario(
+        summary="a reference never released",
+        hybrid=False,
+        expected=(PoolCode.REF_COUNT_HIGH,),
+        plant=_ref_count_high,
+    ),
+    "vllm-leak": Scenario(
+        summary="a block neither free nor held",
+        hybrid=False,
+        expected=(PoolCode.BLOCK_LEAKED,),
+        plant=_leak,
+    ),
+    "vllm-queue-broken": Scenario(
+        summary="a free queue prev link rewritten",
+        hybrid=False,
+        expected=(PoolCode.FREE_QUEUE_BROKEN,),
+        plant=_queue_broken,
+    ),
+    "vllm-free-count": Scenario(
+        summary="the free counter ahead of the queue",
+        hybrid=False,
+        expected=(PoolCode.FREE_COUNT_MISMATCH,),
+        plant=_free_count,
+    ),
+    "vllm-null-block": Scenario(
+        summary="the null block after a real block in a window table",
+        hybrid=True,
+        expected=(PoolCode.NULL_BLOCK_MISPLACED,),
+        plant=_null_block,
+    ),
+    "vllm-two-groups": Scenario(
+        summary="one block in the tables of two groups",
+        hybrid=True,
+        expected=(PoolCode.BLOCK_IN_TWO_GROUPS,),
+        plant=_two_groups,
+    ),
+    "vllm-foreign-hash": Scenario(
+        summary="a group-0 block cached under group 1's key",
+        hybrid=True,
+        expected=(PoolCode.HASH_GROUP_FOREIGN,),
+        plant=_foreign_hash,
+    ),
+    "vllm-stale-hash": Scenario(
+        summary="a prefix key pointing to a block that no longer carries it",
+        hybrid=False,
+        expected=(PoolCode.HASH_ENTRY_STALE,),
+        plant=_stale_hash,
+    ),
+    "vllm-hash-unmapped": Scenario(
+        summary="a hashed block missing from the prefix map",
+        hybrid=False,
+        expected=(PoolCode.HASHED_BLOCK_UNMAPPED,),
+        plant=_hash_unmapped,
+    ),
+    "vllm-dead-request": Scenario(
+        summary="a finished request that kept its blocks",
+        hybrid=False,
+        expected=(PoolCode.TABLE_OF_DEAD_REQUEST,),
+        plant=_dead_request,
+    ),
+    "vllm-missing-group": Scenario(
+        summary="a request freed in one group only",
+        hybrid=True,
+        expected=(PoolCode.REQUEST_MISSING_IN_GROUP,),
+        plant=_missing_group,
+    ),
+    "vllm-block-out-of-range": Scenario(
+        summary="a table entry past the pool",
+        hybrid=False,
+        expected=(PoolCode.BLOCK_OUT_OF_RANGE,),
+        plant=_out_of_range,
+    ),
+}
+
+
+def build(name: str, *, seed: int = 0, size: str = "tiny") -> VllmState:
+    """Scenario `name`'s state, its expected findings in `extra["vllm.expected_findings"]`."""
+    scenario = SCENARIOS[name]
+    state = _clean(seed, size, scenario.hybrid)
+    if scenario.plant is not None:
+        state = scenario.plant(_copy(state), np.random.default_rng(seed + 1))
+    extra = {
+        **state.extra,
+        "scenario": name,
+        "vllm.expected_findings": ",".join(scenario.expected),
+    }
+    return replace(state, extra=extra)
