@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Unpack
 
 from kvcanary_cli.errors import OptionError
-from kvcanary_cli.option_values import POSITIVE, checked_choice, checked_integer
+from kvcanary_cli.option_values import INDEX, POSITIVE, checked_choice, checked_integer
 from kvcanary_cli.planners import PlannerChoice, make_kernel, make_planner, make_selftest_planners
 from kvcanary_cli.planners.sglang_runtime import installed_version
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.check import CheckReport
     from kvcanary_cli.results.inspect import DumpDescription
     from kvcanary_cli.results.plan import PlanRun
+    from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
     from kvcanary_cli.results.provenance import ProvenanceReport
     from kvcanary_cli.results.ranks import RanksReport
     from kvcanary_cli.results.selftest import SelftestReport
@@ -68,18 +69,37 @@ def check(
     fail_on: Severity | str = "error",
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> CheckReport:
+) -> CheckReport | PoolCheckReport:
     """Check one dump or several (in parallel processes); an unreadable one gets an `error`
     report, the others are still checked. `kernel`: triton, vectorized, sglang or none. The report
-    names the SGLang version installed here, if any, so a reader knows what was compared."""
+    names the SGLang version installed here, if any, so a reader knows what was compared.
+
+    Dumps of a block-pool engine (vLLM) are checked by that engine's package instead (its
+    invariants; no planner): a `PoolCheckReport`. SGLang and vLLM dumps go in separate calls."""
     from kvcanary_cli.analysis.check import check_dumps
     from kvcanary_cli.catalog import Severity
+    from kvcanary_cli.engines import POOL_ENGINES, check_pool_dump, dump_engine
 
     severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
     if jobs is not None:
         checked_integer(jobs, "jobs", POSITIVE)
+    many = _many(paths)
+    pools = [dump_engine(p) in POOL_ENGINES for p in many]
+    if any(pools):
+        from kvcanary_cli.results.pool import PoolCheckReport
+
+        if not all(pools):
+            raise OptionError(
+                "SGLang and block-pool (vLLM) dumps are checked in separate runs", option="DUMP"
+            )
+        reports = []
+        for i, p in enumerate(many):
+            reports.append(check_pool_dump(p))
+            if progress is not None:
+                progress(i + 1, len(many))
+        return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
     return check_dumps(
-        _many(paths),
+        many,
         planner=make_planner(PlannerChoice.VECTORIZED),
         kernel=make_kernel(kernel),
         overrides=overrides,
@@ -101,9 +121,17 @@ def provenance(
     positions: tuple[int, int] | None = None,
     max_cells: int = CELLS,
     overrides: Overrides = None,
-) -> ProvenanceReport:
+    block: int | None = None,
+) -> ProvenanceReport | PoolProvenance:
     """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
-    optionally limited to `positions` [start, end)), with the findings touching it."""
+    optionally limited to `positions` [start, end)), with the findings touching it. On a
+    block-pool (vLLM) dump: one `block`'s holders, queue places, hash and findings."""
+    if block is not None:
+        from kvcanary_cli.engines import pool_provenance
+
+        if slot is not None or row is not None:
+            raise OptionError("give --block alone (not with --slot or --row)", option="block")
+        return pool_provenance(path, checked_integer(block, "block", INDEX))
     from kvcanary_cli.analysis.query import provenance_report
     from kvcanary_cli.dump.loader import load_dump
 
@@ -177,10 +205,19 @@ def shrink(
 def scenarios() -> list[str]:
     """The `synth` scenarios, one line each: name, summary, expected finding codes; then the
     sequences `synth --steps K` writes."""
+    from kvcanary_cli.engines import pool_scenario_lines
     from kvcanary_cli.synth.scenarios import scenario_lines
     from kvcanary_cli.synth.sequence import sequence_lines
 
-    return [*scenario_lines(), "", "sequences (--steps K --out DIR):", *sequence_lines()]
+    return [
+        *scenario_lines(),
+        "",
+        "sequences (--steps K --out DIR):",
+        *sequence_lines(),
+        "",
+        "vLLM block pools:",
+        *pool_scenario_lines(),
+    ]
 
 
 def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOptions]) -> str:
@@ -189,9 +226,29 @@ def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOpt
     `page_size` overrides the scenario's. With `steps`, `scenario` names a sequence (one rank's
     dumps every `every` steps, an event planted at step `at`) and `out` a folder. Options:
     `seed` (0), `size` ("tiny"), `log`, `force`, `page_size`, `steps`, `at`, `every`. Returns
-    the line saying what was written."""
+    the line saying what was written. A vLLM scenario (`vllm-...`) takes `seed`, `size` and
+    `force` only."""
+    from kvcanary_cli.engines import is_pool_scenario, write_pool_scenario
     from kvcanary_cli.synth.files import write_synth
 
+    if scenario is not None and is_pool_scenario(scenario):
+        rest = {
+            k
+            for k, v in options.items()
+            if k not in ("seed", "size", "force") and v is not None and (k, v) != ("every", 1)
+        }
+        if rest or out is None:
+            raise OptionError(
+                f"a vLLM scenario takes --out, --seed, --size and --force only (not {sorted(rest)})",
+                option="synth",
+            )
+        return write_pool_scenario(
+            scenario,
+            out,
+            seed=checked_integer(options.get("seed", 0), "seed", INDEX),
+            size=str(options.get("size", "tiny")),
+            force=bool(options.get("force", False)),
+        )
     return write_synth(scenario, out, **options)
 
 

@@ -36,6 +36,7 @@ from kvcanary_cli.cli_app import (
 from kvcanary_cli.cli_options import argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.errors import OptionError
 from kvcanary_cli.output import complain, deliver, tell, to_stdout
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
@@ -140,6 +141,12 @@ def provenance(
         str | None,
         typer.Option("--positions", metavar="START:END", help="With --row: the positions."),
     ] = None,
+    block: Annotated[
+        int | None,
+        integer_option(
+            "--block", "-b", within=values.INDEX, help="The block to trace (a vLLM dump)."
+        ),
+    ] = None,
     sets: opt.SetOpt = None,
     max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
@@ -152,9 +159,16 @@ def provenance(
     Shows every cell holding the slot with its role (verify, prefix, chain-prev,
     pending-write, stale-tail, idle-row), live cells first, radix sharing, the slot's SWA
     translation, allocator state when the dump has free lists, and the findings touching it.
-    A row map marks the cells with findings and says which positions it leaves out.
+    A row map marks the cells with findings and says which positions it leaves out. On a
+    vLLM dump, --block N: who holds the block, where it is in the free queue, its hash.
     """
     overrides = opt.overrides(sets)
+    if block is not None:
+        if len(dumps) > 1:
+            raise OptionError("traces one dump", option="block")
+        view = render.render(api.provenance(dumps[0], block=block), output_format)
+        deliver(view, output, force=force, svg=svg, inputs=dumps)
+        return
     if len(dumps) > 1:  # the slot over the dumps
         history = api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
         view = render.render(history, output_format, max_rows=max_rows)

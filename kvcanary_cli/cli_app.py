@@ -38,6 +38,7 @@ from kvcanary_cli.errors import (
 )
 from kvcanary_cli.output import complain
 from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.pool import PoolCheckReport
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
@@ -73,7 +74,7 @@ class ExitCode(IntEnum):
     TERMINATED = 143
 
 
-def check_exit(report: CheckReport) -> ExitCode:
+def check_exit(report: CheckReport | PoolCheckReport) -> ExitCode:
     """`check`'s exit code: an unreadable dump (exit 2) wins over findings."""
     if report.bad_input:
         return ExitCode.BAD_INPUT

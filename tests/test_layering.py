@@ -54,6 +54,9 @@ ALLOWED = {
     # the commands' typed results (their records), and the canary's hex form of a hash
     "render": {"safe_text", "catalog", "render", "results", "canary.constants"},
     "capture": {"safe_text", "catalog", "dump", "errors", "capture"},
+    # engines besides SGLang, one package each: their dumps read, checked and synthesized,
+    # into the shared results
+    "engines": {"safe_text", "catalog", "errors", "option_values", "dump", "results", "engines"},
     # SGLang's real stack under a workload, recorded by the capture code, audited by `api`;
     # "" for __version__ (its report names the kvcanary that ran it)
     "soak": {
@@ -86,7 +89,7 @@ ALLOWED = {
     },
     # the app: built, run and ended (exit codes, the one-line errors); "" for __version__
     "cli_app": {"safe_text", "errors", "dump.schema", "dump.streams", "results", "output", ""},
-    "api": _DATA | {"analysis", ""},  # "" for __version__
+    "api": _DATA | {"analysis", "engines", ""},  # "" for __version__
     "output": {"safe_text", "catalog", "dump.files", "dump.streams", "render"},
     # the commands declare the options only they take, with their ranges (`option_values`)
     "cli": _DATA | {"analysis", "render", "cli_options", "cli_app", "api", "output", "soak", ""},

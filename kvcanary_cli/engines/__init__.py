@@ -1,0 +1,96 @@
+"""Engines besides SGLang, one package each (`vllm`): a dump naming its engine in
+`kvcanary.engine` is read, checked, traced and synthesized by that engine's package. A third
+engine is one more package and one more branch here; results and views are shared
+(`results.pool`, `render`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.engine import SGLANG, engine_of, read_arrays
+from kvcanary_cli.dump.header import read_header
+from kvcanary_cli.errors import DumpError
+from kvcanary_cli.results.pool import PoolDumpReport, PoolProvenance
+
+__all__ = [
+    "POOL_ENGINES",
+    "check_pool_dump",
+    "dump_engine",
+    "is_pool_scenario",
+    "pool_provenance",
+    "pool_scenario_lines",
+    "write_pool_scenario",
+]
+
+PathLike = str | os.PathLike[str]
+#: Engines whose dumps are block pools.
+POOL_ENGINES = ("vllm",)
+
+
+def dump_engine(path: PathLike) -> str:
+    """The engine a dump names (SGLang when it names none, or when its header is unreadable:
+    the SGLang reader then says why)."""
+    try:
+        return engine_of(read_header(path).metadata)
+    except DumpError:
+        return SGLANG
+
+
+def _unknown(engine: str) -> DumpError:
+    return DumpError(
+        f"engine {engine!r} is not one kvcanary reads",
+        field="kvcanary.engine",
+        hint=f"this kvcanary reads {', '.join([SGLANG, *POOL_ENGINES])} dumps",
+    )
+
+
+def check_pool_dump(path: PathLike) -> PoolDumpReport:
+    """A block-pool dump checked; an unreadable one is a report with its `error`."""
+    try:
+        stored = read_arrays(path)
+        if stored.engine != "vllm":
+            raise _unknown(stored.engine)
+        from kvcanary_cli.engines.vllm import check_dump
+
+        return check_dump(stored)
+    except DumpError as exc:
+        if exc.path is None:
+            exc.path = str(path)
+        return PoolDumpReport(path=str(path), engine=dump_engine(path), error=str(exc))
+
+
+def pool_provenance(path: PathLike, block: int) -> PoolProvenance:
+    """One block of a block-pool dump: holders, queue places, hash, findings."""
+    stored = read_arrays(path)
+    if stored.engine != "vllm":
+        raise _unknown(stored.engine)
+    from kvcanary_cli.engines.vllm import provenance
+
+    return provenance(stored, block)
+
+
+def pool_scenario_lines() -> list[str]:
+    """Every block-pool engine's synth scenarios, one line each."""
+    from kvcanary_cli.engines.vllm import scenario_lines
+
+    return scenario_lines()
+
+
+def is_pool_scenario(name: str) -> bool:
+    """Whether `name` is a block-pool engine's synth scenario."""
+    from kvcanary_cli.engines.vllm import is_scenario
+
+    return is_scenario(name)
+
+
+def write_pool_scenario(
+    name: str, out: PathLike, *, seed: int = 0, size: str = "tiny", force: bool = False
+) -> str:
+    """Write scenario `name`'s dump at `out`; the line saying what was written."""
+    from kvcanary_cli.engines.vllm import synth_contents
+
+    tensors, metadata = synth_contents(name, seed=seed, size=size)
+    write_safetensors(out, tensors, metadata, overwrite=force)
+    return f"wrote {out} ({name}, seed {seed}, size {size})"

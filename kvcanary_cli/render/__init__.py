@@ -55,6 +55,16 @@ def render(
 
             def table(r: Any, **kw: Any) -> RenderableType:
                 return check_table(r, errors_on_stderr=to_stdout, **kw)
+        case "pool-check":
+            from kvcanary_cli.render.markdown.pool import pool_check_markdown as markdown
+            from kvcanary_cli.render.table.pool import pool_check_table as table
+            from kvcanary_cli.render.table.pool import pool_verdict_lines
+
+            if quiet:
+                return pool_verdict_lines(result)  # type: ignore[arg-type]
+        case "pool-provenance":
+            from kvcanary_cli.render.markdown.pool import pool_provenance_markdown as markdown
+            from kvcanary_cli.render.table.pool import pool_provenance_table as table
         case "provenance":
             from kvcanary_cli.render.markdown.provenance import provenance_markdown as markdown
             from kvcanary_cli.render.table.provenance import provenance_table as table

@@ -1,0 +1,103 @@
+"""vLLM (v1 `KVCacheManager`): its block pool as a dump, checked, traced and synthesized.
+
+The engine's face to the rest of kvcanary (`kvcanary_cli.engines` calls these): a dump read
+into a `VllmState` and checked, one block's provenance, the synth scenarios. Nothing of vLLM
+is imported here; `capture` reads a live manager by attribute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvcanary_cli.dump.engine import StoredArrays
+from kvcanary_cli.engines.vllm.check import COVERAGE, audit, owners_of, queue_places
+from kvcanary_cli.engines.vllm.state import VllmState, state_of
+from kvcanary_cli.engines.vllm.synth import SCENARIOS, SIZES, build
+from kvcanary_cli.errors import OptionError
+from kvcanary_cli.results.pool import BlockHash, PoolDumpReport, PoolProvenance
+
+__all__ = ["check_dump", "provenance", "scenario_lines", "synth_contents"]
+
+
+def report_of(path: str, state: VllmState) -> PoolDumpReport:
+    """`state` checked, as the report of the dump at `path`."""
+    result = audit(state)
+    return PoolDumpReport(
+        path=path,
+        engine="vllm",
+        engine_version=state.version,
+        num_blocks=state.num_blocks,
+        null_block=state.null_block,
+        num_free_blocks=state.num_free_blocks,
+        queue_length=int(state.free_queue.size),
+        referenced=result.referenced,
+        live_requests=int(state.request_live.sum()),
+        requests_with_blocks=result.requests_with_blocks,
+        groups=result.groups,
+        coverage=COVERAGE,
+        findings=result.findings,
+        diagnosis=result.diagnosis,
+    )
+
+
+def check_dump(stored: StoredArrays) -> PoolDumpReport:
+    """A vLLM dump checked (a `DumpError` on bad input)."""
+    return report_of(str(stored.path), state_of(stored))
+
+
+def _hash(group: int, digest: np.ndarray) -> BlockHash:
+    return BlockHash(group=group, digest=bytes(digest.astype(np.uint8)).hex())
+
+
+def provenance(stored: StoredArrays, block: int) -> PoolProvenance:
+    """Block `block`'s whole story: ref count, queue places, holders, hash, map keys and the
+    findings naming it."""
+    state = state_of(stored)
+    if not 0 <= block < state.num_blocks:
+        raise OptionError(
+            f"block {block} is outside the pool of {state.num_blocks} blocks", option="block"
+        )
+    places = queue_places(state, block)
+    keys = np.flatnonzero(state.map_block == block)
+    group = int(state.hash_group[block])
+    findings = tuple(f for f in audit(state).findings if block in f.blocks)
+    return PoolProvenance(
+        path=str(stored.path),
+        engine="vllm",
+        block=block,
+        num_blocks=state.num_blocks,
+        is_null=block == state.null_block,
+        ref_cnt=int(state.ref_cnt[block]),
+        queue_position=places[0] if places else None,
+        queue_length=int(state.free_queue.size),
+        queue_positions=places,
+        owners=owners_of(state, block, limit=state.table_block.size + 1),
+        hash=_hash(group, state.hash_digest[block]) if group >= 0 else None,
+        map_keys=tuple(
+            _hash(int(state.map_group[i]), state.map_digest[i]) for i in keys[:256]
+        ),
+        released=bool(np.isin(block, state.released_block)),
+        findings=findings,
+    )
+
+
+def scenario_lines() -> list[str]:
+    """The vLLM synth scenarios, one line each: name, summary, expected finding codes."""
+    return [
+        f"{name:28} {s.summary} [{', '.join(s.expected) or 'clean'}]"
+        for name, s in SCENARIOS.items()
+    ]
+
+
+def synth_contents(
+    name: str, *, seed: int, size: str
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Scenario `name`'s dump contents (tensors, metadata)."""
+    if size not in SIZES:
+        raise OptionError(f"size {size!r} is not one of {', '.join(SIZES)}", option="size")
+    return build(name, seed=seed, size=size).contents()
+
+
+def is_scenario(name: str) -> bool:
+    """Whether `name` is a vLLM synth scenario."""
+    return name in SCENARIOS
