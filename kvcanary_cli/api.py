@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check",
+    "check_pools",
     "diff",
     "inspect",
+    "is_pool_dump",
     "plan",
     "provenance",
     "ranks",
@@ -69,35 +71,26 @@ def check(
     fail_on: Severity | str = "error",
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> CheckReport | PoolCheckReport:
+) -> CheckReport:
     """Check one dump or several (in parallel processes); an unreadable one gets an `error`
     report, the others are still checked. `kernel`: triton, vectorized, sglang or none. The report
     names the SGLang version installed here, if any, so a reader knows what was compared.
 
-    Dumps of a block-pool engine (vLLM) are checked by that engine's package instead (its
-    invariants; no planner): a `PoolCheckReport`. SGLang and vLLM dumps go in separate calls."""
+    SGLang dumps only: `check_pools` checks vLLM's."""
     from kvcanary_cli.analysis.check import check_dumps
     from kvcanary_cli.catalog import Severity
-    from kvcanary_cli.engines import POOL_ENGINES, check_pool_dump, dump_engine
+    from kvcanary_cli.engines import POOL_ENGINES, dump_engine
 
     severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
     if jobs is not None:
         checked_integer(jobs, "jobs", POSITIVE)
     many = _many(paths)
-    pools = [dump_engine(p) in POOL_ENGINES for p in many]
-    if any(pools):
-        from kvcanary_cli.results.pool import PoolCheckReport
-
-        if not all(pools):
-            raise OptionError(
-                "SGLang and block-pool (vLLM) dumps are checked in separate runs", option="DUMP"
-            )
-        reports = []
-        for i, p in enumerate(many):
-            reports.append(check_pool_dump(p))
-            if progress is not None:
-                progress(i + 1, len(many))
-        return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
+    if any(dump_engine(p) in POOL_ENGINES for p in many):
+        raise OptionError(
+            "SGLang and block-pool (vLLM) dumps are checked in separate runs "
+            "(`check_pools` checks vLLM dumps)",
+            option="DUMP",
+        )
     return check_dumps(
         many,
         planner=make_planner(PlannerChoice.VECTORIZED),
@@ -109,6 +102,39 @@ def check(
         progress=progress,
         sglang_installed=installed_version(),
     )
+
+
+def is_pool_dump(paths: PathLike | Sequence[PathLike]) -> bool:
+    """Whether the dumps describe a block-pool engine (vLLM): `check_pools` checks them."""
+    from kvcanary_cli.engines import POOL_ENGINES, dump_engine
+
+    return any(dump_engine(p) in POOL_ENGINES for p in _many(paths))
+
+
+def check_pools(
+    paths: PathLike | Sequence[PathLike],
+    *,
+    fail_on: Severity | str = "error",
+    progress: Callable[[int, int], None] | None = None,
+) -> PoolCheckReport:
+    """Check block-pool (vLLM) dumps against the pool's invariants (no planner: a vLLM dump
+    has no planner inputs); an unreadable one gets an `error` report."""
+    from kvcanary_cli.catalog import Severity
+    from kvcanary_cli.engines import POOL_ENGINES, check_pool_dump, dump_engine
+    from kvcanary_cli.results.pool import PoolCheckReport
+
+    severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
+    many = _many(paths)
+    if not all(dump_engine(p) in POOL_ENGINES for p in many):
+        raise OptionError(
+            "SGLang and block-pool (vLLM) dumps are checked in separate runs", option="DUMP"
+        )
+    reports = []
+    for i, p in enumerate(many):
+        reports.append(check_pool_dump(p))
+        if progress is not None:
+            progress(i + 1, len(many))
+    return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
 
 
 def provenance(
@@ -239,7 +265,8 @@ def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOpt
         }
         if rest or out is None:
             raise OptionError(
-                f"a vLLM scenario takes --out, --seed, --size and --force only (not {sorted(rest)})",
+                "a vLLM scenario takes --out, --seed, --size and --force only "
+                f"(not {sorted(rest)})",
                 option="synth",
             )
         return write_pool_scenario(

@@ -42,6 +42,8 @@ from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
 from kvcanary_cli.render.console import progress
 from kvcanary_cli.results.cells import Space
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.pool import PoolCheckReport
 from kvcanary_cli.safe_text import printable
 
 __all__ = ["ExitCode", "app", "main"]
@@ -96,16 +98,20 @@ def check(
     (causes, most likely first) and each finding with its provenance. Exit 0 clean, 1
     findings at or above --fail-on, 2 bad input.
     """
+    report: CheckReport | PoolCheckReport
     with progress(f"checking {dumps[0]}", len(dumps)) as tick:
-        report = api.check(
-            dumps,
-            kernel=kernel,
-            groups=None if group == "all" else [group],
-            overrides=opt.overrides(sets),
-            fail_on=fail_on,
-            jobs=jobs,
-            progress=tick,
-        )
+        if api.is_pool_dump(dumps):  # vLLM: the pool's invariants, no planner
+            report = api.check_pools(dumps, fail_on=fail_on, progress=tick)
+        else:
+            report = api.check(
+                dumps,
+                kernel=kernel,
+                groups=None if group == "all" else [group],
+                overrides=opt.overrides(sets),
+                fail_on=fail_on,
+                jobs=jobs,
+                progress=tick,
+            )
     view = render.render(
         report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout(output)
     )

@@ -19,10 +19,14 @@ from kvcanary_cli.catalog import (
     CAUSES,
     EVENTS,
     FINDINGS,
+    POOL_CAUSES,
+    POOL_FINDINGS,
     VIOLATION_CAUSES,
     CauseCode,
     EventKind,
     FindingCode,
+    PoolCause,
+    PoolCode,
     ViolationRowCause,
 )
 
@@ -68,12 +72,29 @@ def _violation_causes() -> list[list[str]]:
     return rows
 
 
+def _pool_findings() -> list[list[str]]:
+    rows = [["code", "when", "what it usually means", "cause"]]
+    for code in PoolCode:
+        e = POOL_FINDINGS[code]
+        cause = next(c for c in PoolCause if code in POOL_CAUSES[c].findings)
+        rows.append([_code(code), e.when, e.meaning, _code(cause)])
+    return rows
+
+
+def _pool_causes() -> list[list[str]]:
+    rows = [["cause", "what went wrong", "fix"]]
+    rows += [[_code(c), POOL_CAUSES[c].summary, POOL_CAUSES[c].fix] for c in PoolCause]
+    return rows
+
+
 #: table name -> its doc and its rows (the header first).
 TABLES: dict[str, tuple[str, Callable[[], list[list[str]]]]] = {
     "findings": ("findings.md", _findings),
     "causes": ("findings.md", _causes),
     "events": ("timeline.md", _events),
     "violation-causes": ("canary.md", _violation_causes),
+    "pool-findings": ("findings.md", _pool_findings),
+    "pool-causes": ("findings.md", _pool_causes),
 }
 
 

@@ -34,7 +34,14 @@ PACKAGE = Path(catalog.__file__).resolve().parent
 #: the modules allowed to spell a code's string: its catalog entry, and the scenario that
 #: plants it.
 SPELLERS = ("catalog.py", "synth/scenarios.py")
-KINDS: tuple[type[StrEnum], ...] = (FindingCode, CauseCode, EventKind, ViolationRowCause)
+KINDS: tuple[type[StrEnum], ...] = (
+    FindingCode,
+    CauseCode,
+    EventKind,
+    ViolationRowCause,
+    catalog.PoolCode,
+    catalog.PoolCause,
+)
 
 
 @pytest.mark.parametrize(

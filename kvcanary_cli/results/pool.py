@@ -175,9 +175,7 @@ class PoolCheckReport:
     @recorded
     def failed(self) -> bool:
         """A finding at or above `fail_on`."""
-        return any(
-            f.severity.rank >= self.fail_on.rank for d in self.dumps for f in d.findings
-        )
+        return any(f.severity.rank >= self.fail_on.rank for d in self.dumps for f in d.findings)
 
 
 @dataclass(frozen=True, kw_only=True)

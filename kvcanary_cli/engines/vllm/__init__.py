@@ -73,9 +73,7 @@ def provenance(stored: StoredArrays, block: int) -> PoolProvenance:
         queue_positions=places,
         owners=owners_of(state, block, limit=state.table_block.size + 1),
         hash=_hash(group, state.hash_digest[block]) if group >= 0 else None,
-        map_keys=tuple(
-            _hash(int(state.map_group[i]), state.map_digest[i]) for i in keys[:256]
-        ),
+        map_keys=tuple(_hash(int(state.map_group[i]), state.map_digest[i]) for i in keys[:256]),
         released=bool(np.isin(block, state.released_block)),
         findings=findings,
     )

@@ -201,9 +201,7 @@ class _Audit:
 
     def references(self) -> None:
         ref, holders, queued, real = self.s.ref_cnt, self.holders, self.queued, self.nonnull
-        self.add(
-            PoolCode.NEGATIVE_REF_COUNT, np.flatnonzero(real & (ref < 0)), "negative ref_cnt"
-        )
+        self.add(PoolCode.NEGATIVE_REF_COUNT, np.flatnonzero(real & (ref < 0)), "negative ref_cnt")
         held = queued & real & ((holders > 0) | (ref > 0))
         self.add(PoolCode.QUEUED_BLOCK_HELD, np.flatnonzero(held), "on the free queue but held")
         settled = real & ~queued & (ref >= 0)
@@ -323,7 +321,11 @@ class _Audit:
                 PoolCode.REQUEST_MISSING_IN_GROUP,
                 f"request {names[0]} has blocks in some groups and none in group(s) "
                 f"{', '.join(missing)}"
-                + (f" ({int(partial.sum())} requests: {', '.join(names)})" if partial.sum() > 1 else ""),
+                + (
+                    f" ({int(partial.sum())} requests: {', '.join(names)})"
+                    if partial.sum() > 1
+                    else ""
+                ),
             )
 
 

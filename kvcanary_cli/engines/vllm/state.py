@@ -96,7 +96,7 @@ class VllmState:
 
     def contents(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The dump's tensors and metadata strings (for `write_safetensors`)."""
-        tensors = {
+        tensors: dict[str, np.ndarray] = {
             "vllm.request_live": np.asarray(self.request_live, dtype=np.uint8),
             "vllm.request_num_tokens": np.asarray(self.request_num_tokens, dtype=_I64),
             "vllm.request_num_computed": np.asarray(self.request_num_computed, dtype=_I64),
@@ -257,8 +257,7 @@ def state_of(stored: StoredArrays) -> VllmState:
     width = arrays["vllm.hash_digest"].shape[1] if "vllm.hash_digest" in arrays else 0
     if "vllm.map_digest" in arrays and arrays["vllm.map_digest"].shape[1] != width:
         raise TensorShapeError(
-            f"digests are {arrays['vllm.map_digest'].shape[1]} bytes, vllm.hash_digest's "
-            f"{width}",
+            f"digests are {arrays['vllm.map_digest'].shape[1]} bytes, vllm.hash_digest's {width}",
             field="vllm.map_digest",
         )
 
@@ -270,7 +269,9 @@ def state_of(stored: StoredArrays) -> VllmState:
     ti = ints("vllm.table_index", _I64)
     tb = ints("vllm.table_block", _I64)
     if tg.size and (tg.min() < 0 or tg.max() >= len(groups)):
-        raise TensorShapeError(f"names a group outside 0..{len(groups) - 1}", field="vllm.table_group")
+        raise TensorShapeError(
+            f"names a group outside 0..{len(groups) - 1}", field="vllm.table_group"
+        )
     if tr.size and (tr.min() < 0 or tr.max() >= r):
         raise TensorShapeError(f"names a request outside 0..{r - 1}", field="vllm.table_request")
     order = np.lexsort((ti, tr, tg))
@@ -281,8 +282,7 @@ def state_of(stored: StoredArrays) -> VllmState:
     first = np.maximum.accumulate(np.where(starts, np.arange(tg.size), 0))
     if not np.array_equal(ti, np.arange(tg.size) - first):
         raise TensorShapeError(
-            "each (group, request) table's indices must count 0, 1, 2, ... without gaps or "
-            "repeats",
+            "each (group, request) table's indices must count 0, 1, 2, ... without gaps or repeats",
             field="vllm.table_index",
         )
     dr = ints("vllm.deferred_request", _I64, d) if "vllm.deferred_request" in arrays else None
@@ -330,4 +330,3 @@ def state_of(stored: StoredArrays) -> VllmState:
         version=meta.get("vllm.version"),
         extra={k: v for k, v in meta.items() if k not in _KNOWN_META},
     )
-

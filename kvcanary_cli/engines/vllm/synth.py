@@ -180,14 +180,15 @@ def _copy(s: VllmState) -> VllmState:
         for k, v in vars(s).items()
         if isinstance(v, np.ndarray)  # every array, so an edit never reaches the clean state
     }
-    return replace(s, **arrays)
+    return replace(s, **arrays)  # type: ignore[arg-type]
 
 
 def _holders(s: VllmState) -> np.ndarray:
     real = s.table_block != s.null_block
-    return np.bincount(s.table_block[real], minlength=s.num_blocks) + np.bincount(
+    out: np.ndarray = np.bincount(s.table_block[real], minlength=s.num_blocks) + np.bincount(
         s.deferred_block, minlength=s.num_blocks
     )
+    return out
 
 
 def _queued(s: VllmState) -> np.ndarray:
@@ -249,8 +250,9 @@ def _own_held(s: VllmState) -> np.ndarray:
     """Blocks held once, by a group-0 table, unhashed (a request's partial last block)."""
     h = _holders(s)
     entries = s.table_block[(s.table_group == 0) & (s.table_block != s.null_block)]
-    candidates = entries[(h[entries] == 1) & (s.ref_cnt[entries] == 1)]
-    return candidates[s.hash_group[candidates] < 0]
+    candidates: np.ndarray = entries[(h[entries] == 1) & (s.ref_cnt[entries] == 1)]
+    unhashed: np.ndarray = candidates[s.hash_group[candidates] < 0]
+    return unhashed
 
 
 def _leak(s: VllmState, rng: np.random.Generator) -> VllmState:

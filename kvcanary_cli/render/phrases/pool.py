@@ -83,9 +83,7 @@ def provenance_lines(p: PoolProvenance, max_rows: int) -> list[str]:
     lines += [f"  {owner_text(o)}" for o in p.owners[:max_rows]]
     if len(p.owners) > max_rows:
         lines.append(f"  … {len(p.owners) - max_rows} more")
-    lines.append(
-        f"hash: group {p.hash.group}, digest {p.hash.digest}" if p.hash else "hash: none"
-    )
+    lines.append(f"hash: group {p.hash.group}, digest {p.hash.digest}" if p.hash else "hash: none")
     lines += [f"map key: group {k.group}, digest {k.digest}" for k in p.map_keys[:max_rows]]
     lines += [f"finding {f.code} [{f.cause}]: {f.message}" for f in p.findings]
     if not p.findings:

@@ -1,0 +1,152 @@
+"""`check` on vLLM block-pool dumps: each planted fault is found (its codes exactly, its block
+and holders named), the state it was planted in is silent, and the dump's I/O, provenance and
+the command line behave (exit codes, one-line errors)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvcanary_cli import api
+from kvcanary_cli.catalog import PoolCause, PoolCode
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.engine import read_arrays
+from kvcanary_cli.engines.vllm import report_of
+from kvcanary_cli.engines.vllm.check import audit
+from kvcanary_cli.engines.vllm.state import state_of
+from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, build
+from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
+
+FAULTS = [name for name, s in SCENARIOS.items() if s.plant is not None]
+runner = CliRunner()
+
+
+def _codes(state: object) -> set[PoolCode]:
+    return {f.code for f in audit(state).findings}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", FAULTS)
+def test_each_fault_is_found_and_its_clean_twin_is_silent(name: str, seed: int) -> None:
+    scenario = SCENARIOS[name]
+    assert _codes(_clean(seed, "tiny", scenario.hybrid)) == set()
+    assert _codes(build(name, seed=seed)) == set(scenario.expected)
+
+
+def test_every_pool_code_has_a_scenario() -> None:
+    planted = {code for s in SCENARIOS.values() for code in s.expected}
+    assert planted == set(PoolCode)
+
+
+@pytest.mark.parametrize("name", ["vllm-clean", "vllm-hybrid-clean"])
+def test_clean_pools_of_a_realistic_size_are_silent(name: str) -> None:
+    state = build(name, seed=5, size="small")
+    assert state.ref_cnt.max() >= 2, "prefix sharing makes ref counts above 1"
+    assert state.deferred_block.size and state.released_block.size
+    assert audit(state).findings == ()
+
+
+def test_freed_while_held_names_the_block_its_holders_and_the_queue() -> None:
+    report = report_of("x", build("vllm-freed-while-held", seed=3))
+    [finding] = report.findings
+    [cause] = report.diagnosis
+    assert cause.cause is PoolCause.FREED_WHILE_HELD
+    assert finding.ref_cnt == 0 and finding.queue_position is not None
+    assert finding.holders is not None and len(finding.owners) == finding.holders >= 2
+    assert {o.group for o in finding.owners} == {0} and all(o.request for o in finding.owners)
+    assert f"block {finding.block}" in cause.story and finding.owners[0].request in cause.story
+
+
+def test_a_window_null_after_a_real_block_names_the_entry() -> None:
+    state = build("vllm-null-block", seed=2)
+    [finding] = audit(state).findings
+    [owner] = finding.owners
+    assert owner.group == 1 and owner.index is not None and owner.index > 0
+    # the same null as a leading run of the window table is what a window drop leaves
+    assert audit(_clean(2, "tiny", True)).findings == ()
+    assert (state.table_block[state.table_group == 1] == 0).any()
+
+
+def test_a_released_block_in_its_table_is_no_finding_until_unmarked() -> None:
+    state = build("vllm-clean", seed=4)
+    assert audit(state).findings == ()
+    unmarked = replace(state, released_block=state.released_block[:0])
+    assert _codes(unmarked) == {PoolCode.QUEUED_BLOCK_HELD}
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("vllm")
+    out = {}
+    for name in ("vllm-clean", "vllm-freed-while-held", "vllm-double-free"):
+        out[name] = folder / f"{name}.safetensors"
+        api.synth(name, out[name], seed=1)
+    return out
+
+
+def test_a_dump_reads_back_as_the_state_written(dumps: dict[str, Path]) -> None:
+    stored = read_arrays(dumps["vllm-double-free"])
+    state, built = state_of(stored), build("vllm-double-free", seed=1)
+    assert stored.engine == "vllm"
+    assert np.array_equal(state.ref_cnt, built.ref_cnt)
+    assert np.array_equal(state.free_queue, built.free_queue)
+    assert state.request_ids == built.request_ids and state.groups == built.groups
+    assert state.extra["vllm.expected_findings"] == PoolCode.NEGATIVE_REF_COUNT
+
+
+def test_check_cli_exit_codes_and_json(dumps: dict[str, Path]) -> None:
+    clean = runner.invoke(app, ["check", str(dumps["vllm-clean"]), "--format", "json"])
+    assert clean.exit_code == 0, clean.output
+    record = json.loads(clean.output)
+    assert record["schema"] == PoolCheckReport.SCHEMA
+    assert record["dumps"][0]["verdict"] == "clean"
+    assert any("planner" in c for c in record["dumps"][0]["coverage"])
+    bad = runner.invoke(app, ["check", str(dumps["vllm-double-free"]), "--format", "json"])
+    assert bad.exit_code == 1
+    [finding] = json.loads(bad.output)["dumps"][0]["findings"]
+    assert finding["code"] == PoolCode.NEGATIVE_REF_COUNT
+    assert finding["cause"] == PoolCause.POOL_DOUBLE_FREE
+    for fmt in ("table", "markdown"):
+        shown = runner.invoke(app, ["check", str(dumps["vllm-freed-while-held"]), "-f", fmt])
+        assert shown.exit_code == 1 and PoolCode.QUEUED_BLOCK_HELD in shown.output
+
+
+def test_provenance_of_a_block(dumps: dict[str, Path]) -> None:
+    [finding] = api.check_pools(dumps["vllm-freed-while-held"]).dumps[0].findings
+    assert finding.block is not None
+    prov = api.provenance(dumps["vllm-freed-while-held"], block=finding.block)
+    assert isinstance(prov, PoolProvenance)
+    assert prov.queue_position == finding.queue_position
+    assert len(prov.owners) == finding.holders and prov.hash is not None
+    assert [f.code for f in prov.findings] == [PoolCode.QUEUED_BLOCK_HELD]
+    quiet = api.provenance(dumps["vllm-clean"], block=finding.block)
+    assert isinstance(quiet, PoolProvenance) and quiet.findings == ()
+    out = runner.invoke(app, ["provenance", str(dumps["vllm-clean"]), "--block", "99999"])
+    assert out.exit_code == 2 and "outside the pool" in out.output
+
+
+def test_bad_vllm_dumps_are_one_line_exit_2(tmp_path: Path, dumps: dict[str, Path]) -> None:
+    tensors, meta = build("vllm-clean", seed=1).contents()
+    gap = dict(tensors, **{"vllm.table_index": tensors["vllm.table_index"] + 1})
+    cases = {
+        "missing": ({k: v for k, v in tensors.items() if k != "vllm.ref_cnt"}, meta),
+        "gap": (gap, meta),
+        "groups": (tensors, dict(meta, **{"vllm.groups": "[{"})),
+        "engine": (tensors, dict(meta, **{"kvcanary.engine": "trtllm"})),
+    }
+    for name, (t, m) in cases.items():
+        path = write_safetensors(tmp_path / f"{name}.st", t, m)
+        out = runner.invoke(app, ["check", str(path)])
+        assert out.exit_code == 2, (name, out.output)
+        assert "Traceback" not in out.output and str(path) in out.output
+    api.synth("clean-decode", tmp_path / "sglang.st")
+    mixed = runner.invoke(app, ["check", str(dumps["vllm-clean"]), str(tmp_path / "sglang.st")])
+    assert mixed.exit_code == 2 and "separate runs" in mixed.output
+    sglang_only = runner.invoke(app, ["plan", str(dumps["vllm-clean"])])
+    assert sglang_only.exit_code == 2 and "SGLang dumps" in sglang_only.output
