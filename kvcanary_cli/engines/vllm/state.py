@@ -274,8 +274,11 @@ def state_of(stored: StoredArrays) -> VllmState:
         )
     if tr.size and (tr.min() < 0 or tr.max() >= r):
         raise TensorShapeError(f"names a request outside 0..{r - 1}", field="vllm.table_request")
-    order = np.lexsort((ti, tr, tg))
-    if order.size and not np.array_equal(order, np.arange(order.size)):
+    ascending = (tg[1:] > tg[:-1]) | (
+        (tg[1:] == tg[:-1]) & ((tr[1:] > tr[:-1]) | ((tr[1:] == tr[:-1]) & (ti[1:] > ti[:-1])))
+    )
+    if not ascending.all():  # written in another order: sorted by (group, request, index)
+        order = np.lexsort((ti, tr, tg))
         tg, tr, ti, tb = tg[order], tr[order], ti[order], tb[order]
     starts = np.ones(tg.size, dtype=bool)
     starts[1:] = (tg[1:] != tg[:-1]) | (tr[1:] != tr[:-1])
