@@ -39,15 +39,17 @@ def torch_kernels() -> None:
     """Point the unified sub-allocator's two kernel launches at SGLang's torch versions
     (process-wide, like the modules; only that module's names change, so the paged
     allocator is untouched)."""
-    sub = import_module(_SUB_POOL)
-    paged = import_module(_PAGED)
+    sub: Any = import_module(_SUB_POOL)
+    paged: Any = import_module(_PAGED)
     if isinstance(getattr(sub, "alloc_extend_kernel", None), _Launch):
         return
 
-    def extend(prefix, seq, last, free, out, bs_upper: int, page_size: int) -> None:
+    def extend(
+        prefix: Any, seq: Any, last: Any, free: Any, out: Any, bs_upper: int, page_size: int
+    ) -> None:
         paged.alloc_extend_naive(prefix, seq, last, free, out, page_size, out.device)
 
-    def decode(seq, last, free, out, bs_upper: int, page_size: int) -> None:
+    def decode(seq: Any, last: Any, free: Any, out: Any, bs_upper: int, page_size: int) -> None:
         pages = int(((seq - 1) % page_size == 0).sum())
         paged.alloc_decode_naive(seq, last, free, out, page_size, pages)
 
