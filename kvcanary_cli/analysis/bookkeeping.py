@@ -76,7 +76,7 @@ def unaudited(dump: KvDump) -> list[str]:
             "not checked without free_full_slots: live slots on the free list, double frees "
             "of the full pool (record the full allocator's free pages, expanded to slots)"
         )
-    if swa and dump.free_swa_slots is None:
+    if swa and dump.free_swa_slots is None and dump.layout != Layout.UNIFIED_SWA:
         notes.append(
             "not checked without free_swa_slots: live SWA slots on the free list, stale SWA "
             "mappings, SWA double frees and leaks (record the SWA allocator's free pages, "
