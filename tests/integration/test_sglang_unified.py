@@ -34,3 +34,15 @@ def test_clean_unified_history(sglang: Any, page_size: int) -> None:
     assert result.sglang_counts == {}, result.sglang_first
     assert result.audited >= result.steps // 2
     assert result.counters.finishes > 0 and result.counters.decodes > 0
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_tree_page_freed_is_named(sglang: Any, page_size: int) -> None:
+    """A tree-held virtual page pushed onto the virtual free list (still bound, the node
+    keeping it): named at the next audit with its cause; SGLang's checks are silent there."""
+    result = _run(sglang, page_size, 100, 40, fault="tree-page-freed")
+    failure = result.failure
+    assert failure is not None, "the planted fault was not found"
+    assert failure.top_cause == "virtual-page-freed-while-bound", failure.codes
+    assert "virtual-page-free-and-bound" in failure.codes
+    assert failure.sglang == [] and failure.crash is None
