@@ -152,6 +152,7 @@ class CauseCode(StrEnum):
     leave in the batch."""
 
     DOUBLE_FREE = "double-free"
+    VIRTUAL_PAGE_FREED_WHILE_BOUND = "virtual-page-freed-while-bound"
     REQ_ROW_DOUBLE_FREE = "req-row-double-free"
     RESERVED_SLOT_FREED = "reserved-slot-freed"
     PARTIAL_PAGE_FREE = "partial-page-free"
@@ -189,7 +190,6 @@ class CauseCode(StrEnum):
     FULL_LEAK = "full-leak"
     REQ_ROW_LEAK = "req-row-leak"
     TREE_LOCK_LEAK = "tree-lock-leak"
-    VIRTUAL_PAGE_FREED_WHILE_BOUND = "virtual-page-freed-while-bound"
     PAGE_TABLE_CORRUPT = "page-table-corrupt"
 
 
