@@ -118,6 +118,11 @@ class FindingCode(StrEnum):
     REQ_ROW_HANDED_OUT_TWICE = "req-row-handed-out-twice"
     REQ_ROW_LEAKED = "req-row-leaked"
     TREE_LOCK_LEAKED = "tree-lock-leaked"
+    VIRTUAL_PAGE_FREE_AND_BOUND = "virtual-page-free-and-bound"
+    VIRTUAL_PAGE_UNBOUND = "virtual-page-unbound"
+    PAGE_TABLE_MISMATCH = "page-table-mismatch"
+    PHYSICAL_PAGE_SHARED = "physical-page-shared"
+    PAGE_TABLE_SIZE_MISMATCH = "page-table-size-mismatch"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -154,6 +159,7 @@ class CauseCode(StrEnum):
     leave in the batch."""
 
     DOUBLE_FREE = "double-free"
+    VIRTUAL_PAGE_FREED_WHILE_BOUND = "virtual-page-freed-while-bound"
     REQ_ROW_DOUBLE_FREE = "req-row-double-free"
     RESERVED_SLOT_FREED = "reserved-slot-freed"
     PARTIAL_PAGE_FREE = "partial-page-free"
@@ -191,6 +197,7 @@ class CauseCode(StrEnum):
     FULL_LEAK = "full-leak"
     REQ_ROW_LEAK = "req-row-leak"
     TREE_LOCK_LEAK = "tree-lock-leak"
+    PAGE_TABLE_CORRUPT = "page-table-corrupt"
 
 
 class EventKind(StrEnum):
@@ -762,6 +769,89 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 meaning=(
                     "a lock that outlived its request: those nodes can never be evicted, and "
                     "SGLang counts them as protected, not leaked"
+                ),
+            ),
+        ),
+        (
+            FindingCode.VIRTUAL_PAGE_FREE_AND_BOUND,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "unified layout: a virtual page on the virtual free list (`free_full_slots`) "
+                    "that the full side still binds to a physical page (`full_virtual_to_physical` "
+                    "≥ 0); SGLang's `free` unbinds a page before it recycles its id. One cell "
+                    "per page (its first slot), `cells.extra.physical_page`"
+                ),
+                meaning=(
+                    "a page pushed onto the free list while its owner (a tree node, a request) "
+                    "keeps it: the next allocation hands it to a second owner, and the owner's "
+                    "own free later trips SGLang's 'virtual_to_physical == -1 (double-free or "
+                    "never-allocated)'"
+                ),
+            ),
+        ),
+        (
+            FindingCode.VIRTUAL_PAGE_UNBOUND,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "unified layout: a virtual page the tree or a running request holds "
+                    "(`tree_full_slots`, `req_pool_allocated_lens`), or one the SWA side binds, "
+                    "that the full side does not bind (`full_virtual_to_physical` −1). One cell "
+                    "per page (its first slot)"
+                ),
+                meaning=(
+                    "the page was freed (unbound) under its holder, or bound on the SWA side "
+                    "only: reads of it translate to no KV"
+                ),
+            ),
+        ),
+        (
+            FindingCode.PAGE_TABLE_MISMATCH,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the side's (`full`, `swa`)",
+                when=(
+                    "unified layout: a side's `virtual_to_physical` and `physical_to_virtual` do "
+                    "not name each other (`p2v[v2p[v]] != v` for a bound page, or a physical "
+                    "page whose `p2v` names a virtual page bound elsewhere: one virtual page "
+                    "bound to two physical pages). One cell per virtual page, "
+                    "`cells.extra.physical_page` its `v2p` entry"
+                ),
+                meaning=(
+                    "a bind, unbind or compaction move that updated one table and not the other"
+                ),
+            ),
+        ),
+        (
+            FindingCode.PHYSICAL_PAGE_SHARED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the side's (`full`, `swa`)",
+                when=(
+                    "unified layout: one physical page behind two bound virtual pages in a side's "
+                    "`virtual_to_physical`. One cell per virtual page, "
+                    "`cells.extra.physical_page`"
+                ),
+                meaning="two owners read and write the same KV bytes",
+            ),
+        ),
+        (
+            FindingCode.PAGE_TABLE_SIZE_MISMATCH,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the table's",
+                when=(
+                    "unified layout: `swa_virtual_to_physical` or a recorded `num_full_slots` "
+                    "sized by another id space than the full side's virtual pages "
+                    "(`full_virtual_to_physical` less its sentinel). A tensor-level finding: "
+                    "`details.tensor`, `details.virtual_pages`"
+                ),
+                meaning=(
+                    "a table sized by its own pool instead of the id space it is indexed by "
+                    "(SGLang #37560): ids past its end read out of bounds"
                 ),
             ),
         ),
@@ -1529,6 +1619,49 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 findings=(FindingCode.TREE_LOCK_LEAKED,),
             ),
         ),
+        (
+            CauseCode.VIRTUAL_PAGE_FREED_WHILE_BOUND,
+            CauseEntry(
+                summary=(
+                    "virtual pages went back on the virtual free list while still bound and "
+                    "held: the next allocation hands them to a second owner, and the first "
+                    "owner's free then raises SGLang's 'virtual_to_physical == -1 "
+                    "(double-free or never-allocated)'"
+                ),
+                fix=(
+                    "find the free of these pages that skipped `MultiEndedAllocator.free` (an id "
+                    "recycled onto `free_virtual_ids` without its unbind, a tree node's page "
+                    "freed while the node keeps it)"
+                ),
+                evidence="`virtual-page-free-and-bound`",
+                findings=(FindingCode.VIRTUAL_PAGE_FREE_AND_BOUND,),
+            ),
+        ),
+        (
+            CauseCode.PAGE_TABLE_CORRUPT,
+            CauseEntry(
+                summary=(
+                    "the unified pool's page tables disagree: a held virtual page unbound, a "
+                    "virtual page bound to two physical pages, a physical page behind two "
+                    "virtual pages, or a table sized by another id space"
+                ),
+                fix=(
+                    "find the bind, unbind or compaction move that wrote one table and not the "
+                    "other (`bind`, `free_unbind_inplace`, `_move_pages_and_rebind`), or the "
+                    "table sized from the wrong pool"
+                ),
+                evidence=(
+                    "`virtual-page-unbound`, `page-table-mismatch`, `physical-page-shared`, "
+                    "`page-table-size-mismatch`"
+                ),
+                findings=(
+                    FindingCode.VIRTUAL_PAGE_UNBOUND,
+                    FindingCode.PAGE_TABLE_MISMATCH,
+                    FindingCode.PHYSICAL_PAGE_SHARED,
+                    FindingCode.PAGE_TABLE_SIZE_MISMATCH,
+                ),
+            ),
+        ),
     ),
 )
 EVENTS: Mapping[EventKind, EventEntry] = _table(
@@ -1752,7 +1885,16 @@ _ENTRY_CODES = frozenset(
         FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP,
     }
 )
-_PAGE_CODES = frozenset({FindingCode.SWA_PAGE_LEAKED, FindingCode.FULL_PAGE_LEAKED})
+_PAGE_CODES = frozenset(
+    {
+        FindingCode.SWA_PAGE_LEAKED,
+        FindingCode.FULL_PAGE_LEAKED,
+        FindingCode.VIRTUAL_PAGE_FREE_AND_BOUND,
+        FindingCode.VIRTUAL_PAGE_UNBOUND,
+        FindingCode.PAGE_TABLE_MISMATCH,
+        FindingCode.PHYSICAL_PAGE_SHARED,
+    }
+)
 
 
 def cell_unit(code: FindingCode, count: int) -> str:

@@ -506,10 +506,18 @@ def soak(
         typer.Option(
             "--fault",
             metavar="NAME",
-            help="Plant a known SGLang bug: unmapped-representative, double-free-group-end or "
-            "shared-boundary-page.",
+            help="Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
+            "shared-boundary-page or tree-page-freed.",
         ),
     ] = None,
+    layout: Annotated[
+        str,
+        typer.Option(
+            "--layout",
+            metavar="swa|unified",
+            help="Memory layout: hybrid SWA (paged allocators) or unified memory.",
+        ),
+    ] = "swa",
     out: Annotated[
         Path, typer.Option("--out", metavar="DIR", help="Where a failure's files go.")
     ] = Path("kvcanary-soak"),
@@ -532,7 +540,16 @@ def soak(
     from kvcanary_cli.soak.command import run_soak
 
     report = run_soak(
-        sglang_tree, steps, seed, page_size, core, fault, out, force=force, timings=timings
+        sglang_tree,
+        steps,
+        seed,
+        page_size,
+        core,
+        fault,
+        out,
+        force=force,
+        timings=timings,
+        layout=layout,
     )
     deliver(render.render(report, output_format), output, force=force)
     raise typer.Exit(soak_exit(report))

@@ -245,6 +245,10 @@ def _collect(
         from kvcanary_cli.analysis.tree_locks import tree_lock_findings
 
         findings += tree_lock_findings(dump)  # only a dump that records the tree's locks
+    if dump.page_tables:
+        from kvcanary_cli.analysis.unified import unified_findings
+
+        findings += unified_findings(dump)  # only a unified-layout dump records the tables
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}

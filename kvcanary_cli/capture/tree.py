@@ -28,6 +28,8 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+from kvcanary_cli.dump.schema import LAYOUT_KEY, Layout
+
 __all__ = [
     "batch_state",
     "capture_state",
@@ -161,6 +163,8 @@ def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
 def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
     page = int(getattr(allocator, "page_size", 1) or 1)
     facts["page_size"] = page
+    if _unified_facts(facts, allocator, page):
+        return page
     full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
     if full is not None:
         facts["num_full_slots"] = int(full) + page
@@ -176,6 +180,48 @@ def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
             if free is not None:
                 facts[name] = free
     return page
+
+
+def _unified_facts(facts: dict[str, Any], allocator: Any, page: int) -> bool:
+    """Unified memory (`UnifiedSWATokenToKVPoolAllocator`): `req_to_token`, the tree and the
+    free list hold virtual ids, minted by the full side's `MultiEndedAllocator` over its
+    `num_virtual_ids` pages; each side binds them through its own page tables. Recorded: the
+    layout, the virtual id space as `num_full_slots`, the virtual free list as
+    `free_full_slots`, both sides' tables and compaction holes, and the SWA side's
+    virtual->physical table read as the LUT it replaces (slots of a page unbound on the SWA
+    side map to 0). False (nothing recorded) for any other allocator."""
+    import numpy as np
+
+    full: Any = getattr(allocator, "full_attn_allocator", None)
+    swa: Any = getattr(allocator, "swa_attn_allocator", None)
+    if getattr(full, "virtual_to_physical", None) is None or not hasattr(full, "free_virtual_ids"):
+        return False
+    facts[LAYOUT_KEY] = Layout.UNIFIED_SWA.value
+    facts["num_full_slots"] = int(full.num_virtual_ids) * page
+    facts["free_full_slots"] = _pages_to_slots(full.free_virtual_ids, page)
+    for side, sub in (("full", full), ("swa", swa)):
+        if sub is None:
+            continue
+        facts[f"{side}_virtual_to_physical"] = _host(sub.virtual_to_physical)
+        facts[f"{side}_physical_to_virtual"] = _host(sub.physical_to_virtual)
+        holes = getattr(sub, "_free_phys_pages", None)
+        if holes is not None:
+            facts[f"{side}_physical_holes"] = np.sort(_host(holes))
+    if swa is not None:
+        facts["full_to_swa_index_mapping"] = _lut_of(_host(swa.virtual_to_physical), page)
+    return True
+
+
+def _lut_of(v2p: Any, page: int) -> Any:
+    """The full->SWA LUT a page table stands for: slot `v*page + o` maps to `p*page + o` where
+    virtual page `v` is bound to physical page `p > 0`, else 0; the trailing -1 kept."""
+    import numpy as np
+
+    pages = v2p[:-1]
+    offsets = np.arange(page, dtype=np.int64)
+    bound = np.where(pages > 0, pages, 0)
+    lut = (bound[:, None] * page + offsets[None, :]) * (pages > 0)[:, None]
+    return np.concatenate([lut.reshape(-1), np.array([-1], dtype=np.int64)])
 
 
 def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
@@ -272,5 +318,7 @@ def capture_state(
     for name in ("page_size", "num_full_slots", "num_swa_slots"):
         if name in state:
             metadata[name] = str(int(state.pop(name)))
+    if LAYOUT_KEY in state:
+        metadata[LAYOUT_KEY] = str(state.pop(LAYOUT_KEY))
     tensors.update(state)
     return tensors, metadata

@@ -32,6 +32,7 @@ from typing import Any
 import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
+from kvcanary_cli.dump.schema import LAYOUT_KEY
 
 __all__ = [
     "SGLANG_REPORTER_MODULE",
@@ -315,6 +316,9 @@ def capture_state(
             inputs, table = bare, bare["req_to_token"]
         context = server.server_context(table)
         context.update(server.canary_state(manager=manager, device_state=device_state))
+        layout = context.pop(LAYOUT_KEY, None)  # a metadata string, not a tensor
+        if layout is not None:
+            extra = {**(extra or {}), LAYOUT_KEY: layout}
         path = dump.write(inputs, context, note, extra=extra)
     except Exception as exc:
         logger.warning(

@@ -45,6 +45,7 @@ from kvcanary_cli.dump.schema import (
     FORMAT_VERSION,
     IDENTITY_KEYS,
     INTEGER_DTYPES,
+    LAYOUT_KEY,
     ORIGINAL_DTYPES_KEY,
     SCALARS,
     SHRINK_KEY,
@@ -52,6 +53,7 @@ from kvcanary_cli.dump.schema import (
     SHRUNK_FORMAT_VERSION_1_1,
     TENSORS,
     Group,
+    Layout,
     TensorSpec,
     dtype_label,
     parse_integer,
@@ -191,6 +193,10 @@ class KvDump:
     groups: tuple[Group, ...]
     notes: list[str]
     dtype_notes: list[DtypeNote]
+    #: the memory layout its slot ids live in (metadata `layout`; `paged` when absent).
+    layout: str
+    #: the unified layout's page tables and holes (`full_virtual_to_physical`, ...), by name.
+    page_tables: dict[str, np.ndarray]
     req_to_token: StoredTensor
     req_pool_indices: np.ndarray
     prefix_lens: np.ndarray
@@ -465,7 +471,15 @@ def _read_contents(
             dtype_notes.append(DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical))
         arrays[name] = _read_array(handle, entry)
 
-    scalars, rejected = _resolve_scalars(header.metadata, scalar_tensors, overrides)
+    layout = (header.metadata.get(LAYOUT_KEY) or Layout.PAGED.value).strip()
+    metadata = header.metadata
+    if layout not in tuple(Layout):
+        notes.append(unsupported_layout_note(layout))
+        for name in [n for n in arrays if n in _KV_RECORDS or n.startswith(_KV_FAMILIES)]:
+            del arrays[name]
+        metadata = {k: v for k, v in metadata.items() if k not in _KV_SCALARS}
+        scalar_tensors = {k: v for k, v in scalar_tensors.items() if k not in _KV_SCALARS}
+    scalars, rejected = _resolve_scalars(metadata, scalar_tensors, overrides)
     values = {name: scalar.value for name, scalar in scalars.items()}
     notes.extend(_check_batch(arrays, values, rejected={r.name: r.reason for r in rejected}))
     version = header.metadata.get(releases.METADATA_KEY)  # a synthetic dump records none
@@ -497,7 +511,7 @@ def _read_contents(
     _check_live_ranges_kept(table, rpi, prefix, extend)
     groups_override = overrides.get("groups")
     groups = _resolve_groups(
-        header.metadata.get("groups") if groups_override is None else str(groups_override),
+        metadata.get("groups") if groups_override is None else str(groups_override),
         has_lut=lut is not None,
         option=None if groups_override is None else "group",
     )
@@ -514,6 +528,8 @@ def _read_contents(
         groups=groups,
         notes=notes,
         dtype_notes=dtype_notes,
+        layout=layout,
+        page_tables={n: _require(small(n)) for n in arrays if n in _PAGE_TABLES},
         req_to_token=table,
         req_pool_indices=rpi,
         prefix_lens=prefix,
@@ -546,6 +562,43 @@ def _read_contents(
         shrink=shrink,
         recorded_exception=_recorded_exception(header.metadata),
         mapped={n: a for n, a in arrays.items() if isinstance(a, np.memmap)},
+    )
+
+
+#: The unified layout's page tables and compaction holes.
+_PAGE_TABLES = tuple(
+    f"{side}_{name}"
+    for side in ("full", "swa")
+    for name in ("virtual_to_physical", "physical_to_virtual", "physical_holes")
+)
+#: What a dump records about its KV slots (their ids mean what its layout says): not read
+#: for a layout kvcanary does not know. The batch, the table, the request pool's rows and
+#: the violation ring are read as they are.
+_KV_RECORDS = frozenset(
+    {
+        "full_to_swa_index_mapping",
+        "free_full_slots",
+        "free_swa_slots",
+        "swa_out_cache_loc",
+        "held_full_slots",
+        "tree_full_slots",
+        "tree_swa_resident_slots",
+        "tree_locked_full_slots",
+        *_PAGE_TABLES,
+    }
+)
+_KV_FAMILIES = ("canary.", "real_kv.")
+_KV_SCALARS = frozenset({"num_full_slots", "num_swa_slots", "groups"})
+
+
+def unsupported_layout_note(layout: str) -> str:
+    """The one note of a dump whose layout kvcanary does not know: what was not checked."""
+    known = ", ".join(item.value for item in Layout)
+    return (
+        f"layout {layout[:60]!r} is not one kvcanary checks ({known}): its pool sizes, LUT, "
+        "free lists, tree records, page tables and canary buffers were not read, so pool "
+        "bounds, free lists, leaks, the SWA group and canary records were not checked; the "
+        "batch, the table's rows and the request pool's rows were"
     )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "LAUNCHER_FUNCTION",
     "LAUNCHER_MODULE",
     "LAUNCHER_OUTPUTS",
+    "LAYOUT_KEY",
     "MAX_INTEGER_DIGITS",
     "ORIGINAL_DTYPES_KEY",
     "REAL_KV_TENSOR_PATTERN",
@@ -33,6 +34,7 @@ __all__ = [
     "TENSORS",
     "Group",
     "LaunchTag",
+    "Layout",
     "ScalarSpec",
     "TensorSpec",
     "dtype_label",
@@ -66,6 +68,18 @@ class LaunchTag(IntEnum):
     SWEEP_K_SWA = 10
     SWEEP_V_SWA = 11
 
+
+class Layout(StrEnum):
+    """The memory layout a dump's slot ids live in (metadata `layout`; absent: `paged`)."""
+
+    #: the paged (or token) allocators: full-pool slot ids, the SWA side through a LUT
+    PAGED = "paged"
+    #: unified memory: virtual ids minted by the full side, each side's page tables bind them
+    UNIFIED_SWA = "unified-swa"
+
+
+#: Metadata key naming the layout; a layout kvcanary does not know is noted, not checked.
+LAYOUT_KEY = "layout"
 
 FORMAT_VERSION = "1"
 #: The format `kvcanary shrink` writes: format 1 plus sparse tensors, stored in the narrowest
@@ -291,6 +305,20 @@ TENSORS: dict[str, TensorSpec] = {
             canonical="I64",
             accepted=_INDEX,
             role="the pool row of each running request",
+        ),
+        *(
+            TensorSpec(
+                name=f"{side}_{name}",
+                canonical="I64",
+                accepted=_INDEX,
+                role=f"unified layout, {side} side: {role}",
+            )
+            for side in ("full", "swa")
+            for name, role in (
+                ("virtual_to_physical", "physical page per virtual page (-1 unbound)"),
+                ("physical_to_virtual", "virtual page per physical page (-1 unbound)"),
+                ("physical_holes", "physical pages lazy compaction holds free inside the span"),
+            )
         ),
         TensorSpec(
             name="violation_ring",

@@ -36,12 +36,14 @@ __all__ = ["run_soak", "soak"]
 HISTORY_STEPS = 80
 
 
-def _specs(page_size: int | None, cores: tuple[str, ...], core: str | None) -> list[Any]:
+def _specs(
+    page_size: int | None, cores: tuple[str, ...], core: str | None, layout: str = "swa"
+) -> list[Any]:
     from kvcanary_cli.soak.stack import StackSpec
 
     sizes = [page_size] if page_size else [1, 4, 16]
     chosen = [core] if core else list(cores)
-    return [StackSpec.pressured(ps, c) for ps in sizes for c in chosen]
+    return [StackSpec.pressured(ps, c, layout) for ps in sizes for c in chosen]
 
 
 @dataclass
@@ -101,6 +103,7 @@ def soak(
     force: bool = False,
     timings: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    layout: str = "swa",
 ) -> SoakReport:
     """Run histories until `steps` scheduler steps are spent or one fails (see module).
 
@@ -111,11 +114,15 @@ def soak(
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.outputs import check_out
     from kvcanary_cli.soak.run import run_history
-    from kvcanary_cli.soak.stack import load_sglang
+    from kvcanary_cli.soak.stack import LAYOUTS, load_sglang
     from kvcanary_cli.soak.workload import random_workload
 
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="fault")
+    if layout not in LAYOUTS:
+        raise OptionError(
+            f"unknown layout {layout!r} (one of {', '.join(LAYOUTS)})", option="layout"
+        )
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
     if core is not None and core not in modules.cores:
@@ -125,7 +132,7 @@ def soak(
             f"{', '.join(modules.cores)}){why}",
             option="core",
         )
-    specs = _specs(page_size, modules.cores, core)
+    specs = _specs(page_size, modules.cores, core, layout)
     started = time.monotonic()
     histories = steps_run = audited = 0
     failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
@@ -241,6 +248,7 @@ def run_soak(
     *,
     force: bool = False,
     timings: bool = False,
+    layout: str = "swa",
 ) -> SoakReport:
     """The command: a soak with a progress bar on a terminal (bad input raises before it
     runs, exit 2). Whatever SGLang prints on standard output goes to standard error:
@@ -263,6 +271,7 @@ def run_soak(
             force=force,
             timings=timings,
             progress=tick,
+            layout=layout,
         )
 
 

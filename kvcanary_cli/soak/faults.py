@@ -11,6 +11,9 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   of the boundary page's rest frees that whole page, which the head free releases as well.
 - `double-free-group-end`: a free group is flushed twice, every full slot freed in it goes on
   the free list a second time.
+- `tree-page-freed`: once the tree holds an unlocked page, that page is pushed onto the full
+  side's free list while the node keeps it (unified memory: onto `free_virtual_ids`, still
+  bound; SGLang's own checks stayed silent for 250 steps there).
 """
 
 from __future__ import annotations
@@ -101,10 +104,33 @@ def _double_free_group_end(stack: Any) -> None:
     allocator.free_group_end = free_group_end
 
 
+def _tree_page_freed(stack: Any, step: int) -> None:
+    """Once: the first page of the tree's unlocked slots goes back on the full side's free list
+    (the virtual free list in the unified layout), the tree node keeping it."""
+    import torch
+
+    full = stack.allocator.full_attn_allocator
+    if getattr(full, "_kvcanary_planted", False):
+        return
+    core = getattr(stack.tree, "tree_core", stack.tree)
+    slots = core.walk_for_kv_canary(unlocked_only=True, swa_resident_only=False).slot_indices
+    ps = stack.spec.page_size
+    slots = slots[slots >= ps]
+    if slots.numel() == 0:
+        return
+    page = (slots[:1] // ps).to(torch.int64)
+    if getattr(full, "free_virtual_ids", None) is not None:
+        full.free_virtual_ids = torch.cat([full.free_virtual_ids, page])
+    else:
+        full.free_pages = torch.cat([full.free_pages, page if ps > 1 else slots[:1]])
+    full._kvcanary_planted = True
+
+
 FAULTS: dict[str, Fault] = {
     "unmapped-representative": (_nothing, _free_tree_swa_pairs),
     "shared-boundary-page": (_shared_boundary_page, _nothing),
     "double-free-group-end": (_double_free_group_end, _nothing),
+    "tree-page-freed": (_nothing, _tree_page_freed),
 }
 
 

@@ -43,6 +43,7 @@ from kvcanary_cli.soak.wheel import WheelRefusedError, unpack_wheel
 
 __all__ = [
     "CORES",
+    "LAYOUTS",
     "SUPPORTED",
     "SGLangModules",
     "SGLangUnavailableError",
@@ -57,6 +58,9 @@ __all__ = [
 
 #: Tree cores `UnifiedRadixCache` can run (`tree_core_backend`).
 CORES = ("python", "rust")
+#: Memory layouts soak builds: hybrid SWA on the paged allocators (`SWAKVPool`), and unified
+#: memory (`UnifiedSWAKVPool`, one virtual id space over a shared byte buffer).
+LAYOUTS = ("swa", "unified")
 #: Python packages the memory-cache modules import at import time (the `sglang-cpu` extra).
 EXTRA = "kvcanary[sglang-cpu]"
 #: Packages only touched at import time by SGLang's model configs: a stand-in is enough.
@@ -553,9 +557,11 @@ class StackSpec:
     max_context_len: int = 256
     chunked_prefill_size: int = 64
     core: str = "python"
+    #: one of LAYOUTS
+    layout: str = "swa"
 
     @classmethod
-    def pressured(cls, page_size: int, core: str) -> StackSpec:
+    def pressured(cls, page_size: int, core: str, layout: str = "swa") -> StackSpec:
         """The shape soak runs: pools small enough for the random workload to bring eviction,
         retraction and tombstones within a few dozen steps."""
         return cls(
@@ -566,6 +572,7 @@ class StackSpec:
             max_reqs=12,
             window=16,
             chunked_prefill_size=32,
+            layout=layout,
         )
 
 
@@ -614,28 +621,13 @@ def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
         )
     import torch  # SGLang's pools imported it already
 
-    with fitting(tree, "SWAKVPool"):
-        kv_pool = modules.swa_memory_pool.SWAKVPool(
-            size=spec.full_tokens,
-            size_swa=spec.swa_tokens,
-            page_size=spec.page_size,
-            dtype=torch.bfloat16,
-            head_num=1,
-            head_dim=4,
-            swa_attention_layer_ids=[0],
-            full_attention_layer_ids=[1],
-            device="cpu",
-        )
-    with fitting(tree, "SWATokenToKVPoolAllocator"):
-        allocator = modules.swa_allocator.SWATokenToKVPoolAllocator(
-            spec.full_tokens,
-            spec.swa_tokens,
-            spec.page_size,
-            torch.bfloat16,
-            "cpu",
-            kv_pool,
-            False,
-        )
+    if spec.layout == "unified":
+        from kvcanary_cli.soak.unified import build_unified_pools
+
+        with fitting(tree, "unified memory pool (init_unified_swa_pools)"):
+            kv_pool, allocator = build_unified_pools(spec)
+    else:
+        kv_pool, allocator = _swa_pools(modules, spec, torch)
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
         kinds = modules.component_type.ComponentType
         params = modules.cache_init_params.CacheInitParams(
@@ -658,3 +650,31 @@ def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
         allocator=allocator,
         tree=radix,
     )
+
+
+def _swa_pools(modules: SGLangModules, spec: StackSpec, torch: Any) -> tuple[Any, Any]:
+    """The hybrid SWA layout's pool and allocator (`SWAKVPool`, `SWATokenToKVPoolAllocator`)."""
+    tree = modules.tree
+    with fitting(tree, "SWAKVPool"):
+        kv_pool = modules.swa_memory_pool.SWAKVPool(
+            size=spec.full_tokens,
+            size_swa=spec.swa_tokens,
+            page_size=spec.page_size,
+            dtype=torch.bfloat16,
+            head_num=1,
+            head_dim=4,
+            swa_attention_layer_ids=[0],
+            full_attention_layer_ids=[1],
+            device="cpu",
+        )
+    with fitting(tree, "SWATokenToKVPoolAllocator"):
+        allocator = modules.swa_allocator.SWATokenToKVPoolAllocator(
+            spec.full_tokens,
+            spec.swa_tokens,
+            spec.page_size,
+            torch.bfloat16,
+            "cpu",
+            kv_pool,
+            False,
+        )
+    return kv_pool, allocator
