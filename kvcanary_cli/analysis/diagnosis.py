@@ -284,7 +284,9 @@ def _boundary_pages(state: _Diagnosis) -> None:
     more = f" (and {pages.size - 3} more pages)" if pages.size > 3 else ""
     lines.append(
         f"a clear of the whole page for the tokens before the window erased the entries of "
-        f"those inside it{more}: a page two nodes share at a split that is not page-aligned"
+        f"those inside it{more}: a page two nodes share at a split that is not page-aligned, "
+        "or an eviction that ran one page past the window's start; the tree (whether the "
+        "page's tokens sit in two nodes) or a snapshot one step earlier tells them apart"
     )
     state.evidence(CauseCode.SWA_BOUNDARY_PAGE_CLEARED).extend(lines)
 
