@@ -1079,8 +1079,11 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "allocator can hand it out"
                 ),
                 fix=(
-                    "never put page 0 on a free list: find the free that passed padding slots "
-                    "(filter slot 0 before freeing)"
+                    "never put page 0 on a free list: find the free that passed it, padding "
+                    "slots or tokens whose LUT entry already reads 0 (unmapped: their SWA slot "
+                    "was freed before, and this second free lands on slot 0); free mapped "
+                    "entries only, as filtering slot 0 out of the free would hide the second "
+                    "free"
                 ),
                 evidence="`reserved-slot-in-use`",
                 findings=(FindingCode.RESERVED_SLOT_IN_USE,),
@@ -1412,10 +1415,14 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
         (
             CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
             CauseEntry(
-                summary="SWA peers freed while their tokens are still in the window",
+                summary="SWA entries of tokens still in the window were cleared",
                 fix=(
-                    "the out-of-window eviction freed SWA peers of tokens still inside the "
-                    "window: check the eviction threshold against the window"
+                    "two mechanisms leave this state, and one dump cannot tell them apart: an "
+                    "out-of-window eviction that ran past the window's start (check its "
+                    "threshold against the window; a timeline dates the step that cleared "
+                    "them), or a tree eviction of an in-window node whose SWA lock did not "
+                    "cover the whole window (check the lock's range; a dump that records the "
+                    "tree, tree_swa_resident_slots, shows which node lost them)"
                 ),
                 evidence="`swa-unmapped-in-window`",
                 findings=(FindingCode.SWA_UNMAPPED_IN_WINDOW,),

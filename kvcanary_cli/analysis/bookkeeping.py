@@ -270,8 +270,10 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
             )
         )
     if dump.free_full_slots is not None:
-        free_mapped = SlotSet(dump.free_full_slots).contains(full)
+        free_full = SlotSet(dump.free_full_slots)
+        free_mapped = free_full.contains(full)
         if free_mapped.any():
+            one, many = _still_mapped_texts(dump, swa[free_mapped], every_full, every_swa)
             found.append(
                 _slot_finding(
                     FindingCode.FREE_SLOT_STILL_MAPPED,
@@ -279,9 +281,9 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     Space.FULL,
                     _slot_cells(full[free_mapped], {"swa_slot": swa[free_mapped]}),
                     "full slot {slot} is on the free list but its LUT entry still maps it to "
-                    "an SWA slot: its free skipped the SWA side",
+                    f"an SWA slot: {one}",
                     "full slots on the free list whose LUT entries still map them to SWA "
-                    "slots: their frees skipped the SWA side",
+                    f"slots: {many}",
                     page_size=page,
                 )
             )
@@ -310,6 +312,42 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
     written = [w.cells.extra["full_slot"] for w in writes if w.cells is not None]
     found += _shared_owners(full, swa, cells, plan, *written)
     return found + writes
+
+
+def _still_mapped_texts(
+    dump: KvDump, stale: np.ndarray, every_full: np.ndarray, every_swa: np.ndarray
+) -> tuple[str, str]:
+    """What the free of full slots whose entries still map to `stale` SWA slots did on the
+    SWA side, for one slot and for a group: released the SWA slots (on the SWA free list),
+    which were handed out again (another full slot off the free list maps to them), or
+    skipped them (neither)."""
+    free = (
+        SlotSet(dump.free_swa_slots).contains(stale)
+        if dump.free_swa_slots is not None
+        else np.zeros(stale.shape, dtype=bool)
+    )
+    owners = every_swa  # the SWA slots full slots off the free list map to
+    if dump.free_full_slots is not None:
+        owners = every_swa[~SlotSet(dump.free_full_slots).contains(every_full)]
+    reissued = ~free & np.isin(stale, owners)
+    if free.all():
+        return (
+            "its free released the SWA slot but left the entry",
+            "their frees released the SWA slots but left the entries",
+        )
+    if reissued.all():
+        return (
+            "its SWA slot was freed and handed out again, the entry left stale",
+            "their SWA slots were freed and handed out again, the entries left stale",
+        )
+    if not (free | reissued).any():
+        return "its free skipped the SWA side", "their frees skipped the SWA side"
+    return (
+        "its free left the entry",
+        f"their frees left the entries ({int(free.sum())} of the SWA slots are free, "
+        f"{int(reissued.sum())} handed out again, {int((~free & ~reissued).sum())} never "
+        "freed)",
+    )
 
 
 def _out_of_lockstep(full: np.ndarray, swa: np.ndarray, page: int) -> list[Finding]:

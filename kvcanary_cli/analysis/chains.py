@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from kvcanary_cli.analysis.cells import cell_slots, distinct
+from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, cell_unit
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.results.cells import Space
@@ -50,6 +51,96 @@ _LEAVES_LEAKS = (
     CauseCode.SWA_MAPPING_COLLISION,
     CauseCode.SWA_SHARED_OWNER,
     CauseCode.SWA_MAPPING_REWRITTEN,
+)
+
+#: Causes whose every cell lies on the pages of another cause's fault (a cell's full or SWA
+#: page among the parent's, the reserved page 0 not counted): (parent, child, why). The
+#: mechanism is the parent, the state it left the child; a child that is a parent itself
+#: takes its own children along. Tried in this order: a parent already explained hands its
+#: children to its own parent.
+_NESTED = (
+    (
+        CauseCode.RESERVED_SLOT_FREED,
+        CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+        "a full page mapped into the reserved SWA page: its token at SWA slot 0 reads as unmapped",
+    ),
+    (
+        CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+        CauseCode.SWA_PAGE_REISSUED,
+        "the clear took part of a full page and released its SWA page whole, which was handed "
+        "out again while the page's other tokens still map into it",
+    ),
+    (
+        CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+        CauseCode.SWA_SHARED_OWNER,
+        "the clear took part of a full page and released its SWA page whole: the page's other "
+        "tokens still map into it, now another owner's",
+    ),
+    (
+        CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+        CauseCode.SWA_MAPPING_COLLISION,
+        "the clear took part of a full page and released its SWA page whole: the page's other "
+        "tokens still map into it, now another live request's",
+    ),
+    (
+        CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+        CauseCode.STALE_SWA_MAPPING,
+        "the clear took part of a full page and released its SWA page whole: the page's other "
+        "tokens still map into it",
+    ),
+    (
+        CauseCode.SWA_PAGE_REISSUED,
+        CauseCode.SWA_MAPPING_COLLISION,
+        "the old page's entries still in a live window map into the reissued SWA page too",
+    ),
+    (
+        CauseCode.SWA_PAGE_REISSUED,
+        CauseCode.PARTIAL_PAGE_FREE,
+        "the partial-page free that released the SWA page whole",
+    ),
+    (
+        CauseCode.SWA_PAGE_REISSUED,
+        CauseCode.STALE_SWA_MAPPING,
+        "the old page's entries into the reissued SWA page",
+    ),
+    (
+        CauseCode.SWA_PAGE_REISSUED,
+        CauseCode.DOUBLE_FREE,
+        "the reissued SWA page freed again through the old page's stale entries",
+    ),
+    (
+        CauseCode.PARTIAL_PAGE_FREE,
+        CauseCode.DOUBLE_FREE,
+        "the SWA page the partial-page free released whole, freed again through the tokens "
+        "it left mapped",
+    ),
+    (
+        CauseCode.PARTIAL_PAGE_FREE,
+        CauseCode.STALE_SWA_MAPPING,
+        "the tokens the partial-page free left mapped",
+    ),
+    (
+        CauseCode.PARTIAL_PAGE_FREE,
+        CauseCode.SWA_SHARED_OWNER,
+        "the tokens the partial-page free left mapped into an SWA page now another owner's",
+    ),
+    (
+        CauseCode.PARTIAL_PAGE_FREE,
+        CauseCode.SWA_MAPPING_COLLISION,
+        "the tokens the partial-page free left mapped into an SWA page now another live request's",
+    ),
+    (
+        CauseCode.SWA_FREED_WHILE_LIVE,
+        CauseCode.DOUBLE_FREE,
+        "the live SWA pages on the free list, listed twice",
+    ),
+)
+#: A write into SWA slots a request holds, when the request's other live SWA pages are on the
+#: free list: the free released them all, and this step's allocation took one back.
+_FREED_WRITE = (
+    CauseCode.SWA_FREED_WHILE_LIVE,
+    CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
+    "the same request's live SWA pages were freed; this step's allocation handed one to the write",
 )
 
 #: values a `span` names one by one before it counts the rest.
@@ -148,6 +239,50 @@ def _swa_pages(fs: list[Finding], page: int) -> int:
     return int(distinct(np.concatenate(parts)).size) if parts else 0
 
 
+def _pages_of(fs: list[Finding], page: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct full and SWA pages the findings' cells name, page 0 left out."""
+    out = []
+    for of in (_full_of, _swa_of):
+        parts = [v // page for v in (of(f) for f in fs) if v is not None and v.size]
+        pages = distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        out.append(pages[pages > 0])
+    return out[0], out[1]
+
+
+def _on_pages(fs: list[Finding], page: int, full: np.ndarray, swa: np.ndarray) -> bool:
+    """Every cell of the findings names a full page in `full` or an SWA page in `swa`."""
+    for f in fs:
+        if f.cells is None or len(f.cells) == 0:
+            return False
+        inside = np.zeros(len(f.cells), dtype=bool)
+        for of, pages in ((_full_of, full), (_swa_of, swa)):
+            values = of(f)
+            if values is not None and pages.size:
+                inside |= np.isin(values // page, pages)
+        if not inside.all():
+            return False
+    return True
+
+
+def _holding_rows(dump: KvDump, swa_slots: np.ndarray) -> np.ndarray:
+    """Pool rows whose live prefix cells (not this step's writes) map into `swa_slots`."""
+    lut = dump.full_to_swa_index_mapping
+    if lut is None or swa_slots.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    cells = live_cells(dump)
+    slots = cells.slot
+    keys = int(lut.shape[0]) - 1
+    inside = (slots > 0) & (slots < keys) & ~cells.pending
+    mapped = np.zeros(slots.shape, dtype=np.int64)
+    mapped[inside] = lut.take_known(slots[inside])[0]
+    return distinct(cells.pool_row[inside & np.isin(mapped, swa_slots)])
+
+
+def _rows_of(fs: list[Finding]) -> np.ndarray:
+    parts = [f.cells.pool_row for f in fs if f.cells is not None]
+    return distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+
 def _where(fs: list[Finding]) -> str:
     return "; ".join(dict.fromkeys(n for n in (numbers(f) for f in fs[:2]) if n))
 
@@ -170,8 +305,13 @@ def link(dump: KvDump, findings: list[Finding], causes: list[Cause]) -> tuple[Ca
     parent: dict[CauseCode, CauseCode] = {}
     why: dict[CauseCode, str] = {}
 
+    def root(code: CauseCode) -> CauseCode:
+        while code in parent:
+            code = parent[code]
+        return code
+
     def absorb(child: CauseCode, by: CauseCode, reason: str) -> None:
-        if child in present and child != by and child not in parent and by not in parent:
+        if child in present and child not in parent and root(by) != child:
             parent[child] = by
             why[child] = reason
 
@@ -194,6 +334,20 @@ def link(dump: KvDump, findings: list[Finding], causes: list[Cause]) -> tuple[Ca
                 "its full slots are live slots on the free list, still mapped because a "
                 "request still holds them",
             )
+    # a cause whose every cell lies on the pages of another's fault is that fault's
+    for by, child, reason in _NESTED:
+        fs = members.get(child, [])
+        if by in present and fs and child not in parent:
+            full, swa = _pages_of(members.get(by, []), page)
+            if _on_pages(fs, page, full, swa):
+                absorb(child, by, reason)
+    by, child, reason = _FREED_WRITE
+    fs = members.get(child, [])
+    if by in present and fs and child not in parent:
+        written = [v for v in (_swa_of(f) for f in fs) if v is not None]
+        holders = _holding_rows(dump, np.concatenate(written)) if written else written
+        if len(holders) and np.isin(holders, _rows_of(members.get(by, []))).all():
+            absorb(child, by, reason)
     # a mapping dropped or replaced without its free leaks the page it held
     leaks = members.get(CauseCode.SWA_LEAK, [])
     if leaks:
@@ -214,13 +368,14 @@ def link(dump: KvDump, findings: list[Finding], causes: list[Cause]) -> tuple[Ca
     for c in causes:
         if c.code in parent:
             continue
-        children = [by_code[k] for k, v in parent.items() if v is c.code]
+        children = [by_code[k] for k in parent if root(k) is c.code]
         children.sort(key=causes.index)
         lines = tuple(
             f"also shows {counted(k.explains)} ({k.code.value}: {why[k.code]})"
             + (f": {where}" if (where := _where(members.get(k.code, []))) else "")
             for k in children
         )
-        out.append(replace(c, also_shows=c.also_shows + lines))
+        nests = tuple(k.code for k in children)
+        out.append(replace(c, also_shows=c.also_shows + lines, nests=c.nests + nests))
         out.extend(replace(k, explained_by=c.code) for k in children)
     return tuple(out)

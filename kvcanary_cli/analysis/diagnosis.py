@@ -29,6 +29,7 @@ from kvcanary_cli.catalog import (
     ViolationRowCause,
 )
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.shrink_record import shell_path
 from kvcanary_cli.results.cells import Role, Space
 from kvcanary_cli.results.check import Cause, Finding
 from kvcanary_cli.results.violations import CAUSES as EXPLANATION_CAUSES
@@ -173,7 +174,33 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     causes.extend(possible)
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
     split = state.split()  # a chain links two causes or more
-    return split, (link(dump, split, causes) if len(causes) > 1 else tuple(causes))
+    linked = link(dump, split, causes) if len(causes) > 1 else tuple(causes)
+    return split, _with_next_commands(dump, split, linked)
+
+
+def _with_next_commands(
+    dump: KvDump, findings: list[Finding], causes: tuple[Cause, ...]
+) -> tuple[Cause, ...]:
+    """Each cause with the `provenance` command of its first finding's slot (in its space),
+    or of its pool row for a row-level one: who holds it, who held it last."""
+    first: dict[CauseCode, Finding] = {}
+    for one in sorted(findings, key=Finding.order_key):
+        if one.cause is not None and (one.slot is not None or one.pool_row is not None):
+            first.setdefault(one.cause, one)
+    path = shell_path(str(dump.path))
+    out = []
+    for c in causes:
+        f: Finding | None = first.get(c.code)
+        if f is None and c.confidence is Confidence.POSSIBLE:  # the same cells as the likely
+            f = next((first[k.code] for k in causes if k.code in first), None)
+        if f is None:
+            out.append(c)
+        elif f.slot is not None:
+            where = f"--slot {f.slot}" + (" --space swa" if f.space is Space.SWA else "")
+            out.append(replace(c, next_command=f"kvcanary provenance {path} {where}"))
+        else:
+            out.append(replace(c, next_command=f"kvcanary provenance {path} --row {f.pool_row}"))
+    return tuple(out)
 
 
 def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
@@ -284,7 +311,9 @@ def _boundary_pages(state: _Diagnosis) -> None:
     more = f" (and {pages.size - 3} more pages)" if pages.size > 3 else ""
     lines.append(
         f"a clear of the whole page for the tokens before the window erased the entries of "
-        f"those inside it{more}: a page two nodes share at a split that is not page-aligned"
+        f"those inside it{more}: a page two nodes share at a split that is not page-aligned, "
+        "or an eviction that ran one page past the window's start; the tree (whether the "
+        "page's tokens sit in two nodes) or a snapshot one step earlier tells them apart"
     )
     state.evidence(CauseCode.SWA_BOUNDARY_PAGE_CLEARED).extend(lines)
 

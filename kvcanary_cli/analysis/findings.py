@@ -753,11 +753,11 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
         cells,
         np.flatnonzero(in_window & mappable & (swa == 0)),
         lambda i: (
-            f"slot {slot[i]} is inside the SWA window but LUT[{slot[i]}] = 0: its SWA peer "
-            "was freed; the SWA canary is blind here"
+            f"slot {slot[i]} is inside the SWA window but LUT[{slot[i]}] = 0: its SWA entry "
+            "was cleared; the SWA canary is blind here"
         ),
-        run_what="slots inside the SWA window whose LUT entry is 0 (SWA peers freed; the SWA "
-        "canary is blind here)",
+        run_what="slots inside the SWA window whose LUT entry is 0 (SWA entries cleared; the "
+        "SWA canary is blind here)",
         group=Group.SWA,
     )
     # a collision needs two cells on one SWA slot: the others are left out before sorting

@@ -233,6 +233,12 @@ class Cause:
     explained_by: CauseCode | None = None
     #: for a parent: one line per cause it explains (codes, counts, where)
     also_shows: tuple[str, ...] = ()
+    #: for a parent: the codes of the causes it explains (each one's `explained_by` is this
+    #: cause), in the order of its `also_shows` lines
+    nests: tuple[CauseCode, ...] = ()
+    #: the command that traces its first slot (or pool row) to its owners, the dump's path
+    #: as one shell word; null when it names neither
+    next_command: str | None = None
 
     #: docs/findings.md, "Diagnosis"
     @recorded

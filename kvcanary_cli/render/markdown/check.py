@@ -194,6 +194,8 @@ def _diagnosis_section(dump: DumpReport, text: DumpText) -> list[str]:
             lines.append(f"   - explains: {explains}")
         lines.extend(f"   - {_text(clipped(line, text.chars))}" for line in cause.also_shows)
         lines.append(f"   - **fix:** {_text(cause.fix)}")
+        if cause.next_command:
+            lines.append(f"   - next: {_code(cause.next_command, cell=False)}")
         items.append("\n".join(lines))
     return ["#### Diagnosis", "\n".join(items)]
 

@@ -166,6 +166,8 @@ def _diagnosis_blocks(dump: DumpReport) -> list[RenderableType]:
             rows.append(("-", Text(f"explains {explains}")))
         rows.extend(("-", Text(line)) for line in cause.also_shows)
         rows.append(("-", Text(f"fix: {cause.fix}", style="bold")))
+        if cause.next_command:
+            rows.append(("-", Text(f"next: {cause.next_command}")))
         parts.append(indented(rows, indent=5))
     return parts
 
