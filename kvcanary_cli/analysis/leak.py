@@ -77,7 +77,7 @@ def leak_report(
     loaded = load_dump(dump, overrides=overrides)
     judged = _judged(messages)
     message = messages[judged] if judged is not None else None
-    pools = (_full_account(loaded, message),)
+    pools: tuple[PoolAccount, ...] = (_full_account(loaded, message),)
     if loaded.full_to_swa_index_mapping is not None or _printed(message, "swa") is not None:
         pools += (_swa_account(loaded, message),)  # a dump without SWA: no SWA pool
     verdict = _with_dump(messages, message, pools)
