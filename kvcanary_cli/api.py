@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.dump.shrink_writer import ShrinkResult
     from kvcanary_cli.results.check import CheckReport
     from kvcanary_cli.results.inspect import DumpDescription
+    from kvcanary_cli.results.leak import LeakReport
     from kvcanary_cli.results.plan import PlanRun
     from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
     from kvcanary_cli.results.provenance import ProvenanceReport
@@ -38,6 +39,7 @@ __all__ = [
     "diff",
     "inspect",
     "is_pool_dump",
+    "leak",
     "plan",
     "provenance",
     "ranks",
@@ -322,6 +324,22 @@ def slot_history(
     from kvcanary_cli.analysis.timeline import slot_history as run_slot_history
 
     return run_slot_history(_many(paths), slot=slot, row=row, space=space, overrides=overrides)
+
+
+def leak(
+    line: str | None = None,
+    dump: PathLike | None = None,
+    *,
+    log: PathLike | None = None,
+    overrides: Overrides = None,
+) -> LeakReport:
+    """One of SGLang's memory-check messages (`line`; or every one in the server log `log`)
+    read and its arithmetic done; with `dump`, a dump of the same moment, whether it is a real
+    leak (pages owned by nobody), a double free, or SGLang's count wrong with every page owned,
+    with the pages (`kvcanary.leak/1`)."""
+    from kvcanary_cli.analysis.leak import leak_report
+
+    return leak_report(line, log=log, dump=dump, overrides=overrides)
 
 
 def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> SelftestReport:

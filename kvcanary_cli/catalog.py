@@ -198,6 +198,8 @@ class CauseCode(StrEnum):
     REQ_ROW_LEAK = "req-row-leak"
     TREE_LOCK_LEAK = "tree-lock-leak"
     PAGE_TABLE_CORRUPT = "page-table-corrupt"
+    #: no page is lost: SGLang's own sum is wrong (`kvcanary leak LINE DUMP` says so).
+    SGLANG_MISCOUNT = "sglang-miscount"
 
 
 class EventKind(StrEnum):
@@ -1666,6 +1668,30 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     FindingCode.PAGE_TABLE_MISMATCH,
                     FindingCode.PHYSICAL_PAGE_SHARED,
                     FindingCode.PAGE_TABLE_SIZE_MISMATCH,
+                ),
+            ),
+        ),
+        (
+            CauseCode.SGLANG_MISCOUNT,
+            CauseEntry(
+                summary=(
+                    "SGLang's memory check sums its counts wrong, and nothing leaked: every "
+                    "page is free, the radix tree's or a running request's, and no free list "
+                    "holds a page twice; its evictable or protected size counts a page two "
+                    "tree nodes hold once per node, and its idle check (strict by default) "
+                    "then raises and stops the scheduler"
+                ),
+                fix=(
+                    "fix the count or the tree, not the allocator: find how two tree nodes "
+                    "came to hold the same page (an insert of a value another node holds, a "
+                    "split that kept the page on both sides) or which counter drifted from "
+                    "the tree; `kvcanary leak LINE DUMP` lists the pages"
+                ),
+                evidence=(
+                    "SGLang's printed sum (`pool memory leak detected!`, `Pool Mem Leak "
+                    "Detected!`) is off while the dump accounts for every page: none leaked, "
+                    "none listed twice on a free list (`kvcanary leak LINE DUMP`; the pages "
+                    "the tree lists twice, when it does)"
                 ),
             ),
         ),

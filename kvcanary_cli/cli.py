@@ -25,6 +25,7 @@ from kvcanary_cli.cli_app import (
     ExitCode,
     check_exit,
     fail,
+    leak_exit,
     make_app,
     ranks_exit,
     run,
@@ -294,6 +295,44 @@ def violations(
     view = render.render(report, output_format, max_rows=max_rows)
     deliver(view, output, force=force, svg=svg, inputs=[*sources, *([dump] if dump else [])])
     raise typer.Exit(violations_exit(report))
+
+
+@app.command()
+def leak(
+    line: Annotated[
+        str | None,
+        argument("LINE", "SGLang's message, quoted (with --sglang-log: leave it out)."),
+    ] = None,
+    dump: Annotated[Path | None, argument("DUMP", "A dump of the same moment.")] = None,
+    sglang_log: Annotated[
+        str | None,
+        typer.Option(
+            "--sglang-log", metavar="FILE", help="Read every such message of a log (-: stdin)."
+        ),
+    ] = None,
+    sets: opt.SetOpt = None,
+    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
+    output_format: opt.FormatOpt = OutputFormat.TABLE,
+    output: opt.OutputOpt = None,
+    force: opt.ForceOpt = False,
+) -> None:
+    """Do the arithmetic of SGLang's leak, double-free and use-after-free messages.
+
+    LINE is one of SGLang's memory-check messages ('pool memory leak detected! [full]
+    total=...', 'SWA Pool Mem Leak Detected! ...', 'KV double free: ...', 'KV page
+    use-after-free: ...', 'req_to_token_pool memory leak detected!...'): what each count is,
+    what the sum should be, by how much it is off. With DUMP (kvcanary leak LINE DUMP, or
+    kvcanary leak --sglang-log FILE DUMP): a real leak (the pages owned by nobody), a double
+    free, or SGLang's count wrong with every page owned, with the pages. Exit 0 when every sum
+    holds, 1 otherwise, 2 bad input.
+    """
+    if sglang_log is not None and dump is None and line is not None:
+        dump, line = Path(line), None  # `--sglang-log FILE DUMP`: the one argument is DUMP
+    report = api.leak(line, dump, log=sglang_log, overrides=opt.overrides(sets))
+    view = render.render(report, output_format, max_rows=max_rows)
+    inputs = [p for p in (dump, sglang_log) if p is not None and p != "-"]
+    deliver(view, output, force=force, inputs=inputs)
+    raise typer.Exit(leak_exit(report))
 
 
 @app.command()

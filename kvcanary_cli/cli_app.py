@@ -43,6 +43,7 @@ from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
 if TYPE_CHECKING:  # rows are numpy columns: `kvcanary --help` does not import them
+    from kvcanary_cli.results.leak import LeakReport
     from kvcanary_cli.results.ranks import RanksReport
     from kvcanary_cli.results.selftest import SelftestReport
     from kvcanary_cli.results.violations import ViolationsReport
@@ -51,6 +52,7 @@ __all__ = [
     "ExitCode",
     "check_exit",
     "fail",
+    "leak_exit",
     "make_app",
     "ranks_exit",
     "run",
@@ -105,6 +107,12 @@ def ranks_exit(report: RanksReport) -> ExitCode:
 def selftest_exit(report: SelftestReport) -> ExitCode:
     """`selftest`'s exit code: 1 on any difference between the planners."""
     return ExitCode.CLEAN if report.agree else ExitCode.FINDINGS
+
+
+def leak_exit(report: LeakReport) -> ExitCode:
+    """`leak`'s exit code: 1 unless every sum holds (a leak, a double free, a use after free,
+    SGLang's miscount, or a sum off with no dump to decide)."""
+    return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -90,6 +90,9 @@ def render(
         case "ranks":
             from kvcanary_cli.render.markdown.ranks import ranks_markdown as markdown
             from kvcanary_cli.render.table.ranks import ranks_table as table
+        case "leak":
+            from kvcanary_cli.render.markdown.leak import leak_markdown as markdown
+            from kvcanary_cli.render.table.leak import leak_table as table
         case "soak":
             from kvcanary_cli.render.markdown.soak import soak_markdown as markdown
             from kvcanary_cli.render.table.soak import soak_table as table

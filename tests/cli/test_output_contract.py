@@ -150,7 +150,8 @@ def test_a_long_note_is_shortened_never_the_findings(tmp_path: Path) -> None:
     for changes in ({"note": "n" * 70_000}, {"note": "n" * 60_000, "model": "m" * 60_000}):
         synth = make_scenario("truncated-lut", seed=1)
         synth.metadata.update(changes)
-        path = synth.save(tmp_path / "noted.safetensors", overwrite=True)
+        # the same path: each cause's next command names the dump
+        path = synth.save(plain, overwrite=True)
         out = run("check", str(path), "-k", "vectorized", "-f", "markdown").stdout
         assert len(out) <= 65_536 and "Trimmed" not in out
         assert out.endswith(findings)  # every finding, as without the note

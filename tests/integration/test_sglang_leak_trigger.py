@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from kvcanary_cli import api
 from kvcanary_cli.capture import (
     DUMP_DIR_ENV,
     install_from_env,
@@ -33,10 +36,12 @@ from kvcanary_cli.capture import (
     store,
     triggers,
 )
-from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.catalog import CauseCode, FindingCode
+from kvcanary_cli.cli import app as cli_app
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.soak import stack as soak_stack
 from tests.helpers import checked
+from tests.render.record_schema import RECORDS, validate
 from tests.sglang_standin import forget_sglang
 from tests.sglang_wheel import MISSING_WHEEL, wheel_path
 
@@ -231,6 +236,10 @@ def test_a_clean_stack_leaves_no_dump_and_its_state_checks_clean(
     assert report.findings == ()
     [note] = [n for n in report.notes if "[full]" in n]
     assert "0 slots unaccounted" in note and "none leaked" in note
+    # `kvcanary leak` on the same counts and state: nothing is off
+    told = api.leak("\n".join(messages), path)
+    assert told.verdict == "balanced" and told.cause is None and not told.found
+    assert [p.verdict for p in told.pools] == ["balanced", "balanced"]
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -257,3 +266,77 @@ def test_a_double_free_is_named_and_is_exactly_sglangs_excess(
     [note] = [n for n in report.notes if "[full]" in n]
     assert "-8 slots unaccounted" in note and "8 listed more than once" in note
     assert "exactly SGLang's excess" in note
+
+
+# --- `kvcanary leak`: SGLang's line and the dump its report left -------------------------------
+
+
+def _insert(sglang: Any, built: Any, tokens: list[int], slots: torch.Tensor) -> None:
+    """One node of SGLang's real tree holding `slots` for `tokens` (`UnifiedRadixCache.insert`,
+    as a request's cache insert calls it)."""
+    from array import array
+
+    params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache").InsertParams
+    key = importlib.import_module("sglang.srt.mem_cache.radix_cache").RadixKey
+    built.tree.insert(params(key=key(array("q", tokens)), value=slots.clone()))
+
+
+def _leak_run(message: str, dump: Path) -> Any:
+    result = CliRunner().invoke(cli_app, ["leak", message, str(dump), "-f", "json"])
+    assert result.exit_code == 1, result.stderr
+    record = json.loads(result.stdout)
+    assert validate(record, RECORDS["kvcanary.leak/1"]) == []
+    return record
+
+
+def test_two_tree_nodes_sharing_a_page_are_sglangs_miscount_with_every_page_owned(
+    sglang: Any, armed: Any
+) -> None:
+    """Two nodes of SGLang's real tree hold one page: its idle check sums the page twice
+    (evictable counts node by node) and raises, though every page is free or the tree's.
+    `kvcanary leak LINE DUMP` says nothing leaked and names the shared page."""
+    page = 4
+    built, ctx = _checker(sglang, page)
+    zero, length = torch.tensor([0]), torch.tensor([12])
+    slots = built.allocator.alloc_extend(zero, zero, length, length, torch.tensor([-1]), 12)
+    _insert(sglang, built, list(range(1, 9)), slots[:8])
+    _insert(sglang, built, list(range(100, 108)), slots[4:])  # the middle page in both
+    with pytest.raises(ValueError, match="pool memory leak detected") as raised:
+        _idle_check(ctx.checker)
+    [path] = sorted(armed.dumps.glob("*.safetensors"))
+    message = str(raised.value)
+
+    alone = api.leak(message)
+    assert alone.verdict == "undecided" and alone.cause is None
+    assert [p.difference for p in alone.messages[0].pools] == [-page, -page]  # one page over
+
+    record = _leak_run(message, path)
+    assert record["verdict"] == "miscount" and record["cause"] == CauseCode.SGLANG_MISCOUNT
+    full, swa = record["pools"]
+    shared = int(slots[4]) // page
+    assert full["verdict"] == "miscount" and full["shared_pages"] == [shared]
+    assert full["leaked_pages"] == [] and full["double_freed_pages"] == []
+    assert full["tree_listed_twice"] == page
+    assert full["printed_difference"] == full["expected_difference"] == -page
+    lut = built.allocator.full_to_swa_index_mapping
+    assert swa["verdict"] == "miscount" and swa["leaked_pages"] == []
+    assert swa["shared_pages"] == [int(lut[slots[4]]) // page]
+    assert swa["printed_difference"] == swa["expected_difference"] == -page
+
+
+def test_a_real_leak_is_named_by_its_pages(sglang: Any, armed: Any) -> None:
+    """The twin: a row released without freeing its KV. The same command calls it a leak and
+    lists the pages owned by nobody, exactly SGLang's shortfall."""
+    page = 4
+    built, ctx = _checker(sglang, page)
+    _, slots = _leak_a_row(built, page, tokens=10)
+    with pytest.raises(ValueError, match="pool memory leak detected") as raised:
+        _idle_check(ctx.checker)
+    [path] = sorted(armed.dumps.glob("*.safetensors"))
+    record = _leak_run(str(raised.value), path)
+    assert record["verdict"] == "leak" and record["cause"] == CauseCode.FULL_LEAK
+    full, swa = record["pools"]
+    assert full["leaked_pages"] == np.unique(slots // page).tolist()
+    assert full["shared_pages"] == [] and full["double_freed_pages"] == []
+    assert full["printed_difference"] == full["expected_difference"] == 12  # whole pages
+    assert swa["verdict"] == "leak" and swa["printed_difference"] == swa["expected_difference"]

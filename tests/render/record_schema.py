@@ -30,6 +30,7 @@ from typing import (
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.columns import IntColumn
 from kvcanary_cli.results.inspect import DumpDescription
+from kvcanary_cli.results.leak import LeakReport
 from kvcanary_cli.results.plan import PlanSummary
 from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.results.ranks import RanksReport
@@ -59,6 +60,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.timeline/1": TimelineReport,
     "kvcanary.soak/2": SoakReport,
     "kvcanary.ranks/1": RanksReport,
+    "kvcanary.leak/1": LeakReport,
 }
 
 

@@ -81,6 +81,12 @@ VIEWS = {
     "timeline": ["timeline", "{a}", "{b}"],
     "diff": ["diff", "{a}", "{b}"],
     "ranks": ["ranks", "{dump}", "{twin}"],
+    "leak": [
+        "leak",
+        "pool memory leak detected! [full] total=8, available=8, evictable=0, protected=0, "
+        "session_held=0, uncached=0",
+        "{dump}",
+    ],
 }
 
 

@@ -45,9 +45,18 @@ def _valid(rendered: object) -> dict[str, Any]:
     return record
 
 
+#: SGLang's idle message, set against every dump by `leak`.
+_LEAK_LINE = (
+    "pool memory leak detected! [full] total=64, available=60, evictable=8, protected=0, "
+    "session_held=0, uncached=0\n[swa] total=32, available=30, evictable=0, protected=0, "
+    "session_held=0, uncached=0"
+)
+
+
 def _json_outputs(path: Path) -> Iterator[tuple[str, object]]:
     """Each command's JSON on one dump: check, provenance (a slot in each space, a pool row),
-    violations (its ring, replayed), inspect, ranks and plan (each group)."""
+    violations (its ring, replayed), inspect, ranks, leak (an SGLang message against it) and
+    plan (each group)."""
     report = api.check(path, kernel="vectorized")
     check = _valid(render(report, OutputFormat.JSON))
     yield "check", check
@@ -68,6 +77,7 @@ def _json_outputs(path: Path) -> Iterator[tuple[str, object]]:
     yield "violations --replay", render(violations, OutputFormat.JSON)
     yield "inspect", render(api.inspect(path), OutputFormat.JSON)
     yield "ranks (the dump as two ranks)", render(api.ranks([path, path]), OutputFormat.JSON)
+    yield "leak LINE DUMP", render(api.leak(_LEAK_LINE, path), OutputFormat.JSON)
     for group in dump.groups:
         run = api.plan(path, group)
         if run.summary is not None:

@@ -1,0 +1,506 @@
+"""`kvcanary leak`: SGLang's memory-check messages (`analysis.sglang_messages`) set against a
+dump of the same moment, and the verdict.
+
+SGLang's pool check sums counts: `available + evictable + protected + session_held + uncached
+== total`. Two kinds of fault put it off, and only the pages tell them apart:
+
+- a real leak: pages owned by nobody (not free, not the tree's, not a running request's); the
+  sum comes out short by them (`bookkeeping.full_leaks`, `bookkeeping.leaked_swa_pages`);
+- a count that is wrong while every page is owned: a page on a free list twice (a double free:
+  `available` counts entries), or a page two tree nodes hold (`evictable` and `protected` sum
+  node by node, so the page counts twice: nothing leaked, and SGLang's strict idle check still
+  raises and stops the scheduler). The dump's tree lists (`tree_full_slots`,
+  `tree_swa_resident_slots`: every node's values, concatenated) name such pages twice.
+
+So the difference SGLang's sum should show on a state is its leaked slots less the slots listed
+twice; each pool's account says which pages make it up, and whether SGLang's printed difference
+is that. The work is a few sorts over the free lists and the tree's lists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from kvcanary_cli.analysis.bookkeeping import full_leaks, leaked_swa_pages
+from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.sglang_messages import MessageScan, read_line, read_log
+from kvcanary_cli.catalog import CauseCode
+from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.errors import OptionError
+from kvcanary_cli.results.leak import (
+    LeakMessage,
+    LeakReport,
+    LeakVerdict,
+    PoolAccount,
+    PoolVerdict,
+)
+
+__all__ = ["leak_report"]
+
+#: Pages named in an explanation line (the account's lists hold them all).
+_SHOWN = 8
+#: The verdicts, worst first.
+_ORDER: tuple[LeakVerdict, ...] = (
+    "leak",
+    "freed-twice",
+    "freed-while-used",
+    "miscount",
+    "undecided",
+    "balanced",
+)
+
+
+def leak_report(
+    line: str | None,
+    *,
+    log: str | os.PathLike[str] | None = None,
+    dump: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, int | str | None] | None = None,
+) -> LeakReport:
+    """Read `line` (or the log `log`), do its arithmetic, and with `dump` say whether what
+    SGLang reported is a real leak, a double free or SGLang's miscount, with the pages."""
+    if (line is None) == (log is None):
+        raise OptionError(
+            "give one of SGLang's memory-check messages, or a log of them: one of the two",
+            option="line/sglang_log",
+        )
+    scan = read_line(line) if line is not None else read_log(os.fspath(log or ""))
+    source = "LINE" if line is not None else os.fspath(log or "")
+    notes = _scan_notes(scan)
+    messages = tuple(scan.messages)
+    if dump is None:
+        verdict = _alone(messages)
+        return _report(source, None, scan, messages, None, (), verdict, notes)
+    loaded = load_dump(dump, overrides=overrides)
+    judged = _judged(messages)
+    message = messages[judged] if judged is not None else None
+    pools: tuple[PoolAccount, ...] = (_full_account(loaded, message),)
+    if loaded.full_to_swa_index_mapping is not None or _printed(message, "swa") is not None:
+        pools += (_swa_account(loaded, message),)  # a dump without SWA: no SWA pool
+    verdict = _with_dump(messages, message, pools)
+    notes += _dump_notes(message, pools)
+    return _report(source, os.fspath(dump), scan, messages, judged, pools, verdict, notes)
+
+
+def _report(
+    source: str,
+    dump: str | None,
+    scan: MessageScan,
+    messages: tuple[LeakMessage, ...],
+    judged: int | None,
+    pools: tuple[PoolAccount, ...],
+    verdict: LeakVerdict,
+    notes: list[str],
+) -> LeakReport:
+    cause = _cause(verdict, messages, pools)
+    return LeakReport(
+        source=source,
+        dump=dump,
+        messages=messages,
+        unread=scan.unread,
+        unread_lines=tuple(scan.unread_lines),
+        balanced_busy_lines=scan.balanced_busy_lines,
+        judged=judged,
+        pools=pools,
+        verdict=verdict,
+        cause=cause,
+        summary=_summary(verdict, messages, pools, dump is not None),
+        notes=tuple(notes),
+    )
+
+
+def _scan_notes(scan: MessageScan) -> list[str]:
+    notes = []
+    if scan.unread:
+        shown = ", ".join(map(str, scan.unread_lines))
+        notes.append(
+            f"{scan.unread} lines start one of SGLang's messages but do not parse "
+            f"(lines {shown}{', ...' if scan.unread > len(scan.unread_lines) else ''}): "
+            f"{scan.first_unread}"
+        )
+    if scan.dropped:
+        notes.append(f"{scan.dropped} more messages not kept (the first ones are)")
+    if scan.overlong:
+        notes.append(f"{scan.overlong} over-long lines skipped")
+    if scan.balanced_busy_lines:
+        notes.append(
+            f"{scan.balanced_busy_lines} busy-check lines ([Mem Check (BUSY)]) whose sum "
+            "holds are not listed"
+        )
+    return notes
+
+
+def _judged(messages: tuple[LeakMessage, ...]) -> int | None:
+    """The message set against the dump: the last with pool sums, else the last."""
+    with_sums = [i for i, m in enumerate(messages) if m.pools]
+    if with_sums:
+        return with_sums[-1]
+    return len(messages) - 1 if messages else None
+
+
+def _alone(messages: tuple[LeakMessage, ...]) -> LeakVerdict:
+    """The verdict of the messages alone: what SGLang saw itself, else undecided when a
+    sum is off."""
+    kinds = {m.kind for m in messages if m.faulty}
+    if "kv-double-free" in kinds:
+        return "freed-twice"
+    if "kv-use-after-free" in kinds:
+        return "freed-while-used"
+    return "undecided" if kinds else "balanced"
+
+
+def _with_dump(
+    messages: tuple[LeakMessage, ...],
+    message: LeakMessage | None,
+    pools: tuple[PoolAccount, ...],
+) -> LeakVerdict:
+    found: set[LeakVerdict] = set()
+    for pool in pools:
+        if pool.verdict in ("leak", "freed-twice", "miscount"):
+            found.add(pool.verdict)
+    alone = _alone(messages)
+    if alone in ("freed-twice", "freed-while-used"):
+        found.add(alone)
+    if not found and any(p.verdict == "unknown" for p in pools) and alone != "balanced":
+        found.add("undecided")
+    if not found and message is not None and message.kind == "req-pool":
+        found.add("undecided")  # rows: `kvcanary check DUMP` names them
+    return next((v for v in _ORDER if v in found), "balanced")
+
+
+def _cause(
+    verdict: LeakVerdict, messages: tuple[LeakMessage, ...], pools: tuple[PoolAccount, ...]
+) -> CauseCode | None:
+    if verdict == "leak":
+        full = any(p.pool == "full" and p.verdict == "leak" for p in pools)
+        return CauseCode.FULL_LEAK if full else CauseCode.SWA_LEAK
+    return {
+        "freed-twice": CauseCode.DOUBLE_FREE,
+        "freed-while-used": CauseCode.USE_AFTER_FREE,
+        "miscount": CauseCode.SGLANG_MISCOUNT,
+    }.get(verdict)
+
+
+def _summary(
+    verdict: LeakVerdict,
+    messages: tuple[LeakMessage, ...],
+    pools: tuple[PoolAccount, ...],
+    with_dump: bool,
+) -> str:
+    if verdict == "leak":
+        parts = [
+            f"{p.pool} {_pages_text(p.leaked_pages, p.page_size)}"
+            for p in pools
+            if p.verdict == "leak"
+        ]
+        return f"a real leak: pages owned by nobody ({'; '.join(parts)})"
+    if verdict == "freed-twice":
+        parts = [
+            f"{p.pool} {_pages_text(p.double_freed_pages, p.page_size)}"
+            for p in pools
+            if p.double_freed_pages
+        ]
+        listed = f" ({'; '.join(parts)})" if parts else ""
+        return f"a double free: pages on a free list twice{listed}"
+    if verdict == "freed-while-used":
+        return "a use after free: pages running requests still use are on the free list"
+    if verdict == "miscount":
+        shared = [
+            f"{p.pool} {_pages_text(p.shared_pages, p.page_size)}" for p in pools if p.shared_pages
+        ]
+        why = (
+            f"; its evictable/protected count pages two tree nodes hold twice ({'; '.join(shared)})"
+            if shared
+            else "; its counters disagree with its own lists"
+        )
+        return (
+            "SGLang's count is wrong and nothing leaked: every page is free, the tree's or a "
+            f"running request's, and no free list holds one twice{why}"
+        )
+    if verdict == "undecided":
+        return (
+            "SGLang's numbers do not add up; a leak and a wrong count read the same in numbers "
+            "alone: give a dump of the same moment (`kvcanary leak LINE DUMP`)"
+            if not with_dump
+            else "SGLang's numbers do not add up, and the dump cannot count the pools they "
+            "name (see the notes)"
+        )
+    return "nothing is off: SGLang's sums hold" + (" and the dump agrees" if with_dump else "")
+
+
+# --- the dump's pools, counted ---------------------------------------------------------------
+
+
+def _page(dump: KvDump) -> int:
+    value = dump.scalars["page_size"].value
+    return max(1, int(value)) if isinstance(value, int) else 1
+
+
+def _twice(values: np.ndarray) -> tuple[int, np.ndarray]:
+    """(entries beyond each value's first, the values listed more than once)."""
+    flat = np.asarray(values, dtype=np.int64).reshape(-1)
+    if flat.size == 0:
+        return 0, flat
+    ordered = np.sort(flat)
+    again = ordered[1:][ordered[1:] == ordered[:-1]]
+    return int(again.size), distinct(again)
+
+
+def _printed(message: LeakMessage | None, pool: str) -> int | None:
+    if message is None:
+        return None
+    sums = [p for p in message.pools if p.pool == pool and p.reading != "skipped"]
+    return sums[0].difference if sums else None
+
+
+def _unknown(pool: str, page: int, printed: int | None, reason: str) -> PoolAccount:
+    empty: tuple[int, ...] = ()
+    return PoolAccount(
+        pool="full" if pool == "full" else "swa",
+        page_size=page,
+        verdict="unknown",
+        leaked_pages=empty,
+        double_freed_pages=empty,
+        shared_pages=empty,
+        free=0,
+        free_listed_twice=0,
+        tree=0,
+        tree_listed_twice=0,
+        expected_difference=0,
+        printed_difference=printed,
+        reason=reason,
+        explanation=(f"[{pool}] not counted: {reason}",),
+    )
+
+
+def _full_account(dump: KvDump, message: LeakMessage | None) -> PoolAccount:
+    page = _page(dump)
+    printed = _printed(message, "full")
+    found = full_leaks(dump)
+    if found is None:
+        return _unknown(
+            "full",
+            page,
+            printed,
+            "the dump does not record tree_full_slots, req_pool_allocated_lens, "
+            "free_full_slots and num_full_slots (a capture at SGLang's memory check does)",
+        )
+    leaked, counts = found
+    size = int(counts["total"]) + page
+    tree = np.asarray(dump.tree_full_slots, dtype=np.int64).reshape(-1)
+    tree = tree[(tree >= page) & (tree < size)]
+    tree_twice, shared = _twice(tree)
+    free = np.asarray(dump.free_full_slots, dtype=np.int64).reshape(-1)
+    free = free[(free >= page) & (free < size)]
+    free_twice, repeated = _twice(free)
+    return _account(
+        "full",
+        page,
+        leaked_slots=leaked,
+        repeated=repeated,
+        shared=shared,
+        free=int(counts["available"]),
+        free_twice=free_twice,
+        tree=int(counts["tree"]),
+        tree_twice=tree_twice,
+        running=int(counts["uncached"]),
+        printed=printed,
+    )
+
+
+def _swa_account(dump: KvDump, message: LeakMessage | None) -> PoolAccount:
+    page = _page(dump)
+    printed = _printed(message, "swa")
+    leaked_pages, reason = leaked_swa_pages(dump)
+    if leaked_pages is None:
+        return _unknown("swa", page, printed, reason or "not a hybrid-SWA dump (no LUT)")
+    free = np.asarray(
+        dump.free_swa_slots if dump.free_swa_slots is not None else [], dtype=np.int64
+    ).reshape(-1)
+    free = free[free >= page]
+    free_twice, repeated = _twice(free)
+    resident = dump.tree_swa_resident_slots
+    tree_twice, shared, tree_count = 0, np.zeros(0, dtype=np.int64), 0
+    if resident is not None:
+        held = np.asarray(resident, dtype=np.int64).reshape(-1)
+        held = held[held >= page]
+        tree_count = int(distinct(held).size)
+        tree_twice, twice_full = _twice(held)
+        shared = _swa_of(dump, twice_full)
+    leaked_slots = (leaked_pages[:, None] * page + np.arange(page)[None, :]).reshape(-1)
+    return _account(
+        "swa",
+        page,
+        leaked_slots=leaked_slots,
+        repeated=repeated,
+        shared=shared,
+        free=int(distinct(free).size),
+        free_twice=free_twice,
+        tree=tree_count,
+        tree_twice=tree_twice,
+        running=None,
+        printed=printed,
+    )
+
+
+def _swa_of(dump: KvDump, full_slots: np.ndarray) -> np.ndarray:
+    """The SWA slots the LUT maps `full_slots` to (0 where unmapped or unknown)."""
+    lut = dump.full_to_swa_index_mapping
+    if lut is None or full_slots.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    inside = full_slots[(full_slots >= 0) & (full_slots < int(lut.shape[0]))]
+    values, known = lut.take_known(inside)
+    swa = np.asarray(values, dtype=np.int64)[np.asarray(known, dtype=bool)]
+    mapped: np.ndarray = swa[swa > 0]
+    return mapped
+
+
+def _account(
+    pool: str,
+    page: int,
+    *,
+    leaked_slots: np.ndarray,
+    repeated: np.ndarray,
+    shared: np.ndarray,
+    free: int,
+    free_twice: int,
+    tree: int,
+    tree_twice: int,
+    running: int | None,
+    printed: int | None,
+) -> PoolAccount:
+    leaked_pages = distinct(np.asarray(leaked_slots, dtype=np.int64) // page)
+    double_freed = distinct(repeated // page)
+    shared_pages = distinct(np.asarray(shared, dtype=np.int64) // page)
+    expected = int(np.asarray(leaked_slots).size) - free_twice - tree_twice
+    verdict: PoolVerdict
+    if leaked_pages.size:
+        verdict = "leak"
+    elif double_freed.size:
+        verdict = "freed-twice"
+    elif tree_twice or (printed is not None and printed != 0):
+        verdict = "miscount"
+    else:
+        verdict = "balanced"
+    lines = [
+        _counts_line(pool, free, free_twice, tree, tree_twice, running),
+        *_verdict_lines(pool, page, verdict, leaked_pages, double_freed, shared_pages),
+        _difference_line(pool, expected, printed),
+    ]
+    return PoolAccount(
+        pool="full" if pool == "full" else "swa",
+        page_size=page,
+        verdict=verdict,
+        leaked_pages=tuple(leaked_pages.tolist()),
+        double_freed_pages=tuple(double_freed.tolist()),
+        shared_pages=tuple(shared_pages.tolist()),
+        free=free,
+        free_listed_twice=free_twice,
+        tree=tree,
+        tree_listed_twice=tree_twice,
+        expected_difference=expected,
+        printed_difference=printed,
+        reason=None,
+        explanation=tuple(lines),
+    )
+
+
+def _counts_line(
+    pool: str, free: int, free_twice: int, tree: int, tree_twice: int, running: int | None
+) -> str:
+    free_text = f"{free} slots free" + (
+        f" ({free + free_twice} free-list entries: {free_twice} listed more than once)"
+        if free_twice
+        else ""
+    )
+    tree_text = (
+        f"{tree} held by the tree" if pool == "full" else f"{tree} SWA-resident in the tree"
+    ) + (
+        f" ({tree + tree_twice} in its nodes' values: {tree_twice} in two nodes)"
+        if tree_twice
+        else ""
+    )
+    running_text = "" if running is None else f", {running} held by running requests only"
+    return f"[{pool}] the dump: {free_text}, {tree_text}{running_text}"
+
+
+def _verdict_lines(
+    pool: str,
+    page: int,
+    verdict: PoolVerdict,
+    leaked: np.ndarray,
+    double_freed: np.ndarray,
+    shared: np.ndarray,
+) -> list[str]:
+    lines = []
+    if leaked.size:
+        space = "" if pool == "full" else " --space swa"
+        lines.append(
+            f"[{pool}] leaked, owned by nobody (not free, not the tree's, not a running "
+            f"request's): {_pages_text(leaked, page)} (who held them last: `kvcanary "
+            f"provenance DUMP --slot {int(leaked[0]) * page}{space}`)"
+        )
+    if double_freed.size:
+        lines.append(
+            f"[{pool}] freed twice, on the free list twice: {_pages_text(double_freed, page)}"
+        )
+    if shared.size:
+        lines.append(
+            f"[{pool}] held by two tree nodes, counted once per node by SGLang's "
+            f"evictable/protected: {_pages_text(shared, page)}"
+        )
+    if verdict in ("miscount", "balanced"):
+        lines.append(
+            f"[{pool}] every page is owned (free, the tree's or a running request's) and on "
+            "the free list at most once: nothing leaked"
+        )
+    if verdict == "miscount" and not shared.size:
+        lines.append(f"[{pool}] SGLang's counters disagree with its own lists")
+    return lines
+
+
+def _difference_line(pool: str, expected: int, printed: int | None) -> str:
+    head = (
+        f"[{pool}] so SGLang's sum should come out {_signed(expected)} (leaked slots less the "
+        "slots listed twice)"
+    )
+    if printed is None:
+        return f"{head}; the message judged prints no sum for this pool"
+    if printed == expected:
+        return f"{head}: it printed {_signed(printed)}, exactly that"
+    return (
+        f"{head}; it printed {_signed(printed)}: the dump's lists do not explain "
+        f"{_signed(printed - expected)} of it (a counter drifted, or the dump is of "
+        "another moment than the message)"
+    )
+
+
+def _signed(difference: int) -> str:
+    if difference == 0:
+        return "even"
+    return f"{difference} short" if difference > 0 else f"{-difference} over"
+
+
+def _pages_text(pages: Sequence[int] | np.ndarray, page: int) -> str:
+    """`page 2`, `pages 2, 5 and 9 more` (`slot ...` at page size 1)."""
+    values = np.asarray(pages, dtype=np.int64)
+    unit = "page" if page > 1 else "slot"
+    shown = ", ".join(str(int(p)) for p in values[:_SHOWN])
+    more = f" and {values.size - _SHOWN} more" if values.size > _SHOWN else ""
+    return f"{unit}{'s' if values.size != 1 else ''} {shown}{more}"
+
+
+def _dump_notes(message: LeakMessage | None, pools: tuple[PoolAccount, ...]) -> list[str]:
+    notes = []
+    if message is not None and message.kind == "req-pool":
+        notes.append(
+            "request-pool rows are not counted here: `kvcanary check DUMP` names them "
+            "(req-row findings)"
+        )
+    for pool in pools:
+        if pool.verdict == "unknown" and pool.reason is not None:
+            notes.append(f"{pool.pool}: not counted ({pool.reason})")
+    return notes

@@ -1,0 +1,270 @@
+"""`kvcanary leak` from the command line: the arithmetic of each of SGLang 0.5.23's
+memory-check messages, a garbled or unknown one refused in one line (exit 2), a server log
+read, and with a dump the verdict: a real leak, a double free, SGLang's own miscount (every
+page owned) or nothing, each on its own twin. The messages here are worded as SGLang's
+`invariant_checker.py` words them; tests/integration/test_sglang_leak_trigger.py has SGLang's
+own checker print them over its real tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner, Result
+
+from kvcanary_cli.catalog import CauseCode
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.writer import save_dump
+from tests.render.record_schema import RECORDS, validate
+
+#: A full pool of 16 slots (page size 1; slot 0 is the reserved page).
+TOTAL = 16
+
+
+def run(*args: object) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def record(result: Result) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(result.stdout)
+    assert validate(found, RECORDS["kvcanary.leak/1"]) == []
+    return found
+
+
+def counts(pool: str, total: int, available: int, evictable: int, uncached: int = 0) -> str:
+    return (
+        f"[{pool}] total={total}, available={available}, evictable={evictable}, protected=0, "
+        f"session_held=0, uncached={uncached}"
+    )
+
+
+IDLE = f"pool memory leak detected! {counts('full', 256, 244, 16)}\n{counts('swa', 128, 116, 16)}"
+
+
+# --- the line alone: its arithmetic --------------------------------------------------------
+
+
+def test_the_idle_message_sums_each_pool_and_says_what_the_difference_can_be() -> None:
+    result = run("leak", IDLE, "-f", "json")
+    assert result.exit_code == 1 and result.stderr == ""
+    found = record(result)
+    assert found["verdict"] == "undecided" and found["cause"] is None
+    [message] = found["messages"]
+    assert message["kind"] == "idle-pools" and message["faulty"]
+    full, swa = message["pools"]
+    assert (full["accounted"], full["difference"], full["reading"]) == (260, -4, "over")
+    assert (swa["accounted"], swa["difference"], swa["reading"]) == (132, -4, "over")
+    said = " ".join(message["arithmetic"])
+    assert "= 260; total 256: 4 slots over" in said and "double free" in said
+    assert "miscount" in said
+    table = run("leak", IDLE)
+    assert "what each count is:" in table.stdout and "undecided" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("line", "verdict", "cause", "code"),
+    [
+        (f"AssertionError: SWA Pool Mem Leak Detected! {counts('swa', 128, 100, 20, 4)}",
+         "undecided", None, 1),
+        (f"[2026-12-05 10:00:00] [Mem Check (BUSY)] {counts('full', 64, 60, 0, 4)}",
+         "balanced", None, 0),
+        ("KV double free: sub-pool 1 has 7 duplicate pages.", "freed-twice",
+         CauseCode.DOUBLE_FREE, 1),
+        ("ValueError: KV page use-after-free: 12 owner page refs are in the free pool, sample "
+         "pages=[3, 4, 9].", "freed-while-used", CauseCode.USE_AFTER_FREE, 1),
+        ("req_to_token_pool memory leak detected!available_size=6, session_held=0, "
+         "total_size=8", "undecided", None, 1),
+        ("[swa] unified ring (leak-check skipped): available=1, evictable=2, total=3",
+         "balanced", None, 0),
+    ],
+    ids=["busy-assert", "busy-log", "kv-double-free", "kv-use-after-free", "req-pool", "ring"],
+)  # fmt: skip
+def test_each_message_is_read(line: str, verdict: str, cause: str | None, code: int) -> None:
+    result = run("leak", line, "-f", "json")
+    assert result.exit_code == code, result.stderr
+    found = record(result)
+    assert (found["verdict"], found["cause"]) == (verdict, cause)
+    [message] = found["messages"]
+    assert message["arithmetic"] and message["text"][0] in line
+
+
+def test_the_numbers_of_each_message_are_its_own() -> None:
+    busy = record(run("leak", f"SWA Pool Mem Leak Detected! {counts('swa', 128, 100, 20, 4)}",
+                      "-f", "json"))["messages"][0]  # fmt: skip
+    assert busy["pools"][0]["difference"] == 4 and busy["pools"][0]["reading"] == "short"
+    double = record(run("leak", "KV double free: sub-pool 1 has 7 duplicate pages.", "-f", "json"))
+    assert (double["messages"][0]["sub_pool"], double["messages"][0]["count"]) == (1, 7)
+    uaf = record(run("leak", "KV page use-after-free: 12 owner page refs are in the free pool, "
+                     "sample pages=[3, 4, 9].", "-f", "json"))["messages"][0]  # fmt: skip
+    assert (uaf["count"], uaf["sample_pages"]) == (12, [3, 4, 9])
+    rows = record(run("leak", "req_to_token_pool memory leak detected!available_size=6, "
+                      "session_held=1, total_size=8", "-f", "json"))["messages"][0]  # fmt: skip
+    assert (rows["rows_available"], rows["rows_session_held"], rows["rows_total"]) == (6, 1, 8)
+    assert "= 7, total_size 8: 1 rows neither free" in rows["arithmetic"][0]
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ("the scheduler stopped", "expected one of SGLang 0.5.23's memory-check messages"),
+        ("pool memory leak detected! [full] total=12, available=x",
+         "expected 'pool memory leak detected! [full] total=N, available=N"),
+        ("KV double free: sub-pool one has some duplicate pages.",
+         "expected 'KV double free: sub-pool N has N duplicate pages.'"),
+        ("pool-bytes memory leak detected! class 0: 12 bytes", "holds no token counts"),
+    ],
+    ids=["unknown", "garbled-counts", "garbled-double-free", "byte-report"],
+)  # fmt: skip
+def test_a_garbled_or_unknown_line_is_one_error_line(line: str, named: str) -> None:
+    result = run("leak", line)
+    assert result.exit_code == 2 and result.stdout == ""
+    [said] = result.stderr.splitlines()
+    assert said.startswith("error: LINE: ") and named in said
+
+
+def test_neither_a_line_nor_a_log_is_a_usage_error() -> None:
+    result = run("leak")
+    assert result.exit_code == 2 and result.stdout == ""
+    [said] = result.stderr.splitlines()
+    assert "LINE/--sglang-log" in said
+
+
+# --- a server log -----------------------------------------------------------------------------
+
+
+def _log(path: Path) -> Path:
+    busy = counts("full", TOTAL, 12, 4)
+    lines = [
+        "[2026-12-05 10:00:00 TP0] Prefill batch. #new-seq: 1",
+        *[f"[2026-12-05 10:00:01 TP0] [Mem Check (BUSY)] {busy}"] * 3,
+        "[2026-12-05 10:00:02 TP0] KV double free: sub-pool 0 has x duplicate pages.",
+        f"[2026-12-05 10:00:03 TP0] pool memory leak detected! {counts('full', TOTAL, 12, 6)}",
+        counts("swa", 8, 8, 0),
+        "[2026-12-05 10:00:04 TP0] Decode batch.",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_log_is_read_line_by_line_with_its_line_numbers(tmp_path: Path) -> None:
+    log = _log(tmp_path / "server.log")
+    found = record(run("leak", "--sglang-log", log, "-f", "json"))
+    assert found["source"] == str(log)
+    [message] = found["messages"]  # the balanced busy lines are counted, not listed
+    assert message["line"] == 6 and [p["pool"] for p in message["pools"]] == ["full", "swa"]
+    assert found["balanced_busy_lines"] == 3
+    assert (found["unread"], found["unread_lines"]) == (1, [5])  # the garbled double free
+    assert any("do not parse" in note for note in found["notes"])
+
+
+def test_a_log_without_a_message_or_missing_is_one_error_line(tmp_path: Path) -> None:
+    empty = tmp_path / "quiet.log"
+    empty.write_text("[2026-12-05] Decode batch.\n")
+    for path, named in ((empty, "holds no SGLang memory-check message"),
+                        (tmp_path / "missing.log", "cannot be read")):  # fmt: skip
+        result = run("leak", "--sglang-log", path)
+        assert result.exit_code == 2 and result.stdout == ""
+        [said] = result.stderr.splitlines()
+        assert said.startswith(f"error: {path}: ") and named in said
+
+
+# --- with a dump: the pages decide ----------------------------------------------------------
+
+
+def _dump(path: Path, *, free: list[int], tree: list[int]) -> Path:
+    """An idle dump of a 16-slot full pool (page size 1) recording what SGLang's memory-check
+    capture records: the free list, the tree's values (node by node) and the running rows."""
+    save_dump(
+        path,
+        metadata={"num_full_slots": TOTAL + 1, "page_size": 1, "forward_mode": "idle"},
+        req_to_token=np.zeros((2, 8), dtype=np.int32),
+        req_pool_indices=np.zeros(0, dtype=np.int64),
+        prefix_lens=np.zeros(0, dtype=np.int64),
+        extend_seq_lens=np.zeros(0, dtype=np.int64),
+        free_full_slots=np.array(free, dtype=np.int64),
+        tree_full_slots=np.sort(np.array(tree, dtype=np.int64)),
+        req_pool_allocated_lens=np.zeros(2, dtype=np.int64),
+    )
+    return path
+
+
+def _line(free: list[int], tree: list[int]) -> str:
+    """SGLang's idle message on that state: available counts free-list entries, evictable
+    each node's values."""
+    return f"pool memory leak detected! {counts('full', TOTAL, len(free), len(tree))}"
+
+
+FREE = list(range(1, 13))
+#: state -> (free list, tree values, verdict, cause, the pages named, where)
+TWINS = {
+    "two-nodes-share": (FREE, [13, 14, 15, 16, 13, 14], "miscount", CauseCode.SGLANG_MISCOUNT,
+                        [13, 14], "shared_pages"),
+    "leak": (FREE, [13, 14], "leak", CauseCode.FULL_LEAK, [15, 16], "leaked_pages"),
+    "double-free": ([*FREE, 3], [13, 14, 15, 16], "freed-twice", CauseCode.DOUBLE_FREE, [3],
+                    "double_freed_pages"),
+    "clean": (FREE, [13, 14, 15, 16], "balanced", None, [], "leaked_pages"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("state", sorted(TWINS))
+def test_the_dump_tells_a_leak_from_a_miscount(state: str, tmp_path: Path) -> None:
+    free, tree, verdict, cause, pages, where = TWINS[state]
+    dump = _dump(tmp_path / f"{state}.safetensors", free=free, tree=tree)
+    result = run("leak", _line(free, tree), dump, "-f", "json")
+    assert result.exit_code == (0 if verdict == "balanced" else 1), result.stderr
+    found = record(result)
+    assert (found["verdict"], found["cause"], found["judged"]) == (verdict, cause, 0)
+    [full] = found["pools"]  # no LUT: no SWA pool
+    assert full[where] == pages
+    assert full["printed_difference"] == full["expected_difference"]
+    others = {"leaked_pages", "double_freed_pages", "shared_pages"} - {where}
+    assert all(full[key] == [] for key in others)
+
+
+def test_a_miscount_says_nothing_leaked_in_every_view(tmp_path: Path) -> None:
+    free, tree, *_ = TWINS["two-nodes-share"]
+    dump = _dump(tmp_path / "share.safetensors", free=free, tree=tree)
+    for fmt in ("table", "markdown"):
+        said = " ".join(run("leak", _line(free, tree), dump, "-f", fmt, "--max-rows", "5")
+                        .stdout.split())  # fmt: skip
+        assert "miscount" in said and "nothing leaked" in said
+        assert "held by two tree nodes" in said and "slots 13, 14" in said
+
+
+def test_a_sum_the_dump_does_not_explain_is_still_a_miscount(tmp_path: Path) -> None:
+    """Every slot owned and listed once, and SGLang printed 3 short: its counters drifted."""
+    dump = _dump(tmp_path / "drift.safetensors", free=FREE, tree=[13, 14, 15, 16])
+    line = f"pool memory leak detected! {counts('full', TOTAL, 12, 1)}"
+    found = record(run("leak", line, dump, "-f", "json"))
+    assert found["verdict"] == "miscount"
+    [full] = found["pools"]
+    assert (full["printed_difference"], full["expected_difference"]) == (3, 0)
+    assert any("do not explain 3 short" in line for line in full["explanation"])
+
+
+def test_a_log_and_its_dump(tmp_path: Path) -> None:
+    """`--sglang-log FILE DUMP`: the one argument is the dump; the log's last pool message is
+    the one judged."""
+    log = _log(tmp_path / "server.log")
+    dump = _dump(tmp_path / "share.safetensors", free=FREE, tree=[13, 14, 15, 16, 13, 14])
+    found = record(run("leak", "--sglang-log", log, dump, "-f", "json"))
+    assert found["dump"] == str(dump) and found["verdict"] == "miscount"
+    out = tmp_path / "report.json"
+    assert run("leak", "--sglang-log", log, dump, "-f", "json", "-o", out).exit_code == 1
+    assert json.loads(out.read_text()) == found
+
+
+def test_text_from_the_line_reaches_no_view_raw() -> None:
+    line = (
+        "\x1b[31m pool memory leak detected! [full] total=16, available=12, evictable=4, "
+        "protected=0, session_held=0, uncached=0, class_free_pages=\x1b]8;;x\x07@octocat"
+    )
+    for fmt in ("table", "markdown", "json"):
+        result = run("leak", line, "-f", fmt)
+        assert result.exit_code == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    rest = record(run("leak", line, "-f", "json"))["messages"][0]["pools"][0]["rest"]
+    assert rest == "class_free_pages=\x1b]8;;x\x07@octocat"  # exact in JSON
