@@ -57,18 +57,24 @@ def test_an_unreadable_dump_is_reported_once(tmp_path: Path) -> None:
     bad.write_bytes((EXAMPLES / "stale-tail.safetensors").read_bytes()[:100])
     good = str(EXAMPLES / "stale-tail.safetensors")
     for args in ([str(bad)], [str(bad), good]):
-        result = run("check", *args)
-        assert result.exit_code == 2
-        [line] = result.stderr.strip().splitlines()
-        reason = line.removeprefix("error: ")
-        assert "runs past the end" in reason
-        assert "runs past the end" not in result.stdout  # said once: on stderr
-        said = " ".join(result.stdout.split())
-        assert f"BAD INPUT: {bad} (unreadable: the error line on stderr says why)" in said
+        for view in ("table", "markdown"):
+            result = run("check", *args, "-k", "vectorized", "--format", view)
+            assert result.exit_code == 2
+            [line] = result.stderr.strip().splitlines()
+            reason = line.removeprefix("error: ")
+            assert "runs past the end" in reason
+            assert "runs past the end" not in result.stdout, view  # said once: on stderr
+            if len(args) == 1:  # nothing else to say: standard output stays empty
+                assert result.stdout == "", view
+                continue
+            said = " ".join(result.stdout.split())
+            assert "the error line on stderr says why" in said, view
+            assert f"{bad}" in said, view
     # a report written to a file keeps the reason: nothing else holds it there
     target = tmp_path / "report.txt"
-    assert run("check", str(bad), good, "-o", str(target)).exit_code == 2
-    assert "runs past the end" in " ".join(target.read_text().split())
+    for view in ("table", "markdown"):
+        assert run("check", str(bad), "-f", view, "-o", str(target), "--force").exit_code == 2
+        assert "runs past the end" in " ".join(target.read_text().split())
 
 
 # --- 80 columns ------------------------------------------------------------------------------

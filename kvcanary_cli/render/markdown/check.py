@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from kvcanary_cli.catalog import FindingCode, Severity
@@ -252,7 +252,9 @@ def _requests_table(requests: tuple[RequestSummary, ...]) -> str:
 
 def _dump_section(dump: DumpReport, max_rows: int, details: bool, text: DumpText) -> list[str]:
     parts = [f"### {_code(dump.path, cell=False)}: {dump.verdict}"]
-    if dump.error is not None:
+    if dump.error is not None and text.errors_on_stderr:  # the reason is said once
+        parts.append("**Bad input:** unreadable: the error line on stderr says why")
+    elif dump.error is not None:
         parts.append(f"**Bad input:** {_text(clipped(dump.error, text.chars))}")
     parts.append(identity_table(dump.identity, limit=text.chars))
     facts = [f"batch size: {dump.bs}"]
@@ -315,6 +317,9 @@ class DumpText:
     #: evidence lines per cause in the diagnosis (the rest counted): a long argument is
     #: shortened before any finding is, so the diagnosis is never what a trim cuts.
     evidence: int
+    #: the body goes where `check`'s error lines on stderr are read too: an unreadable
+    #: dump's reason is not repeated (a file keeps it).
+    errors_on_stderr: bool = False
 
 
 #: What came from the dump, shown generously, then shortly when the body is too long: it is
@@ -326,7 +331,11 @@ _DUMP_TEXT = (
 
 
 def check_markdown(
-    report: CheckReport, *, max_rows: int = 10, limit: int = GITHUB_BODY_LIMIT
+    report: CheckReport,
+    *,
+    max_rows: int = 10,
+    limit: int = GITHUB_BODY_LIMIT,
+    errors_on_stderr: bool = False,
 ) -> str:
     """A `kvcanary.check/2` report as a GitHub issue body, at most `limit` characters.
 
@@ -337,14 +346,15 @@ def check_markdown(
     the JSON output always has everything.
     """
     report = printable_record(report)
-    rows, details, text = max_rows, True, _DUMP_TEXT[0]
+    texts = [replace(t, errors_on_stderr=errors_on_stderr) for t in _DUMP_TEXT]
+    rows, details, text = max_rows, True, texts[0]
     brief = _clean_in_brief(report, rows, details, text, limit)
     while True:
         body = _check_markdown(report, rows, details, text, brief=brief)
         if len(body) <= limit:
             break
-        if text != _DUMP_TEXT[-1]:
-            text = _DUMP_TEXT[-1]
+        if text != texts[-1]:
+            text = texts[-1]
         elif rows > 1:
             rows //= 2
         elif details:
@@ -439,7 +449,9 @@ def _check_markdown(
     if len(report.dumps) >= 2:
         head.append(
             _table(
-                ["dump", "verdict", "bs", "findings", "error cells", "warning cells", "error"],
+                ["dump", "verdict", "bs", "findings", "error cells", "warning cells", "error"][
+                    : 6 if text.errors_on_stderr else 7
+                ],
                 [
                     [
                         _code(d.path),
@@ -449,7 +461,7 @@ def _check_markdown(
                         str(severity_count(d.counts, Severity.ERROR)),
                         str(severity_count(d.counts, Severity.WARNING)),
                         _text(None if d.error is None else clipped(d.error, text.chars)),
-                    ]
+                    ][: 6 if text.errors_on_stderr else 7]
                     for d in report.dumps
                 ],
                 right={2, 3, 4, 5},
