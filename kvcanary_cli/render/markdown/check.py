@@ -27,11 +27,13 @@ from kvcanary_cli.render.phrases.check import (
     FindingWords,
     cause_sections,
     code_cells,
+    coverage_lines,
     differences_lines,
     failing_phrase,
     finding_words,
     findings_per_count,
     glossary,
+    no_findings_phrase,
     severity_count,
     top_causes,
 )
@@ -262,6 +264,7 @@ def _dump_section(dump: DumpReport, max_rows: int, details: bool, text: DumpText
         facts.append(f"kernel mode: {_text(dump.kernel_mode)}")
     if dump.shrunk is not None:
         facts.extend(_text(line) for line in shrunk_lines(dump.shrunk))
+    facts.extend(_text(line) for line in coverage_lines(dump))
     notes = dump.notes
     facts.extend(f"note: {_text(clipped(note, text.chars))}" for note in notes[: text.notes])
     if len(notes) > text.notes:
@@ -281,7 +284,7 @@ def _dump_section(dump: DumpReport, max_rows: int, details: bool, text: DumpText
     if dump.counts:
         parts.extend(_findings_sections(dump, max_rows, details))
     elif dump.error is None:
-        parts.append("No findings.")
+        parts.append(no_findings_phrase(dump).capitalize() + ".")
     return parts
 
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.cells import Span
 
 __all__ = [
+    "coverage_lines",
+    "no_findings_phrase",
     "DIFFERENCES_NOTE",
     "EXAMPLE_CELLS",
     "FIRST_RAISE_MARK",
@@ -280,6 +282,32 @@ def glossary(dumps: Sequence[DumpReport]) -> str | None:
         used |= role_terms(dump.findings)
     terms = [f"{term}: {meaning}" for term, meaning in GLOSSARY.items() if term in used]
     return "terms: " + "; ".join(terms) if terms else None
+
+
+def coverage_lines(dump: DumpReport) -> list[str]:
+    """`checks run: full free list, SWA LUT` and `not run: tree locks (needs
+    tree_locked_full_slots, running_req_rows)`: what a verdict rests on, and what it could
+    not check for lack of a record; a family that does not apply (an SWA check of a dump
+    without SWA) is left out ([] for an unreadable dump)."""
+    ran = [c.check for c in dump.coverage if c.status == "ran"]
+    not_run = [
+        f"{c.check} ({'needs ' + ', '.join(c.missing) if c.missing else c.reason})"
+        for c in dump.coverage
+        if c.status == "not-run"
+    ]
+    lines = []
+    if ran:
+        lines.append("checks run: " + ", ".join(ran))
+    if not_run:
+        lines.append("not run: " + "; ".join(not_run))
+    return lines
+
+
+def no_findings_phrase(dump: DumpReport) -> str:
+    """`no findings`, or `no findings in the checks that ran` when some could not run."""
+    if any(c.status == "not-run" for c in dump.coverage):
+        return "no findings in the checks that ran"
+    return "no findings"
 
 
 def code_cells(counts: dict[FindingCode, int], name: Callable[[str], str] = str) -> str:

@@ -18,10 +18,12 @@ from kvcanary_cli.render.phrases.check import (
     CodeSection,
     cause_sections,
     code_cells,
+    coverage_lines,
     differences_lines,
     failing_phrase,
     findings_per_count,
     glossary,
+    no_findings_phrase,
     severity_cells,
     severity_count,
     top_causes,
@@ -260,6 +262,17 @@ def _dump_blocks(
         parts.append(shrunk_block(dump.shrunk))
     if dump.notes:
         parts.append(indented([("", Text(f"note: {note}", style="dim")) for note in dump.notes]))
+    covered = coverage_lines(dump)
+    if covered:
+        styles = ("", "yellow")  # what did not run stands out: the verdict does not cover it
+        parts.append(
+            indented(
+                [
+                    ("", Text(line, style=style))
+                    for line, style in zip(covered, styles, strict=False)
+                ]
+            )
+        )
     parts.extend(_diagnosis_blocks(dump))
     parts.extend(_raise_blocks(dump))
     if dump.groups:
@@ -280,7 +293,7 @@ def _dump_blocks(
                 parts.append(picture)
         parts.extend(_findings_blocks(dump, max_rows))
     elif dump.error is None:
-        parts.append(Text("  no findings", style="green"))
+        parts.append(Text(f"  {no_findings_phrase(dump)}", style="green"))
     return parts
 
 
