@@ -171,3 +171,16 @@ def test_what_runs_is_what_coverage_says(tmp_path: Path, monkeypatch: pytest.Mon
     report = checked(dump, kernel="none")
     assert not any(f.group == "swa" for f in report.findings)
     assert _not_run(report)["SWA LUT"] == ("full_to_swa_index_mapping",)
+
+
+@pytest.mark.parametrize("name", ["stale-swa-mapping", "swa-page-leak"])
+def test_a_fix_gives_page_size_advice_only_where_pages_hold_several_slots(
+    name: str, tmp_path: Path
+) -> None:
+    """A page-size-1 dump's fix says nothing about page_size > 1 (it contradicted the dump);
+    a paged dump's still does."""
+    for page_size in (1, 4):
+        state = make_scenario(name, seed=0, page_size=page_size)
+        report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="none")
+        [cause] = [c for c in report.diagnosis if c.code == SCENARIOS[name].cause]
+        assert ("page_size > 1" in cause.fix) is (page_size > 1), (page_size, cause.fix)
