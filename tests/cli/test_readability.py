@@ -454,3 +454,21 @@ def test_the_diagnosis_evidence_names_its_counts_as_cells() -> None:
     out = run("check", str(EXAMPLES / "stale-tail.safetensors"), "-k", "vectorized", "-f", "json")
     [cause] = json.loads(out.stdout)["dumps"][0]["diagnosis"]
     assert any("hold 4 freed-slot-in-live-range cells;" in fact for fact in cause["evidence"])
+
+
+@pytest.mark.parametrize("view", ["table", "markdown"])
+def test_the_legend_is_said_once_at_the_end_of_a_run(view: str) -> None:
+    """The three legend paragraphs (groups, units, terms) once per run, after every dump's
+    section, not after every table (issue 45)."""
+    dumps = [
+        str(EXAMPLES / name) for name in ("truncated-lut.safetensors", "stale-tail.safetensors")
+    ]
+    text = " ".join(run("check", *dumps, "-k", "vectorized", "-f", view).stdout.split())
+    last = max(text.rfind("stale-tail.safetensors"), text.rfind("truncated-lut.safetensors"))
+    for paragraph in (
+        "verify entries: what the reference plan requests",
+        "cells: the req_to_token cells",
+        "terms: batch row:",
+    ):
+        assert text.count(paragraph) == 1, (paragraph, text.count(paragraph))
+        assert text.find(paragraph) > last, paragraph

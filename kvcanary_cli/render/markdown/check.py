@@ -20,9 +20,7 @@ from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
 from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
 from kvcanary_cli.render.phrases.check import (
-    DIFFERENCES_NOTE,
     FIRST_RAISE_MARK,
-    UNITS_NOTE,
     CodeSection,
     FindingWords,
     cause_sections,
@@ -32,7 +30,7 @@ from kvcanary_cli.render.phrases.check import (
     failing_phrase,
     finding_words,
     findings_per_count,
-    glossary,
+    legend,
     no_findings_phrase,
     severity_count,
     top_causes,
@@ -76,7 +74,7 @@ def _groups_table(groups: tuple[GroupSummary, ...]) -> str:
         rows,
         right={1, 2, 3, 4},
     )
-    return f"{table}\n\n*{_text(DIFFERENCES_NOTE)}*"
+    return table
 
 
 def _where(f: Finding, words: FindingWords) -> str:
@@ -443,10 +441,6 @@ def _check_markdown(
     rows = _summary_rows(report)
     if rows:
         head.append(_table(["code", "severity", "group", "findings", "cells"], rows, right={3, 4}))
-        head.append(f"*{_text(UNITS_NOTE)}*")
-        terms = glossary(report.dumps)
-        if terms:
-            head.append(f"*{_text(terms)}*")
     else:
         head.append("No findings.")
     if len(report.dumps) >= 2:
@@ -478,4 +472,6 @@ def _check_markdown(
             parts.extend(_dump_section(dump, max_rows, details, text))
     if clean:
         parts.extend(_clean_summary(clean))
+    # once per body, after every dump: not after each table
+    parts.extend(f"*{_text(paragraph)}*" for paragraph in legend(report.dumps))
     return "\n\n".join(parts) + "\n"

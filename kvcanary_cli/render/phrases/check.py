@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.cells import Span
 
 __all__ = [
+    "legend",
     "coverage_lines",
     "no_findings_phrase",
     "DIFFERENCES_NOTE",
@@ -308,6 +309,20 @@ def no_findings_phrase(dump: DumpReport) -> str:
     if any(c.status == "not-run" for c in dump.coverage):
         return "no findings in the checks that ran"
     return "no findings"
+
+
+def legend(dumps: Sequence[DumpReport]) -> list[str]:
+    """The paragraphs that explain what a run's views showed, each once: the groups table's
+    columns, the units of the counts, the planner terms (said once per run, at its end)."""
+    paragraphs = []
+    if any(dump.groups for dump in dumps):
+        paragraphs.append(DIFFERENCES_NOTE)
+    if any(dump.counts for dump in dumps):
+        paragraphs.append(UNITS_NOTE)
+        terms = glossary(dumps)
+        if terms:
+            paragraphs.append(terms)
+    return paragraphs
 
 
 def code_cells(counts: dict[FindingCode, int], name: Callable[[str], str] = str) -> str:
