@@ -270,6 +270,9 @@ class CauseEntry:
     #: what went wrong, and what to change (a diagnosis's `summary` and `fix`).
     summary: str
     fix: str
+    #: the fix for a dump whose pages are single slots (page_size 1), where `fix` gives
+    #: advice for larger pages (None: `fix` holds at every page size).
+    fix_page_size_1: str | None = None
     #: the doc's "evidence that points to it".
     evidence: str
     #: finding codes this cause explains when no row-level or LUT-level cause claims them
@@ -1174,6 +1177,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "page_size > 1, the whole page, not only the tokens passed) before the full "
                     "slots go back"
                 ),
+                fix_page_size_1=(
+                    "clear the LUT entry of every slot free_swa releases before the full slots "
+                    "go back"
+                ),
                 evidence=(
                     "`free-slot-still-mapped`, `swa-slot-free-and-mapped` on whole pages: LUT "
                     "entries that outlived their frees (SGLang PRs #25385, #25270)"
@@ -1575,6 +1582,11 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "eviction or tombstone that drops the LUT entry, a failed allocation that "
                     "keeps the page, a speculative step with page_size > 1 that drops its "
                     "rejected tokens' entries)"
+                ),
+                fix_page_size_1=(
+                    "find the path that clears a mapping without freeing its SWA slot (an "
+                    "eviction or tombstone that drops the LUT entry, a failed allocation that "
+                    "keeps the slot)"
                 ),
                 evidence="`swa-page-leaked`",
                 findings=(FindingCode.SWA_PAGE_LEAKED,),

@@ -116,7 +116,11 @@ def check(
     view = render.render(
         report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout(output)
     )
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
+    # every dump unreadable, a view for the terminal: the error lines on stderr say it all
+    unread = all(dump.error is not None for dump in report.dumps)
+    said = output_format is not OutputFormat.JSON and not quiet and svg is None
+    if not (said and unread and to_stdout(output)):
+        deliver(view, output, force=force, svg=svg, inputs=dumps)
     for unreadable in (dump.error for dump in report.dumps if dump.error is not None):
         complain(f"error: {unreadable}")
     raise typer.Exit(check_exit(report))

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from kvcanary_cli.analysis.coverage import CHECKS
 from kvcanary_cli.catalog import (
     CAUSES,
     EVENTS,
@@ -29,6 +30,7 @@ from kvcanary_cli.catalog import (
     PoolCode,
     ViolationRowCause,
 )
+from kvcanary_cli.dump.schema import Layout
 
 __all__ = ["DOCS", "MARKER", "TABLES", "render_doc", "table"]
 
@@ -87,10 +89,27 @@ def _pool_causes() -> list[list[str]]:
     return rows
 
 
+def _coverage() -> list[list[str]]:
+    rows = [["family", "needs", "what it checks", "runs on"]]
+    for family in CHECKS:
+        needs = ", ".join(
+            " or ".join(" and ".join(_code(n) for n in together) for together in alternatives)
+            for alternatives in family.needs
+        )
+        where = "hybrid-SWA dumps" if family.swa else "every dump"
+        if set(family.layouts) != set(Layout):
+            where = where.replace("dump", f"{' or '.join(family.layouts)} dump")
+        if family.group is not None:
+            where += f", with the `{family.group}` group checked"
+        rows.append([family.name, needs, family.covers, where])
+    return rows
+
+
 #: table name -> its doc and its rows (the header first).
 TABLES: dict[str, tuple[str, Callable[[], list[list[str]]]]] = {
     "findings": ("findings.md", _findings),
     "causes": ("findings.md", _causes),
+    "coverage": ("findings.md", _coverage),
     "events": ("timeline.md", _events),
     "violation-causes": ("canary.md", _violation_causes),
     "pool-findings": ("findings.md", _pool_findings),

@@ -41,11 +41,20 @@ from typing import cast
 import numpy as np
 
 from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.coverage import (
+    FULL_FREE_LIST,
+    FULL_LEAKS,
+    SWA_FREE_LIST,
+    SWA_LEAKS,
+    SWA_LUT,
+    runs,
+    why_not,
+)
 from kvcanary_cli.analysis.findings import held_twice, step_writes
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import Group, Layout
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.results.cells import CellColumns, Role, Space
 from kvcanary_cli.results.check import Finding, JsonValue
@@ -59,42 +68,7 @@ __all__ = [
     "printed_counts",
     "recorded_held_slots",
     "reconciliation_notes",
-    "unaudited",
 ]
-
-
-def unaudited(dump: KvDump) -> list[str]:
-    """One note per bookkeeping check the dump lacks a record for, naming what to record (a
-    missing record is said, never filled in with a guess). A shrunk dump says what it dropped
-    in its own record."""
-    if dump.shrunk or dump.layout not in tuple(Layout):
-        return []  # an unknown layout has its one note (dump.loader), not one per check
-    notes = []
-    swa = dump.full_to_swa_index_mapping is not None
-    if dump.free_full_slots is None:
-        notes.append(
-            "not checked without free_full_slots: live slots on the free list, double frees "
-            "of the full pool (record the full allocator's free pages, expanded to slots)"
-        )
-    if swa and dump.free_swa_slots is None and dump.layout != Layout.UNIFIED_SWA:
-        notes.append(
-            "not checked without free_swa_slots: live SWA slots on the free list, stale SWA "
-            "mappings, SWA double frees and leaks (record the SWA allocator's free pages, "
-            "expanded to slots)"
-        )
-    lists = dump.free_swa_slots is not None and (
-        dump.free_full_slots is not None or dump.held_full_slots is not None
-    )
-    unrecorded = [
-        name
-        for name in ("num_full_slots", "num_swa_slots")
-        if dump.scalars[name].value is None or dump.scalars[name].assumed
-    ]
-    if swa and lists and unrecorded:
-        notes.append(
-            f"SWA leaks not accounted: record {' and '.join(unrecorded)} (the pools' sizes)"
-        )
-    return notes
 
 
 def _slot_cells(slots: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> CellColumns:
@@ -169,11 +143,11 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
     found: list[Finding] = []
     page = _page_size(dump.scalars["page_size"].value)  # the padding page: slots below it
     lists = (
-        (Space.FULL, Group.FULL, dump.free_full_slots, "free_full_slots"),
-        (Space.SWA, Group.SWA, dump.free_swa_slots, "free_swa_slots"),
+        (Space.FULL, Group.FULL, dump.free_full_slots, "free_full_slots", FULL_FREE_LIST),
+        (Space.SWA, Group.SWA, dump.free_swa_slots, "free_swa_slots", SWA_FREE_LIST),
     )
-    for space, group, free, name in lists:
-        if free is None or free.size == 0:
+    for space, group, free, name, family in lists:
+        if not runs(dump, family) or free is None or free.size == 0:
             continue
         values = np.asarray(free, dtype=np.int64).reshape(-1)
         repeat = held_twice(values)
@@ -229,7 +203,8 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
     Faults the live-cell detectors already report are left to them: an SWA slot free and
     mapped from a live cell (`FREED_SLOT_IN_LIVE_RANGE`), two in-window cells on one SWA slot
     (`SWA_SLOT_COLLISION`)."""
-    if dump.full_to_swa_index_mapping is None or dump.full_to_swa_index_mapping.size == 0:
+    lut = dump.full_to_swa_index_mapping
+    if not runs(dump, SWA_LUT) or lut is None or lut.size == 0:
         return []
     every_full, every_swa = _lut_entries(dump)
     page = _page_size(dump.scalars["page_size"].value)
@@ -269,7 +244,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                 page_size=page,
             )
         )
-    if dump.free_full_slots is not None:
+    if runs(dump, FULL_FREE_LIST) and dump.free_full_slots is not None:
         free_full = SlotSet(dump.free_full_slots)
         free_mapped = free_full.contains(full)
         if free_mapped.any():
@@ -287,7 +262,7 @@ def lut_bookkeeping_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list
                     page_size=page,
                 )
             )
-    if dump.free_swa_slots is not None:
+    if runs(dump, SWA_FREE_LIST) and dump.free_swa_slots is not None:
         # mapped from a full slot outside the batch's live cells (those are already reported)
         stale = SlotSet(dump.free_swa_slots).contains(swa)
         stale[stale] &= ~SlotSet(cells.slot[cells.slot > 0]).contains(full[stale])
@@ -421,18 +396,12 @@ def leaked_swa_pages(
     lut = dump.full_to_swa_index_mapping
     if lut is None:
         return None, None
+    why = why_not(dump, SWA_LEAKS)  # the records it needs, a whole LUT, not shrunk
+    if why is not None:
+        return None, why
     held, free = dump.held_full_slots, dump.free_swa_slots
-    recorded = dump.tree_full_slots is not None and dump.req_pool_allocated_lens is not None
-    if free is None or (held is None and dump.free_full_slots is None and not recorded):
-        return None, "record free_swa_slots and held_full_slots (or free_full_slots)"
-    if dump.shrunk:
-        return None, "a shrunk dump keeps too little of the LUT and the free lists"
-    swa_slots, full_slots = _recorded(dump, "num_swa_slots"), _recorded(dump, "num_full_slots")
-    if swa_slots is None or full_slots is None:
-        return None, "record num_full_slots and num_swa_slots"
-    if not lut.complete or lut.element(-1) != -1 or int(lut.shape[0]) < full_slots + 1:
-        # the slots past a sliced or short LUT map nowhere we can see
-        return None, "the LUT is partial, sliced or shorter than the pool"
+    swa_slots = _recorded(dump, "num_swa_slots")
+    assert free is not None and swa_slots is not None
     if mapped is None:
         every_full, every_swa = _lut_entries(dump)
         picked = np.flatnonzero(every_swa > 0)
@@ -712,12 +681,11 @@ def _running_mask(dump: KvDump, size: int, page: int) -> np.ndarray:
 def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
     """(the leaked full slots, kvcanary's counts of the pool) when the dump records the tree,
     the running requests, the full free list and the pool size; None otherwise."""
+    if not runs(dump, FULL_LEAKS):
+        return None
     tree, free = dump.tree_full_slots, dump.free_full_slots
     size = _recorded(dump, "num_full_slots")
-    if tree is None or free is None or dump.req_pool_allocated_lens is None or size is None:
-        return None
-    if dump.shrunk:
-        return None
+    assert tree is not None and free is not None and size is not None
     page = _page(dump)
     bound = 4 * (int(np.asarray(free).size) + int(np.asarray(tree).size)) + (1 << 22)
     if size <= page or size > bound:

@@ -24,11 +24,19 @@ from kvcanary_cli.analysis.bookkeeping import (
     lut_bookkeeping_findings,
     pool_leak_findings,
     reconciliation_notes,
-    unaudited,
 )
 from kvcanary_cli.analysis.canary_findings import canary_findings
 from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
+from kvcanary_cli.analysis.coverage import (
+    CANARY_REPLAY,
+    PAGE_TABLES,
+    REQUEST_ROWS,
+    SWA_LUT,
+    TREE_LOCKS,
+    coverage,
+    runs,
+)
 from kvcanary_cli.analysis.diagnosis import diagnose
 from kvcanary_cli.analysis.dump_pool import (
     FEWER_JOBS,
@@ -144,7 +152,7 @@ def run_check(
         bs=dump.bs,
         groups=summaries,
         findings=tuple(findings),  # the report sorts them
-        notes=(*dump.notes, *unaudited(dump), *reconciliation_notes(dump), *stand_ins),
+        notes=(*dump.notes, *reconciliation_notes(dump), *stand_ins),
         kernel_mode=cast(KernelMode | None, kernel.mode if kernel else None),
         diagnosis=causes,
         requests=requests,
@@ -159,6 +167,7 @@ def run_check(
         ),
         assumptions=assumptions,
         shrunk=None if dump.shrink is None else Shrunk.of(dump.shrink, dump.path.name),
+        coverage=coverage(dump, groups or dump.groups),
     )
 
 
@@ -239,16 +248,17 @@ def _collect(
         + free_list_findings(dump)
         + pool_leak_findings(dump)
     )
-    if dump.free_req_rows is not None or dump.running_req_rows is not None:
-        findings += req_row_findings(dump)  # a dump without the pool rows' records: nothing
-    if dump.tree_locked_full_slots is not None:
+    # each family runs where `coverage` says it does: the report's coverage is the same answer
+    if runs(dump, REQUEST_ROWS):
+        findings += req_row_findings(dump)
+    if runs(dump, TREE_LOCKS):
         from kvcanary_cli.analysis.tree_locks import tree_lock_findings
 
-        findings += tree_lock_findings(dump)  # only a dump that records the tree's locks
-    if dump.page_tables:
+        findings += tree_lock_findings(dump)
+    if runs(dump, PAGE_TABLES):
         from kvcanary_cli.analysis.unified import unified_findings
 
-        findings += unified_findings(dump)  # only a unified-layout dump records the tables
+        findings += unified_findings(dump)
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}
@@ -265,7 +275,7 @@ def _collect(
                     continue
                 finding = fresh
             findings.append(finding)
-        if group is Group.SWA:
+        if group is Group.SWA and runs(dump, SWA_LUT, chosen):
             findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
             findings.extend(lut_bookkeeping_findings(dump, cells, plan))
         kernel_plan = None  # needed from here on: planned in the background, or now
@@ -278,7 +288,7 @@ def _collect(
         # Replay verify on the canary buffers with the plan production ran (the kernel's,
         # unless it refused the batch or there is none); a dump without canary buffers (a
         # capture without kv canary, most synthetic ones) has nothing to replay.
-        if dump.canary_buffers:
+        if runs(dump, CANARY_REPLAY):
             ran = plan
             if kernel_plan is not None and kernel_plan.launch_error is None:
                 ran = kernel_plan

@@ -170,7 +170,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     _pages_out_of_lockstep(state)
     _canary_records(state)
     _reserved_page(state)
-    causes = [_cause(entry, findings) for entry in state.claims.values() if entry.members]
+    causes = [_cause(entry, findings, dump) for entry in state.claims.values() if entry.members]
     causes.extend(possible)
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
     split = state.split()  # a chain links two causes or more
@@ -203,15 +203,24 @@ def _with_next_commands(
     return tuple(out)
 
 
-def _cause(entry: _Claim, findings: list[Finding]) -> Cause:
+def _cause(entry: _Claim, findings: list[Finding], dump: KvDump) -> Cause:
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
         summary=CAUSES[entry.code].summary,
         evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
         explains=dict(sorted(entry.explains.items(), key=lambda kv: kv[0].order)),
-        fix=CAUSES[entry.code].fix,
+        fix=fix_for(entry.code, dump),
     )
+
+
+def fix_for(code: CauseCode, dump: KvDump) -> str:
+    """`code`'s fix as it applies to `dump`: no advice for pages of several slots on a dump
+    that records pages of one."""
+    entry = CAUSES[code]
+    page = dump.scalars["page_size"]
+    single = page.value == 1 and page.origin in ("recorded", "overridden")
+    return entry.fix_page_size_1 if single and entry.fix_page_size_1 else entry.fix
 
 
 def _default_evidence(entry: _Claim, findings: list[Finding]) -> tuple[str, ...]:
@@ -907,7 +916,7 @@ def _lut_or_slots(state: _Diagnosis) -> list[Cause]:
                 *evidence,
             ),
             explains=dict(state.claims[first].explains),
-            fix=CAUSES[second].fix,
+            fix=fix_for(second, dump),
         )
     ]
 

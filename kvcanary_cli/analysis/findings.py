@@ -13,6 +13,7 @@ from typing import cast
 
 import numpy as np
 
+from kvcanary_cli.analysis.coverage import FULL_FREE_LIST, STEP_WRITES, SWA_FREE_LIST, SWA_LUT, runs
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
@@ -279,8 +280,8 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     found.extend(_shared_across_positions(cells, shared))
     invalid = ~real if pool.value is None else ~real | (slot >= pool.value)
     found.extend(_shared_without_prefix(cells, shared, invalid))
-    if dump.free_full_slots is not None:
-        free = dump.free_full_slots
+    free = dump.free_full_slots
+    if runs(dump, FULL_FREE_LIST) and free is not None:
         found += _cell_records(
             FindingCode.FREED_SLOT_IN_LIVE_RANGE,
             cells,
@@ -288,7 +289,8 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
             lambda i: f"live slot {slot[i]} is on the allocator's free list (use after free)",
             run_what="slots on the allocator's free list (use after free)",
         )
-    found.extend(write_findings(dump, cells))
+    if runs(dump, STEP_WRITES):
+        found.extend(write_findings(dump, cells))
     return found
 
 
@@ -706,7 +708,7 @@ def lut_findings(dump: KvDump) -> list[Finding]:
     command-line) pool size can contradict the LUT: a derived one is the LUT's own length.
     """
     lut = dump.full_to_swa_index_mapping
-    if lut is None or lut.size == 0:
+    if not runs(dump, SWA_LUT) or lut is None or lut.size == 0:
         return []
     found: list[Finding] = []
     lut_len, last = int(lut.shape[0]), lut.element(-1)
@@ -738,7 +740,7 @@ def lut_findings(dump: KvDump) -> list[Finding]:
 def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     """SWA-space findings: unmapped in-window slots, SWA collisions, freed SWA peers."""
     lut_tensor = dump.full_to_swa_index_mapping
-    if lut_tensor is None:
+    if not runs(dump, SWA_LUT) or lut_tensor is None:
         return []
     lut_len = int(lut_tensor.shape[0])
     start = plan.frame.window_start[cells.held("batch_row")]
@@ -764,8 +766,8 @@ def swa_findings(dump: KvDump, cells: LiveCells, plan: Plan) -> list[Finding]:
     found += _swa_collisions(
         cells, swa, np.flatnonzero(held_twice(swa, in_window & mappable & (swa > 0)))
     )
-    if dump.free_swa_slots is not None:
-        free = dump.free_swa_slots
+    free = dump.free_swa_slots
+    if runs(dump, SWA_FREE_LIST) and free is not None:
         freed = np.flatnonzero(mappable & (swa > 0) & SlotSet(free).contains(swa))
         prefix_only = ~(in_window[freed] | cells.pending[freed])
         found += _cell_records(

@@ -496,6 +496,13 @@ _ROLE_TIER = {
 }
 
 
+#: Why SWA slot 0 has no holders: every full slot without an SWA peer reads it.
+_UNMAPPED_NOTE = (
+    "SWA slot 0 is the reserved padding slot, and LUT[f] = 0 means full slot f has no SWA "
+    "peer (unmapped): no full slot holds it"
+)
+
+
 def swa_provenance(
     dump: KvDump,
     index: ProvenanceIndex,
@@ -524,6 +531,7 @@ def swa_provenance(
         space=Space.SWA,
         cells=tuple(cells[: index.max_cells]),
         cells_total=total,
+        translation_note=_UNMAPPED_NOTE if swa_slot == 0 else None,
         mapped_from=mapped_from,
         clamped_from=clamped_from,
         allocator=_allocator_state(
@@ -564,14 +572,18 @@ def clamped_sources(
 def full_slots_mapping_to(
     dump: KvDump, swa_slots: Iterable[int], *, limit: int = 64
 ) -> dict[int, tuple[int, ...]]:
-    """For each SWA slot s, the full slots f with LUT[f] == s (one pass over the LUT).
+    """For each SWA slot s, the full slots f with LUT[f] == s (one pass over the LUT); none
+    for s <= 0 (0 is the LUT's "unmapped").
 
     The trailing -1 is the LUT's sentinel, not a mapping; a LUT whose last entry is not -1
     (sliced) maps its last index like any other. At most `limit` full slots per SWA slot.
     """
-    wanted = sorted({int(s) for s in swa_slots})
+    every = sorted({int(s) for s in swa_slots})
+    found: dict[int, tuple[int, ...]] = dict.fromkeys(every, ())
+    # LUT[f] == 0 is "no SWA peer" (every unmapped full slot reads it), not a mapping to the
+    # padding slot 0; nor does any entry map to a negative slot
+    wanted = [s for s in every if s > 0]
     lut = dump.full_to_swa_index_mapping
-    found: dict[int, tuple[int, ...]] = dict.fromkeys(wanted, ())
     if lut is None or not wanted:
         return found
     stop = int(lut.shape[0]) - (1 if lut.element(-1) == -1 else 0)

@@ -120,6 +120,24 @@ def _brief(value: object, limit: int = 120) -> str:
     return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
+#: Bytes of a file that is not safetensors shown in its error line, when they are text.
+_SNIFF_BYTES = 40
+
+
+def _not_safetensors(head: bytes) -> str:
+    """Why a file is not a dump, with its first words when it is text (a log, a README)."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:  # cut inside a character, or binary
+        text = head[: len(head) - 3].decode("utf-8", errors="replace")
+        if "\ufffd" in text:
+            return "not a safetensors file (its first bytes are no safetensors header)"
+    words = " ".join(text.split())
+    if not words or not words.isprintable():
+        return "not a safetensors file (its first bytes are no safetensors header)"
+    return f"not a safetensors file: it starts with text ({words!r}...)"
+
+
 def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     """Parse and bound-check a safetensors header; raise `DumpError` on anything odd."""
     path = Path(path)
@@ -147,6 +165,12 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
             state = FileState.of(os.fstat(handle.fileno()))
             size = state.size  # the file opened, should another have taken the path since
             header_len = int.from_bytes(handle.read(8), "little")
+            sane = 0 < header_len <= MAX_HEADER_BYTES and 8 + header_len <= size
+            if not sane and handle.read(1) != b"{":
+                # a safetensors header is a JSON object: a length that makes no sense with
+                # no `{` after it is another kind of file, not a broken dump
+                handle.seek(0)
+                raise _corrupt(path, _not_safetensors(handle.read(_SNIFF_BYTES)))
             if header_len == 0 or header_len > MAX_HEADER_BYTES:
                 raise _corrupt(
                     path,

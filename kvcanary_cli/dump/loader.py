@@ -85,6 +85,7 @@ __all__ = [
     "Scalar",
     "TensorInfo",
     "load_dump",
+    "read_in_any_layout",
 ]
 
 GROUPS = tuple(Group)
@@ -591,6 +592,14 @@ _KV_FAMILIES = ("canary.", "real_kv.")
 _KV_SCALARS = frozenset({"num_full_slots", "num_swa_slots", "groups"})
 
 
+def read_in_any_layout(name: str) -> bool:
+    """Whether the record `name` (a tensor, a scalar, `canary buffers`) is read whatever the
+    dump's layout: a KV record of a layout kvcanary does not know is not."""
+    if name in _KV_RECORDS or name in _KV_SCALARS or name.startswith(_KV_FAMILIES):
+        return False
+    return not name.startswith("canary")
+
+
 def unsupported_layout_note(layout: str) -> str:
     """The one note of a dump whose layout kvcanary does not know: what was not checked."""
     known = ", ".join(item.value for item in Layout)
@@ -598,7 +607,7 @@ def unsupported_layout_note(layout: str) -> str:
         f"layout {layout[:60]!r} is not one kvcanary checks ({known}): its pool sizes, LUT, "
         "free lists, tree records, page tables and canary buffers were not read, so pool "
         "bounds, free lists, leaks, the SWA group and canary records were not checked; the "
-        "batch, the table's rows and the request pool's rows were"
+        "batch, the table's rows and the request pool's rows were checked"
     )
 
 

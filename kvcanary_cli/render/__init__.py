@@ -39,7 +39,7 @@ def render(
     JSON carries everything; table and Markdown show the first `max_rows` of each list and
     count the rest. For a check, `quiet` keeps only the verdict lines (whatever `fmt`), and
     `to_stdout` says the view goes where `check`'s error lines on stderr are read too, so the
-    table does not repeat why a dump is unreadable (a file keeps it).
+    table and Markdown do not repeat why a dump is unreadable (a file keeps it).
     """
     schema = result.SCHEMA.split("/")[0].removeprefix("kvcanary.")
     table: Any
@@ -47,7 +47,7 @@ def render(
     rows = {"max_rows": max_rows}
     match schema:
         case "check":
-            from kvcanary_cli.render.markdown.check import check_markdown as markdown
+            from kvcanary_cli.render.markdown.check import check_markdown
             from kvcanary_cli.render.table.check import check_table, verdict_lines
 
             if quiet:  # counts only: no finding read, whatever the number of cells
@@ -55,6 +55,9 @@ def render(
 
             def table(r: Any, **kw: Any) -> RenderableType:
                 return check_table(r, errors_on_stderr=to_stdout, **kw)
+
+            def markdown(r: Any, **kw: Any) -> str:
+                return check_markdown(r, errors_on_stderr=to_stdout, **kw)
         case "pool-check":
             from kvcanary_cli.render.markdown.pool import pool_check_markdown as markdown
             from kvcanary_cli.render.table.pool import pool_check_table as table

@@ -21,9 +21,11 @@ __all__ = [
     "UPSTREAM_RAISE",
     "Assumption",
     "Cause",
+    "CheckCoverage",
     "CheckReport",
     "CheckSummary",
     "CodeCount",
+    "CoverageStatus",
     "DumpReport",
     "DumpVerdict",
     "Finding",
@@ -54,6 +56,8 @@ KernelName = Literal["triton", "vectorized-gpu", "sglang", "none"]
 KernelMode = Literal["compiled", "interpreter", "reference", "cuda"]
 #: A plan field of the reference/kernel comparison.
 PlanValueName = Literal["verify slot", "prev slot", "expected token", "write seed"]
+#: Whether a family of checks ran on a dump (`CheckCoverage`).
+CoverageStatus = Literal["ran", "not-run", "not-applicable"]
 #: Where a scalar's value came from, as a fact or an assumption.
 ScalarOrigin = Literal["recorded", "overridden", "derived", "default", "unknown"]
 
@@ -217,6 +221,25 @@ class GroupSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckCoverage:
+    """One family of checks, and whether this dump let it run: a clean verdict says what it
+    checked (docs/findings.md, "Coverage")."""
+
+    #: the family's name
+    check: str
+    #: what it looks for
+    covers: str
+    #: ran; not-run (a record it needs is missing, or `reason`); not-applicable (an SWA
+    #: check of a dump with no sign of an SWA pool)
+    status: CoverageStatus
+    #: the records it needs that the dump lacks ("a or b": either one would do); [] unless
+    #: not-run
+    missing: tuple[str, ...] = ()
+    #: why it did not run, beyond a missing record (a shrunk dump, --group full)
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cause:
     """A diagnosis: what went wrong upstream of a group of findings, and what to fix."""
 
@@ -331,6 +354,8 @@ class DumpReport:
     groups: tuple[GroupSummary, ...]
     #: every scalar as the check used it
     scalars: tuple[ScalarValue, ...] = ()
+    #: each family of checks: whether it ran, and what it lacked if not ([] when unreadable)
+    coverage: tuple[CheckCoverage, ...] = ()
     #: derived scalars some findings rest on (those findings are info)
     assumptions: tuple[Assumption, ...] = ()
     #: most likely first; [] without findings

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kvcanary_cli.analysis.bookkeeping import free_list_findings, lut_bookkeeping_findings
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import FindingCode
-from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.synth.state import build_dump
 from tests.helpers import AUDIT_SCENARIOS, RULE_SCENARIOS, VECTORIZED, checked
@@ -217,22 +217,29 @@ def test_leaks_are_accounted_from_the_free_lists_when_held_slots_are_not_recorde
 
 
 def test_a_check_the_dump_has_no_record_for_says_what_to_record(tmp_path: Path) -> None:
-    """A missing free list or pool size is named in the report's notes, never guessed; a dump
-    with every record has no such note."""
-    from kvcanary_cli.analysis.bookkeeping import unaudited
+    """A missing free list or pool size is named in the report's coverage, never guessed; a
+    dump with every record the bookkeeping reads runs all of it."""
 
+    def not_run(dump: KvDump) -> dict[str, tuple[str, ...]]:
+        report = checked(dump, kernel="none")
+        return {c.check: c.missing for c in report.coverage if c.status == "not-run"}
+
+    bookkeeping = {"full free list", "SWA free list", "SWA LUT", "SWA pool leaks"}
     state = make_scenario("clean-swa-paged", seed=0)
-    whole = checked(load_dump(state.save(tmp_path / "whole.safetensors")), kernel="none")
-    assert not [n for n in whole.notes if "record" in n]
+    whole = load_dump(state.save(tmp_path / "whole.safetensors"))
+    assert not bookkeeping & set(not_run(whole))
     del state.tensors["free_swa_slots"]
     dump = load_dump(state.save(tmp_path / "no-swa-list.safetensors"))
-    [note] = unaudited(dump)
-    assert note.startswith("not checked without free_swa_slots") and "SWA allocator" in note
-    assert note in checked(dump, kernel="none").notes
+    assert {k: v for k, v in not_run(dump).items() if k in bookkeeping} == {
+        "SWA free list": ("free_swa_slots",),
+        "SWA pool leaks": ("free_swa_slots",),
+    }
     state = make_scenario("clean-swa-paged", seed=0)
     del state.metadata["num_swa_slots"]
     dump = load_dump(state.save(tmp_path / "no-pool.safetensors"))
-    assert unaudited(dump) == ["SWA leaks not accounted: record num_swa_slots (the pools' sizes)"]
+    assert {k: v for k, v in not_run(dump).items() if k in bookkeeping} == {
+        "SWA pool leaks": ("num_swa_slots",)
+    }
 
 
 @pytest.mark.parametrize("page_size", [4, 16])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from kvcanary_cli import api
 from kvcanary_cli.analysis.provenance import ProvenanceIndex, live_cells
@@ -13,6 +15,8 @@ from kvcanary_cli.analysis.query import row_map, slot_query
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.planners.frame import group_frame
+from kvcanary_cli.render import OutputFormat, render
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import checked
 
@@ -288,3 +292,25 @@ def test_a_full_slot_whose_swa_peer_is_free_shows_that_finding(tmp_path: Path) -
         ("freed-slot-in-live-range", "swa", swa, (full,))
     }
     assert api.provenance(path, slot=other).findings == ()
+
+
+def test_swa_slot_0_has_no_holders(tmp_path: Path) -> None:
+    """LUT[f] == 0 means "no SWA peer": every unmapped full slot reads 0, so SWA slot 0 (the
+    reserved padding slot) is held by none of them (was: "swa slot 0 is held at ... +N more")."""
+    state = make_scenario("clean-swa", seed=0)
+    free = state.tensors["free_swa_slots"]
+    state.tensors["free_swa_slots"] = np.concatenate([np.zeros(1, dtype=free.dtype), free])
+    dump = load_dump(state.save(tmp_path / "d.safetensors"))
+    lut = dump.full_to_swa_index_mapping
+    assert lut is not None and int((lut.array()[:-1] == 0).sum()) > 1  # unmapped full slots
+    report = checked(dump, kernel="vectorized")
+    [finding] = [f for f in report.findings if f.space == "swa" and f.slot == 0]
+    [prov] = finding.provenance
+    assert (prov.mapped_from, prov.cells, prov.cells_total) == ((), (), 0)
+    assert prov.translation_note is not None and "unmapped" in prov.translation_note
+    answer = slot_query(dump, report.findings, 0, space="swa")
+    assert answer.slot is not None and answer.slot.mapped_from == ()
+    console = Console(file=io.StringIO(), width=120, color_system=None, record=True)
+    console.print(render(CheckReport(dumps=(report,)), OutputFormat.TABLE))
+    text = console.export_text()
+    assert "reserved-slot-in-use" in text and "swa slot 0 is held at" not in text

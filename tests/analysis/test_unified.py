@@ -15,6 +15,7 @@ import pytest
 from kvcanary_cli.api import check
 from kvcanary_cli.capture.tree import _lut_of
 from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.render.phrases.check import coverage_lines
 
 #: virtual pages (and physical pages per side), page size 1: row 1 holds virtual 1, 2, 3
 PAGES = 8
@@ -64,6 +65,9 @@ def test_correct_state_is_clean(tmp_path: Path) -> None:
     assert report.error is None
     assert _errors(report) == []
     assert not any("not checked" in note for note in report.notes), report.notes
+    status = {c.check: c.status for c in report.coverage}
+    assert status["page tables"] == "ran"  # and the paged layout's SWA free list is not a gap
+    assert status["SWA free list"] == status["SWA pool leaks"] == "not-applicable"
 
 
 def _planted(name: str) -> dict[str, Any]:
@@ -119,6 +123,11 @@ def test_unsupported_layout_gets_one_note_and_no_finding(tmp_path: Path) -> None
     said = [note for note in report.notes if "layout" in note]
     assert len(said) == 1 and "'hybrid-mamba'" in said[0] and "not checked" in said[0]
     assert not any("not checked without" in note for note in report.notes)
+    unread = {c.check for c in report.coverage if c.reason and "'hybrid-mamba'" in c.reason}
+    assert {"full free list", "SWA LUT", "full pool leaks", "tree locks"} <= unread
+    assert "step writes" not in unread  # the batch is read whatever the layout
+    [line] = [ln for ln in coverage_lines(report) if ln.startswith("not run: ")]
+    assert line.count("'hybrid-mamba'") == 1  # the families it stopped, said together
 
 
 def test_paged_dump_without_layout_reads_as_before(tmp_path: Path) -> None:

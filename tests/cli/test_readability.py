@@ -57,18 +57,24 @@ def test_an_unreadable_dump_is_reported_once(tmp_path: Path) -> None:
     bad.write_bytes((EXAMPLES / "stale-tail.safetensors").read_bytes()[:100])
     good = str(EXAMPLES / "stale-tail.safetensors")
     for args in ([str(bad)], [str(bad), good]):
-        result = run("check", *args)
-        assert result.exit_code == 2
-        [line] = result.stderr.strip().splitlines()
-        reason = line.removeprefix("error: ")
-        assert "runs past the end" in reason
-        assert "runs past the end" not in result.stdout  # said once: on stderr
-        said = " ".join(result.stdout.split())
-        assert f"BAD INPUT: {bad} (unreadable: the error line on stderr says why)" in said
+        for view in ("table", "markdown"):
+            result = run("check", *args, "-k", "vectorized", "--format", view)
+            assert result.exit_code == 2
+            [line] = result.stderr.strip().splitlines()
+            reason = line.removeprefix("error: ")
+            assert "runs past the end" in reason
+            assert "runs past the end" not in result.stdout, view  # said once: on stderr
+            if len(args) == 1:  # nothing else to say: standard output stays empty
+                assert result.stdout == "", view
+                continue
+            said = " ".join(result.stdout.split())
+            assert "the error line on stderr says why" in said, view
+            assert f"{bad}" in said, view
     # a report written to a file keeps the reason: nothing else holds it there
     target = tmp_path / "report.txt"
-    assert run("check", str(bad), good, "-o", str(target)).exit_code == 2
-    assert "runs past the end" in " ".join(target.read_text().split())
+    for view in ("table", "markdown"):
+        assert run("check", str(bad), "-f", view, "-o", str(target), "--force").exit_code == 2
+        assert "runs past the end" in " ".join(target.read_text().split())
 
 
 # --- 80 columns ------------------------------------------------------------------------------
@@ -448,3 +454,21 @@ def test_the_diagnosis_evidence_names_its_counts_as_cells() -> None:
     out = run("check", str(EXAMPLES / "stale-tail.safetensors"), "-k", "vectorized", "-f", "json")
     [cause] = json.loads(out.stdout)["dumps"][0]["diagnosis"]
     assert any("hold 4 freed-slot-in-live-range cells;" in fact for fact in cause["evidence"])
+
+
+@pytest.mark.parametrize("view", ["table", "markdown"])
+def test_the_legend_is_said_once_at_the_end_of_a_run(view: str) -> None:
+    """The three legend paragraphs (groups, units, terms) once per run, after every dump's
+    section, not after every table (issue 45)."""
+    dumps = [
+        str(EXAMPLES / name) for name in ("truncated-lut.safetensors", "stale-tail.safetensors")
+    ]
+    text = " ".join(run("check", *dumps, "-k", "vectorized", "-f", view).stdout.split())
+    last = max(text.rfind("stale-tail.safetensors"), text.rfind("truncated-lut.safetensors"))
+    for paragraph in (
+        "verify entries: what the reference plan requests",
+        "cells: the req_to_token cells",
+        "terms: batch row:",
+    ):
+        assert text.count(paragraph) == 1, (paragraph, text.count(paragraph))
+        assert text.find(paragraph) > last, paragraph

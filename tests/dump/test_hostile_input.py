@@ -143,7 +143,7 @@ def test_the_caps_leave_room_for_a_dump(tmp_path: Path) -> None:
 
 def test_a_header_above_the_cap_is_not_read(tmp_path: Path) -> None:
     path = tmp_path / "d.safetensors"
-    path.write_bytes(struct.pack("<Q", MAX_HEADER_BYTES + 8) + b" " * (MAX_HEADER_BYTES + 8))
+    path.write_bytes(struct.pack("<Q", MAX_HEADER_BYTES + 8) + b"{" + b" " * (MAX_HEADER_BYTES + 7))
     line = inspect_bad_input(path)
     assert f"header length {MAX_HEADER_BYTES + 8}" in line and "absurd" in line
 

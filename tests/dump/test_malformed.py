@@ -110,6 +110,12 @@ def _text(tmp: Path) -> Path:
     return tmp / "d"
 
 
+def _no_header(tmp: Path) -> Path:
+    # its first 8 bytes read as a header length inside the cap, yet past the end of the file
+    (tmp / "d").write_bytes(b"ab\0\0\0\0\0\0 and some more text\n")
+    return tmp / "d"
+
+
 def _random_bytes(tmp: Path) -> Path:
     (tmp / "d").write_bytes(random.Random(0).randbytes(4096))
     return tmp / "d"
@@ -229,8 +235,9 @@ CASES: dict[str, Case] = {
     "directory": Case(_directory, DumpError, ("dumpdir", "is a directory")),
     "empty-file": Case(_empty, CorruptDumpError, ("file is empty",)),
     "five-bytes": Case(_five_bytes, CorruptDumpError, ("5 bytes", "too short")),
-    "text-file": Case(_text, CorruptDumpError, ("not safetensors", "header length")),
-    "random-bytes": Case(_random_bytes, CorruptDumpError, ("not safetensors",)),
+    "text-file": Case(_text, CorruptDumpError, ("not a safetensors file", "text", "README")),
+    "random-bytes": Case(_random_bytes, CorruptDumpError, ("not a safetensors file",)),
+    "length-past-eof-no-header": Case(_no_header, CorruptDumpError, ("not a safetensors file",)),
     # The header.
     "header-length-absurd": Case(
         _header_absurd, CorruptDumpError, (str(2**60), "absurd", "expected 1..")
@@ -511,6 +518,13 @@ def test_hostile_header_is_rejected_without_allocating(case_id: str, tmp_path: P
     # The lie is 2^60 header bytes or 2^83 tensor bytes; the truth is a few MB of header at most.
     # (Memory, not time, is asserted: wall-clock limits belong in bench/, not in tests.)
     assert peak < 4 * path.stat().st_size + (1 << 20), peak
+
+
+@pytest.mark.parametrize("case_id", ["text-file", "random-bytes", "length-past-eof-no-header"])
+def test_a_file_that_is_not_safetensors_is_called_so(case_id: str, tmp_path: Path) -> None:
+    # not "header length 8031924123371070824 is absurd": a user passed the wrong file
+    line = inspect_bad_input(CASES[case_id].build(tmp_path))
+    assert "header length" not in line and "absurd" not in line, line
 
 
 def test_header_length_absurd_file_is_tiny(tmp_path: Path) -> None:

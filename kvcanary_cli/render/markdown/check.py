@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from kvcanary_cli.catalog import FindingCode, Severity
@@ -20,18 +20,18 @@ from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
 from kvcanary_cli.render.markdown.common import identity_table, provenance_body, reproduce
 from kvcanary_cli.render.phrases.check import (
-    DIFFERENCES_NOTE,
     FIRST_RAISE_MARK,
-    UNITS_NOTE,
     CodeSection,
     FindingWords,
     cause_sections,
     code_cells,
+    coverage_lines,
     differences_lines,
     failing_phrase,
     finding_words,
     findings_per_count,
-    glossary,
+    legend,
+    no_findings_phrase,
     severity_count,
     top_causes,
 )
@@ -74,7 +74,7 @@ def _groups_table(groups: tuple[GroupSummary, ...]) -> str:
         rows,
         right={1, 2, 3, 4},
     )
-    return f"{table}\n\n*{_text(DIFFERENCES_NOTE)}*"
+    return table
 
 
 def _where(f: Finding, words: FindingWords) -> str:
@@ -254,7 +254,9 @@ def _requests_table(requests: tuple[RequestSummary, ...]) -> str:
 
 def _dump_section(dump: DumpReport, max_rows: int, details: bool, text: DumpText) -> list[str]:
     parts = [f"### {_code(dump.path, cell=False)}: {dump.verdict}"]
-    if dump.error is not None:
+    if dump.error is not None and text.errors_on_stderr:  # the reason is said once
+        parts.append("**Bad input:** unreadable: the error line on stderr says why")
+    elif dump.error is not None:
         parts.append(f"**Bad input:** {_text(clipped(dump.error, text.chars))}")
     parts.append(identity_table(dump.identity, limit=text.chars))
     facts = [f"batch size: {dump.bs}"]
@@ -262,6 +264,7 @@ def _dump_section(dump: DumpReport, max_rows: int, details: bool, text: DumpText
         facts.append(f"kernel mode: {_text(dump.kernel_mode)}")
     if dump.shrunk is not None:
         facts.extend(_text(line) for line in shrunk_lines(dump.shrunk))
+    facts.extend(_text(line) for line in coverage_lines(dump))
     notes = dump.notes
     facts.extend(f"note: {_text(clipped(note, text.chars))}" for note in notes[: text.notes])
     if len(notes) > text.notes:
@@ -281,7 +284,7 @@ def _dump_section(dump: DumpReport, max_rows: int, details: bool, text: DumpText
     if dump.counts:
         parts.extend(_findings_sections(dump, max_rows, details))
     elif dump.error is None:
-        parts.append("No findings.")
+        parts.append(no_findings_phrase(dump).capitalize() + ".")
     return parts
 
 
@@ -317,6 +320,9 @@ class DumpText:
     #: evidence lines per cause in the diagnosis (the rest counted): a long argument is
     #: shortened before any finding is, so the diagnosis is never what a trim cuts.
     evidence: int
+    #: the body goes where `check`'s error lines on stderr are read too: an unreadable
+    #: dump's reason is not repeated (a file keeps it).
+    errors_on_stderr: bool = False
 
 
 #: What came from the dump, shown generously, then shortly when the body is too long: it is
@@ -328,7 +334,11 @@ _DUMP_TEXT = (
 
 
 def check_markdown(
-    report: CheckReport, *, max_rows: int = 10, limit: int = GITHUB_BODY_LIMIT
+    report: CheckReport,
+    *,
+    max_rows: int = 10,
+    limit: int = GITHUB_BODY_LIMIT,
+    errors_on_stderr: bool = False,
 ) -> str:
     """A `kvcanary.check/2` report as a GitHub issue body, at most `limit` characters.
 
@@ -339,14 +349,15 @@ def check_markdown(
     the JSON output always has everything.
     """
     report = printable_record(report)
-    rows, details, text = max_rows, True, _DUMP_TEXT[0]
+    texts = [replace(t, errors_on_stderr=errors_on_stderr) for t in _DUMP_TEXT]
+    rows, details, text = max_rows, True, texts[0]
     brief = _clean_in_brief(report, rows, details, text, limit)
     while True:
         body = _check_markdown(report, rows, details, text, brief=brief)
         if len(body) <= limit:
             break
-        if text != _DUMP_TEXT[-1]:
-            text = _DUMP_TEXT[-1]
+        if text != texts[-1]:
+            text = texts[-1]
         elif rows > 1:
             rows //= 2
         elif details:
@@ -432,16 +443,14 @@ def _check_markdown(
     rows = _summary_rows(report)
     if rows:
         head.append(_table(["code", "severity", "group", "findings", "cells"], rows, right={3, 4}))
-        head.append(f"*{_text(UNITS_NOTE)}*")
-        terms = glossary(report.dumps)
-        if terms:
-            head.append(f"*{_text(terms)}*")
     else:
         head.append("No findings.")
     if len(report.dumps) >= 2:
         head.append(
             _table(
-                ["dump", "verdict", "bs", "findings", "error cells", "warning cells", "error"],
+                ["dump", "verdict", "bs", "findings", "error cells", "warning cells", "error"][
+                    : 6 if text.errors_on_stderr else 7
+                ],
                 [
                     [
                         _code(d.path),
@@ -451,7 +460,7 @@ def _check_markdown(
                         str(severity_count(d.counts, Severity.ERROR)),
                         str(severity_count(d.counts, Severity.WARNING)),
                         _text(None if d.error is None else clipped(d.error, text.chars)),
-                    ]
+                    ][: 6 if text.errors_on_stderr else 7]
                     for d in report.dumps
                 ],
                 right={2, 3, 4, 5},
@@ -465,4 +474,6 @@ def _check_markdown(
             parts.extend(_dump_section(dump, max_rows, details, text))
     if clean:
         parts.extend(_clean_summary(clean))
+    # once per body, after every dump: not after each table
+    parts.extend(f"*{_text(paragraph)}*" for paragraph in legend(report.dumps))
     return "\n\n".join(parts) + "\n"

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.cells import Span
 
 __all__ = [
+    "legend",
+    "coverage_lines",
+    "no_findings_phrase",
     "DIFFERENCES_NOTE",
     "EXAMPLE_CELLS",
     "FIRST_RAISE_MARK",
@@ -280,6 +283,47 @@ def glossary(dumps: Sequence[DumpReport]) -> str | None:
         used |= role_terms(dump.findings)
     terms = [f"{term}: {meaning}" for term, meaning in GLOSSARY.items() if term in used]
     return "terms: " + "; ".join(terms) if terms else None
+
+
+def coverage_lines(dump: DumpReport) -> list[str]:
+    """`checks run: full free list, SWA LUT` and `not run: tree locks (needs
+    tree_locked_full_slots, running_req_rows)`: what a verdict rests on, and what it could
+    not check for lack of a record; a family that does not apply (an SWA check of a dump
+    without SWA) is left out ([] for an unreadable dump)."""
+    ran = [c.check for c in dump.coverage if c.status == "ran"]
+    why: dict[str, list[str]] = {}  # families stopped by the same reason are said together
+    for c in dump.coverage:
+        if c.status == "not-run":
+            reason = "needs " + ", ".join(c.missing) if c.missing else str(c.reason)
+            why.setdefault(reason, []).append(c.check)
+    not_run = [f"{', '.join(checks)} ({reason})" for reason, checks in why.items()]
+    lines = []
+    if ran:
+        lines.append("checks run: " + ", ".join(ran))
+    if not_run:
+        lines.append("not run: " + "; ".join(not_run))
+    return lines
+
+
+def no_findings_phrase(dump: DumpReport) -> str:
+    """`no findings`, or `no findings in the checks that ran` when some could not run."""
+    if any(c.status == "not-run" for c in dump.coverage):
+        return "no findings in the checks that ran"
+    return "no findings"
+
+
+def legend(dumps: Sequence[DumpReport]) -> list[str]:
+    """The paragraphs that explain what a run's views showed, each once: the groups table's
+    columns, the units of the counts, the planner terms (said once per run, at its end)."""
+    paragraphs = []
+    if any(dump.groups for dump in dumps):
+        paragraphs.append(DIFFERENCES_NOTE)
+    if any(dump.counts for dump in dumps):
+        paragraphs.append(UNITS_NOTE)
+        terms = glossary(dumps)
+        if terms:
+            paragraphs.append(terms)
+    return paragraphs
 
 
 def code_cells(counts: dict[FindingCode, int], name: Callable[[str], str] = str) -> str:

@@ -12,16 +12,16 @@ from rich.text import Text
 
 from kvcanary_cli.catalog import Severity
 from kvcanary_cli.render.phrases.check import (
-    DIFFERENCES_NOTE,
     FIRST_RAISE_MARK,
-    UNITS_NOTE,
     CodeSection,
     cause_sections,
     code_cells,
+    coverage_lines,
     differences_lines,
     failing_phrase,
     findings_per_count,
-    glossary,
+    legend,
+    no_findings_phrase,
     severity_cells,
     severity_count,
     top_causes,
@@ -70,11 +70,7 @@ def _groups_view(groups: tuple[GroupSummary, ...]) -> RenderableType:
     ]
     return ByWidth(
         wide=_groups_table(groups, differences),
-        narrow=Group(
-            _groups_table(groups, None),
-            indented(lines),
-            Text(DIFFERENCES_NOTE, style="dim"),
-        ),
+        narrow=Group(_groups_table(groups, None), indented(lines)),
         min_width=FINDINGS_TABLE_WIDTH,
     )
 
@@ -83,8 +79,6 @@ def _groups_table(groups: tuple[GroupSummary, ...], differences: list[list[str]]
     """The groups, with each one's `differences` lines in a column (None: without it)."""
     with_differences = differences is not None
     table = Table(title="groups", title_justify="left")
-    if with_differences:  # else the note follows the differences, across the whole width
-        table.caption, table.caption_justify = DIFFERENCES_NOTE, "left"
     names = ["group", "window", "verify entries", "capacity", "enable", "kernel"]
     for name in [*names, "differences"] if with_differences else names:
         table.add_column(
@@ -262,16 +256,23 @@ def _dump_blocks(
         parts.append(shrunk_block(dump.shrunk))
     if dump.notes:
         parts.append(indented([("", Text(f"note: {note}", style="dim")) for note in dump.notes]))
+    covered = coverage_lines(dump)
+    if covered:
+        styles = ("", "yellow")  # what did not run stands out: the verdict does not cover it
+        parts.append(
+            indented(
+                [
+                    ("", Text(line, style=style))
+                    for line, style in zip(covered, styles, strict=False)
+                ]
+            )
+        )
     parts.extend(_diagnosis_blocks(dump))
     parts.extend(_raise_blocks(dump))
     if dump.groups:
         parts.append(_groups_view(dump.groups))
     if dump.counts:
         parts.append(_counts_table(dump))
-        parts.append(Text(UNITS_NOTE, style="dim"))
-        terms = glossary([dump])
-        if terms:
-            parts.append(Text(terms, style="dim"))
         if len(dump.requests) >= 2:
             parts.append(_requests_table(dump.requests[:max_rows]))
             if len(dump.requests) > max_rows:
@@ -282,7 +283,7 @@ def _dump_blocks(
                 parts.append(picture)
         parts.extend(_findings_blocks(dump, max_rows))
     elif dump.error is None:
-        parts.append(Text("  no findings", style="green"))
+        parts.append(Text(f"  {no_findings_phrase(dump)}", style="green"))
     return parts
 
 
@@ -358,6 +359,10 @@ def check_table(
                 style=_OVERALL_STYLE.get(report.verdict, "bold"),
             )
         )
+    paragraphs = legend(report.dumps)  # once per run, after every dump: not after each table
+    if paragraphs:
+        parts.append(Text(""))
+        parts.extend(Text(paragraph, style="dim") for paragraph in paragraphs)
     if not parts:
         parts.append(Text("no dumps checked"))
     return Group(*parts)

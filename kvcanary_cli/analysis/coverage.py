@@ -1,0 +1,263 @@
+"""Which families of checks a dump lets run, declared once: `check` runs a family only where
+`runs` says so, and reports the same answer as the dump's coverage (`coverage`), so a clean
+verdict says what it checked and what it could not for lack of a record.
+
+Each family names the records it needs (a tensor, a recorded scalar, the canary buffers),
+whether it is an SWA check (not applicable to a dump with no sign of an SWA pool), the group
+whose plan it runs in, and what else can stop it (a shrunk dump). The detectors read the same
+declarations for the parts they gate themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvcanary_cli.dump.loader import KvDump, read_in_any_layout
+from kvcanary_cli.dump.schema import SCALARS, Group, Layout
+from kvcanary_cli.results.check import CheckCoverage
+
+__all__ = [
+    "CANARY_REPLAY",
+    "CHECKS",
+    "FULL_FREE_LIST",
+    "FULL_LEAKS",
+    "PAGE_TABLES",
+    "REQUEST_ROWS",
+    "STEP_WRITES",
+    "SWA_FREE_LIST",
+    "SWA_LEAKS",
+    "SWA_LUT",
+    "TREE_LOCKS",
+    "CheckFamily",
+    "coverage",
+    "is_swa_dump",
+    "runs",
+    "why_not",
+]
+
+#: The canary buffers' name in a family's needs (any `canary.<group>.<buffer>` tensor).
+CANARY_BUFFERS = "canary buffers"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckFamily:
+    """One family of checks and what it needs to run."""
+
+    name: str
+    #: what it looks for, in a user's words
+    covers: str
+    #: every entry is needed; an entry lists alternatives, each a set of records that
+    #: together would do (`(("a",), ("b", "c"))`: a, or b and c)
+    needs: tuple[tuple[tuple[str, ...], ...], ...] = ()
+    #: an SWA check: not applicable to a dump with no sign of an SWA pool
+    swa: bool = False
+    #: the group whose plan it runs in (not run when that group is not checked)
+    group: Group | None = None
+    #: what else stops it (None: nothing), once its records are there
+    blocker: Callable[[KvDump], str | None] | None = None
+    #: the memory layouts it applies to (not applicable to the others)
+    layouts: tuple[Layout, ...] = tuple(Layout)
+
+
+def _need(*names: str) -> tuple[tuple[str, ...], ...]:
+    """One needed record (several names: any one of them)."""
+    return tuple((name,) for name in names)
+
+
+def _not_shrunk(dump: KvDump) -> str | None:
+    return "a shrunk dump keeps too little of the free lists and the tree" if dump.shrunk else None
+
+
+def _swa_leak_blocker(dump: KvDump) -> str | None:
+    if dump.shrunk:
+        return "a shrunk dump keeps too little of the LUT and the free lists"
+    lut = dump.full_to_swa_index_mapping
+    full_slots = dump.scalars["num_full_slots"].value
+    if lut is None or full_slots is None:
+        return None  # said as a missing record
+    if not lut.complete or lut.element(-1) != -1 or int(lut.shape[0]) < full_slots + 1:
+        # the slots past a sliced or short LUT map nowhere we can see
+        return "the LUT is partial, sliced or shorter than the pool"
+    return None
+
+
+_LUT = "full_to_swa_index_mapping"
+
+FULL_FREE_LIST = CheckFamily(
+    name="full free list",
+    covers="live slots on the free list (use after free), full double frees, the reserved "
+    "page on the free list, free full slots still mapped in the LUT",
+    needs=(_need("free_full_slots"),),
+)
+SWA_FREE_LIST = CheckFamily(
+    name="SWA free list",
+    covers="SWA double frees, the reserved SWA page on the free list; with the LUT: freed "
+    "SWA peers of live cells, stale SWA mappings",
+    needs=(_need("free_swa_slots"),),
+    swa=True,
+    layouts=(Layout.PAGED,),  # unified memory's SWA side frees through its page table
+)
+SWA_LUT = CheckFamily(
+    name="SWA LUT",
+    covers="every SWA check of the batch: unmapped and colliding in-window slots, the LUT's "
+    "length and sentinel, SWA slots with two owners, pages out of lockstep, the reserved page "
+    "mapped",
+    needs=(_need(_LUT),),
+    swa=True,
+    group=Group.SWA,
+)
+STEP_WRITES = CheckFamily(
+    name="step writes",
+    covers="this step's writes (out_cache_loc) into slots other cells hold live",
+    needs=(_need("out_cache_loc"),),
+)
+FULL_LEAKS = CheckFamily(
+    name="full pool leaks",
+    covers="full slots neither free, nor the tree's, nor a running request's",
+    needs=(
+        _need("tree_full_slots"),
+        _need("free_full_slots"),
+        _need("req_pool_allocated_lens"),
+        _need("num_full_slots"),
+    ),
+    blocker=_not_shrunk,
+)
+SWA_LEAKS = CheckFamily(
+    name="SWA pool leaks",
+    covers="SWA pages neither free nor mapped from a held full slot",
+    needs=(
+        _need(_LUT),
+        _need("free_swa_slots"),
+        (
+            ("held_full_slots",),
+            ("free_full_slots",),
+            ("tree_full_slots", "req_pool_allocated_lens"),
+        ),
+        _need("num_full_slots"),
+        _need("num_swa_slots"),
+    ),
+    swa=True,
+    blocker=_swa_leak_blocker,
+    layouts=(Layout.PAGED,),
+)
+REQUEST_ROWS = CheckFamily(
+    name="request rows",
+    covers="pool rows free and held, listed twice, or leaked",
+    needs=(_need("free_req_rows", "running_req_rows"),),
+)
+TREE_LOCKS = CheckFamily(
+    name="tree locks",
+    covers="locked tree slots no running request holds (locks never released)",
+    needs=(_need("tree_locked_full_slots"), _need("running_req_rows")),
+)
+PAGE_TABLES = CheckFamily(
+    name="page tables",
+    covers="unified memory's virtual pages: unbound while held, bound twice, a physical page "
+    "behind two virtual ones, free while bound, tables sized by the wrong id space",
+    layouts=(Layout.UNIFIED_SWA,),
+    blocker=lambda dump: None if dump.page_tables else "the dump records no page tables",
+)
+CANARY_REPLAY = CheckFamily(
+    name="canary replay",
+    covers="verify replayed on the dump's canary buffers (chain, position, token, real KV)",
+    needs=(_need(CANARY_BUFFERS),),
+)
+
+#: Every family, in report order.
+CHECKS: tuple[CheckFamily, ...] = (
+    FULL_FREE_LIST,
+    SWA_LUT,
+    SWA_FREE_LIST,
+    STEP_WRITES,
+    FULL_LEAKS,
+    SWA_LEAKS,
+    REQUEST_ROWS,
+    TREE_LOCKS,
+    PAGE_TABLES,
+    CANARY_REPLAY,
+)
+
+#: Records only a dump of a hybrid-SWA model holds.
+_SWA_SIGNS = ("free_swa_slots", "swa_out_cache_loc", "tree_swa_resident_slots")
+
+
+def _has(dump: KvDump, name: str) -> bool:
+    """The dump records `name`: a tensor, a scalar given as a fact, or canary buffers."""
+    if name == CANARY_BUFFERS:
+        return bool(dump.canary_buffers)
+    if name in SCALARS:
+        scalar = dump.scalars[name]
+        return scalar.value is not None and not scalar.assumed
+    return getattr(dump, name) is not None
+
+
+def is_swa_dump(dump: KvDump) -> bool:
+    """A hybrid-SWA dump: it has a LUT, records an SWA window or pool, or an SWA record."""
+    if dump.full_to_swa_index_mapping is not None:
+        return True
+    if any(_has(dump, name) for name in ("swa_window_size", "num_swa_slots")):
+        return True
+    return any(getattr(dump, name) is not None for name in _SWA_SIGNS)
+
+
+def _missing(dump: KvDump, family: CheckFamily) -> tuple[str, ...]:
+    """The needed records the dump lacks, each as its alternatives read ("a or b and c")."""
+    out = []
+    for alternatives in family.needs:
+        if not any(all(_has(dump, name) for name in together) for together in alternatives):
+            out.append(" or ".join(" and ".join(together) for together in alternatives))
+    return tuple(out)
+
+
+def _coverage(
+    dump: KvDump, family: CheckFamily, groups: Sequence[str] | None = None
+) -> CheckCoverage:
+    def line(
+        status: str, missing: tuple[str, ...] = (), reason: str | None = None
+    ) -> CheckCoverage:
+        return CheckCoverage(
+            check=family.name,
+            covers=family.covers,
+            status=status,  # type: ignore[arg-type]
+            missing=missing,
+            reason=reason,
+        )
+
+    if dump.layout not in tuple(Layout) and not all(
+        read_in_any_layout(name)
+        for alternatives in family.needs
+        for together in alternatives
+        for name in together
+    ):  # its records were not read (the dump's one note says which)
+        return line("not-run", reason=f"layout {dump.layout[:60]!r} is not one kvcanary checks")
+    if dump.layout not in family.layouts or (family.swa and not is_swa_dump(dump)):
+        return line("not-applicable")
+    missing = _missing(dump, family)
+    if missing:
+        return line("not-run", missing)
+    if family.group is not None and groups is not None and family.group not in groups:
+        return line("not-run", reason=f"the {family.group} group was not checked (--group)")
+    reason = family.blocker(dump) if family.blocker is not None else None
+    return line("not-run", reason=reason) if reason else line("ran")
+
+
+def runs(dump: KvDump, family: CheckFamily, groups: Sequence[str] | None = None) -> bool:
+    """Whether `family` runs on `dump` (with `groups` checked; None: whatever the groups)."""
+    return _coverage(dump, family, groups).status == "ran"
+
+
+def why_not(dump: KvDump, family: CheckFamily) -> str | None:
+    """Why `family` does not run on `dump`, in words (None: it runs)."""
+    found = _coverage(dump, family)
+    if found.status == "ran":
+        return None
+    if found.missing:
+        return "record " + " and ".join(found.missing)
+    return found.reason or "not a hybrid-SWA dump"
+
+
+def coverage(dump: KvDump, groups: Sequence[str] | None = None) -> tuple[CheckCoverage, ...]:
+    """Every family, in report order, with whether it ran on `dump` (`groups`: the groups
+    checked)."""
+    return tuple(_coverage(dump, family, groups) for family in CHECKS)
