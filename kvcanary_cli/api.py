@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.synth.files import SynthOptions
 
 __all__ = [
+    "block_provenance",
     "check",
     "check_pools",
     "diff",
@@ -149,17 +150,9 @@ def provenance(
     positions: tuple[int, int] | None = None,
     max_cells: int = CELLS,
     overrides: Overrides = None,
-    block: int | None = None,
-) -> ProvenanceReport | PoolProvenance:
+) -> ProvenanceReport:
     """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
-    optionally limited to `positions` [start, end)), with the findings touching it. On a
-    block-pool (vLLM) dump: one `block`'s holders, queue places, hash and findings."""
-    if block is not None:
-        from kvcanary_cli.engines import pool_provenance
-
-        if slot is not None or row is not None:
-            raise OptionError("give --block alone (not with --slot or --row)", option="block")
-        return pool_provenance(path, checked_integer(block, "block", INDEX))
+    optionally limited to `positions` [start, end)), with the findings touching it."""
     from kvcanary_cli.analysis.query import provenance_report
     from kvcanary_cli.dump.loader import load_dump
 
@@ -173,6 +166,13 @@ def provenance(
         positions=positions,
         max_cells=max_cells,
     )
+
+
+def block_provenance(path: PathLike, block: int) -> PoolProvenance:
+    """On a block-pool (vLLM) dump: one block's holders, queue places, hash and findings."""
+    from kvcanary_cli.engines import pool_provenance
+
+    return pool_provenance(path, checked_integer(block, "block", INDEX))
 
 
 def plan(

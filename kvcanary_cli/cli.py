@@ -175,9 +175,11 @@ def provenance(
     """
     overrides = opt.overrides(sets)
     if block is not None:
-        if len(dumps) > 1:
-            raise OptionError("traces one dump", option="block")
-        view = render.render(api.provenance(dumps[0], block=block), output_format)
+        if len(dumps) > 1 or slot is not None or row is not None:
+            raise OptionError(
+                "give one dump and --block alone, without --slot or --row", option="block"
+            )
+        view = render.render(api.block_provenance(dumps[0], block), output_format)
         deliver(view, output, force=force, svg=svg, inputs=dumps)
         return
     if len(dumps) > 1:  # the slot over the dumps

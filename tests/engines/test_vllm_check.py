@@ -120,12 +120,12 @@ def test_check_cli_exit_codes_and_json(dumps: dict[str, Path]) -> None:
 def test_provenance_of_a_block(dumps: dict[str, Path]) -> None:
     [finding] = api.check_pools(dumps["vllm-freed-while-held"]).dumps[0].findings
     assert finding.block is not None
-    prov = api.provenance(dumps["vllm-freed-while-held"], block=finding.block)
+    prov = api.block_provenance(dumps["vllm-freed-while-held"], finding.block)
     assert isinstance(prov, PoolProvenance)
     assert prov.queue_position == finding.queue_position
     assert len(prov.owners) == finding.holders and prov.hash is not None
     assert [f.code for f in prov.findings] == [PoolCode.QUEUED_BLOCK_HELD]
-    quiet = api.provenance(dumps["vllm-clean"], block=finding.block)
+    quiet = api.block_provenance(dumps["vllm-clean"], finding.block)
     assert isinstance(quiet, PoolProvenance) and quiet.findings == ()
     out = runner.invoke(app, ["provenance", str(dumps["vllm-clean"]), "--block", "99999"])
     assert out.exit_code == 2 and "outside the pool" in out.output
