@@ -92,15 +92,21 @@ class LiveAudit:
         self.page = int(stack.spec.page_size)
         self.window = int(stack.spec.window)
         first = read_state(scheduler, None, [])
-        # the domains the pools had when built (everything free)
-        self.full_domain = np.unique(first.free_full)
-        self.swa_domain = None if first.free_swa is None else np.unique(first.free_swa)
-        self.row_domain = np.unique(first.free_rows)
+        # the domains the pools had when built (everything free), as masks
+        self.full_n = int(first.free_full.max(initial=0)) + 1
+        self.full_domain = _mask(first.free_full, self.full_n)
+        self.swa_n = 0 if first.free_swa is None else int(first.free_swa.max(initial=0)) + 1
+        self.swa_n += -self.swa_n % self.page  # whole pages
+        self.swa_domain = None if first.free_swa is None else _mask(first.free_swa, self.swa_n)
+        self.rows_n = int(first.table.shape[0])
+        self.row_domain = _mask(first.free_rows, self.rows_n)
         #: the LUT as built: its length and what lies past the full slots never change
-        self.lut_tail = None if first.lut is None else first.lut.copy()
+        self.lut_tail = None if first.lut is None else first.lut[self.full_n :].copy()
         self.fallbacks = 0
-        #: the running rows' cells (slot, row, position), read by `_full` for `_locks`
-        self._running: tuple[np.ndarray, np.ndarray, np.ndarray] = (first.tree,) * 3
+        #: per audit: the running rows' cells and how often each full slot is one
+        self._cells: np.ndarray = first.free_full[:0]
+        self._cell_count: np.ndarray = first.free_full[:0]
+        self._tree: np.ndarray = first.free_full[:0]
 
     def broken(self, state: LiveState, *, idle: bool) -> str | None:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
@@ -117,130 +123,94 @@ class LiveAudit:
     # -- the facts ------------------------------------------------------------------
 
     def _rows(self, s: LiveState, idle: bool) -> str | None:
-        rows = np.concatenate([s.free_rows, s.running_rows])
-        if rows.size != np.unique(rows).size:
-            return "a pool row free or held twice"
-        if not np.array_equal(np.sort(rows), self.row_domain):
+        free, held = _counts(s.free_rows, self.rows_n), _counts(s.running_rows, self.rows_n)
+        if free is None or held is None or not np.array_equal(free + held, self.row_domain):
             return "pool rows not partitioned"
         return None
 
-    def _cells(self, s: LiveState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every running row's allocated cells: (slot, row, position)."""
+    def _full(self, s: LiveState, idle: bool) -> str | None:
+        n, ps = self.full_n, self.page
         rows = s.running_rows
         lens = s.alloc_lens[rows]
         width = s.table.shape[1]
-        if lens.size and (lens.max() > width or lens.min() < 0):
-            lens = np.clip(lens, 0, width)
-        pos = np.arange(width)
-        mask = pos[None, :] < lens[:, None]
-        cells = s.table[rows][mask].astype(np.int64)
-        which = np.broadcast_to(rows[:, None], mask.shape)[mask]
-        where = np.broadcast_to(pos[None, :], mask.shape)[mask]
-        return cells, which, where
-
-    def _page_tails(self, s: LiveState) -> np.ndarray:
-        """The rest of each running row's last page past its allocated length (pages are
-        handed out whole: the row holds them, unwritten)."""
-        ps = self.page
-        if ps == 1:
-            return np.zeros(0, dtype=np.int64)
-        rows = s.running_rows
-        lens = s.alloc_lens[rows]
-        part = (lens > 0) & (lens % ps != 0)
-        last = s.table[rows[part], lens[part] - 1].astype(np.int64)
-        rest = lens[part] % ps  # slots of the last page in use
-        offsets = np.arange(ps)
-        slots = (last - last % ps)[:, None] + offsets[None, :]
-        tails: np.ndarray = slots[offsets[None, :] >= rest[:, None]]
-        return tails
-
-    def _full(self, s: LiveState, idle: bool) -> str | None:
-        if s.alloc_lens[s.running_rows].max(initial=0) > s.table.shape[1]:
+        if np.any(lens > width) or np.any(lens < 0):
             return "an allocation beyond its row"
-        free, tree = s.free_full, s.tree
-        if free.size != np.unique(free).size or tree.size != np.unique(tree).size:
+        positions = np.arange(width)
+        inside = positions[None, :] < lens[:, None]
+        table = s.table[rows]
+        cells = table[inside].astype(np.int64)
+        free, tree = _counts(s.free_full, n), _counts(s.tree, n)
+        cell_count = _counts(cells, n)
+        if free is None or tree is None or cell_count is None:
+            return "a full slot out of range"
+        if free.max(initial=0) > 1 or tree.max(initial=0) > 1:
             return "a full slot listed twice"
-        if self.page > 1 and free.size % self.page:
-            return "a partial page free"
-        cells, rows, positions = self._running = self._cells(s)
-        slots, counts = np.unique(cells, return_counts=True)
-        held = np.union1d(tree, slots)
-        tails = self._page_tails(s)
-        if np.intersect1d(tails, held).size or tails.size != np.unique(tails).size:
-            return "a page's rest held twice"
-        held = np.union1d(held, tails)
-        if np.intersect1d(free, held).size:
-            return "a full slot free and held"
-        if not np.array_equal(np.union1d(free, held), self.full_domain):
+        private = (cell_count > 0) & (tree == 0)
+        if np.any(cell_count[private] > 1):
+            return "a slot in two rows the tree does not hold"
+        owners = free + tree + private
+        if ps > 1:
+            # the rest of a row's last page, past its allocated length: held, unwritten
+            part = (lens > 0) & (lens % ps != 0)
+            last = table[part, lens[part] - 1].astype(np.int64)
+            offsets = np.arange(ps)
+            rest = (last - last % ps)[:, None] + offsets[None, :]
+            tails = _counts(rest[offsets[None, :] >= (lens[part] % ps)[:, None]], n)
+            if tails is None:
+                return "a full slot out of range"
+            owners += tails
+        if not np.array_equal(owners, self.full_domain):
             return "full slots not partitioned"
-        if held.size + free.size != self.full_domain.size:
-            return "full slots not partitioned"
-        shared = slots[counts > 1]
-        if shared.size:
-            if np.setdiff1d(shared, tree).size:
-                return "a slot in two rows the tree does not hold"
-            # the same position in every row
-            order = np.argsort(cells, kind="stable")
-            sorted_cells, sorted_pos = cells[order], positions[order]
-            same = sorted_cells[1:] == sorted_cells[:-1]
-            if np.any(same & (sorted_pos[1:] != sorted_pos[:-1])):
-                return "a shared slot at two positions"
-            sorted_rows = rows[order]
-            if np.any(same & (sorted_rows[1:] == sorted_rows[:-1])):
-                return "a slot twice in one row"
+        # a slot in two rows (or twice in one) is at one position
+        where = np.zeros(n, dtype=np.int64)
+        spots = np.broadcast_to(positions, table.shape)[inside]
+        where[cells] = spots
+        if not np.array_equal(where[cells], spots):
+            return "a shared slot at two positions"
+        self._cells, self._cell_count, self._tree = cells, cell_count, tree
         return None
 
     def _swa(self, s: LiveState, idle: bool) -> str | None:
         lut = s.lut
         if lut is None or self.lut_tail is None or self.swa_domain is None:
             return None if lut is None else "no SWA accounting"
-        if lut.shape != self.lut_tail.shape:
-            return "the LUT changed length"
-        n = self.full_domain[-1] + 1 if self.full_domain.size else 0
-        if not np.array_equal(lut[n:], self.lut_tail[n:]):
-            return "the LUT's tail changed"
+        n, ps = self.full_n, self.page
+        if lut.shape[0] != n + self.lut_tail.shape[0] or not np.array_equal(lut[n:], self.lut_tail):
+            return "the LUT's length or tail changed"
         body = lut[:n]
-        if np.any(body[: self.page] != 0):
+        if np.any(body[:ps] != 0):
             return "page 0 mapped"
-        free_swa = s.free_swa
-        if free_swa is None or free_swa.size != np.unique(free_swa).size:
-            return "an SWA slot listed twice"
+        free = _counts(s.free_swa, self.swa_n) if s.free_swa is not None else None
+        if free is None or free.max(initial=0) > 1:
+            return "an SWA slot listed twice or out of range"
         if np.any(body[s.free_full] != 0):
             return "a free full slot mapped"
         mapped = np.flatnonzero(body)
-        image = body[mapped]
-        if image.size != np.unique(image).size:
+        image = body[mapped].astype(np.int64)
+        held = _counts(image, self.swa_n)
+        if held is None or held.max(initial=0) > 1:
             return "an SWA slot mapped twice"
-        ps = self.page
         if ps > 1:
-            # a full page maps into one SWA page, slot for slot (its unwritten rest unmapped),
-            # and that SWA page is held whole
+            # a full page maps into one SWA page, slot for slot (its unwritten rest
+            # unmapped), and that SWA page is held whole, by that full page alone
             if np.any(image % ps != mapped % ps):
                 return "a page mapped out of lockstep"
-            pages = mapped // ps
-            order = np.argsort(pages, kind="stable")
-            same = pages[order][1:] == pages[order][:-1]
-            if np.any(same & (image[order][1:] // ps != image[order][:-1] // ps)):
+            page_of = np.full(n // ps + 1, -1, dtype=np.int64)
+            page_of[mapped // ps] = image // ps
+            if not np.array_equal(page_of[mapped // ps], image // ps):
                 return "a page mapped out of lockstep"
-            swa_pages = np.unique(image // ps)
-            if swa_pages.size != np.unique(pages).size:
+            pages = np.bincount(page_of[page_of >= 0], minlength=self.swa_n // ps)
+            if pages.max(initial=0) > 1:
                 return "an SWA page mapped from two full pages"
-            image = (swa_pages[:, None] * ps + np.arange(ps)).reshape(-1)
-        if np.intersect1d(image, free_swa).size:
-            return "an SWA slot free and mapped"
-        if image.size + free_swa.size != self.swa_domain.size or not np.array_equal(
-            np.union1d(image, free_swa), self.swa_domain
-        ):
+            held = np.repeat(pages, ps)
+        if held.shape != free.shape or not np.array_equal(held + free, self.swa_domain):
             return "SWA slots not partitioned"
         if s.resident is not None:
-            resident = np.unique(s.resident)
-            if np.setdiff1d(resident, s.tree).size:
+            resident = _counts(s.resident, n)
+            if resident is None or np.any(resident > self._tree):
                 return "an SWA-resident slot outside the tree"
-            if np.any(body[resident] == 0):
-                return "an SWA-resident slot unmapped"
-            tomb = np.setdiff1d(s.tree, resident)
-            if np.any(body[tomb] != 0):
-                return "a tombstoned slot mapped"
+            if np.any((resident > 0) != ((self._tree > 0) & (body != 0))):
+                return "a tree slot's SWA residence and its mapping disagree"
         return None
 
     def _locks(self, s: LiveState, idle: bool) -> str | None:
@@ -251,8 +221,9 @@ class LiveAudit:
             return None
         if idle:
             return "a lock at idle"
-        cells = self._running[0]
-        if np.setdiff1d(locked, cells).size:
+        if locked.min() < 0 or locked.max() >= self.full_n:
+            return "a locked slot out of range"
+        if np.any(self._cell_count[locked] == 0):
             return "a locked slot in no running row"
         return None
 
@@ -261,9 +232,11 @@ class LiveAudit:
         if b is None:
             return None
         rpi, prefix, extend = b["req_pool_indices"], b["prefix_lens"], b["extend_seq_lens"]
-        if rpi.size != np.unique(rpi).size:
-            return "a row twice in the batch"
-        if np.setdiff1d(rpi, s.running_rows).size:
+        rows = _counts(rpi, self.rows_n)
+        if rows is None or rows.max(initial=0) > 1:
+            return "a batch row twice or out of range"
+        running = _counts(s.running_rows, self.rows_n)  # inside: `_rows` read them
+        if running is None or np.any(rows > running):
             return "a batch row not running"
         if np.any(prefix < 0) or np.any(extend < 1):
             return "a negative length"
@@ -273,18 +246,32 @@ class LiveAudit:
         width = s.table.shape[1]
         pos = np.arange(width)
         writes = (pos[None, :] >= prefix[:, None]) & (pos[None, :] < end[:, None])
-        rows = s.table[rpi]
-        expected = rows[writes].astype(np.int64)
+        table = s.table[rpi]
+        expected = table[writes].astype(np.int64)
         out = b.get("out_cache_loc")
         if out is None or not np.array_equal(out, expected):
             return "out_cache_loc not the extended cells"
-        if np.intersect1d(expected, s.tree).size:
+        if np.any(self._tree[expected] != 0):
             return "a write into the tree"
         lut = s.lut
         if lut is not None and self.window > 0:
             # the cells the plan verifies ([P - W, P), `window_start`) and the writes: mapped
             start = np.maximum(prefix - self.window, 0)
             window = (pos[None, :] >= start[:, None]) & (pos[None, :] < end[:, None])
-            if np.any(lut[rows[window]] == 0):
+            if np.any(lut[table[window]] == 0):
                 return "a window cell unmapped"
         return None
+
+
+def _counts(values: np.ndarray, n: int) -> np.ndarray | None:
+    """How often each of `0..n-1` is in `values` (None: one is outside)."""
+    if values.size and (values.min() < 0 or values.max() >= n):
+        return None
+    return np.bincount(values.astype(np.int64, copy=False), minlength=n)
+
+
+def _mask(values: np.ndarray, n: int) -> np.ndarray:
+    """`values` (distinct, inside `0..n-1`) as 0/1 counts."""
+    counts = _counts(values, n)
+    assert counts is not None
+    return counts
