@@ -20,6 +20,7 @@ from kvcanary_cli.capture.tree import capture_state
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
 from kvcanary_cli.soak.driver import Scheduler
+from kvcanary_cli.soak.live import LiveAudit, read_state
 
 __all__ = ["Audit", "SGLangChecks", "Said", "audit_step", "record_dump"]
 
@@ -44,6 +45,10 @@ class Audit:
     sglang: list[Said] = field(default_factory=list)
     dump: Path | None = None
     crash: SGLangCrash | None = None
+    #: the live audit's verdict: the first accounting fact broken (None: all held, or not
+    #: run), and whether the whole `check` ran
+    broken: str | None = None
+    checked: bool = False
 
     @property
     def kvcanary_found(self) -> bool:
@@ -200,12 +205,33 @@ def audit_step(
     *,
     idle: bool,
     folder: Path | None = None,
+    live: LiveAudit | None = None,
+    full: bool = False,
 ) -> Audit:
-    """Record the state, check it with kvcanary (reference planner, no GPU kernel), and run
-    SGLang's checks on the same state."""
+    """Audit the state with kvcanary, and run SGLang's checks on the same state.
+
+    With `live`, the live objects are held to the accounting of `soak.live` first, and the
+    whole `check` runs only where a fact breaks (or with `full`: always, to compare); without
+    it, or with a `folder` to keep the dump in, the state is recorded and checked."""
+    audit = Audit(step=scheduler.step_no, mode="idle" if idle else "plan")
+    if live is not None:
+        state = read_state(scheduler, batch, running_requests(scheduler, batch))
+        audit.broken = live.broken(state, idle=idle)
+    if live is None or folder is not None or full or audit.broken is not None:
+        _check_whole(audit, scheduler, batch, folder)
+        if live is not None and audit.broken is not None and not audit.codes:
+            live.fallbacks += 1
+    if checks is not None:
+        audit.sglang = checks.idle() if idle else checks.busy()
+    return audit
+
+
+def _check_whole(audit: Audit, scheduler: Scheduler, batch: Any, folder: Path | None) -> None:
+    """Record the state as a dump and check it (reference planner, no GPU kernel); the dump
+    is kept only in `folder`."""
     from kvcanary_cli.api import check
 
-    audit = Audit(step=scheduler.step_no, mode="idle" if idle else "plan")
+    audit.checked = True
     with tempfile.TemporaryDirectory(prefix="kvcanary-soak-") as scratch:
         path = record_dump(scheduler, batch, Path(folder or scratch) / "state.safetensors")
         report = check([path], kernel="none")
@@ -218,6 +244,3 @@ def audit_step(
             audit.top_cause = str(dump.diagnosis[0].code.value)
         if folder is not None:
             audit.dump = path
-    if checks is not None:
-        audit.sglang = checks.idle() if idle else checks.busy()
-    return audit

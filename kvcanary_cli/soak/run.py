@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from kvcanary_cli.results.soak import CheckPoint, SGLangCheckName, SGLangCrash, SGLangPoint
 from kvcanary_cli.soak.audit import Audit, Said, SGLangChecks, audit_step
 from kvcanary_cli.soak.driver import Counters, Scheduler
 from kvcanary_cli.soak.faults import plant
+from kvcanary_cli.soak.live import LiveAudit
 from kvcanary_cli.soak.stack import (
     SUPPORTED,
     SGLangModules,
@@ -31,7 +33,19 @@ from kvcanary_cli.soak.stack import (
 )
 from kvcanary_cli.soak.workload import Workload
 
-__all__ = ["KEEP", "Complaint", "HistoryResult", "run_history", "shrink_workload"]
+__all__ = [
+    "KEEP",
+    "AuditMode",
+    "Complaint",
+    "HistoryResult",
+    "Verdict",
+    "run_history",
+    "shrink_workload",
+]
+
+#: How a history audits: `live` (soak.live's accounting, the whole `check` where it breaks),
+#: `full` (the whole `check` on every state), `both` (both on every state, to compare).
+AuditMode = Literal["live", "full", "both"]
 
 #: Complaints kept per check (in a history, and in a soak's report); the rest are counted.
 KEEP = 3
@@ -44,6 +58,17 @@ class Complaint:
     step: int
     when: CheckPoint
     said: Said
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One audited state seen both ways (`both`): the live audit's broken fact (None: it
+    passed the state) and the whole `check`'s error codes."""
+
+    step: int
+    when: str
+    broken: str | None
+    codes: tuple[str, ...]
 
 
 @dataclass
@@ -63,6 +88,12 @@ class HistoryResult:
     #: silent
     sglang_step: int | None = None
     sglang_when: SGLangPoint | None = None
+    #: audits the whole `check` ran for (every one without the live audit)
+    checked: int = 0
+    #: live audits a fact broke although `check` found nothing (its facts are stricter)
+    fallbacks: int = 0
+    #: with `both`: every audited state's two verdicts
+    verdicts: list[Verdict] = field(default_factory=list)
 
     def heard(self, step: int, when: CheckPoint, said: list[Said]) -> None:
         """Count what SGLang's checks said at `step`, keeping the first few per check."""
@@ -86,6 +117,7 @@ def run_history(
     sglang_checks: bool = True,
     folder: Path | None = None,
     max_steps: int | None = None,
+    mode: AuditMode = "live",
 ) -> HistoryResult:
     """Run `workload`; audit each step `audit(step)` picks (at plan time, and at idle).
 
@@ -97,7 +129,22 @@ def run_history(
         scheduler = Scheduler(stack, workload)
         checks = SGLangChecks(scheduler) if sglang_checks else None
         after_step, undo = plant(fault, stack)
+        live = None if mode == "full" or folder is not None else LiveAudit(scheduler)
     result = HistoryResult(steps=0, audited=0, counters=scheduler.counters)
+
+    def audited(
+        batch: object, sglang: SGLangChecks | None, *, idle: bool, when: str | None = None
+    ) -> Audit:
+        verdict = audit_step(
+            scheduler, batch, sglang, idle=idle, folder=folder, live=live, full=mode == "both"
+        )
+        result.checked += verdict.checked
+        if mode == "both":
+            result.verdicts.append(
+                Verdict(verdict.step, when or verdict.mode, verdict.broken, tuple(verdict.codes))
+            )
+        return verdict
+
     found: list[Audit] = []
     planned: list[Audit] = []
     last: list[Audit] = []  # the last state audited (a crash's dump)
@@ -110,12 +157,12 @@ def run_history(
     def on_plan(batch: object) -> None:
         if found or not audit(scheduler.step_no):
             return
-        planned.append(audit_step(scheduler, batch, None, idle=False, folder=folder))
+        planned.append(audited(batch, None, idle=False))
         last[:] = planned[-1:]
         result.audited += 1
 
     def idle(step: int) -> None:
-        verdict = audit_step(scheduler, None, checks, idle=True, folder=folder)
+        verdict = audited(None, checks, idle=True)
         verdict.step = step
         result.audited += 1
         result.heard(verdict.step, "idle", verdict.sglang)
@@ -140,7 +187,7 @@ def run_history(
                     else:
                         # and the state the result left (a double free shows on the free list
                         # before the next allocation hands the slot out twice)
-                        after = audit_step(scheduler, None, None, idle=False, folder=folder)
+                        after = audited(None, None, idle=False, when="after-result")
                         after.step, after.mode = at, "after-result"
                         after.sglang = list(verdict.sglang)  # what SGLang said on this step
                         note(after)
@@ -165,6 +212,7 @@ def run_history(
     finally:
         undo()
     result.steps = scheduler.step_no
+    result.fallbacks = 0 if live is None else live.fallbacks
     result.failure = found[0] if found else None
     return result
 
