@@ -174,7 +174,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "insert-dup-first-slot-kept",
         "mem_cache/unified_cache/unified_tree_core.py",
         "        dup_start = max(0, state.params.prev_prefix_len - state.total_prefix_length)\n",
-        "        dup_start = max(0, state.params.prev_prefix_len - state.total_prefix_length) + 1\n",
+        "        dup_start = max(0, state.params.prev_prefix_len - state.total_prefix_length)"
+        " + 1\n",
         "leak: an insert that finds its KV already in the tree frees the duplicate but its "
         "first slot (the Python tree core; page size 1)",
     ),
@@ -257,6 +258,25 @@ def plant(release: Path, mutant: Mutant | None, into: Path) -> Path:
 # -- the child: one variant's soak and SGLang's checks alone ------------------------------
 
 
+def _first_complaint(scheduler: Any, checks: Any, limit: int) -> tuple[int, str, str] | None:
+    """Run one history to `limit` steps under SGLang's checks alone: the step, what was said
+    and where (the step's mode, or `crash`) of their first complaint; None: silent."""
+    while scheduler.step_no < limit:
+        at = scheduler.step_no
+        try:
+            info = scheduler.step()
+        except Exception as exc:  # SGLang's own assert or error: it saw something
+            return at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
+        said = checks.idle() if info.mode == "idle" else checks.busy()
+        if not said and scheduler.done and scheduler.step_no >= scheduler.workload.steps:
+            said = checks.idle()
+            if not said:
+                return None
+        if said:
+            return at, f"{said[0].check}: {said[0].message}", info.mode
+    return None
+
+
 def sglang_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
     """SGLang's checks with no kvcanary audit, on the histories soak runs (same seeds, specs
     and budget): where they first complained, or SGLang crashed."""
@@ -270,7 +290,7 @@ def sglang_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
     steps = histories = 0
     while steps < budget:
         spec = specs[histories % len(specs)]
-        # the workload soak's command draws for history `histories` (kept in step with it)
+        # the workload soak's command draws for this history (kept in step with it)
         workload = random_workload(
             seed * 1_000_003 + histories,
             steps=HISTORY_STEPS,
@@ -278,36 +298,21 @@ def sglang_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
             max_prompt=60,
             max_new=20,
         )
-        histories += 1
         scheduler = Scheduler(build_stack(modules, spec), workload)
-        checks = SGLangChecks(scheduler)
         limit = min(workload.steps * 4 + 64, budget - steps)
-
-        def found(at: int, said: str, where: str) -> dict[str, Any]:
+        first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+        if first is not None:
+            at, said, where = first
             return {
                 "steps": steps + at + 1,
-                "history": histories - 1,
+                "history": histories,
                 "page_size": spec.page_size,
                 "core": spec.core,
                 "step": at,
                 "where": where,
                 "said": said[:200],
             }
-
-        while scheduler.step_no < limit:
-            at = scheduler.step_no
-            try:
-                info = scheduler.step()
-            except Exception as exc:  # SGLang's own assert or error: it saw something
-                return found(at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash")
-            said = checks.idle() if info.mode == "idle" else checks.busy()
-            if said:
-                return found(at, f"{said[0].check}: {said[0].message}", info.mode)
-            if scheduler.done and scheduler.step_no >= workload.steps:
-                said = checks.idle()
-                if said:
-                    return found(at, f"{said[0].check}: {said[0].message}", "idle")
-                break
+        histories += 1
         steps += scheduler.step_no
     return {"steps": None, "ran": steps}
 
@@ -452,8 +457,8 @@ def report(figures: dict[str, Any]) -> list[str]:
     """The table and the kill rates, as lines."""
     lines = [
         f"mutants of SGLang 0.5.23, {figures['steps']} steps each, seed {figures['seed']}, "
-        f"{figures['jobs']} at a time on {figures['cores']} cores (load {figures['load_before']:.2f}"
-        f" before, {figures['load_after']:.2f} after)",
+        f"{figures['jobs']} at a time on {figures['cores']} cores (load average "
+        f"{figures['load_before']:.2f} before, {figures['load_after']:.2f} after)",
         f"{'variant':30} {'soak killed at':38} {'SGLang killed at':38} wall",
     ]
     mutants = kills = sglang_kills = only_soak = only_sglang = 0
