@@ -566,6 +566,15 @@ def soak(
     out: Annotated[
         Path, typer.Option("--out", metavar="DIR", help="Where a failure's files go.")
     ] = Path("kvcanary-soak"),
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay",
+            metavar="FILE",
+            help="Run a soak-reproducer.json again (its page size, core and fault); writes "
+            "nothing.",
+        ),
+    ] = None,
     timings: Annotated[
         bool, typer.Option("--timings", help="Report the seconds (off: the same bytes each run).")
     ] = False,
@@ -579,6 +588,7 @@ def soak(
     kvcanary's first finding (or SGLang's crash) the dump, the workload (seed, step) and a
     shrunk workload that still fails go to --out (checked before the soak: --force to replace
     earlier files). The report says what each side saw over the whole run, and who first.
+    --replay runs a reproducer's workload again and says whether its finding came back.
     Exit 0 clean, 1 found (by kvcanary, SGLang's checks, or an SGLang crash), 2 bad input
     (not an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """
@@ -595,6 +605,7 @@ def soak(
         force=force,
         timings=timings,
         layout=layout,
+        replaying=replay,
     )
     deliver(render.render(report, output_format), output, force=force)
     raise typer.Exit(soak_exit(report))

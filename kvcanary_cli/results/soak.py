@@ -27,6 +27,7 @@ __all__ = [
     "SGLangPoint",
     "SoakFailure",
     "SoakFile",
+    "SoakReplay",
     "SoakReport",
     "StatePoint",
 ]
@@ -114,6 +115,18 @@ class SoakFailure:
     fault: str | None
     #: what SGLang raised, when is crash; else null
     crash: SGLangCrash | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoakReplay:
+    """`--replay`: a reproducer run again, and whether the finding it recorded came back."""
+
+    #: the reproducer file replayed
+    reproducer: str
+    #: what it recorded: the top cause of kvcanary's finding, or `crash <exception>`
+    recorded: str
+    #: the replay failed the same way (same top cause, or a crash of the same exception)
+    reproduced: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +239,8 @@ class SoakReport:
     #: [requests in the failing workload, requests in the shrunk one]; null when no history
     #: failed
     shrunk_arrivals: tuple[int, int] | None = None
+    #: --replay: the reproducer replayed (one history, no files written); null for a soak
+    replay: SoakReplay | None = None
 
     #: kvcanary named an error finding
     @recorded

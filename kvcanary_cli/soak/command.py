@@ -27,10 +27,11 @@ from kvcanary_cli.results.soak import (
     SGLangMessage,
     SoakFailure,
     SoakFile,
+    SoakReplay,
     SoakReport,
 )
 
-__all__ = ["run_soak", "soak"]
+__all__ = ["read_reproducer", "replay", "run_soak", "soak"]
 
 #: Steps per history: short histories find the planted faults early and shrink fast.
 HISTORY_STEPS = 80
@@ -193,10 +194,60 @@ def _keep_finding(
 ) -> SoakReport:
     """Shrink the failing workload, record the dumps of both (a crash: the last state audited
     before it), write the four files, and say so in the report."""
-    from kvcanary_cli.soak.outputs import scratch, write_outputs
+    from kvcanary_cli.soak.outputs import restamp_step, scratch, write_outputs
     from kvcanary_cli.soak.run import run_history, shrink_workload
 
-    found = SoakFailure(
+    found = _failure(spec, workload, failure, fault)
+    key = failure.key
+
+    def fails(candidate: Any) -> bool:
+        again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False)
+        return again.failure is not None and again.failure.key == key
+
+    shrunk = shrink_workload(workload, fails)
+    contents: dict[SoakFile, Path | bytes] = {}
+    dumps: dict[SoakFile, Any] = {"dump": workload, "shrunk_dump": shrunk}
+    workloads: dict[SoakFile, tuple[Any, SoakFailure]] = {"workload": (workload, found)}
+    with scratch() as folder:
+        # the dumps: the original failing step, and the shrunk workload's (which still fails,
+        # maybe at another step: its reproducer says which)
+        for name, chosen in dumps.items():
+            (folder / name).mkdir()
+            again = run_history(modules, spec, chosen, fault=fault, folder=folder / name)
+            if again.failure is None:
+                continue
+            if again.failure.dump is not None:
+                contents[name] = _failing_steps_dump(again.failure, restamp_step)
+            if name == "shrunk_dump":
+                workloads["reproducer"] = (shrunk, _failure(spec, shrunk, again.failure, fault))
+        workloads.setdefault("reproducer", (shrunk, found))
+        for name, (chosen, failed) in workloads.items():
+            body = json.loads(chosen.to_json())
+            meta = {"spec": asdict(spec), **asdict(failed), "workload": body}
+            contents[name] = (json.dumps(meta, indent=1) + "\n").encode()
+        files = write_outputs(out, contents, force=force)
+    return replace(
+        report,
+        failure=found,
+        files=files,
+        shrunk_arrivals=(len(workload.arrivals), len(shrunk.arrivals)),
+    )
+
+
+def _failing_steps_dump(failure: Any, restamp: Callable[[Path, int], Path]) -> Path:
+    """The failure's dump, saying the failing step: a state audited once a step's result is
+    processed (or at idle) is recorded after the step ran, under the next step's number."""
+    crash = failure.crash
+    when = failure.mode if crash is None else crash.state_when
+    step = failure.step if crash is None else crash.state_step
+    if when in ("after-result", "idle") and step is not None:
+        return restamp(failure.dump, step)
+    return Path(failure.dump)
+
+
+def _failure(spec: Any, workload: Any, failure: Any, fault: str | None) -> SoakFailure:
+    """A failing history (`run.HistoryResult.failure`) as the record says it."""
+    return SoakFailure(
         seed=workload.seed,
         page_size=spec.page_size,
         core=spec.core,
@@ -207,33 +258,99 @@ def _keep_finding(
         fault=fault,
         crash=failure.crash,
     )
-    key = failure.key
 
-    def fails(candidate: Any) -> bool:
-        again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False)
-        return again.failure is not None and again.failure.key == key
 
-    shrunk = shrink_workload(workload, fails)
-    meta = {"spec": asdict(spec), **asdict(found)}
-    contents: dict[SoakFile, Path | bytes] = {}
-    dumps: dict[SoakFile, Any] = {"dump": workload, "shrunk_dump": shrunk}
-    workloads: dict[SoakFile, Any] = {"workload": workload, "reproducer": shrunk}
-    with scratch() as folder:
-        # the dumps: the original failing step, and the shrunk workload's (which still fails)
-        for name, chosen in dumps.items():
-            (folder / name).mkdir()
-            again = run_history(modules, spec, chosen, fault=fault, folder=folder / name)
-            if again.failure is not None and again.failure.dump is not None:
-                contents[name] = again.failure.dump
-        for name, chosen in workloads.items():
-            body = json.loads(chosen.to_json())
-            contents[name] = (json.dumps({**meta, "workload": body}, indent=1) + "\n").encode()
-        files = write_outputs(out, contents, force=force)
-    return replace(
-        report,
-        failure=found,
-        files=files,
-        shrunk_arrivals=(len(workload.arrivals), len(shrunk.arrivals)),
+def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str]:
+    """The stack spec, workload, fault and recorded finding (its top cause, or `crash
+    <exception>`) of a reproducer (or workload) file a soak wrote; anything else is one
+    error line (exit 2)."""
+    from kvcanary_cli.errors import PathError
+    from kvcanary_cli.soak.faults import FAULTS
+    from kvcanary_cli.soak.stack import CORES, LAYOUTS, StackSpec
+    from kvcanary_cli.soak.workload import Workload
+
+    hint = "give the soak-reproducer.json (or soak-workload.json) a soak wrote"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        raise PathError(f"cannot be read ({why})", path=str(path), hint=hint) from None
+    try:
+        data = json.loads(text)
+        spec = StackSpec(**data["spec"])
+        workload = Workload.from_json(json.dumps(data["workload"]))
+        fault = data["fault"]
+        crash = data["crash"]
+        recorded = f"crash {crash['exception']}" if crash else data["top_cause"]
+        fits = (
+            (fault is None or fault in FAULTS)
+            and spec.core in CORES
+            and spec.layout in LAYOUTS
+            and isinstance(recorded, str)
+            and all(
+                isinstance(v, int) and v > 0
+                for k, v in asdict(spec).items()
+                if k not in ("core", "layout")
+            )
+            and all(a.step >= 0 and a.max_new_tokens > 0 and a.prompt for a in workload.arrivals)
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise PathError(
+            f"is not a soak reproducer ({type(exc).__name__}: {exc})"[:300],
+            path=str(path),
+            hint=hint,
+        ) from None
+    if not fits:
+        raise PathError(
+            "is not a soak reproducer (a value out of range)", path=str(path), hint=hint
+        )
+    return spec, workload, fault, recorded
+
+
+def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) -> SoakReport:
+    """Run a reproducer's workload again (its page size, tree core and fault), audited as a
+    soak audits, on `sglang_tree`: whether the finding it recorded comes back. Nothing is
+    written: the reproducer's soak wrote the files."""
+    from kvcanary_cli import __version__
+    from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import load_sglang
+
+    spec, workload, fault, recorded = read_reproducer(reproducer)
+    modules = load_sglang(sglang_tree)
+    if spec.core not in modules.cores:
+        raise OptionError(
+            f"the reproducer's tree core {spec.core!r} is not in this SGLang (available: "
+            f"{', '.join(modules.cores)})",
+            option="replay",
+        )
+    started = time.monotonic()
+    result = run_history(modules, spec, workload, fault=fault)
+    heard: dict[SGLangCheckName, _Heard] = {}
+    _hear(heard, result, spec, workload.seed)
+    failure = result.failure
+    complained = failure is not None or result.sglang_step is not None
+    return SoakReport(
+        kvcanary_version=__version__,
+        sglang_version=modules.tree.version,
+        sglang_root=str(modules.tree.root),
+        seed=workload.seed,
+        budget=result.steps,
+        histories=1,
+        steps=result.steps,
+        audited_steps=result.audited,
+        sglang_checks=tuple(
+            SGLangCheck(check=check, steps=t.steps, histories=t.histories, first=tuple(t.first))
+            for check, t in heard.items()
+        ),
+        seen=_seen(result, spec, workload.seed) if complained else None,
+        failure=None if failure is None else _failure(spec, workload, failure, fault),
+        seconds=round(time.monotonic() - started, 2) if timings else None,
+        replay=SoakReplay(
+            reproducer=str(reproducer),
+            recorded=recorded,
+            reproduced=failure is not None and failure.key == recorded,
+        ),
     )
 
 
@@ -249,13 +366,24 @@ def run_soak(
     force: bool = False,
     timings: bool = False,
     layout: str = "swa",
+    replaying: Path | None = None,
 ) -> SoakReport:
     """The command: a soak with a progress bar on a terminal (bad input raises before it
-    runs, exit 2). Whatever SGLang prints on standard output goes to standard error:
-    standard output carries the report."""
+    runs, exit 2), or with `replaying` the replay of that reproducer. Whatever SGLang prints
+    on standard output goes to standard error: standard output carries the report."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
+    from kvcanary_cli.errors import OptionError
     from kvcanary_cli.render.console import progress
 
+    if replaying is not None:
+        if page_size is not None or core is not None or fault is not None:
+            raise OptionError(
+                "takes the page size, tree core and fault from the reproducer: drop "
+                "--page-size, --core and --fault",
+                option="replay",
+            )
+        with standard_output_on_standard_error():
+            return replay(reproducer=replaying, sglang_tree=sglang_tree, timings=timings)
     with (
         standard_output_on_standard_error(),
         progress(f"soaking SGLang for {steps} steps", 2) as tick,

@@ -22,7 +22,7 @@ from kvcanary_cli.dump.files import Target, check_targets, write_all_atomically
 from kvcanary_cli.errors import PathError
 from kvcanary_cli.results.soak import SOAK_FILES, SoakFile
 
-__all__ = ["check_out", "scratch", "write_outputs"]
+__all__ = ["check_out", "restamp_step", "scratch", "write_outputs"]
 
 
 def check_out(out: Path, *, force: bool) -> None:
@@ -58,6 +58,24 @@ def scratch() -> Iterator[Path]:
     """A private folder for the finding's dumps while they are recorded, removed on exit."""
     with tempfile.TemporaryDirectory(prefix="kvcanary-soak-") as folder:
         yield Path(folder)
+
+
+def restamp_step(dump: Path, step: int) -> Path:
+    """`dump` (a scratch dump of ours) with its metadata's `step` set to `step`; the tensors'
+    bytes are kept as they are."""
+    import json
+    import struct
+
+    raw = dump.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + size])
+    header.setdefault("__metadata__", {})["step"] = str(step)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the tensors stay 8-byte aligned, as safetensors writes
+    staged = dump.with_name(dump.name + ".step")
+    staged.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + size :])
+    staged.replace(dump)
+    return dump
 
 
 def write_outputs(

@@ -260,9 +260,12 @@ def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> No
     # the clean twin: the same reproducer without the fault
     assert run_history(sglang, StackSpec(**saved["spec"]), workload).failure is None
     from kvcanary_cli import api
+    from kvcanary_cli.dump.header import read_header_and_step
 
     checked = api.check([tmp_path / "soak-shrunk-dump.safetensors"], kernel="none")
     assert checked.failed
+    # the reproducer says where the shrunk workload fails, and its dump is that step's
+    assert read_header_and_step(tmp_path / "soak-shrunk-dump.safetensors")[1] == saved["step"]
 
 
 def test_soak_clean_exits_zero(sglang: Any, tmp_path: Path) -> None:
@@ -281,6 +284,68 @@ def test_soak_clean_exits_zero(sglang: Any, tmp_path: Path) -> None:
     assert record["audited_steps"] > 0 and record["sglang_checks"] == []
     assert record["failure"] is None and record["seen"] is None
     assert not record["found"] and not record["sglang_found"]
+
+
+def test_a_finding_after_a_result_keeps_that_steps_dump_and_replays(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A double free found once a step's result is processed: the dump records that step
+    (it was recorded after the step, under the next one's number), and `--replay` of the
+    reproducer finds it again, exit 1; the reproducer without its fault replays clean, exit 0
+    (the twin)."""
+    from kvcanary_cli.dump.header import read_header_and_step
+
+    _no_shrinking(monkeypatch)
+    wheel = str(wheel_path())
+    options = ("--sglang-tree", wheel, "--steps", "80", "--page-size", "1", "--core", "python")
+    out = tmp_path / "out"
+    code, text, err = _soak_here(*options, "--fault", "double-free-group-end", "--out", str(out))
+    assert code == 1, text + err
+    # the dump of the shrunk workload is no smaller (the same pools), and the report says so
+    assert "(its dump records the same pools: no smaller than the first)" in text
+    failure = json.loads((out / "soak-workload.json").read_text())
+    assert failure["when"] == "after-result" and failure["top_cause"] == "double-free"
+    for name in ("soak-dump.safetensors", "soak-shrunk-dump.safetensors"):
+        assert read_header_and_step(out / name)[1] == failure["step"]
+    reproducer = out / "soak-reproducer.json"
+    saved = json.loads(reproducer.read_text())
+    assert (saved["step"], saved["top_cause"]) == (failure["step"], "double-free")
+
+    code, text, err = _soak_here("--sglang-tree", wheel, "--replay", str(reproducer))
+    assert code == 1, text + err
+    assert f"replayed {reproducer}: its finding (double-free) came back" in text
+    code, text, err = _soak_here(
+        "--sglang-tree", wheel, "--replay", str(reproducer), "--format", "json"
+    )
+    record = json.loads(text)
+    assert record["replay"] == {
+        "reproducer": str(reproducer),
+        "recorded": "double-free",
+        "reproduced": True,
+    }
+    assert record["failure"]["step"] == failure["step"] and record["histories"] == 1
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "soak-dump.safetensors",
+            "soak-shrunk-dump.safetensors",
+            "soak-workload.json",
+            "soak-reproducer.json",
+        ]
+    )  # a replay writes nothing
+
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps({**saved, "fault": None}))
+    code, text, err = _soak_here("--sglang-tree", wheel, "--replay", str(twin))
+    assert code == 0, text + err
+    assert "its finding (double-free) did not come back: kvcanary found nothing" in text
+
+
+def test_replay_of_no_reproducer_is_one_line_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "soak-reproducer.json"
+    bad.write_text('{"spec": {"page_size": 1}, "workload": []}')
+    run = _soak("--replay", str(bad), "--out", str(tmp_path / "out"))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "is not a soak reproducer" in run.stderr
 
 
 #: SGLang's own module whose request-row pool the two planted faults below patch

@@ -58,6 +58,7 @@ def test_live_audit_finds_what_check_finds(
         assert live.failure is None and live.checked == 0  # no dump, no whole check
     else:
         seen, full = live.failure, result.failure
+        assert seen is not None and full is not None
         assert (seen.step, seen.mode, seen.codes, seen.top_cause) == (
             full.step,
             full.mode,

@@ -5,7 +5,14 @@ SGLang's complaints as tables."""
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import code, table, text
-from kvcanary_cli.render.table.soak import SILENT, ran_line, seen_line, shrunk_line, soak_verdict
+from kvcanary_cli.render.table.soak import (
+    SILENT,
+    ran_line,
+    replay_line,
+    seen_line,
+    shrunk_line,
+    soak_verdict,
+)
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.safe_text import printable_record
 
@@ -30,6 +37,9 @@ def soak_markdown(report: SoakReport) -> str:
         text(ran_line(report)),
     ]
     parts = [f"## kvcanary soak: {text(title)}", "\n".join(f"- {fact}" for fact in facts)]
+    replayed = replay_line(report)
+    if replayed is not None:
+        parts.append(text(replayed))
     parts.append(text(soak_verdict(report)))
     if not report.found:
         return "\n\n".join(parts) + "\n"

@@ -12,6 +12,7 @@ __all__ = [
     "check_line",
     "message_line",
     "ran_line",
+    "replay_line",
     "seen_line",
     "shrunk_line",
     "soak_table",
@@ -30,6 +31,9 @@ def soak_table(report: SoakReport) -> str:
         + ran_line(report),
         soak_verdict(report),
     ]
+    replayed = replay_line(report)
+    if replayed is not None:
+        lines.insert(1, replayed)
     seen = seen_line(report)
     if seen is not None:
         lines.append(seen)
@@ -125,8 +129,26 @@ def message_line(said: SGLangMessage) -> str:
 
 
 def shrunk_line(report: SoakReport) -> str | None:
-    """How far the failing workload shrank, when something was found."""
+    """How far the failing workload shrank, when something was found; its dump is no smaller
+    (the same pools), and the line says so."""
     if report.shrunk_arrivals is None:
         return None
     before, after = report.shrunk_arrivals
-    return f"shrunk the workload from {before} to {after} requests"
+    return (
+        f"shrunk the workload from {before} to {after} requests (its dump records the same "
+        "pools: no smaller than the first)"
+    )
+
+
+def replay_line(report: SoakReport) -> str | None:
+    """With --replay: the reproducer, and whether the finding it recorded came back."""
+    replay = report.replay
+    if replay is None:
+        return None
+    if replay.reproduced:
+        came = "came back"
+    elif report.failure is None:
+        came = "did not come back: kvcanary found nothing"
+    else:
+        came = "did not come back: another failure instead"
+    return f"replayed {replay.reproducer}: its finding ({replay.recorded}) {came}"

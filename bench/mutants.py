@@ -1,0 +1,527 @@
+"""Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code.
+
+Each mutant is one realistic bug planted in a copy of the release tree (a leak, a double free,
+a free of the wrong range at a page boundary, a stale SWA mapping, a lock that does not cover
+the window, a locked node evicted, a req_to_token row leaked, a lock never released on
+retraction); each control is an edit that changes the code but not what it does. A mutant is
+a text edit: (file, old snippet, new snippet, what it plants), applied at run time to a
+hard-linked copy of the unpacked release (the edited file is replaced, never written through
+its link; nothing of SGLang's is kept in this repository), and an edit whose snippet is not
+found exactly once fails loudly.
+
+Each variant is then run twice in one child process, on the same seeded histories:
+- the soak, as `kvcanary soak --sglang-tree COPY --steps N --seed S` runs it (the command's
+  `soak()`, shrinking and writing its files included): the steps run until its finding;
+- SGLang's own checks alone, with no kvcanary audit (the same scheduler loop; SGLang's busy
+  checks after every step, its idle checks at idle): the steps run until their first
+  complaint, or SGLang's crash.
+
+It prints, per variant, the step each side killed it at, the kill rates, and wall and CPU
+seconds, to stdout and `bench/out/mutants.json`. Nothing here is asserted in tests (the test
+suite only checks that every snippet is found). Usage:
+
+    python bench/mutants.py [--steps 2000] [--seed 0] [--jobs 2] [--only NAME ...] [--wheel W]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One edit of SGLang's code: `old` (found exactly once in `path`, relative to the tree's
+    `sglang/srt/` folder) becomes `new`. A control is an equivalent edit: no check may fire."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+    what: str
+    control: bool = False
+
+
+class SnippetError(Exception):
+    """A mutant's snippet is not found exactly once: the release changed, fix the mutant."""
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "token-free-drops-last",
+        "mem_cache/allocator/token.py",
+        "            else:\n"
+        "                self.free_pages = torch.cat((self.free_pages, free_index))\n",
+        "            else:\n"
+        "                self.free_pages = torch.cat((self.free_pages, free_index[:-1]))\n",
+        "leak: the page-size-1 allocator's free drops the last slot it is given",
+    ),
+    Mutant(
+        "finish-tail-one-short",
+        "mem_cache/common.py",
+        "tree_cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, owned_kv_len)])",
+        "tree_cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, owned_kv_len - 1)])",
+        "leak at a page boundary: a released request's tail free stops one token short "
+        "(at page size > 1 only a last token alone on its page leaks)",
+    ),
+    Mutant(
+        "overalloc-floor-align",
+        "mem_cache/common.py",
+        "        start_p = ceil_align(start_p, page_size)\n",
+        "        start_p = start_p // page_size * page_size\n",
+        "double free at a page boundary: the over-allocated tail free starts at the page "
+        "floor, so the page the tail free released is freed again",
+    ),
+    Mutant(
+        "dead-swa-freed-again",
+        "mem_cache/common.py",
+        "    if swa_dead:\n        allocator.free_full_segments(swa_dead)\n",
+        "    if swa_dead:\n        allocator.free_segments(swa_dead)\n",
+        "double free of SWA: a released row's out-of-window part (its SWA already freed) "
+        "is freed on both sides, through a mapping already cleared",
+    ),
+    Mutant(
+        "swa-window-page-late",
+        "mem_cache/common.py",
+        "            max(sliding_window_size, page_size), page_size\n        )\n",
+        "            max(sliding_window_size, page_size), page_size\n        ) + page_size\n",
+        "window threshold one page too far: the decode window free releases SWA a page "
+        "inside the window",
+    ),
+    Mutant(
+        "swa-mapping-not-cleared",
+        "mem_cache/allocator/swa.py",
+        "            assert torch.equal(\n"
+        "                    torch.sort(swa_pages.cpu())[0],\n"
+        "                    torch.unique(ref[ref > 0] // ps),\n"
+        '                ), "swa pages do not match the mapped pages"\n'
+        "\n"
+        "        self.clear_full_to_swa_mapping(mapping_indices)\n",
+        "            assert torch.equal(\n"
+        "                    torch.sort(swa_pages.cpu())[0],\n"
+        "                    torch.unique(ref[ref > 0] // ps),\n"
+        '                ), "swa pages do not match the mapped pages"\n'
+        "\n",
+        "stale SWA mapping: freeing SWA pages leaves the full-to-SWA mapping pointing at them",
+    ),
+    Mutant(
+        "decode-swa-unmapped",
+        "mem_cache/allocator/swa.py",
+        "        else:\n"
+        "            self.full_to_swa_index_mapping[alloc_full_indices] = alloc_swa_indices\n",
+        "        else:\n            pass\n",
+        "stale SWA mapping: a paged decode allocates SWA slots but never maps the new full "
+        "slots to them",
+    ),
+    Mutant(
+        "paged-decode-page-off-by-one",
+        "mem_cache/allocator/paged.py",
+        "    need_new_page = ((seq_lens - 1) % page_size == 0).to(torch.int64)\n",
+        "    need_new_page = (seq_lens % page_size == 0).to(torch.int64)\n",
+        "wrong range at a page boundary: a paged decode opens its new page one token late, "
+        "writing the page's first token past the end of the last one",
+    ),
+    Mutant(
+        "swa-lock-half-window",
+        "mem_cache/unified_cache/components/swa.py",
+        "        sliding_window_size = self.sliding_window_size\n"
+        "        covered = 0\n"
+        "        swa_uuid = None\n",
+        "        sliding_window_size = self.sliding_window_size // 2\n"
+        "        covered = 0\n"
+        "        swa_uuid = None\n",
+        "lock not covering the window: a request's SWA lock covers half its window (the "
+        "Python tree core)",
+    ),
+    Mutant(
+        "locked-leaf-evictable",
+        "mem_cache/unified_cache/unified_tree_core.py",
+        "        if node is self.root_node or node.evicted:\n"
+        "            return False\n"
+        "        if any(cd.lock_ref > 0 for cd in node.component_data):\n",
+        "        if node is self.root_node or node.evicted:\n"
+        "            return False\n"
+        "        if any(cd.lock_ref > 1 for cd in node.component_data):\n",
+        "locked node evicted: a leaf one request locks counts as evictable (the Python tree core)",
+    ),
+    Mutant(
+        "evict-swa-by-swa-value",
+        "mem_cache/unified_cache/components/swa.py",
+        "            device_frees[self.component_type].append(\n"
+        "                node.component_data[BASE_COMPONENT_TYPE].value\n"
+        "            )\n"
+        "            freed = self.reclaimable_value_len(node)\n",
+        "            device_frees[self.component_type].append(cd.value)\n"
+        "            freed = self.reclaimable_value_len(node)\n",
+        "wrong range: tombstoning a node frees its SWA through its SWA indices read as full "
+        "ones (the Python tree core)",
+    ),
+    Mutant(
+        "insert-dup-first-slot-kept",
+        "mem_cache/unified_cache/unified_tree_core.py",
+        "        dup_start = max(0, state.params.prev_prefix_len - state.total_prefix_length)\n",
+        "        dup_start = max(0, state.params.prev_prefix_len - state.total_prefix_length)"
+        " + 1\n",
+        "leak: an insert that finds its KV already in the tree frees the duplicate but its "
+        "first slot (the Python tree core; page size 1)",
+    ),
+    Mutant(
+        "req-row-not-freed",
+        "mem_cache/memory_pool.py",
+        "        self.free_rows([req.kv.req_pool_idx])\n        req.kv.req_pool_idx = None\n",
+        "        req.kv.req_pool_idx = None\n",
+        "req_to_token row leaked: releasing a request never gives its pool row back",
+    ),
+    Mutant(
+        "retract-lock-leak",
+        "mem_cache/common.py",
+        "    tree_cache.unlock(req.lock)\n    req.lock = None\n",
+        "    if checkpoint:\n        tree_cache.unlock(req.lock)\n    req.lock = None\n",
+        "lock never released on retraction: a request released without a checkpoint keeps "
+        "its prefix locked",
+    ),
+    Mutant(
+        "expand-pages-by-subtraction",
+        "mem_cache/allocator/swa.py",
+        "        base = (indices // self.page_size) * self.page_size\n",
+        "        base = indices - indices % self.page_size\n",
+        "control: a page's first slot computed another way (slots are never negative)",
+        control=True,
+    ),
+    Mutant(
+        "req-rows-from-the-head",
+        "mem_cache/memory_pool.py",
+        "        select_index = self.free_slots[-need_size:]\n"
+        "        del self.free_slots[-need_size:]\n",
+        "        select_index = self.free_slots[:need_size]\n"
+        "        del self.free_slots[:need_size]\n",
+        "control: pool rows handed out from the head of the free list, not the tail",
+        control=True,
+    ),
+    Mutant(
+        "swa-unlock-refreshes-always",
+        "mem_cache/unified_cache/components/swa.py",
+        "                comp.lock_ref = ref - 1\n            if ref == 1:\n",
+        "                comp.lock_ref = ref - 1\n            if ref >= 1:\n",
+        "control: an SWA unlock refreshes the node's evictable-leaf membership on every "
+        "release, not only the last (the refresh is idempotent)",
+        control=True,
+    ),
+)
+
+
+def mutated(text: str, mutant: Mutant) -> str:
+    """`text` with the mutant's edit; SnippetError unless its snippet is there exactly once."""
+    found = text.count(mutant.old)
+    if found != 1:
+        raise SnippetError(
+            f"mutant {mutant.name}: its snippet is found {found} times in {mutant.path} "
+            "(expected once): the release changed, fix the mutant"
+        )
+    return text.replace(mutant.old, mutant.new)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def plant(release: Path, mutant: Mutant | None, into: Path) -> Path:
+    """A copy of the release tree (the folder holding `sglang/`) at `into`, files hard-linked,
+    with `mutant` applied (None: the release as it is). The edited file is a new file, so the
+    release is never written through a link."""
+    shutil.copytree(release, into, copy_function=_link_or_copy)
+    if mutant is not None:
+        target = into / "sglang" / "srt" / mutant.path
+        text = mutated(target.read_text(), mutant)
+        target.unlink()
+        target.write_text(text)
+    return into
+
+
+# -- the child: one variant's soak and SGLang's checks alone ------------------------------
+
+
+def _first_complaint(scheduler: Any, checks: Any, limit: int) -> tuple[int, str, str] | None:
+    """Run one history to `limit` steps under SGLang's checks alone: the step, what was said
+    and where (the step's mode, or `crash`) of their first complaint; None: silent."""
+    while scheduler.step_no < limit:
+        at = scheduler.step_no
+        try:
+            info = scheduler.step()
+        except Exception as exc:  # SGLang's own assert or error: it saw something
+            return at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
+        said = checks.idle() if info.mode == "idle" else checks.busy()
+        if not said and scheduler.done and scheduler.step_no >= scheduler.workload.steps:
+            said = checks.idle()
+            if not said:
+                return None
+        if said:
+            return at, f"{said[0].check}: {said[0].message}", info.mode
+    return None
+
+
+def sglang_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
+    """SGLang's checks with no kvcanary audit, on the histories soak runs (same seeds, specs
+    and budget): where they first complained, or SGLang crashed."""
+    from kvcanary_cli.soak.audit import SGLangChecks
+    from kvcanary_cli.soak.command import HISTORY_STEPS, _specs
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.stack import build_stack
+    from kvcanary_cli.soak.workload import random_workload
+
+    specs = _specs(None, modules.cores, None)
+    steps = histories = 0
+    while steps < budget:
+        spec = specs[histories % len(specs)]
+        # the workload soak's command draws for this history (kept in step with it)
+        workload = random_workload(
+            seed * 1_000_003 + histories,
+            steps=HISTORY_STEPS,
+            requests=20,
+            max_prompt=60,
+            max_new=20,
+        )
+        scheduler = Scheduler(build_stack(modules, spec), workload)
+        limit = min(workload.steps * 4 + 64, budget - steps)
+        first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+        if first is not None:
+            at, said, where = first
+            return {
+                "steps": steps + at + 1,
+                "history": histories,
+                "page_size": spec.page_size,
+                "core": spec.core,
+                "step": at,
+                "where": where,
+                "said": said[:200],
+            }
+        histories += 1
+        steps += scheduler.step_no
+    return {"steps": None, "ran": steps}
+
+
+def child(tree: Path, budget: int, seed: int, result: Path) -> None:
+    """Run one variant: the soak command's `soak()`, then SGLang's checks alone."""
+    from kvcanary_cli.dump.streams import standard_output_on_standard_error
+    from kvcanary_cli.soak.command import soak
+    from kvcanary_cli.soak.stack import load_sglang
+
+    record: dict[str, Any] = {}
+    started = time.monotonic()
+    with standard_output_on_standard_error():
+        modules = load_sglang(tree)
+        record["import_s"] = round(time.monotonic() - started, 2)
+        with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
+            t0 = time.monotonic()
+            report = soak(sglang_tree=str(tree), steps=budget, seed=seed, out=Path(out) / "o")
+            record["soak_s"] = round(time.monotonic() - t0, 2)
+        failure = report.failure
+        record["soak"] = {
+            "steps": None if failure is None else report.steps,
+            "ran": report.steps,
+            "sglang_said": [c.check for c in report.sglang_checks],
+        }
+        if failure is not None:
+            record["soak"].update(
+                history=report.histories - 1,
+                page_size=failure.page_size,
+                core=failure.core,
+                step=failure.step,
+                where=failure.when,
+                said=(
+                    f"crash {failure.crash.exception}: {failure.crash.message}"
+                    if failure.crash is not None
+                    else f"{', '.join(failure.codes)} (cause: {failure.top_cause})"
+                )[:200],
+                crash=failure.crash is not None,
+                shrunk=list(report.shrunk_arrivals or ()),
+            )
+        elif report.seen is not None:  # SGLang complained within the soak, kvcanary did not
+            record["soak"]["sglang_only"] = True
+        t0 = time.monotonic()
+        record["sglang"] = sglang_alone(modules, budget, seed)
+        record["sglang_s"] = round(time.monotonic() - t0, 2)
+    result.write_text(json.dumps(record))
+
+
+# -- the parent: plant, run in parallel, report --------------------------------------------
+
+
+def _release_tree(wheel: str | None) -> Path:
+    from kvcanary_cli.soak.stack import find_tree
+    from tests.sglang_wheel import wheel_path
+
+    source = wheel or wheel_path()
+    if source is None:
+        sys.exit("no SGLang 0.5.23 wheel: give --wheel PATH (a wheel or an unpacked tree)")
+    return find_tree(source).root
+
+
+def _start(name: str, tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    result = scratch / f"{name}.json"
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(tree),
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--result",
+        str(result),
+    ]
+    log = (scratch / f"{name}.log").open("wb")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return {"name": name, "process": process, "result": result, "log": log, "t0": time.monotonic()}
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Plant every chosen variant (and the release), run them `--jobs` at a time."""
+    release = _release_tree(args.wheel)
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    variants: list[tuple[str, Mutant | None]] = [(m.name, m) for m in chosen]
+    if not args.only:
+        variants.insert(0, ("release", None))
+    load = os.getloadavg()[0]  # the machine is shared: what else ran as it started
+    started, cpu0 = time.monotonic(), _cpu()
+    rows: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="kvcanary-mutants-") as folder:
+        scratch = Path(folder)
+        trees = {name: plant(release, m, scratch / name) for name, m in variants}
+        pending = list(variants)
+        running: list[dict[str, Any]] = []
+        while pending or running:
+            while pending and len(running) < args.jobs:
+                name, _ = pending.pop(0)
+                running.append(_start(name, trees[name], args, scratch))
+            time.sleep(0.2)
+            for job in [j for j in running if j["process"].poll() is not None]:
+                running.remove(job)
+                job["log"].close()
+                wall = round(time.monotonic() - job["t0"], 1)
+                if job["process"].returncode != 0 or not job["result"].is_file():
+                    tail = (scratch / f"{job['name']}.log").read_text(errors="replace")[-2000:]
+                    rows[job["name"]] = {"error": tail, "wall_s": wall}
+                else:
+                    rows[job["name"]] = {**json.loads(job["result"].read_text()), "wall_s": wall}
+                print(f"  {job['name']}: done in {wall} s", file=sys.stderr, flush=True)
+    return {
+        "steps": args.steps,
+        "seed": args.seed,
+        "jobs": args.jobs,
+        "cores": os.cpu_count(),
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
+        "wall_s": round(time.monotonic() - started, 1),
+        "cpu_s": round(_cpu() - cpu0, 1),
+        "variants": {name: {"mutant": m, **rows[name]} for name, m in variants},
+    }
+
+
+def _at(side: dict[str, Any] | None) -> str:
+    if not side:
+        return "?"
+    if side.get("steps") is None:
+        return f"-- ({side.get('ran')})"
+    return f"{side['steps']} (ps {side['page_size']} {side['core']}, {side['where']})"
+
+
+def report(figures: dict[str, Any]) -> list[str]:
+    """The table and the kill rates, as lines."""
+    lines = [
+        f"mutants of SGLang 0.5.23, {figures['steps']} steps each, seed {figures['seed']}, "
+        f"{figures['jobs']} at a time on {figures['cores']} cores (load average "
+        f"{figures['load_before']:.2f} before, {figures['load_after']:.2f} after)",
+        f"{'variant':30} {'soak killed at':38} {'SGLang killed at':38} wall",
+    ]
+    mutants = kills = sglang_kills = only_soak = only_sglang = 0
+    controls = silent = 0
+    for name, row in figures["variants"].items():
+        mutant = row["mutant"]
+        if "error" in row:
+            lines.append(f"{name:30} ERROR: {row['error'].splitlines()[-1:]}")
+            continue
+        soak, sglang = row["soak"], row["sglang"]
+        lines.append(f"{name:30} {_at(soak):38} {_at(sglang):38} {row['wall_s']:.0f} s")
+        by_soak = soak.get("steps") is not None
+        by_sglang = sglang.get("steps") is not None
+        if mutant is None or mutant.control:
+            controls += 1
+            silent += not by_soak and not by_sglang and not soak.get("sglang_said")
+        else:
+            mutants += 1
+            kills += by_soak
+            sglang_kills += by_sglang
+            only_soak += by_soak and not by_sglang
+            only_sglang += by_sglang and not by_soak
+        if by_soak:
+            lines.append(f"{'':32}soak: {soak['said']}")
+        if by_sglang:
+            lines.append(f"{'':32}SGLang: {sglang['said']}")
+    lines += [
+        f"kill rate: soak {kills}/{mutants}, SGLang's checks alone {sglang_kills}/{mutants}; "
+        f"only soak {only_soak}, only SGLang {only_sglang}",
+        f"silent: {silent}/{controls} controls and release",
+        f"whole set: {figures['wall_s']} s wall, {figures['cpu_s']} s CPU",
+    ]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--wheel", default=None, help="SGLang 0.5.23 wheel or tree")
+    parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        child(args.child, args.steps, args.seed, args.result)
+        return 0
+    unknown = set(args.only) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"unknown mutants: {', '.join(sorted(unknown))}")
+    figures = run_all(args)
+    lines = report(figures)
+    print("\n".join(lines))
+    out = ROOT / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    for row in figures["variants"].values():
+        mutant = row.pop("mutant")
+        row["control"] = mutant is None or mutant.control
+        row["what"] = "the release" if mutant is None else mutant.what
+    (out / "mutants.json").write_text(json.dumps(figures, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

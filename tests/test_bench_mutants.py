@@ -1,0 +1,72 @@
+"""bench/mutants.py's mutants still fit SGLang 0.5.23: every snippet is found exactly once in
+the release wheel's file and the edited module compiles; a snippet that is not there (or is
+there twice) fails loudly; planting never writes through to the release it copies. Nothing is
+soaked here: the soak of each mutant is the benchmark's."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.sglang_wheel import MISSING_WHEEL, wheel_path
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEEL = wheel_path()
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_mutants", ROOT / "bench" / "mutants.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+mutants = _bench()
+
+
+def test_the_set_is_what_the_benchmark_promises() -> None:
+    names = [m.name for m in mutants.MUTANTS]
+    assert len(set(names)) == len(names)
+    assert sum(not m.control for m in mutants.MUTANTS) >= 12
+    assert sum(m.control for m in mutants.MUTANTS) >= 3
+    assert all(m.old != m.new and m.what for m in mutants.MUTANTS)
+
+
+@pytest.mark.skipif(WHEEL is None, reason=MISSING_WHEEL)
+def test_every_mutant_applies_to_the_release_wheel() -> None:
+    assert WHEEL is not None
+    with zipfile.ZipFile(WHEEL) as wheel:
+        for mutant in mutants.MUTANTS:
+            text = wheel.read(f"sglang/srt/{mutant.path}").decode()
+            edited = mutants.mutated(text, mutant)
+            assert edited != text and mutant.new in edited
+            compile(edited, mutant.path, "exec")  # a mutant is a module that still imports
+
+
+def test_a_snippet_not_found_once_fails_loudly() -> None:
+    gone = mutants.Mutant("gone", "x.py", "free(a)", "free(b)", "nothing")
+    with pytest.raises(mutants.SnippetError, match="gone: .* found 0 times in x.py"):
+        mutants.mutated("alloc(a)\n", gone)
+    with pytest.raises(mutants.SnippetError, match="found 2 times"):
+        mutants.mutated("free(a)\nfree(a)\n", gone)
+
+
+def test_planting_leaves_the_release_as_it_was(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    module = release / "sglang" / "srt" / "mem_cache" / "pool.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("def free(a):\n    give_back(a)\n")
+    other = module.parent / "other.py"
+    other.write_text("x = 1\n")
+    leak = mutants.Mutant("leak", "mem_cache/pool.py", "    give_back(a)\n", "    pass\n", "leak")
+    copy = mutants.plant(release, leak, tmp_path / "copy")
+    assert (copy / "sglang/srt/mem_cache/pool.py").read_text() == "def free(a):\n    pass\n"
+    assert module.read_text() == "def free(a):\n    give_back(a)\n"
+    assert (copy / "sglang/srt/mem_cache/other.py").read_text() == "x = 1\n"
