@@ -90,6 +90,11 @@ def render(
         case "ranks":
             from kvcanary_cli.render.markdown.ranks import ranks_markdown as markdown
             from kvcanary_cli.render.table.ranks import ranks_table as table
+        case "pool-soak":
+            from kvcanary_cli.render.markdown.pool_soak import pool_soak_markdown as markdown
+            from kvcanary_cli.render.table.pool_soak import pool_soak_table as table
+
+            rows = {}
         case "soak":
             from kvcanary_cli.render.markdown.soak import soak_markdown as markdown
             from kvcanary_cli.render.table.soak import soak_table as table

@@ -48,3 +48,33 @@ def test_a_planted_fault_is_found_at_the_step_it_happens(vllm: Any, fault: str, 
         assert f"block {top.block}" in top.message
     if fault == "freed-while-held":
         assert top.owners and top.holders and top.holders >= 2
+
+
+def test_soak_engine_vllm_reports_the_fault_and_what_vllm_said(vllm: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvcanary_cli.cli import app
+    from tests.vllm_wheel import wheel_path
+
+    args = ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path()), "--format", "json"]
+    clean = CliRunner().invoke(app, [*args, "--steps", "60"])
+    assert clean.exit_code == 0, clean.output
+    record = json.loads(clean.output)
+    assert record["schema"] == "kvcanary.pool-soak/1" and record["audited"] == 60
+    found = CliRunner().invoke(app, [*args, "--steps", "300", "--fault", "double-free"])
+    assert found.exit_code == 1, found.output
+    [history] = json.loads(found.output)["histories"]
+    assert history["finding_step"] == history["fault_step"]
+    assert history["findings"][0]["code"] == "negative-ref-count"
+
+
+def test_soak_refuses_an_unknown_engine_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from kvcanary_cli.cli import app
+
+    result = CliRunner().invoke(app, ["soak", "--engine", "tgi"])
+    assert result.exit_code == 2
+    assert "'tgi' is not sglang or vllm" in result.output
