@@ -63,9 +63,14 @@ def test_soak_engine_vllm_reports_the_fault_and_what_vllm_said(vllm: Any) -> Non
     assert clean.exit_code == 0, clean.output
     record = json.loads(clean.output)
     assert record["schema"] == "kvcanary.pool-soak/1" and record["audited"] == 60
+    from tests.render.record_schema import RECORDS, validate
+
+    assert validate(record, RECORDS[record["schema"]]) == []
     found = CliRunner().invoke(app, [*args, "--steps", "300", "--fault", "double-free"])
     assert found.exit_code == 1, found.output
-    [history] = json.loads(found.output)["histories"]
+    record = json.loads(found.output)
+    assert validate(record, RECORDS[record["schema"]]) == []
+    [history] = record["histories"]
     assert history["finding_step"] == history["fault_step"]
     assert history["findings"][0]["code"] == "negative-ref-count"
 
