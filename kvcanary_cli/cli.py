@@ -578,11 +578,21 @@ def soak(
     timings: Annotated[
         bool, typer.Option("--timings", help="Report the seconds (off: the same bytes each run).")
     ] = False,
+    engine: Annotated[
+        str, typer.Option("--engine", metavar="sglang|vllm", help="Whose KV cache runs.")
+    ] = "sglang",
+    vllm_tree: Annotated[
+        str | None,
+        typer.Option("--vllm-tree", metavar="PATH", help="A vLLM wheel or tree (--engine vllm)."),
+    ] = None,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
 ) -> None:
     """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
+
+    --engine vllm runs vLLM's KVCacheManager instead (full and sliding-window models; faults:
+    double-free, freed-while-held, leak, free-count), and says what vLLM's own asserts said.
 
     kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
     kvcanary's first finding (or SGLang's crash) the dump, the workload (seed, step) and a
@@ -592,6 +602,14 @@ def soak(
     Exit 0 clean, 1 found (by kvcanary, SGLang's checks, or an SGLang crash), 2 bad input
     (not an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """
+    if engine == "vllm":
+        from kvcanary_cli.soak.vllm_command import run_vllm_soak
+
+        pool = run_vllm_soak(vllm_tree, steps, seed, fault, timings=timings)
+        deliver(render.render(pool, output_format), output, force=force)
+        raise typer.Exit(ExitCode.FINDINGS if pool.found else ExitCode.CLEAN)
+    if engine != "sglang":
+        raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
     from kvcanary_cli.soak.command import run_soak
 
     report = run_soak(

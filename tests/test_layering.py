@@ -58,8 +58,10 @@ ALLOWED = {
     # into the shared results
     "engines": {"safe_text", "catalog", "errors", "option_values", "dump", "results", "engines"},
     # SGLang's real stack under a workload, recorded by the capture code, audited by `api`;
-    # "" for __version__ (its report names the kvcanary that ran it)
+    # vLLM's real manager, read and audited by its engine package; "" for __version__ (its
+    # report names the kvcanary that ran it)
     "soak": {
+        "engines",
         "safe_text",
         "catalog",
         "errors",

@@ -96,6 +96,11 @@ def render(
         case "leak":
             from kvcanary_cli.render.markdown.leak import leak_markdown as markdown
             from kvcanary_cli.render.table.leak import leak_table as table
+        case "pool-soak":
+            from kvcanary_cli.render.markdown.pool_soak import pool_soak_markdown as markdown
+            from kvcanary_cli.render.table.pool_soak import pool_soak_table as table
+
+            rows = {}
         case "soak":
             from kvcanary_cli.render.markdown.soak import soak_markdown as markdown
             from kvcanary_cli.render.table.soak import soak_table as table

@@ -150,3 +150,34 @@ def test_bad_vllm_dumps_are_one_line_exit_2(tmp_path: Path, dumps: dict[str, Pat
     assert mixed.exit_code == 2 and "separate runs" in mixed.output
     sglang_only = runner.invoke(app, ["plan", str(dumps["vllm-clean"])])
     assert sglang_only.exit_code == 2 and "SGLang dumps" in sglang_only.output
+
+
+def _keyed_twice(extra: bool) -> object:
+    """A clean pool where one hashed block is also reachable under a second key (vLLM's
+    partial prefix entries: `cached_block_hashes_by_block`), listed as its extra key or not."""
+    state = _clean(4, "tiny", False)
+    block = int(np.flatnonzero(state.hash_group >= 0)[0])
+    key = np.full((1, state.hash_digest.shape[1]), 7, dtype=np.uint8)
+    state = replace(
+        state,
+        map_block=np.append(state.map_block, block),
+        map_group=np.append(state.map_group, 0),
+        map_digest=np.concatenate([state.map_digest, key]),
+    )
+    if extra:
+        state = replace(
+            state,
+            extra_key_block=np.array([block]),
+            extra_key_group=np.array([0]),
+            extra_key_digest=key,
+        )
+    return state
+
+
+def test_a_map_entry_under_a_blocks_extra_key_is_not_stale(tmp_path: Path) -> None:
+    assert _codes(_keyed_twice(extra=False)) == {PoolCode.HASH_ENTRY_STALE}
+    state = _keyed_twice(extra=True)
+    assert _codes(state) == set()
+    tensors, meta = state.contents()  # type: ignore[attr-defined]
+    write_safetensors(tmp_path / "d.safetensors", tensors, meta)
+    assert _codes(state_of(read_arrays(tmp_path / "d.safetensors"))) == set()

@@ -21,3 +21,11 @@ def sglang() -> Any:
         return load_sglang(wheel)
     except SGLangUnavailableError as exc:
         pytest.skip(f"SGLang's stack does not import here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def vllm() -> Any:
+    """vLLM 0.33.0's KV-cache manager modules from the cached release wheel (skipped without)."""
+    from tests.vllm_wheel import load_or_skip
+
+    return load_or_skip()

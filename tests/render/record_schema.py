@@ -32,6 +32,8 @@ from kvcanary_cli.results.columns import IntColumn
 from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.results.leak import LeakReport
 from kvcanary_cli.results.plan import PlanSummary
+from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
+from kvcanary_cli.results.pool_soak import PoolSoakReport
 from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.results.ranks import RanksReport
 from kvcanary_cli.results.record import record_keys, to_record
@@ -61,6 +63,9 @@ RECORDS: dict[str, Any] = {
     "kvcanary.soak/2": SoakReport,
     "kvcanary.ranks/1": RanksReport,
     "kvcanary.leak/1": LeakReport,
+    "kvcanary.pool-check/1": PoolCheckReport,
+    "kvcanary.pool-provenance/1": PoolProvenance,
+    "kvcanary.pool-soak/1": PoolSoakReport,
 }
 
 

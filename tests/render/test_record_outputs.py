@@ -97,7 +97,22 @@ def test_every_command_on_every_dump_matches_its_record(
     # selftest and timeline read no one dump (below), soak reads none
     # (tests/cli/test_soak_outputs.py)
     others = {"kvcanary.selftest/1", "kvcanary.plan/1", "kvcanary.timeline/1", "kvcanary.soak/2"}
+    # the block-pool records are vLLM's (below; pool-soak: tests/integration/test_vllm_soak.py)
+    others |= {r for r in RECORDS if r.startswith("kvcanary.pool-")}
     assert seen >= set(RECORDS) - others
+
+
+@pytest.mark.parametrize("scenario", ["vllm-hybrid-clean", "vllm-freed-while-held"])
+def test_block_pool_check_and_provenance_match_their_records(tmp_path: Path, scenario: str) -> None:
+    from kvcanary_cli.engines import pool_provenance, write_pool_scenario
+
+    path = tmp_path / "pool.safetensors"
+    write_pool_scenario(scenario, path, seed=2)
+    record = _valid(render(api.check_pools([path]), OutputFormat.JSON))
+    assert record["schema"] == "kvcanary.pool-check/1"
+    findings = record["dumps"][0]["findings"]
+    block = findings[0]["block"] if findings else 1
+    assert _valid(render(pool_provenance(path, block), OutputFormat.JSON))["block"] == block
 
 
 @pytest.mark.parametrize("name", SEQUENCES)

@@ -295,6 +295,8 @@ class _Audit:
         if s.hash_digest.shape[1]:
             same &= _same_rows(s.hash_digest[blocks], s.map_digest[inside])
         stale[inside] = ~same
+        if s.extra_key_block.size and stale.any():
+            stale[self._extra_keyed(np.flatnonzero(stale))] = False
         self.add(
             PoolCode.HASH_ENTRY_STALE,
             mb[stale],
@@ -308,6 +310,20 @@ class _Audit:
             np.flatnonzero(unmapped),
             "carries a hash no hash-map entry points to it under",
         )
+
+    def _extra_keyed(self, entries: np.ndarray) -> np.ndarray:
+        """Those of the map `entries` whose (block, key) is one of the block's extra keys."""
+        s = self.s
+        known = {
+            (int(b), int(g), bytes(d))
+            for b, g, d in zip(s.extra_key_block, s.extra_key_group, s.extra_keys(), strict=True)
+        }
+        keyed = [
+            i
+            for i in entries
+            if (int(s.map_block[i]), int(s.map_group[i]), bytes(s.map_digest[i])) in known
+        ]
+        return np.array(keyed, dtype=np.int64)
 
     def requests(self) -> None:
         s = self.s

@@ -80,6 +80,11 @@ class VllmState:
     map_block: np.ndarray
     map_group: np.ndarray
     map_digest: np.ndarray
+    #: keys a block is cached under besides its own hash (vLLM's partial prefix entries,
+    #: `cached_block_hashes_by_block`): one entry per (block, key).
+    extra_key_block: np.ndarray = field(default_factory=lambda: _empty(_I64))
+    extra_key_group: np.ndarray = field(default_factory=lambda: _empty(_I64))
+    extra_key_digest: np.ndarray | None = None
     #: the request block tables, one entry per (group, request, index), sorted so.
     table_group: np.ndarray
     table_request: np.ndarray
@@ -93,6 +98,12 @@ class VllmState:
     version: str | None = None
     #: free-form provenance (step, model, note ...), kept as written.
     extra: Mapping[str, str] = field(default_factory=dict)
+
+    def extra_keys(self) -> np.ndarray:
+        """The extra keys' digests, `[K, D]` (D: the blocks' digest width)."""
+        if self.extra_key_digest is None:
+            return np.zeros((self.extra_key_block.size, self.hash_digest.shape[1]), np.uint8)
+        return self.extra_key_digest
 
     def contents(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The dump's tensors and metadata strings (for `write_safetensors`)."""
@@ -115,6 +126,10 @@ class VllmState:
             "vllm.deferred_request": np.asarray(self.deferred_request, dtype=_I32),
             "vllm.released_block": np.asarray(self.released_block, dtype=_I64),
         }
+        if self.extra_key_block.size:
+            tensors["vllm.extra_key_block"] = np.asarray(self.extra_key_block, dtype=_I64)
+            tensors["vllm.extra_key_group"] = np.asarray(self.extra_key_group, dtype=_I32)
+            tensors["vllm.extra_key_digest"] = np.asarray(self.extra_keys(), dtype=np.uint8)
         if self.free_queue_reverse is not None:
             tensors["vllm.free_queue_reverse"] = np.asarray(self.free_queue_reverse, dtype=_I64)
         groups = [
@@ -158,6 +173,9 @@ _TENSORS: dict[str, tuple[int, bool]] = {
     "vllm.deferred_block": (1, False),
     "vllm.deferred_request": (1, False),
     "vllm.released_block": (1, False),
+    "vllm.extra_key_block": (1, False),
+    "vllm.extra_key_group": (1, False),
+    "vllm.extra_key_digest": (2, False),
 }
 _KNOWN_META = {
     "kvcanary.format",
@@ -254,12 +272,16 @@ def state_of(stored: StoredArrays) -> VllmState:
     _shape(arrays, "vllm.map_digest", m, "one per entry of vllm.map_block")
     d = arrays.get("vllm.deferred_block", _empty(_I64)).shape[0]
     _shape(arrays, "vllm.deferred_request", d, "one per entry of vllm.deferred_block")
+    k = arrays.get("vllm.extra_key_block", _empty(_I64)).shape[0]
+    _shape(arrays, "vllm.extra_key_group", k, "one per entry of vllm.extra_key_block")
+    _shape(arrays, "vllm.extra_key_digest", k, "one per entry of vllm.extra_key_block")
     width = arrays["vllm.hash_digest"].shape[1] if "vllm.hash_digest" in arrays else 0
-    if "vllm.map_digest" in arrays and arrays["vllm.map_digest"].shape[1] != width:
-        raise TensorShapeError(
-            f"digests are {arrays['vllm.map_digest'].shape[1]} bytes, vllm.hash_digest's {width}",
-            field="vllm.map_digest",
-        )
+    for name in ("vllm.map_digest", "vllm.extra_key_digest"):
+        if name in arrays and arrays[name].shape[1] != width:
+            raise TensorShapeError(
+                f"digests are {arrays[name].shape[1]} bytes, vllm.hash_digest's {width}",
+                field=name,
+            )
 
     def ints(name: str, dtype: type, default_len: int = 0) -> np.ndarray:
         return np.asarray(arrays.get(name, _empty(dtype, default_len)), dtype=dtype)
@@ -323,6 +345,11 @@ def state_of(stored: StoredArrays) -> VllmState:
         map_block=ints("vllm.map_block", _I64),
         map_group=ints("vllm.map_group", _I64, m),
         map_digest=np.asarray(arrays.get("vllm.map_digest", np.zeros((m, width), np.uint8))),
+        extra_key_block=ints("vllm.extra_key_block", _I64),
+        extra_key_group=ints("vllm.extra_key_group", _I64, k),
+        extra_key_digest=np.asarray(
+            arrays.get("vllm.extra_key_digest", np.zeros((k, width), np.uint8))
+        ),
         table_group=tg,
         table_request=tr,
         table_index=ti,

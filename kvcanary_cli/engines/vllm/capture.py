@@ -1,0 +1,199 @@
+"""A live vLLM `KVCacheManager` read into a `VllmState` (the dump `check` reads).
+
+Read by attribute only (nothing of vLLM is imported): the pool's blocks (reference counts,
+hashes), the free queue walked from each sentinel (a cycle cuts the walk at the pool's size
+instead of hanging), the prefix-cache map with every key a block is cached under (its own
+hash and its extra keys), each group's request tables, the scheduler's deferred frees and
+its requests when given. Reading changes nothing in the manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from kvcanary_cli.engines.vllm.state import FULL, SLIDING_WINDOW, GroupSpec, VllmState
+
+__all__ = ["group_specs", "snapshot"]
+
+#: Managers that keep every block of a request (no null block in their tables).
+_FULL_MANAGERS = frozenset(
+    {"FullAttentionManager", "SinkFullAttentionManager", "CrossAttentionManager"}
+)
+
+
+def _kind(manager: Any) -> str:
+    name = type(manager).__name__
+    if name in _FULL_MANAGERS:
+        return FULL
+    if name == "SlidingWindowManager":
+        return SLIDING_WINDOW
+    base = name.removesuffix("Manager").lstrip("_")
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in base).lstrip("_")
+
+
+def group_specs(managers: Iterable[Any]) -> tuple[GroupSpec, ...]:
+    """Each group's kind, block size and window, from its single-type manager."""
+    return tuple(
+        GroupSpec(
+            kind=_kind(m),
+            block_size=int(m.block_size),
+            window=getattr(m.kv_cache_spec, "sliding_window", None),
+        )
+        for m in managers
+    )
+
+
+def _split_key(key: bytes) -> tuple[int, bytes]:
+    """A `BlockHashWithGroupId`: the digest, then the group id in 4 big-endian bytes."""
+    return int.from_bytes(key[-4:], "big"), bytes(key[:-4])
+
+
+def _walk(start: Any, step: str, end: Any, limit: int) -> tuple[list[int], bool]:
+    """Block ids from `start` along `step` links up to `end`; False when cut at `limit`."""
+    out: list[int] = []
+    node = start
+    while node is not None and node is not end:
+        if len(out) >= limit:
+            return out, False
+        out.append(int(node.block_id))
+        node = getattr(node, step)
+    return out, node is end
+
+
+class _Digests:
+    """Digests of one width, packed into rows (a shorter one is zero-padded)."""
+
+    def __init__(self) -> None:
+        self.rows: list[bytes] = []
+
+    def add(self, digest: bytes) -> None:
+        self.rows.append(digest)
+
+    def array(self, width: int) -> np.ndarray:
+        out = np.zeros((len(self.rows), width), dtype=np.uint8)
+        for i, row in enumerate(self.rows):
+            out[i, : len(row)] = np.frombuffer(row[:width], dtype=np.uint8)
+        return out
+
+
+def _map_entries(pool: Any) -> list[tuple[bytes, Any]]:
+    """The prefix-cache map as (key, block) pairs (a key maps to a block or to a dict of them)."""
+    table = pool.cached_block_hash_to_block
+    entries = getattr(table, "_cache", table)
+    out: list[Any] = []
+    for key, value in entries.items():
+        blocks = value.values() if isinstance(value, Mapping) else (value,)
+        out.extend((key, block) for block in blocks)
+    return out
+
+
+def snapshot(
+    manager: Any,
+    *,
+    requests: Mapping[str, Any] | None = None,
+    deferred_frees: Iterable[Any] = (),
+    version: str | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> VllmState:
+    """`manager`'s pool and tables as a state.
+
+    `requests`: the scheduler's requests by id (waiting and running); without them every
+    request with a table counts as live (no false "dead request"). `deferred_frees`: the
+    scheduler's `deferred_frees` ((fence, blocks) pairs) or plain block lists."""
+    pool = manager.block_pool
+    managers = tuple(manager.coordinator.single_type_managers)
+    blocks = pool.blocks
+    n = len(blocks)
+    queue = pool.free_block_queue
+    forward, complete = _walk(
+        queue.fake_free_list_head.next_free_block, "next_free_block", queue.fake_free_list_tail, n
+    )
+    backward, _ = _walk(
+        queue.fake_free_list_tail.prev_free_block, "prev_free_block", queue.fake_free_list_head, n
+    )
+    ref_cnt = np.fromiter((b.ref_cnt for b in blocks), dtype=np.int64, count=n)
+    hash_group = np.full(n, -1, dtype=np.int64)
+    digests = _Digests()
+    hashed: list[int] = []
+    for b in blocks:
+        key = b.block_hash
+        if key is not None:
+            group, digest = _split_key(key)
+            hash_group[b.block_id] = group
+            hashed.append(b.block_id)
+            digests.add(digest)
+    map_digests, map_block, map_group = _Digests(), [], []
+    for key, block in _map_entries(pool):
+        group, digest = _split_key(key)
+        map_block.append(int(block.block_id))
+        map_group.append(group)
+        map_digests.add(digest)
+    extra_digests, extra_block, extra_group = _Digests(), [], []
+    for block_id, keys in getattr(pool, "cached_block_hashes_by_block", {}).items():
+        for key in keys:
+            group, digest = _split_key(key)
+            extra_block.append(int(block_id))
+            extra_group.append(group)
+            extra_digests.add(digest)
+    width = max((len(r) for d in (digests, map_digests, extra_digests) for r in d.rows), default=0)
+    hash_digest = np.zeros((n, width), dtype=np.uint8)
+    hash_digest[hashed] = digests.array(width)
+
+    ids: dict[str, int] = {}
+    live = set(requests) if requests is not None else None
+    for rid in requests or ():
+        ids.setdefault(rid, len(ids))
+    entries: list[tuple[int, int, int, int]] = []
+    for g, m in enumerate(managers):
+        for rid, table in m.req_to_blocks.items():
+            r = ids.setdefault(rid, len(ids))
+            entries.extend((g, r, i, int(b.block_id)) for i, b in enumerate(table))
+    deferred: list[int] = []
+    for item in deferred_frees:
+        held = item[1] if isinstance(item, tuple) else item
+        deferred.extend(int(b.block_id) for b in held if not b.is_null)
+    table = np.array(entries, dtype=np.int64).reshape(-1, 4)
+    table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]
+    request_ids = tuple(ids)
+    tokens = np.zeros(len(ids), dtype=np.int64)
+    computed = np.zeros(len(ids), dtype=np.int64)
+    for rid, r in ids.items():
+        req = (requests or {}).get(rid)
+        if req is not None:
+            tokens[r] = int(req.num_tokens)
+            computed[r] = int(req.num_computed_tokens)
+    free_queue = np.array(forward, dtype=np.int64)
+    return VllmState(
+        num_blocks=n,
+        null_block=int(pool.null_block.block_id),
+        num_free_blocks=int(queue.num_free_blocks),
+        groups=group_specs(managers),
+        request_ids=request_ids,
+        request_live=np.array([live is None or rid in live for rid in request_ids], dtype=bool),
+        request_num_tokens=tokens,
+        request_num_computed=computed,
+        ref_cnt=ref_cnt,
+        free_queue=free_queue,
+        free_queue_reverse=np.array(backward, dtype=np.int64),
+        queue_complete=complete,
+        hash_group=hash_group,
+        hash_digest=hash_digest,
+        map_block=np.array(map_block, dtype=np.int64),
+        map_group=np.array(map_group, dtype=np.int64),
+        map_digest=map_digests.array(width),
+        extra_key_block=np.array(extra_block, dtype=np.int64),
+        extra_key_group=np.array(extra_group, dtype=np.int64),
+        extra_key_digest=extra_digests.array(width),
+        table_group=table[:, 0],
+        table_request=table[:, 1],
+        table_index=table[:, 2],
+        table_block=table[:, 3],
+        deferred_block=np.array(deferred, dtype=np.int64),
+        deferred_request=np.full(len(deferred), -1, dtype=np.int64),
+        released_block=np.array(sorted(getattr(pool, "_reuse_watchers", {})), dtype=np.int64),
+        version=version,
+        extra=dict(extra or {}),
+    )

@@ -1,0 +1,20 @@
+"""The Markdown view of a block-pool soak (`kvcanary.pool-soak/1`)."""
+
+from __future__ import annotations
+
+from kvcanary_cli.render.phrases.pool_soak import history_lines, soak_verdict
+from kvcanary_cli.results.pool_soak import PoolSoakReport
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["pool_soak_markdown"]
+
+
+def pool_soak_markdown(report: PoolSoakReport) -> str:
+    """The verdict as a heading, each history as a list."""
+    report = printable_record(report)
+    out = [f"## Soak: {soak_verdict(report)}", ""]
+    for h in report.histories:
+        first, *rest = history_lines(h, report.engine)
+        out.append(f"- {first}")
+        out += [f"  - {line.strip()}" for line in rest]
+    return "\n".join(out) + "\n"

