@@ -11,9 +11,11 @@ signature's `Annotated` types, and string annotations are evaluated again each t
 is built (every `app()` call), running every option's builder in `cli_options` anew; evaluated
 at import, they are built once."""
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from inspect import signature
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,18 +23,7 @@ import kvcanary_cli.option_values as values
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.cli_app import (
-    ExitCode,
-    check_exit,
-    fail,
-    make_app,
-    ranks_exit,
-    run,
-    selftest_exit,
-    soak_exit,
-    timeline_exit,
-    violations_exit,
-)
+from kvcanary_cli.cli_app import ExitCode, exit_code, fail, make_app, run
 from kvcanary_cli.cli_options import argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
@@ -41,6 +32,7 @@ from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
 from kvcanary_cli.render.console import progress
 from kvcanary_cli.results.cells import Space
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.safe_text import printable
 
 __all__ = ["ExitCode", "app", "main"]
@@ -54,7 +46,51 @@ _PLANNERS = (
 )
 
 
+def reports(*without: str) -> Callable[[Callable[..., Any]], Any]:
+    """A command that returns its result: it gets the report options (`cli_options.REPORT`)
+    it neither declares itself nor goes `without`, and its result is rendered, delivered
+    (never over a file its command line names) and ends in its exit code. Typer reads the
+    options from the wrapper's signature."""
+
+    def decorate(command: Callable[..., Any]) -> Any:
+        declared = signature(command)
+        skip = {*without, *declared.parameters}
+        added = [param for param in opt.REPORT if param.name not in skip]
+
+        @functools.wraps(command)
+        def reporting(**given: Any) -> None:
+            result = command(**{name: given[name] for name in declared.parameters})
+            output = given["output"]
+            view = render.render(
+                result,
+                given["output_format"],
+                max_rows=given.get("max_rows", DEFAULT_MAX_ROWS),
+                quiet=given.get("quiet", False),
+                to_stdout=to_stdout(output),
+            )
+            inputs = [
+                path
+                for name, value in given.items()
+                if name not in ("output", "svg")
+                for path in (value if isinstance(value, list) else [value])
+                if isinstance(path, Path)
+            ]
+            deliver(view, output, force=given["force"], svg=given.get("svg"), inputs=inputs)
+            if isinstance(result, CheckReport):  # after the report, which leaves them to stderr
+                for unreadable in (dump.error for dump in result.dumps if dump.error):
+                    complain(f"error: {unreadable}")
+            raise typer.Exit(exit_code(result))
+
+        params = [*declared.parameters.values(), *added]
+        reporting.__signature__ = declared.replace(parameters=params)  # type: ignore[attr-defined]
+        reporting.__annotations__ = {param.name: param.annotation for param in params}
+        return reporting
+
+    return decorate
+
+
 @app.command()
+@reports()
 def check(
     dumps: Annotated[list[Path], argument("DUMP", "One or more dumps (one per rank, say).")],
     group: Annotated[
@@ -82,12 +118,7 @@ def check(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Verdict lines only.")] = False,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> CheckReport:
     """Find every bad slot in a dump and say where it came from.
 
     Plans each group with SGLang's reference semantics (collecting every problem instead of
@@ -96,7 +127,7 @@ def check(
     findings at or above --fail-on, 2 bad input.
     """
     with progress(f"checking {dumps[0]}", len(dumps)) as tick:
-        report = api.check(
+        return api.check(
             dumps,
             kernel=kernel,
             groups=None if group == "all" else [group],
@@ -105,16 +136,10 @@ def check(
             jobs=jobs,
             progress=tick,
         )
-    view = render.render(
-        report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout(output)
-    )
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
-    for unreadable in (dump.error for dump in report.dumps if dump.error is not None):
-        complain(f"error: {unreadable}")
-    raise typer.Exit(check_exit(report))
 
 
 @app.command()
+@reports()
 def provenance(
     dumps: Annotated[
         list[Path], argument("DUMP", "A dump; or several of one rank: the slot over time.")
@@ -142,11 +167,7 @@ def provenance(
     ] = None,
     sets: opt.SetOpt = None,
     max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
 
     Shows every cell holding the slot with its role (verify, prefix, chain-prev,
@@ -156,32 +177,24 @@ def provenance(
     """
     overrides = opt.overrides(sets)
     if len(dumps) > 1:  # the slot over the dumps
-        history = api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
-        view = render.render(history, output_format, max_rows=max_rows)
-    else:
-        answer = api.provenance(
-            dumps[0],
-            slot=slot,
-            row=row,
-            space=space.value,
-            group=None if group is None else group.value,
-            positions=opt.parse_positions(positions),
-            max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
-            overrides=overrides,
-        )
-        view = render.render(answer, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
+        return api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
+    return api.provenance(
+        dumps[0],
+        slot=slot,
+        row=row,
+        space=space.value,
+        group=None if group is None else group.value,
+        positions=opt.parse_positions(positions),
+        max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
+        overrides=overrides,
+    )
 
 
 @app.command()
+@reports()
 def timeline(
     dumps: Annotated[list[Path], argument("DUMP", "Two or more dumps of one rank.")],
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """What changed between dumps of one rank, and when.
 
     Requests, slot owners, LUT, SWA leak; each event (use-after-free, double-allocation,
@@ -189,42 +202,28 @@ def timeline(
     between and its cause; the dump each finding first appears in. The dumps are read in step
     order. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
-    found = api.timeline(dumps)
-    view = render.render(found, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
-    raise typer.Exit(timeline_exit(found))
+    return api.timeline(dumps)
 
 
 @app.command()
+@reports()
 def diff(
     old: Annotated[Path, argument("OLD", "The earlier dump.")],
     new: Annotated[Path, argument("NEW", "The later dump, of the same rank.")],
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """What changed from OLD to NEW, two dumps of one rank.
 
     The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
     changes; the events."""
-    found = api.diff(old, new)
-    view = render.render(found, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=[old, new])
-    raise typer.Exit(timeline_exit(found))
+    return api.diff(old, new)
 
 
 @app.command()
+@reports()
 def ranks(
     dumps: Annotated[list[Path], argument("DUMP", "One step's dumps, one per TP rank.")],
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Compare one step's dumps of every tensor-parallel rank: they must hold the same
     bookkeeping.
 
@@ -234,15 +233,13 @@ def ranks(
     page). Dumps of different steps or models are refused. Exit 0 identical, 1 a rank
     diverges, 2 bad input.
     """
-    report = api.ranks(dumps, overrides=opt.overrides(sets))
-    view = render.render(report, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
-    raise typer.Exit(ranks_exit(report))
+    return api.ranks(dumps, overrides=opt.overrides(sets))
 
 
 @app.command()
+@reports()
 def violations(
-    sources: Annotated[list[str], argument("SOURCE", "Dumps or server logs (-: stdin).")],
+    sources: Annotated[list[Path], argument("SOURCE", "Dumps or server logs (-: stdin).")],
     replay: Annotated[
         bool, typer.Option("--replay", help="Replay the dump's verify launches and compare.")
     ] = False,
@@ -259,21 +256,13 @@ def violations(
         typer.Option("--dump", metavar="DUMP", help="The dump to explain log rows against."),
     ] = None,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
     Exit 0 clean, 1 rows or unreadable lines, 2 bad input."""
-    report = api.violations(
+    return api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(sets)
     )
-    view = render.render(report, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=[*sources, *([dump] if dump else [])])
-    raise typer.Exit(violations_exit(report))
 
 
 @app.command()
@@ -328,18 +317,12 @@ def plan(
 
 
 @app.command()
-def inspect(
-    dump: opt.DumpArg,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+@reports("max_rows")
+def inspect(dump: opt.DumpArg) -> Any:
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
     Validates the file on the way: a malformed dump gets one error line, exit 2."""
-    view = render.render(api.inspect(dump), output_format)
-    deliver(view, output, force=force, svg=svg, inputs=[dump])
+    return api.inspect(dump)
 
 
 @app.command()
@@ -439,29 +422,25 @@ def synth(
 
 
 @app.command()
+@reports("max_rows")
 def selftest(
     sglang: Annotated[
         bool, typer.Option("--sglang", help="Also run the installed SGLang's plan launcher.")
     ] = False,
     size: Annotated[str, typer.Option("--size", metavar="tiny|small", help="Dump size.")] = "tiny",
     seed: opt.SeedOpt = 0,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Compare kvcanary's planners (and, with --sglang, your SGLang) on every synth scenario.
 
     Per plan field and raise: the drift report to attach when kvcanary and your SGLang
     disagree. Exit 0 on full agreement, 1 on any difference, 2 when --sglang finds no SGLang
     or a launcher of another signature.
     """
-    report = api.selftest(sglang=sglang, size=size, seed=seed)
-    deliver(render.render(report, output_format), output, force=force, svg=svg)
-    raise typer.Exit(selftest_exit(report))
+    return api.selftest(sglang=sglang, size=size, seed=seed)
 
 
 @app.command()
+@reports("max_rows", "svg")
 def soak(
     sglang_tree: Annotated[
         str | None,
@@ -496,10 +475,8 @@ def soak(
     timings: Annotated[
         bool, typer.Option("--timings", help="Report the seconds (off: the same bytes each run).")
     ] = False,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
-) -> None:
+) -> Any:
     """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
 
     kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
@@ -511,11 +488,9 @@ def soak(
     """
     from kvcanary_cli.soak.command import run_soak
 
-    report = run_soak(
+    return run_soak(
         sglang_tree, steps, seed, page_size, core, fault, out, force=force, timings=timings
     )
-    deliver(render.render(report, output_format), output, force=force)
-    raise typer.Exit(soak_exit(report))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
