@@ -70,17 +70,16 @@ def exit_code(result: object) -> ExitCode:
     match result:
         case CheckReport(bad_input=True):
             return ExitCode.BAD_INPUT
-        case CheckReport(failed=found) | TimelineReport(slot=None, failed=found):
-            pass
-        case SoakReport(found=found) | ViolationsReport(found=found):
-            pass
-        case RanksReport(verdict=verdict):
-            found = verdict == "divergent"
-        case SelftestReport(agree=agree):
-            found = not agree
-        case _:
-            found = False
-    return ExitCode.FINDINGS if found else ExitCode.CLEAN
+        case (
+            CheckReport(failed=True)
+            | TimelineReport(slot=None, failed=True)
+            | RanksReport(verdict="divergent")
+            | ViolationsReport(found=True)
+            | SoakReport(found=True)
+            | SelftestReport(agree=False)
+        ):
+            return ExitCode.FINDINGS
+    return ExitCode.CLEAN
 
 
 def fail(message: str, code: int) -> NoReturn:
