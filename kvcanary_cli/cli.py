@@ -11,9 +11,11 @@ signature's `Annotated` types, and string annotations are evaluated again each t
 is built (every `app()` call), running every option's builder in `cli_options` anew; evaluated
 at import, they are built once."""
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from inspect import signature
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,19 +23,7 @@ import kvcanary_cli.option_values as values
 from kvcanary_cli import api, render
 from kvcanary_cli import cli_options as opt
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.cli_app import (
-    ExitCode,
-    check_exit,
-    fail,
-    leak_exit,
-    make_app,
-    ranks_exit,
-    run,
-    selftest_exit,
-    soak_exit,
-    timeline_exit,
-    violations_exit,
-)
+from kvcanary_cli.cli_app import ExitCode, exit_code, fail, make_app, run
 from kvcanary_cli.cli_options import argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
@@ -58,7 +48,58 @@ _PLANNERS = (
 )
 
 
+def reports(*without: str) -> Callable[[Callable[..., Any]], Any]:
+    """A command that returns its result: it gets the report options (`cli_options.REPORT`)
+    it neither declares itself nor goes `without`, and its result is rendered, delivered
+    (never over a file its command line names) and ends in its exit code. Typer reads the
+    options from the wrapper's signature."""
+
+    def decorate(command: Callable[..., Any]) -> Any:
+        declared = signature(command)
+        skip = {*without, *declared.parameters}
+        added = [param for param in opt.REPORT if param.name not in skip]
+
+        @functools.wraps(command)
+        def reporting(**given: Any) -> None:
+            result = command(**{name: given[name] for name in declared.parameters})
+            output = given["output"]
+            view = render.render(
+                result,
+                given["output_format"],
+                max_rows=given.get("max_rows", DEFAULT_MAX_ROWS),
+                quiet=given.get("quiet", False),
+                to_stdout=to_stdout(output),
+            )
+            inputs = [
+                path
+                for name, value in given.items()
+                if name not in ("output", "svg")
+                for path in (value if isinstance(value, list) else [value])
+                if isinstance(path, Path)
+            ]
+            checked = isinstance(result, CheckReport | PoolCheckReport)
+            # every dump unreadable, a view for the terminal: the error lines on stderr say it all
+            said = checked and all(dump.error is not None for dump in result.dumps)
+            said = said and given["output_format"] is not OutputFormat.JSON
+            if not (
+                said and not given.get("quiet") and given.get("svg") is None and to_stdout(output)
+            ):
+                deliver(view, output, force=given["force"], svg=given.get("svg"), inputs=inputs)
+            if checked:  # after the report, which leaves them to stderr
+                for unreadable in (dump.error for dump in result.dumps if dump.error):
+                    complain(f"error: {unreadable}")
+            raise typer.Exit(exit_code(result))
+
+        params = [*declared.parameters.values(), *added]
+        reporting.__signature__ = declared.replace(parameters=params)  # type: ignore[attr-defined]
+        reporting.__annotations__ = {param.name: param.annotation for param in params}
+        return reporting
+
+    return decorate
+
+
 @app.command()
+@reports()
 def check(
     dumps: Annotated[list[Path], argument("DUMP", "One or more dumps (one per rank, say).")],
     group: Annotated[
@@ -86,12 +127,7 @@ def check(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Verdict lines only.")] = False,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> CheckReport | PoolCheckReport:
     """Find every bad slot in a dump and say where it came from.
 
     Plans each group with SGLang's reference semantics (collecting every problem instead of
@@ -99,34 +135,22 @@ def check(
     (causes, most likely first) and each finding with its provenance. Exit 0 clean, 1
     findings at or above --fail-on, 2 bad input.
     """
-    report: CheckReport | PoolCheckReport
     with progress(f"checking {dumps[0]}", len(dumps)) as tick:
         if api.is_pool_dump(dumps):  # vLLM: the pool's invariants, no planner
-            report = api.check_pools(dumps, fail_on=fail_on, progress=tick)
-        else:
-            report = api.check(
-                dumps,
-                kernel=kernel,
-                groups=None if group == "all" else [group],
-                overrides=opt.overrides(sets),
-                fail_on=fail_on,
-                jobs=jobs,
-                progress=tick,
-            )
-    view = render.render(
-        report, output_format, max_rows=max_rows, quiet=quiet, to_stdout=to_stdout(output)
-    )
-    # every dump unreadable, a view for the terminal: the error lines on stderr say it all
-    unread = all(dump.error is not None for dump in report.dumps)
-    said = output_format is not OutputFormat.JSON and not quiet and svg is None
-    if not (said and unread and to_stdout(output)):
-        deliver(view, output, force=force, svg=svg, inputs=dumps)
-    for unreadable in (dump.error for dump in report.dumps if dump.error is not None):
-        complain(f"error: {unreadable}")
-    raise typer.Exit(check_exit(report))
+            return api.check_pools(dumps, fail_on=fail_on, progress=tick)
+        return api.check(
+            dumps,
+            kernel=kernel,
+            groups=None if group == "all" else [group],
+            overrides=opt.overrides(sets),
+            fail_on=fail_on,
+            jobs=jobs,
+            progress=tick,
+        )
 
 
 @app.command()
+@reports()
 def provenance(
     dumps: Annotated[
         list[Path], argument("DUMP", "A dump; or several of one rank: the slot over time.")
@@ -160,11 +184,7 @@ def provenance(
     ] = None,
     sets: opt.SetOpt = None,
     max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
 
     Shows every cell holding the slot with its role (verify, prefix, chain-prev,
@@ -179,36 +199,26 @@ def provenance(
             raise OptionError(
                 "give one dump and --block alone, without --slot or --row", option="block"
             )
-        view = render.render(api.block_provenance(dumps[0], block), output_format)
-        deliver(view, output, force=force, svg=svg, inputs=dumps)
-        return
+        return api.block_provenance(dumps[0], block)
     if len(dumps) > 1:  # the slot over the dumps
-        history = api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
-        view = render.render(history, output_format, max_rows=max_rows)
-    else:
-        answer = api.provenance(
-            dumps[0],
-            slot=slot,
-            row=row,
-            space=space.value,
-            group=None if group is None else group.value,
-            positions=opt.parse_positions(positions),
-            max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
-            overrides=overrides,
-        )
-        view = render.render(answer, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
+        return api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
+    return api.provenance(
+        dumps[0],
+        slot=slot,
+        row=row,
+        space=space.value,
+        group=None if group is None else group.value,
+        positions=opt.parse_positions(positions),
+        max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
+        overrides=overrides,
+    )
 
 
 @app.command()
+@reports()
 def timeline(
     dumps: Annotated[list[Path], argument("DUMP", "Two or more dumps of one rank.")],
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """What changed between dumps of one rank, and when.
 
     Requests, slot owners, LUT, SWA leak; each event (use-after-free, double-allocation,
@@ -216,42 +226,28 @@ def timeline(
     between and its cause; the dump each finding first appears in. The dumps are read in step
     order. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
-    found = api.timeline(dumps)
-    view = render.render(found, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
-    raise typer.Exit(timeline_exit(found))
+    return api.timeline(dumps)
 
 
 @app.command()
+@reports()
 def diff(
     old: Annotated[Path, argument("OLD", "The earlier dump.")],
     new: Annotated[Path, argument("NEW", "The later dump, of the same rank.")],
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """What changed from OLD to NEW, two dumps of one rank.
 
     The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
     changes; the events."""
-    found = api.diff(old, new)
-    view = render.render(found, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=[old, new])
-    raise typer.Exit(timeline_exit(found))
+    return api.diff(old, new)
 
 
 @app.command()
+@reports()
 def ranks(
     dumps: Annotated[list[Path], argument("DUMP", "One step's dumps, one per TP rank.")],
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Compare one step's dumps of every tensor-parallel rank: they must hold the same
     bookkeeping.
 
@@ -261,15 +257,13 @@ def ranks(
     page). Dumps of different steps or models are refused. Exit 0 identical, 1 a rank
     diverges, 2 bad input.
     """
-    report = api.ranks(dumps, overrides=opt.overrides(sets))
-    view = render.render(report, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=dumps)
-    raise typer.Exit(ranks_exit(report))
+    return api.ranks(dumps, overrides=opt.overrides(sets))
 
 
 @app.command()
+@reports()
 def violations(
-    sources: Annotated[list[str], argument("SOURCE", "Dumps or server logs (-: stdin).")],
+    sources: Annotated[list[Path], argument("SOURCE", "Dumps or server logs (-: stdin).")],
     replay: Annotated[
         bool, typer.Option("--replay", help="Replay the dump's verify launches and compare.")
     ] = False,
@@ -286,24 +280,17 @@ def violations(
         typer.Option("--dump", metavar="DUMP", help="The dump to explain log rows against."),
     ] = None,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
     Exit 0 clean, 1 rows or unreadable lines, 2 bad input."""
-    report = api.violations(
+    return api.violations(
         sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(sets)
     )
-    view = render.render(report, output_format, max_rows=max_rows)
-    deliver(view, output, force=force, svg=svg, inputs=[*sources, *([dump] if dump else [])])
-    raise typer.Exit(violations_exit(report))
 
 
 @app.command()
+@reports("svg")
 def leak(
     line: Annotated[
         str | None,
@@ -311,17 +298,13 @@ def leak(
     ] = None,
     dump: Annotated[Path | None, argument("DUMP", "A dump of the same moment.")] = None,
     sglang_log: Annotated[
-        str | None,
+        Path | None,  # a Path: the report may not replace it
         typer.Option(
             "--sglang-log", metavar="FILE", help="Read every such message of a log (-: stdin)."
         ),
     ] = None,
     sets: opt.SetOpt = None,
-    max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-) -> None:
+) -> Any:
     """Do the arithmetic of SGLang's leak, double-free and use-after-free messages.
 
     LINE is one of SGLang's memory-check messages ('pool memory leak detected! [full]
@@ -334,11 +317,8 @@ def leak(
     """
     if sglang_log is not None and dump is None and line is not None:
         dump, line = Path(line), None  # `--sglang-log FILE DUMP`: the one argument is DUMP
-    report = api.leak(line, dump, log=sglang_log, overrides=opt.overrides(sets))
-    view = render.render(report, output_format, max_rows=max_rows)
-    inputs = [p for p in (dump, sglang_log) if p is not None and p != "-"]
-    deliver(view, output, force=force, inputs=inputs)
-    raise typer.Exit(leak_exit(report))
+    log = None if sglang_log is None else str(sglang_log)
+    return api.leak(line, dump, log=log, overrides=opt.overrides(sets))
 
 
 @app.command()
@@ -393,18 +373,12 @@ def plan(
 
 
 @app.command()
-def inspect(
-    dump: opt.DumpArg,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+@reports("max_rows")
+def inspect(dump: opt.DumpArg) -> Any:
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
     Validates the file on the way: a malformed dump gets one error line, exit 2."""
-    view = render.render(api.inspect(dump), output_format)
-    deliver(view, output, force=force, svg=svg, inputs=[dump])
+    return api.inspect(dump)
 
 
 @app.command()
@@ -504,29 +478,25 @@ def synth(
 
 
 @app.command()
+@reports("max_rows")
 def selftest(
     sglang: Annotated[
         bool, typer.Option("--sglang", help="Also run the installed SGLang's plan launcher.")
     ] = False,
     size: Annotated[str, typer.Option("--size", metavar="tiny|small", help="Dump size.")] = "tiny",
     seed: opt.SeedOpt = 0,
-    output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
-    force: opt.ForceOpt = False,
-    svg: opt.SvgOpt = None,
-) -> None:
+) -> Any:
     """Compare kvcanary's planners (and, with --sglang, your SGLang) on every synth scenario.
 
     Per plan field and raise: the drift report to attach when kvcanary and your SGLang
     disagree. Exit 0 on full agreement, 1 on any difference, 2 when --sglang finds no SGLang
     or a launcher of another signature.
     """
-    report = api.selftest(sglang=sglang, size=size, seed=seed)
-    deliver(render.render(report, output_format), output, force=force, svg=svg)
-    raise typer.Exit(selftest_exit(report))
+    return api.selftest(sglang=sglang, size=size, seed=seed)
 
 
 @app.command()
+@reports("max_rows", "svg")
 def soak(
     sglang_tree: Annotated[
         str | None,
@@ -586,13 +556,13 @@ def soak(
         typer.Option("--vllm-tree", metavar="PATH", help="A vLLM wheel or tree (--engine vllm)."),
     ] = None,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
-    output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
-) -> None:
+) -> Any:
     """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
 
     --engine vllm runs vLLM's KVCacheManager instead (full and sliding-window models; faults:
-    double-free, freed-while-held, leak, free-count), and says what vLLM's own asserts said.
+    block-freed-twice, block-freed-while-held, leak, free-count), and says what vLLM's own
+    asserts said.
 
     kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
     kvcanary's first finding (or SGLang's crash) the dump, the workload (seed, step) and a
@@ -605,14 +575,12 @@ def soak(
     if engine == "vllm":
         from kvcanary_cli.soak.vllm_command import run_vllm_soak
 
-        pool = run_vllm_soak(vllm_tree, steps, seed, fault, timings=timings)
-        deliver(render.render(pool, output_format), output, force=force)
-        raise typer.Exit(ExitCode.FINDINGS if pool.found else ExitCode.CLEAN)
+        return run_vllm_soak(vllm_tree, steps, seed, fault, timings=timings)
     if engine != "sglang":
         raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
     from kvcanary_cli.soak.command import run_soak
 
-    report = run_soak(
+    return run_soak(
         sglang_tree,
         steps,
         seed,
@@ -625,8 +593,6 @@ def soak(
         layout=layout,
         replaying=replay,
     )
-    deliver(render.render(report, output_format), output, force=force)
-    raise typer.Exit(soak_exit(report))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 import typer.main
@@ -42,25 +42,7 @@ from kvcanary_cli.results.pool import PoolCheckReport
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
-if TYPE_CHECKING:  # rows are numpy columns: `kvcanary --help` does not import them
-    from kvcanary_cli.results.leak import LeakReport
-    from kvcanary_cli.results.ranks import RanksReport
-    from kvcanary_cli.results.selftest import SelftestReport
-    from kvcanary_cli.results.violations import ViolationsReport
-
-__all__ = [
-    "ExitCode",
-    "check_exit",
-    "fail",
-    "leak_exit",
-    "make_app",
-    "ranks_exit",
-    "run",
-    "selftest_exit",
-    "soak_exit",
-    "timeline_exit",
-    "violations_exit",
-]
+__all__ = ["ExitCode", "exit_code", "fail", "make_app", "run"]
 
 
 class ExitCode(IntEnum):
@@ -76,43 +58,35 @@ class ExitCode(IntEnum):
     TERMINATED = 143
 
 
-def check_exit(report: CheckReport | PoolCheckReport) -> ExitCode:
-    """`check`'s exit code: an unreadable dump (exit 2) wins over findings."""
-    if report.bad_input:
-        return ExitCode.BAD_INPUT
-    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
+def exit_code(result: object) -> ExitCode:
+    """A command's exit code from its result, computed without printing: 2 for a `check` with
+    an unreadable dump, 1 when it found something (check: a finding at or above --fail-on;
+    timeline, diff: an event or an error finding; ranks: a rank that diverges; violations: a
+    row or an unreadable logged line; soak: kvcanary, SGLang's checks or its crash (vLLM: its
+    asserts); selftest: a difference between planners; leak: a sum that does not hold), else 0
+    (provenance, a slot's history included, shows)."""
+    from kvcanary_cli.results.leak import LeakReport  # numpy columns: the command ran by now
+    from kvcanary_cli.results.pool_soak import PoolSoakReport
+    from kvcanary_cli.results.ranks import RanksReport
+    from kvcanary_cli.results.selftest import SelftestReport
+    from kvcanary_cli.results.violations import ViolationsReport
 
-
-def timeline_exit(report: TimelineReport) -> ExitCode:
-    """`timeline`'s and `diff`'s exit code: 1 on an event or an error finding."""
-    return ExitCode.FINDINGS if report.failed else ExitCode.CLEAN
-
-
-def soak_exit(report: SoakReport) -> ExitCode:
-    """`soak`'s exit code: 1 when kvcanary found something, SGLang's own checks complained
-    or SGLang crashed."""
-    return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
-
-
-def violations_exit(report: ViolationsReport) -> ExitCode:
-    """`violations`' exit code: 1 on a row, or on a violation logged that could not be read."""
-    return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
-
-
-def ranks_exit(report: RanksReport) -> ExitCode:
-    """`ranks`' exit code: 1 when a rank diverges from the reference."""
-    return ExitCode.FINDINGS if report.verdict == "divergent" else ExitCode.CLEAN
-
-
-def selftest_exit(report: SelftestReport) -> ExitCode:
-    """`selftest`'s exit code: 1 on any difference between the planners."""
-    return ExitCode.CLEAN if report.agree else ExitCode.FINDINGS
-
-
-def leak_exit(report: LeakReport) -> ExitCode:
-    """`leak`'s exit code: 1 unless every sum holds (a leak, a double free, a use after free,
-    SGLang's miscount, or a sum off with no dump to decide)."""
-    return ExitCode.FINDINGS if report.found else ExitCode.CLEAN
+    match result:
+        case CheckReport(bad_input=True) | PoolCheckReport(bad_input=True):
+            return ExitCode.BAD_INPUT
+        case (
+            CheckReport(failed=True)
+            | PoolCheckReport(failed=True)
+            | TimelineReport(slot=None, failed=True)
+            | RanksReport(verdict="divergent")
+            | ViolationsReport(found=True)
+            | SoakReport(found=True)
+            | PoolSoakReport(found=True)
+            | SelftestReport(agree=False)
+            | LeakReport(found=True)
+        ):
+            return ExitCode.FINDINGS
+    return ExitCode.CLEAN
 
 
 def fail(message: str, code: int) -> NoReturn:

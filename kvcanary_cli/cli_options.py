@@ -1,13 +1,13 @@
-"""The options several `kvcanary` commands share, declared once as typer `Annotated` aliases,
-and the parsers typer is given for a choice, an integer within its bounds
-(`option_values.Bounds`: the API checks the same numbers) and a `--set NAME=VALUE`.
-
-`cli` declares the commands with these; nothing here knows what a command does.
+"""The options several `kvcanary` commands share, declared once as typer `Annotated` aliases
+(`REPORT`: those of every command that reports), and the parsers typer is given for a choice,
+an integer within its bounds (`option_values.Bounds`: the API checks the same numbers) and a
+`--set NAME=VALUE`. Nothing here knows what a command does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from inspect import Parameter
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -18,9 +18,9 @@ from kvcanary_cli.dump.schema import SCALARS
 from kvcanary_cli.dump.streams import write_standard_error
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners import PlannerChoice
-from kvcanary_cli.render.console import OutputFormat
+from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
 
-__all__ = ["choice_option", "integer_option", "overrides", "parse_positions"]
+__all__ = ["REPORT", "argument", "choice_option", "integer_option", "overrides", "parse_positions"]
 
 _Choice = TypeVar("_Choice", bound=str)
 
@@ -192,3 +192,13 @@ SetOpt = Annotated[
 ]
 DumpArg = Annotated[Path, argument("DUMP", "A .safetensors dump (format: docs/dump-format.md).")]
 SeedOpt = Annotated[int, integer_option("--seed", within=values.INDEX, help="Random seed.")]
+
+_KEYWORD = Parameter.KEYWORD_ONLY
+#: The options of every command that reports (`cli.reports` adds those it does not declare).
+REPORT = [
+    Parameter("max_rows", _KEYWORD, default=DEFAULT_MAX_ROWS, annotation=RowsOpt),
+    Parameter("output_format", _KEYWORD, default=OutputFormat.TABLE, annotation=FormatOpt),
+    Parameter("output", _KEYWORD, default=None, annotation=OutputOpt),
+    Parameter("force", _KEYWORD, default=False, annotation=ForceOpt),
+    Parameter("svg", _KEYWORD, default=None, annotation=SvgOpt),
+]

@@ -158,8 +158,9 @@ def corpus_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
             lambda family: run_worker(
                 seeds_dir, family, folder / f"{family}.jsonl", exclude=list(ANALYSIS_FIXES)
             ),
-            # the longest first, so that the two workers finish together
-            ("header", "data", "truncation", "length"),
+            # the longest first, so that the two workers finish together (CPU seconds, one
+            # process each: data 13, header 7, length 6.5, truncation 1.2)
+            ("data", "header", "length", "truncation"),
         )
         return {run.family: run for run in runs}
 

@@ -35,7 +35,8 @@ def test_every_fault_has_an_expectation() -> None:
 
 @pytest.mark.parametrize(
     ("fault", "model"),
-    [(f, "full") for f in FAULTS] + [("block-freed-twice", "hybrid"), ("block-freed-while-held", "hybrid")],
+    [(f, "full") for f in FAULTS]
+    + [("block-freed-twice", "hybrid"), ("block-freed-while-held", "hybrid")],
 )
 def test_a_planted_fault_is_found_at_the_step_it_happens(vllm: Any, fault: str, model: str) -> None:
     h = run_history(vllm, model, seed=3, steps=80, fault=fault, after_steps=0)
