@@ -33,7 +33,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -284,6 +284,16 @@ class SGLangModules:
     cores: tuple[str, ...]
     #: what the user should know about this tree (a tree core it lacks, and why)
     notes: tuple[str, ...] = ()
+    #: every `sglang` module the load imported, by name: SGLang imports more inside its
+    #: functions, which needs its package in `sys.modules`
+    imported: dict[str, types.ModuleType] = field(default_factory=dict, repr=False)
+
+    def reinstate(self) -> None:
+        """Put this tree's modules back where something dropped them from `sys.modules` (a
+        caller that unloads `sglang`), so SGLang's imports inside its functions resolve to
+        the tree they were loaded from (never over another module of the same name)."""
+        for name, module in self.imported.items():
+            sys.modules.setdefault(name, module)
 
 
 #: The modules `load_sglang` imports, by field.
@@ -392,7 +402,8 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
         if refusal is None:
             raise
         raise refusal from None
-    result = SGLangModules(tree=tree, cores=cores, notes=notes, **modules)
+    imported = {name: sys.modules[name] for name in sys.modules if _is_sglang(name)}
+    result = SGLangModules(tree=tree, cores=cores, notes=notes, imported=imported, **modules)
     _LOADED[key] = result
     return result
 
@@ -510,6 +521,7 @@ def refusing_sglang_exits(
 
     @wraps(run)
     def guarded(modules: SGLangModules, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        modules.reinstate()
         try:
             return run(modules, *args, **kwargs)
         except Exception:

@@ -48,6 +48,16 @@ def _assert_clean(result: Any) -> None:
     assert result.audited >= result.steps // 2  # plan-time and idle audits happened
 
 
+def test_a_stack_runs_after_sglang_was_unloaded(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something in the process dropped every `sglang` module (a test's stand-in, a caller's
+    unload): SGLang's imports inside its own functions still resolve to the loaded tree."""
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    _assert_clean(_run(sglang, 1, "python", 7, 12))
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize(("page_size", "core"), CASES)
 def test_clean_histories(sglang: Any, page_size: int, core: str, seed: int) -> None:
