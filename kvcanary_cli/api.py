@@ -82,7 +82,8 @@ def check(
     SGLang dumps only: `check_pools` checks vLLM's."""
     from kvcanary_cli.analysis.check import check_dumps
     from kvcanary_cli.catalog import Severity
-    from kvcanary_cli.engines import POOL_ENGINES, dump_engine
+    from kvcanary_cli.dump.header import dump_engine
+    from kvcanary_cli.dump.schema import POOL_ENGINES
 
     severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
     if jobs is not None:
@@ -109,7 +110,8 @@ def check(
 
 def is_pool_dump(paths: PathLike | Sequence[PathLike]) -> bool:
     """Whether the dumps describe a block-pool engine (vLLM): `check_pools` checks them."""
-    from kvcanary_cli.engines import POOL_ENGINES, dump_engine
+    from kvcanary_cli.dump.header import dump_engine
+    from kvcanary_cli.dump.schema import POOL_ENGINES
 
     return any(dump_engine(p) in POOL_ENGINES for p in _many(paths))
 

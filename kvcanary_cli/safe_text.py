@@ -21,9 +21,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import re
+import shlex
 from typing import Any, TypeVar, cast
 
-__all__ = ["excerpt", "printable", "printable_record"]
+__all__ = ["excerpt", "printable", "printable_record", "safe_file_name", "shell_path"]
 
 
 def excerpt(text: str, limit: int = 40) -> str:
@@ -77,3 +79,33 @@ def _printable_value(value: Any) -> Any:
     if isinstance(value, list):
         return [_printable_value(v) for v in value]
     return value
+
+
+_MAX_NAME = 200
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+def safe_file_name(name: str, default: str = "DUMP.safetensors") -> str:
+    """A file name that pastes into a shell as one word: the last path component, characters
+    outside `A-Za-z0-9._+-` replaced by `_`, cut short, never starting with `-`."""
+    base = re.split(r"[/\\]", name)[-1][:_MAX_NAME]
+    cleaned = _UNSAFE.sub("_", base)
+    if not cleaned or cleaned in (".", ".."):
+        return default
+    return f"./{cleaned}" if cleaned.startswith("-") else cleaned
+
+
+#: a path that pastes into a shell as it is: no character a shell or a terminal acts on
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9._+/-]+")
+
+
+def shell_path(path: str, default: str = "DUMP.safetensors") -> str:
+    """A dump's path as one shell word for a command to paste: as given when plain, quoted
+    when it holds only printable characters (`./` first where it would read as an option),
+    else its `safe_file_name` (a control character in a file name is not printed)."""
+    guarded = f"./{path}" if path.startswith("-") else path
+    if _PLAIN_PATH.fullmatch(guarded):
+        return guarded
+    if path and printable(path) == path and path.isprintable():
+        return shlex.quote(guarded)
+    return safe_file_name(path, default)

@@ -154,12 +154,12 @@ def test_only_the_catalog_and_the_scenarios_spell_a_code() -> None:
 
 def test_a_spelled_code_is_caught() -> None:
     texts = _package_texts()
-    texts["render/shared.py"] += '\nX = "swa-page-leaked"\n'
+    texts["render/console.py"] += '\nX = "swa-page-leaked"\n'
     texts["analysis/findings.py"] += "\n#: see `double-free`\n"
     found = spellers(texts)
-    assert "render/shared.py" in found["swa-page-leaked"]
+    assert "render/console.py" in found["swa-page-leaked"]
     assert "analysis/findings.py" in found["double-free"]
-    assert "render/shared.py" not in found["double-free"]
+    assert "render/console.py" not in found["double-free"]
 
 
 # --- the docs' code tables ----------------------------------------------------------------

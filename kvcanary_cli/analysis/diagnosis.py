@@ -29,10 +29,10 @@ from kvcanary_cli.catalog import (
     ViolationRowCause,
 )
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.shrink_record import shell_path
 from kvcanary_cli.results.cells import Role, Space
 from kvcanary_cli.results.check import Cause, Finding
 from kvcanary_cli.results.violations import CAUSES as EXPLANATION_CAUSES
+from kvcanary_cli.safe_text import shell_path
 
 __all__ = [
     "diagnose",

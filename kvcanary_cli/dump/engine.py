@@ -15,20 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from kvcanary_cli.dump.header import FileState, read_header
-from kvcanary_cli.dump.schema import INTEGER_DTYPES, dtype_label
+from kvcanary_cli.dump.schema import INTEGER_DTYPES, dtype_label, engine_of
 from kvcanary_cli.errors import CorruptDumpError, DumpError, TensorDtypeError
 
-__all__ = ["ENGINE_KEY", "SGLANG", "StoredArrays", "engine_of", "read_arrays"]
-
-#: The metadata key naming the engine a dump describes.
-ENGINE_KEY = "kvcanary.engine"
-#: The engine of a dump without `kvcanary.engine`.
-SGLANG = "sglang"
-
-
-def engine_of(metadata: dict[str, str]) -> str:
-    """The engine a dump's metadata names (SGLang when it names none)."""
-    return metadata.get(ENGINE_KEY, SGLANG).strip().lower() or SGLANG
+__all__ = ["StoredArrays", "read_arrays"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE, parse_integer
+from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE, SGLANG, engine_of, parse_integer
 from kvcanary_cli.errors import CorruptDumpError, DumpError
 from kvcanary_cli.safe_text import excerpt
 
@@ -29,6 +29,7 @@ __all__ = [
     "MAX_TENSORS",
     "HeaderEntry",
     "SafetensorsHeader",
+    "dump_engine",
     "read_header",
     "read_header_and_step",
 ]
@@ -352,3 +353,12 @@ def read_header_and_step(path: str | os.PathLike[str]) -> tuple[SafetensorsHeade
             f"metadata value {excerpt(text)} is not an integer", field="step", path=str(path)
         )
     return header, step
+
+
+def dump_engine(path: str | os.PathLike[str]) -> str:
+    """The engine a dump names (SGLang when it names none, or when its header is unreadable:
+    the SGLang reader then says why)."""
+    try:
+        return engine_of(read_header(path).metadata)
+    except DumpError:
+        return SGLANG

@@ -35,11 +35,11 @@ import numpy as np
 from safetensors import safe_open
 
 from kvcanary_cli.dump import releases
-from kvcanary_cli.dump.engine import ENGINE_KEY, SGLANG, engine_of
 from kvcanary_cli.dump.header import FileState, HeaderEntry, SafetensorsHeader, read_header
 from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
 from kvcanary_cli.dump.releases import out_of_range_note
 from kvcanary_cli.dump.schema import (
+    ENGINE_KEY,
     EXCEPTION_MESSAGE_KEY,
     EXCEPTION_TYPE_KEY,
     FORMAT_VERSION,
@@ -48,6 +48,7 @@ from kvcanary_cli.dump.schema import (
     LAYOUT_KEY,
     ORIGINAL_DTYPES_KEY,
     SCALARS,
+    SGLANG,
     SHRINK_KEY,
     SHRUNK_FORMAT_VERSION,
     SHRUNK_FORMAT_VERSION_1_1,
@@ -56,6 +57,7 @@ from kvcanary_cli.dump.schema import (
     Layout,
     TensorSpec,
     dtype_label,
+    engine_of,
     parse_integer,
     required_tensors,
     sparse_capable,

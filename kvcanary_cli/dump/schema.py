@@ -14,6 +14,7 @@ from enum import IntEnum, StrEnum
 __all__ = [
     "CANARY_TENSOR_PATTERN",
     "DTYPE_ITEMSIZE",
+    "ENGINE_KEY",
     "EXCEPTION_MESSAGE_KEY",
     "EXCEPTION_TYPE_KEY",
     "FORMAT_VERSION",
@@ -26,8 +27,10 @@ __all__ = [
     "LAYOUT_KEY",
     "MAX_INTEGER_DIGITS",
     "ORIGINAL_DTYPES_KEY",
+    "POOL_ENGINES",
     "REAL_KV_TENSOR_PATTERN",
     "SCALARS",
+    "SGLANG",
     "SHRINK_KEY",
     "SHRUNK_FORMAT_VERSION",
     "SHRUNK_FORMAT_VERSION_1_1",
@@ -38,6 +41,7 @@ __all__ = [
     "ScalarSpec",
     "TensorSpec",
     "dtype_label",
+    "engine_of",
     "parse_integer",
     "required_tensors",
     "sparse_capable",
@@ -516,3 +520,18 @@ LAUNCHER_ARGUMENTS: tuple[str, ...] = (
     "kv_token_id_vs_position_offset",
     *LAUNCHER_OUTPUTS,
 )
+
+
+#: The metadata key naming the engine a dump describes.
+ENGINE_KEY = "kvcanary.engine"
+#: The engine of a dump without `kvcanary.engine`.
+SGLANG = "sglang"
+
+
+def engine_of(metadata: dict[str, str]) -> str:
+    """The engine a dump's metadata names (SGLang when it names none)."""
+    return metadata.get(ENGINE_KEY, SGLANG).strip().lower() or SGLANG
+
+
+#: The engines whose dumps are block pools (`kvcanary_cli.engines` checks them).
+POOL_ENGINES = ("vllm",)

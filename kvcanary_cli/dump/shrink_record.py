@@ -10,55 +10,24 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvcanary_cli.dump.schema import SCALARS, SHRINK_KEY
 from kvcanary_cli.errors import MetadataError
-from kvcanary_cli.safe_text import printable
+from kvcanary_cli.safe_text import safe_file_name
 
 __all__ = [
     "SHRINK_SCHEMA",
     "ShrinkRecord",
     "TensorCut",
     "parse_shrink_record",
-    "safe_file_name",
-    "shell_path",
 ]
 
 SHRINK_SCHEMA = "kvcanary.shrink/1"
 _MAX_INT = 1 << 62
 _MAX_TENSORS = 4096
-_MAX_NAME = 200
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
-
-
-def safe_file_name(name: str, default: str = "DUMP.safetensors") -> str:
-    """A file name that pastes into a shell as one word: the last path component, characters
-    outside `A-Za-z0-9._+-` replaced by `_`, cut short, never starting with `-`."""
-    base = re.split(r"[/\\]", name)[-1][:_MAX_NAME]
-    cleaned = _UNSAFE.sub("_", base)
-    if not cleaned or cleaned in (".", ".."):
-        return default
-    return f"./{cleaned}" if cleaned.startswith("-") else cleaned
-
-
-#: a path that pastes into a shell as it is: no character a shell or a terminal acts on
-_PLAIN_PATH = re.compile(r"[A-Za-z0-9._+/-]+")
-
-
-def shell_path(path: str, default: str = "DUMP.safetensors") -> str:
-    """A dump's path as one shell word for a command to paste: as given when plain, quoted
-    when it holds only printable characters (`./` first where it would read as an option),
-    else its `safe_file_name` (a control character in a file name is not printed)."""
-    guarded = f"./{path}" if path.startswith("-") else path
-    if _PLAIN_PATH.fullmatch(guarded):
-        return guarded
-    if path and printable(path) == path and path.isprintable():
-        return shlex.quote(guarded)
-    return safe_file_name(path, default)
 
 
 @dataclass(frozen=True, kw_only=True)

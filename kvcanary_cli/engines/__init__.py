@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 
 from kvcanary_cli.dump.atomic import write_safetensors
-from kvcanary_cli.dump.engine import SGLANG, engine_of, read_arrays
-from kvcanary_cli.dump.header import read_header
+from kvcanary_cli.dump.engine import read_arrays
+from kvcanary_cli.dump.header import dump_engine
+from kvcanary_cli.dump.schema import POOL_ENGINES, SGLANG
 from kvcanary_cli.errors import DumpError
 from kvcanary_cli.results.pool import PoolDumpReport, PoolProvenance
 
@@ -25,17 +26,6 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
-#: Engines whose dumps are block pools.
-POOL_ENGINES = ("vllm",)
-
-
-def dump_engine(path: PathLike) -> str:
-    """The engine a dump names (SGLang when it names none, or when its header is unreadable:
-    the SGLang reader then says why)."""
-    try:
-        return engine_of(read_header(path).metadata)
-    except DumpError:
-        return SGLANG
 
 
 def _unknown(engine: str) -> DumpError:

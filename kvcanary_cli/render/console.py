@@ -1,4 +1,6 @@
-"""Consoles and output formats shared by every renderer.
+"""Consoles, output formats and the few words every view says alike (a count with its noun,
+a cell's value, a byte count), shared by every renderer; what a view says about its own
+command lives in `render.phrases`, one module per topic.
 
 Colour follows the terminal: none when piped or when `NO_COLOR` is set (rich honours it).
 """
@@ -22,8 +24,11 @@ __all__ = [
     "PIPED_WIDTH",
     "OutputFormat",
     "emit",
+    "fmt_bytes",
     "make_console",
+    "plural",
     "progress",
+    "shown",
     "without_padding",
 ]
 
@@ -101,3 +106,23 @@ def progress(message: str, total: int) -> Iterator[Callable[[int, int], None] | 
     with Progress(console=stderr, transient=True) as bar:
         task = bar.add_task("checking dumps", total=total)
         yield lambda done, _total: bar.update(task, completed=done)
+
+
+def plural(count: int, word: str) -> str:
+    """`1 finding`, `2 findings`."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def shown(value: object) -> str:
+    """A value as a cell shows it: `-` for None."""
+    return "-" if value is None else str(value)
+
+
+def fmt_bytes(count: int) -> str:
+    """A byte count for people: `512 B`, `1.5 KiB`, ..., up to GiB."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(count)

@@ -521,7 +521,8 @@ def refusing_sglang_exits(
 
     @wraps(run)
     def guarded(modules: SGLangModules, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        modules.reinstate()
+        if isinstance(modules, SGLangModules):  # a test's stand-in holds no loaded modules
+            modules.reinstate()
         try:
             return run(modules, *args, **kwargs)
         except Exception:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.dump.shrink_record import shell_path
+from kvcanary_cli.safe_text import shell_path
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.helpers import checked
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.dump.engine import ENGINE_KEY, StoredArrays
-from kvcanary_cli.dump.schema import FORMAT_VERSION, parse_integer
+from kvcanary_cli.dump.engine import StoredArrays
+from kvcanary_cli.dump.schema import ENGINE_KEY, FORMAT_VERSION, parse_integer
 from kvcanary_cli.errors import MetadataError, MissingTensorError, TensorShapeError
 
 __all__ = ["ENGINE", "FULL", "SLIDING_WINDOW", "GroupSpec", "VllmState", "state_of"]

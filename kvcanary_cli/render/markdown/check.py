@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from kvcanary_cli.catalog import FindingCode, Severity
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.markdown.blocks import clipped
 from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table
@@ -36,7 +37,6 @@ from kvcanary_cli.render.phrases.check import (
     top_causes,
 )
 from kvcanary_cli.render.phrases.shrink import shrunk_lines
-from kvcanary_cli.render.shared import plural
 from kvcanary_cli.results.check import (
     CheckReport,
     DumpReport,

@@ -3,6 +3,7 @@ and the findings touching it."""
 
 from __future__ import annotations
 
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _table
 from kvcanary_cli.render.markdown.blocks import text as _text
@@ -10,7 +11,6 @@ from kvcanary_cli.render.markdown.common import identity_table, provenance_body,
 from kvcanary_cli.render.phrases.check import finding_words
 from kvcanary_cli.render.phrases.provenance import row_lines, row_notices
 from kvcanary_cli.render.phrases.shrink import shrunk_lines
-from kvcanary_cli.render.shared import plural
 from kvcanary_cli.results.provenance import ProvenanceReport, RowGap, RowMap
 from kvcanary_cli.safe_text import printable_record
 

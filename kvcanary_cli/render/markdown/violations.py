@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvcanary_cli.canary.constants import hex64
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.markdown.blocks import code as _code
 from kvcanary_cli.render.markdown.blocks import table as _md_table
 from kvcanary_cli.render.markdown.blocks import text as _md_text
@@ -14,7 +15,6 @@ from kvcanary_cli.render.phrases.violations import (
     slot_cells_text,
     source_detail,
 )
-from kvcanary_cli.render.shared import plural
 from kvcanary_cli.safe_text import printable_record
 
 if TYPE_CHECKING:  # the rows are numpy columns: `--help` does not import them

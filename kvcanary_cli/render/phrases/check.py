@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvcanary_cli.catalog import FindingCode, Severity, cell_unit
-from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.results.check import (
     UPSTREAM_RAISE,
     Cause,

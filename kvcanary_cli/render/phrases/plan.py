@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvcanary_cli.render.shared import shown
+from kvcanary_cli.render.console import shown
 
 if TYPE_CHECKING:  # the plan's module plans with numpy: `kvcanary --help` does not import it
     from kvcanary_cli.results.plan import PlanProblemRow, PlanRequest, PlanSummary

@@ -3,7 +3,7 @@ lines, which the table view styles and the Markdown view lists."""
 
 from __future__ import annotations
 
-from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.results.pool import (
     BlockOwner,
     PoolCheckReport,

@@ -3,7 +3,7 @@ tensor, and the command that made it (a check or provenance report on it, and `i
 
 from __future__ import annotations
 
-from kvcanary_cli.render.shared import fmt_bytes
+from kvcanary_cli.render.console import fmt_bytes
 from kvcanary_cli.results.shrink import ShrinkSummary, Shrunk
 
 __all__ = ["CUT_COLUMNS", "cut_rows", "shrink_facts", "shrunk_lines"]

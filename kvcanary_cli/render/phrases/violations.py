@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.console import plural
 
 if TYPE_CHECKING:  # the violations results hold numpy columns: `--help` does not import them
     from kvcanary_cli.results.cells import SlotProvenance

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.catalog import Severity
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.phrases.check import (
     FIRST_RAISE_MARK,
     CodeSection,
@@ -26,7 +27,6 @@ from kvcanary_cli.render.phrases.check import (
     severity_count,
     top_causes,
 )
-from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import (
     FINDINGS_TABLE_WIDTH,
     SEVERITY_STYLE,

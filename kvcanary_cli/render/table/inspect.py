@@ -11,9 +11,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.console import fmt_bytes
 from kvcanary_cli.render.phrases.inspect import batch_facts, inspect_metadata, tensor_role
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
-from kvcanary_cli.render.shared import fmt_bytes
 from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.safe_text import printable_record

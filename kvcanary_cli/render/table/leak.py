@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.results.leak import COUNT_MEANINGS, LeakMessage, LeakReport
 from kvcanary_cli.safe_text import printable_record
 

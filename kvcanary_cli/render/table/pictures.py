@@ -18,7 +18,7 @@ from rich.measure import Measurement
 from rich.text import Text
 
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.table.common import SEVERITY_STYLE
 from kvcanary_cli.results.check import DumpReport, Finding
 from kvcanary_cli.results.provenance import RowMap

@@ -7,8 +7,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.phrases.provenance import CELL_COLUMNS, row_lines, row_notices
-from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import (
     cells,
     findings_view,

@@ -7,7 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcanary_cli.render.shared import plural
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.results.ranks import Divergence, RankDump, RanksReport
 from kvcanary_cli.safe_text import printable_record

@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcanary_cli.render.shared import shown
+from kvcanary_cli.render.console import shown
 from kvcanary_cli.safe_text import printable_record
 
 if TYPE_CHECKING:  # the selftest plans synthetic dumps: `kvcanary --help` does not import it

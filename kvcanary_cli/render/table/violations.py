@@ -10,13 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.canary.constants import hex64
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.phrases.violations import (
     REPLAY_NOTE,
     replay_comparison_line,
     slot_cells_text,
     source_detail,
 )
-from kvcanary_cli.render.shared import plural
 from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.safe_text import printable_record
 
