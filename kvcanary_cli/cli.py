@@ -526,13 +526,13 @@ def soak(
         ),
     ] = None,
     layout: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--layout",
             metavar="swa|unified",
-            help="Memory layout: hybrid SWA (paged allocators) or unified memory.",
+            help="Memory layout: hybrid SWA (paged allocators, the default) or unified memory.",
         ),
-    ] = "swa",
+    ] = None,
     out: Annotated[
         Path, typer.Option("--out", metavar="DIR", help="Where a failure's files go.")
     ] = Path("kvcanary-soak"),
@@ -575,9 +575,26 @@ def soak(
     if engine == "vllm":
         from kvcanary_cli.soak.vllm_command import run_vllm_soak
 
-        return run_vllm_soak(vllm_tree, steps, seed, fault, timings=timings)
+        return run_vllm_soak(
+            vllm_tree,
+            steps,
+            seed,
+            fault,
+            out=out,
+            force=force,
+            timings=timings,
+            replaying=replay,
+            sglang_options={
+                "--page-size": page_size,
+                "--core": core,
+                "--layout": layout,
+                "--sglang-tree": sglang_tree,
+            },
+        )
     if engine != "sglang":
         raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
+    if vllm_tree is not None:
+        raise OptionError("is a vLLM soak option: add --engine vllm", option="--vllm-tree")
     from kvcanary_cli.soak.command import run_soak
 
     return run_soak(
@@ -590,7 +607,7 @@ def soak(
         out,
         force=force,
         timings=timings,
-        layout=layout,
+        layout=layout or "swa",
         replaying=replay,
     )
 

@@ -330,6 +330,7 @@ def run_history(
             deferred_frees=s.deferred,
             version=modules.tree.version,
             context=lambda: {"step": str(s.step), "model": model},
+            log=False,
         )
         h.assert_dumps = hook.written
     plant_from = int(s.rng.integers(steps // 4, max(steps // 4 + 1, steps // 2))) if fault else -1

@@ -78,6 +78,8 @@ class AssertHook:
     #: more metadata for each dump, read when it fires (a step number, a model name).
     context: Callable[[], Mapping[str, str]] | None = None
     max_dumps: int = MAX_DUMPS
+    #: log each dump and failure on `kvcanary.capture` (off: a caller that reports them itself)
+    log: bool = True
     #: the dumps written, in order; the failures to write one, as text.
     written: list[Path] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -147,16 +149,18 @@ class AssertHook:
                 except PathExistsError:
                     continue
                 self.written.append(path)
-                logger.warning(
-                    "kvcanary: vLLM raised %s; its pool is in %s",
-                    extra["kvcanary.exception_type"],
-                    path,
-                )
+                if self.log:
+                    logger.warning(
+                        "kvcanary: vLLM raised %s; its pool is in %s",
+                        extra["kvcanary.exception_type"],
+                        path,
+                    )
                 return
             raise FileExistsError(f"{self.folder}: no free vllm-assert-N name")
         except Exception as failure:  # noqa: BLE001 - the engine's exception matters, not ours
             self.failures.append(f"{type(failure).__name__}: {failure}"[:_MAX_MESSAGE])
-            logger.warning("kvcanary: no dump of vLLM's %s: %s", type(exc).__name__, failure)
+            if self.log:
+                logger.warning("kvcanary: no dump of vLLM's %s: %s", type(exc).__name__, failure)
 
 
 def watch_asserts(
@@ -167,6 +171,7 @@ def watch_asserts(
     deferred_frees: Iterable[Any] = (),
     version: str | None = None,
     context: Callable[[], Mapping[str, str]] | None = None,
+    log: bool = True,
 ) -> AssertHook:
     """Install the hook on `manager` (a `KVCacheManager`): a dump of its pool in `folder`
     each time one of vLLM's checks raises out of it. `requests` and `deferred_frees` are the
@@ -178,4 +183,5 @@ def watch_asserts(
         deferred_frees=deferred_frees,
         version=version,
         context=context,
+        log=log,
     ).install()
