@@ -18,7 +18,14 @@ from kvcanary_cli.dump.header import FileState, read_header
 from kvcanary_cli.dump.schema import INTEGER_DTYPES, dtype_label
 from kvcanary_cli.errors import CorruptDumpError, DumpError, TensorDtypeError
 
-__all__ = ["ENGINE_KEY", "SGLANG", "StoredArrays", "engine_of", "read_arrays"]
+__all__ = [
+    "ENGINE_KEY",
+    "SGLANG",
+    "StoredArrays",
+    "engine_of",
+    "read_arrays",
+    "refuse_other_engine",
+]
 
 #: The metadata key naming the engine a dump describes.
 ENGINE_KEY = "kvcanary.engine"
@@ -29,6 +36,21 @@ SGLANG = "sglang"
 def engine_of(metadata: dict[str, str]) -> str:
     """The engine a dump's metadata names (SGLang when it names none)."""
     return metadata.get(ENGINE_KEY, SGLANG).strip().lower() or SGLANG
+
+
+def refuse_other_engine(
+    metadata: dict[str, str], path: str | os.PathLike[str] | None = None
+) -> None:
+    """For a command that reads SGLang dumps only: another engine's dump is one error line
+    naming the commands that read it (before any SGLang rule, which it may break)."""
+    engine = engine_of(metadata)
+    if engine != SGLANG:
+        raise DumpError(
+            f"a {engine} dump: this command reads SGLang dumps",
+            field=ENGINE_KEY,
+            path=None if path is None else str(path),
+            hint="`check` and `provenance --block N` read it",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

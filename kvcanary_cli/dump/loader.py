@@ -35,7 +35,7 @@ import numpy as np
 from safetensors import safe_open
 
 from kvcanary_cli.dump import releases
-from kvcanary_cli.dump.engine import ENGINE_KEY, SGLANG, engine_of
+from kvcanary_cli.dump.engine import refuse_other_engine
 from kvcanary_cli.dump.header import FileState, HeaderEntry, SafetensorsHeader, read_header
 from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
 from kvcanary_cli.dump.releases import out_of_range_note
@@ -403,12 +403,7 @@ def _read_contents(
     overrides: dict[str, int | str | None],
 ) -> KvDump:
     # First: another engine's dump, or a newer format, may break every other rule below.
-    if (engine := engine_of(header.metadata)) != SGLANG:
-        raise DumpError(
-            f"a {engine} dump: this command reads SGLang dumps",
-            field=ENGINE_KEY,
-            hint="`check` and `provenance --block N` read it",
-        )
+    refuse_other_engine(header.metadata)
     version = header.metadata.get("kvcanary.format")
     shrunk_versions = (SHRUNK_FORMAT_VERSION_1_1, SHRUNK_FORMAT_VERSION)
     if version is not None and version.strip() not in (FORMAT_VERSION, *shrunk_versions):

@@ -181,3 +181,29 @@ def test_a_map_entry_under_a_blocks_extra_key_is_not_stale(tmp_path: Path) -> No
     tensors, meta = state.contents()  # type: ignore[attr-defined]
     write_safetensors(tmp_path / "d.safetensors", tensors, meta)
     assert _codes(state_of(read_arrays(tmp_path / "d.safetensors"))) == set()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["timeline", "{a}", "{b}"],
+        ["diff", "{a}", "{b}"],
+        ["ranks", "{a}", "{b}"],
+        ["shrink", "{a}"],
+    ],
+)
+def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: list[str]) -> None:
+    """Two snapshots of one step (the assert hook and the soak both write one) are refused as
+    vLLM dumps, naming what reads them, not as a timeline of one step twice."""
+    tensors, meta = build("vllm-clean", seed=1).contents()
+    meta["step"] = "7"
+    a = write_safetensors(tmp_path / "a.st", tensors, meta)
+    b = write_safetensors(tmp_path / "b.st", tensors, meta)
+    args = [part.format(a=a, b=b) for part in command]
+    if command[0] == "shrink":
+        args += ["--out", str(tmp_path / "small.st")]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 2, out.output
+    [line] = out.output.splitlines()
+    assert "a vllm dump: this command reads SGLang dumps" in line
+    assert "`check` and `provenance --block N` read it" in line
