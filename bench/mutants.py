@@ -300,17 +300,16 @@ MUTANTS: tuple[Mutant, ...] = (
         engine="vllm",
     ),
     Mutant(
-        "queue-prepend-overcounts",
+        "queue-append-overcounts",
         "kv_cache_utils.py",
-        "        prev_block.next_free_block = first_block\n"
-        "        first_block.prev_free_block = prev_block\n"
+        "        tail.prev_free_block = last_block\n"
         "\n"
         "        self.num_free_blocks += len(blocks)\n",
-        "        prev_block.next_free_block = first_block\n"
-        "        first_block.prev_free_block = prev_block\n"
+        "        tail.prev_free_block = last_block\n"
         "\n"
-        "        self.num_free_blocks += len(blocks) + (len(blocks) > 8)\n",
-        "free counter ahead of the queue: a large LIFO free counts one block too many",
+        "        self.num_free_blocks += len(blocks) + (len(blocks) > 4)\n",
+        "free counter ahead of the queue: a cached free of more than four blocks counts one "
+        "too many",
         engine="vllm",
     ),
     Mutant(
@@ -548,8 +547,8 @@ def vllm_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
                 "history": histories,
                 "model": model,
                 "step": crash.step,
-                "where": crash.raised_in,
-                "said": f"{crash.exception}: {crash.message}"[:200],
+                "where": (crash.raised_in or "?").rsplit(" in ", 1)[-1],
+                "said": f"{crash.exception} in {crash.raised_in}: {crash.message}"[:200],
             }
         histories += 1
         ran += h.steps
@@ -591,7 +590,7 @@ def vllm_child(tree: Path, budget: int, seed: int, result: Path) -> None:
             model=last.model,
             step=said.step,
             where="crash",
-            said=f"crash {said.exception}: {said.message}"[:200],
+            said=f"crash {said.exception} in {said.raised_in}: {said.message}"[:200],
         )
     if last.engine_said is not None:
         record["soak"]["vllm_said_at"] = before + last.engine_said.step + 1
