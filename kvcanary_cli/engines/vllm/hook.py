@@ -7,7 +7,8 @@ engine. `watch_asserts(manager, folder)` wraps the manager's and its pool's entr
 that instance only (its class, and every other manager, untouched): a call that raises one of
 those exceptions out of vLLM's code first has the pool read (`capture.snapshot`) and written
 as a new dump in `folder`, then the same exception object goes on, raised again from where it
-was caught. When nothing raises, a call costs one extra Python frame and nothing is read. The
+was caught. When nothing raises, a call costs one extra Python frame and nothing is read
+(`bench/vllm_hook.py`). The
 hook never raises into the engine: a snapshot or a write that fails is logged and counted.
 """
 
@@ -31,7 +32,8 @@ logger = logging.getLogger("kvcanary.capture")
 #: What vLLM's block code raises when its own bookkeeping breaks: its asserts, the free
 #: queue's "invalid block" and "no free blocks" complaints.
 FIRES_ON: tuple[type[BaseException], ...] = (AssertionError, RuntimeError, ValueError)
-#: The manager's entry points a scheduler calls, and the pool's it calls directly.
+#: The manager's entry points a scheduler calls, and the pool's it calls directly (deferred
+#: frees, blocks released until reuse); the pool's other methods run inside these.
 MANAGER_METHODS = (
     "get_computed_blocks",
     "allocate_slots",
@@ -42,14 +44,7 @@ MANAGER_METHODS = (
     "evict_blocks",
     "reset_prefix_cache",
 )
-POOL_METHODS = (
-    "get_new_blocks",
-    "free_blocks",
-    "touch",
-    "cache_full_blocks",
-    "evict_blocks",
-    "unpin_blocks",
-)
+POOL_METHODS = ("free_blocks", "unpin_blocks")
 #: Dumps one hook writes at most (an engine that keeps going after an assert must not fill a
 #: disk with them).
 MAX_DUMPS = 8
