@@ -224,8 +224,11 @@ def timeline(
     Requests, slot owners, LUT, SWA leak; each event (use-after-free, double-allocation,
     prefix-rewritten, lut-rewritten, swa-leak) with its slots or pages, the steps it happened
     between and its cause; the dump each finding first appears in. The dumps are read in step
-    order. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
+    order. vLLM dumps: per step the blocks allocated, freed, rehomed or gone bad, and each
+    snapshot's findings. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
+    if api.is_pool_dump(dumps):
+        return api.pool_timeline(dumps)
     return api.timeline(dumps)
 
 
@@ -239,6 +242,8 @@ def diff(
 
     The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
     changes; the events."""
+    if api.is_pool_dump([old, new]):
+        return api.pool_timeline([old, new], keep_order=True)
     return api.diff(old, new)
 
 

@@ -49,7 +49,7 @@ def refuse_other_engine(
             f"a {engine} dump: this command reads SGLang dumps",
             field=ENGINE_KEY,
             path=None if path is None else str(path),
-            hint="`check` and `provenance --block N` read it",
+            hint="`check`, `provenance --block N`, `timeline` and `diff` read it",
         )
 
 
