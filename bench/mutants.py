@@ -1,4 +1,5 @@
-"""Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code.
+"""Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code
+and vLLM 0.33.0's block pool.
 
 Each mutant is one realistic bug planted in a copy of the release tree (a leak, a double free,
 a free of the wrong range at a page boundary, a stale SWA mapping, a lock that does not cover
@@ -16,11 +17,18 @@ Each variant is then run twice in one child process, on the same seeded historie
   checks after every step, its idle checks at idle): the steps run until their first
   complaint, or SGLang's crash.
 
+A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
+frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
+as `kvcanary soak --engine vllm --vllm-tree COPY` runs it (`run_vllm_soak`), then under vLLM's
+own asserts alone: the same histories (seeds, models, lengths) with no audit, until vLLM
+raises.
+
 It prints, per variant, the step each side killed it at, the kill rates, and wall and CPU
 seconds, to stdout and `bench/out/mutants.json`. Nothing here is asserted in tests (the test
 suite only checks that every snippet is found). Usage:
 
     python bench/mutants.py [--steps 2000] [--seed 0] [--jobs 2] [--only NAME ...] [--wheel W]
+        [--engine sglang|vllm|all] [--vllm-wheel W]
 """
 
 from __future__ import annotations
@@ -45,8 +53,9 @@ if str(ROOT) not in sys.path:
 
 @dataclass(frozen=True)
 class Mutant:
-    """One edit of SGLang's code: `old` (found exactly once in `path`, relative to the tree's
-    `sglang/srt/` folder) becomes `new`. A control is an equivalent edit: no check may fire."""
+    """One edit of an engine's code: `old` (found exactly once in `path`, relative to the
+    tree's `BASE[engine]` folder) becomes `new`. A control is an equivalent edit: no check may
+    fire."""
 
     name: str
     path: str
@@ -54,6 +63,16 @@ class Mutant:
     new: str
     what: str
     control: bool = False
+    engine: str = "sglang"
+
+    @property
+    def relpath(self) -> str:
+        """The edited file, relative to the tree (the folder holding the engine's package)."""
+        return f"{BASE[self.engine]}/{self.path}"
+
+
+#: Where each engine's mutated files live, in its tree.
+BASE = {"sglang": "sglang/srt", "vllm": "vllm/v1/core"}
 
 
 class SnippetError(Exception):
@@ -221,6 +240,153 @@ MUTANTS: tuple[Mutant, ...] = (
         "release, not only the last (the refresh is idempotent)",
         control=True,
     ),
+    # -- vLLM 0.33.0's block pool (paths under vllm/v1/core/) ---------------------------------
+    Mutant(
+        "pool-cached-free-not-queued",
+        "block_pool.py",
+        "        # Blocks to reuse last are appended to the end of the free queue.\n"
+        "        self.free_block_queue.append_n(blocks_to_evict_last)\n",
+        "        # Blocks to reuse last are appended to the end of the free queue.\n",
+        "leak: free_blocks drops a cached block to ref 0 but never queues it (neither free "
+        "nor held)",
+        engine="vllm",
+    ),
+    Mutant(
+        "pool-free-queues-at-one",
+        "block_pool.py",
+        "            block.ref_cnt -= 1\n            if block.ref_cnt == 0:\n",
+        "            block.ref_cnt -= 1\n            if block.ref_cnt <= 1:\n",
+        "freed while held: free_blocks queues a block one other request still holds",
+        engine="vllm",
+    ),
+    Mutant(
+        "pool-touch-leaves-queued",
+        "block_pool.py",
+        "            if block.ref_cnt == 0:\n"
+        "                self.free_block_queue.remove(block)\n"
+        "            block.ref_cnt += 1\n",
+        "            block.ref_cnt += 1\n",
+        "freed while held: a prefix hit on an evictable block takes a reference but leaves "
+        "the block in the free queue",
+        engine="vllm",
+    ),
+    Mutant(
+        "pool-reuse-keeps-hash",
+        "block_pool.py",
+        "                self._maybe_evict_cached_block(block)\n"
+        "                assert block.ref_cnt == 0\n",
+        "                assert block.ref_cnt == 0\n",
+        "stale hash: a cached block handed out again keeps its hash and its prefix-map entry",
+        engine="vllm",
+    ),
+    Mutant(
+        "pool-evict-keeps-map-entry",
+        "block_pool.py",
+        "            if (\n"
+        "                self.cached_block_hash_to_block.pop(block_hash, block.block_id)\n"
+        "                is not None\n"
+        "            ):\n",
+        "            if self.cached_block_hash_to_block.contain(block_hash, block.block_id):\n",
+        "stale map entry: evicting a block resets its hash but leaves the prefix-cache map "
+        "pointing at it",
+        engine="vllm",
+    ),
+    Mutant(
+        "pool-evict-keeps-block-hash",
+        "block_pool.py",
+        "                removed_hashes.append(block_hash)\n        block.reset_hash()\n",
+        "                removed_hashes.append(block_hash)\n",
+        "stale hash: evicting a block takes it out of the map but leaves its hash on it",
+        engine="vllm",
+    ),
+    Mutant(
+        "queue-append-overcounts",
+        "kv_cache_utils.py",
+        "        tail.prev_free_block = last_block\n"
+        "\n"
+        "        self.num_free_blocks += len(blocks)\n",
+        "        tail.prev_free_block = last_block\n"
+        "\n"
+        "        self.num_free_blocks += len(blocks) + (len(blocks) > 4)\n",
+        "free counter ahead of the queue: a cached free of more than four blocks counts one "
+        "too many",
+        engine="vllm",
+    ),
+    Mutant(
+        "queue-remove-keeps-prev-link",
+        "kv_cache_utils.py",
+        "        # Link the next block to the previous block.\n"
+        "        next_block.prev_free_block = prev_block\n",
+        "        # Link the next block to the previous block.\n",
+        "corrupt queue: removing a block from the middle leaves the next block's prev link "
+        "pointing at it",
+        engine="vllm",
+    ),
+    Mutant(
+        "coordinator-free-first-group",
+        "kv_cache_coordinator.py",
+        "        for manager in self.single_type_managers:\n            manager.free(request_id)\n",
+        "        for manager in self.single_type_managers[:1]:\n"
+        "            manager.free(request_id)\n",
+        "leak: freeing a request frees its first group only (a hybrid model's window "
+        "blocks stay with a finished request)",
+        engine="vllm",
+    ),
+    Mutant(
+        "manager-free-keeps-table",
+        "single_type_kv_cache_manager.py",
+        "        req_blocks = self.req_to_blocks.pop(request_id, [])\n",
+        "        req_blocks = list(self.req_to_blocks.get(request_id, []))\n",
+        "freed while held: a request's blocks are freed but its block table kept",
+        engine="vllm",
+    ),
+    Mutant(
+        "manager-free-drops-first",
+        "single_type_kv_cache_manager.py",
+        "        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))\n",
+        "        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)[1:]))\n",
+        "leak: freeing a request skips its first block",
+        engine="vllm",
+    ),
+    Mutant(
+        "window-freed-still-in-table",
+        "single_type_kv_cache_manager.py",
+        "                break\n"
+        "            freed.append(blocks[i])\n"
+        "            blocks[i] = self._null_block\n",
+        "                break\n            freed.append(blocks[i])\n",
+        "freed while held: blocks leaving the sliding window are freed but stay in the "
+        "request's table (an in-flight step still reads them)",
+        engine="vllm",
+    ),
+    Mutant(
+        "pool-free-queues-below-one",
+        "block_pool.py",
+        "            block.ref_cnt -= 1\n            if block.ref_cnt == 0:\n",
+        "            block.ref_cnt -= 1\n            if block.ref_cnt < 1:\n",
+        "control: a block is queued when its count drops below one (it never goes negative)",
+        control=True,
+        engine="vllm",
+    ),
+    Mutant(
+        "coordinator-free-groups-reversed",
+        "kv_cache_coordinator.py",
+        "        for manager in self.single_type_managers:\n            manager.free(request_id)\n",
+        "        for manager in reversed(self.single_type_managers):\n"
+        "            manager.free(request_id)\n",
+        "control: a request's groups freed last group first (another queue order, still correct)",
+        control=True,
+        engine="vllm",
+    ),
+    Mutant(
+        "queue-popleft-one-by-loop",
+        "kv_cache_utils.py",
+        "        if n == 1:\n            assert curr_block is not None\n",
+        "        if n == -1:\n            assert curr_block is not None\n",
+        "control: popping one block goes through the general loop",
+        control=True,
+        engine="vllm",
+    ),
 )
 
 
@@ -229,7 +395,7 @@ def mutated(text: str, mutant: Mutant) -> str:
     found = text.count(mutant.old)
     if found != 1:
         raise SnippetError(
-            f"mutant {mutant.name}: its snippet is found {found} times in {mutant.path} "
+            f"mutant {mutant.name}: its snippet is found {found} times in {mutant.relpath} "
             "(expected once): the release changed, fix the mutant"
         )
     return text.replace(mutant.old, mutant.new)
@@ -243,12 +409,12 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 def plant(release: Path, mutant: Mutant | None, into: Path) -> Path:
-    """A copy of the release tree (the folder holding `sglang/`) at `into`, files hard-linked,
-    with `mutant` applied (None: the release as it is). The edited file is a new file, so the
-    release is never written through a link."""
+    """A copy of the release tree (the folder holding `sglang/` or `vllm/`) at `into`, files
+    hard-linked, with `mutant` applied (None: the release as it is). The edited file is a new
+    file, so the release is never written through a link."""
     shutil.copytree(release, into, copy_function=_link_or_copy)
     if mutant is not None:
-        target = into / "sglang" / "srt" / mutant.path
+        target = into / mutant.relpath
         text = mutated(target.read_text(), mutant)
         target.unlink()
         target.write_text(text)
@@ -361,6 +527,79 @@ def child(tree: Path, budget: int, seed: int, result: Path) -> None:
     result.write_text(json.dumps(record))
 
 
+def vllm_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
+    """vLLM's own asserts with no kvcanary audit, on the histories soak runs (same seeds,
+    models and lengths): where vLLM first raised."""
+    from kvcanary_cli.soak.vllm_command import AFTER_STEPS, HISTORY_STEPS
+    from kvcanary_cli.soak.vllm_driver import MODELS, run_history
+
+    ran = histories = 0
+    while ran < budget:
+        model = MODELS[histories % len(MODELS)]
+        length = min(HISTORY_STEPS, budget - ran)
+        h = run_history(
+            modules, model, seed + histories, length, audit_every=False, after_steps=AFTER_STEPS
+        )
+        crash = h.crash
+        if crash is not None:
+            return {
+                "steps": ran + crash.step + 1,
+                "history": histories,
+                "model": model,
+                "step": crash.step,
+                "where": (crash.raised_in or "?").rsplit(" in ", 1)[-1],
+                "said": f"{crash.exception} in {crash.raised_in}: {crash.message}"[:200],
+            }
+        histories += 1
+        ran += h.steps
+    return {"steps": None, "ran": ran}
+
+
+def vllm_child(tree: Path, budget: int, seed: int, result: Path) -> None:
+    """Run one vLLM variant: `soak --engine vllm`'s `run_vllm_soak`, then vLLM's asserts
+    alone."""
+    from kvcanary_cli.soak.vllm_command import run_vllm_soak
+    from kvcanary_cli.soak.vllm_stack import load_vllm
+
+    record: dict[str, Any] = {}
+    started = time.monotonic()
+    load_vllm(tree)
+    record["import_s"] = round(time.monotonic() - started, 2)
+    with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
+        t0 = time.monotonic()
+        report = run_vllm_soak(str(tree), budget, seed, None, out=Path(out) / "o")
+        record["soak_s"] = round(time.monotonic() - t0, 2)
+    before = sum(h.steps for h in report.histories[:-1])
+    last = report.histories[-1]
+    record["soak"] = {"steps": None, "ran": before + last.steps}
+    if last.findings:
+        top = last.findings[0]
+        record["soak"].update(
+            steps=before + (last.finding_step or 0) + 1,
+            history=len(report.histories) - 1,
+            model=last.model,
+            step=last.finding_step,
+            where="audit",
+            said=f"{top.code}: {top.message}"[:200],
+        )
+    elif last.engine_said is not None:  # vLLM raised in a step before kvcanary's audit
+        said = last.engine_said
+        record["soak"].update(
+            steps=before + said.step + 1,
+            history=len(report.histories) - 1,
+            model=last.model,
+            step=said.step,
+            where="crash",
+            said=f"crash {said.exception} in {said.raised_in}: {said.message}"[:200],
+        )
+    if last.engine_said is not None:
+        record["soak"]["vllm_said_at"] = before + last.engine_said.step + 1
+    t0 = time.monotonic()
+    record["vllm"] = vllm_alone(load_vllm(tree), budget, seed)
+    record["vllm_s"] = round(time.monotonic() - t0, 2)
+    result.write_text(json.dumps(record))
+
+
 # -- the parent: plant, run in parallel, report --------------------------------------------
 
 
@@ -374,13 +613,27 @@ def _release_tree(wheel: str | None) -> Path:
     return find_tree(source).root
 
 
-def _start(name: str, tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+def _vllm_release_tree(wheel: str | None) -> Path:
+    from kvcanary_cli.soak.vllm_stack import find_vllm_tree
+    from tests.vllm_wheel import wheel_path
+
+    source = wheel or wheel_path()
+    if source is None:
+        sys.exit("no vLLM 0.33.0 wheel: give --vllm-wheel PATH (a wheel or an unpacked tree)")
+    return find_vllm_tree(source).root
+
+
+def _start(
+    name: str, engine: str, tree: Path, args: argparse.Namespace, scratch: Path
+) -> dict[str, Any]:
     result = scratch / f"{name}.json"
     command = [
         sys.executable,
         __file__,
         "--child",
         str(tree),
+        "--child-engine",
+        engine,
         "--steps",
         str(args.steps),
         "--seed",
@@ -404,23 +657,33 @@ def _cpu() -> float:
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Plant every chosen variant (and the release), run them `--jobs` at a time."""
-    release = _release_tree(args.wheel)
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    engines = ("sglang", "vllm") if args.engine == "all" else (args.engine,)
+    releases = {
+        engine: (
+            _release_tree(args.wheel) if engine == "sglang" else _vllm_release_tree(args.vllm_wheel)
+        )
+        for engine in engines
+    }
+    chosen = [m for m in MUTANTS if m.engine in engines and (not args.only or m.name in args.only)]
     variants: list[tuple[str, Mutant | None]] = [(m.name, m) for m in chosen]
+    engine_of = {m.name: m.engine for m in chosen}
     if not args.only:
-        variants.insert(0, ("release", None))
+        for engine in reversed(engines):
+            name = "release" if engine == "sglang" else f"{engine}-release"
+            variants.insert(0, (name, None))
+            engine_of[name] = engine
     load = os.getloadavg()[0]  # the machine is shared: what else ran as it started
     started, cpu0 = time.monotonic(), _cpu()
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kvcanary-mutants-") as folder:
         scratch = Path(folder)
-        trees = {name: plant(release, m, scratch / name) for name, m in variants}
+        trees = {name: plant(releases[engine_of[name]], m, scratch / name) for name, m in variants}
         pending = list(variants)
         running: list[dict[str, Any]] = []
         while pending or running:
             while pending and len(running) < args.jobs:
                 name, _ = pending.pop(0)
-                running.append(_start(name, trees[name], args, scratch))
+                running.append(_start(name, engine_of[name], trees[name], args, scratch))
             time.sleep(0.2)
             for job in [j for j in running if j["process"].poll() is not None]:
                 running.remove(job)
@@ -441,7 +704,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "load_after": os.getloadavg()[0],
         "wall_s": round(time.monotonic() - started, 1),
         "cpu_s": round(_cpu() - cpu0, 1),
-        "variants": {name: {"mutant": m, **rows[name]} for name, m in variants},
+        "variants": {
+            name: {"mutant": m, "engine": engine_of[name], **rows[name]} for name, m in variants
+        },
     }
 
 
@@ -450,46 +715,71 @@ def _at(side: dict[str, Any] | None) -> str:
         return "?"
     if side.get("steps") is None:
         return f"-- ({side.get('ran')})"
+    if "model" in side:
+        return f"{side['steps']} ({side['model']}, {side['where']})"[:38]
     return f"{side['steps']} (ps {side['page_size']} {side['core']}, {side['where']})"
 
 
+#: Per engine: the release's name and version, and the name of its own checks.
+_ENGINES = {
+    "sglang": ("SGLang 0.5.23", "SGLang", "SGLang's checks alone"),
+    "vllm": ("vLLM 0.33.0", "vLLM", "vLLM's asserts alone"),
+}
+
+
 def report(figures: dict[str, Any]) -> list[str]:
-    """The table and the kill rates, as lines."""
+    """The table and the kill rates, per engine, as lines."""
+    lines: list[str] = []
+    for engine, (release, short, alone) in _ENGINES.items():
+        rows = {n: r for n, r in figures["variants"].items() if r.get("engine", "sglang") == engine}
+        if rows:
+            lines += _engine_report(figures, rows, engine, release, short, alone)
+    lines.append(f"whole set: {figures['wall_s']} s wall, {figures['cpu_s']} s CPU")
+    return lines
+
+
+def _engine_report(
+    figures: dict[str, Any],
+    rows: dict[str, Any],
+    engine: str,
+    release: str,
+    short: str,
+    alone: str,
+) -> list[str]:
     lines = [
-        f"mutants of SGLang 0.5.23, {figures['steps']} steps each, seed {figures['seed']}, "
+        f"mutants of {release}, {figures['steps']} steps each, seed {figures['seed']}, "
         f"{figures['jobs']} at a time on {figures['cores']} cores (load average "
         f"{figures['load_before']:.2f} before, {figures['load_after']:.2f} after)",
-        f"{'variant':30} {'soak killed at':38} {'SGLang killed at':38} wall",
+        f"{'variant':32} {'soak killed at':38} {short + ' killed at':38} wall",
     ]
-    mutants = kills = sglang_kills = only_soak = only_sglang = 0
+    mutants = kills = own_kills = only_soak = only_own = 0
     controls = silent = 0
-    for name, row in figures["variants"].items():
+    for name, row in rows.items():
         mutant = row["mutant"]
         if "error" in row:
-            lines.append(f"{name:30} ERROR: {row['error'].splitlines()[-1:]}")
+            lines.append(f"{name:32} ERROR: {row['error'].splitlines()[-1:]}")
             continue
-        soak, sglang = row["soak"], row["sglang"]
-        lines.append(f"{name:30} {_at(soak):38} {_at(sglang):38} {row['wall_s']:.0f} s")
+        soak, own = row["soak"], row[engine]
+        lines.append(f"{name:32} {_at(soak):38} {_at(own):38} {row['wall_s']:.0f} s")
         by_soak = soak.get("steps") is not None
-        by_sglang = sglang.get("steps") is not None
+        by_own = own.get("steps") is not None
         if mutant is None or mutant.control:
             controls += 1
-            silent += not by_soak and not by_sglang and not soak.get("sglang_said")
+            silent += not by_soak and not by_own and not soak.get("sglang_said")
         else:
             mutants += 1
             kills += by_soak
-            sglang_kills += by_sglang
-            only_soak += by_soak and not by_sglang
-            only_sglang += by_sglang and not by_soak
+            own_kills += by_own
+            only_soak += by_soak and not by_own
+            only_own += by_own and not by_soak
         if by_soak:
-            lines.append(f"{'':32}soak: {soak['said']}")
-        if by_sglang:
-            lines.append(f"{'':32}SGLang: {sglang['said']}")
+            lines.append(f"{'':34}soak: {soak['said']}")
+        if by_own:
+            lines.append(f"{'':34}{short}: {own['said']}")
     lines += [
-        f"kill rate: soak {kills}/{mutants}, SGLang's checks alone {sglang_kills}/{mutants}; "
-        f"only soak {only_soak}, only SGLang {only_sglang}",
+        f"kill rate: soak {kills}/{mutants}, {alone} {own_kills}/{mutants}; "
+        f"only soak {only_soak}, only {short} {only_own}",
         f"silent: {silent}/{controls} controls and release",
-        f"whole set: {figures['wall_s']} s wall, {figures['cpu_s']} s CPU",
     ]
     return lines
 
@@ -501,11 +791,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=[])
     parser.add_argument("--wheel", default=None, help="SGLang 0.5.23 wheel or tree")
+    parser.add_argument("--vllm-wheel", default=None, help="vLLM 0.33.0 wheel or tree")
+    parser.add_argument("--engine", choices=("sglang", "vllm", "all"), default="all")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        child(args.child, args.steps, args.seed, args.result)
+        run = vllm_child if args.child_engine == "vllm" else child
+        run(args.child, args.steps, args.seed, args.result)
         return 0
     unknown = set(args.only) - {m.name for m in MUTANTS}
     if unknown:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.leak import LeakReport
     from kvcanary_cli.results.plan import PlanRun
     from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
+    from kvcanary_cli.results.pool_timeline import PoolTimelineReport
     from kvcanary_cli.results.provenance import ProvenanceReport
     from kvcanary_cli.results.ranks import RanksReport
     from kvcanary_cli.results.selftest import SelftestReport
@@ -140,6 +141,23 @@ def check_pools(
         if progress is not None:
             progress(i + 1, len(many))
     return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
+
+
+def pool_timeline(
+    paths: PathLike | Sequence[PathLike], *, keep_order: bool = False
+) -> PoolTimelineReport:
+    """On block-pool (vLLM) dumps of one pool: what changed between snapshots (in step
+    order, or as given with `keep_order`), and each one's findings (`timeline`, `diff`)."""
+    from kvcanary_cli.engines import POOL_ENGINES, dump_engine
+    from kvcanary_cli.engines import pool_timeline as run
+
+    many = _many(paths)
+    if not all(dump_engine(p) in POOL_ENGINES for p in many):
+        raise OptionError(
+            "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed",
+            option="DUMP",
+        )
+    return run(list(many), keep_order=keep_order)
 
 
 def provenance(

@@ -224,8 +224,11 @@ def timeline(
     Requests, slot owners, LUT, SWA leak; each event (use-after-free, double-allocation,
     prefix-rewritten, lut-rewritten, swa-leak) with its slots or pages, the steps it happened
     between and its cause; the dump each finding first appears in. The dumps are read in step
-    order. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
+    order. vLLM dumps: per step the blocks allocated, freed, rehomed or gone bad, and each
+    snapshot's findings. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
+    if api.is_pool_dump(dumps):
+        return api.pool_timeline(dumps)
     return api.timeline(dumps)
 
 
@@ -239,6 +242,8 @@ def diff(
 
     The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
     changes; the events."""
+    if api.is_pool_dump([old, new]):
+        return api.pool_timeline([old, new], keep_order=True)
     return api.diff(old, new)
 
 
@@ -526,13 +531,13 @@ def soak(
         ),
     ] = None,
     layout: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--layout",
             metavar="swa|unified",
-            help="Memory layout: hybrid SWA (paged allocators) or unified memory.",
+            help="Memory layout: hybrid SWA (paged allocators, the default) or unified memory.",
         ),
-    ] = "swa",
+    ] = None,
     out: Annotated[
         Path, typer.Option("--out", metavar="DIR", help="Where a failure's files go.")
     ] = Path("kvcanary-soak"),
@@ -575,9 +580,26 @@ def soak(
     if engine == "vllm":
         from kvcanary_cli.soak.vllm_command import run_vllm_soak
 
-        return run_vllm_soak(vllm_tree, steps, seed, fault, timings=timings)
+        return run_vllm_soak(
+            vllm_tree,
+            steps,
+            seed,
+            fault,
+            out=out,
+            force=force,
+            timings=timings,
+            replaying=replay,
+            sglang_options={
+                "--page-size": page_size,
+                "--core": core,
+                "--layout": layout,
+                "--sglang-tree": sglang_tree,
+            },
+        )
     if engine != "sglang":
         raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
+    if vllm_tree is not None:
+        raise OptionError("is a vLLM soak option: add --engine vllm", option="--vllm-tree")
     from kvcanary_cli.soak.command import run_soak
 
     return run_soak(
@@ -590,7 +612,7 @@ def soak(
         out,
         force=force,
         timings=timings,
-        layout=layout,
+        layout=layout or "swa",
         replaying=replay,
     )
 

@@ -67,6 +67,7 @@ def exit_code(result: object) -> ExitCode:
     (provenance, a slot's history included, shows)."""
     from kvcanary_cli.results.leak import LeakReport  # numpy columns: the command ran by now
     from kvcanary_cli.results.pool_soak import PoolSoakReport
+    from kvcanary_cli.results.pool_timeline import PoolTimelineReport
     from kvcanary_cli.results.ranks import RanksReport
     from kvcanary_cli.results.selftest import SelftestReport
     from kvcanary_cli.results.violations import ViolationsReport
@@ -82,6 +83,7 @@ def exit_code(result: object) -> ExitCode:
             | ViolationsReport(found=True)
             | SoakReport(found=True)
             | PoolSoakReport(found=True)
+            | PoolTimelineReport(failed=True)
             | SelftestReport(agree=False)
             | LeakReport(found=True)
         ):

@@ -1,7 +1,7 @@
-"""bench/mutants.py's mutants still fit SGLang 0.5.23: every snippet is found exactly once in
-the release wheel's file and the edited module compiles; a snippet that is not there (or is
-there twice) fails loudly; planting never writes through to the release it copies. Nothing is
-soaked here: the soak of each mutant is the benchmark's."""
+"""bench/mutants.py's mutants still fit SGLang 0.5.23 and vLLM 0.33.0: every snippet is found
+exactly once in its release wheel's file and the edited module compiles; a snippet that is not
+there (or is there twice) fails loudly; planting never writes through to the release it
+copies. Nothing is soaked here: the soak of each mutant is the benchmark's."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from types import ModuleType
 
 import pytest
 
+from tests import vllm_wheel
 from tests.sglang_wheel import MISSING_WHEEL, wheel_path
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL = wheel_path()
+VLLM_WHEEL = vllm_wheel.wheel_path()
 
 
 def _bench() -> ModuleType:
@@ -31,28 +33,41 @@ def _bench() -> ModuleType:
 mutants = _bench()
 
 
-def test_the_set_is_what_the_benchmark_promises() -> None:
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_the_set_is_what_the_benchmark_promises(engine: str) -> None:
     names = [m.name for m in mutants.MUTANTS]
     assert len(set(names)) == len(names)
-    assert sum(not m.control for m in mutants.MUTANTS) >= 12
-    assert sum(m.control for m in mutants.MUTANTS) >= 3
-    assert all(m.old != m.new and m.what for m in mutants.MUTANTS)
+    chosen = [m for m in mutants.MUTANTS if m.engine == engine]
+    assert sum(not m.control for m in chosen) >= 12
+    assert sum(m.control for m in chosen) >= 3
+    assert all(m.old != m.new and m.what for m in chosen)
 
 
-@pytest.mark.skipif(WHEEL is None, reason=MISSING_WHEEL)
-def test_every_mutant_applies_to_the_release_wheel() -> None:
-    assert WHEEL is not None
-    with zipfile.ZipFile(WHEEL) as wheel:
+@pytest.mark.parametrize(
+    ("engine", "found", "missing"),
+    [
+        pytest.param("sglang", WHEEL, MISSING_WHEEL, id="sglang"),
+        pytest.param("vllm", VLLM_WHEEL, vllm_wheel.MISSING_WHEEL, id="vllm"),
+    ],
+)
+def test_every_mutant_applies_to_the_release_wheel(
+    engine: str, found: Path | None, missing: str
+) -> None:
+    if found is None:
+        pytest.skip(missing)
+    with zipfile.ZipFile(found) as wheel:
         for mutant in mutants.MUTANTS:
-            text = wheel.read(f"sglang/srt/{mutant.path}").decode()
+            if mutant.engine != engine:
+                continue
+            text = wheel.read(mutant.relpath).decode()
             edited = mutants.mutated(text, mutant)
             assert edited != text and mutant.new in edited
-            compile(edited, mutant.path, "exec")  # a mutant is a module that still imports
+            compile(edited, mutant.relpath, "exec")  # a mutant is a module that still imports
 
 
 def test_a_snippet_not_found_once_fails_loudly() -> None:
     gone = mutants.Mutant("gone", "x.py", "free(a)", "free(b)", "nothing")
-    with pytest.raises(mutants.SnippetError, match="gone: .* found 0 times in x.py"):
+    with pytest.raises(mutants.SnippetError, match="gone: .* found 0 times in sglang/srt/x.py"):
         mutants.mutated("alloc(a)\n", gone)
     with pytest.raises(mutants.SnippetError, match="found 2 times"):
         mutants.mutated("free(a)\nfree(a)\n", gone)
@@ -70,3 +85,16 @@ def test_planting_leaves_the_release_as_it_was(tmp_path: Path) -> None:
     assert (copy / "sglang/srt/mem_cache/pool.py").read_text() == "def free(a):\n    pass\n"
     assert module.read_text() == "def free(a):\n    give_back(a)\n"
     assert (copy / "sglang/srt/mem_cache/other.py").read_text() == "x = 1\n"
+
+
+def test_a_vllm_mutant_is_planted_under_vllm_v1_core(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    module = release / "vllm" / "v1" / "core" / "block_pool.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("def free(b):\n    queue(b)\n")
+    leak = mutants.Mutant(
+        "leak", "block_pool.py", "    queue(b)\n", "    pass\n", "leak", engine="vllm"
+    )
+    copy = mutants.plant(release, leak, tmp_path / "copy")
+    assert (copy / "vllm/v1/core/block_pool.py").read_text() == "def free(b):\n    pass\n"
+    assert module.read_text() == "def free(b):\n    queue(b)\n"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvcanary_cli.dump.engine import refuse_other_engine
 from kvcanary_cli.dump.header import read_header_and_step
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import parse_integer
@@ -111,6 +112,7 @@ def _ordered(paths: Sequence[PathLike]) -> list[_Entry]:
     for i, path in enumerate(paths, 1):
         header, step = read_header_and_step(path)
         meta = header.metadata
+        refuse_other_engine(meta, path)
         rank = meta.get("rank")
         label = rank.strip() if rank is not None else f"#{i}"
         entries.append(_Entry(path=str(path), label=label, step=step, model=meta.get("model")))

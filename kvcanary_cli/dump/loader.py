@@ -35,11 +35,11 @@ import numpy as np
 from safetensors import safe_open
 
 from kvcanary_cli.dump import releases
+from kvcanary_cli.dump.engine import refuse_other_engine
 from kvcanary_cli.dump.header import FileState, HeaderEntry, SafetensorsHeader, read_header
 from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
 from kvcanary_cli.dump.releases import out_of_range_note
 from kvcanary_cli.dump.schema import (
-    ENGINE_KEY,
     EXCEPTION_MESSAGE_KEY,
     EXCEPTION_TYPE_KEY,
     FORMAT_VERSION,
@@ -48,7 +48,6 @@ from kvcanary_cli.dump.schema import (
     LAYOUT_KEY,
     ORIGINAL_DTYPES_KEY,
     SCALARS,
-    SGLANG,
     SHRINK_KEY,
     SHRUNK_FORMAT_VERSION,
     SHRUNK_FORMAT_VERSION_1_1,
@@ -57,7 +56,6 @@ from kvcanary_cli.dump.schema import (
     Layout,
     TensorSpec,
     dtype_label,
-    engine_of,
     parse_integer,
     required_tensors,
     sparse_capable,
@@ -405,12 +403,7 @@ def _read_contents(
     overrides: dict[str, int | str | None],
 ) -> KvDump:
     # First: another engine's dump, or a newer format, may break every other rule below.
-    if (engine := engine_of(header.metadata)) != SGLANG:
-        raise DumpError(
-            f"a {engine} dump: this command reads SGLang dumps",
-            field=ENGINE_KEY,
-            hint="`check` and `provenance --block N` read it",
-        )
+    refuse_other_engine(header.metadata)
     version = header.metadata.get("kvcanary.format")
     shrunk_versions = (SHRUNK_FORMAT_VERSION_1_1, SHRUNK_FORMAT_VERSION)
     if version is not None and version.strip() not in (FORMAT_VERSION, *shrunk_versions):

@@ -14,6 +14,7 @@ from kvcanary_cli.dump.header import dump_engine
 from kvcanary_cli.dump.schema import POOL_ENGINES, SGLANG
 from kvcanary_cli.errors import DumpError
 from kvcanary_cli.results.pool import PoolDumpReport, PoolProvenance
+from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 
 __all__ = [
     "POOL_ENGINES",
@@ -22,6 +23,7 @@ __all__ = [
     "is_pool_scenario",
     "pool_provenance",
     "pool_scenario_lines",
+    "pool_timeline",
     "write_pool_scenario",
 ]
 
@@ -59,6 +61,17 @@ def pool_provenance(path: PathLike, block: int) -> PoolProvenance:
     from kvcanary_cli.engines.vllm import provenance
 
     return provenance(stored, block)
+
+
+def pool_timeline(paths: list[PathLike], *, keep_order: bool) -> PoolTimelineReport:
+    """What changed between snapshots of one block pool (`timeline`, `diff`)."""
+    stored = [read_arrays(p) for p in paths]
+    for s in stored:
+        if s.engine != "vllm":
+            raise _unknown(s.engine)
+    from kvcanary_cli.engines.vllm import timeline_of
+
+    return timeline_of(stored, keep_order=keep_order)
 
 
 def pool_scenario_lines() -> list[str]:

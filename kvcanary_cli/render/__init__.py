@@ -96,6 +96,13 @@ def render(
         case "leak":
             from kvcanary_cli.render.markdown.leak import leak_markdown as markdown
             from kvcanary_cli.render.table.leak import leak_table as table
+        case "pool-timeline":
+            from kvcanary_cli.render.markdown.pool_timeline import (
+                pool_timeline_markdown as markdown,
+            )
+            from kvcanary_cli.render.table.pool_timeline import pool_timeline_table as table
+
+            rows = {}
         case "pool-soak":
             from kvcanary_cli.render.markdown.pool_soak import pool_soak_markdown as markdown
             from kvcanary_cli.render.table.pool_soak import pool_soak_table as table

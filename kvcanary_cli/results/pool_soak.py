@@ -4,11 +4,12 @@ asserts said (`kvcanary.pool-soak/1`; standard library only)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvcanary_cli.results.pool import PoolFinding
 from kvcanary_cli.results.record import recorded
+from kvcanary_cli.results.soak import SoakFile, SoakReplay
 
 __all__ = ["EngineComplaint", "PoolSoakHistory", "PoolSoakReport"]
 
@@ -69,6 +70,13 @@ class PoolSoakReport:
     histories: tuple[PoolSoakHistory, ...]
     #: seconds the soak took (only with --timings; null otherwise)
     seconds: float | None = None
+    #: the files a finding wrote to --out, by kind: dump (the failing step's pool: kvcanary's
+    #: finding, else the one the assert hook wrote when the engine raised) and reproducer
+    #: (the history's model, seed, steps and fault, and what it found); {} when none
+    files: dict[SoakFile, str] = field(default_factory=dict)
+    #: --replay: the reproducer run again (one history, no files written); null for a soak.
+    #: Its `recorded` is the top finding's code, or `crash <exception>`
+    replay: SoakReplay | None = None
 
     @recorded
     def audited(self) -> int:

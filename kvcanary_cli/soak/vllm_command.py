@@ -1,19 +1,28 @@
 """`kvcanary soak --engine vllm`: histories of the seeded workload on vLLM's real
 `KVCacheManager` (`soak.vllm_driver`), full and hybrid models in turn, audited each step,
 until the step budget is spent or something is found (a planted --fault, kvcanary's finding,
-vLLM's own assert). Importing this module costs the standard library: vLLM and torch load
-when a soak runs."""
+vLLM's own assert, heard through the assert hook).
+
+A finding leaves two files in `--out` (checked before a step runs), written as every soak
+writes them (`soak.outputs`: all or none, never over a link, no overwrite without --force):
+the failing step's dump and a reproducer (the history's model, seed, steps and fault: the
+workload is the seed's). `--replay` runs a reproducer again. Importing this module costs the
+standard library: vLLM and torch load when a soak runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from kvcanary_cli.errors import OptionError
+from kvcanary_cli.errors import OptionError, PathError
 from kvcanary_cli.results.pool_soak import EngineComplaint, PoolSoakHistory, PoolSoakReport
+from kvcanary_cli.results.soak import SoakFile, SoakReplay
 
-__all__ = ["HISTORY_STEPS", "run_vllm_soak"]
+__all__ = ["HISTORY_STEPS", "read_reproducer", "run_vllm_soak"]
 
 #: Steps per history.
 HISTORY_STEPS = 400
@@ -34,56 +43,126 @@ def _default_tree() -> Path:
     return found[0]
 
 
+#: Unaudited steps a history runs on after kvcanary's finding, to hear vLLM's asserts.
+AFTER_STEPS = 200
+#: What a reproducer records and its type (the history is the seed's: nothing else to keep).
+_REPRODUCER = {
+    "engine": str,
+    "model": str,
+    "seed": int,
+    "steps": int,
+    "after_steps": int,
+    "fault": (str, type(None)),
+    "recorded": str,
+}
+
+
+def _history(h: Any) -> PoolSoakHistory:
+    """A driver history (`vllm_driver.History`) as the record says it."""
+    crash = h.crash
+    return PoolSoakHistory(
+        model=h.model,
+        seed=h.seed,
+        steps=h.steps,
+        audited=h.audited,
+        preemptions=h.preemptions,
+        prefix_hits=h.prefix_hits,
+        aborts=h.aborts,
+        fault_step=h.fault_step,
+        fault_note=h.fault_note or None,
+        finding_step=h.finding_step,
+        findings=h.findings,
+        engine_said=None
+        if crash is None
+        else EngineComplaint(
+            step=crash.step,
+            exception=crash.exception,
+            message=crash.message,
+            raised_in=crash.raised_in,
+        ),
+    )
+
+
+def _key(h: Any) -> str | None:
+    """What a history found, as a reproducer records it: kvcanary's top code, else vLLM's
+    crash; None when it found nothing."""
+    if h.findings:
+        return str(h.findings[0].code)
+    if h.crash is not None:
+        return f"crash {h.crash.exception}"
+    return None
+
+
+def refuse_sglang_options(given: Mapping[str, object]) -> None:
+    """One error line for SGLang's soak options given to a vLLM soak (flag -> value, None
+    when not given)."""
+    flags = [flag for flag, value in given.items() if value is not None]
+    if flags:
+        one = len(flags) == 1
+        raise OptionError(
+            f"{'an SGLang soak option' if one else 'SGLang soak options'}; --engine vllm soaks "
+            "vLLM's full and hybrid models",
+            option=", ".join(flags),
+            hint=f"drop {'it' if one else 'them'}, or soak SGLang",
+        )
+
+
 def run_vllm_soak(
-    tree: str | None, steps: int, seed: int, fault: str | None, *, timings: bool = False
+    tree: str | None,
+    steps: int,
+    seed: int,
+    fault: str | None,
+    *,
+    out: Path,
+    force: bool = False,
+    timings: bool = False,
+    replaying: Path | None = None,
+    sglang_options: Mapping[str, object] | None = None,
 ) -> PoolSoakReport:
     """Soak vLLM's manager from `tree` (None: the cached release wheel) for `steps` audited
-    steps; a one-line error (exit 2) for an unknown fault or a tree that cannot load."""
+    steps, a finding's files to `out`; with `replaying`, that reproducer run again. A one-line
+    error (exit 2) for an SGLang option, an unknown fault, an `out` it may not write, or a
+    tree that cannot load."""
     from kvcanary_cli.soak.vllm_driver import FAULTS, MODELS, run_history
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
+    refuse_sglang_options(sglang_options or {})
+    if replaying is not None:
+        if fault is not None:
+            raise OptionError(
+                "takes the fault from the reproducer: drop --fault", option="--replay"
+            )
+        return _replay(replaying, tree, timings=timings)
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"{fault!r} is not a vLLM fault: {', '.join(FAULTS)}", option="--fault")
+    from kvcanary_cli.soak.outputs import check_out, scratch
+
+    check_out(out, force=force)
     started = time.monotonic()
     modules = load_vllm(tree if tree is not None else _default_tree())
     histories: list[PoolSoakHistory] = []
     audited = 0
-    while audited < steps:
-        model = MODELS[len(histories) % len(MODELS)]
-        h = run_history(
-            modules,
-            model,
-            seed + len(histories),
-            min(HISTORY_STEPS, steps - audited),
-            fault=fault,
-        )
-        audited += h.audited
-        crash = h.crash
-        histories.append(
-            PoolSoakHistory(
-                model=model,
-                seed=h.seed,
-                steps=h.steps,
-                audited=h.audited,
-                preemptions=h.preemptions,
-                prefix_hits=h.prefix_hits,
-                aborts=h.aborts,
-                fault_step=h.fault_step,
-                fault_note=h.fault_note or None,
-                finding_step=h.finding_step,
-                findings=h.findings,
-                engine_said=None
-                if crash is None
-                else EngineComplaint(
-                    step=crash.step,
-                    exception=crash.exception,
-                    message=crash.message,
-                    raised_in=crash.raised_in,
-                ),
+    files: dict[SoakFile, str] = {}
+    with scratch() as folder:
+        while audited < steps:
+            model = MODELS[len(histories) % len(MODELS)]
+            length = min(HISTORY_STEPS, steps - audited)
+            h = run_history(
+                modules,
+                model,
+                seed + len(histories),
+                length,
+                fault=fault,
+                after_steps=AFTER_STEPS,
+                assert_dumps=folder / f"history-{len(histories)}",
             )
-        )
-        if h.findings or crash is not None or h.audited == 0:
-            break
+            audited += h.audited
+            histories.append(_history(h))
+            if h.findings or h.crash is not None:
+                files = _keep(h, length, modules.tree.version, fault, folder, out, force)
+                break
+            if h.audited == 0:
+                break
     return PoolSoakReport(
         engine="vllm",
         engine_version=modules.tree.version,
@@ -92,4 +171,111 @@ def run_vllm_soak(
         fault=fault,
         histories=tuple(histories),
         seconds=round(time.monotonic() - started, 3) if timings else None,
+        files=files,
+    )
+
+
+def _keep(
+    h: Any, length: int, version: str, fault: str | None, folder: Path, out: Path, force: bool
+) -> dict[SoakFile, str]:
+    """The failing history's dump and reproducer written to `out`, all or none."""
+    from kvcanary_cli.dump.atomic import write_safetensors
+
+    contents: dict[SoakFile, Path | bytes] = {}
+    if h.dump is not None:  # kvcanary's finding: the state it audited at that step
+        tensors, meta = h.dump.contents()
+        meta.update(
+            {
+                "step": str(h.finding_step),
+                "model": h.model,
+                "seed": str(h.seed),
+                "kvcanary.trigger": "soak",
+            }
+        )
+        contents["dump"] = write_safetensors(folder / "dump.safetensors", tensors, meta)
+    elif h.assert_dumps:  # vLLM raised first: the pool as the assert hook read it then
+        contents["dump"] = h.assert_dumps[0]
+    reproducer = {
+        "engine": "vllm",
+        "engine_version": version,
+        "model": h.model,
+        "seed": h.seed,
+        "steps": length,
+        "after_steps": AFTER_STEPS,
+        "fault": fault,
+        "recorded": _key(h),
+        "finding_step": h.finding_step,
+        "crash_step": None if h.crash is None else h.crash.step,
+    }
+    contents["reproducer"] = (json.dumps(reproducer, indent=1) + "\n").encode()
+    from kvcanary_cli.soak.outputs import write_outputs
+
+    return write_outputs(out, contents, force=force)
+
+
+def read_reproducer(path: Path) -> dict[str, Any]:
+    """A vLLM soak's reproducer; anything else is one error line (exit 2)."""
+    from kvcanary_cli.soak.vllm_driver import FAULTS, MODELS
+
+    hint = "give the soak-reproducer.json a vLLM soak wrote"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        raise PathError(f"cannot be read ({why})", path=str(path), hint=hint) from None
+    except ValueError as exc:
+        raise PathError(f"is not JSON ({exc})"[:300], path=str(path), hint=hint) from None
+    if not isinstance(data, dict) or data.get("engine") != "vllm":
+        raise PathError(
+            "is not a vLLM soak reproducer (no engine vllm in it)", path=str(path), hint=hint
+        )
+    for key, kind in _REPRODUCER.items():
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):  # type: ignore[arg-type]
+            raise PathError(
+                f"is not a vLLM soak reproducer ({key!r} missing or not a {kind})"[:300],
+                path=str(path),
+                hint=hint,
+            )
+    if (
+        data["model"] not in MODELS
+        or (data["fault"] is not None and data["fault"] not in FAULTS)
+        or not 0 < data["steps"] <= 10**7
+        or not 0 <= data["after_steps"] <= 10**7
+    ):
+        raise PathError(
+            "is not a vLLM soak reproducer (a value out of range)", path=str(path), hint=hint
+        )
+    return data
+
+
+def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakReport:
+    """The reproducer's history run again, audited as the soak audited it; nothing written."""
+    from kvcanary_cli.soak.vllm_driver import run_history
+    from kvcanary_cli.soak.vllm_stack import load_vllm
+
+    data = read_reproducer(reproducer)
+    started = time.monotonic()
+    modules = load_vllm(tree if tree is not None else _default_tree())
+    h = run_history(
+        modules,
+        data["model"],
+        data["seed"],
+        data["steps"],
+        fault=data["fault"],
+        after_steps=data["after_steps"],
+    )
+    return PoolSoakReport(
+        engine="vllm",
+        engine_version=modules.tree.version,
+        steps=data["steps"],
+        seed=data["seed"],
+        fault=data["fault"],
+        histories=(_history(h),),
+        seconds=round(time.monotonic() - started, 3) if timings else None,
+        replay=SoakReplay(
+            reproducer=str(reproducer),
+            recorded=data["recorded"],
+            reproduced=_key(h) == data["recorded"],
+        ),
     )

@@ -18,16 +18,17 @@ vLLM's code it came from, and ends the history. Nothing here is vLLM's code.
 
 from __future__ import annotations
 
-import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kvcanary_cli.engines.vllm.capture import snapshot
 from kvcanary_cli.engines.vllm.check import audit
+from kvcanary_cli.engines.vllm.hook import raised_in, watch_asserts
 from kvcanary_cli.results.pool import PoolFinding
 
 __all__ = ["FAULTS", "MODELS", "History", "VllmCrash", "run_history"]
@@ -72,17 +73,9 @@ class History:
     findings: tuple[PoolFinding, ...] = ()
     dump: Any = None
     crash: VllmCrash | None = None
+    #: what the assert hook wrote when vLLM raised (with `assert_dumps`)
+    assert_dumps: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def _raised_in(exc: BaseException) -> str | None:
-    """The innermost frame of vLLM's code `exc` came out of (`vllm/...py:LINE in FUNC`)."""
-    found = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        path = frame.filename.replace("\\", "/")
-        if "/vllm/" in path:
-            found = f"vllm/{path.rsplit('/vllm/', 1)[1]}:{frame.lineno} in {frame.name}"
-    return found
 
 
 class _Scheduler:
@@ -321,12 +314,25 @@ def run_history(
     fault: str | None = None,
     audit_every: bool = True,
     after_steps: int = 200,
+    assert_dumps: Path | None = None,
 ) -> History:
     """`steps` steps of one seeded history, audited after each; a planted `fault` at a drawn
     step. After kvcanary's first finding the history runs on unaudited (`after_steps` at
-    most) to hear whether vLLM's own asserts ever say anything."""
+    most) to hear whether vLLM's own asserts ever say anything. With `assert_dumps`, the
+    manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises."""
     s = _Scheduler(modules, model, seed)
     h = History(model=model, seed=seed)
+    if assert_dumps is not None:
+        hook = watch_asserts(
+            s.manager,
+            assert_dumps,
+            requests=s.requests,
+            deferred_frees=s.deferred,
+            version=modules.tree.version,
+            context=lambda: {"step": str(s.step), "model": model},
+            log=False,
+        )
+        h.assert_dumps = hook.written
     plant_from = int(s.rng.integers(steps // 4, max(steps // 4 + 1, steps // 2))) if fault else -1
     end = steps
     step = 0
@@ -342,7 +348,7 @@ def run_history(
                 step=step,
                 exception=type(exc).__name__,
                 message=(str(exc).splitlines() or [""])[0][:300],
-                raised_in=_raised_in(exc),
+                raised_in=raised_in(exc),
             )
             break
         h.steps = step + 1

@@ -21,6 +21,7 @@ from kvcanary_cli.engines.vllm import report_of
 from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.state import state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, build
+from kvcanary_cli.errors import DumpError
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
 
 FAULTS = [name for name, s in SCENARIOS.items() if s.plant is not None]
@@ -181,3 +182,32 @@ def test_a_map_entry_under_a_blocks_extra_key_is_not_stale(tmp_path: Path) -> No
     tensors, meta = state.contents()  # type: ignore[attr-defined]
     write_safetensors(tmp_path / "d.safetensors", tensors, meta)
     assert _codes(state_of(read_arrays(tmp_path / "d.safetensors"))) == set()
+
+
+@pytest.mark.parametrize(
+    "command", [["ranks", "{a}", "{b}"], ["shrink", "{a}"], ["api.timeline"], ["api.diff"]]
+)
+def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: list[str]) -> None:
+    """Two snapshots of one step (the assert hook and the soak both write one) are refused as
+    vLLM dumps, naming what reads them, not as a timeline of one step twice (the command line's
+    `timeline` and `diff` read them: tests/engines/test_vllm_timeline.py)."""
+    tensors, meta = build("vllm-clean", seed=1).contents()
+    meta["step"] = "7"
+    a = write_safetensors(tmp_path / "a.st", tensors, meta)
+    b = write_safetensors(tmp_path / "b.st", tensors, meta)
+    if command[0].startswith("api."):
+        with pytest.raises(DumpError) as caught:
+            if command[0] == "api.timeline":
+                api.timeline([a, b])
+            else:
+                api.diff(a, b)
+        line = str(caught.value)
+    else:
+        args = [part.format(a=a, b=b) for part in command]
+        if command[0] == "shrink":
+            args += ["--out", str(tmp_path / "small.st")]
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2, out.output
+        [line] = out.output.splitlines()
+    assert "a vllm dump: this command reads SGLang dumps" in line
+    assert "`check`, `provenance --block N`, `timeline` and `diff` read it" in line

@@ -5,11 +5,16 @@ own asserts say nothing then (later, or never)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from kvcanary_cli.catalog import PoolCode
+from kvcanary_cli.dump.engine import read_arrays
+from kvcanary_cli.engines.vllm import check_dump
 from kvcanary_cli.soak.vllm_driver import FAULTS, run_history
 
 #: fault -> the finding it must raise at its step.
@@ -51,22 +56,20 @@ def test_a_planted_fault_is_found_at_the_step_it_happens(vllm: Any, fault: str, 
         assert top.owners and top.holders and top.holders >= 2
 
 
-def test_soak_engine_vllm_reports_the_fault_and_what_vllm_said(vllm: Any) -> None:
-    import json
-
-    from typer.testing import CliRunner
-
+def test_soak_engine_vllm_reports_the_fault_and_what_vllm_said(vllm: Any, tmp_path: Path) -> None:
     from kvcanary_cli.cli import app
+    from tests.render.record_schema import RECORDS, validate
     from tests.vllm_wheel import wheel_path
 
+    out = tmp_path / "out"
     args = ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path()), "--format", "json"]
+    args += ["--out", str(out)]
     clean = CliRunner().invoke(app, [*args, "--steps", "60"])
     assert clean.exit_code == 0, clean.output
     record = json.loads(clean.output)
     assert record["schema"] == "kvcanary.pool-soak/1" and record["audited"] == 60
-    from tests.render.record_schema import RECORDS, validate
-
     assert validate(record, RECORDS[record["schema"]]) == []
+    assert record["files"] == {} and not out.exists()
     found = CliRunner().invoke(app, [*args, "--steps", "300", "--fault", "block-freed-twice"])
     assert found.exit_code == 1, found.output
     record = json.loads(found.output)
@@ -75,10 +78,87 @@ def test_soak_engine_vllm_reports_the_fault_and_what_vllm_said(vllm: Any) -> Non
     assert history["finding_step"] == history["fault_step"]
     assert history["findings"][0]["code"] == "negative-ref-count"
 
+    # the failing step's dump and a reproducer, and nothing else
+    files = record["files"]
+    assert set(files) == {"dump", "reproducer"}
+    assert sorted(p.name for p in out.iterdir()) == [
+        "soak-dump.safetensors",
+        "soak-reproducer.json",
+    ]
+    stored = read_arrays(files["dump"])
+    assert stored.metadata["step"] == str(history["finding_step"])
+    [top, *_] = check_dump(stored).findings
+    assert (top.code.value, top.block) == ("negative-ref-count", history["findings"][0]["block"])
+    reproducer = json.loads(Path(files["reproducer"]).read_text())
+    assert reproducer["recorded"] == "negative-ref-count"
+    assert reproducer["seed"] == history["seed"] and reproducer["model"] == history["model"]
+
+    # --replay runs it again: the finding comes back at the same step; without the fault not
+    replayed = CliRunner().invoke(app, [*args[:-2], "--replay", files["reproducer"]])
+    assert replayed.exit_code == 1, replayed.output
+    again = json.loads(replayed.output)
+    assert validate(again, RECORDS[again["schema"]]) == []
+    assert again["replay"]["reproduced"] is True
+    assert again["histories"][0]["finding_step"] == history["finding_step"]
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps({**reproducer, "fault": None}))
+    clean_twin = CliRunner().invoke(app, [*args[:-2], "--replay", str(twin)])
+    assert clean_twin.exit_code == 0, clean_twin.output
+    assert json.loads(clean_twin.output)["replay"]["reproduced"] is False
+
+    # a second finding does not replace the first without --force
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again_found = CliRunner().invoke(app, [*args, "--steps", "300", "--fault", "leak"])
+    assert again_found.exit_code == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_crash_kvcanary_did_not_audit_keeps_the_assert_hooks_dump(
+    vllm: Any, tmp_path: Path
+) -> None:
+    from kvcanary_cli.soak.vllm_command import _keep
+
+    h = run_history(
+        vllm,
+        "full",
+        3,
+        80,
+        fault="block-freed-twice",
+        audit_every=False,
+        assert_dumps=tmp_path / "hook",
+    )
+    assert h.crash is not None and h.findings == ()
+    files = _keep(h, 80, "0.33.0", "block-freed-twice", tmp_path, tmp_path / "out", False)
+    assert json.loads(Path(files["reproducer"]).read_text())["recorded"] == "crash AssertionError"
+    stored = read_arrays(files["dump"])
+    assert stored.metadata["kvcanary.trigger"] == "vllm-assert"
+    assert stored.metadata["step"] == str(h.crash.step)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [["--page-size", "4"], ["--core", "python"], ["--layout", "swa"], ["--sglang-tree", "x"]],
+)
+def test_soak_engine_vllm_refuses_sglang_options_in_one_line(given: list[str]) -> None:
+    from kvcanary_cli.cli import app
+
+    result = CliRunner().invoke(app, ["soak", "--engine", "vllm", *given])
+    assert result.exit_code == 2
+    [line] = result.output.splitlines()
+    assert line.startswith(f"error: {given[0]}: an SGLang soak option")
+
+
+def test_soak_refuses_a_vllm_tree_without_engine_vllm() -> None:
+    from kvcanary_cli.cli import app
+
+    result = CliRunner().invoke(app, ["soak", "--vllm-tree", "x"])
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [
+        "error: --vllm-tree: is a vLLM soak option: add --engine vllm"
+    ]
+
 
 def test_soak_refuses_an_unknown_engine_in_one_line() -> None:
-    from typer.testing import CliRunner
-
     from kvcanary_cli.cli import app
 
     result = CliRunner().invoke(app, ["soak", "--engine", "tgi"])

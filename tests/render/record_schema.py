@@ -34,6 +34,7 @@ from kvcanary_cli.results.leak import LeakReport
 from kvcanary_cli.results.plan import PlanSummary
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
 from kvcanary_cli.results.pool_soak import PoolSoakReport
+from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.results.ranks import RanksReport
 from kvcanary_cli.results.record import record_keys, to_record
@@ -66,6 +67,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.pool-check/1": PoolCheckReport,
     "kvcanary.pool-provenance/1": PoolProvenance,
     "kvcanary.pool-soak/1": PoolSoakReport,
+    "kvcanary.pool-timeline/1": PoolTimelineReport,
 }
 
 

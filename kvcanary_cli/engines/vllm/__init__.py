@@ -15,8 +15,15 @@ from kvcanary_cli.engines.vllm.state import VllmState, state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, SIZES, build
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.results.pool import BlockHash, PoolDumpReport, PoolProvenance
+from kvcanary_cli.results.pool_timeline import PoolSnapshotCheck, PoolTimelineReport
 
-__all__ = ["check_dump", "provenance", "scenario_lines", "synth_contents"]
+__all__ = [
+    "check_dump",
+    "provenance",
+    "scenario_lines",
+    "synth_contents",
+    "timeline_of",
+]
 
 
 def report_of(path: str, state: VllmState) -> PoolDumpReport:
@@ -99,3 +106,46 @@ def synth_contents(
 def is_scenario(name: str) -> bool:
     """Whether `name` is a vLLM synth scenario."""
     return name in SCENARIOS
+
+
+def timeline_of(stored: list[StoredArrays], *, keep_order: bool) -> PoolTimelineReport:
+    """What changed between snapshots of one pool: in step order (as given with
+    `keep_order`, or when a snapshot records no step), each one's findings."""
+    from kvcanary_cli.engines.vllm.timeline import step_between
+    from kvcanary_cli.errors import DumpError
+
+    states = [state_of(s) for s in stored]
+    steps = [_step(s) for s in stored]
+    order = list(range(len(stored)))
+    if not keep_order and all(step is not None for step in steps):
+        order.sort(key=lambda i: steps[i] or 0)
+    first = states[order[0]]
+    for i in order[1:]:
+        if (states[i].num_blocks, states[i].groups) != (first.num_blocks, first.groups):
+            raise DumpError(
+                f"holds {states[i].num_blocks} blocks in {len(states[i].groups)} groups, "
+                f"{stored[order[0]].path} {first.num_blocks} in {len(first.groups)} (or other "
+                "groups): a timeline reads snapshots of one pool",
+                field="vllm.num_blocks",
+                path=str(stored[i].path),
+            )
+    codes = [tuple(f.code for f in audit(states[i]).findings) for i in order]
+    return PoolTimelineReport(
+        engine="vllm",
+        num_blocks=first.num_blocks,
+        snapshots=tuple(
+            PoolSnapshotCheck(path=str(stored[i].path), step=steps[i], codes=codes[k])
+            for k, i in enumerate(order)
+        ),
+        steps=tuple(
+            step_between(states[i], states[j], k, (codes[k], codes[k + 1]))
+            for k, (i, j) in enumerate(zip(order, order[1:], strict=False))
+        ),
+    )
+
+
+def _step(stored: StoredArrays) -> int | None:
+    from kvcanary_cli.dump.schema import parse_integer
+
+    text = stored.metadata.get("step")
+    return None if text is None else parse_integer(text)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvcanary_cli.render.phrases.pool_soak import history_lines, soak_verdict
+from kvcanary_cli.render.markdown.blocks import code, text
+from kvcanary_cli.render.phrases.pool_soak import history_lines, replay_line, soak_verdict
 from kvcanary_cli.results.pool_soak import PoolSoakReport
 from kvcanary_cli.safe_text import printable_record
 
@@ -17,4 +18,8 @@ def pool_soak_markdown(report: PoolSoakReport) -> str:
         first, *rest = history_lines(h, report.engine)
         out.append(f"- {first}")
         out += [f"  - {line.strip()}" for line in rest]
+    out += [f"- {text(name)}: {code(path, cell=False)}" for name, path in report.files.items()]
+    replay = replay_line(report)
+    if replay is not None:
+        out.append(f"- {text(replay)}")
     return "\n".join(out) + "\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvcanary_cli.results.pool_soak import PoolSoakHistory, PoolSoakReport
 
-__all__ = ["history_lines", "soak_verdict"]
+__all__ = ["history_lines", "soak_verdict", "replay_line"]
 
 
 def soak_verdict(r: PoolSoakReport) -> str:
@@ -43,3 +43,13 @@ def history_lines(h: PoolSoakHistory, engine: str) -> list[str]:
     elif h.findings:
         lines.append(f"  {engine}'s own asserts: nothing in the {h.steps} steps run")
     return lines
+
+
+def replay_line(r: PoolSoakReport) -> str | None:
+    """With --replay: the reproducer, and whether the finding it recorded came back."""
+    if r.replay is None:
+        return None
+    came = "came back" if r.replay.reproduced else "did not come back"
+    if not r.replay.reproduced:
+        came += ": another failure instead" if r.found else ": nothing found"
+    return f"replayed {r.replay.reproducer}: its finding ({r.replay.recorded}) {came}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from kvcanary_cli.render.phrases.pool_soak import history_lines, soak_verdict
+from kvcanary_cli.render.phrases.pool_soak import history_lines, replay_line, soak_verdict
 from kvcanary_cli.results.pool_soak import PoolSoakReport
 from kvcanary_cli.safe_text import printable_record
 
@@ -18,4 +18,8 @@ def pool_soak_table(report: PoolSoakReport) -> RenderableType:
     lines = [soak_verdict(report)]
     for h in report.histories:
         lines += history_lines(h, report.engine)
+    lines += [f"  {name}: {path}" for name, path in report.files.items()]
+    replay = replay_line(report)
+    if replay is not None:
+        lines.append(replay)
     return Text("\n".join(lines))
