@@ -123,6 +123,8 @@ def _message_cell(f: Finding, words: FindingWords) -> str:
         text += f" **{_text(words.raise_mark)}**"
     if f.assumes:
         text += f" (assumes {_text(', '.join(f.assumes))}: not recorded)"
+    if words.owners:
+        text += f"<br>{_text(words.owners)}"
     return text
 
 

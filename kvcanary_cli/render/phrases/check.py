@@ -29,7 +29,7 @@ from kvcanary_cli.results.check import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from kvcanary_cli.results.cells import Span
+    from kvcanary_cli.results.cells import FindingOwner, Span
 
 __all__ = [
     "legend",
@@ -50,6 +50,8 @@ __all__ = [
     "failing_phrase",
     "finding_words",
     "findings_per_count",
+    "owner_text",
+    "owners_phrase",
     "glossary",
     "role_terms",
     "severity_cells",
@@ -89,6 +91,8 @@ class FindingWords:
     raise_mark: str | None
     launch_mark: str | None
     examples: str | None
+    #: who holds (or last held) its first slots (`owners_phrase`).
+    owners: str | None
 
 
 def finding_words(f: Finding) -> FindingWords:
@@ -106,7 +110,80 @@ def finding_words(f: Finding) -> FindingWords:
         raise_mark=_raise_mark(f),
         launch_mark=_launch_mark(f),
         examples=_examples(f),
+        owners=owners_phrase(f),
     )
+
+
+def owner_text(owner: FindingOwner, positions: str | None = None) -> str:
+    """`pool row 9, position 12 (running, batch row 3)`, `idle pool row 5, position 68`: a
+    slot's owner and what its request is (`positions`: several slots' in one pool row);
+    `no pool row holds it` for none."""
+    if owner.pool_row is None:
+        return "no pool row holds it"
+    through = "" if owner.full_slot is None else f" through full slot {owner.full_slot}"
+    where = f"position {owner.position}" if positions is None else f"positions {positions}"
+    at = f"pool row {owner.pool_row}, {where}{through}"
+    match owner.state:
+        case "running":
+            return f"{at} (running, batch row {owner.batch_row})"
+        case "stale-tail":
+            return (
+                f"{at} (a stale tail past batch row {owner.batch_row}'s live end: an earlier, "
+                "finished request's)"
+            )
+        case "finished":
+            return f"{at} (finished: the pool row is on the free list)"
+        case "held":
+            return f"{at} (running, not in this batch)"
+    return f"idle {at}"
+
+
+def owners_phrase(f: Finding) -> str | None:
+    """`owner of slot 109: pool row 9, position 12 (running, batch row 3)`, `last owner of
+    slot 68: idle pool row 5, position 68`, or for several slots their owners (slots of one
+    pool row said together), those no pool row holds, and the count of slots not traced;
+    None without slots."""
+    if not f.owners:
+        return None
+    more = f.provenance_total - len(f.owners)
+    tail = f" (+{plural(more, 'more slot')} not traced here)" if more > 0 else ""
+    by_row: dict[tuple[object, ...], list[FindingOwner]] = {}
+    for o in f.owners:
+        if o.pool_row is not None:
+            key = (o.pool_row, o.state, o.batch_row, o.full_slot is None)
+            by_row.setdefault(key, []).append(o)
+    unheld = [o for o in f.owners if o.pool_row is None]
+    if len(f.owners) == 1 and not unheld and more <= 0:
+        owner = f.owners[0]
+        label = "owner" if owner.state in ("running", "held") else "last owner"
+        return f"{label} of {_slot_name(owner)}: {owner_text(owner)}{_holders(owner)}"
+    bits = []
+    for group in by_row.values():
+        if len(group) == 1:
+            bits.append(f"{_slot_name(group[0])}: {owner_text(group[0])}{_holders(group[0])}")
+        else:
+            slots = ", ".join(str(o.slot) for o in group)
+            positions = ", ".join(str(o.position) for o in group)
+            bits.append(f"{_slot_name(group[0], slots)}: {owner_text(group[0], positions)}")
+    if unheld:
+        slots = ", ".join(str(o.slot) for o in unheld)
+        bits.append(f"no pool row holds {_slot_name(unheld[0], slots, len(unheld))}")
+    head = "owners (current or last): " if by_row else ""
+    return head + "; ".join(bits) + tail
+
+
+def _slot_name(owner: FindingOwner, slots: str | None = None, count: int = 2) -> str:
+    space = "swa " if owner.space == "swa" else ""
+    if slots is None:
+        return f"{space}slot {owner.slot}"
+    return f"{space}slot{'s' if count > 1 else ''} {slots}"
+
+
+def _holders(owner: FindingOwner) -> str:
+    others = owner.holders - 1
+    if others <= 0:
+        return ""
+    return f" (+{plural(others, 'more cell')} hold{'s' if others == 1 else ''} it)"
 
 
 def _range_text(bounds: tuple[int, int]) -> str:
