@@ -89,3 +89,14 @@ def test_a_cleared_boundary_page_names_both_mechanisms(tmp_path: Path) -> None:
     evidence = " ".join(_check(d, tmp_path / "d.safetensors").diagnosis[0].evidence)
     assert "a page two nodes share" in evidence and "one page past the window" in evidence
     assert "snapshot one step earlier" in evidence, evidence
+
+
+def test_a_slot_live_in_two_requests_names_the_evicted_locked_node(tmp_path: Path) -> None:
+    """A node a running request locks, evicted and its slots handed to another request,
+    leaves the same end state as a slot copied between requests: the fix names both, with
+    what decides (the tree's locks, a timeline), not only "prefix-cache match, reuse"."""
+    d = make_scenario("cross-request-aliasing", seed=0)
+    first = _check(d, tmp_path / "d.safetensors").diagnosis[0]
+    assert first.code is CauseCode.CROSS_REQUEST_ALIASING
+    assert "evict" in first.fix and "lock" in first.fix, first.fix
+    assert "copied" in first.fix and "timeline" in first.fix, first.fix

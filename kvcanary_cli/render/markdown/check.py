@@ -104,7 +104,9 @@ def _details_block(f: Finding, words: FindingWords) -> str:
     if words.examples:
         body.append(_text(words.examples))
     if not f.provenance:
-        body.append("No slot provenance (the finding is about a row or a tensor).")
+        body.append(
+            "No slot provenance (the finding is about a pool row, a batch row or a tensor)."
+        )
     for prov in f.provenance:
         body.extend(provenance_body(prov))
     more = f.provenance_total - len(f.provenance)

@@ -270,7 +270,7 @@ def _launch_mark(f: Finding) -> str | None:
 
 
 def _examples(f: Finding, shown: int = EXAMPLE_CELLS) -> str | None:
-    """A few cells of a group, its example first: `e.g. row 0 pos 14: slot 107; ...; +12 more`
+    """A few cells of a group, its example first: `e.g. batch row 0 pos 14: slot 107; ...; +12 more`
     (batch rows), reading only those cells. None for a finding of one cell or none (its own
     fields say it all)."""
     cells = f.cells
@@ -301,7 +301,7 @@ def _examples(f: Finding, shown: int = EXAMPLE_CELLS) -> str | None:
             bits.append(f"slot {slot}")
             continue
         held = "" if slot is None else f": slot {slot}"
-        bits.append(f"row {row} pos {position}{held}")
+        bits.append(f"batch row {row} pos {position}{held}")
     more = f.count - len(bits)
     return "e.g. " + "; ".join(bits) + (f"; +{more} more" if more > 0 else "")
 
@@ -329,15 +329,15 @@ UNITS_NOTE = (
 
 #: The planner terms a report may use, in the order a glossary lists them.
 GLOSSARY = {
-    "batch row": "a request's index in this batch; its pool row is its row of req_to_token",
+    "batch row": "a request's index in this batch; its pool row: its index in req_to_token",
     "P": "prefix length, the cells a request has written",
     "E": "extend length, the tokens this step writes (positions P..P+E-1)",
     "verify": "a prefix cell inside the window, which the canary verifies",
     "prefix": "a live prefix cell before the window",
     "chain-prev": "the cell just before the window, whose record the first verify read chains from",
-    "seed": "a writing row's last prefix cell P-1, which this step's writes chain from",
+    "seed": "a writing batch row's last prefix cell P-1, which this step's writes chain from",
     "pending-write": "a cell this step writes",
-    "stale-tail": "a cell past a live row's end, left by an earlier owner",
+    "stale-tail": "a cell past a live pool row's end, left by an earlier owner",
     "idle-row": "a cell of a pool row no request of the batch uses",
     "expected-token": "a read of the expected-token pool",
     "REF": "SGLang's torch reference planner, which reads cells in its own order and raises "
