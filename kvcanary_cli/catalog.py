@@ -1184,7 +1184,9 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence=(
                     "`free-slot-still-mapped`, `swa-slot-free-and-mapped` on whole pages: LUT "
-                    "entries that outlived their frees (SGLang PRs #25385, #25270)"
+                    "entries that outlived their frees (SGLang PRs #25385, #25270); and "
+                    "`freed-slot-in-live-range` in the SWA pool at live cells outside the "
+                    "window: a window free released their SWA side and left their entries"
                 ),
                 findings=(
                     FindingCode.FREE_SLOT_STILL_MAPPED,
@@ -1224,11 +1226,11 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "entry maps it"
                 ),
                 evidence=(
-                    "`freed-slot-in-live-range` in the SWA pool: a live cell maps to an SWA "
-                    "slot on the SWA free list, which the next allocation hands to another "
-                    "request. With `swa-page-leaked` beside it, the evidence says so: a mapping "
-                    "replaced without freeing the page it replaced, the new page then freed "
-                    "with a deferred free group (SGLang PR #36135)"
+                    "`freed-slot-in-live-range` in the SWA pool: a live cell in the window "
+                    "maps to an SWA slot on the SWA free list, which the next allocation hands "
+                    "to another request. With `swa-page-leaked` beside it, the evidence says "
+                    "so: a mapping replaced without freeing the page it replaced, the new page "
+                    "then freed with a deferred free group (SGLang PR #36135)"
                 ),
             ),
         ),
