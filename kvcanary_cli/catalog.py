@@ -275,6 +275,9 @@ class CauseEntry:
     fix_page_size_1: str | None = None
     #: the doc's "evidence that points to it".
     evidence: str
+    #: what went wrong with the cause's slots, as its headline says it after them (one slot,
+    #: several: `was freed twice`, `were freed twice`); None: the headline is the summary.
+    step: tuple[str, str] | None = None
     #: finding codes this cause explains when no row-level or LUT-level cause claims them
     #: first (each code maps to at most one cause).
     findings: tuple[FindingCode, ...] = ()
@@ -1055,6 +1058,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`free-list-duplicate`",
                 findings=(FindingCode.FREE_LIST_DUPLICATE,),
+                step=(
+                    "is on a free list twice: it was freed twice",
+                    "are on a free list twice: they were freed twice",
+                ),
             ),
         ),
         (
@@ -1192,6 +1199,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     FindingCode.FREE_SLOT_STILL_MAPPED,
                     FindingCode.SWA_SLOT_FREE_AND_MAPPED,
                 ),
+                step=(
+                    "was freed without clearing its LUT entry",
+                    "were freed without clearing their LUT entries",
+                ),
             ),
         ),
         (
@@ -1210,6 +1221,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "may free it"
                 ),
                 findings=(FindingCode.SWA_SLOT_SHARED_OWNER,),
+                step=(
+                    "has several full owners in the LUT",
+                    "have several full owners in the LUT",
+                ),
             ),
         ),
         (
@@ -1231,6 +1246,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "to another request. With `swa-page-leaked` beside it, the evidence says "
                     "so: a mapping replaced without freeing the page it replaced, the new page "
                     "then freed with a deferred free group (SGLang PR #36135)"
+                ),
+                step=(
+                    "went back to the SWA free list while a live cell in the window maps it",
+                    "went back to the SWA free list while live cells in the window map them",
                 ),
             ),
         ),
@@ -1362,6 +1381,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "a live run at the end of a newer pool row): that is `cross-request-aliasing`"
                 ),
                 explanations=(ViolationRowCause.STALE_ROW,),
+                step=(
+                    "is read through a prefix longer than its pool row holds",
+                    "are read through a prefix longer than their pool row holds",
+                ),
             ),
         ),
         (
@@ -1377,6 +1400,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 explanations=(
                     ViolationRowCause.USE_AFTER_FREE,
                     ViolationRowCause.STALE_SLOT,
+                ),
+                step=(
+                    "was freed while its owner still holds it",
+                    "were freed while their owners still hold them",
                 ),
             ),
         ),
@@ -1396,6 +1423,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 evidence="`slot-shared-across-positions`",
                 findings=(FindingCode.SLOT_SHARED_ACROSS_POSITIONS,),
                 explanations=(ViolationRowCause.ALIASING,),
+                step=(
+                    "is live in two requests at different positions",
+                    "are live in two requests at different positions",
+                ),
             ),
         ),
         (
@@ -1414,6 +1445,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 findings=(FindingCode.DUPLICATE_SLOT_IN_ROW,),
                 explanations=(ViolationRowCause.DUPLICATE_IN_ROW,),
+                step=(
+                    "sits at two live positions of one request",
+                    "sit at two live positions of one request",
+                ),
             ),
         ),
         (

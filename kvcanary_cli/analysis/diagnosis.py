@@ -18,6 +18,7 @@ import numpy as np
 
 from kvcanary_cli.analysis.cells import cell_slots, distinct, held_slots, pairs_among, restricted
 from kvcanary_cli.analysis.chains import link, numbers, span
+from kvcanary_cli.analysis.headline import with_headlines
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import (
     CAUSE_OF_EXPLANATION,
@@ -175,7 +176,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
     split = state.split()  # a chain links two causes or more
     linked = link(dump, split, causes) if len(causes) > 1 else tuple(causes)
-    return split, _with_next_commands(dump, split, linked)
+    return split, with_headlines(split, _with_next_commands(dump, split, linked))
 
 
 def _with_next_commands(

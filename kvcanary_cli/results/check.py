@@ -272,6 +272,9 @@ class Cause:
     #: the command that traces its first slot (or pool row) to its owners, the dump's path
     #: as one shell word; null when it names neither
     next_command: str | None = None
+    #: one bug-report sentence from the dump: its slots, who holds or last held them, the
+    #: step that went wrong; null where the summary heads the cause
+    headline: str | None = None
 
     #: docs/findings.md, "Diagnosis"
     @recorded

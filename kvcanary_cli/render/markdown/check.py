@@ -184,8 +184,10 @@ def _diagnosis_section(dump: DumpReport, text: DumpText) -> list[str]:
     for number, cause in enumerate(top_causes(dump), 1):
         lines = [
             f"{number}. **{_code(cause.cause, cell=False)}** ({cause.confidence}): "
-            f"{_text(cause.summary)}"
+            f"{_text(cause.headline or cause.summary)}"
         ]
+        if cause.headline:
+            lines.append(f"   - {_text(cause.summary)}")
         evidence = cause.evidence
         lines.extend(
             f"   - {_text(clipped(fact, text.chars))}" for fact in evidence[: text.evidence]
