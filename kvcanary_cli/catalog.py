@@ -275,6 +275,9 @@ class CauseEntry:
     fix_page_size_1: str | None = None
     #: the doc's "evidence that points to it".
     evidence: str
+    #: what went wrong with the cause's slots, as its headline says it after them (one slot,
+    #: several: `was freed twice`, `were freed twice`); None: the headline is the summary.
+    step: tuple[str, str] | None = None
     #: finding codes this cause explains when no row-level or LUT-level cause claims them
     #: first (each code maps to at most one cause).
     findings: tuple[FindingCode, ...] = ()
@@ -439,7 +442,7 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="`full`",
                 when=(
                     "one non-zero slot is live at **different** positions in two pool rows. The "
-                    "same slot at the same position in several rows is radix prefix sharing: "
+                    "same slot at the same position in several pool rows is radix prefix sharing: "
                     "legitimate, shown in provenance as `shared`, never a finding"
                 ),
                 meaning=(
@@ -454,18 +457,18 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 severity=Severity.ERROR,
                 group="`full`",
                 when=(
-                    "two live rows hold the same slot at the same position, but different slots "
-                    "just before it. A radix tree shares whole prefixes, so this is a copied "
-                    "cell, not sharing. The cell blamed is the one whose position-before "
-                    "differs from the others holding the slot; on a tie, the one whose row was "
+                    "two live pool rows hold the same slot at the same position, but different "
+                    "slots just before it. A radix tree shares whole prefixes, so this is a copied "
+                    "cell, not sharing. The cell blamed is the one whose position-before differs "
+                    "from the others holding the slot; on a tie, the one whose pool row was "
                     "sharing a prefix that the copy broke; when nothing decides, both. A break "
-                    "whose cell before is itself a slot no pool holds (0, negative, past the "
-                    "full pool) is that cell's echo, not a copy: it is left to the code that "
-                    "reports the cell. `cells.extra.slot_before` is the row's slot one position "
+                    "whose cell before is itself a slot no pool holds (0, negative, past the full "
+                    "pool) is that cell's echo, not a copy: it is left to the code that reports "
+                    "the cell. `cells.extra.slot_before` is the pool row's slot one position "
                     "earlier"
                 ),
                 meaning=(
-                    "a copy between rows, a prefix match that did not start at position 0, or "
+                    "a copy between pool rows, a prefix match that did not start at position 0, or "
                     "SGLang's fault injector (`perturb/req_to_token.py`) landing on the same "
                     "position"
                 ),
@@ -642,7 +645,7 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "an SWA page that is neither on the SWA free list nor mapped from a full "
                     "slot a running request or the tree holds (SGLang's memory check, per "
                     "page). Needs `held_full_slots` (or the tree's record, `tree_full_slots` "
-                    "with the running rows' `req_pool_allocated_lens`; or `free_full_slots`: "
+                    "with the running pool rows' `req_pool_allocated_lens`; or `free_full_slots`: "
                     "every full slot off it counts as held), `free_swa_slots`, recorded "
                     "`num_full_slots` and `num_swa_slots`, and a whole LUT; otherwise not "
                     "checked. With `tree_swa_resident_slots`, a tombstoned tree slot (held full "
@@ -684,8 +687,8 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 when="`req_pool_indices[r]` is negative or `≥ max_reqs`",
                 meaning=(
                     "corrupt batch metadata. The GPU path reads outside the table; the torch "
-                    "reference raises, or for `−max_reqs ≤ rp < 0` silently reads row `max_reqs "
-                    "+ rp`"
+                    "reference raises, or for `−max_reqs ≤ rp < 0` silently reads pool row "
+                    "`max_reqs + rp`"
                 ),
             ),
         ),
@@ -696,8 +699,8 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="`full`",
                 when="`max(P,0) + max(E,0) > max_seq_len` for an in-range pool row",
                 meaning=(
-                    "a wrong prefix length; the GPU path reads the following rows of the table "
-                    "(or past its end)"
+                    "a wrong prefix length; the GPU path reads the following pool rows of the "
+                    "table (or past its end)"
                 ),
             ),
         ),
@@ -707,7 +710,7 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 severity=Severity.ERROR,
                 group="`full`",
                 when="one non-zero pool row is used by two batch rows",
-                meaning="corrupt batch metadata; both rows verify and write the same request",
+                meaning="corrupt batch metadata; both batch rows verify and write the same request",
             ),
         ),
         (
@@ -718,11 +721,11 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 when=(
                     "a pool row of `req_to_token` on the request pool's free list "
                     "(`free_req_rows`) that a running request (`running_req_rows`) or a batch "
-                    "row still uses. Rows, not cells: `details.rows`"
+                    "row still uses. Pool rows, not cells: `details.rows`"
                 ),
                 meaning=(
-                    "a request's row freed while it runs (or freed and kept): the next request "
-                    "handed the row overwrites its `req_to_token` cells"
+                    "a request's pool row freed while it runs (or freed and kept): the next "
+                    "request handed the pool row overwrites its `req_to_token` cells"
                 ),
             ),
         ),
@@ -733,10 +736,10 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="`full`",
                 when=(
                     "a pool row on `free_req_rows` more than once, or held by two running "
-                    "requests (`running_req_rows`). Rows, not cells: `details.rows`"
+                    "requests (`running_req_rows`). Pool rows, not cells: `details.rows`"
                 ),
                 meaning=(
-                    "a row freed twice: it is (or will be) handed to two requests, which then "
+                    "a pool row freed twice: it is (or will be) handed to two requests, which then "
                     "write one another's `req_to_token` cells"
                 ),
             ),
@@ -750,10 +753,10 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a pool row (1 .. `max_reqs` − 1) neither on `free_req_rows` nor held by a "
                     "running request (`running_req_rows`): SGLang's `req_to_token_pool memory "
                     "leak detected!`, named. Needs both records (kvcanary's capture and soak "
-                    "write them); otherwise not checked. Rows, not cells: `details.rows`"
+                    "write them); otherwise not checked. Pool rows, not cells: `details.rows`"
                 ),
                 meaning=(
-                    "a request dropped without freeing its row (a finish, abort or retraction "
+                    "a request dropped without freeing its pool row (a finish, abort or retraction "
                     "path that skips `ReqToTokenPool.free`): the pool shrinks until no request "
                     "can be admitted"
                 ),
@@ -766,10 +769,10 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="`full`",
                 when=(
                     "a full slot of a locked radix-tree node (`tree_locked_full_slots`) in no "
-                    "running request's `req_to_token` row (`running_req_rows` and the batch's "
-                    "rows, up to `req_pool_allocated_lens`); at idle, any locked slot. Needs "
-                    "both records (kvcanary's capture and soak write them); otherwise not "
-                    "checked. `details.slots`"
+                    "running request's `req_to_token` pool row (`running_req_rows` and the batch's "
+                    "pool rows, up to `req_pool_allocated_lens`); at idle, any locked slot. Needs "
+                    "both records (kvcanary's capture and soak write them); otherwise not checked. "
+                    "`details.slots`"
                 ),
                 meaning=(
                     "a lock that outlived its request: those nodes can never be evicted, and "
@@ -871,9 +874,9 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "overflow to skip them"
                 ),
                 meaning=(
-                    "corrupt lengths (`prefix-beyond-row`, duplicate rows). kvcanary plans none "
-                    "of this group's entries (nothing is sized by the claim), so no entry of it "
-                    "is checked; the rest of the dump is"
+                    "corrupt lengths (`prefix-beyond-row`, duplicate pool rows). kvcanary plans "
+                    "none of this group's entries (nothing is sized by the claim), so no entry of "
+                    "it is checked; the rest of the dump is"
                 ),
             ),
         ),
@@ -899,11 +902,12 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="the planned group (reported once)",
                 when=(
                     "an expected-token gather with `0 ≤ s < valid_lens[r]` falls outside the "
-                    "expected-token pool: a column `≥ cols`, or a pool row outside its rows"
+                    "expected-token pool: a column `≥ cols`, or a pool row outside its pool rows"
                 ),
                 meaning=(
                     "`valid_lens` larger than the pool's width, or a pool row the pool does not "
-                    "have. The reference raises `IndexError`; the GPU reads another row's tokens"
+                    "have. The reference raises `IndexError`; the GPU reads another pool row's "
+                    "tokens"
                 ),
             ),
         ),
@@ -947,8 +951,8 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a verified record's `prev_hash` is not the link of the record before it"
                 ),
                 meaning=(
-                    "the record was written by another sequence (aliasing, a stale slot or row, "
-                    "a misplaced page), or the record before it is broken itself"
+                    "the record was written by another sequence (aliasing, a stale slot or pool "
+                    "row, a misplaced page), or the record before it is broken itself"
                 ),
             ),
         ),
@@ -1006,7 +1010,7 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
             FindingEntry(
                 severity=Severity.WARNING,
                 group="`full`",
-                when="`P < 0` or `E < 0` on an active row",
+                when="`P < 0` or `E < 0` on an active batch row",
                 meaning="corrupt batch metadata; the planner treats the value as 0",
             ),
         ),
@@ -1054,6 +1058,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`free-list-duplicate`",
                 findings=(FindingCode.FREE_LIST_DUPLICATE,),
+                step=(
+                    "is on a free list twice: it was freed twice",
+                    "are on a free list twice: they were freed twice",
+                ),
             ),
         ),
         (
@@ -1065,8 +1073,8 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "its req_to_token cells"
                 ),
                 fix=(
-                    "find the free of this row (`ReqToTokenPool.free`) that ran while its "
-                    "request still ran, or ran twice (a retraction or abort freeing a row its "
+                    "find the free of this pool row (`ReqToTokenPool.free`) that ran while its "
+                    "request still ran, or ran twice (a retraction or abort freeing a pool row its "
                     "finish frees again)"
                 ),
                 evidence="`req-row-free-and-held`, `req-row-handed-out-twice`",
@@ -1132,13 +1140,13 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "entries must go before their free releases the new owner's KV"
                 ),
                 evidence=(
-                    "`swa-slot-shared-owner` whose stale owner is a full page that keeps at "
-                    "least 2 entries into the SWA page at their own offsets while its other "
-                    "entries are 0, with `page_size` >= 4: a partial-page free released the SWA "
-                    "page whole and the allocator handed it to a new request (SGLang PR #27779, "
-                    "one step later). The evidence names the SWA page, the old full page and "
-                    "how many entries it keeps, and the new owner's full page with the rows and "
-                    "positions that hold it"
+                    "`swa-slot-shared-owner` whose stale owner is a full page that keeps at least "
+                    "2 entries into the SWA page at their own offsets while its other entries are "
+                    "0, with `page_size` >= 4: a partial-page free released the SWA page whole and "
+                    "the allocator handed it to a new request (SGLang PR #27779, one step later). "
+                    "The evidence names the SWA page, the old full page and how many entries it "
+                    "keeps, and the new owner's full page with the pool rows and positions that "
+                    "hold it"
                 ),
             ),
         ),
@@ -1156,12 +1164,12 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence=(
                     "`swa-unmapped-in-window` cells, with `page_size` > 1, on a full page whose "
-                    "every LUT entry is 0 and whose first token sits before its row's window "
-                    "start: the page straddles the window's edge (two radix nodes sharing one "
-                    "page at a split that is not page-aligned, SGLang PR #36457), and a clear "
-                    "meant for its out-of-window part took the whole page. The evidence names "
-                    "the page, its slots, the rows and positions holding it and each row's "
-                    "window start"
+                    "every LUT entry is 0 and whose first token sits before its batch row's window "
+                    "start: the page straddles the window's edge (two radix nodes sharing one page "
+                    "at a split that is not page-aligned, SGLang PR #36457), and a clear meant for "
+                    "its out-of-window part took the whole page. The evidence names the page, its "
+                    "slots, the pool rows and positions holding it and each batch row's window "
+                    "start"
                 ),
             ),
         ),
@@ -1183,11 +1191,17 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence=(
                     "`free-slot-still-mapped`, `swa-slot-free-and-mapped` on whole pages: LUT "
-                    "entries that outlived their frees (SGLang PRs #25385, #25270)"
+                    "entries that outlived their frees (SGLang PRs #25385, #25270); and "
+                    "`freed-slot-in-live-range` in the SWA pool at live cells outside the "
+                    "window: a window free released their SWA side and left their entries"
                 ),
                 findings=(
                     FindingCode.FREE_SLOT_STILL_MAPPED,
                     FindingCode.SWA_SLOT_FREE_AND_MAPPED,
+                ),
+                step=(
+                    "was freed without clearing its LUT entry",
+                    "were freed without clearing their LUT entries",
                 ),
             ),
         ),
@@ -1207,6 +1221,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "may free it"
                 ),
                 findings=(FindingCode.SWA_SLOT_SHARED_OWNER,),
+                step=(
+                    "has several full owners in the LUT",
+                    "have several full owners in the LUT",
+                ),
             ),
         ),
         (
@@ -1223,11 +1241,15 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "entry maps it"
                 ),
                 evidence=(
-                    "`freed-slot-in-live-range` in the SWA pool: a live cell maps to an SWA "
-                    "slot on the SWA free list, which the next allocation hands to another "
-                    "request. With `swa-page-leaked` beside it, the evidence says so: a mapping "
-                    "replaced without freeing the page it replaced, the new page then freed "
-                    "with a deferred free group (SGLang PR #36135)"
+                    "`freed-slot-in-live-range` in the SWA pool: a live cell in the window "
+                    "maps to an SWA slot on the SWA free list, which the next allocation hands "
+                    "to another request. With `swa-page-leaked` beside it, the evidence says "
+                    "so: a mapping replaced without freeing the page it replaced, the new page "
+                    "then freed with a deferred free group (SGLang PR #36135)"
+                ),
+                step=(
+                    "went back to the SWA free list while a live cell in the window maps it",
+                    "went back to the SWA free list while live cells in the window map them",
                 ),
             ),
         ),
@@ -1271,13 +1293,13 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
             CauseCode.RADIX_PREFIX_BROKEN,
             CauseEntry(
                 summary=(
-                    "rows share a slot at one position without sharing the prefix before it: a "
-                    "copied cell, not radix sharing"
+                    "pool rows share a slot at one position without sharing the prefix before it: "
+                    "a copied cell, not radix sharing"
                 ),
                 fix=(
-                    "find what wrote another request's slot into this row (a copy between rows, "
-                    "a prefix match that did not start at position 0, a fault injector); radix "
-                    "sharing always shares the whole prefix"
+                    "find what wrote another request's slot into this pool row (a copy between "
+                    "pool rows, a prefix match that did not start at position 0, a fault "
+                    "injector); radix sharing always shares the whole prefix"
                 ),
                 evidence="`slot-shared-without-prefix`",
                 findings=(FindingCode.SLOT_SHARED_WITHOUT_PREFIX,),
@@ -1308,7 +1330,7 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 fix=(
                     "find what wrote these req_to_token cells (allocation, prefix-cache match, "
-                    "copy between rows); the LUT is not at fault"
+                    "copy between pool rows); the LUT is not at fault"
                 ),
                 evidence=(
                     "live slots that no pool can hold: negative, or `≥` the recorded "
@@ -1344,22 +1366,25 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "into the stale tail of an earlier owner"
                 ),
                 fix=(
-                    "the prefix length of this request is larger than what its row holds: check "
-                    "prefix_lens (chunked prefill, retraction, radix match) for this request"
+                    "the prefix length of this request is larger than what its pool row holds: "
+                    "check prefix_lens (chunked prefill, retraction, radix match) for this request"
                 ),
                 evidence=(
-                    "a run of findings (freed, aliased, unwritten or repeated slots) that ends "
-                    "at the last prefix position `P − 1` of a row and covers most of it, while "
-                    "the cells before it are clean, with at least one freed, unwritten or "
-                    "repeated slot of the row's own among them: a recycled row read through a "
-                    "too-long prefix, into its previous owner's tail. The evidence names the "
-                    "first 5 such batch rows (positions, the cells per code) and counts the "
-                    "others in one line, however large the batch. A row whose tail is only "
-                    "shared with other rows is consistent as far as it goes (a slot handed out "
-                    "twice puts a live run at the end of a newer row): that is "
-                    "`cross-request-aliasing`"
+                    "a run of findings (freed, aliased, unwritten or repeated slots) that ends at "
+                    "the last prefix position `P − 1` of a batch row and covers most of it, while "
+                    "the cells before it are clean, with at least one freed, unwritten or repeated "
+                    "slot of the pool row's own among them: a recycled pool row read through a "
+                    "too-long prefix, into its previous owner's tail. The evidence names the first "
+                    "5 such batch rows (positions, the cells per code) and counts the others in "
+                    "one line, however large the batch. A pool row whose tail is only shared with "
+                    "other pool rows is consistent as far as it goes (a slot handed out twice puts "
+                    "a live run at the end of a newer pool row): that is `cross-request-aliasing`"
                 ),
                 explanations=(ViolationRowCause.STALE_ROW,),
+                step=(
+                    "is read through a prefix longer than its pool row holds",
+                    "are read through a prefix longer than their pool row holds",
+                ),
             ),
         ),
         (
@@ -1376,6 +1401,10 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     ViolationRowCause.USE_AFTER_FREE,
                     ViolationRowCause.STALE_SLOT,
                 ),
+                step=(
+                    "was freed while its owner still holds it",
+                    "were freed while their owners still hold them",
+                ),
             ),
         ),
         (
@@ -1383,12 +1412,21 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
             CauseEntry(
                 summary="one slot is live at different positions of two requests",
                 fix=(
-                    "find how a slot of one request was copied into another at another position "
-                    "(prefix-cache match, row reuse without reset)"
+                    "two mechanisms leave one slot live in two requests: a radix eviction of a "
+                    "node a running request still locks (its slots freed, then handed to the "
+                    "other request), or a slot copied into another request at another position "
+                    "(a prefix-cache match, a pool row reused without reset). The tree decides "
+                    "(tree_locked_full_slots: the older request's slot unlocked while it runs "
+                    "was evicted under its lock), or a timeline (the slot went through the free "
+                    "list: evicted; it never did: copied)"
                 ),
                 evidence="`slot-shared-across-positions`",
                 findings=(FindingCode.SLOT_SHARED_ACROSS_POSITIONS,),
                 explanations=(ViolationRowCause.ALIASING,),
+                step=(
+                    "is live in two requests at different positions",
+                    "are live in two requests at different positions",
+                ),
             ),
         ),
         (
@@ -1397,16 +1435,20 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 summary="one slot sits at two live positions of one request",
                 fix=(
                     "the allocator handed the same slot out twice to one request, or a copy "
-                    "within the row went wrong"
+                    "within the pool row went wrong"
                 ),
                 evidence=(
                     "`duplicate-slot-in-row`; and the `slot-shared-across-positions` cell of a "
-                    "row that holds the same slot at an earlier position too: its radix sharers "
-                    "hold that first position, and the repeat is the fault, not a copy across "
-                    "requests"
+                    "pool row that holds the same slot at an earlier position too: its radix "
+                    "sharers hold that first position, and the repeat is the fault, not a copy "
+                    "across requests"
                 ),
                 findings=(FindingCode.DUPLICATE_SLOT_IN_ROW,),
                 explanations=(ViolationRowCause.DUPLICATE_IN_ROW,),
+                step=(
+                    "sits at two live positions of one request",
+                    "sit at two live positions of one request",
+                ),
             ),
         ),
         (
@@ -1415,7 +1457,7 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 summary="live prefix cells hold slot 0: never written, or zeroed",
                 fix=(
                     "find why these positions were never written (skipped allocation, zeroed "
-                    "row, prefix length past the written part)"
+                    "pool row, prefix length past the written part)"
                 ),
                 evidence="`padding-slot-in-live-range`",
                 findings=(FindingCode.PADDING_SLOT_IN_LIVE_RANGE,),
@@ -1535,7 +1577,7 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "out of bounds, a copy or transfer into the wrong pages)"
                 ),
                 evidence=(
-                    "`canary-real-kv-mismatch` whose row explanation is `kv-overwritten` "
+                    "`canary-real-kv-mismatch` whose violation row explanation is `kv-overwritten` "
                     "([canary.md](canary.md) §7)"
                 ),
                 explanations=(ViolationRowCause.KV_OVERWRITTEN,),
@@ -1564,7 +1606,7 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence=(
                     "`canary-*` findings that no symptom in `req_to_token` or the allocator "
-                    "explains, and whose row explanation names no cause above "
+                    "explains, and whose violation row explanation names no cause above "
                     "(`foreign-record`, `chain-break`, `wrong-token`, `write-check`, "
                     "`no-live-cell`)"
                 ),
@@ -1617,8 +1659,8 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "(SGLang's 'req_to_token_pool memory leak detected!')"
                 ),
                 fix=(
-                    "find the path that dropped these rows' requests without "
-                    "`ReqToTokenPool.free` (a finish, abort or retraction); the rows' "
+                    "find the path that dropped these pool rows' requests without "
+                    "`ReqToTokenPool.free` (a finish, abort or retraction); the pool rows' "
                     "req_to_token cells say which request had them last"
                 ),
                 evidence="`req-row-leaked`",
@@ -1742,30 +1784,29 @@ EVENTS: Mapping[EventKind, EventEntry] = _table(
             EventEntry(
                 cause=CauseCode.RADIX_PREFIX_BROKEN,
                 seen=(
-                    "a written cell of a live request holds another slot than in the dump "
-                    "before. The request is the same one, not a new request in its row: its "
-                    "prefix covers every cell it had, and a later position it had written still "
-                    "holds the same slot (a new request in a reused row shares at most a cached "
-                    "prefix from position 0 and differs from there on). SGLang changes a live "
-                    "request's written cells only to de-duplicate them: the radix cache writes "
-                    "its own slots over cells it already held and frees the request's copies. "
-                    "A cell whose new slot is the tree's (`tree_full_slots` of the later dump; "
-                    "without it, another live request's at the same position after the same "
-                    "slot, or a slot in use already in the dump before) and whose old slot is "
-                    "accounted for (free, in a page a live cell holds, or held as the dump "
-                    "records it) is such a de-duplication, not an event. Without the tree's "
-                    "record in the later dump, a cell is an event only when that dump proves "
-                    "its old slot orphaned (its free list speaks for the slot and does not list "
-                    "it, its `held_full_slots` does not hold it, no live cell holds its page): "
-                    "a request retracted and prefilled again between the dumps looks the same "
-                    "otherwise, and such cells are a note, not an event. Each cell has its old "
-                    "slot (`old_slot`) and what became of it (`old_slot_fate`): `0` orphaned "
-                    "(neither on the free list nor held by a live cell: leaked, or kept only by "
-                    "the radix cache), `1` free, `2` held by a live cell (another request, or "
-                    "this one at another position), `-1` not held and no free list to tell free "
-                    "from orphaned (or a shrunk dump that does not speak for the slot). The row "
-                    "counts as `grew`; the changed cells count as newly allocated. Every dump "
-                    "on its own may be clean"
+                    "a written cell of a live request holds another slot than in the dump before. "
+                    "The request is the same one, not a new request in its pool row: its prefix "
+                    "covers every cell it had, and a later position it had written still holds the "
+                    "same slot (a new request in a reused pool row shares at most a cached prefix "
+                    "from position 0 and differs from there on). SGLang changes a live request's "
+                    "written cells only to de-duplicate them: the radix cache writes its own slots "
+                    "over cells it already held and frees the request's copies. A cell whose new "
+                    "slot is the tree's (`tree_full_slots` of the later dump; without it, another "
+                    "live request's at the same position after the same slot, or a slot in use "
+                    "already in the dump before) and whose old slot is accounted for (free, in a "
+                    "page a live cell holds, or held as the dump records it) is such a "
+                    "de-duplication, not an event. Without the tree's record in the later dump, a "
+                    "cell is an event only when that dump proves its old slot orphaned (its free "
+                    "list speaks for the slot and does not list it, its `held_full_slots` does not "
+                    "hold it, no live cell holds its page): a request retracted and prefilled "
+                    "again between the dumps looks the same otherwise, and such cells are a note, "
+                    "not an event. Each cell has its old slot (`old_slot`) and what became of it "
+                    "(`old_slot_fate`): `0` orphaned (neither on the free list nor held by a live "
+                    "cell: leaked, or kept only by the radix cache), `1` free, `2` held by a live "
+                    "cell (another request, or this one at another position), `-1` not held and no "
+                    "free list to tell free from orphaned (or a shrunk dump that does not speak "
+                    "for the slot). The pool row counts as `grew`; the changed cells count as "
+                    "newly allocated. Every dump on its own may be clean"
                 ),
             ),
         ),
@@ -1778,7 +1819,7 @@ EVENTS: Mapping[EventKind, EventEntry] = _table(
                     "SWA slot than in the dump before (`swa_before`, `swa_after`). A mapping "
                     "moved page and all, still in lockstep, shows in no single dump. Behind the "
                     "window the SWA side of a cached cell may be freed and come back with other "
-                    "slots (a tombstone recovered), and a row whose cells the radix cache "
+                    "slots (a tombstone recovered), and a pool row whose cells the radix cache "
                     "rewrote in the interval is not compared (it may be a request retracted and "
                     "prefilled again)"
                 ),
@@ -1805,14 +1846,16 @@ VIOLATION_CAUSES: Mapping[ViolationRowCause, ViolationCauseEntry] = _table(
         (
             ViolationRowCause.WRITE_CHECK,
             ViolationCauseEntry(
-                when="a write row",
+                when="a write's violation row",
                 meaning="a wrong token or position was written",
             ),
         ),
         (
             ViolationRowCause.ALIASING,
             ViolationCauseEntry(
-                when="position mismatch; another live row holds the slot at the stored position",
+                when=(
+                    "position mismatch; another live pool row holds the slot at the stored position"
+                ),
                 meaning="two requests use one slot; the later writer's record won",
             ),
         ),
@@ -1820,7 +1863,7 @@ VIOLATION_CAUSES: Mapping[ViolationRowCause, ViolationCauseEntry] = _table(
             ViolationRowCause.DUPLICATE_IN_ROW,
             ViolationCauseEntry(
                 when=(
-                    "position mismatch; the reading row itself holds the slot at the stored "
+                    "position mismatch; the reading pool row itself holds the slot at the stored "
                     "position"
                 ),
                 meaning="one slot at two positions of a request",
@@ -1843,8 +1886,8 @@ VIOLATION_CAUSES: Mapping[ViolationRowCause, ViolationCauseEntry] = _table(
             ViolationRowCause.STALE_SLOT,
             ViolationCauseEntry(
                 when=(
-                    "position mismatch; only an idle row or a stale tail holds the slot at the "
-                    "stored position"
+                    "position mismatch; only an idle pool row or a stale tail holds the slot at "
+                    "the stored position"
                 ),
                 meaning="a slot freed and handed out again",
             ),
@@ -1878,7 +1921,7 @@ VIOLATION_CAUSES: Mapping[ViolationRowCause, ViolationCauseEntry] = _table(
             ViolationCauseEntry(
                 when="any other chain break",
                 meaning=(
-                    "the record was written by another sequence (a stale row without free "
+                    "the record was written by another sequence (a stale pool row without free "
                     "lists, a misplaced page)"
                 ),
             ),
@@ -1901,7 +1944,7 @@ VIOLATION_CAUSES: Mapping[ViolationRowCause, ViolationCauseEntry] = _table(
             ViolationRowCause.NO_LIVE_CELL,
             ViolationCauseEntry(
                 when="the dump has no live cell holding the slot (or the tag is unknown)",
-                meaning="the row is from another step, or the slot leaked",
+                meaning="the violation row is from another step, or the slot leaked",
             ),
         ),
     ),

@@ -52,6 +52,7 @@ from kvcanary_cli.analysis.findings import (
     slot_findings,
     swa_findings,
 )
+from kvcanary_cli.analysis.owners import RowStates, slot_owners
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
@@ -440,6 +441,7 @@ def attach_provenance(
     frames: dict[str, GroupFrame] = {}
     out = []
     cache: dict[tuple[str, int, str], SlotProvenance] = {}
+    rows = RowStates(dump)
     for f, (shown, total) in zip(findings, grouped, strict=True):
         if not shown:
             out.append(f)
@@ -464,7 +466,14 @@ def attach_provenance(
                     else index.provenance(slot, frame)
                 )
             provenance.append(cache[key])
-        out.append(replace(f, provenance=tuple(provenance), provenance_total=total))
+        out.append(
+            replace(
+                f,
+                provenance=tuple(provenance),
+                provenance_total=total,
+                owners=slot_owners(provenance, rows),
+            )
+        )
     return out
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from kvcanary_cli.analysis.cells import cell_slots, distinct, held_slots, pairs_among, restricted
 from kvcanary_cli.analysis.chains import link, numbers, span
+from kvcanary_cli.analysis.headline import with_headlines
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import (
     CAUSE_OF_EXPLANATION,
@@ -175,7 +176,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
     split = state.split()  # a chain links two causes or more
     linked = link(dump, split, causes) if len(causes) > 1 else tuple(causes)
-    return split, _with_next_commands(dump, split, linked)
+    return split, with_headlines(split, _with_next_commands(dump, split, linked))
 
 
 def _with_next_commands(
@@ -711,9 +712,13 @@ def _swa_freed_while_live(state: _Diagnosis) -> None:
     for i, f in enumerate(findings):
         if f.code is FindingCode.FREED_SLOT_IN_LIVE_RANGE and f.space is Space.SWA:
             free = state.free(i)
-            if free.any():
-                swa_slots.append(cell_slots(f)[free])
-                state.claim(CauseCode.SWA_FREED_WHILE_LIVE, Confidence.CERTAIN, i, free)
+            if not free.any():
+                continue
+            if f.role is Role.PREFIX:  # outside the window: its SWA side rightly went back
+                _window_free_not_cleared(state, i, free)
+                continue
+            swa_slots.append(cell_slots(f)[free])
+            state.claim(CauseCode.SWA_FREED_WHILE_LIVE, Confidence.CERTAIN, i, free)
     if not swa_slots:
         return
     pages = distinct(np.concatenate(swa_slots) // page)
@@ -730,6 +735,25 @@ def _swa_freed_while_live(state: _Diagnosis) -> None:
             "with a deferred group"
         )
     state.evidence(CauseCode.SWA_FREED_WHILE_LIVE).append(line)
+
+
+def _window_free_not_cleared(state: _Diagnosis, i: int, free: np.ndarray) -> None:
+    """Live cells outside the SWA window mapping SWA slots on the SWA free list: a window free
+    released their SWA side, as it should, and left their LUT entries (SGLang's free_swa
+    clears them): stale mappings, whose next free frees another owner's SWA KV. Inside the
+    window the same end state is an SWA page freed while live (`_swa_freed_while_live`)."""
+    f = state.findings[i]
+    state.claim(CauseCode.STALE_SWA_MAPPING, Confidence.CERTAIN, i, free)
+    cells = f.cells
+    full = None if cells is None else cells.column("full_slot")
+    swa = cell_slots(f)[free]
+    mapped = "" if full is None else f": full slots {span(full[free])} -> SWA slots {span(swa)}"
+    state.evidence(CauseCode.STALE_SWA_MAPPING).append(
+        f"live cells outside the window (before their batch rows' window start) map to SWA "
+        f"slots on the SWA free list{mapped}: a window free released the SWA side and its LUT "
+        "entries were not cleared (stale mappings; inside the window the same state would be "
+        "an SWA page freed while live)"
+    )
 
 
 def _pages_out_of_lockstep(state: _Diagnosis) -> None:

@@ -58,7 +58,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
                 message=f"req_pool_indices[{r}] = {rp} is outside [0, {max_reqs}): the GPU "
                 "reads out of bounds"
                 + (
-                    f"; REF silently reads row {max_reqs + rp}"
+                    f"; REF silently reads pool row {max_reqs + rp}"
                     if -max_reqs <= rp < 0
                     else "; REF raises IndexError"
                 ),
@@ -75,7 +75,7 @@ def batch_findings(dump: KvDump) -> list[Finding]:
                 pool_row=int(rpi[r]),
                 position=msl,
                 message=f"P={p}, P+E={p + e} exceed max_seq_len={msl}: the GPU reads "
-                f"{'the following rows' if p > msl else 'past the row'}",
+                f"{'the following pool rows' if p > msl else 'past the pool row'}",
                 details={"prefix_len": p, "extend_len": e, "max_seq_len": msl},
             )
         )
@@ -383,7 +383,7 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
         cells,
         repeats,
         message,
-        run_what="slots that also sit at other positions of the same row",
+        run_what="slots that also sit at other positions of the same pool row",
         details=lambda i: {
             "positions": [int(p) for p in positions(i)[:SAMPLE_CELLS]],
             "positions_total": int(positions(i).size),
@@ -604,8 +604,8 @@ def _shared_without_prefix(
             f"{[int(c_row[i]), *partners(i)]}, which hold different slots just "
             "before it: a copy, not radix sharing"
         ),
-        run_what="slots shared at the same position with rows that hold different slots just "
-        "before it: copies, not radix sharing",
+        run_what="slots shared at the same position with pool rows that hold different slots "
+        "just before it: copies, not radix sharing",
         details=lambda i: {"pool_rows": partners(i)[:SAMPLE_CELLS]},
         columns={"slot_before": prior_slot},
     )
@@ -916,9 +916,9 @@ def _expected_token_records(plan: Plan, shape: list[int] | None) -> list[Finding
         FindingCode.EXPECTED_TOKEN_OUT_OF_RANGE,
         gathers,
         order,
-        lambda i: f"{what(i)}: REF raises IndexError, the GPU reads another row's tokens",
+        lambda i: f"{what(i)}: REF raises IndexError, the GPU reads another pool row's tokens",
         run_what="expected-token gathers outside the token pool: REF raises IndexError, the GPU "
-        "reads another row's tokens",
+        "reads another pool row's tokens",
         group=plan.group,
         shared_details=lambda i: {"pool_shape": shape, "bad_pool_row": bool(bad_row[i])},
         details=lambda i: {"index": int(value[i])},

@@ -62,9 +62,9 @@ def tree_lock_findings(dump: KvDump) -> list[Finding]:
     where = (
         "yet no request runs"
         if not held.size
-        else "yet no running request's row holds it"
+        else "yet no running request's pool row holds it"
         if stray.size == 1
-        else "yet no running request's row holds them"
+        else "yet no running request's pool row holds them"
     )
     one = f"slot {first} of the radix tree is locked, {where}: a lock never released"
     many = f"{stray.size} slots of the radix tree are locked, {where}: a lock never released"

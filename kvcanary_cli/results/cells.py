@@ -28,6 +28,8 @@ __all__ = [
     "NarrowColumn",
     "RingRow",
     "Role",
+    "OwnerState",
+    "FindingOwner",
     "SlotProvenance",
     "Space",
     "Span",
@@ -115,6 +117,37 @@ class RingRow:
     index: int
     #: its 8 fields (docs/canary.md §4)
     fields: tuple[int, ...]
+
+
+#: Who holds a slot's cell: a running request of the batch (`running`), a cell past a running
+#: row's live end that an earlier, finished request of that pool row left (`stale-tail`), a pool
+#: row on the free request-row list (`finished`), a pool row a running request outside this
+#: batch holds (`held`), or a pool row the dump says nothing more of (`idle`).
+OwnerState = Literal["running", "stale-tail", "finished", "held", "idle"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FindingOwner:
+    """A finding's slot and its current or last owner: the first cell holding it (live cells
+    first, then stale tails, then idle pool rows), from the finding's provenance."""
+
+    slot: int
+    space: Space
+    #: the owner's pool row; null when no cell of req_to_token holds the slot
+    pool_row: int | None
+    #: the owner cell's position in its pool row; null as pool_row
+    position: int | None
+    #: running (a live cell of a batch row), stale-tail (past a running row's live end: an
+    #: earlier, finished request's), finished (the pool row is on free_req_rows), held
+    #: (running_req_rows lists the pool row, outside the batch), idle (the dump says neither);
+    #: null as pool_row
+    state: OwnerState | None
+    #: the batch row using the owner's pool row; null for an idle pool row or none
+    batch_row: int | None = None
+    #: space swa: the full slot the owner cell holds (its LUT entry reaches the slot)
+    full_slot: int | None = None
+    #: cells holding the slot over the whole table (the owner is one of them)
+    holders: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,14 @@ from typing import Any, ClassVar, Literal, Union
 
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, Severity
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.results.cells import CellColumns, Role, SlotProvenance, Space, Span
+from kvcanary_cli.results.cells import (
+    CellColumns,
+    FindingOwner,
+    Role,
+    SlotProvenance,
+    Space,
+    Span,
+)
 from kvcanary_cli.results.record import not_recorded, recorded
 from kvcanary_cli.results.shrink import Shrunk
 
@@ -124,6 +131,9 @@ class Finding:
     provenance: tuple[SlotProvenance, ...] = ()
     #: distinct slots the group has (provenance lists the first few)
     provenance_total: int = 0
+    #: the current or last owner of each slot provenance lists (the first few of
+    #: provenance_total), the example's first
+    owners: tuple[FindingOwner, ...] = ()
     #: derived scalars it rests on (then severity info)
     assumes: tuple[str, ...] = ()
     #: the diagnosis cause it is grouped under
@@ -262,6 +272,9 @@ class Cause:
     #: the command that traces its first slot (or pool row) to its owners, the dump's path
     #: as one shell word; null when it names neither
     next_command: str | None = None
+    #: one bug-report sentence from the dump: its slots, who holds or last held them, the
+    #: step that went wrong; null where the summary heads the cause
+    headline: str | None = None
 
     #: docs/findings.md, "Diagnosis"
     @recorded

@@ -179,7 +179,7 @@ class Explanations:
 
 
 def _at(row: int, position: int) -> str:
-    return f"row {row}, position {position}"
+    return f"pool row {row}, position {position}"
 
 
 def explanation_text(explanations: Explanations, i: int, fields: Sequence[int]) -> str:
@@ -189,9 +189,9 @@ def explanation_text(explanations: Explanations, i: int, fields: Sequence[int]) 
     ref_row, ref_pos = int(e.ref_row[i]), int(e.ref_position[i])
     owner_row = int(e.owner_row[i])
     referenced = (
-        f"row {ref_row} references the slot at position {ref_pos}"
+        f"pool row {ref_row} references the slot at position {ref_pos}"
         if ref_row >= 0
-        else "no live row references it at another position"
+        else "no live pool row references it at another position"
     )
     where = f" ({_at(ref_row, ref_pos)})" if ref_row >= 0 else ""
     match e.cause_at(i):
@@ -202,12 +202,14 @@ def explanation_text(explanations: Explanations, i: int, fields: Sequence[int]) 
             )
         case ViolationRowCause.ALIASING:
             return (
-                f"stored position {stored_pos} belongs to row {owner_row}; {referenced}: aliasing"
+                f"stored position {stored_pos} belongs to pool row {owner_row}; "
+                f"{referenced}: aliasing"
             )
         case ViolationRowCause.DUPLICATE_IN_ROW:
             return (
-                f"stored position {stored_pos} belongs to row {owner_row}, which also references "
-                f"the slot at position {ref_pos}: one slot at two positions of a row"
+                f"stored position {stored_pos} belongs to pool row {owner_row}, which also "
+                f"references the slot at position {ref_pos}: one slot at two positions of a pool "
+                "row"
             )
         case ViolationRowCause.USE_AFTER_FREE:
             return (
@@ -216,9 +218,11 @@ def explanation_text(explanations: Explanations, i: int, fields: Sequence[int]) 
             )
         case ViolationRowCause.STALE_SLOT:
             kind = OWNER_KINDS[int(e.owner_kind[i])]
-            place = "an idle row" if kind is OwnerKind.IDLE_ROW else "the row's stale tail"
+            place = (
+                "an idle pool row" if kind is OwnerKind.IDLE_ROW else "the pool row's stale tail"
+            )
             return (
-                f"stored position {stored_pos} belongs to row {owner_row} ({place}); "
+                f"stored position {stored_pos} belongs to pool row {owner_row} ({place}); "
                 f"{referenced}: a stale slot, freed and handed out again"
             )
         case ViolationRowCause.FOREIGN_RECORD:
@@ -233,14 +237,14 @@ def explanation_text(explanations: Explanations, i: int, fields: Sequence[int]) 
             )
         case ViolationRowCause.STALE_ROW:
             return (
-                f"row {ref_row} reads slot {slot} at position {ref_pos}, but the slot is on the "
-                "free list: a stale row (the prefix length covers cells a previous owner left); "
-                "its record continues another sequence's chain"
+                f"pool row {ref_row} reads slot {slot} at position {ref_pos}, but the slot is on "
+                "the free list: a stale pool row (the prefix length covers cells a previous owner "
+                "left); its record continues another sequence's chain"
             )
         case ViolationRowCause.CHAIN_BREAK:
             return (
                 f"the record of slot {slot}{where} does not continue the chain of the position "
-                "before it: written by another sequence (stale row, or a misplaced page)"
+                "before it: written by another sequence (stale pool row, or a misplaced page)"
             )
         case ViolationRowCause.WRONG_TOKEN:
             return (

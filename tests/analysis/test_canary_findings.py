@@ -138,8 +138,8 @@ def test_aliasing_names_both_rows(scenario_dump: ScenarioDump) -> None:
     text = explanation_text(why, first, rows.fields[first])
     owner, reader = rpi[truth["other_batch_row"]], rpi[truth["batch_row"]]
     assert text == (
-        f"stored position {truth['other_position']} belongs to row {owner}; "
-        f"row {reader} references the slot at position {truth['position']}: aliasing"
+        f"stored position {truth['other_position']} belongs to pool row {owner}; "
+        f"pool row {reader} references the slot at position {truth['position']}: aliasing"
     )
 
 

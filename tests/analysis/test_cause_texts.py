@@ -89,3 +89,46 @@ def test_a_cleared_boundary_page_names_both_mechanisms(tmp_path: Path) -> None:
     evidence = " ".join(_check(d, tmp_path / "d.safetensors").diagnosis[0].evidence)
     assert "a page two nodes share" in evidence and "one page past the window" in evidence
     assert "snapshot one step earlier" in evidence, evidence
+
+
+def test_a_slot_live_in_two_requests_names_the_evicted_locked_node(tmp_path: Path) -> None:
+    """A node a running request locks, evicted and its slots handed to another request,
+    leaves the same end state as a slot copied between requests: the fix names both, with
+    what decides (the tree's locks, a timeline), not only "prefix-cache match, reuse"."""
+    d = make_scenario("cross-request-aliasing", seed=0)
+    first = _check(d, tmp_path / "d.safetensors").diagnosis[0]
+    assert first.code is CauseCode.CROSS_REQUEST_ALIASING
+    assert "evict" in first.fix and "lock" in first.fix, first.fix
+    assert "copied" in first.fix and "timeline" in first.fix, first.fix
+
+
+def _not_cleared(tmp_path: Path, *, in_window: bool) -> DumpReport:
+    """Two full pages of a live request map to SWA pages on the SWA free list: out of the
+    window (a window free that released the SWA pages and left the LUT entries) or in it."""
+    d = make_scenario("clean-swa-paged", seed=0, page_size=P)
+    lut = d.tensors["full_to_swa_index_mapping"]
+    window = int(d.metadata["swa_window_size"])
+    lr = next(lr for lr in d.live if lr.prefix_len > window + 3 * P)
+    start = lr.prefix_len - window
+    cells = lr.slots[start + P : lr.prefix_len] if in_window else lr.slots[: start - P]
+    pages = sorted({int(s) // P for s in cells})[:2]
+    free = d.tensors["free_swa_slots"]
+    free_pages = sorted({int(s) // P for s in free if s > 0})[-2:]
+    for full, swa in zip(pages, free_pages, strict=True):
+        lut[full * P + np.arange(P)] = swa * P + np.arange(P)
+    return _check(d, tmp_path / f"{'in' if in_window else 'out'}.safetensors")
+
+
+def test_a_mapping_not_cleared_on_a_window_free_is_a_stale_mapping(tmp_path: Path) -> None:
+    """SGLang's free_swa without its LUT clear: cells outside the window keep entries into
+    the SWA pages the window free released. Their KV is never read; the fault is the entry
+    left behind, so the cause says stale mapping (was: swa-freed-while-live only)."""
+    report = _not_cleared(tmp_path, in_window=False)
+    first = report.diagnosis[0]
+    assert first.code is CauseCode.STALE_SWA_MAPPING, [c.code for c in report.diagnosis]
+    said = " ".join(first.evidence)
+    assert "outside the window" in said and "not cleared" in said, said
+    assert CauseCode.SWA_FREED_WHILE_LIVE not in {c.code for c in report.diagnosis}
+    # the clean twin of the reading: inside the window it is a free while live
+    inside = _not_cleared(tmp_path, in_window=True)
+    assert inside.diagnosis[0].code is CauseCode.SWA_FREED_WHILE_LIVE

@@ -233,10 +233,10 @@ def test_a_position_range_shows_the_rest_of_the_row_as_gaps() -> None:
     table = " ".join(run(*args, "--positions", "10:20").stdout.split())
     assert "positions 0..9 not shown (10 filled)" in table
     assert "positions 20..47 not shown (14 filled)" in table
-    assert "showing 10 of the row's 48 positions (--positions 10:20)" in table
+    assert "showing 10 of the pool row's 48 positions (--positions 10:20)" in table
     markdown = run(*args, "--positions", "10:20", "-f", "markdown").stdout
     assert "*positions 0..9 not shown (10 filled)*" in markdown
-    assert "showing 10 of the row's 48 positions (--positions 10:20)" in markdown
+    assert "showing 10 of the pool row's 48 positions (--positions 10:20)" in markdown
 
 
 # --- --help, old names -----------------------------------------------------------------------

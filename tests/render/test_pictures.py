@@ -168,7 +168,7 @@ def test_a_long_row_is_drawn_in_runs_of_positions(tmp_path: Path) -> None:
 
 def test_the_map_is_bounded_by_max_rows() -> None:
     text = drawn(_map("truncated-lut", max_rows=2), 120, colour=False)
-    assert len(re.findall(r"^  row \d+ \(pool \d+\)", text, re.M)) == 2
+    assert len(re.findall(r"^  batch row \d+ \(pool row \d+\)", text, re.M)) == 2
     assert "… and 1 more batch row (--max-rows)" in text
 
 

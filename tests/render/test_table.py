@@ -63,10 +63,10 @@ def test_check_table_details(single_report: CheckReport) -> None:
     # the example slot's provenance condensed under the message (wide enough not to wrap)
     wide = plain(check_table(single_report), 300)
     assert (
-        "slot 77 is held at (row 8, pos 4) verify; (row 8, pos 9) pending-write; (row 3, "
-        "pos 4) verify shared; +2 more" in wide
+        "slot 77 is held at (pool row 8, pos 4) verify; (pool row 8, pos 9) pending-write; "
+        "(pool row 3, pos 4) verify shared; +2 more" in wide
     )
-    assert "(row 5, pos 10) verify seed" not in wide  # a slot held by its finding's cell only
+    assert "(pool row 5, pos 10) verify seed" not in wide  # a slot held by its finding's cell only
     # messages are text, never markup
     assert "[bold]full slots 77 and 78[/bold]" in text
     assert "note: no out_cache_loc" in text

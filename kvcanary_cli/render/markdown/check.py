@@ -104,7 +104,9 @@ def _details_block(f: Finding, words: FindingWords) -> str:
     if words.examples:
         body.append(_text(words.examples))
     if not f.provenance:
-        body.append("No slot provenance (the finding is about a row or a tensor).")
+        body.append(
+            "No slot provenance (the finding is about a pool row, a batch row or a tensor)."
+        )
     for prov in f.provenance:
         body.extend(provenance_body(prov))
     more = f.provenance_total - len(f.provenance)
@@ -123,6 +125,8 @@ def _message_cell(f: Finding, words: FindingWords) -> str:
         text += f" **{_text(words.raise_mark)}**"
     if f.assumes:
         text += f" (assumes {_text(', '.join(f.assumes))}: not recorded)"
+    if words.owners:
+        text += f"<br>{_text(words.owners)}"
     return text
 
 
@@ -180,8 +184,10 @@ def _diagnosis_section(dump: DumpReport, text: DumpText) -> list[str]:
     for number, cause in enumerate(top_causes(dump), 1):
         lines = [
             f"{number}. **{_code(cause.cause, cell=False)}** ({cause.confidence}): "
-            f"{_text(cause.summary)}"
+            f"{_text(cause.headline or cause.summary)}"
         ]
+        if cause.headline:
+            lines.append(f"   - {_text(cause.summary)}")
         evidence = cause.evidence
         lines.extend(
             f"   - {_text(clipped(fact, text.chars))}" for fact in evidence[: text.evidence]

@@ -29,7 +29,7 @@ from kvcanary_cli.results.check import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from kvcanary_cli.results.cells import Span
+    from kvcanary_cli.results.cells import FindingOwner, Span
 
 __all__ = [
     "legend",
@@ -50,6 +50,8 @@ __all__ = [
     "failing_phrase",
     "finding_words",
     "findings_per_count",
+    "owner_text",
+    "owners_phrase",
     "glossary",
     "role_terms",
     "severity_cells",
@@ -89,6 +91,8 @@ class FindingWords:
     raise_mark: str | None
     launch_mark: str | None
     examples: str | None
+    #: who holds (or last held) its first slots (`owners_phrase`).
+    owners: str | None
 
 
 def finding_words(f: Finding) -> FindingWords:
@@ -106,7 +110,80 @@ def finding_words(f: Finding) -> FindingWords:
         raise_mark=_raise_mark(f),
         launch_mark=_launch_mark(f),
         examples=_examples(f),
+        owners=owners_phrase(f),
     )
+
+
+def owner_text(owner: FindingOwner, positions: str | None = None) -> str:
+    """`pool row 9, position 12 (running, batch row 3)`, `idle pool row 5, position 68`: a
+    slot's owner and what its request is (`positions`: several slots' in one pool row);
+    `no pool row holds it` for none."""
+    if owner.pool_row is None:
+        return "no pool row holds it"
+    through = "" if owner.full_slot is None else f" through full slot {owner.full_slot}"
+    where = f"position {owner.position}" if positions is None else f"positions {positions}"
+    at = f"pool row {owner.pool_row}, {where}{through}"
+    match owner.state:
+        case "running":
+            return f"{at} (running, batch row {owner.batch_row})"
+        case "stale-tail":
+            return (
+                f"{at} (a stale tail past batch row {owner.batch_row}'s live end: an earlier, "
+                "finished request's)"
+            )
+        case "finished":
+            return f"{at} (finished: the pool row is on the free list)"
+        case "held":
+            return f"{at} (running, not in this batch)"
+    return f"idle {at}"
+
+
+def owners_phrase(f: Finding) -> str | None:
+    """`owner of slot 109: pool row 9, position 12 (running, batch row 3)`, `last owner of
+    slot 68: idle pool row 5, position 68`, or for several slots their owners (slots of one
+    pool row said together), those no pool row holds, and the count of slots not traced;
+    None without slots."""
+    if not f.owners:
+        return None
+    more = f.provenance_total - len(f.owners)
+    tail = f" (+{plural(more, 'more slot')} not traced here)" if more > 0 else ""
+    by_row: dict[tuple[object, ...], list[FindingOwner]] = {}
+    for o in f.owners:
+        if o.pool_row is not None:
+            key = (o.pool_row, o.state, o.batch_row, o.full_slot is None)
+            by_row.setdefault(key, []).append(o)
+    unheld = [o for o in f.owners if o.pool_row is None]
+    if len(f.owners) == 1 and not unheld and more <= 0:
+        owner = f.owners[0]
+        label = "owner" if owner.state in ("running", "held") else "last owner"
+        return f"{label} of {_slot_name(owner)}: {owner_text(owner)}{_holders(owner)}"
+    bits = []
+    for group in by_row.values():
+        if len(group) == 1:
+            bits.append(f"{_slot_name(group[0])}: {owner_text(group[0])}{_holders(group[0])}")
+        else:
+            slots = ", ".join(str(o.slot) for o in group)
+            positions = ", ".join(str(o.position) for o in group)
+            bits.append(f"{_slot_name(group[0], slots)}: {owner_text(group[0], positions)}")
+    if unheld:
+        slots = ", ".join(str(o.slot) for o in unheld)
+        bits.append(f"no pool row holds {_slot_name(unheld[0], slots, len(unheld))}")
+    head = "owners (current or last): " if by_row else ""
+    return head + "; ".join(bits) + tail
+
+
+def _slot_name(owner: FindingOwner, slots: str | None = None, count: int = 2) -> str:
+    space = "swa " if owner.space == "swa" else ""
+    if slots is None:
+        return f"{space}slot {owner.slot}"
+    return f"{space}slot{'s' if count > 1 else ''} {slots}"
+
+
+def _holders(owner: FindingOwner) -> str:
+    others = owner.holders - 1
+    if others <= 0:
+        return ""
+    return f" (+{plural(others, 'more cell')} hold{'s' if others == 1 else ''} it)"
 
 
 def _range_text(bounds: tuple[int, int]) -> str:
@@ -193,7 +270,7 @@ def _launch_mark(f: Finding) -> str | None:
 
 
 def _examples(f: Finding, shown: int = EXAMPLE_CELLS) -> str | None:
-    """A few cells of a group, its example first: `e.g. row 0 pos 14: slot 107; ...; +12 more`
+    """A few cells of a group, its example first: `e.g. batch row 0 pos 14: slot 107; ...; +12 more`
     (batch rows), reading only those cells. None for a finding of one cell or none (its own
     fields say it all)."""
     cells = f.cells
@@ -224,7 +301,7 @@ def _examples(f: Finding, shown: int = EXAMPLE_CELLS) -> str | None:
             bits.append(f"slot {slot}")
             continue
         held = "" if slot is None else f": slot {slot}"
-        bits.append(f"row {row} pos {position}{held}")
+        bits.append(f"batch row {row} pos {position}{held}")
     more = f.count - len(bits)
     return "e.g. " + "; ".join(bits) + (f"; +{more} more" if more > 0 else "")
 
@@ -252,15 +329,15 @@ UNITS_NOTE = (
 
 #: The planner terms a report may use, in the order a glossary lists them.
 GLOSSARY = {
-    "batch row": "a request's index in this batch; its pool row is its row of req_to_token",
+    "batch row": "a request's index in this batch; its pool row: its index in req_to_token",
     "P": "prefix length, the cells a request has written",
     "E": "extend length, the tokens this step writes (positions P..P+E-1)",
     "verify": "a prefix cell inside the window, which the canary verifies",
     "prefix": "a live prefix cell before the window",
     "chain-prev": "the cell just before the window, whose record the first verify read chains from",
-    "seed": "a writing row's last prefix cell P-1, which this step's writes chain from",
+    "seed": "a writing batch row's last prefix cell P-1, which this step's writes chain from",
     "pending-write": "a cell this step writes",
-    "stale-tail": "a cell past a live row's end, left by an earlier owner",
+    "stale-tail": "a cell past a live pool row's end, left by an earlier owner",
     "idle-row": "a cell of a pool row no request of the batch uses",
     "expected-token": "a read of the expected-token pool",
     "REF": "SGLang's torch reference planner, which reads cells in its own order and raises "

@@ -30,8 +30,8 @@ def batch_facts(batch: BatchDescription) -> list[tuple[str, int | None]]:
     """The batch summary's rows, in the order both views show them."""
     return [
         ("bs", batch.bs),
-        ("active rows", batch.active_rows),
-        ("padding rows", batch.padding_rows),
+        ("active batch rows", batch.active_rows),
+        ("padding batch rows", batch.padding_rows),
         ("total prefix tokens", batch.total_prefix_tokens),
         ("total extend tokens", batch.total_extend_tokens),
         ("max reqs", batch.max_reqs),

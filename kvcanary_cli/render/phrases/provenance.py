@@ -31,8 +31,8 @@ def row_notices(row: RowMap) -> list[str]:
         asked = row.positions
         within = "" if asked is None else f" (--positions {asked[0]}:{asked[1]})"
         notices.append(
-            f"showing {count} of the row's {length} positions{within}; the others are in "
-            "the gap rows (--positions START:END and --max-rows show more)"
+            f"showing {count} of the pool row's {length} positions{within}; the others are "
+            "in the gaps' table rows (--positions START:END and --max-rows show more)"
         )
     if row.marks_not_shown:
         notices.append(

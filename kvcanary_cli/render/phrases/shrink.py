@@ -9,7 +9,7 @@ from kvcanary_cli.results.shrink import ShrinkSummary, Shrunk
 __all__ = ["CUT_COLUMNS", "cut_rows", "shrink_facts", "shrunk_lines"]
 
 #: The columns of a shrunk dump's cut table.
-CUT_COLUMNS = ["tensor", "original shape", "kept", "dropped", "dropped bytes", "rows kept"]
+CUT_COLUMNS = ["tensor", "original shape", "kept", "dropped", "dropped bytes", "table rows kept"]
 
 
 def shrunk_lines(shrunk: Shrunk) -> list[str]:

@@ -18,7 +18,7 @@ REPLAY_NOTE = (
     "entries: verify entries planned; checked: entries verified; slot 0: entries skipped, "
     "their slot being 0; no chain check: entries checked without a chain check (prev slot "
     "0); real KV: zero (a HEAD buffer must hold 0), checked (a TAIL buffer, against the real "
-    "KV fingerprint the dump records) or skipped (the dump records no real_kv.mode); rows: "
+    "KV fingerprint the dump records) or skipped (the dump records no real_kv.mode); `rows`: "
     "the violation rows the replay gives"
 )
 
@@ -27,7 +27,9 @@ def source_detail(source: SourceSummary) -> str:
     """What a source gave: a ring's state, what the log parser met, or why neither."""
     ring = source.ring
     if ring is not None:
-        detail = f"ring: {ring.valid} of {ring.capacity} rows valid, write index {ring.write_index}"
+        detail = (
+            f"ring: {ring.valid} of {ring.capacity} ring rows valid, write index {ring.write_index}"
+        )
         return detail + (" (overflow)" if ring.overflow else "")
     log = source.log
     if log is not None:
@@ -50,8 +52,8 @@ def source_detail(source: SourceSummary) -> str:
 
 
 def slot_cells_text(prov: SlotProvenance) -> str:
-    """A slot's first cells, condensed: `(row 9, pos 13) verify; +2 more`."""
-    cells = [f"(row {c.pool_row}, pos {c.position}) {c.role}" for c in prov.cells[:3]]
+    """A slot's first cells, condensed: `(pool row 9, pos 13) verify; +2 more`."""
+    cells = [f"(pool row {c.pool_row}, pos {c.position}) {c.role}" for c in prov.cells[:3]]
     more = prov.cells_total - len(cells)
     if more > 0:
         cells.append(f"+{more} more")
@@ -61,6 +63,6 @@ def slot_cells_text(prov: SlotProvenance) -> str:
 def replay_comparison_line(comparison: ReplayComparison) -> str:
     """Replayed rows against the rows read, in words."""
     return (
-        f"replay vs observed rows (as multisets): {comparison.matched} matched, "
+        f"replay vs observed violation rows (as multisets): {comparison.matched} matched, "
         f"{comparison.observed_only} only observed, {comparison.replayed_only} only replayed"
     )

@@ -152,9 +152,10 @@ def _diagnosis_blocks(dump: DumpReport) -> list[RenderableType]:
     for number, cause in enumerate(top_causes(dump), 1):
         style = _CONFIDENCE_STYLE.get(cause.confidence, "")
         head = Text(f"{cause.cause} ({cause.confidence})", style=style)
-        head.append(f": {cause.summary}", style="")
+        head.append(f": {cause.headline or cause.summary}", style="")
         parts.append(indented([(f"{number}.", head)]))
-        rows = [("-", Text(fact)) for fact in cause.evidence]
+        rows = [("-", Text(cause.summary))] if cause.headline else []
+        rows += [("-", Text(fact)) for fact in cause.evidence]
         explains = code_cells(cause.explains)
         if explains:
             rows.append(("-", Text(f"explains {explains}")))

@@ -116,6 +116,7 @@ def message_text(f: Finding, words: FindingWords) -> Text:
         (" ", words.launch_mark, "bold"),
         (" ", assumes, "yellow"),
         ("\n", words.examples, "dim"),  # a group: a few of its cells
+        ("\n", words.owners, ""),  # who holds (or last held) its slots
         ("\n", _holders_text(f), "dim"),  # where the example's slot lives
     )
     for separator, piece, style in pieces:
@@ -126,7 +127,8 @@ def message_text(f: Finding, words: FindingWords) -> Text:
 
 def _holders_text(f: Finding) -> str | None:
     """Where the example's slot lives when that says more than the finding's own cells:
-    `slot 77 is held at (row 8, pos 4) verify; (row 3, pos 4) verify shared; +2 more`."""
+    `slot 77 is held at (pool row 8, pos 4) verify; (pool row 3, pos 4) verify shared; +2
+    more`."""
     if not f.provenance:
         return None
     prov = f.provenance[0]
@@ -135,7 +137,7 @@ def _holders_text(f: Finding) -> str | None:
     bits = []
     for c in prov.cells[:_HOLDERS_SHOWN]:
         flags = "".join(f" {flag}" for flag, on in (("seed", c.seed), ("shared", c.shared)) if on)
-        bits.append(f"(row {c.pool_row}, pos {c.position}) {c.role}{flags}")
+        bits.append(f"(pool row {c.pool_row}, pos {c.position}) {c.role}{flags}")
     more = prov.cells_total - min(len(prov.cells), _HOLDERS_SHOWN)
     if more > 0:
         bits.append(f"+{more} more")

@@ -36,7 +36,7 @@ _KINDS: dict[str, tuple[str, str, str]] = {
     "window": ("█", "green", "verify window"),
     "pending": ("+", "cyan", "pending write"),
     "stale": ("~", "yellow", "stale tail"),
-    "idle": ("o", "magenta", "held by an idle row"),
+    "idle": ("o", "magenta", "held by an idle pool row"),
     "empty": ("·", "dim", "no slot"),
 }
 #: The letters finding codes are drawn with, most severe code first.
@@ -261,7 +261,9 @@ class FindingsMap:
         if not self.drawn:
             return
         width = options.max_width
-        labels = {r.batch_row: f"row {r.batch_row} (pool {r.pool_row})" for r in self.requests}
+        labels = {
+            r.batch_row: f"batch row {r.batch_row} (pool row {r.pool_row})" for r in self.requests
+        }
         label_width = max(map(len, labels.values()))
         room = width - _INDENT - label_width - 1
         longest = max(self.ends.values())

@@ -92,7 +92,7 @@ def _slot_blocks(prov: SlotProvenance, max_rows: int) -> list[RenderableType]:
 
 
 def _row_blocks(row: RowMap, findings: tuple[Finding, ...]) -> list[RenderableType]:
-    batch_rows = ", ".join(map(str, row.batch_rows)) or "none (idle row)"
+    batch_rows = ", ".join(map(str, row.batch_rows)) or "none (idle pool row)"
     parts: list[RenderableType] = [
         Text(f"pool row {row.pool_row} (batch rows {batch_rows}), group {row.group}", style="bold"),
         Text(
