@@ -246,7 +246,8 @@ def server_context(req_to_token: object) -> dict[str, object]:
         return {}
     from kvcanary_cli.capture.tree import tree_for, tree_state
 
-    return dict(tree_state(allocator=allocator, tree=tree_for(req_to_token)))
+    pool = getattr(runner, "req_to_token_pool", None)
+    return dict(tree_state(allocator=allocator, tree=tree_for(req_to_token), req_pool=pool))
 
 
 _VERSION: list[str | None] = []
