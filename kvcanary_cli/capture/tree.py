@@ -176,6 +176,7 @@ def _mamba_facts(
     if allocator is None or row_map is None:
         return
     facts[LAYOUT_KEY] = Layout.MAMBA.value
+    facts.pop("tree_swa_resident_slots", None)  # the core's SWA walk: no SWA side here
     facts["num_mamba_slots"] = int(allocator.size) + 1
     facts["req_index_to_mamba_index_mapping"] = _host(row_map)
     ping_pong = getattr(pool, "req_index_to_mamba_ping_pong_track_buffer_mapping", None)

@@ -325,8 +325,8 @@ TENSORS: dict[str, TensorSpec] = {
         ),
         TensorSpec(
             name="req_index_to_mamba_index_mapping",
-            canonical="I32",
-            accepted=("I64",),
+            canonical="I64",
+            accepted=_INDEX,
             role="Mamba layout: per pool row, the Mamba slot its request works in",
         ),
         TensorSpec(

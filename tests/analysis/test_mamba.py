@@ -23,7 +23,7 @@ def _state() -> dict[str, Any]:
     table = np.zeros((4, 8), dtype=np.int32)
     table[1, :3] = [1, 2, 3]
     table[2, :2] = [4, 5]
-    row_map = np.zeros(4, dtype=np.int32)
+    row_map = np.zeros(4, dtype=np.int64)
     row_map[1], row_map[2] = 1, 2
     return {
         "req_to_token": table,
