@@ -356,7 +356,9 @@ def test_a_mamba_double_free_at_the_idle_check_is_named_from_its_dump(
     scheduler = SimpleNamespace(
         stack=built, last_batch=None, running=None, chunked_req=None, waiting=[]
     )
-    checker = SGLangChecks(scheduler).checker  # is_hybrid_ssm, as a Mamba model's scheduler
+    # SGLang's checker as a Mamba model's scheduler builds it (is_hybrid_ssm); the stand-in
+    # scheduler has what it reads
+    checker = SGLangChecks(scheduler).checker  # type: ignore[arg-type]
     allocator = built.req_to_token_pool.mamba_allocator
     allocator.free(allocator.free_slots[:1].clone())  # slot 1 freed a second time
     with pytest.raises(ValueError, match=r"\[mamba\] total="):
