@@ -123,6 +123,12 @@ class FindingCode(StrEnum):
     PAGE_TABLE_MISMATCH = "page-table-mismatch"
     PHYSICAL_PAGE_SHARED = "physical-page-shared"
     PAGE_TABLE_SIZE_MISMATCH = "page-table-size-mismatch"
+    MAMBA_SLOT_FREE_AND_HELD = "mamba-slot-free-and-held"
+    MAMBA_SLOT_OWNED_TWICE = "mamba-slot-owned-twice"
+    MAMBA_SLOT_FREED_TWICE = "mamba-slot-freed-twice"
+    MAMBA_RESERVED_SLOT_IN_USE = "mamba-reserved-slot-in-use"
+    MAMBA_ROW_MAP_MISMATCH = "mamba-row-map-mismatch"
+    MAMBA_SLOT_LEAKED = "mamba-slot-leaked"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -160,6 +166,10 @@ class CauseCode(StrEnum):
 
     DOUBLE_FREE = "double-free"
     VIRTUAL_PAGE_FREED_WHILE_BOUND = "virtual-page-freed-while-bound"
+    MAMBA_SLOT_FREED_WHILE_HELD = "mamba-slot-freed-while-held"
+    MAMBA_SLOT_DOUBLE_FREE = "mamba-slot-double-free"
+    MAMBA_RESERVED_SLOT_HANDED_OUT = "mamba-reserved-slot-handed-out"
+    MAMBA_ROW_MAP_STALE = "mamba-row-map-stale"
     REQ_ROW_DOUBLE_FREE = "req-row-double-free"
     RESERVED_SLOT_FREED = "reserved-slot-freed"
     PARTIAL_PAGE_FREE = "partial-page-free"
@@ -198,6 +208,7 @@ class CauseCode(StrEnum):
     REQ_ROW_LEAK = "req-row-leak"
     TREE_LOCK_LEAK = "tree-lock-leak"
     PAGE_TABLE_CORRUPT = "page-table-corrupt"
+    MAMBA_SLOT_LEAK = "mamba-slot-leak"
     #: no page is lost: SGLang's own sum is wrong (`kvcanary leak LINE DUMP` says so).
     SGLANG_MISCOUNT = "sglang-miscount"
 
@@ -860,6 +871,101 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 meaning=(
                     "a table sized by its own pool instead of the id space it is indexed by "
                     "(SGLang #37560): ids past its end read out of bounds"
+                ),
+            ),
+        ),
+        (
+            FindingCode.MAMBA_SLOT_FREE_AND_HELD,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "Mamba layout: a Mamba slot on the Mamba free list (`free_mamba_slots`) that "
+                    "a radix-tree node (`tree_mamba_slots`) or a live request "
+                    "(`req_mamba_slots`) holds. `details.mamba_slots`"
+                ),
+                meaning=(
+                    "a slot pushed back onto `MambaSlotAllocator.free_slots` while its owner "
+                    "keeps it: the next `alloc` hands the same state to a second owner, which "
+                    "overwrites it"
+                ),
+            ),
+        ),
+        (
+            FindingCode.MAMBA_SLOT_OWNED_TWICE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "Mamba layout: a Mamba slot held twice: by two tree nodes, by a node and a "
+                    "live request, or by two requests (working or ping-pong slots). "
+                    "`details.mamba_slots`"
+                ),
+                meaning=(
+                    "two owners read and write one recurrent state: a request resumes from "
+                    "another's state, or a cached prefix's state is overwritten"
+                ),
+            ),
+        ),
+        (
+            FindingCode.MAMBA_SLOT_FREED_TWICE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "Mamba layout: a Mamba slot listed twice on the Mamba free list. "
+                    "`details.mamba_slots`"
+                ),
+                meaning="a double free: two later `alloc`s hand out the same slot",
+            ),
+        ),
+        (
+            FindingCode.MAMBA_RESERVED_SLOT_IN_USE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "Mamba layout: Mamba slot 0 on the Mamba free list, in the tree or held by "
+                    "a live request"
+                ),
+                meaning=(
+                    "slot 0 is the dummy write target of padded tokens: its state is garbage, "
+                    "and a request or a cached prefix given it reads and writes that garbage"
+                ),
+            ),
+        ),
+        (
+            FindingCode.MAMBA_ROW_MAP_MISMATCH,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "Mamba layout: a live request's pool row whose "
+                    "`req_index_to_mamba_index_mapping` entry is not the request's Mamba slot "
+                    "(`req_mamba_slots` with `req_mamba_rows`). `pool_row`, "
+                    "`details.mapped`, `details.held`"
+                ),
+                meaning=(
+                    "the kernels read and write the state the pool row map names, not the request's "
+                    "own: another owner's state, or a freed slot"
+                ),
+            ),
+        ),
+        (
+            FindingCode.MAMBA_SLOT_LEAKED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "Mamba layout: a Mamba slot 1..`num_mamba_slots`−1 neither free, nor the "
+                    "tree's, nor a live request's. Needs all three records (the requests' "
+                    "only where every live request, waiting ones too, was known: soak and the "
+                    "capture API record it). `details.mamba_slots`"
+                ),
+                meaning=(
+                    "a slot lost to the pool: SGLang's idle check "
+                    "(`[mamba] total=..., available=..., evictable=..., protected=...`) "
+                    "reports it only when the counts stop adding up, at idle"
                 ),
             ),
         ),
@@ -1701,6 +1807,77 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
             ),
         ),
         (
+            CauseCode.MAMBA_SLOT_FREED_WHILE_HELD,
+            CauseEntry(
+                summary=(
+                    "Mamba slots went back on `MambaSlotAllocator.free_slots` while a tree node "
+                    "or a request still holds them: the next `alloc` hands the same state to a "
+                    "second owner. SGLang's busy check has no Mamba check at all, and its idle "
+                    "check sees only counts that stop adding up"
+                ),
+                fix=(
+                    "find the `mamba_allocator.free` of a slot its owner keeps: a tree node's "
+                    "Mamba value freed without the node dropping it (`evict_component`, "
+                    "`_free_mamba_value`), or a request's `mamba_pool_idx` freed "
+                    "(`free_mamba_cache`) while the tree adopted it on insert"
+                ),
+                evidence="`mamba-slot-free-and-held`",
+                findings=(FindingCode.MAMBA_SLOT_FREE_AND_HELD,),
+            ),
+        ),
+        (
+            CauseCode.MAMBA_SLOT_DOUBLE_FREE,
+            CauseEntry(
+                summary=(
+                    "a Mamba slot was freed twice, or handed to a second owner while the first "
+                    "kept it: two owners share one recurrent state"
+                ),
+                fix=(
+                    "find the second `mamba_allocator.free` of the slot (a finish and an abort, "
+                    "`free_mamba_cache` after the tree took the slot on insert), or the free "
+                    "of a held slot that let `alloc` hand it out again"
+                ),
+                evidence="`mamba-slot-freed-twice`, `mamba-slot-owned-twice`",
+                findings=(
+                    FindingCode.MAMBA_SLOT_FREED_TWICE,
+                    FindingCode.MAMBA_SLOT_OWNED_TWICE,
+                ),
+            ),
+        ),
+        (
+            CauseCode.MAMBA_RESERVED_SLOT_HANDED_OUT,
+            CauseEntry(
+                summary=(
+                    "Mamba slot 0, the dummy write target `MambaSlotAllocator` reserves for "
+                    "padded tokens, reached its free list or an owner"
+                ),
+                fix=(
+                    "find the free of slot 0: a pool row map entry read for a padding pool row "
+                    "(`req_index_to_mamba_index_mapping` is 0 there) and freed as a request's "
+                    "slot, or a tree value of 0 freed on eviction"
+                ),
+                evidence="`mamba-reserved-slot-in-use`",
+                findings=(FindingCode.MAMBA_RESERVED_SLOT_IN_USE,),
+            ),
+        ),
+        (
+            CauseCode.MAMBA_ROW_MAP_STALE,
+            CauseEntry(
+                summary=(
+                    "`req_index_to_mamba_index_mapping` names another Mamba slot than the "
+                    "request's `mamba_pool_idx`: its kernels run on a state that is not its own"
+                ),
+                fix=(
+                    "find where the request's Mamba slot changed without the pool row map "
+                    "(`HybridReqToTokenPool.alloc` writes it; a copy-on-write or a donated "
+                    "slot must write it again), or the pool row map sized from another pool "
+                    "(SGLang #24244)"
+                ),
+                evidence="`mamba-row-map-mismatch`",
+                findings=(FindingCode.MAMBA_ROW_MAP_MISMATCH,),
+            ),
+        ),
+        (
             CauseCode.PAGE_TABLE_CORRUPT,
             CauseEntry(
                 summary=(
@@ -1723,6 +1900,24 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     FindingCode.PHYSICAL_PAGE_SHARED,
                     FindingCode.PAGE_TABLE_SIZE_MISMATCH,
                 ),
+            ),
+        ),
+        (
+            CauseCode.MAMBA_SLOT_LEAK,
+            CauseEntry(
+                summary=(
+                    "Mamba slots are owned by nobody: not free, not a tree node's, not a live "
+                    "request's. SGLang reports it only at idle, as '[mamba] total=..., "
+                    "available=..., evictable=..., protected=...' with no slot named"
+                ),
+                fix=(
+                    "find the path that drops a request's `mamba_pool_idx` without "
+                    "`free_mamba_cache`: scheduling that fails after the match's copy-on-write "
+                    "slot (SGLang #16067), the adder dropping a matched request (#21404), an "
+                    "abort between match and alloc (#12693)"
+                ),
+                evidence="`mamba-slot-leaked`",
+                findings=(FindingCode.MAMBA_SLOT_LEAKED,),
             ),
         ),
         (

@@ -527,15 +527,16 @@ def soak(
             "--fault",
             metavar="NAME",
             help="Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
-            "shared-boundary-page or tree-page-freed.",
+            "shared-boundary-page, tree-page-freed or tree-mamba-slot-freed (--layout mamba).",
         ),
     ] = None,
     layout: Annotated[
         str | None,
         typer.Option(
             "--layout",
-            metavar="swa|unified",
-            help="Memory layout: hybrid SWA (paged allocators, the default) or unified memory.",
+            metavar="swa|unified|mamba",
+            help="Memory layout: hybrid SWA (paged allocators), unified memory, or hybrid "
+            "Mamba (page size 1).",
         ),
     ] = None,
     out: Annotated[

@@ -13,6 +13,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,3 +246,61 @@ def test_the_locked_part_is_what_the_unlocked_walk_leaves_out() -> None:
     tree.tree_core = SimpleNamespace(walk_for_kv_canary=broken)
     facts = tree_state(allocator=allocator, tree=tree)
     assert "tree_locked_full_slots" not in facts and facts["tree_full_slots"].size == 5
+
+
+def _mamba_pool(rows: int = 4) -> SimpleNamespace:
+    """A stand-in `HybridReqToTokenPool`: its Mamba allocator (slot 0 reserved) and row map."""
+    import torch
+
+    return SimpleNamespace(
+        req_to_token=torch.zeros((rows, 8), dtype=torch.int32),
+        mamba_allocator=SimpleNamespace(size=6, free_slots=torch.tensor([4, 5, 6])),
+        req_index_to_mamba_index_mapping=torch.tensor([0, 1, 2, 0], dtype=torch.int32),
+    )
+
+
+def test_a_mamba_pool_records_its_layout_at_a_guard_trigger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard and snapshot triggers read the runner's request pool: a Mamba one adds the
+    layout, its size, row map, free list and the tree's Mamba slots; with no request known,
+    no request's Mamba slot is recorded (its absence, not an empty list: nothing is leaked)."""
+    import torch
+
+    pool = _mamba_pool()
+    tree = SimpleNamespace(
+        req_to_token_pool=pool, all_mamba_values_flatten=lambda: torch.tensor([3])
+    )
+    allocator = SimpleNamespace(page_size=1, size=32, free_pages=np.arange(1, 33))
+    runner = SimpleNamespace(req_to_token_pool=pool, token_to_kv_pool_allocator=allocator)
+    monkeypatch.setattr(server, "runner_for", lambda table: runner)
+    monkeypatch.setattr(tree_capture, "tree_for", lambda table: tree)
+    facts: dict[str, Any] = server.server_context(pool.req_to_token)
+    assert facts["layout"] == "hybrid-mamba" and facts["num_mamba_slots"] == 7
+    assert facts["free_mamba_slots"].tolist() == [4, 5, 6]
+    assert facts["tree_mamba_slots"].tolist() == [3]
+    assert facts["req_index_to_mamba_index_mapping"].tolist() == [0, 1, 2, 0]
+    assert "req_mamba_slots" not in facts
+    plain = SimpleNamespace(req_to_token=pool.req_to_token)  # a ReqToTokenPool: nothing more
+    assert "layout" not in tree_state(allocator=allocator, req_pool=plain)
+
+
+def test_every_live_request_known_records_each_ones_mamba_slots() -> None:
+    """Running and waiting requests (a waiting one holds its copy-on-write slot, no row);
+    a request listed twice holds its slot once."""
+    import torch
+
+    running = SimpleNamespace(
+        kv=SimpleNamespace(req_pool_idx=1, kv_allocated_len=3, mamba_pool_idx=torch.tensor(1))
+    )
+    waiting = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=None, mamba_pool_idx=torch.tensor(2)))
+    allocator = SimpleNamespace(page_size=1, size=32, free_pages=np.arange(1, 33))
+    facts = tree_state(
+        allocator=allocator,
+        requests=[running, running],
+        rows=4,
+        req_pool=_mamba_pool(),
+        waiting=[waiting],
+    )
+    assert facts["req_mamba_slots"].tolist() == [1, 2]
+    assert facts["req_mamba_rows"].tolist() == [1, -1]

@@ -30,6 +30,8 @@ from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.coverage import (
     CANARY_REPLAY,
+    MAMBA_LEAKS,
+    MAMBA_SLOTS,
     PAGE_TABLES,
     REQUEST_ROWS,
     SWA_LUT,
@@ -260,6 +262,14 @@ def _collect(
         from kvcanary_cli.analysis.unified import unified_findings
 
         findings += unified_findings(dump)
+    if runs(dump, MAMBA_SLOTS):
+        from kvcanary_cli.analysis.mamba import mamba_findings
+
+        findings += mamba_findings(dump)
+    if runs(dump, MAMBA_LEAKS):
+        from kvcanary_cli.analysis.mamba import mamba_leak_findings
+
+        findings += mamba_leak_findings(dump)
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}

@@ -22,6 +22,8 @@ __all__ = [
     "CHECKS",
     "FULL_FREE_LIST",
     "FULL_LEAKS",
+    "MAMBA_LEAKS",
+    "MAMBA_SLOTS",
     "PAGE_TABLES",
     "REQUEST_ROWS",
     "STEP_WRITES",
@@ -158,6 +160,26 @@ PAGE_TABLES = CheckFamily(
     layouts=(Layout.UNIFIED_SWA,),
     blocker=lambda dump: None if dump.page_tables else "the dump records no page tables",
 )
+MAMBA_SLOTS = CheckFamily(
+    name="Mamba slots",
+    covers="Mamba state slots free and held, held twice, freed twice, slot 0 handed out, a "
+    "live row mapped to another slot than its request's",
+    needs=(_need("free_mamba_slots", "tree_mamba_slots", "req_mamba_slots"),),
+    layouts=(Layout.MAMBA,),
+    blocker=_not_shrunk,
+)
+MAMBA_LEAKS = CheckFamily(
+    name="Mamba slot leaks",
+    covers="Mamba slots neither free, nor the tree's, nor a live request's",
+    needs=(
+        _need("free_mamba_slots"),
+        _need("tree_mamba_slots"),
+        _need("req_mamba_slots"),
+        _need("num_mamba_slots"),
+    ),
+    layouts=(Layout.MAMBA,),
+    blocker=_not_shrunk,
+)
 CANARY_REPLAY = CheckFamily(
     name="canary replay",
     covers="verify replayed on the dump's canary buffers (chain, position, token, real KV)",
@@ -175,6 +197,8 @@ CHECKS: tuple[CheckFamily, ...] = (
     REQUEST_ROWS,
     TREE_LOCKS,
     PAGE_TABLES,
+    MAMBA_SLOTS,
+    MAMBA_LEAKS,
     CANARY_REPLAY,
 )
 

@@ -235,7 +235,8 @@ def server_context(req_to_token: object) -> dict[str, object]:
 
     Pool sizes (`num_full_slots`/`num_swa_slots` = size + page_size, the rows of the KV
     buffers), `page_size`, the allocators' free lists expanded from pages to slots (in every
-    release: `capture.tree` reads them), and what a registered radix tree holds. Each fact is
+    release: `capture.tree` reads them), what a registered radix tree holds, and the Mamba
+    layout's records where the runner's request pool is a `HybridReqToTokenPool`. Each fact is
     best effort: an attribute SGLang renamed costs that fact, never the dump.
     """
     runner = runner_for(req_to_token)
@@ -246,7 +247,8 @@ def server_context(req_to_token: object) -> dict[str, object]:
         return {}
     from kvcanary_cli.capture.tree import tree_for, tree_state
 
-    return dict(tree_state(allocator=allocator, tree=tree_for(req_to_token)))
+    pool = getattr(runner, "req_to_token_pool", None)
+    return dict(tree_state(allocator=allocator, tree=tree_for(req_to_token), req_pool=pool))
 
 
 _VERSION: list[str | None] = []

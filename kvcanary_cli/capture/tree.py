@@ -136,19 +136,81 @@ def tree_state(
     tree: object = None,
     requests: Iterable[object] | None = None,
     rows: int = 0,
+    req_pool: object = None,
+    waiting: Iterable[object] | None = None,
 ) -> dict[str, Any]:
     """The allocator's and the tree's bookkeeping, by the dump format's names.
 
     `requests` are the running requests (each holds its pool row up to `kv_allocated_len`;
     None: not known, so no row is recorded as held); `rows` the pool's row count, for
-    `req_pool_allocated_lens` and `running_req_rows`."""
+    `req_pool_allocated_lens` and `running_req_rows`. `req_pool` is the request pool: a
+    `HybridReqToTokenPool` adds the Mamba layout's records (`waiting`: the requests waiting
+    to run, which may hold a copy-on-write Mamba slot; None: not known, so no request's Mamba
+    slot is recorded)."""
     facts: dict[str, Any] = {}
     _read(facts, _pool_facts, allocator)
     if tree is not None:
         _read(facts, _tree_facts, tree)
     if rows > 0 and requests is not None:
+        requests = list(requests)
         _read(facts, _row_facts, requests, rows, tree)
+    if req_pool is not None:
+        _read(facts, _mamba_facts, req_pool, tree, requests, waiting)
     return facts
+
+
+def _mamba_facts(
+    facts: dict[str, Any],
+    pool: Any,
+    tree: Any,
+    requests: Iterable[object] | None,
+    waiting: Iterable[object] | None,
+) -> None:
+    """The Mamba layout (`HybridReqToTokenPool`): the layout, the pool size, the row map (and
+    ping-pong map), the Mamba free list, the tree's Mamba values and, where every live request
+    is known (running and waiting), each one's Mamba slots. Nothing for another pool."""
+    import numpy as np
+
+    allocator = getattr(pool, "mamba_allocator", None)
+    row_map = getattr(pool, "req_index_to_mamba_index_mapping", None)
+    if allocator is None or row_map is None:
+        return
+    facts[LAYOUT_KEY] = Layout.MAMBA.value
+    facts.pop("tree_swa_resident_slots", None)  # the core's SWA walk: no SWA side here
+    facts["num_mamba_slots"] = int(allocator.size) + 1
+    facts["req_index_to_mamba_index_mapping"] = _host(row_map)
+    ping_pong = getattr(pool, "req_index_to_mamba_ping_pong_track_buffer_mapping", None)
+    if ping_pong is not None:
+        facts["req_index_to_mamba_ping_pong_track_buffer_mapping"] = (
+            ping_pong.detach().cpu().numpy().astype(np.int64)
+        )
+    facts["free_mamba_slots"] = _host(allocator.free_slots)
+    flatten = getattr(tree, "all_mamba_values_flatten", None)
+    if callable(flatten):
+        values = flatten()
+        facts["tree_mamba_slots"] = _host(values if values is not None else [])
+    if requests is None or waiting is None:
+        return
+    slots: list[int] = []
+    rows: list[int] = []
+    seen: set[int] = set()  # by identity: a request listed twice holds its slot once
+    for req in [*requests, *waiting]:
+        kv = getattr(req, "kv", req)
+        if id(kv) in seen:
+            continue
+        seen.add(id(kv))
+        row = getattr(kv, "req_pool_idx", None)
+        index = getattr(kv, "mamba_pool_idx", None)
+        if index is not None:
+            slots.append(int(index))
+            rows.append(-1 if row is None else int(row))
+        buffer = getattr(kv, "mamba_ping_pong_track_buffer", None)
+        if buffer is not None:
+            extra = [int(x) for x in _host(buffer) if int(x) >= 0]
+            slots += extra
+            rows += [-2] * len(extra)
+    facts["req_mamba_slots"] = np.array(slots, dtype=np.int64)
+    facts["req_mamba_rows"] = np.array(rows, dtype=np.int64)
 
 
 def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
@@ -287,11 +349,13 @@ def capture_state(
     batch: object = None,
     requests: Iterable[object] | None = None,
     window: int | None = None,
+    waiting: Iterable[object] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """A whole dump of the stack (tensors, metadata): the batch's planner inputs (an idle
     dump has an empty batch), the LUT, both free lists and the request pool's, the tree's
     slots, the running requests' rows and allocated lengths (`requests` None: not known, not
-    recorded). Best effort, like every capture read."""
+    recorded), and the Mamba layout's records (`waiting`: see `tree_state`). Best effort,
+    like every capture read."""
     import numpy as np
 
     table = _host(req_to_token_pool.req_to_token)
@@ -314,8 +378,15 @@ def capture_state(
     free_rows = getattr(req_to_token_pool, "free_slots", None)
     if free_rows is not None:
         tensors["free_req_rows"] = _host(free_rows)
-    state = tree_state(allocator=allocator, tree=tree, requests=requests, rows=shape[0])
-    for name in ("page_size", "num_full_slots", "num_swa_slots"):
+    state = tree_state(
+        allocator=allocator,
+        tree=tree,
+        requests=requests,
+        rows=shape[0],
+        req_pool=req_to_token_pool,
+        waiting=waiting,
+    )
+    for name in ("page_size", "num_full_slots", "num_swa_slots", "num_mamba_slots"):
         if name in state:
             metadata[name] = str(int(state.pop(name)))
     if LAYOUT_KEY in state:

@@ -77,6 +77,7 @@ from kvcanary_cli.safe_text import excerpt
 
 __all__ = [
     "GROUPS",
+    "MAMBA_RECORDS",
     "READ_LIMIT",
     "DtypeNote",
     "KvDump",
@@ -224,6 +225,14 @@ class KvDump:
     #: the request pool's free rows, and each running request's row (one entry a request).
     free_req_rows: np.ndarray | None = None
     running_req_rows: np.ndarray | None = None
+    #: the Mamba layout's records: the row map (and ping-pong map), the Mamba free list, the
+    #: tree's Mamba slots, each live request's Mamba slots and rows.
+    req_index_to_mamba_index_mapping: np.ndarray | None = None
+    req_index_to_mamba_ping_pong_track_buffer_mapping: np.ndarray | None = None
+    free_mamba_slots: np.ndarray | None = None
+    tree_mamba_slots: np.ndarray | None = None
+    req_mamba_slots: np.ndarray | None = None
+    req_mamba_rows: np.ndarray | None = None
     violation_ring: np.ndarray | None = None
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
@@ -548,6 +557,14 @@ def _read_contents(
         req_pool_allocated_lens=small("req_pool_allocated_lens"),
         free_req_rows=small("free_req_rows"),
         running_req_rows=small("running_req_rows"),
+        req_index_to_mamba_index_mapping=small("req_index_to_mamba_index_mapping"),
+        req_index_to_mamba_ping_pong_track_buffer_mapping=small(
+            "req_index_to_mamba_ping_pong_track_buffer_mapping"
+        ),
+        free_mamba_slots=small("free_mamba_slots"),
+        tree_mamba_slots=small("tree_mamba_slots"),
+        req_mamba_slots=small("req_mamba_slots"),
+        req_mamba_rows=small("req_mamba_rows"),
         violation_ring=small("violation_ring"),
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
@@ -567,6 +584,15 @@ _PAGE_TABLES = tuple(
     for side in ("full", "swa")
     for name in ("virtual_to_physical", "physical_to_virtual", "physical_holes")
 )
+#: The Mamba layout's records (docs/dump-format.md, "hybrid-mamba").
+MAMBA_RECORDS = (
+    "req_index_to_mamba_index_mapping",
+    "req_index_to_mamba_ping_pong_track_buffer_mapping",
+    "free_mamba_slots",
+    "tree_mamba_slots",
+    "req_mamba_slots",
+    "req_mamba_rows",
+)
 #: What a dump records about its KV slots (their ids mean what its layout says): not read
 #: for a layout kvcanary does not know. The batch, the table, the request pool's rows and
 #: the violation ring are read as they are.
@@ -581,10 +607,11 @@ _KV_RECORDS = frozenset(
         "tree_swa_resident_slots",
         "tree_locked_full_slots",
         *_PAGE_TABLES,
+        *MAMBA_RECORDS,
     }
 )
 _KV_FAMILIES = ("canary.", "real_kv.")
-_KV_SCALARS = frozenset({"num_full_slots", "num_swa_slots", "groups"})
+_KV_SCALARS = frozenset({"num_full_slots", "num_swa_slots", "num_mamba_slots", "groups"})
 
 
 def read_in_any_layout(name: str) -> bool:

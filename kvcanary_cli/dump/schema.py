@@ -80,6 +80,9 @@ class Layout(StrEnum):
     PAGED = "paged"
     #: unified memory: virtual ids minted by the full side, each side's page tables bind them
     UNIFIED_SWA = "unified-swa"
+    #: hybrid Mamba / linear attention: full-pool slot ids as paged, plus one Mamba state slot
+    #: per request and per tree checkpoint (`MambaSlotAllocator`, slot 0 reserved)
+    MAMBA = "hybrid-mamba"
 
 
 #: Metadata key naming the layout; a layout kvcanary does not know is noted, not checked.
@@ -325,6 +328,45 @@ TENSORS: dict[str, TensorSpec] = {
             )
         ),
         TensorSpec(
+            name="req_index_to_mamba_index_mapping",
+            canonical="I64",
+            accepted=_INDEX,
+            role="Mamba layout: per pool row, the Mamba slot its request works in",
+        ),
+        TensorSpec(
+            name="req_index_to_mamba_ping_pong_track_buffer_mapping",
+            canonical="I64",
+            accepted=_INDEX,
+            ranks=(2,),
+            role="Mamba layout, extra buffer: per pool row, its ping-pong track slots (-1 empty)",
+        ),
+        TensorSpec(
+            name="free_mamba_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="Mamba layout: the Mamba slot allocator's free list, in its order",
+        ),
+        TensorSpec(
+            name="tree_mamba_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="Mamba layout: the Mamba slots the radix tree's nodes hold",
+        ),
+        TensorSpec(
+            name="req_mamba_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="Mamba layout: each live request's Mamba slot (mamba_pool_idx; a waiting "
+            "request's copy-on-write slot too), then its ping-pong slots",
+        ),
+        TensorSpec(
+            name="req_mamba_rows",
+            canonical="I64",
+            accepted=_INDEX,
+            role="Mamba layout: the pool row of each req_mamba_slots entry's request (-1: none; "
+            "-2: a ping-pong slot)",
+        ),
+        TensorSpec(
             name="violation_ring",
             canonical="I64",
             ranks=(2,),
@@ -475,6 +517,13 @@ SCALARS: dict[str, ScalarSpec] = {
             name="num_swa_slots",
             default="unknown",
             meaning="rows of the SWA KV pool",
+            minimum=0,
+            maximum=_MAX_SLOTS,
+        ),
+        ScalarSpec(
+            name="num_mamba_slots",
+            default="unknown",
+            meaning="Mamba layout: slots of the Mamba state pool (size + 1: slot 0 is reserved)",
             minimum=0,
             maximum=_MAX_SLOTS,
         ),

@@ -90,7 +90,8 @@ def record_dump(scheduler: Scheduler, batch: Any, path: Path) -> Path:
         tree=stack.tree,
         batch=batch,
         requests=running_requests(scheduler, batch),
-        window=stack.spec.window,
+        window=None if stack.spec.layout == "mamba" else stack.spec.window,
+        waiting=scheduler.waiting,
     )
     metadata.update(
         {
@@ -124,8 +125,8 @@ class SGLangChecks:
             "tree_cache": stack.tree,
             "token_to_kv_pool_allocator": stack.allocator,
             "req_to_token_pool": stack.req_to_token_pool,
-            "is_hybrid_swa": True,
-            "is_hybrid_ssm": False,
+            "is_hybrid_swa": spec.layout != "mamba",
+            "is_hybrid_ssm": spec.layout == "mamba",
             "full_tokens_per_layer": spec.full_tokens,
             "swa_tokens_per_layer": spec.swa_tokens,
             "max_total_num_tokens": spec.full_tokens,

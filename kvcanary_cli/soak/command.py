@@ -42,7 +42,7 @@ def _specs(
 ) -> list[Any]:
     from kvcanary_cli.soak.stack import StackSpec
 
-    sizes = [page_size] if page_size else [1, 4, 16]
+    sizes = [page_size] if page_size else [1] if layout == "mamba" else [1, 4, 16]
     chosen = [core] if core else list(cores)
     return [StackSpec.pressured(ps, c, layout) for ps in sizes for c in chosen]
 
@@ -123,6 +123,12 @@ def soak(
     if layout not in LAYOUTS:
         raise OptionError(
             f"unknown layout {layout!r} (one of {', '.join(LAYOUTS)})", option="layout"
+        )
+    if layout == "mamba" and page_size not in (None, 1):
+        raise OptionError(
+            f"the Mamba layout runs at page size 1 only, not {page_size} (SGLang's Mamba tree "
+            "component needs it without the extra buffer)",
+            option="page-size",
         )
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)

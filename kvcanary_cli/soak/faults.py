@@ -14,6 +14,9 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
 - `tree-page-freed`: once the tree holds an unlocked page, that page is pushed onto the full
   side's free list while the node keeps it (unified memory: onto `free_virtual_ids`, still
   bound; SGLang's own checks stayed silent for 250 steps there).
+- `tree-mamba-slot-freed` (Mamba layout): once the tree holds a Mamba state, its slot is pushed
+  onto the Mamba free list while the node keeps it (SGLang's busy check has no Mamba check; its
+  idle check sees only counts).
 """
 
 from __future__ import annotations
@@ -126,11 +129,25 @@ def _tree_page_freed(stack: Any, step: int) -> None:
     full._kvcanary_planted = True
 
 
+def _tree_mamba_slot_freed(stack: Any, step: int) -> None:
+    """Once: the first Mamba slot the tree holds goes back on the Mamba free list, the tree
+    node keeping it."""
+    allocator = stack.req_to_token_pool.mamba_allocator
+    if getattr(allocator, "_kvcanary_planted", False):
+        return
+    held = stack.tree.all_mamba_values_flatten()
+    if held is None or held.numel() == 0:
+        return
+    allocator.free(held[:1].clone())
+    allocator._kvcanary_planted = True
+
+
 FAULTS: dict[str, Fault] = {
     "unmapped-representative": (_nothing, _free_tree_swa_pairs),
     "shared-boundary-page": (_shared_boundary_page, _nothing),
     "double-free-group-end": (_double_free_group_end, _nothing),
     "tree-page-freed": (_nothing, _tree_page_freed),
+    "tree-mamba-slot-freed": (_nothing, _tree_mamba_slot_freed),
 }
 
 

@@ -56,6 +56,8 @@ class LiveState:
     running_rows: np.ndarray
     free_rows: np.ndarray
     batch: dict[str, Any] | None
+    #: the Mamba layout's records by their dump names (None: another layout)
+    mamba: dict[str, np.ndarray] | None = None
 
 
 def read_state(scheduler: Any, batch: Any, requests: list[Any]) -> LiveState:
@@ -64,7 +66,12 @@ def read_state(scheduler: Any, batch: Any, requests: list[Any]) -> LiveState:
     pool = stack.req_to_token_pool
     table = pool.req_to_token.numpy()
     facts = tree_state(
-        allocator=stack.allocator, tree=stack.tree, requests=requests, rows=table.shape[0]
+        allocator=stack.allocator,
+        tree=stack.tree,
+        requests=requests,
+        rows=table.shape[0],
+        req_pool=pool,
+        waiting=scheduler.waiting,
     )
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
     empty = np.zeros(0, dtype=np.int64)
@@ -80,7 +87,20 @@ def read_state(scheduler: Any, batch: Any, requests: list[Any]) -> LiveState:
         running_rows=facts.get("running_req_rows", empty),
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
         batch=None if batch is None else batch_state(batch),
+        mamba=None
+        if "free_mamba_slots" not in facts
+        else {k: facts[k] for k in _MAMBA if k in facts},
     )
+
+
+#: The Mamba layout's records the audit reads.
+_MAMBA = (
+    "free_mamba_slots",
+    "tree_mamba_slots",
+    "req_mamba_slots",
+    "req_mamba_rows",
+    "req_index_to_mamba_index_mapping",
+)
 
 
 class LiveAudit:
@@ -102,6 +122,10 @@ class LiveAudit:
         self.row_domain = _mask(first.free_rows, self.rows_n)
         #: the LUT as built: its length and what lies past the full slots never change
         self.lut_tail = None if first.lut is None else first.lut[self.full_n :].copy()
+        #: the Mamba slots as built (1..size; slot 0 reserved)
+        mamba_free = None if first.mamba is None else first.mamba["free_mamba_slots"]
+        self.mamba_n = 0 if mamba_free is None else int(mamba_free.max(initial=0)) + 1
+        self.mamba_domain = None if mamba_free is None else _mask(mamba_free, self.mamba_n)
         self.fallbacks = 0
         #: per audit: the running rows' cells and how often each full slot is one
         self._cells: np.ndarray = first.free_full[:0]
@@ -112,7 +136,8 @@ class LiveAudit:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
         facts before it; a state the rules cannot even read breaks them all)."""
         try:
-            for rule in (self._rows, self._full, self._swa, self._locks, self._batch):
+            rules = (self._rows, self._full, self._swa, self._mamba, self._locks, self._batch)
+            for rule in rules:
                 why = rule(state, idle)
                 if why is not None:
                     return why
@@ -211,6 +236,28 @@ class LiveAudit:
                 return "an SWA-resident slot outside the tree"
             if np.any((resident > 0) != ((self._tree > 0) & (body != 0))):
                 return "a tree slot's SWA residence and its mapping disagree"
+        return None
+
+    def _mamba(self, s: LiveState, idle: bool) -> str | None:
+        """Mamba slots exactly partitioned (free, a tree node's, a live request's; slot 0
+        never), and each live request's row mapped to its own slot."""
+        m, domain = s.mamba, self.mamba_domain
+        if m is None or domain is None:
+            return None if m is None and domain is None else "no Mamba accounting"
+        slots, rows = m.get("req_mamba_slots"), m.get("req_mamba_rows")
+        if slots is None or rows is None or "tree_mamba_slots" not in m:
+            return "no Mamba accounting"
+        n = self.mamba_n
+        counts = [_counts(m["free_mamba_slots"], n), _counts(m["tree_mamba_slots"], n)]
+        counts.append(_counts(slots, n))
+        if any(c is None for c in counts):
+            return "a Mamba slot out of range"
+        owners = sum(c for c in counts if c is not None)
+        if not np.array_equal(owners, domain):
+            return "Mamba slots not partitioned"
+        live = rows > 0
+        if np.any(m["req_index_to_mamba_index_mapping"][rows[live]] != slots[live]):
+            return "a row mapped to another Mamba slot"
         return None
 
     def _locks(self, s: LiveState, idle: bool) -> str | None:

@@ -58,9 +58,10 @@ __all__ = [
 
 #: Tree cores `UnifiedRadixCache` can run (`tree_core_backend`).
 CORES = ("python", "rust")
-#: Memory layouts soak builds: hybrid SWA on the paged allocators (`SWAKVPool`), and unified
-#: memory (`UnifiedSWAKVPool`, one virtual id space over a shared byte buffer).
-LAYOUTS = ("swa", "unified")
+#: Memory layouts soak builds: hybrid SWA on the paged allocators (`SWAKVPool`), unified
+#: memory (`UnifiedSWAKVPool`, one virtual id space over a shared byte buffer), and hybrid
+#: Mamba / linear attention (`HybridReqToTokenPool`'s Mamba slots, page size 1).
+LAYOUTS = ("swa", "unified", "mamba")
 #: Python packages the memory-cache modules import at import time (the `sglang-cpu` extra).
 EXTRA = "kvcanary[sglang-cpu]"
 #: Packages only touched at import time by SGLang's model configs: a stand-in is enough.
@@ -625,32 +626,45 @@ def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
         rc = modules.runtime_context
         rc.reset_context()
         rc.publish(server_args, role="scheduler")
-    with fitting(tree, "ReqToTokenPool"):
-        req_to_token_pool = modules.memory_pool.ReqToTokenPool(
-            size=spec.max_reqs,
-            max_context_len=spec.max_context_len,
-            device="cpu",
-            enable_memory_saver=False,
-        )
-    import torch  # SGLang's pools imported it already
+    import torch  # SGLang's pools import it anyway
 
-    if spec.layout == "unified":
-        from kvcanary_cli.soak.unified import build_unified_pools
+    if spec.layout == "mamba":
+        from kvcanary_cli.soak.mamba import build_mamba_pools
 
-        with fitting(tree, "unified memory pool (init_unified_swa_pools)"):
-            kv_pool, allocator = build_unified_pools(spec)
+        if spec.page_size != 1:
+            raise SGLangUnavailableError(
+                f"the Mamba layout runs at page size 1 only (asked: {spec.page_size}): "
+                "SGLang's Mamba tree component needs it without the extra buffer",
+                source=tree.label,
+            )
+        with fitting(tree, "Mamba pools (HybridReqToTokenPool, HybridLinearKVPool)"):
+            req_to_token_pool, kv_pool, allocator = build_mamba_pools(modules, spec, server_args)
     else:
-        kv_pool, allocator = _swa_pools(modules, spec, torch)
+        with fitting(tree, "ReqToTokenPool"):
+            req_to_token_pool = modules.memory_pool.ReqToTokenPool(
+                size=spec.max_reqs,
+                max_context_len=spec.max_context_len,
+                device="cpu",
+                enable_memory_saver=False,
+            )
+        if spec.layout == "unified":
+            from kvcanary_cli.soak.unified import build_unified_pools
+
+            with fitting(tree, "unified memory pool (init_unified_swa_pools)"):
+                kv_pool, allocator = build_unified_pools(spec)
+        else:
+            kv_pool, allocator = _swa_pools(modules, spec, torch)
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
         kinds = modules.component_type.ComponentType
+        second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
         params = modules.cache_init_params.CacheInitParams(
             disable=False,
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=allocator,
             page_size=spec.page_size,
-            sliding_window_size=spec.window,
+            sliding_window_size=None if spec.layout == "mamba" else spec.window,
             chunked_prefill_size=spec.chunked_prefill_size,
-            tree_components=(kinds.FULL, kinds.SWA),
+            tree_components=(kinds.FULL, second),
             tree_core_backend=spec.core,
         )
         radix = modules.unified_radix_cache.UnifiedRadixCache(params)

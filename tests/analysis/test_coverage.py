@@ -27,8 +27,10 @@ from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.synth.state import SynthDump, build_dump
 from tests.helpers import checked
 
-#: every family a paged dump can run (the page tables are unified memory's)
+#: every family a paged dump can run (the page tables are unified memory's, the Mamba slots
+#: the Mamba layout's), and those of other layouts only
 EVERY = {family.name for family in CHECKS if Layout.PAGED in family.layouts}
+OTHER_LAYOUTS = {family.name for family in CHECKS} - EVERY
 
 
 def _whole() -> SynthDump:
@@ -62,7 +64,7 @@ def test_a_dump_with_every_record_runs_every_check(tmp_path: Path) -> None:
     report = _report(tmp_path)
     assert report.findings == ()
     status = {c.check: c.status for c in report.coverage}
-    assert status == dict.fromkeys(EVERY, "ran") | {"page tables": "not-applicable"}
+    assert status == dict.fromkeys(EVERY, "ran") | dict.fromkeys(OTHER_LAYOUTS, "not-applicable")
     assert [c.check for c in report.coverage] == [f.name for f in CHECKS]
 
 
@@ -146,7 +148,7 @@ def test_swa_checks_do_not_apply_to_a_dump_without_swa(tmp_path: Path) -> None:
     report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="none")
     swa = {"SWA LUT", "SWA free list", "SWA pool leaks"}
     not_applicable = {c.check for c in report.coverage if c.status == "not-applicable"}
-    assert not_applicable == swa | {"page tables"}  # the page tables: unified memory's
+    assert not_applicable == swa | OTHER_LAYOUTS
     table = _views(report)["table"]
     assert not any(name in table for name in swa)  # not a gap: there is no SWA pool
 

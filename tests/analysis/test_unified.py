@@ -117,17 +117,17 @@ def test_unsupported_layout_gets_one_note_and_no_finding(tmp_path: Path) -> None
     ids) and free lists are not read, so nothing is flagged, and one note says what was not
     checked."""
     state = _planted("free-and-bound")
-    report = _check(tmp_path, state, layout="hybrid-mamba")
+    report = _check(tmp_path, state, layout="future-layout")
     assert report.error is None
     assert report.findings == ()
     said = [note for note in report.notes if "layout" in note]
-    assert len(said) == 1 and "'hybrid-mamba'" in said[0] and "not checked" in said[0]
+    assert len(said) == 1 and "'future-layout'" in said[0] and "not checked" in said[0]
     assert not any("not checked without" in note for note in report.notes)
-    unread = {c.check for c in report.coverage if c.reason and "'hybrid-mamba'" in c.reason}
+    unread = {c.check for c in report.coverage if c.reason and "'future-layout'" in c.reason}
     assert {"full free list", "SWA LUT", "full pool leaks", "tree locks"} <= unread
     assert "step writes" not in unread  # the batch is read whatever the layout
     [line] = [ln for ln in coverage_lines(report) if ln.startswith("not run: ")]
-    assert line.count("'hybrid-mamba'") == 1  # the families it stopped, said together
+    assert line.count("'future-layout'") == 1  # the families it stopped, said together
 
 
 def test_paged_dump_without_layout_reads_as_before(tmp_path: Path) -> None:

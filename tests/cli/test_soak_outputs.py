@@ -125,6 +125,17 @@ def test_a_file_as_out_is_refused_before_soaking(fake: FakeSGLang, tmp_path: Pat
     assert named.read_text() == "mine\n"
 
 
+def test_the_mamba_layout_at_a_larger_page_is_refused_before_soaking(
+    fake: FakeSGLang, tmp_path: Path
+) -> None:
+    """SGLang's Mamba tree component runs at page size 1 only: one error line, nothing run."""
+    code, _, err = soak("--layout", "mamba", "--page-size", "4", "--out", str(tmp_path / "o"))
+    assert code == 2, err
+    _one_line(err)
+    assert "page size 1 only" in err and "page-size" in err
+    assert fake.loads == 0 and fake.histories == []
+
+
 def test_out_under_a_file_is_refused_before_soaking(fake: FakeSGLang, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     code, _, err = soak("--out", str(tmp_path / "file" / "sub"))

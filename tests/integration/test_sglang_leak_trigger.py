@@ -40,6 +40,7 @@ from kvcanary_cli.catalog import CauseCode, FindingCode
 from kvcanary_cli.cli import app as cli_app
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.soak import stack as soak_stack
+from kvcanary_cli.soak.audit import SGLangChecks
 from tests.helpers import checked
 from tests.render.record_schema import RECORDS, validate
 from tests.sglang_standin import forget_sglang
@@ -340,3 +341,35 @@ def test_a_real_leak_is_named_by_its_pages(sglang: Any, armed: Any) -> None:
     assert full["shared_pages"] == [] and full["double_freed_pages"] == []
     assert full["printed_difference"] == full["expected_difference"] == 12  # whole pages
     assert swa["verdict"] == "leak" and swa["printed_difference"] == swa["expected_difference"]
+
+
+def test_a_mamba_double_free_at_the_idle_check_is_named_from_its_dump(
+    sglang: Any, armed: Any
+) -> None:
+    """The Mamba layout through the leak trigger: a free Mamba slot freed again makes SGLang's
+    idle count check report a leak (one slot too many available); the dump it leaves names
+    the layout and carries the Mamba records, and `check` names the slot freed twice. The
+    trigger knows no waiting queue, so no request's Mamba slot is recorded and the Mamba leak
+    check says it did not run (a waiting request's copy-on-write slot is no leak)."""
+    spec = soak_stack.StackSpec(full_tokens=FULL_TOKENS, max_reqs=8, layout="mamba")
+    built = soak_stack.build_stack(sglang, spec)
+    scheduler = SimpleNamespace(
+        stack=built, last_batch=None, running=None, chunked_req=None, waiting=[]
+    )
+    # SGLang's checker as a Mamba model's scheduler builds it (is_hybrid_ssm); the stand-in
+    # scheduler has what it reads
+    checker = SGLangChecks(scheduler).checker  # type: ignore[arg-type]
+    allocator = built.req_to_token_pool.mamba_allocator
+    allocator.free(allocator.free_slots[:1].clone())  # slot 1 freed a second time
+    with pytest.raises(ValueError, match=r"\[mamba\] total="):
+        _idle_check(checker)
+    [path] = sorted(armed.dumps.glob("*.safetensors"))
+    dump = load_dump(path)
+    assert dump.layout == "hybrid-mamba" and dump.metadata["kvcanary.trigger"] == "leak"
+    assert dump.scalars["num_mamba_slots"].value == allocator.size + 1
+    assert dump.req_index_to_mamba_index_mapping is not None and dump.req_mamba_slots is None
+    report = checked(dump, kernel="vectorized")
+    assert [f.code for f in report.findings] == [FindingCode.MAMBA_SLOT_FREED_TWICE]
+    assert report.findings[0].details["mamba_slots"] == [1]
+    status = {c.check: c.status for c in report.coverage}
+    assert status["Mamba slots"] == "ran" and status["Mamba slot leaks"] == "not-run"

@@ -1,0 +1,179 @@
+"""The hybrid Mamba layout's state slots (SGLang 0.5.23's `HybridReqToTokenPool`,
+`MambaSlotAllocator`, the radix tree's `MambaComponent`): what the paged checks cannot see.
+
+Besides its full-attention KV (checked as the paged layout's), each live request holds one
+Mamba state slot (`mamba_pool_idx`; a waiting request's copy-on-write slot too, and with the
+extra buffer its ping-pong slots), each tree checkpoint one, and the allocator's free list the
+rest; slot 0 is the dummy write target of padded tokens, never handed out. In a correct state
+every slot 1..size is in exactly one of those places, and each live request's row maps
+(`req_index_to_mamba_index_mapping`) to its own slot. SGLang checks none of it while busy, and
+at idle only counts. Each check is a few sorts over lists as long as the pool.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+
+from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import Group, Layout
+from kvcanary_cli.results.check import Finding, JsonValue
+
+__all__ = ["mamba_findings", "mamba_leak_findings"]
+
+#: Slots a finding names in its details (a sample, with the total).
+_SHOWN = 16
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _flat(values: np.ndarray | None) -> np.ndarray:
+    return _EMPTY if values is None else np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _finding(code: FindingCode, slots: np.ndarray, one: str, many: str) -> Finding:
+    first = int(slots[0])
+    return Finding(
+        code=code,
+        group=Group.FULL,
+        message=one.format(slot=first) if slots.size == 1 else many.format(n=slots.size),
+        details=cast(
+            dict[str, JsonValue],
+            {
+                "mamba_slots": [int(s) for s in slots[:_SHOWN]],
+                "mamba_slots_total": int(slots.size),
+            },
+        ),
+    )
+
+
+def _repeated(values: np.ndarray) -> np.ndarray:
+    ordered = np.sort(values)
+    return distinct(ordered[1:][ordered[1:] == ordered[:-1]])
+
+
+def _holders(dump: KvDump) -> np.ndarray:
+    """Every slot a holder names, once per holding (tree nodes, then live requests)."""
+    return np.concatenate([_flat(dump.tree_mamba_slots), _flat(dump.req_mamba_slots)])
+
+
+def mamba_findings(dump: KvDump) -> list[Finding]:
+    """Slots free and held, owned twice, freed twice, slot 0 in use, and live rows mapped to
+    another slot than their request's (none for another layout, or a shrunk dump)."""
+    if dump.layout != Layout.MAMBA or dump.shrunk:
+        return []
+    free, held = _flat(dump.free_mamba_slots), _holders(dump)
+    found: list[Finding] = []
+    both = np.intersect1d(free, held)
+    both = both[both > 0]
+    if both.size:
+        found.append(
+            _finding(
+                FindingCode.MAMBA_SLOT_FREE_AND_HELD,
+                both,
+                "Mamba slot {slot} is on the Mamba free list, yet a tree node or a live request "
+                "holds it: the next alloc hands its state to a second owner",
+                "{n} Mamba slots are on the Mamba free list, yet tree nodes or live requests "
+                "hold them: the next allocs hand their states to second owners",
+            )
+        )
+    twice = _repeated(held)
+    twice = twice[twice > 0]
+    if twice.size:
+        found.append(
+            _finding(
+                FindingCode.MAMBA_SLOT_OWNED_TWICE,
+                twice,
+                "Mamba slot {slot} is held twice (tree nodes or live requests): two owners "
+                "share one recurrent state",
+                "{n} Mamba slots are held twice (tree nodes or live requests): two owners "
+                "share each state",
+            )
+        )
+    doubled = _repeated(free)
+    doubled = doubled[doubled > 0]
+    if doubled.size:
+        found.append(
+            _finding(
+                FindingCode.MAMBA_SLOT_FREED_TWICE,
+                doubled,
+                "Mamba slot {slot} is listed twice on the Mamba free list: freed twice",
+                "{n} Mamba slots are listed twice on the Mamba free list: freed twice",
+            )
+        )
+    if bool((free == 0).any() or (held == 0).any()):
+        where = [
+            name
+            for name, values in (
+                ("the Mamba free list", free),
+                ("the tree", _flat(dump.tree_mamba_slots)),
+                ("a live request", _flat(dump.req_mamba_slots)),
+            )
+            if bool((values == 0).any())
+        ]
+        found.append(
+            _finding(
+                FindingCode.MAMBA_RESERVED_SLOT_IN_USE,
+                np.zeros(1, dtype=np.int64),
+                "Mamba slot 0, reserved for padded tokens, is on " + " and ".join(where),
+                "",
+            )
+        )
+    found += _row_map(dump)
+    return found
+
+
+def _row_map(dump: KvDump) -> list[Finding]:
+    """`MAMBA_ROW_MAP_MISMATCH`: a live request's row maps to another slot than its own."""
+    row_map, slots, rows = (
+        dump.req_index_to_mamba_index_mapping,
+        dump.req_mamba_slots,
+        dump.req_mamba_rows,
+    )
+    if row_map is None or slots is None or rows is None or slots.size != rows.size:
+        return []
+    mapping = _flat(row_map)
+    slots, rows = _flat(slots), _flat(rows)
+    live = (rows > 0) & (rows < mapping.size)
+    slots, rows = slots[live], rows[live]
+    wrong = mapping[rows] != slots
+    found = []
+    for row, mapped, held in zip(rows[wrong], mapping[rows][wrong], slots[wrong], strict=True):
+        found.append(
+            Finding(
+                code=FindingCode.MAMBA_ROW_MAP_MISMATCH,
+                group=Group.FULL,
+                pool_row=int(row),
+                message=(
+                    f"pool row {int(row)} maps to Mamba slot {int(mapped)}, but its request "
+                    f"holds Mamba slot {int(held)}: its kernels run on another state"
+                ),
+                details={"mapped": int(mapped), "held": int(held)},
+            )
+        )
+    return found
+
+
+def mamba_leak_findings(dump: KvDump) -> list[Finding]:
+    """`MAMBA_SLOT_LEAKED`: slots 1..size in no place (every record needed: see coverage)."""
+    size = dump.scalars["num_mamba_slots"].value
+    if dump.layout != Layout.MAMBA or size is None or dump.req_mamba_slots is None:
+        return []
+    accounted = np.zeros(int(size), dtype=bool)
+    accounted[0] = True
+    for values in (dump.free_mamba_slots, dump.tree_mamba_slots, dump.req_mamba_slots):
+        flat = _flat(values)
+        accounted[flat[(flat >= 0) & (flat < size)]] = True
+    leaked = np.flatnonzero(~accounted).astype(np.int64)
+    if not leaked.size:
+        return []
+    return [
+        _finding(
+            FindingCode.MAMBA_SLOT_LEAKED,
+            leaked,
+            "Mamba slot {slot} is neither free, nor a tree node's, nor a live request's: leaked",
+            "{n} Mamba slots are neither free, nor a tree node's, nor a live request's: leaked",
+        )
+    ]

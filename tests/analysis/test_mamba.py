@@ -1,0 +1,115 @@
+"""The hybrid Mamba layout's checks (analysis/mamba.py) on small hand-made dumps: a correct
+state checks clean (its waiting request's copy-on-write slot included), and each fault of the
+Mamba slots (free and held, held twice, freed twice, slot 0 handed out, a row mapped to another
+slot, a leak) is named with its cause, each beside its clean twin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.api import check
+from kvcanary_cli.dump.writer import dump_contents, write_dump
+
+#: Mamba slots 1..SIZE (slot 0 reserved); rows 1 and 2 run, the tree holds 3 and 4, a waiting
+#: request holds 5 (its copy-on-write slot), 6..8 are free
+SIZE = 8
+
+
+def _state() -> dict[str, Any]:
+    table = np.zeros((4, 8), dtype=np.int32)
+    table[1, :3] = [1, 2, 3]
+    table[2, :2] = [4, 5]
+    row_map = np.zeros(4, dtype=np.int64)
+    row_map[1], row_map[2] = 1, 2
+    return {
+        "req_to_token": table,
+        "req_pool_indices": np.array([1, 2]),
+        "prefix_lens": np.array([2, 1]),
+        "extend_seq_lens": np.array([1, 1]),
+        "free_full_slots": np.arange(6, 16),
+        "tree_full_slots": np.zeros(0, dtype=np.int64),
+        "req_pool_allocated_lens": np.array([0, 3, 2, 0]),
+        "req_index_to_mamba_index_mapping": row_map,
+        "free_mamba_slots": np.array([6, 7, 8]),
+        "tree_mamba_slots": np.array([3, 4]),
+        "req_mamba_slots": np.array([1, 2, 5]),
+        "req_mamba_rows": np.array([1, 2, -1]),
+    }
+
+
+def _check(tmp_path: Path, state: dict[str, Any]) -> Any:
+    metadata = {
+        "layout": "hybrid-mamba",
+        "num_full_slots": 16,
+        "num_mamba_slots": SIZE + 1,
+        "page_size": 1,
+    }
+    path = write_dump(tmp_path / "m.safetensors", dump_contents(metadata, state))
+    return check([path], kernel="none").dumps[0]
+
+
+def _errors(report: Any) -> list[str]:
+    return [f.code.value for f in report.findings if f.severity.value == "error"]
+
+
+def test_correct_state_is_clean(tmp_path: Path) -> None:
+    report = _check(tmp_path, _state())
+    assert report.error is None
+    assert _errors(report) == []
+    status = {c.check: c.status for c in report.coverage}
+    assert status["Mamba slots"] == status["Mamba slot leaks"] == "ran"
+    assert status["page tables"] == status["SWA LUT"] == "not-applicable"
+
+
+def _planted(name: str) -> dict[str, Any]:
+    state = _state()
+    if name == "free-and-held":  # a tree node's slot pushed onto the free list
+        state["free_mamba_slots"] = np.array([6, 7, 8, 4])
+    elif name == "owned-twice":  # the tree's slot handed to the waiting request as well
+        state["req_mamba_slots"] = np.array([1, 2, 4])
+        state["free_mamba_slots"] = np.array([5, 6, 7, 8])
+    elif name == "freed-twice":
+        state["free_mamba_slots"] = np.array([6, 7, 8, 7])
+    elif name == "reserved":  # slot 0 freed (a padding row's map entry)
+        state["free_mamba_slots"] = np.array([0, 6, 7, 8])
+    elif name == "row-map":  # row 2 maps to the tree's slot, its request holds 2
+        state["req_index_to_mamba_index_mapping"][2] = 4
+    elif name == "leaked":  # the waiting request dropped without freeing its slot
+        state["req_mamba_slots"] = np.array([1, 2])
+        state["req_mamba_rows"] = np.array([1, 2])
+    return state
+
+
+#: Each planted Mamba-layout fault, the finding it must give and its cause; the catalog's
+#: coverage test (test_findings) counts these codes as planted.
+MAMBA_FAULTS = (
+    ("free-and-held", "mamba-slot-free-and-held", "mamba-slot-freed-while-held"),
+    ("owned-twice", "mamba-slot-owned-twice", "mamba-slot-double-free"),
+    ("freed-twice", "mamba-slot-freed-twice", "mamba-slot-double-free"),
+    ("reserved", "mamba-reserved-slot-in-use", "mamba-reserved-slot-handed-out"),
+    ("row-map", "mamba-row-map-mismatch", "mamba-row-map-stale"),
+    ("leaked", "mamba-slot-leaked", "mamba-slot-leak"),
+)
+
+
+@pytest.mark.parametrize(("fault", "code", "cause"), MAMBA_FAULTS)
+def test_each_fault_is_named(tmp_path: Path, fault: str, code: str, cause: str) -> None:
+    report = _check(tmp_path, _planted(fault))
+    assert _errors(report) == [code]
+    assert report.diagnosis[0].code.value == cause, report.diagnosis
+
+
+def test_requests_unknown_no_leak_is_said(tmp_path: Path) -> None:
+    """A capture that did not know every live request (a guard trigger) records no request
+    slots: the tree's and the free list's slots are still checked, no slot is called leaked,
+    and the coverage says why."""
+    state = _planted("free-and-held")
+    del state["req_mamba_slots"], state["req_mamba_rows"]
+    report = _check(tmp_path, state)
+    assert _errors(report) == ["mamba-slot-free-and-held"]
+    [leaks] = [c for c in report.coverage if c.check == "Mamba slot leaks"]
+    assert leaks.status == "not-run" and "req_mamba_slots" in leaks.missing
