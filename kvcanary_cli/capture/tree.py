@@ -37,6 +37,7 @@ __all__ = [
     "register_tree_cache",
     "tree_for",
     "tree_state",
+    "virtual_slots",
 ]
 
 logger = logging.getLogger("kvcanary.capture")
@@ -182,6 +183,17 @@ def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
     return page
 
 
+def virtual_slots(allocator: object, page: int) -> int | None:
+    """The virtual id space in slots of a unified allocator (host attributes only: the
+    guard reads it every launch), None for any other: what its ids are bounded by, not the
+    physical pool's `_size_full`."""
+    full = getattr(allocator, "full_attn_allocator", None)
+    pages = getattr(full, "num_virtual_ids", None)
+    if pages is None or not hasattr(full, "free_virtual_ids"):
+        return None
+    return int(pages) * page
+
+
 def _unified_facts(facts: dict[str, Any], allocator: Any, page: int) -> bool:
     """Unified memory (`UnifiedSWATokenToKVPoolAllocator`): `req_to_token`, the tree and the
     free list hold virtual ids, minted by the full side's `MultiEndedAllocator` over its
@@ -197,7 +209,7 @@ def _unified_facts(facts: dict[str, Any], allocator: Any, page: int) -> bool:
     if getattr(full, "virtual_to_physical", None) is None or not hasattr(full, "free_virtual_ids"):
         return False
     facts[LAYOUT_KEY] = Layout.UNIFIED_SWA.value
-    facts["num_full_slots"] = int(full.num_virtual_ids) * page
+    facts["num_full_slots"] = virtual_slots(allocator, page)
     facts["free_full_slots"] = _pages_to_slots(full.free_virtual_ids, page)
     for side, sub in (("full", full), ("swa", swa)):
         if sub is None:

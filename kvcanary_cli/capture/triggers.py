@@ -317,6 +317,11 @@ def capture_state(
         context = server.server_context(table)
         context.update(server.canary_state(manager=manager, device_state=device_state))
         layout = context.pop(LAYOUT_KEY, None)  # a metadata string, not a tensor
+        for name in [n for n in context if n in store.PLAN_ARGUMENTS]:
+            # unified memory's LUT is read from its page tables; the call's own LUT wins
+            value = context.pop(name)
+            if inputs.get(name) is None:
+                inputs[name] = value
         if layout is not None:
             extra = {**(extra or {}), LAYOUT_KEY: layout}
         path = dump.write(inputs, context, note, extra=extra)
