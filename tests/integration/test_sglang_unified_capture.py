@@ -11,72 +11,29 @@ own pool size must be that space, or the guard lets a LUT sized by the physical 
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kvcanary_cli.capture import launcher, leaks, server, store, triggers
-from kvcanary_cli.capture import tree as tree_capture
+from kvcanary_cli.capture import leaks, server, triggers
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.schema import LAYOUT_KEY, Layout
 from tests.helpers import checked
+from tests.live_capture import arm_hook, drive, live_scheduler
 
 torch = pytest.importorskip("torch")
 
 
 @pytest.fixture
-def hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang: Any) -> Any:
-    """The hook's process state fresh, dumps to `tmp_path/dumps`, SGLang's checker watched
-    (every wrapper undone after the test)."""
-    dumps = tmp_path / "dumps"
-    monkeypatch.setenv("KVCANARY_DUMP_LIMIT", "40")
-    monkeypatch.setattr(store, "BUDGET", store.Budget())
-    monkeypatch.setattr(triggers, "GUARD", triggers.Guard())
-    monkeypatch.setattr(
-        triggers, "_SETTINGS", [triggers.Settings(dump_dir=dumps, guard=True, dump_every=6)]
-    )
-    for name, value in (("_RUNNERS", []), ("_MANAGERS", []), ("_LAST", {}), ("_VERSION", [])):
-        monkeypatch.setattr(server, name, value)
-    monkeypatch.setattr(server, "_calls", itertools.count())
-    monkeypatch.setattr(tree_capture, "_TREES", [])
-    module = sglang.invariant_checker
-    cls = module.SchedulerInvariantChecker
-    monkeypatch.setattr(module, "raise_error_or_warn", module.raise_error_or_warn)
-    monkeypatch.setattr(cls, "self_check_during_busy", cls.self_check_during_busy)
-    assert leaks.watch_invariant_checker(module)
-    return dumps
-
-
-#: The last runner registered (the hook's registry holds runners weakly).
-_HELD: list[Any] = []
-
-
-class _Runner:
-    """What the hook reads of SGLang's model runner (weakly held: a class, not a namespace)."""
-
-    def __init__(self, stack: Any) -> None:
-        self.req_to_token_pool = stack.req_to_token_pool
-        self.token_to_kv_pool_allocator = stack.allocator
+def hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang: Any) -> Path:
+    """The hook armed fresh, dumps to `tmp_path/dumps` (see `tests.live_capture`)."""
+    return arm_hook(monkeypatch, sglang, tmp_path / "dumps")
 
 
 def _scheduler(sglang: Any, page_size: int, seed: int, steps: int) -> Any:
-    """Soak's scheduler over a fresh unified stack, its runner and tree registered the way
-    the hook registers SGLang's."""
-    from kvcanary_cli.soak.driver import Scheduler
-    from kvcanary_cli.soak.stack import StackSpec, build_stack
-    from kvcanary_cli.soak.workload import random_workload
-
-    stack = build_stack(sglang, StackSpec.pressured(page_size, "python", "unified"))
-    workload = random_workload(seed, steps=steps, requests=steps // 4, max_prompt=60, max_new=20)
-    scheduler = Scheduler(stack, workload)
-    runner = _Runner(stack)
-    server.register_model_runner(runner)
-    tree_capture.register_tree_cache(stack.tree)
-    _HELD[:] = [runner]  # the registry holds it weakly
-    return scheduler
+    return live_scheduler(sglang, page_size, seed, steps, layout="unified")
 
 
 def _space(allocator: Any, page_size: int) -> tuple[int, int]:
@@ -109,41 +66,12 @@ def test_the_hooks_pool_size_is_the_virtual_id_space(
     assert triggers.Guard().failures(whole, 0) == []
 
 
-def _plan_call(scheduler: Any, batch: Any) -> dict[str, Any]:
-    """The plan arguments of `batch` as the canary runner passes them (the live table)."""
-    facts = tree_capture.batch_state(batch)
-    call: dict[str, Any] = {
-        name: torch.from_numpy(facts[name])
-        for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens", "out_cache_loc")
-        if name in facts
-    }
-    call["req_to_token"] = scheduler.stack.req_to_token_pool.req_to_token
-    call["swa_window_size"] = scheduler.stack.spec.window
-    return call
-
-
-def _drive(scheduler: Any, steps: int, fault: str | None = None) -> None:
-    """Run `steps` scheduler steps, each plan launched through the hook's wrapper."""
-    from kvcanary_cli.soak.faults import plant
-
-    launch = launcher._wrap(lambda **kwargs: None)  # SGLang's plan launch, stood in
-    each_step, undo = plant(fault, scheduler.stack)
-    try:
-        for _ in range(steps):
-            scheduler.step(on_plan=lambda batch: launch(**_plan_call(scheduler, batch)))
-            each_step(scheduler.stack, scheduler.step_no)
-            if scheduler.done:
-                break
-    finally:
-        undo()
-
-
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_snapshots_of_a_correct_unified_history_record_its_layout_and_check_clean(
     sglang: Any, hook: Path, page_size: int
 ) -> None:
     scheduler = _scheduler(sglang, page_size, 100, 40)
-    _drive(scheduler, 60)
+    drive(scheduler, 60)
     paths = sorted(hook.glob("*.safetensors"))
     assert len(paths) >= 5
     virtual, physical = _space(scheduler.stack.allocator, page_size)
@@ -163,7 +91,7 @@ def test_a_tree_page_pushed_onto_the_free_list_is_named_in_the_next_snapshot(
     sglang: Any, hook: Path
 ) -> None:
     scheduler = _scheduler(sglang, 4, 100, 40)
-    _drive(scheduler, 60, fault="tree-page-freed")
+    drive(scheduler, 60, fault="tree-page-freed")
     codes = set()
     for path in sorted(hook.glob("*.safetensors")):
         codes |= {f.code for f in checked(load_dump(path), kernel="vectorized").findings}
