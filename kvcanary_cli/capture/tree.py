@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from kvcanary_cli.dump.schema import LAYOUT_KEY, Layout
+from kvcanary_cli.dump.schema import LAYOUT_KEY, RESERVED_PAGES_KEY, Layout
 
 __all__ = [
     "batch_state",
@@ -167,8 +167,11 @@ def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
     if _unified_facts(facts, allocator, page):
         return page
     full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
+    reserved = _reserved_pages(getattr(allocator, "full_attn_allocator", allocator))
+    if reserved > 1:
+        facts[RESERVED_PAGES_KEY] = reserved
     if full is not None:
-        facts["num_full_slots"] = int(full) + page
+        facts["num_full_slots"] = int(full) + reserved * page
     swa = getattr(allocator, "_size_swa", None)
     if swa is not None:
         facts["num_swa_slots"] = int(swa) + page
@@ -181,6 +184,16 @@ def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
             if free is not None:
                 facts[name] = free
     return page
+
+
+def _reserved_pages(allocator: object) -> int:
+    """Pages no request may hold: page 0, or a page-interleave allocator's `shard_size`
+    (`PageInterleavePoolAllocator`: logical pages `0 .. shard_size - 1` are every rank's
+    physical page 0, and its ids reach `size + shard_size * page_size`)."""
+    shard = getattr(allocator, "shard_size", None)
+    if shard is None or not hasattr(allocator, "class_free_pages"):
+        return 1
+    return max(1, int(shard))
 
 
 def virtual_slots(allocator: object, page: int) -> int | None:
@@ -330,7 +343,8 @@ def capture_state(
     for name in ("page_size", "num_full_slots", "num_swa_slots"):
         if name in state:
             metadata[name] = str(int(state.pop(name)))
-    if LAYOUT_KEY in state:
-        metadata[LAYOUT_KEY] = str(state.pop(LAYOUT_KEY))
+    for key in (LAYOUT_KEY, RESERVED_PAGES_KEY):  # metadata strings, not tensors
+        if key in state:
+            metadata[key] = str(state.pop(key))
     tensors.update(state)
     return tensors, metadata

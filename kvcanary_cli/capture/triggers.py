@@ -32,7 +32,7 @@ from typing import Any
 import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
-from kvcanary_cli.dump.schema import LAYOUT_KEY
+from kvcanary_cli.dump.schema import LAYOUT_KEY, RESERVED_PAGES_KEY
 
 __all__ = [
     "SGLANG_REPORTER_MODULE",
@@ -316,14 +316,14 @@ def capture_state(
             inputs, table = bare, bare["req_to_token"]
         context = server.server_context(table)
         context.update(server.canary_state(manager=manager, device_state=device_state))
-        layout = context.pop(LAYOUT_KEY, None)  # a metadata string, not a tensor
+        for key in (LAYOUT_KEY, RESERVED_PAGES_KEY):  # metadata strings, not tensors
+            if key in context:
+                extra = {**(extra or {}), key: str(context.pop(key))}
         for name in [n for n in context if n in store.PLAN_ARGUMENTS]:
             # unified memory's LUT is read from its page tables; the call's own LUT wins
             value = context.pop(name)
             if inputs.get(name) is None:
                 inputs[name] = value
-        if layout is not None:
-            extra = {**(extra or {}), LAYOUT_KEY: layout}
         path = dump.write(inputs, context, note, extra=extra)
     except Exception as exc:
         logger.warning(
