@@ -31,6 +31,7 @@ from typing import Any
 from kvcanary_cli.dump.schema import LAYOUT_KEY, RESERVED_PAGES_KEY, Layout
 
 __all__ = [
+    "METADATA_FACTS",
     "batch_state",
     "capture_state",
     "free_slots",
@@ -161,9 +162,34 @@ def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
         return None
 
 
+#: Metadata keys of decode context parallel: its size, and the per-rank page it widens
+#: (`page_size` is the allocator's page, `pool page × dcp_size`, what the ids are paged in).
+DCP_SIZE_KEY = "dcp_size"
+DCP_POOL_PAGE_KEY = "dcp_pool_page_size"
+#: What `tree_state` records as metadata strings, not tensors.
+METADATA_FACTS = (LAYOUT_KEY, RESERVED_PAGES_KEY, DCP_SIZE_KEY, DCP_POOL_PAGE_KEY)
+
+
+def _dcp_size() -> int:
+    """The serving process's decode-context-parallel size (SGLang's `get_parallel()`,
+    0.5.23), 1 when it is off or unknown; never imports SGLang."""
+    import sys
+
+    context = sys.modules.get("sglang.srt.runtime_context")
+    try:
+        size = int(getattr(context.get_parallel(), "attn_dcp_size", 1) or 1)  # type: ignore[union-attr]
+    except Exception:  # no context published (a tool, a test), or another release
+        return 1
+    return max(1, size)
+
+
 def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
     page = int(getattr(allocator, "page_size", 1) or 1)
     facts["page_size"] = page
+    dcp = _dcp_size()
+    if dcp > 1 and page % dcp == 0:  # DCP widens the allocator's pages: both recorded
+        facts[DCP_SIZE_KEY] = dcp
+        facts[DCP_POOL_PAGE_KEY] = page // dcp
     if _unified_facts(facts, allocator, page):
         return page
     full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
@@ -343,7 +369,7 @@ def capture_state(
     for name in ("page_size", "num_full_slots", "num_swa_slots"):
         if name in state:
             metadata[name] = str(int(state.pop(name)))
-    for key in (LAYOUT_KEY, RESERVED_PAGES_KEY):  # metadata strings, not tensors
+    for key in METADATA_FACTS:  # metadata strings, not tensors
         if key in state:
             metadata[key] = str(state.pop(key))
     tensors.update(state)
