@@ -6,6 +6,9 @@ with the batch's plan arguments, as SGLang's canary runner launches it."""
 from __future__ import annotations
 
 import itertools
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,30 @@ import pytest
 from kvcanary_cli.capture import launcher, leaks, server, store, triggers
 from kvcanary_cli.capture import tree as tree_capture
 
-__all__ = ["arm_hook", "drive", "live_scheduler", "plan_call"]
+__all__ = ["arm_hook", "drive", "live_scheduler", "loaded", "plan_call"]
+
+
+@contextmanager
+def loaded(modules: Any) -> Iterator[Any]:
+    """SGLang's modules with their package in `sys.modules` (SGLang imports inside its own
+    functions): the session's load while it is still there, else a fresh load for the
+    duration (a test that stood in for `sglang`, or forgot it, dropped it), forgotten after
+    so the process is left as it was found."""
+    if sys.modules.get(modules.memory_pool.__name__) is modules.memory_pool:
+        yield modules
+        return
+    from kvcanary_cli.soak import stack
+    from tests.sglang_standin import forget_sglang
+    from tests.sglang_wheel import wheel_path
+
+    with pytest.MonkeyPatch.context() as patch:
+        forget_sglang()
+        patch.setattr(stack, "_LOADED", {})
+        try:
+            yield stack.load_sglang(wheel_path())
+        finally:
+            forget_sglang()
+
 
 #: The runners registered last (the hook's registry holds runners weakly).
 _HELD: list[Any] = []

@@ -8,6 +8,7 @@ DCP records neither. Both check clean.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,8 +19,17 @@ from kvcanary_cli.capture.tree import capture_state
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from tests.helpers import checked
+from tests.live_capture import loaded
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def sglang(sglang: Any) -> Iterator[Any]:
+    """The session's SGLang, its modules importable for this module's tests."""
+    with loaded(sglang) as modules:
+        yield modules
+
 
 POOL_PAGE, TOKENS = 4, 128
 

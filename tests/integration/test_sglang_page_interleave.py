@@ -12,6 +12,7 @@ handed out are each named.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,8 +24,17 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from tests.helpers import checked
+from tests.live_capture import loaded
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def sglang(sglang: Any) -> Iterator[Any]:
+    """The session's SGLang, its modules importable for this module's tests."""
+    with loaded(sglang) as modules:
+        yield modules
+
 
 PAGE, SHARD, PER_RANK_TOKENS = 4, 2, 64
 #: two requests holding every page between them (the top logical page included)

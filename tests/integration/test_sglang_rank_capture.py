@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,18 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.capture import server, triggers
 from kvcanary_cli.cli import app as cli_app
-from tests.live_capture import arm_hook, drive, live_scheduler
+from tests.live_capture import arm_hook, drive, live_scheduler, loaded
 
 PAGE = 4
 #: a snapshot every this many plan launches
 EVERY = 5
+
+
+@pytest.fixture(scope="module")
+def sglang(sglang: Any) -> Iterator[Any]:
+    """The session's SGLang, its modules importable for this module's tests."""
+    with loaded(sglang) as modules:
+        yield modules
 
 
 def _ranks(paths: list[Path]) -> tuple[int, dict[str, Any]]:

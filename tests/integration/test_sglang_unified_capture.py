@@ -11,6 +11,7 @@ own pool size must be that space, or the guard lets a LUT sized by the physical 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,16 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.schema import LAYOUT_KEY, Layout
 from tests.helpers import checked
-from tests.live_capture import arm_hook, drive, live_scheduler
+from tests.live_capture import arm_hook, drive, live_scheduler, loaded
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def sglang(sglang: Any) -> Iterator[Any]:
+    """The session's SGLang, its modules importable for this module's tests."""
+    with loaded(sglang) as modules:
+        yield modules
 
 
 @pytest.fixture
