@@ -26,6 +26,9 @@ def loaded(modules: Any) -> Iterator[Any]:
     functions): the session's load while it is still there, else a fresh load for the
     duration (a test that stood in for `sglang`, or forgot it, dropped it), forgotten after
     so the process is left as it was found."""
+    reinstate = getattr(modules, "reinstate", None)  # a load that can put its modules back
+    if callable(reinstate):
+        reinstate()
     if sys.modules.get(modules.memory_pool.__name__) is modules.memory_pool:
         yield modules
         return
