@@ -640,7 +640,10 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a slot of the reserved padding page (slots `0 .. page_size − 1`, in either "
                     "pool) is on a free list, is a LUT key that maps to an SWA slot, or is an "
                     "SWA slot the LUT maps to (slots `1 .. page_size − 1` of SWA page 0: SWA "
-                    "page 0 was freed and handed out, SGLang PR #38519 at page_size > 1)"
+                    "page 0 was freed and handed out, SGLang PR #38519 at page_size > 1); "
+                    "where the dump's metadata records `reserved_pages` N > 1 (a page-interleave "
+                    "allocator's `shard_size`), a slot of full pages `0 .. N − 1` on "
+                    "`free_full_slots` or in a live cell"
                 ),
                 meaning=(
                     "padding slots were freed or mapped: an allocator can hand the padding page out"
@@ -946,8 +949,8 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "`details.mapped`, `details.held`"
                 ),
                 meaning=(
-                    "the kernels read and write the state the pool row map names, not the request's "
-                    "own: another owner's state, or a freed slot"
+                    "the kernels read and write the state the pool row map names, not the "
+                    "request's own: another owner's state, or a freed slot"
                 ),
             ),
         ),

@@ -50,7 +50,7 @@ from kvcanary_cli.analysis.coverage import (
     runs,
     why_not,
 )
-from kvcanary_cli.analysis.findings import held_twice, step_writes
+from kvcanary_cli.analysis.findings import held_twice, reserved_pages, step_writes
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
@@ -167,17 +167,20 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
                     page_size=page,
                 )
             )
-        held = np.unique(values[(values >= 0) & (values < page)])
+        # the full side may reserve more than its padding page (page-interleave: shard_size)
+        reserved = page * (reserved_pages(dump) if space is Space.FULL else 1)
+        held = np.unique(values[(values >= 0) & (values < reserved)])
         if held.size:
+            what = "the padding page" if reserved == page else "a reserved page"
             found.append(
                 _slot_finding(
                     FindingCode.RESERVED_SLOT_IN_USE,
                     group,
                     space,
                     _slot_cells(held),
-                    f"reserved {space} slot {{slot}} (the padding page) is on {name}",
-                    f"reserved {space} slots (the padding page) are on {name}",
-                    {"free_list": name, "reserved_slots": page},
+                    f"reserved {space} slot {{slot}} ({what}) is on {name}",
+                    f"reserved {space} slots ({what}) are on {name}",
+                    {"free_list": name, "reserved_slots": reserved},
                     page_size=page,
                 )
             )

@@ -17,7 +17,7 @@ from kvcanary_cli.analysis.coverage import FULL_FREE_LIST, STEP_WRITES, SWA_FREE
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import SCALARS, Group, dtype_label
+from kvcanary_cli.dump.schema import RESERVED_PAGES_KEY, SCALARS, Group, dtype_label, parse_integer
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, Space
@@ -28,6 +28,7 @@ __all__ = [
     "held_twice",
     "lut_findings",
     "plan_findings",
+    "reserved_pages",
     "slot_findings",
     "step_writes",
     "swa_findings",
@@ -239,6 +240,13 @@ def _cell_records(
     return found
 
 
+def reserved_pages(dump: KvDump) -> int:
+    """Full-pool pages `0 .. N - 1` no request may hold: the padding page, or a page-interleave
+    allocator's `shard_size` (every rank's physical page 0)."""
+    value = parse_integer(dump.metadata.get(RESERVED_PAGES_KEY) or "1")
+    return value if value is not None and 1 <= value < 1 << 31 else 1
+
+
 def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
     """Full-space slot findings over the live cells."""
     found: list[Finding] = []
@@ -259,6 +267,18 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         ),
         run_what="slot 0 (never written or zeroed): the canary skips them",
     )
+    reserved = reserved_pages(dump) * max(1, dump.scalar("page_size") or 1)
+    if reserved_pages(dump) > 1:  # pages past the padding page a page-interleave pool reserves
+        found += _cell_records(
+            FindingCode.RESERVED_SLOT_IN_USE,
+            cells,
+            np.flatnonzero((slot > 0) & (slot < reserved)),
+            lambda i: (
+                f"live cell holds slot {slot[i]} of a reserved page (slots 0 .. {reserved - 1})"
+            ),
+            run_what=f"slots of reserved pages (slots 0 .. {reserved - 1})",
+            shared_details=lambda i: {"reserved_slots": reserved},
+        )
     pool = dump.scalars["num_full_slots"]
     if pool.value is not None:
         # With a derived pool size (lut_len - 1) the finding holds only if the LUT is right.

@@ -7,7 +7,8 @@ page shorter computes a different batch and deadlocks the next all-reduce. Each 
 compared with the first, in the order that names a divergence nearest its cause: the pools'
 sizes, the batch size, each batch row's request (pool row, prefix and extend lengths), the
 req_to_token cells the batch uses, the free lists (contents, then order: the next
-allocation), the SWA LUT.
+allocation), the slots the radix tree holds (a value set: a rank whose tree evicted a node
+the others keep matches the next prefix a page shorter), the SWA LUT.
 
 Identity comes from the headers before any tensor is read: dumps of different steps or
 models, or two dumps of one rank, are bad input. Work and memory follow what is compared: the
@@ -165,7 +166,8 @@ class _Pair:
         self.cells = 0
 
     def first_divergence(self) -> Divergence | None:
-        for step in (self._sizes, self._batch, self._table, self._free_lists, self._lut):
+        steps = (self._sizes, self._batch, self._table, self._free_lists, self._tree, self._lut)
+        for step in steps:
             found = step()
             if found is not None:
                 return found
@@ -314,7 +316,26 @@ class _Pair:
                 return found
         return None
 
-    def _free_list(self, name: str, a: np.ndarray, b: np.ndarray) -> Divergence | None:
+    def _tree(self) -> Divergence | None:
+        a, b = self.ref.tree_full_slots, self.other.tree_full_slots
+        if a is None and b is None:
+            return None
+        if a is None or b is None:
+            self.notes.append("tree_full_slots not compared: only some dumps record it")
+            return None
+        self.compared.append("tree_full_slots")
+        a, b = np.sort(a), np.sort(b)  # a set: the order is the walk's, not the allocator's
+        return self._free_list("tree_full_slots", a, b, kind="tree", held="held by the tree")
+
+    def _free_list(
+        self,
+        name: str,
+        a: np.ndarray,
+        b: np.ndarray,
+        *,
+        kind: DivergenceKind = "free-list",
+        held: str = "free",
+    ) -> Divergence | None:
         if a.shape == b.shape and np.array_equal(a, b):
             return None
         sa, sb = np.sort(a), np.sort(b)
@@ -326,7 +347,7 @@ class _Pair:
             slot = int(only_a[0] if in_a else only_b[0])
             on, off = (self.ref_rank, self.rank) if in_a else (self.rank, self.ref_rank)
             message = (
-                f"slot {slot} (page {slot // self.page}) is free on rank {on}, not on rank {off}"
+                f"slot {slot} (page {slot // self.page}) is {held} on rank {on}, not on rank {off}"
             )
         elif sa.size != sb.size:
             longer = sa if sa.size > sb.size else sb
@@ -347,7 +368,7 @@ class _Pair:
                 value=int(b[i]),
             )
         return self._diverged(
-            "free-list",
+            kind,
             name,
             f"{name}: {message} ({counts})",
             page=slot // self.page,

@@ -224,6 +224,11 @@ def pool_size(req_to_token: object) -> int | None:
     allocator = getattr(runner, "token_to_kv_pool_allocator", None)
     try:
         page = int(getattr(allocator, "page_size", None) or getattr(runner, "page_size", 1) or 1)
+        from kvcanary_cli.capture.tree import virtual_slots
+
+        virtual = virtual_slots(allocator, page)  # unified memory: ids are virtual
+        if virtual is not None:
+            return virtual
         full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
         return None if full is None else int(full) + page
     except (TypeError, ValueError):

@@ -28,15 +28,17 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from kvcanary_cli.dump.schema import LAYOUT_KEY, Layout
+from kvcanary_cli.dump.schema import LAYOUT_KEY, RESERVED_PAGES_KEY, Layout
 
 __all__ = [
+    "METADATA_FACTS",
     "batch_state",
     "capture_state",
     "free_slots",
     "register_tree_cache",
     "tree_for",
     "tree_state",
+    "virtual_slots",
 ]
 
 logger = logging.getLogger("kvcanary.capture")
@@ -222,14 +224,42 @@ def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
         return None
 
 
+#: Metadata keys of decode context parallel: its size, and the per-rank page it widens
+#: (`page_size` is the allocator's page, `pool page × dcp_size`, what the ids are paged in).
+DCP_SIZE_KEY = "dcp_size"
+DCP_POOL_PAGE_KEY = "dcp_pool_page_size"
+#: What `tree_state` records as metadata strings, not tensors.
+METADATA_FACTS = (LAYOUT_KEY, RESERVED_PAGES_KEY, DCP_SIZE_KEY, DCP_POOL_PAGE_KEY)
+
+
+def _dcp_size() -> int:
+    """The serving process's decode-context-parallel size (SGLang's `get_parallel()`,
+    0.5.23), 1 when it is off or unknown; never imports SGLang."""
+    import sys
+
+    context = sys.modules.get("sglang.srt.runtime_context")
+    try:
+        size = int(getattr(context.get_parallel(), "attn_dcp_size", 1) or 1)  # type: ignore[union-attr]
+    except Exception:  # no context published (a tool, a test), or another release
+        return 1
+    return max(1, size)
+
+
 def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
     page = int(getattr(allocator, "page_size", 1) or 1)
     facts["page_size"] = page
+    dcp = _dcp_size()
+    if dcp > 1 and page % dcp == 0:  # DCP widens the allocator's pages: both recorded
+        facts[DCP_SIZE_KEY] = dcp
+        facts[DCP_POOL_PAGE_KEY] = page // dcp
     if _unified_facts(facts, allocator, page):
         return page
     full = getattr(allocator, "_size_full", None) or getattr(allocator, "size", None)
+    reserved = _reserved_pages(getattr(allocator, "full_attn_allocator", allocator))
+    if reserved > 1:
+        facts[RESERVED_PAGES_KEY] = reserved
     if full is not None:
-        facts["num_full_slots"] = int(full) + page
+        facts["num_full_slots"] = int(full) + reserved * page
     swa = getattr(allocator, "_size_swa", None)
     if swa is not None:
         facts["num_swa_slots"] = int(swa) + page
@@ -242,6 +272,27 @@ def _pool_facts(facts: dict[str, Any], allocator: Any) -> int:
             if free is not None:
                 facts[name] = free
     return page
+
+
+def _reserved_pages(allocator: object) -> int:
+    """Pages no request may hold: page 0, or a page-interleave allocator's `shard_size`
+    (`PageInterleavePoolAllocator`: logical pages `0 .. shard_size - 1` are every rank's
+    physical page 0, and its ids reach `size + shard_size * page_size`)."""
+    shard = getattr(allocator, "shard_size", None)
+    if shard is None or not hasattr(allocator, "class_free_pages"):
+        return 1
+    return max(1, int(shard))
+
+
+def virtual_slots(allocator: object, page: int) -> int | None:
+    """The virtual id space in slots of a unified allocator (host attributes only: the
+    guard reads it every launch), None for any other: what its ids are bounded by, not the
+    physical pool's `_size_full`."""
+    full = getattr(allocator, "full_attn_allocator", None)
+    pages = getattr(full, "num_virtual_ids", None)
+    if pages is None or not hasattr(full, "free_virtual_ids"):
+        return None
+    return int(pages) * page
 
 
 def _unified_facts(facts: dict[str, Any], allocator: Any, page: int) -> bool:
@@ -259,7 +310,7 @@ def _unified_facts(facts: dict[str, Any], allocator: Any, page: int) -> bool:
     if getattr(full, "virtual_to_physical", None) is None or not hasattr(full, "free_virtual_ids"):
         return False
     facts[LAYOUT_KEY] = Layout.UNIFIED_SWA.value
-    facts["num_full_slots"] = int(full.num_virtual_ids) * page
+    facts["num_full_slots"] = virtual_slots(allocator, page)
     facts["free_full_slots"] = _pages_to_slots(full.free_virtual_ids, page)
     for side, sub in (("full", full), ("swa", swa)):
         if sub is None:
@@ -389,7 +440,8 @@ def capture_state(
     for name in ("page_size", "num_full_slots", "num_swa_slots", "num_mamba_slots"):
         if name in state:
             metadata[name] = str(int(state.pop(name)))
-    if LAYOUT_KEY in state:
-        metadata[LAYOUT_KEY] = str(state.pop(LAYOUT_KEY))
+    for key in METADATA_FACTS:  # metadata strings, not tensors
+        if key in state:
+            metadata[key] = str(state.pop(key))
     tensors.update(state)
     return tensors, metadata

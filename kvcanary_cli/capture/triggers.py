@@ -32,7 +32,6 @@ from typing import Any
 import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
-from kvcanary_cli.dump.schema import LAYOUT_KEY
 
 __all__ = [
     "SGLANG_REPORTER_MODULE",
@@ -316,9 +315,16 @@ def capture_state(
             inputs, table = bare, bare["req_to_token"]
         context = server.server_context(table)
         context.update(server.canary_state(manager=manager, device_state=device_state))
-        layout = context.pop(LAYOUT_KEY, None)  # a metadata string, not a tensor
-        if layout is not None:
-            extra = {**(extra or {}), LAYOUT_KEY: layout}
+        from kvcanary_cli.capture.tree import METADATA_FACTS
+
+        for key in METADATA_FACTS:  # metadata strings, not tensors
+            if key in context:
+                extra = {**(extra or {}), key: str(context.pop(key))}
+        for name in [n for n in context if n in store.PLAN_ARGUMENTS]:
+            # unified memory's LUT is read from its page tables; the call's own LUT wins
+            value = context.pop(name)
+            if inputs.get(name) is None:
+                inputs[name] = value
         path = dump.write(inputs, context, note, extra=extra)
     except Exception as exc:
         logger.warning(

@@ -25,6 +25,7 @@ __all__ = [
     "LAUNCHER_MODULE",
     "LAUNCHER_OUTPUTS",
     "LAYOUT_KEY",
+    "RESERVED_PAGES_KEY",
     "MAX_INTEGER_DIGITS",
     "ORIGINAL_DTYPES_KEY",
     "POOL_ENGINES",
@@ -87,6 +88,9 @@ class Layout(StrEnum):
 
 #: Metadata key naming the layout; a layout kvcanary does not know is noted, not checked.
 LAYOUT_KEY = "layout"
+#: Metadata key: full-pool pages `0 .. N - 1` no request may hold (absent: 1, the padding page;
+#: a page-interleave allocator reserves `shard_size`).
+RESERVED_PAGES_KEY = "reserved_pages"
 
 FORMAT_VERSION = "1"
 #: The format `kvcanary shrink` writes: format 1 plus sparse tensors, stored in the narrowest

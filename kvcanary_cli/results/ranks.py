@@ -18,10 +18,19 @@ from kvcanary_cli.results.record import recorded
 __all__ = ["ComparedPart", "Divergence", "DivergenceKind", "RankDump", "RanksReport"]
 
 #: What differs, in the order compared: the pools' sizes, the batch size, a request (its
-#: pool row or lengths), a req_to_token cell a request uses, a free list, the SWA LUT.
-DivergenceKind = Literal["pool-size", "batch-size", "request", "table", "free-list", "lut"]
+#: pool row or lengths), a req_to_token cell a request uses, a free list, the slots the
+#: radix tree holds, the SWA LUT.
+DivergenceKind = Literal["pool-size", "batch-size", "request", "table", "free-list", "tree", "lut"]
 #: What a rank is compared on, in order.
-ComparedPart = Literal["sizes", "batch", "req_to_token", "free_full_slots", "free_swa_slots", "lut"]
+ComparedPart = Literal[
+    "sizes",
+    "batch",
+    "req_to_token",
+    "free_full_slots",
+    "free_swa_slots",
+    "tree_full_slots",
+    "lut",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +49,8 @@ class Divergence:
     #: the page of that position (table, request), or of the slot or LUT entry (free-list, lut)
     page: int | None
     #: free-list: the slot one side lacks or lists twice, or the reference's at the first
-    #: entry out of order; lut: the full slot whose entry differs
+    #: entry out of order; tree: the slot one side's tree holds and the other's does not;
+    #: lut: the full slot whose entry differs
     slot: int | None
     #: the reference's value and this rank's (a length, a slot, a size; null: absent there)
     reference_value: int | None

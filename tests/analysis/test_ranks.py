@@ -112,6 +112,38 @@ def test_a_slot_free_on_one_rank_only_is_named(base: SynthDump, tmp_path: Path) 
     assert (d["reference_value"], d["value"]) == (free.size, free.size - 1)
 
 
+def _with_tree(base: SynthDump) -> SynthDump:
+    """`base` with what the tree holds: the whole pages of the batch's prefixes."""
+    t = {name: array.copy() for name, array in base.tensors.items()}
+    rows, prefixes = t["req_pool_indices"], t["prefix_lens"]
+    held = [
+        t["req_to_token"][r, : p - p % PAGE] for r, p in zip(rows, prefixes, strict=True) if r > 0
+    ]
+    t["tree_full_slots"] = np.unique(np.concatenate(held).astype(np.int64))
+    assert t["tree_full_slots"].size >= 2 * PAGE
+    return SynthDump(spec=base.spec, seed=base.seed, tensors=t, metadata=base.metadata, live=[])
+
+
+def test_the_trees_slots_are_compared(base: SynthDump, tmp_path: Path) -> None:
+    """Identical trees are silent; a tree a page short on one rank (its cache evicted a
+    node the others keep) is named with that page."""
+    tree = _with_tree(base)
+    (tmp_path / "same").mkdir()
+    (tmp_path / "short").mkdir()
+    same = compare_ranks(write_ranks(tree, tmp_path / "same", ranks=2))
+    assert same.verdict == "identical" and "tree_full_slots" in same.ranks[1].compared
+    held = tree.tensors["tree_full_slots"]
+    page = int(held[-1]) // PAGE
+
+    def evicted(t: Tensors) -> None:
+        t["tree_full_slots"] = held[held // PAGE != page]
+
+    _, d = first(compare_ranks(write_ranks(tree, tmp_path / "short", evicted, ranks=2)))
+    assert d["kind"] == "tree" and d["field"] == "tree_full_slots"
+    assert d["page"] == page and d["slot"] == page * PAGE
+    assert "held by the tree on rank 0, not on rank 1" in str(d["message"])
+
+
 @pytest.mark.parametrize(
     ("meta", "words"),
     [
