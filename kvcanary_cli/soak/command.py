@@ -43,11 +43,12 @@ ABORTS = 0.15
 SWA_EVICTION_INTERVALS = (1, 0, 4, 16)
 
 
-def history_workload(seed: int, history: int, specs: int) -> Any:
+def history_workload(seed: int, history: int, specs: int, page_size: int = 1) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
     shape meets each option): SGLANG_OPT_RELEASE_PREFILL_SWA every other round, the SWA
-    eviction interval cycling."""
+    eviction interval cycling. Prompts reach 60 tokens, or two pages where a page is larger
+    (a prompt shorter than a page is never chunked)."""
     from kvcanary_cli.soak.workload import random_workload
 
     rounds = history // specs
@@ -55,7 +56,7 @@ def history_workload(seed: int, history: int, specs: int) -> Any:
         seed * 1_000_003 + history,
         steps=HISTORY_STEPS,
         requests=20,
-        max_prompt=60,
+        max_prompt=max(60, 2 * page_size),
         max_new=20,
         aborts=ABORTS,
         release_prefill_swa=rounds % 2 == 1,
@@ -169,7 +170,7 @@ def soak(
     seen: FirstSeen | None = None  # the failing history's, else the first SGLang complained in
     while steps_run < steps and failed is None:
         spec = specs[histories % len(specs)]
-        workload = history_workload(seed, histories, len(specs))
+        workload = history_workload(seed, histories, len(specs), spec.page_size)
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
             result = run_history(modules, spec, workload, fault=fault, max_steps=steps - steps_run)

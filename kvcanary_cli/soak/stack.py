@@ -563,15 +563,18 @@ class StackSpec:
     @classmethod
     def pressured(cls, page_size: int, core: str, layout: str = "swa") -> StackSpec:
         """The shape soak runs: pools small enough for the random workload to bring eviction,
-        retraction and tombstones within a few dozen steps."""
+        retraction and tombstones within a few dozen steps. Where a page is large the pools
+        hold at least 8 full and 4 SWA pages, and a chunk is at least a page (shorter, it
+        admits nothing); the window stays 16 tokens, shorter than a page from 32 up."""
         return cls(
             page_size=page_size,
             core=core,
-            full_tokens=384,
-            swa_tokens=192,
+            full_tokens=max(384, 8 * page_size),
+            swa_tokens=max(192, 4 * page_size),
             max_reqs=12,
             window=16,
-            chunked_prefill_size=32,
+            chunked_prefill_size=max(32, page_size),
+            max_context_len=max(256, 4 * page_size),
             layout=layout,
         )
 
