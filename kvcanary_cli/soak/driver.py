@@ -168,7 +168,7 @@ class Scheduler:
             a = arrivals[self._next_arrival]
             req = self._new_req(a.prompt, a.max_new_tokens)
             self.waiting.append(req)
-            if a.abort_after > 0:
+            if a.abort_after is not None:
                 self._aborts.append((self.step_no + a.abort_after, req))
             self._next_arrival += 1
         if self._aborts:

@@ -27,9 +27,10 @@ class Arrival:
     step: int
     prompt: tuple[int, ...]
     max_new_tokens: int
-    #: the client aborts it this many steps after it arrives (0: never): waiting, in chunked
-    #: prefill or running, each the way SGLang's scheduler aborts there
-    abort_after: int = 0
+    #: the client aborts it this many steps after it arrives (0: in the step it arrives, while
+    #: it waits; None: never): waiting, in chunked prefill or running, each the way SGLang's
+    #: scheduler aborts there
+    abort_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Workload:
                 int(a["step"]),
                 tuple(int(t) for t in a["prompt"]),
                 int(a["max_new_tokens"]),
-                int(a.get("abort_after", 0)),
+                _abort_after(a.get("abort_after")),
             )
             for a in data["arrivals"]
         )
@@ -82,6 +83,12 @@ class Workload:
         if not isinstance(release, bool) or type(interval) is not int or interval < 0:
             raise TypeError("release_prefill_swa or swa_eviction_interval out of range")
         return cls(int(data["seed"]), arrivals, int(data["steps"]), release, interval)
+
+
+def _abort_after(value: object) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise TypeError("abort_after is not null or a step count")
+    return value
 
 
 #: Token ids of prompts and outputs (a small vocabulary: outputs repeat prompts' prefixes too).
@@ -121,7 +128,9 @@ def random_workload(
     if aborts > 0:
         draw = np.random.default_rng([seed, 0xAB0])
         arrivals = [
-            replace(a, abort_after=int(draw.integers(1, 2 * max_new)))
+            replace(
+                a, abort_after=0 if draw.random() < 1 / 3 else int(draw.integers(1, 2 * max_new))
+            )
             if draw.random() < aborts
             else a
             for a in arrivals
