@@ -6,7 +6,8 @@
 For each page size and tree core, one `kvcanary soak` of `--steps` steps (the command's own
 `soak()`, the default workload: aborts, release-prefill-SWA and SWA eviction intervals in
 turn) on SGLang's release; it prints the histories, steps, audits, what kvcanary and SGLang's
-checks found (both must be nothing), CPU seconds, and the free paths reached. Then the same
+checks found (both must be nothing), CPU seconds, and with --coverage the free paths reached
+of those the layout has. Then the same
 soak of `--overhead-steps` steps on page size 4, with and without `--coverage`, for the
 tracer's cost.
 """
@@ -55,22 +56,27 @@ def main() -> None:
     parser.add_argument("--page-sizes", default="1,4,16,32,64")
     parser.add_argument("--cores", default="python,rust")
     parser.add_argument("--overhead-steps", type=int, default=1000)
+    parser.add_argument("--coverage", action="store_true", help="trace the long soaks too")
     args = parser.parse_args()
     tree = args.wheel or _wheel()
     bad = 0
     print("page core  histories  steps  audited  kvcanary  sglang  cpu_s  free paths reached")
     for page_size in map(int, args.page_sizes.split(",")):
         for core in args.cores.split(","):
-            report, cpu = _one(tree, args.steps, page_size, core, coverage=True)
+            report, cpu = _one(tree, args.steps, page_size, core, coverage=args.coverage)
             covered = report.coverage  # type: ignore[attr-defined]
+            reached = (
+                f"{len(covered.reached)}/{len(covered.reached) + len(covered.not_reached)}"
+                if covered
+                else "-"
+            )
             found = report.kvcanary_found  # type: ignore[attr-defined]
             complained = report.sglang_found  # type: ignore[attr-defined]
             bad += found or complained
             print(
                 f"{page_size:4} {core:6} {report.histories:9} {report.steps:6} "  # type: ignore[attr-defined]
                 f"{report.audited_steps:8} {'FOUND' if found else 'none':>8} "  # type: ignore[attr-defined]
-                f"{'FOUND' if complained else 'none':>6} {cpu:6.1f}  "
-                f"{len(covered.reached)}/{len(covered.reached) + len(covered.not_reached)}",
+                f"{'FOUND' if complained else 'none':>6} {cpu:6.1f}  {reached}",
                 flush=True,
             )
     if args.overhead_steps:
