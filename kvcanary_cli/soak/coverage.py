@@ -29,7 +29,7 @@ _FREE = re.compile(r"free|release|evict")
 #: ... unless it only asks (a size, a predicate, a text, an ordering).
 _QUERY = re.compile(r"size|_str$|^_?has_|^_?can_|^_?tracks_|priority|strategy")
 #: Free paths of what soak does not drive: a host tier (HiCache), sessions, mamba, CUDA.
-_OTHER = re.compile(r"host|session|mamba|cuda|hisparse|unevict")
+_OTHER = re.compile(r"host|session|mamba|(?<!none)_cuda|hisparse|unevict")
 
 
 class Tracer:

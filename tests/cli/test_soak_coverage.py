@@ -40,6 +40,9 @@ class Swa(Base):
     def free_host_values(self, values):
         return values
 
+    def _free_pages_none_cuda(self, pages):
+        return pages
+
     def evictable_size(self):
         return 0
 
@@ -73,6 +76,7 @@ def test_free_paths_are_what_the_objects_resolve_to(mem_cache: tuple[Path, Modul
     paths = free_paths([allocator], [module], folder)
     assert sorted(paths) == [
         "Base.free_full",
+        "Swa._free_pages_none_cuda",
         "Swa._release_swa",
         "Swa.free",
         "Swa.free_host_values",
@@ -83,7 +87,12 @@ def test_free_paths_are_what_the_objects_resolve_to(mem_cache: tuple[Path, Modul
         module.release_kv_cache(allocator)  # Swa.free with no slots: _release_swa not called
     covered = summary(tracer, paths)
     assert covered.reached == ("Swa.free", "kvc_cov_allocator.release_kv_cache")
-    assert covered.not_reached == ("Base.free_full", "Swa._release_swa")
+    # the CPU path (none_cuda) is this layout's, not the CUDA feature's
+    assert covered.not_reached == (
+        "Base.free_full",
+        "Swa._free_pages_none_cuda",
+        "Swa._release_swa",
+    )
     assert covered.other_features == ("Swa.free_host_values",)
     assert covered.functions_run == 2
 
