@@ -46,6 +46,9 @@ class Swa(Base):
     def evictable_size(self):
         return 0
 
+    def get_all_free_pages(self):
+        return []
+
 
 def release_kv_cache(allocator):
     return allocator.free([])
