@@ -28,7 +28,7 @@ __all__ = ["Tracer", "free_paths", "stack_objects", "summary"]
 _FREE = re.compile(r"free|release|evict")
 #: ... unless it only asks (a size, a predicate, a getter, a text, an ordering, metrics): the
 #: tracer also sees kvcanary's own audit read SGLang (`get_all_free_pages`), never a free.
-_QUERY = re.compile(r"size|_str$|^_?has_|^_?can_|^_?tracks_|priority|strategy")
+_QUERY = re.compile(r"size|_str$|^_?(has|can|tracks|get)_|priority|strategy|metrics")
 #: Free paths of what soak does not drive: a host tier (HiCache), sessions, mamba, CUDA.
 _OTHER = re.compile(r"host|session|mamba|(?<!none)_cuda|hisparse|unevict")
 
