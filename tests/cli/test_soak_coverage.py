@@ -157,7 +157,9 @@ def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
         {"arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2, "abort_after": -1}]},
     ],
 )
-def test_a_reproducer_with_a_bad_knob_is_one_error_line(tmp_path: Path, knob: dict) -> None:
+def test_a_reproducer_with_a_bad_knob_is_one_error_line(
+    tmp_path: Path, knob: dict[str, object]
+) -> None:
     body = {"seed": 3, "steps": 10, "arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2}]}
     spec = {"page_size": 1, "core": "python"}
     data = {"spec": spec, "fault": None, "crash": None, "top_cause": "double-free"}
