@@ -594,7 +594,7 @@ def test_coverage_reaches_the_abort_window_and_prefix_lock_frees(
 
     report = soak(
         sglang_tree=str(wheel_path()),
-        steps=240,
+        steps=170,
         seed=0,
         page_size=4,
         core="python",
