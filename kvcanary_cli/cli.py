@@ -554,6 +554,13 @@ def soak(
     timings: Annotated[
         bool, typer.Option("--timings", help="Report the seconds (off: the same bytes each run).")
     ] = False,
+    coverage: Annotated[
+        bool,
+        typer.Option(
+            "--coverage",
+            help="Say which SGLang memory-cache functions and free paths ran (slower).",
+        ),
+    ] = False,
     engine: Annotated[
         str, typer.Option("--engine", metavar="sglang|vllm", help="Whose KV cache runs.")
     ] = "sglang",
@@ -581,6 +588,8 @@ def soak(
     if engine == "vllm":
         from kvcanary_cli.soak.vllm_command import run_vllm_soak
 
+        if coverage:
+            raise OptionError("traces SGLang's memory cache only", option="--coverage")
         return run_vllm_soak(
             vllm_tree,
             steps,
@@ -615,6 +624,7 @@ def soak(
         timings=timings,
         layout=layout or "swa",
         replaying=replay,
+        coverage=coverage,
     )
 
 

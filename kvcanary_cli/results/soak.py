@@ -27,6 +27,7 @@ __all__ = [
     "SGLangPoint",
     "SoakFailure",
     "SoakFile",
+    "SoakCoverage",
     "SoakReplay",
     "SoakReport",
     "StatePoint",
@@ -127,6 +128,24 @@ class SoakReplay:
     recorded: str
     #: the replay failed the same way (same top cause, or a crash of the same exception)
     reproduced: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoakCoverage:
+    """`--coverage`: which of SGLang's memory-cache functions the soak's histories ran (not
+    the shrinking after a finding). A free path is a function whose name says free, release or
+    evict, of the objects soak built (allocators, pools, tree, tree components: the method
+    each resolves to) or of `mem_cache/common.py` and `allocation.py`."""
+
+    #: functions of SGLang's srt/mem_cache files that ran at least once
+    functions_run: int
+    #: free paths that ran, as Class.method (the class defining it) or module.function
+    reached: tuple[str, ...]
+    #: free paths of the layout soak drives that never ran
+    not_reached: tuple[str, ...]
+    #: free paths that never ran and serve what soak does not drive (a host tier, sessions,
+    #: mamba, CUDA)
+    other_features: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +260,9 @@ class SoakReport:
     shrunk_arrivals: tuple[int, int] | None = None
     #: --replay: the reproducer replayed (one history, no files written); null for a soak
     replay: SoakReplay | None = None
+    #: --coverage: the memory-cache functions and free paths the histories ran; null without
+    #: --coverage
+    coverage: SoakCoverage | None = None
 
     #: kvcanary named an error finding
     @recorded

@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,32 @@ __all__ = ["read_reproducer", "replay", "run_soak", "soak"]
 
 #: Steps per history: short histories find the planted faults early and shrink fast.
 HISTORY_STEPS = 80
+#: The share of requests the client aborts (waiting, in chunked prefill or running).
+ABORTS = 0.15
+#: SGLANG_SWA_EVICTION_INTERVAL per history, in turn (0: SGLang's default, 128): decode frees
+#: out-of-window SWA only once that many tokens slid out, which short outputs never reach.
+SWA_EVICTION_INTERVALS = (1, 0, 4, 16)
+
+
+def history_workload(seed: int, history: int, specs: int, page_size: int = 1) -> Any:
+    """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
+    serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
+    shape meets each option): SGLANG_OPT_RELEASE_PREFILL_SWA every other round, the SWA
+    eviction interval cycling. Prompts reach 60 tokens, or two pages where a page is larger
+    (a prompt shorter than a page is never chunked)."""
+    from kvcanary_cli.soak.workload import random_workload
+
+    rounds = history // specs
+    return random_workload(
+        seed * 1_000_003 + history,
+        steps=HISTORY_STEPS,
+        requests=20,
+        max_prompt=max(60, 2 * page_size),
+        max_new=20,
+        aborts=ABORTS,
+        release_prefill_swa=rounds % 2 == 1,
+        swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
+    )
 
 
 def _specs(
@@ -105,8 +132,10 @@ def soak(
     timings: bool = False,
     progress: Callable[[int, int], None] | None = None,
     layout: str = "swa",
+    coverage: bool = False,
 ) -> SoakReport:
-    """Run histories until `steps` scheduler steps are spent or one fails (see module).
+    """Run histories until `steps` scheduler steps are spent or one fails (see module); with
+    `coverage`, say which memory-cache functions and free paths they ran.
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -116,7 +145,6 @@ def soak(
     from kvcanary_cli.soak.outputs import check_out
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import LAYOUTS, load_sglang
-    from kvcanary_cli.soak.workload import random_workload
 
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="fault")
@@ -140,6 +168,7 @@ def soak(
             option="core",
         )
     specs = _specs(page_size, modules.cores, core, layout)
+    tracing = _Coverage(modules, specs) if coverage else None
     started = time.monotonic()
     histories = steps_run = audited = 0
     failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
@@ -147,12 +176,10 @@ def soak(
     seen: FirstSeen | None = None  # the failing history's, else the first SGLang complained in
     while steps_run < steps and failed is None:
         spec = specs[histories % len(specs)]
-        history_seed = seed * 1_000_003 + histories
-        workload = random_workload(
-            history_seed, steps=HISTORY_STEPS, requests=20, max_prompt=60, max_new=20
-        )
+        workload = history_workload(seed, histories, len(specs), spec.page_size)
         # the budget is steps run: the last history stops where it is spent
-        result = run_history(modules, spec, workload, fault=fault, max_steps=steps - steps_run)
+        with tracing.tracer.tracing() if tracing else nullcontext():
+            result = run_history(modules, spec, workload, fault=fault, max_steps=steps - steps_run)
         histories += 1
         steps_run += result.steps
         audited += result.audited
@@ -177,6 +204,7 @@ def soak(
             for check, t in heard.items()
         ),
         seen=seen,
+        coverage=None if tracing is None else tracing.summary(),
     )
     if failed is not None:
         report = _keep_finding(report, modules, *failed, fault, out, force)
@@ -186,6 +214,26 @@ def soak(
         for note in modules.notes:
             complain(f"note: {note}")
     return report
+
+
+class _Coverage:
+    """The tracer of a soak's histories and the free paths of the stacks it builds."""
+
+    def __init__(self, modules: Any, specs: list[Any]) -> None:
+        from kvcanary_cli.soak.coverage import Tracer, free_paths, stack_objects
+        from kvcanary_cli.soak.stack import build_stack
+
+        folder = modules.tree.root / "sglang" / "srt" / "mem_cache"
+        self.tracer = Tracer(folder)
+        self.paths: dict[str, Any] = {}
+        for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
+            objects = stack_objects(build_stack(modules, spec))
+            self.paths.update(free_paths(objects, [modules.common, modules.allocation], folder))
+
+    def summary(self) -> Any:
+        from kvcanary_cli.soak.coverage import summary
+
+        return summary(self.tracer, self.paths)
 
 
 def _keep_finding(
@@ -373,6 +421,7 @@ def run_soak(
     timings: bool = False,
     layout: str = "swa",
     replaying: Path | None = None,
+    coverage: bool = False,
 ) -> SoakReport:
     """The command: a soak with a progress bar on a terminal (bad input raises before it
     runs, exit 2), or with `replaying` the replay of that reproducer. Whatever SGLang prints
@@ -382,6 +431,10 @@ def run_soak(
     from kvcanary_cli.render.console import progress
 
     if replaying is not None:
+        if coverage:
+            raise OptionError(
+                "reports coverage of a soak's histories: drop --coverage", option="replay"
+            )
         if page_size is not None or core is not None or fault is not None:
             raise OptionError(
                 "takes the page size, tree core and fault from the reproducer: drop "
@@ -406,6 +459,7 @@ def run_soak(
             timings=timings,
             progress=tick,
             layout=layout,
+            coverage=coverage,
         )
 
 

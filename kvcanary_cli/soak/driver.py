@@ -5,7 +5,11 @@ the last prefill batch into the running one, filter finished requests), then eit
 `get_new_batch_prefill` (a `PrefillAdder` admits waiting requests: prefix match, locks,
 chunking; `ScheduleBatch.prepare_for_extend` allocates, evicting the tree under pressure) or
 `update_running_batch` (`check_decode_mem`, `retract_decode`, `prepare_for_decode`, which frees
-out-of-window SWA). The forward is a random next token per request; the result processing is
+out-of-window SWA). Aborts come first, as SGLang's `abort_request` then
+`process_pending_chunked_abort` take them: a waiting request is dropped and its cache attempt
+finished as aborted, the chunked request is released without caching
+(`release_kv_cache(checkpoint=False)`), a running one is marked `to_finish` and freed by its
+next result. The forward is a random next token per request; the result processing is
 `process_batch_result_prefill` / `_decode`'s memory part inside one free group
 (`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches memory is SGLang's own.
 
@@ -15,9 +19,11 @@ written yet); `on_idle` when nothing runs and nothing waits.
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,7 +32,34 @@ import numpy as np
 from kvcanary_cli.soak.stack import Stack
 from kvcanary_cli.soak.workload import VOCAB, Workload
 
-__all__ = ["Scheduler", "StepInfo"]
+__all__ = ["Scheduler", "StepInfo", "serving_options"]
+
+#: SGLang's environment switches a workload sets (`Workload.release_prefill_swa`,
+#: `Workload.swa_eviction_interval`), read by SGLang at each decode.
+RELEASE_PREFILL_SWA = "SGLANG_OPT_RELEASE_PREFILL_SWA"
+SWA_EVICTION_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
+
+
+def serving_options(workload: Workload) -> Callable[[], None]:
+    """Set SGLang's environment switches as `workload` sets them, for a history; the returned
+    function puts the process's own values back."""
+    wanted: dict[str, str | None] = {
+        RELEASE_PREFILL_SWA: "1" if workload.release_prefill_swa else "0",
+        SWA_EVICTION_INTERVAL: str(workload.swa_eviction_interval),
+    }
+    if workload.swa_eviction_interval <= 0:
+        wanted[SWA_EVICTION_INTERVAL] = None  # SGLang's default
+    before = {name: os.environ.get(name) for name in wanted}
+
+    def put(values: dict[str, str | None]) -> None:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    put(wanted)
+    return lambda: put(before)
 
 
 @dataclass
@@ -48,6 +81,10 @@ class Counters:
     decodes: int = 0
     chunks: int = 0
     retractions: int = 0
+    #: aborted requests, by where they were: waiting, in chunked prefill, running
+    aborts_waiting: int = 0
+    aborts_chunked: int = 0
+    aborts_running: int = 0
     finishes: int = 0
     idles: int = 0
     shared_prefix_tokens: int = 0
@@ -83,10 +120,13 @@ class Scheduler:
         self._next_arrival = 0
         self._rid = 0
         self.step_no = 0
+        #: (step, request) the client aborts at
+        self._aborts: list[tuple[int, Any]] = []
+        self._abort_outcome = import_module(
+            "sglang.srt.mem_cache.base_prefix_cache"
+        ).CacheRequestOutcome.ABORT
 
     def _spec_none(self) -> Any:
-        from importlib import import_module
-
         spec = import_module("sglang.srt.speculative.spec_info")
         return spec.SpeculativeAlgorithm.NONE
 
@@ -126,8 +166,13 @@ class Scheduler:
             self._next_arrival < len(arrivals) and arrivals[self._next_arrival].step <= self.step_no
         ):
             a = arrivals[self._next_arrival]
-            self.waiting.append(self._new_req(a.prompt, a.max_new_tokens))
+            req = self._new_req(a.prompt, a.max_new_tokens)
+            self.waiting.append(req)
+            if a.abort_after is not None:
+                self._aborts.append((self.step_no + a.abort_after, req))
             self._next_arrival += 1
+        if self._aborts:
+            self._abort_due()
         info = StepInfo(step=self.step_no, mode="idle")
         batch = self._next_batch(info)
         if batch is not None:
@@ -141,6 +186,29 @@ class Scheduler:
         self.last_batch = batch
         self.step_no += 1
         return info
+
+    def _abort_due(self) -> None:
+        """The aborts due at this step, each where its request is (see module doc)."""
+        due = [req for at, req in self._aborts if at <= self.step_no]
+        self._aborts = [(at, req) for at, req in self._aborts if at > self.step_no]
+        tree = self.stack.tree
+        for req in due:
+            if req.finished():
+                continue
+            if any(req is waiting for waiting in self.waiting):
+                self.waiting = [w for w in self.waiting if w is not req]
+                tree.finish(req.cache_request_handle, self._abort_outcome)
+                self.counters.aborts_waiting += 1
+            elif req is self.chunked_req:
+                req.finished_reason = self._sb.FINISH_ABORT("Aborted")
+                req.to_finish = None
+                tree.finish(req.cache_request_handle, self._abort_outcome)
+                self._common.release_kv_cache(req, tree, checkpoint=False)
+                self.chunked_req = None
+                self.counters.aborts_chunked += 1
+            else:
+                req.to_finish = self._sb.FINISH_ABORT()
+                self.counters.aborts_running += 1
 
     # -- get_next_batch_to_run ---------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from kvcanary_cli.results.soak import CheckPoint, SGLangCheckName, SGLangCrash, SGLangPoint
 from kvcanary_cli.soak.audit import Audit, Said, SGLangChecks, audit_step
-from kvcanary_cli.soak.driver import Counters, Scheduler
+from kvcanary_cli.soak.driver import Counters, Scheduler, serving_options
 from kvcanary_cli.soak.faults import plant
 from kvcanary_cli.soak.live import LiveAudit
 from kvcanary_cli.soak.stack import (
@@ -168,6 +168,7 @@ def run_history(
         result.heard(verdict.step, "idle", verdict.sglang)
         note(verdict)
 
+    options_undo = serving_options(workload)
     try:
         limit = workload.steps * 4 + 64
         if max_steps is not None:
@@ -211,6 +212,7 @@ def run_history(
             idle(final)
     finally:
         undo()
+        options_undo()
     result.steps = scheduler.step_no
     result.fallbacks = 0 if live is None else live.fallbacks
     result.failure = found[0] if found else None

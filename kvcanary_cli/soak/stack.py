@@ -64,6 +64,23 @@ CORES = ("python", "rust")
 LAYOUTS = ("swa", "unified", "mamba")
 #: Python packages the memory-cache modules import at import time (the `sglang-cpu` extra).
 EXTRA = "kvcanary[sglang-cpu]"
+#: The extra's distributions (and those transformers brings), by the module they install
+#: where the two names differ: a missing module's hint names what to install.
+_EXTRA_MODULES = {
+    "PIL": "pillow",
+    "zmq": "pyzmq",
+    "yaml": "pyyaml",
+    "tvm_ffi": "apache-tvm-ffi",
+    "huggingface_hub": "huggingface-hub",
+    **{
+        name: name.replace("_", "-")
+        for name in (
+            "msgspec psutil orjson pybase64 requests starlette packaging pydantic tqdm dill "
+            "loguru gguf partial_json_parser transformers sentencepiece openai regex "
+            "tokenizers safetensors"
+        ).split()
+    },
+}
 #: Packages only touched at import time by SGLang's model configs: a stand-in is enough.
 #: (compressed-tensors requires torch: as a real dependency of the extra it would pull a CUDA
 #: build of torch into an environment that has none.)
@@ -447,9 +464,9 @@ def _import_refusal(
                 f"{tree.release} lacks the module {missing} this stack needs", source=tree.label
             )
         return SGLangUnavailableError(
-            f"{tree.release} needs the Python package {missing!r} at import",
+            f"{tree.release} needs the Python module {missing!r} at import",
             source=tree.label,
-            hint=f"pip install '{EXTRA}'",
+            hint=_install_hint(missing),
         )
     if isinstance(exc, ImportError):
         return SGLangUnavailableError(
@@ -467,6 +484,20 @@ def _import_refusal(
     return SGLangUnavailableError(
         f"{tree.release}'s module {module} raises {_shown(exc)} at import: {_NO_VERDICT}",
         source=tree.label,
+    )
+
+
+def _install_hint(module: str) -> str:
+    """What installs `module`: the extra's distribution that provides it, torch's own route,
+    or, for a module the extra does not list, the module's package named as such."""
+    top = module.partition(".")[0]
+    if top == "torch":
+        return "pip install 'kvcanary[torch]'; without a GPU, torch's CPU build first"
+    if top in _EXTRA_MODULES:
+        return f"pip install {_EXTRA_MODULES[top]} (it is in {EXTRA})"
+    return (
+        f"install the package that provides the module {top!r}: {EXTRA} does not list it, "
+        "this SGLang needs more than 0.5.23 did"
     )
 
 
@@ -577,15 +608,18 @@ class StackSpec:
     @classmethod
     def pressured(cls, page_size: int, core: str, layout: str = "swa") -> StackSpec:
         """The shape soak runs: pools small enough for the random workload to bring eviction,
-        retraction and tombstones within a few dozen steps."""
+        retraction and tombstones within a few dozen steps. Where a page is large the pools
+        hold at least 8 full and 4 SWA pages, and a chunk is at least a page (shorter, it
+        admits nothing); the window stays 16 tokens, shorter than a page from 32 up."""
         return cls(
             page_size=page_size,
             core=core,
-            full_tokens=384,
-            swa_tokens=192,
+            full_tokens=max(384, 8 * page_size),
+            swa_tokens=max(192, 4 * page_size),
             max_reqs=12,
             window=16,
-            chunked_prefill_size=32,
+            chunked_prefill_size=max(32, page_size),
+            max_context_len=max(256, 4 * page_size),
             layout=layout,
         )
 

@@ -13,7 +13,7 @@ and tombstones nodes.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -27,6 +27,10 @@ class Arrival:
     step: int
     prompt: tuple[int, ...]
     max_new_tokens: int
+    #: the client aborts it this many steps after it arrives (0: in the step it arrives, while
+    #: it waits; None: never): waiting, in chunked prefill or running, each the way SGLang's
+    #: scheduler aborts there
+    abort_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,17 @@ class Workload:
     arrivals: tuple[Arrival, ...]
     #: scheduler steps to run (past the last arrival, so requests can finish)
     steps: int
+    #: SGLang's SGLANG_OPT_RELEASE_PREFILL_SWA: a decode past the window drops the SWA part of
+    #: its prefix's tree lock (`release_swa_prefix_lock`)
+    release_prefill_swa: bool = False
+    #: SGLang's SGLANG_SWA_EVICTION_INTERVAL: decode frees out-of-window SWA once this many
+    #: tokens slid out (0: SGLang's default, 128, which outputs this short never reach)
+    swa_eviction_interval: int = 0
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
-        return Workload(self.seed, tuple(self.arrivals[i] for i in keep), self.steps)
+        arrivals = tuple(self.arrivals[i] for i in keep)
+        return replace(self, arrivals=arrivals)
 
     def to_json(self) -> str:
         """The workload as JSON (a reproducer file)."""
@@ -49,6 +60,8 @@ class Workload:
                 "seed": self.seed,
                 "steps": self.steps,
                 "arrivals": [asdict(a) for a in self.arrivals],
+                "release_prefill_swa": self.release_prefill_swa,
+                "swa_eviction_interval": self.swa_eviction_interval,
             }
         )
 
@@ -57,10 +70,25 @@ class Workload:
         """Read a workload `to_json` wrote."""
         data = json.loads(text)
         arrivals = tuple(
-            Arrival(int(a["step"]), tuple(int(t) for t in a["prompt"]), int(a["max_new_tokens"]))
+            Arrival(
+                int(a["step"]),
+                tuple(int(t) for t in a["prompt"]),
+                int(a["max_new_tokens"]),
+                _abort_after(a.get("abort_after")),
+            )
             for a in data["arrivals"]
         )
-        return cls(int(data["seed"]), arrivals, int(data["steps"]))
+        release = data.get("release_prefill_swa", False)
+        interval = data.get("swa_eviction_interval", 0)
+        if not isinstance(release, bool) or type(interval) is not int or interval < 0:
+            raise TypeError("release_prefill_swa or swa_eviction_interval out of range")
+        return cls(int(data["seed"]), arrivals, int(data["steps"]), release, interval)
+
+
+def _abort_after(value: object) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise TypeError("abort_after is not null or a step count")
+    return value
 
 
 #: Token ids of prompts and outputs (a small vocabulary: outputs repeat prompts' prefixes too).
@@ -68,10 +96,19 @@ VOCAB = 64
 
 
 def random_workload(
-    seed: int, *, steps: int, requests: int, max_prompt: int, max_new: int
+    seed: int,
+    *,
+    steps: int,
+    requests: int,
+    max_prompt: int,
+    max_new: int,
+    aborts: float = 0.0,
+    release_prefill_swa: bool = False,
+    swa_eviction_interval: int = 0,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
-    sharing a few stems, outputs up to `max_new` tokens."""
+    sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
+    few steps after they arrive (drawn apart: the arrivals are those of `aborts=0`)."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
@@ -88,5 +125,15 @@ def random_workload(
         arrivals.append(
             Arrival(int(rng.integers(0, last)), prompt, int(rng.integers(1, max_new + 1)))
         )
+    if aborts > 0:
+        draw = np.random.default_rng([seed, 0xAB0])
+        arrivals = [
+            replace(
+                a, abort_after=0 if draw.random() < 1 / 3 else int(draw.integers(1, 2 * max_new))
+            )
+            if draw.random() < aborts
+            else a
+            for a in arrivals
+        ]
     arrivals.sort(key=lambda a: a.step)
-    return Workload(seed, tuple(arrivals), steps)
+    return Workload(seed, tuple(arrivals), steps, release_prefill_swa, swa_eviction_interval)

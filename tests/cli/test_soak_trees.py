@@ -461,3 +461,34 @@ def test_soak_without_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None
         script=script,
     )
     assert_one_line_exit_2(run, str(tree), "torch", "kvcanary[torch]")
+
+
+def test_a_missing_module_names_what_installs_it(tmp_path: Path) -> None:
+    """A module of the extra missing at import: the hint names its distribution (pyzmq for
+    zmq), not the whole extra."""
+    needs_torch()
+    tree = write_tree(tmp_path / "tree", tree_files({"sglang.srt.server_args": "import zmq\n"}))
+    script = "import sys\nsys.modules['zmq'] = None\nfrom kvcanary_cli.cli import main\n"
+    run = soak(
+        "--sglang-tree",
+        str(tree),
+        "--out",
+        str(tmp_path / "o"),
+        cache=tmp_path / "c",
+        script=script + "main(sys.argv[1:])\n",
+    )
+    assert_one_line_exit_2(run, str(tree), "'zmq'", "pip install pyzmq (it is in kvcanary[sglang")
+
+
+def test_a_module_outside_the_extra_is_said_to_be_outside_it(tmp_path: Path) -> None:
+    from kvcanary_cli.soak.stack import _import_refusal, find_tree
+
+    tree = find_tree(write_tree(tmp_path / "tree", tree_files({})))
+    try:
+        import kvc_no_such_module  # noqa: F401
+    except ModuleNotFoundError as exc:
+        refusal = _import_refusal(exc, tree, "sglang.srt.server_args")
+    assert refusal is not None and refusal.hint is not None
+    assert "'kvc_no_such_module'" in str(refusal)
+    assert "provides the module 'kvc_no_such_module'" in refusal.hint
+    assert "does not list it" in refusal.hint

@@ -592,3 +592,38 @@ def test_soak_on_a_release_it_does_not_drive_is_one_line_exit_2(tmp_path: Path) 
     run = _soak("--sglang-tree", str(older), "--steps", "40", "--out", str(tmp_path))
     assert run.returncode == 2, run.stdout
     assert "differ from those soak drives" in run.stderr
+
+
+def test_coverage_reaches_the_abort_window_and_prefix_lock_frees(
+    sglang: Any, tmp_path: Path
+) -> None:
+    """The workload's knobs reach what the plain workload never called (an abort's release,
+    decode's window eviction, the prefill's SWA lock dropped past the window), all clean; the
+    report's three lists partition the layout's free paths."""
+    from kvcanary_cli.soak.command import soak
+
+    report = soak(
+        sglang_tree=str(wheel_path()),
+        steps=170,
+        seed=0,
+        page_size=4,
+        core="python",
+        out=tmp_path / "out",
+        coverage=True,
+    )
+    assert not report.found, (report.failure, report.sglang_checks)
+    covered = report.coverage
+    assert covered is not None and covered.functions_run > 100
+    for name in (
+        "UnifiedRadixCache.release_aborted_request",
+        "BasePrefixCache.evict_sliding_windows",
+        "UnifiedRadixCache.release_swa_prefix_lock",
+        "SWAComponent.release_window_lock",
+        "common.release_kv_cache",
+        "SWATokenToKVPoolAllocator.free_swa_segment",
+    ):
+        assert name in covered.reached, name
+    lists = [covered.reached, covered.not_reached, covered.other_features]
+    names = [name for listed in lists for name in listed]
+    assert len(names) == len(set(names))
+    assert "UnifiedRadixCache.evict_host" in covered.other_features

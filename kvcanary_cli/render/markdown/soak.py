@@ -7,6 +7,7 @@ from __future__ import annotations
 from kvcanary_cli.render.markdown.blocks import code, table, text
 from kvcanary_cli.render.table.soak import (
     SILENT,
+    coverage_lines,
     ran_line,
     replay_line,
     seen_line,
@@ -41,6 +42,11 @@ def soak_markdown(report: SoakReport) -> str:
     if replayed is not None:
         parts.append(text(replayed))
     parts.append(text(soak_verdict(report)))
+    covered = coverage_lines(report)
+    if covered:
+        parts.append("### Coverage")
+        parts.append(text(covered[0]))
+        parts.append("\n".join(f"- {text(line.strip())}" for line in covered[1:]))
     if not report.found:
         return "\n\n".join(parts) + "\n"
     if failure is not None:

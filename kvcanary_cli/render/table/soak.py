@@ -10,6 +10,7 @@ from kvcanary_cli.safe_text import printable_record
 
 __all__ = [
     "check_line",
+    "coverage_lines",
     "message_line",
     "ran_line",
     "replay_line",
@@ -44,11 +45,33 @@ def soak_table(report: SoakReport) -> str:
             lines += [f"    {message_line(said)}" for said in check.first]
     elif report.found:
         lines.append(SILENT)
+    lines += coverage_lines(report)
     shrunk = shrunk_line(report)
     if shrunk is not None:
         lines.append(shrunk)
     lines += [f"  {name}: {path}" for name, path in report.files.items()]
     return "".join(line + "\n" for line in lines)
+
+
+def coverage_lines(report: SoakReport) -> list[str]:
+    """With --coverage: how many memory-cache functions ran, and the free paths reached and
+    not reached (those of features soak does not drive apart); none without it."""
+    covered = report.coverage
+    if covered is None:
+        return []
+    total = len(covered.reached) + len(covered.not_reached)
+    lines = [
+        f"coverage: {covered.functions_run} SGLang memory-cache functions ran; "
+        f"{len(covered.reached)} of {total} free paths of this layout reached"
+    ]
+    for title, names in (
+        ("not reached", covered.not_reached),
+        ("not reached, other features (host tier, sessions, mamba, CUDA)", covered.other_features),
+        ("reached", covered.reached),
+    ):
+        if names:
+            lines.append(f"  {title}: {', '.join(names)}")
+    return lines
 
 
 def ran_line(report: SoakReport) -> str:

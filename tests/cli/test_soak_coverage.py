@@ -1,0 +1,183 @@
+"""`kvcanary soak --coverage` and the workload's serving knobs, without SGLang: the tracer and
+the free-path list on a small package of our own laid out as SGLang's `srt/mem_cache`, the
+workload files' new keys (and old files without them), and --coverage where it does not apply.
+The real stack's coverage is in tests/integration/test_sglang_stack.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.soak.coverage import Tracer, free_paths, summary
+from kvcanary_cli.soak.workload import Workload, random_workload
+
+_ALLOCATOR = """
+class Base:
+    def free(self, slots):
+        return slots
+
+    def free_full(self, slots):
+        return self.free(slots)
+
+    def available_size(self):
+        return 0
+
+
+class Swa(Base):
+    def free(self, slots):
+        return self._release_swa(slots) if slots else None
+
+    def _release_swa(self, slots):
+        return slots
+
+    def free_host_values(self, values):
+        return values
+
+    def _free_pages_none_cuda(self, pages):
+        return pages
+
+    def evictable_size(self):
+        return 0
+
+    def get_all_free_pages(self):
+        return []
+
+
+def release_kv_cache(allocator):
+    return allocator.free([])
+
+
+def helper():
+    return 1
+"""
+
+
+@pytest.fixture(scope="module")
+def mem_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModuleType]:
+    folder = tmp_path_factory.mktemp("tree") / "sglang" / "srt" / "mem_cache"
+    folder.mkdir(parents=True)
+    (folder / "allocator.py").write_text(_ALLOCATOR)
+    spec = importlib.util.spec_from_file_location("kvc_cov_allocator", folder / "allocator.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return folder, module
+
+
+def test_free_paths_are_what_the_objects_resolve_to(mem_cache: tuple[Path, ModuleType]) -> None:
+    """The overridden Base.free is not a path of a Swa; sizes are not free paths; the host
+    tier's path is another feature's; what ran is reached."""
+    folder, module = mem_cache
+    allocator = module.Swa()
+    paths = free_paths([allocator], [module], folder)
+    assert sorted(paths) == [
+        "Base.free_full",
+        "Swa._free_pages_none_cuda",
+        "Swa._release_swa",
+        "Swa.free",
+        "Swa.free_host_values",
+        "kvc_cov_allocator.release_kv_cache",
+    ]
+    tracer = Tracer(folder)
+    with tracer.tracing():
+        module.release_kv_cache(allocator)  # Swa.free with no slots: _release_swa not called
+    covered = summary(tracer, paths)
+    assert covered.reached == ("Swa.free", "kvc_cov_allocator.release_kv_cache")
+    # the CPU path (none_cuda) is this layout's, not the CUDA feature's
+    assert covered.not_reached == (
+        "Base.free_full",
+        "Swa._free_pages_none_cuda",
+        "Swa._release_swa",
+    )
+    assert covered.other_features == ("Swa.free_host_values",)
+    assert covered.functions_run == 2
+
+
+def test_the_tracer_sees_only_the_folder_and_puts_the_trace_function_back(
+    mem_cache: tuple[Path, ModuleType], tmp_path: Path
+) -> None:
+    folder, module = mem_cache
+    tracer = Tracer(tmp_path)  # another folder: nothing of the package counts
+    before = sys.gettrace()
+    with tracer.tracing():
+        module.Swa().free([1])
+    assert sys.gettrace() is before
+    assert tracer.called == set()
+    mine = Tracer(folder)
+    with mine.tracing():
+        module.Swa().free([1])
+    assert {code.co_name for code in mine.called} == {"free", "_release_swa"}
+
+
+def test_aborts_keep_the_arrivals_and_the_files_carry_the_knobs() -> None:
+    plain = random_workload(5, steps=80, requests=30, max_prompt=60, max_new=20)
+    knobs = random_workload(
+        5,
+        steps=80,
+        requests=30,
+        max_prompt=60,
+        max_new=20,
+        aborts=0.5,
+        release_prefill_swa=True,
+        swa_eviction_interval=4,
+    )
+    key = [(a.step, a.prompt, a.max_new_tokens) for a in plain.arrivals]
+    assert sorted(key) == sorted((a.step, a.prompt, a.max_new_tokens) for a in knobs.arrivals)
+    assert all(a.abort_after is None for a in plain.arrivals)
+    assert {a.abort_after == 0 for a in knobs.arrivals if a.abort_after is not None} == {
+        True,
+        False,
+    }
+    assert Workload.from_json(knobs.to_json()) == knobs
+    shrunk = knobs.without([0, 1])
+    assert (shrunk.release_prefill_swa, shrunk.swa_eviction_interval) == (True, 4)
+
+
+def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
+    """Reproducers written before the knobs replay as they ran."""
+    old = {"seed": 3, "steps": 10, "arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2}]}
+    workload = Workload.from_json(json.dumps(old))
+    assert workload.arrivals[0].abort_after is None
+    assert (workload.release_prefill_swa, workload.swa_eviction_interval) == (False, 0)
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [
+        {"release_prefill_swa": "yes"},
+        {"swa_eviction_interval": -1},
+        {"swa_eviction_interval": 1.5},
+        {"arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2, "abort_after": -1}]},
+    ],
+)
+def test_a_reproducer_with_a_bad_knob_is_one_error_line(
+    tmp_path: Path, knob: dict[str, object]
+) -> None:
+    body = {"seed": 3, "steps": 10, "arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2}]}
+    spec = {"page_size": 1, "core": "python"}
+    data = {"spec": spec, "fault": None, "crash": None, "top_cause": "double-free"}
+    path = tmp_path / "soak-reproducer.json"
+    path.write_text(json.dumps({**data, "workload": {**body, **knob}}))
+    result = CliRunner().invoke(app, ["soak", "--replay", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and "not a soak reproducer" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--replay", "soak-reproducer.json", "--coverage"], "drop --coverage"),
+        (["--engine", "vllm", "--coverage"], "SGLang's memory cache only"),
+    ],
+)
+def test_coverage_where_it_does_not_apply_is_one_error_line(args: list[str], said: str) -> None:
+    result = CliRunner().invoke(app, ["soak", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and said in result.stderr
