@@ -31,14 +31,16 @@ not hold the audit falls back to the whole `check` on a recorded dump, so its fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from kvcanary_cli.capture.tree import batch_state, tree_state
 
-__all__ = ["LiveAudit", "LiveState"]
+__all__ = ["LiveAudit", "LiveState", "TreeReader", "read_state", "tree_reader"]
 
 
 @dataclass
@@ -58,14 +60,28 @@ class LiveState:
     batch: dict[str, Any] | None
 
 
-def read_state(scheduler: Any, batch: Any, requests: list[Any]) -> LiveState:
-    """The live state, read by the capture code's own readers."""
+def read_state(
+    scheduler: Any, batch: Any, requests: list[Any], tree: TreeReader | None = None
+) -> LiveState:
+    """The live state: the pools and rows read by the capture code's own readers, the tree by
+    `tree` (None: the capture code's reader too)."""
     stack = scheduler.stack
     pool = stack.req_to_token_pool
     table = pool.req_to_token.numpy()
     facts = tree_state(
-        allocator=stack.allocator, tree=stack.tree, requests=requests, rows=table.shape[0]
+        allocator=stack.allocator,
+        tree=stack.tree if tree is None else None,
+        requests=requests,
+        rows=table.shape[0],
     )
+    if tree is not None:
+        try:
+            held, resident, locked = tree()
+        except Exception:  # a tree this reader cannot read: no lock record, `broken` says so
+            held = resident = locked = None
+    else:
+        held = facts.get("tree_full_slots")
+        resident, locked = facts.get("tree_swa_resident_slots"), facts.get("tree_locked_full_slots")
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
     empty = np.zeros(0, dtype=np.int64)
     return LiveState(
@@ -73,14 +89,91 @@ def read_state(scheduler: Any, batch: Any, requests: list[Any]) -> LiveState:
         lut=None if lut is None else lut.numpy(),
         free_full=facts.get("free_full_slots", empty),
         free_swa=facts.get("free_swa_slots"),
-        tree=facts.get("tree_full_slots", empty),
-        resident=facts.get("tree_swa_resident_slots"),
-        locked=facts.get("tree_locked_full_slots"),
+        tree=empty if held is None else held,
+        resident=resident,
+        locked=locked,
         alloc_lens=facts.get("req_pool_allocated_lens", np.zeros(table.shape[0], np.int64)),
         running_rows=facts.get("running_req_rows", empty),
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
         batch=None if batch is None else batch_state(batch),
     )
+
+
+#: reads (full slots the tree holds, their SWA-resident part, their locked part), each a
+#: host int64 array (None: unreadable), the way `capture.tree` records them in a dump
+TreeReader = Callable[[], tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]]
+
+
+def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
+    """One read of the tree's three slot sets per audit, for the tree cores soak builds
+    (`kinds`: SGLang's `ComponentType`); None for another tree (the capture code's reader).
+
+    The Python core is walked once, by hand: the facts `capture.tree` takes from its two
+    walks and its flatten (`walk_for_kv_canary`, `all_values_flatten`) are, node for node
+    below the root, the FULL component's value tensor (held), that value where the node's
+    SWA value is not None (resident), and that value where the FULL lock count is not 0
+    (locked: held less the unlocked walk's), read here from the same fields. The Rust core's
+    own calls are fast; only its locked part, a set difference there, is a count here."""
+    core = getattr(tree, "tree_core", None)
+    try:
+        root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
+    except Exception:  # the Rust core's adapter raises for what it has not ported
+        root = components = None
+    if root is not None and isinstance(components, dict):
+        import torch  # SGLang's tree holds torch tensors: imported already
+
+        full, swa = kinds.FULL, kinds.SWA
+        return partial(_walk_python_core, root, full, swa, swa in components, torch)
+    walk = getattr(core, "walk_for_kv_canary", None)
+    if callable(walk) and callable(getattr(tree, "all_values_flatten", None)):
+        return partial(_read_rust_core, tree, walk)
+    return None
+
+
+def _walk_python_core(
+    root: Any, full: int, swa: int, has_swa: bool, torch: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Python core's three slot sets in one walk (see `tree_reader`)."""
+    held: list[Any] = []
+    resident: list[Any] = []
+    locked: list[Any] = []
+    todo = list(root.children.values())
+    while todo:
+        node = todo.pop()
+        data = node.component_data
+        value = data[full].value
+        if value is not None:
+            # SGLang's walks read a tensor value only; anything else: unreadable
+            if not isinstance(value, torch.Tensor):
+                raise TypeError("a tree value that is not a tensor")
+            held.append(value)
+            if not has_swa or data[swa].value is not None:
+                resident.append(value)
+            if data[full].lock_ref != 0:
+                locked.append(value)
+        todo.extend(node.children.values())
+    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch)
+
+
+def _flat(values: list[Any], torch: Any) -> np.ndarray:
+    """Tensors as one flat int64 host array (a copy: `torch.cat` makes one)."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    flat: np.ndarray = torch.cat(values).numpy().astype(np.int64, copy=False).reshape(-1)
+    return flat
+
+
+def _read_rust_core(tree: Any, walk: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Rust core's three slot sets by its own calls (see `tree_reader`)."""
+    held = tree.all_values_flatten().numpy().astype(np.int64, copy=False).reshape(-1)
+    resident = walk(unlocked_only=False, swa_resident_only=True).slot_indices.numpy()
+    unlocked = walk(unlocked_only=True, swa_resident_only=False).slot_indices.numpy()
+    if not held.size:
+        return held, resident.astype(np.int64, copy=False), held
+    # held less unlocked, as counts: a slot held more often than it is unlocked is locked
+    n = int(max(held.max(), unlocked.max(initial=0))) + 1
+    over = np.bincount(held, minlength=n) - np.bincount(unlocked.astype(np.int64), minlength=n)
+    return held, resident.astype(np.int64, copy=False), np.flatnonzero(over > 0)
 
 
 class LiveAudit:
@@ -89,9 +182,11 @@ class LiveAudit:
 
     def __init__(self, scheduler: Any) -> None:
         stack = scheduler.stack
+        #: the tree's reader (None: the capture code's)
+        self.tree = tree_reader(stack.tree, stack.modules.component_type.ComponentType)
         self.page = int(stack.spec.page_size)
         self.window = int(stack.spec.window)
-        first = read_state(scheduler, None, [])
+        first = read_state(scheduler, None, [], self.tree)
         # the domains the pools had when built (everything free), as masks
         self.full_n = int(first.free_full.max(initial=0)) + 1
         self.full_domain = _mask(first.free_full, self.full_n)
@@ -101,8 +196,14 @@ class LiveAudit:
         self.rows_n = int(first.table.shape[0])
         self.row_domain = _mask(first.free_rows, self.rows_n)
         #: the LUT as built: its length and what lies past the full slots never change
-        self.lut_tail = None if first.lut is None else first.lut[self.full_n :].copy()
+        self.lut_n = None if first.lut is None else int(first.lut.shape[0])
+        self.lut_tail = None if first.lut is None else first.lut[self.full_n :].tobytes()
         self.fallbacks = 0
+        # buffers: each row's positions, a page's offsets, a slot's position in its row
+        width = int(first.table.shape[1])
+        self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
+        self._offsets = np.arange(self.page, dtype=np.int64)
+        self._where = np.zeros(self.full_n, dtype=np.int64)
         #: per audit: the running rows' cells and how often each full slot is one
         self._cells: np.ndarray = first.free_full[:0]
         self._cell_count: np.ndarray = first.free_full[:0]
@@ -121,10 +222,15 @@ class LiveAudit:
         return None
 
     # -- the facts ------------------------------------------------------------------
+    # Each rule is few numpy calls over per-slot counts: a partition is one sum of counts
+    # against the domain's 0/1 mask, which also catches every slot counted twice (a
+    # duplicate free entry, a slot in two rows the tree does not hold); the finer reason is
+    # worked out only for a state that breaks (`_why_full`).
 
     def _rows(self, s: LiveState, idle: bool) -> str | None:
-        free, held = _counts(s.free_rows, self.rows_n), _counts(s.running_rows, self.rows_n)
-        if free is None or held is None or not np.array_equal(free + held, self.row_domain):
+        # a negative row raises in bincount (unreadable: broken), one past the end lengthens it
+        both = np.bincount(np.concatenate((s.free_rows, s.running_rows)), minlength=self.rows_n)
+        if both.shape != self.row_domain.shape or not (both == self.row_domain).all():
             return "pool rows not partitioned"
         return None
 
@@ -133,39 +239,38 @@ class LiveAudit:
         rows = s.running_rows
         lens = s.alloc_lens[rows]
         width = s.table.shape[1]
-        if np.any(lens > width) or np.any(lens < 0):
+        if lens.size and (lens.min() < 0 or lens.max() > width):
             return "an allocation beyond its row"
-        positions = np.arange(width)
-        inside = positions[None, :] < lens[:, None]
         table = s.table[rows]
-        cells = table[inside].astype(np.int64)
-        free, tree = _counts(s.free_full, n), _counts(s.tree, n)
-        cell_count = _counts(cells, n)
-        if free is None or tree is None or cell_count is None:
+        grid = self._grid[: rows.size, :width]
+        inside = grid < lens[:, None]
+        cells = table[inside]
+        free = np.bincount(s.free_full, minlength=n)
+        tree = np.bincount(s.tree, minlength=n)
+        cell_count = np.bincount(cells, minlength=n)
+        if free.size != n or tree.size != n or cell_count.size != n:
             return "a full slot out of range"
-        if free.max(initial=0) > 1 or tree.max(initial=0) > 1:
-            return "a full slot listed twice"
-        private = (cell_count > 0) & (tree == 0)
-        if np.any(cell_count[private] > 1):
-            return "a slot in two rows the tree does not hold"
-        owners = free + tree + private
+        # owners: free, the tree's, a row's own (a cell the tree does not hold), and the
+        # rest of a row's last page past its allocated length (held, unwritten)
+        owners = free + tree + cell_count * (tree == 0)
         if ps > 1:
-            # the rest of a row's last page, past its allocated length: held, unwritten
-            part = (lens > 0) & (lens % ps != 0)
-            last = table[part, lens[part] - 1].astype(np.int64)
-            offsets = np.arange(ps)
-            rest = (last - last % ps)[:, None] + offsets[None, :]
-            tails = _counts(rest[offsets[None, :] >= (lens[part] % ps)[:, None]], n)
-            if tails is None:
-                return "a full slot out of range"
-            owners += tails
-        if not np.array_equal(owners, self.full_domain):
-            return "full slots not partitioned"
+            rest = lens % ps
+            part = np.flatnonzero(rest)
+            if part.size:
+                last = table[part, lens[part] - 1]
+                rest = rest[part]
+                slots = (last - last % ps)[:, None] + self._offsets
+                tails = np.bincount(slots[self._offsets >= rest[:, None]], minlength=n)
+                if tails.size != n:
+                    return "a full slot out of range"
+                owners += tails
+        if not (owners == self.full_domain).all():
+            return _why_full(free, tree, cell_count)
         # a slot in two rows (or twice in one) is at one position
-        where = np.zeros(n, dtype=np.int64)
-        spots = np.broadcast_to(positions, table.shape)[inside]
+        spots = grid[inside]
+        where = self._where
         where[cells] = spots
-        if not np.array_equal(where[cells], spots):
+        if not (where[cells] == spots).all():
             return "a shared slot at two positions"
         self._cells, self._cell_count, self._tree = cells, cell_count, tree
         return None
@@ -175,41 +280,43 @@ class LiveAudit:
         if lut is None or self.lut_tail is None or self.swa_domain is None:
             return None if lut is None else "no SWA accounting"
         n, ps = self.full_n, self.page
-        if lut.shape[0] != n + self.lut_tail.shape[0] or not np.array_equal(lut[n:], self.lut_tail):
+        if lut.shape[0] != self.lut_n or lut[n:].tobytes() != self.lut_tail:
             return "the LUT's length or tail changed"
         body = lut[:n]
-        if np.any(body[:ps] != 0):
+        if body[:ps].any():
             return "page 0 mapped"
-        free = _counts(s.free_swa, self.swa_n) if s.free_swa is not None else None
-        if free is None or free.max(initial=0) > 1:
+        if s.free_swa is None:
             return "an SWA slot listed twice or out of range"
-        if np.any(body[s.free_full] != 0):
+        free = np.bincount(s.free_swa, minlength=self.swa_n)
+        if free.size != self.swa_n:
+            return "an SWA slot listed twice or out of range"
+        if body[s.free_full].any():
             return "a free full slot mapped"
         mapped = np.flatnonzero(body)
-        image = body[mapped].astype(np.int64)
-        held = _counts(image, self.swa_n)
-        if held is None or held.max(initial=0) > 1:
-            return "an SWA slot mapped twice"
+        image = body[mapped]
         if ps > 1:
             # a full page maps into one SWA page, slot for slot (its unwritten rest
             # unmapped), and that SWA page is held whole, by that full page alone
-            if np.any(image % ps != mapped % ps):
+            if ((image - mapped) % ps).any():
                 return "a page mapped out of lockstep"
+            full_pages, swa_pages = mapped // ps, image // ps
             page_of = np.full(n // ps + 1, -1, dtype=np.int64)
-            page_of[mapped // ps] = image // ps
-            if not np.array_equal(page_of[mapped // ps], image // ps):
+            page_of[full_pages] = swa_pages
+            if not (page_of[full_pages] == swa_pages).all():
                 return "a page mapped out of lockstep"
+            # how many full pages map into each SWA page, per slot
             pages = np.bincount(page_of[page_of >= 0], minlength=self.swa_n // ps)
-            if pages.max(initial=0) > 1:
-                return "an SWA page mapped from two full pages"
             held = np.repeat(pages, ps)
-        if held.shape != free.shape or not np.array_equal(held + free, self.swa_domain):
+        else:
+            held = np.bincount(image, minlength=self.swa_n)
+        # an SWA slot mapped twice, or from two full pages, counts 2: not the domain's 0/1
+        if held.shape != free.shape or not (held + free == self.swa_domain).all():
             return "SWA slots not partitioned"
         if s.resident is not None:
-            resident = _counts(s.resident, n)
-            if resident is None or np.any(resident > self._tree):
+            resident = np.bincount(s.resident, minlength=n)
+            if resident.size != n or (resident > self._tree).any():
                 return "an SWA-resident slot outside the tree"
-            if np.any((resident > 0) != ((self._tree > 0) & (body != 0))):
+            if ((resident > 0) != ((self._tree > 0) & (body != 0))).any():
                 return "a tree slot's SWA residence and its mapping disagree"
         return None
 
@@ -223,7 +330,7 @@ class LiveAudit:
             return "a lock at idle"
         if locked.min() < 0 or locked.max() >= self.full_n:
             return "a locked slot out of range"
-        if np.any(self._cell_count[locked] == 0):
+        if not self._cell_count[locked].all():
             return "a locked slot in no running row"
         return None
 
@@ -232,35 +339,45 @@ class LiveAudit:
         if b is None:
             return None
         rpi, prefix, extend = b["req_pool_indices"], b["prefix_lens"], b["extend_seq_lens"]
-        rows = _counts(rpi, self.rows_n)
-        if rows is None or rows.max(initial=0) > 1:
+        # each row once, and running (`_rows` read the running rows: distinct, in range)
+        rows = np.bincount(rpi, minlength=self.rows_n)
+        if rows.size != self.rows_n or rows.max(initial=0) > 1:
             return "a batch row twice or out of range"
-        running = _counts(s.running_rows, self.rows_n)  # inside: `_rows` read them
-        if running is None or np.any(rows > running):
+        running = np.bincount(s.running_rows, minlength=self.rows_n)
+        if (rows > running).any():
             return "a batch row not running"
-        if np.any(prefix < 0) or np.any(extend < 1):
+        if (prefix.size and prefix.min() < 0) or (extend.size and extend.min() < 1):
             return "a negative length"
         end = prefix + extend
-        if np.any(end > s.alloc_lens[rpi]):
+        if (end > s.alloc_lens[rpi]).any():
             return "a batch row beyond its allocation"
         width = s.table.shape[1]
-        pos = np.arange(width)
-        writes = (pos[None, :] >= prefix[:, None]) & (pos[None, :] < end[:, None])
+        grid = self._grid[: rpi.size, :width]
+        writes = (grid >= prefix[:, None]) & (grid < end[:, None])
         table = s.table[rpi]
-        expected = table[writes].astype(np.int64)
+        expected = table[writes]
         out = b.get("out_cache_loc")
-        if out is None or not np.array_equal(out, expected):
+        if out is None or out.shape != expected.shape or not (out == expected).all():
             return "out_cache_loc not the extended cells"
-        if np.any(self._tree[expected] != 0):
+        if self._tree[expected].any():
             return "a write into the tree"
         lut = s.lut
         if lut is not None and self.window > 0:
             # the cells the plan verifies ([P - W, P), `window_start`) and the writes: mapped
             start = np.maximum(prefix - self.window, 0)
-            window = (pos[None, :] >= start[:, None]) & (pos[None, :] < end[:, None])
-            if np.any(lut[table[window]] == 0):
+            window = (grid >= start[:, None]) & (grid < end[:, None])
+            if not lut[table[window]].all():
                 return "a window cell unmapped"
         return None
+
+
+def _why_full(free: np.ndarray, tree: np.ndarray, cells: np.ndarray) -> str:
+    """Why the full slots' counts are not the domain's partition (a state that breaks)."""
+    if free.max(initial=0) > 1 or tree.max(initial=0) > 1:
+        return "a full slot listed twice"
+    if np.any(cells[tree == 0] > 1):
+        return "a slot in two rows the tree does not hold"
+    return "full slots not partitioned"
 
 
 def _counts(values: np.ndarray, n: int) -> np.ndarray | None:
