@@ -35,6 +35,7 @@ __all__ = [
     "capture_state",
     "free_slots",
     "register_tree_cache",
+    "row_state",
     "tree_for",
     "tree_state",
 ]
@@ -148,6 +149,13 @@ def tree_state(
         _read(facts, _tree_facts, tree)
     if rows > 0 and requests is not None:
         _read(facts, _row_facts, requests, rows, tree)
+    return facts
+
+
+def row_state(requests: Iterable[object], rows: int, tree: object = None) -> dict[str, Any]:
+    """`tree_state`'s row facts alone (`req_pool_allocated_lens`, `running_req_rows`)."""
+    facts: dict[str, Any] = {}
+    _read(facts, _row_facts, requests, rows, tree)
     return facts
 
 

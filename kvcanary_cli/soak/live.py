@@ -38,9 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import batch_state, tree_state
+from kvcanary_cli.capture.tree import batch_state, row_state, tree_state
 
-__all__ = ["LiveAudit", "LiveState", "TreeReader", "read_state", "tree_reader"]
+__all__ = [
+    "FreeReader",
+    "LiveAudit",
+    "LiveState",
+    "Readers",
+    "TreeReader",
+    "free_reader",
+    "read_state",
+    "tree_reader",
+]
 
 
 @dataclass
@@ -58,45 +67,100 @@ class LiveState:
     running_rows: np.ndarray
     free_rows: np.ndarray
     batch: dict[str, Any] | None
+    #: a fact that could not be read (None: all were)
+    unread: str | None = None
 
 
 def read_state(
-    scheduler: Any, batch: Any, requests: list[Any], tree: TreeReader | None = None
+    scheduler: Any, batch: Any, requests: list[Any], readers: Readers | None = None
 ) -> LiveState:
-    """The live state: the pools and rows read by the capture code's own readers, the tree by
-    `tree` (None: the capture code's reader too)."""
+    """The live state: the free lists and the tree by `readers` where it has them, the rest
+    (and what it has not) by the capture code's own readers."""
     stack = scheduler.stack
     pool = stack.req_to_token_pool
     table = pool.req_to_token.numpy()
-    facts = tree_state(
-        allocator=stack.allocator,
-        tree=stack.tree if tree is None else None,
-        requests=requests,
-        rows=table.shape[0],
-    )
-    if tree is not None:
-        try:
-            held, resident, locked = tree()
-        except Exception:  # a tree this reader cannot read: no lock record, `broken` says so
-            held = resident = locked = None
+    own = readers or Readers()
+    rows = table.shape[0]
+    unread = None
+    if own.free is None or own.tree is None:
+        facts = tree_state(
+            allocator=stack.allocator,
+            tree=stack.tree if own.tree is None else None,
+            requests=requests,
+            rows=rows,
+        )
     else:
-        held = facts.get("tree_full_slots")
-        resident, locked = facts.get("tree_swa_resident_slots"), facts.get("tree_locked_full_slots")
-    lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
+        facts = row_state(requests, rows, stack.tree)
     empty = np.zeros(0, dtype=np.int64)
+    free_full, free_swa = facts.get("free_full_slots", empty), facts.get("free_swa_slots")
+    if own.free is not None:
+        try:
+            free_full, free_swa = own.free()
+        except Exception as exc:  # a free list this reader cannot read: `broken` says so
+            unread, free_full, free_swa = f"free lists: {type(exc).__name__}", empty, None
+    held = facts.get("tree_full_slots")
+    resident, locked = facts.get("tree_swa_resident_slots"), facts.get("tree_locked_full_slots")
+    if own.tree is not None:
+        try:
+            held, resident, locked = own.tree()
+        except Exception as exc:  # a tree this reader cannot read: `broken` says so
+            unread, held, resident, locked = f"tree: {type(exc).__name__}", None, None, None
+    lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
     return LiveState(
         table=table,
         lut=None if lut is None else lut.numpy(),
-        free_full=facts.get("free_full_slots", empty),
-        free_swa=facts.get("free_swa_slots"),
+        free_full=free_full,
+        free_swa=free_swa,
         tree=empty if held is None else held,
         resident=resident,
         locked=locked,
-        alloc_lens=facts.get("req_pool_allocated_lens", np.zeros(table.shape[0], np.int64)),
+        alloc_lens=facts.get("req_pool_allocated_lens", np.zeros(rows, np.int64)),
         running_rows=facts.get("running_req_rows", empty),
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
         batch=None if batch is None else batch_state(batch),
+        unread=unread,
     )
+
+
+#: reads (the full side's free slots, the SWA side's), each a host int64 array
+FreeReader = Callable[[], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Readers:
+    """The live audit's own readers of the facts the capture code is slowest to read, built
+    once per stack (None: the capture code's reader)."""
+
+    tree: TreeReader | None = None
+    free: FreeReader | None = None
+
+
+def free_reader(allocator: Any) -> FreeReader | None:
+    """Both sides' free slots, by the route `capture.tree.free_slots` takes for the hybrid
+    SWA allocator (each side's `get_all_free_pages`: its free and its staged pages, pages
+    expanded to slots), unsorted and uncopied (counted at once, never kept); None for another
+    allocator (unified memory's virtual ids: the capture code's reader)."""
+    full = getattr(allocator, "full_attn_allocator", None)
+    swa = getattr(allocator, "swa_attn_allocator", None)
+    sides = (full, swa)
+    if any(not callable(getattr(side, "get_all_free_pages", None)) for side in sides):
+        return None
+    if hasattr(full, "virtual_to_physical"):
+        return None
+    page = int(getattr(allocator, "page_size", 1) or 1)
+    return partial(_read_free, full, swa, page, np.arange(page, dtype=np.int64))
+
+
+def _read_free(
+    full: Any, swa: Any, page: int, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(full side's free slots, SWA side's): see `free_reader`."""
+    return _free_of(full, page, offsets), _free_of(swa, page, offsets)
+
+
+def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
+    pages: np.ndarray = side.get_all_free_pages().numpy()  # None: no free list, unreadable
+    return (pages[:, None] * page + offsets).reshape(-1) if page > 1 else pages
 
 
 #: reads (full slots the tree holds, their SWA-resident part, their locked part), each a
@@ -182,11 +246,12 @@ class LiveAudit:
 
     def __init__(self, scheduler: Any) -> None:
         stack = scheduler.stack
-        #: the tree's reader (None: the capture code's)
-        self.tree = tree_reader(stack.tree, stack.modules.component_type.ComponentType)
+        kinds = stack.modules.component_type.ComponentType
+        #: the readers of the tree and the free lists (see `Readers`)
+        self.readers = Readers(tree_reader(stack.tree, kinds), free_reader(stack.allocator))
         self.page = int(stack.spec.page_size)
         self.window = int(stack.spec.window)
-        first = read_state(scheduler, None, [], self.tree)
+        first = read_state(scheduler, None, [], self.readers)
         # the domains the pools had when built (everything free), as masks
         self.full_n = int(first.free_full.max(initial=0)) + 1
         self.full_domain = _mask(first.free_full, self.full_n)
@@ -212,6 +277,8 @@ class LiveAudit:
     def broken(self, state: LiveState, *, idle: bool) -> str | None:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
         facts before it; a state the rules cannot even read breaks them all)."""
+        if state.unread is not None:
+            return f"unreadable ({state.unread})"
         try:
             for rule in (self._rows, self._full, self._swa, self._locks, self._batch):
                 why = rule(state, idle)
