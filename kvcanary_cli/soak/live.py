@@ -63,6 +63,9 @@ class LiveState:
     tree: np.ndarray
     resident: np.ndarray | None
     locked: np.ndarray | None
+    #: the tree's unlocked slots, where a reader gives them instead of `locked` (the
+    #: locked part is then the held slots not among them)
+    unlocked: np.ndarray | None
     alloc_lens: np.ndarray
     running_rows: np.ndarray
     free_rows: np.ndarray
@@ -100,9 +103,10 @@ def read_state(
             unread, free_full, free_swa = f"free lists: {type(exc).__name__}", empty, None
     held = facts.get("tree_full_slots")
     resident, locked = facts.get("tree_swa_resident_slots"), facts.get("tree_locked_full_slots")
+    unlocked = None
     if own.tree is not None:
         try:
-            held, resident, locked = own.tree()
+            held, resident, locked, unlocked = own.tree()
         except Exception as exc:  # a tree this reader cannot read: `broken` says so
             unread, held, resident, locked = f"tree: {type(exc).__name__}", None, None, None
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
@@ -114,6 +118,7 @@ def read_state(
         tree=empty if held is None else held,
         resident=resident,
         locked=locked,
+        unlocked=unlocked,
         alloc_lens=facts.get("req_pool_allocated_lens", np.zeros(rows, np.int64)),
         running_rows=facts.get("running_req_rows", empty),
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
@@ -163,9 +168,9 @@ def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
     return (pages[:, None] * page + offsets).reshape(-1) if page > 1 else pages
 
 
-#: reads (full slots the tree holds, their SWA-resident part, their locked part), each a
-#: host int64 array (None: unreadable), the way `capture.tree` records them in a dump
-TreeReader = Callable[[], tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]]
+#: reads (full slots the tree holds, their SWA-resident part, their locked part, their
+#: unlocked part), each a host int64 array (None: not read), as `capture.tree` reads them
+TreeReader = Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]
 
 
 def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
@@ -177,7 +182,8 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
     below the root, the FULL component's value tensor (held), that value where the node's
     SWA value is not None (resident), and that value where the FULL lock count is not 0
     (locked: held less the unlocked walk's), read here from the same fields. The Rust core's
-    own calls are fast; only its locked part, a set difference there, is a count here."""
+    own calls are fast: its unlocked walk is kept as read (`capture.tree` records the held
+    slots less these as the locked part; `_locks` counts them)."""
     core = getattr(tree, "tree_core", None)
     try:
         root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
@@ -196,7 +202,7 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
 
 def _walk_python_core(
     root: Any, full: int, swa: int, has_swa: bool, torch: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, None]:
     """The Python core's three slot sets in one walk (see `tree_reader`)."""
     held: list[Any] = []
     resident: list[Any] = []
@@ -216,7 +222,7 @@ def _walk_python_core(
             if data[full].lock_ref != 0:
                 locked.append(value)
         todo.extend(node.children.values())
-    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch)
+    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None
 
 
 def _flat(values: list[Any], torch: Any) -> np.ndarray:
@@ -227,17 +233,15 @@ def _flat(values: list[Any], torch: Any) -> np.ndarray:
     return flat
 
 
-def _read_rust_core(tree: Any, walk: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The Rust core's three slot sets by its own calls (see `tree_reader`)."""
-    held = tree.all_values_flatten().numpy().astype(np.int64, copy=False).reshape(-1)
+def _read_rust_core(
+    tree: Any, walk: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The Rust core's held, SWA-resident and unlocked slots by its own calls (see
+    `tree_reader`)."""
+    held = tree.all_values_flatten().numpy().reshape(-1)
     resident = walk(unlocked_only=False, swa_resident_only=True).slot_indices.numpy()
     unlocked = walk(unlocked_only=True, swa_resident_only=False).slot_indices.numpy()
-    if not held.size:
-        return held, resident.astype(np.int64, copy=False), held
-    # held less unlocked, as counts: a slot held more often than it is unlocked is locked
-    n = int(max(held.max(), unlocked.max(initial=0))) + 1
-    over = np.bincount(held, minlength=n) - np.bincount(unlocked.astype(np.int64), minlength=n)
-    return held, resident.astype(np.int64, copy=False), np.flatnonzero(over > 0)
+    return held, resident, None, unlocked
 
 
 class LiveAudit:
@@ -389,6 +393,20 @@ class LiveAudit:
 
     def _locks(self, s: LiveState, idle: bool) -> str | None:
         locked = s.locked
+        if locked is None and s.unlocked is not None:
+            # the held slots not among the unlocked ones: a slot the tree holds more often
+            # than it is unlocked (the tree holds each slot once: `_full`)
+            unlocked = np.bincount(s.unlocked, minlength=self.full_n)
+            if unlocked.size != self.full_n:
+                return "an unlocked slot out of range"
+            over = self._tree > unlocked
+            if not over.any():
+                return None
+            if idle:
+                return "a lock at idle"
+            if (over & (self._cell_count == 0)).any():
+                return "a locked slot in no running row"
+            return None
         if locked is None:
             return "no lock record"
         if not locked.size:
