@@ -24,9 +24,18 @@ that fact or a stricter one, read from the same objects the dump would record:
 
 Each fact is checked on the whole state every audit, not only where the step changed it: on
 pools of soak's size the whole is a few dozen numpy calls, and a narrower read could miss a
-write a faulty SGLang makes where it should not (the faults soak looks for). Where a fact does
-not hold the audit falls back to the whole `check` on a recorded dump, so its findings are
-`check`'s own; a fact stricter than `check` costs only that fallback (counted).
+write a faulty SGLang makes where it should not (the faults soak looks for). For the same
+reason nothing is cached between audits: no hook on the tree's insert, split or evict (a
+faulty SGLang changes a node elsewhere, or frees a slot the tree keeps) and no fingerprint of
+a pool (SGLang keeps no change counter; one that could miss a change would pass a state
+unseen). Where a fact does not hold the audit falls back to the whole `check` on a recorded
+dump, so its findings are `check`'s own; a fact stricter than `check` costs only that
+fallback (counted).
+
+What is read is what the dump would record, by cheaper routes (`Readers`): the Python tree
+core walked once over the fields SGLang's own walks read, the Rust core by its own calls, the
+free lists by the allocators' own census unsorted; the rest by `capture.tree`'s readers. A
+reader that fails marks the state unreadable, which breaks it (the whole `check` runs).
 """
 
 from __future__ import annotations
@@ -384,10 +393,11 @@ class LiveAudit:
         if held.shape != free.shape or not (held + free == self.swa_domain).all():
             return "SWA slots not partitioned"
         if s.resident is not None:
+            # resident: exactly once each tree slot (held once: `_full`) that is mapped
             resident = np.bincount(s.resident, minlength=n)
-            if resident.size != n or (resident > self._tree).any():
-                return "an SWA-resident slot outside the tree"
-            if ((resident > 0) != ((self._tree > 0) & (body != 0))).any():
+            if resident.shape != body.shape or not (resident == self._tree * (body != 0)).all():
+                if resident.size != n or (resident > self._tree).any():
+                    return "an SWA-resident slot outside the tree"
                 return "a tree slot's SWA residence and its mapping disagree"
         return None
 
