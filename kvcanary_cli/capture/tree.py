@@ -249,12 +249,17 @@ def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tre
 
     lens = np.zeros(rows, dtype=np.int64)
     holders: dict[int, Any] = {}  # by identity: a request on a session's record shares its kv
+    at: list[int] = []
+    allocated: list[int] = []
     for req in requests:
         kv = getattr(req, "kv", req)
         holders[id(kv)] = kv
         row = getattr(kv, "req_pool_idx", None)
         if row is not None and 0 <= int(row) < rows:
-            lens[int(row)] = max(lens[int(row)], int(getattr(kv, "kv_allocated_len", 0)))
+            at.append(int(row))
+            allocated.append(int(getattr(kv, "kv_allocated_len", 0)))
+    if at:  # a row's longest allocation (never below 0), at once
+        np.maximum.at(lens, at, allocated)
     facts["req_pool_allocated_lens"] = lens
     records = getattr(tree, "session_records", None)
     if callable(records):  # a session keeps its row between its requests

@@ -318,11 +318,11 @@ class LiveAudit:
         n, ps = self.full_n, self.page
         rows = s.running_rows
         lens = s.alloc_lens[rows]
-        width = s.table.shape[1]
-        if lens.size and (lens.min() < 0 or lens.max() > width):
+        top = int(lens.max()) if lens.size else 0  # no row's cells lie past its longest
+        if top > s.table.shape[1] or (lens.size and lens.min() < 0):
             return "an allocation beyond its row"
-        table = s.table[rows]
-        grid = self._grid[: rows.size, :width]
+        table = s.table[rows, :top]
+        grid = self._grid[: rows.size, :top]
         inside = grid < lens[:, None]
         cells = table[inside]
         free = np.bincount(s.free_full, minlength=n)
@@ -446,10 +446,10 @@ class LiveAudit:
         end = prefix + extend
         if (end > s.alloc_lens[rpi]).any():
             return "a batch row beyond its allocation"
-        width = s.table.shape[1]
-        grid = self._grid[: rpi.size, :width]
+        top = int(end.max()) if end.size else 0  # inside the rows' allocations (`_full`)
+        grid = self._grid[: rpi.size, :top]
         writes = (grid >= prefix[:, None]) & (grid < end[:, None])
-        table = s.table[rpi]
+        table = s.table[rpi, :top]
         expected = table[writes]
         out = b.get("out_cache_loc")
         if out is None or out.shape != expected.shape or not (out == expected).all():
