@@ -36,6 +36,7 @@ __all__ = [
     "capture_state",
     "free_slots",
     "register_tree_cache",
+    "row_state",
     "tree_for",
     "tree_state",
     "virtual_slots",
@@ -215,6 +216,13 @@ def _mamba_facts(
     facts["req_mamba_rows"] = np.array(rows, dtype=np.int64)
 
 
+def row_state(requests: Iterable[object], rows: int, tree: object = None) -> dict[str, Any]:
+    """`tree_state`'s row facts alone (`req_pool_allocated_lens`, `running_req_rows`)."""
+    facts: dict[str, Any] = {}
+    _read(facts, _row_facts, requests, rows, tree)
+    return facts
+
+
 def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
     """One group of facts, best effort: a changed object costs these facts only."""
     try:
@@ -354,12 +362,17 @@ def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tre
 
     lens = np.zeros(rows, dtype=np.int64)
     holders: dict[int, Any] = {}  # by identity: a request on a session's record shares its kv
+    at: list[int] = []
+    allocated: list[int] = []
     for req in requests:
         kv = getattr(req, "kv", req)
         holders[id(kv)] = kv
         row = getattr(kv, "req_pool_idx", None)
         if row is not None and 0 <= int(row) < rows:
-            lens[int(row)] = max(lens[int(row)], int(getattr(kv, "kv_allocated_len", 0)))
+            at.append(int(row))
+            allocated.append(int(getattr(kv, "kv_allocated_len", 0)))
+    if at:  # a row's longest allocation (never below 0), at once
+        np.maximum.at(lens, at, allocated)
     facts["req_pool_allocated_lens"] = lens
     records = getattr(tree, "session_records", None)
     if callable(records):  # a session keeps its row between its requests

@@ -216,7 +216,7 @@ def audit_step(
     it, or with a `folder` to keep the dump in, the state is recorded and checked."""
     audit = Audit(step=scheduler.step_no, mode="idle" if idle else "plan")
     if live is not None:
-        state = read_state(scheduler, batch, running_requests(scheduler, batch))
+        state = read_state(scheduler, batch, running_requests(scheduler, batch), live.readers)
         audit.broken = live.broken(state, idle=idle)
     if live is None or folder is not None or full or audit.broken is not None:
         _check_whole(audit, scheduler, batch, folder)

@@ -24,21 +24,41 @@ that fact or a stricter one, read from the same objects the dump would record:
 
 Each fact is checked on the whole state every audit, not only where the step changed it: on
 pools of soak's size the whole is a few dozen numpy calls, and a narrower read could miss a
-write a faulty SGLang makes where it should not (the faults soak looks for). Where a fact does
-not hold the audit falls back to the whole `check` on a recorded dump, so its findings are
-`check`'s own; a fact stricter than `check` costs only that fallback (counted).
+write a faulty SGLang makes where it should not (the faults soak looks for). For the same
+reason nothing is cached between audits: no hook on the tree's insert, split or evict (a
+faulty SGLang changes a node elsewhere, or frees a slot the tree keeps) and no fingerprint of
+a pool (SGLang keeps no change counter; one that could miss a change would pass a state
+unseen). Where a fact does not hold the audit falls back to the whole `check` on a recorded
+dump, so its findings are `check`'s own; a fact stricter than `check` costs only that
+fallback (counted).
+
+What is read is what the dump would record, by cheaper routes (`Readers`): the Python tree
+core walked once over the fields SGLang's own walks read, the Rust core by its own calls, the
+free lists by the allocators' own census unsorted; the rest by `capture.tree`'s readers. A
+reader that fails marks the state unreadable, which breaks it (the whole `check` runs).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import batch_state, tree_state
+from kvcanary_cli.capture.tree import batch_state, row_state, tree_state
 
-__all__ = ["LiveAudit", "LiveState"]
+__all__ = [
+    "FreeReader",
+    "LiveAudit",
+    "LiveState",
+    "Readers",
+    "TreeReader",
+    "free_reader",
+    "read_state",
+    "tree_reader",
+]
 
 
 @dataclass
@@ -52,41 +72,73 @@ class LiveState:
     tree: np.ndarray
     resident: np.ndarray | None
     locked: np.ndarray | None
+    #: the tree's unlocked slots, where a reader gives them instead of `locked` (the
+    #: locked part is then the held slots not among them)
+    unlocked: np.ndarray | None
     alloc_lens: np.ndarray
     running_rows: np.ndarray
     free_rows: np.ndarray
     batch: dict[str, Any] | None
     #: the Mamba layout's records by their dump names (None: another layout)
     mamba: dict[str, np.ndarray] | None = None
+    #: a fact that could not be read (None: all were)
+    unread: str | None = None
 
 
-def read_state(scheduler: Any, batch: Any, requests: list[Any]) -> LiveState:
-    """The live state, read by the capture code's own readers."""
+def read_state(
+    scheduler: Any, batch: Any, requests: list[Any], readers: Readers | None = None
+) -> LiveState:
+    """The live state: the free lists and the tree by `readers` where it has them, the rest
+    (and what it has not) by the capture code's own readers."""
     stack = scheduler.stack
     pool = stack.req_to_token_pool
     table = pool.req_to_token.numpy()
-    facts = tree_state(
-        allocator=stack.allocator,
-        tree=stack.tree,
-        requests=requests,
-        rows=table.shape[0],
-        req_pool=pool,
-        waiting=scheduler.waiting,
-    )
-    lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
+    own = readers or Readers()
+    rows = table.shape[0]
+    unread = None
+    mamba = getattr(pool, "mamba_allocator", None) is not None
+    if own.free is None or own.tree is None or mamba:
+        facts = tree_state(
+            allocator=stack.allocator,
+            # the Mamba layout's records come with the tree's (its Mamba values)
+            tree=stack.tree if own.tree is None or mamba else None,
+            requests=requests,
+            rows=rows,
+            req_pool=pool,
+            waiting=scheduler.waiting,
+        )
+    else:
+        facts = row_state(requests, rows, stack.tree)
     empty = np.zeros(0, dtype=np.int64)
+    free_full, free_swa = facts.get("free_full_slots", empty), facts.get("free_swa_slots")
+    if own.free is not None:
+        try:
+            free_full, free_swa = own.free()
+        except Exception as exc:  # a free list this reader cannot read: `broken` says so
+            unread, free_full, free_swa = f"free lists: {type(exc).__name__}", empty, None
+    held = facts.get("tree_full_slots")
+    resident, locked = facts.get("tree_swa_resident_slots"), facts.get("tree_locked_full_slots")
+    unlocked = None
+    if own.tree is not None:
+        try:
+            held, resident, locked, unlocked = own.tree()
+        except Exception as exc:  # a tree this reader cannot read: `broken` says so
+            unread, held, resident, locked = f"tree: {type(exc).__name__}", None, None, None
+    lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
     return LiveState(
         table=table,
         lut=None if lut is None else lut.numpy(),
-        free_full=facts.get("free_full_slots", empty),
-        free_swa=facts.get("free_swa_slots"),
-        tree=facts.get("tree_full_slots", empty),
-        resident=facts.get("tree_swa_resident_slots"),
-        locked=facts.get("tree_locked_full_slots"),
-        alloc_lens=facts.get("req_pool_allocated_lens", np.zeros(table.shape[0], np.int64)),
+        free_full=free_full,
+        free_swa=free_swa,
+        tree=empty if held is None else held,
+        resident=resident,
+        locked=locked,
+        unlocked=unlocked,
+        alloc_lens=facts.get("req_pool_allocated_lens", np.zeros(rows, np.int64)),
         running_rows=facts.get("running_req_rows", empty),
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
         batch=None if batch is None else batch_state(batch),
+        unread=unread,
         mamba=None
         if "free_mamba_slots" not in facts
         else {k: facts[k] for k in _MAMBA if k in facts},
@@ -103,15 +155,135 @@ _MAMBA = (
 )
 
 
+#: reads (the full side's free slots, the SWA side's), each a host int64 array
+FreeReader = Callable[[], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Readers:
+    """The live audit's own readers of the facts the capture code is slowest to read, built
+    once per stack (None: the capture code's reader)."""
+
+    tree: TreeReader | None = None
+    free: FreeReader | None = None
+
+
+def free_reader(allocator: Any) -> FreeReader | None:
+    """Both sides' free slots, by the route `capture.tree.free_slots` takes for the hybrid
+    SWA allocator (each side's `get_all_free_pages`: its free and its staged pages, pages
+    expanded to slots), unsorted and uncopied (counted at once, never kept); None for another
+    allocator (unified memory's virtual ids: the capture code's reader)."""
+    full = getattr(allocator, "full_attn_allocator", None)
+    swa = getattr(allocator, "swa_attn_allocator", None)
+    sides = (full, swa)
+    if any(not callable(getattr(side, "get_all_free_pages", None)) for side in sides):
+        return None
+    if hasattr(full, "virtual_to_physical"):
+        return None
+    page = int(getattr(allocator, "page_size", 1) or 1)
+    return partial(_read_free, full, swa, page, np.arange(page, dtype=np.int64))
+
+
+def _read_free(
+    full: Any, swa: Any, page: int, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(full side's free slots, SWA side's): see `free_reader`."""
+    return _free_of(full, page, offsets), _free_of(swa, page, offsets)
+
+
+def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
+    pages: np.ndarray = side.get_all_free_pages().numpy()  # None: no free list, unreadable
+    return (pages[:, None] * page + offsets).reshape(-1) if page > 1 else pages
+
+
+#: reads (full slots the tree holds, their SWA-resident part, their locked part, their
+#: unlocked part), each a host int64 array (None: not read), as `capture.tree` reads them
+TreeReader = Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]
+
+
+def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
+    """One read of the tree's three slot sets per audit, for the tree cores soak builds
+    (`kinds`: SGLang's `ComponentType`); None for another tree (the capture code's reader).
+
+    The Python core is walked once, by hand: the facts `capture.tree` takes from its two
+    walks and its flatten (`walk_for_kv_canary`, `all_values_flatten`) are, node for node
+    below the root, the FULL component's value tensor (held), that value where the node's
+    SWA value is not None (resident), and that value where the FULL lock count is not 0
+    (locked: held less the unlocked walk's), read here from the same fields. The Rust core's
+    own calls are fast: its unlocked walk is kept as read (`capture.tree` records the held
+    slots less these as the locked part; `_locks` counts them)."""
+    core = getattr(tree, "tree_core", None)
+    try:
+        root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
+    except Exception:  # the Rust core's adapter raises for what it has not ported
+        root = components = None
+    if root is not None and isinstance(components, dict):
+        import torch  # SGLang's tree holds torch tensors: imported already
+
+        full, swa = kinds.FULL, kinds.SWA
+        return partial(_walk_python_core, root, full, swa, swa in components, torch)
+    walk = getattr(core, "walk_for_kv_canary", None)
+    if callable(walk) and callable(getattr(tree, "all_values_flatten", None)):
+        return partial(_read_rust_core, tree, walk)
+    return None
+
+
+def _walk_python_core(
+    root: Any, full: int, swa: int, has_swa: bool, torch: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, None]:
+    """The Python core's three slot sets in one walk (see `tree_reader`)."""
+    held: list[Any] = []
+    resident: list[Any] = []
+    locked: list[Any] = []
+    todo = list(root.children.values())
+    while todo:
+        node = todo.pop()
+        data = node.component_data
+        value = data[full].value
+        if value is not None:
+            # SGLang's walks read a tensor value only; anything else: unreadable
+            if not isinstance(value, torch.Tensor):
+                raise TypeError("a tree value that is not a tensor")
+            held.append(value)
+            if not has_swa or data[swa].value is not None:
+                resident.append(value)
+            if data[full].lock_ref != 0:
+                locked.append(value)
+        todo.extend(node.children.values())
+    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None
+
+
+def _flat(values: list[Any], torch: Any) -> np.ndarray:
+    """Tensors as one flat int64 host array (a copy: `torch.cat` makes one)."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    flat: np.ndarray = torch.cat(values).numpy().astype(np.int64, copy=False).reshape(-1)
+    return flat
+
+
+def _read_rust_core(
+    tree: Any, walk: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The Rust core's held, SWA-resident and unlocked slots by its own calls (see
+    `tree_reader`)."""
+    held = tree.all_values_flatten().numpy().reshape(-1)
+    resident = walk(unlocked_only=False, swa_resident_only=True).slot_indices.numpy()
+    unlocked = walk(unlocked_only=True, swa_resident_only=False).slot_indices.numpy()
+    return held, resident, None, unlocked
+
+
 class LiveAudit:
     """The accounting of one history's stack (see the module docstring); `broken` names the
     first fact a state breaks (None: every fact holds, `check` would find nothing)."""
 
     def __init__(self, scheduler: Any) -> None:
         stack = scheduler.stack
+        kinds = stack.modules.component_type.ComponentType
+        #: the readers of the tree and the free lists (see `Readers`)
+        self.readers = Readers(tree_reader(stack.tree, kinds), free_reader(stack.allocator))
         self.page = int(stack.spec.page_size)
         self.window = int(stack.spec.window)
-        first = read_state(scheduler, None, [])
+        first = read_state(scheduler, None, [], self.readers)
         # the domains the pools had when built (everything free), as masks
         self.full_n = int(first.free_full.max(initial=0)) + 1
         self.full_domain = _mask(first.free_full, self.full_n)
@@ -120,13 +292,18 @@ class LiveAudit:
         self.swa_domain = None if first.free_swa is None else _mask(first.free_swa, self.swa_n)
         self.rows_n = int(first.table.shape[0])
         self.row_domain = _mask(first.free_rows, self.rows_n)
-        #: the LUT as built: its length and what lies past the full slots never change
-        self.lut_tail = None if first.lut is None else first.lut[self.full_n :].copy()
-        #: the Mamba slots as built (1..size; slot 0 reserved)
         mamba_free = None if first.mamba is None else first.mamba["free_mamba_slots"]
         self.mamba_n = 0 if mamba_free is None else int(mamba_free.max(initial=0)) + 1
         self.mamba_domain = None if mamba_free is None else _mask(mamba_free, self.mamba_n)
+        #: the LUT as built: its length and what lies past the full slots never change
+        self.lut_n = None if first.lut is None else int(first.lut.shape[0])
+        self.lut_tail = None if first.lut is None else first.lut[self.full_n :].tobytes()
         self.fallbacks = 0
+        # buffers: each row's positions, a page's offsets, a slot's position in its row
+        width = int(first.table.shape[1])
+        self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
+        self._offsets = np.arange(self.page, dtype=np.int64)
+        self._where = np.zeros(self.full_n, dtype=np.int64)
         #: per audit: the running rows' cells and how often each full slot is one
         self._cells: np.ndarray = first.free_full[:0]
         self._cell_count: np.ndarray = first.free_full[:0]
@@ -135,6 +312,8 @@ class LiveAudit:
     def broken(self, state: LiveState, *, idle: bool) -> str | None:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
         facts before it; a state the rules cannot even read breaks them all)."""
+        if state.unread is not None:
+            return f"unreadable ({state.unread})"
         try:
             rules = (self._rows, self._full, self._swa, self._mamba, self._locks, self._batch)
             for rule in rules:
@@ -146,10 +325,15 @@ class LiveAudit:
         return None
 
     # -- the facts ------------------------------------------------------------------
+    # Each rule is few numpy calls over per-slot counts: a partition is one sum of counts
+    # against the domain's 0/1 mask, which also catches every slot counted twice (a
+    # duplicate free entry, a slot in two rows the tree does not hold); the finer reason is
+    # worked out only for a state that breaks (`_why_full`).
 
     def _rows(self, s: LiveState, idle: bool) -> str | None:
-        free, held = _counts(s.free_rows, self.rows_n), _counts(s.running_rows, self.rows_n)
-        if free is None or held is None or not np.array_equal(free + held, self.row_domain):
+        # a negative row raises in bincount (unreadable: broken), one past the end lengthens it
+        both = np.bincount(np.concatenate((s.free_rows, s.running_rows)), minlength=self.rows_n)
+        if both.shape != self.row_domain.shape or not (both == self.row_domain).all():
             return "pool rows not partitioned"
         return None
 
@@ -157,40 +341,39 @@ class LiveAudit:
         n, ps = self.full_n, self.page
         rows = s.running_rows
         lens = s.alloc_lens[rows]
-        width = s.table.shape[1]
-        if np.any(lens > width) or np.any(lens < 0):
+        top = int(lens.max()) if lens.size else 0  # no row's cells lie past its longest
+        if top > s.table.shape[1] or (lens.size and lens.min() < 0):
             return "an allocation beyond its row"
-        positions = np.arange(width)
-        inside = positions[None, :] < lens[:, None]
-        table = s.table[rows]
-        cells = table[inside].astype(np.int64)
-        free, tree = _counts(s.free_full, n), _counts(s.tree, n)
-        cell_count = _counts(cells, n)
-        if free is None or tree is None or cell_count is None:
+        table = s.table[rows, :top]
+        grid = self._grid[: rows.size, :top]
+        inside = grid < lens[:, None]
+        cells = table[inside]
+        free = np.bincount(s.free_full, minlength=n)
+        tree = np.bincount(s.tree, minlength=n)
+        cell_count = np.bincount(cells, minlength=n)
+        if free.size != n or tree.size != n or cell_count.size != n:
             return "a full slot out of range"
-        if free.max(initial=0) > 1 or tree.max(initial=0) > 1:
-            return "a full slot listed twice"
-        private = (cell_count > 0) & (tree == 0)
-        if np.any(cell_count[private] > 1):
-            return "a slot in two rows the tree does not hold"
-        owners = free + tree + private
+        # owners: free, the tree's, a row's own (a cell the tree does not hold), and the
+        # rest of a row's last page past its allocated length (held, unwritten)
+        owners = free + tree + cell_count * (tree == 0)
         if ps > 1:
-            # the rest of a row's last page, past its allocated length: held, unwritten
-            part = (lens > 0) & (lens % ps != 0)
-            last = table[part, lens[part] - 1].astype(np.int64)
-            offsets = np.arange(ps)
-            rest = (last - last % ps)[:, None] + offsets[None, :]
-            tails = _counts(rest[offsets[None, :] >= (lens[part] % ps)[:, None]], n)
-            if tails is None:
-                return "a full slot out of range"
-            owners += tails
-        if not np.array_equal(owners, self.full_domain):
-            return "full slots not partitioned"
+            rest = lens % ps
+            part = np.flatnonzero(rest)
+            if part.size:
+                last = table[part, lens[part] - 1]
+                rest = rest[part]
+                slots = (last - last % ps)[:, None] + self._offsets
+                tails = np.bincount(slots[self._offsets >= rest[:, None]], minlength=n)
+                if tails.size != n:
+                    return "a full slot out of range"
+                owners += tails
+        if not (owners == self.full_domain).all():
+            return _why_full(free, tree, cell_count)
         # a slot in two rows (or twice in one) is at one position
-        where = np.zeros(n, dtype=np.int64)
-        spots = np.broadcast_to(positions, table.shape)[inside]
+        spots = grid[inside]
+        where = self._where
         where[cells] = spots
-        if not np.array_equal(where[cells], spots):
+        if not (where[cells] == spots).all():
             return "a shared slot at two positions"
         self._cells, self._cell_count, self._tree = cells, cell_count, tree
         return None
@@ -200,41 +383,44 @@ class LiveAudit:
         if lut is None or self.lut_tail is None or self.swa_domain is None:
             return None if lut is None else "no SWA accounting"
         n, ps = self.full_n, self.page
-        if lut.shape[0] != n + self.lut_tail.shape[0] or not np.array_equal(lut[n:], self.lut_tail):
+        if lut.shape[0] != self.lut_n or lut[n:].tobytes() != self.lut_tail:
             return "the LUT's length or tail changed"
         body = lut[:n]
-        if np.any(body[:ps] != 0):
+        if body[:ps].any():
             return "page 0 mapped"
-        free = _counts(s.free_swa, self.swa_n) if s.free_swa is not None else None
-        if free is None or free.max(initial=0) > 1:
+        if s.free_swa is None:
             return "an SWA slot listed twice or out of range"
-        if np.any(body[s.free_full] != 0):
+        free = np.bincount(s.free_swa, minlength=self.swa_n)
+        if free.size != self.swa_n:
+            return "an SWA slot listed twice or out of range"
+        if body[s.free_full].any():
             return "a free full slot mapped"
         mapped = np.flatnonzero(body)
-        image = body[mapped].astype(np.int64)
-        held = _counts(image, self.swa_n)
-        if held is None or held.max(initial=0) > 1:
-            return "an SWA slot mapped twice"
+        image = body[mapped]
         if ps > 1:
             # a full page maps into one SWA page, slot for slot (its unwritten rest
             # unmapped), and that SWA page is held whole, by that full page alone
-            if np.any(image % ps != mapped % ps):
+            if ((image - mapped) % ps).any():
                 return "a page mapped out of lockstep"
+            full_pages, swa_pages = mapped // ps, image // ps
             page_of = np.full(n // ps + 1, -1, dtype=np.int64)
-            page_of[mapped // ps] = image // ps
-            if not np.array_equal(page_of[mapped // ps], image // ps):
+            page_of[full_pages] = swa_pages
+            if not (page_of[full_pages] == swa_pages).all():
                 return "a page mapped out of lockstep"
+            # how many full pages map into each SWA page, per slot
             pages = np.bincount(page_of[page_of >= 0], minlength=self.swa_n // ps)
-            if pages.max(initial=0) > 1:
-                return "an SWA page mapped from two full pages"
             held = np.repeat(pages, ps)
-        if held.shape != free.shape or not np.array_equal(held + free, self.swa_domain):
+        else:
+            held = np.bincount(image, minlength=self.swa_n)
+        # an SWA slot mapped twice, or from two full pages, counts 2: not the domain's 0/1
+        if held.shape != free.shape or not (held + free == self.swa_domain).all():
             return "SWA slots not partitioned"
         if s.resident is not None:
-            resident = _counts(s.resident, n)
-            if resident is None or np.any(resident > self._tree):
-                return "an SWA-resident slot outside the tree"
-            if np.any((resident > 0) != ((self._tree > 0) & (body != 0))):
+            # resident: exactly once each tree slot (held once: `_full`) that is mapped
+            resident = np.bincount(s.resident, minlength=n)
+            if resident.shape != body.shape or not (resident == self._tree * (body != 0)).all():
+                if resident.size != n or (resident > self._tree).any():
+                    return "an SWA-resident slot outside the tree"
                 return "a tree slot's SWA residence and its mapping disagree"
         return None
 
@@ -262,6 +448,20 @@ class LiveAudit:
 
     def _locks(self, s: LiveState, idle: bool) -> str | None:
         locked = s.locked
+        if locked is None and s.unlocked is not None:
+            # the held slots not among the unlocked ones: a slot the tree holds more often
+            # than it is unlocked (the tree holds each slot once: `_full`)
+            unlocked = np.bincount(s.unlocked, minlength=self.full_n)
+            if unlocked.size != self.full_n:
+                return "an unlocked slot out of range"
+            over = self._tree > unlocked
+            if not over.any():
+                return None
+            if idle:
+                return "a lock at idle"
+            if (over & (self._cell_count == 0)).any():
+                return "a locked slot in no running row"
+            return None
         if locked is None:
             return "no lock record"
         if not locked.size:
@@ -270,7 +470,7 @@ class LiveAudit:
             return "a lock at idle"
         if locked.min() < 0 or locked.max() >= self.full_n:
             return "a locked slot out of range"
-        if np.any(self._cell_count[locked] == 0):
+        if not self._cell_count[locked].all():
             return "a locked slot in no running row"
         return None
 
@@ -279,35 +479,45 @@ class LiveAudit:
         if b is None:
             return None
         rpi, prefix, extend = b["req_pool_indices"], b["prefix_lens"], b["extend_seq_lens"]
-        rows = _counts(rpi, self.rows_n)
-        if rows is None or rows.max(initial=0) > 1:
+        # each row once, and running (`_rows` read the running rows: distinct, in range)
+        rows = np.bincount(rpi, minlength=self.rows_n)
+        if rows.size != self.rows_n or rows.max(initial=0) > 1:
             return "a batch row twice or out of range"
-        running = _counts(s.running_rows, self.rows_n)  # inside: `_rows` read them
-        if running is None or np.any(rows > running):
+        running = np.bincount(s.running_rows, minlength=self.rows_n)
+        if (rows > running).any():
             return "a batch row not running"
-        if np.any(prefix < 0) or np.any(extend < 1):
+        if (prefix.size and prefix.min() < 0) or (extend.size and extend.min() < 1):
             return "a negative length"
         end = prefix + extend
-        if np.any(end > s.alloc_lens[rpi]):
+        if (end > s.alloc_lens[rpi]).any():
             return "a batch row beyond its allocation"
-        width = s.table.shape[1]
-        pos = np.arange(width)
-        writes = (pos[None, :] >= prefix[:, None]) & (pos[None, :] < end[:, None])
-        table = s.table[rpi]
-        expected = table[writes].astype(np.int64)
+        top = int(end.max()) if end.size else 0  # inside the rows' allocations (`_full`)
+        grid = self._grid[: rpi.size, :top]
+        writes = (grid >= prefix[:, None]) & (grid < end[:, None])
+        table = s.table[rpi, :top]
+        expected = table[writes]
         out = b.get("out_cache_loc")
-        if out is None or not np.array_equal(out, expected):
+        if out is None or out.shape != expected.shape or not (out == expected).all():
             return "out_cache_loc not the extended cells"
-        if np.any(self._tree[expected] != 0):
+        if self._tree[expected].any():
             return "a write into the tree"
         lut = s.lut
         if lut is not None and self.window > 0:
             # the cells the plan verifies ([P - W, P), `window_start`) and the writes: mapped
             start = np.maximum(prefix - self.window, 0)
-            window = (pos[None, :] >= start[:, None]) & (pos[None, :] < end[:, None])
-            if np.any(lut[table[window]] == 0):
+            window = (grid >= start[:, None]) & (grid < end[:, None])
+            if not lut[table[window]].all():
                 return "a window cell unmapped"
         return None
+
+
+def _why_full(free: np.ndarray, tree: np.ndarray, cells: np.ndarray) -> str:
+    """Why the full slots' counts are not the domain's partition (a state that breaks)."""
+    if free.max(initial=0) > 1 or tree.max(initial=0) > 1:
+        return "a full slot listed twice"
+    if np.any(cells[tree == 0] > 1):
+        return "a slot in two rows the tree does not hold"
+    return "full slots not partitioned"
 
 
 def _counts(values: np.ndarray, n: int) -> np.ndarray | None:
