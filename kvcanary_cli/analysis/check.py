@@ -54,14 +54,15 @@ from kvcanary_cli.analysis.findings import (
     slot_findings,
     swa_findings,
 )
-from kvcanary_cli.analysis.owners import RowStates, slot_owners
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
+    RowStates,
     clamp_target,
     clamped_sources,
     full_slots_mapping_to,
     live_cells,
+    slot_owners,
     swa_provenance,
 )
 from kvcanary_cli.analysis.req_rows import req_row_findings

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from functools import cached_property
 
 import numpy as np
 
 from kvcanary_cli.analysis.cells import cell_slots, distinct
+from kvcanary_cli.analysis.req_rows import pool_rows
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
@@ -24,7 +26,9 @@ from kvcanary_cli.results.cells import (
     CanaryEntry,
     Cell,
     CellRole,
+    FindingOwner,
     NarrowColumn,
+    OwnerState,
     RingRow,
     Role,
     SlotProvenance,
@@ -36,6 +40,7 @@ from kvcanary_cli.results.check import Finding
 __all__ = [
     "LiveCells",
     "ProvenanceIndex",
+    "RowStates",
     "SlotSet",
     "cell_role",
     "clamp_target",
@@ -43,6 +48,7 @@ __all__ = [
     "full_slots_mapping_to",
     "live_cells",
     "live_ends",
+    "slot_owners",
     "swa_provenance",
 ]
 
@@ -710,3 +716,74 @@ def _violations(dump: KvDump, slot: int, *, swa: bool) -> tuple[tuple[RingRow, .
         for i in mine[:VIOLATION_ROWS_SHOWN]
     )
     return shown, int(mine.size)
+
+
+# -- a finding's owners: for each slot its provenance lists, the current or last owner (pool
+# row, position, what the request is), so a report names who held a double-freed or stale slot
+# without a second command; an idle pool row told apart by the dump's request row lists.
+
+
+class RowStates:
+    """What the dump's request row lists say of an idle pool row (sorted arrays, as long as
+    the pool has rows: built once per dump, and only when an owner is an idle pool row)."""
+
+    def __init__(self, dump: KvDump) -> None:
+        self._dump = dump
+
+    @cached_property
+    def _lists(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the free pool rows, the running ones)."""
+        dump = self._dump
+        rows = int(dump.req_to_token.shape[0])
+        free = np.unique(pool_rows(dump.free_req_rows, rows))
+        return free, np.unique(pool_rows(dump.running_req_rows, rows))
+
+    def idle(self, pool_row: int) -> OwnerState:
+        """`finished` (on the free list), `held` (a running request's), else `idle`."""
+        free, running = self._lists
+        if _has(free, pool_row):
+            return "finished"
+        if _has(running, pool_row):
+            return "held"
+        return "idle"
+
+
+def _has(values: np.ndarray, value: int) -> bool:
+    i = int(np.searchsorted(values, value))
+    return i < values.size and int(values[i]) == value
+
+
+def slot_owners(provenance: Sequence[SlotProvenance], rows: RowStates) -> tuple[FindingOwner, ...]:
+    """Per slot of `provenance`, its first cell as its owner (none: no cell holds it)."""
+    owners = []
+    for p in provenance:
+        if not p.cells:
+            owners.append(
+                FindingOwner(slot=p.slot, space=p.space, pool_row=None, position=None, state=None)
+            )
+            continue
+        cell = p.cells[0]
+        state: OwnerState
+        if cell.role == Role.STALE_TAIL:
+            state = "stale-tail"
+        elif cell.role == Role.IDLE_ROW:
+            state = rows.idle(cell.pool_row)
+        else:
+            state = "running"
+        owners.append(
+            FindingOwner(
+                slot=p.slot,
+                space=p.space,
+                pool_row=cell.pool_row,
+                position=cell.position,
+                state=state,
+                batch_row=cell.batch_rows[0] if cell.batch_rows else None,
+                full_slot=cell.full_slot,
+                holders=p.cells_total,
+            )
+        )
+    return tuple(owners)
+
+
+#: Owners a headline names before it counts the rest.
+_OWNERS_NAMED = 2

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcanary_cli.dump.engine import refuse_other_engine
-from kvcanary_cli.dump.header import read_header_and_step
+from kvcanary_cli.dump.header import read_header_and_step, refuse_other_engine
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import parse_integer
 from kvcanary_cli.errors import DumpError, OptionError

@@ -57,8 +57,7 @@ from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.provenance import SlotSet
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
-from kvcanary_cli.dump.engine import refuse_other_engine
-from kvcanary_cli.dump.header import FileState, read_header_and_step
+from kvcanary_cli.dump.header import FileState, read_header_and_step, refuse_other_engine
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import DumpError, OptionError

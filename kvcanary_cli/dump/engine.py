@@ -15,25 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from kvcanary_cli.dump.header import FileState, read_header
-from kvcanary_cli.dump.schema import ENGINE_KEY, INTEGER_DTYPES, SGLANG, dtype_label, engine_of
+from kvcanary_cli.dump.schema import INTEGER_DTYPES, dtype_label, engine_of
 from kvcanary_cli.errors import CorruptDumpError, DumpError, TensorDtypeError
 
-__all__ = ["StoredArrays", "read_arrays", "refuse_other_engine"]
-
-
-def refuse_other_engine(
-    metadata: dict[str, str], path: str | os.PathLike[str] | None = None
-) -> None:
-    """For a command that reads SGLang dumps only: another engine's dump is one error line
-    naming the commands that read it (before any SGLang rule, which it may break)."""
-    engine = engine_of(metadata)
-    if engine != SGLANG:
-        raise DumpError(
-            f"a {engine} dump: this command reads SGLang dumps",
-            field=ENGINE_KEY,
-            path=None if path is None else str(path),
-            hint="`check`, `provenance --block N`, `timeline` and `diff` read it",
-        )
+__all__ = ["StoredArrays", "read_arrays"]
 
 
 @dataclass(frozen=True, kw_only=True)

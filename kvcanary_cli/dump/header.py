@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE, SGLANG, engine_of, parse_integer
+from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE, ENGINE_KEY, SGLANG, engine_of, parse_integer
 from kvcanary_cli.errors import CorruptDumpError, DumpError
 from kvcanary_cli.safe_text import excerpt
 
@@ -32,6 +32,7 @@ __all__ = [
     "dump_engine",
     "read_header",
     "read_header_and_step",
+    "refuse_other_engine",
 ]
 
 #: A dump's header is a few KB (about 30 tensors, a few dozen metadata keys); safetensors
@@ -362,3 +363,18 @@ def dump_engine(path: str | os.PathLike[str]) -> str:
         return engine_of(read_header(path).metadata)
     except DumpError:
         return SGLANG
+
+
+def refuse_other_engine(
+    metadata: dict[str, str], path: str | os.PathLike[str] | None = None
+) -> None:
+    """For a command that reads SGLang dumps only: another engine's dump is one error line
+    naming the commands that read it (before any SGLang rule, which it may break)."""
+    engine = engine_of(metadata)
+    if engine != SGLANG:
+        raise DumpError(
+            f"a {engine} dump: this command reads SGLang dumps",
+            field=ENGINE_KEY,
+            path=None if path is None else str(path),
+            hint="`check`, `provenance --block N`, `timeline` and `diff` read it",
+        )

@@ -35,8 +35,13 @@ import numpy as np
 from safetensors import safe_open
 
 from kvcanary_cli.dump import releases
-from kvcanary_cli.dump.engine import refuse_other_engine
-from kvcanary_cli.dump.header import FileState, HeaderEntry, SafetensorsHeader, read_header
+from kvcanary_cli.dump.header import (
+    FileState,
+    HeaderEntry,
+    SafetensorsHeader,
+    read_header,
+    refuse_other_engine,
+)
 from kvcanary_cli.dump.narrow import RUN_DTYPES, dtype_code, parse_original_dtypes
 from kvcanary_cli.dump.releases import out_of_range_note
 from kvcanary_cli.dump.schema import (
