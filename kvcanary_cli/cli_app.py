@@ -244,7 +244,8 @@ def make_app() -> typer.Typer:
         pretty_exceptions_show_locals=False,
         rich_markup_mode=None,
         help="Diagnose KV-cache dumps of SGLang's kv canary: run the reference planner and the "
-        "GPU kernel on a dump, compare them, and show every bad slot with where it came from."
+        "GPU kernel on a dump, compare them, and show every bad slot with where it came from. "
+        "On vLLM dumps: the block pool's invariants, each fault with its blocks and holders."
         "\n\nExit codes: 0 clean, 1 findings, 2 bad input or usage, 3 internal error, "
         "130 stopped by Ctrl-C, 143 by SIGTERM.",
     )
