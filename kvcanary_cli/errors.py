@@ -26,6 +26,7 @@ from kvcanary_cli.safe_text import printable
 __all__ = [
     "CorruptDumpError",
     "DumpError",
+    "EngineUnavailableError",
     "KvcanaryError",
     "MetadataError",
     "MissingTensorError",
@@ -136,6 +137,19 @@ class PathError(KvcanaryError):
     def subject(self) -> str | None:
         """The path."""
         return self.path
+
+
+class EngineUnavailableError(KvcanaryError):
+    """An engine's code (an SGLang or vLLM tree or wheel) that cannot run here; one line,
+    exit 2, naming the tree or wheel at fault when one was named."""
+
+    def __init__(self, message: str, *, source: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.source = source
+
+    def subject(self) -> str | None:
+        """The tree or wheel at fault, when one was named."""
+        return self.source
 
 
 class PathExistsError(PathError):

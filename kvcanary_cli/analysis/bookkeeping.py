@@ -40,7 +40,7 @@ from typing import cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.cells import distinct, repeated
 from kvcanary_cli.analysis.coverage import (
     FULL_FREE_LIST,
     FULL_LEAKS,
@@ -764,13 +764,6 @@ def pool_leak_findings(dump: KvDump) -> list[Finding]:
     ]
 
 
-def _repeated(values: np.ndarray) -> np.ndarray:
-    """The distinct values listed more than once (sorted)."""
-    ordered = np.sort(values.reshape(-1))
-    again = ordered[1:][ordered[1:] == ordered[:-1]]
-    return distinct(again)
-
-
 def _difference(printed: dict[str, int]) -> int:
     accounted = sum(printed[name] for name in _FIELDS if name != "total")
     return printed["total"] - accounted
@@ -808,10 +801,10 @@ def _full_note(dump: KvDump, printed: dict[str, int]) -> str:
     twice = counts["listed_twice"]
     free_text = f"{counts['available']} free"
     if twice:
-        repeated = _repeated(np.asarray(dump.free_full_slots, dtype=np.int64))
+        listed_twice = repeated(np.asarray(dump.free_full_slots, dtype=np.int64))
         free_text += (
             f" ({counts['available'] + twice} entries on the free list: {twice} listed more "
-            f"than once, {_pages_text(repeated, _page(dump))})"
+            f"than once, {_pages_text(listed_twice, _page(dump))})"
         )
     parts = [
         f"kvcanary counts total {counts['total']}",

@@ -25,6 +25,7 @@ __all__ = [
     "part",
     "restricted",
     "pairs_among",
+    "repeated",
     "with_example",
 ]
 
@@ -153,3 +154,10 @@ def restricted(finding: Finding, keep: np.ndarray) -> Finding:
         provenance_total=0,
     )
     return with_example(moved, 0)
+
+
+def repeated(values: np.ndarray) -> np.ndarray:
+    """The distinct values listed more than once (sorted): a free list's double frees, a row
+    or slot held twice."""
+    ordered = np.sort(values.reshape(-1))
+    return distinct(ordered[1:][ordered[1:] == ordered[:-1]])

@@ -16,7 +16,7 @@ from typing import cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.cells import repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group, Layout
@@ -49,11 +49,6 @@ def _finding(code: FindingCode, slots: np.ndarray, one: str, many: str) -> Findi
     )
 
 
-def _repeated(values: np.ndarray) -> np.ndarray:
-    ordered = np.sort(values)
-    return distinct(ordered[1:][ordered[1:] == ordered[:-1]])
-
-
 def _holders(dump: KvDump) -> np.ndarray:
     """Every slot a holder names, once per holding (tree nodes, then live requests)."""
     return np.concatenate([_flat(dump.tree_mamba_slots), _flat(dump.req_mamba_slots)])
@@ -66,43 +61,33 @@ def mamba_findings(dump: KvDump) -> list[Finding]:
         return []
     free, held = _flat(dump.free_mamba_slots), _holders(dump)
     found: list[Finding] = []
-    both = np.intersect1d(free, held)
-    both = both[both > 0]
-    if both.size:
-        found.append(
-            _finding(
-                FindingCode.MAMBA_SLOT_FREE_AND_HELD,
-                both,
-                "Mamba slot {slot} is on the Mamba free list, yet a tree node or a live request "
-                "holds it: the next alloc hands its state to a second owner",
-                "{n} Mamba slots are on the Mamba free list, yet tree nodes or live requests "
-                "hold them: the next allocs hand their states to second owners",
-            )
-        )
-    twice = _repeated(held)
-    twice = twice[twice > 0]
-    if twice.size:
-        found.append(
-            _finding(
-                FindingCode.MAMBA_SLOT_OWNED_TWICE,
-                twice,
-                "Mamba slot {slot} is held twice (tree nodes or live requests): two owners "
-                "share one recurrent state",
-                "{n} Mamba slots are held twice (tree nodes or live requests): two owners "
-                "share each state",
-            )
-        )
-    doubled = _repeated(free)
-    doubled = doubled[doubled > 0]
-    if doubled.size:
-        found.append(
-            _finding(
-                FindingCode.MAMBA_SLOT_FREED_TWICE,
-                doubled,
-                "Mamba slot {slot} is listed twice on the Mamba free list: freed twice",
-                "{n} Mamba slots are listed twice on the Mamba free list: freed twice",
-            )
-        )
+    for code, slots, one, many in (
+        (
+            FindingCode.MAMBA_SLOT_FREE_AND_HELD,
+            np.intersect1d(free, held),
+            "Mamba slot {slot} is on the Mamba free list, yet a tree node or a live request "
+            "holds it: the next alloc hands its state to a second owner",
+            "{n} Mamba slots are on the Mamba free list, yet tree nodes or live requests "
+            "hold them: the next allocs hand their states to second owners",
+        ),
+        (
+            FindingCode.MAMBA_SLOT_OWNED_TWICE,
+            repeated(held),
+            "Mamba slot {slot} is held twice (tree nodes or live requests): two owners "
+            "share one recurrent state",
+            "{n} Mamba slots are held twice (tree nodes or live requests): two owners "
+            "share each state",
+        ),
+        (
+            FindingCode.MAMBA_SLOT_FREED_TWICE,
+            repeated(free),
+            "Mamba slot {slot} is listed twice on the Mamba free list: freed twice",
+            "{n} Mamba slots are listed twice on the Mamba free list: freed twice",
+        ),
+    ):
+        slots = slots[slots > 0]  # slot 0 is said once, as the reserved slot in use
+        if slots.size:
+            found.append(_finding(code, slots, one, many))
     if bool((free == 0).any() or (held == 0).any()):
         where = [
             name

@@ -15,7 +15,7 @@ from typing import cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.cells import distinct, repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
@@ -42,12 +42,6 @@ def held_rows(dump: KvDump) -> np.ndarray:
     rows = int(dump.req_to_token.shape[0])
     running = pool_rows(dump.running_req_rows, rows)
     return distinct(np.concatenate([running, pool_rows(dump.req_pool_indices, rows)]))
-
-
-def _repeated(values: np.ndarray) -> np.ndarray:
-    """The distinct values listed more than once (sorted)."""
-    ordered = np.sort(values)
-    return distinct(ordered[1:][ordered[1:] == ordered[:-1]])
 
 
 def _finding(code: FindingCode, rows: np.ndarray, one: str, many: str) -> Finding:
@@ -85,7 +79,7 @@ def req_row_findings(dump: KvDump) -> list[Finding]:
                 "hold them: freed while in use",
             )
         )
-    twice = distinct(np.concatenate([_repeated(free_rows), _repeated(running_rows)]))
+    twice = distinct(np.concatenate([repeated(free_rows), repeated(running_rows)]))
     if twice.size:
         found.append(
             _finding(

@@ -38,7 +38,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.errors import EngineUnavailableError
 from kvcanary_cli.soak.wheel import WheelRefusedError, unpack_wheel
 
 __all__ = [
@@ -95,17 +95,9 @@ _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 SUPPORTED = "0.5.23"
 
 
-class SGLangUnavailableError(KvcanaryError):
+class SGLangUnavailableError(EngineUnavailableError):
     """The SGLang asked for cannot run here: not an SGLang tree, no kv canary, a missing
     dependency. One line, exit 2."""
-
-    def __init__(self, message: str, *, source: str | None = None, hint: str | None = None):
-        super().__init__(message, hint=hint)
-        self.source = source
-
-    def subject(self) -> str | None:
-        """The tree or wheel at fault, when one was named."""
-        return self.source
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvcanary_cli.errors import KvcanaryError
+from kvcanary_cli.errors import EngineUnavailableError
 from kvcanary_cli.soak.wheel import WheelRefusedError, unpack_wheel
 
 __all__ = [
@@ -82,16 +82,8 @@ _REQUIRED = (
 )
 
 
-class VllmUnavailableError(KvcanaryError):
+class VllmUnavailableError(EngineUnavailableError):
     """The vLLM asked for cannot run here; one line, exit 2."""
-
-    def __init__(self, message: str, *, source: str | None = None, hint: str | None = None):
-        super().__init__(message, hint=hint)
-        self.source = source
-
-    def subject(self) -> str | None:
-        """The tree or wheel at fault, when one was named."""
-        return self.source
 
 
 @dataclass(frozen=True)
