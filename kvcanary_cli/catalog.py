@@ -129,6 +129,7 @@ class FindingCode(StrEnum):
     MAMBA_RESERVED_SLOT_IN_USE = "mamba-reserved-slot-in-use"
     MAMBA_ROW_MAP_MISMATCH = "mamba-row-map-mismatch"
     MAMBA_SLOT_LEAKED = "mamba-slot-leaked"
+    MAMBA_SLOT_BEYOND_POOL = "mamba-slot-beyond-pool"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -170,6 +171,7 @@ class CauseCode(StrEnum):
     MAMBA_SLOT_DOUBLE_FREE = "mamba-slot-double-free"
     MAMBA_RESERVED_SLOT_HANDED_OUT = "mamba-reserved-slot-handed-out"
     MAMBA_ROW_MAP_STALE = "mamba-row-map-stale"
+    MAMBA_SLOT_ID_CORRUPT = "mamba-slot-id-corrupt"
     REQ_ROW_DOUBLE_FREE = "req-row-double-free"
     RESERVED_SLOT_FREED = "reserved-slot-freed"
     PARTIAL_PAGE_FREE = "partial-page-free"
@@ -969,6 +971,21 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a slot lost to the pool: SGLang's idle check "
                     "(`[mamba] total=..., available=..., evictable=..., protected=...`) "
                     "reports it only when the counts stop adding up, at idle"
+                ),
+            ),
+        ),
+        (
+            FindingCode.MAMBA_SLOT_BEYOND_POOL,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "Mamba layout: a Mamba slot id outside 0..`num_mamba_slots`−1 on the Mamba "
+                    "free list, in the tree or held by a live request. `details.mamba_slots`"
+                ),
+                meaning=(
+                    "an id no state exists for: the kernels read and write past the Mamba "
+                    "pool, and no other Mamba check counts it"
                 ),
             ),
         ),
@@ -1878,6 +1895,23 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`mamba-row-map-mismatch`",
                 findings=(FindingCode.MAMBA_ROW_MAP_MISMATCH,),
+            ),
+        ),
+        (
+            CauseCode.MAMBA_SLOT_ID_CORRUPT,
+            CauseEntry(
+                summary=(
+                    "Mamba slot ids past the pool: a slot written from another id space (a "
+                    "pool row, a KV slot) or a pool sized apart from the allocator that hands "
+                    "its ids out"
+                ),
+                fix=(
+                    "find where the id was written: a `mamba_pool_idx` or tree value set from "
+                    "another index, or `MambaPool` and `MambaSlotAllocator` built with different "
+                    "sizes"
+                ),
+                evidence="`mamba-slot-beyond-pool`",
+                findings=(FindingCode.MAMBA_SLOT_BEYOND_POOL,),
             ),
         ),
         (

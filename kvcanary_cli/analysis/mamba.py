@@ -49,18 +49,55 @@ def _finding(code: FindingCode, slots: np.ndarray, one: str, many: str) -> Findi
     )
 
 
-def _holders(dump: KvDump) -> np.ndarray:
-    """Every slot a holder names, once per holding (tree nodes, then live requests)."""
-    return np.concatenate([_flat(dump.tree_mamba_slots), _flat(dump.req_mamba_slots)])
+def _size(dump: KvDump) -> int | None:
+    size = dump.scalars["num_mamba_slots"].value
+    return None if size is None else int(size)
+
+
+def _in_pool(dump: KvDump, *records: np.ndarray | None) -> np.ndarray:
+    """The slots `records` name, once per mention, less those past the pool (`_beyond` names
+    them once; no other check counts them)."""
+    slots = np.concatenate([_flat(values) for values in records])
+    size = _size(dump)
+    return slots if size is None else slots[(slots >= 0) & (slots < size)]
+
+
+def _beyond(dump: KvDump) -> list[Finding]:
+    """`MAMBA_SLOT_BEYOND_POOL`: ids outside 0..size-1 on the free list, in the tree or held
+    by a live request, said once with where each place holds them."""
+    size = _size(dump)
+    if size is None:
+        return []
+    places = (
+        ("the Mamba free list", _flat(dump.free_mamba_slots)),
+        ("the tree", _flat(dump.tree_mamba_slots)),
+        ("a live request", _flat(dump.req_mamba_slots)),
+    )
+    outside = [(name, s[(s < 0) | (s >= size)]) for name, s in places]
+    where = [name for name, slots in outside if slots.size]
+    if not where:
+        return []
+    slots = np.unique(np.concatenate([slots for _, slots in outside]))
+    pool = f"outside the pool's slots 0..{size - 1}, on " + " and ".join(where)
+    return [
+        _finding(
+            FindingCode.MAMBA_SLOT_BEYOND_POOL,
+            slots,
+            "Mamba slot {slot} is " + pool,
+            "{n} Mamba slots are " + pool,
+        )
+    ]
 
 
 def mamba_findings(dump: KvDump) -> list[Finding]:
-    """Slots free and held, owned twice, freed twice, slot 0 in use, and live rows mapped to
-    another slot than their request's (none for another layout, or a shrunk dump)."""
+    """Slot ids past the pool, slots free and held, owned twice, freed twice, slot 0 in use,
+    and live rows mapped to another slot than their request's (none for another layout, or a
+    shrunk dump)."""
     if dump.layout != Layout.MAMBA or dump.shrunk:
         return []
-    free, held = _flat(dump.free_mamba_slots), _holders(dump)
-    found: list[Finding] = []
+    found = _beyond(dump)
+    free = _in_pool(dump, dump.free_mamba_slots)
+    held = _in_pool(dump, dump.tree_mamba_slots, dump.req_mamba_slots)  # once per holding
     for code, slots, one, many in (
         (
             FindingCode.MAMBA_SLOT_FREE_AND_HELD,
@@ -143,10 +180,10 @@ def _row_map(dump: KvDump) -> list[Finding]:
 
 def mamba_leak_findings(dump: KvDump) -> list[Finding]:
     """`MAMBA_SLOT_LEAKED`: slots 1..size in no place (every record needed: see coverage)."""
-    size = dump.scalars["num_mamba_slots"].value
+    size = _size(dump)
     if dump.layout != Layout.MAMBA or size is None or dump.req_mamba_slots is None:
         return []
-    accounted = np.zeros(int(size), dtype=bool)
+    accounted = np.zeros(size, dtype=bool)
     accounted[0] = True
     for values in (dump.free_mamba_slots, dump.tree_mamba_slots, dump.req_mamba_slots):
         flat = _flat(values)

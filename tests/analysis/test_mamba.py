@@ -78,6 +78,9 @@ def _planted(name: str) -> dict[str, Any]:
         state["free_mamba_slots"] = np.array([0, 6, 7, 8])
     elif name == "row-map":  # row 2 maps to the tree's slot, its request holds 2
         state["req_index_to_mamba_index_mapping"][2] = 4
+    elif name == "beyond":  # a slot id past the pool (9 of 0..8) freed, and held by a node
+        state["free_mamba_slots"] = np.array([6, 7, 8, 9])
+        state["tree_mamba_slots"] = np.array([3, 4, 12])
     elif name == "leaked":  # the waiting request dropped without freeing its slot
         state["req_mamba_slots"] = np.array([1, 2])
         state["req_mamba_rows"] = np.array([1, 2])
@@ -93,6 +96,7 @@ MAMBA_FAULTS = (
     ("reserved", "mamba-reserved-slot-in-use", "mamba-reserved-slot-handed-out"),
     ("row-map", "mamba-row-map-mismatch", "mamba-row-map-stale"),
     ("leaked", "mamba-slot-leaked", "mamba-slot-leak"),
+    ("beyond", "mamba-slot-beyond-pool", "mamba-slot-id-corrupt"),
 )
 
 
@@ -101,6 +105,15 @@ def test_each_fault_is_named(tmp_path: Path, fault: str, code: str, cause: str) 
     report = _check(tmp_path, _planted(fault))
     assert _errors(report) == [code]
     assert report.diagnosis[0].code.value == cause, report.diagnosis
+
+
+def test_slots_beyond_the_pool_are_named_where_they_are(tmp_path: Path) -> None:
+    """Each id past the pool is named once, with the place it was found, and no other check
+    counts it (not a free-and-held slot, not a leak)."""
+    [finding] = _check(tmp_path, _planted("beyond")).findings
+    assert finding.details["mamba_slots"] == [9, 12]
+    assert "the Mamba free list" in finding.message and "the tree" in finding.message
+    assert "0..8" in finding.message
 
 
 def test_requests_unknown_no_leak_is_said(tmp_path: Path) -> None:
