@@ -172,9 +172,15 @@ class _Audit:
         if n:
             self.nonnull[null] = False
         # a shrunk dump: per-block invariants on the blocks whose state it holds
-        known = state.known()
-        self.known = np.ones(n, dtype=bool) if known is None else known
-        self.checked = self.nonnull & self.known
+        self.known = state.known()
+        self.checked = self.nonnull if self.known is None else self.nonnull & self.known
+
+    def of_kept(self, mask: np.ndarray, blocks: np.ndarray | None = None) -> np.ndarray:
+        """`mask` (over `blocks`, or over every block) where the block's state is held."""
+        if self.known is None:
+            return mask
+        kept: np.ndarray = mask & (self.known if blocks is None else self.known[blocks])
+        return kept
 
     # --- the story of a block ---------------------------------------------------------------
 
@@ -251,7 +257,7 @@ class _Audit:
                 self.add(PoolCode.FREE_QUEUE_BROKEN, where, what)
             else:
                 self.add_pool(PoolCode.FREE_QUEUE_BROKEN, what)
-        dup = np.flatnonzero((self.queued_count > 1) & self.known)
+        dup = np.flatnonzero(self.of_kept(self.queued_count > 1))
         self.add(PoolCode.FREE_QUEUE_DUPLICATE, dup, "in the free queue more than once")
         if s.num_free_blocks != s.queue_length:
             self.add_pool(
@@ -331,7 +337,7 @@ class _Audit:
         hg = s.hash_group[tb]
         self.add(
             PoolCode.HASH_GROUP_FOREIGN,
-            tb[(hg >= 0) & (hg != tg) & self.known[tb]],
+            tb[self.of_kept((hg >= 0) & (hg != tg), tb)],
             "its hash names another group than the table holding it",
         )
 
@@ -345,7 +351,7 @@ class _Audit:
         same = (s.hash_group[blocks] == s.map_group[inside]) & (blocks != s.null_block)
         if s.hash_digest.shape[1]:
             same &= _same_rows(s.hash_digest[blocks], s.map_digest[inside])
-        stale[inside] = ~same & self.known[blocks]
+        stale[inside] = self.of_kept(~same, blocks)
         if s.extra_key_block.size and stale.any():
             stale[self._extra_keyed(np.flatnonzero(stale))] = False
         self.add(
