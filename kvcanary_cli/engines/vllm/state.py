@@ -363,9 +363,11 @@ def state_of(stored: StoredArrays) -> VllmState:
     requests = _request_ids(meta)
     r = len(requests)
     shrunk = _shrunk_pool(arrays, meta, n, len(groups))
-    rows, what = (n, "one per block") if shrunk is None else (int(shrunk.blocks.sum()), "")
+    rows, what = (n, "one per block")
+    if shrunk is not None:
+        rows, what = int(shrunk.blocks.sum()), "one per block of vllm.kept_blocks"
     for name in _PER_BLOCK:
-        _shape(arrays, name, rows, what or "one per block of vllm.kept_blocks")
+        _shape(arrays, name, rows, what)
     for name in ("vllm.request_live", "vllm.request_num_tokens", "vllm.request_num_computed"):
         _shape(arrays, name, r, "one per request of vllm.request_ids")
     e = arrays["vllm.table_block"].shape[0]
