@@ -230,13 +230,20 @@ def shrink(
     """Write a small dump (format 1.2) of `path` at `out`: what the analysis of `path` reads,
     in its original coordinates, with a record of the source and of what was dropped.
     `check` gives the same findings and diagnosis on it. `out` is never `path`; an existing
-    file is replaced only with `force`."""
+    file is replaced only with `force`. A block-pool (vLLM) dump keeps the blocks its findings
+    name and their holders (`overrides` are SGLang's scalars: refused there)."""
     from kvcanary_cli import __version__
     from kvcanary_cli.analysis.shrink_selection import shrink_dump
     from kvcanary_cli.dump.loader import load_dump
 
     if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
         raise OptionError("name the small dump's file (SMALL.safetensors)", option="out")
+    if is_pool_dump(path):
+        from kvcanary_cli.engines import shrink_pool_dump
+
+        if overrides:
+            raise OptionError("a block-pool (vLLM) dump has no SGLang scalars to set", option="set")
+        return shrink_pool_dump(path, out, kvcanary_version=__version__, force=force)
     kernel = make_kernel(PlannerChoice.VECTORIZED)
     assert kernel is not None
     return shrink_dump(

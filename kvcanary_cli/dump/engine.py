@@ -28,6 +28,8 @@ class StoredArrays:
     path: Path
     arrays: dict[str, np.ndarray]
     metadata: dict[str, str]
+    #: the file as it was read (`shrink` checks it unchanged before hashing it).
+    file_state: FileState | None = None
 
     @property
     def engine(self) -> str:
@@ -45,7 +47,8 @@ def read_arrays(path: str | os.PathLike[str]) -> StoredArrays:
             raise DumpError(f"cannot read: {exc.strerror}") from None
         arrays: dict[str, np.ndarray] = {}
         with handle:
-            if not FileState.of(os.fstat(handle.fileno())).same_file(header.state):
+            state = FileState.of(os.fstat(handle.fileno()))
+            if not state.same_file(header.state):
                 raise CorruptDumpError("another file took its place while kvcanary read it")
             for name, entry in header.entries.items():
                 if entry.dtype not in INTEGER_DTYPES:
@@ -59,7 +62,9 @@ def read_arrays(path: str | os.PathLike[str]) -> StoredArrays:
                 ):
                     raise CorruptDumpError("the file was truncated while kvcanary read it")
                 arrays[name] = array
-        return StoredArrays(path=header.path, arrays=arrays, metadata=dict(header.metadata))
+        return StoredArrays(
+            path=header.path, arrays=arrays, metadata=dict(header.metadata), file_state=state
+        )
     except DumpError as exc:
         if exc.path is None:
             exc.path = str(path)

@@ -19,7 +19,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -45,7 +45,14 @@ from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor, distinct
 from kvcanary_cli.errors import DumpError
 from kvcanary_cli.safe_text import printable
 
-__all__ = ["FREE_LISTS", "Keep", "ShrinkResult", "file_sha256", "write_shrunk"]
+__all__ = [
+    "FREE_LISTS",
+    "Keep",
+    "ShrinkResult",
+    "file_sha256",
+    "write_shrunk",
+    "write_shrunk_arrays",
+]
 
 #: The free lists: a shrunk dump keeps the entries `Keep.free_lists` marks.
 FREE_LISTS = ("free_full_slots", "free_swa_slots")
@@ -69,6 +76,8 @@ class ShrinkResult:
     path: Path
     file_bytes: int
     record: ShrinkRecord
+    #: what provenance covers of it: cells (SGLang), blocks (a block pool)
+    kept: str = "cells"
 
     def summary_lines(self) -> list[str]:
         """What `kvcanary shrink` prints: sizes, and what each big tensor kept."""
@@ -88,7 +97,7 @@ class ShrinkResult:
             lines.append(f"  {name}: kept {cut.kept:,} of {total:,}{rows}")
         lines.append(
             f"check it: kvcanary check {printable(str(self.path))} (same findings as the "
-            "original; provenance covers the kept cells only)"
+            f"original; provenance covers the kept {self.kept} only)"
         )
         return lines
 
@@ -115,19 +124,19 @@ def _mapped(handle: BinaryIO, entry: HeaderEntry) -> np.ndarray:
 
 
 @contextmanager
-def _analysed_file(dump: KvDump) -> Iterator[BinaryIO]:
-    """The file `dump` was read from, open, once checked to be that file still, unchanged:
+def _analysed_file(path: Path, state: FileState) -> Iterator[BinaryIO]:
+    """The file a dump was read from, open, once checked to be that file still, unchanged:
     a dump replaced (or rewritten) since its analysis would give a small dump with one
     file's bytes and hash and the other's cells."""
     try:
-        handle = open(dump.path, "rb")  # closed below, after the check
+        handle = open(path, "rb")  # closed below, after the check
     except OSError as exc:
-        raise DumpError(f"cannot be read again: {exc.strerror}", path=str(dump.path)) from None
+        raise DumpError(f"cannot be read again: {exc.strerror}", path=str(path)) from None
     with handle:
-        if FileState.of(os.fstat(handle.fileno())) != dump.file_state:
+        if FileState.of(os.fstat(handle.fileno())) != state:
             raise DumpError(
                 "changed on disk after kvcanary analysed it",
-                path=str(dump.path),
+                path=str(path),
                 hint="another process replaced or rewrote it; shrink a stable copy",
             )
         yield handle
@@ -192,7 +201,7 @@ def write_shrunk(
 
     Its bytes and hash come from the file the analysis read, checked to be unchanged.
     """
-    with _analysed_file(dump) as handle:
+    with _analysed_file(dump.path, dump.file_state) as handle:
         return _write_shrunk(
             dump,
             keep,
@@ -284,9 +293,82 @@ def _write_shrunk(
         overrides=merged,
         tensors=tuple(sorted(cuts, key=lambda t: t.name)),
     )
-    metadata = dict(dump.metadata)
+    metadata = _stamped(dump.metadata, record)
+    metadata[ORIGINAL_DTYPES_KEY] = original_dtypes_text(original_dtypes)
+    return _write(out, tensors, metadata, record, source=dump.path, overwrite=overwrite)
+
+
+def _stamped(metadata: dict[str, str], record: ShrinkRecord) -> dict[str, str]:
+    """`metadata` saying it is a shrunk dump, with its record."""
+    metadata = dict(metadata)
     metadata["kvcanary.format"] = SHRUNK_FORMAT_VERSION
     metadata[SHRINK_KEY] = record.to_json()
-    metadata[ORIGINAL_DTYPES_KEY] = original_dtypes_text(original_dtypes)
-    path = write_safetensors(out, tensors, metadata, inputs=[dump.path], overwrite=overwrite)
+    return metadata
+
+
+def _write(
+    out: str | os.PathLike[str],
+    tensors: dict[str, np.ndarray],
+    metadata: dict[str, str],
+    record: ShrinkRecord,
+    *,
+    source: Path,
+    overwrite: bool,
+) -> ShrinkResult:
+    """The small dump written (atomically, never over `source` nor through a link)."""
+    path = write_safetensors(out, tensors, metadata, inputs=[source], overwrite=overwrite)
     return ShrinkResult(path=path, file_bytes=os.stat(path).st_size, record=record)
+
+
+def write_shrunk_arrays(
+    source: Path,
+    state: FileState,
+    tensors: dict[str, np.ndarray],
+    metadata: dict[str, str],
+    out: str | os.PathLike[str],
+    *,
+    original: dict[str, np.ndarray],
+    previous: ShrinkRecord | None,
+    kvcanary_version: str,
+    overwrite: bool = False,
+) -> ShrinkResult:
+    """Write a block-pool engine's small dump: the `tensors` and `metadata` its package chose
+    from the dump at `source` (read as `state`, checked unchanged), with the record of the
+    original (`previous`'s source when `source` is itself shrunk) and of what each of
+    `original`'s tensors lost (against `previous`'s shapes, so shrinking again says the same)."""
+    before = {t.name: t for t in previous.tensors} if previous else {}
+    cuts = []
+    for name in sorted(set(original) | set(before)):
+        array, cut = original.get(name), before.get(name)
+        # the first original's shape and bytes an element, as its record says when it has one
+        shape = cut.shape if cut else tuple(int(d) for d in getattr(array, "shape", ()))
+        if cut and cut.dropped:
+            itemsize = cut.dropped_bytes // cut.dropped
+        else:
+            itemsize = 0 if array is None else array.dtype.itemsize
+        total = int(np.prod(shape, dtype=np.int64))
+        kept = int(tensors[name].size) if name in tensors else 0
+        cuts.append(
+            TensorCut(
+                name=name,
+                shape=shape,
+                kept=kept,
+                dropped=total - kept,
+                dropped_bytes=(total - kept) * itemsize,
+            )
+        )
+    with _analysed_file(source, state) as handle:
+        if previous is not None:
+            name, size, sha = previous.source_name, previous.source_bytes, previous.source_sha256
+        else:
+            name, size, sha = source.name, os.fstat(handle.fileno()).st_size, _sha256(handle)
+        record = ShrinkRecord(
+            source_name=name,
+            source_bytes=size,
+            source_sha256=sha,
+            kvcanary_version=kvcanary_version,
+            tensors=tuple(cuts),
+        )
+        stamped = _stamped(metadata, record)
+        written = _write(out, tensors, stamped, record, source=source, overwrite=overwrite)
+    return replace(written, kept="blocks")

@@ -7,6 +7,7 @@ engine is one more package and one more branch here; results and views are share
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.engine import read_arrays
@@ -16,6 +17,9 @@ from kvcanary_cli.errors import DumpError
 from kvcanary_cli.results.pool import PoolDumpReport, PoolProvenance
 from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 
+if TYPE_CHECKING:
+    from kvcanary_cli.dump.shrink_writer import ShrinkResult
+
 __all__ = [
     "POOL_ENGINES",
     "check_pool_dump",
@@ -24,6 +28,7 @@ __all__ = [
     "pool_provenance",
     "pool_scenario_lines",
     "pool_timeline",
+    "shrink_pool_dump",
     "write_pool_scenario",
 ]
 
@@ -72,6 +77,18 @@ def pool_timeline(paths: list[PathLike], *, keep_order: bool) -> PoolTimelineRep
     from kvcanary_cli.engines.vllm import timeline_of
 
     return timeline_of(stored, keep_order=keep_order)
+
+
+def shrink_pool_dump(
+    path: PathLike, out: PathLike, *, kvcanary_version: str, force: bool = False
+) -> ShrinkResult:
+    """A block-pool dump's small dump, written at `out` (the engine chooses what it keeps)."""
+    stored = read_arrays(path)
+    if stored.engine != "vllm":
+        raise _unknown(stored.engine)
+    from kvcanary_cli.engines.vllm import shrink_dump
+
+    return shrink_dump(stored, out, kvcanary_version=kvcanary_version, force=force)
 
 
 def pool_scenario_lines() -> list[str]:

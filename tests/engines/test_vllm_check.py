@@ -185,7 +185,7 @@ def test_a_map_entry_under_a_blocks_extra_key_is_not_stale(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
-    "command", [["ranks", "{a}", "{b}"], ["shrink", "{a}"], ["api.timeline"], ["api.diff"]]
+    "command", [["ranks", "{a}", "{b}"], ["plan", "{a}"], ["api.timeline"], ["api.diff"]]
 )
 def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: list[str]) -> None:
     """Two snapshots of one step (the assert hook and the soak both write one) are refused as
@@ -204,10 +204,8 @@ def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: l
         line = str(caught.value)
     else:
         args = [part.format(a=a, b=b) for part in command]
-        if command[0] == "shrink":
-            args += ["--out", str(tmp_path / "small.st")]
         out = runner.invoke(app, args)
         assert out.exit_code == 2, out.output
         [line] = out.output.splitlines()
     assert "a vllm dump: this command reads SGLang dumps" in line
-    assert "`check`, `provenance --block N`, `timeline` and `diff` read it" in line
+    assert "`check`, `provenance --block N`, `timeline`, `diff` and `shrink` read it" in line

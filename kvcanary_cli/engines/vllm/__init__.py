@@ -7,28 +7,58 @@ is imported here; `capture` reads a live manager by attribute.
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from kvcanary_cli.dump.engine import StoredArrays
+from kvcanary_cli.dump.schema import SHRINK_KEY
+from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
 from kvcanary_cli.engines.vllm.check import COVERAGE, audit, owners_of, queue_places
 from kvcanary_cli.engines.vllm.state import VllmState, state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, SIZES, build
-from kvcanary_cli.errors import OptionError
+from kvcanary_cli.errors import DumpError, MetadataError, OptionError
 from kvcanary_cli.results.pool import BlockHash, PoolDumpReport, PoolProvenance
 from kvcanary_cli.results.pool_timeline import PoolSnapshotCheck, PoolTimelineReport
+
+if TYPE_CHECKING:
+    from kvcanary_cli.dump.shrink_writer import ShrinkResult
 
 __all__ = [
     "check_dump",
     "provenance",
     "scenario_lines",
+    "shrink_dump",
     "synth_contents",
     "timeline_of",
 ]
 
 
-def report_of(path: str, state: VllmState) -> PoolDumpReport:
-    """`state` checked, as the report of the dump at `path`."""
+def _record(stored: StoredArrays, state: VllmState) -> ShrinkRecord | None:
+    """A shrunk dump's record of its original (None: a whole dump)."""
+    text = stored.metadata.get(SHRINK_KEY)
+    if state.shrunk is None:
+        return None
+    if text is None:
+        raise MetadataError("missing (a shrunk dump records its original)", field=SHRINK_KEY)
+    return parse_shrink_record(text)
+
+
+def _shrunk_line(state: VllmState, record: ShrinkRecord) -> str:
+    assert state.shrunk is not None
+    return (
+        f"shrunk from {record.source_file} ({record.source_bytes:,} bytes, sha256 "
+        f"{record.source_sha256[:16]}…): per-block invariants on the blocks it kept "
+        f"({int(state.shrunk.blocks.sum()):,}: those the findings name), the pool's counts "
+        "the original's"
+    )
+
+
+def report_of(path: str, state: VllmState, record: ShrinkRecord | None = None) -> PoolDumpReport:
+    """`state` checked, as the report of the dump at `path` (shrunk from `record`'s)."""
     result = audit(state)
+    coverage = COVERAGE if record is None else (*COVERAGE, _shrunk_line(state, record))
     return PoolDumpReport(
         path=path,
         engine="vllm",
@@ -36,12 +66,12 @@ def report_of(path: str, state: VllmState) -> PoolDumpReport:
         num_blocks=state.num_blocks,
         null_block=state.null_block,
         num_free_blocks=state.num_free_blocks,
-        queue_length=int(state.free_queue.size),
+        queue_length=state.queue_length,
         referenced=result.referenced,
         live_requests=int(state.request_live.sum()),
         requests_with_blocks=result.requests_with_blocks,
         groups=result.groups,
-        coverage=COVERAGE,
+        coverage=coverage,
         findings=result.findings,
         diagnosis=result.diagnosis,
     )
@@ -49,7 +79,32 @@ def report_of(path: str, state: VllmState) -> PoolDumpReport:
 
 def check_dump(stored: StoredArrays) -> PoolDumpReport:
     """A vLLM dump checked (a `DumpError` on bad input)."""
-    return report_of(str(stored.path), state_of(stored))
+    state = state_of(stored)
+    return report_of(str(stored.path), state, _record(stored, state))
+
+
+def shrink_dump(
+    stored: StoredArrays, out: str | os.PathLike[str], *, kvcanary_version: str, force: bool
+) -> ShrinkResult:
+    """Write the small dump of `stored` at `out` (`shrink` says what it keeps)."""
+    from kvcanary_cli.dump.shrink_writer import write_shrunk_arrays
+    from kvcanary_cli.engines.vllm.shrink import SHRUNK_TENSORS, shrunk_state
+
+    state = state_of(stored)
+    previous = _record(stored, state)
+    tensors, metadata = shrunk_state(state).contents()
+    assert stored.file_state is not None
+    return write_shrunk_arrays(
+        stored.path,
+        stored.file_state,
+        tensors,
+        metadata,
+        out,
+        original={k: v for k, v in stored.arrays.items() if k not in SHRUNK_TENSORS},
+        previous=previous,
+        kvcanary_version=kvcanary_version,
+        overwrite=force,
+    )
 
 
 def _hash(group: int, digest: np.ndarray) -> BlockHash:
@@ -64,6 +119,13 @@ def provenance(stored: StoredArrays, block: int) -> PoolProvenance:
         raise OptionError(
             f"block {block} is outside the pool of {state.num_blocks} blocks", option="block"
         )
+    record = _record(stored, state)
+    if state.shrunk is not None and record is not None and not state.shrunk.blocks[block]:
+        raise DumpError(
+            f"block {block} was not kept: this dump is shrunk to the blocks its findings name",
+            path=str(stored.path),
+            hint=f"trace it in the original, {record.source_file}",
+        )
     places = queue_places(state, block)
     keys = np.flatnonzero(state.map_block == block)
     group = int(state.hash_group[block])
@@ -76,7 +138,7 @@ def provenance(stored: StoredArrays, block: int) -> PoolProvenance:
         is_null=block == state.null_block,
         ref_cnt=int(state.ref_cnt[block]),
         queue_position=places[0] if places else None,
-        queue_length=int(state.free_queue.size),
+        queue_length=state.queue_length,
         queue_positions=places,
         owners=owners_of(state, block, limit=state.table_block.size + 1),
         hash=_hash(group, state.hash_digest[block]) if group >= 0 else None,
@@ -112,9 +174,16 @@ def timeline_of(stored: list[StoredArrays], *, keep_order: bool) -> PoolTimeline
     """What changed between snapshots of one pool: in step order (as given with
     `keep_order`, or when a snapshot records no step), each one's findings."""
     from kvcanary_cli.engines.vllm.timeline import step_between
-    from kvcanary_cli.errors import DumpError
 
     states = [state_of(s) for s in stored]
+    for s, state in zip(stored, states, strict=True):
+        if state.shrunk is not None:
+            raise DumpError(
+                "a shrunk dump: a timeline reads whole snapshots (a shrunk one holds the blocks "
+                "its findings name)",
+                path=str(s.path),
+                hint="run timeline and diff on the originals",
+            )
     steps = [_step(s) for s in stored]
     order = list(range(len(stored)))
     if not keep_order and all(step is not None for step in steps):

@@ -8,7 +8,7 @@ nothing to read here (no planner inputs): the coverage says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,7 +16,15 @@ from kvcanary_cli.catalog import POOL_CAUSE_OF, POOL_CAUSES, PoolCause, PoolCode
 from kvcanary_cli.engines.vllm.state import FULL, VllmState
 from kvcanary_cli.results.pool import BlockOwner, PoolDiagnosis, PoolFinding, PoolGroup
 
-__all__ = ["COVERAGE", "PoolAudit", "audit", "owners_of", "queue_places"]
+__all__ = [
+    "COVERAGE",
+    "PoolAudit",
+    "audit",
+    "owners_of",
+    "partial_requests",
+    "queue_places",
+    "tables_present",
+]
 
 #: What a vLLM check covers and leaves out, in words (the report carries it).
 COVERAGE = (
@@ -67,7 +75,48 @@ def owners_of(state: VllmState, block: int, limit: int = MAX_OWNERS) -> tuple[Bl
 
 def queue_places(state: VllmState, block: int) -> tuple[int, ...]:
     """`block`'s places in the free queue from its head."""
-    return tuple(int(i) for i in np.flatnonzero(state.free_queue == block))
+    places = np.flatnonzero(state.free_queue == block)
+    if state.shrunk is not None:
+        places = state.shrunk.queue_at[places]
+    return tuple(int(i) for i in places)
+
+
+def tables_present(state: VllmState) -> np.ndarray:
+    """`[groups, requests]`: the request has a table (an entry) in the group."""
+    present = np.zeros((len(state.groups), len(state.request_ids)), dtype=bool)
+    present[state.table_group, state.table_request] = True
+    return present
+
+
+def partial_requests(state: VllmState, present: np.ndarray | None = None) -> np.ndarray:
+    """Per request: live, with a table in some groups and none in others."""
+    present = tables_present(state) if present is None else present
+    partial: np.ndarray = present.any(axis=0) & ~present.all(axis=0) & state.request_live
+    return partial
+
+
+def _first_disagreement(
+    forward: np.ndarray,
+    held: np.ndarray | None,
+    back: np.ndarray | None,
+    back_held: np.ndarray | None,
+) -> int | None:
+    """The first place where the free queue walked back disagrees with the walk forward
+    (None: they agree), comparing the places both hold."""
+    if back is None:
+        return None
+    if held is None and back_held is None and np.array_equal(forward, back):
+        return None
+    k = min(forward.size, back.size)
+    differ = forward[:k] != back[:k]
+    if held is not None:
+        differ &= held[:k]
+    if back_held is not None:
+        differ &= back_held[:k]
+    first = np.flatnonzero(differ)
+    if first.size:
+        return int(first[0])
+    return None if forward.size == back.size else k
 
 
 def _owner_text(owners: tuple[BlockOwner, ...], total: int) -> str:
@@ -122,6 +171,16 @@ class _Audit:
         self.nonnull = np.ones(n, dtype=bool)
         if n:
             self.nonnull[null] = False
+        # a shrunk dump: per-block invariants on the blocks whose state it holds
+        self.known = state.known()
+        self.checked = self.nonnull if self.known is None else self.nonnull & self.known
+
+    def of_kept(self, mask: np.ndarray, blocks: np.ndarray | None = None) -> np.ndarray:
+        """`mask` (over `blocks`, or over every block) where the block's state is held."""
+        if self.known is None:
+            return mask
+        kept: np.ndarray = mask & (self.known if blocks is None else self.known[blocks])
+        return kept
 
     # --- the story of a block ---------------------------------------------------------------
 
@@ -178,38 +237,36 @@ class _Audit:
 
     def queue(self) -> None:
         s = self.s
-        rev = s.free_queue_reverse
+        walks = s.walks()
+        forward, held, back, _ = walks
         if not s.queue_complete:
             self.add_pool(
                 PoolCode.FREE_QUEUE_BROKEN,
                 f"the walk from the head did not reach the tail sentinel in {self.n} steps: "
                 "the links form a cycle",
             )
-        elif rev is not None and not np.array_equal(s.free_queue, rev[::-1]):
-            back = rev[::-1]
-            k = min(s.free_queue.size, back.size)
-            differ = np.flatnonzero(s.free_queue[:k] != back[:k])
-            at = int(differ[0]) if differ.size else k
-            where = s.free_queue[at : at + 1]
+        elif back is not None and (at := _first_disagreement(*walks)) is not None:
             what = (
-                f"the walk back by `prev` links ({rev.size} blocks) disagrees with the walk "
-                f"forward ({s.free_queue.size}) at place {at}"
+                f"the walk back by `prev` links ({back.size} blocks) disagrees with the walk "
+                f"forward ({forward.size}) at place {at}"
             )
+            where = forward[at : at + 1]
+            if held is not None and not held[at : at + 1].all():
+                where = where[:0]  # a shrunk dump that did not keep the place
             if where.size and 0 <= int(where[0]) < self.n:
                 self.add(PoolCode.FREE_QUEUE_BROKEN, where, what)
             else:
                 self.add_pool(PoolCode.FREE_QUEUE_BROKEN, what)
-        dup = np.flatnonzero(self.queued_count > 1)
+        dup = np.flatnonzero(self.of_kept(self.queued_count > 1))
         self.add(PoolCode.FREE_QUEUE_DUPLICATE, dup, "in the free queue more than once")
-        if s.num_free_blocks != s.free_queue.size:
+        if s.num_free_blocks != s.queue_length:
             self.add_pool(
                 PoolCode.FREE_COUNT_MISMATCH,
-                f"num_free_blocks is {s.num_free_blocks}, the queue holds "
-                f"{s.free_queue.size} blocks",
+                f"num_free_blocks is {s.num_free_blocks}, the queue holds {s.queue_length} blocks",
             )
 
     def references(self) -> None:
-        ref, holders, queued, real = self.s.ref_cnt, self.holders, self.queued, self.nonnull
+        ref, holders, queued, real = self.s.ref_cnt, self.holders, self.queued, self.checked
         self.add(PoolCode.NEGATIVE_REF_COUNT, np.flatnonzero(real & (ref < 0)), "negative ref_cnt")
         held = queued & real & ((holders > 0) | (ref > 0))
         self.add(PoolCode.QUEUED_BLOCK_HELD, np.flatnonzero(held), "on the free queue but held")
@@ -280,7 +337,7 @@ class _Audit:
         hg = s.hash_group[tb]
         self.add(
             PoolCode.HASH_GROUP_FOREIGN,
-            tb[(hg >= 0) & (hg != tg)],
+            tb[self.of_kept((hg >= 0) & (hg != tg), tb)],
             "its hash names another group than the table holding it",
         )
 
@@ -294,7 +351,7 @@ class _Audit:
         same = (s.hash_group[blocks] == s.map_group[inside]) & (blocks != s.null_block)
         if s.hash_digest.shape[1]:
             same &= _same_rows(s.hash_digest[blocks], s.map_digest[inside])
-        stale[inside] = ~same
+        stale[inside] = self.of_kept(~same, blocks)
         if s.extra_key_block.size and stale.any():
             stale[self._extra_keyed(np.flatnonzero(stale))] = False
         self.add(
@@ -304,7 +361,7 @@ class _Audit:
         )
         mapped = np.zeros(n, dtype=bool)
         mapped[blocks[same]] = True
-        unmapped = (s.hash_group >= 0) & ~mapped & self.nonnull
+        unmapped = (s.hash_group >= 0) & ~mapped & self.checked
         self.add(
             PoolCode.HASHED_BLOCK_UNMAPPED,
             np.flatnonzero(unmapped),
@@ -327,9 +384,8 @@ class _Audit:
 
     def requests(self) -> None:
         s = self.s
-        r, g = len(s.request_ids), len(s.groups)
-        present = np.zeros((g, r), dtype=bool)
-        present[s.table_group, s.table_request] = True
+        g = len(s.groups)
+        present = tables_present(s)
         self.requests_with_blocks = int(present.any(axis=0).sum())
         dead = ~s.request_live[s.table_request] & self.real_entry
         self.add(
@@ -337,7 +393,7 @@ class _Audit:
             s.table_block[dead],
             "in the table of a request the scheduler no longer has",
         )
-        partial = present.any(axis=0) & ~present.all(axis=0) & s.request_live
+        partial = partial_requests(s, present)
         if partial.any():
             req = int(np.flatnonzero(partial)[0])
             missing = [str(k) for k in range(g) if not present[k, req]]
@@ -402,10 +458,17 @@ def audit(state: VllmState) -> PoolAudit:
         for i, g in enumerate(state.groups)
     )
     referenced = int(((state.ref_cnt > 0) & a.nonnull).sum())
+    requests_with_blocks = a.requests_with_blocks
+    if state.shrunk is not None:  # the original's counts
+        referenced = state.shrunk.referenced
+        requests_with_blocks = state.shrunk.requests_with_blocks
+        groups = tuple(
+            replace(g, entries=e) for g, e in zip(groups, state.shrunk.group_entries, strict=True)
+        )
     return PoolAudit(
         findings=tuple(findings),
         diagnosis=_diagnosis(state, findings),
         groups=groups,
         referenced=referenced,
-        requests_with_blocks=a.requests_with_blocks,
+        requests_with_blocks=requests_with_blocks,
     )

@@ -6,6 +6,12 @@ hashes, the free queue as walked both ways, the prefix-cache map, every group's 
 tables (flat: one entry per (group, request, index)), deferred frees, and the request set.
 Reading checks the arrays' shapes and cross-references (bad input, exit 2); what they say
 about the pool is the check's business.
+
+A shrunk dump (`kvcanary shrink`, see `shrink`) is the same layout in the original's ids,
+holding part of it: `vllm.kept_blocks` lists the blocks whose state it holds whole (their
+per-block rows, every free-queue place, table and map entry naming them), `vllm.free_queue_at`
+(and `..._reverse_at`) the places of the queue entries kept, and `vllm.shrunk` the original's
+counts. It reads into a `VllmState` at the original's size with `shrunk` saying what is known.
 """
 
 from __future__ import annotations
@@ -18,10 +24,19 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli.dump.engine import StoredArrays
-from kvcanary_cli.dump.schema import ENGINE_KEY, FORMAT_VERSION, parse_integer
+from kvcanary_cli.dump.schema import ENGINE_KEY, FORMAT_VERSION, SHRINK_KEY, parse_integer
 from kvcanary_cli.errors import MetadataError, MissingTensorError, TensorShapeError
 
-__all__ = ["ENGINE", "FULL", "SLIDING_WINDOW", "GroupSpec", "VllmState", "state_of"]
+__all__ = [
+    "ENGINE",
+    "FULL",
+    "SHRUNK_KEY",
+    "SLIDING_WINDOW",
+    "GroupSpec",
+    "ShrunkPool",
+    "VllmState",
+    "state_of",
+]
 
 #: The engine name in `kvcanary.engine`.
 ENGINE = "vllm"
@@ -29,6 +44,11 @@ ENGINE = "vllm"
 #: their window.
 FULL = "full"
 SLIDING_WINDOW = "sliding_window"
+
+#: The metadata key of a shrunk dump's original counts.
+SHRUNK_KEY = "vllm.shrunk"
+#: Per-block tensors: a shrunk dump holds the rows of its kept blocks only.
+_PER_BLOCK = ("vllm.ref_cnt", "vllm.hash_group", "vllm.hash_digest")
 
 _I64 = np.int64
 _I32 = np.int32
@@ -50,6 +70,38 @@ class GroupSpec:
 
 def _empty(dtype: type, *shape: int) -> np.ndarray:
     return np.zeros(shape or (0,), dtype=dtype)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ShrunkPool:
+    """What a shrunk dump holds of its original: the check reads these so that what was
+    dropped is neither a finding (a leak, a count mismatch) nor counted."""
+
+    #: per block: its state is held whole (ref count, hash, queue places, holders, map keys).
+    blocks: np.ndarray
+    #: each kept `free_queue` entry's place from the head, and the queue's original length.
+    queue_at: np.ndarray
+    queue_length: int
+    #: the same for the walk back (None when the dump has none).
+    reverse_at: np.ndarray | None
+    reverse_length: int | None
+    #: the original's counts (the report's).
+    referenced: int
+    requests_with_blocks: int
+    group_entries: tuple[int, ...]
+
+    def metadata(self) -> str:
+        """The `vllm.shrunk` value."""
+        return json.dumps(
+            {
+                "free_queue_length": self.queue_length,
+                "free_queue_reverse_length": self.reverse_length,
+                "referenced": self.referenced,
+                "requests_with_blocks": self.requests_with_blocks,
+                "group_entries": list(self.group_entries),
+            },
+            sort_keys=True,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -98,6 +150,31 @@ class VllmState:
     version: str | None = None
     #: free-form provenance (step, model, note ...), kept as written.
     extra: Mapping[str, str] = field(default_factory=dict)
+    #: a shrunk dump: what it holds of its original (None: the whole pool).
+    shrunk: ShrunkPool | None = None
+
+    @property
+    def queue_length(self) -> int:
+        """The free queue's walked length (the original's, on a shrunk dump)."""
+        return self.shrunk.queue_length if self.shrunk else int(self.free_queue.size)
+
+    def known(self) -> np.ndarray | None:
+        """Per block: its state is held (None: every block's is)."""
+        return None if self.shrunk is None else self.shrunk.blocks
+
+    def walks(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """The free queue walked forward and, place by place from the head, walked back (None:
+        not recorded), at their original lengths, each with the places held (None: all)."""
+        rev = self.free_queue_reverse
+        shrunk = self.shrunk
+        if shrunk is None:
+            return self.free_queue, None, None if rev is None else rev[::-1], None
+        forward, held = _placed(self.free_queue, shrunk.queue_at, shrunk.queue_length)
+        if rev is None or shrunk.reverse_at is None or shrunk.reverse_length is None:
+            return forward, held, None, None
+        length = shrunk.reverse_length
+        back, back_held = _placed(rev, length - 1 - shrunk.reverse_at, length)
+        return forward, held, back, back_held
 
     def extra_keys(self) -> np.ndarray:
         """The extra keys' digests, `[K, D]` (D: the blocks' digest width)."""
@@ -106,7 +183,8 @@ class VllmState:
         return self.extra_key_digest
 
     def contents(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """The dump's tensors and metadata strings (for `write_safetensors`)."""
+        """The dump's tensors and metadata strings (for `write_safetensors`); a shrunk state's
+        per-block rows of its kept blocks only."""
         tensors: dict[str, np.ndarray] = {
             "vllm.request_live": np.asarray(self.request_live, dtype=np.uint8),
             "vllm.request_num_tokens": np.asarray(self.request_num_tokens, dtype=_I64),
@@ -148,7 +226,27 @@ class VllmState:
         }
         if self.version is not None:
             meta["vllm.version"] = self.version
+        if self.shrunk is not None:
+            kept = np.flatnonzero(self.shrunk.blocks).astype(_I64)
+            for name in _PER_BLOCK:
+                tensors[name] = np.ascontiguousarray(tensors[name][kept])
+            tensors["vllm.kept_blocks"] = kept
+            tensors["vllm.free_queue_at"] = np.asarray(self.shrunk.queue_at, dtype=_I64)
+            if self.shrunk.reverse_at is not None and "vllm.free_queue_reverse" in tensors:
+                tensors["vllm.free_queue_reverse_at"] = np.asarray(
+                    self.shrunk.reverse_at, dtype=_I64
+                )
+            meta[SHRUNK_KEY] = self.shrunk.metadata()
         return tensors, meta
+
+
+def _placed(values: np.ndarray, at: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """`values` put at places `at` of an array of `length` (0 elsewhere), and where they are."""
+    out = np.zeros(length, dtype=_I64)
+    held = np.zeros(length, dtype=bool)
+    out[at] = values
+    held[at] = True
+    return out, held
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -176,6 +274,9 @@ _TENSORS: dict[str, tuple[int, bool]] = {
     "vllm.extra_key_block": (1, False),
     "vllm.extra_key_group": (1, False),
     "vllm.extra_key_digest": (2, False),
+    "vllm.kept_blocks": (1, False),
+    "vllm.free_queue_at": (1, False),
+    "vllm.free_queue_reverse_at": (1, False),
 }
 _KNOWN_META = {
     "kvcanary.format",
@@ -187,6 +288,8 @@ _KNOWN_META = {
     "vllm.groups",
     "vllm.request_ids",
     "vllm.version",
+    SHRUNK_KEY,
+    SHRINK_KEY,
 }
 
 
@@ -259,9 +362,12 @@ def state_of(stored: StoredArrays) -> VllmState:
     groups = _groups(meta)
     requests = _request_ids(meta)
     r = len(requests)
-    _shape(arrays, "vllm.ref_cnt", n, "one per block")
-    _shape(arrays, "vllm.hash_group", n, "one per block")
-    _shape(arrays, "vllm.hash_digest", n, "one per block")
+    shrunk = _shrunk_pool(arrays, meta, n, len(groups))
+    rows, what = (n, "one per block")
+    if shrunk is not None:
+        rows, what = int(shrunk.blocks.sum()), "one per block of vllm.kept_blocks"
+    for name in _PER_BLOCK:
+        _shape(arrays, name, rows, what)
     for name in ("vllm.request_live", "vllm.request_num_tokens", "vllm.request_num_computed"):
         _shape(arrays, name, r, "one per request of vllm.request_ids")
     e = arrays["vllm.table_block"].shape[0]
@@ -332,16 +438,20 @@ def state_of(stored: StoredArrays) -> VllmState:
         request_live=ints("vllm.request_live", _I64) != 0,
         request_num_tokens=ints("vllm.request_num_tokens", _I64, r),
         request_num_computed=ints("vllm.request_num_computed", _I64, r),
-        ref_cnt=ints("vllm.ref_cnt", _I64),
+        ref_cnt=_expanded(ints("vllm.ref_cnt", _I64), shrunk, 0),
         free_queue=ints("vllm.free_queue", _I64),
         free_queue_reverse=(
             ints("vllm.free_queue_reverse", _I64) if "vllm.free_queue_reverse" in arrays else None
         ),
         queue_complete=complete == "1",
-        hash_group=(
-            ints("vllm.hash_group", _I64) if "vllm.hash_group" in arrays else np.full(n, -1)
+        hash_group=_expanded(
+            ints("vllm.hash_group", _I64) if "vllm.hash_group" in arrays else np.full(rows, -1),
+            shrunk,
+            -1,
         ),
-        hash_digest=np.asarray(arrays.get("vllm.hash_digest", np.zeros((n, 0), np.uint8))),
+        hash_digest=_expanded(
+            np.asarray(arrays.get("vllm.hash_digest", np.zeros((rows, 0), np.uint8))), shrunk, 0
+        ),
         map_block=ints("vllm.map_block", _I64),
         map_group=ints("vllm.map_group", _I64, m),
         map_digest=np.asarray(arrays.get("vllm.map_digest", np.zeros((m, width), np.uint8))),
@@ -359,4 +469,78 @@ def state_of(stored: StoredArrays) -> VllmState:
         released_block=ints("vllm.released_block", _I64),
         version=meta.get("vllm.version"),
         extra={k: v for k, v in meta.items() if k not in _KNOWN_META},
+        shrunk=shrunk,
+    )
+
+
+def _expanded(rows: np.ndarray, shrunk: ShrunkPool | None, fill: int) -> np.ndarray:
+    """A per-block array at the pool's size: a shrunk dump's kept rows in place, `fill`
+    for the blocks it dropped."""
+    if shrunk is None:
+        return rows
+    out = np.full((shrunk.blocks.size, *rows.shape[1:]), fill, dtype=rows.dtype)
+    out[shrunk.blocks] = rows
+    return out
+
+
+def _places(arrays: Mapping[str, np.ndarray], name: str, entries: str, length: int) -> np.ndarray:
+    """Tensor `name`: the ascending places (below `length`) of the entries of `entries`."""
+    if name not in arrays:
+        raise MissingTensorError(f"missing (a shrunk dump with {entries} has it)", field=name)
+    at = np.asarray(arrays[name], dtype=_I64)
+    _shape(arrays, name, arrays[entries].shape[0], f"one per entry of {entries}")
+    if at.size and (at[0] < 0 or at[-1] >= length or (np.diff(at) <= 0).any()):
+        raise TensorShapeError(
+            f"places must ascend, each once, inside the queue's {length} places", field=name
+        )
+    return at
+
+
+def _shrunk_count(raw: dict[str, Any], key: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MetadataError(f"{key} is not a non-negative integer", field=SHRUNK_KEY)
+    return value
+
+
+def _shrunk_pool(
+    arrays: Mapping[str, np.ndarray], meta: Mapping[str, str], n: int, groups: int
+) -> ShrunkPool | None:
+    """What a shrunk dump holds of its original (None: a whole dump)."""
+    parts = ("vllm.free_queue_at", "vllm.free_queue_reverse_at")
+    if "vllm.kept_blocks" not in arrays:
+        if SHRUNK_KEY in meta or any(p in arrays for p in parts):
+            raise MissingTensorError(
+                "missing (a shrunk vLLM dump has it)", field="vllm.kept_blocks"
+            )
+        return None
+    raw = _meta_json(meta, SHRUNK_KEY)
+    if not isinstance(raw, dict):
+        raise MetadataError("expected a JSON object", field=SHRUNK_KEY)
+    entries = raw.get("group_entries")
+    if not isinstance(entries, list) or len(entries) != groups:
+        raise MetadataError(f"group_entries is not a list of {groups} counts", field=SHRUNK_KEY)
+    counts = tuple(_shrunk_count({"group_entries": e}, "group_entries") for e in entries)
+    kept = np.asarray(arrays["vllm.kept_blocks"], dtype=_I64)
+    if kept.size and (kept[0] < 0 or kept[-1] >= n or (np.diff(kept) <= 0).any()):
+        raise TensorShapeError(
+            f"blocks must ascend, each once, inside the pool of {n}", field="vllm.kept_blocks"
+        )
+    blocks = np.zeros(n, dtype=bool)
+    blocks[kept] = True
+    length = _shrunk_count(raw, "free_queue_length")
+    reverse_at: np.ndarray | None = None
+    reverse_length: int | None = None
+    if "vllm.free_queue_reverse" in arrays:
+        reverse_length = _shrunk_count(raw, "free_queue_reverse_length")
+        reverse_at = _places(arrays, parts[1], "vllm.free_queue_reverse", reverse_length)
+    return ShrunkPool(
+        blocks=blocks,
+        queue_at=_places(arrays, parts[0], "vllm.free_queue", length),
+        queue_length=length,
+        reverse_at=reverse_at,
+        reverse_length=reverse_length,
+        referenced=_shrunk_count(raw, "referenced"),
+        requests_with_blocks=_shrunk_count(raw, "requests_with_blocks"),
+        group_entries=counts,
     )
