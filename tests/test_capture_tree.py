@@ -356,3 +356,26 @@ def test_a_host_pool_held_by_another_thread_is_not_read() -> None:
          "tree_host_slots"],
         [],
     ]  # fmt: skip
+
+
+class _Delegating:
+    """A host pool facade like SGLang's `PageInterleaveHostPool`: its own classed allocator,
+    every other attribute (a `free_slots` it never allocates from among them) its native
+    pool's."""
+
+    def __init__(self, native: Any) -> None:
+        self.host_pool = native
+        self._slots = SimpleNamespace()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["host_pool"], name)
+
+
+def test_a_host_pool_that_keeps_no_free_slots_of_its_own_is_not_read() -> None:
+    """A facade answering `free_slots` from the pool it wraps would record a free list no
+    `alloc` takes from (every held slot on it): nothing of the host pool is recorded."""
+    native = SimpleNamespace(free_slots=np.arange(6), release_slots=[], size=6)
+    facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=_host_tree(_Delegating(native)))
+    assert not any("host" in name for name in facts)
+    facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=_host_tree(native))
+    assert facts["host_free_slots"].tolist() == list(range(6))

@@ -223,7 +223,7 @@ def _mamba_facts(
 def _host_pool(tree: Any) -> Any:
     """The tree's HiCache host KV pool: the anchor of 0.5.23's `HostPoolGroup` (the KV pool
     the Full component's host values index), or an older tree's single `HostKVCache`; None
-    without HiCache."""
+    without HiCache, or for a pool whose free list is not `free_slots`."""
     controller = getattr(tree, "cache_controller", None)
     pool = getattr(controller, "mem_pool_host", None)
     if pool is None:
@@ -231,7 +231,11 @@ def _host_pool(tree: Any) -> Any:
     anchor = getattr(pool, "anchor_entry", None)
     if anchor is not None:
         pool = getattr(anchor, "host_pool", None)
-    return pool if getattr(pool, "free_slots", None) is not None else None
+    # its own free list only: a facade (`PageInterleaveHostPool`) allocates from a classed
+    # allocator and answers `free_slots` from the native pool it wraps, a list no `alloc`
+    # takes from; a shared-backing pool (unified memory's) keeps none
+    own = getattr(pool, "__dict__", {})
+    return pool if own.get("free_slots") is not None else None
 
 
 def _host_facts(facts: dict[str, Any], tree: Any) -> None:
