@@ -273,7 +273,10 @@ def _tree_host_values(tree: Any) -> tuple[Any, Any, Any] | None:
     import numpy as np
 
     core = getattr(tree, "tree_core", tree)
-    root = getattr(core, "root_node", None)
+    try:
+        root = getattr(core, "root_node", None)
+    except NotImplementedError:  # the Rust core's adapter: no Python nodes to walk
+        return None
     if root is None:
         return None
     full = next(

@@ -83,10 +83,27 @@ def _hicache_stack(sglang: Any, patch: pytest.MonkeyPatch, core: str = "python")
     return stack
 
 
+def _nodes(stack: Any) -> list[Any]:
+    """The Python tree core's nodes, root excluded."""
+    found, todo = [], list(stack.tree.tree_core.root_node.children.values())
+    while todo:
+        node = todo.pop()
+        todo.extend(node.children.values())
+        found.append(node)
+    return found
+
+
+def _full(node: Any) -> Any:
+    """A node's Full component data (`value`, `host_value`, `host_lock_ref`)."""
+    kinds = importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type")
+    return node.component_data[kinds.ComponentType.FULL]
+
+
 def _drive(stack: Any) -> None:
     """Three prompts inserted (each backed up to host on insert, the acks drained), the second
-    splitting the first's backed-up node, then device eviction (host-only nodes) and a host
-    eviction (freed host slots staged in `release_slots`)."""
+    splitting the first's backed-up node, then device eviction (host-only nodes), a host
+    eviction (freed host slots staged in `release_slots`) and a load-back of a host-only node
+    left in flight (its node host-locked until the ack)."""
     base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
     radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
     tree = stack.tree
@@ -97,6 +114,14 @@ def _drive(stack: Any) -> None:
         tree.writing_check(write_back=True)
     tree.evict(base.EvictParams(num_tokens=30))
     assert tree.evict_host(10) > 0
+    if stack.spec.core != "python":
+        return  # the Rust core's nodes are out of Python's reach
+    host_only = [
+        node
+        for node in _nodes(stack)
+        if _full(node).value is None and _full(node).host_value is not None
+    ]
+    assert host_only and tree.load_back(host_only[0].id, mem_quota=1 << 20)  # left in flight
 
 
 @pytest.fixture(scope="module")
@@ -137,21 +162,15 @@ def _checked(stack: Any, tmp_path: Path) -> tuple[Any, dict[str, Any]]:
 
 def _held_node(stack: Any) -> Any:
     """A node of the tree whose Full component holds a host value."""
-    kinds = importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type")
-    stack_ = list(stack.tree.tree_core.root_node.children.values())
-    while stack_:
-        node = stack_.pop()
-        stack_.extend(node.children.values())
-        if node.component_data[kinds.ComponentType.FULL].host_value is not None:
-            return node
-    raise AssertionError("no node holds a host value")
+    return next(n for n in _nodes(stack) if _full(n).host_value is not None)
 
 
 def test_capture_records_the_host_pool_and_a_correct_state_is_clean(
     stack: Any, tmp_path: Path
 ) -> None:
-    """The driven state: some host slots held by nodes (host-only ones among them), some
-    free, some staged for release; all recorded, and both HiCache families run clean."""
+    """The driven state: some host slots held by nodes (host-only ones among them, one being
+    loaded back), some free, some staged for release; all recorded, and both HiCache
+    families run clean."""
     pool = _host_pool(stack)
     report, tensors = _checked(stack, tmp_path)
     assert report.error is None and report.findings == (), report.findings
@@ -161,6 +180,7 @@ def test_capture_records_the_host_pool_and_a_correct_state_is_clean(
     assert held.size > 0 and pool.num_release_slots > 0  # backups kept, host eviction staged
     assert held.size + free.size == pool.logical_size  # nothing in flight: every slot placed
     assert tensors["tree_host_nodes"].size == held.size == tensors["tree_host_lock_refs"].size
+    assert tensors["tree_host_lock_refs"].max() == 1  # the node whose load-back is in flight
 
 
 def test_a_held_host_slot_freed_is_named(stack: Any, tmp_path: Path) -> None:
@@ -168,8 +188,7 @@ def test_a_held_host_slot_freed_is_named(stack: Any, tmp_path: Path) -> None:
     passes (they were allocated), the check names them with the node."""
     pool = _host_pool(stack)
     node = _held_node(stack)
-    kinds = importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type")
-    host_value = node.component_data[kinds.ComponentType.FULL].host_value
+    host_value = _full(node).host_value
     with _restored(pool):
         pool.free(host_value[:2])
         report, _ = _checked(stack, tmp_path)
