@@ -130,6 +130,10 @@ class FindingCode(StrEnum):
     MAMBA_ROW_MAP_MISMATCH = "mamba-row-map-mismatch"
     MAMBA_SLOT_LEAKED = "mamba-slot-leaked"
     MAMBA_SLOT_BEYOND_POOL = "mamba-slot-beyond-pool"
+    HOST_SLOT_FREE_AND_HELD = "host-slot-free-and-held"
+    HOST_SLOT_HELD_TWICE = "host-slot-held-twice"
+    HOST_SLOT_FREED_TWICE = "host-slot-freed-twice"
+    HOST_SLOT_OUT_OF_RANGE = "host-slot-out-of-range"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -172,6 +176,9 @@ class CauseCode(StrEnum):
     MAMBA_RESERVED_SLOT_HANDED_OUT = "mamba-reserved-slot-handed-out"
     MAMBA_ROW_MAP_STALE = "mamba-row-map-stale"
     MAMBA_SLOT_ID_CORRUPT = "mamba-slot-id-corrupt"
+    HOST_SLOT_FREED_WHILE_HELD = "host-slot-freed-while-held"
+    HOST_SLOT_DOUBLE_FREE = "host-slot-double-free"
+    HOST_SLOT_INDEX_CORRUPT = "host-slot-index-corrupt"
     REQ_ROW_DOUBLE_FREE = "req-row-double-free"
     RESERVED_SLOT_FREED = "reserved-slot-freed"
     PARTIAL_PAGE_FREE = "partial-page-free"
@@ -971,6 +978,74 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a slot lost to the pool: SGLang's idle check "
                     "(`[mamba] total=..., available=..., evictable=..., protected=...`) "
                     "reports it only when the counts stop adding up, at idle"
+                ),
+            ),
+        ),
+        (
+            FindingCode.HOST_SLOT_FREE_AND_HELD,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "HiCache: a host KV pool slot on the host free list (`host_free_slots`: "
+                    "`free_slots` and the staged `release_slots`) that a radix-tree node's "
+                    "host value holds (`tree_host_slots`). `details.host_slots`, "
+                    "`details.nodes`, `details.host_locked`"
+                ),
+                meaning=(
+                    "a host slot freed while its node keeps it as `host_value`: "
+                    "`HostKVCache.free` cleared its `slot_used` bit, so the next `alloc` hands "
+                    "it to another node's backup without SGLang's 'Double-alloc detected' "
+                    "assert, and a load-back of the first node reads the other prefix's KV"
+                ),
+            ),
+        ),
+        (
+            FindingCode.HOST_SLOT_HELD_TWICE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "HiCache: a host slot held by two radix-tree nodes' host values (or "
+                    "listed twice in one). `details.host_slots`, `details.nodes`"
+                ),
+                meaning=(
+                    "two cached prefixes share one host copy: whichever was backed up last "
+                    "overwrote the other, and loading the first back brings the wrong KV"
+                ),
+            ),
+        ),
+        (
+            FindingCode.HOST_SLOT_FREED_TWICE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "HiCache: a host slot listed twice on the host free list "
+                    "(`host_free_slots`). `details.host_slots`"
+                ),
+                meaning=(
+                    "a double free that went around `HostKVCache.free`'s 'Double-free "
+                    "detected' assert: two later `alloc`s hand out the same slot, and SGLang "
+                    "says so only at the second ('Double-alloc detected: slots already "
+                    "allocated'), if the first still holds it"
+                ),
+            ),
+        ),
+        (
+            FindingCode.HOST_SLOT_OUT_OF_RANGE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "HiCache: a host slot below 0, or at or past the host pool's size "
+                    "(`num_host_slots`, where recorded), on the host free list or in a "
+                    "node's host value. `details.host_slots`, `details.where`"
+                ),
+                meaning=(
+                    "a corrupt host index: a backup or load-back through it copies into or "
+                    "out of another slot's bytes, or `HostKVCache.free` fails indexing "
+                    "`slot_used`"
                 ),
             ),
         ),
@@ -1895,6 +1970,63 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`mamba-row-map-mismatch`",
                 findings=(FindingCode.MAMBA_ROW_MAP_MISMATCH,),
+            ),
+        ),
+        (
+            CauseCode.HOST_SLOT_FREED_WHILE_HELD,
+            CauseEntry(
+                summary=(
+                    "HiCache host slots went back on the host pool's free list while a radix "
+                    "node still holds them as its `host_value`: the next `alloc` hands them "
+                    "to another node's backup, and SGLang's 'Double-alloc detected' assert "
+                    "stays silent because `free` cleared their `slot_used` bits"
+                ),
+                fix=(
+                    "find the `HostKVCache.free` (or `HostPoolGroup.free`) of a host value "
+                    "whose node keeps it: a host eviction that frees a node's `host_value` "
+                    "without dropping the node, a failed or rolled-back backup releasing "
+                    "slots `commit_backup` already gave a node, or a load-back that frees the "
+                    "host copy the node still points at"
+                ),
+                evidence="`host-slot-free-and-held`",
+                findings=(FindingCode.HOST_SLOT_FREE_AND_HELD,),
+            ),
+        ),
+        (
+            CauseCode.HOST_SLOT_DOUBLE_FREE,
+            CauseEntry(
+                summary=(
+                    "a HiCache host slot was freed twice, or given to a second node while the "
+                    "first kept it: two owners share one host copy. SGLang's 'Double-free "
+                    "detected' assert guards `HostKVCache.free` only; a slot pushed onto "
+                    "`free_slots` or `release_slots` another way is seen at the second "
+                    "`alloc` ('Double-alloc detected'), if at all"
+                ),
+                fix=(
+                    "find the second release of the slot: a path that appends to "
+                    "`release_slots` or rebuilds `free_slots` itself (a rollback of "
+                    "`resolve_host_transfers`, a prefetch or backup revoked after its slots "
+                    "were freed), or a split or insert that left one host value on two nodes"
+                ),
+                evidence="`host-slot-freed-twice`, `host-slot-held-twice`",
+                findings=(FindingCode.HOST_SLOT_FREED_TWICE, FindingCode.HOST_SLOT_HELD_TWICE),
+            ),
+        ),
+        (
+            CauseCode.HOST_SLOT_INDEX_CORRUPT,
+            CauseEntry(
+                summary=(
+                    "host slot ids outside the HiCache host pool (negative, or at or past its "
+                    "size) are on its free list or in a node's host value"
+                ),
+                fix=(
+                    "find where the host index was computed: a device index stored as a "
+                    "`host_value`, host indices of another host pool (the SWA or Mamba host "
+                    "pool, a page-first layout's page ids), or a pool resized without "
+                    "`clear()`"
+                ),
+                evidence="`host-slot-out-of-range`",
+                findings=(FindingCode.HOST_SLOT_OUT_OF_RANGE,),
             ),
         ),
         (

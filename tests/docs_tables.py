@@ -97,6 +97,8 @@ def _coverage() -> list[list[str]]:
             for alternatives in family.needs
         )
         where = "hybrid-SWA dumps" if family.swa else "every dump"
+        if family.hicache:
+            where = "dumps with a HiCache host pool record"
         if set(family.layouts) != set(Layout):
             where = where.replace("dump", f"{' or '.join(family.layouts)} dump")
         if family.group is not None:

@@ -304,3 +304,78 @@ def test_every_live_request_known_records_each_ones_mamba_slots() -> None:
     )
     assert facts["req_mamba_slots"].tolist() == [1, 2]
     assert facts["req_mamba_rows"].tolist() == [1, -1]
+
+
+def _host_node(node_id: int, host: list[int] | None, lock: int, *children: Any) -> Any:
+    """A node of an older `HiRadixCache` (`host_value`, `host_ref_counter` on the node)."""
+    value = None if host is None else np.array(host)
+    return SimpleNamespace(
+        id=node_id,
+        host_value=value,
+        host_ref_counter=lock,
+        children={c.id: c for c in children},
+    )
+
+
+def _host_tree(pool: Any) -> Any:
+    root = _host_node(0, None, 0, _host_node(1, [0, 1], 1, _host_node(2, [2], 0)))
+    return SimpleNamespace(root_node=root, token_to_kv_pool_host=pool)
+
+
+def test_host_pool_of_an_older_hiradix_cache_is_recorded() -> None:
+    """The host pool's free list (free slots, then the staged release chunks) and size, and
+    each node's host value with its id and host lock count, by the older tree's names."""
+    import threading
+
+    pool = SimpleNamespace(
+        free_slots=np.array([5, 3]),
+        release_slots=[np.array([4])],
+        size=6,
+        lock=threading.RLock(),
+    )
+    facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=_host_tree(pool))
+    assert facts["host_free_slots"].tolist() == [5, 3, 4] and facts["num_host_slots"] == 6
+    order = np.argsort(facts["tree_host_slots"])
+    assert facts["tree_host_slots"][order].tolist() == [0, 1, 2]
+    assert facts["tree_host_nodes"][order].tolist() == [1, 1, 2]
+    assert facts["tree_host_lock_refs"][order].tolist() == [1, 1, 0]
+
+
+def test_a_host_pool_held_by_another_thread_is_not_read() -> None:
+    """A pool whose lock another thread holds (mid-merge, its free list may list a slot
+    twice) records nothing of the host pool, rather than a false double free."""
+    free = SimpleNamespace(acquire=lambda timeout: True, release=lambda: None)
+    busy = SimpleNamespace(acquire=lambda timeout: False)  # the wait for it timed out
+    recorded = []
+    for lock in (free, busy):
+        pool = SimpleNamespace(free_slots=np.array([1]), release_slots=[], size=4, lock=lock)
+        facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=_host_tree(pool))
+        recorded.append(sorted(n for n in facts if "host" in n))
+    assert recorded == [
+        ["host_free_slots", "num_host_slots", "tree_host_lock_refs", "tree_host_nodes",
+         "tree_host_slots"],
+        [],
+    ]  # fmt: skip
+
+
+class _Delegating:
+    """A host pool facade like SGLang's `PageInterleaveHostPool`: its own classed allocator,
+    every other attribute (a `free_slots` it never allocates from among them) its native
+    pool's."""
+
+    def __init__(self, native: Any) -> None:
+        self.host_pool = native
+        self._slots = SimpleNamespace()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["host_pool"], name)
+
+
+def test_a_host_pool_that_keeps_no_free_slots_of_its_own_is_not_read() -> None:
+    """A facade answering `free_slots` from the pool it wraps would record a free list no
+    `alloc` takes from (every held slot on it): nothing of the host pool is recorded."""
+    native = SimpleNamespace(free_slots=np.arange(6), release_slots=[], size=6)
+    facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=_host_tree(_Delegating(native)))
+    assert not any("host" in name for name in facts)
+    facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=_host_tree(native))
+    assert facts["host_free_slots"].tolist() == list(range(6))

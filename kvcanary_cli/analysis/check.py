@@ -30,6 +30,8 @@ from kvcanary_cli.analysis.cells import restricted
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.coverage import (
     CANARY_REPLAY,
+    HOST_FREE_LIST,
+    HOST_SLOTS,
     MAMBA_LEAKS,
     MAMBA_SLOTS,
     PAGE_TABLES,
@@ -271,6 +273,14 @@ def _collect(
         from kvcanary_cli.analysis.mamba import mamba_leak_findings
 
         findings += mamba_leak_findings(dump)
+    if runs(dump, HOST_FREE_LIST):
+        from kvcanary_cli.analysis.hicache import host_free_list_findings
+
+        findings += host_free_list_findings(dump)
+    if runs(dump, HOST_SLOTS):
+        from kvcanary_cli.analysis.hicache import host_slot_findings
+
+        findings += host_slot_findings(dump)
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}

@@ -22,6 +22,8 @@ __all__ = [
     "CHECKS",
     "FULL_FREE_LIST",
     "FULL_LEAKS",
+    "HOST_FREE_LIST",
+    "HOST_SLOTS",
     "MAMBA_LEAKS",
     "MAMBA_SLOTS",
     "PAGE_TABLES",
@@ -33,6 +35,7 @@ __all__ = [
     "TREE_LOCKS",
     "CheckFamily",
     "coverage",
+    "is_hicache_dump",
     "is_swa_dump",
     "runs",
     "why_not",
@@ -60,6 +63,8 @@ class CheckFamily:
     blocker: Callable[[KvDump], str | None] | None = None
     #: the memory layouts it applies to (not applicable to the others)
     layouts: tuple[Layout, ...] = tuple(Layout)
+    #: a HiCache check: not applicable to a dump with no record of a host pool
+    hicache: bool = False
 
 
 def _need(*names: str) -> tuple[tuple[str, ...], ...]:
@@ -180,6 +185,19 @@ MAMBA_LEAKS = CheckFamily(
     layouts=(Layout.MAMBA,),
     blocker=_not_shrunk,
 )
+HOST_FREE_LIST = CheckFamily(
+    name="HiCache host free list",
+    covers="HiCache host slots freed twice, host slots outside the host pool",
+    needs=(_need("host_free_slots"),),
+    hicache=True,
+)
+HOST_SLOTS = CheckFamily(
+    name="HiCache host slots",
+    covers="HiCache host slots free while a tree node's host value holds them, held by two "
+    "nodes, outside the host pool",
+    needs=(_need("tree_host_slots"), _need("host_free_slots")),
+    hicache=True,
+)
 CANARY_REPLAY = CheckFamily(
     name="canary replay",
     covers="verify replayed on the dump's canary buffers (chain, position, token, real KV)",
@@ -199,6 +217,8 @@ CHECKS: tuple[CheckFamily, ...] = (
     PAGE_TABLES,
     MAMBA_SLOTS,
     MAMBA_LEAKS,
+    HOST_FREE_LIST,
+    HOST_SLOTS,
     CANARY_REPLAY,
 )
 
@@ -223,6 +243,17 @@ def is_swa_dump(dump: KvDump) -> bool:
     if any(_has(dump, name) for name in ("swa_window_size", "num_swa_slots")):
         return True
     return any(getattr(dump, name) is not None for name in _SWA_SIGNS)
+
+
+#: Records only a dump of a HiCache server holds (its host pool).
+_HICACHE_SIGNS = ("host_free_slots", "tree_host_slots")
+
+
+def is_hicache_dump(dump: KvDump) -> bool:
+    """A dump of a server with HiCache on: it records the host pool's size or a host record."""
+    if _has(dump, "num_host_slots"):
+        return True
+    return any(getattr(dump, name) is not None for name in _HICACHE_SIGNS)
 
 
 def _missing(dump: KvDump, family: CheckFamily) -> tuple[str, ...]:
@@ -255,7 +286,11 @@ def _coverage(
         for name in together
     ):  # its records were not read (the dump's one note says which)
         return line("not-run", reason=f"layout {dump.layout[:60]!r} is not one kvcanary checks")
-    if dump.layout not in family.layouts or (family.swa and not is_swa_dump(dump)):
+    if (
+        dump.layout not in family.layouts
+        or (family.swa and not is_swa_dump(dump))
+        or (family.hicache and not is_hicache_dump(dump))
+    ):
         return line("not-applicable")
     missing = _missing(dump, family)
     if missing:
@@ -278,7 +313,9 @@ def why_not(dump: KvDump, family: CheckFamily) -> str | None:
         return None
     if found.missing:
         return "record " + " and ".join(found.missing)
-    return found.reason or "not a hybrid-SWA dump"
+    if found.reason:
+        return found.reason
+    return "not a HiCache dump" if family.hicache else "not a hybrid-SWA dump"
 
 
 def coverage(dump: KvDump, groups: Sequence[str] | None = None) -> tuple[CheckCoverage, ...]:

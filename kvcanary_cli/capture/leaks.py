@@ -134,7 +134,7 @@ def capture_leak(checker: object, message: str, *, raised: bool) -> None:
         }
         if "swa_window_size" in facts:
             inputs["swa_window_size"] = int(facts.pop("swa_window_size"))
-        for name in ("page_size", "num_full_slots", "num_swa_slots", "num_mamba_slots"):
+        for name in tree_capture.SCALAR_FACTS:
             if name in facts:
                 context[name] = int(facts.pop(name))
         first = message.strip().splitlines()[0] if message.strip() else "a memory check"

@@ -9,6 +9,8 @@ unlocked nodes, whose complement is the locked part), from the running
 requests (`kv.req_pool_idx`, `kv.kv_allocated_len`; a session's record holds its row too),
 from both allocators' free lists (in every release: `get_all_free_pages()` where it exists,
 else `free_pages` plus the staged `release_pages`) and from the request pool's (`free_slots`).
+With HiCache on, the tree's host KV pool (`HostKVCache`: its free list and size) and each
+node's host value and host lock count are recorded too.
 `batch_state` adds the step's batch (a `ScheduleBatch` after its allocation), so
 `capture_state` is a whole format-v1 dump's tensors and metadata.
 
@@ -32,6 +34,7 @@ from kvcanary_cli.dump.schema import LAYOUT_KEY, RESERVED_PAGES_KEY, Layout
 
 __all__ = [
     "METADATA_FACTS",
+    "SCALAR_FACTS",
     "batch_state",
     "capture_state",
     "free_slots",
@@ -154,6 +157,7 @@ def tree_state(
     _read(facts, _pool_facts, allocator)
     if tree is not None:
         _read(facts, _tree_facts, tree)
+        _read(facts, _host_facts, tree)
     if rows > 0 and requests is not None:
         requests = list(requests)
         _read(facts, _row_facts, requests, rows, tree)
@@ -216,6 +220,92 @@ def _mamba_facts(
     facts["req_mamba_rows"] = np.array(rows, dtype=np.int64)
 
 
+def _host_pool(tree: Any) -> Any:
+    """The tree's HiCache host KV pool: the anchor of 0.5.23's `HostPoolGroup` (the KV pool
+    the Full component's host values index), or an older tree's single `HostKVCache`; None
+    without HiCache, or for a pool whose free list is not `free_slots`."""
+    controller = getattr(tree, "cache_controller", None)
+    pool = getattr(controller, "mem_pool_host", None)
+    if pool is None:
+        pool = getattr(tree, "token_to_kv_pool_host", None)
+    anchor = getattr(pool, "anchor_entry", None)
+    if anchor is not None:
+        pool = getattr(anchor, "host_pool", None)
+    # its own free list only: a facade (`PageInterleaveHostPool`) allocates from a classed
+    # allocator and answers `free_slots` from the native pool it wraps, a list no `alloc`
+    # takes from; a shared-backing pool (unified memory's) keeps none
+    own = getattr(pool, "__dict__", {})
+    return pool if own.get("free_slots") is not None else None
+
+
+def _host_facts(facts: dict[str, Any], tree: Any) -> None:
+    """HiCache's host pool (`HostKVCache`): its size (`logical_size`), its free list
+    (`free_slots`, then the chunks `free` staged in `release_slots`) read under the pool's
+    own lock (a merge in between would list a slot twice), and each tree node's host value
+    with its node id and host lock count (the Python tree core's nodes; the Rust core keeps
+    them out of reach). Nothing without HiCache."""
+    import numpy as np
+
+    pool = _host_pool(tree)
+    if pool is None:
+        return
+    lock = getattr(pool, "lock", None)
+    if lock is not None and not lock.acquire(timeout=1.0):
+        return  # another thread holds the pool: no consistent free list now
+    try:
+        chunks = [_host(pool.free_slots)]
+        chunks += [_host(chunk) for chunk in list(getattr(pool, "release_slots", None) or [])]
+    finally:
+        if lock is not None:
+            lock.release()
+    facts["host_free_slots"] = np.concatenate(chunks)
+    size = getattr(pool, "logical_size", None)
+    facts["num_host_slots"] = int(size if size is not None else pool.size)
+    held = _tree_host_values(tree)
+    if held is not None:
+        facts["tree_host_slots"], facts["tree_host_nodes"], facts["tree_host_lock_refs"] = held
+
+
+def _tree_host_values(tree: Any) -> tuple[Any, Any, Any] | None:
+    """(host slots, their node ids, their nodes' host lock counts), node after node, from the
+    Full component's data of each node (`component_data[FULL].host_value`, `host_lock_ref`),
+    or an older tree's `host_value` and `host_ref_counter`; None where no node is reachable."""
+    import numpy as np
+
+    core = getattr(tree, "tree_core", tree)
+    try:
+        root = getattr(core, "root_node", None)
+    except NotImplementedError:  # the Rust core's adapter: no Python nodes to walk
+        return None
+    if root is None:
+        return None
+    full = next(
+        (kind for kind in getattr(tree, "components", None) or () if kind.name == "FULL"), None
+    )
+    slots: list[Any] = []
+    nodes: list[int] = []
+    locks: list[int] = []
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        data = node.component_data[full] if full is not None else node
+        value = getattr(data, "host_value", None)
+        if value is None:
+            continue
+        values = _host(value)
+        lock = getattr(data, "host_lock_ref", getattr(data, "host_ref_counter", 0))
+        slots.append(values)
+        nodes += [int(node.id)] * values.size
+        locks += [int(lock)] * values.size
+    empty = np.zeros(0, dtype=np.int64)
+    return (
+        np.concatenate(slots) if slots else empty,
+        np.array(nodes, dtype=np.int64),
+        np.array(locks, dtype=np.int64),
+    )
+
+
 def row_state(requests: Iterable[object], rows: int, tree: object = None) -> dict[str, Any]:
     """`tree_state`'s row facts alone (`req_pool_allocated_lens`, `running_req_rows`)."""
     facts: dict[str, Any] = {}
@@ -236,6 +326,8 @@ def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
 #: (`page_size` is the allocator's page, `pool page × dcp_size`, what the ids are paged in).
 DCP_SIZE_KEY = "dcp_size"
 DCP_POOL_PAGE_KEY = "dcp_pool_page_size"
+#: What `tree_state` records as scalars (`capture_state` writes them as metadata integers).
+SCALAR_FACTS = ("page_size", "num_full_slots", "num_swa_slots", "num_mamba_slots", "num_host_slots")
 #: What `tree_state` records as metadata strings, not tensors.
 METADATA_FACTS = (LAYOUT_KEY, RESERVED_PAGES_KEY, DCP_SIZE_KEY, DCP_POOL_PAGE_KEY)
 
@@ -450,7 +542,7 @@ def capture_state(
         req_pool=req_to_token_pool,
         waiting=waiting,
     )
-    for name in ("page_size", "num_full_slots", "num_swa_slots", "num_mamba_slots"):
+    for name in SCALAR_FACTS:
         if name in state:
             metadata[name] = str(int(state.pop(name)))
     for key in METADATA_FACTS:  # metadata strings, not tensors

@@ -82,6 +82,7 @@ from kvcanary_cli.safe_text import excerpt
 
 __all__ = [
     "GROUPS",
+    "HOST_RECORDS",
     "MAMBA_RECORDS",
     "READ_LIMIT",
     "DtypeNote",
@@ -238,6 +239,12 @@ class KvDump:
     tree_mamba_slots: np.ndarray | None = None
     req_mamba_slots: np.ndarray | None = None
     req_mamba_rows: np.ndarray | None = None
+    #: HiCache's host KV pool: its free slots, and the host slots the tree's nodes hold
+    #: (with each entry's node id and that node's host lock count).
+    host_free_slots: np.ndarray | None = None
+    tree_host_slots: np.ndarray | None = None
+    tree_host_nodes: np.ndarray | None = None
+    tree_host_lock_refs: np.ndarray | None = None
     violation_ring: np.ndarray | None = None
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
@@ -570,6 +577,10 @@ def _read_contents(
         tree_mamba_slots=small("tree_mamba_slots"),
         req_mamba_slots=small("req_mamba_slots"),
         req_mamba_rows=small("req_mamba_rows"),
+        host_free_slots=small("host_free_slots"),
+        tree_host_slots=small("tree_host_slots"),
+        tree_host_nodes=small("tree_host_nodes"),
+        tree_host_lock_refs=small("tree_host_lock_refs"),
         violation_ring=small("violation_ring"),
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
@@ -598,6 +609,8 @@ MAMBA_RECORDS = (
     "req_mamba_slots",
     "req_mamba_rows",
 )
+#: HiCache's host pool records (docs/dump-format.md, "HiCache host pool").
+HOST_RECORDS = ("host_free_slots", "tree_host_slots", "tree_host_nodes", "tree_host_lock_refs")
 #: What a dump records about its KV slots (their ids mean what its layout says): not read
 #: for a layout kvcanary does not know. The batch, the table, the request pool's rows and
 #: the violation ring are read as they are.
@@ -613,10 +626,13 @@ _KV_RECORDS = frozenset(
         "tree_locked_full_slots",
         *_PAGE_TABLES,
         *MAMBA_RECORDS,
+        *HOST_RECORDS,
     }
 )
 _KV_FAMILIES = ("canary.", "real_kv.")
-_KV_SCALARS = frozenset({"num_full_slots", "num_swa_slots", "num_mamba_slots", "groups"})
+_KV_SCALARS = frozenset(
+    {"num_full_slots", "num_swa_slots", "num_mamba_slots", "num_host_slots", "groups"}
+)
 
 
 def read_in_any_layout(name: str) -> bool:

@@ -371,6 +371,33 @@ TENSORS: dict[str, TensorSpec] = {
             "-2: a ping-pong slot)",
         ),
         TensorSpec(
+            name="host_free_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: the host KV pool's free slots (free_slots, then the staged "
+            "release_slots), in their order, duplicates kept",
+        ),
+        TensorSpec(
+            name="tree_host_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: the host slots the radix tree's nodes hold (each node's Full "
+            "host_value), node after node",
+        ),
+        TensorSpec(
+            name="tree_host_nodes",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: aligned with tree_host_slots, the id of the node holding each",
+        ),
+        TensorSpec(
+            name="tree_host_lock_refs",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: aligned with tree_host_slots, the holding node's host lock count "
+            "(host_lock_ref)",
+        ),
+        TensorSpec(
             name="violation_ring",
             canonical="I64",
             ranks=(2,),
@@ -528,6 +555,13 @@ SCALARS: dict[str, ScalarSpec] = {
             name="num_mamba_slots",
             default="unknown",
             meaning="Mamba layout: slots of the Mamba state pool (size + 1: slot 0 is reserved)",
+            minimum=0,
+            maximum=_MAX_SLOTS,
+        ),
+        ScalarSpec(
+            name="num_host_slots",
+            default="unknown",
+            meaning="HiCache: slots of the host KV pool (its logical size)",
             minimum=0,
             maximum=_MAX_SLOTS,
         ),

@@ -31,6 +31,8 @@ from tests.helpers import checked
 #: the Mamba layout's), and those of other layouts only
 EVERY = {family.name for family in CHECKS if Layout.PAGED in family.layouts}
 OTHER_LAYOUTS = {family.name for family in CHECKS} - EVERY
+#: the HiCache host pool's families (not applicable to a dump of a server without HiCache)
+HICACHE = {family.name for family in CHECKS if family.hicache}
 
 
 def _whole() -> SynthDump:
@@ -42,6 +44,9 @@ def _whole() -> SynthDump:
     state.tensors["tree_full_slots"] = np.asarray(state.tensors["held_full_slots"], np.int64)
     rows = int(state.tensors["req_to_token"].shape[0])
     state.tensors["req_pool_allocated_lens"] = np.zeros(rows, dtype=np.int64)
+    state.tensors["host_free_slots"] = np.arange(4, 8, dtype=np.int64)  # HiCache's host pool
+    state.tensors["tree_host_slots"] = np.arange(4, dtype=np.int64)
+    state.metadata["num_host_slots"] = "8"
     return state
 
 
@@ -92,6 +97,11 @@ MISSING = {
     "tree_locked_full_slots": {"tree locks": ("tree_locked_full_slots",)},
     "canary": {"canary replay": ("canary buffers",)},
     "num_swa_slots": {"SWA pool leaks": ("num_swa_slots",)},
+    "host_free_slots": {
+        "HiCache host free list": ("host_free_slots",),
+        "HiCache host slots": ("host_free_slots",),
+    },
+    "tree_host_slots": {"HiCache host slots": ("tree_host_slots",)},
 }
 
 
@@ -148,7 +158,7 @@ def test_swa_checks_do_not_apply_to_a_dump_without_swa(tmp_path: Path) -> None:
     report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="none")
     swa = {"SWA LUT", "SWA free list", "SWA pool leaks"}
     not_applicable = {c.check for c in report.coverage if c.status == "not-applicable"}
-    assert not_applicable == swa | OTHER_LAYOUTS
+    assert not_applicable == swa | OTHER_LAYOUTS | HICACHE  # no host pool recorded either
     table = _views(report)["table"]
     assert not any(name in table for name in swa)  # not a gap: there is no SWA pool
 

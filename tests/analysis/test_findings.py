@@ -18,6 +18,7 @@ from kvcanary_cli.results.check import Finding
 from kvcanary_cli.synth.scenarios import SCENARIOS
 from kvcanary_cli.synth.state import SynthSpec, build_dump
 from tests.analysis.conftest import LoadSynth, ScenarioDump
+from tests.analysis.test_hicache import HOST_FAULTS
 from tests.analysis.test_mamba import MAMBA_FAULTS
 from tests.analysis.test_unified import UNIFIED_FAULTS
 from tests.helpers import VECTORIZED, checked, expand_cells
@@ -34,6 +35,7 @@ def test_every_code_but_divergence_has_a_scenario() -> None:
     covered = {code for s in SCENARIOS.values() for code in s.expected}
     covered |= {code for _, code, _ in UNIFIED_FAULTS}  # the unified layout's own dumps
     covered |= {code for _, code, _ in MAMBA_FAULTS}  # the Mamba layout's own dumps
+    covered |= {code for _, code, _ in HOST_FAULTS}  # HiCache's host pool dumps
     assert covered == {c.value for c in FindingCode} - {"kernel-divergence"}
 
 

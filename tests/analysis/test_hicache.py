@@ -1,0 +1,123 @@
+"""HiCache's host pool checks (analysis/hicache.py) on small hand-made dumps: a correct state
+checks clean, and each fault of the host slots (free and held, held by two nodes, freed twice,
+outside the pool) is named with its cause, each beside its clean twin; a dump without host
+records says the HiCache checks do not apply, and one with the free list only says which
+check did not run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.api import check
+from kvcanary_cli.dump.writer import dump_contents, write_dump
+
+#: host slots 0..SIZE-1: node 7 holds 0..3 (host-locked: a load-back reads it), node 9 holds
+#: 4..5, 6..11 are free (8..11 staged for release, listed after the free slots)
+SIZE = 12
+
+
+def _state() -> dict[str, Any]:
+    table = np.zeros((3, 8), dtype=np.int32)
+    table[1, :3] = [1, 2, 3]
+    return {
+        "req_to_token": table,
+        "req_pool_indices": np.array([1]),
+        "prefix_lens": np.array([2]),
+        "extend_seq_lens": np.array([1]),
+        "free_full_slots": np.arange(4, 16),
+        "host_free_slots": np.array([6, 7, 8, 9, 10, 11]),
+        "tree_host_slots": np.array([0, 1, 2, 3, 4, 5]),
+        "tree_host_nodes": np.array([7, 7, 7, 7, 9, 9]),
+        "tree_host_lock_refs": np.array([1, 1, 1, 1, 0, 0]),
+    }
+
+
+def _check(tmp_path: Path, state: dict[str, Any], size: int | None = SIZE) -> Any:
+    metadata = {"num_full_slots": 16, "page_size": 1}
+    if size is not None:
+        metadata["num_host_slots"] = size
+    path = write_dump(tmp_path / "h.safetensors", dump_contents(metadata, state))
+    return check([path], kernel="none").dumps[0]
+
+
+def _errors(report: Any) -> list[str]:
+    return sorted(f.code.value for f in report.findings if f.severity.value == "error")
+
+
+def test_correct_state_is_clean(tmp_path: Path) -> None:
+    report = _check(tmp_path, _state())
+    assert report.error is None
+    assert _errors(report) == []
+    status = {c.check: c.status for c in report.coverage}
+    assert status["HiCache host free list"] == status["HiCache host slots"] == "ran"
+
+
+def _planted(name: str) -> dict[str, Any]:
+    state = _state()
+    if name == "free-and-held":  # node 7's slot freed, the node keeping it as host_value
+        state["host_free_slots"] = np.array([6, 7, 8, 9, 10, 11, 2])
+    elif name == "held-twice":  # a split that left slot 4 on both halves
+        state["tree_host_slots"] = np.array([0, 1, 2, 3, 4, 4])
+        state["host_free_slots"] = np.array([5, 6, 7, 8, 9, 10, 11])
+    elif name == "freed-twice":  # a staged chunk appended twice
+        state["host_free_slots"] = np.array([6, 7, 8, 9, 10, 11, 10, 11])
+    elif name == "out-of-range":  # a device slot stored as a host value
+        state["tree_host_slots"] = np.array([0, 1, 2, 3, 4, 40])
+        state["host_free_slots"] = np.array([5, 6, 7, 8, 9, 10, 11])
+    return state
+
+
+#: Each planted HiCache fault, the finding it must give and its cause; the catalog's coverage
+#: test (test_findings) counts these codes as planted.
+HOST_FAULTS = (
+    ("free-and-held", "host-slot-free-and-held", "host-slot-freed-while-held"),
+    ("held-twice", "host-slot-held-twice", "host-slot-double-free"),
+    ("freed-twice", "host-slot-freed-twice", "host-slot-double-free"),
+    ("out-of-range", "host-slot-out-of-range", "host-slot-index-corrupt"),
+)
+
+
+@pytest.mark.parametrize(("fault", "code", "cause"), HOST_FAULTS)
+def test_each_fault_is_named(tmp_path: Path, fault: str, code: str, cause: str) -> None:
+    report = _check(tmp_path, _planted(fault))
+    assert _errors(report) == [code]
+    assert report.diagnosis[0].code.value == cause, report.diagnosis
+
+
+def test_free_and_held_names_the_node_and_its_host_lock(tmp_path: Path) -> None:
+    [finding] = _check(tmp_path, _planted("free-and-held")).findings
+    assert finding.details["host_slots"] == [2]
+    assert finding.details["nodes"] == [7] and finding.details["host_locked"] is True
+
+
+def test_pool_size_unknown_only_negative_slots_are_out_of_range(tmp_path: Path) -> None:
+    """Without `num_host_slots` a slot past the pool cannot be told from a big pool's: only a
+    negative one is named."""
+    assert _errors(_check(tmp_path, _planted("out-of-range"), size=None)) == []
+    state = _planted("out-of-range")
+    state["tree_host_slots"] = np.array([0, 1, 2, 3, 4, -1])
+    assert _errors(_check(tmp_path, state, size=None)) == ["host-slot-out-of-range"]
+
+
+def test_without_host_records_the_checks_do_not_apply(tmp_path: Path) -> None:
+    state = _state()
+    for name in ("host_free_slots", "tree_host_slots", "tree_host_nodes", "tree_host_lock_refs"):
+        del state[name]
+    status = {c.check: c.status for c in _check(tmp_path, state, size=None).coverage}
+    assert status["HiCache host free list"] == status["HiCache host slots"] == "not-applicable"
+
+
+def test_free_list_alone_runs_its_checks_and_says_what_did_not(tmp_path: Path) -> None:
+    """A tree whose host values cannot be read (the Rust tree core): the free list's checks
+    run, the tree's are said not to."""
+    state = _planted("freed-twice")
+    for name in ("tree_host_slots", "tree_host_nodes", "tree_host_lock_refs"):
+        del state[name]
+    report = _check(tmp_path, state)
+    assert _errors(report) == ["host-slot-freed-twice"]
+    [slots] = [c for c in report.coverage if c.check == "HiCache host slots"]
+    assert slots.status == "not-run" and "tree_host_slots" in slots.missing

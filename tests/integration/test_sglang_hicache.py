@@ -1,0 +1,233 @@
+"""SGLang 0.5.23's HiCache on CPU: the real `UnifiedRadixCache.init_hicache` (its
+`HostPoolGroup` over an `MHATokenToKVPoolHost` and the SWA host pool, its
+`HybridCacheController`) on the hybrid-SWA stack soak builds, driven through real backups
+(write-through on insert, acks drained by `writing_check`), device evictions that leave
+host-only nodes, a prefix split across a backed-up node, and a host eviction that stages
+freed host slots in `release_slots`.
+
+Two CUDA-only calls are stood in for: `_cuda_host_register` (pinning the host buffer) and
+the `sgl_kernel` copy kernels the MHA host pool imports only on CUDA (`transfer_kv_direct`
+and its per-layer forms): the bookkeeping under test never reads the copied bytes.
+
+Capture records the host pool from the live objects (its free list, size, each node's host
+value and host lock count), a correct state checks clean, and two faults planted on the real
+objects are named: a held host slot freed through `HostKVCache.free` (which SGLang's own
+double-free assert lets pass, since the slot was allocated) and a free slot listed twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvcanary_cli.api import check
+from kvcanary_cli.capture.tree import capture_state
+from kvcanary_cli.dump.writer import dump_contents, write_dump
+from tests.live_capture import loaded
+
+torch = pytest.importorskip("torch")
+
+#: the `sgl_kernel` copy kernels `pool_host/mha.py` imports on CUDA only
+_COPY_KERNELS = (
+    "transfer_kv_direct",
+    "transfer_kv_all_layer_direct_lf_pf",
+    "transfer_kv_per_layer_direct_pf_lf",
+)
+
+
+def _hicache_stack(sglang: Any, patch: pytest.MonkeyPatch, core: str = "python") -> Any:
+    """The soak stack's pools under a HiCache tree: server args with HiCache published, a
+    `UnifiedRadixCache` over the same pools, `init_hicache` as SGLang's registry calls it."""
+    from kvcanary_cli.soak.stack import StackSpec, build_stack
+
+    common = importlib.import_module("sglang.srt.mem_cache.pool_host.common")
+    mha = importlib.import_module("sglang.srt.mem_cache.pool_host.mha")
+    patch.setattr(common, "_cuda_host_register", lambda *args, **kwargs: None)
+    for name in _COPY_KERNELS:
+        patch.setattr(mha, name, lambda *args, **kwargs: None, raising=False)
+    spec = StackSpec.pressured(1, core)
+    stack = build_stack(sglang, spec)
+    args = sglang.server_args.ServerArgs(
+        model_path="dummy",
+        page_size=1,
+        device="cpu",
+        attention_backend="torch_native",
+        chunked_prefill_size=spec.chunked_prefill_size,
+        disable_overlap_schedule=True,
+        enable_hierarchical_cache=True,
+        hicache_ratio=2.0,
+        hicache_io_backend="direct",
+        hicache_mem_layout="layer_first",
+    )
+    sglang.runtime_context.reset_context()
+    sglang.runtime_context.publish(args, role="scheduler")
+    kinds = sglang.component_type.ComponentType
+    params = sglang.cache_init_params.CacheInitParams(
+        disable=False,
+        req_to_token_pool=stack.req_to_token_pool,
+        token_to_kv_pool_allocator=stack.allocator,
+        page_size=1,
+        sliding_window_size=spec.window,
+        chunked_prefill_size=spec.chunked_prefill_size,
+        tree_components=(kinds.FULL, kinds.SWA),
+        tree_core_backend=core,
+    )
+    stack.tree = sglang.unified_radix_cache.UnifiedRadixCache(params)
+    stack.tree.init_hicache(args, params)
+    return stack
+
+
+def _nodes(stack: Any) -> list[Any]:
+    """The Python tree core's nodes, root excluded."""
+    found, todo = [], list(stack.tree.tree_core.root_node.children.values())
+    while todo:
+        node = todo.pop()
+        todo.extend(node.children.values())
+        found.append(node)
+    return found
+
+
+def _full(node: Any) -> Any:
+    """A node's Full component data (`value`, `host_value`, `host_lock_ref`)."""
+    kinds = importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type")
+    return node.component_data[kinds.ComponentType.FULL]
+
+
+def _drive(stack: Any) -> None:
+    """Three prompts inserted (each backed up to host on insert, the acks drained), the second
+    splitting the first's backed-up node, then device eviction (host-only nodes), a host
+    eviction (freed host slots staged in `release_slots`) and a load-back of a host-only node
+    left in flight (its node host-locked until the ack)."""
+    base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
+    radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
+    tree = stack.tree
+    for tokens in (list(range(20)), [*range(10), *range(100, 110)], list(range(200, 220))):
+        value = stack.allocator.alloc(len(tokens))
+        key = radix.RadixKey(array("q", tokens))  # the Rust core takes 8-byte token arrays
+        tree.insert(base.InsertParams(key=key, value=value))
+        tree.writing_check(write_back=True)
+    tree.evict(base.EvictParams(num_tokens=30))
+    assert tree.evict_host(10) > 0
+    if stack.spec.core != "python":
+        return  # the Rust core's nodes are out of Python's reach
+    host_only = [
+        node
+        for node in _nodes(stack)
+        if _full(node).value is None and _full(node).host_value is not None
+    ]
+    assert host_only and tree.load_back(host_only[0].id, mem_quota=1 << 20)  # left in flight
+
+
+@pytest.fixture(scope="module")
+def stack(sglang: Any) -> Iterator[Any]:
+    """One driven HiCache stack for the module (faults are planted and undone by each test)."""
+    with loaded(sglang) as modules, pytest.MonkeyPatch.context() as patch:
+        built = _hicache_stack(modules, patch)
+        _drive(built)
+        yield built
+
+
+def _host_pool(stack: Any) -> Any:
+    return stack.tree.cache_controller.mem_pool_host.anchor_entry.host_pool
+
+
+@contextmanager
+def _restored(pool: Any) -> Iterator[Any]:
+    """The host pool's free list and `slot_used` bits put back after a planted fault."""
+    saved = (pool.free_slots.clone(), list(pool.release_slots), pool.num_release_slots)
+    used = pool.slot_used.clone()
+    try:
+        yield pool
+    finally:
+        pool.free_slots, pool.release_slots, pool.num_release_slots = saved
+        pool.slot_used = used
+
+
+def _checked(stack: Any, tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    tensors, metadata = capture_state(
+        req_to_token_pool=stack.req_to_token_pool,
+        allocator=stack.allocator,
+        tree=stack.tree,
+        window=stack.spec.window,
+    )
+    path = write_dump(tmp_path / "hicache.safetensors", dump_contents(metadata, tensors))
+    return check([path], kernel="none").dumps[0], tensors
+
+
+def _held_node(stack: Any) -> Any:
+    """A node of the tree whose Full component holds a host value."""
+    return next(n for n in _nodes(stack) if _full(n).host_value is not None)
+
+
+def test_capture_records_the_host_pool_and_a_correct_state_is_clean(
+    stack: Any, tmp_path: Path
+) -> None:
+    """The driven state: some host slots held by nodes (host-only ones among them, one being
+    loaded back), some free, some staged for release; all recorded, and both HiCache
+    families run clean."""
+    pool = _host_pool(stack)
+    report, tensors = _checked(stack, tmp_path)
+    assert report.error is None and report.findings == (), report.findings
+    status = {c.check: c.status for c in report.coverage}
+    assert status["HiCache host free list"] == status["HiCache host slots"] == "ran"
+    held, free = tensors["tree_host_slots"], tensors["host_free_slots"]
+    assert held.size > 0 and pool.num_release_slots > 0  # backups kept, host eviction staged
+    assert held.size + free.size == pool.logical_size  # nothing in flight: every slot placed
+    assert tensors["tree_host_nodes"].size == held.size == tensors["tree_host_lock_refs"].size
+    assert tensors["tree_host_lock_refs"].max() == 1  # the node whose load-back is in flight
+
+
+def test_a_held_host_slot_freed_is_named(stack: Any, tmp_path: Path) -> None:
+    """`HostKVCache.free` of slots a node still holds as its host value: SGLang's assert
+    passes (they were allocated), the check names them with the node."""
+    pool = _host_pool(stack)
+    node = _held_node(stack)
+    host_value = _full(node).host_value
+    with _restored(pool):
+        pool.free(host_value[:2])
+        report, _ = _checked(stack, tmp_path)
+    assert [f.code.value for f in report.findings] == ["host-slot-free-and-held"]
+    [finding] = report.findings
+    assert finding.details["host_slots"] == sorted(int(s) for s in host_value[:2])
+    assert finding.details["nodes"] == [int(node.id)]
+    assert report.diagnosis[0].code.value == "host-slot-freed-while-held"
+
+
+def test_a_host_slot_freed_twice_is_named(stack: Any, tmp_path: Path) -> None:
+    """A free slot pushed onto `free_slots` again (around `free`, whose own assert refuses a
+    second free: shown first): named as freed twice."""
+    pool = _host_pool(stack)
+    with _restored(pool):
+        with pytest.raises(AssertionError, match="Double-free detected"):
+            pool.free(pool.free_slots[:1])
+        pool.free_slots = torch.cat([pool.free_slots, pool.free_slots[:3]])
+        report, _ = _checked(stack, tmp_path)
+    assert [f.code.value for f in report.findings] == ["host-slot-freed-twice"]
+    assert report.diagnosis[0].code.value == "host-slot-double-free"
+    # and undone: the same stack checks clean again
+    assert _checked(stack, tmp_path)[0].findings == ()
+
+
+def test_rust_tree_core_runs_the_free_list_checks_and_says_what_it_cannot_read(
+    sglang: Any, tmp_path: Path
+) -> None:
+    """The Rust tree core keeps its nodes, host values included, out of Python's reach: the
+    host free list is still recorded and checked, and the tree's host checks say they did
+    not run for lack of `tree_host_slots` (never a false alarm)."""
+    with loaded(sglang) as modules, pytest.MonkeyPatch.context() as patch:
+        if "rust" not in modules.cores:
+            pytest.skip("this SGLang has no Rust tree core")
+        built = _hicache_stack(modules, patch, core="rust")
+        _drive(built)
+        report, tensors = _checked(built, tmp_path)
+    assert report.error is None and report.findings == (), report.findings
+    assert "tree_host_slots" not in tensors and tensors["host_free_slots"].size > 0
+    status = {c.check: (c.status, c.missing) for c in report.coverage}
+    assert status["HiCache host free list"] == ("ran", ())
+    assert status["HiCache host slots"] == ("not-run", ("tree_host_slots",))
