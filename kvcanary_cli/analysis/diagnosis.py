@@ -1161,6 +1161,7 @@ _MESSAGE_HEADED = frozenset(
         CauseCode.MAMBA_SLOT_LEAK,
         CauseCode.VIRTUAL_PAGE_FREED_WHILE_BOUND,
         CauseCode.PAGE_TABLE_CORRUPT,
+        CauseCode.LUT_SENTINEL_OVERWRITTEN,
     }
 )
 
@@ -1445,7 +1446,86 @@ def _aliasing(dump: KvDump, found: list[Finding]) -> str:
     )
 
 
+def _lut_short(dump: KvDump, found: list[Finding]) -> str:
+    lut = dump.full_to_swa_index_mapping
+    lut_len = 0 if lut is None else int(lut.shape[0])
+    pool = dump.scalars["num_full_slots"]
+    cells = [f for f in found if f.slot is not None and f.slot >= 0]
+    slots = (
+        distinct(np.concatenate([cell_slots(f) for f in cells]).astype(np.int64))
+        if cells
+        else np.zeros(0, dtype=np.int64)
+    )
+    slots = slots[slots >= 0]
+    past = ""
+    if slots.size:
+        where = _cell_owner(cells[0])
+        held = f", the first held by {where}," if where else ""
+        past = (
+            f"; live full slot{'s' if slots.size > 1 else ''} {span(slots)}{held} "
+            f"{'lie' if slots.size > 1 else 'lies'} past its end"
+        )
+    last = None if lut is None or not lut_len else lut.element(-1)
+    ends = (
+        ""
+        if last is None
+        else ": allocated too small, not sliced"
+        if last == -1
+        else f": sliced (it ends in {last}, not -1)"
+    )
+    if pool.value is None or pool.assumed:
+        return (
+            f"full_to_swa_index_mapping has {lut_len} entries{past}: a LUT too short for the "
+            "pool, or corrupt slot indices no pool holds; record num_full_slots to decide"
+        )
+    return (
+        f"full_to_swa_index_mapping has {lut_len} entries for a full pool of {pool.value} "
+        f"slots (it needs {pool.value + 1}){ends}{past}"
+    )
+
+
+def _slot_corrupt(dump: KvDump, found: list[Finding]) -> str:
+    cells = [f for f in found if f.slot is not None]
+    f = cells[0] if cells else found[0]
+    pool = dump.scalars["num_full_slots"].value
+    slot = -1 if f.slot is None else f.slot
+    why = (
+        "negative"
+        if slot < 0
+        else f"beyond the full pool of {pool} slots"
+        if pool is not None
+        else "beyond the full pool"
+    )
+    parts = [cell_slots(g).astype(np.int64) for g in cells]
+    bad = distinct(np.concatenate(parts)) if parts else np.zeros(1, dtype=np.int64)
+    b, r, q = f.batch_row, f.pool_row, f.position
+    where = f"batch row {b} (pool row {r}) holds" if b is not None else "a live cell holds"
+    at = f" at position {q}" if q is not None else ""
+    return (
+        f"{where} slot {slot}{at}, {why}{_more(int(bad.size) - 1, 'slot')}: the producer of "
+        "req_to_token's cells (allocation, prefix-cache match, copy between pool rows) wrote "
+        "an index no pool holds"
+    )
+
+
+def _batch_corrupt(dump: KvDump, found: list[Finding]) -> str:
+    bad = [f for f in found if f.code in _BATCH_CODES] or found
+    f = bad[0]
+    if f.batch_row is not None and f.batch_row >= 0:
+        pool = int(dump.req_pool_indices[f.batch_row])
+        head = f"batch row {f.batch_row} (pool row {pool}): "
+    else:
+        head = ""
+    return (
+        f"{head}{f.message}{_more(len(bad) - 1, 'batch finding')}; the batch metadata is "
+        "wrong, and the cells read through it are symptoms"
+    )
+
+
 _BUILDERS = {
+    CauseCode.LUT_TOO_SHORT: _lut_short,
+    CauseCode.SLOT_INDEX_CORRUPT: _slot_corrupt,
+    CauseCode.BATCH_METADATA_CORRUPT: _batch_corrupt,
     CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: _cleared_in_window,
     CauseCode.SWA_MAPPING_COLLISION: _collision,
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT: _swa_write,
