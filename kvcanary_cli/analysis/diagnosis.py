@@ -1228,11 +1228,14 @@ def _cleared_in_window(dump: KvDump, found: list[Finding]) -> str:
 def _collision(dump: KvDump, found: list[Finding]) -> str:
     collisions = [g for g in found if g.code is FindingCode.SWA_SLOT_COLLISION] or found
     f = collisions[0]
-    full = f.details.get("full_slots")
-    slots = [x for x in full if isinstance(x, int)] if isinstance(full, list) else []
+    mine = None if f.cells is None else f.cells.extra.get("full_slot")
+    named = [o.full_slot for o in f.owners[:1]] + ([int(mine[0])] if mine is not None else [])
+    slots = list(dict.fromkeys(x for x in named if x is not None))
     holders = list(dict.fromkeys(h for h in (_holder(f), _cell_owner(f)) if h))
     held = f", held by {' and '.join(holders)}," if holders else ""
-    names = f"full slots {' and '.join(str(x) for x in slots)}" if slots else "two full slots"
+    names = (
+        f"full slots {' and '.join(str(x) for x in slots)}" if len(slots) > 1 else "two full slots"
+    )
     text = (
         f"{names}{held} both map to SWA slot {f.slot} in their windows"
         f"{_more(len(collisions) - 1, 'SWA slot')}: the SWA slot was handed out twice, or one "
@@ -1330,17 +1333,10 @@ def _unwritten(dump: KvDump, found: list[Finding]) -> str:
 
 
 def _copied(dump: KvDump, found: list[Finding]) -> str:
-    f = found[0]
-    others = f.details.get("pool_rows")
-    rows = [f.pool_row] + (
-        [x for x in others if isinstance(x, int)] if isinstance(others, list) else []
-    )
-    names = [str(x) for x in dict.fromkeys(r for r in rows if r is not None)]
-    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+    f = found[0]  # its message names the slot, the position and the pool rows holding it
     return (
-        f"full slot {f.slot} sits at position {f.position} of pool rows {listed}, which hold "
-        f"different slots just before it{_more(len(found) - 1, 'finding')}: a cell copied "
-        "between pool rows, not radix sharing"
+        f"full {f.message}{_more(len(found) - 1, 'finding')} (a copy between pool rows, or a "
+        "prefix-cache match that did not start at position 0)"
     )
 
 
@@ -1383,25 +1379,13 @@ def _full_leak(dump: KvDump, found: list[Finding]) -> str:
 
 
 def _lock_leak(dump: KvDump, found: list[Finding]) -> str:
-    listed = [
-        x
-        for f in found
-        if isinstance(given := f.details.get("slots"), list)
-        for x in given
-        if isinstance(x, int)
-    ]
-    slots = distinct(np.array(listed or [f.slot for f in found if f.slot is not None]))
-    total = sum(int(t) if isinstance(t := f.details.get("slots_total"), int) else 0 for f in found)
-    n = max(total, int(slots.size))
-    one = n == 1
-    where = f"full slot {slots[0]}" if one else f"full slots {span(slots)}"
-    if not one and n > slots.size:
-        where += f" ({n} in all)"
+    f = found[0]  # its message names the slot, or counts the slots
+    text = f"full {f.message}" if f.message.startswith("slot ") else f.message
+    if not f.message.startswith("slot ") and f.slot is not None:
+        text += f" (the first: full slot {f.slot})"
     return (
-        f"{where} {'is in a locked radix-tree node' if one else 'are in locked radix-tree nodes'}"
-        ", yet no running "
-        f"request's pool row holds {'it' if one else 'them'}: a finish, abort or retraction "
-        "dropped its request without unlocking the prefix (dec_lock_ref)"
+        f"{text}; the finish, abort or retraction that dropped its request skipped the unlock "
+        "(dec_lock_ref)"
     )
 
 
@@ -1461,9 +1445,12 @@ def _lut_short(dump: KvDump, found: list[Finding]) -> str:
     if slots.size:
         where = _cell_owner(cells[0])
         held = f", the first held by {where}," if where else ""
+        # counted, not listed: `span` lives with the chains, a module a lone cause never enters
+        lo, hi = int(slots[0]), int(slots[-1])
         past = (
-            f"; live full slot{'s' if slots.size > 1 else ''} {span(slots)}{held} "
-            f"{'lie' if slots.size > 1 else 'lies'} past its end"
+            f"; live full slot {lo}{held} lies past its end"
+            if slots.size == 1
+            else f"; {slots.size} live full slots in {lo}..{hi}{held} lie past its end"
         )
     last = None if lut is None or not lut_len else lut.element(-1)
     ends = (
