@@ -783,7 +783,8 @@ def _partial_headline(state: _Diagnosis, full: int, mapped: int, pages: int) -> 
     stale = f"{mapped} stale token{'s' if mapped != 1 else ''}"
     return (
         f"full {_page_text(full, page)}{where} had {page - mapped} of its {page} LUT entries "
-        f"cleared while {mapped} of its {page} still map into {into}{more}: a free cleared "
+        f"cleared while {mapped} of its {page} still map{'s' if mapped == 1 else ''} into "
+        f"{into}{more}: a free cleared "
         f"the tokens it was given, not the page, and {released}; a later free of the {stale} "
         "frees that SWA page again"
     )

@@ -163,7 +163,7 @@ def test_faults_replayed_on_sglangs_allocator_state_name_their_mechanism(
         said = headlines[partial]
         assert f"full page {int(page[0]) // page_size} ({slots(page)})" in said, said
         assert (
-            f"1 of its {page_size} still map into SWA page {int(free_swa[0]) // page_size}" in said
+            f"1 of its {page_size} still maps into SWA page {int(free_swa[0]) // page_size}" in said
         )
     stale[page] = free_swa[:page_size]  # the whole page: a mapping kept, not a page cut
     assert first_cause({"full_to_swa_index_mapping": stale}) == "stale-swa-mapping"
