@@ -1120,13 +1120,9 @@ def with_headlines(
     for c in causes:
         found = members.get(c.code, [])
         out.append(replace(c, headline=c.headline or _headline(dump, c.code, found)))
-    heads = {c.code: c for c in out}
     page = max(1, dump.scalars["page_size"].value or 1)
     for n, c in enumerate(out):
-        clauses = [
-            _shows_as(k, members.get(k, []), page) for k in c.nests if heads[k].code in heads
-        ]
-        clauses = [one for one in clauses if one]
+        clauses = [_shows_as(k, members.get(k, []), page) for k in c.nests]
         if c.headline and clauses:
             out[n] = replace(
                 c, headline=f"{c.headline}; this also shows as {', and as '.join(clauses)}"
@@ -1199,10 +1195,13 @@ def _cells(f: Finding) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 def _cell_owner(f: Finding, i: int = 0) -> str:
     """`batch row 2 (pool row 10, position 17)`: the finding's own cell `i`."""
-    _, b, r, q = _cells(f)
-    if int(b[i]) >= 0:
-        return f"batch row {int(b[i])} (pool row {int(r[i])}, position {int(q[i])})"
-    return f"pool row {int(r[i])} (position {int(q[i])})" if int(r[i]) >= 0 else ""
+    if f.cells is not None and len(f.cells):
+        b, r, q = (int(f.cells.batch_row[i]), int(f.cells.pool_row[i]), int(f.cells.position[i]))
+    else:
+        b, r, q = (-1 if v is None else v for v in (f.batch_row, f.pool_row, f.position))
+    if b >= 0:
+        return f"batch row {b} (pool row {r}, position {q})"
+    return f"pool row {r} (position {q})" if r >= 0 else ""
 
 
 def _holder(f: Finding, one_slot: bool = True) -> str:
