@@ -85,6 +85,8 @@ class _Claim:
     members: list[int]
     #: finding code -> cells claimed.
     explains: Counter[FindingCode] = field(default_factory=Counter)
+    #: the bug-report sentence its mechanism's own analysis built (pages, pool rows), if any.
+    headline: str | None = None
 
 
 _CAUSES = list(CauseCode)
@@ -176,7 +178,7 @@ def diagnose(dump: KvDump, findings: list[Finding]) -> tuple[list[Finding], tupl
     causes.sort(key=lambda c: (-c.confidence.rank, _PRECEDENCE[c.code], -sum(c.explains.values())))
     split = state.split()  # a chain links two causes or more
     linked = link(dump, split, causes) if len(causes) > 1 else tuple(causes)
-    return split, with_headlines(split, _with_next_commands(dump, split, linked))
+    return split, with_headlines(dump, split, _with_next_commands(dump, split, linked))
 
 
 def _with_next_commands(
@@ -212,6 +214,7 @@ def _cause(entry: _Claim, findings: list[Finding], dump: KvDump) -> Cause:
         evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
         explains=dict(sorted(entry.explains.items(), key=lambda kv: kv[0].order)),
         fix=fix_for(entry.code, dump),
+        headline=entry.headline,
     )
 
 
@@ -296,7 +299,8 @@ def _boundary_pages(state: _Diagnosis) -> None:
         return
     q, b, r, p = (np.concatenate(part) for part in zip(*hits, strict=True))
     pages = distinct(q)
-    lines = []
+    lines: list[str] = []
+    more = f" (and {pages.size - 3} more pages)" if pages.size > 3 else ""
     for one in pages[:3].tolist():
         at = q == one
         rows = distinct(b[at])
@@ -312,13 +316,27 @@ def _boundary_pages(state: _Diagnosis) -> None:
             if rows.size > 1
             else ""
         )
+        if not lines:  # the first page heads the cause
+            still = _positions(ws, end)
+            sharers = (
+                f" and {rows.size - 1} other batch row{'s' if rows.size > 2 else ''}"
+                if rows.size > 1
+                else ""
+            )
+            state.claims[CauseCode.SWA_BOUNDARY_PAGE_CLEARED].headline = (
+                f"full {_page_text(one, page)}, held by batch row {row0} (pool row {pool0}, "
+                f"positions {head}..{end}){sharers}, was cleared whole while {still} "
+                f"{'is' if ws == end else 'are'} still in the window (it starts at {ws})"
+                f"{more}: a page two nodes share at a split that is not page-aligned, or an "
+                "eviction that ran one page past the window's start; the tree (whether the "
+                "page's tokens sit in two nodes) or a snapshot one step earlier tells them apart"
+            )
         lines.append(
             f"full {_page_text(one, page)}: every entry 0; batch row {row0} (pool row "
             f"{pool0}) holds it at positions {head}..{end} and its window starts at {ws}: "
             f"{_positions(head, ws - 1)} left the window, {_positions(ws, end)} still in it "
             f"lost {'its' if ws == end else 'their'} SWA entries{others}"
         )
-    more = f" (and {pages.size - 3} more pages)" if pages.size > 3 else ""
     lines.append(
         f"a clear of the whole page for the tokens before the window erased the entries of "
         f"those inside it{more}: a page two nodes share at a split that is not page-aligned, "
@@ -360,7 +378,7 @@ def _reissued_pages(state: _Diagnosis) -> None:
         return
     full = np.concatenate([x[0] for x in found])
     swa = np.concatenate([x[1] for x in found])
-    lines = []
+    lines: list[str] = []
     for swa_page in distinct(swa // page)[:3].tolist():
         old = int(full[swa // page == swa_page][0]) // page
         keeps = int(_lut_page_mapped(state, np.array([old]))[0])
@@ -372,6 +390,20 @@ def _reissued_pages(state: _Diagnosis) -> None:
         owners = _new_owners(state, swa_page, page, old)
         if owners:
             line += f"; {owners}: the page was handed out again, and the old entries are stale"
+        if not lines:  # the first SWA page heads the cause
+            reissued = int(distinct(swa // page).size)
+            more = (
+                f" (and {reissued - 1} more SWA page{'s' if reissued > 2 else ''})"
+                if reissued > 1
+                else ""
+            )
+            state.claims[CauseCode.SWA_PAGE_REISSUED].headline = (
+                f"SWA {_page_text(swa_page, page)} was released whole by a partial-page free "
+                f"of full {_page_text(old, page)} and reissued{more}: "
+                + (f"{owners}, " if owners else "another full page maps into it, ")
+                + f"while the old page keeps {keeps} of its {page} entries into it (stale: "
+                "their free would free the new owner's KV)"
+            )
         lines.append(line)
     state.evidence(CauseCode.SWA_PAGE_REISSUED).extend(lines)
 
@@ -409,7 +441,8 @@ def _reserved_page(state: _Diagnosis) -> None:
         return
     dump = state.dump
     page = max(1, dump.scalars["page_size"].value or 1)
-    lines = []
+    lines: list[str] = []
+    heads: list[str] = []
     for space, name, free in (
         ("full", "free_full_slots", dump.free_full_slots),
         ("SWA", "free_swa_slots", dump.free_swa_slots),
@@ -423,6 +456,14 @@ def _reserved_page(state: _Diagnosis) -> None:
         # counted per distinct slot: bounded by the free list, not by the claimed page size
         times = int(np.unique(reserved, return_counts=True)[1].max())
         line = f"the reserved {space} {_page_text(0, page)} is on {name}"
+        if not heads:  # the first free list heads the cause
+            twice = "twice" if times == 2 else f"{times} times"
+            heads.append(
+                f"{line} {twice}: it was freed {twice} (a free of tokens whose LUT entry "
+                "already reads 0 frees slot 0)"
+                if times >= 2
+                else f"{line}: it was freed, and an allocation can hand it out"
+            )
         if times >= 2:
             line += (
                 f" {times} times: freed {times} times (freeing an unmapped token frees "
@@ -434,6 +475,16 @@ def _reserved_page(state: _Diagnosis) -> None:
     for f in state.findings:
         if f.code is FindingCode.RESERVED_SLOT_IN_USE and f.space is Space.FULL and f.cells:
             lines.append(_with_numbers(replace(f, group=f.group, message=f.message)))
+            swa = f.cells.extra.get("swa_slot")
+            if swa is not None and len(heads) < 2:
+                owners = [o for o in f.owners if o.pool_row is not None]
+                held = f", {_owners_clause(owners, one_slot=False)}," if owners else ""
+                heads.append(
+                    f"the reserved SWA {_page_text(0, page)} was handed out: full slots "
+                    f"{span(cell_slots(f))}{held} map into SWA slots {span(swa)}"
+                )
+    if heads:
+        state.claims[CauseCode.RESERVED_SLOT_FREED].headline = "; ".join(heads)
     state.evidence(CauseCode.RESERVED_SLOT_FREED).extend(lines)
 
 
@@ -697,8 +748,45 @@ def _partial_page_frees(state: _Diagnosis) -> None:
         for q, m in zip(partial[:3], mapped[:3], strict=True)
     )
     more = f", and {partial.size - 3} more pages" if partial.size > 3 else ""
+    state.claims[CauseCode.PARTIAL_PAGE_FREE].headline = _partial_headline(
+        state, int(partial[0]), int(mapped[0]), int(partial.size)
+    )
     state.evidence(CauseCode.PARTIAL_PAGE_FREE).append(
         f"{shown}{more}; the rest of each page was cleared: a free that cleared tokens, not pages"
+    )
+
+
+def _partial_headline(state: _Diagnosis, full: int, mapped: int, pages: int) -> str:
+    """`full page 313 (slots 1252..1255), on the free list: 2 of its 4 tokens still map into
+    SWA page 34 (...), which is on the SWA free list; ...`: the first page freed in part."""
+    dump = state.dump
+    page = max(1, dump.scalars["page_size"].value or 1)
+    lut = dump.full_to_swa_index_mapping
+    tokens = full * page + np.arange(page, dtype=np.int64)
+    values = np.zeros(0, dtype=np.int64)
+    if lut is not None:
+        keys = tokens[(tokens >= 0) & (tokens < int(lut.shape[0]) - 1)]
+        values = np.asarray(lut.take_known(keys)[0], dtype=np.int64)
+    swa_pages = distinct(values[values > 0] // page)
+    where = ""
+    if dump.free_full_slots is not None and np.isin(tokens, dump.free_full_slots).any():
+        where = ", on the free list,"
+    into, released = "an SWA page", "released the SWA page"
+    if swa_pages.size:
+        swa_page = int(swa_pages[0])
+        free = dump.free_swa_slots
+        into = f"SWA {_page_text(swa_page, page)}"
+        if free is not None and bool(np.isin(swa_page * page, free)):
+            into += ", which is on the SWA free list"
+            released = "released the SWA page whole"
+    more = f" (and {pages - 1} more full page{'s' if pages > 2 else ''})" if pages > 1 else ""
+    stale = f"{mapped} stale token{'s' if mapped != 1 else ''}"
+    return (
+        f"full {_page_text(full, page)}{where} had {page - mapped} of its {page} LUT entries "
+        f"cleared while {mapped} of its {page} still map{'s' if mapped == 1 else ''} into "
+        f"{into}{more}: a free cleared "
+        f"the tokens it was given, not the page, and {released}; a later free of the {stale} "
+        "frees that SWA page again"
     )
 
 
@@ -1016,19 +1104,464 @@ def _unrecorded_pool_evidence(
 _OWNERS_NAMED = 2
 
 
-def with_headlines(findings: Sequence[Finding], causes: Sequence[Cause]) -> tuple[Cause, ...]:
-    """Each cause with its headline where its catalog entry says the step and it explains
-    slots; the others as they are (their summary heads them)."""
+def with_headlines(
+    dump: KvDump, findings: Sequence[Finding], causes: Sequence[Cause]
+) -> tuple[Cause, ...]:
+    """Each cause with its headline: the one its mechanism's analysis built, else one from
+    its findings (its own builder, or its catalog step after its slots and owners, or its
+    first finding's message where that names the slot or pool row); a parent's headline then
+    says in a clause what each cause it nests adds. The others as they are (their summary
+    heads them)."""
     members: dict[CauseCode, list[Finding]] = {}
     for f in sorted(findings, key=Finding.order_key):
-        if f.cause is not None and f.slot is not None:
+        if f.cause is not None:
             members.setdefault(f.cause, []).append(f)
     out = []
     for c in causes:
-        step = CAUSES[c.code].step
-        found = members.get(c.code)
-        out.append(c if step is None or not found else replace(c, headline=_sentence(found, step)))
+        found = members.get(c.code, [])
+        out.append(replace(c, headline=c.headline or _headline(dump, c.code, found)))
+    page = max(1, dump.scalars["page_size"].value or 1)
+    for n, c in enumerate(out):
+        clauses = [_shows_as(k, members.get(k, []), page) for k in c.nests]
+        if c.headline and clauses:
+            out[n] = replace(
+                c, headline=f"{c.headline}; this also shows as {', and as '.join(clauses)}"
+            )
     return tuple(out)
+
+
+def _headline(dump: KvDump, code: CauseCode, found: list[Finding]) -> str | None:
+    if not found:
+        return None
+    build = _BUILDERS.get(code)
+    if build is not None:
+        return build(dump, found)
+    slots = [f for f in found if f.slot is not None]
+    step = CAUSES[code].step
+    if step is not None and slots:
+        return _sentence(slots, step)
+    if code in _MESSAGE_HEADED:
+        return _message_headline(found)
+    return None
+
+
+#: Causes whose first finding's message is the bug report (it names the pool row or the
+#: slot and what is wrong with it): the owner and the count of the others follow it.
+_MESSAGE_HEADED = frozenset(
+    {
+        CauseCode.REQ_ROW_LEAK,
+        CauseCode.REQ_ROW_DOUBLE_FREE,
+        CauseCode.MAMBA_SLOT_FREED_WHILE_HELD,
+        CauseCode.MAMBA_SLOT_DOUBLE_FREE,
+        CauseCode.MAMBA_RESERVED_SLOT_HANDED_OUT,
+        CauseCode.MAMBA_ROW_MAP_STALE,
+        CauseCode.MAMBA_SLOT_LEAK,
+        CauseCode.VIRTUAL_PAGE_FREED_WHILE_BOUND,
+        CauseCode.PAGE_TABLE_CORRUPT,
+        CauseCode.LUT_SENTINEL_OVERWRITTEN,
+    }
+)
+
+
+def _message_headline(found: list[Finding]) -> str:
+    first = found[0]
+    text = _with_numbers(first)
+    owners = [o for o in first.owners if o.pool_row is not None]
+    if owners:
+        text += f"; {_owners_clause(owners, one_slot=len({o.slot for o in owners}) == 1)}"
+    more = len(found) - 1
+    if more:
+        text += f" (and {more} more finding{'s' if more > 1 else ''})"
+    return text
+
+
+def _more(n: int, what: str) -> str:
+    return f" (and {n} more {what}{'s' if n > 1 else ''})" if n > 0 else ""
+
+
+def _cells(f: Finding) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each cell's slot, batch row, pool row and position (-1 where it has none)."""
+    if f.cells is not None and len(f.cells):
+        return (
+            cell_slots(f).astype(np.int64),
+            np.asarray(f.cells.batch_row, dtype=np.int64),
+            np.asarray(f.cells.pool_row, dtype=np.int64),
+            np.asarray(f.cells.position, dtype=np.int64),
+        )
+    one = [-1 if v is None else v for v in (f.slot, f.batch_row, f.pool_row, f.position)]
+    a, b, c, d = (np.array([v], dtype=np.int64) for v in one)
+    return a, b, c, d
+
+
+def _cell_owner(f: Finding, i: int = 0) -> str:
+    """`batch row 2 (pool row 10, position 17)`: the finding's own cell `i`."""
+    if f.cells is not None and len(f.cells):
+        b, r, q = (int(f.cells.batch_row[i]), int(f.cells.pool_row[i]), int(f.cells.position[i]))
+    else:
+        b, r, q = (-1 if v is None else v for v in (f.batch_row, f.pool_row, f.position))
+    if b >= 0:
+        return f"batch row {b} (pool row {r}, position {q})"
+    return f"pool row {r} (position {q})" if r >= 0 else ""
+
+
+def _holder(f: Finding, one_slot: bool = True) -> str:
+    """The finding's slot's current or last owner, as `_owner` says it ("" without one)."""
+    owners = [o for o in f.owners if o.pool_row is not None]
+    return _owner(owners[0], _where(owners[0], one_slot)) if owners else ""
+
+
+def _cleared_in_window(dump: KvDump, found: list[Finding]) -> str:
+    head = _sentence(
+        found,
+        ("lost its SWA entry inside the window", "lost their SWA entries inside the window"),
+    )
+    one = sum(len(cell_slots(f)) for f in found) == 1
+    it = "it" if one else "them"
+    return (
+        f"{head}: an eviction of the tokens that left the window ran past the window's "
+        "start, or a tree eviction of an in-window node whose SWA lock did not cover the "
+        f"whole window; a timeline (the step that cleared {it}) or the tree "
+        f"(tree_swa_resident_slots: which node lost {it}) tells them apart"
+    )
+
+
+def _collision(dump: KvDump, found: list[Finding]) -> str:
+    collisions = [g for g in found if g.code is FindingCode.SWA_SLOT_COLLISION] or found
+    f = collisions[0]
+    mine = None if f.cells is None else f.cells.extra.get("full_slot")
+    named = [o.full_slot for o in f.owners[:1]] + ([int(mine[0])] if mine is not None else [])
+    slots = list(dict.fromkeys(x for x in named if x is not None))
+    holders = list(dict.fromkeys(h for h in (_holder(f), _cell_owner(f)) if h))
+    held = f", held by {' and '.join(holders)}," if holders else ""
+    names = (
+        f"full slots {' and '.join(str(x) for x in slots)}" if len(slots) > 1 else "two full slots"
+    )
+    text = (
+        f"{names}{held} both map to SWA slot {f.slot} in their windows"
+        f"{_more(len(collisions) - 1, 'SWA slot')}: the SWA slot was handed out twice, or one "
+        f"mapping is stale (a free released SWA slot {f.slot} and kept the entry); a "
+        f"timeline (which mapping came last, and whether SWA slot {f.slot} went through the "
+        "free list between them) tells them apart"
+    )
+    moved = [g for g in found if g.code is FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP]
+    if moved:  # a mapping written token by token: the entry that moved, not the allocator
+        text += (
+            f"; full slot{'s' if len(cell_slots(moved[0])) > 1 else ''} "
+            f"{span(cell_slots(moved[0]))} map{'' if len(cell_slots(moved[0])) > 1 else 's'} "
+            "out of its page's lockstep, as an entry rewritten on its own does"
+        )
+    return text
+
+
+def _write_target(f: Finding) -> str:
+    """`out_cache_loc[16] (batch row 2, pool row 10, position 17)`."""
+    index = None if f.cells is None else f.cells.extra.get("out_cache_loc_index")
+    at = f"out_cache_loc[{int(index[0])}]" if index is not None and len(index) else "a write"
+    writer = _cell_owner(f)
+    return f"{at} of {writer}" if writer else at
+
+
+def _swa_write(dump: KvDump, found: list[Finding]) -> str:
+    writes = [f for f in found if f.code is FindingCode.SWA_WRITE_TO_LIVE_SLOT]
+    f = writes[0] if writes else found[0]
+    full = None if f.cells is None else f.cells.extra.get("full_slot")
+    through = (
+        f"full slot {int(full[0])}, whose SWA slot {f.slot}"
+        if full is not None
+        else (f"SWA slot {f.slot}")
+    )
+    holder = _holder(f)
+    held = f"{holder} holds live in its window" if holder else "a live cell of a window holds"
+    text = (
+        f"this step's {_write_target(f)} writes {through} {held}{_more(len(writes) - 1, 'write')}: "
+    )
+    if any(g.code is FindingCode.SWA_PAGE_OUT_OF_LOCKSTEP for g in found):
+        return text + (
+            "its LUT entry is out of its page's lockstep (a mapping rewritten token by token), "
+            "so the write lands on another holder's SWA KV"
+        )
+    return text + (
+        "a cached write target or translation outlived a mapping change, or the allocator "
+        "handed out a live SWA slot; a timeline tells them apart"
+    )
+
+
+def _full_write(dump: KvDump, found: list[Finding]) -> str:
+    writes = [f for f in found if f.code is FindingCode.WRITE_TO_LIVE_SLOT]
+    f = writes[0] if writes else found[0]
+    holder = _holder(f)
+    held = f", which {holder} still holds" if holder else ", which a live cell still holds"
+    return (
+        f"this step's {_write_target(f)} writes full slot {f.slot}{held}"
+        f"{_more(len(writes) - 1, 'write')}: the allocator handed out a live slot (freed "
+        "while held, or freed twice)"
+    )
+
+
+def _rewritten(dump: KvDump, found: list[Finding]) -> str:
+    page = max(1, dump.scalars["page_size"].value or 1)
+    f = found[0]
+    slots, _, _, _ = _cells(f)
+    swa = None if f.cells is None else f.cells.extra.get("swa_slot")
+    into = f" map to SWA slots {span(swa)}" if swa is not None else " map to other SWA slots"
+    owners = [o for o in f.owners if o.pool_row is not None]
+    held = f", {_owners_clause(owners, one_slot=False)}," if owners else ""
+    pages = distinct(slots // page)
+    return (
+        f"full slots {span(slots)} of full page {span(pages)}{held}{into} out of lockstep "
+        f"with the rest of their page{_more(len(found) - 1, 'finding')}: their LUT entries "
+        "were written token by token (a cached translation, a tombstone recovery, a copy of "
+        "one token's mapping)"
+    )
+
+
+def _unwritten(dump: KvDump, found: list[Finding]) -> str:
+    parts = [_cells(f) for f in found]
+    b = np.concatenate([p[1] for p in parts])
+    r = np.concatenate([p[2] for p in parts])
+    q = np.concatenate([p[3] for p in parts])
+    first = int(b[0])
+    at = b == first
+    where = distinct(q[at])
+    one = where.size == 1
+    return (
+        f"batch row {first} (pool row {int(r[at][0])}) reads slot 0 at "
+        f"position{'' if one else 's'} {span(where)} of its live prefix"
+        f"{_more(distinct(b).size - 1, 'batch row')}: "
+        f"{'that cell was' if one else 'those cells were'} never written, or zeroed"
+    )
+
+
+def _copied(dump: KvDump, found: list[Finding]) -> str:
+    f = found[0]  # its message names the slot, the position and the pool rows holding it
+    return (
+        f"full {f.message}{_more(len(found) - 1, 'finding')} (a copy between pool rows, or a "
+        "prefix-cache match that did not start at position 0)"
+    )
+
+
+def _swa_leak(dump: KvDump, found: list[Finding]) -> str:
+    page = max(1, dump.scalars["page_size"].value or 1)
+    slots = distinct(np.concatenate([_cells(f)[0] for f in found]))
+    pages = distinct(slots // page)
+    if page == 1:
+        where = f"SWA slot {slots[0]}" if slots.size == 1 else f"SWA slots {span(slots)}"
+    elif pages.size == 1:
+        where = f"SWA {_page_text(int(pages[0]), page)}"
+    else:
+        where = f"SWA pages {span(pages)}"
+    one = (pages.size if page > 1 else slots.size) == 1
+    return (
+        f"{where} {'is' if one else 'are'} neither free nor mapped from a held full slot: "
+        f"{'its mapping was' if one else 'their mappings were'} dropped without a free (leaked)"
+    )
+
+
+def _full_leak(dump: KvDump, found: list[Finding]) -> str:
+    page = max(1, dump.scalars["page_size"].value or 1)
+    slots = distinct(np.concatenate([_cells(f)[0] for f in found]))
+    pages = distinct(slots // page)
+    if page == 1:
+        where = f"full slot {slots[0]}" if slots.size == 1 else f"full slots {span(slots)}"
+    elif pages.size == 1:
+        where = f"full {_page_text(int(pages[0]), page)}"
+    else:
+        where = f"full pages {span(pages)}"
+    one = (pages.size if page > 1 else slots.size) == 1
+    text = (
+        f"{where} {'is' if one else 'are'} neither free, nor the radix tree's, nor a running "
+        "request's: leaked"
+    )
+    holder = _holder(found[0])
+    if holder:
+        text += f"; req_to_token still names {'it' if one else 'them'} at {holder}"
+    return text
+
+
+def _lock_leak(dump: KvDump, found: list[Finding]) -> str:
+    f = found[0]  # its message names the slot, or counts the slots
+    text = f"full {f.message}" if f.message.startswith("slot ") else f.message
+    if not f.message.startswith("slot ") and f.slot is not None:
+        text += f" (the first: full slot {f.slot})"
+    return (
+        f"{text}; the finish, abort or retraction that dropped its request skipped the unlock "
+        "(dec_lock_ref)"
+    )
+
+
+def _aliasing(dump: KvDump, found: list[Finding]) -> str:
+    step = CAUSES[CauseCode.CROSS_REQUEST_ALIASING].step
+    assert step is not None
+    slots_of = [f for f in found if f.slot is not None]
+    head = _sentence(slots_of or found, step)
+    parts = [held_slots(f) for f in found if f.code is FindingCode.SLOT_SHARED_ACROSS_POSITIONS]
+    slots = (
+        distinct(np.concatenate(parts).astype(np.int64))
+        if parts
+        else distinct(np.array([f.slot for f in slots_of], dtype=np.int64))
+    )
+    evicted = (
+        "a radix eviction of a node a running request still locks (its slots freed, then "
+        "handed to the other request)"
+    )
+    copied = "a slot copied into the other request (a prefix-cache match, a pool row reused "
+    copied += "without reset)"
+    locked_list = dump.tree_locked_full_slots
+    it = "it" if slots.size == 1 else "them"
+    if locked_list is None:
+        return (
+            f"{head}: {evicted}, or {copied}; tree_locked_full_slots (not in this dump: a "
+            "running request's slot the tree no longer locks was evicted) or a timeline "
+            "(through the free list: evicted; never: copied) tells them apart"
+        )
+    locked = np.isin(slots, np.asarray(locked_list, dtype=np.int64))
+    if locked.all():
+        return (
+            f"{head}; tree_locked_full_slots lists {it}: a locked node still holds "
+            f"{it}, so no eviction freed {it}: {copied} is left, which a timeline confirms "
+            "(a copy never goes through the free list)"
+        )
+    which = "" if not locked.any() else f" {span(slots[~locked])} (it lists {span(slots[locked])})"
+    return (
+        f"{head}; tree_locked_full_slots does not list {it}{which}: no locked node holds "
+        f"{it} at capture, as after {evicted}; {copied} leaves the same cells if the tree "
+        "never held the slot, and a timeline decides (through the free list: evicted; never: "
+        "copied)"
+    )
+
+
+def _lut_short(dump: KvDump, found: list[Finding]) -> str:
+    lut = dump.full_to_swa_index_mapping
+    lut_len = 0 if lut is None else int(lut.shape[0])
+    pool = dump.scalars["num_full_slots"]
+    cells = [f for f in found if f.slot is not None and f.slot >= 0]
+    slots = (
+        distinct(np.concatenate([cell_slots(f) for f in cells]).astype(np.int64))
+        if cells
+        else np.zeros(0, dtype=np.int64)
+    )
+    slots = slots[slots >= 0]
+    past = ""
+    if slots.size:
+        where = _cell_owner(cells[0])
+        held = f", the first held by {where}," if where else ""
+        # counted, not listed: `span` lives with the chains, a module a lone cause never enters
+        lo, hi = int(slots[0]), int(slots[-1])
+        past = (
+            f"; live full slot {lo}{held} lies past its end"
+            if slots.size == 1
+            else f"; {slots.size} live full slots in {lo}..{hi}{held} lie past its end"
+        )
+    last = None if lut is None or not lut_len else lut.element(-1)
+    ends = (
+        ""
+        if last is None
+        else ": allocated too small, not sliced"
+        if last == -1
+        else f": sliced (it ends in {last}, not -1)"
+    )
+    if pool.value is None or pool.assumed:
+        return (
+            f"full_to_swa_index_mapping has {lut_len} entries{past}: a LUT too short for the "
+            "pool, or corrupt slot indices no pool holds; record num_full_slots to decide"
+        )
+    return (
+        f"full_to_swa_index_mapping has {lut_len} entries for a full pool of {pool.value} "
+        f"slots (it needs {pool.value + 1}){ends}{past}"
+    )
+
+
+def _slot_corrupt(dump: KvDump, found: list[Finding]) -> str:
+    cells = [f for f in found if f.slot is not None]
+    f = cells[0] if cells else found[0]
+    pool = dump.scalars["num_full_slots"].value
+    slot = -1 if f.slot is None else f.slot
+    why = (
+        "negative"
+        if slot < 0
+        else f"beyond the full pool of {pool} slots"
+        if pool is not None
+        else "beyond the full pool"
+    )
+    parts = [cell_slots(g).astype(np.int64) for g in cells]
+    bad = distinct(np.concatenate(parts)) if parts else np.zeros(1, dtype=np.int64)
+    b, r, q = f.batch_row, f.pool_row, f.position
+    where = f"batch row {b} (pool row {r}) holds" if b is not None else "a live cell holds"
+    at = f" at position {q}" if q is not None else ""
+    return (
+        f"{where} slot {slot}{at}, {why}{_more(int(bad.size) - 1, 'slot')}: the producer of "
+        "req_to_token's cells (allocation, prefix-cache match, copy between pool rows) wrote "
+        "an index no pool holds"
+    )
+
+
+def _batch_corrupt(dump: KvDump, found: list[Finding]) -> str:
+    bad = [f for f in found if f.code in _BATCH_CODES] or found
+    f = bad[0]
+    if f.batch_row is not None and f.batch_row >= 0:
+        pool = int(dump.req_pool_indices[f.batch_row])
+        head = f"batch row {f.batch_row} (pool row {pool}): "
+    else:
+        head = ""
+    return (
+        f"{head}{f.message}{_more(len(bad) - 1, 'batch finding')}; the batch metadata is "
+        "wrong, and the cells read through it are symptoms"
+    )
+
+
+_BUILDERS = {
+    CauseCode.LUT_TOO_SHORT: _lut_short,
+    CauseCode.SLOT_INDEX_CORRUPT: _slot_corrupt,
+    CauseCode.BATCH_METADATA_CORRUPT: _batch_corrupt,
+    CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: _cleared_in_window,
+    CauseCode.SWA_MAPPING_COLLISION: _collision,
+    CauseCode.SWA_WRITE_INTO_LIVE_SLOT: _swa_write,
+    CauseCode.WRITE_INTO_LIVE_SLOT: _full_write,
+    CauseCode.SWA_MAPPING_REWRITTEN: _rewritten,
+    CauseCode.UNWRITTEN_CELLS: _unwritten,
+    CauseCode.RADIX_PREFIX_BROKEN: _copied,
+    CauseCode.SWA_LEAK: _swa_leak,
+    CauseCode.FULL_LEAK: _full_leak,
+    CauseCode.TREE_LOCK_LEAK: _lock_leak,
+    CauseCode.CROSS_REQUEST_ALIASING: _aliasing,
+}
+
+#: What a nested cause adds, as its parent's headline says it (`this also shows as ...`).
+_SHOWN_AS = {
+    CauseCode.DOUBLE_FREE: "a double free",
+    CauseCode.STALE_SWA_MAPPING: "stale LUT entries",
+    CauseCode.SWA_SHARED_OWNER: "a second full owner",
+    CauseCode.SWA_FREED_WHILE_LIVE: "an SWA page freed while live",
+    CauseCode.SWA_MAPPING_REWRITTEN: "entries out of their page's lockstep",
+    CauseCode.SWA_MAPPING_COLLISION: "a mapping collision",
+    CauseCode.SWA_WRITE_INTO_LIVE_SLOT: "a write into a live SWA slot",
+    CauseCode.PARTIAL_PAGE_FREE: "a partial-page free",
+    CauseCode.SWA_PAGE_REISSUED: "a reissued SWA page",
+    CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: "entries cleared in the window",
+    CauseCode.SWA_LEAK: "a leak",
+}
+
+
+def _shows_as(code: CauseCode, found: list[Finding], page: int) -> str:
+    """`a double free of SWA slots 0..3`: a nested cause in a clause (where its first
+    finding's slots lie, as pages where it counts pages)."""
+    what = _SHOWN_AS.get(code, code.value.replace("-", " "))
+    with_slots = [f for f in found if f.slot is not None]
+    if not with_slots:
+        return what
+    f = with_slots[0]
+    name = "SWA" if f.space is Space.SWA else "full"
+    slots = distinct(cell_slots(f).astype(np.int64))
+    if f.code in (FindingCode.SWA_PAGE_LEAKED, FindingCode.FULL_PAGE_LEAKED) and page > 1:
+        pages = distinct(slots // page)
+        where = (
+            f"{name} {_page_text(int(pages[0]), page)}"
+            if pages.size == 1
+            else f"{name} pages {span(pages)}"
+        )
+    else:
+        where = f"{name} slot{'s' if slots.size > 1 else ''} {span(slots)}"
+    return f"{what} of {where}"
 
 
 def _sentence(found: list[Finding], step: tuple[str, str]) -> str:

@@ -79,6 +79,7 @@ def test_a_mapping_dropped_without_a_free_is_not_told_as_freed(tmp_path: Path) -
     assert first.code is CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW
     assert any("dropped without a free" in line for line in first.also_shows), first.also_shows
     assert "freed" not in first.summary, first.summary
+    assert first.headline and "freed" not in first.headline, first.headline
     unmapped = [f for f in report.findings if f.code is FindingCode.SWA_UNMAPPED_IN_WINDOW]
     assert unmapped and all("freed" not in f.message for f in unmapped), unmapped[0].message
     assert "timeline" in first.fix and "tree" in first.fix, first.fix

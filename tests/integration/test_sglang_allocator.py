@@ -134,6 +134,8 @@ def test_faults_replayed_on_sglangs_allocator_state_name_their_mechanism(
     free_swa = state.tensors["free_swa_slots"]
     held = state.tensors["held_full_slots"]
 
+    headlines: dict[str, str] = {}
+
     def first_cause(tensors: dict[str, np.ndarray]) -> str:
         broken = HistoryDump(
             spec=state.spec,
@@ -142,22 +144,41 @@ def test_faults_replayed_on_sglangs_allocator_state_name_their_mechanism(
             metadata=state.metadata,
             live_rows=state.live_rows,
         )
-        return _check(broken, tmp_path).diagnosis[0].code.value
+        first = _check(broken, tmp_path).diagnosis[0]
+        headlines[first.code.value] = first.headline or ""
+        return first.code.value
+
+    def slots(values: np.ndarray) -> str:  # as a headline names a run of slots
+        lo, hi = int(values.min()), int(values.max())
+        return f"slot {lo}" if lo == hi else f"slots {lo}..{hi}"
 
     page = free_full[:page_size]  # the first free page, whole
     assert first_cause({"free_full_slots": np.concatenate([free_full, page])}) == "double-free"
+    assert f"full {slots(page)}" in headlines["double-free"], headlines
     stale = lut.copy()
     stale[page[0]] = free_swa[0]  # a token of a free page still maps into a free SWA page
     partial = "partial-page-free" if page_size > 1 else "stale-swa-mapping"
     assert first_cause({"full_to_swa_index_mapping": stale}) == partial
+    if page_size > 1:  # the page, how much of it still maps, and into which SWA page
+        said = headlines[partial]
+        assert f"full page {int(page[0]) // page_size} ({slots(page)})" in said, said
+        assert (
+            f"1 of its {page_size} still maps into SWA page {int(free_swa[0]) // page_size}" in said
+        )
     stale[page] = free_swa[:page_size]  # the whole page: a mapping kept, not a page cut
     assert first_cause({"full_to_swa_index_mapping": stale}) == "stale-swa-mapping"
+    assert f"full {slots(page)}" in headlines["stale-swa-mapping"], headlines
     # SGLang PR #36135: a live page's mapping replaced by a page that then went back free
     live = _a_live_cell(state) // page_size * page_size + np.arange(page_size)
     live = live[lut[live] > 0]
     replaced = lut.copy()
     replaced[live] = free_swa[:page_size][live % page_size]
     assert first_cause({"full_to_swa_index_mapping": replaced}) == "swa-freed-while-live"
+    table = state.tensors["req_to_token"]
+    row = next(r for r, _ in state.live_rows if np.isin(live, table[r]).any())
+    said = headlines["swa-freed-while-live"]
+    assert f"SWA {slots(free_swa[:page_size][live % page_size])}" in said, said
+    assert f"pool row {row}" in said, said
     # an SWA page mapped only from held full slots no batch row reads in its window
     table = state.tensors["req_to_token"]
     windows = np.concatenate(
@@ -174,6 +195,8 @@ def test_faults_replayed_on_sglangs_allocator_state_name_their_mechanism(
     leaked = lut.copy()
     leaked[(lut // page_size == quiet[0]) & (lut > 0)] = 0  # unmapped, never freed
     assert first_cause({"full_to_swa_index_mapping": leaked}) == "swa-leak"
+    where = f"SWA page {quiet[0]} " if page_size > 1 else f"SWA slot {quiet[0]} "
+    assert headlines["swa-leak"].startswith(where), headlines
 
 
 @pytest.mark.parametrize(("spec", "seed"), FAST, ids=[_spec_id(s) for s, _ in FAST])
