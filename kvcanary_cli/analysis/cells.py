@@ -7,6 +7,7 @@ cell.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -26,6 +27,7 @@ __all__ = [
     "restricted",
     "pairs_among",
     "repeated",
+    "span",
     "with_example",
 ]
 
@@ -161,3 +163,18 @@ def repeated(values: np.ndarray) -> np.ndarray:
     or slot held twice."""
     ordered = np.sort(values.reshape(-1))
     return distinct(ordered[1:][ordered[1:] == ordered[:-1]])
+
+
+#: values a `span` names one by one before it counts the rest.
+_SHOWN = 4
+
+
+def span(values: np.ndarray | Sequence[int]) -> str:
+    """`36..39`, `3, 9, 12` or `3, 9, 12, 40, ... (9)`: distinct values, a run as a range."""
+    v = distinct(np.asarray(values, dtype=np.int64))
+    if v.size == 0:
+        return ""
+    if v.size > 2 and int(v[-1]) - int(v[0]) == v.size - 1:
+        return f"{v[0]}..{v[-1]}"
+    shown = ", ".join(str(x) for x in v[:_SHOWN].tolist())
+    return shown if v.size <= _SHOWN else f"{shown}, ... ({v.size})"

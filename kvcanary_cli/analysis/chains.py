@@ -12,12 +12,11 @@ top-level, for the cells nothing else explains.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import cell_slots, distinct
+from kvcanary_cli.analysis.cells import cell_slots, distinct, span
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import CauseCode, Confidence, FindingCode, cell_unit
 from kvcanary_cli.dump.loader import KvDump
@@ -142,20 +141,6 @@ _FREED_WRITE = (
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
     "the same request's live SWA pages were freed; this step's allocation handed one to the write",
 )
-
-#: values a `span` names one by one before it counts the rest.
-_SHOWN = 4
-
-
-def span(values: np.ndarray | Sequence[int]) -> str:
-    """`36..39`, `3, 9, 12` or `3, 9, 12, 40, ... (9)`: distinct values, a run as a range."""
-    v = distinct(np.asarray(values, dtype=np.int64))
-    if v.size == 0:
-        return ""
-    if v.size > 2 and int(v[-1]) - int(v[0]) == v.size - 1:
-        return f"{v[0]}..{v[-1]}"
-    shown = ", ".join(str(x) for x in v[:_SHOWN].tolist())
-    return shown if v.size <= _SHOWN else f"{shown}, ... ({v.size})"
 
 
 def _plural(n: int, one: str, many: str | None = None) -> str:

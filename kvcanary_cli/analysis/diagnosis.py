@@ -17,8 +17,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import cell_slots, distinct, held_slots, pairs_among, restricted
-from kvcanary_cli.analysis.chains import link, numbers, span
+from kvcanary_cli.analysis.cells import (
+    cell_slots,
+    distinct,
+    held_slots,
+    pairs_among,
+    restricted,
+    span,
+)
+from kvcanary_cli.analysis.chains import link, numbers
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import (
     CAUSE_OF_EXPLANATION,
@@ -1156,6 +1163,10 @@ _MESSAGE_HEADED = frozenset(
         CauseCode.MAMBA_RESERVED_SLOT_HANDED_OUT,
         CauseCode.MAMBA_ROW_MAP_STALE,
         CauseCode.MAMBA_SLOT_LEAK,
+        CauseCode.MAMBA_SLOT_ID_CORRUPT,
+        CauseCode.HOST_SLOT_FREED_WHILE_HELD,
+        CauseCode.HOST_SLOT_DOUBLE_FREE,
+        CauseCode.HOST_SLOT_INDEX_CORRUPT,
         CauseCode.VIRTUAL_PAGE_FREED_WHILE_BOUND,
         CauseCode.PAGE_TABLE_CORRUPT,
         CauseCode.LUT_SENTINEL_OVERWRITTEN,

@@ -16,7 +16,7 @@ from typing import cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import repeated
+from kvcanary_cli.analysis.cells import repeated, span
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
@@ -51,7 +51,7 @@ def _finding(code: FindingCode, slots: np.ndarray, message: str, **details: Json
 
 
 def _said(slots: np.ndarray, one: str, many: str) -> str:
-    return one.format(slot=int(slots[0])) if slots.size == 1 else many.format(n=slots.size)
+    return one.format(slot=int(slots[0])) if slots.size == 1 else many.format(slots=span(slots))
 
 
 def _aligned(values: np.ndarray | None, held: np.ndarray) -> np.ndarray | None:
@@ -74,7 +74,8 @@ def host_free_list_findings(dump: KvDump) -> list[Finding]:
                 _said(
                     twice,
                     "host slot {slot} is listed twice on the HiCache host free list: freed twice",
-                    "{n} host slots are listed twice on the HiCache host free list: freed twice",
+                    "host slots {slots} are listed twice on the HiCache host free list: "
+                    "freed twice",
                 ),
             )
         )
@@ -96,7 +97,7 @@ def _range_finding(dump: KvDump, where: str, slots: np.ndarray) -> list[Finding]
             _said(
                 bad,
                 f"host slot {{slot}} in {where} is {pool}",
-                f"{{n}} host slots in {where} are {pool}",
+                f"host slots {{slots}} in {where} are {pool}",
             ),
             where=where,
         )
@@ -126,7 +127,7 @@ def host_slot_findings(dump: KvDump) -> list[Finding]:
                     both,
                     "host slot {slot} is on the HiCache host free list, yet a tree node's "
                     "host value holds it: the next backup overwrites that node's host copy",
-                    "{n} host slots are on the HiCache host free list, yet tree nodes' host "
+                    "host slots {slots} are on the HiCache host free list, yet tree nodes' host "
                     "values hold them: the next backups overwrite those host copies",
                 ),
                 **details,
@@ -145,7 +146,7 @@ def host_slot_findings(dump: KvDump) -> list[Finding]:
                     twice,
                     "host slot {slot} is held twice by the tree's host values: two cached "
                     "prefixes share one host copy",
-                    "{n} host slots are held twice by the tree's host values: two cached "
+                    "host slots {slots} are held twice by the tree's host values: two cached "
                     "prefixes share each host copy",
                 ),
                 **details,

@@ -16,7 +16,7 @@ from typing import cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import repeated
+from kvcanary_cli.analysis.cells import repeated, span
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group, Layout
@@ -38,7 +38,7 @@ def _finding(code: FindingCode, slots: np.ndarray, one: str, many: str) -> Findi
     return Finding(
         code=code,
         group=Group.FULL,
-        message=one.format(slot=first) if slots.size == 1 else many.format(n=slots.size),
+        message=one.format(slot=first) if slots.size == 1 else many.format(slots=span(slots)),
         details=cast(
             dict[str, JsonValue],
             {
@@ -84,7 +84,7 @@ def _beyond(dump: KvDump) -> list[Finding]:
             FindingCode.MAMBA_SLOT_BEYOND_POOL,
             slots,
             "Mamba slot {slot} is " + pool,
-            "{n} Mamba slots are " + pool,
+            "Mamba slots {slots} are " + pool,
         )
     ]
 
@@ -104,7 +104,7 @@ def mamba_findings(dump: KvDump) -> list[Finding]:
             np.intersect1d(free, held),
             "Mamba slot {slot} is on the Mamba free list, yet a tree node or a live request "
             "holds it: the next alloc hands its state to a second owner",
-            "{n} Mamba slots are on the Mamba free list, yet tree nodes or live requests "
+            "Mamba slots {slots} are on the Mamba free list, yet tree nodes or live requests "
             "hold them: the next allocs hand their states to second owners",
         ),
         (
@@ -112,14 +112,14 @@ def mamba_findings(dump: KvDump) -> list[Finding]:
             repeated(held),
             "Mamba slot {slot} is held twice (tree nodes or live requests): two owners "
             "share one recurrent state",
-            "{n} Mamba slots are held twice (tree nodes or live requests): two owners "
+            "Mamba slots {slots} are held twice (tree nodes or live requests): two owners "
             "share each state",
         ),
         (
             FindingCode.MAMBA_SLOT_FREED_TWICE,
             repeated(free),
             "Mamba slot {slot} is listed twice on the Mamba free list: freed twice",
-            "{n} Mamba slots are listed twice on the Mamba free list: freed twice",
+            "Mamba slots {slots} are listed twice on the Mamba free list: freed twice",
         ),
     ):
         slots = slots[slots > 0]  # slot 0 is said once, as the reserved slot in use
@@ -196,6 +196,6 @@ def mamba_leak_findings(dump: KvDump) -> list[Finding]:
             FindingCode.MAMBA_SLOT_LEAKED,
             leaked,
             "Mamba slot {slot} is neither free, nor a tree node's, nor a live request's: leaked",
-            "{n} Mamba slots are neither free, nor a tree node's, nor a live request's: leaked",
+            "Mamba slots {slots} are neither free, nor a tree node's, nor a live request's: leaked",
         )
     ]

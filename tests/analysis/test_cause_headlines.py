@@ -17,7 +17,7 @@ from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.results.check import Cause, DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.synth.state import SynthDump
-from tests.analysis import test_mamba, test_unified
+from tests.analysis import test_hicache, test_mamba, test_unified
 from tests.helpers import checked
 from tests.test_row_words import bare_rows
 
@@ -295,17 +295,31 @@ def _planted_first(module: Any, fault: str, tmp_path: Path) -> Cause:
 
 
 @pytest.mark.parametrize(
-    ("fault", "slot"),
+    ("fault", "named"),
     [
-        ("free-and-held", 4),
-        ("owned-twice", 4),
-        ("freed-twice", 7),
-        ("reserved", 0),
-        ("leaked", 5),
+        ("free-and-held", "Mamba slot 4"),
+        ("owned-twice", "Mamba slot 4"),
+        ("freed-twice", "Mamba slot 7"),
+        ("reserved", "Mamba slot 0"),
+        ("leaked", "Mamba slot 5"),
+        ("beyond", "Mamba slots 9, 12"),
     ],
 )
-def test_a_mamba_fault_names_the_mamba_slot(tmp_path: Path, fault: str, slot: int) -> None:
-    _says(_planted_first(test_mamba, fault, tmp_path).headline, f"Mamba slot {slot}")
+def test_a_mamba_fault_names_the_mamba_slot(tmp_path: Path, fault: str, named: str) -> None:
+    _says(_planted_first(test_mamba, fault, tmp_path).headline, named)
+
+
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        ("free-and-held", "host slot 2"),
+        ("held-twice", "host slot 4"),
+        ("freed-twice", "host slots 10, 11"),
+        ("out-of-range", "host slot 40"),
+    ],
+)
+def test_a_hicache_fault_names_the_host_slot(tmp_path: Path, fault: str, named: str) -> None:
+    _says(_planted_first(test_hicache, fault, tmp_path).headline, named)
 
 
 def test_a_stale_mamba_row_map_names_the_pool_row(tmp_path: Path) -> None:
