@@ -35,6 +35,7 @@ __all__ = [
     "PathExistsError",
     "PlanTooLargeError",
     "PlannerUnavailableError",
+    "TORCH_HINT",
     "TensorDtypeError",
     "TensorShapeError",
     "Terminated",
@@ -137,6 +138,11 @@ class PathError(KvcanaryError):
     def subject(self) -> str | None:
         """The path."""
         return self.path
+
+
+#: What installs torch for an engine's code run here (no engine extra does: the user's own build
+#: stays). A plain torch from the package index is the CUDA build; the CPU build goes first.
+TORCH_HINT = "pip install 'kvcanary[torch]'; without a GPU, torch's CPU build first"
 
 
 class EngineUnavailableError(KvcanaryError):

@@ -224,6 +224,49 @@ def test_ci_turns_red_unless_the_first_command_exits_1_with_its_findings(
     assert (done.returncode == 0 and done.stdout.endswith("passed\n")) == green, done
 
 
+SOAK_WHEELS = {
+    "sglang": "cp311-cp311-manylinux_2_34_x86_64",
+    "vllm": "cp38-abi3-manylinux_2_28_x86_64",
+}
+
+
+def readme_soak_routes() -> list[list[list[str]]]:
+    """The README's ```bash blocks that run `kvcanary soak`, each as its commands' words
+    (comments cut)."""
+    blocks = re.findall(r"```bash\n(.*?)```", page("README.md"), re.S)
+    routes = [[shlex.split(line, comments=True) for line in b.splitlines()] for b in blocks]
+    return [r for r in routes if any(words[:2] == ["kvcanary", "soak"] for words in r)]
+
+
+def test_each_soak_route_in_the_readme_installs_and_fetches_what_it_runs() -> None:
+    """Run top to bottom on a fresh machine, each route installs its engine's extra and torch,
+    then fetches from the package index, with no extra source, the release wheel its soak
+    names, into the folder the soak looks in (the wheel's own name matches the pattern)."""
+    from fnmatch import fnmatch
+
+    from kvcanary_cli.soak import stack, vllm_stack
+
+    supported = {"sglang": stack.SUPPORTED, "vllm": vllm_stack.SUPPORTED}
+    engines = set()
+    for route in readme_soak_routes():
+        for at, words in enumerate(route):
+            if words[:2] != ["kvcanary", "soak"]:
+                continue
+            engine = "vllm" if "--engine" in words else "sglang"
+            engines.add(engine)
+            before = route[:at]
+            installs = [w for w in before if w[:2] == ["pip", "install"]]
+            assert any(f".[{engine}-cpu]" in w and "torch" in w for w in installs), route
+            tree = words[words.index(f"--{engine}-tree") + 1]
+            folder, _, pattern = tree.rpartition("/")
+            download = ["pip", "download", f"{engine}=={supported[engine]}", "--no-deps"]
+            assert download + ["-d", folder] in before, route
+            assert fnmatch(f"{engine}-{supported[engine]}-{SOAK_WHEELS[engine]}.whl", pattern)
+            said = " ".join(" ".join(w) for w in before)
+            assert not [s for s in _OTHER_SOURCES if s in f" {said} "], route
+    assert engines == {"sglang", "vllm"}
+
+
 def quick_start_section() -> str:
     """The README's Quick start, up to the next section."""
     return page("README.md").split("## Quick start\n")[1].split("\n## ")[0]

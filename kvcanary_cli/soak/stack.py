@@ -38,8 +38,8 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from kvcanary_cli.errors import EngineUnavailableError
-from kvcanary_cli.soak.wheel import WheelRefusedError, unpack_wheel
+from kvcanary_cli.errors import TORCH_HINT, EngineUnavailableError
+from kvcanary_cli.soak.wheel import WheelRefusedError, download_hint, not_there, unpack_wheel
 
 __all__ = [
     "CORES",
@@ -160,7 +160,8 @@ def find_tree(source: str | Path | None = None) -> SGLangTree:
         if not places:
             raise SGLangUnavailableError(
                 "SGLang is not installed here",
-                hint="install it, or give --sglang-tree PATH (a source tree or a release wheel)",
+                hint=f"{download_hint('sglang', SUPPORTED)}; then give --sglang-tree "
+                f"wheels/sglang-{SUPPORTED}-*.whl, or your source checkout",
             )
         root = Path(places[0]).parent
         label = str(places[0])
@@ -190,6 +191,10 @@ def find_tree(source: str | Path | None = None) -> SGLangTree:
                     source=label,
                 )
             root = found[0]
+        elif not path.exists():
+            raise SGLangUnavailableError(
+                not_there(label), source=label, hint=download_hint("sglang", SUPPORTED, label)
+            )
         else:
             raise SGLangUnavailableError(
                 "not an SGLang tree: neither a folder nor a .whl file", source=label
@@ -362,8 +367,7 @@ def _require_torch(tree: SGLangTree) -> None:
         raise SGLangUnavailableError(
             f"SGLang's memory cache runs on torch, which cannot be imported here ({exc})",
             source=tree.label,
-            hint="pip install 'kvcanary[torch]'; without a GPU, torch's CPU build first, "
-            "as the README's Quick start says",
+            hint=f"{TORCH_HINT}, as the README's Quick start says",
         ) from None
 
 
@@ -484,7 +488,7 @@ def _install_hint(module: str) -> str:
     or, for a module the extra does not list, the module's package named as such."""
     top = module.partition(".")[0]
     if top == "torch":
-        return "pip install 'kvcanary[torch]'; without a GPU, torch's CPU build first"
+        return TORCH_HINT
     if top in _EXTRA_MODULES:
         return f"pip install {_EXTRA_MODULES[top]} (it is in {EXTRA})"
     return (

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvcanary_cli.errors import EngineUnavailableError
-from kvcanary_cli.soak.wheel import WheelRefusedError, unpack_wheel
+from kvcanary_cli.errors import TORCH_HINT, EngineUnavailableError
+from kvcanary_cli.soak.wheel import WheelRefusedError, download_hint, not_there, unpack_wheel
 
 __all__ = [
     "SUPPORTED",
@@ -146,6 +146,10 @@ def find_vllm_tree(source: str | Path) -> VllmTree:
                 f"not a vLLM tree: no vllm/{_MANAGER} here or above", source=label
             )
         root = found[0]
+    elif not path.exists():
+        raise VllmUnavailableError(
+            not_there(label), source=label, hint=download_hint("vllm", SUPPORTED, label)
+        )
     else:
         raise VllmUnavailableError(
             "not a vLLM tree: neither a folder nor a .whl file", source=label
@@ -405,7 +409,7 @@ def load_vllm(source: str | Path) -> VllmModules:
             raise VllmUnavailableError(
                 f"vLLM's KV-cache manager needs {name}, which is not installed",
                 source=tree.label,
-                hint=f"pip install '{EXTRA}'",
+                hint=TORCH_HINT if name == "torch" else f"pip install '{EXTRA}'",
             )
     missing = {name for name in _IMPORT_ONLY if name not in sys.modules}
     finder = _VllmFinder(tree.root, missing)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["INFLATE_BOUND", "WheelRefusedError", "unpack_wheel"]
+__all__ = ["INFLATE_BOUND", "WheelRefusedError", "download_hint", "not_there", "unpack_wheel"]
 
 #: The most the unpacked members may declare, in times the wheel's size on disk. Python source
 #: deflates 4 to 5 times (SGLang 0.5.23's modules alone: 4.1); a deflate bomb reaches 1000.
@@ -50,6 +50,23 @@ _UNREADABLE = (
 
 class WheelRefusedError(Exception):
     """The wheel cannot be unpacked safely; the message says why (the caller names the file)."""
+
+
+def not_there(given: str) -> str:
+    """Why a tree path the user gave is not there: a shell leaves a pattern that matched
+    nothing as it was typed (`wheels/sglang-0.5.23-*.whl` before the wheel was fetched)."""
+    if any(mark in given for mark in "*?["):
+        return "no file matches this pattern"
+    return "no such file or folder"
+
+
+def download_hint(project: str, version: str, given: str | None = None) -> str:
+    """How to fetch `project`'s release wheel from the package index (never installed): into
+    the folder of the wheel path the user gave, else `wheels`."""
+    folder = "wheels"
+    if given is not None and given.endswith(".whl"):
+        folder = os.path.dirname(given) or "."
+    return f"pip download {project}=={version} --no-deps -d {folder} fetches its release wheel"
 
 
 def unpack_wheel(

@@ -492,3 +492,78 @@ def test_a_module_outside_the_extra_is_said_to_be_outside_it(tmp_path: Path) -> 
     assert "'kvc_no_such_module'" in str(refusal)
     assert "provides the module 'kvc_no_such_module'" in refusal.hint
     assert "does not list it" in refusal.hint
+
+
+@pytest.mark.parametrize(
+    ("engine", "given", "folder"),
+    [
+        ("sglang", "wheels/sglang-0.5.23-*.whl", "wheels"),  # the shell left an unmatched glob
+        ("sglang", "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl", "."),
+        ("sglang", "~/src/no-such-sglang", "wheels"),
+        ("vllm", "dl/vllm-0.33.0-*.whl", "dl"),
+    ],
+)
+def test_a_tree_that_is_not_there_names_the_wheels_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, given: str, folder: str
+) -> None:
+    """The README's route run out of order (soak before `pip download`, or the download
+    failed offline): the line says the path is not there and how to fetch the release wheel,
+    not that it is the wrong kind of tree."""
+    from kvcanary_cli.errors import EngineUnavailableError
+    from kvcanary_cli.soak import stack, vllm_stack
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    supported = {"sglang": stack.SUPPORTED, "vllm": vllm_stack.SUPPORTED}[engine]
+    with pytest.raises(EngineUnavailableError) as raised:
+        if engine == "sglang":
+            stack.find_tree(given)
+        else:
+            vllm_stack.find_vllm_tree(given)
+    said = str(raised.value)
+    assert ("no file matches" if "*" in given else "no such file or folder") in said, said
+    assert "not an" not in said
+    assert raised.value.hint is not None
+    assert f"pip download {engine}=={supported} --no-deps -d {folder}" in raised.value.hint
+
+
+def test_no_sglang_installed_names_the_release_wheels_download(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Soak with no --sglang-tree and no SGLang installed: the fix is the README's wheel
+    route (a plain `pip install sglang` pulls its server and a CUDA torch soak never uses)."""
+    import importlib.util
+
+    from kvcanary_cli.soak import stack
+
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a)
+    )
+    with pytest.raises(stack.SGLangUnavailableError) as raised:
+        stack.find_tree(None)
+    hint = raised.value.hint or ""
+    assert f"pip download sglang=={stack.SUPPORTED} --no-deps -d wheels" in hint, hint
+    assert f"--sglang-tree wheels/sglang-{stack.SUPPORTED}-*.whl" in hint, hint
+
+
+def test_vllm_without_torch_names_torch_not_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vllm-cpu extra leaves torch to the user (vLLM pins a CUDA one): its absence must
+    name torch's own route, not the extra that does not install it."""
+    import importlib.util
+
+    from kvcanary_cli.soak import vllm_stack
+
+    tree = write_tree(tmp_path / "tree", {"vllm/v1/core/kv_cache_manager.py": ""})
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    with pytest.raises(vllm_stack.VllmUnavailableError) as raised:
+        vllm_stack.load_vllm(tree)
+    assert "torch" in str(raised.value)
+    hint = raised.value.hint or ""
+    assert "kvcanary[torch]" in hint and "vllm-cpu" not in hint, hint
