@@ -1,21 +1,28 @@
 """Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code
-and vLLM 0.33.0's block pool.
+(each memory layout soak drives) and vLLM 0.33.0's block pool.
 
 Each mutant is one realistic bug planted in a copy of the release tree (a leak, a double free,
 a free of the wrong range at a page boundary, a stale SWA mapping, a lock that does not cover
 the window, a locked node evicted, a req_to_token row leaked, a lock never released on
-retraction); each control is an edit that changes the code but not what it does. A mutant is
-a text edit: (file, old snippet, new snippet, what it plants), applied at run time to a
-hard-linked copy of the unpacked release (the edited file is replaced, never written through
-its link; nothing of SGLang's is kept in this repository), and an edit whose snippet is not
-found exactly once fails loudly.
+retraction; in unified memory's code a virtual page freed but left bound, or freed on the full
+side only, a compaction range one page short, a tombstoned page freed again, a page never
+bound on the SWA side; in the Mamba layout's code slot 0 handed out, an evicted state kept by
+its node, the row map not written, one slot given to two owners, a slot never freed); each
+control is an edit that changes the code but not what it does. A mutant is a text edit:
+(file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
+run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
+written through its link; nothing of SGLang's is kept in this repository), and an edit whose
+snippet is not found exactly once fails loudly.
 
-Each variant is then run twice in one child process, on the same seeded histories:
-- the soak, as `kvcanary soak --sglang-tree COPY --steps N --seed S` runs it (the command's
-  `soak()`, shrinking and writing its files included): the steps run until its finding;
-- SGLang's own checks alone, with no kvcanary audit (the same scheduler loop; SGLang's busy
-  checks after every step, its idle checks at idle): the steps run until their first
-  complaint, or SGLang's crash.
+Each variant is then run in one child process (SGLang imported once), per seed, on the same
+seeded histories:
+- the soak, as `kvcanary soak --sglang-tree COPY --layout L --steps N --seed S` runs it (the
+  command's `soak()`, shrinking and writing its files included): the steps run until its
+  finding;
+- SGLang's own checks alone, with no kvcanary audit (the same stack shapes, workloads and
+  serving options; SGLang's busy checks after every step, its idle checks at idle): the
+  steps run until their first complaint, or SGLang's crash.
+Each layout's release is run too (`release`, `unified-release`, `mamba-release`).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -23,12 +30,13 @@ as `kvcanary soak --engine vllm --vllm-tree COPY` runs it (`run_vllm_soak`), the
 own asserts alone: the same histories (seeds, models, lengths) with no audit, until vLLM
 raises.
 
-It prints, per variant, the step each side killed it at, the kill rates, and wall and CPU
-seconds, to stdout and `bench/out/mutants.json`. Nothing here is asserted in tests (the test
-suite only checks that every snippet is found). Usage:
+It prints, per variant and seed, the step each side killed it at, the kill rates per engine
+and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. Nothing here is
+asserted in tests (the test suite only checks that every snippet is found). Usage:
 
-    python bench/mutants.py [--steps 2000] [--seed 0] [--jobs 2] [--only NAME ...] [--wheel W]
-        [--engine sglang|vllm|all] [--vllm-wheel W]
+    python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
+        [--wheel W] [--engine sglang|vllm|all] [--layout swa|unified|mamba ...]
+        [--vllm-wheel W]
 """
 
 from __future__ import annotations
