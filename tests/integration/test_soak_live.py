@@ -193,7 +193,7 @@ def _planted(monkeypatch: pytest.MonkeyPatch, bug: str) -> None:
 @pytest.mark.parametrize(
     ("layout", "page_size", "bug"),
     [
-        ("unified", 1, None),
+        pytest.param("unified", 1, None, marks=pytest.mark.slow),
         ("unified", 4, None),
         ("unified", 4, "unified-free-keeps-binding"),
         ("mamba", 1, None),
