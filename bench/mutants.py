@@ -312,6 +312,20 @@ MUTANTS: tuple[Mutant, ...] = (
         layout="unified",
     ),
     Mutant(
+        "unified-segment-free-leaves-swa-bound",
+        "mem_cache/allocator/unified_hybrid_swa.py",
+        "        if both:\n"
+        "            self._free_swa_page_reps(\n"
+        "                both[0] if len(both) == 1 else torch.cat(tuple(both))\n"
+        "            )\n"
+        "        pieces = (*both, *full_only)\n",
+        "        pieces = (*both, *full_only)\n",
+        "virtual page freed without unbinding its SWA physical page: a row segment's free "
+        "releases the full side only, so the id goes back to the free list still bound on "
+        "the SWA side (the path row releases take)",
+        layout="unified",
+    ),
+    Mutant(
         "unified-free-full-side-first",
         "mem_cache/allocator/unified_hybrid_swa.py",
         "            live_tokens = v[live_token_mask]\n"
@@ -393,6 +407,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if insert_params.mamba_value is not None and insert_result is None:\n",
         "Mamba slot leaked: a chunk's checkpoint copy the tree did not take (the node already "
         "had a state) is never freed",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-evicted-slot-not-freed",
+        "mem_cache/unified_cache/components/mamba.py",
+        "        else:\n"
+        "            self.cache.req_to_token_pool.mamba_allocator.free(mamba_value)\n",
+        "        else:\n            pass\n",
+        "Mamba slot leaked on eviction: a tree node's state is evicted (the node lets go of "
+        "it) but its slot never goes back to the free list",
         layout="mamba",
     ),
     Mutant(
