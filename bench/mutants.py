@@ -1,21 +1,28 @@
 """Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code
-and vLLM 0.33.0's block pool.
+(each memory layout soak drives) and vLLM 0.33.0's block pool.
 
 Each mutant is one realistic bug planted in a copy of the release tree (a leak, a double free,
 a free of the wrong range at a page boundary, a stale SWA mapping, a lock that does not cover
 the window, a locked node evicted, a req_to_token row leaked, a lock never released on
-retraction); each control is an edit that changes the code but not what it does. A mutant is
-a text edit: (file, old snippet, new snippet, what it plants), applied at run time to a
-hard-linked copy of the unpacked release (the edited file is replaced, never written through
-its link; nothing of SGLang's is kept in this repository), and an edit whose snippet is not
-found exactly once fails loudly.
+retraction; in unified memory's code a virtual page freed but left bound, or freed on the full
+side only, a compaction range one page short, a tombstoned page freed again, a page never
+bound on the SWA side; in the Mamba layout's code slot 0 handed out, an evicted state kept by
+its node, the row map not written, one slot given to two owners, a slot never freed); each
+control is an edit that changes the code but not what it does. A mutant is a text edit:
+(file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
+run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
+written through its link; nothing of SGLang's is kept in this repository), and an edit whose
+snippet is not found exactly once fails loudly.
 
-Each variant is then run twice in one child process, on the same seeded histories:
-- the soak, as `kvcanary soak --sglang-tree COPY --steps N --seed S` runs it (the command's
-  `soak()`, shrinking and writing its files included): the steps run until its finding;
-- SGLang's own checks alone, with no kvcanary audit (the same scheduler loop; SGLang's busy
-  checks after every step, its idle checks at idle): the steps run until their first
-  complaint, or SGLang's crash.
+Each variant is then run in one child process (SGLang imported once), per seed, on the same
+seeded histories:
+- the soak, as `kvcanary soak --sglang-tree COPY --layout L --steps N --seed S` runs it (the
+  command's `soak()`, shrinking and writing its files included): the steps run until its
+  finding;
+- SGLang's own checks alone, with no kvcanary audit (the same stack shapes, workloads and
+  serving options; SGLang's busy checks after every step, its idle checks at idle): the
+  steps run until their first complaint, or SGLang's crash.
+Each layout's release is run too (`release`, `unified-release`, `mamba-release`).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -23,12 +30,13 @@ as `kvcanary soak --engine vllm --vllm-tree COPY` runs it (`run_vllm_soak`), the
 own asserts alone: the same histories (seeds, models, lengths) with no audit, until vLLM
 raises.
 
-It prints, per variant, the step each side killed it at, the kill rates, and wall and CPU
-seconds, to stdout and `bench/out/mutants.json`. Nothing here is asserted in tests (the test
-suite only checks that every snippet is found). Usage:
+It prints, per variant and seed, the step each side killed it at, the kill rates per engine
+and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. Nothing here is
+asserted in tests (the test suite only checks that every snippet is found). Usage:
 
-    python bench/mutants.py [--steps 2000] [--seed 0] [--jobs 2] [--only NAME ...] [--wheel W]
-        [--engine sglang|vllm|all] [--vllm-wheel W]
+    python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
+        [--wheel W] [--engine sglang|vllm|all] [--layout swa|unified|mamba ...]
+        [--vllm-wheel W]
 """
 
 from __future__ import annotations
@@ -64,6 +72,8 @@ class Mutant:
     what: str
     control: bool = False
     engine: str = "sglang"
+    #: the memory layout soak drives it under (`soak --layout`; SGLang only)
+    layout: str = "swa"
 
     @property
     def relpath(self) -> str:
@@ -239,6 +249,184 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: an SWA unlock refreshes the node's evictable-leaf membership on every "
         "release, not only the last (the refresh is idempotent)",
         control=True,
+    ),
+    # -- SGLang 0.5.23's unified memory (soak --layout unified): the two MultiEndedAllocators
+    # of UnifiedSWATokenToKVPoolAllocator (full: grows down, owns the virtual ids; swa: grows
+    # up, binds the full side's virtual pages), eager compaction ----------------------------
+    Mutant(
+        "unified-free-keeps-binding",
+        "mem_cache/allocator/unified_sub_pool.py",
+        "            self.virtual_to_physical.index_fill_(0, free_v_pages, -1)\n",
+        "",
+        "virtual→physical entry not cleared: a sub-allocator's free recycles a virtual page "
+        "(and compacts its physical page away) but leaves the page bound",
+        layout="unified",
+    ),
+    Mutant(
+        "unified-free-leaves-swa-bound",
+        "mem_cache/allocator/unified_hybrid_swa.py",
+        "            live_tokens = v[live_token_mask]\n"
+        "            if live_tokens.numel() > 0:\n"
+        "                self.swa_attn_allocator.free(live_tokens)\n"
+        "            self.full_attn_allocator.free(v)\n",
+        "            self.full_attn_allocator.free(v)\n",
+        "virtual page freed without unbinding its SWA physical page: the composite's free "
+        "releases the full side only, so the id goes back to the free list still bound on "
+        "the SWA side",
+        layout="unified",
+    ),
+    Mutant(
+        "unified-vacated-band-one-short",
+        "mem_cache/allocator/unified_sub_pool.py",
+        "            vacated_lo, vacated_hi = old_wm + 1, new_wm + 1\n",
+        "            vacated_lo, vacated_hi = old_wm + 1, new_wm\n",
+        "off-by-one in a page range: compaction of the grow-down (full) side wipes the "
+        "physical→virtual entries of the band it vacated but its top page",
+        layout="unified",
+    ),
+    Mutant(
+        "unified-tombstoned-swa-freed-again",
+        "mem_cache/allocator/unified_hybrid_swa.py",
+        "        if self.free_page_reps_group is None:\n"
+        "            self._release_page_reps((), (reps,))\n"
+        "        else:\n"
+        "            self.full_page_reps_group.append(reps)\n",
+        "        if self.free_page_reps_group is None:\n"
+        "            self._release_page_reps((reps,), ())\n"
+        "        else:\n"
+        "            self.free_page_reps_group.append(reps)\n",
+        "physical page freed twice: a row segment whose SWA pages are already tombstoned is "
+        "released on both sides (free_full_segment queues it as a free_segment)",
+        layout="unified",
+    ),
+    Mutant(
+        "unified-decode-page-swa-unbound",
+        "mem_cache/allocator/unified_hybrid_swa.py",
+        "            if new_virtual_pages.numel() > 0:\n"
+        "                self.swa_attn_allocator.alloc_with_virtual(new_virtual_pages)\n"
+        "\n"
+        "            return out_indices  # virtual TOKEN ids\n",
+        "            return out_indices  # virtual TOKEN ids\n",
+        "virtual page left unbound: a decode that opens a new page binds it on the full side "
+        "only, so its window tokens have no SWA page",
+        layout="unified",
+    ),
+    Mutant(
+        "unified-segment-free-leaves-swa-bound",
+        "mem_cache/allocator/unified_hybrid_swa.py",
+        "        if both:\n"
+        "            self._free_swa_page_reps(\n"
+        "                both[0] if len(both) == 1 else torch.cat(tuple(both))\n"
+        "            )\n"
+        "        pieces = (*both, *full_only)\n",
+        "        pieces = (*both, *full_only)\n",
+        "virtual page freed without unbinding its SWA physical page: a row segment's free "
+        "releases the full side only, so the id goes back to the free list still bound on "
+        "the SWA side (the path row releases take)",
+        layout="unified",
+    ),
+    Mutant(
+        "unified-free-full-side-first",
+        "mem_cache/allocator/unified_hybrid_swa.py",
+        "            live_tokens = v[live_token_mask]\n"
+        "            if live_tokens.numel() > 0:\n"
+        "                self.swa_attn_allocator.free(live_tokens)\n"
+        "            self.full_attn_allocator.free(v)\n",
+        "            live_tokens = v[live_token_mask]\n"
+        "            self.full_attn_allocator.free(v)\n"
+        "            if live_tokens.numel() > 0:\n"
+        "                self.swa_attn_allocator.free(live_tokens)\n",
+        "control: the composite's free releases the full side before the SWA side (each side "
+        "reads only its own table, the live mask is taken first)",
+        control=True,
+        layout="unified",
+    ),
+    # -- SGLang 0.5.23's hybrid Mamba layout (soak --layout mamba): HybridReqToTokenPool, its
+    # MambaSlotAllocator, the tree's MambaComponent, the scheduler's early release --------
+    Mutant(
+        "mamba-slot-zero-handed-out",
+        "mem_cache/allocator/mamba.py",
+        "        self.free_slots = torch.arange(\n"
+        "            1, self.size + 1, dtype=torch.int64, device=self.device\n"
+        "        )\n",
+        "        self.free_slots = torch.arange(\n"
+        "            0, self.size, dtype=torch.int64, device=self.device\n"
+        "        )\n",
+        "slot 0 handed out: the Mamba free list starts at the reserved padding slot (and "
+        "loses the last slot)",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-evict-keeps-value",
+        "mem_cache/unified_cache/components/mamba.py",
+        "            self.tree_core.component_evictable_size_[self.component_type] -= freed\n"
+        "            cd.value = None\n",
+        "            self.tree_core.component_evictable_size_[self.component_type] -= freed\n",
+        "tree-held slot freed on evict and kept: evicting a node's Mamba state frees its slot "
+        "but the node keeps it (freed again by the next eviction of that node)",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-row-map-not-written",
+        "mem_cache/memory_pool.py",
+        "        self.req_index_to_mamba_index_mapping[rows] = mamba_index_tensor\n",
+        "",
+        "row→slot map not updated: a request's pool row keeps the Mamba slot of the row's "
+        "previous request",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-chunk-donates-live-slot",
+        "mem_cache/unified_cache/components/mamba.py",
+        "            else:\n                mamba_value_donated = self._alloc_mamba_slot(req)\n",
+        "            else:\n"
+        "                mamba_value_donated = req.kv.mamba_pool_idx.unsqueeze(0)\n",
+        "one slot, two owners: a chunked request's checkpoint gives the tree the request's "
+        "own working slot instead of a copy",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-early-release-keeps-slot",
+        "mem_cache/common.py",
+        "        if req.kv.holds_mamba:\n"
+        "            tree_cache.req_to_token_pool.mamba_allocator.free(\n"
+        "                req.kv.mamba_pool_idx.unsqueeze(-1)\n"
+        "            )\n"
+        "            req.kv.mamba_pool_idx = None\n",
+        "        if req.kv.holds_mamba:\n            req.kv.mamba_pool_idx = None\n",
+        "Mamba slot not freed: a request released before its KV was allocated (aborted while "
+        "waiting, holding its copy-on-write slot) drops the slot without freeing it",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-unused-chunk-slot-kept",
+        "mem_cache/unified_cache/components/mamba.py",
+        "            if insert_params.mamba_value is not None and (\n"
+        "                insert_result is None or insert_result.mamba_exist\n"
+        "            ):\n",
+        "            if insert_params.mamba_value is not None and insert_result is None:\n",
+        "Mamba slot leaked: a chunk's checkpoint copy the tree did not take (the node already "
+        "had a state) is never freed",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-evicted-slot-not-freed",
+        "mem_cache/unified_cache/components/mamba.py",
+        "        else:\n"
+        "            self.cache.req_to_token_pool.mamba_allocator.free(mamba_value)\n",
+        "        else:\n            pass\n",
+        "Mamba slot leaked on eviction: a tree node's state is evicted (the node lets go of "
+        "it) but its slot never goes back to the free list",
+        layout="mamba",
+    ),
+    Mutant(
+        "mamba-free-to-head",
+        "mem_cache/allocator/mamba.py",
+        "        self.free_slots = torch.cat((self.free_slots, free_index))\n",
+        "        self.free_slots = torch.cat((free_index, self.free_slots))\n",
+        "control: freed Mamba slots go to the head of the free list (reused first), not the tail",
+        control=True,
+        layout="mamba",
     ),
     # -- vLLM 0.33.0's block pool (paths under vllm/v1/core/) ---------------------------------
     Mutant(
@@ -421,7 +609,7 @@ def plant(release: Path, mutant: Mutant | None, into: Path) -> Path:
     return into
 
 
-# -- the child: one variant's soak and SGLang's checks alone ------------------------------
+# -- the child: one variant's soak and SGLang's checks alone, per seed ---------------------
 
 
 def _first_complaint(scheduler: Any, checks: Any, limit: int) -> tuple[int, str, str] | None:
@@ -443,30 +631,27 @@ def _first_complaint(scheduler: Any, checks: Any, limit: int) -> tuple[int, str,
     return None
 
 
-def sglang_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
-    """SGLang's checks with no kvcanary audit, on the histories soak runs (same seeds, specs
-    and budget): where they first complained, or SGLang crashed."""
+def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> dict[str, Any]:
+    """SGLang's checks with no kvcanary audit, on the histories soak runs (the same seeds,
+    stack shapes, workloads and serving options as `soak()`'s, and the same budget): where
+    they first complained, or SGLang crashed."""
     from kvcanary_cli.soak.audit import SGLangChecks
-    from kvcanary_cli.soak.command import HISTORY_STEPS, _specs
-    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.command import _specs, history_workload
+    from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.stack import build_stack
-    from kvcanary_cli.soak.workload import random_workload
 
-    specs = _specs(None, modules.cores, None)
+    specs = _specs(None, modules.cores, None, layout)
     steps = histories = 0
     while steps < budget:
         spec = specs[histories % len(specs)]
-        # the workload soak's command draws for this history (kept in step with it)
-        workload = random_workload(
-            seed * 1_000_003 + histories,
-            steps=HISTORY_STEPS,
-            requests=20,
-            max_prompt=60,
-            max_new=20,
-        )
+        workload = history_workload(seed, histories, len(specs), spec.page_size)
         scheduler = Scheduler(build_stack(modules, spec), workload)
         limit = min(workload.steps * 4 + 64, budget - steps)
-        first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+        undo = serving_options(workload)
+        try:
+            first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+        finally:
+            undo()
         if first is not None:
             at, said, where = first
             return {
@@ -483,47 +668,63 @@ def sglang_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
     return {"steps": None, "ran": steps}
 
 
-def child(tree: Path, budget: int, seed: int, result: Path) -> None:
-    """Run one variant: the soak command's `soak()`, then SGLang's checks alone."""
+def _soak_side(report: Any) -> dict[str, Any]:
+    """Where the soak command's report says kvcanary (or SGLang's crash) killed the variant."""
+    failure = report.failure
+    side: dict[str, Any] = {
+        "steps": None if failure is None else report.steps,
+        "ran": report.steps,
+        "sglang_said": [c.check for c in report.sglang_checks],
+    }
+    if failure is not None:
+        side.update(
+            history=report.histories - 1,
+            page_size=failure.page_size,
+            core=failure.core,
+            step=failure.step,
+            where=failure.when,
+            said=(
+                f"crash {failure.crash.exception}: {failure.crash.message}"
+                if failure.crash is not None
+                else f"{', '.join(failure.codes)} (cause: {failure.top_cause})"
+            )[:200],
+            crash=failure.crash is not None,
+            shrunk=list(report.shrunk_arrivals or ()),
+        )
+    elif report.seen is not None:  # SGLang complained within the soak, kvcanary did not
+        side["sglang_only"] = True
+    return side
+
+
+def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str = "swa") -> None:
+    """Run one variant, per seed: the soak command's `soak()` on `layout`, then SGLang's
+    checks alone."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
     from kvcanary_cli.soak.command import soak
     from kvcanary_cli.soak.stack import load_sglang
 
-    record: dict[str, Any] = {}
+    record: dict[str, Any] = {"runs": []}
     started = time.monotonic()
     with standard_output_on_standard_error():
         modules = load_sglang(tree)
         record["import_s"] = round(time.monotonic() - started, 2)
-        with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
+        for seed in seeds:
+            run: dict[str, Any] = {"seed": seed}
+            with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
+                t0 = time.monotonic()
+                report = soak(
+                    sglang_tree=str(tree),
+                    steps=budget,
+                    seed=seed,
+                    out=Path(out) / "o",
+                    layout=layout,
+                )
+                run["soak_s"] = round(time.monotonic() - t0, 2)
+            run["soak"] = _soak_side(report)
             t0 = time.monotonic()
-            report = soak(sglang_tree=str(tree), steps=budget, seed=seed, out=Path(out) / "o")
-            record["soak_s"] = round(time.monotonic() - t0, 2)
-        failure = report.failure
-        record["soak"] = {
-            "steps": None if failure is None else report.steps,
-            "ran": report.steps,
-            "sglang_said": [c.check for c in report.sglang_checks],
-        }
-        if failure is not None:
-            record["soak"].update(
-                history=report.histories - 1,
-                page_size=failure.page_size,
-                core=failure.core,
-                step=failure.step,
-                where=failure.when,
-                said=(
-                    f"crash {failure.crash.exception}: {failure.crash.message}"
-                    if failure.crash is not None
-                    else f"{', '.join(failure.codes)} (cause: {failure.top_cause})"
-                )[:200],
-                crash=failure.crash is not None,
-                shrunk=list(report.shrunk_arrivals or ()),
-            )
-        elif report.seen is not None:  # SGLang complained within the soak, kvcanary did not
-            record["soak"]["sglang_only"] = True
-        t0 = time.monotonic()
-        record["sglang"] = sglang_alone(modules, budget, seed)
-        record["sglang_s"] = round(time.monotonic() - t0, 2)
+            run["sglang"] = sglang_alone(modules, budget, seed, layout)
+            run["sglang_s"] = round(time.monotonic() - t0, 2)
+            record["runs"].append(run)
     result.write_text(json.dumps(record))
 
 
@@ -555,26 +756,14 @@ def vllm_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
     return {"steps": None, "ran": ran}
 
 
-def vllm_child(tree: Path, budget: int, seed: int, result: Path) -> None:
-    """Run one vLLM variant: `soak --engine vllm`'s `run_vllm_soak`, then vLLM's asserts
-    alone."""
-    from kvcanary_cli.soak.vllm_command import run_vllm_soak
-    from kvcanary_cli.soak.vllm_stack import load_vllm
-
-    record: dict[str, Any] = {}
-    started = time.monotonic()
-    load_vllm(tree)
-    record["import_s"] = round(time.monotonic() - started, 2)
-    with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
-        t0 = time.monotonic()
-        report = run_vllm_soak(str(tree), budget, seed, None, out=Path(out) / "o")
-        record["soak_s"] = round(time.monotonic() - t0, 2)
+def _vllm_soak_side(report: Any) -> dict[str, Any]:
+    """Where `run_vllm_soak`'s report says kvcanary (or vLLM's assert) killed the variant."""
     before = sum(h.steps for h in report.histories[:-1])
     last = report.histories[-1]
-    record["soak"] = {"steps": None, "ran": before + last.steps}
+    side: dict[str, Any] = {"steps": None, "ran": before + last.steps}
     if last.findings:
         top = last.findings[0]
-        record["soak"].update(
+        side.update(
             steps=before + (last.finding_step or 0) + 1,
             history=len(report.histories) - 1,
             model=last.model,
@@ -584,7 +773,7 @@ def vllm_child(tree: Path, budget: int, seed: int, result: Path) -> None:
         )
     elif last.engine_said is not None:  # vLLM raised in a step before kvcanary's audit
         said = last.engine_said
-        record["soak"].update(
+        side.update(
             steps=before + said.step + 1,
             history=len(report.histories) - 1,
             model=last.model,
@@ -593,10 +782,31 @@ def vllm_child(tree: Path, budget: int, seed: int, result: Path) -> None:
             said=f"crash {said.exception} in {said.raised_in}: {said.message}"[:200],
         )
     if last.engine_said is not None:
-        record["soak"]["vllm_said_at"] = before + last.engine_said.step + 1
-    t0 = time.monotonic()
-    record["vllm"] = vllm_alone(load_vllm(tree), budget, seed)
-    record["vllm_s"] = round(time.monotonic() - t0, 2)
+        side["vllm_said_at"] = before + last.engine_said.step + 1
+    return side
+
+
+def vllm_child(tree: Path, budget: int, seeds: list[int], result: Path) -> None:
+    """Run one vLLM variant, per seed: `soak --engine vllm`'s `run_vllm_soak`, then vLLM's
+    asserts alone."""
+    from kvcanary_cli.soak.vllm_command import run_vllm_soak
+    from kvcanary_cli.soak.vllm_stack import load_vllm
+
+    record: dict[str, Any] = {"runs": []}
+    started = time.monotonic()
+    load_vllm(tree)
+    record["import_s"] = round(time.monotonic() - started, 2)
+    for seed in seeds:
+        run: dict[str, Any] = {"seed": seed}
+        with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
+            t0 = time.monotonic()
+            report = run_vllm_soak(str(tree), budget, seed, None, out=Path(out) / "o")
+            run["soak_s"] = round(time.monotonic() - t0, 2)
+        run["soak"] = _vllm_soak_side(report)
+        t0 = time.monotonic()
+        run["vllm"] = vllm_alone(load_vllm(tree), budget, seed)
+        run["vllm_s"] = round(time.monotonic() - t0, 2)
+        record["runs"].append(run)
     result.write_text(json.dumps(record))
 
 
@@ -624,9 +834,10 @@ def _vllm_release_tree(wheel: str | None) -> Path:
 
 
 def _start(
-    name: str, engine: str, tree: Path, args: argparse.Namespace, scratch: Path
+    name: str, group: tuple[str, str], tree: Path, args: argparse.Namespace, scratch: Path
 ) -> dict[str, Any]:
     result = scratch / f"{name}.json"
+    engine, layout = group
     command = [
         sys.executable,
         __file__,
@@ -634,10 +845,12 @@ def _start(
         str(tree),
         "--child-engine",
         engine,
+        "--child-layout",
+        layout,
         "--steps",
         str(args.steps),
         "--seed",
-        str(args.seed),
+        *(str(seed) for seed in args.seed),
         "--result",
         str(result),
     ]
@@ -655,35 +868,67 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    """Plant every chosen variant (and the release), run them `--jobs` at a time."""
+#: Every (engine, layout) a variant runs under, in report order; a release of each is run.
+GROUPS: tuple[tuple[str, str], ...] = (
+    ("sglang", "swa"),
+    ("sglang", "unified"),
+    ("sglang", "mamba"),
+    ("vllm", "-"),
+)
+
+
+def _group(mutant: Mutant) -> tuple[str, str]:
+    return (mutant.engine, mutant.layout if mutant.engine == "sglang" else "-")
+
+
+def _release_name(group: tuple[str, str]) -> str:
+    engine, layout = group
+    if engine == "vllm":
+        return "vllm-release"
+    return "release" if layout == "swa" else f"{layout}-release"
+
+
+def _chosen_groups(args: argparse.Namespace) -> list[tuple[str, str]]:
     engines = ("sglang", "vllm") if args.engine == "all" else (args.engine,)
+    layouts = args.layout or ["swa", "unified", "mamba"]
+    return [g for g in GROUPS if g[0] in engines and (g[0] != "sglang" or g[1] in layouts)]
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Plant every chosen variant (and the release of each layout), run them `--jobs` at a
+    time."""
+    groups = _chosen_groups(args)
     releases = {
         engine: (
             _release_tree(args.wheel) if engine == "sglang" else _vllm_release_tree(args.vllm_wheel)
         )
-        for engine in engines
+        for engine in dict.fromkeys(g[0] for g in groups)
     }
-    chosen = [m for m in MUTANTS if m.engine in engines and (not args.only or m.name in args.only)]
-    variants: list[tuple[str, Mutant | None]] = [(m.name, m) for m in chosen]
-    engine_of = {m.name: m.engine for m in chosen}
-    if not args.only:
-        for engine in reversed(engines):
-            name = "release" if engine == "sglang" else f"{engine}-release"
-            variants.insert(0, (name, None))
-            engine_of[name] = engine
+    chosen = [m for m in MUTANTS if _group(m) in groups and (not args.only or m.name in args.only)]
+    variants: list[tuple[str, Mutant | None]] = []
+    group_of: dict[str, tuple[str, str]] = {}
+    for group in groups:
+        if not args.only:
+            variants.append((_release_name(group), None))
+            group_of[_release_name(group)] = group
+        for m in chosen:
+            if _group(m) == group:
+                variants.append((m.name, m))
+                group_of[m.name] = group
     load = os.getloadavg()[0]  # the machine is shared: what else ran as it started
     started, cpu0 = time.monotonic(), _cpu()
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kvcanary-mutants-") as folder:
         scratch = Path(folder)
-        trees = {name: plant(releases[engine_of[name]], m, scratch / name) for name, m in variants}
+        trees = {
+            name: plant(releases[group_of[name][0]], m, scratch / name) for name, m in variants
+        }
         pending = list(variants)
         running: list[dict[str, Any]] = []
         while pending or running:
             while pending and len(running) < args.jobs:
                 name, _ = pending.pop(0)
-                running.append(_start(name, engine_of[name], trees[name], args, scratch))
+                running.append(_start(name, group_of[name], trees[name], args, scratch))
             time.sleep(0.2)
             for job in [j for j in running if j["process"].poll() is not None]:
                 running.remove(job)
@@ -697,7 +942,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  {job['name']}: done in {wall} s", file=sys.stderr, flush=True)
     return {
         "steps": args.steps,
-        "seed": args.seed,
+        "seeds": list(args.seed),
         "jobs": args.jobs,
         "cores": os.cpu_count(),
         "load_before": load,
@@ -705,7 +950,13 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(time.monotonic() - started, 1),
         "cpu_s": round(_cpu() - cpu0, 1),
         "variants": {
-            name: {"mutant": m, "engine": engine_of[name], **rows[name]} for name, m in variants
+            name: {
+                "mutant": m,
+                "engine": group_of[name][0],
+                "layout": group_of[name][1],
+                **rows[name],
+            }
+            for name, m in variants
         },
     }
 
@@ -728,57 +979,74 @@ _ENGINES = {
 
 
 def report(figures: dict[str, Any]) -> list[str]:
-    """The table and the kill rates, per engine, as lines."""
+    """The table and the kill rates, per engine and layout, as lines."""
     lines: list[str] = []
-    for engine, (release, short, alone) in _ENGINES.items():
-        rows = {n: r for n, r in figures["variants"].items() if r.get("engine", "sglang") == engine}
+    for engine, layout in GROUPS:
+        rows = {
+            n: r
+            for n, r in figures["variants"].items()
+            if (r.get("engine", "sglang"), r.get("layout", "swa" if engine == "sglang" else "-"))
+            == (engine, layout)
+        }
         if rows:
-            lines += _engine_report(figures, rows, engine, release, short, alone)
+            lines += _group_report(figures, rows, engine, layout)
     lines.append(f"whole set: {figures['wall_s']} s wall, {figures['cpu_s']} s CPU")
     return lines
 
 
-def _engine_report(
-    figures: dict[str, Any],
-    rows: dict[str, Any],
-    engine: str,
-    release: str,
-    short: str,
-    alone: str,
+def _group_report(
+    figures: dict[str, Any], rows: dict[str, Any], engine: str, layout: str
 ) -> list[str]:
+    release, short, alone = _ENGINES[engine]
+    where = f" (soak --layout {layout})" if engine == "sglang" else ""
     lines = [
-        f"mutants of {release}, {figures['steps']} steps each, seed {figures['seed']}, "
-        f"{figures['jobs']} at a time on {figures['cores']} cores (load average "
-        f"{figures['load_before']:.2f} before, {figures['load_after']:.2f} after)",
-        f"{'variant':32} {'soak killed at':38} {short + ' killed at':38} wall",
+        f"mutants of {release}{where}, {figures['steps']} steps per seed, seeds "
+        f"{', '.join(map(str, figures['seeds']))}, {figures['jobs']} at a time on "
+        f"{figures['cores']} cores (load average {figures['load_before']:.2f} before, "
+        f"{figures['load_after']:.2f} after)",
+        f"{'variant':34} {'seed':>4} {'soak killed at':38} {short + ' killed at':38} wall",
     ]
     mutants = kills = own_kills = only_soak = only_own = 0
+    runs = run_kills = own_run_kills = 0
     controls = silent = 0
     for name, row in rows.items():
         mutant = row["mutant"]
         if "error" in row:
-            lines.append(f"{name:32} ERROR: {row['error'].splitlines()[-1:]}")
+            lines.append(f"{name:34} ERROR: {row['error'].splitlines()[-1:]}")
             continue
-        soak, own = row["soak"], row[engine]
-        lines.append(f"{name:32} {_at(soak):38} {_at(own):38} {row['wall_s']:.0f} s")
-        by_soak = soak.get("steps") is not None
-        by_own = own.get("steps") is not None
+        by_soak = by_own = False
+        quiet = True
+        for i, run in enumerate(row["runs"]):
+            soak, own = run["soak"], run[engine]
+            wall = f"{row['wall_s']:.0f} s" if i == 0 else ""
+            label = name if i == 0 else ""
+            lines.append(f"{label:34} {run['seed']:>4} {_at(soak):38} {_at(own):38} {wall}")
+            soak_kill = soak.get("steps") is not None
+            own_kill = own.get("steps") is not None
+            by_soak |= soak_kill
+            by_own |= own_kill
+            quiet &= not soak_kill and not own_kill and not soak.get("sglang_said")
+            if mutant is not None and not mutant.control:
+                runs += 1
+                run_kills += soak_kill
+                own_run_kills += own_kill
+            if soak_kill:
+                lines.append(f"{'':41}soak: {soak['said']}")
+            if own_kill:
+                lines.append(f"{'':41}{short}: {own['said']}")
         if mutant is None or mutant.control:
             controls += 1
-            silent += not by_soak and not by_own and not soak.get("sglang_said")
+            silent += quiet
         else:
             mutants += 1
             kills += by_soak
             own_kills += by_own
             only_soak += by_soak and not by_own
             only_own += by_own and not by_soak
-        if by_soak:
-            lines.append(f"{'':34}soak: {soak['said']}")
-        if by_own:
-            lines.append(f"{'':34}{short}: {own['said']}")
     lines += [
-        f"kill rate: soak {kills}/{mutants}, {alone} {own_kills}/{mutants}; "
-        f"only soak {only_soak}, only {short} {only_own}",
+        f"kill rate (any seed): soak {kills}/{mutants}, {alone} {own_kills}/{mutants}; "
+        f"only soak {only_soak}, only {short} {only_own}; per run: soak {run_kills}/{runs}, "
+        f"{alone} {own_run_kills}/{runs}",
         f"silent: {silent}/{controls} controls and release",
     ]
     return lines
@@ -787,19 +1055,29 @@ def _engine_report(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=[])
     parser.add_argument("--wheel", default=None, help="SGLang 0.5.23 wheel or tree")
     parser.add_argument("--vllm-wheel", default=None, help="vLLM 0.33.0 wheel or tree")
     parser.add_argument("--engine", choices=("sglang", "vllm", "all"), default="all")
+    parser.add_argument(
+        "--layout",
+        nargs="+",
+        choices=("swa", "unified", "mamba"),
+        default=None,
+        help="SGLang's layouts to mutate (default: each)",
+    )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)
+    parser.add_argument("--child-layout", default="swa", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        run = vllm_child if args.child_engine == "vllm" else child
-        run(args.child, args.steps, args.seed, args.result)
+        if args.child_engine == "vllm":
+            vllm_child(args.child, args.steps, args.seed, args.result)
+        else:
+            child(args.child, args.steps, args.seed, args.result, args.child_layout)
         return 0
     unknown = set(args.only) - {m.name for m in MUTANTS}
     if unknown:

@@ -1,7 +1,8 @@
-"""bench/mutants.py's mutants still fit SGLang 0.5.23 and vLLM 0.33.0: every snippet is found
-exactly once in its release wheel's file and the edited module compiles; a snippet that is not
-there (or is there twice) fails loudly; planting never writes through to the release it
-copies. Nothing is soaked here: the soak of each mutant is the benchmark's."""
+"""bench/mutants.py's mutants still fit SGLang 0.5.23 (the hybrid SWA, unified-memory and Mamba
+layouts' code) and vLLM 0.33.0: every snippet is found exactly once in its release wheel's
+file and the edited module compiles; a snippet that is not there (or is there twice) fails
+loudly; planting never writes through to the release it copies. Nothing is soaked here: the
+soak of each mutant is the benchmark's."""
 
 from __future__ import annotations
 
@@ -33,14 +34,26 @@ def _bench() -> ModuleType:
 mutants = _bench()
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_the_set_is_what_the_benchmark_promises(engine: str) -> None:
+@pytest.mark.parametrize(
+    ("engine", "layout", "least", "controls"),
+    [
+        ("sglang", "swa", 12, 3),
+        ("sglang", "unified", 4, 1),
+        ("sglang", "mamba", 4, 1),
+        ("vllm", "swa", 12, 3),
+    ],
+)
+def test_the_set_is_what_the_benchmark_promises(
+    engine: str, layout: str, least: int, controls: int
+) -> None:
     names = [m.name for m in mutants.MUTANTS]
     assert len(set(names)) == len(names)
-    chosen = [m for m in mutants.MUTANTS if m.engine == engine]
-    assert sum(not m.control for m in chosen) >= 12
-    assert sum(m.control for m in chosen) >= 3
+    chosen = [m for m in mutants.MUTANTS if (m.engine, m.layout) == (engine, layout)]
+    assert sum(not m.control for m in chosen) >= least
+    assert sum(m.control for m in chosen) >= controls
     assert all(m.old != m.new and m.what for m in chosen)
+    # each layout's group is soaked under that layout, with a release of its own
+    assert (engine, "-" if engine == "vllm" else layout) in mutants.GROUPS
 
 
 @pytest.mark.parametrize(
@@ -55,11 +68,14 @@ def test_every_mutant_applies_to_the_release_wheel(
 ) -> None:
     if found is None:
         pytest.skip(missing)
+    texts: dict[str, str] = {}
     with zipfile.ZipFile(found) as wheel:
         for mutant in mutants.MUTANTS:
             if mutant.engine != engine:
                 continue
-            text = wheel.read(mutant.relpath).decode()
+            if mutant.relpath not in texts:
+                texts[mutant.relpath] = wheel.read(mutant.relpath).decode()
+            text = texts[mutant.relpath]
             edited = mutants.mutated(text, mutant)
             assert edited != text and mutant.new in edited
             compile(edited, mutant.relpath, "exec")  # a mutant is a module that still imports

@@ -16,6 +16,12 @@ that fact or a stricter one, read from the same objects the dump would record:
 - the LUT keeps its built length and tail, maps a free or tombstoned slot and page 0 to 0,
   every other held full slot to an SWA slot of its own, a page to a page in lockstep (stale
   mappings, collisions, shared owners, lockstep, free-and-mapped, sentinel, length);
+- unified memory (virtual ids): each side's two page tables name each other (every bound
+  virtual page one physical page, no physical page behind two), keep their built sizes, sink
+  and sentinel and one id space; a virtual page is bound on the full side exactly when it is
+  not on the virtual free list, and bound on the SWA side only where the full side binds it
+  (free-and-bound, unbound, shared physical pages, wrong-sized tables); the LUT the SWA
+  table stands for maps each SWA slot once;
 - the batch: rows running and distinct, lengths inside the row's allocation, `out_cache_loc`
   exactly the row's cells it extends, none of them the tree's, every cell of the window the
   step reads mapped (writes to live slots, unmapped window cells, corrupt metadata); the plan
@@ -81,6 +87,8 @@ class LiveState:
     batch: dict[str, Any] | None
     #: the Mamba layout's records by their dump names (None: another layout)
     mamba: dict[str, np.ndarray] | None = None
+    #: unified memory's page tables by their dump names (None: another layout)
+    tables: dict[str, np.ndarray] | None = None
     #: a fact that could not be read (None: all were)
     unread: str | None = None
 
@@ -125,9 +133,11 @@ def read_state(
         except Exception as exc:  # a tree this reader cannot read: `broken` says so
             unread, held, resident, locked = f"tree: {type(exc).__name__}", None, None, None
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
+    tables = {k: facts[k] for k in _TABLES if k in facts} or None
     return LiveState(
         table=table,
-        lut=None if lut is None else lut.numpy(),
+        # unified memory has no LUT: the one its SWA table stands for, as a dump records it
+        lut=facts.get("full_to_swa_index_mapping") if lut is None else lut.numpy(),
         free_full=free_full,
         free_swa=free_swa,
         tree=empty if held is None else held,
@@ -142,6 +152,7 @@ def read_state(
         mamba=None
         if "free_mamba_slots" not in facts
         else {k: facts[k] for k in _MAMBA if k in facts},
+        tables=tables,
     )
 
 
@@ -152,6 +163,15 @@ _MAMBA = (
     "req_mamba_slots",
     "req_mamba_rows",
     "req_index_to_mamba_index_mapping",
+)
+
+
+#: Unified memory's page tables the audit reads (each side's virtual->physical and back).
+_TABLES = (
+    "full_virtual_to_physical",
+    "full_physical_to_virtual",
+    "swa_virtual_to_physical",
+    "swa_physical_to_virtual",
 )
 
 
@@ -285,16 +305,23 @@ class LiveAudit:
         self.window = int(stack.spec.window)
         first = read_state(scheduler, None, [], self.readers)
         # the domains the pools had when built (everything free), as masks
+        # page 0 (Mamba: slot 0) is never in a domain, even where a faulty pool lists it free
         self.full_n = int(first.free_full.max(initial=0)) + 1
-        self.full_domain = _mask(first.free_full, self.full_n)
+        self.full_domain = _mask(first.free_full, self.full_n, self.page)
         self.swa_n = 0 if first.free_swa is None else int(first.free_swa.max(initial=0)) + 1
         self.swa_n += -self.swa_n % self.page  # whole pages
-        self.swa_domain = None if first.free_swa is None else _mask(first.free_swa, self.swa_n)
+        self.swa_domain = (
+            None if first.free_swa is None else _mask(first.free_swa, self.swa_n, self.page)
+        )
         self.rows_n = int(first.table.shape[0])
-        self.row_domain = _mask(first.free_rows, self.rows_n)
+        self.row_domain = _mask(first.free_rows, self.rows_n, 0)
         mamba_free = None if first.mamba is None else first.mamba["free_mamba_slots"]
         self.mamba_n = 0 if mamba_free is None else int(mamba_free.max(initial=0)) + 1
-        self.mamba_domain = None if mamba_free is None else _mask(mamba_free, self.mamba_n)
+        self.mamba_domain = None if mamba_free is None else _mask(mamba_free, self.mamba_n, 1)
+        #: unified memory: the tables as built, and the virtual pages free then (the rest
+        #: are reserved: as built forever)
+        self.tables = first.tables
+        self.virtual_domain = self.full_domain[:: self.page] > 0
         #: the LUT as built: its length and what lies past the full slots never change
         self.lut_n = None if first.lut is None else int(first.lut.shape[0])
         self.lut_tail = None if first.lut is None else first.lut[self.full_n :].tobytes()
@@ -315,7 +342,15 @@ class LiveAudit:
         if state.unread is not None:
             return f"unreadable ({state.unread})"
         try:
-            rules = (self._rows, self._full, self._swa, self._mamba, self._locks, self._batch)
+            rules = (
+                self._rows,
+                self._full,
+                self._tables,
+                self._swa,
+                self._mamba,
+                self._locks,
+                self._batch,
+            )
             for rule in rules:
                 why = rule(state, idle)
                 if why is not None:
@@ -378,9 +413,46 @@ class LiveAudit:
         self._cells, self._cell_count, self._tree = cells, cell_count, tree
         return None
 
+    def _tables(self, s: LiveState, idle: bool) -> str | None:
+        """Unified memory's page tables (see the module docstring); `_full` has checked the
+        virtual free list (whole pages, each once, inside the domain)."""
+        t, built = s.tables, self.tables
+        if t is None or built is None:
+            return None if t is None and built is None else "no page tables"
+        for name in _TABLES:
+            table, first = t.get(name), built[name]
+            if table is None or table.shape != first.shape or table[0] != first[0]:
+                return "a page table resized, or its sink moved"
+            if table[-1] != -1:
+                return "a page table's sentinel overwritten"
+        full, swa = t["full_virtual_to_physical"][:-1], t["swa_virtual_to_physical"][:-1]
+        if swa.shape != full.shape or full.size * self.page != self.full_n:
+            return "a page table sized by another id space"
+        for side in ("full", "swa"):
+            if not _name_each_other(
+                t[f"{side}_virtual_to_physical"][:-1], t[f"{side}_physical_to_virtual"][:-1]
+            ):
+                return f"the {side} side's page tables disagree"
+        domain = self.virtual_domain
+        free = np.zeros(full.size, dtype=bool)
+        free[s.free_full // self.page] = True
+        bound = full >= 0
+        if (bound == free)[domain].any():
+            return "a virtual page free and bound, or held and unbound"
+        reserved = ~domain
+        reserved[0] = False  # the sink: its entries were compared above
+        first = built["full_virtual_to_physical"][:-1]
+        if free[reserved].any() or (full[reserved] != first[reserved]).any():
+            return "a reserved virtual page freed or rebound"
+        if ((swa >= 0) & ~bound)[1:].any():
+            return "an SWA binding of a page the full side does not bind"
+        return None
+
     def _swa(self, s: LiveState, idle: bool) -> str | None:
         lut = s.lut
-        if lut is None or self.lut_tail is None or self.swa_domain is None:
+        # unified memory has no SWA free list: its SWA slots are held to one owner each
+        unified = self.tables is not None
+        if lut is None or self.lut_tail is None or (self.swa_domain is None and not unified):
             return None if lut is None else "no SWA accounting"
         n, ps = self.full_n, self.page
         if lut.shape[0] != self.lut_n or lut[n:].tobytes() != self.lut_tail:
@@ -388,11 +460,13 @@ class LiveAudit:
         body = lut[:n]
         if body[:ps].any():
             return "page 0 mapped"
-        if s.free_swa is None:
-            return "an SWA slot listed twice or out of range"
-        free = np.bincount(s.free_swa, minlength=self.swa_n)
-        if free.size != self.swa_n:
-            return "an SWA slot listed twice or out of range"
+        free = None
+        if not unified:
+            if s.free_swa is None:
+                return "an SWA slot listed twice or out of range"
+            free = np.bincount(s.free_swa, minlength=self.swa_n)
+            if free.size != self.swa_n:
+                return "an SWA slot listed twice or out of range"
         if body[s.free_full].any():
             return "a free full slot mapped"
         mapped = np.flatnonzero(body)
@@ -413,7 +487,10 @@ class LiveAudit:
         else:
             held = np.bincount(image, minlength=self.swa_n)
         # an SWA slot mapped twice, or from two full pages, counts 2: not the domain's 0/1
-        if held.shape != free.shape or not (held + free == self.swa_domain).all():
+        if free is None:
+            if held.max(initial=0) > 1:
+                return "an SWA slot mapped twice"
+        elif held.shape != free.shape or not (held + free == self.swa_domain).all():
             return "SWA slots not partitioned"
         if s.resident is not None:
             # resident: exactly once each tree slot (held once: `_full`) that is mapped
@@ -527,8 +604,23 @@ def _counts(values: np.ndarray, n: int) -> np.ndarray | None:
     return np.bincount(values.astype(np.int64, copy=False), minlength=n)
 
 
-def _mask(values: np.ndarray, n: int) -> np.ndarray:
-    """`values` (distinct, inside `0..n-1`) as 0/1 counts."""
+def _mask(values: np.ndarray, n: int, reserved: int) -> np.ndarray:
+    """`values` (distinct, inside `0..n-1`) as 0/1 counts, the first `reserved` (page 0)
+    never in."""
     counts = _counts(values, n)
     assert counts is not None
+    counts[:reserved] = 0
     return counts
+
+
+def _name_each_other(v2p: np.ndarray, p2v: np.ndarray) -> bool:
+    """Past the sink (entry 0 of each): every bound virtual page's physical page names it
+    back, and every named physical page's virtual page is bound to it (so no physical page
+    is behind two virtual pages, no virtual page bound to two)."""
+    v = np.flatnonzero(v2p[1:] >= 0) + 1
+    p = v2p[v]
+    if p.size and (p.min() < 1 or p.max() >= p2v.size or (p2v[p] != v).any()):
+        return False
+    q = np.flatnonzero(p2v[1:] >= 0) + 1
+    w = p2v[q]
+    return not (w.size and (w.min() < 1 or w.max() >= v2p.size or (v2p[w] != q).any()))

@@ -23,7 +23,9 @@ HISTORIES = [
 ]
 
 
-def _history(sglang: Any, page_size: int, core: str, fault: str | None, mode: str) -> Any:
+def _history(
+    sglang: Any, page_size: int, core: str, fault: str | None, mode: str, layout: str = "swa"
+) -> Any:
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
     from kvcanary_cli.soak.workload import random_workload
@@ -31,7 +33,7 @@ def _history(sglang: Any, page_size: int, core: str, fault: str | None, mode: st
     if core not in sglang.cores:
         pytest.skip(f"no {core} tree core in this SGLang")
     workload = random_workload(11, steps=40, requests=10, max_prompt=60, max_new=20)
-    spec = StackSpec.pressured(page_size, core)
+    spec = StackSpec.pressured(page_size, core, layout)
     return run_history(sglang, spec, workload, fault=fault, mode=mode)  # type: ignore[arg-type]
 
 
@@ -152,3 +154,64 @@ def test_the_reader_comparison_catches_a_misread_lock(
     monkeypatch.setattr(live, "_walk_python_core", unlocked)
     differ, _ = _misread(sglang, "python", monkeypatch)
     assert differ == {"tree_locked_full_slots"}
+
+
+def _planted(monkeypatch: pytest.MonkeyPatch, bug: str) -> None:
+    """Plant one of bench/mutants.py's layout bugs the live audit once passed although `check`
+    flagged it: a unified sub-allocator's free that leaves the freed virtual pages bound
+    (`unified-free-keeps-binding`), a Mamba free list that starts at the reserved slot 0
+    (`mamba-slot-zero-handed-out`)."""
+    from importlib import import_module
+
+    import torch
+
+    if bug == "unified-free-keeps-binding":
+        cls = import_module("sglang.srt.mem_cache.allocator.unified_sub_pool").MultiEndedAllocator
+        free = cls.free
+
+        def keeps_binding(self: Any, index: Any, *, _pages: Any = None) -> None:
+            pages = _pages
+            if pages is None and index is not None and index.numel():
+                pages = torch.unique(index.to(torch.int64) // self.page_size)
+            bound = None if pages is None else self.virtual_to_physical[pages].clone()
+            free(self, index, _pages=_pages)
+            if bound is not None and self.free_group is None:
+                self.virtual_to_physical[pages] = bound
+
+        monkeypatch.setattr(cls, "free", keeps_binding)
+    else:
+        cls = import_module("sglang.srt.mem_cache.allocator.mamba").MambaSlotAllocator
+        clear = cls.clear
+
+        def with_slot_zero(self: Any) -> None:
+            clear(self)
+            self.free_slots = torch.cat((torch.zeros(1, dtype=torch.int64), self.free_slots))
+
+        monkeypatch.setattr(cls, "clear", with_slot_zero)
+
+
+@pytest.mark.parametrize(
+    ("layout", "page_size", "bug"),
+    [
+        pytest.param("unified", 1, None, marks=pytest.mark.slow),
+        ("unified", 4, None),
+        ("unified", 4, "unified-free-keeps-binding"),
+        ("mamba", 1, None),
+        ("mamba", 1, "mamba-slot-zero-handed-out"),
+    ],
+)
+def test_live_audit_finds_what_check_finds_on_each_layout(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch, layout: str, page_size: int, bug: str | None
+) -> None:
+    """Unified memory's page tables and the Mamba layout's reserved slot are the live audit's
+    facts too: on a clean history of each layout it never falls back, and with the bug
+    planted it breaks where `check` flags the state (before, it passed those states: the
+    soak missed both mutants)."""
+    if bug is not None:
+        _planted(monkeypatch, bug)
+    result = _history(sglang, page_size, "python", None, "both", layout)
+    assert result.verdicts and _differences(result) == []
+    if bug is None:
+        assert result.failure is None and result.fallbacks == 0
+    else:
+        assert result.failure is not None and result.failure.broken is not None
