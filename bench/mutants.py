@@ -447,26 +447,24 @@ def sglang_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
     """SGLang's checks with no kvcanary audit, on the histories soak runs (same seeds, specs
     and budget): where they first complained, or SGLang crashed."""
     from kvcanary_cli.soak.audit import SGLangChecks
-    from kvcanary_cli.soak.command import HISTORY_STEPS, _specs
-    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.command import _specs, history_workload
+    from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.stack import build_stack
-    from kvcanary_cli.soak.workload import random_workload
 
     specs = _specs(None, modules.cores, None)
     steps = histories = 0
     while steps < budget:
         spec = specs[histories % len(specs)]
-        # the workload soak's command draws for this history (kept in step with it)
-        workload = random_workload(
-            seed * 1_000_003 + histories,
-            steps=HISTORY_STEPS,
-            requests=20,
-            max_prompt=60,
-            max_new=20,
-        )
-        scheduler = Scheduler(build_stack(modules, spec), workload)
+        # the workload soak's command draws for this history, under the same serving options
+        workload = history_workload(seed, histories, len(specs), spec.page_size)
+        stack = build_stack(modules, spec, need_sort=workload.need_sort)
+        scheduler = Scheduler(stack, workload)
         limit = min(workload.steps * 4 + 64, budget - steps)
-        first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+        undo = serving_options(workload)
+        try:
+            first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+        finally:
+            undo()
         if first is not None:
             at, said, where = first
             return {

@@ -41,14 +41,19 @@ ABORTS = 0.15
 #: SGLANG_SWA_EVICTION_INTERVAL per history, in turn (0: SGLang's default, 128): decode frees
 #: out-of-window SWA only once that many tokens slid out, which short outputs never reach.
 SWA_EVICTION_INTERVALS = (1, 0, 4, 16)
+#: Every this many histories one builds its allocators with `need_sort` (prefill-decode
+#: disaggregation's staged, sorted free lists); 5 is prime to the 6 default stack shapes,
+#: so each shape meets it.
+NEED_SORT_EVERY = 5
 
 
 def history_workload(seed: int, history: int, specs: int, page_size: int = 1) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
     shape meets each option): SGLANG_OPT_RELEASE_PREFILL_SWA every other round, the SWA
-    eviction interval cycling. Prompts reach 60 tokens, or two pages where a page is larger
-    (a prompt shorter than a page is never chunked)."""
+    eviction interval cycling; every `NEED_SORT_EVERY`-th history with `need_sort`. Prompts
+    reach 60 tokens, or two pages where a page is larger (a prompt shorter than a page is
+    never chunked)."""
     from kvcanary_cli.soak.workload import random_workload
 
     rounds = history // specs
@@ -61,6 +66,7 @@ def history_workload(seed: int, history: int, specs: int, page_size: int = 1) ->
         aborts=ABORTS,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
+        need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,
     )
 
 
