@@ -629,10 +629,17 @@ class Stack:
     tree: Any
 
 
-def build_stack(modules: SGLangModules, spec: StackSpec, *, need_sort: bool = False) -> Stack:
+def build_stack(
+    modules: SGLangModules,
+    spec: StackSpec,
+    *,
+    need_sort: bool = False,
+    lazy_compaction: bool = False,
+) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
-    `need_sort` builds the allocators as SGLang does under prefill-decode disaggregation."""
+    `need_sort` builds the allocators as SGLang does under prefill-decode disaggregation,
+    `lazy_compaction` unified memory's as SGLang does by default."""
     tree = modules.tree
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(
@@ -680,7 +687,9 @@ def build_stack(modules: SGLangModules, spec: StackSpec, *, need_sort: bool = Fa
             from kvcanary_cli.soak.unified import build_unified_pools
 
             with fitting(tree, "unified memory pool (init_unified_swa_pools)"):
-                kv_pool, allocator = build_unified_pools(spec, need_sort=need_sort)
+                kv_pool, allocator = build_unified_pools(
+                    spec, lazy=lazy_compaction, need_sort=need_sort
+                )
         else:
             kv_pool, allocator = _swa_pools(modules, spec, torch, need_sort)
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):

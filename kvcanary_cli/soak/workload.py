@@ -51,6 +51,10 @@ class Workload:
     #: a freed slot is staged (`release_pages`) and merged back sorted when an allocation runs
     #: short (`merge_and_sort_free`)
     need_sort: bool = False
+    #: unified memory's lazy compaction (`--layout unified`; SGLang's default there, which
+    #: SGLANG_DISABLE_LAZY_COMPACTION turns off): a freed physical page is left a hole, taken
+    #: back from the free end or compacted later
+    lazy_compaction: bool = False
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -67,6 +71,7 @@ class Workload:
                 "release_prefill_swa": self.release_prefill_swa,
                 "swa_eviction_interval": self.swa_eviction_interval,
                 "need_sort": self.need_sort,
+                "lazy_compaction": self.lazy_compaction,
             }
         )
 
@@ -86,14 +91,15 @@ class Workload:
         release = data.get("release_prefill_swa", False)
         interval = data.get("swa_eviction_interval", 0)
         need_sort = data.get("need_sort", False)
+        lazy = data.get("lazy_compaction", False)
         if (
-            not isinstance(release, bool)
-            or not isinstance(need_sort, bool)
+            not all(isinstance(flag, bool) for flag in (release, need_sort, lazy))
             or type(interval) is not int
             or interval < 0
         ):
-            raise TypeError("release_prefill_swa, swa_eviction_interval or need_sort out of range")
-        return cls(int(data["seed"]), arrivals, int(data["steps"]), release, interval, need_sort)
+            raise TypeError("a serving knob out of range")
+        steps = int(data["steps"])
+        return cls(int(data["seed"]), arrivals, steps, release, interval, need_sort, lazy)
 
 
 def _abort_after(value: object) -> int | None:
@@ -117,6 +123,7 @@ def random_workload(
     release_prefill_swa: bool = False,
     swa_eviction_interval: int = 0,
     need_sort: bool = False,
+    lazy_compaction: bool = False,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -149,5 +156,11 @@ def random_workload(
         ]
     arrivals.sort(key=lambda a: a.step)
     return Workload(
-        seed, tuple(arrivals), steps, release_prefill_swa, swa_eviction_interval, need_sort
+        seed,
+        tuple(arrivals),
+        steps,
+        release_prefill_swa,
+        swa_eviction_interval,
+        need_sort,
+        lazy_compaction,
     )
