@@ -13,6 +13,9 @@ next result. The forward is a random next token per request; the result processi
 `process_batch_result_prefill` / `_decode`'s memory part inside one free group
 (`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches memory is SGLang's own.
 
+A fully idle step runs what SGLang's `on_idle` does to memory before its idle checks: unified
+memory's compaction pass (`flush_opportunistic`).
+
 `on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
 written yet); `on_idle` when nothing runs and nothing waits.
 """
