@@ -214,6 +214,26 @@ MUTANTS: tuple[Mutant, ...] = (
         "its prefix locked",
     ),
     Mutant(
+        "sorted-merge-keeps-staged",
+        "mem_cache/allocator/paged.py",
+        "        self.free_pages, _ = torch.sort(self.get_all_free_pages())\n"
+        "        self.staged_pages = []\n",
+        "        self.free_pages, _ = torch.sort(self.get_all_free_pages())\n",
+        "double listing: a sorted merge (need_sort) puts the staged pages on the free list "
+        "but leaves them staged too",
+    ),
+    Mutant(
+        "token-sorted-merge-keeps-staged",
+        "mem_cache/allocator/base.py",
+        "            self.free_pages, _ = torch.sort(self.free_pages)\n"
+        "            self.release_pages = torch.empty(\n"
+        "                (0,), dtype=self.release_pages.dtype, device=self.device\n"
+        "            )\n",
+        "            self.free_pages, _ = torch.sort(self.free_pages)\n",
+        "double listing at page size 1: a sorted merge (need_sort) leaves the merged slots "
+        "staged too",
+    ),
+    Mutant(
         "expand-pages-by-subtraction",
         "mem_cache/allocator/swa.py",
         "        base = (indices // self.page_size) * self.page_size\n",
