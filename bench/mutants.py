@@ -224,6 +224,26 @@ MUTANTS: tuple[Mutant, ...] = (
         "its prefix locked",
     ),
     Mutant(
+        "sorted-merge-keeps-staged",
+        "mem_cache/allocator/paged.py",
+        "        self.free_pages, _ = torch.sort(self.get_all_free_pages())\n"
+        "        self.staged_pages = []\n",
+        "        self.free_pages, _ = torch.sort(self.get_all_free_pages())\n",
+        "double listing: a sorted merge (need_sort) puts the staged pages on the free list "
+        "but leaves them staged too",
+    ),
+    Mutant(
+        "token-sorted-merge-keeps-staged",
+        "mem_cache/allocator/base.py",
+        "            self.free_pages, _ = torch.sort(self.free_pages)\n"
+        "            self.release_pages = torch.empty(\n"
+        "                (0,), dtype=self.release_pages.dtype, device=self.device\n"
+        "            )\n",
+        "            self.free_pages, _ = torch.sort(self.free_pages)\n",
+        "double listing at page size 1: a sorted merge (need_sort) leaves the merged slots "
+        "staged too",
+    ),
+    Mutant(
         "expand-pages-by-subtraction",
         "mem_cache/allocator/swa.py",
         "        base = (indices // self.page_size) * self.page_size\n",
@@ -644,8 +664,10 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     steps = histories = 0
     while steps < budget:
         spec = specs[histories % len(specs)]
+        # the workload soak's command draws for this history, under the same serving options
         workload = history_workload(seed, histories, len(specs), spec.page_size)
-        scheduler = Scheduler(build_stack(modules, spec), workload)
+        stack = build_stack(modules, spec, need_sort=workload.need_sort)
+        scheduler = Scheduler(stack, workload)
         limit = min(workload.steps * 4 + 64, budget - steps)
         undo = serving_options(workload)
         try:

@@ -41,14 +41,25 @@ ABORTS = 0.15
 #: SGLANG_SWA_EVICTION_INTERVAL per history, in turn (0: SGLang's default, 128): decode frees
 #: out-of-window SWA only once that many tokens slid out, which short outputs never reach.
 SWA_EVICTION_INTERVALS = (1, 0, 4, 16)
+#: Every this many histories one builds its allocators with `need_sort` (prefill-decode
+#: disaggregation's staged, sorted free lists); 5 is prime to the 6 default stack shapes,
+#: so each shape meets it.
+NEED_SORT_EVERY = 5
+#: Unified memory runs with lazy compaction (SGLang's default there), but for one history in
+#: this many (SGLANG_DISABLE_LAZY_COMPACTION, the opt-out SGLang keeps for rollback).
+EAGER_COMPACTION_EVERY = 5
 
 
-def history_workload(seed: int, history: int, specs: int, page_size: int = 1) -> Any:
+def history_workload(
+    seed: int, history: int, specs: int, page_size: int = 1, layout: str = "swa"
+) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
     shape meets each option): SGLANG_OPT_RELEASE_PREFILL_SWA every other round, the SWA
-    eviction interval cycling. Prompts reach 60 tokens, or two pages where a page is larger
-    (a prompt shorter than a page is never chunked)."""
+    eviction interval cycling; every `NEED_SORT_EVERY`-th history with `need_sort`; unified
+    memory with lazy compaction but every `EAGER_COMPACTION_EVERY`-th history. Prompts
+    reach 60 tokens, or two pages where a page is larger (a prompt shorter than a page is
+    never chunked)."""
     from kvcanary_cli.soak.workload import random_workload
 
     rounds = history // specs
@@ -61,6 +72,8 @@ def history_workload(seed: int, history: int, specs: int, page_size: int = 1) ->
         aborts=ABORTS,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
+        need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,
+        lazy_compaction=layout == "unified" and history % EAGER_COMPACTION_EVERY != 2,
     )
 
 
@@ -176,7 +189,7 @@ def soak(
     seen: FirstSeen | None = None  # the failing history's, else the first SGLang complained in
     while steps_run < steps and failed is None:
         spec = specs[histories % len(specs)]
-        workload = history_workload(seed, histories, len(specs), spec.page_size)
+        workload = history_workload(seed, histories, len(specs), spec.page_size, layout)
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
             result = run_history(modules, spec, workload, fault=fault, max_steps=steps - steps_run)

@@ -13,6 +13,9 @@ next result. The forward is a random next token per request; the result processi
 `process_batch_result_prefill` / `_decode`'s memory part inside one free group
 (`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches memory is SGLang's own.
 
+A fully idle step runs what SGLang's `on_idle` does to memory before its idle checks: unified
+memory's compaction pass (`flush_opportunistic`).
+
 `on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
 written yet); `on_idle` when nothing runs and nothing waits.
 """
@@ -87,6 +90,8 @@ class Counters:
     aborts_running: int = 0
     finishes: int = 0
     idles: int = 0
+    #: unified memory's compaction passes at idle (`flush_opportunistic`)
+    flushes: int = 0
     shared_prefix_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -183,9 +188,28 @@ class Scheduler:
             self._process(batch, info)
         else:
             self.counters.idles += 1
+            self._on_idle()
         self.last_batch = batch
         self.step_no += 1
         return info
+
+    def _on_idle(self) -> None:
+        """SGLang's `on_idle` before its idle checks: fully idle, unified memory compacts
+        (`flush_opportunistic`; an error there is swallowed, as SGLang's scheduler does)."""
+        flush = getattr(self.stack.allocator, "flush_opportunistic", None)
+        fully_idle = (
+            not self.waiting
+            and self.running.is_empty()
+            and self.chunked_req is None
+            and (self.last_batch is None or self.last_batch.is_empty())
+        )
+        if flush is None or not fully_idle:
+            return
+        try:
+            flush()
+            self.counters.flushes += 1
+        except Exception:  # noqa: S110  (SGLang's scheduler passes over it, and runs on)
+            pass
 
     def _abort_due(self) -> None:
         """The aborts due at this step, each where its request is (see module doc)."""

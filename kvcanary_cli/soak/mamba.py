@@ -47,7 +47,9 @@ def _cache_params(torch: Any) -> Any:
         return utils.Mamba2CacheParams(shape=shape, layers=[0])
 
 
-def build_mamba_pools(modules: Any, spec: Any, server_args: Any) -> tuple[Any, Any, Any]:
+def build_mamba_pools(
+    modules: Any, spec: Any, server_args: Any, *, need_sort: bool = False
+) -> tuple[Any, Any, Any]:
     """(`HybridReqToTokenPool`, `HybridLinearKVPool`, `TokenToKVPoolAllocator`)."""
     import torch
 
@@ -83,6 +85,6 @@ def build_mamba_pools(modules: Any, spec: Any, server_args: Any) -> tuple[Any, A
         dtype=torch.bfloat16,
         device="cpu",
         kvcache=kv_pool,
-        need_sort=False,
+        need_sort=need_sort,
     )
     return req_to_token_pool, kv_pool, allocator

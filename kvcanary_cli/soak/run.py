@@ -124,7 +124,9 @@ def run_history(
     It ends when the workload is served, at the first step kvcanary flags or SGLang crashes
     at, or after `max_steps` steps (what is left of soak's budget); never past the workload's
     steps * 4 + 64, time enough to drain."""
-    stack = build_stack(modules, spec)
+    stack = build_stack(
+        modules, spec, need_sort=workload.need_sort, lazy_compaction=workload.lazy_compaction
+    )
     with fitting(modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"):
         scheduler = Scheduler(stack, workload)
         checks = SGLangChecks(scheduler) if sglang_checks else None

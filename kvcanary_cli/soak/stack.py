@@ -633,9 +633,17 @@ class Stack:
     tree: Any
 
 
-def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
+def build_stack(
+    modules: SGLangModules,
+    spec: StackSpec,
+    *,
+    need_sort: bool = False,
+    lazy_compaction: bool = False,
+) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
-    release's constructors: an error line naming the one that did not fit, see `fitting`)."""
+    release's constructors: an error line naming the one that did not fit, see `fitting`);
+    `need_sort` builds the allocators as SGLang does under prefill-decode disaggregation,
+    `lazy_compaction` unified memory's as SGLang does by default."""
     tree = modules.tree
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(
@@ -668,7 +676,9 @@ def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
                 source=tree.label,
             )
         with fitting(tree, "Mamba pools (HybridReqToTokenPool, HybridLinearKVPool)"):
-            req_to_token_pool, kv_pool, allocator = build_mamba_pools(modules, spec, server_args)
+            req_to_token_pool, kv_pool, allocator = build_mamba_pools(
+                modules, spec, server_args, need_sort=need_sort
+            )
     else:
         with fitting(tree, "ReqToTokenPool"):
             req_to_token_pool = modules.memory_pool.ReqToTokenPool(
@@ -681,9 +691,11 @@ def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
             from kvcanary_cli.soak.unified import build_unified_pools
 
             with fitting(tree, "unified memory pool (init_unified_swa_pools)"):
-                kv_pool, allocator = build_unified_pools(spec)
+                kv_pool, allocator = build_unified_pools(
+                    spec, lazy=lazy_compaction, need_sort=need_sort
+                )
         else:
-            kv_pool, allocator = _swa_pools(modules, spec, torch)
+            kv_pool, allocator = _swa_pools(modules, spec, torch, need_sort)
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
         kinds = modules.component_type.ComponentType
         second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
@@ -709,7 +721,9 @@ def build_stack(modules: SGLangModules, spec: StackSpec) -> Stack:
     )
 
 
-def _swa_pools(modules: SGLangModules, spec: StackSpec, torch: Any) -> tuple[Any, Any]:
+def _swa_pools(
+    modules: SGLangModules, spec: StackSpec, torch: Any, need_sort: bool
+) -> tuple[Any, Any]:
     """The hybrid SWA layout's pool and allocator (`SWAKVPool`, `SWATokenToKVPoolAllocator`)."""
     tree = modules.tree
     with fitting(tree, "SWAKVPool"):
@@ -732,6 +746,6 @@ def _swa_pools(modules: SGLangModules, spec: StackSpec, torch: Any) -> tuple[Any
             torch.bfloat16,
             "cpu",
             kv_pool,
-            False,
+            need_sort,
         )
     return kv_pool, allocator

@@ -57,7 +57,9 @@ def torch_kernels() -> None:
     sub.alloc_decode_kernel = _Launch(decode)
 
 
-def build_unified_pools(spec: Any, *, lazy: bool = False) -> tuple[Any, Any]:
+def build_unified_pools(
+    spec: Any, *, lazy: bool = False, need_sort: bool = False
+) -> tuple[Any, Any]:
     """(`UnifiedSWAKVPool`, `UnifiedSWATokenToKVPoolAllocator`) sized like the SWA stack
     (`full_tokens`, `swa_tokens`: the legacy capacities; the bytes they take are shared)."""
     import torch
@@ -80,7 +82,7 @@ def build_unified_pools(spec: Any, *, lazy: bool = False) -> tuple[Any, Any]:
         full_max_total_num_tokens=spec.full_tokens,
         swa_max_total_num_tokens=spec.swa_tokens,
         enable_memory_saver=False,
-        need_sort=False,
+        need_sort=need_sort,
         lazy_compaction=lazy,
     )
     return bundle.token_to_kv_pool, bundle.token_to_kv_pool_allocator

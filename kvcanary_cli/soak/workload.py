@@ -47,6 +47,14 @@ class Workload:
     #: SGLang's SGLANG_SWA_EVICTION_INTERVAL: decode frees out-of-window SWA once this many
     #: tokens slid out (0: SGLang's default, 128, which outputs this short never reach)
     swa_eviction_interval: int = 0
+    #: the allocators' `need_sort`, as SGLang sets it under prefill-decode disaggregation:
+    #: a freed slot is staged (`release_pages`) and merged back sorted when an allocation runs
+    #: short (`merge_and_sort_free`)
+    need_sort: bool = False
+    #: unified memory's lazy compaction (`--layout unified`; SGLang's default there, which
+    #: SGLANG_DISABLE_LAZY_COMPACTION turns off): a freed physical page is left a hole, taken
+    #: back from the free end or compacted later
+    lazy_compaction: bool = False
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -62,6 +70,8 @@ class Workload:
                 "arrivals": [asdict(a) for a in self.arrivals],
                 "release_prefill_swa": self.release_prefill_swa,
                 "swa_eviction_interval": self.swa_eviction_interval,
+                "need_sort": self.need_sort,
+                "lazy_compaction": self.lazy_compaction,
             }
         )
 
@@ -80,9 +90,16 @@ class Workload:
         )
         release = data.get("release_prefill_swa", False)
         interval = data.get("swa_eviction_interval", 0)
-        if not isinstance(release, bool) or type(interval) is not int or interval < 0:
-            raise TypeError("release_prefill_swa or swa_eviction_interval out of range")
-        return cls(int(data["seed"]), arrivals, int(data["steps"]), release, interval)
+        need_sort = data.get("need_sort", False)
+        lazy = data.get("lazy_compaction", False)
+        if (
+            not all(isinstance(flag, bool) for flag in (release, need_sort, lazy))
+            or type(interval) is not int
+            or interval < 0
+        ):
+            raise TypeError("a serving knob out of range")
+        steps = int(data["steps"])
+        return cls(int(data["seed"]), arrivals, steps, release, interval, need_sort, lazy)
 
 
 def _abort_after(value: object) -> int | None:
@@ -105,6 +122,8 @@ def random_workload(
     aborts: float = 0.0,
     release_prefill_swa: bool = False,
     swa_eviction_interval: int = 0,
+    need_sort: bool = False,
+    lazy_compaction: bool = False,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -136,4 +155,12 @@ def random_workload(
             for a in arrivals
         ]
     arrivals.sort(key=lambda a: a.step)
-    return Workload(seed, tuple(arrivals), steps, release_prefill_swa, swa_eviction_interval)
+    return Workload(
+        seed,
+        tuple(arrivals),
+        steps,
+        release_prefill_swa,
+        swa_eviction_interval,
+        need_sort,
+        lazy_compaction,
+    )

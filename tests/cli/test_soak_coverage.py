@@ -127,6 +127,8 @@ def test_aborts_keep_the_arrivals_and_the_files_carry_the_knobs() -> None:
         aborts=0.5,
         release_prefill_swa=True,
         swa_eviction_interval=4,
+        need_sort=True,
+        lazy_compaction=True,
     )
     key = [(a.step, a.prompt, a.max_new_tokens) for a in plain.arrivals]
     assert sorted(key) == sorted((a.step, a.prompt, a.max_new_tokens) for a in knobs.arrivals)
@@ -137,7 +139,29 @@ def test_aborts_keep_the_arrivals_and_the_files_carry_the_knobs() -> None:
     }
     assert Workload.from_json(knobs.to_json()) == knobs
     shrunk = knobs.without([0, 1])
-    assert (shrunk.release_prefill_swa, shrunk.swa_eviction_interval) == (True, 4)
+    knobs_kept = (shrunk.release_prefill_swa, shrunk.swa_eviction_interval, shrunk.need_sort)
+    assert knobs_kept == (True, 4, True) and shrunk.lazy_compaction
+
+
+def test_one_history_in_five_sorts_its_free_lists_and_each_shape_meets_it() -> None:
+    """need_sort at a low rate (the default soak's speed stays), on every default stack shape
+    (page sizes 1, 4, 16 by two cores) within 30 histories."""
+    from kvcanary_cli.soak.command import history_workload
+
+    sorted_in = [h for h in range(30) if history_workload(0, h, 6).need_sort]
+    assert len(sorted_in) == 6
+    assert {h % 6 for h in sorted_in} == set(range(6))
+
+
+def test_unified_memory_compacts_lazily_as_sglang_does_but_one_history_in_five() -> None:
+    """Lazy compaction is SGLang's default for unified memory: most unified histories run it,
+    one in five its opt-out, each default shape meets both; no other layout has it."""
+    from kvcanary_cli.soak.command import history_workload
+
+    lazy = [history_workload(0, h, 6, layout="unified").lazy_compaction for h in range(30)]
+    assert lazy.count(False) == 6
+    assert {h % 6 for h in range(30) if not lazy[h]} == set(range(6))
+    assert not any(history_workload(0, h, 6).lazy_compaction for h in range(30))
 
 
 def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
@@ -146,6 +170,7 @@ def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
     workload = Workload.from_json(json.dumps(old))
     assert workload.arrivals[0].abort_after is None
     assert (workload.release_prefill_swa, workload.swa_eviction_interval) == (False, 0)
+    assert workload.need_sort is False and workload.lazy_compaction is False
 
 
 @pytest.mark.parametrize(
@@ -154,6 +179,8 @@ def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
         {"release_prefill_swa": "yes"},
         {"swa_eviction_interval": -1},
         {"swa_eviction_interval": 1.5},
+        {"need_sort": 1},
+        {"lazy_compaction": "no"},
         {"arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2, "abort_after": -1}]},
     ],
 )

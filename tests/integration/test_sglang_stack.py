@@ -112,6 +112,39 @@ def test_pressure_reaches_retraction_and_tree_reuse(
     assert recovered[0] > 0
 
 
+@pytest.mark.parametrize(("page_size", "core"), [(1, "python"), (4, "rust")])
+def test_sorted_free_lists_are_merged_and_audited_clean(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch, page_size: int, core: str
+) -> None:
+    """A need_sort history (the allocators as prefill-decode disaggregation builds them):
+    freed slots wait staged until an allocation runs short and SGLang merges them back sorted;
+    kvcanary counts the staged ones free (no finding) and SGLang's checks stay silent."""
+    from dataclasses import replace
+    from importlib import import_module
+
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.workload import random_workload
+
+    if core not in sglang.cores:
+        pytest.skip(f"no {core} tree core in this SGLang")
+    name = "token.TokenToKVPoolAllocator" if page_size == 1 else "paged.PagedTokenToKVPoolAllocator"
+    module, _, cls = name.rpartition(".")
+    side = getattr(import_module(f"sglang.srt.mem_cache.allocator.{module}"), cls)
+    original = side.merge_and_sort_free
+    merged = [0]
+
+    def counting(self: Any) -> Any:
+        staged = self.release_pages if page_size == 1 else self.staged_pages
+        merged[0] += len(staged) > 0
+        return original(self)
+
+    monkeypatch.setattr(side, "merge_and_sort_free", counting)
+    workload = random_workload(11, steps=60, requests=15, max_prompt=60, max_new=20)
+    result = run_history(sglang, _spec(page_size, core), replace(workload, need_sort=True))
+    _assert_clean(result)
+    assert merged[0] > 0
+
+
 def test_capture_records_tree_and_rows(sglang: Any, tmp_path: Path) -> None:
     """capture.tree records the tree's slots (tombstoned ones too) and the running rows: the
     tree's SWA-resident part is inside what it holds, and SGLang's evictable counts agree."""
