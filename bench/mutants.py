@@ -709,6 +709,11 @@ def _soak_side(report: Any) -> dict[str, Any]:
                 f"crash {failure.crash.exception}: {failure.crash.message}"
                 if failure.crash is not None
                 else f"{', '.join(failure.codes)} (cause: {failure.top_cause})"
+                + (
+                    ""
+                    if failure.crash_after is None
+                    else f"; then SGLang crashed: {failure.crash_after.exception}"
+                )
             )[:200],
             crash=failure.crash is not None,
             shrunk=list(report.shrunk_arrivals or ()),

@@ -95,7 +95,8 @@ class SGLangCrash:
 
 @dataclass(frozen=True, kw_only=True)
 class SoakFailure:
-    """The first failing history: kvcanary's first finding, or SGLang's crash."""
+    """The first failing history: kvcanary's first finding (SGLang's crash in that step beside
+    it, if any), or SGLang's crash."""
 
     #: the history's own seed (its workload's, as the workload files hold it), not --seed
     seed: int
@@ -116,6 +117,9 @@ class SoakFailure:
     fault: str | None
     #: what SGLang raised, when is crash; else null
     crash: SGLangCrash | None = None
+    #: what SGLang raised later in the same step, after kvcanary's plan-time audit had
+    #: flagged it (the failure is kvcanary's finding; the history stopped there); else null
+    crash_after: SGLangCrash | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,8 +277,12 @@ class SoakReport:
     #: SGLang's own checks complained, or SGLang crashed
     @recorded
     def sglang_found(self) -> bool:
-        """Any complaint of SGLang's, or its crash."""
-        return bool(self.sglang_checks) or (self.failure is not None and not self.kvcanary_found)
+        """Any complaint of SGLang's, or its crash (alone, or after kvcanary's finding)."""
+        failure = self.failure
+        crashed = failure is not None and (
+            failure.crash is not None or failure.crash_after is not None
+        )
+        return bool(self.sglang_checks) or crashed
 
     #: kvcanary or SGLang saw something (exit 1)
     @recorded

@@ -45,6 +45,8 @@ class Audit:
     sglang: list[Said] = field(default_factory=list)
     dump: Path | None = None
     crash: SGLangCrash | None = None
+    #: SGLang's crash later in this (plan-time) audit's step, once kvcanary had flagged it
+    crash_after: SGLangCrash | None = None
     #: the live audit's verdict: the first accounting fact broken (None: all held, or not
     #: run), and whether the whole `check` ran
     broken: str | None = None

@@ -324,6 +324,7 @@ def _failure(spec: Any, workload: Any, failure: Any, fault: str | None) -> SoakF
         top_cause=failure.top_cause,
         fault=fault,
         crash=failure.crash,
+        crash_after=failure.crash_after,
     )
 
 

@@ -3,11 +3,12 @@
 `run_history` builds a fresh stack, plants the fault (if any), runs the workload step by step
 and audits the chosen steps (`soak.audit`: at plan time, after the step's result, at idle);
 it stops at the first step kvcanary flags, or where SGLang's code raises (a crash: the dump
-is the last state audited before it). What SGLang's own checks say does not stop it: every
-complaint is counted per check, the first few kept. `shrink_workload` then removes arrivals
-while the history still fails the same way (same top cause, or same crash): delta debugging
-over the arrival list, ending with one-at-a-time removal, so the reproducer is 1-minimal in
-its arrivals.
+is the last state audited before it; where kvcanary's plan-time audit had flagged that step,
+its finding is the failure and the crash is kept beside it). What SGLang's own checks say
+does not stop it: every complaint is counted per check, the first few kept.
+`shrink_workload` then removes arrivals while the history still fails the same way (same top
+cause, or same crash): delta debugging over the arrival list, ending with one-at-a-time
+removal, so the reproducer is 1-minimal in its arrivals.
 """
 
 from __future__ import annotations
@@ -197,7 +198,15 @@ def run_history(
                 after_step(stack, info.step)
             except Exception as exc:  # raised inside SGLang's code: a crash, a finding too
                 _refuse_if_ours(exc, modules)
-                found.append(_crash(exc, at, modules.tree.root, last[0] if last else None))
+                crash = _crash(exc, at, modules.tree.root, last[0] if last else None)
+                if planned and planned[-1].kvcanary_found:
+                    # kvcanary flagged this step at plan time, before SGLang raised: its
+                    # finding is the failure, the crash said beside it
+                    verdict = planned.pop()
+                    verdict.crash_after = crash.crash
+                    found.append(verdict)
+                else:
+                    found.append(crash)
                 if result.sglang_step is None:
                     result.sglang_step, result.sglang_when = at, "crash"
                 break

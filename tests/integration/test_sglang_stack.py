@@ -580,6 +580,68 @@ def test_an_sglang_crash_exits_1_with_its_exception(
     assert "kvcanary: nothing" in table
 
 
+def test_kvcanarys_plan_time_finding_stands_when_sglang_then_crashes(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kvcanary flags a step at plan time (the planted unmapped representative) and SGLang
+    raises later in that step, processing its result: the failure is kvcanary's finding (codes,
+    cause, dump; the shrink and the replay keep it), SGLang's crash at that step said beside
+    it, not in its place."""
+    from importlib import import_module
+
+    from kvcanary_cli.soak.audit import audit_step
+
+    flagged = [False]  # kvcanary's last audit of the running history flagged its state
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        verdict = audit_step(*args, **kwargs)
+        flagged[0] = verdict.kvcanary_found
+        return verdict
+
+    req = import_module("sglang.srt.managers.schedule_batch").Req
+    original = req._check_vocab_boundary_finish
+
+    def crashing(self: Any, tokens: list[int]) -> bool:
+        if flagged[0]:  # called by Req.update_finish_state, once the forward ran
+            raise AssertionError("planted by the test")
+        return bool(original(self, tokens))
+
+    monkeypatch.setattr("kvcanary_cli.soak.run.audit_step", watched)
+    monkeypatch.setattr(req, "_check_vocab_boundary_finish", crashing)
+    args = (*_one_history_kind(tmp_path), "--fault", "unmapped-representative")
+    code, out, err = _soak_here(*args, "--format", "json")
+    assert code == 1, out + err
+    record = json.loads(out)
+    failure = record["failure"]
+    assert (failure["when"], failure["top_cause"]) == ("plan", "reserved-slot-freed"), failure
+    assert failure["codes"] and failure["crash"] is None
+    assert record["kvcanary_found"] and record["sglang_found"]
+    crash = failure["crash_after"]
+    assert (crash["exception"], crash["message"]) == ("AssertionError", "planted by the test")
+    assert crash["raised_in"].startswith("sglang/srt/managers/schedule_batch.py")
+    assert (crash["state_step"], crash["state_when"]) == (failure["step"], "plan")
+    seen = record["seen"]
+    assert (seen["kvcanary_step"], seen["kvcanary_when"]) == (failure["step"], "plan")
+    assert (seen["sglang_step"], seen["sglang_when"]) == (failure["step"], "crash")
+    assert (seen["first"], seen["lead"]) == ("kvcanary", 0)
+    from kvcanary_cli import api
+
+    assert api.check([Path(record["files"]["dump"])], kernel="none").failed  # the flagged state
+    before, after = record["shrunk_arrivals"]  # shrunk, still failing with kvcanary's cause
+    reproducer = tmp_path / "soak-reproducer.json"
+    assert after < before and json.loads(reproducer.read_text())["top_cause"] == (
+        "reserved-slot-freed"
+    )
+    code, table, err = _soak_here(*args, "--force")
+    assert code == 1, table + err
+    assert "reserved-slot-in-use" in table and "kvcanary: nothing" not in table
+    assert "SGLang crashed too, in the same step: AssertionError: planted by the test" in table
+    code, out, err = _soak_here("--replay", str(reproducer), "--format", "json")
+    assert code == 1, out + err
+    replayed = json.loads(out)
+    assert replayed["replay"]["reproduced"] and replayed["failure"]["crash_after"] is not None
+
+
 def test_soak_runs_its_budget_and_prints_the_same_record_twice(sglang: Any, tmp_path: Path) -> None:
     """`--steps 1` runs one step (not a whole history), and the same soak prints the same
     bytes: its `kvcanary.soak/2` record carries no wall-clock time."""

@@ -84,8 +84,8 @@ def ran_line(report: SoakReport) -> str:
 
 
 def soak_verdict(report: SoakReport) -> str:
-    """Clean; where kvcanary's first finding was and what it named; SGLang's crash; or
-    SGLang's complaints alone."""
+    """Clean; where kvcanary's first finding was and what it named (and SGLang's crash later
+    in that step); SGLang's crash; or SGLang's complaints alone."""
     failure = report.failure
     if failure is None:
         if not report.found:
@@ -106,9 +106,16 @@ def soak_verdict(report: SoakReport) -> str:
             f"FOUND: SGLang crashed at step {failure.step} ({where}{planted}): "
             f"{crash.exception}: {crash.message}{raised}; {state}"
         )
+    after = failure.crash_after
+    then = (
+        ""
+        if after is None
+        else f"; SGLang crashed too, in the same step: {after.exception}: {after.message}"
+        + ("" if after.raised_in is None else f", raised in {after.raised_in}")
+    )
     return (
         f"FOUND at step {failure.step} ({failure.when}) of {where}{planted}: "
-        f"{', '.join(failure.codes)} (cause: {failure.top_cause or 'none named'})"
+        f"{', '.join(failure.codes)} (cause: {failure.top_cause or 'none named'}){then}"
     )
 
 
