@@ -27,12 +27,19 @@ settings.register_profile(
 )
 settings.load_profile("kvcanary")
 
-# As the CLI does (OMP_NUM_THREADS=1 in kvcanary_cli.cli.main): one intra-op thread; on CPU-quota'd
-# CI machines more threads spin against each other and slow every small tensor op.
-if HAS_TORCH:
-    import torch
 
-    torch.set_num_threads(1)
+def pytest_configure(config: pytest.Config) -> None:
+    """As the CLI does (OMP_NUM_THREADS=1 in kvcanary_cli.cli.main): one intra-op thread; on
+    CPU-quota'd CI machines more threads spin against each other and slow every small tensor op.
+    Only where tests run: xdist's controller runs none, and importing torch there (~2 s of CPU)
+    would hold back the start of every worker."""
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
+    if HAS_TORCH and not controller:
+        import torch
+
+        torch.set_num_threads(1)
 
 
 class _TorchOptionalModule(pytest.Module):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.dump.loader import KvDump
@@ -28,6 +31,14 @@ PLANNERS: dict[str, Planner] = {
     "vectorized-gpu": VECTORIZED_GPU,
     "triton": TRITON,
 }
+
+
+def fast_lane_keeps_first(values: Iterable[object]) -> list[Any]:
+    """`values` for `parametrize`, the first in the fast lane (`-m "not slow"`) and the others
+    marked slow: repeats of a path the first one already takes (another seed, a larger size),
+    which the whole suite still runs."""
+    first, *rest = values
+    return [first, *(pytest.param(value, marks=pytest.mark.slow) for value in rest)]
 
 
 def checked(dump: KvDump, *, kernel: str = "vectorized") -> DumpReport:

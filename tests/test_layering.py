@@ -13,6 +13,7 @@ imports `triton_kernels` (after preparing the environment), so the two cannot fo
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -109,10 +110,16 @@ def _line(node: ast.AST) -> int:
     return int(getattr(node, "lineno", 0))
 
 
+@functools.cache
+def nodes_of(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the module at `path`, parsed once per test process (the package's files
+    do not change during a run; a dozen tests walk all of them)."""
+    return tuple(ast.walk(ast.parse(path.read_text())))
+
+
 def package_imports(path: Path) -> list[tuple[str, int]]:
-    tree = ast.parse(path.read_text())
     found = []
-    for node in ast.walk(tree):
+    for node in nodes_of(path):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -192,7 +199,7 @@ def import_graph(root: Path = PACKAGE, top: str = "kvcanary_cli") -> dict[str, s
         is_package = path.name == "__init__.py"
         running = set(_packages_above(name)) | ({name} if is_package else set())
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in nodes_of(path):
             if isinstance(node, ast.Import):
                 reached = [inside(alias.name) for alias in node.names]
                 read_from = None
@@ -308,7 +315,7 @@ def _sparse_names(path: Path) -> list[int]:
     """Lines of `path` naming the sparse implementation itself (`SparseTensor`)."""
     return [
         _line(node)
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in nodes_of(path)
         if (isinstance(node, ast.Name) and node.id == "SparseTensor")
         or (isinstance(node, ast.Attribute) and node.attr == "SparseTensor")
     ]
@@ -337,7 +344,9 @@ def test_nothing_imports_the_cli() -> None:
 
 def test_every_module_has_a_docstring() -> None:
     for path in MODULES:
-        assert ast.get_docstring(ast.parse(path.read_text())), f"{path} has no module docstring"
+        module = nodes_of(path)[0]
+        assert isinstance(module, ast.Module), path
+        assert ast.get_docstring(module), f"{path} has no module docstring"
 
 
 def test_safe_text_is_a_leaf() -> None:
@@ -414,8 +423,7 @@ def test_the_analysis_reads_no_finding_details() -> None:
     typed field. Copying the shown facts into a new finding is the one use allowed."""
     offenders = []
     for path in sorted((PACKAGE / "analysis").rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in nodes_of(path):
             reads = (
                 (isinstance(node, ast.Subscript) and _is_details(node.value))
                 or (isinstance(node, ast.Attribute) and _is_details(node.value))

@@ -13,8 +13,18 @@ from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.analysis.conftest import LoadSynth
 from tests.helpers import TRITON, VECTORIZED
 
+#: The fast lane's scenarios (a clean one, the kernel's raise, a stale tail, the canary): the
+#: background path is one path; the whole suite runs it on every scenario.
+FAST_SCENARIOS = {"clean-swa", "truncated-lut", "stale-tail", "canary-aliasing"}
 
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(name, marks=[] if name in FAST_SCENARIOS else [pytest.mark.slow])
+        for name in sorted(SCENARIOS)
+    ],
+)
 def test_the_kernel_in_the_background_changes_nothing(
     scenario: str, load_synth: LoadSynth, monkeypatch: pytest.MonkeyPatch
 ) -> None:

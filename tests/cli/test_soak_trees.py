@@ -1,8 +1,12 @@
 """`kvcanary soak --sglang-tree` on hostile or foreign trees and wheels: small fake SGLang trees
-and wheels built here (no real SGLang), each run as the CLI in a subprocess (the loader
-registers `sglang` process-wide). Whatever the tree does at import, whatever release it is and
-whatever the wheel holds, the answer is one stderr line and exit 2, never a traceback, exit 3
+and wheels built here (no real SGLang). Whatever the tree does at import, whatever release it is
+and whatever the wheel holds, the answer is one stderr line and exit 2, never a traceback, exit 3
 or a verdict (exit 0 or 1 on empty stdout), and a refused wheel leaves nothing in the cache.
+
+The loader registers `sglang` process-wide, so a test runs the CLI in this process only inside
+`own_sglang` (this test's `sglang` modules, dropped after); the ones that need a process of
+their own (its exit status, a signal, torch hidden) run `python -m kvcanary_cli`, which pays
+torch's import (~3 s of CPU) each time.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import struct
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from kvcanary_cli.cli import app
+from kvcanary_cli.soak import stack
 from kvcanary_cli.soak.stack import _MODULES
 from tests.torch_extra import WITHOUT_TORCH, needs_torch
 
@@ -53,6 +60,37 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
+def _is_sglang(name: str) -> bool:
+    return name == "sglang" or name.startswith("sglang.")
+
+
+@pytest.fixture
+def own_sglang(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This test's `sglang` in this process: whatever the worker had imported (another test's
+    SGLang) is put aside and back after, and whatever this test loaded is dropped, with the
+    loader's cache of loaded trees and the import hooks it added."""
+    kept = {name: module for name, module in sys.modules.items() if _is_sglang(name)}
+    for name in kept:
+        del sys.modules[name]
+    monkeypatch.setattr(stack, "_LOADED", {})
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv("KVCANARY_DEBUG", raising=False)
+    try:
+        yield
+    finally:
+        for name in [name for name in sys.modules if _is_sglang(name)]:
+            del sys.modules[name]
+        sys.modules.update(kept)
+
+
+def soak_here(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """`kvcanary soak ARGS` in this process (inside `own_sglang`), with its own cache."""
+    result = CliRunner().invoke(app, ["soak", *args], env={"KVCANARY_CACHE": str(cache)})
+    return subprocess.CompletedProcess(
+        ["soak", *args], result.exit_code, result.stdout, result.stderr
+    )
+
+
 def soak(
     *args: str, cache: Path, script: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -67,8 +105,9 @@ def soak(
 
 
 def soak_json(tree: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """`kvcanary soak --sglang-tree TREE --format json`, its --out and cache under tmp_path."""
-    return soak(
+    """`kvcanary soak --sglang-tree TREE --format json` in this process (inside `own_sglang`),
+    its --out and cache under tmp_path."""
+    return soak_here(
         "--sglang-tree",
         str(tree),
         "--format",
@@ -108,6 +147,7 @@ def assert_one_line_exit_2(run: subprocess.CompletedProcess[str], *needles: str)
     ],
     ids=["runtime-error", "syntax-error", "sys-exit-0", "base-exception", "nested"],
 )
+@pytest.mark.usefixtures("own_sglang")
 def test_a_module_failing_at_import_is_one_line_exit_2(
     tmp_path: Path, text: str, module: str, what: str
 ) -> None:
@@ -121,7 +161,8 @@ def test_a_module_failing_at_import_is_one_line_exit_2(
 
 
 def test_sys_exit_at_import_is_never_a_clean_table(tmp_path: Path) -> None:
-    """The same refusal in the table format: exit 0 with no output read as clean before."""
+    """The same refusal in the table format, by a process of its own: its exit status (exit 0
+    with no output read as clean before)."""
     needs_torch()  # SGLang imports torch before anything of the tree runs
     tree = write_tree(
         tmp_path / "tree", tree_files({"sglang.srt.mem_cache.memory_pool": "raise SystemExit(0)\n"})
@@ -132,41 +173,29 @@ def test_sys_exit_at_import_is_never_a_clean_table(tmp_path: Path) -> None:
 
 # -- a tree of another release (item 4) ---------------------------------------------------
 
-_CORES = """
-import sys
-from kvcanary_cli.soak.stack import load_sglang
 
-modules = load_sglang(sys.argv[1])
-print(",".join(modules.cores))
-for note in modules.notes:
-    print(note)
-"""
-
-
-def test_a_tree_without_the_rust_core_runs_the_python_core_and_says_so(tmp_path: Path) -> None:
+def test_a_tree_without_the_rust_core_runs_the_python_core_and_says_so(
+    tmp_path: Path, own_sglang: None
+) -> None:
     """Older trees have no `rust_tree_core`: the Python core, and a note naming what is missing
     (looking for the Rust core raised before)."""
     needs_torch()  # SGLang imports torch before anything of the tree runs
-    tree = write_tree(tmp_path / "tree", tree_files(rust=False))
-    run = subprocess.run(
-        [sys.executable, "-c", _CORES, str(tree)], capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr
-    cores, *notes = run.stdout.splitlines()
-    assert cores == "python"
+    modules = stack.load_sglang(write_tree(tmp_path / "tree", tree_files(rust=False)))
+    assert modules.cores == ("python",)
+    notes = modules.notes
     assert len(notes) == 1 and "Rust tree core" in notes[0] and "Python" in notes[0], notes
-    # its twin with the Rust core: both cores, nothing to say
-    tree = write_tree(tmp_path / "with-rust", tree_files())
-    run = subprocess.run(
-        [sys.executable, "-c", _CORES, str(tree)], capture_output=True, text=True, timeout=120
-    )
-    assert run.stdout.splitlines() == ["python,rust"], run.stderr
+    # its twin with the Rust core: both cores, nothing to say (one SGLang per process)
+    for name in [name for name in sys.modules if _is_sglang(name)]:
+        del sys.modules[name]
+    modules = stack.load_sglang(write_tree(tmp_path / "with-rust", tree_files()))
+    assert (modules.cores, modules.notes) == (("python", "rust"), ())
 
 
+@pytest.mark.usefixtures("own_sglang")
 def test_asking_for_the_missing_rust_core_is_one_line_exit_2(tmp_path: Path) -> None:
     needs_torch()  # SGLang imports torch before anything of the tree runs
     tree = write_tree(tmp_path / "tree", tree_files(rust=False))
-    run = soak(
+    run = soak_here(
         "--sglang-tree",
         str(tree),
         "--core",
@@ -205,6 +234,7 @@ _CONTEXT = "def reset_context():\n    pass\n\n\ndef publish(*args, **kwargs):\n 
     ],
     ids=["server-args", "req-to-token-pool", "runtime-context"],
 )
+@pytest.mark.usefixtures("own_sglang")
 def test_a_release_whose_constructors_differ_is_one_line_exit_2(
     tmp_path: Path, overrides: dict[str, str], what: str
 ) -> None:
@@ -290,6 +320,7 @@ def cache_entries(cache: Path) -> list[str]:
     [_corrupt_deflate, _unknown_method, _encrypted, _lying_size],
     ids=["corrupt-deflate", "unknown-method", "encrypted", "lying-size"],
 )
+@pytest.mark.usefixtures("own_sglang")
 def test_a_damaged_wheel_is_one_line_exit_2_and_leaves_nothing(
     tmp_path: Path, damage: Callable[[Path, str], None]
 ) -> None:
@@ -301,16 +332,18 @@ def test_a_damaged_wheel_is_one_line_exit_2_and_leaves_nothing(
     assert cache_entries(tmp_path / "c") == []
 
 
+@pytest.mark.usefixtures("own_sglang")
 def test_a_wheel_refused_as_a_tree_leaves_nothing(tmp_path: Path) -> None:
     """Unpacked, then checked: no kv canary. The staged tree is not kept."""
     files = tree_files()
     del files["sglang/kernels/ops/kv_canary/__init__.py"]
     wheel = write_wheel(tmp_path / WHEEL_NAME, files)
-    run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
+    run = soak_here("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
     assert_one_line_exit_2(run, str(wheel), "no kv canary")
     assert cache_entries(tmp_path / "c") == []
 
 
+@pytest.mark.usefixtures("own_sglang")
 def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path: Path) -> None:
     """8 MB of a module deflated into a few KB: more than the bound the wheel's real size
     sets; refused before anything is written, and nothing stays in the cache."""
@@ -318,11 +351,12 @@ def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path: Path) -> None:
     files["sglang/srt/mem_cache/padding.py"] = "#" * (8 << 20)
     wheel = write_wheel(tmp_path / WHEEL_NAME, files)
     assert wheel.stat().st_size < 64 << 10
-    run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
+    run = soak_here("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
     assert_one_line_exit_2(run, str(wheel), "unpack")
     assert cache_entries(tmp_path / "c") == []
 
 
+@pytest.mark.usefixtures("own_sglang")
 def test_the_cache_is_keyed_by_content_not_by_the_file_name(tmp_path: Path) -> None:
     """Two different wheels under one file name: the second runs its own code; native
     extensions soak never loads stay packed (the Rust tree core's is unpacked); no staging
@@ -335,7 +369,7 @@ def test_the_cache_is_keyed_by_content_not_by_the_file_name(tmp_path: Path) -> N
         files["sglang/srt/rust_extensions/_server.so"] = "not loaded by soak\n"
         files[f"{RUST}/mem_cache.so"] = "the Rust tree core\n"
         write_wheel(wheel, files)
-        run = soak("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=cache)
+        run = soak_here("--sglang-tree", str(wheel), "--out", str(tmp_path / "o"), cache=cache)
         assert_one_line_exit_2(run, str(wheel), label)
     entries = cache_entries(cache)
     assert len(entries) == 2 and not any(name.startswith(".") for name in entries), entries
@@ -378,37 +412,19 @@ def test_a_signal_while_unpacking_leaves_nothing(tmp_path: Path, number: int) ->
     assert cache_entries(tmp_path / "c") == []
 
 
-_RELOAD = """
-import sys
-from kvcanary_cli.soak.stack import SGLangUnavailableError, load_sglang
-
-try:
-    load_sglang(sys.argv[1])
-except SGLangUnavailableError as exc:
-    print("refused:", exc)
-print("left:", sorted(name for name in sys.modules if name.split(".")[0] == "sglang"))
-print("then:", ",".join(load_sglang(sys.argv[2]).cores))
-"""
-
-
-def test_a_failed_import_leaves_no_sglang_behind(tmp_path: Path) -> None:
+def test_a_failed_import_leaves_no_sglang_behind(tmp_path: Path, own_sglang: None) -> None:
     """In one process (the API): after a tree that fails at import, another tree loads (it was
     refused as 'another SGLang is already imported' when the half-import stayed)."""
     needs_torch()  # SGLang imports torch before anything of the tree runs
     broken = tree_files({"sglang.srt.mem_cache.memory_pool": "raise RuntimeError('no')\n"})
     bad = write_tree(tmp_path / "bad", broken)
     good = write_tree(tmp_path / "good", tree_files())
-    run = subprocess.run(
-        [sys.executable, "-c", _RELOAD, str(bad), str(good)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    refused, left, then = run.stdout.splitlines()
-    assert "sglang.srt.mem_cache.memory_pool fails at import" in refused
-    assert left == "left: []"
-    assert then == "then: python,rust"
+    with pytest.raises(
+        stack.SGLangUnavailableError, match=r"sglang\.srt\.mem_cache\.memory_pool fails at import"
+    ):
+        stack.load_sglang(bad)
+    assert [name for name in sys.modules if _is_sglang(name)] == []
+    assert stack.load_sglang(good).cores == ("python", "rust")
 
 
 def test_an_exit_of_sglang_while_a_history_runs_is_refused(tmp_path: Path) -> None:
@@ -463,20 +479,15 @@ def test_soak_without_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None
     assert_one_line_exit_2(run, str(tree), "torch", "kvcanary[torch]")
 
 
-def test_a_missing_module_names_what_installs_it(tmp_path: Path) -> None:
+def test_a_missing_module_names_what_installs_it(
+    tmp_path: Path, own_sglang: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A module of the extra missing at import: the hint names its distribution (pyzmq for
     zmq), not the whole extra."""
     needs_torch()
     tree = write_tree(tmp_path / "tree", tree_files({"sglang.srt.server_args": "import zmq\n"}))
-    script = "import sys\nsys.modules['zmq'] = None\nfrom kvcanary_cli.cli import main\n"
-    run = soak(
-        "--sglang-tree",
-        str(tree),
-        "--out",
-        str(tmp_path / "o"),
-        cache=tmp_path / "c",
-        script=script + "main(sys.argv[1:])\n",
-    )
+    monkeypatch.setitem(sys.modules, "zmq", None)
+    run = soak_here("--sglang-tree", str(tree), "--out", str(tmp_path / "o"), cache=tmp_path / "c")
     assert_one_line_exit_2(run, str(tree), "'zmq'", "pip install pyzmq (it is in kvcanary[sglang")
 
 

@@ -37,10 +37,11 @@ ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = (*RELEASES, WHEEL_VERSION)
 
 
-def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
+def _release(version: str, *marks: pytest.MarkDecorator) -> pytest.param:  # type: ignore[valid-type]
     wheel = wheel_path(version)
     return pytest.param(
-        version, marks=pytest.mark.skipif(wheel is None, reason=missing_wheel(version))
+        version,
+        marks=[pytest.mark.skipif(wheel is None, reason=missing_wheel(version)), *marks],
     )
 
 
@@ -100,6 +101,15 @@ def test_kernel_sglang_agrees_and_raises_the_seeds_error(release: str) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "release",
+    [
+        # the current wheel's selftest is test_sglang_wheel's in the fast lane: here, slow
+        _release(v, *([pytest.mark.slow] if v == WHEEL_VERSION else []))
+        for v in VERSIONS
+    ],
+    indirect=True,
+)
 def test_selftest_sglang_agrees(release: str) -> None:
     report = run_selftest(
         *make_selftest_planners(sglang=True), kvcanary_version="test", sglang_installed=release

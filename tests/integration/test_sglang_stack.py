@@ -255,7 +255,8 @@ def _soak(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _soak_here(*args: str) -> tuple[int, str, str]:
-    """`kvcanary soak` in this process (SGLang is imported once per session)."""
+    """`kvcanary soak` in this process (SGLang is imported once per session; a refusal before
+    any import needs no process of its own)."""
     from typer.testing import CliRunner
 
     from kvcanary_cli.cli import app
@@ -386,9 +387,9 @@ def test_a_finding_after_a_result_keeps_that_steps_dump_and_replays(
 def test_replay_of_no_reproducer_is_one_line_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "soak-reproducer.json"
     bad.write_text('{"spec": {"page_size": 1}, "workload": []}')
-    run = _soak("--replay", str(bad), "--out", str(tmp_path / "out"))
-    assert run.returncode == 2, run.stdout + run.stderr
-    assert run.stderr.strip().count("\n") == 0 and "is not a soak reproducer" in run.stderr
+    code, out, err = _soak_here("--replay", str(bad), "--out", str(tmp_path / "out"))
+    assert code == 2, out + err
+    assert err.strip().count("\n") == 0 and "is not a soak reproducer" in err
 
 
 #: SGLang's own module whose request-row pool the two planted faults below patch
@@ -657,24 +658,24 @@ def test_soak_runs_its_budget_and_prints_the_same_record_twice(sglang: Any, tmp_
 
 
 def test_soak_bad_tree_is_one_line_exit_2(tmp_path: Path) -> None:
-    run = _soak("--sglang-tree", str(tmp_path), "--out", str(tmp_path / "o"))
-    assert run.returncode == 2
-    assert run.stderr.strip().count("\n") == 0
-    assert "not an SGLang tree" in run.stderr
+    code, _, err = _soak_here("--sglang-tree", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert code == 2
+    assert err.strip().count("\n") == 0
+    assert "not an SGLang tree" in err
 
 
 def test_soak_tree_without_kv_canary_is_one_line_exit_2(tmp_path: Path) -> None:
     (tmp_path / "sglang" / "srt").mkdir(parents=True)
-    run = _soak("--sglang-tree", str(tmp_path), "--out", str(tmp_path / "o"))
-    assert run.returncode == 2
-    assert run.stderr.strip().count("\n") == 0
-    assert "no kv canary" in run.stderr
+    code, _, err = _soak_here("--sglang-tree", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert code == 2
+    assert err.strip().count("\n") == 0
+    assert "no kv canary" in err
 
 
 def test_soak_unknown_fault_is_one_line_exit_2(tmp_path: Path) -> None:
-    run = _soak("--fault", "no-such-bug", "--out", str(tmp_path))
-    assert run.returncode == 2
-    assert "--fault" in run.stderr and run.stderr.strip().count("\n") == 0
+    code, _, err = _soak_here("--fault", "no-such-bug", "--out", str(tmp_path))
+    assert code == 2
+    assert "--fault" in err and err.strip().count("\n") == 0
 
 
 @pytest.mark.slow
