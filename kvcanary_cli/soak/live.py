@@ -13,6 +13,9 @@ that fact or a stricter one, read from the same objects the dump would record:
 - a full slot in two rows is the tree's and at the same position in both (shared without a
   prefix, shared across positions, duplicates in a row); a locked tree slot lies in a running
   row, none at idle (lock leaks);
+- stricter than `check` (a dump records no lock counts): each tree node's lock counts are the
+  running requests' locks through it (`lock_reader`); a count above them is reported as
+  `check`'s lock leak, at the step it happens;
 - the LUT keeps its built length and tail, maps a free or tombstoned slot and page 0 to 0,
   every other held full slot to an SWA slot of its own, a page to a page in lockstep (stale
   mappings, collisions, shared owners, lockstep, free-and-mapped, sentinel, length);
@@ -81,6 +84,12 @@ class LiveState:
     batch: dict[str, Any] | None
     #: the Mamba layout's records by their dump names (None: another layout)
     mamba: dict[str, np.ndarray] | None = None
+    #: each locked node's lock counts, one per component the tree has (its id -> counts;
+    #: the Python core) and what the running requests' locks make them (`lock_expected`);
+    #: the Rust core keeps its counts: `lock_expected` is then the full slots their locks
+    #: cover (None: not read)
+    lock_counts: dict[int, list[int]] | None = None
+    lock_expected: dict[int, list[int]] | np.ndarray | None = None
     #: a fact that could not be read (None: all were)
     unread: str | None = None
 
@@ -118,12 +127,17 @@ def read_state(
             unread, free_full, free_swa = f"free lists: {type(exc).__name__}", empty, None
     held = facts.get("tree_full_slots")
     resident, locked = facts.get("tree_swa_resident_slots"), facts.get("tree_locked_full_slots")
-    unlocked = None
+    unlocked = counts = expected = None
     if own.tree is not None:
         try:
-            held, resident, locked, unlocked = own.tree()
+            held, resident, locked, unlocked, counts = own.tree()
         except Exception as exc:  # a tree this reader cannot read: `broken` says so
             unread, held, resident, locked = f"tree: {type(exc).__name__}", None, None, None
+    if own.locks is not None:
+        try:
+            expected = own.locks(requests)
+        except Exception as exc:  # a lock this reader cannot follow: `broken` says so
+            unread = f"the requests' locks: {type(exc).__name__}"
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
     return LiveState(
         table=table,
@@ -139,6 +153,8 @@ def read_state(
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
         batch=None if batch is None else batch_state(batch),
         unread=unread,
+        lock_counts=counts,
+        lock_expected=expected,
         mamba=None
         if "free_mamba_slots" not in facts
         else {k: facts[k] for k in _MAMBA if k in facts},
@@ -166,6 +182,7 @@ class Readers:
 
     tree: TreeReader | None = None
     free: FreeReader | None = None
+    locks: LockReader | None = None
 
 
 def free_reader(allocator: Any) -> FreeReader | None:
@@ -197,8 +214,14 @@ def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
 
 
 #: reads (full slots the tree holds, their SWA-resident part, their locked part, their
-#: unlocked part), each a host int64 array (None: not read), as `capture.tree` reads them
-TreeReader = Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]
+#: unlocked part), each a host int64 array (None: not read), as `capture.tree` reads them;
+#: and each locked node's lock counts (None: not read; see `LiveState.lock_counts`)
+TreeReader = Callable[
+    [],
+    tuple[
+        np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, dict[int, list[int]] | None
+    ],
+]
 
 
 def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
@@ -209,9 +232,10 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
     walks and its flatten (`walk_for_kv_canary`, `all_values_flatten`) are, node for node
     below the root, the FULL component's value tensor (held), that value where the node's
     SWA value is not None (resident), and that value where the FULL lock count is not 0
-    (locked: held less the unlocked walk's), read here from the same fields. The Rust core's
-    own calls are fast: its unlocked walk is kept as read (`capture.tree` records the held
-    slots less these as the locked part; `_locks` counts them)."""
+    (locked: held less the unlocked walk's), read here from the same fields; each node's
+    lock counts with them. The Rust core's own calls are fast: its unlocked walk is kept as
+    read (`capture.tree` records the held slots less these as the locked part; `_locks`
+    counts them); it has no call that gives a node's lock count."""
     core = getattr(tree, "tree_core", None)
     try:
         root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
@@ -221,7 +245,8 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
         import torch  # SGLang's tree holds torch tensors: imported already
 
         full, swa = kinds.FULL, kinds.SWA
-        return partial(_walk_python_core, root, full, swa, swa in components, torch)
+        types = tuple(sorted(components))
+        return partial(_walk_python_core, root, full, swa, swa in components, types, torch)
     walk = getattr(core, "walk_for_kv_canary", None)
     if callable(walk) and callable(getattr(tree, "all_values_flatten", None)):
         return partial(_read_rust_core, tree, walk)
@@ -229,16 +254,21 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
 
 
 def _walk_python_core(
-    root: Any, full: int, swa: int, has_swa: bool, torch: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, None]:
-    """The Python core's three slot sets in one walk (see `tree_reader`)."""
+    root: Any, full: int, swa: int, has_swa: bool, types: tuple[int, ...], torch: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, dict[int, list[int]]]:
+    """The Python core's three slot sets and its locked nodes' counts in one walk (see
+    `tree_reader`)."""
     held: list[Any] = []
     resident: list[Any] = []
     locked: list[Any] = []
+    counts: dict[int, list[int]] = {}
     todo = list(root.children.values())
     while todo:
         node = todo.pop()
         data = node.component_data
+        refs = [data[t].lock_ref for t in types]
+        if any(refs):
+            counts[node.id] = refs
         value = data[full].value
         if value is not None:
             # SGLang's walks read a tensor value only; anything else: unreadable
@@ -250,7 +280,7 @@ def _walk_python_core(
             if data[full].lock_ref != 0:
                 locked.append(value)
         todo.extend(node.children.values())
-    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None
+    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None, counts
 
 
 def _flat(values: list[Any], torch: Any) -> np.ndarray:
@@ -263,13 +293,117 @@ def _flat(values: list[Any], torch: Any) -> np.ndarray:
 
 def _read_rust_core(
     tree: Any, walk: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, None]:
     """The Rust core's held, SWA-resident and unlocked slots by its own calls (see
     `tree_reader`)."""
     held = tree.all_values_flatten().numpy().reshape(-1)
     resident = walk(unlocked_only=False, swa_resident_only=True).slot_indices.numpy()
     unlocked = walk(unlocked_only=True, swa_resident_only=False).slot_indices.numpy()
-    return held, resident, None, unlocked
+    return held, resident, None, unlocked, None
+
+
+#: reads what the running requests' tree locks (`req.lock`) make the tree's lock counts:
+#: per node and component (the Python core), or the full slots they cover (the Rust core)
+LockReader = Callable[[list[Any]], "dict[int, list[int]] | np.ndarray"]
+
+
+def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
+    """The running requests' locks replayed as SGLang 0.5.23's releases walk them, from each
+    lock's receipt (`TreeLock`: its anchor node, the components it skipped, the SWA window's
+    boundary uuid, whether its SWA part was released early): FULL counts every node from the
+    anchor up to the root; SWA from the anchor up to the node stamped with the receipt's
+    uuid (the window's older edge, which a split moves to the new parent), or the root when
+    the window reached it; MAMBA the anchor alone. An SWA part released early
+    (`release_swa`) has also released the components below SWA's eviction priority.
+
+    The Python core's nodes are followed by parent; the Rust core gives no node, only the
+    full slots of an anchor's path (`path_device_indices`), so there the FULL locks are
+    replayed as the slots they cover. None for another tree."""
+    core = getattr(tree, "tree_core", None)
+    try:
+        root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
+    except Exception:  # the Rust core's adapter raises for what it has not ported
+        root = components = None
+    if root is not None and isinstance(components, dict):
+        types = tuple(sorted(components))
+        swa = components.get(kinds.SWA)
+        early: frozenset[int] = frozenset()
+        if swa is not None:
+            below = swa.eviction_priority(is_leaf=False)
+            early = frozenset(
+                t for t, c in components.items() if c.eviction_priority(is_leaf=False) < below
+            ) | {kinds.SWA}
+        walks = {kinds.FULL: _to_root, kinds.SWA: _to_boundary, kinds.MAMBA: _anchor}
+        if any(t not in walks for t in types):
+            return None
+        plan = tuple((i, t, walks[t]) for i, t in enumerate(types))
+        return partial(_expected_python, core, root, len(types), plan, early, kinds.SWA)
+    paths = getattr(tree, "path_device_indices", None)
+    if callable(paths) and getattr(core, "walk_for_kv_canary", None) is not None:
+        return partial(_expected_rust, paths, kinds.FULL)
+    return None
+
+
+def _expected_python(
+    core: Any,
+    root: Any,
+    width: int,
+    plan: tuple[tuple[int, int, Any], ...],
+    early: frozenset[int],
+    swa: int,
+    requests: list[Any],
+) -> dict[int, list[int]]:
+    """Each node's lock counts the requests' locks make (see `lock_reader`)."""
+    expected: dict[int, list[int]] = {}
+    for req in requests:
+        lock = req.lock
+        if lock is None:
+            continue
+        anchor = core.node_by_id(lock.node)  # a node the tree no longer has: unreadable
+        receipt = lock.receipt
+        skipped = receipt.skipped_lock_components
+        boundary = receipt.component_lock_uuids.get(swa)
+        for i, kind, walk in plan:
+            if kind in skipped or (lock.swa_released and kind in early):
+                continue
+            for node in walk(anchor, root, kind, boundary):
+                counts = expected.get(node.id)
+                if counts is None:
+                    counts = expected[node.id] = [0] * width
+                counts[i] += 1
+    return expected
+
+
+def _to_root(node: Any, root: Any, kind: int, boundary: Any) -> Any:
+    while node is not root:
+        yield node
+        node = node.parent
+
+
+def _to_boundary(node: Any, root: Any, kind: int, boundary: Any) -> Any:
+    while node is not root:
+        yield node
+        if boundary and node.component_data[kind].metadata.get("uuid") == boundary:
+            return
+        node = node.parent
+
+
+def _anchor(node: Any, root: Any, kind: int, boundary: Any) -> Any:
+    if node is not root:
+        yield node
+
+
+def _expected_rust(paths: Any, full: int, requests: list[Any]) -> np.ndarray:
+    """The full slots the requests' FULL locks cover (see `lock_reader`)."""
+    covered = [
+        paths(req.lock.node).numpy()
+        for req in requests
+        if req.lock is not None and full not in req.lock.receipt.skipped_lock_components
+    ]
+    return np.concatenate(covered).astype(np.int64, copy=False) if covered else _NONE
+
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 class LiveAudit:
@@ -280,7 +414,11 @@ class LiveAudit:
         stack = scheduler.stack
         kinds = stack.modules.component_type.ComponentType
         #: the readers of the tree and the free lists (see `Readers`)
-        self.readers = Readers(tree_reader(stack.tree, kinds), free_reader(stack.allocator))
+        self.readers = Readers(
+            tree_reader(stack.tree, kinds),
+            free_reader(stack.allocator),
+            lock_reader(stack.tree, kinds),
+        )
         self.page = int(stack.spec.page_size)
         self.window = int(stack.spec.window)
         first = read_state(scheduler, None, [], self.readers)
@@ -299,6 +437,9 @@ class LiveAudit:
         self.lut_n = None if first.lut is None else int(first.lut.shape[0])
         self.lut_tail = None if first.lut is None else first.lut[self.full_n :].tobytes()
         self.fallbacks = 0
+        #: where the last audit's lock counts broke: whether a count exceeds its locks
+        #: (a lock never released); None: they held
+        self.lock_excess: bool | None = None
         # buffers: each row's positions, a page's offsets, a slot's position in its row
         width = int(first.table.shape[1])
         self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
@@ -312,6 +453,7 @@ class LiveAudit:
     def broken(self, state: LiveState, *, idle: bool) -> str | None:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
         facts before it; a state the rules cannot even read breaks them all)."""
+        self.lock_excess = None
         if state.unread is not None:
             return f"unreadable ({state.unread})"
         try:
@@ -447,6 +589,8 @@ class LiveAudit:
         return None
 
     def _locks(self, s: LiveState, idle: bool) -> str | None:
+        """A locked slot lies in a running row, none at idle (what `check` holds a dump to);
+        then each lock count is the running requests' locks through that node (`_lock_counts`)."""
         locked = s.locked
         if locked is None and s.unlocked is not None:
             # the held slots not among the unlocked ones: a slot the tree holds more often
@@ -455,24 +599,52 @@ class LiveAudit:
             if unlocked.size != self.full_n:
                 return "an unlocked slot out of range"
             over = self._tree > unlocked
-            if not over.any():
-                return None
+            if over.any():
+                if idle:
+                    return "a lock at idle"
+                if (over & (self._cell_count == 0)).any():
+                    return "a locked slot in no running row"
+        elif locked is None:
+            return "no lock record"
+        elif locked.size:
             if idle:
                 return "a lock at idle"
-            if (over & (self._cell_count == 0)).any():
+            if locked.min() < 0 or locked.max() >= self.full_n:
+                return "a locked slot out of range"
+            if not self._cell_count[locked].all():
                 return "a locked slot in no running row"
+        return self._lock_counts(s, locked, over if locked is None else None)
+
+    def _lock_counts(
+        self, s: LiveState, locked: np.ndarray | None, over: np.ndarray | None
+    ) -> str | None:
+        """Each node's lock counts are the running requests' locks that pass through it
+        (`lock_reader`); the Rust core keeps its counts, so there the locked slots are
+        exactly those the requests' FULL locks cover. A count above its locks is a lock
+        never released (`lock_excess`)."""
+        expected = s.lock_expected
+        if expected is None:
             return None
-        if locked is None:
-            return "no lock record"
-        if not locked.size:
-            return None
-        if idle:
-            return "a lock at idle"
-        if locked.min() < 0 or locked.max() >= self.full_n:
+        if isinstance(expected, dict):
+            counts = s.lock_counts
+            if counts is None or counts == expected:
+                return None
+            self.lock_excess = any(
+                any(a > e for a, e in zip(have, expected.get(node) or [0] * len(have), strict=True))
+                for node, have in counts.items()
+            )
+            return "a node's lock count is not its requests' locks"
+        covered = np.bincount(expected, minlength=self.full_n) > 0
+        if covered.size != self.full_n:
             return "a locked slot out of range"
-        if not self._cell_count[locked].all():
-            return "a locked slot in no running row"
-        return None
+        if over is None:
+            over = np.zeros(self.full_n, dtype=bool)
+            if locked is not None:
+                over[locked] = True
+        if np.array_equal(over, covered):
+            return None
+        self.lock_excess = bool((over & ~covered).any())
+        return "the locked slots are not those the requests' locks cover"
 
     def _batch(self, s: LiveState, idle: bool) -> str | None:
         b = s.batch
