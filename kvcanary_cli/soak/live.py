@@ -263,12 +263,16 @@ def _walk_python_core(
     locked: list[Any] = []
     counts: dict[int, list[int]] = {}
     todo = list(root.children.values())
+    # the other component's count read by hand (soak's layouts have one), the rest in a list
+    other = next((t for t in types if t != full), full) if len(types) <= 2 else None
     while todo:
         node = todo.pop()
         data = node.component_data
-        refs = [data[t].lock_ref for t in types]
-        if any(refs):
-            counts[node.id] = refs
+        ref = data[full].lock_ref
+        if other is None or ref or data[other].lock_ref:
+            refs = [data[t].lock_ref for t in types]
+            if any(refs):
+                counts[node.id] = refs
         value = data[full].value
         if value is not None:
             # SGLang's walks read a tensor value only; anything else: unreadable
@@ -277,7 +281,7 @@ def _walk_python_core(
             held.append(value)
             if not has_swa or data[swa].value is not None:
                 resident.append(value)
-            if data[full].lock_ref != 0:
+            if ref != 0:
                 locked.append(value)
         todo.extend(node.children.values())
     return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None, counts
@@ -340,7 +344,7 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
         return partial(_expected_python, core, root, len(types), plan, early, kinds.SWA)
     paths = getattr(tree, "path_device_indices", None)
     if callable(paths) and getattr(core, "walk_for_kv_canary", None) is not None:
-        return partial(_expected_rust, paths, kinds.FULL)
+        return partial(_expected_rust, paths, kinds.FULL, {})
     return None
 
 
@@ -393,14 +397,25 @@ def _anchor(node: Any, root: Any, kind: int, boundary: Any) -> Any:
         yield node
 
 
-def _expected_rust(paths: Any, full: int, requests: list[Any]) -> np.ndarray:
-    """The full slots the requests' FULL locks cover (see `lock_reader`)."""
-    covered = [
-        paths(req.lock.node).numpy()
-        for req in requests
-        if req.lock is not None and full not in req.lock.receipt.skipped_lock_components
-    ]
-    return np.concatenate(covered).astype(np.int64, copy=False) if covered else _NONE
+def _expected_rust(
+    paths: Any, full: int, kept: dict[int, tuple[Any, np.ndarray]], requests: list[Any]
+) -> np.ndarray:
+    """The full slots the requests' FULL locks cover (see `lock_reader`). A lock's path is
+    read once while the lock is held (`kept`, by the lock object): a locked node keeps its
+    full slots, and a split keeps the slots on the path. Where a faulty SGLang changes them
+    anyway, the locked slots no longer match what was read, and the audit breaks."""
+    held: dict[int, tuple[Any, np.ndarray]] = {}
+    for req in requests:
+        lock = req.lock
+        if lock is None or full in lock.receipt.skipped_lock_components:
+            continue
+        known = kept.get(id(lock))
+        if known is None or known[0] is not lock:
+            known = (lock, paths(lock.node).numpy().astype(np.int64, copy=False))
+        held[id(lock)] = known
+    kept.clear()
+    kept.update(held)
+    return np.concatenate([path for _, path in held.values()]) if held else _NONE
 
 
 _NONE = np.zeros(0, dtype=np.int64)
@@ -444,6 +459,7 @@ class LiveAudit:
         width = int(first.table.shape[1])
         self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
         self._offsets = np.arange(self.page, dtype=np.int64)
+        self._back = np.arange(self.window + 1, dtype=np.int64)  # a decode's window, back
         self._where = np.zeros(self.full_n, dtype=np.int64)
         #: per audit: the running rows' cells and how often each full slot is one
         self._cells: np.ndarray = first.free_full[:0]
@@ -663,6 +679,8 @@ class LiveAudit:
         end = prefix + extend
         if (end > s.alloc_lens[rpi]).any():
             return "a batch row beyond its allocation"
+        if b.get("forward_mode") == "decode":  # one cell a row (`batch_state`): no masks
+            return self._decode(s, rpi, prefix)
         top = int(end.max()) if end.size else 0  # inside the rows' allocations (`_full`)
         grid = self._grid[: rpi.size, :top]
         writes = (grid >= prefix[:, None]) & (grid < end[:, None])
@@ -679,6 +697,22 @@ class LiveAudit:
             start = np.maximum(prefix - self.window, 0)
             window = (grid >= start[:, None]) & (grid < end[:, None])
             if not lut[table[window]].all():
+                return "a window cell unmapped"
+        return None
+
+    def _decode(self, s: LiveState, rpi: np.ndarray, prefix: np.ndarray) -> str | None:
+        """`_batch` for a decode: each row writes its cell `prefix`, and reads its window
+        back from there (`[P - W, P]`, from 0 where P < W: the columns clipped to 0 are
+        inside it)."""
+        expected = s.table[rpi, prefix]
+        out = s.batch.get("out_cache_loc") if s.batch is not None else None
+        if out is None or out.shape != expected.shape or not (out == expected).all():
+            return "out_cache_loc not the extended cells"
+        if self._tree[expected].any():
+            return "a write into the tree"
+        if s.lut is not None and self.window > 0:
+            cols = np.maximum(prefix[:, None] - self._back, 0)
+            if not s.lut[s.table[rpi[:, None], cols]].all():
                 return "a window cell unmapped"
         return None
 
