@@ -31,9 +31,11 @@ write a faulty SGLang makes where it should not (the faults soak looks for). For
 reason nothing is cached between audits: no hook on the tree's insert, split or evict (a
 faulty SGLang changes a node elsewhere, or frees a slot the tree keeps) and no fingerprint of
 a pool (SGLang keeps no change counter; one that could miss a change would pass a state
-unseen). Where a fact does not hold the audit falls back to the whole `check` on a recorded
-dump, so its findings are `check`'s own; a fact stricter than `check` costs only that
-fallback (counted).
+unseen). One thing is kept: the full slots of a held lock's path on the Rust core (read once
+per lock object; a locked path keeps its slots, and where a fault changes them anyway the
+locked slots stop matching). Where a fact does not hold the audit falls back to the whole
+`check` on a recorded dump, so its findings are `check`'s own; a fact stricter than `check`
+costs only that fallback (counted), but for a lock count above its locks, a lock leak.
 
 What is read is what the dump would record, by cheaper routes (`Readers`): the Python tree
 core walked once over the fields SGLang's own walks read, the Rust core by its own calls, the
