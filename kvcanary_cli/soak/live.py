@@ -339,7 +339,7 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
             early = frozenset(
                 t for t, c in components.items() if c.eviction_priority(is_leaf=False) < below
             ) | {kinds.SWA}
-        walks = {kinds.FULL: _to_root, kinds.SWA: _to_boundary, kinds.MAMBA: _anchor}
+        walks = {kinds.FULL: _ROOT, kinds.SWA: _BOUNDARY, kinds.MAMBA: _ANCHOR}
         if any(t not in walks for t in types):
             return None
         plan = tuple((i, t, walks[t]) for i, t in enumerate(types))
@@ -354,49 +354,47 @@ def _expected_python(
     core: Any,
     root: Any,
     width: int,
-    plan: tuple[tuple[int, int, Any], ...],
+    plan: tuple[tuple[int, int, int], ...],
     early: frozenset[int],
     swa: int,
     requests: list[Any],
 ) -> dict[int, list[int]]:
-    """Each node's lock counts the requests' locks make (see `lock_reader`)."""
+    """Each node's lock counts the requests' locks make (see `lock_reader`): each lock's
+    path from its anchor to the root read once, each component counting its part of it."""
     expected: dict[int, list[int]] = {}
     for req in requests:
         lock = req.lock
         if lock is None:
             continue
-        anchor = core.node_by_id(lock.node)  # a node the tree no longer has: unreadable
+        node = core.node_by_id(lock.node)  # a node the tree no longer has: unreadable
+        path = []
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        if not path:
+            continue
+        for node in path:
+            if node.id not in expected:
+                expected[node.id] = [0] * width
         receipt = lock.receipt
         skipped = receipt.skipped_lock_components
-        boundary = receipt.component_lock_uuids.get(swa)
-        for i, kind, walk in plan:
+        for i, kind, reach in plan:
             if kind in skipped or (lock.swa_released and kind in early):
                 continue
-            for node in walk(anchor, root, kind, boundary):
-                counts = expected.get(node.id)
-                if counts is None:
-                    counts = expected[node.id] = [0] * width
-                counts[i] += 1
-    return expected
+            if reach == _ANCHOR:
+                expected[path[0].id][i] += 1
+                continue
+            boundary = receipt.component_lock_uuids.get(swa) if reach == _BOUNDARY else None
+            for node in path:
+                expected[node.id][i] += 1
+                if boundary and node.component_data[kind].metadata.get("uuid") == boundary:
+                    break
+    # a node only skipped or released components would count holds no lock of theirs
+    return {node: counts for node, counts in expected.items() if any(counts)}
 
 
-def _to_root(node: Any, root: Any, kind: int, boundary: Any) -> Any:
-    while node is not root:
-        yield node
-        node = node.parent
-
-
-def _to_boundary(node: Any, root: Any, kind: int, boundary: Any) -> Any:
-    while node is not root:
-        yield node
-        if boundary and node.component_data[kind].metadata.get("uuid") == boundary:
-            return
-        node = node.parent
-
-
-def _anchor(node: Any, root: Any, kind: int, boundary: Any) -> Any:
-    if node is not root:
-        yield node
+#: how far up its path a component's lock reaches: the root, the SWA boundary, the anchor
+_ROOT, _BOUNDARY, _ANCHOR = 0, 1, 2
 
 
 def _expected_rust(
