@@ -45,6 +45,7 @@ reader that fails marks the state unreadable, which breaks it (the whole `check`
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -86,12 +87,12 @@ class LiveState:
     batch: dict[str, Any] | None
     #: the Mamba layout's records by their dump names (None: another layout)
     mamba: dict[str, np.ndarray] | None = None
-    #: each locked node's lock counts, one per component the tree has (its id -> counts;
-    #: the Python core) and what the running requests' locks make them (`lock_expected`);
-    #: the Rust core keeps its counts: `lock_expected` is then the full slots their locks
-    #: cover (None: not read)
-    lock_counts: dict[int, list[int]] | None = None
-    lock_expected: dict[int, list[int]] | np.ndarray | None = None
+    #: per component the tree has, each locked node's lock count (node id -> count; the
+    #: Python core), and what the running requests' locks make them (`lock_expected`); the
+    #: Rust core keeps its counts: `lock_expected` is then the full slots their locks cover
+    #: (None: not read)
+    lock_counts: list[dict[int, int]] | None = None
+    lock_expected: list[Counter[int]] | np.ndarray | None = None
     #: a fact that could not be read (None: all were)
     unread: str | None = None
 
@@ -221,7 +222,7 @@ def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
 TreeReader = Callable[
     [],
     tuple[
-        np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, dict[int, list[int]] | None
+        np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, list[dict[int, int]] | None
     ],
 ]
 
@@ -257,24 +258,26 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
 
 def _walk_python_core(
     root: Any, full: int, swa: int, has_swa: bool, types: tuple[int, ...], torch: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, dict[int, list[int]]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, list[dict[int, int]]]:
     """The Python core's three slot sets and its locked nodes' counts in one walk (see
     `tree_reader`)."""
     held: list[Any] = []
     resident: list[Any] = []
     locked: list[Any] = []
-    counts: dict[int, list[int]] = {}
+    counts: list[dict[int, int]] = [{} for _ in types]
+    full_counts = counts[types.index(full)]
+    others = tuple((counts[i], t) for i, t in enumerate(types) if t != full)
     todo = list(root.children.values())
-    # the other component's count read by hand (soak's layouts have one), the rest in a list
-    other = next((t for t in types if t != full), full) if len(types) <= 2 else None
     while todo:
         node = todo.pop()
         data = node.component_data
         ref = data[full].lock_ref
-        if other is None or ref or data[other].lock_ref:
-            refs = [data[t].lock_ref for t in types]
-            if any(refs):
-                counts[node.id] = refs
+        if ref:
+            full_counts[node.id] = ref
+        for count, kind in others:
+            other = data[kind].lock_ref
+            if other:
+                count[node.id] = other
         value = data[full].value
         if value is not None:
             # SGLang's walks read a tensor value only; anything else: unreadable
@@ -310,7 +313,7 @@ def _read_rust_core(
 
 #: reads what the running requests' tree locks (`req.lock`) make the tree's lock counts:
 #: per node and component (the Python core), or the full slots they cover (the Rust core)
-LockReader = Callable[[list[Any]], "dict[int, list[int]] | np.ndarray"]
+LockReader = Callable[[list[Any]], "list[Counter[int]] | np.ndarray"]
 
 
 def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
@@ -358,10 +361,11 @@ def _expected_python(
     early: frozenset[int],
     swa: int,
     requests: list[Any],
-) -> dict[int, list[int]]:
-    """Each node's lock counts the requests' locks make (see `lock_reader`): each lock's
-    path from its anchor to the root read once, each component counting its part of it."""
-    expected: dict[int, list[int]] = {}
+) -> list[Counter[int]]:
+    """Per component, each node's lock count the requests' locks make (see `lock_reader`):
+    each lock's path from its anchor to the root read once, each component counting its
+    part of it."""
+    ids: list[list[int]] = [[] for _ in range(width)]
     for req in requests:
         lock = req.lock
         if lock is None:
@@ -373,24 +377,31 @@ def _expected_python(
             node = node.parent
         if not path:
             continue
-        for node in path:
-            if node.id not in expected:
-                expected[node.id] = [0] * width
+        on_path = [node.id for node in path]
         receipt = lock.receipt
         skipped = receipt.skipped_lock_components
         for i, kind, reach in plan:
             if kind in skipped or (lock.swa_released and kind in early):
                 continue
-            if reach == _ANCHOR:
-                expected[path[0].id][i] += 1
-                continue
-            boundary = receipt.component_lock_uuids.get(swa) if reach == _BOUNDARY else None
-            for node in path:
-                expected[node.id][i] += 1
-                if boundary and node.component_data[kind].metadata.get("uuid") == boundary:
-                    break
-    # a node only skipped or released components would count holds no lock of theirs
-    return {node: counts for node, counts in expected.items() if any(counts)}
+            if reach == _ROOT:
+                ids[i].extend(on_path)
+            elif reach == _ANCHOR:
+                ids[i].append(on_path[0])
+            else:
+                ids[i].extend(
+                    on_path[: _boundary(path, kind, receipt.component_lock_uuids.get(swa))]
+                )
+    return [Counter(nodes) for nodes in ids]
+
+
+def _boundary(path: list[Any], kind: int, uuid: Any) -> int:
+    """How many nodes of `path` an SWA lock with boundary `uuid` covers: up to the first
+    stamped with it, else all (the window reached the root)."""
+    if uuid:
+        for at, node in enumerate(path):
+            if node.component_data[kind].metadata.get("uuid") == uuid:
+                return at + 1
+    return len(path)
 
 
 #: how far up its path a component's lock reaches: the root, the SWA boundary, the anchor
@@ -641,13 +652,14 @@ class LiveAudit:
         expected = s.lock_expected
         if expected is None:
             return None
-        if isinstance(expected, dict):
+        if isinstance(expected, list):
             counts = s.lock_counts
             if counts is None or counts == expected:
                 return None
             self.lock_excess = any(
-                any(a > e for a, e in zip(have, expected.get(node) or [0] * len(have), strict=True))
-                for node, have in counts.items()
+                count > want[node]
+                for have, want in zip(counts, expected, strict=True)
+                for node, count in have.items()
             )
             return "a node's lock count is not its requests' locks"
         covered = np.bincount(expected, minlength=self.full_n) > 0
