@@ -6,9 +6,12 @@ audited) and splits the time: SGLang's step (the scheduler loop, its allocations
 the audits taken out), SGLang's own checks (`self_check_during_busy`,
 `_check_kv_page_invariants`, the idle checks), and kvcanary's audits (both of a step's:
 at plan time and after the result). It also counts the audits the whole `check` ran for.
+The times are CPU seconds of the thread that runs the histories (`--clock wall`: wall
+seconds, which on a loaded machine count the time other work held the cores).
 Prints a table and writes `bench/out/soak-audit.json`. Nothing here is asserted. Usage:
 
     python bench/soak_audit.py [--histories 12] [--steps 100] [--modes full,live] [--wheel PATH]
+        [--clock cpu|wall]
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _timers() -> dict[str, float]:
+#: the clock: CPU seconds of this thread (`--clock cpu`, the default: other work on a shared
+#: machine weighs far less on it), or wall seconds (`--clock wall`)
+CLOCK = {"cpu": time.thread_time, "wall": time.perf_counter}
+
+
+def _timers(clock: Any = time.thread_time) -> dict[str, float]:
     """Wrap the audit and SGLang's checks with timers (returns the running totals)."""
     import kvcanary_cli.soak.audit as audit
     import kvcanary_cli.soak.run as run
@@ -35,13 +43,13 @@ def _timers() -> dict[str, float]:
 
     def timed(key: str, fn: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started, inner = time.perf_counter(), totals["checks"]
+            started, inner = clock(), totals["checks"]
             try:
                 return fn(*args, **kwargs)
             finally:
                 # an idle audit runs SGLang's idle checks inside it: theirs, not the audit's
                 nested = totals["checks"] - inner if key == "audit" else 0.0
-                totals[key] += time.perf_counter() - started - nested
+                totals[key] += clock() - started - nested
 
         return wrapper
 
@@ -57,7 +65,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100, help="steps per history")
     parser.add_argument("--modes", default="full,live", help="audit modes to run, in order")
     parser.add_argument("--wheel", default=None, help="SGLang wheel or tree (default: cached)")
+    parser.add_argument("--clock", choices=tuple(CLOCK), default="cpu")
     args = parser.parse_args()
+    clock = CLOCK[args.clock]
 
     from kvcanary_cli.soak.command import _specs
     from kvcanary_cli.soak.run import run_history
@@ -69,23 +79,27 @@ def main() -> int:
     modules = load_sglang(args.wheel or wheel_path())
     imported = time.monotonic() - started
     specs = _specs(None, modules.cores, None)
-    totals = _timers()
+    totals = _timers(clock)
     workloads = [
         random_workload(seed, steps=args.steps, requests=args.steps // 4, max_prompt=60, max_new=20)
         for seed in range(args.histories)
     ]
-    out: dict[str, Any] = {"sglang": modules.tree.version, "import_seconds": round(imported, 1)}
+    out: dict[str, Any] = {
+        "sglang": modules.tree.version,
+        "import_seconds": round(imported, 1),
+        "clock": args.clock,
+    }
     for mode in args.modes.split(","):
         totals.update(audit=0.0, checks=0.0)
         steps = audited = checked = findings = 0
-        t0 = time.perf_counter()
+        t0 = clock()
         for i, workload in enumerate(workloads):
             result = run_history(modules, specs[i % len(specs)], workload, mode=mode)
             steps += result.steps
             audited += result.audited
             checked += result.checked
             findings += result.failure is not None
-        whole = time.perf_counter() - t0
+        whole = clock() - t0
         sglang_step = whole - totals["audit"] - totals["checks"]
 
         def ms(seconds: float, steps: int = steps) -> float:

@@ -795,7 +795,9 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "running request's `req_to_token` pool row (`running_req_rows` and the batch's "
                     "pool rows, up to `req_pool_allocated_lens`); at idle, any locked slot. Needs "
                     "both records (kvcanary's capture and soak write them); otherwise not checked. "
-                    "`details.slots`"
+                    "`details.slots`. `soak` also reports it, from SGLang's live objects, where a "
+                    "node's lock count exceeds the running requests' locks through it (no dump "
+                    "records lock counts)"
                 ),
                 meaning=(
                     "a lock that outlived its request: those nodes can never be evicted, and "

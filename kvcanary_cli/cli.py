@@ -528,7 +528,8 @@ def soak(
             "--fault",
             metavar="NAME",
             help="Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
-            "shared-boundary-page, tree-page-freed or tree-mamba-slot-freed (--layout mamba).",
+            "shared-boundary-page, tree-page-freed, lock-leak or tree-mamba-slot-freed "
+            "(--layout mamba).",
         ),
     ] = None,
     layout: Annotated[

@@ -454,17 +454,17 @@ def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tre
 
     lens = np.zeros(rows, dtype=np.int64)
     holders: dict[int, Any] = {}  # by identity: a request on a session's record shares its kv
-    at: list[int] = []
-    allocated: list[int] = []
+    longest: dict[int, int] = {}  # a row's longest allocation (never below 0)
     for req in requests:
         kv = getattr(req, "kv", req)
         holders[id(kv)] = kv
         row = getattr(kv, "req_pool_idx", None)
         if row is not None and 0 <= int(row) < rows:
-            at.append(int(row))
-            allocated.append(int(getattr(kv, "kv_allocated_len", 0)))
-    if at:  # a row's longest allocation (never below 0), at once
-        np.maximum.at(lens, at, allocated)
+            allocated = int(getattr(kv, "kv_allocated_len", 0))
+            if allocated > longest.get(int(row), 0):
+                longest[int(row)] = allocated
+    if longest:  # at once (a handful of rows: no ufunc.at)
+        lens[list(longest)] = list(longest.values())
     facts["req_pool_allocated_lens"] = lens
     records = getattr(tree, "session_records", None)
     if callable(records):  # a session keeps its row between its requests

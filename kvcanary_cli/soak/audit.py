@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvcanary_cli.capture.tree import capture_state
+from kvcanary_cli.catalog import CauseCode, FindingCode
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
 from kvcanary_cli.soak.driver import Scheduler
@@ -223,7 +224,13 @@ def audit_step(
     if live is None or folder is not None or full or audit.broken is not None:
         _check_whole(audit, scheduler, batch, folder)
         if live is not None and audit.broken is not None and not audit.codes:
-            live.fallbacks += 1
+            if live.lock_excess:
+                # a lock count above the running requests' locks: a lock never released,
+                # which a dump's locked slots show only once no running row holds them
+                audit.codes.append(FindingCode.TREE_LOCK_LEAKED.value)
+                audit.top_cause = CauseCode.TREE_LOCK_LEAK.value
+            else:
+                live.fallbacks += 1
     if checks is not None:
         audit.sglang = checks.idle() if idle else checks.busy()
     return audit

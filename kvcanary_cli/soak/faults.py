@@ -14,6 +14,10 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
 - `tree-page-freed`: once the tree holds an unlocked page, that page is pushed onto the full
   side's free list while the node keeps it (unified memory: onto `free_virtual_ids`, still
   bound; SGLang's own checks stayed silent for 250 steps there).
+- `lock-leak`: a request released without caching (a retraction, an abort in chunked prefill)
+  never unlocks its prefix (`tree_cache.unlock(req.lock)` skipped, `req.lock` dropped): the
+  nodes stay locked for good. kvcanary's lock counts see it at that step; a check of the
+  locked slots alone only once no running row holds them, or at idle.
 - `tree-mamba-slot-freed` (Mamba layout): once the tree holds a Mamba state, its slot is pushed
   onto the Mamba free list while the node keeps it (SGLang's busy check has no Mamba check; its
   idle check sees only counts).
@@ -142,12 +146,41 @@ def _tree_mamba_slot_freed(stack: Any, step: int) -> None:
     allocator._kvcanary_planted = True
 
 
+def _lock_leak(stack: Any) -> Callable[[], None]:
+    """`release_kv_cache(checkpoint=False)` with its unlock skipped where the lock is below
+    the root; each lock so leaked is counted on the tree (`_kvcanary_leaks`)."""
+    tree = stack.tree
+    modules = (stack.modules.common, stack.modules.schedule_batch)  # each holds the function
+    original = stack.modules.common.release_kv_cache
+
+    def release_kv_cache(req: Any, tree_cache: Any, *, checkpoint: bool) -> None:
+        if checkpoint or req.lock is None or req.lock.node == tree.root_node_handle():
+            original(req, tree_cache, checkpoint=checkpoint)  # (the root holds no lock)
+            return
+        tree_cache.unlock = _nothing  # the instance's: shadows the method for this call
+        try:
+            original(req, tree_cache, checkpoint=checkpoint)
+        finally:
+            del tree_cache.unlock
+        tree._kvcanary_leaks = getattr(tree, "_kvcanary_leaks", 0) + 1
+
+    for module in modules:
+        module.release_kv_cache = release_kv_cache
+
+    def undo() -> None:
+        for module in modules:
+            module.release_kv_cache = original
+
+    return undo
+
+
 FAULTS: dict[str, Fault] = {
     "unmapped-representative": (_nothing, _free_tree_swa_pairs),
     "shared-boundary-page": (_shared_boundary_page, _nothing),
     "double-free-group-end": (_double_free_group_end, _nothing),
     "tree-page-freed": (_nothing, _tree_page_freed),
     "tree-mamba-slot-freed": (_nothing, _tree_mamba_slot_freed),
+    "lock-leak": (_lock_leak, _nothing),
 }
 
 

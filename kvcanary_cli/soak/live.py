@@ -13,6 +13,9 @@ that fact or a stricter one, read from the same objects the dump would record:
 - a full slot in two rows is the tree's and at the same position in both (shared without a
   prefix, shared across positions, duplicates in a row); a locked tree slot lies in a running
   row, none at idle (lock leaks);
+- stricter than `check` (a dump records no lock counts): each tree node's lock counts are the
+  running requests' locks through it (`lock_reader`); a count above them is reported as
+  `check`'s lock leak, at the step it happens;
 - the LUT keeps its built length and tail, maps a free or tombstoned slot and page 0 to 0,
   every other held full slot to an SWA slot of its own, a page to a page in lockstep (stale
   mappings, collisions, shared owners, lockstep, free-and-mapped, sentinel, length);
@@ -34,9 +37,11 @@ write a faulty SGLang makes where it should not (the faults soak looks for). For
 reason nothing is cached between audits: no hook on the tree's insert, split or evict (a
 faulty SGLang changes a node elsewhere, or frees a slot the tree keeps) and no fingerprint of
 a pool (SGLang keeps no change counter; one that could miss a change would pass a state
-unseen). Where a fact does not hold the audit falls back to the whole `check` on a recorded
-dump, so its findings are `check`'s own; a fact stricter than `check` costs only that
-fallback (counted).
+unseen). One thing is kept: the full slots of a held lock's path on the Rust core (read once
+per lock object; a locked path keeps its slots, and where a fault changes them anyway the
+locked slots stop matching). Where a fact does not hold the audit falls back to the whole
+`check` on a recorded dump, so its findings are `check`'s own; a fact stricter than `check`
+costs only that fallback (counted), but for a lock count above its locks, a lock leak.
 
 What is read is what the dump would record, by cheaper routes (`Readers`): the Python tree
 core walked once over the fields SGLang's own walks read, the Rust core by its own calls, the
@@ -46,6 +51,7 @@ reader that fails marks the state unreadable, which breaks it (the whole `check`
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -89,6 +95,12 @@ class LiveState:
     mamba: dict[str, np.ndarray] | None = None
     #: unified memory's page tables by their dump names (None: another layout)
     tables: dict[str, np.ndarray] | None = None
+    #: per component the tree has, each locked node's lock count (node id -> count; the
+    #: Python core), and what the running requests' locks make them (`lock_expected`); the
+    #: Rust core keeps its counts: `lock_expected` is then the full slots their locks cover
+    #: (None: not read)
+    lock_counts: list[dict[int, int]] | None = None
+    lock_expected: list[Counter[int]] | np.ndarray | None = None
     #: a fact that could not be read (None: all were)
     unread: str | None = None
 
@@ -126,12 +138,17 @@ def read_state(
             unread, free_full, free_swa = f"free lists: {type(exc).__name__}", empty, None
     held = facts.get("tree_full_slots")
     resident, locked = facts.get("tree_swa_resident_slots"), facts.get("tree_locked_full_slots")
-    unlocked = None
+    unlocked = counts = expected = None
     if own.tree is not None:
         try:
-            held, resident, locked, unlocked = own.tree()
+            held, resident, locked, unlocked, counts = own.tree()
         except Exception as exc:  # a tree this reader cannot read: `broken` says so
             unread, held, resident, locked = f"tree: {type(exc).__name__}", None, None, None
+    if own.locks is not None:
+        try:
+            expected = own.locks(requests)
+        except Exception as exc:  # a lock this reader cannot follow: `broken` says so
+            unread = f"the requests' locks: {type(exc).__name__}"
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
     tables = {k: facts[k] for k in _TABLES if k in facts} or None
     return LiveState(
@@ -149,6 +166,8 @@ def read_state(
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
         batch=None if batch is None else batch_state(batch),
         unread=unread,
+        lock_counts=counts,
+        lock_expected=expected,
         mamba=None
         if "free_mamba_slots" not in facts
         else {k: facts[k] for k in _MAMBA if k in facts},
@@ -186,6 +205,7 @@ class Readers:
 
     tree: TreeReader | None = None
     free: FreeReader | None = None
+    locks: LockReader | None = None
 
 
 def free_reader(allocator: Any) -> FreeReader | None:
@@ -217,8 +237,14 @@ def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
 
 
 #: reads (full slots the tree holds, their SWA-resident part, their locked part, their
-#: unlocked part), each a host int64 array (None: not read), as `capture.tree` reads them
-TreeReader = Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]
+#: unlocked part), each a host int64 array (None: not read), as `capture.tree` reads them;
+#: and each locked node's lock counts (None: not read; see `LiveState.lock_counts`)
+TreeReader = Callable[
+    [],
+    tuple[
+        np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, list[dict[int, int]] | None
+    ],
+]
 
 
 def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
@@ -229,9 +255,10 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
     walks and its flatten (`walk_for_kv_canary`, `all_values_flatten`) are, node for node
     below the root, the FULL component's value tensor (held), that value where the node's
     SWA value is not None (resident), and that value where the FULL lock count is not 0
-    (locked: held less the unlocked walk's), read here from the same fields. The Rust core's
-    own calls are fast: its unlocked walk is kept as read (`capture.tree` records the held
-    slots less these as the locked part; `_locks` counts them)."""
+    (locked: held less the unlocked walk's), read here from the same fields; each node's
+    lock counts with them. The Rust core's own calls are fast: its unlocked walk is kept as
+    read (`capture.tree` records the held slots less these as the locked part; `_locks`
+    counts them); it has no call that gives a node's lock count."""
     core = getattr(tree, "tree_core", None)
     try:
         root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
@@ -241,7 +268,8 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
         import torch  # SGLang's tree holds torch tensors: imported already
 
         full, swa = kinds.FULL, kinds.SWA
-        return partial(_walk_python_core, root, full, swa, swa in components, torch)
+        types = tuple(sorted(components))
+        return partial(_walk_python_core, root, full, swa, swa in components, types, torch)
     walk = getattr(core, "walk_for_kv_canary", None)
     if callable(walk) and callable(getattr(tree, "all_values_flatten", None)):
         return partial(_read_rust_core, tree, walk)
@@ -249,16 +277,27 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
 
 
 def _walk_python_core(
-    root: Any, full: int, swa: int, has_swa: bool, torch: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, None]:
-    """The Python core's three slot sets in one walk (see `tree_reader`)."""
+    root: Any, full: int, swa: int, has_swa: bool, types: tuple[int, ...], torch: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, list[dict[int, int]]]:
+    """The Python core's three slot sets and its locked nodes' counts in one walk (see
+    `tree_reader`)."""
     held: list[Any] = []
     resident: list[Any] = []
     locked: list[Any] = []
+    counts: list[dict[int, int]] = [{} for _ in types]
+    full_counts = counts[types.index(full)]
+    others = tuple((counts[i], t) for i, t in enumerate(types) if t != full)
     todo = list(root.children.values())
     while todo:
         node = todo.pop()
         data = node.component_data
+        ref = data[full].lock_ref
+        if ref:
+            full_counts[node.id] = ref
+        for count, kind in others:
+            other = data[kind].lock_ref
+            if other:
+                count[node.id] = other
         value = data[full].value
         if value is not None:
             # SGLang's walks read a tensor value only; anything else: unreadable
@@ -267,10 +306,10 @@ def _walk_python_core(
             held.append(value)
             if not has_swa or data[swa].value is not None:
                 resident.append(value)
-            if data[full].lock_ref != 0:
+            if ref != 0:
                 locked.append(value)
         todo.extend(node.children.values())
-    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None
+    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None, counts
 
 
 def _flat(values: list[Any], torch: Any) -> np.ndarray:
@@ -283,13 +322,134 @@ def _flat(values: list[Any], torch: Any) -> np.ndarray:
 
 def _read_rust_core(
     tree: Any, walk: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, None]:
     """The Rust core's held, SWA-resident and unlocked slots by its own calls (see
     `tree_reader`)."""
     held = tree.all_values_flatten().numpy().reshape(-1)
     resident = walk(unlocked_only=False, swa_resident_only=True).slot_indices.numpy()
     unlocked = walk(unlocked_only=True, swa_resident_only=False).slot_indices.numpy()
-    return held, resident, None, unlocked
+    return held, resident, None, unlocked, None
+
+
+#: reads what the running requests' tree locks (`req.lock`) make the tree's lock counts:
+#: per node and component (the Python core), or the full slots they cover (the Rust core)
+LockReader = Callable[[list[Any]], "list[Counter[int]] | np.ndarray"]
+
+
+def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
+    """The running requests' locks replayed as SGLang 0.5.23's releases walk them, from each
+    lock's receipt (`TreeLock`: its anchor node, the components it skipped, the SWA window's
+    boundary uuid, whether its SWA part was released early): FULL counts every node from the
+    anchor up to the root; SWA from the anchor up to the node stamped with the receipt's
+    uuid (the window's older edge, which a split moves to the new parent), or the root when
+    the window reached it; MAMBA the anchor alone. An SWA part released early
+    (`release_swa`) has also released the components below SWA's eviction priority.
+
+    The Python core's nodes are followed by parent; the Rust core gives no node, only the
+    full slots of an anchor's path (`path_device_indices`), so there the FULL locks are
+    replayed as the slots they cover. None for another tree."""
+    core = getattr(tree, "tree_core", None)
+    try:
+        root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
+    except Exception:  # the Rust core's adapter raises for what it has not ported
+        root = components = None
+    if root is not None and isinstance(components, dict):
+        types = tuple(sorted(components))
+        swa = components.get(kinds.SWA)
+        early: frozenset[int] = frozenset()
+        if swa is not None:
+            below = swa.eviction_priority(is_leaf=False)
+            early = frozenset(
+                t for t, c in components.items() if c.eviction_priority(is_leaf=False) < below
+            ) | {kinds.SWA}
+        walks = {kinds.FULL: _ROOT, kinds.SWA: _BOUNDARY, kinds.MAMBA: _ANCHOR}
+        if any(t not in walks for t in types):
+            return None
+        plan = tuple((i, t, walks[t]) for i, t in enumerate(types))
+        return partial(_expected_python, core, root, len(types), plan, early, kinds.SWA)
+    paths = getattr(tree, "path_device_indices", None)
+    if callable(paths) and getattr(core, "walk_for_kv_canary", None) is not None:
+        return partial(_expected_rust, paths, kinds.FULL, {})
+    return None
+
+
+def _expected_python(
+    core: Any,
+    root: Any,
+    width: int,
+    plan: tuple[tuple[int, int, int], ...],
+    early: frozenset[int],
+    swa: int,
+    requests: list[Any],
+) -> list[Counter[int]]:
+    """Per component, each node's lock count the requests' locks make (see `lock_reader`):
+    each lock's path from its anchor to the root read once, each component counting its
+    part of it."""
+    ids: list[list[int]] = [[] for _ in range(width)]
+    for req in requests:
+        lock = req.lock
+        if lock is None:
+            continue
+        node = core.node_by_id(lock.node)  # a node the tree no longer has: unreadable
+        path = []
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        if not path:
+            continue
+        on_path = [node.id for node in path]
+        receipt = lock.receipt
+        skipped = receipt.skipped_lock_components
+        for i, kind, reach in plan:
+            if kind in skipped or (lock.swa_released and kind in early):
+                continue
+            if reach == _ROOT:
+                ids[i].extend(on_path)
+            elif reach == _ANCHOR:
+                ids[i].append(on_path[0])
+            else:
+                ids[i].extend(
+                    on_path[: _boundary(path, kind, receipt.component_lock_uuids.get(swa))]
+                )
+    return [Counter(nodes) for nodes in ids]
+
+
+def _boundary(path: list[Any], kind: int, uuid: Any) -> int:
+    """How many nodes of `path` an SWA lock with boundary `uuid` covers: up to the first
+    stamped with it, else all (the window reached the root)."""
+    if uuid:
+        for at, node in enumerate(path):
+            if node.component_data[kind].metadata.get("uuid") == uuid:
+                return at + 1
+    return len(path)
+
+
+#: how far up its path a component's lock reaches: the root, the SWA boundary, the anchor
+_ROOT, _BOUNDARY, _ANCHOR = 0, 1, 2
+
+
+def _expected_rust(
+    paths: Any, full: int, kept: dict[int, tuple[Any, np.ndarray]], requests: list[Any]
+) -> np.ndarray:
+    """The full slots the requests' FULL locks cover (see `lock_reader`). A lock's path is
+    read once while the lock is held (`kept`, by the lock object): a locked node keeps its
+    full slots, and a split keeps the slots on the path. Where a faulty SGLang changes them
+    anyway, the locked slots no longer match what was read, and the audit breaks."""
+    held: dict[int, tuple[Any, np.ndarray]] = {}
+    for req in requests:
+        lock = req.lock
+        if lock is None or full in lock.receipt.skipped_lock_components:
+            continue
+        known = kept.get(id(lock))
+        if known is None or known[0] is not lock:
+            known = (lock, paths(lock.node).numpy().astype(np.int64, copy=False))
+        held[id(lock)] = known
+    kept.clear()
+    kept.update(held)
+    return np.concatenate([path for _, path in held.values()]) if held else _NONE
+
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 class LiveAudit:
@@ -300,7 +460,11 @@ class LiveAudit:
         stack = scheduler.stack
         kinds = stack.modules.component_type.ComponentType
         #: the readers of the tree and the free lists (see `Readers`)
-        self.readers = Readers(tree_reader(stack.tree, kinds), free_reader(stack.allocator))
+        self.readers = Readers(
+            tree_reader(stack.tree, kinds),
+            free_reader(stack.allocator),
+            lock_reader(stack.tree, kinds),
+        )
         self.page = int(stack.spec.page_size)
         self.window = int(stack.spec.window)
         first = read_state(scheduler, None, [], self.readers)
@@ -326,10 +490,14 @@ class LiveAudit:
         self.lut_n = None if first.lut is None else int(first.lut.shape[0])
         self.lut_tail = None if first.lut is None else first.lut[self.full_n :].tobytes()
         self.fallbacks = 0
+        #: where the last audit's lock counts broke: whether a count exceeds its locks
+        #: (a lock never released); None: they held
+        self.lock_excess: bool | None = None
         # buffers: each row's positions, a page's offsets, a slot's position in its row
         width = int(first.table.shape[1])
         self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
         self._offsets = np.arange(self.page, dtype=np.int64)
+        self._back = np.arange(self.window + 1, dtype=np.int64)  # a decode's window, back
         self._where = np.zeros(self.full_n, dtype=np.int64)
         #: per audit: the running rows' cells and how often each full slot is one
         self._cells: np.ndarray = first.free_full[:0]
@@ -339,6 +507,7 @@ class LiveAudit:
     def broken(self, state: LiveState, *, idle: bool) -> str | None:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
         facts before it; a state the rules cannot even read breaks them all)."""
+        self.lock_excess = None
         if state.unread is not None:
             return f"unreadable ({state.unread})"
         try:
@@ -524,6 +693,8 @@ class LiveAudit:
         return None
 
     def _locks(self, s: LiveState, idle: bool) -> str | None:
+        """A locked slot lies in a running row, none at idle (what `check` holds a dump to);
+        then each lock count is the running requests' locks through that node (`_lock_counts`)."""
         locked = s.locked
         if locked is None and s.unlocked is not None:
             # the held slots not among the unlocked ones: a slot the tree holds more often
@@ -532,24 +703,53 @@ class LiveAudit:
             if unlocked.size != self.full_n:
                 return "an unlocked slot out of range"
             over = self._tree > unlocked
-            if not over.any():
-                return None
+            if over.any():
+                if idle:
+                    return "a lock at idle"
+                if (over & (self._cell_count == 0)).any():
+                    return "a locked slot in no running row"
+        elif locked is None:
+            return "no lock record"
+        elif locked.size:
             if idle:
                 return "a lock at idle"
-            if (over & (self._cell_count == 0)).any():
+            if locked.min() < 0 or locked.max() >= self.full_n:
+                return "a locked slot out of range"
+            if not self._cell_count[locked].all():
                 return "a locked slot in no running row"
+        return self._lock_counts(s, locked, over if locked is None else None)
+
+    def _lock_counts(
+        self, s: LiveState, locked: np.ndarray | None, over: np.ndarray | None
+    ) -> str | None:
+        """Each node's lock counts are the running requests' locks that pass through it
+        (`lock_reader`); the Rust core keeps its counts, so there the locked slots are
+        exactly those the requests' FULL locks cover. A count above its locks is a lock
+        never released (`lock_excess`)."""
+        expected = s.lock_expected
+        if expected is None:
             return None
-        if locked is None:
-            return "no lock record"
-        if not locked.size:
-            return None
-        if idle:
-            return "a lock at idle"
-        if locked.min() < 0 or locked.max() >= self.full_n:
+        if isinstance(expected, list):
+            counts = s.lock_counts
+            if counts is None or counts == expected:
+                return None
+            self.lock_excess = any(
+                count > want[node]
+                for have, want in zip(counts, expected, strict=True)
+                for node, count in have.items()
+            )
+            return "a node's lock count is not its requests' locks"
+        covered = np.bincount(expected, minlength=self.full_n) > 0
+        if covered.size != self.full_n:
             return "a locked slot out of range"
-        if not self._cell_count[locked].all():
-            return "a locked slot in no running row"
-        return None
+        if over is None:
+            over = np.zeros(self.full_n, dtype=bool)
+            if locked is not None:
+                over[locked] = True
+        if np.array_equal(over, covered):
+            return None
+        self.lock_excess = bool((over & ~covered).any())
+        return "the locked slots are not those the requests' locks cover"
 
     def _batch(self, s: LiveState, idle: bool) -> str | None:
         b = s.batch
@@ -568,6 +768,8 @@ class LiveAudit:
         end = prefix + extend
         if (end > s.alloc_lens[rpi]).any():
             return "a batch row beyond its allocation"
+        if b.get("forward_mode") == "decode":  # one cell a row (`batch_state`): no masks
+            return self._decode(s, rpi, prefix)
         top = int(end.max()) if end.size else 0  # inside the rows' allocations (`_full`)
         grid = self._grid[: rpi.size, :top]
         writes = (grid >= prefix[:, None]) & (grid < end[:, None])
@@ -584,6 +786,22 @@ class LiveAudit:
             start = np.maximum(prefix - self.window, 0)
             window = (grid >= start[:, None]) & (grid < end[:, None])
             if not lut[table[window]].all():
+                return "a window cell unmapped"
+        return None
+
+    def _decode(self, s: LiveState, rpi: np.ndarray, prefix: np.ndarray) -> str | None:
+        """`_batch` for a decode: each row writes its cell `prefix`, and reads its window
+        back from there (`[P - W, P]`, from 0 where P < W: the columns clipped to 0 are
+        inside it)."""
+        expected = s.table[rpi, prefix]
+        out = s.batch.get("out_cache_loc") if s.batch is not None else None
+        if out is None or out.shape != expected.shape or not (out == expected).all():
+            return "out_cache_loc not the extended cells"
+        if self._tree[expected].any():
+            return "a write into the tree"
+        if s.lut is not None and self.window > 0:
+            cols = np.maximum(prefix[:, None] - self._back, 0)
+            if not s.lut[s.table[rpi[:, None], cols]].all():
                 return "a window cell unmapped"
         return None
 

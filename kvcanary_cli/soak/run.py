@@ -132,7 +132,8 @@ def run_history(
         scheduler = Scheduler(stack, workload)
         checks = SGLangChecks(scheduler) if sglang_checks else None
         after_step, undo = plant(fault, stack)
-        live = None if mode == "full" or folder is not None else LiveAudit(scheduler)
+        # with a folder too: the lock counts are the live audit's alone (a dump has none)
+        live = None if mode == "full" else LiveAudit(scheduler)
     result = HistoryResult(steps=0, audited=0, counters=scheduler.counters)
 
     def audited(

@@ -148,8 +148,8 @@ def test_the_reader_comparison_catches_a_misread_lock(
     original = live._walk_python_core
 
     def unlocked(*args: Any) -> Any:
-        held, resident, _, unlocked = original(*args)
-        return held, resident, held[:0], unlocked
+        held, resident, _, unlocked, counts = original(*args)
+        return held, resident, held[:0], unlocked, counts
 
     monkeypatch.setattr(live, "_walk_python_core", unlocked)
     differ, _ = _misread(sglang, "python", monkeypatch)
@@ -215,3 +215,54 @@ def test_live_audit_finds_what_check_finds_on_each_layout(
         assert result.failure is None and result.fallbacks == 0
     else:
         assert result.failure is not None and result.failure.broken is not None
+
+
+def _leak_history(sglang: Any, fault: str | None, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A history whose abort or retraction at step 26 is released without caching (seed 10,
+    aborts on): its result, the steps a planted leak happened at, and the audits whose
+    running requests held a lock below the root."""
+    import kvcanary_cli.soak.live as live
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+    from kvcanary_cli.soak.workload import random_workload
+
+    leaked: list[int] = []
+    step, counts = Scheduler.step, live.LiveAudit._lock_counts
+    held = [0]
+
+    def stepped(self: Any, on_plan: Any = None) -> Any:
+        info = step(self, on_plan)
+        if getattr(self.stack.tree, "_kvcanary_leaks", 0) and not leaked:
+            leaked.append(info.step)
+        return info
+
+    def compared(self: Any, state: Any, *args: Any) -> Any:
+        held[0] += any(map(len, state.lock_expected))  # the Python core's: per component
+        return counts(self, state, *args)
+
+    monkeypatch.setattr(Scheduler, "step", stepped)
+    monkeypatch.setattr(live.LiveAudit, "_lock_counts", compared)
+    workload = random_workload(10, steps=40, requests=10, max_prompt=60, max_new=20, aborts=0.3)
+    result = run_history(sglang, StackSpec.pressured(1, "python"), workload, fault=fault)
+    return result, leaked, held[0]
+
+
+def test_lock_counts_find_a_lock_leak_at_its_step(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request released without caching never unlocks its prefix (`lock-leak`): a node's
+    lock count then exceeds the running requests' locks through it, found at the plan audit
+    of the step it happened, where the locked slots alone still lie in running rows (they
+    see it a step later). The clean twin: every count matches, with locks held."""
+    clean, _, held = _leak_history(sglang, None, monkeypatch)
+    assert clean.failure is None and clean.fallbacks == 0 and held > 0
+    result, leaked, _ = _leak_history(sglang, "lock-leak", monkeypatch)
+    found = result.failure
+    assert leaked and found is not None
+    assert (found.step, found.mode) == (leaked[0], "plan")
+    assert (found.codes, found.top_cause) == (["tree-lock-leaked"], "tree-lock-leak")
+    assert found.broken == "a node's lock count is not its requests' locks"
+    monkeypatch.setattr("kvcanary_cli.soak.live.LiveAudit._lock_counts", lambda *args: None)
+    later = _leak_history(sglang, "lock-leak", monkeypatch)[0].failure
+    assert later is not None and later.step > found.step
