@@ -171,6 +171,36 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
         worker.kill()
+    for pid in _spawned_children():  # one whose spawn the stop interrupted is in no record
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _spawned_children() -> list[int]:
+    """This process's children that multiprocessing spawned (`--multiprocessing-fork` on
+    their command line), read from /proc (elsewhere: none). A stop that lands while the pool
+    spawns a worker leaves that worker started but unrecorded, before its initializer asked
+    the kernel to end it with its parent: seen under load, a paused worker outliving `check`."""
+    me = os.getpid()
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            if int(fields[1]) != me:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if b"--multiprocessing-fork" in cmdline.read().split(b"\0"):
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not readable
+            continue
+    return found
 
 
 def _check_and_send(check: CheckOne, item: DumpWork, send: Connection, parent: int) -> None:

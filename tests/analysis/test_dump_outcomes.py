@@ -90,3 +90,27 @@ def test_a_dump_checked_alone_says_how_its_process_died(three: list[Path]) -> No
         f"{three[2]}: the process checking it was killed by SIGKILL (often the out-of-memory "
         "killer; check it alone, or with fewer --jobs)"
     )
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_stop_finds_the_spawned_workers_no_record_holds() -> None:
+    """A stop that lands while the pool spawns a worker leaves it in no record of the pool's:
+    the sweep finds this process's spawned children by their command line (a worker, here a
+    spawned process nobody recorded), and not its other children."""
+    import subprocess
+    import sys
+
+    from kvcanary_cli.analysis.dump_pool import _spawned_children
+
+    worker = multiprocessing.get_context("spawn").Process(target=signal.pause)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    worker.start()
+    try:
+        found = _spawned_children()
+        assert worker.pid in found and other.pid not in found
+    finally:
+        worker.kill()
+        worker.join()
+        other.kill()
+        other.wait()
+    assert worker.pid not in _spawned_children()
