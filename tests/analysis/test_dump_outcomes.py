@@ -99,14 +99,17 @@ def test_a_stop_finds_the_spawned_workers_no_record_holds() -> None:
     spawned process nobody recorded), and not its other children."""
     import subprocess
     import sys
+    import time
 
     from kvcanary_cli.analysis.dump_pool import _spawned_children
 
     worker = multiprocessing.get_context("spawn").Process(target=signal.pause)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    worker.start()
+    worker.start()  # returns once forked: its command line is the spawn's once it runs
     try:
-        found = _spawned_children()
+        deadline = time.monotonic() + 30
+        while worker.pid not in (found := _spawned_children()) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert worker.pid in found and other.pid not in found
     finally:
         worker.kill()
