@@ -499,6 +499,7 @@ class LiveAudit:
         self._offsets = np.arange(self.page, dtype=np.int64)
         self._back = np.arange(self.window + 1, dtype=np.int64)  # a decode's window, back
         self._where = np.zeros(self.full_n, dtype=np.int64)
+        self._page_of = np.zeros(self.full_n // self.page + 1, dtype=np.int64)  # `_swa`'s
         #: per audit: the running rows' cells and how often each full slot is one
         self._cells: np.ndarray = first.free_full[:0]
         self._cell_count: np.ndarray = first.free_full[:0]
@@ -537,7 +538,7 @@ class LiveAudit:
     def _rows(self, s: LiveState, idle: bool) -> str | None:
         # a negative row raises in bincount (unreadable: broken), one past the end lengthens it
         both = np.bincount(np.concatenate((s.free_rows, s.running_rows)), minlength=self.rows_n)
-        if both.shape != self.row_domain.shape or not (both == self.row_domain).all():
+        if not _equal(both, self.row_domain):
             return "pool rows not partitioned"
         return None
 
@@ -562,7 +563,7 @@ class LiveAudit:
         owners = free + tree + cell_count * (tree == 0)
         if ps > 1:
             rest = lens % ps
-            part = np.flatnonzero(rest)
+            part = rest.nonzero()[0]
             if part.size:
                 last = table[part, lens[part] - 1]
                 rest = rest[part]
@@ -571,13 +572,13 @@ class LiveAudit:
                 if tails.size != n:
                     return "a full slot out of range"
                 owners += tails
-        if not (owners == self.full_domain).all():
+        if not _equal(owners, self.full_domain):
             return _why_full(free, tree, cell_count)
         # a slot in two rows (or twice in one) is at one position
         spots = grid[inside]
         where = self._where
         where[cells] = spots
-        if not (where[cells] == spots).all():
+        if not _equal(where[cells], spots):
             return "a shared slot at two positions"
         self._cells, self._cell_count, self._tree = cells, cell_count, tree
         return None
@@ -627,7 +628,7 @@ class LiveAudit:
         if lut.shape[0] != self.lut_n or lut[n:].tobytes() != self.lut_tail:
             return "the LUT's length or tail changed"
         body = lut[:n]
-        if body[:ps].any():
+        if _any(body[:ps]):
             return "page 0 mapped"
         free = None
         if not unified:
@@ -636,35 +637,36 @@ class LiveAudit:
             free = np.bincount(s.free_swa, minlength=self.swa_n)
             if free.size != self.swa_n:
                 return "an SWA slot listed twice or out of range"
-        if body[s.free_full].any():
+        if _any(body[s.free_full]):
             return "a free full slot mapped"
-        mapped = np.flatnonzero(body)
+        mapped = body.nonzero()[0]
         image = body[mapped]
         if ps > 1:
             # a full page maps into one SWA page, slot for slot (its unwritten rest
             # unmapped), and that SWA page is held whole, by that full page alone
-            if ((image - mapped) % ps).any():
+            if _any((image - mapped) % ps):
                 return "a page mapped out of lockstep"
             full_pages, swa_pages = mapped // ps, image // ps
-            page_of = np.full(n // ps + 1, -1, dtype=np.int64)
+            page_of = self._page_of
+            page_of.fill(-1)
             page_of[full_pages] = swa_pages
-            if not (page_of[full_pages] == swa_pages).all():
+            if not _equal(page_of[full_pages], swa_pages):
                 return "a page mapped out of lockstep"
             # how many full pages map into each SWA page, per slot
             pages = np.bincount(page_of[page_of >= 0], minlength=self.swa_n // ps)
-            held = np.repeat(pages, ps)
+            held = pages.repeat(ps)
         else:
             held = np.bincount(image, minlength=self.swa_n)
         # an SWA slot mapped twice, or from two full pages, counts 2: not the domain's 0/1
         if free is None:
             if held.max(initial=0) > 1:
                 return "an SWA slot mapped twice"
-        elif held.shape != free.shape or not (held + free == self.swa_domain).all():
+        elif held.shape != free.shape or not _equal(held + free, self.swa_domain):
             return "SWA slots not partitioned"
         if s.resident is not None:
             # resident: exactly once each tree slot (held once: `_full`) that is mapped
             resident = np.bincount(s.resident, minlength=n)
-            if resident.shape != body.shape or not (resident == self._tree * (body != 0)).all():
+            if resident.shape != body.shape or not _equal(resident, self._tree * (body != 0)):
                 if resident.size != n or (resident > self._tree).any():
                     return "an SWA-resident slot outside the tree"
                 return "a tree slot's SWA residence and its mapping disagree"
@@ -703,10 +705,10 @@ class LiveAudit:
             if unlocked.size != self.full_n:
                 return "an unlocked slot out of range"
             over = self._tree > unlocked
-            if over.any():
+            if _any(over):
                 if idle:
                     return "a lock at idle"
-                if (over & (self._cell_count == 0)).any():
+                if _any(over & (self._cell_count == 0)):
                     return "a locked slot in no running row"
         elif locked is None:
             return "no lock record"
@@ -715,7 +717,7 @@ class LiveAudit:
                 return "a lock at idle"
             if locked.min() < 0 or locked.max() >= self.full_n:
                 return "a locked slot out of range"
-            if not self._cell_count[locked].all():
+            if not _all(self._cell_count[locked]):
                 return "a locked slot in no running row"
         return self._lock_counts(s, locked, over if locked is None else None)
 
@@ -746,7 +748,7 @@ class LiveAudit:
             over = np.zeros(self.full_n, dtype=bool)
             if locked is not None:
                 over[locked] = True
-        if np.array_equal(over, covered):
+        if _equal(over, covered):
             return None
         self.lock_excess = bool((over & ~covered).any())
         return "the locked slots are not those the requests' locks cover"
@@ -761,12 +763,12 @@ class LiveAudit:
         if rows.size != self.rows_n or rows.max(initial=0) > 1:
             return "a batch row twice or out of range"
         running = np.bincount(s.running_rows, minlength=self.rows_n)
-        if (rows > running).any():
+        if _any(rows > running):
             return "a batch row not running"
         if (prefix.size and prefix.min() < 0) or (extend.size and extend.min() < 1):
             return "a negative length"
         end = prefix + extend
-        if (end > s.alloc_lens[rpi]).any():
+        if _any(end > s.alloc_lens[rpi]):
             return "a batch row beyond its allocation"
         if b.get("forward_mode") == "decode":  # one cell a row (`batch_state`): no masks
             return self._decode(s, rpi, prefix)
@@ -776,16 +778,16 @@ class LiveAudit:
         table = s.table[rpi, :top]
         expected = table[writes]
         out = b.get("out_cache_loc")
-        if out is None or out.shape != expected.shape or not (out == expected).all():
+        if out is None or not _equal(out, expected):
             return "out_cache_loc not the extended cells"
-        if self._tree[expected].any():
+        if _any(self._tree[expected]):
             return "a write into the tree"
         lut = s.lut
         if lut is not None and self.window > 0:
             # the cells the plan verifies ([P - W, P), `window_start`) and the writes: mapped
             start = np.maximum(prefix - self.window, 0)
             window = (grid >= start[:, None]) & (grid < end[:, None])
-            if not lut[table[window]].all():
+            if not _all(lut[table[window]]):
                 return "a window cell unmapped"
         return None
 
@@ -795,13 +797,13 @@ class LiveAudit:
         inside it)."""
         expected = s.table[rpi, prefix]
         out = s.batch.get("out_cache_loc") if s.batch is not None else None
-        if out is None or out.shape != expected.shape or not (out == expected).all():
+        if out is None or not _equal(out, expected):
             return "out_cache_loc not the extended cells"
-        if self._tree[expected].any():
+        if _any(self._tree[expected]):
             return "a write into the tree"
         if s.lut is not None and self.window > 0:
             cols = np.maximum(prefix[:, None] - self._back, 0)
-            if not s.lut[s.table[rpi[:, None], cols]].all():
+            if not _all(s.lut[s.table[rpi[:, None], cols]]):
                 return "a window cell unmapped"
         return None
 
@@ -842,3 +844,23 @@ def _name_each_other(v2p: np.ndarray, p2v: np.ndarray) -> bool:
     q = np.flatnonzero(p2v[1:] >= 0) + 1
     w = p2v[q]
     return not (w.size and (w.min() < 1 or w.max() >= v2p.size or (v2p[w] != q).any()))
+
+
+def _any(values: np.ndarray) -> bool:
+    """`values.any()`, at a fraction of its call cost on the audit's small arrays."""
+    return bool(np.count_nonzero(values))
+
+
+def _all(values: np.ndarray) -> bool:
+    """`values.all()`, likewise."""
+    return bool(np.count_nonzero(values) == values.size)
+
+
+def _equal(a: np.ndarray, b: np.ndarray | None) -> bool:
+    """Same shape and values (bytes compared where the dtypes match: one C call); None
+    equals nothing."""
+    if b is None or a.shape != b.shape:
+        return False
+    if a.dtype == b.dtype:
+        return a.tobytes() == b.tobytes()
+    return bool((a == b).all())
