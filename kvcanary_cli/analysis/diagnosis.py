@@ -1351,17 +1351,23 @@ def _copied(dump: KvDump, found: list[Finding]) -> str:
     )
 
 
-def _swa_leak(dump: KvDump, found: list[Finding]) -> str:
+def _leaked_where(dump: KvDump, found: list[Finding], space: str) -> tuple[str, bool]:
+    """Where a leak's cells are, in `space`'s words (`SWA page 3 (slots 12..15)`, `full slots
+    4..9`): slots at page size 1, pages above it; and whether that is one page (or slot)."""
     page = max(1, dump.scalars["page_size"].value or 1)
     slots = distinct(np.concatenate([_cells(f)[0] for f in found]))
     pages = distinct(slots // page)
     if page == 1:
-        where = f"SWA slot {slots[0]}" if slots.size == 1 else f"SWA slots {span(slots)}"
+        where = f"{space} slot {slots[0]}" if slots.size == 1 else f"{space} slots {span(slots)}"
     elif pages.size == 1:
-        where = f"SWA {_page_text(int(pages[0]), page)}"
+        where = f"{space} {_page_text(int(pages[0]), page)}"
     else:
-        where = f"SWA pages {span(pages)}"
-    one = (pages.size if page > 1 else slots.size) == 1
+        where = f"{space} pages {span(pages)}"
+    return where, (pages.size if page > 1 else slots.size) == 1
+
+
+def _swa_leak(dump: KvDump, found: list[Finding]) -> str:
+    where, one = _leaked_where(dump, found, "SWA")
     return (
         f"{where} {'is' if one else 'are'} neither free nor mapped from a held full slot: "
         f"{'its mapping was' if one else 'their mappings were'} dropped without a free (leaked)"
@@ -1369,16 +1375,7 @@ def _swa_leak(dump: KvDump, found: list[Finding]) -> str:
 
 
 def _full_leak(dump: KvDump, found: list[Finding]) -> str:
-    page = max(1, dump.scalars["page_size"].value or 1)
-    slots = distinct(np.concatenate([_cells(f)[0] for f in found]))
-    pages = distinct(slots // page)
-    if page == 1:
-        where = f"full slot {slots[0]}" if slots.size == 1 else f"full slots {span(slots)}"
-    elif pages.size == 1:
-        where = f"full {_page_text(int(pages[0]), page)}"
-    else:
-        where = f"full pages {span(pages)}"
-    one = (pages.size if page > 1 else slots.size) == 1
+    where, one = _leaked_where(dump, found, "full")
     text = (
         f"{where} {'is' if one else 'are'} neither free, nor the radix tree's, nor a running "
         "request's: leaked"
