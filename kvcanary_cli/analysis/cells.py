@@ -12,14 +12,19 @@ from dataclasses import replace
 
 import numpy as np
 
+from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import distinct  # the layers below sort the same way
-from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
+    "IDS_SHOWN",
     "at_cell",
     "cell_index",
     "cell_slots",
     "distinct",
+    "flat_ids",
+    "id_list_finding",
     "held_slots",
     "holding",
     "in_pool_row",
@@ -178,3 +183,28 @@ def span(values: np.ndarray | Sequence[int]) -> str:
         return f"{v[0]}..{v[-1]}"
     shown = ", ".join(str(x) for x in v[:_SHOWN].tolist())
     return shown if v.size <= _SHOWN else f"{shown}, ... ({v.size})"
+
+
+#: Ids an id-list finding names in its details (a sample, with the total).
+IDS_SHOWN = 16
+
+
+def flat_ids(values: np.ndarray | None) -> np.ndarray:
+    """A recorded id list (Mamba or host slots) as flat int64; empty where not recorded."""
+    if values is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def id_list_finding(
+    code: FindingCode, ids: np.ndarray, one: str, many: str, *, key: str, **details: JsonValue
+) -> Finding:
+    """A finding about a list of ids that are no cells (Mamba slots, host slots): `one` says
+    a single id (`{slot}`), `many` several (`{slots}`: their span); the details carry `key`
+    (a sample of `IDS_SHOWN`), `key_total` and `details`."""
+    said = one.format(slot=int(ids[0])) if ids.size == 1 else many.format(slots=span(ids))
+    listed: dict[str, JsonValue] = {
+        key: [int(i) for i in ids[:IDS_SHOWN]],
+        f"{key}_total": int(ids.size),
+    }
+    return Finding(code=code, group=Group.FULL, message=said, details={**listed, **details})

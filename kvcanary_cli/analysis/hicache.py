@@ -12,71 +12,36 @@ claimed. Each check is a sort over lists as long as the pool.
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 
-from kvcanary_cli.analysis.cells import repeated, span
+from kvcanary_cli.analysis.cells import IDS_SHOWN, flat_ids, id_list_finding, repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = ["host_free_list_findings", "host_slot_findings"]
-
-#: Slots (and nodes) a finding names in its details (a sample, with the total).
-_SHOWN = 16
-
-
-def _flat(values: np.ndarray | None) -> np.ndarray:
-    if values is None:
-        return np.zeros(0, dtype=np.int64)
-    return np.asarray(values, dtype=np.int64).reshape(-1)
-
-
-def _finding(code: FindingCode, slots: np.ndarray, message: str, **details: JsonValue) -> Finding:
-    return Finding(
-        code=code,
-        group=Group.FULL,
-        message=message,
-        details=cast(
-            dict[str, JsonValue],
-            {
-                "host_slots": [int(s) for s in slots[:_SHOWN]],
-                "host_slots_total": int(slots.size),
-                **details,
-            },
-        ),
-    )
-
-
-def _said(slots: np.ndarray, one: str, many: str) -> str:
-    return one.format(slot=int(slots[0])) if slots.size == 1 else many.format(slots=span(slots))
 
 
 def _aligned(values: np.ndarray | None, held: np.ndarray) -> np.ndarray | None:
     """A per-entry record of `tree_host_slots` (node ids, lock counts), None when it is not
     recorded or not aligned with the slots."""
-    flat = None if values is None else _flat(values)
+    flat = None if values is None else flat_ids(values)
     return flat if flat is not None and flat.size == held.size else None
 
 
 def host_free_list_findings(dump: KvDump) -> list[Finding]:
     """The host free list alone: slots listed twice, slots outside the pool."""
-    free = _flat(dump.host_free_slots)
+    free = flat_ids(dump.host_free_slots)
     found: list[Finding] = []
     twice = repeated(free)
     if twice.size:
         found.append(
-            _finding(
+            id_list_finding(
                 FindingCode.HOST_SLOT_FREED_TWICE,
                 twice,
-                _said(
-                    twice,
-                    "host slot {slot} is listed twice on the HiCache host free list: freed twice",
-                    "host slots {slots} are listed twice on the HiCache host free list: "
-                    "freed twice",
-                ),
+                "host slot {slot} is listed twice on the HiCache host free list: freed twice",
+                "host slots {slots} are listed twice on the HiCache host free list: freed twice",
+                key="host_slots",
             )
         )
     found += _range_finding(dump, "the host free list", free)
@@ -91,14 +56,12 @@ def _range_finding(dump: KvDump, where: str, slots: np.ndarray) -> list[Finding]
         return []
     pool = "below 0" if size is None else f"outside the host pool's {size} slots"
     return [
-        _finding(
+        id_list_finding(
             FindingCode.HOST_SLOT_OUT_OF_RANGE,
             bad,
-            _said(
-                bad,
-                f"host slot {{slot}} in {where} is {pool}",
-                f"host slots {{slots}} in {where} are {pool}",
-            ),
+            f"host slot {{slot}} in {where} is {pool}",
+            f"host slots {{slots}} in {where} are {pool}",
+            key="host_slots",
             where=where,
         )
     ]
@@ -107,7 +70,7 @@ def _range_finding(dump: KvDump, where: str, slots: np.ndarray) -> list[Finding]
 def host_slot_findings(dump: KvDump) -> list[Finding]:
     """The tree's host values against the free list: free and held, held twice, and the
     tree's slots outside the pool."""
-    free, held = _flat(dump.host_free_slots), _flat(dump.tree_host_slots)
+    free, held = flat_ids(dump.host_free_slots), flat_ids(dump.tree_host_slots)
     nodes = _aligned(dump.tree_host_nodes, held)
     locks = _aligned(dump.tree_host_lock_refs, held)
     found: list[Finding] = []
@@ -116,20 +79,18 @@ def host_slot_findings(dump: KvDump) -> list[Finding]:
         at = np.isin(held, both)
         details: dict[str, JsonValue] = {}
         if nodes is not None:
-            details["nodes"] = [int(n) for n in np.unique(nodes[at])[:_SHOWN]]
+            details["nodes"] = [int(n) for n in np.unique(nodes[at])[:IDS_SHOWN]]
         if locks is not None:
             details["host_locked"] = bool((locks[at] > 0).any())
         found.append(
-            _finding(
+            id_list_finding(
                 FindingCode.HOST_SLOT_FREE_AND_HELD,
                 both,
-                _said(
-                    both,
-                    "host slot {slot} is on the HiCache host free list, yet a tree node's "
-                    "host value holds it: the next backup overwrites that node's host copy",
-                    "host slots {slots} are on the HiCache host free list, yet tree nodes' host "
-                    "values hold them: the next backups overwrite those host copies",
-                ),
+                "host slot {slot} is on the HiCache host free list, yet a tree node's "
+                "host value holds it: the next backup overwrites that node's host copy",
+                "host slots {slots} are on the HiCache host free list, yet tree nodes' host "
+                "values hold them: the next backups overwrite those host copies",
+                key="host_slots",
                 **details,
             )
         )
@@ -137,18 +98,16 @@ def host_slot_findings(dump: KvDump) -> list[Finding]:
     if twice.size:
         details = {}
         if nodes is not None:
-            details["nodes"] = [int(n) for n in np.unique(nodes[np.isin(held, twice)])[:_SHOWN]]
+            details["nodes"] = [int(n) for n in np.unique(nodes[np.isin(held, twice)])[:IDS_SHOWN]]
         found.append(
-            _finding(
+            id_list_finding(
                 FindingCode.HOST_SLOT_HELD_TWICE,
                 twice,
-                _said(
-                    twice,
-                    "host slot {slot} is held twice by the tree's host values: two cached "
-                    "prefixes share one host copy",
-                    "host slots {slots} are held twice by the tree's host values: two cached "
-                    "prefixes share each host copy",
-                ),
+                "host slot {slot} is held twice by the tree's host values: two cached "
+                "prefixes share one host copy",
+                "host slots {slots} are held twice by the tree's host values: two cached "
+                "prefixes share each host copy",
+                key="host_slots",
                 **details,
             )
         )

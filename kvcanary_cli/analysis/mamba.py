@@ -12,41 +12,19 @@ at idle only counts. Each check is a few sorts over lists as long as the pool.
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 
-from kvcanary_cli.analysis.cells import repeated, span
+from kvcanary_cli.analysis.cells import flat_ids, id_list_finding, repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group, Layout
-from kvcanary_cli.results.check import Finding, JsonValue
+from kvcanary_cli.results.check import Finding
 
 __all__ = ["mamba_findings", "mamba_leak_findings"]
 
-#: Slots a finding names in its details (a sample, with the total).
-_SHOWN = 16
-_EMPTY = np.zeros(0, dtype=np.int64)
-
-
-def _flat(values: np.ndarray | None) -> np.ndarray:
-    return _EMPTY if values is None else np.asarray(values, dtype=np.int64).reshape(-1)
-
 
 def _finding(code: FindingCode, slots: np.ndarray, one: str, many: str) -> Finding:
-    first = int(slots[0])
-    return Finding(
-        code=code,
-        group=Group.FULL,
-        message=one.format(slot=first) if slots.size == 1 else many.format(slots=span(slots)),
-        details=cast(
-            dict[str, JsonValue],
-            {
-                "mamba_slots": [int(s) for s in slots[:_SHOWN]],
-                "mamba_slots_total": int(slots.size),
-            },
-        ),
-    )
+    return id_list_finding(code, slots, one, many, key="mamba_slots")
 
 
 def _size(dump: KvDump) -> int | None:
@@ -57,7 +35,7 @@ def _size(dump: KvDump) -> int | None:
 def _in_pool(dump: KvDump, *records: np.ndarray | None) -> np.ndarray:
     """The slots `records` name, once per mention, less those past the pool (`_beyond` names
     them once; no other check counts them)."""
-    slots = np.concatenate([_flat(values) for values in records])
+    slots = np.concatenate([flat_ids(values) for values in records])
     size = _size(dump)
     return slots if size is None else slots[(slots >= 0) & (slots < size)]
 
@@ -69,9 +47,9 @@ def _beyond(dump: KvDump) -> list[Finding]:
     if size is None:
         return []
     places = (
-        ("the Mamba free list", _flat(dump.free_mamba_slots)),
-        ("the tree", _flat(dump.tree_mamba_slots)),
-        ("a live request", _flat(dump.req_mamba_slots)),
+        ("the Mamba free list", flat_ids(dump.free_mamba_slots)),
+        ("the tree", flat_ids(dump.tree_mamba_slots)),
+        ("a live request", flat_ids(dump.req_mamba_slots)),
     )
     outside = [(name, s[(s < 0) | (s >= size)]) for name, s in places]
     where = [name for name, slots in outside if slots.size]
@@ -130,8 +108,8 @@ def mamba_findings(dump: KvDump) -> list[Finding]:
             name
             for name, values in (
                 ("the Mamba free list", free),
-                ("the tree", _flat(dump.tree_mamba_slots)),
-                ("a live request", _flat(dump.req_mamba_slots)),
+                ("the tree", flat_ids(dump.tree_mamba_slots)),
+                ("a live request", flat_ids(dump.req_mamba_slots)),
             )
             if bool((values == 0).any())
         ]
@@ -156,8 +134,8 @@ def _row_map(dump: KvDump) -> list[Finding]:
     )
     if row_map is None or slots is None or rows is None or slots.size != rows.size:
         return []
-    mapping = _flat(row_map)
-    slots, rows = _flat(slots), _flat(rows)
+    mapping = flat_ids(row_map)
+    slots, rows = flat_ids(slots), flat_ids(rows)
     live = (rows > 0) & (rows < mapping.size)
     slots, rows = slots[live], rows[live]
     wrong = mapping[rows] != slots
@@ -186,7 +164,7 @@ def mamba_leak_findings(dump: KvDump) -> list[Finding]:
     accounted = np.zeros(size, dtype=bool)
     accounted[0] = True
     for values in (dump.free_mamba_slots, dump.tree_mamba_slots, dump.req_mamba_slots):
-        flat = _flat(values)
+        flat = flat_ids(values)
         accounted[flat[(flat >= 0) & (flat < size)]] = True
     leaked = np.flatnonzero(~accounted).astype(np.int64)
     if not leaked.size:
