@@ -183,3 +183,20 @@ def test_the_timeline_benchmark_records_its_ratios(tmp_path: Path) -> None:
     assert [record["metrics"][n]["exit_code"] for n in TIMELINE_PROCESSES] == [1, 1, 1, 0]
     assert all(math.isfinite(record["ratios"][n]) for n in TIMELINE_RATIOS)
     assert len(record["dumps"]) == 4 and "timeline_over_checks" in done.stdout
+
+
+def test_the_pool_shrink_benchmark_holds_the_small_dumps_report_to_the_originals(
+    tmp_path: Path,
+) -> None:
+    """bench/pool_shrink.py's measure on a tiny pool: a held block's fault keeps its story and
+    a clean pool shrinks, so the figures it prints come from a working shrink."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_pool_shrink", ROOT / "bench" / "pool_shrink.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name in ("vllm-freed-while-held", "vllm-clean"):
+        row = bench.measure(name, "small", tmp_path)
+        assert row["same_report"] and row["small_bytes"] < row["bytes"], row
+    assert row["findings"] == [] and not list(tmp_path.iterdir())  # both files removed
