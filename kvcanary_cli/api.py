@@ -35,12 +35,9 @@ if TYPE_CHECKING:
     from kvcanary_cli.synth.files import SynthOptions
 
 __all__ = [
-    "block_provenance",
     "check",
-    "check_pools",
     "diff",
     "inspect",
-    "is_pool_dump",
     "leak",
     "plan",
     "provenance",
@@ -48,7 +45,6 @@ __all__ = [
     "scenarios",
     "selftest",
     "shrink",
-    "slot_history",
     "synth",
     "timeline",
     "violations",
@@ -66,6 +62,18 @@ def _many(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
     return [paths] if isinstance(paths, str | os.PathLike) else list(paths)
 
 
+def _pools(paths: list[PathLike], mixed: str) -> bool:
+    """Whether the dumps are a block-pool engine's (vLLM) rather than SGLang's; `mixed`: the
+    error when only some are (each engine's dumps are read in a run of their own)."""
+    from kvcanary_cli.dump.header import dump_engine
+    from kvcanary_cli.dump.schema import POOL_ENGINES
+
+    pools = [dump_engine(p) in POOL_ENGINES for p in paths]
+    if any(pools) and not all(pools):
+        raise OptionError(mixed, option="DUMP")
+    return any(pools)
+
+
 def check(
     paths: PathLike | Sequence[PathLike],
     *,
@@ -75,27 +83,29 @@ def check(
     fail_on: Severity | str = "error",
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> CheckReport:
-    """Check one dump or several (in parallel processes); an unreadable one gets an `error`
-    report, the others are still checked. `kernel`: triton, vectorized, sglang or none. The report
-    names the SGLang version installed here, if any, so a reader knows what was compared.
-
-    SGLang dumps only: `check_pools` checks vLLM's."""
-    from kvcanary_cli.analysis.check import check_dumps
+) -> CheckReport | PoolCheckReport:
+    """`kvcanary check` on one dump or several (in parallel processes); an unreadable one gets
+    an `error` report. `kernel`: triton, vectorized, sglang or none. vLLM dumps are checked
+    against the block pool's invariants (a `PoolCheckReport`: no planner, so `kernel`,
+    `groups`, `overrides` and `jobs` are SGLang's)."""
     from kvcanary_cli.catalog import Severity
-    from kvcanary_cli.dump.header import dump_engine
-    from kvcanary_cli.dump.schema import POOL_ENGINES
 
     severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
     if jobs is not None:
         checked_integer(jobs, "jobs", POSITIVE)
     many = _many(paths)
-    if any(dump_engine(p) in POOL_ENGINES for p in many):
-        raise OptionError(
-            "SGLang and block-pool (vLLM) dumps are checked in separate runs "
-            "(`check_pools` checks vLLM dumps)",
-            option="DUMP",
-        )
+    if _pools(many, "SGLang and block-pool (vLLM) dumps are checked in separate runs"):
+        from kvcanary_cli.engines import check_pool_dump
+        from kvcanary_cli.results.pool import PoolCheckReport
+
+        reports = []
+        for i, p in enumerate(many):
+            reports.append(check_pool_dump(p))
+            if progress is not None:
+                progress(i + 1, len(many))
+        return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
+    from kvcanary_cli.analysis.check import check_dumps
+
     return check_dumps(
         many,
         planner=make_planner(PlannerChoice.VECTORIZED),
@@ -109,75 +119,40 @@ def check(
     )
 
 
-def is_pool_dump(paths: PathLike | Sequence[PathLike]) -> bool:
-    """Whether the dumps describe a block-pool engine (vLLM): `check_pools` checks them."""
-    from kvcanary_cli.dump.header import dump_engine
-    from kvcanary_cli.dump.schema import POOL_ENGINES
-
-    return any(dump_engine(p) in POOL_ENGINES for p in _many(paths))
-
-
-def check_pools(
-    paths: PathLike | Sequence[PathLike],
-    *,
-    fail_on: Severity | str = "error",
-    progress: Callable[[int, int], None] | None = None,
-) -> PoolCheckReport:
-    """Check block-pool (vLLM) dumps against the pool's invariants (no planner: a vLLM dump
-    has no planner inputs); an unreadable one gets an `error` report."""
-    from kvcanary_cli.catalog import Severity
-    from kvcanary_cli.engines import POOL_ENGINES, check_pool_dump, dump_engine
-    from kvcanary_cli.results.pool import PoolCheckReport
-
-    severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
-    many = _many(paths)
-    if not all(dump_engine(p) in POOL_ENGINES for p in many):
-        raise OptionError(
-            "SGLang and block-pool (vLLM) dumps are checked in separate runs", option="DUMP"
-        )
-    reports = []
-    for i, p in enumerate(many):
-        reports.append(check_pool_dump(p))
-        if progress is not None:
-            progress(i + 1, len(many))
-    return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
-
-
-def pool_timeline(
-    paths: PathLike | Sequence[PathLike], *, keep_order: bool = False
-) -> PoolTimelineReport:
-    """On block-pool (vLLM) dumps of one pool: what changed between snapshots (in step
-    order, or as given with `keep_order`), and each one's findings (`timeline`, `diff`)."""
-    from kvcanary_cli.engines import POOL_ENGINES, dump_engine
-    from kvcanary_cli.engines import pool_timeline as run
-
-    many = _many(paths)
-    if not all(dump_engine(p) in POOL_ENGINES for p in many):
-        raise OptionError(
-            "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed",
-            option="DUMP",
-        )
-    return run(list(many), keep_order=keep_order)
-
-
 def provenance(
-    path: PathLike,
+    paths: PathLike | Sequence[PathLike],
     *,
     slot: int | None = None,
     row: int | None = None,
+    block: int | None = None,
     space: str = "full",
     group: str | None = None,
     positions: tuple[int, int] | None = None,
     max_cells: int = CELLS,
     overrides: Overrides = None,
-) -> ProvenanceReport:
-    """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
-    optionally limited to `positions` [start, end)), with the findings touching it."""
+) -> ProvenanceReport | TimelineReport | PoolProvenance:
+    """`kvcanary provenance`: one slot's provenance (`slot`, in `space` full or swa) or one
+    pool row's map (`row`, optionally limited to `positions` [start, end)), with the findings
+    touching it; over several dumps of one rank, the slot's history (a `TimelineReport`); on a
+    vLLM dump, one `block`'s holders, queue places, hash and findings."""
+    many = _many(paths)
+    if block is not None:
+        from kvcanary_cli.engines import pool_provenance
+
+        if len(many) > 1 or slot is not None or row is not None:
+            raise OptionError(
+                "give one dump and --block alone, without --slot or --row", option="block"
+            )
+        return pool_provenance(many[0], checked_integer(block, "block", INDEX))
+    if len(many) > 1:
+        from kvcanary_cli.analysis.timeline import slot_history
+
+        return slot_history(many, slot=slot, row=row, space=space, overrides=overrides)
     from kvcanary_cli.analysis.query import provenance_report
     from kvcanary_cli.dump.loader import load_dump
 
     return provenance_report(
-        load_dump(path, overrides=overrides),
+        load_dump(many[0], overrides=overrides),
         make_planner(PlannerChoice.VECTORIZED),
         slot=slot,
         row=row,
@@ -186,13 +161,6 @@ def provenance(
         positions=positions,
         max_cells=max_cells,
     )
-
-
-def block_provenance(path: PathLike, block: int) -> PoolProvenance:
-    """On a block-pool (vLLM) dump: one block's holders, queue places, hash and findings."""
-    from kvcanary_cli.engines import pool_provenance
-
-    return pool_provenance(path, checked_integer(block, "block", INDEX))
 
 
 def plan(
@@ -238,7 +206,7 @@ def shrink(
 
     if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
         raise OptionError("name the small dump's file (SMALL.safetensors)", option="out")
-    if is_pool_dump(path):
+    if _pools([path], ""):
         from kvcanary_cli.engines import shrink_pool_dump
 
         if overrides:
@@ -310,23 +278,33 @@ def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOpt
 
 def timeline(
     paths: PathLike | Sequence[PathLike], *, overrides: Overrides = None, check: bool = True
-) -> TimelineReport:
-    """What changed between dumps of one rank (read in step order, one at a time): requests,
-    slot owners, LUT entries, SWA leaks, and the events that break the allocator's contract,
-    each dated to the steps between two dumps. With `check`, each dump is checked as `check
-    --kernel none` does, to date its findings and name each event's cause."""
-    from kvcanary_cli.analysis.timeline import timeline as run_timeline
+) -> TimelineReport | PoolTimelineReport:
+    """`kvcanary timeline`: what changed between dumps of one rank (read in step order), each
+    event dated and, with `check` (`check --kernel none` on each dump), its cause named; on
+    vLLM dumps, the blocks each step allocated, freed, rehomed or broke."""
+    return _timeline(_many(paths), overrides=overrides, check=check, keep_order=False)
+
+
+def diff(
+    old: PathLike, new: PathLike, *, overrides: Overrides = None
+) -> TimelineReport | PoolTimelineReport:
+    """`kvcanary diff`: what changed from `old` to `new`, two dumps of one rank."""
+    return _timeline([old, new], overrides=overrides, check=True, keep_order=True)
+
+
+def _timeline(
+    paths: list[PathLike], *, overrides: Overrides, check: bool, keep_order: bool
+) -> TimelineReport | PoolTimelineReport:
+    if _pools(
+        paths, "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed"
+    ):
+        from kvcanary_cli.engines import pool_timeline
+
+        return pool_timeline(paths, keep_order=keep_order)
+    from kvcanary_cli.analysis.timeline import timeline as run
 
     planner = make_planner(PlannerChoice.VECTORIZED) if check else None
-    return run_timeline(_many(paths), planner=planner, overrides=overrides)
-
-
-def diff(old: PathLike, new: PathLike, *, overrides: Overrides = None) -> TimelineReport:
-    """What changed from `old` to `new` (two dumps of one rank, `old` the earlier)."""
-    from kvcanary_cli.analysis.timeline import timeline as run_timeline
-
-    planner = make_planner(PlannerChoice.VECTORIZED)
-    return run_timeline([old, new], planner=planner, keep_order=True, overrides=overrides)
+    return run(paths, planner=planner, keep_order=keep_order, overrides=overrides)
 
 
 def ranks(paths: Sequence[PathLike], *, overrides: Overrides = None) -> RanksReport:
@@ -336,21 +314,6 @@ def ranks(paths: Sequence[PathLike], *, overrides: Overrides = None) -> RanksRep
     from kvcanary_cli.analysis.ranks import compare_ranks
 
     return compare_ranks(_many(paths), overrides=overrides)
-
-
-def slot_history(
-    paths: PathLike | Sequence[PathLike],
-    *,
-    slot: int | None,
-    row: int | None = None,
-    space: str = "full",
-    overrides: Overrides = None,
-) -> TimelineReport:
-    """One slot over several dumps of one rank: its owners, allocator state and LUT entry in
-    each, and the events that touch it (`provenance --slot N DUMP DUMP...`)."""
-    from kvcanary_cli.analysis.timeline import slot_history as run_slot_history
-
-    return run_slot_history(_many(paths), slot=slot, row=row, space=space, overrides=overrides)
 
 
 def leak(

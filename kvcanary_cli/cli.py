@@ -136,8 +136,6 @@ def check(
     findings at or above --fail-on, 2 bad input.
     """
     with progress(f"checking {dumps[0]}", len(dumps)) as tick:
-        if api.is_pool_dump(dumps):  # vLLM: the pool's invariants, no planner
-            return api.check_pools(dumps, fail_on=fail_on, progress=tick)
         return api.check(
             dumps,
             kernel=kernel,
@@ -193,24 +191,16 @@ def provenance(
     A row map marks the cells with findings and says which positions it leaves out. On a
     vLLM dump, --block N: who holds the block, where it is in the free queue, its hash.
     """
-    overrides = opt.overrides(sets)
-    if block is not None:
-        if len(dumps) > 1 or slot is not None or row is not None:
-            raise OptionError(
-                "give one dump and --block alone, without --slot or --row", option="block"
-            )
-        return api.block_provenance(dumps[0], block)
-    if len(dumps) > 1:  # the slot over the dumps
-        return api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
     return api.provenance(
-        dumps[0],
+        dumps,
         slot=slot,
         row=row,
-        space=space.value,
-        group=None if group is None else group.value,
+        block=block,
+        space=space,
+        group=group,
         positions=opt.parse_positions(positions),
         max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
-        overrides=overrides,
+        overrides=opt.overrides(sets),
     )
 
 
@@ -227,8 +217,6 @@ def timeline(
     order. vLLM dumps: per step the blocks allocated, freed, rehomed or gone bad, and each
     snapshot's findings. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
-    if api.is_pool_dump(dumps):
-        return api.pool_timeline(dumps)
     return api.timeline(dumps)
 
 
@@ -242,8 +230,6 @@ def diff(
 
     The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
     changes; the events."""
-    if api.is_pool_dump([old, new]):
-        return api.pool_timeline([old, new], keep_order=True)
     return api.diff(old, new)
 
 
