@@ -27,7 +27,6 @@ from kvcanary_cli.cli_app import ExitCode, exit_code, fail, make_app, run
 from kvcanary_cli.cli_options import argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.errors import OptionError
 from kvcanary_cli.output import complain, deliver, tell, to_stdout
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
@@ -573,44 +572,21 @@ def soak(
     Exit 0 clean, 1 found (by kvcanary, SGLang's checks, or an SGLang crash), 2 bad input
     (not an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """
-    if engine == "vllm":
-        from kvcanary_cli.soak.vllm_command import run_vllm_soak
-
-        if coverage:
-            raise OptionError("traces SGLang's memory cache only", option="--coverage")
-        return run_vllm_soak(
-            vllm_tree,
-            steps,
-            seed,
-            fault,
-            out=out,
-            force=force,
-            timings=timings,
-            replaying=replay,
-            sglang_options={
-                "--page-size": page_size,
-                "--core": core,
-                "--layout": layout,
-                "--sglang-tree": sglang_tree,
-            },
-        )
-    if engine != "sglang":
-        raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
-    if vllm_tree is not None:
-        raise OptionError("is a vLLM soak option: add --engine vllm", option="--vllm-tree")
-    from kvcanary_cli.soak.command import run_soak
+    from kvcanary_cli.soak.command import run_soak  # SGLang, vLLM and torch: as a soak runs
 
     return run_soak(
-        sglang_tree,
-        steps,
-        seed,
-        page_size,
-        core,
-        fault,
-        out,
+        engine,
+        sglang_tree=sglang_tree,
+        vllm_tree=vllm_tree,
+        steps=steps,
+        seed=seed,
+        page_size=page_size,
+        core=core,
+        fault=fault,
+        layout=layout,
+        out=out,
         force=force,
         timings=timings,
-        layout=layout or "swa",
         replaying=replay,
         coverage=coverage,
     )
