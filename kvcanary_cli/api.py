@@ -1,8 +1,8 @@
-"""The Python API: one function per command, returning the command's typed result (frozen
-dataclasses), which is its versioned record (`kvcanary.check/2`, ...): `kvcanary_cli.render.render`
-shows any of them as JSON, a table or Markdown. Names (`kernel="vectorized"`) are mapped to
-planner objects here, as on the command line; docs/python-api.md shows an example and how
-to choose the planners yourself.
+"""The Python API: one function per command (each command's `--help` says what it does),
+reading either engine's dumps as the command does and returning its typed result, which is its
+versioned record: `kvcanary_cli.render.render` shows any of them as JSON, a table or Markdown.
+Names (`kernel="vectorized"`) are mapped to planner objects here, as on the command line;
+docs/python-api.md shows an example and how to choose the planners yourself.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def _many(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
 
 
 def _pools(paths: list[PathLike], mixed: str) -> bool:
-    """Whether the dumps are a block-pool engine's (vLLM) rather than SGLang's; `mixed`: the
-    error when only some are (each engine's dumps are read in a run of their own)."""
+    """Whether the dumps are a block-pool engine's (vLLM), not SGLang's; `mixed`: the error
+    when only some are."""
     from kvcanary_cli.dump.header import dump_engine
     from kvcanary_cli.dump.schema import POOL_ENGINES
 
@@ -84,10 +84,8 @@ def check(
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport | PoolCheckReport:
-    """`kvcanary check` on one dump or several (in parallel processes); an unreadable one gets
-    an `error` report. `kernel`: triton, vectorized, sglang or none. vLLM dumps are checked
-    against the block pool's invariants (a `PoolCheckReport`: no planner, so `kernel`,
-    `groups`, `overrides` and `jobs` are SGLang's)."""
+    """`kvcanary check`; an unreadable dump gets an `error` report. vLLM dumps get a
+    `PoolCheckReport` (`kernel`, `groups`, `overrides` and `jobs` are SGLang's)."""
     from kvcanary_cli.catalog import Severity
 
     severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
@@ -131,10 +129,8 @@ def provenance(
     max_cells: int = CELLS,
     overrides: Overrides = None,
 ) -> ProvenanceReport | TimelineReport | PoolProvenance:
-    """`kvcanary provenance`: one slot's provenance (`slot`, in `space` full or swa) or one
-    pool row's map (`row`, optionally limited to `positions` [start, end)), with the findings
-    touching it; over several dumps of one rank, the slot's history (a `TimelineReport`); on a
-    vLLM dump, one `block`'s holders, queue places, hash and findings."""
+    """`kvcanary provenance`: a `slot` or a pool `row` (`positions`: [start, end)); over
+    several dumps, the slot's history (a `TimelineReport`); `block`: a vLLM dump's block."""
     many = _many(paths)
     if block is not None:
         from kvcanary_cli.engines import pool_provenance
@@ -173,9 +169,8 @@ def plan(
     out: PathLike | None = None,
     force: bool = False,
 ) -> PlanRun:
-    """One planner's plan of one group, written to `out` (a plan file) when it was made and
-    would launch, with its per-request summary. With `strict`, the reference raises
-    `UpstreamPlanError` where SGLang's does."""
+    """`kvcanary plan`: the plan is written to `out` when it was made and would launch; with
+    `strict`, the reference raises `UpstreamPlanError` where SGLang's does."""
     from kvcanary_cli.analysis.plan_summary import plan_run
     from kvcanary_cli.dump.loader import load_dump
 
@@ -184,8 +179,7 @@ def plan(
 
 
 def inspect(path: PathLike) -> DumpDescription:
-    """What a dump holds (rendered as the `kvcanary.inspect/2` record); validates the file on
-    the way."""
+    """`kvcanary inspect`: what a dump holds, the file validated on the way."""
     from kvcanary_cli.analysis.describe import describe_dump
     from kvcanary_cli.dump.loader import load_dump
 
@@ -195,11 +189,8 @@ def inspect(path: PathLike) -> DumpDescription:
 def shrink(
     path: PathLike, out: PathLike | None, *, overrides: Overrides = None, force: bool = False
 ) -> ShrinkResult:
-    """Write a small dump (format 1.2) of `path` at `out`: what the analysis of `path` reads,
-    in its original coordinates, with a record of the source and of what was dropped.
-    `check` gives the same findings and diagnosis on it. `out` is never `path`; an existing
-    file is replaced only with `force`. A block-pool (vLLM) dump keeps the blocks its findings
-    name and their holders (`overrides` are SGLang's scalars: refused there)."""
+    """`kvcanary shrink`: a small dump of `path` at `out` (never `path`; an existing file only
+    with `force`). `overrides` are SGLang's scalars: refused on a vLLM dump."""
     from kvcanary_cli import __version__
     from kvcanary_cli.analysis.shrink_selection import shrink_dump
     from kvcanary_cli.dump.loader import load_dump
@@ -226,8 +217,7 @@ def shrink(
 
 
 def scenarios() -> list[str]:
-    """The `synth` scenarios, one line each: name, summary, expected finding codes; then the
-    sequences `synth --steps K` writes."""
+    """`kvcanary synth --list`: the scenarios, the sequences and the vLLM scenarios."""
     from kvcanary_cli.engines import pool_scenario_lines
     from kvcanary_cli.synth.scenarios import scenario_lines
     from kvcanary_cli.synth.sequence import sequence_lines
@@ -244,51 +234,29 @@ def scenarios() -> list[str]:
 
 
 def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOptions]) -> str:
-    """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
-    and diagnosis in its metadata, and with `log` a kv_canary server log of its violations;
-    `page_size` overrides the scenario's. With `steps`, `scenario` names a sequence (one rank's
-    dumps every `every` steps, an event planted at step `at`) and `out` a folder. Options:
-    `seed` (0), `size` ("tiny"), `log`, `force`, `page_size`, `steps`, `at`, `every`. Returns
-    the line saying what was written. A vLLM scenario (`vllm-...`) takes `seed`, `size` and
-    `force` only."""
+    """`kvcanary synth` (`out` `-`: stdout); options as its flags: `seed` (0), `size`
+    ("tiny"), `log`, `force`, `page_size`, `steps`, `at`, `every`. Returns the line saying what
+    was written."""
     from kvcanary_cli.engines import is_pool_scenario, write_pool_scenario
     from kvcanary_cli.synth.files import write_synth
 
     if scenario is not None and is_pool_scenario(scenario):
-        rest = {
-            k
-            for k, v in options.items()
-            if k not in ("seed", "size", "force") and v is not None and (k, v) != ("every", 1)
-        }
-        if rest or out is None:
-            raise OptionError(
-                "a vLLM scenario takes --out, --seed, --size and --force only "
-                f"(not {sorted(rest)})",
-                option="synth",
-            )
-        return write_pool_scenario(
-            scenario,
-            out,
-            seed=checked_integer(options.get("seed", 0), "seed", INDEX),
-            size=str(options.get("size", "tiny")),
-            force=bool(options.get("force", False)),
-        )
+        return write_pool_scenario(scenario, out, **options)
     return write_synth(scenario, out, **options)
 
 
 def timeline(
     paths: PathLike | Sequence[PathLike], *, overrides: Overrides = None, check: bool = True
 ) -> TimelineReport | PoolTimelineReport:
-    """`kvcanary timeline`: what changed between dumps of one rank (read in step order), each
-    event dated and, with `check` (`check --kernel none` on each dump), its cause named; on
-    vLLM dumps, the blocks each step allocated, freed, rehomed or broke."""
+    """`kvcanary timeline` (`check`: each dump checked as `check --kernel none`, to name each
+    event's cause); vLLM dumps get a `PoolTimelineReport`."""
     return _timeline(_many(paths), overrides=overrides, check=check, keep_order=False)
 
 
 def diff(
     old: PathLike, new: PathLike, *, overrides: Overrides = None
 ) -> TimelineReport | PoolTimelineReport:
-    """`kvcanary diff`: what changed from `old` to `new`, two dumps of one rank."""
+    """`kvcanary diff`: from `old` to `new`, two dumps of one rank."""
     return _timeline([old, new], overrides=overrides, check=True, keep_order=True)
 
 
@@ -308,9 +276,7 @@ def _timeline(
 
 
 def ranks(paths: Sequence[PathLike], *, overrides: Overrides = None) -> RanksReport:
-    """One step's dumps of every tensor-parallel rank, compared with the first: sizes,
-    requests, the req_to_token cells the batch uses, free lists and the LUT, each rank's
-    first divergence named (`kvcanary.ranks/1`)."""
+    """`kvcanary ranks`: one step's dumps of every tensor-parallel rank compared."""
     from kvcanary_cli.analysis.ranks import compare_ranks
 
     return compare_ranks(_many(paths), overrides=overrides)
@@ -323,19 +289,14 @@ def leak(
     log: PathLike | None = None,
     overrides: Overrides = None,
 ) -> LeakReport:
-    """One of SGLang's memory-check messages (`line`; or every one in the server log `log`)
-    read and its arithmetic done; with `dump`, a dump of the same moment, whether it is a real
-    leak (pages owned by nobody), a double free, or SGLang's count wrong with every page owned,
-    with the pages (`kvcanary.leak/1`)."""
+    """`kvcanary leak`: SGLang's message `line`, or every one in the server log `log`."""
     from kvcanary_cli.analysis.leak import leak_report
 
     return leak_report(line, log=log, dump=dump, overrides=overrides)
 
 
 def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> SelftestReport:
-    """Every synth scenario through kvcanary's planners (and, with `sglang`, the installed
-    SGLang's launcher), compared per plan field and raise (rendered as the
-    `kvcanary.selftest/1` record)."""
+    """`kvcanary selftest`: kvcanary's planners (and with `sglang` SGLang's) compared."""
     from kvcanary_cli import __version__
     from kvcanary_cli.analysis.selftest import run_selftest
 
@@ -357,10 +318,8 @@ def violations(
     buffer: str | None = None,
     overrides: Overrides = None,
 ) -> ViolationsReport:
-    """Violation rows from dumps' rings and server logs (`-`: stdin; one path, or several),
-    explained against the one dump involved (a SOURCE, or `dump`); with `replay`, compared
-    with the rows SGLang's verify would record on that dump. `group`/`buffer` restrict rows
-    and replay."""
+    """`kvcanary violations`: rows of dumps' rings and server logs (`-`: stdin), explained
+    against the one dump involved (a source, or `dump`)."""
     from kvcanary_cli.analysis.violations.collect import violations_report
 
     return violations_report(
