@@ -77,16 +77,14 @@ def reports(*without: str) -> Callable[[Callable[..., Any]], Any]:
                 if isinstance(path, Path)
             ]
             checked = isinstance(result, CheckReport | PoolCheckReport)
+            errors = [dump.error for dump in result.dumps if dump.error] if checked else []
             # every dump unreadable, a view for the terminal: the error lines on stderr say it all
-            said = checked and all(dump.error is not None for dump in result.dumps)
+            said = bool(errors) and len(errors) == len(result.dumps) and not given.get("quiet")
             said = said and given["output_format"] is not OutputFormat.JSON
-            if not (
-                said and not given.get("quiet") and given.get("svg") is None and to_stdout(output)
-            ):
+            if not (said and given.get("svg") is None and to_stdout(output)):
                 deliver(view, output, force=given["force"], svg=given.get("svg"), inputs=inputs)
-            if checked:  # after the report, which leaves them to stderr
-                for unreadable in (dump.error for dump in result.dumps if dump.error):
-                    complain(f"error: {unreadable}")
+            for unreadable in errors:  # after the report, which leaves them to stderr
+                complain(f"error: {unreadable}")
             raise typer.Exit(exit_code(result))
 
         params = [*declared.parameters.values(), *added]
@@ -307,8 +305,7 @@ def leak(
     """
     if sglang_log is not None and dump is None and line is not None:
         dump, line = Path(line), None  # `--sglang-log FILE DUMP`: the one argument is DUMP
-    log = None if sglang_log is None else str(sglang_log)
-    return api.leak(line, dump, log=log, overrides=opt.overrides(sets))
+    return api.leak(line, dump, log=sglang_log, overrides=opt.overrides(sets))
 
 
 @app.command()
