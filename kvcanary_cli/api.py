@@ -201,7 +201,9 @@ def shrink(
         from kvcanary_cli.engines import shrink_pool_dump
 
         if overrides:
-            raise OptionError("a block-pool (vLLM) dump has no SGLang scalars to set", option="set")
+            raise OptionError(
+                "a block-pool (vLLM) dump has no SGLang scalars to set", option="overrides"
+            )
         return shrink_pool_dump(path, out, kvcanary_version=__version__, force=force)
     kernel = make_kernel(PlannerChoice.VECTORIZED)
     assert kernel is not None

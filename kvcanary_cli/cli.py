@@ -123,7 +123,7 @@ def check(
         ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Verdict lines only.")] = False,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> CheckReport | PoolCheckReport:
     """Find every bad slot in a dump and say where it came from.
 
@@ -137,7 +137,7 @@ def check(
             dumps,
             kernel=kernel,
             groups=None if group == "all" else [group],
-            overrides=opt.overrides(sets),
+            overrides=opt.overrides(overrides),
             fail_on=fail_on,
             jobs=jobs,
             progress=tick,
@@ -177,7 +177,7 @@ def provenance(
             "--block", "-b", within=values.INDEX, help="The block to trace (a vLLM dump)."
         ),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
     max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
 ) -> Any:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
@@ -197,7 +197,7 @@ def provenance(
         group=group,
         positions=opt.parse_positions(positions),
         max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
-        overrides=opt.overrides(sets),
+        overrides=opt.overrides(overrides),
     )
 
 
@@ -234,7 +234,7 @@ def diff(
 @reports()
 def ranks(
     dumps: Annotated[list[Path], argument("DUMP", "One step's dumps, one per TP rank.")],
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> Any:
     """Compare one step's dumps of every tensor-parallel rank: they must hold the same
     bookkeeping.
@@ -245,7 +245,7 @@ def ranks(
     page). Dumps of different steps or models are refused. Exit 0 identical, 1 a rank
     diverges, 2 bad input.
     """
-    return api.ranks(dumps, overrides=opt.overrides(sets))
+    return api.ranks(dumps, overrides=opt.overrides(overrides))
 
 
 @app.command()
@@ -267,13 +267,18 @@ def violations(
         Path | None,
         typer.Option("--dump", metavar="DUMP", help="The dump to explain log rows against."),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> Any:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
     Exit 0 clean, 1 rows or unreadable lines, 2 bad input."""
     return api.violations(
-        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(sets)
+        sources,
+        dump=dump,
+        replay=replay,
+        group=group,
+        buffer=buffer,
+        overrides=opt.overrides(overrides),
     )
 
 
@@ -291,7 +296,7 @@ def leak(
             "--sglang-log", metavar="FILE", help="Read every such message of a log (-: stdin)."
         ),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> Any:
     """Do the arithmetic of SGLang's leak, double-free and use-after-free messages.
 
@@ -305,7 +310,7 @@ def leak(
     """
     if sglang_log is not None and dump is None and line is not None:
         dump, line = Path(line), None  # `--sglang-log FILE DUMP`: the one argument is DUMP
-    return api.leak(line, dump, log=sglang_log, overrides=opt.overrides(sets))
+    return api.leak(line, dump, log=sglang_log, overrides=opt.overrides(overrides))
 
 
 @app.command()
@@ -331,7 +336,7 @@ def plan(
         Path | None,
         typer.Option("--out", metavar="FILE", help="Also write the plan (.safetensors)."),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
     max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
@@ -350,7 +355,7 @@ def plan(
         check_targets([out, *reports], inputs=[dump], overwrite=force)
     planned = api.plan(  # --strict: SGLang's raise is an UpstreamPlanError, exit 1 (cli_app)
         dump, group.value, backend=backend, strict=strict, out=out, force=force,
-        overrides=opt.overrides(sets),
+        overrides=opt.overrides(overrides),
     )  # fmt: skip
     if planned.summary is not None:
         view = render.render(planned.summary, output_format, max_rows=max_rows)
@@ -375,7 +380,7 @@ def shrink(
         Path | None,
         typer.Option("--out", metavar="FILE", help="The small dump to write (.safetensors)."),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
     force: opt.ForceOpt = False,
 ) -> None:
     """Write a small dump that tells the same story, to attach to a bug report.
@@ -386,7 +391,7 @@ def shrink(
     name, size and sha256 and what was dropped. `check` gives the same findings on it. On a
     vLLM dump: the blocks the findings name, their holders' tables and queue places.
     """
-    shrunk = api.shrink(dump, out, overrides=opt.overrides(sets), force=force)
+    shrunk = api.shrink(dump, out, overrides=opt.overrides(overrides), force=force)
     tell("\n".join(shrunk.summary_lines()))
 
 

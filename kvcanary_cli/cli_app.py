@@ -210,7 +210,7 @@ def flag_of(command: Any, keywords: str) -> str:
             return max(param.opts, key=len)
         if param is not None:
             return param.metavar or str(param.name).upper()
-        return f"--set {keyword}" if keyword in SCALARS and "sets" in params else keyword
+        return f"--set {keyword}" if keyword in SCALARS and "overrides" in params else keyword
 
     return "/".join(one(keyword) for keyword in keywords.split("/"))
 
