@@ -290,7 +290,7 @@ def leak(
         argument("LINE", "SGLang's message, quoted (with --sglang-log: leave it out)."),
     ] = None,
     dump: Annotated[Path | None, argument("DUMP", "A dump of the same moment.")] = None,
-    sglang_log: Annotated[
+    log: Annotated[
         Path | None,  # a Path: the report may not replace it
         typer.Option(
             "--sglang-log", metavar="FILE", help="Read every such message of a log (-: stdin)."
@@ -308,9 +308,9 @@ def leak(
     free, or SGLang's count wrong with every page owned, with the pages. Exit 0 when every sum
     holds, 1 otherwise, 2 bad input.
     """
-    if sglang_log is not None and dump is None and line is not None:
+    if log is not None and dump is None and line is not None:
         dump, line = Path(line), None  # `--sglang-log FILE DUMP`: the one argument is DUMP
-    return api.leak(line, dump, log=sglang_log, overrides=opt.overrides(overrides))
+    return api.leak(line, dump, log=log, overrides=opt.overrides(overrides))
 
 
 @app.command()
