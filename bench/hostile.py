@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from dumps import shape  # noqa: E402
 
+from kvcanary_cli.results.check import CheckReport  # noqa: E402
 from tests.child_memory import PEAK_RSS_SCRIPT  # noqa: E402
 from tests.helpers import one_slot_shrunk_dump, stale_rows_dump, wide_shrunk_dump  # noqa: E402
 from tests.stopping import HIDE_CURSOR, Stopped, is_worker, stop_when  # noqa: E402
@@ -100,6 +101,7 @@ def _wide_shrunk(workdir: Path) -> tuple[Path, int]:
     api.shrink(source, small)
     source.unlink()
     report = api.check([small], kernel="vectorized")
+    assert isinstance(report, CheckReport)
     slot = max(
         (f for f in report.dumps[0].findings if f.slot is not None), key=lambda f: f.count
     ).slot

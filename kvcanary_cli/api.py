@@ -1,8 +1,8 @@
-"""The Python API: one function per command, returning the command's typed result (frozen
-dataclasses), which is its versioned record (`kvcanary.check/2`, ...): `kvcanary_cli.render.render`
-shows any of them as JSON, a table or Markdown. Names (`kernel="vectorized"`) are mapped to
-planner objects here, as on the command line; docs/python-api.md shows an example and how
-to choose the planners yourself.
+"""The Python API: one function per command (each command's `--help` says what it does),
+reading either engine's dumps as the command does and returning its typed result, which is its
+versioned record: `kvcanary_cli.render.render` shows any of them as JSON, a table or Markdown.
+Names (`kernel="vectorized"`) are mapped to planner objects here, as on the command line;
+docs/python-api.md shows an example and how to choose the planners yourself.
 """
 
 from __future__ import annotations
@@ -35,12 +35,9 @@ if TYPE_CHECKING:
     from kvcanary_cli.synth.files import SynthOptions
 
 __all__ = [
-    "block_provenance",
     "check",
-    "check_pools",
     "diff",
     "inspect",
-    "is_pool_dump",
     "leak",
     "plan",
     "provenance",
@@ -48,7 +45,6 @@ __all__ = [
     "scenarios",
     "selftest",
     "shrink",
-    "slot_history",
     "synth",
     "timeline",
     "violations",
@@ -66,6 +62,18 @@ def _many(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
     return [paths] if isinstance(paths, str | os.PathLike) else list(paths)
 
 
+def _pools(paths: list[PathLike], mixed: str) -> bool:
+    """Whether the dumps are a block-pool engine's (vLLM), not SGLang's; `mixed`: the error
+    when only some are."""
+    from kvcanary_cli.dump.header import dump_engine
+    from kvcanary_cli.dump.schema import POOL_ENGINES
+
+    pools = [dump_engine(p) in POOL_ENGINES for p in paths]
+    if any(pools) and not all(pools):
+        raise OptionError(mixed, option="DUMP")
+    return any(pools)
+
+
 def check(
     paths: PathLike | Sequence[PathLike],
     *,
@@ -75,27 +83,27 @@ def check(
     fail_on: Severity | str = "error",
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> CheckReport:
-    """Check one dump or several (in parallel processes); an unreadable one gets an `error`
-    report, the others are still checked. `kernel`: triton, vectorized, sglang or none. The report
-    names the SGLang version installed here, if any, so a reader knows what was compared.
-
-    SGLang dumps only: `check_pools` checks vLLM's."""
-    from kvcanary_cli.analysis.check import check_dumps
+) -> CheckReport | PoolCheckReport:
+    """`kvcanary check`; an unreadable dump gets an `error` report. vLLM dumps get a
+    `PoolCheckReport` (`kernel`, `groups`, `overrides` and `jobs` are SGLang's)."""
     from kvcanary_cli.catalog import Severity
-    from kvcanary_cli.dump.header import dump_engine
-    from kvcanary_cli.dump.schema import POOL_ENGINES
 
     severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
     if jobs is not None:
         checked_integer(jobs, "jobs", POSITIVE)
     many = _many(paths)
-    if any(dump_engine(p) in POOL_ENGINES for p in many):
-        raise OptionError(
-            "SGLang and block-pool (vLLM) dumps are checked in separate runs "
-            "(`check_pools` checks vLLM dumps)",
-            option="DUMP",
-        )
+    if _pools(many, "SGLang and block-pool (vLLM) dumps are checked in separate runs"):
+        from kvcanary_cli.engines import check_pool_dump
+        from kvcanary_cli.results.pool import PoolCheckReport
+
+        reports = []
+        for i, p in enumerate(many):
+            reports.append(check_pool_dump(p))
+            if progress is not None:
+                progress(i + 1, len(many))
+        return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
+    from kvcanary_cli.analysis.check import check_dumps
+
     return check_dumps(
         many,
         planner=make_planner(PlannerChoice.VECTORIZED),
@@ -109,75 +117,38 @@ def check(
     )
 
 
-def is_pool_dump(paths: PathLike | Sequence[PathLike]) -> bool:
-    """Whether the dumps describe a block-pool engine (vLLM): `check_pools` checks them."""
-    from kvcanary_cli.dump.header import dump_engine
-    from kvcanary_cli.dump.schema import POOL_ENGINES
-
-    return any(dump_engine(p) in POOL_ENGINES for p in _many(paths))
-
-
-def check_pools(
-    paths: PathLike | Sequence[PathLike],
-    *,
-    fail_on: Severity | str = "error",
-    progress: Callable[[int, int], None] | None = None,
-) -> PoolCheckReport:
-    """Check block-pool (vLLM) dumps against the pool's invariants (no planner: a vLLM dump
-    has no planner inputs); an unreadable one gets an `error` report."""
-    from kvcanary_cli.catalog import Severity
-    from kvcanary_cli.engines import POOL_ENGINES, check_pool_dump, dump_engine
-    from kvcanary_cli.results.pool import PoolCheckReport
-
-    severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
-    many = _many(paths)
-    if not all(dump_engine(p) in POOL_ENGINES for p in many):
-        raise OptionError(
-            "SGLang and block-pool (vLLM) dumps are checked in separate runs", option="DUMP"
-        )
-    reports = []
-    for i, p in enumerate(many):
-        reports.append(check_pool_dump(p))
-        if progress is not None:
-            progress(i + 1, len(many))
-    return PoolCheckReport(dumps=tuple(reports), fail_on=severity)
-
-
-def pool_timeline(
-    paths: PathLike | Sequence[PathLike], *, keep_order: bool = False
-) -> PoolTimelineReport:
-    """On block-pool (vLLM) dumps of one pool: what changed between snapshots (in step
-    order, or as given with `keep_order`), and each one's findings (`timeline`, `diff`)."""
-    from kvcanary_cli.engines import POOL_ENGINES, dump_engine
-    from kvcanary_cli.engines import pool_timeline as run
-
-    many = _many(paths)
-    if not all(dump_engine(p) in POOL_ENGINES for p in many):
-        raise OptionError(
-            "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed",
-            option="DUMP",
-        )
-    return run(list(many), keep_order=keep_order)
-
-
 def provenance(
-    path: PathLike,
+    paths: PathLike | Sequence[PathLike],
     *,
     slot: int | None = None,
     row: int | None = None,
+    block: int | None = None,
     space: str = "full",
     group: str | None = None,
     positions: tuple[int, int] | None = None,
     max_cells: int = CELLS,
     overrides: Overrides = None,
-) -> ProvenanceReport:
-    """One slot's provenance (`slot`, in `space` full or swa), or one pool row's map (`row`,
-    optionally limited to `positions` [start, end)), with the findings touching it."""
+) -> ProvenanceReport | TimelineReport | PoolProvenance:
+    """`kvcanary provenance`: a `slot` or a pool `row` (`positions`: [start, end)); over
+    several dumps, the slot's history (a `TimelineReport`); `block`: a vLLM dump's block."""
+    many = _many(paths)
+    if block is not None:
+        from kvcanary_cli.engines import pool_provenance
+
+        if len(many) > 1 or slot is not None or row is not None:
+            raise OptionError(
+                "give one dump and --block alone, without --slot or --row", option="block"
+            )
+        return pool_provenance(many[0], checked_integer(block, "block", INDEX))
+    if len(many) > 1:
+        from kvcanary_cli.analysis.timeline import slot_history
+
+        return slot_history(many, slot=slot, row=row, space=space, overrides=overrides)
     from kvcanary_cli.analysis.query import provenance_report
     from kvcanary_cli.dump.loader import load_dump
 
     return provenance_report(
-        load_dump(path, overrides=overrides),
+        load_dump(many[0], overrides=overrides),
         make_planner(PlannerChoice.VECTORIZED),
         slot=slot,
         row=row,
@@ -186,13 +157,6 @@ def provenance(
         positions=positions,
         max_cells=max_cells,
     )
-
-
-def block_provenance(path: PathLike, block: int) -> PoolProvenance:
-    """On a block-pool (vLLM) dump: one block's holders, queue places, hash and findings."""
-    from kvcanary_cli.engines import pool_provenance
-
-    return pool_provenance(path, checked_integer(block, "block", INDEX))
 
 
 def plan(
@@ -205,9 +169,8 @@ def plan(
     out: PathLike | None = None,
     force: bool = False,
 ) -> PlanRun:
-    """One planner's plan of one group, written to `out` (a plan file) when it was made and
-    would launch, with its per-request summary. With `strict`, the reference raises
-    `UpstreamPlanError` where SGLang's does."""
+    """`kvcanary plan`: the plan is written to `out` when it was made and would launch; with
+    `strict`, the reference raises `UpstreamPlanError` where SGLang's does."""
     from kvcanary_cli.analysis.plan_summary import plan_run
     from kvcanary_cli.dump.loader import load_dump
 
@@ -216,8 +179,7 @@ def plan(
 
 
 def inspect(path: PathLike) -> DumpDescription:
-    """What a dump holds (rendered as the `kvcanary.inspect/2` record); validates the file on
-    the way."""
+    """`kvcanary inspect`: what a dump holds, the file validated on the way."""
     from kvcanary_cli.analysis.describe import describe_dump
     from kvcanary_cli.dump.loader import load_dump
 
@@ -227,22 +189,21 @@ def inspect(path: PathLike) -> DumpDescription:
 def shrink(
     path: PathLike, out: PathLike | None, *, overrides: Overrides = None, force: bool = False
 ) -> ShrinkResult:
-    """Write a small dump (format 1.2) of `path` at `out`: what the analysis of `path` reads,
-    in its original coordinates, with a record of the source and of what was dropped.
-    `check` gives the same findings and diagnosis on it. `out` is never `path`; an existing
-    file is replaced only with `force`. A block-pool (vLLM) dump keeps the blocks its findings
-    name and their holders (`overrides` are SGLang's scalars: refused there)."""
+    """`kvcanary shrink`: a small dump of `path` at `out` (never `path`; an existing file only
+    with `force`). `overrides` are SGLang's scalars: refused on a vLLM dump."""
     from kvcanary_cli import __version__
     from kvcanary_cli.analysis.shrink_selection import shrink_dump
     from kvcanary_cli.dump.loader import load_dump
 
     if out is None or str(out) == "-":  # a dump is binary: never to a terminal or a pipe
         raise OptionError("name the small dump's file (SMALL.safetensors)", option="out")
-    if is_pool_dump(path):
+    if _pools([path], ""):
         from kvcanary_cli.engines import shrink_pool_dump
 
         if overrides:
-            raise OptionError("a block-pool (vLLM) dump has no SGLang scalars to set", option="set")
+            raise OptionError(
+                "a block-pool (vLLM) dump has no SGLang scalars to set", option="overrides"
+            )
         return shrink_pool_dump(path, out, kvcanary_version=__version__, force=force)
     kernel = make_kernel(PlannerChoice.VECTORIZED)
     assert kernel is not None
@@ -258,8 +219,7 @@ def shrink(
 
 
 def scenarios() -> list[str]:
-    """The `synth` scenarios, one line each: name, summary, expected finding codes; then the
-    sequences `synth --steps K` writes."""
+    """`kvcanary synth --list`: the scenarios, the sequences and the vLLM scenarios."""
     from kvcanary_cli.engines import pool_scenario_lines
     from kvcanary_cli.synth.scenarios import scenario_lines
     from kvcanary_cli.synth.sequence import sequence_lines
@@ -276,81 +236,52 @@ def scenarios() -> list[str]:
 
 
 def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOptions]) -> str:
-    """Write a synthetic dump of `scenario` at `out` (`-`: stdout), with its expected findings
-    and diagnosis in its metadata, and with `log` a kv_canary server log of its violations;
-    `page_size` overrides the scenario's. With `steps`, `scenario` names a sequence (one rank's
-    dumps every `every` steps, an event planted at step `at`) and `out` a folder. Options:
-    `seed` (0), `size` ("tiny"), `log`, `force`, `page_size`, `steps`, `at`, `every`. Returns
-    the line saying what was written. A vLLM scenario (`vllm-...`) takes `seed`, `size` and
-    `force` only."""
+    """`kvcanary synth` (`out` `-`: stdout); options as its flags: `seed` (0), `size`
+    ("tiny"), `log`, `force`, `page_size`, `steps`, `at`, `every`. Returns the line saying what
+    was written."""
     from kvcanary_cli.engines import is_pool_scenario, write_pool_scenario
     from kvcanary_cli.synth.files import write_synth
 
     if scenario is not None and is_pool_scenario(scenario):
-        rest = {
-            k
-            for k, v in options.items()
-            if k not in ("seed", "size", "force") and v is not None and (k, v) != ("every", 1)
-        }
-        if rest or out is None:
-            raise OptionError(
-                "a vLLM scenario takes --out, --seed, --size and --force only "
-                f"(not {sorted(rest)})",
-                option="synth",
-            )
-        return write_pool_scenario(
-            scenario,
-            out,
-            seed=checked_integer(options.get("seed", 0), "seed", INDEX),
-            size=str(options.get("size", "tiny")),
-            force=bool(options.get("force", False)),
-        )
+        return write_pool_scenario(scenario, out, **options)
     return write_synth(scenario, out, **options)
 
 
 def timeline(
     paths: PathLike | Sequence[PathLike], *, overrides: Overrides = None, check: bool = True
-) -> TimelineReport:
-    """What changed between dumps of one rank (read in step order, one at a time): requests,
-    slot owners, LUT entries, SWA leaks, and the events that break the allocator's contract,
-    each dated to the steps between two dumps. With `check`, each dump is checked as `check
-    --kernel none` does, to date its findings and name each event's cause."""
-    from kvcanary_cli.analysis.timeline import timeline as run_timeline
+) -> TimelineReport | PoolTimelineReport:
+    """`kvcanary timeline` (`check`: each dump checked as `check --kernel none`, to name each
+    event's cause); vLLM dumps get a `PoolTimelineReport`."""
+    return _timeline(_many(paths), overrides=overrides, check=check, keep_order=False)
+
+
+def diff(
+    old: PathLike, new: PathLike, *, overrides: Overrides = None
+) -> TimelineReport | PoolTimelineReport:
+    """`kvcanary diff`: from `old` to `new`, two dumps of one rank."""
+    return _timeline([old, new], overrides=overrides, check=True, keep_order=True)
+
+
+def _timeline(
+    paths: list[PathLike], *, overrides: Overrides, check: bool, keep_order: bool
+) -> TimelineReport | PoolTimelineReport:
+    if _pools(
+        paths, "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed"
+    ):
+        from kvcanary_cli.engines import pool_timeline
+
+        return pool_timeline(paths, keep_order=keep_order)
+    from kvcanary_cli.analysis.timeline import timeline as run
 
     planner = make_planner(PlannerChoice.VECTORIZED) if check else None
-    return run_timeline(_many(paths), planner=planner, overrides=overrides)
-
-
-def diff(old: PathLike, new: PathLike, *, overrides: Overrides = None) -> TimelineReport:
-    """What changed from `old` to `new` (two dumps of one rank, `old` the earlier)."""
-    from kvcanary_cli.analysis.timeline import timeline as run_timeline
-
-    planner = make_planner(PlannerChoice.VECTORIZED)
-    return run_timeline([old, new], planner=planner, keep_order=True, overrides=overrides)
+    return run(paths, planner=planner, keep_order=keep_order, overrides=overrides)
 
 
 def ranks(paths: Sequence[PathLike], *, overrides: Overrides = None) -> RanksReport:
-    """One step's dumps of every tensor-parallel rank, compared with the first: sizes,
-    requests, the req_to_token cells the batch uses, free lists and the LUT, each rank's
-    first divergence named (`kvcanary.ranks/1`)."""
+    """`kvcanary ranks`: one step's dumps of every tensor-parallel rank compared."""
     from kvcanary_cli.analysis.ranks import compare_ranks
 
     return compare_ranks(_many(paths), overrides=overrides)
-
-
-def slot_history(
-    paths: PathLike | Sequence[PathLike],
-    *,
-    slot: int | None,
-    row: int | None = None,
-    space: str = "full",
-    overrides: Overrides = None,
-) -> TimelineReport:
-    """One slot over several dumps of one rank: its owners, allocator state and LUT entry in
-    each, and the events that touch it (`provenance --slot N DUMP DUMP...`)."""
-    from kvcanary_cli.analysis.timeline import slot_history as run_slot_history
-
-    return run_slot_history(_many(paths), slot=slot, row=row, space=space, overrides=overrides)
 
 
 def leak(
@@ -360,19 +291,14 @@ def leak(
     log: PathLike | None = None,
     overrides: Overrides = None,
 ) -> LeakReport:
-    """One of SGLang's memory-check messages (`line`; or every one in the server log `log`)
-    read and its arithmetic done; with `dump`, a dump of the same moment, whether it is a real
-    leak (pages owned by nobody), a double free, or SGLang's count wrong with every page owned,
-    with the pages (`kvcanary.leak/1`)."""
+    """`kvcanary leak`: SGLang's message `line`, or every one in the server log `log`."""
     from kvcanary_cli.analysis.leak import leak_report
 
     return leak_report(line, log=log, dump=dump, overrides=overrides)
 
 
 def selftest(*, sglang: bool = False, size: str = "tiny", seed: int = 0) -> SelftestReport:
-    """Every synth scenario through kvcanary's planners (and, with `sglang`, the installed
-    SGLang's launcher), compared per plan field and raise (rendered as the
-    `kvcanary.selftest/1` record)."""
+    """`kvcanary selftest`: kvcanary's planners (and with `sglang` SGLang's) compared."""
     from kvcanary_cli import __version__
     from kvcanary_cli.analysis.selftest import run_selftest
 
@@ -394,10 +320,8 @@ def violations(
     buffer: str | None = None,
     overrides: Overrides = None,
 ) -> ViolationsReport:
-    """Violation rows from dumps' rings and server logs (`-`: stdin; one path, or several),
-    explained against the one dump involved (a SOURCE, or `dump`); with `replay`, compared
-    with the rows SGLang's verify would record on that dump. `group`/`buffer` restrict rows
-    and replay."""
+    """`kvcanary violations`: rows of dumps' rings and server logs (`-`: stdin), explained
+    against the one dump involved (a source, or `dump`)."""
     from kvcanary_cli.analysis.violations.collect import violations_report
 
     return violations_report(

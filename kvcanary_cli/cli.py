@@ -27,7 +27,6 @@ from kvcanary_cli.cli_app import ExitCode, exit_code, fail, make_app, run
 from kvcanary_cli.cli_options import argument, choice_option, integer_option
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.errors import OptionError
 from kvcanary_cli.output import complain, deliver, tell, to_stdout
 from kvcanary_cli.planners import BACKENDS, KERNELS, PlannerChoice
 from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
@@ -78,16 +77,14 @@ def reports(*without: str) -> Callable[[Callable[..., Any]], Any]:
                 if isinstance(path, Path)
             ]
             checked = isinstance(result, CheckReport | PoolCheckReport)
+            errors = [dump.error for dump in result.dumps if dump.error] if checked else []
             # every dump unreadable, a view for the terminal: the error lines on stderr say it all
-            said = checked and all(dump.error is not None for dump in result.dumps)
+            said = bool(errors) and len(errors) == len(result.dumps) and not given.get("quiet")
             said = said and given["output_format"] is not OutputFormat.JSON
-            if not (
-                said and not given.get("quiet") and given.get("svg") is None and to_stdout(output)
-            ):
+            if not (said and given.get("svg") is None and to_stdout(output)):
                 deliver(view, output, force=given["force"], svg=given.get("svg"), inputs=inputs)
-            if checked:  # after the report, which leaves them to stderr
-                for unreadable in (dump.error for dump in result.dumps if dump.error):
-                    complain(f"error: {unreadable}")
+            for unreadable in errors:  # after the report, which leaves them to stderr
+                complain(f"error: {unreadable}")
             raise typer.Exit(exit_code(result))
 
         params = [*declared.parameters.values(), *added]
@@ -126,7 +123,7 @@ def check(
         ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Verdict lines only.")] = False,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> CheckReport | PoolCheckReport:
     """Find every bad slot in a dump and say where it came from.
 
@@ -136,13 +133,11 @@ def check(
     findings at or above --fail-on, 2 bad input.
     """
     with progress(f"checking {dumps[0]}", len(dumps)) as tick:
-        if api.is_pool_dump(dumps):  # vLLM: the pool's invariants, no planner
-            return api.check_pools(dumps, fail_on=fail_on, progress=tick)
         return api.check(
             dumps,
             kernel=kernel,
             groups=None if group == "all" else [group],
-            overrides=opt.overrides(sets),
+            overrides=opt.overrides(overrides),
             fail_on=fail_on,
             jobs=jobs,
             progress=tick,
@@ -182,7 +177,7 @@ def provenance(
             "--block", "-b", within=values.INDEX, help="The block to trace (a vLLM dump)."
         ),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
     max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
 ) -> Any:
     """Trace one slot (or map one pool row) through the whole req_to_token table.
@@ -193,24 +188,16 @@ def provenance(
     A row map marks the cells with findings and says which positions it leaves out. On a
     vLLM dump, --block N: who holds the block, where it is in the free queue, its hash.
     """
-    overrides = opt.overrides(sets)
-    if block is not None:
-        if len(dumps) > 1 or slot is not None or row is not None:
-            raise OptionError(
-                "give one dump and --block alone, without --slot or --row", option="block"
-            )
-        return api.block_provenance(dumps[0], block)
-    if len(dumps) > 1:  # the slot over the dumps
-        return api.slot_history(dumps, slot=slot, row=row, space=space, overrides=overrides)
     return api.provenance(
-        dumps[0],
+        dumps,
         slot=slot,
         row=row,
-        space=space.value,
-        group=None if group is None else group.value,
+        block=block,
+        space=space,
+        group=group,
         positions=opt.parse_positions(positions),
         max_cells=max(max_rows, api.CELLS),  # JSON lists the cells the table leaves out
-        overrides=overrides,
+        overrides=opt.overrides(overrides),
     )
 
 
@@ -227,8 +214,6 @@ def timeline(
     order. vLLM dumps: per step the blocks allocated, freed, rehomed or gone bad, and each
     snapshot's findings. Exit 0 no event and no error finding, 1 otherwise, 2 bad input.
     """
-    if api.is_pool_dump(dumps):
-        return api.pool_timeline(dumps)
     return api.timeline(dumps)
 
 
@@ -242,8 +227,6 @@ def diff(
 
     The timeline of two dumps: per request born, grew, finished, row reused; per slot owner
     changes; the events."""
-    if api.is_pool_dump([old, new]):
-        return api.pool_timeline([old, new], keep_order=True)
     return api.diff(old, new)
 
 
@@ -251,7 +234,7 @@ def diff(
 @reports()
 def ranks(
     dumps: Annotated[list[Path], argument("DUMP", "One step's dumps, one per TP rank.")],
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> Any:
     """Compare one step's dumps of every tensor-parallel rank: they must hold the same
     bookkeeping.
@@ -262,7 +245,7 @@ def ranks(
     page). Dumps of different steps or models are refused. Exit 0 identical, 1 a rank
     diverges, 2 bad input.
     """
-    return api.ranks(dumps, overrides=opt.overrides(sets))
+    return api.ranks(dumps, overrides=opt.overrides(overrides))
 
 
 @app.command()
@@ -284,13 +267,18 @@ def violations(
         Path | None,
         typer.Option("--dump", metavar="DUMP", help="The dump to explain log rows against."),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> Any:
     """Decode violation rings and kv_canary log lines, replay verify, explain each row.
 
     Exit 0 clean, 1 rows or unreadable lines, 2 bad input."""
     return api.violations(
-        sources, dump=dump, replay=replay, group=group, buffer=buffer, overrides=opt.overrides(sets)
+        sources,
+        dump=dump,
+        replay=replay,
+        group=group,
+        buffer=buffer,
+        overrides=opt.overrides(overrides),
     )
 
 
@@ -302,13 +290,13 @@ def leak(
         argument("LINE", "SGLang's message, quoted (with --sglang-log: leave it out)."),
     ] = None,
     dump: Annotated[Path | None, argument("DUMP", "A dump of the same moment.")] = None,
-    sglang_log: Annotated[
+    log: Annotated[
         Path | None,  # a Path: the report may not replace it
         typer.Option(
             "--sglang-log", metavar="FILE", help="Read every such message of a log (-: stdin)."
         ),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
 ) -> Any:
     """Do the arithmetic of SGLang's leak, double-free and use-after-free messages.
 
@@ -320,10 +308,9 @@ def leak(
     free, or SGLang's count wrong with every page owned, with the pages. Exit 0 when every sum
     holds, 1 otherwise, 2 bad input.
     """
-    if sglang_log is not None and dump is None and line is not None:
+    if log is not None and dump is None and line is not None:
         dump, line = Path(line), None  # `--sglang-log FILE DUMP`: the one argument is DUMP
-    log = None if sglang_log is None else str(sglang_log)
-    return api.leak(line, dump, log=log, overrides=opt.overrides(sets))
+    return api.leak(line, dump, log=log, overrides=opt.overrides(overrides))
 
 
 @app.command()
@@ -349,7 +336,7 @@ def plan(
         Path | None,
         typer.Option("--out", metavar="FILE", help="Also write the plan (.safetensors)."),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
     max_rows: opt.RowsOpt = DEFAULT_MAX_ROWS,
     output_format: opt.FormatOpt = OutputFormat.TABLE,
     output: opt.OutputOpt = None,
@@ -368,7 +355,7 @@ def plan(
         check_targets([out, *reports], inputs=[dump], overwrite=force)
     planned = api.plan(  # --strict: SGLang's raise is an UpstreamPlanError, exit 1 (cli_app)
         dump, group.value, backend=backend, strict=strict, out=out, force=force,
-        overrides=opt.overrides(sets),
+        overrides=opt.overrides(overrides),
     )  # fmt: skip
     if planned.summary is not None:
         view = render.render(planned.summary, output_format, max_rows=max_rows)
@@ -393,7 +380,7 @@ def shrink(
         Path | None,
         typer.Option("--out", metavar="FILE", help="The small dump to write (.safetensors)."),
     ] = None,
-    sets: opt.SetOpt = None,
+    overrides: opt.SetOpt = None,
     force: opt.ForceOpt = False,
 ) -> None:
     """Write a small dump that tells the same story, to attach to a bug report.
@@ -404,7 +391,7 @@ def shrink(
     name, size and sha256 and what was dropped. `check` gives the same findings on it. On a
     vLLM dump: the blocks the findings name, their holders' tables and queue places.
     """
-    shrunk = api.shrink(dump, out, overrides=opt.overrides(sets), force=force)
+    shrunk = api.shrink(dump, out, overrides=opt.overrides(overrides), force=force)
     tell("\n".join(shrunk.summary_lines()))
 
 
@@ -587,44 +574,21 @@ def soak(
     Exit 0 clean, 1 found (by kvcanary, SGLang's checks, or an SGLang crash), 2 bad input
     (not an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """
-    if engine == "vllm":
-        from kvcanary_cli.soak.vllm_command import run_vllm_soak
-
-        if coverage:
-            raise OptionError("traces SGLang's memory cache only", option="--coverage")
-        return run_vllm_soak(
-            vllm_tree,
-            steps,
-            seed,
-            fault,
-            out=out,
-            force=force,
-            timings=timings,
-            replaying=replay,
-            sglang_options={
-                "--page-size": page_size,
-                "--core": core,
-                "--layout": layout,
-                "--sglang-tree": sglang_tree,
-            },
-        )
-    if engine != "sglang":
-        raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
-    if vllm_tree is not None:
-        raise OptionError("is a vLLM soak option: add --engine vllm", option="--vllm-tree")
-    from kvcanary_cli.soak.command import run_soak
+    from kvcanary_cli.soak.command import run_soak  # SGLang, vLLM and torch: as a soak runs
 
     return run_soak(
-        sglang_tree,
-        steps,
-        seed,
-        page_size,
-        core,
-        fault,
-        out,
+        engine,
+        sglang_tree=sglang_tree,
+        vllm_tree=vllm_tree,
+        steps=steps,
+        seed=seed,
+        page_size=page_size,
+        core=core,
+        fault=fault,
+        layout=layout,
+        out=out,
         force=force,
         timings=timings,
-        layout=layout or "swa",
         replaying=replay,
         coverage=coverage,
     )

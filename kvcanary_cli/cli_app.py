@@ -60,11 +60,7 @@ class ExitCode(IntEnum):
 
 def exit_code(result: object) -> ExitCode:
     """A command's exit code from its result, computed without printing: 2 for a `check` with
-    an unreadable dump, 1 when it found something (check: a finding at or above --fail-on;
-    timeline, diff: an event or an error finding; ranks: a rank that diverges; violations: a
-    row or an unreadable logged line; soak: kvcanary, SGLang's checks or its crash (vLLM: its
-    asserts); selftest: a difference between planners; leak: a sum that does not hold), else 0
-    (provenance, a slot's history included, shows)."""
+    an unreadable dump, 1 when it found something (each command's help says what), else 0."""
     from kvcanary_cli.results.leak import LeakReport  # numpy columns: the command ran by now
     from kvcanary_cli.results.pool_soak import PoolSoakReport
     from kvcanary_cli.results.pool_timeline import PoolTimelineReport
@@ -214,7 +210,7 @@ def flag_of(command: Any, keywords: str) -> str:
             return max(param.opts, key=len)
         if param is not None:
             return param.metavar or str(param.name).upper()
-        return f"--set {keyword}" if keyword in SCALARS and "sets" in params else keyword
+        return f"--set {keyword}" if keyword in SCALARS and "overrides" in params else keyword
 
     return "/".join(one(keyword) for keyword in keywords.split("/"))
 

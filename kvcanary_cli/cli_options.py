@@ -106,7 +106,7 @@ def overrides(assignments: list[str] | None) -> dict[str, int]:
     given: dict[str, int] = {}
     for name, _, value in (text.partition("=") for text in assignments or ()):
         if name in given:
-            raise OptionError(f"{name} is given twice", option="set")
+            raise OptionError(f"{name} is given twice", option="overrides")
         given[name] = int(value)
     return given
 

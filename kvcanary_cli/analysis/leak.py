@@ -65,7 +65,7 @@ def leak_report(
     if (line is None) == (log is None):
         raise OptionError(
             "give one of SGLang's memory-check messages, or a log of them: one of the two",
-            option="line/sglang_log",
+            option="line/log",
         )
     scan = read_line(line) if line is not None else read_log(os.fspath(log or ""))
     source = "LINE" if line is not None else os.fspath(log or "")

@@ -13,7 +13,8 @@ from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.engine import read_arrays
 from kvcanary_cli.dump.header import dump_engine
 from kvcanary_cli.dump.schema import POOL_ENGINES, SGLANG
-from kvcanary_cli.errors import DumpError
+from kvcanary_cli.errors import DumpError, OptionError
+from kvcanary_cli.option_values import INDEX, checked_integer
 from kvcanary_cli.results.pool import PoolDumpReport, PoolProvenance
 from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 
@@ -105,12 +106,23 @@ def is_pool_scenario(name: str) -> bool:
     return is_scenario(name)
 
 
-def write_pool_scenario(
-    name: str, out: PathLike, *, seed: int = 0, size: str = "tiny", force: bool = False
-) -> str:
-    """Write scenario `name`'s dump at `out`; the line saying what was written."""
+def write_pool_scenario(name: str, out: PathLike | None, **options: object) -> str:
+    """Write scenario `name`'s dump at `out`; the line saying what was written. Of `synth`'s
+    options it takes `seed`, `size` and `force` (the others are SGLang's: refused)."""
     from kvcanary_cli.engines.vllm import synth_contents
 
+    rest = {
+        k
+        for k, v in options.items()
+        if k not in ("seed", "size", "force") and v is not None and (k, v) != ("every", 1)
+    }
+    if rest or out is None:
+        raise OptionError(
+            f"a vLLM scenario takes --out, --seed, --size and --force only (not {sorted(rest)})",
+            option="synth",
+        )
+    seed = checked_integer(options.get("seed", 0), "seed", INDEX)
+    size = str(options.get("size", "tiny"))
     tensors, metadata = synth_contents(name, seed=seed, size=size)
-    write_safetensors(out, tensors, metadata, overwrite=force)
+    write_safetensors(out, tensors, metadata, overwrite=bool(options.get("force", False)))
     return f"wrote {out} ({name}, seed {seed}, size {size})"

@@ -19,6 +19,7 @@ from typing import Any
 from kvcanary_cli.capture.tree import capture_state
 from kvcanary_cli.catalog import CauseCode, FindingCode
 from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
 from kvcanary_cli.soak.driver import Scheduler
 from kvcanary_cli.soak.live import LiveAudit, read_state
@@ -245,6 +246,7 @@ def _check_whole(audit: Audit, scheduler: Scheduler, batch: Any, folder: Path | 
     with tempfile.TemporaryDirectory(prefix="kvcanary-soak-") as scratch:
         path = record_dump(scheduler, batch, Path(folder or scratch) / "state.safetensors")
         report = check([path], kernel="none")
+        assert isinstance(report, CheckReport)  # recorded from SGLang's stack
         dump = report.dumps[0]
         if dump.error:
             audit.codes.append(f"error: {dump.error}")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcanary_cli.results.soak import (
     FirstSeen,
@@ -31,6 +31,9 @@ from kvcanary_cli.results.soak import (
     SoakReplay,
     SoakReport,
 )
+
+if TYPE_CHECKING:
+    from kvcanary_cli.results.pool_soak import PoolSoakReport
 
 __all__ = ["read_reproducer", "replay", "run_soak", "soak"]
 
@@ -423,27 +426,51 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
 
 
 def run_soak(
-    sglang_tree: str | None,
-    steps: int,
-    seed: int,
-    page_size: int | None,
-    core: str | None,
-    fault: str | None,
-    out: Path,
+    engine: str = "sglang",
     *,
+    sglang_tree: str | None = None,
+    vllm_tree: str | None = None,
+    steps: int = 600,
+    seed: int = 0,
+    page_size: int | None = None,
+    core: str | None = None,
+    fault: str | None = None,
+    layout: str | None = None,
+    out: Path,
     force: bool = False,
     timings: bool = False,
-    layout: str = "swa",
     replaying: Path | None = None,
     coverage: bool = False,
-) -> SoakReport:
-    """The command: a soak with a progress bar on a terminal (bad input raises before it
-    runs, exit 2), or with `replaying` the replay of that reproducer. Whatever SGLang prints
-    on standard output goes to standard error: standard output carries the report."""
+) -> SoakReport | PoolSoakReport:
+    """The command: `engine`'s soak (sglang or vllm: an option of the other's is one error
+    line), with a progress bar on a terminal (bad input raises before it runs, exit 2), or
+    with `replaying` the replay of that reproducer. Whatever SGLang prints on standard output
+    goes to standard error: standard output carries the report."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.render.console import progress
 
+    if engine == "vllm":
+        from kvcanary_cli.soak.vllm_command import run_vllm_soak
+
+        if coverage:
+            raise OptionError("traces SGLang's memory cache only", option="--coverage")
+        sglang_options = {"--page-size": page_size, "--core": core, "--layout": layout}
+        return run_vllm_soak(
+            vllm_tree,
+            steps,
+            seed,
+            fault,
+            out=out,
+            force=force,
+            timings=timings,
+            replaying=replaying,
+            sglang_options={**sglang_options, "--sglang-tree": sglang_tree},
+        )
+    if engine != "sglang":
+        raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
+    if vllm_tree is not None:
+        raise OptionError("is a vLLM soak option: add --engine vllm", option="--vllm-tree")
     if replaying is not None:
         if coverage:
             raise OptionError(
@@ -472,7 +499,7 @@ def run_soak(
             force=force,
             timings=timings,
             progress=tick,
-            layout=layout,
+            layout=layout or "swa",
             coverage=coverage,
         )
 

@@ -22,7 +22,8 @@ from kvcanary_cli.analysis.focus import (
 )
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.results.check import Finding
+from kvcanary_cli.results.check import CheckReport, Finding
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import VECTORIZED, cells_key, fast_lane_keeps_first
 
@@ -100,8 +101,10 @@ def test_provenance_shows_no_diagnosis(tmp_path: Path) -> None:
 
     path = make_scenario("use-after-free", seed=1).save(tmp_path / "d.safetensors")
     report = api.check(path, kernel="none")
+    assert isinstance(report, CheckReport)
     finding = next(f for f in report.dumps[0].findings if f.slot is not None)
     answer = api.provenance(path, slot=finding.slot)
+    assert isinstance(answer, ProvenanceReport)
     assert [replace(f, cause=None, first_raise=False).code for f in answer.findings] == [
         finding.code
     ]

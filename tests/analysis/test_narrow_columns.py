@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn
+from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import one_slot_shrunk_dump
 
@@ -107,6 +108,7 @@ def _scenario_runs(name: str, tmp_path: Path) -> list[tuple[str, list[str]]]:
     from kvcanary_cli import api
 
     report = api.check([path], kernel="vectorized")
+    assert isinstance(report, CheckReport)
     runs = [("check", [path, "--kernel", "vectorized"])]
     slots = sorted({f.slot for f in report.dumps[0].findings if f.slot is not None})
     runs += [("provenance", [path, "--slot", str(s)]) for s in slots[:2]]

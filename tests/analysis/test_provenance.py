@@ -17,6 +17,7 @@ from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.planners.frame import group_frame
 from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import checked
 
@@ -287,6 +288,7 @@ def test_a_full_slot_whose_swa_peer_is_free_shows_that_finding(tmp_path: Path) -
     tensors["free_swa_slots"] = np.concatenate([free, np.array([swa], dtype=free.dtype)])
     path = synth.save(tmp_path / "swa-peer-free.safetensors")
     answer = api.provenance(path, slot=full)
+    assert isinstance(answer, ProvenanceReport)
     assert answer.findings  # one per live cell of F (radix sharing may put it in two rows)
     assert {(f.code.value, f.space.value, f.slot, f.full_slots) for f in answer.findings} == {
         ("freed-slot-in-live-range", "swa", swa, (full,))

@@ -601,6 +601,7 @@ def test_a_rewritten_written_cell_is_an_event_with_the_old_slots_fate(
         timeline([old, new], planner=PLANNER),
         api.diff(old, new),  # diff reads the same intervals
     ):
+        assert isinstance(report, TimelineReport)
         kinds = [e.kind for e in report.events]
         assert EventKind.PREFIX_REWRITTEN in kinds and report.failed
         event = report.events[kinds.index(EventKind.PREFIX_REWRITTEN)]
@@ -824,6 +825,7 @@ def test_a_request_prefilled_again_in_its_row_is_a_new_occupancy(tmp_path: Path)
         full_to_swa_index_mapping=_lut({10: 20, 11: 21, **{s: s + 30 for s in range(12, 18)}}),
     )
     for report in (timeline([old, new], planner=PLANNER), api.diff(old, new)):
+        assert isinstance(report, TimelineReport)
         assert [e.kind for e in report.events] == []
         (interval,) = report.intervals
         assert interval.reused == (1,) and interval.grew == () and interval.tokens_added == 0

@@ -85,6 +85,7 @@ def test_a_shrunk_batch_of_every_row_checks_like_its_source(
     monkeypatch.setattr(staging, "MAX_STAGED_CELLS", 10)
     [original] = api.check([source]).dumps
     [shrunk] = api.check([small]).dumps
+    assert isinstance(original, DumpReport) and isinstance(shrunk, DumpReport)
     assert shrunk.error is None
     assert _story(shrunk) == _story(original)
     assert any("kernel plan is the vectorized-gpu model of the triton" in n for n in shrunk.notes)
@@ -98,6 +99,7 @@ def test_a_clean_production_wide_shrunk_pool_checks_clean(tmp_path: Path) -> Non
     from tests.helpers import wide_shrunk_dump
 
     [dump] = api.check([wide_shrunk_dump(tmp_path / "wide.safetensors")]).dumps
+    assert isinstance(dump, DumpReport)
     assert dump.error is None and not dump.findings
     assert {g.group for g in dump.groups} == {"full"} and dump.groups[0].kernel == "triton"
     assert any("vectorized-gpu model of the triton kernels" in n for n in dump.notes)

@@ -125,7 +125,18 @@ def test_a_bad_set_is_one_line_exit_2(value: str, says: str) -> None:
 
 def test_a_scalar_given_twice_is_refused() -> None:
     code, _, err = run("check", str(EXAMPLE), "--set", "page_size=1", "--set", "page_size=2")
-    assert code == 2 and "page_size is given twice" in err, err
+    assert code == 2 and "error: --set: page_size is given twice" in err, err
+
+
+def test_a_scalar_set_on_a_vllm_dump_names_the_flag(tmp_path: Path) -> None:
+    from kvcanary_cli import api
+
+    api.synth("vllm-clean", tmp_path / "v.safetensors")
+    small = tmp_path / "small.safetensors"
+    code, _, err = run(
+        "shrink", str(tmp_path / "v.safetensors"), "--out", str(small), "--set", "page_size=4"
+    )
+    assert code == 2 and err.startswith("error: --set: a block-pool (vLLM) dump has no"), err
 
 
 # --- flag names at the edge --------------------------------------------------------------------

@@ -130,6 +130,12 @@ def test_neither_a_line_nor_a_log_is_a_usage_error() -> None:
     assert result.exit_code == 2 and result.stdout == ""
     [said] = result.stderr.splitlines()
     assert "LINE/--sglang-log" in said
+    from kvcanary_cli import api
+    from kvcanary_cli.errors import OptionError
+
+    with pytest.raises(OptionError) as caught:  # below the edge: the API's keywords
+        api.leak()
+    assert caught.value.option == "line/log"
 
 
 # --- a server log -----------------------------------------------------------------------------

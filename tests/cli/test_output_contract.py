@@ -17,6 +17,8 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.writer import save_dump
 from kvcanary_cli.render import OutputFormat, render
+from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import make_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,13 +88,14 @@ def test_a_row_map_defaults_to_the_group_of_its_findings() -> None:
 def test_live_cells_come_first(tmp_path: Path) -> None:
     path = make_scenario("unfilled-cells", seed=0).save(tmp_path / "u.safetensors")
     report = api.check(path, kernel="none")
+    assert isinstance(report, CheckReport)
     [finding] = [
         f for f in report.dumps[0].findings if f.code.value == "padding-slot-in-live-range"
     ]
     first = finding.provenance[0].cells[0]
     assert (first.pool_row, first.position) == (finding.pool_row, finding.position)
     answer = api.provenance(path, slot=0, max_cells=8)
-    assert answer.slot is not None
+    assert isinstance(answer, ProvenanceReport) and answer.slot is not None
     roles = [c.role for c in answer.slot.cells]
     live = {"verify", "prefix", "chain-prev", "pending-write"}
     assert roles[0] in live and roles == sorted(roles, key=lambda r: r not in live)
@@ -101,7 +104,7 @@ def test_live_cells_come_first(tmp_path: Path) -> None:
 def test_the_clamp_target_shows_the_slots_redirected_to_it() -> None:
     path = EXAMPLES / "truncated-lut.safetensors"
     answer = api.provenance(path, slot=47, space="swa")  # LUT[lut_len - 1] of this dump
-    assert answer.slot is not None
+    assert isinstance(answer, ProvenanceReport) and answer.slot is not None
     assert 106 in answer.slot.mapped_from  # the last index maps: this LUT has no -1
     assert 107 in answer.slot.clamped_from
     assert all(c.full_slot is not None for c in answer.slot.cells)
@@ -132,6 +135,7 @@ def test_markdown_counts_dumps_in_plain_words() -> None:
 def test_markdown_stays_under_githubs_limit(tmp_path: Path) -> None:
     path = make_scenario("truncated-lut", size="small", seed=0).save(tmp_path / "s.safetensors")
     report = api.check(path, kernel="vectorized")
+    assert isinstance(report, CheckReport)
     full = render(report, OutputFormat.MARKDOWN, max_rows=10_000)
     assert isinstance(full, str)
     from kvcanary_cli.render.markdown.check import check_markdown
@@ -239,6 +243,7 @@ def test_shell_completion_is_offered() -> None:
 
 def test_the_python_api_returns_what_the_cli_renders() -> None:
     report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
+    assert isinstance(report, CheckReport)
     assert report.dumps[0].diagnosis[0].code.value == "lut-too-short"
     rendered = render(report, OutputFormat.JSON)
     cli = run(
@@ -246,7 +251,7 @@ def test_the_python_api_returns_what_the_cli_renders() -> None:
     )
     assert rendered == cli.stdout
     row = api.provenance(EXAMPLES / "stale-tail.safetensors", row=10)
-    assert row.row is not None and row.findings
+    assert isinstance(row, ProvenanceReport) and row.row is not None and row.findings
 
 
 @pytest.mark.parametrize("columns", ["0", "1", "39"])

@@ -19,6 +19,7 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.render.phrases.check import cause_sections, finding_words
 from kvcanary_cli.results.check import CheckReport, Finding
+from kvcanary_cli.results.provenance import ProvenanceReport
 from tests.torch_extra import needs_torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,9 @@ def _reads_whole(text: str, findings: Sequence[Finding], *, codes_per_finding: b
 
 @pytest.fixture(scope="module")
 def checked_examples() -> dict[str, CheckReport]:
-    return {name: api.check(EXAMPLES / name, kernel="vectorized") for name in EXAMPLE_NAMES}
+    reports = {name: api.check(EXAMPLES / name, kernel="vectorized") for name in EXAMPLE_NAMES}
+    assert all(isinstance(report, CheckReport) for report in reports.values())
+    return reports  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("example", EXAMPLE_NAMES)
@@ -136,6 +139,7 @@ def test_provenance_reads_whole_at_80_columns(
         asked.append({"row": 1})
     for question in asked:
         answer = api.provenance(EXAMPLES / example, **question)  # type: ignore[arg-type]
+        assert isinstance(answer, ProvenanceReport)
         text = at_width(render(answer, OutputFormat.TABLE), 80)
         _reads_whole(text, answer.findings, codes_per_finding=True)
 

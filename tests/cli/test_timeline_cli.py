@@ -181,9 +181,9 @@ def test_the_api_checks_what_the_command_line_checks(uaf: list[Path], tmp_path: 
     from kvcanary_cli.errors import OptionError
 
     with pytest.raises(OptionError, match="^slot: "):
-        api.slot_history(uaf, slot=2**70)
+        api.provenance(uaf, slot=2**70)
     with pytest.raises(OptionError, match="^space: "):
-        api.slot_history(uaf, slot=1, space="both")
+        api.provenance(uaf, slot=1, space="both")
     with pytest.raises(OptionError, match="^steps: "):
         api.synth("clean", tmp_path / "seq", steps=True)
     with pytest.raises(OptionError, match="^every: "):

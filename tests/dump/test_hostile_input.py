@@ -33,6 +33,7 @@ from kvcanary_cli.dump.header import (
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.schema import MAX_INTEGER_DIGITS, parse_integer
 from kvcanary_cli.errors import CorruptDumpError, MetadataError
+from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.dump.test_malformed import inspect_bad_input
 
@@ -205,7 +206,7 @@ def test_an_empty_table_is_analysed(tmp_path: Path) -> None:
     report = api.check(path, kernel="vectorized")
     assert report.dumps[0].error is None
     answer = api.provenance(path, slot=1)
-    assert answer.slot is not None and not answer.findings
+    assert isinstance(answer, ProvenanceReport) and answer.slot is not None and not answer.findings
 
 
 # --- numbers too long to be numbers -------------------------------------------------------

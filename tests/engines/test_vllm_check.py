@@ -21,7 +21,6 @@ from kvcanary_cli.engines.vllm import report_of
 from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.state import state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, build
-from kvcanary_cli.errors import DumpError
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
 
 FAULTS = [name for name, s in SCENARIOS.items() if s.plant is not None]
@@ -119,14 +118,16 @@ def test_check_cli_exit_codes_and_json(dumps: dict[str, Path]) -> None:
 
 
 def test_provenance_of_a_block(dumps: dict[str, Path]) -> None:
-    [finding] = api.check_pools(dumps["vllm-freed-while-held"]).dumps[0].findings
+    checked = api.check(dumps["vllm-freed-while-held"])
+    assert isinstance(checked, PoolCheckReport)
+    [finding] = checked.dumps[0].findings
     assert finding.block is not None
-    prov = api.block_provenance(dumps["vllm-freed-while-held"], finding.block)
+    prov = api.provenance(dumps["vllm-freed-while-held"], block=finding.block)
     assert isinstance(prov, PoolProvenance)
     assert prov.queue_position == finding.queue_position
     assert len(prov.owners) == finding.holders and prov.hash is not None
     assert [f.code for f in prov.findings] == [PoolCode.QUEUED_BLOCK_HELD]
-    quiet = api.block_provenance(dumps["vllm-clean"], finding.block)
+    quiet = api.provenance(dumps["vllm-clean"], block=finding.block)
     assert isinstance(quiet, PoolProvenance) and quiet.findings == ()
     out = runner.invoke(app, ["provenance", str(dumps["vllm-clean"]), "--block", "99999"])
     assert out.exit_code == 2 and "outside the pool" in out.output
@@ -184,28 +185,17 @@ def test_a_map_entry_under_a_blocks_extra_key_is_not_stale(tmp_path: Path) -> No
     assert _codes(state_of(read_arrays(tmp_path / "d.safetensors"))) == set()
 
 
-@pytest.mark.parametrize(
-    "command", [["ranks", "{a}", "{b}"], ["plan", "{a}"], ["api.timeline"], ["api.diff"]]
-)
+@pytest.mark.parametrize("command", [["ranks", "{a}", "{b}"], ["plan", "{a}"]])
 def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: list[str]) -> None:
     """Two snapshots of one step (the assert hook and the soak both write one) are refused as
-    vLLM dumps, naming what reads them, not as a timeline of one step twice (the command line's
-    `timeline` and `diff` read them: tests/engines/test_vllm_timeline.py)."""
+    vLLM dumps, naming what reads them, not as ranks of one step (`timeline` and `diff` read
+    them: tests/engines/test_vllm_timeline.py)."""
     tensors, meta = build("vllm-clean", seed=1).contents()
     meta["step"] = "7"
     a = write_safetensors(tmp_path / "a.st", tensors, meta)
     b = write_safetensors(tmp_path / "b.st", tensors, meta)
-    if command[0].startswith("api."):
-        with pytest.raises(DumpError) as caught:
-            if command[0] == "api.timeline":
-                api.timeline([a, b])
-            else:
-                api.diff(a, b)
-        line = str(caught.value)
-    else:
-        args = [part.format(a=a, b=b) for part in command]
-        out = runner.invoke(app, args)
-        assert out.exit_code == 2, out.output
-        [line] = out.output.splitlines()
+    out = runner.invoke(app, [part.format(a=a, b=b) for part in command])
+    assert out.exit_code == 2, out.output
+    [line] = out.output.splitlines()
     assert "a vllm dump: this command reads SGLang dumps" in line
     assert "`check`, `provenance --block N`, `timeline`, `diff` and `shrink` read it" in line

@@ -18,7 +18,7 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.engine import read_arrays
 from kvcanary_cli.engines.vllm.synth import SCENARIOS
-from kvcanary_cli.results.pool import PoolDumpReport
+from kvcanary_cli.results.pool import PoolDumpReport, PoolProvenance
 
 runner = CliRunner()
 
@@ -37,8 +37,8 @@ def shrunk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
 
 
 def _report(path: Path) -> PoolDumpReport:
-    [report] = api.check_pools(path).dumps
-    assert report.error is None, report.error
+    [report] = api.check(path).dumps
+    assert isinstance(report, PoolDumpReport) and report.error is None, report.error
     return report
 
 
@@ -85,8 +85,9 @@ def test_provenance_of_a_kept_block_is_the_originals_and_a_dropped_one_is_one_li
     big, small = shrunk["vllm-freed-while-held"]
     [finding] = _report(big).findings
     assert finding.block is not None
-    before = api.block_provenance(big, finding.block)
-    assert replace(api.block_provenance(small, finding.block), path=before.path) == before
+    before, after = (api.provenance(p, block=finding.block) for p in (big, small))
+    assert isinstance(before, PoolProvenance) and isinstance(after, PoolProvenance)
+    assert replace(after, path=before.path) == before
     dropped = next(b for b in range(1, 2048) if b not in finding.blocks)
     out = runner.invoke(app, ["provenance", str(small), "--block", str(dropped)])
     assert out.exit_code == 2, out.output

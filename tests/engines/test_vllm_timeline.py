@@ -15,6 +15,8 @@ from kvcanary_cli.catalog import PoolCode
 from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.engines.vllm.synth import build
+from kvcanary_cli.results.pool import PoolFinding
+from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 from tests.render.record_schema import RECORDS, validate
 
 runner = CliRunner()
@@ -32,7 +34,8 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_a_fault_is_dated_to_its_step_with_its_block(dumps: dict[str, Path]) -> None:
     clean, bad = dumps["vllm-clean"], dumps["vllm-freed-while-held"]
-    [finding] = api.check_pools(bad).dumps[0].findings
+    [finding] = api.check(bad).dumps[0].findings
+    assert isinstance(finding, PoolFinding)
     out = runner.invoke(app, ["diff", str(clean), str(bad), "--format", "json"])
     assert out.exit_code == 1, out.output
     record = json.loads(out.output)
@@ -45,7 +48,8 @@ def test_a_fault_is_dated_to_its_step_with_its_block(dumps: dict[str, Path]) -> 
     assert (changed["before"], changed["after"]) == ("held", "free-and-held")
     assert changed["ref_after"] == 0 and len(changed["owners"]) == finding.holders
     assert [s["codes"] for s in record["snapshots"]] == [[], [PoolCode.QUEUED_BLOCK_HELD]]
-    back = api.pool_timeline([bad, clean], keep_order=True)
+    back = api.diff(bad, clean)
+    assert isinstance(back, PoolTimelineReport)
     assert back.steps[0].gone_codes == (PoolCode.QUEUED_BLOCK_HELD,)
     for fmt in ("table", "markdown"):
         shown = runner.invoke(app, ["diff", str(clean), str(bad), "-f", fmt])
@@ -67,7 +71,8 @@ def test_timeline_orders_snapshots_by_step(tmp_path: Path) -> None:
         tensors, meta = build(name, seed=1).contents()
         meta["step"] = str(step)
         paths.append(write_safetensors(tmp_path / f"{step}.st", tensors, meta))
-    report = api.pool_timeline(paths)
+    report = api.timeline(paths)
+    assert isinstance(report, PoolTimelineReport)
     assert [s.step for s in report.snapshots] == [3, 9]
     assert report.steps[0].new_codes == (PoolCode.QUEUED_BLOCK_HELD,)
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from kvcanary_cli.results.check import DumpReport
+
 torch = pytest.importorskip("torch")
 
 
@@ -44,7 +46,7 @@ def test_capture_records_the_mamba_layout(sglang: Any, tmp_path: Path) -> None:
     result = _run(sglang, 100, 20, folder=tmp_path)
     assert result.failure is None
     report = check([tmp_path / "state.safetensors"], kernel="none").dumps[0]
-    assert report.error is None and report.findings == ()
+    assert isinstance(report, DumpReport) and report.error is None and report.findings == ()
     status = {c.check: c.status for c in report.coverage}
     assert status["Mamba slots"] == status["Mamba slot leaks"] == "ran", status
     assert status["SWA LUT"] == "not-applicable"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kvcanary_cli.results.check import DumpReport
 from tests.sglang_wheel import wheel_path
 
 torch = pytest.importorskip("torch")
@@ -442,6 +443,7 @@ def test_a_leaked_row_is_named_before_sglangs_idle_check(
     from kvcanary_cli import api
 
     [dump] = api.check([Path(record["files"]["dump"])], kernel="none").dumps
+    assert isinstance(dump, DumpReport)
     [leak] = [f for f in dump.findings if f.code.value == "req-row-leaked"]
     assert leak.details["rows"] == [leak.pool_row]
 

@@ -11,6 +11,8 @@ from typing import Any
 from kvcanary_cli import api
 from kvcanary_cli.catalog import PoolCode
 from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.results.pool import PoolDumpReport
+from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 from kvcanary_cli.soak.vllm_driver import FAULTS, _Scheduler
 
 
@@ -29,11 +31,14 @@ def _snapshots(vllm: Any, folder: Path, steps: int, fault: str | None = None) ->
 
 def test_a_correct_history_adds_up_step_by_step(vllm: Any, tmp_path: Path) -> None:
     paths = _snapshots(vllm, tmp_path, 40)
-    report = api.pool_timeline(list(reversed(paths)))  # ordered by step, not as given
+    report = api.timeline(list(reversed(paths)))  # ordered by step, not as given
+    assert isinstance(report, PoolTimelineReport)
     assert [s.step for s in report.snapshots] == list(range(40))
     assert not report.failed
     moved = 0
-    queues = [api.check_pools(p).dumps[0].queue_length for p in paths]
+    dumps = [api.check(p).dumps[0] for p in paths]
+    queues = [d.queue_length for d in dumps if isinstance(d, PoolDumpReport)]
+    assert len(queues) == len(paths)
     for step in report.steps:
         assert step.went_bad == 0 and step.new_codes == ()
         assert step.freed - step.allocated == queues[step.after] - queues[step.before]
@@ -43,7 +48,8 @@ def test_a_correct_history_adds_up_step_by_step(vllm: Any, tmp_path: Path) -> No
 
 def test_a_block_freed_while_held_goes_bad_at_its_step(vllm: Any, tmp_path: Path) -> None:
     paths = _snapshots(vllm, tmp_path, 40, fault="block-freed-while-held")
-    report = api.pool_timeline(paths)
+    report = api.timeline(paths)
+    assert isinstance(report, PoolTimelineReport)
     bad = [step for step in report.steps if step.went_bad]
     assert bad[0].after == 38  # (later steps may show it leave the fault: handed out again)
     assert PoolCode.QUEUED_BLOCK_HELD in bad[0].new_codes

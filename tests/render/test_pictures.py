@@ -15,6 +15,8 @@ from rich.console import Console
 
 from kvcanary_cli import api
 from kvcanary_cli.render.table.pictures import FindingsMap, RowStrip, SlotAxis
+from kvcanary_cli.results.check import CheckReport, DumpReport
+from kvcanary_cli.results.provenance import ProvenanceReport
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -49,12 +51,13 @@ def drawn(picture: object, width: int, colour: bool) -> str:
 
 def _strip(dump: str, question: dict[str, Any]) -> RowStrip:
     answer = api.provenance(EXAMPLES / f"{dump}.safetensors", **question)
-    assert answer.row is not None
+    assert isinstance(answer, ProvenanceReport) and answer.row is not None
     return RowStrip(answer.row, answer.findings)
 
 
 def _map(dump: str, max_rows: int = 10) -> FindingsMap:
     report = api.check(EXAMPLES / f"{dump}.safetensors", kernel="vectorized")
+    assert isinstance(report, CheckReport)
     return FindingsMap(report.dumps[0], max_rows)
 
 
@@ -98,6 +101,7 @@ def test_findings_map_matches_golden(
 @pytest.mark.parametrize(("width", "colour"), CASES, ids=IDS)
 def test_slot_axis_matches_golden(width: int, colour: bool, update_golden: bool) -> None:
     report = api.check(EXAMPLES / "truncated-lut.safetensors", kernel="vectorized")
+    assert isinstance(report, CheckReport)
     axis = SlotAxis(report.dumps[0])
     assert axis.drawn
     text = drawn(axis, width, colour)
@@ -156,6 +160,7 @@ def test_a_long_row_is_drawn_in_runs_of_positions(tmp_path: Path) -> None:
         metadata={"num_full_slots": "6000"},
     )
     answer = api.provenance(path, row=1)
+    assert isinstance(answer, ProvenanceReport)
     assert answer.row is not None and answer.row.occupancy is not None
     assert answer.row.occupancy.step == 5  # 5000 positions in at most 1024 steps
     text = drawn(RowStrip(answer.row, answer.findings), 80, colour=False)
@@ -208,6 +213,7 @@ def test_pictures_of_absurd_slots_and_lengths_cost_what_they_draw(tmp_path: Path
         metadata={"num_full_slots": "64"},
     )
     dump = api.check(path, kernel="vectorized").dumps[0]
+    assert isinstance(dump, DumpReport)
     axis = drawn(SlotAxis(dump), 80, colour=False)
     assert "^pool size 64" in axis and re.search(r"\d+ slots per character", axis)
     assert axis.splitlines()[1].rstrip().endswith("A")

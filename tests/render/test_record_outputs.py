@@ -108,7 +108,7 @@ def test_block_pool_check_and_provenance_match_their_records(tmp_path: Path, sce
 
     path = tmp_path / "pool.safetensors"
     write_pool_scenario(scenario, path, seed=2)
-    record = _valid(render(api.check_pools([path]), OutputFormat.JSON))
+    record = _valid(render(api.check([path]), OutputFormat.JSON))
     assert record["schema"] == "kvcanary.pool-check/1"
     findings = record["dumps"][0]["findings"]
     block = findings[0]["block"] if findings else 1
@@ -131,7 +131,7 @@ def test_timelines_match_their_record(tmp_path: Path, name: str) -> None:
         truth = json.loads(load_dump(paths[-1]).metadata[PLANTED_KEY])
         slot = (truth.get("slots") or [1])[0]
         space = truth.get("space", "full")
-        history = api.slot_history(dumps, slot=slot, space=space if dumps is paths else "full")
+        history = api.provenance(dumps, slot=slot, space=space if dumps is paths else "full")
         assert _valid(render(history, OutputFormat.JSON))["slot"]["slot"] == slot
 
 

@@ -43,12 +43,16 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def provenance(dump: Path) -> ProvenanceReport:
-    return api.provenance(dump, slot=7)
+    answer = api.provenance(dump, slot=7)
+    assert isinstance(answer, ProvenanceReport)
+    return answer
 
 
 @pytest.fixture(scope="module")
 def check(dump: Path) -> CheckReport:
-    return api.check([dump], kernel="none")
+    report = api.check([dump], kernel="none")
+    assert isinstance(report, CheckReport)
+    return report
 
 
 def _drawn(view: object) -> str:
