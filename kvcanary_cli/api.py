@@ -136,9 +136,7 @@ def provenance(
         from kvcanary_cli.engines import pool_provenance
 
         if len(many) > 1 or slot is not None or row is not None:
-            raise OptionError(
-                "give one dump and --block alone, without --slot or --row", option="block"
-            )
+            raise OptionError("traces a block of one dump, with no slot or row", option="block")
         return pool_provenance(many[0], checked_integer(block, "block", INDEX))
     if len(many) > 1:
         from kvcanary_cli.analysis.timeline import slot_history

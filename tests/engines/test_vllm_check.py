@@ -131,6 +131,13 @@ def test_provenance_of_a_block(dumps: dict[str, Path]) -> None:
     assert isinstance(quiet, PoolProvenance) and quiet.findings == ()
     out = runner.invoke(app, ["provenance", str(dumps["vllm-clean"]), "--block", "99999"])
     assert out.exit_code == 2 and "outside the pool" in out.output
+    clean = str(dumps["vllm-clean"])
+    for extra in (["--slot", "3"], [clean]):  # a block is one dump's, traced alone
+        out = runner.invoke(app, ["provenance", clean, "--block", "1", *extra])
+        assert out.exit_code == 2, out.output
+        assert out.output.strip().splitlines() == [
+            "error: --block: traces a block of one dump, with no slot or row"
+        ]
 
 
 def test_bad_vllm_dumps_are_one_line_exit_2(tmp_path: Path, dumps: dict[str, Path]) -> None:
