@@ -94,12 +94,13 @@ def test_the_comparison_catches_a_lenient_rule(
 
 def _misread(sglang: Any, core: str, monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], int]:
     """Run a clean history; at every audited state compare the live audit's own readers
-    (the tree walked once, the free lists unsorted) with what `capture.tree` records in a
-    dump of the same objects: the facts they disagree on, and the states with a lock."""
+    (the tree walked once, the free lists unsorted, the rows and the batch by attribute)
+    with what `capture.tree` records in a dump of the same objects: the facts they disagree
+    on, and the states with a lock."""
     import numpy as np
 
     import kvcanary_cli.soak.audit as audit
-    from kvcanary_cli.capture.tree import tree_state
+    from kvcanary_cli.capture.tree import batch_state, tree_state
     from kvcanary_cli.soak.live import read_state as original
 
     differ: set[str] = set()
@@ -123,6 +124,22 @@ def _misread(sglang: Any, core: str, monkeypatch: pytest.MonkeyPatch) -> tuple[s
         ):
             if mine is None or not np.array_equal(np.sort(mine), np.sort(facts[name])):
                 differ.add(name)
+        if not np.array_equal(state.alloc_lens, facts["req_pool_allocated_lens"]):
+            differ.add("req_pool_allocated_lens")
+        if not np.array_equal(state.running_rows, facts["running_req_rows"]):
+            differ.add("running_req_rows")
+        recorded = None if batch is None else batch_state(batch)
+        if (recorded is None) != (state.batch is None) or (
+            recorded is not None
+            and state.batch is not None
+            and (
+                recorded.keys() != state.batch.keys()
+                or any(
+                    not np.array_equal(value, state.batch[key]) for key, value in recorded.items()
+                )
+            )
+        ):
+            differ.add("batch")
         return state
 
     monkeypatch.setattr(audit, "read_state", compared)
@@ -154,6 +171,31 @@ def test_the_reader_comparison_catches_a_misread_lock(
     monkeypatch.setattr(live, "_walk_python_core", unlocked)
     differ, _ = _misread(sglang, "python", monkeypatch)
     assert differ == {"tree_locked_full_slots"}
+
+
+def test_the_reader_comparison_catches_a_misread_row_or_batch(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row reader that records each allocation one short, and a batch reader that reads
+    a write one slot off, are named by the comparison."""
+    import kvcanary_cli.soak.live as live
+
+    rows_of, batch_of = live._rows_of, live._batch_of
+
+    def short(*args: Any) -> Any:
+        lens, running = rows_of(*args)
+        return (lens - 1).clip(0), running
+
+    def off(batch: Any) -> Any:
+        facts = batch_of(batch)
+        if "out_cache_loc" in facts:
+            facts["out_cache_loc"] = facts["out_cache_loc"] + 1
+        return facts
+
+    monkeypatch.setattr(live, "_rows_of", short)
+    monkeypatch.setattr(live, "_batch_of", off)
+    differ, _ = _misread(sglang, "rust", monkeypatch)
+    assert differ == {"req_pool_allocated_lens", "batch"}
 
 
 def _planted(monkeypatch: pytest.MonkeyPatch, bug: str) -> None:
