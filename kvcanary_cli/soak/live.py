@@ -198,9 +198,8 @@ def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.
     them: the rows of the requests and of the tree's sessions, each request's kv once (by
     identity); read by attribute (one missing raises: unreadable, where the capture code
     would record the fact as absent)."""
-    lens = np.zeros(rows, dtype=np.int64)
+    lens = [0] * rows
     held: dict[int, Any] = {}
-    longest: dict[int, int] = {}
     for req in requests:
         kv = req.kv
         row = kv.req_pool_idx
@@ -209,13 +208,12 @@ def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.
             row = int(row)
             if 0 <= row < rows:
                 allocated = int(kv.kv_allocated_len)
-                if allocated > longest.get(row, 0):
-                    longest[row] = allocated
-    if longest:
-        lens[list(longest)] = list(longest.values())
+                if allocated > lens[row]:
+                    lens[row] = allocated
     for kv in tree.session_records().values():
         held[id(kv)] = kv.req_pool_idx
-    return lens, np.array([int(r) for r in held.values() if r is not None], dtype=np.int64)
+    running = [int(r) for r in held.values() if r is not None]
+    return np.array(lens, dtype=np.int64), np.array(running, dtype=np.int64)
 
 
 def _batch_of(batch: Any) -> dict[str, Any]:
@@ -241,7 +239,18 @@ def _ints(values: Any) -> np.ndarray:
     """A CPU tensor (a view) or a list as a flat int64 host array."""
     if isinstance(values, list):
         return np.array(values, dtype=np.int64).reshape(-1)
-    flat: np.ndarray = values.numpy().astype(np.int64, copy=False).reshape(-1)
+    return _int64(values.numpy())
+
+
+#: numpy's int64 (a builtin dtype: one object)
+_I64 = np.dtype(np.int64)
+
+
+def _int64(flat: np.ndarray) -> np.ndarray:
+    """`flat` as a flat int64 array: itself where it is one (an attribute test costs less
+    than numpy's no-op conversions)."""
+    if flat.dtype is not _I64 or flat.ndim != 1:
+        flat = flat.astype(np.int64).reshape(-1)
     return flat
 
 
@@ -340,6 +349,8 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
         # plain ints: a node's component list is indexed by them at a plain int's cost
         full, swa = int(kinds.FULL), int(kinds.SWA)
         types = tuple(sorted(int(t) for t in components))
+        if types == (full, swa):  # the SWA layout's: the same walk, unrolled
+            return partial(_walk_full_swa, root, full, swa, torch)
         return partial(_walk_python_core, root, full, swa, swa in types, types, torch)
     walk = getattr(core, "walk_for_kv_canary", None)
     if callable(walk) and callable(getattr(tree, "all_values_flatten", None)):
@@ -383,14 +394,49 @@ def _walk_python_core(
     return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None, counts
 
 
+def _walk_full_swa(
+    root: Any, full: int, swa: int, torch: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, list[dict[int, int]]]:
+    """`_walk_python_core` for a tree of the FULL and SWA components alone (FULL < SWA),
+    each node's two component records read once."""
+    held: list[Any] = []
+    resident: list[Any] = []
+    locked: list[Any] = []
+    full_counts: dict[int, int] = {}
+    swa_counts: dict[int, int] = {}
+    tensor = torch.Tensor
+    todo = list(root.children.values())
+    pop, push = todo.pop, todo.extend
+    while todo:
+        node = pop()
+        data = node.component_data
+        mine, window = data[full], data[swa]
+        ref = mine.lock_ref
+        if ref:
+            full_counts[node.id] = ref
+        other = window.lock_ref
+        if other:
+            swa_counts[node.id] = other
+        value = mine.value
+        if value is not None:
+            # SGLang's walks read a tensor value only; anything else: unreadable
+            if not isinstance(value, tensor):
+                raise TypeError("a tree value that is not a tensor")
+            held.append(value)
+            if window.value is not None:
+                resident.append(value)
+            if ref != 0:
+                locked.append(value)
+        push(node.children.values())
+    counts = [full_counts, swa_counts]
+    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None, counts
+
+
 def _flat(values: list[Any], torch: Any) -> np.ndarray:
     """Tensors as one flat int64 host array (a copy: `torch.cat` makes one)."""
     if not values:
         return np.zeros(0, dtype=np.int64)
-    flat: np.ndarray = torch.cat(values).numpy()
-    if flat.dtype != np.int64 or flat.ndim != 1:
-        flat = flat.astype(np.int64).reshape(-1)
-    return flat
+    return _int64(torch.cat(values).numpy())
 
 
 def _read_rust_core(

@@ -159,16 +159,19 @@ def test_live_readers_read_what_a_dump_records(
 def test_the_reader_comparison_catches_a_misread_lock(
     sglang: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Python-core walk that reads no node as locked is named by the comparison."""
+    """A Python-core walk that reads no node as locked is named by the comparison (both
+    walks: the SWA layout's unrolled one and the general one)."""
     import kvcanary_cli.soak.live as live
 
-    original = live._walk_python_core
+    def unlocked_by(original: Any) -> Any:
+        def unlocked(*args: Any) -> Any:
+            held, resident, _, unlocked, counts = original(*args)
+            return held, resident, held[:0], unlocked, counts
 
-    def unlocked(*args: Any) -> Any:
-        held, resident, _, unlocked, counts = original(*args)
-        return held, resident, held[:0], unlocked, counts
+        return unlocked
 
-    monkeypatch.setattr(live, "_walk_python_core", unlocked)
+    for walk in ("_walk_full_swa", "_walk_python_core"):
+        monkeypatch.setattr(live, walk, unlocked_by(getattr(live, walk)))
     differ, _ = _misread(sglang, "python", monkeypatch)
     assert differ == {"tree_locked_full_slots"}
 
