@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -287,11 +287,17 @@ class Readers:
     locks: LockReader | None = None
 
 
-def free_reader(allocator: Any) -> FreeReader | None:
+def free_reader(allocator: Any, sizes: tuple[int, int] | None = None) -> FreeReader | None:
     """Both sides' free slots, by the route `capture.tree.free_slots` takes for the hybrid
     SWA allocator (each side's `get_all_free_pages`: its free and its staged pages, pages
     expanded to slots), unsorted and uncopied (counted at once, never kept); None for another
-    allocator (unified memory's virtual ids: the capture code's reader)."""
+    allocator (unified memory's virtual ids: the capture code's reader).
+
+    With `sizes` (each side's slots as its pool was built) a page is expanded by one look-up
+    in a table of each page's slots (`_page_table`), clipped: a page past the end reads as
+    the row past the last page (slots out of range, as the arithmetic gives them), and a
+    negative page as page 0, which no domain holds, so the partition breaks (where the
+    arithmetic's negative slots made the state unreadable: either way, broken)."""
     full = getattr(allocator, "full_attn_allocator", None)
     swa = getattr(allocator, "swa_attn_allocator", None)
     sides = (full, swa)
@@ -300,6 +306,8 @@ def free_reader(allocator: Any) -> FreeReader | None:
     if hasattr(full, "virtual_to_physical"):
         return None
     page = int(getattr(allocator, "page_size", 1) or 1)
+    if sizes is not None and page > 1:
+        return partial(_read_free_paged, full, swa, *(_page_table(n, page) for n in sizes))
     return partial(_read_free, full, swa, page, np.arange(page, dtype=np.int64))
 
 
@@ -313,6 +321,24 @@ def _read_free(
 def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
     pages: np.ndarray = side.get_all_free_pages().numpy()  # None: no free list, unreadable
     return (pages[:, None] * page + offsets).reshape(-1) if page > 1 else pages
+
+
+def _page_table(slots: int, page: int) -> np.ndarray:
+    """Row p: page p's slots, for every page of `slots` and one past the end."""
+    pages = -(-slots // page) + 1
+    return np.arange(pages * page, dtype=np.int64).reshape(pages, page)
+
+
+def _read_free_paged(
+    full: Any, swa: Any, full_pages: np.ndarray, swa_pages: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(full side's free slots, SWA side's), pages expanded by their tables (`free_reader`)."""
+    mine: np.ndarray = full.get_all_free_pages().numpy()
+    theirs: np.ndarray = swa.get_all_free_pages().numpy()
+    return (
+        full_pages.take(mine, axis=0, mode="clip").reshape(-1),
+        swa_pages.take(theirs, axis=0, mode="clip").reshape(-1),
+    )
 
 
 #: reads (full slots the tree holds, their SWA-resident part, their locked part, their
@@ -596,6 +622,10 @@ class LiveAudit:
         self.swa_domain = (
             None if first.free_swa is None else _mask(first.free_swa, self.swa_n, self.page)
         )
+        if self.readers.free is not None and first.free_swa is not None:
+            # the pools' sizes known: pages expanded by look-up (`free_reader`)
+            sizes = (self.full_n, self.swa_n)
+            self.readers = replace(self.readers, free=free_reader(stack.allocator, sizes))
         self.rows_n = int(first.table.shape[0])
         self.row_domain = _mask(first.free_rows, self.rows_n, 0)
         mamba_free = None if first.mamba is None else first.mamba["free_mamba_slots"]
@@ -633,8 +663,7 @@ class LiveAudit:
         #: each row's positions
         self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
         #: row p: page p's slots
-        pages = -(-self.full_n // ps)
-        self._page_slots = np.arange(pages * ps, dtype=np.int64).reshape(pages, ps)
+        self._page_slots = _page_table(self.full_n, ps)
         #: row P: the columns a decode at P reads back (`[P - W, P]`, clipped to 0)
         back = np.arange(self.window + 1, dtype=np.int64)
         self._cols = np.maximum(np.arange(width, dtype=np.int64)[:, None] - back, 0)

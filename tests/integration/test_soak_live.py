@@ -311,3 +311,61 @@ def test_lock_counts_find_a_lock_leak_at_its_step(
     monkeypatch.setattr("kvcanary_cli.soak.live.LiveAudit._lock_counts", lambda *args: None)
     later = _leak_history(sglang, "lock-leak", monkeypatch)[0].failure
     assert later is not None and later.step > found.step
+
+
+def test_paged_free_reader_expands_pages_as_the_arithmetic_does() -> None:
+    """Pages expanded by look-up (`free_reader` with the pools' sizes) are the slots the
+    arithmetic gives; a page past the end reads as slots out of range, a negative page as
+    page 0's slots (which no domain holds), never as another real page."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from kvcanary_cli.soak.live import free_reader
+
+    def side(pages: list[int]) -> Any:
+        return SimpleNamespace(get_all_free_pages=lambda: torch.tensor(pages, dtype=torch.int64))
+
+    page, full_n, swa_n = 4, 40, 20
+    full, swa = [3, 1, 9, 2], [4, 1]
+    allocator = SimpleNamespace(page_size=page, full_attn_allocator=side(full))
+    allocator.swa_attn_allocator = side(swa)
+    plain, paged = free_reader(allocator), free_reader(allocator, (full_n, swa_n))
+    assert plain is not None and paged is not None
+    for mine, theirs in zip(plain(), paged(), strict=True):
+        assert np.array_equal(mine, theirs)
+    bad = SimpleNamespace(page_size=page, full_attn_allocator=side([-1, 2, 10, 99]))
+    bad.swa_attn_allocator = side([-3, 5, 6])
+    reader = free_reader(bad, (full_n, swa_n))
+    assert reader is not None
+    slots, swa_slots = reader()
+    assert slots[:4].tolist() == [0, 1, 2, 3]  # page 0: in no domain
+    assert slots[4:8].tolist() == [8, 9, 10, 11]
+    assert (slots[8:] >= full_n).all()  # past the end: out of range, as 40..43 and 396..399
+    assert swa_slots[:4].tolist() == [0, 1, 2, 3] and (swa_slots[4:] >= swa_n).all()
+
+
+def test_a_negative_free_page_breaks_the_live_audit(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A free list that lists a negative page from some step on: every state the live audit
+    reads from then on breaks (page 0 is in no domain), so none passes unchecked."""
+    from importlib import import_module
+
+    import torch
+
+    cls = import_module("sglang.srt.mem_cache.allocator.paged").PagedTokenToKVPoolAllocator
+    census = cls.get_all_free_pages
+    calls = [0]
+
+    def listed(self: Any) -> Any:
+        calls[0] += 1
+        pages = census(self)
+        return pages if calls[0] < 40 else torch.cat((pages, torch.tensor([-1])))
+
+    monkeypatch.setattr(cls, "get_all_free_pages", listed)
+    result = _history(sglang, 4, "python", None, "both")
+    broken = [v.broken is not None for v in result.verdicts]
+    assert True in broken and all(broken[broken.index(True) :])
+    assert _differences(result) == []
