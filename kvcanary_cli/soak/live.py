@@ -45,21 +45,23 @@ costs only that fallback (counted), but for a lock count above its locks, a lock
 
 What is read is what the dump would record, by cheaper routes (`Readers`): the Python tree
 core walked once over the fields SGLang's own walks read, the Rust core by its own calls, the
-free lists by the allocators' own census unsorted; the rest by `capture.tree`'s readers. A
-reader that fails marks the state unreadable, which breaks it (the whole `check` runs).
+free lists by the allocators' own census unsorted, the requests' rows and the batch by
+attribute (the batch's tensors as views: read at once, never kept); the rest by
+`capture.tree`'s readers. A reader that fails marks the state unreadable, which breaks it
+(the whole `check` runs).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import batch_state, row_state, tree_state
+from kvcanary_cli.capture.tree import tree_state
 
 __all__ = [
     "FreeReader",
@@ -108,8 +110,9 @@ class LiveState:
 def read_state(
     scheduler: Any, batch: Any, requests: list[Any], readers: Readers | None = None
 ) -> LiveState:
-    """The live state: the free lists and the tree by `readers` where it has them, the rest
-    (and what it has not) by the capture code's own readers."""
+    """The live state: the free lists and the tree by `readers` where it has them (and then
+    the rows by `_rows_of`), the batch by `_batch_of`, the rest (and what `readers` has not)
+    by the capture code's own readers."""
     stack = scheduler.stack
     pool = stack.req_to_token_pool
     table = pool.req_to_token.numpy()
@@ -117,7 +120,8 @@ def read_state(
     rows = table.shape[0]
     unread = None
     mamba = getattr(pool, "mamba_allocator", None) is not None
-    if own.free is None or own.tree is None or mamba:
+    captured = own.free is None or own.tree is None or mamba
+    if captured:
         facts = tree_state(
             allocator=stack.allocator,
             # the Mamba layout's records come with the tree's (its Mamba values)
@@ -128,8 +132,12 @@ def read_state(
             waiting=scheduler.waiting,
         )
     else:
-        facts = row_state(requests, rows, stack.tree)
-    empty = np.zeros(0, dtype=np.int64)
+        facts = {}
+        try:
+            facts[_LENS], facts[_RUNNING] = _rows_of(requests, rows, stack.tree)
+        except Exception as exc:  # a request this reader cannot read: `broken` says so
+            unread = f"the requests' rows: {type(exc).__name__}"
+    empty = _NONE
     free_full, free_swa = facts.get("free_full_slots", empty), facts.get("free_swa_slots")
     if own.free is not None:
         try:
@@ -150,7 +158,13 @@ def read_state(
         except Exception as exc:  # a lock this reader cannot follow: `broken` says so
             unread = f"the requests' locks: {type(exc).__name__}"
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
-    tables = {k: facts[k] for k in _TABLES if k in facts} or None
+    tables = ({k: facts[k] for k in _TABLES if k in facts} or None) if captured else None
+    lens = facts.get(_LENS)
+    if batch is not None:
+        try:
+            batch = _batch_of(batch)
+        except Exception as exc:  # a batch this reader cannot read: `broken` says so
+            unread, batch = f"the batch: {type(exc).__name__}", None
     return LiveState(
         table=table,
         # unified memory has no LUT: the one its SWA table stands for, as a dump records it
@@ -161,10 +175,10 @@ def read_state(
         resident=resident,
         locked=locked,
         unlocked=unlocked,
-        alloc_lens=facts.get("req_pool_allocated_lens", np.zeros(rows, np.int64)),
-        running_rows=facts.get("running_req_rows", empty),
+        alloc_lens=np.zeros(rows, np.int64) if lens is None else lens,
+        running_rows=facts.get(_RUNNING, empty),
         free_rows=np.asarray(pool.free_slots, dtype=np.int64),
-        batch=None if batch is None else batch_state(batch),
+        batch=batch,
         unread=unread,
         lock_counts=counts,
         lock_expected=expected,
@@ -173,6 +187,71 @@ def read_state(
         else {k: facts[k] for k in _MAMBA if k in facts},
         tables=tables,
     )
+
+
+#: The row facts' dump names (`capture.tree`'s).
+_LENS, _RUNNING = "req_pool_allocated_lens", "running_req_rows"
+
+
+def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's longest allocation, the rows held), as `capture.tree.row_state` records
+    them: the rows of the requests and of the tree's sessions, each request's kv once (by
+    identity); read by attribute (one missing raises: unreadable, where the capture code
+    would record the fact as absent)."""
+    lens = [0] * rows
+    held: dict[int, Any] = {}
+    for req in requests:
+        kv = req.kv
+        row = kv.req_pool_idx
+        held[id(kv)] = row
+        if row is not None:
+            row = int(row)
+            if 0 <= row < rows:
+                allocated = int(kv.kv_allocated_len)
+                if allocated > lens[row]:
+                    lens[row] = allocated
+    for kv in tree.session_records().values():
+        held[id(kv)] = kv.req_pool_idx
+    running = [int(r) for r in held.values() if r is not None]
+    return np.array(lens, dtype=np.int64), np.array(running, dtype=np.int64)
+
+
+def _batch_of(batch: Any) -> dict[str, Any]:
+    """`capture.tree.batch_state`'s facts of a `ScheduleBatch` on the host, as int64 arrays,
+    views where SGLang holds a CPU tensor (read at once, never kept: the audit needs no copy
+    of what the step left)."""
+    facts: dict[str, Any] = {"req_pool_indices": _ints(batch.req_pool_indices)}
+    if batch.forward_mode.is_extend():
+        facts["prefix_lens"] = _ints(batch.prefix_lens)
+        facts["extend_seq_lens"] = _ints(batch.extend_lens)
+        facts["forward_mode"] = "extend"
+    else:
+        facts["prefix_lens"] = _ints(batch.seq_lens) - 1
+        facts["extend_seq_lens"] = np.ones(facts["prefix_lens"].size, dtype=np.int64)
+        facts["forward_mode"] = "decode"
+    out = batch.out_cache_loc
+    if out is not None:
+        facts["out_cache_loc"] = _ints(out)
+    return facts
+
+
+def _ints(values: Any) -> np.ndarray:
+    """A CPU tensor (a view) or a list as a flat int64 host array."""
+    if isinstance(values, list):
+        return np.array(values, dtype=np.int64).reshape(-1)
+    return _int64(values.numpy())
+
+
+#: numpy's int64 (a builtin dtype: one object)
+_I64 = np.dtype(np.int64)
+
+
+def _int64(flat: np.ndarray) -> np.ndarray:
+    """`flat` as a flat int64 array: itself where it is one (an attribute test costs less
+    than numpy's no-op conversions)."""
+    if flat.dtype is not _I64 or flat.ndim != 1:
+        flat = flat.astype(np.int64).reshape(-1)
+    return flat
 
 
 #: The Mamba layout's records the audit reads.
@@ -208,11 +287,17 @@ class Readers:
     locks: LockReader | None = None
 
 
-def free_reader(allocator: Any) -> FreeReader | None:
+def free_reader(allocator: Any, sizes: tuple[int, int] | None = None) -> FreeReader | None:
     """Both sides' free slots, by the route `capture.tree.free_slots` takes for the hybrid
     SWA allocator (each side's `get_all_free_pages`: its free and its staged pages, pages
     expanded to slots), unsorted and uncopied (counted at once, never kept); None for another
-    allocator (unified memory's virtual ids: the capture code's reader)."""
+    allocator (unified memory's virtual ids: the capture code's reader).
+
+    With `sizes` (each side's slots as its pool was built) a page is expanded by one look-up
+    in a table of each page's slots (`_page_table`), clipped: a page past the end reads as
+    the row past the last page (slots out of range, as the arithmetic gives them), and a
+    negative page as page 0, which no domain holds, so the partition breaks (where the
+    arithmetic's negative slots made the state unreadable: either way, broken)."""
     full = getattr(allocator, "full_attn_allocator", None)
     swa = getattr(allocator, "swa_attn_allocator", None)
     sides = (full, swa)
@@ -221,6 +306,8 @@ def free_reader(allocator: Any) -> FreeReader | None:
     if hasattr(full, "virtual_to_physical"):
         return None
     page = int(getattr(allocator, "page_size", 1) or 1)
+    if sizes is not None and page > 1:
+        return partial(_read_free_paged, full, swa, *(_page_table(n, page) for n in sizes))
     return partial(_read_free, full, swa, page, np.arange(page, dtype=np.int64))
 
 
@@ -234,6 +321,24 @@ def _read_free(
 def _free_of(side: Any, page: int, offsets: np.ndarray) -> np.ndarray:
     pages: np.ndarray = side.get_all_free_pages().numpy()  # None: no free list, unreadable
     return (pages[:, None] * page + offsets).reshape(-1) if page > 1 else pages
+
+
+def _page_table(slots: int, page: int) -> np.ndarray:
+    """Row p: page p's slots, for every page of `slots` and one past the end."""
+    pages = -(-slots // page) + 1
+    return np.arange(pages * page, dtype=np.int64).reshape(pages, page)
+
+
+def _read_free_paged(
+    full: Any, swa: Any, full_pages: np.ndarray, swa_pages: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(full side's free slots, SWA side's), pages expanded by their tables (`free_reader`)."""
+    mine: np.ndarray = full.get_all_free_pages().numpy()
+    theirs: np.ndarray = swa.get_all_free_pages().numpy()
+    return (
+        full_pages.take(mine, axis=0, mode="clip").reshape(-1),
+        swa_pages.take(theirs, axis=0, mode="clip").reshape(-1),
+    )
 
 
 #: reads (full slots the tree holds, their SWA-resident part, their locked part, their
@@ -267,9 +372,12 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
     if root is not None and isinstance(components, dict):
         import torch  # SGLang's tree holds torch tensors: imported already
 
-        full, swa = kinds.FULL, kinds.SWA
-        types = tuple(sorted(components))
-        return partial(_walk_python_core, root, full, swa, swa in components, types, torch)
+        # plain ints: a node's component list is indexed by them at a plain int's cost
+        full, swa = int(kinds.FULL), int(kinds.SWA)
+        types = tuple(sorted(int(t) for t in components))
+        if types == (full, swa):  # the SWA layout's: the same walk, unrolled
+            return partial(_walk_full_swa, root, full, swa, torch)
+        return partial(_walk_python_core, root, full, swa, swa in types, types, torch)
     walk = getattr(core, "walk_for_kv_canary", None)
     if callable(walk) and callable(getattr(tree, "all_values_flatten", None)):
         return partial(_read_rust_core, tree, walk)
@@ -312,12 +420,49 @@ def _walk_python_core(
     return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None, counts
 
 
+def _walk_full_swa(
+    root: Any, full: int, swa: int, torch: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, list[dict[int, int]]]:
+    """`_walk_python_core` for a tree of the FULL and SWA components alone (FULL < SWA),
+    each node's two component records read once."""
+    held: list[Any] = []
+    resident: list[Any] = []
+    locked: list[Any] = []
+    full_counts: dict[int, int] = {}
+    swa_counts: dict[int, int] = {}
+    tensor = torch.Tensor
+    todo = list(root.children.values())
+    pop, push = todo.pop, todo.extend
+    while todo:
+        node = pop()
+        data = node.component_data
+        mine, window = data[full], data[swa]
+        ref = mine.lock_ref
+        if ref:
+            full_counts[node.id] = ref
+        other = window.lock_ref
+        if other:
+            swa_counts[node.id] = other
+        value = mine.value
+        if value is not None:
+            # SGLang's walks read a tensor value only; anything else: unreadable
+            if not isinstance(value, tensor):
+                raise TypeError("a tree value that is not a tensor")
+            held.append(value)
+            if window.value is not None:
+                resident.append(value)
+            if ref != 0:
+                locked.append(value)
+        push(node.children.values())
+    counts = [full_counts, swa_counts]
+    return _flat(held, torch), _flat(resident, torch), _flat(locked, torch), None, counts
+
+
 def _flat(values: list[Any], torch: Any) -> np.ndarray:
     """Tensors as one flat int64 host array (a copy: `torch.cat` makes one)."""
     if not values:
         return np.zeros(0, dtype=np.int64)
-    flat: np.ndarray = torch.cat(values).numpy().astype(np.int64, copy=False).reshape(-1)
-    return flat
+    return _int64(torch.cat(values).numpy())
 
 
 def _read_rust_core(
@@ -477,6 +622,10 @@ class LiveAudit:
         self.swa_domain = (
             None if first.free_swa is None else _mask(first.free_swa, self.swa_n, self.page)
         )
+        if self.readers.free is not None and first.free_swa is not None:
+            # the pools' sizes known: pages expanded by look-up (`free_reader`)
+            sizes = (self.full_n, self.swa_n)
+            self.readers = replace(self.readers, free=free_reader(stack.allocator, sizes))
         self.rows_n = int(first.table.shape[0])
         self.row_domain = _mask(first.free_rows, self.rows_n, 0)
         mamba_free = None if first.mamba is None else first.mamba["free_mamba_slots"]
@@ -493,17 +642,37 @@ class LiveAudit:
         #: where the last audit's lock counts broke: whether a count exceeds its locks
         #: (a lock never released); None: they held
         self.lock_excess: bool | None = None
-        # buffers: each row's positions, a page's offsets, a slot's position in its row
-        width = int(first.table.shape[1])
-        self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
-        self._offsets = np.arange(self.page, dtype=np.int64)
-        self._back = np.arange(self.window + 1, dtype=np.int64)  # a decode's window, back
-        self._where = np.zeros(self.full_n, dtype=np.int64)
-        self._page_of = np.zeros(self.full_n // self.page + 1, dtype=np.int64)  # `_swa`'s
+        self._buffers(int(first.table.shape[1]))
         #: per audit: the running rows' cells and how often each full slot is one
         self._cells: np.ndarray = first.free_full[:0]
         self._cell_count: np.ndarray = first.free_full[:0]
         self._tree: np.ndarray = first.free_full[:0]
+
+    def _buffers(self, width: int) -> None:
+        """What the rules keep per history, built from its constants (a row's width, the
+        domains, the page, the window): the domains' bytes (a partition is one byte compare
+        against them), the masks of a row's first cells, each row's positions, each page's
+        slots, a decode's window columns, and scratch (a slot's position in its row,
+        `_swa`'s page map). Soak's rows are 256 wide: `_below` is 64 KiB."""
+        ps = self.page
+        self._full_bytes = self.full_domain.tobytes()
+        self._row_bytes = self.row_domain.tobytes()
+        self._swa_bytes = None if self.swa_domain is None else self.swa_domain.tobytes()
+        #: row L: the positions below L (`_below[L, j]` is `j < L`), L up to the row's width
+        self._below = np.tri(width + 1, width, -1, dtype=bool)
+        #: each row's positions
+        self._grid = np.tile(np.arange(width, dtype=np.int64), (self.rows_n, 1))
+        #: row p: page p's slots
+        self._page_slots = _page_table(self.full_n, ps)
+        #: row P: the columns a decode at P reads back (`[P - W, P]`, clipped to 0)
+        back = np.arange(self.window + 1, dtype=np.int64)
+        self._cols = np.maximum(np.arange(width, dtype=np.int64)[:, None] - back, 0)
+        self._where = np.zeros(self.full_n, dtype=np.int64)
+        self._page_of = np.zeros(self.full_n // ps + 1, dtype=np.int64)  # `_swa`'s
+        #: the rules in order; those of a layout this history has not are left out only
+        #: where the state has none of its records either (`broken`)
+        self._first = (self._rows, self._full)
+        self._last = (self._locks, self._batch)
 
     def broken(self, state: LiveState, *, idle: bool) -> str | None:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
@@ -512,16 +681,24 @@ class LiveAudit:
         if state.unread is not None:
             return f"unreadable ({state.unread})"
         try:
-            rules = (
-                self._rows,
-                self._full,
-                self._tables,
-                self._swa,
-                self._mamba,
-                self._locks,
-                self._batch,
-            )
-            for rule in rules:
+            for rule in self._first:
+                why = rule(state, idle)
+                if why is not None:
+                    return why
+            # `_tables` and `_mamba` pass a state without their records in a history
+            # without them: not called then
+            if state.tables is not None or self.tables is not None:
+                why = self._tables(state, idle)
+                if why is not None:
+                    return why
+            why = self._swa(state, idle)
+            if why is not None:
+                return why
+            if state.mamba is not None or self.mamba_domain is not None:
+                why = self._mamba(state, idle)
+                if why is not None:
+                    return why
+            for rule in self._last:
                 why = rule(state, idle)
                 if why is not None:
                     return why
@@ -538,7 +715,7 @@ class LiveAudit:
     def _rows(self, s: LiveState, idle: bool) -> str | None:
         # a negative row raises in bincount (unreadable: broken), one past the end lengthens it
         both = np.bincount(np.concatenate((s.free_rows, s.running_rows)), minlength=self.rows_n)
-        if not _equal(both, self.row_domain):
+        if both.tobytes() != self._row_bytes:  # same dtype: a size or a count differs
             return "pool rows not partitioned"
         return None
 
@@ -546,12 +723,12 @@ class LiveAudit:
         n, ps = self.full_n, self.page
         rows = s.running_rows
         lens = s.alloc_lens[rows]
-        top = int(lens.max()) if lens.size else 0  # no row's cells lie past its longest
-        if top > s.table.shape[1] or (lens.size and lens.min() < 0):
+        each = lens.tolist()  # a few rows: Python's max and min cost less than numpy's
+        top = max(each, default=0)  # no row's cells lie past its longest
+        if top > s.table.shape[1] or (each and min(each) < 0):
             return "an allocation beyond its row"
-        table = s.table[rows, :top]
-        grid = self._grid[: rows.size, :top]
-        inside = grid < lens[:, None]
+        table = s.table.take(rows, axis=0)[:, :top]
+        inside = self._below.take(lens, axis=0)[:, :top]
         cells = table[inside]
         free = np.bincount(s.free_full, minlength=n)
         tree = np.bincount(s.tree, minlength=n)
@@ -560,25 +737,30 @@ class LiveAudit:
             return "a full slot out of range"
         # owners: free, the tree's, a row's own (a cell the tree does not hold), and the
         # rest of a row's last page past its allocated length (held, unwritten)
-        owners = free + tree + cell_count * (tree == 0)
+        own = cell_count.copy()
+        own[tree.astype(bool)] = 0
+        owners = free + tree + own
         if ps > 1:
-            rest = lens % ps
-            part = rest.nonzero()[0]
-            if part.size:
-                last = table[part, lens[part] - 1]
-                rest = rest[part]
-                slots = (last - last % ps)[:, None] + self._offsets
-                tails = np.bincount(slots[self._offsets >= rest[:, None]], minlength=n)
-                if tails.size != n:
+            tails = []
+            for i, length in enumerate(each):
+                rest = length % ps
+                if rest:
+                    # its last cell (in range: `cell_count`) and that page's slots past it
+                    tails.append(self._page_slots[int(table[i, length - 1]) // ps, rest:])
+            if tails:
+                tail = np.bincount(
+                    tails[0] if len(tails) == 1 else np.concatenate(tails), minlength=n
+                )
+                if tail.size != n:
                     return "a full slot out of range"
-                owners += tails
-        if not _equal(owners, self.full_domain):
+                owners += tail
+        if owners.tobytes() != self._full_bytes:  # same dtype and size: a count differs
             return _why_full(free, tree, cell_count)
         # a slot in two rows (or twice in one) is at one position
-        spots = grid[inside]
+        spots = self._grid[: rows.size, :top][inside]
         where = self._where
         where[cells] = spots
-        if not _equal(where[cells], spots):
+        if where.take(cells).tobytes() != spots.tobytes():  # both int64
             return "a shared slot at two positions"
         self._cells, self._cell_count, self._tree = cells, cell_count, tree
         return None
@@ -661,12 +843,12 @@ class LiveAudit:
         if free is None:
             if held.max(initial=0) > 1:
                 return "an SWA slot mapped twice"
-        elif held.shape != free.shape or not _equal(held + free, self.swa_domain):
+        elif held.shape != free.shape or (held + free).tobytes() != self._swa_bytes:
             return "SWA slots not partitioned"
         if s.resident is not None:
             # resident: exactly once each tree slot (held once: `_full`) that is mapped
             resident = np.bincount(s.resident, minlength=n)
-            if resident.shape != body.shape or not _equal(resident, self._tree * (body != 0)):
+            if resident.shape != body.shape or not _equal(resident, self._tree * body.astype(bool)):
                 if resident.size != n or (resident > self._tree).any():
                     return "an SWA-resident slot outside the tree"
                 return "a tree slot's SWA residence and its mapping disagree"
@@ -760,22 +942,26 @@ class LiveAudit:
         rpi, prefix, extend = b["req_pool_indices"], b["prefix_lens"], b["extend_seq_lens"]
         # each row once, and running (`_rows` read the running rows: distinct, in range)
         rows = np.bincount(rpi, minlength=self.rows_n)
-        if rows.size != self.rows_n or rows.max(initial=0) > 1:
+        # counts summing to the batch's size, as many nonzero as its rows: each at most 1
+        if rows.size != self.rows_n or np.count_nonzero(rows) != rpi.size:
             return "a batch row twice or out of range"
         running = np.bincount(s.running_rows, minlength=self.rows_n)
-        if _any(rows > running):
+        if np.count_nonzero(running[rpi]) != rpi.size:
             return "a batch row not running"
-        if (prefix.size and prefix.min() < 0) or (extend.size and extend.min() < 1):
+        firsts, counts = prefix.tolist(), extend.tolist()  # a few rows: Python's min
+        if (firsts and min(firsts) < 0) or (counts and min(counts) < 1):
             return "a negative length"
         end = prefix + extend
         if _any(end > s.alloc_lens[rpi]):
             return "a batch row beyond its allocation"
         if b.get("forward_mode") == "decode":  # one cell a row (`batch_state`): no masks
             return self._decode(s, rpi, prefix)
-        top = int(end.max()) if end.size else 0  # inside the rows' allocations (`_full`)
-        grid = self._grid[: rpi.size, :top]
-        writes = (grid >= prefix[:, None]) & (grid < end[:, None])
-        table = s.table[rpi, :top]
+        ends = end.tolist()
+        top = max(ends, default=0)  # inside the rows' allocations (`_full`)
+        below = self._below
+        below_end = below.take(end, axis=0)[:, :top]
+        writes = below_end > below.take(prefix, axis=0)[:, :top]  # [prefix, end)
+        table = s.table.take(rpi, axis=0)[:, :top]
         expected = table[writes]
         out = b.get("out_cache_loc")
         if out is None or not _equal(out, expected):
@@ -786,8 +972,8 @@ class LiveAudit:
         if lut is not None and self.window > 0:
             # the cells the plan verifies ([P - W, P), `window_start`) and the writes: mapped
             start = np.maximum(prefix - self.window, 0)
-            window = (grid >= start[:, None]) & (grid < end[:, None])
-            if not _all(lut[table[window]]):
+            window = below_end > below.take(start, axis=0)[:, :top]
+            if not _all(lut.take(table[window])):
                 return "a window cell unmapped"
         return None
 
@@ -802,8 +988,8 @@ class LiveAudit:
         if _any(self._tree[expected]):
             return "a write into the tree"
         if s.lut is not None and self.window > 0:
-            cols = np.maximum(prefix[:, None] - self._back, 0)
-            if not _all(s.lut[s.table[rpi[:, None], cols]]):
+            cols = self._cols.take(prefix, axis=0)  # `[P - W, P]`, clipped to 0
+            if not _all(s.lut.take(s.table[rpi[:, None], cols])):
                 return "a window cell unmapped"
         return None
 

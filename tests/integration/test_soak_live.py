@@ -94,12 +94,13 @@ def test_the_comparison_catches_a_lenient_rule(
 
 def _misread(sglang: Any, core: str, monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], int]:
     """Run a clean history; at every audited state compare the live audit's own readers
-    (the tree walked once, the free lists unsorted) with what `capture.tree` records in a
-    dump of the same objects: the facts they disagree on, and the states with a lock."""
+    (the tree walked once, the free lists unsorted, the rows and the batch by attribute)
+    with what `capture.tree` records in a dump of the same objects: the facts they disagree
+    on, and the states with a lock."""
     import numpy as np
 
     import kvcanary_cli.soak.audit as audit
-    from kvcanary_cli.capture.tree import tree_state
+    from kvcanary_cli.capture.tree import batch_state, tree_state
     from kvcanary_cli.soak.live import read_state as original
 
     differ: set[str] = set()
@@ -123,6 +124,22 @@ def _misread(sglang: Any, core: str, monkeypatch: pytest.MonkeyPatch) -> tuple[s
         ):
             if mine is None or not np.array_equal(np.sort(mine), np.sort(facts[name])):
                 differ.add(name)
+        if not np.array_equal(state.alloc_lens, facts["req_pool_allocated_lens"]):
+            differ.add("req_pool_allocated_lens")
+        if not np.array_equal(state.running_rows, facts["running_req_rows"]):
+            differ.add("running_req_rows")
+        recorded = None if batch is None else batch_state(batch)
+        if (recorded is None) != (state.batch is None) or (
+            recorded is not None
+            and state.batch is not None
+            and (
+                recorded.keys() != state.batch.keys()
+                or any(
+                    not np.array_equal(value, state.batch[key]) for key, value in recorded.items()
+                )
+            )
+        ):
+            differ.add("batch")
         return state
 
     monkeypatch.setattr(audit, "read_state", compared)
@@ -142,18 +159,46 @@ def test_live_readers_read_what_a_dump_records(
 def test_the_reader_comparison_catches_a_misread_lock(
     sglang: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Python-core walk that reads no node as locked is named by the comparison."""
+    """A Python-core walk that reads no node as locked is named by the comparison (both
+    walks: the SWA layout's unrolled one and the general one)."""
     import kvcanary_cli.soak.live as live
 
-    original = live._walk_python_core
+    def unlocked_by(original: Any) -> Any:
+        def unlocked(*args: Any) -> Any:
+            held, resident, _, unlocked, counts = original(*args)
+            return held, resident, held[:0], unlocked, counts
 
-    def unlocked(*args: Any) -> Any:
-        held, resident, _, unlocked, counts = original(*args)
-        return held, resident, held[:0], unlocked, counts
+        return unlocked
 
-    monkeypatch.setattr(live, "_walk_python_core", unlocked)
+    for walk in ("_walk_full_swa", "_walk_python_core"):
+        monkeypatch.setattr(live, walk, unlocked_by(getattr(live, walk)))
     differ, _ = _misread(sglang, "python", monkeypatch)
     assert differ == {"tree_locked_full_slots"}
+
+
+def test_the_reader_comparison_catches_a_misread_row_or_batch(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row reader that records each allocation one short, and a batch reader that reads
+    a write one slot off, are named by the comparison."""
+    import kvcanary_cli.soak.live as live
+
+    rows_of, batch_of = live._rows_of, live._batch_of
+
+    def short(*args: Any) -> Any:
+        lens, running = rows_of(*args)
+        return (lens - 1).clip(0), running
+
+    def off(batch: Any) -> Any:
+        facts = batch_of(batch)
+        if "out_cache_loc" in facts:
+            facts["out_cache_loc"] = facts["out_cache_loc"] + 1
+        return facts
+
+    monkeypatch.setattr(live, "_rows_of", short)
+    monkeypatch.setattr(live, "_batch_of", off)
+    differ, _ = _misread(sglang, "rust", monkeypatch)
+    assert differ == {"req_pool_allocated_lens", "batch"}
 
 
 def _planted(monkeypatch: pytest.MonkeyPatch, bug: str) -> None:
@@ -266,3 +311,61 @@ def test_lock_counts_find_a_lock_leak_at_its_step(
     monkeypatch.setattr("kvcanary_cli.soak.live.LiveAudit._lock_counts", lambda *args: None)
     later = _leak_history(sglang, "lock-leak", monkeypatch)[0].failure
     assert later is not None and later.step > found.step
+
+
+def test_paged_free_reader_expands_pages_as_the_arithmetic_does() -> None:
+    """Pages expanded by look-up (`free_reader` with the pools' sizes) are the slots the
+    arithmetic gives; a page past the end reads as slots out of range, a negative page as
+    page 0's slots (which no domain holds), never as another real page."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from kvcanary_cli.soak.live import free_reader
+
+    def side(pages: list[int]) -> Any:
+        return SimpleNamespace(get_all_free_pages=lambda: torch.tensor(pages, dtype=torch.int64))
+
+    page, full_n, swa_n = 4, 40, 20
+    full, swa = [3, 1, 9, 2], [4, 1]
+    allocator = SimpleNamespace(page_size=page, full_attn_allocator=side(full))
+    allocator.swa_attn_allocator = side(swa)
+    plain, paged = free_reader(allocator), free_reader(allocator, (full_n, swa_n))
+    assert plain is not None and paged is not None
+    for mine, theirs in zip(plain(), paged(), strict=True):
+        assert np.array_equal(mine, theirs)
+    bad = SimpleNamespace(page_size=page, full_attn_allocator=side([-1, 2, 10, 99]))
+    bad.swa_attn_allocator = side([-3, 5, 6])
+    reader = free_reader(bad, (full_n, swa_n))
+    assert reader is not None
+    slots, swa_slots = reader()
+    assert slots[:4].tolist() == [0, 1, 2, 3]  # page 0: in no domain
+    assert slots[4:8].tolist() == [8, 9, 10, 11]
+    assert (slots[8:] >= full_n).all()  # past the end: out of range, as 40..43 and 396..399
+    assert swa_slots[:4].tolist() == [0, 1, 2, 3] and (swa_slots[4:] >= swa_n).all()
+
+
+def test_a_negative_free_page_breaks_the_live_audit(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A free list that lists a negative page from some step on: every state the live audit
+    reads from then on breaks (page 0 is in no domain), so none passes unchecked."""
+    from importlib import import_module
+
+    import torch
+
+    cls = import_module("sglang.srt.mem_cache.allocator.paged").PagedTokenToKVPoolAllocator
+    census = cls.get_all_free_pages
+    calls = [0]
+
+    def listed(self: Any) -> Any:
+        calls[0] += 1
+        pages = census(self)
+        return pages if calls[0] < 40 else torch.cat((pages, torch.tensor([-1])))
+
+    monkeypatch.setattr(cls, "get_all_free_pages", listed)
+    result = _history(sglang, 4, "python", None, "both")
+    broken = [v.broken is not None for v in result.verdicts]
+    assert True in broken and all(broken[broken.index(True) :])
+    assert _differences(result) == []
