@@ -108,9 +108,9 @@ def progress(message: str, total: int) -> Iterator[Callable[[int, int], None] | 
         yield lambda done, _total: bar.update(task, completed=done)
 
 
-def plural(count: int, word: str) -> str:
-    """`1 finding`, `2 findings`."""
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`1 finding`, `2 findings`; `many` where the plural is not `word` + s (`histories`)."""
+    return f"{count} {word}" if count == 1 else f"{count} {many or word + 's'}"
 
 
 def shown(value: object) -> str:

@@ -384,3 +384,15 @@ def test_steps_is_the_number_of_steps_run(fake: FakeSGLang, tmp_path: Path, budg
     assert code == 0, err
     assert sum(fake.histories) == budget
     assert json.loads(text)["steps"] == budget
+
+
+def test_one_history_and_one_step_are_said_in_the_singular(
+    fake: FakeSGLang, tmp_path: Path
+) -> None:
+    fake.finds = False
+    fake.said = ["ValueError: req_to_token_pool memory leak detected!"]
+    code, table, err = soak("--out", str(tmp_path / "o"), "--steps", "1")
+    assert code == 1, err
+    assert "seed 0, 1 history, 1 of 1 steps" in table
+    assert "_check_req_pool: 1 audited step in 1 history" in table
+    assert "historys" not in table and "1 histories" not in table

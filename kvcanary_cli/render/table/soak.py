@@ -5,6 +5,7 @@ checks were silent), and who saw a fault first."""
 
 from __future__ import annotations
 
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.results.soak import SGLangCheck, SGLangMessage, SoakReport
 from kvcanary_cli.safe_text import printable_record
 
@@ -77,8 +78,9 @@ def coverage_lines(report: SoakReport) -> list[str]:
 def ran_line(report: SoakReport) -> str:
     """Histories, steps of the budget, audits (and seconds, with --timings)."""
     seconds = "" if report.seconds is None else f", {report.seconds} s"
+    histories = plural(report.histories, "history", "histories")
     return (
-        f"seed {report.seed}, {report.histories} histories, {report.steps} of "
+        f"seed {report.seed}, {histories}, {report.steps} of "
         f"{report.budget} steps, {report.audited_steps} audited{seconds}"
     )
 
@@ -147,7 +149,11 @@ def seen_line(report: SoakReport) -> str | None:
 
 def check_line(check: SGLangCheck) -> str:
     """One of SGLang's checks: how often it complained."""
-    return f"{check.check}: {check.steps} audited steps in {check.histories} histories"
+    steps, histories = (
+        plural(check.steps, "audited step"),
+        plural(check.histories, "history", "histories"),
+    )
+    return f"{check.check}: {steps} in {histories}"
 
 
 def message_line(said: SGLangMessage) -> str:
