@@ -37,19 +37,31 @@ __all__ = [
 ]
 
 
+#: Cells whose pair keys `pairs_among` makes at a time (bounds its int64 temporaries).
+_KEY_CHUNK = 1 << 20
+
+
 def pairs_among(
     rows: np.ndarray, slots: np.ndarray, among_rows: np.ndarray, among_slots: np.ndarray
 ) -> np.ndarray:
     """Mask of the (row, slot) pairs that are also among (`among_rows`, `among_slots`):
-    both columns ranked together, so no product of two values a dump chooses is formed."""
+    both columns ranked together, so no product of two values a dump chooses is formed. The
+    pairs' keys are made `_KEY_CHUNK` cells at a time into the narrowest dtype holding every
+    key (ten million cells of one slot in a few thousand rows: two bytes a cell, not eight)."""
     if rows.size == 0 or among_rows.size == 0:
         return np.zeros(rows.shape, dtype=bool)
     row_keys = distinct(np.concatenate([rows, among_rows]))
     slot_keys = distinct(np.concatenate([slots, among_slots]))
     width = np.int64(slot_keys.size)
+    held = np.min_scalar_type(-int(row_keys.size * width))  # signed, holds every key
 
     def key(r: np.ndarray, s: np.ndarray) -> np.ndarray:
-        combined: np.ndarray = np.searchsorted(row_keys, r) * width + np.searchsorted(slot_keys, s)
+        combined = np.empty(r.shape, dtype=held)
+        for a in range(0, r.size, _KEY_CHUNK):
+            b = a + _KEY_CHUNK
+            combined[a:b] = np.searchsorted(row_keys, r[a:b]) * width + np.searchsorted(
+                slot_keys, s[a:b]
+            )
         return combined
 
     found: np.ndarray = np.isin(key(rows, slots), key(among_rows, among_slots))

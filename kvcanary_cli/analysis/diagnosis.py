@@ -12,7 +12,7 @@ A cause's summary and fix are its catalog entry's.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -568,11 +568,13 @@ def _stale_rows(state: _Diagnosis) -> None:
 
     The row must show a symptom of its own there (a freed, unwritten or repeated slot): a row
     whose tail is only shared with other rows is consistent as far as it goes, and the
-    sharing is another cause's."""
+    sharing is another cause's. Each finding's cells are read in place (no joined copy of
+    every symptom cell): what is held across findings is per batch row, or a mark per
+    (row, position) pair."""
     findings = state.findings
     prefix = np.maximum(state.dump.prefix_lens, 0)
     bs = int(prefix.shape[0])
-    rows, positions, codes, members = [], [], [], []
+    members: list[tuple[int, np.ndarray]] = []  # (finding, its symptom cells: a mask)
     for i, f in enumerate(findings):
         # the old owner's tail is full slots; an SWA peer freed in the window is not one
         if f.code not in _STALE_CODES or f.cells is None or f.space is not Space.FULL:
@@ -582,43 +584,76 @@ def _stale_rows(state: _Diagnosis) -> None:
         inside = state.free(i) & (row >= 0) & (row < bs)
         inside[inside] &= at[inside] < prefix[row[inside]]
         if inside.any():
-            rows.append(row[inside])
-            positions.append(at[inside])
-            codes.append(np.full(int(inside.sum()), f.code.order, dtype=np.int16))
-            members.append(i)
-    if not rows:
+            members.append((i, inside))
+    if not members:
         return
-    row, position, code = np.concatenate(rows), np.concatenate(positions), np.concatenate(codes)
-    # distinct positions per row: how much of the prefix the symptoms cover
-    order = np.lexsort((position, row))
-    r, q = row[order], position[order]
-    distinct = np.ones(r.size, dtype=bool)
-    distinct[1:] = (r[1:] != r[:-1]) | (q[1:] != q[:-1])
-    covered = np.bincount(r[distinct], minlength=bs)
     first = np.full(bs, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, r, q)
     last = np.full(bs, -1, dtype=np.int64)
-    np.maximum.at(last, r, q)
-    own = np.bincount(row[code != FindingCode.SLOT_SHARED_ACROSS_POSITIONS.order], minlength=bs)
+    own = np.zeros(bs, dtype=np.int64)
+    for i, inside in members:
+        row, at = _held(findings[i], "batch_row")[inside], _held(findings[i], "position")[inside]
+        np.minimum.at(first, row, at)
+        np.maximum.at(last, row, at)
+        if findings[i].code is not FindingCode.SLOT_SHARED_ACROSS_POSITIONS:
+            own += np.bincount(row, minlength=bs)
+        del row, at
+    # distinct positions per row: how much of the prefix the symptoms cover
+    covered = _covered(findings, members, bs, int(last.max()) + 1)
     # At least two cells, ending at the last prefix position, covering most of the run, with
     # a symptom of the row's own among them.
     stale = (covered >= 2) & (last == prefix - 1) & (2 * covered >= prefix - first) & (own > 0)
     if not stale.any():
         return
     stale_rows = np.flatnonzero(stale)
-    for i in members:
-        held_row, at = _held(findings[i], "batch_row"), _held(findings[i], "position")
-        inside = (held_row >= 0) & (held_row < bs)
-        row_of = np.where(inside, held_row, 0)
-        state.claim(
-            CauseCode.STALE_ROW_READ,
-            Confidence.LIKELY,
-            i,
-            inside & stale[row_of] & (at < prefix[row_of]),
-        )
+    for i, inside in members:
+        # no cause claimed a cell since `inside` was taken: the free symptom cells of stale rows
+        claimed = inside.copy()
+        claimed[inside] = stale[_held(findings[i], "batch_row")[inside]]
+        state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i, claimed)
+        del claimed
     state.evidence(CauseCode.STALE_ROW_READ).extend(
-        _stale_row_lines(state, stale_rows, row[stale[row]], code[stale[row]], first)
+        _stale_row_lines(state, stale_rows, members, first)
     )
+
+
+#: Symptom cells whose (row, position) pairs are marked at a time (bounds the pair indices).
+_PAIR_CHUNK = 1 << 20
+
+
+def _covered(
+    findings: list[Finding], members: list[tuple[int, np.ndarray]], bs: int, width: int
+) -> np.ndarray:
+    """Per batch row, the distinct positions among the members' symptom cells: a mark per
+    (row, position) pair where there are no more pairs than eight per cell, else the cells'
+    pairs as one sorted key each."""
+    cells = sum(int(np.count_nonzero(inside)) for _, inside in members)
+
+    def keys(i: int, inside: np.ndarray) -> Iterator[np.ndarray]:
+        """The (row, position) keys of a member's symptom cells, a chunk at a time."""
+        index = np.flatnonzero(inside)
+        row, at = _held(findings[i], "batch_row"), _held(findings[i], "position")
+        for a in range(0, index.size, _PAIR_CHUNK):
+            part = index[a : a + _PAIR_CHUNK]
+            yield row[part].astype(np.int64) * width + at[part]
+
+    if bs * width <= 8 * cells:
+        seen = np.zeros(bs * width, dtype=bool)
+        for i, inside in members:
+            for key in keys(i, inside):
+                seen[key] = True
+        covered: np.ndarray = np.count_nonzero(seen.reshape(bs, width), axis=1)
+        return covered
+    every = np.empty(cells, dtype=np.int64)
+    done = 0
+    for i, inside in members:
+        for key in keys(i, inside):
+            every[done : done + key.size] = key
+            done += key.size
+    every.sort()
+    distinct = np.ones(every.size, dtype=bool)
+    distinct[1:] = every[1:] != every[:-1]
+    covered = np.bincount(every[distinct] // width, minlength=bs)
+    return covered
 
 
 #: Stale rows the evidence names one by one; the rest are counted in one line.
@@ -637,36 +672,44 @@ def _held(finding: Finding, name: str) -> np.ndarray:
 def _stale_row_lines(
     state: _Diagnosis,
     stale_rows: np.ndarray,
-    row: np.ndarray,
-    code: np.ndarray,
+    members: list[tuple[int, np.ndarray]],
     first: np.ndarray,
 ) -> list[str]:
     """One line per stale batch row for the first `STALE_ROWS_SHOWN` (its tail's cells per
-    code), then one line counting the others: one sort of the cells, whatever the batch."""
+    code), then one line counting the others' symptom cells: counted a finding at a time."""
     prefix = np.maximum(state.dump.prefix_lens, 0)
     pool_rows = state.dump.req_pool_indices
+    bs = int(prefix.shape[0])
     shown = stale_rows[:STALE_ROWS_SHOWN]
     every_code = list(FindingCode)
-    # cells per (row, code) of the rows shown, counted in one pass
-    named = np.isin(row, shown)
-    key = row[named].astype(np.int64) * len(every_code) + code[named]  # rows may be held narrow
-    key.sort()
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
-    counts = np.diff(np.r_[starts, key.size])
-    tallies: dict[int, Counter[str]] = {int(b): Counter() for b in shown.tolist()}
-    for k, n in zip(key[starts].tolist(), counts.tolist(), strict=True):
-        tallies[k // len(every_code)][every_code[k % len(every_code)].value] = int(n)
+    # cells per (row shown, code), and symptom cells per row
+    per_code = np.zeros((shown.size, len(every_code)), dtype=np.int64)
+    per_row = np.zeros(bs, dtype=np.int64)
+    for i, inside in members:
+        row = _held(state.findings[i], "batch_row")[inside]
+        per_row += np.bincount(row, minlength=bs)
+        named = row[np.isin(row, shown)]
+        per_code[:, state.findings[i].code.order] += np.bincount(
+            np.searchsorted(shown, named), minlength=shown.size
+        )
     lines = []
-    for b in shown.tolist():
+    for k, b in enumerate(shown.tolist()):
+        tally = Counter(
+            {
+                code.value: int(per_code[k, code.order])
+                for code in every_code
+                if per_code[k, code.order]
+            }
+        )
         p, start = int(prefix[b]), int(first[b])
         lines.append(
             f"batch row {b} (pool row {int(pool_rows[b])}): positions "
             f"{start}..{p - 1}, the last {p - start} of its prefix of {p}, hold "
-            f"{_counted(tallies[b])}; the cells before them are clean"
+            f"{_counted(tally)}; the cells before them are clean"
         )
     more = int(stale_rows.size - shown.size)
     if more > 0:
-        rest = int(row.size - int(np.count_nonzero(named)))
+        rest = int(per_row[stale_rows].sum() - per_code.sum())
         lines.append(
             f"... and {more} more batch row{'s' if more != 1 else ''} with a stale tail "
             f"({rest} cell{'s' if rest != 1 else ''}; every one is in the findings)"

@@ -196,15 +196,28 @@ class SparseTensor(StoredTensor):
     def find_cells(
         self, match: Match, *, chunk_cells: int, threads: int = 1
     ) -> Generator[CellHits, None, None]:
-        """The kept cells only, `chunk_cells` at a time (one thread: the work is small)."""
+        """The kept cells only, `chunk_cells` at a time (one thread: the work is small), each
+        chunk's flat indices made as it is read: ten million kept cells are never ten million
+        int64 indices at once."""
         cols = max(int(self.shape[1]), 1)
-        flat = self.known_indices()
-        for a in range(0, flat.size, max(chunk_cells, 1)):
-            part = flat[a : a + chunk_cells]
+        step = max(chunk_cells, 1)
+        for a in range(0, self.kept, step):
+            part = self._kept_flat(a, min(a + step, self.kept))
             values = np.asarray(self.values[a : a + part.size], dtype=np.int64)
             hit = np.flatnonzero(match(values))
             if hit.size:
                 yield part[hit] // cols, part[hit] % cols, values[hit]
+
+    def _kept_flat(self, a: int, b: int) -> np.ndarray:
+        """The flat indices of the kept elements `values[a:b]` (int64, in order)."""
+        first = int(np.searchsorted(self.offsets, a, side="right")) - 1
+        last = int(np.searchsorted(self.offsets, b, side="left"))  # runs first .. last - 1
+        begin = np.maximum(self.offsets[first:last], a)
+        end = np.minimum(self.offsets[first + 1 : last + 1], b)
+        length = end - begin
+        base = self.starts[first:last] + (begin - self.offsets[first:last])
+        shift = np.repeat(base - (np.cumsum(length) - length), length)
+        return shift + np.arange(b - a, dtype=np.int64)
 
     def where_equal(self, wanted: np.ndarray, *, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Among the kept elements below `stop`."""
