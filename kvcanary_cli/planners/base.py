@@ -53,6 +53,8 @@ __all__ = [
     "assemble_plan",
     "expected_raise",
     "failed_plan",
+    "held_narrow",
+    "joined_narrow",
     "raised",
     "raised_plan",
     "reference_raise",
@@ -303,9 +305,40 @@ class ProblemTable:
         )
 
 
+#: Signed dtypes an entry column may be held in, narrowest first (a -1 is common).
+_NARROW_DTYPES = (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32))
+
+
+def held_narrow(values: np.ndarray) -> np.ndarray:
+    """Integer `values` in the narrowest signed dtype holding every one of them (themselves
+    when none is narrower): ten million entries of a small pool hold a few bytes each, not
+    eight. The dtype follows the values, so two plans of equal entries hold equal dtypes."""
+    if values.dtype.kind not in "iu" or values.size == 0:
+        return values
+    low, high = int(values.min()), int(values.max())
+    for dtype in _NARROW_DTYPES:
+        if dtype.itemsize >= values.dtype.itemsize:
+            break
+        limits = np.iinfo(dtype)
+        if limits.min <= low and high <= limits.max:
+            return values.astype(dtype)
+    return values
+
+
+def joined_narrow(parts: list[np.ndarray]) -> np.ndarray:
+    """Pieces of one int64 column, each `held_narrow` already, as one column in the dtype
+    `held_narrow` gives the whole (the widest piece's: each piece's is its narrowest)."""
+    kept = [p for p in parts if p.size]  # an empty piece keeps int64: it decides nothing
+    if not kept:
+        return np.zeros(0, dtype=np.int64)
+    return kept[0] if len(kept) == 1 else np.concatenate(kept)
+
+
 @dataclass(frozen=True, kw_only=True)
 class VerifyEntries:
-    """The materialized verify entries of a plan (equal-length int64 columns, flags uint8)."""
+    """The materialized verify entries of a plan: equal-length integer columns, each held in
+    the narrowest signed dtype its values fit once in a `Plan` (`held_narrow`: compare, count
+    and index with them; widen to int64 before arithmetic), flags uint8."""
 
     slot: np.ndarray
     expected_token: np.ndarray
@@ -333,7 +366,9 @@ class Plan:
 
     Upstream leaves the entry arrays untouched on overflow; kvcanary then holds none. The
     frame (geometry, LUT, capacities) is the one every backend planned from; build plans with
-    `assemble_plan` (below).
+    `assemble_plan` (below). The four integer entry columns are held narrow (`held_narrow`:
+    a check compares two plans of ten million entries at a few bytes an entry, not 33);
+    `upstream_tensors` reads them back as int64.
     """
 
     backend: str
@@ -421,20 +456,26 @@ class Plan:
         return rows[: self.entries]
 
     def upstream_tensors(self) -> dict[str, np.ndarray]:
-        """The fields upstream defines, named like SGLang's VerifyPlan / WritePlan."""
+        """The fields upstream defines, named like SGLang's VerifyPlan / WritePlan (entry
+        columns read back as int64, upstream's dtype)."""
         n = self.verify_num_valid if self.enable == 1 else 0
         self.entry_arrays()
         return {
-            "verify_slot_indices": self.verify_slot_indices[:n],
-            "verify_expected_tokens": self.verify_expected_tokens[:n],
-            "verify_expected_positions": self.verify_expected_positions[:n],
-            "verify_prev_slot_indices": self.verify_prev_slot_indices[:n],
+            "verify_slot_indices": _wide(self.verify_slot_indices[:n]),
+            "verify_expected_tokens": _wide(self.verify_expected_tokens[:n]),
+            "verify_expected_positions": _wide(self.verify_expected_positions[:n]),
+            "verify_prev_slot_indices": _wide(self.verify_prev_slot_indices[:n]),
             "verify_num_valid": np.array([self.verify_num_valid], dtype=np.int32),
             "enable": np.array([self.enable], dtype=np.int32),
             "write_offsets": self.write_offsets,
             "write_seed_slot_indices": self.write_seed_slot_indices,
             "write_num_valid_reqs": np.array([self.write_num_valid_reqs], dtype=np.int32),
         }
+
+
+def _wide(values: np.ndarray) -> np.ndarray:
+    """An entry column as int64 (the array itself when it is held so)."""
+    return values.astype(np.int64, copy=False)
 
 
 def assemble_plan(
@@ -473,10 +514,10 @@ def assemble_plan(
         verify_num_valid=num_valid,
         enable=enable,
         verify_offsets=frame.verify_offsets if verify_offsets is None else verify_offsets,
-        verify_slot_indices=entries.slot,
-        verify_expected_tokens=entries.expected_token,
-        verify_expected_positions=entries.position,
-        verify_prev_slot_indices=entries.prev_slot,
+        verify_slot_indices=held_narrow(entries.slot),
+        verify_expected_tokens=held_narrow(entries.expected_token),
+        verify_expected_positions=held_narrow(entries.position),
+        verify_prev_slot_indices=held_narrow(entries.prev_slot),
         verify_undefined=entries.undefined,
         write_offsets=frame.write_offsets if write_offsets is None else write_offsets,
         write_seed_slot_indices=seeds,

@@ -25,6 +25,8 @@ from kvcanary_cli.planners.base import (
     VerifyEntries,
     assemble_plan,
     failed_plan,
+    held_narrow,
+    joined_narrow,
     python_rows_resolve,
     row_problems,
     skipped_plan,
@@ -131,28 +133,22 @@ class VectorizedPlanner:
             lens = _scan_lens(dump, frame)
         else:
             lens = np.zeros_like(frame.verify_len)
-        # Each chunk's entries go straight into their place in the plan's columns: a batch
-        # of ten million entries holds them once, not once in chunks and again joined.
-        columns: list[np.ndarray] | None = None
+        # Each chunk's entries are held narrow as they come (`held_narrow`): a batch of ten
+        # million entries never holds them as int64 columns, only a chunk's worth at a time.
+        parts: list[list[np.ndarray]] = [[], [], [], [], []]
         keep = bool(frame.enable) and keep_entries
-        total = int(lens.sum()) if keep else 0
-        done = 0
         for r0, r1 in _row_chunks(lens, self.chunk_entries):
             part = self._entries(dump, frame, reader, translate, lens, r0, r1, problems)
             if not keep:
                 continue  # planned for its problems only
-            if columns is None:
-                columns = [np.empty(total, dtype=column.dtype) for column in part]
-            size = int(part[0].shape[0])
-            for k, column in enumerate(part):
-                if not np.can_cast(column.dtype, columns[k].dtype, "safe"):
-                    columns[k] = columns[k].astype(np.result_type(columns[k], column))
-                columns[k][done : done + size] = column
-            done += size
+            for held, column in zip(parts, part, strict=True):
+                held.append(held_narrow(column))
             del part
         entries = VerifyEntries.empty()
-        if columns is not None:
-            slot, token, position, prev, undefined = (column[:done] for column in columns)
+        if keep and parts[0]:
+            slot, token, position, prev = (joined_narrow(held) for held in parts[:4])
+            undefined = np.concatenate(parts[4]) if len(parts[4]) > 1 else parts[4][0]
+            del parts
             entries = VerifyEntries(
                 slot=slot,
                 expected_token=token,
