@@ -407,10 +407,30 @@ def group_slots(finding: Finding, limit: int = PROVENANCE_SLOTS) -> tuple[list[i
     held = None if cells is None else cells.column("slot")
     if held is None:
         return [finding.slot], 1
-    values, first = np.unique(held, return_index=True)  # as held: the same ints
-    ordered = values[np.argsort(first, kind="stable")][: limit + 1].tolist()
+    assert cells is not None
+    ordered = _first_distinct(held, limit + 1)  # as held: the same ints
     shown = [finding.slot, *(v for v in ordered if v != finding.slot)][:limit]
-    return shown, int(values.size)
+    return shown, cells.distinct_count("slot")
+
+
+#: cells `_first_distinct` reads at a time (bounds its sort's temporaries).
+_DISTINCT_CHUNK = 1 << 20
+
+
+def _first_distinct(values: np.ndarray, count: int) -> list[int]:
+    """The first `count` distinct values in order of first appearance, read a chunk at a time
+    (a slot every cell holds is ten million cells: no index of them all is made)."""
+    found: list[int] = []
+    seen: set[int] = set()
+    for a in range(0, values.size, _DISTINCT_CHUNK):
+        part, first = np.unique(values[a : a + _DISTINCT_CHUNK], return_index=True)
+        for value in part[np.argsort(first, kind="stable")].tolist():
+            if value not in seen:
+                seen.add(value)
+                found.append(value)
+                if len(found) == count:
+                    return found
+    return found
 
 
 def provenance_slots(

@@ -53,7 +53,9 @@ __all__ = [
 ]
 
 #: cells of req_to_token examined per step of the provenance scan (bounds temporaries).
-_SCAN_CELLS = 1 << 20
+_SCAN_CELLS = 1 << 18
+#: live cells `live_cells` gathers at a time (bounds its int64 temporaries).
+_LIVE_CHUNK = 1 << 20
 #: values looked up at a time by `SlotSet.contains` (bounds its int64 offsets).
 _LOOKUP_CHUNK = 1 << 20
 #: violation-ring kernel_kind (launch tag) values of the SWA group: HEAD/TAIL/SWEEP x K/V.
@@ -144,29 +146,41 @@ def _live_lengths(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
 
 
 def live_cells(dump: KvDump) -> LiveCells:
-    """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row)."""
+    """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row).
+
+    Gathered `_LIVE_CHUNK` cells at a time (whole rows), each column held narrow as soon as
+    it is built: ten million live cells are never int64 columns at once, only a chunk's."""
     rpi = dump.req_pool_indices
     prefix, lens = _live_lengths(dump)
-    rows = np.repeat(np.arange(rpi.size, dtype=np.int64), lens)
-    starts = np.cumsum(lens) - lens
-    pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, lens)
-    pending = pos >= prefix[rows]
-    pool_row = rpi[rows]
-    # each column held narrow as soon as it is built: ten million live cells are never four
-    # int64 columns at once
-    batch_row = NarrowColumn.of(rows)
-    del rows
-    flat = pool_row * dump.max_seq_len + pos
-    pool_column, position = NarrowColumn.of(pool_row), NarrowColumn.of(pos)
-    del pool_row, pos
-    slot = NarrowColumn.of(dump.req_to_token.take(flat) if flat.size else flat)
-    del flat
+    ends = np.cumsum(lens)
+    parts: list[tuple[NarrowColumn, ...]] = []
+    pending: list[np.ndarray] = []
+    r0 = 0
+    while r0 < lens.size:
+        before = int(ends[r0 - 1]) if r0 else 0
+        r1 = max(int(np.searchsorted(ends, before + _LIVE_CHUNK, side="right")), r0 + 1)
+        chunk = lens[r0:r1]
+        r0 = r1
+        if not chunk.any():
+            continue  # no cell: an empty part would join as int64
+        rows = np.repeat(np.arange(r1 - chunk.size, r1, dtype=np.int64), chunk)
+        pos = np.arange(rows.size, dtype=np.int64) - np.repeat(np.cumsum(chunk) - chunk, chunk)
+        pending.append(pos >= prefix[rows])
+        pool_row = rpi[rows]
+        flat = pool_row * dump.max_seq_len + pos
+        slot = dump.req_to_token.take(flat) if flat.size else flat
+        parts.append(tuple(NarrowColumn.of(c) for c in (slot, rows, pool_row, pos)))
+        del rows, pos, pool_row, flat, slot
+    slot_column, batch_row, pool_column, position = (
+        (_joined(column) for column in zip(*parts, strict=True)) if parts else (_joined(()),) * 4
+    )
+    del parts
     return LiveCells(
-        slot=slot,
+        slot=slot_column,
         batch_row=batch_row,
         pool_row=pool_column,
         position=position,
-        pending=pending,
+        pending=np.concatenate(pending) if pending else np.zeros(0, dtype=bool),
     )
 
 
