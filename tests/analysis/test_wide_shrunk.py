@@ -110,8 +110,8 @@ def test_a_clean_production_wide_shrunk_pool_checks_clean(tmp_path: Path) -> Non
 #: cells and the reference plan's verify entries were held as int64 columns (590 MiB when the
 #: table view built every cell as Python ints).
 ONE_SLOT_RSS = 240 << 20
-#: `check` of the same dump: 300 MiB; 410 MiB with the columns held as int64 and the
-#: reference plans kept through the diagnosis.
+#: `check` of the same dump: 270 MiB (300 MiB with both plans' entries held as int64); 410 MiB
+#: with the columns held as int64 and the reference plans kept through the diagnosis.
 ONE_SLOT_CHECK_RSS = 360 << 20
 
 
@@ -135,3 +135,28 @@ def test_check_of_a_slot_every_cell_holds_is_bounded(one_slot: Path) -> None:
     code, peak = peak_rss_of("check", str(one_slot))
     assert code == 1
     assert peak < ONE_SLOT_CHECK_RSS, f"{peak >> 20} MiB"
+
+
+#: `check` (its table view, the Triton kernels planning beside the detectors) of a one-slot
+#: dump of 2048 rows x 1600 cells (3.3 M live cells, two findings of every one): 336-362 MiB;
+#: 515 MiB when both plans held their entries as int64 columns (33 bytes an entry), live cells
+#: were gathered whole as int64 before they were narrowed, the stale-row diagnosis sorted every
+#: symptom cell with a lexsort and the provenance scan made every kept cell's flat index.
+ONE_SLOT_WIDE_CHECK_RSS = 430 << 20
+
+
+@pytest.fixture(scope="module")
+def one_slot_wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.helpers import one_slot_shrunk_dump
+
+    path = tmp_path_factory.mktemp("one-slot-wide") / "one-slot.safetensors"
+    return one_slot_shrunk_dump(path, rows=2048, width=1600)
+
+
+@pytest.mark.slow  # a whole process, measured in memory (4 s)
+def test_check_table_of_a_slot_every_cell_holds_grows_with_its_cells_once(
+    one_slot_wide: Path,
+) -> None:
+    code, peak = peak_rss_of("check", str(one_slot_wide))
+    assert code == 1
+    assert peak < ONE_SLOT_WIDE_CHECK_RSS, f"{peak >> 20} MiB"
