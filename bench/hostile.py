@@ -13,7 +13,9 @@
 - `one-slot-shrunk`: a 9.9 MB shrunk dump (format 1.2, uint8 elements, one run) of a 4097 x
   2400 table whose every live cell holds slot 7 (`tests.helpers.one_slot_shrunk_dump`):
   `provenance --slot 7` (table and JSON) and `check` (table and JSON). Its table views once
-  built every cell of both findings (9.8 M each) as Python ints to show a few (3.9 GB).
+  built every cell of both findings (9.8 M each) as Python ints to show a few (3.9 GB);
+  `check`'s table once held both plans' 9.8 M entries as int64 columns beside its findings
+  (965 MiB; 626-714 MiB since, the Triton kernel's thread making it vary).
 
 The fifth round's SIGTERM cases (a real process stopped mid-run, `tests/stopping.py`):
 
