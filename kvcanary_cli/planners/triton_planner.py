@@ -334,14 +334,19 @@ class TritonPlanner:
             # on first use), so that the forked children do not each do it again.
             launch_chunk(0, 0)
         host_parallel.run_parts([partial(launch, first, last) for first, last in ranges])
-        if self.mode == "interpreter":
+        if self.mode == "interpreter" and entries >= _COLLECT_AT:
             # The interpreter leaves its launches' views of the buffers (`_HostStorage`) in
             # reference cycles: collected now, each buffer goes once read back, not at the
-            # next collection (seen: 300 MiB of entries held past their plan).
+            # next collection (seen: 300 MiB of entries held past their plan). A collection
+            # costs tens of ms with torch loaded: only where the buffers are worth it.
             gc.collect()
         # read back one column at a time, held narrow (`held_narrow`), each buffer let go
         # once read: ten million entries are never two plans' worth of int64 columns here
         return {name: held_narrow(memory.download(out.pop(name))) for name in list(out)}
+
+
+#: Entries from which an interpreted plan's buffers (33 bytes an entry) are collected at once.
+_COLLECT_AT = 1 << 20
 
 
 def _cdiv(n: int, d: int) -> int:
