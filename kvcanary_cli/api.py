@@ -263,6 +263,8 @@ def diff(
 def _timeline(
     paths: list[PathLike], *, overrides: Overrides, check: bool, keep_order: bool
 ) -> TimelineReport | PoolTimelineReport:
+    if len(paths) < 2:  # either engine's: a timeline is what changed between dumps
+        raise OptionError("give two dumps or more, of one rank", option="DUMP")
     if _pools(
         paths, "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed"
     ):

@@ -1211,8 +1211,6 @@ def timeline(
     none`), to date its findings and tie each event to the cause of its dump's findings; with
     `focus` (slot, space), the slot's owners in every dump. `keep_order`: the dumps are given
     oldest first (`diff`)."""
-    if len(paths) < 2:
-        raise OptionError("give two dumps or more, of one rank", option="DUMP")
     entries = order_dumps(paths, keep_order=keep_order)
     tracker = _Tracker(focus=focus)
     shape: tuple[tuple[int, ...], int, Path] | None = None

@@ -36,10 +36,20 @@ __all__ = [
 PathLike = str | os.PathLike[str]
 
 
-def _unknown(engine: str) -> DumpError:
+def _unknown(engine: str, path: PathLike) -> DumpError:
+    """Why a dump that is not a block pool's is refused here: an SGLang dump (read by the
+    SGLang commands), or an engine this kvcanary does not know."""
+    if engine == SGLANG:
+        return DumpError(
+            "an SGLang dump, which holds slots, not a block pool's blocks",
+            field="kvcanary.engine",
+            path=str(path),
+            hint="an SGLang dump's slots and pool rows are traced with provenance --slot/--row",
+        )
     return DumpError(
         f"engine {engine!r} is not one kvcanary reads",
         field="kvcanary.engine",
+        path=str(path),
         hint=f"this kvcanary reads {', '.join([SGLANG, *POOL_ENGINES])} dumps",
     )
 
@@ -49,7 +59,7 @@ def check_pool_dump(path: PathLike) -> PoolDumpReport:
     try:
         stored = read_arrays(path)
         if stored.engine != "vllm":
-            raise _unknown(stored.engine)
+            raise _unknown(stored.engine, path)
         from kvcanary_cli.engines.vllm import check_dump
 
         return check_dump(stored)
@@ -63,7 +73,7 @@ def pool_provenance(path: PathLike, block: int) -> PoolProvenance:
     """One block of a block-pool dump: holders, queue places, hash, findings."""
     stored = read_arrays(path)
     if stored.engine != "vllm":
-        raise _unknown(stored.engine)
+        raise _unknown(stored.engine, path)
     from kvcanary_cli.engines.vllm import provenance
 
     return provenance(stored, block)
@@ -74,7 +84,7 @@ def pool_timeline(paths: list[PathLike], *, keep_order: bool) -> PoolTimelineRep
     stored = [read_arrays(p) for p in paths]
     for s in stored:
         if s.engine != "vllm":
-            raise _unknown(s.engine)
+            raise _unknown(s.engine, s.path)
     from kvcanary_cli.engines.vllm import timeline_of
 
     return timeline_of(stored, keep_order=keep_order)
@@ -86,7 +96,7 @@ def shrink_pool_dump(
     """A block-pool dump's small dump, written at `out` (the engine chooses what it keeps)."""
     stored = read_arrays(path)
     if stored.engine != "vllm":
-        raise _unknown(stored.engine)
+        raise _unknown(stored.engine, path)
     from kvcanary_cli.engines.vllm import shrink_dump
 
     return shrink_dump(stored, out, kvcanary_version=kvcanary_version, force=force)

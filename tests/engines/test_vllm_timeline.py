@@ -87,3 +87,19 @@ def test_two_pools_or_two_engines_are_one_line(dumps: dict[str, Path], tmp_path:
     assert mixed.exit_code == 2
     [line] = mixed.output.splitlines()
     assert "SGLang and block-pool (vLLM) dumps mixed" in line
+
+
+def test_one_snapshot_is_no_timeline_and_an_sglang_dump_has_no_blocks(
+    dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    """As for SGLang's dumps, a timeline needs two dumps; `--block` on an SGLang dump says it
+    is one (it said its engine, sglang, was not one kvcanary reads)."""
+    one = runner.invoke(app, ["timeline", str(dumps["vllm-clean"])])
+    assert one.exit_code == 2
+    assert one.output.splitlines() == ["error: DUMP: give two dumps or more, of one rank"]
+    api.synth("clean-decode", tmp_path / "sglang.st")
+    block = runner.invoke(app, ["provenance", str(tmp_path / "sglang.st"), "--block", "3"])
+    assert block.exit_code == 2
+    [line] = block.output.splitlines()
+    assert line.startswith(f"error: {tmp_path / 'sglang.st'}: kvcanary.engine: an SGLang dump")
+    assert "--slot/--row" in line and "not one kvcanary reads" not in line
