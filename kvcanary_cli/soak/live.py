@@ -669,10 +669,6 @@ class LiveAudit:
         self._cols = np.maximum(np.arange(width, dtype=np.int64)[:, None] - back, 0)
         self._where = np.zeros(self.full_n, dtype=np.int64)
         self._page_of = np.zeros(self.full_n // ps + 1, dtype=np.int64)  # `_swa`'s
-        #: the rules in order; those of a layout this history has not are left out only
-        #: where the state has none of its records either (`broken`)
-        self._first = (self._rows, self._full)
-        self._last = (self._locks, self._batch)
 
     def broken(self, state: LiveState, *, idle: bool) -> str | None:
         """The first fact `state` breaks, or None (in this order: each rule may rely on the
@@ -680,25 +676,21 @@ class LiveAudit:
         self.lock_excess = None
         if state.unread is not None:
             return f"unreadable ({state.unread})"
+        # `_tables` and `_mamba` pass a state without their records in a history without
+        # them: left out then
+        tables = state.tables is not None or self.tables is not None
+        mamba = state.mamba is not None or self.mamba_domain is not None
+        rules: tuple[Callable[[LiveState, bool], str | None], ...] = (
+            self._rows,
+            self._full,
+            *((self._tables,) if tables else ()),
+            self._swa,
+            *((self._mamba,) if mamba else ()),
+            self._locks,
+            self._batch,
+        )
         try:
-            for rule in self._first:
-                why = rule(state, idle)
-                if why is not None:
-                    return why
-            # `_tables` and `_mamba` pass a state without their records in a history
-            # without them: not called then
-            if state.tables is not None or self.tables is not None:
-                why = self._tables(state, idle)
-                if why is not None:
-                    return why
-            why = self._swa(state, idle)
-            if why is not None:
-                return why
-            if state.mamba is not None or self.mamba_domain is not None:
-                why = self._mamba(state, idle)
-                if why is not None:
-                    return why
-            for rule in self._last:
+            for rule in rules:
                 why = rule(state, idle)
                 if why is not None:
                     return why
