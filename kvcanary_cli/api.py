@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING
 
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.option_values import INDEX, POSITIVE, checked_choice, checked_integer
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.selftest import SelftestReport
     from kvcanary_cli.results.timeline import TimelineReport
     from kvcanary_cli.results.violations import ViolationsReport
-    from kvcanary_cli.synth.files import SynthOptions
 
 __all__ = [
     "check",
@@ -233,16 +232,30 @@ def scenarios() -> list[str]:
     ]
 
 
-def synth(scenario: str | None, out: PathLike | None, **options: Unpack[SynthOptions]) -> str:
-    """`kvcanary synth` (`out` `-`: stdout); options as its flags: `seed` (0), `size`
-    ("tiny"), `log`, `force`, `page_size`, `steps`, `at`, `every`. Returns the line saying what
-    was written."""
+def synth(
+    scenario: str | None = None,
+    out: PathLike | None = None,
+    *,
+    seed: int = 0,
+    size: str = "tiny",
+    log: PathLike | None = None,
+    force: bool = False,
+    page_size: int | None = None,
+    steps: int | None = None,
+    at: int | None = None,
+    every: int = 1,
+) -> str:
+    """`kvcanary synth` (`out` `-`: stdout); the line saying what was written."""
     from kvcanary_cli.engines import is_pool_scenario, write_pool_scenario
     from kvcanary_cli.synth.files import write_synth
 
-    if scenario is not None and is_pool_scenario(scenario):
-        return write_pool_scenario(scenario, out, **options)
-    return write_synth(scenario, out, **options)
+    if scenario is not None and is_pool_scenario(scenario):  # it refuses SGLang's options
+        options = {"log": log, "page_size": page_size, "steps": steps, "at": at, "every": every}
+        return write_pool_scenario(scenario, out, seed=seed, size=size, force=force, **options)
+    return write_synth(
+        scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size,
+        steps=steps, at=at, every=every,
+    )  # fmt: skip
 
 
 def timeline(
@@ -291,8 +304,12 @@ def leak(
     log: PathLike | None = None,
     overrides: Overrides = None,
 ) -> LeakReport:
-    """`kvcanary leak`: SGLang's message `line`, or every one in the server log `log`."""
+    """`kvcanary leak`: SGLang's message `line`, or every one in the server log `log` (with
+    `log` and no `dump`, a `line` is the dump: `kvcanary leak --sglang-log FILE DUMP`)."""
     from kvcanary_cli.analysis.leak import leak_report
+
+    if log is not None and dump is None and line is not None:
+        dump, line = line, None
 
     return leak_report(line, log=log, dump=dump, overrides=overrides)
 

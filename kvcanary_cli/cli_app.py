@@ -62,6 +62,7 @@ def exit_code(result: object) -> ExitCode:
     """A command's exit code from its result, computed without printing: 2 for a `check` with
     an unreadable dump, 1 when it found something (each command's help says what), else 0."""
     from kvcanary_cli.results.leak import LeakReport  # numpy columns: the command ran by now
+    from kvcanary_cli.results.plan import PlanRun
     from kvcanary_cli.results.pool_soak import PoolSoakReport
     from kvcanary_cli.results.pool_timeline import PoolTimelineReport
     from kvcanary_cli.results.ranks import RanksReport
@@ -82,6 +83,7 @@ def exit_code(result: object) -> ExitCode:
             | PoolTimelineReport(failed=True)
             | SelftestReport(agree=False)
             | LeakReport(found=True)
+            | PlanRun(problem=str())
         ):
             return ExitCode.FINDINGS
     return ExitCode.CLEAN

@@ -1,15 +1,17 @@
-"""The options several `kvcanary` commands share, declared once as typer `Annotated` aliases
-(`REPORT`: those of every command that reports), and the parsers typer is given for a choice,
-an integer within its bounds (`option_values.Bounds`: the API checks the same numbers) and a
-`--set NAME=VALUE`. Nothing here knows what a command does.
+"""What a parameter of an `api` function is on the command line, as data: `Arg` (positional)
+and `Opt` (an option: flags, help, range or choices, how its text becomes the API's value);
+`cli.command` makes typer's parameters of them, with the API function's default. Also the
+options several commands share (`REPORT`: those of every command that reports) and the parsers
+typer is given: a choice, an integer within its bounds (`option_values.Bounds`: the API checks
+the same numbers), a `--set NAME=VALUE`. Nothing here knows what a command does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from inspect import Parameter
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
@@ -20,59 +22,118 @@ from kvcanary_cli.errors import OptionError
 from kvcanary_cli.planners import PlannerChoice
 from kvcanary_cli.render import DEFAULT_MAX_ROWS, OutputFormat
 
-__all__ = ["REPORT", "argument", "choice_option", "integer_option", "overrides", "parse_positions"]
+__all__ = ["DUMP", "OLD_NAMES", "REPORT", "SEED", "SET", "Arg", "Opt", "parse_positions"]
 
-_Choice = TypeVar("_Choice", bound=str)
+#: A default left to the API function's signature.
+API_DEFAULT: Any = Parameter.empty
 
 
-def choice_option(
-    *names: str,
-    among: Iterable[_Choice],
-    help: str,
-    aliases: dict[str, _Choice] | None = None,
-    **more: Any,
-) -> Any:
-    """A `typer.Option` that takes one of `among` (strings, or members of one StrEnum).
+class Arg:
+    """A positional argument, shown by its metavar (`DUMP...`, never a Python type); `many`:
+    one or more."""
 
-    A parser of our own instead of typer's enum coercion (which takes a whole enum and words
-    a wrong value in its validation library's terms): one enum serves several options with
-    different subsets (`PlannerChoice`), and a wrong value reads "'x' is not one of a, b" in
-    the one error line. An alias (an old name) is taken, with a note on stderr naming the
-    choice it stands for.
-    """
-    by_value = {str(choice): choice for choice in among}
-    aliases = aliases or {}
+    def __init__(self, metavar: str, help: str, *, kind: Any = Path, many: bool = False) -> None:
+        self.metavar, self.help, self.kind, self.many = metavar, help, kind, many
 
-    def parse(text: str) -> _Choice:
-        if text in aliases:
-            new = aliases[text]
-            write_standard_error(f"note: {names[0]} {text} is the old name of {names[0]} {new}")
-            return new
-        if text not in by_value:
-            raise typer.BadParameter(f"{text!r} is not one of {', '.join(by_value)}")
-        return by_value[text]
+    def parameter(self, name: str, default: Any) -> Parameter:
+        """typer's parameter `name` (`default`: the API's; none: required)."""
+        kind = list[self.kind] if self.many else self.kind  # type: ignore[name-defined]
+        return _typed(name, kind, default, typer.Argument(help=self.help, metavar=self.metavar))
 
-    def complete(incomplete: str) -> list[str]:  # a shell's TAB: the choices, as enums had
-        return [value for value in by_value if value.startswith(incomplete)]
+    def value(self, given: Any) -> Any:
+        """The parsed value, as the API takes it."""
+        return given
 
-    metavar = "[" + "|".join(by_value) + "]"
-    return typer.Option(
-        *names, help=help, parser=parse, metavar=metavar, autocompletion=complete, **more
+
+class Opt:
+    """An option: its help and flags (the long flag the API keyword's, `page_size` is
+    `--page-size`, unless the first flag given is a long one), and what it takes: one of
+    `among`, an integer `within` bounds, or a `kind` (str, Path, bool, list[str]: repeatable).
+    `default` where the command line's is not the API's; `convert` makes the parsed value the
+    API's; `more` goes to `typer.Option` as it is."""
+
+    def __init__(
+        self,
+        help: str,
+        *flags: str,
+        among: Iterable[Any] | None = None,
+        within: values.Bounds | None = None,
+        kind: Any = str,
+        metavar: str | None = None,
+        default: Any = API_DEFAULT,
+        convert: Callable[[Any], Any] | None = None,
+        aliases: dict[str, Any] | None = None,
+        **more: Any,
+    ) -> None:
+        self.help, self.flags, self.among, self.within = help, flags, among, within
+        self.kind, self.metavar, self.default, self.convert = kind, metavar, default, convert
+        self.aliases, self.more = aliases or {}, more
+
+    def parameter(self, name: str, default: Any) -> Parameter:
+        """typer's parameter `name` (`default`: the API's, unless this option has its own;
+        an option the API requires is None when not given, for the API to refuse)."""
+        if self.default is not API_DEFAULT or default is Parameter.empty:
+            default = None if self.default is API_DEFAULT else self.default
+        long = () if self.flags[:1] and self.flags[0].startswith("--") else ("--" + name,)
+        names = [flag.replace("_", "-") for flag in (*long, *self.flags)]
+        kind: Any = str
+        if self.among is not None:
+            option = self._choice(names)
+        elif self.within is not None:
+            kind, option = int, self._integer(names)
+        else:
+            kind = bool if isinstance(default, bool) else self.kind
+            option = typer.Option(*names, help=self.help, metavar=self.metavar, **self.more)
+        return _typed(name, kind, default, option)
+
+    def value(self, given: Any) -> Any:
+        """The parsed value as the API takes it."""
+        return given if self.convert is None else self.convert(given)
+
+    def _choice(self, names: list[str]) -> Any:
+        """A parser of our own instead of typer's enum coercion (which takes a whole enum and
+        words a wrong value in its validation library's terms): one enum serves several
+        options with different subsets (`PlannerChoice`), and a wrong value reads "'x' is not
+        one of a, b" in the one error line. An alias (an old name) is taken, with a note on
+        stderr naming the choice it stands for."""
+        by_value = {str(choice): choice for choice in self.among or ()}
+
+        def parse(text: str) -> Any:
+            if text in self.aliases:
+                new = self.aliases[text]
+                write_standard_error(f"note: {names[0]} {text} is the old name of {names[0]} {new}")
+                return new
+            if text not in by_value:
+                raise typer.BadParameter(f"{text!r} is not one of {', '.join(by_value)}")
+            return by_value[text]
+
+        def complete(incomplete: str) -> list[str]:  # a shell's TAB: the choices, as enums had
+            return [value for value in by_value if value.startswith(incomplete)]
+
+        return typer.Option(
+            *names, help=self.help, parser=parse, metavar="[" + "|".join(by_value) + "]",
+            autocompletion=complete, **self.more,
+        )  # fmt: skip
+
+    def _integer(self, names: list[str]) -> Any:
+        """An integer within its bounds: the range in words at the end of the help (`0 to
+        2^31-1`, not click's `[0<=x<=2147483647]`), and a value outside it refused in the one
+        error line, in the words `api` refuses it in."""
+        within = self.within or values.Bounds()
+        said = f"{self.help} [{within}]" if str(within) else self.help
+        return typer.Option(
+            *names, help=said, parser=lambda text: _integer(text, within),
+            metavar=self.metavar or "N", **self.more,
+        )  # fmt: skip
+
+
+def _typed(name: str, kind: Any, default: Any, info: Any) -> Parameter:
+    """The keyword parameter typer reads: `kind` (or None, the default) annotated with `info`."""
+    annotated: Any = Annotated  # built at run time, from a type typer reads
+    kind = kind | None if default is None else kind
+    return Parameter(
+        name, Parameter.KEYWORD_ONLY, default=default, annotation=annotated[kind, info]
     )
-
-
-def integer_option(
-    *names: str, within: values.Bounds, help: str, metavar: str = "N", **more: Any
-) -> Any:
-    """A `typer.Option` that takes an integer `within` its bounds: the range in words at the
-    end of the help (`0 to 2^31-1`, not click's `[0<=x<=2147483647]`), and a parser that
-    refuses a value outside it in the one error line, in the words `api` refuses it in."""
-
-    def parse(text: str | int) -> int:
-        return _integer(text, within)
-
-    said = f"{help} [{within}]" if str(within) else help
-    return typer.Option(*names, help=said, parser=parse, metavar=metavar, **more)
 
 
 def _assignment(text: str) -> str:
@@ -101,7 +162,7 @@ def _integer(text: str | int, within: values.Bounds) -> int:
     return value
 
 
-def overrides(assignments: list[str] | None) -> dict[str, int]:
+def _overrides(assignments: list[str] | None) -> dict[str, int]:
     """`--set NAME=VALUE ...` as `api` takes it: each scalar once."""
     given: dict[str, int] = {}
     for name, _, value in (text.partition("=") for text in assignments or ()):
@@ -132,73 +193,49 @@ def _image_file(value: Path | None) -> Path | None:
     return value
 
 
-def argument(metavar: str, help: str) -> Any:
-    """A positional argument shown by its metavar (`DUMP...`, never a Python type)."""
-    return typer.Argument(help=help, metavar=metavar)
-
-
 #: `--kernel` and `--backend` names of earlier versions: the vectorized planner ran on torch.
 OLD_NAMES = {"torch": PlannerChoice.VECTORIZED}
 
-# every command that reports
-FormatOpt = Annotated[
-    OutputFormat,
-    choice_option(
-        "--format",
-        "-f",
+#: The options of every command that reports (`cli.command` adds those it does not declare).
+REPORT = {
+    "max_rows": Opt(
+        "Rows of each table in table and markdown output (JSON lists them all).",
+        within=values.POSITIVE,
+        default=DEFAULT_MAX_ROWS,
+    ),
+    "output_format": Opt(
+        "table for a terminal, json for scripts, markdown for a bug report.",
+        *("--format", "-f"),
         among=OutputFormat,
-        help="table for a terminal, json for scripts, markdown for a bug report.",
+        default=OutputFormat.TABLE,
     ),
-]
-OutputOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--output",
-        "-o",
+    "output": Opt(
+        "Write the report to FILE instead of standard output (- is standard output).",
+        *("--output", "-o"),
+        kind=Path,
         metavar="FILE",
-        help="Write the report to FILE instead of standard output (- is standard output).",
+        default=None,
     ),
-]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
-SvgOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--svg",
+    "force": Opt("Overwrite an existing output file.", default=False),
+    "svg": Opt(
+        "Also save the report as an SVG image (in colour, as the terminal shows it), to attach "
+        "to an issue.",
+        kind=Path,
         metavar="FILE",
-        help="Also save the report as an SVG image (in colour, as the terminal shows it), to "
-        "attach to an issue.",
+        default=None,
         callback=_image_file,
     ),
-]
-RowsOpt = Annotated[
-    int,
-    integer_option(
-        "--max-rows",
-        within=values.POSITIVE,
-        help="Rows of each table in table and markdown output (JSON lists them all).",
-    ),
-]
-# every command that reads a dump's scalars
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--set",
-        metavar="NAME=VALUE",
-        parser=_assignment,
-        help="Override a scalar of the dump (repeatable): "
-        + ", ".join(SCALARS)
-        + " (`kvcanary inspect` shows each and its source; docs/dump-format.md, the ranges).",
-    ),
-]
-DumpArg = Annotated[Path, argument("DUMP", "A .safetensors dump (format: docs/dump-format.md).")]
-SeedOpt = Annotated[int, integer_option("--seed", within=values.INDEX, help="Random seed.")]
-
-_KEYWORD = Parameter.KEYWORD_ONLY
-#: The options of every command that reports (`cli.reports` adds those it does not declare).
-REPORT = [
-    Parameter("max_rows", _KEYWORD, default=DEFAULT_MAX_ROWS, annotation=RowsOpt),
-    Parameter("output_format", _KEYWORD, default=OutputFormat.TABLE, annotation=FormatOpt),
-    Parameter("output", _KEYWORD, default=None, annotation=OutputOpt),
-    Parameter("force", _KEYWORD, default=False, annotation=ForceOpt),
-    Parameter("svg", _KEYWORD, default=None, annotation=SvgOpt),
-]
+}
+#: Every command that reads a dump's scalars.
+SET = Opt(
+    "Override a scalar of the dump (repeatable): "
+    + ", ".join(SCALARS)
+    + " (`kvcanary inspect` shows each and its source; docs/dump-format.md, the ranges).",
+    "--set",
+    kind=list[str],
+    metavar="NAME=VALUE",
+    parser=_assignment,
+    convert=_overrides,
+)
+DUMP = Arg("DUMP", "A .safetensors dump (format: docs/dump-format.md).")
+SEED = Opt("Random seed.", within=values.INDEX, default=0)
