@@ -83,7 +83,7 @@ class PoolDumpDescription:
     #: whether the walk reached the tail (false: cut after num_blocks steps, a cycle)
     queue_length: int
     queue_complete: bool
-    #: the walk back tail → head, as stored (null: not recorded)
+    #: the walk back tail → head: its length, as queue_length's (null: not recorded)
     reverse_queue_length: int | None
     #: a shrunk dump: the blocks whose state it holds (null: every block's)
     kept_blocks: int | None

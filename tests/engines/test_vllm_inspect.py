@@ -61,8 +61,8 @@ def test_the_figures_are_what_the_reader_reads(dumps: dict[str, Path], name: str
         state.num_free_blocks,
     )
     assert (d.queue_length, d.queue_complete) == (state.queue_length, state.queue_complete)
-    reverse = state.free_queue_reverse
-    assert d.reverse_queue_length == (None if reverse is None else reverse.size)
+    back = state.walks()[2]  # the walk back at its original length
+    assert d.reverse_queue_length == (None if back is None else back.size)
     known = state.known()
     assert d.kept_blocks == (None if known is None else int(known.sum()))
     held = np.ones(state.num_blocks, bool) if known is None else known
@@ -199,3 +199,20 @@ def test_a_malformed_vllm_dump_is_one_line_exit_2(tmp_path: Path) -> None:
         assert line.startswith(f"error: {path}: ") and "Traceback" not in line
         [checked] = api.check(path).dumps
         assert checked.error is not None and checked.error in line  # the check's own reason
+
+
+def test_unrecorded_counts_are_null_and_foreign_tensors_are_noted(tmp_path: Path) -> None:
+    tensors, meta = build("vllm-hybrid-clean", seed=2, size="small").contents()
+    del tensors["vllm.request_num_tokens"], tensors["vllm.free_queue_reverse"]
+    tensors["debug.extra"] = np.arange(3, dtype=np.int64)
+    d = _described(write_safetensors(tmp_path / "d.safetensors", tensors, meta))
+    assert all(r.num_tokens is None and r.num_computed is not None for r in d.requests)
+    assert d.reverse_queue_length is None
+    assert [n for n in d.notes if "debug.extra" in n] == [
+        "debug.extra: not a tensor of the vLLM layout, ignored"
+    ]
+    assert ("debug.extra", "int64", (3,), 24) in [
+        (t.name, t.dtype, t.shape, t.bytes) for t in d.tensors
+    ]
+    assert {g.kind for g in d.groups} == {"full", "sliding_window"}
+    assert any(g.null_entries for g in d.groups if g.window is not None)  # dropped by the window

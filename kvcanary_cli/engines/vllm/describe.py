@@ -47,6 +47,15 @@ def _notes(stored: StoredArrays, state: VllmState) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _reverse_length(state: VllmState) -> int | None:
+    """The walk back's length, the original's on a shrunk dump (None: not recorded)."""
+    if state.free_queue_reverse is None:
+        return None
+    if state.shrunk is not None and state.shrunk.reverse_length is not None:
+        return state.shrunk.reverse_length
+    return int(state.free_queue_reverse.size)
+
+
 def description_of(
     stored: StoredArrays, state: VllmState, record: ShrinkRecord | None
 ) -> PoolDumpDescription:
@@ -72,9 +81,7 @@ def description_of(
         num_free_blocks=state.num_free_blocks,
         queue_length=state.queue_length,
         queue_complete=state.queue_complete,
-        reverse_queue_length=(
-            None if state.free_queue_reverse is None else int(state.free_queue_reverse.size)
-        ),
+        reverse_queue_length=_reverse_length(state),
         kept_blocks=None if known is None else int(known.sum()),
         referenced=int((state.ref_cnt[held] > 0).sum()),
         hashed_blocks=int((state.hash_group[held] >= 0).sum()),

@@ -24,14 +24,19 @@ TENSOR_COLUMNS = ["tensor", "dtype", "shape", "bytes"]
 def pool_lines(d: PoolDumpDescription) -> list[str]:
     """The pool: blocks, free queue, references and hashes, map, requests."""
     version = f" {d.engine_version}" if d.engine_version else ""
-    kept = "" if d.kept_blocks is None else f"; shrunk: the state of {d.kept_blocks} kept"
+    kept = (
+        ""
+        if d.kept_blocks is None
+        else f"; shrunk: the state of {plural(d.kept_blocks, 'block')} kept"
+    )
     back = "not recorded" if d.reverse_queue_length is None else str(d.reverse_queue_length)
     cut = "" if d.queue_complete else " (the walk was cut: a cycle)"
+    of_kept = "" if d.kept_blocks is None else " (of those kept)"
     return [
         f"{d.engine}{version} block pool: {d.num_blocks} blocks (null block {d.null_block}){kept}",
         f"free queue: {d.queue_length} walked head → tail{cut}, {back} walked back; "
         f"num_free_blocks {d.num_free_blocks}",
-        f"{d.referenced} referenced, {d.hashed_blocks} hashed; prefix-cache map: "
+        f"{d.referenced} referenced, {d.hashed_blocks} hashed{of_kept}; prefix-cache map: "
         f"{plural(d.map_entries, 'entry', 'entries')}, {plural(d.extra_keys, 'extra key')}; "
         f"{plural(d.deferred_frees, 'deferred free')}, {d.released_blocks} released until reuse",
         f"{plural(len(d.requests), 'request')}: {d.live_requests} live, "
