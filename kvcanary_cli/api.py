@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kvcanary_cli.results.leak import LeakReport
     from kvcanary_cli.results.plan import PlanRun
     from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
+    from kvcanary_cli.results.pool_inspect import PoolDumpDescription
     from kvcanary_cli.results.pool_timeline import PoolTimelineReport
     from kvcanary_cli.results.provenance import ProvenanceReport
     from kvcanary_cli.results.ranks import RanksReport
@@ -175,8 +176,12 @@ def plan(
     return plan_run(load_dump(path, overrides=overrides), group, planner, out=out, force=force)
 
 
-def inspect(path: PathLike) -> DumpDescription:
-    """`kvcanary inspect`: what a dump holds, the file validated on the way."""
+def inspect(path: PathLike) -> DumpDescription | PoolDumpDescription:
+    """`kvcanary inspect`: what a dump (SGLang's or vLLM's) holds, validated on the way."""
+    if _pools([path], ""):
+        from kvcanary_cli.engines import describe_pool_dump
+
+        return describe_pool_dump(path)
     from kvcanary_cli.analysis.describe import describe_dump
     from kvcanary_cli.dump.loader import load_dump
 

@@ -376,5 +376,6 @@ def refuse_other_engine(
             f"a {engine} dump: this command reads SGLang dumps",
             field=ENGINE_KEY,
             path=None if path is None else str(path),
-            hint="`check`, `provenance --block N`, `timeline`, `diff` and `shrink` read it",
+            hint="`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink` "
+            "read it",
         )

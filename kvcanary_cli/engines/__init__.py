@@ -20,10 +20,12 @@ from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 
 if TYPE_CHECKING:
     from kvcanary_cli.dump.shrink_writer import ShrinkResult
+    from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 
 __all__ = [
     "POOL_ENGINES",
     "check_pool_dump",
+    "describe_pool_dump",
     "dump_engine",
     "is_pool_scenario",
     "pool_provenance",
@@ -67,6 +69,21 @@ def check_pool_dump(path: PathLike) -> PoolDumpReport:
         if exc.path is None:
             exc.path = str(path)
         return PoolDumpReport(path=str(path), engine=dump_engine(path), error=str(exc))
+
+
+def describe_pool_dump(path: PathLike) -> PoolDumpDescription:
+    """What a block-pool dump holds (`inspect`), read as `check` reads it: a `DumpError`
+    naming the file on bad input."""
+    stored = read_arrays(path)
+    if stored.engine != "vllm":
+        raise _unknown(stored.engine, path)
+    from kvcanary_cli.engines.vllm import describe_dump
+
+    try:
+        return describe_dump(stored)
+    except DumpError as exc:
+        exc.path = exc.path or str(path)
+        raise
 
 
 def pool_provenance(path: PathLike, block: int) -> PoolProvenance:

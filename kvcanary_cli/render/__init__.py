@@ -65,6 +65,11 @@ def render(
 
             if quiet:
                 return pool_verdict_lines(result)  # type: ignore[arg-type]
+        case "pool-inspect":
+            from kvcanary_cli.render.markdown.pool_inspect import (
+                pool_inspect_markdown as markdown,
+            )
+            from kvcanary_cli.render.table.pool_inspect import pool_inspect_table as table
         case "pool-provenance":
             from kvcanary_cli.render.markdown.pool import pool_provenance_markdown as markdown
             from kvcanary_cli.render.table.pool import pool_provenance_table as table

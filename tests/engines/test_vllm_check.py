@@ -205,4 +205,4 @@ def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: l
     assert out.exit_code == 2, out.output
     [line] = out.output.splitlines()
     assert "a vllm dump: this command reads SGLang dumps" in line
-    assert "`check`, `provenance --block N`, `timeline`, `diff` and `shrink` read it" in line
+    assert "`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink`" in line

@@ -33,6 +33,7 @@ from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.results.leak import LeakReport
 from kvcanary_cli.results.plan import PlanSummary
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
+from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 from kvcanary_cli.results.pool_soak import PoolSoakReport
 from kvcanary_cli.results.pool_timeline import PoolTimelineReport
 from kvcanary_cli.results.provenance import ProvenanceReport
@@ -66,6 +67,7 @@ RECORDS: dict[str, Any] = {
     "kvcanary.leak/1": LeakReport,
     "kvcanary.pool-check/1": PoolCheckReport,
     "kvcanary.pool-provenance/1": PoolProvenance,
+    "kvcanary.pool-inspect/1": PoolDumpDescription,
     "kvcanary.pool-soak/1": PoolSoakReport,
     "kvcanary.pool-timeline/1": PoolTimelineReport,
 }

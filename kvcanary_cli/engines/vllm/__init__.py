@@ -1,8 +1,8 @@
 """vLLM (v1 `KVCacheManager`): its block pool as a dump, checked, traced and synthesized.
 
 The engine's face to the rest of kvcanary (`kvcanary_cli.engines` calls these): a dump read
-into a `VllmState` and checked, one block's provenance, the synth scenarios. Nothing of vLLM
-is imported here; `capture` reads a live manager by attribute.
+into a `VllmState` and checked or described, one block's provenance, the synth scenarios.
+Nothing of vLLM is imported here; `capture` reads a live manager by attribute.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from kvcanary_cli.results.pool_timeline import PoolSnapshotCheck, PoolTimelineRe
 
 if TYPE_CHECKING:
     from kvcanary_cli.dump.shrink_writer import ShrinkResult
+    from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 
 __all__ = [
     "check_dump",
+    "describe_dump",
     "provenance",
     "scenario_lines",
     "shrink_dump",
@@ -81,6 +83,14 @@ def check_dump(stored: StoredArrays) -> PoolDumpReport:
     """A vLLM dump checked (a `DumpError` on bad input)."""
     state = state_of(stored)
     return report_of(str(stored.path), state, _record(stored, state))
+
+
+def describe_dump(stored: StoredArrays) -> PoolDumpDescription:
+    """What a vLLM dump holds (`inspect`; a `DumpError` on bad input, as `check` says it)."""
+    from kvcanary_cli.engines.vllm.describe import description_of
+
+    state = state_of(stored)
+    return description_of(stored, state, _record(stored, state))
 
 
 def shrink_dump(

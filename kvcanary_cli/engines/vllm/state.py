@@ -30,6 +30,7 @@ from kvcanary_cli.errors import MetadataError, MissingTensorError, TensorShapeEr
 __all__ = [
     "ENGINE",
     "FULL",
+    "LAYOUT_TENSORS",
     "SHRUNK_KEY",
     "SLIDING_WINDOW",
     "GroupSpec",
@@ -278,6 +279,8 @@ _TENSORS: dict[str, tuple[int, bool]] = {
     "vllm.free_queue_at": (1, False),
     "vllm.free_queue_reverse_at": (1, False),
 }
+#: Every tensor the layout names (a dump's other tensors are ignored).
+LAYOUT_TENSORS = frozenset(_TENSORS)
 _KNOWN_META = {
     "kvcanary.format",
     ENGINE_KEY,

@@ -1,0 +1,75 @@
+"""The Markdown view of a block-pool dump's description (`kvcanary.pool-inspect/1`): the
+table view's blocks, for GitHub."""
+
+from __future__ import annotations
+
+from kvcanary_cli.render.console import fmt_bytes
+from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.phrases.pool_inspect import (
+    GROUP_COLUMNS,
+    TENSOR_COLUMNS,
+    group_rows,
+    more_requests,
+    pool_lines,
+    request_columns,
+    request_rows,
+    tensor_rows,
+)
+from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
+from kvcanary_cli.results.pool_inspect import PoolDumpDescription
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["pool_inspect_markdown"]
+
+
+def _numbers(count: int, first: int) -> set[int]:
+    """The right-aligned columns: every one from `first`."""
+    return set(range(first, count))
+
+
+def pool_inspect_markdown(d: PoolDumpDescription, *, max_rows: int) -> str:
+    """The pool, groups, requests (the first `max_rows`), tensors, shrink record, metadata
+    and notes, as GitHub Markdown."""
+    d = printable_record(d)
+    columns = request_columns(d)
+    parts = [
+        f"## kvcanary inspect: {code(d.path, cell=False)}",
+        f"{fmt_bytes(d.file_bytes)}, format {text(d.format or 'not recorded')}",
+        "\n".join(f"- {text(line)}" for line in pool_lines(d)),
+        table(
+            GROUP_COLUMNS,
+            [[text(c) for c in row] for row in group_rows(d)],
+            right=_numbers(len(GROUP_COLUMNS), 2),
+        ),
+        table(
+            columns,
+            [[code(row[0]), *(text(c) for c in row[1:])] for row in request_rows(d, max_rows)],
+            right=_numbers(len(columns), 2),
+        ),
+    ]
+    more = more_requests(d, max_rows)
+    if more is not None:
+        parts.append(text(more))
+    parts.append(
+        table(
+            TENSOR_COLUMNS,
+            [[code(row[0]), *(text(c) for c in row[1:])] for row in tensor_rows(d)],
+            right={3},
+        )
+    )
+    if d.shrink is not None:
+        parts.append("\n".join(f"- {text(fact)}" for fact in shrink_facts(d.shrink)))
+        parts.append(
+            table(
+                CUT_COLUMNS,
+                [[code(row[0]), *(text(c) for c in row[1:])] for row in cut_rows(d.shrink)],
+                right={2, 3, 4},
+            )
+        )
+    if d.metadata:
+        parts.append(
+            table(["metadata", "value"], [[code(k), text(v)] for k, v in d.metadata.items()])
+        )
+    if d.notes:
+        parts.append("\n".join(f"- {text(note)}" for note in d.notes))
+    return "\n\n".join(parts) + "\n"

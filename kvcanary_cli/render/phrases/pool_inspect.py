@@ -1,0 +1,90 @@
+"""What a block-pool dump holds in words (`kvcanary.pool-inspect/1`), as `inspect`'s table and
+Markdown views say it: the pool's lines, and the rows of its groups, requests and tensors."""
+
+from __future__ import annotations
+
+from kvcanary_cli.render.console import plural
+from kvcanary_cli.results.pool_inspect import PoolDumpDescription
+
+__all__ = [
+    "GROUP_COLUMNS",
+    "TENSOR_COLUMNS",
+    "group_rows",
+    "more_requests",
+    "pool_lines",
+    "request_columns",
+    "request_rows",
+    "tensor_rows",
+]
+
+GROUP_COLUMNS = ["group", "kind", "block size", "window", "tables", "entries", "null entries"]
+TENSOR_COLUMNS = ["tensor", "dtype", "shape", "bytes"]
+
+
+def pool_lines(d: PoolDumpDescription) -> list[str]:
+    """The pool: blocks, free queue, references and hashes, map, requests."""
+    version = f" {d.engine_version}" if d.engine_version else ""
+    kept = (
+        ""
+        if d.kept_blocks is None
+        else f"; shrunk: the state of {plural(d.kept_blocks, 'block')} kept"
+    )
+    back = "not recorded" if d.reverse_queue_length is None else str(d.reverse_queue_length)
+    cut = "" if d.queue_complete else " (the walk was cut: a cycle)"
+    of_kept = "" if d.kept_blocks is None else " (of those kept)"
+    return [
+        f"{d.engine}{version} block pool: {d.num_blocks} blocks (null block {d.null_block}){kept}",
+        f"free queue: {d.queue_length} walked head → tail{cut}, {back} walked back; "
+        f"num_free_blocks {d.num_free_blocks}",
+        f"{d.referenced} referenced, {d.hashed_blocks} hashed{of_kept}; prefix-cache map: "
+        f"{plural(d.map_entries, 'entry', 'entries')}, {plural(d.extra_keys, 'extra key')}; "
+        f"{plural(d.deferred_frees, 'deferred free')}, {d.released_blocks} released until reuse",
+        f"{plural(len(d.requests), 'request')}: {d.live_requests} live, "
+        f"{d.requests_with_blocks} with blocks",
+    ]
+
+
+def group_rows(d: PoolDumpDescription) -> list[list[str]]:
+    """One row per group, in `GROUP_COLUMNS`' order."""
+    return [
+        [
+            str(g.group),
+            g.kind,
+            str(g.block_size),
+            "-" if g.window is None else str(g.window),
+            str(g.tables),
+            str(g.entries),
+            str(g.null_entries),
+        ]
+        for g in d.groups
+    ]
+
+
+def request_columns(d: PoolDumpDescription) -> list[str]:
+    """The requests' columns: id, live, token counts, then its blocks in each group."""
+    return ["request", "live", "tokens", "computed", *(f"blocks g{g.group}" for g in d.groups)]
+
+
+def request_rows(d: PoolDumpDescription, max_rows: int) -> list[list[str]]:
+    """The first `max_rows` requests, in `request_columns`' order (`-`: not recorded)."""
+    return [
+        [
+            r.request,
+            "yes" if r.live else "no",
+            "-" if r.num_tokens is None else str(r.num_tokens),
+            "-" if r.num_computed is None else str(r.num_computed),
+            *(str(n) for n in r.table_lengths),
+        ]
+        for r in d.requests[:max_rows]
+    ]
+
+
+def more_requests(d: PoolDumpDescription, max_rows: int) -> str | None:
+    """What the requests' table leaves out (None: nothing)."""
+    more = len(d.requests) - max_rows
+    return f"… {plural(more, 'more request')} (JSON has all)" if more > 0 else None
+
+
+def tensor_rows(d: PoolDumpDescription) -> list[list[str]]:
+    """Every tensor, in `TENSOR_COLUMNS`' order."""
+    return [[t.name, t.dtype, "x".join(map(str, t.shape)) or "[]", str(t.bytes)] for t in d.tensors]

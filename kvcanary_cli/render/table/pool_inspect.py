@@ -1,0 +1,69 @@
+"""The terminal view of a block-pool dump's description (`kvcanary.pool-inspect/1`).
+
+Request ids, tensor names, metadata keys and values come from the dump: the record is made
+printable first and every cell is a `Text`, never read as rich markup.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvcanary_cli.render.console import fmt_bytes
+from kvcanary_cli.render.phrases.pool_inspect import (
+    GROUP_COLUMNS,
+    TENSOR_COLUMNS,
+    group_rows,
+    more_requests,
+    pool_lines,
+    request_columns,
+    request_rows,
+    tensor_rows,
+)
+from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
+from kvcanary_cli.render.table.common import cells
+from kvcanary_cli.results.pool_inspect import PoolDumpDescription
+from kvcanary_cli.safe_text import printable_record
+
+__all__ = ["pool_inspect_table"]
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]], left: int = 1) -> Table:
+    """A titled table, its first `left` columns left-aligned and the others (numbers) right."""
+    table = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i < left else "right")
+    for row in rows:
+        table.add_row(*cells(*row))
+    return table
+
+
+def pool_inspect_table(d: PoolDumpDescription, *, max_rows: int) -> RenderableType:
+    """The pool in lines, then groups, requests (the first `max_rows`), tensors, the shrink
+    record, metadata and notes, one block each."""
+    d = printable_record(d)
+    head = f"{d.path}  ({fmt_bytes(d.file_bytes)}, format {d.format or 'not recorded'})"
+    parts: list[RenderableType] = [Text(head, style="bold")]
+    parts += [Text(f"  {line}") for line in pool_lines(d)]
+    parts.append(_table("groups", GROUP_COLUMNS, group_rows(d), left=2))
+    parts.append(_table("requests", request_columns(d), request_rows(d, max_rows), left=2))
+    more = more_requests(d, max_rows)
+    if more is not None:
+        parts.append(Text(f"  {more}"))
+    parts.append(_table("tensors", TENSOR_COLUMNS, tensor_rows(d), left=3))
+    if d.shrink is not None:
+        parts.append(Text("shrunk", style="bold"))
+        parts += [Text(f"  {fact}", style="yellow") for fact in shrink_facts(d.shrink)]
+        parts.append(_table("dropped", CUT_COLUMNS, cut_rows(d.shrink), left=2))
+    if d.metadata:
+        meta = Table(title="metadata", title_justify="left", show_header=False)
+        meta.add_column("key")
+        meta.add_column("value")
+        for key, value in d.metadata.items():
+            meta.add_row(*cells(key, value))
+        parts.append(meta)
+    if d.notes:
+        parts.append(Text("notes:", style="bold"))
+        parts += [Text(f"  - {note}") for note in d.notes]
+    return Group(*parts)
