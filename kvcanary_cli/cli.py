@@ -281,8 +281,9 @@ command(
     api.inspect,
     """Show what a dump holds: tensors, scalars (and their source), groups, batch, notes.
 
-    Validates the file on the way: a malformed dump gets one error line, exit 2.""",
-    without=["max_rows"],
+    On a vLLM dump: the block pool, its KV-cache groups, the requests' tables (--max-rows of
+    them in a table), the tensors. Validates the file on the way: a malformed dump gets one
+    error line, exit 2.""",
     path=DUMP,
 )
 command(
