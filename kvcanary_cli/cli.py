@@ -181,7 +181,7 @@ command(
     row=Opt("The pool row to map instead.", "-r", within=values.INDEX),
     space=Opt("The pool --slot is a slot of.", among=Space, default=Space.FULL),
     group=Opt("The window for roles (default: --space's).", "-g", among=Group),
-    positions=Opt("With --row: the positions.", metavar="START:END", convert=parse_positions),
+    positions=Opt("With --row: the positions.", metavar="START:END", parser=parse_positions),
     block=Opt("The block to trace (a vLLM dump).", "-b", within=values.INDEX),
     overrides=SET,
     # JSON lists the cells the table leaves out

@@ -172,11 +172,9 @@ def _overrides(assignments: list[str] | None) -> dict[str, int]:
     return given
 
 
-def parse_positions(text: str | None) -> tuple[int, int] | None:
+def parse_positions(text: str) -> tuple[int, int]:
     """`START:END` -> (start, end); either side may be empty (the row's start or end). Their
     range is `api.provenance`'s to check."""
-    if text is None:
-        return None
     start, sep, end = text.partition(":")
     try:
         if not sep:

@@ -70,6 +70,7 @@ def test_a_position_range_maps_just_that_range(tmp_path: Path) -> None:
     assert {c["position"] for c in row["cells"]} == set(range(3400, 3500))
     bad = run("provenance", str(path), "--row", "1", "--positions", "oops")
     assert bad.exit_code == 2 and "START:END" in bad.stderr
+    assert "'--positions'" in bad.stderr  # the flag it is about, as click names one
 
 
 def test_a_row_map_defaults_to_the_group_of_its_findings() -> None:
