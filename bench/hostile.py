@@ -12,10 +12,13 @@
   (only their cells stored): `check`, which once said BAD INPUT (2^28 cells to stage).
 - `one-slot-shrunk`: a 9.9 MB shrunk dump (format 1.2, uint8 elements, one run) of a 4097 x
   2400 table whose every live cell holds slot 7 (`tests.helpers.one_slot_shrunk_dump`):
-  `provenance --slot 7` (table and JSON) and `check` (table and JSON). Its table views once
-  built every cell of both findings (9.8 M each) as Python ints to show a few (3.9 GB);
-  `check`'s table once held both plans' 9.8 M entries as int64 columns beside its findings
-  (965 MiB; 626-714 MiB since, the Triton kernel's thread making it vary).
+  `provenance --slot 7` (table and JSON) and `check` (table, JSON, JSON to a file). Its table
+  views once built every cell of both findings (9.8 M each) as Python ints to show a few
+  (3.9 GB); `check`'s table once held both plans' 9.8 M entries as int64 columns beside its
+  findings (965 MiB; 626-714 MiB since, the Triton kernel's thread making it vary). Its JSON
+  views (335 MB of text) were built whole, joined from each column's whole text, and a file's
+  held again as bytes: 1.2-1.3 GB; written a piece at a time, they peak where the table views
+  do (the check itself).
 
 The fifth round's SIGTERM cases (a real process stopped mid-run, `tests/stopping.py`):
 
@@ -114,12 +117,17 @@ def _wide_shrunk(workdir: Path) -> tuple[Path, int]:
 def one_slot_shrunk(tree: Path, workdir: Path) -> dict[str, Any]:
     """The `one-slot-shrunk` case: every live cell of a shrunk table holds slot 7."""
     path = str(one_slot_shrunk_dump(workdir / "one-slot.safetensors"))
+    report = workdir / "one-slot.json"
+    to_file = measure(tree, "check", path, "-f", "json", "-o", str(report))
+    to_file["output_bytes"] = report.stat().st_size if report.exists() else None
+    report.unlink(missing_ok=True)
     return {
         "file_bytes": Path(path).stat().st_size,
         "provenance_slot": measure(tree, "provenance", path, "--slot", "7"),
         "provenance_slot_json": measure(tree, "provenance", path, "--slot", "7", "-f", "json"),
         "check_table": measure(tree, "check", path),
         "check_json": measure(tree, "check", path, "-f", "json"),
+        "check_json_file": to_file,
     }
 
 

@@ -12,6 +12,7 @@ import io
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from rich.console import Console, RenderableType
 
@@ -19,13 +20,14 @@ from kvcanary_cli.dump.files import Target, write_all_atomically
 from kvcanary_cli.dump.streams import write_standard_error, writing_to_standard_output
 from kvcanary_cli.render.console import PIPED_WIDTH, emit, make_console, without_padding
 from kvcanary_cli.render.image import svg_of
+from kvcanary_cli.render.json import JsonText
 from kvcanary_cli.safe_text import printable
 
 __all__ = ["complain", "deliver", "tell", "to_stdout"]
 
 
 def deliver(
-    rendered: str | RenderableType,
+    rendered: str | JsonText | RenderableType,
     output: str | os.PathLike[str] | None,
     *,
     force: bool = False,
@@ -36,15 +38,18 @@ def deliver(
     FILE`), save it as an image there too, by the same rules as `output`.
 
     Both files are checked before either is written, and written together or not at all: a
-    refused image leaves no report behind (its rerun would be told the report exists)."""
+    refused image leaves no report behind (its rerun would be told the report exists). The
+    report goes to its file a piece at a time, each encoded as it goes: JSON, which carries
+    every cell, is never held whole, as text or as bytes."""
     to_file = not to_stdout(output)
     targets: list[Target] = []
     if to_file:
-        data = _text_of(rendered).encode("utf-8")
-        targets.append((Path(os.fspath(output)), lambda handle: handle.write(data)))  # type: ignore[arg-type]
+        pieces = _pieces_of(rendered)
+        targets.append((Path(os.fspath(output)), lambda handle: _write(pieces, handle)))  # type: ignore[arg-type]
     if svg is not None:
         width = PIPED_WIDTH if to_file else make_console().width  # as the view was written
-        image = svg_of(rendered, width=width).encode("utf-8")
+        drawn = str(rendered) if isinstance(rendered, JsonText) else rendered
+        image = svg_of(drawn, width=width).encode("utf-8")
         targets.append((Path(svg), lambda handle: handle.write(image)))
     if targets:
         write_all_atomically(targets, inputs=inputs, overwrite=force)
@@ -58,13 +63,28 @@ def to_stdout(output: str | os.PathLike[str] | None) -> bool:
     return output is None or os.fspath(output) == "-"
 
 
-def _text_of(rendered: str | RenderableType) -> str:
-    """The view as a file holds it: 120 columns, no colour, no padding."""
+def _pieces_of(rendered: str | JsonText | RenderableType) -> Iterable[str]:
+    """The view as a file holds it (120 columns, no colour, no padding), in pieces: JSON's
+    are made as they are written; a table is drawn whole first (it shows a few rows)."""
+    if isinstance(rendered, JsonText):
+        return rendered.pieces()
     if isinstance(rendered, str):
-        return rendered
-    buffer = io.StringIO()
-    Console(file=buffer, width=PIPED_WIDTH, color_system=None, soft_wrap=False).print(rendered)
-    return without_padding(buffer.getvalue())
+        text = rendered
+    else:
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=PIPED_WIDTH, color_system=None, soft_wrap=False)
+        console.print(rendered)
+        text = without_padding(buffer.getvalue())
+    return (text[start : start + _PIECE] for start in range(0, len(text), _PIECE))
+
+
+#: Characters of a text encoded and written at a time.
+_PIECE = 1 << 20
+
+
+def _write(pieces: Iterable[str], handle: BinaryIO) -> None:
+    for piece in pieces:
+        handle.write(piece.encode("utf-8"))
 
 
 def tell(text: str, *, on_stderr: bool = False) -> None:

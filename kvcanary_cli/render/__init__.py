@@ -4,8 +4,8 @@ printing), organised by format.
 `render(result, fmt)` is the one entry: it reads the result's `SCHEMA` and hands the result to
 the view `fmt` asks for. JSON is the result's record (`results.record.to_record`) for every
 command; `render.table` and `render.markdown` hold one view module per command, imported when
-used (`kvcanary --help` loads none of them). A `str` result (JSON, Markdown) is written
-verbatim; a renderable goes through a console (see `emit`).
+used (`kvcanary --help` loads none of them). A `str` result (Markdown) is written verbatim, a
+`JsonText` (JSON) too, a piece at a time; a renderable goes through a console (see `emit`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,20 @@ from typing import TYPE_CHECKING, Any, assert_never
 from rich.console import RenderableType
 
 from kvcanary_cli.render.console import OutputFormat, emit, make_console
-from kvcanary_cli.render.json import to_json
+from kvcanary_cli.render.json import JsonText, to_json
 
 if TYPE_CHECKING:
     from kvcanary_cli.results.record import Result
 
-__all__ = ["DEFAULT_MAX_ROWS", "OutputFormat", "emit", "make_console", "render", "to_json"]
+__all__ = [
+    "DEFAULT_MAX_ROWS",
+    "JsonText",
+    "OutputFormat",
+    "emit",
+    "make_console",
+    "render",
+    "to_json",
+]
 
 #: Rows a table or Markdown view shows of each list before it counts the rest.
 DEFAULT_MAX_ROWS = 20
@@ -33,10 +41,11 @@ def render(
     max_rows: int = DEFAULT_MAX_ROWS,
     quiet: bool = False,
     to_stdout: bool = False,
-) -> str | RenderableType:
+) -> str | JsonText | RenderableType:
     """A command's result in `fmt`, chosen by the result's `SCHEMA`.
 
-    JSON carries everything; table and Markdown show the first `max_rows` of each list and
+    JSON carries everything (a `JsonText`: the record, made into text as it is written;
+    `str(view)` is the text); table and Markdown show the first `max_rows` of each list and
     count the rest. For a check, `quiet` keeps only the verdict lines (whatever `fmt`), and
     `to_stdout` says the view goes where `check`'s error lines on stderr are read too, so the
     table and Markdown do not repeat why a dump is unreadable (a file keeps it).
@@ -124,7 +133,7 @@ def render(
         case OutputFormat.JSON:
             from kvcanary_cli.results.record import to_record
 
-            return to_json(to_record(result))
+            return JsonText(to_record(result))
         case OutputFormat.TABLE:
             return table(result, **rows)  # type: ignore[no-any-return]
         case OutputFormat.MARKDOWN:

@@ -17,6 +17,7 @@ from typing import IO
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from kvcanary_cli.render.json import JsonText
 from kvcanary_cli.safe_text import printable
 
 __all__ = [
@@ -61,15 +62,18 @@ def make_console(file: IO[str] | None = None, *, width: int | None = None) -> Co
     return console
 
 
-def emit(rendered: RenderableType, console: Console | None = None) -> None:
-    """Write a rendered view (to stdout by default): strings (JSON, Markdown) verbatim,
-    renderables through rich.
+def emit(rendered: RenderableType | JsonText, console: Console | None = None) -> None:
+    """Write a rendered view (to stdout by default): strings (Markdown) verbatim, JSON verbatim
+    a piece at a time (never whole: it carries every cell), renderables through rich.
 
     A string must not go through `console.print`, which would parse `[...]` as markup,
     highlight and wrap it.
     """
     console = console or make_console()
-    if isinstance(rendered, str):
+    if isinstance(rendered, JsonText):
+        for piece in rendered.pieces():
+            console.file.write(piece)
+    elif isinstance(rendered, str):
         console.file.write(rendered)
     elif console.is_terminal:
         console.print(rendered)

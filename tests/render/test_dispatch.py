@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console, ConsoleRenderable
 
 import kvcanary_cli.render as render_pkg
-from kvcanary_cli.render import OutputFormat, emit, render
+from kvcanary_cli.render import JsonText, OutputFormat, emit, render
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.provenance import ProvenanceReport
 
@@ -21,11 +21,11 @@ def test_every_format_renders_a_check(fmt: OutputFormat, any_report: CheckReport
     out = render(any_report, fmt, max_rows=2)
     if fmt is OutputFormat.TABLE:
         assert isinstance(out, ConsoleRenderable)
+    elif fmt is OutputFormat.JSON:
+        assert isinstance(out, JsonText) and str(out).endswith("\n")
+        assert json.loads(str(out))["schema"] == "kvcanary.check/2"
     else:
         assert isinstance(out, str) and out.endswith("\n")
-    if fmt is OutputFormat.JSON:
-        assert isinstance(out, str)
-        assert json.loads(out)["schema"] == "kvcanary.check/2"
 
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
@@ -33,13 +33,14 @@ def test_every_format_renders_a_provenance(
     fmt: OutputFormat, any_provenance: ProvenanceReport
 ) -> None:
     out = render(any_provenance, fmt)
-    assert isinstance(out, ConsoleRenderable if fmt is OutputFormat.TABLE else str)
+    kinds = {OutputFormat.TABLE: ConsoleRenderable, OutputFormat.JSON: JsonText}
+    assert isinstance(out, kinds.get(fmt, str))
 
 
 def test_json_ignores_max_rows(single_report: CheckReport) -> None:
     out = render(single_report, OutputFormat.JSON, max_rows=1)
-    assert isinstance(out, str)
-    assert len(json.loads(out)["dumps"][0]["findings"]) == len(single_report.dumps[0].findings)
+    assert isinstance(out, JsonText)
+    assert len(json.loads(str(out))["dumps"][0]["findings"]) == len(single_report.dumps[0].findings)
 
 
 def test_unknown_format_is_rejected(single_report: CheckReport) -> None:
@@ -50,9 +51,13 @@ def test_unknown_format_is_rejected(single_report: CheckReport) -> None:
 def test_emit_writes_strings_verbatim(single_report: CheckReport) -> None:
     buf = io.StringIO()
     console = Console(file=buf, width=80, color_system=None)
-    text = render(single_report, OutputFormat.JSON)
+    text = render(single_report, OutputFormat.MARKDOWN)
     emit(text, console)
     assert buf.getvalue() == text  # no markup parsing, wrapping or highlighting
+    buf.seek(0)
+    buf.truncate()
+    emit(render(single_report, OutputFormat.JSON), console)
+    assert buf.getvalue() == str(render(single_report, OutputFormat.JSON))
     buf.seek(0)
     buf.truncate()
     emit(render(single_report, OutputFormat.TABLE), console)

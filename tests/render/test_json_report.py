@@ -70,3 +70,21 @@ def test_long_integer_lists_are_one_line_and_nothing_else_is() -> None:
     assert '  "cells": [' + ",".join(map(str, range(100))) + "]," in lines
     assert "    true" in lines  # a list holding a bool keeps one item per line
     assert "    3" in lines  # short lists too
+
+
+def test_long_integer_lists_written_in_slices_are_the_whole_lists() -> None:
+    # More entries than one slice converts (three slices and a part), int64 extremes among
+    # them: the pieces joined are the list's one-line JSON, with a comma between slices.
+    import numpy as np
+
+    from kvcanary_cli.results.columns import JSON_SLICE, IntColumn
+
+    values = np.arange(-JSON_SLICE, 2 * JSON_SLICE + 5, dtype=np.int64) * 3
+    values[[0, -1]] = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    ints = values.tolist()
+    record = {"column": IntColumn(values), "list": ints, "tuple": tuple(ints[: JSON_SLICE + 1])}
+    one_line = {key: json.dumps(ints, separators=(",", ":")) for key in ("column", "list")}
+    one_line["tuple"] = json.dumps(ints[: JSON_SLICE + 1], separators=(",", ":"))
+    lines = to_json(record).splitlines()
+    for key, text in one_line.items():
+        assert f'  "{key}": {text}' in {line.rstrip(",") for line in lines}
