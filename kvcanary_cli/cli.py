@@ -95,7 +95,7 @@ def command(
             fmt, quiet = given["output_format"], given.get("quiet", False)
             rows = given.get("max_rows", render.DEFAULT_MAX_ROWS)
             rendered = render.render(
-                view, fmt, max_rows=rows, quiet=quiet, to_stdout=to_stdout(output)
+                view, fmt, max_rows=rows, quiet=quiet, to_stdout=to_stdout(output), streamed=True
             )
             deliver(rendered, output, force=force, svg=svg, inputs=inputs)
         for line in complaints:  # after the report, which leaves them to stderr

@@ -4,8 +4,9 @@ printing), organised by format.
 `render(result, fmt)` is the one entry: it reads the result's `SCHEMA` and hands the result to
 the view `fmt` asks for. JSON is the result's record (`results.record.to_record`) for every
 command; `render.table` and `render.markdown` hold one view module per command, imported when
-used (`kvcanary --help` loads none of them). A `str` result (Markdown) is written verbatim, a
-`JsonText` (JSON) too, a piece at a time; a renderable goes through a console (see `emit`).
+used (`kvcanary --help` loads none of them). A `str` result (JSON, Markdown) is written
+verbatim, a streamed `JsonText` too, a piece at a time; a renderable goes through a console
+(see `emit`).
 """
 
 from __future__ import annotations
@@ -41,14 +42,16 @@ def render(
     max_rows: int = DEFAULT_MAX_ROWS,
     quiet: bool = False,
     to_stdout: bool = False,
+    streamed: bool = False,
 ) -> str | JsonText | RenderableType:
     """A command's result in `fmt`, chosen by the result's `SCHEMA`.
 
-    JSON carries everything (a `JsonText`: the record, made into text as it is written;
-    `str(view)` is the text); table and Markdown show the first `max_rows` of each list and
-    count the rest. For a check, `quiet` keeps only the verdict lines (whatever `fmt`), and
-    `to_stdout` says the view goes where `check`'s error lines on stderr are read too, so the
-    table and Markdown do not repeat why a dump is unreadable (a file keeps it).
+    JSON carries everything (`streamed`: as a `JsonText`, the record made into text as it is
+    written, never held whole; `str(view)` is the text); table and Markdown show the first
+    `max_rows` of each list and count the rest. For a check, `quiet` keeps only the verdict
+    lines (whatever `fmt`), and `to_stdout` says the view goes where `check`'s error lines on
+    stderr are read too, so the table and Markdown do not repeat why a dump is unreadable (a
+    file keeps it).
     """
     schema = result.SCHEMA.split("/")[0].removeprefix("kvcanary.")
     table: Any
@@ -133,7 +136,8 @@ def render(
         case OutputFormat.JSON:
             from kvcanary_cli.results.record import to_record
 
-            return JsonText(to_record(result))
+            view = JsonText(to_record(result))
+            return view if streamed else str(view)
         case OutputFormat.TABLE:
             return table(result, **rows)  # type: ignore[no-any-return]
         case OutputFormat.MARKDOWN:

@@ -21,11 +21,11 @@ def test_every_format_renders_a_check(fmt: OutputFormat, any_report: CheckReport
     out = render(any_report, fmt, max_rows=2)
     if fmt is OutputFormat.TABLE:
         assert isinstance(out, ConsoleRenderable)
-    elif fmt is OutputFormat.JSON:
-        assert isinstance(out, JsonText) and str(out).endswith("\n")
-        assert json.loads(str(out))["schema"] == "kvcanary.check/2"
     else:
         assert isinstance(out, str) and out.endswith("\n")
+    if fmt is OutputFormat.JSON:
+        assert isinstance(out, str)
+        assert json.loads(out)["schema"] == "kvcanary.check/2"
 
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
@@ -33,14 +33,13 @@ def test_every_format_renders_a_provenance(
     fmt: OutputFormat, any_provenance: ProvenanceReport
 ) -> None:
     out = render(any_provenance, fmt)
-    kinds = {OutputFormat.TABLE: ConsoleRenderable, OutputFormat.JSON: JsonText}
-    assert isinstance(out, kinds.get(fmt, str))
+    assert isinstance(out, ConsoleRenderable if fmt is OutputFormat.TABLE else str)
 
 
 def test_json_ignores_max_rows(single_report: CheckReport) -> None:
     out = render(single_report, OutputFormat.JSON, max_rows=1)
-    assert isinstance(out, JsonText)
-    assert len(json.loads(str(out))["dumps"][0]["findings"]) == len(single_report.dumps[0].findings)
+    assert isinstance(out, str)
+    assert len(json.loads(out)["dumps"][0]["findings"]) == len(single_report.dumps[0].findings)
 
 
 def test_unknown_format_is_rejected(single_report: CheckReport) -> None:
@@ -51,17 +50,24 @@ def test_unknown_format_is_rejected(single_report: CheckReport) -> None:
 def test_emit_writes_strings_verbatim(single_report: CheckReport) -> None:
     buf = io.StringIO()
     console = Console(file=buf, width=80, color_system=None)
-    text = render(single_report, OutputFormat.MARKDOWN)
+    text = render(single_report, OutputFormat.JSON)
     emit(text, console)
     assert buf.getvalue() == text  # no markup parsing, wrapping or highlighting
     buf.seek(0)
     buf.truncate()
-    emit(render(single_report, OutputFormat.JSON), console)
-    assert buf.getvalue() == str(render(single_report, OutputFormat.JSON))
-    buf.seek(0)
-    buf.truncate()
     emit(render(single_report, OutputFormat.TABLE), console)
     assert "lut-out-of-range" in buf.getvalue()
+
+
+def test_streamed_json_is_the_same_text_in_pieces(single_report: CheckReport) -> None:
+    """`streamed=True` (the command line's way): a `JsonText`, written piece by piece, whose
+    text is the JSON `render` returns whole."""
+    whole = render(single_report, OutputFormat.JSON)
+    view = render(single_report, OutputFormat.JSON, streamed=True)
+    assert isinstance(view, JsonText) and isinstance(whole, str)
+    buf = io.StringIO()
+    emit(view, Console(file=buf, width=80, color_system=None))
+    assert buf.getvalue() == str(view) == "".join(view.pieces()) == whole
 
 
 def test_render_imports_only_results_and_itself() -> None:

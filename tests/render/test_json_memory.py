@@ -61,7 +61,7 @@ def test_json_to_a_file_is_written_in_pieces(
 ) -> None:
     report, size = wide_report
     out = tmp_path / "report.json"
-    peak = _peak_of(lambda: deliver(render(report, OutputFormat.JSON), out))
+    peak = _peak_of(lambda: deliver(render(report, OutputFormat.JSON, streamed=True), out))
     assert out.stat().st_size == size
     assert json.loads(out.read_bytes())["dumps"][0]["findings"]
     assert peak < _SHARE * size, f"{peak >> 10} KiB held for {size >> 10} KiB of JSON"
@@ -73,7 +73,7 @@ def test_json_to_standard_output_is_written_in_pieces(
     report, size = wide_report
     with open(os.devnull, "w", encoding="utf-8") as sink:
         console = Console(file=sink)
-        peak = _peak_of(lambda: emit(render(report, OutputFormat.JSON), console))
+        peak = _peak_of(lambda: emit(render(report, OutputFormat.JSON, streamed=True), console))
     assert peak < _SHARE * size, f"{peak >> 10} KiB held for {size >> 10} KiB of JSON"
 
 
@@ -94,6 +94,6 @@ def test_json_stopped_mid_write_leaves_no_report_nor_image(
 
     monkeypatch.setattr(JsonText, "pieces", stopped)
     with pytest.raises(KeyboardInterrupt):
-        deliver(render(single_report, OutputFormat.JSON), out, force=True, svg=svg)
+        deliver(render(single_report, OutputFormat.JSON, streamed=True), out, force=True, svg=svg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
     assert out.read_text() == "the old report\n"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import kvcanary_cli.render as render_pkg
-from kvcanary_cli.render import JsonText, OutputFormat, render
+from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.results.record import not_recorded, record_keys, recorded, to_record
 from tests.render import schema_doc
 from tests.render.record_schema import RECORDS, declared_keys, is_declaration, validate
@@ -28,9 +28,9 @@ RESULTS: dict[str, Any] = {
 
 
 def _json(result: Any) -> Any:
-    view = render(result, OutputFormat.JSON)
-    assert isinstance(view, JsonText)
-    return json.loads(str(view))
+    text = render(result, OutputFormat.JSON)
+    assert isinstance(text, str)
+    return json.loads(text)
 
 
 def _with_field(cls: type) -> Any:

@@ -14,7 +14,7 @@ import pytest
 
 from kvcanary_cli import api
 from kvcanary_cli.dump.loader import load_dump
-from kvcanary_cli.render import JsonText, OutputFormat, render
+from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.synth.sequence import PLANTED_KEY, SEQUENCES, write_sequence
 from tests.render.record_schema import RECORDS, validate
@@ -39,8 +39,8 @@ def _path(dump: str, synth_dir: Path) -> Path:
 
 def _valid(rendered: object) -> dict[str, Any]:
     """The JSON text parsed, checked against the record its `schema` names."""
-    assert isinstance(rendered, JsonText)
-    record: dict[str, Any] = json.loads(str(rendered))
+    assert isinstance(rendered, str)
+    record: dict[str, Any] = json.loads(rendered)
     assert validate(record, RECORDS[record["schema"]]) == []
     return record
 

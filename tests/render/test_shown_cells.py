@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from kvcanary_cli import api
-from kvcanary_cli.render import JsonText, render
+from kvcanary_cli.render import render
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.provenance import ProvenanceReport
@@ -92,9 +92,9 @@ def test_a_check_view_allocates_what_it_shows(check: CheckReport, fmt: OutputFor
 
 
 def test_json_lists_every_cell_from_the_arrays(provenance: ProvenanceReport) -> None:
-    view = render(provenance, OutputFormat.JSON)
-    assert isinstance(view, JsonText)
-    findings = json.loads(str(view))["findings"]
+    text = render(provenance, OutputFormat.JSON)
+    assert isinstance(text, str)
+    findings = json.loads(text)["findings"]
     for finding, group in zip(findings, provenance.findings, strict=True):
         assert group.cells is not None
         assert finding["cells"]["position"] == group.cells.position.tolist()
@@ -189,9 +189,9 @@ def test_a_timeline_view_allocates_what_it_shows(
 
 
 def test_timeline_json_lists_every_cell() -> None:
-    view = render(timeline_of(JSON_CELLS), OutputFormat.JSON)
-    assert isinstance(view, JsonText)
-    record = json.loads(str(view))
+    text = render(timeline_of(JSON_CELLS), OutputFormat.JSON)
+    assert isinstance(text, str)
+    record = json.loads(text)
     (event,) = record["events"]
     assert event["count"] == JSON_CELLS and event["cells"]["extra"]["page"] == list(
         range(JSON_CELLS)
