@@ -93,11 +93,13 @@ def command(
         view, complaints = _shown(result, given)
         if view is not None:
             fmt, quiet = given["output_format"], given.get("quiet", False)
-            rows = given.get("max_rows", render.DEFAULT_MAX_ROWS)
-            rendered = render.render(
-                view, fmt, max_rows=rows, quiet=quiet, to_stdout=to_stdout(output), streamed=True
-            )
-            deliver(rendered, output, force=force, svg=svg, inputs=inputs)
+            shown = {"max_rows": given.get("max_rows", render.DEFAULT_MAX_ROWS), "quiet": quiet}
+            shown["to_stdout"] = to_stdout(output)
+            rendered = render.render(view, fmt, **shown, streamed=True)
+            # the image: what a terminal shows, the table (a picture of JSON helps nobody)
+            table = fmt is OutputFormat.TABLE or svg is None
+            drawn = None if table else render.render(view, OutputFormat.TABLE, **shown)
+            deliver(rendered, output, force=force, svg=svg, drawn=drawn, inputs=inputs)
         for line in complaints:  # after the report, which leaves them to stderr
             complain(line)
         raise typer.Exit(exit_code(result))

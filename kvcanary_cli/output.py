@@ -32,10 +32,11 @@ def deliver(
     *,
     force: bool = False,
     svg: str | os.PathLike[str] | None = None,
+    drawn: str | JsonText | RenderableType | None = None,
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
     """Print `rendered`, or write it to `output` (`-` is standard output); with `svg` (`--svg
-    FILE`), save it as an image there too, by the same rules as `output`.
+    FILE`), save `drawn` (default: `rendered`) as an image there too, by the same rules.
 
     Both files are checked before either is written, and written together or not at all: a
     refused image leaves no report behind (its rerun would be told the report exists). The
@@ -48,9 +49,9 @@ def deliver(
         targets.append((Path(os.fspath(output)), lambda handle: _write(pieces, handle)))  # type: ignore[arg-type]
     if svg is not None:
         width = PIPED_WIDTH if to_file else make_console().width  # as the view was written
-        drawn = str(rendered) if isinstance(rendered, JsonText) else rendered
-        image = svg_of(drawn, width=width).encode("utf-8")
-        targets.append((Path(svg), lambda handle: handle.write(image)))
+        drawn = rendered if drawn is None else drawn
+        image = svg_of(str(drawn) if isinstance(drawn, JsonText) else drawn, width=width)
+        targets.append((Path(svg), lambda handle: handle.write(image.encode("utf-8"))))
     if targets:
         write_all_atomically(targets, inputs=inputs, overwrite=force)
     if not to_file:

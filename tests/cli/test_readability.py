@@ -436,6 +436,25 @@ def test_svg_saves_the_view_as_an_image(args: list[str], tmp_path: Path) -> None
         assert "row strip, positions 0..33" in words
 
 
+@pytest.mark.parametrize("fmt", ["json", "markdown"])
+def test_svg_of_a_json_or_markdown_report_is_the_table_view(fmt: str, tmp_path: Path) -> None:
+    """An image of JSON or Markdown source helps nobody (and of a report of millions of cells
+    would take minutes): `--svg` draws the table view the terminal shows, whatever --format."""
+    dump = str(EXAMPLES / "truncated-lut.safetensors")
+    report, image = tmp_path / f"report.{fmt}", tmp_path / "report.svg"
+    result = run(
+        "check", dump, "-k", "vectorized", "-f", fmt, "-o", str(report), "--svg", str(image)
+    )
+    assert result.exit_code == 1, result.stderr
+    words = " ".join(_svg_text(image).split())
+    assert "fill: #cc555a" in image.read_text() and "where the findings sit" in words
+    assert '"schema"' not in words and "## " not in words
+    table = run("check", dump, "-k", "vectorized", "-o", str(tmp_path / "table.txt"))
+    assert table.exit_code == 1
+    first = (tmp_path / "table.txt").read_text().splitlines()[0]
+    assert " ".join(first.split()[:2]) in words
+
+
 def test_svg_is_written_by_the_rules_of_output_files(tmp_path: Path) -> None:
     dump = str(EXAMPLES / "stale-tail.safetensors")
     image = tmp_path / "row.svg"
