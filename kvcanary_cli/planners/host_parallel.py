@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvcanary_cli.errors import Terminated
 
@@ -176,13 +177,22 @@ def _fork(
 ) -> None:
     """Fork a child running `part`, and add it to `children`. Ctrl-C and SIGTERM wait until
     the parent holds the pid (so that it can kill the child) and the child is inside its `try`
-    (so that it leaves by `os._exit`, never by unwinding a copy of the parent's stack)."""
+    (so that it leaves by `os._exit`, never by unwinding a copy of the parent's stack).
+
+    Blocking them in this thread is not enough when the process has another thread: the
+    signal goes to that one, and Python runs the handler in the main thread at once, inside
+    `os.fork`'s after-fork hooks (logging's among them), which swallow its exception and may
+    keep logging's lock: the stop was lost and the next fork waited forever. So the main
+    thread's handlers only note a stop while it forks, raised again once the child is held."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    noted: list[int] = []
+    handlers = _noting(noted)
     try:
         pid = os.fork()
         if pid == 0:  # the child: run the part, leave without unwinding the parent's stack
             code = 1
             try:
+                _restore(handlers)
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
                 _reuse_freed_memory(mallopt)
                 part()
@@ -193,7 +203,27 @@ def _fork(
                 os._exit(code)
         children.add(pid, part)
     finally:
+        _restore(handlers)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for signum in noted:
+            signal.raise_signal(signum)  # its own handler, now: the run stops here
+
+
+def _noting(noted: list[int]) -> dict[int, Any]:
+    """In the main thread, where Python runs signal handlers: each stop's handler replaced by
+    one that notes it in `noted`; the handlers replaced, to put back (`_restore`)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    replaced: dict[int, Any] = {}
+    for signum in _STOPS:
+        if callable(signal.getsignal(signum)):
+            replaced[signum] = signal.signal(signum, lambda signum, _: noted.append(signum))
+    return replaced
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 
 
 #: glibc's `mallopt` parameters (malloc.h), and the size from which a child's allocations

@@ -178,6 +178,57 @@ def test_a_run_stopped_while_its_children_work_kills_them() -> None:
     assert children and alive == []
 
 
+#: Set: every fork of this process lingers in its after-fork hooks (registered once; a hook
+#: cannot be taken back), where a stop that reaches the process lands in the next test.
+_LINGER_AFTER_FORK = threading.Event()
+
+
+def _linger() -> None:
+    if _LINGER_AFTER_FORK.is_set():
+        time.sleep(0.5)
+
+
+os.register_at_fork(after_in_parent=_linger)
+
+
+def test_a_stop_while_forking_with_another_thread_stops_the_run() -> None:
+    """With another thread in the process (a test's, a library's), Ctrl-C goes to that thread
+    while the forking one holds it back, and Python runs the handler in the main thread at its
+    next instruction: inside `os.fork`'s after-fork hooks (logging's own among them), where
+    the KeyboardInterrupt is swallowed ("Exception ignored") and, in logging's, left its lock
+    held, so the next fork waited forever. The stop is kept for after the fork instead."""
+    parent = os.getpid()
+    before = {child.pid for child in psutil.Process(parent).children()}
+    children: list[psutil.Process] = []
+    waiting = threading.Event()
+    bystander = threading.Thread(target=waiting.wait)
+
+    def stop(signum: int, frame: object) -> None:
+        if not children:
+            children.extend(c for c in psutil.Process(parent).children() if c.pid not in before)
+            raise KeyboardInterrupt
+
+    def signalling() -> None:
+        os.kill(parent, signal.SIGINT)
+        time.sleep(60)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    bystander.start()
+    _LINGER_AFTER_FORK.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host_parallel.run_parts([signalling, lambda: time.sleep(60)])
+    finally:
+        _LINGER_AFTER_FORK.clear()
+        signal.signal(signal.SIGINT, previous)
+        waiting.set()
+        bystander.join()
+        _, alive = psutil.wait_procs(children, timeout=0)
+        for child in alive:
+            child.kill()
+    assert children and alive == []
+
+
 def test_stop_children_ends_a_run_waiting_in_another_thread() -> None:
     """`check` plans the kernel in a second thread; the main one, stopped, stops its children
     (`stop_children`): the waiting thread raises KeyboardInterrupt rather than redo parts."""
