@@ -358,6 +358,45 @@ def _prepare_imports() -> None:
         sys.meta_path.append(_Standins(missing))
 
 
+def _interpret_triton() -> None:
+    """A real triton not imported yet is imported interpreted (TRITON_INTERPRET: its kernels
+    run on numpy, on the host), and stays so in this process: an older release's allocator
+    launches its Triton kernels on the CPU too (0.5.21's paged `alloc_extend`), where a
+    compiled kernel finds no driver, and the interpreter reads the setting at each launch.
+    The variable itself is set only while triton imports (a process this one starts does not
+    inherit it). A triton imported before, or none (the stand-in), stays as it is
+    (`triton_interpreted`)."""
+    try:
+        spec = importlib.util.find_spec("triton") if "triton" not in sys.modules else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or isinstance(spec.loader, _Standins):
+        return
+    before = os.environ.get(_INTERPRET)
+    os.environ[_INTERPRET] = "1"
+    try:
+        importlib.import_module("triton.language")
+        knobs = importlib.import_module("triton.knobs").runtime
+        knobs.__dict__["interpret"] = True  # the knob's own override, not the environment
+    except Exception:  # noqa: S110  (a broken triton: SGLang's import says what fails)
+        pass
+    finally:
+        if before is None:
+            os.environ.pop(_INTERPRET, None)
+        else:
+            os.environ[_INTERPRET] = before
+
+
+_INTERPRET = "TRITON_INTERPRET"
+
+
+def triton_interpreted() -> bool:
+    """Whether this process's triton runs kernels interpreted (its own jit functions, such as
+    `tl.sum`, are): then a kernel SGLang launches on the CPU runs."""
+    language = sys.modules.get("triton.language")
+    return type(getattr(language, "sum", None)).__name__ == "InterpretedFunction"
+
+
 def _require_torch(tree: SGLangTree) -> None:
     """SGLang's pools are torch tensors: without torch every tree fails at its first import,
     which would read as the tree's fault (and transformers says so on stderr first)."""
@@ -393,6 +432,7 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     if loaded is None:
         _register_bare_package(tree.root)
     _prepare_imports()
+    _interpret_triton()
     modules: dict[str, Any] = {}
     importing = "sglang"
     try:
@@ -696,6 +736,7 @@ def build_stack(
                 )
         else:
             kv_pool, allocator = _swa_pools(modules, spec, torch, need_sort)
+    _require_kernels(tree, spec, allocator)
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
         kinds = modules.component_type.ComponentType
         second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
@@ -718,6 +759,29 @@ def build_stack(
         kv_pool=kv_pool,
         allocator=allocator,
         tree=radix,
+    )
+
+
+def _require_kernels(tree: SGLangTree, spec: StackSpec, allocator: Any) -> None:
+    """A paged allocator without a CPU path (no `use_triton_kernels` switch; unified memory's
+    without SGLang's torch kernels to point at: 0.5.21) launches its Triton kernels on the
+    CPU: they run interpreted (see `_interpret_triton`) or not at all, and then the page
+    size is refused here, never run into a crash that is soak's."""
+    if spec.layout == "unified":
+        from kvcanary_cli.soak.unified import on_torch
+
+        cpu_path = on_torch()
+    else:
+        full = getattr(allocator, "full_attn_allocator", allocator)
+        cpu_path = hasattr(full, "use_triton_kernels")
+    if spec.page_size == 1 or cpu_path or triton_interpreted():
+        return
+    raise SGLangUnavailableError(
+        f"{tree.release}'s {spec.layout} allocator launches Triton kernels on the CPU too, "
+        "and this process's triton cannot run them (none installed, or imported before soak, "
+        f"not interpreted): page size {spec.page_size} needs them",
+        source=tree.label,
+        hint="pip install triton (soak runs its kernels interpreted), or --page-size 1",
     )
 
 
