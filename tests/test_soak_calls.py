@@ -14,7 +14,9 @@ from kvcanary_cli.soak.calls import (
     extend_end,
     held_lock,
     prefix_len,
+    release_keyword,
     releaser,
+    swa_boundary,
     tree_unlock_name,
 )
 
@@ -75,8 +77,8 @@ def test_checkpoint_and_release_calls_in_both_shapes() -> None:
     checkpointer(newer)("q", "t", True)
     checkpointer(older)("q", "t", True)
     checkpointer(older)("q", "t", False)
-    releaser(newer)("q", "t", False)
-    releaser(older)("q", "t", False)
+    releaser(newer, object())("q", "t", False)
+    releaser(older, object())("q", "t", False)
     assert calls == [
         ("checkpoint", "q", "t"),
         ("cache_unfinished", "q", "t", {"chunked": True}),
@@ -84,6 +86,21 @@ def test_checkpoint_and_release_calls_in_both_shapes() -> None:
         ("release", False),
         ("release_old", False),
     ]
+
+
+def test_a_wrapped_release_takes_the_keyword_the_trees_insert_names() -> None:
+    """A wrapper taking any keyword (a test's, a fault's): the tree says which release it is."""
+
+    def wrapper(req: Any, tree: Any, **kw: Any) -> None: ...
+
+    class Newer:
+        def checkpoint(self, req: Any, up_to: int) -> None: ...
+
+    class Older:
+        def insert_req(self, req: Any, up_to: int) -> None: ...
+
+    assert release_keyword(wrapper, Newer()) == "checkpoint"
+    assert release_keyword(wrapper, Older()) == "is_insert"
 
 
 def test_filter_and_unlock_names_in_both_shapes() -> None:
@@ -102,7 +119,20 @@ def test_filter_and_unlock_names_in_both_shapes() -> None:
     class Older:
         def unpin(self, req: Any) -> None: ...
 
-    assert (tree_unlock_name(Newer()), tree_unlock_name(Older())) == ("unlock", "unpin")
+    class Oldest:
+        def _dec_req_lock(self, req: Any, *, skip_swa: bool = False) -> None: ...
+
+    names = (tree_unlock_name(Newer()), tree_unlock_name(Older()), tree_unlock_name(Oldest()))
+    assert names == ("unlock", "unpin", "_dec_req_lock")
+    with pytest.raises(TypeError):
+        tree_unlock_name(object())
+
+
+def test_the_swa_boundary_by_component_or_in_its_own_field() -> None:
+    swa = "SWA"
+    assert swa_boundary(SimpleNamespace(component_lock_uuids={swa: 7}), swa) == 7
+    assert swa_boundary(SimpleNamespace(component_lock_uuids={}), swa) is None
+    assert swa_boundary(SimpleNamespace(swa_uuid_for_lock=9), swa) == 9  # 0.5.20
 
 
 def test_a_release_launching_triton_on_the_cpu_needs_it_interpreted(

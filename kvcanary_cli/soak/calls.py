@@ -6,11 +6,13 @@ Each difference is found by what the loaded tree has, never by its version strin
   the end of its extend: `extend_end` (0.5.22 on) or `extend_range.end` (0.5.21);
 - the tree lock it holds: `req.lock`, a `TreeLock` of anchor, receipt and whether its SWA part
   went early (0.5.22 on), or the receipt `req.lock_receipt` on `req.last_node` with
-  `req.swa_prefix_lock_released` (0.5.21, where a receipt without a node holds nothing);
+  `req.swa_prefix_lock_released` (0.5.20 and 0.5.21, where a receipt without a node holds
+  nothing); the receipt's SWA boundary by component, or (0.5.20) in a field of its own;
 - publishing an unfinished request: `checkpoint_kv_cache` (0.5.22 on) or
   `maybe_cache_unfinished_req` (0.5.21: `chunked=True` for a stashed chunk, as its scheduler
   does); releasing one: `release_kv_cache(..., checkpoint=)` or `(..., is_insert=)`;
-- the tree's release of a request's lock: `unlock(req.lock)` or `unpin(req)`;
+- the tree's release of a request's lock: `unlock(req.lock)`, `unpin(req)` or (0.5.20)
+  `_dec_req_lock(req)`;
 - the requests a batch's filter keeps out: `filter_batch(reqs_to_exclude=)` (0.5.22 on) or
   `(chunked_req_to_exclude=)` (0.5.21).
 """
@@ -31,6 +33,7 @@ __all__ = [
     "prefix_len",
     "release_keyword",
     "releaser",
+    "swa_boundary",
     "tree_unlock_name",
 ]
 
@@ -75,6 +78,16 @@ def held_lock(req: Any) -> HeldLock | None:
     return HeldLock(req.last_node, receipt, bool(req.swa_prefix_lock_released), receipt)
 
 
+def swa_boundary(receipt: Any, swa: Any) -> Any:
+    """The uuid stamping the node where a lock's SWA part ends (None: the root): by component
+    (`component_lock_uuids`, 0.5.21 on) or in a field of its own (`swa_uuid_for_lock`,
+    0.5.20)."""
+    uuids = getattr(receipt, "component_lock_uuids", None)
+    if uuids is not None:
+        return uuids.get(swa)
+    return receipt.swa_uuid_for_lock
+
+
 def checkpointer(common: Any) -> Callable[[Any, Any, bool], None]:
     """`publish(req, tree, chunked)`: what the scheduler calls to publish an unfinished
     request's computed prefix to the tree (a stashed chunk: `chunked`)."""
@@ -92,22 +105,32 @@ def checkpointer(common: Any) -> Callable[[Any, Any, bool], None]:
     return publish
 
 
-def release_keyword(function: Callable[..., Any]) -> str:
-    """The keyword `release_kv_cache` takes for 'cache what the request computed first'."""
+def release_keyword(function: Callable[..., Any], tree: Any) -> str:
+    """The keyword `release_kv_cache` takes for 'cache what the request computed first': by
+    its signature, or where a wrapper takes any keyword (a test's, a fault's), by the tree's
+    insert (`checkpoint`, 0.5.22 on; `insert_req`, 0.5.21)."""
     names = inspect.signature(function).parameters
-    return "checkpoint" if "checkpoint" in names else "is_insert"
+    for keyword in ("checkpoint", "is_insert"):
+        if keyword in names:
+            return keyword
+    return "checkpoint" if callable(getattr(type(tree), "checkpoint", None)) else "is_insert"
 
 
-def releaser(common: Any) -> Callable[[Any, Any, bool], None]:
+def releaser(common: Any, tree: Any) -> Callable[[Any, Any, bool], None]:
     """`release(req, tree, keep)`: `release_kv_cache`, the tree keeping what it can key first
     where `keep`. Looked up at each call: a fault may replace the module's function."""
-    keyword = release_keyword(common.release_kv_cache)
+    keyword = release_keyword(common.release_kv_cache, tree)
     return lambda req, tree, keep: common.release_kv_cache(req, tree, **{keyword: keep})
 
 
 def tree_unlock_name(tree: Any) -> str:
-    """The tree method a release calls to drop the request's lock."""
-    return "unlock" if callable(getattr(type(tree), "unlock", None)) else "unpin"
+    """The tree method a release calls to drop the request's lock: `unlock(req.lock)`
+    (0.5.22 on), `unpin(req)` (0.5.21), `_dec_req_lock(req)` inside `cache_finished_req`
+    (0.5.20)."""
+    for name in ("unlock", "unpin", "_dec_req_lock"):
+        if callable(getattr(type(tree), name, None)):
+            return name
+    raise TypeError(f"{type(tree).__name__} has no lock release soak knows")
 
 
 def exclude_keyword(filter_batch: Callable[..., Any]) -> str:

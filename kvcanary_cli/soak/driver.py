@@ -123,7 +123,7 @@ class Scheduler:
         self._common = m.common
         #: the release's calls to publish and to release a request (see `soak.calls`)
         self._checkpoint = checkpointer(m.common)
-        self._release = releaser(m.common)
+        self._release = releaser(m.common, self.stack.tree)
         self._exclude = exclude_keyword(self._sb.ScheduleBatch.filter_batch)
         self._rng = np.random.default_rng(self.workload.seed ^ 0x5EED)
         self._model_config = SimpleNamespace(

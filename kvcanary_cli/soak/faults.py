@@ -15,9 +15,10 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   side's free list while the node keeps it (unified memory: onto `free_virtual_ids`, still
   bound; SGLang's own checks stayed silent for 250 steps there).
 - `lock-leak`: a request released without caching (a retraction, an abort in chunked prefill)
-  never unlocks its prefix (`tree_cache.unlock(req.lock)` skipped, `req.lock` dropped): the
-  nodes stay locked for good. kvcanary's lock counts see it at that step; a check of the
-  locked slots alone only once no running row holds them, or at idle.
+  never unlocks its prefix (`tree_cache.unlock(req.lock)` skipped, `req.lock` dropped; in
+  0.5.21 `unpin(req)`, in 0.5.20 `_dec_req_lock(req)`): the nodes stay locked for good.
+  kvcanary's lock counts see it at that step; a check of the locked slots alone only once
+  no running row holds them, or at idle.
 - `tree-mamba-slot-freed` (Mamba layout): once the tree holds a Mamba state, its slot is pushed
   onto the Mamba free list while the node keeps it (SGLang's busy check has no Mamba check; its
   idle check sees only counts).
@@ -38,7 +39,7 @@ __all__ = ["FAULTS", "Fault", "plant"]
 Fault = tuple[Callable[[Any], Any], Callable[[Any, int], None]]
 
 
-def _nothing(*args: Any) -> None:
+def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
 
@@ -155,7 +156,7 @@ def _lock_leak(stack: Any) -> Callable[[], None]:
     tree = stack.tree
     modules = (stack.modules.common, stack.modules.schedule_batch)  # each holds the function
     original = stack.modules.common.release_kv_cache
-    keyword = release_keyword(original)
+    keyword = release_keyword(original, tree)
     unlock = tree_unlock_name(tree)  # `unlock(req.lock)`; `unpin(req)` in 0.5.21
 
     def release_kv_cache(req: Any, tree_cache: Any, **given: bool) -> None:

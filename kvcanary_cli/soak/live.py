@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli.capture.tree import tree_state
-from kvcanary_cli.soak.calls import held_lock
+from kvcanary_cli.soak.calls import held_lock, swa_boundary
 
 __all__ = [
     "FreeReader",
@@ -556,9 +556,7 @@ def _expected_python(
             elif reach == _ANCHOR:
                 ids[i].append(on_path[0])
             else:
-                ids[i].extend(
-                    on_path[: _boundary(path, kind, receipt.component_lock_uuids.get(swa))]
-                )
+                ids[i].extend(on_path[: _boundary(path, kind, swa_boundary(receipt, swa))])
     return [Counter(nodes) for nodes in ids]
 
 

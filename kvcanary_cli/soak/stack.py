@@ -25,6 +25,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -32,7 +33,7 @@ import traceback
 import types
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
@@ -81,10 +82,11 @@ _EXTRA_MODULES = {
         ).split()
     },
 }
-#: Packages only touched at import time by SGLang's model configs: a stand-in is enough.
+#: Packages only touched at import time by SGLang's model configs (and, 0.5.20, by its
+#: function-call parsers and API models: xgrammar): a stand-in is enough.
 #: (compressed-tensors requires torch: as a real dependency of the extra it would pull a CUDA
 #: build of torch into an environment that has none.)
-_STANDINS = ("torchvision", "IPython", "compressed_tensors")
+_STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar")
 #: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
@@ -244,6 +246,14 @@ class _Anything(metaclass=_AnyMeta):
 
     def __getattr__(self, name: str) -> Any:
         return _Anything()
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """A field typed by a stand-in (0.5.20's API models name xgrammar's `StructuralTag`)
+        takes any value: soak never builds those models."""
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
 
 
 class _StandinModule(types.ModuleType):
@@ -740,7 +750,10 @@ def build_stack(
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
         kinds = modules.component_type.ComponentType
         second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
-        params = modules.cache_init_params.CacheInitParams(
+        init = modules.cache_init_params.CacheInitParams
+        # the tree core: a parameter (0.5.21 on), or the environment at construction (0.5.20)
+        by_param = "tree_core_backend" in inspect.signature(init).parameters
+        params = init(
             disable=False,
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=allocator,
@@ -748,9 +761,10 @@ def build_stack(
             sliding_window_size=None if spec.layout == "mamba" else spec.window,
             chunked_prefill_size=spec.chunked_prefill_size,
             tree_components=(kinds.FULL, second),
-            tree_core_backend=spec.core,
+            **({"tree_core_backend": spec.core} if by_param else {}),
         )
-        radix = modules.unified_radix_cache.UnifiedRadixCache(params)
+        with nullcontext() if by_param else _environment(_CORE_ENV, spec.core):
+            radix = modules.unified_radix_cache.UnifiedRadixCache(params)
     return Stack(
         modules=modules,
         spec=spec,
@@ -760,6 +774,24 @@ def build_stack(
         allocator=allocator,
         tree=radix,
     )
+
+
+#: Where 0.5.20 reads the tree core to build (its `CacheInitParams` has no field for it).
+_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` inside, restored on the way out."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _require_kernels(tree: SGLangTree, spec: StackSpec, allocator: Any) -> None:
