@@ -90,6 +90,8 @@ _STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar")
 #: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
+#: The tree core and components soak reads (0.5.20 on; 0.5.13 - 0.5.16's tree has neither).
+_TREE_PARTS = "srt/mem_cache/unified_cache"
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
 _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
@@ -218,6 +220,12 @@ def _checked_tree(root: Path, label: str) -> SGLangTree:
     if not (package / _TREE).is_file():
         raise SGLangUnavailableError(
             f"SGLang {version} has no UnifiedRadixCache ({_TREE})", source=label
+        )
+    if not (package / _TREE_PARTS).is_dir():
+        raise SGLangUnavailableError(
+            f"SGLang {version}'s UnifiedRadixCache predates the tree core and components soak "
+            f"drives (no sglang/{_TREE_PARTS}): soak runs SGLang 0.5.20 and later",
+            source=label,
         )
     return SGLangTree(
         root=root,
