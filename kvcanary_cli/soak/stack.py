@@ -45,6 +45,7 @@ from kvcanary_cli.soak.wheel import WheelRefusedError, download_hint, not_there,
 __all__ = [
     "CORES",
     "LAYOUTS",
+    "OLDEST",
     "SUPPORTED",
     "SGLangModules",
     "SGLangUnavailableError",
@@ -95,8 +96,10 @@ _TREE_PARTS = "srt/mem_cache/unified_cache"
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
 _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
-#: The release soak's stack and scheduler loop are written for.
+#: The release soak's stack and scheduler loop are written for, and the oldest it drives
+#: (what differs between them is read from the tree: `soak.calls`).
 SUPPORTED = "0.5.23"
+OLDEST = "0.5.20"
 
 
 class SGLangUnavailableError(EngineUnavailableError):
@@ -224,7 +227,7 @@ def _checked_tree(root: Path, label: str) -> SGLangTree:
     if not (package / _TREE_PARTS).is_dir():
         raise SGLangUnavailableError(
             f"SGLang {version}'s UnifiedRadixCache predates the tree core and components soak "
-            f"drives (no sglang/{_TREE_PARTS}): soak runs SGLang 0.5.20 and later",
+            f"drives (no sglang/{_TREE_PARTS}): soak runs SGLang {OLDEST} and later",
             source=label,
         )
     return SGLangTree(
@@ -638,7 +641,7 @@ def fitting(tree: SGLangTree, what: str) -> Iterator[None]:
     except Exception as exc:
         raise SGLangUnavailableError(
             f"{tree.release}'s {what} does not fit soak ({_shown(exc)}); soak drives "
-            f"SGLang {SUPPORTED}",
+            f"SGLang {OLDEST} to {SUPPORTED}",
             source=tree.label,
         ) from None
 
