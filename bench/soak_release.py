@@ -2,6 +2,7 @@
 `--coverage` costs.
 
     python bench/soak_release.py [--wheel W] [--steps 5000] [--page-sizes 1,4,16,32,64]
+                                 [--layout swa|unified|mamba]
 
 For each page size and tree core, one `kvcanary soak` of `--steps` steps (the command's own
 `soak()`, the default workload: aborts, release-prefill-SWA and SWA eviction intervals in
@@ -34,7 +35,9 @@ def _wheel() -> str:
     return str(path)
 
 
-def _one(tree: str, steps: int, page_size: int, core: str, coverage: bool) -> tuple[object, float]:
+def _one(
+    tree: str, steps: int, page_size: int, core: str, coverage: bool, layout: str = "swa"
+) -> tuple[object, float]:
     with tempfile.TemporaryDirectory() as folder:
         started = time.process_time()
         report = soak(
@@ -45,6 +48,7 @@ def _one(tree: str, steps: int, page_size: int, core: str, coverage: bool) -> tu
             core=core,
             out=Path(folder) / "out",
             coverage=coverage,
+            layout=layout,
         )
         return report, time.process_time() - started
 
@@ -56,6 +60,7 @@ def main() -> None:
     parser.add_argument("--page-sizes", default="1,4,16,32,64")
     parser.add_argument("--cores", default="python,rust")
     parser.add_argument("--overhead-steps", type=int, default=1000)
+    parser.add_argument("--layout", default="swa", help="swa, unified or mamba (page size 1)")
     parser.add_argument("--coverage", action="store_true", help="trace the long soaks too")
     args = parser.parse_args()
     tree = args.wheel or _wheel()
@@ -63,7 +68,9 @@ def main() -> None:
     print("page core  histories  steps  audited  kvcanary  sglang  cpu_s  free paths reached")
     for page_size in map(int, args.page_sizes.split(",")):
         for core in args.cores.split(","):
-            report, cpu = _one(tree, args.steps, page_size, core, coverage=args.coverage)
+            report, cpu = _one(
+                tree, args.steps, page_size, core, coverage=args.coverage, layout=args.layout
+            )
             covered = report.coverage  # type: ignore[attr-defined]
             reached = (
                 f"{len(covered.reached)}/{len(covered.reached) + len(covered.not_reached)}"

@@ -32,6 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from kvcanary_cli.soak.calls import (
+    checkpointer,
+    exclude_keyword,
+    extend_end,
+    prefix_len,
+    releaser,
+)
 from kvcanary_cli.soak.stack import Stack
 from kvcanary_cli.soak.workload import VOCAB, Workload
 
@@ -114,6 +121,10 @@ class Scheduler:
         self._sb = m.schedule_batch
         self._policy = m.schedule_policy
         self._common = m.common
+        #: the release's calls to publish and to release a request (see `soak.calls`)
+        self._checkpoint = checkpointer(m.common)
+        self._release = releaser(m.common, self.stack.tree)
+        self._exclude = exclude_keyword(self._sb.ScheduleBatch.filter_batch)
         self._rng = np.random.default_rng(self.workload.seed ^ 0x5EED)
         self._model_config = SimpleNamespace(
             vocab_size=VOCAB, is_encoder_decoder=False, is_multimodal=False, hf_config=None
@@ -227,7 +238,7 @@ class Scheduler:
                 req.finished_reason = self._sb.FINISH_ABORT("Aborted")
                 req.to_finish = None
                 tree.finish(req.cache_request_handle, self._abort_outcome)
-                self._common.release_kv_cache(req, tree, checkpoint=False)
+                self._release(req, tree, False)
                 self.chunked_req = None
                 self.counters.aborts_chunked += 1
             else:
@@ -240,13 +251,14 @@ class Scheduler:
         exclude = []
         if self.chunked_req is not None:
             exclude.append(self.chunked_req)
-            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
-                self._common.checkpoint_kv_cache(self.chunked_req, self.stack.tree)
+            chunk = self.chunked_req
+            if (extend_end(chunk) or 0) > prefix_len(chunk):
+                self._checkpoint(chunk, self.stack.tree, True)
         last = self.last_batch
         if last is not None and last.forward_mode.is_extend():
             if last.chunked_req is not None:
                 exclude.append(last.chunked_req)
-            last.filter_batch(reqs_to_exclude=exclude)
+            last.filter_batch(**{self._exclude: exclude})
             if not last.is_empty() and last is not self.running:
                 if self.running.is_empty():
                     self.running = last
@@ -305,7 +317,7 @@ class Scheduler:
             return None
         chosen = set(map(id, can_run))
         self.waiting = [r for r in self.waiting if id(r) not in chosen]
-        self.counters.shared_prefix_tokens += sum(int(r.prefix_len) for r in can_run)
+        self.counters.shared_prefix_tokens += sum(prefix_len(r) for r in can_run)
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
         if self.chunked_req is not None:
@@ -358,17 +370,17 @@ class Scheduler:
                     req.output_ids.append(int(token))
                     req.update_finish_state()
                     if req.finished():
-                        self._common.release_kv_cache(req, tree, checkpoint=True)
+                        self._release(req, tree, True)
                         info.finished += 1
                     else:
-                        self._common.checkpoint_kv_cache(req, tree)
+                        self._checkpoint(req, tree, False)
                 else:
                     if req.finished():
                         continue
                     req.output_ids.extend([int(token)])
                     req.update_finish_state(1)
                     if req.finished():
-                        self._common.release_kv_cache(req, tree, checkpoint=True)
+                        self._release(req, tree, True)
                         info.finished += 1
         finally:
             allocator.free_group_end()

@@ -15,9 +15,10 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   side's free list while the node keeps it (unified memory: onto `free_virtual_ids`, still
   bound; SGLang's own checks stayed silent for 250 steps there).
 - `lock-leak`: a request released without caching (a retraction, an abort in chunked prefill)
-  never unlocks its prefix (`tree_cache.unlock(req.lock)` skipped, `req.lock` dropped): the
-  nodes stay locked for good. kvcanary's lock counts see it at that step; a check of the
-  locked slots alone only once no running row holds them, or at idle.
+  never unlocks its prefix (`tree_cache.unlock(req.lock)` skipped, `req.lock` dropped; in
+  0.5.21 `unpin(req)`, in 0.5.20 `_dec_req_lock(req)`): the nodes stay locked for good.
+  kvcanary's lock counts see it at that step; a check of the locked slots alone only once
+  no running row holds them, or at idle.
 - `tree-mamba-slot-freed` (Mamba layout): once the tree holds a Mamba state, its slot is pushed
   onto the Mamba free list while the node keeps it (SGLang's busy check has no Mamba check; its
   idle check sees only counts).
@@ -28,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvcanary_cli.soak.calls import held_lock, release_keyword, tree_unlock_name
+
 __all__ = ["FAULTS", "Fault", "plant"]
 
 #: A fault: called once with the stack after it is built (it may patch the allocator or a
@@ -36,7 +39,7 @@ __all__ = ["FAULTS", "Fault", "plant"]
 Fault = tuple[Callable[[Any], Any], Callable[[Any, int], None]]
 
 
-def _nothing(*args: Any) -> None:
+def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
 
@@ -147,21 +150,25 @@ def _tree_mamba_slot_freed(stack: Any, step: int) -> None:
 
 
 def _lock_leak(stack: Any) -> Callable[[], None]:
-    """`release_kv_cache(checkpoint=False)` with its unlock skipped where the lock is below
-    the root; each lock so leaked is counted on the tree (`_kvcanary_leaks`)."""
+    """`release_kv_cache` without caching (`checkpoint=False`; `is_insert=False` in 0.5.21) with
+    its unlock skipped where the lock is below the root; each lock so leaked is counted on the
+    tree (`_kvcanary_leaks`)."""
     tree = stack.tree
     modules = (stack.modules.common, stack.modules.schedule_batch)  # each holds the function
     original = stack.modules.common.release_kv_cache
+    keyword = release_keyword(original, tree)
+    unlock = tree_unlock_name(tree)  # `unlock(req.lock)`; `unpin(req)` in 0.5.21
 
-    def release_kv_cache(req: Any, tree_cache: Any, *, checkpoint: bool) -> None:
-        if checkpoint or req.lock is None or req.lock.node == tree.root_node_handle():
-            original(req, tree_cache, checkpoint=checkpoint)  # (the root holds no lock)
+    def release_kv_cache(req: Any, tree_cache: Any, **given: bool) -> None:
+        lock = held_lock(req)
+        if given.get(keyword, True) or lock is None or lock.node == tree.root_node_handle():
+            original(req, tree_cache, **given)  # (the root holds no lock)
             return
-        tree_cache.unlock = _nothing  # the instance's: shadows the method for this call
+        setattr(tree_cache, unlock, _nothing)  # the instance's: shadows the method here
         try:
-            original(req, tree_cache, checkpoint=checkpoint)
+            original(req, tree_cache, **given)
         finally:
-            del tree_cache.unlock
+            delattr(tree_cache, unlock)
         tree._kvcanary_leaks = getattr(tree, "_kvcanary_leaks", 0) + 1
 
     for module in modules:

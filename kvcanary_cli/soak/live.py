@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli.capture.tree import tree_state
+from kvcanary_cli.soak.calls import held_lock, swa_boundary
 
 __all__ = [
     "FreeReader",
@@ -195,9 +196,9 @@ _LENS, _RUNNING = "req_pool_allocated_lens", "running_req_rows"
 
 def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.ndarray]:
     """(each row's longest allocation, the rows held), as `capture.tree.row_state` records
-    them: the rows of the requests and of the tree's sessions, each request's kv once (by
-    identity); read by attribute (one missing raises: unreadable, where the capture code
-    would record the fact as absent)."""
+    them: the rows of the requests and of the tree's sessions (where it names them), each
+    request's kv once (by identity); read by attribute (one missing raises: unreadable,
+    where the capture code would record the fact as absent)."""
     lens = [0] * rows
     held: dict[int, Any] = {}
     for req in requests:
@@ -210,8 +211,10 @@ def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.
                 allocated = int(kv.kv_allocated_len)
                 if allocated > lens[row]:
                     lens[row] = allocated
-    for kv in tree.session_records().values():
-        held[id(kv)] = kv.req_pool_idx
+    records = getattr(tree, "session_records", None)
+    if callable(records):  # (0.5.21's tree has none: soak opens no session)
+        for kv in records().values():
+            held[id(kv)] = kv.req_pool_idx
     running = [int(r) for r in held.values() if r is not None]
     return np.array(lens, dtype=np.int64), np.array(running, dtype=np.int64)
 
@@ -532,7 +535,7 @@ def _expected_python(
     part of it."""
     ids: list[list[int]] = [[] for _ in range(width)]
     for req in requests:
-        lock = req.lock
+        lock = held_lock(req)
         if lock is None:
             continue
         node = core.node_by_id(lock.node)  # a node the tree no longer has: unreadable
@@ -553,9 +556,7 @@ def _expected_python(
             elif reach == _ANCHOR:
                 ids[i].append(on_path[0])
             else:
-                ids[i].extend(
-                    on_path[: _boundary(path, kind, receipt.component_lock_uuids.get(swa))]
-                )
+                ids[i].extend(on_path[: _boundary(path, kind, swa_boundary(receipt, swa))])
     return [Counter(nodes) for nodes in ids]
 
 
@@ -582,13 +583,14 @@ def _expected_rust(
     anyway, the locked slots no longer match what was read, and the audit breaks."""
     held: dict[int, tuple[Any, np.ndarray]] = {}
     for req in requests:
-        lock = req.lock
+        lock = held_lock(req)
         if lock is None or full in lock.receipt.skipped_lock_components:
             continue
-        known = kept.get(id(lock))
-        if known is None or known[0] is not lock:
-            known = (lock, paths(lock.node).numpy().astype(np.int64, copy=False))
-        held[id(lock)] = known
+        key = lock.identity
+        known = kept.get(id(key))
+        if known is None or known[0] is not key:
+            known = (key, paths(lock.node).numpy().astype(np.int64, copy=False))
+        held[id(key)] = known
     kept.clear()
     kept.update(held)
     return np.concatenate([path for _, path in held.values()]) if held else _NONE

@@ -24,6 +24,7 @@ from kvcanary_cli.soak.driver import Counters, Scheduler, serving_options
 from kvcanary_cli.soak.faults import plant
 from kvcanary_cli.soak.live import LiveAudit
 from kvcanary_cli.soak.stack import (
+    OLDEST,
     SUPPORTED,
     SGLangModules,
     SGLangUnavailableError,
@@ -265,7 +266,7 @@ def _refuse_if_ours(exc: Exception, modules: SGLangModules) -> None:
         text = (str(exc).strip().splitlines() or [""])[0]
         raise SGLangUnavailableError(
             f"{modules.tree.release}'s scheduler objects differ from those soak drives "
-            f"(SGLang {SUPPORTED}'s): {type(exc).__name__}: {text}"[:400],
+            f"(SGLang {OLDEST} to {SUPPORTED}'s): {type(exc).__name__}: {text}"[:400],
             source=modules.tree.label,
         ) from None
 

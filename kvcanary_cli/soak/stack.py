@@ -25,6 +25,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -32,7 +33,7 @@ import traceback
 import types
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
@@ -44,6 +45,7 @@ from kvcanary_cli.soak.wheel import WheelRefusedError, download_hint, not_there,
 __all__ = [
     "CORES",
     "LAYOUTS",
+    "OLDEST",
     "SUPPORTED",
     "SGLangModules",
     "SGLangUnavailableError",
@@ -81,18 +83,23 @@ _EXTRA_MODULES = {
         ).split()
     },
 }
-#: Packages only touched at import time by SGLang's model configs: a stand-in is enough.
+#: Packages only touched at import time by SGLang's model configs (and, 0.5.20, by its
+#: function-call parsers and API models: xgrammar): a stand-in is enough.
 #: (compressed-tensors requires torch: as a real dependency of the extra it would pull a CUDA
 #: build of torch into an environment that has none.)
-_STANDINS = ("torchvision", "IPython", "compressed_tensors")
+_STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar")
 #: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
+#: The tree core and components soak reads (0.5.20 on; 0.5.13 - 0.5.16's tree has neither).
+_TREE_PARTS = "srt/mem_cache/unified_cache"
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
 _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
-#: The release soak's stack and scheduler loop are written for.
+#: The release soak's stack and scheduler loop are written for, and the oldest it drives
+#: (what differs between them is read from the tree: `soak.calls`).
 SUPPORTED = "0.5.23"
+OLDEST = "0.5.20"
 
 
 class SGLangUnavailableError(EngineUnavailableError):
@@ -217,6 +224,12 @@ def _checked_tree(root: Path, label: str) -> SGLangTree:
         raise SGLangUnavailableError(
             f"SGLang {version} has no UnifiedRadixCache ({_TREE})", source=label
         )
+    if not (package / _TREE_PARTS).is_dir():
+        raise SGLangUnavailableError(
+            f"SGLang {version}'s UnifiedRadixCache predates the tree core and components soak "
+            f"drives (no sglang/{_TREE_PARTS}): soak runs SGLang {OLDEST} and later",
+            source=label,
+        )
     return SGLangTree(
         root=root,
         version=version,
@@ -244,6 +257,14 @@ class _Anything(metaclass=_AnyMeta):
 
     def __getattr__(self, name: str) -> Any:
         return _Anything()
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """A field typed by a stand-in (0.5.20's API models name xgrammar's `StructuralTag`)
+        takes any value: soak never builds those models."""
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
 
 
 class _StandinModule(types.ModuleType):
@@ -358,6 +379,45 @@ def _prepare_imports() -> None:
         sys.meta_path.append(_Standins(missing))
 
 
+def _interpret_triton() -> None:
+    """A real triton not imported yet is imported interpreted (TRITON_INTERPRET: its kernels
+    run on numpy, on the host), and stays so in this process: an older release's allocator
+    launches its Triton kernels on the CPU too (0.5.21's paged `alloc_extend`), where a
+    compiled kernel finds no driver, and the interpreter reads the setting at each launch.
+    The variable itself is set only while triton imports (a process this one starts does not
+    inherit it). A triton imported before, or none (the stand-in), stays as it is
+    (`triton_interpreted`)."""
+    try:
+        spec = importlib.util.find_spec("triton") if "triton" not in sys.modules else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or isinstance(spec.loader, _Standins):
+        return
+    before = os.environ.get(_INTERPRET)
+    os.environ[_INTERPRET] = "1"
+    try:
+        importlib.import_module("triton.language")
+        knobs = importlib.import_module("triton.knobs").runtime
+        knobs.__dict__["interpret"] = True  # the knob's own override, not the environment
+    except Exception:  # noqa: S110  (a broken triton: SGLang's import says what fails)
+        pass
+    finally:
+        if before is None:
+            os.environ.pop(_INTERPRET, None)
+        else:
+            os.environ[_INTERPRET] = before
+
+
+_INTERPRET = "TRITON_INTERPRET"
+
+
+def triton_interpreted() -> bool:
+    """Whether this process's triton runs kernels interpreted (its own jit functions, such as
+    `tl.sum`, are): then a kernel SGLang launches on the CPU runs."""
+    language = sys.modules.get("triton.language")
+    return type(getattr(language, "sum", None)).__name__ == "InterpretedFunction"
+
+
 def _require_torch(tree: SGLangTree) -> None:
     """SGLang's pools are torch tensors: without torch every tree fails at its first import,
     which would read as the tree's fault (and transformers says so on stderr first)."""
@@ -393,6 +453,7 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     if loaded is None:
         _register_bare_package(tree.root)
     _prepare_imports()
+    _interpret_triton()
     modules: dict[str, Any] = {}
     importing = "sglang"
     try:
@@ -580,7 +641,7 @@ def fitting(tree: SGLangTree, what: str) -> Iterator[None]:
     except Exception as exc:
         raise SGLangUnavailableError(
             f"{tree.release}'s {what} does not fit soak ({_shown(exc)}); soak drives "
-            f"SGLang {SUPPORTED}",
+            f"SGLang {OLDEST} to {SUPPORTED}",
             source=tree.label,
         ) from None
 
@@ -696,10 +757,14 @@ def build_stack(
                 )
         else:
             kv_pool, allocator = _swa_pools(modules, spec, torch, need_sort)
+    _require_kernels(tree, spec, allocator)
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
         kinds = modules.component_type.ComponentType
         second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
-        params = modules.cache_init_params.CacheInitParams(
+        init = modules.cache_init_params.CacheInitParams
+        # the tree core: a parameter (0.5.21 on), or the environment at construction (0.5.20)
+        by_param = "tree_core_backend" in inspect.signature(init).parameters
+        params = init(
             disable=False,
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=allocator,
@@ -707,9 +772,10 @@ def build_stack(
             sliding_window_size=None if spec.layout == "mamba" else spec.window,
             chunked_prefill_size=spec.chunked_prefill_size,
             tree_components=(kinds.FULL, second),
-            tree_core_backend=spec.core,
+            **({"tree_core_backend": spec.core} if by_param else {}),
         )
-        radix = modules.unified_radix_cache.UnifiedRadixCache(params)
+        with nullcontext() if by_param else _environment(_CORE_ENV, spec.core):
+            radix = modules.unified_radix_cache.UnifiedRadixCache(params)
     return Stack(
         modules=modules,
         spec=spec,
@@ -718,6 +784,47 @@ def build_stack(
         kv_pool=kv_pool,
         allocator=allocator,
         tree=radix,
+    )
+
+
+#: Where 0.5.20 reads the tree core to build (its `CacheInitParams` has no field for it).
+_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` inside, restored on the way out."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _require_kernels(tree: SGLangTree, spec: StackSpec, allocator: Any) -> None:
+    """A paged allocator without a CPU path (no `use_triton_kernels` switch; unified memory's
+    without SGLang's torch kernels to point at: 0.5.21) launches its Triton kernels on the
+    CPU: they run interpreted (see `_interpret_triton`) or not at all, and then the page
+    size is refused here, never run into a crash that is soak's."""
+    if spec.layout == "unified":
+        from kvcanary_cli.soak.unified import on_torch
+
+        cpu_path = on_torch()
+    else:
+        full = getattr(allocator, "full_attn_allocator", allocator)
+        cpu_path = hasattr(full, "use_triton_kernels")
+    if spec.page_size == 1 or cpu_path or triton_interpreted():
+        return
+    raise SGLangUnavailableError(
+        f"{tree.release}'s {spec.layout} allocator launches Triton kernels on the CPU too, "
+        "and this process's triton cannot run them (none installed, or imported before soak, "
+        f"not interpreted): page size {spec.page_size} needs them",
+        source=tree.label,
+        hint="pip install triton (soak runs its kernels interpreted), or --page-size 1",
     )
 
 

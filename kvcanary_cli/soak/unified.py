@@ -8,7 +8,9 @@ space), for `soak.stack.build_stack`.
 Triton's interpreter, 2-17 ms a step. `torch_kernels` points the unified allocator's module at
 SGLang's own torch versions of the same two kernels (`alloc_extend_naive`,
 `alloc_decode_naive` in `allocator/paged.py`, what the paged allocator runs on CPU), which
-hand out the same virtual ids. Nothing here is SGLang's code.
+hand out the same virtual ids. A release without both (0.5.21 has no `alloc_decode_naive`)
+keeps its Triton kernels: they run interpreted, or soak refuses the page size
+(`soak.stack`). Nothing here is SGLang's code.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__all__ = ["build_unified_pools", "torch_kernels"]
+__all__ = ["build_unified_pools", "on_torch", "torch_kernels"]
 
 _SUB_POOL = "sglang.srt.mem_cache.allocator.unified_sub_pool"
 _PAGED = "sglang.srt.mem_cache.allocator.paged"
@@ -41,7 +43,10 @@ def torch_kernels() -> None:
     allocator is untouched)."""
     sub: Any = import_module(_SUB_POOL)
     paged: Any = import_module(_PAGED)
-    if isinstance(getattr(sub, "alloc_extend_kernel", None), _Launch):
+    if on_torch() or not all(
+        callable(getattr(paged, name, None))
+        for name in ("alloc_extend_naive", "alloc_decode_naive")
+    ):
         return
 
     def extend(
@@ -55,6 +60,12 @@ def torch_kernels() -> None:
 
     sub.alloc_extend_kernel = _Launch(extend)
     sub.alloc_decode_kernel = _Launch(decode)
+
+
+def on_torch() -> bool:
+    """Whether the unified sub-allocator's kernel launches run SGLang's torch versions."""
+    sub: Any = import_module(_SUB_POOL)
+    return isinstance(getattr(sub, "alloc_extend_kernel", None), _Launch)
 
 
 def build_unified_pools(

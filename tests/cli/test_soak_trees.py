@@ -246,6 +246,17 @@ def test_a_release_whose_constructors_differ_is_one_line_exit_2(
     assert_one_line_exit_2(run, str(tree), what, FAKE_VERSION, "0.5.23")
 
 
+def test_a_release_before_the_tree_core_is_refused_before_import(tmp_path: Path) -> None:
+    """0.5.13 - 0.5.16 keep a UnifiedRadixCache of another make (no `unified_cache` package:
+    no tree core, no components soak reads): one line naming the release, before any of its
+    modules runs (theirs would fail at import first, on a name transformers now has)."""
+    files = {k: v for k, v in tree_files().items() if "/unified_cache/" not in k}
+    files["sglang/srt/server_args.py"] = "raise RuntimeError('imported')\n"
+    tree = write_tree(tmp_path / "tree", files)
+    run = soak_json(tree, tmp_path)
+    assert_one_line_exit_2(run, str(tree), FAKE_VERSION, "unified_cache", "0.5.20")
+
+
 # -- wheels (item 5) ----------------------------------------------------------------------
 
 WHEEL_NAME = f"sglang-{FAKE_VERSION}-py3-none-any.whl"

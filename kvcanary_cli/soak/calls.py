@@ -1,0 +1,141 @@
+"""What soak reads of SGLang's `Req` and calls of its memory functions, where releases differ.
+
+Each difference is found by what the loaded tree has, never by its version string:
+
+- the request's prefix: `prefix_len` (0.5.22 on) or the length of `prefix_indices` (0.5.21);
+  the end of its extend: `extend_end` (0.5.22 on) or `extend_range.end` (0.5.21);
+- the tree lock it holds: `req.lock`, a `TreeLock` of anchor, receipt and whether its SWA part
+  went early (0.5.22 on), or the receipt `req.lock_receipt` on `req.last_node` with
+  `req.swa_prefix_lock_released` (0.5.20 and 0.5.21, where a receipt without a node holds
+  nothing); the receipt's SWA boundary by component, or (0.5.20) in a field of its own;
+- publishing an unfinished request: `checkpoint_kv_cache` (0.5.22 on) or
+  `maybe_cache_unfinished_req` (0.5.21: `chunked=True` for a stashed chunk, as its scheduler
+  does); releasing one: `release_kv_cache(..., checkpoint=)` or `(..., is_insert=)`;
+- the tree's release of a request's lock: `unlock(req.lock)`, `unpin(req)` or (0.5.20)
+  `_dec_req_lock(req)`;
+- the requests a batch's filter keeps out: `filter_batch(reqs_to_exclude=)` (0.5.22 on) or
+  `(chunked_req_to_exclude=)` (0.5.21).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "HeldLock",
+    "checkpointer",
+    "exclude_keyword",
+    "extend_end",
+    "held_lock",
+    "prefix_len",
+    "release_keyword",
+    "releaser",
+    "swa_boundary",
+    "tree_unlock_name",
+]
+
+
+def prefix_len(req: Any) -> int:
+    """How many tokens of the request are its prefix (in its row, or matched in the tree)."""
+    if hasattr(req, "prefix_len"):
+        return int(req.prefix_len)
+    return len(req.prefix_indices)
+
+
+def extend_end(req: Any) -> int | None:
+    """Where this round's extend ends (None before admission)."""
+    if hasattr(req, "extend_end"):
+        return req.extend_end  # type: ignore[no-any-return]
+    extend = req.extend_range
+    return None if extend is None else int(extend.end)
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """A request's tree lock, however its release keeps it: the anchor node it was taken on,
+    the receipt its release replays, whether its SWA part was released early, and the object
+    that stands for this one lock (a new lock is a new object)."""
+
+    node: Any
+    receipt: Any
+    swa_released: bool
+    identity: object
+
+
+def held_lock(req: Any) -> HeldLock | None:
+    """The tree lock `req` holds (None: none)."""
+    if hasattr(req, "lock"):
+        lock = req.lock
+        if lock is None:
+            return None
+        return HeldLock(lock.node, lock.receipt, bool(lock.swa_released), lock)
+    receipt = req.lock_receipt
+    if receipt is None or receipt.node_id is None or req.last_node is None:
+        return None
+    return HeldLock(req.last_node, receipt, bool(req.swa_prefix_lock_released), receipt)
+
+
+def swa_boundary(receipt: Any, swa: Any) -> Any:
+    """The uuid stamping the node where a lock's SWA part ends (None: the root): by component
+    (`component_lock_uuids`, 0.5.21 on) or in a field of its own (`swa_uuid_for_lock`,
+    0.5.20)."""
+    uuids = getattr(receipt, "component_lock_uuids", None)
+    if uuids is not None:
+        return uuids.get(swa)
+    return receipt.swa_uuid_for_lock
+
+
+def checkpointer(common: Any) -> Callable[[Any, Any, bool], None]:
+    """`publish(req, tree, chunked)`: what the scheduler calls to publish an unfinished
+    request's computed prefix to the tree (a stashed chunk: `chunked`)."""
+    new = getattr(common, "checkpoint_kv_cache", None)
+    if new is not None:
+        return lambda req, tree, chunked: new(req, tree)
+    old = common.maybe_cache_unfinished_req
+
+    def publish(req: Any, tree: Any, chunked: bool) -> None:
+        if chunked:
+            old(req, tree, chunked=True)
+        else:
+            old(req, tree)
+
+    return publish
+
+
+def release_keyword(function: Callable[..., Any], tree: Any) -> str:
+    """The keyword `release_kv_cache` takes for 'cache what the request computed first': by
+    its signature, or where a wrapper takes any keyword (a test's, a fault's), by the tree's
+    insert (`checkpoint`, 0.5.22 on; `insert_req`, 0.5.21)."""
+    names = inspect.signature(function).parameters
+    for keyword in ("checkpoint", "is_insert"):
+        if keyword in names:
+            return keyword
+    return "checkpoint" if callable(getattr(type(tree), "checkpoint", None)) else "is_insert"
+
+
+def releaser(common: Any, tree: Any) -> Callable[[Any, Any, bool], None]:
+    """`release(req, tree, keep)`: `release_kv_cache`, the tree keeping what it can key first
+    where `keep`. Looked up at each call: a fault may replace the module's function."""
+    keyword = release_keyword(common.release_kv_cache, tree)
+    return lambda req, tree, keep: common.release_kv_cache(req, tree, **{keyword: keep})
+
+
+def tree_unlock_name(tree: Any) -> str:
+    """The tree method a release calls to drop the request's lock: `unlock(req.lock)`
+    (0.5.22 on), `unpin(req)` (0.5.21), `_dec_req_lock(req)` inside `cache_finished_req`
+    (0.5.20)."""
+    for name in ("unlock", "unpin", "_dec_req_lock"):
+        if callable(getattr(type(tree), name, None)):
+            return name
+    raise TypeError(f"{type(tree).__name__} has no lock release soak knows")
+
+
+def exclude_keyword(filter_batch: Callable[..., Any]) -> str:
+    """The keyword `ScheduleBatch.filter_batch` takes for the requests it must drop."""
+    names = [n for n in inspect.signature(filter_batch).parameters if n.endswith("_to_exclude")]
+    if len(names) != 1:
+        raise TypeError(f"filter_batch{inspect.signature(filter_batch)} has no one *_to_exclude")
+    return names[0]

@@ -1,0 +1,60 @@
+"""A few soak histories on one older SGLang release, in a process of its own (one SGLang per
+process): `python -m tests.release_soak WHEEL` prints one JSON line per history.
+
+Clean histories on each layout the release has (page sizes 1, 4 and 16, both tree cores where
+it has the Rust one; Mamba at page size 1), one with the `lock-leak` fault planted (only
+kvcanary's lock counts see it) and one with `double-free-group-end` (SGLang's checks see it
+too: they run on this release), each the seed-0 workload `kvcanary soak` gives its first
+history. For each: what kvcanary found (the top cause), whether SGLang's checks spoke, and
+how often the live accounting fell back to the whole `check` (0 where soak models the
+release exactly). First, the module of the tree core each core name builds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from kvcanary_cli.soak.command import history_workload
+from kvcanary_cli.soak.run import run_history
+from kvcanary_cli.soak.stack import StackSpec, build_stack, load_sglang
+
+#: (layout, page size, core, fault) of each history; a core the release lacks: the Python one
+HISTORIES = (
+    ("swa", 1, "python", None),
+    ("swa", 4, "rust", None),
+    ("swa", 16, "python", None),
+    ("unified", 4, "python", None),
+    ("mamba", 1, "rust", None),
+    ("swa", 4, "rust", "lock-leak"),
+    ("swa", 1, "python", "double-free-group-end"),
+)
+
+
+def main(wheel: str) -> None:
+    """Run `HISTORIES` on `wheel`'s SGLang, one JSON line each."""
+    modules = load_sglang(wheel)
+    # the tree core each core name builds (0.5.20 takes it from the environment)
+    built = {c: build_stack(modules, StackSpec(core=c)).tree.tree_core for c in modules.cores}
+    print(json.dumps({"cores": {c: type(core).__module__ for c, core in built.items()}}))
+    for layout, page_size, core, fault in HISTORIES:
+        core = core if core in modules.cores else "python"
+        spec = StackSpec.pressured(page_size, core, layout)
+        workload = history_workload(0, 0, 1, page_size, layout)
+        result = run_history(modules, spec, workload, fault=fault)
+        failure = result.failure
+        line = {
+            "layout": layout,
+            "page_size": page_size,
+            "core": core,
+            "fault": fault,
+            "steps": result.steps,
+            "found": None if failure is None else failure.key,
+            "sglang": sorted(result.sglang_counts),
+            "fallbacks": result.fallbacks,
+        }
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

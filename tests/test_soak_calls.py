@@ -1,0 +1,158 @@
+"""soak.calls: each release difference soak adapts to is read from what the objects have, in
+both shapes (0.5.22 on, and 0.5.21), on stand-in requests and functions."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvcanary_cli.soak.calls import (
+    checkpointer,
+    exclude_keyword,
+    extend_end,
+    held_lock,
+    prefix_len,
+    release_keyword,
+    releaser,
+    swa_boundary,
+    tree_unlock_name,
+)
+
+
+def _older_req(**kw: Any) -> SimpleNamespace:
+    fields = {
+        "prefix_indices": [7, 8, 9],
+        "extend_range": SimpleNamespace(start=3, end=11),
+        "lock_receipt": SimpleNamespace(node_id=None),
+        "last_node": None,
+        "swa_prefix_lock_released": False,
+    }
+    return SimpleNamespace(**{**fields, **kw})
+
+
+def test_prefix_and_extend_end_in_both_shapes() -> None:
+    assert (
+        prefix_len(SimpleNamespace(prefix_len=5)),
+        extend_end(SimpleNamespace(extend_end=9)),
+    ) == (5, 9)
+    assert (prefix_len(_older_req()), extend_end(_older_req())) == (3, 11)
+    assert extend_end(_older_req(extend_range=None)) is None
+
+
+def test_held_lock_in_both_shapes() -> None:
+    lock = SimpleNamespace(node=4, receipt="r", swa_released=True)
+    held = held_lock(SimpleNamespace(lock=lock))
+    assert held is not None and (held.node, held.receipt, held.swa_released) == (4, "r", True)
+    assert held.identity is lock
+    assert held_lock(SimpleNamespace(lock=None)) is None
+    # 0.5.21: the receipt on last_node; a receipt without a node holds nothing
+    assert held_lock(_older_req(last_node=4)) is None
+    receipt = SimpleNamespace(node_id=4)
+    older = held_lock(_older_req(last_node=4, lock_receipt=receipt, swa_prefix_lock_released=True))
+    assert older is not None and (older.node, older.swa_released) == (4, True)
+    assert older.receipt is receipt and older.identity is receipt
+
+
+def test_checkpoint_and_release_calls_in_both_shapes() -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def checkpoint_kv_cache(req: Any, tree: Any) -> None:
+        calls.append(("checkpoint", req, tree))
+
+    def maybe_cache_unfinished_req(req: Any, tree: Any, **kw: Any) -> None:
+        calls.append(("cache_unfinished", req, tree, kw))
+
+    def release_new(req: Any, tree: Any, *, checkpoint: bool) -> None:
+        calls.append(("release", checkpoint))
+
+    def release_old(req: Any, tree: Any, is_insert: bool = True) -> None:
+        calls.append(("release_old", is_insert))
+
+    newer = SimpleNamespace(checkpoint_kv_cache=checkpoint_kv_cache, release_kv_cache=release_new)
+    older = SimpleNamespace(
+        maybe_cache_unfinished_req=maybe_cache_unfinished_req, release_kv_cache=release_old
+    )
+    checkpointer(newer)("q", "t", True)
+    checkpointer(older)("q", "t", True)
+    checkpointer(older)("q", "t", False)
+    releaser(newer, object())("q", "t", False)
+    releaser(older, object())("q", "t", False)
+    assert calls == [
+        ("checkpoint", "q", "t"),
+        ("cache_unfinished", "q", "t", {"chunked": True}),
+        ("cache_unfinished", "q", "t", {}),
+        ("release", False),
+        ("release_old", False),
+    ]
+
+
+def test_a_wrapped_release_takes_the_keyword_the_trees_insert_names() -> None:
+    """A wrapper taking any keyword (a test's, a fault's): the tree says which release it is."""
+
+    def wrapper(req: Any, tree: Any, **kw: Any) -> None: ...
+
+    class Newer:
+        def checkpoint(self, req: Any, up_to: int) -> None: ...
+
+    class Older:
+        def insert_req(self, req: Any, up_to: int) -> None: ...
+
+    assert release_keyword(wrapper, Newer()) == "checkpoint"
+    assert release_keyword(wrapper, Older()) == "is_insert"
+
+
+def test_filter_and_unlock_names_in_both_shapes() -> None:
+    def newer(self: Any, reqs_to_exclude: Any = None) -> None: ...
+    def older(self: Any, chunked_req_to_exclude: Any = None, keep_indices: Any = None) -> None: ...
+    def neither(self: Any, keep_indices: Any = None) -> None: ...
+
+    assert exclude_keyword(newer) == "reqs_to_exclude"
+    assert exclude_keyword(older) == "chunked_req_to_exclude"
+    with pytest.raises(TypeError):
+        exclude_keyword(neither)
+
+    class Newer:
+        def unlock(self, lock: Any) -> None: ...
+
+    class Older:
+        def unpin(self, req: Any) -> None: ...
+
+    class Oldest:
+        def _dec_req_lock(self, req: Any, *, skip_swa: bool = False) -> None: ...
+
+    names = (tree_unlock_name(Newer()), tree_unlock_name(Older()), tree_unlock_name(Oldest()))
+    assert names == ("unlock", "unpin", "_dec_req_lock")
+    with pytest.raises(TypeError):
+        tree_unlock_name(object())
+
+
+def test_the_swa_boundary_by_component_or_in_its_own_field() -> None:
+    swa = "SWA"
+    assert swa_boundary(SimpleNamespace(component_lock_uuids={swa: 7}), swa) == 7
+    assert swa_boundary(SimpleNamespace(component_lock_uuids={}), swa) is None
+    assert swa_boundary(SimpleNamespace(swa_uuid_for_lock=9), swa) == 9  # 0.5.20
+
+
+def test_a_release_launching_triton_on_the_cpu_needs_it_interpreted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.5.21's paged allocator has no CPU path (no `use_triton_kernels`): past page size 1
+    it runs only where triton is interpreted, else one error line; a release with the switch,
+    and page size 1, run either way."""
+    from pathlib import Path
+
+    from kvcanary_cli.soak import stack
+
+    tree = stack.SGLangTree(Path("."), "0.5.21", "sglang.kernels.ops.kv_canary", "w.whl")
+    older = SimpleNamespace(full_attn_allocator=SimpleNamespace())
+    newer = SimpleNamespace(full_attn_allocator=SimpleNamespace(use_triton_kernels=False))
+    monkeypatch.setattr(stack, "triton_interpreted", lambda: False)
+    with pytest.raises(stack.SGLangUnavailableError, match="page size 4 needs them") as refused:
+        stack._require_kernels(tree, stack.StackSpec.pressured(4, "python"), older)
+    assert "\n" not in str(refused.value)
+    stack._require_kernels(tree, stack.StackSpec.pressured(1, "python"), older)
+    stack._require_kernels(tree, stack.StackSpec.pressured(4, "python"), newer)
+    monkeypatch.setattr(stack, "triton_interpreted", lambda: True)
+    stack._require_kernels(tree, stack.StackSpec.pressured(4, "python"), older)
