@@ -45,7 +45,14 @@ def _release(version: str, *marks: pytest.MarkDecorator) -> pytest.param:  # typ
     )
 
 
-@pytest.fixture(params=[_release(v) for v in VERSIONS], scope="module")
+#: The fast lane's releases: the oldest and the newest (the others repeat their paths).
+_FAST = (VERSIONS[0], VERSIONS[-1])
+
+
+@pytest.fixture(
+    params=[_release(v) if v in _FAST else _release(v, pytest.mark.slow) for v in VERSIONS],
+    scope="module",
+)
 def release(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:

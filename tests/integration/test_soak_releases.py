@@ -34,10 +34,11 @@ OWN_COMPLAINTS = {("0.5.20", "unified"): ["self_check_during_busy"]}
 
 
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
+    """A release's case: a soak subprocess of about 12 s, so the whole suite's, not the fast
+    lane's (which soaks 0.5.23)."""
     wheel = wheel_path(version)
-    return pytest.param(
-        version, marks=pytest.mark.skipif(wheel is None, reason=missing_wheel(version))
-    )
+    missing = pytest.mark.skipif(wheel is None, reason=missing_wheel(version))
+    return pytest.param(version, marks=[missing, pytest.mark.slow])
 
 
 @pytest.mark.parametrize("version", [_release(v) for v in SOAKED])
