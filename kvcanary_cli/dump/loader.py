@@ -25,7 +25,7 @@ still fault if the file is truncated while kvcanary runs (docs/guarantees.md).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from io import BufferedReader
@@ -87,8 +87,10 @@ __all__ = [
     "READ_LIMIT",
     "DtypeNote",
     "KvDump",
+    "NAMED_IGNORED",
     "RecordedException",
     "RejectedScalar",
+    "ignored_notes",
     "Scalar",
     "TensorInfo",
     "load_dump",
@@ -377,6 +379,21 @@ def _parse_int(key: str, text: str) -> int:
     return value
 
 
+#: Tensors a reader ignores named one by one in a dump's notes; the rest are counted (a file may
+#: hold any number: notes grow with what is wrong with the state, not with a file's extras).
+NAMED_IGNORED = 5
+
+
+def ignored_notes(names: Sequence[str], why: str) -> list[str]:
+    """A note for each of the first `NAMED_IGNORED` tensors a reader ignores, and one counting
+    the rest (`kvcanary inspect` lists every tensor)."""
+    notes = [f"ignored tensor {name!r} ({why})" for name in names[:NAMED_IGNORED]]
+    if len(names) > NAMED_IGNORED:
+        left = len(names) - NAMED_IGNORED
+        notes.append(f"ignored {left} more tensors ({why}; `kvcanary inspect` lists them all)")
+    return notes
+
+
 def load_dump(
     path: str | os.PathLike[str], *, overrides: Mapping[str, int | str | None] | None = None
 ) -> KvDump:
@@ -443,6 +460,7 @@ def _read_contents(
     arrays: dict[str, np.ndarray | SparseTensor] = {}
     infos: dict[str, TensorInfo] = {}
     scalar_tensors: dict[str, int] = {}
+    ignored: list[str] = []
     for name, entry in header.entries.items():
         if name in companions:
             infos[name] = TensorInfo(
@@ -481,13 +499,14 @@ def _read_contents(
         )
         if spec is None:
             if role is None:
-                notes.append(f"ignored tensor {name!r} (not part of format v{FORMAT_VERSION})")
+                ignored.append(name)
             continue
         _check_tensor(entry, spec)
         if entry.dtype != spec.canonical:
             dtype_notes.append(DtypeNote(tensor=name, found=entry.dtype, expected=spec.canonical))
         arrays[name] = _read_array(handle, entry)
 
+    notes += ignored_notes(ignored, f"not part of format v{FORMAT_VERSION}")
     layout = (header.metadata.get(LAYOUT_KEY) or Layout.PAGED.value).strip()
     metadata = header.metadata
     if layout not in tuple(Layout):

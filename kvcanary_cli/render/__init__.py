@@ -97,8 +97,6 @@ def render(
         case "inspect":
             from kvcanary_cli.render.markdown.inspect import inspect_markdown as markdown
             from kvcanary_cli.render.table.inspect import inspect_table as table
-
-            rows = {}
         case "plan":
             from kvcanary_cli.render.markdown.plan import plan_markdown as markdown
             from kvcanary_cli.render.table.plan import plan_table as table

@@ -24,6 +24,8 @@ class PoolTensor:
     dtype: str
     shape: tuple[int, ...]
     bytes: int
+    #: not a tensor of the engine's layout: the reader ignores it
+    ignored: bool
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -209,10 +209,11 @@ def test_unrecorded_counts_are_null_and_foreign_tensors_are_noted(tmp_path: Path
     assert all(r.num_tokens is None and r.num_computed is not None for r in d.requests)
     assert d.reverse_queue_length is None
     assert [n for n in d.notes if "debug.extra" in n] == [
-        "debug.extra: not a tensor of the vLLM layout, ignored"
+        "ignored tensor 'debug.extra' (not a tensor of the vLLM layout)"
     ]
-    assert ("debug.extra", "int64", (3,), 24) in [
-        (t.name, t.dtype, t.shape, t.bytes) for t in d.tensors
+    assert ("debug.extra", "int64", (3,), 24, True) in [
+        (t.name, t.dtype, t.shape, t.bytes, t.ignored) for t in d.tensors
     ]
+    assert not any(t.ignored for t in d.tensors if t.name != "debug.extra")
     assert {g.kind for g in d.groups} == {"full", "sliding_window"}
     assert any(g.null_entries for g in d.groups if g.window is not None)  # dropped by the window

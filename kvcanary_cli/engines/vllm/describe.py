@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from kvcanary_cli.dump.engine import StoredArrays
+from kvcanary_cli.dump.loader import ignored_notes
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
 from kvcanary_cli.engines.vllm.state import ENGINE, LAYOUT_TENSORS, VllmState
 from kvcanary_cli.results.pool_inspect import (
@@ -39,12 +40,8 @@ def _notes(stored: StoredArrays, state: VllmState) -> tuple[str, ...]:
             f"{s.requests_with_blocks} requests with blocks, {s.queue_length} queued, table "
             f"entries per group {', '.join(map(str, s.group_entries))}"
         )
-    notes += [
-        f"{name}: not a tensor of the vLLM layout, ignored"
-        for name in stored.arrays
-        if name not in LAYOUT_TENSORS
-    ]
-    return tuple(notes)
+    foreign = [name for name in stored.arrays if name not in LAYOUT_TENSORS]
+    return (*notes, *ignored_notes(foreign, "not a tensor of the vLLM layout"))
 
 
 def _reverse_length(state: VllmState) -> int | None:
@@ -117,6 +114,7 @@ def description_of(
                 dtype=array.dtype.name,
                 shape=tuple(int(n) for n in array.shape),
                 bytes=int(array.nbytes),
+                ignored=name not in LAYOUT_TENSORS,
             )
             for name, array in stored.arrays.items()
         ),

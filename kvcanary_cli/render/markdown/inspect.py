@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from kvcanary_cli.render.console import fmt_bytes
 from kvcanary_cli.render.markdown.blocks import code, table, text
-from kvcanary_cli.render.phrases.inspect import batch_facts, inspect_metadata, tensor_role
+from kvcanary_cli.render.phrases.inspect import (
+    batch_facts,
+    inspect_metadata,
+    shown_tensors,
+    tensor_role,
+)
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.safe_text import printable_record
@@ -12,10 +17,12 @@ from kvcanary_cli.safe_text import printable_record
 __all__ = ["inspect_markdown"]
 
 
-def inspect_markdown(dump: DumpDescription) -> str:
-    """Tensors, scalars, batch, shrink, identity and notes, as GitHub Markdown."""
+def inspect_markdown(dump: DumpDescription, *, max_rows: int) -> str:
+    """Tensors, scalars, batch, shrink, identity and notes, as GitHub Markdown; of the
+    tensors a reader ignores and the other metadata, the first `max_rows`."""
     dump = printable_record(dump)
     groups = ", ".join(f"{g.name} (window {g.window})" for g in dump.groups)
+    tensors, more_tensors = shown_tensors(dump.tensors, lambda t: t.role is None, max_rows)
     parts = [
         f"## kvcanary inspect: {code(dump.path, cell=False)}",
         f"{fmt_bytes(dump.file_bytes)}, format {text(dump.format or 'hand-made')}",
@@ -29,10 +36,11 @@ def inspect_markdown(dump: DumpDescription) -> str:
                     str(t.bytes),
                     text(tensor_role(t)),
                 ]
-                for t in dump.tensors
+                for t in tensors
             ],
             right={3},
         ),
+        *([text(more_tensors)] if more_tensors else []),
         table(
             ["scalar", "value", "source", "option"],
             [[code(s.name), text(s.value), text(s.source), code(s.option)] for s in dump.scalars],
@@ -53,11 +61,13 @@ def inspect_markdown(dump: DumpDescription) -> str:
                 right={2, 3, 4},
             )
         )
-    identity = inspect_metadata(dump)
+    identity, more = inspect_metadata(dump, max_rows)
     if identity:
         parts.append(
             table(["identity", "value"], [[code(k), text(v)] for k, v in identity.items()])
         )
+    if more is not None:
+        parts.append(text(more))
     if dump.notes:
         parts.append("\n".join(f"- {text(note)}" for note in dump.notes))
     return "\n\n".join(parts) + "\n"

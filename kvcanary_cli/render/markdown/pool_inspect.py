@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvcanary_cli.render.console import fmt_bytes
 from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.phrases.inspect import shown_metadata
 from kvcanary_cli.render.phrases.pool_inspect import (
     GROUP_COLUMNS,
     TENSOR_COLUMNS,
@@ -50,13 +51,16 @@ def pool_inspect_markdown(d: PoolDumpDescription, *, max_rows: int) -> str:
     more = more_requests(d, max_rows)
     if more is not None:
         parts.append(text(more))
+    tensors, more = tensor_rows(d, max_rows)
     parts.append(
         table(
             TENSOR_COLUMNS,
-            [[code(row[0]), *(text(c) for c in row[1:])] for row in tensor_rows(d)],
+            [[code(row[0]), *(text(c) for c in row[1:])] for row in tensors],
             right={3},
         )
     )
+    if more is not None:
+        parts.append(text(more))
     if d.shrink is not None:
         parts.append("\n".join(f"- {text(fact)}" for fact in shrink_facts(d.shrink)))
         parts.append(
@@ -66,10 +70,13 @@ def pool_inspect_markdown(d: PoolDumpDescription, *, max_rows: int) -> str:
                 right={2, 3, 4},
             )
         )
-    if d.metadata:
+    metadata, more = shown_metadata({}, d.metadata, max_rows)
+    if metadata:
         parts.append(
-            table(["metadata", "value"], [[code(k), text(v)] for k, v in d.metadata.items()])
+            table(["metadata", "value"], [[code(k), text(v)] for k, v in metadata.items()])
         )
+    if more is not None:
+        parts.append(text(more))
     if d.notes:
         parts.append("\n".join(f"- {text(note)}" for note in d.notes))
     return "\n\n".join(parts) + "\n"

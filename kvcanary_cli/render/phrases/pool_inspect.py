@@ -4,6 +4,7 @@ Markdown views say it: the pool's lines, and the rows of its groups, requests an
 from __future__ import annotations
 
 from kvcanary_cli.render.console import plural
+from kvcanary_cli.render.phrases.inspect import shown_tensors
 from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 
 __all__ = [
@@ -85,6 +86,9 @@ def more_requests(d: PoolDumpDescription, max_rows: int) -> str | None:
     return f"… {plural(more, 'more request')} (JSON has all)" if more > 0 else None
 
 
-def tensor_rows(d: PoolDumpDescription) -> list[list[str]]:
-    """Every tensor, in `TENSOR_COLUMNS`' order."""
-    return [[t.name, t.dtype, "x".join(map(str, t.shape)) or "[]", str(t.bytes)] for t in d.tensors]
+def tensor_rows(d: PoolDumpDescription, max_rows: int) -> tuple[list[list[str]], str | None]:
+    """Every tensor of the layout and the first `max_rows` others, in `TENSOR_COLUMNS`' order;
+    the line counting the rest (None: none left out)."""
+    shown, more = shown_tensors(d.tensors, lambda t: t.ignored, max_rows)
+    rows = [[t.name, t.dtype, "x".join(map(str, t.shape)) or "[]", str(t.bytes)] for t in shown]
+    return rows, more

@@ -12,7 +12,12 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.console import fmt_bytes
-from kvcanary_cli.render.phrases.inspect import batch_facts, inspect_metadata, tensor_role
+from kvcanary_cli.render.phrases.inspect import (
+    batch_facts,
+    inspect_metadata,
+    shown_tensors,
+    tensor_role,
+)
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.results.inspect import DumpDescription
@@ -21,8 +26,9 @@ from kvcanary_cli.safe_text import printable_record
 __all__ = ["inspect_table"]
 
 
-def inspect_table(dump: DumpDescription) -> RenderableType:
-    """Tensors, shrink, scalars, batch summary, identity and notes, one block each."""
+def inspect_table(dump: DumpDescription, *, max_rows: int) -> RenderableType:
+    """Tensors, shrink, scalars, batch summary, identity and notes, one block each; of the
+    tensors a reader ignores and the other metadata, the first `max_rows`."""
     dump = printable_record(dump)
     parts: list[RenderableType] = [
         Text(
@@ -33,10 +39,13 @@ def inspect_table(dump: DumpDescription) -> RenderableType:
     tensors = Table(title="tensors", title_justify="left")
     for col in ("name", "dtype", "shape", "bytes", "role"):
         tensors.add_column(col, justify="right" if col == "bytes" else "left")
-    for t in dump.tensors:
+    shown, more = shown_tensors(dump.tensors, lambda t: t.role is None, max_rows)
+    for t in shown:
         shape = "x".join(map(str, t.shape)) or "[]"
         tensors.add_row(*cells(t.name, t.dtype, shape, fmt_bytes(t.bytes), tensor_role(t)))
     parts.append(tensors)
+    if more is not None:
+        parts.append(Text(f"  {more}"))
     shrink = dump.shrink
     if shrink is not None:
         parts.append(Text("shrunk", style="bold"))
@@ -61,7 +70,7 @@ def inspect_table(dump: DumpDescription) -> RenderableType:
     for key, value in batch_facts(dump.batch):
         summary.add_row(*cells(key, value))
     parts.append(summary)
-    identity = inspect_metadata(dump)
+    identity, more = inspect_metadata(dump, max_rows)
     if identity:
         meta = Table(title="identity", title_justify="left", show_header=False)
         meta.add_column("key")
@@ -69,6 +78,8 @@ def inspect_table(dump: DumpDescription) -> RenderableType:
         for key, text in identity.items():
             meta.add_row(*cells(key, text))
         parts.append(meta)
+    if more is not None:
+        parts.append(Text(f"  {more}"))
     if dump.notes:
         parts.append(Text("notes:", style="bold"))
         parts.extend(Text(f"  - {note}") for note in dump.notes)

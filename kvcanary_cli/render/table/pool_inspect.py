@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcanary_cli.render.console import fmt_bytes
+from kvcanary_cli.render.phrases.inspect import shown_metadata
 from kvcanary_cli.render.phrases.pool_inspect import (
     GROUP_COLUMNS,
     TENSOR_COLUMNS,
@@ -51,18 +52,24 @@ def pool_inspect_table(d: PoolDumpDescription, *, max_rows: int) -> RenderableTy
     more = more_requests(d, max_rows)
     if more is not None:
         parts.append(Text(f"  {more}"))
-    parts.append(_table("tensors", TENSOR_COLUMNS, tensor_rows(d), left=3))
+    tensors, more = tensor_rows(d, max_rows)
+    parts.append(_table("tensors", TENSOR_COLUMNS, tensors, left=3))
+    if more is not None:
+        parts.append(Text(f"  {more}"))
     if d.shrink is not None:
         parts.append(Text("shrunk", style="bold"))
         parts += [Text(f"  {fact}", style="yellow") for fact in shrink_facts(d.shrink)]
         parts.append(_table("dropped", CUT_COLUMNS, cut_rows(d.shrink), left=2))
-    if d.metadata:
+    metadata, more = shown_metadata({}, d.metadata, max_rows)
+    if metadata:
         meta = Table(title="metadata", title_justify="left", show_header=False)
         meta.add_column("key")
         meta.add_column("value")
-        for key, value in d.metadata.items():
+        for key, value in metadata.items():
             meta.add_row(*cells(key, value))
         parts.append(meta)
+    if more is not None:
+        parts.append(Text(f"  {more}"))
     if d.notes:
         parts.append(Text("notes:", style="bold"))
         parts += [Text(f"  - {note}") for note in d.notes]
