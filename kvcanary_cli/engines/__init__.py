@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from kvcanary_cli.dump.atomic import write_safetensors
-from kvcanary_cli.dump.engine import read_arrays
+from kvcanary_cli.dump.engine import StoredArrays, read_arrays
 from kvcanary_cli.dump.header import dump_engine
 from kvcanary_cli.dump.schema import POOL_ENGINES, SGLANG
 from kvcanary_cli.errors import DumpError, OptionError
@@ -56,10 +56,17 @@ def _unknown(engine: str, path: PathLike) -> DumpError:
     )
 
 
+def _read(path: PathLike) -> StoredArrays:
+    """A block-pool dump's arrays, its layout's only (vLLM's, the one such engine)."""
+    from kvcanary_cli.engines.vllm.state import LAYOUT_TENSORS
+
+    return read_arrays(path, keep=LAYOUT_TENSORS.__contains__)
+
+
 def check_pool_dump(path: PathLike) -> PoolDumpReport:
     """A block-pool dump checked; an unreadable one is a report with its `error`."""
     try:
-        stored = read_arrays(path)
+        stored = _read(path)
         if stored.engine != "vllm":
             raise _unknown(stored.engine, path)
         from kvcanary_cli.engines.vllm import check_dump
@@ -74,7 +81,7 @@ def check_pool_dump(path: PathLike) -> PoolDumpReport:
 def describe_pool_dump(path: PathLike) -> PoolDumpDescription:
     """What a block-pool dump holds (`inspect`), read as `check` reads it: a `DumpError`
     naming the file on bad input."""
-    stored = read_arrays(path)
+    stored = _read(path)
     if stored.engine != "vllm":
         raise _unknown(stored.engine, path)
     from kvcanary_cli.engines.vllm import describe_dump
@@ -88,7 +95,7 @@ def describe_pool_dump(path: PathLike) -> PoolDumpDescription:
 
 def pool_provenance(path: PathLike, block: int) -> PoolProvenance:
     """One block of a block-pool dump: holders, queue places, hash, findings."""
-    stored = read_arrays(path)
+    stored = _read(path)
     if stored.engine != "vllm":
         raise _unknown(stored.engine, path)
     from kvcanary_cli.engines.vllm import provenance
@@ -98,7 +105,7 @@ def pool_provenance(path: PathLike, block: int) -> PoolProvenance:
 
 def pool_timeline(paths: list[PathLike], *, keep_order: bool) -> PoolTimelineReport:
     """What changed between snapshots of one block pool (`timeline`, `diff`)."""
-    stored = [read_arrays(p) for p in paths]
+    stored = [_read(p) for p in paths]
     for s in stored:
         if s.engine != "vllm":
             raise _unknown(s.engine, s.path)
@@ -111,7 +118,7 @@ def shrink_pool_dump(
     path: PathLike, out: PathLike, *, kvcanary_version: str, force: bool = False
 ) -> ShrinkResult:
     """A block-pool dump's small dump, written at `out` (the engine chooses what it keeps)."""
-    stored = read_arrays(path)
+    stored = _read(path)
     if stored.engine != "vllm":
         raise _unknown(stored.engine, path)
     from kvcanary_cli.engines.vllm import shrink_dump

@@ -10,6 +10,7 @@ import numpy as np
 
 from kvcanary_cli.dump.engine import StoredArrays
 from kvcanary_cli.dump.loader import ignored_notes
+from kvcanary_cli.dump.schema import dtype_label
 from kvcanary_cli.dump.shrink_record import ShrinkRecord
 from kvcanary_cli.engines.vllm.state import ENGINE, LAYOUT_TENSORS, VllmState
 from kvcanary_cli.results.pool_inspect import (
@@ -40,7 +41,7 @@ def _notes(stored: StoredArrays, state: VllmState) -> tuple[str, ...]:
             f"{s.requests_with_blocks} requests with blocks, {s.queue_length} queued, table "
             f"entries per group {', '.join(map(str, s.group_entries))}"
         )
-    foreign = [name for name in stored.arrays if name not in LAYOUT_TENSORS]
+    foreign = [name for name in (*stored.arrays, *stored.unread) if name not in LAYOUT_TENSORS]
     return (*notes, *ignored_notes(foreign, "not a tensor of the vLLM layout"))
 
 
@@ -117,6 +118,16 @@ def description_of(
                 ignored=name not in LAYOUT_TENSORS,
             )
             for name, array in stored.arrays.items()
+        )
+        + tuple(
+            PoolTensor(
+                name=name,
+                dtype=dtype_label(entry.dtype),
+                shape=entry.shape,
+                bytes=entry.nbytes,
+                ignored=True,
+            )
+            for name, entry in stored.unread.items()
         ),
         metadata=dict(state.extra),
         shrink=None if record is None else ShrinkSummary.of(record, stored.path.name),
