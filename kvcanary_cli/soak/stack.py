@@ -393,19 +393,13 @@ def _interpret_triton() -> None:
         spec = None
     if spec is None or isinstance(spec.loader, _Standins):
         return
-    before = os.environ.get(_INTERPRET)
-    os.environ[_INTERPRET] = "1"
-    try:
-        importlib.import_module("triton.language")
-        knobs = importlib.import_module("triton.knobs").runtime
-        knobs.__dict__["interpret"] = True  # the knob's own override, not the environment
-    except Exception:  # noqa: S110  (a broken triton: SGLang's import says what fails)
-        pass
-    finally:
-        if before is None:
-            os.environ.pop(_INTERPRET, None)
-        else:
-            os.environ[_INTERPRET] = before
+    with _environment(_INTERPRET, "1"):
+        try:
+            importlib.import_module("triton.language")
+            knobs = importlib.import_module("triton.knobs").runtime
+            knobs.__dict__["interpret"] = True  # the knob's own override, not the environment
+        except Exception:  # noqa: S110  (a broken triton: SGLang's import says what fails)
+            pass
 
 
 _INTERPRET = "TRITON_INTERPRET"
