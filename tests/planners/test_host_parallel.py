@@ -141,7 +141,21 @@ def test_sigterm_in_a_child_stops_the_run_as_sigterm() -> None:
     assert stopped.type is Terminated
 
 
-def test_a_run_stopped_while_its_children_work_kills_them() -> None:
+#: Set: every fork of this process lingers in its after-fork hooks (registered once; a hook
+#: cannot be taken back), where a stop that reaches the process lands in the next test.
+_LINGER_AFTER_FORK = threading.Event()
+
+
+def _linger() -> None:
+    if _LINGER_AFTER_FORK.is_set():
+        time.sleep(0.5)
+
+
+os.register_at_fork(after_in_parent=_linger)
+
+
+@pytest.mark.parametrize("bystander", [False, True], ids=["alone", "with-another-thread"])
+def test_a_run_stopped_while_its_children_work_kills_them(bystander: bool) -> None:
     """Stopped while waiting (Ctrl-C, SIGTERM), the parent kills its children rather than
     leave them re-parented to finish (or never finish) their parts. The first child stops the
     parent (SIGINT) as soon as it runs; the parent's handler notes its children, then raises.
@@ -149,7 +163,14 @@ def test_a_run_stopped_while_its_children_work_kills_them() -> None:
     One child signals, not both: a second SIGINT could reach this process after the test put
     pytest's handler back, and raise in whatever the next test runs (between taking a lock and
     the `try` that gives it back, logging's module lock once, which left the next fork in
-    another thread, and then every executor of that worker, waiting forever)."""
+    another thread, and then every executor of that worker, waiting forever).
+
+    With another thread in the process (a test's, a library's), Ctrl-C goes to that thread
+    while the forking one holds it back, and Python runs the handler in the main thread at its
+    next instruction: inside `os.fork`'s after-fork hooks (logging's own among them), where
+    the KeyboardInterrupt is swallowed ("Exception ignored") and, in logging's, left its lock
+    held, so the next fork waited forever. The stop is kept for after the fork instead; the
+    forks linger in their hooks here so that the stop lands there."""
     parent = os.getpid()
     before = {child.pid for child in psutil.Process(parent).children()}  # not this run's
     children: list[psutil.Process] = []
@@ -166,63 +187,21 @@ def test_a_run_stopped_while_its_children_work_kills_them() -> None:
     def forever() -> None:
         time.sleep(60)
 
+    waiting = threading.Event()
+    other = threading.Thread(target=waiting.wait)
     previous = signal.signal(signal.SIGINT, stop)
+    if bystander:
+        other.start()
+        _LINGER_AFTER_FORK.set()
     try:
         with pytest.raises(KeyboardInterrupt):
             host_parallel.run_parts([signalling, forever])
     finally:
-        signal.signal(signal.SIGINT, previous)
-        _, alive = psutil.wait_procs(children, timeout=0)
-        for child in alive:
-            child.kill()
-    assert children and alive == []
-
-
-#: Set: every fork of this process lingers in its after-fork hooks (registered once; a hook
-#: cannot be taken back), where a stop that reaches the process lands in the next test.
-_LINGER_AFTER_FORK = threading.Event()
-
-
-def _linger() -> None:
-    if _LINGER_AFTER_FORK.is_set():
-        time.sleep(0.5)
-
-
-os.register_at_fork(after_in_parent=_linger)
-
-
-def test_a_stop_while_forking_with_another_thread_stops_the_run() -> None:
-    """With another thread in the process (a test's, a library's), Ctrl-C goes to that thread
-    while the forking one holds it back, and Python runs the handler in the main thread at its
-    next instruction: inside `os.fork`'s after-fork hooks (logging's own among them), where
-    the KeyboardInterrupt is swallowed ("Exception ignored") and, in logging's, left its lock
-    held, so the next fork waited forever. The stop is kept for after the fork instead."""
-    parent = os.getpid()
-    before = {child.pid for child in psutil.Process(parent).children()}
-    children: list[psutil.Process] = []
-    waiting = threading.Event()
-    bystander = threading.Thread(target=waiting.wait)
-
-    def stop(signum: int, frame: object) -> None:
-        if not children:
-            children.extend(c for c in psutil.Process(parent).children() if c.pid not in before)
-            raise KeyboardInterrupt
-
-    def signalling() -> None:
-        os.kill(parent, signal.SIGINT)
-        time.sleep(60)
-
-    previous = signal.signal(signal.SIGINT, stop)
-    bystander.start()
-    _LINGER_AFTER_FORK.set()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            host_parallel.run_parts([signalling, lambda: time.sleep(60)])
-    finally:
         _LINGER_AFTER_FORK.clear()
         signal.signal(signal.SIGINT, previous)
         waiting.set()
-        bystander.join()
+        if bystander:
+            other.join()
         _, alive = psutil.wait_procs(children, timeout=0)
         for child in alive:
             child.kill()
