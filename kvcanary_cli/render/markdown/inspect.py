@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvcanary_cli.render.console import fmt_bytes
 from kvcanary_cli.render.markdown.blocks import code, table, text
 from kvcanary_cli.render.phrases.inspect import (
@@ -14,7 +16,7 @@ from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_fac
 from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.safe_text import printable_record
 
-__all__ = ["inspect_markdown"]
+__all__ = ["inspect_markdown", "metadata_and_notes"]
 
 
 def inspect_markdown(dump: DumpDescription, *, max_rows: int) -> str:
@@ -62,12 +64,20 @@ def inspect_markdown(dump: DumpDescription, *, max_rows: int) -> str:
             )
         )
     identity, more = inspect_metadata(dump, max_rows)
-    if identity:
-        parts.append(
-            table(["identity", "value"], [[code(k), text(v)] for k, v in identity.items()])
-        )
+    parts += metadata_and_notes("identity", identity, more, dump.notes)
+    return "\n\n".join(parts) + "\n"
+
+
+def metadata_and_notes(
+    title: str, metadata: dict[str, str], more: str | None, notes: Sequence[str]
+) -> list[str]:
+    """The tail of either engine's view: the metadata shown (`title`d), the line counting the
+    keys left out, then the notes."""
+    parts = []
+    if metadata:
+        parts.append(table([title, "value"], [[code(k), text(v)] for k, v in metadata.items()]))
     if more is not None:
         parts.append(text(more))
-    if dump.notes:
-        parts.append("\n".join(f"- {text(note)}" for note in dump.notes))
-    return "\n\n".join(parts) + "\n"
+    if notes:
+        parts.append("\n".join(f"- {text(note)}" for note in notes))
+    return parts

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvcanary_cli.render.console import fmt_bytes
 from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.markdown.inspect import metadata_and_notes
 from kvcanary_cli.render.phrases.inspect import shown_metadata
 from kvcanary_cli.render.phrases.pool_inspect import (
     GROUP_COLUMNS,
@@ -70,13 +71,5 @@ def pool_inspect_markdown(d: PoolDumpDescription, *, max_rows: int) -> str:
                 right={2, 3, 4},
             )
         )
-    metadata, more = shown_metadata({}, d.metadata, max_rows)
-    if metadata:
-        parts.append(
-            table(["metadata", "value"], [[code(k), text(v)] for k, v in metadata.items()])
-        )
-    if more is not None:
-        parts.append(text(more))
-    if d.notes:
-        parts.append("\n".join(f"- {text(note)}" for note in d.notes))
+    parts += metadata_and_notes("metadata", *shown_metadata({}, d.metadata, max_rows), d.notes)
     return "\n\n".join(parts) + "\n"

@@ -7,6 +7,8 @@ never read as rich markup.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -23,7 +25,7 @@ from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.results.inspect import DumpDescription
 from kvcanary_cli.safe_text import printable_record
 
-__all__ = ["inspect_table"]
+__all__ = ["inspect_table", "metadata_and_notes"]
 
 
 def inspect_table(dump: DumpDescription, *, max_rows: int) -> RenderableType:
@@ -71,16 +73,26 @@ def inspect_table(dump: DumpDescription, *, max_rows: int) -> RenderableType:
         summary.add_row(*cells(key, value))
     parts.append(summary)
     identity, more = inspect_metadata(dump, max_rows)
-    if identity:
-        meta = Table(title="identity", title_justify="left", show_header=False)
+    parts += metadata_and_notes("identity", identity, more, dump.notes)
+    return Group(*parts)
+
+
+def metadata_and_notes(
+    title: str, metadata: dict[str, str], more: str | None, notes: Sequence[str]
+) -> list[RenderableType]:
+    """The tail of either engine's view: the metadata shown (`title`d), the line counting the
+    keys left out, then the notes."""
+    parts: list[RenderableType] = []
+    if metadata:
+        meta = Table(title=title, title_justify="left", show_header=False)
         meta.add_column("key")
         meta.add_column("value")
-        for key, text in identity.items():
-            meta.add_row(*cells(key, text))
+        for key, value in metadata.items():
+            meta.add_row(*cells(key, value))
         parts.append(meta)
     if more is not None:
         parts.append(Text(f"  {more}"))
-    if dump.notes:
+    if notes:
         parts.append(Text("notes:", style="bold"))
-        parts.extend(Text(f"  - {note}") for note in dump.notes)
-    return Group(*parts)
+        parts.extend(Text(f"  - {note}") for note in notes)
+    return parts

@@ -24,6 +24,7 @@ from kvcanary_cli.render.phrases.pool_inspect import (
 )
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.render.table.common import cells
+from kvcanary_cli.render.table.inspect import metadata_and_notes
 from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 from kvcanary_cli.safe_text import printable_record
 
@@ -60,17 +61,5 @@ def pool_inspect_table(d: PoolDumpDescription, *, max_rows: int) -> RenderableTy
         parts.append(Text("shrunk", style="bold"))
         parts += [Text(f"  {fact}", style="yellow") for fact in shrink_facts(d.shrink)]
         parts.append(_table("dropped", CUT_COLUMNS, cut_rows(d.shrink), left=2))
-    metadata, more = shown_metadata({}, d.metadata, max_rows)
-    if metadata:
-        meta = Table(title="metadata", title_justify="left", show_header=False)
-        meta.add_column("key")
-        meta.add_column("value")
-        for key, value in metadata.items():
-            meta.add_row(*cells(key, value))
-        parts.append(meta)
-    if more is not None:
-        parts.append(Text(f"  {more}"))
-    if d.notes:
-        parts.append(Text("notes:", style="bold"))
-        parts += [Text(f"  - {note}") for note in d.notes]
+    parts += metadata_and_notes("metadata", *shown_metadata({}, d.metadata, max_rows), d.notes)
     return Group(*parts)
