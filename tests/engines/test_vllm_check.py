@@ -22,6 +22,7 @@ from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.state import state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, build
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
+from tests.engines.bad_dumps import broken_vllm_contents
 
 FAULTS = [name for name, s in SCENARIOS.items() if s.plant is not None]
 runner = CliRunner()
@@ -141,15 +142,7 @@ def test_provenance_of_a_block(dumps: dict[str, Path]) -> None:
 
 
 def test_bad_vllm_dumps_are_one_line_exit_2(tmp_path: Path, dumps: dict[str, Path]) -> None:
-    tensors, meta = build("vllm-clean", seed=1).contents()
-    gap = dict(tensors, **{"vllm.table_index": tensors["vllm.table_index"] + 1})
-    cases = {
-        "missing": ({k: v for k, v in tensors.items() if k != "vllm.ref_cnt"}, meta),
-        "gap": (gap, meta),
-        "groups": (tensors, dict(meta, **{"vllm.groups": "[{"})),
-        "engine": (tensors, dict(meta, **{"kvcanary.engine": "trtllm"})),
-    }
-    for name, (t, m) in cases.items():
+    for name, (t, m) in broken_vllm_contents(**{"kvcanary.engine": "trtllm"}).items():
         path = write_safetensors(tmp_path / f"{name}.st", t, m)
         out = runner.invoke(app, ["check", str(path)])
         assert out.exit_code == 2, (name, out.output)

@@ -23,6 +23,7 @@ from kvcanary_cli.engines.vllm.synth import build
 from kvcanary_cli.render import OutputFormat, render
 from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 from kvcanary_cli.results.record import record_keys
+from tests.engines.bad_dumps import broken_vllm_contents
 from tests.render.record_schema import RECORDS, validate
 
 SCENARIOS = ["vllm-clean", "vllm-hybrid-clean", "vllm-double-free", "vllm-queue-broken"]
@@ -183,15 +184,7 @@ def test_text_from_the_dump_is_shown_escaped(tmp_path: Path) -> None:
 
 
 def test_a_malformed_vllm_dump_is_one_line_exit_2(tmp_path: Path) -> None:
-    tensors, meta = build("vllm-clean", seed=1).contents()
-    gap = dict(tensors, **{"vllm.table_index": tensors["vllm.table_index"] + 1})
-    cases = {
-        "missing": ({k: v for k, v in tensors.items() if k != "vllm.ref_cnt"}, meta),
-        "gap": (gap, meta),
-        "groups": (tensors, dict(meta, **{"vllm.groups": "[{"})),
-        "shrunk": (tensors, dict(meta, **{"vllm.shrunk": "{}"})),
-    }
-    for name, (t, m) in cases.items():
+    for name, (t, m) in broken_vllm_contents(**{"vllm.shrunk": "{}"}).items():
         path = write_safetensors(tmp_path / f"{name}.st", t, m)
         out = runner.invoke(app, ["inspect", str(path)])
         assert out.exit_code == 2, (name, out.output)
