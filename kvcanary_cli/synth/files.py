@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TypedDict
 
 from kvcanary_cli.dump.files import Target, same_target, write_all_atomically, write_atomically
 from kvcanary_cli.errors import OptionError
@@ -16,39 +15,26 @@ from kvcanary_cli.synth.scenarios import make_scenario
 from kvcanary_cli.synth.sequence import write_sequence
 from kvcanary_cli.synth.server_log import scenario_log
 
-__all__ = ["SynthOptions", "write_scenario", "write_synth"]
+__all__ = ["write_scenario", "write_synth"]
 
 PathLike = str | os.PathLike[str]
-
-
-class SynthOptions(TypedDict, total=False):
-    """`write_synth`'s keyword options, for the API that passes them on."""
-
-    seed: int
-    size: str
-    log: PathLike | None
-    force: bool
-    page_size: int | None
-    steps: int | None
-    at: int | None
-    every: int | None
 
 
 def write_synth(
     scenario: str | None,
     out: PathLike | None,
     *,
-    seed: int = 0,
-    size: str = "tiny",
-    log: PathLike | None = None,
-    force: bool = False,
-    page_size: int | None = None,
-    steps: int | None = None,
-    at: int | None = None,
-    every: int | None = None,
+    seed: int,
+    size: str,
+    log: PathLike | None,
+    force: bool,
+    page_size: int | None,
+    steps: int | None,
+    at: int | None,
+    every: int | None,
 ) -> str:
     """`write_scenario`, or with `steps` a sequence's `steps` dumps of one rank in the folder
-    `out`, once their options are checked."""
+    `out`, once their options are checked (`api.synth` holds their defaults)."""
     checked_integer(seed, "seed", INDEX)
     if page_size is not None:
         checked_integer(page_size, "page_size", PAGE_SIZE)
