@@ -84,9 +84,13 @@ def _cache_dir() -> Path:
     return Path(base) / "wheels"
 
 
-#: Earlier releases with kv canary the release tests run against (each fetched like the
-#: 0.5.23 wheel, `pip download sglang==V --no-deps`; a test is skipped without its wheel).
-RELEASES = ("0.5.13", "0.5.16", "0.5.20", "0.5.21")
+#: Earlier releases with kv canary the release tests run against: every one (each fetched
+#: like the 0.5.23 wheel, `pip download sglang==V --no-deps`; a test is skipped without its
+#: wheel).
+RELEASES = (
+    *("0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"),
+    *("0.5.21", "0.5.22"),
+)
 
 
 def wheel_path(version: str = WHEEL_VERSION) -> Path | None:
@@ -125,7 +129,7 @@ def missing_wheel(version: str) -> str:
     )
 
 
-#: 0.5.13 .. 0.5.19's layout: kv canary under `jit_kernel`, whose `utils` module is the JIT
+#: 0.5.13 .. 0.5.16's layout: kv canary under `jit_kernel`, whose `utils` module is the JIT
 #: toolchain (stubbed as for 0.5.23).
 _OLD_CANARY = "sglang/jit_kernel/kv_canary/"
 _OLD_STUBS = {
@@ -138,7 +142,7 @@ _OLD_STUBS = {
 
 def extract_release(wheel: Path, root: Path, version: str) -> Path:
     """`extract_kv_canary` for any release with kv canary: the plan launcher's modules in the
-    release's own layout (`kernels/ops` from 0.5.20, `jit_kernel` before; `_dispatch.py` only
+    release's own layout (`kernels/ops` from 0.5.17, `jit_kernel` before; `_dispatch.py` only
     where the release has it), the stubs that layout needs, and the package metadata."""
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())

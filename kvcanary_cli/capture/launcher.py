@@ -48,7 +48,7 @@ DUMP_DIR_ENV = "KVCANARY_DUMP_DIR"
 #: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
 SGLANG_PLAN_MODULE = LAUNCHER_MODULE
 SGLANG_PLAN_FUNCTION = LAUNCHER_FUNCTION
-#: The launcher's module in every release with kv canary: 0.5.20 on, then 0.5.13 .. 0.5.19
+#: The launcher's module in every release with kv canary: 0.5.17 on, then 0.5.13 .. 0.5.16
 #: (`jit_kernel/kv_canary/plan/api.py`).
 SGLANG_PLAN_MODULES = PLAN_MODULES
 
@@ -71,7 +71,7 @@ def install_sglang_hook(
     environment) write into the same directory.
 
     `module` is the module holding `launch_canary_plan_kernels` (default: import
-    `sglang.kernels.ops.kv_canary.plan.api`, else 0.5.13 .. 0.5.19's
+    `sglang.kernels.ops.kv_canary.plan.api`, else 0.5.13 .. 0.5.16's
     `sglang.jit_kernel.kv_canary.plan.api`). `rank` defaults, at dump time, to `$RANK`, else
     the torch.distributed rank when initialised, else `$LOCAL_RANK`, else 0. Installing again
     replaces the wrapper (the new `dump_dir` and `rank` apply) instead of stacking a second one;

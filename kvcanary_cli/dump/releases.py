@@ -4,7 +4,7 @@ kv canary ships in every release from 0.5.13 to 0.5.23 with one planner semantic
 set, fail bits, log format and error text; what moved is where its modules live and what the
 allocators and launcher offer around it (read from each release's wheel):
 
-- 0.5.13 .. 0.5.19: the package is `sglang.jit_kernel.kv_canary`; 0.5.20 on:
+- 0.5.13 .. 0.5.16: the package is `sglang.jit_kernel.kv_canary`; 0.5.17 on:
   `sglang.kernels.ops.kv_canary`.
 - before 0.5.20 an allocator has no `get_all_free_pages()`: its free pages are `free_pages`
   plus the staged `release_pages`.
@@ -38,7 +38,7 @@ FIRST_RELEASE = (0, 5, 13)
 LAST_RELEASE = (0, 5, 23)
 #: The dump metadata key the capture hook stamps with the server's SGLang version.
 METADATA_KEY = "sglang.version"
-#: kv canary's package, newest layout first: 0.5.20 on, then 0.5.13 .. 0.5.19.
+#: kv canary's package, newest layout first: 0.5.17 on, then 0.5.13 .. 0.5.16.
 KV_CANARY_PACKAGES = ("sglang.kernels.ops.kv_canary", "sglang.jit_kernel.kv_canary")
 #: The plan launcher's module in each layout.
 PLAN_MODULES = tuple(f"{package}.plan.api" for package in KV_CANARY_PACKAGES)

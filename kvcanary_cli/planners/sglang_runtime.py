@@ -1,7 +1,7 @@
 """Where the installed SGLang is loaded: its plan launcher, checked against kvcanary's model.
 
 SGLang is imported the normal way (`sglang.kernels.ops.kv_canary.plan.api`, or 0.5.13 ..
-0.5.19's `sglang.jit_kernel.kv_canary.plan.api`, which import the `sglang` package and with it
+0.5.16's `sglang.jit_kernel.kv_canary.plan.api`, which import the `sglang` package and with it
 the server), and only when an SGLang planner first needs it:
 never when kvcanary itself is imported, so `kvcanary --help` stays light. Before the import,
 triton's environment is prepared as for kvcanary's own kernels (`triton_runtime`), since
@@ -46,7 +46,12 @@ __all__ = [
 
 #: SGLang releases whose kv-canary plan step kvcanary's planners were verified against, by
 #: running SGLang's own code on every synthetic scenario (`kvcanary selftest --sglang`).
-VERIFIED_VERSIONS: tuple[str, ...] = ("0.5.13", "0.5.16", "0.5.20", "0.5.21", "0.5.23")
+VERIFIED_VERSIONS: tuple[str, ...] = (
+    *("0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"),
+    *("0.5.21", "0.5.22", "0.5.23"),
+)
+#: The same releases in words, for error lines: every release from the first to the last.
+VERIFIED_RANGE = f"{VERIFIED_VERSIONS[0]} to {VERIFIED_VERSIONS[-1]}"
 
 #: SGLang's torch reference of the launcher (what the launcher runs off CUDA from 0.5.21).
 REFERENCE_MODULE = "sglang.kernels.ops.kv_canary.plan_ref"
@@ -77,8 +82,7 @@ _ALTERNATIVES = {
 def _hint(option: str) -> str:
     """What to do instead, for the option that asked for SGLang."""
     default = "without --sglang, selftest checks kvcanary's model of SGLang {v} alone"
-    releases = f"{VERIFIED_VERSIONS[0]} to {VERIFIED_VERSIONS[-1]}"
-    return _ALTERNATIVES.get(option, default).format(v=releases)
+    return _ALTERNATIVES.get(option, default).format(v=VERIFIED_RANGE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +99,7 @@ class SGLangLauncher:
     #: `module:function` that `launch` is.
     where: str
     #: kv canary's package in this release (`sglang.kernels.ops.kv_canary`, or 0.5.13 ..
-    #: 0.5.19's `sglang.jit_kernel.kv_canary`).
+    #: 0.5.16's `sglang.jit_kernel.kv_canary`).
     package: str = KV_CANARY_PACKAGES[0]
     #: True when `launch` is the reference called directly because this release's launcher
     #: would run the device kernels off CUDA (before 0.5.21).
@@ -154,8 +158,7 @@ def _import(module: str, *, option: str, version: str | None) -> Any:
             ) from None
         if module == missing or module.startswith(missing + "."):
             raise PlannerUnavailableError(
-                f"{_named(version)} has no {module} (kvcanary models SGLang "
-                f"{', '.join(VERIFIED_VERSIONS)})",
+                f"{_named(version)} has no {module} (kvcanary models SGLang {VERIFIED_RANGE})",
                 option=option,
                 hint=_hint(option),
             ) from None
@@ -213,7 +216,7 @@ def _output_type(
         what = "is missing" if cls is None else f"lacks {', '.join(lacking) or 'allocate()'}"
         raise PlannerUnavailableError(
             f"{_named(version)}: {module.__name__}.{name} {what}, unlike the SGLang "
-            f"{', '.join(VERIFIED_VERSIONS)} kvcanary models",
+            f"{VERIFIED_RANGE} kvcanary models",
             option=option,
             hint=_hint(option),
         )
@@ -263,7 +266,7 @@ def _load(
     if problems:
         raise PlannerUnavailableError(
             f"{_named(version)}'s {name} does not match the signature kvcanary models "
-            f"(SGLang {', '.join(VERIFIED_VERSIONS)}): {'; '.join(problems)}",
+            f"(SGLang {VERIFIED_RANGE}): {'; '.join(problems)}",
             option=option,
             hint=_hint(option),
         )

@@ -1,13 +1,13 @@
-"""kvcanary against every release with kv canary it was checked on: 0.5.13, 0.5.16, 0.5.20,
-0.5.21 and 0.5.23, each from its own release wheel (fetched like the 0.5.23 wheel; a release
-whose wheel is not cached is skipped).
+"""kvcanary against every release with kv canary, 0.5.13 to 0.5.23, each from its own release
+wheel (fetched like the 0.5.23 wheel; a release whose wheel is not cached is skipped).
 
-The releases keep kv canary under two package paths and differ in what their launcher does
-off CUDA; the planner semantics are one. So on each release: `--kernel sglang` finds the
-launcher in that release's layout, calls its torch reference (directly before 0.5.21, where
-the launcher would run the device kernels on the CPU), and agrees with kvcanary's model on
-every scenario; and the capture hook finds the launcher, dumps a raising call and stamps the
-release in the dump.
+The releases keep kv canary under two package paths (`jit_kernel` before 0.5.17) and differ in
+what their launcher does off CUDA; the planner semantics are one. So on each release:
+`--kernel sglang` finds the launcher in that release's layout, calls its torch reference
+(directly before 0.5.21, where the launcher would run the device kernels on the CPU), and
+agrees with kvcanary's model on every scenario; and the capture hook finds the launcher, dumps
+a raising call and stamps the release in the dump. The releases tested here are the ones
+`selftest` says kvcanary's model was verified on.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.releases import parse_release
 from kvcanary_cli.planners import make_selftest_planners
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
-from kvcanary_cli.planners.sglang_runtime import load_launcher
+from kvcanary_cli.planners.sglang_runtime import VERIFIED_VERSIONS, load_launcher
 from tests.helpers import VECTORIZED
 from tests.sglang_standin import forget_sglang
 from tests.sglang_wheel import RELEASES, WHEEL_VERSION, extract_release, missing_wheel, wheel_path
@@ -68,6 +68,10 @@ def release(
     forget_sglang()
 
 
+def test_the_releases_said_verified_are_the_ones_tested_here() -> None:
+    assert VERIFIED_VERSIONS == VERSIONS
+
+
 def _before(version: str, release: tuple[int, int, int]) -> bool:
     parsed = parse_release(version)
     assert parsed is not None
@@ -77,7 +81,7 @@ def _before(version: str, release: tuple[int, int, int]) -> bool:
 def test_the_launcher_is_found_in_the_releases_layout(release: str) -> None:
     launcher = load_launcher()
     assert launcher.version == release
-    old_layout = _before(release, (0, 5, 20))
+    old_layout = _before(release, (0, 5, 17))
     assert launcher.package == (
         "sglang.jit_kernel.kv_canary" if old_layout else "sglang.kernels.ops.kv_canary"
     )

@@ -87,7 +87,8 @@ def selftest_table(report: SelftestReport) -> RenderableType:
 def sglang_line(report: SelftestReport) -> str:
     """What SGLang is here, whether it ran, and the versions kvcanary models."""
     sglang = report.sglang
-    verified = ", ".join(sglang.verified)
+    first, last = (sglang.verified[0], sglang.verified[-1]) if sglang.verified else ("?", "?")
+    verified = f"{first} to {last} ({len(sglang.verified)} releases, each checked)"
     if sglang.run:
         how = "its CUDA kernels" if sglang.mode == "cuda" else "its torch reference (no CUDA)"
         state = f"installed {sglang.installed or 'unknown'}, run: {how}"
