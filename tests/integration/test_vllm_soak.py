@@ -164,3 +164,45 @@ def test_soak_refuses_an_unknown_engine_in_one_line() -> None:
     result = CliRunner().invoke(app, ["soak", "--engine", "tgi"])
     assert result.exit_code == 2
     assert "'tgi' is not sglang or vllm" in result.output
+
+
+class _TupleMap:
+    """A prefix-cache map of a make kvcanary does not know: a key maps to a tuple of blocks."""
+
+    def __init__(self, *args: object) -> None:
+        self._cache: dict[bytes, tuple[Any, ...]] = {}
+
+    def get_one_block(self, key: bytes) -> Any:
+        return self._cache.get(key, (None,))[0]
+
+    def contain(self, key: bytes, block_id: int) -> bool:
+        return any(b.block_id == block_id for b in self._cache.get(key, ()))
+
+    def insert(self, key: bytes, block: Any) -> None:
+        self._cache[key] = (*self._cache.get(key, ()), block)
+
+    def pop(self, key: bytes, block_id: int) -> Any:
+        kept = tuple(b for b in self._cache.get(key, ()) if b.block_id != block_id)
+        found = [b for b in self._cache.pop(key, ()) if b.block_id == block_id]
+        if kept:
+            self._cache[key] = kept
+        return found[0] if found else None
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def test_a_manager_laid_out_otherwise_is_one_line_naming_the_tree(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvcanary_cli.cli import app
+    from tests.vllm_wheel import wheel_path
+
+    monkeypatch.setattr(vllm.block_pool, "BlockHashToBlockMap", _TupleMap)
+    wheel = str(wheel_path())
+    args = ["soak", "--engine", "vllm", "--vllm-tree", wheel, "--steps", "40"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith(f"error: {wheel} (vLLM {vllm.tree.version}): its prefix-cache map")
+    assert "tuple" in line and "0.34.0" in line
