@@ -30,11 +30,16 @@ HISTORY_STEPS = 400
 
 
 def _default_tree() -> Path:
-    """The release wheel in kvcanary's wheel cache (`pip download vllm==0.33.0 --no-deps`)."""
-    from kvcanary_cli.soak.vllm_stack import SUPPORTED, VllmUnavailableError
+    """The newest release wheel kvcanary reads in its wheel cache (`pip download
+    vllm==0.34.0 --no-deps`, or 0.33.0)."""
+    from kvcanary_cli.soak.vllm_stack import RELEASES, SUPPORTED, VllmUnavailableError
 
     base = os.environ.get("KVCANARY_CACHE") or Path.home() / ".cache" / "kvcanary"
-    found = sorted((Path(base) / "wheels").glob(f"vllm-{SUPPORTED}-*.whl"))
+    found = [
+        wheel
+        for release in reversed(RELEASES)
+        for wheel in sorted((Path(base) / "wheels").glob(f"vllm-{release}-*.whl"))
+    ]
     if not found:
         raise VllmUnavailableError(
             "no vLLM tree given and no vLLM wheel in kvcanary's cache",
