@@ -192,17 +192,38 @@ class _TupleMap:
         return len(self._cache)
 
 
+def _no_signature_match(self: Any, request: Any) -> None:
+    """`allocate_slots` of a release that takes only the request."""
+
+
+#: A manager of a make kvcanary does not read or drive -> what the one line says.
+OTHER_MAKES = {
+    "map": ("BlockHashToBlockMap", _TupleMap, "its prefix-cache map holds a tuple"),
+    "method": ("pop_blocks_for_free", None, "has no attribute 'pop_blocks_for_free'"),
+    "signature": ("allocate_slots", _no_signature_match, "TypeError"),
+}
+
+
+@pytest.mark.parametrize("make", list(OTHER_MAKES))
 def test_a_manager_laid_out_otherwise_is_one_line_naming_the_tree(
-    vllm: Any, monkeypatch: pytest.MonkeyPatch
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, make: str
 ) -> None:
+    """Never an internal error, and never "vLLM raised": the error names the tree, exit 2."""
     from kvcanary_cli.cli import app
     from tests.vllm_wheel import wheel_path
 
-    monkeypatch.setattr(vllm.block_pool, "BlockHashToBlockMap", _TupleMap)
+    name, replacement, said = OTHER_MAKES[make]
+    if make == "map":
+        monkeypatch.setattr(vllm.block_pool, name, replacement)
+    elif replacement is None:
+        monkeypatch.delattr(vllm.manager.KVCacheManager, name)
+    else:
+        monkeypatch.setattr(vllm.manager.KVCacheManager, name, replacement)
     wheel = str(wheel_path())
     args = ["soak", "--engine", "vllm", "--vllm-tree", wheel, "--steps", "40"]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
     [line] = result.output.splitlines()
-    assert line.startswith(f"error: {wheel} (vLLM {vllm.tree.version}): its prefix-cache map")
-    assert "tuple" in line and "0.34.0" in line
+    assert line.startswith(f"error: {wheel} (vLLM {vllm.tree.version}): "), line
+    assert not (tmp_path / "out").exists()
+    assert said in line and "0.34.0" in line, line

@@ -52,11 +52,12 @@ _MAX_MESSAGE = 300
 
 
 def raised_in(exc: BaseException) -> str | None:
-    """The innermost frame of vLLM's code `exc` came out of (`vllm/...py:LINE in FUNC`)."""
+    """The innermost frame of vLLM's code `exc` came out of (`vllm/...py:LINE in FUNC`);
+    kvcanary's own frames (its `engines/vllm/` package) are not vLLM's."""
     found = None
     for frame in traceback.extract_tb(exc.__traceback__):
         path = frame.filename.replace("\\", "/")
-        if "/vllm/" in path:
+        if "/vllm/" in path and "/kvcanary_cli/" not in path:
             found = f"vllm/{path.rsplit('/vllm/', 1)[1]}:{frame.lineno} in {frame.name}"
     return found
 
