@@ -7,8 +7,8 @@ process): `python -m tests.vllm_release WHEEL OUT` prints one JSON line per case
   carry at once (the map's other shape); then the same seed through `run_history` with the
   assert hook: what kvcanary found, what vLLM raised.
 - `fault`: each planted fault in the full model: the step planted, the step found, the code.
-- `hook`: vLLM's own assert after a double free, heard by the hook: the dump it wrote, and
-  what `check` finds in it.
+- `hook`: vLLM's own assert after a double free, heard by the hook: the dump it wrote, what
+  `check` finds in it, and whether the history ended as it does without the hook.
 - `cli`: `kvcanary soak --engine vllm` clean (exit 0), with a fault (exit 1, dump and
   reproducer in OUT), and `--replay` of that reproducer.
 """
@@ -81,6 +81,7 @@ def _fault(modules: Any, fault: str) -> dict[str, Any]:
 
 
 def _hook(modules: Any, out: Path) -> dict[str, Any]:
+    bare = run_history(modules, "full", 3, 80, fault="block-freed-twice", after_steps=40)
     h = run_history(
         modules, "full", 3, 80, fault="block-freed-twice", after_steps=40, assert_dumps=out
     )
@@ -94,6 +95,7 @@ def _hook(modules: Any, out: Path) -> dict[str, Any]:
         "crash": None if h.crash is None else h.crash.exception,
         "raised_in": None if h.crash is None else h.crash.raised_in,
         "dumps": len(h.assert_dumps),
+        "as_without_hook": (h.crash, h.steps) == (bare.crash, bare.steps),
         "found": sorted(set(found)),
     }
 

@@ -70,6 +70,7 @@ def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
         assert (c["code"], c["crash"]) == (expected[fault], None), c
     [hook] = cases["hook"]
     assert hook["crash"] == "AssertionError" and hook["dumps"] == 1, hook
+    assert hook["as_without_hook"], "the hook changed nothing vLLM did"
     assert str(hook["raised_in"]).startswith("vllm/v1/core/block_pool.py:")
     assert ["negative-ref-count", True] in hook["found"], hook
     [cli] = cases["cli"]
