@@ -109,7 +109,7 @@ def _ids(value: Any) -> list[int]:
 def _map_entries(pool: Any) -> list[tuple[bytes, int]]:
     """The prefix-cache map as (key, block id) pairs, by what the map holds: 0.33.0 maps a key
     to its block or to a dict of its blocks by id; 0.34.0 maps it to one block id, and lists
-    every id of a key several blocks carry in `_dup_ids` (the first among them)."""
+    every id of a key several blocks carry in `_dup_ids` (`_cache` keeps one of them)."""
     table = pool.cached_block_hash_to_block
     entries = getattr(table, "_cache", table)
     several = getattr(table, "_dup_ids", None) or {}
