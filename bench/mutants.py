@@ -1,5 +1,6 @@
 """Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code
-(each memory layout soak drives) and vLLM 0.33.0's block pool.
+(each memory layout soak drives) and vLLM 0.33.0's block pool (the snippets are those releases';
+on another vLLM release, `--vllm-wheel`, the mutants whose snippets it lacks are left out, named).
 
 Each mutant is one realistic bug planted in a copy of the release tree (a leak, a double free,
 a free of the wrong range at a page boundary, a stale SWA mapping, a lock that does not cover
@@ -83,6 +84,10 @@ class Mutant:
 
 #: Where each engine's mutated files live, in its tree.
 BASE = {"sglang": "sglang/srt", "vllm": "vllm/v1/core"}
+#: The release each engine's snippets are written for. On another vLLM release (`--vllm-wheel`)
+#: a mutant whose snippet is not there exactly once is left out, and said so; on this one it
+#: fails loudly.
+SNIPPETS_FOR = {"sglang": "0.5.23", "vllm": "0.33.0"}
 
 
 class SnippetError(Exception):
@@ -850,14 +855,41 @@ def _release_tree(wheel: str | None) -> Path:
     return find_tree(source).root
 
 
-def _vllm_release_tree(wheel: str | None) -> Path:
+def _vllm_release_tree(wheel: str | None) -> tuple[Path, str]:
+    """The vLLM tree's root and version (default: the cached wheel the snippets are for)."""
     from kvcanary_cli.soak.vllm_stack import find_vllm_tree
     from tests.vllm_wheel import wheel_path
 
-    source = wheel or wheel_path()
+    source = wheel or wheel_path(SNIPPETS_FOR["vllm"])
     if source is None:
-        sys.exit("no vLLM 0.33.0 wheel: give --vllm-wheel PATH (a wheel or an unpacked tree)")
-    return find_vllm_tree(source).root
+        sys.exit(
+            f"no vLLM {SNIPPETS_FOR['vllm']} wheel: give --vllm-wheel PATH (a wheel or an "
+            "unpacked tree)"
+        )
+    tree = find_vllm_tree(source)
+    return tree.root, tree.version
+
+
+def _fitting(tree: Path, version: str, chosen: list[Mutant]) -> tuple[list[Mutant], list[str]]:
+    """The vLLM mutants whose snippets are found once in `tree`, and what was left out (only
+    on a release other than the snippets' own: there a missing snippet fails loudly)."""
+    if version == SNIPPETS_FOR["vllm"]:
+        return chosen, []
+    kept, left_out = [], []
+    for m in chosen:
+        try:
+            mutated((tree / m.relpath).read_text(), m)
+        except (SnippetError, OSError) as exc:
+            left_out.append(f"{m.name}: {exc}" if isinstance(exc, OSError) else str(exc))
+            continue
+        kept.append(m)
+    print(
+        f"note: the vLLM mutants' snippets are written for vLLM {SNIPPETS_FOR['vllm']}; this "
+        f"tree is vLLM {version}: {len(kept)} of {len(chosen)} apply"
+        + "".join(f"\n  left out: {line}" for line in left_out),
+        file=sys.stderr,
+    )
+    return kept, left_out
 
 
 def _start(
@@ -925,13 +957,19 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Plant every chosen variant (and the release of each layout), run them `--jobs` at a
     time."""
     groups = _chosen_groups(args)
-    releases = {
-        engine: (
-            _release_tree(args.wheel) if engine == "sglang" else _vllm_release_tree(args.vllm_wheel)
-        )
-        for engine in dict.fromkeys(g[0] for g in groups)
-    }
+    versions = {"sglang": SNIPPETS_FOR["sglang"]}
+    releases: dict[str, Path] = {}
+    for engine in dict.fromkeys(g[0] for g in groups):
+        if engine == "sglang":
+            releases[engine] = _release_tree(args.wheel)
+        else:
+            releases[engine], versions[engine] = _vllm_release_tree(args.vllm_wheel)
     chosen = [m for m in MUTANTS if _group(m) in groups and (not args.only or m.name in args.only)]
+    left_out: list[str] = []
+    if "vllm" in releases:
+        vllm = [m for m in chosen if m.engine == "vllm"]
+        kept, left_out = _fitting(releases["vllm"], versions["vllm"], vllm)
+        chosen = [m for m in chosen if m.engine != "vllm" or m in kept]
     variants: list[tuple[str, Mutant | None]] = []
     group_of: dict[str, tuple[str, str]] = {}
     for group in groups:
@@ -976,6 +1014,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "load_after": os.getloadavg()[0],
         "wall_s": round(time.monotonic() - started, 1),
         "cpu_s": round(_cpu() - cpu0, 1),
+        "versions": versions,
+        "left_out": left_out,
         "variants": {
             name: {
                 "mutant": m,
@@ -998,10 +1038,10 @@ def _at(side: dict[str, Any] | None) -> str:
     return f"{side['steps']} (ps {side['page_size']} {side['core']}, {side['where']})"
 
 
-#: Per engine: the release's name and version, and the name of its own checks.
+#: Per engine: the release's name, and the name of its own checks.
 _ENGINES = {
-    "sglang": ("SGLang 0.5.23", "SGLang", "SGLang's checks alone"),
-    "vllm": ("vLLM 0.33.0", "vLLM", "vLLM's asserts alone"),
+    "sglang": ("SGLang", "SGLang", "SGLang's checks alone"),
+    "vllm": ("vLLM", "vLLM", "vLLM's asserts alone"),
 }
 
 
@@ -1024,7 +1064,12 @@ def report(figures: dict[str, Any]) -> list[str]:
 def _group_report(
     figures: dict[str, Any], rows: dict[str, Any], engine: str, layout: str
 ) -> list[str]:
-    release, short, alone = _ENGINES[engine]
+    name, short, alone = _ENGINES[engine]
+    version = figures.get("versions", {}).get(engine, SNIPPETS_FOR[engine])
+    release = f"{name} {version}"
+    if version != SNIPPETS_FOR[engine]:
+        release += f" (snippets written for {SNIPPETS_FOR[engine]}"
+        release += f"; {len(figures.get('left_out', []))} left out)"
     where = f" (soak --layout {layout})" if engine == "sglang" else ""
     lines = [
         f"mutants of {release}{where}, {figures['steps']} steps per seed, seeds "
@@ -1086,7 +1131,12 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=[])
     parser.add_argument("--wheel", default=None, help="SGLang 0.5.23 wheel or tree")
-    parser.add_argument("--vllm-wheel", default=None, help="vLLM 0.33.0 wheel or tree")
+    parser.add_argument(
+        "--vllm-wheel",
+        default=None,
+        help="vLLM wheel or tree (default: the cached 0.33.0 wheel, the release the snippets are "
+        "written for; on another, a mutant whose snippet is not found is left out and named)",
+    )
     parser.add_argument("--engine", choices=("sglang", "vllm", "all"), default="all")
     parser.add_argument(
         "--layout",

@@ -114,3 +114,29 @@ def test_a_vllm_mutant_is_planted_under_vllm_v1_core(tmp_path: Path) -> None:
     copy = mutants.plant(release, leak, tmp_path / "copy")
     assert (copy / "vllm/v1/core/block_pool.py").read_text() == "def free(b):\n    pass\n"
     assert module.read_text() == "def free(b):\n    queue(b)\n"
+
+
+#: vLLM 0.34.0 rewrote `get_new_blocks`' loop: the one mutant whose 0.33.0 snippet it lacks.
+LEFT_OUT_ON_0_34 = {"pool-reuse-keeps-hash"}
+
+
+def test_on_another_vllm_release_the_mutants_it_lacks_are_left_out_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vllm = [m for m in mutants.MUTANTS if m.engine == "vllm"]
+    wheel = vllm_wheel.wheel_path("0.34.0")
+    if wheel is None:
+        pytest.skip(vllm_wheel.missing_wheel("0.34.0"))
+    with zipfile.ZipFile(wheel) as archive:
+        for path in {m.relpath for m in vllm}:
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_bytes(archive.read(path))
+    kept, left_out = mutants._fitting(tmp_path, "0.34.0", vllm)
+    assert {m.name for m in vllm} - {m.name for m in kept} == LEFT_OUT_ON_0_34
+    [line] = left_out
+    assert line.startswith("mutant pool-reuse-keeps-hash: its snippet is found 0 times")
+    said = capsys.readouterr().err
+    assert "snippets are written for vLLM 0.33.0; this tree is vLLM 0.34.0" in said
+    assert f"{len(kept)} of {len(vllm)} apply" in said and "pool-reuse-keeps-hash" in said
+    # on the snippets' own release nothing is left out quietly: planting fails loudly
+    assert mutants._fitting(tmp_path, "0.33.0", vllm) == (vllm, [])

@@ -1,6 +1,8 @@
-"""vLLM 0.33.0's release wheel, fetched by `.ci/run` (`pip download vllm==0.33.0 --no-deps`)
-into kvcanary's wheel cache and never installed; the tests that run its KV-cache manager are
-skipped, with this module's reason, where it is not there (offline) or cannot load."""
+"""vLLM's release wheels (0.33.0, the one the in-process tests load, and 0.34.0), fetched by
+`.ci/run` (`pip download vllm==V --no-deps`) into kvcanary's wheel cache and never installed;
+the tests that run a release's KV-cache manager are skipped, with this module's reason, where
+its wheel is not there (offline) or cannot load. One vLLM per process: another release runs
+in a process of its own (`tests.vllm_release`)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,19 @@ from typing import Any
 
 import pytest
 
-__all__ = ["MISSING_WHEEL", "WHEEL_ENV", "WHEEL_VERSION", "load_or_skip", "wheel_path"]
+__all__ = [
+    "MISSING_WHEEL",
+    "RELEASES",
+    "WHEEL_ENV",
+    "WHEEL_VERSION",
+    "load_or_skip",
+    "missing_wheel",
+    "wheel_path",
+]
 
 WHEEL_VERSION = "0.33.0"
+#: Every release kvcanary reads, oldest first.
+RELEASES = ("0.33.0", "0.34.0")
 #: Points at the wheel file (or a folder holding it) when it is not in the cache.
 WHEEL_ENV = "KVCANARY_VLLM_WHEEL"
 MISSING_WHEEL = (
@@ -22,18 +34,29 @@ MISSING_WHEEL = (
 )
 
 
-def wheel_path() -> Path | None:
-    """The cached vLLM wheel: `$KVCANARY_VLLM_WHEEL` (a file or a folder), else the cache."""
+def wheel_path(version: str = WHEEL_VERSION) -> Path | None:
+    """The cached vLLM wheel of `version`: `$KVCANARY_VLLM_WHEEL` (a file, used for 0.33.0
+    only, or a folder), else the cache."""
     base = os.environ.get("KVCANARY_CACHE") or Path.home() / ".cache" / "kvcanary"
     given = os.environ.get(WHEEL_ENV)
     for place in [*([Path(given)] if given else []), Path(base) / "wheels"]:
         if place.is_file():
+            if version != WHEEL_VERSION and not place.name.startswith(f"vllm-{version}-"):
+                continue
             return place
         if place.is_dir():
-            found = sorted(place.glob(f"vllm-{WHEEL_VERSION}-*.whl"))
+            found = sorted(place.glob(f"vllm-{version}-*.whl"))
             if found:
                 return found[0]
     return None
+
+
+def missing_wheel(version: str) -> str:
+    """Why a test that needs the `version` wheel is skipped without it."""
+    return (
+        f"the vLLM {version} wheel is not cached: `pip download vllm=={version} --no-deps "
+        f"-d $KVCANARY_CACHE/wheels` (default ~/.cache/kvcanary/wheels)"
+    )
 
 
 def load_or_skip() -> Any:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,16 @@ HISTORY_STEPS = 400
 
 
 def _default_tree() -> Path:
-    """The release wheel in kvcanary's wheel cache (`pip download vllm==0.33.0 --no-deps`)."""
-    from kvcanary_cli.soak.vllm_stack import SUPPORTED, VllmUnavailableError
+    """The newest release wheel kvcanary reads in its wheel cache (`pip download
+    vllm==0.34.0 --no-deps`, or 0.33.0)."""
+    from kvcanary_cli.soak.vllm_stack import RELEASES, SUPPORTED, VllmUnavailableError
 
     base = os.environ.get("KVCANARY_CACHE") or Path.home() / ".cache" / "kvcanary"
-    found = sorted((Path(base) / "wheels").glob(f"vllm-{SUPPORTED}-*.whl"))
+    found = [
+        wheel
+        for release in reversed(RELEASES)
+        for wheel in sorted((Path(base) / "wheels").glob(f"vllm-{release}-*.whl"))
+    ]
     if not found:
         raise VllmUnavailableError(
             "no vLLM tree given and no vLLM wheel in kvcanary's cache",
@@ -93,6 +99,19 @@ def _key(h: Any) -> str | None:
     return None
 
 
+@contextmanager
+def _naming(tree: Any) -> Iterator[None]:
+    """A manager kvcanary cannot read (a vLLM release laid out otherwise) is one error line
+    naming the tree it came from, exit 2."""
+    from kvcanary_cli.engines.vllm.capture import VllmLayoutError
+
+    try:
+        yield
+    except VllmLayoutError as exc:
+        exc.source = f"{tree.label} (vLLM {tree.version})"
+        raise
+
+
 def refuse_sglang_options(given: Mapping[str, object]) -> None:
     """One error line for SGLang's soak options given to a vLLM soak (flag -> value, None
     when not given)."""
@@ -143,7 +162,7 @@ def run_vllm_soak(
     histories: list[PoolSoakHistory] = []
     audited = 0
     files: dict[SoakFile, str] = {}
-    with scratch() as folder:
+    with scratch() as folder, _naming(modules.tree):
         while audited < steps:
             model = MODELS[len(histories) % len(MODELS)]
             length = min(HISTORY_STEPS, steps - audited)
@@ -257,14 +276,15 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
     data = read_reproducer(reproducer)
     started = time.monotonic()
     modules = load_vllm(tree if tree is not None else _default_tree())
-    h = run_history(
-        modules,
-        data["model"],
-        data["seed"],
-        data["steps"],
-        fault=data["fault"],
-        after_steps=data["after_steps"],
-    )
+    with _naming(modules.tree):
+        h = run_history(
+            modules,
+            data["model"],
+            data["seed"],
+            data["steps"],
+            fault=data["fault"],
+            after_steps=data["after_steps"],
+        )
     return PoolSoakReport(
         engine="vllm",
         engine_version=modules.tree.version,

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.engines.vllm.capture import snapshot
+from kvcanary_cli.engines.vllm.capture import KNOWN_LAYOUTS, VllmLayoutError, snapshot
 from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.hook import raised_in, watch_asserts
 from kvcanary_cli.results.pool import PoolFinding
@@ -344,11 +344,20 @@ def run_history(
                 if note is not None:
                     h.fault_step, h.fault_note = step, note
         except Exception as exc:  # vLLM's asserts, or any raise out of its code
+            where = raised_in(exc)
+            if where is None and isinstance(exc, (AttributeError, TypeError)):
+                # raised by this driver's own calls (a method or signature this release
+                # lacks): the tree is not one kvcanary drives, not a complaint of vLLM's
+                text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                raise VllmLayoutError(
+                    f"kvcanary's workload cannot drive its KV-cache manager ({KNOWN_LAYOUTS} "
+                    f"are driven): {text}"
+                ) from None
             h.crash = VllmCrash(
                 step=step,
                 exception=type(exc).__name__,
                 message=(str(exc).splitlines() or [""])[0][:300],
-                raised_in=raised_in(exc),
+                raised_in=where,
             )
             break
         h.steps = step + 1

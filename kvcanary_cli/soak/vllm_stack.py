@@ -36,6 +36,8 @@ from kvcanary_cli.errors import TORCH_HINT, EngineUnavailableError
 from kvcanary_cli.soak.wheel import WheelRefusedError, download_hint, not_there, unpack_wheel
 
 __all__ = [
+    "OLDEST",
+    "RELEASES",
     "SUPPORTED",
     "VllmModules",
     "VllmUnavailableError",
@@ -43,8 +45,11 @@ __all__ = [
     "load_vllm",
 ]
 
-#: The release the stand-ins and the driver are written for.
-SUPPORTED = "0.33.0"
+#: The releases the stand-ins, the driver and the capture are written for, oldest first; the
+#: newest is the one a download hint names. Where they differ (0.34.0's prefix-cache map holds
+#: block ids) the code reads what the loaded tree has, never its version.
+RELEASES = ("0.33.0", "0.34.0")
+OLDEST, SUPPORTED = RELEASES[0], RELEASES[-1]
 #: Python packages the manager's modules import for real (the `vllm-cpu` extra).
 EXTRA = "kvcanary[vllm-cpu]"
 #: Package `__init__`s that run as they are (small, and their names are used whole).

@@ -164,3 +164,66 @@ def test_soak_refuses_an_unknown_engine_in_one_line() -> None:
     result = CliRunner().invoke(app, ["soak", "--engine", "tgi"])
     assert result.exit_code == 2
     assert "'tgi' is not sglang or vllm" in result.output
+
+
+class _TupleMap:
+    """A prefix-cache map of a make kvcanary does not know: a key maps to a tuple of blocks."""
+
+    def __init__(self, *args: object) -> None:
+        self._cache: dict[bytes, tuple[Any, ...]] = {}
+
+    def get_one_block(self, key: bytes) -> Any:
+        return self._cache.get(key, (None,))[0]
+
+    def contain(self, key: bytes, block_id: int) -> bool:
+        return any(b.block_id == block_id for b in self._cache.get(key, ()))
+
+    def insert(self, key: bytes, block: Any) -> None:
+        self._cache[key] = (*self._cache.get(key, ()), block)
+
+    def pop(self, key: bytes, block_id: int) -> Any:
+        kept = tuple(b for b in self._cache.get(key, ()) if b.block_id != block_id)
+        found = [b for b in self._cache.pop(key, ()) if b.block_id == block_id]
+        if kept:
+            self._cache[key] = kept
+        return found[0] if found else None
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def _no_signature_match(self: Any, request: Any) -> None:
+    """`allocate_slots` of a release that takes only the request."""
+
+
+#: A manager of a make kvcanary does not read or drive -> what the one line says.
+OTHER_MAKES = {
+    "map": ("BlockHashToBlockMap", _TupleMap, "its prefix-cache map holds a tuple"),
+    "method": ("pop_blocks_for_free", None, "has no attribute 'pop_blocks_for_free'"),
+    "signature": ("allocate_slots", _no_signature_match, "TypeError"),
+}
+
+
+@pytest.mark.parametrize("make", list(OTHER_MAKES))
+def test_a_manager_laid_out_otherwise_is_one_line_naming_the_tree(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, make: str
+) -> None:
+    """Never an internal error, and never "vLLM raised": the error names the tree, exit 2."""
+    from kvcanary_cli.cli import app
+    from tests.vllm_wheel import wheel_path
+
+    name, replacement, said = OTHER_MAKES[make]
+    if make == "map":
+        monkeypatch.setattr(vllm.block_pool, name, replacement)
+    elif replacement is None:
+        monkeypatch.delattr(vllm.manager.KVCacheManager, name)
+    else:
+        monkeypatch.setattr(vllm.manager.KVCacheManager, name, replacement)
+    wheel = str(wheel_path())
+    args = ["soak", "--engine", "vllm", "--vllm-tree", wheel, "--steps", "40"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith(f"error: {wheel} (vLLM {vllm.tree.version}): "), line
+    assert not (tmp_path / "out").exists()
+    assert said in line and "0.34.0" in line, line

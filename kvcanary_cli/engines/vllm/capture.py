@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli.engines.vllm.state import FULL, SLIDING_WINDOW, GroupSpec, VllmState
+from kvcanary_cli.errors import EngineUnavailableError
 
-__all__ = ["group_specs", "snapshot"]
+__all__ = ["KNOWN_LAYOUTS", "VllmLayoutError", "group_specs", "snapshot"]
 
 #: Managers that keep every block of a request (no null block in their tables).
 _FULL_MANAGERS = frozenset(
@@ -79,14 +80,50 @@ class _Digests:
         return out
 
 
-def _map_entries(pool: Any) -> list[tuple[bytes, Any]]:
-    """The prefix-cache map as (key, block) pairs (a key maps to a block or to a dict of them)."""
+#: The layouts of the prefix-cache map `_map_entries` reads (named in a refusal).
+KNOWN_LAYOUTS = "vLLM 0.33.0's and 0.34.0's"
+
+
+class VllmLayoutError(EngineUnavailableError):
+    """The manager is not laid out as kvcanary reads it (a vLLM release it does not know):
+    one line saying what was found; exit 2 where a command meets it, a logged note in the
+    assert hook."""
+
+
+def _ids(value: Any) -> list[int]:
+    """The block ids one map value names: a block id (0.34.0), a block, or a dict of blocks by
+    id (0.33.0)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, Mapping):
+        return [b for v in value.values() for b in _ids(v)]
+    block_id = getattr(value, "block_id", None)
+    if isinstance(block_id, int) and not isinstance(block_id, bool):
+        return [block_id]
+    raise VllmLayoutError(
+        f"its prefix-cache map holds a {type(value).__name__} where kvcanary reads "
+        f"{KNOWN_LAYOUTS} (a block, a dict of blocks, or a block id)"
+    )
+
+
+def _map_entries(pool: Any) -> list[tuple[bytes, int]]:
+    """The prefix-cache map as (key, block id) pairs, by what the map holds: 0.33.0 maps a key
+    to its block or to a dict of its blocks by id; 0.34.0 maps it to one block id, and lists
+    every id of a key several blocks carry in `_dup_ids` (`_cache` keeps one of them)."""
     table = pool.cached_block_hash_to_block
     entries = getattr(table, "_cache", table)
-    out: list[Any] = []
-    for key, value in entries.items():
-        blocks = value.values() if isinstance(value, Mapping) else (value,)
-        out.extend((key, block) for block in blocks)
+    several = getattr(table, "_dup_ids", None) or {}
+    if not isinstance(entries, Mapping) or not isinstance(several, Mapping):
+        raise VllmLayoutError(
+            f"its prefix-cache map is a {type(table).__name__} kvcanary cannot list "
+            f"({KNOWN_LAYOUTS} are read)"
+        )
+    out: list[tuple[bytes, int]] = []
+    for key in {**dict.fromkeys(entries), **dict.fromkeys(several)}:
+        ids = _ids(entries[key]) if key in entries else []
+        if key in several:
+            ids += [j for i in several[key] for j in _ids(i)]
+        out.extend((key, i) for i in dict.fromkeys(ids))
     return out
 
 
@@ -102,7 +139,25 @@ def snapshot(
 
     `requests`: the scheduler's requests by id (waiting and running); without them every
     request with a table counts as live (no false "dead request"). `deferred_frees`: the
-    scheduler's `deferred_frees` ((fence, blocks) pairs) or plain block lists."""
+    scheduler's `deferred_frees` ((fence, blocks) pairs) or plain block lists. A manager
+    laid out otherwise than the releases kvcanary reads is a `VllmLayoutError` (one line)."""
+    try:
+        return _read(manager, requests, deferred_frees, version, extra)
+    except (AttributeError, TypeError, KeyError) as exc:
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        raise VllmLayoutError(
+            f"its KV-cache manager is not laid out as kvcanary reads it ({KNOWN_LAYOUTS} "
+            f"are): {text}"
+        ) from None
+
+
+def _read(
+    manager: Any,
+    requests: Mapping[str, Any] | None,
+    deferred_frees: Iterable[Any],
+    version: str | None,
+    extra: Mapping[str, str] | None,
+) -> VllmState:
     pool = manager.block_pool
     managers = tuple(manager.coordinator.single_type_managers)
     blocks = pool.blocks
@@ -126,9 +181,9 @@ def snapshot(
             hashed.append(b.block_id)
             digests.add(digest)
     map_digests, map_block, map_group = _Digests(), [], []
-    for key, block in _map_entries(pool):
+    for key, block_id in _map_entries(pool):
         group, digest = _split_key(key)
-        map_block.append(int(block.block_id))
+        map_block.append(block_id)
         map_group.append(group)
         map_digests.add(digest)
     extra_digests, extra_block, extra_group = _Digests(), [], []

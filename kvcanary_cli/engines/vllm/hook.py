@@ -52,11 +52,12 @@ _MAX_MESSAGE = 300
 
 
 def raised_in(exc: BaseException) -> str | None:
-    """The innermost frame of vLLM's code `exc` came out of (`vllm/...py:LINE in FUNC`)."""
+    """The innermost frame of vLLM's code `exc` came out of (`vllm/...py:LINE in FUNC`);
+    kvcanary's own frames (its `engines/vllm/` package) are not vLLM's."""
     found = None
     for frame in traceback.extract_tb(exc.__traceback__):
         path = frame.filename.replace("\\", "/")
-        if "/vllm/" in path:
+        if "/vllm/" in path and "/kvcanary_cli/" not in path:
             found = f"vllm/{path.rsplit('/vllm/', 1)[1]}:{frame.lineno} in {frame.name}"
     return found
 
@@ -82,11 +83,16 @@ class AssertHook:
     _last: BaseException | None = None
 
     def install(self) -> AssertHook:
-        """Wrap the entry points this instance has (once: a second install wraps nothing)."""
-        for owner, names in (
-            (self.manager, MANAGER_METHODS),
-            (self.manager.block_pool, POOL_METHODS),
-        ):
+        """Wrap the entry points this instance has (once: a second install wraps nothing). A
+        manager without a block pool (not vLLM's v1 manager as kvcanary knows it) is a
+        logged note and nothing wrapped: the hook never raises into the engine."""
+        pool = getattr(self.manager, "block_pool", None)
+        if pool is None:
+            note = f"{type(self.manager).__name__} has no block_pool to read"
+            self.failures.append(note)
+            logger.warning("kvcanary: not watching vLLM's asserts: %s", note)
+            return self
+        for owner, names in ((self.manager, MANAGER_METHODS), (pool, POOL_METHODS)):
             for name in names:
                 original = getattr(owner, name, None)
                 if callable(original) and name not in vars(owner):

@@ -166,6 +166,7 @@ def _clean(seed: int, size: str, hybrid: bool) -> VllmState:
         deferred_block=np.array(deferred, dtype=np.int64),
         deferred_request=np.full(len(deferred), len(ids) - 1, dtype=np.int64),
         released_block=np.array(released, dtype=np.int64),
+        # the dump format is the same for 0.33.0 and 0.34.0 (only the live map's shape differs)
         version="0.33.0",
         extra={"note": "kvcanary synth: a vLLM block pool"},
     )

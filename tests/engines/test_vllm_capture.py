@@ -1,0 +1,130 @@
+"""`capture.snapshot` reads the prefix-cache map of both vLLM layouts it knows, by what the
+loaded map holds: 0.33.0's (a key maps to its block, or to a dict of blocks by id) and
+0.34.0's (a key maps to one block id; `_dup_ids` lists every id of a key several blocks carry).
+The same pool read through either gives the same state, silent under `audit`. A map of
+another make is one line naming what was found (never an AttributeError), and the assert
+hook, which runs inside the engine, turns it into a logged note while vLLM's own exception
+goes on unchanged. Small stand-ins of the manager's objects: no wheel needed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.engines.vllm.capture import VllmLayoutError, snapshot
+from kvcanary_cli.engines.vllm.check import audit
+from kvcanary_cli.engines.vllm.hook import watch_asserts
+
+
+@dataclass(eq=False)
+class _Block:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+    is_null: bool = False
+    prev_free_block: Any = None
+    next_free_block: Any = None
+
+
+class _Pool(SimpleNamespace):
+    def free_blocks(self, blocks: Any) -> None:
+        """vLLM's local assert, firing."""
+        raise AssertionError("vLLM's own")
+
+
+def _key(n: int) -> bytes:
+    """A block hash with group id 0 in its last four bytes."""
+    return bytes([n]) * 32 + (0).to_bytes(4, "big")
+
+
+def _manager(layout: str) -> Any:
+    """Six blocks (0 the null block): r0 holds 1, 2 and r1 holds 1, 3; 4 and 5 are queued.
+    Key A is block 1's; key B is carried by 3 (held) and 4 (queued, evictable)."""
+    blocks = [_Block(i) for i in range(6)]
+    blocks[0].is_null = True
+    blocks[1].ref_cnt, blocks[2].ref_cnt, blocks[3].ref_cnt = 2, 1, 1
+    blocks[1].block_hash = _key(1)
+    blocks[3].block_hash = blocks[4].block_hash = _key(2)
+    head, tail = _Block(-1), _Block(-1)
+    chain = [head, blocks[4], blocks[5], tail]
+    for a, b in zip(chain, chain[1:], strict=False):
+        a.next_free_block, b.prev_free_block = b, a
+    queue = SimpleNamespace(fake_free_list_head=head, fake_free_list_tail=tail, num_free_blocks=2)
+    if layout == "0.33.0":
+        table = SimpleNamespace(_cache={_key(1): blocks[1], _key(2): {3: blocks[3], 4: blocks[4]}})
+    elif layout == "0.34.0":
+        table = SimpleNamespace(
+            _cache={_key(1): 1, _key(2): 3}, _dup_ids={_key(2): {3: None, 4: None}}
+        )
+    else:
+        table = SimpleNamespace(_cache={_key(1): "block one", _key(2): 3})
+    pool = _Pool(
+        blocks=blocks,
+        free_block_queue=queue,
+        null_block=blocks[0],
+        cached_block_hash_to_block=table,
+        cached_block_hashes_by_block={},
+    )
+    group = type("FullAttentionManager", (), {})()
+    group.block_size, group.kv_cache_spec = 16, SimpleNamespace()
+    group.req_to_blocks = {"r0": [blocks[1], blocks[2]], "r1": [blocks[1], blocks[3]]}
+    coordinator = SimpleNamespace(single_type_managers=[group])
+    return SimpleNamespace(block_pool=pool, coordinator=coordinator)
+
+
+def _map(state: Any) -> list[tuple[int, bytes]]:
+    return sorted(
+        (int(b), bytes(d)) for b, d in zip(state.map_block, state.map_digest, strict=True)
+    )
+
+
+def test_both_layouts_of_the_prefix_cache_map_read_the_same() -> None:
+    old, new = snapshot(_manager("0.33.0")), snapshot(_manager("0.34.0"))
+    assert _map(new) == _map(old) == [(1, _key(1)[:-4]), (3, _key(2)[:-4]), (4, _key(2)[:-4])]
+    assert np.array_equal(old.map_group, new.map_group)
+    assert audit(old).findings == audit(new).findings == ()
+
+
+def test_a_0_34_key_whose_block_lost_its_hash_is_a_stale_entry() -> None:
+    """The id form still names the block: a map entry its block does not carry is found."""
+    manager = _manager("0.34.0")
+    manager.block_pool.blocks[4].block_hash = None
+    [finding] = audit(snapshot(manager)).findings
+    assert (finding.code.value, finding.block) == ("hash-entry-stale", 4)
+
+
+def test_a_map_of_another_make_is_one_line_naming_what_it_holds() -> None:
+    with pytest.raises(VllmLayoutError) as caught:
+        snapshot(_manager("other"))
+    [line] = str(caught.value).splitlines()
+    assert "prefix-cache map" in line and "str" in line and "0.34.0" in line
+
+
+def test_the_hook_notes_an_unreadable_map_and_vllms_exception_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = _manager("other")
+    hook = watch_asserts(manager, tmp_path / "dumps")
+    with caplog.at_level(logging.WARNING, "kvcanary.capture"), pytest.raises(AssertionError) as c:
+        manager.block_pool.free_blocks([])
+    assert c.value.args == ("vLLM's own",)
+    assert hook.written == [] and not (tmp_path / "dumps").exists()
+    [failure] = hook.failures
+    assert failure.startswith("VllmLayoutError: ") and "prefix-cache map" in failure
+    assert "prefix-cache map" in caplog.text
+
+
+def test_the_hook_on_a_manager_without_a_pool_is_a_note_not_a_raise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = SimpleNamespace(coordinator=None)
+    with caplog.at_level(logging.WARNING, "kvcanary.capture"):
+        hook = watch_asserts(manager, tmp_path)
+    assert hook.failures == ["SimpleNamespace has no block_pool to read"]
+    assert "not watching vLLM's asserts" in caplog.text and vars(manager) == {"coordinator": None}

@@ -1,0 +1,83 @@
+"""Every vLLM release kvcanary reads, from its release wheel in a process of its own
+(`tests.vllm_release`; one vLLM per process), skipped with the download hint where the wheel is
+not cached: clean histories of both models are silent on both sides, the prefix-cache map as
+kvcanary lists it is the map vLLM's own `contain` answers for (both shapes: 0.34.0 keeps block
+ids, and a key several blocks carry apart), each planted fault is found at its step, the assert
+hook's dump of vLLM's own assert is explained by `check`, and `soak --engine vllm` with
+`--replay` runs end to end.
+
+0.34.0's case is the fast lane's (its map differs from 0.33.0's, which the in-process tests
+drive); 0.33.0's repeats those tests' paths, so it is the whole suite's only.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.vllm_wheel import RELEASES, WHEEL_VERSION, missing_wheel, wheel_path
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
+    """A release's case: a subprocess of about 4 s CPU."""
+    missing = pytest.mark.skipif(wheel_path(version) is None, reason=missing_wheel(version))
+    marks = [missing, *([pytest.mark.slow] if version == WHEEL_VERSION else [])]
+    return pytest.param(version, marks=marks)
+
+
+@pytest.mark.parametrize("version", [_release(v) for v in RELEASES])
+def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
+    version: str, tmp_path: Path
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.vllm_release", str(wheel_path(version)), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    first, *lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert first == {"case": "release", "version": version}
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        cases.setdefault(str(line["case"]), []).append(line)
+    clean = {c["model"]: c for c in cases["clean"]}
+    assert set(clean) == {"full", "hybrid"}
+    for c in clean.values():
+        assert (c["findings"], c["crash"], c["denied"], c["unlisted"]) == (0, None, 0, 0), c
+        assert c["audited"] == 150 and c["prefix_hits"]
+    assert clean["hybrid"]["several"], "some key is carried by several blocks at once"
+    expected = {
+        "block-freed-twice": "negative-ref-count",
+        "block-freed-while-held": "queued-block-held",
+        "leak": "ref-count-high",
+        "free-count": "free-count-mismatch",
+    }
+    faults = {c["fault"]: c for c in cases["fault"]}
+    assert set(faults) == set(expected)
+    for fault, c in faults.items():
+        assert c["planted"] is not None and c["found"] == c["planted"], c
+        assert (c["code"], c["crash"]) == (expected[fault], None), c
+    [hook] = cases["hook"]
+    assert hook["crash"] == "AssertionError" and hook["dumps"] == 1, hook
+    assert hook["as_without_hook"], "the hook changed nothing vLLM did"
+    assert str(hook["raised_in"]).startswith("vllm/v1/core/block_pool.py:")
+    assert ["negative-ref-count", True] in hook["found"], hook
+    [cli] = cases["cli"]
+    assert cli == {
+        "case": "cli",
+        "exits": [0, 1, 1],
+        "files": ["dump", "reproducer"],
+        "reproduced": True,
+        "errors": [],
+    }

@@ -1,0 +1,135 @@
+"""The vLLM paths kvcanary drives, on one release, in a process of its own (one vLLM per
+process): `python -m tests.vllm_release WHEEL OUT` prints one JSON line per case.
+
+- `clean`: a history of each model, read after every step as soak reads it; the prefix-cache
+  map as kvcanary lists it is checked against vLLM's own `contain` both ways (every listed
+  entry is one vLLM has, every hashed block is listed), with the most keys several blocks
+  carry at once (the map's other shape); then the same seed through `run_history` with the
+  assert hook: what kvcanary found, what vLLM raised.
+- `fault`: each planted fault in the full model: the step planted, the step found, the code.
+- `hook`: vLLM's own assert after a double free, heard by the hook: the dump it wrote, what
+  `check` finds in it, and whether the history ended as it does without the hook.
+- `cli`: `kvcanary soak --engine vllm` clean (exit 0), with a fault (exit 1, dump and
+  reproducer in OUT), and `--replay` of that reproducer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from kvcanary_cli.cli import app
+from kvcanary_cli.dump.engine import read_arrays
+from kvcanary_cli.engines.vllm import check_dump
+from kvcanary_cli.engines.vllm.check import audit
+from kvcanary_cli.soak.vllm_driver import FAULTS, MODELS, _Scheduler, run_history
+from kvcanary_cli.soak.vllm_stack import load_vllm
+
+
+def _key(digest: Any, group: int) -> bytes:
+    return bytes(digest) + int(group).to_bytes(4, "big")
+
+
+def _clean(modules: Any, model: str, out: Path) -> dict[str, Any]:
+    s = _Scheduler(modules, model, 11)
+    several = denied = unlisted = findings = 0
+    for _ in range(150):
+        s.run_step()
+        state = s.state()
+        findings += len(audit(state).findings)
+        table = s.manager.block_pool.cached_block_hash_to_block
+        listed = {
+            (_key(d, g), int(b))
+            for b, g, d in zip(state.map_block, state.map_group, state.map_digest, strict=True)
+        }
+        denied += sum(not table.contain(key, block) for key, block in listed)
+        unlisted += sum(
+            (b.block_hash, b.block_id) not in listed
+            for b in s.manager.block_pool.blocks
+            if b.block_hash is not None
+        )
+        keys = [key for key, _ in listed]
+        several = max(several, len(keys) - len(set(keys)))
+    h = run_history(modules, model, 11, 150, assert_dumps=out / f"hook-{model}")
+    return {
+        "case": "clean",
+        "model": model,
+        "findings": findings + len(h.findings),
+        "crash": None if h.crash is None else h.crash.exception,
+        "audited": h.audited,
+        "prefix_hits": h.prefix_hits,
+        "several": several,
+        "denied": denied,
+        "unlisted": unlisted,
+    }
+
+
+def _fault(modules: Any, fault: str) -> dict[str, Any]:
+    h = run_history(modules, "full", 3, 80, fault=fault, after_steps=0)
+    return {
+        "case": "fault",
+        "fault": fault,
+        "planted": h.fault_step,
+        "found": h.finding_step,
+        "code": h.findings[0].code.value if h.findings else None,
+        "crash": None if h.crash is None else h.crash.step,
+    }
+
+
+def _hook(modules: Any, out: Path) -> dict[str, Any]:
+    bare = run_history(modules, "full", 3, 80, fault="block-freed-twice", after_steps=40)
+    h = run_history(
+        modules, "full", 3, 80, fault="block-freed-twice", after_steps=40, assert_dumps=out
+    )
+    block = int(h.fault_note.split()[1])  # "block N of rX freed twice"
+    found = []
+    for dump in h.assert_dumps:
+        stored = read_arrays(dump)
+        found += [(f.code.value, f.block == block) for f in check_dump(stored).findings]
+    return {
+        "case": "hook",
+        "crash": None if h.crash is None else h.crash.exception,
+        "raised_in": None if h.crash is None else h.crash.raised_in,
+        "dumps": len(h.assert_dumps),
+        "as_without_hook": (h.crash, h.steps) == (bare.crash, bare.steps),
+        "found": sorted(set(found)),
+    }
+
+
+def _cli(wheel: str, out: Path) -> dict[str, Any]:
+    args = ["soak", "--engine", "vllm", "--vllm-tree", wheel, "--format", "json"]
+    clean = CliRunner().invoke(app, [*args, "--steps", "60", "--out", str(out / "clean")])
+    found = CliRunner().invoke(
+        app, [*args, "--steps", "300", "--fault", "leak", "--out", str(out / "found")]
+    )
+    files = json.loads(found.output)["files"] if found.exit_code == 1 else {}
+    replayed = CliRunner().invoke(app, [*args, "--replay", str(files.get("reproducer"))])
+    again = json.loads(replayed.output) if replayed.exit_code == 1 else {}
+    return {
+        "case": "cli",
+        "exits": [clean.exit_code, found.exit_code, replayed.exit_code],
+        "files": sorted(files),
+        "reproduced": again.get("replay", {}).get("reproduced"),
+        "errors": [r.output[-300:] for r in (clean, found, replayed) if r.exit_code not in (0, 1)],
+    }
+
+
+def main(wheel: str, out: str) -> None:
+    """Every case on `wheel`'s vLLM, one JSON line each; the first names the release."""
+    folder = Path(out)
+    modules = load_vllm(wheel)
+    print(json.dumps({"case": "release", "version": modules.tree.version}), flush=True)
+    for model in MODELS:
+        print(json.dumps(_clean(modules, model, folder)), flush=True)
+    for fault in FAULTS:
+        print(json.dumps(_fault(modules, fault)), flush=True)
+    print(json.dumps(_hook(modules, folder / "hook")), flush=True)
+    print(json.dumps(_cli(wheel, folder / "cli")), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
