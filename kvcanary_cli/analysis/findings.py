@@ -516,43 +516,21 @@ def _shared_without_prefix(
     slot no pool holds, which other codes report), is that cell's echo.
     """
     n = len(cells)
-    if n < 2:
-        return []
-    # cells whose (position, slot) another row also holds: sharing, or a copy
-    same_place = np.zeros(n, dtype=bool)
-    count = int(np.count_nonzero(real))
-    if count < 2:
+    if n < 2 or int(np.count_nonzero(real)) < 2:
         return []
     # compared, sorted and shown only: the columns as held (read once, never copied whole);
     # the one sum (`_follows`) is taken in int64
     c_slot, c_position, c_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
-    if count == n:  # every cell: the columns themselves, not copies
-        sorted_cells = np.lexsort((c_slot, c_position))
-    else:
-        idx = np.flatnonzero(real)
-        sorted_cells = idx[np.lexsort((c_slot[idx], c_position[idx]))]
-        del idx
-    position_sorted = c_position[sorted_cells]
-    key_start = _group_starts([position_sorted, c_slot[sorted_cells]])
-    first_position = position_sorted[key_start]
-    del position_sorted
-    key_size = np.diff(np.r_[key_start, sorted_cells.size])
-    same_place[sorted_cells] = np.repeat(key_size > 1, key_size)
     # whether each cell (but the first) is one position after the cell before it, same row
     follows = _follows(c_row, c_position)
     # the slot one position earlier in the same row (-1: none), as held
     prior_slot = np.full(n, -1, dtype=np.result_type(c_slot.dtype, np.int8))
     prior_slot[1:][follows] = c_slot[:-1][follows]
-    # only groups whose cells before disagree can hold a copy (none in a clean state): one
-    # min/max per group over the sort already made
-    prior_sorted = prior_slot[sorted_cells]
-    low = np.minimum.reduceat(prior_sorted, key_start)
-    high = np.maximum.reduceat(prior_sorted, key_start)
-    del prior_sorted
-    disagree = (key_size > 1) & (low != high) & (first_position > 0)
-    if not disagree.any():
+    # cells whose (position, slot) another row also holds (sharing, or a copy); only groups
+    # whose cells before disagree can hold a copy (none in a clean state)
+    same_place, candidates = _place_groups(c_position, c_slot, prior_slot, real)
+    if candidates.size == 0:
         return []
-    candidates = np.sort(sorted_cells[np.repeat(disagree, key_size)])
     # the cell one position earlier in the same row (-1: none)
     before = np.full(n, -1, dtype=np.int64)
     before[1:][follows] = np.flatnonzero(follows)
@@ -645,6 +623,53 @@ def _follows(row: np.ndarray, position: np.ndarray) -> np.ndarray:
             position[a + 1 : b + 1] == np.add(position[a:b], 1, dtype=np.int64)
         )
     return out
+
+
+def _place_groups(
+    position: np.ndarray, slot: np.ndarray, prior: np.ndarray, real: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, whether another `real` cell holds its (position, slot); and the real cells
+    (sorted) of the groups whose `prior` slots disagree, at a position past 0. A group lies
+    within one position, so the cells are grouped a range of positions at a time: the sort
+    and its index hold a sixteenth of the cells (a million at least), never all of them."""
+    n = position.size
+    every = bool(real.all())
+    counts = np.zeros(0, dtype=np.int64)  # real cells per position, a piece at a time
+    for a in range(0, n, _FOLLOWS_CHUNK):
+        piece = position[a : a + _FOLLOWS_CHUNK]
+        found = np.bincount(piece if every else piece[real[a : a + _FOLLOWS_CHUNK]])
+        if found.size > counts.size:
+            counts = np.concatenate([counts, np.zeros(found.size - counts.size, np.int64)])
+        counts[: found.size] += found
+    upto = np.cumsum(counts)
+    step = max(_FOLLOWS_CHUNK, n // 16)
+    same_place = np.zeros(n, dtype=bool)
+    parts: list[np.ndarray] = []
+    start = 0
+    while start < counts.size:
+        before = int(upto[start - 1]) if start else 0
+        end = max(int(np.searchsorted(upto, before + step, side="right")), start + 1)
+        inside = (position >= start) & (position < end)
+        if not every:
+            inside &= real
+        index = np.flatnonzero(inside)
+        del inside
+        start = end
+        if index.size < 2:
+            continue
+        index = index[np.lexsort((slot[index], position[index]))]
+        at, held = position[index], slot[index]
+        group = _group_starts([at, held])
+        size = np.diff(np.r_[group, index.size])
+        same_place[index] = np.repeat(size > 1, size)
+        before_slot = prior[index]
+        low = np.minimum.reduceat(before_slot, group)
+        high = np.maximum.reduceat(before_slot, group)
+        disagree = (size > 1) & (low != high) & (at[group] > 0)
+        if disagree.any():
+            parts.append(index[np.repeat(disagree, size)])
+    candidates = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    return same_place, candidates
 
 
 def step_writes(dump: KvDump) -> LiveCells | None:
