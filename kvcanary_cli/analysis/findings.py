@@ -649,11 +649,7 @@ def _place_groups(
     while start < counts.size:
         before = int(upto[start - 1]) if start else 0
         end = max(int(np.searchsorted(upto, before + step, side="right")), start + 1)
-        inside = (position >= start) & (position < end)
-        if not every:
-            inside &= real
-        index = np.flatnonzero(inside)
-        del inside
+        index = _cells_at(position, start, end, None if every else real)
         start = end
         if index.size < 2:
             continue
@@ -670,6 +666,19 @@ def _place_groups(
             parts.append(index[np.repeat(disagree, size)])
     candidates = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
     return same_place, candidates
+
+
+def _cells_at(position: np.ndarray, start: int, end: int, real: np.ndarray | None) -> np.ndarray:
+    """The (`real`) cells at positions start..end-1, found a piece at a time (no mask as long
+    as the table)."""
+    parts = []
+    for a in range(0, position.size, _FOLLOWS_CHUNK):
+        piece = position[a : a + _FOLLOWS_CHUNK]
+        inside = (piece >= start) & (piece < end)
+        if real is not None:
+            inside &= real[a : a + _FOLLOWS_CHUNK]
+        parts.append(np.flatnonzero(inside) + a)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def step_writes(dump: KvDump) -> LiveCells | None:
