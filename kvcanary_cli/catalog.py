@@ -134,6 +134,7 @@ class FindingCode(StrEnum):
     HOST_SLOT_HELD_TWICE = "host-slot-held-twice"
     HOST_SLOT_FREED_TWICE = "host-slot-freed-twice"
     HOST_SLOT_OUT_OF_RANGE = "host-slot-out-of-range"
+    HOST_SLOT_LEAKED = "host-slot-leaked"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -218,6 +219,7 @@ class CauseCode(StrEnum):
     TREE_LOCK_LEAK = "tree-lock-leak"
     PAGE_TABLE_CORRUPT = "page-table-corrupt"
     MAMBA_SLOT_LEAK = "mamba-slot-leak"
+    HOST_SLOT_LEAK = "host-slot-leak"
     #: no page is lost: SGLang's own sum is wrong (`kvcanary leak LINE DUMP` says so).
     SGLANG_MISCOUNT = "sglang-miscount"
 
@@ -1054,6 +1056,26 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a corrupt host index: a backup or load-back through it copies into or "
                     "out of another slot's bytes, or `HostKVCache.free` fails indexing "
                     "`slot_used`"
+                ),
+            ),
+        ),
+        (
+            FindingCode.HOST_SLOT_LEAKED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "HiCache: a host slot of a pool (0 .. its size − 1) neither on that "
+                    "pool's free list nor in any node's host value of that pool, in a dump "
+                    "whose capture ruled out every other holder (`host_slots_accounted` 1: "
+                    "no storage tier, no buffer-only host memory, no disaggregated decode, "
+                    "no prefetch or storage backup in flight). `details.pool`, "
+                    "`details.host_slots`"
+                ),
+                meaning=(
+                    "a host slot lost to its pool: allocated and never given to a node nor "
+                    "freed, so HiCache's host tier shrinks for good; SGLang counts it as "
+                    "used and never says so"
                 ),
             ),
         ),
@@ -2098,6 +2120,27 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`mamba-slot-leaked`",
                 findings=(FindingCode.MAMBA_SLOT_LEAKED,),
+            ),
+        ),
+        (
+            CauseCode.HOST_SLOT_LEAK,
+            CauseEntry(
+                summary=(
+                    "HiCache host slots are owned by nobody: not on their pool's free list, "
+                    "not a tree node's host value, and nothing else could hold them (the "
+                    "capture ruled out prefetches, storage backups, retraction backups and "
+                    "buffer-only staging)"
+                ),
+                fix=(
+                    "find the host `alloc` whose slots never reached a node nor went back "
+                    "with `free` (`details.pool` names the pool): a backup whose "
+                    "`commit_backup` was skipped after the controller's `write` allocated, "
+                    "a rolled-back `resolve_host_transfers` that freed one pool but not "
+                    "another, a host eviction that drops a node without freeing its host "
+                    "value"
+                ),
+                evidence="`host-slot-leaked`",
+                findings=(FindingCode.HOST_SLOT_LEAKED,),
             ),
         ),
         (

@@ -9,8 +9,9 @@ each pool keeps the rest on its free list (`free_slots`, and the freed chunks st
 none is held by two nodes or listed twice, and every one lies inside its pool. SGLang's only
 guards are the asserts inside `HostKVCache.alloc` and `free` (its `slot_used` bits), which a
 free of a slot its node still holds passes; `MambaPoolHost` has none. Slots in flight (a
-prefetch's, a retraction backup's) are in neither place, so no leak is claimed
-(docs/findings.md, "HiCache host pools"). Each check is a sort over lists as long as the pool.
+prefetch's, a retraction backup's) are in neither place, so a leak is claimed only where the
+capture ruled every such holder out (`host_slots_accounted`; docs/findings.md, "HiCache host
+pools"). Each check is a sort over lists as long as the pool.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.results.check import Finding, JsonValue
 
-__all__ = ["HOST_POOLS", "host_free_list_findings", "host_slot_findings"]
+__all__ = ["HOST_POOLS", "host_free_list_findings", "host_leak_findings", "host_slot_findings"]
 
 #: Each host pool a dump may record: its name in a finding's `details.pool`, the word that
 #: names its slots in messages, and its records' prefix (`<prefix>host_free_slots`,
@@ -171,4 +172,34 @@ def _held_findings(pool: _Pool, held: np.ndarray) -> list[Finding]:
             )
         )
     found += _range_finding(pool, f"a tree node's {label}host value", held)
+    return found
+
+
+def host_leak_findings(dump: KvDump) -> list[Finding]:
+    """`HOST_SLOT_LEAKED`: each pool's slots 0 .. size - 1 neither free nor held (run only
+    where the capture vouched that nothing else holds one: see coverage)."""
+    found: list[Finding] = []
+    for pool in _pools(dump):
+        if pool.held is None or pool.size is None:
+            continue
+        placed = np.zeros(pool.size, dtype=bool)
+        for slots in (pool.free, pool.held):
+            placed[slots[(slots >= 0) & (slots < pool.size)]] = True
+        leaked = np.flatnonzero(~placed).astype(np.int64)
+        if leaked.size:
+            label = pool.label
+            found.append(
+                id_list_finding(
+                    FindingCode.HOST_SLOT_LEAKED,
+                    leaked,
+                    f"{label}host slot {{slot}} is neither on the HiCache {label}host free "
+                    f"list nor in any node's {label}host value, and nothing else holds "
+                    "one: leaked",
+                    f"{label}host slots {{slots}} are neither on the HiCache {label}host free "
+                    f"list nor in any node's {label}host value, and nothing else holds "
+                    "one: leaked",
+                    key="host_slots",
+                    pool=pool.name,
+                )
+            )
     return found

@@ -289,6 +289,42 @@ def _host_facts(facts: dict[str, Any], tree: Any) -> None:
         facts["tree_host_slots"], facts["tree_host_nodes"], facts["tree_host_lock_refs"] = held
     for name, (kind, attribute) in SIDE_HOST_POOLS.items():
         _read(facts, _side_host_facts, tree, pool, name, kind, attribute)
+    if held is not None:
+        _read(facts, _accounted_facts, tree)
+
+
+def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
+    """`host_slots_accounted` = 1 where nothing but the free lists and the tree's nodes can
+    hold a host slot now (SGLang 0.5.23's `UnifiedRadixCache`): a backup's slots are its
+    node's from `commit_backup` on and a load-back reads its node's, so only a storage
+    tier (prefetches filled by the controller's threads, storage backups, pages queued for
+    release), buffer-only host memory (its staging), disaggregated decode (retraction
+    backups and host receives held by requests in its queues), a KV-sharded group or an
+    external linker could hold one elsewhere. Each must be seen absent or idle; anything
+    unread leaves the fact out, and with it the leak check."""
+    import sys
+
+    controller = tree.cache_controller
+    side = [name for name in SIDE_HOST_POOLS if f"{name}_host_free_slots" in facts]
+    if any(f"tree_{name}_host_slots" not in facts for name in side):
+        return  # a side pool's holders unread
+    if getattr(tree, "host_pool_group", None) is not controller.mem_pool_host:
+        return  # not the tree this reading knows
+    if controller.enable_storage is not False or tree.enable_storage is not False:
+        return
+    if tree.ongoing_prefetch or tree.ongoing_backup:
+        return
+    if tree.buffer_pipeline is not None or tree.host_memory_mode == "buffer_only":
+        return
+    if tree.linker is not None or controller.is_kv_sharded is not False:
+        return
+    queues = [controller.host_mem_release_queue, *controller.extra_host_mem_release_queues.values()]
+    if any(queue is not None and not queue.empty() for queue in queues):
+        return
+    context = sys.modules.get("sglang.srt.runtime_context")
+    if context is None or context.get_disagg().disaggregation_mode != "null":
+        return
+    facts["host_slots_accounted"] = 1
 
 
 def _side_host_facts(
@@ -388,6 +424,7 @@ SCALAR_FACTS = (
     "num_mamba_slots",
     "num_host_slots",
     *(f"num_{name}_host_slots" for name in SIDE_HOST_POOLS),
+    "host_slots_accounted",
 )
 #: What `tree_state` records as metadata strings, not tensors.
 METADATA_FACTS = (LAYOUT_KEY, RESERVED_PAGES_KEY, DCP_SIZE_KEY, DCP_POOL_PAGE_KEY)

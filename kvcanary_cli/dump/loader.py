@@ -683,6 +683,7 @@ _KV_SCALARS = frozenset(
         "num_host_slots",
         "num_swa_host_slots",
         "num_mamba_host_slots",
+        "host_slots_accounted",
         "groups",
     }
 )

@@ -1,10 +1,11 @@
 """HiCache's host pool checks (analysis/hicache.py) on small hand-made dumps: a correct state
 checks clean, and each fault of the host slots (free and held, held by two nodes, freed twice,
-outside the pool) is named with its cause, in the anchor KV pool and in each side pool (SWA,
-Mamba) with the pool named, each beside its clean twin; the pools' slot ids are separate
-spaces (the same id free in one and held in another is no fault); a dump without host
-records says the HiCache checks do not apply, and one with the free list only says which
-check did not run."""
+outside the pool, leaked where the capture vouched that nothing else holds one) is named
+with its cause, in the anchor KV pool and in each side pool (SWA, Mamba) with the pool
+named, each beside its clean twin (a slot in neither place without that word is silent);
+the pools' slot ids are separate spaces (the same id free in one and held in another is no
+fault); a dump without host records says the HiCache checks do not apply, and one with the
+free list only says which check did not run."""
 
 from __future__ import annotations
 
@@ -55,8 +56,14 @@ def _state(side: bool = True) -> dict[str, Any]:
     return state
 
 
-def _check(tmp_path: Path, state: dict[str, Any], size: int | None = SIZE) -> Any:
+def _check(
+    tmp_path: Path, state: dict[str, Any], size: int | None = SIZE, accounted: bool = True
+) -> Any:
+    """Checked with the pools' sizes (`size`: the anchor's; None: no size recorded) and, with
+    `accounted`, the capture's word that nothing else holds a host slot."""
     metadata: dict[str, Any] = {"num_full_slots": 16, "page_size": 1}
+    if accounted:
+        metadata["host_slots_accounted"] = 1
     if size is not None:
         metadata["num_host_slots"] = size
         for prefix, side_size, *_ in SIDE_POOLS.values():
@@ -80,6 +87,7 @@ def test_correct_state_is_clean(tmp_path: Path, side: bool) -> None:
     assert _errors(report) == []
     status = {c.check: c.status for c in report.coverage}
     assert status["HiCache host free list"] == status["HiCache host slots"] == "ran"
+    assert status["HiCache host slot leaks"] == "ran"
     if side:
         assert np.intersect1d(state["swa_host_free_slots"], state["tree_host_slots"]).size
 
@@ -100,6 +108,8 @@ def _planted(name: str, pool: str = "kv") -> dict[str, Any]:
     elif name == "out-of-range":  # a device slot stored as a host value
         free.append(held[-1])
         held[-1] = size + 28
+    elif name == "leaked":  # a slot allocated, then given to no node and never freed
+        free.pop(1)
     state[free_key], state[held_key] = np.array(free), np.array(held)
     return state
 
@@ -111,6 +121,7 @@ HOST_FAULTS = (
     ("held-twice", "host-slot-held-twice", "host-slot-double-free"),
     ("freed-twice", "host-slot-freed-twice", "host-slot-double-free"),
     ("out-of-range", "host-slot-out-of-range", "host-slot-index-corrupt"),
+    ("leaked", "host-slot-leaked", "host-slot-leak"),
 )
 
 
@@ -166,3 +177,16 @@ def test_free_list_alone_runs_its_checks_and_says_what_did_not(tmp_path: Path) -
     assert _errors(report) == ["host-slot-freed-twice"]
     [slots] = [c for c in report.coverage if c.check == "HiCache host slots"]
     assert slots.status == "not-run" and "tree_host_slots" in slots.missing
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_a_slot_in_neither_place_is_no_leak_unless_the_capture_vouched(
+    tmp_path: Path, pool: str
+) -> None:
+    """The leaked state's twin: the same slot in no free list and no node, from a capture
+    that could not rule out a holder in flight (a prefetch's, a retraction backup's, a
+    buffer's): silent, and the leak check says why it did not run."""
+    report = _check(tmp_path, _planted("leaked", pool), accounted=False)
+    assert report.findings == ()
+    [leaks] = [c for c in report.coverage if c.check == "HiCache host slot leaks"]
+    assert leaks.status == "not-run" and "in flight" in (leaks.reason or "")

@@ -25,6 +25,7 @@ from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -113,21 +114,28 @@ def _data(node: Any, kind: str = "FULL") -> Any:
     return node.component_data[kinds.ComponentType[kind]]
 
 
+def _insert(stack: Any, tokens: list[int]) -> None:
+    """One prompt's KV inserted (a write-through backup to host issued, its ack pending)."""
+    base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
+    radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
+    value = stack.allocator.alloc(len(tokens))
+    key = radix.RadixKey(array("q", tokens))  # the Rust core takes 8-byte token arrays
+    # the Mamba layout: each insert leaves its request's state slot on its last node
+    mamba = stack.spec.layout == "mamba"
+    state = stack.req_to_token_pool.mamba_allocator.alloc(1) if mamba else None
+    stack.tree.insert(base.InsertParams(key=key, value=value, mamba_value=state))
+
+
 def _drive(stack: Any) -> None:
     """Three prompts inserted (each backed up to host on insert, the acks drained), the second
     splitting the first's backed-up node, then device eviction (host-only nodes), a host
-    eviction (freed host slots staged in `release_slots`) and a load-back of a host-only node
-    left in flight (its node host-locked until the ack)."""
+    eviction (freed host slots staged in `release_slots`), a load-back of a host-only node
+    left in flight (its node host-locked until the ack) and a fourth prompt's write-through
+    left in flight (its ack never drained)."""
     base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
-    radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
     tree = stack.tree
-    mamba = stack.spec.layout == "mamba"
     for tokens in (list(range(20)), [*range(10), *range(100, 110)], list(range(200, 220))):
-        value = stack.allocator.alloc(len(tokens))
-        key = radix.RadixKey(array("q", tokens))  # the Rust core takes 8-byte token arrays
-        # the Mamba layout: each insert leaves its request's state slot on its last node
-        state = stack.req_to_token_pool.mamba_allocator.alloc(1) if mamba else None
-        tree.insert(base.InsertParams(key=key, value=value, mamba_value=state))
+        _insert(stack, tokens)
         tree.writing_check(write_back=True)
     tree.evict(base.EvictParams(num_tokens=30))
     assert tree.evict_host(10) > 0
@@ -139,6 +147,8 @@ def _drive(stack: Any) -> None:
         if _data(node).value is None and _data(node).host_value is not None
     ]
     assert host_only and tree.load_back(host_only[0].id, mem_quota=1 << 20)  # left in flight
+    _insert(stack, list(range(300, 330)))
+    assert tree.ongoing_write_through and tree.ongoing_load_back
 
 
 @contextmanager
@@ -224,13 +234,15 @@ def test_capture_records_every_host_pool_and_a_correct_state_is_clean(
     request: pytest.FixtureRequest, tmp_path: Path, fixture: str, side: str
 ) -> None:
     """The driven state: some host slots of each pool held by nodes (host-only ones among
-    them, one being loaded back), some free, some staged for release; the anchor and the
-    side pool both recorded, and both HiCache families run clean."""
+    them, one being loaded back, one being written through), some free, some staged for
+    release; the anchor and the side pool both recorded, and every HiCache family, the
+    leak check among them, runs clean mid-load-back and mid-write-through."""
     built = request.getfixturevalue(fixture)
     report, tensors = _checked(built, tmp_path)
     assert report.error is None and report.findings == (), report.findings
     status = {c.check: c.status for c in report.coverage}
     assert status["HiCache host free list"] == status["HiCache host slots"] == "ran"
+    assert status["HiCache host slot leaks"] == "ran"  # the capture vouched: no storage...
     for name in ("kv", side):
         held, _ = _placed(built, tensors, name)
         pool = _host_pool(built, name)
@@ -263,6 +275,61 @@ def test_a_held_host_slot_freed_is_named(
     assert finding.details["host_slots"] == sorted(int(s) for s in host_value[:2])
     assert finding.details["nodes"] == [int(node.id)]
     assert report.diagnosis[0].code.value == "host-slot-freed-while-held"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "name"), [("stack", "kv"), ("stack", "swa"), ("mamba_stack", "mamba")]
+)
+def test_host_slots_allocated_and_dropped_are_named_leaked(
+    request: pytest.FixtureRequest, tmp_path: Path, fixture: str, name: str
+) -> None:
+    """The pool's own `alloc` whose slots never reach a node nor go back: leaked, in that
+    pool, where nothing else can hold a host slot (no storage, no buffer mode, no
+    disaggregated decode, nothing in flight to storage)."""
+    built = request.getfixturevalue(fixture)
+    pool = _host_pool(built, name)
+    with _restored(pool):
+        dropped = pool.alloc(2)
+        report, _ = _checked(built, tmp_path)
+    assert [f.code.value for f in report.findings] == ["host-slot-leaked"]
+    [finding] = report.findings
+    assert finding.details["pool"] == name
+    assert finding.details["host_slots"] == sorted(int(s) for s in dropped)
+    assert report.diagnosis[0].code.value == "host-slot-leak"
+
+
+def _prefetch_in_flight(stack: Any, patch: pytest.MonkeyPatch) -> None:
+    """A storage prefetch tracked in flight (its slots are the ones allocated here)."""
+    patch.setitem(stack.tree.ongoing_prefetch, "a request", object())
+
+
+def _storage_on(stack: Any, patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(stack.tree.cache_controller, "enable_storage", True)
+
+
+def _disaggregated_decode(stack: Any, patch: pytest.MonkeyPatch) -> None:
+    """A decode server of prefill-decode disaggregation (its retraction backups and host
+    receives are held by requests in its own queues)."""
+    context = importlib.import_module("sglang.srt.runtime_context")
+    bag = SimpleNamespace(disaggregation_mode="decode")
+    patch.setattr(context, "get_disagg", lambda: bag)
+
+
+@pytest.mark.parametrize("holder", [_prefetch_in_flight, _storage_on, _disaggregated_decode])
+def test_slots_a_holder_in_flight_may_own_are_no_leak(
+    stack: Any, tmp_path: Path, holder: Any
+) -> None:
+    """The leak's twins: the same dropped `alloc` while something the capture cannot read
+    could own its slots (a prefetch in flight, a storage tier, a decode server's retraction
+    backups): silent, and the leak check says why it did not run."""
+    pool = _host_pool(stack)
+    with _restored(pool), pytest.MonkeyPatch.context() as patch:
+        holder(stack, patch)
+        pool.alloc(2)
+        report, _ = _checked(stack, tmp_path)
+    assert report.error is None and report.findings == (), report.findings
+    [leaks] = [c for c in report.coverage if c.check == "HiCache host slot leaks"]
+    assert leaks.status == "not-run" and "in flight" in (leaks.reason or "")
 
 
 def test_a_host_slot_freed_twice_is_named(stack: Any, tmp_path: Path) -> None:
@@ -299,3 +366,4 @@ def test_rust_tree_core_runs_the_free_list_checks_and_says_what_it_cannot_read(
     status = {c.check: (c.status, c.missing) for c in report.coverage}
     assert status["HiCache host free list"] == ("ran", ())
     assert status["HiCache host slots"] == ("not-run", ("tree_host_slots",))
+    assert status["HiCache host slot leaks"] == ("not-run", ("tree_host_slots",))
