@@ -300,10 +300,15 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     tier (prefetches filled by the controller's threads, storage backups, pages queued for
     release), buffer-only host memory (its staging), disaggregated decode (retraction
     backups and host receives held by requests in its queues), a KV-sharded group or an
-    external linker could hold one elsewhere. Each must be seen absent or idle; anything
-    unread leaves the fact out, and with it the leak check."""
+    external linker could hold one elsewhere. Each must be seen absent or idle, and the read
+    made in the main thread (SGLang's scheduler's: another thread could catch a backup between
+    its `alloc` and its `commit_backup`); anything unread leaves the fact out, and with it
+    the leak check."""
     import sys
+    import threading
 
+    if threading.current_thread() is not threading.main_thread():
+        return
     controller = tree.cache_controller
     side = [name for name in SIDE_HOST_POOLS if f"{name}_host_free_slots" in facts]
     if any(f"tree_{name}_host_slots" not in facts for name in side):
