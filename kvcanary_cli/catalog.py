@@ -134,6 +134,7 @@ class FindingCode(StrEnum):
     HOST_SLOT_HELD_TWICE = "host-slot-held-twice"
     HOST_SLOT_FREED_TWICE = "host-slot-freed-twice"
     HOST_SLOT_OUT_OF_RANGE = "host-slot-out-of-range"
+    HOST_SLOT_LEAKED = "host-slot-leaked"
     VERIFY_TOTAL_IMPLAUSIBLE = "verify-total-implausible"
     SCALAR_OUT_OF_RANGE = "scalar-out-of-range"
     EXPECTED_TOKEN_OUT_OF_RANGE = "expected-token-out-of-range"
@@ -218,6 +219,7 @@ class CauseCode(StrEnum):
     TREE_LOCK_LEAK = "tree-lock-leak"
     PAGE_TABLE_CORRUPT = "page-table-corrupt"
     MAMBA_SLOT_LEAK = "mamba-slot-leak"
+    HOST_SLOT_LEAK = "host-slot-leak"
     #: no page is lost: SGLang's own sum is wrong (`kvcanary leak LINE DUMP` says so).
     SGLANG_MISCOUNT = "sglang-miscount"
 
@@ -989,16 +991,19 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 severity=Severity.ERROR,
                 group="`full`",
                 when=(
-                    "HiCache: a host KV pool slot on the host free list (`host_free_slots`: "
-                    "`free_slots` and the staged `release_slots`) that a radix-tree node's "
-                    "host value holds (`tree_host_slots`). `details.host_slots`, "
-                    "`details.nodes`, `details.host_locked`"
+                    "HiCache: a host pool slot on that pool's free list (`host_free_slots`: "
+                    "`free_slots` and the staged `release_slots`; the SWA and Mamba host "
+                    "pools' `swa_`/`mamba_host_free_slots`) that a radix-tree node's host "
+                    "value of the same pool holds (`tree_host_slots`, "
+                    "`tree_swa_host_slots`, `tree_mamba_host_slots`). `details.pool`, "
+                    "`details.host_slots`, `details.nodes`, `details.host_locked`"
                 ),
                 meaning=(
                     "a host slot freed while its node keeps it as `host_value`: "
-                    "`HostKVCache.free` cleared its `slot_used` bit, so the next `alloc` hands "
-                    "it to another node's backup without SGLang's 'Double-alloc detected' "
-                    "assert, and a load-back of the first node reads the other prefix's KV"
+                    "`HostKVCache.free` cleared its `slot_used` bit (`MambaPoolHost` keeps "
+                    "none), so the next `alloc` hands it to another node's backup without "
+                    "SGLang's 'Double-alloc detected' assert, and a load-back of the first "
+                    "node reads the other prefix's KV or state"
                 ),
             ),
         ),
@@ -1008,8 +1013,9 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 severity=Severity.ERROR,
                 group="`full`",
                 when=(
-                    "HiCache: a host slot held by two radix-tree nodes' host values (or "
-                    "listed twice in one). `details.host_slots`, `details.nodes`"
+                    "HiCache: a host slot of one pool held by two radix-tree nodes' host "
+                    "values of that pool (or listed twice in one). `details.pool`, "
+                    "`details.host_slots`, `details.nodes`"
                 ),
                 meaning=(
                     "two cached prefixes share one host copy: whichever was backed up last "
@@ -1023,8 +1029,9 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 severity=Severity.ERROR,
                 group="`full`",
                 when=(
-                    "HiCache: a host slot listed twice on the host free list "
-                    "(`host_free_slots`). `details.host_slots`"
+                    "HiCache: a host slot listed twice on a host pool's free list "
+                    "(`host_free_slots`, or the SWA or Mamba host pool's). `details.pool`, "
+                    "`details.host_slots`"
                 ),
                 meaning=(
                     "a double free that went around `HostKVCache.free`'s 'Double-free "
@@ -1040,14 +1047,35 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 severity=Severity.ERROR,
                 group="`full`",
                 when=(
-                    "HiCache: a host slot below 0, or at or past the host pool's size "
-                    "(`num_host_slots`, where recorded), on the host free list or in a "
-                    "node's host value. `details.host_slots`, `details.where`"
+                    "HiCache: a host slot below 0, or at or past its host pool's size "
+                    "(`num_host_slots`, `num_swa_host_slots`, `num_mamba_host_slots`, where "
+                    "recorded), on the pool's free list or in a node's host value of that "
+                    "pool. `details.pool`, `details.host_slots`, `details.where`"
                 ),
                 meaning=(
                     "a corrupt host index: a backup or load-back through it copies into or "
                     "out of another slot's bytes, or `HostKVCache.free` fails indexing "
                     "`slot_used`"
+                ),
+            ),
+        ),
+        (
+            FindingCode.HOST_SLOT_LEAKED,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "HiCache: a host slot of a pool (0 .. its size − 1) neither on that "
+                    "pool's free list nor in any node's host value of that pool, in a dump "
+                    "whose capture ruled out every other holder (`host_slots_accounted` 1: "
+                    "no storage tier, no buffer-only host memory, no disaggregated decode, "
+                    "no prefetch or storage backup in flight). `details.pool`, "
+                    "`details.host_slots`"
+                ),
+                meaning=(
+                    "a host slot lost to its pool: allocated and never given to a node nor "
+                    "freed, so HiCache's host tier shrinks for good; SGLang counts it as "
+                    "used and never says so"
                 ),
             ),
         ),
@@ -1981,10 +2009,12 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "HiCache host slots went back on the host pool's free list while a radix "
                     "node still holds them as its `host_value`: the next `alloc` hands them "
                     "to another node's backup, and SGLang's 'Double-alloc detected' assert "
-                    "stays silent because `free` cleared their `slot_used` bits"
+                    "stays silent because `free` cleared their `slot_used` bits (the Mamba "
+                    "host pool keeps none)"
                 ),
                 fix=(
-                    "find the `HostKVCache.free` (or `HostPoolGroup.free`) of a host value "
+                    "find the `HostKVCache.free` (or `HostPoolGroup.free`, `details.pool` "
+                    "names the pool) of a host value "
                     "whose node keeps it: a host eviction that frees a node's `host_value` "
                     "without dropping the node, a failed or rolled-back backup releasing "
                     "slots `commit_backup` already gave a node, or a load-back that frees the "
@@ -2000,7 +2030,8 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 summary=(
                     "a HiCache host slot was freed twice, or given to a second node while the "
                     "first kept it: two owners share one host copy. SGLang's 'Double-free "
-                    "detected' assert guards `HostKVCache.free` only; a slot pushed onto "
+                    "detected' assert guards `HostKVCache.free` only (`MambaPoolHost.free` "
+                    "has none); a slot pushed onto "
                     "`free_slots` or `release_slots` another way is seen at the second "
                     "`alloc` ('Double-alloc detected'), if at all"
                 ),
@@ -2089,6 +2120,27 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                 ),
                 evidence="`mamba-slot-leaked`",
                 findings=(FindingCode.MAMBA_SLOT_LEAKED,),
+            ),
+        ),
+        (
+            CauseCode.HOST_SLOT_LEAK,
+            CauseEntry(
+                summary=(
+                    "HiCache host slots are owned by nobody: not on their pool's free list, "
+                    "not a tree node's host value, and nothing else could hold them (the "
+                    "capture ruled out prefetches, storage backups, retraction backups and "
+                    "buffer-only staging)"
+                ),
+                fix=(
+                    "find the host `alloc` whose slots never reached a node nor went back "
+                    "with `free` (`details.pool` names the pool): a backup whose "
+                    "`commit_backup` was skipped after the controller's `write` allocated, "
+                    "a rolled-back `resolve_host_transfers` that freed one pool but not "
+                    "another, a host eviction that drops a node without freeing its host "
+                    "value"
+                ),
+                evidence="`host-slot-leaked`",
+                findings=(FindingCode.HOST_SLOT_LEAKED,),
             ),
         ),
         (

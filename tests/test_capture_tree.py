@@ -379,3 +379,94 @@ def test_a_host_pool_that_keeps_no_free_slots_of_its_own_is_not_read() -> None:
     assert not any("host" in name for name in facts)
     facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=_host_tree(native))
     assert facts["host_free_slots"].tolist() == list(range(6))
+
+
+def test_side_host_pools_are_recorded_each_from_its_component() -> None:
+    """A 0.5.23-shaped tree (component data indexed by kind): the Mamba component's host pool
+    is recorded with the Mamba host values, beside the anchor's; an SWA component whose host
+    pool is the anchor itself, or one keeping no free list of its own, adds nothing."""
+    import enum
+
+    Kind = enum.IntEnum("Kind", {"FULL": 0, "SWA": 1, "MAMBA": 2})
+
+    def pool(free: list[int], size: int) -> Any:
+        return SimpleNamespace(free_slots=np.array(free), release_slots=[], size=size)
+
+    def data(host: list[int] | None, lock: int = 0) -> Any:
+        value = None if host is None else np.array(host)
+        return SimpleNamespace(host_value=value, host_lock_ref=lock)
+
+    def node(node_id: int, full: list[int], mamba: list[int] | None, *children: Any) -> Any:
+        return SimpleNamespace(
+            id=node_id,
+            component_data=[data(full), data([99]), data(mamba, 1)],
+            children={c.id: c for c in children},
+        )
+
+    anchor, mamba = pool([4, 5], 6), pool([1], 3)
+    leaf = node(2, [2, 3], [2])
+    root = SimpleNamespace(id=0, children={}, component_data=[])
+    root.children = {1: node(1, [0, 1], None, leaf)}
+    facade = type("Facade", (), {"free_slots": property(lambda self: np.array([0]))})()
+    for swa in (anchor, facade):  # the anchor itself; a facade answering another's list
+        tree = SimpleNamespace(
+            tree_core=SimpleNamespace(root_node=root),
+            components={
+                Kind.FULL: SimpleNamespace(),
+                Kind.SWA: SimpleNamespace(_swa_kv_pool_host=swa),
+                Kind.MAMBA: SimpleNamespace(_mamba_pool_host=mamba),
+            },
+            cache_controller=SimpleNamespace(
+                mem_pool_host=SimpleNamespace(anchor_entry=SimpleNamespace(host_pool=anchor))
+            ),
+        )
+        facts = tree_state(allocator=SimpleNamespace(page_size=1), tree=tree)
+        assert sorted(facts["tree_host_slots"].tolist()) == [0, 1, 2, 3]
+        assert facts["mamba_host_free_slots"].tolist() == [1]
+        assert facts["num_mamba_host_slots"] == 3
+        assert facts["tree_mamba_host_slots"].tolist() == [2]
+        assert facts["tree_mamba_host_nodes"].tolist() == [2]
+        assert facts["tree_mamba_host_lock_refs"].tolist() == [1]
+        assert not [name for name in facts if "swa_host" in name]
+
+
+def test_host_slots_are_vouched_for_only_from_the_main_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`host_slots_accounted` needs every holder seen idle from the scheduler's thread: a
+    tree with nothing in flight is vouched for from the main thread, and the same tree read
+    from another thread (which could catch a backup between `alloc` and `commit_backup`) is
+    not."""
+    import sys
+    import threading
+
+    from kvcanary_cli.capture import tree as capture
+
+    disagg = SimpleNamespace(disaggregation_mode="null")
+    context = SimpleNamespace(get_disagg=lambda: disagg)
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", context)
+    group = SimpleNamespace()
+    controller = SimpleNamespace(
+        mem_pool_host=group,
+        enable_storage=False,
+        is_kv_sharded=False,
+        host_mem_release_queue=None,
+        extra_host_mem_release_queues={},
+    )
+    tree = SimpleNamespace(
+        cache_controller=controller,
+        host_pool_group=group,
+        enable_storage=False,
+        ongoing_prefetch={},
+        ongoing_backup={},
+        buffer_pipeline=None,
+        host_memory_mode="cache",
+        linker=None,
+    )
+    elsewhere: dict[str, Any] = {}
+    reader = threading.Thread(target=capture._accounted_facts, args=(elsewhere, tree))
+    reader.start()
+    reader.join()
+    here: dict[str, Any] = {}
+    capture._accounted_facts(here, tree)
+    assert (here, elsewhere) == ({"host_slots_accounted": 1}, {})

@@ -31,6 +31,7 @@ from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.coverage import (
     CANARY_REPLAY,
     HOST_FREE_LIST,
+    HOST_LEAKS,
     HOST_SLOTS,
     MAMBA_LEAKS,
     MAMBA_SLOTS,
@@ -281,6 +282,10 @@ def _collect(
         from kvcanary_cli.analysis.hicache import host_slot_findings
 
         findings += host_slot_findings(dump)
+    if runs(dump, HOST_LEAKS):
+        from kvcanary_cli.analysis.hicache import host_leak_findings
+
+        findings += host_leak_findings(dump)
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}

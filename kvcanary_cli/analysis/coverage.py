@@ -23,6 +23,7 @@ __all__ = [
     "FULL_FREE_LIST",
     "FULL_LEAKS",
     "HOST_FREE_LIST",
+    "HOST_LEAKS",
     "HOST_SLOTS",
     "MAMBA_LEAKS",
     "MAMBA_SLOTS",
@@ -198,6 +199,27 @@ HOST_SLOTS = CheckFamily(
     needs=(_need("tree_host_slots"), _need("host_free_slots")),
     hicache=True,
 )
+
+
+def _host_leak_blocker(dump: KvDump) -> str | None:
+    if dump.shrunk:
+        return "a shrunk dump keeps too little of the free lists and the tree"
+    if dump.scalars["host_slots_accounted"].value != 1:
+        return (
+            "the capture did not rule out host slots held in flight (a storage tier, "
+            "buffer-only host memory, disaggregated decode; host_slots_accounted not 1)"
+        )
+    return None
+
+
+HOST_LEAKS = CheckFamily(
+    name="HiCache host slot leaks",
+    covers="HiCache host slots neither on their pool's free list nor a tree node's, where "
+    "the capture ruled out every other holder",
+    needs=(_need("host_free_slots"), _need("tree_host_slots"), _need("num_host_slots")),
+    hicache=True,
+    blocker=_host_leak_blocker,
+)
 CANARY_REPLAY = CheckFamily(
     name="canary replay",
     covers="verify replayed on the dump's canary buffers (chain, position, token, real KV)",
@@ -219,6 +241,7 @@ CHECKS: tuple[CheckFamily, ...] = (
     MAMBA_LEAKS,
     HOST_FREE_LIST,
     HOST_SLOTS,
+    HOST_LEAKS,
     CANARY_REPLAY,
 )
 

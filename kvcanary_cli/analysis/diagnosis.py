@@ -1210,6 +1210,7 @@ _MESSAGE_HEADED = frozenset(
         CauseCode.HOST_SLOT_FREED_WHILE_HELD,
         CauseCode.HOST_SLOT_DOUBLE_FREE,
         CauseCode.HOST_SLOT_INDEX_CORRUPT,
+        CauseCode.HOST_SLOT_LEAK,
         CauseCode.VIRTUAL_PAGE_FREED_WHILE_BOUND,
         CauseCode.PAGE_TABLE_CORRUPT,
         CauseCode.LUT_SENTINEL_OVERWRITTEN,

@@ -10,7 +10,8 @@ requests (`kv.req_pool_idx`, `kv.kv_allocated_len`; a session's record holds its
 from both allocators' free lists (in every release: `get_all_free_pages()` where it exists,
 else `free_pages` plus the staged `release_pages`) and from the request pool's (`free_slots`).
 With HiCache on, the tree's host KV pool (`HostKVCache`: its free list and size) and each
-node's host value and host lock count are recorded too.
+node's host value and host lock count are recorded too, and so are the SWA and Mamba host
+pools of its `HostPoolGroup` with their components' host values.
 `batch_state` adds the step's batch (a `ScheduleBatch` after its allocation), so
 `capture_state` is a whole format-v1 dump's tensors and metadata.
 
@@ -238,38 +239,132 @@ def _host_pool(tree: Any) -> Any:
     return pool if own.get("free_slots") is not None else None
 
 
-def _host_facts(facts: dict[str, Any], tree: Any) -> None:
-    """HiCache's host pool (`HostKVCache`): its size (`logical_size`), its free list
-    (`free_slots`, then the chunks `free` staged in `release_slots`) read under the pool's
-    own lock (a merge in between would list a slot twice), and each tree node's host value
-    with its node id and host lock count (the Python tree core's nodes; the Rust core keeps
-    them out of reach). Nothing without HiCache."""
+#: The side pools of a `HostPoolGroup` recorded beside the anchor: each by its name in the
+#: dump's records, the tree component whose nodes' host values index it, and the attribute
+#: that component keeps the host pool it allocates from under (SGLang 0.5.23).
+SIDE_HOST_POOLS: dict[str, tuple[str, str]] = {
+    "swa": ("SWA", "_swa_kv_pool_host"),
+    "mamba": ("MAMBA", "_mamba_pool_host"),
+}
+
+
+def _free_list(pool: Any) -> Any:
+    """A host pool's free list: `free_slots`, then the chunks `free` staged in
+    `release_slots`, read under the pool's own lock (a merge in between would list a slot
+    twice); None while another thread holds the pool for over a second."""
     import numpy as np
 
-    pool = _host_pool(tree)
-    if pool is None:
-        return
     lock = getattr(pool, "lock", None)
     if lock is not None and not lock.acquire(timeout=1.0):
-        return  # another thread holds the pool: no consistent free list now
+        return None  # another thread holds the pool: no consistent free list now
     try:
         chunks = [_host(pool.free_slots)]
         chunks += [_host(chunk) for chunk in list(getattr(pool, "release_slots", None) or [])]
     finally:
         if lock is not None:
             lock.release()
-    facts["host_free_slots"] = np.concatenate(chunks)
+    return np.concatenate(chunks)
+
+
+def _pool_size(pool: Any) -> int:
     size = getattr(pool, "logical_size", None)
-    facts["num_host_slots"] = int(size if size is not None else pool.size)
+    return int(size if size is not None else pool.size)
+
+
+def _host_facts(facts: dict[str, Any], tree: Any) -> None:
+    """HiCache's host pool (`HostKVCache`): its size (`logical_size`), its free list and each
+    tree node's host value with its node id and host lock count (the Python tree core's
+    nodes; the Rust core keeps them out of reach); then the same of each side pool of the
+    group (`SIDE_HOST_POOLS`). Nothing without HiCache."""
+    pool = _host_pool(tree)
+    if pool is None:
+        return
+    free = _free_list(pool)
+    if free is None:
+        return
+    facts["host_free_slots"] = free
+    facts["num_host_slots"] = _pool_size(pool)
     held = _tree_host_values(tree)
     if held is not None:
         facts["tree_host_slots"], facts["tree_host_nodes"], facts["tree_host_lock_refs"] = held
+    for name, (kind, attribute) in SIDE_HOST_POOLS.items():
+        _read(facts, _side_host_facts, tree, pool, name, kind, attribute)
+    if held is not None:
+        _read(facts, _accounted_facts, tree)
 
 
-def _tree_host_values(tree: Any) -> tuple[Any, Any, Any] | None:
+def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
+    """`host_slots_accounted` = 1 where nothing but the free lists and the tree's nodes can
+    hold a host slot now (SGLang 0.5.23's `UnifiedRadixCache`): a backup's slots are its
+    node's from `commit_backup` on and a load-back reads its node's, so only a storage
+    tier (prefetches filled by the controller's threads, storage backups, pages queued for
+    release), buffer-only host memory (its staging), disaggregated decode (retraction
+    backups and host receives held by requests in its queues), a KV-sharded group or an
+    external linker could hold one elsewhere. Each must be seen absent or idle, and the read
+    made in the main thread (SGLang's scheduler's: another thread could catch a backup between
+    its `alloc` and its `commit_backup`); anything unread leaves the fact out, and with it
+    the leak check."""
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    controller = tree.cache_controller
+    side = [name for name in SIDE_HOST_POOLS if f"{name}_host_free_slots" in facts]
+    if any(f"tree_{name}_host_slots" not in facts for name in side):
+        return  # a side pool's holders unread
+    if getattr(tree, "host_pool_group", None) is not controller.mem_pool_host:
+        return  # not the tree this reading knows
+    if controller.enable_storage is not False or tree.enable_storage is not False:
+        return
+    if tree.ongoing_prefetch or tree.ongoing_backup:
+        return
+    if tree.buffer_pipeline is not None or tree.host_memory_mode == "buffer_only":
+        return
+    if tree.linker is not None or controller.is_kv_sharded is not False:
+        return
+    queues = [controller.host_mem_release_queue, *controller.extra_host_mem_release_queues.values()]
+    if any(queue is not None and not queue.empty() for queue in queues):
+        return
+    context = sys.modules.get("sglang.srt.runtime_context")
+    if context is None or context.get_disagg().disaggregation_mode != "null":
+        return
+    facts["host_slots_accounted"] = 1
+
+
+def _side_host_facts(
+    facts: dict[str, Any], tree: Any, anchor: Any, name: str, kind: str, attribute: str
+) -> None:
+    """One side pool of the group (the host pool the `kind` component allocates its host
+    values from), as `_host_facts` records the anchor, under `<name>_host_free_slots`,
+    `num_<name>_host_slots` and `tree_<name>_host_*`. Nothing where the tree has no such
+    component or host pool, where that pool is the anchor itself, or keeps no free list of
+    its own (a shared backing's)."""
+    component = next(
+        (c for k, c in (getattr(tree, "components", None) or {}).items() if k.name == kind),
+        None,
+    )
+    pool = getattr(component, attribute, None)
+    if pool is None or pool is anchor or getattr(pool, "__dict__", {}).get("free_slots") is None:
+        return
+    free = _free_list(pool)
+    if free is None:
+        return
+    facts[f"{name}_host_free_slots"] = free
+    facts[f"num_{name}_host_slots"] = _pool_size(pool)
+    held = _tree_host_values(tree, kind)
+    if held is not None:
+        slots, nodes, locks = held
+        facts[f"tree_{name}_host_slots"] = slots
+        facts[f"tree_{name}_host_nodes"] = nodes
+        facts[f"tree_{name}_host_lock_refs"] = locks
+
+
+def _tree_host_values(tree: Any, kind: str = "FULL") -> tuple[Any, Any, Any] | None:
     """(host slots, their node ids, their nodes' host lock counts), node after node, from the
-    Full component's data of each node (`component_data[FULL].host_value`, `host_lock_ref`),
-    or an older tree's `host_value` and `host_ref_counter`; None where no node is reachable."""
+    `kind` component's data of each node (`component_data[kind].host_value`,
+    `host_lock_ref`), or an older tree's `host_value` and `host_ref_counter` (Full only);
+    None where no node is reachable or the tree has no such component."""
     import numpy as np
 
     core = getattr(tree, "tree_core", tree)
@@ -279,9 +374,9 @@ def _tree_host_values(tree: Any) -> tuple[Any, Any, Any] | None:
         return None
     if root is None:
         return None
-    full = next(
-        (kind for kind in getattr(tree, "components", None) or () if kind.name == "FULL"), None
-    )
+    component = next((k for k in getattr(tree, "components", None) or () if k.name == kind), None)
+    if component is None and kind != "FULL":
+        return None  # an older tree's node holds its Full host value only
     slots: list[Any] = []
     nodes: list[int] = []
     locks: list[int] = []
@@ -289,7 +384,7 @@ def _tree_host_values(tree: Any) -> tuple[Any, Any, Any] | None:
     while stack:
         node = stack.pop()
         stack.extend(node.children.values())
-        data = node.component_data[full] if full is not None else node
+        data = node.component_data[component] if component is not None else node
         value = getattr(data, "host_value", None)
         if value is None:
             continue
@@ -327,7 +422,15 @@ def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:
 DCP_SIZE_KEY = "dcp_size"
 DCP_POOL_PAGE_KEY = "dcp_pool_page_size"
 #: What `tree_state` records as scalars (`capture_state` writes them as metadata integers).
-SCALAR_FACTS = ("page_size", "num_full_slots", "num_swa_slots", "num_mamba_slots", "num_host_slots")
+SCALAR_FACTS = (
+    "page_size",
+    "num_full_slots",
+    "num_swa_slots",
+    "num_mamba_slots",
+    "num_host_slots",
+    *(f"num_{name}_host_slots" for name in SIDE_HOST_POOLS),
+    "host_slots_accounted",
+)
 #: What `tree_state` records as metadata strings, not tensors.
 METADATA_FACTS = (LAYOUT_KEY, RESERVED_PAGES_KEY, DCP_SIZE_KEY, DCP_POOL_PAGE_KEY)
 

@@ -247,6 +247,15 @@ class KvDump:
     tree_host_slots: np.ndarray | None = None
     tree_host_nodes: np.ndarray | None = None
     tree_host_lock_refs: np.ndarray | None = None
+    #: the same of the group's SWA and Mamba host pools, where the dump records them.
+    swa_host_free_slots: np.ndarray | None = None
+    tree_swa_host_slots: np.ndarray | None = None
+    tree_swa_host_nodes: np.ndarray | None = None
+    tree_swa_host_lock_refs: np.ndarray | None = None
+    mamba_host_free_slots: np.ndarray | None = None
+    tree_mamba_host_slots: np.ndarray | None = None
+    tree_mamba_host_nodes: np.ndarray | None = None
+    tree_mamba_host_lock_refs: np.ndarray | None = None
     violation_ring: np.ndarray | None = None
     violation_write_index: int | None = None
     #: scalars recorded out of their range (`ScalarSpec.out_of_range`), left unknown.
@@ -600,6 +609,14 @@ def _read_contents(
         tree_host_slots=small("tree_host_slots"),
         tree_host_nodes=small("tree_host_nodes"),
         tree_host_lock_refs=small("tree_host_lock_refs"),
+        swa_host_free_slots=small("swa_host_free_slots"),
+        tree_swa_host_slots=small("tree_swa_host_slots"),
+        tree_swa_host_nodes=small("tree_swa_host_nodes"),
+        tree_swa_host_lock_refs=small("tree_swa_host_lock_refs"),
+        mamba_host_free_slots=small("mamba_host_free_slots"),
+        tree_mamba_host_slots=small("tree_mamba_host_slots"),
+        tree_mamba_host_nodes=small("tree_mamba_host_nodes"),
+        tree_mamba_host_lock_refs=small("tree_mamba_host_lock_refs"),
         violation_ring=small("violation_ring"),
         violation_write_index=(
             None if ring_index is None else int(np.asarray(ring_index).reshape(-1)[0])
@@ -629,7 +646,16 @@ MAMBA_RECORDS = (
     "req_mamba_rows",
 )
 #: HiCache's host pool records (docs/dump-format.md, "HiCache host pool").
-HOST_RECORDS = ("host_free_slots", "tree_host_slots", "tree_host_nodes", "tree_host_lock_refs")
+HOST_RECORDS = tuple(
+    name
+    for prefix in ("", "swa_", "mamba_")
+    for name in (
+        f"{prefix}host_free_slots",
+        f"tree_{prefix}host_slots",
+        f"tree_{prefix}host_nodes",
+        f"tree_{prefix}host_lock_refs",
+    )
+)
 #: What a dump records about its KV slots (their ids mean what its layout says): not read
 #: for a layout kvcanary does not know. The batch, the table, the request pool's rows and
 #: the violation ring are read as they are.
@@ -650,7 +676,16 @@ _KV_RECORDS = frozenset(
 )
 _KV_FAMILIES = ("canary.", "real_kv.")
 _KV_SCALARS = frozenset(
-    {"num_full_slots", "num_swa_slots", "num_mamba_slots", "num_host_slots", "groups"}
+    {
+        "num_full_slots",
+        "num_swa_slots",
+        "num_mamba_slots",
+        "num_host_slots",
+        "num_swa_host_slots",
+        "num_mamba_host_slots",
+        "host_slots_accounted",
+        "groups",
+    }
 )
 
 

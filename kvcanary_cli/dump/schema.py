@@ -398,6 +398,60 @@ TENSORS: dict[str, TensorSpec] = {
             "(host_lock_ref)",
         ),
         TensorSpec(
+            name="swa_host_free_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: the SWA host pool's free slots (free_slots, then the staged "
+            "release_slots), in their order, duplicates kept",
+        ),
+        TensorSpec(
+            name="tree_swa_host_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: the SWA host slots the radix tree's nodes hold (each node's "
+            "SWA host_value), node after node",
+        ),
+        TensorSpec(
+            name="tree_swa_host_nodes",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: aligned with tree_swa_host_slots, the id of the node holding each",
+        ),
+        TensorSpec(
+            name="tree_swa_host_lock_refs",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: aligned with tree_swa_host_slots, the holding node's SWA host "
+            "lock count",
+        ),
+        TensorSpec(
+            name="mamba_host_free_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: the Mamba host pool's free slots (free_slots, then the staged "
+            "release_slots), in their order, duplicates kept",
+        ),
+        TensorSpec(
+            name="tree_mamba_host_slots",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: the Mamba host slots the radix tree's nodes hold (each node's "
+            "Mamba host_value), node after node",
+        ),
+        TensorSpec(
+            name="tree_mamba_host_nodes",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: aligned with tree_mamba_host_slots, the id of the node holding each",
+        ),
+        TensorSpec(
+            name="tree_mamba_host_lock_refs",
+            canonical="I64",
+            accepted=_INDEX,
+            role="HiCache: aligned with tree_mamba_host_slots, the holding node's Mamba host "
+            "lock count",
+        ),
+        TensorSpec(
             name="violation_ring",
             canonical="I64",
             ranks=(2,),
@@ -564,6 +618,30 @@ SCALARS: dict[str, ScalarSpec] = {
             meaning="HiCache: slots of the host KV pool (its logical size)",
             minimum=0,
             maximum=_MAX_SLOTS,
+        ),
+        ScalarSpec(
+            name="num_swa_host_slots",
+            default="unknown",
+            meaning="HiCache: slots of the SWA host pool (its logical size)",
+            minimum=0,
+            maximum=_MAX_SLOTS,
+        ),
+        ScalarSpec(
+            name="num_mamba_host_slots",
+            default="unknown",
+            meaning="HiCache: slots of the Mamba host pool (its logical size)",
+            minimum=0,
+            maximum=_MAX_SLOTS,
+        ),
+        ScalarSpec(
+            name="host_slots_accounted",
+            default="unknown: no host leak is claimed",
+            meaning="HiCache: 1 when the capture ruled out every holder of a host slot but "
+            "the free lists and the tree's nodes (no storage tier, no buffer-only host "
+            "memory, no disaggregated decode, no prefetch or storage backup in flight), so a "
+            "slot in neither is leaked",
+            minimum=0,
+            maximum=1,
         ),
     )
 }

@@ -312,10 +312,11 @@ def test_a_mamba_fault_names_the_mamba_slot(tmp_path: Path, fault: str, named: s
 @pytest.mark.parametrize(
     ("fault", "named"),
     [
-        ("free-and-held", "host slot 2"),
+        ("free-and-held", "host slot 0"),
         ("held-twice", "host slot 4"),
         ("freed-twice", "host slots 10, 11"),
         ("out-of-range", "host slot 40"),
+        ("leaked", "host slot 7"),
     ],
 )
 def test_a_hicache_fault_names_the_host_slot(tmp_path: Path, fault: str, named: str) -> None:

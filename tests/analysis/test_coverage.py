@@ -47,6 +47,7 @@ def _whole() -> SynthDump:
     state.tensors["host_free_slots"] = np.arange(4, 8, dtype=np.int64)  # HiCache's host pool
     state.tensors["tree_host_slots"] = np.arange(4, dtype=np.int64)
     state.metadata["num_host_slots"] = "8"
+    state.metadata["host_slots_accounted"] = "1"  # the capture vouched: nothing in flight
     return state
 
 
@@ -100,8 +101,12 @@ MISSING = {
     "host_free_slots": {
         "HiCache host free list": ("host_free_slots",),
         "HiCache host slots": ("host_free_slots",),
+        "HiCache host slot leaks": ("host_free_slots",),
     },
-    "tree_host_slots": {"HiCache host slots": ("tree_host_slots",)},
+    "tree_host_slots": {
+        "HiCache host slots": ("tree_host_slots",),
+        "HiCache host slot leaks": ("tree_host_slots",),
+    },
 }
 
 
