@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvcanary_cli.dump.loader import KvDump, read_in_any_layout
-from kvcanary_cli.dump.schema import SCALARS, Group, Layout
+from kvcanary_cli.dump.schema import HOST_POOL_PREFIXES, SCALARS, Group, Layout
 from kvcanary_cli.results.check import CheckCoverage
 
 __all__ = [
@@ -75,6 +75,23 @@ def _need(*names: str) -> tuple[tuple[str, ...], ...]:
 
 def _not_shrunk(dump: KvDump) -> str | None:
     return "a shrunk dump keeps too little of the free lists and the tree" if dump.shrunk else None
+
+
+def _undescribed(dump: KvDump, size: str, lists: Sequence[str]) -> str | None:
+    """Why a leak check (a bit per slot) does not run on a pool of scalar `size`: a size its
+    `lists` (the records that place its slots) could not describe, as a corrupt scalar gives
+    (2^44 slots beside a few dozen listed); None: it runs."""
+    value = dump.scalars[size].value
+    recorded = (getattr(dump, name) for name in lists)
+    listed = sum(0 if values is None else int(values.size) for values in recorded)
+    if value is None or value <= 4 * listed + (1 << 20):
+        return None
+    return f"{size} {value} is not a pool its lists could describe"
+
+
+def _mamba_leak_blocker(dump: KvDump) -> str | None:
+    lists = ("free_mamba_slots", "tree_mamba_slots", "req_mamba_slots")
+    return _not_shrunk(dump) or _undescribed(dump, "num_mamba_slots", lists)
 
 
 def _swa_leak_blocker(dump: KvDump) -> str | None:
@@ -184,7 +201,7 @@ MAMBA_LEAKS = CheckFamily(
         _need("num_mamba_slots"),
     ),
     layouts=(Layout.MAMBA,),
-    blocker=_not_shrunk,
+    blocker=_mamba_leak_blocker,
 )
 HOST_FREE_LIST = CheckFamily(
     name="HiCache host free list",
@@ -209,6 +226,10 @@ def _host_leak_blocker(dump: KvDump) -> str | None:
             "the capture did not rule out host slots held in flight (a storage tier, "
             "buffer-only host memory, disaggregated decode; host_slots_accounted not 1)"
         )
+    for prefix in HOST_POOL_PREFIXES.values():
+        lists = (f"{prefix}host_free_slots", f"tree_{prefix}host_slots")
+        if (refused := _undescribed(dump, f"num_{prefix}host_slots", lists)) is not None:
+            return refused
     return None
 
 

@@ -24,17 +24,17 @@ import numpy as np
 from kvcanary_cli.analysis.cells import IDS_SHOWN, flat_ids, id_list_finding, repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.schema import HOST_POOL_PREFIXES
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = ["HOST_POOLS", "host_free_list_findings", "host_leak_findings", "host_slot_findings"]
 
-#: Each host pool a dump may record: its name in a finding's `details.pool`, the word that
-#: names its slots in messages, and its records' prefix (`<prefix>host_free_slots`,
-#: `tree_<prefix>host_slots` ..., `num_<prefix>host_slots`). The anchor's first.
-HOST_POOLS: tuple[tuple[str, str, str], ...] = (
-    ("kv", "", ""),
-    ("swa", "SWA ", "swa_"),
-    ("mamba", "Mamba ", "mamba_"),
+#: Each host pool a dump may record (`HOST_POOL_PREFIXES`): its name in a finding's
+#: `details.pool`, the word that names its slots in messages, and its records' prefix. The
+#: anchor's first.
+HOST_POOLS: tuple[tuple[str, str, str], ...] = tuple(
+    (name, {"swa": "SWA ", "mamba": "Mamba "}.get(name, ""), prefix)
+    for name, prefix in HOST_POOL_PREFIXES.items()
 )
 
 

@@ -646,6 +646,11 @@ SCALARS: dict[str, ScalarSpec] = {
     )
 }
 
+#: HiCache's host pools a dump may record, by name, each with its records' prefix
+#: (`<prefix>host_free_slots`, `tree_<prefix>host_slots`, `num_<prefix>host_slots` ...): the
+#: anchor (the Full KV's host pool) first.
+HOST_POOL_PREFIXES = {"kv": "", "swa": "swa_", "mamba": "mamba_"}
+
 #: Free-form identity keys, in the order reports show them.
 IDENTITY_KEYS: tuple[str, ...] = (
     "sglang.version",

@@ -190,3 +190,25 @@ def test_a_slot_in_neither_place_is_no_leak_unless_the_capture_vouched(
     assert report.findings == ()
     [leaks] = [c for c in report.coverage if c.check == "HiCache host slot leaks"]
     assert leaks.status == "not-run" and "in flight" in (leaks.reason or "")
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_a_pool_size_no_list_could_describe_leaves_its_leak_check_out(
+    tmp_path: Path, pool: str
+) -> None:
+    """A corrupt size (2^44 slots beside a dozen listed) would cost a bit per slot: the leak
+    check does not run and says which size, and the rest is checked as before (the planted
+    fault still named)."""
+    prefix, _ = POOLS[pool]
+    metadata: dict[str, Any] = {"num_full_slots": 16, "page_size": 1, "host_slots_accounted": 1}
+    metadata["num_host_slots"] = SIZE
+    for side_prefix, side_size, *_ in SIDE_POOLS.values():
+        metadata[f"num_{side_prefix}host_slots"] = side_size
+    metadata[f"num_{prefix}host_slots"] = 1 << 44
+    state = _planted("free-and-held", pool)
+    path = write_dump(tmp_path / "h.safetensors", dump_contents(metadata, state))
+    report: Any = check([path], kernel="none").dumps[0]
+    assert _errors(report) == ["host-slot-free-and-held"]
+    [leaks] = [c for c in report.coverage if c.check == "HiCache host slot leaks"]
+    assert leaks.status == "not-run"
+    assert f"num_{prefix}host_slots {1 << 44} is not a pool" in (leaks.reason or "")

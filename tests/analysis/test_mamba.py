@@ -126,3 +126,21 @@ def test_requests_unknown_no_leak_is_said(tmp_path: Path) -> None:
     assert _errors(report) == ["mamba-slot-free-and-held"]
     [leaks] = [c for c in report.coverage if c.check == "Mamba slot leaks"]
     assert leaks.status == "not-run" and "req_mamba_slots" in leaks.missing
+
+
+def test_a_pool_size_no_list_could_describe_leaves_the_leak_check_out(tmp_path: Path) -> None:
+    """A corrupt `num_mamba_slots` (2^44 beside a few slots listed) would cost a bit per slot:
+    the leak check does not run and says why, and the slot checks still run."""
+    metadata = {
+        "layout": "hybrid-mamba",
+        "num_full_slots": 16,
+        "num_mamba_slots": 1 << 44,
+        "page_size": 1,
+    }
+    state = _planted("free-and-held")
+    path = write_dump(tmp_path / "m.safetensors", dump_contents(metadata, state))
+    report: Any = check([path], kernel="none").dumps[0]
+    assert _errors(report) == ["mamba-slot-free-and-held"]
+    [leaks] = [c for c in report.coverage if c.check == "Mamba slot leaks"]
+    assert leaks.status == "not-run"
+    assert f"num_mamba_slots {1 << 44} is not a pool" in (leaks.reason or "")
