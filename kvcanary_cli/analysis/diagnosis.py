@@ -812,14 +812,15 @@ def _partial_headline(state: _Diagnosis, full: int, mapped: int, pages: int) -> 
     dump = state.dump
     page = max(1, dump.scalars["page_size"].value or 1)
     lut = dump.full_to_swa_index_mapping
-    tokens = full * page + np.arange(page, dtype=np.int64)
+    first = full * page
     values = np.zeros(0, dtype=np.int64)
-    if lut is not None:
-        keys = tokens[(tokens >= 0) & (tokens < int(lut.shape[0]) - 1)]
+    if lut is not None:  # the page's tokens the LUT has keys for (never the claimed page size)
+        keys = np.arange(max(first, 0), min(first + page, int(lut.shape[0]) - 1), dtype=np.int64)
         values = np.asarray(lut.take_known(keys)[0], dtype=np.int64)
     swa_pages = distinct(values[values > 0] // page)
     where = ""
-    if dump.free_full_slots is not None and np.isin(tokens, dump.free_full_slots).any():
+    free_full = dump.free_full_slots
+    if free_full is not None and ((free_full >= first) & (free_full < first + page)).any():
         where = ", on the free list,"
     into, released = "an SWA page", "released the SWA page"
     if swa_pages.size:

@@ -233,6 +233,16 @@ def test_aliasing_of_a_huge_slot_is_found(tmp_path: Path) -> None:
     assert [f["slot"] for f in shared] == [slot]
 
 
+def test_a_page_size_at_its_bound_is_not_a_page_of_tokens_built(tmp_path: Path) -> None:
+    """`page_size` 2^31 - 1 (in range, absurd) on a dump whose diagnosis names a page freed in
+    part: the headline reads the page's tokens the LUT has keys for, never 2^31 of them
+    (16 GB and a minute before)."""
+    path = make_scenario("stale-swa-mapping", seed=0).save(tmp_path / "stale.safetensors")
+    code, peak = peak_rss_of_check(path, "--kernel", "none", "--set", "page_size=2147483647")
+    assert code == 1
+    assert peak < SMALL_DUMP_RSS, peak
+
+
 # --- scalars: out of range in the dump is a finding, on the command line a usage error ------
 
 
