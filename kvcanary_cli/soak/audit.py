@@ -21,6 +21,7 @@ from kvcanary_cli.catalog import CauseCode, FindingCode
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
+from kvcanary_cli.soak.calls import row_of
 from kvcanary_cli.soak.driver import Scheduler
 from kvcanary_cli.soak.live import LiveAudit, read_state
 
@@ -80,7 +81,7 @@ def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
         groups.append([scheduler.chunked_req])
     for group in groups:
         for req in group:
-            if req.kv.holds_kv:
+            if row_of(req) is not None:
                 seen[id(req)] = req
     return list(seen.values())
 

@@ -14,7 +14,14 @@ Each difference is found by what the loaded tree has, never by its version strin
 - the tree's release of a request's lock: `unlock(req.lock)`, `unpin(req)` or (0.5.20)
   `_dec_req_lock(req)`;
 - the requests a batch's filter keeps out: `filter_batch(reqs_to_exclude=)` (0.5.22 on) or
-  `(chunked_req_to_exclude=)` (0.5.21).
+  `(chunked_req_to_exclude=)` (0.5.21);
+- the request pool row a request holds: `req.kv.req_pool_idx` (0.5.19 on) or
+  `req.req_pool_idx` (0.5.17 - 0.5.18, whose `req.kv` holds only its lengths; see
+  `capture.tree.kv_record`);
+- retracting decode requests: `retract_decode()` (0.5.19 on) or `retract_decode(server_args)`
+  (0.5.17 - 0.5.18);
+- the tree's end of an aborted request's cache attempt: `finish(req.cache_request_handle,
+  CacheRequestOutcome.ABORT)` (0.5.20 on) or `release_aborted_request(req.rid)` (0.5.19).
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvcanary_cli.capture.tree import kv_record
+
 __all__ = [
     "HeldLock",
+    "abort_finisher",
     "checkpointer",
     "exclude_keyword",
     "extend_end",
@@ -33,6 +43,8 @@ __all__ = [
     "prefix_len",
     "release_keyword",
     "releaser",
+    "retract_arguments",
+    "row_of",
     "swa_boundary",
     "tree_unlock_name",
 ]
@@ -43,6 +55,11 @@ def prefix_len(req: Any) -> int:
     if hasattr(req, "prefix_len"):
         return int(req.prefix_len)
     return len(req.prefix_indices)
+
+
+def row_of(req: Any) -> int | None:
+    """The request pool row the request holds (None: none)."""
+    return kv_record(req).req_pool_idx  # type: ignore[no-any-return]
 
 
 def extend_end(req: Any) -> int | None:
@@ -139,3 +156,21 @@ def exclude_keyword(filter_batch: Callable[..., Any]) -> str:
     if len(names) != 1:
         raise TypeError(f"filter_batch{inspect.signature(filter_batch)} has no one *_to_exclude")
     return names[0]
+
+
+def abort_finisher(tree: Any, base_prefix_cache: Any) -> Callable[[Any], None]:
+    """`finish(req)`: what the scheduler tells the tree of a request aborted before its cache
+    attempt ended: `finish` with the ABORT outcome, where the tree and its base module have
+    them, else `release_aborted_request` by the request's id."""
+    outcomes = getattr(base_prefix_cache, "CacheRequestOutcome", None)
+    if outcomes is not None and callable(getattr(type(tree), "finish", None)):
+        abort = outcomes.ABORT
+        return lambda req: tree.finish(req.cache_request_handle, abort)
+    return lambda req: tree.release_aborted_request(req.rid)
+
+
+def retract_arguments(retract_decode: Callable[..., Any], server_args: Any) -> tuple[Any, ...]:
+    """What `ScheduleBatch.retract_decode` is called with: the server args where it takes
+    them, nothing where it reads them from the runtime context."""
+    takes = "server_args" in inspect.signature(retract_decode).parameters
+    return (server_args,) if takes else ()

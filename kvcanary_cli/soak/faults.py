@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcanary_cli.soak.calls import held_lock, release_keyword, tree_unlock_name
+from kvcanary_cli.soak.calls import held_lock, release_keyword, row_of, tree_unlock_name
 
 __all__ = ["FAULTS", "Fault", "plant"]
 
@@ -81,8 +81,9 @@ def _shared_boundary_page(stack: Any) -> Callable[[], None]:
     table = stack.req_to_token_pool.req_to_token
 
     def release_tail(req: Any, start_p: int, end_p: int, tree_cache: Any) -> None:
-        if ps > 1 and start_p % ps and req.kv.req_pool_idx is not None:
-            last = int(table[req.kv.req_pool_idx, start_p - 1])
+        row = row_of(req)
+        if ps > 1 and start_p % ps and row is not None:
+            last = int(table[row, start_p - 1])
             page_end = (last // ps + 1) * ps
             allocator.free(torch.arange(last + 1, page_end, dtype=torch.int64))
         original(req, start_p, end_p, tree_cache)

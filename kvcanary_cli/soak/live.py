@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import tree_state
+from kvcanary_cli.capture.tree import allocated_len, kv_record, tree_state
 from kvcanary_cli.soak.calls import held_lock, swa_boundary
 
 __all__ = [
@@ -202,13 +202,13 @@ def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.
     lens = [0] * rows
     held: dict[int, Any] = {}
     for req in requests:
-        kv = req.kv
+        kv = kv_record(req)
         row = kv.req_pool_idx
         held[id(kv)] = row
         if row is not None:
             row = int(row)
             if 0 <= row < rows:
-                allocated = int(kv.kv_allocated_len)
+                allocated = allocated_len(kv)
                 if allocated > lens[row]:
                     lens[row] = allocated
     records = getattr(tree, "session_records", None)

@@ -84,10 +84,11 @@ _EXTRA_MODULES = {
     },
 }
 #: Packages only touched at import time by SGLang's model configs (and, 0.5.20, by its
-#: function-call parsers and API models: xgrammar): a stand-in is enough.
+#: function-call parsers and API models: xgrammar; 0.5.17 - 0.5.18, by the DeepGEMM MoE runner
+#: the quantization layers import: einops): a stand-in is enough.
 #: (compressed-tensors requires torch: as a real dependency of the extra it would pull a CUDA
 #: build of torch into an environment that has none.)
-_STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar")
+_STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar", "einops")
 #: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
@@ -379,6 +380,39 @@ def _prepare_imports() -> None:
         sys.meta_path.append(_Standins(missing))
 
 
+@contextmanager
+def _tolerating_config_clashes() -> Iterator[None]:
+    """Inside, a model type the installed transformers already ships is kept as its own when
+    SGLang's model configs register theirs under that name without `exist_ok` (0.5.13 - 0.5.19
+    register `qwen3_asr`, which transformers 5 ships, and fail at import with "already used by
+    a Transformers config"). soak builds no model config: transformers' own stays, another
+    name registers as SGLang asks. Only this process's registry, only while SGLang imports
+    (the instance's `register` shadowed, then removed); the installed package is untouched."""
+    try:
+        mapping = importlib.import_module("transformers.models.auto.configuration_auto")
+        registry = mapping.CONFIG_MAPPING
+        own = registry._mapping
+        register = registry.register
+    except Exception:  # noqa: BLE001  (no transformers, another make: SGLang's import says)
+        yield
+        return
+
+    def tolerant(key: str, value: Any, exist_ok: bool = False) -> None:
+        if key in own and not exist_ok:
+            return  # transformers' own config stays; soak never reads a model's config
+        register(key, value, exist_ok=exist_ok)
+
+    shadowed = registry.__dict__.get("register")
+    registry.register = tolerant
+    try:
+        yield
+    finally:
+        if shadowed is None:
+            registry.__dict__.pop("register", None)
+        else:
+            registry.register = shadowed
+
+
 def _interpret_triton() -> None:
     """A real triton not imported yet is imported interpreted (TRITON_INTERPRET: its kernels
     run on numpy, on the host), and stays so in this process: an older release's allocator
@@ -451,7 +485,7 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     modules: dict[str, Any] = {}
     importing = "sglang"
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _tolerating_config_clashes():
             warnings.simplefilter("ignore")  # "only CUDA supports ..." at import, on CPU
             for field, name in _MODULES.items():
                 importing = name
