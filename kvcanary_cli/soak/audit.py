@@ -138,6 +138,7 @@ class SGLangChecks:
             "get_last_batch": lambda: scheduler.last_batch,
             "get_running_batch": lambda: scheduler.running,
             "get_chunked_req": lambda: scheduler.chunked_req,
+            "server_args": stack.server_args,  # (0.5.17 - 0.5.18's checker takes them)
         }
         try:
             observer = _build(

@@ -116,6 +116,11 @@ def _shared_boundary_page(stack: Any) -> Callable[[], None]:
     return undo
 
 
+#: What an SWA allocator that keeps the free group itself, not its full side, has:
+#: `full_free_group` (0.5.19), `is_not_in_free_group` (0.5.17 - 0.5.18).
+_COMPOSITE_GROUP = ("full_free_group", "is_not_in_free_group")
+
+
 def _double_free_group_end(stack: Any) -> None:
     import torch
 
@@ -125,8 +130,9 @@ def _double_free_group_end(stack: Any) -> None:
     def free_group_end() -> None:
         full = allocator.full_attn_allocator
         pending = list(full.free_group or [])
-        if hasattr(allocator, "full_free_group"):  # 0.5.17 - 0.5.19: the composite's group
-            pending += list(allocator.free_group or []) + list(allocator.full_free_group)
+        if any(hasattr(allocator, n) for n in _COMPOSITE_GROUP):  # the composite's group
+            pending += list(allocator.free_group or [])
+            pending += list(getattr(allocator, "full_free_group", None) or [])
         pages = list(getattr(full, "free_page_ids_group", None) or [])
         original()
         if pending:
