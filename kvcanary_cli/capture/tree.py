@@ -64,7 +64,7 @@ def kv_record(req: Any) -> Any:
 
 def allocated_len(record: Any) -> int:
     """How many tokens of its row the holding `kv_record` gave has allocated (0: none)."""
-    allocated = getattr(record, "kv_allocated_len", None)
+    allocated: Any = getattr(record, "kv_allocated_len", None)
     if allocated is None:  # the request itself: its lengths in `req.kv` (None: released)
         allocated = getattr(getattr(record, "kv", None), "kv_allocated_len", 0)
     return int(allocated)
