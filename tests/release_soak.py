@@ -37,7 +37,7 @@ HISTORIES = (
 def main(wheel: str) -> None:
     """Run `HISTORIES` on `wheel`'s SGLang, one JSON line each."""
     modules = load_sglang(wheel)
-    # the tree core each core name builds (0.5.20 takes it from the environment)
+    # the tree core each core name builds (0.5.19 - 0.5.20 take it from the environment)
     built = {c: build_stack(modules, StackSpec(core=c)).tree.tree_core for c in modules.cores}
     cores = {c: type(core).__module__ for c, core in built.items()}
     print(json.dumps({"cores": cores, "notes": list(modules.notes)}))

@@ -89,10 +89,10 @@ _EXTRA_MODULES = {
 #: (compressed-tensors requires torch: as a real dependency of the extra it would pull a CUDA
 #: build of torch into an environment that has none.)
 _STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar", "einops")
-#: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
+#: Where kv canary lives (0.5.17 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
-#: The tree core and components soak reads (0.5.20 on; 0.5.13 - 0.5.16's tree has neither).
+#: The tree core and components soak reads (0.5.17 on; 0.5.13 - 0.5.16's tree has neither).
 _TREE_PARTS = "srt/mem_cache/unified_cache"
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
@@ -100,7 +100,7 @@ _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 #: The release soak's stack and scheduler loop are written for, and the oldest it drives
 #: (what differs between them is read from the tree: `soak.calls`).
 SUPPORTED = "0.5.23"
-OLDEST = "0.5.20"
+OLDEST = "0.5.17"
 
 
 class SGLangUnavailableError(EngineUnavailableError):
@@ -790,7 +790,7 @@ def build_stack(
         kinds = modules.component_type.ComponentType
         second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
         init = modules.cache_init_params.CacheInitParams
-        # the tree core: a parameter (0.5.21 on), or the environment at construction (0.5.20)
+        # the tree core: a parameter (0.5.21 on), or the environment at construction (older)
         by_param = "tree_core_backend" in inspect.signature(init).parameters
         params = init(
             disable=False,
@@ -815,7 +815,7 @@ def build_stack(
     )
 
 
-#: Where 0.5.20 reads the tree core to build (its `CacheInitParams` has no field for it).
+#: Where 0.5.19 and 0.5.20 read the tree core to build (their `CacheInitParams` has no field).
 _CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 
