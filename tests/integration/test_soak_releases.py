@@ -9,7 +9,7 @@ planted double free is seen by SGLang's own checks too (they run on the release)
 unmapped-representative fault is kvcanary's finding, or refused in one line where the release
 has no SWA segment frees (0.5.17 - 0.5.19: their `free_swa` skips unmapped slots).
 
-The exceptions are SGLang's own, on unified memory: the busy check of 0.5.18 to 0.5.20 prices
+The exceptions are SGLang's own, on unified memory: the busy check of 0.5.17 to 0.5.20 prices
 the available full tokens in the byte-coordinated view against the static capacity (fixed in
 0.5.21), so where the two views part it reports a leak kvcanary's exact accounting does not
 have; 0.5.17 and 0.5.18 crash (AttributeError) where their SWA component recovers a tombstone
