@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kvcanary_cli.soak.calls import (
+    abort_finisher,
     checkpointer,
     exclude_keyword,
     extend_end,
@@ -16,6 +17,9 @@ from kvcanary_cli.soak.calls import (
     prefix_len,
     release_keyword,
     releaser,
+    retract_arguments,
+    row_of,
+    skipped_components,
     swa_boundary,
     tree_unlock_name,
 )
@@ -53,6 +57,58 @@ def test_held_lock_in_both_shapes() -> None:
     older = held_lock(_older_req(last_node=4, lock_receipt=receipt, swa_prefix_lock_released=True))
     assert older is not None and (older.node, older.swa_released) == (4, True)
     assert older.receipt is receipt and older.identity is receipt
+
+
+def test_a_lock_kept_on_the_request_itself() -> None:
+    """0.5.17 - 0.5.19: no receipt; the anchor, SWA boundary and the nodes left unlocked are
+    the request's own fields (a new `skip_lock_node_ids` dict with each lock)."""
+    skipped = {"SWA": {5}}
+    req = SimpleNamespace(
+        last_node=4, swa_uuid_for_lock=9, skip_lock_node_ids=skipped, swa_prefix_lock_released=0
+    )
+    held = held_lock(req)
+    assert held is not None and (held.node, held.swa_released) == (4, False)
+    assert held.unlocked is skipped and held.identity is skipped
+    assert swa_boundary(held.receipt, "SWA") == 9 and skipped_components(held) == ()
+    req.last_node = None
+    assert held_lock(req) is None
+    # a receipt's whole components, where locks count tombstones (0.5.20 on)
+    lock = SimpleNamespace(node=4, receipt=SimpleNamespace(skipped_lock_components=["M"]))
+    newer = held_lock(SimpleNamespace(lock=SimpleNamespace(**vars(lock), swa_released=False)))
+    assert newer is not None and newer.unlocked is None and skipped_components(newer) == ("M",)
+
+
+def test_the_row_a_request_holds_in_both_shapes() -> None:
+    """`req.kv` names the row (0.5.19 on), or holds only lengths, None once released, and the
+    row is the request's (0.5.17 - 0.5.18)."""
+    assert row_of(SimpleNamespace(kv=SimpleNamespace(req_pool_idx=3))) == 3
+    assert row_of(SimpleNamespace(kv=SimpleNamespace(req_pool_idx=None))) is None
+    lengths = SimpleNamespace(kv_allocated_len=7, swa_evicted_seqlen=0)
+    assert row_of(SimpleNamespace(kv=lengths, req_pool_idx=5)) == 5
+    assert row_of(SimpleNamespace(kv=None, req_pool_idx=None)) is None
+
+
+def test_retraction_and_abort_calls_in_both_shapes() -> None:
+    def newer(self: Any) -> None: ...
+    def older(self: Any, server_args: Any) -> None: ...
+
+    assert retract_arguments(newer, "args") == ()
+    assert retract_arguments(older, "args") == ("args",)
+    calls: list[tuple[Any, ...]] = []
+
+    class Finishing:
+        def finish(self, handle: Any, outcome: Any) -> None:
+            calls.append(("finish", handle, outcome))
+
+    class Releasing:
+        def release_aborted_request(self, rid: Any) -> None:
+            calls.append(("release", rid))
+
+    req = SimpleNamespace(rid="r1", cache_request_handle="h1")
+    base = SimpleNamespace(CacheRequestOutcome=SimpleNamespace(ABORT="abort"))
+    abort_finisher(Finishing(), base)(req)
+    abort_finisher(Releasing(), SimpleNamespace())(req)  # 0.5.19: no outcomes, by rid
+    assert calls == [("finish", "h1", "abort"), ("release", "r1")]
 
 
 def test_checkpoint_and_release_calls_in_both_shapes() -> None:

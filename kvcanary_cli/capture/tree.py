@@ -6,7 +6,8 @@ can only *derive* that set from the free lists, which hides exactly the leaks it
 `tree_state` reads it from the tree (`UnifiedRadixCache.all_values_flatten`, and the tree
 core's SWA-resident walk: a tombstoned node keeps its full KV but no SWA; its walk of the
 unlocked nodes, whose complement is the locked part), from the running
-requests (`kv.req_pool_idx`, `kv.kv_allocated_len`; a session's record holds its row too),
+requests (`kv.req_pool_idx`, `kv.kv_allocated_len`; a session's record holds its row too;
+0.5.17 - 0.5.18 keep the row on the request and only the lengths in `req.kv`: `kv_record`),
 from both allocators' free lists (in every release: `get_all_free_pages()` where it exists,
 else `free_pages` plus the staged `release_pages`) and from the request pool's (`free_slots`).
 With HiCache on, the tree's host KV pool (`HostKVCache`: its free list and size) and each
@@ -38,7 +39,9 @@ __all__ = [
     "SCALAR_FACTS",
     "batch_state",
     "capture_state",
+    "allocated_len",
     "free_slots",
+    "kv_record",
     "register_tree_cache",
     "row_state",
     "tree_for",
@@ -49,6 +52,23 @@ __all__ = [
 logger = logging.getLogger("kvcanary.capture")
 
 _TREES: list[weakref.ref[Any]] = []
+
+
+def kv_record(req: Any) -> Any:
+    """The object a request holds its KV by, one per holding (a request listed twice, or a
+    session's record sharing it, is the same object): `req.kv` where it names the row
+    (`req_pool_idx`, the Mamba slot), else the request itself (0.5.17 - 0.5.18: the row and
+    Mamba slot are the request's, `req.kv` holds the lengths and is None once released)."""
+    kv = getattr(req, "kv", req)
+    return kv if kv is not None and hasattr(kv, "req_pool_idx") else req
+
+
+def allocated_len(record: Any) -> int:
+    """How many tokens of its row the holding `kv_record` gave has allocated (0: none)."""
+    allocated: Any = getattr(record, "kv_allocated_len", None)
+    if allocated is None:  # the request itself: its lengths in `req.kv` (None: released)
+        allocated = getattr(getattr(record, "kv", None), "kv_allocated_len", 0)
+    return int(allocated)
 
 
 def register_tree_cache(tree: object) -> None:
@@ -203,7 +223,7 @@ def _mamba_facts(
     rows: list[int] = []
     seen: set[int] = set()  # by identity: a request listed twice holds its slot once
     for req in [*requests, *waiting]:
-        kv = getattr(req, "kv", req)
+        kv = kv_record(req)
         if id(kv) in seen:
             continue
         seen.add(id(kv))
@@ -559,11 +579,11 @@ def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tre
     holders: dict[int, Any] = {}  # by identity: a request on a session's record shares its kv
     longest: dict[int, int] = {}  # a row's longest allocation (never below 0)
     for req in requests:
-        kv = getattr(req, "kv", req)
+        kv = kv_record(req)
         holders[id(kv)] = kv
         row = getattr(kv, "req_pool_idx", None)
         if row is not None and 0 <= int(row) < rows:
-            allocated = int(getattr(kv, "kv_allocated_len", 0))
+            allocated = allocated_len(kv)
             if allocated > longest.get(int(row), 0):
                 longest[int(row)] = allocated
     if longest:  # at once (a handful of rows: no ufunc.at)

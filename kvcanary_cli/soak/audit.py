@@ -21,6 +21,7 @@ from kvcanary_cli.catalog import CauseCode, FindingCode
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
+from kvcanary_cli.soak.calls import row_of
 from kvcanary_cli.soak.driver import Scheduler
 from kvcanary_cli.soak.live import LiveAudit, read_state
 
@@ -80,7 +81,7 @@ def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
         groups.append([scheduler.chunked_req])
     for group in groups:
         for req in group:
-            if req.kv.holds_kv:
+            if row_of(req) is not None:
                 seen[id(req)] = req
     return list(seen.values())
 
@@ -137,6 +138,7 @@ class SGLangChecks:
             "get_last_batch": lambda: scheduler.last_batch,
             "get_running_batch": lambda: scheduler.running,
             "get_chunked_req": lambda: scheduler.chunked_req,
+            "server_args": stack.server_args,  # (0.5.17 - 0.5.18's checker takes them)
         }
         try:
             observer = _build(

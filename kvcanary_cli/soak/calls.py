@@ -7,14 +7,24 @@ Each difference is found by what the loaded tree has, never by its version strin
 - the tree lock it holds: `req.lock`, a `TreeLock` of anchor, receipt and whether its SWA part
   went early (0.5.22 on), or the receipt `req.lock_receipt` on `req.last_node` with
   `req.swa_prefix_lock_released` (0.5.20 and 0.5.21, where a receipt without a node holds
-  nothing); the receipt's SWA boundary by component, or (0.5.20) in a field of its own;
+  nothing); the receipt's SWA boundary by component, or (0.5.20) in a field of its own; or
+  (0.5.17 - 0.5.19, no receipt) `req.last_node` with the request's own `swa_uuid_for_lock`
+  and `skip_lock_node_ids` (the nodes, by component, the lock left unlocked: those locks
+  skip tombstones, where later ones count them);
 - publishing an unfinished request: `checkpoint_kv_cache` (0.5.22 on) or
   `maybe_cache_unfinished_req` (0.5.21: `chunked=True` for a stashed chunk, as its scheduler
   does); releasing one: `release_kv_cache(..., checkpoint=)` or `(..., is_insert=)`;
 - the tree's release of a request's lock: `unlock(req.lock)`, `unpin(req)` or (0.5.20)
   `_dec_req_lock(req)`;
 - the requests a batch's filter keeps out: `filter_batch(reqs_to_exclude=)` (0.5.22 on) or
-  `(chunked_req_to_exclude=)` (0.5.21).
+  `(chunked_req_to_exclude=)` (0.5.21);
+- the request pool row a request holds: `req.kv.req_pool_idx` (0.5.19 on) or
+  `req.req_pool_idx` (0.5.17 - 0.5.18, whose `req.kv` holds only its lengths; see
+  `capture.tree.kv_record`);
+- retracting decode requests: `retract_decode()` (0.5.19 on) or `retract_decode(server_args)`
+  (0.5.17 - 0.5.18);
+- the tree's end of an aborted request's cache attempt: `finish(req.cache_request_handle,
+  CacheRequestOutcome.ABORT)` (0.5.20 on) or `release_aborted_request(req.rid)` (0.5.19).
 """
 
 from __future__ import annotations
@@ -24,8 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvcanary_cli.capture.tree import kv_record
+
 __all__ = [
     "HeldLock",
+    "abort_finisher",
     "checkpointer",
     "exclude_keyword",
     "extend_end",
@@ -33,6 +46,9 @@ __all__ = [
     "prefix_len",
     "release_keyword",
     "releaser",
+    "retract_arguments",
+    "row_of",
+    "skipped_components",
     "swa_boundary",
     "tree_unlock_name",
 ]
@@ -43,6 +59,11 @@ def prefix_len(req: Any) -> int:
     if hasattr(req, "prefix_len"):
         return int(req.prefix_len)
     return len(req.prefix_indices)
+
+
+def row_of(req: Any) -> int | None:
+    """The request pool row the request holds (None: none)."""
+    return kv_record(req).req_pool_idx  # type: ignore[no-any-return]
 
 
 def extend_end(req: Any) -> int | None:
@@ -57,12 +78,17 @@ def extend_end(req: Any) -> int | None:
 class HeldLock:
     """A request's tree lock, however its release keeps it: the anchor node it was taken on,
     the receipt its release replays, whether its SWA part was released early, and the object
-    that stands for this one lock (a new lock is a new object)."""
+    that stands for this one lock (a new lock is a new object). `unlocked`: where the lock
+    left nodes of its reach unlocked (0.5.17 - 0.5.19: tombstones, and the anchor of a
+    component skipped whole), the node ids it says so of, by component; None where the lock
+    counts every node of its reach, tombstones included, and skips whole components only
+    (`receipt.skipped_lock_components`, 0.5.20 on)."""
 
     node: Any
     receipt: Any
     swa_released: bool
     identity: object
+    unlocked: Any = None
 
 
 def held_lock(req: Any) -> HeldLock | None:
@@ -72,16 +98,28 @@ def held_lock(req: Any) -> HeldLock | None:
         if lock is None:
             return None
         return HeldLock(lock.node, lock.receipt, bool(lock.swa_released), lock)
+    if not hasattr(req, "lock_receipt"):  # 0.5.17 - 0.5.19: the lock's fields on the request
+        if req.last_node is None:
+            return None
+        skipped = req.skip_lock_node_ids  # a new dict with each lock
+        return HeldLock(req.last_node, req, bool(req.swa_prefix_lock_released), skipped, skipped)
     receipt = req.lock_receipt
     if receipt is None or receipt.node_id is None or req.last_node is None:
         return None
     return HeldLock(req.last_node, receipt, bool(req.swa_prefix_lock_released), receipt)
 
 
+def skipped_components(lock: HeldLock) -> tuple[Any, ...]:
+    """The components `lock` left untaken as a whole (a lock that says so by node: none)."""
+    if lock.unlocked is not None:
+        return ()
+    return tuple(lock.receipt.skipped_lock_components)
+
+
 def swa_boundary(receipt: Any, swa: Any) -> Any:
     """The uuid stamping the node where a lock's SWA part ends (None: the root): by component
     (`component_lock_uuids`, 0.5.21 on) or in a field of its own (`swa_uuid_for_lock`,
-    0.5.20)."""
+    0.5.20's receipt; 0.5.17 - 0.5.19's request)."""
     uuids = getattr(receipt, "component_lock_uuids", None)
     if uuids is not None:
         return uuids.get(swa)
@@ -139,3 +177,21 @@ def exclude_keyword(filter_batch: Callable[..., Any]) -> str:
     if len(names) != 1:
         raise TypeError(f"filter_batch{inspect.signature(filter_batch)} has no one *_to_exclude")
     return names[0]
+
+
+def abort_finisher(tree: Any, base_prefix_cache: Any) -> Callable[[Any], None]:
+    """`finish(req)`: what the scheduler tells the tree of a request aborted before its cache
+    attempt ended: `finish` with the ABORT outcome, where the tree and its base module have
+    them, else `release_aborted_request` by the request's id."""
+    outcomes = getattr(base_prefix_cache, "CacheRequestOutcome", None)
+    if outcomes is not None and callable(getattr(type(tree), "finish", None)):
+        abort = outcomes.ABORT
+        return lambda req: tree.finish(req.cache_request_handle, abort)
+    return lambda req: tree.release_aborted_request(req.rid)
+
+
+def retract_arguments(retract_decode: Callable[..., Any], server_args: Any) -> tuple[Any, ...]:
+    """What `ScheduleBatch.retract_decode` is called with: the server args where it takes
+    them, nothing where it reads them from the runtime context."""
+    takes = "server_args" in inspect.signature(retract_decode).parameters
+    return (server_args,) if takes else ()

@@ -33,11 +33,14 @@ from typing import Any
 import numpy as np
 
 from kvcanary_cli.soak.calls import (
+    abort_finisher,
     checkpointer,
     exclude_keyword,
     extend_end,
     prefix_len,
     releaser,
+    retract_arguments,
+    row_of,
 )
 from kvcanary_cli.soak.stack import Stack
 from kvcanary_cli.soak.workload import VOCAB, Workload
@@ -125,6 +128,9 @@ class Scheduler:
         self._checkpoint = checkpointer(m.common)
         self._release = releaser(m.common, self.stack.tree)
         self._exclude = exclude_keyword(self._sb.ScheduleBatch.filter_batch)
+        self._retract_args = retract_arguments(
+            self._sb.ScheduleBatch.retract_decode, self.stack.server_args
+        )
         self._rng = np.random.default_rng(self.workload.seed ^ 0x5EED)
         self._model_config = SimpleNamespace(
             vocab_size=VOCAB, is_encoder_decoder=False, is_multimodal=False, hf_config=None
@@ -138,9 +144,9 @@ class Scheduler:
         self.step_no = 0
         #: (step, request) the client aborts at
         self._aborts: list[tuple[int, Any]] = []
-        self._abort_outcome = import_module(
-            "sglang.srt.mem_cache.base_prefix_cache"
-        ).CacheRequestOutcome.ABORT
+        self._finish_aborted = abort_finisher(
+            self.stack.tree, import_module("sglang.srt.mem_cache.base_prefix_cache")
+        )
 
     def _spec_none(self) -> Any:
         spec = import_module("sglang.srt.speculative.spec_info")
@@ -232,12 +238,12 @@ class Scheduler:
                 continue
             if any(req is waiting for waiting in self.waiting):
                 self.waiting = [w for w in self.waiting if w is not req]
-                tree.finish(req.cache_request_handle, self._abort_outcome)
+                self._finish_aborted(req)
                 self.counters.aborts_waiting += 1
             elif req is self.chunked_req:
                 req.finished_reason = self._sb.FINISH_ABORT("Aborted")
                 req.to_finish = None
-                tree.finish(req.cache_request_handle, self._abort_outcome)
+                self._finish_aborted(req)
                 self._release(req, tree, False)
                 self.chunked_req = None
                 self.counters.aborts_chunked += 1
@@ -303,7 +309,7 @@ class Scheduler:
         for req in self.waiting:
             if adder.budget_state() == result.OTHER:
                 break
-            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            held = sum(row_of(r) is not None for r in adder.can_run_list)
             if len(adder.can_run_list) >= pool.available_size() + held:
                 break
             req.init_next_round_input(stack.tree)
@@ -341,7 +347,7 @@ class Scheduler:
         batch = self.running
         initial = batch.batch_size()
         if not batch.check_decode_mem():
-            retracted, _, aborted = batch.retract_decode()
+            retracted, _, aborted = batch.retract_decode(*self._retract_args)
             info.retracted = len(retracted) + len(aborted)
             self.counters.retractions += info.retracted
             for req in retracted:

@@ -5,12 +5,15 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
 - `unmapped-representative` (PR #38519): a tree node's SWA pairs are freed through the
   allocator while the node keeps its SWA value; when the tree later evicts that SWA, it frees
   the (now 0) mapping of the node's page representatives, so the reserved page 0 lands on the
-  SWA free list and is handed out again.
+  SWA free list and is handed out again. A release whose tree frees an evicted SWA value
+  through `free_swa` (no segment frees, `free_swa_segment`: 0.5.17 - 0.5.19) skips unmapped
+  slots there, so the bug has nothing to act on: the fault is refused in one line.
 - `shared-boundary-page` (before PR #36457): a finished request's tail free starts at its
   first unkept token instead of the next page boundary; at page size > 1 the set-shaped free
   of the boundary page's rest frees that whole page, which the head free releases as well.
 - `double-free-group-end`: a free group is flushed twice, every full slot freed in it goes on
-  the free list a second time.
+  the free list a second time (the group the full side keeps, or where the SWA allocator
+  keeps it, 0.5.17 - 0.5.19, the composite's).
 - `tree-page-freed`: once the tree holds an unlocked page, that page is pushed onto the full
   side's free list while the node keeps it (unified memory: onto `free_virtual_ids`, still
   bound; SGLang's own checks stayed silent for 250 steps there).
@@ -29,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcanary_cli.soak.calls import held_lock, release_keyword, tree_unlock_name
+from kvcanary_cli.soak.calls import held_lock, release_keyword, row_of, tree_unlock_name
+from kvcanary_cli.soak.stack import SGLangUnavailableError
 
 __all__ = ["FAULTS", "Fault", "plant"]
 
@@ -41,6 +45,22 @@ Fault = tuple[Callable[[Any], Any], Callable[[Any, int], None]]
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _needs_segment_frees(stack: Any) -> None:
+    """Refuse `unmapped-representative` on an SWA allocator without segment frees (see the
+    module doc): there the fault would run and prove nothing."""
+    allocator = type(stack.allocator)
+    if callable(getattr(allocator, "free_swa", None)) and not callable(
+        getattr(allocator, "free_swa_segment", None)
+    ):
+        tree = stack.modules.tree
+        raise SGLangUnavailableError(
+            f"the unmapped-representative fault needs SWA segment frees, which "
+            f"{tree.release} does not have ({allocator.__name__}.free_swa_segment): its tree "
+            "frees an evicted SWA value through free_swa, which skips unmapped slots",
+            source=tree.label,
+        )
 
 
 def _free_tree_swa_pairs(stack: Any, step: int) -> None:
@@ -81,8 +101,9 @@ def _shared_boundary_page(stack: Any) -> Callable[[], None]:
     table = stack.req_to_token_pool.req_to_token
 
     def release_tail(req: Any, start_p: int, end_p: int, tree_cache: Any) -> None:
-        if ps > 1 and start_p % ps and req.kv.req_pool_idx is not None:
-            last = int(table[req.kv.req_pool_idx, start_p - 1])
+        row = row_of(req)
+        if ps > 1 and start_p % ps and row is not None:
+            last = int(table[row, start_p - 1])
             page_end = (last // ps + 1) * ps
             allocator.free(torch.arange(last + 1, page_end, dtype=torch.int64))
         original(req, start_p, end_p, tree_cache)
@@ -95,6 +116,11 @@ def _shared_boundary_page(stack: Any) -> Callable[[], None]:
     return undo
 
 
+#: What an SWA allocator that keeps the free group itself, not its full side, has:
+#: `full_free_group` (0.5.19), `is_not_in_free_group` (0.5.17 - 0.5.18).
+_COMPOSITE_GROUP = ("full_free_group", "is_not_in_free_group")
+
+
 def _double_free_group_end(stack: Any) -> None:
     import torch
 
@@ -104,6 +130,9 @@ def _double_free_group_end(stack: Any) -> None:
     def free_group_end() -> None:
         full = allocator.full_attn_allocator
         pending = list(full.free_group or [])
+        if any(hasattr(allocator, n) for n in _COMPOSITE_GROUP):  # the composite's group
+            pending += list(allocator.free_group or [])
+            pending += list(getattr(allocator, "full_free_group", None) or [])
         pages = list(getattr(full, "free_page_ids_group", None) or [])
         original()
         if pending:
@@ -182,7 +211,7 @@ def _lock_leak(stack: Any) -> Callable[[], None]:
 
 
 FAULTS: dict[str, Fault] = {
-    "unmapped-representative": (_nothing, _free_tree_swa_pairs),
+    "unmapped-representative": (_needs_segment_frees, _free_tree_swa_pairs),
     "shared-boundary-page": (_shared_boundary_page, _nothing),
     "double-free-group-end": (_double_free_group_end, _nothing),
     "tree-page-freed": (_nothing, _tree_page_freed),

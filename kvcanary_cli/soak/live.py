@@ -61,8 +61,8 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import tree_state
-from kvcanary_cli.soak.calls import held_lock, swa_boundary
+from kvcanary_cli.capture.tree import allocated_len, kv_record, tree_state
+from kvcanary_cli.soak.calls import held_lock, skipped_components, swa_boundary
 
 __all__ = [
     "FreeReader",
@@ -202,13 +202,13 @@ def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.
     lens = [0] * rows
     held: dict[int, Any] = {}
     for req in requests:
-        kv = req.kv
+        kv = kv_record(req)
         row = kv.req_pool_idx
         held[id(kv)] = row
         if row is not None:
             row = int(row)
             if 0 <= row < rows:
-                allocated = int(kv.kv_allocated_len)
+                allocated = allocated_len(kv)
                 if allocated > lens[row]:
                     lens[row] = allocated
     records = getattr(tree, "session_records", None)
@@ -492,6 +492,10 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
     uuid (the window's older edge, which a split moves to the new parent), or the root when
     the window reached it; MAMBA the anchor alone. An SWA part released early
     (`release_swa`) has also released the components below SWA's eviction priority.
+    A lock that leaves tombstones unlocked (0.5.17 - 0.5.19: `HeldLock.unlocked`) counts
+    none of the nodes it names, none that was a tombstone when the audit first saw it (the
+    scheduler's admission drops what the lock named), and no tombstone (a locked node is
+    never evicted).
 
     The Python core's nodes are followed by parent; the Rust core gives no node, only the
     full slots of an anchor's path (`path_device_indices`), so there the FULL locks are
@@ -514,7 +518,7 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
         if any(t not in walks for t in types):
             return None
         plan = tuple((i, t, walks[t]) for i, t in enumerate(types))
-        return partial(_expected_python, core, root, len(types), plan, early, kinds.SWA)
+        return partial(_expected_python, core, root, len(types), plan, early, kinds.SWA, {})
     paths = getattr(tree, "path_device_indices", None)
     if callable(paths) and getattr(core, "walk_for_kv_canary", None) is not None:
         return partial(_expected_rust, paths, kinds.FULL, {})
@@ -528,12 +532,15 @@ def _expected_python(
     plan: tuple[tuple[int, int, int], ...],
     early: frozenset[int],
     swa: int,
+    seen: dict[int, tuple[Any, dict[int, set[int]]]],
     requests: list[Any],
 ) -> list[Counter[int]]:
     """Per component, each node's lock count the requests' locks make (see `lock_reader`):
     each lock's path from its anchor to the root read once, each component counting its
-    part of it."""
+    part of it. `seen`: the tombstones on each lock's path when first seen (by identity),
+    for the locks that leave them unlocked."""
     ids: list[list[int]] = [[] for _ in range(width)]
+    first: dict[int, tuple[Any, dict[int, set[int]]]] = {}
     for req in requests:
         lock = held_lock(req)
         if lock is None:
@@ -547,17 +554,49 @@ def _expected_python(
             continue
         on_path = [node.id for node in path]
         receipt = lock.receipt
-        skipped = receipt.skipped_lock_components
+        skipped = skipped_components(lock)
+        tombs = None if lock.unlocked is None else _tombstones(lock, path, plan, seen, first)
         for i, kind, reach in plan:
             if kind in skipped or (lock.swa_released and kind in early):
                 continue
             if reach == _ROOT:
-                ids[i].extend(on_path)
+                nodes = on_path
             elif reach == _ANCHOR:
-                ids[i].append(on_path[0])
+                nodes = on_path[:1]
             else:
-                ids[i].extend(on_path[: _boundary(path, kind, swa_boundary(receipt, swa))])
+                nodes = on_path[: _boundary(path, kind, swa_boundary(receipt, swa))]
+            if tombs is not None:
+                out = tombs[kind]
+                nodes = [n for n in nodes if n not in out]
+            ids[i].extend(nodes)
+    seen.clear()
+    seen.update(first)
     return [Counter(nodes) for nodes in ids]
+
+
+def _tombstones(
+    lock: Any,
+    path: list[Any],
+    plan: tuple[tuple[int, int, int], ...],
+    seen: dict[int, tuple[Any, dict[int, set[int]]]],
+    first: dict[int, tuple[Any, dict[int, set[int]]]],
+) -> dict[int, set[int]]:
+    """By component, the nodes of `path` a lock that skips tombstones did not lock: those it
+    names, those that were tombstones when first seen, and those that are now."""
+    key = lock.identity
+    known = seen.get(id(key))
+    if known is None or known[0] is not key:
+        known = (key, {kind: _dead(path, kind) for _, kind, _ in plan})
+    first[id(key)] = known
+    return {
+        kind: set(lock.unlocked.get(kind, ())) | known[1][kind] | _dead(path, kind)
+        for _, kind, _ in plan
+    }
+
+
+def _dead(path: list[Any], kind: int) -> set[int]:
+    """The nodes of `path` whose `kind` component holds no value (tombstones)."""
+    return {node.id for node in path if node.component_data[kind].value is None}
 
 
 def _boundary(path: list[Any], kind: int, uuid: Any) -> int:
@@ -584,7 +623,7 @@ def _expected_rust(
     held: dict[int, tuple[Any, np.ndarray]] = {}
     for req in requests:
         lock = held_lock(req)
-        if lock is None or full in lock.receipt.skipped_lock_components:
+        if lock is None or full in skipped_components(lock):
             continue
         key = lock.identity
         known = kept.get(id(key))

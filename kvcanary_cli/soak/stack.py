@@ -84,14 +84,15 @@ _EXTRA_MODULES = {
     },
 }
 #: Packages only touched at import time by SGLang's model configs (and, 0.5.20, by its
-#: function-call parsers and API models: xgrammar): a stand-in is enough.
+#: function-call parsers and API models: xgrammar; 0.5.17 - 0.5.18, by the DeepGEMM MoE runner
+#: the quantization layers import: einops): a stand-in is enough.
 #: (compressed-tensors requires torch: as a real dependency of the extra it would pull a CUDA
 #: build of torch into an environment that has none.)
-_STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar")
-#: Where kv canary lives (0.5.20 and later; 0.5.13 - 0.5.16).
+_STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar", "einops")
+#: Where kv canary lives (0.5.17 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
-#: The tree core and components soak reads (0.5.20 on; 0.5.13 - 0.5.16's tree has neither).
+#: The tree core and components soak reads (0.5.17 on; 0.5.13 - 0.5.16's tree has neither).
 _TREE_PARTS = "srt/mem_cache/unified_cache"
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
@@ -99,7 +100,7 @@ _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 #: The release soak's stack and scheduler loop are written for, and the oldest it drives
 #: (what differs between them is read from the tree: `soak.calls`).
 SUPPORTED = "0.5.23"
-OLDEST = "0.5.20"
+OLDEST = "0.5.17"
 
 
 class SGLangUnavailableError(EngineUnavailableError):
@@ -379,6 +380,39 @@ def _prepare_imports() -> None:
         sys.meta_path.append(_Standins(missing))
 
 
+@contextmanager
+def _tolerating_config_clashes() -> Iterator[None]:
+    """Inside, a model type the installed transformers already ships is kept as its own when
+    SGLang's model configs register theirs under that name without `exist_ok` (0.5.13 - 0.5.19
+    register `qwen3_asr`, which transformers 5 ships, and fail at import with "already used by
+    a Transformers config"). soak builds no model config: transformers' own stays, another
+    name registers as SGLang asks. Only this process's registry, only while SGLang imports
+    (the instance's `register` shadowed, then removed); the installed package is untouched."""
+    try:
+        mapping = importlib.import_module("transformers.models.auto.configuration_auto")
+        registry = mapping.CONFIG_MAPPING
+        own = registry._mapping
+        register = registry.register
+    except Exception:  # noqa: BLE001  (no transformers, another make: SGLang's import says)
+        yield
+        return
+
+    def tolerant(key: str, value: Any, exist_ok: bool = False) -> None:
+        if key in own and not exist_ok:
+            return  # transformers' own config stays; soak never reads a model's config
+        register(key, value, exist_ok=exist_ok)
+
+    shadowed = registry.__dict__.get("register")
+    registry.register = tolerant
+    try:
+        yield
+    finally:
+        if shadowed is None:
+            registry.__dict__.pop("register", None)
+        else:
+            registry.register = shadowed
+
+
 def _interpret_triton() -> None:
     """A real triton not imported yet is imported interpreted (TRITON_INTERPRET: its kernels
     run on numpy, on the host), and stays so in this process: an older release's allocator
@@ -451,7 +485,7 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     modules: dict[str, Any] = {}
     importing = "sglang"
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _tolerating_config_clashes():
             warnings.simplefilter("ignore")  # "only CUDA supports ..." at import, on CPU
             for field, name in _MODULES.items():
                 importing = name
@@ -756,7 +790,7 @@ def build_stack(
         kinds = modules.component_type.ComponentType
         second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
         init = modules.cache_init_params.CacheInitParams
-        # the tree core: a parameter (0.5.21 on), or the environment at construction (0.5.20)
+        # the tree core: a parameter (0.5.21 on), or the environment at construction (older)
         by_param = "tree_core_backend" in inspect.signature(init).parameters
         params = init(
             disable=False,
@@ -781,7 +815,7 @@ def build_stack(
     )
 
 
-#: Where 0.5.20 reads the tree core to build (its `CacheInitParams` has no field for it).
+#: Where 0.5.19 and 0.5.20 read the tree core to build (their `CacheInitParams` has no field).
 _CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 

@@ -10,21 +10,36 @@ SGLang's own torch versions of the same two kernels (`alloc_extend_naive`,
 `alloc_decode_naive` in `allocator/paged.py`, what the paged allocator runs on CPU), which
 hand out the same virtual ids. A release without both (0.5.21 has no `alloc_decode_naive`)
 keeps its Triton kernels: they run interpreted, or soak refuses the page size
-(`soak.stack`). Nothing here is SGLang's code.
+(`soak.stack`). The sub-allocator's module is the one the tree has: `allocator/unified_sub_pool`
+(0.5.20 on) or `mem_cache/multi_ended_allocator` (0.5.17 - 0.5.19). Nothing here is SGLang's
+code.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.util import find_spec
 from typing import Any
 
 __all__ = ["build_unified_pools", "on_torch", "torch_kernels"]
 
-_SUB_POOL = "sglang.srt.mem_cache.allocator.unified_sub_pool"
+#: Where `MultiEndedAllocator` and its kernel launches live, newest first.
+_SUB_POOLS = (
+    "sglang.srt.mem_cache.allocator.unified_sub_pool",
+    "sglang.srt.mem_cache.multi_ended_allocator",
+)
 _PAGED = "sglang.srt.mem_cache.allocator.paged"
 _POOLS = "sglang.srt.mem_cache.unified_memory_pool"
 #: Per-rank K and V rows must be multiples of 16 bytes in the unified pool (bf16: 8 dims).
 HEAD_DIM = 8
+
+
+def _sub_pool() -> Any:
+    """The tree's module of the unified sub-allocator (the first of `_SUB_POOLS` it has)."""
+    for name in _SUB_POOLS[:-1]:
+        if find_spec(name) is not None:
+            return import_module(name)
+    return import_module(_SUB_POOLS[-1])
 
 
 class _Launch:
@@ -41,7 +56,7 @@ def torch_kernels() -> None:
     """Point the unified sub-allocator's two kernel launches at SGLang's torch versions
     (process-wide, like the modules; only that module's names change, so the paged
     allocator is untouched)."""
-    sub: Any = import_module(_SUB_POOL)
+    sub = _sub_pool()
     paged: Any = import_module(_PAGED)
     if on_torch() or not all(
         callable(getattr(paged, name, None))
@@ -64,8 +79,7 @@ def torch_kernels() -> None:
 
 def on_torch() -> bool:
     """Whether the unified sub-allocator's kernel launches run SGLang's torch versions."""
-    sub: Any = import_module(_SUB_POOL)
-    return isinstance(getattr(sub, "alloc_extend_kernel", None), _Launch)
+    return isinstance(getattr(_sub_pool(), "alloc_extend_kernel", None), _Launch)
 
 
 def build_unified_pools(

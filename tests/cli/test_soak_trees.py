@@ -171,6 +171,51 @@ def test_sys_exit_at_import_is_never_a_clean_table(tmp_path: Path) -> None:
     assert_one_line_exit_2(run, str(tree), "sglang.srt.mem_cache.memory_pool", "SystemExit(0)")
 
 
+#: A config module as 0.5.13 - 0.5.19 write theirs: a name transformers now ships ("bert"),
+#: registered without exist_ok, and one it does not, beside it.
+_CLASHING_CONFIG = """from transformers import AutoConfig, PretrainedConfig
+
+
+class ClashingConfig(PretrainedConfig):
+    model_type = "bert"
+
+
+class OwnConfig(PretrainedConfig):
+    model_type = "kvcanary_own_type"
+
+
+AutoConfig.register("bert", ClashingConfig)
+AutoConfig.register("kvcanary_own_type", OwnConfig)
+"""
+
+
+def test_a_model_type_transformers_already_ships_is_tolerated_at_import(
+    tmp_path: Path, own_sglang: None
+) -> None:
+    """0.5.17 - 0.5.19's `configs/qwen3_asr.py` registers `qwen3_asr` without `exist_ok`, a
+    name transformers 5 ships: their import failed ("already used by a Transformers config").
+    Now transformers' own config stays, SGLang's other names register, and once the tree is
+    loaded transformers raises for a clash again (only soak's import was tolerant)."""
+    needs_torch()  # SGLang imports torch before anything of the tree runs
+    from transformers import AutoConfig, BertConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    files = tree_files({"sglang.srt.configs.clashing": _CLASHING_CONFIG})
+    files["sglang/srt/server_args.py"] = "import sglang.srt.configs.clashing\n"
+    try:
+        modules = stack.load_sglang(write_tree(tmp_path / "tree", files))
+        assert modules.tree.version == FAKE_VERSION
+        own = sys.modules["sglang.srt.configs.clashing"].OwnConfig
+        assert CONFIG_MAPPING["bert"] is BertConfig
+        assert CONFIG_MAPPING["kvcanary_own_type"] is own
+
+        again = type("Again", (PretrainedConfig,), {"model_type": "bert"})
+        with pytest.raises(ValueError, match="already used"):
+            AutoConfig.register("bert", again)
+    finally:
+        CONFIG_MAPPING._extra_content.pop("kvcanary_own_type", None)
+
+
 # -- a tree of another release (item 4) ---------------------------------------------------
 
 
@@ -254,7 +299,7 @@ def test_a_release_before_the_tree_core_is_refused_before_import(tmp_path: Path)
     files["sglang/srt/server_args.py"] = "raise RuntimeError('imported')\n"
     tree = write_tree(tmp_path / "tree", files)
     run = soak_json(tree, tmp_path)
-    assert_one_line_exit_2(run, str(tree), FAKE_VERSION, "unified_cache", "0.5.20")
+    assert_one_line_exit_2(run, str(tree), FAKE_VERSION, "unified_cache", "0.5.17")
 
 
 # -- wheels (item 5) ----------------------------------------------------------------------
