@@ -154,6 +154,31 @@ def test_bad_vllm_dumps_are_one_line_exit_2(tmp_path: Path, dumps: dict[str, Pat
     assert sglang_only.exit_code == 2 and "SGLang dumps" in sglang_only.output
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["provenance", "{path}", "--block", "1"],
+        ["shrink", "{path}", "--out", "{out}"],
+        ["timeline", "{path}", "{clean}"],
+        ["inspect", "{path}"],
+    ],
+    ids=["provenance", "shrink", "timeline", "inspect"],
+)
+def test_every_command_names_the_broken_file(
+    tmp_path: Path, dumps: dict[str, Path], command: list[str]
+) -> None:
+    """A bad dump is one line naming its file, as `check` says it, whichever command read it
+    (provenance, shrink and timeline named only the tensor)."""
+    for name, (t, m) in broken_vllm_contents().items():
+        path = write_safetensors(tmp_path / f"{name}.st", t, m)
+        small, clean = tmp_path / "small.st", dumps["vllm-clean"]
+        given = {"path": str(path), "out": str(small), "clean": str(clean)}
+        out = runner.invoke(app, [part.format(**given) for part in command])
+        assert out.exit_code == 2, (name, out.output)
+        [line] = out.stderr.strip().splitlines()
+        assert line.startswith(f"error: {path}: "), (name, line)
+
+
 def _keyed_twice(extra: bool) -> object:
     """A clean pool where one hashed block is also reachable under a second key (vLLM's
     partial prefix entries: `cached_block_hashes_by_block`), listed as its extra key or not."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from kvcanary_cli.dump.engine import StoredArrays
 from kvcanary_cli.dump.schema import ENGINE_KEY, FORMAT_VERSION, SHRINK_KEY, parse_integer
-from kvcanary_cli.errors import MetadataError, MissingTensorError, TensorShapeError
+from kvcanary_cli.errors import DumpError, MetadataError, MissingTensorError, TensorShapeError
 
 __all__ = [
     "ENGINE",
@@ -352,7 +352,16 @@ def _shape(arrays: Mapping[str, np.ndarray], name: str, length: int, what: str) 
 
 
 def state_of(stored: StoredArrays) -> VllmState:
-    """The state a vLLM dump holds; a `DumpError` naming the tensor or key on bad input."""
+    """The state a vLLM dump holds; a `DumpError` naming the file and the tensor or key on
+    bad input (whichever command read it)."""
+    try:
+        return _state_of(stored)
+    except DumpError as exc:
+        exc.path = exc.path or str(stored.path)
+        raise
+
+
+def _state_of(stored: StoredArrays) -> VllmState:
     arrays, meta = stored.arrays, stored.metadata
     for name, (rank, required) in _TENSORS.items():
         if name not in arrays:
