@@ -732,7 +732,9 @@ def build_stack(
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
     `need_sort` builds the allocators as SGLang does under prefill-decode disaggregation,
-    `lazy_compaction` unified memory's as SGLang does by default."""
+    `lazy_compaction` unified memory's as SGLang does by default. The tree's modules are put
+    back first (`reinstate`): SGLang's constructors import more of it as they run."""
+    modules.reinstate()
     tree = modules.tree
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(

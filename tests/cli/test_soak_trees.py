@@ -615,8 +615,16 @@ def test_no_sglang_installed_names_the_release_wheels_download(
     assert f"--sglang-tree wheels/sglang-{stack.SUPPORTED}-*.whl" in hint, hint
 
 
+@pytest.fixture
+def no_vllm_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process as if no vLLM were imported yet (another test's in-process vLLM is put
+    back afterwards): `load_vllm` refuses a second one, which would hide the error tested."""
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
 def test_vllm_without_torch_names_torch_not_the_extra(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_vllm_loaded: None
 ) -> None:
     """The vllm-cpu extra leaves torch to the user (vLLM pins a CUDA one): its absence must
     name torch's own route, not the extra that does not install it."""
@@ -638,7 +646,7 @@ def test_vllm_without_torch_names_torch_not_the_extra(
 
 @pytest.mark.parametrize(("version", "named"), [("0.32.0", True), ("0.34.0", False)])
 def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
-    version: str, named: bool, tmp_path: Path
+    version: str, named: bool, tmp_path: Path, no_vllm_loaded: None
 ) -> None:
     """An older vLLM's modules import what kvcanary's stand-ins do not offer: the one line
     names the tree's release, and the releases kvcanary drives when it is not one of them."""

@@ -59,6 +59,20 @@ def test_a_stack_runs_after_sglang_was_unloaded(
     _assert_clean(_run(sglang, 1, "python", 7, 12))
 
 
+def test_a_stack_builds_after_sglang_was_unloaded(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, for a stack built outside a history (soak's `--coverage` builds one per
+    shape to list its free paths): the runtime context SGLang publishes into imports more of
+    the tree as it runs."""
+    from kvcanary_cli.soak.stack import build_stack
+
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    stack = build_stack(sglang, _spec(4, "python"))
+    assert stack.tree is not None and stack.allocator is not None
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize(("page_size", "core"), CASES)
 def test_clean_histories(sglang: Any, page_size: int, core: str, seed: int) -> None:
