@@ -609,16 +609,17 @@ def _shared_without_prefix(
     )
 
 
-#: cells compared at a time by `_follows` (bounds its int64 sums).
-_FOLLOWS_CHUNK = 1 << 20
+#: Cells handled at a time where a pass over every live cell would hold a table-long temporary
+#: (`_follows`'s int64 sums, `_place_groups`' counts and masks).
+_PIECE = 1 << 20
 
 
 def _follows(row: np.ndarray, position: np.ndarray) -> np.ndarray:
     """Per cell but the first: whether it is in the row of the cell before it, one position
     later (the sum taken in int64, a piece at a time: a narrow position + 1 never wraps)."""
     out = np.empty(max(row.size - 1, 0), dtype=bool)
-    for a in range(0, out.size, _FOLLOWS_CHUNK):
-        b = min(a + _FOLLOWS_CHUNK, out.size)
+    for a in range(0, out.size, _PIECE):
+        b = min(a + _PIECE, out.size)
         out[a:b] = (row[a + 1 : b + 1] == row[a:b]) & (
             position[a + 1 : b + 1] == np.add(position[a:b], 1, dtype=np.int64)
         )
@@ -635,14 +636,14 @@ def _place_groups(
     n = position.size
     every = bool(real.all())
     counts = np.zeros(0, dtype=np.int64)  # real cells per position, a piece at a time
-    for a in range(0, n, _FOLLOWS_CHUNK):
-        piece = position[a : a + _FOLLOWS_CHUNK]
-        found = np.bincount(piece if every else piece[real[a : a + _FOLLOWS_CHUNK]])
+    for a in range(0, n, _PIECE):
+        piece = position[a : a + _PIECE]
+        found = np.bincount(piece if every else piece[real[a : a + _PIECE]])
         if found.size > counts.size:
             counts = np.concatenate([counts, np.zeros(found.size - counts.size, np.int64)])
         counts[: found.size] += found
     upto = np.cumsum(counts)
-    step = max(_FOLLOWS_CHUNK, n // 16)
+    step = max(_PIECE, n // 16)
     same_place = np.zeros(n, dtype=bool)
     parts: list[np.ndarray] = []
     start = 0
@@ -672,11 +673,11 @@ def _cells_at(position: np.ndarray, start: int, end: int, real: np.ndarray | Non
     """The (`real`) cells at positions start..end-1, found a piece at a time (no mask as long
     as the table)."""
     parts = []
-    for a in range(0, position.size, _FOLLOWS_CHUNK):
-        piece = position[a : a + _FOLLOWS_CHUNK]
+    for a in range(0, position.size, _PIECE):
+        piece = position[a : a + _PIECE]
         inside = (piece >= start) & (piece < end)
         if real is not None:
-            inside &= real[a : a + _FOLLOWS_CHUNK]
+            inside &= real[a : a + _PIECE]
         parts.append(np.flatnonzero(inside) + a)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 

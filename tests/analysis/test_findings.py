@@ -308,7 +308,7 @@ def test_places_grouped_a_range_of_positions_at_a_time_find_what_one_sort_finds(
     for seed in range(2):
         dump, _ = scenario_dump(name, seed=seed)
         whole = checked(dump, kernel="none").findings
-        monkeypatch.setattr(findings, "_FOLLOWS_CHUNK", 3)
+        monkeypatch.setattr(findings, "_PIECE", 3)
         pieces = checked(dump, kernel="none").findings
         monkeypatch.undo()
         assert [(expand_cells(f), f.message) for f in pieces] == [
