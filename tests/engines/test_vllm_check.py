@@ -167,8 +167,8 @@ def test_bad_vllm_dumps_are_one_line_exit_2(tmp_path: Path, dumps: dict[str, Pat
 def test_every_command_names_the_broken_file(
     tmp_path: Path, dumps: dict[str, Path], command: list[str]
 ) -> None:
-    """A bad dump is one line naming its file, as `check` says it, whichever command read it
-    (provenance, shrink and timeline named only the tensor)."""
+    """A bad dump is one line naming its file, the tensor and the fix, as `check` says it,
+    whichever command read it (provenance, shrink and timeline named only the tensor)."""
     for name, (t, m) in broken_vllm_contents().items():
         path = write_safetensors(tmp_path / f"{name}.st", t, m)
         small, clean = tmp_path / "small.st", dumps["vllm-clean"]
@@ -177,6 +177,11 @@ def test_every_command_names_the_broken_file(
         assert out.exit_code == 2, (name, out.output)
         [line] = out.stderr.strip().splitlines()
         assert line.startswith(f"error: {path}: "), (name, line)
+        assert line.endswith(
+            "(capture the pool again; kvcanary's capture writes these "
+            "tensors together, as docs/dump-format.md's 'vLLM dumps' lays "
+            "them out)"
+        ), (name, line)
 
 
 def _keyed_twice(extra: bool) -> object:

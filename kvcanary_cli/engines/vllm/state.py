@@ -358,7 +358,15 @@ def state_of(stored: StoredArrays) -> VllmState:
         return _state_of(stored)
     except DumpError as exc:
         exc.path = exc.path or str(stored.path)
+        exc.hint = exc.hint or _REWRITE
         raise
+
+
+#: What to do about a vLLM dump whose tensors disagree: its writer wrote them together.
+_REWRITE = (
+    "capture the pool again; kvcanary's capture writes these tensors together, as "
+    "docs/dump-format.md's 'vLLM dumps' lays them out"
+)
 
 
 def _state_of(stored: StoredArrays) -> VllmState:
