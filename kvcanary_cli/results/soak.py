@@ -132,6 +132,16 @@ class SoakReplay:
     recorded: str
     #: the replay failed the same way (same top cause, or a crash of the same exception)
     reproduced: bool
+    #: the engine's release the reproducer was recorded on (null: the reproducer does not say)
+    recorded_on: str | None = None
+
+    def release_change(self, engine: str, running: str) -> str | None:
+        """`recorded on SGLang 0.5.21, replayed on 0.5.23` where the releases differ (a finding
+        that does not come back may be the release's doing); None where they are one or the
+        reproducer does not say."""
+        if self.recorded_on is None or self.recorded_on == running:
+            return None
+        return f"recorded on {engine} {self.recorded_on}, replayed on {running}"
 
 
 @dataclass(frozen=True, kw_only=True)

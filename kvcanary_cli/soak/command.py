@@ -293,7 +293,12 @@ def _keep_finding(
         workloads.setdefault("reproducer", (shrunk, found))
         for name, (chosen, failed) in workloads.items():
             body = json.loads(chosen.to_json())
-            meta = {"spec": asdict(spec), **asdict(failed), "workload": body}
+            meta = {
+                "spec": asdict(spec),
+                **asdict(failed),
+                "sglang_version": modules.tree.version,
+                "workload": body,
+            }
             contents[name] = (json.dumps(meta, indent=1) + "\n").encode()
         files = write_outputs(out, contents, force=force)
     return replace(
@@ -331,10 +336,10 @@ def _failure(spec: Any, workload: Any, failure: Any, fault: str | None) -> SoakF
     )
 
 
-def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str]:
-    """The stack spec, workload, fault and recorded finding (its top cause, or `crash
-    <exception>`) of a reproducer (or workload) file a soak wrote; anything else is one
-    error line (exit 2)."""
+def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
+    """The stack spec, workload, fault, recorded finding (its top cause, or `crash
+    <exception>`) and SGLang release (None: an earlier soak's file does not say) of a
+    reproducer (or workload) file a soak wrote; anything else is one error line (exit 2)."""
     from kvcanary_cli.errors import PathError
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.stack import CORES, LAYOUTS, StackSpec
@@ -353,6 +358,7 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str]:
         fault = data["fault"]
         crash = data["crash"]
         recorded = f"crash {crash['exception']}" if crash else data["top_cause"]
+        release = data.get("sglang_version")
         fits = (
             (fault is None or fault in FAULTS)
             and spec.core in CORES
@@ -375,7 +381,7 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str]:
         raise PathError(
             "is not a soak reproducer (a value out of range)", path=str(path), hint=hint
         )
-    return spec, workload, fault, recorded
+    return spec, workload, fault, recorded, release if isinstance(release, str) else None
 
 
 def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) -> SoakReport:
@@ -387,7 +393,7 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import load_sglang
 
-    spec, workload, fault, recorded = read_reproducer(reproducer)
+    spec, workload, fault, recorded, release = read_reproducer(reproducer)
     modules = load_sglang(sglang_tree)
     if spec.core not in modules.cores:
         raise OptionError(
@@ -421,6 +427,7 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
             reproducer=str(reproducer),
             recorded=recorded,
             reproduced=failure is not None and failure.key == recorded,
+            recorded_on=release,
         ),
     )
 

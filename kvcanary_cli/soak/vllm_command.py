@@ -297,5 +297,8 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
             reproducer=str(reproducer),
             recorded=data["recorded"],
             reproduced=_key(h) == data["recorded"],
+            recorded_on=data.get("engine_version")
+            if isinstance(data.get("engine_version"), str)
+            else None,
         ),
     )

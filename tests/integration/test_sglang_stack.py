@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from kvcanary_cli.results.check import DumpReport
-from tests.sglang_wheel import wheel_path
+from tests.sglang_wheel import WHEEL_VERSION, wheel_path
 
 torch = pytest.importorskip("torch")
 
@@ -369,10 +369,11 @@ def test_a_finding_after_a_result_keeps_that_steps_dump_and_replays(
     reproducer = out / "soak-reproducer.json"
     saved = json.loads(reproducer.read_text())
     assert (saved["step"], saved["top_cause"]) == (failure["step"], "double-free")
+    assert saved["sglang_version"] == WHEEL_VERSION  # the release it was recorded on
 
     code, text, err = _soak_here("--sglang-tree", wheel, "--replay", str(reproducer))
     assert code == 1, text + err
-    assert f"replayed {reproducer}: its finding (double-free) came back" in text
+    assert f"replayed {reproducer}: its finding (double-free) came back\n" in text
     code, text, err = _soak_here(
         "--sglang-tree", wheel, "--replay", str(reproducer), "--format", "json"
     )
@@ -381,6 +382,7 @@ def test_a_finding_after_a_result_keeps_that_steps_dump_and_replays(
         "reproducer": str(reproducer),
         "recorded": "double-free",
         "reproduced": True,
+        "recorded_on": WHEEL_VERSION,
     }
     assert record["failure"]["step"] == failure["step"] and record["histories"] == 1
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -393,10 +395,13 @@ def test_a_finding_after_a_result_keeps_that_steps_dump_and_replays(
     )  # a replay writes nothing
 
     twin = tmp_path / "twin.json"
-    twin.write_text(json.dumps({**saved, "fault": None}))
+    twin.write_text(json.dumps({**saved, "fault": None, "sglang_version": "0.5.21"}))
     code, text, err = _soak_here("--sglang-tree", wheel, "--replay", str(twin))
     assert code == 0, text + err
-    assert "its finding (double-free) did not come back: kvcanary found nothing" in text
+    assert (
+        "its finding (double-free) did not come back: kvcanary found nothing (recorded on "
+        f"SGLang 0.5.21, replayed on {WHEEL_VERSION})"
+    ) in text
 
 
 def test_replay_of_no_reproducer_is_one_line_exit_2(tmp_path: Path) -> None:

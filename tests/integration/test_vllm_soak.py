@@ -99,12 +99,18 @@ def test_soak_engine_vllm_reports_the_fault_and_what_vllm_said(vllm: Any, tmp_pa
     again = json.loads(replayed.output)
     assert validate(again, RECORDS[again["schema"]]) == []
     assert again["replay"]["reproduced"] is True
+    assert again["replay"]["recorded_on"] == again["engine_version"] == record["engine_version"]
     assert again["histories"][0]["finding_step"] == history["finding_step"]
     twin = tmp_path / "twin.json"
-    twin.write_text(json.dumps({**reproducer, "fault": None}))
+    twin.write_text(json.dumps({**reproducer, "fault": None, "engine_version": "0.32.0"}))
     clean_twin = CliRunner().invoke(app, [*args[:-2], "--replay", str(twin)])
     assert clean_twin.exit_code == 0, clean_twin.output
     assert json.loads(clean_twin.output)["replay"]["reproduced"] is False
+    # the table says the release changed, where a finding that did not come back is read
+    table = CliRunner().invoke(app, [*args[:-4], "--replay", str(twin)])
+    running = record["engine_version"]
+    said = " ".join(table.output.split())  # the terminal's width wraps it
+    assert f"(recorded on vllm 0.32.0, replayed on {running})" in said, table.output
 
     # a second finding does not replace the first without --force
     before = {p.name: p.read_bytes() for p in out.iterdir()}

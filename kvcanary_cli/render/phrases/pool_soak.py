@@ -52,4 +52,6 @@ def replay_line(r: PoolSoakReport) -> str | None:
     came = "came back" if r.replay.reproduced else "did not come back"
     if not r.replay.reproduced:
         came += ": another failure instead" if r.found else ": nothing found"
-    return f"replayed {r.replay.reproducer}: its finding ({r.replay.recorded}) {came}"
+    change = r.replay.release_change(r.engine, r.engine_version)
+    said = f"replayed {r.replay.reproducer}: its finding ({r.replay.recorded}) {came}"
+    return said if change is None else f"{said} ({change})"

@@ -187,4 +187,6 @@ def replay_line(report: SoakReport) -> str | None:
         came = "did not come back: kvcanary found nothing"
     else:
         came = "did not come back: another failure instead"
-    return f"replayed {replay.reproducer}: its finding ({replay.recorded}) {came}"
+    change = replay.release_change("SGLang", report.sglang_version)
+    said = f"replayed {replay.reproducer}: its finding ({replay.recorded}) {came}"
+    return said if change is None else f"{said} ({change})"
