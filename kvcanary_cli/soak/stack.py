@@ -229,6 +229,8 @@ def _checked_tree(root: Path, label: str) -> SGLangTree:
         raise SGLangUnavailableError(
             f"SGLang {version}'s UnifiedRadixCache predates the tree core and components soak "
             f"drives (no sglang/{_TREE_PARTS}): soak runs SGLang {OLDEST} and later",
+            hint="its dumps are read all the same: check, provenance and --kernel sglang take "
+            "every release with kv canary, and the capture hook runs in its servers",
             source=label,
         )
     return SGLangTree(

@@ -299,7 +299,9 @@ def test_a_release_before_the_tree_core_is_refused_before_import(tmp_path: Path)
     files["sglang/srt/server_args.py"] = "raise RuntimeError('imported')\n"
     tree = write_tree(tmp_path / "tree", files)
     run = soak_json(tree, tmp_path)
-    assert_one_line_exit_2(run, str(tree), FAKE_VERSION, "unified_cache", "0.5.17")
+    assert_one_line_exit_2(
+        run, str(tree), FAKE_VERSION, "unified_cache", "0.5.17", "its dumps are read all the same"
+    )
 
 
 # -- wheels (item 5) ----------------------------------------------------------------------
