@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -269,3 +272,18 @@ def one_slot_shrunk_dump(
         ORIGINAL_DTYPES_KEY: original_dtypes_text({"req_to_token": "I32"}),
     }
     return write_safetensors(path, tensors, metadata)
+
+
+def json_lines_of_module(module: str, *args: str) -> list[dict[str, Any]]:
+    """`python -m MODULE ARGS` (a module of `tests`) in a process of its own, from the
+    checkout (one engine release per process: SGLang's and vLLM's trees cannot be unloaded),
+    its exit 0 asserted; the JSON object each line of its stdout holds."""
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return [json.loads(line) for line in run.stdout.splitlines()]

@@ -21,19 +21,15 @@ kvcanary's.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import json_lines_of_module
 from tests.sglang_wheel import missing_wheel, wheel_path
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
 #: the older releases soak drives
 RELEASES = ("0.5.21", "0.5.20", "0.5.19", "0.5.18", "0.5.17")
 #: Set to 1, every one of them is soaked; otherwise those where soak's reading of the tree
@@ -72,16 +68,7 @@ def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
 
 @pytest.mark.parametrize("version", [_release(v) for v in SOAKED])
 def test_release_soaks_clean_and_catches_planted_faults(version: str) -> None:
-    wheel = wheel_path(version)
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.release_soak", str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    first, *lines = [json.loads(line) for line in run.stdout.splitlines()]
+    first, *lines = json_lines_of_module("tests.release_soak", str(wheel_path(version)))
     cores = first["cores"]
     assert "rust" not in cores["python"]
     if version in PYTHON_CORE_ONLY:

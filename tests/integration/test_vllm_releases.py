@@ -12,19 +12,15 @@ drive); 0.33.0's repeats those tests' paths, so it is the whole suite's only.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import json_lines_of_module
 from tests.vllm_wheel import RELEASES, WHEEL_VERSION, missing_wheel, wheel_path
 
 pytest.importorskip("torch")
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
@@ -38,15 +34,8 @@ def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
 def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
     version: str, tmp_path: Path
 ) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.vllm_release", str(wheel_path(version)), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    first, *lines = [json.loads(line) for line in run.stdout.splitlines()]
+    wheel = str(wheel_path(version))
+    first, *lines = json_lines_of_module("tests.vllm_release", wheel, str(tmp_path))
     assert first == {"case": "release", "version": version}
     cases: dict[str, list[dict[str, Any]]] = {}
     for line in lines:
