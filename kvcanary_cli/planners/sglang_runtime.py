@@ -46,9 +46,10 @@ __all__ = [
 
 #: SGLang releases whose kv-canary plan step kvcanary's planners were verified against, by
 #: running SGLang's own code on every synthetic scenario (`kvcanary selftest --sglang`).
+#: Each post release too (0.5.13.post1, 0.5.15.post1): servers run them like any other.
 VERIFIED_VERSIONS: tuple[str, ...] = (
-    *("0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"),
-    *("0.5.21", "0.5.22", "0.5.23"),
+    *("0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17"),
+    *("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
 )
 #: The same releases in words, for error lines: every release from the first to the last.
 VERIFIED_RANGE = f"{VERIFIED_VERSIONS[0]} to {VERIFIED_VERSIONS[-1]}"
