@@ -1,4 +1,5 @@
-"""Writing files the safe way: atomic, never over an input or anything but a regular file.
+"""Files the safe way: written atomically, never over an input or anything but a regular
+file; small inputs (a soak's reproducer) read only from a regular file, within a bound.
 
 Standard library only, so that the CLI can write reports without importing torch.
 """
@@ -21,6 +22,7 @@ __all__ = [
     "STANDARD_INPUT",
     "Target",
     "check_targets",
+    "read_small_text",
     "same_target",
     "write_all_atomically",
     "write_atomically",
@@ -46,6 +48,38 @@ def _file_id(source: str | os.PathLike[str]) -> tuple[int, int] | None:
     except (OSError, ValueError):  # ValueError: a replaced stdin without a descriptor
         return None
     return info.st_dev, info.st_ino
+
+
+def read_small_text(path: str | os.PathLike[str], *, limit: int, what: str, hint: str) -> str:
+    """The UTF-8 text of a file at most `limit` bytes long, which a command reads whole: `what`
+    (a soak reproducer) is a few kilobytes. Anything else is a `PathError` naming the file,
+    read no further: a device (`/dev/zero`) is endless, a FIFO blocks, a huge file fills
+    memory."""
+    shown = os.fspath(path)
+
+    def refused(why: str) -> PathError:
+        return PathError(why, path=shown, hint=hint)
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # before `open`, which a FIFO blocks
+            raise refused("is not a regular file")
+        # non-blocking: a FIFO put in its place since would block the open, not be read
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(handle, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise refused("is not a regular file")
+            if size > limit:
+                raise refused(f"is {size / (1 << 20):.1f} MiB; {what} is at most {limit >> 20} MiB")
+            data = file.read(limit + 1)
+    except OSError as exc:
+        raise refused(f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > limit:  # grown since its size was read
+        raise refused(f"is over {limit >> 20} MiB; {what} is at most that")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise refused("is not UTF-8 text") from None
 
 
 def same_target(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -342,15 +342,12 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
     reproducer (or workload) file a soak wrote; anything else is one error line (exit 2)."""
     from kvcanary_cli.errors import PathError
     from kvcanary_cli.soak.faults import FAULTS
+    from kvcanary_cli.soak.outputs import RECORDED_CHARACTERS, read_reproducer_text
     from kvcanary_cli.soak.stack import CORES, LAYOUTS, StackSpec
     from kvcanary_cli.soak.workload import Workload
 
     hint = "give the soak-reproducer.json (or soak-workload.json) a soak wrote"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = getattr(exc, "strerror", None) or type(exc).__name__
-        raise PathError(f"cannot be read ({why})", path=str(path), hint=hint) from None
+    text = read_reproducer_text(path, hint=hint)
     try:
         data = json.loads(text)
         spec = StackSpec(**data["spec"])
@@ -364,6 +361,8 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
             and spec.core in CORES
             and spec.layout in LAYOUTS
             and isinstance(recorded, str)
+            and len(recorded) <= RECORDED_CHARACTERS
+            and len(str(release)) <= RECORDED_CHARACTERS
             and all(
                 isinstance(v, int) and v > 0
                 for k, v in asdict(spec).items()

@@ -18,11 +18,32 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from kvcanary_cli.dump.files import Target, check_targets, write_all_atomically
+from kvcanary_cli.dump.files import Target, check_targets, read_small_text, write_all_atomically
 from kvcanary_cli.errors import PathError
 from kvcanary_cli.results.soak import SOAK_FILES, SoakFile
 
-__all__ = ["check_out", "restamp_step", "scratch", "write_outputs"]
+__all__ = [
+    "RECORDED_CHARACTERS",
+    "REPLAY_LIMIT",
+    "check_out",
+    "read_reproducer_text",
+    "restamp_step",
+    "scratch",
+    "write_outputs",
+]
+
+#: What `--replay` reads at most: a reproducer (or workload) soak writes is a few kilobytes,
+#: one history's arrivals.
+REPLAY_LIMIT = 16 << 20
+#: A reproducer's recorded finding and release, in characters at most: a cause's code (or
+#: `crash` and an exception's type) and a version, which a replay's report repeats.
+RECORDED_CHARACTERS = 200
+
+
+def read_reproducer_text(path: Path, *, hint: str) -> str:
+    """The text of a file `--replay` names: a regular file within `REPLAY_LIMIT`, else one
+    error line (`PathError`)."""
+    return read_small_text(path, limit=REPLAY_LIMIT, what="a soak reproducer", hint=hint)
 
 
 def check_out(out: Path, *, force: bool) -> None:

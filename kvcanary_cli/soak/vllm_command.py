@@ -234,14 +234,12 @@ def _keep(
 
 def read_reproducer(path: Path) -> dict[str, Any]:
     """A vLLM soak's reproducer; anything else is one error line (exit 2)."""
+    from kvcanary_cli.soak.outputs import RECORDED_CHARACTERS, read_reproducer_text
     from kvcanary_cli.soak.vllm_driver import FAULTS, MODELS
 
     hint = "give the soak-reproducer.json a vLLM soak wrote"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        why = getattr(exc, "strerror", None) or type(exc).__name__
-        raise PathError(f"cannot be read ({why})", path=str(path), hint=hint) from None
+        data = json.loads(read_reproducer_text(path, hint=hint))
     except ValueError as exc:
         raise PathError(f"is not JSON ({exc})"[:300], path=str(path), hint=hint) from None
     if not isinstance(data, dict) or data.get("engine") != "vllm":
@@ -261,6 +259,8 @@ def read_reproducer(path: Path) -> dict[str, Any]:
         or (data["fault"] is not None and data["fault"] not in FAULTS)
         or not 0 < data["steps"] <= 10**7
         or not 0 <= data["after_steps"] <= 10**7
+        or len(data["recorded"]) > RECORDED_CHARACTERS
+        or len(str(data.get("engine_version"))) > RECORDED_CHARACTERS
     ):
         raise PathError(
             "is not a vLLM soak reproducer (a value out of range)", path=str(path), hint=hint
