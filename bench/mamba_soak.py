@@ -46,7 +46,6 @@ def sglang_alone(modules: Any, spec: StackSpec, workload: Workload) -> dict[str,
     checks = SGLangChecks(scheduler)
     after_step, undo = plant(FAULT, stack)
     planted = None
-    allocator = stack.req_to_token_pool.mamba_allocator
     try:
         while scheduler.step_no < workload.steps * 4 + 64:
             at = scheduler.step_no
@@ -55,7 +54,7 @@ def sglang_alone(modules: Any, spec: StackSpec, workload: Workload) -> dict[str,
             except Exception as exc:
                 return {"planted": planted, "step": at, "said": f"crash {exc!r}"[:200]}
             after_step(stack, info.step)
-            if planted is None and getattr(allocator, "_kvcanary_planted", False):
+            if planted is None and stack.fault_acted:
                 planted = at
             said = checks.idle() if info.mode == "idle" else checks.busy()
             if not said and scheduler.done and scheduler.step_no >= workload.steps:

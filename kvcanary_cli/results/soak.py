@@ -277,6 +277,11 @@ class SoakReport:
     #: --coverage: the memory-cache functions and free paths the histories ran; null without
     #: --coverage
     coverage: SoakCoverage | None = None
+    #: --fault: the SGLang bug planted in every history; null without one
+    fault: str | None = None
+    #: times the planted fault did its wrong thing over the histories (0: the workload never
+    #: ran the code it changes, so there was nothing to find); null without --fault
+    fault_acted: int | None = None
 
     #: kvcanary named an error finding
     @recorded

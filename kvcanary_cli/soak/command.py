@@ -186,7 +186,7 @@ def soak(
     specs = _specs(page_size, modules.cores, core, layout)
     tracing = _Coverage(modules, specs) if coverage else None
     started = time.monotonic()
-    histories = steps_run = audited = 0
+    histories = steps_run = audited = acted = 0
     failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
     heard: dict[SGLangCheckName, _Heard] = {}
     seen: FirstSeen | None = None  # the failing history's, else the first SGLang complained in
@@ -199,6 +199,7 @@ def soak(
         histories += 1
         steps_run += result.steps
         audited += result.audited
+        acted += result.fault_acted
         if progress is not None:
             progress(min(steps_run, steps), steps)
         _hear(heard, result, spec, workload.seed)
@@ -221,6 +222,8 @@ def soak(
         ),
         seen=seen,
         coverage=None if tracing is None else tracing.summary(),
+        fault=fault,
+        fault_acted=None if fault is None else acted,
     )
     if failed is not None:
         report = _keep_finding(report, modules, *failed, fault, out, force)
@@ -422,6 +425,8 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
         seen=_seen(result, spec, workload.seed) if complained else None,
         failure=None if failure is None else _failure(spec, workload, failure, fault),
         seconds=round(time.monotonic() - started, 2) if timings else None,
+        fault=fault,
+        fault_acted=None if fault is None else result.fault_acted,
         replay=SoakReplay(
             reproducer=str(reproducer),
             recorded=recorded,

@@ -81,6 +81,7 @@ def _free_tree_swa_pairs(stack: Any, step: int) -> None:
     first = mapped[:1]
     page = (first // ps) * ps + torch.arange(ps, dtype=first.dtype)
     stack.allocator.free_swa(page)
+    stack.fault_acted += 1
     # then the tree evicts SWA (what the next allocation under pressure does)
     from importlib import import_module
 
@@ -106,6 +107,7 @@ def _shared_boundary_page(stack: Any) -> Callable[[], None]:
             last = int(table[row, start_p - 1])
             page_end = (last // ps + 1) * ps
             allocator.free(torch.arange(last + 1, page_end, dtype=torch.int64))
+            stack.fault_acted += 1
         original(req, start_p, end_p, tree_cache)
 
     common._release_overallocated_kv_indices = release_tail
@@ -139,6 +141,7 @@ def _double_free_group_end(stack: Any) -> None:
             full.free(torch.cat(pending))
         if pages:
             full.free_page_ids(torch.cat(pages))
+        stack.fault_acted += bool(pending or pages)
 
     allocator.free_group_end = free_group_end
 
@@ -149,7 +152,7 @@ def _tree_page_freed(stack: Any, step: int) -> None:
     import torch
 
     full = stack.allocator.full_attn_allocator
-    if getattr(full, "_kvcanary_planted", False):
+    if stack.fault_acted:
         return
     core = getattr(stack.tree, "tree_core", stack.tree)
     slots = core.walk_for_kv_canary(unlocked_only=True, swa_resident_only=False).slot_indices
@@ -162,26 +165,25 @@ def _tree_page_freed(stack: Any, step: int) -> None:
         full.free_virtual_ids = torch.cat([full.free_virtual_ids, page])
     else:
         full.free_pages = torch.cat([full.free_pages, page if ps > 1 else slots[:1]])
-    full._kvcanary_planted = True
+    stack.fault_acted += 1
 
 
 def _tree_mamba_slot_freed(stack: Any, step: int) -> None:
     """Once: the first Mamba slot the tree holds goes back on the Mamba free list, the tree
     node keeping it."""
     allocator = stack.req_to_token_pool.mamba_allocator
-    if getattr(allocator, "_kvcanary_planted", False):
+    if stack.fault_acted:
         return
     held = stack.tree.all_mamba_values_flatten()
     if held is None or held.numel() == 0:
         return
     allocator.free(held[:1].clone())
-    allocator._kvcanary_planted = True
+    stack.fault_acted += 1
 
 
 def _lock_leak(stack: Any) -> Callable[[], None]:
     """`release_kv_cache` without caching (`checkpoint=False`; `is_insert=False` in 0.5.21) with
-    its unlock skipped where the lock is below the root; each lock so leaked is counted on the
-    tree (`_kvcanary_leaks`)."""
+    its unlock skipped where the lock is below the root."""
     tree = stack.tree
     modules = (stack.modules.common, stack.modules.schedule_batch)  # each holds the function
     original = stack.modules.common.release_kv_cache
@@ -198,7 +200,7 @@ def _lock_leak(stack: Any) -> Callable[[], None]:
             original(req, tree_cache, **given)
         finally:
             delattr(tree_cache, unlock)
-        tree._kvcanary_leaks = getattr(tree, "_kvcanary_leaks", 0) + 1
+        stack.fault_acted += 1
 
     for module in modules:
         module.release_kv_cache = release_kv_cache

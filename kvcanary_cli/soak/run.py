@@ -96,6 +96,8 @@ class HistoryResult:
     fallbacks: int = 0
     #: with `both`: every audited state's two verdicts
     verdicts: list[Verdict] = field(default_factory=list)
+    #: times the planted fault did its wrong thing (`Stack.fault_acted`)
+    fault_acted: int = 0
 
     def heard(self, step: int, when: CheckPoint, said: list[Said]) -> None:
         """Count what SGLang's checks said at `step`, keeping the first few per check."""
@@ -227,6 +229,7 @@ def run_history(
         undo()
         options_undo()
     result.steps = scheduler.step_no
+    result.fault_acted = stack.fault_acted
     result.fallbacks = 0 if live is None else live.fallbacks
     result.failure = found[0] if found else None
     return result

@@ -722,6 +722,9 @@ class Stack:
     kv_pool: Any
     allocator: Any
     tree: Any
+    #: times a planted fault (`soak.faults`) did its wrong thing: 0 while its code path has
+    #: not run, when there is nothing to find
+    fault_acted: int = 0
 
 
 def build_stack(

@@ -46,6 +46,8 @@ class FakeSGLang:
     chatter: bool = False
     #: what SGLang's `_check_req_pool` says at each history's last step (every history)
     said: list[str] = field(default_factory=list)
+    #: times a planted fault acts in each history
+    acts: int = 0
 
 
 @pytest.fixture
@@ -81,6 +83,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
             steps=steps,
             audited=steps,
             counters=None,  # type: ignore[arg-type]
+            fault_acted=0 if fault is None else state.acts,
         )
         result.heard(steps - 1, "idle", said)
         if state.finds and workload.arrivals:
@@ -396,3 +399,40 @@ def test_one_history_and_one_step_are_said_in_the_singular(
     assert "seed 0, 1 history, 1 of 1 steps" in table
     assert "_check_req_pool: 1 audited step in 1 history" in table
     assert "historys" not in table and "1 histories" not in table
+
+
+@pytest.mark.parametrize(
+    ("finds", "acts", "said"),
+    [
+        (False, 0, "the planted fault lock-leak never acted: the workload never ran the code"),
+        (False, 3, "the planted fault lock-leak acted {n} times; kvcanary found nothing"),
+        (True, 1, "the planted fault lock-leak acted {n} time\n"),
+    ],
+    ids=["never-acted", "acted-unseen", "acted-found"],
+)
+def test_a_planted_fault_says_whether_it_acted(
+    fake: FakeSGLang, tmp_path: Path, finds: bool, acts: int, said: str
+) -> None:
+    """A clean soak whose fault never ran proves nothing, and one whose fault ran unseen is a
+    miss: each view says which, never a bare "clean"; the record keeps the fault and its count
+    (over the soak's histories, not the shrinking's reruns)."""
+    fake.finds, fake.acts = finds, acts
+    args = ("--fault", "lock-leak", "--steps", "160", "--out", str(tmp_path / "o"), "--force")
+    _, out, _ = soak(*args, "--format", "json")
+    record = json.loads(out)
+    assert record["histories"] == (1 if finds else 2)
+    assert (record["fault"], record["fault_acted"]) == ("lock-leak", acts * record["histories"])
+    said = said.format(n=record["fault_acted"])
+    code, table, err = soak(*args)
+    assert code == (1 if finds else 0), err
+    assert said in table
+    _, markdown, _ = soak(*args, "--format", "markdown")
+    assert said.strip() in markdown
+
+
+def test_without_a_fault_nothing_is_said_of_one(fake: FakeSGLang, tmp_path: Path) -> None:
+    fake.finds = False
+    code, table, _ = soak("--steps", "160", "--out", str(tmp_path / "o"))
+    assert code == 0 and "planted fault" not in table
+    _, out, _ = soak("--steps", "160", "--out", str(tmp_path / "o"), "--format", "json")
+    assert (json.loads(out)["fault"], json.loads(out)["fault_acted"]) == (None, None)

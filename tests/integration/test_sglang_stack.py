@@ -196,6 +196,7 @@ def test_capture_records_tree_and_rows(sglang: Any, tmp_path: Path) -> None:
 
 
 def _first(result: Any) -> tuple[str | None, list[str]]:
+    assert result.fault_acted > 0, "the planted fault never acted"
     assert result.failure is not None, "the planted fault was not found"
     return result.failure.top_cause, result.failure.codes
 
@@ -254,7 +255,10 @@ def test_shared_boundary_page_named_first(sglang: Any, page_size: int) -> None:
 
 def test_fault_clean_twins_are_silent(sglang: Any) -> None:
     """The faults' workloads without the fault: nothing found, SGLang silent (and a patched
-    module is restored after its history)."""
+    module is restored after its history). At page size 1 a tail free starts on a page
+    boundary, so shared-boundary-page never acts: counted 0, nothing found."""
+    untouched = _run(sglang, 1, "python", 3, 80, fault="shared-boundary-page")
+    assert untouched.fault_acted == 0 and untouched.failure is None
     _run(sglang, 4, "python", 3, 80, fault="shared-boundary-page")
     for page_size in (1, 4, 16):
         _assert_clean(_run(sglang, page_size, "python", 3, 80))
@@ -301,6 +305,7 @@ def test_soak_finds_planted_fault_and_shrinks(sglang: Any, tmp_path: Path) -> No
     assert report["schema"] == "kvcanary.soak/2"
     assert report["found"] and report["failure"]["top_cause"] == "reserved-slot-freed"
     assert report["kvcanary_found"] and report["failure"]["crash"] is None
+    assert report["fault"] == "unmapped-representative" and report["fault_acted"] > 0
     # SGLang's pool check sees a leak in that history too: who saw it first, by how much
     # (kvcanary at plan time, SGLang's busy check once the step's result is processed)
     seen = report["seen"]

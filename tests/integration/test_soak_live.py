@@ -278,7 +278,7 @@ def _leak_history(sglang: Any, fault: str | None, monkeypatch: pytest.MonkeyPatc
 
     def stepped(self: Any, on_plan: Any = None) -> Any:
         info = step(self, on_plan)
-        if getattr(self.stack.tree, "_kvcanary_leaks", 0) and not leaked:
+        if self.stack.fault_acted and not leaked:
             leaked.append(info.step)
         return info
 

@@ -8,6 +8,7 @@ from kvcanary_cli.render.markdown.blocks import code, table, text
 from kvcanary_cli.render.table.soak import (
     SILENT,
     coverage_lines,
+    fault_line,
     ran_line,
     replay_line,
     seen_line,
@@ -42,6 +43,9 @@ def soak_markdown(report: SoakReport) -> str:
     if replayed is not None:
         parts.append(text(replayed))
     parts.append(text(soak_verdict(report)))
+    planted = fault_line(report)
+    if planted is not None:
+        parts.append(text(planted))
     covered = coverage_lines(report)
     if covered:
         parts.append("### Coverage")

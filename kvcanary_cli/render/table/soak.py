@@ -12,6 +12,7 @@ from kvcanary_cli.safe_text import printable_record
 __all__ = [
     "check_line",
     "coverage_lines",
+    "fault_line",
     "message_line",
     "ran_line",
     "replay_line",
@@ -36,6 +37,9 @@ def soak_table(report: SoakReport) -> str:
     replayed = replay_line(report)
     if replayed is not None:
         lines.insert(1, replayed)
+    planted = fault_line(report)
+    if planted is not None:
+        lines.append(planted)
     seen = seen_line(report)
     if seen is not None:
         lines.append(seen)
@@ -119,6 +123,22 @@ def soak_verdict(report: SoakReport) -> str:
         f"FOUND at step {failure.step} ({failure.when}) of {where}{planted}: "
         f"{', '.join(failure.codes)} (cause: {failure.top_cause or 'none named'}){then}"
     )
+
+
+def fault_line(report: SoakReport) -> str | None:
+    """With --fault: whether the planted bug ever acted. A clean soak whose fault never acted
+    proves nothing either way, and one whose fault acted unseen is kvcanary's miss: both are
+    said, never a bare "clean"."""
+    if report.fault is None or report.fault_acted is None:
+        return None
+    if report.fault_acted == 0:
+        return (
+            f"the planted fault {report.fault} never acted: the workload never ran the code it "
+            "changes, so there was nothing to find (more steps, another layout or page size "
+            "may reach it)"
+        )
+    acted = f"the planted fault {report.fault} acted {plural(report.fault_acted, 'time')}"
+    return acted if report.kvcanary_found else f"{acted}; kvcanary found nothing"
 
 
 def seen_line(report: SoakReport) -> str | None:
