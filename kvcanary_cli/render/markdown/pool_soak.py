@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import code, text
-from kvcanary_cli.render.phrases.pool_soak import history_lines, replay_line, soak_verdict
+from kvcanary_cli.render.phrases.pool_soak import (
+    fault_line,
+    history_lines,
+    replay_line,
+    soak_verdict,
+)
 from kvcanary_cli.results.pool_soak import PoolSoakReport
 from kvcanary_cli.safe_text import printable_record
 
@@ -14,6 +19,9 @@ def pool_soak_markdown(report: PoolSoakReport) -> str:
     """The verdict as a heading, each history as a list."""
     report = printable_record(report)
     out = [f"## Soak: {soak_verdict(report)}", ""]
+    planted = fault_line(report)
+    if planted is not None:
+        out += [text(planted), ""]
     for h in report.histories:
         first, *rest = history_lines(h, report.engine)
         out.append(f"- {first}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvcanary_cli.results.pool_soak import PoolSoakHistory, PoolSoakReport
 
-__all__ = ["history_lines", "soak_verdict", "replay_line"]
+__all__ = ["fault_line", "history_lines", "soak_verdict", "replay_line"]
 
 
 def soak_verdict(r: PoolSoakReport) -> str:
@@ -15,6 +15,24 @@ def soak_verdict(r: PoolSoakReport) -> str:
     if not r.found:
         return f"clean: {where}, nothing found by kvcanary or by {r.engine}'s own asserts"
     return f"found: {where}"
+
+
+def fault_line(r: PoolSoakReport) -> str | None:
+    """With --fault: in how many histories it acted. A fault that never found its place proves
+    nothing either way, and one that acted unseen is kvcanary's miss: both are said."""
+    if r.fault is None:
+        return None
+    acted = sum(h.fault_step is not None for h in r.histories)
+    if acted == 0:
+        return (
+            f"the planted fault {r.fault} never acted: no history reached a step where it had "
+            "a place, so there was nothing to find (more steps may reach one)"
+        )
+    said = f"the planted fault {r.fault} acted in {acted} of {len(r.histories)} " + (
+        "histories" if len(r.histories) != 1 else "history"
+    )
+    unseen = not any(h.findings for h in r.histories)
+    return f"{said}; kvcanary found nothing" if unseen else said
 
 
 def history_lines(h: PoolSoakHistory, engine: str) -> list[str]:
