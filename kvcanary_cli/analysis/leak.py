@@ -27,6 +27,7 @@ import numpy as np
 from kvcanary_cli.analysis.bookkeeping import full_leaks, leaked_swa_pages
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.sglang_messages import MessageScan, read_line, read_log
+from kvcanary_cli.canary.logs import MAX_LINE_BYTES
 from kvcanary_cli.catalog import CauseCode
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.errors import OptionError
@@ -124,7 +125,7 @@ def _scan_notes(scan: MessageScan) -> list[str]:
     if scan.dropped:
         notes.append(f"{scan.dropped} more messages not kept (the first ones are)")
     if scan.overlong:
-        notes.append(f"{scan.overlong} over-long lines skipped")
+        notes.append(f"{scan.overlong} lines longer than {MAX_LINE_BYTES} bytes skipped")
     if scan.balanced_busy_lines:
         notes.append(
             f"{scan.balanced_busy_lines} busy-check lines ([Mem Check (BUSY)]) whose sum "

@@ -29,13 +29,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
+from kvcanary_cli.canary.logs import bounded_lines
+from kvcanary_cli.dump.streams import STANDARD_INPUT_NAME
 from kvcanary_cli.errors import OptionError, PathError
 from kvcanary_cli.results.leak import LeakMessage, MessageKind, PoolSum, SumReading
 
 __all__ = ["EXPECTED", "MessageScan", "read_line", "read_log", "scan_messages"]
 
-#: Longer log lines are skipped (a memory-check message is a few hundred bytes).
-MAX_LINE_BYTES = 1 << 16
 #: Messages kept from one log (the rest are counted in a note).
 MAX_MESSAGES = 10_000
 #: Line numbers kept of the lines that did not parse.
@@ -130,7 +130,7 @@ def read_log(path: str) -> MessageScan:
     """The messages of a server log (`-`: stdin), read line by line; a `PathError` when it
     cannot be read or holds none."""
     if path == "-":
-        scan = scan_messages(_numbered(sys.stdin.buffer))
+        scan = scan_messages(_numbered(sys.stdin.buffer, STANDARD_INPUT_NAME))
     else:
         try:
             handle = open(path, "rb")  # noqa: SIM115 - closed below, errors named first
@@ -138,7 +138,7 @@ def read_log(path: str) -> MessageScan:
             raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
         with handle:
             try:
-                scan = scan_messages(_numbered(handle))
+                scan = scan_messages(_numbered(handle, path))
             except OSError as exc:  # a directory, a device that fails mid-read
                 raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
     if not scan.messages and not scan.balanced_busy_lines:
@@ -147,20 +147,20 @@ def read_log(path: str) -> MessageScan:
     return scan
 
 
-def _numbered(handle: BinaryIO) -> Iterator[tuple[int | None, str]]:
+def _numbered(handle: BinaryIO, name: str) -> Iterator[tuple[int | None, str]]:
     """(line number, text) of the lines that may matter: those holding a message's first
-    words, and the line after each (the idle message's pool lines). Over-long lines are
-    yielded empty (and counted by the caller through `_OVERLONG`)."""
+    words, and the line after each (the idle message's pool lines). Over-long lines (a
+    message is a few hundred bytes) are yielded as `_OVERLONG`, never held whole."""
     follow = False
-    for number, raw in enumerate(handle, start=1):
-        if len(raw) > MAX_LINE_BYTES:
+    for number, raw in bounded_lines(handle, name):
+        if raw is None:
             follow = False
             yield number, _OVERLONG
             continue
         hit = any(hint in raw for hint in _HINTS)
         if hit or (follow and raw.lstrip().startswith(b"[")):
             follow = True
-            yield number, raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            yield number, raw.decode("utf-8", errors="replace")
         else:
             follow = False
 

@@ -44,6 +44,7 @@ __all__ = [
     "SWA_DIVERGENCE_KEYS",
     "LogScan",
     "SwaDivergence",
+    "bounded_lines",
     "format_pump",
     "format_violation",
     "log_text",
@@ -443,9 +444,12 @@ def _expected(message: _Message, line: bytes) -> bool:
     return True
 
 
-def _bounded_lines(stream: BinaryIO, name: str) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, line without its end) for each line; None for an over-long line, which
-    is skipped without being held in memory. A NUL byte near the start means binary data."""
+def bounded_lines(
+    stream: BinaryIO, name: str, *, binary: str = "is not a text log (binary data)"
+) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line without its end) for each line of a log; None for an over-long line,
+    which is skipped without being held in memory (a stream without a newline, `/dev/zero`,
+    is endless). A NUL byte near the start means binary data: a `PathError` saying `binary`."""
     number = 0
     consumed = 0
     while True:
@@ -454,10 +458,7 @@ def _bounded_lines(stream: BinaryIO, name: str) -> Iterator[tuple[int, bytes | N
             return
         number += 1
         if consumed < SNIFF_BYTES and b"\x00" in line[: SNIFF_BYTES - consumed]:
-            raise PathError(
-                "is neither a dump (no safetensors header) nor a text log (binary data)",
-                path=name,
-            )
+            raise PathError(binary, path=name)
         consumed += len(line)
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
             while True:
@@ -476,7 +477,8 @@ def scan_log(stream: BinaryIO, name: str) -> LogScan:
     overlong_count = 0
     message: _Message | None = None
     lines = 0
-    for number, line in _bounded_lines(stream, name):
+    binary = "is neither a dump (no safetensors header) nor a text log (binary data)"
+    for number, line in bounded_lines(stream, name, binary=binary):
         lines = number
         if line is None:
             overlong_count += 1

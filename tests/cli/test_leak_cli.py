@@ -177,6 +177,40 @@ def test_a_log_without_a_message_or_missing_is_one_error_line(tmp_path: Path) ->
         assert said.startswith(f"error: {path}: ") and named in said
 
 
+def test_a_line_too_long_is_skipped_and_counted(tmp_path: Path) -> None:
+    """A 1 MB line (no newline for a megabyte) before the message: skipped a piece at a time,
+    never held whole, and said in a note with the bound."""
+    log = tmp_path / "server.log"
+    with open(log, "w") as handle:
+        handle.write("x" * (1 << 20) + "\n")
+        handle.write(_log(tmp_path / "plain.log").read_text())
+    found = record(run("leak", "--sglang-log", log, "-f", "json"))
+    assert [m["line"] for m in found["messages"]] == [7]
+    assert "1 lines longer than 65536 bytes skipped" in found["notes"]
+
+
+def test_an_endless_device_is_one_error_line_not_a_memory_blow_up() -> None:
+    """`/dev/zero` has no newline: read line by line whole, it filled memory (exit 3,
+    MemoryError). Its NUL bytes say it is no text log."""
+    import resource
+    import subprocess
+    import sys
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kvcanary_cli", "leak", "--sglang-log", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=capped,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "error: /dev/zero: is not a text log (binary data)\n"
+
+
 # --- with a dump: the pages decide ----------------------------------------------------------
 
 
