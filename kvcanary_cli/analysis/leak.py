@@ -220,6 +220,13 @@ def _summary(
             "SGLang's count is wrong and nothing leaked: every page is free, the tree's or a "
             f"running request's, and no free list holds one twice{why}"
         )
+    if verdict == "undecided" and not with_dump and _unaligned_only(messages):
+        return (
+            "SGLang's counts are not whole pages (page-interleave sharding), which it reports "
+            "as a leak though the sum holds; a count off by part of a page and lost pages "
+            "read the same in numbers alone: give a dump of the same moment (`kvcanary leak "
+            "LINE DUMP`)"
+        )
     if verdict == "undecided":
         return (
             "SGLang's numbers do not add up; a leak and a wrong count read the same in numbers "
@@ -229,6 +236,14 @@ def _summary(
             "name (see the notes)"
         )
     return "nothing is off: SGLang's sums hold" + (" and the dump agrees" if with_dump else "")
+
+
+def _unaligned_only(messages: tuple[LeakMessage, ...]) -> bool:
+    """SGLang flagged counts that are not whole pages, and no sum it printed is off."""
+    pools = [p for m in messages if m.faulty for p in m.pools]
+    return any(p.unaligned for p in pools) and not any(
+        p.reading in ("short", "over") for p in pools
+    )
 
 
 # --- the dump's pools, counted ---------------------------------------------------------------
@@ -254,6 +269,11 @@ def _printed(message: LeakMessage | None, pool: str) -> int | None:
         return None
     sums = [p for p in message.pools if p.pool == pool and p.reading != "skipped"]
     return sums[0].difference if sums else None
+
+
+def _flagged(message: LeakMessage | None, pool: str) -> bool:
+    """SGLang flagged the pool's counts as not whole pages (its sum may hold)."""
+    return message is not None and any(p.unaligned for p in message.pools if p.pool == pool)
 
 
 def _unknown(pool: str, page: int, printed: int | None, reason: str) -> PoolAccount:
@@ -308,6 +328,7 @@ def _full_account(dump: KvDump, message: LeakMessage | None) -> PoolAccount:
         tree_twice=tree_twice,
         running=int(counts["uncached"]),
         printed=printed,
+        flagged=_flagged(message, "full"),
     )
 
 
@@ -343,6 +364,7 @@ def _swa_account(dump: KvDump, message: LeakMessage | None) -> PoolAccount:
         tree_twice=tree_twice,
         running=None,
         printed=printed,
+        flagged=_flagged(message, "swa"),
     )
 
 
@@ -371,6 +393,7 @@ def _account(
     tree_twice: int,
     running: int | None,
     printed: int | None,
+    flagged: bool = False,
 ) -> PoolAccount:
     leaked_pages = distinct(np.asarray(leaked_slots, dtype=np.int64) // page)
     double_freed = distinct(repeated // page)
@@ -381,7 +404,7 @@ def _account(
         verdict = "leak"
     elif double_freed.size:
         verdict = "freed-twice"
-    elif tree_twice or (printed is not None and printed != 0):
+    elif tree_twice or (printed is not None and printed != 0) or flagged:
         verdict = "miscount"
     else:
         verdict = "balanced"

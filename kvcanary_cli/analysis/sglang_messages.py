@@ -55,6 +55,9 @@ _RING = re.compile(
 )  # fmt: skip
 #: Where a pool line starts, to cut what SGLang printed after the counts (`rest`).
 _NEXT_POOL = re.compile(r"\[(?:full|swa|mamba|mamba-active|mamba-int8)\] ")
+#: What a pool line may print after its counts, read (from 0.5.21, page-interleave sharding).
+_CLASSES = re.compile(r"class_free_pages=\[([\d, ]{0,2000})\]")
+_UNALIGNED = re.compile(r"unaligned_sharded_counts=\{([^}]{0,400})\}(?:, page_size=(\d{1,9}))?")
 _DOUBLE = re.compile(r"KV double free: sub-pool (\d{1,9}) has (\d{1,18}) duplicate pages\.")
 _UAF = re.compile(
     r"KV page use-after-free: (\d{1,18}) owner page refs are in the free pool, "
@@ -304,6 +307,8 @@ def _pools(text: str) -> list[PoolSum]:
             difference=total - available - evictable,
             reading="skipped",
             rest="",
+            class_free_pages=(),
+            unaligned=(),
         )
         found.append((match.start(), match.end(), ring))
     found.sort(key=lambda item: item[0])
@@ -313,12 +318,22 @@ def _pools(text: str) -> list[PoolSum]:
         tail = text[end:stop]
         cut = _NEXT_POOL.search(tail)
         rest = (tail[: cut.start()] if cut else tail).strip().lstrip(",").strip()
-        pools.append(_with_rest(pool, rest[:200]))
+        pools.append(_with_rest(pool, rest))
     return pools
 
 
 def _with_rest(pool: PoolSum, rest: str) -> PoolSum:
-    return replace(pool, rest=rest) if rest else pool
+    """The pool with what SGLang printed after its counts, and what of that is read."""
+    if not rest:
+        return pool
+    classes = _CLASSES.search(rest)
+    unaligned = _UNALIGNED.search(rest)
+    return replace(
+        pool,
+        rest=rest[:200],
+        class_free_pages=tuple(int(n) for n in re.findall(r"\d+", classes[1])) if classes else (),
+        unaligned=tuple(re.findall(r"'(\w+)': -?\d+", unaligned[1])) if unaligned else (),
+    )
 
 
 def _pool_sum(
@@ -345,6 +360,8 @@ def _pool_sum(
         difference=difference,
         reading=reading,
         rest="",
+        class_free_pages=(),
+        unaligned=(),
     )
 
 
@@ -415,7 +432,7 @@ def _message(
 def _pool_message(
     kind: MessageKind, number: int | None, text: list[str], pools: list[PoolSum]
 ) -> LeakMessage:
-    faulty = any(p.reading in ("short", "over") for p in pools)
+    faulty = any(p.reading in ("short", "over") or p.unaligned for p in pools)
     return _message(kind, number, text, pools=tuple(pools), faulty=faulty)
 
 
@@ -495,15 +512,54 @@ def _pool_words(kind: MessageKind, pool: PoolSum) -> list[str]:
     head = f"[{pool.pool}] {who}: {summed} = {pool.accounted}; total {pool.total}"
     d = pool.difference
     if pool.reading == "balanced":
-        return [f"{head}: the sum holds"]
-    if pool.reading == "short":
-        return [
+        words = [f"{head}: the sum holds"]
+    elif pool.reading == "short":
+        words = [
             f"{head}: {d} slots short, held by no count: leaked (owned by nobody), or a "
             "count too low; a dump of this moment tells which (`kvcanary leak LINE DUMP`)"
         ]
-    return [
-        f"{head}: {-d} slots over, counted twice: a page freed twice (available counts "
-        "free-list entries) is a double free; a page two tree nodes hold (evictable and "
-        "protected count node by node) is SGLang's miscount with nothing leaked; a dump of "
-        "this moment tells which (`kvcanary leak LINE DUMP`)"
-    ]
+    else:
+        words = [
+            f"{head}: {-d} slots over, counted twice: a page freed twice (available counts "
+            "free-list entries) is a double free; a page two tree nodes hold (evictable and "
+            "protected count node by node) is SGLang's miscount with nothing leaked; a dump of "
+            "this moment tells which (`kvcanary leak LINE DUMP`)"
+        ]
+    return words + _sharded_words(pool)
+
+
+def _sharded_words(pool: PoolSum) -> list[str]:
+    """What a page-interleaved pool's line adds: its free pages by owner class, and the
+    counts SGLang found not whole pages."""
+    words = []
+    if pool.class_free_pages:
+        pages = sum(pool.class_free_pages)
+        each = (
+            f" ({pages} x {pool.available // pages} slots)"
+            if pages and pool.available % pages == 0
+            else ""
+        )
+        words.append(
+            f"[{pool.pool}] free pages by owner class (page-interleave sharding): "
+            f"{' + '.join(map(str, pool.class_free_pages))} = {pages} free pages, the slots "
+            f"available counts{each}"
+        )
+    if pool.unaligned:
+        size = re.search(r"page_size=(\d{1,9})", pool.rest)
+        values = {
+            "total": pool.total,
+            "available": pool.available,
+            "evictable": pool.evictable,
+            "protected": pool.protected,
+            "session_held": pool.session_held,
+            "uncached": pool.uncached,
+        }
+        named = ", ".join(f"{name} {values.get(name, '?')}" for name in pool.unaligned)
+        words.append(
+            f"[{pool.pool}] {named}: not whole pages of page size "
+            f"{size[1] if size else '(not printed)'}; under page-interleave sharding every "
+            "count is whole pages, so SGLang reports the pool even where the sum holds: a "
+            "count off by part of a page (a miscount) or pages lost; a dump of this moment "
+            "tells which (`kvcanary leak LINE DUMP`)"
+        )
+    return words

@@ -92,6 +92,13 @@ class PoolSum:
     reading: SumReading
     #: what SGLang printed after the counts (class_free_pages, leaked_full_pages, ...), as it is
     rest: str
+    #: the free pages of each owner class, as SGLang printed them (`class_free_pages`:
+    #: page-interleave sharding, from 0.5.21; available is their slots); [] where none
+    class_free_pages: tuple[int, ...]
+    #: the counts SGLang found not whole pages under page-interleave sharding
+    #: (`unaligned_sharded_counts`, from 0.5.21): SGLang reports the pool even where the sum
+    #: holds; [] where none
+    unaligned: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)

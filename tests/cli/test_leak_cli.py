@@ -274,3 +274,33 @@ def test_text_from_the_line_reaches_no_view_raw() -> None:
         assert "\x1b" not in result.stdout and "\x07" not in result.stdout
     rest = record(run("leak", line, "-f", "json"))["messages"][0]["pools"][0]["rest"]
     assert rest == "class_free_pages=\x1b]8;;x\x07@octocat"  # exact in JSON
+
+
+# --- what a release prints after the counts ------------------------------------------------
+
+#: 0.5.21 on, page-interleave sharding: the class watermark, and counts that are not whole
+#: pages, which SGLang reports though the sum holds (its wording, as
+#: tests/integration/test_sglang_leak_releases.py has the release's own checker print it).
+UNALIGNED = (
+    f"Full Pool Mem Leak Detected! {counts('full', TOTAL, 12, 3, 1)}, class_free_pages=[3, 3], "
+    "unaligned_sharded_counts={'evictable': 3, 'uncached': 1}, page_size=2"
+)
+
+
+def test_counts_that_are_not_whole_pages_are_a_finding_though_the_sum_holds() -> None:
+    result = run("leak", UNALIGNED, "-f", "json")
+    assert result.exit_code == 1, result.stderr
+    found = record(result)
+    assert found["verdict"] == "undecided" and "not whole pages" in found["summary"]
+    [full] = found["messages"][0]["pools"]
+    assert (full["difference"], full["reading"]) == (0, "balanced")
+    assert (full["class_free_pages"], full["unaligned"]) == ([3, 3], ["evictable", "uncached"])
+    said = " ".join(found["messages"][0]["arithmetic"])
+    assert "evictable 3, uncached 1: not whole pages of page size 2" in said
+    assert "3 + 3 = 6 free pages, the slots available counts (6 x 2 slots)" in said
+
+
+def test_unaligned_counts_over_a_clean_dump_are_sglangs_miscount(tmp_path: Path) -> None:
+    dump = _dump(tmp_path / "clean.safetensors", free=FREE, tree=[13, 14, 15, 16])
+    found = record(run("leak", UNALIGNED, dump, "-f", "json"))
+    assert (found["verdict"], found["cause"]) == ("miscount", CauseCode.SGLANG_MISCOUNT)

@@ -198,3 +198,50 @@ def test_a_log_of_the_releases_messages_reads_every_one(release: Release, tmp_pa
 def test_an_unknown_line_is_still_refused(release: Release) -> None:
     with pytest.raises(OptionError):
         _read("nothing of SGLang's")
+
+
+# --- page-interleave sharding (0.5.21 on) ---------------------------------------------------
+
+
+def _classed(release: Release) -> None:
+    if not _since(release, "0.5.21"):
+        pytest.skip("the page-interleave checks came in 0.5.21")
+
+
+def test_the_class_watermark_is_read_beside_the_sum(release: Release) -> None:
+    _classed(release)
+    # classes of a 2-way interleave: pages 2 and 4 owned by class 0, page 1 by class 1
+    message = _one(release.idle(Pools(page_size=2, total=16, available=0, classes=[[2, 4], [1]])))
+    [full] = message.pools
+    assert (full.available, full.difference, full.reading) == (6, 10, "short")
+    assert full.class_free_pages == (2, 1) and full.unaligned == ()
+    assert any("2 + 1 = 3 free pages" in line for line in message.arithmetic)
+
+
+def test_counts_that_are_not_whole_pages_are_sglangs_finding_though_the_sum_holds(
+    release: Release,
+) -> None:
+    _classed(release)
+    state = Pools(
+        page_size=2, total=16, available=0, evictable=5, protected=5, classes=[[2, 4], [1]]
+    )
+    [text] = release.idle(state)
+    report = _read(text)
+    [message] = report.messages
+    [full] = message.pools
+    assert (full.difference, full.reading) == (0, "balanced")
+    assert full.unaligned == ("evictable", "protected") and message.faulty
+    assert report.verdict == "undecided" and report.found
+    said = " ".join(message.arithmetic)
+    assert "evictable 5" in said and "protected 5" in said and "page size 2" in said
+    assert "not whole pages" in report.summary
+    _, raised = release.busy(state)
+    assert _one(raised).faulty and _one(raised).pools[0].unaligned == ("evictable", "protected")
+
+
+def test_whole_pages_with_a_holding_sum_print_nothing(release: Release) -> None:
+    _classed(release)
+    assert (
+        release.idle(Pools(page_size=2, total=16, available=0, evictable=10, classes=[[2, 4], [1]]))
+        == []
+    )
