@@ -99,6 +99,9 @@ class PoolSum:
     #: (`unaligned_sharded_counts`, from 0.5.21): SGLang reports the pool even where the sum
     #: holds; [] where none
     unaligned: tuple[str, ...]
+    #: SGLang let this sum's difference pass (`dcp_physical_page_slack_allowed=True`, from
+    #: 0.5.15: with decode-context parallelism its counters and its pages are in two units)
+    tolerated: bool
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -304,3 +304,32 @@ def test_unaligned_counts_over_a_clean_dump_are_sglangs_miscount(tmp_path: Path)
     dump = _dump(tmp_path / "clean.safetensors", free=FREE, tree=[13, 14, 15, 16])
     found = record(run("leak", UNALIGNED, dump, "-f", "json"))
     assert (found["verdict"], found["cause"]) == ("miscount", CauseCode.SGLANG_MISCOUNT)
+
+
+#: 0.5.15 on, with decode-context parallelism: a difference SGLang lets pass.
+SLACK = f"[Mem Check (BUSY)] {counts('full', 64, 40, 20)}, dcp_physical_page_slack_allowed=True"
+
+
+def test_the_slack_sglang_allows_under_dcp_is_no_finding(tmp_path: Path) -> None:
+    result = run("leak", SLACK, "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    found = record(result)
+    [full] = found["messages"][0]["pools"]
+    assert (full["difference"], full["reading"], full["tolerated"]) == (4, "short", True)
+    assert found["verdict"] == "balanced" and not found["messages"][0]["faulty"]
+    log = tmp_path / "dcp.log"
+    log.write_text(f"[2026-12-05 10:00:01 TP0] {SLACK}\n" * 3)
+    found = record(run("leak", "--sglang-log", log, "-f", "json"))
+    assert (found["balanced_busy_lines"], found["messages"]) == (3, [])
+
+
+def test_the_dcp_slack_over_a_clean_dump_is_no_miscount(tmp_path: Path) -> None:
+    dump = _dump(tmp_path / "clean.safetensors", free=FREE, tree=[13, 14, 15, 16])
+    line = (
+        f"[Mem Check (BUSY)] {counts('full', TOTAL, 12, 2)}, dcp_physical_page_slack_allowed=True"
+    )
+    found = record(run("leak", line, dump, "-f", "json"))
+    assert found["verdict"] == "balanced"
+    [full] = found["pools"]
+    assert (full["verdict"], full["printed_difference"]) == ("balanced", 2)
+    assert "lets pass under decode-context parallelism" in full["explanation"][-1]

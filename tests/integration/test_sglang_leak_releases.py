@@ -245,3 +245,32 @@ def test_whole_pages_with_a_holding_sum_print_nothing(release: Release) -> None:
         release.idle(Pools(page_size=2, total=16, available=0, evictable=10, classes=[[2, 4], [1]]))
         == []
     )
+
+
+# --- decode-context parallelism's slack (0.5.15 on) ----------------------------------------
+
+
+def test_the_slack_sglang_allows_under_dcp_is_no_finding(release: Release) -> None:
+    state = Pools(page_size=4, dcp=True, available=40, evictable=20)
+    logged, raised = release.busy(state)
+    if not _since(release, "0.5.15"):
+        assert raised  # before 0.5.15 DCP had no slack: the same sums fail the busy check
+        return
+    assert raised == []
+    report = _read(logged[0])
+    [message] = report.messages
+    [full] = message.pools
+    assert (full.difference, full.reading, full.tolerated) == (4, "short", True)
+    assert not message.faulty and report.verdict == "balanced" and not report.found
+    assert any("lets this difference pass" in line for line in message.arithmetic)
+    # beside a pool that is off, the idle report carries the allowed line too
+    both = _read(
+        _one_text(release.idle(Pools(**{**vars(state), "swa_total": 32, "swa_available": 30})))
+    )
+    assert {p.pool: p.tolerated for p in both.messages[0].pools} == {"full": True, "swa": False}
+    assert both.verdict == "undecided"
+
+
+def _one_text(texts: list[str]) -> str:
+    assert len(texts) == 1, texts
+    return texts[0]
