@@ -235,7 +235,15 @@ def _summary(
             else "SGLang's numbers do not add up, and the dump cannot count the pools they "
             "name (see the notes)"
         )
+    if messages and not any(m.pools or m.kind not in _POOL_KINDS for m in messages):
+        return (
+            "nothing to add up: SGLang printed no counts for a pool here (the arithmetic says why)"
+        )
     return "nothing is off: SGLang's sums hold" + (" and the dump agrees" if with_dump else "")
+
+
+#: The messages that print pool sums.
+_POOL_KINDS = ("idle-pools", "busy-assert", "busy-log")
 
 
 def _unaligned_only(messages: tuple[LeakMessage, ...]) -> bool:

@@ -53,6 +53,13 @@ _RING = re.compile(
     r"\[swa\] unified ring \(leak-check skipped\): available=" + _N + r", evictable=" + _N
     + r", total=" + _N
 )  # fmt: skip
+#: A pool line without a size (`total=None`: SGLang 0.5.13 and 0.5.14, a hybrid-SWA model
+#: without full-attention layers).
+_UNSIZED = re.compile(
+    r"\[(full|swa|mamba|mamba-active|mamba-int8)\] total=None, available=" + _N
+    + r", evictable=" + _N + r", protected=" + _N + r", session_held=" + _N + r", uncached="
+    + _N
+)  # fmt: skip
 #: Where a pool line starts, to cut what SGLang printed after the counts (`rest`).
 _NEXT_POOL = re.compile(r"\[(?:full|swa|mamba|mamba-active|mamba-int8)\] ")
 #: What a pool line may print after its counts, read (from 0.5.21, page-interleave sharding).
@@ -261,14 +268,16 @@ class _Idle:
         self.number = number
         self.lines: list[str] = []
         self.pools: list[PoolSum] = []
+        self.words: list[str] = []
 
     def add(self, text: str) -> bool:
         """Read a line's pool counts; False when it holds none."""
-        pools = _pools(text)
-        if not pools:
+        pools, words = _pools(text), _unsized(text)
+        if not pools and not words:
             return False
         self.lines.append(text)
         self.pools.extend(pools)
+        self.words.extend(words)
         return True
 
 
@@ -276,10 +285,28 @@ def _close(scan: MessageScan, idle: _Idle | None) -> None:
     """Keep the idle message being read (one without a pool line does not parse)."""
     if idle is None:
         return
-    if not idle.pools:
+    if not idle.pools and not idle.words:
         _unread(scan, idle.number, _garbled("idle-pools"))
         return
-    _keep(scan, _pool_message("idle-pools", idle.number, idle.lines, idle.pools))
+    message = _pool_message("idle-pools", idle.number, idle.lines, idle.pools, idle.words)
+    _keep(scan, message)
+
+
+def _unsized(text: str) -> list[str]:
+    """What each pool line without a size says (nothing to add up)."""
+    return [
+        f"[{match[1]}] total=None: SGLang has no size for this pool (a hybrid-SWA model "
+        "without full-attention layers), checks it anyway and reports it at every check "
+        "(0.5.13 and 0.5.14; 0.5.15 on skip it): nothing to add up, and no leak"
+        for match in _UNSIZED.finditer(text)
+    ]
+
+
+#: What SGLang 0.5.15 on print for the same pool: nothing after the busy check's words.
+_EMPTY_BUSY = (
+    "SGLang's busy check printed no counts: a hybrid-SWA model without full-attention layers "
+    "has no full pool, whose line SGLang 0.5.15 on leave empty: nothing to add up"
+)
 
 
 def _pools(text: str) -> list[PoolSum]:
@@ -373,7 +400,10 @@ def _single(kind: MessageKind, number: int | None, text: str) -> LeakMessage | N
     """A one-line message, read; None when it does not parse."""
     if kind in ("busy-assert", "busy-log"):
         pools = _pools(text)
-        return _pool_message(kind, number, [text], pools) if pools else None
+        words = _unsized(text)
+        if kind == "busy-log" and not text.removeprefix("[Mem Check (BUSY)]").strip():
+            words = [_EMPTY_BUSY]
+        return _pool_message(kind, number, [text], pools, words) if pools or words else None
     if kind == "kv-double-free":
         match = _DOUBLE.search(text)
         if match is None:
@@ -414,6 +444,7 @@ def _message(
     sample_pages: tuple[int, ...] = (),
     rows: tuple[int, int, int] | None = None,
     faulty: bool,
+    words: list[str] | None = None,
 ) -> LeakMessage:
     available, session, total = rows if rows is not None else (None, None, None)
     message = LeakMessage(
@@ -430,7 +461,7 @@ def _message(
         faulty=faulty,
         arithmetic=(),
     )
-    return replace(message, arithmetic=tuple(arithmetic(message)))
+    return replace(message, arithmetic=(*arithmetic(message), *(words or [])))
 
 
 def _off(pool: PoolSum) -> bool:
@@ -439,10 +470,15 @@ def _off(pool: PoolSum) -> bool:
 
 
 def _pool_message(
-    kind: MessageKind, number: int | None, text: list[str], pools: list[PoolSum]
+    kind: MessageKind,
+    number: int | None,
+    text: list[str],
+    pools: list[PoolSum],
+    words: list[str] | None = None,
 ) -> LeakMessage:
+    """A pool-sum message; `words`: what its lines without counts say."""
     faulty = any(_off(p) or p.unaligned for p in pools)
-    return _message(kind, number, text, pools=tuple(pools), faulty=faulty)
+    return _message(kind, number, text, pools=tuple(pools), faulty=faulty, words=words or [])
 
 
 # --- the arithmetic in words ----------------------------------------------------------------
@@ -456,7 +492,7 @@ _WHO = {
 
 def arithmetic(message: LeakMessage) -> list[str]:
     """What the message's numbers say: each sum, by how much it is off, what that can mean."""
-    if message.pools:
+    if message.pools or message.kind in _WHO:
         return [line for pool in message.pools for line in _pool_words(message.kind, pool)]
     if message.kind == "kv-double-free":
         which = {0: "sub-pool 0 (the full pool)", 1: "sub-pool 1 (the SWA pool)"}.get(

@@ -333,3 +333,36 @@ def test_the_dcp_slack_over_a_clean_dump_is_no_miscount(tmp_path: Path) -> None:
     [full] = found["pools"]
     assert (full["verdict"], full["printed_difference"]) == ("balanced", 2)
     assert "lets pass under decode-context parallelism" in full["explanation"][-1]
+
+
+#: A hybrid-SWA model without full-attention layers: SGLang 0.5.13 and 0.5.14 print its full
+#: pool with `total=None` (and flag it at every check), 0.5.15 on an empty line.
+UNSIZED = "[full] total=None, available=0, evictable=0, protected=0, session_held=0, uncached=0"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [f"Full Pool Mem Leak Detected! {UNSIZED}", f"[Mem Check (BUSY)] {UNSIZED}",
+     "[Mem Check (BUSY)] "],
+    ids=["assert-none", "busy-none", "busy-empty"],
+)  # fmt: skip
+def test_a_pool_without_a_size_is_read_with_nothing_to_add_up(line: str) -> None:
+    result = run("leak", line, "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    found = record(result)
+    [message] = found["messages"]
+    assert message["pools"] == [] and not message["faulty"]
+    assert "nothing to add up" in " ".join(message["arithmetic"])
+    assert "nothing to add up" in found["summary"]
+
+
+def test_the_idle_report_with_a_pool_without_a_size_reads_the_other_pools(tmp_path: Path) -> None:
+    line = f"pool memory leak detected! {UNSIZED}\n{counts('swa', 32, 20, 0)}"
+    found = record(run("leak", line, "-f", "json"))
+    [message] = found["messages"]
+    assert [(p["pool"], p["difference"]) for p in message["pools"]] == [("swa", 12)]
+    assert any("total=None" in w for w in message["arithmetic"])
+    log = tmp_path / "swa-only.log"
+    log.write_text("[2026-12-05 10:00:01 TP0] [Mem Check (BUSY)] \n" * 2 + f"x {line}\n")
+    found = record(run("leak", "--sglang-log", log, "-f", "json"))
+    assert found["unread"] == 0 and [m["line"] for m in found["messages"]] == [3]

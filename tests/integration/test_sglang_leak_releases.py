@@ -274,3 +274,21 @@ def test_the_slack_sglang_allows_under_dcp_is_no_finding(release: Release) -> No
 def _one_text(texts: list[str]) -> str:
     assert len(texts) == 1, texts
     return texts[0]
+
+
+# --- a hybrid-SWA model without full-attention layers ---------------------------------------
+
+
+def test_a_model_without_a_full_pool_has_nothing_to_add_up_there(release: Release) -> None:
+    report = _read(_one_text(release.idle(Pools(total=None, swa_total=32, swa_available=20))))
+    [message] = report.messages
+    assert _sums(message) == {"swa": (12, "short")} and report.verdict == "undecided"
+    if not _since(release, "0.5.15"):  # `[full] total=None, ...`: SGLang flags it every time
+        assert any("total=None" in w and "nothing to add up" in w for w in message.arithmetic)
+    logged, raised = release.busy(Pools(total=None, swa_total=32, swa_available=32))
+    assert len(raised) == (0 if _since(release, "0.5.15") else 1)
+    for text in (*logged, *raised):
+        read = _read(text)
+        assert read.verdict == "balanced" and not read.found
+    [first] = _read(logged[0]).messages
+    assert first.pools == () and "nothing to add up" in " ".join(first.arithmetic)
