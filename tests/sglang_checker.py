@@ -40,6 +40,7 @@ _CHECKER = "sglang/srt/managers/scheduler_components/invariant_checker.py"
 _COMMON = "sglang/srt/utils/common.py"
 _INTERLEAVE = "sglang/srt/mem_cache/allocator/page_interleave.py"
 _SWA = "sglang/srt/mem_cache/allocator/swa.py"
+_MEMORY_POOL = "sglang/srt/mem_cache/memory_pool.py"
 
 
 class _Missing:
@@ -189,6 +190,7 @@ class Release:
             common = _read(archive, _COMMON)
             interleave = _read(archive, _INTERLEAVE)
             swa = _read(archive, _SWA)
+            memory_pool = _read(archive, _MEMORY_POOL)
         assert checker is not None and common is not None, f"{wheel}: no invariant checker"
         self.envs = _Envs()
         self.parallel = SimpleNamespace(dcp_enabled=False)
@@ -222,6 +224,10 @@ class Release:
         if swa is not None:
             ring: dict[str, Any] = {"SWATokenToKVPoolAllocator": RingAllocator}
             standins.update(_definitions(swa, ("is_swa_req_ring",), ring))
+        found = _definitions(
+            memory_pool or "", ("free_mamba_cache",), {}, inside="HybridReqToTokenPool"
+        )
+        self.free_mamba_cache = found.get("free_mamba_cache")
         self.module = _module(name, checker, standins)
         self.cls = self.module.SchedulerInvariantChecker
 
@@ -340,6 +346,15 @@ class Release:
         assert pools.classes is not None
         checker = self.checker(pools)
         return _raised(checker.token_to_kv_pool_allocator.debug_check_classes, AssertionError)
+
+    def mamba_freed_twice(self) -> list[str]:
+        """The hybrid request pool's own check, freeing a request's Mamba slot a second time
+        (the first free left its index None)."""
+        assert self.free_mamba_cache is not None, f"{self.version}: no free_mamba_cache"
+        kv = SimpleNamespace(mamba_pool_idx=None)
+        req = SimpleNamespace(kv=kv, mamba_pool_idx=None)
+        free = self.free_mamba_cache
+        return _raised(lambda: free(SimpleNamespace(), req), AssertionError)
 
     def report(self, head: str, text: str) -> list[str]:
         """`_report_leak(head, text)` as the scheduler calls it (the byte report)."""

@@ -145,7 +145,7 @@ def _alone(messages: tuple[LeakMessage, ...]) -> LeakVerdict:
     """The verdict of the messages alone: what SGLang saw itself, else undecided when a
     sum is off."""
     kinds = {m.kind for m in messages if m.faulty}
-    if "kv-double-free" in kinds:
+    if kinds & {"kv-double-free", "class-double-free", "mamba-double-free"}:
         return "freed-twice"
     if "kv-use-after-free" in kinds:
         return "freed-while-used"

@@ -67,6 +67,7 @@ _CLASSES = re.compile(r"class_free_pages=\[([\d, ]{0,2000})\]")
 _UNALIGNED = re.compile(r"unaligned_sharded_counts=\{([^}]{0,400})\}(?:, page_size=(\d{1,9}))?")
 _SLACK = "dcp_physical_page_slack_allowed=True"
 _DOUBLE = re.compile(r"KV double free: sub-pool (\d{1,9}) has (\d{1,18}) duplicate pages\.")
+_CLASS_DOUBLE = re.compile(r"double free: duplicate pages in class (\d{1,9})")
 _UAF = re.compile(
     r"KV page use-after-free: (\d{1,18}) owner page refs are in the free pool, "
     r"sample pages=\[([-\d, ]{0,400})\]"
@@ -86,9 +87,29 @@ _HEADS: tuple[tuple[MessageKind | None, re.Pattern[str]], ...] = (
     ("busy-log", re.compile(r"\[Mem Check \(BUSY\)\]")),
     ("kv-double-free", re.compile(r"KV double free:")),
     ("kv-use-after-free", re.compile(r"KV page use-after-free:")),
+    ("class-double-free", re.compile(r"(?<!KV )double free: duplicate pages in class")),
+    ("mamba-double-free", re.compile(r"double free\? mamba_index is None")),
+    (None, re.compile(r"page of another owner leaked into class")),
 )
+#: What the messages without counts are (kind None above), by their first words.
+_NO_COUNTS = {
+    "pool-bytes": "is SGLang's byte-accounting report (a unified memory pool, from 0.5.19): it "
+    "prints bytes, no token counts: nothing to add up (expected a pool, double-free, "
+    "use-after-free or request-pool message)",
+    "page of another owner": "is the page-interleave allocator's census (from 0.5.20, its "
+    "debug mode): a page of another owner class sits on this class's free list, a misfiled "
+    "page; it prints no counts: nothing to add up (`kvcanary check DUMP` checks the free "
+    "lists)",
+}
 #: Bytes one of the heads holds, to skip most log lines without a search.
-_HINTS = (b"leak detected!", b"Leak Detected!", b"[Mem Check", b"KV double", b"KV page")
+_HINTS = (
+    b"leak detected!",
+    b"Leak Detected!",
+    b"[Mem Check",
+    b"double free",
+    b"KV page",
+    b"leaked into class",
+)
 
 _COUNTS = "total=N, available=N, evictable=N, protected=N, session_held=N, uncached=N"
 #: The form each message takes, for the error line of one that does not parse.
@@ -102,13 +123,16 @@ EXPECTED: dict[MessageKind, str] = {
     ),
     "req-pool": "req_to_token_pool memory leak detected!available_size=N, session_held=N, "
     "total_size=N",
+    "class-double-free": "double free: duplicate pages in class N",
+    "mamba-double-free": "double free? mamba_index is None",
 }
 _ANY = (
-    "expected one of SGLang 0.5.23's memory-check messages: 'pool memory leak detected! "
-    "[full] total=N, ...', 'Full Pool Mem Leak Detected! ...', 'SWA Pool Mem Leak Detected! "
-    "...', '[Mem Check (BUSY)] ...', 'KV double free: sub-pool N has N duplicate pages.', "
-    "'KV page use-after-free: N owner page refs ...' or 'req_to_token_pool memory leak "
-    "detected!available_size=N, ...'"
+    "expected one of SGLang's memory-check messages (0.5.13 - 0.5.23): 'pool memory leak "
+    "detected! [full] total=N, ...', 'Full Pool Mem Leak Detected! ...', 'SWA Pool Mem Leak "
+    "Detected! ...', '[Mem Check (BUSY)] ...', 'KV double free: sub-pool N has N duplicate "
+    "pages.', 'KV page use-after-free: N owner page refs ...', 'req_to_token_pool memory leak "
+    "detected!available_size=N, ...', 'double free: duplicate pages in class N' or 'double "
+    "free? mamba_index is None'"
 )
 
 
@@ -209,13 +233,7 @@ def scan_messages(
         kind, start = found
         text = line[start:]
         if kind is None:
-            _unread(
-                scan,
-                number,
-                "is SGLang's byte-accounting report (a unified memory pool): it holds no "
-                "token counts to do the arithmetic of (expected a pool, double-free, "
-                "use-after-free or request-pool message)",
-            )
+            _unread(scan, number, next(w for h, w in _NO_COUNTS.items() if text.startswith(h)))
             continue
         if kind == "idle-pools":
             idle = _Idle(number)
@@ -410,6 +428,13 @@ def _single(kind: MessageKind, number: int | None, text: str) -> LeakMessage | N
             return None
         sub, count = int(match[1]), int(match[2])
         return _message(kind, number, text, sub_pool=sub, count=count, faulty=count > 0)
+    if kind == "class-double-free":
+        match = _CLASS_DOUBLE.search(text)
+        if match is None:
+            return None
+        return _message(kind, number, text, page_class=int(match[1]), faulty=True)
+    if kind == "mamba-double-free":
+        return _message(kind, number, text, faulty=True)
     if kind == "kv-use-after-free":
         match = _UAF.search(text)
         if match is None:
@@ -440,6 +465,7 @@ def _message(
     *,
     pools: tuple[PoolSum, ...] = (),
     sub_pool: int | None = None,
+    page_class: int | None = None,
     count: int | None = None,
     sample_pages: tuple[int, ...] = (),
     rows: tuple[int, int, int] | None = None,
@@ -453,6 +479,7 @@ def _message(
         text=tuple(line[:_TEXT] for line in ([text] if isinstance(text, str) else text)),
         pools=pools,
         sub_pool=sub_pool,
+        page_class=page_class,
         count=count,
         sample_pages=sample_pages,
         rows_available=available,
@@ -502,6 +529,19 @@ def arithmetic(message: LeakMessage) -> list[str]:
             f"{which} lists {message.count} pages more than once: each was freed twice (or "
             "more) and will be handed to two requests; the pool's sum comes out that many "
             "pages over (available counts free-list entries)"
+        ]
+    if message.kind == "class-double-free":
+        return [
+            f"the page-interleave allocator's census (its debug mode) found a page twice on "
+            f"owner class {message.page_class}'s free lists: a double free, the page will be "
+            "handed to two requests; SGLang prints no count or page: nothing to add up (a "
+            "dump of the same moment names the pages: `kvcanary leak LINE DUMP`)"
+        ]
+    if message.kind == "mamba-double-free":
+        return [
+            "the hybrid request pool freed a request's Mamba slot a second time (the first "
+            "free left its index empty): a double free of a Mamba state; SGLang prints no "
+            "count or slot: nothing to add up (`kvcanary check DUMP` checks the Mamba slots)"
         ]
     if message.kind == "kv-use-after-free":
         sample = ", ".join(map(str, message.sample_pages)) or "none printed"

@@ -34,9 +34,19 @@ __all__ = [
 #: check's assert (`Full Pool Mem Leak Detected!`, `SWA Pool Mem Leak Detected!`) or its log
 #: line (`[Mem Check (BUSY)]`), the page checks (`KV double free: ...`: kv-double-free; `KV
 #: page use-after-free: ...`: kv-use-after-free), the request-pool check
-#: (`req_to_token_pool memory leak detected!`).
+#: (`req_to_token_pool memory leak detected!`), the pools' own asserts: the page-interleave
+#: allocator's census (`double free: duplicate pages in class N`, from 0.5.20:
+#: class-double-free) and the hybrid request pool's (`double free? mamba_index is None`:
+#: mamba-double-free).
 MessageKind = Literal[
-    "idle-pools", "busy-assert", "busy-log", "kv-double-free", "kv-use-after-free", "req-pool"
+    "idle-pools",
+    "busy-assert",
+    "busy-log",
+    "kv-double-free",
+    "kv-use-after-free",
+    "req-pool",
+    "class-double-free",
+    "mamba-double-free",
 ]
 #: A sum read alone: it holds (balanced); it counts fewer slots than the pool has (short:
 #: leaked, or a count too low); more (over: a page freed twice, or counted twice); or SGLang
@@ -119,6 +129,8 @@ class LeakMessage:
     #: kv-double-free: the allocator's sub-pool (0 the full pool; 1 the SWA pool of a hybrid-SWA
     #: allocator); else null
     sub_pool: int | None
+    #: class-double-free: the owner class whose free lists hold a page twice; else null
+    page_class: int | None
     #: kv-double-free: free-list entries beyond each page's first; kv-use-after-free: references of
     #: running requests into the full free pool (one per allocated token, not per page)
     count: int | None

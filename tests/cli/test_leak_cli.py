@@ -79,8 +79,13 @@ def test_the_idle_message_sums_each_pool_and_says_what_the_difference_can_be() -
          "total_size=8", "undecided", None, 1),
         ("[swa] unified ring (leak-check skipped): available=1, evictable=2, total=3",
          "balanced", None, 0),
+        ("AssertionError: double free: duplicate pages in class 3", "freed-twice",
+         CauseCode.DOUBLE_FREE, 1),
+        ("AssertionError: double free? mamba_index is None", "freed-twice",
+         CauseCode.DOUBLE_FREE, 1),
     ],
-    ids=["busy-assert", "busy-log", "kv-double-free", "kv-use-after-free", "req-pool", "ring"],
+    ids=["busy-assert", "busy-log", "kv-double-free", "kv-use-after-free", "req-pool", "ring",
+         "class-double-free", "mamba-double-free"],
 )  # fmt: skip
 def test_each_message_is_read(line: str, verdict: str, cause: str | None, code: int) -> None:
     result = run("leak", line, "-f", "json")
@@ -109,14 +114,18 @@ def test_the_numbers_of_each_message_are_its_own() -> None:
 @pytest.mark.parametrize(
     ("line", "named"),
     [
-        ("the scheduler stopped", "expected one of SGLang 0.5.23's memory-check messages"),
+        ("the scheduler stopped",
+         "expected one of SGLang's memory-check messages (0.5.13 - 0.5.23)"),
         ("pool memory leak detected! [full] total=12, available=x",
          "expected 'pool memory leak detected! [full] total=N, available=N"),
         ("KV double free: sub-pool one has some duplicate pages.",
          "expected 'KV double free: sub-pool N has N duplicate pages.'"),
-        ("pool-bytes memory leak detected! class 0: 12 bytes", "holds no token counts"),
+        ("pool-bytes memory leak detected! class 0: 12 bytes",
+         "no token counts: nothing to add up"),
+        ("AssertionError: page of another owner leaked into class 1",
+         "a misfiled page; it prints no counts: nothing to add up"),
     ],
-    ids=["unknown", "garbled-counts", "garbled-double-free", "byte-report"],
+    ids=["unknown", "garbled-counts", "garbled-double-free", "byte-report", "misfiled-page"],
 )  # fmt: skip
 def test_a_garbled_or_unknown_line_is_one_error_line(line: str, named: str) -> None:
     result = run("leak", line)

@@ -292,3 +292,36 @@ def test_a_model_without_a_full_pool_has_nothing_to_add_up_there(release: Releas
         assert read.verdict == "balanced" and not read.found
     [first] = _read(logged[0]).messages
     assert first.pools == () and "nothing to add up" in " ".join(first.arithmetic)
+
+
+# --- the pools' own checks ------------------------------------------------------------------
+
+
+def test_the_interleaved_allocators_census(release: Release) -> None:
+    if not _since(release, "0.5.20"):
+        pytest.skip("the page-interleave allocator came in 0.5.20")
+    # class 0 of a 2-way interleave lists page 2 twice: a double free
+    doubled = _read(_one_text(release.census(Pools(page_size=2, classes=[[2, 2, 4], [1]]))))
+    [message] = doubled.messages
+    assert (message.kind, message.page_class, message.faulty) == ("class-double-free", 0, True)
+    assert doubled.verdict == "freed-twice" and "nothing to add up" in message.arithmetic[0]
+    # page 1 (class 1's) on class 0's list: no count to add up, said in one line
+    misfiled = _one_text(release.census(Pools(page_size=2, classes=[[2, 1], [3]])))
+    with pytest.raises(OptionError, match="nothing to add up"):
+        _read(misfiled)
+    assert release.census(Pools(page_size=2, classes=[[2, 4], [1, 3]])) == []
+
+
+def test_a_mamba_slot_freed_twice(release: Release) -> None:
+    report = _read(_one_text(release.mamba_freed_twice()))
+    [message] = report.messages
+    assert message.kind == "mamba-double-free" and message.faulty
+    assert report.verdict == "freed-twice" and "nothing to add up" in message.arithmetic[0]
+
+
+def test_the_byte_report_is_said_in_one_line(release: Release) -> None:
+    if not _since(release, "0.5.19"):
+        pytest.skip("the byte report came in 0.5.19")
+    said = release.report("pool-bytes", "[joint] stale available_size memo: cached=1, actual=2")
+    with pytest.raises(OptionError, match="nothing to add up"):
+        _read(_one_text(said))
