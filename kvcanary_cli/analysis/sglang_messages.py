@@ -617,7 +617,29 @@ def _pool_words(kind: MessageKind, pool: PoolSum) -> list[str]:
             "allocator's pages are wider than the per-rank units its counters use, so the "
             "sum is off by design here: not a finding"
         )
-    return words + _sharded_words(pool)
+    return words + _sharded_words(pool) + _census_words(pool)
+
+
+#: The Mamba line's census of what is neither free nor the tree's (`None`: nothing).
+_CENSUS = re.compile(r"leaked_(full|mamba)_pages=(None|\{[\d, ]{0,400}\}?)")
+
+
+def _census_words(pool: PoolSum) -> list[str]:
+    """What SGLang's own census on the Mamba line names (pages and slots, not counts)."""
+    words = []
+    for match in _CENSUS.finditer(pool.rest):
+        found = sorted(int(n) for n in re.findall(r"\d+", match[2]))
+        what = (
+            "Mamba slots neither free nor the tree's (leaked_mamba_pages)"
+            if match[1] == "mamba"
+            else "full pages neither free nor the tree's (leaked_full_pages; a running "
+            "request's or a session's pages would be among them)"
+        )
+        shown = ", ".join(map(str, found[:8])) + (", ..." if len(found) > 8 else "")
+        cut = match[2].startswith("{") and not match[2].endswith("}")  # past what is kept
+        named = f"{'at least ' if cut else ''}{len(found)} ({shown})" if found else "none"
+        words.append(f"[{pool.pool}] SGLang's own census of the {what}: {named}")
+    return words
 
 
 def _sharded_words(pool: PoolSum) -> list[str]:

@@ -375,3 +375,15 @@ def test_the_idle_report_with_a_pool_without_a_size_reads_the_other_pools(tmp_pa
     log.write_text("[2026-12-05 10:00:01 TP0] [Mem Check (BUSY)] \n" * 2 + f"x {line}\n")
     found = record(run("leak", "--sglang-log", log, "-f", "json"))
     assert found["unread"] == 0 and [m["line"] for m in found["messages"]] == [3]
+
+
+def test_the_mamba_lines_census_is_counted_and_a_cut_one_says_so() -> None:
+    slots = ", ".join(map(str, range(6, 301)))
+    line = f"{counts('mamba', 300, 5, 0)}, leaked_full_pages=None, leaked_mamba_pages={{{slots}}}"
+    said = record(run("leak", line, "-f", "json"))["messages"][0]["arithmetic"]
+    assert any("(leaked_mamba_pages): at least " in w and "(6, 7, 8, 9" in w for w in said)
+    assert any("among them): none" in w for w in said)
+    short = f"{counts('mamba', 8, 5, 0)}, leaked_full_pages={{3}}, leaked_mamba_pages={{8, 6, 7}}"
+    said = record(run("leak", short, "-f", "json"))["messages"][0]["arithmetic"]
+    assert any("(leaked_mamba_pages): 3 (6, 7, 8)" in w for w in said)
+    assert any("among them): 1 (3)" in w for w in said)
