@@ -20,7 +20,9 @@ import ast
 import dataclasses
 import enum
 import logging
+import re
 import sys
+import textwrap
 import types
 import zipfile
 from collections.abc import Callable, Iterator
@@ -95,22 +97,37 @@ def _definitions(
     source: str, names: tuple[str, ...], namespace: dict[str, Any], *, inside: str | None = None
 ) -> dict[str, Any]:
     """The top-level functions `names` of `source` (or those of its class `inside`), executed
-    as they are into `namespace` (their globals); those it lacks are left out."""
-    tree = ast.parse(source)
-    body: list[ast.stmt] = tree.body
+    as they are into `namespace` (their globals); those it lacks are left out. Only their own
+    lines are parsed (a module of SGLang's is thousands of lines)."""
+    lines = source.splitlines()
     if inside is not None:
-        owner = [n for n in body if isinstance(n, ast.ClassDef) and n.name == inside]
-        body = owner[0].body if owner else []
-    wanted = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
+        head = [i for i, line in enumerate(lines) if re.match(rf"class {inside}\b", line)]
+        lines = _block(lines, head[0]) if head else []
     found: dict[str, Any] = {}
-    for node in wanted:
-        node.decorator_list = []
-        module = ast.Module(body=[node], type_ignores=[])
+    for name in names:
+        at = [i for i, line in enumerate(lines) if re.match(rf"\s*def {name}\(", line)]
+        if not at:
+            continue
+        text = textwrap.dedent("\n".join(_block(lines, at[0])))
         local: dict[str, Any] = {}
-        exec(compile(module, f"<{node.name}>", "exec"), namespace, local)  # noqa: S102
-        found[node.name] = local[node.name]
-        namespace.setdefault(node.name, local[node.name])
+        exec(compile(text, f"<{name}>", "exec"), namespace, local)  # noqa: S102
+        found[name] = local[name]
+        namespace.setdefault(name, local[name])
     return found
+
+
+def _block(lines: list[str], start: int) -> list[str]:
+    """The lines of the definition starting at `start`: up to the next line indented no
+    deeper (a closing bracket of its signature aside)."""
+    depth = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines):
+        line = lines[end]
+        indent = len(line) - len(line.lstrip())
+        if line.strip() and indent <= depth and not line.lstrip().startswith((")", "]")):
+            break
+        end += 1
+    return lines[start:end]
 
 
 class ClassedAllocator:

@@ -174,25 +174,41 @@ def test_the_page_checks(release: Release) -> None:
 
 
 def test_a_log_of_the_releases_messages_reads_every_one(release: Release, tmp_path: Path) -> None:
+    """Every message the release prints, in one server log (each first line after a logging
+    prefix, the idle report's pool lines on lines of their own): each is read, with its kind
+    and its sums, and only those without counts are set aside."""
     said = [
         *release.idle(Pools(available=40, evictable=16)),
         *release.idle(Pools(swa_total=32, swa_available=40)),
         *release.busy(Pools(available=60))[1],
         *release.idle(Pools(rows_free=6)),
+        *release.busy(Pools(total=None, swa_total=32, swa_available=32))[0][:1],
+        *release.mamba_freed_twice(),
+        *release.page_checks(Pools(page_size=2, free_pages=[3, 3, 4], row_pages=[5, 6])),
     ]
+    kinds = ["idle-pools", "idle-pools", "busy-assert", "req-pool", "mamba-double-free"]
+    sums = [8, 0, -8, 4]
+    if _since(release, "0.5.15"):
+        kinds.append("kv-double-free")
+    else:  # `[full] total=None`: SGLang's assert too, a message with nothing to add up
+        said.insert(
+            5, _one_text(release.busy(Pools(total=None, swa_total=32, swa_available=32))[1])
+        )
+        kinds.insert(4, "busy-assert")
+    if _since(release, "0.5.20"):
+        said.append(_one_text(release.census(Pools(page_size=2, classes=[[2, 2], [1]]))))
+        said.append(_one_text(release.census(Pools(page_size=2, classes=[[1], [3]]))))
+        kinds.append("class-double-free")
     log = tmp_path / "server.log"
     log.write_text(
         "".join(f"[2026-12-05 18:00:00 TP0] {text.rstrip()}\nnext line\n" for text in said)
     )
     report = leak_report(None, log=log)
-    assert report.unread == 0
-    assert [m.kind for m in report.messages] == [
-        "idle-pools",
-        "idle-pools",
-        "busy-assert",
-        "req-pool",
-    ]
-    assert [p.difference for m in report.messages for p in m.pools] == [8, 0, -8, 4]
+    assert [m.kind for m in report.messages] == kinds
+    assert [p.difference for m in report.messages for p in m.pools] == sums
+    assert report.unread == (1 if _since(release, "0.5.20") else 0)  # the misfiled page
+    assert report.balanced_busy_lines == 1  # the line without a full pool: nothing to add up
+    assert report.verdict == "freed-twice"
 
 
 def test_an_unknown_line_is_still_refused(release: Release) -> None:
