@@ -127,8 +127,9 @@ def _scan_notes(scan: MessageScan) -> list[str]:
         notes.append(f"{scan.overlong} over-long lines skipped")
     if scan.balanced_busy_lines:
         notes.append(
-            f"{scan.balanced_busy_lines} busy-check lines ([Mem Check (BUSY)]) whose sum "
-            "holds are not listed"
+            f"{scan.balanced_busy_lines} busy-check lines ([Mem Check (BUSY)]) that are no "
+            "finding (their sums hold, or SGLang lets them pass, or they hold no counts) are "
+            "not listed"
         )
     return notes
 

@@ -196,7 +196,8 @@ class LeakReport:
     #: a log's lines that start one of SGLang's messages but do not parse, and the first few
     unread: int
     unread_lines: tuple[int, ...]
-    #: a log's `[Mem Check (BUSY)]` lines whose sum holds (not listed)
+    #: a log's `[Mem Check (BUSY)]` lines that are no finding (not listed): their sums hold,
+    #: or SGLang lets them pass (DCP's slack), or they hold no counts (a pool without a size)
     balanced_busy_lines: int
     #: the message (index in messages) set against the dump: the last with pool sums, else
     #: the last; null without a dump
