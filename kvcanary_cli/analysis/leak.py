@@ -205,6 +205,8 @@ def _summary(
             if p.double_freed_pages
         ]
         listed = f" ({'; '.join(parts)})" if parts else ""
+        if not parts and all(m.kind == "mamba-double-free" for m in messages if m.faulty):
+            return "a double free: a request's Mamba slot freed a second time (SGLang's assert)"
         return f"a double free: pages on a free list twice{listed}"
     if verdict == "freed-while-used":
         return "a use after free: pages running requests still use are on the free list"
@@ -238,7 +240,8 @@ def _summary(
         )
     if messages and not any(m.pools or m.kind not in _POOL_KINDS for m in messages):
         return (
-            "nothing to add up: SGLang printed no counts for a pool here (the arithmetic says why)"
+            "nothing to add up: SGLang printed no counts for a pool here (the arithmetic says "
+            "why)" + ("; the dump's pools balance" if with_dump else "")
         )
     return "nothing is off: SGLang's sums hold" + (" and the dump agrees" if with_dump else "")
 

@@ -1,18 +1,30 @@
-"""SGLang 0.5.23's memory-check messages, read, and their arithmetic done (`kvcanary leak`).
+"""SGLang's memory-check messages (0.5.13 - 0.5.23), read, and their arithmetic done
+(`kvcanary leak`).
 
-The messages, as `srt/managers/scheduler_components/invariant_checker.py` and
-`srt/managers/scheduler.py` word them (read from the release wheel):
+The messages, as `srt/managers/scheduler_components/invariant_checker.py`,
+`srt/managers/scheduler.py` and the pools word them (read from each release wheel;
+docs/releases.md has which release prints what):
 
 - at idle, `_report_leak("pool", ...)`: `pool memory leak detected! ` and one line per pool,
   `[full] total=N, available=N, evictable=N, protected=N, session_held=N, uncached=N` (then
-  `[swa] ...`, `[mamba] ...`; an SWA ring pool prints `[swa] unified ring (leak-check
-  skipped): available=N, evictable=N, total=N`), raised as a `ValueError` in strict mode;
+  `[swa] ...`, `[mamba] ...` or `[mamba-active] ...` and `[mamba-int8] ...`; an SWA ring pool
+  prints `[swa] unified ring (leak-check skipped): available=N, evictable=N, total=N`), raised
+  as a `ValueError` in strict mode. After a sum may come `class_free_pages=[...]`,
+  `unaligned_sharded_counts={...}, page_size=N` (page-interleave sharding: counts not whole
+  pages are a finding though the sum holds), `dcp_physical_page_slack_allowed=True` (a
+  difference SGLang lets pass), `leaked_full_pages=..., leaked_mamba_pages=...` (the Mamba
+  line's census). A pool without a size prints `total=None` (0.5.13, 0.5.14) or nothing
+  (0.5.15 on): nothing to add up;
 - while busy, an assert: `Full Pool Mem Leak Detected! [full] ...`, `SWA Pool Mem Leak
   Detected! [swa] ...`, and the log lines `[Mem Check (BUSY)] [full] ...`;
-- the page checks: `KV double free: sub-pool I has N duplicate pages.` and `KV page
+- the page checks (0.5.15 on): `KV double free: sub-pool I has N duplicate pages.` and `KV page
   use-after-free: N owner page refs are in the free pool, sample pages=[...].`;
 - the request pool: `req_to_token_pool memory leak detected!available_size=N,
-  session_held=N, total_size=N` (no space after the `!`).
+  session_held=N, total_size=N` (no space after the `!`);
+- the pools' own asserts: `double free: duplicate pages in class N` (the page-interleave
+  allocator, 0.5.20 on) and `double free? mamba_index is None` (a Mamba slot freed twice).
+  Two messages hold no counts and are said in one line: the byte report (`pool-bytes memory
+  leak detected!`) and the census's `page of another owner leaked into class N`.
 
 A message is found wherever it starts on a line (a logging prefix or `ValueError: ` before it
 is fine); the idle message's pool lines follow it on lines of their own. A log is read line by

@@ -3,10 +3,10 @@ and, with a dump of the same moment, the verdict: a real leak (pages owned by no
 free, or SGLang's own count wrong with every page owned. `LeakReport` is the `kvcanary.leak/1`
 record (standard library only).
 
-SGLang 0.5.23's scheduler checks (`SchedulerInvariantChecker`) print counts, never pages: a
-pool's sum `available + evictable + protected + session_held + uncached == total`, the number
-of duplicate pages on a free list, the number of page references into the free pool. The
-counts' meanings (`COUNT_MEANINGS`) are declared once here, for every view and the docs.
+SGLang's scheduler checks (`SchedulerInvariantChecker`, 0.5.13 - 0.5.23) print counts, never
+pages: a pool's sum `available + evictable + protected + session_held + uncached == total`, the
+number of duplicate pages on a free list, the number of page references into the free pool.
+The counts' meanings (`COUNT_MEANINGS`) are declared once here, for every view and the docs.
 """
 
 from __future__ import annotations

@@ -333,6 +333,7 @@ def test_a_mamba_slot_freed_twice(release: Release) -> None:
     [message] = report.messages
     assert message.kind == "mamba-double-free" and message.faulty
     assert report.verdict == "freed-twice" and "nothing to add up" in message.arithmetic[0]
+    assert "Mamba slot freed a second time" in report.summary
 
 
 def test_the_byte_report_is_said_in_one_line(release: Release) -> None:
