@@ -1,9 +1,10 @@
-"""`kvcanary leak` from the command line: the arithmetic of each of SGLang 0.5.23's
-memory-check messages, a garbled or unknown one refused in one line (exit 2), a server log
+"""`kvcanary leak` from the command line: the arithmetic of each of SGLang's memory-check
+messages (0.5.13 - 0.5.23), a garbled or unknown one refused in one line (exit 2), a server log
 read, and with a dump the verdict: a real leak, a double free, SGLang's own miscount (every
 page owned) or nothing, each on its own twin. The messages here are worded as SGLang's
-`invariant_checker.py` words them; tests/integration/test_sglang_leak_trigger.py has SGLang's
-own checker print them over its real tree."""
+`invariant_checker.py` words them; tests/integration/test_sglang_leak_trigger.py has SGLang
+0.5.23's own checker print them over its real tree, test_sglang_leak_releases.py each
+release's checker over stand-in pools."""
 
 from __future__ import annotations
 
