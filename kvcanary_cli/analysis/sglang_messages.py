@@ -1,18 +1,30 @@
-"""SGLang 0.5.23's memory-check messages, read, and their arithmetic done (`kvcanary leak`).
+"""SGLang's memory-check messages (0.5.13 - 0.5.23), read, and their arithmetic done
+(`kvcanary leak`).
 
-The messages, as `srt/managers/scheduler_components/invariant_checker.py` and
-`srt/managers/scheduler.py` word them (read from the release wheel):
+The messages, as `srt/managers/scheduler_components/invariant_checker.py`,
+`srt/managers/scheduler.py` and the pools word them (read from each release wheel;
+docs/releases.md has which release prints what):
 
 - at idle, `_report_leak("pool", ...)`: `pool memory leak detected! ` and one line per pool,
   `[full] total=N, available=N, evictable=N, protected=N, session_held=N, uncached=N` (then
-  `[swa] ...`, `[mamba] ...`; an SWA ring pool prints `[swa] unified ring (leak-check
-  skipped): available=N, evictable=N, total=N`), raised as a `ValueError` in strict mode;
+  `[swa] ...`, `[mamba] ...` or `[mamba-active] ...` and `[mamba-int8] ...`; an SWA ring pool
+  prints `[swa] unified ring (leak-check skipped): available=N, evictable=N, total=N`), raised
+  as a `ValueError` in strict mode. After a sum may come `class_free_pages=[...]`,
+  `unaligned_sharded_counts={...}, page_size=N` (page-interleave sharding: counts not whole
+  pages are a finding though the sum holds), `dcp_physical_page_slack_allowed=True` (a
+  difference SGLang lets pass), `leaked_full_pages=..., leaked_mamba_pages=...` (the Mamba
+  line's census). A pool without a size prints `total=None` (0.5.13, 0.5.14) or nothing
+  (0.5.15 on): nothing to add up;
 - while busy, an assert: `Full Pool Mem Leak Detected! [full] ...`, `SWA Pool Mem Leak
   Detected! [swa] ...`, and the log lines `[Mem Check (BUSY)] [full] ...`;
-- the page checks: `KV double free: sub-pool I has N duplicate pages.` and `KV page
+- the page checks (0.5.15 on): `KV double free: sub-pool I has N duplicate pages.` and `KV page
   use-after-free: N owner page refs are in the free pool, sample pages=[...].`;
 - the request pool: `req_to_token_pool memory leak detected!available_size=N,
-  session_held=N, total_size=N` (no space after the `!`).
+  session_held=N, total_size=N` (no space after the `!`);
+- the pools' own asserts: `double free: duplicate pages in class N` (the page-interleave
+  allocator, 0.5.20 on) and `double free? mamba_index is None` (a Mamba slot freed twice).
+  Two messages hold no counts and are said in one line: the byte report (`pool-bytes memory
+  leak detected!`) and the census's `page of another owner leaked into class N`.
 
 A message is found wherever it starts on a line (a logging prefix or `ValueError: ` before it
 is fine); the idle message's pool lines follow it on lines of their own. A log is read line by
@@ -53,9 +65,21 @@ _RING = re.compile(
     r"\[swa\] unified ring \(leak-check skipped\): available=" + _N + r", evictable=" + _N
     + r", total=" + _N
 )  # fmt: skip
+#: A pool line without a size (`total=None`: SGLang 0.5.13 and 0.5.14, a hybrid-SWA model
+#: without full-attention layers).
+_UNSIZED = re.compile(
+    r"\[(full|swa|mamba|mamba-active|mamba-int8)\] total=None, available=" + _N
+    + r", evictable=" + _N + r", protected=" + _N + r", session_held=" + _N + r", uncached="
+    + _N
+)  # fmt: skip
 #: Where a pool line starts, to cut what SGLang printed after the counts (`rest`).
 _NEXT_POOL = re.compile(r"\[(?:full|swa|mamba|mamba-active|mamba-int8)\] ")
+#: What a pool line may print after its counts, read (from 0.5.21, page-interleave sharding).
+_CLASSES = re.compile(r"class_free_pages=\[([\d, ]{0,2000})\]")
+_UNALIGNED = re.compile(r"unaligned_sharded_counts=\{([^}]{0,400})\}(?:, page_size=(\d{1,9}))?")
+_SLACK = "dcp_physical_page_slack_allowed=True"
 _DOUBLE = re.compile(r"KV double free: sub-pool (\d{1,9}) has (\d{1,18}) duplicate pages\.")
+_CLASS_DOUBLE = re.compile(r"double free: duplicate pages in class (\d{1,9})")
 _UAF = re.compile(
     r"KV page use-after-free: (\d{1,18}) owner page refs are in the free pool, "
     r"sample pages=\[([-\d, ]{0,400})\]"
@@ -75,9 +99,29 @@ _HEADS: tuple[tuple[MessageKind | None, re.Pattern[str]], ...] = (
     ("busy-log", re.compile(r"\[Mem Check \(BUSY\)\]")),
     ("kv-double-free", re.compile(r"KV double free:")),
     ("kv-use-after-free", re.compile(r"KV page use-after-free:")),
+    ("class-double-free", re.compile(r"(?<!KV )double free: duplicate pages in class")),
+    ("mamba-double-free", re.compile(r"double free\? mamba_index is None")),
+    (None, re.compile(r"page of another owner leaked into class")),
 )
+#: What the messages without counts are (kind None above), by their first words.
+_NO_COUNTS = {
+    "pool-bytes": "is SGLang's byte-accounting report (a unified memory pool, from 0.5.19): it "
+    "prints bytes, no token counts: nothing to add up (expected a pool, double-free, "
+    "use-after-free or request-pool message)",
+    "page of another owner": "is the page-interleave allocator's census (from 0.5.20, its "
+    "debug mode): a page of another owner class sits on this class's free list, a misfiled "
+    "page; it prints no counts: nothing to add up (`kvcanary check DUMP` checks the free "
+    "lists)",
+}
 #: Bytes one of the heads holds, to skip most log lines without a search.
-_HINTS = (b"leak detected!", b"Leak Detected!", b"[Mem Check", b"KV double", b"KV page")
+_HINTS = (
+    b"leak detected!",
+    b"Leak Detected!",
+    b"[Mem Check",
+    b"double free",
+    b"KV page",
+    b"leaked into class",
+)
 
 _COUNTS = "total=N, available=N, evictable=N, protected=N, session_held=N, uncached=N"
 #: The form each message takes, for the error line of one that does not parse.
@@ -91,13 +135,16 @@ EXPECTED: dict[MessageKind, str] = {
     ),
     "req-pool": "req_to_token_pool memory leak detected!available_size=N, session_held=N, "
     "total_size=N",
+    "class-double-free": "double free: duplicate pages in class N",
+    "mamba-double-free": "double free? mamba_index is None",
 }
 _ANY = (
-    "expected one of SGLang 0.5.23's memory-check messages: 'pool memory leak detected! "
-    "[full] total=N, ...', 'Full Pool Mem Leak Detected! ...', 'SWA Pool Mem Leak Detected! "
-    "...', '[Mem Check (BUSY)] ...', 'KV double free: sub-pool N has N duplicate pages.', "
-    "'KV page use-after-free: N owner page refs ...' or 'req_to_token_pool memory leak "
-    "detected!available_size=N, ...'"
+    "expected one of SGLang's memory-check messages (0.5.13 - 0.5.23): 'pool memory leak "
+    "detected! [full] total=N, ...', 'Full Pool Mem Leak Detected! ...', 'SWA Pool Mem Leak "
+    "Detected! ...', '[Mem Check (BUSY)] ...', 'KV double free: sub-pool N has N duplicate "
+    "pages.', 'KV page use-after-free: N owner page refs ...', 'req_to_token_pool memory leak "
+    "detected!available_size=N, ...', 'double free: duplicate pages in class N' or 'double "
+    "free? mamba_index is None'"
 )
 
 
@@ -198,13 +245,7 @@ def scan_messages(
         kind, start = found
         text = line[start:]
         if kind is None:
-            _unread(
-                scan,
-                number,
-                "is SGLang's byte-accounting report (a unified memory pool): it holds no "
-                "token counts to do the arithmetic of (expected a pool, double-free, "
-                "use-after-free or request-pool message)",
-            )
+            _unread(scan, number, next(w for h, w in _NO_COUNTS.items() if text.startswith(h)))
             continue
         if kind == "idle-pools":
             idle = _Idle(number)
@@ -257,14 +298,16 @@ class _Idle:
         self.number = number
         self.lines: list[str] = []
         self.pools: list[PoolSum] = []
+        self.words: list[str] = []
 
     def add(self, text: str) -> bool:
         """Read a line's pool counts; False when it holds none."""
-        pools = _pools(text)
-        if not pools:
+        pools, words = _pools(text), _unsized(text)
+        if not pools and not words:
             return False
         self.lines.append(text)
         self.pools.extend(pools)
+        self.words.extend(words)
         return True
 
 
@@ -272,10 +315,28 @@ def _close(scan: MessageScan, idle: _Idle | None) -> None:
     """Keep the idle message being read (one without a pool line does not parse)."""
     if idle is None:
         return
-    if not idle.pools:
+    if not idle.pools and not idle.words:
         _unread(scan, idle.number, _garbled("idle-pools"))
         return
-    _keep(scan, _pool_message("idle-pools", idle.number, idle.lines, idle.pools))
+    message = _pool_message("idle-pools", idle.number, idle.lines, idle.pools, idle.words)
+    _keep(scan, message)
+
+
+def _unsized(text: str) -> list[str]:
+    """What each pool line without a size says (nothing to add up)."""
+    return [
+        f"[{match[1]}] total=None: SGLang has no size for this pool (a hybrid-SWA model "
+        "without full-attention layers), checks it anyway and reports it at every check "
+        "(0.5.13 and 0.5.14; 0.5.15 on skip it): nothing to add up, and no leak"
+        for match in _UNSIZED.finditer(text)
+    ]
+
+
+#: What SGLang 0.5.15 on print for the same pool: nothing after the busy check's words.
+_EMPTY_BUSY = (
+    "SGLang's busy check printed no counts: a hybrid-SWA model without full-attention layers "
+    "has no full pool, whose line SGLang 0.5.15 on leave empty: nothing to add up"
+)
 
 
 def _pools(text: str) -> list[PoolSum]:
@@ -304,6 +365,9 @@ def _pools(text: str) -> list[PoolSum]:
             difference=total - available - evictable,
             reading="skipped",
             rest="",
+            class_free_pages=(),
+            unaligned=(),
+            tolerated=False,
         )
         found.append((match.start(), match.end(), ring))
     found.sort(key=lambda item: item[0])
@@ -313,12 +377,23 @@ def _pools(text: str) -> list[PoolSum]:
         tail = text[end:stop]
         cut = _NEXT_POOL.search(tail)
         rest = (tail[: cut.start()] if cut else tail).strip().lstrip(",").strip()
-        pools.append(_with_rest(pool, rest[:200]))
+        pools.append(_with_rest(pool, rest))
     return pools
 
 
 def _with_rest(pool: PoolSum, rest: str) -> PoolSum:
-    return replace(pool, rest=rest) if rest else pool
+    """The pool with what SGLang printed after its counts, and what of that is read."""
+    if not rest:
+        return pool
+    classes = _CLASSES.search(rest)
+    unaligned = _UNALIGNED.search(rest)
+    return replace(
+        pool,
+        rest=rest[:200],
+        class_free_pages=tuple(int(n) for n in re.findall(r"\d+", classes[1])) if classes else (),
+        unaligned=tuple(re.findall(r"'(\w+)': -?\d+", unaligned[1])) if unaligned else (),
+        tolerated=_SLACK in rest,
+    )
 
 
 def _pool_sum(
@@ -345,6 +420,9 @@ def _pool_sum(
         difference=difference,
         reading=reading,
         rest="",
+        class_free_pages=(),
+        unaligned=(),
+        tolerated=False,
     )
 
 
@@ -352,13 +430,23 @@ def _single(kind: MessageKind, number: int | None, text: str) -> LeakMessage | N
     """A one-line message, read; None when it does not parse."""
     if kind in ("busy-assert", "busy-log"):
         pools = _pools(text)
-        return _pool_message(kind, number, [text], pools) if pools else None
+        words = _unsized(text)
+        if kind == "busy-log" and not text.removeprefix("[Mem Check (BUSY)]").strip():
+            words = [_EMPTY_BUSY]
+        return _pool_message(kind, number, [text], pools, words) if pools or words else None
     if kind == "kv-double-free":
         match = _DOUBLE.search(text)
         if match is None:
             return None
         sub, count = int(match[1]), int(match[2])
         return _message(kind, number, text, sub_pool=sub, count=count, faulty=count > 0)
+    if kind == "class-double-free":
+        match = _CLASS_DOUBLE.search(text)
+        if match is None:
+            return None
+        return _message(kind, number, text, page_class=int(match[1]), faulty=True)
+    if kind == "mamba-double-free":
+        return _message(kind, number, text, faulty=True)
     if kind == "kv-use-after-free":
         match = _UAF.search(text)
         if match is None:
@@ -389,10 +477,12 @@ def _message(
     *,
     pools: tuple[PoolSum, ...] = (),
     sub_pool: int | None = None,
+    page_class: int | None = None,
     count: int | None = None,
     sample_pages: tuple[int, ...] = (),
     rows: tuple[int, int, int] | None = None,
     faulty: bool,
+    words: list[str] | None = None,
 ) -> LeakMessage:
     available, session, total = rows if rows is not None else (None, None, None)
     message = LeakMessage(
@@ -401,6 +491,7 @@ def _message(
         text=tuple(line[:_TEXT] for line in ([text] if isinstance(text, str) else text)),
         pools=pools,
         sub_pool=sub_pool,
+        page_class=page_class,
         count=count,
         sample_pages=sample_pages,
         rows_available=available,
@@ -409,14 +500,24 @@ def _message(
         faulty=faulty,
         arithmetic=(),
     )
-    return replace(message, arithmetic=tuple(arithmetic(message)))
+    return replace(message, arithmetic=(*arithmetic(message), *(words or [])))
+
+
+def _off(pool: PoolSum) -> bool:
+    """The pool's sum is off and SGLang does not let it pass."""
+    return pool.reading in ("short", "over") and not pool.tolerated
 
 
 def _pool_message(
-    kind: MessageKind, number: int | None, text: list[str], pools: list[PoolSum]
+    kind: MessageKind,
+    number: int | None,
+    text: list[str],
+    pools: list[PoolSum],
+    words: list[str] | None = None,
 ) -> LeakMessage:
-    faulty = any(p.reading in ("short", "over") for p in pools)
-    return _message(kind, number, text, pools=tuple(pools), faulty=faulty)
+    """A pool-sum message; `words`: what its lines without counts say."""
+    faulty = any(_off(p) or p.unaligned for p in pools)
+    return _message(kind, number, text, pools=tuple(pools), faulty=faulty, words=words or [])
 
 
 # --- the arithmetic in words ----------------------------------------------------------------
@@ -430,7 +531,7 @@ _WHO = {
 
 def arithmetic(message: LeakMessage) -> list[str]:
     """What the message's numbers say: each sum, by how much it is off, what that can mean."""
-    if message.pools:
+    if message.pools or message.kind in _WHO:
         return [line for pool in message.pools for line in _pool_words(message.kind, pool)]
     if message.kind == "kv-double-free":
         which = {0: "sub-pool 0 (the full pool)", 1: "sub-pool 1 (the SWA pool)"}.get(
@@ -440,6 +541,19 @@ def arithmetic(message: LeakMessage) -> list[str]:
             f"{which} lists {message.count} pages more than once: each was freed twice (or "
             "more) and will be handed to two requests; the pool's sum comes out that many "
             "pages over (available counts free-list entries)"
+        ]
+    if message.kind == "class-double-free":
+        return [
+            f"the page-interleave allocator's census (its debug mode) found a page twice on "
+            f"owner class {message.page_class}'s free lists: a double free, the page will be "
+            "handed to two requests; SGLang prints no count or page: nothing to add up (a "
+            "dump of the same moment names the pages: `kvcanary leak LINE DUMP`)"
+        ]
+    if message.kind == "mamba-double-free":
+        return [
+            "the hybrid request pool freed a request's Mamba slot a second time (the first "
+            "free left its index empty): a double free of a Mamba state; SGLang prints no "
+            "count or slot: nothing to add up (`kvcanary check DUMP` checks the Mamba slots)"
         ]
     if message.kind == "kv-use-after-free":
         sample = ", ".join(map(str, message.sample_pages)) or "none printed"
@@ -495,15 +609,83 @@ def _pool_words(kind: MessageKind, pool: PoolSum) -> list[str]:
     head = f"[{pool.pool}] {who}: {summed} = {pool.accounted}; total {pool.total}"
     d = pool.difference
     if pool.reading == "balanced":
-        return [f"{head}: the sum holds"]
-    if pool.reading == "short":
-        return [
+        words = [f"{head}: the sum holds"]
+    elif pool.reading == "short":
+        words = [
             f"{head}: {d} slots short, held by no count: leaked (owned by nobody), or a "
             "count too low; a dump of this moment tells which (`kvcanary leak LINE DUMP`)"
         ]
-    return [
-        f"{head}: {-d} slots over, counted twice: a page freed twice (available counts "
-        "free-list entries) is a double free; a page two tree nodes hold (evictable and "
-        "protected count node by node) is SGLang's miscount with nothing leaked; a dump of "
-        "this moment tells which (`kvcanary leak LINE DUMP`)"
-    ]
+    else:
+        words = [
+            f"{head}: {-d} slots over, counted twice: a page freed twice (available counts "
+            "free-list entries) is a double free; a page two tree nodes hold (evictable and "
+            "protected count node by node) is SGLang's miscount with nothing leaked; a dump of "
+            "this moment tells which (`kvcanary leak LINE DUMP`)"
+        ]
+    if pool.tolerated and pool.reading != "balanced":
+        words.append(
+            f"[{pool.pool}] SGLang lets this difference pass "
+            "(dcp_physical_page_slack_allowed=True): with decode-context parallelism its "
+            "allocator's pages are wider than the per-rank units its counters use, so the "
+            "sum is off by design here: not a finding"
+        )
+    return words + _sharded_words(pool) + _census_words(pool)
+
+
+#: The Mamba line's census of what is neither free nor the tree's (`None`: nothing).
+_CENSUS = re.compile(r"leaked_(full|mamba)_pages=(None|\{[\d, ]{0,400}\}?)")
+
+
+def _census_words(pool: PoolSum) -> list[str]:
+    """What SGLang's own census on the Mamba line names (pages and slots, not counts)."""
+    words = []
+    for match in _CENSUS.finditer(pool.rest):
+        found = sorted(int(n) for n in re.findall(r"\d+", match[2]))
+        what = (
+            "Mamba slots neither free nor the tree's (leaked_mamba_pages)"
+            if match[1] == "mamba"
+            else "full pages neither free nor the tree's (leaked_full_pages; a running "
+            "request's or a session's pages would be among them)"
+        )
+        shown = ", ".join(map(str, found[:8])) + (", ..." if len(found) > 8 else "")
+        cut = match[2].startswith("{") and not match[2].endswith("}")  # past what is kept
+        named = f"{'at least ' if cut else ''}{len(found)} ({shown})" if found else "none"
+        words.append(f"[{pool.pool}] SGLang's own census of the {what}: {named}")
+    return words
+
+
+def _sharded_words(pool: PoolSum) -> list[str]:
+    """What a page-interleaved pool's line adds: its free pages by owner class, and the
+    counts SGLang found not whole pages."""
+    words = []
+    if pool.class_free_pages:
+        pages = sum(pool.class_free_pages)
+        each = (
+            f" ({pages} x {pool.available // pages} slots)"
+            if pages and pool.available % pages == 0
+            else ""
+        )
+        words.append(
+            f"[{pool.pool}] free pages by owner class (page-interleave sharding): "
+            f"{' + '.join(map(str, pool.class_free_pages))} = {pages} free pages, the slots "
+            f"available counts{each}"
+        )
+    if pool.unaligned:
+        size = re.search(r"page_size=(\d{1,9})", pool.rest)
+        values = {
+            "total": pool.total,
+            "available": pool.available,
+            "evictable": pool.evictable,
+            "protected": pool.protected,
+            "session_held": pool.session_held,
+            "uncached": pool.uncached,
+        }
+        named = ", ".join(f"{name} {values.get(name, '?')}" for name in pool.unaligned)
+        words.append(
+            f"[{pool.pool}] {named}: not whole pages of page size "
+            f"{size[1] if size else '(not printed)'}; under page-interleave sharding every "
+            "count is whole pages, so SGLang reports the pool even where the sum holds: a "
+            "count off by part of a page (a miscount) or pages lost; a dump of this moment "
+            "tells which (`kvcanary leak LINE DUMP`)"
+        )
+    return words

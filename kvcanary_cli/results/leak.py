@@ -3,10 +3,10 @@ and, with a dump of the same moment, the verdict: a real leak (pages owned by no
 free, or SGLang's own count wrong with every page owned. `LeakReport` is the `kvcanary.leak/1`
 record (standard library only).
 
-SGLang 0.5.23's scheduler checks (`SchedulerInvariantChecker`) print counts, never pages: a
-pool's sum `available + evictable + protected + session_held + uncached == total`, the number
-of duplicate pages on a free list, the number of page references into the free pool. The
-counts' meanings (`COUNT_MEANINGS`) are declared once here, for every view and the docs.
+SGLang's scheduler checks (`SchedulerInvariantChecker`, 0.5.13 - 0.5.23) print counts, never
+pages: a pool's sum `available + evictable + protected + session_held + uncached == total`, the
+number of duplicate pages on a free list, the number of page references into the free pool.
+The counts' meanings (`COUNT_MEANINGS`) are declared once here, for every view and the docs.
 """
 
 from __future__ import annotations
@@ -34,9 +34,19 @@ __all__ = [
 #: check's assert (`Full Pool Mem Leak Detected!`, `SWA Pool Mem Leak Detected!`) or its log
 #: line (`[Mem Check (BUSY)]`), the page checks (`KV double free: ...`: kv-double-free; `KV
 #: page use-after-free: ...`: kv-use-after-free), the request-pool check
-#: (`req_to_token_pool memory leak detected!`).
+#: (`req_to_token_pool memory leak detected!`), the pools' own asserts: the page-interleave
+#: allocator's census (`double free: duplicate pages in class N`, from 0.5.20:
+#: class-double-free) and the hybrid request pool's (`double free? mamba_index is None`:
+#: mamba-double-free).
 MessageKind = Literal[
-    "idle-pools", "busy-assert", "busy-log", "kv-double-free", "kv-use-after-free", "req-pool"
+    "idle-pools",
+    "busy-assert",
+    "busy-log",
+    "kv-double-free",
+    "kv-use-after-free",
+    "req-pool",
+    "class-double-free",
+    "mamba-double-free",
 ]
 #: A sum read alone: it holds (balanced); it counts fewer slots than the pool has (short:
 #: leaked, or a count too low); more (over: a page freed twice, or counted twice); or SGLang
@@ -92,6 +102,16 @@ class PoolSum:
     reading: SumReading
     #: what SGLang printed after the counts (class_free_pages, leaked_full_pages, ...), as it is
     rest: str
+    #: the free pages of each owner class, as SGLang printed them (`class_free_pages`:
+    #: page-interleave sharding, from 0.5.21; available is their slots); [] where none
+    class_free_pages: tuple[int, ...]
+    #: the counts SGLang found not whole pages under page-interleave sharding
+    #: (`unaligned_sharded_counts`, from 0.5.21): SGLang reports the pool even where the sum
+    #: holds; [] where none
+    unaligned: tuple[str, ...]
+    #: SGLang let this sum's difference pass (`dcp_physical_page_slack_allowed=True`, from
+    #: 0.5.15: with decode-context parallelism its counters and its pages are in two units)
+    tolerated: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +129,8 @@ class LeakMessage:
     #: kv-double-free: the allocator's sub-pool (0 the full pool; 1 the SWA pool of a hybrid-SWA
     #: allocator); else null
     sub_pool: int | None
+    #: class-double-free: the owner class whose free lists hold a page twice; else null
+    page_class: int | None
     #: kv-double-free: free-list entries beyond each page's first; kv-use-after-free: references of
     #: running requests into the full free pool (one per allocated token, not per page)
     count: int | None
@@ -174,7 +196,8 @@ class LeakReport:
     #: a log's lines that start one of SGLang's messages but do not parse, and the first few
     unread: int
     unread_lines: tuple[int, ...]
-    #: a log's `[Mem Check (BUSY)]` lines whose sum holds (not listed)
+    #: a log's `[Mem Check (BUSY)]` lines that are no finding (not listed): their sums hold,
+    #: or SGLang lets them pass (DCP's slack), or they hold no counts (a pool without a size)
     balanced_busy_lines: int
     #: the message (index in messages) set against the dump: the last with pool sums, else
     #: the last; null without a dump

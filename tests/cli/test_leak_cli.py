@@ -1,9 +1,10 @@
-"""`kvcanary leak` from the command line: the arithmetic of each of SGLang 0.5.23's
-memory-check messages, a garbled or unknown one refused in one line (exit 2), a server log
+"""`kvcanary leak` from the command line: the arithmetic of each of SGLang's memory-check
+messages (0.5.13 - 0.5.23), a garbled or unknown one refused in one line (exit 2), a server log
 read, and with a dump the verdict: a real leak, a double free, SGLang's own miscount (every
 page owned) or nothing, each on its own twin. The messages here are worded as SGLang's
-`invariant_checker.py` words them; tests/integration/test_sglang_leak_trigger.py has SGLang's
-own checker print them over its real tree."""
+`invariant_checker.py` words them; tests/integration/test_sglang_leak_trigger.py has SGLang
+0.5.23's own checker print them over its real tree, test_sglang_leak_releases.py each
+release's checker over stand-in pools."""
 
 from __future__ import annotations
 
@@ -79,8 +80,13 @@ def test_the_idle_message_sums_each_pool_and_says_what_the_difference_can_be() -
          "total_size=8", "undecided", None, 1),
         ("[swa] unified ring (leak-check skipped): available=1, evictable=2, total=3",
          "balanced", None, 0),
+        ("AssertionError: double free: duplicate pages in class 3", "freed-twice",
+         CauseCode.DOUBLE_FREE, 1),
+        ("AssertionError: double free? mamba_index is None", "freed-twice",
+         CauseCode.DOUBLE_FREE, 1),
     ],
-    ids=["busy-assert", "busy-log", "kv-double-free", "kv-use-after-free", "req-pool", "ring"],
+    ids=["busy-assert", "busy-log", "kv-double-free", "kv-use-after-free", "req-pool", "ring",
+         "class-double-free", "mamba-double-free"],
 )  # fmt: skip
 def test_each_message_is_read(line: str, verdict: str, cause: str | None, code: int) -> None:
     result = run("leak", line, "-f", "json")
@@ -109,14 +115,18 @@ def test_the_numbers_of_each_message_are_its_own() -> None:
 @pytest.mark.parametrize(
     ("line", "named"),
     [
-        ("the scheduler stopped", "expected one of SGLang 0.5.23's memory-check messages"),
+        ("the scheduler stopped",
+         "expected one of SGLang's memory-check messages (0.5.13 - 0.5.23)"),
         ("pool memory leak detected! [full] total=12, available=x",
          "expected 'pool memory leak detected! [full] total=N, available=N"),
         ("KV double free: sub-pool one has some duplicate pages.",
          "expected 'KV double free: sub-pool N has N duplicate pages.'"),
-        ("pool-bytes memory leak detected! class 0: 12 bytes", "holds no token counts"),
+        ("pool-bytes memory leak detected! class 0: 12 bytes",
+         "no token counts: nothing to add up"),
+        ("AssertionError: page of another owner leaked into class 1",
+         "a misfiled page; it prints no counts: nothing to add up"),
     ],
-    ids=["unknown", "garbled-counts", "garbled-double-free", "byte-report"],
+    ids=["unknown", "garbled-counts", "garbled-double-free", "byte-report", "misfiled-page"],
 )  # fmt: skip
 def test_a_garbled_or_unknown_line_is_one_error_line(line: str, named: str) -> None:
     result = run("leak", line)
@@ -308,3 +318,107 @@ def test_text_from_the_line_reaches_no_view_raw() -> None:
         assert "\x1b" not in result.stdout and "\x07" not in result.stdout
     rest = record(run("leak", line, "-f", "json"))["messages"][0]["pools"][0]["rest"]
     assert rest == "class_free_pages=\x1b]8;;x\x07@octocat"  # exact in JSON
+
+
+# --- what a release prints after the counts ------------------------------------------------
+
+#: 0.5.21 on, page-interleave sharding: the class watermark, and counts that are not whole
+#: pages, which SGLang reports though the sum holds (its wording, as
+#: tests/integration/test_sglang_leak_releases.py has the release's own checker print it).
+UNALIGNED = (
+    f"Full Pool Mem Leak Detected! {counts('full', TOTAL, 12, 3, 1)}, class_free_pages=[3, 3], "
+    "unaligned_sharded_counts={'evictable': 3, 'uncached': 1}, page_size=2"
+)
+
+
+def test_counts_that_are_not_whole_pages_are_a_finding_though_the_sum_holds() -> None:
+    result = run("leak", UNALIGNED, "-f", "json")
+    assert result.exit_code == 1, result.stderr
+    found = record(result)
+    assert found["verdict"] == "undecided" and "not whole pages" in found["summary"]
+    [full] = found["messages"][0]["pools"]
+    assert (full["difference"], full["reading"]) == (0, "balanced")
+    assert (full["class_free_pages"], full["unaligned"]) == ([3, 3], ["evictable", "uncached"])
+    said = " ".join(found["messages"][0]["arithmetic"])
+    assert "evictable 3, uncached 1: not whole pages of page size 2" in said
+    assert "3 + 3 = 6 free pages, the slots available counts (6 x 2 slots)" in said
+
+
+def test_unaligned_counts_over_a_clean_dump_are_sglangs_miscount(tmp_path: Path) -> None:
+    dump = _dump(tmp_path / "clean.safetensors", free=FREE, tree=[13, 14, 15, 16])
+    found = record(run("leak", UNALIGNED, dump, "-f", "json"))
+    assert (found["verdict"], found["cause"]) == ("miscount", CauseCode.SGLANG_MISCOUNT)
+
+
+#: 0.5.15 on, with decode-context parallelism: a difference SGLang lets pass.
+SLACK = f"[Mem Check (BUSY)] {counts('full', 64, 40, 20)}, dcp_physical_page_slack_allowed=True"
+
+
+def test_the_slack_sglang_allows_under_dcp_is_no_finding(tmp_path: Path) -> None:
+    result = run("leak", SLACK, "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    found = record(result)
+    [full] = found["messages"][0]["pools"]
+    assert (full["difference"], full["reading"], full["tolerated"]) == (4, "short", True)
+    assert found["verdict"] == "balanced" and not found["messages"][0]["faulty"]
+    log = tmp_path / "dcp.log"
+    log.write_text(f"[2026-12-05 10:00:01 TP0] {SLACK}\n" * 3)
+    found = record(run("leak", "--sglang-log", log, "-f", "json"))
+    assert (found["balanced_busy_lines"], found["messages"]) == (3, [])
+
+
+def test_the_dcp_slack_over_a_clean_dump_is_no_miscount(tmp_path: Path) -> None:
+    dump = _dump(tmp_path / "clean.safetensors", free=FREE, tree=[13, 14, 15, 16])
+    line = (
+        f"[Mem Check (BUSY)] {counts('full', TOTAL, 12, 2)}, dcp_physical_page_slack_allowed=True"
+    )
+    found = record(run("leak", line, dump, "-f", "json"))
+    assert found["verdict"] == "balanced"
+    [full] = found["pools"]
+    assert (full["verdict"], full["printed_difference"]) == ("balanced", 2)
+    assert "lets pass under decode-context parallelism" in full["explanation"][-1]
+
+
+#: A hybrid-SWA model without full-attention layers: SGLang 0.5.13 and 0.5.14 print its full
+#: pool with `total=None` (and flag it at every check), 0.5.15 on an empty line.
+UNSIZED = "[full] total=None, available=0, evictable=0, protected=0, session_held=0, uncached=0"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [f"Full Pool Mem Leak Detected! {UNSIZED}", f"[Mem Check (BUSY)] {UNSIZED}",
+     "[Mem Check (BUSY)] "],
+    ids=["assert-none", "busy-none", "busy-empty"],
+)  # fmt: skip
+def test_a_pool_without_a_size_is_read_with_nothing_to_add_up(line: str) -> None:
+    result = run("leak", line, "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    found = record(result)
+    [message] = found["messages"]
+    assert message["pools"] == [] and not message["faulty"]
+    assert "nothing to add up" in " ".join(message["arithmetic"])
+    assert "nothing to add up" in found["summary"]
+
+
+def test_the_idle_report_with_a_pool_without_a_size_reads_the_other_pools(tmp_path: Path) -> None:
+    line = f"pool memory leak detected! {UNSIZED}\n{counts('swa', 32, 20, 0)}"
+    found = record(run("leak", line, "-f", "json"))
+    [message] = found["messages"]
+    assert [(p["pool"], p["difference"]) for p in message["pools"]] == [("swa", 12)]
+    assert any("total=None" in w for w in message["arithmetic"])
+    log = tmp_path / "swa-only.log"
+    log.write_text("[2026-12-05 10:00:01 TP0] [Mem Check (BUSY)] \n" * 2 + f"x {line}\n")
+    found = record(run("leak", "--sglang-log", log, "-f", "json"))
+    assert found["unread"] == 0 and [m["line"] for m in found["messages"]] == [3]
+
+
+def test_the_mamba_lines_census_is_counted_and_a_cut_one_says_so() -> None:
+    slots = ", ".join(map(str, range(6, 301)))
+    line = f"{counts('mamba', 300, 5, 0)}, leaked_full_pages=None, leaked_mamba_pages={{{slots}}}"
+    said = record(run("leak", line, "-f", "json"))["messages"][0]["arithmetic"]
+    assert any("(leaked_mamba_pages): at least " in w and "(6, 7, 8, 9" in w for w in said)
+    assert any("among them): none" in w for w in said)
+    short = f"{counts('mamba', 8, 5, 0)}, leaked_full_pages={{3}}, leaked_mamba_pages={{8, 6, 7}}"
+    said = record(run("leak", short, "-f", "json"))["messages"][0]["arithmetic"]
+    assert any("(leaked_mamba_pages): 3 (6, 7, 8)" in w for w in said)
+    assert any("among them): 1 (3)" in w for w in said)
