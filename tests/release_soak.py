@@ -37,8 +37,10 @@ HISTORIES = (
 def main(wheel: str) -> None:
     """Run `HISTORIES` on `wheel`'s SGLang, one JSON line each."""
     modules = load_sglang(wheel)
-    # the tree core each core name builds (0.5.19 - 0.5.20 take it from the environment)
-    built = {c: build_stack(modules, StackSpec(core=c)).tree.tree_core for c in modules.cores}
+    # the tree core each core name builds (0.5.19 - 0.5.20 take it from the environment; a
+    # tree without a core, 0.5.13 - 0.5.16, holds its nodes itself)
+    trees = {c: build_stack(modules, StackSpec(core=c)).tree for c in modules.cores}
+    built = {c: getattr(tree, "tree_core", tree) for c, tree in trees.items()}
     cores = {c: type(core).__module__ for c, core in built.items()}
     print(json.dumps({"cores": cores, "notes": list(modules.notes)}))
     for layout, page_size, core, fault in HISTORIES:

@@ -19,7 +19,8 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   bound; SGLang's own checks stayed silent for 250 steps there).
 - `lock-leak`: a request released without caching (a retraction, an abort in chunked prefill)
   never unlocks its prefix (`tree_cache.unlock(req.lock)` skipped, `req.lock` dropped; in
-  0.5.21 `unpin(req)`, in 0.5.20 `_dec_req_lock(req)`): the nodes stay locked for good.
+  0.5.21 `unpin(req)`, in 0.5.17 - 0.5.20 `_dec_req_lock(req)`, in 0.5.13 - 0.5.16
+  `dec_lock_ref(req.last_node)`): the nodes stay locked for good.
   kvcanary's lock counts see it at that step; a check of the locked slots alone only once
   no running row holds them, or at idle.
 - `tree-mamba-slot-freed` (Mamba layout): once the tree holds a Mamba state, its slot is pushed
@@ -32,7 +33,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcanary_cli.soak.calls import held_lock, release_keyword, row_of, tree_unlock_name
+from kvcanary_cli.soak.calls import (
+    held_lock,
+    release_keyword,
+    root_of,
+    row_of,
+    tree_unlock_name,
+)
 from kvcanary_cli.soak.stack import SGLangUnavailableError
 
 __all__ = ["FAULTS", "Fault", "plant"]
@@ -190,7 +197,7 @@ def _lock_leak(stack: Any) -> Callable[[], None]:
 
     def release_kv_cache(req: Any, tree_cache: Any, **given: bool) -> None:
         lock = held_lock(req)
-        if given.get(keyword, True) or lock is None or lock.node == tree.root_node_handle():
+        if given.get(keyword, True) or lock is None or lock.node == root_of(tree):
             original(req, tree_cache, **given)  # (the root holds no lock)
             return
         setattr(tree_cache, unlock, _nothing)  # the instance's: shadows the method here

@@ -92,15 +92,17 @@ _STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar", "einops
 #: Where kv canary lives (0.5.17 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
-#: The tree core and components soak reads (0.5.17 on; 0.5.13 - 0.5.16's tree has neither).
-_TREE_PARTS = "srt/mem_cache/unified_cache"
+#: Where the tree's components live: beside a tree core (0.5.17 on), or with the tree itself
+#: holding its nodes (0.5.13 - 0.5.16's `unified_cache_components`); a tree with neither is
+#: of a make soak does not read.
+_TREE_PARTS = ("srt/mem_cache/unified_cache", "srt/mem_cache/unified_cache_components")
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
 _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 #: The release soak's stack and scheduler loop are written for, and the oldest it drives
 #: (what differs between them is read from the tree: `soak.calls`).
 SUPPORTED = "0.5.23"
-OLDEST = "0.5.17"
+OLDEST = "0.5.16"
 
 
 class SGLangUnavailableError(EngineUnavailableError):
@@ -225,10 +227,11 @@ def _checked_tree(root: Path, label: str) -> SGLangTree:
         raise SGLangUnavailableError(
             f"SGLang {version} has no UnifiedRadixCache ({_TREE})", source=label
         )
-    if not (package / _TREE_PARTS).is_dir():
+    if not any((package / parts).is_dir() for parts in _TREE_PARTS):
         raise SGLangUnavailableError(
-            f"SGLang {version}'s UnifiedRadixCache predates the tree core and components soak "
-            f"drives (no sglang/{_TREE_PARTS}): soak runs SGLang {OLDEST} and later",
+            f"SGLang {version}'s UnifiedRadixCache has none of the tree components soak "
+            f"drives (no sglang/{_TREE_PARTS[0]}, no sglang/{_TREE_PARTS[1]}): soak runs "
+            f"SGLang {OLDEST} and later",
             hint="its dumps are read all the same: check, provenance and --kernel sglang take "
             "every release with kv canary, and the capture hook runs in its servers",
             source=label,
@@ -344,7 +347,11 @@ _MODULES = {
     "swa_allocator": "sglang.srt.mem_cache.allocator.swa",
     "cache_init_params": "sglang.srt.mem_cache.cache_init_params",
     "unified_radix_cache": "sglang.srt.mem_cache.unified_radix_cache",
-    "component_type": "sglang.srt.mem_cache.unified_cache.component_type",
+    # ComponentType: beside the tree core (0.5.17 on), or in the components' package
+    "component_type": (
+        "sglang.srt.mem_cache.unified_cache.component_type",
+        "sglang.srt.mem_cache.unified_cache_components",
+    ),
     "schedule_batch": "sglang.srt.managers.schedule_batch",
     "schedule_policy": "sglang.srt.managers.schedule_policy",
     "common": "sglang.srt.mem_cache.common",
@@ -352,6 +359,19 @@ _MODULES = {
     "sampling_params": "sglang.srt.sampling.sampling_params",
 }
 _CHECKER = "sglang.srt.managers.scheduler_components.invariant_checker"
+
+
+def _first_module(names: str | tuple[str, ...]) -> str:
+    """The first of `names` the tree has (the last where it has none: its import says so)."""
+    if isinstance(names, str):
+        return names
+    for name in names[:-1]:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except ModuleNotFoundError:  # its package is not there either
+            continue
+    return names[-1]
 
 _LOADED: dict[str, SGLangModules] = {}
 
@@ -489,9 +509,9 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     try:
         with warnings.catch_warnings(), _tolerating_config_clashes():
             warnings.simplefilter("ignore")  # "only CUDA supports ..." at import, on CPU
-            for field, name in _MODULES.items():
-                importing = name
-                modules[field] = importlib.import_module(name)
+            for field, names in _MODULES.items():
+                importing = _first_module(names)
+                modules[field] = importlib.import_module(importing)
             importing = _CHECKER
             try:
                 modules["invariant_checker"] = importlib.import_module(_CHECKER)
@@ -754,9 +774,7 @@ def build_stack(
             disable_overlap_schedule=True,
         )
     with fitting(tree, "runtime context (reset_context, publish)"):
-        rc = modules.runtime_context
-        rc.reset_context()
-        rc.publish(server_args, role="scheduler")
+        _publish(modules.runtime_context, server_args)
     import torch  # SGLang's pools import it anyway
 
     if spec.layout == "mamba":
@@ -817,6 +835,17 @@ def build_stack(
         allocator=allocator,
         tree=radix,
     )
+
+
+def _publish(context: Any, server_args: Any) -> None:
+    """Publish `server_args` as a scheduler's, on a fresh runtime context: `publish` with
+    its role where the context has it, else the context's own setter (0.5.14 - 0.5.16)."""
+    context.reset_context()
+    publish = getattr(context, "publish", None)
+    if callable(publish):
+        publish(server_args, role="scheduler")
+    else:
+        context.get_context().set_server_args(server_args)
 
 
 #: Where 0.5.19 and 0.5.20 read the tree core to build (their `CacheInitParams` has no field).
