@@ -48,6 +48,7 @@ __all__ = [
     "tree_for",
     "tree_state",
     "virtual_slots",
+    "walk_component_nodes",
 ]
 
 logger = logging.getLogger("kvcanary.capture")
@@ -134,7 +135,7 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
     """(full slots the tree holds, the SWA-resident part, the locked part): None where
     unreadable. The locked part is what the core's walk of unlocked nodes (full lock count
     zero) leaves out of all it holds: both cores have that walk, neither a locked one (a
-    tree without a core is walked by hand: `_walk_component_nodes`)."""
+    tree without a core is walked by hand: `walk_component_nodes`)."""
     import numpy as np
 
     held = resident = locked = None
@@ -146,7 +147,7 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
     walk = getattr(core, "walk_for_kv_canary", None)
     if not callable(walk):  # a tree holding its component nodes itself (0.5.13 - 0.5.16)
         try:
-            walked = _walk_component_nodes(tree)
+            walked = walk_component_nodes(tree)
         except Exception as exc:
             logger.debug("kvcanary: the node walk failed (%s: %s)", type(exc).__name__, exc)
             walked = None
@@ -168,7 +169,7 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
     return held, resident, locked
 
 
-def _walk_component_nodes(tree: Any) -> tuple[Any, Any] | None:
+def walk_component_nodes(tree: Any) -> tuple[Any, Any] | None:
     """(SWA-resident slots, unlocked slots) of a tree without `walk_for_kv_canary` whose nodes
     keep per-component records (`component_data`, indexed by the tree's `components`), as
     the later tree core's walk gives them: each node's FULL value below the root, where its

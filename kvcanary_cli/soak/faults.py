@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvcanary_cli.capture.tree import walk_component_nodes
 from kvcanary_cli.soak.calls import (
     held_lock,
     release_keyword,
@@ -158,8 +159,7 @@ def _tree_page_freed(stack: Any, step: int) -> None:
     full = stack.allocator.full_attn_allocator
     if getattr(full, "_kvcanary_planted", False):
         return
-    core = getattr(stack.tree, "tree_core", stack.tree)
-    slots = core.walk_for_kv_canary(unlocked_only=True, swa_resident_only=False).slot_indices
+    slots = _unlocked_slots(stack.tree)
     ps = stack.spec.page_size
     slots = slots[slots >= ps]
     if slots.numel() == 0:
@@ -170,6 +170,21 @@ def _tree_page_freed(stack: Any, step: int) -> None:
     else:
         full.free_pages = torch.cat([full.free_pages, page if ps > 1 else slots[:1]])
     full._kvcanary_planted = True
+
+
+def _unlocked_slots(tree: Any) -> Any:
+    """The full slots of the tree's unlocked nodes (a tensor): its core's walk, or where the
+    tree has none (0.5.13 - 0.5.16) the same read from its nodes."""
+    import torch
+
+    core = getattr(tree, "tree_core", tree)
+    walk = getattr(core, "walk_for_kv_canary", None)
+    if callable(walk):
+        return walk(unlocked_only=True, swa_resident_only=False).slot_indices
+    walked = walk_component_nodes(tree)
+    if walked is None:
+        raise TypeError(f"{type(tree).__name__} has no walk of its unlocked nodes soak knows")
+    return torch.from_numpy(walked[1])
 
 
 def _tree_mamba_slot_freed(stack: Any, step: int) -> None:
