@@ -308,7 +308,6 @@ class SGLangModules:
 
     tree: SGLangTree
     server_args: Any
-    runtime_context: Any
     memory_pool: Any
     swa_memory_pool: Any
     swa_allocator: Any
@@ -322,6 +321,8 @@ class SGLangModules:
     sampling_params: Any
     #: the invariant checker module (None where this release has none)
     invariant_checker: Any
+    #: the runtime context module (None where this release has none: 0.5.13)
+    runtime_context: Any
     #: the tree cores this install can run
     cores: tuple[str, ...]
     #: what the user should know about this tree (a tree core it lacks, and why)
@@ -341,7 +342,6 @@ class SGLangModules:
 #: The modules `load_sglang` imports, by field.
 _MODULES = {
     "server_args": "sglang.srt.server_args",
-    "runtime_context": "sglang.srt.runtime_context",
     "memory_pool": "sglang.srt.mem_cache.memory_pool",
     "swa_memory_pool": "sglang.srt.mem_cache.swa_memory_pool",
     "swa_allocator": "sglang.srt.mem_cache.allocator.swa",
@@ -355,10 +355,12 @@ _MODULES = {
     "schedule_batch": "sglang.srt.managers.schedule_batch",
     "schedule_policy": "sglang.srt.managers.schedule_policy",
     "common": "sglang.srt.mem_cache.common",
-    "allocation": "sglang.srt.mem_cache.allocation",
+    # the scheduler's allocation functions: their own module (0.5.16 on), or `common`'s
+    "allocation": ("sglang.srt.mem_cache.allocation", "sglang.srt.mem_cache.common"),
     "sampling_params": "sglang.srt.sampling.sampling_params",
 }
 _CHECKER = "sglang.srt.managers.scheduler_components.invariant_checker"
+_CONTEXT = "sglang.srt.runtime_context"
 
 
 def _first_module(names: str | tuple[str, ...]) -> str:
@@ -517,6 +519,13 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
                 modules["invariant_checker"] = importlib.import_module(_CHECKER)
             except ImportError:
                 modules["invariant_checker"] = None
+            importing = _CONTEXT
+            try:
+                modules["runtime_context"] = importlib.import_module(_CONTEXT)
+            except ModuleNotFoundError as exc:
+                if exc.name != _CONTEXT:
+                    raise
+                modules["runtime_context"] = None
             importing = _RUST_MODULE
             cores, notes = _cores(tree)
     except BaseException as exc:
@@ -774,7 +783,7 @@ def build_stack(
             disable_overlap_schedule=True,
         )
     with fitting(tree, "runtime context (reset_context, publish)"):
-        _publish(modules.runtime_context, server_args)
+        _publish(modules, server_args)
     import torch  # SGLang's pools import it anyway
 
     if spec.layout == "mamba":
@@ -837,15 +846,23 @@ def build_stack(
     )
 
 
-def _publish(context: Any, server_args: Any) -> None:
+def _publish(modules: SGLangModules, server_args: Any) -> None:
     """Publish `server_args` as a scheduler's, on a fresh runtime context: `publish` with
-    its role where the context has it, else the context's own setter (0.5.14 - 0.5.16)."""
-    context.reset_context()
+    its role where the context has it, else the context's own setter (0.5.15 - 0.5.16), else
+    (0.5.13 - 0.5.14: a context of parallel state only, or none) the server args module's
+    global (`set_global_server_args_for_scheduler`)."""
+    context = modules.runtime_context
+    reset = getattr(context, "reset_context", None)
+    if callable(reset):
+        reset()
     publish = getattr(context, "publish", None)
+    holder = getattr(context, "get_context", None)
     if callable(publish):
         publish(server_args, role="scheduler")
+    elif callable(holder) and callable(getattr(holder(), "set_server_args", None)):
+        holder().set_server_args(server_args)
     else:
-        context.get_context().set_server_args(server_args)
+        modules.server_args.set_global_server_args_for_scheduler(server_args)
 
 
 #: Where 0.5.19 and 0.5.20 read the tree core to build (their `CacheInitParams` has no field).
@@ -894,8 +911,15 @@ def _swa_pools(
 ) -> tuple[Any, Any]:
     """The hybrid SWA layout's pool and allocator (`SWAKVPool`, `SWATokenToKVPoolAllocator`)."""
     tree = modules.tree
+    pool = modules.swa_memory_pool.SWAKVPool
+    # a switch older pools take without a default (0.5.13 - 0.5.14): off, as SGLang's is
+    extra = (
+        {"enable_kvcache_transpose": False}
+        if "enable_kvcache_transpose" in inspect.signature(pool).parameters
+        else {}
+    )
     with fitting(tree, "SWAKVPool"):
-        kv_pool = modules.swa_memory_pool.SWAKVPool(
+        kv_pool = pool(
             size=spec.full_tokens,
             size_swa=spec.swa_tokens,
             page_size=spec.page_size,
@@ -905,6 +929,7 @@ def _swa_pools(
             swa_attention_layer_ids=[0],
             full_attention_layer_ids=[1],
             device="cpu",
+            **extra,
         )
     with fitting(tree, "SWATokenToKVPoolAllocator"):
         allocator = modules.swa_allocator.SWATokenToKVPoolAllocator(
