@@ -3,7 +3,8 @@
 Each difference is found by what the loaded tree has, never by its version string:
 
 - the request's prefix: `prefix_len` (0.5.22 on) or the length of `prefix_indices` (0.5.21);
-  the end of its extend: `extend_end` (0.5.22 on) or `extend_range.end` (0.5.21);
+  the end of its extend: `extend_end` (0.5.22 on), `extend_range.end` (0.5.15 - 0.5.21) or
+  `fill_len` (0.5.13 - 0.5.14);
 - the tree lock it holds: `req.lock`, a `TreeLock` of anchor, receipt and whether its SWA part
   went early (0.5.22 on), or the receipt `req.lock_receipt` on `req.last_node` with
   `req.swa_prefix_lock_released` (0.5.20 and 0.5.21, where a receipt without a node holds
@@ -73,6 +74,8 @@ def extend_end(req: Any) -> int | None:
     """Where this round's extend ends (None before admission)."""
     if hasattr(req, "extend_end"):
         return req.extend_end  # type: ignore[no-any-return]
+    if not hasattr(req, "extend_range"):  # 0.5.13 - 0.5.14: how far its fill ids reach
+        return int(req.fill_len) or None
     extend = req.extend_range
     return None if extend is None else int(extend.end)
 
