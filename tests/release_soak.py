@@ -5,7 +5,8 @@ Clean histories on each layout the release has (page sizes 1, 4 and 16, both tre
 it has the Rust one; Mamba at page size 1), one with the `lock-leak` fault planted (only
 kvcanary's lock counts see it) and one with `double-free-group-end` (SGLang's checks see it
 too: they run on this release) and one with `unmapped-representative` (refused in one line
-where the release has no SWA segment frees), each the seed-0 workload `kvcanary soak` gives
+where the release has no SWA segment frees; a layout the release has no code for is refused
+the same way), each the seed-0 workload `kvcanary soak` gives
 its first history. For each: what kvcanary found (the top cause), whether SGLang's checks spoke, and
 how often the live accounting fell back to the whole `check` (0 where soak models the
 release exactly). First, the module of the tree core each core name builds, and the notes
@@ -49,8 +50,9 @@ def main(wheel: str) -> None:
         workload = history_workload(0, 0, 1, page_size, layout)
         try:
             result = run_history(modules, spec, workload, fault=fault)
-        except SGLangUnavailableError as exc:  # a fault this release has no code for
-            print(json.dumps({"fault": fault, "refused": str(exc)}), flush=True)
+        except SGLangUnavailableError as exc:  # a fault or layout this release has no code for
+            refused = {"layout": layout, "page_size": page_size, "fault": fault}
+            print(json.dumps({**refused, "refused": str(exc)}), flush=True)
             continue
         failure = result.failure
         line = {

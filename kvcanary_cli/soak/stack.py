@@ -96,13 +96,15 @@ _TREE = "srt/mem_cache/unified_radix_cache.py"
 #: holding its nodes (0.5.13 - 0.5.16's `unified_cache_components`); a tree with neither is
 #: of a make soak does not read.
 _TREE_PARTS = ("srt/mem_cache/unified_cache", "srt/mem_cache/unified_cache_components")
+#: Unified memory's pools (0.5.15 on; older trees have none).
+_UNIFIED_POOLS = "srt/mem_cache/unified_memory_pool.py"
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
 _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 #: The release soak's stack and scheduler loop are written for, and the oldest it drives
 #: (what differs between them is read from the tree: `soak.calls`).
 SUPPORTED = "0.5.23"
-OLDEST = "0.5.16"
+OLDEST = "0.5.13"
 
 
 class SGLangUnavailableError(EngineUnavailableError):
@@ -809,6 +811,13 @@ def build_stack(
             )
         if spec.layout == "unified":
             from kvcanary_cli.soak.unified import build_unified_pools
+
+            if not (tree.root / "sglang" / _UNIFIED_POOLS).is_file():
+                raise SGLangUnavailableError(
+                    f"{tree.release} has no unified memory (no sglang/{_UNIFIED_POOLS}), "
+                    "which the unified layout runs on: --layout swa or mamba",
+                    source=tree.label,
+                )
 
             with fitting(tree, "unified memory pool (init_unified_swa_pools)"):
                 kv_pool, allocator = build_unified_pools(
