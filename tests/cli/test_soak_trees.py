@@ -41,7 +41,10 @@ def tree_files(overrides: dict[str, str] | None = None, *, rust: bool = True) ->
     """An SGLang tree's files that find_tree accepts: every module the loader imports (empty
     unless overridden, by module name), kv canary's folder, a version, the Rust core's
     package (unless `rust` is False)."""
-    files = {_file_of(name): "" for name in _MODULES.values()}
+    # a module by the newest tree's name (the first of those a field may have), and the
+    # runtime context the loader imports where the tree has one
+    names = [n if isinstance(n, str) else n[0] for n in _MODULES.values()]
+    files = {_file_of(name): "" for name in (*names, "sglang.srt.runtime_context")}
     files["sglang/_version.py"] = f'__version__ = "{FAKE_VERSION}"\n'
     files["sglang/kernels/ops/kv_canary/__init__.py"] = ""
     if rust:
