@@ -53,7 +53,7 @@ def test_a_tree_without_a_core_is_read_by_its_own_nodes() -> None:
     assert read is not None
     held, resident, locked, _, counts = read()
     assert sorted(held.tolist()) == [1, 2, 3, 4] and resident.tolist() == [3, 4]
-    assert sorted(locked.tolist()) == [1, 2, 3, 4]
+    assert locked is not None and sorted(locked.tolist()) == [1, 2, 3, 4]
     assert counts == [{1: 1, 2: 1}, {2: 1}]
     expected = lock_reader(tree, Kind)
     assert expected is not None

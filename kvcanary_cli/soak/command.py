@@ -244,7 +244,13 @@ class _Coverage:
         self.paths: dict[str, Any] = {}
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
             objects = stack_objects(build_stack(modules, spec))
-            self.paths.update(free_paths(objects, list({id(m): m for m in (modules.common, modules.allocation)}.values()), folder))
+            self.paths.update(
+                free_paths(
+                    objects,
+                    list({id(m): m for m in (modules.common, modules.allocation)}.values()),
+                    folder,
+                )
+            )
 
     def summary(self) -> Any:
         from kvcanary_cli.soak.coverage import summary

@@ -342,7 +342,7 @@ class SGLangModules:
 
 
 #: The modules `load_sglang` imports, by field.
-_MODULES = {
+_MODULES: dict[str, str | tuple[str, ...]] = {
     "server_args": "sglang.srt.server_args",
     "memory_pool": "sglang.srt.mem_cache.memory_pool",
     "swa_memory_pool": "sglang.srt.mem_cache.swa_memory_pool",
@@ -376,6 +376,7 @@ def _first_module(names: str | tuple[str, ...]) -> str:
         except ModuleNotFoundError:  # its package is not there either
             continue
     return names[-1]
+
 
 _LOADED: dict[str, SGLangModules] = {}
 

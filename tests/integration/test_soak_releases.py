@@ -74,9 +74,7 @@ NO_SEGMENT_FREES = ("0.5.19", "0.5.18", "0.5.17", "0.5.16", "0.5.15", "0.5.14", 
 #: the releases without unified memory, and those whose hybrid SWA layout frees a locked
 #: full value (see above): what kvcanary finds there on a clean workload
 NO_UNIFIED = ("0.5.14", "0.5.13")
-SWA_DEFECT = {
-    v: {"use-after-free", "cross-request-aliasing"} for v in ("0.5.14", "0.5.13")
-}
+SWA_DEFECT = {v: {"use-after-free", "cross-request-aliasing"} for v in ("0.5.14", "0.5.13")}
 
 
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
