@@ -11,6 +11,9 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
 - `shared-boundary-page` (before PR #36457): a finished request's tail free starts at its
   first unkept token instead of the next page boundary; at page size > 1 the set-shaped free
   of the boundary page's rest frees that whole page, which the head free releases as well.
+  A release whose `release_kv_cache` frees the tail inline (no
+  `_release_overallocated_kv_indices`: 0.5.13 - 0.5.15) has nothing to replace: refused in
+  one line.
 - `double-free-group-end`: a free group is flushed twice, every full slot freed in it goes on
   the free list a second time (the group the full side keeps, or where the SWA allocator
   keeps it, 0.5.17 - 0.5.19, the composite's).
@@ -103,7 +106,15 @@ def _shared_boundary_page(stack: Any) -> Callable[[], None]:
     import torch
 
     common = stack.modules.common
-    original = common._release_overallocated_kv_indices
+    original = getattr(common, "_release_overallocated_kv_indices", None)
+    if original is None:
+        tree = stack.modules.tree
+        raise SGLangUnavailableError(
+            "the shared-boundary-page fault replaces the tail free of a finished request "
+            f"(common._release_overallocated_kv_indices), which {tree.release} does not "
+            "have: its release_kv_cache frees the tail inline",
+            source=tree.label,
+        )
     ps = stack.spec.page_size
     allocator = stack.allocator
     table = stack.req_to_token_pool.req_to_token
