@@ -8,7 +8,8 @@ import-time stand-ins where a module only touches a package at import (`torchvis
 `IPython`; `triton` only when the real one is not installed), and imports the memory-cache
 modules. `build_stack` then builds them the way SGLang's scheduler does: server args published
 for the scheduler role, `ReqToTokenPool`, `SWAKVPool`, `SWATokenToKVPoolAllocator`,
-`UnifiedRadixCache` (FULL and SWA components, the Python or the Rust tree core).
+`UnifiedRadixCache` (FULL and SWA components, the Python or the Rust tree core; 0.5.13 -
+0.5.16's holds its nodes itself, with no core).
 
 The tree is untrusted input: whatever its modules do at import or at run time (raise, fail to
 compile, `sys.exit`) and whatever release it is (no Rust tree core: the Python one; other
