@@ -509,7 +509,8 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
     uuid (the window's older edge, which a split moves to the new parent), or the root when
     the window reached it; MAMBA the anchor alone. An SWA part released early
     (`release_swa`) has also released the components below SWA's eviction priority.
-    A lock that leaves tombstones unlocked (0.5.17 - 0.5.19: `HeldLock.unlocked`) counts
+    A lock that leaves tombstones unlocked (0.5.13 - 0.5.19: `HeldLock.unlocked`; 0.5.13 -
+    0.5.16's names none, its request with its anchor standing for it) counts
     none of the nodes it names, none that was a tombstone when the audit first saw it (the
     scheduler's admission drops what the lock named), and no tombstone (a locked node is
     never evicted).
