@@ -5,7 +5,8 @@ Clean histories on each layout the release has (page sizes 1, 4 and 16, both tre
 it has the Rust one; Mamba at page size 1), one with the `lock-leak` fault planted (only
 kvcanary's lock counts see it) and one with `double-free-group-end` (SGLang's checks see it
 too: they run on this release) and one with `unmapped-representative` (refused in one line
-where the release has no SWA segment frees), each the seed-0 workload `kvcanary soak` gives
+where the release has no SWA segment frees; a layout the release has no code for is refused
+the same way), each the seed-0 workload `kvcanary soak` gives
 its first history. For each: what kvcanary found (the top cause), whether SGLang's checks spoke, and
 how often the live accounting fell back to the whole `check` (0 where soak models the
 release exactly). First, the module of the tree core each core name builds, and the notes
@@ -37,8 +38,10 @@ HISTORIES = (
 def main(wheel: str) -> None:
     """Run `HISTORIES` on `wheel`'s SGLang, one JSON line each."""
     modules = load_sglang(wheel)
-    # the tree core each core name builds (0.5.19 - 0.5.20 take it from the environment)
-    built = {c: build_stack(modules, StackSpec(core=c)).tree.tree_core for c in modules.cores}
+    # the tree core each core name builds (0.5.19 - 0.5.20 take it from the environment; a
+    # tree without a core, 0.5.13 - 0.5.16, holds its nodes itself)
+    trees = {c: build_stack(modules, StackSpec(core=c)).tree for c in modules.cores}
+    built = {c: getattr(tree, "tree_core", tree) for c, tree in trees.items()}
     cores = {c: type(core).__module__ for c, core in built.items()}
     print(json.dumps({"cores": cores, "notes": list(modules.notes)}))
     for layout, page_size, core, fault in HISTORIES:
@@ -47,8 +50,9 @@ def main(wheel: str) -> None:
         workload = history_workload(0, 0, 1, page_size, layout)
         try:
             result = run_history(modules, spec, workload, fault=fault)
-        except SGLangUnavailableError as exc:  # a fault this release has no code for
-            print(json.dumps({"fault": fault, "refused": str(exc)}), flush=True)
+        except SGLangUnavailableError as exc:  # a fault or layout this release has no code for
+            refused = {"layout": layout, "page_size": page_size, "fault": fault}
+            print(json.dumps({**refused, "refused": str(exc)}), flush=True)
             continue
         failure = result.failure
         line = {

@@ -248,6 +248,40 @@ def test_the_locked_part_is_what_the_unlocked_walk_leaves_out() -> None:
     assert "tree_locked_full_slots" not in facts and facts["tree_full_slots"].size == 5
 
 
+def test_a_tree_without_a_core_is_walked_by_its_nodes() -> None:
+    """0.5.13 - 0.5.16: no tree core, no walk; the tree holds its nodes, each with a record
+    per component: SWA-resident slots are the full values of nodes whose SWA value is not
+    None (a tombstone's are not), locked ones those whose FULL lock count is not 0 (a lock on
+    the SWA part alone leaves them unlocked), as the later core's walk gives them."""
+    import enum
+
+    Kind = enum.IntEnum("Kind", {"FULL": 0, "SWA": 1})
+    allocator = SimpleNamespace(page_size=1, size=16, free_pages=np.array([9]), release_pages=None)
+
+    def node(node_id: int, full: list[int], swa: bool, locks: tuple[int, int], *kids: Any) -> Any:
+        data = [
+            SimpleNamespace(value=np.array(full), lock_ref=locks[0]),
+            SimpleNamespace(value=np.array(full) if swa else None, lock_ref=locks[1]),
+        ]
+        return SimpleNamespace(id=node_id, component_data=data, children={k.id: k for k in kids})
+
+    tomb = node(1, [1, 2], False, (1, 0), node(2, [3, 4], True, (1, 1)))
+    root = SimpleNamespace(id=0, children={1: tomb, 5: node(5, [5, 6], True, (0, 1))})
+    root.component_data = []
+    tree = SimpleNamespace(
+        all_values_flatten=lambda: np.array([1, 2, 3, 4, 5, 6]),
+        root_node=root,
+        components={Kind.FULL: object(), Kind.SWA: object()},
+    )
+    facts = tree_state(allocator=allocator, tree=tree)
+    assert facts["tree_swa_resident_slots"].tolist() == [3, 4, 5, 6]
+    assert facts["tree_locked_full_slots"].tolist() == [1, 2, 3, 4]
+    # another make of tree (no component records): those two facts are absent, not guessed
+    plain = SimpleNamespace(all_values_flatten=tree.all_values_flatten, root_node=object())
+    facts = tree_state(allocator=allocator, tree=plain)
+    assert "tree_swa_resident_slots" not in facts and "tree_locked_full_slots" not in facts
+
+
 def _mamba_pool(rows: int = 4) -> SimpleNamespace:
     """A stand-in `HybridReqToTokenPool`: its Mamba allocator (slot 0 reserved) and row map."""
     import torch

@@ -18,6 +18,7 @@ from kvcanary_cli.soak.calls import (
     release_keyword,
     releaser,
     retract_arguments,
+    root_of,
     row_of,
     skipped_components,
     swa_boundary,
@@ -76,6 +77,29 @@ def test_a_lock_kept_on_the_request_itself() -> None:
     lock = SimpleNamespace(node=4, receipt=SimpleNamespace(skipped_lock_components=["M"]))
     newer = held_lock(SimpleNamespace(lock=SimpleNamespace(**vars(lock), swa_released=False)))
     assert newer is not None and newer.unlocked is None and skipped_components(newer) == ("M",)
+
+
+def test_a_lock_whose_skips_are_not_kept() -> None:
+    """0.5.13 - 0.5.16: the request keeps its anchor node and SWA boundary, not the nodes its
+    lock skipped: it skipped tombstones (`unlocked` names none), and the request stands for
+    the lock; the lock is dropped by `dec_lock_ref` on the node, the root is the node itself;
+    the extend ends at `fill_len` (0.5.13 - 0.5.14: no `extend_range`)."""
+    node = SimpleNamespace(id=4)
+    req = SimpleNamespace(last_node=node, swa_uuid_for_lock=9, swa_prefix_lock_released=1)
+    held = held_lock(req)
+    assert held is not None and (held.node, held.swa_released) == (node, True)
+    assert held.unlocked == {} and held.identity is req
+    assert swa_boundary(held.receipt, "SWA") == 9 and skipped_components(held) == ()
+
+    class Tree:
+        root_node = node
+
+        def dec_lock_ref(self, node: Any) -> None: ...
+
+    assert tree_unlock_name(Tree()) == "dec_lock_ref" and root_of(Tree()) is node
+    assert root_of(SimpleNamespace(root_node_handle=lambda: 0, root_node=node)) == 0
+    assert extend_end(SimpleNamespace(fill_len=12)) == 12
+    assert extend_end(SimpleNamespace(fill_len=0)) is None
 
 
 def test_the_row_a_request_holds_in_both_shapes() -> None:

@@ -5,7 +5,8 @@ request or by the tree, and a leak is a page in neither. Without the tree's own 
 can only *derive* that set from the free lists, which hides exactly the leaks it should show.
 `tree_state` reads it from the tree (`UnifiedRadixCache.all_values_flatten`, and the tree
 core's SWA-resident walk: a tombstoned node keeps its full KV but no SWA; its walk of the
-unlocked nodes, whose complement is the locked part), from the running
+unlocked nodes, whose complement is the locked part; 0.5.13 - 0.5.16's tree has no core and
+no walk: the same two read from its nodes' component records), from the running
 requests (`kv.req_pool_idx`, `kv.kv_allocated_len`; a session's record holds its row too;
 0.5.17 - 0.5.18 keep the row on the request and only the lengths in `req.kv`: `kv_record`),
 from both allocators' free lists (in every release: `get_all_free_pages()` where it exists,
@@ -47,6 +48,7 @@ __all__ = [
     "tree_for",
     "tree_state",
     "virtual_slots",
+    "walk_component_nodes",
 ]
 
 logger = logging.getLogger("kvcanary.capture")
@@ -132,7 +134,8 @@ def free_slots(allocator: object, page_size: int) -> Any:
 def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
     """(full slots the tree holds, the SWA-resident part, the locked part): None where
     unreadable. The locked part is what the core's walk of unlocked nodes (full lock count
-    zero) leaves out of all it holds: both cores have that walk, neither a locked one."""
+    zero) leaves out of all it holds: both cores have that walk, neither a locked one (a
+    tree without a core is walked by hand: `walk_component_nodes`)."""
     import numpy as np
 
     held = resident = locked = None
@@ -142,19 +145,63 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
         held = _host(values if values is not None else [])
     core = getattr(tree, "tree_core", tree)
     walk = getattr(core, "walk_for_kv_canary", None)
-    if callable(walk):
+    if not callable(walk):  # a tree holding its component nodes itself (0.5.13 - 0.5.16)
         try:
-            result = walk(unlocked_only=False, swa_resident_only=True)
-            resident = _host(result.slot_indices)
-        except Exception as exc:  # a core without an SWA component
-            logger.debug("kvcanary: the SWA walk failed (%s: %s)", type(exc).__name__, exc)
-        if held is not None:
-            try:
-                unlocked = _host(walk(unlocked_only=True, swa_resident_only=False).slot_indices)
-                locked = np.setdiff1d(held, unlocked)
-            except Exception as exc:
-                logger.debug("kvcanary: the lock walk failed (%s: %s)", type(exc).__name__, exc)
+            walked = walk_component_nodes(tree)
+        except Exception as exc:
+            logger.debug("kvcanary: the node walk failed (%s: %s)", type(exc).__name__, exc)
+            walked = None
+        if walked is not None:
+            resident, unlocked = walked
+            locked = None if held is None else np.setdiff1d(held, unlocked)
+        return held, resident, locked
+    try:
+        result = walk(unlocked_only=False, swa_resident_only=True)
+        resident = _host(result.slot_indices)
+    except Exception as exc:  # a core without an SWA component
+        logger.debug("kvcanary: the SWA walk failed (%s: %s)", type(exc).__name__, exc)
+    if held is not None:
+        try:
+            unlocked = _host(walk(unlocked_only=True, swa_resident_only=False).slot_indices)
+            locked = np.setdiff1d(held, unlocked)
+        except Exception as exc:
+            logger.debug("kvcanary: the lock walk failed (%s: %s)", type(exc).__name__, exc)
     return held, resident, locked
+
+
+def walk_component_nodes(tree: Any) -> tuple[Any, Any] | None:
+    """(SWA-resident slots, unlocked slots) of a tree without `walk_for_kv_canary` whose nodes
+    keep per-component records (`component_data`, indexed by the tree's `components`), as
+    the later tree core's walk gives them: each node's FULL value below the root, where its
+    SWA value is not None (every one without an SWA component), and where its FULL lock
+    count is 0. None for a tree of another make."""
+    import numpy as np
+
+    kinds = {getattr(k, "name", None): k for k in getattr(tree, "components", None) or ()}
+    root = getattr(tree, "root_node", None)
+    full, swa = kinds.get("FULL"), kinds.get("SWA")
+    if full is None or root is None or not hasattr(root, "component_data"):
+        return None
+    resident: list[Any] = []
+    unlocked: list[Any] = []
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        data = node.component_data
+        value = data[full].value
+        if value is None:
+            continue
+        values = _host(value)
+        if swa is None or data[swa].value is not None:
+            resident.append(values)
+        if data[full].lock_ref == 0:
+            unlocked.append(values)
+    empty = np.zeros(0, dtype=np.int64)
+    return (
+        np.concatenate(resident) if resident else empty,
+        np.concatenate(unlocked) if unlocked else empty,
+    )
 
 
 def tree_state(

@@ -160,11 +160,13 @@ class SGLangChecks:
             self.checker = None
 
     def busy(self) -> list[Said]:
-        """`self_check_during_busy` and `_check_kv_page_invariants`."""
+        """`self_check_during_busy` and `_check_kv_page_invariants` (where the release has
+        it: 0.5.15 on)."""
         if self.checker is None:
             return []
         said = _said("self_check_during_busy", self.checker.self_check_during_busy)
-        return said + _said("_check_kv_page_invariants", self.checker._check_kv_page_invariants)
+        pages = getattr(self.checker, "_check_kv_page_invariants", None)
+        return said if pages is None else said + _said("_check_kv_page_invariants", pages)
 
     def idle(self) -> list[Said]:
         """`_check_all_pools` (strict: a leak raises), `_check_req_pool`, the tree's

@@ -3,14 +3,17 @@
 Each difference is found by what the loaded tree has, never by its version string:
 
 - the request's prefix: `prefix_len` (0.5.22 on) or the length of `prefix_indices` (0.5.21);
-  the end of its extend: `extend_end` (0.5.22 on) or `extend_range.end` (0.5.21);
+  the end of its extend: `extend_end` (0.5.22 on), `extend_range.end` (0.5.15 - 0.5.21) or
+  `fill_len` (0.5.13 - 0.5.14);
 - the tree lock it holds: `req.lock`, a `TreeLock` of anchor, receipt and whether its SWA part
   went early (0.5.22 on), or the receipt `req.lock_receipt` on `req.last_node` with
   `req.swa_prefix_lock_released` (0.5.20 and 0.5.21, where a receipt without a node holds
   nothing); the receipt's SWA boundary by component, or (0.5.20) in a field of its own; or
   (0.5.17 - 0.5.19, no receipt) `req.last_node` with the request's own `swa_uuid_for_lock`
   and `skip_lock_node_ids` (the nodes, by component, the lock left unlocked: those locks
-  skip tombstones, where later ones count them);
+  skip tombstones, where later ones count them); or (0.5.13 - 0.5.16) the same without
+  `skip_lock_node_ids` (the lock skips tombstones and keeps no record of which: the
+  request, with its anchor node, stands for the lock);
 - publishing an unfinished request: `checkpoint_kv_cache` (0.5.22 on) or
   `maybe_cache_unfinished_req` (0.5.21: `chunked=True` for a stashed chunk, as its scheduler
   does); releasing one: `release_kv_cache(..., checkpoint=)` or `(..., is_insert=)`;
@@ -47,6 +50,7 @@ __all__ = [
     "release_keyword",
     "releaser",
     "retract_arguments",
+    "root_of",
     "row_of",
     "skipped_components",
     "swa_boundary",
@@ -70,6 +74,8 @@ def extend_end(req: Any) -> int | None:
     """Where this round's extend ends (None before admission)."""
     if hasattr(req, "extend_end"):
         return req.extend_end  # type: ignore[no-any-return]
+    if not hasattr(req, "extend_range"):  # 0.5.13 - 0.5.14: how far its fill ids reach
+        return int(req.fill_len) or None
     extend = req.extend_range
     return None if extend is None else int(extend.end)
 
@@ -98,11 +104,14 @@ def held_lock(req: Any) -> HeldLock | None:
         if lock is None:
             return None
         return HeldLock(lock.node, lock.receipt, bool(lock.swa_released), lock)
-    if not hasattr(req, "lock_receipt"):  # 0.5.17 - 0.5.19: the lock's fields on the request
+    if not hasattr(req, "lock_receipt"):  # 0.5.13 - 0.5.19: the lock's fields on the request
         if req.last_node is None:
             return None
+        released = bool(req.swa_prefix_lock_released)
+        if not hasattr(req, "skip_lock_node_ids"):  # 0.5.13 - 0.5.16: the skips not kept
+            return HeldLock(req.last_node, req, released, req, {})
         skipped = req.skip_lock_node_ids  # a new dict with each lock
-        return HeldLock(req.last_node, req, bool(req.swa_prefix_lock_released), skipped, skipped)
+        return HeldLock(req.last_node, req, released, skipped, skipped)
     receipt = req.lock_receipt
     if receipt is None or receipt.node_id is None or req.last_node is None:
         return None
@@ -164,11 +173,18 @@ def releaser(common: Any, tree: Any) -> Callable[[Any, Any, bool], None]:
 def tree_unlock_name(tree: Any) -> str:
     """The tree method a release calls to drop the request's lock: `unlock(req.lock)`
     (0.5.22 on), `unpin(req)` (0.5.21), `_dec_req_lock(req)` inside `cache_finished_req`
-    (0.5.20)."""
-    for name in ("unlock", "unpin", "_dec_req_lock"):
+    (0.5.17 - 0.5.20), or its `dec_lock_ref(req.last_node, ...)` (0.5.13 - 0.5.16)."""
+    for name in ("unlock", "unpin", "_dec_req_lock", "dec_lock_ref"):
         if callable(getattr(type(tree), name, None)):
             return name
     raise TypeError(f"{type(tree).__name__} has no lock release soak knows")
+
+
+def root_of(tree: Any) -> Any:
+    """What a lock on the tree's root names: the root's handle (0.5.17 on: a node id) or the
+    root node itself (0.5.13 - 0.5.16, whose locks hold nodes)."""
+    handle = getattr(tree, "root_node_handle", None)
+    return handle() if callable(handle) else tree.root_node
 
 
 def exclude_keyword(filter_batch: Callable[..., Any]) -> str:

@@ -247,7 +247,11 @@ class _Coverage:
         self.paths: dict[str, Any] = {}
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
             objects = stack_objects(build_stack(modules, spec))
-            self.paths.update(free_paths(objects, [modules.common, modules.allocation], folder))
+            # the allocation functions live in `common` itself before 0.5.16: listed once
+            frees = [modules.common]
+            if modules.allocation is not modules.common:
+                frees.append(modules.allocation)
+            self.paths.update(free_paths(objects, frees, folder))
 
     def summary(self) -> Any:
         from kvcanary_cli.soak.coverage import summary

@@ -11,6 +11,9 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
 - `shared-boundary-page` (before PR #36457): a finished request's tail free starts at its
   first unkept token instead of the next page boundary; at page size > 1 the set-shaped free
   of the boundary page's rest frees that whole page, which the head free releases as well.
+  A release whose `release_kv_cache` frees the tail inline (no
+  `_release_overallocated_kv_indices`: 0.5.13 - 0.5.15) has nothing to replace: refused in
+  one line.
 - `double-free-group-end`: a free group is flushed twice, every full slot freed in it goes on
   the free list a second time (the group the full side keeps, or where the SWA allocator
   keeps it, 0.5.17 - 0.5.19, the composite's).
@@ -19,7 +22,8 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   bound; SGLang's own checks stayed silent for 250 steps there).
 - `lock-leak`: a request released without caching (a retraction, an abort in chunked prefill)
   never unlocks its prefix (`tree_cache.unlock(req.lock)` skipped, `req.lock` dropped; in
-  0.5.21 `unpin(req)`, in 0.5.20 `_dec_req_lock(req)`): the nodes stay locked for good.
+  0.5.21 `unpin(req)`, in 0.5.17 - 0.5.20 `_dec_req_lock(req)`, in 0.5.13 - 0.5.16
+  `dec_lock_ref(req.last_node)`): the nodes stay locked for good.
   kvcanary's lock counts see it at that step; a check of the locked slots alone only once
   no running row holds them, or at idle.
 - `tree-mamba-slot-freed` (Mamba layout): once the tree holds a Mamba state, its slot is pushed
@@ -32,7 +36,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcanary_cli.soak.calls import held_lock, release_keyword, row_of, tree_unlock_name
+from kvcanary_cli.capture.tree import walk_component_nodes
+from kvcanary_cli.soak.calls import (
+    held_lock,
+    release_keyword,
+    root_of,
+    row_of,
+    tree_unlock_name,
+)
 from kvcanary_cli.soak.stack import SGLangUnavailableError
 
 __all__ = ["FAULTS", "Fault", "plant"]
@@ -96,7 +107,15 @@ def _shared_boundary_page(stack: Any) -> Callable[[], None]:
     import torch
 
     common = stack.modules.common
-    original = common._release_overallocated_kv_indices
+    original = getattr(common, "_release_overallocated_kv_indices", None)
+    if original is None:
+        tree = stack.modules.tree
+        raise SGLangUnavailableError(
+            "the shared-boundary-page fault replaces the tail free of a finished request "
+            f"(common._release_overallocated_kv_indices), which {tree.release} does not "
+            "have: its release_kv_cache frees the tail inline",
+            source=tree.label,
+        )
     ps = stack.spec.page_size
     allocator = stack.allocator
     table = stack.req_to_token_pool.req_to_token
@@ -154,8 +173,7 @@ def _tree_page_freed(stack: Any, step: int) -> None:
     full = stack.allocator.full_attn_allocator
     if stack.fault_acted:
         return
-    core = getattr(stack.tree, "tree_core", stack.tree)
-    slots = core.walk_for_kv_canary(unlocked_only=True, swa_resident_only=False).slot_indices
+    slots = _unlocked_slots(stack.tree)
     ps = stack.spec.page_size
     slots = slots[slots >= ps]
     if slots.numel() == 0:
@@ -166,6 +184,21 @@ def _tree_page_freed(stack: Any, step: int) -> None:
     else:
         full.free_pages = torch.cat([full.free_pages, page if ps > 1 else slots[:1]])
     stack.fault_acted += 1
+
+
+def _unlocked_slots(tree: Any) -> Any:
+    """The full slots of the tree's unlocked nodes (a tensor): its core's walk, or where the
+    tree has none (0.5.13 - 0.5.16) the same read from its nodes."""
+    import torch
+
+    core = getattr(tree, "tree_core", tree)
+    walk = getattr(core, "walk_for_kv_canary", None)
+    if callable(walk):
+        return walk(unlocked_only=True, swa_resident_only=False).slot_indices
+    walked = walk_component_nodes(tree)
+    if walked is None:
+        raise TypeError(f"{type(tree).__name__} has no walk of its unlocked nodes soak knows")
+    return torch.from_numpy(walked[1])
 
 
 def _tree_mamba_slot_freed(stack: Any, step: int) -> None:
@@ -192,7 +225,7 @@ def _lock_leak(stack: Any) -> Callable[[], None]:
 
     def release_kv_cache(req: Any, tree_cache: Any, **given: bool) -> None:
         lock = held_lock(req)
-        if given.get(keyword, True) or lock is None or lock.node == tree.root_node_handle():
+        if given.get(keyword, True) or lock is None or lock.node == root_of(tree):
             original(req, tree_cache, **given)  # (the root holds no lock)
             return
         setattr(tree_cache, unlock, _nothing)  # the instance's: shadows the method here

@@ -366,13 +366,12 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
     (locked: held less the unlocked walk's), read here from the same fields; each node's
     lock counts with them. The Rust core's own calls are fast: its unlocked walk is kept as
     read (`capture.tree` records the held slots less these as the locked part; `_locks`
-    counts them); it has no call that gives a node's lock count."""
+    counts them); it has no call that gives a node's lock count. A tree without a core
+    (0.5.13 - 0.5.16) holds the same nodes itself: walked the same way (`_node_holder`)."""
     core = getattr(tree, "tree_core", None)
-    try:
-        root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
-    except Exception:  # the Rust core's adapter raises for what it has not ported
-        root = components = None
-    if root is not None and isinstance(components, dict):
+    holder = _node_holder(tree)
+    if holder is not None:
+        _, root, components = holder
         import torch  # SGLang's tree holds torch tensors: imported already
 
         # plain ints: a node's component list is indexed by them at a plain int's cost
@@ -385,6 +384,24 @@ def tree_reader(tree: Any, kinds: Any) -> TreeReader | None:
     if callable(walk) and callable(getattr(tree, "all_values_flatten", None)):
         return partial(_read_rust_core, tree, walk)
     return None
+
+
+def _node_holder(tree: Any) -> tuple[Any, Any, dict[Any, Any]] | None:
+    """(what holds the tree's Python nodes, its root, its components by type): the Python
+    tree core (`root_node`, `components_by_type`; 0.5.17 on) or, where the tree has no core,
+    the tree itself (`root_node`, `components`; 0.5.13 - 0.5.16, whose nodes and component
+    records are the same make); None for the Rust core or another tree."""
+    core = getattr(tree, "tree_core", None)
+    try:
+        if core is None:
+            holder, root, components = tree, tree.root_node, tree.components
+        else:
+            holder, root, components = core, core.root_node, core.components_by_type
+    except Exception:  # the Rust core's adapter raises for what it has not ported
+        return None
+    if root is None or not isinstance(components, dict):
+        return None
+    return holder, root, components
 
 
 def _walk_python_core(
@@ -492,7 +509,8 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
     uuid (the window's older edge, which a split moves to the new parent), or the root when
     the window reached it; MAMBA the anchor alone. An SWA part released early
     (`release_swa`) has also released the components below SWA's eviction priority.
-    A lock that leaves tombstones unlocked (0.5.17 - 0.5.19: `HeldLock.unlocked`) counts
+    A lock that leaves tombstones unlocked (0.5.13 - 0.5.19: `HeldLock.unlocked`; 0.5.13 -
+    0.5.16's names none, its request with its anchor standing for it) counts
     none of the nodes it names, none that was a tombstone when the audit first saw it (the
     scheduler's admission drops what the lock named), and no tombstone (a locked node is
     never evicted).
@@ -501,11 +519,9 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
     full slots of an anchor's path (`path_device_indices`), so there the FULL locks are
     replayed as the slots they cover. None for another tree."""
     core = getattr(tree, "tree_core", None)
-    try:
-        root, components = core.root_node, core.components_by_type  # type: ignore[union-attr]
-    except Exception:  # the Rust core's adapter raises for what it has not ported
-        root = components = None
-    if root is not None and isinstance(components, dict):
+    holder = _node_holder(tree)
+    if holder is not None:
+        core, root, components = holder
         types = tuple(sorted(components))
         swa = components.get(kinds.SWA)
         early: frozenset[int] = frozenset()
@@ -518,21 +534,33 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
         if any(t not in walks for t in types):
             return None
         plan = tuple((i, t, walks[t]) for i, t in enumerate(types))
-        return partial(_expected_python, core, root, len(types), plan, early, kinds.SWA, {})
+        # a lock names its anchor by id (0.5.17 on) or is the node itself (0.5.13 - 0.5.16)
+        node_of = getattr(core, "node_by_id", None) or _itself
+        return partial(_expected_python, node_of, root, len(types), plan, early, kinds.SWA, {})
     paths = getattr(tree, "path_device_indices", None)
     if callable(paths) and getattr(core, "walk_for_kv_canary", None) is not None:
         return partial(_expected_rust, paths, kinds.FULL, {})
     return None
 
 
+#: a lock's tombstones when the audit first saw it: (its identity, its anchor node, the
+#: tombstones by component); a lock is known by both (one that keeps no object of its own,
+#: 0.5.13 - 0.5.16's, is known by its request: a new anchor is a new lock)
+_Seen = tuple[Any, Any, dict[int, set[int]]]
+
+
+def _itself(node: Any) -> Any:
+    return node
+
+
 def _expected_python(
-    core: Any,
+    node_of: Callable[[Any], Any],
     root: Any,
     width: int,
     plan: tuple[tuple[int, int, int], ...],
     early: frozenset[int],
     swa: int,
-    seen: dict[int, tuple[Any, dict[int, set[int]]]],
+    seen: dict[int, _Seen],
     requests: list[Any],
 ) -> list[Counter[int]]:
     """Per component, each node's lock count the requests' locks make (see `lock_reader`):
@@ -540,12 +568,12 @@ def _expected_python(
     part of it. `seen`: the tombstones on each lock's path when first seen (by identity),
     for the locks that leave them unlocked."""
     ids: list[list[int]] = [[] for _ in range(width)]
-    first: dict[int, tuple[Any, dict[int, set[int]]]] = {}
+    first: dict[int, _Seen] = {}
     for req in requests:
         lock = held_lock(req)
         if lock is None:
             continue
-        node = core.node_by_id(lock.node)  # a node the tree no longer has: unreadable
+        node = node_of(lock.node)  # a node the tree no longer has: unreadable
         path = []
         while node is not root:
             path.append(node)
@@ -578,18 +606,18 @@ def _tombstones(
     lock: Any,
     path: list[Any],
     plan: tuple[tuple[int, int, int], ...],
-    seen: dict[int, tuple[Any, dict[int, set[int]]]],
-    first: dict[int, tuple[Any, dict[int, set[int]]]],
+    seen: dict[int, _Seen],
+    first: dict[int, _Seen],
 ) -> dict[int, set[int]]:
     """By component, the nodes of `path` a lock that skips tombstones did not lock: those it
     names, those that were tombstones when first seen, and those that are now."""
-    key = lock.identity
+    key, anchor = lock.identity, path[0]
     known = seen.get(id(key))
-    if known is None or known[0] is not key:
-        known = (key, {kind: _dead(path, kind) for _, kind, _ in plan})
+    if known is None or known[0] is not key or known[1] is not anchor:
+        known = (key, anchor, {kind: _dead(path, kind) for _, kind, _ in plan})
     first[id(key)] = known
     return {
-        kind: set(lock.unlocked.get(kind, ())) | known[1][kind] | _dead(path, kind)
+        kind: set(lock.unlocked.get(kind, ())) | known[2][kind] | _dead(path, kind)
         for _, kind, _ in plan
     }
 

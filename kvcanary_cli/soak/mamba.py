@@ -13,6 +13,7 @@ tree one per cached checkpoint, which eviction reclaims. Nothing here is SGLang'
 
 from __future__ import annotations
 
+import inspect
 from importlib import import_module
 from typing import Any
 
@@ -68,7 +69,14 @@ def build_mamba_pools(
         enable_mamba_extra_buffer=False,
         enable_overlap_schedule=False,
     )
-    kv_pool = memory_pool.HybridLinearKVPool(
+    pool = memory_pool.HybridLinearKVPool
+    # a switch older pools take without a default (0.5.13 - 0.5.14): off, as SGLang's is
+    extra = (
+        {"enable_kvcache_transpose": False}
+        if "enable_kvcache_transpose" in inspect.signature(pool).parameters
+        else {}
+    )
+    kv_pool = pool(
         size=spec.full_tokens,
         dtype=torch.bfloat16,
         page_size=1,
@@ -78,6 +86,7 @@ def build_mamba_pools(
         device="cpu",
         enable_memory_saver=False,
         mamba_pool=req_to_token_pool.mamba_pool,
+        **extra,
     )
     token = import_module("sglang.srt.mem_cache.allocator.token")
     allocator = token.TokenToKVPoolAllocator(

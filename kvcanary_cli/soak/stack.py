@@ -8,7 +8,8 @@ import-time stand-ins where a module only touches a package at import (`torchvis
 `IPython`; `triton` only when the real one is not installed), and imports the memory-cache
 modules. `build_stack` then builds them the way SGLang's scheduler does: server args published
 for the scheduler role, `ReqToTokenPool`, `SWAKVPool`, `SWATokenToKVPoolAllocator`,
-`UnifiedRadixCache` (FULL and SWA components, the Python or the Rust tree core).
+`UnifiedRadixCache` (FULL and SWA components, the Python or the Rust tree core; 0.5.13 -
+0.5.16's holds its nodes itself, with no core).
 
 The tree is untrusted input: whatever its modules do at import or at run time (raise, fail to
 compile, `sys.exit`) and whatever release it is (no Rust tree core: the Python one; other
@@ -92,15 +93,19 @@ _STANDINS = ("torchvision", "IPython", "compressed_tensors", "xgrammar", "einops
 #: Where kv canary lives (0.5.17 and later; 0.5.13 - 0.5.16).
 _CANARY_DIRS = ("kernels/ops/kv_canary", "jit_kernel/kv_canary")
 _TREE = "srt/mem_cache/unified_radix_cache.py"
-#: The tree core and components soak reads (0.5.17 on; 0.5.13 - 0.5.16's tree has neither).
-_TREE_PARTS = "srt/mem_cache/unified_cache"
+#: Where the tree's components live: beside a tree core (0.5.17 on), or with the tree itself
+#: holding its nodes (0.5.13 - 0.5.16's `unified_cache_components`); a tree with neither is
+#: of a make soak does not read.
+_TREE_PARTS = ("srt/mem_cache/unified_cache", "srt/mem_cache/unified_cache_components")
+#: Unified memory's pools (0.5.15 on; older trees have none).
+_UNIFIED_POOLS = "srt/mem_cache/unified_memory_pool.py"
 #: The Rust tree core's package (older trees have none) and its extension module.
 _RUST = "srt/mem_cache/rust_tree_core"
 _RUST_MODULE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 #: The release soak's stack and scheduler loop are written for, and the oldest it drives
 #: (what differs between them is read from the tree: `soak.calls`).
 SUPPORTED = "0.5.23"
-OLDEST = "0.5.17"
+OLDEST = "0.5.13"
 
 
 class SGLangUnavailableError(EngineUnavailableError):
@@ -225,10 +230,11 @@ def _checked_tree(root: Path, label: str) -> SGLangTree:
         raise SGLangUnavailableError(
             f"SGLang {version} has no UnifiedRadixCache ({_TREE})", source=label
         )
-    if not (package / _TREE_PARTS).is_dir():
+    if not any((package / parts).is_dir() for parts in _TREE_PARTS):
         raise SGLangUnavailableError(
-            f"SGLang {version}'s UnifiedRadixCache predates the tree core and components soak "
-            f"drives (no sglang/{_TREE_PARTS}): soak runs SGLang {OLDEST} and later",
+            f"SGLang {version}'s UnifiedRadixCache has none of the tree components soak "
+            f"drives (no sglang/{_TREE_PARTS[0]}, no sglang/{_TREE_PARTS[1]}): soak runs "
+            f"SGLang {OLDEST} and later",
             hint="its dumps are read all the same: check, provenance and --kernel sglang take "
             "every release with kv canary, and the capture hook runs in its servers",
             source=label,
@@ -305,7 +311,6 @@ class SGLangModules:
 
     tree: SGLangTree
     server_args: Any
-    runtime_context: Any
     memory_pool: Any
     swa_memory_pool: Any
     swa_allocator: Any
@@ -319,6 +324,8 @@ class SGLangModules:
     sampling_params: Any
     #: the invariant checker module (None where this release has none)
     invariant_checker: Any
+    #: the runtime context module (None where this release has none: 0.5.13)
+    runtime_context: Any
     #: the tree cores this install can run
     cores: tuple[str, ...]
     #: what the user should know about this tree (a tree core it lacks, and why)
@@ -336,22 +343,41 @@ class SGLangModules:
 
 
 #: The modules `load_sglang` imports, by field.
-_MODULES = {
+_MODULES: dict[str, str | tuple[str, ...]] = {
     "server_args": "sglang.srt.server_args",
-    "runtime_context": "sglang.srt.runtime_context",
     "memory_pool": "sglang.srt.mem_cache.memory_pool",
     "swa_memory_pool": "sglang.srt.mem_cache.swa_memory_pool",
     "swa_allocator": "sglang.srt.mem_cache.allocator.swa",
     "cache_init_params": "sglang.srt.mem_cache.cache_init_params",
     "unified_radix_cache": "sglang.srt.mem_cache.unified_radix_cache",
-    "component_type": "sglang.srt.mem_cache.unified_cache.component_type",
+    # ComponentType: beside the tree core (0.5.17 on), or in the components' package
+    "component_type": (
+        "sglang.srt.mem_cache.unified_cache.component_type",
+        "sglang.srt.mem_cache.unified_cache_components",
+    ),
     "schedule_batch": "sglang.srt.managers.schedule_batch",
     "schedule_policy": "sglang.srt.managers.schedule_policy",
     "common": "sglang.srt.mem_cache.common",
-    "allocation": "sglang.srt.mem_cache.allocation",
+    # the scheduler's allocation functions: their own module (0.5.16 on), or `common`'s
+    "allocation": ("sglang.srt.mem_cache.allocation", "sglang.srt.mem_cache.common"),
     "sampling_params": "sglang.srt.sampling.sampling_params",
 }
 _CHECKER = "sglang.srt.managers.scheduler_components.invariant_checker"
+_CONTEXT = "sglang.srt.runtime_context"
+
+
+def _first_module(names: str | tuple[str, ...]) -> str:
+    """The first of `names` the tree has (the last where it has none: its import says so)."""
+    if isinstance(names, str):
+        return names
+    for name in names[:-1]:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except ModuleNotFoundError:  # its package is not there either
+            continue
+    return names[-1]
+
 
 _LOADED: dict[str, SGLangModules] = {}
 
@@ -489,14 +515,21 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     try:
         with warnings.catch_warnings(), _tolerating_config_clashes():
             warnings.simplefilter("ignore")  # "only CUDA supports ..." at import, on CPU
-            for field, name in _MODULES.items():
-                importing = name
-                modules[field] = importlib.import_module(name)
+            for field, names in _MODULES.items():
+                importing = _first_module(names)
+                modules[field] = importlib.import_module(importing)
             importing = _CHECKER
             try:
                 modules["invariant_checker"] = importlib.import_module(_CHECKER)
             except ImportError:
                 modules["invariant_checker"] = None
+            importing = _CONTEXT
+            try:
+                modules["runtime_context"] = importlib.import_module(_CONTEXT)
+            except ModuleNotFoundError as exc:
+                if exc.name != _CONTEXT:
+                    raise
+                modules["runtime_context"] = None
             importing = _RUST_MODULE
             cores, notes = _cores(tree)
     except BaseException as exc:
@@ -757,9 +790,7 @@ def build_stack(
             disable_overlap_schedule=True,
         )
     with fitting(tree, "runtime context (reset_context, publish)"):
-        rc = modules.runtime_context
-        rc.reset_context()
-        rc.publish(server_args, role="scheduler")
+        _publish(modules, server_args)
     import torch  # SGLang's pools import it anyway
 
     if spec.layout == "mamba":
@@ -785,6 +816,13 @@ def build_stack(
             )
         if spec.layout == "unified":
             from kvcanary_cli.soak.unified import build_unified_pools
+
+            if not (tree.root / "sglang" / _UNIFIED_POOLS).is_file():
+                raise SGLangUnavailableError(
+                    f"{tree.release} has no unified memory (no sglang/{_UNIFIED_POOLS}), "
+                    "which the unified layout runs on: --layout swa or mamba",
+                    source=tree.label,
+                )
 
             with fitting(tree, "unified memory pool (init_unified_swa_pools)"):
                 kv_pool, allocator = build_unified_pools(
@@ -820,6 +858,25 @@ def build_stack(
         allocator=allocator,
         tree=radix,
     )
+
+
+def _publish(modules: SGLangModules, server_args: Any) -> None:
+    """Publish `server_args` as a scheduler's, on a fresh runtime context: `publish` with
+    its role where the context has it, else the context's own setter (0.5.15 - 0.5.16), else
+    (0.5.13 - 0.5.14: a context of parallel state only, or none) the server args module's
+    global (`set_global_server_args_for_scheduler`)."""
+    context = modules.runtime_context
+    reset = getattr(context, "reset_context", None)
+    if callable(reset):
+        reset()
+    publish = getattr(context, "publish", None)
+    holder = getattr(context, "get_context", None)
+    if callable(publish):
+        publish(server_args, role="scheduler")
+    elif callable(holder) and callable(getattr(holder(), "set_server_args", None)):
+        holder().set_server_args(server_args)
+    else:
+        modules.server_args.set_global_server_args_for_scheduler(server_args)
 
 
 #: Where 0.5.19 and 0.5.20 read the tree core to build (their `CacheInitParams` has no field).
@@ -868,8 +925,15 @@ def _swa_pools(
 ) -> tuple[Any, Any]:
     """The hybrid SWA layout's pool and allocator (`SWAKVPool`, `SWATokenToKVPoolAllocator`)."""
     tree = modules.tree
+    pool = modules.swa_memory_pool.SWAKVPool
+    # a switch older pools take without a default (0.5.13 - 0.5.14): off, as SGLang's is
+    extra = (
+        {"enable_kvcache_transpose": False}
+        if "enable_kvcache_transpose" in inspect.signature(pool).parameters
+        else {}
+    )
     with fitting(tree, "SWAKVPool"):
-        kv_pool = modules.swa_memory_pool.SWAKVPool(
+        kv_pool = pool(
             size=spec.full_tokens,
             size_swa=spec.swa_tokens,
             page_size=spec.page_size,
@@ -879,6 +943,7 @@ def _swa_pools(
             swa_attention_layer_ids=[0],
             full_attention_layer_ids=[1],
             device="cpu",
+            **extra,
         )
     with fitting(tree, "SWATokenToKVPoolAllocator"):
         allocator = modules.swa_allocator.SWATokenToKVPoolAllocator(

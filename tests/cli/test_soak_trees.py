@@ -41,7 +41,10 @@ def tree_files(overrides: dict[str, str] | None = None, *, rust: bool = True) ->
     """An SGLang tree's files that find_tree accepts: every module the loader imports (empty
     unless overridden, by module name), kv canary's folder, a version, the Rust core's
     package (unless `rust` is False)."""
-    files = {_file_of(name): "" for name in _MODULES.values()}
+    # a module by the newest tree's name (the first of those a field may have), and the
+    # runtime context the loader imports where the tree has one
+    names = [n if isinstance(n, str) else n[0] for n in _MODULES.values()]
+    files = {_file_of(name): "" for name in (*names, "sglang.srt.runtime_context")}
     files["sglang/_version.py"] = f'__version__ = "{FAKE_VERSION}"\n'
     files["sglang/kernels/ops/kv_canary/__init__.py"] = ""
     if rust:
@@ -291,16 +294,21 @@ def test_a_release_whose_constructors_differ_is_one_line_exit_2(
     assert_one_line_exit_2(run, str(tree), what, FAKE_VERSION, "0.5.23")
 
 
-def test_a_release_before_the_tree_core_is_refused_before_import(tmp_path: Path) -> None:
-    """0.5.13 - 0.5.16 keep a UnifiedRadixCache of another make (no `unified_cache` package:
-    no tree core, no components soak reads): one line naming the release, before any of its
-    modules runs (theirs would fail at import first, on a name transformers now has)."""
+def test_a_tree_without_tree_components_is_refused_before_import(tmp_path: Path) -> None:
+    """A UnifiedRadixCache with neither the tree core's components (`unified_cache`, 0.5.17
+    on) nor the components the tree holds itself (`unified_cache_components`, 0.5.13 -
+    0.5.16): one line naming the release, before any of its modules runs."""
     files = {k: v for k, v in tree_files().items() if "/unified_cache/" not in k}
     files["sglang/srt/server_args.py"] = "raise RuntimeError('imported')\n"
     tree = write_tree(tmp_path / "tree", files)
     run = soak_json(tree, tmp_path)
     assert_one_line_exit_2(
-        run, str(tree), FAKE_VERSION, "unified_cache", "0.5.17", "its dumps are read all the same"
+        run,
+        str(tree),
+        FAKE_VERSION,
+        "unified_cache_components",
+        "0.5.13",
+        "its dumps are read all the same",
     )
 
 
