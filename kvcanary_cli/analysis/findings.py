@@ -354,6 +354,21 @@ def _holding(values: np.ndarray) -> np.dtype:
     return np.dtype(np.int64)
 
 
+#: Values `_ranks` looks up at a time (bounds its int64 temporaries).
+_RANK_CHUNK = 1 << 20
+
+
+def _ranks(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`np.searchsorted(keys, values)` in the narrowest unsigned dtype holding every rank,
+    made `_RANK_CHUNK` values at a time: ten million cells of a few slots rank into a byte
+    a cell, never eight."""
+    ranks = np.empty(values.shape, dtype=np.min_scalar_type(keys.size))
+    for start in range(0, values.size, _RANK_CHUNK):
+        stop = start + _RANK_CHUNK
+        ranks[start:stop] = np.searchsorted(keys, values[start:stop])
+    return ranks
+
+
 def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
     """Where each run of equal key tuples begins in sorted order."""
     change = np.zeros(sorted_keys[0].size, dtype=bool)
@@ -462,7 +477,7 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     owner = np.where(longest > 1, best, position[first_cell])
     del p
     # slot id of each cell, in cell order (its slot's rank among the slots)
-    sid = np.searchsorted(slot[order[slot_start]], slot)
+    sid = _ranks(slot[order[slot_start]], slot)
     del order
     owner_of_cell = owner[sid]
     copy = suspect[sid] & (position != owner_of_cell)

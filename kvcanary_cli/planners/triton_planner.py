@@ -34,6 +34,7 @@ from kvcanary_cli.planners.base import (
     assemble_plan,
     failed_plan,
     held_narrow,
+    joined_narrow,
     row_problems,
     skipped_plan,
 )
@@ -342,7 +343,28 @@ class TritonPlanner:
             gc.collect()
         # read back one column at a time, held narrow (`held_narrow`), each buffer let go
         # once read: ten million entries are never two plans' worth of int64 columns here
-        return {name: held_narrow(memory.download(out.pop(name))) for name in list(out)}
+        return {name: _read_back(memory, out.pop(name)) for name in list(out)}
+
+
+#: Entries of a shared buffer `_read_back` reads at a time (a multiple of a page's entries).
+_READ_BACK = 1 << 20
+
+
+def _read_back(memory: KernelArrays, buffer: Any) -> np.ndarray:
+    """A buffer's column held narrow, as `held_narrow` holds it. A shared host buffer (the
+    forked children's) is read `_READ_BACK` entries at a time, each piece's pages released
+    once narrowed (`triton_runtime.release`): its ten million int64 entries are never all
+    faulted in here beside their narrow copy (75 MiB a column)."""
+    host = memory.download(buffer)
+    if host.dtype.itemsize == 1 or not triton_runtime.releasable(buffer):
+        return held_narrow(host)
+    pieces = []
+    for start in range(0, host.size, _READ_BACK):
+        stop = min(start + _READ_BACK, host.size)
+        piece = held_narrow(host[start:stop])
+        pieces.append(piece.copy() if np.shares_memory(piece, host) else piece)
+        triton_runtime.release(buffer, start, stop)
+    return joined_narrow(pieces) if pieces else host
 
 
 #: Entries from which an interpreted plan's buffers (33 bytes an entry) are collected at once.

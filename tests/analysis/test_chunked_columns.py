@@ -1,0 +1,68 @@
+"""Per-cell computations made a chunk at a time (to bound their int64 temporaries on ten
+million cells) give what the whole-array computation gives, with chunk boundaries planted
+inside runs of equal values, at a chunk's first and last cell, and past the last chunk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.analysis import cells as cells_module
+from kvcanary_cli.analysis import findings as findings_module
+from kvcanary_cli.analysis.cells import pairs_among
+from kvcanary_cli.analysis.findings import _ranks
+
+CHUNK = 7  # no divisor of the sizes below: the last chunk is short
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(findings_module, "_RANK_CHUNK", CHUNK)
+    monkeypatch.setattr(cells_module, "_KEY_CHUNK", CHUNK)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("size", [1, CHUNK, CHUNK + 1, 5 * CHUNK + 3])
+def test_ranks_are_searchsorted_held_narrow(small_chunks: None, seed: int, size: int) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-3, 300, size=size).astype(np.int16)
+    values[: min(size, CHUNK + 2)] = values[0]  # a run across the first boundary
+    keys = np.unique(values)
+    ranks = _ranks(keys, values)
+    assert ranks.tolist() == np.searchsorted(keys, values).tolist()
+    assert ranks.dtype == np.min_scalar_type(keys.size)  # a byte a cell below 256 slots
+    assert ranks.dtype.kind == "u"
+
+
+def _pairs_among_whole(
+    rows: np.ndarray, slots: np.ndarray, among_rows: np.ndarray, among_slots: np.ndarray
+) -> np.ndarray:
+    """The whole-array answer: each (row, slot) pair compared as a pair."""
+    mine = set(zip(among_rows.tolist(), among_slots.tolist(), strict=True))
+    return np.array(
+        [(r, s) in mine for r, s in zip(rows.tolist(), slots.tolist(), strict=True)], dtype=bool
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("size", "among"), [(1, 1), (CHUNK, 3), (4 * CHUNK + 2, 3 * CHUNK + 5)])
+def test_pairs_among_chunked_is_the_pairs_membership(
+    small_chunks: None, seed: int, size: int, among: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 6, size=size).astype(np.int16)
+    slots = rng.integers(-2, 9, size=size).astype(np.int8)
+    among_rows = rng.integers(0, 6, size=among).astype(np.int16)
+    among_slots = rng.integers(-2, 9, size=among).astype(np.int8)
+    # a row and a slot found only apart (no pair), then a pair at both ends of the cells
+    rows[size // 2], slots[size // 2] = 99, 7
+    among_rows[among // 2], among_slots[among // 2] = 98, 7
+    if among > 2:
+        among_rows[1], among_slots[1] = 99, 6
+    among_rows[0], among_slots[0] = rows[0], slots[0]
+    among_rows[-1], among_slots[-1] = rows[-1], slots[-1]
+    hit = pairs_among(rows, slots, among_rows, among_slots)
+    assert hit.tolist() == _pairs_among_whole(rows, slots, among_rows, among_slots).tolist()
+    assert hit[0] and hit[-1]
+    if size > 2 and among > 2:
+        assert not hit[size // 2]
