@@ -66,7 +66,7 @@ def pairs_among(
 
     # looked up a chunk at a time among the sorted distinct keys (as `np.isin`, without its
     # int64 sort of both key arrays joined: 150 MiB for ten million cells)
-    among = np.unique(key(among_rows, among_slots))
+    among = distinct(key(among_rows, among_slots))
     mine = key(rows, slots)
     found = np.empty(mine.shape, dtype=bool)
     last = among.size - 1

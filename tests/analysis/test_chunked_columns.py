@@ -4,6 +4,8 @@ inside runs of equal values, at a chunk's first and last cell, and past the last
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from kvcanary_cli.analysis import cells as cells_module
 from kvcanary_cli.analysis import findings as findings_module
 from kvcanary_cli.analysis.cells import pairs_among
 from kvcanary_cli.analysis.findings import _ranks
+from kvcanary_cli.analysis.provenance import LiveCells
 
 CHUNK = 7  # no divisor of the sizes below: the last chunk is short
 
@@ -66,3 +69,59 @@ def test_pairs_among_chunked_is_the_pairs_membership(
     assert hit[0] and hit[-1]
     if size > 2 and among > 2:
         assert not hit[size // 2]
+
+
+def _aliased_whole(
+    slot: np.ndarray, position: np.ndarray, row: np.ndarray, real: np.ndarray
+) -> dict[int, int]:
+    """The whole-array answer, slot by slot: each copy's cell and its slot's owner position
+    (the position most cells agree on, the smallest on a tie; the first cell's when no two
+    agree), for slots at several positions in several rows."""
+    holders: dict[int, list[int]] = {}
+    for i in np.flatnonzero(real).tolist():
+        holders.setdefault(int(slot[i]), []).append(i)
+    copies: dict[int, int] = {}
+    for members in holders.values():
+        counts = Counter(int(position[i]) for i in members)
+        if len(counts) < 2 or len({int(row[i]) for i in members}) < 2:
+            continue
+        top = max(counts.values())
+        owner = min(p for p, c in counts.items() if c == top) if top > 1 else position[members[0]]
+        copies.update({i: int(owner) for i in members if position[i] != owner})
+    return copies
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("subset", [False, True])
+def test_shared_across_positions_is_the_slot_by_slot_answer(
+    small_chunks: None, seed: int, subset: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    rows, width = int(rng.integers(2, 7)), int(rng.integers(3, 9))
+    batch_row = np.repeat(np.arange(rows), width)
+    position = np.tile(np.arange(width), rows) + int(rng.integers(0, 3)) * 200  # past int8
+    slot = rng.integers(1, 2 + rows * width // 3, size=rows * width)
+    slot[rng.random(slot.size) < 0.3] = 5  # one slot at many positions: ties, long runs
+    slot[: width + 1] = 900 + np.arange(width + 1) % 2  # runs across a chunk boundary
+    cells = LiveCells(
+        slot=slot,
+        batch_row=batch_row,
+        pool_row=batch_row + 1,
+        position=position,
+        pending=rng.random(slot.size) < 0.2,
+    )
+    real = rng.random(slot.size) < 0.8 if subset else np.ones(slot.size, dtype=bool)
+    expected = _aliased_whole(slot, position, batch_row + 1, real)
+    found = findings_module._shared_across_positions(cells, real)
+    got: dict[int, int] = {}
+    for f in found:
+        assert f.cells is not None
+        for b, p, o in zip(
+            f.cells.batch_row.tolist(),
+            f.cells.position.tolist(),
+            f.cells.extra["owner_position"].tolist(),
+            strict=True,
+        ):
+            got[int(b) * width + int(p) - int(position[0])] = int(o)
+    assert got == expected
+    assert bool(expected) == bool(found)
