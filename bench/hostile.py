@@ -12,13 +12,16 @@
   (only their cells stored): `check`, which once said BAD INPUT (2^28 cells to stage).
 - `one-slot-shrunk`: a 9.9 MB shrunk dump (format 1.2, uint8 elements, one run) of a 4097 x
   2400 table whose every live cell holds slot 7 (`tests.helpers.one_slot_shrunk_dump`):
-  `provenance --slot 7` (table and JSON) and `check` (table, JSON, JSON to a file). Its table
-  views once built every cell of both findings (9.8 M each) as Python ints to show a few
-  (3.9 GB); `check`'s table once held both plans' 9.8 M entries as int64 columns beside its
-  findings (965 MiB; 626-714 MiB since, the Triton kernel's thread making it vary). Its JSON
-  views (335 MB of text) were built whole, joined from each column's whole text, and a file's
-  held again as bytes: 1.2-1.3 GB; written a piece at a time, they peak where the table views
-  do (the check itself).
+  `provenance --slot 7` (table and JSON) and `check` (table, `--kernel none`, JSON, JSON to a
+  file). Its table views once built every cell of both findings (9.8 M each) as Python ints
+  to show a few (3.9 GB); `check`'s table once held both plans' 9.8 M entries as int64
+  columns beside its findings (965 MiB; 590-620 MiB since, the Triton kernel's thread making
+  it vary, 457 MiB with `--kernel none`), then int64 temporaries of every cell (a lexsort
+  index, slot ranks, an index of the copies, the kernel's entries read back whole, an
+  `np.isin` sort) and the live cells beside the plans: 530 MiB now, 376 with `--kernel none`
+  (docs/performance.md). Its JSON views (335 MB of text) were built whole, joined from each
+  column's whole text, and a file's held again as bytes: 1.2-1.3 GB; written a piece at a
+  time, they peak where the table views do (the check itself).
 
 The fifth round's SIGTERM cases (a real process stopped mid-run, `tests/stopping.py`):
 
@@ -126,6 +129,7 @@ def one_slot_shrunk(tree: Path, workdir: Path) -> dict[str, Any]:
         "provenance_slot": measure(tree, "provenance", path, "--slot", "7"),
         "provenance_slot_json": measure(tree, "provenance", path, "--slot", "7", "-f", "json"),
         "check_table": measure(tree, "check", path),
+        "check_table_no_kernel": measure(tree, "check", path, "--kernel", "none"),
         "check_json": measure(tree, "check", path, "-f", "json"),
         "check_json_file": to_file,
     }

@@ -64,7 +64,17 @@ def pairs_among(
             )
         return combined
 
-    found: np.ndarray = np.isin(key(rows, slots), key(among_rows, among_slots))
+    # looked up a chunk at a time among the sorted distinct keys (as `np.isin`, without its
+    # int64 sort of both key arrays joined: 150 MiB for ten million cells)
+    among = distinct(key(among_rows, among_slots))
+    mine = key(rows, slots)
+    found = np.empty(mine.shape, dtype=bool)
+    last = among.size - 1
+    for a in range(0, mine.size, _KEY_CHUNK):
+        wanted = mine[a : a + _KEY_CHUNK]
+        found[a : a + _KEY_CHUNK] = (
+            among[np.minimum(np.searchsorted(among, wanted), last)] == wanted
+        )
     return found
 
 

@@ -137,7 +137,7 @@ def run_check(
     never a raise); `kernel` stands in for the production GPU path (None: no comparison).
     Each planner says whose semantics it follows, and how it runs (`mode`), for the report.
     """
-    found = collect_findings(dump, planner=planner, kernel=kernel, groups=groups)
+    found = collect_findings(dump, planner=planner, kernel=kernel, groups=groups, keep_cells=False)
     findings, summaries = found.findings, found.summaries
     raises = reference_raises(found.plans)  # all the marking needs of the plans
     stand_ins = [
@@ -188,7 +188,8 @@ class CollectedFindings:
     plans: list[Plan]
     #: the kernel's plan of each group (absent without a kernel).
     kernel_plans: dict[str, Plan]
-    cells: LiveCells
+    #: the live cells (None for a caller that reads only the findings: `keep_cells=False`).
+    cells: LiveCells | None
 
 
 def collect_findings(
@@ -198,12 +199,15 @@ def collect_findings(
     kernel: Planner | None,
     groups: Sequence[str] | None = None,
     keep_entries: bool = True,
+    keep_cells: bool = True,
 ) -> CollectedFindings:
     """Plan every group, compare, and run every finding detector (no provenance yet).
 
     `keep_entries=False`: the reference plans keep their verify entries only where a
     detector reads them (a kernel to compare with, canary buffers to replay): a caller that
-    reads only the findings does not hold ten million entries it never looks at."""
+    reads only the findings does not hold ten million entries it never looks at.
+    `keep_cells=False`: the live cells go once no detector reads them (before the plans,
+    unless an SWA group or a canary replay reads them), and are not returned."""
     chosen = tuple(groups) if groups else dump.groups
     background = ThreadPoolExecutor(1) if _runs_on_host(kernel) and _spare_core() else None
     try:
@@ -217,7 +221,7 @@ def collect_findings(
             pending = {
                 group: background.submit(_kernel_plan, kernel, dump, group) for group in chosen
             }
-        return _collect(dump, planner, kernel, chosen, pending, keep_entries)
+        return _collect(dump, planner, kernel, chosen, pending, keep_entries, keep_cells)
     except BaseException:  # stopped: the kernel's forked halves go now, not after its launch
         if background is not None:
             stop_children()
@@ -247,6 +251,7 @@ def _collect(
     chosen: Sequence[str],
     pending: Mapping[str, Future[Plan]],
     keep_entries: bool,
+    keep_cells: bool,
 ) -> CollectedFindings:
     cells = live_cells(dump)
     findings: list[Finding] = (
@@ -286,6 +291,9 @@ def _collect(
         from kvcanary_cli.analysis.hicache import host_leak_findings
 
         findings += host_leak_findings(dump)
+    # ten million cells of one slot: 74 MiB not held beside the plans where nothing reads them
+    kept = None if not keep_cells and not _plans_read_cells(dump, chosen) else cells
+    del cells
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}
@@ -303,8 +311,9 @@ def _collect(
                 finding = fresh
             findings.append(finding)
         if group is Group.SWA and runs(dump, SWA_LUT, chosen):
-            findings.extend(lut_findings(dump) + swa_findings(dump, cells, plan))
-            findings.extend(lut_bookkeeping_findings(dump, cells, plan))
+            assert kept is not None  # `_plans_read_cells`
+            findings.extend(lut_findings(dump) + swa_findings(dump, kept, plan))
+            findings.extend(lut_bookkeeping_findings(dump, kept, plan))
         kernel_plan = None  # needed from here on: planned in the background, or now
         if group in pending:
             kernel_plan = pending[group].result()
@@ -319,7 +328,8 @@ def _collect(
             ran = plan
             if kernel_plan is not None and kernel_plan.launch_error is None:
                 ran = kernel_plan
-            findings.extend(canary_findings(dump, ran, cells))
+            assert kept is not None  # `_plans_read_cells`
+            findings.extend(canary_findings(dump, ran, kept))
         comparison = None
         if kernel_plan is not None:
             comparison = compare_plans(plan, kernel_plan)
@@ -349,8 +359,15 @@ def _collect(
         summaries=tuple(summaries),
         plans=plans,
         kernel_plans=kernel_plans,
-        cells=cells,
+        cells=kept,
     )
+
+
+def _plans_read_cells(dump: KvDump, chosen: Sequence[str]) -> bool:
+    """Whether the detectors run beside the plans read the live cells (an SWA group's LUT
+    findings, a canary replay)."""
+    swa = Group.SWA in chosen and runs(dump, SWA_LUT, chosen)
+    return swa or runs(dump, CANARY_REPLAY)
 
 
 def _reference_plan(planner: Planner, dump: KvDump, group: str, *, keep_entries: bool) -> Plan:

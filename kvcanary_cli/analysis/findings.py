@@ -18,6 +18,7 @@ from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import RESERVED_PAGES_KEY, SCALARS, Group, dtype_label, parse_integer
+from kvcanary_cli.dump.tensor import distinct
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
 from kvcanary_cli.planners.frame import launch_limit
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, Space
@@ -178,7 +179,8 @@ def _cell_records(
     split: np.ndarray | None = None,
     columns: dict[str, np.ndarray] | None = None,
 ) -> list[Finding]:
-    """One finding group per role of the offending cells (ascending indices into `cells`),
+    """One finding group per role of the offending cells (ascending indices into `cells`, or
+    a mask over them: ten million cells are then gathered with no int64 index of them all),
     holding all of them as columns.
 
     `slots` (aligned with `cells`) replaces the slot reported (an SWA slot, say); `split`
@@ -188,8 +190,13 @@ def _cell_records(
     share (`run_what`); `shared_details` (of the group's first cell) are the same for every
     cell of a group, and go with every group.
     """
-    offending = np.asarray(offending, dtype=np.int64)
-    if offending.size == 0:
+    offending = np.asarray(offending)
+    masked = offending.dtype == np.bool_
+    if masked:
+        assert offending.shape == (len(cells),)
+    else:
+        offending = offending.astype(np.int64, copy=False)
+    if not (offending.any() if masked else offending.size):
         return []
     # the slots as held (value reads only; `CellColumns` reads them back as int64)
     reported = cells.held("slot") if slots is None else slots
@@ -203,8 +210,15 @@ def _cell_records(
     values = np.unique(key).tolist()
     for value in values:
         # ascending: batch row, then position (one key: all of them, not a copy)
-        members = offending if len(values) == 1 else offending[key == value]
-        first = int(members[0])
+        if len(values) == 1:
+            members = offending
+        elif masked:
+            members = np.zeros(offending.shape, dtype=bool)
+            members[offending] = key == value
+        else:
+            members = offending[key == value]
+        first = int(np.argmax(members)) if masked else int(members[0])
+        one = (int(np.count_nonzero(members)) if masked else members.size) == 1
         cell_columns = CellColumns.gathered(
             members,
             batch_row=cells.column("batch_row"),
@@ -213,7 +227,6 @@ def _cell_records(
             slot=cells.column("slot") if slots is None else slots,
             extra=columns,
         )
-        one = members.size == 1
         found.append(
             Finding(
                 code=code,
@@ -354,6 +367,21 @@ def _holding(values: np.ndarray) -> np.dtype:
     return np.dtype(np.int64)
 
 
+#: Values `_ranks` looks up at a time (bounds its int64 temporaries).
+_RANK_CHUNK = 1 << 20
+
+
+def _ranks(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`np.searchsorted(keys, values)` in the narrowest unsigned dtype holding every rank,
+    made `_RANK_CHUNK` values at a time: ten million cells of a few slots rank into a byte
+    a cell, never eight."""
+    ranks = np.empty(values.shape, dtype=np.min_scalar_type(keys.size))
+    for start in range(0, values.size, _RANK_CHUNK):
+        stop = start + _RANK_CHUNK
+        ranks[start:stop] = np.searchsorted(keys, values[start:stop])
+    return ranks
+
+
 def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
     """Where each run of equal key tuples begins in sorted order."""
     change = np.zeros(sorted_keys[0].size, dtype=bool)
@@ -418,7 +446,7 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     Per slot, the position most of its cells agree on is the owner's (on a tie the smallest;
     when no two agree, the position of its first cell) and every other cell is a copy; each
     copy carries its slot's owner position (column `owner_position`). Everything is computed
-    per slot with sorts, not per cell.
+    per slot from one sort of a narrow (slot, position) key a cell, not per cell.
     """
     count = int(np.count_nonzero(real))
     if count == 0:
@@ -431,39 +459,49 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
         slot, position, row = all_slot, all_position, all_row
     else:
         slot, position, row = all_slot[idx], all_position[idx], all_row[idx]
-    # slot-major, then position, then cell order
-    order = np.lexsort((position, slot))
-    s = slot[order]
-    slot_start = _group_starts([s])
-    p = position[order]
-    run_start = _group_starts([s, p])  # runs of one (slot, position)
-    del s  # per cell each: let each go once read (a slot may be every cell's)
-    run_len = np.diff(np.r_[run_start, order.size])
-    run_slot = np.searchsorted(slot_start, run_start, side="right") - 1
-    positions_per_slot = np.bincount(run_slot, minlength=slot_start.size)
-    # held by several rows: its rows' smallest and largest differ (no sort by row)
-    by_slot = row[order]
-    several_rows = np.minimum.reduceat(by_slot, slot_start) != np.maximum.reduceat(
-        by_slot, slot_start
-    )
-    del by_slot
-    suspect = (positions_per_slot > 1) & several_rows
+    # each slot's rank, and one key a cell for its (slot, position), both narrow: sorting
+    # the keys gives the runs of one (slot, position), in slot-major then position order,
+    # with no index of the cells sorted (ten million cells of one slot: 150 MiB)
+    slots = distinct(slot)
+    sid = _ranks(slots, slot)
+    low = int(position.min())
+    span = int(position.max()) - low + 1
+    place = np.empty(count, dtype=np.min_scalar_type(slots.size * span - 1))
+    for a in range(0, count, _RANK_CHUNK):
+        b = a + _RANK_CHUNK
+        place[a:b] = sid[a:b].astype(np.int64) * span + (position[a:b].astype(np.int64) - low)
+    place.sort()
+    run_start = _group_starts([place])
+    run_key = place[run_start].astype(np.int64)
+    del place
+    run_len = np.diff(np.r_[run_start, count])
+    run_slot = run_key // span
+    run_position = run_key % span + low
+    positions_per_slot = np.bincount(run_slot, minlength=slots.size)
+    # held by several rows: its rows' smallest and largest differ (no sort by row); its
+    # first cell in cell order; made a chunk of cells at a time
+    lowest = np.full(slots.size, np.iinfo(row.dtype).max, dtype=row.dtype)
+    highest = np.full(slots.size, np.iinfo(row.dtype).min, dtype=row.dtype)
+    first_cell = np.full(slots.size, count, dtype=np.int64)
+    for a in range(0, count, _RANK_CHUNK):
+        b = min(a + _RANK_CHUNK, count)
+        np.minimum.at(lowest, sid[a:b], row[a:b])
+        np.maximum.at(highest, sid[a:b], row[a:b])
+        np.minimum.at(first_cell, sid[a:b], np.arange(a, b))
+    suspect = (positions_per_slot > 1) & (lowest != highest)
+    del lowest, highest
     if not suspect.any():
         return []
     # owner position per slot: the longest run (first = smallest position on a tie); when
     # every run has length 1, the position of the slot's first cell in cell order.
-    longest = np.zeros(slot_start.size, dtype=np.int64)
+    longest = np.zeros(slots.size, dtype=np.int64)
     np.maximum.at(longest, run_slot, run_len)
     is_best = run_len == longest[run_slot]
-    first_best = np.full(slot_start.size, order.size, dtype=np.int64)
-    np.minimum.at(first_best, run_slot[is_best], run_start[is_best])
-    best = p[np.minimum(first_best, order.size - 1)]
-    first_cell = np.minimum.reduceat(order, slot_start)  # the slot's cells are a run of order
-    owner = np.where(longest > 1, best, position[first_cell])
-    del p
-    # slot id of each cell, in cell order (its slot's rank among the slots)
-    sid = np.searchsorted(slot[order[slot_start]], slot)
-    del order
+    first_best = np.full(slots.size, run_start.size, dtype=np.int64)
+    np.minimum.at(first_best, run_slot[is_best], np.flatnonzero(is_best))
+    best = run_position[first_best]
+    owner = np.where(longest > 1, best, position[first_cell]).astype(position.dtype)
+    # in cell order: each cell's owner position (narrow, as positions are held)
     owner_of_cell = owner[sid]
     copy = suspect[sid] & (position != owner_of_cell)
     del sid
@@ -493,7 +531,7 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     return _cell_records(
         FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
         cells,
-        np.flatnonzero(copy) if idx is None else idx[copy],
+        copy if idx is None else idx[copy],  # a mask of every cell: no index of them all
         message,
         run_what="slots that other requests hold at another position: aliased across requests",
         details=lambda i: {"other_cells": others(i)},

@@ -95,6 +95,7 @@ def focused_findings(
         # out_cache_loc is laid out by the whole batch's rows: its writes are read there. Only
         # writes of the related slots can touch `slot`, and the view's live cells holding them
         # are every live cell of them (the rows holding them are the view's rows).
+        assert collected.cells is not None  # kept: `collect_findings`'s default
         found += write_findings(dump, _holding_slots(collected.cells, related))
         del collected
     peer = swa_peer(dump, slot)

@@ -172,6 +172,7 @@ def _owner_cells(dump: KvDump, rows: ViolationRows, found: CollectedFindings) ->
     position's owner in a stale tail or an idle row)."""
     if not len(rows):
         return np.zeros(0, dtype=np.int64)
+    assert found.cells is not None  # kept: `collect_findings`'s default
     why = explain_rows(dump, rows, found.cells)
     elsewhere = np.isin(
         why.owner_kind,

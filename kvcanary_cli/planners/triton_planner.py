@@ -34,6 +34,7 @@ from kvcanary_cli.planners.base import (
     assemble_plan,
     failed_plan,
     held_narrow,
+    joined_narrow,
     row_problems,
     skipped_plan,
 )
@@ -185,17 +186,20 @@ class TritonPlanner:
             num_warps=_warps(block_bs),
         )
         total, num_valid, enable = (int(v) for v in memory.download(totals))
-        columns = self._entries(
+        buffers = self._entries(
             kernels, memory, dump, frame, inputs, verify_offsets, total if enable else 0, block_bs
         )
+        staged = inputs.staged
+        del inputs  # the staged rows (a shrunk table's int32 copy) go before the entries come
+        # back: read back one column at a time, held narrow (`held_narrow`), each buffer let
+        # go once read: ten million entries are never two plans' worth of int64 columns here
+        columns = {name: _read_back(memory, buffers.pop(name)) for name in list(buffers)}
         offsets_host = memory.download(verify_offsets)
         seed_flags_host = memory.download(seed_flags)[:bs]
         problems = [
             row_problems(dump, frame, gpu=True),
             _entry_lut_problems(dump, offsets_host, columns["position"], columns["clamp"]),
-            _seed_lut_problems(
-                dump, seed_flags_host, memory.download(seed_raw)[:bs], inputs.staged
-            ),
+            _seed_lut_problems(dump, seed_flags_host, memory.download(seed_raw)[:bs], staged),
         ]
         entries = VerifyEntries(
             slot=columns["slot"],
@@ -275,9 +279,10 @@ class TritonPlanner:
         verify_offsets: Any,
         entries: int,
         block_bs: int,
-    ) -> dict[str, np.ndarray]:
-        """Launch the entries kernel over `[0, entries)` in chunks; host columns back. Under
-        the interpreter the chunks may run in forked processes (`host_parallel`)."""
+    ) -> dict[str, Any]:
+        """Launch the entries kernel over `[0, entries)` in chunks; the output buffers back
+        (`_read_back` reads them). Under the interpreter the chunks may run in forked
+        processes (`host_parallel`)."""
         processes = self.host_processes(entries)
         if processes > 1:
             memory = shared_host_arrays()
@@ -340,9 +345,28 @@ class TritonPlanner:
             # next collection (seen: 300 MiB of entries held past their plan). A collection
             # costs tens of ms with torch loaded: only where the buffers are worth it.
             gc.collect()
-        # read back one column at a time, held narrow (`held_narrow`), each buffer let go
-        # once read: ten million entries are never two plans' worth of int64 columns here
-        return {name: held_narrow(memory.download(out.pop(name))) for name in list(out)}
+        return out
+
+
+#: Entries of a shared buffer `_read_back` reads at a time (a multiple of a page's entries).
+_READ_BACK = 1 << 20
+
+
+def _read_back(memory: KernelArrays, buffer: Any) -> np.ndarray:
+    """A buffer's column held narrow, as `held_narrow` holds it. A shared host buffer (the
+    forked children's) is read `_READ_BACK` entries at a time, each piece's pages released
+    once narrowed (`triton_runtime.release`): its ten million int64 entries are never all
+    faulted in here beside their narrow copy (75 MiB a column)."""
+    host = memory.download(buffer)
+    if host.dtype.itemsize == 1 or not triton_runtime.releasable(buffer):
+        return held_narrow(host)
+    pieces = []
+    for start in range(0, host.size, _READ_BACK):
+        stop = min(start + _READ_BACK, host.size)
+        piece = held_narrow(host[start:stop])
+        pieces.append(piece.copy() if np.shares_memory(piece, host) else piece)
+        triton_runtime.release(buffer, start, stop)
+    return joined_narrow(pieces) if pieces else host
 
 
 #: Entries from which an interpreted plan's buffers (33 bytes an entry) are collected at once.

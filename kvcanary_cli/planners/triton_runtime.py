@@ -55,6 +55,8 @@ __all__ = [
     "load_triton",
     "mode",
     "prepare_environment",
+    "releasable",
+    "release",
     "shared_host_arrays",
     "std_library_interpreted",
 ]
@@ -195,10 +197,12 @@ class _HostStorage:
 class HostBuffer:
     """A contiguous numpy array as the interpreter sees a CPU tensor (see the module doc)."""
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, region: mmap.mmap | None = None) -> None:
         if not array.flags.c_contiguous:
             raise ValueError("a kernel buffer must be C-contiguous")
         self.array = array
+        #: the shared memory the array lies on (`shared_host_arrays`), else None.
+        self.region = region
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -259,7 +263,7 @@ class _HostArrays:
             return HostBuffer(np.empty(n, dtype=dtype))
         # Anonymous shared memory: what a forked child writes, its parent reads.
         region = mmap.mmap(-1, max(n * np.dtype(dtype).itemsize, 1))
-        return HostBuffer(np.frombuffer(region, dtype=dtype, count=n))
+        return HostBuffer(np.frombuffer(region, dtype=dtype, count=n), region)
 
     def upload(self, array: np.ndarray) -> HostBuffer:
         return HostBuffer(np.ascontiguousarray(array))
@@ -292,6 +296,24 @@ class _TorchArrays:
 def kernel_arrays(mode: str) -> KernelArrays:
     """The memory for kernels running in `mode` ('compiled' or 'interpreter')."""
     return _TorchArrays("cuda") if mode == "compiled" else _HostArrays()
+
+
+def releasable(buffer: Any) -> bool:
+    """Whether `release` frees `buffer`'s memory a part at a time (a shared host buffer)."""
+    return isinstance(buffer, HostBuffer) and buffer.region is not None and _HAS_REMOVE
+
+
+def release(buffer: Any, start: int, stop: int) -> None:
+    """Free the memory behind elements `[start, stop)` of a `releasable` buffer, read
+    already (they read as 0 after): the forked children wrote its pages, so this process
+    faults them in only as it reads them, and a column read back a piece at a time never
+    holds all of them. `start` is a multiple of a page's elements."""
+    if releasable(buffer) and stop > start:
+        size = buffer.array.itemsize
+        buffer.region.madvise(mmap.MADV_REMOVE, start * size, (stop - start) * size)
+
+
+_HAS_REMOVE = hasattr(mmap, "MADV_REMOVE")  # Linux
 
 
 def shared_host_arrays() -> KernelArrays:

@@ -146,8 +146,9 @@ class VectorizedPlanner:
             del part
         entries = VerifyEntries.empty()
         if keep and parts[0]:
-            slot, token, position, prev = (joined_narrow(held) for held in parts[:4])
-            undefined = np.concatenate(parts[4]) if len(parts[4]) > 1 else parts[4][0]
+            # joined a column at a time, its pieces let go before the next is joined
+            slot, token, position, prev = (joined_narrow(parts.pop(0)) for _ in range(4))
+            undefined = np.concatenate(parts[0]) if len(parts[0]) > 1 else parts[0][0]
             del parts
             entries = VerifyEntries(
                 slot=slot,

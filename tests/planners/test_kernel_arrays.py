@@ -111,3 +111,40 @@ def test_the_torch_memory_path_plans_what_numpy_memory_plans(
             want.verify_num_valid,
             want.enable,
         )
+
+
+@pytest.mark.parametrize(
+    ("at", "planted"),
+    [(0, 5), (1535, -129), (1536, 2**40), (1635, 128), (700, -(2**31) - 1)],
+)
+def test_a_shared_buffer_reads_back_narrow_a_piece_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, at: int, planted: int
+) -> None:
+    """The forked children's buffer is read back a page of entries at a time, each piece's
+    memory released once narrowed: the column is `held_narrow`'s of the whole (its dtype set
+    by a value planted in any piece: the first, the last, at a boundary)."""
+    from kvcanary_cli.planners import triton_planner
+    from kvcanary_cli.planners.base import held_narrow
+    from kvcanary_cli.planners.triton_runtime import shared_host_arrays
+
+    monkeypatch.setattr(triton_planner, "_READ_BACK", 512)  # a 4 KiB page of int64
+    values = np.random.default_rng(at).integers(-100, 100, size=3 * 512 + 100)
+    values[at] = planted
+    memory = shared_host_arrays()
+    buffer = memory.empty(values.size, np.int64)
+    buffer.array[:] = values
+    column = triton_planner._read_back(memory, buffer)
+    whole = held_narrow(values)
+    assert column.dtype == whole.dtype and column.tolist() == whole.tolist()
+    assert not buffer.array.any()  # every piece released (its pages read 0 now)
+
+
+def test_a_private_buffer_reads_back_whole_and_untouched() -> None:
+    from kvcanary_cli.planners import triton_planner
+
+    memory = kernel_arrays("interpreter")
+    buffer = memory.empty(1000, np.int64)
+    buffer.array[:] = np.arange(1000) - 500
+    column = triton_planner._read_back(memory, buffer)
+    assert column.dtype == np.int16 and column.tolist() == list(range(-500, 500))
+    assert buffer.array.tolist() == list(range(-500, 500))
