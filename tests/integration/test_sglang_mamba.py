@@ -116,3 +116,23 @@ def test_a_waiting_abort_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
     result = _run(sglang, 9, 40, max_steps=30, requests=16, max_new=40, aborts=0.5, within=6)
     assert result.counters.aborts_waiting > 0
     assert result.failure is None, (result.failure.step, result.failure.codes)
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("double-free-group-end", "free-list-duplicate"),
+        ("tree-page-freed", "freed-slot-in-live-range"),
+    ],
+)
+def test_full_side_faults_act_in_the_mamba_layout(sglang: Any, fault: str, code: str) -> None:
+    """The full-attention faults act on the Mamba layout's one token allocator (it has no
+    `full_attn_allocator` side) and kvcanary names them."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    workload = history_workload(0, 1, 2, layout="mamba")
+    result = run_history(sglang, StackSpec.pressured(1, "rust", "mamba"), workload, fault=fault)
+    assert result.fault_acted > 0 and result.failure is not None
+    assert code in result.failure.codes, result.failure.codes
