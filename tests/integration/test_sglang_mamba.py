@@ -136,3 +136,12 @@ def test_full_side_faults_act_in_the_mamba_layout(sglang: Any, fault: str, code:
     result = run_history(sglang, StackSpec.pressured(1, "rust", "mamba"), workload, fault=fault)
     assert result.fault_acted > 0 and result.failure is not None
     assert code in result.failure.codes, result.failure.codes
+
+
+def test_unmapped_representative_is_refused_in_the_mamba_layout(sglang: Any) -> None:
+    """The fault frees a tree node's SWA pairs: the Mamba layout has none, so one line says
+    so (before: a line saying SGLang's objects differ from soak's)."""
+    from kvcanary_cli.soak.stack import SGLangUnavailableError
+
+    with pytest.raises(SGLangUnavailableError, match="no SWA side"):
+        _run(sglang, 100, 8, fault="unmapped-representative")
