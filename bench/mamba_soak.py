@@ -24,6 +24,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvcanary_cli.soak.audit import SGLangChecks  # noqa: E402
+from kvcanary_cli.soak.command import (  # noqa: E402
+    MAMBA_ABORT_WITHIN,
+    MAMBA_ABORTS,
+    MAMBA_NEW,
+    MAMBA_PROMPT,
+)
 from kvcanary_cli.soak.driver import Scheduler  # noqa: E402
 from kvcanary_cli.soak.faults import plant  # noqa: E402
 from kvcanary_cli.soak.run import AuditMode, run_history  # noqa: E402
@@ -35,7 +41,17 @@ FAULT = "tree-mamba-slot-freed"
 
 
 def _workload(seed: int, steps: int) -> Workload:
-    return random_workload(seed, steps=steps, requests=steps // 4, max_prompt=96, max_new=48)
+    """A long history of the soak's Mamba shape (`soak.command.history_workload`)."""
+    return random_workload(
+        seed,
+        steps=steps,
+        requests=steps // 4,
+        max_prompt=MAMBA_PROMPT,
+        max_new=MAMBA_NEW,
+        aborts=MAMBA_ABORTS,
+        ignore_eos=False,
+        abort_within=MAMBA_ABORT_WITHIN,
+    )
 
 
 def sglang_alone(modules: Any, spec: StackSpec, workload: Workload) -> dict[str, Any]:

@@ -158,7 +158,7 @@ class SoakCoverage:
     #: free paths of the layout soak drives that never ran
     not_reached: tuple[str, ...]
     #: free paths that never ran and serve what soak does not drive (a host tier, sessions,
-    #: mamba, CUDA)
+    #: CUDA; Mamba outside the Mamba layout)
     other_features: tuple[str, ...]
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "exclude_keyword",
     "extend_end",
     "held_lock",
+    "holds_mamba",
     "prefix_len",
     "release_keyword",
     "releaser",
@@ -68,6 +69,12 @@ def prefix_len(req: Any) -> int:
 def row_of(req: Any) -> int | None:
     """The request pool row the request holds (None: none)."""
     return kv_record(req).req_pool_idx  # type: ignore[no-any-return]
+
+
+def holds_mamba(req: Any) -> bool:
+    """Whether a request holds a Mamba state slot (a waiting one: the copy-on-write slot its
+    prefix match took); never outside the Mamba layout."""
+    return getattr(kv_record(req), "mamba_pool_idx", None) is not None
 
 
 def extend_end(req: Any) -> int | None:

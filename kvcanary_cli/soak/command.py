@@ -51,6 +51,12 @@ NEED_SORT_EVERY = 5
 #: Unified memory runs with lazy compaction (SGLang's default there), but for one history in
 #: this many (SGLANG_DISABLE_LAZY_COMPACTION, the opt-out SGLang keeps for rollback).
 EAGER_COMPACTION_EVERY = 5
+#: The Mamba layout's workload (see `history_workload`): prompts up to three chunks, longer
+#: outputs, requests that may stop early, aborts more often and within a few steps.
+MAMBA_PROMPT = 96
+MAMBA_NEW = 40
+MAMBA_ABORTS = 0.25
+MAMBA_ABORT_WITHIN = 4
 
 
 def history_workload(
@@ -62,17 +68,26 @@ def history_workload(
     eviction interval cycling; every `NEED_SORT_EVERY`-th history with `need_sort`; unified
     memory with lazy compaction but every `EAGER_COMPACTION_EVERY`-th history. Prompts
     reach 60 tokens, or two pages where a page is larger (a prompt shorter than a page is
-    never chunked)."""
+    never chunked).
+
+    The Mamba layout's requests may stop early (`ignore_eos` off: the adder reserves half of
+    a running request's rest, and decode, which runs them to their length, retracts), with
+    prompts up to three chunks and aborts within a few steps of arriving (some land in
+    chunked prefill): there, fixed-length requests never retracted and no abort ever met a
+    chunk."""
     from kvcanary_cli.soak.workload import random_workload
 
     rounds = history // specs
+    mamba = layout == "mamba"
     return random_workload(
         seed * 1_000_003 + history,
         steps=HISTORY_STEPS,
         requests=20,
-        max_prompt=max(60, 2 * page_size),
-        max_new=20,
-        aborts=ABORTS,
+        max_prompt=MAMBA_PROMPT if mamba else max(60, 2 * page_size),
+        max_new=MAMBA_NEW if mamba else 20,
+        aborts=MAMBA_ABORTS if mamba else ABORTS,
+        ignore_eos=not mamba,
+        abort_within=MAMBA_ABORT_WITHIN if mamba else None,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,
@@ -244,6 +259,7 @@ class _Coverage:
 
         folder = modules.tree.root / "sglang" / "srt" / "mem_cache"
         self.tracer = Tracer(folder)
+        self.mamba = any(spec.layout == "mamba" for spec in specs)
         self.paths: dict[str, Any] = {}
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
             objects = stack_objects(build_stack(modules, spec))
@@ -256,7 +272,7 @@ class _Coverage:
     def summary(self) -> Any:
         from kvcanary_cli.soak.coverage import summary
 
-        return summary(self.tracer, self.paths)
+        return summary(self.tracer, self.paths, mamba=self.mamba)
 
 
 def _keep_finding(

@@ -29,8 +29,10 @@ _FREE = re.compile(r"free|release|evict")
 #: ... unless it only asks (a size, a predicate, a getter, a text, an ordering, metrics): the
 #: tracer also sees kvcanary's own audit read SGLang (`get_all_free_pages`), never a free.
 _QUERY = re.compile(r"size|_str$|^_?(has|can|tracks|get)_|priority|strategy|metrics")
-#: Free paths of what soak does not drive: a host tier (HiCache), sessions, mamba, CUDA.
-_OTHER = re.compile(r"host|session|mamba|(?<!none)_cuda|hisparse|unevict")
+#: Free paths of what soak does not drive: a host tier (HiCache), sessions, CUDA; Mamba's
+#: outside the Mamba layout (`summary(mamba=True)`: there they are this layout's own).
+_OTHER = re.compile(r"host|session|(?<!none)_cuda|hisparse|unevict")
+_MAMBA = re.compile(r"mamba")
 
 
 class Tracer:
@@ -110,13 +112,21 @@ def free_paths(
     return paths
 
 
-def summary(tracer: Tracer, paths: dict[str, types.CodeType]) -> SoakCoverage:
-    """What ran of `paths`, sorted by name, the ones serving other features apart."""
+def summary(
+    tracer: Tracer, paths: dict[str, types.CodeType], *, mamba: bool = False
+) -> SoakCoverage:
+    """What ran of `paths`, sorted by name, the ones serving other features apart (a Mamba
+    path is another feature's unless the soak ran the Mamba layout)."""
     names = sorted(paths)
     missed = [name for name in names if paths[name] not in tracer.called]
+
+    def other(name: str) -> bool:
+        lowered = name.lower()
+        return bool(_OTHER.search(lowered)) or (not mamba and bool(_MAMBA.search(lowered)))
+
     return SoakCoverage(
         functions_run=len(tracer.called),
         reached=tuple(name for name in names if paths[name] in tracer.called),
-        not_reached=tuple(name for name in missed if not _OTHER.search(name.lower())),
-        other_features=tuple(name for name in missed if _OTHER.search(name.lower())),
+        not_reached=tuple(name for name in missed if not other(name)),
+        other_features=tuple(name for name in missed if other(name)),
     )

@@ -7,10 +7,11 @@ chunking; `ScheduleBatch.prepare_for_extend` allocates, evicting the tree under 
 `update_running_batch` (`check_decode_mem`, `retract_decode`, `prepare_for_decode`, which frees
 out-of-window SWA). Aborts come first, as SGLang's `abort_request` then
 `process_pending_chunked_abort` take them: a waiting request is dropped and its cache attempt
-finished as aborted, the chunked request is released without caching
-(`release_kv_cache(checkpoint=False)`), a running one is marked `to_finish` and freed by its
-next result. The forward is a random next token per request; the result processing is
-`process_batch_result_prefill` / `_decode`'s memory part inside one free group
+finished as aborted (one holding a Mamba slot, the copy-on-write slot its prefix match took, is
+released without caching, as SGLang's `abort_request` does), the chunked request is released
+without caching (`release_kv_cache(checkpoint=False)`), a running one is marked `to_finish`
+and freed by its next result. The forward is a random next token per request; the result
+processing is `process_batch_result_prefill` / `_decode`'s memory part inside one free group
 (`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches memory is SGLang's own.
 
 A fully idle step runs what SGLang's `on_idle` does to memory before its idle checks: unified
@@ -37,6 +38,7 @@ from kvcanary_cli.soak.calls import (
     checkpointer,
     exclude_keyword,
     extend_end,
+    holds_mamba,
     prefix_len,
     releaser,
     retract_arguments,
@@ -157,7 +159,7 @@ class Scheduler:
 
     def _new_req(self, prompt: tuple[int, ...], max_new: int) -> Any:
         sp = self.stack.modules.sampling_params.SamplingParams(
-            max_new_tokens=max_new, ignore_eos=True
+            max_new_tokens=max_new, ignore_eos=self.workload.ignore_eos
         )
         sp.normalize(None)  # what the tokenizer manager does: empty stop lists
         self._rid += 1
@@ -239,6 +241,8 @@ class Scheduler:
             if any(req is waiting for waiting in self.waiting):
                 self.waiting = [w for w in self.waiting if w is not req]
                 self._finish_aborted(req)
+                if holds_mamba(req):  # the copy-on-write slot its prefix match took
+                    self._release(req, tree, False)
                 self.counters.aborts_waiting += 1
             elif req is self.chunked_req:
                 req.finished_reason = self._sb.FINISH_ABORT("Aborted")

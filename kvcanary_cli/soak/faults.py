@@ -7,7 +7,8 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   the (now 0) mapping of the node's page representatives, so the reserved page 0 lands on the
   SWA free list and is handed out again. A release whose tree frees an evicted SWA value
   through `free_swa` (no segment frees, `free_swa_segment`: 0.5.17 - 0.5.19) skips unmapped
-  slots there, so the bug has nothing to act on: the fault is refused in one line.
+  slots there, so the bug has nothing to act on: the fault is refused in one line, as in the
+  Mamba layout, which has no SWA side.
 - `shared-boundary-page` (before PR #36457): a finished request's tail free starts at its
   first unkept token instead of the next page boundary; at page size > 1 the set-shaped free
   of the boundary page's rest frees that whole page, which the head free releases as well.
@@ -16,7 +17,7 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   one line.
 - `double-free-group-end`: a free group is flushed twice, every full slot freed in it goes on
   the free list a second time (the group the full side keeps, or where the SWA allocator
-  keeps it, 0.5.17 - 0.5.19, the composite's).
+  keeps it, 0.5.17 - 0.5.19, the composite's; the Mamba layout's one token allocator).
 - `tree-page-freed`: once the tree holds an unlocked page, that page is pushed onto the full
   side's free list while the node keeps it (unified memory: onto `free_virtual_ids`, still
   bound; SGLang's own checks stayed silent for 250 steps there).
@@ -60,8 +61,14 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 def _needs_segment_frees(stack: Any) -> None:
     """Refuse `unmapped-representative` on an SWA allocator without segment frees (see the
-    module doc): there the fault would run and prove nothing."""
+    module doc): there the fault would run and prove nothing; and where nothing is SWA."""
     allocator = type(stack.allocator)
+    if stack.spec.layout == "mamba":
+        raise SGLangUnavailableError(
+            "the unmapped-representative fault frees a tree node's SWA pairs: the Mamba "
+            "layout has no SWA side",
+            source=stack.modules.tree.label,
+        )
     if callable(getattr(allocator, "free_swa", None)) and not callable(
         getattr(allocator, "free_swa_segment", None)
     ):
@@ -149,7 +156,7 @@ def _double_free_group_end(stack: Any) -> None:
     original = allocator.free_group_end
 
     def free_group_end() -> None:
-        full = allocator.full_attn_allocator
+        full = getattr(allocator, "full_attn_allocator", allocator)  # the Mamba layout: itself
         pending = list(full.free_group or [])
         if any(hasattr(allocator, n) for n in _COMPOSITE_GROUP):  # the composite's group
             pending += list(allocator.free_group or [])
@@ -170,7 +177,7 @@ def _tree_page_freed(stack: Any, step: int) -> None:
     (the virtual free list in the unified layout), the tree node keeping it."""
     import torch
 
-    full = stack.allocator.full_attn_allocator
+    full = getattr(stack.allocator, "full_attn_allocator", stack.allocator)  # Mamba: itself
     if stack.fault_acted:
         return
     slots = _unlocked_slots(stack.tree)

@@ -7,8 +7,13 @@ Sized like a tiny Mamba2 model (one linear layer, one full layer, a few heads): 
 bytes do not matter, only its slots. No model config exists, so the Mamba cache chunk (the
 prefix grid a tree checkpoint lands on) is preset on the server args, as SGLang's own test
 fixture does; without the extra buffer the tree's Mamba component needs page size 1. The pool
-has a slot for every request row twice over: a running request holds one working slot and the
-tree one per cached checkpoint, which eviction reclaims. Nothing here is SGLang's code.
+has three slots per request row, the ratio SGLang's configurator sizes a Mamba cache by with the
+radix cache on (`MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`; a server caps its running
+requests to a third of the slots): a running request holds its working slot, the checkpoint it
+matched stays locked in the tree, and publishing its prefill takes a third. With two per row,
+early aborts and long outputs filled the pool with running rows and locked checkpoints, and
+the checkpoint failed (`Can not alloc mamba cache`) where a server's sizing never lets it.
+Nothing here is SGLang's code.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any
 
 __all__ = ["CHUNK", "build_mamba_pools", "mamba_size"]
 
+#: Mamba slots per request row (SGLang's `MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`).
+SLOTS_PER_ROW = 3
 #: The Mamba cache chunk (`server_args._mamba_cache_chunk_size`): tree checkpoints land on
 #: multiples of it.
 CHUNK = 16
@@ -28,7 +35,7 @@ _ENVS = "sglang.srt.environ"
 
 def mamba_size(spec: Any) -> int:
     """Mamba slots for a stack of `spec.max_reqs` rows (slot 0 is reserved on top)."""
-    return 2 * int(spec.max_reqs)
+    return SLOTS_PER_ROW * int(spec.max_reqs)
 
 
 def _cache_params(torch: Any) -> Any:

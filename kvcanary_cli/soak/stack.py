@@ -730,11 +730,13 @@ class StackSpec:
         """The shape soak runs: pools small enough for the random workload to bring eviction,
         retraction and tombstones within a few dozen steps. Where a page is large the pools
         hold at least 8 full and 4 SWA pages, and a chunk is at least a page (shorter, it
-        admits nothing); the window stays 16 tokens, shorter than a page from 32 up."""
+        admits nothing); the window stays 16 tokens, shorter than a page from 32 up. The Mamba
+        layout's full pool is as small as the SWA pool here (its only token pool: decode
+        outgrows it and retracts)."""
         return cls(
             page_size=page_size,
             core=core,
-            full_tokens=max(384, 8 * page_size),
+            full_tokens=192 if layout == "mamba" else max(384, 8 * page_size),
             swa_tokens=max(192, 4 * page_size),
             max_reqs=12,
             window=16,

@@ -55,6 +55,11 @@ class Workload:
     #: SGLANG_DISABLE_LAZY_COMPACTION turns off): a freed physical page is left a hole, taken
     #: back from the free end or compacted later
     lazy_compaction: bool = False
+    #: every request's `ignore_eos`: True, fixed-length requests, whose whole output the
+    #: prefill adder reserves; False, requests that may stop early, whose rest it estimates at
+    #: the new-token ratio, as for a server's usual requests. Here they run to their length
+    #: (the forward never samples a stop token), so decode outgrows the estimate and retracts
+    ignore_eos: bool = True
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -72,6 +77,7 @@ class Workload:
                 "swa_eviction_interval": self.swa_eviction_interval,
                 "need_sort": self.need_sort,
                 "lazy_compaction": self.lazy_compaction,
+                "ignore_eos": self.ignore_eos,
             }
         )
 
@@ -92,14 +98,17 @@ class Workload:
         interval = data.get("swa_eviction_interval", 0)
         need_sort = data.get("need_sort", False)
         lazy = data.get("lazy_compaction", False)
+        ignore_eos = data.get("ignore_eos", True)
         if (
-            not all(isinstance(flag, bool) for flag in (release, need_sort, lazy))
+            not all(isinstance(flag, bool) for flag in (release, need_sort, lazy, ignore_eos))
             or type(interval) is not int
             or interval < 0
         ):
             raise TypeError("a serving knob out of range")
         steps = int(data["steps"])
-        return cls(int(data["seed"]), arrivals, steps, release, interval, need_sort, lazy)
+        return cls(
+            int(data["seed"]), arrivals, steps, release, interval, need_sort, lazy, ignore_eos
+        )
 
 
 def _abort_after(value: object) -> int | None:
@@ -124,10 +133,13 @@ def random_workload(
     swa_eviction_interval: int = 0,
     need_sort: bool = False,
     lazy_compaction: bool = False,
+    ignore_eos: bool = True,
+    abort_within: int | None = None,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
-    few steps after they arrive (drawn apart: the arrivals are those of `aborts=0`)."""
+    few steps after they arrive (drawn apart: the arrivals are those of `aborts=0`), within
+    `abort_within` steps (default: twice `max_new`)."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
@@ -145,11 +157,10 @@ def random_workload(
             Arrival(int(rng.integers(0, last)), prompt, int(rng.integers(1, max_new + 1)))
         )
     if aborts > 0:
+        within = max(2, abort_within or 2 * max_new)
         draw = np.random.default_rng([seed, 0xAB0])
         arrivals = [
-            replace(
-                a, abort_after=0 if draw.random() < 1 / 3 else int(draw.integers(1, 2 * max_new))
-            )
+            replace(a, abort_after=0 if draw.random() < 1 / 3 else int(draw.integers(1, within)))
             if draw.random() < aborts
             else a
             for a in arrivals
@@ -163,4 +174,5 @@ def random_workload(
         swa_eviction_interval,
         need_sort,
         lazy_compaction,
+        ignore_eos,
     )

@@ -129,6 +129,7 @@ def test_aborts_keep_the_arrivals_and_the_files_carry_the_knobs() -> None:
         swa_eviction_interval=4,
         need_sort=True,
         lazy_compaction=True,
+        ignore_eos=False,
     )
     key = [(a.step, a.prompt, a.max_new_tokens) for a in plain.arrivals]
     assert sorted(key) == sorted((a.step, a.prompt, a.max_new_tokens) for a in knobs.arrivals)
@@ -141,6 +142,39 @@ def test_aborts_keep_the_arrivals_and_the_files_carry_the_knobs() -> None:
     shrunk = knobs.without([0, 1])
     knobs_kept = (shrunk.release_prefill_swa, shrunk.swa_eviction_interval, shrunk.need_sort)
     assert knobs_kept == (True, 4, True) and shrunk.lazy_compaction
+    assert shrunk.ignore_eos is False and plain.ignore_eos is True
+
+
+def test_mamba_histories_estimate_outputs_and_abort_early() -> None:
+    """The Mamba layout's requests may stop early (the adder estimates their rest, so decode
+    retracts) and aborts come within a few steps (some in chunked prefill); the other
+    layouts' workloads keep their fixed-length requests and abort draws."""
+    from kvcanary_cli.soak.command import MAMBA_ABORT_WITHIN, history_workload
+
+    mamba = [history_workload(0, h, 1, layout="mamba") for h in range(5)]
+    assert not any(w.ignore_eos for w in mamba)
+    late = [a.abort_after for w in mamba for a in w.arrivals if a.abort_after is not None]
+    assert late and max(late) < MAMBA_ABORT_WITHIN
+    swa = history_workload(0, 0, 1)
+    drawn = random_workload(
+        swa.seed, steps=swa.steps, requests=20, max_prompt=60, max_new=20, aborts=0.15
+    )
+    assert swa.ignore_eos and swa.arrivals == drawn.arrivals
+
+
+def test_mamba_paths_are_the_mamba_layouts_own(mem_cache: tuple[Path, ModuleType]) -> None:
+    """A Mamba free path that never ran is another feature's in a soak of another layout,
+    and this layout's own (not reached) in a Mamba soak; a host tier's stays another's."""
+    folder, module = mem_cache
+    code = module.helper.__code__
+    paths = {"Pool.free_mamba_cache": code, "Swa.free_host_values": code}
+    tracer = Tracer(folder)
+    elsewhere = summary(tracer, paths)
+    assert elsewhere.not_reached == ()
+    assert elsewhere.other_features == ("Pool.free_mamba_cache", "Swa.free_host_values")
+    mamba = summary(tracer, paths, mamba=True)
+    assert mamba.not_reached == ("Pool.free_mamba_cache",)
+    assert mamba.other_features == ("Swa.free_host_values",)
 
 
 def test_one_history_in_five_sorts_its_free_lists_and_each_shape_meets_it() -> None:
@@ -171,6 +205,7 @@ def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
     assert workload.arrivals[0].abort_after is None
     assert (workload.release_prefill_swa, workload.swa_eviction_interval) == (False, 0)
     assert workload.need_sort is False and workload.lazy_compaction is False
+    assert workload.ignore_eos is True
 
 
 @pytest.mark.parametrize(
@@ -181,6 +216,7 @@ def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
         {"swa_eviction_interval": 1.5},
         {"need_sort": 1},
         {"lazy_compaction": "no"},
+        {"ignore_eos": 0},
         {"arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2, "abort_after": -1}]},
     ],
 )

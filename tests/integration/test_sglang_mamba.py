@@ -4,7 +4,9 @@ scheduler: kvcanary's capture records each audited state from the real objects (
 the Mamba free list, the tree's and every live request's Mamba slots, waiting requests'
 copy-on-write slots included), a correct state checks clean with SGLang's own checks silent,
 and a tree-held Mamba slot pushed onto the free list is named at the next audit, while SGLang's
-busy check, which has no Mamba check, says nothing.
+busy check, which has no Mamba check, says nothing. The soak's own Mamba histories retract and
+abort in chunked prefill, so a lock leaked there is found; a waiting request aborted with the
+copy-on-write slot its prefix match took gives that slot back, as SGLang's scheduler does.
 """
 
 from __future__ import annotations
@@ -19,12 +21,30 @@ from kvcanary_cli.results.check import DumpReport
 torch = pytest.importorskip("torch")
 
 
-def _run(sglang: Any, seed: int, steps: int, **kw: Any) -> Any:
+def _run(
+    sglang: Any,
+    seed: int,
+    steps: int,
+    *,
+    requests: int | None = None,
+    max_new: int = 20,
+    aborts: float = 0.0,
+    within: int | None = None,
+    **kw: Any,
+) -> Any:
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
     from kvcanary_cli.soak.workload import random_workload
 
-    workload = random_workload(seed, steps=steps, requests=steps // 4, max_prompt=60, max_new=20)
+    workload = random_workload(
+        seed,
+        steps=steps,
+        requests=requests or steps // 4,
+        max_prompt=60,
+        max_new=max_new,
+        aborts=aborts,
+        abort_within=within,
+    )
     return run_history(sglang, StackSpec.pressured(1, "python", "mamba"), workload, **kw)
 
 
@@ -61,3 +81,67 @@ def test_tree_mamba_slot_freed_is_named(sglang: Any) -> None:
     assert failure.codes == ["mamba-slot-free-and-held"], failure.codes
     assert failure.top_cause == "mamba-slot-freed-while-held"
     assert failure.mode == "plan" and failure.sglang == [] and failure.crash is None
+
+
+def _soak_history(sglang: Any, history: int, **kw: Any) -> Any:
+    """The `history`-th history of `soak --layout mamba --core python --seed 0`."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    workload = history_workload(0, history, 1, layout="mamba")
+    return run_history(sglang, StackSpec.pressured(1, "python", "mamba"), workload, **kw)
+
+
+@pytest.mark.parametrize(
+    ("history", "event"), [(1, "aborts_chunked"), (11, "retractions")], ids=["chunk", "retract"]
+)
+def test_soak_history_leaks_a_lock_where_it_releases_without_caching(
+    sglang: Any, history: int, event: str
+) -> None:
+    """A request released without caching (an abort in chunked prefill; a decode
+    retraction): the soak's Mamba workload reaches both, so `lock-leak` acts and kvcanary
+    names the leaked lock; the same history without the fault is clean, SGLang silent."""
+    leaked = _soak_history(sglang, history, fault="lock-leak")
+    assert leaked.fault_acted > 0, "the fault never acted"
+    assert leaked.failure is not None and leaked.failure.codes == ["tree-lock-leaked"]
+    clean = _soak_history(sglang, history, max_steps=leaked.steps + 1)
+    assert getattr(clean.counters, event) > 0, clean.counters
+    assert clean.failure is None and clean.sglang_counts == {}
+
+
+def test_a_waiting_abort_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
+    """Waiting requests that matched a cached Mamba state hold a copy-on-write slot; aborted
+    there, each gives it back (`release_kv_cache` without caching): no slot leaks."""
+    result = _run(sglang, 9, 40, max_steps=30, requests=16, max_new=40, aborts=0.5, within=6)
+    assert result.counters.aborts_waiting > 0
+    assert result.failure is None, (result.failure.step, result.failure.codes)
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("double-free-group-end", "free-list-duplicate"),
+        ("tree-page-freed", "freed-slot-in-live-range"),
+    ],
+)
+def test_full_side_faults_act_in_the_mamba_layout(sglang: Any, fault: str, code: str) -> None:
+    """The full-attention faults act on the Mamba layout's one token allocator (it has no
+    `full_attn_allocator` side) and kvcanary names them."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    workload = history_workload(0, 1, 2, layout="mamba")
+    result = run_history(sglang, StackSpec.pressured(1, "rust", "mamba"), workload, fault=fault)
+    assert result.fault_acted > 0 and result.failure is not None
+    assert code in result.failure.codes, result.failure.codes
+
+
+def test_unmapped_representative_is_refused_in_the_mamba_layout(sglang: Any) -> None:
+    """The fault frees a tree node's SWA pairs: the Mamba layout has none, so one line says
+    so (before: a line saying SGLang's objects differ from soak's)."""
+    from kvcanary_cli.soak.stack import SGLangUnavailableError
+
+    with pytest.raises(SGLangUnavailableError, match="no SWA side"):
+        _run(sglang, 100, 8, fault="unmapped-representative")
