@@ -192,7 +192,8 @@ class _Scheduler:
                 budget -= want
         while self.waiting and budget > 0 and not any(r is self.waiting[0] for r, _ in scheduled):
             request = self.waiting[0]
-            hit_blocks, hit, _ = self.manager.get_computed_blocks(request)
+            # (blocks, hit tokens), and from 0.26.0 on the shared-prefix boundary (unused)
+            hit_blocks, hit = self.manager.get_computed_blocks(request)[:2]
             want = min(request.num_tokens - hit, budget)
             if self.manager.allocate_slots(request, want, hit, hit_blocks) is None:
                 break
@@ -320,7 +321,13 @@ def run_history(
     step. After kvcanary's first finding the history runs on unaudited (`after_steps` at
     most) to hear whether vLLM's own asserts ever say anything. With `assert_dumps`, the
     manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises."""
-    s = _Scheduler(modules, model, seed)
+    try:
+        s = _Scheduler(modules, model, seed)
+    except Exception as exc:  # the constructors' calls do not fit this release
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        raise VllmLayoutError(
+            f"kvcanary cannot build its KV-cache manager ({KNOWN_LAYOUTS} are built): {text}"
+        ) from None
     h = History(model=model, seed=seed)
     if assert_dumps is not None:
         hook = watch_asserts(

@@ -47,9 +47,13 @@ __all__ = [
 
 #: The releases the stand-ins, the driver and the capture are written for, oldest first; the
 #: newest is the one a download hint names. Where they differ (0.34.0's prefix-cache map holds
-#: block ids; 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole) the code
-#: reads what the loaded tree has, never its version.
+#: block ids; 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole; before 0.26.0
+#: the prefix lookup returns two values, not three) the code reads what the loaded tree has,
+#: never its version.
 RELEASES = (
+    "0.24.0",
+    "0.25.0",
+    "0.25.1",
     "0.26.0",
     "0.27.0",
     "0.27.1",
@@ -334,7 +338,7 @@ class _HollowPackage(types.ModuleType):
         return value
 
     def _kvcanary_from_stars(self, name: str) -> Any:
-        """A name the `__init__` re-exports with `from .m import *` (0.26.0 - 0.32.0's
+        """A name the `__init__` re-exports with `from .m import *` (0.30.0 - 0.32.0's
         `vllm.distributed`): from the last such module that defines it, as the `__init__`
         would bind it, a stand-in module (which answers every name) only where none does;
         else the `__init__` runs."""
@@ -443,7 +447,7 @@ _LOADED: dict[str, VllmModules] = {}
 
 
 def _releases() -> str:
-    """`0.26.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.24.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 

@@ -620,9 +620,14 @@ def test_no_sglang_installed_names_the_release_wheels_download(
 @pytest.fixture
 def no_vllm_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The process as if no vLLM were imported yet (another test's in-process vLLM is put
-    back afterwards): `load_vllm` refuses a second one, which would hide the error tested."""
+    back afterwards): `load_vllm` refuses a second one, which would hide the error tested, and
+    its finder would answer for a module the tree tested lacks."""
+    from kvcanary_cli.soak import vllm_stack
+
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
         monkeypatch.delitem(sys.modules, name)
+    others = [f for f in sys.meta_path if not isinstance(f, vllm_stack._VllmFinder)]
+    monkeypatch.setattr(sys, "meta_path", others)
 
 
 def test_vllm_without_torch_names_torch_not_the_extra(
@@ -669,7 +674,7 @@ def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
         vllm_stack.load_vllm(tree)
     text = str(raised.value)
     assert "importing vllm.v1.core.kv_cache_utils failed" in text and f"vLLM {version}" in text
-    assert ("kvcanary drives vLLM 0.26.0 to 0.34.0" in text) is named, text
+    assert ("kvcanary drives vLLM 0.24.0 to 0.34.0" in text) is named, text
 
 
 @pytest.fixture
@@ -678,7 +683,6 @@ def vllm_unloaded_after(monkeypatch: pytest.MonkeyPatch, no_vllm_loaded: None) -
     modules, its finder, `load_vllm`'s memo), so that another test may load its own."""
     from kvcanary_cli.soak import vllm_stack
 
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(vllm_stack, "_LOADED", {})
     yield
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
@@ -709,7 +713,7 @@ _LOADABLE = {
 def test_a_vllm_package_that_reexports_modules_whole_answers_their_names(
     tmp_path: Path, vllm_unloaded_after: None
 ) -> None:
-    """vLLM 0.26.0 - 0.32.0's `vllm.distributed` re-exports its modules whole
+    """vLLM 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole
     (`from .parallel_state import *`), and their KV-cache utilities import names from it:
     each resolves from the module that defines it, a stand-in where that module is one of
     kvcanary's (was: the import failed, and the release was refused)."""

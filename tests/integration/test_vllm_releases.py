@@ -8,7 +8,7 @@ hook's dump of vLLM's own assert is explained by `check`, and `soak --engine vll
 
 0.34.0's case is the fast lane's (its map differs from 0.33.0's, which the in-process tests
 drive); 0.33.0's repeats those tests' paths, so it is the whole suite's only. Of the older
-releases (0.26.0 to 0.32.0) the whole suite soaks 0.30.0, the oldest whose modules import
+releases (0.24.0 to 0.32.0) the whole suite soaks 0.30.0, the oldest whose modules import
 names `vllm.distributed` re-exports whole (`from .parallel_state import *`; 0.30.0 to 0.32.0
 were refused at import for it); the others, with KVCANARY_EVERY_RELEASE=1.
 """

@@ -233,3 +233,41 @@ def test_a_manager_laid_out_otherwise_is_one_line_naming_the_tree(
     assert line.startswith(f"error: {wheel} (vLLM {vllm.tree.version}): "), line
     assert not (tmp_path / "out").exists()
     assert said in line and "0.34.0" in line, line
+
+
+def test_a_prefix_lookup_that_returns_two_values_is_driven_the_same(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before 0.26.0 vLLM's `get_computed_blocks` returns (blocks, hit tokens); from 0.26.0 on
+    it adds the shared-prefix boundary, which the workload does not use: the history is the
+    same (was: a ValueError, reported as vLLM's crash)."""
+    bare = run_history(vllm, "hybrid", 11, 60)
+    lookup = vllm.manager.KVCacheManager.get_computed_blocks
+    monkeypatch.setattr(
+        vllm.manager.KVCacheManager,
+        "get_computed_blocks",
+        lambda self, request: lookup(self, request)[:2],
+    )
+    h = run_history(vllm, "hybrid", 11, 60)
+    assert (h.crash, h.findings, h.audited) == (None, (), 60)
+    assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions) != (0, 0)
+
+
+def test_a_manager_kvcanary_cannot_build_is_one_line_naming_the_tree(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.20.0's `KVCacheManager` takes no `scheduler_block_size`: `soak --engine vllm`
+    says so in one line naming the tree, exit 2 (was: exit 3, a kvcanary bug)."""
+    from kvcanary_cli.cli import app
+    from tests.vllm_wheel import wheel_path
+
+    def older(self: Any, kv_cache_config: Any, max_model_len: int, hash_block_size: int) -> None:
+        raise AssertionError("not reached: the call does not fit")
+
+    monkeypatch.setattr(vllm.manager.KVCacheManager, "__init__", older)
+    said = CliRunner().invoke(app, ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path())])
+    assert said.exit_code == 2, said.output
+    [line] = [x for x in said.output.splitlines() if x.startswith("error:")]
+    assert str(wheel_path()) in line and "(vLLM 0.33.0)" in line, line
+    assert "cannot build its KV-cache manager" in line, line
+    assert "unexpected keyword argument 'scheduler_block_size'" in line, line
