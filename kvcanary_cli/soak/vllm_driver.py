@@ -18,6 +18,7 @@ vLLM's code it came from, and ends the history. Nothing here is vLLM's code.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,13 +99,18 @@ class _Scheduler:
         config = m.interface.KVCacheConfig(
             num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
         )
+        sizes = dict(scheduler_block_size=BLOCK_SIZE, hash_block_size=BLOCK_SIZE)
+        taken = inspect.signature(m.manager.KVCacheManager).parameters
+        # (before 0.23.0 the manager takes no scheduler_block_size: it schedules by hash blocks)
         self.manager = m.manager.KVCacheManager(
             config,
             max_model_len=MAX_MODEL_LEN,
-            scheduler_block_size=BLOCK_SIZE,
-            hash_block_size=BLOCK_SIZE,
+            **{k: v for k, v in sizes.items() if k in taken},
             enable_caching=True,
         )
+        #: the manager hands a request's blocks out to be freed later (from 0.24.0 on: the
+        #: frees vLLM's async scheduling defers past the in-flight step); else frees at once
+        self.defers = callable(getattr(self.manager, "pop_blocks_for_free", None))
         hash_fn = m.hashing.sha256
         m.kv_cache_utils.init_none_hash(hash_fn)
         self.hasher = m.kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, hash_fn)
@@ -142,7 +148,7 @@ class _Scheduler:
 
     def release(self, request: Any, *, deferred: bool) -> None:
         """The request's blocks back to the pool: now, or after the in-flight step."""
-        if deferred:
+        if deferred and self.defers:
             blocks = self.manager.pop_blocks_for_free(request)
             if blocks:
                 self.deferred.append((self.step, blocks))
@@ -276,8 +282,23 @@ def _freed_while_held(s: _Scheduler) -> str | None:
         return None
     block = shared[int(s.rng.integers(len(shared)))]
     holders = _holders_text(s, block)
-    s.manager.block_pool.free_blocks([block] * block.ref_cnt)
+    # one free per holder (one call freeing it twice queues it twice before 0.24.0)
+    for _ in range(block.ref_cnt):
+        s.manager.block_pool.free_blocks([block])
     return f"block {block.block_id} freed while held by {holders}"
+
+
+def _forget(s: _Scheduler, request: Any) -> list[Any]:
+    """The request's bookkeeping dropped and its blocks handed back unfreed: the manager's
+    `pop_blocks_for_free`, or where it has none (before 0.24.0) each group's table taken out
+    as that call does."""
+    if s.defers:
+        return list(s.manager.pop_blocks_for_free(request))
+    blocks: list[Any] = []
+    for m in s.manager.coordinator.single_type_managers:
+        blocks += m.req_to_blocks.pop(request.request_id, [])
+        m.num_cached_block.pop(request.request_id, None)
+    return blocks
 
 
 def _leak(s: _Scheduler) -> str | None:
@@ -285,7 +306,7 @@ def _leak(s: _Scheduler) -> str | None:
     if not s.running:
         return None
     request = s.running.pop()
-    blocks = s.manager.pop_blocks_for_free(request)
+    blocks = _forget(s, request)
     s.requests.pop(request.request_id, None)
     s.output_left.pop(request.request_id, None)
     real = [b.block_id for b in blocks if not b.is_null]

@@ -48,9 +48,17 @@ __all__ = [
 #: The releases the stand-ins, the driver and the capture are written for, oldest first; the
 #: newest is the one a download hint names. Where they differ (0.34.0's prefix-cache map holds
 #: block ids; 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole; before 0.26.0
-#: the prefix lookup returns two values, not three) the code reads what the loaded tree has,
-#: never its version.
+#: the prefix lookup returns two values, not three; before 0.24.0 no frees are deferred;
+#: before 0.23.0 the manager takes no scheduler block size) the code reads what the loaded
+#: tree has, never its version.
 RELEASES = (
+    "0.20.0",
+    "0.20.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.22.1",
+    "0.23.0",
     "0.24.0",
     "0.25.0",
     "0.25.1",
@@ -447,7 +455,7 @@ _LOADED: dict[str, VllmModules] = {}
 
 
 def _releases() -> str:
-    """`0.24.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.20.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 
