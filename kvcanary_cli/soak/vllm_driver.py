@@ -5,10 +5,12 @@ scheduler of its own with the calls vLLM's makes, in its order: running requests
 decode token, or the next prefill chunk), the newest running request preempted (freed,
 recomputed later) when a step does not fit; then waiting requests with their prefix-cache
 hits; finished and aborted requests freed at once or, as vLLM's async scheduling does, after
-the in-flight step (`deferred_frees`). Requests share a few prompt prefixes, so prefix hits,
-shared blocks and evictions happen. A full-attention model and a hybrid full +
-sliding-window model (one pool shared by both groups, window blocks replaced by the null
-block).
+the in-flight step (`deferred_frees`; a release before 0.24.0 has no such frees, and frees at
+once). The calls are made as the loaded release takes them (its constructor's arguments, its
+prefix lookup's result), never by its version number. Requests share a few prompt
+prefixes, so prefix hits, shared blocks and evictions happen. A full-attention model and a
+hybrid full + sliding-window model (one pool shared by both groups, window blocks replaced
+by the null block).
 
 After every step the manager is read (`engines.vllm.capture.snapshot`) and checked
 (`engines.vllm.check.audit`). A planted fault edits the pool the way its bug would, at a
