@@ -52,6 +52,8 @@ __all__ = [
 #: before 0.23.0 the manager takes no scheduler block size) the code reads what the loaded
 #: tree has, never its version.
 RELEASES = (
+    "0.19.0",
+    "0.19.1",
     "0.20.0",
     "0.20.1",
     "0.20.2",
@@ -455,7 +457,7 @@ _LOADED: dict[str, VllmModules] = {}
 
 
 def _releases() -> str:
-    """`0.20.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.19.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 
