@@ -20,6 +20,7 @@ Nothing here is vLLM's code.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -489,7 +490,9 @@ def load_vllm(source: str | Path) -> VllmModules:
     modules: dict[str, Any] = {}
     importing = "vllm"
     try:
-        with warnings.catch_warnings():
+        # what vLLM prints or logs while it loads (0.17.x and 0.18.x: two lines about Triton,
+        # its log handler bound to the stdout of the moment) goes to stderr, never into a report
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
             for field, name in _MODULES.items():
                 importing = name

@@ -737,3 +737,19 @@ def test_a_vllm_package_that_reexports_modules_whole_answers_their_names(
     utils = vllm_stack.load_vllm(tree).kv_cache_utils
     assert (utils.helper, utils.reduce_all()) == ("utils", "op")
     assert utils.get_ep_group.__module__ == "vllm.distributed.parallel_state"
+
+
+def test_what_a_vllm_prints_at_import_goes_to_stderr(
+    tmp_path: Path, vllm_unloaded_after: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.17.x and 0.18.x log two lines about Triton at import, to standard output: they
+    go to stderr, never into a report on stdout (`--format json`)."""
+    from kvcanary_cli.soak import vllm_stack
+
+    tree = write_tree(
+        tmp_path / "tree",
+        {**_LOADABLE, "vllm/v1/core/kv_cache_utils.py": "print('INFO Triton is installed')\n"},
+    )
+    vllm_stack.load_vllm(tree)
+    out, err = capsys.readouterr()
+    assert "Triton" not in out and "INFO Triton is installed" in err
