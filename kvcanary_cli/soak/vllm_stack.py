@@ -53,6 +53,10 @@ __all__ = [
 #: before 0.23.0 the manager takes no scheduler block size) the code reads what the loaded
 #: tree has, never its version.
 RELEASES = (
+    "0.17.0",
+    "0.17.1",
+    "0.18.0",
+    "0.18.1",
     "0.19.0",
     "0.19.1",
     "0.20.0",
@@ -458,7 +462,7 @@ _LOADED: dict[str, VllmModules] = {}
 
 
 def _releases() -> str:
-    """`0.19.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.17.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 
