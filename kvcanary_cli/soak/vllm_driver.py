@@ -113,6 +113,10 @@ class _Scheduler:
         #: the manager hands a request's blocks out to be freed later (from 0.24.0 on: the
         #: frees vLLM's async scheduling defers past the in-flight step); else frees at once
         self.defers = callable(getattr(self.manager, "pop_blocks_for_free", None))
+        #: what a release's `Request` wants beyond 0.17.0's (0.15.0 - 0.16.0: an `eos_token_id`;
+        #: None: the workload ends a request by its own count)
+        wants = inspect.signature(m.request.Request).parameters
+        self.request_extra = {"eos_token_id": None} if "eos_token_id" in wants else {}
         hash_fn = m.hashing.sha256
         m.kv_cache_utils.init_none_hash(hash_fn)
         self.hasher = m.kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, hash_fn)
@@ -143,7 +147,9 @@ class _Scheduler:
         rid = f"r{self.next_id}"
         self.next_id += 1
         params = self.m.sampling_params.SamplingParams(max_tokens=64)
-        request = self.m.request.Request(rid, prompt, params, None, block_hasher=self.hasher)
+        request = self.m.request.Request(
+            rid, prompt, params, None, block_hasher=self.hasher, **self.request_extra
+        )
         self.requests[rid] = request
         self.output_left[rid] = int(rng.integers(1, 48))
         self.waiting.append(request)

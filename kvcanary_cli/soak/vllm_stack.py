@@ -50,9 +50,12 @@ __all__ = [
 #: newest is the one a download hint names. Where they differ (0.34.0's prefix-cache map holds
 #: block ids; 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole; before 0.26.0
 #: the prefix lookup returns two values, not three; before 0.24.0 no frees are deferred;
-#: before 0.23.0 the manager takes no scheduler block size) the code reads what the loaded
-#: tree has, never its version.
+#: before 0.23.0 the manager takes no scheduler block size; before 0.17.0 a request wants an
+#: end-of-sequence token) the code reads what the loaded tree has, never its version.
 RELEASES = (
+    "0.15.0",
+    "0.15.1",
+    "0.16.0",
     "0.17.0",
     "0.17.1",
     "0.18.0",
@@ -462,7 +465,7 @@ _LOADED: dict[str, VllmModules] = {}
 
 
 def _releases() -> str:
-    """`0.17.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.15.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 

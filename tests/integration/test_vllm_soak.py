@@ -308,3 +308,24 @@ def test_a_manager_kvcanary_cannot_build_is_one_line_naming_the_tree(
     assert str(wheel_path()) in line and "(vLLM 0.33.0)" in line, line
     assert "cannot build its KV-cache manager" in line, line
     assert "TypeError" in line and "page_bytes" in line, line
+
+
+def test_a_request_that_wants_an_eos_token_id_is_given_none(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.15.x and 0.16.0's `Request` wants an `eos_token_id` after its pooling
+    parameters: it is given None (the workload stops by its own count), and the history is
+    the same (was: refused, kvcanary's workload could not drive it)."""
+    bare = run_history(vllm, "full", 11, 40)
+    made = vllm.request.Request.__init__
+
+    def older(
+        self: Any, rid: str, prompt: Any, params: Any, pooling: Any, eos_token_id: Any, **kw: Any
+    ) -> None:
+        assert eos_token_id is None
+        made(self, rid, prompt, params, pooling, **kw)
+
+    monkeypatch.setattr(vllm.request.Request, "__init__", older)
+    h = run_history(vllm, "full", 11, 40)
+    assert (h.crash, h.findings, h.audited) == (None, (), 40)
+    assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions)
