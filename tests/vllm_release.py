@@ -2,7 +2,8 @@
 process): `python -m tests.vllm_release WHEEL OUT` prints one JSON line per case.
 
 - `clean`: a history of each model, read after every step as soak reads it; the prefix-cache
-  map as kvcanary lists it is checked against vLLM's own `contain` both ways (every listed
+  map as kvcanary lists it is checked against vLLM's own `contain` (before 0.24.0:
+  `get_one_block` and the block's own key) both ways (every listed
   entry is one vLLM has, every hashed block is listed), with the most keys several blocks
   carry at once (the map's other shape); then the same seed through `run_history` with the
   assert hook: what kvcanary found, what vLLM raised.
@@ -34,6 +35,15 @@ def _key(digest: Any, group: int) -> bytes:
     return bytes(digest) + int(group).to_bytes(4, "big")
 
 
+def _cached(s: Any, table: Any, key: bytes, block: int) -> bool:
+    """vLLM's own answer to "does the map hold this key for this block": `contain`, and
+    before 0.24.0 (no `contain`) `get_one_block` finding the key with the block carrying it."""
+    if hasattr(table, "contain"):
+        return bool(table.contain(key, block))
+    found = table.get_one_block(key) is not None
+    return found and s.manager.block_pool.blocks[block].block_hash == key
+
+
 def _clean(modules: Any, model: str, out: Path) -> dict[str, Any]:
     s = _Scheduler(modules, model, 11)
     several = denied = unlisted = findings = 0
@@ -46,7 +56,7 @@ def _clean(modules: Any, model: str, out: Path) -> dict[str, Any]:
             (_key(d, g), int(b))
             for b, g, d in zip(state.map_block, state.map_group, state.map_digest, strict=True)
         }
-        denied += sum(not table.contain(key, block) for key, block in listed)
+        denied += sum(not _cached(s, table, key, block) for key, block in listed)
         unlisted += sum(
             (b.block_hash, b.block_id) not in listed
             for b in s.manager.block_pool.blocks

@@ -1,8 +1,8 @@
-"""vLLM's release wheels (0.33.0, the one the in-process tests load, and 0.34.0), fetched by
-`.ci/run` (`pip download vllm==V --no-deps`) into kvcanary's wheel cache and never installed;
-the tests that run a release's KV-cache manager are skipped, with this module's reason, where
-its wheel is not there (offline) or cannot load. One vLLM per process: another release runs
-in a process of its own (`tests.vllm_release`)."""
+"""vLLM's release wheels (0.33.0, the one the in-process tests load, and every other release
+kvcanary drives), fetched by `.ci/run` (`pip download vllm==V --no-deps`) into kvcanary's
+wheel cache and never installed; the tests that run a release's KV-cache manager are skipped,
+with this module's reason, where its wheel is not there (offline) or cannot load. One vLLM per
+process: another release runs in a process of its own (`tests.vllm_release`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+#: Every release kvcanary reads, oldest first (declared once, with the loader).
+from kvcanary_cli.soak.vllm_stack import RELEASES
 
 __all__ = [
     "MISSING_WHEEL",
@@ -23,8 +26,6 @@ __all__ = [
 ]
 
 WHEEL_VERSION = "0.33.0"
-#: Every release kvcanary reads, oldest first.
-RELEASES = ("0.33.0", "0.34.0")
 #: Points at the wheel file (or a folder holding it) when it is not in the cache.
 WHEEL_ENV = "KVCANARY_VLLM_WHEEL"
 MISSING_WHEEL = (

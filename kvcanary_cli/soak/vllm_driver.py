@@ -5,10 +5,12 @@ scheduler of its own with the calls vLLM's makes, in its order: running requests
 decode token, or the next prefill chunk), the newest running request preempted (freed,
 recomputed later) when a step does not fit; then waiting requests with their prefix-cache
 hits; finished and aborted requests freed at once or, as vLLM's async scheduling does, after
-the in-flight step (`deferred_frees`). Requests share a few prompt prefixes, so prefix hits,
-shared blocks and evictions happen. A full-attention model and a hybrid full +
-sliding-window model (one pool shared by both groups, window blocks replaced by the null
-block).
+the in-flight step (`deferred_frees`; a release before 0.24.0 has no such frees, and frees at
+once). The calls are made as the loaded release takes them (its constructor's arguments, its
+prefix lookup's result), never by its version number. Requests share a few prompt
+prefixes, so prefix hits, shared blocks and evictions happen. A full-attention model and a
+hybrid full + sliding-window model (one pool shared by both groups, window blocks replaced
+by the null block).
 
 After every step the manager is read (`engines.vllm.capture.snapshot`) and checked
 (`engines.vllm.check.audit`). A planted fault edits the pool the way its bug would, at a
@@ -18,6 +20,7 @@ vLLM's code it came from, and ends the history. Nothing here is vLLM's code.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,13 +101,22 @@ class _Scheduler:
         config = m.interface.KVCacheConfig(
             num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
         )
+        sizes = dict(scheduler_block_size=BLOCK_SIZE, hash_block_size=BLOCK_SIZE)
+        taken = inspect.signature(m.manager.KVCacheManager).parameters
+        # (before 0.23.0 the manager takes no scheduler_block_size: it schedules by hash blocks)
         self.manager = m.manager.KVCacheManager(
             config,
             max_model_len=MAX_MODEL_LEN,
-            scheduler_block_size=BLOCK_SIZE,
-            hash_block_size=BLOCK_SIZE,
+            **{k: v for k, v in sizes.items() if k in taken},
             enable_caching=True,
         )
+        #: the manager hands a request's blocks out to be freed later (from 0.24.0 on: the
+        #: frees vLLM's async scheduling defers past the in-flight step); else frees at once
+        self.defers = callable(getattr(self.manager, "pop_blocks_for_free", None))
+        #: what a release's `Request` wants beyond 0.17.0's (0.15.0 - 0.16.0: an `eos_token_id`;
+        #: None: the workload ends a request by its own count)
+        wants = inspect.signature(m.request.Request).parameters
+        self.request_extra = {"eos_token_id": None} if "eos_token_id" in wants else {}
         hash_fn = m.hashing.sha256
         m.kv_cache_utils.init_none_hash(hash_fn)
         self.hasher = m.kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, hash_fn)
@@ -135,14 +147,16 @@ class _Scheduler:
         rid = f"r{self.next_id}"
         self.next_id += 1
         params = self.m.sampling_params.SamplingParams(max_tokens=64)
-        request = self.m.request.Request(rid, prompt, params, None, block_hasher=self.hasher)
+        request = self.m.request.Request(
+            rid, prompt, params, None, block_hasher=self.hasher, **self.request_extra
+        )
         self.requests[rid] = request
         self.output_left[rid] = int(rng.integers(1, 48))
         self.waiting.append(request)
 
     def release(self, request: Any, *, deferred: bool) -> None:
         """The request's blocks back to the pool: now, or after the in-flight step."""
-        if deferred:
+        if deferred and self.defers:
             blocks = self.manager.pop_blocks_for_free(request)
             if blocks:
                 self.deferred.append((self.step, blocks))
@@ -192,7 +206,8 @@ class _Scheduler:
                 budget -= want
         while self.waiting and budget > 0 and not any(r is self.waiting[0] for r, _ in scheduled):
             request = self.waiting[0]
-            hit_blocks, hit, _ = self.manager.get_computed_blocks(request)
+            # (blocks, hit tokens), and from 0.26.0 on the shared-prefix boundary (unused)
+            hit_blocks, hit = self.manager.get_computed_blocks(request)[:2]
             want = min(request.num_tokens - hit, budget)
             if self.manager.allocate_slots(request, want, hit, hit_blocks) is None:
                 break
@@ -275,8 +290,23 @@ def _freed_while_held(s: _Scheduler) -> str | None:
         return None
     block = shared[int(s.rng.integers(len(shared)))]
     holders = _holders_text(s, block)
-    s.manager.block_pool.free_blocks([block] * block.ref_cnt)
+    # one free per holder (one call freeing it twice queues it twice before 0.24.0)
+    for _ in range(block.ref_cnt):
+        s.manager.block_pool.free_blocks([block])
     return f"block {block.block_id} freed while held by {holders}"
+
+
+def _forget(s: _Scheduler, request: Any) -> list[Any]:
+    """The request's bookkeeping dropped and its blocks handed back unfreed: the manager's
+    `pop_blocks_for_free`, or where it has none (before 0.24.0) each group's table taken out
+    as that call does."""
+    if s.defers:
+        return list(s.manager.pop_blocks_for_free(request))
+    blocks: list[Any] = []
+    for m in s.manager.coordinator.single_type_managers:
+        blocks += m.req_to_blocks.pop(request.request_id, [])
+        m.num_cached_block.pop(request.request_id, None)
+    return blocks
 
 
 def _leak(s: _Scheduler) -> str | None:
@@ -284,7 +314,7 @@ def _leak(s: _Scheduler) -> str | None:
     if not s.running:
         return None
     request = s.running.pop()
-    blocks = s.manager.pop_blocks_for_free(request)
+    blocks = _forget(s, request)
     s.requests.pop(request.request_id, None)
     s.output_left.pop(request.request_id, None)
     real = [b.block_id for b in blocks if not b.is_null]
@@ -320,7 +350,13 @@ def run_history(
     step. After kvcanary's first finding the history runs on unaudited (`after_steps` at
     most) to hear whether vLLM's own asserts ever say anything. With `assert_dumps`, the
     manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises."""
-    s = _Scheduler(modules, model, seed)
+    try:
+        s = _Scheduler(modules, model, seed)
+    except Exception as exc:  # the constructors' calls do not fit this release
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        raise VllmLayoutError(
+            f"kvcanary cannot build its KV-cache manager ({KNOWN_LAYOUTS} are built): {text}"
+        ) from None
     h = History(model=model, seed=seed)
     if assert_dumps is not None:
         hook = watch_asserts(

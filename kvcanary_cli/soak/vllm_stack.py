@@ -20,6 +20,7 @@ Nothing here is vLLM's code.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -47,8 +48,41 @@ __all__ = [
 
 #: The releases the stand-ins, the driver and the capture are written for, oldest first; the
 #: newest is the one a download hint names. Where they differ (0.34.0's prefix-cache map holds
-#: block ids) the code reads what the loaded tree has, never its version.
-RELEASES = ("0.33.0", "0.34.0")
+#: block ids; 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole; before 0.26.0
+#: the prefix lookup returns two values, not three; before 0.24.0 no frees are deferred;
+#: before 0.23.0 the manager takes no scheduler block size; before 0.17.0 a request wants an
+#: end-of-sequence token) the code reads what the loaded tree has, never its version.
+RELEASES = (
+    "0.15.0",
+    "0.15.1",
+    "0.16.0",
+    "0.17.0",
+    "0.17.1",
+    "0.18.0",
+    "0.18.1",
+    "0.19.0",
+    "0.19.1",
+    "0.20.0",
+    "0.20.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.22.1",
+    "0.23.0",
+    "0.24.0",
+    "0.25.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+    "0.34.0",
+)
 OLDEST, SUPPORTED = RELEASES[0], RELEASES[-1]
 #: Python packages the manager's modules import for real (the `vllm-cpu` extra).
 EXTRA = "kvcanary[vllm-cpu]"
@@ -267,6 +301,21 @@ def _reexports(init: Path, package: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _star_sources(init: Path, package: str) -> tuple[str, ...]:
+    """The modules a package `__init__` re-exports whole (`from .m import *`), in order."""
+    try:
+        tree = ast.parse(init.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    out: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)]
+            parts = (base if node.level else []) + ([node.module] if node.module else [])
+            out.append(".".join(parts))
+    return tuple(out)
+
+
 def _cpu_platform() -> Any:
     """vLLM's own CPU platform (its `__init__` would probe for CUDA, ROCm, TPU ... first)."""
     return importlib.import_module("vllm.platforms.cpu").CpuPlatform()
@@ -276,10 +325,14 @@ def _cpu_platform() -> Any:
 _DEFINED = {("vllm.platforms", "current_platform"): _cpu_platform}
 
 
+_NOT_THERE = object()
+
+
 class _HollowPackage(types.ModuleType):
     """A vllm package whose `__init__` did not run: a re-exported name resolves on first use."""
 
     _kvcanary_reexports: dict[str, tuple[str, str]]
+    _kvcanary_stars: tuple[str, ...]
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -291,7 +344,7 @@ class _HollowPackage(types.ModuleType):
             return value
         found = self.__dict__.get("_kvcanary_reexports", {}).get(name)
         if found is None:
-            return self._kvcanary_run_init(name)
+            return self._kvcanary_from_stars(name)
         module, attr = found
         if module == self.__name__:
             raise AttributeError(name)
@@ -301,6 +354,21 @@ class _HollowPackage(types.ModuleType):
             value = importlib.import_module(f"{module}.{attr}")
         setattr(self, name, value)
         return value
+
+    def _kvcanary_from_stars(self, name: str) -> Any:
+        """A name the `__init__` re-exports with `from .m import *` (0.30.0 - 0.32.0's
+        `vllm.distributed`): from the last such module that defines it, as the `__init__`
+        would bind it, a stand-in module (which answers every name) only where none does;
+        else the `__init__` runs."""
+        stars = [m for m in self.__dict__.get("_kvcanary_stars", ()) if m != self.__name__]
+        if not name.startswith("_") and stars:
+            loaded = [importlib.import_module(m) for m in reversed(stars)]
+            for module in sorted(loaded, key=lambda m: isinstance(m, _StandinModule)):
+                value = getattr(module, name, _NOT_THERE)
+                if value is not _NOT_THERE:
+                    setattr(self, name, value)
+                    return value
+        return self._kvcanary_run_init(name)
 
     def _kvcanary_run_init(self, name: str) -> Any:
         """A name the `__init__` defines itself: the `__init__` runs now, once (only the small
@@ -356,6 +424,7 @@ class _VllmFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return module
         hollow = _HollowPackage(spec.name)
         hollow._kvcanary_reexports = _reexports(Path(str(spec.origin)), spec.name)
+        hollow._kvcanary_stars = _star_sources(Path(str(spec.origin)), spec.name)
         return hollow
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -396,8 +465,8 @@ _LOADED: dict[str, VllmModules] = {}
 
 
 def _releases() -> str:
-    """`0.33.0 and 0.34.0`: the releases kvcanary drives, for a refusal."""
-    return " and ".join([", ".join(RELEASES[:-1]), RELEASES[-1]] if len(RELEASES) > 1 else RELEASES)
+    """`0.15.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    return f"{OLDEST} to {SUPPORTED}"
 
 
 def _is_vllm(name: str) -> bool:
@@ -428,7 +497,9 @@ def load_vllm(source: str | Path) -> VllmModules:
     modules: dict[str, Any] = {}
     importing = "vllm"
     try:
-        with warnings.catch_warnings():
+        # what vLLM prints or logs while it loads (0.17.x and 0.18.x: two lines about Triton,
+        # its log handler bound to the stdout of the moment) goes to stderr, never into a report
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
             for field, name in _MODULES.items():
                 importing = name

