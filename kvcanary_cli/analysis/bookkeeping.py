@@ -60,6 +60,7 @@ from kvcanary_cli.results.cells import CellColumns, Role, Space
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
+    "held_findings",
     "free_list_findings",
     "full_leaks",
     "leaked_swa_pages",
@@ -760,6 +761,95 @@ def pool_leak_findings(dump: KvDump) -> list[Finding]:
             slot=first,
             details=cast(dict[str, JsonValue], details),
             cells=cells,
+        )
+    ]
+
+
+def held_findings(dump: KvDump) -> list[Finding]:
+    """The running requests' allocated cells (`req_pool_allocated_lens`) where a request
+    outside the batch is involved: `FULL_SLOT_FREE_AND_HELD` (a slot on the free list) and,
+    with the tree's record, `FULL_SLOT_HELD_TWICE` (a slot the tree does not hold in two
+    requests' cells, or twice in one), one cell per held cell.
+
+    A batch row's live cells are the live-cell detectors' (`FREED_SLOT_IN_LIVE_RANGE`,
+    `SLOT_SHARED_ACROSS_POSITIONS`); a running request between batches holds its cells as
+    much, and a slot freed under it is handed to another owner by the next allocation, a step
+    or more before that request reads it again."""
+    free, lens = dump.free_full_slots, dump.req_pool_allocated_lens
+    table = dump.req_to_token
+    if lens is None or not table.complete or table.ndim != 2:
+        return []
+    count, width = (int(n) for n in table.shape)
+    lens = np.clip(np.asarray(lens, dtype=np.int64).reshape(-1)[:count], 0, width)
+    rows = np.flatnonzero(lens > 0)
+    batch = np.asarray(dump.req_pool_indices, dtype=np.int64).reshape(-1)
+    apart = ~np.isin(rows, batch)
+    if not apart.any():
+        return []
+    grid, _ = table.rows(rows, int(lens[rows].max()))
+    grid = np.asarray(grid, dtype=np.int64)
+    at_row, position = np.nonzero(np.arange(grid.shape[1])[None, :] < lens[rows][:, None])
+    slots = grid[at_row, position]
+    outside = apart[at_row]
+    real = slots > 0
+    found: list[Finding] = []
+    if runs(dump, FULL_FREE_LIST) and free is not None:
+        freed = outside & real & SlotSet(np.asarray(free, dtype=np.int64)).contains(slots)
+        found += _held_cells(
+            FindingCode.FULL_SLOT_FREE_AND_HELD,
+            rows[at_row[freed]],
+            position[freed],
+            slots[freed],
+            "is on the free list, yet a running request outside the batch holds it: freed "
+            "while in use",
+        )
+    tree = dump.tree_full_slots
+    if runs(dump, FULL_LEAKS) and tree is not None:
+        untracked = real & ~SlotSet(np.asarray(tree, dtype=np.int64)).contains(slots)
+        twice = held_twice(slots, untracked)
+        # only slots one of whose holders is outside the batch (else the live cells' own)
+        involved = SlotSet(slots[twice & outside]).contains(slots) & twice
+        found += _held_cells(
+            FindingCode.FULL_SLOT_HELD_TWICE,
+            rows[at_row[involved]],
+            position[involved],
+            slots[involved],
+            "is held by two running requests (or twice by one), one outside the batch, and "
+            "the tree does not hold it: handed out twice",
+        )
+    return found
+
+
+def _held_cells(
+    code: FindingCode, pool_row: np.ndarray, position: np.ndarray, slots: np.ndarray, what: str
+) -> list[Finding]:
+    """One finding of running requests' cells (pool row, position, slot), if any."""
+    if slots.size == 0:
+        return []
+    first = int(slots[0])
+    message = (
+        f"full slot {first} (pool row {int(pool_row[0])}) {what}"
+        if slots.size == 1
+        else f"{slots.size} cells of running requests hold full slots that each {what}"
+    )
+    rows = [int(r) for r in distinct(pool_row)[:16]]
+    return [
+        Finding(
+            code=code,
+            group=Group.FULL,
+            space=Space.FULL,
+            message=message,
+            slot=first,
+            pool_row=int(pool_row[0]),
+            position=int(position[0]),
+            details=cast(dict[str, JsonValue], {"rows": rows}),
+            cells=CellColumns(
+                batch_row=np.full(slots.size, -1, dtype=np.int64),
+                pool_row=pool_row.astype(np.int64),
+                position=position.astype(np.int64),
+                slot=slots.astype(np.int64),
+                extra={},
+            ),
         )
     ]
 

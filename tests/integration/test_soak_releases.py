@@ -125,3 +125,18 @@ def test_release_soaks_clean_and_catches_planted_faults(version: str) -> None:
         assert "needs SWA segment frees" in unmapped["refused"], unmapped
     else:
         assert unmapped["found"] == "reserved-slot-freed", unmapped
+
+
+@pytest.mark.parametrize("version", [_release("0.5.14")])
+def test_the_swa_defect_is_named_at_its_first_free(version: str) -> None:
+    """0.5.14's SWA defect is kvcanary's finding at the step its first free of a held full
+    value happens (the live audit never falls back to a `check` that finds nothing): a
+    running request outside the batch holds the freed slots (page size 1: on the free list),
+    or they were handed to another request in that step (16: in two rows, not the tree's)."""
+    lines = json_lines_of_module("tests.release_soak", str(wheel_path(version)), "onset")
+    assert lines == [
+        {"page_size": 1, "step": 25, "found": "use-after-free", "fallbacks": 0,
+         "codes": ["full-slot-free-and-held"]},
+        {"page_size": 16, "step": 24, "found": "cross-request-aliasing", "fallbacks": 0,
+         "codes": ["full-slot-held-twice"]},
+    ]  # fmt: skip
