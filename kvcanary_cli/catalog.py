@@ -713,14 +713,15 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="`full`",
                 when=(
                     "a full slot on `free_full_slots` inside the allocated cells "
-                    "(`req_pool_allocated_lens`) of a running request outside the batch (a batch "
-                    "row's are `freed-slot-in-live-range`'s). Needs those two records and a whole "
-                    "`req_to_token`; otherwise not checked. One cell per held cell"
+                    "(`req_pool_allocated_lens`, a whole `req_to_token`) of a running request "
+                    "outside the batch (a batch row's are `freed-slot-in-live-range`'s), or one "
+                    "the radix tree holds (`tree_full_slots`) and no running request. One cell "
+                    "per held cell; the tree's have no pool row"
                 ),
                 meaning=(
-                    "use after free before the request reads again: its slots were freed while "
-                    "it runs (a radix node's value freed under a running request's lock), and "
-                    "the next allocation hands them to another owner"
+                    "use after free before anyone reads them again: slots freed while a "
+                    "request runs (a radix node's value freed under its lock) or while the tree "
+                    "caches them, which the next allocation hands to another owner"
                 ),
             ),
         ),

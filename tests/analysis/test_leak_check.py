@@ -165,3 +165,32 @@ def test_a_slot_two_running_requests_hold_outside_the_tree_is_named(
     assert finding.cells is not None and finding.cells.slot is not None
     assert sorted(finding.cells.slot.tolist()) == sorted(page.tolist() * 2)
     assert report.diagnosis[0].code.value == "cross-request-aliasing"
+
+
+def _tree_page(page_size: int, *, freed: bool) -> tuple[SynthDump, np.ndarray]:
+    """`_recorded`'s clean state with one more page the tree holds and no row does (taken off
+    the free list; unmapped, as a tombstoned node's); `freed`: the page is back on the free
+    list while the node keeps it (soak's `tree-page-freed`)."""
+    state, _ = _recorded(page_size, drop_page=False)
+    free = np.asarray(state.tensors["free_full_slots"], dtype=np.int64)
+    page = np.arange(page_size, dtype=np.int64) + int(free[-1] // page_size) * page_size
+    state.tensors["tree_full_slots"] = np.append(state.tensors["tree_full_slots"], page)
+    state.tensors["held_full_slots"] = np.append(state.tensors["held_full_slots"], page)
+    if not freed:
+        state.tensors["free_full_slots"] = free[~np.isin(free, page)]
+    return state, page
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("freed", [True, False])
+def test_a_tree_page_on_the_free_list_is_named(page_size: int, freed: bool, tmp_path: Path) -> None:
+    """Nothing else shows an unmapped tree page on the free list until it is handed out."""
+    state, page = _tree_page(page_size, freed=freed)
+    report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="vectorized")
+    if not freed:
+        assert report.findings == ()
+        return
+    [finding] = report.findings
+    assert finding.code is FindingCode.FULL_SLOT_FREE_AND_HELD
+    assert finding.cells is not None and finding.cells.slot is not None
+    assert finding.cells.slot.tolist() == page.tolist()
