@@ -111,6 +111,8 @@ class FindingCode(StrEnum):
     RESERVED_SLOT_IN_USE = "reserved-slot-in-use"
     SWA_PAGE_LEAKED = "swa-page-leaked"
     FULL_PAGE_LEAKED = "full-page-leaked"
+    FULL_SLOT_FREE_AND_HELD = "full-slot-free-and-held"
+    FULL_SLOT_HELD_TWICE = "full-slot-held-twice"
     ROW_OUT_OF_RANGE = "row-out-of-range"
     PREFIX_BEYOND_ROW = "prefix-beyond-row"
     DUPLICATE_REQUEST_ROW = "duplicate-request-row"
@@ -701,6 +703,43 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 meaning=(
                     "an owner dropped without its free (a request released without its KV, a "
                     "tree node removed without freeing it)"
+                ),
+            ),
+        ),
+        (
+            FindingCode.FULL_SLOT_FREE_AND_HELD,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a full slot on `free_full_slots` inside the allocated cells "
+                    "(`req_pool_allocated_lens`, a whole `req_to_token`) of a running request "
+                    "outside the batch (a batch row's are `freed-slot-in-live-range`'s), or one "
+                    "the radix tree holds (`tree_full_slots`) and no running request. One cell "
+                    "per held cell; the tree's have no pool row"
+                ),
+                meaning=(
+                    "use after free before anyone reads them again: slots freed while a "
+                    "request runs (a radix node's value freed under its lock) or while the tree "
+                    "caches them, which the next allocation hands to another owner"
+                ),
+            ),
+        ),
+        (
+            FindingCode.FULL_SLOT_HELD_TWICE,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="`full`",
+                when=(
+                    "a full slot the radix tree does not hold (`tree_full_slots`) inside the "
+                    "allocated cells (`req_pool_allocated_lens`) of two running requests, or "
+                    "twice in one, one of them outside the batch (the batch's own live cells "
+                    "are `slot-shared-across-positions`'s). Needs those records and a whole "
+                    "`req_to_token`; otherwise not checked. One cell per holding cell"
+                ),
+                meaning=(
+                    "a slot freed while a request held it and handed to another: both write "
+                    "their KV into it (cross-request aliasing before either reads the other's)"
                 ),
             ),
         ),
@@ -1626,8 +1665,14 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "find who freed these slots while a request still held them (free on finish "
                     "or retract, radix eviction of a locked node)"
                 ),
-                evidence="`freed-slot-in-live-range` (full pool) not explained above",
-                findings=(FindingCode.FREED_SLOT_IN_LIVE_RANGE,),
+                evidence=(
+                    "`freed-slot-in-live-range` (full pool) not explained above, "
+                    "`full-slot-free-and-held`"
+                ),
+                findings=(
+                    FindingCode.FREED_SLOT_IN_LIVE_RANGE,
+                    FindingCode.FULL_SLOT_FREE_AND_HELD,
+                ),
                 explanations=(
                     ViolationRowCause.USE_AFTER_FREE,
                     ViolationRowCause.STALE_SLOT,
@@ -1651,8 +1696,11 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
                     "was evicted under its lock), or a timeline (the slot went through the free "
                     "list: evicted; it never did: copied)"
                 ),
-                evidence="`slot-shared-across-positions`",
-                findings=(FindingCode.SLOT_SHARED_ACROSS_POSITIONS,),
+                evidence="`slot-shared-across-positions`, `full-slot-held-twice`",
+                findings=(
+                    FindingCode.SLOT_SHARED_ACROSS_POSITIONS,
+                    FindingCode.FULL_SLOT_HELD_TWICE,
+                ),
                 explanations=(ViolationRowCause.ALIASING,),
                 step=(
                     "is live in two requests at different positions",

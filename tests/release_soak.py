@@ -68,5 +68,28 @@ def main(wheel: str) -> None:
         print(json.dumps(line), flush=True)
 
 
+def onset(wheel: str) -> None:
+    """The first `swa` history of 0.5.13 - 0.5.14 (their SWA defect) at page sizes 1 and 16,
+    up to step 26, one JSON line each: where kvcanary flags it (the step the defect first
+    frees a held full value), with which codes, and the live audit's fallbacks before it."""
+    modules = load_sglang(wheel)
+    for page_size in (1, 16):
+        spec = StackSpec.pressured(page_size, "python", "swa")
+        workload = history_workload(0, 0, 1, page_size, "swa")
+        result = run_history(modules, spec, workload, sglang_checks=False, max_steps=26)
+        failure = result.failure
+        line = {
+            "page_size": page_size,
+            "step": None if failure is None else failure.step,
+            "found": None if failure is None else failure.key,
+            "codes": [] if failure is None else sorted(set(failure.codes)),
+            "fallbacks": result.fallbacks,
+        }
+        print(json.dumps(line), flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[2:] == ["onset"]:
+        onset(sys.argv[1])
+    else:
+        main(sys.argv[1])

@@ -60,6 +60,7 @@ from kvcanary_cli.results.cells import CellColumns, Role, Space
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
+    "held_findings",
     "free_list_findings",
     "full_leaks",
     "leaked_swa_pages",
@@ -760,6 +761,122 @@ def pool_leak_findings(dump: KvDump) -> list[Finding]:
             slot=first,
             details=cast(dict[str, JsonValue], details),
             cells=cells,
+        )
+    ]
+
+
+def held_findings(dump: KvDump) -> list[Finding]:
+    """Full slots freed or handed out again while an owner no live-cell detector reads holds
+    them: `FULL_SLOT_FREE_AND_HELD` (on the free list, yet in the allocated cells of a running
+    request outside the batch, `req_pool_allocated_lens`, or with the tree's record a slot
+    the tree holds and no running request) and `FULL_SLOT_HELD_TWICE` (a slot the tree does
+    not hold in two running requests' cells, or twice in one, one outside the batch).
+
+    A batch row's live cells are the live-cell detectors' (`FREED_SLOT_IN_LIVE_RANGE`,
+    `SLOT_SHARED_ACROSS_POSITIONS`); a running request between batches holds its cells as
+    much, and a slot freed under it (or under the tree) is handed to another owner by the
+    next allocation, a step or more before anyone reads it again."""
+    free, tree = dump.free_full_slots, dump.tree_full_slots
+    freed_known = runs(dump, FULL_FREE_LIST) and free is not None
+    free_set = SlotSet(np.asarray(free if free is not None else [], dtype=np.int64))
+    with_tree = runs(dump, FULL_LEAKS) and tree is not None
+    tree_slots = distinct(np.asarray(tree if tree is not None else [], dtype=np.int64))
+    found: list[Finding] = []
+    running = _running_cells(dump)
+    if running is not None:
+        rows, at_row, position, slots, outside = running
+        real = slots > 0
+        if freed_known:
+            freed = outside & real & free_set.contains(slots)
+            found += _held_cells(
+                FindingCode.FULL_SLOT_FREE_AND_HELD,
+                rows[at_row[freed]],
+                position[freed],
+                slots[freed],
+                "is on the free list, yet a running request outside the batch holds it: "
+                "freed while in use",
+            )
+        if with_tree:
+            untracked = real & ~SlotSet(tree_slots).contains(slots)
+            twice = held_twice(slots, untracked)
+            # only slots one of whose holders is outside the batch (else the live cells' own)
+            involved = SlotSet(slots[twice & outside]).contains(slots) & twice
+            found += _held_cells(
+                FindingCode.FULL_SLOT_HELD_TWICE,
+                rows[at_row[involved]],
+                position[involved],
+                slots[involved],
+                "is held by two running requests (or twice by one), one outside the batch, "
+                "and the tree does not hold it: handed out twice",
+            )
+    if freed_known and with_tree:
+        cached = tree_slots[(tree_slots > 0) & free_set.contains(tree_slots)]
+        if running is not None:
+            cached = cached[~np.isin(cached, running[3])]  # a running row's: reported above
+        none = np.full(cached.size, -1, dtype=np.int64)
+        found += _held_cells(
+            FindingCode.FULL_SLOT_FREE_AND_HELD,
+            none,
+            none,
+            cached,
+            "is on the free list, yet the radix tree holds it: freed while cached",
+        )
+    return found
+
+
+def _running_cells(
+    dump: KvDump,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every running request's allocated cell (`req_pool_allocated_lens`) where one runs
+    outside the batch: (its rows, each cell's index into them, position, slot, outside the
+    batch); None without that record, a whole table, or a request outside the batch."""
+    lens, table = dump.req_pool_allocated_lens, dump.req_to_token
+    if lens is None or not table.complete or table.ndim != 2:
+        return None
+    count, width = (int(n) for n in table.shape)
+    lens = np.clip(np.asarray(lens, dtype=np.int64).reshape(-1)[:count], 0, width)
+    rows = np.flatnonzero(lens > 0)
+    batch = np.asarray(dump.req_pool_indices, dtype=np.int64).reshape(-1)
+    apart = ~np.isin(rows, batch)
+    if not apart.any():
+        return None
+    grid, _ = table.rows(rows, int(lens[rows].max()))
+    grid = np.asarray(grid, dtype=np.int64)
+    at_row, position = np.nonzero(np.arange(grid.shape[1])[None, :] < lens[rows][:, None])
+    return rows, at_row, position, grid[at_row, position], apart[at_row]
+
+
+def _held_cells(
+    code: FindingCode, pool_row: np.ndarray, position: np.ndarray, slots: np.ndarray, what: str
+) -> list[Finding]:
+    """One finding of held cells (pool row, position, slot; -1: the tree's, no cell), if any."""
+    if slots.size == 0:
+        return []
+    first = int(slots[0])
+    where = f" (pool row {int(pool_row[0])})" if pool_row[0] >= 0 else ""
+    message = (
+        f"full slot {first}{where} {what}"
+        if slots.size == 1
+        else f"{slots.size} full slots each {what}"
+    )
+    rows = [int(r) for r in distinct(pool_row[pool_row >= 0])[:16]]
+    return [
+        Finding(
+            code=code,
+            group=Group.FULL,
+            space=Space.FULL,
+            message=message,
+            slot=first,
+            pool_row=int(pool_row[0]) if pool_row[0] >= 0 else None,
+            position=int(position[0]) if position[0] >= 0 else None,
+            details=cast(dict[str, JsonValue], {"rows": rows}),
+            cells=CellColumns(
+                batch_row=np.full(slots.size, -1, dtype=np.int64),
+                pool_row=pool_row.astype(np.int64),
+                position=position.astype(np.int64),
+                slot=slots.astype(np.int64),
+                extra={},
+            ),
         )
     ]
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from kvcanary_cli.analysis.bookkeeping import (
     free_list_findings,
+    held_findings,
     lut_bookkeeping_findings,
     pool_leak_findings,
     reconciliation_notes,
@@ -259,6 +260,7 @@ def _collect(
         + slot_findings(dump, cells)
         + free_list_findings(dump)
         + pool_leak_findings(dump)
+        + held_findings(dump)
     )
     # each family runs where `coverage` says it does: the report's coverage is the same answer
     if runs(dump, REQUEST_ROWS):

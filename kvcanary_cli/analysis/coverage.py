@@ -111,7 +111,8 @@ _LUT = "full_to_swa_index_mapping"
 
 FULL_FREE_LIST = CheckFamily(
     name="full free list",
-    covers="live slots on the free list (use after free), full double frees, the reserved "
+    covers="live slots on the free list (a batch row's, or with `req_pool_allocated_lens` a "
+    "running request's: use after free), full double frees, the reserved "
     "page on the free list, free full slots still mapped in the LUT",
     needs=(_need("free_full_slots"),),
 )
@@ -139,7 +140,8 @@ STEP_WRITES = CheckFamily(
 )
 FULL_LEAKS = CheckFamily(
     name="full pool leaks",
-    covers="full slots neither free, nor the tree's, nor a running request's",
+    covers="full slots neither free, nor the tree's, nor a running request's; slots the tree "
+    "does not hold in two running requests' cells",
     needs=(
         _need("tree_full_slots"),
         _need("free_full_slots"),

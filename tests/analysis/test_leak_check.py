@@ -103,3 +103,94 @@ def test_lengths_that_claim_every_cell_stay_bounded(tmp_path: Path) -> None:
     state.tensors["req_pool_allocated_lens"] = np.full(table.shape[0], 2**40, dtype=np.int64)
     report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="vectorized")
     assert FindingCode.FULL_PAGE_LEAKED not in {f.code for f in report.findings}
+
+
+def _held_outside_batch(page_size: int, *, freed: bool) -> tuple[SynthDump, np.ndarray]:
+    """`_recorded`'s clean state with one more running request, outside the batch, whose
+    row holds one page it took off the free list; `freed`: the page is back on the free list
+    while the request still holds it (SGLang 0.5.13 - 0.5.14's SWA tombstone recovery frees a
+    locked node's full value so, a step before that request is in a batch again)."""
+    state, _ = _recorded(page_size, drop_page=False)
+    table = state.tensors["req_to_token"]
+    batch_rows = np.asarray(state.tensors["req_pool_indices"], dtype=np.int64)
+    row = int(next(r for r in range(1, table.shape[0]) if r not in batch_rows))
+    free = np.asarray(state.tensors["free_full_slots"], dtype=np.int64)
+    page = np.arange(page_size, dtype=np.int64) + int(free[-1] // page_size) * page_size
+    assert np.isin(page, free).all()
+    table[row, :page_size] = page
+    state.tensors["req_pool_allocated_lens"][row] = page_size
+    state.tensors["running_req_rows"] = np.append(batch_rows[batch_rows > 0], row)
+    state.tensors["held_full_slots"] = np.append(state.tensors["held_full_slots"], page)
+    if not freed:
+        state.tensors["free_full_slots"] = free[~np.isin(free, page)]
+    return state, page
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_free_slot_a_running_request_outside_the_batch_holds_is_named(
+    page_size: int, tmp_path: Path
+) -> None:
+    state, page = _held_outside_batch(page_size, freed=True)
+    report = checked(load_dump(state.save(tmp_path / "bad.safetensors")), kernel="vectorized")
+    [finding] = report.findings
+    assert finding.code is FindingCode.FULL_SLOT_FREE_AND_HELD
+    assert finding.cells is not None and finding.cells.slot is not None
+    assert finding.cells.slot.tolist() == page.tolist()
+    assert report.diagnosis[0].code.value == "use-after-free"
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_its_clean_twin_is_silent(page_size: int, tmp_path: Path) -> None:
+    state, _ = _held_outside_batch(page_size, freed=False)
+    report = checked(load_dump(state.save(tmp_path / "twin.safetensors")), kernel="vectorized")
+    assert report.findings == ()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_slot_two_running_requests_hold_outside_the_tree_is_named(
+    page_size: int, tmp_path: Path
+) -> None:
+    """The freed page handed out again (to a second running request outside the batch) in
+    the same step: off the free list, in two rows, not the tree's."""
+    state, page = _held_outside_batch(page_size, freed=False)
+    table = state.tensors["req_to_token"]
+    taken = [*state.tensors["running_req_rows"].tolist(), *state.tensors["req_pool_indices"]]
+    row = int(next(r for r in range(1, table.shape[0]) if r not in taken))
+    table[row, :page_size] = page
+    state.tensors["req_pool_allocated_lens"][row] = page_size
+    state.tensors["running_req_rows"] = np.append(state.tensors["running_req_rows"], row)
+    report = checked(load_dump(state.save(tmp_path / "bad.safetensors")), kernel="vectorized")
+    [finding] = report.findings
+    assert finding.code is FindingCode.FULL_SLOT_HELD_TWICE
+    assert finding.cells is not None and finding.cells.slot is not None
+    assert sorted(finding.cells.slot.tolist()) == sorted(page.tolist() * 2)
+    assert report.diagnosis[0].code.value == "cross-request-aliasing"
+
+
+def _tree_page(page_size: int, *, freed: bool) -> tuple[SynthDump, np.ndarray]:
+    """`_recorded`'s clean state with one more page the tree holds and no row does (taken off
+    the free list; unmapped, as a tombstoned node's); `freed`: the page is back on the free
+    list while the node keeps it (soak's `tree-page-freed`)."""
+    state, _ = _recorded(page_size, drop_page=False)
+    free = np.asarray(state.tensors["free_full_slots"], dtype=np.int64)
+    page = np.arange(page_size, dtype=np.int64) + int(free[-1] // page_size) * page_size
+    state.tensors["tree_full_slots"] = np.append(state.tensors["tree_full_slots"], page)
+    state.tensors["held_full_slots"] = np.append(state.tensors["held_full_slots"], page)
+    if not freed:
+        state.tensors["free_full_slots"] = free[~np.isin(free, page)]
+    return state, page
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("freed", [True, False])
+def test_a_tree_page_on_the_free_list_is_named(page_size: int, freed: bool, tmp_path: Path) -> None:
+    """Nothing else shows an unmapped tree page on the free list until it is handed out."""
+    state, page = _tree_page(page_size, freed=freed)
+    report = checked(load_dump(state.save(tmp_path / "d.safetensors")), kernel="vectorized")
+    if not freed:
+        assert report.findings == ()
+        return
+    [finding] = report.findings
+    assert finding.code is FindingCode.FULL_SLOT_FREE_AND_HELD
+    assert finding.cells is not None and finding.cells.slot is not None
+    assert finding.cells.slot.tolist() == page.tolist()
