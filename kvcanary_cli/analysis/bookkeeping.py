@@ -36,6 +36,7 @@ running rows' allocated cells: no loop per slot either.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import numpy as np
@@ -775,61 +776,103 @@ def held_findings(dump: KvDump) -> list[Finding]:
     A batch row's live cells are the live-cell detectors' (`FREED_SLOT_IN_LIVE_RANGE`,
     `SLOT_SHARED_ACROSS_POSITIONS`); a running request between batches holds its cells as
     much, and a slot freed under it (or under the tree) is handed to another owner by the
-    next allocation, a step or more before anyone reads it again."""
+    next allocation, a step or more before anyone reads it again.
+
+    The running cells are read a chunk of rows at a time (`_running_chunks`), whatever the
+    lengths claim: what is held at once is a chunk, the slots the tree does not hold (one
+    narrow copy, to find those held twice) and the cells found."""
     free, tree = dump.free_full_slots, dump.tree_full_slots
     freed_known = runs(dump, FULL_FREE_LIST) and free is not None
     free_set = SlotSet(np.asarray(free if free is not None else [], dtype=np.int64))
     with_tree = runs(dump, FULL_LEAKS) and tree is not None
     tree_slots = distinct(np.asarray(tree if tree is not None else [], dtype=np.int64))
+    tree_set = SlotSet(tree_slots)
+    free_tree = (
+        tree_slots[(tree_slots > 0) & free_set.contains(tree_slots)]
+        if freed_known and with_tree
+        else np.zeros(0, dtype=np.int64)
+    )
     found: list[Finding] = []
-    running = _running_cells(dump)
-    if running is not None:
-        rows, at_row, position, slots, outside = running
-        real = slots > 0
-        if freed_known:
-            freed = outside & real & free_set.contains(slots)
+    chunks = _running_chunks(dump)
+    if chunks is not None:
+        freed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        untracked: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, outside the batch)
+        running_free_tree = np.zeros(free_tree.size, dtype=bool)
+        for rows, position, slots, outside in chunks():
+            real = slots > 0
+            if freed_known:
+                hit = outside & real & free_set.contains(slots)
+                freed.append((rows[hit], position[hit], slots[hit]))
+            if with_tree:
+                mine = real & ~tree_set.contains(slots)
+                untracked.append((_narrow(slots[mine]), outside[mine]))
+            if free_tree.size:  # a running row's: reported with the running cells
+                running_free_tree |= SlotSet(slots).contains(free_tree)
+        free_tree = free_tree[~running_free_tree]
+        if freed:
             found += _held_cells(
                 FindingCode.FULL_SLOT_FREE_AND_HELD,
-                rows[at_row[freed]],
-                position[freed],
-                slots[freed],
+                *_joined(freed),
                 "is on the free list, yet a running request outside the batch holds it: "
                 "freed while in use",
             )
-        if with_tree:
-            untracked = real & ~SlotSet(tree_slots).contains(slots)
-            twice = held_twice(slots, untracked)
+        if untracked:
+            held = np.concatenate([part[0] for part in untracked])
+            apart = np.concatenate([part[1] for part in untracked])
+            twice = held_twice(held)
             # only slots one of whose holders is outside the batch (else the live cells' own)
-            involved = SlotSet(slots[twice & outside]).contains(slots) & twice
-            found += _held_cells(
-                FindingCode.FULL_SLOT_HELD_TWICE,
-                rows[at_row[involved]],
-                position[involved],
-                slots[involved],
-                "is held by two running requests (or twice by one), one outside the batch, "
-                "and the tree does not hold it: handed out twice",
-            )
-    if freed_known and with_tree:
-        cached = tree_slots[(tree_slots > 0) & free_set.contains(tree_slots)]
-        if running is not None:
-            cached = cached[~np.isin(cached, running[3])]  # a running row's: reported above
-        none = np.full(cached.size, -1, dtype=np.int64)
-        found += _held_cells(
-            FindingCode.FULL_SLOT_FREE_AND_HELD,
-            none,
-            none,
-            cached,
-            "is on the free list, yet the radix tree holds it: freed while cached",
-        )
+            involved = SlotSet(distinct(held[twice & apart].astype(np.int64)))
+            del held, apart, twice, untracked
+            if involved.slots.size:
+                cells = [
+                    (rows[hit], position[hit], slots[hit])
+                    for rows, position, slots, _ in chunks()
+                    for hit in [(slots > 0) & involved.contains(slots)]
+                ]
+                found += _held_cells(
+                    FindingCode.FULL_SLOT_HELD_TWICE,
+                    *_joined(cells),
+                    "is held by two running requests (or twice by one), one outside the batch, "
+                    "and the tree does not hold it: handed out twice",
+                )
+    none = np.full(free_tree.size, -1, dtype=np.int64)
+    found += _held_cells(
+        FindingCode.FULL_SLOT_FREE_AND_HELD,
+        none,
+        none,
+        free_tree,
+        "is on the free list, yet the radix tree holds it: freed while cached",
+    )
     return found
 
 
-def _running_cells(
+#: Running cells read at a time by `held_findings`, and the rows looked ahead to fill them.
+_HELD_CHUNK_CELLS = 1 << 20
+_ROWS_AHEAD = 1 << 16
+
+
+def _joined(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chunks' (pool row, position, slot) columns, each joined into one."""
+    rows, positions, slots = (np.concatenate(column) for column in zip(*parts, strict=True))
+    return rows, positions, slots
+
+
+def _narrow(slots: np.ndarray) -> np.ndarray:
+    """Positive slots in the narrowest of int32 and int64 that holds them."""
+    if slots.size and int(slots.max()) < (1 << 31):
+        return slots.astype(np.int32)
+    return slots.astype(np.int64)
+
+
+def _running_chunks(
     dump: KvDump,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Every running request's allocated cell (`req_pool_allocated_lens`) where one runs
-    outside the batch: (its rows, each cell's index into them, position, slot, outside the
-    batch); None without that record, a whole table, or a request outside the batch."""
+) -> Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] | None:
+    """Every running request's allocated cells (`req_pool_allocated_lens`), a chunk of rows at
+    a time, where one runs outside the batch: a function giving, per chunk, each cell's pool
+    row, position, slot and whether its row is outside the batch; None without that record,
+    a whole table, or a request outside the batch."""
     lens, table = dump.req_pool_allocated_lens, dump.req_to_token
     if lens is None or not table.complete or table.ndim != 2:
         return None
@@ -840,10 +883,23 @@ def _running_cells(
     apart = ~np.isin(rows, batch)
     if not apart.any():
         return None
-    grid, _ = table.rows(rows, int(lens[rows].max()))
-    grid = np.asarray(grid, dtype=np.int64)
-    at_row, position = np.nonzero(np.arange(grid.shape[1])[None, :] < lens[rows][:, None])
-    return rows, at_row, position, grid[at_row, position], apart[at_row]
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        start = 0
+        while start < rows.size:
+            # rows while the chunk's grid (rows x its longest row) fits, at least one row
+            ahead = lens[rows[start : start + _ROWS_AHEAD]]
+            grid_sizes = np.arange(1, ahead.size + 1) * np.maximum.accumulate(ahead)
+            fits = int(np.searchsorted(grid_sizes, _HELD_CHUNK_CELLS, side="right"))
+            stop = start + max(1, fits)
+            chunk, lengths = rows[start:stop], lens[rows[start:stop]]
+            grid, _ = table.rows(chunk, int(lengths.max()))
+            at_row, position = np.nonzero(np.arange(grid.shape[1])[None, :] < lengths[:, None])
+            slots = np.asarray(grid, dtype=np.int64)[at_row, position]
+            yield chunk[at_row], position, slots, apart[start:stop][at_row]
+            start = stop
+
+    return chunks
 
 
 def _held_cells(

@@ -194,3 +194,47 @@ def test_a_tree_page_on_the_free_list_is_named(page_size: int, freed: bool, tmp_
     assert finding.code is FindingCode.FULL_SLOT_FREE_AND_HELD
     assert finding.cells is not None and finding.cells.slot is not None
     assert finding.cells.slot.tolist() == page.tolist()
+
+
+def _both_faults(page_size: int) -> SynthDump:
+    """One page freed under a running request outside the batch, and another handed to two
+    running requests outside the batch and the tree: both held-cell findings at once."""
+    state, _ = _held_outside_batch(page_size, freed=True)
+    table = state.tensors["req_to_token"]
+    free = np.asarray(state.tensors["free_full_slots"], dtype=np.int64)
+    other = np.arange(page_size, dtype=np.int64) + int(free[0] // page_size) * page_size
+    taken = [*state.tensors["running_req_rows"].tolist(), *state.tensors["req_pool_indices"]]
+    rows = [r for r in range(1, table.shape[0]) if r not in taken][:2]
+    for row in rows:
+        table[row, :page_size] = other
+        state.tensors["req_pool_allocated_lens"][row] = page_size
+    state.tensors["running_req_rows"] = np.append(state.tensors["running_req_rows"], rows)
+    state.tensors["free_full_slots"] = free[~np.isin(free, other)]
+    return state
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_running_cells_read_a_chunk_at_a_time_find_what_one_read_finds(
+    page_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held-cell findings with chunks of a few cells (rows split across chunks, chunks
+    of one row, a lookahead shorter than the rows) are those of one whole read."""
+    import kvcanary_cli.analysis.bookkeeping as bookkeeping
+
+    dump = load_dump(_both_faults(page_size).save(tmp_path / "d.safetensors"))
+    whole = bookkeeping.held_findings(dump)
+    assert {f.code for f in whole} == {
+        FindingCode.FULL_SLOT_FREE_AND_HELD,
+        FindingCode.FULL_SLOT_HELD_TWICE,
+    }
+
+    def cells(findings: list[object]) -> list[tuple[str, list[int], list[int], list[int]]]:
+        return [
+            (f.code, f.cells.pool_row.tolist(), f.cells.position.tolist(), f.cells.slot.tolist())  # type: ignore[attr-defined]
+            for f in findings
+        ]
+
+    for chunk, ahead in ((1, 1), (3, 2), (7, 5), (64, 3)):
+        monkeypatch.setattr(bookkeeping, "_HELD_CHUNK_CELLS", chunk)
+        monkeypatch.setattr(bookkeeping, "_ROWS_AHEAD", ahead)
+        assert cells(bookkeeping.held_findings(dump)) == cells(whole), (chunk, ahead)
