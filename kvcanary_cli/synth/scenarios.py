@@ -559,6 +559,52 @@ def _full_page_leak(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"slot": page * p}
 
 
+def _running_outside_batch(d: SynthDump, rng: np.random.Generator, *, rows: int) -> np.ndarray:
+    """The dump records what the tree holds (every full slot off the free list) and each pool
+    row's allocated length, and `rows` running requests outside the batch, in pool rows no
+    batch row uses, each hold the same free page (cells 0 .. page): the page, still on the
+    free list."""
+    p = _page_size(d)
+    table = d.tensors["req_to_token"]
+    free = np.asarray(d.tensors["free_full_slots"], dtype=np.int64)
+    held = np.setdiff1d(np.arange(p, int(d.metadata["num_full_slots"]), dtype=np.int64), free)
+    pages = np.unique(free // p)
+    whole = [int(q) for q in pages if np.isin(q * p + np.arange(p), free).all()]
+    batch = set(np.asarray(d.tensors["req_pool_indices"]).tolist())
+    spare = [r for r in range(1, int(table.shape[0])) if r not in batch]
+    if not whole or len(spare) < rows or table.shape[1] < p:
+        raise RuntimeError("needs a whole free page and spare pool rows")
+    page = whole[int(rng.integers(len(whole)))] * p + np.arange(p, dtype=np.int64)
+    lens = np.zeros(int(table.shape[0]), dtype=np.int64)
+    chosen = sorted(int(r) for r in rng.choice(spare, size=rows, replace=False))
+    for row in chosen:
+        table[row, :p] = page
+        lens[row] = p
+    running = np.asarray(d.tensors.get("running_req_rows", np.zeros(0)), dtype=np.int64)
+    d.tensors["running_req_rows"] = np.r_[running, chosen].astype(np.int64)
+    d.tensors["tree_full_slots"] = held
+    d.tensors["req_pool_allocated_lens"] = lens
+    if "held_full_slots" in d.tensors:
+        d.tensors["held_full_slots"] = np.sort(np.r_[d.tensors["held_full_slots"], page])
+    d.truth = {"slot": int(page[0]), "pool_row": chosen[0]}
+    return page
+
+
+def _freed_under_running_request(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang 0.5.13 - 0.5.14's SWA tombstone recovery: a node's full value freed while a
+    running request between batches still holds it (its page back on the free list), a step
+    before that request's next batch or the next allocation."""
+    _running_outside_batch(d, rng, rows=1)
+
+
+def _handed_to_two_running_requests(d: SynthDump, rng: np.random.Generator) -> None:
+    """The same free, a step later: the allocator handed the freed page to a second running
+    request, so two requests outside the batch hold it, and the tree does not."""
+    page = _running_outside_batch(d, rng, rows=2)
+    free = np.asarray(d.tensors["free_full_slots"], dtype=np.int64)
+    d.tensors["free_full_slots"] = free[~np.isin(free, page)]
+
+
 def _free_page_still_mapped(d: SynthDump, rng: np.random.Generator, *, whole: bool) -> None:
     """A free full page that still maps into a free SWA page: all of it (a free that skipped
     the SWA side, SGLang PRs #25385 and #25270) or its second half (PR #27779: free_swa
@@ -1060,6 +1106,23 @@ SCENARIOS: dict[str, Scenario] = {
             expected=("full-page-leaked",),
             allowed=("swa-page-leaked",),
             cause="full-leak",
+        ),
+        Scenario(
+            name="freed-under-running-request",
+            summary="a running request's page, outside the batch, back on the free list "
+            "(SGLang 0.5.13 - 0.5.14's SWA tombstone recovery)",
+            spec=_SWA_PAGED,
+            corrupt=_freed_under_running_request,
+            expected=("full-slot-free-and-held",),
+            cause="use-after-free",
+        ),
+        Scenario(
+            name="page-handed-to-two-running-requests",
+            summary="a page two running requests outside the batch hold, the tree not",
+            spec=_SWA_PAGED,
+            corrupt=_handed_to_two_running_requests,
+            expected=("full-slot-held-twice",),
+            cause="cross-request-aliasing",
         ),
         Scenario(
             name="reserved-swa-page-freed",

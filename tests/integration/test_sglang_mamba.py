@@ -122,7 +122,7 @@ def test_a_waiting_abort_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
     ("fault", "code"),
     [
         ("double-free-group-end", "free-list-duplicate"),
-        ("tree-page-freed", "freed-slot-in-live-range"),
+        ("tree-page-freed", "full-slot-free-and-held"),
     ],
 )
 def test_full_side_faults_act_in_the_mamba_layout(sglang: Any, fault: str, code: str) -> None:
