@@ -291,6 +291,16 @@ def _finding_slots(findings: list[Finding], space: str) -> np.ndarray:
     return distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
+#: Findings a shrunk dump cannot carry (docs/dump-format.md, "Shrunk dumps").
+_NOT_CARRIED = frozenset(
+    {
+        FindingCode.FULL_PAGE_LEAKED,
+        FindingCode.FULL_SLOT_FREE_AND_HELD,
+        FindingCode.FULL_SLOT_HELD_TWICE,
+    }
+)
+
+
 def shrink_dump(
     dump: KvDump,
     out: str | os.PathLike[str],
@@ -329,8 +339,10 @@ def shrink_keep(
     rows = _violation_rows(dump, replays)
     row_full, row_swa = _row_slots(dump, rows)
     # a shrunk dump cannot carry a full-pool leak (its accounting reads the whole free list
-    # and tree record): its slots are not kept for it, so shrinking again keeps the same
-    kept = [f for f in found.findings if f.code is not FindingCode.FULL_PAGE_LEAKED]
+    # and tree record) nor the cells running requests hold outside the batch (every running
+    # request's allocated length): their slots are not kept for them, so shrinking again
+    # keeps the same
+    kept = [f for f in found.findings if f.code not in _NOT_CARRIED]
     slots = provenance_slots(dump, kept)
     row_sources = full_slots_mapping_to(dump, row_swa)
     wanted = set(slots.wanted) | row_full

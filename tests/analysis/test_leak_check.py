@@ -10,6 +10,7 @@ import pytest
 
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import load_dump
+from kvcanary_cli.results.check import Finding
 from kvcanary_cli.synth.scenarios import make_scenario
 from kvcanary_cli.synth.state import SynthDump
 from tests.helpers import checked
@@ -228,9 +229,9 @@ def test_the_running_cells_read_a_chunk_at_a_time_find_what_one_read_finds(
         FindingCode.FULL_SLOT_HELD_TWICE,
     }
 
-    def cells(findings: list[object]) -> list[tuple[str, list[int], list[int], list[int]]]:
+    def cells(findings: list[Finding]) -> list[tuple[str, list[int], list[int], list[int]]]:
         return [
-            (f.code, f.cells.pool_row.tolist(), f.cells.position.tolist(), f.cells.slot.tolist())  # type: ignore[attr-defined]
+            (f.code, f.cells.pool_row.tolist(), f.cells.position.tolist(), f.cells.slot.tolist())  # type: ignore[union-attr]
             for f in findings
         ]
 

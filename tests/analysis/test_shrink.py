@@ -30,8 +30,14 @@ Story = tuple[list[tuple[object, ...]], list[str]]
 
 
 #: Codes a shrunk dump cannot carry: leak accounting needs the whole free lists and what
-#: every held slot maps to, or the whole tree record (docs/dump-format.md, "Shrunk dumps").
-NOT_IN_SHRUNK = {"swa-page-leaked", "full-page-leaked"}
+#: every held slot maps to, or the whole tree record, and the held-cell checks every running
+#: request's allocated length (docs/dump-format.md, "Shrunk dumps").
+NOT_IN_SHRUNK = {
+    "swa-page-leaked",
+    "full-page-leaked",
+    "full-slot-free-and-held",
+    "full-slot-held-twice",
+}
 
 
 def story(report: DumpReport) -> Story:
@@ -55,7 +61,11 @@ def story(report: DumpReport) -> Story:
         if f.code.value not in NOT_IN_SHRUNK
     )
     return [tuple(-1 if v is None else v for v in f) for f in findings], [
-        c.code.value for c in report.diagnosis if c.code.value not in ("swa-leak", "full-leak")
+        c.code.value
+        for c in report.diagnosis
+        if c.code.value not in ("swa-leak", "full-leak")
+        # a cause only codes the shrunk dump cannot carry support
+        and not (c.explains and {code.value for code in c.explains} <= NOT_IN_SHRUNK)
     ]
 
 
