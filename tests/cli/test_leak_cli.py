@@ -199,6 +199,7 @@ def test_a_line_too_long_is_skipped_and_counted(tmp_path: Path) -> None:
     assert "1 lines longer than 65536 bytes skipped" in found["notes"]
 
 
+@pytest.mark.slow  # a process of its own
 def test_an_endless_device_is_one_error_line_not_a_memory_blow_up() -> None:
     """`/dev/zero` has no newline: read line by line whole, it filled memory (exit 3,
     MemoryError). Its NUL bytes say it is no text log."""

@@ -90,6 +90,7 @@ def test_sigterm_mid_write_leaves_no_staged_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == []
 
 
+@pytest.mark.slow  # a four-dump check killed mid-run (3 s): the fast lane keeps the others
 @needs_two_cores
 def test_sigterm_shows_the_cursor_the_progress_bar_hid(four_dumps: list[str]) -> None:
     """On a terminal, the progress bar's hidden cursor is shown again."""

@@ -39,7 +39,12 @@ def _replay(path: Path | str, *engine: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-ENGINES = [pytest.param((), id="sglang"), pytest.param(("--engine", "vllm"), id="vllm")]
+#: vLLM's replay reads its file by the same function: the whole suite runs it, the fast lane
+#: SGLang's (a process each).
+ENGINES = [
+    pytest.param((), id="sglang"),
+    pytest.param(("--engine", "vllm"), id="vllm", marks=pytest.mark.slow),
+]
 
 
 def _oversized(tmp_path: Path) -> Path:

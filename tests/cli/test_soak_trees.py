@@ -163,6 +163,7 @@ def test_a_module_failing_at_import_is_one_line_exit_2(
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # a process per tree (3 s)
 def test_sys_exit_at_import_is_never_a_clean_table(tmp_path: Path) -> None:
     """The same refusal in the table format, by a process of its own: its exit status (exit 0
     with no output read as clean before)."""

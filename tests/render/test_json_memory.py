@@ -56,6 +56,7 @@ def _peak_of(step: Callable[[], object]) -> int:
     return peak - start
 
 
+@pytest.mark.slow  # a large record traced (1.5 s)
 def test_json_to_a_file_is_written_in_pieces(
     wide_report: tuple[CheckReport, int], tmp_path: Path
 ) -> None:
@@ -67,6 +68,7 @@ def test_json_to_a_file_is_written_in_pieces(
     assert peak < _SHARE * size, f"{peak >> 10} KiB held for {size >> 10} KiB of JSON"
 
 
+@pytest.mark.slow  # a large record traced (1.3 s)
 def test_json_to_standard_output_is_written_in_pieces(
     wide_report: tuple[CheckReport, int],
 ) -> None:
