@@ -25,6 +25,7 @@ from kvcanary_cli.capture import DUMP_DIR_ENV, install_from_env
 from kvcanary_cli.capture.server import ORIGINAL_ATTR
 from kvcanary_cli.capture.tree import free_slots, register_tree_cache, tree_for, tree_state
 from tests.sglang_standin import forget_sglang, installed, write_standin
+from tests.torch_extra import needs_torch
 
 
 class _WithPages:
@@ -299,7 +300,7 @@ def test_a_mamba_pool_records_its_layout_at_a_guard_trigger(
     """The guard and snapshot triggers read the runner's request pool: a Mamba one adds the
     layout, its size, row map, free list and the tree's Mamba slots; with no request known,
     no request's Mamba slot is recorded (its absence, not an empty list: nothing is leaked)."""
-    import torch
+    torch = needs_torch()
 
     pool = _mamba_pool()
     tree = SimpleNamespace(
@@ -322,7 +323,7 @@ def test_a_mamba_pool_records_its_layout_at_a_guard_trigger(
 def test_every_live_request_known_records_each_ones_mamba_slots() -> None:
     """Running and waiting requests (a waiting one holds its copy-on-write slot, no row);
     a request listed twice holds its slot once."""
-    import torch
+    torch = needs_torch()
 
     running = SimpleNamespace(
         kv=SimpleNamespace(req_pool_idx=1, kv_allocated_len=3, mamba_pool_idx=torch.tensor(1))

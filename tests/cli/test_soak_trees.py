@@ -666,6 +666,7 @@ def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
 ) -> None:
     """An older vLLM's modules import what kvcanary's stand-ins do not offer: the one line
     names the tree's release, and the releases kvcanary drives when it is not one of them."""
+    needs_torch()  # vLLM's manager imports torch
     from kvcanary_cli.soak import vllm_stack
 
     tree = write_tree(
@@ -726,6 +727,7 @@ def test_a_vllm_package_that_reexports_modules_whole_answers_their_names(
     (`from .parallel_state import *`), and their KV-cache utilities import names from it:
     each resolves from the module that defines it, a stand-in where that module is one of
     kvcanary's (was: the import failed, and the release was refused)."""
+    needs_torch()  # vLLM's manager imports torch
     from kvcanary_cli.soak import vllm_stack
 
     tree = write_tree(
@@ -753,6 +755,7 @@ def test_what_a_vllm_prints_at_import_goes_to_stderr(
 ) -> None:
     """vLLM 0.17.x and 0.18.x log two lines about Triton at import, to standard output: they
     go to stderr, never into a report on stdout (`--format json`)."""
+    needs_torch()  # vLLM's manager imports torch
     from kvcanary_cli.soak import vllm_stack
 
     tree = write_tree(
