@@ -807,7 +807,7 @@ def held_findings(dump: KvDump) -> list[Finding]:
                 mine = real & ~tree_set.contains(slots)
                 untracked.append((_narrow(slots[mine]), outside[mine]))
             if free_tree.size:  # a running row's: reported with the running cells
-                running_free_tree |= SlotSet(slots).contains(free_tree)
+                running_free_tree |= np.isin(free_tree, slots)
         free_tree = free_tree[~running_free_tree]
         if freed:
             found += _held_cells(
