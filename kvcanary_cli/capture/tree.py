@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kvcanary_cli.dump.schema import LAYOUT_KEY, RESERVED_PAGES_KEY, Layout
@@ -169,6 +169,15 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
     return held, resident, locked
 
 
+def _nodes_below(root: Any) -> Iterator[Any]:
+    """Every node under `root` (not the root itself), depth first."""
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        yield node
+
+
 def walk_component_nodes(tree: Any) -> tuple[Any, Any] | None:
     """(SWA-resident slots, unlocked slots) of a tree without `walk_for_kv_canary` whose nodes
     keep per-component records (`component_data`, indexed by the tree's `components`), as
@@ -184,10 +193,7 @@ def walk_component_nodes(tree: Any) -> tuple[Any, Any] | None:
         return None
     resident: list[Any] = []
     unlocked: list[Any] = []
-    stack = list(root.children.values())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children.values())
+    for node in _nodes_below(root):
         data = node.component_data
         value = data[full].value
         if value is None:
@@ -447,10 +453,7 @@ def _tree_host_values(tree: Any, kind: str = "FULL") -> tuple[Any, Any, Any] | N
     slots: list[Any] = []
     nodes: list[int] = []
     locks: list[int] = []
-    stack = list(root.children.values())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children.values())
+    for node in _nodes_below(root):
         data = node.component_data[component] if component is not None else node
         value = getattr(data, "host_value", None)
         if value is None:
