@@ -36,7 +36,7 @@ running rows' allocated cells: no loop per slot either.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import cast
 
 import numpy as np
@@ -463,18 +463,11 @@ def _tree_and_running(dump: KvDump, running: np.ndarray | None) -> np.ndarray | 
 def _running_slots(dump: KvDump) -> np.ndarray | None:
     """The full slots running requests hold: each pool row up to its recorded allocated
     length (`req_pool_allocated_lens`); None without that record or with a partial table."""
-    lens = dump.req_pool_allocated_lens
-    if lens is None or not dump.req_to_token.complete or dump.req_to_token.ndim != 2:
+    running = _running_rows(dump)
+    if running is None:
         return None
-    rows_count, width = (int(n) for n in dump.req_to_token.shape)
-    lens = np.clip(np.asarray(lens, dtype=np.int64)[:rows_count], 0, width)
-    rows = np.flatnonzero(lens > 0)
-    if rows.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    table, _ = dump.req_to_token.rows(rows, int(lens[rows].max()))
-    within = np.arange(table.shape[1])[None, :] < lens[rows][:, None]
-    slots: np.ndarray = table[within].astype(np.int64)
-    return slots
+    parts = [slots for _, _, slots in _running_cells(dump, *running)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _swa_leaks(dump: KvDump, full: np.ndarray, swa: np.ndarray) -> list[Finding]:
@@ -652,34 +645,15 @@ def _page(dump: KvDump) -> int:
     return _page_size(dump.scalars["page_size"].value)
 
 
-#: Table cells gathered per step when reading the running rows (bounds the memory).
-_CHUNK_CELLS = 1 << 22
-
-
 def _running_mask(dump: KvDump, size: int, page: int) -> np.ndarray:
     """Which slots of `[0, size)` the running requests hold: every page one of their
     allocated cells (`req_pool_allocated_lens`) lies in, whole (SGLang allocates pages; a
     row's last page is partly unwritten). A boolean array, filled a chunk of rows at a time,
     so the memory is the pool's, whatever the lengths claim."""
-    pages = -(-size // page)
-    held = np.zeros(pages, dtype=bool)
-    lens = dump.req_pool_allocated_lens
-    table = dump.req_to_token
-    if lens is None:
-        return held
-    width = int(table.shape[1])
-    lens = np.minimum(np.asarray(lens, dtype=np.int64).reshape(-1)[: int(table.shape[0])], width)
-    rows = np.flatnonzero(lens > 0)
-    per_step = max(1, _CHUNK_CELLS // max(width, 1))
-    for start in range(0, rows.size, per_step):
-        chunk = rows[start : start + per_step]
-        lengths = lens[chunk]
-        cols = np.arange(int(lengths.max()), dtype=np.int64)
-        inside = cols[None, :] < lengths[:, None]
-        flat = (chunk[:, None] * width + cols[None, :])[inside]
-        values, known = table.take_known(flat)
-        values = np.asarray(values, dtype=np.int64)[np.asarray(known, dtype=bool)]
-        held[values[(values >= 0) & (values < size)] // page] = True
+    held = np.zeros(-(-size // page), dtype=bool)
+    running = _running_rows(dump)
+    for _, _, slots in _running_cells(dump, *running) if running is not None else ():
+        held[slots[(slots >= 0) & (slots < size)] // page] = True
     return np.repeat(held, page)[:size]
 
 
@@ -778,7 +752,7 @@ def held_findings(dump: KvDump) -> list[Finding]:
     much, and a slot freed under it (or under the tree) is handed to another owner by the
     next allocation, a step or more before anyone reads it again.
 
-    The running cells are read a chunk of rows at a time (`_running_chunks`), whatever the
+    The running cells are read a chunk of rows at a time (`_running_cells`), whatever the
     lengths claim: what is held at once is a chunk, the slots the tree does not hold (one
     narrow copy, to find those held twice) and the cells found."""
     free, tree = dump.free_full_slots, dump.tree_full_slots
@@ -793,8 +767,14 @@ def held_findings(dump: KvDump) -> list[Finding]:
         else np.zeros(0, dtype=np.int64)
     )
     found: list[Finding] = []
-    chunks = _running_chunks(dump)
-    if chunks is not None:
+    running = _running_rows(dump)
+    batch = np.asarray(dump.req_pool_indices, dtype=np.int64).reshape(-1)
+    if running is not None and not np.isin(running[0], batch).all():
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+            for rows, position, slots in _running_cells(dump, *running):
+                yield rows, position, slots, ~np.isin(rows, batch)
+
         freed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         untracked: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, outside the batch)
         running_free_tree = np.zeros(free_tree.size, dtype=bool)
@@ -846,8 +826,8 @@ def held_findings(dump: KvDump) -> list[Finding]:
     return found
 
 
-#: Running cells read at a time by `held_findings`, and the rows looked ahead to fill them.
-_HELD_CHUNK_CELLS = 1 << 20
+#: Running cells read at a time (`_running_cells`), and the rows looked ahead to fill them.
+_RUNNING_CHUNK_CELLS = 1 << 20
 _ROWS_AHEAD = 1 << 16
 
 
@@ -866,40 +846,37 @@ def _narrow(slots: np.ndarray) -> np.ndarray:
     return slots.astype(np.int64)
 
 
-def _running_chunks(
-    dump: KvDump,
-) -> Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] | None:
-    """Every running request's allocated cells (`req_pool_allocated_lens`), a chunk of rows at
-    a time, where one runs outside the batch: a function giving, per chunk, each cell's pool
-    row, position, slot and whether its row is outside the batch; None without that record,
-    a whole table, or a request outside the batch."""
+def _running_rows(dump: KvDump) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pool rows of running requests (`req_pool_allocated_lens` above 0) and their
+    allocated lengths, clipped to the table; None without that record or a whole table."""
     lens, table = dump.req_pool_allocated_lens, dump.req_to_token
     if lens is None or not table.complete or table.ndim != 2:
         return None
     count, width = (int(n) for n in table.shape)
     lens = np.clip(np.asarray(lens, dtype=np.int64).reshape(-1)[:count], 0, width)
     rows = np.flatnonzero(lens > 0)
-    batch = np.asarray(dump.req_pool_indices, dtype=np.int64).reshape(-1)
-    apart = ~np.isin(rows, batch)
-    if not apart.any():
-        return None
+    return rows, lens[rows]
 
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        start = 0
-        while start < rows.size:
-            # rows while the chunk's grid (rows x its longest row) fits, at least one row
-            ahead = lens[rows[start : start + _ROWS_AHEAD]]
-            grid_sizes = np.arange(1, ahead.size + 1) * np.maximum.accumulate(ahead)
-            fits = int(np.searchsorted(grid_sizes, _HELD_CHUNK_CELLS, side="right"))
-            stop = start + max(1, fits)
-            chunk, lengths = rows[start:stop], lens[rows[start:stop]]
-            grid, _ = table.rows(chunk, int(lengths.max()))
-            at_row, position = np.nonzero(np.arange(grid.shape[1])[None, :] < lengths[:, None])
-            slots = np.asarray(grid, dtype=np.int64)[at_row, position]
-            yield chunk[at_row], position, slots, apart[start:stop][at_row]
-            start = stop
 
-    return chunks
+def _running_cells(
+    dump: KvDump, rows: np.ndarray, lens: np.ndarray
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The allocated cells of `rows` (`_running_rows`), a chunk of rows at a time: each
+    cell's pool row, position and slot (int64). A chunk is the rows whose grid (rows x the
+    longest) fits `_RUNNING_CHUNK_CELLS`, at least one: the memory is a chunk's, whatever the
+    lengths claim (the leak checks and `held_findings` read every running cell)."""
+    table = dump.req_to_token
+    start = 0
+    while start < rows.size:
+        ahead = lens[start : start + _ROWS_AHEAD]
+        grid_sizes = np.arange(1, ahead.size + 1) * np.maximum.accumulate(ahead)
+        fits = int(np.searchsorted(grid_sizes, _RUNNING_CHUNK_CELLS, side="right"))
+        stop = start + max(1, fits)
+        chunk, lengths = rows[start:stop], lens[start:stop]
+        grid, _ = table.rows(chunk, int(lengths.max()))
+        at_row, position = np.nonzero(np.arange(grid.shape[1])[None, :] < lengths[:, None])
+        yield chunk[at_row], position, np.asarray(grid, dtype=np.int64)[at_row, position]
+        start = stop
 
 
 def _held_cells(

@@ -218,8 +218,9 @@ def _both_faults(page_size: int) -> SynthDump:
 def test_the_running_cells_read_a_chunk_at_a_time_find_what_one_read_finds(
     page_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The held-cell findings with chunks of a few cells (rows split across chunks, chunks
-    of one row, a lookahead shorter than the rows) are those of one whole read."""
+    """The held-cell findings, the full pool's accounting and the held slots, with chunks of
+    a few cells (rows split across chunks, chunks of one row, a lookahead shorter than the
+    rows), are those of one whole read."""
     import kvcanary_cli.analysis.bookkeeping as bookkeeping
 
     dump = load_dump(_both_faults(page_size).save(tmp_path / "d.safetensors"))
@@ -235,7 +236,15 @@ def test_the_running_cells_read_a_chunk_at_a_time_find_what_one_read_finds(
             for f in findings
         ]
 
+    leaks, held = bookkeeping.full_leaks(dump), bookkeeping.recorded_held_slots(dump)
+    assert leaks is not None and leaks[1]["uncached"] > 0 and held is not None
+
     for chunk, ahead in ((1, 1), (3, 2), (7, 5), (64, 3)):
-        monkeypatch.setattr(bookkeeping, "_HELD_CHUNK_CELLS", chunk)
+        monkeypatch.setattr(bookkeeping, "_RUNNING_CHUNK_CELLS", chunk)
         monkeypatch.setattr(bookkeeping, "_ROWS_AHEAD", ahead)
         assert cells(bookkeeping.held_findings(dump)) == cells(whole), (chunk, ahead)
+        chunked = bookkeeping.full_leaks(dump)
+        assert chunked is not None and chunked[1] == leaks[1], (chunk, ahead)
+        assert np.array_equal(chunked[0], leaks[0]), (chunk, ahead)
+        again = bookkeeping.recorded_held_slots(dump)
+        assert again is not None and np.array_equal(again, held), (chunk, ahead)
