@@ -5,8 +5,8 @@ the Mamba free list, the tree's and every live request's Mamba slots, waiting re
 copy-on-write slots included), a correct state checks clean with SGLang's own checks silent,
 and a tree-held Mamba slot pushed onto the free list is named at the next audit, while SGLang's
 busy check, which has no Mamba check, says nothing. The soak's own Mamba histories retract and
-abort in chunked prefill, so a lock leaked there is found; a waiting request aborted with the
-copy-on-write slot its prefix match took gives that slot back, as SGLang's scheduler does.
+abort in chunked prefill, so a lock leaked there is found; a request the adder turns down gives
+back the copy-on-write slot its prefix match took, as SGLang's scheduler does.
 """
 
 from __future__ import annotations
@@ -110,11 +110,27 @@ def test_soak_history_leaks_a_lock_where_it_releases_without_caching(
     assert clean.failure is None and clean.sglang_counts == {}
 
 
-def test_a_waiting_abort_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
-    """Waiting requests that matched a cached Mamba state hold a copy-on-write slot; aborted
-    there, each gives it back (`release_kv_cache` without caching): no slot leaks."""
+def test_a_request_turned_down_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
+    """A waiting request whose prefix match took a copy-on-write Mamba slot and which the
+    adder then turns down gives the slot back in that round, as SGLang's scheduler does
+    (`get_new_batch_prefill`): between steps no waiting request holds a Mamba slot, and
+    aborts while waiting leak nothing."""
+    from kvcanary_cli.soak.calls import holds_mamba
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.stack import StackSpec, build_stack
+    from kvcanary_cli.soak.workload import random_workload
+
+    workload = random_workload(
+        9, steps=40, requests=16, max_prompt=60, max_new=40, aborts=0.5, abort_within=6
+    )
+    scheduler = Scheduler(build_stack(sglang, StackSpec.pressured(1, "python", "mamba")), workload)
+    holding = []
+    while scheduler.step_no < 30:
+        scheduler.step()
+        holding += [(scheduler.step_no, r.rid) for r in scheduler.waiting if holds_mamba(r)]
+    assert holding == []
+    assert scheduler.counters.aborts_waiting > 0 and scheduler.counters.extends > 0
     result = _run(sglang, 9, 40, max_steps=30, requests=16, max_new=40, aborts=0.5, within=6)
-    assert result.counters.aborts_waiting > 0
     assert result.failure is None, (result.failure.step, result.failure.codes)
 
 
