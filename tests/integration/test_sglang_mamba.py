@@ -94,7 +94,7 @@ def _soak_history(sglang: Any, history: int, **kw: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("history", "event"), [(1, "aborts_chunked"), (11, "retractions")], ids=["chunk", "retract"]
+    ("history", "event"), [(25, "aborts_chunked"), (11, "retractions")], ids=["chunk", "retract"]
 )
 def test_soak_history_leaks_a_lock_where_it_releases_without_caching(
     sglang: Any, history: int, event: str
@@ -108,6 +108,36 @@ def test_soak_history_leaks_a_lock_where_it_releases_without_caching(
     clean = _soak_history(sglang, history, max_steps=leaked.steps + 1)
     assert getattr(clean.counters, event) > 0, clean.counters
     assert clean.failure is None and clean.sglang_counts == {}
+
+
+def test_a_chunk_checkpoint_lands_on_a_node_holding_a_state(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's first Mamba history: a warm-up finishes in the prefill where the next
+    request's first chunk ends, so that chunk's checkpoint finds its node already holding a
+    Mamba state (`mamba_exist`: SGLang frees the copy the tree did not take); clean, SGLang
+    silent. Without warm-ups no chunk's checkpoint met one."""
+    from importlib import import_module
+
+    component = import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+    cleanup = component.MambaComponent.cleanup_after_caching_req
+    found: list[str] = []
+
+    def counting(
+        self: Any,
+        req: Any,
+        is_finished: bool,
+        insert_result: Any = None,
+        insert_params: Any = None,
+    ) -> Any:
+        if not is_finished and insert_result is not None and insert_result.mamba_exist:
+            found.append(req.rid)
+        return cleanup(self, req, is_finished, insert_result, insert_params)
+
+    monkeypatch.setattr(component.MambaComponent, "cleanup_after_caching_req", counting)
+    result = _soak_history(sglang, 0, max_steps=4)
+    assert found, "no chunk checkpoint found its node holding a state"
+    assert result.failure is None and result.sglang_counts == {}
 
 
 def test_a_request_turned_down_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
@@ -148,7 +178,7 @@ def test_full_side_faults_act_in_the_mamba_layout(sglang: Any, fault: str, code:
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
-    workload = history_workload(0, 1, 2, layout="mamba")
+    workload = history_workload(0, 6, 2, layout="mamba")
     result = run_history(sglang, StackSpec.pressured(1, "rust", "mamba"), workload, fault=fault)
     assert result.fault_acted > 0 and result.failure is not None
     assert code in result.failure.codes, result.failure.codes
