@@ -670,7 +670,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     while steps < budget:
         spec = specs[histories % len(specs)]
         # the workload soak's command draws for this history, under the same serving options
-        workload = history_workload(seed, histories, len(specs), spec.page_size)
+        workload = history_workload(seed, histories, len(specs), spec.page_size, layout)
         stack = build_stack(modules, spec, need_sort=workload.need_sort)
         scheduler = Scheduler(stack, workload)
         limit = min(workload.steps * 4 + 64, budget - steps)

@@ -11,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -140,3 +141,31 @@ def test_on_another_vllm_release_the_mutants_it_lacks_are_left_out_and_named(
     assert f"{len(kept)} of {len(vllm)} apply" in said and "pool-reuse-keeps-hash" in said
     # on the snippets' own release nothing is left out quietly: planting fails loudly
     assert mutants._fitting(tmp_path, "0.33.0", vllm) == (vllm, [])
+
+
+class _Drawn(Exception):
+    """Stops `sglang_alone` once its first history's workload is drawn."""
+
+
+@pytest.mark.parametrize("layout", ["swa", "unified", "mamba"])
+def test_sglang_alone_runs_the_soak_workload_of_its_layout(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's checks alone run the histories soak runs on that layout (the Mamba layout's
+    requests that may stop early, unified memory's lazy compaction), not the SWA layout's."""
+    from types import SimpleNamespace
+
+    from kvcanary_cli.soak import command
+
+    real = command.history_workload
+    drawn: list[object] = []
+
+    def recording(*args: Any, **kwargs: Any) -> object:
+        drawn.append(real(*args, **kwargs))
+        raise _Drawn
+
+    monkeypatch.setattr(command, "history_workload", recording)
+    with pytest.raises(_Drawn):
+        mutants.sglang_alone(SimpleNamespace(cores=("python",)), 10, 0, layout)
+    shapes = len(command._specs(None, ("python",), None, layout))
+    assert drawn == [real(0, 0, shapes, 1, layout)]

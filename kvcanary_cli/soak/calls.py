@@ -56,6 +56,7 @@ __all__ = [
     "skipped_components",
     "swa_boundary",
     "tree_unlock_name",
+    "turn_down_mamba",
 ]
 
 
@@ -75,6 +76,19 @@ def holds_mamba(req: Any) -> bool:
     """Whether a request holds a Mamba state slot (a waiting one: the copy-on-write slot its
     prefix match took); never outside the Mamba layout."""
     return getattr(kv_record(req), "mamba_pool_idx", None) is not None
+
+
+def turn_down_mamba(req: Any, mamba_allocator: Any) -> None:
+    """What SGLang's scheduler undoes for a request the adder turned down after its prefix
+    match: the copy-on-write source and clear flag the match staged (0.5.15 on), and the
+    Mamba slot it took, freed (a waiting request holds none between rounds)."""
+    record = kv_record(req)
+    if hasattr(record, "mamba_cow_src_index"):
+        record.mamba_cow_src_index = None
+        record.mamba_needs_clear = False
+    if holds_mamba(req):
+        mamba_allocator.free(record.mamba_pool_idx.unsqueeze(-1))
+        record.mamba_pool_idx = None
 
 
 def extend_end(req: Any) -> int | None:

@@ -74,7 +74,10 @@ def history_workload(
     a running request's rest, and decode, which runs them to their length, retracts), with
     prompts up to three chunks and aborts within a few steps of arriving (some land in
     chunked prefill): there, fixed-length requests never retracted and no abort ever met a
-    chunk."""
+    chunk. A warm-up of one Mamba chunk (`CHUNK` tokens, one output token) comes before the
+    earliest request of each stem: a chunk's checkpoint then can land on a node that already
+    holds a state (none did without them)."""
+    from kvcanary_cli.soak.mamba import CHUNK
     from kvcanary_cli.soak.workload import random_workload
 
     rounds = history // specs
@@ -88,6 +91,8 @@ def history_workload(
         aborts=MAMBA_ABORTS if mamba else ABORTS,
         ignore_eos=not mamba,
         abort_within=MAMBA_ABORT_WITHIN if mamba else None,
+        warmups=mamba,
+        warmup_grid=CHUNK,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,

@@ -3,16 +3,18 @@
 Each `step` mirrors SGLang 0.5.23's `get_next_batch_to_run` (stash the chunked request, merge
 the last prefill batch into the running one, filter finished requests), then either
 `get_new_batch_prefill` (a `PrefillAdder` admits waiting requests: prefix match, locks,
-chunking; `ScheduleBatch.prepare_for_extend` allocates, evicting the tree under pressure) or
+chunking; the request it turns down gives back the copy-on-write Mamba slot its match took;
+`ScheduleBatch.prepare_for_extend` allocates, evicting the tree under pressure) or
 `update_running_batch` (`check_decode_mem`, `retract_decode`, `prepare_for_decode`, which frees
 out-of-window SWA). Aborts come first, as SGLang's `abort_request` then
 `process_pending_chunked_abort` take them: a waiting request is dropped and its cache attempt
-finished as aborted (one holding a Mamba slot, the copy-on-write slot its prefix match took, is
-released without caching, as SGLang's `abort_request` does), the chunked request is released
-without caching (`release_kv_cache(checkpoint=False)`), a running one is marked `to_finish`
-and freed by its next result. The forward is a random next token per request; the result
-processing is `process_batch_result_prefill` / `_decode`'s memory part inside one free group
-(`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches memory is SGLang's own.
+finished as aborted (one holding a Mamba slot, which only a streaming session's request does
+between rounds, is released without caching, as SGLang's `abort_request` does), the chunked
+request is released without caching (`release_kv_cache(checkpoint=False)`), a running one is
+marked `to_finish` and freed by its next result. The forward is a random next token per
+request; the result processing is `process_batch_result_prefill` / `_decode`'s memory part
+inside one free group (`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches
+memory is SGLang's own.
 
 A fully idle step runs what SGLang's `on_idle` does to memory before its idle checks: unified
 memory's compaction pass (`flush_opportunistic`).
@@ -43,6 +45,7 @@ from kvcanary_cli.soak.calls import (
     releaser,
     retract_arguments,
     row_of,
+    turn_down_mamba,
 )
 from kvcanary_cli.soak.stack import Stack
 from kvcanary_cli.soak.workload import VOCAB, Workload
@@ -321,6 +324,10 @@ class Scheduler:
                 req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
             )
             if res != result.CONTINUE:
+                mamba = getattr(pool, "mamba_allocator", None)
+                turned_down = not adder.can_run_list or req is not adder.can_run_list[-1]
+                if mamba is not None and turned_down:
+                    turn_down_mamba(req, mamba)
                 break
         can_run = adder.can_run_list
         if not can_run:

@@ -135,17 +135,24 @@ def random_workload(
     lazy_compaction: bool = False,
     ignore_eos: bool = True,
     abort_within: int | None = None,
+    warmups: bool = False,
+    warmup_grid: int = 16,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
     few steps after they arrive (drawn apart: the arrivals are those of `aborts=0`), within
-    `abort_within` steps (default: twice `max_new`)."""
+    `abort_within` steps (default: twice `max_new`). With `warmups`, the earliest request
+    sharing each stem's first `warmup_grid` tokens has a warm-up come just before it, in the
+    same step: those tokens alone, one output token (a client caching a system prompt). The
+    warm-up finishes in its prefill, where the other request's first chunk may end, so that
+    chunk's checkpoint finds its node already holding a Mamba state."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
         for _ in range(int(rng.integers(1, 4)))
     ]
     arrivals = []
+    shared: list[tuple[int, ...]] = []  # the stem part of each prompt
     last = max(1, steps * 3 // 4)
     for _ in range(requests):
         stem = stems[int(rng.integers(len(stems)))] if rng.random() < 0.7 else ()
@@ -153,9 +160,28 @@ def random_workload(
         tail_len = int(rng.integers(1, max(2, max_prompt - cut)))
         tail = tuple(int(t) for t in rng.integers(1, VOCAB, size=tail_len))
         prompt = (stem[:cut] + tail)[:max_prompt]
+        shared.append(stem[: min(cut, len(prompt))])
         arrivals.append(
             Arrival(int(rng.integers(0, last)), prompt, int(rng.integers(1, max_new + 1)))
         )
+    if warmups:
+        first: dict[tuple[int, ...], int] = {}  # a stem's first chunk: its earliest sharer
+        for i, stem in enumerate(shared):
+            key = stem[:warmup_grid]
+            if len(key) < warmup_grid:
+                continue
+            if key not in first or arrivals[i].step < arrivals[first[key]].step:
+                first[key] = i
+        warmed = set(first.values())
+        arrivals = [
+            one
+            for i, arrival in enumerate(arrivals)
+            for one in (
+                [Arrival(arrival.step, shared[i][:warmup_grid], 1), arrival]
+                if i in warmed
+                else [arrival]
+            )
+        ]
     if aborts > 0:
         within = max(2, abort_within or 2 * max_new)
         draw = np.random.default_rng([seed, 0xAB0])

@@ -162,6 +162,36 @@ def test_mamba_histories_estimate_outputs_and_abort_early() -> None:
     assert swa.ignore_eos and swa.arrivals == drawn.arrivals
 
 
+def test_mamba_histories_warm_each_stem_up_before_its_first_request() -> None:
+    """Before the earliest request sharing a stem's first Mamba chunk comes, in the same step,
+    a warm-up of that chunk alone with one output token; the other arrivals are those drawn
+    without warm-ups, and no other layout has any."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.mamba import CHUNK
+    from kvcanary_cli.soak.workload import random_workload
+
+    for history in range(5):
+        mamba = history_workload(0, history, 1, layout="mamba")
+        arrivals = list(mamba.arrivals)
+        warm = [
+            i for i, a in enumerate(arrivals) if a.max_new_tokens == 1 and len(a.prompt) == CHUNK
+        ]
+        warmed = {arrivals[i].prompt for i in warm}
+        assert warm and len(warmed) == len(warm)
+        for i in warm:
+            after = arrivals[i + 1]
+            assert after.step == arrivals[i].step and after.prompt[:CHUNK] == arrivals[i].prompt
+            sharers = [a.step for a in arrivals if a.prompt[:CHUNK] == arrivals[i].prompt]
+            assert after.step == min(sharers)
+        drawn = random_workload(
+            mamba.seed, steps=mamba.steps, requests=20, max_prompt=96, max_new=40
+        )
+        kept = [a.prompt for i, a in enumerate(arrivals) if i not in warm]
+        assert sorted(kept) == sorted(a.prompt for a in drawn.arrivals)
+    swa = history_workload(0, 0, 1)
+    assert len(swa.arrivals) == 20
+
+
 def test_mamba_paths_are_the_mamba_layouts_own(mem_cache: tuple[Path, ModuleType]) -> None:
     """A Mamba free path that never ran is another feature's in a soak of another layout,
     and this layout's own (not reached) in a Mamba soak; a host tier's stays another's."""

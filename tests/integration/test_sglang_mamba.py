@@ -5,8 +5,8 @@ the Mamba free list, the tree's and every live request's Mamba slots, waiting re
 copy-on-write slots included), a correct state checks clean with SGLang's own checks silent,
 and a tree-held Mamba slot pushed onto the free list is named at the next audit, while SGLang's
 busy check, which has no Mamba check, says nothing. The soak's own Mamba histories retract and
-abort in chunked prefill, so a lock leaked there is found; a waiting request aborted with the
-copy-on-write slot its prefix match took gives that slot back, as SGLang's scheduler does.
+abort in chunked prefill, so a lock leaked there is found; a request the adder turns down gives
+back the copy-on-write slot its prefix match took, as SGLang's scheduler does.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _soak_history(sglang: Any, history: int, **kw: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("history", "event"), [(1, "aborts_chunked"), (11, "retractions")], ids=["chunk", "retract"]
+    ("history", "event"), [(25, "aborts_chunked"), (11, "retractions")], ids=["chunk", "retract"]
 )
 def test_soak_history_leaks_a_lock_where_it_releases_without_caching(
     sglang: Any, history: int, event: str
@@ -110,11 +110,57 @@ def test_soak_history_leaks_a_lock_where_it_releases_without_caching(
     assert clean.failure is None and clean.sglang_counts == {}
 
 
-def test_a_waiting_abort_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
-    """Waiting requests that matched a cached Mamba state hold a copy-on-write slot; aborted
-    there, each gives it back (`release_kv_cache` without caching): no slot leaks."""
+def test_a_chunk_checkpoint_lands_on_a_node_holding_a_state(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's first Mamba history: a warm-up finishes in the prefill where the next
+    request's first chunk ends, so that chunk's checkpoint finds its node already holding a
+    Mamba state (`mamba_exist`: SGLang frees the copy the tree did not take); clean, SGLang
+    silent. Without warm-ups no chunk's checkpoint met one."""
+    from importlib import import_module
+
+    component = import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+    cleanup = component.MambaComponent.cleanup_after_caching_req
+    found: list[str] = []
+
+    def counting(
+        self: Any,
+        req: Any,
+        is_finished: bool,
+        insert_result: Any = None,
+        insert_params: Any = None,
+    ) -> Any:
+        if not is_finished and insert_result is not None and insert_result.mamba_exist:
+            found.append(req.rid)
+        return cleanup(self, req, is_finished, insert_result, insert_params)
+
+    monkeypatch.setattr(component.MambaComponent, "cleanup_after_caching_req", counting)
+    result = _soak_history(sglang, 0, max_steps=4)
+    assert found, "no chunk checkpoint found its node holding a state"
+    assert result.failure is None and result.sglang_counts == {}
+
+
+def test_a_request_turned_down_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
+    """A waiting request whose prefix match took a copy-on-write Mamba slot and which the
+    adder then turns down gives the slot back in that round, as SGLang's scheduler does
+    (`get_new_batch_prefill`): between steps no waiting request holds a Mamba slot, and
+    aborts while waiting leak nothing."""
+    from kvcanary_cli.soak.calls import holds_mamba
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.stack import StackSpec, build_stack
+    from kvcanary_cli.soak.workload import random_workload
+
+    workload = random_workload(
+        9, steps=40, requests=16, max_prompt=60, max_new=40, aborts=0.5, abort_within=6
+    )
+    scheduler = Scheduler(build_stack(sglang, StackSpec.pressured(1, "python", "mamba")), workload)
+    holding = []
+    while scheduler.step_no < 30:
+        scheduler.step()
+        holding += [(scheduler.step_no, r.rid) for r in scheduler.waiting if holds_mamba(r)]
+    assert holding == []
+    assert scheduler.counters.aborts_waiting > 0 and scheduler.counters.extends > 0
     result = _run(sglang, 9, 40, max_steps=30, requests=16, max_new=40, aborts=0.5, within=6)
-    assert result.counters.aborts_waiting > 0
     assert result.failure is None, (result.failure.step, result.failure.codes)
 
 
@@ -132,7 +178,7 @@ def test_full_side_faults_act_in_the_mamba_layout(sglang: Any, fault: str, code:
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
-    workload = history_workload(0, 1, 2, layout="mamba")
+    workload = history_workload(0, 6, 2, layout="mamba")
     result = run_history(sglang, StackSpec.pressured(1, "rust", "mamba"), workload, fault=fault)
     assert result.fault_acted > 0 and result.failure is not None
     assert code in result.failure.codes, result.failure.codes
