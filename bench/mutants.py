@@ -1,6 +1,8 @@
 """Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code
 (each memory layout soak drives) and vLLM 0.33.0's block pool (the snippets are those releases';
-on another vLLM release, `--vllm-wheel`, the mutants whose snippets it lacks are left out, named).
+a vLLM mutant also carries the spellings of the releases 0.15.0 - 0.34.0 that write the same code
+otherwise; on another vLLM release, `--vllm-wheel`, a mutant whose code it lacks is left out,
+named).
 
 Each mutant is one realistic bug planted in a copy of the release tree (a leak, a double free,
 a free of the wrong range at a page boundary, a stale SWA mapping, a lock that does not cover
@@ -93,9 +95,9 @@ class Mutant:
 
 #: Where each engine's mutated files live, in its tree.
 BASE = {"sglang": "sglang/srt", "vllm": "vllm/v1/core"}
-#: The release each engine's snippets are written for. On another vLLM release (`--vllm-wheel`)
-#: a mutant whose snippet is not there exactly once is left out, and said so; on this one it
-#: fails loudly.
+#: The release each engine's snippets are written for (a vLLM mutant's `old`; its alternatives
+#: are other releases' spellings). On another vLLM release (`--vllm-wheel`) a mutant none of
+#: whose snippets is there exactly once is left out, and said so; on this one it fails loudly.
 SNIPPETS_FOR = {"sglang": "0.5.23", "vllm": "0.33.0"}
 
 
@@ -1274,7 +1276,7 @@ def main() -> int:
         "--vllm-wheel",
         default=None,
         help="vLLM wheel or tree (default: the cached 0.33.0 wheel, the release the snippets are "
-        "written for; on another, a mutant whose snippet is not found is left out and named)",
+        "written for; on another, a mutant none of whose snippets is found is left out and named)",
     )
     parser.add_argument("--engine", choices=("sglang", "vllm", "all"), default="all")
     parser.add_argument(
