@@ -676,8 +676,8 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            blocks[i] = self._null_block\n",
                 "            removed_blocks.append(blocks[i])\n",
             ),
-            # 0.23.0: cached and uncached blocks are freed apart; the cached one's branch
-            # is the last before the table is written
+            # 0.23.0: cached and uncached blocks are freed apart, the table written after
+            # the split
             (
                 "                removed_cached_blocks.append(blocks[i])\n"
                 "            blocks[i] = self._null_block\n",
