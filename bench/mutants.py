@@ -1,6 +1,8 @@
 """Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code
 (each memory layout soak drives) and vLLM 0.33.0's block pool (the snippets are those releases';
-on another vLLM release, `--vllm-wheel`, the mutants whose snippets it lacks are left out, named).
+a vLLM mutant also carries the spellings of the releases 0.15.0 - 0.34.0 that write the same code
+otherwise; on another vLLM release, `--vllm-wheel`, a mutant whose code it lacks is left out,
+named).
 
 Each mutant is one realistic bug planted in a copy of the release tree (a leak, a double free,
 a free of the wrong range at a page boundary, a stale SWA mapping, a lock that does not cover
@@ -63,8 +65,10 @@ if str(ROOT) not in sys.path:
 @dataclass(frozen=True)
 class Mutant:
     """One edit of an engine's code: `old` (found exactly once in `path`, relative to the
-    tree's `BASE[engine]` folder) becomes `new`. A control is an equivalent edit: no check may
-    fire."""
+    tree's `BASE[engine]` folder) becomes `new`. Where another release spells the same code
+    differently, `alternatives` holds its (old, new) pairs: the one pair whose old text the
+    file has is used, picked by the text, never by a version. A control is an equivalent edit:
+    no check may fire."""
 
     name: str
     path: str
@@ -75,6 +79,13 @@ class Mutant:
     engine: str = "sglang"
     #: the memory layout soak drives it under (`soak --layout`; SGLang only)
     layout: str = "swa"
+    #: the same edit as other releases spell the code: (old, new) pairs (vLLM only)
+    alternatives: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def spellings(self) -> tuple[tuple[str, str], ...]:
+        """Every (old, new) pair: the snippets' release's first, then the alternatives."""
+        return ((self.old, self.new), *self.alternatives)
 
     @property
     def relpath(self) -> str:
@@ -84,9 +95,9 @@ class Mutant:
 
 #: Where each engine's mutated files live, in its tree.
 BASE = {"sglang": "sglang/srt", "vllm": "vllm/v1/core"}
-#: The release each engine's snippets are written for. On another vLLM release (`--vllm-wheel`)
-#: a mutant whose snippet is not there exactly once is left out, and said so; on this one it
-#: fails loudly.
+#: The release each engine's snippets are written for (a vLLM mutant's `old`; its alternatives
+#: are other releases' spellings). On another vLLM release (`--vllm-wheel`) a mutant none of
+#: whose snippets is there exactly once is left out, and said so; on this one it fails loudly.
 SNIPPETS_FOR = {"sglang": "0.5.23", "vllm": "0.33.0"}
 
 
@@ -463,6 +474,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "leak: free_blocks drops a cached block to ref 0 but never queues it (neither free "
         "nor held)",
         engine="vllm",
+        alternatives=(
+            # 0.24.0 - 0.27.1: the cached blocks' list is called blocks_with_hash
+            ("        self.free_block_queue.append_n(blocks_with_hash)\n", ""),
+            # 0.15.0 - 0.23.0: one list of the freed blocks, cached or not
+            (
+                "for block in blocks_list if block.ref_cnt == 0 and not block.is_null",
+                "for block in blocks_list if block.ref_cnt == 0 and not block.is_null"
+                " and block.block_hash is None",
+            ),
+        ),
     ),
     Mutant(
         "pool-free-queues-at-one",
@@ -471,6 +492,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "            block.ref_cnt -= 1\n            if block.ref_cnt <= 1:\n",
         "freed while held: free_blocks queues a block one other request still holds",
         engine="vllm",
+        alternatives=(
+            # 0.24.0 - 0.32.0: the null block is skipped in the same test
+            (
+                "            block.ref_cnt -= 1\n"
+                "            if block.ref_cnt == 0 and not block.is_null:\n",
+                "            block.ref_cnt -= 1\n"
+                "            if block.ref_cnt <= 1 and not block.is_null:\n",
+            ),
+            # 0.15.0 - 0.23.0: the freed blocks picked by one list comprehension
+            (
+                "blocks_list if block.ref_cnt == 0 and not block.is_null",
+                "blocks_list if block.ref_cnt <= 1 and not block.is_null",
+            ),
+        ),
     ),
     Mutant(
         "pool-touch-leaves-queued",
@@ -482,6 +517,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "freed while held: a prefix hit on an evictable block takes a reference but leaves "
         "the block in the free queue",
         engine="vllm",
+        alternatives=(
+            # 0.15.0 - 0.32.0: the null block is skipped in the same test
+            (
+                "            if block.ref_cnt == 0 and not block.is_null:\n"
+                "                self.free_block_queue.remove(block)\n"
+                "            block.ref_cnt += 1\n",
+                "            block.ref_cnt += 1\n",
+            ),
+        ),
     ),
     Mutant(
         "pool-reuse-keeps-hash",
@@ -491,6 +535,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "                assert block.ref_cnt == 0\n",
         "stale hash: a cached block handed out again keeps its hash and its prefix-map entry",
         engine="vllm",
+        alternatives=(
+            # 0.34.0: without a metrics collector (the soak's manager) only a block with a
+            # hash is evicted
+            (
+                "                    if block.block_hash is not None:\n"
+                "                        self._maybe_evict_cached_block(block)\n",
+                "                    if block.block_hash is not None:\n"
+                "                        pass\n",
+            ),
+        ),
     ),
     Mutant(
         "pool-evict-keeps-map-entry",
@@ -503,6 +557,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale map entry: evicting a block resets its hash but leaves the prefix-cache map "
         "pointing at it",
         engine="vllm",
+        alternatives=(
+            # 0.15.0 - 0.23.0: a block has one hash, popped in _maybe_evict_cached_block
+            (
+                "        if self.cached_block_hash_to_block.pop(block_hash, block.block_id)"
+                " is None:\n",
+                "        if self.cached_block_hash_to_block.get_one_block(block_hash) is None:\n",
+            ),
+        ),
     ),
     Mutant(
         "pool-evict-keeps-block-hash",
@@ -511,6 +573,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "                removed_hashes.append(block_hash)\n",
         "stale hash: evicting a block takes it out of the map but leaves its hash on it",
         engine="vllm",
+        alternatives=(
+            # 0.15.0 - 0.23.0: the hash reset in _maybe_evict_cached_block
+            (
+                "            # eviction is not needed\n            return False\n\n"
+                "        block.reset_hash()\n",
+                "            # eviction is not needed\n            return False\n\n",
+            ),
+        ),
     ),
     Mutant(
         "queue-append-overcounts",
@@ -524,6 +594,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "free counter ahead of the queue: a cached free of more than four blocks counts one "
         "too many",
         engine="vllm",
+        alternatives=(
+            # 0.15.0 - 0.31.0: the fake tail not yet held in a local
+            (
+                "        self.fake_free_list_tail.prev_free_block = last_block\n"
+                "\n"
+                "        self.num_free_blocks += len(blocks)\n",
+                "        self.fake_free_list_tail.prev_free_block = last_block\n"
+                "\n"
+                "        self.num_free_blocks += len(blocks) + (len(blocks) > 4)\n",
+            ),
+        ),
     ),
     Mutant(
         "queue-remove-keeps-prev-link",
@@ -534,6 +615,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "corrupt queue: removing a block from the middle leaves the next block's prev link "
         "pointing at it",
         engine="vllm",
+        alternatives=(
+            # 0.15.0 - 0.31.0: the neighbours read through the block
+            (
+                "        # Link the next block to the previous block.\n"
+                "        block.next_free_block.prev_free_block = block.prev_free_block\n",
+                "        # Link the next block to the previous block.\n",
+            ),
+        ),
     ),
     Mutant(
         "coordinator-free-first-group",
@@ -548,7 +637,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "manager-free-keeps-table",
         "single_type_kv_cache_manager.py",
+        "        # Default to [] in case a request is freed (aborted) before alloc.\n"
         "        req_blocks = self.req_to_blocks.pop(request_id, [])\n",
+        "        # Default to [] in case a request is freed (aborted) before alloc.\n"
         "        req_blocks = list(self.req_to_blocks.get(request_id, []))\n",
         "freed while held: a request's blocks are freed but its block table kept",
         engine="vllm",
@@ -560,6 +651,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)[1:]))\n",
         "leak: freeing a request skips its first block",
         engine="vllm",
+        alternatives=(
+            # 0.15.0 - 0.23.0: free() frees the popped table itself
+            (
+                "        ordered_blocks = reversed(req_blocks)\n",
+                "        ordered_blocks = reversed(req_blocks[1:])\n",
+            ),
+        ),
     ),
     Mutant(
         "window-freed-still-in-table",
@@ -571,6 +669,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "freed while held: blocks leaving the sliding window are freed but stay in the "
         "request's table (an in-flight step still reads them)",
         engine="vllm",
+        alternatives=(
+            # 0.15.0 - 0.22.1 and 0.24.0: the list is called removed_blocks
+            (
+                "            removed_blocks.append(blocks[i])\n"
+                "            blocks[i] = self._null_block\n",
+                "            removed_blocks.append(blocks[i])\n",
+            ),
+            # 0.23.0: cached and uncached blocks are freed apart, the table written after
+            # the split
+            (
+                "                removed_cached_blocks.append(blocks[i])\n"
+                "            blocks[i] = self._null_block\n",
+                "                removed_cached_blocks.append(blocks[i])\n",
+            ),
+        ),
     ),
     Mutant(
         "pool-free-queues-below-one",
@@ -580,6 +693,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: a block is queued when its count drops below one (it never goes negative)",
         control=True,
         engine="vllm",
+        alternatives=(
+            # 0.24.0 - 0.32.0: the null block is skipped in the same test
+            (
+                "            block.ref_cnt -= 1\n"
+                "            if block.ref_cnt == 0 and not block.is_null:\n",
+                "            block.ref_cnt -= 1\n"
+                "            if block.ref_cnt < 1 and not block.is_null:\n",
+            ),
+            # 0.15.0 - 0.23.0: the freed blocks picked by one list comprehension
+            (
+                "blocks_list if block.ref_cnt == 0 and not block.is_null",
+                "blocks_list if block.ref_cnt < 1 and not block.is_null",
+            ),
+        ),
     ),
     Mutant(
         "coordinator-free-groups-reversed",
@@ -604,14 +731,28 @@ MUTANTS: tuple[Mutant, ...] = (
 
 
 def mutated(text: str, mutant: Mutant) -> str:
-    """`text` with the mutant's edit; SnippetError unless its snippet is there exactly once."""
-    found = text.count(mutant.old)
-    if found != 1:
+    """`text` with the mutant's edit, by the one (old, new) pair whose old text is there;
+    SnippetError unless exactly one pair's is, and that one exactly once."""
+    spellings = mutant.spellings
+    counts = [text.count(old) for old, _ in spellings]
+    present = [i for i, n in enumerate(counts) if n]
+    where = f"in {mutant.relpath} (expected once): the release changed, fix the mutant"
+    if len(present) > 1:
         raise SnippetError(
-            f"mutant {mutant.name}: its snippet is found {found} times in {mutant.relpath} "
-            "(expected once): the release changed, fix the mutant"
+            f"mutant {mutant.name}: {len(present)} of its {len(spellings)} snippets are found "
+            f"in {mutant.relpath} (expected one): the alternatives overlap, fix the mutant"
         )
-    return text.replace(mutant.old, mutant.new)
+    if not present:
+        if len(spellings) == 1:
+            raise SnippetError(f"mutant {mutant.name}: its snippet is found 0 times {where}")
+        raise SnippetError(
+            f"mutant {mutant.name}: none of its {len(spellings)} snippets is found {where}"
+        )
+    [i] = present
+    if counts[i] != 1:
+        raise SnippetError(f"mutant {mutant.name}: its snippet is found {counts[i]} times {where}")
+    old, new = spellings[i]
+    return text.replace(old, new)
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -1135,7 +1276,7 @@ def main() -> int:
         "--vllm-wheel",
         default=None,
         help="vLLM wheel or tree (default: the cached 0.33.0 wheel, the release the snippets are "
-        "written for; on another, a mutant whose snippet is not found is left out and named)",
+        "written for; on another, a mutant none of whose snippets is found is left out and named)",
     )
     parser.add_argument("--engine", choices=("sglang", "vllm", "all"), default="all")
     parser.add_argument(

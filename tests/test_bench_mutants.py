@@ -77,6 +77,7 @@ def test_every_mutant_applies_to_the_release_wheel(
             if mutant.relpath not in texts:
                 texts[mutant.relpath] = wheel.read(mutant.relpath).decode()
             text = texts[mutant.relpath]
+            assert mutant.old in text  # the release the snippets are written for: its own text
             edited = mutants.mutated(text, mutant)
             assert edited != text and mutant.new in edited
             compile(edited, mutant.relpath, "exec")  # a mutant is a module that still imports
@@ -88,6 +89,26 @@ def test_a_snippet_not_found_once_fails_loudly() -> None:
         mutants.mutated("alloc(a)\n", gone)
     with pytest.raises(mutants.SnippetError, match="found 2 times"):
         mutants.mutated("free(a)\nfree(a)\n", gone)
+
+
+def test_a_mutant_with_alternatives_uses_the_one_the_text_has_and_fails_loudly_else() -> None:
+    leak = mutants.Mutant(
+        "leak",
+        "pool.py",
+        "queue.append_n(blocks)\n",
+        "pass\n",
+        "leak",
+        engine="vllm",
+        alternatives=(("queue.extend(blocks)\n", "pass  # old\n"),),
+    )
+    assert mutants.mutated("x = 1\nqueue.append_n(blocks)\n", leak) == "x = 1\npass\n"
+    assert mutants.mutated("x = 1\nqueue.extend(blocks)\n", leak) == "x = 1\npass  # old\n"
+    with pytest.raises(mutants.SnippetError, match="leak: 2 of its 2 snippets are found in vllm"):
+        mutants.mutated("queue.append_n(blocks)\nqueue.extend(blocks)\n", leak)
+    with pytest.raises(mutants.SnippetError, match="leak: none of its 2 snippets is found in"):
+        mutants.mutated("queue.popleft()\n", leak)
+    with pytest.raises(mutants.SnippetError, match="leak: its snippet is found 2 times"):
+        mutants.mutated("queue.extend(blocks)\nqueue.extend(blocks)\n", leak)
 
 
 def test_planting_leaves_the_release_as_it_was(tmp_path: Path) -> None:
@@ -117,28 +138,44 @@ def test_a_vllm_mutant_is_planted_under_vllm_v1_core(tmp_path: Path) -> None:
     assert module.read_text() == "def free(b):\n    queue(b)\n"
 
 
-#: vLLM 0.34.0 rewrote `get_new_blocks`' loop: the one mutant whose 0.33.0 snippet it lacks.
-LEFT_OUT_ON_0_34 = {"pool-reuse-keeps-hash"}
+#: Per cached vLLM release (those `.ci/run` fetches), the mutants that cannot apply there, and
+#: why: the code path they break is not in that release. Every other mutant applies, through
+#: its 0.33.0 snippet or an alternative spelling.
+LEFT_OUT = {
+    "0.15.0": {
+        "queue-popleft-one-by-loop": "popleft_n has no one-block fast path before 0.32.0",
+    },
+    "0.33.0": {},
+    "0.34.0": {},
+}
 
 
-def test_on_another_vllm_release_the_mutants_it_lacks_are_left_out_and_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("version", sorted(LEFT_OUT))
+def test_on_each_cached_vllm_release_every_mutant_its_code_has_applies(
+    version: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     vllm = [m for m in mutants.MUTANTS if m.engine == "vllm"]
-    wheel = vllm_wheel.wheel_path("0.34.0")
+    wheel = vllm_wheel.wheel_path(version)
     if wheel is None:
-        pytest.skip(vllm_wheel.missing_wheel("0.34.0"))
+        pytest.skip(vllm_wheel.missing_wheel(version))
     with zipfile.ZipFile(wheel) as archive:
         for path in {m.relpath for m in vllm}:
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / path).write_bytes(archive.read(path))
-    kept, left_out = mutants._fitting(tmp_path, "0.34.0", vllm)
-    assert {m.name for m in vllm} - {m.name for m in kept} == LEFT_OUT_ON_0_34
-    [line] = left_out
-    assert line.startswith("mutant pool-reuse-keeps-hash: its snippet is found 0 times")
+    # checked as on a release other than the snippets' own, so that a lacking one is left out
+    kept, left_out = mutants._fitting(tmp_path, "another", vllm)
+    assert {m.name for m in vllm} - {m.name for m in kept} == set(LEFT_OUT[version])
+    assert [line.split(":")[0] for line in left_out] == [
+        f"mutant {name}" for name in LEFT_OUT[version]
+    ]
+    for mutant in kept:
+        text = (tmp_path / mutant.relpath).read_text()
+        edited = mutants.mutated(text, mutant)
+        assert edited != text
+        compile(edited, mutant.relpath, "exec")  # a mutant is a module that still imports
     said = capsys.readouterr().err
-    assert "snippets are written for vLLM 0.33.0; this tree is vLLM 0.34.0" in said
-    assert f"{len(kept)} of {len(vllm)} apply" in said and "pool-reuse-keeps-hash" in said
+    assert f"this tree is vLLM another: {len(kept)} of {len(vllm)} apply" in said
+    assert all(name in said for name in LEFT_OUT[version])
     # on the snippets' own release nothing is left out quietly: planting fails loudly
     assert mutants._fitting(tmp_path, "0.33.0", vllm) == (vllm, [])
 
