@@ -804,7 +804,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     from kvcanary_cli.soak.audit import SGLangChecks
     from kvcanary_cli.soak.command import _specs, history_workload
     from kvcanary_cli.soak.driver import Scheduler, serving_options
-    from kvcanary_cli.soak.stack import build_stack
+    from kvcanary_cli.soak.run import history_stack
 
     specs = _specs(None, modules.cores, None, layout)
     steps = histories = 0
@@ -812,7 +812,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
         spec = specs[histories % len(specs)]
         # the workload soak's command draws for this history, under the same serving options
         workload = history_workload(seed, histories, len(specs), spec.page_size, layout)
-        stack = build_stack(modules, spec, need_sort=workload.need_sort)
+        stack = history_stack(modules, spec, workload)  # soak's: its switches, as drawn
         scheduler = Scheduler(stack, workload)
         limit = min(workload.steps * 4 + 64, budget - steps)
         undo = serving_options(workload)

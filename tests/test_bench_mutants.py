@@ -11,7 +11,6 @@ import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
@@ -181,7 +180,7 @@ def test_on_each_cached_vllm_release_every_mutant_its_code_has_applies(
 
 
 class _Drawn(Exception):
-    """Stops `sglang_alone` once its first history's workload is drawn."""
+    """Stops `sglang_alone` once its first history's stack is asked for."""
 
 
 @pytest.mark.parametrize("layout", ["swa", "unified", "mamba"])
@@ -189,20 +188,22 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
     layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SGLang's checks alone run the histories soak runs on that layout (the Mamba layout's
-    requests that may stop early, unified memory's lazy compaction), not the SWA layout's."""
+    requests that may stop early, unified memory's lazy compaction), not the SWA layout's, on
+    the stack soak builds for them (`history_stack`: the workload's serving switches; they
+    once ran unified memory without its lazy compaction)."""
     from types import SimpleNamespace
 
     from kvcanary_cli.soak import command
+    from kvcanary_cli.soak import run as soak_run
 
-    real = command.history_workload
-    drawn: list[object] = []
+    built: list[tuple[object, object]] = []
 
-    def recording(*args: Any, **kwargs: Any) -> object:
-        drawn.append(real(*args, **kwargs))
+    def recording(modules: object, spec: object, workload: object) -> object:
+        built.append((spec, workload))
         raise _Drawn
 
-    monkeypatch.setattr(command, "history_workload", recording)
+    monkeypatch.setattr(soak_run, "history_stack", recording)
     with pytest.raises(_Drawn):
         mutants.sglang_alone(SimpleNamespace(cores=("python",)), 10, 0, layout)
-    shapes = len(command._specs(None, ("python",), None, layout))
-    assert drawn == [real(0, 0, shapes, 1, layout)]
+    specs = command._specs(None, ("python",), None, layout)
+    assert built == [(specs[0], command.history_workload(0, 0, len(specs), 1, layout))]

@@ -28,6 +28,7 @@ from kvcanary_cli.soak.stack import (
     SUPPORTED,
     SGLangModules,
     SGLangUnavailableError,
+    Stack,
     StackSpec,
     build_stack,
     fitting,
@@ -110,6 +111,15 @@ class HistoryResult:
             self.sglang_step, self.sglang_when = step, when
 
 
+def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -> Stack:
+    """The stack a history of `workload` runs on: `spec`'s, with the serving switches the
+    workload drew (sorted merges, lazy compaction). Whatever runs a soak history again (the
+    mutation benchmark's SGLang-checks-alone side) builds it here, so both run one stack."""
+    return build_stack(
+        modules, spec, need_sort=workload.need_sort, lazy_compaction=workload.lazy_compaction
+    )
+
+
 @refusing_sglang_exits
 def run_history(
     modules: SGLangModules,
@@ -128,9 +138,7 @@ def run_history(
     It ends when the workload is served, at the first step kvcanary flags or SGLang crashes
     at, or after `max_steps` steps (what is left of soak's budget); never past the workload's
     steps * 4 + 64, time enough to drain."""
-    stack = build_stack(
-        modules, spec, need_sort=workload.need_sort, lazy_compaction=workload.lazy_compaction
-    )
+    stack = history_stack(modules, spec, workload)
     with fitting(modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"):
         scheduler = Scheduler(stack, workload)
         checks = SGLangChecks(scheduler) if sglang_checks else None
