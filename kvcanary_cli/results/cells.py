@@ -550,6 +550,9 @@ class RunColumn:
     enabled = True
     #: columns shorter than this stay arrays (tests lower it to run the small corpus as runs).
     MIN_CELLS = 1 << 12
+    #: runs are held where they take at most 1 / SAVING of the array's bytes (tests set 0:
+    #: every column, however many its runs).
+    SAVING = 8
 
     def __init__(
         self, *, starts: np.ndarray, firsts: np.ndarray, step: int, size: int, dtype: np.dtype
@@ -565,8 +568,8 @@ class RunColumn:
 
     @classmethod
     def held_as_runs(cls, column: NarrowColumn) -> HeldColumn:
-        """`column` as runs where its runs take at most an eighth of its bytes, else as it
-        is. A held dtype of 32 bits at most: a run's values then count in int64 exactly."""
+        """`column` as runs where its runs take at most 1 / `SAVING` of its bytes, else as
+        it is. A held dtype of 32 bits at most: a run's values then count in int64 exactly."""
         import numpy as np
 
         values = column.values
@@ -580,7 +583,7 @@ class RunColumn:
             for step in (0, 1):
                 breaks[step] += int(np.count_nonzero(_breaks(values, start, step)))
         step = int(breaks[1] < breaks[0])
-        if (breaks[step] + 1) * (8 + width) * 8 > size * width:
+        if (breaks[step] + 1) * (8 + width) * cls.SAVING > size * width:
             return column
         starts = np.concatenate(
             [np.zeros(1, dtype=np.int64)]
