@@ -156,3 +156,43 @@ def test_shared_across_positions_holds_no_index_of_every_cell(
     assert len(found[0].cells) == rows * (width - 1)
     assert held - start > 0
     assert (peak - held) / (rows * width) < 6, f"{(peak - held) / (rows * width):.1f} bytes a cell"
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("subset", [False, True])
+def test_duplicates_in_row_by_chunks_of_rows_is_the_whole_answer(
+    small_chunks: None, seed: int, subset: bool
+) -> None:
+    """Rows of 1 to 3 chunks' cells (a row longer than a chunk, rows ending mid-chunk), slots
+    repeated within a row and across rows: the cells after a slot's first in its row, and
+    the cells whose slot another cell holds, are what one sort of every cell finds."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 3 * CHUNK, size=int(rng.integers(2, 7)))
+    batch_row = np.repeat(np.arange(lengths.size), lengths)
+    position = np.concatenate([np.arange(n) for n in lengths])
+    slot = rng.integers(1, 12, size=batch_row.size)
+    cells = LiveCells(
+        slot=slot,
+        batch_row=batch_row,
+        pool_row=batch_row + 1,
+        position=position,
+        pending=np.zeros(slot.size, dtype=bool),
+    )
+    real = rng.random(slot.size) < 0.7 if subset else np.ones(slot.size, dtype=bool)
+    seen: set[tuple[int, int]] = set()
+    expected = set()
+    for i in np.flatnonzero(real).tolist():
+        if (int(batch_row[i]), int(slot[i])) in seen:
+            expected.add((int(batch_row[i]), int(position[i])))
+        seen.add((int(batch_row[i]), int(slot[i])))
+    found = findings_module._duplicates_in_row(cells, real)
+    got = set()
+    for f in found:
+        assert f.cells is not None
+        got |= set(zip(f.cells.batch_row.tolist(), f.cells.position.tolist(), strict=True))
+    assert got == expected
+    held = Counter(slot[real].tolist())
+    twice = [bool(real[i]) and held[int(slot[i])] > 1 for i in range(slot.size)]
+    assert findings_module.held_twice(slot, real).tolist() == twice
+    alone = [t for t, r in zip(twice, real.tolist(), strict=True) if r]
+    assert findings_module.held_twice(slot[real]).tolist() == alone
