@@ -139,3 +139,21 @@ def test_a_one_slot_dump_at_int16s_limit_is_the_same_with_runs(
         ["provenance", str(path), "--slot", "7"],
     ]
     _same_as_arrays(runs, monkeypatch)
+
+
+def test_a_one_slot_dumps_findings_hold_their_cells_as_runs(tmp_path: Path) -> None:
+    """Every live cell holds slot 7: two findings of every cell but each row's first, whose
+    columns are runs (a batch row's cells, its consecutive positions, one slot, one owner
+    position): a few bytes a row, where the arrays held 7 to 9 bytes a cell."""
+    from kvcanary_cli import api
+    from kvcanary_cli.results.check import DumpReport
+
+    rows, width = 64, 600
+    path = one_slot_shrunk_dump(tmp_path / "one-slot.safetensors", rows=rows, width=width)
+    [dump] = api.check([path], kernel="none").dumps
+    assert isinstance(dump, DumpReport)
+    assert [f.count for f in dump.findings] == [rows * (width - 1)] * 2
+    for finding in dump.findings:
+        assert finding.cells is not None
+        held = len(pickle.dumps(finding.cells))  # what a `check -j` worker hands back
+        assert held < 64 * rows, f"{held} bytes for {finding.count} cells"
