@@ -6,16 +6,20 @@ on a one-slot dump whose positions reach int16's largest value."""
 
 from __future__ import annotations
 
+import io
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from rich.console import Console
 
-from kvcanary_cli.cli import app
+from kvcanary_cli import api
+from kvcanary_cli.render import render
+from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn, RunColumn
+from kvcanary_cli.results.record import Result
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.helpers import one_slot_shrunk_dump
 
@@ -24,7 +28,7 @@ def _arrays() -> Iterator[np.ndarray]:
     """Columns of runs of equal values, of values counting up by one (across int8's and
     int16's largest values, where `+ 1` wraps), and of both mixed."""
     rng = np.random.default_rng(5)
-    for _ in range(40):
+    for _ in range(12):
         lengths = rng.multinomial(6000, [1 / 24] * 24)
         yield np.repeat(rng.integers(-40_000, 40_000, 24), lengths)
         yield np.concatenate([np.arange(n) + int(rng.integers(-200, 100)) for n in lengths])
@@ -84,20 +88,30 @@ def test_cell_columns_of_runs_equal_the_same_cells_held_as_arrays(
     assert runs.distinct_count("batch_row") == rows and runs.bounds("position") == (0, width - 1)
 
 
-def _outputs(runs: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    monkeypatch.delenv("COLUMNS", raising=False)
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setattr("kvcanary_cli.api.installed_version", lambda: None)
+#: Every format.
+FORMATS = (OutputFormat.JSON, OutputFormat.TABLE, OutputFormat.MARKDOWN)
+
+
+def _outputs(runs: list[Callable[[], Result]], formats: tuple[OutputFormat, ...]) -> list[str]:
+    """Each result in each format, as drawn."""
     out = []
-    for args in runs:
-        for fmt in ("json", "table", "markdown"):
-            result = CliRunner().invoke(app, [*args, "--format", fmt])
-            assert result.exit_code in (0, 1), result.stderr
-            out.append(result.stdout)
+    for run in runs:
+        result = run()
+        for fmt in formats:
+            view = render(result, fmt)
+            if not isinstance(view, str):
+                buffer = io.StringIO()
+                Console(file=buffer, width=120, color_system=None).print(view)
+                view = buffer.getvalue()
+            out.append(view)
     return out
 
 
-def _same_as_arrays(runs: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+def _same_as_arrays(
+    runs: list[Callable[[], Result]],
+    monkeypatch: pytest.MonkeyPatch,
+    formats: tuple[OutputFormat, ...] = FORMATS,
+) -> None:
     """The outputs with every column of two cells or more held as runs, and with none: the
     same; and runs of both steps were held."""
     made: list[RunColumn] = []
@@ -112,10 +126,10 @@ def _same_as_arrays(runs: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(RunColumn, "MIN_CELLS", 2)
     monkeypatch.setattr(RunColumn, "SAVING", 0)  # every column: runs of a cell or more
     monkeypatch.setattr(RunColumn, "held_as_runs", classmethod(counted))
-    with_runs = _outputs(runs, monkeypatch)
+    with_runs = _outputs(runs, formats)
     assert {run.step for run in made} == {0, 1}, "runs of both kinds were held"
     monkeypatch.setattr(RunColumn, "enabled", False)
-    assert _outputs(runs, monkeypatch) == with_runs
+    assert _outputs(runs, formats) == with_runs
 
 
 @pytest.mark.parametrize(
@@ -124,28 +138,28 @@ def _same_as_arrays(runs: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> N
 def test_outputs_are_the_same_with_columns_held_as_runs(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = str(make_scenario(name, seed=3).save(tmp_path / f"{name}.safetensors"))
-    _same_as_arrays([["check", path, "--kernel", "vectorized"]], monkeypatch)
+    path = make_scenario(name, seed=3).save(tmp_path / f"{name}.safetensors")
+    _same_as_arrays([lambda: api.check([path], kernel="vectorized")], monkeypatch)
 
 
 def test_a_one_slot_dump_at_int16s_limit_is_the_same_with_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Positions 1 .. 32767 in every row, slot 7 in every cell: the findings' columns are a
-    few runs each, counting up to int16's largest value."""
+    few runs each, counting up to int16's largest value (the table view, which draws each
+    row's 32,768 cells, is the scenarios' to compare)."""
     path = one_slot_shrunk_dump(tmp_path / "limit.safetensors", rows=2, width=32768, slots=16)
-    runs = [
-        ["check", str(path), "--kernel", "vectorized"],
-        ["provenance", str(path), "--slot", "7"],
+    runs: list[Callable[[], Result]] = [
+        lambda: api.check([path], kernel="none"),
+        lambda: api.provenance(path, slot=7),
     ]
-    _same_as_arrays(runs, monkeypatch)
+    _same_as_arrays(runs, monkeypatch, (OutputFormat.JSON, OutputFormat.MARKDOWN))
 
 
 def test_a_one_slot_dumps_findings_hold_their_cells_as_runs(tmp_path: Path) -> None:
     """Every live cell holds slot 7: two findings of every cell but each row's first, whose
     columns are runs (a batch row's cells, its consecutive positions, one slot, one owner
     position): a few bytes a row, where the arrays held 7 to 9 bytes a cell."""
-    from kvcanary_cli import api
     from kvcanary_cli.results.check import DumpReport
 
     rows, width = 64, 600
