@@ -18,8 +18,10 @@
   columns beside its findings (965 MiB; 590-620 MiB since, the Triton kernel's thread making
   it vary, 457 MiB with `--kernel none`), then int64 temporaries of every cell (a lexsort
   index, slot ranks, an index of the copies, the kernel's entries read back whole, an
-  `np.isin` sort) and the live cells beside the plans: 530 MiB now, 376 with `--kernel none`
-  (docs/performance.md). Its JSON views (335 MB of text) were built whole, joined from each
+  `np.isin` sort) and the live cells beside the plans: 530 MiB, 376 with `--kernel none`;
+  then both findings' columns held a value a cell (139 MiB; now as runs, 240 KB) and the
+  duplicate-in-row search sorted every cell at once: 361-396 MiB now, 264 with `--kernel
+  none` (docs/performance.md). Its JSON views (335 MB of text) were built whole, joined from each
   column's whole text, and a file's held again as bytes: 1.2-1.3 GB; written a piece at a
   time, they peak where the table views do (the check itself).
 

@@ -7,7 +7,7 @@ provenance to all of them in one table scan.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import cast
 
@@ -337,14 +337,14 @@ def held_twice(slot: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
 
     Slots are counted with a `bincount` when their values are non-negative and within a few
     times the cell count (the usual pool), otherwise by one sort: never by the values alone,
-    which a corrupt dump chooses."""
-    idx = np.arange(slot.size) if among is None else np.flatnonzero(among)
-    values = slot[idx]
+    which a corrupt dump chooses. A mask selects the cells and takes the answer back: ten
+    million cells make a byte each, no int64 index or count of them."""
+    values = slot if among is None else slot[among]
     out = np.zeros(slot.shape, dtype=bool)
     if values.size < 2:
         return out
     if int(values.min()) >= 0 and int(values.max()) < _BINCOUNT_SPAN * values.size + (1 << 20):
-        twice = np.bincount(values)[values] > 1
+        twice: np.ndarray = (np.bincount(values) > 1)[values]  # per value, then per cell
     else:
         order = np.argsort(values, kind="stable")
         ordered = values[order]
@@ -352,7 +352,9 @@ def held_twice(slot: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
         twice = np.zeros(values.size, dtype=bool)
         twice[order[1:][same]] = True
         twice[order[:-1][same]] = True
-    out[idx[twice]] = True
+    if among is None:
+        return twice
+    out[among] = twice
     return out
 
 
@@ -393,27 +395,29 @@ def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
 
 def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     """Every cell after the first of a slot that sits at several positions of one row (found
-    with one sort; a one-cell finding lists the slot's positions)."""
+    with one sort of a chunk of whole rows at a time; a one-cell finding lists the slot's
+    positions)."""
     count = int(np.count_nonzero(real))
     if count < 2:
         return []
-    # compared and sorted only: the columns as held (every cell: themselves, not copies, and
-    # no index of them)
+    # compared and sorted only: the columns as held (every cell: themselves, not copies)
     all_row, all_slot, all_position = (cells.held(n) for n in ("pool_row", "slot", "position"))
     idx = None if count == len(cells) else np.flatnonzero(real)
     row, slot = (all_row, all_slot) if idx is None else (all_row[idx], all_slot[idx])
-    # stable: a slot's cells in one row stay in cell order, which is position order
-    order = np.lexsort((slot, row))
-    same = np.ones(max(order.size - 1, 0), dtype=bool)
-    for column in (row, slot):  # one sorted copy at a time (a slot may be every cell's)
-        ordered = column[order]
-        same &= ordered[1:] == ordered[:-1]
-        del ordered
-    repeats = order[1:][same]
-    del order, same
-    if idx is not None:
-        repeats = idx[repeats]
-    repeats.sort()
+    # a pool row's cells are one run of the live cells (`live_cells`): sorted a chunk of
+    # whole rows at a time, ten million cells of one slot never make an int64 index of all
+    repeats = np.zeros(len(cells), dtype=bool)
+    for start, stop in _row_chunks(row):
+        # stable: a slot's cells in one row stay in cell order, which is position order
+        order = np.lexsort((slot[start:stop], row[start:stop]))
+        same = np.ones(max(order.size - 1, 0), dtype=bool)
+        for column in (row, slot):  # one sorted copy at a time (a slot may be every cell's)
+            ordered = column[start:stop][order]
+            same &= ordered[1:] == ordered[:-1]
+            del ordered
+        found = order[1:][same] + start
+        repeats[found if idx is None else idx[found]] = True
+        del order, same, found
 
     def positions(i: int) -> np.ndarray:
         here = (row == all_row[i]) & (slot == all_slot[i])
@@ -437,6 +441,18 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
             "positions_total": int(positions(i).size),
         },
     )
+
+
+def _row_chunks(row: np.ndarray) -> Iterator[tuple[int, int]]:
+    """`[start, stop)` spans of about `_RANK_CHUNK` cells (more where one row is longer)
+    covering `row`, each cut where the row changes: a row's cells are in one span."""
+    changes = np.flatnonzero(row[1:] != row[:-1]) + 1
+    start = 0
+    while start < row.size:
+        after = int(np.searchsorted(changes, start + _RANK_CHUNK, side="left"))
+        stop = int(changes[after]) if after < changes.size else int(row.size)
+        yield start, stop
+        start = stop
 
 
 def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding]:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from kvcanary_cli.results.cells import CellColumns
+    from kvcanary_cli.results.columns import Entries
     from kvcanary_cli.results.timeline import (
         FindingHistory,
         SlotMoment,
@@ -171,19 +172,18 @@ def event_lines(e: TimelineEvent) -> list[str]:
     return lines
 
 
-def _held(cells: CellColumns, name: str) -> np.ndarray:
+def _held(cells: CellColumns, name: str) -> np.ndarray | Entries:
     """A column as held (its entries read one at a time, where shown)."""
-    column = cells.column(name)
+    column = cells.entries(name)
     assert column is not None, name
     return column
 
 
 def _paged(e: TimelineEvent) -> bool:
     """Pages differ from slots (a page size above 1): the page column says something."""
-    page, slot = e.cells.column("page"), _held(e.cells, "slot")
-    if page is None:
-        return len(slot) > 0
-    return len(page) != len(slot) or bool((page != slot).any())
+    if e.cells.entries("page") is None:
+        return len(e.cells) > 0
+    return not e.cells.same_column("page", "slot")
 
 
 #: `old_slot_fate` of a prefix-rewritten event, in words (analysis.timeline.PREFIX_FATES).

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
-from kvcanary_cli.results.columns import IntColumn
+from kvcanary_cli.results.columns import Entries, IntColumn
 
 if TYPE_CHECKING:  # numpy is imported where cells are handled: `--help` never loads it
     import numpy as np
@@ -28,6 +28,7 @@ __all__ = [
     "NarrowColumn",
     "RingRow",
     "Role",
+    "RunColumn",
     "OwnerState",
     "FindingOwner",
     "SlotProvenance",
@@ -224,19 +225,14 @@ class Span:
         columns read as held (a narrow dtype): bounds and counts are the same."""
         if cells is None or not len(cells):
             return None
-
-        def bounds(values: np.ndarray) -> tuple[int, int]:
-            return (int(values.min()), int(values.max()))
-
-        slots, position = cells.column("slot"), cells.column("position")
-        batch_row = cells.column("batch_row")
-        assert position is not None and batch_row is not None
-        in_table = bool((position >= 0).any())
+        positions = cells.bounds("position")
+        assert positions is not None
+        in_table = positions[1] >= 0  # some cell of the table (else -1: about slots)
         return cls(
             rows=cells.distinct_count("batch_row") if in_table else 0,
-            batch_rows=bounds(batch_row) if in_table else None,
-            positions=bounds(position) if in_table else None,
-            slots=None if slots is None else bounds(slots),
+            batch_rows=cells.bounds("batch_row") if in_table else None,
+            positions=positions if in_table else None,
+            slots=cells.bounds("slot"),
             distinct_slots=cells.distinct_count("slot"),
         )
 
@@ -253,7 +249,7 @@ class WideColumn:
         self.name = name
 
     def __get__(self, obj: object, owner: type | None = None) -> np.ndarray:
-        columns: Mapping[str, NarrowColumn] = getattr(obj, "_columns")  # noqa: B009
+        columns: Mapping[str, HeldColumn] = getattr(obj, "_columns")  # noqa: B009
         return columns[self.name].wide()
 
 
@@ -268,7 +264,9 @@ class CellColumns:
     Each column is held in the narrowest integer dtype its values fit (a table's rows and
     positions, a small pool's slots: a few bytes a cell, not 8) and read back in the dtype it
     was given, so no reader does arithmetic in a narrow dtype: a group of ten million cells
-    holds tens of megabytes, not hundreds.
+    holds tens of megabytes, not hundreds. A large column made of runs (one batch row's many
+    cells, a row's consecutive positions, one slot) is held as its runs (`RunColumn`):
+    kilobytes, read back as the same narrow array.
     """
 
     __slots__ = ("_columns", "_extra")
@@ -285,31 +283,31 @@ class CellColumns:
         columns = {"batch_row": batch_row, "pool_row": pool_row, "position": position}
         if slot is not None:
             columns["slot"] = slot
-        self._columns = {name: NarrowColumn.of(values) for name, values in columns.items()}
-        self._extra = {name: NarrowColumn.of(values) for name, values in (extra or {}).items()}
+        self._columns = {name: _held(NarrowColumn.of(v)) for name, v in columns.items()}
+        self._extra = {name: _held(NarrowColumn.of(v)) for name, v in (extra or {}).items()}
 
     @classmethod
     def gathered(
         cls,
         index: np.ndarray,
         *,
-        batch_row: np.ndarray | NarrowColumn,
-        pool_row: np.ndarray | NarrowColumn,
-        position: np.ndarray | NarrowColumn,
-        slot: np.ndarray | NarrowColumn | None,
-        extra: Mapping[str, np.ndarray | NarrowColumn] | None = None,
+        batch_row: np.ndarray | HeldColumn,
+        pool_row: np.ndarray | HeldColumn,
+        position: np.ndarray | HeldColumn,
+        slot: np.ndarray | HeldColumn | None,
+        extra: Mapping[str, np.ndarray | HeldColumn] | None = None,
     ) -> CellColumns:
         """The cells at `index` of whole columns, read back as int64: gathered a column at a
         time, each held narrow before the next is gathered (ten million cells gather a few
         of their columns' bytes at once, not every column at eight bytes a cell)."""
         import numpy as np
 
-        def held(values: np.ndarray | NarrowColumn) -> NarrowColumn:
-            if isinstance(values, NarrowColumn):  # held narrow already: gathered as held
-                return NarrowColumn(values.values[index], np.dtype(np.int64))
-            return NarrowColumn.of(values[index], np.dtype(np.int64))  # read as int64
+        def held(values: np.ndarray | HeldColumn) -> HeldColumn:
+            if isinstance(values, NarrowColumn | RunColumn):  # held already: gathered as held
+                return _held(NarrowColumn(values.values[index], np.dtype(np.int64)))
+            return _held(NarrowColumn.of(values[index], np.dtype(np.int64)))  # read as int64
 
-        columns: dict[str, np.ndarray | NarrowColumn] = {
+        columns: dict[str, np.ndarray | HeldColumn] = {
             "batch_row": batch_row,
             "pool_row": pool_row,
             "position": position,
@@ -340,15 +338,49 @@ class CellColumns:
     def column(self, name: str) -> np.ndarray | None:
         """A column (`batch_row`, `slot`, an extra one) as held: values to compare, count
         or sort, never to compute with (its dtype may be narrow). None: no such column."""
-        held = self._columns.get(name) or self._extra.get(name)
+        held = self._find(name)
         return None if held is None else held.values
+
+    def entries(self, name: str) -> np.ndarray | Entries | None:
+        """A column as held, for a view reading a few of its entries (`[i]`, a slice, its
+        length): the array, or its runs decoding only the entries read. None: no column."""
+        held = self._find(name)
+        return None if held is None else held.entries()
+
+    def bounds(self, name: str) -> tuple[int, int] | None:
+        """[smallest, largest] of a non-empty column (runs: from the runs). None: no column."""
+        held = self._find(name)
+        return None if held is None else held.bounds()
+
+    def distinct(self, name: str) -> np.ndarray | None:
+        """A column's distinct values, sorted, as held. None: no such column."""
+        held = self._find(name)
+        return None if held is None else held.distinct()
+
+    def where_in(self, name: str, wanted: np.ndarray) -> np.ndarray:
+        """Ascending indices of the cells whose column `name` holds one of `wanted`."""
+        return self._column(name).where_in(wanted)
+
+    def same_column(self, name: str, other: str) -> bool:
+        """Whether two columns hold the same entries (runs compared as runs)."""
+        return _same(self._column(name), self._column(other))
+
+    def _column(self, name: str) -> HeldColumn:
+        held = self._find(name)
+        assert held is not None, name
+        return held
+
+    def _find(self, name: str) -> HeldColumn | None:
+        """A column by name (an empty one too: a column's length makes its truth)."""
+        held = self._columns.get(name)
+        return self._extra.get(name) if held is None else held
 
     def __record__(self) -> CellColumnsRecord:
         """Every cell as columns, each an `IntColumn` over the column as held (its ints are
         the same): building the record converts no cell."""
 
-        def column(held: NarrowColumn) -> IntColumn:
-            return IntColumn(held.values)
+        def column(held: HeldColumn) -> IntColumn:
+            return IntColumn(held.entries())
 
         slot = self._columns.get("slot")
         return {
@@ -364,7 +396,7 @@ class CellColumns:
         return self._built({k: v for k, v in self._columns.items() if k != "slot"}, self._extra)
 
     def __len__(self) -> int:
-        return int(self._columns["position"].values.shape[0])
+        return len(self._columns["position"])
 
     def __repr__(self) -> str:
         return f"CellColumns({len(self)} cells, columns {[*self._columns, *self._extra]})"
@@ -381,40 +413,35 @@ class CellColumns:
         import numpy as np
 
         def head(name: str) -> bytes:
-            return self._columns[name].values[:4].astype(np.int64).tobytes()
+            return np.asarray(self._columns[name].entries()[:4]).astype(np.int64).tobytes()
 
         return hash((len(self), head("position"), head("batch_row")))
 
     def distinct_count(self, column: str) -> int:
         """How many distinct values a column (`batch_row`, `slot`, ...) holds (one sort)."""
-        import numpy as np
-
-        values = self.column(column)
-        if values is None or len(values) == 0:
-            return 0
-        ordered = np.sort(values)  # as held: the same order, a fraction of the bytes
-        return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
+        held = self._find(column)
+        return 0 if held is None else held.distinct_count()
 
     def take(self, index: np.ndarray) -> CellColumns:
         """The cells at `index` (a boolean mask or integer indices), in that order."""
         return self._built(
-            {name: held.take(index) for name, held in self._columns.items()},
-            {name: held.take(index) for name, held in self._extra.items()},
+            {name: _held(held.take(index)) for name, held in self._columns.items()},
+            {name: _held(held.take(index)) for name, held in self._extra.items()},
         )
 
     @classmethod
     def _built(
-        cls, columns: Mapping[str, NarrowColumn], extra: Mapping[str, NarrowColumn]
+        cls, columns: Mapping[str, HeldColumn], extra: Mapping[str, HeldColumn]
     ) -> CellColumns:
         made = cls.__new__(cls)
         made._columns = dict(columns)
         made._extra = dict(extra)
         return made
 
-    def __getstate__(self) -> tuple[dict[str, NarrowColumn], dict[str, NarrowColumn]]:
+    def __getstate__(self) -> tuple[dict[str, HeldColumn], dict[str, HeldColumn]]:
         return self._columns, self._extra
 
-    def __setstate__(self, state: tuple[dict[str, NarrowColumn], dict[str, NarrowColumn]]) -> None:
+    def __setstate__(self, state: tuple[dict[str, HeldColumn], dict[str, HeldColumn]]) -> None:
         self._columns, self._extra = state
 
 
@@ -466,6 +493,33 @@ class NarrowColumn:
         """The entries at `index`, held as these are."""
         return NarrowColumn(self.values[index], self.dtype)
 
+    def entries(self) -> np.ndarray:
+        """The column as held, for a record's `IntColumn` (or a view) to read."""
+        return self.values
+
+    def bounds(self) -> tuple[int, int]:
+        """[smallest, largest] of a non-empty column."""
+        return (int(self.values.min()), int(self.values.max()))
+
+    def distinct_count(self) -> int:
+        """How many distinct values it holds (one sort, as held: a fraction of the bytes)."""
+        return _distinct_count(self.values)
+
+    def distinct(self) -> np.ndarray:
+        """Its distinct values, sorted."""
+        import numpy as np
+
+        return np.unique(self.values)
+
+    def where_in(self, wanted: np.ndarray) -> np.ndarray:
+        """Ascending indices of the entries among `wanted`."""
+        import numpy as np
+
+        return np.flatnonzero(np.isin(self.values, wanted))
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
     def __getstate__(self) -> tuple[np.ndarray, np.dtype]:
         return self.values, self.dtype
 
@@ -473,10 +527,221 @@ class NarrowColumn:
         self.values, self.dtype = state
 
 
+#: Entries a `RunColumn` decodes at a time (bounds its int64 temporaries: 128 KB each).
+_RUN_PIECE = 1 << 14
+
+
+class RunColumn:
+    """A `NarrowColumn` held as runs: where each run begins and its first value, a run's
+    values all equal (`step` 0: a finding's batch rows, pool rows, its one slot) or counting
+    up by one (`step` 1: a row's consecutive positions). One slot held by every cell of
+    thousands of rows is ten million cells of a few thousand runs: kilobytes, where the
+    narrow arrays of two findings' columns held 139 MiB.
+
+    It reads back as the column it stands for: `values` decodes the same entries in the same
+    narrow dtype, a piece at a time; an entry or a slice decodes only itself (a view shows a
+    few cells, JSON writes a piece at a time). Only a column of at least `MIN_CELLS` cells
+    whose runs hold a fraction of its bytes is held so (`held_as_runs`).
+    """
+
+    __slots__ = ("dtype", "firsts", "size", "starts", "step")
+
+    #: tests turn runs off to compare results against the columns held as arrays.
+    enabled = True
+    #: columns shorter than this stay arrays (tests lower it to run the small corpus as runs).
+    MIN_CELLS = 1 << 12
+    #: runs are held where they take at most 1 / SAVING of the array's bytes (tests set 0:
+    #: every column, however many its runs).
+    SAVING = 8
+
+    def __init__(
+        self, *, starts: np.ndarray, firsts: np.ndarray, step: int, size: int, dtype: np.dtype
+    ) -> None:
+        #: the index each run begins at (int64, ascending, the first 0)
+        self.starts = starts
+        #: each run's first value, in the column's held dtype
+        self.firsts = firsts
+        self.step = step
+        self.size = size
+        #: the dtype the column reads back as (`wide`)
+        self.dtype = dtype
+
+    @classmethod
+    def held_as_runs(cls, column: NarrowColumn) -> HeldColumn:
+        """`column` as runs where its runs take at most 1 / `SAVING` of its bytes, else as
+        it is. A held dtype of 32 bits at most: a run's values then count in int64 exactly."""
+        import numpy as np
+
+        values = column.values
+        size = int(values.shape[0]) if values.ndim == 1 else 0
+        kind, width = values.dtype.kind, values.dtype.itemsize
+        if not cls.enabled or size < max(cls.MIN_CELLS, 2) or kind != "i" or width > 4:
+            return column
+        # breaks counted a piece at a time (a few MB of temporaries), for each step
+        breaks = [0, 0]
+        for start in range(0, size - 1, _RUN_PIECE):
+            for step in (0, 1):
+                breaks[step] += int(np.count_nonzero(_breaks(values, start, step)))
+        step = int(breaks[1] < breaks[0])
+        if (breaks[step] + 1) * (8 + width) * cls.SAVING > size * width:
+            return column
+        starts = np.concatenate(
+            [np.zeros(1, dtype=np.int64)]
+            + [
+                np.flatnonzero(_breaks(values, start, step)) + (start + 1)
+                for start in range(0, size - 1, _RUN_PIECE)
+            ]
+        )
+        return cls(starts=starts, firsts=values[starts], step=step, size=size, dtype=column.dtype)
+
+    @property
+    def values(self) -> np.ndarray:
+        """The column as held: the narrow array it stands for (decoded now, a copy)."""
+        import numpy as np
+
+        out = np.empty(self.size, dtype=self.firsts.dtype)
+        for start in range(0, self.size, _RUN_PIECE):
+            stop = min(start + _RUN_PIECE, self.size)
+            out[start:stop] = self._piece(start, stop)
+        return out
+
+    def _piece(self, start: int, stop: int) -> np.ndarray:
+        """Entries `[start, stop)` (0 <= start <= stop <= size), in the held dtype."""
+        import numpy as np
+
+        if start >= stop:
+            return np.zeros(0, dtype=self.firsts.dtype)
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        last = int(np.searchsorted(self.starts, stop, side="left"))
+        begins = self.starts[first:last]
+        low = np.maximum(begins, start)  # each overlapping run's first entry in the piece
+        lengths = np.append(begins[1:], stop) - low
+        if not self.step:
+            return np.repeat(self.firsts[first:last], lengths)
+        # entry i of a run beginning at b: firsts + (i - b), counted in int64
+        heads = self.firsts[first:last].astype(np.int64) - begins
+        counted = np.repeat(heads, lengths) + np.arange(start, stop, dtype=np.int64)
+        return counted.astype(self.firsts.dtype)
+
+    def __getitem__(self, index: int | slice | np.ndarray) -> Any:
+        """An entry (a numpy scalar), a slice (an array), or the entries at an index array
+        (non-negative integers: only those decoded), as the held array gives them."""
+        import numpy as np
+
+        if isinstance(index, slice) and index.step in (None, 1):
+            start, stop, _ = index.indices(self.size)
+            return self._piece(start, max(start, stop))
+        if isinstance(index, int | np.integer):
+            at = int(index) + (self.size if index < 0 else 0)
+            if not 0 <= at < self.size:
+                raise IndexError(f"index {index} out of range for {self.size} entries")
+            return self._piece(at, at + 1)[0]
+        index = np.asarray(index)
+        if index.dtype.kind in "iu" and index.ndim == 1 and (not index.size or index.min() >= 0):
+            if index.size and int(index.max()) >= self.size:
+                raise IndexError(f"index {int(index.max())} out of range for {self.size} entries")
+            run = np.searchsorted(self.starts, index, side="right") - 1
+            at = self.firsts[run].astype(np.int64) + self.step * (index - self.starts[run])
+            return at.astype(self.firsts.dtype)
+        return self.values[index]
+
+    def where_in(self, wanted: np.ndarray) -> np.ndarray:
+        """Ascending indices of the entries among `wanted` (runs of equal values: found by
+        run, not by entry)."""
+        import numpy as np
+
+        if self.step:
+            return np.flatnonzero(np.isin(self.values, wanted))
+        ends = np.append(self.starts[1:], self.size)
+        hit = np.isin(self.firsts, wanted)
+        begins, lengths = self.starts[hit], (ends - self.starts)[hit]
+        offsets = np.arange(int(lengths.sum()), dtype=np.int64)
+        found: np.ndarray = offsets + np.repeat(begins - (np.cumsum(lengths) - lengths), lengths)
+        return found
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        values = self.values
+        return values if dtype is None else values.astype(dtype)
+
+    @property
+    def shape(self) -> tuple[int]:
+        """`(size,)`, as an array's."""
+        return (self.size,)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def wide(self) -> np.ndarray:
+        """The values in the dtype given."""
+        return self.values.astype(self.dtype, copy=False)
+
+    def take(self, index: np.ndarray) -> NarrowColumn:
+        """The entries at `index`, as an array (`held_as_runs` may make runs of them)."""
+        return NarrowColumn(self.values[index], self.dtype)
+
+    def entries(self) -> RunColumn:
+        """The column itself: a record's `IntColumn` (or a view) reads it a piece at a time."""
+        return self
+
+    def _lasts(self) -> np.ndarray:
+        """Each run's last value (int64)."""
+        import numpy as np
+
+        lengths = np.diff(np.append(self.starts, self.size))
+        lasts: np.ndarray = self.firsts.astype(np.int64) + self.step * (lengths - 1)
+        return lasts
+
+    def bounds(self) -> tuple[int, int]:
+        """[smallest, largest]: a run's first value is its smallest, its last its largest."""
+        return (int(self.firsts.min()), int(self._lasts().max()))
+
+    def distinct_count(self) -> int:
+        """How many distinct values it holds: its runs' values when they are equal, else
+        those of the column decoded."""
+        return _distinct_count(self.firsts if not self.step else self.values)
+
+    def distinct(self) -> np.ndarray:
+        """Its distinct values, sorted (its runs' values when they are equal)."""
+        import numpy as np
+
+        return np.unique(self.firsts if not self.step else self.values)
+
+    def __getstate__(self) -> tuple[np.ndarray, np.ndarray, int, int, np.dtype]:
+        return self.starts, self.firsts, self.step, self.size, self.dtype
+
+    def __setstate__(self, state: tuple[np.ndarray, np.ndarray, int, int, np.dtype]) -> None:
+        self.starts, self.firsts, self.step, self.size, self.dtype = state
+
+
+def _breaks(values: np.ndarray, start: int, step: int) -> np.ndarray:
+    """For entries `start + 1 ..` of a piece: whether each begins a new run of `step` (0:
+    equal to the one before; 1: one more, the dtype's largest value ending a run, since its
+    `+ 1` wraps)."""
+    import numpy as np
+
+    before = values[start : start + _RUN_PIECE]
+    after = values[start + 1 : start + _RUN_PIECE + 1]
+    before = before[: after.size]
+    if not step:
+        begins: np.ndarray = after != before
+        return begins
+    begins = (after != before + 1) | (before == np.iinfo(values.dtype).max)
+    return begins
+
+
+#: A finding group's column: an array held narrow, or its runs.
+HeldColumn: TypeAlias = "NarrowColumn | RunColumn"
+
+
+def _held(column: NarrowColumn) -> HeldColumn:
+    """A finding group's column as it is held: as runs where that is far smaller."""
+    return RunColumn.held_as_runs(column)
+
+
 class _WideColumns(Mapping[str, "np.ndarray"]):
     """`CellColumns.extra`: its columns by name, each read in the dtype it was given."""
 
-    def __init__(self, held: Mapping[str, NarrowColumn]) -> None:
+    def __init__(self, held: Mapping[str, HeldColumn]) -> None:
         self._held = held
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -489,9 +754,29 @@ class _WideColumns(Mapping[str, "np.ndarray"]):
         return len(self._held)
 
 
-def _same_columns(a: Mapping[str, NarrowColumn], b: Mapping[str, NarrowColumn]) -> bool:
+def _same_columns(a: Mapping[str, HeldColumn], b: Mapping[str, HeldColumn]) -> bool:
+    return a.keys() == b.keys() and all(_same(held, b[name]) for name, held in a.items())
+
+
+def _same(a: HeldColumn, b: HeldColumn) -> bool:
+    """The same entries. Two columns of runs of one step are compared as runs: each run is
+    as long as its step allows, so equal entries make equal runs."""
     import numpy as np
 
-    return a.keys() == b.keys() and all(
-        np.array_equal(held.values, b[name].values) for name, held in a.items()
-    )
+    if isinstance(a, RunColumn) and isinstance(b, RunColumn) and a.step == b.step:
+        return (
+            a.size == b.size
+            and np.array_equal(a.starts, b.starts)
+            and np.array_equal(a.firsts, b.firsts)
+        )
+    return bool(np.array_equal(a.values, b.values))
+
+
+def _distinct_count(values: np.ndarray) -> int:
+    """How many distinct values `values` holds (one sort of a copy)."""
+    import numpy as np
+
+    if len(values) == 0:
+        return 0
+    ordered = np.sort(values)
+    return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1

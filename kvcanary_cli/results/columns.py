@@ -13,12 +13,25 @@ read: `kvcanary --help` never loads it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["JSON_SLICE", "IntColumn", "int_items"]
+__all__ = ["JSON_SLICE", "Entries", "IntColumn", "int_items"]
+
+
+class Entries(Protocol):
+    """What a column reads from: a one-dimensional integer array, or a column that decodes
+    the entries asked for (`results.cells.RunColumn`)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """`(entries,)`."""
+
+    def __getitem__(self, index: Any, /) -> Any: ...
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray: ...
+
 
 #: Entries converted to Python ints at a time when a column is iterated or written as JSON.
 _PIECE = 1 << 16
@@ -29,7 +42,7 @@ class IntColumn(Sequence[int]):
 
     __slots__ = ("_array",)
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray | Entries) -> None:
         self._array = array
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:

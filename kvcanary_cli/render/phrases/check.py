@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from kvcanary_cli.results.cells import FindingOwner, Span
+    from kvcanary_cli.results.columns import Entries
 
 __all__ = [
     "legend",
@@ -277,13 +278,13 @@ def _examples(f: Finding, shown: int = EXAMPLE_CELLS) -> str | None:
     if cells is None or f.count < 2:
         return None
     rows, positions, slots = (
-        cells.column("batch_row"),
-        cells.column("position"),
-        cells.column("slot"),
+        cells.entries("batch_row"),
+        cells.entries("position"),
+        cells.entries("slot"),
     )
     assert rows is not None and positions is not None
 
-    def at(column: np.ndarray | None, i: int) -> int | None:
+    def at(column: np.ndarray | Entries | None, i: int) -> int | None:
         return None if column is None else int(column[i])
 
     def is_example(i: int) -> bool:

@@ -136,9 +136,9 @@ def _marks(
         cells = f.cells
         if cells is None:
             continue
-        held, positions = cells.column(by), cells.column("position")  # as held: same ints
+        held, positions = cells.entries(by), cells.entries("position")  # as held: same ints
         assert held is not None and positions is not None
-        here = np.flatnonzero(np.isin(held, wanted))
+        here = cells.where_in(by, wanted)  # read: only those cells
         for row, position in zip(held[here].tolist(), positions[here].tolist(), strict=True):
             at[row].setdefault(position, []).append(f.code)
         if here.size:
@@ -298,16 +298,16 @@ class FindingsMap:
 
 
 def _slots(f: Finding) -> np.ndarray:
-    """A finding's slot column as held (empty without one)."""
+    """A finding's distinct slots as held (empty without a slot column)."""
     import numpy as np
 
-    held = None if f.cells is None else f.cells.column("slot")
+    held = None if f.cells is None else f.cells.distinct("slot")
     return np.zeros(0, dtype=np.int64) if held is None else held
 
 
 def _min_batch_row(cells: CellColumns) -> int:
-    held = cells.column("batch_row")
-    return 0 if held is None else int(held.min())
+    bounds = cells.bounds("batch_row")
+    return 0 if bounds is None else bounds[0]
 
 
 class SlotAxis:
@@ -317,14 +317,13 @@ class SlotAxis:
     the findings are about (or they hold slots but no batch row's cells)."""
 
     def __init__(self, dump: DumpReport) -> None:
-        import numpy as np  # each finding's distinct slots, not each of its cells
 
         slotted = [f for f in dump.findings if f.space == "full" and f.cells is not None]
         self.letters = code_letters(f for f in slotted if _slots(f).size)
         self.slots: dict[int, str] = {}
         for f in slotted:
             letter = self.letters.get(f.code, ("*", ""))[0]
-            held = np.unique(_slots(f))
+            held = _slots(f)
             for slot in held[held >= 0].tolist():
                 if slot not in self.slots or letter < self.slots[slot]:
                     self.slots[slot] = letter
