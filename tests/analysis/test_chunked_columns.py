@@ -128,12 +128,15 @@ def test_shared_across_positions_is_the_slot_by_slot_answer(
     assert bool(expected) == bool(found)
 
 
-def test_shared_across_positions_holds_no_index_of_every_cell(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("detector", ["_shared_across_positions", "_duplicates_in_row"])
+def test_a_detector_holds_no_index_of_every_cell(
+    detector: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One slot in every cell (the hostile dump's shape): beyond the finding it returns, the
-    detector holds a few bytes a cell at once, not an int64 index of every cell (8 a cell;
-    its lexsort held 16). Measured with numpy's allocations traced, chunks made small."""
+    """One slot in every cell (the hostile dump's shape): beyond the finding it returns, a
+    detector holds a few bytes a cell at once (its answer's mask, a chunk's sort, a column
+    gathered before it is held as runs), not an int64 index of every cell sorted (16 a cell
+    with a lexsort) nor of every repeat (8). Measured with numpy's allocations traced, chunks
+    made small."""
     monkeypatch.setattr(findings_module, "_RANK_CHUNK", 1 << 12)
     rows, width = 256, 1024
     batch_row = np.repeat(np.arange(rows), width)
@@ -148,7 +151,7 @@ def test_shared_across_positions_holds_no_index_of_every_cell(
     tracemalloc.start()
     try:
         start = tracemalloc.get_traced_memory()[0]
-        found = findings_module._shared_across_positions(cells, real)
+        found = getattr(findings_module, detector)(cells, real)
         held, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -196,34 +199,3 @@ def test_duplicates_in_row_by_chunks_of_rows_is_the_whole_answer(
     assert findings_module.held_twice(slot, real).tolist() == twice
     alone = [t for t, r in zip(twice, real.tolist(), strict=True) if r]
     assert findings_module.held_twice(slot[real]).tolist() == alone
-
-
-def test_duplicates_in_row_holds_no_index_of_every_cell(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """One slot in every cell: beyond the finding it returns, the search holds a few bytes
-    a cell at once (its answer's mask, a chunk's sort, a column gathered before it is held
-    as runs), not an int64 index of every cell sorted (16 a cell with its lexsort) nor of
-    every repeat (8). Measured with numpy's allocations traced, chunks made small."""
-    monkeypatch.setattr(findings_module, "_RANK_CHUNK", 1 << 12)
-    rows, width = 256, 1024
-    batch_row = np.repeat(np.arange(rows), width)
-    cells = LiveCells(
-        slot=np.full(rows * width, 7),
-        batch_row=batch_row,
-        pool_row=batch_row + 1,
-        position=np.tile(np.arange(width), rows),
-        pending=np.zeros(rows * width, dtype=bool),
-    )
-    real = np.ones(rows * width, dtype=bool)
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        found = findings_module._duplicates_in_row(cells, real)
-        held, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert len(found) == 1 and found[0].cells is not None
-    assert len(found[0].cells) == rows * (width - 1)
-    assert held - start > 0
-    assert (peak - held) / (rows * width) < 6, f"{(peak - held) / (rows * width):.1f} bytes a cell"
