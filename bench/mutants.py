@@ -525,6 +525,13 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            block.ref_cnt += 1\n",
                 "            block.ref_cnt += 1\n",
             ),
+            # 0.12.0 - 0.13.0: touch walks each group's blocks in a loop of its own
+            (
+                "                if block.ref_cnt == 0 and not block.is_null:\n"
+                "                    self.free_block_queue.remove(block)\n"
+                "                block.ref_cnt += 1\n",
+                "                block.ref_cnt += 1\n",
+            ),
         ),
     ),
     Mutant(

@@ -8,12 +8,12 @@ hook's dump of vLLM's own assert is explained by `check`, and `soak --engine vll
 
 0.34.0's case is the fast lane's (its map differs from 0.33.0's, which the in-process tests
 drive); 0.33.0's repeats those tests' paths, so it is the whole suite's only. Of the older
-releases (0.14.0 to 0.32.0) the whole suite soaks 0.15.0, where the most differs (a request
+releases (0.12.0 to 0.32.0) the whole suite soaks 0.15.0, where the most differs (a request
 wanting an end-of-sequence token, no scheduler block size, no deferred frees, no `contain` on
-the map, a two-value prefix lookup; it was refused; 0.14.x differs from it in nothing the
-driver reads, and its wheel is not one `.ci/run` fetches by default); the others with
-KVCANARY_EVERY_RELEASE=1 (0.30.0 to 0.32.0's star re-exports, which they were refused at
-import for, are also a fast test of their own: tests/cli/test_soak_trees.py).
+the map, a two-value prefix lookup; it was refused; 0.12.0 to 0.14.1 differ from it in nothing
+the driver reads or calls, and their wheels are not ones `.ci/run` fetches by default); the
+others with KVCANARY_EVERY_RELEASE=1 (0.30.0 to 0.32.0's star re-exports, which they were
+refused at import for, are also a fast test of their own: tests/cli/test_soak_trees.py).
 """
 
 from __future__ import annotations
