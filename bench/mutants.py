@@ -1,6 +1,6 @@
 """Benchmark: mutation testing of `kvcanary soak` against SGLang 0.5.23's own memory-cache code
 (each memory layout soak drives) and vLLM 0.33.0's block pool (the snippets are those releases';
-a vLLM mutant also carries the spellings of the releases 0.15.0 - 0.34.0 that write the same code
+a vLLM mutant also carries the spellings of the releases 0.14.0 - 0.34.0 that write the same code
 otherwise; on another vLLM release, `--vllm-wheel`, a mutant whose code it lacks is left out,
 named).
 
@@ -477,7 +477,7 @@ MUTANTS: tuple[Mutant, ...] = (
         alternatives=(
             # 0.24.0 - 0.27.1: the cached blocks' list is called blocks_with_hash
             ("        self.free_block_queue.append_n(blocks_with_hash)\n", ""),
-            # 0.15.0 - 0.23.0: one list of the freed blocks, cached or not
+            # 0.14.0 - 0.23.0: one list of the freed blocks, cached or not
             (
                 "for block in blocks_list if block.ref_cnt == 0 and not block.is_null",
                 "for block in blocks_list if block.ref_cnt == 0 and not block.is_null"
@@ -500,7 +500,7 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            block.ref_cnt -= 1\n"
                 "            if block.ref_cnt <= 1 and not block.is_null:\n",
             ),
-            # 0.15.0 - 0.23.0: the freed blocks picked by one list comprehension
+            # 0.14.0 - 0.23.0: the freed blocks picked by one list comprehension
             (
                 "blocks_list if block.ref_cnt == 0 and not block.is_null",
                 "blocks_list if block.ref_cnt <= 1 and not block.is_null",
@@ -518,12 +518,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "the block in the free queue",
         engine="vllm",
         alternatives=(
-            # 0.15.0 - 0.32.0: the null block is skipped in the same test
+            # 0.14.0 - 0.32.0: the null block is skipped in the same test
             (
                 "            if block.ref_cnt == 0 and not block.is_null:\n"
                 "                self.free_block_queue.remove(block)\n"
                 "            block.ref_cnt += 1\n",
                 "            block.ref_cnt += 1\n",
+            ),
+            # 0.12.0 - 0.13.0: touch walks each group's blocks in a loop of its own
+            (
+                "                if block.ref_cnt == 0 and not block.is_null:\n"
+                "                    self.free_block_queue.remove(block)\n"
+                "                block.ref_cnt += 1\n",
+                "                block.ref_cnt += 1\n",
             ),
         ),
     ),
@@ -558,7 +565,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pointing at it",
         engine="vllm",
         alternatives=(
-            # 0.15.0 - 0.23.0: a block has one hash, popped in _maybe_evict_cached_block
+            # 0.14.0 - 0.23.0: a block has one hash, popped in _maybe_evict_cached_block
             (
                 "        if self.cached_block_hash_to_block.pop(block_hash, block.block_id)"
                 " is None:\n",
@@ -574,7 +581,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale hash: evicting a block takes it out of the map but leaves its hash on it",
         engine="vllm",
         alternatives=(
-            # 0.15.0 - 0.23.0: the hash reset in _maybe_evict_cached_block
+            # 0.14.0 - 0.23.0: the hash reset in _maybe_evict_cached_block
             (
                 "            # eviction is not needed\n            return False\n\n"
                 "        block.reset_hash()\n",
@@ -595,7 +602,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "too many",
         engine="vllm",
         alternatives=(
-            # 0.15.0 - 0.31.0: the fake tail not yet held in a local
+            # 0.14.0 - 0.31.0: the fake tail not yet held in a local
             (
                 "        self.fake_free_list_tail.prev_free_block = last_block\n"
                 "\n"
@@ -616,7 +623,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pointing at it",
         engine="vllm",
         alternatives=(
-            # 0.15.0 - 0.31.0: the neighbours read through the block
+            # 0.14.0 - 0.31.0: the neighbours read through the block
             (
                 "        # Link the next block to the previous block.\n"
                 "        block.next_free_block.prev_free_block = block.prev_free_block\n",
@@ -652,7 +659,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "leak: freeing a request skips its first block",
         engine="vllm",
         alternatives=(
-            # 0.15.0 - 0.23.0: free() frees the popped table itself
+            # 0.14.0 - 0.23.0: free() frees the popped table itself
             (
                 "        ordered_blocks = reversed(req_blocks)\n",
                 "        ordered_blocks = reversed(req_blocks[1:])\n",
@@ -670,7 +677,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "request's table (an in-flight step still reads them)",
         engine="vllm",
         alternatives=(
-            # 0.15.0 - 0.22.1 and 0.24.0: the list is called removed_blocks
+            # 0.14.0 - 0.22.1 and 0.24.0: the list is called removed_blocks
             (
                 "            removed_blocks.append(blocks[i])\n"
                 "            blocks[i] = self._null_block\n",
@@ -701,7 +708,7 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            block.ref_cnt -= 1\n"
                 "            if block.ref_cnt < 1 and not block.is_null:\n",
             ),
-            # 0.15.0 - 0.23.0: the freed blocks picked by one list comprehension
+            # 0.14.0 - 0.23.0: the freed blocks picked by one list comprehension
             (
                 "blocks_list if block.ref_cnt == 0 and not block.is_null",
                 "blocks_list if block.ref_cnt < 1 and not block.is_null",

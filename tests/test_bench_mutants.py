@@ -110,6 +110,27 @@ def test_a_mutant_with_alternatives_uses_the_one_the_text_has_and_fails_loudly_e
         mutants.mutated("queue.extend(blocks)\nqueue.extend(blocks)\n", leak)
 
 
+def test_a_prefix_hit_left_queued_is_planted_in_a_touch_that_walks_each_group() -> None:
+    """0.12.0 - 0.13.0's pool `touch` takes one list of blocks per group and walks each in a
+    loop of its own (one level deeper): `pool-touch-leaves-queued` applies there too."""
+    [mutant] = [m for m in mutants.MUTANTS if m.name == "pool-touch-leaves-queued"]
+    text = (
+        "class Pool:\n"
+        "    def touch(self, blocks):\n"
+        "        for blocks_per_group in blocks:\n"
+        "            for block in blocks_per_group:\n"
+        "                if block.ref_cnt == 0 and not block.is_null:\n"
+        "                    self.free_block_queue.remove(block)\n"
+        "                block.ref_cnt += 1\n"
+    )
+    edited = mutants.mutated(text, mutant)
+    assert "free_block_queue.remove" not in edited
+    assert edited.endswith(
+        "            for block in blocks_per_group:\n                block.ref_cnt += 1\n"
+    )
+    compile(edited, mutant.relpath, "exec")
+
+
 def test_planting_leaves_the_release_as_it_was(tmp_path: Path) -> None:
     release = tmp_path / "release"
     module = release / "sglang" / "srt" / "mem_cache" / "pool.py"

@@ -113,7 +113,7 @@ class _Scheduler:
         #: the manager hands a request's blocks out to be freed later (from 0.24.0 on: the
         #: frees vLLM's async scheduling defers past the in-flight step); else frees at once
         self.defers = callable(getattr(self.manager, "pop_blocks_for_free", None))
-        #: what a release's `Request` wants beyond 0.17.0's (0.15.0 - 0.16.0: an `eos_token_id`;
+        #: what a release's `Request` wants beyond 0.17.0's (0.12.0 - 0.16.0: an `eos_token_id`;
         #: None: the workload ends a request by its own count)
         wants = inspect.signature(m.request.Request).parameters
         self.request_extra = {"eos_token_id": None} if "eos_token_id" in wants else {}

@@ -53,6 +53,10 @@ __all__ = [
 #: before 0.23.0 the manager takes no scheduler block size; before 0.17.0 a request wants an
 #: end-of-sequence token) the code reads what the loaded tree has, never its version.
 RELEASES = (
+    "0.12.0",
+    "0.13.0",
+    "0.14.0",
+    "0.14.1",
     "0.15.0",
     "0.15.1",
     "0.16.0",
@@ -465,7 +469,7 @@ _LOADED: dict[str, VllmModules] = {}
 
 
 def _releases() -> str:
-    """`0.15.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.12.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 
@@ -497,8 +501,9 @@ def load_vllm(source: str | Path) -> VllmModules:
     modules: dict[str, Any] = {}
     importing = "vllm"
     try:
-        # what vLLM prints or logs while it loads (0.17.x and 0.18.x: two lines about Triton,
-        # its log handler bound to the stdout of the moment) goes to stderr, never into a report
+        # what vLLM prints or logs while it loads (0.12.0 - 0.14.1, 0.17.x, 0.18.x: two lines
+        # about Triton, its log handler bound to the stdout of the moment) goes to stderr,
+        # never into a report
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
             for field, name in _MODULES.items():

