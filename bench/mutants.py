@@ -804,15 +804,23 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     from kvcanary_cli.soak.audit import SGLangChecks
     from kvcanary_cli.soak.command import _specs, history_workload
     from kvcanary_cli.soak.driver import Scheduler, serving_options
-    from kvcanary_cli.soak.stack import build_stack
+    from kvcanary_cli.soak.stack import build_stack, has_path_cap
 
     specs = _specs(None, modules.cores, None, layout)
+    path_cap = has_path_cap(modules)
     steps = histories = 0
     while steps < budget:
         spec = specs[histories % len(specs)]
         # the workload soak's command draws for this history, under the same serving options
-        workload = history_workload(seed, histories, len(specs), spec.page_size, layout)
-        stack = build_stack(modules, spec, need_sort=workload.need_sort)
+        workload = history_workload(
+            seed, histories, len(specs), spec.page_size, layout, path_cap=path_cap
+        )
+        stack = build_stack(
+            modules,
+            spec,
+            need_sort=workload.need_sort,
+            mamba_max_states_per_path=workload.mamba_max_states_per_path,
+        )
         scheduler = Scheduler(stack, workload)
         limit = min(workload.steps * 4 + 64, budget - steps)
         undo = serving_options(workload)

@@ -203,6 +203,9 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
 
     monkeypatch.setattr(command, "history_workload", recording)
     with pytest.raises(_Drawn):
-        mutants.sglang_alone(SimpleNamespace(cores=("python",)), 10, 0, layout)
+        modules = SimpleNamespace(
+            cores=("python",), server_args=SimpleNamespace(ServerArgs=lambda **kw: kw)
+        )
+        mutants.sglang_alone(modules, 10, 0, layout)
     shapes = len(command._specs(None, ("python",), None, layout))
     assert drawn == [real(0, 0, shapes, 1, layout)]

@@ -129,7 +129,11 @@ def run_history(
     at, or after `max_steps` steps (what is left of soak's budget); never past the workload's
     steps * 4 + 64, time enough to drain."""
     stack = build_stack(
-        modules, spec, need_sort=workload.need_sort, lazy_compaction=workload.lazy_compaction
+        modules,
+        spec,
+        need_sort=workload.need_sort,
+        lazy_compaction=workload.lazy_compaction,
+        mamba_max_states_per_path=workload.mamba_max_states_per_path,
     )
     with fitting(modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"):
         scheduler = Scheduler(stack, workload)

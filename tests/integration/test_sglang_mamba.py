@@ -83,13 +83,14 @@ def test_tree_mamba_slot_freed_is_named(sglang: Any) -> None:
     assert failure.mode == "plan" and failure.sglang == [] and failure.crash is None
 
 
-def _soak_history(sglang: Any, history: int, **kw: Any) -> Any:
-    """The `history`-th history of `soak --layout mamba --core python --seed 0`."""
+def _soak_history(sglang: Any, history: int, *, path_cap: bool = False, **kw: Any) -> Any:
+    """The `history`-th history of `soak --layout mamba --core python --seed 0` (`path_cap`:
+    on a release with `--mamba-max-states-per-path`; without: as on one before it)."""
     from kvcanary_cli.soak.command import history_workload
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
-    workload = history_workload(0, history, 1, layout="mamba")
+    workload = history_workload(0, history, 1, layout="mamba", path_cap=path_cap)
     return run_history(sglang, StackSpec.pressured(1, "python", "mamba"), workload, **kw)
 
 
@@ -137,6 +138,44 @@ def test_a_chunk_checkpoint_lands_on_a_node_holding_a_state(
     monkeypatch.setattr(component.MambaComponent, "cleanup_after_caching_req", counting)
     result = _soak_history(sglang, 0, max_steps=4)
     assert found, "no chunk checkpoint found its node holding a state"
+    assert result.failure is None and result.sglang_counts == {}
+
+
+def test_a_capped_path_evicts_a_state_whose_node_stays_and_stays_clean(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's first Mamba history where the release has `--mamba-max-states-per-path`:
+    published on the server args, the tree's Mamba component takes the cap, drops the state
+    of a path's shallow node past it and keeps the node in the tree (an uncapped history's
+    evicted states leave with their node); clean, SGLang silent."""
+    from importlib import import_module
+
+    from kvcanary_cli.soak.command import MAMBA_PATH_CAP
+
+    component = import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+    evict = component.MambaComponent.evict_component
+    evicted: list[Any] = []
+    caps: set[int] = set()
+
+    def recording(self: Any, node: Any, *args: Any, **kw: Any) -> Any:
+        caps.add(self.mamba_max_states_per_path)
+        held = node.component_data[self.component_type].value is not None
+        out = evict(self, node, *args, **kw)
+        if held and node.component_data[self.component_type].value is None:
+            evicted.append(node)
+        return out
+
+    def in_tree(node: Any) -> bool:
+        while node.parent is not None:
+            if all(child is not node for child in node.parent.children.values()):
+                return False
+            node = node.parent
+        return True
+
+    monkeypatch.setattr(component.MambaComponent, "evict_component", recording)
+    result = _soak_history(sglang, 0, path_cap=True, max_steps=10)
+    assert caps == {MAMBA_PATH_CAP}
+    assert any(in_tree(node) for node in evicted), f"{len(evicted)} evicted, none stayed"
     assert result.failure is None and result.sglang_counts == {}
 
 
