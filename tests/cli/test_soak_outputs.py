@@ -495,3 +495,29 @@ def test_without_a_fault_nothing_is_said_of_one(fake: FakeSGLang, tmp_path: Path
     assert code == 0 and "planted fault" not in table
     _, out, _ = soak("--steps", "160", "--out", str(tmp_path / "o"), "--format", "json")
     assert (json.loads(out)["fault"], json.loads(out)["fault_acted"]) == (None, None)
+
+
+def test_a_capped_workload_on_a_release_without_the_cap_is_refused_in_one_line() -> None:
+    """A reproducer recorded with the per-path Mamba state cap, replayed on a release whose
+    server args lack it, would not replay its history: refused, naming the option and the
+    release, before anything is built."""
+    from kvcanary_cli.soak.stack import SGLangUnavailableError, StackSpec, build_stack
+
+    def server_args(*, model_path: str = "") -> object:
+        raise AssertionError("built")
+
+    modules = SimpleNamespace(
+        reinstate=lambda: None,
+        cores=("python",),
+        tree=SimpleNamespace(release="SGLang 0.5.16", label="/fake/sglang"),
+        server_args=SimpleNamespace(ServerArgs=server_args),
+    )
+    spec = StackSpec.pressured(1, "python", "mamba")
+    with pytest.raises(SGLangUnavailableError) as refused:
+        build_stack(modules, spec, mamba_max_states_per_path=2)  # type: ignore[arg-type]
+    assert "SGLang 0.5.16" in str(refused.value) and "--mamba-max-states-per-path" in str(
+        refused.value
+    )
+    assert "\n" not in str(refused.value)
+    with pytest.raises(SGLangUnavailableError, match="ServerArgs does not fit"):
+        build_stack(modules, spec)  # type: ignore[arg-type]  # uncapped: it builds (here: fails)
