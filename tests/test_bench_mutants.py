@@ -225,6 +225,10 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
 
     monkeypatch.setattr(soak_run, "history_stack", recording)
     with pytest.raises(_Drawn):
-        mutants.sglang_alone(SimpleNamespace(cores=("python",)), 10, 0, layout)
+        modules = SimpleNamespace(
+            cores=("python",), server_args=SimpleNamespace(ServerArgs=lambda **kw: kw)
+        )
+        mutants.sglang_alone(modules, 10, 0, layout)
     specs = command._specs(None, ("python",), None, layout)
-    assert built == [(specs[0], command.history_workload(0, 0, len(specs), 1, layout))]
+    workload = command.history_workload(0, 0, len(specs), 1, layout)  # no cap: **kw
+    assert built == [(specs[0], workload)]

@@ -57,10 +57,21 @@ MAMBA_PROMPT = 96
 MAMBA_NEW = 40
 MAMBA_ABORTS = 0.25
 MAMBA_ABORT_WITHIN = 4
+#: SGLang's per-path Mamba state cap (`--mamba-max-states-per-path`) of the Mamba layout's
+#: capped histories, every other history where the release has the option: past it the tree
+#: drops a path's shallow Mamba states and keeps their nodes, which an uncapped history
+#: never does (its full pool runs short first, and evicted states leave with their node).
+MAMBA_PATH_CAP = 2
 
 
 def history_workload(
-    seed: int, history: int, specs: int, page_size: int = 1, layout: str = "swa"
+    seed: int,
+    history: int,
+    specs: int,
+    page_size: int = 1,
+    layout: str = "swa",
+    *,
+    path_cap: bool = False,
 ) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
@@ -76,7 +87,11 @@ def history_workload(
     chunked prefill): there, fixed-length requests never retracted and no abort ever met a
     chunk. A warm-up of one Mamba chunk (`CHUNK` tokens, one output token) comes before the
     earliest request of each stem: a chunk's checkpoint then can land on a node that already
-    holds a state (none did without them)."""
+    holds a state (none did without them). With `path_cap` (the release has
+    `--mamba-max-states-per-path`), every other history caps a path's Mamba states at
+    `MAMBA_PATH_CAP`, the others run uncapped (a server's default): in a round the first
+    shape is capped, the next not, and the next round swaps them, so the first history
+    already runs capped and each shape meets both within two rounds."""
     from kvcanary_cli.soak.mamba import CHUNK
     from kvcanary_cli.soak.workload import random_workload
 
@@ -97,6 +112,9 @@ def history_workload(
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,
         lazy_compaction=layout == "unified" and history % EAGER_COMPACTION_EVERY != 2,
+        mamba_max_states_per_path=(
+            MAMBA_PATH_CAP if mamba and path_cap and (rounds + history % specs) % 2 == 0 else None
+        ),
     )
 
 
@@ -180,7 +198,7 @@ def soak(
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.outputs import check_out
     from kvcanary_cli.soak.run import run_history
-    from kvcanary_cli.soak.stack import LAYOUTS, load_sglang
+    from kvcanary_cli.soak.stack import LAYOUTS, has_path_cap, load_sglang
 
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="fault")
@@ -204,6 +222,7 @@ def soak(
             option="core",
         )
     specs = _specs(page_size, modules.cores, core, layout)
+    path_cap = has_path_cap(modules)
     tracing = _Coverage(modules, specs) if coverage else None
     started = time.monotonic()
     histories = steps_run = audited = acted = 0
@@ -212,7 +231,9 @@ def soak(
     seen: FirstSeen | None = None  # the failing history's, else the first SGLang complained in
     while steps_run < steps and failed is None:
         spec = specs[histories % len(specs)]
-        workload = history_workload(seed, histories, len(specs), spec.page_size, layout)
+        workload = history_workload(
+            seed, histories, len(specs), spec.page_size, layout, path_cap=path_cap
+        )
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
             result = run_history(modules, spec, workload, fault=fault, max_steps=steps - steps_run)

@@ -113,10 +113,15 @@ class HistoryResult:
 
 def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -> Stack:
     """The stack a history of `workload` runs on: `spec`'s, with the serving switches the
-    workload drew (sorted merges, lazy compaction). Whatever runs a soak history again (the
-    mutation benchmark's SGLang-checks-alone side) builds it here, so both run one stack."""
+    workload drew (sorted merges, lazy compaction, the Mamba path cap). Whatever runs a soak
+    history again (the mutation benchmark's SGLang-checks-alone side) builds it here, so both
+    run one stack."""
     return build_stack(
-        modules, spec, need_sort=workload.need_sort, lazy_compaction=workload.lazy_compaction
+        modules,
+        spec,
+        need_sort=workload.need_sort,
+        lazy_compaction=workload.lazy_compaction,
+        mamba_max_states_per_path=workload.mamba_max_states_per_path,
     )
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "CORES",
     "LAYOUTS",
     "OLDEST",
+    "PATH_CAP",
     "SUPPORTED",
     "SGLangModules",
     "SGLangUnavailableError",
@@ -55,6 +56,7 @@ __all__ = [
     "build_stack",
     "find_tree",
     "fitting",
+    "has_path_cap",
     "load_sglang",
     "refusing_sglang_exits",
 ]
@@ -65,6 +67,9 @@ CORES = ("python", "rust")
 #: memory (`UnifiedSWAKVPool`, one virtual id space over a shared byte buffer), and hybrid
 #: Mamba / linear attention (`HybridReqToTokenPool`'s Mamba slots, page size 1).
 LAYOUTS = ("swa", "unified", "mamba")
+#: SGLang's per-path Mamba state cap (`--mamba-max-states-per-path`), as its server args
+#: spell it.
+PATH_CAP = "mamba_max_states_per_path"
 #: Python packages the memory-cache modules import at import time (the `sglang-cpu` extra).
 EXTRA = "kvcanary[sglang-cpu]"
 #: The extra's distributions (and those transformers brings), by the module they install
@@ -768,14 +773,25 @@ def build_stack(
     *,
     need_sort: bool = False,
     lazy_compaction: bool = False,
+    mamba_max_states_per_path: int | None = None,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
     `need_sort` builds the allocators as SGLang does under prefill-decode disaggregation,
-    `lazy_compaction` unified memory's as SGLang does by default. The tree's modules are put
-    back first (`reinstate`): SGLang's constructors import more of it as they run."""
+    `lazy_compaction` unified memory's as SGLang does by default, `mamba_max_states_per_path`
+    with SGLang's per-path Mamba state cap on the server args (a release without it: an error
+    line). The tree's modules are put back first (`reinstate`): SGLang's constructors import
+    more of it as they run."""
     modules.reinstate()
     tree = modules.tree
+    capped = {} if mamba_max_states_per_path is None else {PATH_CAP: mamba_max_states_per_path}
+    if capped and not has_path_cap(modules):
+        raise SGLangUnavailableError(
+            f"{tree.release}'s server args have no {PATH_CAP} (SGLang's "
+            "--mamba-max-states-per-path), which this workload sets: run it on a release "
+            "that has it",
+            source=tree.label,
+        )
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(
             f"tree core {spec.core!r} is not available in {tree.release} "
@@ -790,6 +806,7 @@ def build_stack(
             attention_backend="torch_native",
             chunked_prefill_size=spec.chunked_prefill_size,
             disable_overlap_schedule=True,
+            **capped,
         )
     with fitting(tree, "runtime context (reset_context, publish)"):
         _publish(modules, server_args)
@@ -860,6 +877,11 @@ def build_stack(
         allocator=allocator,
         tree=radix,
     )
+
+
+def has_path_cap(modules: SGLangModules) -> bool:
+    """Whether this release's server args take the per-path Mamba state cap."""
+    return PATH_CAP in inspect.signature(modules.server_args.ServerArgs).parameters
 
 
 def _publish(modules: SGLangModules, server_args: Any) -> None:

@@ -60,6 +60,10 @@ class Workload:
     #: the new-token ratio, as for a server's usual requests. Here they run to their length
     #: (the forward never samples a stop token), so decode outgrows the estimate and retracts
     ignore_eos: bool = True
+    #: SGLang's --mamba-max-states-per-path (None: not set, SGLang's unlimited): after each
+    #: insert the tree drops the Mamba states of a path's shallowest nodes past the cap and
+    #: keeps the nodes (a Mamba state evicted from a node that stays)
+    mamba_max_states_per_path: int | None = None
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -78,6 +82,7 @@ class Workload:
                 "need_sort": self.need_sort,
                 "lazy_compaction": self.lazy_compaction,
                 "ignore_eos": self.ignore_eos,
+                "mamba_max_states_per_path": self.mamba_max_states_per_path,
             }
         )
 
@@ -99,15 +104,25 @@ class Workload:
         need_sort = data.get("need_sort", False)
         lazy = data.get("lazy_compaction", False)
         ignore_eos = data.get("ignore_eos", True)
+        path_cap = data.get("mamba_max_states_per_path")  # absent in files before the cap
         if (
             not all(isinstance(flag, bool) for flag in (release, need_sort, lazy, ignore_eos))
             or type(interval) is not int
             or interval < 0
+            or (path_cap is not None and (type(path_cap) is not int or path_cap < 1))
         ):
             raise TypeError("a serving knob out of range")
         steps = int(data["steps"])
         return cls(
-            int(data["seed"]), arrivals, steps, release, interval, need_sort, lazy, ignore_eos
+            int(data["seed"]),
+            arrivals,
+            steps,
+            release,
+            interval,
+            need_sort,
+            lazy,
+            ignore_eos,
+            path_cap,
         )
 
 
@@ -134,6 +149,7 @@ def random_workload(
     need_sort: bool = False,
     lazy_compaction: bool = False,
     ignore_eos: bool = True,
+    mamba_max_states_per_path: int | None = None,
     abort_within: int | None = None,
     warmups: bool = False,
     warmup_grid: int = 16,
@@ -201,4 +217,5 @@ def random_workload(
         need_sort,
         lazy_compaction,
         ignore_eos,
+        mamba_max_states_per_path,
     )

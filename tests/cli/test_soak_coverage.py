@@ -274,3 +274,30 @@ def test_coverage_where_it_does_not_apply_is_one_error_line(args: list[str], sai
     result = CliRunner().invoke(app, ["soak", *args])
     assert result.exit_code == 2, result.output
     assert result.stderr.count("\n") == 1 and said in result.stderr
+
+
+def test_mamba_histories_cap_every_other_history_and_each_shape_meets_both() -> None:
+    """Where the release has the per-path Mamba state cap, the first history of a two-core
+    Mamba soak is capped and the second not, the next round swapped: each core meets both
+    within two rounds, on the same arrivals. Without the option, or on another layout, none.
+    A workload file's cap is a positive count or null (absent: null)."""
+    import json
+
+    from kvcanary_cli.soak.command import MAMBA_PATH_CAP, history_workload
+
+    def caps(layout: str, path_cap: bool) -> list[int | None]:
+        drawn = [history_workload(0, h, 2, layout=layout, path_cap=path_cap) for h in range(4)]
+        for h, w in enumerate(drawn):
+            assert w.arrivals == history_workload(0, h, 2, layout=layout).arrivals
+        return [w.mamba_max_states_per_path for w in drawn]
+
+    assert caps("mamba", True) == [MAMBA_PATH_CAP, None, None, MAMBA_PATH_CAP]
+    assert caps("mamba", False) == caps("swa", True) == caps("unified", True) == [None] * 4
+    capped = history_workload(0, 0, 1, layout="mamba", path_cap=True)
+    assert Workload.from_json(capped.to_json()) == capped
+    data = json.loads(capped.to_json())
+    for wrong in (0, -1, True, "2", 1.5):
+        with pytest.raises(TypeError):
+            Workload.from_json(json.dumps({**data, "mamba_max_states_per_path": wrong}))
+    del data["mamba_max_states_per_path"]
+    assert Workload.from_json(json.dumps(data)).mamba_max_states_per_path is None

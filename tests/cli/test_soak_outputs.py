@@ -48,11 +48,24 @@ class FakeSGLang:
     said: list[str] = field(default_factory=list)
     #: times a planted fault acts in each history
     acts: int = 0
+    #: find only in histories capping a path's Mamba states
+    finds_capped: bool = False
+    #: whether the release's server args take the per-path Mamba state cap
+    path_cap: bool = True
+    #: the workloads the histories ran
+    workloads: list[Workload] = field(default_factory=list)
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
     state = FakeSGLang()
+
+    def server_args(*, model_path: str = "", mamba_max_states_per_path: int = -1) -> object:
+        return model_path  # a release's ServerArgs that has the per-path Mamba state cap
+
+    def server_args_before(*, model_path: str = "") -> object:
+        return model_path  # one from before it
+
     modules = SimpleNamespace(
         cores=("python",),
         notes=(),
@@ -61,6 +74,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
 
     def load_sglang(source: object = None) -> object:
         state.loads += 1
+        chosen = server_args if state.path_cap else server_args_before
+        modules.server_args = SimpleNamespace(ServerArgs=chosen)
         if state.chatter:
             print("RadixCache tree (printed by SGLang)")
             os.write(1, b"fd-level chatter from SGLang\n")
@@ -78,6 +93,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
     ) -> soak_run.HistoryResult:
         steps = workload.steps if max_steps is None else min(workload.steps, max_steps)
         state.histories.append(steps)
+        state.workloads.append(workload)
         said = [Said("_check_req_pool", text) for text in state.said]
         result = soak_run.HistoryResult(
             steps=steps,
@@ -86,7 +102,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
             fault_acted=0 if fault is None else state.acts,
         )
         result.heard(steps - 1, "idle", said)
-        if state.finds and workload.arrivals:
+        capped = workload.mamba_max_states_per_path is not None
+        if state.finds and workload.arrivals and (capped or not state.finds_capped):
             failure = Audit(step=steps, mode="plan", codes=["free-list-duplicate"])
             failure.top_cause = "double-free"
             failure.sglang = said
@@ -137,6 +154,48 @@ def test_the_mamba_layout_at_a_larger_page_is_refused_before_soaking(
     _one_line(err)
     assert "page size 1 only" in err and "page-size" in err
     assert fake.loads == 0 and fake.histories == []
+
+
+def test_mamba_histories_cap_a_paths_states_where_the_release_has_it_and_the_files_keep_it(
+    fake: FakeSGLang, tmp_path: Path
+) -> None:
+    """On a release whose server args take `mamba_max_states_per_path`, every other Mamba
+    history runs capped, the first among them; a capped history's reproducer records the cap
+    and `--replay` runs it capped again (a file from before the cap: uncapped). A release
+    without the option runs every history uncapped, as does another layout."""
+    from kvcanary_cli.soak.command import MAMBA_PATH_CAP
+
+    def caps() -> list[int | None]:
+        drawn = [w.mamba_max_states_per_path for w in fake.workloads]
+        fake.workloads.clear()
+        return drawn
+
+    fake.finds = False
+    code, _, err = soak("--layout", "mamba", "--steps", "400", "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    assert caps()[:4] == [MAMBA_PATH_CAP, None, MAMBA_PATH_CAP, None]
+    code, _, err = soak("--steps", "400", "--out", str(tmp_path / "o"))
+    assert code == 0 and set(caps()) == {None}, err
+    fake.path_cap = False
+    code, _, err = soak("--layout", "mamba", "--steps", "400", "--out", str(tmp_path / "o"))
+    assert code == 0 and set(caps()) == {None}, err
+    fake.path_cap = fake.finds = fake.finds_capped = True
+    out = tmp_path / "capped"
+    code, _, err = soak("--layout", "mamba", "--steps", "400", "--out", str(out))
+    assert code == 1, err
+    for name in ("soak-workload.json", "soak-reproducer.json"):
+        recorded = json.loads((out / name).read_text())["workload"]
+        assert recorded["mamba_max_states_per_path"] == MAMBA_PATH_CAP, name
+    caps()
+    replayed = CliRunner().invoke(app, ["soak", "--replay", str(out / "soak-reproducer.json")])
+    assert replayed.exit_code == 1, replayed.stderr
+    assert caps() == [MAMBA_PATH_CAP]
+    before = json.loads((out / "soak-reproducer.json").read_text())
+    del before["workload"]["mamba_max_states_per_path"]
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    replayed = CliRunner().invoke(app, ["soak", "--replay", str(tmp_path / "before.json")])
+    assert replayed.exit_code == 0, replayed.stderr  # uncapped, the fake finds nothing
+    assert caps() == [None]
 
 
 def test_out_under_a_file_is_refused_before_soaking(fake: FakeSGLang, tmp_path: Path) -> None:
@@ -436,3 +495,29 @@ def test_without_a_fault_nothing_is_said_of_one(fake: FakeSGLang, tmp_path: Path
     assert code == 0 and "planted fault" not in table
     _, out, _ = soak("--steps", "160", "--out", str(tmp_path / "o"), "--format", "json")
     assert (json.loads(out)["fault"], json.loads(out)["fault_acted"]) == (None, None)
+
+
+def test_a_capped_workload_on_a_release_without_the_cap_is_refused_in_one_line() -> None:
+    """A reproducer recorded with the per-path Mamba state cap, replayed on a release whose
+    server args lack it, would not replay its history: refused, naming the option and the
+    release, before anything is built."""
+    from kvcanary_cli.soak.stack import SGLangUnavailableError, StackSpec, build_stack
+
+    def server_args(*, model_path: str = "") -> object:
+        raise AssertionError("built")
+
+    modules = SimpleNamespace(
+        reinstate=lambda: None,
+        cores=("python",),
+        tree=SimpleNamespace(release="SGLang 0.5.16", label="/fake/sglang"),
+        server_args=SimpleNamespace(ServerArgs=server_args),
+    )
+    spec = StackSpec.pressured(1, "python", "mamba")
+    with pytest.raises(SGLangUnavailableError) as refused:
+        build_stack(modules, spec, mamba_max_states_per_path=2)  # type: ignore[arg-type]
+    assert "SGLang 0.5.16" in str(refused.value) and "--mamba-max-states-per-path" in str(
+        refused.value
+    )
+    assert "\n" not in str(refused.value)
+    with pytest.raises(SGLangUnavailableError, match="ServerArgs does not fit"):
+        build_stack(modules, spec)  # type: ignore[arg-type]  # uncapped: it builds (here: fails)

@@ -6,7 +6,9 @@ copy-on-write slots included), a correct state checks clean with SGLang's own ch
 and a tree-held Mamba slot pushed onto the free list is named at the next audit, while SGLang's
 busy check, which has no Mamba check, says nothing. The soak's own Mamba histories retract and
 abort in chunked prefill, so a lock leaked there is found; a request the adder turns down gives
-back the copy-on-write slot its prefix match took, as SGLang's scheduler does.
+back the copy-on-write slot its prefix match took, as SGLang's scheduler does. Capped by
+`--mamba-max-states-per-path`, a history evicts Mamba states from nodes that stay in the tree,
+clean, and a state freed but kept by its node is named.
 """
 
 from __future__ import annotations
@@ -83,13 +85,14 @@ def test_tree_mamba_slot_freed_is_named(sglang: Any) -> None:
     assert failure.mode == "plan" and failure.sglang == [] and failure.crash is None
 
 
-def _soak_history(sglang: Any, history: int, **kw: Any) -> Any:
-    """The `history`-th history of `soak --layout mamba --core python --seed 0`."""
+def _soak_history(sglang: Any, history: int, *, path_cap: bool = False, **kw: Any) -> Any:
+    """The `history`-th history of `soak --layout mamba --core python --seed 0` (`path_cap`:
+    on a release with `--mamba-max-states-per-path`; without: as on one before it)."""
     from kvcanary_cli.soak.command import history_workload
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
-    workload = history_workload(0, history, 1, layout="mamba")
+    workload = history_workload(0, history, 1, layout="mamba", path_cap=path_cap)
     return run_history(sglang, StackSpec.pressured(1, "python", "mamba"), workload, **kw)
 
 
@@ -138,6 +141,71 @@ def test_a_chunk_checkpoint_lands_on_a_node_holding_a_state(
     result = _soak_history(sglang, 0, max_steps=4)
     assert found, "no chunk checkpoint found its node holding a state"
     assert result.failure is None and result.sglang_counts == {}
+
+
+def test_a_capped_path_evicts_a_state_whose_node_stays_and_stays_clean(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's first Mamba history where the release has `--mamba-max-states-per-path`:
+    published on the server args, the tree's Mamba component takes the cap, drops the state
+    of a path's shallow node past it and keeps the node in the tree (an uncapped history's
+    evicted states leave with their node); clean to the live audit, which never falls back,
+    and to `check` of each state's dump, SGLang silent."""
+    from importlib import import_module
+
+    from kvcanary_cli.soak.command import MAMBA_PATH_CAP
+
+    component = import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+    evict = component.MambaComponent.evict_component
+    evicted: list[Any] = []
+    caps: set[int] = set()
+
+    def recording(self: Any, node: Any, *args: Any, **kw: Any) -> Any:
+        caps.add(self.mamba_max_states_per_path)
+        held = node.component_data[self.component_type].value is not None
+        out = evict(self, node, *args, **kw)
+        if held and node.component_data[self.component_type].value is None:
+            evicted.append(node)
+        return out
+
+    def in_tree(node: Any) -> bool:
+        while node.parent is not None:
+            if all(child is not node for child in node.parent.children.values()):
+                return False
+            node = node.parent
+        return True
+
+    monkeypatch.setattr(component.MambaComponent, "evict_component", recording)
+    result = _soak_history(sglang, 0, path_cap=True, max_steps=10, mode="both")
+    assert caps == {MAMBA_PATH_CAP}
+    assert any(in_tree(node) for node in evicted), f"{len(evicted)} evicted, none stayed"
+    assert result.failure is None and result.sglang_counts == {} and result.fallbacks == 0
+    assert result.verdicts and all(v.broken is None and not v.codes for v in result.verdicts)
+
+
+def test_a_state_a_capped_path_frees_but_its_node_keeps_is_named(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twin of the clean capped history: an eviction that frees a node's Mamba slot but
+    leaves it on the node (bench/mutants.py's `mamba-evict-keeps-value`). Uncapped, every
+    evicted state left with its node and the bug went unseen; capped, the node stays holding
+    a free slot and kvcanary names it at the next audit."""
+    from importlib import import_module
+
+    component = import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+    evict = component.MambaComponent.evict_component
+
+    def keeping(self: Any, node: Any, *args: Any, **kw: Any) -> Any:
+        held = node.component_data[self.component_type].value
+        out = evict(self, node, *args, **kw)
+        if held is not None:
+            node.component_data[self.component_type].value = held
+        return out
+
+    monkeypatch.setattr(component.MambaComponent, "evict_component", keeping)
+    result = _soak_history(sglang, 0, path_cap=True, max_steps=10)
+    assert result.failure is not None, "the kept state was not found"
+    assert "mamba-slot-free-and-held" in result.failure.codes, result.failure.codes
 
 
 def test_a_request_turned_down_gives_back_its_copy_on_write_slot(sglang: Any) -> None:
