@@ -203,8 +203,11 @@ def _fork(
                 os._exit(code)
         children.add(pid, part)
     finally:
-        _restore(handlers)
+        # the mask first, while a stop is only noted: once a handler is back, a stop that
+        # another thread takes raises here at the next instruction, and a mask put back
+        # after it would never be (the main thread then slept through Ctrl-C in `waitpid`)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        _restore(handlers)
         for signum in noted:
             signal.raise_signal(signum)  # its own handler, now: the run stops here
 
@@ -222,8 +225,16 @@ def _noting(noted: list[int]) -> dict[int, Any]:
 
 
 def _restore(handlers: dict[int, Any]) -> None:
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
+    """Put the handlers back; a stop raised by one already back (at the next instruction)
+    does not leave the others noting."""
+    left = dict(handlers)
+    try:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+            del left[signum]
+    finally:
+        for signum, handler in left.items():
+            signal.signal(signum, handler)
 
 
 #: glibc's `mallopt` parameters (malloc.h), and the size from which a child's allocations

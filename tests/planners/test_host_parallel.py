@@ -208,6 +208,45 @@ def test_a_run_stopped_while_its_children_work_kills_them(bystander: bool) -> No
     assert children and alive == []
 
 
+def test_a_stop_as_the_handlers_come_back_leaves_the_stops_unblocked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C that another thread takes just as `_fork` puts the handlers back raises at
+    the main thread's next instruction: the run stops, and the main thread's stops are not
+    left blocked (they were, 4 runs in 300 of a random race: the next run then slept through
+    Ctrl-C in `waitpid`, taken by a thread that could not wake it)."""
+    parent = os.getpid()
+    waiting = threading.Event()
+    other = threading.Thread(target=waiting.wait)
+    other.start()
+    real = host_parallel._restore
+    sent: list[int] = []
+
+    def restore_then_stop(handlers: dict[int, object]) -> None:
+        real(handlers)
+        if os.getpid() == parent and not sent:
+            sent.append(signal.SIGINT)
+            assert other.ident is not None
+            signal.pthread_kill(other.ident, signal.SIGINT)  # that thread takes it
+            time.sleep(0.2)  # the main thread runs the handler at an instruction in here
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(host_parallel, "_restore", restore_then_stop)
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host_parallel.run_parts([lambda: time.sleep(60), lambda: time.sleep(60)])
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+        signal.signal(signal.SIGINT, previous)
+        waiting.set()
+        other.join()
+    assert sent and not blocked & {signal.SIGINT, signal.SIGTERM}
+
+
 def test_stop_children_ends_a_run_waiting_in_another_thread() -> None:
     """`check` plans the kernel in a second thread; the main one, stopped, stops its children
     (`stop_children`): the waiting thread raises KeyboardInterrupt rather than redo parts."""
