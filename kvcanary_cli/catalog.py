@@ -961,9 +961,10 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 group="the side's (`full`, `swa`)",
                 when=(
                     "unified layout: a side's `virtual_to_physical` or `physical_to_virtual` "
-                    "whose last entry (the −1 sentinel) is not −1. A tensor-level finding: "
-                    "`details.tensor`, `details.value` (for `physical_to_virtual`, the virtual "
-                    "page bound to physical page −1)"
+                    "whose last entry (the −1 sentinel) is not −1: `details.tensor`, "
+                    "`details.value`. Where `physical_to_virtual`'s names a virtual page (the "
+                    "page bound to physical page −1), one cell, its first slot; else a "
+                    "tensor-level finding"
                 ),
                 meaning=(
                     "a bind or unbind indexed the table with −1: a −1 taken off the free list "
@@ -2511,6 +2512,7 @@ _PAGE_CODES = frozenset(
         FindingCode.VIRTUAL_PAGE_UNBOUND,
         FindingCode.PAGE_TABLE_MISMATCH,
         FindingCode.PHYSICAL_PAGE_SHARED,
+        FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
     }
 )
 

@@ -56,7 +56,7 @@ def unified_findings(dump: KvDump) -> list[Finding]:
         p2v = tables.get(f"{group}_physical_to_virtual")
         if v2p is not None and p2v is not None and v2p.size > 1 and p2v.size > 1:
             found += _disagreements(group, space, v2p, p2v, page)
-        found += _sentinels(group, v2p, p2v)
+        found += _sentinels(group, v2p, p2v, page)
         holes = tables.get(f"{group}_physical_holes")
         if holes is not None and holes.size and p2v is not None and p2v.size > 1:
             found += _holes(group, np.asarray(holes, dtype=np.int64), p2v)
@@ -163,14 +163,33 @@ def _disagreements(
     return found
 
 
-def _sentinels(group: Group, v2p: np.ndarray | None, p2v: np.ndarray | None) -> list[Finding]:
+def _sentinels(
+    group: Group, v2p: np.ndarray | None, p2v: np.ndarray | None, page: int
+) -> list[Finding]:
     """`PAGE_TABLE_SENTINEL_OVERWRITTEN`: a table whose trailing −1 is gone (an id −1 used as a
-    page: for `p2v`, a −1 taken off the free list and bound to the virtual page it names)."""
+    page). For `p2v` naming a virtual page, that page's first slot is the cell: a −1 taken off
+    the free list and bound to it, so it reads unbound while its owner holds it."""
     found: list[Finding] = []
     for name, table in (("virtual_to_physical", v2p), ("physical_to_virtual", p2v)):
         if table is None or not table.size or int(table[-1]) == -1:
             continue
         tensor, value = f"{group}_{name}", int(table[-1])
+        pages = -1 if v2p is None else int(v2p.size) - 1
+        if name == "physical_to_virtual" and 0 < value < pages:
+            found.append(
+                _slot_finding(
+                    FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
+                    group,
+                    Space.FULL,
+                    _slot_cells(np.array([value * page]), {"physical_page": np.array([-1])}),
+                    f"virtual slot {{slot}}'s page is bound to physical page -1 on the {group} "
+                    f"side ({tensor} ends with {value}, not its -1 sentinel): a -1 freed onto "
+                    "the physical free list, then handed out; the page reads as unbound",
+                    "",
+                    {"tensor": tensor, "value": value, "page_size": page},
+                )
+            )
+            continue
         bound = (
             f"virtual page {value} is bound to physical page -1"
             if name == "physical_to_virtual"
@@ -182,7 +201,7 @@ def _sentinels(group: Group, v2p: np.ndarray | None, p2v: np.ndarray | None) -> 
                 group=group,
                 message=(
                     f"{tensor} ends with {value}, not its -1 sentinel: {bound} (an id -1 used "
-                    "as a page, e.g. a -1 freed onto the physical free list, then handed out)"
+                    "as a page)"
                 ),
                 details={"tensor": tensor, "value": value},
             )

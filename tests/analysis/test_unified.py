@@ -47,8 +47,8 @@ def _state() -> dict[str, Any]:
         "full_physical_to_virtual": full_p2v,
         "swa_virtual_to_physical": swa_v2p,
         "swa_physical_to_virtual": swa_p2v,
-        # lazy compaction's free physical pages: page 4, bound on neither side
-        "full_physical_holes": np.array([4]),
+        # lazy compaction's free physical pages, bound on neither side
+        "full_physical_holes": np.array([3]),
         "swa_physical_holes": np.array([4]),
     }
 
@@ -99,8 +99,8 @@ def _planted(name: str) -> dict[str, Any]:
         state["swa_physical_holes"] = np.array([-1, 4])
     elif name == "hole-bound":  # SWA physical page 3 freed while virtual page 3 keeps it
         state["swa_physical_holes"] = np.array([3, 4])
-    elif name == "hole-twice":  # full physical page 4 freed twice
-        state["full_physical_holes"] = np.array([4, 4])
+    elif name == "hole-twice":  # full physical page 3 freed twice
+        state["full_physical_holes"] = np.array([3, 3])
     elif name == "sentinel-bound":  # that -1 then bound: virtual page 3 to physical page -1
         swa_v2p, swa_p2v = state["swa_virtual_to_physical"], state["swa_physical_to_virtual"]
         swa_v2p[3], swa_p2v[3], swa_p2v[-1] = -1, -1, 3
