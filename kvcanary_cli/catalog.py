@@ -125,6 +125,8 @@ class FindingCode(StrEnum):
     PAGE_TABLE_MISMATCH = "page-table-mismatch"
     PHYSICAL_PAGE_SHARED = "physical-page-shared"
     PAGE_TABLE_SIZE_MISMATCH = "page-table-size-mismatch"
+    PHYSICAL_HOLE_INVALID = "physical-hole-invalid"
+    PAGE_TABLE_SENTINEL_OVERWRITTEN = "page-table-sentinel-overwritten"
     MAMBA_SLOT_FREE_AND_HELD = "mamba-slot-free-and-held"
     MAMBA_SLOT_OWNED_TWICE = "mamba-slot-owned-twice"
     MAMBA_SLOT_FREED_TWICE = "mamba-slot-freed-twice"
@@ -174,6 +176,7 @@ class CauseCode(StrEnum):
 
     DOUBLE_FREE = "double-free"
     VIRTUAL_PAGE_FREED_WHILE_BOUND = "virtual-page-freed-while-bound"
+    PHYSICAL_PAGE_DOUBLE_FREE = "physical-page-double-free"
     MAMBA_SLOT_FREED_WHILE_HELD = "mamba-slot-freed-while-held"
     MAMBA_SLOT_DOUBLE_FREE = "mamba-slot-double-free"
     MAMBA_RESERVED_SLOT_HANDED_OUT = "mamba-reserved-slot-handed-out"
@@ -926,6 +929,47 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 meaning=(
                     "a table sized by its own pool instead of the id space it is indexed by "
                     "(SGLang #37560): ids past its end read out of bounds"
+                ),
+            ),
+        ),
+        (
+            FindingCode.PHYSICAL_HOLE_INVALID,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the side's (`full`, `swa`)",
+                when=(
+                    "unified layout: an entry of a side's lazy-compaction free list "
+                    "(`<side>_physical_holes`) that is no free physical page: −1 or another id "
+                    "outside the side's pages `1 .. num_pages − 1`, a page listed twice, or a "
+                    "page still bound (`physical_to_virtual` ≥ 0). A tensor-level finding: "
+                    "`details.side`, `details.out_of_range`, `details.listed_twice`, "
+                    "`details.bound` (up to 8 of each)"
+                ),
+                meaning=(
+                    "a physical page freed twice (a −1: the page of a virtual page already "
+                    "released on that side, its tombstone freed as a page): the next "
+                    "allocations hand it out twice, or bind a virtual page to physical page −1 "
+                    "(the tables' sentinel row); SGLang's span check still balances, its "
+                    "live count is short by each such entry"
+                ),
+            ),
+        ),
+        (
+            FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
+            FindingEntry(
+                severity=Severity.ERROR,
+                group="the side's (`full`, `swa`)",
+                when=(
+                    "unified layout: a side's `virtual_to_physical` or `physical_to_virtual` "
+                    "whose last entry (the −1 sentinel) is not −1: `details.tensor`, "
+                    "`details.value`. Where `physical_to_virtual`'s names a virtual page (the "
+                    "page bound to physical page −1), one cell, its first slot; else a "
+                    "tensor-level finding"
+                ),
+                meaning=(
+                    "a bind or unbind indexed the table with −1: a −1 taken off the free list "
+                    "as a physical page (a double free) and bound, so its virtual page reads "
+                    "as unbound (tombstoned) while its owner holds it"
                 ),
             ),
         ),
@@ -1980,6 +2024,27 @@ CAUSES: Mapping[CauseCode, CauseEntry] = _table(
             ),
         ),
         (
+            CauseCode.PHYSICAL_PAGE_DOUBLE_FREE,
+            CauseEntry(
+                summary=(
+                    "a physical page of the unified pool was freed twice: its side's "
+                    "lazy-compaction free list holds it twice, holds it while bound, or holds "
+                    "−1 (a page released again after its tombstone), and the next allocations "
+                    "hand it out twice or bind a virtual page to physical page −1"
+                ),
+                fix=(
+                    "find the release of pages already released on that side: a segment "
+                    "whose SWA pages are tombstoned freed through `free_segment` (both sides) "
+                    "instead of `free_full_segment`, or a free of ids `free_swa` already took"
+                ),
+                evidence="`physical-hole-invalid`, `page-table-sentinel-overwritten`",
+                findings=(
+                    FindingCode.PHYSICAL_HOLE_INVALID,
+                    FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
+                ),
+            ),
+        ),
+        (
             CauseCode.MAMBA_SLOT_FREED_WHILE_HELD,
             CauseEntry(
                 summary=(
@@ -2447,6 +2512,7 @@ _PAGE_CODES = frozenset(
         FindingCode.VIRTUAL_PAGE_UNBOUND,
         FindingCode.PAGE_TABLE_MISMATCH,
         FindingCode.PHYSICAL_PAGE_SHARED,
+        FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
     }
 )
 

@@ -181,7 +181,9 @@ TREE_LOCKS = CheckFamily(
 PAGE_TABLES = CheckFamily(
     name="page tables",
     covers="unified memory's virtual pages: unbound while held, bound twice, a physical page "
-    "behind two virtual ones, free while bound, tables sized by the wrong id space",
+    "behind two virtual ones, free while bound, tables sized by the wrong id space or their "
+    "sentinels overwritten, a physical free list (holes) naming -1, a page twice or a bound "
+    "page",
     layouts=(Layout.UNIFIED_SWA,),
     blocker=lambda dump: None if dump.page_tables else "the dump records no page tables",
 )

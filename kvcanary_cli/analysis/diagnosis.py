@@ -1213,6 +1213,7 @@ _MESSAGE_HEADED = frozenset(
         CauseCode.HOST_SLOT_INDEX_CORRUPT,
         CauseCode.HOST_SLOT_LEAK,
         CauseCode.VIRTUAL_PAGE_FREED_WHILE_BOUND,
+        CauseCode.PHYSICAL_PAGE_DOUBLE_FREE,
         CauseCode.PAGE_TABLE_CORRUPT,
         CauseCode.LUT_SENTINEL_OVERWRITTEN,
     }

@@ -16,7 +16,11 @@ virtual→physical table is the LUT capture records. In a correct state:
   recycles the id); a page the tree or a running request holds, or one the SWA side binds, is
   bound on the full side;
 - both sides' virtual tables are sized by the full side's id space, and so is the dump's
-  `num_full_slots`.
+  `num_full_slots`;
+- each table ends with its −1 sentinel, and each side's lazy-compaction free list
+  (`physical_holes`) holds physical pages of that side (`1 .. num_pages − 1`), each once, none
+  bound: a −1 there is a page released twice (its tombstone freed as a page), which SGLang's
+  own span check balances, and a −1 taken off it and bound overwrites the `p2v` sentinel.
 
 Leaks, double frees and live slots on the free list are the paged checks' (the virtual free
 list is the dump's `free_full_slots`). Each check is a few array operations over the tables.
@@ -52,6 +56,10 @@ def unified_findings(dump: KvDump) -> list[Finding]:
         p2v = tables.get(f"{group}_physical_to_virtual")
         if v2p is not None and p2v is not None and v2p.size > 1 and p2v.size > 1:
             found += _disagreements(group, space, v2p, p2v, page)
+        found += _sentinels(group, v2p, p2v, page)
+        holes = tables.get(f"{group}_physical_holes")
+        if holes is not None and holes.size and p2v is not None and p2v.size > 1:
+            found += _holes(group, np.asarray(holes, dtype=np.int64), p2v)
     if full is not None and full.size > 1:
         found += _binding(dump, page, full, tables.get("swa_virtual_to_physical"))
     return found
@@ -153,6 +161,92 @@ def _disagreements(
             )
         )
     return found
+
+
+def _sentinels(
+    group: Group, v2p: np.ndarray | None, p2v: np.ndarray | None, page: int
+) -> list[Finding]:
+    """`PAGE_TABLE_SENTINEL_OVERWRITTEN`: a table whose trailing −1 is gone (an id −1 used as a
+    page). For `p2v` naming a virtual page, that page's first slot is the cell: a −1 taken off
+    the free list and bound to it, so it reads unbound while its owner holds it."""
+    found: list[Finding] = []
+    for name, table in (("virtual_to_physical", v2p), ("physical_to_virtual", p2v)):
+        if table is None or not table.size or int(table[-1]) == -1:
+            continue
+        tensor, value = f"{group}_{name}", int(table[-1])
+        pages = -1 if v2p is None else int(v2p.size) - 1
+        if name == "physical_to_virtual" and 0 < value < pages:
+            found.append(
+                _slot_finding(
+                    FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
+                    group,
+                    Space.FULL,
+                    _slot_cells(np.array([value * page]), {"physical_page": np.array([-1])}),
+                    f"virtual slot {{slot}}'s page is bound to physical page -1 on the {group} "
+                    f"side ({tensor} ends with {value}, not its -1 sentinel): a -1 freed onto "
+                    "the physical free list, then handed out; the page reads as unbound",
+                    "",
+                    {"tensor": tensor, "value": value, "page_size": page},
+                )
+            )
+            continue
+        bound = (
+            f"virtual page {value} is bound to physical page -1"
+            if name == "physical_to_virtual"
+            else f"virtual page -1 is bound to physical page {value}"
+        )
+        found.append(
+            Finding(
+                code=FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
+                group=group,
+                message=(
+                    f"{tensor} ends with {value}, not its -1 sentinel: {bound} (an id -1 used "
+                    "as a page)"
+                ),
+                details={"tensor": tensor, "value": value},
+            )
+        )
+    return found
+
+
+def _holes(group: Group, holes: np.ndarray, p2v: np.ndarray) -> list[Finding]:
+    """`PHYSICAL_HOLE_INVALID`: a side's lazy-compaction free list naming no free physical
+    page of the side: out of range (−1: a tombstone freed again), twice, or still bound."""
+    pages = int(p2v.size) - 1  # the physical pages, less the sentinel row
+    inside = (holes > 0) & (holes < pages)
+    outside = np.unique(holes[~inside])
+    listed = np.sort(holes[inside])
+    twice = np.unique(listed[1:][listed[1:] == listed[:-1]])
+    bound = np.unique(listed[p2v[listed] >= 0])
+    if not (outside.size or twice.size or bound.size):
+        return []
+    what = [
+        f"{label} {', '.join(str(int(x)) for x in values[:8])}"
+        for label, values in (
+            ("out of range:", outside),
+            ("listed twice:", twice),
+            ("still bound:", bound),
+        )
+        if values.size
+    ]
+    return [
+        Finding(
+            code=FindingCode.PHYSICAL_HOLE_INVALID,
+            group=group,
+            message=(
+                f"{group}_physical_holes names no free physical page of the {group} side ("
+                + "; ".join(what)
+                + "): a page freed twice (a -1 is a tombstoned page freed again); the next "
+                "allocations hand it out twice or bind a virtual page to physical page -1"
+            ),
+            details={
+                "side": str(group),
+                "out_of_range": [int(x) for x in outside[:8]],
+                "listed_twice": [int(x) for x in twice[:8]],
+                "bound": [int(x) for x in bound[:8]],
+            },
+        )
+    ]
 
 
 def _binding(dump: KvDump, page: int, full: np.ndarray, swa: np.ndarray | None) -> list[Finding]:

@@ -23,8 +23,10 @@ that fact or a stricter one, read from the same objects the dump would record:
   virtual page one physical page, no physical page behind two), keep their built sizes, sink
   and sentinel and one id space; a virtual page is bound on the full side exactly when it is
   not on the virtual free list, and bound on the SWA side only where the full side binds it
-  (free-and-bound, unbound, shared physical pages, wrong-sized tables); the LUT the SWA
-  table stands for maps each SWA slot once;
+  (free-and-bound, unbound, shared physical pages, wrong-sized tables); each side's
+  lazy-compaction free list (`physical_holes`) holds pages of that side, each once, none bound
+  (a -1 there is a tombstone freed again); the LUT the SWA table stands for maps each SWA slot
+  once;
 - the batch: rows running and distinct, lengths inside the row's allocation, `out_cache_loc`
   exactly the row's cells it extends, none of them the tree's, every cell of the window the
   step reads mapped (writes to live slots, unmapped window cells, corrupt metadata); the plan
@@ -159,7 +161,9 @@ def read_state(
         except Exception as exc:  # a lock this reader cannot follow: `broken` says so
             unread = f"the requests' locks: {type(exc).__name__}"
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
-    tables = ({k: facts[k] for k in _TABLES if k in facts} or None) if captured else None
+    tables = (
+        ({k: facts[k] for k in (*_TABLES, *_HOLES) if k in facts} or None) if captured else None
+    )
     lens = facts.get(_LENS)
     if batch is not None:
         try:
@@ -274,6 +278,10 @@ _TABLES = (
     "swa_virtual_to_physical",
     "swa_physical_to_virtual",
 )
+
+
+#: Each side's lazy-compaction free list (its physical holes; absent where compaction is eager).
+_HOLES = ("full_physical_holes", "swa_physical_holes")
 
 
 #: reads (the full side's free slots, the SWA side's), each a host int64 array
@@ -842,10 +850,12 @@ class LiveAudit:
         if swa.shape != full.shape or full.size * self.page != self.full_n:
             return "a page table sized by another id space"
         for side in ("full", "swa"):
-            if not _name_each_other(
-                t[f"{side}_virtual_to_physical"][:-1], t[f"{side}_physical_to_virtual"][:-1]
-            ):
+            p2v = t[f"{side}_physical_to_virtual"][:-1]
+            if not _name_each_other(t[f"{side}_virtual_to_physical"][:-1], p2v):
                 return f"the {side} side's page tables disagree"
+            holes = t.get(f"{side}_physical_holes")
+            if holes is not None and holes.size and not _free_pages(holes, p2v):
+                return f"the {side} side's physical free list holds no free page"
         domain = self.virtual_domain
         free = np.zeros(full.size, dtype=bool)
         free[s.free_full // self.page] = True
@@ -1091,6 +1101,13 @@ def _name_each_other(v2p: np.ndarray, p2v: np.ndarray) -> bool:
     q = np.flatnonzero(p2v[1:] >= 0) + 1
     w = p2v[q]
     return not (w.size and (w.min() < 1 or w.max() >= v2p.size or (v2p[w] != q).any()))
+
+
+def _free_pages(holes: np.ndarray, p2v: np.ndarray) -> bool:
+    """Every hole a physical page past the sink (`1 .. len(p2v) - 1`), listed once, unbound."""
+    if holes.min() < 1 or holes.max() >= p2v.size:
+        return False
+    return bool(np.unique(holes).size == holes.size) and not _any(p2v[holes] >= 0)
 
 
 def _any(values: np.ndarray) -> bool:

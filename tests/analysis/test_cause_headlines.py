@@ -330,7 +330,13 @@ def test_a_stale_mamba_row_map_names_the_pool_row(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("fault", "slot"),
-    [("free-and-bound", 3), ("unbound", 3), ("two-physical", 2), ("shared-physical", 3)],
+    [
+        ("free-and-bound", 3),
+        ("unbound", 3),
+        ("two-physical", 2),
+        ("shared-physical", 3),
+        ("sentinel-bound", 3),
+    ],
 )
 def test_a_unified_fault_names_the_virtual_slot(tmp_path: Path, fault: str, slot: int) -> None:
     c = _planted_first(test_unified, fault, tmp_path)

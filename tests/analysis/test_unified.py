@@ -1,8 +1,10 @@
 """The unified-memory layout's checks (analysis/unified.py) on small hand-made dumps: a correct
 state checks clean, and each fault of the page tables (a free page still bound, a held page
 unbound, a virtual page bound to two physical pages, a physical page behind two virtual
-pages, a leak, a table sized by the wrong id space) is named, each beside its clean twin. A
-dump whose layout kvcanary does not know gets one note and no finding."""
+pages, a leak, a table sized by the wrong id space, a compaction hole that is no free page, a
+table's sentinel overwritten) is named, each beside its clean twin (the correct state, which
+keeps a free physical page on each side's holes). A dump whose layout kvcanary does not know
+gets one note and no finding."""
 
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ def _state() -> dict[str, Any]:
         "full_physical_to_virtual": full_p2v,
         "swa_virtual_to_physical": swa_v2p,
         "swa_physical_to_virtual": swa_p2v,
+        # lazy compaction's free physical pages, bound on neither side
+        "full_physical_holes": np.array([3]),
+        "swa_physical_holes": np.array([4]),
     }
 
 
@@ -90,6 +95,17 @@ def _planted(name: str) -> dict[str, Any]:
     elif name == "table-size":  # the SWA table sized by its own pool (SGLang #37560)
         state["swa_virtual_to_physical"] = state["swa_virtual_to_physical"][:6].copy()
         state["swa_virtual_to_physical"][-1] = -1
+    elif name == "tombstone-freed-again":  # a tombstoned SWA page's -1 freed as a page
+        state["swa_physical_holes"] = np.array([-1, 4])
+    elif name == "hole-bound":  # SWA physical page 3 freed while virtual page 3 keeps it
+        state["swa_physical_holes"] = np.array([3, 4])
+    elif name == "hole-twice":  # full physical page 3 freed twice
+        state["full_physical_holes"] = np.array([3, 3])
+    elif name == "sentinel-bound":  # that -1 then bound: virtual page 3 to physical page -1
+        swa_v2p, swa_p2v = state["swa_virtual_to_physical"], state["swa_physical_to_virtual"]
+        swa_v2p[3], swa_p2v[3], swa_p2v[-1] = -1, -1, 3
+        state["swa_physical_holes"] = np.array([3, 4])
+        state["full_to_swa_index_mapping"] = _lut_of(swa_v2p, 1)
     return state
 
 
@@ -102,6 +118,10 @@ UNIFIED_FAULTS = (
     ("shared-physical", "physical-page-shared", "page-table-corrupt"),
     ("leaked", "full-page-leaked", "full-leak"),
     ("table-size", "page-table-size-mismatch", "page-table-corrupt"),
+    ("tombstone-freed-again", "physical-hole-invalid", "physical-page-double-free"),
+    ("hole-bound", "physical-hole-invalid", "physical-page-double-free"),
+    ("hole-twice", "physical-hole-invalid", "physical-page-double-free"),
+    ("sentinel-bound", "page-table-sentinel-overwritten", "physical-page-double-free"),
 )
 
 

@@ -24,8 +24,17 @@ HISTORIES = [
 
 
 def _history(
-    sglang: Any, page_size: int, core: str, fault: str | None, mode: str, layout: str = "swa"
+    sglang: Any,
+    page_size: int,
+    core: str,
+    fault: str | None,
+    mode: str,
+    layout: str = "swa",
+    *,
+    lazy: bool = False,
 ) -> Any:
+    from dataclasses import replace
+
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
     from kvcanary_cli.soak.workload import random_workload
@@ -33,6 +42,8 @@ def _history(
     if core not in sglang.cores:
         pytest.skip(f"no {core} tree core in this SGLang")
     workload = random_workload(11, steps=40, requests=10, max_prompt=60, max_new=20)
+    if lazy:  # unified memory's lazy compaction (its physical free lists), as soak draws it
+        workload = replace(workload, lazy_compaction=True)
     spec = StackSpec.pressured(page_size, core, layout)
     return run_history(sglang, spec, workload, fault=fault, mode=mode)  # type: ignore[arg-type]
 
@@ -260,6 +271,75 @@ def test_live_audit_finds_what_check_finds_on_each_layout(
         assert result.failure is None and result.fallbacks == 0
     else:
         assert result.failure is not None and result.failure.broken is not None
+
+
+def _tombstone_freed_again(monkeypatch: pytest.MonkeyPatch, sglang: Any) -> None:
+    """bench/mutants.py's `unified-tombstoned-swa-freed-again`: a row segment whose SWA pages
+    are tombstoned is released on both sides, so each tombstone's -1 joins the SWA side's
+    physical free list (and the next allocation binds a virtual page to physical page -1)."""
+    from importlib import import_module
+
+    import torch
+
+    module = "sglang.srt.mem_cache.allocator.unified_hybrid_swa"
+    cls = import_module(module).UnifiedSWATokenToKVPoolAllocator
+
+    def both_sides(self: Any, index: Any, *, start_pos: int) -> None:
+        if index is not None and index.numel():
+            reps = self.full_attn_allocator._page_reps(index.to(torch.int64), start_pos)
+            if self.free_page_reps_group is None:
+                self._release_page_reps((reps,), ())
+            else:
+                self.free_page_reps_group.append(reps)
+
+    monkeypatch.setattr(cls, "free_full_segment", both_sides)
+
+
+def test_a_tombstone_freed_again_is_named_at_its_step(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tombstoned SWA page freed again (lazily compacted, page size 1): named at the step
+    SGLang's busy SWA count first complains, as the -1 bound to a virtual page (the SWA
+    `physical_to_virtual` sentinel overwritten); before, the live audit broke there but
+    `check` found nothing, and the soak named it steps later (an unmapped window cell)."""
+    _tombstone_freed_again(monkeypatch, sglang)
+    result = _history(sglang, 1, "python", None, "both", "unified", lazy=True)
+    assert result.verdicts and _differences(result) == []
+    seen = result.failure
+    assert seen is not None and seen.top_cause == "physical-page-double-free", seen
+    assert "page-table-sentinel-overwritten" in seen.codes
+    assert [said.check for said in seen.sglang] == ["self_check_during_busy"]
+
+
+def test_a_minus_one_on_the_physical_free_list_breaks_the_live_audit(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tombstone freed again as a step's last free: the -1 waits on the SWA side's
+    physical free list (`_free_phys_pages`) for the next allocation, and SGLang's span
+    check still balances (its live count is one short). The live audit reads the holes, so
+    it breaks at that state and `check` names it; before, it passed it (a state `check`
+    flags)."""
+    import torch
+
+    from kvcanary_cli.soak.driver import Scheduler
+
+    step = Scheduler.step
+
+    def then_free_again(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        info = step(self, *args, **kwargs)
+        if self.step_no == 6:  # step 5 has run
+            swa = self.stack.allocator.swa_attn_allocator
+            swa._free_phys_pages = torch.cat((swa._free_phys_pages, torch.tensor([-1])))
+            swa.live_page_count -= 1
+        return info
+
+    monkeypatch.setattr(Scheduler, "step", then_free_again)
+    result = _history(sglang, 4, "python", None, "both", "unified", lazy=True)
+    assert _differences(result) == []
+    seen = result.failure
+    assert seen is not None and seen.broken is not None, seen
+    assert (seen.step, seen.codes) == (5, ["physical-hole-invalid"])
+    assert seen.top_cause == "physical-page-double-free"
 
 
 def _leak_history(sglang: Any, fault: str | None, monkeypatch: pytest.MonkeyPatch) -> Any:
