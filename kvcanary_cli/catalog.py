@@ -949,7 +949,7 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "a physical page freed twice (a −1: the page of a virtual page already "
                     "released on that side, its tombstone freed as a page): the next "
                     "allocations hand it out twice, or bind a virtual page to physical page −1 "
-                    "(the tables' sentinel row); SGLang's span check still balances, its "
+                    "(the tables' sentinel entry); SGLang's span check still balances, its "
                     "live count is short by each such entry"
                 ),
             ),
