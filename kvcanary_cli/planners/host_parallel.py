@@ -183,11 +183,19 @@ def _fork(
     signal goes to that one, and Python runs the handler in the main thread at once, inside
     `os.fork`'s after-fork hooks (logging's among them), which swallow its exception and may
     keep logging's lock: the stop was lost and the next fork waited forever. So the main
-    thread's handlers only note a stop while it forks, raised again once the child is held."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    thread's handlers only note a stop while it forks, raised again once the child is held.
+
+    Python runs a handler at an instruction, so a Ctrl-C may raise between any two of them
+    here (one that came just before the block, one another thread takes once a handler is
+    back): the mask and the handlers are set inside the `try` and put back in its `finally`,
+    the mask first (while stops are only noted), each handler recorded before it is
+    replaced. A mask left blocked made the next run sleep through Ctrl-C in `waitpid`."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the mask as it is, to put back
     noted: list[int] = []
-    handlers = _noting(noted)
+    handlers: dict[int, Any] = {}
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        _noting(noted, handlers)
         pid = os.fork()
         if pid == 0:  # the child: run the part, leave without unwinding the parent's stack
             code = 1
@@ -203,25 +211,22 @@ def _fork(
                 os._exit(code)
         children.add(pid, part)
     finally:
-        # the mask first, while a stop is only noted: once a handler is back, a stop that
-        # another thread takes raises here at the next instruction, and a mask put back
-        # after it would never be (the main thread then slept through Ctrl-C in `waitpid`)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         _restore(handlers)
         for signum in noted:
             signal.raise_signal(signum)  # its own handler, now: the run stops here
 
 
-def _noting(noted: list[int]) -> dict[int, Any]:
+def _noting(noted: list[int], replaced: dict[int, Any]) -> None:
     """In the main thread, where Python runs signal handlers: each stop's handler replaced by
-    one that notes it in `noted`; the handlers replaced, to put back (`_restore`)."""
+    one that notes it in `noted`, and recorded in `replaced` first, to put back (`_restore`)."""
     if threading.current_thread() is not threading.main_thread():
-        return {}
-    replaced: dict[int, Any] = {}
+        return
     for signum in _STOPS:
-        if callable(signal.getsignal(signum)):
-            replaced[signum] = signal.signal(signum, lambda signum, _: noted.append(signum))
-    return replaced
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            replaced[signum] = handler
+            signal.signal(signum, lambda signum, _: noted.append(signum))
 
 
 def _restore(handlers: dict[int, Any]) -> None:

@@ -208,43 +208,54 @@ def test_a_run_stopped_while_its_children_work_kills_them(bystander: bool) -> No
     assert children and alive == []
 
 
-def test_a_stop_as_the_handlers_come_back_leaves_the_stops_unblocked(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("at", ["_noting", "_restore"])
+def test_a_stop_between_two_instructions_of_a_fork_leaves_the_stops_unblocked(
+    at: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Ctrl-C that another thread takes just as `_fork` puts the handlers back raises at
-    the main thread's next instruction: the run stops, and the main thread's stops are not
-    left blocked (they were, 4 runs in 300 of a random race: the next run then slept through
-    Ctrl-C in `waitpid`, taken by a thread that could not wake it)."""
+    """Python runs a handler at an instruction: a Ctrl-C that came just before the stops
+    are blocked raises as the handlers are being replaced (`_noting`), and one that another
+    thread takes raises as they come back (`_restore`). Either way the run stops, and the
+    main thread's stops are not left blocked, nor a handler left noting (they were left
+    blocked 4 runs in 300 of a random race: the next run then slept through Ctrl-C in
+    `waitpid`, taken by a thread that could not wake it)."""
     parent = os.getpid()
     waiting = threading.Event()
     other = threading.Thread(target=waiting.wait)
     other.start()
-    real = host_parallel._restore
+    real = getattr(host_parallel, at)
     sent: list[int] = []
 
-    def restore_then_stop(handlers: dict[int, object]) -> None:
-        real(handlers)
+    def stopped() -> None:
         if os.getpid() == parent and not sent:
             sent.append(signal.SIGINT)
             assert other.ident is not None
             signal.pthread_kill(other.ident, signal.SIGINT)  # that thread takes it
             time.sleep(0.2)  # the main thread runs the handler at an instruction in here
 
+    def then_stopped(*args: object) -> object:
+        if at == "_noting":  # before the handlers are replaced: the run's own handler runs
+            stopped()
+            return real(*args)
+        done = real(*args)  # once they are back
+        stopped()
+        return done
+
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(host_parallel, "_restore", restore_then_stop)
+    monkeypatch.setattr(host_parallel, at, then_stopped)
     previous = signal.signal(signal.SIGINT, stop)
     try:
         with pytest.raises(KeyboardInterrupt):
             host_parallel.run_parts([lambda: time.sleep(60), lambda: time.sleep(60)])
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        handler = signal.getsignal(signal.SIGINT)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
         signal.signal(signal.SIGINT, previous)
         waiting.set()
         other.join()
-    assert sent and not blocked & {signal.SIGINT, signal.SIGTERM}
+    assert sent and not blocked & {signal.SIGINT, signal.SIGTERM} and handler is stop
 
 
 def test_stop_children_ends_a_run_waiting_in_another_thread() -> None:
