@@ -645,14 +645,15 @@ def _page(dump: KvDump) -> int:
     return _page_size(dump.scalars["page_size"].value)
 
 
-def _running_mask(dump: KvDump, size: int, page: int) -> np.ndarray:
-    """Which slots of `[0, size)` the running requests hold: every page one of their
-    allocated cells (`req_pool_allocated_lens`) lies in, whole (SGLang allocates pages; a
-    row's last page is partly unwritten). A boolean array, filled a chunk of rows at a time,
-    so the memory is the pool's, whatever the lengths claim."""
+def _running_mask(
+    dump: KvDump, running: tuple[np.ndarray, np.ndarray], size: int, page: int
+) -> np.ndarray:
+    """Which slots of `[0, size)` the `running` requests (`_running_rows`) hold: every page
+    one of their allocated cells lies in, whole (SGLang allocates pages; a row's last page is
+    partly unwritten). A boolean array, filled a chunk of rows at a time, so the memory is
+    the pool's, whatever the lengths claim."""
     held = np.zeros(-(-size // page), dtype=bool)
-    running = _running_rows(dump)
-    for _, _, slots in _running_cells(dump, *running) if running is not None else ():
+    for _, _, slots in _running_cells(dump, *running):
         held[slots[(slots >= 0) & (slots < size)] // page] = True
     return np.repeat(held, page)[:size]
 
@@ -667,7 +668,8 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
     assert tree is not None and free is not None and size is not None
     page = _page(dump)
     bound = 4 * (int(np.asarray(free).size) + int(np.asarray(tree).size)) + (1 << 22)
-    if size <= page or size > bound:
+    running = _running_rows(dump)  # a partial table cannot say what runs: nothing guessed
+    if size <= page or size > bound or running is None:
         return None
     free_slots = distinct(np.asarray(free, dtype=np.int64))
     tree_slots = distinct(np.asarray(tree, dtype=np.int64))
@@ -679,7 +681,7 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
     accounted[:page] = True  # the padding page
     accounted[inside(free_slots)] = True
     accounted[inside(tree_slots)] = True
-    private = _running_mask(dump, size, page)
+    private = _running_mask(dump, running, size, page)
     private[:page] = False
     private[inside(tree_slots)] = False
     accounted |= private
