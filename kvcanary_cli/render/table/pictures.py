@@ -305,6 +305,11 @@ def _slots(f: Finding) -> np.ndarray:
     return np.zeros(0, dtype=np.int64) if held is None else held
 
 
+def _has_slots(f: Finding) -> bool:
+    """Whether a finding has slots to place (no sort: `_slots` sorts them)."""
+    return f.cells is not None and len(f.cells) > 0 and f.cells.entries("slot") is not None
+
+
 def _min_batch_row(cells: CellColumns) -> int:
     bounds = cells.bounds("batch_row")
     return 0 if bounds is None else bounds[0]
@@ -317,9 +322,8 @@ class SlotAxis:
     the findings are about (or they hold slots but no batch row's cells)."""
 
     def __init__(self, dump: DumpReport) -> None:
-
         slotted = [f for f in dump.findings if f.space == "full" and f.cells is not None]
-        self.letters = code_letters(f for f in slotted if _slots(f).size)
+        self.letters = code_letters(f for f in slotted if _has_slots(f))
         self.slots: dict[int, str] = {}
         for f in slotted:
             letter = self.letters.get(f.code, ("*", ""))[0]
