@@ -134,3 +134,24 @@ def test_piped_output_has_no_colour(
         make_console(buf, width=100).print(check_table(single_report))
         assert "\x1b[" not in buf.getvalue()
         assert "ERRORS: " in buf.getvalue()
+
+
+def test_a_slot_no_cell_holds_says_so_instead_of_an_empty_table(
+    slot_report: ProvenanceReport,
+) -> None:
+    """A free slot that only a LUT or free list names: one line, in the table view and in
+    Markdown, where an empty table's header used to stand."""
+    from dataclasses import replace
+
+    from kvcanary_cli.render.markdown.provenance import provenance_markdown
+
+    assert slot_report.slot is not None
+    held_nowhere = replace(slot_report, slot=replace(slot_report.slot, cells=(), cells_total=0))
+    text = plain(provenance_table(held_nowhere))
+    assert "cells: no req_to_token cell holds it" in text
+    assert "in req_to_token, live first" not in text and "pool row ┃" not in text
+    markdown = provenance_markdown(held_nowhere)
+    assert "No req_to_token cell holds full slot 77." in markdown
+    assert "| pool row |" not in markdown
+    # the twin: a held slot keeps its table
+    assert "cells (5 in req_to_token, live first)" in plain(provenance_table(slot_report))

@@ -48,10 +48,14 @@ def provenance_body(prov: SlotProvenance) -> list[str]:
     """The slot's cells, translation, allocator, canary and violation rows as Markdown blocks."""
     shown, total = len(prov.cells), prov.cells_total
     more = f" (first {shown} of {total})" if total > shown else ""
-    parts = [
-        f"Cells of {prov.space} slot {prov.slot}{more}:",
-        _cells_table(prov.cells, swa=prov.space == "swa"),
-    ]
+    parts = (
+        [
+            f"Cells of {prov.space} slot {prov.slot}{more}:",
+            _cells_table(prov.cells, swa=prov.space == "swa"),
+        ]
+        if total
+        else [f"No req_to_token cell holds {prov.space} slot {prov.slot}."]
+    )
     facts = [_translation(prov)]
     if prov.mapped_from:
         facts.append("mapped from full slots: " + ", ".join(map(str, prov.mapped_from)))

@@ -47,27 +47,10 @@ def _slot_blocks(prov: SlotProvenance, max_rows: int) -> list[RenderableType]:
             style="red" if prov.allocator == "free" else "",
         )
     )
-    swa = prov.space == "swa"
-    cell_table = Table(
-        title=f"cells ({prov.cells_total} in req_to_token, live first)", title_justify="left"
-    )
-    for name in CELL_COLUMNS[swa]:
-        cell_table.add_column(
-            name, justify="right" if name in ("pool row", "position", "full slot") else "left"
-        )
-    for c in prov.cells:
-        cell_table.add_row(
-            *cells(
-                c.pool_row,
-                c.position,
-                *((c.full_slot,) if swa else ()),
-                ", ".join(map(str, c.batch_rows)) or "-",
-                c.role,
-                "seed" if c.seed else "",
-                "shared" if c.shared else "",
-            )
-        )
-    parts.append(cell_table)
+    if prov.cells_total:
+        parts.append(_cell_table(prov))
+    else:  # an empty table's header says nothing a line cannot
+        parts.append(Text("  cells: no req_to_token cell holds it"))
     if prov.cells_total > len(prov.cells):
         parts.append(Text(f"… and {prov.cells_total - len(prov.cells)} more cells"))
     if prov.canary:
@@ -89,6 +72,31 @@ def _slot_blocks(prov: SlotProvenance, max_rows: int) -> list[RenderableType]:
             violations.add_row(*cells(v.index, ", ".join(map(str, v.fields))))
         parts.append(violations)
     return parts
+
+
+def _cell_table(prov: SlotProvenance) -> Table:
+    """The req_to_token cells holding the slot, live first."""
+    swa = prov.space == "swa"
+    table = Table(
+        title=f"cells ({prov.cells_total} in req_to_token, live first)", title_justify="left"
+    )
+    for name in CELL_COLUMNS[swa]:
+        table.add_column(
+            name, justify="right" if name in ("pool row", "position", "full slot") else "left"
+        )
+    for c in prov.cells:
+        table.add_row(
+            *cells(
+                c.pool_row,
+                c.position,
+                *((c.full_slot,) if swa else ()),
+                ", ".join(map(str, c.batch_rows)) or "-",
+                c.role,
+                "seed" if c.seed else "",
+                "shared" if c.shared else "",
+            )
+        )
+    return table
 
 
 def _row_blocks(row: RowMap, findings: tuple[Finding, ...]) -> list[RenderableType]:
