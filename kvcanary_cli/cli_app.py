@@ -188,7 +188,7 @@ class Kvcanary(TyperGroup):
         except typer.TyperException as exc:  # click's errors: usage, bad parameters
             context = getattr(exc, "ctx", None)
             where = f" (see '{context.command_path} --help')" if context is not None else ""
-            fail(f"error: {exc.format_message()}{where}", ExitCode.BAD_INPUT)
+            fail(f"error: {exc.format_message()}{_out_hint(exc)}{where}", ExitCode.BAD_INPUT)
         except OSError as exc:  # click's own writes (`--help`) to a full or closed stdout
             refused = standard_output_refusal(exc)
             if refused is None:
@@ -199,6 +199,16 @@ class Kvcanary(TyperGroup):
         if result == ExitCode.INTERRUPTED:  # typer turns Ctrl-C (and SIGTERM) into this code
             stopped()
         sys.exit(result if isinstance(result, int) else ExitCode.CLEAN)
+
+
+def _out_hint(exc: Exception) -> str:
+    """`-o` is a report's file in every command; one that has none but writes a file (`synth`,
+    `shrink`) takes it as `--out`: say so where a user reached for `-o`."""
+    command = getattr(getattr(exc, "ctx", None), "command", None)
+    if getattr(exc, "option_name", None) != "-o" or command is None:
+        return ""
+    flags = {flag for param in command.params for flag in getattr(param, "opts", ())}
+    return "; this command writes its file with --out" if "--out" in flags else ""
 
 
 def flag_of(command: Any, keywords: str) -> str:

@@ -65,6 +65,10 @@ def test_help_exits_0() -> None:
         (["provenance", str(EXAMPLE), "--slot", "x"], "'--slot'"),
         (["check", "--format", "yaml", str(EXAMPLE)], "'yaml' is not one of table, json, markdown"),
         (["check", "--fail-on", "fatal", str(EXAMPLE)], "'fatal' is not one of error, warning"),
+        # -o is a report's file; a command with none names the flag it writes with
+        (["synth", "clean-decode", "-o", "x"], "No such option: -o; this command writes its file"),
+        (["shrink", str(EXAMPLE), "-o", "x"], "-o; this command writes its file with --out"),
+        (["inspect", str(EXAMPLE), "-x"], "No such option: -x ("),  # no hint beside another
     ],
 )
 def test_a_usage_error_is_one_line_naming_the_help(args: list[str], says: str) -> None:
