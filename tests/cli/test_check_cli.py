@@ -274,6 +274,10 @@ def test_findings_that_rest_on_a_derived_pool_size_are_info(tmp_path: Path) -> N
 def test_synth_list_and_write(tmp_path: Path) -> None:
     code, out, _ = run("synth", "--list")
     assert code == 0 and all(name in out for name in SCENARIOS)
+    # both engines' clean scenarios are listed in the same words
+    for clean in ("clean-decode", "vllm-clean"):
+        (line,) = [line for line in out.splitlines() if line.startswith(clean + " ")]
+        assert line.endswith("  [none (clean)]"), line
     target = tmp_path / "x.safetensors"
     code, out, _ = run("synth", "use-after-free", "--out", str(target), "--seed", "4")
     assert code == 0 and target.exists()

@@ -160,8 +160,9 @@ def provenance(stored: StoredArrays, block: int) -> PoolProvenance:
 
 def scenario_lines() -> list[str]:
     """The vLLM synth scenarios, one line each: name, summary, expected finding codes."""
+    width = max(map(len, SCENARIOS))  # as SGLang's lines: two spaces, `none (clean)`
     return [
-        f"{name:28} {s.summary} [{', '.join(s.expected) or 'clean'}]"
+        f"{name:<{width}}  {s.summary}  [{', '.join(s.expected) or 'none (clean)'}]"
         for name, s in SCENARIOS.items()
     ]
 
