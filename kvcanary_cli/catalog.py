@@ -58,6 +58,7 @@ __all__ = [
     "ViolationCauseEntry",
     "ViolationRowCause",
     "cell_unit",
+    "plural",
 ]
 
 
@@ -2515,6 +2516,12 @@ _PAGE_CODES = frozenset(
         FindingCode.PAGE_TABLE_SENTINEL_OVERWRITTEN,
     }
 )
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`1 finding`, `2 findings`; `many` where the plural is not `word` + s (`entries`). Every
+    layer counts in these words (a leaf: never `slot(s)`)."""
+    return f"{count} {word}" if count == 1 else f"{count} {many or word + 's'}"
 
 
 def cell_unit(code: FindingCode, count: int) -> str:

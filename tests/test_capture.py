@@ -798,7 +798,7 @@ def test_a_pump_with_new_violation_rows_leaves_one_dump_in_either_mode(
     [path] = dumps_in(tmp_path)
     assert path.name == "kvcanary-rank0-step000000-violations.safetensors"
     dump = load_dump(path)
-    assert dump.identity["note"].startswith("captured on 2 new kv-canary violation(s)")
+    assert dump.identity["note"].startswith("captured on 2 new kv-canary violations (")
     meta = dump.metadata
     assert (meta["violations_pumped_step"], meta["violations_made_step"]) == ("7", "6")
     assert meta["kvcanary.trigger"] == "violations"

@@ -56,7 +56,7 @@ from kvcanary_cli.analysis.bookkeeping import leaked_swa_pages, recorded_held_sl
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.provenance import SlotSet
-from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity
+from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity, plural
 from kvcanary_cli.dump.header import FileState, read_header_and_step, refuse_other_engine
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
@@ -488,6 +488,16 @@ def _no_cells() -> CellColumns:
     return CellColumns(batch_row=empty, pool_row=empty, position=empty, slot=empty)
 
 
+def _them(count: int) -> str:
+    """The pronoun of `count` slots: `it` or `them`."""
+    return "it" if count == 1 else "them"
+
+
+def _hold(count: int) -> str:
+    """The verb of `count` cells: `holds` or `hold`."""
+    return "holds" if count == 1 else "hold"
+
+
 def _steps(after: int | None, at: int | None) -> str:
     if at is None:
         return "between the dumps"
@@ -658,8 +668,8 @@ class _Tracker:
             if cells.size > held:
                 how.append(f"{cells.size - held} handed out since, still listed free")
             what = (
-                f"{cells.size} slot(s) on the full free list while a request still holds them "
-                f"({', '.join(how)}): freed {_steps(after, b.step)}"
+                f"{plural(cells.size, 'slot')} on the full free list while a request still "
+                f"holds {_them(cells.size)} ({', '.join(how)}): freed {_steps(after, b.step)}"
             )
             found.append(self._event(EventKind.USE_AFTER_FREE, Space.FULL, since, b, cells, what))
         return found
@@ -711,13 +721,14 @@ class _Tracker:
             count = int(np.count_nonzero(pick))
             if kind is EventKind.USE_AFTER_FREE:
                 what = (
-                    f"{count} freed slot(s) handed out again while their owner still holds "
-                    f"them: {_steps(a.step, b.step)}"
+                    f"{plural(count, 'freed slot')} handed out again while their owner still "
+                    f"holds {_them(count)}: {_steps(a.step, b.step)}"
                 )
             else:
                 what = (
-                    f"{count} slot(s) handed out again while their owner still holds them, "
-                    f"with no dump listing them free in between: {_steps(a.step, b.step)}"
+                    f"{plural(count, 'slot')} handed out again while their owner still holds "
+                    f"{_them(count)}, with no dump listing {_them(count)} free in between: "
+                    f"{_steps(a.step, b.step)}"
                 )
             found.append(self._event(kind, Space.FULL, a.index, b, holder[pick], what, extra))
         return found, b.slot[holder]
@@ -745,7 +756,8 @@ class _Tracker:
             if np.any(fate == code)
         ]
         what = (
-            f"{cells.size} written cell(s) of live requests hold another slot than in the dump "
+            f"{plural(cells.size, 'written cell')} of live requests {_hold(cells.size)} another "
+            "slot than in the dump "
             f"before (old slots: {', '.join(counts)}): rewritten {_steps(a.step, b.step)}; "
             "a live request's written cells never change while it keeps its pool row"
         )
@@ -793,7 +805,7 @@ class _Tracker:
         self.leak_pages = np.union1d(self.leak_pages, new)
         since, after, before, to, at, first = self.leak_first
         what = (
-            f"{first} SWA page(s) neither free nor mapped from a held full slot: leaked "
+            f"{plural(first, 'SWA page')} neither free nor mapped from a held full slot: leaked "
             f"{_steps(after, at)}"
         )
         if after is not None and b.step is not None and b.step > after:
@@ -924,7 +936,8 @@ class _Tracker:
         if len(self.undecided) > 1:
             where += f"; {len(self.undecided)} intervals in all"
         return (
-            f"{cells} written cell(s) of live requests hold another slot than in the dump "
+            f"{plural(cells, 'written cell')} of live requests {_hold(cells)} another slot than "
+            "in the dump "
             f"before ({where}), where the later dump records no radix tree (`tree_full_slots`) "
             "and its own bookkeeping does not show the old slot orphaned: not reported as "
             "prefix-rewritten, since such dumps cannot tell a rewrite from SGLang's own moves "
@@ -1249,8 +1262,9 @@ def timeline(
         notes.append(f"SWA leaks not accounted in {leak_notes} dumps in all")
     if shrunk:
         notes.append(
-            f"{shrunk} shrunk dump(s): compared on the cells they kept (every live cell), "
-            "free lists on the slots they speak for"
+            f"{plural(shrunk, 'shrunk dump')}: compared on the cells "
+            f"{'it' if shrunk == 1 else 'they'} kept (every live cell), free lists on the slots "
+            f"{'it speaks' if shrunk == 1 else 'they speak'} for"
         )
     if entries[0].step is None:
         notes.append("no dump records its step: read in the order given")

@@ -36,6 +36,7 @@ from kvcanary_cli.canary.constants import (
     to_signed,
 )
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
+from kvcanary_cli.catalog import plural
 from kvcanary_cli.dump.files import write_atomically
 from kvcanary_cli.errors import PathError
 
@@ -584,8 +585,9 @@ def _finish(
         )
     if c["unread"]:
         notes.append(
-            f"{c['unread']} violation(s) logged but not readable, cut short or garbled (first "
-            f"at lines {', '.join(map(str, out.unread_lines))}): the log does not show them clean"
+            f"{plural(c['unread'], 'violation')} logged but not readable, cut short or garbled "
+            f"(first at lines {', '.join(map(str, out.unread_lines))}): the log does not show "
+            "them clean"
         )
     if c["incomplete"]:
         notes.append(f"{c['incomplete']} violation messages were cut short")

@@ -32,6 +32,7 @@ from typing import Any
 import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
+from kvcanary_cli.catalog import plural
 
 __all__ = [
     "SGLANG_REPORTER_MODULE",
@@ -383,7 +384,7 @@ def _capture_violations(reporter: object, first: int, stop: int, pumped: object)
     """The dump of a pump that reported ring rows `first .. stop - 1`."""
     pumped_step = pumped if isinstance(pumped, int) else None
     rows = f"ring rows {first}..{stop - 1}" if stop - first > 1 else f"ring row {first}"
-    note = f"captured on {stop - first} new kv-canary violation(s) ({rows})"
+    note = f"captured on {plural(stop - first, 'new kv-canary violation')} ({rows})"
     extra: dict[str, object] = {}
     if pumped_step is not None:
         # SGLang stages the device check at one step and drains it at the next

@@ -17,6 +17,7 @@ from typing import IO
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from kvcanary_cli.catalog import plural
 from kvcanary_cli.render.json import JsonText
 from kvcanary_cli.safe_text import printable
 
@@ -110,11 +111,6 @@ def progress(message: str, total: int) -> Iterator[Callable[[int, int], None] | 
     with Progress(console=stderr, transient=True) as bar:
         task = bar.add_task("checking dumps", total=total)
         yield lambda done, _total: bar.update(task, completed=done)
-
-
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """`1 finding`, `2 findings`; `many` where the plural is not `word` + s (`histories`)."""
-    return f"{count} {word}" if count == 1 else f"{count} {many or word + 's'}"
 
 
 def shown(value: object) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import TYPE_CHECKING
 
-from kvcanary_cli.catalog import EventKind
+from kvcanary_cli.catalog import EventKind, plural
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,10 +79,11 @@ def verdict_text(report: TimelineReport) -> str:
     events = report.events
     if events:
         parts = [f"{e.kind} ({steps_text(e.after_step, e.at_step)}, {_count(e)})" for e in events]
-        return f"{len(events)} event(s): " + "; ".join(parts)
+        return f"{plural(len(events), 'event')}: " + "; ".join(parts)
     if report.verdict == "findings":
         bad = [str(d.index) for d in report.dumps if d.worst == "error"]
-        return f"no event; error findings in dump(s) {', '.join(bad)} (check them)"
+        dumps = "dump" if len(bad) == 1 else "dumps"
+        return f"no event; error findings in {dumps} {', '.join(bad)} (check them)"
     if report.checked:
         return "no event, no error finding"
     return "no event"
@@ -90,7 +91,7 @@ def verdict_text(report: TimelineReport) -> str:
 
 def _count(e: TimelineEvent) -> str:
     what = "page" if e.kind == EventKind.SWA_LEAK else f"{e.space} slot"
-    return f"{e.count} {what}{'' if e.count == 1 else 's'}"
+    return plural(e.count, what)
 
 
 def rows_text(rows: tuple[int, ...], limit: int = 6) -> str:
@@ -168,7 +169,8 @@ def event_lines(e: TimelineEvent) -> list[str]:
     """What the event is, and the findings of its dump on its slots."""
     lines = [e.message]
     if e.findings:
-        lines.append(f"findings of dump {e.to_dump} on them: {', '.join(e.findings)}")
+        them = "it" if e.count == 1 else "them"
+        lines.append(f"findings of dump {e.to_dump} on {them}: {', '.join(e.findings)}")
     return lines
 
 

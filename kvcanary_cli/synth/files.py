@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kvcanary_cli.catalog import plural
 from kvcanary_cli.dump.files import Target, same_target, write_all_atomically, write_atomically
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.option_values import EVERY, INDEX, PAGE_SIZE, POSITIVE, STEPS, checked_integer
@@ -68,7 +69,7 @@ def write_synth(
     )
     return (
         f"wrote {len(paths)} dumps to {folder} ({scenario}, seed {seed}, size {size}, one every "
-        f"{every} step(s)): {paths[0].name} … {paths[-1].name}"
+        f"{plural(every, 'step')}): {paths[0].name} … {paths[-1].name}"
     )
 
 

@@ -160,7 +160,8 @@ def test_shrunk_dumps_tell_the_same_story(tmp_path: Path, name: str) -> None:
         (event,) = full.events
         assert shrunk.events == () and not shrunk.failed
         (note,) = [n for n in shrunk.notes if "tree_full_slots" in n]
-        assert note.startswith(f"{event.cells.slot.size} written cell(s)")  # type: ignore[union-attr]
+        size = event.cells.slot.size  # type: ignore[union-attr]
+        assert note.startswith(f"{size} written cell{'' if size == 1 else 's'} ")
         assert f"between dumps {event.from_dump} and {event.to_dump}" in note
         return
     strip = [(e.kind, e.after_step, e.at_step, e.cells.slot.tolist()) for e in full.events]  # type: ignore[union-attr]
@@ -774,7 +775,7 @@ def test_without_a_tree_record_a_rewrite_it_cannot_tell_apart_is_a_note(
     report = _dedup_pair(tmp_path, tree=None, free=free, other=[], held=held)
     assert report.events == () and not report.failed
     (note,) = [n for n in report.notes if "tree_full_slots" in n]
-    assert note.startswith("2 written cell(s)") and "between dumps 0 and 1" in note
+    assert note.startswith("2 written cells of live requests hold ") and "between dumps 0 and 1" in note
     assert "retracted and prefilled again" in note and "record the tree" in note
     (interval,) = report.intervals
     assert interval.grew == (1,)

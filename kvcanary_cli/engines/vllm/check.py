@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvcanary_cli.catalog import POOL_CAUSE_OF, POOL_CAUSES, PoolCause, PoolCode
+from kvcanary_cli.catalog import POOL_CAUSE_OF, POOL_CAUSES, PoolCause, PoolCode, plural
 from kvcanary_cli.engines.vllm.state import FULL, VllmState
 from kvcanary_cli.results.pool import BlockOwner, PoolDiagnosis, PoolFinding, PoolGroup
 
@@ -198,7 +198,7 @@ class _Audit:
         holders = int(self.holders[b]) if inside else None
         facts = [f"block {b}: {what}"]
         if inside:
-            facts.append(f"ref_cnt {ref}, {holders} holder(s)")
+            facts.append(f"ref_cnt {ref}, {plural(int(self.holders[b]), 'holder')}")
             facts.append(f"queued at {list(places)}" if places else "not queued")
         facts.append(_owner_text(owners, max(len(owners), holders or 0)))
         more = f" (and {blocks.size - 1} more blocks)" if blocks.size > 1 else ""
@@ -400,7 +400,8 @@ class _Audit:
             names = [repr(s.request_ids[int(i)]) for i in np.flatnonzero(partial)[:5]]
             self.add_pool(
                 PoolCode.REQUEST_MISSING_IN_GROUP,
-                f"request {names[0]} has blocks in some groups and none in group(s) "
+                f"request {names[0]} has blocks in some groups and none in "
+                f"{'group' if len(missing) == 1 else 'groups'} "
                 f"{', '.join(missing)}"
                 + (
                     f" ({int(partial.sum())} requests: {', '.join(names)})"

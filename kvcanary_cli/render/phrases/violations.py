@@ -38,7 +38,7 @@ def source_detail(source: SourceSummary) -> str:
             f"{plural(log.messages, 'full message')}, {log.unparsed} unparsed"
         )
         if log.unread_violations:
-            detail += f", {log.unread_violations} violation(s) unreadable (cut short?)"
+            detail += f", {plural(log.unread_violations, 'violation')} unreadable (cut short?)"
         swa = log.swa_divergence
         if swa is not None:
             detail += (
