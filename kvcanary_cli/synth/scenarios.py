@@ -994,6 +994,8 @@ def _canary_kv_overwritten(d: SynthDump, rng: np.random.Generator) -> None:
 _SWA = {"window": 8}
 _SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
 _REQ_ROWS = {"req_rows": True}
+#: SGLang's unified memory: the SWA model on one buffer, virtual ids and page tables
+_UNIFIED = {**_SWA, "unified": True, "req_rows": True, "tree_locks": True}
 _TREE_LOCKS = {"req_rows": True, "tree_locks": True}
 
 SCENARIOS: dict[str, Scenario] = {
@@ -1018,6 +1020,12 @@ SCENARIOS: dict[str, Scenario] = {
             name="clean-swa-paged",
             summary="SWA model, page size 16, page-aligned clearing",
             spec={"mode": "mixed", **_SWA_PAGED},
+        ),
+        Scenario(
+            name="clean-unified",
+            summary="SWA model on unified memory: virtual ids, each side's page tables, lazy "
+            "compaction holes, the tree caching finished requests' pages",
+            spec={"mode": "mixed", **_UNIFIED},
         ),
         Scenario(
             name="clean-eagle-draft",
