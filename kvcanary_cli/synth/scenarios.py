@@ -991,7 +991,7 @@ def _canary_kv_overwritten(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": row, "position": pos, "slot": slot}
 
 
-# --- unified memory (synth.state._add_unified): each side's page tables and holes -----------
+# --- unified memory (synth.state._unified): each side's page tables and holes ---------------
 
 
 def _written_pages(d: SynthDump) -> np.ndarray:

@@ -9,7 +9,7 @@ tables build quickly.
 
 With `unified`, the SWA model runs on SGLang's unified memory instead (`layout` unified-swa):
 the same history's ids are virtual, minted by the full side, and each side binds them to
-physical pages of its own (`_add_unified`).
+physical pages of its own (`_unified`).
 """
 
 from __future__ import annotations
@@ -283,7 +283,9 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         tensors["req_to_verify_expected_tokens"] = expected
         tensors["req_to_verify_expected_tokens_valid_lens"] = valid
     if spec.window > 0 and spec.unified:
-        _add_unified(tensors, metadata, live_requests, spec, rng, full)
+        unified, notes = _unified(live_requests, spec, rng, full, spec.max_reqs)
+        tensors.update(unified)
+        metadata.update(notes)
     elif spec.window > 0:
         _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots)
     if spec.canary:
@@ -295,26 +297,6 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=np.int64)
     return np.concatenate(parts).astype(np.int64)
-
-
-def _swa_pages(
-    live: list[LiveRequest], spec: SynthSpec, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """The full pages live requests hold, and those of them whose SWA side is kept: every page
-    of a live window, and each older one unless cleared already (lazily, `evict_prob`)."""
-    p = spec.page_size
-    window_pages = math.ceil(max(spec.window, p) / p)
-    full_pages: set[int] = set()
-    retained: set[int] = set()
-    for lr in live:
-        pages = np.unique(lr.slots // p)
-        full_pages.update(int(x) for x in pages)
-        keep_from = max(0, (lr.prefix_len // p - window_pages)) * p
-        retained.update(int(x) for x in np.unique(lr.slots[keep_from:] // p))
-    evictable = sorted(full_pages - retained)
-    evicted = {pg for pg in evictable if rng.random() < spec.evict_prob}
-    held = np.array(sorted(full_pages), dtype=np.int64)
-    return held, np.array(sorted(full_pages - evicted), dtype=np.int64)
 
 
 def _add_swa(
@@ -339,16 +321,32 @@ def _add_swa(
         tensors["held_full_slots"] = expand(full_pages, p)
 
 
-def _add_unified(
-    tensors: dict[str, np.ndarray],
-    metadata: dict[str, str],
-    live: list[LiveRequest],
-    spec: SynthSpec,
-    rng: np.random.Generator,
-    full: FullPool,
-) -> None:
-    """SGLang's unified memory (`UnifiedSWATokenToKVPoolAllocator`, lazy compaction), as its
-    capture records it (docs/dump-format.md, "Layouts").
+def _swa_pages(
+    live: list[LiveRequest], spec: SynthSpec, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The full pages live requests hold, and those of them whose SWA side is kept: every page
+    of a live window, and each older one unless cleared already (lazily, `evict_prob`)."""
+    p = spec.page_size
+    window_pages = math.ceil(max(spec.window, p) / p)
+    full_pages: set[int] = set()
+    retained: set[int] = set()
+    for lr in live:
+        pages = np.unique(lr.slots // p)
+        full_pages.update(int(x) for x in pages)
+        keep_from = max(0, (lr.prefix_len // p - window_pages)) * p
+        retained.update(int(x) for x in np.unique(lr.slots[keep_from:] // p))
+    evictable = sorted(full_pages - retained)
+    evicted = {pg for pg in evictable if rng.random() < spec.evict_prob}
+    held = np.array(sorted(full_pages), dtype=np.int64)
+    return held, np.array(sorted(full_pages - evicted), dtype=np.int64)
+
+
+def _unified(
+    live: list[LiveRequest], spec: SynthSpec, rng: np.random.Generator, full: FullPool, rows: int
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors and metadata of SGLang's unified memory (`UnifiedSWATokenToKVPoolAllocator`,
+    lazy compaction) as its capture records them (docs/dump-format.md, "Layouts"); `rows` is
+    the request pool's size.
 
     The history's page ids are the full side's virtual ids (`free_virtual_ids`, first in
     first out over `1 .. N - 1`). The radix tree keeps the pages of the requests that finished
@@ -372,27 +370,25 @@ def _add_unified(
     lut = np.zeros(n * p + 1, dtype=np.int64)
     lut[-1] = -1
     lut[page_slots(kept, p)] = page_slots(swa_v2p[kept], p)
-    tensors["full_to_swa_index_mapping"] = lut
-    for name, value in (
-        ("full_virtual_to_physical", full_v2p),
-        ("full_physical_to_virtual", full_p2v),
-        ("full_physical_holes", full_holes),
-        ("swa_virtual_to_physical", swa_v2p),
-        ("swa_physical_to_virtual", swa_p2v),
-        ("swa_physical_holes", swa_holes),
-    ):
-        tensors[name] = value
-    metadata["layout"] = "unified-swa"
-    metadata["swa_window_size"] = str(spec.window)
+    tensors = {
+        "full_to_swa_index_mapping": lut,
+        "full_virtual_to_physical": full_v2p,
+        "full_physical_to_virtual": full_p2v,
+        "full_physical_holes": full_holes,
+        "swa_virtual_to_physical": swa_v2p,
+        "swa_physical_to_virtual": swa_p2v,
+        "swa_physical_holes": swa_holes,
+    }
     if spec.free_lists:
         tensors["free_full_slots"] = expand(np.setdiff1d(free, cached), p)
         # the tree: the cached pages and the live prefixes; each running row's allocation
         prefixes = [lr.slots[: lr.prefix_len] for lr in live]
         tensors["tree_full_slots"] = np.union1d(expand(cached, p), _cat(prefixes))
-        lens = np.zeros(int(tensors["req_to_token"].shape[0]), dtype=np.int64)
+        lens = np.zeros(rows, dtype=np.int64)
         for lr in live:
             lens[lr.pool_row] = lr.prefix_len + lr.extend_len
         tensors["req_pool_allocated_lens"] = lens
+    return tensors, {"layout": "unified-swa", "swa_window_size": str(spec.window)}
 
 
 def _end_side(
