@@ -133,6 +133,21 @@ _NESTED = (
         CauseCode.DOUBLE_FREE,
         "the live SWA pages on the free list, listed twice",
     ),
+    (
+        CauseCode.VIRTUAL_PAGE_FREED_WHILE_BOUND,
+        CauseCode.USE_AFTER_FREE,
+        "the virtual ids recycled without their unbind, which their holders keep",
+    ),
+    (
+        CauseCode.PHYSICAL_PAGE_DOUBLE_FREE,
+        CauseCode.SWA_BOUNDARY_PAGE_CLEARED,
+        "the page bound to physical page -1 translates to no SWA slot",
+    ),
+    (
+        CauseCode.PHYSICAL_PAGE_DOUBLE_FREE,
+        CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW,
+        "the page bound to physical page -1 translates to no SWA slot",
+    ),
 )
 #: A write into SWA slots a request holds, when the request's other live SWA pages are on the
 #: free list: the free released them all, and this step's allocation took one back.

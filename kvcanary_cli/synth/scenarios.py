@@ -991,9 +991,162 @@ def _canary_kv_overwritten(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"batch_row": row, "position": pos, "slot": slot}
 
 
+# --- unified memory (synth.state._unified): each side's page tables and holes ---------------
+
+
+def _written_pages(d: SynthDump) -> np.ndarray:
+    """The virtual pages this step writes (`out_cache_loc`), bound on both sides: in every
+    window, the last ones an allocation handed out."""
+    p = _page_size(d)
+    pages = np.unique(np.asarray(d.tensors["out_cache_loc"], dtype=np.int64) // p)
+    pages = pages[d.tensors["swa_virtual_to_physical"][pages] > 0]
+    if pages.size == 0:
+        raise RuntimeError("needs a page this step writes")
+    return pages
+
+
+def _unbind(d: SynthDump, side: str, virtual: int) -> int:
+    """Unbind `virtual` on `side` and return its physical page, now a hole (or, at the span's
+    growing edge, given back to the gap with the holes it then reaches)."""
+    v2p = d.tensors[f"{side}_virtual_to_physical"]
+    p2v = d.tensors[f"{side}_physical_to_virtual"]
+    physical = int(v2p[virtual])
+    v2p[virtual] = p2v[physical] = -1
+    _add_hole(d, side, physical)
+    return physical
+
+
+def _add_hole(d: SynthDump, side: str, physical: int) -> None:
+    """`physical` onto `side`'s holes, sorted; holes past the live span's growing edge (the
+    full side grows down, the SWA side up) are absorbed, as compaction does."""
+    p2v = d.tensors[f"{side}_physical_to_virtual"]
+    bound = np.flatnonzero(p2v[1:-1] >= 0) + 1
+    holes = np.sort(np.r_[d.tensors[f"{side}_physical_holes"], physical]).astype(np.int64)
+    if side == "full":
+        holes = holes[holes > bound.min(initial=p2v.size)]
+    else:
+        holes = holes[holes < bound.max(initial=0)]
+    d.tensors[f"{side}_physical_holes"] = holes
+
+
+def _tombstone_freed_again(d: SynthDump, rng: np.random.Generator) -> None:
+    """A finished request freed through `free_segment` on both sides where its older pages'
+    SWA side was tombstoned already (`free_full_segment` was due): each tombstone reads -1
+    in the SWA table, and the lazy free appends that -1 to the SWA hole list (sorted: at its
+    front). SGLang's own span check still balances."""
+    again = 1 + int(rng.integers(0, 2))
+    holes = d.tensors["swa_physical_holes"]
+    d.tensors["swa_physical_holes"] = np.r_[np.full(again, -1), holes].astype(np.int64)
+    d.truth = {"holes": again}
+
+
+def _tombstone_bound(d: SynthDump, rng: np.random.Generator) -> None:
+    """The -1 of a tombstone freed again, one step later: the SWA side's next allocation
+    drained its holes from the low end, took the -1 and bound it, so `bind` wrote -1 as the
+    page's physical page and the page's id over `physical_to_virtual`'s -1 sentinel. The page
+    (one this step writes) reads as unbound: its slots map to no SWA slot. The physical page
+    it would have had stays free."""
+    p = _page_size(d)
+    pages = _written_pages(d)
+    virtual = int(pages[int(rng.integers(pages.size))])
+    _unbind(d, "swa", virtual)
+    d.tensors["swa_physical_to_virtual"][-1] = virtual
+    d.tensors["full_to_swa_index_mapping"][virtual * p : (virtual + 1) * p] = 0
+    d.truth = {"slot": virtual * p}
+
+
+def _hole_freed_twice(d: SynthDump, rng: np.random.Generator) -> None:
+    """An SWA page that left the window released twice (two frees of one retired page): its
+    physical page is on the SWA hole list twice, and the next allocations hand it out twice."""
+    holes = d.tensors["swa_physical_holes"]
+    if holes.size == 0:
+        raise RuntimeError("needs an SWA hole")
+    twice = int(holes[int(rng.integers(holes.size))])
+    d.tensors["swa_physical_holes"] = np.sort(np.r_[holes, twice]).astype(np.int64)
+    d.truth = {"physical_page": twice}
+
+
+def _hole_still_bound(d: SynthDump, rng: np.random.Generator) -> None:
+    """The twice-released SWA page, one step later: this step's allocation drained one copy
+    and bound it to a page it writes; the other copy is still on the hole list, bound."""
+    pages = _written_pages(d)
+    virtual = int(pages[int(rng.integers(pages.size))])
+    physical = int(d.tensors["swa_virtual_to_physical"][virtual])
+    holes = d.tensors["swa_physical_holes"]
+    d.tensors["swa_physical_holes"] = np.sort(np.r_[holes, physical]).astype(np.int64)
+    d.truth = {"physical_page": physical, "slot": virtual * _page_size(d)}
+
+
+def _cached_pages(d: SynthDump) -> np.ndarray:
+    """The virtual pages only the tree holds (finished requests' cached prefixes)."""
+    p = _page_size(d)
+    tree = np.unique(np.asarray(d.tensors["tree_full_slots"], dtype=np.int64) // p)
+    table, lens = d.tensors["req_to_token"], d.tensors["req_pool_allocated_lens"]
+    running = [table[row, : int(lens[row])] for row in np.flatnonzero(lens)]
+    held = np.unique(np.concatenate(running).astype(np.int64) // p) if running else tree[:0]
+    cached = np.setdiff1d(tree, held)
+    if cached.size == 0:
+        raise RuntimeError("needs a page only the tree holds")
+    return cached
+
+
+def _virtual_freed_while_bound(d: SynthDump, rng: np.random.Generator) -> None:
+    """A cached tree page's virtual id recycled onto `free_virtual_ids` without
+    `MultiEndedAllocator.free` (no unbind): the tree keeps it and the full side still binds
+    it, so the next allocation hands it to a second owner."""
+    p = _page_size(d)
+    cached = _cached_pages(d)
+    page = int(cached[int(rng.integers(cached.size))])
+    slots = page * p + np.arange(p, dtype=np.int64)
+    d.tensors["free_full_slots"] = np.r_[d.tensors["free_full_slots"], slots]
+    d.truth = {"slot": page * p}
+
+
+def _rebind_lost(d: SynthDump, rng: np.random.Generator) -> None:
+    """Lazy compaction moved a live full-side page into a hole and rewrote
+    `physical_to_virtual`, but the page's `virtual_to_physical` rebind was lost: it still
+    translates to the page it left (a hole now), where its KV no longer is."""
+    v2p, p2v = d.tensors["full_virtual_to_physical"], d.tensors["full_physical_to_virtual"]
+    holes = d.tensors["full_physical_holes"]
+    pages = _written_pages(d)
+    virtual = int(pages[int(rng.integers(pages.size))])
+    source, target = int(v2p[virtual]), int(holes[int(rng.integers(holes.size))])
+    p2v[target], p2v[source] = virtual, -1
+    d.tensors["full_physical_holes"] = np.sort(np.r_[holes[holes != target], source])
+    d.truth = {"slot": virtual * _page_size(d), "physical_page": target}
+
+
+def _bound_twice(d: SynthDump, rng: np.random.Generator) -> None:
+    """A full-side physical page released twice, both copies drained: this step's allocation
+    bound a page it writes to the physical page another live page still holds (the later
+    bind wins `physical_to_virtual`); the page it would have had stays free."""
+    p = _page_size(d)
+    v2p, p2v = d.tensors["full_virtual_to_physical"], d.tensors["full_physical_to_virtual"]
+    pages = _written_pages(d)
+    virtual = int(pages[int(rng.integers(pages.size))])
+    others = np.setdiff1d(np.flatnonzero(v2p[1:-1] > 0) + 1, [virtual])
+    owner = int(others[int(rng.integers(others.size))])
+    _unbind(d, "full", virtual)
+    v2p[virtual] = v2p[owner]
+    p2v[v2p[owner]] = virtual
+    d.truth = {"slot": virtual * p, "owner_slot": owner * p}
+
+
+def _unbound_under_holder(d: SynthDump, rng: np.random.Generator) -> None:
+    """A live page's full-side physical page released under it (a physical reservation
+    rolled back after its bind): unbound while a running request holds it, its physical page
+    a hole; the request's reads translate to no KV."""
+    pages = _written_pages(d)
+    virtual = int(pages[int(rng.integers(pages.size))])
+    _unbind(d, "full", virtual)
+    d.truth = {"slot": virtual * _page_size(d)}
+
+
 _SWA = {"window": 8}
 _SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
 _REQ_ROWS = {"req_rows": True}
+#: SGLang's unified memory: the SWA model on one buffer, virtual ids and page tables
+_UNIFIED = {**_SWA, "unified": True, "req_rows": True, "tree_locks": True}
 _TREE_LOCKS = {"req_rows": True, "tree_locks": True}
 
 SCENARIOS: dict[str, Scenario] = {
@@ -1018,6 +1171,12 @@ SCENARIOS: dict[str, Scenario] = {
             name="clean-swa-paged",
             summary="SWA model, page size 16, page-aligned clearing",
             spec={"mode": "mixed", **_SWA_PAGED},
+        ),
+        Scenario(
+            name="clean-unified",
+            summary="SWA model on unified memory: virtual ids, each side's page tables, lazy "
+            "compaction holes, the tree caching finished requests' pages",
+            spec={"mode": "mixed", **_UNIFIED},
         ),
         Scenario(
             name="clean-eagle-draft",
@@ -1242,6 +1401,80 @@ SCENARIOS: dict[str, Scenario] = {
             expected=("swa-slot-collision",),
             allowed=("swa-page-leaked",),  # the overwritten mapping's SWA page is orphaned
             cause="swa-mapping-collision",
+        ),
+        Scenario(
+            name="unified-tombstone-freed-again",
+            summary="unified memory: a finished request's tombstoned SWA pages freed again, "
+            "their -1 on the SWA side's hole list (free_segment where free_full_segment was due)",
+            spec=_UNIFIED,
+            corrupt=_tombstone_freed_again,
+            expected=("physical-hole-invalid",),
+            cause="physical-page-double-free",
+        ),
+        Scenario(
+            name="unified-tombstone-bound",
+            summary="unified memory, a step later: the SWA side's next allocation took that -1 "
+            "off its holes and bound it, over physical_to_virtual's sentinel",
+            spec=_UNIFIED,
+            corrupt=_tombstone_bound,
+            expected=("page-table-sentinel-overwritten",),
+            # at pages of several slots, the page's older tokens in a live window
+            allowed=("swa-unmapped-in-window",),
+            cause="physical-page-double-free",
+        ),
+        Scenario(
+            name="unified-hole-freed-twice",
+            summary="unified memory: an SWA page that left the window released twice, on the "
+            "SWA side's hole list twice",
+            spec=_UNIFIED,
+            corrupt=_hole_freed_twice,
+            expected=("physical-hole-invalid",),
+            cause="physical-page-double-free",
+        ),
+        Scenario(
+            name="unified-hole-still-bound",
+            summary="unified memory, a step later: one copy of that page drained and bound to a "
+            "page this step writes, the other still on the hole list",
+            spec=_UNIFIED,
+            corrupt=_hole_still_bound,
+            expected=("physical-hole-invalid",),
+            cause="physical-page-double-free",
+        ),
+        Scenario(
+            name="unified-virtual-freed-while-bound",
+            summary="unified memory: a cached tree page's virtual id recycled onto "
+            "free_virtual_ids without its unbind",
+            spec=_UNIFIED,
+            corrupt=_virtual_freed_while_bound,
+            expected=("virtual-page-free-and-bound", "full-slot-free-and-held"),
+            cause="virtual-page-freed-while-bound",
+        ),
+        Scenario(
+            name="unified-rebind-lost",
+            summary="unified memory: lazy compaction moved a live full-side page into a hole, "
+            "its virtual_to_physical rebind lost",
+            spec=_UNIFIED,
+            corrupt=_rebind_lost,
+            expected=("page-table-mismatch",),
+            cause="page-table-corrupt",
+        ),
+        Scenario(
+            name="unified-physical-bound-twice",
+            summary="unified memory: a full-side physical page released twice and handed out "
+            "twice: two live virtual pages bound to it",
+            spec=_UNIFIED,
+            corrupt=_bound_twice,
+            expected=("physical-page-shared", "page-table-mismatch"),
+            cause="page-table-corrupt",
+        ),
+        Scenario(
+            name="unified-unbound-under-holder",
+            summary="unified memory: a live page's full-side physical page released under its "
+            "running request (a reservation rolled back after its bind)",
+            spec=_UNIFIED,
+            corrupt=_unbound_under_holder,
+            expected=("virtual-page-unbound",),
+            cause="page-table-corrupt",
         ),
         Scenario(
             name="capacity-overflow",

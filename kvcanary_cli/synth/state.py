@@ -6,6 +6,10 @@ free list (slot or page 0 reserved), radix sharing reusing the same slots at the
 pending writes sit in `[P, P+E)`, and the SWA LUT maps the recent window, older slots cleared
 lazily by whole pages. Work is per request (numpy slices), never per token, so production-size
 tables build quickly.
+
+With `unified`, the SWA model runs on SGLang's unified memory instead (`layout` unified-swa):
+the same history's ids are virtual, minted by the full side, and each side binds them to
+physical pages of its own (`_unified`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ from kvcanary_cli.canary.hashing import (
 )
 from kvcanary_cli.dump.files import Target
 from kvcanary_cli.dump.writer import dump_contents, dump_writer, write_dump
-from kvcanary_cli.synth.allocator import FullPool, RowPool, SwaPool, expand, slots_at
+from kvcanary_cli.synth.allocator import (
+    FullPool,
+    RowPool,
+    SwaPool,
+    expand,
+    page_slots,
+    slots_at,
+)
 
 __all__ = ["LiveRequest", "SynthDump", "SynthSpec", "build_dump"]
 
@@ -81,6 +92,9 @@ class SynthSpec:
     #: with `req_rows`: record the radix tree's locked slots (`tree_locked_full_slots`), each
     #: live request's prefix (what its lock covers).
     tree_locks: bool = False
+    #: with `window`: SGLang's unified memory (`--enable-unified-memory`, lazy compaction)
+    #: instead of the paged SWA pools: virtual ids, each side's page tables and holes.
+    unified: bool = False
 
 
 @dataclass(kw_only=True)
@@ -268,7 +282,11 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         )
         tensors["req_to_verify_expected_tokens"] = expected
         tensors["req_to_verify_expected_tokens_valid_lens"] = valid
-    if spec.window > 0:
+    if spec.window > 0 and spec.unified:
+        unified, notes = _unified(live_requests, spec, rng, full, spec.max_reqs)
+        tensors.update(unified)
+        metadata.update(notes)
+    elif spec.window > 0:
         _add_swa(tensors, metadata, live_requests, spec, rng, num_full_slots)
     if spec.canary:
         _stamp_canary(tensors, metadata, live_requests, spec, rng, num_full_slots)
@@ -291,6 +309,24 @@ def _add_swa(
 ) -> None:
     """Map live full slots to SWA slots page by page, then clear old pages lazily (§2)."""
     p = spec.page_size
+    full_pages, mapped = _swa_pages(live, spec, rng)
+    swa = SwaPool(mapped.size + 1 + max(2, mapped.size // 4), num_full_slots, p, rng)
+    swa.map(mapped)
+    tensors["full_to_swa_index_mapping"] = swa.lut
+    metadata["swa_window_size"] = str(spec.window)
+    metadata["num_swa_slots"] = str(swa.num_slots)
+    if spec.free_lists:
+        tensors["free_swa_slots"] = swa.free_slots()
+        # what SGLang's memory check counts as held: every page of a running request
+        tensors["held_full_slots"] = expand(full_pages, p)
+
+
+def _swa_pages(
+    live: list[LiveRequest], spec: SynthSpec, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The full pages live requests hold, and those of them whose SWA side is kept: every page
+    of a live window, and each older one unless cleared already (lazily, `evict_prob`)."""
+    p = spec.page_size
     window_pages = math.ceil(max(spec.window, p) / p)
     full_pages: set[int] = set()
     retained: set[int] = set()
@@ -301,16 +337,82 @@ def _add_swa(
         retained.update(int(x) for x in np.unique(lr.slots[keep_from:] // p))
     evictable = sorted(full_pages - retained)
     evicted = {pg for pg in evictable if rng.random() < spec.evict_prob}
-    mapped = sorted(full_pages - evicted)
-    swa = SwaPool(len(mapped) + 1 + max(2, len(mapped) // 4), num_full_slots, p, rng)
-    swa.map(np.array(mapped, dtype=np.int64))
-    tensors["full_to_swa_index_mapping"] = swa.lut
-    metadata["swa_window_size"] = str(spec.window)
-    metadata["num_swa_slots"] = str(swa.num_slots)
+    held = np.array(sorted(full_pages), dtype=np.int64)
+    return held, np.array(sorted(full_pages - evicted), dtype=np.int64)
+
+
+def _unified(
+    live: list[LiveRequest], spec: SynthSpec, rng: np.random.Generator, full: FullPool, rows: int
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors and metadata of SGLang's unified memory (`UnifiedSWATokenToKVPoolAllocator`,
+    lazy compaction) as its capture records them (docs/dump-format.md, "Layouts"); `rows` is
+    the request pool's size.
+
+    The history's page ids are the full side's virtual ids (`free_virtual_ids`, first in
+    first out over `1 .. N - 1`). The radix tree keeps the pages of the requests that finished
+    last (taken off the free list's tail) with their SWA side tombstoned. Both sides view one
+    buffer: the full side binds every held page to a physical page grown down from the top,
+    the SWA side binds the pages it keeps to pages grown up from 1 (the synthetic model's
+    layers give both the same bytes per page, so both count N physical pages). Inside each
+    side's span, pages freed since (`physical_holes`, sorted) wait for reuse; the span's
+    growing edge is always live (compaction absorbs holes there). The SWA side's table
+    stands for the LUT, and the free SWA slots are not a list (`free_swa_slots` absent).
+    """
+    p, n = spec.page_size, full.num_pages
+    running, kept = _swa_pages(live, spec, rng)
+    free = full.free.contents()
+    cached = np.sort(free[free.size - min(free.size // 8, 2 + int(rng.integers(0, 6))) :])
+    bound = np.union1d(running, cached)
+    full_v2p, full_p2v, full_holes = _end_side(bound, n, n, rng, top=True)
+    swa_v2p, swa_p2v, swa_holes = _end_side(kept, n, n, rng, top=False)
+    if swa_v2p[kept].max(initial=0) >= full_v2p[bound].min(initial=n):
+        raise RuntimeError("synthetic unified buffer too small for both sides")
+    lut = np.zeros(n * p + 1, dtype=np.int64)
+    lut[-1] = -1
+    lut[page_slots(kept, p)] = page_slots(swa_v2p[kept], p)
+    tensors = {
+        "full_to_swa_index_mapping": lut,
+        "full_virtual_to_physical": full_v2p,
+        "full_physical_to_virtual": full_p2v,
+        "full_physical_holes": full_holes,
+        "swa_virtual_to_physical": swa_v2p,
+        "swa_physical_to_virtual": swa_p2v,
+        "swa_physical_holes": swa_holes,
+    }
     if spec.free_lists:
-        tensors["free_swa_slots"] = swa.free_slots()
-        # what SGLang's memory check counts as held: every page of a running request
-        tensors["held_full_slots"] = expand(np.array(sorted(full_pages), dtype=np.int64), p)
+        tensors["free_full_slots"] = expand(np.setdiff1d(free, cached), p)
+        # the tree: the cached pages and the live prefixes; each running row's allocation
+        prefixes = [lr.slots[: lr.prefix_len] for lr in live]
+        tensors["tree_full_slots"] = np.union1d(expand(cached, p), _cat(prefixes))
+        lens = np.zeros(rows, dtype=np.int64)
+        for lr in live:
+            lens[lr.pool_row] = lr.prefix_len + lr.extend_len
+        tensors["req_pool_allocated_lens"] = lens
+    return tensors, {"layout": "unified-swa", "swa_window_size": str(spec.window)}
+
+
+def _end_side(
+    virtual: np.ndarray, num_virtual: int, num_pages: int, rng: np.random.Generator, *, top: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One end of the unified buffer binding `virtual` (ascending pages): its
+    virtual->physical table (`[num_virtual + 1]`), the reverse (`[num_pages + 1]`), entry 0
+    the padding sink (0 <-> 0) and each ending in its -1 sentinel, and its holes. The span
+    grows from the top (the full side) or from page 1 (the SWA side), a few holes inside it,
+    never at its growing edge; the live pages sit in it in churned order."""
+    v2p = np.full(num_virtual + 1, -1, dtype=np.int64)
+    p2v = np.full(num_pages + 1, -1, dtype=np.int64)
+    v2p[0] = p2v[0] = 0
+    if not virtual.size:
+        return v2p, p2v, np.zeros(0, dtype=np.int64)
+    holes = int(rng.integers(1, 2 + virtual.size // 4))
+    span = virtual.size + holes
+    pages = np.arange(num_pages - span, num_pages) if top else np.arange(1, 1 + span)
+    edge = pages[0] if top else pages[-1]
+    hole = np.sort(rng.choice(pages[pages != edge], size=holes, replace=False))
+    used = rng.permutation(np.setdiff1d(pages, hole)).astype(np.int64)
+    v2p[virtual] = used
+    p2v[used] = virtual
+    return v2p, p2v, hole.astype(np.int64)
 
 
 #: bytes per token of a synthetic real-KV source (partial mode fingerprints the first 16).

@@ -33,7 +33,9 @@ def codes_of(findings: tuple[Finding, ...]) -> set[str]:
 
 def test_every_code_but_divergence_has_a_scenario() -> None:
     covered = {code for s in SCENARIOS.values() for code in s.expected}
-    covered |= {code for _, code, _ in UNIFIED_FAULTS}  # the unified layout's own dumps
+    # SGLang #37560's table sized by the SWA pool: the synthetic model's sides count the same
+    # pages, so only the hand-made dumps of test_unified plant it
+    covered |= {code for _, code, _ in UNIFIED_FAULTS if code == "page-table-size-mismatch"}
     covered |= {code for _, code, _ in MAMBA_FAULTS}  # the Mamba layout's own dumps
     covered |= {code for _, code, _ in HOST_FAULTS}  # HiCache's host pool dumps
     assert covered == {c.value for c in FindingCode} - {"kernel-divergence"}

@@ -110,7 +110,8 @@ def _planted(name: str) -> dict[str, Any]:
 
 
 #: Each planted unified-layout fault, the finding it must give and its cause; the catalog's
-#: coverage test (test_findings) counts these codes as planted.
+#: coverage test (test_findings) counts `page-table-size-mismatch` as planted here (the synth
+#: `unified-*` scenarios plant the others, tests/analysis/test_unified_synth.py).
 UNIFIED_FAULTS = (
     ("free-and-bound", "virtual-page-free-and-bound", "virtual-page-freed-while-bound"),
     ("unbound", "virtual-page-unbound", "page-table-corrupt"),

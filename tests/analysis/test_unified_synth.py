@@ -1,0 +1,114 @@
+"""The synthetic unified-memory state (`SynthSpec.unified`, the `clean-unified` scenario and
+its `unified-*` faults): it holds what a correct unified state holds, and each fault's finding
+names the page the scenario broke. Tiny dumps; every scenario's codes and first cause are
+checked with the others' (test_findings, tests/cli/test_check_cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcanary_cli.api import check
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.synth.state import SynthDump
+
+UNIFIED = [name for name in SCENARIOS if "unified" in name]
+
+
+def _tables(d: SynthDump, side: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = d.tensors
+    return (
+        t[f"{side}_virtual_to_physical"],
+        t[f"{side}_physical_to_virtual"],
+        t[f"{side}_physical_holes"],
+    )
+
+
+def _bound(v2p: np.ndarray) -> np.ndarray:
+    """The virtual pages a side binds (page 0, the padding sink, aside)."""
+    return np.flatnonzero(v2p[1:-1] >= 0) + 1
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_the_clean_state_holds_what_a_unified_state_holds(page_size: int) -> None:
+    for seed in range(8):  # holes are drawn: several states, a few milliseconds each
+        _holds_a_unified_state(make_scenario("clean-unified", seed=seed, page_size=page_size))
+
+
+def _holds_a_unified_state(d: SynthDump) -> None:
+    page_size = d.spec.page_size
+    p, t = page_size, d.tensors
+    pages = int(d.metadata["num_full_slots"]) // p
+    assert d.metadata["layout"] == "unified-swa" and "free_swa_slots" not in t
+    spans = {}
+    for side in ("full", "swa"):
+        v2p, p2v, holes = _tables(d, side)
+        assert v2p.size == pages + 1 and v2p[0] == p2v[0] == 0 and v2p[-1] == p2v[-1] == -1
+        bound = _bound(v2p)
+        assert np.array_equal(p2v[v2p[bound]], bound)  # the tables name each other
+        assert np.unique(v2p[bound]).size == bound.size  # no physical page behind two
+        assert np.array_equal(np.sort(_bound(p2v)), np.sort(v2p[bound]))
+        # holes: free pages of the side, once each, inside its span: from the buffer's end
+        # (the full side's top page, the SWA side's page 1) to its growing edge, always live
+        assert holes.size and np.all(np.diff(holes) > 0) and np.all(p2v[holes] == -1)
+        live = v2p[bound]
+        low, high = (int(live.min()), pages - 1) if side == "full" else (1, int(live.max()))
+        assert low <= holes.min() and holes.max() <= high and low < high
+        assert live.size + holes.size == high - low + 1 == np.union1d(live, holes).size
+        spans[side] = (low, high)
+    assert spans["swa"][1] < spans["full"][0]  # the sides never share bytes
+    full_v2p, swa_v2p = t["full_virtual_to_physical"], t["swa_virtual_to_physical"]
+    # the SWA side binds only pages the full side holds; the LUT is its table, slot by slot
+    assert np.all(full_v2p[_bound(swa_v2p)] > 0)
+    lut = t["full_to_swa_index_mapping"]
+    slots = np.arange(pages * p)
+    physical = swa_v2p[slots // p]
+    want = np.where(physical > 0, physical * p + slots % p, 0)
+    assert lut.size == pages * p + 1 and lut[-1] == -1 and np.array_equal(lut[:-1], want)
+    # the virtual free list: unbound ids; the tree and the running rows: bound ones
+    free = np.unique(t["free_full_slots"] // p)
+    assert np.all(full_v2p[free] == -1)
+    held = np.union1d(free, np.unique(t["tree_full_slots"] // p))
+    assert np.array_equal(np.union1d(held, _bound(full_v2p)), np.arange(1, pages))
+    cached = np.setdiff1d(np.unique(t["tree_full_slots"] // p), _bound(swa_v2p))
+    assert cached.size  # the tree caches finished requests' pages, their SWA side tombstoned
+
+
+def test_the_unified_state_is_off_unless_asked_for() -> None:
+    """`clean-swa` keeps the paged SWA pools: no layout, an SWA free list, no page tables."""
+    d = make_scenario("clean-swa")
+    assert "layout" not in d.metadata and "free_swa_slots" in d.tensors
+    assert not any("virtual" in name for name in d.tensors)
+
+
+def _report(tmp_path: Path, name: str, seed: int) -> tuple[dict[str, int], dict[str, object]]:
+    d = make_scenario(name, seed=seed)
+    report = check([d.save(tmp_path / f"{name}.safetensors")], kernel="none").dumps[0]
+    return d.truth, {f.code.value: f for f in report.findings}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_each_fault_names_the_page_it_broke(tmp_path: Path, seed: int) -> None:
+    truth, found = _report(tmp_path, "unified-tombstone-freed-again", seed)
+    assert found["physical-hole-invalid"].details["out_of_range"] == [-1]  # type: ignore[attr-defined]
+    truth, found = _report(tmp_path, "unified-hole-freed-twice", seed)
+    hole = found["physical-hole-invalid"]
+    assert hole.details["listed_twice"] == [truth["physical_page"]]  # type: ignore[attr-defined]
+    truth, found = _report(tmp_path, "unified-hole-still-bound", seed)
+    assert found["physical-hole-invalid"].details["bound"] == [truth["physical_page"]]  # type: ignore[attr-defined]
+    for name, code in (
+        ("unified-tombstone-bound", "page-table-sentinel-overwritten"),
+        ("unified-virtual-freed-while-bound", "virtual-page-free-and-bound"),
+        ("unified-rebind-lost", "page-table-mismatch"),
+        ("unified-physical-bound-twice", "physical-page-shared"),
+        ("unified-unbound-under-holder", "virtual-page-unbound"),
+    ):
+        truth, found = _report(tmp_path, name, seed)
+        slots = found[code].cells.slot.tolist()  # type: ignore[attr-defined]
+        assert truth["slot"] in slots, (name, truth, slots)
+    assert slots == [truth["slot"]]  # the one page unbound, no other
+    truth, found = _report(tmp_path, "unified-physical-bound-twice", seed)
+    owners = found["physical-page-shared"].cells.slot.tolist()  # type: ignore[attr-defined]
+    assert sorted(owners) == sorted([truth["slot"], truth["owner_slot"]])
