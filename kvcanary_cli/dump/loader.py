@@ -72,6 +72,7 @@ from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor, distinct
 from kvcanary_cli.errors import (
     CorruptDumpError,
     DumpError,
+    FileChangedError,
     MetadataError,
     MissingTensorError,
     OptionError,
@@ -404,7 +405,10 @@ def ignored_notes(names: Sequence[str], why: str) -> list[str]:
 
 
 def load_dump(
-    path: str | os.PathLike[str], *, overrides: Mapping[str, int | str | None] | None = None
+    path: str | os.PathLike[str],
+    *,
+    overrides: Mapping[str, int | str | None] | None = None,
+    header: SafetensorsHeader | None = None,
 ) -> KvDump:
     """Open, check and type a dump; raise a `DumpError` naming the culprit on bad input.
 
@@ -412,9 +416,15 @@ def load_dump(
     metadata and over scalar tensors, and their source is recorded as "command line". Every
     `DumpError` raised names the file. Cheap enough for `inspect`: big tables stay mapped
     and nothing is derived from their contents until asked.
+
+    `header`: the dump's header, read earlier in the run (`timeline` orders the dumps by
+    theirs): not read again, and the file opened must be the one it was read from, unchanged
+    (device, inode, size, modification time), else `FileChangedError`.
     """
     try:
-        header = read_header(path)
+        earlier = None if header is None else header.state
+        if header is None:
+            header = read_header(path)
         try:
             with safe_open(str(header.path), framework="numpy") as parsed:
                 parsed.keys()
@@ -426,6 +436,11 @@ def load_dump(
             raise DumpError(f"cannot read: {exc.strerror}") from None
         with handle:
             state = FileState.of(os.fstat(handle.fileno()))
+            if earlier is not None and state != earlier:
+                raise FileChangedError(
+                    "changed since its header was read (replaced or rewritten)",
+                    hint="read a stable copy",
+                )
             if not state.same_file(header.state):
                 raise CorruptDumpError(
                     "another file took its place while kvcanary read it",
