@@ -272,6 +272,10 @@ class KvDump:
     #: The tables memory-mapped from the file, by tensor name (the same memory as their
     #: tensors, whose scans hand the pages back as they go).
     mapped: dict[str, np.memmap] = field(default_factory=dict)
+    #: what the analysis works out from this dump's records and reads more than once (`check`
+    #: and the timeline's snapshot both count its SWA leaks), by the name of what works it out;
+    #: a dump `dataclasses.replace` makes is another, and starts empty.
+    derived: dict[str, object] = field(default_factory=dict, init=False, repr=False)
 
     def scalar(self, name: str) -> int | None:
         """The resolved value of a scalar key (None when unknown)."""
