@@ -20,6 +20,7 @@ from kvcanary_cli.planners.sglang_runtime import installed_version
 # `import kvcanary_cli.api` stays light.
 if TYPE_CHECKING:
     from kvcanary_cli.catalog import Severity
+    from kvcanary_cli.dump.header import HeaderRead
     from kvcanary_cli.dump.shrink_writer import ShrinkResult
     from kvcanary_cli.results.check import CheckReport
     from kvcanary_cli.results.inspect import DumpDescription
@@ -62,13 +63,14 @@ def _many(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
     return [paths] if isinstance(paths, str | os.PathLike) else list(paths)
 
 
-def _pools(paths: list[PathLike], mixed: str) -> bool:
+def _pools(paths: list[PathLike], mixed: str, headers: Sequence[HeaderRead] | None = None) -> bool:
     """Whether the dumps are a block-pool engine's (vLLM), not SGLang's; `mixed`: the error
-    when only some are."""
-    from kvcanary_cli.dump.header import dump_engine
+    when only some are. `headers`: theirs, read already (one per path)."""
+    from kvcanary_cli.dump.header import header_engine, read_header_or_error
     from kvcanary_cli.dump.schema import POOL_ENGINES
 
-    pools = [dump_engine(p) in POOL_ENGINES for p in paths]
+    reads = [read_header_or_error(p) for p in paths] if headers is None else headers
+    pools = [header_engine(h) in POOL_ENGINES for h in reads]
     if any(pools) and not all(pools):
         raise OptionError(mixed, option="DUMP")
     return any(pools)
@@ -283,16 +285,18 @@ def _timeline(
 ) -> TimelineReport | PoolTimelineReport:
     if len(paths) < 2:  # either engine's: a timeline is what changed between dumps
         raise OptionError("give two dumps or more, of one rank", option="DUMP")
-    if _pools(
-        paths, "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed"
-    ):
+    from kvcanary_cli.dump.header import read_header_or_error
+
+    headers = [read_header_or_error(p) for p in paths]  # once: the engine, then the steps
+    mixed = "a timeline reads one engine's dumps: SGLang and block-pool (vLLM) dumps mixed"
+    if _pools(paths, mixed, headers):
         from kvcanary_cli.engines import pool_timeline
 
         return pool_timeline(paths, keep_order=keep_order)
     from kvcanary_cli.analysis.timeline import timeline as run
 
     planner = make_planner(PlannerChoice.VECTORIZED) if check else None
-    return run(paths, planner=planner, keep_order=keep_order, overrides=overrides)
+    return run(paths, planner=planner, keep_order=keep_order, overrides=overrides, headers=headers)
 
 
 def ranks(paths: Sequence[PathLike], *, overrides: Overrides = None) -> RanksReport:

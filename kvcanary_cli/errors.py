@@ -27,6 +27,7 @@ __all__ = [
     "CorruptDumpError",
     "DumpError",
     "EngineUnavailableError",
+    "FileChangedError",
     "KvcanaryError",
     "MetadataError",
     "MissingTensorError",
@@ -90,6 +91,11 @@ class DumpError(KvcanaryError):
 
 class CorruptDumpError(DumpError):
     """The file is not a readable safetensors file (truncated, hostile header, bad offsets)."""
+
+
+class FileChangedError(CorruptDumpError):
+    """The file is no longer the one its header was read from, unchanged (`load_dump` given a
+    header read earlier): another file took its place, or it was rewritten since."""
 
 
 class MissingTensorError(DumpError):

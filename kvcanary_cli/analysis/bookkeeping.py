@@ -391,13 +391,26 @@ def leaked_swa_pages(
     neither on the SWA free list nor mapped from a held full slot (a request's last page holds
     unwritten slots that map to 0). `check` (`SWA_PAGE_LEAKED`) and `timeline` both count
     leaks here. `mapped` is the LUT's (full slot, SWA slot) entries with an SWA slot, when the
-    caller has them.
+    caller has them. Worked out once per dump (`check` and the timeline's snapshot of the
+    dump share it; the pages come back read-only).
 
     A held full slot is one `held_full_slots` lists, or, without that record, one of the full
     pool that is not on the full free list: SGLang counts a full slot in use exactly when it
     is not free. None, with what is missing, when the dump cannot say (reason None: no LUT,
     not an SWA dump): nothing is guessed. A shrunk dump keeps too little of the LUT and the
     free lists to tell (docs/dump-format.md, "Shrunk dumps")."""
+    known = dump.derived.get("leaked_swa_pages")
+    if known is None:
+        known = _leaked_swa_pages(dump, mapped)
+        if known[0] is not None:
+            known[0].flags.writeable = False
+        dump.derived["leaked_swa_pages"] = known
+    return cast(tuple[np.ndarray | None, str | None], known)
+
+
+def _leaked_swa_pages(
+    dump: KvDump, mapped: tuple[np.ndarray, np.ndarray] | None
+) -> tuple[np.ndarray | None, str | None]:
     lut = dump.full_to_swa_index_mapping
     if lut is None:
         return None, None

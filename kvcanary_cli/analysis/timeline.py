@@ -57,10 +57,15 @@ from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.provenance import SlotSet
 from kvcanary_cli.catalog import CauseCode, EventKind, FindingCode, Severity, plural
-from kvcanary_cli.dump.header import FileState, read_header_and_step, refuse_other_engine
+from kvcanary_cli.dump.header import (
+    HeaderRead,
+    SafetensorsHeader,
+    read_header_and_step,
+    refuse_other_engine,
+)
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.errors import DumpError, OptionError
+from kvcanary_cli.errors import DumpError, FileChangedError, OptionError
 from kvcanary_cli.option_values import SLOT, checked_choice, checked_integer
 from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.results.cells import CellColumns, Space
@@ -92,27 +97,26 @@ class _Entry:
     path: Path
     step: int | None
     rank: str | None
-    #: the file the header was read from: the one loaded must be it, unchanged.
-    state: FileState
-    metadata: dict[str, str]
+    #: the header, read once: the dump is loaded by it, from the file it was read from,
+    #: unchanged.
+    header: SafetensorsHeader
 
 
-def order_dumps(paths: Sequence[PathLike], *, keep_order: bool) -> list[_Entry]:
+def order_dumps(
+    paths: Sequence[PathLike],
+    *,
+    keep_order: bool,
+    headers: Sequence[HeaderRead] | None = None,
+) -> list[_Entry]:
     """The dumps in step order, from their headers alone; a mix of ranks, a step recorded
-    twice or by only some dumps is refused (`keep_order`: steps must increase as given)."""
+    twice or by only some dumps is refused (`keep_order`: steps must increase as given).
+    `headers`: theirs, as this run read them already (one per path), not read again."""
     entries = []
-    for path in paths:
-        header, step = read_header_and_step(path)
-        meta = header.metadata
-        refuse_other_engine(meta, path)
+    for i, path in enumerate(paths):
+        header, step = read_header_and_step(path, None if headers is None else headers[i])
+        refuse_other_engine(header.metadata, path)
         entries.append(
-            _Entry(
-                path=Path(path),
-                step=step,
-                rank=meta.get("rank"),
-                state=header.state,
-                metadata=dict(meta),
-            )
+            _Entry(path=Path(path), step=step, rank=header.metadata.get("rank"), header=header)
         )
     ranks = {e.rank.strip() for e in entries if e.rank is not None}
     if len(ranks) > 1:
@@ -1196,19 +1200,20 @@ def _linked(event: TimelineEvent, report: DumpReport) -> TimelineEvent:
     return replace(event, findings=tuple(codes), cause=cause or event.cause)
 
 
-def _same_as_ordered(entry: _Entry, dump: KvDump) -> None:
-    """Refuse a dump that is not the file its header was read from when the sequence was put
-    in step order (replaced or rewritten since): it would be read under another step."""
-    header = dump.header
-    if header.state == entry.state and header.metadata == entry.metadata:
-        return
-    step = "no step" if entry.step is None else f"step {entry.step}"
-    raise DumpError(
-        f"changed while the timeline read the sequence (ordered as {step}, then replaced or "
-        "rewritten)",
-        path=str(entry.path),
-        hint="copy the dumps somewhere the capture hook does not write, and read the copies",
-    )
+def _load(entry: _Entry, overrides: Mapping[str, int | str | None] | None) -> KvDump:
+    """The dump, read by the header that put it in step order (not read again); refused when
+    the file is no longer the one that header was read from, unchanged (replaced or rewritten
+    since): it would be read under another step."""
+    try:
+        return load_dump(entry.path, overrides=overrides, header=entry.header)
+    except FileChangedError:
+        step = "no step" if entry.step is None else f"step {entry.step}"
+        raise DumpError(
+            f"changed while the timeline read the sequence (ordered as {step}, then replaced "
+            "or rewritten)",
+            path=str(entry.path),
+            hint="copy the dumps somewhere the capture hook does not write, and read the copies",
+        ) from None
 
 
 def timeline(
@@ -1218,20 +1223,21 @@ def timeline(
     keep_order: bool = False,
     focus: tuple[int, Space] | None = None,
     overrides: Mapping[str, int | str | None] | None = None,
+    headers: Sequence[HeaderRead] | None = None,
 ) -> TimelineReport:
     """Read `paths` (one rank's dumps) in step order, one at a time, and report what changed
     between each and the next. With a `planner`, each dump is also checked (as `check --kernel
     none`), to date its findings and tie each event to the cause of its dump's findings; with
     `focus` (slot, space), the slot's owners in every dump. `keep_order`: the dumps are given
-    oldest first (`diff`)."""
-    entries = order_dumps(paths, keep_order=keep_order)
+    oldest first (`diff`). `headers`: the dumps' headers as the run read them already (one
+    per path); each dump's header is read once, here or there."""
+    entries = order_dumps(paths, keep_order=keep_order, headers=headers)
     tracker = _Tracker(focus=focus)
     shape: tuple[tuple[int, ...], int, Path] | None = None
     shrunk = leak_notes = 0
     notes: list[str] = []
     for index, entry in enumerate(entries):
-        dump = load_dump(entry.path, overrides=overrides)
-        _same_as_ordered(entry, dump)
+        dump = _load(entry, overrides)
         pools = (tuple(dump.req_to_token.shape), dump.scalar("page_size") or 1)
         if shape is None:
             shape = (*pools, entry.path)

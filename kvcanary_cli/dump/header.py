@@ -28,10 +28,13 @@ __all__ = [
     "MAX_RANK",
     "MAX_TENSORS",
     "HeaderEntry",
+    "HeaderRead",
     "SafetensorsHeader",
     "dump_engine",
+    "header_engine",
     "read_header",
     "read_header_and_step",
+    "read_header_or_error",
     "refuse_other_engine",
 ]
 
@@ -338,31 +341,49 @@ def _parse_entry(
     )
 
 
-def read_header_and_step(path: str | os.PathLike[str]) -> tuple[SafetensorsHeader, int | None]:
-    """A dump's header, and the step its metadata records (None: not recorded), for commands
-    that order or match dumps before loading them. An error names the file; a step that is
-    not an integer is bad input."""
+#: A header as read for a run: parsed, or the error that names why not (`read_header_or_error`).
+HeaderRead = SafetensorsHeader | DumpError
+
+
+def read_header_or_error(path: str | os.PathLike[str]) -> HeaderRead:
+    """`read_header`, its error (naming the file) returned rather than raised: for a command
+    that reads every dump's header once, up front, and raises a bad one's error where it
+    comes to that dump."""
     try:
-        header = read_header(path)
+        return read_header(path)
     except DumpError as exc:
         exc.path = exc.path or str(path)
-        raise
-    text = header.metadata.get("step")
+        return exc
+
+
+def read_header_and_step(
+    path: str | os.PathLike[str], header: HeaderRead | None = None
+) -> tuple[SafetensorsHeader, int | None]:
+    """A dump's header, and the step its metadata records (None: not recorded), for commands
+    that order or match dumps before loading them. An error names the file; a step that is
+    not an integer is bad input. `header`: the dump's header as this run read it already
+    (`read_header_or_error`), not read again."""
+    read = read_header_or_error(path) if header is None else header
+    if isinstance(read, DumpError):
+        raise read
+    text = read.metadata.get("step")
     step = None if text is None else parse_integer(text)
     if text is not None and step is None:
         raise DumpError(
             f"metadata value {excerpt(text)} is not an integer", field="step", path=str(path)
         )
-    return header, step
+    return read, step
 
 
 def dump_engine(path: str | os.PathLike[str]) -> str:
     """The engine a dump names (SGLang when it names none, or when its header is unreadable:
     the SGLang reader then says why)."""
-    try:
-        return engine_of(read_header(path).metadata)
-    except DumpError:
-        return SGLANG
+    return header_engine(read_header_or_error(path))
+
+
+def header_engine(header: HeaderRead) -> str:
+    """`dump_engine` of a header this run read already."""
+    return SGLANG if isinstance(header, DumpError) else engine_of(header.metadata)
 
 
 def refuse_other_engine(

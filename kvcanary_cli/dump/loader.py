@@ -72,6 +72,7 @@ from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor, distinct
 from kvcanary_cli.errors import (
     CorruptDumpError,
     DumpError,
+    FileChangedError,
     MetadataError,
     MissingTensorError,
     OptionError,
@@ -271,6 +272,10 @@ class KvDump:
     #: The tables memory-mapped from the file, by tensor name (the same memory as their
     #: tensors, whose scans hand the pages back as they go).
     mapped: dict[str, np.memmap] = field(default_factory=dict)
+    #: what the analysis works out from this dump's records and reads more than once (`check`
+    #: and the timeline's snapshot both count its SWA leaks), by the name of what works it out;
+    #: a dump `dataclasses.replace` makes is another, and starts empty.
+    derived: dict[str, object] = field(default_factory=dict, init=False, repr=False)
 
     def scalar(self, name: str) -> int | None:
         """The resolved value of a scalar key (None when unknown)."""
@@ -404,7 +409,10 @@ def ignored_notes(names: Sequence[str], why: str) -> list[str]:
 
 
 def load_dump(
-    path: str | os.PathLike[str], *, overrides: Mapping[str, int | str | None] | None = None
+    path: str | os.PathLike[str],
+    *,
+    overrides: Mapping[str, int | str | None] | None = None,
+    header: SafetensorsHeader | None = None,
 ) -> KvDump:
     """Open, check and type a dump; raise a `DumpError` naming the culprit on bad input.
 
@@ -412,9 +420,15 @@ def load_dump(
     metadata and over scalar tensors, and their source is recorded as "command line". Every
     `DumpError` raised names the file. Cheap enough for `inspect`: big tables stay mapped
     and nothing is derived from their contents until asked.
+
+    `header`: the dump's header, read earlier in the run (`timeline` orders the dumps by
+    theirs): not read again, and the file opened must be the one it was read from, unchanged
+    (device, inode, size, modification time), else `FileChangedError`.
     """
     try:
-        header = read_header(path)
+        earlier = None if header is None else header.state
+        if header is None:
+            header = read_header(path)
         try:
             with safe_open(str(header.path), framework="numpy") as parsed:
                 parsed.keys()
@@ -426,6 +440,11 @@ def load_dump(
             raise DumpError(f"cannot read: {exc.strerror}") from None
         with handle:
             state = FileState.of(os.fstat(handle.fileno()))
+            if earlier is not None and state != earlier:
+                raise FileChangedError(
+                    "changed since its header was read (replaced or rewritten)",
+                    hint="read a stable copy",
+                )
             if not state.same_file(header.state):
                 raise CorruptDumpError(
                     "another file took its place while kvcanary read it",

@@ -120,6 +120,39 @@ def test_the_leak_is_one_event_that_says_how_it_grows(tmp_path: Path) -> None:
     assert [len(i.leak_new) for i in report.intervals] == [0] + [1] * 5
 
 
+def test_each_dump_counts_its_swa_leaks_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check` and the timeline's snapshot of one dump share its SWA leak count (a scan of the
+    whole LUT): a timeline of N dumps works it out N times, not 2N. The pages come back
+    read-only (two readers share them); a dump `replace` makes counts its own."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from kvcanary_cli.analysis import bookkeeping
+
+    paths = write_sequence("swa-leak", tmp_path, steps=4, at=2)
+    counted: Counter[Path] = Counter()
+    real = bookkeeping._leaked_swa_pages
+
+    def counting(
+        dump: KvDump, mapped: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray | None, str | None]:
+        counted[dump.path] += 1
+        return real(dump, mapped)
+
+    monkeypatch.setattr(bookkeeping, "_leaked_swa_pages", counting)
+    report = timeline(paths, planner=PLANNER)
+    assert [e.kind for e in report.events] == [EventKind.SWA_LEAK]
+    assert dict(counted) == dict.fromkeys(paths, 1)
+    dump = load_dump(paths[-1])
+    pages, _ = leaked_swa_pages(dump)
+    assert pages is not None and pages.size and not pages.flags.writeable
+    assert leaked_swa_pages(dump)[0] is pages and counted[paths[-1]] == 2
+    again, _ = leaked_swa_pages(replace(dump, free_swa_slots=np.zeros(0, dtype=np.int64)))
+    assert counted[paths[-1]] == 3 and again is not None and again.size > pages.size
+
+
 @pytest.mark.parametrize("name", [*EVENTS, "clean", "clean-swa"])
 def test_leak_accounting_agrees_with_check(tmp_path: Path, name: str) -> None:
     """Two implementations of SGLang's memory check: the timeline's and check's finding."""
@@ -127,8 +160,8 @@ def test_leak_accounting_agrees_with_check(tmp_path: Path, name: str) -> None:
         dump = load_dump(path)
         pages, note = leaked_swa_pages(dump)
         found = [
-            f
-            for f in run_check(dump, planner=PLANNER, kernel=None).findings
+            f  # a dump of its own: one dump works its leaks out once, for both
+            for f in run_check(load_dump(path), planner=PLANNER, kernel=None).findings
             if f.code is FindingCode.SWA_PAGE_LEAKED
         ]
         if dump.full_to_swa_index_mapping is None:

@@ -227,6 +227,35 @@ def test_a_dump_changed_after_ordering_is_refused(
     assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["timeline"], ["diff"], ["provenance", "--slot", "3"]],
+    ids=["timeline", "diff", "provenance-slot"],
+)
+def test_each_dump_header_is_read_once(
+    uaf: list[Path], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """A run over N dumps parses each dump's header once: the engine, the step order and the
+    load all use that one read (before, three: the engine, the order, the load)."""
+    from collections import Counter
+
+    from kvcanary_cli.dump import header, loader
+
+    dumps = uaf[:2] if argv == ["diff"] else list(reversed(uaf))  # timeline: any order
+    reads: Counter[Path] = Counter()
+    real = header.read_header
+
+    def counted(path: str | Path) -> header.SafetensorsHeader:
+        reads[Path(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(header, "read_header", counted)
+    monkeypatch.setattr(loader, "read_header", counted)
+    result = run(*argv, *dumps)
+    assert result.exit_code in (0, 1), result.stderr
+    assert dict(reads) == dict.fromkeys(dumps, 1)
+
+
 def test_a_rewritten_prefix_exits_1_and_its_twin_0(tmp_path: Path) -> None:
     """Issue 35, part 5: every dump of the sequence is clean on its own; the timeline (and
     diff of the two dumps around it) names the rewrite, and its twin stays at exit 0."""

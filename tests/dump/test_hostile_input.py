@@ -32,7 +32,7 @@ from kvcanary_cli.dump.header import (
 )
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.schema import MAX_INTEGER_DIGITS, parse_integer
-from kvcanary_cli.errors import CorruptDumpError, MetadataError
+from kvcanary_cli.errors import CorruptDumpError, FileChangedError, MetadataError
 from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.dump.test_malformed import inspect_bad_input
@@ -278,6 +278,27 @@ def test_a_dump_replaced_between_header_and_tensors_is_one_error(
     monkeypatch.setattr("kvcanary_cli.dump.loader.read_header", read_then_replace)
     with pytest.raises(CorruptDumpError, match="another file took its place"):
         load_dump(clean_dump)
+
+
+@pytest.mark.parametrize("how", ["replaced", "rewritten in place"])
+def test_a_dump_changed_since_its_given_header_is_one_error(
+    clean_dump: Path, tmp_path: Path, how: str
+) -> None:
+    """A header read earlier in the run (`timeline` orders dumps by theirs) is not read again:
+    the file loaded by it must be the one it came from, unchanged. Unchanged, the dump loads
+    by that very header (the clean twin)."""
+    header = read_header(clean_dump)
+    dump = load_dump(clean_dump, header=header)
+    assert dump.header is header and dump.file_state == header.state
+    other = make_scenario("clean-swa", size="tiny").save(tmp_path / "other.safetensors")
+    if how == "replaced":
+        os.replace(other, clean_dump)
+    else:
+        clean_dump.write_bytes(other.read_bytes())
+    with pytest.raises(FileChangedError, match="changed since its header was read") as caught:
+        load_dump(clean_dump, header=header)
+    assert str(clean_dump) in str(caught.value) and "\n" not in str(caught.value)
+    assert load_dump(clean_dump).header.state != header.state  # read afresh, it loads
 
 
 def test_only_big_tables_are_mapped(clean_dump: Path, monkeypatch: pytest.MonkeyPatch) -> None:
