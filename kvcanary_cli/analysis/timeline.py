@@ -483,11 +483,6 @@ def _columns(
     )
 
 
-def _no_cells() -> CellColumns:
-    empty = np.zeros(0, dtype=np.int64)
-    return CellColumns(batch_row=empty, pool_row=empty, position=empty, slot=empty)
-
-
 def _steps(after: int | None, at: int | None) -> str:
     if at is None:
         return "between the dumps"

@@ -144,10 +144,6 @@ class ViolationRows:
         wanted = np.array([buffer_of_tag(int(t)) == buffer for t in LaunchTag], dtype=bool)
         return np.asarray(known & wanted[np.clip(self.tag, 0, len(LaunchTag) - 1)], dtype=bool)
 
-    def swa_mask(self) -> np.ndarray:
-        """Rows of SWA launches (their slot is an SWA-pool slot)."""
-        return self.group_mask("swa")
-
 
 def multiset_difference(left: np.ndarray, right: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     """Compare two `[n, 8]` row sets as multisets.

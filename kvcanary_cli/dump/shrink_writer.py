@@ -49,7 +49,6 @@ __all__ = [
     "FREE_LISTS",
     "Keep",
     "ShrinkResult",
-    "file_sha256",
     "write_shrunk",
     "write_shrunk_arrays",
 ]
@@ -100,12 +99,6 @@ class ShrinkResult:
             f"original; provenance covers the kept {self.kept} only)"
         )
         return lines
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file, read in bounded chunks."""
-    with open(path, "rb") as handle:
-        return _sha256(handle)
 
 
 def _sha256(handle: BinaryIO) -> str:
