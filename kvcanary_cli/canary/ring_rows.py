@@ -31,9 +31,9 @@ class RowOrigin(IntEnum):
         return self.name.lower().replace("_", "-")
 
 
-def _column(values: object, n: int, fill: int = -1) -> np.ndarray:
+def _column(values: object, n: int) -> np.ndarray:
     if values is None:
-        return np.full(n, fill, dtype=np.int64)
+        return np.full(n, -1, dtype=np.int64)
     return np.asarray(values, dtype=np.int64).reshape(n)
 
 
