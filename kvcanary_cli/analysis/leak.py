@@ -96,7 +96,7 @@ def _report(
     verdict: LeakVerdict,
     notes: list[str],
 ) -> LeakReport:
-    cause = _cause(verdict, messages, pools)
+    cause = _cause(verdict, pools)
     return LeakReport(
         source=source,
         dump=dump,
@@ -173,9 +173,7 @@ def _with_dump(
     return next((v for v in _ORDER if v in found), "balanced")
 
 
-def _cause(
-    verdict: LeakVerdict, messages: tuple[LeakMessage, ...], pools: tuple[PoolAccount, ...]
-) -> CauseCode | None:
+def _cause(verdict: LeakVerdict, pools: tuple[PoolAccount, ...]) -> CauseCode | None:
     if verdict == "leak":
         full = any(p.pool == "full" and p.verdict == "leak" for p in pools)
         return CauseCode.FULL_LEAK if full else CauseCode.SWA_LEAK
