@@ -55,7 +55,7 @@ from kvcanary_cli.analysis.findings import held_twice, reserved_pages, step_writ
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.dump.schema import CHECK_COUNTS, CHECK_COUNTS_PREFIX, Group
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.results.cells import CellColumns, Role, Space
 from kvcanary_cli.results.check import Finding, JsonValue
@@ -624,8 +624,6 @@ def _translate(full: np.ndarray, swa: np.ndarray, slots: np.ndarray) -> np.ndarr
 
 # Full-pool leaks, and SGLang's memory check set against the dump.
 
-_PREFIX = "sglang.check."
-_FIELDS = ("total", "available", "evictable", "protected", "session_held", "uncached")
 #: Pages named in a message or note (the finding's cells hold them all).
 _SHOWN = 8
 
@@ -633,8 +631,8 @@ _SHOWN = 8
 def printed_counts(dump: KvDump, pool: str) -> dict[str, int] | None:
     """The counts SGLang printed for `pool` (`full`, `swa`) at the trigger, or None."""
     counts = {}
-    for name in _FIELDS:
-        text = dump.metadata.get(f"{_PREFIX}{pool}.{name}")
+    for name in CHECK_COUNTS:
+        text = dump.metadata.get(f"{CHECK_COUNTS_PREFIX}{pool}.{name}")
         if text is None or not text.strip().isdigit() or len(text.strip()) > 18:
             return None
         counts[name] = int(text.strip())
@@ -917,7 +915,7 @@ def _held_cells(
 
 
 def _difference(printed: dict[str, int]) -> int:
-    accounted = sum(printed[name] for name in _FIELDS if name != "total")
+    accounted = sum(printed[name] for name in CHECK_COUNTS if name != "total")
     return printed["total"] - accounted
 
 
@@ -935,7 +933,7 @@ def reconciliation_notes(dump: KvDump) -> list[str]:
 
 
 def _printed(pool: str, printed: dict[str, int]) -> str:
-    listed = ", ".join(f"{name}={printed[name]}" for name in _FIELDS)
+    listed = ", ".join(f"{name}={printed[name]}" for name in CHECK_COUNTS)
     return f"SGLang's memory check printed [{pool}] {listed}"
 
 
