@@ -36,7 +36,7 @@ running rows' allocated cells: no loop per slot either.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 import numpy as np
@@ -66,6 +66,7 @@ __all__ = [
     "full_leaks",
     "leaked_swa_pages",
     "lut_bookkeeping_findings",
+    "pages_text",
     "pool_leak_findings",
     "printed_counts",
     "recorded_held_slots",
@@ -696,12 +697,18 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
     return leaked, counts
 
 
-def _pages_text(slots: np.ndarray, page: int) -> str:
-    pages = distinct(slots // page)
-    shown = ", ".join(str(int(p)) for p in pages[:_SHOWN])
-    more = f" and {pages.size - _SHOWN} more" if pages.size > _SHOWN else ""
+def pages_text(pages: Sequence[int] | np.ndarray, page: int) -> str:
+    """`page 2`, `pages 2, 5 and 9 more` (`slot ...` at page size 1)."""
+    values = np.asarray(pages, dtype=np.int64)
     unit = "page" if page > 1 else "slot"
-    return f"{unit}{'s' if pages.size != 1 else ''} {shown}{more}"
+    shown = ", ".join(str(int(p)) for p in values[:_SHOWN])
+    more = f" and {values.size - _SHOWN} more" if values.size > _SHOWN else ""
+    return f"{unit}{'s' if values.size != 1 else ''} {shown}{more}"
+
+
+def _pages_text(slots: np.ndarray, page: int) -> str:
+    """`pages_text` of the pages that hold `slots`."""
+    return pages_text(distinct(slots // page), page)
 
 
 def pool_leak_findings(dump: KvDump) -> list[Finding]:
