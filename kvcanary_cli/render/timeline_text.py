@@ -9,6 +9,7 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING
 
 from kvcanary_cli.catalog import EventKind
+from kvcanary_cli.render.console import plural
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,7 +91,7 @@ def verdict_text(report: TimelineReport) -> str:
 
 def _count(e: TimelineEvent) -> str:
     what = "page" if e.kind == EventKind.SWA_LEAK else f"{e.space} slot"
-    return f"{e.count} {what}{'' if e.count == 1 else 's'}"
+    return plural(e.count, what)
 
 
 def rows_text(rows: tuple[int, ...], limit: int = 6) -> str:
