@@ -918,7 +918,7 @@ def test_the_byte_budget_refuses_a_dump_and_says_so(
     assert dumps_in(tmp_path) == []
     assert any("KVCANARY_DUMP_MAX_BYTES" in r.getMessage() for r in caplog.records)
     monkeypatch.setenv("KVCANARY_DUMP_MAX_BYTES", "2KiB")
-    assert store.env_bytes("KVCANARY_DUMP_MAX_BYTES") == 2048
+    assert store.read_bytes("KVCANARY_DUMP_MAX_BYTES") == (2048, None)
 
 
 def test_a_lut_sliced_to_a_growing_length_costs_one_guard_dump(

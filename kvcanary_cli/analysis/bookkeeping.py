@@ -36,7 +36,7 @@ running rows' allocated cells: no loop per slot either.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 import numpy as np
@@ -55,7 +55,7 @@ from kvcanary_cli.analysis.findings import held_twice, reserved_pages, step_writ
 from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.dump.schema import CHECK_COUNTS, CHECK_COUNTS_PREFIX, Group
 from kvcanary_cli.planners.base import Plan
 from kvcanary_cli.results.cells import CellColumns, Role, Space
 from kvcanary_cli.results.check import Finding, JsonValue
@@ -66,6 +66,7 @@ __all__ = [
     "full_leaks",
     "leaked_swa_pages",
     "lut_bookkeeping_findings",
+    "pages_text",
     "pool_leak_findings",
     "printed_counts",
     "recorded_held_slots",
@@ -637,8 +638,6 @@ def _translate(full: np.ndarray, swa: np.ndarray, slots: np.ndarray) -> np.ndarr
 
 # Full-pool leaks, and SGLang's memory check set against the dump.
 
-_PREFIX = "sglang.check."
-_FIELDS = ("total", "available", "evictable", "protected", "session_held", "uncached")
 #: Pages named in a message or note (the finding's cells hold them all).
 _SHOWN = 8
 
@@ -646,8 +645,8 @@ _SHOWN = 8
 def printed_counts(dump: KvDump, pool: str) -> dict[str, int] | None:
     """The counts SGLang printed for `pool` (`full`, `swa`) at the trigger, or None."""
     counts = {}
-    for name in _FIELDS:
-        text = dump.metadata.get(f"{_PREFIX}{pool}.{name}")
+    for name in CHECK_COUNTS:
+        text = dump.metadata.get(f"{CHECK_COUNTS_PREFIX}{pool}.{name}")
         if text is None or not text.strip().isdigit() or len(text.strip()) > 18:
             return None
         counts[name] = int(text.strip())
@@ -711,12 +710,18 @@ def full_leaks(dump: KvDump) -> tuple[np.ndarray, dict[str, int]] | None:
     return leaked, counts
 
 
-def _pages_text(slots: np.ndarray, page: int) -> str:
-    pages = distinct(slots // page)
-    shown = ", ".join(str(int(p)) for p in pages[:_SHOWN])
-    more = f" and {pages.size - _SHOWN} more" if pages.size > _SHOWN else ""
+def pages_text(pages: Sequence[int] | np.ndarray, page: int) -> str:
+    """`page 2`, `pages 2, 5 and 9 more` (`slot ...` at page size 1)."""
+    values = np.asarray(pages, dtype=np.int64)
     unit = "page" if page > 1 else "slot"
-    return f"{unit}{'s' if pages.size != 1 else ''} {shown}{more}"
+    shown = ", ".join(str(int(p)) for p in values[:_SHOWN])
+    more = f" and {values.size - _SHOWN} more" if values.size > _SHOWN else ""
+    return f"{unit}{'s' if values.size != 1 else ''} {shown}{more}"
+
+
+def _pages_text(slots: np.ndarray, page: int) -> str:
+    """`pages_text` of the pages that hold `slots`."""
+    return pages_text(distinct(slots // page), page)
 
 
 def pool_leak_findings(dump: KvDump) -> list[Finding]:
@@ -930,7 +935,7 @@ def _held_cells(
 
 
 def _difference(printed: dict[str, int]) -> int:
-    accounted = sum(printed[name] for name in _FIELDS if name != "total")
+    accounted = sum(printed[name] for name in CHECK_COUNTS if name != "total")
     return printed["total"] - accounted
 
 
@@ -948,7 +953,7 @@ def reconciliation_notes(dump: KvDump) -> list[str]:
 
 
 def _printed(pool: str, printed: dict[str, int]) -> str:
-    listed = ", ".join(f"{name}={printed[name]}" for name in _FIELDS)
+    listed = ", ".join(f"{name}={printed[name]}" for name in CHECK_COUNTS)
     return f"SGLang's memory check printed [{pool}] {listed}"
 
 

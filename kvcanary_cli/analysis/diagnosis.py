@@ -1250,10 +1250,10 @@ def _cells(f: Finding) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return a, b, c, d
 
 
-def _cell_owner(f: Finding, i: int = 0) -> str:
-    """`batch row 2 (pool row 10, position 17)`: the finding's own cell `i`."""
+def _cell_owner(f: Finding) -> str:
+    """`batch row 2 (pool row 10, position 17)`: the finding's first cell."""
     if f.cells is not None and len(f.cells):
-        b, r, q = (int(f.cells.batch_row[i]), int(f.cells.pool_row[i]), int(f.cells.position[i]))
+        b, r, q = (int(f.cells.batch_row[0]), int(f.cells.pool_row[0]), int(f.cells.position[0]))
     else:
         b, r, q = (-1 if v is None else v for v in (f.batch_row, f.pool_row, f.position))
     if b >= 0:

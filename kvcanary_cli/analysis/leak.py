@@ -20,11 +20,11 @@ is that. The work is a few sorts over the free lists and the tree's lists.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
-from kvcanary_cli.analysis.bookkeeping import full_leaks, leaked_swa_pages
+from kvcanary_cli.analysis.bookkeeping import full_leaks, leaked_swa_pages, pages_text
 from kvcanary_cli.analysis.cells import distinct
 from kvcanary_cli.analysis.sglang_messages import MessageScan, read_line, read_log
 from kvcanary_cli.canary.logs import MAX_LINE_BYTES
@@ -41,8 +41,6 @@ from kvcanary_cli.results.leak import (
 
 __all__ = ["leak_report"]
 
-#: Pages named in an explanation line (the account's lists hold them all).
-_SHOWN = 8
 #: The verdicts, worst first.
 _ORDER: tuple[LeakVerdict, ...] = (
     "leak",
@@ -96,7 +94,7 @@ def _report(
     verdict: LeakVerdict,
     notes: list[str],
 ) -> LeakReport:
-    cause = _cause(verdict, messages, pools)
+    cause = _cause(verdict, pools)
     return LeakReport(
         source=source,
         dump=dump,
@@ -173,9 +171,7 @@ def _with_dump(
     return next((v for v in _ORDER if v in found), "balanced")
 
 
-def _cause(
-    verdict: LeakVerdict, messages: tuple[LeakMessage, ...], pools: tuple[PoolAccount, ...]
-) -> CauseCode | None:
+def _cause(verdict: LeakVerdict, pools: tuple[PoolAccount, ...]) -> CauseCode | None:
     if verdict == "leak":
         full = any(p.pool == "full" and p.verdict == "leak" for p in pools)
         return CauseCode.FULL_LEAK if full else CauseCode.SWA_LEAK
@@ -194,14 +190,14 @@ def _summary(
 ) -> str:
     if verdict == "leak":
         parts = [
-            f"{p.pool} {_pages_text(p.leaked_pages, p.page_size)}"
+            f"{p.pool} {pages_text(p.leaked_pages, p.page_size)}"
             for p in pools
             if p.verdict == "leak"
         ]
         return f"a real leak: pages owned by nobody ({'; '.join(parts)})"
     if verdict == "freed-twice":
         parts = [
-            f"{p.pool} {_pages_text(p.double_freed_pages, p.page_size)}"
+            f"{p.pool} {pages_text(p.double_freed_pages, p.page_size)}"
             for p in pools
             if p.double_freed_pages
         ]
@@ -213,7 +209,7 @@ def _summary(
         return "a use after free: pages running requests still use are on the free list"
     if verdict == "miscount":
         shared = [
-            f"{p.pool} {_pages_text(p.shared_pages, p.page_size)}" for p in pools if p.shared_pages
+            f"{p.pool} {pages_text(p.shared_pages, p.page_size)}" for p in pools if p.shared_pages
         ]
         why = (
             f"; its evictable/protected count pages two tree nodes hold twice ({'; '.join(shared)})"
@@ -479,17 +475,17 @@ def _verdict_lines(
         space = "" if pool == "full" else " --space swa"
         lines.append(
             f"[{pool}] leaked, owned by nobody (not free, not the tree's, not a running "
-            f"request's): {_pages_text(leaked, page)} (who held them last: `kvcanary "
+            f"request's): {pages_text(leaked, page)} (who held them last: `kvcanary "
             f"provenance DUMP --slot {int(leaked[0]) * page}{space}`)"
         )
     if double_freed.size:
         lines.append(
-            f"[{pool}] freed twice, on the free list twice: {_pages_text(double_freed, page)}"
+            f"[{pool}] freed twice, on the free list twice: {pages_text(double_freed, page)}"
         )
     if shared.size:
         lines.append(
             f"[{pool}] held by two tree nodes, counted once per node by SGLang's "
-            f"evictable/protected: {_pages_text(shared, page)}"
+            f"evictable/protected: {pages_text(shared, page)}"
         )
     if verdict in ("miscount", "balanced"):
         lines.append(
@@ -526,15 +522,6 @@ def _signed(difference: int) -> str:
     if difference == 0:
         return "even"
     return f"{difference} short" if difference > 0 else f"{-difference} over"
-
-
-def _pages_text(pages: Sequence[int] | np.ndarray, page: int) -> str:
-    """`page 2`, `pages 2, 5 and 9 more` (`slot ...` at page size 1)."""
-    values = np.asarray(pages, dtype=np.int64)
-    unit = "page" if page > 1 else "slot"
-    shown = ", ".join(str(int(p)) for p in values[:_SHOWN])
-    more = f" and {values.size - _SHOWN} more" if values.size > _SHOWN else ""
-    return f"{unit}{'s' if values.size != 1 else ''} {shown}{more}"
 
 
 def _dump_notes(message: LeakMessage | None, pools: tuple[PoolAccount, ...]) -> list[str]:

@@ -487,11 +487,6 @@ def _columns(
     )
 
 
-def _no_cells() -> CellColumns:
-    empty = np.zeros(0, dtype=np.int64)
-    return CellColumns(batch_row=empty, pool_row=empty, position=empty, slot=empty)
-
-
 def _them(count: int) -> str:
     """The pronoun of `count` slots: `it` or `them`."""
     return "it" if count == 1 else "them"

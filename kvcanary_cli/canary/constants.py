@@ -121,11 +121,10 @@ def buffer_of_tag(value: int) -> str | None:
     return f"{'head' if stage == 'head' else 'tail'}.{half}"
 
 
-def tag_for(group: str, buffer: str, *, sweep: bool = False) -> LaunchTag:
-    """The tag of a per-forward (or sweep) verify of `buffer` (`head.k`, ...) in `group`."""
+def tag_for(group: str, buffer: str) -> LaunchTag:
+    """The tag of a per-forward verify of `buffer` (`head.k`, ...) in `group`."""
     stage, half = buffer.split(".")
-    name = f"{'SWEEP' if sweep else stage.upper()}_{half.upper()}_{group.upper()}"
-    return LaunchTag[name]
+    return LaunchTag[f"{stage.upper()}_{half.upper()}_{group.upper()}"]
 
 
 def buffer_tensor_name(group: str, buffer: str) -> str:

@@ -13,13 +13,11 @@ in a log is an error: lines that look like canary output but do not parse are co
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -37,7 +35,6 @@ from kvcanary_cli.canary.constants import (
 )
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.catalog import plural
-from kvcanary_cli.dump.files import write_atomically
 from kvcanary_cli.errors import PathError
 
 __all__ = [
@@ -51,7 +48,6 @@ __all__ = [
     "log_text",
     "scan_log",
     "scan_log_path",
-    "write_log",
 ]
 
 #: longer lines are skipped (with a note): a violation message line is under 400 bytes.
@@ -126,23 +122,8 @@ def format_pump(
     ]
 
 
-def write_log(
-    path: str | os.PathLike[str],
-    messages: Sequence[str],
-    *,
-    prefix: str,
-    overwrite: bool = True,
-) -> Path:
-    """Write messages as a logger would: `prefix` before the first line of each message.
-
-    Written like every kvcanary output (`dump.files.write_atomically`): only over a regular
-    file, and over an existing one only with `overwrite`."""
-    text = log_text(messages, prefix=prefix)
-    return write_atomically(path, lambda handle: handle.write(text), overwrite=overwrite)
-
-
 def log_text(messages: Sequence[str], *, prefix: str) -> bytes:
-    """The bytes `write_log` writes."""
+    """Messages as a logger writes them: `prefix` before the first line of each message."""
     return "".join(f"{prefix}{message}\n" for message in messages).encode("utf-8")
 
 

@@ -33,11 +33,6 @@ class RingState:
     #: int64 `[valid, 8]`.
     rows: np.ndarray
 
-    @property
-    def errored(self) -> bool:
-        """At least one violation was recorded."""
-        return self.write_index != 0
-
 
 def decode_ring(ring: np.ndarray, write_index: int) -> RingState:
     """The valid rows of a ring `[capacity, 8]` given its write index."""

@@ -31,9 +31,9 @@ class RowOrigin(IntEnum):
         return self.name.lower().replace("_", "-")
 
 
-def _column(values: object, n: int, fill: int = -1) -> np.ndarray:
+def _column(values: object, n: int) -> np.ndarray:
     if values is None:
-        return np.full(n, fill, dtype=np.int64)
+        return np.full(n, -1, dtype=np.int64)
     return np.asarray(values, dtype=np.int64).reshape(n)
 
 
@@ -143,10 +143,6 @@ class ViolationRows:
         known = (self.tag >= 0) & (self.tag < len(LaunchTag))
         wanted = np.array([buffer_of_tag(int(t)) == buffer for t in LaunchTag], dtype=bool)
         return np.asarray(known & wanted[np.clip(self.tag, 0, len(LaunchTag) - 1)], dtype=bool)
-
-    def swa_mask(self) -> np.ndarray:
-        """Rows of SWA launches (their slot is an SWA-pool slot)."""
-        return self.group_mask("swa")
 
 
 def multiset_difference(left: np.ndarray, right: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:

@@ -30,6 +30,7 @@ import kvcanary_cli.capture.builder as builder
 import kvcanary_cli.capture.server as server
 import kvcanary_cli.capture.store as store
 import kvcanary_cli.capture.triggers as triggers
+from kvcanary_cli.dump.schema import CHECK_COUNTS, CHECK_COUNTS_PREFIX
 
 __all__ = [
     "SGLANG_CHECKER_MODULE",
@@ -45,14 +46,11 @@ SGLANG_CHECKER_MODULE = "sglang.srt.managers.scheduler_components.invariant_chec
 SGLANG_CHECKER_CLASS = "SchedulerInvariantChecker"
 _REPORT = "raise_error_or_warn"
 _BUSY = "self_check_during_busy"
-#: The metadata prefix of the counts SGLang printed.
-COUNTS_PREFIX = "sglang.check."
 #: One pool's counts as `_check_pool_invariant` prints them.
 _COUNTS = re.compile(
     r"\[(full|swa|mamba)\] total=(\d{1,18}), available=(\d{1,18}), evictable=(\d{1,18}), "
     r"protected=(\d{1,18}), session_held=(\d{1,18}), uncached=(\d{1,18})"
 )
-_FIELDS = ("total", "available", "evictable", "protected", "session_held", "uncached")
 
 
 def printed_counts(message: str) -> dict[str, int]:
@@ -61,8 +59,8 @@ def printed_counts(message: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for match in _COUNTS.finditer(message[:20000]):
         pool = match.group(1)
-        for name, value in zip(_FIELDS, match.groups()[1:], strict=True):
-            counts[f"{COUNTS_PREFIX}{pool}.{name}"] = int(value)
+        for name, value in zip(CHECK_COUNTS, match.groups()[1:], strict=True):
+            counts[f"{CHECK_COUNTS_PREFIX}{pool}.{name}"] = int(value)
     return counts
 
 
@@ -139,8 +137,8 @@ def capture_leak(checker: object, message: str, *, raised: bool) -> None:
                 context[name] = int(facts.pop(name))
         first = message.strip().splitlines()[0] if message.strip() else "a memory check"
         extra: dict[str, object] = {
-            f"{COUNTS_PREFIX}message": store.short_note(message),
-            f"{COUNTS_PREFIX}raised": "yes" if raised else "warned",
+            f"{CHECK_COUNTS_PREFIX}message": store.short_note(message),
+            f"{CHECK_COUNTS_PREFIX}raised": "yes" if raised else "warned",
             **facts,
             **printed_counts(message),
         }

@@ -40,7 +40,6 @@ __all__ = [
     "detect_rank",
     "dump_contents_of",
     "env_int",
-    "env_count",
     "estimated_bytes",
     "in_format",
     "read_bytes",
@@ -408,17 +407,6 @@ def read_bytes(name: str) -> tuple[int | None, str | None]:
             "(digits with an optional K, M, G or T suffix, e.g. 512M or 16GiB)"
         )
     return int(match.group(1)) * _UNITS[match.group(2) or ""], None
-
-
-def env_count(name: str) -> int | None:
-    """A count from the environment (None: unset, blank or unreadable: see `read_count`)."""
-    return read_count(name)[0]
-
-
-def env_bytes(name: str) -> int | None:
-    """A byte count from the environment (None: unset, blank or unreadable: see
-    `read_bytes`)."""
-    return read_bytes(name)[0]
 
 
 def _as_int(value: object) -> object:

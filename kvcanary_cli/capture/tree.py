@@ -44,7 +44,6 @@ __all__ = [
     "free_slots",
     "kv_record",
     "register_tree_cache",
-    "row_state",
     "tree_for",
     "tree_state",
     "virtual_slots",
@@ -469,13 +468,6 @@ def _tree_host_values(tree: Any, kind: str = "FULL") -> tuple[Any, Any, Any] | N
         np.array(nodes, dtype=np.int64),
         np.array(locks, dtype=np.int64),
     )
-
-
-def row_state(requests: Iterable[object], rows: int, tree: object = None) -> dict[str, Any]:
-    """`tree_state`'s row facts alone (`req_pool_allocated_lens`, `running_req_rows`)."""
-    facts: dict[str, Any] = {}
-    _read(facts, _row_facts, requests, rows, tree)
-    return facts
 
 
 def _read(facts: dict[str, Any], read: Any, *args: Any) -> Any:

@@ -7,6 +7,7 @@ Standard library only, so that the CLI can write reports without importing torch
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import sys
@@ -24,6 +25,7 @@ __all__ = [
     "check_targets",
     "read_small_text",
     "same_target",
+    "sha256_of",
     "write_all_atomically",
     "write_atomically",
 ]
@@ -48,6 +50,15 @@ def _file_id(source: str | os.PathLike[str]) -> tuple[int, int] | None:
     except (OSError, ValueError):  # ValueError: a replaced stdin without a descriptor
         return None
     return info.st_dev, info.st_ino
+
+
+def sha256_of(handle: BinaryIO) -> str:
+    """The sha256 of a file's whole content (hex), read from its start in bounded chunks."""
+    digest = hashlib.sha256()
+    handle.seek(0)
+    while chunk := handle.read(1 << 22):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_small_text(path: str | os.PathLike[str], *, limit: int, what: str, hint: str) -> str:

@@ -229,7 +229,7 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         )
     entries: dict[str, HeaderEntry] = {}
     for name, entry in parsed.items():
-        entries[name] = _parse_entry(path, name, entry, data_start, size)
+        entries[name] = _parse_entry(name, entry, data_start, size)
     return SafetensorsHeader(
         path=path, file_size=size, state=state, entries=entries, metadata=metadata
     )
@@ -284,9 +284,7 @@ def _parse_metadata(path: Path, raw: object) -> dict[str, str]:
     return dict(raw)
 
 
-def _parse_entry(
-    path: Path, name: str, entry: object, data_start: int, file_size: int
-) -> HeaderEntry:
+def _parse_entry(name: str, entry: object, data_start: int, file_size: int) -> HeaderEntry:
     name_shown = _show(name)
     data_size = file_size - data_start
     if not isinstance(entry, dict):

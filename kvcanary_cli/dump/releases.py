@@ -26,11 +26,9 @@ __all__ = [
     "LAST_RELEASE",
     "METADATA_KEY",
     "PLAN_MODULES",
-    "has_free_page_census",
     "has_reference_dispatch",
     "out_of_range_note",
     "parse_release",
-    "steps_rows_by_stride",
 ]
 
 #: The first and last releases with kv canary that kvcanary was checked against.
@@ -63,20 +61,9 @@ def _at_least(text: str | None, release: tuple[int, int, int]) -> bool | None:
     return None if parsed is None else parsed >= release
 
 
-def has_free_page_census(version: str | None) -> bool | None:
-    """Whether the release's allocators have `get_all_free_pages()` (0.5.20 on; None:
-    unknown version)."""
-    return _at_least(version, (0, 5, 20))
-
-
 def has_reference_dispatch(version: str | None) -> bool | None:
     """Whether the release's launcher runs its torch reference off CUDA by itself (0.5.21 on)."""
     return _at_least(version, (0, 5, 21))
-
-
-def steps_rows_by_stride(version: str | None) -> bool | None:
-    """Whether the release steps a real-KV source's rows by `stride(0)` (0.5.22 on)."""
-    return _at_least(version, (0, 5, 22))
 
 
 def _name(release: tuple[int, int, int]) -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
 __all__ = [
+    "CHECK_COUNTS",
+    "CHECK_COUNTS_PREFIX",
     "CANARY_TENSOR_PATTERN",
     "DTYPE_ITEMSIZE",
     "ENGINE_KEY",
@@ -667,6 +669,11 @@ IDENTITY_KEYS: tuple[str, ...] = (
 #: dumps): its type's name and its message, as two metadata strings.
 EXCEPTION_TYPE_KEY = "sglang.exception.type"
 EXCEPTION_MESSAGE_KEY = "sglang.exception.message"
+
+#: The counts SGLang's memory check printed, as a leak dump's metadata integers
+#: (`sglang.check.<pool>.<count>`: the capture hook writes them, the leak accounting reads them).
+CHECK_COUNTS_PREFIX = "sglang.check."
+CHECK_COUNTS = ("total", "available", "evictable", "protected", "session_held", "uncached")
 
 #: Module and function of SGLang's plan launcher (`kernels/ops/kv_canary/plan/api.py`).
 LAUNCHER_MODULE = "sglang.kernels.ops.kv_canary.plan.api"

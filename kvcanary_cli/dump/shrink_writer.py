@@ -15,7 +15,6 @@ bytes when it keeps the same elements: the writer is deterministic.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from typing import BinaryIO
 import numpy as np
 
 from kvcanary_cli.dump.atomic import write_safetensors
+from kvcanary_cli.dump.files import sha256_of
 from kvcanary_cli.dump.header import FileState, HeaderEntry
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.narrow import dtype_code, narrowest_dtype, original_dtypes_text
@@ -49,14 +49,12 @@ __all__ = [
     "FREE_LISTS",
     "Keep",
     "ShrinkResult",
-    "file_sha256",
     "write_shrunk",
     "write_shrunk_arrays",
 ]
 
 #: The free lists: a shrunk dump keeps the entries `Keep.free_lists` marks.
 FREE_LISTS = ("free_full_slots", "free_swa_slots")
-_HASH_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,20 +98,6 @@ class ShrinkResult:
             f"original; provenance covers the kept {self.kept} only)"
         )
         return lines
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file, read in bounded chunks."""
-    with open(path, "rb") as handle:
-        return _sha256(handle)
-
-
-def _sha256(handle: BinaryIO) -> str:
-    digest = hashlib.sha256()
-    handle.seek(0)
-    while chunk := handle.read(_HASH_CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _mapped(handle: BinaryIO, entry: HeaderEntry) -> np.ndarray:
@@ -283,7 +267,7 @@ def _write_shrunk(
         merged = {**dump.shrink.overrides, **(overrides or {})}
     else:
         source_name, source_bytes = dump.path.name, dump.file_size
-        source_sha = _sha256(handle)
+        source_sha = sha256_of(handle)
         merged = dict(overrides or {})
     record = ShrinkRecord(
         source_name=source_name,
@@ -361,7 +345,7 @@ def write_shrunk_arrays(
         if previous is not None:
             name, size, sha = previous.source_name, previous.source_bytes, previous.source_sha256
         else:
-            name, size, sha = source.name, os.fstat(handle.fileno()).st_size, _sha256(handle)
+            name, size, sha = source.name, os.fstat(handle.fileno()).st_size, sha256_of(handle)
         record = ShrinkRecord(
             source_name=name,
             source_bytes=size,

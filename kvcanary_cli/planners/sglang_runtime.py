@@ -31,7 +31,6 @@ from kvcanary_cli.errors import PlannerUnavailableError
 
 __all__ = [
     "REFERENCE_FUNCTION",
-    "REFERENCE_MODULE",
     "VERIFIED_VERSIONS",
     "VERIFY_ENTRY_FIELDS",
     "VERIFY_PLAN_FIELDS",
@@ -55,7 +54,6 @@ VERIFIED_VERSIONS: tuple[str, ...] = (
 VERIFIED_RANGE = f"{VERIFIED_VERSIONS[0]} to {VERIFIED_VERSIONS[-1]}"
 
 #: SGLang's torch reference of the launcher (what the launcher runs off CUDA from 0.5.21).
-REFERENCE_MODULE = "sglang.kernels.ops.kv_canary.plan_ref"
 REFERENCE_FUNCTION = "launch_canary_plan_kernels_torch_reference"
 #: The module of the launcher that dispatches to the reference off CUDA (0.5.21 on).
 _DISPATCH_NAME = "use_torch_reference"

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 
 __all__ = [
-    "HasRecord",
     "Result",
     "not_recorded",
     "recorded",
@@ -40,12 +39,6 @@ class Result(Protocol):
     """A command's result: a dataclass that names its record's schema."""
 
     SCHEMA: ClassVar[str]
-
-
-class HasRecord(Protocol):
-    """A value with a JSON form of its own (a leaf of a record that is not a dataclass)."""
-
-    def __record__(self) -> object: ...
 
 
 class _Recorded(property):

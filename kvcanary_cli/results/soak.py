@@ -15,7 +15,6 @@ from typing import ClassVar, Literal
 from kvcanary_cli.results.record import recorded
 
 __all__ = [
-    "SGLANG_CHECKS",
     "SOAK_FILES",
     "AuditPoint",
     "CheckPoint",
@@ -55,15 +54,6 @@ SGLangCheckName = Literal[
 Seer = Literal["kvcanary", "sglang", "both"]
 #: The order of the audit points within one step.
 _ORDER: dict[AuditPoint, int] = {"plan": 0, "crash": 1, "after-result": 2, "idle": 3}
-
-#: SGLang's checks, in the order soak runs them.
-SGLANG_CHECKS: tuple[SGLangCheckName, ...] = (
-    "self_check_during_busy",
-    "_check_kv_page_invariants",
-    "_check_all_pools",
-    "_check_req_pool",
-    "sanity_check",
-)
 
 #: The files a finding leaves in `--out`, by the name the report gives each, in order.
 SOAK_FILES: dict[SoakFile, str] = {

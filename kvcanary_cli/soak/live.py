@@ -199,7 +199,7 @@ _LENS, _RUNNING = "req_pool_allocated_lens", "running_req_rows"
 
 
 def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(each row's longest allocation, the rows held), as `capture.tree.row_state` records
+    """(each row's longest allocation, the rows held), as `capture.tree.tree_state` records
     them: the rows of the requests and of the tree's sessions (where it names them), each
     request's kv once (by identity); read by attribute (one missing raises: unreadable,
     where the capture code would record the fact as absent)."""

@@ -16,7 +16,6 @@ A wheel is untrusted input until its tree is checked, so:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -25,6 +24,8 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from kvcanary_cli.dump.files import sha256_of
 
 __all__ = ["INFLATE_BOUND", "WheelRefusedError", "download_hint", "not_there", "unpack_wheel"]
 
@@ -83,7 +84,7 @@ def unpack_wheel(
     with handle:
         try:
             size = os.fstat(handle.fileno()).st_size
-            digest = _sha256(handle)
+            digest = sha256_of(handle)
             handle.seek(0)
         except OSError as exc:
             raise WheelRefusedError(f"cannot read it ({exc.strerror or exc})") from None
@@ -91,13 +92,6 @@ def unpack_wheel(
         if (target / MARKER).is_file():
             return target
         return _stage(handle, size, target, wanted, check)
-
-
-def _sha256(handle: BinaryIO) -> str:
-    digest = hashlib.sha256()
-    while chunk := handle.read(1 << 20):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _stage(

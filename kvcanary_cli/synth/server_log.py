@@ -3,24 +3,14 @@ scenario's violation ring (docs/canary.md §8), for `kvcanary synth --log`."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-from kvcanary_cli.canary.logs import format_pump, log_text, write_log
+from kvcanary_cli.canary.logs import format_pump, log_text
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.synth.state import SynthDump
 
-__all__ = ["LOG_PREFIX", "scenario_log", "write_scenario_log"]
+__all__ = ["LOG_PREFIX", "scenario_log"]
 
 #: what precedes the first line of each message in a synthetic log (SGLang's logging format).
 LOG_PREFIX = "[2025-06-01 12:00:00 TP0] "
-
-
-def write_scenario_log(
-    state: SynthDump, path: str | os.PathLike[str], *, overwrite: bool = True
-) -> Path:
-    """Write the server log of a canary scenario (`scenario_log`)."""
-    return write_log(path, _log_lines(state), prefix=LOG_PREFIX, overwrite=overwrite)
 
 
 def scenario_log(state: SynthDump) -> bytes:

@@ -15,7 +15,7 @@ physical pages of its own (`_unified`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -486,8 +486,3 @@ def _stamp_canary(
                 tensors[f"canary.{group}.{stage}.{half}"] = buffer
     if spec.canary_real_kv:
         metadata["real_kv.mode"] = "partial"
-
-
-def with_spec(spec: SynthSpec, **changes: object) -> SynthSpec:
-    """A copy of `spec` with some fields changed (keeps scenario tables short)."""
-    return replace(spec, **changes)  # type: ignore[arg-type]

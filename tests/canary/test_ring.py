@@ -22,7 +22,6 @@ def test_fill_once_keeps_the_first_rows_and_counts_them_all(
     assert state.write_index == len(rows)
     assert state.valid == min(len(rows), capacity)
     assert state.overflow == (len(rows) > capacity)
-    assert state.errored == bool(rows)
     assert state.rows.tolist() == rows[:capacity]
     assert state.stray_rows == 0
 

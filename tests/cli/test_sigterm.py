@@ -85,9 +85,14 @@ def test_sigterm_mid_write_leaves_no_staged_file(tmp_path: Path) -> None:
         return any(out.glob(".*.tmp"))
 
     args = ["synth", "clean-swa", "--size", "medium", "--out", str(out / "big.safetensors")]
-    stopped = _checked(stop_when(args, staging))
+    for _ in range(3):  # on a loaded machine the write may end before the signal lands
+        stopped = _checked(stop_when(args, staging))
+        left = sorted(p.name for p in out.iterdir())
+        if left != ["big.safetensors"]:  # stopped mid-write: what this test is about
+            break
+        (out / "big.safetensors").unlink()  # written whole before the stop: not a case
     assert stopped.exit_code == TERMINATED, stopped.output
-    assert sorted(p.name for p in out.iterdir()) == []
+    assert left == []
 
 
 @pytest.mark.slow  # a four-dump check killed mid-run (3 s): the fast lane keeps the others

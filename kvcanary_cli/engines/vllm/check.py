@@ -411,7 +411,7 @@ class _Audit:
             )
 
 
-def _diagnosis(state: VllmState, findings: list[PoolFinding]) -> tuple[PoolDiagnosis, ...]:
+def _diagnosis(findings: list[PoolFinding]) -> tuple[PoolDiagnosis, ...]:
     by_cause: dict[PoolCause, list[PoolFinding]] = {}
     for f in findings:
         by_cause.setdefault(POOL_CAUSE_OF[f.code], []).append(f)
@@ -468,7 +468,7 @@ def audit(state: VllmState) -> PoolAudit:
         )
     return PoolAudit(
         findings=tuple(findings),
-        diagnosis=_diagnosis(state, findings),
+        diagnosis=_diagnosis(findings),
         groups=groups,
         referenced=referenced,
         requests_with_blocks=requests_with_blocks,

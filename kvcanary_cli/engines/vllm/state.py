@@ -63,11 +63,6 @@ class GroupSpec:
     block_size: int
     window: int | None = None
 
-    @property
-    def drops_blocks(self) -> bool:
-        """Whether the group replaces blocks that left its window by the null block."""
-        return self.kind != FULL
-
 
 def _empty(dtype: type, *shape: int) -> np.ndarray:
     return np.zeros(shape or (0,), dtype=dtype)

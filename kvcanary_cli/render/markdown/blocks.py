@@ -19,7 +19,7 @@ import re
 
 from kvcanary_cli.safe_text import printable
 
-__all__ = ["clipped", "code", "table", "text"]
+__all__ = ["clipped", "code", "named_rows", "table", "text"]
 
 #: characters that take a backslash: inline syntax, or a table's cell separator.
 _BACKSLASHED = re.compile(r"[\\|*`~]")
@@ -71,6 +71,12 @@ def code(value: object, *, cell: bool = True) -> str:
     fence = "`" * (longest + 1)
     pad = " " if longest or (shown.startswith(" ") and shown.endswith(" ")) else ""
     return f"{fence}{pad}{shown}{pad}{fence}"
+
+
+def named_rows(rows: list[list[str]]) -> list[list[str]]:
+    """Table cells of rows that start with a name (a tensor's, a request's): the name as
+    code, the rest as text."""
+    return [[code(row[0]), *(text(c) for c in row[1:])] for row in rows]
 
 
 def table(header: list[str], rows: list[list[str]], *, right: set[int] | None = None) -> str:

@@ -369,7 +369,7 @@ def check_markdown(
         elif details:
             details = False
         else:
-            return _cut(body, limit, report)
+            return _cut(body, limit)
     if (rows, details) == (max_rows, True):
         return body
     what = f"{rows} findings per code (asked: {max_rows})" + (
@@ -385,7 +385,7 @@ def _trim_notice(what: str) -> str:
     )
 
 
-def _cut(body: str, limit: int, report: CheckReport) -> str:
+def _cut(body: str, limit: int) -> str:
     """The first sections of `body` that fit, and a notice of the cut."""
     notice = _trim_notice("the last sections are cut")
     kept = body[: max(limit - len(notice) - 2, 0)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcanary_cli.render.console import fmt_bytes
-from kvcanary_cli.render.markdown.blocks import code, table, text
+from kvcanary_cli.render.markdown.blocks import code, named_rows, table, text
 from kvcanary_cli.render.phrases.inspect import (
     batch_facts,
     inspect_metadata,
@@ -14,9 +14,10 @@ from kvcanary_cli.render.phrases.inspect import (
 )
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.results.inspect import DumpDescription
+from kvcanary_cli.results.shrink import ShrinkSummary
 from kvcanary_cli.safe_text import printable_record
 
-__all__ = ["inspect_markdown", "metadata_and_notes"]
+__all__ = ["inspect_markdown", "metadata_and_notes", "shrink_blocks"]
 
 
 def inspect_markdown(dump: DumpDescription, *, max_rows: int) -> str:
@@ -53,19 +54,17 @@ def inspect_markdown(dump: DumpDescription, *, max_rows: int) -> str:
             + [[key, text(value)] for key, value in batch_facts(dump.batch)],
         ),
     ]
-    shrink = dump.shrink
-    if shrink is not None:
-        parts.append("\n".join(f"- {text(fact)}" for fact in shrink_facts(shrink)))
-        parts.append(
-            table(
-                CUT_COLUMNS,
-                [[code(row[0]), *(text(cell) for cell in row[1:])] for row in cut_rows(shrink)],
-                right={2, 3, 4},
-            )
-        )
+    if dump.shrink is not None:
+        parts += shrink_blocks(dump.shrink)
     identity, more = inspect_metadata(dump, max_rows)
     parts += metadata_and_notes("identity", identity, more, dump.notes)
     return "\n\n".join(parts) + "\n"
+
+
+def shrink_blocks(shrink: ShrinkSummary) -> list[str]:
+    """Either engine's shrink record: its facts, then what each tensor dropped."""
+    facts = "\n".join(f"- {text(fact)}" for fact in shrink_facts(shrink))
+    return [facts, table(CUT_COLUMNS, named_rows(cut_rows(shrink)), right={2, 3, 4})]
 
 
 def metadata_and_notes(

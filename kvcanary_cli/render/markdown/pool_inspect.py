@@ -4,8 +4,8 @@ table view's blocks, for GitHub."""
 from __future__ import annotations
 
 from kvcanary_cli.render.console import fmt_bytes
-from kvcanary_cli.render.markdown.blocks import code, table, text
-from kvcanary_cli.render.markdown.inspect import metadata_and_notes
+from kvcanary_cli.render.markdown.blocks import code, named_rows, table, text
+from kvcanary_cli.render.markdown.inspect import metadata_and_notes, shrink_blocks
 from kvcanary_cli.render.phrases.inspect import shown_metadata
 from kvcanary_cli.render.phrases.pool_inspect import (
     GROUP_COLUMNS,
@@ -17,7 +17,6 @@ from kvcanary_cli.render.phrases.pool_inspect import (
     request_rows,
     tensor_rows,
 )
-from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 from kvcanary_cli.safe_text import printable_record
 
@@ -45,7 +44,7 @@ def pool_inspect_markdown(d: PoolDumpDescription, *, max_rows: int) -> str:
         ),
         table(
             columns,
-            [[code(row[0]), *(text(c) for c in row[1:])] for row in request_rows(d, max_rows)],
+            named_rows(request_rows(d, max_rows)),
             right=_numbers(len(columns), 2),
         ),
     ]
@@ -53,23 +52,10 @@ def pool_inspect_markdown(d: PoolDumpDescription, *, max_rows: int) -> str:
     if more is not None:
         parts.append(text(more))
     tensors, more = tensor_rows(d, max_rows)
-    parts.append(
-        table(
-            TENSOR_COLUMNS,
-            [[code(row[0]), *(text(c) for c in row[1:])] for row in tensors],
-            right={3},
-        )
-    )
+    parts.append(table(TENSOR_COLUMNS, named_rows(tensors), right={3}))
     if more is not None:
         parts.append(text(more))
     if d.shrink is not None:
-        parts.append("\n".join(f"- {text(fact)}" for fact in shrink_facts(d.shrink)))
-        parts.append(
-            table(
-                CUT_COLUMNS,
-                [[code(row[0]), *(text(c) for c in row[1:])] for row in cut_rows(d.shrink)],
-                right={2, 3, 4},
-            )
-        )
+        parts += shrink_blocks(d.shrink)
     parts += metadata_and_notes("metadata", *shown_metadata({}, d.metadata, max_rows), d.notes)
     return "\n\n".join(parts) + "\n"

@@ -3,6 +3,7 @@ when a fault was planted, when kvcanary saw it and when the engine's own asserts
 
 from __future__ import annotations
 
+from kvcanary_cli.render.console import plural
 from kvcanary_cli.results.pool_soak import PoolSoakHistory, PoolSoakReport
 
 __all__ = ["fault_line", "history_lines", "soak_verdict", "replay_line"]
@@ -10,8 +11,8 @@ __all__ = ["fault_line", "history_lines", "soak_verdict", "replay_line"]
 
 def soak_verdict(r: PoolSoakReport) -> str:
     """The report's first line."""
-    where = f"{r.engine} {r.engine_version}: {r.audited} steps audited in {len(r.histories)} "
-    where += "histories" if len(r.histories) != 1 else "history"
+    histories = plural(len(r.histories), "history", "histories")
+    where = f"{r.engine} {r.engine_version}: {r.audited} steps audited in {histories}"
     if not r.found:
         return f"clean: {where}, nothing found by kvcanary or by {r.engine}'s own asserts"
     return f"found: {where}"
@@ -28,9 +29,8 @@ def fault_line(r: PoolSoakReport) -> str | None:
             f"the planted fault {r.fault} never acted: no history reached a step where it had "
             "a place, so there was nothing to find (more steps may reach one)"
         )
-    said = f"the planted fault {r.fault} acted in {acted} of {len(r.histories)} " + (
-        "histories" if len(r.histories) != 1 else "history"
-    )
+    histories = plural(len(r.histories), "history", "histories")
+    said = f"the planted fault {r.fault} acted in {acted} of {histories}"
     unseen = not any(h.findings for h in r.histories)
     return f"{said}; kvcanary found nothing" if unseen else said
 

@@ -23,9 +23,10 @@ from kvcanary_cli.render.phrases.inspect import (
 from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.render.table.common import cells
 from kvcanary_cli.results.inspect import DumpDescription
+from kvcanary_cli.results.shrink import ShrinkSummary
 from kvcanary_cli.safe_text import printable_record
 
-__all__ = ["inspect_table", "metadata_and_notes"]
+__all__ = ["inspect_table", "metadata_and_notes", "shrink_blocks"]
 
 
 def inspect_table(dump: DumpDescription, *, max_rows: int) -> RenderableType:
@@ -48,16 +49,8 @@ def inspect_table(dump: DumpDescription, *, max_rows: int) -> RenderableType:
     parts.append(tensors)
     if more is not None:
         parts.append(Text(f"  {more}"))
-    shrink = dump.shrink
-    if shrink is not None:
-        parts.append(Text("shrunk", style="bold"))
-        parts.extend(Text(f"  {fact}", style="yellow") for fact in shrink_facts(shrink))
-        cut = Table(title="dropped", title_justify="left")
-        for col in CUT_COLUMNS:
-            cut.add_column(col, justify="left" if col in ("tensor", "original shape") else "right")
-        for row in cut_rows(shrink):
-            cut.add_row(*cells(*row))
-        parts.append(cut)
+    if dump.shrink is not None:
+        parts += shrink_blocks(dump.shrink)
     scalars = Table(title="scalars", title_justify="left")
     for col in ("name", "value", "origin", "source", "option"):
         scalars.add_column(col)
@@ -75,6 +68,19 @@ def inspect_table(dump: DumpDescription, *, max_rows: int) -> RenderableType:
     identity, more = inspect_metadata(dump, max_rows)
     parts += metadata_and_notes("identity", identity, more, dump.notes)
     return Group(*parts)
+
+
+def shrink_blocks(shrink: ShrinkSummary) -> list[RenderableType]:
+    """Either engine's shrink record: its facts, then what each tensor dropped."""
+    parts: list[RenderableType] = [Text("shrunk", style="bold")]
+    parts += [Text(f"  {fact}", style="yellow") for fact in shrink_facts(shrink)]
+    cut = Table(title="dropped", title_justify="left")
+    for col in CUT_COLUMNS:
+        cut.add_column(col, justify="left" if col in ("tensor", "original shape") else "right")
+    for row in cut_rows(shrink):
+        cut.add_row(*cells(*row))
+    parts.append(cut)
+    return parts
 
 
 def metadata_and_notes(

@@ -161,7 +161,14 @@ class _Live:
     end: int
 
 
-class RowStrip:
+class _FullWidth:
+    """A picture drawn across the console's whole width."""
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(options.max_width, options.max_width)
+
+
+class RowStrip(_FullWidth):
     """A pool row as one line of glyphs: its live prefix, verify window, pending writes and
     stale tail, and each cell with a finding as its code's letter; a scale and a legend."""
 
@@ -230,11 +237,8 @@ class RowStrip:
         entries += _code_entries(self.letters, letters)
         yield from _legend(entries, width)
 
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(options.max_width, options.max_width)
 
-
-class FindingsMap:
+class FindingsMap(_FullWidth):
     """Where a dump's findings sit: one line per batch row with findings (the first
     `max_rows`), its positions as glyphs: a live cell `·`, a cell with a finding its code's
     letter; a scale and a legend."""
@@ -293,9 +297,6 @@ class FindingsMap:
         entries += _code_entries(self.letters, seen)
         yield from _legend(entries, width)
 
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(options.max_width, options.max_width)
-
 
 def _slots(f: Finding) -> np.ndarray:
     """A finding's distinct slots as held (empty without a slot column)."""
@@ -315,7 +316,7 @@ def _min_batch_row(cells: CellColumns) -> int:
     return 0 if bounds is None else bounds[0]
 
 
-class SlotAxis:
+class SlotAxis(_FullWidth):
     """Where a dump's findings sit among the full pool's slots: one line from slot 0 to the
     pool's size (or the largest slot found), `|` at `lut_len` and at the pool's end, a slot
     with a finding its code's letter; drawn when the LUT's length or the pool's size is what
@@ -394,6 +395,3 @@ class SlotAxis:
         entries = [("·", "dim", "slots without findings")]
         entries += _code_entries(self.letters, seen)
         yield from _legend(entries, width)
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(options.max_width, options.max_width)

@@ -22,9 +22,8 @@ from kvcanary_cli.render.phrases.pool_inspect import (
     request_rows,
     tensor_rows,
 )
-from kvcanary_cli.render.phrases.shrink import CUT_COLUMNS, cut_rows, shrink_facts
 from kvcanary_cli.render.table.common import cells
-from kvcanary_cli.render.table.inspect import metadata_and_notes
+from kvcanary_cli.render.table.inspect import metadata_and_notes, shrink_blocks
 from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 from kvcanary_cli.safe_text import printable_record
 
@@ -58,8 +57,6 @@ def pool_inspect_table(d: PoolDumpDescription, *, max_rows: int) -> RenderableTy
     if more is not None:
         parts.append(Text(f"  {more}"))
     if d.shrink is not None:
-        parts.append(Text("shrunk", style="bold"))
-        parts += [Text(f"  {fact}", style="yellow") for fact in shrink_facts(d.shrink)]
-        parts.append(_table("dropped", CUT_COLUMNS, cut_rows(d.shrink), left=2))
+        parts += shrink_blocks(d.shrink)
     parts += metadata_and_notes("metadata", *shown_metadata({}, d.metadata, max_rows), d.notes)
     return Group(*parts)
