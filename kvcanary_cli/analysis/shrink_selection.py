@@ -14,7 +14,8 @@ batch's rows and a few cells elsewhere. The small dump keeps, in the original co
 - canary buffers: the records of the slots findings and violation rows name, of every entry the
   verify replay fails (and the record before it), and one written record when only that tells
   the replay the buffer was written; real-KV sources: the bytes those records fingerprint;
-- everything small (the batch, writes, the violation ring, scalars) whole.
+- everything small (the batch, writes, the violation ring, scalars) whole, and unified
+  memory's page tables and holes (their audit compares whole tables).
 
 Every rule keeps what a read of the analysis touches, so the small dump gives the same
 findings and diagnosis; counts over the whole table (cells holding a slot) cover what was kept.

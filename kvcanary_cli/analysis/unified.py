@@ -45,7 +45,7 @@ _SIDES = ((Group.FULL, Space.FULL), (Group.SWA, Space.SWA))
 def unified_findings(dump: KvDump) -> list[Finding]:
     """Every page-table finding of a unified-layout dump (none for another layout, or a
     dump without the tables)."""
-    if dump.layout != Layout.UNIFIED_SWA or dump.shrunk:
+    if dump.layout != Layout.UNIFIED_SWA:
         return []
     page = max(1, dump.scalars["page_size"].value or 1)
     tables = dump.page_tables

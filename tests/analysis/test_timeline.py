@@ -808,7 +808,10 @@ def test_without_a_tree_record_a_rewrite_it_cannot_tell_apart_is_a_note(
     report = _dedup_pair(tmp_path, tree=None, free=free, other=[], held=held)
     assert report.events == () and not report.failed
     (note,) = [n for n in report.notes if "tree_full_slots" in n]
-    assert note.startswith("2 written cells of live requests hold ") and "between dumps 0 and 1" in note
+    assert (
+        note.startswith("2 written cells of live requests hold ")
+        and "between dumps 0 and 1" in note
+    )
     assert "retracted and prefilled again" in note and "record the tree" in note
     (interval,) = report.intervals
     assert interval.grew == (1,)
