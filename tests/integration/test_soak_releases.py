@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -109,6 +110,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
             stderr=stderr,
             text=True,
             cwd=ROOT,
+            start_new_session=True,  # its runs in its process group, killed with it
         )
     assert server.stdin is not None and server.stdout is not None
     runs = itertools.count()
@@ -120,7 +122,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
         server.stdin.flush()
         ready, _, _ = select.select([server.stdout], [], [], RUN_TIMEOUT)
         if not ready:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             pytest.fail(f"tests.release_soak {' '.join(args)} ran past {RUN_TIMEOUT} s")
         answer = server.stdout.readline()
         assert answer, f"the server ended: {errors.read_text()[-2000:]}"
@@ -134,7 +136,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()
 
 
