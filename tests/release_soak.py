@@ -11,13 +11,26 @@ its first history. For each: what kvcanary found (the top cause), whether SGLang
 how often the live accounting fell back to the whole `check` (0 where soak models the
 release exactly). First, the module of the tree core each core name builds, and the notes
 the loaded tree has for the user (a Rust core it lacks).
+
+`python -m tests.release_soak serve` runs such processes for a test session: one JSON
+request a line on its standard input (`{"args": [WHEEL, ...], "out": PATH}`), each run in a
+process forked for it (still one SGLang per process) with its standard output and error in
+`PATH` and `PATH.err`, its exit status the line the server answers. What the first run
+imported besides SGLang (torch, transformers, ...: 4.7 s of the 6 s a release takes to
+import) the server imports after it, as `load_sglang` prepares them, so that the runs after
+it import only their release.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import sys
+import traceback
+import warnings
 
+from kvcanary_cli.soak import stack
 from kvcanary_cli.soak.command import history_workload
 from kvcanary_cli.soak.run import run_history
 from kvcanary_cli.soak.stack import SGLangUnavailableError, StackSpec, build_stack, load_sglang
@@ -88,8 +101,64 @@ def onset(wheel: str) -> None:
         print(json.dumps(line), flush=True)
 
 
-if __name__ == "__main__":
-    if sys.argv[2:] == ["onset"]:
-        onset(sys.argv[1])
+def _run(args: list[str]) -> None:
+    if args[1:] == ["onset"]:
+        onset(args[0])
     else:
-        main(sys.argv[1])
+        main(args[0])
+
+
+def serve() -> None:
+    """Answer each request line of standard input with the exit status of a forked run
+    (see the module's docstring)."""
+    warm = False
+    for request in sys.stdin:
+        asked = json.loads(request)
+        out = asked["out"]
+        pid = os.fork()
+        if pid == 0:  # the run: nothing of it returns to the server but its files
+            status = 1
+            try:
+                for fd, path in ((1, out), (2, out + ".err")):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+                _run(asked["args"])
+                imported = [name for name in sys.modules if not stack._is_sglang(name)]
+                with open(out + ".modules", "w") as modules:
+                    json.dump(imported, modules)
+                status = 0
+            except BaseException:  # noqa: BLE001  (the run's failure is its exit status)
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0 and not warm:
+            warm = True
+            with open(out + ".modules") as modules:
+                _import_as_sglang_does(json.load(modules))
+        print(json.dumps({"exit": code}), flush=True)
+
+
+def _import_as_sglang_does(names: list[str]) -> None:
+    """Import `names` (what a run imported besides SGLang) here, prepared as `load_sglang`
+    prepares them (transformers first, stand-ins for what is missing, triton interpreted); a
+    module that does not import outside SGLang's is left to the runs."""
+    stack._prepare_imports()
+    stack._interpret_triton()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in names:
+            if name not in sys.modules:
+                try:
+                    importlib.import_module(name)
+                except BaseException:  # noqa: BLE001, S112  (the run imports it, or says)
+                    continue
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["serve"]:
+        serve()
+    else:
+        _run(sys.argv[1:])

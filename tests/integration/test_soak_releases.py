@@ -1,6 +1,7 @@
 """`kvcanary soak` on the older releases it drives (0.5.21 down to 0.5.13: by default the
 four where soak's reading of the tree changes, `SOAKED`), each from its own release wheel in a
-process of its own (`tests.release_soak`; one SGLang per process), skipped
+process of its own (`tests.release_soak`; one SGLang per process, forked by one server per
+test process that imports what every release imports besides SGLang once), skipped
 with the download hint where the wheel is not cached.
 
 On each: clean histories on every layout (page sizes 1, 4 and 16, both tree cores) are silent
@@ -31,11 +32,19 @@ defect's).
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers import json_lines_of_module
 from tests.sglang_wheel import missing_wheel, wheel_path
 
 pytest.importorskip("torch")
@@ -48,10 +57,10 @@ RELEASES = (
 #: Set to 1, every one of them is soaked; otherwise those where soak's reading of the tree
 #: changes (0.5.20: the tree core chosen by the environment, the busy check's view gap;
 #: 0.5.19: the Rust core with the older locks; 0.5.17: no Rust core; 0.5.16: no tree core,
-#: the tree holding its nodes and locks without their skips), 13 s of CPU each. 0.5.21 and
-#: 0.5.18 repeat their neighbours' paths, 0.5.15 0.5.16's, and 0.5.14 - 0.5.13 the same with
-#: the older scheduler objects and their SWA defect (and bench/soak_release.py soaks every
-#: release at length).
+#: the tree holding its nodes and locks without their skips), 5 s of CPU each (forked by a
+#: warm server; its first run 10 s). 0.5.21 and 0.5.18 repeat their neighbours' paths, 0.5.15
+#: 0.5.16's, and 0.5.14 - 0.5.13 the same with the older scheduler objects and their SWA
+#: defect (and bench/soak_release.py soaks every release at length).
 EVERY_RELEASE_ENV = "KVCANARY_EVERY_RELEASE"
 SOAKED = (
     RELEASES
@@ -79,17 +88,69 @@ NO_UNIFIED = ("0.5.14", "0.5.13")
 SWA_DEFECT = {v: {"use-after-free", "cross-request-aliasing"} for v in ("0.5.14", "0.5.13")}
 
 
+ROOT = Path(__file__).resolve().parents[2]
+#: seconds a run may take (a release's soak takes about 10 s of CPU)
+RUN_TIMEOUT = 600
+
+#: `soak(WHEEL, ...)`: the JSON lines of `python -m tests.release_soak WHEEL ...`
+Soak = Callable[..., list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
+    """Runs of `tests.release_soak` in processes its server forks (see its docstring), each
+    run's exit 0 asserted."""
+    folder = tmp_path_factory.mktemp("release-soaks")
+    errors = folder / "server.err"
+    with errors.open("w") as stderr:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.release_soak", "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=ROOT,
+            start_new_session=True,  # its runs in its process group, killed with it
+        )
+    assert server.stdin is not None and server.stdout is not None
+    runs = itertools.count()
+
+    def lines(*args: str) -> list[dict[str, Any]]:
+        assert server.stdin is not None and server.stdout is not None
+        out = folder / f"run-{next(runs)}.jsonl"
+        server.stdin.write(json.dumps({"args": list(args), "out": str(out)}) + "\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], RUN_TIMEOUT)
+        if not ready:
+            os.killpg(server.pid, signal.SIGKILL)
+            pytest.fail(f"tests.release_soak {' '.join(args)} ran past {RUN_TIMEOUT} s")
+        answer = server.stdout.readline()
+        assert answer, f"the server ended: {errors.read_text()[-2000:]}"
+        assert json.loads(answer) == {"exit": 0}, Path(f"{out}.err").read_text()[-2000:]
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    try:
+        yield lines
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
-    """A release's case: a soak subprocess of about 12 s, so the whole suite's, not the fast
-    lane's (which soaks 0.5.23)."""
+    """A release's case: a soak process of about 5 s of CPU (10 s for the server's first),
+    so the whole suite's, not the fast lane's (which soaks 0.5.23)."""
     wheel = wheel_path(version)
     missing = pytest.mark.skipif(wheel is None, reason=missing_wheel(version))
     return pytest.param(version, marks=[missing, pytest.mark.slow])
 
 
 @pytest.mark.parametrize("version", [_release(v) for v in SOAKED])
-def test_release_soaks_clean_and_catches_planted_faults(version: str) -> None:
-    first, *lines = json_lines_of_module("tests.release_soak", str(wheel_path(version)))
+def test_release_soaks_clean_and_catches_planted_faults(version: str, soak: Soak) -> None:
+    first, *lines = soak(str(wheel_path(version)))
     cores = first["cores"]
     assert "rust" not in cores["python"]
     if version in PYTHON_CORE_ONLY:
@@ -131,12 +192,12 @@ def test_release_soaks_clean_and_catches_planted_faults(version: str) -> None:
 
 
 @pytest.mark.parametrize("version", [_release("0.5.14")])
-def test_the_swa_defect_is_named_at_its_first_free(version: str) -> None:
+def test_the_swa_defect_is_named_at_its_first_free(version: str, soak: Soak) -> None:
     """0.5.14's SWA defect is kvcanary's finding at the step its first free of a held full
     value happens (the live audit never falls back to a `check` that finds nothing): a
     running request outside the batch holds the freed slots (page size 1: on the free list),
     or they were handed to another request in that step (16: in two rows, not the tree's)."""
-    lines = json_lines_of_module("tests.release_soak", str(wheel_path(version)), "onset")
+    lines = soak(str(wheel_path(version)), "onset")
     assert lines == [
         {"page_size": 1, "step": 25, "found": "use-after-free", "fallbacks": 0,
          "codes": ["full-slot-free-and-held"]},
