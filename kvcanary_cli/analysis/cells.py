@@ -7,7 +7,7 @@ cell.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +19,7 @@ from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
     "IDS_SHOWN",
+    "PIECE_CELLS",
     "at_cell",
     "cell_index",
     "cell_slots",
@@ -29,6 +30,7 @@ __all__ = [
     "holding",
     "in_pool_row",
     "part",
+    "pieces",
     "restricted",
     "pairs_among",
     "repeated",
@@ -39,6 +41,17 @@ __all__ = [
 
 #: Cells whose pair keys `pairs_among` makes at a time (bounds its int64 temporaries).
 _KEY_CHUNK = 1 << 20
+#: Cells `pieces` hands over at a time.
+PIECE_CELLS = 1 << 20
+
+
+def pieces(mask: np.ndarray, *columns: np.ndarray) -> Iterator[tuple[np.ndarray, ...]]:
+    """`mask` and `columns` (of a finding group's cells) `PIECE_CELLS` cells at a time, as
+    views: what indexes, counts or compares a narrow column by the cells of a mask makes
+    int64 temporaries a piece long, not as long as every cell (80 MB each for ten million)."""
+    for a in range(0, mask.size, PIECE_CELLS):
+        b = a + PIECE_CELLS
+        yield (mask[a:b], *(column[a:b] for column in columns))
 
 
 def pairs_among(
@@ -50,8 +63,9 @@ def pairs_among(
     key (ten million cells of one slot in a few thousand rows: two bytes a cell, not eight)."""
     if rows.size == 0 or among_rows.size == 0:
         return np.zeros(rows.shape, dtype=bool)
-    row_keys = distinct(np.concatenate([rows, among_rows]))
-    slot_keys = distinct(np.concatenate([slots, among_slots]))
+    # each column's distinct values first: the sorts are of one column, not of two joined
+    row_keys = distinct(np.concatenate([distinct(rows), distinct(among_rows)]))
+    slot_keys = distinct(np.concatenate([distinct(slots), distinct(among_slots)]))
     width = np.int64(slot_keys.size)
     held = np.min_scalar_type(-int(row_keys.size * width))  # signed, holds every key
 

@@ -20,6 +20,7 @@ from kvcanary_cli.analysis.req_rows import pool_rows
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.planners.base import ColumnFill
 from kvcanary_cli.planners.frame import GroupFrame
 from kvcanary_cli.results.cells import (
     AllocatorState,
@@ -149,12 +150,24 @@ def live_cells(dump: KvDump) -> LiveCells:
     """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row).
 
     Gathered `_LIVE_CHUNK` cells at a time (whole rows), each column held narrow as soon as
-    it is built: ten million live cells are never int64 columns at once, only a chunk's."""
+    it is built, in place (`ColumnFill`): ten million live cells are never int64 columns at
+    once, only a chunk's, nor their narrow columns twice (the pieces and the joined copy)."""
     rpi = dump.req_pool_indices
     prefix, lens = _live_lengths(dump)
     ends = np.cumsum(lens)
-    parts: list[tuple[NarrowColumn, ...]] = []
-    pending: list[np.ndarray] = []
+    total = int(ends[-1]) if ends.size else 0
+    if total == 0:
+        empty = _joined(())
+        return LiveCells(
+            slot=empty,
+            batch_row=empty,
+            pool_row=empty,
+            position=empty,
+            pending=np.zeros(0, dtype=bool),
+        )
+    fills = [ColumnFill(total) for _ in range(4)]
+    given: list[np.dtype | None] = [None] * 4
+    pending = ColumnFill(total)
     r0 = 0
     while r0 < lens.size:
         before = int(ends[r0 - 1]) if r0 else 0
@@ -165,22 +178,26 @@ def live_cells(dump: KvDump) -> LiveCells:
             continue  # no cell: an empty part would join as int64
         rows = np.repeat(np.arange(r1 - chunk.size, r1, dtype=np.int64), chunk)
         pos = np.arange(rows.size, dtype=np.int64) - np.repeat(np.cumsum(chunk) - chunk, chunk)
-        pending.append(pos >= prefix[rows])
+        pending.put(pos >= prefix[rows])
         pool_row = rpi[rows]
         flat = pool_row * dump.max_seq_len + pos
-        slot = dump.req_to_token.take(flat) if flat.size else flat
-        parts.append(tuple(NarrowColumn.of(c) for c in (slot, rows, pool_row, pos)))
+        slot = dump.req_to_token.take(flat)
+        for i, values in enumerate((slot, rows, pool_row, pos)):
+            held = NarrowColumn.of(values)
+            fills[i].put(held.values)
+            given[i] = held.dtype if given[i] is None else np.result_type(given[i], held.dtype)
         del rows, pos, pool_row, flat, slot
-    slot_column, batch_row, pool_column, position = (
-        (_joined(column) for column in zip(*parts, strict=True)) if parts else (_joined(()),) * 4
-    )
-    del parts
+    columns = []
+    for fill, dtype in zip(fills, given, strict=True):
+        assert dtype is not None  # `total` cells: one chunk of them at least
+        columns.append(NarrowColumn(fill.column(), dtype))
+    slot_column, batch_row, pool_column, position = columns
     return LiveCells(
         slot=slot_column,
         batch_row=batch_row,
         pool_row=pool_column,
         position=position,
-        pending=np.concatenate(pending) if pending else np.zeros(0, dtype=bool),
+        pending=pending.column(),
     )
 
 
