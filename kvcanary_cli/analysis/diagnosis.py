@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvcanary_cli.analysis.cells import (
-    PIECE_CELLS,
     cell_slots,
     distinct,
     held_slots,
@@ -103,12 +102,11 @@ _UNCLAIMED = -1
 
 
 def _cause_counts(causes: np.ndarray) -> np.ndarray:
-    """Cells per cause index + 1 (`_UNCLAIMED` first), counted `PIECE_CELLS` cells at a
+    """Cells per cause index + 1 (`_UNCLAIMED` first), counted a piece of cells at a
     time (a `bincount` widens what it counts: 80 MB for ten million cells)."""
     counts = np.zeros(len(_CAUSES) + 1, dtype=np.int64)
-    for a in range(0, causes.size, PIECE_CELLS):
-        piece = causes[a : a + PIECE_CELLS].astype(np.int16) + 1  # int8 + 1
-        counts += np.bincount(piece, minlength=counts.size)
+    for (piece,) in pieces(causes):
+        counts += np.bincount(piece.astype(np.int16) + 1, minlength=counts.size)  # int8 + 1
     return counts
 
 

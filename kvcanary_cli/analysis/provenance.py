@@ -56,7 +56,7 @@ __all__ = [
 #: cells of req_to_token examined per step of the provenance scan (bounds temporaries).
 _SCAN_CELLS = 1 << 18
 #: live cells `live_cells` gathers at a time (bounds its int64 temporaries).
-_LIVE_CHUNK = 1 << 20
+_LIVE_CHUNK = 1 << 17
 #: values looked up at a time by `SlotSet.contains` (bounds its int64 offsets).
 _LOOKUP_CHUNK = 1 << 20
 #: violation-ring kernel_kind (launch tag) values of the SWA group: HEAD/TAIL/SWEEP x K/V.

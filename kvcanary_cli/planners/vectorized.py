@@ -106,7 +106,7 @@ class VectorizedPlanner:
     mode = None
 
     def __init__(
-        self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 20
+        self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 17
     ) -> None:
         self.semantics = semantics
         self.name = "vectorized" if semantics is Semantics.REFERENCE else "vectorized-gpu"
