@@ -28,10 +28,12 @@ from kvcanary_cli.results.cells import (
     Cell,
     CellRole,
     FindingOwner,
+    HeldColumn,
     NarrowColumn,
     OwnerState,
     RingRow,
     Role,
+    RunColumn,
     SlotProvenance,
     Space,
     WideColumn,
@@ -80,17 +82,17 @@ class LiveCells:
     def __init__(
         self,
         *,
-        slot: np.ndarray | NarrowColumn,
-        batch_row: np.ndarray | NarrowColumn,
-        pool_row: np.ndarray | NarrowColumn,
-        position: np.ndarray | NarrowColumn,
+        slot: np.ndarray | HeldColumn,
+        batch_row: np.ndarray | HeldColumn,
+        pool_row: np.ndarray | HeldColumn,
+        position: np.ndarray | HeldColumn,
         pending: np.ndarray,
     ) -> None:
-        self._columns = {
-            "slot": NarrowColumn.of(slot),
-            "batch_row": NarrowColumn.of(batch_row),
-            "pool_row": NarrowColumn.of(pool_row),
-            "position": NarrowColumn.of(position),
+        self._columns: dict[str, HeldColumn] = {
+            "slot": _hold(slot),
+            "batch_row": _hold(batch_row),
+            "pool_row": _hold(pool_row),
+            "position": _hold(position),
         }
         #: True for pending writes `[P, P+E)`, False for the prefix `[0, P)`.
         self.pending = pending
@@ -105,12 +107,17 @@ class LiveCells:
         dtype may be narrow)."""
         return self._columns[name].values
 
-    def column(self, name: str) -> NarrowColumn:
+    def column(self, name: str) -> HeldColumn:
         """A column with the dtype it reads as (what `CellColumns.gathered` keeps narrow)."""
         return self._columns[name]
 
     def __len__(self) -> int:
-        return int(self._columns["slot"].values.shape[0])
+        return len(self._columns["slot"])
+
+
+def _hold(column: np.ndarray | HeldColumn) -> HeldColumn:
+    """A live cells' column as held: as given when held already (narrow, or as runs)."""
+    return column if isinstance(column, RunColumn) else NarrowColumn.of(column)
 
 
 def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
@@ -187,11 +194,16 @@ def live_cells(dump: KvDump) -> LiveCells:
             fills[i].put(held.values)
             given[i] = held.dtype if given[i] is None else np.result_type(given[i], held.dtype)
         del rows, pos, pool_row, flat, slot
-    columns = []
+    columns: list[NarrowColumn] = []
     for fill, dtype in zip(fills, given, strict=True):
         assert dtype is not None  # `total` cells: one chunk of them at least
         columns.append(NarrowColumn(fill.column(), dtype))
-    slot_column, batch_row, pool_column, position = columns
+    del fills
+    slot_column, batch_rows, pool_rows, position = columns
+    # a row's cells are one run of its batch row and pool row: held as runs (a few KB where
+    # ten million cells of a few thousand rows hold 40 MB), decoded where read
+    batch_row, pool_column = RunColumn.held_as_runs(batch_rows), RunColumn.held_as_runs(pool_rows)
+    del columns, batch_rows, pool_rows
     return LiveCells(
         slot=slot_column,
         batch_row=batch_row,
