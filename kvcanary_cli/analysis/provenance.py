@@ -386,24 +386,30 @@ class ProvenanceIndex:
         second call finds none."""
         if self._live is None:
             raise ValueError("this index was built without live=True")
-        parts = list(zip(*self._live, strict=True)) or [()] * 4
+        parts = [list(p) for p in zip(*self._live, strict=True)] or [[] for _ in range(4)]
         self._live = []  # handed over, not kept twice: a slot every live cell holds is all of them
-        # joined as held (each column reads back in the dtype joining the given ones makes)
-        slot, batch_row, pool_row, position = (_joined(p) for p in parts)
-        del parts
-        # live_cells' order: batch row, position (sorted as held: the same order)
-        order = np.lexsort((position.values, batch_row.values))
+        # joined as held (each column reads back in the dtype joining the given ones makes), a
+        # column at a time: each column's parts go as it is joined
+        slot, batch_row, pool_row, position = (_joined(tuple(parts.pop(0))) for _ in range(4))
+        # live_cells' order: batch row, position (sorted as held: the same order); the scan's
+        # order (pool rows) already where batch rows read their pool rows in order
+        if not _in_order(batch_row.values, position.values):
+            order = np.lexsort((position.values, batch_row.values))
+            # one column at a time: each unsorted one goes as its sorted one comes
+            slot, pool_row = slot.take(order), pool_row.take(order)
+            batch_row, position = batch_row.take(order), position.take(order)
+            del order
         prefix, _ = _live_lengths(self.dump)
-        # one column at a time: each unsorted one goes as its sorted one comes
-        slot, pool_row = slot.take(order), pool_row.take(order)
-        batch_row, position = batch_row.take(order), position.take(order)
-        del order
+        pending = np.empty(len(position), dtype=bool)
+        for a in range(0, pending.size, _LIVE_CHUNK):  # no int64 copy of every cell's prefix
+            b = a + _LIVE_CHUNK
+            pending[a:b] = position.values[a:b] >= prefix[batch_row.values[a:b]]
         return LiveCells(
             slot=slot,
-            batch_row=batch_row,
-            pool_row=pool_row,
+            batch_row=RunColumn.held_as_runs(batch_row),
+            pool_row=RunColumn.held_as_runs(pool_row),
             position=position,
-            pending=position.values >= prefix[batch_row.values],
+            pending=pending,
         )
 
     def narrowed(self, max_cells: int) -> ProvenanceIndex:
@@ -519,6 +525,18 @@ class ProvenanceIndex:
             violations=violations,
             violations_total=violations_total,
         )
+
+
+def _in_order(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether the (major, minor) pairs are in lexicographic order (as `np.lexsort((minor,
+    major))` orders them), compared `_LIVE_CHUNK` pairs at a time."""
+    for a in range(0, max(major.size - 1, 0), _LIVE_CHUNK):
+        b = min(a + _LIVE_CHUNK, major.size - 1)
+        here, after = major[a:b], major[a + 1 : b + 1]
+        less = here < after
+        if not (less | ((here == after) & (minor[a:b] <= minor[a + 1 : b + 1]))).all():
+            return False
+    return True
 
 
 def _joined(parts: tuple[NarrowColumn, ...]) -> NarrowColumn:
