@@ -200,9 +200,7 @@ def live_cells(dump: KvDump) -> LiveCells:
         columns.append(NarrowColumn(fill.column(), dtype))
     del fills
     slot_column, batch_rows, pool_rows, position = columns
-    # a row's cells are one run of its batch row and pool row: held as runs (a few KB where
-    # ten million cells of a few thousand rows hold 40 MB), decoded where read
-    batch_row, pool_column = RunColumn.held_as_runs(batch_rows), RunColumn.held_as_runs(pool_rows)
+    batch_row, pool_column = _rows_held(batch_rows), _rows_held(pool_rows)
     del columns, batch_rows, pool_rows
     return LiveCells(
         slot=slot_column,
@@ -406,8 +404,8 @@ class ProvenanceIndex:
             pending[a:b] = position.values[a:b] >= prefix[batch_row.values[a:b]]
         return LiveCells(
             slot=slot,
-            batch_row=RunColumn.held_as_runs(batch_row),
-            pool_row=RunColumn.held_as_runs(pool_row),
+            batch_row=_rows_held(batch_row),
+            pool_row=_rows_held(pool_row),
             position=position,
             pending=pending,
         )
@@ -525,6 +523,18 @@ class ProvenanceIndex:
             violations=violations,
             violations_total=violations_total,
         )
+
+
+#: live cells from which their batch rows and pool rows are held as runs (below it, arrays:
+#: an ordinary batch's few hundred thousand cells are not decoded at every read).
+_RUNS_FROM = 1 << 20
+
+
+def _rows_held(column: NarrowColumn) -> HeldColumn:
+    """A live cells' batch-row or pool-row column: a row's cells are one run of each, held as
+    runs from `_RUNS_FROM` cells (ten million cells of a few thousand rows: a few KB, not 20
+    MB a column), decoded where read."""
+    return RunColumn.held_as_runs(column) if len(column) >= _RUNS_FROM else column
 
 
 def _in_order(major: np.ndarray, minor: np.ndarray) -> bool:

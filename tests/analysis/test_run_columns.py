@@ -180,11 +180,13 @@ def test_live_cells_hold_their_rows_as_runs(
     """A row's live cells are one run of its batch row and pool row: held as runs (ten million
     cells of a few thousand rows: a few KB, not 40 MB), read back as the arrays they stand for
     (and as arrays with runs off)."""
+    from kvcanary_cli.analysis import provenance as provenance_module
     from kvcanary_cli.analysis.provenance import live_cells
     from kvcanary_cli.dump.loader import load_dump
 
     monkeypatch.setattr(RunColumn, "enabled", runs)
-    rows, width = 8, 1024  # past `RunColumn.MIN_CELLS`
+    monkeypatch.setattr(provenance_module, "_RUNS_FROM", 4096)
+    rows, width = 8, 1024  # past `_RUNS_FROM` and `RunColumn.MIN_CELLS`
     cells = live_cells(
         load_dump(one_slot_shrunk_dump(tmp_path / "d.safetensors", rows=rows, width=width))
     )
