@@ -7,7 +7,7 @@ cell.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +19,7 @@ from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
     "IDS_SHOWN",
+    "PIECE_CELLS",
     "at_cell",
     "cell_index",
     "cell_slots",
@@ -29,6 +30,7 @@ __all__ = [
     "holding",
     "in_pool_row",
     "part",
+    "pieces",
     "restricted",
     "pairs_among",
     "repeated",
@@ -39,6 +41,17 @@ __all__ = [
 
 #: Cells whose pair keys `pairs_among` makes at a time (bounds its int64 temporaries).
 _KEY_CHUNK = 1 << 20
+#: Cells `pieces` hands over at a time.
+PIECE_CELLS = 1 << 20
+
+
+def pieces(mask: np.ndarray, *columns: np.ndarray) -> Iterator[tuple[np.ndarray, ...]]:
+    """`mask` and `columns` (of a finding group's cells) `PIECE_CELLS` cells at a time, as
+    views: what indexes, counts or compares a narrow column by the cells of a mask makes
+    int64 temporaries a piece long, not as long as every cell (80 MB each for ten million)."""
+    for a in range(0, mask.size, PIECE_CELLS):
+        b = a + PIECE_CELLS
+        yield (mask[a:b], *(column[a:b] for column in columns))
 
 
 def pairs_among(
@@ -47,35 +60,52 @@ def pairs_among(
     """Mask of the (row, slot) pairs that are also among (`among_rows`, `among_slots`):
     both columns ranked together, so no product of two values a dump chooses is formed. The
     pairs' keys are made `_KEY_CHUNK` cells at a time into the narrowest dtype holding every
-    key (ten million cells of one slot in a few thousand rows: two bytes a cell, not eight)."""
+    key, and sorted a chunk at a time (ten million cells of one slot in a few thousand rows:
+    no key, index or sorted copy of every cell)."""
     if rows.size == 0 or among_rows.size == 0:
         return np.zeros(rows.shape, dtype=bool)
-    row_keys = distinct(np.concatenate([rows, among_rows]))
-    slot_keys = distinct(np.concatenate([slots, among_slots]))
+    # each column's distinct values first: the sorts are of a chunk, not of two columns joined
+    row_keys = distinct(np.concatenate([_distinct_pieces(rows), _distinct_pieces(among_rows)]))
+    slot_keys = distinct(np.concatenate([_distinct_pieces(slots), _distinct_pieces(among_slots)]))
     width = np.int64(slot_keys.size)
     held = np.min_scalar_type(-int(row_keys.size * width))  # signed, holds every key
 
     def key(r: np.ndarray, s: np.ndarray) -> np.ndarray:
-        combined = np.empty(r.shape, dtype=held)
-        for a in range(0, r.size, _KEY_CHUNK):
-            b = a + _KEY_CHUNK
-            combined[a:b] = np.searchsorted(row_keys, r[a:b]) * width + np.searchsorted(
-                slot_keys, s[a:b]
-            )
+        combined: np.ndarray = (
+            np.searchsorted(row_keys, r) * width + np.searchsorted(slot_keys, s)
+        ).astype(held)
         return combined
 
     # looked up a chunk at a time among the sorted distinct keys (as `np.isin`, without its
     # int64 sort of both key arrays joined: 150 MiB for ten million cells)
-    among = distinct(key(among_rows, among_slots))
-    mine = key(rows, slots)
-    found = np.empty(mine.shape, dtype=bool)
+    among = distinct(
+        np.concatenate(
+            [
+                distinct(key(among_rows[a : a + _KEY_CHUNK], among_slots[a : a + _KEY_CHUNK]))
+                for a in range(0, among_rows.size, _KEY_CHUNK)
+            ]
+        )
+    )
+    found = np.empty(rows.shape, dtype=bool)
     last = among.size - 1
-    for a in range(0, mine.size, _KEY_CHUNK):
-        wanted = mine[a : a + _KEY_CHUNK]
+    for a in range(0, rows.size, _KEY_CHUNK):
+        wanted = key(rows[a : a + _KEY_CHUNK], slots[a : a + _KEY_CHUNK])
         found[a : a + _KEY_CHUNK] = (
             among[np.minimum(np.searchsorted(among, wanted), last)] == wanted
         )
     return found
+
+
+def _distinct_pieces(values: np.ndarray) -> np.ndarray:
+    """`distinct(values)`, sorted a `_KEY_CHUNK` of values at a time (the sorted copies are
+    a chunk's; only the chunks' distinct values are joined and sorted again)."""
+    if values.size <= _KEY_CHUNK:
+        return distinct(values)
+    return distinct(
+        np.concatenate(
+            [distinct(values[a : a + _KEY_CHUNK]) for a in range(0, values.size, _KEY_CHUNK)]
+        )
+    )
 
 
 def cell_slots(finding: Finding) -> np.ndarray:

@@ -27,7 +27,7 @@ from kvcanary_cli.analysis.bookkeeping import (
     reconciliation_notes,
 )
 from kvcanary_cli.analysis.canary_findings import canary_findings
-from kvcanary_cli.analysis.cells import restricted
+from kvcanary_cli.analysis.cells import pieces, restricted
 from kvcanary_cli.analysis.compare import compare_plans
 from kvcanary_cli.analysis.coverage import (
     CANARY_REPLAY,
@@ -556,12 +556,7 @@ def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSumm
             if f.position is not None:
                 first_bad[f.batch_row] = min(first_bad[f.batch_row], f.position)
             continue
-        # counted and compared only: the columns as held
-        row, position = f.cells.column("batch_row"), f.cells.column("position")
-        assert row is not None and position is not None
-        inside = (row >= 0) & (row < bs)
-        counts[f.code.order] += np.bincount(row[inside], minlength=bs)
-        np.minimum.at(first_bad, row[inside], position[inside])
+        _count_cells(f.cells, counts[f.code.order], first_bad)
     rpi, prefix, extend = dump.req_pool_indices, dump.prefix_lens, dump.extend_seq_lens
     out = []
     for batch_row in np.flatnonzero(counts.any(axis=0)).tolist():  # rows with findings
@@ -578,6 +573,19 @@ def request_summaries(dump: KvDump, findings: list[Finding]) -> list[RequestSumm
             )
         )
     return out
+
+
+def _count_cells(cells: CellColumns, counts: np.ndarray, first_bad: np.ndarray) -> None:
+    """Add a finding group's cells to `counts` per batch row, and their positions to
+    `first_bad` (in place), a piece of cells at a time."""
+    # counted and compared only: the columns as held
+    held_row, held_position = cells.column("batch_row"), cells.column("position")
+    assert held_row is not None and held_position is not None
+    inside = (held_row >= 0) & (held_row < counts.size)
+    for part, rows, positions in pieces(inside, held_row, held_position):
+        row = rows[part]
+        counts += np.bincount(row, minlength=counts.size)
+        np.minimum.at(first_bad, row, positions[part])
 
 
 def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:

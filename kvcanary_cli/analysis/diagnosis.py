@@ -22,6 +22,7 @@ from kvcanary_cli.analysis.cells import (
     distinct,
     held_slots,
     pairs_among,
+    pieces,
     restricted,
     span,
 )
@@ -100,6 +101,15 @@ _CAUSES = list(CauseCode)
 _UNCLAIMED = -1
 
 
+def _cause_counts(causes: np.ndarray) -> np.ndarray:
+    """Cells per cause index + 1 (`_UNCLAIMED` first), counted a piece of cells at a
+    time (a `bincount` widens what it counts: 80 MB for ten million cells)."""
+    counts = np.zeros(len(_CAUSES) + 1, dtype=np.int64)
+    for (piece,) in pieces(causes):
+        counts += np.bincount(piece.astype(np.int16) + 1, minlength=counts.size)  # int8 + 1
+    return counts
+
+
 class _Diagnosis:
     """Cells of findings being assigned to causes; each cell goes to the first cause that
     claims it (a finding group whose cells go to several causes is split by cause)."""
@@ -153,7 +163,7 @@ class _Diagnosis:
         per cause."""
         out: list[Finding] = []
         for f, causes in zip(self.findings, self.cause_of, strict=True):
-            values = np.flatnonzero(np.bincount(causes.astype(np.int16) + 1)) - 1  # int8 + 1
+            values = np.flatnonzero(_cause_counts(causes)) - 1
             for value in values.tolist():
                 cause = None if value == _UNCLAIMED else _CAUSES[value]
                 part = f if values.size == 1 else restricted(f, causes == value)
@@ -582,7 +592,8 @@ def _stale_rows(state: _Diagnosis) -> None:
         # compared, counted and used as indices only: the columns as held
         row, at = _held(f, "batch_row"), _held(f, "position")
         inside = state.free(i) & (row >= 0) & (row < bs)
-        inside[inside] &= at[inside] < prefix[row[inside]]
+        _before_prefix(inside, row, at, prefix)
+        del row, at
         if inside.any():
             members.append((i, inside))
     if not members:
@@ -591,12 +602,8 @@ def _stale_rows(state: _Diagnosis) -> None:
     last = np.full(bs, -1, dtype=np.int64)
     own = np.zeros(bs, dtype=np.int64)
     for i, inside in members:
-        row, at = _held(findings[i], "batch_row")[inside], _held(findings[i], "position")[inside]
-        np.minimum.at(first, row, at)
-        np.maximum.at(last, row, at)
-        if findings[i].code is not FindingCode.SLOT_SHARED_ACROSS_POSITIONS:
-            own += np.bincount(row, minlength=bs)
-        del row, at
+        counts = findings[i].code is not FindingCode.SLOT_SHARED_ACROSS_POSITIONS
+        _extents(findings[i], inside, first, last, own if counts else None)
     # distinct positions per row: how much of the prefix the symptoms cover
     covered = _covered(findings, members, bs, int(last.max()) + 1)
     # At least two cells, ending at the last prefix position, covering most of the run, with
@@ -607,8 +614,7 @@ def _stale_rows(state: _Diagnosis) -> None:
     stale_rows = np.flatnonzero(stale)
     for i, inside in members:
         # no cause claimed a cell since `inside` was taken: the free symptom cells of stale rows
-        claimed = inside.copy()
-        claimed[inside] = stale[_held(findings[i], "batch_row")[inside]]
+        claimed = _in_rows(findings[i], inside, stale)
         state.claim(CauseCode.STALE_ROW_READ, Confidence.LIKELY, i, claimed)
         del claimed
     state.evidence(CauseCode.STALE_ROW_READ).extend(
@@ -616,8 +622,36 @@ def _stale_rows(state: _Diagnosis) -> None:
     )
 
 
-#: Symptom cells whose (row, position) pairs are marked at a time (bounds the pair indices).
-_PAIR_CHUNK = 1 << 20
+def _before_prefix(inside: np.ndarray, row: np.ndarray, at: np.ndarray, prefix: np.ndarray) -> None:
+    """Drop from `inside` (in place) the cells at or past their batch row's prefix."""
+    for part, rows, ats in pieces(inside, row, at):  # `part` is a view of `inside`
+        part[part] &= ats[part] < prefix[rows[part]]
+
+
+def _extents(
+    finding: Finding,
+    inside: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+    own: np.ndarray | None,
+) -> None:
+    """Fold the cells of `finding` that `inside` selects into each batch row's first and last
+    position, and into its count of cells (`own`, unless None)."""
+    held_row, held_at = _held(finding, "batch_row"), _held(finding, "position")
+    for part, rows, ats in pieces(inside, held_row, held_at):
+        row, at = rows[part], ats[part]
+        np.minimum.at(first, row, at)
+        np.maximum.at(last, row, at)
+        if own is not None:
+            own += np.bincount(row, minlength=own.size)
+
+
+def _in_rows(finding: Finding, inside: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The cells of `finding` that `inside` selects whose batch row `rows` (a mask) holds."""
+    selected = inside.copy()
+    for part, held_rows in pieces(selected, _held(finding, "batch_row")):
+        part[part] = rows[held_rows[part]]
+    return selected
 
 
 def _covered(
@@ -629,12 +663,12 @@ def _covered(
     cells = sum(int(np.count_nonzero(inside)) for _, inside in members)
 
     def keys(i: int, inside: np.ndarray) -> Iterator[np.ndarray]:
-        """The (row, position) keys of a member's symptom cells, a chunk at a time."""
-        index = np.flatnonzero(inside)
+        """The (row, position) keys of a member's symptom cells, a piece of cells at a time
+        (no index of every symptom cell)."""
         row, at = _held(findings[i], "batch_row"), _held(findings[i], "position")
-        for a in range(0, index.size, _PAIR_CHUNK):
-            part = index[a : a + _PAIR_CHUNK]
-            yield row[part].astype(np.int64) * width + at[part]
+        for part, rows, ats in pieces(inside, row, at):
+            index = np.flatnonzero(part)
+            yield rows[index].astype(np.int64) * width + ats[index]
 
     if bs * width <= 8 * cells:
         seen = np.zeros(bs * width, dtype=bool)
@@ -669,6 +703,18 @@ def _held(finding: Finding, name: str) -> np.ndarray:
     return held
 
 
+def _tally(
+    finding: Finding, inside: np.ndarray, shown: np.ndarray, per_row: np.ndarray, named: np.ndarray
+) -> None:
+    """Count the cells of `finding` that `inside` selects per batch row (`per_row`), and per
+    batch row of `shown` (`named`, in place: a column of the caller's table)."""
+    for part, rows in pieces(inside, _held(finding, "batch_row")):
+        row = rows[part]
+        per_row += np.bincount(row, minlength=per_row.size)
+        at = np.searchsorted(shown, row[np.isin(row, shown)])
+        named += np.bincount(at, minlength=shown.size)
+
+
 def _stale_row_lines(
     state: _Diagnosis,
     stale_rows: np.ndarray,
@@ -686,12 +732,7 @@ def _stale_row_lines(
     per_code = np.zeros((shown.size, len(every_code)), dtype=np.int64)
     per_row = np.zeros(bs, dtype=np.int64)
     for i, inside in members:
-        row = _held(state.findings[i], "batch_row")[inside]
-        per_row += np.bincount(row, minlength=bs)
-        named = row[np.isin(row, shown)]
-        per_code[:, state.findings[i].code.order] += np.bincount(
-            np.searchsorted(shown, named), minlength=shown.size
-        )
+        _tally(state.findings[i], inside, shown, per_row, per_code[:, state.findings[i].code.order])
     lines = []
     for k, b in enumerate(shown.tolist()):
         tally = Counter(

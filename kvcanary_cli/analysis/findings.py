@@ -344,7 +344,7 @@ def held_twice(slot: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
     if values.size < 2:
         return out
     if int(values.min()) >= 0 and int(values.max()) < _BINCOUNT_SPAN * values.size + (1 << 20):
-        twice: np.ndarray = (np.bincount(values) > 1)[values]  # per value, then per cell
+        twice = _counted_twice(values)
     else:
         order = np.argsort(values, kind="stable")
         ordered = values[order]
@@ -356,6 +356,27 @@ def held_twice(slot: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
         return twice
     out[among] = twice
     return out
+
+
+#: Cells `_counted_twice` counts or looks up at a time (bounds its int64 temporaries).
+_COUNT_CHUNK = 1 << 20
+
+
+def _counted_twice(values: np.ndarray) -> np.ndarray:
+    """Which of `values` (non-negative, a few times their count at most) another value
+    equals: counted per value, then looked up per value, `_COUNT_CHUNK` at a time (a
+    `bincount` or an index of a narrow column widens it whole: 80 MB for ten million cells)."""
+    span = int(values.max()) + 1
+    counts = np.zeros(span, dtype=np.int64)
+    for start in range(0, values.size, _COUNT_CHUNK):
+        counts += np.bincount(values[start : start + _COUNT_CHUNK], minlength=span)
+    many = counts > 1
+    del counts
+    twice = np.empty(values.size, dtype=bool)
+    for start in range(0, values.size, _COUNT_CHUNK):
+        stop = start + _COUNT_CHUNK
+        twice[start:stop] = many[values[start:stop]]
+    return twice
 
 
 def _holding(values: np.ndarray) -> np.dtype:

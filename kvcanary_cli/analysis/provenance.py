@@ -20,6 +20,7 @@ from kvcanary_cli.analysis.req_rows import pool_rows
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.planners.base import ColumnFill
 from kvcanary_cli.planners.frame import GroupFrame
 from kvcanary_cli.results.cells import (
     AllocatorState,
@@ -27,10 +28,12 @@ from kvcanary_cli.results.cells import (
     Cell,
     CellRole,
     FindingOwner,
+    HeldColumn,
     NarrowColumn,
     OwnerState,
     RingRow,
     Role,
+    RunColumn,
     SlotProvenance,
     Space,
     WideColumn,
@@ -55,7 +58,7 @@ __all__ = [
 #: cells of req_to_token examined per step of the provenance scan (bounds temporaries).
 _SCAN_CELLS = 1 << 18
 #: live cells `live_cells` gathers at a time (bounds its int64 temporaries).
-_LIVE_CHUNK = 1 << 20
+_LIVE_CHUNK = 1 << 17
 #: values looked up at a time by `SlotSet.contains` (bounds its int64 offsets).
 _LOOKUP_CHUNK = 1 << 20
 #: violation-ring kernel_kind (launch tag) values of the SWA group: HEAD/TAIL/SWEEP x K/V.
@@ -79,17 +82,17 @@ class LiveCells:
     def __init__(
         self,
         *,
-        slot: np.ndarray | NarrowColumn,
-        batch_row: np.ndarray | NarrowColumn,
-        pool_row: np.ndarray | NarrowColumn,
-        position: np.ndarray | NarrowColumn,
+        slot: np.ndarray | HeldColumn,
+        batch_row: np.ndarray | HeldColumn,
+        pool_row: np.ndarray | HeldColumn,
+        position: np.ndarray | HeldColumn,
         pending: np.ndarray,
     ) -> None:
-        self._columns = {
-            "slot": NarrowColumn.of(slot),
-            "batch_row": NarrowColumn.of(batch_row),
-            "pool_row": NarrowColumn.of(pool_row),
-            "position": NarrowColumn.of(position),
+        self._columns: dict[str, HeldColumn] = {
+            "slot": _hold(slot),
+            "batch_row": _hold(batch_row),
+            "pool_row": _hold(pool_row),
+            "position": _hold(position),
         }
         #: True for pending writes `[P, P+E)`, False for the prefix `[0, P)`.
         self.pending = pending
@@ -104,12 +107,17 @@ class LiveCells:
         dtype may be narrow)."""
         return self._columns[name].values
 
-    def column(self, name: str) -> NarrowColumn:
+    def column(self, name: str) -> HeldColumn:
         """A column with the dtype it reads as (what `CellColumns.gathered` keeps narrow)."""
         return self._columns[name]
 
     def __len__(self) -> int:
-        return int(self._columns["slot"].values.shape[0])
+        return len(self._columns["slot"])
+
+
+def _hold(column: np.ndarray | HeldColumn) -> HeldColumn:
+    """A live cells' column as held: as given when held already (narrow, or as runs)."""
+    return column if isinstance(column, RunColumn) else NarrowColumn.of(column)
 
 
 def batch_rows_of(dump: KvDump) -> dict[int, list[int]]:
@@ -149,12 +157,24 @@ def live_cells(dump: KvDump) -> LiveCells:
     """Gather `[0, P+E)` of every in-range active row (first occurrence of each pool row).
 
     Gathered `_LIVE_CHUNK` cells at a time (whole rows), each column held narrow as soon as
-    it is built: ten million live cells are never int64 columns at once, only a chunk's."""
+    it is built, in place (`ColumnFill`): ten million live cells are never int64 columns at
+    once, only a chunk's, nor their narrow columns twice (the pieces and the joined copy)."""
     rpi = dump.req_pool_indices
     prefix, lens = _live_lengths(dump)
     ends = np.cumsum(lens)
-    parts: list[tuple[NarrowColumn, ...]] = []
-    pending: list[np.ndarray] = []
+    total = int(ends[-1]) if ends.size else 0
+    if total == 0:
+        empty = _joined(())
+        return LiveCells(
+            slot=empty,
+            batch_row=empty,
+            pool_row=empty,
+            position=empty,
+            pending=np.zeros(0, dtype=bool),
+        )
+    fills = [ColumnFill(total) for _ in range(4)]
+    given: list[np.dtype | None] = [None] * 4
+    pending = ColumnFill(total)
     r0 = 0
     while r0 < lens.size:
         before = int(ends[r0 - 1]) if r0 else 0
@@ -165,22 +185,29 @@ def live_cells(dump: KvDump) -> LiveCells:
             continue  # no cell: an empty part would join as int64
         rows = np.repeat(np.arange(r1 - chunk.size, r1, dtype=np.int64), chunk)
         pos = np.arange(rows.size, dtype=np.int64) - np.repeat(np.cumsum(chunk) - chunk, chunk)
-        pending.append(pos >= prefix[rows])
+        pending.put(pos >= prefix[rows])
         pool_row = rpi[rows]
         flat = pool_row * dump.max_seq_len + pos
-        slot = dump.req_to_token.take(flat) if flat.size else flat
-        parts.append(tuple(NarrowColumn.of(c) for c in (slot, rows, pool_row, pos)))
+        slot = dump.req_to_token.take(flat)
+        for i, values in enumerate((slot, rows, pool_row, pos)):
+            held = NarrowColumn.of(values)
+            fills[i].put(held.values)
+            given[i] = held.dtype if given[i] is None else np.result_type(given[i], held.dtype)
         del rows, pos, pool_row, flat, slot
-    slot_column, batch_row, pool_column, position = (
-        (_joined(column) for column in zip(*parts, strict=True)) if parts else (_joined(()),) * 4
-    )
-    del parts
+    columns: list[NarrowColumn] = []
+    for fill, dtype in zip(fills, given, strict=True):
+        assert dtype is not None  # `total` cells: one chunk of them at least
+        columns.append(NarrowColumn(fill.column(), dtype))
+    del fills
+    slot_column, batch_rows, pool_rows, position = columns
+    batch_row, pool_column = _rows_held(batch_rows), _rows_held(pool_rows)
+    del columns, batch_rows, pool_rows
     return LiveCells(
         slot=slot_column,
         batch_row=batch_row,
         pool_row=pool_column,
         position=position,
-        pending=np.concatenate(pending) if pending else np.zeros(0, dtype=bool),
+        pending=pending.column(),
     )
 
 
@@ -357,24 +384,30 @@ class ProvenanceIndex:
         second call finds none."""
         if self._live is None:
             raise ValueError("this index was built without live=True")
-        parts = list(zip(*self._live, strict=True)) or [()] * 4
+        parts = [list(p) for p in zip(*self._live, strict=True)] or [[] for _ in range(4)]
         self._live = []  # handed over, not kept twice: a slot every live cell holds is all of them
-        # joined as held (each column reads back in the dtype joining the given ones makes)
-        slot, batch_row, pool_row, position = (_joined(p) for p in parts)
-        del parts
-        # live_cells' order: batch row, position (sorted as held: the same order)
-        order = np.lexsort((position.values, batch_row.values))
+        # joined as held (each column reads back in the dtype joining the given ones makes), a
+        # column at a time: each column's parts go as it is joined
+        slot, batch_row, pool_row, position = (_joined(tuple(parts.pop(0))) for _ in range(4))
+        # live_cells' order: batch row, position (sorted as held: the same order); the scan's
+        # order (pool rows) already where batch rows read their pool rows in order
+        if not _in_order(batch_row.values, position.values):
+            order = np.lexsort((position.values, batch_row.values))
+            # one column at a time: each unsorted one goes as its sorted one comes
+            slot, pool_row = slot.take(order), pool_row.take(order)
+            batch_row, position = batch_row.take(order), position.take(order)
+            del order
         prefix, _ = _live_lengths(self.dump)
-        # one column at a time: each unsorted one goes as its sorted one comes
-        slot, pool_row = slot.take(order), pool_row.take(order)
-        batch_row, position = batch_row.take(order), position.take(order)
-        del order
+        pending = np.empty(len(position), dtype=bool)
+        for a in range(0, pending.size, _LIVE_CHUNK):  # no int64 copy of every cell's prefix
+            b = a + _LIVE_CHUNK
+            pending[a:b] = position.values[a:b] >= prefix[batch_row.values[a:b]]
         return LiveCells(
             slot=slot,
-            batch_row=batch_row,
-            pool_row=pool_row,
+            batch_row=_rows_held(batch_row),
+            pool_row=_rows_held(pool_row),
             position=position,
-            pending=position.values >= prefix[batch_row.values],
+            pending=pending,
         )
 
     def narrowed(self, max_cells: int) -> ProvenanceIndex:
@@ -490,6 +523,30 @@ class ProvenanceIndex:
             violations=violations,
             violations_total=violations_total,
         )
+
+
+#: live cells from which their batch rows and pool rows are held as runs (below it, arrays:
+#: an ordinary batch's few hundred thousand cells are not decoded at every read).
+_RUNS_FROM = 1 << 20
+
+
+def _rows_held(column: NarrowColumn) -> HeldColumn:
+    """A live cells' batch-row or pool-row column: a row's cells are one run of each, held as
+    runs from `_RUNS_FROM` cells (ten million cells of a few thousand rows: a few KB, not 20
+    MB a column), decoded where read."""
+    return RunColumn.held_as_runs(column) if len(column) >= _RUNS_FROM else column
+
+
+def _in_order(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether the (major, minor) pairs are in lexicographic order (as `np.lexsort((minor,
+    major))` orders them), compared `_LIVE_CHUNK` pairs at a time."""
+    for a in range(0, max(major.size - 1, 0), _LIVE_CHUNK):
+        b = min(a + _LIVE_CHUNK, major.size - 1)
+        here, after = major[a:b], major[a + 1 : b + 1]
+        less = here < after
+        if not (less | ((here == after) & (minor[a:b] <= minor[a + 1 : b + 1]))).all():
+            return False
+    return True
 
 
 def _joined(parts: tuple[NarrowColumn, ...]) -> NarrowColumn:

@@ -24,6 +24,7 @@ import kvcanary_cli.planners.triton_runtime as triton_runtime
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.planners.base import (
     ClampFlag,
+    ColumnFill,
     Plan,
     ProblemKind,
     ProblemRole,
@@ -34,7 +35,6 @@ from kvcanary_cli.planners.base import (
     assemble_plan,
     failed_plan,
     held_narrow,
-    joined_narrow,
     row_problems,
     skipped_plan,
 )
@@ -358,15 +358,14 @@ def _read_back(memory: KernelArrays, buffer: Any) -> np.ndarray:
     once narrowed (`triton_runtime.release`): its ten million int64 entries are never all
     faulted in here beside their narrow copy (75 MiB a column)."""
     host = memory.download(buffer)
-    if host.dtype.itemsize == 1 or not triton_runtime.releasable(buffer):
+    if host.dtype.itemsize == 1 or not triton_runtime.releasable(buffer) or host.size == 0:
         return held_narrow(host)
-    pieces = []
+    column = ColumnFill(host.size)  # each piece copied in: the column is never held twice
     for start in range(0, host.size, _READ_BACK):
         stop = min(start + _READ_BACK, host.size)
-        piece = held_narrow(host[start:stop])
-        pieces.append(piece.copy() if np.shares_memory(piece, host) else piece)
+        column.put(held_narrow(host[start:stop]))
         triton_runtime.release(buffer, start, stop)
-    return joined_narrow(pieces) if pieces else host
+    return column.column()
 
 
 #: Entries from which an interpreted plan's buffers (33 bytes an entry) are collected at once.

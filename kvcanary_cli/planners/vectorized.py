@@ -16,6 +16,7 @@ import numpy as np
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.tensor import StoredTensor
 from kvcanary_cli.planners.base import (
+    ColumnFill,
     Plan,
     ProblemKind,
     ProblemRole,
@@ -26,7 +27,6 @@ from kvcanary_cli.planners.base import (
     assemble_plan,
     failed_plan,
     held_narrow,
-    joined_narrow,
     python_rows_resolve,
     row_problems,
     skipped_plan,
@@ -106,7 +106,7 @@ class VectorizedPlanner:
     mode = None
 
     def __init__(
-        self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 20
+        self, *, semantics: Semantics = Semantics.REFERENCE, chunk_entries: int = 1 << 17
     ) -> None:
         self.semantics = semantics
         self.name = "vectorized" if semantics is Semantics.REFERENCE else "vectorized-gpu"
@@ -133,23 +133,22 @@ class VectorizedPlanner:
             lens = _scan_lens(dump, frame)
         else:
             lens = np.zeros_like(frame.verify_len)
-        # Each chunk's entries are held narrow as they come (`held_narrow`): a batch of ten
-        # million entries never holds them as int64 columns, only a chunk's worth at a time.
-        parts: list[list[np.ndarray]] = [[], [], [], [], []]
+        # Each chunk's entries are held narrow as they come (`held_narrow`), in place in
+        # their columns (`ColumnFill`): a batch of ten million entries never holds them as
+        # int64 columns, only a chunk's worth at a time, nor its narrow columns twice.
         keep = bool(frame.enable) and keep_entries
+        total = int(lens.sum()) if keep else 0
+        columns = [ColumnFill(total) for _ in range(5)]
         for r0, r1 in _row_chunks(lens, self.chunk_entries):
             part = self._entries(dump, frame, reader, translate, lens, r0, r1, problems)
             if not keep:
                 continue  # planned for its problems only
-            for held, column in zip(parts, part, strict=True):
-                held.append(held_narrow(column))
+            for column, values in zip(columns, part, strict=True):
+                column.put(held_narrow(values))
             del part
         entries = VerifyEntries.empty()
-        if keep and parts[0]:
-            # joined a column at a time, its pieces let go before the next is joined
-            slot, token, position, prev = (joined_narrow(parts.pop(0)) for _ in range(4))
-            undefined = np.concatenate(parts[0]) if len(parts[0]) > 1 else parts[0][0]
-            del parts
+        if total:
+            slot, token, position, prev, undefined = (c.column() for c in columns)
             entries = VerifyEntries(
                 slot=slot,
                 expected_token=token,

@@ -199,3 +199,28 @@ def test_duplicates_in_row_by_chunks_of_rows_is_the_whole_answer(
     assert findings_module.held_twice(slot, real).tolist() == twice
     alone = [t for t, r in zip(twice, real.tolist(), strict=True) if r]
     assert findings_module.held_twice(slot[real]).tolist() == alone
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("size", [2, CHUNK, CHUNK + 1, 5 * CHUNK + 3])
+def test_held_twice_counted_by_chunks_is_the_whole_count(
+    monkeypatch: pytest.MonkeyPatch, seed: int, size: int
+) -> None:
+    monkeypatch.setattr(findings_module, "_COUNT_CHUNK", CHUNK)
+    rng = np.random.default_rng(seed)
+    slot = rng.integers(0, 3 * size, size=size).astype(np.int16)
+    slot[-1] = slot[0]  # a pair split across the first and last chunk
+    among = rng.random(size) < 0.8
+    among[0] = among[-1] = True
+    for subset in (None, among):
+        chosen = np.ones(size, dtype=bool) if subset is None else subset
+        counts = Counter(slot[chosen].tolist())
+        whole = [bool(c) and counts[s] > 1 for s, c in zip(slot.tolist(), chosen, strict=True)]
+        assert findings_module.held_twice(slot, subset).tolist() == whole
+        assert findings_module.held_twice(slot, subset)[[0, -1]].all()
+
+
+def test_held_twice_of_a_clean_column_marks_no_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(findings_module, "_COUNT_CHUNK", CHUNK)
+    slot = np.arange(1, 5 * CHUNK + 3, dtype=np.int16)[::-1].copy()
+    assert not findings_module.held_twice(slot).any()

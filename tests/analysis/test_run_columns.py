@@ -171,3 +171,29 @@ def test_a_one_slot_dumps_findings_hold_their_cells_as_runs(tmp_path: Path) -> N
         assert finding.cells is not None
         held = len(pickle.dumps(finding.cells))  # what a `check -j` worker hands back
         assert held < 64 * rows, f"{held} bytes for {finding.count} cells"
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_live_cells_hold_their_rows_as_runs(
+    runs: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's live cells are one run of its batch row and pool row: held as runs (ten million
+    cells of a few thousand rows: a few KB, not 40 MB), read back as the arrays they stand for
+    (and as arrays with runs off)."""
+    from kvcanary_cli.analysis import provenance as provenance_module
+    from kvcanary_cli.analysis.provenance import live_cells
+    from kvcanary_cli.dump.loader import load_dump
+
+    monkeypatch.setattr(RunColumn, "enabled", runs)
+    monkeypatch.setattr(provenance_module, "_RUNS_FROM", 4096)
+    rows, width = 8, 1024  # past `_RUNS_FROM` and `RunColumn.MIN_CELLS`
+    cells = live_cells(
+        load_dump(one_slot_shrunk_dump(tmp_path / "d.safetensors", rows=rows, width=width))
+    )
+    for name in ("batch_row", "pool_row"):
+        assert isinstance(cells.column(name), RunColumn) is runs
+    assert len(cells) == rows * width
+    assert cells.batch_row.tolist() == np.repeat(np.arange(rows), width).tolist()
+    assert cells.pool_row.tolist() == np.repeat(np.arange(1, rows + 1), width).tolist()
+    assert cells.held("pool_row").dtype == np.int8  # as held: narrow
+    assert cells.position.tolist() == np.tile(np.arange(width), rows).tolist()
