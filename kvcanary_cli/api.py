@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from kvcanary_cli.errors import OptionError
+from kvcanary_cli.errors import DumpError, OptionError
 from kvcanary_cli.option_values import INDEX, POSITIVE, checked_choice, checked_integer
 from kvcanary_cli.planners import PlannerChoice, make_kernel, make_planner, make_selftest_planners
 from kvcanary_cli.planners.sglang_runtime import installed_version
@@ -63,6 +63,10 @@ def _many(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
     return [paths] if isinstance(paths, str | os.PathLike) else list(paths)
 
 
+#: Why a vLLM dump refuses `--set` (`check`, `provenance --block`, `shrink`).
+_NO_SCALARS = "a block-pool (vLLM) dump has no SGLang scalars to set"
+
+
 def _pools(paths: list[PathLike], mixed: str, headers: Sequence[HeaderRead] | None = None) -> bool:
     """Whether the dumps are a block-pool engine's (vLLM), not SGLang's; `mixed`: the error
     when only some are. `headers`: theirs, read already (one per path)."""
@@ -87,7 +91,8 @@ def check(
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport | PoolCheckReport:
     """`kvcanary check`; an unreadable dump gets an `error` report. vLLM dumps get a
-    `PoolCheckReport` (`kernel`, `groups`, `overrides` and `jobs` are SGLang's)."""
+    `PoolCheckReport` (`kernel` and `jobs` are SGLang's; `groups` and `overrides`, which
+    would say what is checked, are refused)."""
     from kvcanary_cli.catalog import Severity
 
     severity = Severity(checked_choice(fail_on, [s.value for s in Severity], "fail_on"))
@@ -98,6 +103,15 @@ def check(
         from kvcanary_cli.engines import check_pool_dump
         from kvcanary_cli.results.pool import PoolCheckReport
 
+        if overrides:
+            raise OptionError(_NO_SCALARS, option="overrides")
+        if groups is not None:
+            raise OptionError(
+                "a block-pool (vLLM) dump is checked whole: its KV-cache groups are not "
+                "SGLang's full and swa",
+                option="groups",
+                hint="drop --group",
+            )
         reports = []
         for i, p in enumerate(many):
             reports.append(check_pool_dump(p))
@@ -139,24 +153,42 @@ def provenance(
 
         if len(many) > 1 or slot is not None or row is not None:
             raise OptionError("traces a block of one dump, with no slot or row", option="block")
+        sglang = {"space": space != "full", "group": group, "positions": positions}
+        if given := [key for key, value in sglang.items() if value]:
+            goes = "goes" if len(given) == 1 else "go"
+            raise OptionError(
+                f"{goes} with --slot or --row (an SGLang dump), not with --block",
+                option="/".join(given),
+            )
+        if overrides:
+            raise OptionError(_NO_SCALARS, option="overrides")
         return pool_provenance(many[0], checked_integer(block, "block", INDEX))
-    if len(many) > 1:
-        from kvcanary_cli.analysis.timeline import slot_history
-
-        return slot_history(many, slot=slot, row=row, space=space, overrides=overrides)
     from kvcanary_cli.analysis.query import provenance_report
+    from kvcanary_cli.analysis.timeline import slot_history
     from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli.dump.schema import ENGINE_KEY
 
-    return provenance_report(
-        load_dump(many[0], overrides=overrides),
-        make_planner(PlannerChoice.VECTORIZED),
-        slot=slot,
-        row=row,
-        space=space,
-        group=group,
-        positions=positions,
-        max_cells=max_cells,
-    )
+    try:
+        if len(many) > 1:
+            return slot_history(many, slot=slot, row=row, space=space, overrides=overrides)
+        return provenance_report(
+            load_dump(many[0], overrides=overrides),
+            make_planner(PlannerChoice.VECTORIZED),
+            slot=slot,
+            row=row,
+            space=space,
+            group=group,
+            positions=positions,
+            max_cells=max_cells,
+        )
+    except DumpError as exc:  # a vLLM dump, refused by the SGLang reader: say what traces it
+        if exc.field != ENGINE_KEY:
+            raise
+        raise OptionError(
+            f"{exc.path} is a vLLM dump: it holds blocks, not slots or pool rows",
+            option="slot" if slot is not None or row is None else "row",
+            hint="trace a block with --block N",
+        ) from None
 
 
 def plan(
@@ -205,9 +237,7 @@ def shrink(
         from kvcanary_cli.engines import shrink_pool_dump
 
         if overrides:
-            raise OptionError(
-                "a block-pool (vLLM) dump has no SGLang scalars to set", option="overrides"
-            )
+            raise OptionError(_NO_SCALARS, option="overrides")
         return shrink_pool_dump(path, out, kvcanary_version=__version__, force=force)
     kernel = make_kernel(PlannerChoice.VECTORIZED)
     assert kernel is not None
@@ -253,7 +283,7 @@ def synth(
     every: int = 1,
 ) -> str:
     """`kvcanary synth` (`out` `-`: stdout); the line saying what was written."""
-    from kvcanary_cli.engines import is_pool_scenario, write_pool_scenario
+    from kvcanary_cli.engines import is_pool_scenario, pool_scenario_names, write_pool_scenario
     from kvcanary_cli.synth.files import write_synth
 
     if scenario is not None and is_pool_scenario(scenario):  # it refuses SGLang's options
@@ -261,7 +291,7 @@ def synth(
         return write_pool_scenario(scenario, out, seed=seed, size=size, force=force, **options)
     return write_synth(
         scenario, out, seed=seed, size=size, log=log, force=force, page_size=page_size,
-        steps=steps, at=at, every=every,
+        steps=steps, at=at, every=every, others=pool_scenario_names(),
     )  # fmt: skip
 
 

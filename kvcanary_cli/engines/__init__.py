@@ -30,6 +30,7 @@ __all__ = [
     "is_pool_scenario",
     "pool_provenance",
     "pool_scenario_lines",
+    "pool_scenario_names",
     "pool_timeline",
     "shrink_pool_dump",
     "write_pool_scenario",
@@ -133,6 +134,13 @@ def pool_scenario_lines() -> list[str]:
     return scenario_lines()
 
 
+def pool_scenario_names() -> list[str]:
+    """Every block-pool engine's synth scenario names."""
+    from kvcanary_cli.engines.vllm.synth import SCENARIOS
+
+    return list(SCENARIOS)
+
+
 def is_pool_scenario(name: str) -> bool:
     """Whether `name` is a block-pool engine's synth scenario."""
     from kvcanary_cli.engines.vllm import is_scenario
@@ -145,16 +153,19 @@ def write_pool_scenario(name: str, out: PathLike | None, **options: object) -> s
     options it takes `seed`, `size` and `force` (the others are SGLang's: refused)."""
     from kvcanary_cli.engines.vllm import synth_contents
 
-    rest = {
+    rest = [
         k
         for k, v in options.items()
         if k not in ("seed", "size", "force") and v is not None and (k, v) != ("every", 1)
-    }
-    if rest or out is None:
+    ]
+    if rest:
         raise OptionError(
-            f"a vLLM scenario takes --out, --seed, --size and --force only (not {sorted(rest)})",
-            option="synth",
+            f"{name} is a vLLM scenario: it takes --out, --seed, --size and --force only",
+            option="/".join(rest),
+            hint="drop " + ", ".join(f"--{k.replace('_', '-')}" for k in rest),
         )
+    if out is None:
+        raise OptionError("give the dump's file (--out DUMP)", option="out")
     seed = checked_integer(options.get("seed", 0), "seed", INDEX)
     size = str(options.get("size", "tiny"))
     tensors, metadata = synth_contents(name, seed=seed, size=size)

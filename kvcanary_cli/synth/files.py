@@ -6,14 +6,16 @@ Every option is checked (`option_values`) before anything is written."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from difflib import get_close_matches
 from pathlib import Path
 
 from kvcanary_cli.catalog import plural
 from kvcanary_cli.dump.files import Target, same_target, write_all_atomically, write_atomically
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.option_values import EVERY, INDEX, PAGE_SIZE, POSITIVE, STEPS, checked_integer
-from kvcanary_cli.synth.scenarios import make_scenario
-from kvcanary_cli.synth.sequence import write_sequence
+from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
+from kvcanary_cli.synth.sequence import SEQUENCES, write_sequence
 from kvcanary_cli.synth.server_log import scenario_log
 
 __all__ = ["write_scenario", "write_synth"]
@@ -33,15 +35,19 @@ def write_synth(
     steps: int | None,
     at: int | None,
     every: int | None,
+    others: Iterable[str] = (),
 ) -> str:
     """`write_scenario`, or with `steps` a sequence's `steps` dumps of one rank in the folder
-    `out`, once their options are checked (`api.synth` holds their defaults)."""
+    `out`, once their options are checked (`api.synth` holds their defaults). `others`: the
+    other engines' scenario names, for the suggestion a misspelt name gets."""
     checked_integer(seed, "seed", INDEX)
     if page_size is not None:
         checked_integer(page_size, "page_size", PAGE_SIZE)
     if steps is None:
         if at is not None or every not in (None, 1):
             raise OptionError("--at and --every go with --steps K", option="at/every")
+        if scenario is not None:
+            _check_name(scenario, sequence=False, others=others)
         if scenario is None or out is None:
             raise OptionError("give a SCENARIO and --out DUMP (or --list)", option="synth")
         return write_scenario(
@@ -51,6 +57,8 @@ def write_synth(
     every = checked_integer(1 if every is None else every, "every", EVERY)
     if at is not None:
         checked_integer(at, "at", POSITIVE)
+    if scenario is not None:
+        _check_name(scenario, sequence=True, others=others)
     if scenario is None or out is None or str(out) == "-":
         raise OptionError("give a SEQUENCE and --out FOLDER (or --list)", option="synth --steps")
     folder = Path(out)
@@ -69,7 +77,27 @@ def write_synth(
     )
     return (
         f"wrote {len(paths)} dumps to {folder} ({scenario}, seed {seed}, size {size}, one every "
-        f"{plural(every, 'step')}): {paths[0].name} … {paths[-1].name}"
+        f"{'step' if every == 1 else plural(every, 'step')}): {paths[0].name} … {paths[-1].name}"
+    )
+
+
+def _check_name(name: str, *, sequence: bool, others: Iterable[str]) -> None:
+    """Refuse a name that is not what was asked for: a one-dump scenario given `--steps`, a
+    sequence without it, or a misspelling (with the closest names)."""
+    wanted, other = (SEQUENCES, SCENARIOS) if sequence else (SCENARIOS, SEQUENCES)
+    if name in wanted:
+        return
+    if name in other:
+        fix = "drop --steps" if sequence else "add --steps K and --out a folder"
+        kind = "one-dump scenario" if sequence else "sequence"
+        raise OptionError(f"{name} is a {kind} ({fix})", option="scenario")
+    names = dict.fromkeys([*wanted, *other, *others])
+    close = get_close_matches(name, list(names), n=3, cutoff=0.75)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise OptionError(
+        f"unknown {'sequence' if sequence else 'scenario'} {name!r}",
+        option="scenario",
+        hint=f"{hint}kvcanary synth --list shows them",
     )
 
 

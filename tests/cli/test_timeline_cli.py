@@ -146,7 +146,8 @@ def test_synth_steps_writes_the_sequence(tmp_path: Path) -> None:
         (["synth", "clean", "--steps", "1", "--out", "{dir}"], "1 is below 2"),
         (["synth", "clean", "--steps", "3", "--out", "{file}"], "is not a folder"),
         (["synth", "clean", "--steps", "3"], "give a SEQUENCE and --out FOLDER"),
-        (["synth", "truncated-lut", "--steps", "3", "--out", "{dir}"], "unknown sequence"),
+        (["synth", "truncated-lut", "--steps", "3", "--out", "{dir}"], "one-dump scenario"),
+        (["synth", "use-after-fre", "--steps", "3", "--out", "{dir}"], "unknown sequence"),
     ],
 )
 def test_synth_steps_refusals(tmp_path: Path, args: list[str], message: str) -> None:
