@@ -56,7 +56,9 @@ def provenance_report(
     """`kvcanary provenance`'s answer: one slot's provenance (`slot`) or one pool row's map
     (`row`), with the findings touching it."""
     if (slot is None) == (row is None):
-        raise OptionError("give exactly one of --slot N or --row R", option="slot/row")
+        raise OptionError(
+            "give exactly one of --slot N or --row R (a vLLM dump: --block N)", option="slot/row"
+        )
     if slot is not None:
         checked_integer(slot, "slot", SLOT)
     if row is not None:

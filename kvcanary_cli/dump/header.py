@@ -391,10 +391,11 @@ def refuse_other_engine(
     naming the commands that read it (before any SGLang rule, which it may break)."""
     engine = engine_of(metadata)
     if engine != SGLANG:
+        shown = {"vllm": "vLLM"}.get(engine, engine)
         raise DumpError(
-            f"a {engine} dump: this command reads SGLang dumps",
+            f"a {shown} dump: this command reads SGLang dumps only",
             field=ENGINE_KEY,
             path=None if path is None else str(path),
-            hint="`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink` "
-            "read it",
+            hint=f"`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink` "
+            f"read {shown} dumps",
         )

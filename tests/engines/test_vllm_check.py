@@ -227,5 +227,8 @@ def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: l
     out = runner.invoke(app, [part.format(a=a, b=b) for part in command])
     assert out.exit_code == 2, out.output
     [line] = out.output.splitlines()
-    assert "a vllm dump: this command reads SGLang dumps" in line
-    assert "`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink`" in line
+    assert "a vLLM dump: this command reads SGLang dumps only" in line
+    assert (
+        "`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink` read vLLM"
+        in line
+    )
