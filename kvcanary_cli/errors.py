@@ -41,6 +41,7 @@ __all__ = [
     "TensorShapeError",
     "Terminated",
     "UpstreamPlanError",
+    "os_refusal",
     "sigterm_unwinds",
     "terminating",
 ]
@@ -144,6 +145,16 @@ class PathError(KvcanaryError):
     def subject(self) -> str | None:
         """The path."""
         return self.path
+
+
+def os_refusal(exc: OSError, what: str) -> str:
+    """Why a file an `open` refused cannot be read, in the words every command uses for its
+    inputs (a dump's reader says the same): `what` is what the file should have been."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, IsADirectoryError):
+        return f"is a directory, not {what}"
+    return f"cannot be read: {exc.strerror or type(exc).__name__}"
 
 
 #: What installs torch for an engine's code run here (no engine extra does: the user's own build

@@ -43,7 +43,7 @@ from typing import BinaryIO
 
 from kvcanary_cli.canary.logs import bounded_lines
 from kvcanary_cli.dump.streams import STANDARD_INPUT_NAME
-from kvcanary_cli.errors import OptionError, PathError
+from kvcanary_cli.errors import OptionError, PathError, os_refusal
 from kvcanary_cli.results.leak import LeakMessage, MessageKind, PoolSum, SumReading
 
 __all__ = ["EXPECTED", "MessageScan", "read_line", "read_log", "scan_messages"]
@@ -182,12 +182,12 @@ def read_log(path: str) -> MessageScan:
         try:
             handle = open(path, "rb")  # noqa: SIM115 - closed below, errors named first
         except OSError as exc:
-            raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
+            raise PathError(os_refusal(exc, "a server log"), path=path) from None
         with handle:
             try:
                 scan = scan_messages(_numbered(handle, path))
             except OSError as exc:  # a directory, a device that fails mid-read
-                raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
+                raise PathError(os_refusal(exc, "a server log"), path=path) from None
     if not scan.messages and not scan.balanced_busy_lines:
         why = f"; {scan.unread} lines did not parse" if scan.unread else ""
         raise PathError(f"holds no SGLang memory-check message{why} ({_ANY})", path=path)

@@ -35,7 +35,7 @@ from kvcanary_cli.canary.constants import (
 )
 from kvcanary_cli.canary.ring_rows import RowOrigin, ViolationRows
 from kvcanary_cli.catalog import plural
-from kvcanary_cli.errors import PathError
+from kvcanary_cli.errors import PathError, os_refusal
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -611,6 +611,6 @@ def scan_log_path(path: str) -> LogScan:
     try:
         handle = open(path, "rb")
     except OSError as exc:
-        raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
+        raise PathError(os_refusal(exc, "a server log"), path=path) from None
     with handle:
         return scan_log(handle, path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvcanary_cli.dump.header import MAX_HEADER_BYTES
 from kvcanary_cli.dump.streams import STANDARD_INPUT_NAME, standard_input_is_closed
-from kvcanary_cli.errors import PathError
+from kvcanary_cli.errors import PathError, os_refusal
 
 __all__ = ["SourceKind", "source_kind"]
 
@@ -36,7 +36,9 @@ def source_kind(path: str) -> SourceKind:
         return SourceKind.LOG
     target = Path(path)
     if not target.exists():
-        raise PathError("does not exist", path=path)
+        raise PathError("no such file", path=path)
+    if target.is_dir():
+        raise PathError("is a directory, not a dump or a server log", path=path)
     if not target.is_file():
         raise PathError("is not a regular file", path=path)
     if target.suffix == ".safetensors":
@@ -46,7 +48,7 @@ def source_kind(path: str) -> SourceKind:
             head = handle.read(9)
             size = os.fstat(handle.fileno()).st_size
     except OSError as exc:
-        raise PathError(f"cannot be read: {exc.strerror}", path=path) from None
+        raise PathError(os_refusal(exc, "a dump or a server log"), path=path) from None
     if len(head) == 9 and head[8:9] == b"{":
         length = int.from_bytes(head[:8], "little")
         if 2 <= length <= min(MAX_HEADER_BYTES, size - 8):  # the dump reader's ceiling

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kvcanary_cli.dump.streams import writing_to_standard_output
-from kvcanary_cli.errors import PathError, PathExistsError
+from kvcanary_cli.errors import PathError, PathExistsError, os_refusal
 
 __all__ = [
     "STANDARD_INPUT",
@@ -72,7 +72,10 @@ def read_small_text(path: str | os.PathLike[str], *, limit: int, what: str, hint
         return PathError(why, path=shown, hint=hint)
 
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # before `open`, which a FIFO blocks
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise refused(f"is a directory, not {what}")
+        if not stat.S_ISREG(mode):  # before `open`, which a FIFO blocks
             raise refused("is not a regular file")
         # non-blocking: a FIFO put in its place since would block the open, not be read
         handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -84,7 +87,7 @@ def read_small_text(path: str | os.PathLike[str], *, limit: int, what: str, hint
                 raise refused(f"is {size / (1 << 20):.1f} MiB; {what} is at most {limit >> 20} MiB")
             data = file.read(limit + 1)
     except OSError as exc:
-        raise refused(f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+        raise refused(os_refusal(exc, what)) from None
     if len(data) > limit:  # grown since its size was read
         raise refused(f"is over {limit >> 20} MiB; {what} is at most that")
     try:
@@ -216,6 +219,12 @@ def _checked_target(path: Path, *, inputs: list[str | os.PathLike[str]], overwri
                 "is a symbolic link; refusing to replace it",
                 path=shown,
                 hint="write to the file it points to, or another path",
+            )
+        if stat.S_ISDIR(info.st_mode):
+            raise PathError(
+                "is a directory; refusing to replace it",
+                path=shown,
+                hint=f"name a file in it: {Path(shown, 'NAME')}",
             )
         if not stat.S_ISREG(info.st_mode):
             raise PathError("is not a regular file; refusing to replace it", path=shown)

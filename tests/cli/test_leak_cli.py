@@ -180,7 +180,7 @@ def test_a_log_without_a_message_or_missing_is_one_error_line(tmp_path: Path) ->
     empty = tmp_path / "quiet.log"
     empty.write_text("[2026-12-05] Decode batch.\n")
     for path, named in ((empty, "holds no SGLang memory-check message"),
-                        (tmp_path / "missing.log", "cannot be read")):  # fmt: skip
+                        (tmp_path / "missing.log", "no such file")):  # fmt: skip
         result = run("leak", "--sglang-log", path)
         assert result.exit_code == 2 and result.stdout == ""
         [said] = result.stderr.splitlines()
