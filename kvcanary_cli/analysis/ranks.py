@@ -65,7 +65,7 @@ def compare_ranks(
     """Compare the dumps of one step's ranks with the first (in rank order)."""
     if len(paths) < 2:
         raise OptionError(
-            "ranks compares two or more dumps", option="dumps", hint="give every rank's dump"
+            "give two dumps or more, of one step", option="paths", hint="one per rank"
         )
     entries = _ordered(paths)
     reference = load_dump(entries[0].path, overrides=overrides)

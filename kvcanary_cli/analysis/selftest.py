@@ -21,6 +21,7 @@ import numpy as np
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.errors import OptionError, UpstreamPlanError
+from kvcanary_cli.option_values import checked_choice
 from kvcanary_cli.planners.base import (
     NOT_LAUNCHED,
     Plan,
@@ -189,10 +190,7 @@ def run_selftest(
     named `sglang` is the installed SGLang itself. Dumps are written to a temporary folder,
     removed afterwards.
     """
-    if size not in SELFTEST_SIZES:
-        raise OptionError(
-            f"unknown size {size!r} (choose {', '.join(SELFTEST_SIZES)})", option="size"
-        )
+    checked_choice(size, list(SELFTEST_SIZES), "size")
     names = list(scenarios or SCENARIOS)
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:

@@ -194,18 +194,16 @@ def soak(
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
     from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.option_values import checked_choice
     from kvcanary_cli.output import complain
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.outputs import check_out
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import LAYOUTS, has_path_cap, load_sglang
 
-    if fault is not None and fault not in FAULTS:
-        raise OptionError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})", option="fault")
-    if layout not in LAYOUTS:
-        raise OptionError(
-            f"unknown layout {layout!r} (one of {', '.join(LAYOUTS)})", option="layout"
-        )
+    if fault is not None:
+        checked_choice(fault, list(FAULTS), "fault")
+    checked_choice(layout, list(LAYOUTS), "layout")
     if layout == "mamba" and page_size not in (None, 1):
         raise OptionError(
             f"the Mamba layout runs at page size 1 only, not {page_size} (SGLang's Mamba tree "
@@ -505,6 +503,7 @@ def run_soak(
     goes to standard error: standard output carries the report."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
     from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.option_values import checked_choice
     from kvcanary_cli.render.console import progress
 
     if engine == "vllm":
@@ -524,8 +523,7 @@ def run_soak(
             replaying=replaying,
             sglang_options={**sglang_options, "--sglang-tree": sglang_tree},
         )
-    if engine != "sglang":
-        raise OptionError(f"{engine!r} is not sglang or vllm", option="--engine")
+    checked_choice(engine, ["sglang", "vllm"], "engine")
     if vllm_tree is not None:
         raise OptionError("is a vLLM soak option: add --engine vllm", option="--vllm-tree")
     if replaying is not None:

@@ -23,6 +23,7 @@ import numpy as np
 from kvcanary_cli.canary.constants import FailReason, LaunchTag, to_signed
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, combine_source_hashes, fold_chunks, mix3
 from kvcanary_cli.errors import OptionError
+from kvcanary_cli.option_values import checked_choice
 from kvcanary_cli.synth.state import SynthDump, SynthSpec, build_dump
 
 __all__ = ["SCENARIOS", "SIZES", "Scenario", "make_scenario", "scenario_lines"]
@@ -1753,8 +1754,7 @@ def make_scenario(
         raise OptionError(
             f"unknown scenario {name!r}", option="scenario", hint="kvcanary synth --list shows them"
         )
-    if size not in SIZES:
-        raise OptionError(f"unknown size {size!r} (choose {', '.join(SIZES)})", option="size")
+    checked_choice(size, list(SIZES), "size")
     scenario = SCENARIOS[name]
     base = SIZES[size]
     spec = replace(base, **scenario.spec)  # type: ignore[arg-type]

@@ -51,6 +51,7 @@ import numpy as np
 from kvcanary_cli.catalog import EventKind
 from kvcanary_cli.dump.files import write_all_atomically
 from kvcanary_cli.errors import OptionError
+from kvcanary_cli.option_values import checked_choice
 from kvcanary_cli.synth.allocator import FullPool, RowPool, SwaPool, page_slots, slots_at
 from kvcanary_cli.synth.state import SynthDump, SynthSpec
 
@@ -613,10 +614,7 @@ def synth_sequence(
             option="scenario",
             hint="kvcanary synth --list shows them",
         )
-    if size not in SEQUENCE_SIZES:
-        raise OptionError(
-            f"a sequence comes in sizes {', '.join(SEQUENCE_SIZES)}, not {size!r}", option="size"
-        )
+    checked_choice(size, list(SEQUENCE_SIZES), "size")
     if steps < 2:
         raise OptionError("a sequence needs 2 dumps or more", option="steps")
     marks = _dump_steps(steps, every)

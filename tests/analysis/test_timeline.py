@@ -445,7 +445,7 @@ def test_the_truth_is_in_every_dump() -> None:
         ({"steps": 4, "at": 5}, "at or before the last"),
         ({"steps": 60}, "do not fit a row"),
         ({"steps": 3, "every": 8, "name": "swa-leak"}, "skip past the window"),
-        ({"steps": 3, "size": "large"}, "sizes tiny, small, medium"),
+        ({"steps": 3, "size": "large"}, "is not one of tiny, small, medium"),
         ({"steps": 3, "name": "nope"}, "unknown sequence"),
     ],
 )

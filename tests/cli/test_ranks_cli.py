@@ -96,7 +96,7 @@ def test_dumps_of_another_step_or_model_get_one_line(
 def test_one_dump_is_a_usage_error(identical: list[Path]) -> None:
     result = run("ranks", identical[0])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert "two or more dumps" in result.stderr
+    assert "give two dumps or more, of one step" in result.stderr
 
 
 def test_json_names_the_rank_request_and_page(base: SynthDump, shorter: list[Path]) -> None:

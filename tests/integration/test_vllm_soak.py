@@ -169,7 +169,7 @@ def test_soak_refuses_an_unknown_engine_in_one_line() -> None:
 
     result = CliRunner().invoke(app, ["soak", "--engine", "tgi"])
     assert result.exit_code == 2
-    assert "'tgi' is not sglang or vllm" in result.output
+    assert "'tgi' is not one of sglang, vllm" in result.output
 
 
 class _TupleMap:

@@ -19,6 +19,7 @@ from kvcanary_cli.engines.vllm.check import COVERAGE, audit, owners_of, queue_pl
 from kvcanary_cli.engines.vllm.state import VllmState, state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, SIZES, build
 from kvcanary_cli.errors import DumpError, MetadataError, OptionError
+from kvcanary_cli.option_values import checked_choice
 from kvcanary_cli.results.pool import BlockHash, PoolDumpReport, PoolProvenance
 from kvcanary_cli.results.pool_timeline import PoolSnapshotCheck, PoolTimelineReport
 
@@ -171,8 +172,7 @@ def synth_contents(
     name: str, *, seed: int, size: str
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Scenario `name`'s dump contents (tensors, metadata)."""
-    if size not in SIZES:
-        raise OptionError(f"size {size!r} is not one of {', '.join(SIZES)}", option="size")
+    checked_choice(size, list(SIZES), "size")
     return build(name, seed=seed, size=size).contents()
 
 
