@@ -24,6 +24,7 @@ from kvcanary_cli.cli_app import ExitCode, exit_code, make_app, run
 from kvcanary_cli.cli_options import DUMP, OLD_NAMES, REPORT, SEED, SET, Arg, Opt, parse_positions
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.errors import OptionError
 from kvcanary_cli.output import complain, deliver, tell, to_stdout
 from kvcanary_cli.planners import BACKENDS, KERNELS
 from kvcanary_cli.render import OutputFormat
@@ -74,6 +75,12 @@ def command(
             tell(says(run(**args)), on_stderr=str(given.get("out")) == "-")
             return
         output, svg, force = given["output"], given.get("svg"), given["force"]
+        if given.get("quiet") and given["output_format"] is OutputFormat.JSON:
+            raise OptionError(
+                "--quiet prints verdict lines, not JSON",
+                option="quiet/output_format",
+                hint="drop --quiet: each JSON record has its `verdict`",
+            )
         inputs = [
             path
             for key, value in given.items()
