@@ -809,7 +809,8 @@ class _Tracker:
         )
         if after is not None and b.step is not None and b.step > after:
             rate = (b.leaked.size - before) / (b.step - after)
-            what += f"; {b.leaked.size} leaked at step {b.step}, {rate:+.3g} pages per step"
+            unit = "page" if abs(rate) == 1 else "pages"  # 0.5 pages, 1 page, 2 pages
+            what += f"; {b.leaked.size} leaked at step {b.step}, {rate:+.3g} {unit} per step"
         pages = self.leak_pages
         empty = np.full(pages.size, -1, dtype=np.int64)
         slots = pages * b.page

@@ -113,7 +113,7 @@ def test_the_leak_is_one_event_that_says_how_it_grows(tmp_path: Path) -> None:
     truth = _truth(paths)
     (event,) = report.events
     assert list(event.pages) == sorted(truth["pages"])
-    assert "+1 pages per step" in event.message
+    assert "+1 page per step" in event.message  # not "+1 pages"
     leaked = [d.leaked_swa_pages for d in report.dumps]
     assert leaked == [0, 0] + list(range(1, 6))
     assert [i.leak_per_step for i in report.intervals] == [0.0] + [1.0] * 5
