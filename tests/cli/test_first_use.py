@@ -203,3 +203,16 @@ def test_quiet_json_is_refused_and_json_alone_has_the_verdict() -> None:
     assert record["verdict"] == "clean"
     quiet = run("check", SGLANG_DUMP, "-k", "none", "-q")
     assert quiet.exit_code == 0 and quiet.stdout.startswith("CLEAN: ")
+
+
+# -- one command, one name for a thing in every format
+
+
+def test_violation_reasons_read_the_same_in_the_table_and_markdown(tmp_path: Path) -> None:
+    dump, log = tmp_path / "c.safetensors", tmp_path / "c.log"
+    assert run("synth", "canary-aliasing", "--out", dump, "--log", log).exit_code == 0
+    for fmt in ("table", "markdown"):
+        args = ["violations", str(log), "-f", fmt, "--max-rows", "1"]
+        shown = CliRunner().invoke(app, args, env={"COLUMNS": "300"}).stdout  # no wrapping
+        assert "chain_hash, position, token" in shown, fmt
+        assert "verify_chain_hash" not in shown, fmt

@@ -11,6 +11,7 @@ from kvcanary_cli.render.markdown.blocks import table as _md_table
 from kvcanary_cli.render.markdown.blocks import text as _md_text
 from kvcanary_cli.render.phrases.violations import (
     REPLAY_NOTE,
+    reasons_text,
     replay_comparison_line,
     slot_cells_text,
     source_detail,
@@ -97,7 +98,7 @@ def violations_markdown(report: ViolationsReport, *, max_rows: int = 20) -> str:
                 f"{r.stored_token} / {r.expected_token}",
                 _code(hex64(r.stored_chain_hash)),
                 _code(hex64(r.expected_aux) if not r.is_write else r.expected_aux),
-                _md_text(" ".join(r.reasons) or "none"),
+                _md_text(reasons_text(r.reasons)),
                 _md_text(r.diagnosis),
             ]
             for r in shown

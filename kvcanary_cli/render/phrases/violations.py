@@ -11,7 +11,13 @@ if TYPE_CHECKING:  # the violations results hold numpy columns: `--help` does no
     from kvcanary_cli.results.cells import SlotProvenance
     from kvcanary_cli.results.violations import ReplayComparison, SourceSummary
 
-__all__ = ["REPLAY_NOTE", "replay_comparison_line", "slot_cells_text", "source_detail"]
+__all__ = [
+    "REPLAY_NOTE",
+    "reasons_text",
+    "replay_comparison_line",
+    "slot_cells_text",
+    "source_detail",
+]
 
 #: How to read a replay table: what each column counts.
 REPLAY_NOTE = (
@@ -21,6 +27,12 @@ REPLAY_NOTE = (
     "KV fingerprint the dump records) or skipped (the dump records no real_kv.mode); `rows`: "
     "the violation rows the replay gives"
 )
+
+
+def reasons_text(reasons: tuple[str, ...]) -> str:
+    """A row's fail reasons as both views show them: `chain_hash, position` (the `verify_`
+    every label of SGLang's starts with, left out), or `none`."""
+    return ", ".join(label.removeprefix("verify_") for label in reasons) or "none"
 
 
 def source_detail(source: SourceSummary) -> str:

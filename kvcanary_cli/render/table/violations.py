@@ -13,6 +13,7 @@ from kvcanary_cli.canary.constants import hex64
 from kvcanary_cli.render.console import plural
 from kvcanary_cli.render.phrases.violations import (
     REPLAY_NOTE,
+    reasons_text,
     replay_comparison_line,
     slot_cells_text,
     source_detail,
@@ -59,7 +60,7 @@ def _row_table(rows: tuple[ViolationRow, ...]) -> Table:
                 r.position,
                 token,
                 # shortened for a table: `verify_` dropped, `write_` kept
-                ", ".join(label.removeprefix("verify_") for label in r.reasons) or "none",
+                reasons_text(r.reasons),
                 r.diagnosis or f"prev hash {hex64(r.stored_chain_hash)}",
             )
         )
