@@ -216,3 +216,11 @@ def test_violation_reasons_read_the_same_in_the_table_and_markdown(tmp_path: Pat
         shown = CliRunner().invoke(app, args, env={"COLUMNS": "300"}).stdout  # no wrapping
         assert "chain_hash, position, token" in shown, fmt
         assert "verify_chain_hash" not in shown, fmt
+
+
+def test_ranks_without_a_recorded_step_says_so_in_plain_words(tmp_path: Path) -> None:
+    copy = tmp_path / "rank1.safetensors"
+    copy.write_bytes(SGLANG_DUMP.read_bytes())
+    first = run("ranks", SGLANG_DUMP, copy).stdout.splitlines()[0]
+    assert first.startswith("2 dumps (no step recorded, model "), first
+    assert "of no step" not in first

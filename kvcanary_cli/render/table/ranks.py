@@ -19,13 +19,14 @@ _NUMBERS = {"batch row", "pool row", "position", "page"}
 
 
 def heading(report: RanksReport) -> str:
-    """`3 dumps of step 7 (model m), compared with rank 0`."""
-    step = "no step recorded" if report.step is None else f"step {report.step}"
-    model = "" if report.model is None else f" (model {report.model})"
-    return (
-        f"{plural(len(report.ranks), 'dump')} of {step}{model}, compared with rank "
-        f"{report.reference}"
-    )
+    """`3 dumps of step 7 (model m), compared with rank 0` (`3 dumps (no step recorded, model
+    m)` when they record no step)."""
+    model = "" if report.model is None else f"model {report.model}"
+    if report.step is None:
+        what = f" ({', '.join(filter(None, ['no step recorded', model]))})"
+    else:
+        what = f" of step {report.step}" + (f" ({model})" if model else "")
+    return f"{plural(len(report.ranks), 'dump')}{what}, compared with rank {report.reference}"
 
 
 def rank_row(rank: RankDump, reference: str) -> list[object]:
