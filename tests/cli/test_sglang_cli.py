@@ -121,6 +121,16 @@ def test_selftest_without_sglang_agrees(no_sglang: None) -> None:
         "verified": [*RELEASES, WHEEL_VERSION],  # the releases the release tests run
     }
     assert [s["scenario"] for s in record["scenarios"]] == list(SCENARIOS)
+    assert record["summary"]["scenarios"] == len(SCENARIOS)
+    # each comparison says every compared field (the record's own check: one corpus run
+    # serves both, it is the fast lane's costliest in-process test)
+    said = {
+        frozenset(c["fields"])
+        for s in record["scenarios"]
+        for g in s["groups"]
+        for c in g["comparisons"]
+    }
+    assert said == {frozenset(record["fields"])}
 
 
 @pytest.mark.slow  # every scenario through every planner
