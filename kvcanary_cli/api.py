@@ -165,8 +165,9 @@ def provenance(
         return pool_provenance(many[0], checked_integer(block, "block", INDEX))
     from kvcanary_cli.analysis.query import provenance_report
     from kvcanary_cli.analysis.timeline import slot_history
+    from kvcanary_cli.dump.header import dump_engine
     from kvcanary_cli.dump.loader import load_dump
-    from kvcanary_cli.dump.schema import ENGINE_KEY
+    from kvcanary_cli.dump.schema import ENGINE_KEY, POOL_ENGINES
 
     try:
         if len(many) > 1:
@@ -182,7 +183,7 @@ def provenance(
             max_cells=max_cells,
         )
     except DumpError as exc:  # a vLLM dump, refused by the SGLang reader: say what traces it
-        if exc.field != ENGINE_KEY:
+        if exc.field != ENGINE_KEY or dump_engine(str(exc.path)) not in POOL_ENGINES:
             raise
         raise OptionError(
             f"{exc.path} is a vLLM dump: it holds blocks, not slots or pool rows",

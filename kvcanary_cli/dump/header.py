@@ -16,7 +16,14 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcanary_cli.dump.schema import DTYPE_ITEMSIZE, ENGINE_KEY, SGLANG, engine_of, parse_integer
+from kvcanary_cli.dump.schema import (
+    DTYPE_ITEMSIZE,
+    ENGINE_KEY,
+    POOL_ENGINES,
+    SGLANG,
+    engine_of,
+    parse_integer,
+)
 from kvcanary_cli.errors import CorruptDumpError, DumpError
 from kvcanary_cli.safe_text import excerpt
 
@@ -36,6 +43,7 @@ __all__ = [
     "read_header_and_step",
     "read_header_or_error",
     "refuse_other_engine",
+    "unknown_engine",
 ]
 
 #: A dump's header is a few KB (about 30 tensors, a few dozen metadata keys); safetensors
@@ -390,6 +398,8 @@ def refuse_other_engine(
     """For a command that reads SGLang dumps only: another engine's dump is one error line
     naming the commands that read it (before any SGLang rule, which it may break)."""
     engine = engine_of(metadata)
+    if engine != SGLANG and engine not in POOL_ENGINES:
+        raise unknown_engine(engine, path)
     if engine != SGLANG:
         shown = {"vllm": "vLLM"}.get(engine, engine)
         raise DumpError(
@@ -399,3 +409,13 @@ def refuse_other_engine(
             hint=f"`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink` "
             f"read {shown} dumps",
         )
+
+
+def unknown_engine(engine: str, path: str | os.PathLike[str] | None) -> DumpError:
+    """Why a dump naming an engine kvcanary does not read is refused, by every command."""
+    return DumpError(
+        f"engine {excerpt(engine)} is not one kvcanary reads",
+        field=ENGINE_KEY,
+        path=None if path is None else str(path),
+        hint=f"this kvcanary reads {', '.join([SGLANG, *POOL_ENGINES])} dumps",
+    )

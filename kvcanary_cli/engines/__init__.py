@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.engine import StoredArrays, read_arrays
-from kvcanary_cli.dump.header import dump_engine
+from kvcanary_cli.dump.header import dump_engine, unknown_engine
 from kvcanary_cli.dump.schema import POOL_ENGINES, SGLANG
 from kvcanary_cli.errors import DumpError, OptionError
 from kvcanary_cli.option_values import INDEX, checked_integer
@@ -49,12 +49,7 @@ def _unknown(engine: str, path: PathLike) -> DumpError:
             path=str(path),
             hint="an SGLang dump's slots and pool rows are traced with provenance --slot/--row",
         )
-    return DumpError(
-        f"engine {engine!r} is not one kvcanary reads",
-        field="kvcanary.engine",
-        path=str(path),
-        hint=f"this kvcanary reads {', '.join([SGLANG, *POOL_ENGINES])} dumps",
-    )
+    return unknown_engine(engine, path)
 
 
 def _read(path: PathLike) -> StoredArrays:

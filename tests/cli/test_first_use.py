@@ -132,6 +132,24 @@ def test_provenance_of_a_slot_on_a_vllm_dump_points_to_block(vllm_dump: Path, fl
     assert "--block N" in refused("provenance", SGLANG_DUMP)  # neither option: all three named
 
 
+@pytest.mark.parametrize("command", [["provenance", "--slot", "3"], ["check"], ["plan"]])
+def test_a_dump_of_an_engine_kvcanary_does_not_read_is_never_called_vllm(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Only a block-pool engine's dump is pointed to `--block` or the commands that read it;
+    an unknown engine's is said to be unknown, in every command."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "other.safetensors"
+    save_file({"x": np.zeros(3, dtype=np.int64)}, str(path), {"kvcanary.engine": "other"})
+    result = run(command[0], path, *command[1:])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert "engine 'other' is not one kvcanary reads" in line, line
+    assert "vLLM" not in line and "--block" not in line
+
+
 def test_an_sglang_only_command_names_the_engine_as_people_write_it(vllm_dump: Path) -> None:
     line = refused("plan", vllm_dump)
     assert "a vLLM dump: this command reads SGLang dumps only" in line
