@@ -7,7 +7,7 @@ cell.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -78,13 +78,9 @@ def pairs_among(
 
     # looked up a chunk at a time among the sorted distinct keys (as `np.isin`, without its
     # int64 sort of both key arrays joined: 150 MiB for ten million cells)
-    among = distinct(
-        np.concatenate(
-            [
-                distinct(key(among_rows[a : a + _KEY_CHUNK], among_slots[a : a + _KEY_CHUNK]))
-                for a in range(0, among_rows.size, _KEY_CHUNK)
-            ]
-        )
+    among = _distinct_of(
+        key(among_rows[a : a + _KEY_CHUNK], among_slots[a : a + _KEY_CHUNK])
+        for a in range(0, among_rows.size, _KEY_CHUNK)
     )
     found = np.empty(rows.shape, dtype=bool)
     last = among.size - 1
@@ -101,11 +97,13 @@ def _distinct_pieces(values: np.ndarray) -> np.ndarray:
     a chunk's; only the chunks' distinct values are joined and sorted again)."""
     if values.size <= _KEY_CHUNK:
         return distinct(values)
-    return distinct(
-        np.concatenate(
-            [distinct(values[a : a + _KEY_CHUNK]) for a in range(0, values.size, _KEY_CHUNK)]
-        )
-    )
+    return _distinct_of(values[a : a + _KEY_CHUNK] for a in range(0, values.size, _KEY_CHUNK))
+
+
+def _distinct_of(chunks: Iterable[np.ndarray]) -> np.ndarray:
+    """The distinct values of every chunk together: each chunk's sorted alone, then only the
+    chunks' distinct values joined and sorted again."""
+    return distinct(np.concatenate([distinct(chunk) for chunk in chunks]))
 
 
 def cell_slots(finding: Finding) -> np.ndarray:
