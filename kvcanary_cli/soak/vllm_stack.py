@@ -3,13 +3,15 @@ per-group managers, coordinator) of a vLLM release wheel or source tree, without
 
 vLLM pins a CUDA torch and its package `__init__`s import the engine, so nothing of vLLM is
 installed or imported the normal way. `load_vllm` puts a finder in front of the tree: a
-module loads from its file as usual, but a package's `__init__` does not run (two small ones
-do: `vllm.utils`, `vllm.v1.engine`); the package is hollow, and answers a name its real
-`__init__` would re-export by reading that `__init__`'s import lines and importing the module
-they name, on first use. Four vllm modules that pull in the model, compilation and
-distributed machinery are replaced whole by stand-ins of ours, and third-party packages the
-tree touches only at import are stand-ins when they are not installed (a stand-in class
-satisfies pydantic: the config dataclasses have fields typed with them).
+module loads from its file as usual, but a package's `__init__` does not run (two do:
+`vllm.v1.engine`, and `vllm.utils`, small from 0.12.0 on, 0.11.0's hash and helper module);
+the package is hollow, and answers a name its real `__init__` would re-export by reading that
+`__init__`'s import lines and importing the module they name, on first use. Four vllm modules
+that pull in the model, compilation and distributed machinery are replaced whole by stand-ins
+of ours (0.11.0's `vllm.config` defines what 0.12.0 moved into one of them itself, and answers
+those names from the stand-in), and third-party packages the tree touches only at import are
+stand-ins when they are not installed (a stand-in class satisfies pydantic: the config
+dataclasses have fields typed with them).
 
 The tree is untrusted input: whatever fails while importing it is one VllmUnavailableError
 naming the module, exit 2. One vLLM per process (the modules are process-wide); the
@@ -51,8 +53,10 @@ __all__ = [
 #: block ids; 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole; before 0.26.0
 #: the prefix lookup returns two values, not three; before 0.24.0 no frees are deferred;
 #: before 0.23.0 the manager takes no scheduler block size; before 0.17.0 a request wants an
-#: end-of-sequence token) the code reads what the loaded tree has, never its version.
+#: end-of-sequence token; 0.11.0's `vllm.config` defines `VllmConfig` itself and its hash
+#: functions are in `vllm.utils`) the code reads what the loaded tree has, never its version.
 RELEASES = (
+    "0.11.0",
     "0.12.0",
     "0.13.0",
     "0.14.0",
@@ -90,9 +94,11 @@ RELEASES = (
 OLDEST, SUPPORTED = RELEASES[0], RELEASES[-1]
 #: Python packages the manager's modules import for real (the `vllm-cpu` extra).
 EXTRA = "kvcanary[vllm-cpu]"
-#: Package `__init__`s that run as they are (small, and their names are used whole).
+#: Package `__init__`s that run as they are (their names are used whole; small, but for
+#: 0.11.0's `vllm.utils`, which is the whole helper module, the hash functions among them).
 _RUN_INITS = frozenset({"vllm.utils", "vllm.v1.engine"})
-#: Third-party packages only touched at import: a stand-in where not installed.
+#: Third-party packages only touched at import: a stand-in where not installed (0.11.0's
+#: `vllm.utils` imports setproctitle and yaml, for process titles and config files).
 _IMPORT_ONLY = (
     "PIL",
     "pybase64",
@@ -106,6 +112,8 @@ _IMPORT_ONLY = (
     "safetensors",
     "prometheus_client",
     "scipy",
+    "setproctitle",
+    "yaml",
 )
 #: What the manager really runs on (a clear error names the extra when one is missing).
 _REQUIRED = (
@@ -270,10 +278,13 @@ def _fill_config_vllm(module: types.ModuleType) -> None:
     )
 
 
+#: The module replaced whole that holds the engine's configuration (`VllmConfig` and the
+#: functions reading the current one).
+_ENGINE_CONFIG = "vllm.config.vllm"
 #: vllm modules replaced whole: name -> what sets the names used at run time (the rest are
 #: stand-in classes).
 _REPLACED = {
-    "vllm.config.vllm": _fill_config_vllm,
+    _ENGINE_CONFIG: _fill_config_vllm,
     "vllm.config.model": None,
     "vllm.compilation.cuda_graph": None,
     "vllm.distributed.parallel_state": None,
@@ -327,6 +338,31 @@ def _cpu_platform() -> Any:
 
 #: Names a hollow package's `__init__` defines itself (not re-exports): (package, name) -> maker.
 _DEFINED = {("vllm.platforms", "current_platform"): _cpu_platform}
+#: Hollow packages whose `__init__` defines what the replaced module named here holds in later
+#: releases, and is too heavy to run: 0.11.0's `vllm.config` defines `VllmConfig` and the
+#: functions reading the current configuration itself (0.12.0 moved them to
+#: `vllm.config.vllm`), and runs the model, multimodal and compilation configs to build it. A
+#: name that `__init__` defines is answered as the replaced module answers it in later
+#: releases (a stand-in class, or a function of `_fill_config_vllm`); a name it does not
+#: define is not there, as in the real package.
+_DEFINED_AS = {"vllm.config": _ENGINE_CONFIG}
+
+
+def _defined_names(init: Path) -> frozenset[str]:
+    """The names a package `__init__` binds itself at its top level (classes, functions,
+    assignments), not those it imports."""
+    try:
+        tree = ast.parse(init.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    out: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out.update(t.id for t in targets if isinstance(t, ast.Name))
+    return frozenset(out)
 
 
 _NOT_THERE = object()
@@ -347,6 +383,9 @@ class _HollowPackage(types.ModuleType):
             setattr(self, name, value)
             return value
         found = self.__dict__.get("_kvcanary_reexports", {}).get(name)
+        if self.__name__ in _DEFINED_AS and (found is None or found[0] == self.__name__):
+            # (0.11.0's `vllm.config` imports its own `VllmConfig` inside a function)
+            return self._kvcanary_defined_as(name)
         if found is None:
             return self._kvcanary_from_stars(name)
         module, attr = found
@@ -356,6 +395,15 @@ class _HollowPackage(types.ModuleType):
             value = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError):
             value = importlib.import_module(f"{module}.{attr}")
+        setattr(self, name, value)
+        return value
+
+    def _kvcanary_defined_as(self, name: str) -> Any:
+        """A name this package's `__init__` defines itself, from the replaced module that
+        holds it in later releases (`_DEFINED_AS`); the `__init__` never runs."""
+        if name not in _defined_names(Path(str(self.__spec__.origin if self.__spec__ else ""))):
+            raise AttributeError(f"package {self.__name__} has no {name}")
+        value = getattr(importlib.import_module(_DEFINED_AS[self.__name__]), name)
         setattr(self, name, value)
         return value
 
@@ -465,11 +513,21 @@ _MODULES = {
     "sampling_params": "vllm.sampling_params",
     "hashing": "vllm.utils.hashing",
 }
+#: Where a module of `_MODULES` was before the tree split it out: 0.11.0's hash functions are
+#: in `vllm.utils` itself (0.12.0 split that module into a package of modules).
+_FORMERLY = {"vllm.utils.hashing": "vllm.utils"}
 _LOADED: dict[str, VllmModules] = {}
 
 
+def _in_tree(root: Path, name: str) -> str:
+    """`name`, or where it was before it moved (`_FORMERLY`) when the tree has no such file."""
+    where = root.joinpath(*name.split("."))
+    there = where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+    return name if there else _FORMERLY.get(name, name)
+
+
 def _releases() -> str:
-    """`0.12.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.11.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 
@@ -506,8 +564,8 @@ def load_vllm(source: str | Path) -> VllmModules:
         # never into a report
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
-            for field, name in _MODULES.items():
-                importing = name
+            for field, wanted in _MODULES.items():
+                importing = name = _in_tree(tree.root, wanted)
                 modules[field] = importlib.import_module(name)
     except BaseException as exc:
         sys.meta_path.remove(finder)

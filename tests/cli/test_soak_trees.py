@@ -661,7 +661,7 @@ def test_vllm_without_torch_names_torch_not_the_extra(
 
 
 @pytest.mark.parametrize(
-    ("version", "named"), [("0.11.0", True), ("0.12.0", False), ("0.34.0", False)]
+    ("version", "named"), [("0.10.2", True), ("0.11.0", False), ("0.34.0", False)]
 )
 def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
     version: str, named: bool, tmp_path: Path, no_vllm_loaded: None
@@ -687,7 +687,7 @@ def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
     text = str(raised.value)
     assert "importing vllm.v1.core.kv_cache_utils failed" in text and f"vLLM {version}" in text
     assert ("kvcanary drives vLLM" in text) is named, text
-    assert "kvcanary drives vLLM 0.12.0 to 0.34.0" in text or not named, text
+    assert "kvcanary drives vLLM 0.11.0 to 0.34.0" in text or not named, text
 
 
 @pytest.fixture
@@ -751,6 +751,51 @@ def test_a_vllm_package_that_reexports_modules_whole_answers_their_names(
     utils = vllm_stack.load_vllm(tree).kv_cache_utils
     assert (utils.helper, utils.reduce_all()) == ("utils", "op")
     assert utils.get_ep_group.__module__ == "vllm.distributed.parallel_state"
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-utils-module", "utils-package"])
+def test_a_vllm_config_package_defining_its_own_config_answers_it_without_running(
+    split: bool, tmp_path: Path, vllm_unloaded_after: None
+) -> None:
+    """vLLM 0.11.0's `vllm.config` defines `VllmConfig` and the functions reading the current
+    configuration in its `__init__` itself (0.12.0 moved them to `vllm.config.vllm`, which
+    kvcanary replaces), and that `__init__` imports the model and multimodal machinery: the
+    names it defines are answered as the replaced module answers them, the `__init__` never
+    runs, a name it neither defines nor imports is not there, and its re-exports still come
+    from their modules. Its hash functions are in `vllm.utils` itself (was: the import failed,
+    and 0.11.0 was refused); a tree that splits them out is read from its `vllm.utils.hashing`."""
+    needs_torch()  # vLLM's manager imports torch
+    from kvcanary_cli.soak import vllm_stack
+
+    files = {
+        **_LOADABLE,
+        "vllm/utils/__init__.py": "def sha256(data):\n    return b'utils'\n",
+        "vllm/config/__init__.py": (
+            "import kvcanary_test_no_such_package  # the model machinery: must never run\n"
+            "from vllm.config.cache import CacheConfig\n\n"
+            "class VllmConfig:\n    pass\n\n"
+            "def get_current_vllm_config():\n"
+            "    from vllm.config import VllmConfig\n"
+            "    return VllmConfig()\n"
+        ),
+        "vllm/config/cache.py": "class CacheConfig:\n    origin = 'cache'\n",
+        "vllm/v1/kv_cache_interface.py": (
+            "from vllm.config import CacheConfig, VllmConfig, get_current_vllm_config\n"
+        ),
+    }
+    if split:
+        files["vllm/utils/hashing.py"] = "def sha256(data):\n    return b'hashing'\n"
+    else:
+        del files["vllm/utils/hashing.py"]
+    modules = vllm_stack.load_vllm(write_tree(tmp_path / "tree", files))
+    interface = modules.interface
+    assert interface.VllmConfig.__module__ == "vllm.config.vllm"
+    with pytest.raises(RuntimeError, match="no engine configuration"):
+        interface.get_current_vllm_config()
+    assert interface.CacheConfig.origin == "cache"
+    config = sys.modules["vllm.config"]
+    assert not hasattr(config, "ModelConfig") and not hasattr(config, "kvcanary_test_no_such")
+    assert modules.hashing.sha256(b"") == (b"hashing" if split else b"utils")
 
 
 def test_what_a_vllm_prints_at_import_goes_to_stderr(
