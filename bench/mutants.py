@@ -483,6 +483,12 @@ MUTANTS: tuple[Mutant, ...] = (
                 "for block in blocks_list if block.ref_cnt == 0 and not block.is_null"
                 " and block.block_hash is None",
             ),
+            # 0.11.0: the same list, its test on a line of its own
+            (
+                "            if block.ref_cnt == 0 and not block.is_null\n        ])\n",
+                "            if block.ref_cnt == 0 and not block.is_null\n"
+                "            and block.block_hash is None\n        ])\n",
+            ),
         ),
     ),
     Mutant(
@@ -504,6 +510,11 @@ MUTANTS: tuple[Mutant, ...] = (
             (
                 "blocks_list if block.ref_cnt == 0 and not block.is_null",
                 "blocks_list if block.ref_cnt <= 1 and not block.is_null",
+            ),
+            # 0.11.0: the same list, its test on a line of its own
+            (
+                "            if block.ref_cnt == 0 and not block.is_null\n        ])\n",
+                "            if block.ref_cnt <= 1 and not block.is_null\n        ])\n",
             ),
         ),
     ),
@@ -569,6 +580,12 @@ MUTANTS: tuple[Mutant, ...] = (
             (
                 "        if self.cached_block_hash_to_block.pop(block_hash, block.block_id)"
                 " is None:\n",
+                "        if self.cached_block_hash_to_block.get_one_block(block_hash) is None:\n",
+            ),
+            # 0.11.0: the same pop, its arguments on two lines
+            (
+                "        if self.cached_block_hash_to_block.pop(block_hash,\n"
+                "                                               block.block_id) is None:\n",
                 "        if self.cached_block_hash_to_block.get_one_block(block_hash) is None:\n",
             ),
         ),
@@ -712,6 +729,11 @@ MUTANTS: tuple[Mutant, ...] = (
             (
                 "blocks_list if block.ref_cnt == 0 and not block.is_null",
                 "blocks_list if block.ref_cnt < 1 and not block.is_null",
+            ),
+            # 0.11.0: the same list, its test on a line of its own
+            (
+                "            if block.ref_cnt == 0 and not block.is_null\n        ])\n",
+                "            if block.ref_cnt < 1 and not block.is_null\n        ])\n",
             ),
         ),
     ),

@@ -159,10 +159,12 @@ def test_a_vllm_mutant_is_planted_under_vllm_v1_core(tmp_path: Path) -> None:
 
 
 #: Per cached vLLM release (those `.ci/run` fetches), the mutants that cannot apply there, and
-#: why: the code path they break is not in that release. Every other mutant applies, through
-#: its 0.33.0 snippet or an alternative spelling.
+#: why: the code path they break is not in that release, or is not one place in it to edit.
+#: Every other mutant applies, through its 0.33.0 snippet or an alternative spelling.
 LEFT_OUT = {
-    "0.15.0": {
+    "0.11.0": {
+        "window-freed-still-in-table": "the sliding window's frees are written as the chunked "
+        "local attention's, in a loop of their own: the snippet is there twice",
         "queue-popleft-one-by-loop": "popleft_n has no one-block fast path before 0.32.0",
     },
     "0.33.0": {},
