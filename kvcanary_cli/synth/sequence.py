@@ -419,7 +419,7 @@ class _Loop:
         for request in self.running:
             self.evict(request, t)
         if t == self.plan.at:
-            self.plant(t)
+            self.plant()
 
     def arrive_newcomer(self) -> None:
         if not self.rows:
@@ -474,7 +474,7 @@ class _Loop:
             other_positions=list(range(held)),
         )
 
-    def plant(self, t: int) -> None:
+    def plant(self) -> None:
         victim = self.victim
         assert victim is not None
         p = self.plan.page
