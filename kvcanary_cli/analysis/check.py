@@ -40,6 +40,7 @@ from kvcanary_cli.analysis.coverage import (
     REQUEST_ROWS,
     SWA_LUT,
     TREE_LOCKS,
+    CheckFamily,
     coverage,
     runs,
 )
@@ -58,6 +59,12 @@ from kvcanary_cli.analysis.findings import (
     slot_findings,
     swa_findings,
 )
+from kvcanary_cli.analysis.hicache import (
+    host_free_list_findings,
+    host_leak_findings,
+    host_slot_findings,
+)
+from kvcanary_cli.analysis.mamba import mamba_findings, mamba_leak_findings
 from kvcanary_cli.analysis.provenance import (
     LiveCells,
     ProvenanceIndex,
@@ -70,6 +77,8 @@ from kvcanary_cli.analysis.provenance import (
     swa_provenance,
 )
 from kvcanary_cli.analysis.req_rows import req_row_findings
+from kvcanary_cli.analysis.tree_locks import tree_lock_findings
+from kvcanary_cli.analysis.unified import unified_findings
 from kvcanary_cli.analysis.upstream_raise import (
     first_raise,
     mark_upstream_raise,
@@ -232,6 +241,20 @@ def collect_findings(
             background.shutdown(wait=True, cancel_futures=True)
 
 
+#: The detector families that read the dump alone, each run where `coverage` says it runs
+#: (the report's coverage is the same answer).
+_FAMILY_DETECTORS: tuple[tuple[CheckFamily, Callable[[KvDump], list[Finding]]], ...] = (
+    (REQUEST_ROWS, req_row_findings),
+    (TREE_LOCKS, tree_lock_findings),
+    (PAGE_TABLES, unified_findings),
+    (MAMBA_SLOTS, mamba_findings),
+    (MAMBA_LEAKS, mamba_leak_findings),
+    (HOST_FREE_LIST, host_free_list_findings),
+    (HOST_SLOTS, host_slot_findings),
+    (HOST_LEAKS, host_leak_findings),
+)
+
+
 def _runs_on_host(kernel: Planner | None) -> bool:
     """A kernel that plans on this machine's CPU (interpreted Triton, the vectorized planner,
     SGLang's reference): worth a second core. A compiled or CUDA one is fast already, and
@@ -262,37 +285,9 @@ def _collect(
         + pool_leak_findings(dump)
         + held_findings(dump)
     )
-    # each family runs where `coverage` says it does: the report's coverage is the same answer
-    if runs(dump, REQUEST_ROWS):
-        findings += req_row_findings(dump)
-    if runs(dump, TREE_LOCKS):
-        from kvcanary_cli.analysis.tree_locks import tree_lock_findings
-
-        findings += tree_lock_findings(dump)
-    if runs(dump, PAGE_TABLES):
-        from kvcanary_cli.analysis.unified import unified_findings
-
-        findings += unified_findings(dump)
-    if runs(dump, MAMBA_SLOTS):
-        from kvcanary_cli.analysis.mamba import mamba_findings
-
-        findings += mamba_findings(dump)
-    if runs(dump, MAMBA_LEAKS):
-        from kvcanary_cli.analysis.mamba import mamba_leak_findings
-
-        findings += mamba_leak_findings(dump)
-    if runs(dump, HOST_FREE_LIST):
-        from kvcanary_cli.analysis.hicache import host_free_list_findings
-
-        findings += host_free_list_findings(dump)
-    if runs(dump, HOST_SLOTS):
-        from kvcanary_cli.analysis.hicache import host_slot_findings
-
-        findings += host_slot_findings(dump)
-    if runs(dump, HOST_LEAKS):
-        from kvcanary_cli.analysis.hicache import host_leak_findings
-
-        findings += host_leak_findings(dump)
+    for family, detector in _FAMILY_DETECTORS:
+        if runs(dump, family):
+            findings += detector(dump)
     # ten million cells of one slot: 74 MiB not held beside the plans where nothing reads them
     kept = None if not keep_cells and not _plans_read_cells(dump, chosen) else cells
     del cells

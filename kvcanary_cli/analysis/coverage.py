@@ -306,11 +306,11 @@ def is_hicache_dump(dump: KvDump) -> bool:
 
 def _missing(dump: KvDump, family: CheckFamily) -> tuple[str, ...]:
     """The needed records the dump lacks, each as its alternatives read ("a or b and c")."""
-    out = []
-    for alternatives in family.needs:
-        if not any(all(_has(dump, name) for name in together) for together in alternatives):
-            out.append(" or ".join(" and ".join(together) for together in alternatives))
-    return tuple(out)
+    return tuple(
+        " or ".join(" and ".join(together) for together in alternatives)
+        for alternatives in family.needs
+        if not any(all(_has(dump, name) for name in together) for together in alternatives)
+    )
 
 
 def _coverage(

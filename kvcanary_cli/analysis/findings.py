@@ -19,7 +19,7 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import RESERVED_PAGES_KEY, SCALARS, Group, dtype_label, parse_integer
 from kvcanary_cli.dump.tensor import distinct
-from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole
+from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable
 from kvcanary_cli.planners.frame import launch_limit
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, Space
 from kvcanary_cli.results.check import Finding, JsonValue
@@ -967,6 +967,18 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
     )
 
 
+def _problem_cells(problems: ProblemTable, at: np.ndarray) -> LiveCells:
+    """The cells the plan problems `at` read, each problem's value as the slot (no pending
+    write among them)."""
+    return LiveCells(
+        slot=problems.value[at].astype(np.int64),
+        batch_row=problems.batch_row[at].astype(np.int64),
+        pool_row=problems.pool_row[at].astype(np.int64),
+        position=problems.position[at].astype(np.int64),
+        pending=np.zeros(at.size, dtype=bool),
+    )
+
+
 def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Finding]:
     """One `LUT_OUT_OF_RANGE` per offending cell (a slot read as verify at p and as chain-prev
     at p+1 is one cell, with the roles it was read as), in runs like the live-cell codes."""
@@ -982,13 +994,7 @@ def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Find
     roles = problems.role[hit][order]
     role_bits = np.zeros(starts.size, dtype=np.int64)
     np.bitwise_or.at(role_bits, cell_of, np.left_shift(1, roles.astype(np.int64)))
-    cells = LiveCells(
-        slot=problems.value[first].astype(np.int64),
-        batch_row=problems.batch_row[first].astype(np.int64),
-        pool_row=problems.pool_row[first].astype(np.int64),
-        position=problems.position[first].astype(np.int64),
-        pending=np.zeros(starts.size, dtype=bool),
-    )
+    cells = _problem_cells(problems, first)
 
     def read_as(c: int) -> list[ProblemRole]:
         return [r for r in ProblemRole if role_bits[c] >> int(r) & 1]
@@ -1021,17 +1027,10 @@ def _expected_token_records(plan: Plan, shape: list[int] | None) -> list[Finding
     hit = np.flatnonzero(problems.kind == ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE)
     if hit.size == 0:
         return []
-    value = problems.value[hit].astype(np.int64)
-    pool_row = problems.pool_row[hit].astype(np.int64)
+    gathers = _problem_cells(problems, hit)
+    value, pool_row = gathers.slot, gathers.pool_row
     rows = shape[0] if shape else 0
     bad_row = (value == pool_row) & ((pool_row < 0) | (pool_row >= rows)) & (shape is not None)
-    gathers = LiveCells(
-        slot=value,
-        batch_row=problems.batch_row[hit].astype(np.int64),
-        pool_row=pool_row,
-        position=problems.position[hit].astype(np.int64),
-        pending=np.zeros(hit.size, dtype=bool),
-    )
     order = np.lexsort((gathers.position, gathers.batch_row))
 
     def what(i: int) -> str:

@@ -344,31 +344,11 @@ def _pools(text: str) -> list[PoolSum]:
     found: list[tuple[int, int, PoolSum]] = []
     for match in _POOL.finditer(text):
         total, available, evictable, protected, session, uncached = map(int, match.groups()[1:])
-        found.append(
-            (
-                match.start(),
-                match.end(),
-                _pool_sum(match[1], total, available, evictable, protected, session, uncached),
-            )
-        )
+        pool = _pool_sum(match[1], total, available, evictable, protected, session, uncached)
+        found.append((match.start(), match.end(), pool))
     for match in _RING.finditer(text):
         available, evictable, total = map(int, match.groups())
-        ring = PoolSum(
-            pool="swa",
-            total=total,
-            available=available,
-            evictable=evictable,
-            protected=None,
-            session_held=None,
-            uncached=None,
-            accounted=available + evictable,
-            difference=total - available - evictable,
-            reading="skipped",
-            rest="",
-            class_free_pages=(),
-            unaligned=(),
-            tolerated=False,
-        )
+        ring = _pool_sum("swa", total, available, evictable, None, None, None)
         found.append((match.start(), match.end(), ring))
     found.sort(key=lambda item: item[0])
     pools = []
@@ -401,13 +381,17 @@ def _pool_sum(
     total: int,
     available: int,
     evictable: int,
-    protected: int,
-    session: int,
-    uncached: int,
+    protected: int | None,
+    session: int | None,
+    uncached: int | None,
 ) -> PoolSum:
-    accounted = available + evictable + protected + session + uncached
+    """A pool's counts and their sum; `protected`, `session` and `uncached` None where SGLang
+    printed none (the SWA ring: its check is skipped, whatever the sum)."""
+    accounted = available + evictable + sum(n or 0 for n in (protected, session, uncached))
     difference = total - accounted
     reading: SumReading = "balanced" if difference == 0 else "short" if difference > 0 else "over"
+    if protected is None:
+        reading = "skipped"
     return PoolSum(
         pool=pool,
         total=total,

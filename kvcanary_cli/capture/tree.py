@@ -349,20 +349,28 @@ def _host_facts(facts: dict[str, Any], tree: Any) -> None:
     nodes; the Rust core keeps them out of reach); then the same of each side pool of the
     group (`SIDE_HOST_POOLS`). Nothing without HiCache."""
     pool = _host_pool(tree)
-    if pool is None:
+    if pool is None or not _host_pool_facts(facts, tree, pool, "FULL", ""):
         return
-    free = _free_list(pool)
-    if free is None:
-        return
-    facts["host_free_slots"] = free
-    facts["num_host_slots"] = _pool_size(pool)
-    held = _tree_host_values(tree)
-    if held is not None:
-        facts["tree_host_slots"], facts["tree_host_nodes"], facts["tree_host_lock_refs"] = held
     for name, (kind, attribute) in SIDE_HOST_POOLS.items():
         _read(facts, _side_host_facts, tree, pool, name, kind, attribute)
-    if held is not None:
+    if "tree_host_slots" in facts:
         _read(facts, _accounted_facts, tree)
+
+
+def _host_pool_facts(facts: dict[str, Any], tree: Any, pool: Any, kind: str, prefix: str) -> bool:
+    """A host pool's free list and size, and the `kind` host values of the tree's nodes,
+    under `<prefix>host_free_slots`, `num_<prefix>host_slots` and `tree_<prefix>host_*`;
+    False (nothing recorded) where the pool keeps no readable free list."""
+    free = _free_list(pool)
+    if free is None:
+        return False
+    facts[f"{prefix}host_free_slots"] = free
+    facts[f"num_{prefix}host_slots"] = _pool_size(pool)
+    held = _tree_host_values(tree, kind)
+    if held is not None:
+        for what, values in zip(("slots", "nodes", "lock_refs"), held, strict=True):
+            facts[f"tree_{prefix}host_{what}"] = values
+    return True
 
 
 def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
@@ -408,10 +416,9 @@ def _side_host_facts(
     facts: dict[str, Any], tree: Any, anchor: Any, name: str, kind: str, attribute: str
 ) -> None:
     """One side pool of the group (the host pool the `kind` component allocates its host
-    values from), as `_host_facts` records the anchor, under `<name>_host_free_slots`,
-    `num_<name>_host_slots` and `tree_<name>_host_*`. Nothing where the tree has no such
-    component or host pool, where that pool is the anchor itself, or keeps no free list of
-    its own (a shared backing's)."""
+    values from), as `_host_facts` records the anchor, its keys prefixed `<name>_`. Nothing
+    where the tree has no such component or host pool, where that pool is the anchor itself,
+    or keeps no free list of its own (a shared backing's)."""
     component = next(
         (c for k, c in (getattr(tree, "components", None) or {}).items() if k.name == kind),
         None,
@@ -419,17 +426,7 @@ def _side_host_facts(
     pool = getattr(component, attribute, None)
     if pool is None or pool is anchor or getattr(pool, "__dict__", {}).get("free_slots") is None:
         return
-    free = _free_list(pool)
-    if free is None:
-        return
-    facts[f"{name}_host_free_slots"] = free
-    facts[f"num_{name}_host_slots"] = _pool_size(pool)
-    held = _tree_host_values(tree, kind)
-    if held is not None:
-        slots, nodes, locks = held
-        facts[f"tree_{name}_host_slots"] = slots
-        facts[f"tree_{name}_host_nodes"] = nodes
-        facts[f"tree_{name}_host_lock_refs"] = locks
+    _host_pool_facts(facts, tree, pool, kind, f"{name}_")
 
 
 def _tree_host_values(tree: Any, kind: str = "FULL") -> tuple[Any, Any, Any] | None:

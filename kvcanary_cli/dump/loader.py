@@ -82,7 +82,6 @@ from kvcanary_cli.errors import (
 from kvcanary_cli.safe_text import excerpt
 
 __all__ = [
-    "GROUPS",
     "HOST_RECORDS",
     "MAMBA_RECORDS",
     "READ_LIMIT",
@@ -98,7 +97,6 @@ __all__ = [
     "read_in_any_layout",
 ]
 
-GROUPS = tuple(Group)
 #: Tables (`req_to_token`, the expected-token pool, canary buffers, real-KV sources) up to
 #: this many bytes are read into memory; larger ones are memory-mapped. Other tensors are
 #: always read: kvcanary reads them whole anyway.

@@ -111,22 +111,35 @@ class ReferencePlanner:
                 pool_cache[row] = pool.row_sequence(row)
             return pool_cache[row]
 
+        def flag(
+            kind: ProblemKind,
+            role: ProblemRole,
+            r: int,
+            pos: int,
+            value: int,
+            k: int,
+            *,
+            raises: bool = True,
+        ) -> None:
+            """Record a bad read of batch row `r` at `pos` (entry `k`)."""
+            problems.add(
+                PlanProblem(
+                    kind=kind,
+                    role=role,
+                    batch_row=r,
+                    pool_row=rpi[r],
+                    position=pos,
+                    value=value,
+                    entry=k,
+                    raises=raises,
+                )
+            )
+
         def translate(raw: int, role: ProblemRole, r: int, pos: int, k: int) -> int | None:
             if lut is None or raw < 0:
                 return raw
             if raw >= lut_len:
-                problems.add(
-                    PlanProblem(
-                        kind=ProblemKind.LUT_OUT_OF_RANGE,
-                        role=role,
-                        batch_row=r,
-                        pool_row=rpi[r],
-                        position=pos,
-                        value=raw,
-                        entry=k,
-                        raises=True,
-                    )
-                )
+                flag(ProblemKind.LUT_OUT_OF_RANGE, role, r, pos, raw, k)
                 return None
             return int(lut[raw])
 
@@ -154,17 +167,14 @@ class ReferencePlanner:
             row = _python_row(rp, max_reqs)
             pool_row = _python_row(rp, pool_rows) if pool is not None else None
             if n > 0 and (row is None or rp < 0):
-                problems.add(
-                    PlanProblem(
-                        kind=ProblemKind.ROW_OUT_OF_RANGE,
-                        role=ProblemRole.VERIFY,
-                        batch_row=r,
-                        pool_row=rp,
-                        position=ws,
-                        value=rp,
-                        entry=k,
-                        raises=row is None,
-                    )
+                flag(
+                    ProblemKind.ROW_OUT_OF_RANGE,
+                    ProblemRole.VERIFY,
+                    r,
+                    ws,
+                    rp,
+                    k,
+                    raises=row is None,
                 )
             beyond_reported = token_reported = False
             for j in range(n):
@@ -176,18 +186,7 @@ class ReferencePlanner:
                 elif pos >= max_seq_len:
                     if not beyond_reported:
                         beyond_reported = True
-                        problems.add(
-                            PlanProblem(
-                                kind=ProblemKind.PREFIX_BEYOND_ROW,
-                                role=ProblemRole.VERIFY,
-                                batch_row=r,
-                                pool_row=rp,
-                                position=pos,
-                                value=pos,
-                                entry=k,
-                                raises=True,
-                            )
-                        )
+                        flag(ProblemKind.PREFIX_BEYOND_ROW, ProblemRole.VERIFY, r, pos, pos, k)
                     bits |= Undefined.SLOT
                 else:
                     slot = translate(table_row(row)[pos], ProblemRole.VERIFY, r, pos, k)
@@ -212,17 +211,13 @@ class ReferencePlanner:
                             if not token_reported:
                                 token_reported = True
                                 bad = rp if pool_row is None else s
-                                problems.add(
-                                    PlanProblem(
-                                        kind=ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
-                                        role=ProblemRole.EXPECTED_TOKEN,
-                                        batch_row=r,
-                                        pool_row=rp,
-                                        position=pos,
-                                        value=bad,
-                                        entry=k,
-                                        raises=True,
-                                    )
+                                flag(
+                                    ProblemKind.EXPECTED_TOKEN_OUT_OF_RANGE,
+                                    ProblemRole.EXPECTED_TOKEN,
+                                    r,
+                                    pos,
+                                    bad,
+                                    k,
                                 )
                             bits |= Undefined.TOKEN
                         else:

@@ -92,24 +92,19 @@ class SGLangPlanner:
             )
         frame = group_frame(dump, group)
         launcher = self.load()
+        refusal = None
         if frame.unplannable:  # never hand SGLang a claimed size to allocate
+            refusal = f"kvcanary did not run SGLang's plan: {frame.unplannable}"
+        elif self.semantics is Semantics.GPU:
+            refusal = _device_fault_risk(dump, frame)
+        if refusal is not None:
             return raised_plan(
                 frame,
                 backend=self.name,
                 semantics=self.semantics,
-                message=f"kvcanary did not run SGLang's plan: {frame.unplannable}",
+                message=refusal,
                 exception_type=NOT_LAUNCHED,
             )
-        if self.semantics is Semantics.GPU:
-            refusal = _device_fault_risk(dump, frame)
-            if refusal is not None:
-                return raised_plan(
-                    frame,
-                    backend=self.name,
-                    semantics=self.semantics,
-                    message=refusal,
-                    exception_type=NOT_LAUNCHED,
-                )
         arguments = plan_arguments(launcher, dump, frame, self.device)
         try:
             launcher.launch(**arguments)

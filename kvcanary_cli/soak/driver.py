@@ -166,14 +166,7 @@ class Scheduler:
         )
         sp.normalize(None)  # what the tokenizer manager does: empty stop lists
         self._rid += 1
-        req = self._sb.Req(
-            f"soak-{self._rid}",
-            "",
-            array("q", prompt),
-            sp,
-            vocab_size=VOCAB,
-        )
-        return req
+        return self._sb.Req(f"soak-{self._rid}", "", array("q", prompt), sp, vocab_size=VOCAB)
 
     @property
     def done(self) -> bool:

@@ -38,7 +38,7 @@ def mamba_size(spec: Any) -> int:
     return SLOTS_PER_ROW * int(spec.max_reqs)
 
 
-def _cache_params(torch: Any) -> Any:
+def _cache_params() -> Any:
     """A tiny Mamba2 state (bfloat16 SSM state) for one linear layer, id 0."""
     utils: Any = import_module(_UTILS)
     envs: Any = import_module(_ENVS).envs
@@ -62,7 +62,7 @@ def build_mamba_pools(
     import torch
 
     server_args._mamba_cache_chunk_size = CHUNK
-    params = _cache_params(torch)
+    params = _cache_params()
     memory_pool = modules.memory_pool
     req_to_token_pool = memory_pool.HybridReqToTokenPool(
         size=spec.max_reqs,

@@ -419,7 +419,7 @@ class _Loop:
         for request in self.running:
             self.evict(request, t)
         if t == self.plan.at:
-            self.plant(t)
+            self.plant()
 
     def arrive_newcomer(self) -> None:
         if not self.rows:
@@ -430,20 +430,29 @@ class _Loop:
         if self.plan.event == EventKind.DOUBLE_ALLOCATION:
             self._double_allocate(self.newcomer)
 
-    def _older(self) -> int:
-        """The victim's length at the dump before this step."""
-        return self.victim_seen
-
     def _victim_page(self) -> int:
         """Index of one of the victim's unshared pages (not its first) that was complete at
         the dump before."""
         victim = self.victim
         assert victim is not None
-        complete = self._older() // self.plan.page
+        complete = self.victim_seen // self.plan.page
         choices = [j for j in range(1, complete) if self.full.refcount[victim.pages[j]] == 1]
         if not choices:
             raise RuntimeError("the victim holds no complete unshared page")
         return choices[int(self.plant_rng.integers(len(choices)))]
+
+    def _hit(self, request: _Request, page: int, positions: np.ndarray, **more: object) -> None:
+        """Record in the truth that the plant hit full page `page` at `positions` of the
+        request's row (all within one of its pages)."""
+        p = self.plan.page
+        self.truth.update(
+            space="full",
+            slots=(page * p + positions % p).tolist(),
+            pages=[page],
+            pool_row=request.row,
+            positions=positions.tolist(),
+            **more,
+        )
 
     def _double_allocate(self, newcomer: _Request) -> None:
         victim = self.victim
@@ -457,18 +466,15 @@ class _Loop:
         self.full.hold(newcomer.pages[:1])
         held = min(p, newcomer.length)
         self.table[newcomer.row, :held] = self.slots(newcomer, 0, held)
-        slots = page * p + np.arange(held)
-        self.truth.update(
-            space="full",
-            slots=slots.tolist(),
-            pages=[page],
-            pool_row=victim.row,
-            positions=(j * p + np.arange(held)).tolist(),
+        self._hit(
+            victim,
+            page,
+            j * p + np.arange(held),
             other_pool_row=newcomer.row,
             other_positions=list(range(held)),
         )
 
-    def plant(self, t: int) -> None:
+    def plant(self) -> None:
         victim = self.victim
         assert victim is not None
         p = self.plan.page
@@ -477,13 +483,7 @@ class _Loop:
             j = self._victim_page()
             page = int(victim.pages[j])
             self.full.free.free(np.array([page], dtype=np.int64))  # still held: not released
-            self.truth.update(
-                space="full",
-                slots=(page * p + np.arange(p)).tolist(),
-                pages=[page],
-                pool_row=victim.row,
-                positions=(j * p + np.arange(p)).tolist(),
-            )
+            self._hit(victim, page, j * p + np.arange(p))
         elif event == EventKind.PREFIX_REWRITTEN:
             j = self._victim_page()
             old, new = int(victim.pages[j]), int(self.full.alloc(1)[0])
@@ -491,18 +491,16 @@ class _Loop:
             victim.pages[j] = new
             self.full.forget(np.array([old], dtype=np.int64))  # neither freed nor held: orphaned
             self.table[victim.row, j * p : (j + 1) * p] = self.slots(victim, j * p, (j + 1) * p)
-            self.truth.update(
-                space="full",
-                slots=(new * p + np.arange(p)).tolist(),
-                pages=[new],
-                pool_row=victim.row,
-                positions=(j * p + np.arange(p)).tolist(),
+            self._hit(
+                victim,
+                new,
+                j * p + np.arange(p),
                 old_slots=(old * p + np.arange(p)).tolist(),
                 old_pages=[old],
                 old_fate="orphaned",
             )
         elif event == EventKind.LUT_REWRITTEN:
-            j = (self._older() - 1) // p  # a page the dump before shows, still in the window
+            j = (self.victim_seen - 1) // p  # a page the dump before shows, still in the window
             old = int(victim.swa[j])
             if old == 0:
                 raise RuntimeError("the victim's newest page is not mapped")
@@ -511,16 +509,8 @@ class _Loop:
             self.swa.point(np.array([page]), np.array([new]))
             victim.swa[j] = new
             self.swa.release(np.array([old], dtype=np.int64))
-            held = np.arange(j * p, min((j + 1) * p, self._older()))
-            self.truth.update(
-                space="full",
-                slots=(page * p + held % p).tolist(),
-                pages=[page],
-                pool_row=victim.row,
-                positions=held.tolist(),
-                old_swa_page=old,
-                new_swa_page=new,
-            )
+            held = np.arange(j * p, min((j + 1) * p, self.victim_seen))
+            self._hit(victim, page, held, old_swa_page=old, new_swa_page=new)
 
     def snapshot(self, t: int, index: int, seed: int, size: str) -> SynthDump:
         shape, p = self.shape, self.plan.page

@@ -28,10 +28,9 @@ def _log_lines(state: SynthDump) -> list[str]:
         )
     step = int(state.metadata.get("step", "0")) + 1
     messages = format_pump(ring, int(index.reshape(-1)[0]), step_when_pumped=step)
-    lines = [
+    return [
         "Decode batch. #running-req: 4, #token: 96, token usage: 0.01, gen throughput: 80.0",
         *messages,
         f"[canary] step={step} protected_tokens=4096 sweep_passes=0 violations={len(messages)} "
         "launch_tags_active=4/12",
     ]
-    return lines

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, cast
 
@@ -92,7 +93,7 @@ def violations_report(
         else:
             summary, rows = _log_source(scan_log_path(path), index)
         rows = _filtered(rows, group, buffer)
-        summaries.append(_with_rows(summary, len(rows)))
+        summaries.append(replace(summary, rows=len(rows)))
         observed.append(rows)
     seen = ViolationRows.concat(observed)
     notes: list[str] = []
@@ -231,17 +232,6 @@ def _log_source(scan: LogScan, index: int) -> tuple[SourceSummary, ViolationRows
     )
     summary = SourceSummary(path=scan.name, kind=SourceKind.LOG, rows=0, log=log, notes=scan.notes)
     return summary, scan.rows.with_source(index)
-
-
-def _with_rows(summary: SourceSummary, rows: int) -> SourceSummary:
-    return SourceSummary(
-        path=summary.path,
-        kind=summary.kind,
-        rows=rows,
-        ring=summary.ring,
-        log=summary.log,
-        notes=summary.notes,
-    )
 
 
 def _filtered(rows: ViolationRows, group: str | None, buffer: str | None) -> ViolationRows:

@@ -231,7 +231,7 @@ class _Audit:
             "the released blocks": s.released_block,
         }
         bad = {k: v[(v < 0) | (v >= n)] for k, v in sources.items()}
-        every = np.concatenate([v for v in bad.values()]) if bad else np.zeros(0, np.int64)
+        every = np.concatenate(list(bad.values())) if bad else np.zeros(0, np.int64)
         where = ", ".join(k for k, v in bad.items() if v.size)
         self.add(PoolCode.BLOCK_OUT_OF_RANGE, every, f"outside the pool of {n} (in {where})")
 

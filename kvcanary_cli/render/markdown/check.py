@@ -69,12 +69,11 @@ def _groups_table(groups: tuple[GroupSummary, ...]) -> str:
         ]
         for g in groups
     ]
-    table = _table(
+    return _table(
         ["group", "window", "verify entries", "capacity", "enable", "kernel", "differences"],
         rows,
         right={1, 2, 3, 4},
     )
-    return table
 
 
 def _where(f: Finding, words: FindingWords) -> str:

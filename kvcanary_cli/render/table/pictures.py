@@ -276,7 +276,7 @@ class FindingsMap(_FullWidth):
             f"where the findings sit: batch rows by position, {_scale_text(step)}", style="bold"
         )
         seen: set[str] = set()
-        severity_of = {letter: severity for letter, severity in self.letters.values()}
+        severity_of = dict(self.letters.values())
         for r in self.requests:
             line = Text(" " * _INDENT + labels[r.batch_row].ljust(label_width) + " ")
             marks, end = self.marks[r.batch_row], self.ends[r.batch_row]
@@ -358,7 +358,7 @@ class SlotAxis(_FullWidth):
         chars = -(-(length + 1) // step)
         line = Text(" " * _INDENT)
         seen: set[str] = set()
-        severity_of = {letter: severity for letter, severity in self.letters.values()}
+        severity_of = dict(self.letters.values())
         held = _by_char(self.slots, 0, step)
         for i in range(chars):
             if i in held:
