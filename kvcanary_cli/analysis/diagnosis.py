@@ -26,7 +26,7 @@ from kvcanary_cli.analysis.cells import (
     restricted,
     span,
 )
-from kvcanary_cli.analysis.chains import link, numbers
+from kvcanary_cli.analysis.chains import left_behind, link, numbers, root_first
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import (
     CAUSE_OF_EXPLANATION,
@@ -204,9 +204,10 @@ def _with_next_commands(
     """Each cause with the `provenance` command of its first finding's slot (in its space),
     or of its pool row for a row-level one: who holds it, who held it last."""
     first: dict[CauseCode, Finding] = {}
-    for one in sorted(findings, key=Finding.order_key):
-        if one.cause is not None and (one.slot is not None or one.pool_row is not None):
-            first.setdefault(one.cause, one)
+    for code, found in _by_cause(findings).items():
+        one = next((f for f in found if f.slot is not None or f.pool_row is not None), None)
+        if one is not None:
+            first[code] = one
     path = shell_path(str(dump.path))
     out = []
     for c in causes:
@@ -223,13 +224,30 @@ def _with_next_commands(
     return tuple(out)
 
 
+def _by_cause(findings: Sequence[Finding]) -> dict[CauseCode, list[Finding]]:
+    """Each cause's findings in the order its story tells them: the report's, those another
+    of them leaves behind last (`chains.root_first`)."""
+    members: dict[CauseCode, list[Finding]] = {}
+    for f in sorted(findings, key=Finding.order_key):
+        if f.cause is not None:
+            members.setdefault(f.cause, []).append(f)
+    return {code: root_first(found) for code, found in members.items()}
+
+
 def _cause(entry: _Claim, findings: list[Finding], dump: KvDump) -> Cause:
+    members = [findings[i] for i in dict.fromkeys(entry.members)]
+    leading = {
+        f.code for f, behind in zip(members, left_behind(members), strict=True) if not behind
+    }
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
         summary=CAUSES[entry.code].summary,
-        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
-        explains=dict(sorted(entry.explains.items(), key=lambda kv: kv[0].order)),
+        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(root_first(members)),
+        # a code only another of its findings leaves behind is counted last
+        explains=dict(
+            sorted(entry.explains.items(), key=lambda kv: (kv[0] not in leading, kv[0].order))
+        ),
         fix=fix_for(entry.code, dump),
         headline=entry.headline,
     )
@@ -244,10 +262,9 @@ def fix_for(code: CauseCode, dump: KvDump) -> str:
     return entry.fix_page_size_1 if single and entry.fix_page_size_1 else entry.fix
 
 
-def _default_evidence(entry: _Claim, findings: list[Finding]) -> tuple[str, ...]:
+def _default_evidence(members: list[Finding]) -> tuple[str, ...]:
     """The first findings themselves, when the cause needs no argument beyond its symptoms."""
-    members = list(dict.fromkeys(entry.members))
-    shown = [_with_numbers(findings[i]) for i in members[:3]]
+    shown = [_with_numbers(f) for f in members[:3]]
     more = len(members) - len(shown)
     return (*shown, f"... and {more} more") if more > 0 else tuple(shown)
 
@@ -1204,10 +1221,7 @@ def with_headlines(
     first finding's message where that names the slot or pool row); a parent's headline then
     says in a clause what each cause it nests adds. The others as they are (their summary
     heads them)."""
-    members: dict[CauseCode, list[Finding]] = {}
-    for f in sorted(findings, key=Finding.order_key):
-        if f.cause is not None:
-            members.setdefault(f.cause, []).append(f)
+    members = _by_cause(findings)
     out = []
     for c in causes:
         found = members.get(c.code, [])

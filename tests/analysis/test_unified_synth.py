@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from kvcanary_cli.api import check
+from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.synth.state import SynthDump
+from tests.helpers import checked
 
 UNIFIED = [name for name in SCENARIOS if "unified" in name]
 
@@ -112,3 +114,32 @@ def test_each_fault_names_the_page_it_broke(tmp_path: Path, seed: int) -> None:
     truth, found = _report(tmp_path, "unified-physical-bound-twice", seed)
     owners = found["physical-page-shared"].cells.slot.tolist()  # type: ignore[attr-defined]
     assert sorted(owners) == sorted([truth["slot"], truth["owner_slot"]])
+
+
+FAULTS = [name for name in UNIFIED if SCENARIOS[name].expected]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_each_fault_ranks_its_cause_first_and_leads_with_its_finding(
+    tmp_path: Path, page_size: int
+) -> None:
+    """The planted cause comes first, and its story starts at the finding that names the
+    fault (the scenario's first expected code), not at a side effect it left (the mismatch a
+    physical page bound twice leaves: `physical_to_virtual` names one of its pages): its
+    headline, first evidence line, first count and next command are that finding's."""
+    for name in FAULTS:
+        scenario = SCENARIOS[name]
+        for seed in range(3):
+            d = make_scenario(name, seed=seed, page_size=page_size)
+            report = checked(load_dump(d.save(tmp_path / f"{name}.safetensors")), kernel="none")
+            first = report.diagnosis[0]
+            where = (name, seed, [(c.code.value, c.headline) for c in report.diagnosis])
+            assert first.code.value == scenario.cause, where
+            [lead] = [f for f in report.findings if f.code.value == scenario.expected[0]]
+            assert lead.cause is first.code, where
+            assert [c.value for c in first.explains][0] == scenario.expected[0], where
+            assert (first.headline or "").startswith(lead.message), where
+            assert first.evidence[0].startswith(lead.message), where
+            if lead.slot is not None:
+                assert first.next_command is not None, where
+                assert first.next_command.endswith(f"--slot {lead.slot}"), where
