@@ -8,15 +8,10 @@ gives the parent one "also shows" line per cause it explains (codes, counts, whe
 orders the causes: the top-level ones in rank order, each followed by those it explains.
 Only a cause whose every finding the parent's fault accounts for is absorbed; the rest stay
 top-level, for the cells nothing else explains.
-
-Inside one cause the same holds of findings: one that another of its findings leaves behind
-follows it (`root_first`), so the cause's story (headline, evidence, counts, next command)
-starts at what happened, not at what it left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -28,7 +23,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.results.cells import Space
 from kvcanary_cli.results.check import Cause, Finding
 
-__all__ = ["counted", "left_behind", "link", "numbers", "root_first", "span"]
+__all__ = ["counted", "link", "numbers", "span"]
 
 #: Causes the reserved page explains when every slot they name lies on it: what page 0 on a
 #: free list leads to (listed twice, handed out, mapped from live or stale full slots).
@@ -161,47 +156,6 @@ _FREED_WRITE = (
     CauseCode.SWA_WRITE_INTO_LIVE_SLOT,
     "the same request's live SWA pages were freed; this step's allocation handed one to the write",
 )
-
-
-#: Findings of one cause that another of its findings leaves behind, when every cell of the
-#: side effect lies on a physical page the root's cells name (same group): (root, side
-#: effect). A physical page behind two virtual pages is named back by `physical_to_virtual`
-#: for one of them at most, so the tables of the others disagree.
-_LEFT_BEHIND = ((FindingCode.PHYSICAL_PAGE_SHARED, FindingCode.PAGE_TABLE_MISMATCH),)
-
-
-def _physical_pages(f: Finding) -> np.ndarray | None:
-    if f.cells is None or len(f.cells) == 0:
-        return None
-    return f.cells.extra.get("physical_page")
-
-
-def left_behind(found: Sequence[Finding]) -> list[bool]:
-    """Per finding of one cause: whether another of them leaves it behind (`_LEFT_BEHIND`)."""
-    out = []
-    for f in found:
-        roots = {root for root, effect in _LEFT_BEHIND if effect is f.code}
-        pages = _physical_pages(f) if roots else None
-        named = (
-            []
-            if pages is None
-            else [
-                p
-                for r in found
-                if r.code in roots and r.group == f.group and (p := _physical_pages(r)) is not None
-            ]
-        )
-        out.append(pages is not None and any(bool(np.isin(pages, p).all()) for p in named))
-    return out
-
-
-def root_first(found: Sequence[Finding]) -> list[Finding]:
-    """One cause's findings with those another of them leaves behind after the rest, each
-    part in its order."""
-    behind = left_behind(found)
-    return [f for f, b in zip(found, behind, strict=True) if not b] + [
-        f for f, b in zip(found, behind, strict=True) if b
-    ]
 
 
 def _plural(n: int, one: str, many: str | None = None) -> str:

@@ -26,7 +26,7 @@ from kvcanary_cli.analysis.cells import (
     restricted,
     span,
 )
-from kvcanary_cli.analysis.chains import left_behind, link, numbers, root_first
+from kvcanary_cli.analysis.chains import link, numbers
 from kvcanary_cli.analysis.provenance import live_cells
 from kvcanary_cli.catalog import (
     CAUSE_OF_EXPLANATION,
@@ -224,26 +224,68 @@ def _with_next_commands(
     return tuple(out)
 
 
+#: Findings of one cause that another of its findings leaves behind, when every cell of the
+#: side effect lies on a physical page the root's cells name (same group): (root, side
+#: effect). The cause's story starts at what happened, not at what it left (docs/findings.md,
+#: "Chains"). A physical page behind two virtual pages is named back by `physical_to_virtual`
+#: for one of them at most, so the tables of the others disagree.
+_LEFT_BEHIND = ((FindingCode.PHYSICAL_PAGE_SHARED, FindingCode.PAGE_TABLE_MISMATCH),)
+
+
+def _physical_pages(f: Finding) -> np.ndarray | None:
+    if f.cells is None or len(f.cells) == 0:
+        return None
+    return f.cells.extra.get("physical_page")
+
+
+def _left_behind(found: Sequence[Finding]) -> list[bool]:
+    """Per finding of one cause: whether another of them leaves it behind (`_LEFT_BEHIND`)."""
+    out = []
+    for f in found:
+        roots = {root for root, effect in _LEFT_BEHIND if effect is f.code}
+        pages = _physical_pages(f) if roots else None
+        named = (
+            []
+            if pages is None
+            else [
+                p
+                for r in found
+                if r.code in roots and r.group == f.group and (p := _physical_pages(r)) is not None
+            ]
+        )
+        out.append(pages is not None and any(bool(np.isin(pages, p).all()) for p in named))
+    return out
+
+
+def _root_first(found: Sequence[Finding]) -> list[Finding]:
+    """One cause's findings with those another of them leaves behind after the rest, each
+    part in its order."""
+    behind = _left_behind(found)
+    return [f for f, b in zip(found, behind, strict=True) if not b] + [
+        f for f, b in zip(found, behind, strict=True) if b
+    ]
+
+
 def _by_cause(findings: Sequence[Finding]) -> dict[CauseCode, list[Finding]]:
     """Each cause's findings in the order its story tells them: the report's, those another
-    of them leaves behind last (`chains.root_first`)."""
+    of them leaves behind last (`_root_first`)."""
     members: dict[CauseCode, list[Finding]] = {}
     for f in sorted(findings, key=Finding.order_key):
         if f.cause is not None:
             members.setdefault(f.cause, []).append(f)
-    return {code: root_first(found) for code, found in members.items()}
+    return {code: _root_first(found) for code, found in members.items()}
 
 
 def _cause(entry: _Claim, findings: list[Finding], dump: KvDump) -> Cause:
     members = [findings[i] for i in dict.fromkeys(entry.members)]
     leading = {
-        f.code for f, behind in zip(members, left_behind(members), strict=True) if not behind
+        f.code for f, behind in zip(members, _left_behind(members), strict=True) if not behind
     }
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
         summary=CAUSES[entry.code].summary,
-        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(root_first(members)),
+        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(_root_first(members)),
         # a code only another of its findings leaves behind is counted last
         explains=dict(
             sorted(entry.explains.items(), key=lambda kv: (kv[0] not in leading, kv[0].order))
