@@ -1690,6 +1690,7 @@ _SHOWN_AS = {
     CauseCode.SWA_PAGE_REISSUED: "a reissued SWA page",
     CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: "entries cleared in the window",
     CauseCode.SWA_LEAK: "a leak",
+    CauseCode.LUT_TOO_SHORT: "a LUT shorter than the pool",
 }
 
 

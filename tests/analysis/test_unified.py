@@ -109,9 +109,8 @@ def _planted(name: str) -> dict[str, Any]:
     return state
 
 
-#: Each planted unified-layout fault, the finding it must give and its cause; the catalog's
-#: coverage test (test_findings) counts `page-table-size-mismatch` as planted here (the synth
-#: `unified-*` scenarios plant the others, tests/analysis/test_unified_synth.py).
+#: Each planted unified-layout fault, the finding it must give and its cause (the synth
+#: `unified-*` scenarios plant them in whole states, tests/analysis/test_unified_synth.py).
 UNIFIED_FAULTS = (
     ("free-and-bound", "virtual-page-free-and-bound", "virtual-page-freed-while-bound"),
     ("unbound", "virtual-page-unbound", "page-table-corrupt"),
