@@ -278,6 +278,14 @@ def _holding_rows(dump: KvDump, swa_slots: np.ndarray) -> np.ndarray:
     return distinct(cells.pool_row[inside & np.isin(mapped, swa_slots)])
 
 
+def _swa_table_short(dump: KvDump, page: int, fs: list[Finding]) -> bool:
+    """`swa_virtual_to_physical` sized by another id space (the SWA group's size finding
+    among `fs`) and the LUT as long as it stands for: `(entries - 1) x page + 1`."""
+    table = dump.page_tables.get("swa_virtual_to_physical")
+    sized = any(f.code is FindingCode.PAGE_TABLE_SIZE_MISMATCH and f.group == "swa" for f in fs)
+    return sized and table is not None and dump.lut_len == (int(table.size) - 1) * page + 1
+
+
 def _rows_of(fs: list[Finding]) -> np.ndarray:
     parts = [f.cells.pool_row for f in fs if f.cells is not None]
     return distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
@@ -348,6 +356,16 @@ def link(dump: KvDump, findings: list[Finding], causes: list[Cause]) -> tuple[Ca
         holders = _holding_rows(dump, np.concatenate(written)) if written else written
         if len(holders) and np.isin(holders, _rows_of(members.get(by, []))).all():
             absorb(child, by, reason)
+    # unified memory keeps no LUT: capture reads it from the SWA side's virtual table, so a
+    # LUT as short as that table is the table sized by another id space
+    if CauseCode.LUT_TOO_SHORT in present and _swa_table_short(
+        dump, page, members.get(CauseCode.PAGE_TABLE_CORRUPT, [])
+    ):
+        absorb(
+            CauseCode.LUT_TOO_SHORT,
+            CauseCode.PAGE_TABLE_CORRUPT,
+            "the LUT is swa_virtual_to_physical read slot by slot, as short as that table",
+        )
     # a mapping dropped or replaced without its free leaks the page it held
     leaks = members.get(CauseCode.SWA_LEAK, [])
     if leaks:

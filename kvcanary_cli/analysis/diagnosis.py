@@ -204,9 +204,10 @@ def _with_next_commands(
     """Each cause with the `provenance` command of its first finding's slot (in its space),
     or of its pool row for a row-level one: who holds it, who held it last."""
     first: dict[CauseCode, Finding] = {}
-    for one in sorted(findings, key=Finding.order_key):
-        if one.cause is not None and (one.slot is not None or one.pool_row is not None):
-            first.setdefault(one.cause, one)
+    for code, found in _by_cause(findings).items():
+        one = next((f for f in found if f.slot is not None or f.pool_row is not None), None)
+        if one is not None:
+            first[code] = one
     path = shell_path(str(dump.path))
     out = []
     for c in causes:
@@ -223,13 +224,72 @@ def _with_next_commands(
     return tuple(out)
 
 
+#: Findings of one cause that another of its findings leaves behind, when every cell of the
+#: side effect lies on a physical page the root's cells name (same group): (root, side
+#: effect). The cause's story starts at what happened, not at what it left (docs/findings.md,
+#: "Chains"). A physical page behind two virtual pages is named back by `physical_to_virtual`
+#: for one of them at most, so the tables of the others disagree.
+_LEFT_BEHIND = ((FindingCode.PHYSICAL_PAGE_SHARED, FindingCode.PAGE_TABLE_MISMATCH),)
+
+
+def _physical_pages(f: Finding) -> np.ndarray | None:
+    if f.cells is None or len(f.cells) == 0:
+        return None
+    return f.cells.extra.get("physical_page")
+
+
+def _left_behind(found: Sequence[Finding]) -> list[bool]:
+    """Per finding of one cause: whether another of them leaves it behind (`_LEFT_BEHIND`)."""
+    out = []
+    for f in found:
+        roots = {root for root, effect in _LEFT_BEHIND if effect is f.code}
+        pages = _physical_pages(f) if roots else None
+        named = (
+            []
+            if pages is None
+            else [
+                p
+                for r in found
+                if r.code in roots and r.group == f.group and (p := _physical_pages(r)) is not None
+            ]
+        )
+        out.append(pages is not None and any(bool(np.isin(pages, p).all()) for p in named))
+    return out
+
+
+def _root_first(found: Sequence[Finding]) -> list[Finding]:
+    """One cause's findings with those another of them leaves behind after the rest, each
+    part in its order."""
+    behind = _left_behind(found)
+    return [f for f, b in zip(found, behind, strict=True) if not b] + [
+        f for f, b in zip(found, behind, strict=True) if b
+    ]
+
+
+def _by_cause(findings: Sequence[Finding]) -> dict[CauseCode, list[Finding]]:
+    """Each cause's findings in the order its story tells them: the report's, those another
+    of them leaves behind last (`_root_first`)."""
+    members: dict[CauseCode, list[Finding]] = {}
+    for f in sorted(findings, key=Finding.order_key):
+        if f.cause is not None:
+            members.setdefault(f.cause, []).append(f)
+    return {code: _root_first(found) for code, found in members.items()}
+
+
 def _cause(entry: _Claim, findings: list[Finding], dump: KvDump) -> Cause:
+    members = [findings[i] for i in dict.fromkeys(entry.members)]
+    leading = {
+        f.code for f, behind in zip(members, _left_behind(members), strict=True) if not behind
+    }
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
         summary=CAUSES[entry.code].summary,
-        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(entry, findings),
-        explains=dict(sorted(entry.explains.items(), key=lambda kv: kv[0].order)),
+        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(_root_first(members)),
+        # a code only another of its findings leaves behind is counted last
+        explains=dict(
+            sorted(entry.explains.items(), key=lambda kv: (kv[0] not in leading, kv[0].order))
+        ),
         fix=fix_for(entry.code, dump),
         headline=entry.headline,
     )
@@ -244,10 +304,9 @@ def fix_for(code: CauseCode, dump: KvDump) -> str:
     return entry.fix_page_size_1 if single and entry.fix_page_size_1 else entry.fix
 
 
-def _default_evidence(entry: _Claim, findings: list[Finding]) -> tuple[str, ...]:
+def _default_evidence(members: list[Finding]) -> tuple[str, ...]:
     """The first findings themselves, when the cause needs no argument beyond its symptoms."""
-    members = list(dict.fromkeys(entry.members))
-    shown = [_with_numbers(findings[i]) for i in members[:3]]
+    shown = [_with_numbers(f) for f in members[:3]]
     more = len(members) - len(shown)
     return (*shown, f"... and {more} more") if more > 0 else tuple(shown)
 
@@ -1204,10 +1263,7 @@ def with_headlines(
     first finding's message where that names the slot or pool row); a parent's headline then
     says in a clause what each cause it nests adds. The others as they are (their summary
     heads them)."""
-    members: dict[CauseCode, list[Finding]] = {}
-    for f in sorted(findings, key=Finding.order_key):
-        if f.cause is not None:
-            members.setdefault(f.cause, []).append(f)
+    members = _by_cause(findings)
     out = []
     for c in causes:
         found = members.get(c.code, [])
@@ -1634,6 +1690,7 @@ _SHOWN_AS = {
     CauseCode.SWA_PAGE_REISSUED: "a reissued SWA page",
     CauseCode.SWA_MAPPING_CLEARED_IN_WINDOW: "entries cleared in the window",
     CauseCode.SWA_LEAK: "a leak",
+    CauseCode.LUT_TOO_SHORT: "a LUT shorter than the pool",
 }
 
 

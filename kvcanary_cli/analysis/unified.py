@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvcanary_cli.analysis.bookkeeping import _slot_cells, _slot_finding, recorded_held_slots
+from kvcanary_cli.analysis.cells import span
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group, Layout
@@ -143,16 +144,20 @@ def _disagreements(
     twice = np.unique(order[1:][order[1:] == order[:-1]])
     if twice.size:
         owners = v[(p > 0) & np.isin(p, twice)]
+        # two owners or more, always: the message names them and the pages they share
+        shared = (
+            f"{group} side: virtual slots {span(owners * page)} share physical "
+            f"page{'s' if twice.size > 1 else ''} {span(twice)} (a physical page bound to two "
+            "virtual pages at once): two owners read and write the same KV"
+        )
         found.append(
             _slot_finding(
                 FindingCode.PHYSICAL_PAGE_SHARED,
                 group,
                 space,
                 _slot_cells(owners * page, {"physical_page": v2p[owners]}),
-                f"{group} side: virtual slot {{slot}}'s physical page is bound to another "
-                "virtual page too",
-                f"{group} side: physical pages bound to two virtual pages at once: two owners "
-                "read and write the same KV",
+                shared,
+                shared,
                 {
                     "side": str(group),
                     "page_size": page,

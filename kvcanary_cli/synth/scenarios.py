@@ -1143,6 +1143,25 @@ def _unbound_under_holder(d: SynthDump, rng: np.random.Generator) -> None:
     d.truth = {"slot": virtual * _page_size(d)}
 
 
+def _swa_table_sized_by_its_pool(d: SynthDump, rng: np.random.Generator) -> None:
+    """SGLang #37560: the SWA side's `MultiEndedAllocator` built without `virtual_num_pages`,
+    so its `virtual_to_physical` is sized by its own physical pages, not by the full side's
+    virtual ids. The SWA pages take twice a full page's bytes (the scenario's model), so the
+    table addresses half the ids. Nothing has read past it yet: ids are minted in order, and
+    every page bound so far is below its end; the first id minted past it will. Capture
+    reads the LUT from that table, so the LUT is as short."""
+    p = _page_size(d)
+    pages = int(d.tensors["swa_physical_to_virtual"].size) - 1
+    full = d.tensors["full_virtual_to_physical"]
+    if int((np.flatnonzero(full[1:-1] >= 0) + 1).max(initial=0)) >= pages:
+        raise RuntimeError("needs every bound virtual page inside the SWA pool's pages")
+    table = d.tensors["swa_virtual_to_physical"]
+    d.tensors["swa_virtual_to_physical"] = np.r_[table[:pages], -1].astype(np.int64)
+    lut = d.tensors["full_to_swa_index_mapping"]
+    d.tensors["full_to_swa_index_mapping"] = np.r_[lut[: pages * p], -1].astype(np.int64)
+    d.truth = {"virtual_pages": pages, "full_virtual_pages": int(full.size) - 1}
+
+
 _SWA = {"window": 8}
 _SWA_PAGED = {"window": 32, "page_size": 16, "max_seq_len": 128}
 _REQ_ROWS = {"req_rows": True}
@@ -1475,6 +1494,16 @@ SCENARIOS: dict[str, Scenario] = {
             spec=_UNIFIED,
             corrupt=_unbound_under_holder,
             expected=("virtual-page-unbound",),
+            cause="page-table-corrupt",
+        ),
+        Scenario(
+            name="unified-swa-table-sized-by-its-pool",
+            summary="unified memory, SWA pages of twice the bytes: the SWA side's "
+            "virtual_to_physical sized by its own pool, half the full side's ids (its "
+            "allocator built without virtual_num_pages, SGLang #37560); the LUT read from it",
+            spec={**_UNIFIED, "swa_page_scale": 2, "spare_slots": 256},
+            corrupt=_swa_table_sized_by_its_pool,
+            expected=("page-table-size-mismatch", "lut-shorter-than-pool"),
             cause="page-table-corrupt",
         ),
         Scenario(

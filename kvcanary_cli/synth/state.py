@@ -95,6 +95,9 @@ class SynthSpec:
     #: with `window`: SGLang's unified memory (`--enable-unified-memory`, lazy compaction)
     #: instead of the paged SWA pools: virtual ids, each side's page tables and holes.
     unified: bool = False
+    #: with `unified`: an SWA page's bytes over a full page's (a model with more SWA layers
+    #: than full ones); the SWA side counts that many times fewer physical pages of the buffer.
+    swa_page_scale: int = 1
 
 
 @dataclass(kw_only=True)
@@ -353,20 +356,24 @@ def _unified(
     last (taken off the free list's tail) with their SWA side tombstoned. Both sides view one
     buffer: the full side binds every held page to a physical page grown down from the top,
     the SWA side binds the pages it keeps to pages grown up from 1 (the synthetic model's
-    layers give both the same bytes per page, so both count N physical pages). Inside each
-    side's span, pages freed since (`physical_holes`, sorted) wait for reuse; the span's
-    growing edge is always live (compaction absorbs holes there). The SWA side's table
-    stands for the LUT, and the free SWA slots are not a list (`free_swa_slots` absent).
+    layers give both the same bytes per page, so both count N physical pages; with
+    `swa_page_scale` s an SWA page spans s full pages' bytes, and the SWA side counts N // s,
+    its virtual table still addressing the full side's N ids). Inside each side's span, pages
+    freed since (`physical_holes`, sorted) wait for reuse; the span's growing edge is always
+    live (compaction absorbs holes there). The SWA side's table stands for the LUT, and the
+    free SWA slots are not a list (`free_swa_slots` absent).
     """
-    p, n = spec.page_size, full.num_pages
+    p, n, scale = spec.page_size, full.num_pages, spec.swa_page_scale
     running, kept = _swa_pages(live, spec, rng)
     free = full.free.contents()
     cached = np.sort(free[free.size - min(free.size // 8, 2 + int(rng.integers(0, 6))) :])
     bound = np.union1d(running, cached)
     full_v2p, full_p2v, full_holes = _end_side(bound, n, n, rng, top=True)
     swa_v2p, swa_p2v, swa_holes = _end_side(kept, n, n, rng, top=False)
-    if swa_v2p[kept].max(initial=0) >= full_v2p[bound].min(initial=n):
+    # the SWA span's last byte, in full pages, below the full span's first
+    if (swa_v2p[kept].max(initial=-1) + 1) * scale > full_v2p[bound].min(initial=n):
         raise RuntimeError("synthetic unified buffer too small for both sides")
+    swa_p2v = np.r_[swa_p2v[: n // scale], -1].astype(np.int64)
     lut = np.zeros(n * p + 1, dtype=np.int64)
     lut[-1] = -1
     lut[page_slots(kept, p)] = page_slots(swa_v2p[kept], p)

@@ -20,7 +20,6 @@ from kvcanary_cli.synth.state import SynthSpec, build_dump
 from tests.analysis.conftest import LoadSynth, ScenarioDump
 from tests.analysis.test_hicache import HOST_FAULTS
 from tests.analysis.test_mamba import MAMBA_FAULTS
-from tests.analysis.test_unified import UNIFIED_FAULTS
 from tests.helpers import VECTORIZED, checked, expand_cells
 
 CORRUPT = [name for name, s in SCENARIOS.items() if s.expected]
@@ -33,9 +32,6 @@ def codes_of(findings: tuple[Finding, ...]) -> set[str]:
 
 def test_every_code_but_divergence_has_a_scenario() -> None:
     covered = {code for s in SCENARIOS.values() for code in s.expected}
-    # SGLang #37560's table sized by the SWA pool: the synthetic model's sides count the same
-    # pages, so only the hand-made dumps of test_unified plant it
-    covered |= {code for _, code, _ in UNIFIED_FAULTS if code == "page-table-size-mismatch"}
     covered |= {code for _, code, _ in MAMBA_FAULTS}  # the Mamba layout's own dumps
     covered |= {code for _, code, _ in HOST_FAULTS}  # HiCache's host pool dumps
     assert covered == {c.value for c in FindingCode} - {"kernel-divergence"}

@@ -109,9 +109,8 @@ def _planted(name: str) -> dict[str, Any]:
     return state
 
 
-#: Each planted unified-layout fault, the finding it must give and its cause; the catalog's
-#: coverage test (test_findings) counts `page-table-size-mismatch` as planted here (the synth
-#: `unified-*` scenarios plant the others, tests/analysis/test_unified_synth.py).
+#: Each planted unified-layout fault, the finding it must give and its cause (the synth
+#: `unified-*` scenarios plant them in whole states, tests/analysis/test_unified_synth.py).
 UNIFIED_FAULTS = (
     ("free-and-bound", "virtual-page-free-and-bound", "virtual-page-freed-while-bound"),
     ("unbound", "virtual-page-unbound", "page-table-corrupt"),
@@ -162,3 +161,19 @@ def test_paged_dump_without_layout_reads_as_before(tmp_path: Path) -> None:
     path = write_dump(tmp_path / "p.safetensors", dump_contents(metadata, tensors))
     report = check([path], kernel="none").dumps[0]
     assert "slot-beyond-pool" in _errors(report)
+
+
+def test_a_mismatch_the_shared_page_leaves_follows_the_sharing(tmp_path: Path) -> None:
+    """A physical page behind two virtual pages is named back by one of them at most: the
+    other's mismatch is what the sharing left, so the cause's counts, evidence and headline
+    start at the sharing. A mismatch of a page bound to a physical page of its own is no such
+    side effect and keeps the report's order (the codes table: mismatch first)."""
+    report = _check(tmp_path, _planted("shared-physical"))
+    [cause] = report.diagnosis
+    assert [c.value for c in cause.explains] == ["physical-page-shared", "page-table-mismatch"]
+    assert "share physical page 6" in cause.evidence[0] and "share" in (cause.headline or "")
+    state = _planted("shared-physical")
+    state["full_physical_to_virtual"][7] = -1  # virtual 1's page no longer named back
+    [cause] = _check(tmp_path, state).diagnosis
+    assert [c.value for c in cause.explains] == ["page-table-mismatch", "physical-page-shared"]
+    assert "do not name each other" in cause.evidence[0], cause.evidence
