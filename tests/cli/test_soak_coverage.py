@@ -212,13 +212,14 @@ def _drawn(arrivals: Sequence[Arrival]) -> list[Arrival]:
     return kept
 
 
-def test_mamba_histories_open_sessions_drawn_apart() -> None:
+def test_mamba_histories_open_sessions_drawn_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """`MAMBA_SESSIONS` drawn requests of a Mamba history each open a session with one or
     two later turns, each a few steps after the turn before; with those left out, and the
     session marks dropped, the arrivals and their aborts are those drawn without sessions.
     A conversation fits where the longest drawn request does; half the later turns are
     aborted, never at once, within twice the layout's abort window. No other layout has
     sessions."""
+    from kvcanary_cli.soak import command
     from kvcanary_cli.soak.command import (
         MAMBA_ABORT_WITHIN,
         MAMBA_NEW,
@@ -226,7 +227,6 @@ def test_mamba_histories_open_sessions_drawn_apart() -> None:
         MAMBA_SESSIONS,
         history_workload,
     )
-    from kvcanary_cli.soak.mamba import CHUNK
 
     aborted = later_turns = 0
     for history in range(5):
@@ -246,18 +246,9 @@ def test_mamba_histories_open_sessions_drawn_apart() -> None:
                 if a.abort_after is not None:
                     aborted += 1
                     assert 0 < a.abort_after < 2 * MAMBA_ABORT_WITHIN
-        drawn = random_workload(
-            mamba.seed,
-            steps=mamba.steps,
-            requests=20,
-            max_prompt=MAMBA_PROMPT,
-            max_new=MAMBA_NEW,
-            aborts=0.25,
-            ignore_eos=False,
-            abort_within=MAMBA_ABORT_WITHIN,
-            warmups=True,
-            warmup_grid=CHUNK,
-        )
+        with monkeypatch.context() as patch:
+            patch.setattr(command, "MAMBA_SESSIONS", 0)
+            drawn = command.history_workload(0, history, 1, layout="mamba")
         unmarked = [replace(a, session=None) for a in _drawn(mamba.arrivals)]
         assert unmarked == list(drawn.arrivals)
     assert 0 < aborted < later_turns
