@@ -228,13 +228,13 @@ class Scheduler:
     def _arrive(self) -> None:
         """The arrivals due, in order; a session's turn waits while the turn before it is not
         over (`Arrival.session`), and the session's later turns with it."""
-        waiting_on: set[int] = set()
+        held_back: set[int] = set()
         deferred = []
         for a in self._deferred:
             if a.session is not None and (
-                a.session in waiting_on or not self._session_book().ready(a.session)
+                a.session in held_back or not self._session_book().ready(a.session)
             ):
-                waiting_on.add(a.session)
+                held_back.add(a.session)
                 deferred.append(a)
                 continue
             req = self._new_req(a.prompt, a.max_new_tokens, a.session)

@@ -48,8 +48,6 @@ class Sessions:
         self._fields = set(inspect.signature(self._request).parameters)
         self._vocab = vocab_size
         self._open: dict[int, _Open] = {}
-        #: ids of turns the client aborted while they waited (never finished)
-        self._dropped: set[int] = set()
 
     def ready(self, number: int) -> bool:
         """Whether session `number` may take its next turn: its turn before is over."""
@@ -59,14 +57,14 @@ class Sessions:
         if one.turn.finished():
             one.finished, one.turn = one.turn.rid, None
             return True
-        if id(one.turn) in self._dropped:
-            one.turn = None
-            return True
         return False
 
     def dropped(self, req: Any) -> None:
-        """The client aborted `req` while it waited, or SGLang dropped it unfinished."""
-        self._dropped.add(id(req))
+        """The client aborted `req` while it waited, or SGLang dropped it unfinished: its
+        session's turn is over, and the next one continues the turn before it."""
+        for one in self._open.values():
+            if one.turn is req:
+                one.turn = None
 
     def turn(self, number: int, rid: str, prompt: tuple[int, ...], sampling: Any) -> Any:
         """The next turn of session `number` (opened at its first), as SGLang's scheduler makes
