@@ -81,12 +81,14 @@ def holds_mamba(req: Any) -> bool:
 def turn_down_mamba(req: Any, mamba_allocator: Any) -> None:
     """What SGLang's scheduler undoes for a request the adder turned down after its prefix
     match: the copy-on-write source and clear flag the match staged (0.5.15 on), and the
-    Mamba slot it took, freed (a waiting request holds none between rounds)."""
+    Mamba slot it took, freed, but for a session's request (`req.session`), which keeps it
+    while it waits and reuses it at its next match (a waiting request of no session holds
+    none between rounds)."""
     record = kv_record(req)
     if hasattr(record, "mamba_cow_src_index"):
         record.mamba_cow_src_index = None
         record.mamba_needs_clear = False
-    if holds_mamba(req):
+    if holds_mamba(req) and not getattr(req, "session", None):
         mamba_allocator.free(record.mamba_pool_idx.unsqueeze(-1))
         record.mamba_pool_idx = None
 

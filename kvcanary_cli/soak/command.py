@@ -57,6 +57,9 @@ MAMBA_PROMPT = 96
 MAMBA_NEW = 40
 MAMBA_ABORTS = 0.25
 MAMBA_ABORT_WITHIN = 4
+#: Client sessions per Mamba history (each a drawn request and one or two later turns): a
+#: session's request the adder turns down keeps its copy-on-write Mamba slot while it waits.
+MAMBA_SESSIONS = 8
 #: SGLang's per-path Mamba state cap (`--mamba-max-states-per-path`) of the Mamba layout's
 #: capped histories, every other history where the release has the option: past it the tree
 #: drops a path's shallow Mamba states and keeps their nodes, which an uncapped history
@@ -87,7 +90,10 @@ def history_workload(
     chunked prefill): there, fixed-length requests never retracted and no abort ever met a
     chunk. A warm-up of one Mamba chunk (`CHUNK` tokens, one output token) comes before the
     earliest request of each stem: a chunk's checkpoint then can land on a node that already
-    holds a state (none did without them). With `path_cap` (the release has
+    holds a state (none did without them). `MAMBA_SESSIONS` of its requests open a client
+    session continued by later turns: a session's request the adder turns down keeps its
+    copy-on-write Mamba slot, and one aborted then releases it with no KV held (no other
+    request does). With `path_cap` (the release has
     `--mamba-max-states-per-path`), every other history caps a path's Mamba states at
     `MAMBA_PATH_CAP`, the others run uncapped (a server's default): in a round the first
     shape is capped, the next not, and the next round swaps them, so the first history
@@ -108,6 +114,7 @@ def history_workload(
         abort_within=MAMBA_ABORT_WITHIN if mamba else None,
         warmups=mamba,
         warmup_grid=CHUNK,
+        sessions=MAMBA_SESSIONS if mamba else 0,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,

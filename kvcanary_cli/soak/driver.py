@@ -3,13 +3,14 @@
 Each `step` mirrors SGLang 0.5.23's `get_next_batch_to_run` (stash the chunked request, merge
 the last prefill batch into the running one, filter finished requests), then either
 `get_new_batch_prefill` (a `PrefillAdder` admits waiting requests: prefix match, locks,
-chunking; the request it turns down gives back the copy-on-write Mamba slot its match took;
+chunking; the request it turns down gives back the copy-on-write Mamba slot its match took,
+but for a session's request, which keeps it while it waits;
 `ScheduleBatch.prepare_for_extend` allocates, evicting the tree under pressure) or
 `update_running_batch` (`check_decode_mem`, `retract_decode`, `prepare_for_decode`, which frees
 out-of-window SWA). Aborts come first, as SGLang's `abort_request` then
 `process_pending_chunked_abort` take them: a waiting request is dropped and its cache attempt
-finished as aborted (one holding a Mamba slot, which only a streaming session's request does
-between rounds, is released without caching, as SGLang's `abort_request` does), the chunked
+finished as aborted (one holding a Mamba slot, which only a session's request does between
+rounds, is released without caching, as SGLang's `abort_request` does), the chunked
 request is released without caching (`release_kv_cache(checkpoint=False)`), a running one is
 marked `to_finish` and freed by its next result. The forward is a random next token per
 request; the result processing is `process_batch_result_prefill` / `_decode`'s memory part
@@ -18,6 +19,9 @@ memory is SGLang's own.
 
 A fully idle step runs what SGLang's `on_idle` does to memory before its idle checks: unified
 memory's compaction pass (`flush_opportunistic`).
+
+A session's turn (`Arrival.session`) is made as SGLang's scheduler makes it, by
+`Session.create_req` (`soak.sessions`), once the turn before it is over.
 
 `on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
 written yet); `on_idle` when nothing runs and nothing waits.
@@ -47,8 +51,9 @@ from kvcanary_cli.soak.calls import (
     row_of,
     turn_down_mamba,
 )
+from kvcanary_cli.soak.sessions import Sessions
 from kvcanary_cli.soak.stack import Stack
-from kvcanary_cli.soak.workload import VOCAB, Workload
+from kvcanary_cli.soak.workload import VOCAB, Arrival, Workload
 
 __all__ = ["Scheduler", "StepInfo", "serving_options"]
 
@@ -145,6 +150,10 @@ class Scheduler:
         self.last_batch: Any = None
         self.chunked_req: Any = None
         self._next_arrival = 0
+        #: arrivals due but not yet made: a session's turn waits for the turn before it
+        self._deferred: list[Arrival] = []
+        #: the client's sessions (made at the first session turn)
+        self._sessions: Sessions | None = None
         self._rid = 0
         self.step_no = 0
         #: (step, request) the client aborts at
@@ -160,12 +169,14 @@ class Scheduler:
     def _empty_batch(self) -> Any:
         return self._sb.ScheduleBatch(reqs=[], batch_is_full=False)
 
-    def _new_req(self, prompt: tuple[int, ...], max_new: int) -> Any:
+    def _new_req(self, prompt: tuple[int, ...], max_new: int, session: int | None = None) -> Any:
         sp = self.stack.modules.sampling_params.SamplingParams(
             max_new_tokens=max_new, ignore_eos=self.workload.ignore_eos
         )
         sp.normalize(None)  # what the tokenizer manager does: empty stop lists
         self._rid += 1
+        if session is not None:
+            return self._session_book().turn(session, f"soak-{self._rid}", prompt, sp)
         return self._sb.Req(f"soak-{self._rid}", "", array("q", prompt), sp, vocab_size=VOCAB)
 
     @property
@@ -173,6 +184,7 @@ class Scheduler:
         """Every arrival came, and nothing runs or waits."""
         return (
             self._next_arrival >= len(self.workload.arrivals)
+            and not self._deferred
             and not self.waiting
             and self.running.is_empty()
             and self.chunked_req is None
@@ -185,12 +197,10 @@ class Scheduler:
         while (
             self._next_arrival < len(arrivals) and arrivals[self._next_arrival].step <= self.step_no
         ):
-            a = arrivals[self._next_arrival]
-            req = self._new_req(a.prompt, a.max_new_tokens)
-            self.waiting.append(req)
-            if a.abort_after is not None:
-                self._aborts.append((self.step_no + a.abort_after, req))
+            self._deferred.append(arrivals[self._next_arrival])
             self._next_arrival += 1
+        if self._deferred:
+            self._arrive()
         if self._aborts:
             self._abort_due()
         info = StepInfo(step=self.step_no, mode="idle")
@@ -207,6 +217,29 @@ class Scheduler:
         self.last_batch = batch
         self.step_no += 1
         return info
+
+    def _arrive(self) -> None:
+        """The arrivals due, in order; a session's turn waits while the turn before it is not
+        over (`Arrival.session`), and the session's later turns with it."""
+        held_back: set[int] = set()
+        deferred = []
+        for a in self._deferred:
+            if a.session is not None and (
+                a.session in held_back or not self._session_book().ready(a.session)
+            ):
+                held_back.add(a.session)
+                deferred.append(a)
+                continue
+            req = self._new_req(a.prompt, a.max_new_tokens, a.session)
+            self.waiting.append(req)
+            if a.abort_after is not None:
+                self._aborts.append((self.step_no + a.abort_after, req))
+        self._deferred = deferred
+
+    def _session_book(self) -> Sessions:
+        if self._sessions is None:
+            self._sessions = Sessions(VOCAB)
+        return self._sessions
 
     def _on_idle(self) -> None:
         """SGLang's `on_idle` before its idle checks: fully idle, unified memory compacts
@@ -237,8 +270,10 @@ class Scheduler:
             if any(req is waiting for waiting in self.waiting):
                 self.waiting = [w for w in self.waiting if w is not req]
                 self._finish_aborted(req)
-                if holds_mamba(req):  # the copy-on-write slot its prefix match took
+                if holds_mamba(req):  # the copy-on-write slot a session's turn kept
                     self._release(req, tree, False)
+                if self._sessions is not None:
+                    self._sessions.dropped(req)
                 self.counters.aborts_waiting += 1
             elif req is self.chunked_req:
                 req.finished_reason = self._sb.FINISH_ABORT("Aborted")
@@ -357,7 +392,8 @@ class Scheduler:
             for req in retracted:
                 self.waiting.append(req)
             for req in aborted:  # finished by SGLang (to_finish): nothing to requeue
-                del req
+                if self._sessions is not None:
+                    self._sessions.dropped(req)
         if batch.batch_size() < initial:
             batch.batch_is_full = False
         if batch.is_empty():

@@ -31,6 +31,12 @@ class Arrival:
     #: it waits; None: never): waiting, in chunked prefill or running, each the way SGLang's
     #: scheduler aborts there
     abort_after: int | None = None
+    #: the client session it is a turn of (None: none). A session's turns, in arrival order,
+    #: each continue the latest one that finished, as SGLang's `Session.create_req` builds a
+    #: turn (that turn's prompt and output, then this prompt); a turn arrives at its step or,
+    #: while the turn before it still runs or waits, the step after that one is over (a
+    #: client sends its next turn once it has the reply)
+    session: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class Workload:
             {
                 "seed": self.seed,
                 "steps": self.steps,
-                "arrivals": [asdict(a) for a in self.arrivals],
+                "arrivals": [_arrival_json(a) for a in self.arrivals],
                 "release_prefill_swa": self.release_prefill_swa,
                 "swa_eviction_interval": self.swa_eviction_interval,
                 "need_sort": self.need_sort,
@@ -96,6 +102,7 @@ class Workload:
                 tuple(int(t) for t in a["prompt"]),
                 int(a["max_new_tokens"]),
                 _abort_after(a.get("abort_after")),
+                _session(a.get("session")),  # absent in files before sessions
             )
             for a in data["arrivals"]
         )
@@ -126,11 +133,28 @@ class Workload:
         )
 
 
+def _arrival_json(arrival: Arrival) -> dict[str, object]:
+    """An arrival's fields, without `session` where it has none (files stay as they were)."""
+    fields = asdict(arrival)
+    if arrival.session is None:
+        del fields["session"]
+    return fields
+
+
+def _session(value: object) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise TypeError("session is not null or a session number")
+    return value
+
+
 def _abort_after(value: object) -> int | None:
     if value is not None and (type(value) is not int or value < 0):
         raise TypeError("abort_after is not null or a step count")
     return value
 
+
+#: The share of sessions' later turns the client aborts (where the workload has aborts).
+SESSION_TURN_ABORTS = 0.5
 
 #: Token ids of prompts and outputs (a small vocabulary: outputs repeat prompts' prefixes too).
 VOCAB = 64
@@ -153,6 +177,7 @@ def random_workload(
     abort_within: int | None = None,
     warmups: bool = False,
     warmup_grid: int = 16,
+    sessions: int = 0,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -161,7 +186,12 @@ def random_workload(
     sharing each stem's first `warmup_grid` tokens has a warm-up come just before it, in the
     same step: those tokens alone, one output token (a client caching a system prompt). The
     warm-up finishes in its prefill, where the other request's first chunk may end, so that
-    chunk's checkpoint finds its node already holding a Mamba state."""
+    chunk's checkpoint finds its node already holding a Mamba state. With `sessions`, that
+    many of the drawn requests each open a client session, continued by one or two later
+    turns (`_open_sessions`), drawn apart: the other arrivals and their aborts are those
+    drawn without; with `aborts`, half the later turns are aborted after they arrive, within
+    twice `abort_within` steps (never at once: a turn aborted before its first round never
+    matched)."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
@@ -180,6 +210,7 @@ def random_workload(
         arrivals.append(
             Arrival(int(rng.integers(0, last)), prompt, int(rng.integers(1, max_new + 1)))
         )
+    later = _open_sessions(arrivals, seed, sessions, max_prompt + max_new, max_new)
     if warmups:
         first: dict[tuple[int, ...], int] = {}  # a stem's first chunk: its earliest sharer
         for i, stem in enumerate(shared):
@@ -207,6 +238,15 @@ def random_workload(
             else a
             for a in arrivals
         ]
+        # half the later turns, drawn apart: a user who gives up on a follow-up waiting
+        draw = np.random.default_rng([seed, 0x5E55, 0xAB0])
+        later = [
+            replace(a, abort_after=int(draw.integers(1, 2 * within)))
+            if draw.random() < SESSION_TURN_ABORTS
+            else a
+            for a in later
+        ]
+    arrivals += later
     arrivals.sort(key=lambda a: a.step)
     return Workload(
         seed,
@@ -219,3 +259,33 @@ def random_workload(
         ignore_eos,
         mamba_max_states_per_path,
     )
+
+
+def _open_sessions(
+    arrivals: list[Arrival], seed: int, sessions: int, room: int, max_new: int
+) -> list[Arrival]:
+    """Make `sessions` of `arrivals` (in place) the first turns of as many client sessions,
+    and return their later turns: one or two each, a few new tokens of prompt and an output,
+    a few steps apart (a lower bound: a turn waits for the one before it). A session's whole
+    conversation, every turn's prompt and output, stays within `room` tokens (the longest
+    request drawn alone), so it fits the pool as any request does."""
+    if sessions <= 0:
+        return []
+    draw = np.random.default_rng([seed, 0x5E55])
+    fits = [i for i, a in enumerate(arrivals) if len(a.prompt) + a.max_new_tokens + 2 <= room]
+    chosen = sorted(int(i) for i in draw.permutation(fits)[:sessions])
+    later = []
+    for number, i in enumerate(chosen):
+        turn = arrivals[i] = replace(arrivals[i], session=number)
+        used = len(turn.prompt) + turn.max_new_tokens
+        step = turn.step
+        for _ in range(int(draw.integers(1, 3))):
+            if room - used < 2:
+                break
+            tail = int(draw.integers(1, min(8, room - used - 1) + 1))
+            new = int(draw.integers(1, min(max_new, room - used - tail) + 1))
+            step += int(draw.integers(1, 6))
+            prompt = tuple(int(t) for t in draw.integers(1, VOCAB, size=tail))
+            later.append(Arrival(step, prompt, new, session=number))
+            used += tail + new
+    return later

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -16,7 +18,7 @@ from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
 from kvcanary_cli.soak.coverage import Tracer, free_paths, summary
-from kvcanary_cli.soak.workload import Workload, random_workload
+from kvcanary_cli.soak.workload import Arrival, Workload, random_workload
 
 _ALLOCATOR = """
 class Base:
@@ -153,7 +155,12 @@ def test_mamba_histories_estimate_outputs_and_abort_early() -> None:
 
     mamba = [history_workload(0, h, 1, layout="mamba") for h in range(5)]
     assert not any(w.ignore_eos for w in mamba)
-    late = [a.abort_after for w in mamba for a in w.arrivals if a.abort_after is not None]
+    late = [
+        a.abort_after
+        for w in mamba
+        for a in _drawn(w.arrivals)  # sessions' later turns: see below
+        if a.abort_after is not None
+    ]
     assert late and max(late) < MAMBA_ABORT_WITHIN
     swa = history_workload(0, 0, 1)
     drawn = random_workload(
@@ -187,9 +194,78 @@ def test_mamba_histories_warm_each_stem_up_before_its_first_request() -> None:
             mamba.seed, steps=mamba.steps, requests=20, max_prompt=96, max_new=40
         )
         kept = [a.prompt for i, a in enumerate(arrivals) if i not in warm]
-        assert sorted(kept) == sorted(a.prompt for a in drawn.arrivals)
+        later = [a.prompt for a in arrivals if a not in _drawn(arrivals)]
+        assert sorted(kept) == sorted([*later, *(a.prompt for a in drawn.arrivals)])
     swa = history_workload(0, 0, 1)
     assert len(swa.arrivals) == 20
+
+
+def _drawn(arrivals: Sequence[Arrival]) -> list[Arrival]:
+    """The arrivals but sessions' later turns (a session's first turn is a drawn request)."""
+    opened: set[int] = set()
+    kept = []
+    for a in arrivals:
+        if a.session is None or a.session not in opened:
+            kept.append(a)
+        if a.session is not None:
+            opened.add(a.session)
+    return kept
+
+
+def test_mamba_histories_open_sessions_drawn_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`MAMBA_SESSIONS` drawn requests of a Mamba history each open a session with one or
+    two later turns, each a few steps after the turn before; with those left out, and the
+    session marks dropped, the arrivals and their aborts are those drawn without sessions.
+    A conversation fits where the longest drawn request does; half the later turns are
+    aborted, never at once, within twice the layout's abort window. No other layout has
+    sessions."""
+    from kvcanary_cli.soak import command
+    from kvcanary_cli.soak.command import (
+        MAMBA_ABORT_WITHIN,
+        MAMBA_NEW,
+        MAMBA_PROMPT,
+        MAMBA_SESSIONS,
+        history_workload,
+    )
+
+    aborted = later_turns = 0
+    for history in range(5):
+        mamba = history_workload(0, history, 1, layout="mamba")
+        turns: dict[int, list[Arrival]] = {}
+        for a in mamba.arrivals:
+            if a.session is not None:
+                turns.setdefault(a.session, []).append(a)
+        assert sorted(turns) == list(range(MAMBA_SESSIONS))
+        for session in turns.values():
+            assert 2 <= len(session) <= 3
+            assert all(b.step > a.step for a, b in zip(session, session[1:], strict=False))
+            size = sum(len(a.prompt) + a.max_new_tokens for a in session)
+            assert size <= MAMBA_PROMPT + MAMBA_NEW
+            for a in session[1:]:
+                later_turns += 1
+                if a.abort_after is not None:
+                    aborted += 1
+                    assert 0 < a.abort_after < 2 * MAMBA_ABORT_WITHIN
+        with monkeypatch.context() as patch:
+            patch.setattr(command, "MAMBA_SESSIONS", 0)
+            drawn = command.history_workload(0, history, 1, layout="mamba")
+        unmarked = [replace(a, session=None) for a in _drawn(mamba.arrivals)]
+        assert unmarked == list(drawn.arrivals)
+    assert 0 < aborted < later_turns
+    swa = history_workload(0, 0, 1)
+    assert all(a.session is None for a in swa.arrivals)
+
+
+def test_a_workload_with_sessions_reads_back_and_one_without_writes_no_session() -> None:
+    """A reproducer records each turn's session and replays it; arrivals of no session write
+    none (files of other workloads stay as they were)."""
+    from kvcanary_cli.soak.command import history_workload
+
+    mamba = history_workload(0, 0, 1, layout="mamba")
+    assert Workload.from_json(mamba.to_json()) == mamba
+    assert '"session"' in mamba.to_json()
+    swa = history_workload(0, 0, 1)
+    assert '"session"' not in swa.to_json() and Workload.from_json(swa.to_json()) == swa
 
 
 def test_mamba_paths_are_the_mamba_layouts_own(mem_cache: tuple[Path, ModuleType]) -> None:
@@ -232,7 +308,7 @@ def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
     """Reproducers written before the knobs replay as they ran."""
     old = {"seed": 3, "steps": 10, "arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2}]}
     workload = Workload.from_json(json.dumps(old))
-    assert workload.arrivals[0].abort_after is None
+    assert workload.arrivals[0].abort_after is None and workload.arrivals[0].session is None
     assert (workload.release_prefill_swa, workload.swa_eviction_interval) == (False, 0)
     assert workload.need_sort is False and workload.lazy_compaction is False
     assert workload.ignore_eos is True
@@ -248,6 +324,8 @@ def test_a_workload_file_without_the_knobs_reads_as_none_set() -> None:
         {"lazy_compaction": "no"},
         {"ignore_eos": 0},
         {"arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2, "abort_after": -1}]},
+        {"arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2, "session": "a"}]},
+        {"arrivals": [{"step": 0, "prompt": [1], "max_new_tokens": 2, "session": -1}]},
     ],
 )
 def test_a_reproducer_with_a_bad_knob_is_one_error_line(

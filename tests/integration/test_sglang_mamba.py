@@ -259,3 +259,65 @@ def test_unmapped_representative_is_refused_in_the_mamba_layout(sglang: Any) -> 
 
     with pytest.raises(SGLangUnavailableError, match="no SWA side"):
         _run(sglang, 100, 8, fault="unmapped-representative")
+
+
+def test_a_session_turn_waits_for_the_turn_before_and_continues_it(sglang: Any) -> None:
+    """A session's later turn is made once the turn before it finished, by SGLang's
+    `Session.create_req`: its request carries the session and its prompt is that turn's
+    prompt and output, then its own tokens; a request of no session carries none."""
+    from kvcanary_cli.soak.driver import Scheduler
+    from kvcanary_cli.soak.stack import StackSpec, build_stack
+    from kvcanary_cli.soak.workload import Arrival, Workload
+
+    first, second = Arrival(0, (1, 2, 3, 4, 5), 3, session=0), Arrival(1, (9, 9), 2, session=0)
+    workload = Workload(3, (first, Arrival(0, (7, 7, 7), 2), second), 10, ignore_eos=False)
+    scheduler = Scheduler(build_stack(sglang, StackSpec.pressured(1, "python", "mamba")), workload)
+    made: dict[str, Any] = {}
+    while not scheduler.done:
+        scheduler.step()
+        made.update({r.rid: (r, scheduler.step_no) for r in scheduler.waiting})
+        made.update({r.rid: (r, scheduler.step_no) for r in scheduler.running.reqs})
+    (one, _), (plain, _), (two, at) = (made[f"soak-{i}"] for i in (1, 2, 3))
+    assert one.session is two.session and not one.session.streaming and plain.session is None
+    assert one.finished() and at > 2, "the later turn came before the first one finished"
+    assert list(two.origin_input_ids) == [1, 2, 3, 4, 5, *one.output_ids, 9, 9]
+
+
+def test_a_session_turn_aborted_while_waiting_gives_back_the_slot_it_kept(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's request the adder turns down keeps its copy-on-write Mamba slot while it
+    waits (SGLang frees any other's in that round), so the client's abort then releases it
+    through `release_kv_cache` holding no KV: the early branch no other request reaches.
+    The soak's Mamba history 8 reaches it at step 15, clean, SGLang silent; with the branch
+    dropping the slot unfreed (bench/mutants.py's `mamba-early-release-keeps-slot`),
+    kvcanary names the leak there."""
+    from importlib import import_module
+
+    from kvcanary_cli.capture.tree import kv_record
+    from kvcanary_cli.soak.calls import holds_mamba
+
+    common = import_module("sglang.srt.mem_cache.common")
+    release = common.release_kv_cache
+    early: list[Any] = []
+
+    def counting(req: Any, tree_cache: Any, **kw: Any) -> Any:
+        if kv_record(req).req_pool_idx is None and holds_mamba(req):
+            early.append(req)
+        return release(req, tree_cache, **kw)
+
+    monkeypatch.setattr(common, "release_kv_cache", counting)
+    clean = _soak_history(sglang, 8, max_steps=20)
+    assert early and all(req.session is not None for req in early), "the branch was not reached"
+    assert clean.failure is None and clean.sglang_counts == {}
+
+    def dropping(req: Any, tree_cache: Any, **kw: Any) -> Any:
+        if kv_record(req).req_pool_idx is None and holds_mamba(req):
+            kv_record(req).mamba_pool_idx = None
+            return None
+        return release(req, tree_cache, **kw)
+
+    monkeypatch.setattr(common, "release_kv_cache", dropping)
+    leaked = _soak_history(sglang, 8, max_steps=20)
+    assert leaked.failure is not None, "the dropped slot was not found"
+    assert "mamba-slot-leaked" in leaked.failure.codes, leaked.failure.codes
