@@ -91,7 +91,7 @@ class _Digests:
 
 
 #: The layouts of the prefix-cache map `_map_entries` reads (named in a refusal).
-KNOWN_LAYOUTS = "vLLM 0.11.0's to 0.34.0's"
+KNOWN_LAYOUTS = "vLLM 0.10.0's to 0.34.0's"
 
 
 class VllmLayoutError(EngineUnavailableError):
