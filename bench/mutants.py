@@ -543,6 +543,13 @@ MUTANTS: tuple[Mutant, ...] = (
                 "                block.ref_cnt += 1\n",
                 "                block.ref_cnt += 1\n",
             ),
+            # 0.10.0: the same loop, the reference taken through the block's method
+            (
+                "                if block.ref_cnt == 0 and not block.is_null:\n"
+                "                    self.free_block_queue.remove(block)\n"
+                "                block.incr_ref()\n",
+                "                block.incr_ref()\n",
+            ),
         ),
     ),
     Mutant(
@@ -588,6 +595,14 @@ MUTANTS: tuple[Mutant, ...] = (
                 "                                               block.block_id) is None:\n",
                 "        if self.cached_block_hash_to_block.get_one_block(block_hash) is None:\n",
             ),
+            # 0.10.x: the map is a plain dict of dicts by block id, emptied by hand
+            (
+                "        block.reset_hash()\n"
+                "        blocks_by_id.pop(block.block_id, None)\n"
+                "        if len(blocks_by_id) == 0:\n"
+                "            del self.cached_block_hash_to_block[block_hash]\n",
+                "        block.reset_hash()\n",
+            ),
         ),
     ),
     Mutant(
@@ -603,6 +618,11 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            # eviction is not needed\n            return False\n\n"
                 "        block.reset_hash()\n",
                 "            # eviction is not needed\n            return False\n\n",
+            ),
+            # 0.10.x: the reset right before the block leaves the map's dict
+            (
+                "        block.reset_hash()\n        blocks_by_id.pop(block.block_id, None)\n",
+                "        blocks_by_id.pop(block.block_id, None)\n",
             ),
         ),
     ),
@@ -627,6 +647,17 @@ MUTANTS: tuple[Mutant, ...] = (
                 "        self.fake_free_list_tail.prev_free_block = last_block\n"
                 "\n"
                 "        self.num_free_blocks += len(blocks) + (len(blocks) > 4)\n",
+            ),
+            # 0.10.x: counted before the blocks are linked in
+            (
+                "            return\n"
+                "        self.num_free_blocks += len(blocks)\n"
+                "\n"
+                "        last_block = self.fake_free_list_tail.prev_free_block\n",
+                "            return\n"
+                "        self.num_free_blocks += len(blocks) + (len(blocks) > 4)\n"
+                "\n"
+                "        last_block = self.fake_free_list_tail.prev_free_block\n",
             ),
         ),
     ),

@@ -158,15 +158,22 @@ def test_a_vllm_mutant_is_planted_under_vllm_v1_core(tmp_path: Path) -> None:
     assert module.read_text() == "def free(b):\n    queue(b)\n"
 
 
-#: Per cached vLLM release (those `.ci/run` fetches), the mutants that cannot apply there, and
-#: why: the code path they break is not in that release, or is not one place in it to edit.
-#: Every other mutant applies, through its 0.33.0 snippet or an alternative spelling.
+#: What 0.10.0 - 0.11.0 leave out (their window frees and free queue are written alike).
+_BEFORE_0_12 = {
+    "window-freed-still-in-table": "the sliding window's frees are written as the chunked "
+    "local attention's, in a loop of their own: the snippet is there twice",
+    "queue-popleft-one-by-loop": "popleft_n has no one-block fast path before 0.32.0",
+}
+#: Per cached vLLM release (those `.ci/run` fetches, and 0.10.x's where cached by hand: their
+#: spellings of the map's eviction, the queue's count and 0.10.0's touch), the mutants that
+#: cannot apply there, and why: the code path they break is not in that release, or is not
+#: one place in it to edit. Every other mutant applies, through its 0.33.0 snippet or an
+#: alternative spelling.
 LEFT_OUT = {
-    "0.11.0": {
-        "window-freed-still-in-table": "the sliding window's frees are written as the chunked "
-        "local attention's, in a loop of their own: the snippet is there twice",
-        "queue-popleft-one-by-loop": "popleft_n has no one-block fast path before 0.32.0",
-    },
+    "0.10.0": _BEFORE_0_12,
+    "0.10.1.1": _BEFORE_0_12,
+    "0.10.2": _BEFORE_0_12,
+    "0.11.0": _BEFORE_0_12,
     "0.33.0": {},
     "0.34.0": {},
 }

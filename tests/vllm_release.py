@@ -3,7 +3,8 @@ process): `python -m tests.vllm_release WHEEL OUT` prints one JSON line per case
 
 - `clean`: a history of each model, read after every step as soak reads it; the prefix-cache
   map as kvcanary lists it is checked against vLLM's own `contain` (before 0.24.0:
-  `get_one_block` and the block's own key) both ways (every listed
+  `get_one_block` and the block's own key; before 0.11.0 the map's own dict under the block's
+  own key) both ways (every listed
   entry is one vLLM has, every hashed block is listed), with the most keys several blocks
   carry at once (the map's other shape); then the same seed through `run_history` with the
   assert hook: what kvcanary found, what vLLM raised.
@@ -35,13 +36,25 @@ def _key(digest: Any, group: int) -> bytes:
     return bytes(digest) + int(group).to_bytes(4, "big")
 
 
+def _as_bytes(key: Any) -> bytes:
+    """vLLM's key as bytes (digest, then group): itself, or before 0.10.2 its named pair's
+    hash value (32 bytes, big-endian) and group id."""
+    if isinstance(key, bytes):
+        return key
+    return _key(int(key.block_hash.hash_value).to_bytes(32, "big"), key.group_id)
+
+
 def _cached(s: Any, table: Any, key: bytes, block: int) -> bool:
-    """vLLM's own answer to "does the map hold this key for this block": `contain`, and
-    before 0.24.0 (no `contain`) `get_one_block` finding the key with the block carrying it."""
+    """vLLM's own answer to "does the map hold this key for this block": `contain`; before
+    0.24.0 (no `contain`) `get_one_block` finding the key with the block carrying it; before
+    0.11.0 (a plain dict: key -> {block id: block}) the key's dict holding the block."""
     if hasattr(table, "contain"):
         return bool(table.contain(key, block))
-    found = table.get_one_block(key) is not None
-    return found and s.manager.block_pool.blocks[block].block_hash == key
+    if hasattr(table, "get_one_block"):
+        found = table.get_one_block(key) is not None
+        return found and s.manager.block_pool.blocks[block].block_hash == key
+    own = s.manager.block_pool.blocks[block].block_hash
+    return own is not None and _as_bytes(own) == key and block in table.get(own, {})
 
 
 def _clean(modules: Any, model: str, out: Path) -> dict[str, Any]:
@@ -58,7 +71,7 @@ def _clean(modules: Any, model: str, out: Path) -> dict[str, Any]:
         }
         denied += sum(not _cached(s, table, key, block) for key, block in listed)
         unlisted += sum(
-            (b.block_hash, b.block_id) not in listed
+            (_as_bytes(b.block_hash), b.block_id) not in listed
             for b in s.manager.block_pool.blocks
             if b.block_hash is not None
         )

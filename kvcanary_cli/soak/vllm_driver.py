@@ -40,6 +40,15 @@ __all__ = ["FAULTS", "MODELS", "History", "VllmCrash", "run_history"]
 MODELS = ("full", "hybrid")
 BLOCK_SIZE = 16
 WINDOW = 64
+#: A `Request`'s arguments that older releases want and the workload gives as None (see
+#: `_Scheduler`).
+_REQUEST_NONES = (
+    "eos_token_id",
+    "multi_modal_inputs",
+    "multi_modal_kwargs",
+    "multi_modal_hashes",
+    "multi_modal_placeholders",
+)
 #: A small pool, so that steps preempt and evict.
 NUM_BLOCKS = 96
 MAX_MODEL_LEN = 1024
@@ -90,7 +99,12 @@ class _Scheduler:
         m = modules
         self.m = m
         self.rng = np.random.default_rng(seed)
-        spec = dict(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype=torch.float16)
+        spec: dict[str, Any] = dict(
+            block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype=torch.float16
+        )
+        # (before 0.11.0 an attention spec says whether it is MLA's: these are not)
+        if "use_mla" in inspect.signature(m.interface.FullAttentionSpec).parameters:
+            spec["use_mla"] = False
         groups = [m.interface.KVCacheGroupSpec(["full.0"], m.interface.FullAttentionSpec(**spec))]
         if model == "hybrid":
             groups.append(
@@ -101,9 +115,12 @@ class _Scheduler:
         config = m.interface.KVCacheConfig(
             num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
         )
-        sizes = dict(scheduler_block_size=BLOCK_SIZE, hash_block_size=BLOCK_SIZE)
+        # (before 0.23.0 the manager takes no scheduler_block_size: it schedules by hash
+        # blocks; 0.10.0's hashes a request's blocks itself, with the function it is named)
+        sizes = dict(
+            scheduler_block_size=BLOCK_SIZE, hash_block_size=BLOCK_SIZE, caching_hash_algo="sha256"
+        )
         taken = inspect.signature(m.manager.KVCacheManager).parameters
-        # (before 0.23.0 the manager takes no scheduler_block_size: it schedules by hash blocks)
         self.manager = m.manager.KVCacheManager(
             config,
             max_model_len=MAX_MODEL_LEN,
@@ -113,13 +130,17 @@ class _Scheduler:
         #: the manager hands a request's blocks out to be freed later (from 0.24.0 on: the
         #: frees vLLM's async scheduling defers past the in-flight step); else frees at once
         self.defers = callable(getattr(self.manager, "pop_blocks_for_free", None))
-        #: what a release's `Request` wants beyond 0.17.0's (0.12.0 - 0.16.0: an `eos_token_id`;
-        #: None: the workload ends a request by its own count)
+        #: what a release's `Request` wants beyond 0.17.0's, all None: before 0.17.0 an
+        #: `eos_token_id` (the workload ends a request by its own count), before 0.10.2 the
+        #: multi-modal inputs' lists (none); and from 0.10.1 on the hasher filling its block
+        #: hashes (0.10.0's manager hashes them, and forgets them when told a request finished)
         wants = inspect.signature(m.request.Request).parameters
-        self.request_extra = {"eos_token_id": None} if "eos_token_id" in wants else {}
-        hash_fn = m.hashing.sha256
-        m.kv_cache_utils.init_none_hash(hash_fn)
-        self.hasher = m.kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, hash_fn)
+        self.request_extra: dict[str, Any] = {k: None for k in _REQUEST_NONES if k in wants}
+        if "block_hasher" in wants:
+            hash_fn = m.hashing.sha256
+            m.kv_cache_utils.init_none_hash(hash_fn)
+            hasher = m.kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, hash_fn)
+            self.request_extra["block_hasher"] = hasher
         self.prefixes = [
             [int(t) for t in self.rng.integers(0, 30000, int(self.rng.integers(1, 6)) * BLOCK_SIZE)]
             for _ in range(4)
@@ -148,7 +169,11 @@ class _Scheduler:
         self.next_id += 1
         params = self.m.sampling_params.SamplingParams(max_tokens=64)
         request = self.m.request.Request(
-            rid, prompt, params, None, block_hasher=self.hasher, **self.request_extra
+            request_id=rid,
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            pooling_params=None,
+            **self.request_extra,
         )
         self.requests[rid] = request
         self.output_left[rid] = int(rng.integers(1, 48))
@@ -165,8 +190,16 @@ class _Scheduler:
 
     def finish(self, request: Any, *, deferred: bool) -> None:
         self.release(request, deferred=deferred)
+        self.forget_hashes(request)
         self.requests.pop(request.request_id, None)
         self.output_left.pop(request.request_id, None)
+
+    def forget_hashes(self, request: Any) -> None:
+        """A finished request's block hashes dropped where the manager keeps them (0.10.0: as
+        vLLM's scheduler does on a finish, never on a preemption)."""
+        forget = getattr(self.manager, "free_block_hashes", None)
+        if callable(forget):
+            forget(request)
 
     def drain(self) -> None:
         """Deferred frees whose step has completed go back to the pool, tail blocks first."""
@@ -315,6 +348,7 @@ def _leak(s: _Scheduler) -> str | None:
         return None
     request = s.running.pop()
     blocks = _forget(s, request)
+    s.forget_hashes(request)
     s.requests.pop(request.request_id, None)
     s.output_left.pop(request.request_id, None)
     real = [b.block_id for b in blocks if not b.is_null]

@@ -4,11 +4,11 @@ per-group managers, coordinator) of a vLLM release wheel or source tree, without
 vLLM pins a CUDA torch and its package `__init__`s import the engine, so nothing of vLLM is
 installed or imported the normal way. `load_vllm` puts a finder in front of the tree: a
 module loads from its file as usual, but a package's `__init__` does not run (two do:
-`vllm.v1.engine`, and `vllm.utils`, small from 0.12.0 on, 0.11.0's hash and helper module);
+`vllm.v1.engine`, and `vllm.utils`, small from 0.12.0 on, before that the hash and helper module);
 the package is hollow, and answers a name its real `__init__` would re-export by reading that
 `__init__`'s import lines and importing the module they name, on first use. Four vllm modules
 that pull in the model, compilation and distributed machinery are replaced whole by stand-ins
-of ours (0.11.0's `vllm.config` defines what 0.12.0 moved into one of them itself, and answers
+of ours (before 0.12.0 `vllm.config` defines what 0.12.0 moved into one of them itself, and answers
 those names from the stand-in), and third-party packages the tree touches only at import are
 stand-ins when they are not installed (a stand-in class satisfies pydantic: the config
 dataclasses have fields typed with them).
@@ -53,9 +53,15 @@ __all__ = [
 #: block ids; 0.30.0 - 0.32.0's `vllm.distributed` re-exports its modules whole; before 0.26.0
 #: the prefix lookup returns two values, not three; before 0.24.0 no frees are deferred;
 #: before 0.23.0 the manager takes no scheduler block size; before 0.17.0 a request wants an
-#: end-of-sequence token; 0.11.0's `vllm.config` defines `VllmConfig` itself and its hash
-#: functions are in `vllm.utils`) the code reads what the loaded tree has, never its version.
+#: end-of-sequence token; before 0.12.0 `vllm.config` defines `VllmConfig` itself and the
+#: hash functions are in `vllm.utils`; before 0.11.0 the prefix-cache map is a plain dict and
+#: an attention spec says whether it is MLA's; before 0.10.2 a block hash is a named pair, and a
+#: request takes multi-modal lists before its parameters; 0.10.0's request takes no block
+#: hasher: its manager hashes) the code reads what the loaded tree has, never its version.
 RELEASES = (
+    "0.10.0",
+    "0.10.1.1",
+    "0.10.2",
     "0.11.0",
     "0.12.0",
     "0.13.0",
@@ -94,10 +100,10 @@ RELEASES = (
 OLDEST, SUPPORTED = RELEASES[0], RELEASES[-1]
 #: Python packages the manager's modules import for real (the `vllm-cpu` extra).
 EXTRA = "kvcanary[vllm-cpu]"
-#: Package `__init__`s that run as they are (their names are used whole; small, but for
-#: 0.11.0's `vllm.utils`, which is the whole helper module, the hash functions among them).
+#: Package `__init__`s that run as they are (their names are used whole; small, but before
+#: 0.12.0 `vllm.utils`, which is the whole helper module, the hash functions among them).
 _RUN_INITS = frozenset({"vllm.utils", "vllm.v1.engine"})
-#: Third-party packages only touched at import: a stand-in where not installed (0.11.0's
+#: Third-party packages only touched at import: a stand-in where not installed (0.10.0 - 0.11.0's
 #: `vllm.utils` imports setproctitle and yaml, for process titles and config files).
 _IMPORT_ONLY = (
     "PIL",
@@ -339,7 +345,7 @@ def _cpu_platform() -> Any:
 #: Names a hollow package's `__init__` defines itself (not re-exports): (package, name) -> maker.
 _DEFINED = {("vllm.platforms", "current_platform"): _cpu_platform}
 #: Hollow packages whose `__init__` defines what the replaced module named here holds in later
-#: releases, and is too heavy to run: 0.11.0's `vllm.config` defines `VllmConfig` and the
+#: releases, and is too heavy to run: before 0.12.0 `vllm.config` defines `VllmConfig` and the
 #: functions reading the current configuration itself (0.12.0 moved them to
 #: `vllm.config.vllm`), and runs the model, multimodal and compilation configs to build it. A
 #: name that `__init__` defines is answered as the replaced module answers it in later
@@ -384,7 +390,7 @@ class _HollowPackage(types.ModuleType):
             return value
         found = self.__dict__.get("_kvcanary_reexports", {}).get(name)
         if self.__name__ in _DEFINED_AS and (found is None or found[0] == self.__name__):
-            # (0.11.0's `vllm.config` imports its own `VllmConfig` inside a function)
+            # (0.10.0 - 0.11.0's `vllm.config` imports its own `VllmConfig` in a function)
             return self._kvcanary_defined_as(name)
         if found is None:
             return self._kvcanary_from_stars(name)
@@ -513,8 +519,8 @@ _MODULES = {
     "sampling_params": "vllm.sampling_params",
     "hashing": "vllm.utils.hashing",
 }
-#: Where a module of `_MODULES` was before the tree split it out: 0.11.0's hash functions are
-#: in `vllm.utils` itself (0.12.0 split that module into a package of modules).
+#: Where a module of `_MODULES` was before the tree split it out: before 0.12.0 the hash
+#: functions are in `vllm.utils` itself (0.12.0 split that module into a package of modules).
 _FORMERLY = {"vllm.utils.hashing": "vllm.utils"}
 _LOADED: dict[str, VllmModules] = {}
 
@@ -527,7 +533,7 @@ def _in_tree(root: Path, name: str) -> str:
 
 
 def _releases() -> str:
-    """`0.11.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
+    """`0.10.0 to 0.34.0`: the releases kvcanary drives, for a refusal."""
     return f"{OLDEST} to {SUPPORTED}"
 
 

@@ -661,7 +661,7 @@ def test_vllm_without_torch_names_torch_not_the_extra(
 
 
 @pytest.mark.parametrize(
-    ("version", "named"), [("0.10.2", True), ("0.11.0", False), ("0.34.0", False)]
+    ("version", "named"), [("0.9.2", True), ("0.10.0", False), ("0.34.0", False)]
 )
 def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
     version: str, named: bool, tmp_path: Path, no_vllm_loaded: None
@@ -687,7 +687,7 @@ def test_a_vllm_that_fails_to_import_says_which_releases_kvcanary_drives(
     text = str(raised.value)
     assert "importing vllm.v1.core.kv_cache_utils failed" in text and f"vLLM {version}" in text
     assert ("kvcanary drives vLLM" in text) is named, text
-    assert "kvcanary drives vLLM 0.11.0 to 0.34.0" in text or not named, text
+    assert "kvcanary drives vLLM 0.10.0 to 0.34.0" in text or not named, text
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """`capture.snapshot` reads the prefix-cache map of both vLLM layouts it knows, by what the
 loaded map holds: 0.33.0's (a key maps to its block, or to a dict of blocks by id) and
-0.34.0's (a key maps to one block id; `_dup_ids` lists every id of a key several blocks carry).
+0.34.0's (a key maps to one block id; `_dup_ids` lists every id of a key several blocks carry),
+and before 0.11.0 a plain dict of dicts by block id (before 0.10.2 keyed by named pairs).
 The same pool read through either gives the same state, silent under `audit`. A map of
 another make is one line naming what was found (never an AttributeError), and the assert
 hook, which runs inside the engine, turns it into a logged note while vLLM's own exception
@@ -12,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -43,20 +44,45 @@ def _key(n: int) -> bytes:
     return bytes([n]) * 32 + (0).to_bytes(4, "big")
 
 
+class _BlockHash(NamedTuple):
+    """Before 0.10.2 a block's hash: an integer, with the block's tokens."""
+
+    hash_value: int
+    token_ids: tuple[int, ...]
+
+
+class _KeyPair(NamedTuple):
+    """Before 0.10.2 a `BlockHashWithGroupId`: the block's hash and the group id."""
+
+    block_hash: _BlockHash
+    group_id: int
+
+
+def _pair(n: int) -> _KeyPair:
+    """`_key(n)` as a named pair: the same 32 digest bytes as an integer, group 0."""
+    return _KeyPair(_BlockHash(int.from_bytes(_key(n)[:-4], "big"), (n,)), 0)
+
+
 def _manager(layout: str) -> Any:
     """Six blocks (0 the null block): r0 holds 1, 2 and r1 holds 1, 3; 4 and 5 are queued.
-    Key A is block 1's; key B is carried by 3 (held) and 4 (queued, evictable)."""
+    Key A is block 1's; key B is carried by 3 (held) and 4 (queued, evictable). Before
+    0.11.0 the map is a plain dict of dicts by block id, and before 0.10.2 its keys (and
+    the blocks' hashes) named pairs."""
     blocks = [_Block(i) for i in range(6)]
     blocks[0].is_null = True
     blocks[1].ref_cnt, blocks[2].ref_cnt, blocks[3].ref_cnt = 2, 1, 1
-    blocks[1].block_hash = _key(1)
-    blocks[3].block_hash = blocks[4].block_hash = _key(2)
+    key: Any = _pair if layout == "0.10.1.1" else _key
+    blocks[1].block_hash = key(1)
+    blocks[3].block_hash = blocks[4].block_hash = key(2)
     head, tail = _Block(-1), _Block(-1)
     chain = [head, blocks[4], blocks[5], tail]
     for a, b in zip(chain, chain[1:], strict=False):
         a.next_free_block, b.prev_free_block = b, a
     queue = SimpleNamespace(fake_free_list_head=head, fake_free_list_tail=tail, num_free_blocks=2)
-    if layout == "0.33.0":
+    table: Any
+    if layout in ("0.10.1.1", "0.10.2"):
+        table = {key(1): {1: blocks[1]}, key(2): {3: blocks[3], 4: blocks[4]}}
+    elif layout == "0.33.0":
         table = SimpleNamespace(_cache={_key(1): blocks[1], _key(2): {3: blocks[3], 4: blocks[4]}})
     elif layout == "0.34.0":
         table = SimpleNamespace(
@@ -89,6 +115,25 @@ def test_both_layouts_of_the_prefix_cache_map_read_the_same() -> None:
     assert _map(new) == _map(old) == [(1, _key(1)[:-4]), (3, _key(2)[:-4]), (4, _key(2)[:-4])]
     assert np.array_equal(old.map_group, new.map_group)
     assert audit(old).findings == audit(new).findings == ()
+
+
+@pytest.mark.parametrize("layout", ["0.10.1.1", "0.10.2"])
+def test_a_plain_dict_map_of_named_pairs_or_bytes_reads_as_0_33s(layout: str) -> None:
+    """Before 0.11.0 the map is a dict of dicts by block id, and before 0.10.2 a key is a
+    named pair (the block's hash, an integer, and the group id): its digest is the integer's
+    32 bytes, so the state is 0.33.0's, silent (was: a TypeError, refused)."""
+    state = snapshot(_manager(layout))
+    assert _map(state) == _map(snapshot(_manager("0.33.0")))
+    assert list(state.map_group) == [0, 0, 0]
+    assert np.array_equal(state.hash_digest, snapshot(_manager("0.33.0")).hash_digest)
+    assert audit(state).findings == ()
+
+
+def test_a_named_pair_key_whose_block_lost_its_hash_is_a_stale_entry() -> None:
+    manager = _manager("0.10.1.1")
+    manager.block_pool.blocks[4].block_hash = None
+    [finding] = audit(snapshot(manager)).findings
+    assert (finding.code.value, finding.block) == ("hash-entry-stale", 4)
 
 
 def test_a_0_34_key_whose_block_lost_its_hash_is_a_stale_entry() -> None:

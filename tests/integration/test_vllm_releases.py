@@ -8,14 +8,18 @@ hook's dump of vLLM's own assert is explained by `check`, and `soak --engine vll
 
 0.34.0's case is the fast lane's (its map differs from 0.33.0's, which the in-process tests
 drive); 0.33.0's repeats those tests' paths, so it is the whole suite's only. Of the older
-releases (0.11.0 to 0.32.0) the whole suite soaks 0.11.0, where the most differs: all 0.15.0
+releases (0.10.0 to 0.32.0) the whole suite soaks 0.11.0, where the most differs: all 0.15.0
 differs in (a request wanting an end-of-sequence token, no scheduler block size, no deferred
 frees, no `contain` on the map, a two-value prefix lookup), and its import (`VllmConfig`
 defined in `vllm.config`'s own `__init__`, the hash functions in `vllm.utils`), which it was
 refused for; 0.12.0 to 0.16.0 differ from it in nothing the driver reads or calls but that
 import (0.15.0 took its place here, at the same cost). The others run with
 KVCANARY_EVERY_RELEASE=1 (0.11.0's import and 0.30.0 to 0.32.0's star re-exports, which they
-were refused at import for, are also fast tests of their own: tests/cli/test_soak_trees.py).
+were refused at import for, are also fast tests of their own: tests/cli/test_soak_trees.py),
+0.10.0 to 0.10.2 among them, whose wheels `.ci/run` does not fetch (each differs from 0.11.0
+in what fast tests of their own drive on 0.33.0: the plain-dict map and named-pair keys in
+tests/engines/test_vllm_capture.py; the MLA flag, the multi-modal lists and 0.10.0's
+manager-side hashing in tests/integration/test_vllm_soak.py).
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ own asserts say nothing then (later, or never)."""
 
 from __future__ import annotations
 
+import inspect
 import json
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,7 +18,7 @@ from typer.testing import CliRunner
 from kvcanary_cli.catalog import PoolCode
 from kvcanary_cli.dump.engine import read_arrays
 from kvcanary_cli.engines.vllm import check_dump
-from kvcanary_cli.soak.vllm_driver import FAULTS, run_history
+from kvcanary_cli.soak.vllm_driver import FAULTS, _Scheduler, run_history
 
 #: fault -> the finding it must raise at its step.
 EXPECTED = {
@@ -310,22 +313,141 @@ def test_a_manager_kvcanary_cannot_build_is_one_line_naming_the_tree(
     assert "TypeError" in line and "page_bytes" in line, line
 
 
-def test_a_request_that_wants_an_eos_token_id_is_given_none(
+def _eos_token_id_wanted(
+    self: Any,
+    request_id: str,
+    prompt_token_ids: Any,
+    sampling_params: Any,
+    pooling_params: Any,
+    eos_token_id: Any,
+    block_hasher: Any = None,
+) -> None:
+    """0.15.x and 0.16.0's `Request`: an `eos_token_id` after its pooling parameters."""
+
+
+def _multimodal_lists_wanted(
+    self: Any,
+    request_id: str,
+    prompt_token_ids: Any,
+    multi_modal_kwargs: Any,
+    multi_modal_hashes: Any,
+    multi_modal_placeholders: Any,
+    sampling_params: Any,
+    pooling_params: Any,
+    eos_token_id: Any,
+    block_hasher: Any = None,
+) -> None:
+    """0.10.0 and 0.10.1.1's `Request`: the multi-modal inputs' lists between the prompt and
+    the sampling parameters."""
+
+
+@pytest.mark.parametrize("older", [_eos_token_id_wanted, _multimodal_lists_wanted])
+def test_a_request_that_wants_what_older_releases_do_is_given_it_none(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, older: Any
+) -> None:
+    """A `Request` taking what older releases' take (as `older`'s signature says, binding as
+    it binds): every argument is given by name, what the workload has none of as None, and the
+    history is the same (was: refused, kvcanary's workload could not drive it; the multi-modal
+    lists took the parameters' places)."""
+    bare = run_history(vllm, "full", 11, 40)
+    made, shape = vllm.request.Request.__init__, inspect.signature(older)
+    kept = ("request_id", "prompt_token_ids", "sampling_params", "pooling_params", "block_hasher")
+
+    def init(self: Any, *args: Any, **kw: Any) -> None:
+        given = shape.bind(self, *args, **kw).arguments
+        wanted = {k: v for k, v in given.items() if k not in (*kept, "self")}
+        assert wanted and set(wanted.values()) == {None}, wanted
+        made(self, **{k: given[k] for k in kept if k in given})
+
+    init.__signature__ = shape  # type: ignore[attr-defined]
+    monkeypatch.setattr(vllm.request.Request, "__init__", init)
+    h = run_history(vllm, "full", 11, 40)
+    assert (h.crash, h.findings, h.audited) == (None, (), 40)
+    assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions)
+
+
+def test_a_manager_that_hashes_requests_itself_is_named_sha256_and_told_of_finishes(
     vllm: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """vLLM 0.15.x and 0.16.0's `Request` wants an `eos_token_id` after its pooling
-    parameters: it is given None (the workload stops by its own count), and the history is
-    the same (was: refused, kvcanary's workload could not drive it)."""
-    bare = run_history(vllm, "full", 11, 40)
-    made = vllm.request.Request.__init__
+    """vLLM 0.10.0's `Request` takes no block hasher: its manager hashes a request's blocks
+    with the function it is named (`caching_hash_algo`) and keeps them until told the
+    request finished (`free_block_hashes`, never on a preemption). The workload names
+    sha256, gives no hasher, and tells it of each finish; the history is the same."""
+    bare = run_history(vllm, "hybrid", 11, 80)
+    hasher = vllm.kv_cache_utils.get_request_block_hasher(16, vllm.hashing.sha256)
+    made, built = vllm.request.Request.__init__, vllm.manager.KVCacheManager.__init__
+    forgotten: list[str] = []
 
-    def older(
-        self: Any, rid: str, prompt: Any, params: Any, pooling: Any, eos_token_id: Any, **kw: Any
+    def request(
+        self: Any,
+        request_id: str,
+        prompt_token_ids: Any,
+        sampling_params: Any,
+        pooling_params: Any,
     ) -> None:
-        assert eos_token_id is None
-        made(self, rid, prompt, params, pooling, **kw)
+        made(
+            self,
+            request_id,
+            prompt_token_ids,
+            sampling_params,
+            pooling_params,
+            block_hasher=hasher,
+        )
 
-    monkeypatch.setattr(vllm.request.Request, "__init__", older)
-    h = run_history(vllm, "full", 11, 40)
+    def manager(
+        self: Any,
+        kv_cache_config: Any,
+        max_model_len: int,
+        hash_block_size: int,
+        enable_caching: bool = True,
+        caching_hash_algo: str = "builtin",
+    ) -> None:
+        assert caching_hash_algo == "sha256"
+        built(self, kv_cache_config, max_model_len, hash_block_size, hash_block_size)
+
+    def free_block_hashes(self: Any, request: Any) -> None:
+        assert not preempting, "a preempted request keeps its hashes"
+        forgotten.append(request.request_id)
+
+    preempt, preempting = _Scheduler.preempt, []
+
+    def preempted(self: Any, victim: Any) -> None:
+        preempting.append(victim)
+        preempt(self, victim)
+        preempting.clear()
+
+    monkeypatch.setattr(vllm.request.Request, "__init__", request)
+    monkeypatch.setattr(vllm.manager.KVCacheManager, "__init__", manager)
+    monkeypatch.setattr(
+        vllm.manager.KVCacheManager, "free_block_hashes", free_block_hashes, raising=False
+    )
+    monkeypatch.setattr(_Scheduler, "preempt", preempted)
+    h = run_history(vllm, "hybrid", 11, 80)
+    assert (h.crash, h.findings, h.audited) == (None, (), 80)
+    assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions)
+    assert h.preemptions and len(forgotten) == len(set(forgotten)) > 0
+
+
+def test_an_attention_spec_that_says_whether_it_is_mla_is_told_it_is_not(vllm: Any) -> None:
+    """Before 0.11.0 (no MLA spec of its own) an attention spec wants `use_mla`: the
+    full-attention and window specs are told False, and the history is the same (was: the
+    manager could not be built)."""
+    bare = run_history(vllm, "hybrid", 11, 40)
+    told: list[bool] = []
+
+    def older(real: Any) -> Any:
+        def spec(*, use_mla: bool, **fields: Any) -> Any:
+            told.append(use_mla)
+            return real(**fields)
+
+        return spec
+
+    # (the interface module itself is left as it is: its own code checks specs by class)
+    specs = {
+        n: older(getattr(vllm.interface, n)) for n in ("FullAttentionSpec", "SlidingWindowSpec")
+    }
+    interface = SimpleNamespace(**{**vars(vllm.interface), **specs})
+    h = run_history(replace(vllm, interface=interface), "hybrid", 11, 40)
+    assert told == [False, False]
     assert (h.crash, h.findings, h.audited) == (None, (), 40)
     assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions)

@@ -47,9 +47,19 @@ def group_specs(managers: Iterable[Any]) -> tuple[GroupSpec, ...]:
     )
 
 
-def _split_key(key: bytes) -> tuple[int, bytes]:
-    """A `BlockHashWithGroupId`: the digest, then the group id in 4 big-endian bytes."""
-    return int.from_bytes(key[-4:], "big"), bytes(key[:-4])
+def _split_key(key: Any) -> tuple[int, bytes]:
+    """A `BlockHashWithGroupId` as (group, digest), by what the key is: from 0.10.2 on bytes,
+    the digest then the group id in 4 big-endian bytes; before, a named pair of the block's
+    hash (its `hash_value` an integer, with the block's tokens) and the group id, whose
+    digest is that integer's bytes (big-endian, 32 at least: a sha256's)."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        key = bytes(key)
+        return int.from_bytes(key[-4:], "big"), key[:-4]
+    value = key.block_hash.hash_value
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"a block hash's value is a {type(value).__name__}, not an integer")
+    width = max(32, (value.bit_length() + 7 + (value < 0)) // 8)
+    return int(key.group_id), value.to_bytes(width, "big", signed=value < 0)
 
 
 def _walk(start: Any, step: str, end: Any, limit: int) -> tuple[list[int], bool]:
@@ -81,7 +91,7 @@ class _Digests:
 
 
 #: The layouts of the prefix-cache map `_map_entries` reads (named in a refusal).
-KNOWN_LAYOUTS = "vLLM 0.11.0's to 0.34.0's"
+KNOWN_LAYOUTS = "vLLM 0.10.0's to 0.34.0's"
 
 
 class VllmLayoutError(EngineUnavailableError):
