@@ -14,9 +14,9 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.synth.sequence import PLANTED_KEY, write_sequence
+from tests.heavy_imports import imports_by_run
 from tests.render.md_tables import tables
 from tests.render.record_schema import RECORDS, validate
-from tests.test_layering import _run_and_list_imports
 
 
 def run(*args: object) -> Result:
@@ -157,11 +157,12 @@ def test_synth_steps_refusals(tmp_path: Path, args: list[str], message: str) -> 
     assert result.exit_code == 2 and message in result.stderr, result.stderr
 
 
-def test_timeline_help_and_run_stay_light(uaf: list[Path]) -> None:
-    """--help imports no numpy; a timeline (checks included) never imports torch on a CPU."""
-    imported, code = _run_and_list_imports(["timeline", "--help"])
+def test_timeline_help_and_run_stay_light() -> None:
+    """--help imports no numpy; a timeline (checks included, of examples/timeline-use-after-free)
+    never imports torch on a CPU."""
+    imported, _, code = imports_by_run()["timeline-help"]
     assert imported == [] and code == 0
-    imported, code = _run_and_list_imports(["timeline", *map(str, uaf)])
+    imported, _, code = imports_by_run()["timeline"]
     assert "torch" not in imported and code == 1
 
 
