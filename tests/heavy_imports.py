@@ -1,6 +1,6 @@
 """The heavy modules (torch, triton, numpy, sglang) command lines import, read by the tests that
-keep `--help`, `inspect`, `check`, `provenance` and `timeline` light (tests/test_layering.py,
-tests/cli/test_timeline_cli.py): every run in one fresh interpreter, once per test process."""
+keep `--help`, `inspect`, `check`, `provenance` and `timeline` light (tests/test_layering.py):
+every run in one fresh interpreter, once per test process."""
 
 from __future__ import annotations
 

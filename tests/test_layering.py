@@ -7,7 +7,8 @@ and dump, whose types the results hold: render reads results, never the analysis
 
 Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
 imports `triton_kernels` (after preparing the environment), so the two cannot form a cycle;
-`kvcanary --help` imports neither torch, triton nor SGLang.
+`kvcanary --help` imports neither torch, triton nor SGLang, and no command line that runs on
+numpy imports torch (their runs: tests/heavy_imports.py).
 """
 
 from __future__ import annotations
@@ -385,6 +386,15 @@ def test_check_and_provenance_never_import_torch(run: str) -> None:
     assert "torch" not in imported and code in (0, 1)
     if run == "check":
         assert "triton" in by_this_run  # the kernels did run, in the interpreter
+
+
+def test_timeline_help_and_run_stay_light() -> None:
+    """`timeline --help` imports no numpy; a timeline (checks included, of
+    examples/timeline-use-after-free) never imports torch on a CPU."""
+    imported, _, code = imports_by_run()["timeline-help"]
+    assert imported == [] and code == 0
+    imported, _, code = imports_by_run()["timeline"]
+    assert "torch" not in imported and code == 1
 
 
 def test_the_analysis_reads_no_finding_details() -> None:

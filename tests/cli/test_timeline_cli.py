@@ -14,7 +14,6 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.synth.sequence import PLANTED_KEY, write_sequence
-from tests.heavy_imports import imports_by_run
 from tests.render.md_tables import tables
 from tests.render.record_schema import RECORDS, validate
 
@@ -155,15 +154,6 @@ def test_synth_steps_refusals(tmp_path: Path, args: list[str], message: str) -> 
     file.write_text("x")
     result = run(*(a.format(dir=tmp_path / "d", file=file) for a in args))
     assert result.exit_code == 2 and message in result.stderr, result.stderr
-
-
-def test_timeline_help_and_run_stay_light() -> None:
-    """--help imports no numpy; a timeline (checks included, of examples/timeline-use-after-free)
-    never imports torch on a CPU."""
-    imported, _, code = imports_by_run()["timeline-help"]
-    assert imported == [] and code == 0
-    imported, _, code = imports_by_run()["timeline"]
-    assert "torch" not in imported and code == 1
 
 
 def test_the_example_sequence() -> None:
