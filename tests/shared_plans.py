@@ -1,6 +1,7 @@
 """kvcanary's Triton plans of selftest's dumps, computed once per test process and shared by
-every selftest that runs SGLang's planners beside kvcanary's (each release's: tests/integration/
-test_sglang_releases.py; the wheel's: tests/integration/test_sglang_wheel.py)."""
+the selftests of the corpus: each release's (tests/integration/test_sglang_releases.py), the
+wheel's (tests/integration/test_sglang_wheel.py) and the command line's without SGLang
+(tests/cli/test_sglang_cli.py)."""
 
 from __future__ import annotations
 
