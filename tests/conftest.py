@@ -5,6 +5,7 @@ torch as an extra: a test module that cannot import it is skipped with the reaso
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,15 +32,30 @@ settings.load_profile("kvcanary")
 def pytest_configure(config: pytest.Config) -> None:
     """As the CLI does (OMP_NUM_THREADS=1 in kvcanary_cli.cli.main): one intra-op thread; on
     CPU-quota'd CI machines more threads spin against each other and slow every small tensor op.
-    Only where tests run: xdist's controller runs none, and importing torch there (~2 s of CPU)
-    would hold back the start of every worker."""
+    And the CLI's click command built once (`_build_the_cli_once`). Only where tests run:
+    xdist's controller runs none, and importing torch there (~2 s of CPU) would hold back the
+    start of every worker."""
     controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
         config, "workerinput"
     )
-    if HAS_TORCH and not controller:
+    if controller:
+        return
+    if HAS_TORCH:
         import torch
 
         torch.set_num_threads(1)
+    _build_the_cli_once()
+
+
+def _build_the_cli_once() -> None:
+    """typer builds the click command again, from every command's signature, on each
+    `CliRunner.invoke` (6 ms; over a thousand invokes a run). The app does not change during a
+    run: it is built once per test process, as `kvcanary` builds it once per run (and the fuzz
+    runner once per worker: tests/fuzz/runner.py). `main` still builds its own each call."""
+    import typer.main
+    import typer.testing
+
+    setattr(typer.testing, "_get_command", functools.cache(typer.main.get_command))  # noqa: B010
 
 
 class _TorchOptionalModule(pytest.Module):

@@ -128,14 +128,18 @@ def test_plan_problems_are_finding_codes() -> None:
 # --- a code's string is spelled in the catalog and the scenarios only -----------------------
 
 
+#: A word between two quotes (or backquotes), in the letters a code string is spelled with.
+QUOTED_WORD = re.compile(r"""(?<=["'`])[a-z0-9-]+(?=["'`])""")
+
+
 def spellers(texts: dict[str, str]) -> dict[str, list[str]]:
     """Code string -> the modules (of `texts`: path -> source) that spell it quoted (in
-    quotes or backquotes), for every code string the catalog declares."""
-    found: dict[str, list[str]] = {}
-    for value in sorted({m.value for kind in KINDS for m in kind}):
-        quoted = re.compile(r"""["'`]""" + re.escape(value) + r"""["'`]""")
-        found[value] = sorted(path for path, text in texts.items() if quoted.search(text))
-    return found
+    quotes or backquotes), for every code string the catalog declares. Each text is read
+    once for its quoted words (not once a code: 150 codes)."""
+    values = sorted({m.value for kind in KINDS for m in kind})
+    assert all(re.fullmatch(r"[a-z0-9-]+", value) for value in values), "see QUOTED_WORD"
+    words = {path: set(QUOTED_WORD.findall(text)) for path, text in texts.items()}
+    return {value: sorted(path for path, w in words.items() if value in w) for value in values}
 
 
 def _package_texts() -> dict[str, str]:

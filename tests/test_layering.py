@@ -7,18 +7,19 @@ and dump, whose types the results hold: render reads results, never the analysis
 
 Also: only `triton_runtime` and `triton_kernels` import triton, and only `triton_runtime`
 imports `triton_kernels` (after preparing the environment), so the two cannot form a cycle;
-`kvcanary --help` imports neither torch, triton nor SGLang.
+`kvcanary --help` imports neither torch, triton nor SGLang, and no command line that runs on
+numpy imports torch (their runs: tests/heavy_imports.py).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.heavy_imports import has_gpu_driver, imports_by_run
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvcanary_cli"
 
@@ -362,59 +363,38 @@ def test_kernels_do_not_import_the_runtime() -> None:
     assert all(not t.startswith("planners.triton_runtime") for t, _ in package_imports(kernels))
 
 
-def _run_and_list_imports(argv: list[str]) -> tuple[list[str], int]:
-    """Run `kvcanary ARGV` in a fresh interpreter; the heavy modules it imported (of torch,
-    triton, numpy, sglang) and its exit code."""
-    script = (
-        "import sys\nfrom kvcanary_cli.cli import main\ncode = 0\n"
-        f"try:\n    main({argv!r})\nexcept SystemExit as exc:\n    code = exc.code\n"
-        "heavy = ('torch', 'triton', 'numpy', 'sglang')\n"
-        "print(repr((sorted(m for m in heavy if m in sys.modules), int(code or 0))))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    imported, code = ast.literal_eval(done.stdout.strip().splitlines()[-1])
-    return imported, code
-
-
 def test_help_imports_neither_torch_triton_nor_sglang() -> None:
-    imported, _ = _run_and_list_imports(["--help"])
+    imported, _, _ = imports_by_run()["help"]  # the first run: a fresh interpreter's
     assert imported == []
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "markdown"])
 def test_inspect_imports_neither_torch_nor_triton(fmt: str) -> None:
     """`inspect` reads a dump with numpy alone: torch's import is most of a check's start."""
-    dump = Path(__file__).resolve().parents[1] / "examples" / "truncated-lut.safetensors"
-    imported, code = _run_and_list_imports(["inspect", str(dump), "--format", fmt])
+    imported, _, code = imports_by_run()[f"inspect-{fmt}"]
     assert [m for m in imported if m != "numpy"] == [] and code == 0
 
 
-def _has_gpu_driver() -> bool:
-    return any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
-
-
-@pytest.mark.skipif(_has_gpu_driver(), reason="with a GPU, compiled kernels need torch's memory")
+@pytest.mark.skipif(has_gpu_driver(), reason="with a GPU, compiled kernels need torch's memory")
 @pytest.mark.parametrize(
-    "argv",
-    [
-        ["check"],
-        ["check", "--kernel", "vectorized", "--format", "json"],
-        ["provenance", "--slot", "107"],
-        ["provenance", "--row", "3"],
-    ],
-    ids=["check", "check-vectorized-json", "provenance-slot", "provenance-row"],
+    "run", ["check", "check-vectorized-json", "provenance-slot", "provenance-row"]
 )
-def test_check_and_provenance_never_import_torch(argv: list[str]) -> None:
+def test_check_and_provenance_never_import_torch(run: str) -> None:
     """On a CPU the whole check path (reference, interpreted Triton kernels, analysis) runs
     on numpy: torch's import alone would be about half of a production-size check."""
-    dump = Path(__file__).resolve().parents[1] / "examples" / "truncated-lut.safetensors"
-    imported, code = _run_and_list_imports([argv[0], str(dump), *argv[1:]])
+    imported, by_this_run, code = imports_by_run()[run]
     assert "torch" not in imported and code in (0, 1)
-    if argv == ["check"]:
-        assert "triton" in imported  # the kernels did run, in the interpreter
+    if run == "check":
+        assert "triton" in by_this_run  # the kernels did run, in the interpreter
+
+
+def test_timeline_help_and_run_stay_light() -> None:
+    """`timeline --help` imports no numpy; a timeline (checks included, of
+    examples/timeline-use-after-free) never imports torch on a CPU."""
+    imported, _, code = imports_by_run()["timeline-help"]
+    assert imported == [] and code == 0
+    imported, _, code = imports_by_run()["timeline"]
+    assert "torch" not in imported and code == 1
 
 
 def test_the_analysis_reads_no_finding_details() -> None:

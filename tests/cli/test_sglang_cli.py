@@ -10,6 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
+from kvcanary_cli.planners import make_selftest_planners
+from kvcanary_cli.planners.base import Planner
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.selftest import SelftestReport
 from kvcanary_cli.synth.scenarios import SCENARIOS
@@ -18,6 +20,7 @@ from tests.helpers import UPSTREAM_RAISING_SCENARIOS
 from tests.render.record_schema import validate
 from tests.sglang_standin import VERSION
 from tests.sglang_wheel import RELEASES, WHEEL_VERSION
+from tests.shared_plans import sharing_triton_plans
 from tests.torch_extra import HAS_TORCH
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +110,15 @@ def test_a_changed_signature_names_the_version(sglang_standin: InstallStandin) -
     assert "kv_token_id_vs_position_offset" in err
 
 
-def test_selftest_without_sglang_agrees(no_sglang: None) -> None:
+def test_selftest_without_sglang_agrees(no_sglang: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its Triton planner's plans are shared with the release selftests this process runs
+    (tests/shared_plans.py: the corpus planned once, interpreted)."""
+
+    def sharing(*, sglang: bool) -> tuple[list[Planner], list[Planner]]:
+        baselines, planners = make_selftest_planners(sglang=sglang)
+        return baselines, sharing_triton_plans(planners)
+
+    monkeypatch.setattr("kvcanary_cli.api.make_selftest_planners", sharing)
     code, out, err = run("selftest", "--format", "json")
     assert code == 0, err
     record = json.loads(out)

@@ -16,7 +16,6 @@ from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.synth.sequence import PLANTED_KEY, write_sequence
 from tests.render.md_tables import tables
 from tests.render.record_schema import RECORDS, validate
-from tests.test_layering import _run_and_list_imports
 
 
 def run(*args: object) -> Result:
@@ -155,14 +154,6 @@ def test_synth_steps_refusals(tmp_path: Path, args: list[str], message: str) -> 
     file.write_text("x")
     result = run(*(a.format(dir=tmp_path / "d", file=file) for a in args))
     assert result.exit_code == 2 and message in result.stderr, result.stderr
-
-
-def test_timeline_help_and_run_stay_light(uaf: list[Path]) -> None:
-    """--help imports no numpy; a timeline (checks included) never imports torch on a CPU."""
-    imported, code = _run_and_list_imports(["timeline", "--help"])
-    assert imported == [] and code == 0
-    imported, code = _run_and_list_imports(["timeline", *map(str, uaf)])
-    assert "torch" not in imported and code == 1
 
 
 def test_the_example_sequence() -> None:

@@ -180,13 +180,15 @@ def test_the_command_line_and_the_api_refuse_a_value_in_the_same_words(
 
 
 def test_the_exit_code_is_computed_without_printing(capsys: pytest.CaptureFixture[str]) -> None:
-    """`exit_code` only computes: `check` itself prints each unreadable dump's error line."""
+    """`exit_code` only computes: `check` itself prints each unreadable dump's error line.
+    The two dumps are checked in this process (`-j 1`): the workers' path of an unreadable
+    dump among others is tests/cli/test_readability.py's."""
     from kvcanary_cli import api
     from kvcanary_cli.cli_app import ExitCode, exit_code
 
-    report = api.check([EXAMPLE, EXAMPLE.with_name("no-such.safetensors")], kernel="none")
+    report = api.check([EXAMPLE, EXAMPLE.with_name("no-such.safetensors")], kernel="none", jobs=1)
     capsys.readouterr()
     assert exit_code(report) is ExitCode.BAD_INPUT
     assert capsys.readouterr() == ("", "")
-    code, _, err = run("check", "-k", "none", "-q", str(EXAMPLE), "no-such.safetensors")
+    code, _, err = run("check", "-k", "none", "-j", "1", "-q", str(EXAMPLE), "no-such.safetensors")
     assert code == 2 and err.splitlines() == ["error: no-such.safetensors: no such file"]

@@ -12,10 +12,8 @@ a raising call and stamps the release in the dump. The releases tested here are 
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import itertools
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,15 +24,15 @@ import torch
 from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.analysis.selftest import run_selftest
 from kvcanary_cli.capture import DUMP_DIR_ENV, install_from_env, server, store, triggers
-from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.dump.releases import parse_release
 from kvcanary_cli.planners import make_selftest_planners
-from kvcanary_cli.planners.base import Plan, Planner, Semantics
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.planners.sglang_runtime import VERIFIED_VERSIONS, load_launcher
 from tests.helpers import VECTORIZED
 from tests.sglang_standin import forget_sglang
 from tests.sglang_wheel import RELEASES, WHEEL_VERSION, extract_release, missing_wheel, wheel_path
+from tests.shared_plans import sharing_triton_plans
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = (*RELEASES, WHEEL_VERSION)
@@ -129,48 +127,10 @@ def test_kernel_sglang_agrees_and_raises_the_seeds_error(release: str) -> None:
 )
 def test_selftest_sglang_agrees(release: str) -> None:
     baselines, planners = make_selftest_planners(sglang=True)
-    planners = [_SharedPlans(p) if p.name == "triton" else p for p in planners]
-    report = run_selftest(baselines, planners, kvcanary_version="test", sglang_installed=release)
+    report = run_selftest(
+        baselines, sharing_triton_plans(planners), kvcanary_version="test", sglang_installed=release
+    )
     assert report.verdict == "agree", report.summary
-
-
-def _digest_but_the_release(path: Path) -> str:
-    """The digest of a safetensors file but the release its metadata is stamped with (the
-    one thing in selftest's dumps that differs from release to release)."""
-    data = path.read_bytes()
-    size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + size])
-    header.get("__metadata__", {}).pop("sglang.version", None)
-    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
-    digest.update(data[8 + size :])
-    return digest.hexdigest()
-
-
-#: kvcanary's own Triton plans of selftest's dumps, by (file digest, group), for every release
-_TRITON_PLANS: dict[tuple[str, str], Plan] = {}
-
-
-class _SharedPlans:
-    """kvcanary's Triton planner with its plans shared by every release's selftest: its
-    kernels are kvcanary's own (no release is on their path) and a plan is a function of the
-    dump's tensors and scalars alone, so each scenario's is computed once per process
-    (interpreted: 1.3 s of the 1.9 s a release's selftest takes) and compared with each
-    release's baselines as selftest compares a fresh one."""
-
-    def __init__(self, planner: Planner) -> None:
-        self._planner = planner
-        self.name = planner.name
-        self.semantics: Semantics = planner.semantics
-
-    @property
-    def mode(self) -> str | None:
-        return self._planner.mode
-
-    def plan(self, dump: KvDump, group: str) -> Plan:
-        key = (_digest_but_the_release(dump.path), group)
-        if key not in _TRITON_PLANS:
-            _TRITON_PLANS[key] = self._planner.plan(dump, group)
-        return _TRITON_PLANS[key]
 
 
 def test_the_hook_finds_the_launcher_and_stamps_the_release(

@@ -72,7 +72,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 VIEWS = {
     "check": ["check", "{dump}", "-k", "vectorized"],
-    "check-many": ["check", "{dump}", "{canary}", "-k", "none"],
+    "check-many": ["check", "{dump}", "{canary}", "-k", "none", "-j", "1"],  # no workers: a view
     "inspect": ["inspect", "{dump}"],
     "provenance-row": ["provenance", "{dump}", "--row", "10"],
     "provenance-slot": ["provenance", "{dump}", "--slot", "107"],
