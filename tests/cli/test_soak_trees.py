@@ -449,6 +449,14 @@ import os, runpy, signal, sys, zipfile
 
 number = int(os.environ["KVCANARY_TEST_SIGNAL"])
 read = zipfile.ZipExtFile.read
+# what this process inherited from the test's (in the failure message), then Ctrl-C and
+# SIGTERM as a terminal's process starts with them: an ignored or blocked signal is
+# inherited through exec, and a test process may hold one from an earlier test
+blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+print("inherited:", signal.getsignal(number), blocked, file=sys.stderr)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def interrupted(self, *args):
