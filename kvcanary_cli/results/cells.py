@@ -303,7 +303,9 @@ class CellColumns:
         import numpy as np
 
         def held(values: np.ndarray | HeldColumn) -> HeldColumn:
-            if isinstance(values, NarrowColumn | RunColumn):  # held already: gathered as held
+            if isinstance(values, RunColumn):  # decoded a piece at a time, never whole
+                return _held(NarrowColumn(values.gather(index), np.dtype(np.int64)))
+            if isinstance(values, NarrowColumn):  # held already: gathered as held
                 return _held(NarrowColumn(values.values[index], np.dtype(np.int64)))
             return _held(NarrowColumn.of(values[index], np.dtype(np.int64)))  # read as int64
 
@@ -644,6 +646,31 @@ class RunColumn:
             at = self.firsts[run].astype(np.int64) + self.step * (index - self.starts[run])
             return at.astype(self.firsts.dtype)
         return self.values[index]
+
+    def gather(self, index: np.ndarray) -> np.ndarray:
+        """`values[index]` for a mask of every entry or an index of non-negative entries,
+        decoded `_RUN_PIECE` entries (or indices) at a time: a finding's cells gather the
+        live cells' batch and pool rows (runs of ten million cells) with no copy of the whole
+        column decoded beside the answer."""
+        import numpy as np
+
+        index = np.asarray(index)
+        if index.dtype == np.bool_ and index.shape == (self.size,):
+            out = np.empty(int(np.count_nonzero(index)), dtype=self.firsts.dtype)
+            at = 0
+            for start in range(0, self.size, _RUN_PIECE):
+                stop = min(start + _RUN_PIECE, self.size)
+                piece = self._piece(start, stop)[index[start:stop]]
+                out[at : at + piece.size] = piece
+                at += piece.size
+            return out
+        if index.dtype.kind in "iu" and index.ndim == 1 and (not index.size or index.min() >= 0):
+            out = np.empty(index.size, dtype=self.firsts.dtype)
+            for start in range(0, index.size, _RUN_PIECE):
+                out[start : start + _RUN_PIECE] = self[index[start : start + _RUN_PIECE]]
+            return out
+        taken: np.ndarray = self.values[index]  # negative indices: the whole column read
+        return taken
 
     def where_in(self, wanted: np.ndarray) -> np.ndarray:
         """Ascending indices of the entries among `wanted` (runs of equal values: found by

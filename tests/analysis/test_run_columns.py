@@ -65,6 +65,32 @@ def test_a_column_of_runs_reads_back_as_its_array(given: np.ndarray) -> None:
     assert isinstance(back, RunColumn) and np.array_equal(back.values, array.values)
 
 
+@pytest.mark.parametrize("given", list(_arrays())[:6], ids=lambda a: f"{a.min()}..{a.max()}")
+def test_a_column_of_runs_gathers_what_its_array_gathers(
+    given: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gather` decodes a piece at a time: with pieces of 7 entries (runs and the picked
+    entries cross every piece's ends), a mask of every entry and an ascending or repeating
+    index take what the decoded array takes, in its dtype."""
+    import kvcanary_cli.results.cells as cells_module
+
+    monkeypatch.setattr(cells_module, "_RUN_PIECE", 7)
+    array = NarrowColumn.of(given)
+    held = RunColumn.held_as_runs(array)
+    assert isinstance(held, RunColumn)
+    rng = np.random.default_rng(int(given.size) + 1)
+    for mask in (
+        rng.random(given.size) < 0.3,
+        np.ones(given.size, bool),
+        np.zeros(given.size, bool),
+    ):
+        taken = held.gather(mask)
+        assert taken.dtype == array.values.dtype and np.array_equal(taken, array.values[mask])
+    for index in (np.flatnonzero(rng.random(given.size) < 0.1), rng.integers(0, given.size, 50)):
+        assert np.array_equal(held.gather(index), array.values[index])
+    assert held.gather(np.zeros(0, dtype=np.int64)).size == 0
+
+
 def test_cell_columns_of_runs_equal_the_same_cells_held_as_arrays(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
