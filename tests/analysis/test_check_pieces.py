@@ -2,10 +2,11 @@
 
 The passes over every live cell, plan entry or finding cell that bound their temporaries by
 working a piece at a time (the live cells' gather, the vectorized plan's entries, the
-duplicate count, the plans' comparison, the stale-row diagnosis, the causes' split, the
-request summaries) are run with pieces of a few cells, so that runs, rows and groups cross
-piece boundaries: the JSON report is byte for byte the one of the default sizes. A corrupt
-scenario of each kind is checked, and a clean one, whose report stays clean."""
+duplicate count, the copied-prefix grouping, the plans' comparison, the stale-row diagnosis,
+the causes' split, the request summaries, the findings' cells gathered from runs) are run
+with pieces of a few cells, so that runs, rows and groups cross piece boundaries: the JSON
+report is byte for byte the one of the default sizes. A corrupt scenario of each kind is
+checked, and a clean one, whose report stays clean."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from kvcanary_cli.planners.base import Semantics
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.render import render
 from kvcanary_cli.render.console import OutputFormat
+from kvcanary_cli.results import cells as cell_results
+from kvcanary_cli.results.cells import RunColumn
 from kvcanary_cli.results.check import CheckReport
 from tests.analysis.conftest import ScenarioDump
 from tests.helpers import one_slot_shrunk_dump
@@ -50,6 +53,13 @@ def _in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(findings_module, "_COUNT_CHUNK", PIECE)
     monkeypatch.setattr(compare_module, "_PIECE", PIECE)
     monkeypatch.setattr(provenance_module, "_LIVE_CHUNK", PIECE)
+    monkeypatch.setattr(findings_module, "_PLACE_CELLS", PIECE)
+    # the live cells' rows and every finding column held as runs, however many: the
+    # findings' columns are gathered from runs, and runs decoded, a few entries at a time
+    monkeypatch.setattr(provenance_module, "_RUNS_FROM", 2)
+    monkeypatch.setattr(RunColumn, "MIN_CELLS", 2)
+    monkeypatch.setattr(RunColumn, "SAVING", 0)
+    monkeypatch.setattr(cell_results, "_RUN_PIECE", PIECE)
 
 
 def _same_in_pieces(dump: KvDump, monkeypatch: pytest.MonkeyPatch) -> str:
