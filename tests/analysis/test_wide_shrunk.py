@@ -113,12 +113,14 @@ def test_a_clean_production_wide_shrunk_pool_checks_clean(tmp_path: Path) -> Non
 #: reference plan's verify entries were held as int64 columns (590 MiB when the table view
 #: built every cell as Python ints).
 ONE_SLOT_RSS = 150 << 20
-#: `check` of the same dump: 187 MiB; 235-240 MiB when the duplicate count, the diagnosis and
+#: `check` of the same dump: 176 MiB; 182 MiB when the findings' cells were gathered from
+#: the live cells' rows decoded whole and the copied-prefix grouping sorted a million cells at
+#: a time; 187 MiB before that; 235-240 MiB when the duplicate count, the diagnosis and
 #: the request summaries indexed every cell at once and the plans took a million entries a
 #: chunk (250 MiB with the findings' columns held as arrays, 270 MiB under load; 300 MiB
 #: with both plans' entries held as int64); 410 MiB with the
 #: columns held as int64 and the reference plans kept through the diagnosis.
-ONE_SLOT_CHECK_RSS = 240 << 20
+ONE_SLOT_CHECK_RSS = 230 << 20
 
 
 @pytest.fixture(scope="module")
@@ -144,14 +146,16 @@ def test_check_of_a_slot_every_cell_holds_is_bounded(one_slot: Path) -> None:
 
 
 #: `check` (its table view, the Triton kernels planning beside the detectors) of a one-slot
-#: dump of 2048 rows x 1600 cells (3.3 M live cells, two findings of every one): 232 MiB;
+#: dump of 2048 rows x 1600 cells (3.3 M live cells, two findings of every one): 209 MiB;
+#: 222 MiB when the findings' cells were gathered from the live cells' rows decoded whole and
+#: the copied-prefix grouping sorted a million cells at a time; 232 MiB before that;
 #: 271-274 MiB with the temporaries above made of every cell at once;
 #: 311-327 MiB (336-362 under load) with the findings' columns held as arrays, not runs, and
 #: the duplicate-in-row search sorting every cell at once; 515 MiB when both plans held their
 #: entries as int64 columns (33 bytes an entry), live cells were gathered whole as int64 before
 #: they were narrowed, the stale-row diagnosis sorted every symptom cell with a lexsort and the
 #: provenance scan made every kept cell's flat index.
-ONE_SLOT_WIDE_CHECK_RSS = 300 << 20
+ONE_SLOT_WIDE_CHECK_RSS = 280 << 20
 
 
 @pytest.fixture(scope="module")
