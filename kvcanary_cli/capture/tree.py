@@ -429,7 +429,7 @@ def _side_host_facts(
     _host_pool_facts(facts, tree, pool, kind, f"{name}_")
 
 
-def _tree_host_values(tree: Any, kind: str = "FULL") -> tuple[Any, Any, Any] | None:
+def _tree_host_values(tree: Any, kind: str) -> tuple[Any, Any, Any] | None:
     """(host slots, their node ids, their nodes' host lock counts), node after node, from the
     `kind` component's data of each node (`component_data[kind].host_value`,
     `host_lock_ref`), or an older tree's `host_value` and `host_ref_counter` (Full only);
