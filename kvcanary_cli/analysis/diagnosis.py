@@ -257,13 +257,18 @@ def _left_behind(found: Sequence[Finding]) -> list[bool]:
     return out
 
 
-def _root_first(found: Sequence[Finding]) -> list[Finding]:
-    """One cause's findings with those another of them leaves behind after the rest, each
-    part in its order."""
+def _roots_and_left(found: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """One cause's findings split: those no other of them leaves behind, then those another
+    leaves behind (`_left_behind`), each part in its order."""
     behind = _left_behind(found)
-    return [f for f, b in zip(found, behind, strict=True) if not b] + [
-        f for f, b in zip(found, behind, strict=True) if b
-    ]
+    roots = [f for f, b in zip(found, behind, strict=True) if not b]
+    return roots, [f for f, b in zip(found, behind, strict=True) if b]
+
+
+def _root_first(found: Sequence[Finding]) -> list[Finding]:
+    """One cause's findings with those another of them leaves behind after the rest."""
+    roots, left = _roots_and_left(found)
+    return roots + left
 
 
 def _by_cause(findings: Sequence[Finding]) -> dict[CauseCode, list[Finding]]:
@@ -277,15 +282,13 @@ def _by_cause(findings: Sequence[Finding]) -> dict[CauseCode, list[Finding]]:
 
 
 def _cause(entry: _Claim, findings: list[Finding], dump: KvDump) -> Cause:
-    members = [findings[i] for i in dict.fromkeys(entry.members)]
-    leading = {
-        f.code for f, behind in zip(members, _left_behind(members), strict=True) if not behind
-    }
+    roots, left = _roots_and_left([findings[i] for i in dict.fromkeys(entry.members)])
+    leading = {f.code for f in roots}
     return Cause(
         code=entry.code,
         confidence=entry.confidence,
         summary=CAUSES[entry.code].summary,
-        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(_root_first(members)),
+        evidence=tuple(dict.fromkeys(entry.evidence)) or _default_evidence(roots + left),
         # a code only another of its findings leaves behind is counted last
         explains=dict(
             sorted(entry.explains.items(), key=lambda kv: (kv[0] not in leading, kv[0].order))
