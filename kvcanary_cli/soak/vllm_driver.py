@@ -8,9 +8,12 @@ hits; finished and aborted requests freed at once or, as vLLM's async scheduling
 the in-flight step (`deferred_frees`; a release before 0.24.0 has no such frees, and frees at
 once). The calls are made as the loaded release takes them (its constructor's arguments, its
 prefix lookup's result), never by its version number. Requests share a few prompt
-prefixes, so prefix hits, shared blocks and evictions happen. A full-attention model and a
-hybrid full + sliding-window model (one pool shared by both groups, window blocks replaced
-by the null block).
+prefixes, so prefix hits, shared blocks and evictions happen. The models (`MODELS`): full
+attention alone, and full attention beside one other group in one shared pool: a sliding
+window (`hybrid`: blocks that left the window replaced by the null block), a Mamba state
+group (`hybrid-mamba`: a request keeps its last state blocks, the rest null) or chunked
+local attention (`hybrid-chunked-local`: blocks before the current chunk null). A soak
+runs `DEFAULT_MODELS` in turn unless told which.
 
 After every step the manager is read (`engines.vllm.capture.snapshot`) and checked
 (`engines.vllm.check.audit`). A planted fault edits the pool the way its bug would, at a
@@ -34,12 +37,36 @@ from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.hook import raised_in, watch_asserts
 from kvcanary_cli.results.pool import PoolFinding
 
-__all__ = ["FAULTS", "MODELS", "History", "VllmCrash", "run_history"]
+__all__ = [
+    "DEFAULT_MODELS",
+    "FAULTS",
+    "MODELS",
+    "History",
+    "ModelUnavailableError",
+    "VllmCrash",
+    "model_available",
+    "run_history",
+]
 
-#: The models a soak cycles through.
-MODELS = ("full", "hybrid")
+#: Every model the workload builds: its name and what its groups are (a soak's --vllm-model).
+MODELS = {
+    "full": "full attention",
+    "hybrid": "full attention + sliding window",
+    "hybrid-mamba": "full attention + Mamba state",
+    "hybrid-chunked-local": "full attention + chunked local attention",
+}
+#: The models a soak cycles through when not told which.
+DEFAULT_MODELS = ("full", "hybrid")
 BLOCK_SIZE = 16
 WINDOW = 64
+#: Chunked local attention's chunk (tokens): a few blocks, so that chunks turn within a request.
+CHUNK = 64
+#: The spec class each model's second group needs (a release without it cannot build it).
+_NEEDS = {
+    "hybrid": "SlidingWindowSpec",
+    "hybrid-mamba": "MambaSpec",
+    "hybrid-chunked-local": "ChunkedLocalAttentionSpec",
+}
 #: A `Request`'s arguments that older releases want and the workload gives as None (see
 #: `_Scheduler`).
 _REQUEST_NONES = (
@@ -54,6 +81,22 @@ NUM_BLOCKS = 96
 MAX_MODEL_LEN = 1024
 #: Tokens one step may schedule (prefill chunks included).
 STEP_TOKENS = 256
+
+
+class ModelUnavailableError(VllmLayoutError):
+    """The loaded release has no manager for the model's group kind: one line, exit 2."""
+
+
+def model_available(modules: Any, model: str) -> bool:
+    """The loaded release defines the spec the model's second group needs."""
+    need = _NEEDS.get(model)
+    return need is None or hasattr(modules.interface, need)
+
+
+def _mamba_align(interface: Any) -> bool:
+    """The release caches Mamba states by prefix (`mamba_cache_mode` "align", from 0.1x on)."""
+    fields = getattr(interface.MambaSpec, "__dataclass_fields__", {})
+    return "mamba_cache_mode" in fields
 
 
 @dataclass(frozen=True)
@@ -105,13 +148,42 @@ class _Scheduler:
         # (before 0.11.0 an attention spec says whether it is MLA's: these are not)
         if "use_mla" in inspect.signature(m.interface.FullAttentionSpec).parameters:
             spec["use_mla"] = False
+        if model not in MODELS:
+            raise ModelUnavailableError(f"{model!r} is not a model: {', '.join(MODELS)}")
+        if not model_available(m, model):
+            raise ModelUnavailableError(
+                f"this vLLM ({m.tree.version}) has no {_NEEDS[model]}: it cannot build {model} "
+                f"({MODELS[model]})"
+            )
         groups = [m.interface.KVCacheGroupSpec(["full.0"], m.interface.FullAttentionSpec(**spec))]
+        #: prefix caching on (off only for a Mamba group of a release that cannot cache its
+        #: states: before "align" mode vLLM serves such a model without prefix caching)
+        caching = True
         if model == "hybrid":
             groups.append(
                 m.interface.KVCacheGroupSpec(
                     ["window.0"], m.interface.SlidingWindowSpec(**spec, sliding_window=WINDOW)
                 )
             )
+        elif model == "hybrid-chunked-local":
+            groups.append(
+                m.interface.KVCacheGroupSpec(
+                    ["local.0"],
+                    m.interface.ChunkedLocalAttentionSpec(**spec, attention_chunk_size=CHUNK),
+                )
+            )
+        elif model == "hybrid-mamba":
+            # "align" mode: states kept per block (the block size the attention's), prefix
+            # cached; before it, one state block per request (the block size the model's
+            # length, as vLLM sizes it) and no prefix caching
+            mamba: dict[str, Any] = dict(shapes=((1, 8),), dtypes=(torch.float16,))
+            if _mamba_align(m.interface):
+                mamba.update(block_size=BLOCK_SIZE, mamba_cache_mode="align")
+            else:
+                mamba.update(block_size=MAX_MODEL_LEN)
+                caching = False
+            groups.append(m.interface.KVCacheGroupSpec(["mamba.0"], m.interface.MambaSpec(**mamba)))
+        self.caching = caching
         config = m.interface.KVCacheConfig(
             num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
         )
@@ -125,7 +197,7 @@ class _Scheduler:
             config,
             max_model_len=MAX_MODEL_LEN,
             **{k: v for k, v in sizes.items() if k in taken},
-            enable_caching=True,
+            enable_caching=caching,
         )
         #: the manager hands a request's blocks out to be freed later (from 0.24.0 on: the
         #: frees vLLM's async scheduling defers past the in-flight step); else frees at once
@@ -218,6 +290,11 @@ class _Scheduler:
 
     def run_step(self) -> None:
         rng = self.rng
+        # (a Mamba group forgets which states this step cached: vLLM's scheduler says so at
+        # the start of each schedule, where the release has the call)
+        starts = getattr(self.manager, "new_step_starts", None)
+        if callable(starts):
+            starts()
         self.drain()
         for _ in range(int(rng.poisson(0.6))):
             self.arrive()
@@ -386,6 +463,8 @@ def run_history(
     manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises."""
     try:
         s = _Scheduler(modules, model, seed)
+    except ModelUnavailableError:
+        raise
     except Exception as exc:  # the constructors' calls do not fit this release
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         raise VllmLayoutError(

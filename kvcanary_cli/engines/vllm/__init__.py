@@ -61,7 +61,9 @@ def _shrunk_line(state: VllmState, record: ShrinkRecord) -> str:
 def report_of(path: str, state: VllmState, record: ShrinkRecord | None = None) -> PoolDumpReport:
     """`state` checked, as the report of the dump at `path` (shrunk from `record`'s)."""
     result = audit(state)
-    coverage = COVERAGE if record is None else (*COVERAGE, _shrunk_line(state, record))
+    coverage = (*COVERAGE, *result.skipped)
+    if record is not None:
+        coverage = (*coverage, _shrunk_line(state, record))
     return PoolDumpReport(
         path=path,
         engine="vllm",

@@ -35,14 +35,20 @@ def _kind(manager: Any) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in base).lstrip("_")
 
 
+def _window(spec: Any) -> int | None:
+    """The tokens a group's table must keep behind the computed ones: a sliding window, or
+    chunked local attention's chunk (None: every token, or a kind without one)."""
+    for name in ("sliding_window", "attention_chunk_size"):
+        value = getattr(spec, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def group_specs(managers: Iterable[Any]) -> tuple[GroupSpec, ...]:
     """Each group's kind, block size and window, from its single-type manager."""
     return tuple(
-        GroupSpec(
-            kind=_kind(m),
-            block_size=int(m.block_size),
-            window=getattr(m.kv_cache_spec, "sliding_window", None),
-        )
+        GroupSpec(kind=_kind(m), block_size=int(m.block_size), window=_window(m.kv_cache_spec))
         for m in managers
     )
 

@@ -13,7 +13,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvcanary_cli.catalog import POOL_CAUSE_OF, POOL_CAUSES, PoolCause, PoolCode, plural
-from kvcanary_cli.engines.vllm.state import FULL, VllmState
+from kvcanary_cli.engines.vllm.state import (
+    CHUNKED_LOCAL,
+    FULL,
+    MAMBA,
+    SLIDING_WINDOW,
+    GroupSpec,
+    VllmState,
+)
 from kvcanary_cli.results.pool import BlockOwner, PoolDiagnosis, PoolFinding, PoolGroup
 
 __all__ = [
@@ -23,6 +30,7 @@ __all__ = [
     "owners_of",
     "partial_requests",
     "queue_places",
+    "skipped_checks",
     "tables_present",
 ]
 
@@ -33,8 +41,35 @@ COVERAGE = (
     "map against the blocks' hashes, request tables against the scheduler's requests",
     "not run: the SGLang planner and canary (a vLLM dump holds no planner inputs)",
     "not checked: a request's own block hashes against its table (the dump does not carry "
-    "them), worker-side block tables and slot mappings",
+    "them), worker-side block tables and slot mappings; in a Mamba group where its tables hold "
+    "the null block (its prefix-caching mode leaves nulls between the states it keeps) and how "
+    "many state blocks a request holds",
 )
+#: Kinds whose tables drop the blocks before a window of the computed tokens (the null block
+#: as a leading run, only over blocks wholly before the window): tokens kept behind the last
+#: computed one, from the group's window (None: the window is not known, only the run's
+#: shape is checked).
+_WINDOWED = {
+    SLIDING_WINDOW: lambda computed, window: computed - window + 1,
+    # the current chunk's start: every block from there on is kept
+    CHUNKED_LOCAL: lambda computed, window: computed // window * window,
+}
+#: Kinds whose tables may hold the null block anywhere (no placement rule).
+_NULL_ANYWHERE = frozenset({MAMBA})
+
+
+def skipped_checks(groups: tuple[GroupSpec, ...]) -> tuple[str, ...]:
+    """What the audit leaves out for groups whose kind it has no rule for, in words (one line
+    per such group): where their tables may hold the null block."""
+    known = {FULL, *_WINDOWED, *_NULL_ANYWHERE}
+    return tuple(
+        f"not checked: where group {i}'s tables hold the null block (its manager, {g.kind}, is "
+        "a kind kvcanary has no rule for)"
+        for i, g in enumerate(groups)
+        if g.kind not in known
+    )
+
+
 #: Owners listed per example block (a block shared by every request lists a few).
 MAX_OWNERS = 16
 
@@ -48,6 +83,8 @@ class PoolAudit:
     groups: tuple[PoolGroup, ...]
     referenced: int
     requests_with_blocks: int
+    #: checks left out for groups of a kind without a rule (`skipped_checks`), in words
+    skipped: tuple[str, ...] = ()
 
 
 def owners_of(state: VllmState, block: int, limit: int = MAX_OWNERS) -> tuple[BlockOwner, ...]:
@@ -294,17 +331,22 @@ class _Audit:
         if self.n and self.queued[null]:
             misplaced.append("on the free queue")
         entries = self.table_ok & (s.table_block == null)
-        full_kinds = np.array([g.kind == FULL for g in s.groups])
+        kinds = [g.kind for g in s.groups]
+        full_kinds = np.array([k == FULL for k in kinds])
+        windowed = np.array([k in _WINDOWED for k in kinds])
         in_full = entries & full_kinds[s.table_group]
         if in_full.any():
             misplaced.append("in a full-attention table")
         prev_null = np.zeros(entries.size, dtype=bool)
         prev_null[1:] = entries[:-1]
-        not_leading = entries & ~in_full & (s.table_index > 0) & ~prev_null
+        not_leading = entries & windowed[s.table_group] & (s.table_index > 0) & ~prev_null
         if not_leading.any():
-            misplaced.append("after a real block in a sliding-window table")
+            misplaced.append("after a real block in a window's table")
+        in_window = entries & windowed[s.table_group] & ~not_leading & self._in_window(entries)
+        if in_window.any():
+            misplaced.append("in place of a block its window still reads")
         if misplaced:
-            bad = in_full | not_leading
+            bad = in_full | not_leading | in_window
             entry = int(np.flatnonzero(bad)[0]) if bad.any() else None
             where = (
                 f"; first: request {s.request_ids[int(s.table_request[entry])]!r} (group "
@@ -322,6 +364,28 @@ class _Audit:
                     queue_position=(queue_places(s, null) or (None,))[0],
                 )
             )
+
+    def _in_window(self, entries: np.ndarray) -> np.ndarray:
+        """Per table entry: a null `entries` entry of a windowed group whose block ends after
+        the first token the window still reads (its request's computed tokens known: a live
+        request with tokens; the group's window known)."""
+        s = self.s
+        out = np.zeros(entries.size, dtype=bool)
+        at = np.flatnonzero(entries)
+        if at.size == 0:
+            return out
+        req = s.table_request[at]
+        known = s.request_live[req] & (s.request_num_tokens[req] > 0)
+        computed = s.request_num_computed[req]
+        for g, spec in enumerate(s.groups):
+            keep_from = _WINDOWED.get(spec.kind)
+            if keep_from is None or spec.window is None or spec.window <= 0:
+                continue
+            mine = known & (s.table_group[at] == g)
+            first_read = keep_from(computed[mine], spec.window)
+            block_end = (s.table_index[at][mine] + 1) * spec.block_size
+            out[at[mine]] = block_end > first_read
+        return out
 
     def groups(self) -> None:
         s = self.s
@@ -472,4 +536,5 @@ def audit(state: VllmState) -> PoolAudit:
         groups=groups,
         referenced=referenced,
         requests_with_blocks=requests_with_blocks,
+        skipped=skipped_checks(state.groups),
     )

@@ -29,8 +29,10 @@ from kvcanary_cli.errors import DumpError, MetadataError, MissingTensorError, Te
 
 __all__ = [
     "ENGINE",
+    "CHUNKED_LOCAL",
     "FULL",
     "LAYOUT_TENSORS",
+    "MAMBA",
     "SHRUNK_KEY",
     "SLIDING_WINDOW",
     "GroupSpec",
@@ -41,10 +43,15 @@ __all__ = [
 
 #: The engine name in `kvcanary.engine`.
 ENGINE = "vllm"
-#: Group kinds: full attention keeps every block; the others drop blocks (null) that left
-#: their window.
+#: Group kinds: full attention keeps every block; a sliding window and chunked local
+#: attention drop (null) the blocks before their window, a leading run; a Mamba group keeps
+#: only its latest state blocks, and its prefix-caching ("align") mode leaves nulls between
+#: them. Another manager's kind is its class name in snake case (its tables unchecked where
+#: kvcanary does not know the rule).
 FULL = "full"
 SLIDING_WINDOW = "sliding_window"
+CHUNKED_LOCAL = "chunked_local_attention"
+MAMBA = "mamba"
 
 #: The metadata key of a shrunk dump's original counts.
 SHRUNK_KEY = "vllm.shrunk"
@@ -57,7 +64,8 @@ _I32 = np.int32
 
 @dataclass(frozen=True, kw_only=True)
 class GroupSpec:
-    """One KV-cache group: its manager kind, block size (tokens) and window (tokens)."""
+    """One KV-cache group: its manager kind, block size (tokens) and window (tokens: a sliding
+    window's, or chunked local attention's chunk)."""
 
     kind: str
     block_size: int
