@@ -374,9 +374,10 @@ command(
     run_soak,
     """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
 
-    --engine vllm runs vLLM's KVCacheManager instead (full and sliding-window models; faults:
-    block-freed-twice, block-freed-while-held, leak, free-count), and says what vLLM's own
-    asserts said.
+    --engine vllm runs vLLM's KVCacheManager instead (--vllm-model: full, hybrid (full +
+    sliding window), hybrid-mamba (full + Mamba), hybrid-chunked-local (full + chunked local
+    attention); default full and hybrid in turn; faults: block-freed-twice,
+    block-freed-while-held, leak, free-count), and says what vLLM's own asserts said.
 
     kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
     kvcanary's first finding (or SGLang's crash) the dump, the workload (seed, step) and a
@@ -415,6 +416,12 @@ command(
     coverage=Opt("Say which SGLang memory-cache functions and free paths ran (slower)."),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
+    vllm_model=Opt(
+        "The model(s) a vLLM soak runs in turn, comma-separated (--engine vllm; default: "
+        "full,hybrid): full attention, full + sliding window, full + Mamba state, full + "
+        "chunked local attention.",
+        metavar="full|hybrid|hybrid-mamba|hybrid-chunked-local",
+    ),
     output_format=REPORT["output_format"],
     force=REPORT["force"],
 )

@@ -492,6 +492,7 @@ def run_soak(
     *,
     sglang_tree: str | None = None,
     vllm_tree: str | None = None,
+    vllm_model: str | None = None,
     steps: int = 600,
     seed: int = 0,
     page_size: int | None = None,
@@ -524,6 +525,7 @@ def run_soak(
             steps,
             seed,
             fault,
+            models=vllm_model,
             out=out,
             force=force,
             timings=timings,
@@ -531,8 +533,9 @@ def run_soak(
             sglang_options={**sglang_options, "--sglang-tree": sglang_tree},
         )
     checked_choice(engine, ["sglang", "vllm"], "engine")
-    if vllm_tree is not None:
-        raise OptionError("is a vLLM soak option: add --engine vllm", option="--vllm-tree")
+    for flag, given in (("--vllm-tree", vllm_tree), ("--vllm-model", vllm_model)):
+        if given is not None:
+            raise OptionError("is a vLLM soak option: add --engine vllm", option=flag)
     if replaying is not None:
         if coverage:
             raise OptionError(

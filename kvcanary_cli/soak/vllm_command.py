@@ -1,7 +1,7 @@
 """`kvcanary soak --engine vllm`: histories of the seeded workload on vLLM's real
-`KVCacheManager` (`soak.vllm_driver`), full and hybrid models in turn, audited each step,
-until the step budget is spent or something is found (a planted --fault, kvcanary's finding,
-vLLM's own assert, heard through the assert hook).
+`KVCacheManager` (`soak.vllm_driver`), the chosen models in turn (full and hybrid by
+default), audited each step, until the step budget is spent or something is found (a
+planted --fault, kvcanary's finding, vLLM's own assert, heard through the assert hook).
 
 A finding leaves two files in `--out` (checked before a step runs), written as every soak
 writes them (`soak.outputs`: all or none, never over a link, no overwrite without --force):
@@ -120,10 +120,26 @@ def refuse_sglang_options(given: Mapping[str, object]) -> None:
         one = len(flags) == 1
         raise OptionError(
             f"{'an SGLang soak option' if one else 'SGLang soak options'}; --engine vllm soaks "
-            "vLLM's full and hybrid models",
+            "vLLM's models (--vllm-model)",
             option=", ".join(flags),
             hint=f"drop {'it' if one else 'them'}, or soak SGLang",
         )
+
+
+def chosen_models(given: str | None) -> tuple[str, ...]:
+    """The models named by `--vllm-model` (comma-separated, each once), or the default
+    cycle; an unknown name is one error line."""
+    from kvcanary_cli.soak.vllm_driver import DEFAULT_MODELS, MODELS
+
+    if given is None:
+        return DEFAULT_MODELS
+    names = tuple(dict.fromkeys(n.strip() for n in given.split(",")))
+    for name in names:
+        if name not in MODELS:
+            raise OptionError(
+                f"{name[:40]!r} is not a vLLM model: {', '.join(MODELS)}", option="--vllm-model"
+            )
+    return names
 
 
 def run_vllm_soak(
@@ -132,6 +148,7 @@ def run_vllm_soak(
     seed: int,
     fault: str | None,
     *,
+    models: str | None = None,
     out: Path,
     force: bool = False,
     timings: bool = False,
@@ -142,16 +159,18 @@ def run_vllm_soak(
     steps, a finding's files to `out`; with `replaying`, that reproducer run again. A one-line
     error (exit 2) for an SGLang option, an unknown fault, an `out` it may not write, or a
     tree that cannot load."""
-    from kvcanary_cli.soak.vllm_driver import FAULTS, MODELS, run_history
+    from kvcanary_cli.soak.vllm_driver import FAULTS, run_history
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
     refuse_sglang_options(sglang_options or {})
     if replaying is not None:
-        if fault is not None:
+        if fault is not None or models is not None:
             raise OptionError(
-                "takes the fault from the reproducer: drop --fault", option="--replay"
+                "takes the fault and the model from the reproducer: drop --fault and --vllm-model",
+                option="--replay",
             )
         return _replay(replaying, tree, timings=timings)
+    chosen = chosen_models(models)
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"{fault!r} is not a vLLM fault: {', '.join(FAULTS)}", option="--fault")
     from kvcanary_cli.soak.outputs import check_out, scratch
@@ -159,12 +178,13 @@ def run_vllm_soak(
     check_out(out, force=force)
     started = time.monotonic()
     modules = load_vllm(tree if tree is not None else _default_tree())
+    _refuse_unbuildable(modules, chosen)
     histories: list[PoolSoakHistory] = []
     audited = 0
     files: dict[SoakFile, str] = {}
     with scratch() as folder, _naming(modules.tree):
         while audited < steps:
-            model = MODELS[len(histories) % len(MODELS)]
+            model = chosen[len(histories) % len(chosen)]
             length = min(HISTORY_STEPS, steps - audited)
             h = run_history(
                 modules,
@@ -192,6 +212,21 @@ def run_vllm_soak(
         seconds=round(time.monotonic() - started, 3) if timings else None,
         files=files,
     )
+
+
+def _refuse_unbuildable(modules: Any, models: tuple[str, ...]) -> None:
+    """One error line (exit 2) for a chosen model the loaded release has no manager for."""
+    from kvcanary_cli.soak.vllm_driver import MODELS, model_available
+
+    missing = [m for m in models if not model_available(modules, m)]
+    if missing:
+        raise OptionError(
+            f"vLLM {modules.tree.version} cannot build {', '.join(missing)} "
+            f"({'; '.join(MODELS[m] for m in missing)}): its KV-cache interface has no such "
+            "group",
+            option="--vllm-model",
+            hint="choose another model, or a vLLM release that has it",
+        )
 
 
 def _keep(
