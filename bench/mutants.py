@@ -77,7 +77,8 @@ class Mutant:
     what: str
     control: bool = False
     engine: str = "sglang"
-    #: the memory layout soak drives it under (`soak --layout`; SGLang only)
+    #: the memory layout soak drives it under (`soak --layout`); for vLLM the model
+    #: (`soak --engine vllm --vllm-model`), "swa" meaning the default models
     layout: str = "swa"
     #: the same edit as other releases spell the code: (old, new) pairs (vLLM only)
     alternatives: tuple[tuple[str, str], ...] = ()
@@ -787,6 +788,88 @@ MUTANTS: tuple[Mutant, ...] = (
         control=True,
         engine="vllm",
     ),
+    # -- vLLM 0.33.0's hybrid groups' managers (soaked under --vllm-model; 0.34.0 the same) ---
+    Mutant(
+        "mamba-retires-running-state",
+        "single_type_kv_cache_manager.py",
+        "        first_block = max(first_block, self._num_retired_blocks.get(request_id, 0))\n"
+        "        last_block = min(last_block, len(blocks))\n",
+        "        first_block = max(first_block, self._num_retired_blocks.get(request_id, 0))\n"
+        "        last_block = min(last_block + 1, len(blocks))\n",
+        "state dropped: a Mamba group retires one state block too many, the running state of "
+        "the last computed token among them (freed and nulled: the pool stays consistent)",
+        engine="vllm",
+        layout="hybrid-mamba",
+    ),
+    Mutant(
+        "mamba-retired-kept",
+        "single_type_kv_cache_manager.py",
+        "            freed.append(blocks[i])\n"
+        "            blocks[i] = self._null_block\n"
+        "        if freed:\n"
+        "            self.block_pool.free_blocks(freed)\n"
+        "        self._num_retired_blocks[request_id] = last_block\n",
+        "            freed.append(blocks[i])\n"
+        "        if freed:\n"
+        "            self.block_pool.free_blocks(freed)\n"
+        "        self._num_retired_blocks[request_id] = last_block\n",
+        "freed while held: a Mamba group retires the states behind the computed tokens but "
+        "leaves them in the request's table",
+        engine="vllm",
+        layout="hybrid-mamba",
+    ),
+    Mutant(
+        "mamba-null-test-by-identity",
+        "single_type_kv_cache_manager.py",
+        "            if blocks[i].is_null:\n                continue\n",
+        "            if blocks[i] is self._null_block:\n                continue\n",
+        "control: a Mamba retirement skips the null block by identity, not by its flag",
+        control=True,
+        engine="vllm",
+        layout="hybrid-mamba",
+    ),
+    Mutant(
+        "chunked-local-drops-current-chunk",
+        "single_type_kv_cache_manager.py",
+        "        num_skipped_tokens = (\n"
+        "            num_computed_tokens // self.attention_chunk_size\n"
+        "        ) * self.attention_chunk_size\n",
+        "        num_skipped_tokens = (\n"
+        "            num_computed_tokens // self.block_size\n"
+        "        ) * self.block_size\n",
+        "window: chunked local attention drops every block before the current one, blocks of "
+        "the current chunk it still reads among them",
+        engine="vllm",
+        layout="hybrid-chunked-local",
+    ),
+    Mutant(
+        "chunked-local-hit-skips-chunk-start",
+        "single_type_kv_cache_manager.py",
+        "        local_attention_start_block_idx = (\n"
+        "            local_attention_start_idx // kv_cache_spec.block_size\n"
+        "        )\n",
+        "        local_attention_start_block_idx = (\n"
+        "            local_attention_start_idx // kv_cache_spec.block_size + 1\n"
+        "        )\n",
+        "window: a chunked-local prefix hit hands the current chunk's first block out as the "
+        "null block",
+        engine="vllm",
+        layout="hybrid-chunked-local",
+    ),
+    Mutant(
+        "chunked-local-skip-by-remainder",
+        "single_type_kv_cache_manager.py",
+        "        num_skipped_tokens = (\n"
+        "            num_computed_tokens // self.attention_chunk_size\n"
+        "        ) * self.attention_chunk_size\n",
+        "        num_skipped_tokens = (\n"
+        "            num_computed_tokens - num_computed_tokens % self.attention_chunk_size\n"
+        "        )\n",
+        "control: the current chunk's start computed from the remainder",
+        control=True,
+        engine="vllm",
+        layout="hybrid-chunked-local",
+    ),
 )
 
 
@@ -965,15 +1048,16 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
     result.write_text(json.dumps(record))
 
 
-def vllm_alone(modules: Any, budget: int, seed: int) -> dict[str, Any]:
+def vllm_alone(modules: Any, budget: int, seed: int, models: str | None = None) -> dict[str, Any]:
     """vLLM's own asserts with no kvcanary audit, on the histories soak runs (same seeds,
     models and lengths): where vLLM first raised."""
-    from kvcanary_cli.soak.vllm_command import AFTER_STEPS, HISTORY_STEPS
-    from kvcanary_cli.soak.vllm_driver import MODELS, run_history
+    from kvcanary_cli.soak.vllm_command import AFTER_STEPS, HISTORY_STEPS, chosen_models
+    from kvcanary_cli.soak.vllm_driver import run_history
 
+    chosen = chosen_models(models)
     ran = histories = 0
     while ran < budget:
-        model = MODELS[histories % len(MODELS)]
+        model = chosen[histories % len(chosen)]
         length = min(HISTORY_STEPS, budget - ran)
         h = run_history(
             modules, model, seed + histories, length, audit_every=False, after_steps=AFTER_STEPS
@@ -1023,9 +1107,11 @@ def _vllm_soak_side(report: Any) -> dict[str, Any]:
     return side
 
 
-def vllm_child(tree: Path, budget: int, seeds: list[int], result: Path) -> None:
-    """Run one vLLM variant, per seed: `soak --engine vllm`'s `run_vllm_soak`, then vLLM's
-    asserts alone."""
+def vllm_child(
+    tree: Path, budget: int, seeds: list[int], result: Path, models: str | None = None
+) -> None:
+    """Run one vLLM variant, per seed: `soak --engine vllm`'s `run_vllm_soak` (under
+    `--vllm-model models`; None: the default models), then vLLM's asserts alone."""
     from kvcanary_cli.soak.vllm_command import run_vllm_soak
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
@@ -1037,11 +1123,13 @@ def vllm_child(tree: Path, budget: int, seeds: list[int], result: Path) -> None:
         run: dict[str, Any] = {"seed": seed}
         with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
             t0 = time.monotonic()
-            report = run_vllm_soak(str(tree), budget, seed, None, out=Path(out) / "o")
+            report = run_vllm_soak(
+                str(tree), budget, seed, None, models=models, out=Path(out) / "o"
+            )
             run["soak_s"] = round(time.monotonic() - t0, 2)
         run["soak"] = _vllm_soak_side(report)
         t0 = time.monotonic()
-        run["vllm"] = vllm_alone(load_vllm(tree), budget, seed)
+        run["vllm"] = vllm_alone(load_vllm(tree), budget, seed, models)
         run["vllm_s"] = round(time.monotonic() - t0, 2)
         record["runs"].append(run)
     result.write_text(json.dumps(record))
@@ -1138,17 +1226,21 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "unified"),
     ("sglang", "mamba"),
     ("vllm", "-"),
+    ("vllm", "hybrid-mamba"),
+    ("vllm", "hybrid-chunked-local"),
 )
 
 
 def _group(mutant: Mutant) -> tuple[str, str]:
-    return (mutant.engine, mutant.layout if mutant.engine == "sglang" else "-")
+    if mutant.engine == "vllm":
+        return (mutant.engine, "-" if mutant.layout == "swa" else mutant.layout)
+    return (mutant.engine, mutant.layout)
 
 
 def _release_name(group: tuple[str, str]) -> str:
     engine, layout = group
     if engine == "vllm":
-        return "vllm-release"
+        return "vllm-release" if layout == "-" else f"vllm-{layout}-release"
     return "release" if layout == "swa" else f"{layout}-release"
 
 
@@ -1276,6 +1368,8 @@ def _group_report(
         release += f" (snippets written for {SNIPPETS_FOR[engine]}"
         release += f"; {len(figures.get('left_out', []))} left out)"
     where = f" (soak --layout {layout})" if engine == "sglang" else ""
+    if engine == "vllm" and layout != "-":
+        where = f" (soak --engine vllm --vllm-model {layout})"
     lines = [
         f"mutants of {release}{where}, {figures['steps']} steps per seed, seeds "
         f"{', '.join(map(str, figures['seeds']))}, {figures['jobs']} at a time on "
@@ -1357,7 +1451,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child is not None:
         if args.child_engine == "vllm":
-            vllm_child(args.child, args.steps, args.seed, args.result)
+            models = None if args.child_layout == "-" else args.child_layout
+            vllm_child(args.child, args.steps, args.seed, args.result, models)
         else:
             child(args.child, args.steps, args.seed, args.result, args.child_layout)
         return 0

@@ -2671,8 +2671,13 @@ POOL_FINDINGS: Mapping[PoolCode, PoolFindingEntry] = _table(
         (
             PoolCode.NULL_BLOCK_MISPLACED,
             PoolFindingEntry(
-                when="the null block is on the free queue, in a full-attention table, or in a "
-                "sliding-window table after a real block (only a leading run is dropped)",
+                when="the null block is on the free queue; in a full-attention table; in a "
+                "sliding-window or chunked-local table after a real block (only a leading run "
+                "is dropped) or over a block the window of the request's computed tokens "
+                "still reads; or in every entry of a Mamba table (its state dropped). Where "
+                "else a Mamba table holds it is no finding (prefix caching leaves nulls "
+                "between its states); a group of a kind kvcanary has no rule for is not "
+                "checked here, and the report's coverage says so",
                 meaning="the null block (no KV) is read as data, or handed out",
             ),
         ),

@@ -41,6 +41,8 @@ mutants = _bench()
         ("sglang", "unified", 4, 1),
         ("sglang", "mamba", 4, 1),
         ("vllm", "swa", 12, 3),
+        ("vllm", "hybrid-mamba", 2, 1),
+        ("vllm", "hybrid-chunked-local", 2, 1),
     ],
 )
 def test_the_set_is_what_the_benchmark_promises(
@@ -52,8 +54,10 @@ def test_the_set_is_what_the_benchmark_promises(
     assert sum(not m.control for m in chosen) >= least
     assert sum(m.control for m in chosen) >= controls
     assert all(m.old != m.new and m.what for m in chosen)
-    # each layout's group is soaked under that layout, with a release of its own
-    assert (engine, "-" if engine == "vllm" else layout) in mutants.GROUPS
+    # each layout's group is soaked under that layout (a vLLM one under its model; "swa" the
+    # default models), with a release of its own
+    group = ("-" if layout == "swa" else layout) if engine == "vllm" else layout
+    assert (engine, group) in mutants.GROUPS
 
 
 @pytest.mark.parametrize(
@@ -164,16 +168,28 @@ _BEFORE_0_12 = {
     "local attention's, in a loop of their own: the snippet is there twice",
     "queue-popleft-one-by-loop": "popleft_n has no one-block fast path before 0.32.0",
 }
+#: What releases before the Mamba group's prefix-caching mode and before chunked local
+#: attention's skipped tokens were counted by `get_num_skipped_tokens` leave out.
+_BEFORE_HYBRID_REWRITE = {
+    "mamba-retires-running-state": "no Mamba state retirement: one state block per request",
+    "mamba-retired-kept": "no Mamba state retirement: one state block per request",
+    "mamba-null-test-by-identity": "no Mamba state retirement: one state block per request",
+    "chunked-local-drops-current-chunk": "chunked local attention drops its blocks in a "
+    "loop of its own",
+    "chunked-local-hit-skips-chunk-start": "its prefix lookup is spelled otherwise",
+    "chunked-local-skip-by-remainder": "chunked local attention drops its blocks in a loop "
+    "of its own",
+}
 #: Per cached vLLM release (those `.ci/run` fetches, and 0.10.x's where cached by hand: their
 #: spellings of the map's eviction, the queue's count and 0.10.0's touch), the mutants that
 #: cannot apply there, and why: the code path they break is not in that release, or is not
 #: one place in it to edit. Every other mutant applies, through its 0.33.0 snippet or an
 #: alternative spelling.
 LEFT_OUT = {
-    "0.10.0": _BEFORE_0_12,
-    "0.10.1.1": _BEFORE_0_12,
-    "0.10.2": _BEFORE_0_12,
-    "0.11.0": _BEFORE_0_12,
+    "0.10.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
+    "0.10.1.1": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
+    "0.10.2": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
+    "0.11.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
     "0.33.0": {},
     "0.34.0": {},
 }

@@ -1,14 +1,16 @@
 """The vLLM paths kvcanary drives, on one release, in a process of its own (one vLLM per
 process): `python -m tests.vllm_release WHEEL OUT` prints one JSON line per case.
 
-- `clean`: a history of each model, read after every step as soak reads it; the prefix-cache
-  map as kvcanary lists it is checked against vLLM's own `contain` (before 0.24.0:
-  `get_one_block` and the block's own key; before 0.11.0 the map's own dict under the block's
-  own key) both ways (every listed
-  entry is one vLLM has, every hashed block is listed), with the most keys several blocks
-  carry at once (the map's other shape); then the same seed through `run_history` with the
-  assert hook: what kvcanary found, what vLLM raised.
-- `fault`: each planted fault in the full model: the step planted, the step found, the code.
+- `clean`: a history of each model the release can build (`model_available`), read after
+  every step as soak reads it; the prefix-cache map as kvcanary lists it is checked against
+  vLLM's own `contain` (before 0.24.0: `get_one_block` and the block's own key; before 0.11.0
+  the map's own dict under the block's own key) both ways (every listed entry is one vLLM
+  has, every hashed block is listed), with the most keys several blocks carry at once (the
+  map's other shape); then the same seed through `run_history` with the assert hook: what
+  kvcanary found, what vLLM raised.
+- `fault`: each planted fault in the full model: the step planted, the step found, the code;
+  and two of them (a double free, a leak) in each hybrid model the release builds beside the
+  sliding window's (Mamba, chunked local attention).
 - `hook`: vLLM's own assert after a double free, heard by the hook: the dump it wrote, what
   `check` finds in it, and whether the history ended as it does without the hook.
 - `cli`: `kvcanary soak --engine vllm` clean (exit 0), with a fault (exit 1, dump and
@@ -28,7 +30,13 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.dump.engine import read_arrays
 from kvcanary_cli.engines.vllm import check_dump
 from kvcanary_cli.engines.vllm.check import audit
-from kvcanary_cli.soak.vllm_driver import FAULTS, MODELS, _Scheduler, run_history
+from kvcanary_cli.soak.vllm_driver import (
+    FAULTS,
+    MODELS,
+    _Scheduler,
+    model_available,
+    run_history,
+)
 from kvcanary_cli.soak.vllm_stack import load_vllm
 
 
@@ -85,16 +93,18 @@ def _clean(modules: Any, model: str, out: Path) -> dict[str, Any]:
         "crash": None if h.crash is None else h.crash.exception,
         "audited": h.audited,
         "prefix_hits": h.prefix_hits,
+        "caching": s.caching,
         "several": several,
         "denied": denied,
         "unlisted": unlisted,
     }
 
 
-def _fault(modules: Any, fault: str) -> dict[str, Any]:
-    h = run_history(modules, "full", 3, 80, fault=fault, after_steps=0)
+def _fault(modules: Any, fault: str, model: str = "full") -> dict[str, Any]:
+    h = run_history(modules, model, 3, 80, fault=fault, after_steps=0)
     return {
         "case": "fault",
+        "model": model,
         "fault": fault,
         "planted": h.fault_step,
         "found": h.finding_step,
@@ -146,10 +156,14 @@ def main(wheel: str, out: str) -> None:
     folder = Path(out)
     modules = load_vllm(wheel)
     print(json.dumps({"case": "release", "version": modules.tree.version}), flush=True)
-    for model in MODELS:
+    built = [model for model in MODELS if model_available(modules, model)]
+    for model in built:
         print(json.dumps(_clean(modules, model, folder)), flush=True)
     for fault in FAULTS:
         print(json.dumps(_fault(modules, fault)), flush=True)
+    for model in [m for m in built if m.startswith("hybrid-")]:
+        for fault in ("block-freed-twice", "leak"):
+            print(json.dumps(_fault(modules, fault, model)), flush=True)
     print(json.dumps(_hook(modules, folder / "hook")), flush=True)
     print(json.dumps(_cli(wheel, folder / "cli")), flush=True)
 

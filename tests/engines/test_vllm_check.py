@@ -18,9 +18,10 @@ from kvcanary_cli.cli import app
 from kvcanary_cli.dump.atomic import write_safetensors
 from kvcanary_cli.dump.engine import read_arrays
 from kvcanary_cli.engines.vllm import report_of
+from kvcanary_cli.engines.vllm.capture import group_specs
 from kvcanary_cli.engines.vllm.check import audit
-from kvcanary_cli.engines.vllm.state import state_of
-from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, build
+from kvcanary_cli.engines.vllm.state import CHUNKED_LOCAL, MAMBA, GroupSpec, VllmState, state_of
+from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, _copy, _null_in_chunk, build
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
 from tests.engines.bad_dumps import broken_vllm_contents
 
@@ -36,7 +37,7 @@ def _codes(state: object) -> set[PoolCode]:
 @pytest.mark.parametrize("name", FAULTS)
 def test_each_fault_is_found_and_its_clean_twin_is_silent(name: str, seed: int) -> None:
     scenario = SCENARIOS[name]
-    assert _codes(_clean(seed, "tiny", scenario.hybrid)) == set()
+    assert _codes(_clean(seed, "tiny", scenario.hybrid, scenario.kind)) == set()
     assert _codes(build(name, seed=seed)) == set(scenario.expected)
 
 
@@ -72,6 +73,95 @@ def test_a_window_null_after_a_real_block_names_the_entry() -> None:
     # the same null as a leading run of the window table is what a window drop leaves
     assert audit(_clean(2, "tiny", True)).findings == ()
     assert (state.table_block[state.table_group == 1] == 0).any()
+
+
+def _null_after_real(state: VllmState, group: int) -> bool:
+    """Some table of `group` holds the null block after a real block (not a leading run)."""
+    at = np.flatnonzero(state.table_group == group)
+    null = state.table_block[at] == state.null_block
+    same = state.table_request[at][1:] == state.table_request[at][:-1]
+    return bool((null[1:] & ~null[:-1] & same).any())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_mamba_table_may_hold_nulls_between_its_states(seed: int) -> None:
+    # the leading-run rule of a window, applied to every group that is not full attention,
+    # called this clean pool misplaced: Mamba's prefix-caching mode keeps a state block
+    # between nulls
+    state = build("vllm-mamba-clean", seed=seed)
+    assert state.groups[1].kind == MAMBA and _null_after_real(state, 1)
+    assert audit(state).findings == ()
+    # a window group's table with the same entries is a finding
+    as_window = replace(
+        state, groups=(state.groups[0], replace(state.groups[1], kind="sliding_window", window=64))
+    )
+    assert _codes(as_window) == {PoolCode.NULL_BLOCK_MISPLACED}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_chunked_local_null_over_the_current_chunk_is_found(seed: int) -> None:
+    state = build("vllm-chunked-local-null-in-chunk", seed=seed)
+    # still a leading run: the run's shape alone (the old rule) saw nothing
+    assert state.groups[1].kind == CHUNKED_LOCAL and not _null_after_real(state, 1)
+    [finding] = audit(state).findings
+    assert finding.code is PoolCode.NULL_BLOCK_MISPLACED
+    assert "in place of a block its window still reads" in finding.message
+    assert finding.owners and finding.owners[0].group == 1
+    clean = _clean(seed, "tiny", True, CHUNKED_LOCAL)
+    assert audit(clean).findings == ()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_sliding_window_null_inside_the_window_is_found(seed: int) -> None:
+    # the same plant in a sliding window's table: its leading run one block too long
+    state = _null_in_chunk(_copy(_clean(seed, "tiny", True)), np.random.default_rng(seed))
+    assert not _null_after_real(state, 1)
+    assert _codes(state) == {PoolCode.NULL_BLOCK_MISPLACED}
+
+
+def test_the_window_rule_waits_for_known_lengths() -> None:
+    # a dump without the requests' lengths (0 tokens) cannot place the window: no finding
+    state = build("vllm-chunked-local-null-in-chunk", seed=1)
+    unknown = replace(state, request_num_tokens=np.zeros_like(state.request_num_tokens))
+    assert audit(unknown).findings == ()
+
+
+def test_a_group_kind_without_a_rule_is_skipped_and_said() -> None:
+    state = build("vllm-null-block", seed=2)
+    other = replace(
+        state, groups=(state.groups[0], GroupSpec(kind="circular_buffer", block_size=16))
+    )
+    result = audit(other)
+    assert result.findings == ()
+    [line] = result.skipped
+    assert "group 1" in line and "circular_buffer" in line
+    report = report_of("x", other)
+    assert line in report.coverage
+    assert audit(state).skipped == ()
+
+
+def test_the_capture_reads_each_kind_and_its_window() -> None:
+    def manager(name: str, **spec: object) -> object:
+        cls = type(name, (), {})
+        m = cls()
+        m.block_size = 16
+        m.kv_cache_spec = type("Spec", (), spec)()
+        return m
+
+    specs = group_specs(
+        [
+            manager("FullAttentionManager"),
+            manager("SlidingWindowManager", sliding_window=64),
+            manager("ChunkedLocalAttentionManager", attention_chunk_size=128),
+            manager("MambaManager"),
+        ]
+    )
+    assert [(g.kind, g.window) for g in specs] == [
+        ("full", None),
+        ("sliding_window", 64),
+        ("chunked_local_attention", 128),
+        ("mamba", None),
+    ]
 
 
 def test_a_released_block_in_its_table_is_no_finding_until_unmarked() -> None:

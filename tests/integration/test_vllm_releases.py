@@ -65,10 +65,13 @@ def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
     for line in lines:
         cases.setdefault(str(line["case"]), []).append(line)
     clean = {c["model"]: c for c in cases["clean"]}
-    assert set(clean) == {"full", "hybrid"}
+    # every release kvcanary drives has chunked local attention and a Mamba group
+    assert set(clean) == {"full", "hybrid", "hybrid-mamba", "hybrid-chunked-local"}
     for c in clean.values():
         assert (c["findings"], c["crash"], c["denied"], c["unlisted"]) == (0, None, 0, 0), c
-        assert c["audited"] == 150 and c["prefix_hits"]
+        # (a Mamba group before its prefix-caching mode is served without prefix caching)
+        assert c["audited"] == 150 and bool(c["prefix_hits"]) == c["caching"]
+    assert clean["hybrid-mamba"]["caching"] == (version not in ("0.11.0",)), version
     assert clean["hybrid"]["several"], "some key is carried by several blocks at once"
     expected = {
         "block-freed-twice": "negative-ref-count",
@@ -76,8 +79,17 @@ def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
         "leak": "ref-count-high",
         "free-count": "free-count-mismatch",
     }
-    faults = {c["fault"]: c for c in cases["fault"]}
+    faults = {c["fault"]: c for c in cases["fault"] if c["model"] == "full"}
     assert set(faults) == set(expected)
+    hybrids = [c for c in cases["fault"] if c["model"] != "full"]
+    assert {(c["model"], c["fault"]) for c in hybrids} == {
+        (m, f)
+        for m in ("hybrid-mamba", "hybrid-chunked-local")
+        for f in ("block-freed-twice", "leak")
+    }
+    for c in hybrids:
+        assert c["planted"] is not None and c["found"] == c["planted"], c
+        assert (c["code"], c["crash"]) == (expected[c["fault"]], None), c
     for fault, c in faults.items():
         assert c["planted"] is not None and c["found"] == c["planted"], c
         assert (c["code"], c["crash"]) == (expected[fault], None), c

@@ -29,12 +29,85 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("model", ["full", "hybrid"])
+@pytest.mark.parametrize("model", ["full", "hybrid", "hybrid-mamba", "hybrid-chunked-local"])
 def test_clean_histories_are_silent_at_every_step(vllm: Any, model: str) -> None:
     h = run_history(vllm, model, seed=11, steps=150)
     assert h.crash is None and h.findings == ()
     assert h.audited == 150
     assert h.prefix_hits > 0
+
+
+def test_the_hybrid_models_build_the_group_kinds_they_name(vllm: Any) -> None:
+    from kvcanary_cli.engines.vllm.capture import group_specs
+
+    kinds = {}
+    for model in ("hybrid-mamba", "hybrid-chunked-local"):
+        s = _Scheduler(vllm, model, 0)
+        for _ in range(60):
+            s.run_step()
+        specs = group_specs(s.manager.coordinator.single_type_managers)
+        kinds[model] = [(g.kind, g.window) for g in specs]
+        state = s.state()
+        g1 = state.table_group == 1
+        # each drops blocks: the null block stands in its tables
+        assert (state.table_block[g1] == state.null_block).any(), model
+    assert kinds == {
+        "hybrid-mamba": [("full", None), ("mamba", None)],
+        "hybrid-chunked-local": [("full", None), ("chunked_local_attention", 64)],
+    }
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (
+            ["--engine", "vllm", "--vllm-model", "jamba"],
+            "error: --vllm-model: 'jamba' is not a "
+            "vLLM model: full, hybrid, hybrid-mamba, hybrid-chunked-local",
+        ),
+        (
+            ["--vllm-model", "hybrid-mamba"],
+            "error: --vllm-model: is a vLLM soak option: add --engine vllm",
+        ),
+        (
+            ["--engine", "vllm", "--vllm-model", "full", "--replay", "x.json"],
+            "error: --replay: "
+            "takes the fault and the model from the reproducer: drop --fault and --vllm-model",
+        ),
+    ],
+)
+def test_soak_refuses_a_bad_vllm_model_in_one_line(given: list[str], said: str) -> None:
+    from kvcanary_cli.cli import app
+
+    result = CliRunner().invoke(app, ["soak", *given])
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [said]
+
+
+def test_a_model_the_release_cannot_build_is_one_line(vllm: Any, tmp_path: Path) -> None:
+    from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.soak.vllm_command import _refuse_unbuildable
+
+    older = replace(vllm, interface=SimpleNamespace(FullAttentionSpec=object))
+    with pytest.raises(OptionError, match="cannot build hybrid-mamba"):
+        _refuse_unbuildable(older, ("full", "hybrid-mamba"))
+    _refuse_unbuildable(vllm, ("full", "hybrid", "hybrid-mamba", "hybrid-chunked-local"))
+
+
+def test_soak_runs_the_chosen_models_in_turn(vllm: Any, tmp_path: Path) -> None:
+    from kvcanary_cli.soak.vllm_command import run_vllm_soak
+    from tests.vllm_wheel import wheel_path
+
+    report = run_vllm_soak(
+        str(wheel_path()),
+        450,
+        0,
+        None,
+        models="hybrid-chunked-local,hybrid-mamba",
+        out=tmp_path / "o",
+    )
+    assert [h.model for h in report.histories] == ["hybrid-chunked-local", "hybrid-mamba"]
+    assert all(not h.findings and h.engine_said is None for h in report.histories)
 
 
 def test_every_fault_has_an_expectation() -> None:

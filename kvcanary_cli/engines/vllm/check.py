@@ -42,8 +42,8 @@ COVERAGE = (
     "not run: the SGLang planner and canary (a vLLM dump holds no planner inputs)",
     "not checked: a request's own block hashes against its table (the dump does not carry "
     "them), worker-side block tables and slot mappings; in a Mamba group where its tables hold "
-    "the null block (its prefix-caching mode leaves nulls between the states it keeps) and how "
-    "many state blocks a request holds",
+    "the null block (its prefix-caching mode leaves nulls between the states it keeps: only a "
+    "table with no state block at all is a finding) and how many state blocks a request holds",
 )
 #: Kinds whose tables drop the blocks before a window of the computed tokens (the null block
 #: as a leading run, only over blocks wholly before the window): tokens kept behind the last
@@ -345,8 +345,11 @@ class _Audit:
         in_window = entries & windowed[s.table_group] & ~not_leading & self._in_window(entries)
         if in_window.any():
             misplaced.append("in place of a block its window still reads")
+        stateless = self._stateless(entries)
+        if stateless.any():
+            misplaced.append("in every entry of a Mamba table (no state block kept)")
         if misplaced:
-            bad = in_full | not_leading | in_window
+            bad = in_full | not_leading | in_window | stateless
             entry = int(np.flatnonzero(bad)[0]) if bad.any() else None
             where = (
                 f"; first: request {s.request_ids[int(s.table_request[entry])]!r} (group "
@@ -364,6 +367,23 @@ class _Audit:
                     queue_position=(queue_places(s, null) or (None,))[0],
                 )
             )
+
+    def _stateless(self, entries: np.ndarray) -> np.ndarray:
+        """Per table entry: the first entry of a live request's Mamba table that holds the
+        null block only (a request keeps the state of its last computed token, a real block,
+        whatever else its table has dropped)."""
+        s = self.s
+        mamba = np.array([g.kind == MAMBA for g in s.groups])
+        out = np.zeros(entries.size, dtype=bool)
+        at = np.flatnonzero(mamba[s.table_group] & s.request_live[s.table_request])
+        if at.size == 0:
+            return out
+        # tables are runs of (group, request): a run whose entries are all null
+        key = s.table_group[at] * len(s.request_ids) + s.table_request[at]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        real = np.add.reduceat((~entries[at]).astype(np.int64), starts)
+        out[at[starts[real == 0]]] = True
+        return out
 
     def _in_window(self, entries: np.ndarray) -> np.ndarray:
         """Per table entry: a null `entries` entry of a windowed group whose block ends after

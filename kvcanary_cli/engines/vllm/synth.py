@@ -1,5 +1,6 @@
 """Synthetic vLLM block-pool states: a clean serving state (full attention, or full plus a
-sliding window), and the same state with one fault planted, each naming the finding codes
+sliding window, a Mamba state group or chunked local attention), and the same state with one
+fault planted, each naming the finding codes
 `check` must report (in its metadata, `vllm.expected_findings`).
 
 The clean state is built by a small allocator model of this module's own (shared prefixes
@@ -17,7 +18,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvcanary_cli.catalog import PoolCode
-from kvcanary_cli.engines.vllm.state import FULL, SLIDING_WINDOW, GroupSpec, VllmState
+from kvcanary_cli.engines.vllm.state import (
+    CHUNKED_LOCAL,
+    FULL,
+    MAMBA,
+    SLIDING_WINDOW,
+    GroupSpec,
+    VllmState,
+)
 
 __all__ = ["SCENARIOS", "SIZES", "Scenario", "build"]
 
@@ -58,13 +66,29 @@ class _Builder:
         self.hash_digest[block] = np.frombuffer(_digest(group, *key), dtype=np.uint8)
 
 
-def _clean(seed: int, size: str, hybrid: bool) -> VllmState:
+def _kept(kind: str, tokens: int, blocks: int) -> list[int]:
+    """The indices of a `tokens`-long request's table (`blocks` entries) that the second
+    group's manager keeps (the others hold the null block): a sliding window's blocks from
+    the window's first token on; chunked local attention's from the current chunk's start
+    (its last block at least); a Mamba group's last state and, in a longer table, one state
+    kept two blocks back (its prefix-caching mode leaves nulls between the states it keeps)."""
+    if kind == MAMBA:
+        return sorted({blocks - 1, *([blocks - 3] if blocks >= 4 else [])})
+    if kind == CHUNKED_LOCAL:
+        dropped = min(tokens // WINDOW * WINDOW // BLOCK_SIZE, blocks - 1)
+    else:
+        dropped = max(0, tokens - WINDOW) // BLOCK_SIZE
+    return list(range(dropped, blocks))
+
+
+def _clean(seed: int, size: str, hybrid: bool, kind: str = SLIDING_WINDOW) -> VllmState:
     n, r_count = SIZES[size]
     rng = np.random.default_rng(seed)
     b = _Builder(n, rng)
     groups = [GroupSpec(kind=FULL, block_size=BLOCK_SIZE)]
     if hybrid:
-        groups.append(GroupSpec(kind=SLIDING_WINDOW, block_size=BLOCK_SIZE, window=WINDOW))
+        window = None if kind == MAMBA else WINDOW
+        groups.append(GroupSpec(kind=kind, block_size=BLOCK_SIZE, window=window))
     share = 0.45 if hybrid else 0.6
     avg = max(2, int(share * (n - 1) / r_count / len(groups)))
     families: dict[int, list[int]] = {}
@@ -91,9 +115,10 @@ def _clean(seed: int, size: str, hybrid: bool) -> VllmState:
         shared = prefix[: min(len(prefix), complete)] if prefix else []
         own = b.take(nb - len(shared))
         sw: list[int] = []
-        dropped = max(0, t - WINDOW) // BLOCK_SIZE if hybrid else 0
+        kept = _kept(kind, t, nb) if hybrid else []
+        dropped = nb - len(kept)
         if own is not None and hybrid:
-            sw_got = b.take(nb - dropped)
+            sw_got = b.take(len(kept))
             if sw_got is None:
                 b.free = own + b.free
                 own = None
@@ -111,7 +136,7 @@ def _clean(seed: int, size: str, hybrid: bool) -> VllmState:
                 b.hash(blk, 0, "own", r, i)
         if hybrid:
             for i in range(nb):
-                blk = 0 if i < dropped else sw[i - dropped]
+                blk = sw[kept.index(i)] if i in kept else 0
                 b.entries.append((1, r, i, blk))
                 if blk:
                     b.ref[blk] += 1
@@ -308,6 +333,36 @@ def _null_block(s: VllmState, rng: np.random.Generator) -> VllmState:
     return _swap_entry(s, _pick(rng, _last_entries(s, 1), "window table"), s.null_block)
 
 
+def _null_in_chunk(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """Chunked local attention dropped a block of the current chunk: the first real block of
+    a window table (its leading null run one block longer, still a leading run)."""
+    g1 = s.table_group == 1
+    real = s.table_block != s.null_block
+    prev_null = np.zeros(real.size, dtype=bool)
+    prev_null[1:] = ~real[:-1] & (s.table_request[1:] == s.table_request[:-1])
+    first = np.flatnonzero(g1 & real & ((s.table_index == 0) | prev_null))
+    return _swap_entry(s, _pick(rng, first, "chunked-local table"), s.null_block)
+
+
+def _freed_state(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A Mamba group freed a state block its request still holds (ref 0, queued)."""
+    held = np.flatnonzero((s.table_group == 1) & (s.table_block != s.null_block))
+    block = int(s.table_block[_pick(rng, held, "Mamba state block")])
+    s.ref_cnt[block] = 0
+    return _requeue(s, block)
+
+
+def _state_dropped(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A Mamba group nulled (and freed) every state block of a request's table: the running
+    state is gone."""
+    g1 = np.flatnonzero(s.table_group == 1)
+    request = _pick(rng, np.unique(s.table_request[g1]), "Mamba table")
+    for entry in g1[s.table_request[g1] == request]:
+        if s.table_block[entry] != s.null_block:
+            s = _swap_entry(s, int(entry), s.null_block)
+    return s
+
+
 def _two_groups(s: VllmState, rng: np.random.Generator) -> VllmState:
     """Group 0 took a block group 1 still holds (an unhashed one, so no hash disagrees)."""
     sw = _last_entries(s, 1)
@@ -385,12 +440,47 @@ class Scenario:
     hybrid: bool
     expected: tuple[PoolCode, ...]
     plant: Callable[[VllmState, np.random.Generator], VllmState] | None = None
+    #: the second group's kind (a hybrid scenario's)
+    kind: str = SLIDING_WINDOW
 
 
 SCENARIOS: dict[str, Scenario] = {
     "vllm-clean": Scenario(summary="a clean full-attention pool", hybrid=False, expected=()),
     "vllm-hybrid-clean": Scenario(
         summary="a clean full + sliding-window pool", hybrid=True, expected=()
+    ),
+    "vllm-mamba-clean": Scenario(
+        summary="a clean full + Mamba pool (nulls between the states a request keeps)",
+        hybrid=True,
+        expected=(),
+        kind=MAMBA,
+    ),
+    "vllm-chunked-local-clean": Scenario(
+        summary="a clean full + chunked-local-attention pool",
+        hybrid=True,
+        expected=(),
+        kind=CHUNKED_LOCAL,
+    ),
+    "vllm-chunked-local-null-in-chunk": Scenario(
+        summary="the null block in place of a block of the current chunk",
+        hybrid=True,
+        expected=(PoolCode.NULL_BLOCK_MISPLACED,),
+        plant=_null_in_chunk,
+        kind=CHUNKED_LOCAL,
+    ),
+    "vllm-mamba-state-freed": Scenario(
+        summary="a Mamba state block freed while its request's table holds it",
+        hybrid=True,
+        expected=(PoolCode.QUEUED_BLOCK_HELD,),
+        plant=_freed_state,
+        kind=MAMBA,
+    ),
+    "vllm-mamba-state-dropped": Scenario(
+        summary="a Mamba table with every state block dropped (the null block only)",
+        hybrid=True,
+        expected=(PoolCode.NULL_BLOCK_MISPLACED,),
+        plant=_state_dropped,
+        kind=MAMBA,
     ),
     "vllm-double-free": Scenario(
         summary="a free block freed again (ref_cnt −1)",
@@ -494,7 +584,7 @@ SCENARIOS: dict[str, Scenario] = {
 def build(name: str, *, seed: int = 0, size: str = "tiny") -> VllmState:
     """Scenario `name`'s state, its expected findings in `extra["vllm.expected_findings"]`."""
     scenario = SCENARIOS[name]
-    state = _clean(seed, size, scenario.hybrid)
+    state = _clean(seed, size, scenario.hybrid, scenario.kind)
     if scenario.plant is not None:
         state = scenario.plant(_copy(state), np.random.default_rng(seed + 1))
     extra = {
