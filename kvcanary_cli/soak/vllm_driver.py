@@ -177,6 +177,8 @@ class _Scheduler:
             # cached; before it, one state block per request (the block size the model's
             # length, as vLLM sizes it) and no prefix caching
             mamba: dict[str, Any] = dict(shapes=((1, 8),), dtypes=(torch.float16,))
+            if "dtypes" not in getattr(m.interface.MambaSpec, "__dataclass_fields__", {}):
+                mamba["dtype"] = mamba.pop("dtypes")[0]  # (0.10.0: one dtype for all states)
             if _mamba_align(m.interface):
                 mamba.update(block_size=BLOCK_SIZE, mamba_cache_mode="align")
             else:

@@ -39,6 +39,8 @@ pytest.importorskip("torch")
 EVERY_RELEASE_ENV = "KVCANARY_EVERY_RELEASE"
 #: The oldest release the whole suite soaks (the oldest whose wheel `.ci/run` always fetches).
 OLDEST_SOAKED = "0.11.0"
+#: The first release whose Mamba group caches its states by prefix ("align" mode).
+ALIGN = RELEASES.index("0.15.0")
 #: The releases the whole suite soaks (6 s of CPU each).
 SOAKED = (
     RELEASES
@@ -67,11 +69,16 @@ def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
     clean = {c["model"]: c for c in cases["clean"]}
     # every release kvcanary drives has chunked local attention and a Mamba group
     assert set(clean) == {"full", "hybrid", "hybrid-mamba", "hybrid-chunked-local"}
+    if version == "0.10.0":  # its own assert: a chunked-local hit of nulls has no hash to chain
+        assert clean.pop("hybrid-chunked-local")["crash"] == "AssertionError"
     for c in clean.values():
         assert (c["findings"], c["crash"], c["denied"], c["unlisted"]) == (0, None, 0, 0), c
-        # (a Mamba group before its prefix-caching mode is served without prefix caching)
-        assert c["audited"] == 150 and bool(c["prefix_hits"]) == c["caching"]
-    assert clean["hybrid-mamba"]["caching"] == (version not in ("0.11.0",)), version
+        assert c["audited"] == 150
+        # (a Mamba group before its prefix-caching mode is served without prefix caching; with
+        # it, a hit needs a state kept at the hit's last block: rare in 150 steps)
+        assert bool(c["prefix_hits"]) == c["caching"] or c["model"] == "hybrid-mamba", c
+        assert c["caching"] or not c["prefix_hits"], c
+    assert clean["hybrid-mamba"]["caching"] == (RELEASES.index(version) >= ALIGN), version
     assert clean["hybrid"]["several"], "some key is carried by several blocks at once"
     expected = {
         "block-freed-twice": "negative-ref-count",
