@@ -31,7 +31,9 @@ class EngineComplaint:
 class PoolSoakHistory:
     """One history: its model, how far it ran, and who saw what first."""
 
-    #: full (full attention) or hybrid (full + sliding window, one shared pool)
+    #: full (full attention), hybrid (full + sliding window), hybrid-mamba (full + Mamba
+    #: state) or hybrid-chunked-local (full + chunked local attention); a hybrid's groups
+    #: share one pool
     model: str
     #: the history's own seed
     seed: int
