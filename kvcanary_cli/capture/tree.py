@@ -629,8 +629,9 @@ def inflight_tree_locks(tree: Any) -> list[tuple[Any, Any]]:
 
 def inflight_locked_slots(tree: Any) -> Any:
     """The full slots on the paths the tree's in-flight transfer locks pin
-    (`inflight_tree_locks`: a FULL lock reaches from its node to the root), read by the Rust
-    core's own call (`path_device_indices`) or up the Python core's nodes; None where there
+    (`inflight_tree_locks`: a FULL lock reaches from its node to the root), read by the
+    tree's own call (`path_device_indices`, or the core's `collect_full_device_indices` up to
+    the root where the tree has no such call); None where there
     is none, or a path cannot be read (then every locked slot may be theirs)."""
     import numpy as np
 
@@ -638,6 +639,14 @@ def inflight_locked_slots(tree: Any) -> Any:
     if not locks:
         return None
     paths = getattr(tree, "path_device_indices", None)
+    core = getattr(tree, "tree_core", None)
+    collect = getattr(core, "collect_full_device_indices", None)
+    root = getattr(tree, "root_node_handle", None)
+    if not callable(paths) and callable(collect) and callable(root):
+        # before `path_device_indices` (0.5.21 and older): the core's own walk it wraps
+        def paths(node: Any) -> Any:
+            return collect(node, root())
+
     if not callable(paths):
         return None
     try:

@@ -57,6 +57,8 @@ _COPY_KERNELS = (
     "transfer_kv_mamba_pf_lf",
 )
 _HOST_POOLS = "sglang.srt.mem_cache.pool_host"
+#: where older releases keep their host pools, beside `pool_host` (0.5.15)
+_OLD_HOST_POOLS = "sglang.srt.mem_cache.memory_pool_host"
 
 
 def has_hicache(tree_class: Any) -> bool:
@@ -74,11 +76,17 @@ def _noop(*args: object, **kwargs: object) -> None:
 def stand_in_cuda() -> None:
     """Stand in for the CUDA-only calls of SGLang's host pools (see the module doc). Idempotent;
     the stand-ins stay for the process (a CPU has nothing they could do)."""
-    common = importlib.import_module(f"{_HOST_POOLS}.common")
-    setattr(common, "_cuda_host_register", _noop)  # noqa: B010  (SGLang's module, no stub)
-    for name in ("mha", "mamba"):
+    for name in (f"{_HOST_POOLS}.common", _OLD_HOST_POOLS):
         try:
-            module = importlib.import_module(f"{_HOST_POOLS}.{name}")
+            module = importlib.import_module(name)
+        except ImportError:  # a release without that module
+            continue
+        if hasattr(module, "_cuda_host_register"):
+            setattr(module, "_cuda_host_register", _noop)  # noqa: B010  (SGLang's module)
+    # the host pools: one module each (0.5.16 on), or all in one (older)
+    for name in (f"{_HOST_POOLS}.mha", f"{_HOST_POOLS}.mamba", _OLD_HOST_POOLS):
+        try:
+            module = importlib.import_module(name)
         except ImportError:  # a release without that pool
             continue
         for kernel in _COPY_KERNELS:
