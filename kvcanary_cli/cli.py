@@ -395,8 +395,9 @@ command(
     core=Opt("One tree core (default: each).", metavar="python|rust"),
     fault=Opt(
         "Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
-        "shared-boundary-page, tree-page-freed, lock-leak or tree-mamba-slot-freed "
-        "(--layout mamba).",
+        "shared-boundary-page, tree-page-freed, lock-leak, tree-mamba-slot-freed "
+        "(--layout mamba), or host-evict-leak, load-back-frees-host, backup-twice "
+        "(--hicache).",
         metavar="NAME",
     ),
     layout=Opt(
