@@ -278,6 +278,30 @@ def test_a_lock_the_tree_holds_for_a_transfer_in_flight_is_no_request_lock() -> 
     assert tree_state(allocator=allocator, tree=tree)["tree_locked_full_slots"].size == 4
 
 
+def test_a_transfer_lock_of_a_tree_without_a_core_pins_its_nodes_path() -> None:
+    """0.5.14 - 0.5.16: the tree holds its nodes itself and its in-flight records name the
+    node, not its id: the pinned path is read up the node's parents (FULL values)."""
+    import enum
+
+    Kind = enum.IntEnum("Kind", {"FULL": 0, "SWA": 1})
+    root = SimpleNamespace(parent=None)
+
+    def node(parent: Any, full: list[int] | None) -> SimpleNamespace:
+        data = {Kind.FULL: SimpleNamespace(value=None if full is None else np.array(full))}
+        return SimpleNamespace(parent=parent, component_data=data)
+
+    top = node(root, [1, 2])
+    tombstone = node(top, None)
+    leaf = node(tombstone, [5])
+    tree = SimpleNamespace(
+        components={Kind.FULL: None, Kind.SWA: None},
+        root_node=root,
+        ongoing_write_through={},
+        ongoing_load_back={9: (leaf, "receipt", "host receipt")},
+    )
+    assert sorted(tree_capture.inflight_locked_slots(tree).tolist()) == [1, 2, 5]
+
+
 def test_a_tree_without_a_core_is_walked_by_its_nodes() -> None:
     """0.5.13 - 0.5.16: no tree core, no walk; the tree holds its nodes, each with a record
     per component: SWA-resident slots are the full values of nodes whose SWA value is not

@@ -647,6 +647,11 @@ def inflight_locked_slots(tree: Any) -> Any:
         def paths(node: Any) -> Any:
             return collect(node, root())
 
+    elif not callable(paths) and hasattr(locks[0][0], "parent"):
+        # a tree without a core (0.5.13 - 0.5.16) names the node itself: up its parents
+        def paths(node: Any) -> Any:
+            return _full_path(tree, node)
+
     if not callable(paths):
         return None
     try:
@@ -654,6 +659,21 @@ def inflight_locked_slots(tree: Any) -> Any:
     except Exception as exc:
         logger.debug("kvcanary: an in-flight lock's path (%s: %s)", type(exc).__name__, exc)
         return None
+
+
+def _full_path(tree: Any, node: Any) -> Any:
+    """The FULL values from `node` up to the root of a tree whose nodes keep per-component
+    records (`component_data`, indexed by the tree's `components`)."""
+    import numpy as np
+
+    full = next(k for k in tree.components if getattr(k, "name", None) == "FULL")
+    values = []
+    while node is not None and node is not tree.root_node:
+        value = node.component_data[full].value
+        if value is not None:
+            values.append(_host(value))
+        node = node.parent
+    return np.concatenate(values) if values else np.zeros(0, dtype=np.int64)
 
 
 def _tree_facts(facts: dict[str, Any], tree: Any) -> None:

@@ -128,8 +128,27 @@ class _Holder:
     lock: InflightLock
 
 
+@dataclass(frozen=True)
+class _OlderHolder:
+    """A lock holder shaped as 0.5.14 - 0.5.19's request, whose lock lives in its fields
+    (`soak.calls.held_lock`): the anchor, the SWA boundary, the nodes the lock skipped."""
+
+    last_node: Any
+    swa_uuid_for_lock: Any
+    skip_lock_node_ids: Any
+    swa_prefix_lock_released: bool = False
+
+
 def inflight_locks(tree: Any) -> list[Any]:
     """The tree's own locks of transfers in flight (`capture.tree.inflight_tree_locks`),
-    each as a lock holder shaped as a request, for the audit's lock replay. Empty without
-    HiCache."""
-    return [_Holder(InflightLock(node, receipt)) for node, receipt in inflight_tree_locks(tree)]
+    each as a lock holder shaped as a request of the release, for the audit's lock replay:
+    a receipt that names the components it skipped (0.5.20 on) as a `TreeLock`, an older
+    one (its SWA boundary and the nodes it skipped) as an older request's fields. Empty
+    without HiCache."""
+    held: list[Any] = []
+    for node, receipt in inflight_tree_locks(tree):
+        if hasattr(receipt, "skipped_lock_components"):
+            held.append(_Holder(InflightLock(node, receipt)))
+        else:
+            held.append(_OlderHolder(node, receipt.swa_uuid_for_lock, receipt.skip_lock_node_ids))
+    return held
