@@ -396,8 +396,9 @@ command(
     core=Opt("One tree core (default: each).", metavar="python|rust"),
     fault=Opt(
         "Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
-        "shared-boundary-page, tree-page-freed, lock-leak or tree-mamba-slot-freed "
-        "(--layout mamba).",
+        "shared-boundary-page, tree-page-freed, lock-leak, tree-mamba-slot-freed "
+        "(--layout mamba), or host-evict-leak, load-back-frees-host, backup-twice "
+        "(--hicache).",
         metavar="NAME",
     ),
     layout=Opt(
@@ -414,6 +415,12 @@ command(
     ),
     timings=Opt("Report the seconds (off: the same bytes each run)."),
     coverage=Opt("Say which SGLang memory-cache functions and free paths ran (slower)."),
+    hicache=Opt(
+        "Run SGLang's host tier (--enable-hierarchical-cache) too: nodes backed up to host "
+        "(write-through, selective, write-back, in turn), evicted to host-only, loaded back on "
+        "a prefix hit, host slots evicted under host pressure; the host pools audited each "
+        "step (--layout swa or mamba).",
+    ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
     vllm_model=Opt(

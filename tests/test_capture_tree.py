@@ -249,6 +249,59 @@ def test_the_locked_part_is_what_the_unlocked_walk_leaves_out() -> None:
     assert "tree_locked_full_slots" not in facts and facts["tree_full_slots"].size == 5
 
 
+def test_a_lock_the_tree_holds_for_a_transfer_in_flight_is_no_request_lock() -> None:
+    """HiCache: a write-through backup locks its node until its ack, a load-back until its
+    own (`ongoing_write_through`, `ongoing_load_back`); no request holds those, so their
+    paths' slots are left out of the locked part (else `tree-lock-leaked` at idle on a
+    correct state); a lock outside those paths stays, and a write-back's (no receipt) is no
+    lock. A path that cannot be read leaves nothing locked (the benefit of the doubt)."""
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([7]), release_pages=None)
+
+    def walk(*, unlocked_only: bool, swa_resident_only: bool) -> SimpleNamespace:
+        return SimpleNamespace(slot_indices=np.array([1] if unlocked_only else [1, 2, 3, 4, 5]))
+
+    paths = {10: np.array([2, 3]), 11: np.array([2, 3, 4])}
+    tree = SimpleNamespace(
+        all_values_flatten=lambda: np.array([5, 1, 4, 2, 3]),
+        tree_core=SimpleNamespace(walk_for_kv_canary=walk),
+        ongoing_write_through={10: (10, "receipt", [10]), 12: (12, None, [12])},
+        ongoing_load_back={},
+        path_device_indices=lambda node: paths[node],
+    )
+    locked = tree_state(allocator=allocator, tree=tree)["tree_locked_full_slots"]
+    assert locked.tolist() == [4, 5]
+    tree.ongoing_load_back = {11: (11, "receipt", "host receipt")}
+    assert tree_state(allocator=allocator, tree=tree)["tree_locked_full_slots"].tolist() == [5]
+    tree.path_device_indices = None
+    assert tree_state(allocator=allocator, tree=tree)["tree_locked_full_slots"].size == 0
+    tree.ongoing_write_through = tree.ongoing_load_back = {}
+    assert tree_state(allocator=allocator, tree=tree)["tree_locked_full_slots"].size == 4
+
+
+def test_a_transfer_lock_of_a_tree_without_a_core_pins_its_nodes_path() -> None:
+    """0.5.14 - 0.5.16: the tree holds its nodes itself and its in-flight records name the
+    node, not its id: the pinned path is read up the node's parents (FULL values)."""
+    import enum
+
+    Kind = enum.IntEnum("Kind", {"FULL": 0, "SWA": 1})
+    root = SimpleNamespace(parent=None)
+
+    def node(parent: Any, full: list[int] | None) -> SimpleNamespace:
+        data = {Kind.FULL: SimpleNamespace(value=None if full is None else np.array(full))}
+        return SimpleNamespace(parent=parent, component_data=data)
+
+    top = node(root, [1, 2])
+    tombstone = node(top, None)
+    leaf = node(tombstone, [5])
+    tree = SimpleNamespace(
+        components={Kind.FULL: None, Kind.SWA: None},
+        root_node=root,
+        ongoing_write_through={},
+        ongoing_load_back={9: (leaf, "receipt", "host receipt")},
+    )
+    assert sorted(tree_capture.inflight_locked_slots(tree).tolist()) == [1, 2, 5]
+
+
 def test_a_tree_without_a_core_is_walked_by_its_nodes() -> None:
     """0.5.13 - 0.5.16: no tree core, no walk; the tree holds its nodes, each with a record
     per component: SWA-resident slots are the full values of nodes whose SWA value is not

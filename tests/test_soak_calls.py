@@ -236,3 +236,24 @@ def test_a_release_launching_triton_on_the_cpu_needs_it_interpreted(
     stack._require_kernels(tree, stack.StackSpec.pressured(4, "python"), newer)
     monkeypatch.setattr(stack, "triton_interpreted", lambda: True)
     stack._require_kernels(tree, stack.StackSpec.pressured(4, "python"), older)
+
+
+def test_a_transfer_lock_is_replayed_as_its_release_shapes_a_request_lock() -> None:
+    """The tree's in-flight transfer locks (`soak.hicache.inflight_locks`) read as each
+    release's request lock: a receipt naming the components it skipped (0.5.20 on) as a
+    `TreeLock`, an older receipt (its SWA boundary, the nodes it skipped) as the lock fields
+    of 0.5.14 - 0.5.19's requests; a write-back's backup (no receipt) holds no lock."""
+    from kvcanary_cli.soak.hicache import inflight_locks
+
+    new = SimpleNamespace(skipped_lock_components=(), component_lock_uuids={})
+    old = SimpleNamespace(swa_uuid_for_lock=7, skip_lock_node_ids={1: {3}})
+    tree = SimpleNamespace(
+        ongoing_write_through={4: (4, new, [4]), 5: (5, None, [5])},
+        ongoing_load_back={6: (6, old, "host receipt")},
+    )
+    first, second = (held_lock(holder) for holder in inflight_locks(tree))
+    assert first is not None and (first.node, first.receipt, first.swa_released) == (4, new, False)
+    assert first.unlocked is None
+    assert second is not None and second.node == 6 and second.unlocked == {1: {3}}
+    assert swa_boundary(second.receipt, 1) == 7
+    assert inflight_locks(SimpleNamespace()) == []

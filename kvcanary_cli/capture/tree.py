@@ -209,6 +209,15 @@ def walk_component_nodes(tree: Any) -> tuple[Any, Any] | None:
     )
 
 
+def host_state(tree: Any) -> dict[str, Any]:
+    """A HiCache tree's host pools alone (`tree_state`'s host records, by the dump format's
+    names): each pool's free list and size, its nodes' host values, `host_slots_accounted`
+    where the tree vouches nothing else holds a host slot. Empty without a host tier."""
+    facts: dict[str, Any] = {}
+    _read(facts, _host_facts, tree)
+    return facts
+
+
 def tree_state(
     *,
     allocator: object,
@@ -599,10 +608,83 @@ def _lut_of(v2p: Any, page: int) -> Any:
     return np.concatenate([lut.reshape(-1), np.array([-1], dtype=np.int64)])
 
 
+def inflight_tree_locks(tree: Any) -> list[tuple[Any, Any]]:
+    """The locks a HiCache tree (SGLang's `UnifiedRadixCache` with its controller) holds for
+    its own transfers in flight, as (anchor node id, receipt): a write-through backup's
+    (`ongoing_write_through`: node, receipt, nodes to publish; no receipt where the backup
+    took no lock, write-back's), held until its ack, and a load-back's device lock
+    (`ongoing_load_back`: node, receipt, host receipt), held until its ack. No request holds
+    them: their nodes may be locked with no running request (at idle too, until the next
+    step's poll). Empty for another tree."""
+    held: list[tuple[Any, Any]] = []
+    for attribute in ("ongoing_write_through", "ongoing_load_back"):
+        pending = getattr(tree, attribute, None)
+        if not isinstance(pending, dict):
+            continue
+        for entry in list(pending.values()):
+            if isinstance(entry, tuple) and len(entry) >= 2 and entry[1] is not None:
+                held.append((entry[0], entry[1]))
+    return held
+
+
+def inflight_locked_slots(tree: Any) -> Any:
+    """The full slots on the paths the tree's in-flight transfer locks pin
+    (`inflight_tree_locks`: a FULL lock reaches from its node to the root), read by the
+    tree's own call (`path_device_indices`, or the core's `collect_full_device_indices` up to
+    the root where the tree has no such call); None where there
+    is none, or a path cannot be read (then every locked slot may be theirs)."""
+    import numpy as np
+
+    locks = inflight_tree_locks(tree)
+    if not locks:
+        return None
+    paths = getattr(tree, "path_device_indices", None)
+    core = getattr(tree, "tree_core", None)
+    collect = getattr(core, "collect_full_device_indices", None)
+    root = getattr(tree, "root_node_handle", None)
+    if not callable(paths) and callable(collect) and callable(root):
+        # before `path_device_indices` (0.5.21 and older): the core's own walk it wraps
+        def paths(node: Any) -> Any:
+            return collect(node, root())
+
+    elif not callable(paths) and hasattr(locks[0][0], "parent"):
+        # a tree without a core (0.5.13 - 0.5.16) names the node itself: up its parents
+        def paths(node: Any) -> Any:
+            return _full_path(tree, node)
+
+    if not callable(paths):
+        return None
+    try:
+        return np.concatenate([_host(paths(node)) for node, _ in locks])
+    except Exception as exc:
+        logger.debug("kvcanary: an in-flight lock's path (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def _full_path(tree: Any, node: Any) -> Any:
+    """The FULL values from `node` up to the root of a tree whose nodes keep per-component
+    records (`component_data`, indexed by the tree's `components`)."""
+    import numpy as np
+
+    full = next(k for k in tree.components if getattr(k, "name", None) == "FULL")
+    values = []
+    while node is not None and node is not tree.root_node:
+        value = node.component_data[full].value
+        if value is not None:
+            values.append(_host(value))
+        node = node.parent
+    return np.concatenate(values) if values else np.zeros(0, dtype=np.int64)
+
+
 def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
     import numpy as np
 
     held, resident, locked = _tree_slots(tree)
+    if locked is not None and inflight_tree_locks(tree):
+        # a node the tree locks for a transfer in flight is no request's: its slots left out
+        # of the locked part (a request's lock on the same path gets the benefit of the doubt)
+        pinned = inflight_locked_slots(tree)
+        locked = locked[:0] if pinned is None else np.setdiff1d(locked, pinned)
     if held is not None:
         facts["tree_full_slots"] = np.sort(held)
     if resident is not None:

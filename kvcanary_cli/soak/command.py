@@ -75,6 +75,7 @@ def history_workload(
     layout: str = "swa",
     *,
     path_cap: bool = False,
+    hicache: bool = False,
 ) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
@@ -97,9 +98,11 @@ def history_workload(
     `--mamba-max-states-per-path`), every other history caps a path's Mamba states at
     `MAMBA_PATH_CAP`, the others run uncapped (a server's default): in a round the first
     shape is capped, the next not, and the next round swaps them, so the first history
-    already runs capped and each shape meets both within two rounds."""
+    already runs capped and each shape meets both within two rounds. With `hicache`, each
+    history runs SGLang's host tier under one of its write policies, in turn
+    (`WRITE_POLICIES`: history by history, so each shape meets each within three rounds)."""
     from kvcanary_cli.soak.mamba import CHUNK
-    from kvcanary_cli.soak.workload import random_workload
+    from kvcanary_cli.soak.workload import WRITE_POLICIES, random_workload
 
     rounds = history // specs
     mamba = layout == "mamba"
@@ -122,6 +125,7 @@ def history_workload(
         mamba_max_states_per_path=(
             MAMBA_PATH_CAP if mamba and path_cap and (rounds + history % specs) % 2 == 0 else None
         ),
+        hicache_write_policy=WRITE_POLICIES[history % len(WRITE_POLICIES)] if hicache else None,
     )
 
 
@@ -194,9 +198,11 @@ def soak(
     progress: Callable[[int, int], None] | None = None,
     layout: str = "swa",
     coverage: bool = False,
+    hicache: bool = False,
 ) -> SoakReport:
     """Run histories until `steps` scheduler steps are spent or one fails (see module); with
-    `coverage`, say which memory-cache functions and free paths they ran.
+    `coverage`, say which memory-cache functions and free paths they ran; with `hicache`,
+    with SGLang's host tier on.
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -217,8 +223,22 @@ def soak(
             "component needs it without the extra buffer)",
             option="page-size",
         )
+    if hicache and layout == "unified":
+        raise OptionError(
+            "drives SGLang's host tier on the swa and mamba layouts, not unified memory",
+            option="hicache",
+        )
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
+    if hicache:
+        from kvcanary_cli.soak.hicache import has_hicache
+
+        if not has_hicache(modules.unified_radix_cache.UnifiedRadixCache):
+            raise OptionError(
+                f"SGLang {modules.tree.version}'s unified tree takes no host tier "
+                "(no init_hicache, check_hicache_events, ready_to_load_host_cache)",
+                option="hicache",
+            )
     if core is not None and core not in modules.cores:
         why = "".join(f"; {note}" for note in modules.notes)
         raise OptionError(
@@ -228,7 +248,7 @@ def soak(
         )
     specs = _specs(page_size, modules.cores, core, layout)
     path_cap = has_path_cap(modules)
-    tracing = _Coverage(modules, specs) if coverage else None
+    tracing = _Coverage(modules, specs, hicache) if coverage else None
     started = time.monotonic()
     histories = steps_run = audited = acted = 0
     failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
@@ -237,7 +257,7 @@ def soak(
     while steps_run < steps and failed is None:
         spec = specs[histories % len(specs)]
         workload = history_workload(
-            seed, histories, len(specs), spec.page_size, layout, path_cap=path_cap
+            seed, histories, len(specs), spec.page_size, layout, path_cap=path_cap, hicache=hicache
         )
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
@@ -284,16 +304,20 @@ def soak(
 class _Coverage:
     """The tracer of a soak's histories and the free paths of the stacks it builds."""
 
-    def __init__(self, modules: Any, specs: list[Any]) -> None:
+    def __init__(self, modules: Any, specs: list[Any], hicache: bool = False) -> None:
         from kvcanary_cli.soak.coverage import Tracer, free_paths, stack_objects
         from kvcanary_cli.soak.stack import build_stack
+        from kvcanary_cli.soak.workload import WRITE_POLICIES
 
         folder = modules.tree.root / "sglang" / "srt" / "mem_cache"
         self.tracer = Tracer(folder)
         self.mamba = any(spec.layout == "mamba" for spec in specs)
+        self.hicache = hicache
         self.paths: dict[str, Any] = {}
+        policy = WRITE_POLICIES[0] if hicache else None
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
-            objects = stack_objects(build_stack(modules, spec))
+            built = build_stack(modules, spec, hicache_write_policy=policy)
+            objects = stack_objects(built)
             # the allocation functions live in `common` itself before 0.5.16: listed once
             frees = [modules.common]
             if modules.allocation is not modules.common:
@@ -303,7 +327,7 @@ class _Coverage:
     def summary(self) -> Any:
         from kvcanary_cli.soak.coverage import summary
 
-        return summary(self.tracer, self.paths, mamba=self.mamba)
+        return summary(self.tracer, self.paths, mamba=self.mamba, hicache=self.hicache)
 
 
 def _keep_finding(
@@ -504,6 +528,7 @@ def run_soak(
     timings: bool = False,
     replaying: Path | None = None,
     coverage: bool = False,
+    hicache: bool = False,
 ) -> SoakReport | PoolSoakReport:
     """The command: `engine`'s soak (sglang or vllm: an option of the other's is one error
     line), with a progress bar on a terminal (bad input raises before it runs, exit 2), or
@@ -519,6 +544,8 @@ def run_soak(
 
         if coverage:
             raise OptionError("traces SGLang's memory cache only", option="--coverage")
+        if hicache:
+            raise OptionError("runs SGLang's host tier only", option="--hicache")
         sglang_options = {"--page-size": page_size, "--core": core, "--layout": layout}
         return run_vllm_soak(
             vllm_tree,
@@ -541,10 +568,10 @@ def run_soak(
             raise OptionError(
                 "reports coverage of a soak's histories: drop --coverage", option="replay"
             )
-        if page_size is not None or core is not None or fault is not None:
+        if page_size is not None or core is not None or fault is not None or hicache:
             raise OptionError(
-                "takes the page size, tree core and fault from the reproducer: drop "
-                "--page-size, --core and --fault",
+                "takes the page size, tree core, fault and host tier from the reproducer: "
+                "drop --page-size, --core, --fault and --hicache",
                 option="replay",
             )
         with standard_output_on_standard_error():
@@ -566,6 +593,7 @@ def run_soak(
             progress=tick,
             layout=layout or "swa",
             coverage=coverage,
+            hicache=hicache,
         )
 
 

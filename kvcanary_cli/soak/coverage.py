@@ -32,6 +32,8 @@ _QUERY = re.compile(r"size|_str$|^_?(has|can|tracks|get)_|priority|strategy|metr
 #: Free paths of what soak does not drive: a host tier (HiCache), sessions, CUDA; Mamba's
 #: outside the Mamba layout (`summary(mamba=True)`: there they are this layout's own).
 _OTHER = re.compile(r"host|session|(?<!none)_cuda|hisparse|unevict")
+#: the same, where the soak ran the host tier (`--hicache`): its paths are the layout's
+_OTHER_HICACHE = re.compile(r"session|(?<!none)_cuda|hisparse")
 _MAMBA = re.compile(r"mamba")
 
 
@@ -75,6 +77,12 @@ def stack_objects(stack: Any) -> list[Any]:
     components = getattr(stack.tree, "components", None)
     if isinstance(components, dict):
         found.extend(components.values())
+    # the host tier's: its controller and each host pool of its group
+    controller = getattr(stack.tree, "cache_controller", None)
+    if controller is not None:
+        found.append(controller)
+        group = getattr(stack.tree, "host_pool_group", None)
+        found.extend(entry.host_pool for entry in getattr(group, "entries", None) or ())
     return found
 
 
@@ -113,16 +121,22 @@ def free_paths(
 
 
 def summary(
-    tracer: Tracer, paths: dict[str, types.CodeType], *, mamba: bool = False
+    tracer: Tracer,
+    paths: dict[str, types.CodeType],
+    *,
+    mamba: bool = False,
+    hicache: bool = False,
 ) -> SoakCoverage:
     """What ran of `paths`, sorted by name, the ones serving other features apart (a Mamba
-    path is another feature's unless the soak ran the Mamba layout)."""
+    path is another feature's unless the soak ran the Mamba layout, a host tier's unless it
+    ran the host tier)."""
+    others = _OTHER_HICACHE if hicache else _OTHER
     names = sorted(paths)
     missed = [name for name in names if paths[name] not in tracer.called]
 
     def other(name: str) -> bool:
         lowered = name.lower()
-        return bool(_OTHER.search(lowered)) or (not mamba and bool(_MAMBA.search(lowered)))
+        return bool(others.search(lowered)) or (not mamba and bool(_MAMBA.search(lowered)))
 
     return SoakCoverage(
         functions_run=len(tracer.called),

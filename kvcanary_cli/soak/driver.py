@@ -17,6 +17,11 @@ request; the result processing is `process_batch_result_prefill` / `_decode`'s m
 inside one free group (`checkpoint_kv_cache`, `release_kv_cache`). Every call that touches
 memory is SGLang's own.
 
+With SGLang's host tier on (`Workload.hicache_write_policy`, `soak.hicache`), each batch
+choice starts with the tree's `check_hicache_events` (write-through and load-back acks), as
+`get_next_batch_to_run` does after its pending aborts, and a new prefill batch starts the
+load-backs its admissions queued (`ready_to_load_host_cache`) before `prepare_for_extend`.
+
 A fully idle step runs what SGLang's `on_idle` does to memory before its idle checks: unified
 memory's compaction pass (`flush_opportunistic`).
 
@@ -113,6 +118,8 @@ class Counters:
     #: unified memory's compaction passes at idle (`flush_opportunistic`)
     flushes: int = 0
     shared_prefix_tokens: int = 0
+    #: the host tier's: prefill batches that started a load-back from host
+    host_loads: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -161,6 +168,8 @@ class Scheduler:
         self._finish_aborted = abort_finisher(
             self.stack.tree, import_module("sglang.srt.mem_cache.base_prefix_cache")
         )
+        #: the host tier is on (the tree has its controller)
+        self._hicache = getattr(self.stack.tree, "cache_controller", None) is not None
 
     def _spec_none(self) -> Any:
         spec = import_module("sglang.srt.speculative.spec_info")
@@ -289,6 +298,8 @@ class Scheduler:
     # -- get_next_batch_to_run ---------------------------------------------------------
 
     def _next_batch(self, info: StepInfo) -> Any:
+        if self._hicache:
+            self.stack.tree.check_hicache_events()
         exclude = []
         if self.chunked_req is not None:
             exclude.append(self.chunked_req)
@@ -378,6 +389,9 @@ class Scheduler:
             self._spec,
             chunked_req=self.chunked_req,
         )
+        if self._hicache:
+            batch.hicache_consumer_index = stack.tree.ready_to_load_host_cache()
+            self.counters.host_loads += int(batch.hicache_consumer_index >= 0)
         batch.prepare_for_extend()
         batch.decoding_reqs = None
         return batch

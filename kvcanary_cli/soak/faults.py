@@ -30,6 +30,19 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
 - `tree-mamba-slot-freed` (Mamba layout): once the tree holds a Mamba state, its slot is pushed
   onto the Mamba free list while the node keeps it (SGLang's busy check has no Mamba check; its
   idle check sees only counts).
+
+With the host tier (`--hicache`; each acts on the Python tree core's nodes only, where the
+host values can be read, and never acts on the Rust core):
+
+- `host-evict-leak`: a host eviction that forgets to free the Full KV's host slots (the
+  tree's `_drain_host_frees` drops them): the evicted nodes are gone, their slots on no free
+  list, lost to the host pool.
+- `load-back-frees-host`: a load-back that frees its node's host copy through the host pool's
+  own `free` while the node keeps it as its host value (SGLang's double-free bits pass: the
+  slots were allocated).
+- `backup-twice`: a write-through ack that commits its node's backup a second time
+  (`commit_backup` with fresh host slots from the pool's own `alloc`): the node's first host
+  slots are dropped, held by nothing.
 """
 
 from __future__ import annotations
@@ -252,6 +265,85 @@ def _lock_leak(stack: Any) -> Callable[[], None]:
     return undo
 
 
+def _python_node(tree: Any, node_id: Any) -> Any:
+    """The Python tree core's node of `node_id` (None on the Rust core: no node to read)."""
+    node_by_id = getattr(getattr(tree, "tree_core", None), "node_by_id", None)
+    if not callable(node_by_id) or not hasattr(tree.tree_core, "root_node"):
+        return None
+    try:
+        return node_by_id(node_id)
+    except Exception:  # the Rust core's adapter raises for what it has not ported
+        return None
+
+
+def _full_kind(stack: Any) -> Any:
+    return stack.modules.component_type.ComponentType.FULL
+
+
+def _anchor_host_pool(tree: Any) -> Any:
+    return tree.cache_controller.mem_pool_host.anchor_entry.host_pool
+
+
+def _needs_hicache(stack: Any) -> None:
+    if getattr(stack.tree, "cache_controller", None) is None:
+        raise SGLangUnavailableError(
+            "this fault acts on SGLang's host tier: add --hicache", source=stack.modules.tree.label
+        )
+
+
+def _host_evict_leak(stack: Any) -> None:
+    """The tree's host frees with the Full KV's dropped (see module doc)."""
+    _needs_hicache(stack)
+    tree, full = stack.tree, _full_kind(stack)
+    original = tree._drain_host_frees
+    python_core = _python_node(tree, tree.root_node_handle()) is not None
+
+    def drain(host_frees: dict[Any, list[Any]]) -> None:
+        if python_core and host_frees.get(full):
+            host_frees.pop(full)
+            stack.fault_acted += 1
+        original(host_frees)
+
+    tree._drain_host_frees = drain  # the instance's: gone with its history's tree
+
+
+def _load_back_frees_host(stack: Any) -> None:
+    """A load-back whose node's host copy goes back to the pool (see module doc)."""
+    _needs_hicache(stack)
+    tree, full = stack.tree, _full_kind(stack)
+    original = tree.load_back
+
+    def load_back(node_id: Any, *args: Any, **kwargs: Any) -> bool:
+        loaded = original(node_id, *args, **kwargs)
+        node = _python_node(tree, node_id) if loaded else None
+        host = None if node is None else node.component_data[full].host_value
+        if host is not None and host.numel():
+            _anchor_host_pool(tree).free(host)
+            stack.fault_acted += 1
+        return bool(loaded)
+
+    tree.load_back = load_back
+
+
+def _backup_twice(stack: Any) -> None:
+    """A write-through ack that commits its node's backup again (see module doc)."""
+    _needs_hicache(stack)
+    tree, full = stack.tree, _full_kind(stack)
+    original = tree._finish_write_through_ack
+
+    def finish(ack_id: Any) -> None:
+        original(ack_id)
+        node = _python_node(tree, ack_id)
+        host = None if node is None else node.component_data[full].host_value
+        pool = _anchor_host_pool(tree)
+        if host is None or not host.numel() or pool.available_size() < host.numel():
+            return
+        tree.tree_core.commit_backup(ack_id, pool.alloc(host.numel()), {})
+        stack.fault_acted += 1
+
+    tree._finish_write_through_ack = finish
+
+
 FAULTS: dict[str, Fault] = {
     "unmapped-representative": (_needs_segment_frees, _free_tree_swa_pairs),
     "shared-boundary-page": (_shared_boundary_page, _nothing),
@@ -259,6 +351,9 @@ FAULTS: dict[str, Fault] = {
     "tree-page-freed": (_nothing, _tree_page_freed),
     "tree-mamba-slot-freed": (_nothing, _tree_mamba_slot_freed),
     "lock-leak": (_lock_leak, _nothing),
+    "host-evict-leak": (_host_evict_leak, _nothing),
+    "load-back-frees-host": (_load_back_frees_host, _nothing),
+    "backup-twice": (_backup_twice, _nothing),
 }
 
 

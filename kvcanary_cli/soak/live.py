@@ -63,8 +63,16 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import allocated_len, kv_record, tree_state
+from kvcanary_cli.capture.tree import (
+    allocated_len,
+    host_state,
+    inflight_locked_slots,
+    kv_record,
+    tree_state,
+)
+from kvcanary_cli.dump.schema import HOST_POOL_PREFIXES
 from kvcanary_cli.soak.calls import held_lock, skipped_components, swa_boundary
+from kvcanary_cli.soak.hicache import inflight_locks
 
 __all__ = [
     "FreeReader",
@@ -106,6 +114,11 @@ class LiveState:
     #: (None: not read)
     lock_counts: list[dict[int, int]] | None = None
     lock_expected: list[Counter[int]] | np.ndarray | None = None
+    #: the host tier's records by their dump names (None: no host tier)
+    host: dict[str, np.ndarray] | None = None
+    #: the full slots on the paths the tree's own in-flight transfer locks pin (a
+    #: write-through's, a load-back's: `soak.hicache`), which lie in no running row
+    pinned: np.ndarray | None = None
     #: a fact that could not be read (None: all were)
     unread: str | None = None
 
@@ -155,11 +168,24 @@ def read_state(
             held, resident, locked, unlocked, counts = own.tree()
         except Exception as exc:  # a tree this reader cannot read: `broken` says so
             unread, held, resident, locked = f"tree: {type(exc).__name__}", None, None, None
+    pinned = None
+    inflight = inflight_locks(stack.tree) if own.hicache else []
+    if inflight:
+        # the tree's own transfer locks pin their paths: those slots need no running row
+        pinned = inflight_locked_slots(stack.tree)
+        if pinned is None:
+            unread = "an in-flight transfer lock's path"
     if own.locks is not None:
         try:
-            expected = own.locks(requests)
+            expected = own.locks([*requests, *inflight])
         except Exception as exc:  # a lock this reader cannot follow: `broken` says so
             unread = f"the requests' locks: {type(exc).__name__}"
+    host = None
+    if own.hicache:
+        try:
+            host = {k: np.asarray(v) for k, v in host_state(stack.tree).items()}
+        except Exception as exc:  # a host pool this reader cannot read: `broken` says so
+            unread = f"the host pools: {type(exc).__name__}"
     lut = getattr(stack.allocator, "full_to_swa_index_mapping", None)
     tables = (
         ({k: facts[k] for k in (*_TABLES, *_HOLES) if k in facts} or None) if captured else None
@@ -191,6 +217,8 @@ def read_state(
         if "free_mamba_slots" not in facts
         else {k: facts[k] for k in _MAMBA if k in facts},
         tables=tables,
+        host=host,
+        pinned=pinned,
     )
 
 
@@ -296,6 +324,9 @@ class Readers:
     tree: TreeReader | None = None
     free: FreeReader | None = None
     locks: LockReader | None = None
+    #: the tree has SGLang's host tier: its host pools read (`capture.tree.host_state`), its
+    #: in-flight transfer locks counted beside the requests' (`soak.hicache`)
+    hicache: bool = False
 
 
 def free_reader(allocator: Any, sizes: tuple[int, int] | None = None) -> FreeReader | None:
@@ -686,6 +717,7 @@ class LiveAudit:
             tree_reader(stack.tree, kinds),
             free_reader(stack.allocator),
             lock_reader(stack.tree, kinds),
+            getattr(stack.tree, "cache_controller", None) is not None,
         )
         self.page = int(stack.spec.page_size)
         self.window = int(stack.spec.window)
@@ -763,6 +795,7 @@ class LiveAudit:
             *((self._tables,) if tables else ()),
             self._swa,
             *((self._mamba,) if mamba else ()),
+            *((self._host,) if self.readers.hicache else ()),
             self._locks,
             self._batch,
         )
@@ -947,6 +980,38 @@ class LiveAudit:
             return "a row mapped to another Mamba slot"
         return None
 
+    def _host(self, s: LiveState, idle: bool) -> str | None:
+        """Each host pool of the tier (the anchor's, the SWA and Mamba pools beside it):
+        every slot inside the pool, on its free list or held by one node's host value of
+        that pool, never both nor twice; where the tree vouches nothing else holds one
+        (`host_slots_accounted`), every slot in one of the two places. Where the nodes' host
+        values are unread (the Rust core), the free list alone: each slot once, inside."""
+        h = s.host
+        if h is None:
+            return "no host records"
+        accounted = int(h.get("host_slots_accounted", 0)) == 1
+        for prefix in HOST_POOL_PREFIXES.values():
+            free = h.get(f"{prefix}host_free_slots")
+            if free is None:
+                continue
+            held = h.get(f"tree_{prefix}host_slots")
+            size = h.get(f"num_{prefix}host_slots")
+            if size is None:
+                return "a host pool's size unread"
+            n = int(size)
+            # the Rust core keeps its nodes' host values out of reach: its free list alone
+            # (what `check` runs there: the tree's host checks say they did not run)
+            parts = (free,) if held is None else (free, held)
+            both = np.concatenate([p.reshape(-1) for p in parts]).astype(np.int64)
+            if both.size and (both.min() < 0 or both.max() >= n):
+                return "a host slot out of its pool"
+            counts = np.bincount(both, minlength=n)
+            if counts.max(initial=0) > 1:
+                return "a host slot free and held, or held or listed twice"
+            if accounted and held is not None and counts.size and counts.min() < 1:
+                return "a host slot in neither place"
+        return None
+
     def _locks(self, s: LiveState, idle: bool) -> str | None:
         """A locked slot lies in a running row, none at idle (what `check` holds a dump to);
         then each lock count is the running requests' locks through that node (`_lock_counts`)."""
@@ -958,19 +1023,26 @@ class LiveAudit:
             if unlocked.size != self.full_n:
                 return "an unlocked slot out of range"
             over = self._tree > unlocked
-            if _any(over):
+            stray = over
+            if s.pinned is not None and s.pinned.size:
+                stray = over.copy()
+                stray[s.pinned] = False
+            if _any(stray):
                 if idle:
                     return "a lock at idle"
-                if _any(over & (self._cell_count == 0)):
+                if _any(stray & (self._cell_count == 0)):
                     return "a locked slot in no running row"
         elif locked is None:
             return "no lock record"
         elif locked.size:
-            if idle:
-                return "a lock at idle"
             if locked.min() < 0 or locked.max() >= self.full_n:
                 return "a locked slot out of range"
-            if not _all(self._cell_count[locked]):
+            mine = locked
+            if s.pinned is not None and s.pinned.size:
+                mine = np.setdiff1d(locked, s.pinned)
+            if mine.size and idle:
+                return "a lock at idle"
+            if not _all(self._cell_count[mine]):
                 return "a locked slot in no running row"
         return self._lock_counts(s, locked, over if locked is None else None)
 

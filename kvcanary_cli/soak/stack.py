@@ -774,14 +774,16 @@ def build_stack(
     need_sort: bool = False,
     lazy_compaction: bool = False,
     mamba_max_states_per_path: int | None = None,
+    hicache_write_policy: str | None = None,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
     `need_sort` builds the allocators as SGLang does under prefill-decode disaggregation,
     `lazy_compaction` unified memory's as SGLang does by default, `mamba_max_states_per_path`
     with SGLang's per-path Mamba state cap on the server args (a release without it: an error
-    line). The tree's modules are put back first (`reinstate`): SGLang's constructors import
-    more of it as they run."""
+    line), `hicache_write_policy` with SGLang's host tier under that write policy
+    (`soak.hicache`; a release whose tree takes none: an error line). The tree's modules are
+    put back first (`reinstate`): SGLang's constructors import more of it as they run."""
     modules.reinstate()
     tree = modules.tree
     capped = {} if mamba_max_states_per_path is None else {PATH_CAP: mamba_max_states_per_path}
@@ -792,6 +794,19 @@ def build_stack(
             "that has it",
             source=tree.label,
         )
+    hicache: dict[str, Any] = {}
+    if hicache_write_policy is not None:
+        from kvcanary_cli.soak.hicache import has_hicache, server_args_fields
+
+        if spec.layout == "unified" or not has_hicache(
+            modules.unified_radix_cache.UnifiedRadixCache
+        ):
+            raise SGLangUnavailableError(
+                f"soak drives SGLang's host tier (HiCache) on the swa and mamba layouts of a "
+                f"release whose unified tree takes one; not {tree.release}'s {spec.layout}",
+                source=tree.label,
+            )
+        hicache = server_args_fields(hicache_write_policy, spec.layout)
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(
             f"tree core {spec.core!r} is not available in {tree.release} "
@@ -807,6 +822,7 @@ def build_stack(
             chunked_prefill_size=spec.chunked_prefill_size,
             disable_overlap_schedule=True,
             **capped,
+            **hicache,
         )
     with fitting(tree, "runtime context (reset_context, publish)"):
         _publish(modules, server_args)
@@ -868,6 +884,11 @@ def build_stack(
         )
         with nullcontext() if by_param else _environment(_CORE_ENV, spec.core):
             radix = modules.unified_radix_cache.UnifiedRadixCache(params)
+    if hicache:
+        from kvcanary_cli.soak.hicache import attach_hicache
+
+        with fitting(tree, "host tier (UnifiedRadixCache.init_hicache)"):
+            attach_hicache(radix, server_args, params)
     return Stack(
         modules=modules,
         spec=spec,

@@ -17,6 +17,10 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+#: SGLang's HiCache write policies (`--hicache-write-policy`), in the order soak's histories
+#: take them: backup on the first insert; on the second hit (SGLang's default); at eviction
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+
 __all__ = ["Arrival", "Workload", "random_workload"]
 
 
@@ -70,6 +74,9 @@ class Workload:
     #: insert the tree drops the Mamba states of a path's shallowest nodes past the cap and
     #: keeps the nodes (a Mamba state evicted from a node that stays)
     mamba_max_states_per_path: int | None = None
+    #: SGLang's host tier (`--enable-hierarchical-cache`) under this write policy
+    #: (`--hicache-write-policy`, one of `soak.hicache.WRITE_POLICIES`); None: no host tier
+    hicache_write_policy: str | None = None
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -89,6 +96,7 @@ class Workload:
                 "lazy_compaction": self.lazy_compaction,
                 "ignore_eos": self.ignore_eos,
                 "mamba_max_states_per_path": self.mamba_max_states_per_path,
+                "hicache_write_policy": self.hicache_write_policy,
             }
         )
 
@@ -112,6 +120,9 @@ class Workload:
         lazy = data.get("lazy_compaction", False)
         ignore_eos = data.get("ignore_eos", True)
         path_cap = data.get("mamba_max_states_per_path")  # absent in files before the cap
+        policy = data.get("hicache_write_policy")  # absent in files before the host tier
+        if policy is not None and policy not in WRITE_POLICIES:
+            raise TypeError("an unknown HiCache write policy")
         if (
             not all(isinstance(flag, bool) for flag in (release, need_sort, lazy, ignore_eos))
             or type(interval) is not int
@@ -130,6 +141,7 @@ class Workload:
             lazy,
             ignore_eos,
             path_cap,
+            policy,
         )
 
 
@@ -178,6 +190,7 @@ def random_workload(
     warmups: bool = False,
     warmup_grid: int = 16,
     sessions: int = 0,
+    hicache_write_policy: str | None = None,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -258,6 +271,7 @@ def random_workload(
         lazy_compaction,
         ignore_eos,
         mamba_max_states_per_path,
+        hicache_write_policy,
     )
 
 

@@ -283,6 +283,33 @@ def test_mamba_paths_are_the_mamba_layouts_own(mem_cache: tuple[Path, ModuleType
     assert mamba.other_features == ("Swa.free_host_values",)
 
 
+def test_host_paths_are_the_host_tiers_own_under_hicache(
+    mem_cache: tuple[Path, ModuleType],
+) -> None:
+    """With `--hicache` a host free path that never ran is this soak's own (not reached),
+    no longer another feature's; CUDA's and sessions' stay another's."""
+    folder, module = mem_cache
+    code = module.helper.__code__
+    paths = {"Swa.free_host_values": code, "Tree.release_session": code, "Swa.free_cuda": code}
+    tracer = Tracer(folder)
+    plain = summary(tracer, paths)
+    assert plain.not_reached == ()
+    hicache = summary(tracer, paths, hicache=True)
+    assert hicache.not_reached == ("Swa.free_host_values",)
+    assert hicache.other_features == ("Swa.free_cuda", "Tree.release_session")
+
+
+def test_hicache_histories_take_the_write_policies_in_turn() -> None:
+    """Each history under `--hicache` names one of SGLang's write policies, in turn; without
+    it, none (a reproducer of an older soak reads as none)."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.workload import WRITE_POLICIES
+
+    drawn = [history_workload(0, h, 6, hicache=True).hicache_write_policy for h in range(6)]
+    assert drawn == [*WRITE_POLICIES, *WRITE_POLICIES]
+    assert history_workload(0, 0, 6).hicache_write_policy is None
+
+
 def test_one_history_in_five_sorts_its_free_lists_and_each_shape_meets_it() -> None:
     """need_sort at a low rate (the default soak's speed stays), on every default stack shape
     (page sizes 1, 4, 16 by two cores) within 30 histories."""

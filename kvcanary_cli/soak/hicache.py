@@ -1,0 +1,154 @@
+"""SGLang's host tier (HiCache, `--enable-hierarchical-cache`) on soak's stack: the tree's
+`init_hicache` as SGLang's cache registry calls it (its `HostPoolGroup` and
+`HybridCacheController`), and what the scheduler does with it each step.
+
+Only the CUDA-only data movement is stood in for: `_cuda_host_register` (pinning the host
+buffer) and the `sgl_kernel` copy kernels the host pools import on CUDA. The bookkeeping
+never reads the copied bytes, and on a CPU the controller's events are complete when
+queried, so every ack is ready at the next step's poll, as on a GPU whose copies kept up.
+Every bookkeeping call (backup on insert, the acks, load-back at admission, host eviction
+when a backup finds the host pool short, write-back at device eviction) is SGLang's own.
+
+The scheduler's part (SGLang 0.5.23's `Scheduler`): `check_hicache_events` at the start of
+each `get_next_batch_to_run` (write-through and load-back acks drained: a node's backup
+lock and a load-back's locks released), and `ready_to_load_host_cache` on each new prefill
+batch before `prepare_for_extend` (the load-backs its admissions queued start). The
+admission itself (`PrefillAdder.add_one_req`: a host hit loaded back through
+`init_load_back`) is SGLang's adder's, which soak already runs.
+
+The tree holds locks of its own while a transfer is in flight: a write-through backup locks
+its node until its ack (`ongoing_write_through`: node, receipt), a load-back its node and
+its host copy (`ongoing_load_back`: node, receipt, host receipt). `inflight_locks` lists
+them, so the audit counts them beside the requests' locks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from kvcanary_cli.capture.tree import inflight_tree_locks
+from kvcanary_cli.soak.workload import WRITE_POLICIES
+
+__all__ = [
+    "HOST_RATIO",
+    "WRITE_POLICIES",
+    "InflightLock",
+    "attach_hicache",
+    "has_hicache",
+    "inflight_locks",
+    "server_args_fields",
+    "stand_in_cuda",
+]
+
+
+#: host pool tokens per device pool token (`--hicache-ratio`): small enough that backups find
+#: the host pool short and evict host-only nodes within a history
+HOST_RATIO = 1.25
+
+#: the copy kernels `pool_host/mha.py` and `pool_host/mamba.py` import on CUDA only
+_COPY_KERNELS = (
+    "transfer_kv_direct",
+    "transfer_kv_all_layer_direct_lf_pf",
+    "transfer_kv_per_layer_direct_pf_lf",
+    "transfer_kv_per_layer_mla",
+    "transfer_kv_mamba_lf_pf",
+    "transfer_kv_mamba_pf_lf",
+)
+_HOST_POOLS = "sglang.srt.mem_cache.pool_host"
+#: where older releases keep their host pools, beside `pool_host` (0.5.15)
+_OLD_HOST_POOLS = "sglang.srt.mem_cache.memory_pool_host"
+
+
+def has_hicache(tree_class: Any) -> bool:
+    """Whether a release's unified tree (`UnifiedRadixCache`) takes a host tier: its
+    `init_hicache` and the scheduler's two entry points (`check_hicache_events`,
+    `ready_to_load_host_cache`)."""
+    names = ("init_hicache", "check_hicache_events", "ready_to_load_host_cache")
+    return all(callable(getattr(tree_class, name, None)) for name in names)
+
+
+def _noop(*args: object, **kwargs: object) -> None:
+    """What a CUDA-only copy or pinning does on soak's CPU: nothing (no byte is read)."""
+
+
+def stand_in_cuda() -> None:
+    """Stand in for the CUDA-only calls of SGLang's host pools (see the module doc). Idempotent;
+    the stand-ins stay for the process (a CPU has nothing they could do)."""
+    for name in (f"{_HOST_POOLS}.common", _OLD_HOST_POOLS):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a release without that module
+            continue
+        if hasattr(module, "_cuda_host_register"):
+            setattr(module, "_cuda_host_register", _noop)  # noqa: B010  (SGLang's module)
+    # the host pools: one module each (0.5.16 on), or all in one (older)
+    for name in (f"{_HOST_POOLS}.mha", f"{_HOST_POOLS}.mamba", _OLD_HOST_POOLS):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a release without that pool
+            continue
+        for kernel in _COPY_KERNELS:
+            setattr(module, kernel, _noop)
+
+
+def server_args_fields(policy: str, layout: str) -> dict[str, Any]:
+    """The server args a HiCache server of `policy` sets: the direct I/O backend (no CUDA
+    kernels), a layer-first host layout (the Mamba host pool takes page-first only)."""
+    return {
+        "enable_hierarchical_cache": True,
+        "hicache_ratio": HOST_RATIO,
+        "hicache_io_backend": "direct",
+        "hicache_mem_layout": "page_first_direct" if layout == "mamba" else "layer_first",
+        "hicache_write_policy": policy,
+    }
+
+
+def attach_hicache(tree: Any, server_args: Any, params: Any) -> None:
+    """`init_hicache` on a built tree, as SGLang's registry calls it."""
+    stand_in_cuda()
+    tree.init_hicache(server_args, params)
+
+
+@dataclass(frozen=True)
+class InflightLock:
+    """A lock the tree holds for a transfer in flight, shaped as a request's `TreeLock`
+    (`soak.calls.held_lock` reads it): its anchor node, its receipt, never released early."""
+
+    node: Any
+    receipt: Any
+    swa_released: bool = False
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """Something holding a tree lock (`lock`), as a request does."""
+
+    lock: InflightLock
+
+
+@dataclass(frozen=True)
+class _OlderHolder:
+    """A lock holder shaped as 0.5.14 - 0.5.19's request, whose lock lives in its fields
+    (`soak.calls.held_lock`): the anchor, the SWA boundary, the nodes the lock skipped."""
+
+    last_node: Any
+    swa_uuid_for_lock: Any
+    skip_lock_node_ids: Any
+    swa_prefix_lock_released: bool = False
+
+
+def inflight_locks(tree: Any) -> list[Any]:
+    """The tree's own locks of transfers in flight (`capture.tree.inflight_tree_locks`),
+    each as a lock holder shaped as a request of the release, for the audit's lock replay:
+    a receipt that names the components it skipped (0.5.20 on) as a `TreeLock`, an older
+    one (its SWA boundary and the nodes it skipped) as an older request's fields. Empty
+    without HiCache."""
+    held: list[Any] = []
+    for node, receipt in inflight_tree_locks(tree):
+        if hasattr(receipt, "skipped_lock_components"):
+            held.append(_Holder(InflightLock(node, receipt)))
+        else:
+            held.append(_OlderHolder(node, receipt.swa_uuid_for_lock, receipt.skip_lock_node_ids))
+    return held

@@ -1,0 +1,113 @@
+"""`soak --hicache` on SGLang 0.5.23: the host tier driven by soak's scheduler loop as SGLang's
+scheduler drives it (`check_hicache_events` each step, `ready_to_load_host_cache` on each
+prefill batch; backups on insert, load-back at admission and host eviction are the tree's
+and the adder's own), the host pools audited each step.
+
+Clean twins: a history of each write policy runs clean with SGLang's checks silent, and
+reaches load-backs from host; on the Rust core too (its host values unread: the host checks
+that need them do not run). The faults (`soak.faults`) a correct history never shows:
+a host eviction that forgets its host frees, a load-back that frees its node's host copy, a
+write-through ack that commits its backup twice; each acts and is named, SGLang's own checks
+silent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.live_capture import loaded
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def modules(sglang: Any) -> Iterator[Any]:
+    with loaded(sglang) as loaded_modules:
+        yield loaded_modules
+
+
+def _history(
+    modules: Any,
+    history: int,
+    *,
+    core: str = "python",
+    page_size: int = 1,
+    fault: str | None = None,
+    steps: int = 120,
+) -> tuple[Any, Any]:
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    spec = StackSpec.pressured(page_size, core)
+    workload = history_workload(0, history, 1, page_size, hicache=True)
+    return run_history(modules, spec, workload, fault=fault, max_steps=steps), workload
+
+
+@pytest.mark.parametrize("history", [0, 1, 2])
+def test_each_write_policy_runs_clean_and_loads_back_from_host(modules: Any, history: int) -> None:
+    """History by history the three write policies: clean, SGLang silent, prefix hits loaded
+    back from host (the pools are small enough that device eviction leaves host-only nodes)."""
+    from kvcanary_cli.soak.workload import WRITE_POLICIES
+
+    result, workload = _history(modules, history)
+    assert workload.hicache_write_policy == WRITE_POLICIES[history]
+    assert result.failure is None, result.failure
+    assert result.sglang_step is None, result.sglang_first
+    assert result.counters.host_loads > 0
+    assert result.fallbacks == 0  # the live audit held on every state: no whole `check`
+
+
+@pytest.mark.slow
+def test_the_rust_core_and_a_larger_page_run_clean(modules: Any) -> None:
+    """The Rust core (its nodes' host values unread: the host free lists alone audited) at
+    page size 4: clean, and the live audit never falls back to a whole `check`."""
+    if "rust" not in modules.cores:
+        pytest.skip("this SGLang has no Rust tree core")
+    result, _ = _history(modules, 0, core="rust", page_size=4)
+    assert result.failure is None and result.sglang_step is None, result.failure
+    assert result.fallbacks == 0
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("host-evict-leak", "host-slot-leaked"),
+        ("load-back-frees-host", "host-slot-free-and-held"),
+        ("backup-twice", "host-slot-leaked"),
+    ],
+)
+def test_a_host_fault_is_named(modules: Any, fault: str, code: str) -> None:
+    """Each planted host-tier fault acts and is named in its pool, SGLang's checks silent."""
+    result, _ = _history(modules, 0, fault=fault)
+    assert result.fault_acted > 0
+    failure = result.failure
+    assert failure is not None and failure.codes[:1] == [code], failure
+    assert result.sglang_step is None
+
+
+def test_a_host_fault_needs_the_host_tier(modules: Any) -> None:
+    """Without `--hicache` a host fault is one error line, never a soak that finds nothing."""
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import SGLangUnavailableError, StackSpec
+    from kvcanary_cli.soak.workload import random_workload
+
+    workload = random_workload(0, steps=10, requests=2, max_prompt=8, max_new=2)
+    with pytest.raises(SGLangUnavailableError, match="--hicache"):
+        run_history(modules, StackSpec.pressured(1, "python"), workload, fault="backup-twice")
+
+
+def test_the_write_policy_round_trips_a_reproducer() -> None:
+    from kvcanary_cli.soak.workload import Workload, random_workload
+
+    workload = random_workload(
+        3, steps=10, requests=2, max_prompt=8, max_new=2, hicache_write_policy="write_back"
+    )
+    assert Workload.from_json(workload.to_json()) == workload
+    older = workload.to_json().replace(', "hicache_write_policy": "write_back"', "")
+    assert Workload.from_json(older).hicache_write_policy is None
+    with pytest.raises(TypeError):
+        Workload.from_json(workload.to_json().replace("write_back", "write_sideways"))
