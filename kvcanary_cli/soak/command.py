@@ -97,12 +97,16 @@ def history_workload(
     `--mamba-max-states-per-path`), every other history caps a path's Mamba states at
     `MAMBA_PATH_CAP`, the others run uncapped (a server's default): in a round the first
     shape is capped, the next not, and the next round swaps them, so the first history
-    already runs capped and each shape meets both within two rounds."""
-    from kvcanary_cli.soak.mamba import CHUNK
+    already runs capped and each shape meets both within two rounds. The extra buffer's layout
+    (`mamba-extra`) runs the Mamba workload; its track buffer holds two slots (SGLang's
+    overlapped scheduler sizes it so) but in every other round, where it holds one
+    (`TRACK_SLOTS`)."""
+    from kvcanary_cli.soak.mamba import CHUNK, TRACK_SLOTS
+    from kvcanary_cli.soak.stack import MAMBA_LAYOUTS
     from kvcanary_cli.soak.workload import random_workload
 
     rounds = history // specs
-    mamba = layout == "mamba"
+    mamba = layout in MAMBA_LAYOUTS
     return random_workload(
         seed * 1_000_003 + history,
         steps=HISTORY_STEPS,
@@ -122,6 +126,7 @@ def history_workload(
         mamba_max_states_per_path=(
             MAMBA_PATH_CAP if mamba and path_cap and (rounds + history % specs) % 2 == 0 else None
         ),
+        mamba_track_slots=TRACK_SLOTS[rounds % 2] if layout == "mamba-extra" else None,
     )
 
 
@@ -214,7 +219,7 @@ def soak(
     if layout == "mamba" and page_size not in (None, 1):
         raise OptionError(
             f"the Mamba layout runs at page size 1 only, not {page_size} (SGLang's Mamba tree "
-            "component needs it without the extra buffer)",
+            "component needs it without the extra buffer: --layout mamba-extra runs it)",
             option="page-size",
         )
     check_out(out, force=force)
@@ -290,7 +295,7 @@ class _Coverage:
 
         folder = modules.tree.root / "sglang" / "srt" / "mem_cache"
         self.tracer = Tracer(folder)
-        self.mamba = any(spec.layout == "mamba" for spec in specs)
+        self.mamba = any(spec.layout in ("mamba", "mamba-extra") for spec in specs)
         self.paths: dict[str, Any] = {}
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
             objects = stack_objects(build_stack(modules, spec))

@@ -122,6 +122,7 @@ def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -
         need_sort=workload.need_sort,
         lazy_compaction=workload.lazy_compaction,
         mamba_max_states_per_path=workload.mamba_max_states_per_path,
+        mamba_track_slots=workload.mamba_track_slots,
     )
 
 

@@ -70,6 +70,9 @@ class Workload:
     #: insert the tree drops the Mamba states of a path's shallowest nodes past the cap and
     #: keeps the nodes (a Mamba state evicted from a node that stays)
     mamba_max_states_per_path: int | None = None
+    #: the extra buffer's ping-pong track slots per request (`--layout mamba-extra`: 2, as
+    #: SGLang sizes it for its overlapped scheduler, or 1; None: no extra buffer)
+    mamba_track_slots: int | None = None
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -89,6 +92,7 @@ class Workload:
                 "lazy_compaction": self.lazy_compaction,
                 "ignore_eos": self.ignore_eos,
                 "mamba_max_states_per_path": self.mamba_max_states_per_path,
+                "mamba_track_slots": self.mamba_track_slots,
             }
         )
 
@@ -112,11 +116,13 @@ class Workload:
         lazy = data.get("lazy_compaction", False)
         ignore_eos = data.get("ignore_eos", True)
         path_cap = data.get("mamba_max_states_per_path")  # absent in files before the cap
+        track = data.get("mamba_track_slots")  # absent in files before the extra buffer
         if (
             not all(isinstance(flag, bool) for flag in (release, need_sort, lazy, ignore_eos))
             or type(interval) is not int
             or interval < 0
             or (path_cap is not None and (type(path_cap) is not int or path_cap < 1))
+            or (track is not None and (type(track) is not int or track not in (1, 2)))
         ):
             raise TypeError("a serving knob out of range")
         steps = int(data["steps"])
@@ -130,6 +136,7 @@ class Workload:
             lazy,
             ignore_eos,
             path_cap,
+            track,
         )
 
 
@@ -174,6 +181,7 @@ def random_workload(
     lazy_compaction: bool = False,
     ignore_eos: bool = True,
     mamba_max_states_per_path: int | None = None,
+    mamba_track_slots: int | None = None,
     abort_within: int | None = None,
     warmups: bool = False,
     warmup_grid: int = 16,
@@ -258,6 +266,7 @@ def random_workload(
         lazy_compaction,
         ignore_eos,
         mamba_max_states_per_path,
+        mamba_track_slots,
     )
 
 
