@@ -54,10 +54,11 @@ _UTILS = "sglang.srt.configs.mamba_utils"
 _ENVS = "sglang.srt.environ"
 
 
-def mamba_size(spec: Any) -> int:
+def mamba_size(spec: Any, track_slots: int = TRACK_SLOTS[0]) -> int:
     """Mamba slots for a stack of `spec.max_reqs` rows (slot 0 is reserved on top); with the
-    extra buffer, its two track slots per row on top, as SGLang's configurator adds them."""
-    extra = 2 if spec.layout == "mamba-extra" else 0
+    extra buffer, its `track_slots` per row on top, as SGLang's configurator adds them
+    (`_calculate_mamba_ratio`)."""
+    extra = track_slots if spec.layout == "mamba-extra" else 0
     return (SLOTS_PER_ROW + extra) * int(spec.max_reqs)
 
 
@@ -116,7 +117,7 @@ def build_mamba_pools(
     memory_pool = modules.memory_pool
     req_to_token_pool = memory_pool.HybridReqToTokenPool(
         size=spec.max_reqs,
-        mamba_size=mamba_size(spec),
+        mamba_size=mamba_size(spec, track_slots),
         mamba_spec_state_size=spec.max_reqs,
         max_context_len=spec.max_context_len,
         device="cpu",
