@@ -10,7 +10,9 @@ the window, a locked node evicted, a req_to_token row leaked, a lock never relea
 retraction; in unified memory's code a virtual page freed but left bound, or freed on the full
 side only, a compaction range one page short, a tombstoned page freed again, a page never
 bound on the SWA side; in the Mamba layout's code slot 0 handed out, an evicted state kept by
-its node, the row map not written, one slot given to two owners, a slot never freed); each
+its node, the row map not written, one slot given to two owners, a slot never freed; with the
+extra buffer a request's track slots never freed, a track slot freed while the tree holds it,
+a donated track slot not replaced, the track map left stale); each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
@@ -25,7 +27,8 @@ seeded histories:
 - SGLang's own checks alone, with no kvcanary audit (the same stack shapes, workloads and
   serving options; SGLang's busy checks after every step, its idle checks at idle): the
   steps run until their first complaint, or SGLang's crash.
-Each layout's release is run too (`release`, `unified-release`, `mamba-release`).
+Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
+`mamba-extra-release`).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -38,7 +41,7 @@ and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. No
 asserted in tests (the test suite only checks that every snippet is found). Usage:
 
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
-        [--wheel W] [--engine sglang|vllm|all] [--layout swa|unified|mamba ...]
+        [--wheel W] [--engine sglang|vllm|all] [--layout swa|unified|mamba|mamba-extra ...]
         [--vllm-wheel W]
 """
 
@@ -464,6 +467,60 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: freed Mamba slots go to the head of the free list (reused first), not the tail",
         control=True,
         layout="mamba",
+    ),
+    # -- the same layout with SGLang's extra buffer (soak --layout mamba-extra): each running
+    # request's ping-pong track slots in HybridReqToTokenPool --------------------------------
+    Mutant(
+        "mamba-track-slots-not-freed",
+        "mem_cache/memory_pool.py",
+        "            if len(positions) == size:\n"
+        "                self.mamba_allocator.free(row)\n"
+        "            else:\n"
+        "                for p in positions:\n"
+        "                    self.mamba_allocator.free(row[p : p + 1])\n",
+        "            pass\n",
+        "Mamba slots leaked: a finished (or retracted, or aborted) request's ping-pong track "
+        "slots are never freed; the request lets go of its track buffer",
+        layout="mamba-extra",
+    ),
+    Mutant(
+        "mamba-track-kept-slot-freed",
+        "mem_cache/memory_pool.py",
+        "            positions = [p for p in range(size) if p != keep and not empty[p]]\n",
+        "            positions = [p for p in range(size) if not empty[p]]\n",
+        "a track slot freed while the tree holds it: a finish frees every ping-pong slot, the "
+        "one whose state it just handed to the tree too",
+        layout="mamba-extra",
+    ),
+    Mutant(
+        "mamba-donated-slot-not-replaced",
+        "mem_cache/memory_pool.py",
+        "        self.set_mamba_ping_pong_slot(req, donate_idx, new_slot[0])\n",
+        "",
+        "one slot, two owners: a chunk's checkpoint hands the tree the request's track slot "
+        "but the request keeps tracking in it (the fresh slot taken for it is dropped)",
+        layout="mamba-extra",
+    ),
+    Mutant(
+        "mamba-track-map-not-synced",
+        "mem_cache/memory_pool.py",
+        "        self.req_index_to_mamba_ping_pong_track_buffer_mapping[req.kv.req_pool_idx] = (\n"
+        "            req.kv.mamba_ping_pong_track_buffer\n"
+        "        )\n",
+        "",
+        "stale ping-pong map: a donation replaces the track slot in the request but not in "
+        "the row's map, so the forward keeps writing into the slot the tree now holds (and "
+        "the finish frees it from the map)",
+        layout="mamba-extra",
+    ),
+    Mutant(
+        "mamba-track-free-one-by-one",
+        "mem_cache/memory_pool.py",
+        "            if len(positions) == size:\n                self.mamba_allocator.free(row)\n",
+        "            if False:\n                self.mamba_allocator.free(row)\n",
+        "control: the track slots are always freed one at a time, never the whole row at once",
+        control=True,
+        layout="mamba-extra",
     ),
     # -- vLLM 0.33.0's block pool (paths under vllm/v1/core/) ---------------------------------
     Mutant(
@@ -1225,6 +1282,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "swa"),
     ("sglang", "unified"),
     ("sglang", "mamba"),
+    ("sglang", "mamba-extra"),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1246,7 +1304,7 @@ def _release_name(group: tuple[str, str]) -> str:
 
 def _chosen_groups(args: argparse.Namespace) -> list[tuple[str, str]]:
     engines = ("sglang", "vllm") if args.engine == "all" else (args.engine,)
-    layouts = args.layout or ["swa", "unified", "mamba"]
+    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra"]
     return [g for g in GROUPS if g[0] in engines and (g[0] != "sglang" or g[1] in layouts)]
 
 
@@ -1440,7 +1498,7 @@ def main() -> int:
     parser.add_argument(
         "--layout",
         nargs="+",
-        choices=("swa", "unified", "mamba"),
+        choices=("swa", "unified", "mamba", "mamba-extra"),
         default=None,
         help="SGLang's layouts to mutate (default: each)",
     )

@@ -1042,8 +1042,11 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                 when=(
                     "Mamba layout: a live request's pool row whose "
                     "`req_index_to_mamba_index_mapping` entry is not the request's Mamba slot "
-                    "(`req_mamba_slots` with `req_mamba_rows`). `pool_row`, "
-                    "`details.mapped`, `details.held`"
+                    "(`req_mamba_slots` with `req_mamba_rows`), or, with the extra buffer, "
+                    "whose `req_index_to_mamba_ping_pong_track_buffer_mapping` entries "
+                    "(those >= 0) are not the request's ping-pong slots. `pool_row`, "
+                    "`details.mapped`, `details.held` (the ping-pong map: `details.map` "
+                    "`ping-pong`, `details.mapped_track`, `details.held_track`)"
                 ),
                 meaning=(
                     "the kernels read and write the state the pool row map names, not the "

@@ -392,19 +392,22 @@ command(
     sglang_tree=Opt("An SGLang tree or wheel to run.", metavar="PATH"),
     steps=Opt("Steps in all.", within=values.Bounds(1, 10**7)),
     seed=SEED,
-    page_size=Opt("One page size (default: 1, 4, 16).", within=values.Bounds(1, 64)),
+    page_size=Opt(
+        "One page size (default: 1, 4, 16; --layout mamba: 1).", within=values.Bounds(1, 64)
+    ),
     core=Opt("One tree core (default: each).", metavar="python|rust"),
     fault=Opt(
         "Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
         "shared-boundary-page, tree-page-freed, lock-leak, tree-mamba-slot-freed "
-        "(--layout mamba), or host-evict-leak, load-back-frees-host, backup-twice "
-        "(--hicache).",
+        "(--layout mamba or mamba-extra), or host-evict-leak, load-back-frees-host, "
+        "backup-twice (--hicache).",
         metavar="NAME",
     ),
     layout=Opt(
-        "Memory layout: hybrid SWA (paged allocators), unified memory, or hybrid Mamba (page "
-        "size 1).",
-        metavar="swa|unified|mamba",
+        "Memory layout: hybrid SWA (paged allocators), unified memory, hybrid Mamba (page "
+        "size 1), or hybrid Mamba with SGLang's extra buffer (--mamba-radix-cache-strategy "
+        "extra_buffer: each request's ping-pong track slots; any page size).",
+        metavar="swa|unified|mamba|mamba-extra",
     ),
     out=Opt("Where a failure's files go.", kind=Path, metavar="DIR", default=Path("kvcanary-soak")),
     replaying=Opt(

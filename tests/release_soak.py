@@ -1,16 +1,16 @@
 """A few soak histories on one older SGLang release, in a process of its own (one SGLang per
 process): `python -m tests.release_soak WHEEL` prints one JSON line per history.
 
-Clean histories on each layout the release has (page sizes 1, 4 and 16, both tree cores where
-it has the Rust one; Mamba at page size 1), one with the `lock-leak` fault planted (only
-kvcanary's lock counts see it) and one with `double-free-group-end` (SGLang's checks see it
-too: they run on this release) and one with `unmapped-representative` (refused in one line
-where the release has no SWA segment frees; a layout the release has no code for is refused
-the same way), each the seed-0 workload `kvcanary soak` gives
-its first history. For each: what kvcanary found (the top cause), whether SGLang's checks spoke, and
-how often the live accounting fell back to the whole `check` (0 where soak models the
-release exactly). First, the module of the tree core each core name builds, and the notes
-the loaded tree has for the user (a Rust core it lacks).
+Clean histories on each layout the release has (page sizes 1, 4 and 16, both tree cores where it
+has the Rust one; Mamba at page size 1, with and without the extra buffer), one with the
+`lock-leak` fault planted (only kvcanary's lock counts see it) and one with
+`double-free-group-end` (SGLang's checks see it too: they run on this release) and one with
+`unmapped-representative` (refused in one line where the release has no SWA segment frees; a
+layout the release has no code for is refused the same way), each the seed-0 workload `kvcanary
+soak` gives its first history. For each: what kvcanary found (the top cause), whether SGLang's
+checks spoke, and how often the live accounting fell back to the whole `check` (0 where soak
+models the release exactly). First, the module of the tree core each core name builds, and the
+notes the loaded tree has for the user (a Rust core it lacks).
 
 `python -m tests.release_soak serve` runs such processes for a test session: one JSON
 request a line on its standard input (`{"args": [WHEEL, ...], "out": PATH}`), each run in a
@@ -42,6 +42,7 @@ HISTORIES = (
     ("swa", 16, "python", None),
     ("unified", 4, "python", None),
     ("mamba", 1, "rust", None),
+    ("mamba-extra", 1, "python", None),
     ("swa", 4, "rust", "lock-leak"),
     ("swa", 1, "python", "double-free-group-end"),
     ("swa", 4, "rust", "unmapped-representative"),

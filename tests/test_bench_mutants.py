@@ -1,8 +1,8 @@
-"""bench/mutants.py's mutants still fit SGLang 0.5.23 (the hybrid SWA, unified-memory and Mamba
-layouts' code) and vLLM 0.33.0: every snippet is found exactly once in its release wheel's
-file and the edited module compiles; a snippet that is not there (or is there twice) fails
-loudly; planting never writes through to the release it copies. Nothing is soaked here: the
-soak of each mutant is the benchmark's."""
+"""bench/mutants.py's mutants still fit SGLang 0.5.23 (the hybrid SWA, unified-memory, Mamba and
+Mamba extra-buffer layouts' code) and vLLM 0.33.0: every snippet is found exactly once in its
+release wheel's file and the edited module compiles; a snippet that is not there (or is there
+twice) fails loudly; planting never writes through to the release it copies. Nothing is soaked
+here: the soak of each mutant is the benchmark's."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ mutants = _bench()
         ("sglang", "swa", 12, 3),
         ("sglang", "unified", 4, 1),
         ("sglang", "mamba", 4, 1),
+        ("sglang", "mamba-extra", 4, 1),
         ("vllm", "swa", 12, 3),
         ("vllm", "hybrid-mamba", 2, 1),
         ("vllm", "hybrid-chunked-local", 2, 1),

@@ -22,6 +22,7 @@ from kvcanary_cli.soak.calls import (
     row_of,
     skipped_components,
     swa_boundary,
+    track_decode_boundary,
     tree_unlock_name,
 )
 
@@ -257,3 +258,58 @@ def test_a_transfer_lock_is_replayed_as_its_release_shapes_a_request_lock() -> N
     assert second is not None and second.node == 6 and second.unlocked == {1: {3}}
     assert swa_boundary(second.receipt, 1) == 7
     assert inflight_locks(SimpleNamespace()) == []
+
+
+def _tracking(committed: int, **kw: Any) -> SimpleNamespace:
+    """A 0.5.23-shaped request (its KV record holds the row, the lengths and the track state)
+    tracking in ping-pong slot 1, its latest state at 16 tokens in slot 0."""
+    kv = SimpleNamespace(
+        req_pool_idx=3,
+        kv_committed_len=committed,
+        mamba_ping_pong_track_buffer=[7, 8],
+        mamba_next_track_idx=1,
+        mamba_last_track_idx=0,
+        mamba_last_track_seqlen=16,
+        mamba_prev_track_seqlen=None,
+        **kw,
+    )
+    return SimpleNamespace(kv=kv)
+
+
+_POOL = SimpleNamespace(get_mamba_ping_pong_other_idx=lambda i: 1 - i)
+
+
+def test_a_decode_at_a_track_boundary_moves_the_latest_state() -> None:
+    """At a multiple of the interval the slot the forward wrote becomes the latest, the one
+    before stays named, and the next boundary writes the other slot."""
+    req = _tracking(32)
+    assert track_decode_boundary(req, _POOL, 16)
+    kv = req.kv
+    assert (kv.mamba_last_track_idx, kv.mamba_next_track_idx) == (1, 0)
+    assert (kv.mamba_last_track_seqlen, kv.mamba_prev_track_seqlen) == (32, 16)
+
+
+def test_a_decode_between_boundaries_or_without_a_track_buffer_moves_nothing() -> None:
+    between = _tracking(33)
+    assert not track_decode_boundary(between, _POOL, 16)
+    assert (between.kv.mamba_next_track_idx, between.kv.mamba_last_track_seqlen) == (1, 16)
+    none = _tracking(32)
+    none.kv.mamba_ping_pong_track_buffer = None
+    assert not track_decode_boundary(none, _POOL, 16)
+    assert none.kv.mamba_last_track_seqlen == 16
+
+
+def test_an_older_request_tracks_on_itself() -> None:
+    """0.5.13's request holds the row and the track state itself, and names no last track
+    index or previous length: only the fields it has are moved."""
+    req = SimpleNamespace(
+        kv=None,
+        req_pool_idx=2,
+        kv_committed_len=48,
+        mamba_ping_pong_track_buffer=[5, 6],
+        mamba_next_track_idx=0,
+        mamba_last_track_seqlen=32,
+    )
+    assert track_decode_boundary(req, _POOL, 16)
+    assert (req.mamba_next_track_idx, req.mamba_last_track_seqlen) == (1, 48)
+    assert not hasattr(req, "mamba_last_track_idx")

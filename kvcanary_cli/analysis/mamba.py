@@ -6,8 +6,11 @@ Mamba state slot (`mamba_pool_idx`; a waiting request's copy-on-write slot too, 
 extra buffer its ping-pong slots), each tree checkpoint one, and the allocator's free list the
 rest; slot 0 is the dummy write target of padded tokens, never handed out. In a correct state
 every slot 1..size is in exactly one of those places, and each live request's row maps
-(`req_index_to_mamba_index_mapping`) to its own slot. SGLang checks none of it while busy, and
-at idle only counts. Each check is a few sorts over lists as long as the pool.
+(`req_index_to_mamba_index_mapping`) to its own slot and, with the extra buffer, to its own
+ping-pong slots (`req_index_to_mamba_ping_pong_track_buffer_mapping`: the forward writes the
+tracked state where that map points, so a stale entry writes into a slot the tree now holds).
+SGLang checks none of it while busy, and at idle only counts. Each check is a few sorts over
+lists as long as the pool.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group, Layout
 from kvcanary_cli.results.check import Finding
 
-__all__ = ["mamba_findings", "mamba_leak_findings"]
+__all__ = ["mamba_findings", "mamba_leak_findings", "track_groups", "track_map_mismatches"]
 
 
 def _finding(code: FindingCode, slots: np.ndarray, one: str, many: str) -> Finding:
@@ -125,15 +128,80 @@ def mamba_findings(dump: KvDump) -> list[Finding]:
     return found
 
 
+def track_groups(slots: np.ndarray, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Each live request's (row, ping-pong slots), read from `req_mamba_slots` and
+    `req_mamba_rows`: a request's slot with its row, then its ping-pong slots marked -2.
+    Requests without a row (waiting) and ping-pong slots before any row are left out."""
+    starts = np.flatnonzero(rows != -2)
+    groups: list[tuple[int, np.ndarray]] = []
+    for at, end in zip(starts, [*starts[1:], rows.size][: starts.size], strict=True):
+        if rows[at] > 0:
+            groups.append((int(rows[at]), slots[at + 1 : end]))
+    return groups
+
+
+def track_map_mismatches(
+    track_map: np.ndarray, slots: np.ndarray, rows: np.ndarray
+) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Each live row whose ping-pong map entries (those >= 0) are not, as a set with their
+    counts, its request's ping-pong slots: (row, mapped, held). A request of no track slots is
+    not compared (a release without the extra buffer lists none, its map row is zeros)."""
+    found = []
+    for row, held in track_groups(slots, rows):
+        if not held.size or row >= track_map.shape[0]:
+            continue
+        mapped = track_map[row]
+        mapped = mapped[mapped >= 0]
+        if not np.array_equal(np.sort(mapped), np.sort(held)):
+            found.append((row, mapped, held))
+    return found
+
+
+def _track_map(dump: KvDump) -> list[Finding]:
+    """`MAMBA_ROW_MAP_MISMATCH` for the extra buffer's ping-pong map
+    (`track_map_mismatches`)."""
+    track_map, slots, rows = (
+        dump.req_index_to_mamba_ping_pong_track_buffer_mapping,
+        dump.req_mamba_slots,
+        dump.req_mamba_rows,
+    )
+    if track_map is None or slots is None or rows is None or slots.size != rows.size:
+        return []
+    track_map = np.asarray(track_map, dtype=np.int64).reshape(track_map.shape[0], -1)
+    found = []
+    for row, mapped, held in track_map_mismatches(track_map, flat_ids(slots), flat_ids(rows)):
+        shown = ", ".join(str(int(s)) for s in mapped) or "none"
+        own = ", ".join(str(int(s)) for s in held)
+        found.append(
+            Finding(
+                code=FindingCode.MAMBA_ROW_MAP_MISMATCH,
+                group=Group.FULL,
+                pool_row=row,
+                message=(
+                    f"pool row {row}'s ping-pong track map names Mamba slots {shown}, but its "
+                    f"request tracks in {own}: the forward writes its tracked state into "
+                    "slots that are not the request's (a state the tree holds, or a free one)"
+                ),
+                details={
+                    "map": "ping-pong",
+                    "mapped_track": [int(s) for s in mapped],
+                    "held_track": [int(s) for s in held],
+                },
+            )
+        )
+    return found
+
+
 def _row_map(dump: KvDump) -> list[Finding]:
-    """`MAMBA_ROW_MAP_MISMATCH`: a live request's row maps to another slot than its own."""
+    """`MAMBA_ROW_MAP_MISMATCH`: a live request's row maps to another slot than its own (its
+    working slot, then with the extra buffer its ping-pong slots: `_track_map`)."""
     row_map, slots, rows = (
         dump.req_index_to_mamba_index_mapping,
         dump.req_mamba_slots,
         dump.req_mamba_rows,
     )
     if row_map is None or slots is None or rows is None or slots.size != rows.size:
-        return []
+        return _track_map(dump)
     mapping = flat_ids(row_map)
     slots, rows = flat_ids(slots), flat_ids(rows)
     live = (rows > 0) & (rows < mapping.size)
@@ -153,7 +221,7 @@ def _row_map(dump: KvDump) -> list[Finding]:
                 details={"mapped": int(mapped), "held": int(held)},
             )
         )
-    return found
+    return found + _track_map(dump)
 
 
 def mamba_leak_findings(dump: KvDump) -> list[Finding]:

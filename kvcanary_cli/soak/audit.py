@@ -24,6 +24,7 @@ from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
 from kvcanary_cli.soak.calls import row_of
 from kvcanary_cli.soak.driver import Scheduler
 from kvcanary_cli.soak.live import LiveAudit, read_state
+from kvcanary_cli.soak.stack import MAMBA_LAYOUTS
 
 __all__ = ["Audit", "SGLangChecks", "Said", "audit_step", "record_dump"]
 
@@ -95,7 +96,7 @@ def record_dump(scheduler: Scheduler, batch: Any, path: Path) -> Path:
         tree=stack.tree,
         batch=batch,
         requests=running_requests(scheduler, batch),
-        window=None if stack.spec.layout == "mamba" else stack.spec.window,
+        window=None if stack.spec.layout in MAMBA_LAYOUTS else stack.spec.window,
         waiting=scheduler.waiting,
     )
     metadata.update(
@@ -130,8 +131,8 @@ class SGLangChecks:
             "tree_cache": stack.tree,
             "token_to_kv_pool_allocator": stack.allocator,
             "req_to_token_pool": stack.req_to_token_pool,
-            "is_hybrid_swa": spec.layout != "mamba",
-            "is_hybrid_ssm": spec.layout == "mamba",
+            "is_hybrid_swa": spec.layout not in MAMBA_LAYOUTS,
+            "is_hybrid_ssm": spec.layout in MAMBA_LAYOUTS,
             "full_tokens_per_layer": spec.full_tokens,
             "swa_tokens_per_layer": spec.swa_tokens,
             "max_total_num_tokens": spec.full_tokens,

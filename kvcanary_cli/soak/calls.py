@@ -55,6 +55,7 @@ __all__ = [
     "row_of",
     "skipped_components",
     "swa_boundary",
+    "track_decode_boundary",
     "tree_unlock_name",
     "turn_down_mamba",
 ]
@@ -91,6 +92,40 @@ def turn_down_mamba(req: Any, mamba_allocator: Any) -> None:
     if holds_mamba(req) and not getattr(req, "session", None):
         mamba_allocator.free(record.mamba_pool_idx.unsqueeze(-1))
         record.mamba_pool_idx = None
+
+
+def _committed_len(req: Any, record: Any) -> int:
+    """The request's committed KV length (on its KV record, 0.5.17 on; the request before)."""
+    for holder in (record, getattr(req, "kv", None), req):
+        committed = getattr(holder, "kv_committed_len", None)
+        if committed is not None:
+            return int(committed)
+    return 0
+
+
+def track_decode_boundary(req: Any, pool: Any, interval: int) -> bool:
+    """The extra buffer's part of a decode result, as SGLang's non-overlapped, non-speculative
+    result processing does it (`_mamba_prefix_cache_update`): where the decode just committed
+    a multiple of the track `interval`, the forward wrote the state into the ping-pong slot at
+    `mamba_next_track_idx`; that slot becomes the latest tracked state (`mamba_last_track_idx`
+    and `mamba_last_track_seqlen`; the one before stays named by `mamba_prev_track_seqlen`,
+    0.5.17 on) and the next boundary writes the other (`get_mamba_ping_pong_other_idx`). No
+    slot is allocated or freed here: a finish or a checkpoint later hands the latest one to
+    the tree. Whether it was a boundary (False without a track buffer)."""
+    record = kv_record(req)
+    if getattr(record, "mamba_ping_pong_track_buffer", None) is None:
+        return False
+    committed = _committed_len(req, record)
+    if committed <= 0 or committed % interval:
+        return False
+    written = record.mamba_next_track_idx
+    if hasattr(record, "mamba_last_track_idx"):
+        record.mamba_last_track_idx = written
+    if hasattr(record, "mamba_prev_track_seqlen"):
+        record.mamba_prev_track_seqlen = record.mamba_last_track_seqlen
+    record.mamba_last_track_seqlen = committed
+    record.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(written)
+    return True
 
 
 def extend_end(req: Any) -> int | None:

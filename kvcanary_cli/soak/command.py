@@ -98,14 +98,18 @@ def history_workload(
     `--mamba-max-states-per-path`), every other history caps a path's Mamba states at
     `MAMBA_PATH_CAP`, the others run uncapped (a server's default): in a round the first
     shape is capped, the next not, and the next round swaps them, so the first history
-    already runs capped and each shape meets both within two rounds. With `hicache`, each
-    history runs SGLang's host tier under one of its write policies, in turn
-    (`WRITE_POLICIES`: history by history, so each shape meets each within three rounds)."""
-    from kvcanary_cli.soak.mamba import CHUNK
+    already runs capped and each shape meets both within two rounds. The extra buffer's layout
+    (`mamba-extra`) runs the Mamba workload; its track buffer holds two slots (SGLang's
+    overlapped scheduler sizes it so) but in every other round, where it holds one
+    (`TRACK_SLOTS`). With `hicache`, each history runs SGLang's host tier under one of its
+    write policies, in turn (`WRITE_POLICIES`: history by history, so each shape meets each
+    within three rounds)."""
+    from kvcanary_cli.soak.mamba import CHUNK, TRACK_SLOTS
+    from kvcanary_cli.soak.stack import MAMBA_LAYOUTS
     from kvcanary_cli.soak.workload import WRITE_POLICIES, random_workload
 
     rounds = history // specs
-    mamba = layout == "mamba"
+    mamba = layout in MAMBA_LAYOUTS
     return random_workload(
         seed * 1_000_003 + history,
         steps=HISTORY_STEPS,
@@ -126,6 +130,7 @@ def history_workload(
             MAMBA_PATH_CAP if mamba and path_cap and (rounds + history % specs) % 2 == 0 else None
         ),
         hicache_write_policy=WRITE_POLICIES[history % len(WRITE_POLICIES)] if hicache else None,
+        mamba_track_slots=TRACK_SLOTS[rounds % 2] if layout == "mamba-extra" else None,
     )
 
 
@@ -220,7 +225,7 @@ def soak(
     if layout == "mamba" and page_size not in (None, 1):
         raise OptionError(
             f"the Mamba layout runs at page size 1 only, not {page_size} (SGLang's Mamba tree "
-            "component needs it without the extra buffer)",
+            "component needs it without the extra buffer: --layout mamba-extra runs it)",
             option="page-size",
         )
     if hicache and layout == "unified":
@@ -311,7 +316,7 @@ class _Coverage:
 
         folder = modules.tree.root / "sglang" / "srt" / "mem_cache"
         self.tracer = Tracer(folder)
-        self.mamba = any(spec.layout == "mamba" for spec in specs)
+        self.mamba = any(spec.layout in ("mamba", "mamba-extra") for spec in specs)
         self.hicache = hicache
         self.paths: dict[str, Any] = {}
         policy = WRITE_POLICIES[0] if hicache else None

@@ -54,10 +54,12 @@ from kvcanary_cli.soak.calls import (
     releaser,
     retract_arguments,
     row_of,
+    track_decode_boundary,
     turn_down_mamba,
 )
+from kvcanary_cli.soak.mamba import track_interval
 from kvcanary_cli.soak.sessions import Sessions
-from kvcanary_cli.soak.stack import Stack
+from kvcanary_cli.soak.stack import MAMBA_EXTRA, Stack
 from kvcanary_cli.soak.workload import VOCAB, Arrival, Workload
 
 __all__ = ["Scheduler", "StepInfo", "serving_options"]
@@ -68,9 +70,37 @@ RELEASE_PREFILL_SWA = "SGLANG_OPT_RELEASE_PREFILL_SWA"
 SWA_EVICTION_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
 
 
+def _pinning_on_cpu() -> Callable[[], None]:
+    """Where torch has no accelerator, `Tensor.pin_memory` returns the tensor itself and
+    `torch.tensor(..., pin_memory=True)` makes an unpinned one, until the returned function
+    puts both back: pinning is a staging hint for copies to a GPU, and SGLang's extra-buffer
+    decode pins its track positions and mask unguarded (`set_mamba_track_indices_from_reqs`,
+    `prepare_for_decode`), which a CPU-only torch refuses. Nothing changes where a GPU is."""
+    import torch
+
+    if torch.cuda.is_available():
+        return lambda: None
+    method, make = torch.Tensor.pin_memory, torch.tensor
+
+    def unpinned(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self
+
+    def tensor(*args: Any, pin_memory: bool = False, **kwargs: Any) -> Any:
+        return make(*args, **kwargs)
+
+    torch.Tensor.pin_memory = unpinned  # type: ignore[method-assign]
+    torch.tensor = tensor
+
+    def undo() -> None:
+        torch.Tensor.pin_memory = method  # type: ignore[method-assign]
+        torch.tensor = make
+
+    return undo
+
+
 def serving_options(workload: Workload) -> Callable[[], None]:
-    """Set SGLang's environment switches as `workload` sets them, for a history; the returned
-    function puts the process's own values back."""
+    """Set SGLang's environment switches as `workload` sets them, for a history (and CPU
+    pinning, `_pinning_on_cpu`); the returned function puts the process's own values back."""
     wanted: dict[str, str | None] = {
         RELEASE_PREFILL_SWA: "1" if workload.release_prefill_swa else "0",
         SWA_EVICTION_INTERVAL: str(workload.swa_eviction_interval),
@@ -87,7 +117,13 @@ def serving_options(workload: Workload) -> Callable[[], None]:
                 os.environ[name] = value
 
     put(wanted)
-    return lambda: put(before)
+    unpin = _pinning_on_cpu()
+
+    def undo() -> None:
+        unpin()
+        put(before)
+
+    return undo
 
 
 @dataclass
@@ -120,6 +156,8 @@ class Counters:
     shared_prefix_tokens: int = 0
     #: the host tier's: prefill batches that started a load-back from host
     host_loads: int = 0
+    #: the extra buffer's decode track boundaries (`track_decode_boundary`)
+    track_boundaries: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -149,10 +187,20 @@ class Scheduler:
             self._sb.ScheduleBatch.retract_decode, self.stack.server_args
         )
         self._rng = np.random.default_rng(self.workload.seed ^ 0x5EED)
+        # no model: the extra buffer's prefill tracking reads the text config's Mamba chunk,
+        # which falls back to SGLang's default when the config has none
         self._model_config = SimpleNamespace(
-            vocab_size=VOCAB, is_encoder_decoder=False, is_multimodal=False, hf_config=None
+            vocab_size=VOCAB,
+            is_encoder_decoder=False,
+            is_multimodal=False,
+            hf_config=None,
+            hf_text_config=SimpleNamespace(),
         )
         self._spec = self._spec_none()
+        #: the extra buffer's decode track interval (0: no extra buffer)
+        self._track_interval = (
+            track_interval(self.stack.spec) if self.stack.spec.layout == MAMBA_EXTRA else 0
+        )
         self.running = self._empty_batch()
         self.last_batch: Any = None
         self.chunked_req: Any = None
@@ -439,6 +487,10 @@ class Scheduler:
                         continue
                     req.output_ids.extend([int(token)])
                     req.update_finish_state(1)
+                    if self._track_interval and track_decode_boundary(
+                        req, self.stack.req_to_token_pool, self._track_interval
+                    ):
+                        self.counters.track_boundaries += 1
                     if req.finished():
                         self._release(req, tree, True)
                         info.finished += 1

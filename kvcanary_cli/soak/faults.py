@@ -58,7 +58,7 @@ from kvcanary_cli.soak.calls import (
     row_of,
     tree_unlock_name,
 )
-from kvcanary_cli.soak.stack import SGLangUnavailableError
+from kvcanary_cli.soak.stack import MAMBA_LAYOUTS, SGLangUnavailableError
 
 __all__ = ["FAULTS", "Fault", "plant"]
 
@@ -76,7 +76,7 @@ def _needs_segment_frees(stack: Any) -> None:
     """Refuse `unmapped-representative` on an SWA allocator without segment frees (see the
     module doc): there the fault would run and prove nothing; and where nothing is SWA."""
     allocator = type(stack.allocator)
-    if stack.spec.layout == "mamba":
+    if stack.spec.layout in MAMBA_LAYOUTS:
         raise SGLangUnavailableError(
             "the unmapped-representative fault frees a tree node's SWA pairs: the Mamba "
             "layout has no SWA side",

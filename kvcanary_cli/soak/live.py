@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcanary_cli.analysis.mamba import track_map_mismatches
 from kvcanary_cli.capture.tree import (
     allocated_len,
     host_state,
@@ -296,6 +297,7 @@ _MAMBA = (
     "req_mamba_slots",
     "req_mamba_rows",
     "req_index_to_mamba_index_mapping",
+    "req_index_to_mamba_ping_pong_track_buffer_mapping",
 )
 
 
@@ -978,6 +980,9 @@ class LiveAudit:
         live = rows > 0
         if np.any(m["req_index_to_mamba_index_mapping"][rows[live]] != slots[live]):
             return "a row mapped to another Mamba slot"
+        track_map = m.get("req_index_to_mamba_ping_pong_track_buffer_mapping")
+        if track_map is not None and track_map_mismatches(track_map, slots, rows):
+            return "a row's ping-pong map names other Mamba slots"
         return None
 
     def _host(self, s: LiveState, idle: bool) -> str | None:

@@ -123,6 +123,7 @@ def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -
         lazy_compaction=workload.lazy_compaction,
         mamba_max_states_per_path=workload.mamba_max_states_per_path,
         hicache_write_policy=workload.hicache_write_policy,
+        mamba_track_slots=workload.mamba_track_slots,
     )
 
 

@@ -46,6 +46,8 @@ from kvcanary_cli.soak.wheel import WheelRefusedError, download_hint, not_there,
 __all__ = [
     "CORES",
     "LAYOUTS",
+    "MAMBA_EXTRA",
+    "MAMBA_LAYOUTS",
     "OLDEST",
     "PATH_CAP",
     "SUPPORTED",
@@ -65,8 +67,13 @@ __all__ = [
 CORES = ("python", "rust")
 #: Memory layouts soak builds: hybrid SWA on the paged allocators (`SWAKVPool`), unified
 #: memory (`UnifiedSWAKVPool`, one virtual id space over a shared byte buffer), and hybrid
-#: Mamba / linear attention (`HybridReqToTokenPool`'s Mamba slots, page size 1).
-LAYOUTS = ("swa", "unified", "mamba")
+#: Mamba / linear attention (`HybridReqToTokenPool`'s Mamba slots: page size 1 without SGLang's
+#: extra buffer, `mamba`; any page size with it, `mamba-extra`).
+LAYOUTS = ("swa", "unified", "mamba", "mamba-extra")
+#: The layouts of a hybrid Mamba model (the request pool hands out Mamba state slots).
+MAMBA_LAYOUTS = ("mamba", "mamba-extra")
+#: The layout that runs SGLang's extra buffer (`--mamba-radix-cache-strategy extra_buffer`).
+MAMBA_EXTRA = "mamba-extra"
 #: SGLang's per-path Mamba state cap (`--mamba-max-states-per-path`), as its server args
 #: spell it.
 PATH_CAP = "mamba_max_states_per_path"
@@ -741,7 +748,9 @@ class StackSpec:
         return cls(
             page_size=page_size,
             core=core,
-            full_tokens=192 if layout == "mamba" else max(384, 8 * page_size),
+            full_tokens=max(192, 12 * page_size)
+            if layout in MAMBA_LAYOUTS
+            else max(384, 8 * page_size),
             swa_tokens=max(192, 4 * page_size),
             max_reqs=12,
             window=16,
@@ -775,13 +784,15 @@ def build_stack(
     lazy_compaction: bool = False,
     mamba_max_states_per_path: int | None = None,
     hicache_write_policy: str | None = None,
+    mamba_track_slots: int | None = None,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
     `need_sort` builds the allocators as SGLang does under prefill-decode disaggregation,
     `lazy_compaction` unified memory's as SGLang does by default, `mamba_max_states_per_path`
     with SGLang's per-path Mamba state cap on the server args (a release without it: an error
-    line), `hicache_write_policy` with SGLang's host tier under that write policy
+    line), `mamba_track_slots` the extra buffer's ping-pong slots per request (`mamba-extra`
+    only; None: two), `hicache_write_policy` with SGLang's host tier under that write policy
     (`soak.hicache`; a release whose tree takes none: an error line). The tree's modules are
     put back first (`reinstate`): SGLang's constructors import more of it as they run."""
     modules.reinstate()
@@ -813,6 +824,10 @@ def build_stack(
             f"(available: {', '.join(modules.cores)})",
             source=tree.label,
         )
+    if spec.layout == MAMBA_EXTRA:
+        from kvcanary_cli.soak.mamba import extra_buffer_args
+
+        capped.update(extra_buffer_args(modules, spec))
     with fitting(tree, "ServerArgs"):
         server_args = modules.server_args.ServerArgs(
             model_path="dummy",
@@ -828,18 +843,23 @@ def build_stack(
         _publish(modules, server_args)
     import torch  # SGLang's pools import it anyway
 
-    if spec.layout == "mamba":
+    if spec.layout in MAMBA_LAYOUTS:
         from kvcanary_cli.soak.mamba import build_mamba_pools
 
-        if spec.page_size != 1:
+        if spec.page_size != 1 and spec.layout != MAMBA_EXTRA:
             raise SGLangUnavailableError(
                 f"the Mamba layout runs at page size 1 only (asked: {spec.page_size}): "
-                "SGLang's Mamba tree component needs it without the extra buffer",
+                "SGLang's Mamba tree component needs it without the extra buffer "
+                "(--layout mamba-extra runs it, at any page size)",
                 source=tree.label,
             )
         with fitting(tree, "Mamba pools (HybridReqToTokenPool, HybridLinearKVPool)"):
             req_to_token_pool, kv_pool, allocator = build_mamba_pools(
-                modules, spec, server_args, need_sort=need_sort
+                modules,
+                spec,
+                server_args,
+                need_sort=need_sort,
+                track_slots=mamba_track_slots or 2,
             )
     else:
         with fitting(tree, "ReqToTokenPool"):
@@ -868,7 +888,7 @@ def build_stack(
     _require_kernels(tree, spec, allocator)
     with fitting(tree, f"UnifiedRadixCache ({spec.core} core)"):
         kinds = modules.component_type.ComponentType
-        second = kinds.MAMBA if spec.layout == "mamba" else kinds.SWA
+        second = kinds.MAMBA if spec.layout in MAMBA_LAYOUTS else kinds.SWA
         init = modules.cache_init_params.CacheInitParams
         # the tree core: a parameter (0.5.21 on), or the environment at construction (older)
         by_param = "tree_core_backend" in inspect.signature(init).parameters
@@ -877,9 +897,10 @@ def build_stack(
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=allocator,
             page_size=spec.page_size,
-            sliding_window_size=None if spec.layout == "mamba" else spec.window,
+            sliding_window_size=None if spec.layout in MAMBA_LAYOUTS else spec.window,
             chunked_prefill_size=spec.chunked_prefill_size,
             tree_components=(kinds.FULL, second),
+            **({"enable_mamba_extra_buffer": True} if spec.layout == MAMBA_EXTRA else {}),
             **({"tree_core_backend": spec.core} if by_param else {}),
         )
         with nullcontext() if by_param else _environment(_CORE_ENV, spec.core):

@@ -77,6 +77,9 @@ class Workload:
     #: SGLang's host tier (`--enable-hierarchical-cache`) under this write policy
     #: (`--hicache-write-policy`, one of `soak.hicache.WRITE_POLICIES`); None: no host tier
     hicache_write_policy: str | None = None
+    #: the extra buffer's ping-pong track slots per request (`--layout mamba-extra`: 2, as
+    #: SGLang sizes it for its overlapped scheduler, or 1; None: no extra buffer)
+    mamba_track_slots: int | None = None
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -97,6 +100,7 @@ class Workload:
                 "ignore_eos": self.ignore_eos,
                 "mamba_max_states_per_path": self.mamba_max_states_per_path,
                 "hicache_write_policy": self.hicache_write_policy,
+                "mamba_track_slots": self.mamba_track_slots,
             }
         )
 
@@ -123,11 +127,13 @@ class Workload:
         policy = data.get("hicache_write_policy")  # absent in files before the host tier
         if policy is not None and policy not in WRITE_POLICIES:
             raise TypeError("an unknown HiCache write policy")
+        track = data.get("mamba_track_slots")  # absent in files before the extra buffer
         if (
             not all(isinstance(flag, bool) for flag in (release, need_sort, lazy, ignore_eos))
             or type(interval) is not int
             or interval < 0
             or (path_cap is not None and (type(path_cap) is not int or path_cap < 1))
+            or (track is not None and (type(track) is not int or track not in (1, 2)))
         ):
             raise TypeError("a serving knob out of range")
         steps = int(data["steps"])
@@ -142,6 +148,7 @@ class Workload:
             ignore_eos,
             path_cap,
             policy,
+            track,
         )
 
 
@@ -186,6 +193,7 @@ def random_workload(
     lazy_compaction: bool = False,
     ignore_eos: bool = True,
     mamba_max_states_per_path: int | None = None,
+    mamba_track_slots: int | None = None,
     abort_within: int | None = None,
     warmups: bool = False,
     warmup_grid: int = 16,
@@ -272,6 +280,7 @@ def random_workload(
         ignore_eos,
         mamba_max_states_per_path,
         hicache_write_policy,
+        mamba_track_slots,
     )
 
 

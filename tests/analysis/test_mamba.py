@@ -144,3 +144,40 @@ def test_a_pool_size_no_list_could_describe_leaves_the_leak_check_out(tmp_path: 
     [leaks] = [c for c in report.coverage if c.check == "Mamba slot leaks"]
     assert leaks.status == "not-run"
     assert f"num_mamba_slots {1 << 44} is not a pool" in (leaks.reason or "")
+
+
+def _extra_buffer_state() -> dict[str, Any]:
+    """`_state` with SGLang's extra buffer: row 1 tracks in slots 6 and 7, row 2 in 8 (its
+    second entry empty, -1); the free list is empty. Row 3 is free, its map row stale."""
+    state = _state()
+    track = np.full((4, 2), -1, dtype=np.int64)
+    track[1], track[2, 0], track[3] = [6, 7], 8, [3, 4]  # row 3: a finished request's, stale
+    state["req_index_to_mamba_ping_pong_track_buffer_mapping"] = track
+    state["free_mamba_slots"] = np.zeros(0, dtype=np.int64)
+    state["req_mamba_slots"] = np.array([1, 6, 7, 2, 8, 5])
+    state["req_mamba_rows"] = np.array([1, -2, -2, 2, -2, -1])
+    return state
+
+
+def test_extra_buffer_track_slots_check_clean(tmp_path: Path) -> None:
+    """A correct extra-buffer state: each live row's ping-pong map names its request's track
+    slots (in either order, an empty entry -1), a free row's stale map row is not read."""
+    state = _extra_buffer_state()
+    state["req_index_to_mamba_ping_pong_track_buffer_mapping"][1] = [7, 6]
+    report = _check(tmp_path, state)
+    assert report.error is None and _errors(report) == []
+
+
+def test_a_stale_track_map_entry_is_named(tmp_path: Path) -> None:
+    """Row 1's ping-pong map still names slot 3, which its request gave the tree (a donation
+    that replaced the slot in the request but not in the map): the forward would write its
+    tracked state into the tree's checkpoint. The row's working slot map is right, so before
+    the ping-pong map was read this dump checked clean."""
+    state = _extra_buffer_state()
+    state["req_index_to_mamba_ping_pong_track_buffer_mapping"][1] = [6, 3]
+    report = _check(tmp_path, state)
+    assert _errors(report) == ["mamba-row-map-mismatch"]
+    finding = report.findings[0]
+    assert finding.pool_row == 1
+    assert finding.details["mapped_track"] == [6, 3] and finding.details["held_track"] == [6, 7]
+    assert report.diagnosis[0].code.value == "mamba-row-map-stale"

@@ -84,7 +84,7 @@ def test_a_vllm_scenario_names_the_sglang_flags_to_drop(tmp_path: Path) -> None:
         (["synth", "vllm-clean", "--size", "huge", "--out", "x"], "tiny, small, medium, large"),
         (["synth", "clean", "--steps", 3, "--size", "huge", "--out", "x"], "tiny, small, medium"),
         (["selftest", "--size", "huge"], "tiny, small"),
-        (["soak", "--layout", "huge"], "swa, unified, mamba"),
+        (["soak", "--layout", "huge"], "swa, unified, mamba, mamba-extra"),
         (["soak", "--engine", "huge"], "sglang, vllm"),
     ],
 )

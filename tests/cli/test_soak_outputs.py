@@ -52,8 +52,9 @@ class FakeSGLang:
     finds_capped: bool = False
     #: whether the release's server args take the per-path Mamba state cap
     path_cap: bool = True
-    #: the workloads the histories ran
+    #: the workloads the histories ran, and their page sizes
     workloads: list[Workload] = field(default_factory=list)
+    page_sizes: list[int] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -94,6 +95,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
         steps = workload.steps if max_steps is None else min(workload.steps, max_steps)
         state.histories.append(steps)
         state.workloads.append(workload)
+        state.page_sizes.append(spec.page_size)
         said = [Said("_check_req_pool", text) for text in state.said]
         result = soak_run.HistoryResult(
             steps=steps,
@@ -196,6 +198,40 @@ def test_mamba_histories_cap_a_paths_states_where_the_release_has_it_and_the_fil
     replayed = CliRunner().invoke(app, ["soak", "--replay", str(tmp_path / "before.json")])
     assert replayed.exit_code == 0, replayed.stderr  # uncapped, the fake finds nothing
     assert caps() == [None]
+
+
+def test_extra_buffer_histories_alternate_their_track_slots_and_the_files_keep_them(
+    fake: FakeSGLang, tmp_path: Path
+) -> None:
+    """`--layout mamba-extra` runs each page size 1, 4 and 16 (where `mamba` runs page size 1
+    only), its first round's histories with two ping-pong track slots per request (SGLang's
+    overlapped sizing), the next round's with one; a reproducer records the count and
+    `--replay` runs it again (a file from before: none, no extra buffer). Other layouts draw
+    none."""
+    fake.finds = False
+    code, _, err = soak("--layout", "mamba-extra", "--steps", "2000", "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    assert fake.page_sizes[:3] == [1, 4, 16], fake.page_sizes  # one core here: a round of 3
+    slots = [w.mamba_track_slots for w in fake.workloads]
+    assert slots[:3] == [2] * 3 and slots[3:6] == [1] * 3, slots
+    fake.workloads.clear()
+    code, _, err = soak("--layout", "mamba", "--steps", "400", "--out", str(tmp_path / "o"))
+    assert code == 0 and {w.mamba_track_slots for w in fake.workloads} == {None}, err
+    fake.finds = True
+    out = tmp_path / "found"
+    code, _, err = soak("--layout", "mamba-extra", "--steps", "400", "--out", str(out))
+    assert code == 1, err
+    recorded = json.loads((out / "soak-reproducer.json").read_text())
+    assert recorded["workload"]["mamba_track_slots"] == 2
+    fake.workloads.clear()
+    replayed = CliRunner().invoke(app, ["soak", "--replay", str(out / "soak-reproducer.json")])
+    assert replayed.exit_code == 1, replayed.stderr
+    assert [w.mamba_track_slots for w in fake.workloads] == [2]
+    del recorded["workload"]["mamba_track_slots"]
+    (tmp_path / "before.json").write_text(json.dumps(recorded))
+    fake.workloads.clear()
+    CliRunner().invoke(app, ["soak", "--replay", str(tmp_path / "before.json")])
+    assert [w.mamba_track_slots for w in fake.workloads] == [None]
 
 
 def test_out_under_a_file_is_refused_before_soaking(fake: FakeSGLang, tmp_path: Path) -> None:

@@ -160,7 +160,14 @@ def test_release_soaks_clean_and_catches_planted_faults(version: str, soak: Soak
         assert cores["rust"].endswith("rust_tree_core.adapter")
     clean = [h for h in lines if h["fault"] is None and "refused" not in h]
     refused = [h for h in lines if h["fault"] is None and "refused" in h]
-    expected = {("swa", 1), ("swa", 4), ("swa", 16), ("unified", 4), ("mamba", 1)}
+    expected = {
+        ("swa", 1),
+        ("swa", 4),
+        ("swa", 16),
+        ("unified", 4),
+        ("mamba", 1),
+        ("mamba-extra", 1),
+    }
     if version in NO_UNIFIED:
         (unified,) = refused
         assert "has no unified memory" in unified["refused"], unified
