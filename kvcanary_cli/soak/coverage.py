@@ -5,9 +5,10 @@ invisible to every audit. `Tracer` records each function of SGLang's `srt/mem_ca
 that is called: a `sys.settrace` hook that answers call events only and never traces lines
 (Python 3.11 has no `sys.monitoring`). `free_paths` lists the functions that give memory back
 (free, release or evict in the name; size queries and predicates are not) of the objects a
-stack built: the method each of its allocators, pools, tree and tree components resolves to,
-and the functions of `mem_cache/common.py` and `allocation.py` (the scheduler's frees). What
-runs inside the Rust tree core is not Python and is not seen.
+stack built: the method each of its allocators, pools, tree, tree components and the tree's
+streaming sessions (`srt/session/streaming_session.py`, traced too) resolves to, and the
+functions of `mem_cache/common.py` and `allocation.py` (the scheduler's frees). What runs
+inside the Rust tree core is not Python and is not seen.
 """
 
 from __future__ import annotations
@@ -29,17 +30,23 @@ _FREE = re.compile(r"free|release|evict")
 #: ... unless it only asks (a size, a predicate, a getter, a text, an ordering, metrics): the
 #: tracer also sees kvcanary's own audit read SGLang (`get_all_free_pages`), never a free.
 _QUERY = re.compile(r"size|_str$|^_?(has|can|tracks|get)_|priority|strategy|metrics")
-#: Free paths of what soak does not drive: a host tier (HiCache), sessions, CUDA; Mamba's
-#: outside the Mamba layout (`summary(mamba=True)`: there they are this layout's own).
-_OTHER = re.compile(r"host|session|(?<!none)_cuda|hisparse|unevict")
+#: Free paths of what soak does not drive: a host tier (HiCache), radix sessions (the
+#: components' `release_session` is theirs), CUDA;
+#: Mamba's outside the Mamba layout (`summary(mamba=True)`: there they are this layout's own);
+#: streaming sessions' where no history opened one (`summary(streaming=False)`: the Mamba
+#: layout's sessions are client sessions, whose close frees nothing).
+_OTHER = re.compile(
+    r"host|radix_session|component\.release_session|(?<!none)_cuda|hisparse|unevict"
+)
 _MAMBA = re.compile(r"mamba")
+_SESSION = re.compile(r"session")
 
 
 class Tracer:
-    """Code objects of `folder`'s files called while `tracing()` runs."""
+    """Code objects of the files of `folder` (and of `also`) called while `tracing()` runs."""
 
-    def __init__(self, folder: Path) -> None:
-        self.prefix = str(folder.resolve()) + "/"
+    def __init__(self, folder: Path, *also: Path) -> None:
+        self.prefix = tuple(str(f.resolve()) + "/" for f in (folder, *also))
         self.called: set[types.CodeType] = set()
         self._mine: dict[str, bool] = {}
 
@@ -65,7 +72,8 @@ class Tracer:
 
 def stack_objects(stack: Any) -> list[Any]:
     """The objects of a soak's stack whose methods free memory: the allocator and its two
-    sides, the pools, the tree and its components."""
+    sides, the pools, the tree and its components, and the tree's streaming sessions
+    (`StreamingSession`, embedded in the tree)."""
     allocator = stack.allocator
     found = [allocator, stack.req_to_token_pool, stack.kv_pool, stack.tree]
     for side in ("full_attn_allocator", "swa_attn_allocator"):
@@ -75,6 +83,9 @@ def stack_objects(stack: Any) -> list[Any]:
     components = getattr(stack.tree, "components", None)
     if isinstance(components, dict):
         found.extend(components.values())
+    session = getattr(stack.tree, "session", None)
+    if isinstance(getattr(session, "slots", None), dict):
+        found.append(session)
     return found
 
 
@@ -89,12 +100,12 @@ def _frees(name: str) -> bool:
 
 
 def free_paths(
-    objects: Iterable[Any], modules: Iterable[types.ModuleType], folder: Path
+    objects: Iterable[Any], modules: Iterable[types.ModuleType], folder: Path, *also: Path
 ) -> dict[str, types.CodeType]:
     """`Class.method` (the class defining what the object resolves to) or `module.function`
-    for every free path of `objects` and of `modules` (their own functions) in `folder`'s
-    files."""
-    prefix = str(folder.resolve()) + "/"
+    for every free path of `objects` and of `modules` (their own functions) in the files of
+    `folder` (and of `also`)."""
+    prefix = tuple(str(f.resolve()) + "/" for f in (folder, *also))
     paths: dict[str, types.CodeType] = {}
     for obj in objects:
         mro = type(obj).__mro__
@@ -113,16 +124,25 @@ def free_paths(
 
 
 def summary(
-    tracer: Tracer, paths: dict[str, types.CodeType], *, mamba: bool = False
+    tracer: Tracer,
+    paths: dict[str, types.CodeType],
+    *,
+    mamba: bool = False,
+    streaming: bool = False,
 ) -> SoakCoverage:
     """What ran of `paths`, sorted by name, the ones serving other features apart (a Mamba
-    path is another feature's unless the soak ran the Mamba layout)."""
+    path is another feature's unless the soak ran the Mamba layout, a session's unless it
+    ran a layout whose histories open streaming sessions)."""
     names = sorted(paths)
     missed = [name for name in names if paths[name] not in tracer.called]
 
     def other(name: str) -> bool:
         lowered = name.lower()
-        return bool(_OTHER.search(lowered)) or (not mamba and bool(_MAMBA.search(lowered)))
+        return (
+            bool(_OTHER.search(lowered))
+            or (not mamba and bool(_MAMBA.search(lowered)))
+            or (not streaming and bool(_SESSION.search(lowered)))
+        )
 
     return SoakCoverage(
         functions_run=len(tracer.called),

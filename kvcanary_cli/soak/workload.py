@@ -70,6 +70,10 @@ class Workload:
     #: insert the tree drops the Mamba states of a path's shallowest nodes past the cap and
     #: keeps the nodes (a Mamba state evicted from a node that stays)
     mamba_max_states_per_path: int | None = None
+    #: the sessions are streaming ones (`--enable-streaming-session`): each keeps its turn's
+    #: request pool row, KV and prefix lock between turns, until a turn aborts or the session
+    #: closes (soak closes it once its last turn is over: `soak.sessions`)
+    streaming_sessions: bool = False
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -89,6 +93,7 @@ class Workload:
                 "lazy_compaction": self.lazy_compaction,
                 "ignore_eos": self.ignore_eos,
                 "mamba_max_states_per_path": self.mamba_max_states_per_path,
+                "streaming_sessions": self.streaming_sessions,
             }
         )
 
@@ -112,8 +117,10 @@ class Workload:
         lazy = data.get("lazy_compaction", False)
         ignore_eos = data.get("ignore_eos", True)
         path_cap = data.get("mamba_max_states_per_path")  # absent in files before the cap
+        streaming = data.get("streaming_sessions", False)  # absent in files before them
+        flags = (release, need_sort, lazy, ignore_eos, streaming)
         if (
-            not all(isinstance(flag, bool) for flag in (release, need_sort, lazy, ignore_eos))
+            not all(isinstance(flag, bool) for flag in flags)
             or type(interval) is not int
             or interval < 0
             or (path_cap is not None and (type(path_cap) is not int or path_cap < 1))
@@ -130,6 +137,7 @@ class Workload:
             lazy,
             ignore_eos,
             path_cap,
+            streaming,
         )
 
 
@@ -178,6 +186,7 @@ def random_workload(
     warmups: bool = False,
     warmup_grid: int = 16,
     sessions: int = 0,
+    streaming_sessions: bool = False,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -191,7 +200,7 @@ def random_workload(
     turns (`_open_sessions`), drawn apart: the other arrivals and their aborts are those
     drawn without; with `aborts`, half the later turns are aborted after they arrive, within
     twice `abort_within` steps (never at once: a turn aborted before its first round never
-    matched)."""
+    matched). With `streaming_sessions` the sessions are streaming ones."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
@@ -258,6 +267,7 @@ def random_workload(
         lazy_compaction,
         ignore_eos,
         mamba_max_states_per_path,
+        streaming_sessions,
     )
 
 
