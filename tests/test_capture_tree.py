@@ -137,9 +137,9 @@ def test_sessions_of_releases_without_session_records_are_read_from_their_slots(
 ) -> None:
     """Before 0.5.22 the tree has no `session_records()`: its embedded `StreamingSession`
     keeps the slots (`tree.session.slots`), each naming its row itself and its lengths itself
-    (0.5.13 - 0.5.16) or in `kv` (0.5.17), or keeping a `ReqKvInfo` (0.5.18 - 0.5.21). A
-    turn of 0.5.13 - 0.5.17 copies the row onto itself while the slot keeps it: that row is
-    the request's, held once, at the request's (current) length."""
+    (0.5.13 - 0.5.15) or in `kv` (0.5.16 - 0.5.18), or keeping a `ReqKvInfo` (0.5.19 -
+    0.5.21). A turn of 0.5.13 - 0.5.18 copies the row onto itself while the slot keeps it:
+    that row is the request's, held once, at the request's (current) length."""
     allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([4]), release_pages=None)
     if release == "0.5.13":
         idle = SimpleNamespace(req_pool_idx=3, kv_allocated_len=6)

@@ -90,8 +90,8 @@ def session_slots(tree: Any) -> dict[Any, Any]:
 def session_records(tree: Any) -> dict[Any, Any]:
     """Each streaming session's KV record (`kv_record`'s kind: it names the row), by session
     id: the tree's `session_records()` where it has one (0.5.22 on), else each slot's
-    (0.5.18 - 0.5.21: its `kv`; 0.5.13 - 0.5.17: the slot itself, which names the row and
-    its lengths or holds them in `kv`)."""
+    (0.5.19 - 0.5.21: its `kv`; 0.5.13 - 0.5.18: the slot itself, which names the row and
+    its lengths, or holds them in `kv` from 0.5.16)."""
     records = getattr(tree, "session_records", None)
     if callable(records):
         return dict(records())
@@ -100,7 +100,7 @@ def session_records(tree: Any) -> dict[Any, Any]:
 
 def session_holders(tree: Any, requests: Iterable[Any]) -> list[Any]:
     """The records of `session_records` a running request does not stand for: on 0.5.13 -
-    0.5.17 a turn copies its session's row onto itself and the slot keeps it too, so a
+    0.5.18 a turn copies its session's row onto itself and the slot keeps it too, so a
     record whose row a request of the same session holds is that request's (whose lengths
     are the current ones). Later releases lend the record itself (one object: the caller's
     identity test drops it)."""
