@@ -142,6 +142,13 @@ def read_state(
             req_pool=pool,
             waiting=scheduler.waiting,
         )
+        if own.tree is not None and not mamba:
+            # the tree not read here (its reader reads it): the rows, with the tree's
+            # streaming sessions' (which `tree_state` reads from the tree it is given)
+            try:
+                facts[_LENS], facts[_RUNNING] = _rows_of(requests, rows, stack.tree)
+            except Exception as exc:  # a request this reader cannot read: `broken` says so
+                unread = f"the requests' rows: {type(exc).__name__}"
     else:
         facts = {}
         try:
