@@ -8,6 +8,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvcanary_cli.soak.live import lock_reader, tree_reader
@@ -77,7 +78,8 @@ def test_a_streaming_sessions_row_is_held_where_the_free_lists_are_the_capture_c
     stack = SimpleNamespace(req_to_token_pool=pool, allocator=allocator, tree=tree)
     scheduler = SimpleNamespace(stack=stack, waiting=[])
     running = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=4, kv_allocated_len=2))
-    readers = Readers(tree=lambda: (torch.zeros(0), None, None, None, None))
+    empty = np.zeros(0, dtype=np.int64)
+    readers = Readers(tree=lambda: (empty, empty, None, None, None))
     state = read_state(scheduler, None, [running], readers)
     assert sorted(state.running_rows.tolist()) == [3, 4]
     assert state.alloc_lens.tolist() == [0, 0, 0, 5, 2]
