@@ -522,6 +522,61 @@ MUTANTS: tuple[Mutant, ...] = (
         control=True,
         layout="mamba-extra",
     ),
+    # -- streaming sessions (`--enable-streaming-session`: soak's swa and unified histories) --
+    Mutant(
+        "session-close-keeps-row",
+        "session/streaming_session.py",
+        "            self.cache.free_kv_row(slot.kv, [(protected_len, slot.kv.kv_allocated_len)])\n"
+        "            self.cache.req_to_token_pool.free(slot)\n",
+        "            self.cache.free_kv_row(slot.kv, [(protected_len, slot.kv.kv_allocated_len)])"
+        "\n",
+        "request row leaked: closing a streaming session frees its KV but never gives its "
+        "request pool row back",
+    ),
+    Mutant(
+        "session-close-keeps-kv",
+        "session/streaming_session.py",
+        "            self.cache.free_kv_row(slot.kv, [(protected_len, slot.kv.kv_allocated_len)])\n"
+        "            self.cache.req_to_token_pool.free(slot)\n",
+        "            self.cache.req_to_token_pool.free(slot)\n",
+        "leak: closing a streaming session gives its row back but never frees the KV it kept "
+        "past the tree's part",
+    ),
+    Mutant(
+        "session-close-keeps-lock",
+        "session/streaming_session.py",
+        "        self.cache.unlock(slot.lock)\n",
+        "        pass\n",
+        "lock leak: closing a streaming session never releases the tree lock on its prefix",
+    ),
+    Mutant(
+        "turn-abort-keeps-slot",
+        "session/streaming_session.py",
+        "            del self.slots[req.session.session_id]\n",
+        "",
+        "use after free: an aborted streaming turn hands its record back and is released, "
+        "but the session keeps the record (the freed row and KV) for its next turn",
+    ),
+    Mutant(
+        "turn-match-frees-session-kv",
+        "session/streaming_session.py",
+        "        self._free_kv_aligned(kv, prefix_len, kv.kv_allocated_len)\n",
+        "        self._free_kv_aligned(kv, kv.cache_protected_len, kv.kv_allocated_len)\n",
+        "use after free: a streaming turn's match frees the session's own KV from the tree's "
+        "part on, not from its prefix, then reads the freed cells as its prefix",
+    ),
+    Mutant(
+        "session-close-frees-rows",
+        "session/streaming_session.py",
+        "            self.cache.free_kv_row(slot.kv, [(protected_len, slot.kv.kv_allocated_len)])\n"
+        "            self.cache.req_to_token_pool.free(slot)\n",
+        "            self.cache.free_kv_row(slot.kv, [(protected_len, slot.kv.kv_allocated_len)])\n"
+        "            self.cache.req_to_token_pool.free_rows([slot.kv.req_pool_idx])\n"
+        "            slot.kv.req_pool_idx = None\n",
+        "control: closing a streaming session gives its row back by the pool's row free "
+        "itself (what `free` does for it)",
+        control=True,
+    ),
     # -- vLLM 0.33.0's block pool (paths under vllm/v1/core/) ---------------------------------
     Mutant(
         "pool-cached-free-not-queued",

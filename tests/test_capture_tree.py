@@ -100,6 +100,81 @@ def test_rows_held_free_and_unknown() -> None:
     assert "running_req_rows" not in tensors
 
 
+def _session_tree(records: dict[str, Any]) -> SimpleNamespace:
+    return SimpleNamespace(session_records=lambda: records)
+
+
+def test_an_idle_streaming_session_holds_its_kv_up_to_its_allocated_length() -> None:
+    """A streaming session keeps its turn's row and the KV of its cells between turns (0.5.22
+    on: `session_records()`): with no request running, the row is held and its allocated
+    length recorded, so the full pool's leak check counts its cells held (recorded as 0, the
+    session's own KV read as leaked: the false alarm soak met on 0.5.23)."""
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([4]), release_pages=None)
+    session = SimpleNamespace(req_pool_idx=3, kv_allocated_len=7)
+    closed = SimpleNamespace(req_pool_idx=None, kv_allocated_len=0)  # holds nothing
+    tree = _session_tree({"a": session, "b": closed})
+    facts = tree_state(allocator=allocator, tree=tree, requests=[], rows=5)
+    assert facts["running_req_rows"].tolist() == [3]
+    assert facts["req_pool_allocated_lens"].tolist() == [0, 0, 0, 7, 0]
+
+
+def test_a_turn_running_on_its_session_record_is_one_holder() -> None:
+    """The clean twin while a turn runs: the request borrows the session's record (one
+    object), so its row is held once at the record's length."""
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([4]), release_pages=None)
+    record = SimpleNamespace(req_pool_idx=2, kv_allocated_len=9)
+    turn = SimpleNamespace(kv=record, session=SimpleNamespace(session_id="a"))
+    facts = tree_state(
+        allocator=allocator, tree=_session_tree({"a": record}), requests=[turn], rows=4
+    )
+    assert facts["running_req_rows"].tolist() == [2]
+    assert facts["req_pool_allocated_lens"].tolist() == [0, 0, 9, 0]
+
+
+@pytest.mark.parametrize("release", ["0.5.13", "0.5.17", "0.5.21"])
+def test_sessions_of_releases_without_session_records_are_read_from_their_slots(
+    release: str,
+) -> None:
+    """Before 0.5.22 the tree has no `session_records()`: its embedded `StreamingSession`
+    keeps the slots (`tree.session.slots`), each naming its row itself and its lengths itself
+    (0.5.13 - 0.5.15) or in `kv` (0.5.16 - 0.5.18), or keeping a `ReqKvInfo` (0.5.19 -
+    0.5.21). A turn of 0.5.13 - 0.5.18 copies the row onto itself while the slot keeps it:
+    that row is the request's, held once, at the request's (current) length."""
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([4]), release_pages=None)
+    if release == "0.5.13":
+        idle = SimpleNamespace(req_pool_idx=3, kv_allocated_len=6)
+        lent = SimpleNamespace(req_pool_idx=1, kv_allocated_len=8)
+    elif release == "0.5.17":
+        idle = SimpleNamespace(req_pool_idx=3, kv=SimpleNamespace(kv_allocated_len=6))
+        lent = SimpleNamespace(req_pool_idx=1, kv=SimpleNamespace(kv_allocated_len=8))
+    else:
+        idle = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=3, kv_allocated_len=6))
+        lent = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=1, kv_allocated_len=8))
+    slots = {"idle": idle, "lent": lent}
+    tree = SimpleNamespace(session=SimpleNamespace(slots=slots))
+    if release == "0.5.21":  # the turn borrows the slot's record itself
+        turn = SimpleNamespace(kv=lent.kv, session=SimpleNamespace(session_id="lent"))
+    else:  # the turn copied the row and its lengths onto itself (shorter now: trimmed)
+        turn = SimpleNamespace(
+            req_pool_idx=1,
+            kv=SimpleNamespace(kv_allocated_len=5),
+            session=SimpleNamespace(session_id="lent"),
+        )
+    facts = tree_state(allocator=allocator, tree=tree, requests=[turn], rows=5)
+    assert sorted(facts["running_req_rows"].tolist()) == [1, 3]
+    lens = facts["req_pool_allocated_lens"].tolist()
+    assert lens == [0, 8 if release == "0.5.21" else 5, 0, 6, 0]
+
+
+def test_a_wrapper_session_cache_is_read_as_its_own_slots() -> None:
+    """0.5.13 - 0.5.21 wrap a tree without streaming support in `StreamingSession(cache)`:
+    the wrapper (it has `inner`) keeps the slots itself."""
+    slot = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=2, kv_allocated_len=4))
+    wrapper = SimpleNamespace(inner=object(), slots={"s": slot})
+    assert tree_capture.session_records(wrapper) == {"s": slot.kv}
+    assert tree_capture.session_slots(SimpleNamespace(session=object())) == {}
+
+
 # --- the hook finds SGLang's tree by itself (issue 43) ---------------------------------------
 
 

@@ -313,3 +313,22 @@ def test_an_older_request_tracks_on_itself() -> None:
     assert track_decode_boundary(req, _POOL, 16)
     assert (req.mamba_next_track_idx, req.mamba_last_track_seqlen) == (1, 48)
     assert not hasattr(req, "mamba_last_track_idx")
+
+
+class _VirtualNode:
+    """Named as SGLang's streaming-session stand-in node (`session/streaming_session.py`)."""
+
+
+def test_a_turn_anchored_at_its_sessions_stand_in_node_holds_no_lock() -> None:
+    """A streaming turn that runs on its session's record is anchored at the slot's stand-in
+    node, whose locking SGLang skips: the lock is the slot's (counted there, once), not the
+    turn's (counted twice, or read at a node the tree does not have, on the old code)."""
+    virtual = _VirtualNode()
+    assert held_lock(SimpleNamespace(lock=SimpleNamespace(node=virtual))) is None
+    receipt = SimpleNamespace(node_id=4)
+    assert held_lock(_older_req(last_node=virtual, lock_receipt=receipt)) is None
+    # 0.5.13 - 0.5.16's session slot: the anchor and boundary, no early SWA release kept
+    slot = SimpleNamespace(last_node=4, swa_uuid_for_lock=None)
+    held = held_lock(slot)
+    assert held is not None and (held.node, held.swa_released) == (4, False)
+    assert held.identity is slot

@@ -8,6 +8,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvcanary_cli.soak.live import lock_reader, tree_reader
@@ -59,3 +60,26 @@ def test_a_tree_without_a_core_is_read_by_its_own_nodes() -> None:
     assert expected is not None
     assert expected([req]) == [Counter({1: 1, 2: 1}), Counter({2: 1})]
     assert tree_reader(SimpleNamespace(), Kind) is None and lock_reader(object(), Kind) is None
+
+
+def test_a_streaming_sessions_row_is_held_where_the_free_lists_are_the_capture_codes() -> None:
+    """Releases before 0.5.20 have no `get_all_free_pages()`, so the live audit reads the
+    free lists with the capture code and the tree with its own reader: the rows are then
+    read apart from the tree, and a streaming session's row (and its allocated length) must
+    come with them (before, it was left out: on 0.5.15 - 0.5.19 the request pool's rows
+    broke their partition at each step a session held a row, and the whole `check` ran)."""
+    from kvcanary_cli.soak.live import Readers, read_state
+
+    session = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=3, kv_allocated_len=5))
+    tree = SimpleNamespace(session=SimpleNamespace(slots={"s": session}))
+    pool = SimpleNamespace(req_to_token=torch.zeros((5, 8), dtype=torch.int32), free_slots=[1, 2])
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=torch.tensor([1, 2]))
+    allocator.release_pages = None
+    stack = SimpleNamespace(req_to_token_pool=pool, allocator=allocator, tree=tree)
+    scheduler = SimpleNamespace(stack=stack, waiting=[])
+    running = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=4, kv_allocated_len=2))
+    empty = np.zeros(0, dtype=np.int64)
+    readers = Readers(tree=lambda: (empty, empty, None, None, None))
+    state = read_state(scheduler, None, [running], readers)
+    assert sorted(state.running_rows.tolist()) == [3, 4]
+    assert state.alloc_lens.tolist() == [0, 0, 0, 5, 2]

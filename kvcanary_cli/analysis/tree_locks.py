@@ -1,6 +1,8 @@
-"""The radix tree's locks: a locked node is a running request's matched prefix, so every
-full slot of a locked node (`tree_locked_full_slots`) lies in some running request's row of
-`req_to_token`, up to its allocated length; at idle no slot is locked at all.
+"""The radix tree's locks: a locked node is a running request's matched prefix, or a
+streaming session's, which keeps its prefix locked between turns, so every full slot of a
+locked node (`tree_locked_full_slots`) lies in some held row of `req_to_token` (the running
+rows, sessions' included: `running_req_rows`), up to its allocated length; at idle only a
+session's prefix is locked.
 
 A lock never released (a finish or retraction path that skips `dec_lock_ref`) leaves its
 nodes locked after the request is gone: they can never be evicted, and SGLang's memory

@@ -44,6 +44,9 @@ __all__ = [
     "free_slots",
     "kv_record",
     "register_tree_cache",
+    "session_holders",
+    "session_records",
+    "session_slots",
     "tree_for",
     "tree_state",
     "virtual_slots",
@@ -70,6 +73,51 @@ def allocated_len(record: Any) -> int:
     if allocated is None:  # the request itself: its lengths in `req.kv` (None: released)
         allocated = getattr(getattr(record, "kv", None), "kv_allocated_len", 0)
     return int(allocated)
+
+
+def session_slots(tree: Any) -> dict[Any, Any]:
+    """The streaming sessions' slots a tree keeps, by session id (empty: none, or a tree
+    without streaming sessions). Each slot keeps its session's KV record (the request pool
+    row, the KV past the tree's part of it) and its prefix lock between turns. The slots are
+    `StreamingSession.slots`: the tree's own `session` (`UnifiedRadixCache`, every release),
+    or the tree itself where it is SGLang's wrapper around another cache (0.5.13 - 0.5.21's
+    `StreamingSession(cache)`, whose `inner` is that cache)."""
+    holder = tree if hasattr(tree, "inner") else getattr(tree, "session", None)
+    slots = getattr(holder, "slots", None)
+    return slots if isinstance(slots, dict) else {}
+
+
+def session_records(tree: Any) -> dict[Any, Any]:
+    """Each streaming session's KV record (`kv_record`'s kind: it names the row), by session
+    id: the tree's `session_records()` where it has one (0.5.22 on), else each slot's
+    (0.5.19 - 0.5.21: its `kv`; 0.5.13 - 0.5.18: the slot itself, which names the row and
+    its lengths, or holds them in `kv` from 0.5.16)."""
+    records = getattr(tree, "session_records", None)
+    if callable(records):
+        return dict(records())
+    return {sid: kv_record(slot) for sid, slot in session_slots(tree).items()}
+
+
+def session_holders(tree: Any, requests: Iterable[Any]) -> list[Any]:
+    """The records of `session_records` a running request does not stand for: on 0.5.13 -
+    0.5.18 a turn copies its session's row onto itself and the slot keeps it too, so a
+    record whose row a request of the same session holds is that request's (whose lengths
+    are the current ones). Later releases lend the record itself (one object: the caller's
+    identity test drops it)."""
+    records = session_records(tree)
+    if not records:
+        return []
+    borrowed = set()
+    for req in requests:
+        session = getattr(req, "session", None)
+        row = getattr(kv_record(req), "req_pool_idx", None)
+        if session is not None and row is not None:
+            borrowed.add((getattr(session, "session_id", None), int(row)))
+    return [
+        kv
+        for sid, kv in records.items()
+        if kv.req_pool_idx is None or (sid, int(kv.req_pool_idx)) not in borrowed
+    ]
 
 
 def register_tree_cache(tree: object) -> None:
@@ -694,14 +742,21 @@ def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
 
 
 def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tree: Any) -> None:
+    """The rows held and each one's longest allocation: the requests' and the streaming
+    sessions' (a session keeps its row, and its KV up to its allocated length, between its
+    turns: `session_holders`)."""
     import numpy as np
 
+    requests = list(requests)
     lens = np.zeros(rows, dtype=np.int64)
     holders: dict[int, Any] = {}  # by identity: a request on a session's record shares its kv
-    longest: dict[int, int] = {}  # a row's longest allocation (never below 0)
     for req in requests:
         kv = kv_record(req)
         holders[id(kv)] = kv
+    for kv in session_holders(tree, requests):
+        holders[id(kv)] = kv
+    longest: dict[int, int] = {}  # a row's longest allocation (never below 0)
+    for kv in holders.values():
         row = getattr(kv, "req_pool_idx", None)
         if row is not None and 0 <= int(row) < rows:
             allocated = allocated_len(kv)
@@ -710,10 +765,6 @@ def _row_facts(facts: dict[str, Any], requests: Iterable[object], rows: int, tre
     if longest:  # at once (a handful of rows: no ufunc.at)
         lens[list(longest)] = list(longest.values())
     facts["req_pool_allocated_lens"] = lens
-    records = getattr(tree, "session_records", None)
-    if callable(records):  # a session keeps its row between its requests
-        for kv in records().values():
-            holders[id(kv)] = kv
     held = [getattr(kv, "req_pool_idx", None) for kv in holders.values()]
     facts["running_req_rows"] = np.array([int(r) for r in held if r is not None], dtype=np.int64)
 

@@ -299,13 +299,13 @@ TENSORS: dict[str, TensorSpec] = {
             name="tree_locked_full_slots",
             canonical="I64",
             accepted=_INDEX,
-            role="the tree's full slots whose nodes are locked (a running request matched them)",
+            role="the tree's full slots whose nodes are locked (a request or a session holds them)",
         ),
         TensorSpec(
             name="req_pool_allocated_lens",
             canonical="I64",
             accepted=_INDEX,
-            role="per pool row, the tokens its running request has allocated (0: none)",
+            role="per pool row, the tokens its running request or session has allocated (0: none)",
         ),
         TensorSpec(
             name="free_req_rows",
@@ -317,7 +317,7 @@ TENSORS: dict[str, TensorSpec] = {
             name="running_req_rows",
             canonical="I64",
             accepted=_INDEX,
-            role="the pool row of each running request",
+            role="the pool row of each running request and streaming session",
         ),
         *(
             TensorSpec(

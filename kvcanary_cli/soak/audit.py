@@ -13,7 +13,6 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from kvcanary_cli.capture.tree import capture_state
@@ -145,7 +144,7 @@ class SGLangChecks:
             observer = _build(
                 observer_module.SchedulerPoolStatsObserver,
                 common,
-                session_controller=SimpleNamespace(sessions={}),
+                session_controller=scheduler.session_controller,
                 hisparse_coordinator=None,
                 enable_hisparse=False,
             )

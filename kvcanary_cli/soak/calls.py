@@ -156,16 +156,22 @@ class HeldLock:
 
 
 def held_lock(req: Any) -> HeldLock | None:
-    """The tree lock `req` holds (None: none)."""
+    """The tree lock `req` holds (None: none), a request's or a streaming session's slot's
+    (the same fields). A turn that runs on its session's record is anchored at the slot's
+    stand-in node (`_VirtualNode`, which locking ignores): the lock is the slot's, and
+    counted there."""
     if hasattr(req, "lock"):
         lock = req.lock
-        if lock is None:
+        if lock is None or _virtual(lock.node):
             return None
         return HeldLock(lock.node, lock.receipt, bool(lock.swa_released), lock)
+    if _virtual(req.last_node):
+        return None
     if not hasattr(req, "lock_receipt"):  # 0.5.13 - 0.5.19: the lock's fields on the request
         if req.last_node is None:
             return None
-        released = bool(req.swa_prefix_lock_released)
+        # (0.5.13 - 0.5.18's session slot keeps no early SWA release: never released early)
+        released = bool(getattr(req, "swa_prefix_lock_released", False))
         if not hasattr(req, "skip_lock_node_ids"):  # 0.5.13 - 0.5.16: the skips not kept
             return HeldLock(req.last_node, req, released, req, {})
         skipped = req.skip_lock_node_ids  # a new dict with each lock
@@ -174,6 +180,11 @@ def held_lock(req: Any) -> HeldLock | None:
     if receipt is None or receipt.node_id is None or req.last_node is None:
         return None
     return HeldLock(req.last_node, receipt, bool(req.swa_prefix_lock_released), receipt)
+
+
+def _virtual(node: Any) -> bool:
+    """Whether `node` is a streaming session's stand-in node (`_VirtualNode`)."""
+    return type(node).__name__ == "_VirtualNode"
 
 
 def skipped_components(lock: HeldLock) -> tuple[Any, ...]:

@@ -60,6 +60,9 @@ MAMBA_ABORT_WITHIN = 4
 #: Client sessions per Mamba history (each a drawn request and one or two later turns): a
 #: session's request the adder turns down keeps its copy-on-write Mamba slot while it waits.
 MAMBA_SESSIONS = 8
+#: Streaming sessions per history of the other layouts (each a drawn request and one or two
+#: later turns): each keeps its turn's row, KV and prefix lock between turns and idle steps.
+STREAMING_SESSIONS = 4
 #: SGLang's per-path Mamba state cap (`--mamba-max-states-per-path`) of the Mamba layout's
 #: capped histories, every other history where the release has the option: past it the tree
 #: drops a path's shallow Mamba states and keeps their nodes, which an uncapped history
@@ -94,7 +97,8 @@ def history_workload(
     holds a state (none did without them). `MAMBA_SESSIONS` of its requests open a client
     session continued by later turns: a session's request the adder turns down keeps its
     copy-on-write Mamba slot, and one aborted then releases it with no KV held (no other
-    request does). With `path_cap` (the release has
+    request does). The other layouts' histories open `STREAMING_SESSIONS` streaming sessions
+    instead, whose rows, KV and prefix locks outlive their turns. With `path_cap` (the release has
     `--mamba-max-states-per-path`), every other history caps a path's Mamba states at
     `MAMBA_PATH_CAP`, the others run uncapped (a server's default): in a round the first
     shape is capped, the next not, and the next round swaps them, so the first history
@@ -121,7 +125,8 @@ def history_workload(
         abort_within=MAMBA_ABORT_WITHIN if mamba else None,
         warmups=mamba,
         warmup_grid=CHUNK,
-        sessions=MAMBA_SESSIONS if mamba else 0,
+        sessions=MAMBA_SESSIONS if mamba else STREAMING_SESSIONS,
+        streaming_sessions=not mamba,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,
@@ -315,9 +320,12 @@ class _Coverage:
         from kvcanary_cli.soak.workload import WRITE_POLICIES
 
         folder = modules.tree.root / "sglang" / "srt" / "mem_cache"
-        self.tracer = Tracer(folder)
+        sessions = modules.tree.root / "sglang" / "srt" / "session"
+        self.tracer = Tracer(folder, sessions)
         self.mamba = any(spec.layout in ("mamba", "mamba-extra") for spec in specs)
         self.hicache = hicache
+        #: the other layouts' histories open streaming sessions (`history_workload`)
+        self.streaming = any(spec.layout not in ("mamba", "mamba-extra") for spec in specs)
         self.paths: dict[str, Any] = {}
         policy = WRITE_POLICIES[0] if hicache else None
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
@@ -327,12 +335,18 @@ class _Coverage:
             frees = [modules.common]
             if modules.allocation is not modules.common:
                 frees.append(modules.allocation)
-            self.paths.update(free_paths(objects, frees, folder))
+            self.paths.update(free_paths(objects, frees, folder, sessions))
 
     def summary(self) -> Any:
         from kvcanary_cli.soak.coverage import summary
 
-        return summary(self.tracer, self.paths, mamba=self.mamba, hicache=self.hicache)
+        return summary(
+            self.tracer,
+            self.paths,
+            mamba=self.mamba,
+            hicache=self.hicache,
+            streaming=self.streaming,
+        )
 
 
 def _keep_finding(

@@ -5,9 +5,10 @@ invisible to every audit. `Tracer` records each function of SGLang's `srt/mem_ca
 that is called: a `sys.settrace` hook that answers call events only and never traces lines
 (Python 3.11 has no `sys.monitoring`). `free_paths` lists the functions that give memory back
 (free, release or evict in the name; size queries and predicates are not) of the objects a
-stack built: the method each of its allocators, pools, tree and tree components resolves to,
-and the functions of `mem_cache/common.py` and `allocation.py` (the scheduler's frees). What
-runs inside the Rust tree core is not Python and is not seen.
+stack built: the method each of its allocators, pools, tree, tree components and the tree's
+streaming sessions (`srt/session/streaming_session.py`, traced too) resolves to, and the
+functions of `mem_cache/common.py` and `allocation.py` (the scheduler's frees). What runs
+inside the Rust tree core is not Python and is not seen.
 """
 
 from __future__ import annotations
@@ -29,19 +30,25 @@ _FREE = re.compile(r"free|release|evict")
 #: ... unless it only asks (a size, a predicate, a getter, a text, an ordering, metrics): the
 #: tracer also sees kvcanary's own audit read SGLang (`get_all_free_pages`), never a free.
 _QUERY = re.compile(r"size|_str$|^_?(has|can|tracks|get)_|priority|strategy|metrics")
-#: Free paths of what soak does not drive: a host tier (HiCache), sessions, CUDA; Mamba's
-#: outside the Mamba layout (`summary(mamba=True)`: there they are this layout's own).
-_OTHER = re.compile(r"host|session|(?<!none)_cuda|hisparse|unevict")
+#: Free paths of what soak does not drive: a host tier (HiCache), radix sessions (the
+#: components' `release_session` is theirs), CUDA;
+#: Mamba's outside the Mamba layout (`summary(mamba=True)`: there they are this layout's own);
+#: streaming sessions' where no history opened one (`summary(streaming=False)`: the Mamba
+#: layout's sessions are client sessions, whose close frees nothing).
+_OTHER = re.compile(
+    r"host|radix_session|component\.release_session|(?<!none)_cuda|hisparse|unevict"
+)
 #: the same, where the soak ran the host tier (`--hicache`): its paths are the layout's
-_OTHER_HICACHE = re.compile(r"session|(?<!none)_cuda|hisparse")
+_OTHER_HICACHE = re.compile(r"radix_session|component\.release_session|(?<!none)_cuda|hisparse")
 _MAMBA = re.compile(r"mamba")
+_SESSION = re.compile(r"session")
 
 
 class Tracer:
-    """Code objects of `folder`'s files called while `tracing()` runs."""
+    """Code objects of the files of `folder` (and of `also`) called while `tracing()` runs."""
 
-    def __init__(self, folder: Path) -> None:
-        self.prefix = str(folder.resolve()) + "/"
+    def __init__(self, folder: Path, *also: Path) -> None:
+        self.prefix = tuple(str(f.resolve()) + "/" for f in (folder, *also))
         self.called: set[types.CodeType] = set()
         self._mine: dict[str, bool] = {}
 
@@ -67,7 +74,8 @@ class Tracer:
 
 def stack_objects(stack: Any) -> list[Any]:
     """The objects of a soak's stack whose methods free memory: the allocator and its two
-    sides, the pools, the tree and its components."""
+    sides, the pools, the tree and its components, and the tree's streaming sessions
+    (`StreamingSession`, embedded in the tree)."""
     allocator = stack.allocator
     found = [allocator, stack.req_to_token_pool, stack.kv_pool, stack.tree]
     for side in ("full_attn_allocator", "swa_attn_allocator"):
@@ -83,6 +91,9 @@ def stack_objects(stack: Any) -> list[Any]:
         found.append(controller)
         group = getattr(stack.tree, "host_pool_group", None)
         found.extend(entry.host_pool for entry in getattr(group, "entries", None) or ())
+    session = getattr(stack.tree, "session", None)
+    if isinstance(getattr(session, "slots", None), dict):
+        found.append(session)
     return found
 
 
@@ -97,12 +108,12 @@ def _frees(name: str) -> bool:
 
 
 def free_paths(
-    objects: Iterable[Any], modules: Iterable[types.ModuleType], folder: Path
+    objects: Iterable[Any], modules: Iterable[types.ModuleType], folder: Path, *also: Path
 ) -> dict[str, types.CodeType]:
     """`Class.method` (the class defining what the object resolves to) or `module.function`
-    for every free path of `objects` and of `modules` (their own functions) in `folder`'s
-    files."""
-    prefix = str(folder.resolve()) + "/"
+    for every free path of `objects` and of `modules` (their own functions) in the files of
+    `folder` (and of `also`)."""
+    prefix = tuple(str(f.resolve()) + "/" for f in (folder, *also))
     paths: dict[str, types.CodeType] = {}
     for obj in objects:
         mro = type(obj).__mro__
@@ -126,17 +137,23 @@ def summary(
     *,
     mamba: bool = False,
     hicache: bool = False,
+    streaming: bool = False,
 ) -> SoakCoverage:
     """What ran of `paths`, sorted by name, the ones serving other features apart (a Mamba
     path is another feature's unless the soak ran the Mamba layout, a host tier's unless it
-    ran the host tier)."""
+    ran the host tier, a session's unless it ran a layout whose histories open streaming
+    sessions)."""
     others = _OTHER_HICACHE if hicache else _OTHER
     names = sorted(paths)
     missed = [name for name in names if paths[name] not in tracer.called]
 
     def other(name: str) -> bool:
         lowered = name.lower()
-        return bool(others.search(lowered)) or (not mamba and bool(_MAMBA.search(lowered)))
+        return (
+            bool(others.search(lowered))
+            or (not mamba and bool(_MAMBA.search(lowered)))
+            or (not streaming and bool(_SESSION.search(lowered)))
+        )
 
     return SoakCoverage(
         functions_run=len(tracer.called),

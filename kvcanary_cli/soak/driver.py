@@ -26,7 +26,8 @@ A fully idle step runs what SGLang's `on_idle` does to memory before its idle ch
 memory's compaction pass (`flush_opportunistic`).
 
 A session's turn (`Arrival.session`) is made as SGLang's scheduler makes it, by
-`Session.create_req` (`soak.sessions`), once the turn before it is over.
+`Session.create_req` (`soak.sessions`), once the turn before it is over; a streaming session
+is closed through SGLang's `SessionController` once its last turn is over (`Sessions.close_over`).
 
 `on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
 written yet); `on_idle` when nothing runs and nothing waits.
@@ -44,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcanary_cli.capture.tree import session_slots
 from kvcanary_cli.soak.calls import (
     abort_finisher,
     checkpointer,
@@ -58,7 +60,7 @@ from kvcanary_cli.soak.calls import (
     turn_down_mamba,
 )
 from kvcanary_cli.soak.mamba import track_interval
-from kvcanary_cli.soak.sessions import Sessions
+from kvcanary_cli.soak.sessions import Sessions, session_controller
 from kvcanary_cli.soak.stack import MAMBA_EXTRA, Stack
 from kvcanary_cli.soak.workload import VOCAB, Arrival, Workload
 
@@ -126,6 +128,11 @@ def serving_options(workload: Workload) -> Callable[[], None]:
     return undo
 
 
+#: Idle steps the first streaming session stays open once the rest of its history is served
+#: (`Sessions.close_over`): the idle audits and SGLang's idle checks meet a session's KV.
+SESSION_LINGER = 4
+
+
 @dataclass
 class StepInfo:
     """What one step did (counts for the report; `batch` is the step's `ScheduleBatch`)."""
@@ -158,6 +165,9 @@ class Counters:
     host_loads: int = 0
     #: the extra buffer's decode track boundaries (`track_decode_boundary`)
     track_boundaries: int = 0
+    #: streaming sessions closed (`release_session`), and idle steps a session held KV at
+    sessions_closed: int = 0
+    session_idles: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -207,8 +217,12 @@ class Scheduler:
         self._next_arrival = 0
         #: arrivals due but not yet made: a session's turn waits for the turn before it
         self._deferred: list[Arrival] = []
+        #: SGLang's session controller (its pool statistics count the sessions it holds)
+        self.session_controller = session_controller(self.stack.tree)
         #: the client's sessions (made at the first session turn)
         self._sessions: Sessions | None = None
+        #: steps in a row with the history's requests all served (a session lingers)
+        self._served_for = 0
         self._rid = 0
         self.step_no = 0
         #: (step, request) the client aborts at
@@ -246,6 +260,7 @@ class Scheduler:
             and self.running.is_empty()
             and self.chunked_req is None
             and (self.last_batch is None or self.last_batch.is_empty())
+            and (self._sessions is None or not self._sessions.open_count())
         )
 
     def step(self, on_plan: Callable[[Any], None] | None = None) -> StepInfo:
@@ -260,6 +275,10 @@ class Scheduler:
             self._arrive()
         if self._aborts:
             self._abort_due()
+        if self._sessions is not None and self._sessions.streaming:
+            self._served_for = self._served_for + 1 if self._served() else 0
+            over = self._served_for > SESSION_LINGER
+            self.counters.sessions_closed += self._sessions.close_over(all_over=over)
         info = StepInfo(step=self.step_no, mode="idle")
         batch = self._next_batch(info)
         if batch is not None:
@@ -270,6 +289,8 @@ class Scheduler:
             self._process(batch, info)
         else:
             self.counters.idles += 1
+            if session_slots(self.stack.tree):
+                self.counters.session_idles += 1
             self._on_idle()
         self.last_batch = batch
         self.step_no += 1
@@ -295,8 +316,27 @@ class Scheduler:
 
     def _session_book(self) -> Sessions:
         if self._sessions is None:
-            self._sessions = Sessions(VOCAB)
+            turns: dict[int, int] = {}
+            for a in self.workload.arrivals:
+                if a.session is not None:
+                    turns[a.session] = turns.get(a.session, 0) + 1
+            self._sessions = Sessions(
+                VOCAB,
+                self.session_controller,
+                streaming=self.workload.streaming_sessions,
+                turns=turns,
+            )
         return self._sessions
+
+    def _served(self) -> bool:
+        """Every arrival came and was served: nothing is due, waits or runs."""
+        return (
+            self._next_arrival >= len(self.workload.arrivals)
+            and not self._deferred
+            and not self.waiting
+            and self.running.is_empty()
+            and self.chunked_req is None
+        )
 
     def _on_idle(self) -> None:
         """SGLang's `on_idle` before its idle checks: fully idle, unified memory compacts

@@ -6,16 +6,18 @@ are each the breach of a bookkeeping fact about the recorded state, and every fa
 that fact or a stricter one, read from the same objects the dump would record:
 
 - slot spaces (full, SWA) and the request pool's rows are each *exactly* partitioned: free,
-  or held (full: the tree, or a running request's row up to its allocated length; SWA: the
-  LUT's image; rows: a running request), nothing twice, nothing outside the domain the pools
-  had when built, page 0 never (leaks, double frees, free-and-held, reserved slots, slots out
-  of range, duplicate free entries: all breaches of the partition);
+  or held (full: the tree, or a running request's or streaming session's row up to its
+  allocated length; SWA: the LUT's image; rows: a running request or a session), nothing
+  twice, nothing outside the domain the pools had when built, page 0 never (leaks, double
+  frees, free-and-held, reserved slots, slots out of range, duplicate free entries: all
+  breaches of the partition);
 - a full slot in two rows is the tree's and at the same position in both (shared without a
-  prefix, shared across positions, duplicates in a row); a locked tree slot lies in a running
-  row, none at idle (lock leaks);
+  prefix, shared across positions, duplicates in a row); a locked tree slot lies in a held
+  row (a running request's, or a streaming session's, which keeps its row, its KV up to its
+  allocated length and its prefix lock between turns), at idle a session's only (lock leaks);
 - stricter than `check` (a dump records no lock counts): each tree node's lock counts are the
-  running requests' locks through it (`lock_reader`); a count above them is reported as
-  `check`'s lock leak, at the step it happens;
+  running requests' and the streaming sessions' locks through it (`lock_reader`); a count
+  above them is reported as `check`'s lock leak, at the step it happens;
 - the LUT keeps its built length and tail, maps a free or tombstoned slot and page 0 to 0,
   every other held full slot to an SWA slot of its own, a page to a page in lockstep (stale
   mappings, collisions, shared owners, lockstep, free-and-mapped, sentinel, length);
@@ -69,6 +71,8 @@ from kvcanary_cli.capture.tree import (
     host_state,
     inflight_locked_slots,
     kv_record,
+    session_holders,
+    session_slots,
     tree_state,
 )
 from kvcanary_cli.dump.schema import HOST_POOL_PREFIXES
@@ -148,6 +152,13 @@ def read_state(
             req_pool=pool,
             waiting=scheduler.waiting,
         )
+        if own.tree is not None and not mamba:
+            # the tree not read here (its reader reads it): the rows, with the tree's
+            # streaming sessions' (which `tree_state` reads from the tree it is given)
+            try:
+                facts[_LENS], facts[_RUNNING] = _rows_of(requests, rows, stack.tree)
+            except Exception as exc:  # a request this reader cannot read: `broken` says so
+                unread = f"the requests' rows: {type(exc).__name__}"
     else:
         facts = {}
         try:
@@ -178,7 +189,9 @@ def read_state(
             unread = "an in-flight transfer lock's path"
     if own.locks is not None:
         try:
-            expected = own.locks([*requests, *inflight])
+            # a streaming session's slot holds its prefix lock between turns
+            sessions = session_slots(stack.tree).values()
+            expected = own.locks([*requests, *inflight, *sessions])
         except Exception as exc:  # a lock this reader cannot follow: `broken` says so
             unread = f"the requests' locks: {type(exc).__name__}"
     host = None
@@ -229,13 +242,12 @@ _LENS, _RUNNING = "req_pool_allocated_lens", "running_req_rows"
 
 def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.ndarray]:
     """(each row's longest allocation, the rows held), as `capture.tree.tree_state` records
-    them: the rows of the requests and of the tree's sessions (where it names them), each
-    request's kv once (by identity); read by attribute (one missing raises: unreadable,
-    where the capture code would record the fact as absent)."""
+    them: the rows of the requests and of the tree's streaming sessions
+    (`capture.tree.session_holders`), each kv once (by identity); read by attribute (one
+    missing raises: unreadable, where the capture code would record the fact as absent)."""
     lens = [0] * rows
     held: dict[int, Any] = {}
-    for req in requests:
-        kv = kv_record(req)
+    for kv in [*(kv_record(req) for req in requests), *session_holders(tree, requests)]:
         row = kv.req_pool_idx
         held[id(kv)] = row
         if row is not None:
@@ -244,10 +256,6 @@ def _rows_of(requests: list[Any], rows: int, tree: Any) -> tuple[np.ndarray, np.
                 allocated = allocated_len(kv)
                 if allocated > lens[row]:
                     lens[row] = allocated
-    records = getattr(tree, "session_records", None)
-    if callable(records):  # (0.5.21's tree has none: soak opens no session)
-        for kv in records().values():
-            held[id(kv)] = kv.req_pool_idx
     running = [int(r) for r in held.values() if r is not None]
     return np.array(lens, dtype=np.int64), np.array(running, dtype=np.int64)
 
@@ -1018,7 +1026,9 @@ class LiveAudit:
         return None
 
     def _locks(self, s: LiveState, idle: bool) -> str | None:
-        """A locked slot lies in a running row, none at idle (what `check` holds a dump to);
+        """A locked slot lies in a held row: a running request's or a streaming session's,
+        which keeps its prefix lock between turns, so at idle a session's only (what `check`
+        holds a dump to);
         then each lock count is the running requests' locks through that node (`_lock_counts`)."""
         locked = s.locked
         if locked is None and s.unlocked is not None:
@@ -1033,7 +1043,7 @@ class LiveAudit:
                 stray = over.copy()
                 stray[s.pinned] = False
             if _any(stray):
-                if idle:
+                if idle and not s.running_rows.size:
                     return "a lock at idle"
                 if _any(stray & (self._cell_count == 0)):
                     return "a locked slot in no running row"
@@ -1045,7 +1055,7 @@ class LiveAudit:
             mine = locked
             if s.pinned is not None and s.pinned.size:
                 mine = np.setdiff1d(locked, s.pinned)
-            if mine.size and idle:
+            if mine.size and idle and not s.running_rows.size:
                 return "a lock at idle"
             if not _all(self._cell_count[mine]):
                 return "a locked slot in no running row"

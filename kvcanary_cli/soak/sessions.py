@@ -1,17 +1,28 @@
 """A client's sessions, opened and continued the way SGLang's scheduler does it.
 
-A server opens a session (`open_session`: SGLang's `Session`, not streaming) and makes each
-turn of it with `Session.create_req`: the turn names the turn it continues
-(`session_params.rid`), and its request's prompt is that turn's prompt and output, then the
-new tokens. The request carries its session (`req.session`), which changes one thing in the
-memory cache's handling: a session request the prefill adder turns down keeps the
-copy-on-write Mamba slot its prefix match took (SGLang's `get_new_batch_prefill` frees it for
-any other request), so aborting it while it waits releases the slot through
-`release_kv_cache` with no KV held. Streaming sessions, which keep a turn's request pool row
-and KV between turns, are not driven.
+A server opens a session through SGLang's `SessionController` (`open`) and makes each turn
+of it with `Session.create_req`: the turn continues the session's last finished turn (named
+by `session_params.rid`; a streaming session keeps its one last turn itself), and its
+request's prompt is that turn's prompt and output, then the new tokens. The request carries
+its session (`req.session`).
 
-Closing a session frees nothing of the memory cache when it is not streaming (its requests
-hold nothing once over), so soak never closes one.
+A client session (not streaming) changes one thing in the memory cache's handling: a session
+request the prefill adder turns down keeps the copy-on-write Mamba slot its prefix match took
+(SGLang's `get_new_batch_prefill` frees it for any other request), so aborting it while it
+waits releases the slot through `release_kv_cache` with no KV held. Closing one frees nothing
+(its requests hold nothing once over), so soak never closes it.
+
+A streaming session (`--enable-streaming-session`) keeps its turn's KV record between turns:
+the tree takes the first turn's request pool row, its KV past the tree's part and its prefix
+lock at the row's allocation, each later turn borrows them, a finished or retracted turn
+leaves them with the session, and an aborted turn takes them back and is released like any
+request (the session starts over at its next turn). Closing it (`SessionController.close`)
+frees its row, its own KV and its lock (`release_session`). Soak closes a streaming session
+once its last turn is over, but the first, which it keeps open a few idle steps once the rest
+of the history is served (`driver.SESSION_LINGER`), so idle steps meet a session that holds
+KV (between turns idle steps are rare, and a session kept open longer holds its pages and
+locks its prefix: on soak's small pools a few such sessions hold every SWA page and the
+waiting requests never fit, on SGLang's scheduler too).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import inspect
 from array import array
 from dataclasses import dataclass
 from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["Sessions"]
@@ -35,13 +47,31 @@ class _Open:
     session: Any
     turn: Any = None
     finished: str | None = None
+    #: turns made so far
+    made: int = 0
+
+
+def session_controller(tree: Any) -> Any:
+    """SGLang's `SessionController` over `tree` (the server's sessions, which its pool
+    statistics count and whose close releases a streaming session's KV)."""
+    return import_module(_CONTROLLER).SessionController(tree)
 
 
 class Sessions:
-    """The sessions of one history, by the workload's session number."""
+    """The sessions of one history, by the workload's session number: client sessions, or
+    streaming ones (`streaming`) closed once their `turns` (turns per session) are over."""
 
-    def __init__(self, vocab_size: int) -> None:
-        self._session_class = import_module(_CONTROLLER).Session
+    def __init__(
+        self,
+        vocab_size: int,
+        controller: Any,
+        *,
+        streaming: bool = False,
+        turns: dict[int, int] | None = None,
+    ) -> None:
+        self._controller = controller
+        self._streaming = streaming
+        self._turns = turns or {}
         io = import_module(_IO)
         self._request = io.TokenizedGenerateReqInput
         self._params = io.SessionParams
@@ -59,12 +89,45 @@ class Sessions:
             return True
         return False
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the sessions are streaming ones."""
+        return self._streaming
+
+    def open_count(self) -> int:
+        """Streaming sessions not yet closed (a client session is never closed)."""
+        return len(self._open) if self._streaming else 0
+
+    def close_over(self, *, all_over: bool) -> int:
+        """Close (`SessionController.close`) each streaming session whose turns are all made
+        and over: the first session (number 0) only once `all_over` (nothing else is left of
+        the history: it holds its KV through the idle steps before), the others at once.
+        Returns how many it closed."""
+        if not self._streaming:
+            return 0
+        closed = 0
+        for number, one in list(self._open.items()):
+            if one.made < self._turns.get(number, 0) or not self.ready(number):
+                continue
+            if number == 0 and not all_over:
+                continue
+            self._controller.close(SimpleNamespace(session_id=one.session.session_id))
+            del self._open[number]
+            closed += 1
+        return closed
+
     def dropped(self, req: Any) -> None:
         """The client aborted `req` while it waited, or SGLang dropped it unfinished: its
-        session's turn is over, and the next one continues the turn before it."""
+        session's turn is over, and the next one continues the turn before it. A streaming
+        session's turn aborted while it waits clears the session's turn in flight, as
+        SGLang's `_release_aborted_request` does (0.5.21 on; before, such a session refused
+        every later turn: soak clears it on every release, as a client that reopens would)."""
         for one in self._open.values():
             if one.turn is req:
                 one.turn = None
+                session = getattr(req, "session", None)
+                if session is not None and session.streaming:
+                    session.abort_req()
 
     def turn(self, number: int, rid: str, prompt: tuple[int, ...], sampling: Any) -> Any:
         """The next turn of session `number` (opened at its first), as SGLang's scheduler makes
@@ -72,7 +135,11 @@ class Sessions:
         one = self._open.get(number)
         if one is None:
             name = f"soak-session-{number}"
-            one = self._open[number] = _Open(self._session_class(0, name, streaming=False))
+            opened = SimpleNamespace(
+                session_id=name, capacity_of_str_len=0, streaming=self._streaming, timeout=None
+            )
+            self._controller.open(opened)
+            one = self._open[number] = _Open(self._controller.get(name))
         params = self._params(id=one.session.session_id, rid=one.finished)
         given = {
             "rid": rid,
@@ -92,4 +159,5 @@ class Sessions:
         request = self._request(**{k: v for k, v in given.items() if k in self._fields})
         req = one.session.create_req(request, None, self._vocab)
         one.turn = req
+        one.made += 1
         return req

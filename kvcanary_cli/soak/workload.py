@@ -80,6 +80,10 @@ class Workload:
     #: the extra buffer's ping-pong track slots per request (`--layout mamba-extra`: 2, as
     #: SGLang sizes it for its overlapped scheduler, or 1; None: no extra buffer)
     mamba_track_slots: int | None = None
+    #: the sessions are streaming ones (`--enable-streaming-session`): each keeps its turn's
+    #: request pool row, KV and prefix lock between turns, until a turn aborts or the session
+    #: closes (soak closes it once its last turn is over: `soak.sessions`)
+    streaming_sessions: bool = False
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -101,6 +105,7 @@ class Workload:
                 "mamba_max_states_per_path": self.mamba_max_states_per_path,
                 "hicache_write_policy": self.hicache_write_policy,
                 "mamba_track_slots": self.mamba_track_slots,
+                "streaming_sessions": self.streaming_sessions,
             }
         )
 
@@ -128,8 +133,10 @@ class Workload:
         if policy is not None and policy not in WRITE_POLICIES:
             raise TypeError("an unknown HiCache write policy")
         track = data.get("mamba_track_slots")  # absent in files before the extra buffer
+        streaming = data.get("streaming_sessions", False)  # absent in files before them
+        flags = (release, need_sort, lazy, ignore_eos, streaming)
         if (
-            not all(isinstance(flag, bool) for flag in (release, need_sort, lazy, ignore_eos))
+            not all(isinstance(flag, bool) for flag in flags)
             or type(interval) is not int
             or interval < 0
             or (path_cap is not None and (type(path_cap) is not int or path_cap < 1))
@@ -149,6 +156,7 @@ class Workload:
             path_cap,
             policy,
             track,
+            streaming,
         )
 
 
@@ -199,6 +207,7 @@ def random_workload(
     warmup_grid: int = 16,
     sessions: int = 0,
     hicache_write_policy: str | None = None,
+    streaming_sessions: bool = False,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -212,7 +221,7 @@ def random_workload(
     turns (`_open_sessions`), drawn apart: the other arrivals and their aborts are those
     drawn without; with `aborts`, half the later turns are aborted after they arrive, within
     twice `abort_within` steps (never at once: a turn aborted before its first round never
-    matched)."""
+    matched). With `streaming_sessions` the sessions are streaming ones."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
@@ -281,6 +290,7 @@ def random_workload(
         mamba_max_states_per_path,
         hicache_write_policy,
         mamba_track_slots,
+        streaming_sessions,
     )
 
 

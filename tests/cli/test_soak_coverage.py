@@ -166,7 +166,8 @@ def test_mamba_histories_estimate_outputs_and_abort_early() -> None:
     drawn = random_workload(
         swa.seed, steps=swa.steps, requests=20, max_prompt=60, max_new=20, aborts=0.15
     )
-    assert swa.ignore_eos and swa.arrivals == drawn.arrivals
+    unmarked = [replace(a, session=None) for a in _drawn(swa.arrivals)]  # streaming sessions
+    assert swa.ignore_eos and unmarked == list(drawn.arrivals)
 
 
 def test_mamba_histories_warm_each_stem_up_before_its_first_request() -> None:
@@ -197,7 +198,7 @@ def test_mamba_histories_warm_each_stem_up_before_its_first_request() -> None:
         later = [a.prompt for a in arrivals if a not in _drawn(arrivals)]
         assert sorted(kept) == sorted([*later, *(a.prompt for a in drawn.arrivals)])
     swa = history_workload(0, 0, 1)
-    assert len(swa.arrivals) == 20
+    assert len(_drawn(swa.arrivals)) == 20  # (its sessions' later turns aside)
 
 
 def _drawn(arrivals: Sequence[Arrival]) -> list[Arrival]:
@@ -217,14 +218,15 @@ def test_mamba_histories_open_sessions_drawn_apart(monkeypatch: pytest.MonkeyPat
     two later turns, each a few steps after the turn before; with those left out, and the
     session marks dropped, the arrivals and their aborts are those drawn without sessions.
     A conversation fits where the longest drawn request does; half the later turns are
-    aborted, never at once, within twice the layout's abort window. No other layout has
-    sessions."""
+    aborted, never at once, within twice the layout's abort window. They are client
+    sessions; the other layouts' histories open `STREAMING_SESSIONS` streaming ones."""
     from kvcanary_cli.soak import command
     from kvcanary_cli.soak.command import (
         MAMBA_ABORT_WITHIN,
         MAMBA_NEW,
         MAMBA_PROMPT,
         MAMBA_SESSIONS,
+        STREAMING_SESSIONS,
         history_workload,
     )
 
@@ -252,8 +254,11 @@ def test_mamba_histories_open_sessions_drawn_apart(monkeypatch: pytest.MonkeyPat
         unmarked = [replace(a, session=None) for a in _drawn(mamba.arrivals)]
         assert unmarked == list(drawn.arrivals)
     assert 0 < aborted < later_turns
-    swa = history_workload(0, 0, 1)
-    assert all(a.session is None for a in swa.arrivals)
+    assert not mamba.streaming_sessions
+    for layout in ("swa", "unified"):
+        other = history_workload(0, 0, 1, layout=layout)
+        opened = {a.session for a in other.arrivals if a.session is not None}
+        assert other.streaming_sessions and opened == set(range(STREAMING_SESSIONS))
 
 
 def test_a_workload_with_sessions_reads_back_and_one_without_writes_no_session() -> None:
@@ -264,8 +269,16 @@ def test_a_workload_with_sessions_reads_back_and_one_without_writes_no_session()
     mamba = history_workload(0, 0, 1, layout="mamba")
     assert Workload.from_json(mamba.to_json()) == mamba
     assert '"session"' in mamba.to_json()
+    plain = Workload(0, (Arrival(0, (1, 2), 3),), 80)
+    assert '"session"' not in plain.to_json() and Workload.from_json(plain.to_json()) == plain
     swa = history_workload(0, 0, 1)
-    assert '"session"' not in swa.to_json() and Workload.from_json(swa.to_json()) == swa
+    assert swa.streaming_sessions and Workload.from_json(swa.to_json()) == swa
+    # files before streaming sessions read as client sessions; a flag must be a bool
+    older = json.loads(swa.to_json())
+    del older["streaming_sessions"]
+    assert not Workload.from_json(json.dumps(older)).streaming_sessions
+    with pytest.raises(TypeError):
+        Workload.from_json(json.dumps({**older, "streaming_sessions": 1}))
 
 
 def test_mamba_paths_are_the_mamba_layouts_own(mem_cache: tuple[Path, ModuleType]) -> None:
@@ -406,3 +419,27 @@ def test_mamba_histories_cap_every_other_history_and_each_shape_meets_both() -> 
             Workload.from_json(json.dumps({**data, "mamba_max_states_per_path": wrong}))
     del data["mamba_max_states_per_path"]
     assert Workload.from_json(json.dumps(data)).mamba_max_states_per_path is None
+
+
+def test_streaming_session_paths_are_the_streaming_layouts_own(
+    mem_cache: tuple[Path, ModuleType],
+) -> None:
+    """A streaming session's free path that never ran is another feature's where no history
+    opened one (the Mamba layout's client sessions), and the soak's own (not reached) where
+    they did; a radix session's (its own, and the components' `release_session`) stays
+    another's."""
+    folder, module = mem_cache
+    code = module.helper.__code__
+    paths = {
+        "StreamingSession.release_session": code,
+        "TreeComponent.release_session": code,
+        "UnifiedRadixCache.release_radix_session": code,
+    }
+    tracer = Tracer(folder)
+    radix = ("TreeComponent.release_session", "UnifiedRadixCache.release_radix_session")
+    elsewhere = summary(tracer, paths, mamba=True)
+    assert elsewhere.not_reached == ()
+    assert elsewhere.other_features == ("StreamingSession.release_session", *radix)
+    streaming = summary(tracer, paths, streaming=True)
+    assert streaming.not_reached == ("StreamingSession.release_session",)
+    assert streaming.other_features == radix

@@ -354,7 +354,12 @@ def test_a_mamba_double_free_at_the_idle_check_is_named_from_its_dump(
     spec = soak_stack.StackSpec(full_tokens=FULL_TOKENS, max_reqs=8, layout="mamba")
     built = soak_stack.build_stack(sglang, spec)
     scheduler = SimpleNamespace(
-        stack=built, last_batch=None, running=None, chunked_req=None, waiting=[]
+        stack=built,
+        last_batch=None,
+        running=None,
+        chunked_req=None,
+        waiting=[],
+        session_controller=SimpleNamespace(sessions={}),  # (no session opened)
     )
     # SGLang's checker as a Mamba model's scheduler builds it (is_hybrid_ssm); the stand-in
     # scheduler has what it reads
