@@ -93,14 +93,15 @@ def stand_in_cuda() -> None:
             setattr(module, kernel, _noop)
 
 
-def server_args_fields(policy: str, layout: str) -> dict[str, Any]:
+def server_args_fields(policy: str, *, mamba: bool) -> dict[str, Any]:
     """The server args a HiCache server of `policy` sets: the direct I/O backend (no CUDA
-    kernels), a layer-first host layout (the Mamba host pool takes page-first only)."""
+    kernels), a layer-first host layout (a Mamba layout's host pool, with or without the
+    extra buffer, takes page-first only)."""
     return {
         "enable_hierarchical_cache": True,
         "hicache_ratio": HOST_RATIO,
         "hicache_io_backend": "direct",
-        "hicache_mem_layout": "page_first_direct" if layout == "mamba" else "layer_first",
+        "hicache_mem_layout": "page_first_direct" if mamba else "layer_first",
         "hicache_write_policy": policy,
     }
 

@@ -817,7 +817,7 @@ def build_stack(
                 f"release whose unified tree takes one; not {tree.release}'s {spec.layout}",
                 source=tree.label,
             )
-        hicache = server_args_fields(hicache_write_policy, spec.layout)
+        hicache = server_args_fields(hicache_write_policy, mamba=spec.layout in MAMBA_LAYOUTS)
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(
             f"tree core {spec.core!r} is not available in {tree.release} "

@@ -37,13 +37,14 @@ def _history(
     page_size: int = 1,
     fault: str | None = None,
     steps: int = 120,
+    layout: str = "swa",
 ) -> tuple[Any, Any]:
     from kvcanary_cli.soak.command import history_workload
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
-    spec = StackSpec.pressured(page_size, core)
-    workload = history_workload(0, history, 1, page_size, hicache=True)
+    spec = StackSpec.pressured(page_size, core, layout)
+    workload = history_workload(0, history, 1, page_size, layout=layout, hicache=True)
     return run_history(modules, spec, workload, fault=fault, max_steps=steps), workload
 
 
@@ -69,6 +70,17 @@ def test_the_rust_core_and_a_larger_page_run_clean(modules: Any) -> None:
         pytest.skip("this SGLang has no Rust tree core")
     result, _ = _history(modules, 0, core="rust", page_size=4)
     assert result.failure is None and result.sglang_step is None, result.failure
+    assert result.fallbacks == 0
+
+
+@pytest.mark.slow
+def test_the_extra_buffer_layout_runs_clean_under_the_host_tier(modules: Any) -> None:
+    """The Mamba extra buffer (its ping-pong track slots) under the host tier, at page size 4:
+    its host pool is page-first like the Mamba layout's (a layer-first one made SGLang's
+    `init_hicache` assert), the history clean and SGLang silent."""
+    result, _ = _history(modules, 0, page_size=4, layout="mamba-extra")
+    assert result.failure is None, result.failure
+    assert result.sglang_step is None, result.sglang_first
     assert result.fallbacks == 0
 
 
