@@ -1060,16 +1060,23 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     from kvcanary_cli.soak.command import _specs, history_workload
     from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.run import history_stack
-    from kvcanary_cli.soak.stack import has_path_cap
+    from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
 
     specs = _specs(None, modules.cores, None, layout)
     path_cap = has_path_cap(modules)
+    streaming = drives_streaming_sessions(modules)
     steps = histories = 0
     while steps < budget:
         spec = specs[histories % len(specs)]
         # the workload soak's command draws for this history, under the same serving options
         workload = history_workload(
-            seed, histories, len(specs), spec.page_size, layout, path_cap=path_cap
+            seed,
+            histories,
+            len(specs),
+            spec.page_size,
+            layout,
+            path_cap=path_cap,
+            streaming=streaming,
         )
         stack = history_stack(modules, spec, workload)  # soak's: its switches, as drawn
         scheduler = Scheduler(stack, workload)

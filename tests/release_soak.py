@@ -33,7 +33,13 @@ import warnings
 from kvcanary_cli.soak import stack
 from kvcanary_cli.soak.command import history_workload
 from kvcanary_cli.soak.run import run_history
-from kvcanary_cli.soak.stack import SGLangUnavailableError, StackSpec, build_stack, load_sglang
+from kvcanary_cli.soak.stack import (
+    SGLangUnavailableError,
+    StackSpec,
+    build_stack,
+    drives_streaming_sessions,
+    load_sglang,
+)
 
 #: (layout, page size, core, fault) of each history; a core the release lacks: the Python one
 HISTORIES = (
@@ -61,7 +67,9 @@ def main(wheel: str) -> None:
     for layout, page_size, core, fault in HISTORIES:
         core = core if core in modules.cores else "python"
         spec = StackSpec.pressured(page_size, core, layout)
-        workload = history_workload(0, 0, 1, page_size, layout)
+        workload = history_workload(
+            0, 0, 1, page_size, layout, streaming=drives_streaming_sessions(modules)
+        )
         try:
             result = run_history(modules, spec, workload, fault=fault)
         except SGLangUnavailableError as exc:  # a fault or layout this release has no code for
@@ -89,7 +97,9 @@ def onset(wheel: str) -> None:
     modules = load_sglang(wheel)
     for page_size in (1, 16):
         spec = StackSpec.pressured(page_size, "python", "swa")
-        workload = history_workload(0, 0, 1, page_size, "swa")
+        workload = history_workload(
+            0, 0, 1, page_size, "swa", streaming=drives_streaming_sessions(modules)
+        )
         result = run_history(modules, spec, workload, sglang_checks=False, max_steps=26)
         failure = result.failure
         line = {

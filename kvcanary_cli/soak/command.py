@@ -79,6 +79,7 @@ def history_workload(
     *,
     path_cap: bool = False,
     hicache: bool = False,
+    streaming: bool = True,
 ) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
@@ -98,7 +99,8 @@ def history_workload(
     session continued by later turns: a session's request the adder turns down keeps its
     copy-on-write Mamba slot, and one aborted then releases it with no KV held (no other
     request does). The other layouts' histories open `STREAMING_SESSIONS` streaming sessions
-    instead, whose rows, KV and prefix locks outlive their turns. With `path_cap` (the release has
+    instead (with `streaming`: the release is one soak opens them on), whose rows, KV and
+    prefix locks outlive their turns. With `path_cap` (the release has
     `--mamba-max-states-per-path`), every other history caps a path's Mamba states at
     `MAMBA_PATH_CAP`, the others run uncapped (a server's default): in a round the first
     shape is capped, the next not, and the next round swaps them, so the first history
@@ -125,8 +127,8 @@ def history_workload(
         abort_within=MAMBA_ABORT_WITHIN if mamba else None,
         warmups=mamba,
         warmup_grid=CHUNK,
-        sessions=MAMBA_SESSIONS if mamba else STREAMING_SESSIONS,
-        streaming_sessions=not mamba,
+        sessions=MAMBA_SESSIONS if mamba else STREAMING_SESSIONS if streaming else 0,
+        streaming_sessions=not mamba and streaming,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,
@@ -222,7 +224,12 @@ def soak(
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.outputs import check_out
     from kvcanary_cli.soak.run import run_history
-    from kvcanary_cli.soak.stack import LAYOUTS, has_path_cap, load_sglang
+    from kvcanary_cli.soak.stack import (
+        LAYOUTS,
+        drives_streaming_sessions,
+        has_path_cap,
+        load_sglang,
+    )
 
     if fault is not None:
         checked_choice(fault, list(FAULTS), "fault")
@@ -258,6 +265,7 @@ def soak(
         )
     specs = _specs(page_size, modules.cores, core, layout)
     path_cap = has_path_cap(modules)
+    streaming = drives_streaming_sessions(modules)
     tracing = _Coverage(modules, specs, hicache) if coverage else None
     started = time.monotonic()
     histories = steps_run = audited = acted = 0
@@ -267,7 +275,14 @@ def soak(
     while steps_run < steps and failed is None:
         spec = specs[histories % len(specs)]
         workload = history_workload(
-            seed, histories, len(specs), spec.page_size, layout, path_cap=path_cap, hicache=hicache
+            seed,
+            histories,
+            len(specs),
+            spec.page_size,
+            layout,
+            path_cap=path_cap,
+            hicache=hicache,
+            streaming=streaming,
         )
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
@@ -316,7 +331,7 @@ class _Coverage:
 
     def __init__(self, modules: Any, specs: list[Any], hicache: bool = False) -> None:
         from kvcanary_cli.soak.coverage import Tracer, free_paths, stack_objects
-        from kvcanary_cli.soak.stack import build_stack
+        from kvcanary_cli.soak.stack import build_stack, drives_streaming_sessions
         from kvcanary_cli.soak.workload import WRITE_POLICIES
 
         folder = modules.tree.root / "sglang" / "srt" / "mem_cache"
@@ -324,8 +339,11 @@ class _Coverage:
         self.tracer = Tracer(folder, sessions)
         self.mamba = any(spec.layout in ("mamba", "mamba-extra") for spec in specs)
         self.hicache = hicache
-        #: the other layouts' histories open streaming sessions (`history_workload`)
-        self.streaming = any(spec.layout not in ("mamba", "mamba-extra") for spec in specs)
+        #: the other layouts' histories open streaming sessions (`history_workload`), on the
+        #: releases soak opens them on
+        self.streaming = drives_streaming_sessions(modules) and any(
+            spec.layout not in ("mamba", "mamba-extra") for spec in specs
+        )
         self.paths: dict[str, Any] = {}
         policy = WRITE_POLICIES[0] if hicache else None
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
