@@ -175,6 +175,70 @@ def test_a_wrapper_session_cache_is_read_as_its_own_slots() -> None:
     assert tree_capture.session_slots(SimpleNamespace(session=object())) == {}
 
 
+class _Wrapper:
+    """SGLang's `StreamingSession` as 0.5.13 - 0.5.21 lay it out: its own `inner` and
+    `slots`, the pool read from the cache inside, every other read forwarded to it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.slots: dict[str, Any] = {}
+
+    @property
+    def req_to_token_pool(self) -> Any:
+        return self.inner.req_to_token_pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("release", ["0.5.13", "0.5.17", "0.5.21"])
+def test_tree_for_reads_a_wrapped_cache_through_its_streaming_session(
+    release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.5.13 - 0.5.21 wrap a cache without streaming sessions (`RadixCache`, the SWA tree)
+    in `StreamingSession(cache)`; both register themselves. The tree for the pool is the
+    wrapper (the scheduler's `tree_cache`): its idle session's row and allocated length are
+    held, and the tree's slots still come from the cache inside. The cache alone would show
+    no session: its row read as leaked, its locked prefix as a lock never released."""
+    monkeypatch.setattr(tree_capture, "_TREES", [])
+    table = object()
+    inner = _Tree(table)
+    inner.all_values_flatten = lambda: np.array([6, 5])  # type: ignore[attr-defined]
+    wrapper = _Wrapper(inner)
+    if release == "0.5.13":
+        slot: Any = SimpleNamespace(req_pool_idx=3, kv_allocated_len=6)
+    elif release == "0.5.17":
+        slot = SimpleNamespace(req_pool_idx=3, kv=SimpleNamespace(kv_allocated_len=6))
+    else:
+        slot = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=3, kv_allocated_len=6))
+    wrapper.slots["s"] = slot
+    register_tree_cache(inner)  # built first, registered first
+    register_tree_cache(wrapper)
+    assert tree_for(table) is wrapper
+    allocator = SimpleNamespace(page_size=1, size=8, free_pages=np.array([4]), release_pages=None)
+    facts = tree_state(allocator=allocator, tree=tree_for(table), requests=[], rows=5)
+    assert facts["running_req_rows"].tolist() == [3]
+    assert facts["req_pool_allocated_lens"].tolist() == [0, 0, 0, 6, 0]
+    assert facts["tree_full_slots"].tolist() == [5, 6]
+
+
+def test_tree_for_never_takes_a_trees_embedded_streaming_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clean twin: `UnifiedRadixCache` builds its own `StreamingSession(inner=self)`
+    inside its `__init__` (registered before the tree itself): the tree for the pool is the
+    tree, whose `session` keeps the slots; and a pool with no wrapper keeps its tree."""
+    monkeypatch.setattr(tree_capture, "_TREES", [])
+    table, plain_table = object(), object()
+    tree = _Tree(table)
+    tree.session = _Wrapper(tree)  # type: ignore[attr-defined]
+    register_tree_cache(tree.session)  # type: ignore[attr-defined]
+    register_tree_cache(tree)
+    plain = _Tree(plain_table)
+    register_tree_cache(plain)
+    assert tree_for(table) is tree and tree_for(plain_table) is plain
+
+
 # --- the hook finds SGLang's tree by itself (issue 43) ---------------------------------------
 
 
@@ -228,6 +292,29 @@ def _module(name: str, cls: type) -> types.ModuleType:
     module = types.ModuleType(name)
     setattr(module, cls.__name__, cls)
     return module
+
+
+def test_the_hook_registers_sglangs_streaming_session_wrapper(armed: Path) -> None:
+    """0.5.13 - 0.5.21's scheduler holds `StreamingSession(cache)`, not the cache its
+    registry built: the hook watches the wrapper's class as it watches the radix caches, so
+    a dump reads the pool's tree through the wrapper and the sessions it keeps."""
+
+    class RadixCache:
+        def __init__(self, params: SimpleNamespace) -> None:
+            self.req_to_token_pool = params.req_to_token_pool
+
+    class StreamingSession(_Wrapper):
+        def __init__(self, inner: object) -> None:  # its own, as SGLang's class has
+            super().__init__(inner)
+
+    assert server.watch_tree_classes(_module("sglang.srt.mem_cache.radix_cache", RadixCache))
+    module = _module("sglang.srt.session.streaming_session", StreamingSession)
+    assert server.watch_tree_classes(module)
+    table, params = _params([2])
+    inner = RadixCache(params)
+    assert tree_for(table) is inner
+    wrapper = StreamingSession(inner)
+    assert tree_for(table) is wrapper and wrapper.inner is inner  # built as SGLang built it
 
 
 def test_watching_a_tree_class_never_changes_what_sglang_does(

@@ -53,10 +53,15 @@ ORIGINAL_ATTR = "__kvcanary_original__"
 #: SGLang's radix caches, by the module that defines them: `UnifiedRadixCache` (0.5.21 on),
 #: the SWA tree of the releases before it, and `RadixCache` (every release; the caches built
 #: on it call its `__init__`). Each registers itself when built, once its module is watched.
+#: With them `StreamingSession`: 0.5.13 - 0.5.21 wrap a cache without streaming sessions of
+#: its own in one (`StreamingSession(cache)`, the scheduler's `tree_cache`), which keeps the
+#: sessions' slots; `tree_for` reads the tree through it (`UnifiedRadixCache`'s own embedded
+#: one, and 0.5.22's, which reads no pool, are never taken for the tree).
 SGLANG_TREE_CLASSES = {
     "sglang.srt.mem_cache.unified_radix_cache": "UnifiedRadixCache",
     "sglang.srt.mem_cache.swa_radix_cache": "SWARadixCache",
     "sglang.srt.mem_cache.radix_cache": "RadixCache",
+    "sglang.srt.session.streaming_session": "StreamingSession",
 }
 
 #: Model runners and canary managers this process set the canary up for (weakly held).

@@ -20,8 +20,9 @@ pools of its `HostPoolGroup` with their components' host values.
 The capture hook finds the tree by itself: `server.watch_tree_classes` wraps the `__init__`
 of SGLang's radix cache classes as their modules load, so every tree built after registers
 itself (weakly held) with `register_tree_cache`, and the hook reads it back with
-`tree_for(req_to_token)`. A tree built before the hook was installed is registered
-by calling `register_tree_cache` yourself. Every read is best effort: a renamed attribute
+`tree_for(req_to_token)` (through SGLang's `StreamingSession` where 0.5.13 - 0.5.21 wrap the
+tree in one: the sessions are the wrapper's). A tree built before the hook was installed is
+registered by calling `register_tree_cache` yourself. Every read is best effort: a renamed attribute
 costs that fact, never the dump, and nothing here raises into SGLang. Importing costs only
 the standard library; numpy and torch are imported when a state is read.
 """
@@ -132,12 +133,31 @@ def register_tree_cache(tree: object) -> None:
 def tree_for(req_to_token: object) -> Any:
     """The registered tree whose ReqToTokenPool holds `req_to_token` (SGLang's tree and model
     runner share the pool), else None: another pool's tree is never recorded, since its
-    slots would read as this pool's leaks."""
+    slots would read as this pool's leaks.
+
+    Where SGLang wrapped that tree in its `StreamingSession` (0.5.13 - 0.5.21, a cache
+    without streaming sessions of its own: the scheduler's `tree_cache` is the wrapper), the
+    wrapper: it keeps the sessions' slots (their rows, KV and prefix locks) and answers every
+    other read from the cache inside, so the tree's record is the same and its sessions are
+    not lost. A `UnifiedRadixCache`'s embedded one (its `session`) is never the tree."""
+    found = None
     for tree in (ref() for ref in _TREES):
         pool = getattr(tree, "req_to_token_pool", None)
-        if tree is not None and getattr(pool, "req_to_token", None) is req_to_token:
+        if tree is None or getattr(pool, "req_to_token", None) is not req_to_token:
+            continue
+        inner = _wrapped(tree)
+        if inner is None:
+            found = tree if found is None else found
+        elif getattr(inner, "session", None) is not tree:  # not a tree's own embedded one
             return tree
-    return None
+    return found
+
+
+def _wrapped(tree: object) -> Any:
+    """The cache a `StreamingSession` wraps (its own `inner`, never one it forwards to),
+    else None."""
+    own = getattr(tree, "__dict__", None)
+    return own.get("inner") if isinstance(own, dict) else None
 
 
 def _host(values: Any) -> Any:

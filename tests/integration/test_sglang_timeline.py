@@ -203,6 +203,10 @@ def test_snapshots_record_the_radix_tree_sglang_builds(
 
     cls = sglang.unified_radix_cache.UnifiedRadixCache
     monkeypatch.setattr(cls, "__init__", vars(cls)["__init__"])  # unwrapped after the test
+    sessions = sys.modules.get("sglang.srt.session.streaming_session")  # watched too
+    if sessions is not None:
+        own = vars(sessions.StreamingSession)["__init__"]
+        monkeypatch.setattr(sessions.StreamingSession, "__init__", own)
     monkeypatch.setattr(tree_capture, "_TREES", [])
     monkeypatch.setitem(sys.modules, _TREE_MODULE, sglang.unified_radix_cache)
     dumps = tmp_path / "dumps"
