@@ -9,11 +9,17 @@ that need them do not run). The faults (`soak.faults`) a correct history never s
 a host eviction that forgets its host frees, a load-back that frees its node's host copy, a
 write-through ack that commits its backup twice; each acts and is named, SGLang's own checks
 silent.
+
+SGLang 0.5.23's own defect on this stack (docs/soak.md): a load-back's SWA admitted against
+SWA the loaded prefix then pins, so the prefill's allocation runs out; the shipped reproducer
+replays to SGLang's crash with kvcanary silent, and runs clean where the adder's check is made
+with that prefix pinned (its twin: soak's loop is not what crashes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,3 +129,59 @@ def test_the_write_policy_round_trips_a_reproducer() -> None:
     assert Workload.from_json(older).hicache_write_policy is None
     with pytest.raises(TypeError):
         Workload.from_json(workload.to_json().replace("write_back", "write_sideways"))
+
+
+#: The shrunk reproducer of SGLang 0.5.23's SWA load-back admission crash (docs/soak.md).
+LOAD_BACK_OOM = (
+    Path(__file__).resolve().parents[2]
+    / "docs"
+    / "reproducers"
+    / "sglang-0.5.23-hicache-swa-load-back-oom.json"
+)
+
+
+def _load_back_oom(modules: Any) -> Any:
+    from kvcanary_cli.soak.command import read_reproducer
+    from kvcanary_cli.soak.run import run_history
+
+    spec, workload, fault, recorded, release = read_reproducer(LOAD_BACK_OOM)
+    if modules.tree.version != release:
+        pytest.skip(f"the reproducer is SGLang {release}'s; this is {modules.tree.version}")
+    assert recorded == "crash RuntimeError"
+    return run_history(modules, spec, workload, fault=fault)
+
+
+@pytest.mark.slow
+def test_sglangs_swa_load_back_admission_crash_is_reported_as_sglangs(modules: Any) -> None:
+    """The reproducer comes back as SGLang's own `Out of memory` in `alloc_token_slots`, after
+    a load-back from host; kvcanary and SGLang's checks silent on every state before it."""
+    result = _load_back_oom(modules)
+    failure = result.failure
+    assert failure is not None and failure.crash is not None, failure
+    assert failure.crash.message.startswith("Out of memory"), failure.crash
+    assert "alloc_token_slots" in failure.crash.raised_in
+    assert list(failure.codes) == [] and not result.sglang_counts  # silent until the crash
+    assert result.counters.host_loads > 0
+
+
+@pytest.mark.slow
+def test_the_same_history_runs_clean_when_the_swa_check_pins_the_loaded_prefix(
+    modules: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twin: SGLang's adder, its check made with the host hit's prefix (`best_match_node`)
+    already pinned, as the load-back pins it right after: the SWA that prefix holds on the
+    device no longer counts as evictable, the admission waits, and the same soak loop runs the
+    whole history clean. What crashed is the adder's budget, not soak's loop."""
+    adder = modules.schedule_policy.PrefillAdder
+    add_one_req = adder.add_one_req
+
+    def pinned_first(self: Any, req: Any, **kwargs: Any) -> Any:
+        if not req.needs_host_load_back():
+            return add_one_req(self, req, **kwargs)
+        with self._lock_node(req.best_match_node):
+            return add_one_req(self, req, **kwargs)
+
+    monkeypatch.setattr(adder, "add_one_req", pinned_first)
+    result = _load_back_oom(modules)
+    assert result.failure is None and result.sglang_step is None, result.failure
+    assert result.counters.host_loads > 0
