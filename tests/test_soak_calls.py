@@ -332,3 +332,27 @@ def test_a_turn_anchored_at_its_sessions_stand_in_node_holds_no_lock() -> None:
     held = held_lock(slot)
     assert held is not None and (held.node, held.swa_released) == (4, False)
     assert held.identity is slot
+
+
+@pytest.mark.parametrize(
+    ("version", "opens"),
+    [
+        ("0.5.19", False),
+        ("0.5.15.post1", False),
+        ("0.5.20", True),
+        ("0.5.23", True),
+        ("unknown", True),
+    ],
+)
+def test_streaming_sessions_are_opened_from_0_5_20_on(version: str, opens: bool) -> None:
+    """Releases before 0.5.20 keep their histories without streaming sessions (SGLang's own
+    busy check complained with them there, unsettled); a tree of no version is taken as new."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.stack import drives_streaming_sessions
+
+    modules = SimpleNamespace(tree=SimpleNamespace(version=version))
+    streaming = drives_streaming_sessions(modules)  # type: ignore[arg-type]
+    assert streaming is opens
+    workload = history_workload(0, 0, 1, streaming=streaming)
+    assert workload.streaming_sessions is opens
+    assert any(a.session is not None for a in workload.arrivals) is opens
