@@ -252,7 +252,9 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
     monkeypatch.setattr(soak_run, "history_stack", recording)
     with pytest.raises(_Drawn):
         modules = SimpleNamespace(
-            cores=("python",), server_args=SimpleNamespace(ServerArgs=lambda **kw: kw)
+            cores=("python",),
+            server_args=SimpleNamespace(ServerArgs=lambda **kw: kw),
+            tree=SimpleNamespace(version="0.5.23"),
         )
         mutants.sglang_alone(modules, 10, 0, layout)
     specs = command._specs(None, ("python",), None, layout)
