@@ -750,9 +750,11 @@ def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
     held, resident, locked = _tree_slots(tree)
     if locked is not None and inflight_tree_locks(tree):
         # a node the tree locks for a transfer in flight is no request's: its slots left out
-        # of the locked part (a request's lock on the same path gets the benefit of the doubt)
+        # of the locked part (a request's lock on the same path gets the benefit of the
+        # doubt); paths it cannot read leave the locks unrecorded (their check says it did
+        # not run), never recorded as none
         pinned = inflight_locked_slots(tree)
-        locked = locked[:0] if pinned is None else np.setdiff1d(locked, pinned)
+        locked = None if pinned is None else np.setdiff1d(locked, pinned)
     if held is not None:
         facts["tree_full_slots"] = np.sort(held)
     if resident is not None:
