@@ -252,13 +252,10 @@ class Scheduler:
 
     @property
     def done(self) -> bool:
-        """Every arrival came, and nothing runs or waits."""
+        """Every arrival came, and nothing runs or waits (`_served`), nor did the last step,
+        and every session is closed."""
         return (
-            self._next_arrival >= len(self.workload.arrivals)
-            and not self._deferred
-            and not self.waiting
-            and self.running.is_empty()
-            and self.chunked_req is None
+            self._served()
             and (self.last_batch is None or self.last_batch.is_empty())
             and (self._sessions is None or not self._sessions.open_count())
         )

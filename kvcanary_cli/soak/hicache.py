@@ -32,6 +32,7 @@ from kvcanary_cli.capture.tree import inflight_tree_locks
 from kvcanary_cli.soak.workload import WRITE_POLICIES
 
 __all__ = [
+    "COPY_KERNELS",
     "HOST_RATIO",
     "WRITE_POLICIES",
     "InflightLock",
@@ -48,7 +49,7 @@ __all__ = [
 HOST_RATIO = 1.25
 
 #: the copy kernels `pool_host/mha.py` and `pool_host/mamba.py` import on CUDA only
-_COPY_KERNELS = (
+COPY_KERNELS = (
     "transfer_kv_direct",
     "transfer_kv_all_layer_direct_lf_pf",
     "transfer_kv_per_layer_direct_pf_lf",
@@ -89,7 +90,7 @@ def stand_in_cuda() -> None:
             module = importlib.import_module(name)
         except ImportError:  # a release without that pool
             continue
-        for kernel in _COPY_KERNELS:
+        for kernel in COPY_KERNELS:
             setattr(module, kernel, _noop)
 
 

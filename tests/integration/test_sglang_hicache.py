@@ -33,19 +33,10 @@ import pytest
 from kvcanary_cli.api import check
 from kvcanary_cli.capture.tree import capture_state
 from kvcanary_cli.dump.writer import dump_contents, write_dump
+from kvcanary_cli.soak.hicache import COPY_KERNELS
 from tests.live_capture import loaded
 
 torch = pytest.importorskip("torch")
-
-#: the copy kernels `pool_host/mha.py` and `pool_host/mamba.py` import on CUDA only
-_COPY_KERNELS = (
-    "transfer_kv_direct",
-    "transfer_kv_all_layer_direct_lf_pf",
-    "transfer_kv_per_layer_direct_pf_lf",
-    "transfer_kv_per_layer_mla",
-    "transfer_kv_mamba_lf_pf",
-    "transfer_kv_mamba_pf_lf",
-)
 
 
 def _hicache_stack(
@@ -61,7 +52,7 @@ def _hicache_stack(
     patch.setattr(common, "_cuda_host_register", lambda *args, **kwargs: None)
     for module in ("mha", "mamba"):
         host = importlib.import_module(f"sglang.srt.mem_cache.pool_host.{module}")
-        for name in _COPY_KERNELS:
+        for name in COPY_KERNELS:
             patch.setattr(host, name, lambda *args, **kwargs: None, raising=False)
     spec = StackSpec.pressured(1, core, layout)
     stack = build_stack(sglang, spec)
