@@ -82,8 +82,9 @@ def session_slots(tree: Any) -> dict[Any, Any]:
     row, the KV past the tree's part of it) and its prefix lock between turns. The slots are
     `StreamingSession.slots`: the tree's own `session` (`UnifiedRadixCache`, every release),
     or the tree itself where it is SGLang's wrapper around another cache (0.5.13 - 0.5.21's
-    `StreamingSession(cache)`, whose `inner` is that cache)."""
-    holder = tree if hasattr(tree, "inner") else getattr(tree, "session", None)
+    `StreamingSession(cache)`, whose own `inner` is that cache: `_wrapped`, the test
+    `tree_for` makes too)."""
+    holder = tree if _wrapped(tree) is not None else getattr(tree, "session", None)
     slots = getattr(holder, "slots", None)
     return slots if isinstance(slots, dict) else {}
 
