@@ -422,7 +422,7 @@ command(
         "Run SGLang's host tier (--enable-hierarchical-cache) too: nodes backed up to host "
         "(write-through, selective, write-back, in turn), evicted to host-only, loaded back on "
         "a prefix hit, host slots evicted under host pressure; the host pools audited each "
-        "step (--layout swa or mamba).",
+        "step (any --layout but unified).",
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),

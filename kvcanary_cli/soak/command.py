@@ -242,7 +242,8 @@ def soak(
         )
     if hicache and layout == "unified":
         raise OptionError(
-            "drives SGLang's host tier on the swa and mamba layouts, not unified memory",
+            "drives SGLang's host tier on the swa, mamba and mamba-extra layouts, not unified "
+            "memory",
             option="hicache",
         )
     check_out(out, force=force)

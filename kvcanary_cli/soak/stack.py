@@ -814,8 +814,9 @@ def build_stack(
             modules.unified_radix_cache.UnifiedRadixCache
         ):
             raise SGLangUnavailableError(
-                f"soak drives SGLang's host tier (HiCache) on the swa and mamba layouts of a "
-                f"release whose unified tree takes one; not {tree.release}'s {spec.layout}",
+                "soak drives SGLang's host tier (HiCache) on the swa, mamba and mamba-extra "
+                f"layouts of a release whose unified tree takes one; not {tree.release}'s "
+                f"{spec.layout}",
                 source=tree.label,
             )
         hicache = server_args_fields(hicache_write_policy, mamba=spec.layout in MAMBA_LAYOUTS)
