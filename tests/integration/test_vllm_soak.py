@@ -51,10 +51,36 @@ def test_the_hybrid_models_build_the_group_kinds_they_name(vllm: Any) -> None:
         g1 = state.table_group == 1
         # each drops blocks: the null block stands in its tables
         assert (state.table_block[g1] == state.null_block).any(), model
+        # the Mamba group's bound is read from its spec ("align" mode, no checkpoint block)
+        assert state.groups[1].max_states == (2 if model == "hybrid-mamba" else None)
     assert kinds == {
         "hybrid-mamba": [("full", None), ("mamba", None)],
         "hybrid-chunked-local": [("full", None), ("chunked_local_attention", 64)],
     }
+
+
+def test_a_state_left_in_a_real_mamba_table_is_over_its_bound(vllm: Any) -> None:
+    from kvcanary_cli.engines.vllm.check import audit
+
+    s = _Scheduler(vllm, "hybrid-mamba", 3)
+    manager = s.manager.coordinator.single_type_managers[1]
+    for _ in range(200):
+        s.run_step()
+        assert audit(s.state()).findings == ()
+        tables = [
+            t
+            for rid, t in manager.req_to_blocks.items()
+            if rid in s.requests and sum(not b.is_null for b in t) == 2 and t[0].is_null
+        ]
+        if tables:
+            break
+    else:
+        pytest.fail("no Mamba table holding two states and a null entry in 200 steps")
+    # a state the group should have retired, left in the table (held: the pool is consistent)
+    tables[0][0] = s.manager.block_pool.get_new_blocks(1)[0]
+    [finding] = audit(s.state()).findings
+    assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
+    assert "3 state blocks" in finding.message
 
 
 @pytest.mark.parametrize(
