@@ -31,10 +31,12 @@ EXPECTED = {
 
 @pytest.mark.parametrize("model", ["full", "hybrid", "hybrid-mamba", "hybrid-chunked-local"])
 def test_clean_histories_are_silent_at_every_step(vllm: Any, model: str) -> None:
-    h = run_history(vllm, model, seed=11, steps=150)
+    seen: list[int] = []
+    h = run_history(vllm, model, seed=11, steps=150, observe=lambda s: seen.append(s.step))
     assert h.crash is None and h.findings == ()
     assert h.audited == 150
     assert h.prefix_hits > 0
+    assert seen == list(range(1, 151))  # handed the scheduler after each step
 
 
 def test_the_hybrid_models_build_the_group_kinds_they_name(vllm: Any) -> None:
