@@ -931,6 +931,36 @@ MUTANTS: tuple[Mutant, ...] = (
         layout="hybrid-mamba",
     ),
     Mutant(
+        "mamba-skipped-states-allocated",
+        "single_type_kv_cache_manager.py",
+        "                    req_blocks.extend(\n"
+        "                        [self._null_block for _ in range(prev_block_len, null_end)]\n"
+        "                    )\n",
+        "                    req_blocks.extend(\n"
+        "                        self.block_pool.get_new_blocks(null_end - prev_block_len)\n"
+        "                    )\n",
+        "states kept: a Mamba group in prefix-caching mode gives every skipped state of a "
+        "prefill chunk a block of its own instead of the null block (held until retired: the "
+        "pool stays consistent)",
+        engine="vllm",
+        layout="hybrid-mamba",
+        alternatives=(
+            (
+                "                    req_blocks.extend(\n"
+                "                        [\n"
+                "                            self._null_block\n"
+                "                            for _ in range(prev_block_len, num_skipped_blocks)\n"
+                "                        ]\n"
+                "                    )\n",
+                "                    req_blocks.extend(\n"
+                "                        self.block_pool.get_new_blocks(\n"
+                "                            num_skipped_blocks - prev_block_len\n"
+                "                        )\n"
+                "                    )\n",
+            ),
+        ),
+    ),
+    Mutant(
         "mamba-null-test-by-identity",
         "single_type_kv_cache_manager.py",
         "            if blocks[i].is_null:\n                continue\n",

@@ -2554,6 +2554,7 @@ class PoolCode(StrEnum):
     REF_COUNT_HIGH = "ref-count-high"
     BLOCK_LEAKED = "block-leaked"
     NULL_BLOCK_MISPLACED = "null-block-misplaced"
+    MAMBA_STATES_OVER_BOUND = "mamba-states-over-bound"
     BLOCK_IN_TWO_GROUPS = "block-in-two-groups"
     HASH_ENTRY_STALE = "hash-entry-stale"
     HASH_GROUP_FOREIGN = "hash-group-foreign"
@@ -2571,6 +2572,7 @@ class PoolCause(StrEnum):
     FREED_WHILE_HELD = "freed-while-held"
     FREE_COUNT_DRIFT = "free-count-drift"
     NULL_BLOCK_MISUSED = "null-block-misused"
+    MAMBA_STATE_NOT_RETIRED = "mamba-state-not-retired"
     CROSS_GROUP_BLOCK = "cross-group-block"
     STALE_HASH = "stale-hash"
     REQUEST_NOT_FREED = "request-not-freed"
@@ -2685,6 +2687,22 @@ POOL_FINDINGS: Mapping[PoolCode, PoolFindingEntry] = _table(
             ),
         ),
         (
+            PoolCode.MAMBA_STATES_OVER_BOUND,
+            PoolFindingEntry(
+                when="a live request's Mamba table holds more state blocks (entries other "
+                "than the null block) than its manager ever keeps at once: one where states "
+                "are not cached by prefix (the block the model's length), two in prefix-"
+                'caching ("align") mode (the last computed token\'s state and the previous '
+                "step's, which the next step copies from), one more where the release keeps a "
+                "prefill checkpoint block. The bound is read from the manager when the dump "
+                "is taken; a group whose bound is not known (speculative blocks, tokens in "
+                "flight, an older dump) is not checked here, and the report's coverage says so",
+                meaning="a state the request no longer reads was not retired (freed and "
+                "nulled): its block is held until the request ends, and a long request "
+                "holds more of the pool the longer it runs",
+            ),
+        ),
+        (
             PoolCode.BLOCK_IN_TWO_GROUPS,
             PoolFindingEntry(
                 when="one block is in the tables of two KV-cache groups",
@@ -2788,6 +2806,16 @@ POOL_CAUSES: Mapping[PoolCause, PoolCauseEntry] = _table(
                 summary="the null block is where a real block belongs",
                 fix="use the null block only for blocks a window dropped, never queue it",
                 findings=(PoolCode.NULL_BLOCK_MISPLACED,),
+            ),
+        ),
+        (
+            PoolCause.MAMBA_STATE_NOT_RETIRED,
+            PoolCauseEntry(
+                summary="a Mamba group kept state blocks its request no longer reads",
+                fix="retire each state once the next one is written: free it and put the null "
+                "block in its place (the states before the last computed token's, and the "
+                "previous step's once the new state is computed)",
+                findings=(PoolCode.MAMBA_STATES_OVER_BOUND,),
             ),
         ),
         (

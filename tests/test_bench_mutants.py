@@ -174,6 +174,7 @@ _BEFORE_0_12 = {
 _BEFORE_HYBRID_REWRITE = {
     "mamba-retires-running-state": "no Mamba state retirement: one state block per request",
     "mamba-retired-kept": "no Mamba state retirement: one state block per request",
+    "mamba-skipped-states-allocated": "no prefix-caching mode: one state block per request",
     "mamba-null-test-by-identity": "no Mamba state retirement: one state block per request",
     "chunked-local-drops-current-chunk": "chunked local attention drops its blocks in a "
     "loop of its own",

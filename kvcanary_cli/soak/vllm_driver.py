@@ -458,11 +458,13 @@ def run_history(
     audit_every: bool = True,
     after_steps: int = 200,
     assert_dumps: Path | None = None,
+    observe: Callable[[Any], None] | None = None,
 ) -> History:
     """`steps` steps of one seeded history, audited after each; a planted `fault` at a drawn
     step. After kvcanary's first finding the history runs on unaudited (`after_steps` at
     most) to hear whether vLLM's own asserts ever say anything. With `assert_dumps`, the
-    manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises."""
+    manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises.
+    `observe` is handed the workload's scheduler after each step (a bench's own counts)."""
     try:
         s = _Scheduler(modules, model, seed)
     except ModelUnavailableError:
@@ -512,6 +514,8 @@ def run_history(
             )
             break
         h.steps = step + 1
+        if observe is not None:
+            observe(s)
         if audit_every and h.finding_step is None:
             state = s.state()
             findings = audit(state).findings

@@ -22,6 +22,7 @@ from kvcanary_cli.engines.vllm.capture import group_specs
 from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.state import CHUNKED_LOCAL, MAMBA, GroupSpec, VllmState, state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, _copy, _null_in_chunk, build
+from kvcanary_cli.errors import MetadataError
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
 from tests.engines.bad_dumps import broken_vllm_contents
 
@@ -162,6 +163,102 @@ def test_the_capture_reads_each_kind_and_its_window() -> None:
         ("chunked_local_attention", 128),
         ("mamba", None),
     ]
+
+
+def _with_bound(state: VllmState, bound: int | None) -> VllmState:
+    return replace(state, groups=(state.groups[0], replace(state.groups[1], max_states=bound)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_mamba_state_bound_is_checked_at_its_value_and_not_below(seed: int) -> None:
+    planted = build("vllm-mamba-state-kept", seed=seed)
+    [finding] = audit(planted).findings
+    assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
+    assert "3 state blocks" in finding.message and "at most 2" in finding.message
+    [owner] = {(o.request, o.group) for o in finding.owners}
+    assert owner[1] == 1
+    # the same three states are within a bound of three; the clean twin's two within two
+    assert audit(_with_bound(planted, 3)).findings == ()
+    clean = _clean(seed, "tiny", True, MAMBA)
+    assert max(_states_per_table(clean)) == 2
+    assert audit(clean).findings == ()
+    assert _codes(_with_bound(clean, 1)) == {PoolCode.MAMBA_STATES_OVER_BOUND}
+
+
+def _states_per_table(state: VllmState) -> list[int]:
+    mamba = (state.table_group == 1) & (state.table_block != state.null_block)
+    return [int(c) for c in np.bincount(state.table_request[mamba]) if c]
+
+
+def test_an_unknown_mamba_bound_is_skipped_and_said() -> None:
+    planted = _with_bound(build("vllm-mamba-state-kept", seed=1), None)
+    result = audit(planted)
+    assert result.findings == ()
+    [line] = result.skipped
+    assert "group 1" in line and "state blocks" in line
+    assert line in report_of("x", planted).coverage
+    assert audit(build("vllm-mamba-state-kept", seed=1)).skipped == ()
+
+
+def test_a_dead_requests_mamba_states_are_not_counted_against_the_bound() -> None:
+    planted = build("vllm-mamba-state-kept", seed=2)
+    [finding] = audit(planted).findings
+    request = planted.request_ids.index(finding.owners[0].request)
+    live = planted.request_live.copy()
+    live[request] = False
+    assert _codes(replace(planted, request_live=live)) == {PoolCode.TABLE_OF_DEAD_REQUEST}
+
+
+def test_the_capture_reads_a_mamba_groups_state_bound_from_its_spec() -> None:
+    def mamba(block_size: int = 16, **spec: object) -> object:
+        m = type("MambaManager", (), {})()
+        m.block_size = block_size
+        m.kv_cache_spec = type("MambaSpec", (), spec)()
+        return m
+
+    def bound(
+        m: object, max_model_len: int | None = 1024, in_flight: bool | None = False
+    ) -> object:
+        [g] = group_specs([m], max_model_len=max_model_len, in_flight=in_flight)
+        return g.max_states
+
+    align = {"mamba_cache_mode": "align", "num_speculative_blocks": 0}
+    assert bound(mamba(**align)) == 2
+    assert bound(mamba(**align, num_prefill_checkpoint_blocks=1)) == 3
+    assert bound(mamba(**align, num_prefill_checkpoint_blocks=0)) == 2
+    # tokens in flight (or not known to be none), speculative blocks: no bound
+    assert bound(mamba(**align), in_flight=True) is None
+    assert bound(mamba(**align), in_flight=None) is None
+    assert bound(mamba(**{**align, "num_speculative_blocks": 2})) is None
+    # no prefix caching: one block the model's length, in flight or not
+    assert bound(mamba(1024), in_flight=None) == 1
+    assert bound(mamba(1024, mamba_cache_mode="none")) == 1
+    assert bound(mamba(16, mamba_cache_mode="none")) is None
+    assert bound(mamba(1024), max_model_len=None) is None
+    full = type("FullAttentionManager", (), {"block_size": 16})()
+    full.kv_cache_spec = type("Spec", (), {})()
+    assert bound(full) is None
+
+
+def test_a_dump_keeps_the_mamba_bound_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    state = build("vllm-mamba-clean", seed=1)
+    path = tmp_path / "mamba.safetensors"
+    tensors, meta = state.contents()
+    write_safetensors(path, tensors, meta)
+    assert state_of(read_arrays(path)).groups == state.groups
+    assert state.groups[1].max_states == 2
+    groups = json.loads(meta["vllm.groups"])
+    assert "max_states" not in groups[0]
+    del groups[1]["max_states"]  # an older dump: not known
+    older = tmp_path / "older.safetensors"
+    write_safetensors(older, tensors, {**meta, "vllm.groups": json.dumps(groups)})
+    assert state_of(read_arrays(older)).groups[1].max_states is None
+    for bad in (0, True, "2"):
+        groups[1]["max_states"] = bad
+        broken = tmp_path / "broken.safetensors"
+        write_safetensors(broken, tensors, {**meta, "vllm.groups": json.dumps(groups)})
+        with pytest.raises(MetadataError, match="max_states"):
+            state_of(read_arrays(broken))
 
 
 def test_a_released_block_in_its_table_is_no_finding_until_unmarked() -> None:

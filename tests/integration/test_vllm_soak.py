@@ -31,10 +31,12 @@ EXPECTED = {
 
 @pytest.mark.parametrize("model", ["full", "hybrid", "hybrid-mamba", "hybrid-chunked-local"])
 def test_clean_histories_are_silent_at_every_step(vllm: Any, model: str) -> None:
-    h = run_history(vllm, model, seed=11, steps=150)
+    seen: list[int] = []
+    h = run_history(vllm, model, seed=11, steps=150, observe=lambda s: seen.append(s.step))
     assert h.crash is None and h.findings == ()
     assert h.audited == 150
     assert h.prefix_hits > 0
+    assert seen == list(range(1, 151))  # handed the scheduler after each step
 
 
 def test_the_hybrid_models_build_the_group_kinds_they_name(vllm: Any) -> None:
@@ -51,10 +53,45 @@ def test_the_hybrid_models_build_the_group_kinds_they_name(vllm: Any) -> None:
         g1 = state.table_group == 1
         # each drops blocks: the null block stands in its tables
         assert (state.table_block[g1] == state.null_block).any(), model
+        # the Mamba group's bound is read from its spec ("align" mode, no checkpoint block)
+        assert state.groups[1].max_states == (2 if model == "hybrid-mamba" else None)
     assert kinds == {
         "hybrid-mamba": [("full", None), ("mamba", None)],
         "hybrid-chunked-local": [("full", None), ("chunked_local_attention", 64)],
     }
+
+
+def test_a_state_left_in_a_real_mamba_table_is_over_its_bound(vllm: Any) -> None:
+    from kvcanary_cli.engines.vllm.check import audit
+
+    s = _Scheduler(vllm, "hybrid-mamba", 3)
+    manager = s.manager.coordinator.single_type_managers[1]
+    for _ in range(200):
+        s.run_step()
+        assert audit(s.state()).findings == ()
+        tables = [
+            t
+            for rid, t in manager.req_to_blocks.items()
+            if rid in s.requests and sum(not b.is_null for b in t) == 2 and t[0].is_null
+        ]
+        if tables:
+            break
+    else:
+        pytest.fail("no Mamba table holding two states and a null entry in 200 steps")
+    # a state the group should have retired, left in the table (held: the pool is consistent)
+    tables[0][0] = s.manager.block_pool.get_new_blocks(1)[0]
+    [finding] = audit(s.state()).findings
+    assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
+    assert "3 state blocks" in finding.message
+    # a request with tokens in flight (vLLM's async scheduling, where its `Request` counts
+    # them): the release may keep one more state a step, so the bound is not known then
+    request = next(iter(s.requests.values()))
+    if hasattr(request, "num_in_flight_tokens"):
+        request.num_in_flight_tokens = 1
+        state = s.state()
+        assert state.groups[1].max_states is None
+        result = audit(state)
+        assert result.findings == () and any("state blocks" in line for line in result.skipped)
 
 
 @pytest.mark.parametrize(

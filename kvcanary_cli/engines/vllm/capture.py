@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.engines.vllm.state import FULL, SLIDING_WINDOW, GroupSpec, VllmState
+from kvcanary_cli.engines.vllm.state import FULL, MAMBA, SLIDING_WINDOW, GroupSpec, VllmState
 from kvcanary_cli.errors import EngineUnavailableError
 
 __all__ = ["KNOWN_LAYOUTS", "VllmLayoutError", "group_specs", "snapshot"]
@@ -45,12 +45,62 @@ def _window(spec: Any) -> int | None:
     return None
 
 
-def group_specs(managers: Iterable[Any]) -> tuple[GroupSpec, ...]:
-    """Each group's kind, block size and window, from its single-type manager."""
+def _max_states(manager: Any, *, max_model_len: int | None, in_flight: bool | None) -> int | None:
+    """The most state blocks a Mamba manager keeps in a live request's table, read from its
+    spec (None: another kind, or a bound kvcanary does not know).
+
+    Caching states by prefix ("align" mode), a request keeps the state of its last computed
+    token and the previous step's (the next step copies from it) and retires the rest, plus
+    the prefill checkpoint block where the spec reserves one. A release that frees states on
+    the tokens already processed keeps one more per step in flight, so the bound is left
+    unknown while requests have tokens in flight (or their counts are not given). Without
+    prefix caching a request holds one block, the model's length; speculative blocks add
+    scratch blocks kvcanary does not bound."""
+    if _kind(manager) != MAMBA:
+        return None
+    spec = manager.kv_cache_spec
+    if getattr(spec, "num_speculative_blocks", 0) != 0:
+        return None
+    if getattr(spec, "mamba_cache_mode", None) == "align":
+        if in_flight is not False:
+            return None
+        return 2 + int(getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0)
+    if max_model_len is not None and int(manager.block_size) >= max_model_len:
+        return 1
+    return None
+
+
+def group_specs(
+    managers: Iterable[Any],
+    *,
+    max_model_len: int | None = None,
+    in_flight: bool | None = None,
+) -> tuple[GroupSpec, ...]:
+    """Each group's kind, block size and window, from its single-type manager, and a Mamba
+    group's state bound (`_max_states`: `max_model_len` the manager's, `in_flight` whether
+    a live request has tokens in flight, None when not known)."""
     return tuple(
-        GroupSpec(kind=_kind(m), block_size=int(m.block_size), window=_window(m.kv_cache_spec))
+        GroupSpec(
+            kind=_kind(m),
+            block_size=int(m.block_size),
+            window=_window(m.kv_cache_spec),
+            max_states=_max_states(m, max_model_len=max_model_len, in_flight=in_flight),
+        )
         for m in managers
     )
+
+
+def _model_len(manager: Any) -> int | None:
+    value = getattr(manager, "max_model_len", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _tokens_in_flight(requests: Mapping[str, Any] | None) -> bool | None:
+    """A live request has tokens scheduled but not yet processed (vLLM's async scheduling:
+    `num_in_flight_tokens`, where the release's `Request` has it; None: no requests given)."""
+    if requests is None:
+        return None
+    return any(getattr(r, "num_in_flight_tokens", 0) for r in requests.values())
 
 
 def _split_key(key: Any) -> tuple[int, bytes]:
@@ -241,7 +291,11 @@ def _read(
         num_blocks=n,
         null_block=int(pool.null_block.block_id),
         num_free_blocks=int(queue.num_free_blocks),
-        groups=group_specs(managers),
+        groups=group_specs(
+            managers,
+            max_model_len=_model_len(manager),
+            in_flight=_tokens_in_flight(requests),
+        ),
         request_ids=request_ids,
         request_live=np.array([live is None or rid in live for rid in request_ids], dtype=bool),
         request_num_tokens=tokens,

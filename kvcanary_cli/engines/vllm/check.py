@@ -43,7 +43,7 @@ COVERAGE = (
     "not checked: a request's own block hashes against its table (the dump does not carry "
     "them), worker-side block tables and slot mappings; in a Mamba group where its tables hold "
     "the null block (its prefix-caching mode leaves nulls between the states it keeps: only a "
-    "table with no state block at all is a finding) and how many state blocks a request holds",
+    "table with no state block at all is a finding)",
 )
 #: Kinds whose tables drop the blocks before a window of the computed tokens (the null block
 #: as a leading run, only over blocks wholly before the window): tokens kept behind the last
@@ -62,12 +62,19 @@ def skipped_checks(groups: tuple[GroupSpec, ...]) -> tuple[str, ...]:
     """What the audit leaves out for groups whose kind it has no rule for, in words (one line
     per such group): where their tables may hold the null block."""
     known = {FULL, *_WINDOWED, *_NULL_ANYWHERE}
-    return tuple(
+    unknown = tuple(
         f"not checked: where group {i}'s tables hold the null block (its manager, {g.kind}, is "
         "a kind kvcanary has no rule for)"
         for i, g in enumerate(groups)
         if g.kind not in known
     )
+    unbounded = tuple(
+        f"not checked: how many state blocks group {i}'s tables hold (its bound was not known "
+        "when the dump was taken: speculative blocks, tokens in flight, or an older dump)"
+        for i, g in enumerate(groups)
+        if g.kind == MAMBA and g.max_states is None
+    )
+    return unknown + unbounded
 
 
 #: Owners listed per example block (a block shared by every request lists a few).
@@ -385,6 +392,36 @@ class _Audit:
         out[at[starts[real == 0]]] = True
         return out
 
+    def mamba_states(self) -> None:
+        """A live request's Mamba table holds no more state blocks than its group's bound."""
+        s = self.s
+        bound = np.array(
+            [g.max_states if g.kind == MAMBA and g.max_states else -1 for g in s.groups],
+            dtype=np.int64,
+        )
+        at = np.flatnonzero(
+            self.real_entry & (bound[s.table_group] > 0) & s.request_live[s.table_request]
+        )
+        if at.size == 0:
+            return
+        # one table per (group, request), wherever its entries lie
+        key = s.table_group[at] * len(s.request_ids) + s.table_request[at]
+        tables, which, counts = np.unique(key, return_inverse=True, return_counts=True)
+        table_group = tables // max(1, len(s.request_ids))
+        over = np.flatnonzero(counts > bound[table_group])
+        if over.size == 0:
+            return
+        entries = at[which == over[0]]
+        group, request = int(s.table_group[entries[0]]), int(s.table_request[entries[0]])
+        more = f" ({over.size} tables)" if over.size > 1 else ""
+        self.add(
+            PoolCode.MAMBA_STATES_OVER_BOUND,
+            s.table_block[entries],
+            f"one of {entries.size} state blocks request {s.request_ids[request]!r} holds in "
+            f"Mamba group {group} (indices {sorted(int(i) for i in s.table_index[entries])}); "
+            f"its manager keeps at most {int(bound[group])}{more}",
+        )
+
     def _in_window(self, entries: np.ndarray) -> np.ndarray:
         """Per table entry: a null `entries` entry of a windowed group whose block ends after
         the first token the window still reads (its request's computed tokens known: a live
@@ -526,6 +563,7 @@ def audit(state: VllmState) -> PoolAudit:
     a.queue()
     a.references()
     a.null_block()
+    a.mamba_states()
     a.groups()
     a.hashes()
     a.requests()

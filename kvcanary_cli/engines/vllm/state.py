@@ -64,12 +64,27 @@ _I32 = np.int32
 
 @dataclass(frozen=True, kw_only=True)
 class GroupSpec:
-    """One KV-cache group: its manager kind, block size (tokens) and window (tokens: a sliding
-    window's, or chunked local attention's chunk)."""
+    """One KV-cache group: its manager kind, block size (tokens), window (tokens: a sliding
+    window's, or chunked local attention's chunk) and, for a Mamba group, the most state
+    blocks its manager keeps in a live request's table at once."""
 
     kind: str
     block_size: int
     window: int | None = None
+    #: a Mamba group's bound on a live request's non-null entries (None: not known, or
+    #: another kind)
+    max_states: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The group's `vllm.groups` object (`max_states` only where known)."""
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "block_size": self.block_size,
+            "window": self.window,
+        }
+        if self.max_states is not None:
+            out["max_states"] = self.max_states
+        return out
 
 
 def _empty(dtype: type, *shape: int) -> np.ndarray:
@@ -214,9 +229,7 @@ class VllmState:
             tensors["vllm.extra_key_digest"] = np.asarray(self.extra_keys(), dtype=np.uint8)
         if self.free_queue_reverse is not None:
             tensors["vllm.free_queue_reverse"] = np.asarray(self.free_queue_reverse, dtype=_I64)
-        groups = [
-            {"kind": g.kind, "block_size": g.block_size, "window": g.window} for g in self.groups
-        ]
+        groups = [g.record() for g in self.groups]
         meta = {
             **self.extra,
             "kvcanary.format": FORMAT_VERSION,
@@ -318,6 +331,10 @@ def _meta_json(meta: Mapping[str, str], key: str) -> Any:
         raise MetadataError("is not JSON (a vLLM dump records it)", field=key) from None
 
 
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
     raw = _meta_json(meta, "vllm.groups")
     if not isinstance(raw, list) or not raw:
@@ -330,13 +347,22 @@ def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
             and isinstance(g.get("block_size"), int)
             and g["block_size"] > 0
             and (g.get("window") is None or isinstance(g.get("window"), int))
+            and (_positive(g.get("max_states")) or g.get("max_states") is None)
         )
         if not ok:
             raise MetadataError(
-                'each group is {"kind": str, "block_size": int > 0, "window": int | null}',
+                'each group is {"kind": str, "block_size": int > 0, "window": int | null, '
+                '"max_states": int > 0 (optional)}',
                 field="vllm.groups",
             )
-        out.append(GroupSpec(kind=g["kind"], block_size=g["block_size"], window=g.get("window")))
+        out.append(
+            GroupSpec(
+                kind=g["kind"],
+                block_size=g["block_size"],
+                window=g.get("window"),
+                max_states=g.get("max_states"),
+            )
+        )
     return tuple(out)
 
 

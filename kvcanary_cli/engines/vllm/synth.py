@@ -33,6 +33,9 @@ __all__ = ["SCENARIOS", "SIZES", "Scenario", "build"]
 SIZES = {"tiny": (64, 6), "small": (2048, 64), "medium": (16384, 256), "large": (131072, 1024)}
 BLOCK_SIZE = 16
 WINDOW = 64
+#: A Mamba group's state bound in prefix-caching ("align") mode: the last computed token's
+#: state and the previous step's (what `_kept` keeps at most).
+MAMBA_STATES = 2
 _DIGEST = 16
 
 
@@ -88,7 +91,8 @@ def _clean(seed: int, size: str, hybrid: bool, kind: str = SLIDING_WINDOW) -> Vl
     groups = [GroupSpec(kind=FULL, block_size=BLOCK_SIZE)]
     if hybrid:
         window = None if kind == MAMBA else WINDOW
-        groups.append(GroupSpec(kind=kind, block_size=BLOCK_SIZE, window=window))
+        states = MAMBA_STATES if kind == MAMBA else None
+        groups.append(GroupSpec(kind=kind, block_size=BLOCK_SIZE, window=window, max_states=states))
     share = 0.45 if hybrid else 0.6
     avg = max(2, int(share * (n - 1) / r_count / len(groups)))
     families: dict[int, list[int]] = {}
@@ -363,6 +367,22 @@ def _state_dropped(s: VllmState, rng: np.random.Generator) -> VllmState:
     return s
 
 
+def _state_kept(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A Mamba group left a state it should have retired in a request's table: a null entry
+    between the two states it keeps holds a block (taken off the free queue, unhashed)."""
+    g1 = (s.table_group == 1) & s.request_live[s.table_request]
+    real = s.table_block != s.null_block
+    states = np.bincount(s.table_request[g1 & real], minlength=len(s.request_ids))
+    full = np.flatnonzero(g1 & ~real & (states[s.table_request] >= MAMBA_STATES))
+    entry = _pick(rng, full, "null entry of a Mamba table with two states")
+    block = _pick(rng, _free_blocks(s), "free block")
+    q = s.free_queue[s.free_queue != block]
+    s = replace(s, free_queue=q, free_queue_reverse=q[::-1].copy(), num_free_blocks=q.size)
+    s.table_block[entry] = block
+    s.ref_cnt[block] = 1
+    return s
+
+
 def _two_groups(s: VllmState, rng: np.random.Generator) -> VllmState:
     """Group 0 took a block group 1 still holds (an unhashed one, so no hash disagrees)."""
     sw = _last_entries(s, 1)
@@ -480,6 +500,13 @@ SCENARIOS: dict[str, Scenario] = {
         hybrid=True,
         expected=(PoolCode.NULL_BLOCK_MISPLACED,),
         plant=_state_dropped,
+        kind=MAMBA,
+    ),
+    "vllm-mamba-state-kept": Scenario(
+        summary="a Mamba table holding a third state block (one its group never retired)",
+        hybrid=True,
+        expected=(PoolCode.MAMBA_STATES_OVER_BOUND,),
+        plant=_state_kept,
         kind=MAMBA,
     ),
     "vllm-double-free": Scenario(
