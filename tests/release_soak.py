@@ -12,6 +12,9 @@ checks spoke, and how often the live accounting fell back to the whole `check` (
 models the release exactly). First, the module of the tree core each core name builds, and the
 notes the loaded tree has for the user (a Rust core it lacks).
 
+`python -m tests.release_soak WHEEL parked` replays the shipped reproducer of 0.5.19's busy
+check over a parked chunk, as it is and with the check counting the parked request (`parked`).
+
 `python -m tests.release_soak serve` runs such processes for a test session: one JSON
 request a line on its standard input (`{"args": [WHEEL, ...], "out": PATH}`), each run in a
 process forked for it (still one SGLang per process) with its standard output and error in
@@ -26,9 +29,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import traceback
 import warnings
+from pathlib import Path
+from typing import Any
 
 from kvcanary_cli.soak import stack
 from kvcanary_cli.soak.command import history_workload
@@ -112,9 +118,85 @@ def onset(wheel: str) -> None:
         print(json.dumps(line), flush=True)
 
 
+#: The shrunk history where SGLang 0.5.19's busy check reads a parked chunk as leaked.
+PARKED_CHUNK = "docs/reproducers/sglang-0.5.19-busy-check-parked-chunk.json"
+
+
+def parked(wheel: str) -> None:
+    """`PARKED_CHUNK` replayed twice on `wheel`'s SGLang, one JSON line each: as it is, then
+    with the busy check counting the chunked request parked between chunks too (what 0.5.20's
+    `get_chunked_req` adds). Each says kvcanary's finding, SGLang's complaints (step, and how
+    many tokens short of the pool the busy check's sum came), and the decode steps that ran
+    with a chunk parked (step, its uncached tokens: allocated past its cached prefix)."""
+    from kvcanary_cli.soak import run
+    from kvcanary_cli.soak.command import read_reproducer
+
+    modules = load_sglang(wheel)
+    spec, workload, fault, _, _ = read_reproducer(Path(PARKED_CHUNK))
+    checker = modules.invariant_checker.SchedulerInvariantChecker
+    summed = checker._get_total_uncached_sizes
+    watched: list[Any] = []
+
+    class Watched(run.Scheduler):  # type: ignore[misc]
+        """Soak's loop, noting the decode steps a chunked request sat out."""
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.parked: list[list[int]] = []
+            watched[:] = [self]
+
+        def step(self, on_plan: Any = None) -> Any:
+            info = super().step(on_plan)
+            if info.mode == "decode" and self.chunked_req is not None:
+                self.parked.append([info.step, _uncached(self.chunked_req.kv)])
+            return info
+
+    def with_parked_chunk(self: Any) -> tuple[int, int]:
+        full, swa = summed(self)
+        chunk = watched[0].chunked_req if watched else None
+        batches = [b for b in (self.get_last_batch(), self.get_running_batch()) if b]
+        if chunk is not None and not any(r is chunk for b in batches for r in b.reqs):
+            kv = chunk.kv
+            full += _uncached(kv)
+            swa += _uncached(kv) - max(0, kv.swa_evicted_seqlen - kv.cache_protected_len)
+        return full, swa
+
+    run.Scheduler = Watched
+    for counted in (False, True):
+        checker._get_total_uncached_sizes = with_parked_chunk if counted else summed
+        result = run.run_history(modules, spec, workload, fault=fault)
+        said = [
+            {"step": c.step, "short": _short(c.said.message)}
+            for c in result.sglang_first.get("self_check_during_busy", [])
+        ]
+        line = {
+            "counted": counted,
+            "found": None if result.failure is None else result.failure.key,
+            "sglang": result.sglang_counts,
+            "busy": said,
+            "parked": watched[0].parked,
+        }
+        print(json.dumps(line), flush=True)
+
+
+def _uncached(kv: Any) -> int:
+    """A request's KV past what the tree caches for it (page size 1)."""
+    return int(kv.kv_allocated_len - kv.cache_protected_len) if kv.holds_kv else 0
+
+
+def _short(message: str) -> int:
+    """How many tokens the busy check's sum (`[full] total=..., available=..., ...`) came
+    short of its total."""
+    counts = dict(re.findall(r"(\w+)=(\d+)", message))
+    total = int(counts.pop("total"))
+    return total - sum(int(v) for v in counts.values())
+
+
 def _run(args: list[str]) -> None:
     if args[1:] == ["onset"]:
         onset(args[0])
+    elif args[1:] == ["parked"]:
+        parked(args[0])
     else:
         main(args[0])
 

@@ -19,6 +19,12 @@ under a locked full value (it writes `full_to_swa_index_mapping`, which the unif
 has not): 0.5.17 in this history, at step 25 (0.5.15 and 0.5.16 as well). soak reports both
 as SGLang's, never as kvcanary's.
 
+0.5.19's busy check (0.5.13 - 0.5.19's) leaves a chunked request parked between chunks out of
+its sum, so a correct state where one is parked reads as leaked; soak's histories park one
+only with streaming sessions, which those releases run without. Its shipped reproducer
+replays to that complaint, kvcanary silent, and its twin (the check counting the parked
+request, as 0.5.20's does) is silent.
+
 0.5.13 and 0.5.14 have no unified memory (that layout is refused in one line), and their
 hybrid SWA layout has a defect of its own that kvcanary finds in every clean history (SGLang's
 checks silent): where an insert recovers an SWA tombstone, their SWA component frees the
@@ -211,3 +217,21 @@ def test_the_swa_defect_is_named_at_its_first_free(version: str, soak: Soak) -> 
         {"page_size": 16, "step": 24, "found": "cross-request-aliasing", "fallbacks": 0,
          "codes": ["full-slot-held-twice"]},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("version", [_release("0.5.19")])
+def test_the_busy_check_reads_a_parked_chunk_as_leaked_before_0_5_20(
+    version: str, soak: Soak
+) -> None:
+    """SGLang 0.5.19's busy check sums the uncached KV of the last and running batches only:
+    at the shipped reproducer's decode step a chunked request sits parked (the prefill adder's
+    hybrid-SWA early return: no SWA room, as the sessions hold theirs), and the check comes
+    short by exactly that request's uncached tokens, kvcanary silent. The twin: the same loop
+    and history with the check counting the parked request too (what 0.5.20 added): silent."""
+    as_is, counted = soak(str(wheel_path(version)), "parked")
+    assert as_is["parked"], as_is  # a chunk sat out a decode step
+    assert as_is["found"] is None and as_is["sglang"] == {"self_check_during_busy": 1}, as_is
+    ((step, uncached),) = as_is["parked"]
+    assert as_is["busy"] == [{"step": step, "short": uncached}]
+    assert counted["parked"] == as_is["parked"]
+    assert (counted["found"], counted["sglang"]) == (None, {}), counted
