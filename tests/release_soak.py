@@ -192,11 +192,82 @@ def _short(message: str) -> int:
     return total - sum(int(v) for v in counts.values())
 
 
+def leak_rows(wheel: str, folder: str) -> None:
+    """A leak dump the capture hook writes (`capture_leak`, in `folder`) at the first decode
+    step of a seed-0 `swa` history (page size 1) where a chunked request sits parked, with the
+    release's streaming sessions on: one JSON line saying whether the dump records the rows
+    the checker's requests hold (`running_req_rows`), whether the parked request's row is
+    among them, and the error codes `check` finds (a correct state: none). Beside it, the
+    codes of the same state recorded with the batches' requests alone (the parked request
+    left out)."""
+    from kvcanary_cli.api import check
+    from kvcanary_cli.capture import leaks, triggers
+    from kvcanary_cli.capture import tree as tree_capture
+    from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli.dump.writer import save_dump
+    from kvcanary_cli.soak.audit import SGLangChecks
+    from kvcanary_cli.soak.driver import Scheduler, serving_options
+    from kvcanary_cli.soak.run import history_stack
+
+    modules = load_sglang(wheel)
+    triggers.configure(triggers.Settings(dump_dir=Path(folder)))
+    spec = StackSpec.pressured(1, "python", "swa")
+    for history in range(12):
+        workload = history_workload(0, history, 1, 1, "swa", streaming=True)
+        scheduler = Scheduler(history_stack(modules, spec, workload), workload)
+        checker = SGLangChecks(scheduler).checker
+        undo = serving_options(workload)
+        try:
+            while scheduler.step_no < workload.steps * 4 and not scheduler.done:
+                info = scheduler.step(None)
+                chunk = scheduler.chunked_req
+                if info.mode == "decode" and chunk is not None:
+                    break
+            else:
+                continue
+            leaks.capture_leak(checker, "Full Pool Mem Leak Detected! (kvcanary test)", raised=True)
+            (written,) = sorted(Path(folder).glob("*.safetensors"))
+            rows = load_dump(written).running_req_rows
+            stack = scheduler.stack
+            batches = [r for b in (scheduler.last_batch, scheduler.running) for r in b.reqs]
+            tensors, metadata = tree_capture.capture_state(
+                req_to_token_pool=stack.req_to_token_pool,
+                allocator=stack.allocator,
+                tree=stack.tree,
+                requests=list({id(r): r for r in batches}.values()),
+                window=spec.window,
+            )
+            alone = Path(folder) / "batches-alone.sft"
+            save_dump(alone, metadata={**metadata, "sglang.version": "x"}, **tensors)
+            line = {
+                "history": history,
+                "step": info.step,
+                "rows_recorded": rows is not None,
+                "chunk_row_in_rows": rows is not None
+                and int(chunk.kv.req_pool_idx) in [int(r) for r in rows],
+                "codes": _error_codes(check([written], kernel="none")),
+                "batches_alone_codes": _error_codes(check([alone], kernel="none")),
+            }
+            print(json.dumps(line), flush=True)
+            return
+        finally:
+            undo()
+    print(json.dumps({"history": None}), flush=True)
+
+
+def _error_codes(report: Any) -> list[str]:
+    """The error finding codes of a one-dump `check` report, sorted."""
+    (dump,) = report.dumps
+    return sorted({f.code.value for f in dump.findings if f.severity.value == "error"})
+
+
 def _run(args: list[str]) -> None:
     if args[1:] == ["onset"]:
         onset(args[0])
     elif args[1:] == ["parked"]:
         parked(args[0])
+    elif args[1:2] == ["leak-rows"]:
+        leak_rows(args[0], args[2])
     else:
         main(args[0])
 

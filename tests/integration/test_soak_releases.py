@@ -235,3 +235,26 @@ def test_the_busy_check_reads_a_parked_chunk_as_leaked_before_0_5_20(
     assert as_is["busy"] == [{"step": step, "short": uncached}]
     assert counted["parked"] == as_is["parked"]
     assert (counted["found"], counted["sglang"]) == (None, {}), counted
+
+
+@pytest.mark.parametrize(
+    ("version", "rows"),
+    [
+        pytest.param(*_release(v).values, rows, marks=_release(v).marks)
+        for v, rows in (("0.5.21", True), ("0.5.19", False))
+    ],
+)
+def test_a_leak_dump_records_the_rows_the_checkers_requests_hold(
+    version: str, rows: bool, soak: Soak, tmp_path: Path
+) -> None:
+    """The capture hook's leak dump at a decode step with a chunked request parked (streaming
+    sessions on): 0.5.20 - 0.5.21's checker lists its requests by its getters (the last and
+    running batches, the chunked request), so the dump records their rows and checks clean;
+    0.5.13 - 0.5.19's has no getter for the chunked request, so it records none and the
+    checks that need them stay off (clean too). Recorded from the batches alone, the parked
+    request's row reads as leaked, with its KV: why those releases record nothing."""
+    (line,) = soak(str(wheel_path(version)), "leak-rows", str(tmp_path))
+    assert line["history"] is not None, line  # a chunk parked within 12 histories
+    assert (line["rows_recorded"], line["chunk_row_in_rows"]) == (rows, rows), line
+    assert line["codes"] == [], line
+    assert {"req-row-leaked", "full-page-leaked"} <= set(line["batches_alone_codes"]), line
