@@ -34,6 +34,7 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from kvcanary_cli.soak import stack
@@ -152,14 +153,20 @@ def parked(wheel: str) -> None:
             return info
 
     def with_parked_chunk(self: Any) -> tuple[int, int]:
-        full, swa = summed(self)
+        # the release's own sum, over the last batch with the parked request in it
         chunk = watched[0].chunked_req if watched else None
-        batches = [b for b in (self.get_last_batch(), self.get_running_batch()) if b]
-        if chunk is not None and not any(r is chunk for b in batches for r in b.reqs):
-            kv = chunk.kv
-            full += _uncached(kv)
-            swa += _uncached(kv) - max(0, kv.swa_evicted_seqlen - kv.cache_protected_len)
-        return full, swa
+        last, running = self.get_last_batch(), self.get_running_batch()
+        held = [r for b in (last, running) if b is not None for r in b.reqs]
+        if chunk is None or last is None or any(r is chunk for r in held):
+            return summed(self)
+        both = SimpleNamespace(reqs=[*last.reqs, chunk], is_empty=lambda: False)
+        getters = self.get_last_batch, self.get_running_batch
+        self.get_last_batch = lambda: both
+        self.get_running_batch = lambda: both if running is last else running
+        try:
+            return summed(self)
+        finally:
+            self.get_last_batch, self.get_running_batch = getters
 
     run.Scheduler = Watched
     for counted in (False, True):

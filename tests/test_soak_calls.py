@@ -373,3 +373,45 @@ def test_streaming_sessions_are_opened_where_the_busy_check_counts_a_parked_chun
     workload = history_workload(0, 0, 1, streaming=streaming)
     assert workload.streaming_sessions is opens
     assert any(a.session is not None for a in workload.arrivals) is opens
+
+
+class _IdleChecker:
+    """A checker whose idle checks each complain (what SGLang's say over a leak)."""
+
+    pool_stats_observer = SimpleNamespace(get_pool_stats=lambda: None)
+
+    def _check_all_pools(self, stats: Any) -> tuple[bool, list[str]]:
+        return True, ["[full] short"]
+
+    def _report_leak(self, name: str, message: str) -> None:
+        raise ValueError(f"{name} memory leak detected! {message}")
+
+    def _check_req_pool(self) -> None:
+        raise ValueError("req_to_token_pool memory leak detected!")
+
+
+@pytest.mark.parametrize(
+    ("waiting", "chunked", "ran"),
+    [([], None, True), (["req"], None, False), ([], "chunk", False)],
+)
+def test_sglangs_idle_checks_run_only_once_fully_idle(
+    waiting: list[str], chunked: str | None, ran: bool
+) -> None:
+    """SGLang's `on_idle` runs its idle checks only where the scheduler is fully idle: a step
+    with no batch while a request waits or a chunk sits parked runs none (its pool sums would
+    leave the parked chunk's KV and row out)."""
+    from kvcanary_cli.soak.audit import SGLangChecks
+    from kvcanary_cli.soak.driver import Scheduler
+
+    scheduler = SimpleNamespace(
+        waiting=waiting,
+        running=SimpleNamespace(is_empty=lambda: True),
+        chunked_req=chunked,
+        last_batch=None,
+        stack=SimpleNamespace(tree=SimpleNamespace(sanity_check=lambda: None)),
+    )
+    scheduler.fully_idle = Scheduler.fully_idle.fget(scheduler)  # type: ignore[attr-defined]
+    checks = SGLangChecks.__new__(SGLangChecks)
+    checks.scheduler, checks.checker = scheduler, _IdleChecker()  # type: ignore[assignment]
+    said = [one.check for one in checks.idle()]
+    assert said == (["_check_all_pools", "_check_req_pool"] if ran else [])
