@@ -12,6 +12,9 @@ checks spoke, and how often the live accounting fell back to the whole `check` (
 models the release exactly). First, the module of the tree core each core name builds, and the
 notes the loaded tree has for the user (a Rust core it lacks).
 
+`python -m tests.release_soak WHEEL parked` replays the shipped reproducer of 0.5.19's busy
+check over a parked chunk, as it is and with the check counting the parked request (`parked`).
+
 `python -m tests.release_soak serve` runs such processes for a test session: one JSON
 request a line on its standard input (`{"args": [WHEEL, ...], "out": PATH}`), each run in a
 process forked for it (still one SGLang per process) with its standard output and error in
@@ -26,9 +29,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import traceback
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from kvcanary_cli.soak import stack
 from kvcanary_cli.soak.command import history_workload
@@ -112,9 +119,162 @@ def onset(wheel: str) -> None:
         print(json.dumps(line), flush=True)
 
 
+#: The shrunk history where SGLang 0.5.19's busy check reads a parked chunk as leaked.
+PARKED_CHUNK = "docs/reproducers/sglang-0.5.19-busy-check-parked-chunk.json"
+
+
+def parked(wheel: str) -> None:
+    """`PARKED_CHUNK` replayed twice on `wheel`'s SGLang, one JSON line each: as it is, then
+    with the busy check counting the chunked request parked between chunks too (what 0.5.20's
+    `get_chunked_req` adds). Each says kvcanary's finding, SGLang's complaints (step, and how
+    many tokens short of the pool the busy check's sum came), and the decode steps that ran
+    with a chunk parked (step, its uncached tokens: allocated past its cached prefix)."""
+    from kvcanary_cli.soak import run
+    from kvcanary_cli.soak.command import read_reproducer
+
+    modules = load_sglang(wheel)
+    spec, workload, fault, _, _ = read_reproducer(Path(PARKED_CHUNK))
+    checker = modules.invariant_checker.SchedulerInvariantChecker
+    summed = checker._get_total_uncached_sizes
+    watched: list[Any] = []
+
+    class Watched(run.Scheduler):  # type: ignore[misc]
+        """Soak's loop, noting the decode steps a chunked request sat out."""
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.parked: list[list[int]] = []
+            watched[:] = [self]
+
+        def step(self, on_plan: Any = None) -> Any:
+            info = super().step(on_plan)
+            if info.mode == "decode" and self.chunked_req is not None:
+                self.parked.append([info.step, _uncached(self.chunked_req.kv)])
+            return info
+
+    def with_parked_chunk(self: Any) -> tuple[int, int]:
+        # the release's own sum, over the last batch with the parked request in it
+        chunk = watched[0].chunked_req if watched else None
+        last, running = self.get_last_batch(), self.get_running_batch()
+        held = [r for b in (last, running) if b is not None for r in b.reqs]
+        if chunk is None or last is None or any(r is chunk for r in held):
+            return summed(self)
+        both = SimpleNamespace(reqs=[*last.reqs, chunk], is_empty=lambda: False)
+        getters = self.get_last_batch, self.get_running_batch
+        self.get_last_batch = lambda: both
+        self.get_running_batch = lambda: both if running is last else running
+        try:
+            return summed(self)
+        finally:
+            self.get_last_batch, self.get_running_batch = getters
+
+    run.Scheduler = Watched
+    for counted in (False, True):
+        checker._get_total_uncached_sizes = with_parked_chunk if counted else summed
+        result = run.run_history(modules, spec, workload, fault=fault)
+        said = [
+            {"step": c.step, "short": _short(c.said.message)}
+            for c in result.sglang_first.get("self_check_during_busy", [])
+        ]
+        line = {
+            "counted": counted,
+            "found": None if result.failure is None else result.failure.key,
+            "sglang": result.sglang_counts,
+            "busy": said,
+            "parked": watched[0].parked,
+        }
+        print(json.dumps(line), flush=True)
+
+
+def _uncached(kv: Any) -> int:
+    """A request's KV past what the tree caches for it (page size 1)."""
+    return int(kv.kv_allocated_len - kv.cache_protected_len) if kv.holds_kv else 0
+
+
+def _short(message: str) -> int:
+    """How many tokens the busy check's sum (`[full] total=..., available=..., ...`) came
+    short of its total."""
+    counts = dict(re.findall(r"(\w+)=(\d+)", message))
+    total = int(counts.pop("total"))
+    return total - sum(int(v) for v in counts.values())
+
+
+def leak_rows(wheel: str, folder: str) -> None:
+    """A leak dump the capture hook writes (`capture_leak`, in `folder`) at the first decode
+    step of a seed-0 `swa` history (page size 1) where a chunked request sits parked, with the
+    release's streaming sessions on: one JSON line saying whether the dump records the rows
+    the checker's requests hold (`running_req_rows`), whether the parked request's row is
+    among them, and the error codes `check` finds (a correct state: none). Beside it, the
+    codes of the same state recorded with the batches' requests alone (the parked request
+    left out)."""
+    from kvcanary_cli.api import check
+    from kvcanary_cli.capture import leaks, triggers
+    from kvcanary_cli.capture import tree as tree_capture
+    from kvcanary_cli.dump.loader import load_dump
+    from kvcanary_cli.dump.writer import save_dump
+    from kvcanary_cli.soak.audit import SGLangChecks
+    from kvcanary_cli.soak.driver import Scheduler, serving_options
+    from kvcanary_cli.soak.run import history_stack
+
+    modules = load_sglang(wheel)
+    triggers.configure(triggers.Settings(dump_dir=Path(folder)))
+    spec = StackSpec.pressured(1, "python", "swa")
+    for history in range(12):
+        workload = history_workload(0, history, 1, 1, "swa", streaming=True)
+        scheduler = Scheduler(history_stack(modules, spec, workload), workload)
+        checker = SGLangChecks(scheduler).checker
+        undo = serving_options(workload)
+        try:
+            while scheduler.step_no < workload.steps * 4 and not scheduler.done:
+                info = scheduler.step(None)
+                chunk = scheduler.chunked_req
+                if info.mode == "decode" and chunk is not None:
+                    break
+            else:
+                continue
+            leaks.capture_leak(checker, "Full Pool Mem Leak Detected! (kvcanary test)", raised=True)
+            (written,) = sorted(Path(folder).glob("*.safetensors"))
+            rows = load_dump(written).running_req_rows
+            stack = scheduler.stack
+            batches = [r for b in (scheduler.last_batch, scheduler.running) for r in b.reqs]
+            tensors, metadata = tree_capture.capture_state(
+                req_to_token_pool=stack.req_to_token_pool,
+                allocator=stack.allocator,
+                tree=stack.tree,
+                requests=list({id(r): r for r in batches}.values()),
+                window=spec.window,
+            )
+            alone = Path(folder) / "batches-alone.sft"
+            save_dump(alone, metadata={**metadata, "sglang.version": "x"}, **tensors)
+            line = {
+                "history": history,
+                "step": info.step,
+                "rows_recorded": rows is not None,
+                "chunk_row_in_rows": rows is not None
+                and int(chunk.kv.req_pool_idx) in [int(r) for r in rows],
+                "codes": _error_codes(check([written], kernel="none")),
+                "batches_alone_codes": _error_codes(check([alone], kernel="none")),
+            }
+            print(json.dumps(line), flush=True)
+            return
+        finally:
+            undo()
+    print(json.dumps({"history": None}), flush=True)
+
+
+def _error_codes(report: Any) -> list[str]:
+    """The error finding codes of a one-dump `check` report, sorted."""
+    (dump,) = report.dumps
+    return sorted({f.code.value for f in dump.findings if f.severity.value == "error"})
+
+
 def _run(args: list[str]) -> None:
     if args[1:] == ["onset"]:
         onset(args[0])
+    elif args[1:] == ["parked"]:
+        parked(args[0])
+    elif args[1:2] == ["leak-rows"]:
+        leak_rows(args[0], args[2])
     else:
         main(args[0])
 

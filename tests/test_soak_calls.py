@@ -334,25 +334,84 @@ def test_a_turn_anchored_at_its_sessions_stand_in_node_holds_no_lock() -> None:
     assert held.identity is slot
 
 
+class _CheckerBefore:
+    """SGLang 0.5.19's busy checker's arguments (the ones that matter here): its busy check
+    sums the last and running batches' uncached KV only."""
+
+    def __init__(self, *, get_last_batch: Any, get_running_batch: Any) -> None:
+        self.batches = (get_last_batch, get_running_batch)
+
+
+class _CheckerSince(_CheckerBefore):
+    """0.5.20's: it counts the chunked request parked between chunks too."""
+
+    def __init__(
+        self, *, get_last_batch: Any, get_running_batch: Any, get_chunked_req: Any = None
+    ) -> None:
+        super().__init__(get_last_batch=get_last_batch, get_running_batch=get_running_batch)
+        self.chunked = get_chunked_req
+
+
 @pytest.mark.parametrize(
-    ("version", "opens"),
-    [
-        ("0.5.19", False),
-        ("0.5.15.post1", False),
-        ("0.5.20", True),
-        ("0.5.23", True),
-        ("unknown", True),
-    ],
+    ("checker", "opens"),
+    [(_CheckerBefore, False), (_CheckerSince, True), (None, True)],
 )
-def test_streaming_sessions_are_opened_from_0_5_20_on(version: str, opens: bool) -> None:
-    """Releases before 0.5.20 keep their histories without streaming sessions (SGLang's own
-    busy check complained with them there, unsettled); a tree of no version is taken as new."""
+def test_streaming_sessions_are_opened_where_the_busy_check_counts_a_parked_chunk(
+    checker: Any, opens: bool
+) -> None:
+    """Streaming sessions are opened where SGLang's busy check counts a chunked request parked
+    between chunks (its checker takes `get_chunked_req`), or there is no such check; before,
+    the check reads a parked chunk's KV as leaked, and in soak's histories only sessions park
+    one (docs/soak.md): those releases' histories run without sessions."""
     from kvcanary_cli.soak.command import history_workload
     from kvcanary_cli.soak.stack import drives_streaming_sessions
 
-    modules = SimpleNamespace(tree=SimpleNamespace(version=version))
+    module = None if checker is None else SimpleNamespace(SchedulerInvariantChecker=checker)
+    modules = SimpleNamespace(invariant_checker=module)
     streaming = drives_streaming_sessions(modules)  # type: ignore[arg-type]
     assert streaming is opens
     workload = history_workload(0, 0, 1, streaming=streaming)
     assert workload.streaming_sessions is opens
     assert any(a.session is not None for a in workload.arrivals) is opens
+
+
+class _IdleChecker:
+    """A checker whose idle checks each complain (what SGLang's say over a leak)."""
+
+    pool_stats_observer = SimpleNamespace(get_pool_stats=lambda: None)
+
+    def _check_all_pools(self, stats: Any) -> tuple[bool, list[str]]:
+        return True, ["[full] short"]
+
+    def _report_leak(self, name: str, message: str) -> None:
+        raise ValueError(f"{name} memory leak detected! {message}")
+
+    def _check_req_pool(self) -> None:
+        raise ValueError("req_to_token_pool memory leak detected!")
+
+
+@pytest.mark.parametrize(
+    ("waiting", "chunked", "ran"),
+    [([], None, True), (["req"], None, False), ([], "chunk", False)],
+)
+def test_sglangs_idle_checks_run_only_once_fully_idle(
+    waiting: list[str], chunked: str | None, ran: bool
+) -> None:
+    """SGLang's `on_idle` runs its idle checks only where the scheduler is fully idle: a step
+    with no batch while a request waits or a chunk sits parked runs none (its pool sums would
+    leave the parked chunk's KV and row out)."""
+    from kvcanary_cli.soak.audit import SGLangChecks
+    from kvcanary_cli.soak.driver import Scheduler
+
+    scheduler = SimpleNamespace(
+        waiting=waiting,
+        running=SimpleNamespace(is_empty=lambda: True),
+        chunked_req=chunked,
+        last_batch=None,
+        stack=SimpleNamespace(tree=SimpleNamespace(sanity_check=lambda: None)),
+    )
+    scheduler.fully_idle = Scheduler.fully_idle.fget(scheduler)  # type: ignore[attr-defined]
+    checks = SGLangChecks.__new__(SGLangChecks)
+    checks.scheduler, checks.checker = scheduler, _IdleChecker()  # type: ignore[assignment]
+    said = [one.check for one in checks.idle()]
+    assert said == (["_check_all_pools", "_check_req_pool"] if ran else [])

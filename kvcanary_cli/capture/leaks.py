@@ -163,12 +163,39 @@ def _requests(checker: object) -> list[Any] | None:
     row leaked)."""
     owners = getattr(checker, "_requests_owning_rows", None)
     try:
-        return list(owners()) if callable(owners) else None
+        return list(owners()) if callable(owners) else _batch_requests(checker)
     except Exception as exc:
         logger.debug(
             "kvcanary: reading the running requests failed (%s: %s)", type(exc).__name__, exc
         )
         return None
+
+
+#: The checker's getters of what holds rows while requests run (0.5.20 on): the last batch,
+#: the running batch, and the chunked request parked between chunks, which is in neither.
+_ROW_GETTERS = ("get_last_batch", "get_running_batch", "get_chunked_req")
+
+
+def _batch_requests(checker: object) -> list[Any] | None:
+    """The requests of the checker's last and running batches and its chunked request, each
+    once (0.5.20 - 0.5.21, whose checker has the getters but not `_requests_owning_rows`,
+    which reads the same three from 0.5.22 on); None without a getter for the chunked request
+    (0.5.13 - 0.5.19: a chunk between chunks sits in neither batch, and its row would read as
+    leaked)."""
+    getters: list[Callable[[], Any]] = []
+    for name in _ROW_GETTERS:
+        get = getattr(checker, name, None)
+        if not callable(get):
+            return None
+        getters.append(get)
+    last, running, chunked = (get() for get in getters)
+    found: dict[int, Any] = {}
+    for batch in (last, running):
+        for req in getattr(batch, "reqs", None) or []:
+            found.setdefault(id(req), req)
+    if chunked is not None:
+        found.setdefault(id(chunked), chunked)
+    return list(found.values())
 
 
 def _window(tree: object) -> int | None:

@@ -15,6 +15,7 @@ from typing import ClassVar, Literal
 from kvcanary_cli.results.record import recorded
 
 __all__ = [
+    "SGLANG_RECORDED",
     "SOAK_FILES",
     "AuditPoint",
     "CheckPoint",
@@ -50,6 +51,8 @@ SGLangCheckName = Literal[
     "_check_req_pool",
     "sanity_check",
 ]
+#: How `SoakReplay.recorded` names a complaint of SGLang's own check: `sglang <check>`.
+SGLANG_RECORDED = "sglang "
 #: Who saw a fault first in one history.
 Seer = Literal["kvcanary", "sglang", "both"]
 #: The order of the audit points within one step.
@@ -118,9 +121,11 @@ class SoakReplay:
 
     #: the reproducer file replayed
     reproducer: str
-    #: what it recorded: the top cause of kvcanary's finding, or `crash <exception>`
+    #: what it recorded: the top cause of kvcanary's finding, `crash <exception>`, or
+    #: `sglang <check>` (only that check of SGLang's complained)
     recorded: str
-    #: the replay failed the same way (same top cause, or a crash of the same exception)
+    #: the replay failed the same way (same top cause, a crash of the same exception, or
+    #: that check of SGLang's complaining with kvcanary silent)
     reproduced: bool
     #: the engine's release the reproducer was recorded on (null: the reproducer does not say)
     recorded_on: str | None = None

@@ -3,9 +3,10 @@ code records from the objects, and SGLang's own checks on the same state.
 
 SGLang's checks are its `SchedulerInvariantChecker` (built from the real
 `SchedulerPoolStatsObserver` over our scheduler's batches): `self_check_during_busy` and
-`_check_kv_page_invariants` while requests run, `_check_all_pools` and `_check_req_pool` at
-idle, and `UnifiedRadixCache.sanity_check()` at idle. Each raises (an assertion, or strict
-mode's `ValueError`); we keep which check it was and the first line of what it said.
+`_check_kv_page_invariants` while requests run, `_check_all_pools` and `_check_req_pool`
+once fully idle, and `UnifiedRadixCache.sanity_check()` then (as SGLang's `on_idle`). Each
+raises (an assertion, or strict mode's `ValueError`); we keep which check it was and the
+first line of what it said.
 """
 
 from __future__ import annotations
@@ -170,8 +171,12 @@ class SGLangChecks:
 
     def idle(self) -> list[Said]:
         """`_check_all_pools` (strict: a leak raises), `_check_req_pool`, the tree's
-        `sanity_check`."""
+        `sanity_check`; only where the scheduler is fully idle (`Scheduler.fully_idle`), as
+        SGLang's `on_idle` runs them: a step with no batch while a request waits or a chunk
+        sits parked runs none."""
         said: list[Said] = []
+        if not self.scheduler.fully_idle:
+            return said
         if self.checker is not None:
             checker = self.checker
 

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from kvcanary_cli.results.soak import (
+    SGLANG_RECORDED,
     FirstSeen,
     SGLangCheck,
     SGLangCheckName,
@@ -453,9 +454,10 @@ def _failure(spec: Any, workload: Any, failure: Any, fault: str | None) -> SoakF
 
 
 def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
-    """The stack spec, workload, fault, recorded finding (its top cause, or `crash
-    <exception>`) and SGLang release (None: an earlier soak's file does not say) of a
-    reproducer (or workload) file a soak wrote; anything else is one error line (exit 2)."""
+    """The stack spec, workload, fault, recorded finding (its top cause, `crash <exception>`,
+    or `sglang <check>` where the file records only a complaint of SGLang's own check:
+    `sglang_check`) and SGLang release (None: an earlier soak's file does not say) of a
+    reproducer (or workload) file; anything else is one error line (exit 2)."""
     from kvcanary_cli.errors import PathError
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.outputs import RECORDED_CHARACTERS, read_reproducer_text
@@ -471,6 +473,9 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
         fault = data["fault"]
         crash = data["crash"]
         recorded = f"crash {crash['exception']}" if crash else data["top_cause"]
+        said = data.get("sglang_check")  # only SGLang's own check complained (kvcanary silent)
+        if recorded is None and said in get_args(SGLangCheckName):
+            recorded = f"{SGLANG_RECORDED}{said}"
         release = data.get("sglang_version")
         fits = (
             (fault is None or fault in FAULTS)
@@ -543,10 +548,19 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
         replay=SoakReplay(
             reproducer=str(reproducer),
             recorded=recorded,
-            reproduced=failure is not None and failure.key == recorded,
+            reproduced=_came_back(recorded, result),
             recorded_on=release,
         ),
     )
+
+
+def _came_back(recorded: str, result: Any) -> bool:
+    """Whether a replayed history failed as its reproducer recorded: the same top cause or
+    crash, or (`sglang <check>`) that check of SGLang's complaining with kvcanary silent."""
+    failure = result.failure
+    if recorded.startswith(SGLANG_RECORDED):
+        return failure is None and recorded[len(SGLANG_RECORDED) :] in result.sglang_counts
+    return failure is not None and bool(failure.key == recorded)
 
 
 def run_soak(

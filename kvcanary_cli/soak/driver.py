@@ -335,17 +335,23 @@ class Scheduler:
             and self.chunked_req is None
         )
 
-    def _on_idle(self) -> None:
-        """SGLang's `on_idle` before its idle checks: fully idle, unified memory compacts
-        (`flush_opportunistic`; an error there is swallowed, as SGLang's scheduler does)."""
-        flush = getattr(self.stack.allocator, "flush_opportunistic", None)
-        fully_idle = (
+    @property
+    def fully_idle(self) -> bool:
+        """SGLang's `is_fully_idle`: nothing waits or runs, no chunked request sits between
+        chunks, the last batch ran nothing. Only then does its `on_idle` compact and run its
+        idle checks; a step with no batch but a request waiting or parked is not idle to it."""
+        return (
             not self.waiting
             and self.running.is_empty()
             and self.chunked_req is None
             and (self.last_batch is None or self.last_batch.is_empty())
         )
-        if flush is None or not fully_idle:
+
+    def _on_idle(self) -> None:
+        """SGLang's `on_idle` before its idle checks: fully idle, unified memory compacts
+        (`flush_opportunistic`; an error there is swallowed, as SGLang's scheduler does)."""
+        flush = getattr(self.stack.allocator, "flush_opportunistic", None)
+        if flush is None or not self.fully_idle:
             return
         try:
             flush()

@@ -19,6 +19,12 @@ under a locked full value (it writes `full_to_swa_index_mapping`, which the unif
 has not): 0.5.17 in this history, at step 25 (0.5.15 and 0.5.16 as well). soak reports both
 as SGLang's, never as kvcanary's.
 
+0.5.19's busy check (0.5.13 - 0.5.19's) leaves a chunked request parked between chunks out of
+its sum, so a correct state where one is parked reads as leaked; soak's histories park one
+only with streaming sessions, which those releases run without. Its shipped reproducer
+replays to that complaint, kvcanary silent, and its twin (the check counting the parked
+request, as 0.5.20's does) is silent.
+
 0.5.13 and 0.5.14 have no unified memory (that layout is refused in one line), and their
 hybrid SWA layout has a defect of its own that kvcanary finds in every clean history (SGLang's
 checks silent): where an insert recovers an SWA tombstone, their SWA component frees the
@@ -211,3 +217,44 @@ def test_the_swa_defect_is_named_at_its_first_free(version: str, soak: Soak) -> 
         {"page_size": 16, "step": 24, "found": "cross-request-aliasing", "fallbacks": 0,
          "codes": ["full-slot-held-twice"]},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("version", [_release("0.5.19")])
+def test_the_busy_check_reads_a_parked_chunk_as_leaked_before_0_5_20(
+    version: str, soak: Soak
+) -> None:
+    """SGLang 0.5.19's busy check sums the uncached KV of the last and running batches only:
+    at the shipped reproducer's decode step a chunked request sits parked (the prefill adder's
+    hybrid-SWA early return: no SWA room, as the sessions hold theirs), and the check comes
+    short by exactly that request's uncached tokens, kvcanary silent. The twin: the same loop
+    and history with the check counting the parked request too (what 0.5.20 added): silent."""
+    as_is, counted = soak(str(wheel_path(version)), "parked")
+    assert as_is["parked"], as_is  # a chunk sat out a decode step
+    assert as_is["found"] is None and as_is["sglang"] == {"self_check_during_busy": 1}, as_is
+    ((step, uncached),) = as_is["parked"]
+    assert as_is["busy"] == [{"step": step, "short": uncached}]
+    assert counted["parked"] == as_is["parked"]
+    assert (counted["found"], counted["sglang"]) == (None, {}), counted
+
+
+@pytest.mark.parametrize(
+    ("version", "rows"),
+    [
+        pytest.param(*_release(v).values, rows, marks=_release(v).marks)
+        for v, rows in (("0.5.21", True), ("0.5.19", False))
+    ],
+)
+def test_a_leak_dump_records_the_rows_the_checkers_requests_hold(
+    version: str, rows: bool, soak: Soak, tmp_path: Path
+) -> None:
+    """The capture hook's leak dump at a decode step with a chunked request parked (streaming
+    sessions on): 0.5.20 - 0.5.21's checker lists its requests by its getters (the last and
+    running batches, the chunked request), so the dump records their rows and checks clean;
+    0.5.13 - 0.5.19's has no getter for the chunked request, so it records none and the
+    checks that need them stay off (clean too). Recorded from the batches alone, the parked
+    request's row reads as leaked, with its KV: why those releases record nothing."""
+    (line,) = soak(str(wheel_path(version)), "leak-rows", str(tmp_path))
+    assert line["history"] is not None, line  # a chunk parked within 12 histories
+    assert (line["rows_recorded"], line["chunk_row_in_rows"]) == (rows, rows), line
+    assert line["codes"] == [], line
+    assert {"req-row-leaked", "full-page-leaked"} <= set(line["batches_alone_codes"]), line

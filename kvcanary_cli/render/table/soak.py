@@ -6,7 +6,7 @@ checks were silent), and who saw a fault first."""
 from __future__ import annotations
 
 from kvcanary_cli.render.console import plural
-from kvcanary_cli.results.soak import SGLangCheck, SGLangMessage, SoakReport
+from kvcanary_cli.results.soak import SGLANG_RECORDED, SGLangCheck, SGLangMessage, SoakReport
 from kvcanary_cli.safe_text import printable_record
 
 __all__ = [
@@ -201,12 +201,15 @@ def replay_line(report: SoakReport) -> str | None:
     replay = report.replay
     if replay is None:
         return None
+    sglangs = replay.recorded.startswith(SGLANG_RECORDED)  # only SGLang's check complained
     if replay.reproduced:
         came = "came back"
-    elif report.failure is None:
-        came = "did not come back: kvcanary found nothing"
-    else:
+    elif report.failure is not None or (sglangs and report.sglang_checks):
         came = "did not come back: another failure instead"
+    elif sglangs:
+        came = "did not come back: SGLang's checks silent"
+    else:
+        came = "did not come back: kvcanary found nothing"
     change = replay.release_change("SGLang", report.sglang_version)
     said = f"replayed {replay.reproducer}: its finding ({replay.recorded}) {came}"
     return said if change is None else f"{said} ({change})"

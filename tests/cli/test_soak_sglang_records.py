@@ -1,0 +1,113 @@
+"""A reproducer may record a complaint of SGLang's own check alone (`sglang_check`, kvcanary
+silent): SGLang 0.5.19's busy check over a parked chunk ships as one (docs/soak.md). Its replay
+came back where that check complains again with kvcanary silent, and says so; where the
+check stays silent, or something else fails, it did not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvcanary_cli.errors import PathError
+from kvcanary_cli.results.soak import SGLangCheck, SGLangMessage, SoakReplay, SoakReport
+from kvcanary_cli.soak.command import _came_back, read_reproducer
+
+ROOT = Path(__file__).resolve().parents[2]
+PARKED_CHUNK = ROOT / "docs" / "reproducers" / "sglang-0.5.19-busy-check-parked-chunk.json"
+BUSY = "self_check_during_busy"
+
+
+def test_the_shipped_record_reads_as_sglangs_busy_check_on_its_release() -> None:
+    spec, workload, fault, recorded, release = read_reproducer(PARKED_CHUNK)
+    assert (recorded, release, fault) == (f"sglang {BUSY}", "0.5.19", None)
+    assert workload.streaming_sessions and spec.layout == "swa"
+
+
+def _body(**changes: Any) -> dict[str, Any]:
+    body = json.loads(PARKED_CHUNK.read_text())
+    body.update(changes)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("changes", "recorded"),
+    [
+        ({"sglang_check": "no_such_check"}, None),  # a check soak never runs
+        ({"sglang_check": None}, None),
+        ({"top_cause": "double-free"}, "double-free"),  # kvcanary's finding first
+        ({"crash": {"exception": "RuntimeError"}}, "crash RuntimeError"),
+    ],
+)
+def test_a_check_record_is_one_of_the_checks_soak_runs(
+    tmp_path: Path, changes: dict[str, Any], recorded: str | None
+) -> None:
+    path = tmp_path / "soak-reproducer.json"
+    path.write_text(json.dumps(_body(**changes)))
+    if recorded is None:
+        with pytest.raises(PathError, match="out of range"):
+            read_reproducer(path)
+    else:
+        assert read_reproducer(path)[3] == recorded
+
+
+def _result(failure: str | None, said: tuple[str, ...]) -> Any:
+    failed = None if failure is None else SimpleNamespace(key=failure)
+    return SimpleNamespace(failure=failed, sglang_counts=dict.fromkeys(said, 1))
+
+
+@pytest.mark.parametrize(
+    ("recorded", "failure", "said", "back"),
+    [
+        (f"sglang {BUSY}", None, (BUSY,), True),
+        (f"sglang {BUSY}", None, (), False),
+        (f"sglang {BUSY}", None, ("sanity_check",), False),
+        (f"sglang {BUSY}", "tree-lock-leak", (BUSY,), False),  # kvcanary not silent
+        ("double-free", "double-free", (BUSY,), True),
+        ("double-free", None, (BUSY,), False),
+    ],
+)
+def test_a_replay_came_back_as_recorded(
+    recorded: str, failure: str | None, said: tuple[str, ...], back: bool
+) -> None:
+    assert _came_back(recorded, _result(failure, said)) is back
+
+
+@pytest.mark.parametrize(
+    ("said", "line"),
+    [
+        ((), "did not come back: SGLang's checks silent"),
+        (("sanity_check",), "did not come back: another failure instead"),
+        ((BUSY,), "came back"),
+    ],
+)
+def test_the_replay_line_says_why_a_check_record_did_not_come_back(
+    said: tuple[str, ...], line: str
+) -> None:
+    from kvcanary_cli.render.table.soak import replay_line
+
+    first = SGLangMessage(
+        seed=3, page_size=1, core="python", step=35, when="after-result", message="x"
+    )
+    checks = tuple(
+        SGLangCheck(check=c, steps=1, histories=1, first=(first,))  # type: ignore[arg-type]
+        for c in said
+    )
+    report = SoakReport(
+        kvcanary_version="0",
+        sglang_version="0.5.19",
+        sglang_root="/",
+        seed=3,
+        budget=80,
+        histories=1,
+        steps=80,
+        audited_steps=80,
+        sglang_checks=checks,
+        replay=SoakReplay(
+            reproducer="r.json", recorded=f"sglang {BUSY}", reproduced=said == (BUSY,)
+        ),
+    )
+    assert replay_line(report) == f"replayed r.json: its finding (sglang {BUSY}) {line}"
