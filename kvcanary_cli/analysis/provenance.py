@@ -719,11 +719,14 @@ def _allocator_state(
     known: np.ndarray | None = None,
     pool: int | None = None,
 ) -> AllocatorState | None:
-    """`free`, `in use`, `beyond the pool` (outside the `pool` slots the allocator hands out:
-    never "in use"), `unknown (not kept)`, or None without a free list."""
+    """`free`, `in use`, `below the pool (negative)` or `beyond the pool` (outside the `pool`
+    slots the allocator hands out: never "in use"), `unknown (not kept)`, or None without a
+    free list."""
     if free is None:
         return None
-    if pool is not None and not 0 <= slot < pool:
+    if slot < 0:  # below every pool, whatever its size (known or not)
+        return "below the pool (negative)"
+    if pool is not None and slot >= pool:
         return "beyond the pool"
     if known is not None:  # sorted: a shrunk dump keeps the entries of its kept slots
         at = int(np.searchsorted(known, slot))

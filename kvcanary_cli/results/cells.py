@@ -76,9 +76,11 @@ _LIVE_ROLES = frozenset({Role.VERIFY, Role.PREFIX, Role.CHAIN_PREV, Role.PENDING
 CellRole = Literal[
     Role.VERIFY, Role.PREFIX, Role.CHAIN_PREV, Role.PENDING_WRITE, Role.STALE_TAIL, Role.IDLE_ROW
 ]
-#: A slot on the allocator's free list, or not (in use), or no slot of the pool at all
-#: (negative, or >= the pool size); unknown where a shrunk dump did not keep it.
-AllocatorState = Literal["free", "in use", "beyond the pool", "unknown (not kept)"]
+#: A slot on the allocator's free list, or not (in use), or no slot of the pool at all: below
+#: it (negative) or beyond it (>= the pool size); unknown where a shrunk dump did not keep it.
+AllocatorState = Literal[
+    "free", "in use", "below the pool (negative)", "beyond the pool", "unknown (not kept)"
+]
 
 
 @dataclass(frozen=True, kw_only=True)
