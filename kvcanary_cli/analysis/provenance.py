@@ -111,6 +111,13 @@ class LiveCells:
         """A column with the dtype it reads as (what `CellColumns.gathered` keeps narrow)."""
         return self._columns[name]
 
+    def readable(self, name: str) -> np.ndarray | RunColumn:
+        """A column as held, to read a slice, an entry or the entries of an index at a time:
+        the narrow array itself, or its runs, decoded only where read (ten million cells'
+        pool rows held as runs are never decoded whole: 20 MB of `int16`)."""
+        column = self._columns[name]
+        return column if isinstance(column, RunColumn) else column.values
+
     def __len__(self) -> int:
         return len(self._columns["slot"])
 
