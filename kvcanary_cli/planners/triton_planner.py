@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from functools import partial
+from threading import Event
 from types import ModuleType
 from typing import Any
 
@@ -137,8 +138,13 @@ class TritonPlanner:
             return self._host_processes
         return host_parallel.host_processes(entries)
 
-    def plan(self, dump: KvDump, group: str) -> Plan:
-        """Plan `group` of `dump` with the kernels; the outputs come back as numpy arrays."""
+    def plan(self, dump: KvDump, group: str, *, read_back_after: Event | None = None) -> Plan:
+        """Plan `group` of `dump` with the kernels; the outputs come back as numpy arrays.
+
+        `read_back_after`: launched, the entries wait in the kernels' buffers (the forked
+        children's shared pages, none of them this process's) until it is set, then come
+        back here: a caller planning this on another thread reads them after its own peak,
+        not on top of it."""
         frame = group_frame(dump, group)
         if frame.launch is not None:
             return failed_plan(frame, backend=self.name)
@@ -191,6 +197,8 @@ class TritonPlanner:
         )
         staged = inputs.staged
         del inputs  # the staged rows (a shrunk table's int32 copy) go before the entries come
+        if read_back_after is not None:
+            read_back_after.wait()
         # back: read back one column at a time, held narrow (`held_narrow`), each buffer let
         # go once read: ten million entries are never two plans' worth of int64 columns here
         columns = {name: _read_back(memory, buffers.pop(name)) for name in list(buffers)}
