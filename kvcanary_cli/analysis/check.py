@@ -95,7 +95,7 @@ from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.host_parallel import stop_children, usable_cores
 from kvcanary_cli.planners.staging import StagingTooLargeError
-from kvcanary_cli.planners.triton_planner import TritonPlanner
+from kvcanary_cli.planners.triton_planner import reading_back_after
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.cells import CellColumns, SlotProvenance, Space
 from kvcanary_cli.results.check import (
@@ -136,8 +136,9 @@ def _kernel_plan(
     `read_back_after`: the Triton kernels' entries come back once it is set (planned on
     another thread: after the detectors, whose peak they would add to)."""
     try:
-        if read_back_after is not None and isinstance(kernel, TritonPlanner):
-            return kernel.plan(dump, group, read_back_after=read_back_after)
+        if read_back_after is not None:
+            with reading_back_after(read_back_after):
+                return kernel.plan(dump, group)
         return kernel.plan(dump, group)
     except StagingTooLargeError:
         return VectorizedPlanner(semantics=kernel.semantics).plan(dump, group)
