@@ -22,8 +22,11 @@
   then both findings' columns held a value a cell (139 MiB; now as runs, 240 KB) and the
   duplicate-in-row search sorted every cell at once: 361-396 MiB, 264 with `--kernel none`;
   then the slot counts, the diagnosis and the summaries indexed every cell at once and the
-  plans took a million entries a chunk: 334 MiB now, 218 with `--kernel none`, 222 for
-  `provenance --slot 7` (322 before) (docs/performance.md). Its JSON views (335 MB of
+  plans took a million entries a chunk: 334 MiB, 218 with `--kernel none`, 222 for
+  `provenance --slot 7` (322 before); then the alias search sorted a key of every cell, the
+  detectors decoded the live cells' pool rows whole, a finding's columns were gathered whole
+  before their runs were found, and the kernel's entries came back on top of the detectors:
+  319 MiB, 271 now, 170 with `--kernel none` (docs/performance.md). Its JSON views (335 MB of
   text) were built whole, joined from each column's whole text, and a file's held again as
   bytes: 1.2-1.3 GB; written a piece at a time, they peak where the table views do (the
   check itself).

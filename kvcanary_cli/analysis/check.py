@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from threading import Event
 from typing import Literal, cast
 
 import numpy as np
@@ -94,6 +95,7 @@ from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.host_parallel import stop_children, usable_cores
 from kvcanary_cli.planners.staging import StagingTooLargeError
+from kvcanary_cli.planners.triton_planner import reading_back_after
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.cells import CellColumns, SlotProvenance, Space
 from kvcanary_cli.results.check import (
@@ -123,12 +125,20 @@ __all__ = [
 ]
 
 
-def _kernel_plan(kernel: Planner, dump: KvDump, group: str) -> Plan:
+def _kernel_plan(
+    kernel: Planner, dump: KvDump, group: str, read_back_after: Event | None = None
+) -> Plan:
     """`kernel`'s plan of `group`; for a shrunk dump whose batch reads more rows than the
     Triton kernels' dense staging holds (every row of a production-wide pool), the plan of
     their numpy model, which reads the kept cells where they are: the small dump then checks
-    like its original, whose kernels read the file's table (a note says so)."""
+    like its original, whose kernels read the file's table (a note says so).
+
+    `read_back_after`: the Triton kernels' entries come back once it is set (planned on
+    another thread: after the detectors, whose peak they would add to)."""
     try:
+        if read_back_after is not None:
+            with reading_back_after(read_back_after):
+                return kernel.plan(dump, group)
         return kernel.plan(dump, group)
     except StagingTooLargeError:
         return VectorizedPlanner(semantics=kernel.semantics).plan(dump, group)
@@ -220,6 +230,8 @@ def collect_findings(
     unless an SWA group or a canary replay reads them), and are not returned."""
     chosen = tuple(groups) if groups else dump.groups
     background = ThreadPoolExecutor(1) if _runs_on_host(kernel) and _spare_core() else None
+    # set once the detectors are done (or on the way out: never left waiting)
+    detected = Event()
     try:
         # The kernel (interpreted Triton on a CPU: the slowest part) plans on a spare core
         # while this thread plans with REF semantics and runs the detectors; same results, in
@@ -229,14 +241,16 @@ def collect_findings(
         pending: dict[str, Future[Plan]] = {}
         if background is not None and kernel is not None:
             pending = {
-                group: background.submit(_kernel_plan, kernel, dump, group) for group in chosen
+                group: background.submit(_kernel_plan, kernel, dump, group, detected)
+                for group in chosen
             }
-        return _collect(dump, planner, kernel, chosen, pending, keep_entries, keep_cells)
+        return _collect(dump, planner, kernel, chosen, pending, keep_entries, keep_cells, detected)
     except BaseException:  # stopped: the kernel's forked halves go now, not after its launch
         if background is not None:
             stop_children()
         raise
     finally:
+        detected.set()
         if background is not None:
             background.shutdown(wait=True, cancel_futures=True)
 
@@ -276,6 +290,7 @@ def _collect(
     pending: Mapping[str, Future[Plan]],
     keep_entries: bool,
     keep_cells: bool,
+    detected: Event,
 ) -> CollectedFindings:
     cells = live_cells(dump)
     findings: list[Finding] = (
@@ -291,6 +306,9 @@ def _collect(
     # ten million cells of one slot: 74 MiB not held beside the plans where nothing reads them
     kept = None if not keep_cells and not _plans_read_cells(dump, chosen) else cells
     del cells
+    # the kernel's entries (planned on the other core) come back from here on: beside the
+    # reference plan, not on top of the detectors' peak (ten million entries: 47 MiB)
+    detected.set()
     summaries: list[GroupSummary] = []
     plans: list[Plan] = []
     kernel_plans: dict[str, Plan] = {}

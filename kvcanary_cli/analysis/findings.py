@@ -21,7 +21,7 @@ from kvcanary_cli.dump.schema import RESERVED_PAGES_KEY, SCALARS, Group, dtype_l
 from kvcanary_cli.dump.tensor import distinct
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable
 from kvcanary_cli.planners.frame import launch_limit
-from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, Space
+from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, RunColumn, Space
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
@@ -200,18 +200,30 @@ def _cell_records(
         return []
     # the slots as held (value reads only; `CellColumns` reads them back as int64)
     reported = cells.held("slot") if slots is None else slots
-    pending = cells.pending[offending]
-    if split is None:
-        key = pending.view(np.uint8)  # 0 or 1: a byte a cell
+    key: np.ndarray | None = None
+    if masked and split is None:  # pending or not, counted a piece at a time (no copy)
+        values = _pending_values(cells.pending, offending)
     else:
-        key = pending.astype(np.int64) * (int(split.max(initial=0)) + 1) + split.astype(np.int64)
-    del pending
+        pending = cells.pending[offending]
+        if split is None:
+            key = pending.view(np.uint8)  # 0 or 1: a byte a cell
+        else:
+            key = pending.astype(np.int64) * (int(split.max(initial=0)) + 1) + split.astype(
+                np.int64
+            )
+        del pending
+        values = np.unique(key).tolist()
     found: list[Finding] = []
-    values = np.unique(key).tolist()
+    # the rows and positions as held, read at a cell (runs: not decoded whole)
+    batch_rows, pool_rows, positions = (
+        cells.readable(n) for n in ("batch_row", "pool_row", "position")
+    )
     for value in values:
         # ascending: batch row, then position (one key: all of them, not a copy)
         if len(values) == 1:
             members = offending
+        elif key is None:  # a mask of the cells pending (1) or not (0)
+            members = offending & (cells.pending == bool(value))
         elif masked:
             members = np.zeros(offending.shape, dtype=bool)
             members[offending] = key == value
@@ -233,9 +245,9 @@ def _cell_records(
                 group=group,
                 slot=int(reported[first]),
                 space=space,
-                batch_row=int(cells.held("batch_row")[first]),
-                pool_row=int(cells.held("pool_row")[first]),
-                position=int(cells.held("position")[first]),
+                batch_row=int(batch_rows[first]),
+                pool_row=int(pool_rows[first]),
+                position=int(positions[first]),
                 role=(role(first) if role else None)
                 or (Role.PENDING_WRITE if cells.pending[first] else Role.VERIFY),
                 message=message(first) if one else run_what,
@@ -251,6 +263,25 @@ def _cell_records(
             )
         )
     return found
+
+
+def _pending_values(pending: np.ndarray, offending: np.ndarray) -> list[int]:
+    """Of the cells a mask picks, whether any is not pending (0) and any is (1): the keys
+    `np.unique` finds among their `pending` bytes, counted a piece at a time."""
+    seen = [False, False]
+    for a in range(0, offending.size, _PENDING_PIECE):
+        picked = offending[a : a + _PENDING_PIECE]
+        here = int(np.count_nonzero(picked))
+        if not here:
+            continue
+        waiting = int(np.count_nonzero(picked & pending[a : a + _PENDING_PIECE]))
+        seen[0] |= waiting < here
+        seen[1] |= waiting > 0
+    return [value for value in (0, 1) if seen[value]]
+
+
+#: Cells `_pending_values` reads at a time.
+_PENDING_PIECE = 1 << 20
 
 
 def reserved_pages(dump: KvDump) -> int:
@@ -306,19 +337,20 @@ def slot_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
             shared_details=lambda i: {"num_full_slots": size},
         )
         found += [replace(f, assumes=assumes) for f in beyond]
-    real = slot > 0
     # A duplicate or an alias needs two cells holding one slot; most live slots have one.
-    shared = held_twice(slot, real)
+    # (Each mask is a byte a cell, made where it is read, not held through the detectors.)
+    shared = held_twice(slot, slot > 0)
     found.extend(_duplicates_in_row(cells, shared))
     found.extend(_shared_across_positions(cells, shared))
-    invalid = ~real if pool.value is None else ~real | (slot >= pool.value)
+    invalid = slot <= 0 if pool.value is None else (slot <= 0) | (slot >= pool.value)
     found.extend(_shared_without_prefix(cells, shared, invalid))
+    del shared, invalid
     free = dump.free_full_slots
     if runs(dump, FULL_FREE_LIST) and free is not None:
         found += _cell_records(
             FindingCode.FREED_SLOT_IN_LIVE_RANGE,
             cells,
-            np.flatnonzero(real & SlotSet(free).contains(slot)),
+            np.flatnonzero((slot > 0) & SlotSet(free).contains(slot)),
             lambda i: f"live slot {slot[i]} is on the allocator's free list (use after free)",
             run_what="slots on the allocator's free list (use after free)",
         )
@@ -405,6 +437,40 @@ def _ranks(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def _key_runs(
+    sid: np.ndarray, position: np.ndarray, low: int, span: int, ranks: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys `rank * span + position - low` of the cells (`sid`: each cell's
+    slot rank, of `ranks`), ascending (int64), and how many cells hold each.
+
+    Where the keys number an eighth of the cells at most, they are counted a chunk of cells at
+    a time (their counts take a byte a cell at most, and no key a cell is made); otherwise
+    sorted as one narrow key a cell, whose runs are found a chunk at a time."""
+    count, keys = sid.size, ranks * span
+
+    def keyed(a: int, b: int) -> np.ndarray:
+        return sid[a:b].astype(np.int64) * span + (position[a:b].astype(np.int64) - low)
+
+    if keys * 8 <= count:
+        counts = np.zeros(keys, dtype=np.int64)
+        for a, b in _pieces(count):
+            counts += np.bincount(keyed(a, b), minlength=keys)
+        held = np.flatnonzero(counts)
+        return held, counts[held]
+    place = np.empty(count, dtype=np.min_scalar_type(keys - 1))
+    for a, b in _pieces(count):
+        place[a:b] = keyed(a, b)
+    place.sort()
+    starts = np.concatenate(
+        [np.zeros(1, dtype=np.int64)]
+        + [
+            np.flatnonzero(place[a + 1 : b + 1] != place[a:b]) + (a + 1)
+            for a, b in _pieces(count - 1)
+        ]
+    )
+    return place[starts].astype(np.int64), np.diff(np.r_[starts, count])
+
+
 def _group_starts(sorted_keys: list[np.ndarray]) -> np.ndarray:
     """Where each run of equal key tuples begins in sorted order."""
     change = np.zeros(sorted_keys[0].size, dtype=bool)
@@ -421,8 +487,10 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     count = int(np.count_nonzero(real))
     if count < 2:
         return []
-    # compared and sorted only: the columns as held (every cell: themselves, not copies)
-    all_row, all_slot, all_position = (cells.held(n) for n in ("pool_row", "slot", "position"))
+    # compared and sorted only: the columns as held (every cell: themselves, not copies; the
+    # pool rows read a chunk at a time where they are held as runs)
+    all_slot, all_position = cells.held("slot"), cells.held("position")
+    all_row = cells.readable("pool_row")
     idx = None if count == len(cells) else np.flatnonzero(real)
     row, slot = (all_row, all_slot) if idx is None else (all_row[idx], all_slot[idx])
     # a pool row's cells are one run of the live cells (`live_cells`): sorted a chunk of
@@ -441,8 +509,14 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
         del order, same, found
 
     def positions(i: int) -> np.ndarray:
-        here = (row == all_row[i]) & (slot == all_slot[i])
-        return np.sort((all_position if idx is None else all_position[idx])[here])
+        """The positions of cell i's slot in its row, sorted (found a piece at a time)."""
+        at_row, at_slot = all_row[i], all_slot[i]
+        position = all_position if idx is None else all_position[idx]
+        here = [
+            position[a:b][(row[a:b] == at_row) & (slot[a:b] == at_slot)]
+            for a, b in _pieces(len(slot))
+        ]
+        return np.sort(np.concatenate(here))
 
     def message(i: int) -> str:
         at = positions(i)
@@ -464,16 +538,30 @@ def _duplicates_in_row(cells: LiveCells, real: np.ndarray) -> list[Finding]:
     )
 
 
-def _row_chunks(row: np.ndarray) -> Iterator[tuple[int, int]]:
+def _row_chunks(row: np.ndarray | RunColumn) -> Iterator[tuple[int, int]]:
     """`[start, stop)` spans of about `_RANK_CHUNK` cells (more where one row is longer)
     covering `row`, each cut where the row changes: a row's cells are in one span."""
-    changes = np.flatnonzero(row[1:] != row[:-1]) + 1
+    size = len(row)
+    changes = np.concatenate(
+        [np.zeros(0, dtype=np.int64)]
+        + [
+            np.flatnonzero(piece[1:] != piece[:-1]) + (a + 1)
+            for a, b in _pieces(max(size - 1, 0))
+            for piece in (row[a : b + 1],)
+        ]
+    )
     start = 0
-    while start < row.size:
+    while start < size:
         after = int(np.searchsorted(changes, start + _RANK_CHUNK, side="left"))
-        stop = int(changes[after]) if after < changes.size else int(row.size)
+        stop = int(changes[after]) if after < changes.size else size
         yield start, stop
         start = stop
+
+
+def _pieces(size: int) -> Iterator[tuple[int, int]]:
+    """`[a, b)` spans of `_RANK_CHUNK` entries covering `0 .. size`."""
+    for a in range(0, size, _RANK_CHUNK):
+        yield a, min(a + _RANK_CHUNK, size)
 
 
 def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding]:
@@ -489,36 +577,29 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     if count == 0:
         return []
     # compared, sorted and counted only: the columns as held (every cell: themselves, and no
-    # index of them)
-    all_slot, all_position, all_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
+    # index of them; the pool rows read a chunk at a time where they are held as runs)
+    all_slot, all_position = cells.held("slot"), cells.held("position")
+    all_row = cells.readable("pool_row")
     idx = None if count == len(cells) else np.flatnonzero(real)
     if idx is None:
         slot, position, row = all_slot, all_position, all_row
     else:
         slot, position, row = all_slot[idx], all_position[idx], all_row[idx]
-    # each slot's rank, and one key a cell for its (slot, position), both narrow: sorting
-    # the keys gives the runs of one (slot, position), in slot-major then position order,
-    # with no index of the cells sorted (ten million cells of one slot: 150 MiB)
+    # each slot's rank (narrow), and the runs of one (slot, position) in slot-major then
+    # position order: counted, or sorted as one narrow key a cell, with no index of the cells
+    # sorted (ten million cells of one slot: 150 MiB)
     slots = distinct(slot)
     sid = _ranks(slots, slot)
     low = int(position.min())
     span = int(position.max()) - low + 1
-    place = np.empty(count, dtype=np.min_scalar_type(slots.size * span - 1))
-    for a in range(0, count, _RANK_CHUNK):
-        b = a + _RANK_CHUNK
-        place[a:b] = sid[a:b].astype(np.int64) * span + (position[a:b].astype(np.int64) - low)
-    place.sort()
-    run_start = _group_starts([place])
-    run_key = place[run_start].astype(np.int64)
-    del place
-    run_len = np.diff(np.r_[run_start, count])
+    run_key, run_len = _key_runs(sid, position, low, span, slots.size)
     run_slot = run_key // span
     run_position = run_key % span + low
     positions_per_slot = np.bincount(run_slot, minlength=slots.size)
     # held by several rows: its rows' smallest and largest differ (no sort by row); its
     # first cell in cell order; made a chunk of cells at a time
-    lowest = np.full(slots.size, np.iinfo(row.dtype).max, dtype=row.dtype)
-    highest = np.full(slots.size, np.iinfo(row.dtype).min, dtype=row.dtype)
+    lowest = np.full(slots.size, np.iinfo(np.int64).max, dtype=np.int64)
+    highest = np.full(slots.size, np.iinfo(np.int64).min, dtype=np.int64)
     first_cell = np.full(slots.size, count, dtype=np.int64)
     for a in range(0, count, _RANK_CHUNK):
         b = min(a + _RANK_CHUNK, count)
@@ -534,25 +615,27 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     longest = np.zeros(slots.size, dtype=np.int64)
     np.maximum.at(longest, run_slot, run_len)
     is_best = run_len == longest[run_slot]
-    first_best = np.full(slots.size, run_start.size, dtype=np.int64)
+    first_best = np.full(slots.size, run_key.size, dtype=np.int64)
     np.minimum.at(first_best, run_slot[is_best], np.flatnonzero(is_best))
     best = run_position[first_best]
     owner = np.where(longest > 1, best, position[first_cell]).astype(position.dtype)
-    # in cell order: each cell's owner position (narrow, as positions are held)
-    owner_of_cell = owner[sid]
-    copy = suspect[sid] & (position != owner_of_cell)
+    # in cell order, a chunk of cells at a time: which cells are copies, and each cell's owner
+    # position, in the narrowest dtype holding the owners' (read back as int64)
+    copy = np.empty(count, dtype=bool)
+    owner_position = np.zeros(len(cells), dtype=_holding(owner))
+    for a, b in _pieces(count):
+        owner_here = owner[sid[a:b]]
+        copy[a:b] = suspect[sid[a:b]] & (position[a:b] != owner_here)
+        owner_position[slice(a, b) if idx is None else idx[a:b]] = owner_here
+        del owner_here
     del sid
     if not copy.any():
         return []
-    # the owners' positions in the narrowest dtype holding them (read back as int64)
-    owner_position = np.zeros(len(cells), dtype=_holding(owner))
-    owner_position[slice(None) if idx is None else idx] = owner_of_cell
-    del owner_of_cell
 
     def holders(i: int) -> list[tuple[int, int]]:
         """(pool row, position) of the cells holding cell i's slot, in cell order."""
         here = np.flatnonzero(slot == all_slot[i])
-        return [(int(row[k]), int(position[k])) for k in here]
+        return list(zip(row[here].tolist(), position[here].tolist(), strict=True))
 
     def message(i: int) -> str:
         at = [c for c in holders(i) if c[1] == owner_position[i]][:3]
@@ -593,9 +676,11 @@ def _shared_without_prefix(
     n = len(cells)
     if n < 2 or int(np.count_nonzero(real)) < 2:
         return []
-    # compared, sorted and shown only: the columns as held (read once, never copied whole);
-    # the one sum (`_follows`) is taken in int64
-    c_slot, c_position, c_row = (cells.held(n) for n in ("slot", "position", "pool_row"))
+    # compared, sorted and shown only: the columns as held (read once, never copied whole;
+    # the pool rows a piece at a time where they are held as runs); the one sum (`_follows`)
+    # is taken in int64
+    c_slot, c_position = cells.held("slot"), cells.held("position")
+    c_row = cells.readable("pool_row")
     # whether each cell (but the first) is one position after the cell before it, same row
     follows = _follows(c_row, c_position)
     # the slot one position earlier in the same row (-1: none), as held
@@ -665,7 +750,7 @@ def _shared_without_prefix(
     blamed = blame(without_echoes(echo))
 
     def partners(i: int) -> list[int]:
-        same = (c_position == c_position[i]) & (c_slot == c_slot[i])
+        same = np.flatnonzero((c_position == c_position[i]) & (c_slot == c_slot[i]))
         return sorted({int(r) for r in c_row[same]} - {int(c_row[i])})
 
     return _cell_records(
@@ -689,10 +774,10 @@ def _shared_without_prefix(
 _PIECE = 1 << 20
 
 
-def _follows(row: np.ndarray, position: np.ndarray) -> np.ndarray:
+def _follows(row: np.ndarray | RunColumn, position: np.ndarray) -> np.ndarray:
     """Per cell but the first: whether it is in the row of the cell before it, one position
     later (the sum taken in int64, a piece at a time: a narrow position + 1 never wraps)."""
-    out = np.empty(max(row.size - 1, 0), dtype=bool)
+    out = np.empty(max(len(row) - 1, 0), dtype=bool)
     for a in range(0, out.size, _PIECE):
         b = min(a + _PIECE, out.size)
         out[a:b] = (row[a + 1 : b + 1] == row[a:b]) & (
@@ -797,8 +882,10 @@ def write_findings(dump: KvDump, cells: LiveCells) -> list[Finding]:
         return []
     written, w_pool, w_pos, n = writes.slot, writes.pool_row, writes.position, len(writes)
     # Only the live cells holding a written slot matter: sort those, not the whole batch.
-    # compared and sorted only: the live columns as held
-    c_slot, c_row, c_position = (cells.held(n) for n in ("slot", "pool_row", "position"))
+    # compared and sorted only: the live columns as held (the pool rows read at the cells
+    # looked at where they are held as runs)
+    c_slot, c_position = cells.held("slot"), cells.held("position")
+    c_row = cells.readable("pool_row")
     holders = np.flatnonzero(SlotSet(np.asarray(written)).contains(c_slot))
     order = holders[np.argsort(c_slot[holders], kind="stable")]
     live_sorted = c_slot[order]

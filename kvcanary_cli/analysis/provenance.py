@@ -111,6 +111,13 @@ class LiveCells:
         """A column with the dtype it reads as (what `CellColumns.gathered` keeps narrow)."""
         return self._columns[name]
 
+    def readable(self, name: str) -> np.ndarray | RunColumn:
+        """A column as held, to read a slice, an entry or the entries of an index at a time:
+        the narrow array itself, or its runs, decoded only where read (ten million cells'
+        pool rows held as runs are never decoded whole: 20 MB of `int16`)."""
+        column = self._columns[name]
+        return column if isinstance(column, RunColumn) else column.values
+
     def __len__(self) -> int:
         return len(self._columns["slot"])
 
@@ -719,11 +726,14 @@ def _allocator_state(
     known: np.ndarray | None = None,
     pool: int | None = None,
 ) -> AllocatorState | None:
-    """`free`, `in use`, `beyond the pool` (outside the `pool` slots the allocator hands out:
-    never "in use"), `unknown (not kept)`, or None without a free list."""
+    """`free`, `in use`, `below the pool (negative)` or `beyond the pool` (outside the `pool`
+    slots the allocator hands out: never "in use"), `unknown (not kept)`, or None without a
+    free list."""
     if free is None:
         return None
-    if pool is not None and not 0 <= slot < pool:
+    if slot < 0:  # below every pool, whatever its size (known or not)
+        return "below the pool (negative)"
+    if pool is not None and slot >= pool:
         return "beyond the pool"
     if known is not None:  # sorted: a shrunk dump keeps the entries of its kept slots
         at = int(np.searchsorted(known, slot))

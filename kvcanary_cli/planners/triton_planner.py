@@ -12,8 +12,11 @@ place.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from threading import Event, local
 from types import ModuleType
 from typing import Any
 
@@ -42,7 +45,7 @@ from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.planners.staging import seed_values, stage
 from kvcanary_cli.planners.triton_runtime import KernelArrays, kernel_arrays, shared_host_arrays
 
-__all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block"]
+__all__ = ["ENTRIES_PER_LAUNCH", "TritonPlanner", "bs_block", "reading_back_after"]
 
 #: Entries one `plan_entries_kernel` launch covers; larger plans are launched in chunks.
 ENTRIES_PER_LAUNCH = 1 << 24
@@ -138,7 +141,8 @@ class TritonPlanner:
         return host_parallel.host_processes(entries)
 
     def plan(self, dump: KvDump, group: str) -> Plan:
-        """Plan `group` of `dump` with the kernels; the outputs come back as numpy arrays."""
+        """Plan `group` of `dump` with the kernels; the outputs come back as numpy arrays
+        (within `reading_back_after`, once its event is set)."""
         frame = group_frame(dump, group)
         if frame.launch is not None:
             return failed_plan(frame, backend=self.name)
@@ -191,6 +195,9 @@ class TritonPlanner:
         )
         staged = inputs.staged
         del inputs  # the staged rows (a shrunk table's int32 copy) go before the entries come
+        waiting = getattr(_READ_BACK_AFTER, "event", None)
+        if waiting is not None:
+            waiting.wait()
         # back: read back one column at a time, held narrow (`held_narrow`), each buffer let
         # go once read: ten million entries are never two plans' worth of int64 columns here
         columns = {name: _read_back(memory, buffers.pop(name)) for name in list(buffers)}
@@ -346,6 +353,23 @@ class TritonPlanner:
             # costs tens of ms with torch loaded: only where the buffers are worth it.
             gc.collect()
         return out
+
+
+#: Per thread: the event a plan's entries wait for before they come back (`reading_back_after`).
+_READ_BACK_AFTER = local()
+
+
+@contextmanager
+def reading_back_after(event: Event) -> Iterator[None]:
+    """Within it, a plan made on this thread, launched, leaves its entries in the kernels'
+    buffers (the forked children's shared pages, none of them this process's) until `event`
+    is set, then reads them back: a caller planning on another thread has them come back
+    after its own peak, not on top of it."""
+    _READ_BACK_AFTER.event = event
+    try:
+        yield
+    finally:
+        _READ_BACK_AFTER.event = None
 
 
 #: Entries of a shared buffer `_read_back` reads at a time (a multiple of a page's entries).

@@ -57,9 +57,15 @@ OriginName = Literal["ring", "log", "log-message", "replay"]
 ORIGIN_NAMES: tuple[OriginName, ...] = get_args(OriginName)
 #: A canary buffer of a group.
 BufferName = Literal["head.k", "head.v", "tail.k", "tail.v"]
-#: A slot's allocator state: on the free list, in use, or no slot of the pool.
-AllocatorName = Literal["free", "in use", "beyond the pool"]
-_ALLOCATOR: dict[int, AllocatorName] = {1: "free", 0: "in use", 2: "beyond the pool"}
+#: A slot's allocator state: on the free list, in use, or no slot of the pool (below it:
+#: negative; or beyond it).
+AllocatorName = Literal["free", "in use", "below the pool (negative)", "beyond the pool"]
+_ALLOCATOR: dict[int, AllocatorName] = {
+    1: "free",
+    0: "in use",
+    3: "below the pool (negative)",
+    2: "beyond the pool",
+}
 #: Rows whose columns are read into Python at a time.
 _PIECE = 1 << 14
 

@@ -171,8 +171,25 @@ def test_free_list_answers_are_the_same_before_and_after_it_is_sorted() -> None:
     free = rng.permutation(np.arange(0, 4000, 3, dtype=np.int64))
     slots = rng.integers(-2, 4100, size=4 * provenance._SCANS_BEFORE_SORT).tolist()
     got = [provenance._allocator_state(free, s) for s in slots]
-    assert got == ["free" if s >= 0 and s % 3 == 0 and s < 4000 else "in use" for s in slots]
+    assert got == [
+        "below the pool (negative)" if s < 0 else "free" if s % 3 == 0 and s < 4000 else "in use"
+        for s in slots
+    ]
     assert provenance._free_list(free).ordered is not None  # the later ones were searched
+
+
+def test_a_negative_slot_is_below_every_pool_known_or_not() -> None:
+    """No allocator hands out a negative slot: never "in use" (a pool of unknown size), never
+    "beyond" a pool it is below."""
+    from kvcanary_cli.analysis import provenance
+
+    free = np.array([-1, 3, 5], dtype=np.int64)  # even a corrupt free list that holds it
+    for pool in (None, 8):
+        assert provenance._allocator_state(free, -1, pool=pool) == "below the pool (negative)"
+        assert provenance._allocator_state(free, -7, pool=pool) == "below the pool (negative)"
+        assert provenance._allocator_state(free, 3, pool=pool) == "free"
+    assert provenance._allocator_state(free, 8, pool=8) == "beyond the pool"
+    assert provenance._allocator_state(None, -1, pool=8) is None  # no free list: no state
 
 
 def _live_cells_holding(dump: KvDump, slots: set[int]) -> dict[str, np.ndarray]:

@@ -65,6 +65,42 @@ def test_a_column_of_runs_reads_back_as_its_array(given: np.ndarray) -> None:
     assert isinstance(back, RunColumn) and np.array_equal(back.values, array.values)
 
 
+@pytest.mark.parametrize("given", list(_arrays()), ids=lambda a: f"{a.min()}..{a.max()}")
+def test_a_finding_column_held_as_runs_is_made_as_its_gathered_array_would_be(
+    given: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finding's column is gathered from the live cells a piece at a time when it is held
+    as runs (`_gathered`): with pieces of 7 entries, each run, its step and its first value,
+    or the column kept as an array, are what gathering it whole and then finding its runs
+    make, for a mask and for an index, from an array or from runs."""
+    import kvcanary_cli.results.cells as cells_module
+
+    monkeypatch.setattr(cells_module, "_GATHER_PIECE", 7)
+    rng = np.random.default_rng(int(given.size) + 1)
+    array = NarrowColumn.of(given)
+    sources = (array, RunColumn.held_as_runs(array))
+    picks = (
+        np.ones(given.size, dtype=bool),
+        rng.random(given.size) < 0.999,  # runs cut here and there
+        rng.random(given.size) < 0.5,  # too many runs: an array
+        np.zeros(given.size, dtype=bool),
+        np.arange(given.size // 2, given.size),
+        np.sort(rng.integers(0, given.size, 5000)),
+    )
+    for source in sources:
+        for index in picks:
+            made = cells_module._gathered(source, index)
+            whole = cells_module._held(NarrowColumn(array.values[index], np.dtype(np.int64)))
+            assert type(made) is type(whole)
+            assert made.dtype == whole.dtype == np.dtype(np.int64)
+            if isinstance(whole, RunColumn):
+                assert isinstance(made, RunColumn) and made.step == whole.step
+                assert made.starts.dtype == whole.starts.dtype
+                assert made.firsts.dtype == whole.firsts.dtype
+            assert cells_module._same(made, whole)
+            assert np.array_equal(made.values, whole.values)
+
+
 @pytest.mark.parametrize("given", list(_arrays())[:6], ids=lambda a: f"{a.min()}..{a.max()}")
 def test_a_column_of_runs_gathers_what_its_array_gathers(
     given: np.ndarray, monkeypatch: pytest.MonkeyPatch

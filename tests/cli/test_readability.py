@@ -333,6 +333,18 @@ def test_a_slot_beyond_the_pool_is_not_in_use(tmp_path: Path) -> None:
     assert "allocator: free" in run("provenance", str(dump), "--slot", "5").stdout
 
 
+def test_a_negative_slot_is_below_the_pool_not_beyond_it() -> None:
+    # slot -1 is no slot of the pool, but not past its end: every format says "below"
+    dump = str(EXAMPLES / "use-after-free.safetensors")
+    table = run("provenance", dump, "--slot", "-1").stdout
+    markdown = run("provenance", dump, "--slot", "-1", "-f", "markdown").stdout
+    answer = json.loads(run("provenance", dump, "--slot", "-1", "-f", "json").stdout)
+    assert "  allocator: below the pool (negative)" in table
+    assert "- allocator: below the pool (negative)" in markdown
+    assert answer["slot"]["allocator"] == "below the pool (negative)"
+    assert not any("beyond" in text for text in (table, markdown, json.dumps(answer)))
+
+
 def test_the_first_raise_is_marked_as_the_line_naming_it_says() -> None:
     dump = str(EXAMPLES / "truncated-lut.safetensors")
     for fmt in ("table", "markdown"):

@@ -300,6 +300,17 @@ def test_a_violation_slot_beyond_the_pool_is_not_in_use(tmp_path: Path) -> None:
     assert set(states.values()) - {"beyond the pool"} <= {"free", "in use"}
 
 
+def test_a_violation_slot_below_the_pool_is_not_beyond_it(tmp_path: Path) -> None:
+    state = make_scenario("canary-aliasing", seed=0)
+    state.tensors["violation_ring"][0, 1] = -4  # the first row names a negative slot
+    path = state.save(tmp_path / "below.safetensors")
+    result = CliRunner().invoke(app, ["violations", str(path), "--format", "json"])
+    rows = json.loads(result.stdout)["rows"]
+    states = {row["slot_idx"]: row["explanation"]["allocator"] for row in rows}
+    assert states[-4] == "below the pool (negative)"
+    assert set(states.values()) - {"below the pool (negative)"} <= {"free", "in use"}
+
+
 # --- violation lines cut short (issue 36, class 11) -----------------------------------------
 
 

@@ -249,8 +249,8 @@ def _prev_slots(
 
 
 def _free(dump: KvDump, space: np.ndarray, slot: np.ndarray) -> np.ndarray:
-    """Per row: 1 on its space's free list, 0 in use, 2 beyond the pool (a slot the allocator
-    never hands out is not "in use"), -1 without a free list."""
+    """Per row: 1 on its space's free list, 0 in use, 3 below the pool (negative), 2 beyond
+    it (a slot the allocator never hands out is not "in use"), -1 without a free list."""
     out = np.full(slot.shape, -1, dtype=np.int64)
     lists = ((0, dump.free_full_slots, "num_full_slots"), (1, dump.free_swa_slots, "num_swa_slots"))
     for index, free, pool_name in lists:
@@ -259,7 +259,8 @@ def _free(dump: KvDump, space: np.ndarray, slot: np.ndarray) -> np.ndarray:
             out[mine] = np.isin(slot[mine], free).astype(np.int64)
             pool = dump.scalars[pool_name].value
             if pool is not None:
-                out[mine & ((slot < 0) | (slot >= pool))] = 2
+                out[mine & (slot >= pool)] = 2
+            out[mine & (slot < 0)] = 3  # no pool has a negative slot, whatever its size
     return out
 
 
