@@ -356,3 +356,41 @@ def test_streaming_sessions_are_opened_from_0_5_20_on(version: str, opens: bool)
     workload = history_workload(0, 0, 1, streaming=streaming)
     assert workload.streaming_sessions is opens
     assert any(a.session is not None for a in workload.arrivals) is opens
+
+
+class _RadixTree:
+    """A unified tree that tags radix sessions (0.5.17 on)."""
+
+    def open_radix_session(self, session_id: str) -> int:
+        return 1
+
+    def ensure_session_generation(self, session_id: str) -> int:
+        return 1
+
+    def release_radix_session(self, session_id: str) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("tree", "field", "core", "drives"),
+    [
+        (_RadixTree, True, "python", True),
+        (_RadixTree, True, "rust", False),  # SGLang refuses them on the Rust core
+        (_RadixTree, False, "python", False),  # the build cannot switch them on
+        (object, True, "python", False),  # 0.5.15 - 0.5.16: only the full-attention tree tags
+    ],
+)
+def test_radix_sessions_need_the_trees_tagging_and_the_python_core(
+    tree: type, field: bool, core: str, drives: bool
+) -> None:
+    from kvcanary_cli.soak.stack import drives_radix_sessions
+
+    def params(disable: bool = False, enable_session_radix_cache: bool = False) -> None: ...
+
+    def older(disable: bool = False) -> None: ...
+
+    modules = SimpleNamespace(
+        unified_radix_cache=SimpleNamespace(UnifiedRadixCache=tree),
+        cache_init_params=SimpleNamespace(CacheInitParams=params if field else older),
+    )
+    assert drives_radix_sessions(modules, core) is drives  # type: ignore[arg-type]
