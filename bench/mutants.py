@@ -12,7 +12,9 @@ side only, a compaction range one page short, a tombstoned page freed again, a p
 bound on the SWA side; in the Mamba layout's code slot 0 handed out, an evicted state kept by
 its node, the row map not written, one slot given to two owners, a slot never freed; with the
 extra buffer a request's track slots never freed, a track slot freed while the tree holds it,
-a donated track slot not replaced, the track map left stale); each
+a donated track slot not replaced, the track map left stale; in the radix sessions' code a
+close that frees a tagged leaf's KV left in the tree, a tag that locks its path, a close that
+keeps its references); each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
