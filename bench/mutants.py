@@ -12,7 +12,9 @@ side only, a compaction range one page short, a tombstoned page freed again, a p
 bound on the SWA side; in the Mamba layout's code slot 0 handed out, an evicted state kept by
 its node, the row map not written, one slot given to two owners, a slot never freed; with the
 extra buffer a request's track slots never freed, a track slot freed while the tree holds it,
-a donated track slot not replaced, the track map left stale); each
+a donated track slot not replaced, the track map left stale; in the radix sessions' code a
+close that frees a tagged leaf's KV left in the tree, a tag that locks its path, a close that
+keeps its references); each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
@@ -28,7 +30,8 @@ seeded histories:
   serving options; SGLang's busy checks after every step, its idle checks at idle): the
   steps run until their first complaint, or SGLang's crash.
 Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
-`mamba-extra-release`).
+`mamba-extra-release`, `swa+radix-release`: the SWA layout under radix sessions,
+`soak --session-radix-cache`, whose mutants are the radix sessions' code).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -41,7 +44,8 @@ and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. No
 asserted in tests (the test suite only checks that every snippet is found). Usage:
 
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
-        [--wheel W] [--engine sglang|vllm|all] [--layout swa|unified|mamba|mamba-extra ...]
+        [--wheel W] [--engine sglang|vllm|all]
+        [--layout swa|unified|mamba|mamba-extra|swa+radix ...]
         [--vllm-wheel W]
 """
 
@@ -577,6 +581,52 @@ MUTANTS: tuple[Mutant, ...] = (
         "itself (what `free` does for it)",
         control=True,
     ),
+    # -- radix sessions (`--enable-session-radix-cache`: soak --session-radix-cache, whose
+    # sessions are client sessions; the bench's layout `swa+radix`) -----------------------------
+    Mutant(
+        "radix-close-frees-kv",
+        "mem_cache/unified_cache/components/full.py",
+        "    def _dec_session_coverage(self, session_id: str, leaf: UnifiedTreeNode) -> None:\n"
+        "        node = leaf\n",
+        "    def _dec_session_coverage(self, session_id: str, leaf: UnifiedTreeNode) -> None:\n"
+        "        cd = leaf.component_data[self.component_type]\n"
+        "        if cd.session_ref == 1 and cd.lock_ref == 0 and not leaf.children:\n"
+        "            self._full_allocator().free_segment(cd.value, start_pos=0)\n"
+        "        node = leaf\n",
+        "use after free: closing a radix session frees the KV of a leaf it alone tagged (as "
+        "the full-attention tree's session close does) but leaves the node, and its KV, in the "
+        "tree",
+        layout="swa+radix",
+    ),
+    Mutant(
+        "radix-tag-takes-lock",
+        "mem_cache/unified_cache/components/full.py",
+        "            node.component_data[self.component_type].session_ref += 1\n",
+        "            node.component_data[self.component_type].lock_ref += 1\n",
+        "lock leak: a finished turn's session tag locks its path on the full side instead of "
+        "marking it (the lock no request holds, never released: the close finds no tag)",
+        layout="swa+radix",
+    ),
+    Mutant(
+        "radix-close-keeps-refs",
+        "mem_cache/unified_cache/components/base.py",
+        "            self._dec_session_coverage(session_id, leaf)\n"
+        "            self._unmark_session_leaf(session_id, leaf)\n",
+        "            self._unmark_session_leaf(session_id, leaf)\n",
+        "priority leak: closing a radix session drops its tags but not the references they "
+        "counted, so its nodes are evicted last for good (no memory is held: they stay "
+        "evictable)",
+        layout="swa+radix",
+    ),
+    Mutant(
+        "radix-close-in-reverse",
+        "mem_cache/unified_cache/components/base.py",
+        "        leaves = tuple(self._session_leaves.get(session_id, ()))\n",
+        "        leaves = tuple(self._session_leaves.get(session_id, ()))[::-1]\n",
+        "control: closing a radix session drops its tags in the other order",
+        control=True,
+        layout="swa+radix",
+    ),
     # -- vLLM 0.33.0's block pool (paths under vllm/v1/core/) ---------------------------------
     Mutant(
         "pool-cached-free-not-queued",
@@ -1082,17 +1132,29 @@ def _first_complaint(scheduler: Any, checks: Any, limit: int) -> tuple[int, str,
     return None
 
 
+#: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix".
+RADIX = "+radix"
+
+
+def soak_layout(layout: str) -> tuple[str, bool]:
+    """The soak layout a bench layout names, and whether it runs radix sessions."""
+    radix = layout.endswith(RADIX)
+    return (layout.removesuffix(RADIX), radix)
+
+
 def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> dict[str, Any]:
     """SGLang's checks with no kvcanary audit, on the histories soak runs (the same seeds,
     stack shapes, workloads and serving options as `soak()`'s, and the same budget): where
-    they first complained, or SGLang crashed."""
+    they first complained, or SGLang crashed. A layout `L+radix` runs soak's radix sessions
+    (`--session-radix-cache`: the Python tree core)."""
     from kvcanary_cli.soak.audit import SGLangChecks
     from kvcanary_cli.soak.command import _specs, history_workload
     from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.run import history_stack
     from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
 
-    specs = _specs(None, modules.cores, None, layout)
+    layout, radix = soak_layout(layout)
+    specs = _specs(None, ("python",) if radix else modules.cores, None, layout)
     path_cap = has_path_cap(modules)
     streaming = drives_streaming_sessions(modules)
     steps = histories = 0
@@ -1107,6 +1169,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
             layout,
             path_cap=path_cap,
             streaming=streaming,
+            radix=radix,
         )
         stack = history_stack(modules, spec, workload)  # soak's: its switches, as drawn
         scheduler = Scheduler(stack, workload)
@@ -1166,8 +1229,8 @@ def _soak_side(report: Any) -> dict[str, Any]:
 
 
 def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str = "swa") -> None:
-    """Run one variant, per seed: the soak command's `soak()` on `layout`, then SGLang's
-    checks alone."""
+    """Run one variant, per seed: the soak command's `soak()` on `layout` (`L+radix`: with
+    radix sessions), then SGLang's checks alone."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
     from kvcanary_cli.soak.command import soak
     from kvcanary_cli.soak.stack import load_sglang
@@ -1186,7 +1249,8 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
                     steps=budget,
                     seed=seed,
                     out=Path(out) / "o",
-                    layout=layout,
+                    layout=soak_layout(layout)[0],
+                    session_radix_cache=soak_layout(layout)[1],
                 )
                 run["soak_s"] = round(time.monotonic() - t0, 2)
             run["soak"] = _soak_side(report)
@@ -1375,6 +1439,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "unified"),
     ("sglang", "mamba"),
     ("sglang", "mamba-extra"),
+    ("sglang", "swa" + RADIX),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1396,7 +1461,7 @@ def _release_name(group: tuple[str, str]) -> str:
 
 def _chosen_groups(args: argparse.Namespace) -> list[tuple[str, str]]:
     engines = ("sglang", "vllm") if args.engine == "all" else (args.engine,)
-    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra"]
+    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra", "swa" + RADIX]
     return [g for g in GROUPS if g[0] in engines and (g[0] != "sglang" or g[1] in layouts)]
 
 
@@ -1590,9 +1655,9 @@ def main() -> int:
     parser.add_argument(
         "--layout",
         nargs="+",
-        choices=("swa", "unified", "mamba", "mamba-extra"),
+        choices=("swa", "unified", "mamba", "mamba-extra", "swa" + RADIX),
         default=None,
-        help="SGLang's layouts to mutate (default: each)",
+        help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions)",
     )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)

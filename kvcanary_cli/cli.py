@@ -424,6 +424,11 @@ command(
         "a prefix hit, host slots evicted under host pressure; the host pools audited each "
         "step (any --layout but unified).",
     ),
+    session_radix_cache=Opt(
+        "Run SGLang's radix sessions (--enable-session-radix-cache) too: the sessions are "
+        "client sessions whose finished turns tag the tree's nodes (evicted last) until the "
+        "session closes (the Python tree core; SGLang 0.5.17 on).",
+    ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
     vllm_model=Opt(

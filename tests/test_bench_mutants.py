@@ -41,6 +41,7 @@ mutants = _bench()
         ("sglang", "unified", 4, 1),
         ("sglang", "mamba", 4, 1),
         ("sglang", "mamba-extra", 4, 1),
+        ("sglang", "swa+radix", 3, 1),
         ("vllm", "swa", 12, 3),
         ("vllm", "hybrid-mamba", 2, 1),
         ("vllm", "hybrid-chunked-local", 2, 1),

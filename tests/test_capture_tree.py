@@ -191,6 +191,19 @@ class _Wrapper:
         return getattr(self.inner, name)
 
 
+def test_radix_session_tags_are_counted_per_session_over_the_components() -> None:
+    """A radix session's tags (`--enable-session-radix-cache`): the leaves each component
+    indexes for it, summed, read through a wrapper too; a tree without them has none."""
+    full = SimpleNamespace(_session_leaves={"a": {1, 2}, "b": set()})
+    swa = SimpleNamespace(_session_leaves={"a": {3}, "c": {4}})
+    tree = SimpleNamespace(session_refs=SimpleNamespace(components=(full, swa)))
+    assert tree_capture.radix_session_leaves(tree) == {"a": 3, "c": 1}
+    assert tree_capture.radix_session_leaves(_Wrapper(tree)) == {"a": 3, "c": 1}
+    assert tree_capture.radix_session_leaves(SimpleNamespace()) == {}
+    broken = SimpleNamespace(session_refs=SimpleNamespace(components=(object(),)))
+    assert tree_capture.radix_session_leaves(broken) == {}
+
+
 @pytest.mark.parametrize("release", ["0.5.13", "0.5.17", "0.5.21"])
 def test_tree_for_reads_a_wrapped_cache_through_its_streaming_session(
     release: str, monkeypatch: pytest.MonkeyPatch

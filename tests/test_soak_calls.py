@@ -415,3 +415,39 @@ def test_sglangs_idle_checks_run_only_once_fully_idle(
     checks.scheduler, checks.checker = scheduler, _IdleChecker()  # type: ignore[assignment]
     said = [one.check for one in checks.idle()]
     assert said == (["_check_all_pools", "_check_req_pool"] if ran else [])
+class _RadixTree:
+    """A unified tree that tags radix sessions (0.5.17 on)."""
+
+    def open_radix_session(self, session_id: str) -> int:
+        return 1
+
+    def ensure_session_generation(self, session_id: str) -> int:
+        return 1
+
+    def release_radix_session(self, session_id: str) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("tree", "field", "core", "drives"),
+    [
+        (_RadixTree, True, "python", True),
+        (_RadixTree, True, "rust", False),  # SGLang refuses them on the Rust core
+        (_RadixTree, False, "python", False),  # the build cannot switch them on
+        (object, True, "python", False),  # 0.5.15 - 0.5.16: only the full-attention tree tags
+    ],
+)
+def test_radix_sessions_need_the_trees_tagging_and_the_python_core(
+    tree: type, field: bool, core: str, drives: bool
+) -> None:
+    from kvcanary_cli.soak.stack import drives_radix_sessions
+
+    def params(disable: bool = False, enable_session_radix_cache: bool = False) -> None: ...
+
+    def older(disable: bool = False) -> None: ...
+
+    modules = SimpleNamespace(
+        unified_radix_cache=SimpleNamespace(UnifiedRadixCache=tree),
+        cache_init_params=SimpleNamespace(CacheInitParams=params if field else older),
+    )
+    assert drives_radix_sessions(modules, core) is drives  # type: ignore[arg-type]

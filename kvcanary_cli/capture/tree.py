@@ -44,6 +44,7 @@ __all__ = [
     "allocated_len",
     "free_slots",
     "kv_record",
+    "radix_session_leaves",
     "register_tree_cache",
     "session_holders",
     "session_records",
@@ -120,6 +121,26 @@ def session_holders(tree: Any, requests: Iterable[Any]) -> list[Any]:
         for sid, kv in records.items()
         if kv.req_pool_idx is None or (sid, int(kv.req_pool_idx)) not in borrowed
     ]
+
+
+def radix_session_leaves(tree: Any) -> dict[str, int]:
+    """How many tree nodes each open radix session (`--enable-session-radix-cache`, 0.5.17
+    on) has tagged, by session id, over the tree's components (empty: none, or a tree without
+    radix sessions). A tag is no holder: the tagged node and its KV are the tree's, evictable
+    (last) like any other, so the capture reads them as the tree's and counts nothing of its
+    own for them. Read from the tree's `session_refs` (each component's `_session_leaves`),
+    through SGLang's `StreamingSession` wrapper where one wraps the tree."""
+    inner = _wrapped(tree)
+    refs = getattr(tree if inner is None else inner, "session_refs", None)
+    tagged: dict[str, int] = {}
+    for component in getattr(refs, "components", ()):
+        leaves = getattr(component, "_session_leaves", None)
+        if not isinstance(leaves, dict):
+            continue
+        for session_id, nodes in leaves.items():
+            if nodes:
+                tagged[session_id] = tagged.get(session_id, 0) + len(nodes)
+    return tagged
 
 
 def register_tree_cache(tree: object) -> None:

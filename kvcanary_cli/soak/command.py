@@ -81,6 +81,7 @@ def history_workload(
     path_cap: bool = False,
     hicache: bool = False,
     streaming: bool = True,
+    radix: bool = False,
 ) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
@@ -110,7 +111,9 @@ def history_workload(
     overlapped scheduler sizes it so) but in every other round, where it holds one
     (`TRACK_SLOTS`). With `hicache`, each history runs SGLang's host tier under one of its
     write policies, in turn (`WRITE_POLICIES`: history by history, so each shape meets each
-    within three rounds)."""
+    within three rounds). With `radix` (`--session-radix-cache`), the sessions are client
+    sessions under SGLang's radix sessions in every layout (`STREAMING_SESSIONS` of them
+    outside the Mamba layouts), closed once their turns are over (`soak.sessions`)."""
     from kvcanary_cli.soak.mamba import CHUNK, TRACK_SLOTS
     from kvcanary_cli.soak.stack import MAMBA_LAYOUTS
     from kvcanary_cli.soak.workload import WRITE_POLICIES, random_workload
@@ -128,8 +131,9 @@ def history_workload(
         abort_within=MAMBA_ABORT_WITHIN if mamba else None,
         warmups=mamba,
         warmup_grid=CHUNK,
-        sessions=MAMBA_SESSIONS if mamba else STREAMING_SESSIONS if streaming else 0,
-        streaming_sessions=not mamba and streaming,
+        sessions=MAMBA_SESSIONS if mamba else STREAMING_SESSIONS if streaming or radix else 0,
+        streaming_sessions=not mamba and streaming and not radix,
+        radix_sessions=radix,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,
@@ -212,10 +216,12 @@ def soak(
     layout: str = "swa",
     coverage: bool = False,
     hicache: bool = False,
+    session_radix_cache: bool = False,
 ) -> SoakReport:
     """Run histories until `steps` scheduler steps are spent or one fails (see module); with
     `coverage`, say which memory-cache functions and free paths they ran; with `hicache`,
-    with SGLang's host tier on.
+    with SGLang's host tier on; with `session_radix_cache`, with SGLang's radix sessions on
+    (the Python tree core only).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -227,6 +233,7 @@ def soak(
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import (
         LAYOUTS,
+        drives_radix_sessions,
         drives_streaming_sessions,
         has_path_cap,
         load_sglang,
@@ -258,6 +265,26 @@ def soak(
                 "(no init_hicache, check_hicache_events, ready_to_load_host_cache)",
                 option="hicache",
             )
+    if session_radix_cache:
+        if hicache:
+            raise OptionError(
+                "runs SGLang's radix sessions without its host tier: drop --hicache",
+                option="session-radix-cache",
+            )
+        if core not in (None, "python"):
+            raise OptionError(
+                f"runs on the Python tree core only (SGLang refuses radix sessions on the "
+                f"{core} one): drop --core",
+                option="session-radix-cache",
+            )
+        if not drives_radix_sessions(modules):
+            raise OptionError(
+                f"SGLang {modules.tree.version}'s unified tree has no radix sessions "
+                "(open_radix_session, ensure_session_generation, release_radix_session: "
+                "0.5.17 on)",
+                option="session-radix-cache",
+            )
+        core = "python"
     if core is not None and core not in modules.cores:
         why = "".join(f"; {note}" for note in modules.notes)
         raise OptionError(
@@ -268,7 +295,7 @@ def soak(
     specs = _specs(page_size, modules.cores, core, layout)
     path_cap = has_path_cap(modules)
     streaming = drives_streaming_sessions(modules)
-    tracing = _Coverage(modules, specs, hicache) if coverage else None
+    tracing = _Coverage(modules, specs, hicache, session_radix_cache) if coverage else None
     started = time.monotonic()
     histories = steps_run = audited = acted = 0
     failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
@@ -285,6 +312,7 @@ def soak(
             path_cap=path_cap,
             hicache=hicache,
             streaming=streaming,
+            radix=session_radix_cache,
         )
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
@@ -331,7 +359,9 @@ def soak(
 class _Coverage:
     """The tracer of a soak's histories and the free paths of the stacks it builds."""
 
-    def __init__(self, modules: Any, specs: list[Any], hicache: bool = False) -> None:
+    def __init__(
+        self, modules: Any, specs: list[Any], hicache: bool = False, radix: bool = False
+    ) -> None:
         from kvcanary_cli.soak.coverage import Tracer, free_paths, stack_objects
         from kvcanary_cli.soak.stack import build_stack, drives_streaming_sessions
         from kvcanary_cli.soak.workload import WRITE_POLICIES
@@ -341,15 +371,18 @@ class _Coverage:
         self.tracer = Tracer(folder, sessions)
         self.mamba = any(spec.layout in ("mamba", "mamba-extra") for spec in specs)
         self.hicache = hicache
+        self.radix = radix
         #: the other layouts' histories open streaming sessions (`history_workload`), on the
-        #: releases soak opens them on
-        self.streaming = drives_streaming_sessions(modules) and any(
-            spec.layout not in ("mamba", "mamba-extra") for spec in specs
+        #: releases soak opens them on, but under radix sessions (client ones)
+        self.streaming = (
+            not radix
+            and drives_streaming_sessions(modules)
+            and any(spec.layout not in ("mamba", "mamba-extra") for spec in specs)
         )
         self.paths: dict[str, Any] = {}
         policy = WRITE_POLICIES[0] if hicache else None
         for spec in specs:  # what each stack shape resolves to (a paged side at page size > 1)
-            built = build_stack(modules, spec, hicache_write_policy=policy)
+            built = build_stack(modules, spec, hicache_write_policy=policy, radix_sessions=radix)
             objects = stack_objects(built)
             # the allocation functions live in `common` itself before 0.5.16: listed once
             frees = [modules.common]
@@ -366,6 +399,7 @@ class _Coverage:
             mamba=self.mamba,
             hicache=self.hicache,
             streaming=self.streaming,
+            radix=self.radix,
         )
 
 
@@ -581,6 +615,7 @@ def run_soak(
     replaying: Path | None = None,
     coverage: bool = False,
     hicache: bool = False,
+    session_radix_cache: bool = False,
 ) -> SoakReport | PoolSoakReport:
     """The command: `engine`'s soak (sglang or vllm: an option of the other's is one error
     line), with a progress bar on a terminal (bad input raises before it runs, exit 2), or
@@ -598,6 +633,8 @@ def run_soak(
             raise OptionError("traces SGLang's memory cache only", option="--coverage")
         if hicache:
             raise OptionError("runs SGLang's host tier only", option="--hicache")
+        if session_radix_cache:
+            raise OptionError("runs SGLang's radix sessions only", option="--session-radix-cache")
         sglang_options = {"--page-size": page_size, "--core": core, "--layout": layout}
         return run_vllm_soak(
             vllm_tree,
@@ -620,10 +657,17 @@ def run_soak(
             raise OptionError(
                 "reports coverage of a soak's histories: drop --coverage", option="replay"
             )
-        if page_size is not None or core is not None or fault is not None or hicache:
+        if (
+            page_size is not None
+            or core is not None
+            or fault is not None
+            or hicache
+            or session_radix_cache
+        ):
             raise OptionError(
-                "takes the page size, tree core, fault and host tier from the reproducer: "
-                "drop --page-size, --core, --fault and --hicache",
+                "takes the page size, tree core, fault, host tier and radix sessions from the "
+                "reproducer: drop --page-size, --core, --fault, --hicache and "
+                "--session-radix-cache",
                 option="replay",
             )
         with standard_output_on_standard_error():
@@ -646,6 +690,7 @@ def run_soak(
             layout=layout or "swa",
             coverage=coverage,
             hicache=hicache,
+            session_radix_cache=session_radix_cache,
         )
 
 

@@ -30,16 +30,15 @@ _FREE = re.compile(r"free|release|evict")
 #: ... unless it only asks (a size, a predicate, a getter, a text, an ordering, metrics): the
 #: tracer also sees kvcanary's own audit read SGLang (`get_all_free_pages`), never a free.
 _QUERY = re.compile(r"size|_str$|^_?(has|can|tracks|get)_|priority|strategy|metrics")
-#: Free paths of what soak does not drive: a host tier (HiCache), radix sessions (the
-#: components' `release_session` is theirs), CUDA;
+#: Free paths of what soak does not drive: CUDA; a host tier's (HiCache) unless it ran one
+#: (`summary(hicache=True)`); radix sessions' (the components' `release_session` is theirs)
+#: unless it ran them (`summary(radix=True)`, `--session-radix-cache`);
 #: Mamba's outside the Mamba layout (`summary(mamba=True)`: there they are this layout's own);
 #: streaming sessions' where no history opened one (`summary(streaming=False)`: the Mamba
 #: layout's sessions are client sessions, whose close frees nothing).
-_OTHER = re.compile(
-    r"host|radix_session|component\.release_session|(?<!none)_cuda|hisparse|unevict"
-)
-#: the same, where the soak ran the host tier (`--hicache`): its paths are the layout's
-_OTHER_HICACHE = re.compile(r"radix_session|component\.release_session|(?<!none)_cuda|hisparse")
+_ELSEWHERE = r"(?<!none)_cuda|hisparse"
+_HOST = r"host|unevict"
+_RADIX = r"radix_session|component\.release_session"
 _MAMBA = re.compile(r"mamba")
 _SESSION = re.compile(r"session")
 
@@ -138,12 +137,15 @@ def summary(
     mamba: bool = False,
     hicache: bool = False,
     streaming: bool = False,
+    radix: bool = False,
 ) -> SoakCoverage:
     """What ran of `paths`, sorted by name, the ones serving other features apart (a Mamba
     path is another feature's unless the soak ran the Mamba layout, a host tier's unless it
-    ran the host tier, a session's unless it ran a layout whose histories open streaming
-    sessions)."""
-    others = _OTHER_HICACHE if hicache else _OTHER
+    ran the host tier, a radix session's unless it ran radix sessions, another session's
+    unless it ran a layout whose histories open streaming sessions)."""
+    parts = [_ELSEWHERE, *(() if hicache else (_HOST,)), *(() if radix else (_RADIX,))]
+    others = re.compile("|".join(parts))
+    own = re.compile(_RADIX) if radix else None
     names = sorted(paths)
     missed = [name for name in names if paths[name] not in tracer.called]
 
@@ -152,7 +154,11 @@ def summary(
         return (
             bool(others.search(lowered))
             or (not mamba and bool(_MAMBA.search(lowered)))
-            or (not streaming and bool(_SESSION.search(lowered)))
+            or (
+                not streaming
+                and bool(_SESSION.search(lowered))
+                and not (own is not None and own.search(lowered))
+            )
         )
 
     return SoakCoverage(

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import session_slots
+from kvcanary_cli.capture.tree import radix_session_leaves, session_slots
 from kvcanary_cli.soak.calls import (
     abort_finisher,
     checkpointer,
@@ -165,7 +165,8 @@ class Counters:
     host_loads: int = 0
     #: the extra buffer's decode track boundaries (`track_decode_boundary`)
     track_boundaries: int = 0
-    #: streaming sessions closed (`release_session`), and idle steps a session held KV at
+    #: streaming or radix sessions closed (`release_session`, `release_radix_session`), and
+    #: idle steps a session held KV at (a radix session: tagged the tree's nodes)
     sessions_closed: int = 0
     session_idles: int = 0
 
@@ -272,7 +273,7 @@ class Scheduler:
             self._arrive()
         if self._aborts:
             self._abort_due()
-        if self._sessions is not None and self._sessions.streaming:
+        if self._sessions is not None and self._sessions.closing:
             self._served_for = self._served_for + 1 if self._served() else 0
             over = self._served_for > SESSION_LINGER
             self.counters.sessions_closed += self._sessions.close_over(all_over=over)
@@ -286,7 +287,7 @@ class Scheduler:
             self._process(batch, info)
         else:
             self.counters.idles += 1
-            if session_slots(self.stack.tree):
+            if session_slots(self.stack.tree) or radix_session_leaves(self.stack.tree):
                 self.counters.session_idles += 1
             self._on_idle()
         self.last_batch = batch
@@ -322,6 +323,7 @@ class Scheduler:
                 self.session_controller,
                 streaming=self.workload.streaming_sessions,
                 turns=turns,
+                radix=self.workload.radix_sessions,
             )
         return self._sessions
 

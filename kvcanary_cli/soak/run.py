@@ -113,9 +113,9 @@ class HistoryResult:
 
 def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -> Stack:
     """The stack a history of `workload` runs on: `spec`'s, with the serving switches the
-    workload drew (sorted merges, lazy compaction, the Mamba path cap). Whatever runs a soak
-    history again (the mutation benchmark's SGLang-checks-alone side) builds it here, so both
-    run one stack."""
+    workload drew (sorted merges, lazy compaction, the Mamba path cap, radix sessions).
+    Whatever runs a soak history again (the mutation benchmark's SGLang-checks-alone side)
+    builds it here, so both run one stack."""
     return build_stack(
         modules,
         spec,
@@ -124,6 +124,7 @@ def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -
         mamba_max_states_per_path=workload.mamba_max_states_per_path,
         hicache_write_policy=workload.hicache_write_policy,
         mamba_track_slots=workload.mamba_track_slots,
+        radix_sessions=workload.radix_sessions,
     )
 
 

@@ -23,6 +23,17 @@ of the history is served (`driver.SESSION_LINGER`), so idle steps meet a session
 KV (between turns idle steps are rare, and a session kept open longer holds its pages and
 locks its prefix: on soak's small pools a few such sessions hold every SWA page and the
 waiting requests never fit, on SGLang's scheduler too).
+
+Radix sessions (`--enable-session-radix-cache`, `radix`) are client sessions the tree knows
+of: opening one opens its radix session (`open_radix_session`, as the scheduler's
+`open_session` does), each turn carries the session's generation
+(`ensure_session_generation`, as the scheduler sets it on the request `create_req` made), a
+finished turn's insert tags the nodes it ended on with the session (the tree then evicts them
+last), and closing it drops the tags (`release_radix_session`, then `SessionController.close`,
+as the scheduler's `close_session` does). They hold no row, no lock and no KV outside the
+tree: a tagged node is the tree's, evictable like any other. Soak closes them as it closes
+streaming sessions, but one (number 1), which it closes once its last turn is made, while
+that turn may still run: the turn's insert then finds its session closed and tags nothing.
 """
 
 from __future__ import annotations
@@ -59,7 +70,8 @@ def session_controller(tree: Any) -> Any:
 
 class Sessions:
     """The sessions of one history, by the workload's session number: client sessions, or
-    streaming ones (`streaming`) closed once their `turns` (turns per session) are over."""
+    streaming ones (`streaming`), or client ones under radix sessions (`radix`); the last
+    two closed once their `turns` (turns per session) are over."""
 
     def __init__(
         self,
@@ -68,9 +80,11 @@ class Sessions:
         *,
         streaming: bool = False,
         turns: dict[int, int] | None = None,
+        radix: bool = False,
     ) -> None:
         self._controller = controller
         self._streaming = streaming
+        self._radix = radix
         self._turns = turns or {}
         io = import_module(_IO)
         self._request = io.TokenizedGenerateReqInput
@@ -94,24 +108,41 @@ class Sessions:
         """Whether the sessions are streaming ones."""
         return self._streaming
 
+    @property
+    def closing(self) -> bool:
+        """Whether soak closes the sessions: streaming or radix ones (closing a plain client
+        session frees nothing)."""
+        return self._streaming or self._radix
+
     def open_count(self) -> int:
-        """Streaming sessions not yet closed (a client session is never closed)."""
-        return len(self._open) if self._streaming else 0
+        """Sessions not yet closed, of those soak closes (`closing`)."""
+        return len(self._open) if self.closing else 0
+
+    def _close(self, session_id: str) -> None:
+        """Close a session as the scheduler's `close_session` does: the tree's radix session
+        first (radix sessions), then the controller's, whose close releases both."""
+        if self._radix:
+            self._controller.tree_cache.release_radix_session(session_id)
+        self._controller.close(SimpleNamespace(session_id=session_id))
 
     def close_over(self, *, all_over: bool) -> int:
-        """Close (`SessionController.close`) each streaming session whose turns are all made
-        and over: the first session (number 0) only once `all_over` (nothing else is left of
-        the history: it holds its KV through the idle steps before), the others at once.
+        """Close (`_close`) each session soak closes (`closing`) whose turns are all made and
+        over: the first session (number 0) only once `all_over` (nothing else is left of
+        the history: it holds its KV through the idle steps before), the others at once; a
+        radix session number 1 once its turns are made, its last maybe still running.
         Returns how many it closed."""
-        if not self._streaming:
+        if not self.closing:
             return 0
         closed = 0
         for number, one in list(self._open.items()):
-            if one.made < self._turns.get(number, 0) or not self.ready(number):
+            if one.made < self._turns.get(number, 0):
+                continue
+            early = self._radix and number == 1
+            if not early and not self.ready(number):
                 continue
             if number == 0 and not all_over:
                 continue
-            self._controller.close(SimpleNamespace(session_id=one.session.session_id))
+            self._close(one.session.session_id)
             del self._open[number]
             closed += 1
         return closed
@@ -139,6 +170,8 @@ class Sessions:
                 session_id=name, capacity_of_str_len=0, streaming=self._streaming, timeout=None
             )
             self._controller.open(opened)
+            if self._radix:
+                self._controller.tree_cache.open_radix_session(name)
             one = self._open[number] = _Open(self._controller.get(name))
         params = self._params(id=one.session.session_id, rid=one.finished)
         given = {
@@ -158,6 +191,9 @@ class Sessions:
         }
         request = self._request(**{k: v for k, v in given.items() if k in self._fields})
         req = one.session.create_req(request, None, self._vocab)
+        if self._radix:
+            tree = self._controller.tree_cache
+            req.session_generation = tree.ensure_session_generation(one.session.session_id)
         one.turn = req
         one.made += 1
         return req

@@ -58,6 +58,7 @@ __all__ = [
     "build_stack",
     "find_tree",
     "fitting",
+    "drives_radix_sessions",
     "drives_streaming_sessions",
     "has_path_cap",
     "load_sglang",
@@ -786,6 +787,7 @@ def build_stack(
     mamba_max_states_per_path: int | None = None,
     hicache_write_policy: str | None = None,
     mamba_track_slots: int | None = None,
+    radix_sessions: bool = False,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
@@ -794,7 +796,9 @@ def build_stack(
     with SGLang's per-path Mamba state cap on the server args (a release without it: an error
     line), `mamba_track_slots` the extra buffer's ping-pong slots per request (`mamba-extra`
     only; None: two), `hicache_write_policy` with SGLang's host tier under that write policy
-    (`soak.hicache`; a release whose tree takes none: an error line). The tree's modules are
+    (`soak.hicache`; a release whose tree takes none: an error line), `radix_sessions` with
+    SGLang's radix sessions (`--enable-session-radix-cache`; a release or tree core without
+    them: an error line, `drives_radix_sessions`). The tree's modules are
     put back first (`reinstate`): SGLang's constructors import more of it as they run."""
     modules.reinstate()
     tree = modules.tree
@@ -824,6 +828,12 @@ def build_stack(
         raise SGLangUnavailableError(
             f"tree core {spec.core!r} is not available in {tree.release} "
             f"(available: {', '.join(modules.cores)})",
+            source=tree.label,
+        )
+    if radix_sessions and not drives_radix_sessions(modules, spec.core):
+        raise SGLangUnavailableError(
+            f"{tree.release}'s unified tree ({spec.core} core) has no radix sessions "
+            "(--enable-session-radix-cache: SGLang 0.5.17 on, the Python tree core)",
             source=tree.label,
         )
     if spec.layout == MAMBA_EXTRA:
@@ -904,6 +914,7 @@ def build_stack(
             tree_components=(kinds.FULL, second),
             **({"enable_mamba_extra_buffer": True} if spec.layout == MAMBA_EXTRA else {}),
             **({"tree_core_backend": spec.core} if by_param else {}),
+            **({"enable_session_radix_cache": True} if radix_sessions else {}),
         )
         with nullcontext() if by_param else _environment(_CORE_ENV, spec.core):
             radix = modules.unified_radix_cache.UnifiedRadixCache(params)
@@ -940,6 +951,22 @@ def drives_streaming_sessions(modules: SGLangModules) -> bool:
         return True
     parameters = inspect.signature(checker.SchedulerInvariantChecker).parameters
     return PARKED_CHUNK_GETTER in parameters
+
+
+def drives_radix_sessions(modules: SGLangModules, core: str = "python") -> bool:
+    """Whether soak can run SGLang's radix sessions on this release's unified tree with tree
+    core `core`: the tree tags sessions (`open_radix_session`, `ensure_session_generation`,
+    `release_radix_session`: 0.5.17 on; 0.5.15 - 0.5.16 tag only the full-attention
+    `RadixCache`, which soak does not run) and its build takes the switch, on the Python
+    core (SGLang refuses radix sessions on the Rust one, or builds the Python one instead)."""
+    tree = modules.unified_radix_cache.UnifiedRadixCache
+    named = ("open_radix_session", "ensure_session_generation", "release_radix_session")
+    params = inspect.signature(modules.cache_init_params.CacheInitParams).parameters
+    return (
+        core == "python"
+        and all(callable(getattr(tree, name, None)) for name in named)
+        and "enable_session_radix_cache" in params
+    )
 
 
 def has_path_cap(modules: SGLangModules) -> bool:

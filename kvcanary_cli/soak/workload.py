@@ -84,6 +84,11 @@ class Workload:
     #: request pool row, KV and prefix lock between turns, until a turn aborts or the session
     #: closes (soak closes it once its last turn is over: `soak.sessions`)
     streaming_sessions: bool = False
+    #: SGLang's radix sessions (`--enable-session-radix-cache`) on the sessions, which are
+    #: client ones: a finished turn tags the tree nodes its insert ended on with its session,
+    #: which the tree then evicts last, and closing the session drops the tags
+    #: (`release_radix_session`); they hold no row, no lock and no KV outside the tree
+    radix_sessions: bool = False
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -106,6 +111,7 @@ class Workload:
                 "hicache_write_policy": self.hicache_write_policy,
                 "mamba_track_slots": self.mamba_track_slots,
                 "streaming_sessions": self.streaming_sessions,
+                "radix_sessions": self.radix_sessions,
             }
         )
 
@@ -134,7 +140,8 @@ class Workload:
             raise TypeError("an unknown HiCache write policy")
         track = data.get("mamba_track_slots")  # absent in files before the extra buffer
         streaming = data.get("streaming_sessions", False)  # absent in files before them
-        flags = (release, need_sort, lazy, ignore_eos, streaming)
+        radix = data.get("radix_sessions", False)  # absent in files before them
+        flags = (release, need_sort, lazy, ignore_eos, streaming, radix)
         if (
             not all(isinstance(flag, bool) for flag in flags)
             or type(interval) is not int
@@ -157,6 +164,7 @@ class Workload:
             policy,
             track,
             streaming,
+            radix,
         )
 
 
@@ -208,6 +216,7 @@ def random_workload(
     sessions: int = 0,
     hicache_write_policy: str | None = None,
     streaming_sessions: bool = False,
+    radix_sessions: bool = False,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -221,7 +230,8 @@ def random_workload(
     turns (`_open_sessions`), drawn apart: the other arrivals and their aborts are those
     drawn without; with `aborts`, half the later turns are aborted after they arrive, within
     twice `abort_within` steps (never at once: a turn aborted before its first round never
-    matched). With `streaming_sessions` the sessions are streaming ones."""
+    matched). With `streaming_sessions` the sessions are streaming ones; with `radix_sessions`
+    client ones under SGLang's radix sessions."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
@@ -291,6 +301,7 @@ def random_workload(
         hicache_write_policy,
         mamba_track_slots,
         streaming_sessions,
+        radix_sessions,
     )
 
 

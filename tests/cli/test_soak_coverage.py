@@ -312,6 +312,48 @@ def test_host_paths_are_the_host_tiers_own_under_hicache(
     assert hicache.other_features == ("Swa.free_cuda", "Tree.release_session")
 
 
+def test_radix_session_paths_are_the_soaks_own_under_radix_sessions(
+    mem_cache: tuple[Path, ModuleType],
+) -> None:
+    """With `--session-radix-cache` a radix session's free path that never ran is this soak's
+    own (not reached), no longer another feature's; a streaming session's and a host tier's
+    stay another's."""
+    folder, module = mem_cache
+    code = module.helper.__code__
+    paths = {
+        "Tree.release_radix_session": code,
+        "TreeComponent.release_session": code,
+        "StreamingSession._free_tail": code,
+        "Swa.free_host_values": code,
+    }
+    tracer = Tracer(folder)
+    plain = summary(tracer, paths)
+    assert plain.not_reached == ()
+    radix = summary(tracer, paths, radix=True)
+    assert radix.not_reached == ("Tree.release_radix_session", "TreeComponent.release_session")
+    assert radix.other_features == ("StreamingSession._free_tail", "Swa.free_host_values")
+
+
+def test_radix_histories_open_client_sessions_in_every_layout() -> None:
+    """Under radix sessions every layout's sessions are client ones (none streaming), as many
+    as without them, on the same arrivals; the flag reads back, and older files have none."""
+    from kvcanary_cli.soak.command import MAMBA_SESSIONS, STREAMING_SESSIONS, history_workload
+
+    for layout, count in (("swa", STREAMING_SESSIONS), ("mamba", MAMBA_SESSIONS)):
+        radix = history_workload(0, 0, 1, layout=layout, radix=True)
+        plain = history_workload(0, 0, 1, layout=layout)
+        assert radix.radix_sessions and not radix.streaming_sessions
+        assert radix.arrivals == plain.arrivals
+        assert {a.session for a in radix.arrivals if a.session is not None} == set(range(count))
+        assert Workload.from_json(radix.to_json()) == radix
+    older = json.loads(radix.to_json())
+    del older["radix_sessions"]
+    assert not Workload.from_json(json.dumps(older)).radix_sessions
+    assert not history_workload(0, 0, 1).radix_sessions
+    with pytest.raises(TypeError):
+        Workload.from_json(json.dumps({**older, "radix_sessions": 1}))
+
+
 def test_hicache_histories_take_the_write_policies_in_turn() -> None:
     """Each history under `--hicache` names one of SGLang's write policies, in turn; without
     it, none (a reproducer of an older soak reads as none)."""
@@ -389,6 +431,21 @@ def test_a_reproducer_with_a_bad_knob_is_one_error_line(
     ],
 )
 def test_coverage_where_it_does_not_apply_is_one_error_line(args: list[str], said: str) -> None:
+    result = CliRunner().invoke(app, ["soak", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and said in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--engine", "vllm", "--session-radix-cache"], "SGLang's radix sessions only"),
+        (["--replay", "soak-reproducer.json", "--session-radix-cache"], "radix sessions from"),
+    ],
+)
+def test_radix_sessions_where_they_do_not_apply_is_one_error_line(
+    args: list[str], said: str
+) -> None:
     result = CliRunner().invoke(app, ["soak", *args])
     assert result.exit_code == 2, result.output
     assert result.stderr.count("\n") == 1 and said in result.stderr
