@@ -41,7 +41,8 @@ and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. No
 asserted in tests (the test suite only checks that every snippet is found). Usage:
 
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
-        [--wheel W] [--engine sglang|vllm|all] [--layout swa|unified|mamba|mamba-extra ...]
+        [--wheel W] [--engine sglang|vllm|all]
+        [--layout swa|unified|mamba|mamba-extra|swa-tp2 ...]
         [--vllm-wheel W]
 """
 
@@ -85,6 +86,8 @@ class Mutant:
     layout: str = "swa"
     #: the same edit as other releases spell the code: (old, new) pairs (vLLM only)
     alternatives: tuple[tuple[str, str], ...] = ()
+    #: tensor-parallel ranks soak runs it under (`soak --tp`): a bug that makes ranks part
+    tp: int = 1
 
     @property
     def spellings(self) -> tuple[tuple[str, str], ...]:
@@ -521,6 +524,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: the track slots are always freed one at a time, never the whole row at once",
         control=True,
         layout="mamba-extra",
+    ),
+    # -- tensor-parallel ranks (soak --tp 2): each rank's tree in its own process ------------
+    Mutant(
+        "lru-stamp-coarse-tie",
+        "mem_cache/unified_cache/components/base.py",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 64 * 64\n",
+        "ranks part on an eviction tie: the tree's access stamps tick once every 64 (a coarse "
+        "clock), so leaves stamped within one tick tie and the full side's eviction takes "
+        "whichever its set of evictable leaves yields first, an order of each rank's own "
+        "object addresses (the Python tree core; the Rust core keeps its own LRU lists)",
+        tp=2,
     ),
     # -- streaming sessions (`--enable-streaming-session`: soak's swa and unified histories) --
     Mutant(
@@ -1033,34 +1048,55 @@ def plant(release: Path, mutant: Mutant | None, into: Path) -> Path:
 # -- the child: one variant's soak and SGLang's checks alone, per seed ---------------------
 
 
-def _first_complaint(scheduler: Any, checks: Any, limit: int) -> tuple[int, str, str] | None:
-    """Run one history to `limit` steps under SGLang's checks alone: the step, what was said
-    and where (the step's mode, or `crash`) of their first complaint; None: silent."""
-    while scheduler.step_no < limit:
-        at = scheduler.step_no
-        try:
-            info = scheduler.step()
-        except Exception as exc:  # SGLang's own assert or error: it saw something
-            return at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
-        said = checks.idle() if info.mode == "idle" else checks.busy()
-        if not said and scheduler.done and scheduler.step_no >= scheduler.workload.steps:
-            said = checks.idle()
-            if not said:
-                return None
-        if said:
-            return at, f"{said[0].check}: {said[0].message}", info.mode
+def _first_complaint(
+    ranks: list[tuple[Any, Any]], limit: int, counters: Any = None
+) -> tuple[int, str, str] | None:
+    """Run one history to `limit` steps under SGLang's checks alone, each rank's (scheduler,
+    checks) in lockstep (`counters`: the ranks' own `soak.tp.RankGlobals`): the step, what was
+    said and where (the step's mode, or `crash`) of their first complaint; None: silent."""
+    from contextlib import nullcontext
+
+    lead = ranks[0][0]
+
+    def as_rank(i: int) -> Any:
+        return nullcontext() if counters is None else counters.as_rank(i)
+
+    while lead.step_no < limit:
+        at = lead.step_no
+        for i, (scheduler, checks) in enumerate(ranks):
+            with as_rank(i):
+                try:
+                    info = scheduler.step()
+                except Exception as exc:  # SGLang's own assert or error: it saw something
+                    return at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
+                said = checks.idle() if info.mode == "idle" else checks.busy()
+            if said:
+                return at, f"{said[0].check}: {said[0].message}", info.mode
+        if lead.done and lead.step_no >= lead.workload.steps:
+            for i, (_, checks) in enumerate(ranks):
+                with as_rank(i):
+                    said = checks.idle()
+                if said:
+                    return at, f"{said[0].check}: {said[0].message}", "idle"
+            return None
     return None
 
 
-def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> dict[str, Any]:
+def sglang_alone(
+    modules: Any, budget: int, seed: int, layout: str = "swa", tp: int = 1
+) -> dict[str, Any]:
     """SGLang's checks with no kvcanary audit, on the histories soak runs (the same seeds,
-    stack shapes, workloads and serving options as `soak()`'s, and the same budget): where
-    they first complained, or SGLang crashed."""
+    stack shapes, workloads and serving options as `soak()`'s, and the same budget; with
+    `tp`, each rank's checks on its own stack): where they first complained, or SGLang
+    crashed."""
+    from contextlib import nullcontext
+
     from kvcanary_cli.soak.audit import SGLangChecks
     from kvcanary_cli.soak.command import _specs, history_workload
     from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.run import history_stack
     from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
+    from kvcanary_cli.soak.tp import RankGlobals
 
     specs = _specs(None, modules.cores, None, layout)
     path_cap = has_path_cap(modules)
@@ -1078,12 +1114,18 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
             path_cap=path_cap,
             streaming=streaming,
         )
-        stack = history_stack(modules, spec, workload)  # soak's: its switches, as drawn
-        scheduler = Scheduler(stack, workload)
+        counters = RankGlobals(tp) if tp > 1 else None
+        ranks = []
+        for i in range(tp):
+            with nullcontext() if counters is None else counters.as_rank(i):
+                # soak's stack: its switches, as drawn
+                scheduler = Scheduler(history_stack(modules, spec, workload), workload)
+                ranks.append((scheduler, SGLangChecks(scheduler)))
+        scheduler = ranks[0][0]
         limit = min(workload.steps * 4 + 64, budget - steps)
         undo = serving_options(workload)
         try:
-            first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+            first = _first_complaint(ranks, limit, counters)
         finally:
             undo()
         if first is not None:
@@ -1136,12 +1178,14 @@ def _soak_side(report: Any) -> dict[str, Any]:
 
 
 def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str = "swa") -> None:
-    """Run one variant, per seed: the soak command's `soak()` on `layout`, then SGLang's
-    checks alone."""
+    """Run one variant, per seed: the soak command's `soak()` on `layout` (`L-tpN`: layout L
+    with N tensor-parallel ranks), then SGLang's checks alone."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
     from kvcanary_cli.soak.command import soak
     from kvcanary_cli.soak.stack import load_sglang
 
+    layout, _, ranks = layout.partition("-tp")
+    tp = int(ranks or 1)
     record: dict[str, Any] = {"runs": []}
     started = time.monotonic()
     with standard_output_on_standard_error():
@@ -1157,11 +1201,12 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
                     seed=seed,
                     out=Path(out) / "o",
                     layout=layout,
+                    tp=tp,
                 )
                 run["soak_s"] = round(time.monotonic() - t0, 2)
             run["soak"] = _soak_side(report)
             t0 = time.monotonic()
-            run["sglang"] = sglang_alone(modules, budget, seed, layout)
+            run["sglang"] = sglang_alone(modules, budget, seed, layout, tp)
             run["sglang_s"] = round(time.monotonic() - t0, 2)
             record["runs"].append(run)
     result.write_text(json.dumps(record))
@@ -1345,6 +1390,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "unified"),
     ("sglang", "mamba"),
     ("sglang", "mamba-extra"),
+    ("sglang", "swa-tp2"),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1354,7 +1400,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
 def _group(mutant: Mutant) -> tuple[str, str]:
     if mutant.engine == "vllm":
         return (mutant.engine, "-" if mutant.layout == "swa" else mutant.layout)
-    return (mutant.engine, mutant.layout)
+    return (mutant.engine, mutant.layout if mutant.tp == 1 else f"{mutant.layout}-tp{mutant.tp}")
 
 
 def _release_name(group: tuple[str, str]) -> str:
@@ -1366,7 +1412,7 @@ def _release_name(group: tuple[str, str]) -> str:
 
 def _chosen_groups(args: argparse.Namespace) -> list[tuple[str, str]]:
     engines = ("sglang", "vllm") if args.engine == "all" else (args.engine,)
-    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra"]
+    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra", "swa-tp2"]
     return [g for g in GROUPS if g[0] in engines and (g[0] != "sglang" or g[1] in layouts)]
 
 
@@ -1487,7 +1533,9 @@ def _group_report(
     if version != SNIPPETS_FOR[engine]:
         release += f" (snippets written for {SNIPPETS_FOR[engine]}"
         release += f"; {len(figures.get('left_out', []))} left out)"
-    where = f" (soak --layout {layout})" if engine == "sglang" else ""
+    layout_only, _, ranks = layout.partition("-tp")
+    tp = f" --tp {ranks}" if ranks else ""
+    where = f" (soak --layout {layout_only}{tp})" if engine == "sglang" else ""
     if engine == "vllm" and layout != "-":
         where = f" (soak --engine vllm --vllm-model {layout})"
     lines = [
@@ -1560,7 +1608,7 @@ def main() -> int:
     parser.add_argument(
         "--layout",
         nargs="+",
-        choices=("swa", "unified", "mamba", "mamba-extra"),
+        choices=("swa", "unified", "mamba", "mamba-extra", "swa-tp2"),
         default=None,
         help="SGLang's layouts to mutate (default: each)",
     )

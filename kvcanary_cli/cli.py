@@ -424,6 +424,11 @@ command(
         "a prefix hit, host slots evicted under host pressure; the host pools audited each "
         "step (--layout swa or mamba).",
     ),
+    tp=Opt(
+        "Tensor-parallel ranks: each runs its own stack in lockstep, compared with rank 0's "
+        "at every audited step as `kvcanary ranks` compares dumps.",
+        within=values.TP_RANKS,
+    ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
     vllm_model=Opt(
