@@ -40,7 +40,7 @@ def _run(modules: Any, *, core: str = "python", tp: int = 2, **options: Any) -> 
     return run_history(modules, spec, workload, max_steps=60, tp=tp, **options)
 
 
-@pytest.mark.parametrize("core", ["python", "rust"])
+@pytest.mark.parametrize("core", ["python", pytest.param("rust", marks=pytest.mark.slow)])
 def test_the_releases_ranks_hold_the_same_state(modules: Any, core: str) -> None:
     if core not in modules.cores:
         pytest.skip(f"no {core} tree core here")
@@ -112,6 +112,7 @@ def test_the_parted_ranks_dumps_give_ranks_the_same_divergence(
     assert first.divergence == failure.divergence
 
 
+@pytest.mark.slow
 def test_the_soak_writes_the_reference_dump_and_the_ranks_in_its_reproducer(
     modules: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
