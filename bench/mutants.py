@@ -12,7 +12,8 @@ side only, a compaction range one page short, a tombstoned page freed again, a p
 bound on the SWA side; in the Mamba layout's code slot 0 handed out, an evicted state kept by
 its node, the row map not written, one slot given to two owners, a slot never freed; with the
 extra buffer a request's track slots never freed, a track slot freed while the tree holds it,
-a donated track slot not replaced, the track map left stale); each
+a donated track slot not replaced, the track map left stale; under `soak --tp 2` the tree's
+access stamps ticking coarsely, so an eviction tie parts the ranks); each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
@@ -28,7 +29,7 @@ seeded histories:
   serving options; SGLang's busy checks after every step, its idle checks at idle): the
   steps run until their first complaint, or SGLang's crash.
 Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
-`mamba-extra-release`).
+`mamba-extra-release`, and `swa-tp2-release`: the SWA layout on two ranks).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -535,6 +536,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "clock), so leaves stamped within one tick tie and the full side's eviction takes "
         "whichever its set of evictable leaves yields first, an order of each rank's own "
         "object addresses (the Python tree core; the Rust core keeps its own LRU lists)",
+        tp=2,
+    ),
+    Mutant(
+        "lru-stamp-floored-by-one",
+        "mem_cache/unified_cache/components/base.py",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 1 * 1\n",
+        "control: the access stamp floored to a whole tick of one stamp (the stamps are whole "
+        "already)",
+        control=True,
         tp=2,
     ),
     # -- streaming sessions (`--enable-streaming-session`: soak's swa and unified histories) --
@@ -1162,6 +1173,9 @@ def _soak_side(report: Any) -> dict[str, Any]:
             said=(
                 f"crash {failure.crash.exception}: {failure.crash.message}"
                 if failure.crash is not None
+                else f"rank {failure.rank} parted ({failure.divergence.kind}): "
+                f"{failure.divergence.message}"
+                if failure.divergence is not None
                 else f"{', '.join(failure.codes)} (cause: {failure.top_cause})"
                 + (
                     ""
