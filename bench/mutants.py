@@ -14,7 +14,8 @@ its node, the row map not written, one slot given to two owners, a slot never fr
 extra buffer a request's track slots never freed, a track slot freed while the tree holds it,
 a donated track slot not replaced, the track map left stale; in the radix sessions' code a
 close that frees a tagged leaf's KV left in the tree, a tag that locks its path, a close that
-keeps its references); each
+keeps its references; under `soak --tp 2` the tree's access stamps ticking coarsely, so an
+eviction tie parts the ranks); each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
@@ -31,7 +32,8 @@ seeded histories:
   steps run until their first complaint, or SGLang's crash.
 Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
 `mamba-extra-release`, `swa+radix-release`: the SWA layout under radix sessions,
-`soak --session-radix-cache`, whose mutants are the radix sessions' code).
+`soak --session-radix-cache`, whose mutants are the radix sessions' code, and
+`swa-tp2-release`: the SWA layout on two ranks).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -45,7 +47,7 @@ asserted in tests (the test suite only checks that every snippet is found). Usag
 
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
         [--wheel W] [--engine sglang|vllm|all]
-        [--layout swa|unified|mamba|mamba-extra|swa+radix ...]
+        [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2 ...]
         [--vllm-wheel W]
 """
 
@@ -89,6 +91,8 @@ class Mutant:
     layout: str = "swa"
     #: the same edit as other releases spell the code: (old, new) pairs (vLLM only)
     alternatives: tuple[tuple[str, str], ...] = ()
+    #: tensor-parallel ranks soak runs it under (`soak --tp`): a bug that makes ranks part
+    tp: int = 1
 
     @property
     def spellings(self) -> tuple[tuple[str, str], ...]:
@@ -525,6 +529,28 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: the track slots are always freed one at a time, never the whole row at once",
         control=True,
         layout="mamba-extra",
+    ),
+    # -- tensor-parallel ranks (soak --tp 2): each rank's tree in its own process ------------
+    Mutant(
+        "lru-stamp-coarse-tie",
+        "mem_cache/unified_cache/components/base.py",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 64 * 64\n",
+        "ranks part on an eviction tie: the tree's access stamps tick once every 64 (a coarse "
+        "clock), so leaves stamped within one tick tie and the full side's eviction takes "
+        "whichever its set of evictable leaves yields first, an order of each rank's own "
+        "object addresses (the Python tree core; the Rust core keeps its own LRU lists)",
+        tp=2,
+    ),
+    Mutant(
+        "lru-stamp-floored-by-one",
+        "mem_cache/unified_cache/components/base.py",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 1 * 1\n",
+        "control: the access stamp floored to a whole tick of one stamp (the stamps are whole "
+        "already)",
+        control=True,
+        tp=2,
     ),
     # -- streaming sessions (`--enable-streaming-session`: soak's swa and unified histories) --
     Mutant(
@@ -1113,47 +1139,67 @@ def plant(release: Path, mutant: Mutant | None, into: Path) -> Path:
 # -- the child: one variant's soak and SGLang's checks alone, per seed ---------------------
 
 
-def _first_complaint(scheduler: Any, checks: Any, limit: int) -> tuple[int, str, str] | None:
-    """Run one history to `limit` steps under SGLang's checks alone: the step, what was said
-    and where (the step's mode, or `crash`) of their first complaint; None: silent."""
-    while scheduler.step_no < limit:
-        at = scheduler.step_no
-        try:
-            info = scheduler.step()
-        except Exception as exc:  # SGLang's own assert or error: it saw something
-            return at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
-        said = checks.idle() if info.mode == "idle" else checks.busy()
-        if not said and scheduler.done and scheduler.step_no >= scheduler.workload.steps:
-            said = checks.idle()
-            if not said:
-                return None
-        if said:
-            return at, f"{said[0].check}: {said[0].message}", info.mode
+def _first_complaint(
+    ranks: list[tuple[Any, Any]], limit: int, counters: Any = None
+) -> tuple[int, str, str] | None:
+    """Run one history to `limit` steps under SGLang's checks alone, each rank's (scheduler,
+    checks) in lockstep (`counters`: the ranks' own `soak.tp.RankGlobals`): the step, what was
+    said and where (the step's mode, or `crash`) of their first complaint; None: silent."""
+    from contextlib import nullcontext
+
+    lead = ranks[0][0]
+
+    def as_rank(i: int) -> Any:
+        return nullcontext() if counters is None else counters.as_rank(i)
+
+    while lead.step_no < limit:
+        at = lead.step_no
+        for i, (scheduler, checks) in enumerate(ranks):
+            with as_rank(i):
+                try:
+                    info = scheduler.step()
+                except Exception as exc:  # SGLang's own assert or error: it saw something
+                    return at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
+                said = checks.idle() if info.mode == "idle" else checks.busy()
+            if said:
+                return at, f"{said[0].check}: {said[0].message}", info.mode
+        if lead.done and lead.step_no >= lead.workload.steps:
+            for i, (_, checks) in enumerate(ranks):
+                with as_rank(i):
+                    said = checks.idle()
+                if said:
+                    return at, f"{said[0].check}: {said[0].message}", "idle"
+            return None
     return None
 
 
-#: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix".
-RADIX = "+radix"
+#: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix";
+#: one for tensor-parallel ranks (`--tp N`): "swa-tp2".
+RADIX, RANKS = "+radix", "-tp"
 
 
-def soak_layout(layout: str) -> tuple[str, bool]:
-    """The soak layout a bench layout names, and whether it runs radix sessions."""
-    radix = layout.endswith(RADIX)
-    return (layout.removesuffix(RADIX), radix)
+def soak_layout(layout: str) -> tuple[str, bool, int]:
+    """The soak layout a bench layout names, whether it runs radix sessions, and its ranks."""
+    layout, _, ranks = layout.partition(RANKS)
+    return (layout.removesuffix(RADIX), layout.endswith(RADIX), int(ranks or 1))
 
 
 def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> dict[str, Any]:
     """SGLang's checks with no kvcanary audit, on the histories soak runs (the same seeds,
     stack shapes, workloads and serving options as `soak()`'s, and the same budget): where
     they first complained, or SGLang crashed. A layout `L+radix` runs soak's radix sessions
-    (`--session-radix-cache`: the Python tree core)."""
+    (`--session-radix-cache`: the Python tree core); `L-tpN`, N ranks, each rank's checks on
+    its own stack."""
+    from contextlib import nullcontext
+
     from kvcanary_cli.soak.audit import SGLangChecks
     from kvcanary_cli.soak.command import _specs, history_workload
     from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.run import history_stack
     from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
+    from kvcanary_cli.soak.tp import RankGlobals
 
-    layout, radix = soak_layout(layout)
+    layout, radix, tp = soak_layout(layout)
     specs = _specs(None, ("python",) if radix else modules.cores, None, layout)
     path_cap = has_path_cap(modules)
     streaming = drives_streaming_sessions(modules)
@@ -1171,12 +1217,18 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
             streaming=streaming,
             radix=radix,
         )
-        stack = history_stack(modules, spec, workload)  # soak's: its switches, as drawn
-        scheduler = Scheduler(stack, workload)
+        counters = RankGlobals(tp) if tp > 1 else None
+        ranks = []
+        for i in range(tp):
+            with nullcontext() if counters is None else counters.as_rank(i):
+                # soak's stack: its switches, as drawn
+                scheduler = Scheduler(history_stack(modules, spec, workload), workload)
+                ranks.append((scheduler, SGLangChecks(scheduler)))
+        scheduler = ranks[0][0]
         limit = min(workload.steps * 4 + 64, budget - steps)
         undo = serving_options(workload)
         try:
-            first = _first_complaint(scheduler, SGLangChecks(scheduler), limit)
+            first = _first_complaint(ranks, limit, counters)
         finally:
             undo()
         if first is not None:
@@ -1213,6 +1265,9 @@ def _soak_side(report: Any) -> dict[str, Any]:
             said=(
                 f"crash {failure.crash.exception}: {failure.crash.message}"
                 if failure.crash is not None
+                else f"rank {failure.rank} parted ({failure.divergence.kind}): "
+                f"{failure.divergence.message}"
+                if failure.divergence is not None
                 else f"{', '.join(failure.codes)} (cause: {failure.top_cause})"
                 + (
                     ""
@@ -1230,7 +1285,7 @@ def _soak_side(report: Any) -> dict[str, Any]:
 
 def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str = "swa") -> None:
     """Run one variant, per seed: the soak command's `soak()` on `layout` (`L+radix`: with
-    radix sessions), then SGLang's checks alone."""
+    radix sessions; `L-tpN`: with N tensor-parallel ranks), then SGLang's checks alone."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
     from kvcanary_cli.soak.command import soak
     from kvcanary_cli.soak.stack import load_sglang
@@ -1251,6 +1306,7 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
                     out=Path(out) / "o",
                     layout=soak_layout(layout)[0],
                     session_radix_cache=soak_layout(layout)[1],
+                    tp=soak_layout(layout)[2],
                 )
                 run["soak_s"] = round(time.monotonic() - t0, 2)
             run["soak"] = _soak_side(report)
@@ -1440,6 +1496,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "mamba"),
     ("sglang", "mamba-extra"),
     ("sglang", "swa" + RADIX),
+    ("sglang", "swa-tp2"),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1449,7 +1506,10 @@ GROUPS: tuple[tuple[str, str], ...] = (
 def _group(mutant: Mutant) -> tuple[str, str]:
     if mutant.engine == "vllm":
         return (mutant.engine, "-" if mutant.layout == "swa" else mutant.layout)
-    return (mutant.engine, mutant.layout)
+    return (
+        mutant.engine,
+        mutant.layout if mutant.tp == 1 else f"{mutant.layout}{RANKS}{mutant.tp}",
+    )
 
 
 def _release_name(group: tuple[str, str]) -> str:
@@ -1461,7 +1521,7 @@ def _release_name(group: tuple[str, str]) -> str:
 
 def _chosen_groups(args: argparse.Namespace) -> list[tuple[str, str]]:
     engines = ("sglang", "vllm") if args.engine == "all" else (args.engine,)
-    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra", "swa" + RADIX]
+    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra", "swa" + RADIX, "swa-tp2"]
     return [g for g in GROUPS if g[0] in engines and (g[0] != "sglang" or g[1] in layouts)]
 
 
@@ -1582,7 +1642,9 @@ def _group_report(
     if version != SNIPPETS_FOR[engine]:
         release += f" (snippets written for {SNIPPETS_FOR[engine]}"
         release += f"; {len(figures.get('left_out', []))} left out)"
-    where = f" (soak --layout {layout})" if engine == "sglang" else ""
+    layout_only, radix, ranks = soak_layout(layout)
+    flags = (" --session-radix-cache" if radix else "") + (f" --tp {ranks}" if ranks > 1 else "")
+    where = f" (soak --layout {layout_only}{flags})" if engine == "sglang" else ""
     if engine == "vllm" and layout != "-":
         where = f" (soak --engine vllm --vllm-model {layout})"
     lines = [
@@ -1655,7 +1717,7 @@ def main() -> int:
     parser.add_argument(
         "--layout",
         nargs="+",
-        choices=("swa", "unified", "mamba", "mamba-extra", "swa" + RADIX),
+        choices=("swa", "unified", "mamba", "mamba-extra", "swa" + RADIX, "swa-tp2"),
         default=None,
         help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions)",
     )

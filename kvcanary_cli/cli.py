@@ -429,6 +429,11 @@ command(
         "client sessions whose finished turns tag the tree's nodes (evicted last) until the "
         "session closes (the Python tree core; SGLang 0.5.17 on).",
     ),
+    tp=Opt(
+        "Tensor-parallel ranks: each runs its own stack in lockstep, compared with rank 0's "
+        "at every audited step as `kvcanary ranks` compares dumps.",
+        within=values.TP_RANKS,
+    ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
     vllm_model=Opt(

@@ -58,6 +58,8 @@ INDEX = Bounds(0, _INT64_MAX)
 POSITIVE = Bounds(1)
 #: `synth --steps`, `--every` and `--page-size`.
 STEPS, EVERY, PAGE_SIZE = Bounds(2, 64), Bounds(1, 64), Bounds(1, 4096)
+#: `soak --tp`: the tensor-parallel ranks a soak runs, each a whole stack in one process.
+TP_RANKS = Bounds(1, 8)
 #: `violations --buffer`: a group's canary buffers, in the order the command line lists them.
 BUFFER_CHOICES = ("head.k", "tail.k", "head.v", "tail.v")
 

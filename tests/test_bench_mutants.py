@@ -262,3 +262,14 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
     specs = command._specs(None, ("python",), None, layout)
     workload = command.history_workload(0, 0, len(specs), 1, layout)  # no cap: **kw
     assert built == [(specs[0], workload)]
+
+
+def test_a_mutant_that_parts_ranks_is_soaked_on_ranks() -> None:
+    """A mutant that makes ranks part is soaked with `--tp` (its group's layout says how many
+    ranks), with a release of that group beside it: one rank alone holds nothing wrong."""
+    ranked = [m for m in mutants.MUTANTS if m.tp > 1]
+    assert ranked
+    for mutant in ranked:
+        group = mutants._group(mutant)
+        assert group in mutants.GROUPS and group[1] == f"{mutant.layout}-tp{mutant.tp}"
+        assert mutants._release_name(group) == f"{group[1]}-release"

@@ -415,6 +415,8 @@ def test_sglangs_idle_checks_run_only_once_fully_idle(
     checks.scheduler, checks.checker = scheduler, _IdleChecker()  # type: ignore[assignment]
     said = [one.check for one in checks.idle()]
     assert said == (["_check_all_pools", "_check_req_pool"] if ran else [])
+
+
 class _RadixTree:
     """A unified tree that tags radix sessions (0.5.17 on)."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from kvcanary_cli.results.ranks import Divergence
 from kvcanary_cli.results.record import recorded
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 #: A file a finding leaves in --out.
-SoakFile = Literal["dump", "shrunk_dump", "workload", "reproducer"]
+SoakFile = Literal["dump", "shrunk_dump", "workload", "reproducer", "reference_dump"]
 #: When a history's failing audit ran.
 AuditPoint = Literal["plan", "after-result", "idle", "crash"]
 #: Where in a step kvcanary audits a state.
@@ -64,6 +65,7 @@ SOAK_FILES: dict[SoakFile, str] = {
     "shrunk_dump": "soak-shrunk-dump.safetensors",
     "workload": "soak-workload.json",
     "reproducer": "soak-reproducer.json",
+    "reference_dump": "soak-reference-dump.safetensors",
 }
 
 
@@ -113,6 +115,12 @@ class SoakFailure:
     #: what SGLang raised later in the same step, after kvcanary's plan-time audit had
     #: flagged it (the failure is kvcanary's finding; the history stopped there); else null
     crash_after: SGLangCrash | None = None
+    #: --tp above 1: the rank whose finding or crash this is, or that diverged from rank 0;
+    #: else null
+    rank: str | None = None
+    #: --tp above 1: how that rank's state parted from rank 0's, as `kvcanary ranks` names it
+    #: (codes are then [] and top_cause null); else null
+    divergence: Divergence | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,8 +269,9 @@ class SoakReport:
     sglang_checks: tuple[SGLangCheck, ...] = ()
     #: who saw a fault first; null when neither kvcanary nor SGLang saw one
     seen: FirstSeen | None = None
-    #: the files written to --out, by kind: dump, shrunk_dump, workload, reproducer (below);
-    #: {} when no history failed
+    #: the files written to --out, by kind: dump, shrunk_dump, workload, reproducer (below),
+    #: and with ranks that parted reference_dump (rank 0's state beside dump's); {} when no
+    #: history failed
     files: dict[SoakFile, str] = field(default_factory=dict)
     #: [requests in the failing workload, requests in the shrunk one]; null when no history
     #: failed
@@ -277,6 +286,8 @@ class SoakReport:
     #: times the planted fault did its wrong thing over the histories (0: the workload never
     #: ran the code it changes, so there was nothing to find); null without --fault
     fault_acted: int | None = None
+    #: --tp: the tensor-parallel ranks each history ran, compared at every audited step
+    tp: int = 1
 
     #: kvcanary named an error finding
     @recorded

@@ -20,6 +20,7 @@ from kvcanary_cli.capture.tree import capture_state
 from kvcanary_cli.catalog import CauseCode, FindingCode
 from kvcanary_cli.dump.writer import dump_contents, write_dump
 from kvcanary_cli.results.check import CheckReport
+from kvcanary_cli.results.ranks import Divergence
 from kvcanary_cli.results.soak import AuditPoint, SGLangCheckName, SGLangCrash
 from kvcanary_cli.soak.calls import row_of
 from kvcanary_cli.soak.driver import Scheduler
@@ -55,16 +56,24 @@ class Audit:
     #: run), and whether the whole `check` ran
     broken: str | None = None
     checked: bool = False
+    #: with several tensor-parallel ranks (`soak --tp`): the rank this verdict is about (its
+    #: own finding or crash, or the rank that diverged from rank 0), and the divergence as
+    #: `kvcanary ranks` names it (with rank 0's dump of that state beside this rank's)
+    rank: str | None = None
+    divergence: Divergence | None = None
+    reference_dump: Path | None = None
 
     @property
     def kvcanary_found(self) -> bool:
         """kvcanary reports an error finding."""
-        return bool(self.codes)
+        return bool(self.codes) or self.divergence is not None
 
     @property
     def key(self) -> str | None:
-        """What a shrunk workload must fail with again: the top cause, or the crash's
-        exception."""
+        """What a shrunk workload must fail with again: the top cause, the crash's exception,
+        or the ranks' divergence (`ranks <kind>`)."""
+        if self.divergence is not None:
+            return f"ranks {self.divergence.kind}"
         return self.top_cause if self.crash is None else f"crash {self.crash.exception}"
 
 
@@ -87,8 +96,9 @@ def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
     return list(seen.values())
 
 
-def record_dump(scheduler: Scheduler, batch: Any, path: Path) -> Path:
-    """The state as a format-v1 dump at `path`, recorded by `capture.tree`."""
+def record_dump(scheduler: Scheduler, batch: Any, path: Path, rank: str | None = None) -> Path:
+    """The state as a format-v1 dump at `path`, recorded by `capture.tree` (with `rank`: as
+    that tensor-parallel rank's)."""
     stack = scheduler.stack
     tensors, metadata = capture_state(
         req_to_token_pool=stack.req_to_token_pool,
@@ -106,6 +116,8 @@ def record_dump(scheduler: Scheduler, batch: Any, path: Path) -> Path:
             "note": f"kvcanary soak, seed {scheduler.workload.seed}, core {stack.spec.core}",
         }
     )
+    if rank is not None:
+        metadata["rank"] = rank
     return write_dump(path, dump_contents(metadata, tensors))
 
 

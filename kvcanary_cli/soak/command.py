@@ -69,6 +69,9 @@ STREAMING_SESSIONS = 4
 #: drops a path's shallow Mamba states and keeps their nodes, which an uncapped history
 #: never does (its full pool runs short first, and evicted states leave with their node).
 MAMBA_PATH_CAP = 2
+#: Runs a replay of ranks that parted may take: where a per-process order (the ranks' object
+#: addresses) decided it, a run in another process can keep the ranks together.
+RANK_REPLAYS = 3
 
 
 def history_workload(
@@ -217,11 +220,13 @@ def soak(
     coverage: bool = False,
     hicache: bool = False,
     session_radix_cache: bool = False,
+    tp: int = 1,
 ) -> SoakReport:
     """Run histories until `steps` scheduler steps are spent or one fails (see module); with
     `coverage`, say which memory-cache functions and free paths they ran; with `hicache`,
     with SGLang's host tier on; with `session_radix_cache`, with SGLang's radix sessions on
-    (the Python tree core only).
+    (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
+    compared at every audited step (`soak.tp`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -247,6 +252,12 @@ def soak(
             f"the Mamba layout runs at page size 1 only, not {page_size} (SGLang's Mamba tree "
             "component needs it without the extra buffer: --layout mamba-extra runs it)",
             option="page-size",
+        )
+    if fault is not None and tp > 1:
+        raise OptionError(
+            "plants its bug on one stack: run it with --tp 1 (a bug that makes ranks part is "
+            "found by the comparison --tp adds)",
+            option="fault",
         )
     if hicache and layout == "unified":
         raise OptionError(
@@ -316,7 +327,9 @@ def soak(
         )
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
-            result = run_history(modules, spec, workload, fault=fault, max_steps=steps - steps_run)
+            result = run_history(
+                modules, spec, workload, fault=fault, max_steps=steps - steps_run, tp=tp
+            )
         histories += 1
         steps_run += result.steps
         audited += result.audited
@@ -345,9 +358,10 @@ def soak(
         coverage=None if tracing is None else tracing.summary(),
         fault=fault,
         fault_acted=None if fault is None else acted,
+        tp=tp,
     )
     if failed is not None:
-        report = _keep_finding(report, modules, *failed, fault, out, force)
+        report = _keep_finding(report, modules, *failed, fault, out, force, tp)
     if timings:
         report = replace(report, seconds=round(time.monotonic() - started, 2))
     if core is None:  # a tree core the default would have soaked too, once the run went well
@@ -412,9 +426,11 @@ def _keep_finding(
     fault: str | None,
     out: Path,
     force: bool,
+    tp: int = 1,
 ) -> SoakReport:
     """Shrink the failing workload, record the dumps of both (a crash: the last state audited
-    before it), write the four files, and say so in the report."""
+    before it; ranks that parted: rank 0's state beside the diverging rank's), write the
+    files, and say so in the report."""
     from kvcanary_cli.soak.outputs import restamp_step, scratch, write_outputs
     from kvcanary_cli.soak.run import run_history, shrink_workload
 
@@ -422,7 +438,7 @@ def _keep_finding(
     key = failure.key
 
     def fails(candidate: Any) -> bool:
-        again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False)
+        again = run_history(modules, spec, candidate, fault=fault, sglang_checks=False, tp=tp)
         return again.failure is not None and again.failure.key == key
 
     shrunk = shrink_workload(workload, fails)
@@ -434,11 +450,16 @@ def _keep_finding(
         # maybe at another step: its reproducer says which)
         for name, chosen in dumps.items():
             (folder / name).mkdir()
-            again = run_history(modules, spec, chosen, fault=fault, folder=folder / name)
+            again = run_history(modules, spec, chosen, fault=fault, folder=folder / name, tp=tp)
             if again.failure is None:
                 continue
             if again.failure.dump is not None:
                 contents[name] = _failing_steps_dump(again.failure, restamp_step)
+            reference = again.failure.reference_dump
+            if name == "dump" and reference is not None:
+                contents["reference_dump"] = _failing_steps_dump(
+                    replace(again.failure, dump=reference), restamp_step
+                )
             if name == "shrunk_dump":
                 workloads["reproducer"] = (shrunk, _failure(spec, shrunk, again.failure, fault))
         workloads.setdefault("reproducer", (shrunk, found))
@@ -448,6 +469,7 @@ def _keep_finding(
                 "spec": asdict(spec),
                 **asdict(failed),
                 "sglang_version": modules.tree.version,
+                "tp": tp,
                 "workload": body,
             }
             contents[name] = (json.dumps(meta, indent=1) + "\n").encode()
@@ -484,15 +506,19 @@ def _failure(spec: Any, workload: Any, failure: Any, fault: str | None) -> SoakF
         fault=fault,
         crash=failure.crash,
         crash_after=failure.crash_after,
+        rank=failure.rank,
+        divergence=failure.divergence,
     )
 
 
-def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
+def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None, int]:
     """The stack spec, workload, fault, recorded finding (its top cause, `crash <exception>`,
-    or `sglang <check>` where the file records only a complaint of SGLang's own check:
-    `sglang_check`) and SGLang release (None: an earlier soak's file does not say) of a
-    reproducer (or workload) file; anything else is one error line (exit 2)."""
+    `ranks <kind>`, or `sglang <check>` where the file records only a complaint of SGLang's
+    own check: `sglang_check`), SGLang release (None: an earlier soak's file does not say)
+    and tensor-parallel ranks (an earlier file: 1) of a reproducer (or workload) file a soak
+    wrote; anything else is one error line (exit 2)."""
     from kvcanary_cli.errors import PathError
+    from kvcanary_cli.option_values import TP_RANKS
     from kvcanary_cli.soak.faults import FAULTS
     from kvcanary_cli.soak.outputs import RECORDED_CHARACTERS, read_reproducer_text
     from kvcanary_cli.soak.stack import CORES, LAYOUTS, StackSpec
@@ -510,12 +536,17 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
         said = data.get("sglang_check")  # only SGLang's own check complained (kvcanary silent)
         if recorded is None and said in get_args(SGLangCheckName):
             recorded = f"{SGLANG_RECORDED}{said}"
+        if data.get("divergence"):
+            recorded = f"ranks {data['divergence']['kind']}"
         release = data.get("sglang_version")
+        tp = data.get("tp", 1)
         fits = (
             (fault is None or fault in FAULTS)
             and spec.core in CORES
             and spec.layout in LAYOUTS
             and isinstance(recorded, str)
+            and isinstance(tp, int)
+            and TP_RANKS.refusal(tp) is None
             and len(recorded) <= RECORDED_CHARACTERS
             and len(str(release)) <= RECORDED_CHARACTERS
             and all(
@@ -535,7 +566,7 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None]:
         raise PathError(
             "is not a soak reproducer (a value out of range)", path=str(path), hint=hint
         )
-    return spec, workload, fault, recorded, release if isinstance(release, str) else None
+    return spec, workload, fault, recorded, release if isinstance(release, str) else None, tp
 
 
 def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) -> SoakReport:
@@ -547,7 +578,7 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import load_sglang
 
-    spec, workload, fault, recorded, release = read_reproducer(reproducer)
+    spec, workload, fault, recorded, release, tp = read_reproducer(reproducer)
     modules = load_sglang(sglang_tree)
     if spec.core not in modules.cores:
         raise OptionError(
@@ -556,7 +587,10 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
             option="replay",
         )
     started = time.monotonic()
-    result = run_history(modules, spec, workload, fault=fault)
+    for _ in range(RANK_REPLAYS if recorded.startswith("ranks ") else 1):
+        result = run_history(modules, spec, workload, fault=fault, tp=tp)
+        if result.failure is not None and result.failure.key == recorded:
+            break
     heard: dict[SGLangCheckName, _Heard] = {}
     _hear(heard, result, spec, workload.seed)
     failure = result.failure
@@ -579,6 +613,7 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
         seconds=round(time.monotonic() - started, 2) if timings else None,
         fault=fault,
         fault_acted=None if fault is None else result.fault_acted,
+        tp=tp,
         replay=SoakReplay(
             reproducer=str(reproducer),
             recorded=recorded,
@@ -616,6 +651,7 @@ def run_soak(
     coverage: bool = False,
     hicache: bool = False,
     session_radix_cache: bool = False,
+    tp: int = 1,
 ) -> SoakReport | PoolSoakReport:
     """The command: `engine`'s soak (sglang or vllm: an option of the other's is one error
     line), with a progress bar on a terminal (bad input raises before it runs, exit 2), or
@@ -635,6 +671,8 @@ def run_soak(
             raise OptionError("runs SGLang's host tier only", option="--hicache")
         if session_radix_cache:
             raise OptionError("runs SGLang's radix sessions only", option="--session-radix-cache")
+        if tp != 1:
+            raise OptionError("runs SGLang's tensor-parallel ranks only", option="--tp")
         sglang_options = {"--page-size": page_size, "--core": core, "--layout": layout}
         return run_vllm_soak(
             vllm_tree,
@@ -663,11 +701,12 @@ def run_soak(
             or fault is not None
             or hicache
             or session_radix_cache
+            or tp != 1
         ):
             raise OptionError(
-                "takes the page size, tree core, fault, host tier and radix sessions from the "
-                "reproducer: drop --page-size, --core, --fault, --hicache and "
-                "--session-radix-cache",
+                "takes the page size, tree core, fault, host tier, radix sessions and ranks "
+                "from the reproducer: drop --page-size, --core, --fault, --hicache, "
+                "--session-radix-cache and --tp",
                 option="replay",
             )
         with standard_output_on_standard_error():
@@ -691,6 +730,7 @@ def run_soak(
             coverage=coverage,
             hicache=hicache,
             session_radix_cache=session_radix_cache,
+            tp=tp,
         )
 
 

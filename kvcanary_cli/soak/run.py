@@ -13,14 +13,23 @@ removal, so the reproducer is 1-minimal in its arrivals.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from kvcanary_cli.results.soak import CheckPoint, SGLangCheckName, SGLangCrash, SGLangPoint
-from kvcanary_cli.soak.audit import Audit, Said, SGLangChecks, audit_step
-from kvcanary_cli.soak.driver import Counters, Scheduler, serving_options
+from kvcanary_cli.results.soak import (
+    CheckPoint,
+    SGLangCheckName,
+    SGLangCrash,
+    SGLangPoint,
+    StatePoint,
+)
+from kvcanary_cli.soak.audit import Audit, Said, SGLangChecks, audit_step, record_dump
+from kvcanary_cli.soak.driver import Counters, Scheduler, StepInfo, serving_options
 from kvcanary_cli.soak.faults import plant
 from kvcanary_cli.soak.live import LiveAudit
 from kvcanary_cli.soak.stack import (
@@ -34,6 +43,7 @@ from kvcanary_cli.soak.stack import (
     fitting,
     refusing_sglang_exits,
 )
+from kvcanary_cli.soak.tp import RankGlobals, first_divergence
 from kvcanary_cli.soak.workload import Workload
 
 __all__ = [
@@ -128,6 +138,21 @@ def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -
     )
 
 
+@dataclass
+class _Rank:
+    """One tensor-parallel rank of a history: its own stack, scheduler, audits and checks,
+    and its audits still open (`planned`) and last (`last`: a crash's state)."""
+
+    label: str
+    scheduler: Scheduler
+    checks: SGLangChecks | None
+    live: LiveAudit | None
+    after_step: Callable[[Any, int], None]
+    undo: Callable[[], None]
+    planned: list[Audit] = field(default_factory=list)
+    last: list[Audit] = field(default_factory=list)
+
+
 @refusing_sglang_exits
 def run_history(
     modules: SGLangModules,
@@ -140,113 +165,196 @@ def run_history(
     folder: Path | None = None,
     max_steps: int | None = None,
     mode: AuditMode = "live",
+    tp: int = 1,
 ) -> HistoryResult:
     """Run `workload`; audit each step `audit(step)` picks (at plan time, and at idle).
+
+    With `tp` ranks (`soak.tp`), each runs its own stack and scheduler in lockstep, is audited
+    the same way, and at each audited point every rank's state is compared with rank 0's as
+    `kvcanary ranks` compares them: a divergence fails the history.
 
     It ends when the workload is served, at the first step kvcanary flags or SGLang crashes
     at, or after `max_steps` steps (what is left of soak's budget); never past the workload's
     steps * 4 + 64, time enough to drain."""
-    stack = history_stack(modules, spec, workload)
-    with fitting(modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"):
-        scheduler = Scheduler(stack, workload)
-        checks = SGLangChecks(scheduler) if sglang_checks else None
-        after_step, undo = plant(fault, stack)
-        # with a folder too: the lock counts are the live audit's alone (a dump has none)
-        live = None if mode == "full" else LiveAudit(scheduler)
-    result = HistoryResult(steps=0, audited=0, counters=scheduler.counters)
+    counters = RankGlobals(tp) if tp > 1 else None
+
+    def as_rank(i: int) -> AbstractContextManager[None]:
+        return nullcontext() if counters is None else counters.as_rank(i)
+
+    ranks: list[_Rank] = []
+    for i in range(tp):
+        with as_rank(i):
+            stack = history_stack(modules, spec, workload)
+            with fitting(
+                modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"
+            ):
+                scheduler = Scheduler(stack, workload)
+                checks = SGLangChecks(scheduler) if sglang_checks else None
+                after_step, undo = plant(fault, stack)
+                # with a folder too: the lock counts are the live audit's alone (a dump has none)
+                live = None if mode == "full" else LiveAudit(scheduler)
+        ranks.append(_Rank(str(i), scheduler, checks, live, after_step, undo))
+    lead = ranks[0]
+    result = HistoryResult(steps=0, audited=0, counters=lead.scheduler.counters)
+    found: list[Audit] = []
+    #: with several ranks, this step's recorded states: audit point -> each rank's dump
+    states: dict[StatePoint, dict[str, Path]] = {}
+    scratch = tempfile.TemporaryDirectory(prefix="kvcanary-soak-tp-") if tp > 1 else None
+
+    def record(rank: _Rank, batch: object, point: StatePoint) -> None:
+        if scratch is not None:
+            path = Path(scratch.name) / f"{point}-{rank.label}.safetensors"
+            states.setdefault(point, {})[rank.label] = path
+            record_dump(rank.scheduler, batch, path, rank=rank.label)
 
     def audited(
-        batch: object, sglang: SGLangChecks | None, *, idle: bool, when: str | None = None
+        rank: _Rank, batch: object, sglang: SGLangChecks | None, *, idle: bool, when: StatePoint
     ) -> Audit:
+        own = folder if folder is None or tp == 1 else folder / f"rank-{rank.label}"
+        if own is not None:
+            own.mkdir(exist_ok=True)
         verdict = audit_step(
-            scheduler, batch, sglang, idle=idle, folder=folder, live=live, full=mode == "both"
+            rank.scheduler,
+            batch,
+            sglang,
+            idle=idle,
+            folder=own,
+            live=rank.live,
+            full=mode == "both",
         )
+        record(rank, batch, when)
+        verdict.rank = None if tp == 1 else rank.label
         result.checked += verdict.checked
         if mode == "both":
             result.verdicts.append(
-                Verdict(verdict.step, when or verdict.mode, verdict.broken, tuple(verdict.codes))
+                Verdict(verdict.step, when, verdict.broken, tuple(verdict.codes))
             )
         return verdict
 
-    found: list[Audit] = []
-    planned: list[Audit] = []
-    last: list[Audit] = []  # the last state audited (a crash's dump)
-
-    def note(verdict: Audit) -> None:
-        last[:] = [verdict]
+    def note(rank: _Rank, verdict: Audit) -> None:
+        rank.last[:] = [verdict]
         if verdict.kvcanary_found:
             found.append(verdict)
 
-    def on_plan(batch: object) -> None:
-        if found or not audit(scheduler.step_no):
-            return
-        planned.append(audited(batch, None, idle=False))
-        last[:] = planned[-1:]
-        result.audited += 1
+    def planner(rank: _Rank) -> Callable[[object], None]:
+        def on_plan(batch: object) -> None:
+            if found or not audit(rank.scheduler.step_no):
+                return
+            rank.planned.append(audited(rank, batch, None, idle=False, when="plan"))
+            rank.last[:] = rank.planned[-1:]
+            result.audited += rank is lead
 
-    def idle(step: int) -> None:
-        verdict = audited(None, checks, idle=True)
+        return on_plan
+
+    def idle(rank: _Rank, step: int) -> None:
+        verdict = audited(rank, None, rank.checks, idle=True, when="idle")
         verdict.step = step
-        result.audited += 1
+        result.audited += rank is lead
         result.heard(verdict.step, "idle", verdict.sglang)
-        note(verdict)
+        note(rank, verdict)
+
+    def step_rank(rank: _Rank, at: int) -> StepInfo | None:
+        """The rank's step `at` and its audits; None: SGLang crashed in it."""
+        try:
+            info = rank.scheduler.step(planner(rank))
+            if rank.planned:
+                # SGLang checks a busy step after its result is processed, as its loop does
+                verdict = rank.planned.pop()
+                if rank.checks is not None:
+                    verdict.sglang = rank.checks.busy()
+                    result.heard(at, "after-result", verdict.sglang)
+                if verdict.kvcanary_found:
+                    found.append(verdict)
+                else:
+                    # and the state the result left (a double free shows on the free list
+                    # before the next allocation hands the slot out twice)
+                    after = audited(rank, None, None, idle=False, when="after-result")
+                    after.step, after.mode = at, "after-result"
+                    after.sglang = list(verdict.sglang)  # what SGLang said on this step
+                    note(rank, after)
+            rank.after_step(rank.scheduler.stack, info.step)
+            return info
+        except Exception as exc:  # raised inside SGLang's code: a crash, a finding too
+            _refuse_if_ours(exc, modules)
+            crash = _crash(exc, at, modules.tree.root, rank.last[0] if rank.last else None)
+            crash.rank = None if tp == 1 else rank.label
+            if rank.planned and rank.planned[-1].kvcanary_found:
+                # kvcanary flagged this step at plan time, before SGLang raised: its
+                # finding is the failure, the crash said beside it
+                verdict = rank.planned.pop()
+                verdict.crash_after = crash.crash
+                found.append(verdict)
+            else:
+                found.append(crash)
+            if result.sglang_step is None:
+                result.sglang_step, result.sglang_when = at, "crash"
+            return None
+
+    def compare(point: StatePoint, step: int) -> None:
+        """Every rank's state at `point` against rank 0's (a rank that did not reach it, as
+        it stands): the first divergence fails the history."""
+        dumps = states.get(point)
+        if found or not dumps:
+            return
+        for i, rank in enumerate(ranks):
+            if rank.label not in dumps:
+                with as_rank(i):
+                    record(rank, None, point)
+        row = first_divergence([dumps[rank.label] for rank in ranks])
+        if row is None:
+            return
+        verdict = Audit(step=step, mode=point, rank=row.rank, divergence=row.divergence)
+        if folder is not None:
+            verdict.dump = Path(shutil.copy(dumps[row.rank], folder / "rank-state.safetensors"))
+            verdict.reference_dump = Path(
+                shutil.copy(dumps[lead.label], folder / "reference-state.safetensors")
+            )
+        found.append(verdict)
 
     options_undo = serving_options(workload)
     try:
         limit = workload.steps * 4 + 64
         if max_steps is not None:
             limit = min(limit, max_steps)
-        while not found and scheduler.step_no < limit:
-            at = scheduler.step_no
-            try:
-                info = scheduler.step(on_plan)
-                if planned:
-                    # SGLang checks a busy step after its result is processed, as its loop does
-                    verdict = planned.pop()
-                    if checks is not None:
-                        verdict.sglang = checks.busy()
-                        result.heard(at, "after-result", verdict.sglang)
-                    if verdict.kvcanary_found:
-                        found.append(verdict)
-                    else:
-                        # and the state the result left (a double free shows on the free list
-                        # before the next allocation hands the slot out twice)
-                        after = audited(None, None, idle=False, when="after-result")
-                        after.step, after.mode = at, "after-result"
-                        after.sglang = list(verdict.sglang)  # what SGLang said on this step
-                        note(after)
-                after_step(stack, info.step)
-            except Exception as exc:  # raised inside SGLang's code: a crash, a finding too
-                _refuse_if_ours(exc, modules)
-                crash = _crash(exc, at, modules.tree.root, last[0] if last else None)
-                if planned and planned[-1].kvcanary_found:
-                    # kvcanary flagged this step at plan time, before SGLang raised: its
-                    # finding is the failure, the crash said beside it
-                    verdict = planned.pop()
-                    verdict.crash_after = crash.crash
-                    found.append(verdict)
-                else:
-                    found.append(crash)
-                if result.sglang_step is None:
-                    result.sglang_step, result.sglang_when = at, "crash"
+        while not found and lead.scheduler.step_no < limit:
+            at = lead.scheduler.step_no
+            states.clear()
+            infos: list[StepInfo] = []
+            for i, rank in enumerate(ranks):
+                with as_rank(i):
+                    info = step_rank(rank, at)
+                if info is None or found:
+                    break
+                infos.append(info)
+            compare("plan", at)
+            compare("after-result", at)
+            for i, (rank, info) in enumerate(zip(ranks, infos, strict=False)):
+                if info.mode == "idle" and not found and audit(info.step):
+                    with as_rank(i):
+                        idle(rank, at)
+            compare("idle", at)
+            if lead.scheduler.done and lead.scheduler.step_no >= workload.steps:
                 break
-            if info.mode == "idle" and not found and audit(info.step):
-                idle(at)
-            if scheduler.done and scheduler.step_no >= workload.steps:
-                break
-        final = max(scheduler.step_no - 1, 0)  # the state the last step left, once
+        final = max(lead.scheduler.step_no - 1, 0)  # the state the last step left, once
         if (
             not found
-            and scheduler.done
-            and not (last and (last[0].step, last[0].mode) == (final, "idle"))
+            and lead.scheduler.done
+            and not (lead.last and (lead.last[0].step, lead.last[0].mode) == (final, "idle"))
         ):
-            idle(final)
+            states.clear()
+            for i, rank in enumerate(ranks):
+                with as_rank(i):
+                    idle(rank, final)
+            compare("idle", final)
     finally:
-        undo()
+        for rank in reversed(ranks):
+            rank.undo()
         options_undo()
-    result.steps = scheduler.step_no
-    result.fault_acted = stack.fault_acted
-    result.fallbacks = 0 if live is None else live.fallbacks
+        if scratch is not None:
+            scratch.cleanup()
+    result.steps = lead.scheduler.step_no
+    result.fault_acted = sum(rank.scheduler.stack.fault_acted for rank in ranks)
+    result.fallbacks = sum(0 if rank.live is None else rank.live.fallbacks for rank in ranks)
     result.failure = found[0] if found else None
     return result
 

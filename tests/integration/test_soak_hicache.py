@@ -144,7 +144,7 @@ def _load_back_oom(modules: Any) -> Any:
     from kvcanary_cli.soak.command import read_reproducer
     from kvcanary_cli.soak.run import run_history
 
-    spec, workload, fault, recorded, release = read_reproducer(LOAD_BACK_OOM)
+    spec, workload, fault, recorded, release, _ = read_reproducer(LOAD_BACK_OOM)
     if modules.tree.version != release:
         pytest.skip(f"the reproducer is SGLang {release}'s; this is {modules.tree.version}")
     assert recorded == "crash RuntimeError"

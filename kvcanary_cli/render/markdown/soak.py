@@ -30,6 +30,8 @@ def soak_markdown(report: SoakReport) -> str:
         title = "SGLang's checks complained; kvcanary: nothing" if report.found else "clean"
     elif failure.crash is not None:
         title = f"SGLang crashed ({failure.crash.exception})"
+    elif failure.divergence is not None:
+        title = f"rank {failure.rank} parted from rank 0 ({failure.divergence.kind})"
     else:
         title = f"found {failure.top_cause or 'a finding'}"
     facts = [

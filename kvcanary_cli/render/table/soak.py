@@ -83,9 +83,10 @@ def ran_line(report: SoakReport) -> str:
     """Histories, steps of the budget, audits (and seconds, with --timings)."""
     seconds = "" if report.seconds is None else f", {report.seconds} s"
     histories = plural(report.histories, "history", "histories")
+    ranks = "" if report.tp == 1 else f" on {report.tp} tensor-parallel ranks, compared"
     return (
         f"seed {report.seed}, {histories}, {report.steps} of "
-        f"{report.budget} steps, {report.audited_steps} audited{seconds}"
+        f"{report.budget} steps, {report.audited_steps} audited{ranks}{seconds}"
     )
 
 
@@ -98,6 +99,8 @@ def soak_verdict(report: SoakReport) -> str:
             return CLEAN
         return "FOUND by SGLang's own checks only; kvcanary: nothing on every audited step"
     where = f"seed {failure.seed}, page size {failure.page_size}, {failure.core} core"
+    if failure.rank is not None and failure.divergence is None:
+        where += f", rank {failure.rank}"
     planted = "" if failure.fault is None else f", fault {failure.fault} planted"
     crash = failure.crash
     if crash is not None:
@@ -111,6 +114,12 @@ def soak_verdict(report: SoakReport) -> str:
         return (
             f"FOUND: SGLang crashed at step {failure.step} ({where}{planted}): "
             f"{crash.exception}: {crash.message}{raised}; {state}"
+        )
+    if failure.divergence is not None:
+        return (
+            f"FOUND at step {failure.step} ({failure.when}) of {where}{planted}: rank "
+            f"{failure.rank} parted from rank 0 ({failure.divergence.kind}): "
+            f"{failure.divergence.message}"
         )
     after = failure.crash_after
     then = (

@@ -1,0 +1,91 @@
+"""Tensor-parallel ranks in one process: what each rank holds of its own, and their states
+compared at each audited step (`soak --tp N`).
+
+A real TP rank is a process of its own running SGLang's whole scheduler: the requests come
+broadcast from rank 0, every rank makes the same batch choices on the same inputs, and the
+forward's next tokens are the same on every rank. What a rank's memory cache reads of its own
+is its process's state: its objects (their addresses, so the iteration order of sets keyed by
+them; the Rust tree core's hash maps, each seeded at random), and the module-level counters
+SGLang's unified tree stamps its nodes with (`get_and_increase_time_counter`: the LRU's access
+times, and the components' ids). Soak builds one stack and one scheduler per rank, so the
+objects are each rank's already; `RankGlobals` gives each rank its own counters, swapped in
+while that rank runs, each starting where a fresh process starts.
+
+The comparison is `kvcanary ranks`' own (`analysis.ranks.compare_ranks`), on the dumps the
+capture records of each rank's state.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kvcanary_cli.results.ranks import RankDump
+
+__all__ = ["RankGlobals", "first_divergence"]
+
+#: The module-level names of SGLang's tree components that hold process-wide counters (the
+#: access-time counter, the component id counter of 0.5.13 - 0.5.20, the per-type ones of
+#: later releases).
+_COUNTER_NAMES = (
+    "_LAST_ACCESS_TIME_COUNTER_FLOAT",
+    "_COMPONENT_UUID_COUNTER",
+    "_COMPONENT_UUID_COUNTERS",
+)
+
+
+def _counter_modules() -> list[Any]:
+    """The loaded SGLang modules holding the tree's counters (where the release keeps them:
+    `unified_cache_components.tree_component`, `unified_cache.components.tree_component` or
+    `.base`)."""
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("sglang.srt.mem_cache.")
+        and module is not None
+        and hasattr(module, _COUNTER_NAMES[0])
+    ]
+
+
+class RankGlobals:
+    """Each rank's own copy of SGLang's process-wide tree counters; `as_rank(r)` runs a
+    block with rank r's in place, and keeps what the block left for r's next turn."""
+
+    def __init__(self, ranks: int) -> None:
+        self._modules = _counter_modules()
+        start = self._read()
+        #: each rank's values, from one start: every rank's process imports the same tree
+        self._saved = [copy.deepcopy(start) for _ in range(ranks)]
+
+    def _read(self) -> dict[tuple[int, str], Any]:
+        return {
+            (i, name): copy.deepcopy(getattr(module, name))
+            for i, module in enumerate(self._modules)
+            for name in _COUNTER_NAMES
+            if hasattr(module, name)
+        }
+
+    def _write(self, values: Mapping[tuple[int, str], Any]) -> None:
+        for (i, name), value in values.items():
+            setattr(self._modules[i], name, copy.deepcopy(value))
+
+    @contextmanager
+    def as_rank(self, rank: int) -> Iterator[None]:
+        """Rank `rank`'s counters in place for the block, saved again after it."""
+        self._write(self._saved[rank])
+        try:
+            yield
+        finally:
+            self._saved[rank] = self._read()
+
+
+def first_divergence(dumps: Sequence[Path]) -> RankDump | None:
+    """The first rank (by rank) whose dump diverges from rank 0's, with its divergence, as
+    `kvcanary ranks` names it; None: the ranks hold the same."""
+    from kvcanary_cli.analysis.ranks import compare_ranks
+
+    return compare_ranks(dumps).first_divergence
