@@ -133,7 +133,7 @@ def parked(wheel: str) -> None:
     from kvcanary_cli.soak.command import read_reproducer
 
     modules = load_sglang(wheel)
-    spec, workload, fault, _, _ = read_reproducer(Path(PARKED_CHUNK))
+    spec, workload, fault, *_ = read_reproducer(Path(PARKED_CHUNK))
     checker = modules.invariant_checker.SchedulerInvariantChecker
     summed = checker._get_total_uncached_sizes
     watched: list[Any] = []

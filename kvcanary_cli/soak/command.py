@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
 from kvcanary_cli.results.soak import (
     SGLANG_RECORDED,
@@ -36,7 +36,7 @@ from kvcanary_cli.results.soak import (
 if TYPE_CHECKING:
     from kvcanary_cli.results.pool_soak import PoolSoakReport
 
-__all__ = ["read_reproducer", "replay", "run_soak", "soak"]
+__all__ = ["Reproducer", "read_reproducer", "replay", "run_soak", "soak"]
 
 #: Steps per history: short histories find the planted faults early and shrink fast.
 HISTORY_STEPS = 80
@@ -511,7 +511,21 @@ def _failure(spec: Any, workload: Any, failure: Any, fault: str | None) -> SoakF
     )
 
 
-def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None, int]:
+class Reproducer(NamedTuple):
+    """A soak reproducer (or workload) file, as `replay` runs it again."""
+
+    spec: Any
+    workload: Any
+    fault: str | None
+    #: its top cause, `crash <exception>`, `ranks <kind>` or `sglang <check>`
+    recorded: str
+    #: the SGLang release it ran (None: an earlier soak's file does not say)
+    release: str | None
+    #: tensor-parallel ranks (an earlier soak's file: 1)
+    tp: int
+
+
+def read_reproducer(path: Path) -> Reproducer:
     """The stack spec, workload, fault, recorded finding (its top cause, `crash <exception>`,
     `ranks <kind>`, or `sglang <check>` where the file records only a complaint of SGLang's
     own check: `sglang_check`), SGLang release (None: an earlier soak's file does not say)
@@ -566,7 +580,8 @@ def read_reproducer(path: Path) -> tuple[Any, Any, str | None, str, str | None, 
         raise PathError(
             "is not a soak reproducer (a value out of range)", path=str(path), hint=hint
         )
-    return spec, workload, fault, recorded, release if isinstance(release, str) else None, tp
+    known = release if isinstance(release, str) else None
+    return Reproducer(spec, workload, fault, recorded, known, tp)
 
 
 def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) -> SoakReport:

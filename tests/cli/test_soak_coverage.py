@@ -440,7 +440,10 @@ def test_coverage_where_it_does_not_apply_is_one_error_line(args: list[str], sai
     ("args", "said"),
     [
         (["--engine", "vllm", "--session-radix-cache"], "SGLang's radix sessions only"),
-        (["--replay", "soak-reproducer.json", "--session-radix-cache"], "radix sessions from"),
+        (
+            ["--replay", "soak-reproducer.json", "--session-radix-cache"],
+            "radix sessions and ranks from",
+        ),
     ],
 )
 def test_radix_sessions_where_they_do_not_apply_is_one_error_line(

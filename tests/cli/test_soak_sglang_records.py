@@ -22,9 +22,14 @@ BUSY = "self_check_during_busy"
 
 
 def test_the_shipped_record_reads_as_sglangs_busy_check_on_its_release() -> None:
-    spec, workload, fault, recorded, release = read_reproducer(PARKED_CHUNK)
-    assert (recorded, release, fault) == (f"sglang {BUSY}", "0.5.19", None)
-    assert workload.streaming_sessions and spec.layout == "swa"
+    shipped = read_reproducer(PARKED_CHUNK)
+    assert (shipped.recorded, shipped.release, shipped.fault, shipped.tp) == (
+        f"sglang {BUSY}",
+        "0.5.19",
+        None,
+        1,
+    )
+    assert shipped.workload.streaming_sessions and shipped.spec.layout == "swa"
 
 
 def _body(**changes: Any) -> dict[str, Any]:
