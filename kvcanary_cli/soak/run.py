@@ -190,7 +190,7 @@ def run_history(
         result.heard(verdict.step, "idle", verdict.sglang)
         note(verdict)
 
-    options_undo = serving_options(workload)
+    options_undo = serving_options(workload, modules.schedule_batch)
     try:
         limit = workload.steps * 4 + 64
         if max_steps is not None:
