@@ -1,10 +1,14 @@
 """soak.driver's environment switches: a history sets the early SWA prefix-lock release under
 the name its release declares (0.5.22's new name, or 0.5.13 - 0.5.21's old one), on stand-in
-`envs` registries that name the switch each way."""
+`envs` registries that name the switch each way, and on the names each cached release wheel
+declares and reads (read from its source, not imported)."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
+import zipfile
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +21,7 @@ from kvcanary_cli.soak.driver import (
     serving_options,
 )
 from kvcanary_cli.soak.workload import Workload
+from tests.sglang_wheel import RELEASES, WHEEL_VERSION, missing_wheel, wheel_path
 
 NEW, OLD = RELEASE_PREFILL_SWA
 
@@ -110,3 +115,35 @@ def test_the_process_values_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = _set(_schedule_batch(_OldNames), _workload(True))
     assert seen[OLD] == "1"
     assert (os.environ.get(OLD), os.environ.get(NEW)) == ("keep", None)
+
+
+def _declared(environ: str) -> list[str]:
+    """The names the `Envs` class of a release's `environ.py` assigns in its body."""
+    (registry,) = (
+        node
+        for node in ast.parse(environ).body
+        if isinstance(node, ast.ClassDef) and node.name == "Envs"
+    )
+    return [
+        target.id
+        for node in registry.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    ]
+
+
+@pytest.mark.parametrize("version", [*RELEASES, WHEEL_VERSION])
+def test_each_release_gets_the_name_its_decode_reads(version: str) -> None:
+    wheel = wheel_path(version)
+    if wheel is None:
+        pytest.skip(missing_wheel(version))
+    with zipfile.ZipFile(wheel) as archive:
+        environ = archive.read("sglang/srt/environ.py").decode()
+        decode = archive.read("sglang/srt/managers/schedule_batch.py").decode()
+    read = {
+        name for name in re.findall(r"envs\.(\w+)\.get\(\)", decode) if name in RELEASE_PREFILL_SWA
+    }
+    assert len(read) == 1, read  # the decode reads one of the names soak knows
+    registry = type("Envs", (), {name: _Switch() for name in _declared(environ)})
+    assert release_prefill_swa_name(registry()) == read.pop()
