@@ -223,7 +223,7 @@ def leak_rows(wheel: str, folder: str) -> None:
         workload = history_workload(0, history, 1, 1, "swa", streaming=True)
         scheduler = Scheduler(history_stack(modules, spec, workload), workload)
         checker = SGLangChecks(scheduler).checker
-        undo = serving_options(workload)
+        undo = serving_options(workload, modules.schedule_batch)
         try:
             while scheduler.step_no < workload.steps * 4 and not scheduler.done:
                 info = scheduler.step(None)

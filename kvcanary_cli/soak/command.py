@@ -88,7 +88,7 @@ def history_workload(
 ) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
-    shape meets each option): SGLANG_OPT_RELEASE_PREFILL_SWA every other round, the SWA
+    shape meets each option): the early SWA prefix-lock release every other round, the SWA
     eviction interval cycling; every `NEED_SORT_EVERY`-th history with `need_sort`; unified
     memory with lazy compaction but every `EAGER_COMPACTION_EVERY`-th history. Prompts
     reach 60 tokens, or two pages where a page is larger (a prompt shorter than a page is

@@ -64,11 +64,17 @@ from kvcanary_cli.soak.sessions import Sessions, session_controller
 from kvcanary_cli.soak.stack import MAMBA_EXTRA, Stack
 from kvcanary_cli.soak.workload import VOCAB, Arrival, Workload
 
-__all__ = ["Scheduler", "StepInfo", "serving_options"]
+__all__ = ["Scheduler", "StepInfo", "release_prefill_swa_name", "serving_options"]
 
 #: SGLang's environment switches a workload sets (`Workload.release_prefill_swa`,
-#: `Workload.swa_eviction_interval`), read by SGLang at each decode.
-RELEASE_PREFILL_SWA = "SGLANG_OPT_RELEASE_PREFILL_SWA"
+#: `Workload.swa_eviction_interval`), read by SGLang at each decode. The first has had two
+#: names, newest first: 0.5.22 renamed it (keeping the old one as a deprecated alias);
+#: 0.5.13 - 0.5.21 read only the old one. A history sets the one its release declares
+#: (`release_prefill_swa_name`).
+RELEASE_PREFILL_SWA = (
+    "SGLANG_OPT_RELEASE_PREFILL_SWA",
+    "SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW",
+)
 SWA_EVICTION_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
 
 
@@ -100,13 +106,30 @@ def _pinning_on_cpu() -> Callable[[], None]:
     return undo
 
 
-def serving_options(workload: Workload) -> Callable[[], None]:
+def release_prefill_swa_name(envs: Any) -> str | None:
+    """The environment variable the release whose switches `envs` holds (its
+    `sglang.srt.environ.envs`, as its `schedule_batch` reads them) reads for the early SWA
+    prefix-lock release: the field of the first `RELEASE_PREFILL_SWA` name it declares, by the
+    name that field reads. Found from the release's code, never its version: a name it does
+    not read would leave the switch off unseen. None where it declares neither."""
+    for declared in RELEASE_PREFILL_SWA:
+        switch = getattr(envs, declared, None)
+        if switch is not None:
+            read = getattr(switch, "name", declared)
+            return read if isinstance(read, str) else declared
+    return None
+
+
+def serving_options(workload: Workload, schedule_batch: Any) -> Callable[[], None]:
     """Set SGLang's environment switches as `workload` sets them, for a history (and CPU
-    pinning, `_pinning_on_cpu`); the returned function puts the process's own values back."""
+    pinning, `_pinning_on_cpu`), by the names the release of `schedule_batch` (its module
+    that reads them) reads; the returned function puts the process's own values back."""
     wanted: dict[str, str | None] = {
-        RELEASE_PREFILL_SWA: "1" if workload.release_prefill_swa else "0",
         SWA_EVICTION_INTERVAL: str(workload.swa_eviction_interval),
     }
+    release_name = release_prefill_swa_name(getattr(schedule_batch, "envs", None))
+    if release_name is not None:
+        wanted[release_name] = "1" if workload.release_prefill_swa else "0"
     if workload.swa_eviction_interval <= 0:
         wanted[SWA_EVICTION_INTERVAL] = None  # SGLang's default
     before = {name: os.environ.get(name) for name in wanted}

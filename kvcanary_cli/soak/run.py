@@ -311,7 +311,7 @@ def run_history(
             )
         found.append(verdict)
 
-    options_undo = serving_options(workload)
+    options_undo = serving_options(workload, modules.schedule_batch)
     try:
         limit = workload.steps * 4 + 64
         if max_steps is not None:

@@ -51,8 +51,9 @@ class Workload:
     arrivals: tuple[Arrival, ...]
     #: scheduler steps to run (past the last arrival, so requests can finish)
     steps: int
-    #: SGLang's SGLANG_OPT_RELEASE_PREFILL_SWA: a decode past the window drops the SWA part of
-    #: its prefix's tree lock (`release_swa_prefix_lock`)
+    #: SGLang's SGLANG_OPT_RELEASE_PREFILL_SWA (0.5.13 - 0.5.21:
+    #: SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW): a decode past the window drops the SWA
+    #: part of its prefix's tree lock (`release_swa_prefix_lock`; `dec_swa_lock_only` before)
     release_prefill_swa: bool = False
     #: SGLang's SGLANG_SWA_EVICTION_INTERVAL: decode frees out-of-window SWA once this many
     #: tokens slid out (0: SGLang's default, 128, which outputs this short never reach)
