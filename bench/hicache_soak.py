@@ -133,7 +133,7 @@ def _killed(modules: Any, seed: int, fault: str, alone: int) -> dict[str, Any]:
         stack = history_stack(modules, spec, workload)
         scheduler = Scheduler(stack, workload)
         after, undo_fault = plant(fault, stack)
-        undo = serving_options(workload)
+        undo = serving_options(workload, modules.schedule_batch)
         try:
             first = _first_complaint(scheduler, SGLangChecks(scheduler), alone - run)
         finally:

@@ -1226,7 +1226,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
                 ranks.append((scheduler, SGLangChecks(scheduler)))
         scheduler = ranks[0][0]
         limit = min(workload.steps * 4 + 64, budget - steps)
-        undo = serving_options(workload)
+        undo = serving_options(workload, modules.schedule_batch)
         try:
             first = _first_complaint(ranks, limit, counters)
         finally:
