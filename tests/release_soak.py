@@ -131,6 +131,7 @@ def parked(wheel: str) -> None:
     with a chunk parked (step, its uncached tokens: allocated past its cached prefix)."""
     from kvcanary_cli.soak import run
     from kvcanary_cli.soak.command import read_reproducer
+    from kvcanary_cli.soak.driver import Scheduler
 
     modules = load_sglang(wheel)
     spec, workload, fault, *_ = read_reproducer(Path(PARKED_CHUNK))
@@ -138,7 +139,7 @@ def parked(wheel: str) -> None:
     summed = checker._get_total_uncached_sizes
     watched: list[Any] = []
 
-    class Watched(run.Scheduler):  # type: ignore[misc]
+    class Watched(Scheduler):
         """Soak's loop, noting the decode steps a chunked request sat out."""
 
         def __post_init__(self) -> None:
@@ -158,17 +159,17 @@ def parked(wheel: str) -> None:
         last, running = self.get_last_batch(), self.get_running_batch()
         held = [r for b in (last, running) if b is not None for r in b.reqs]
         if chunk is None or last is None or any(r is chunk for r in held):
-            return summed(self)
+            return summed(self)  # type: ignore[no-any-return]
         both = SimpleNamespace(reqs=[*last.reqs, chunk], is_empty=lambda: False)
         getters = self.get_last_batch, self.get_running_batch
         self.get_last_batch = lambda: both
         self.get_running_batch = lambda: both if running is last else running
         try:
-            return summed(self)
+            return summed(self)  # type: ignore[no-any-return]
         finally:
             self.get_last_batch, self.get_running_batch = getters
 
-    run.Scheduler = Watched
+    setattr(run, "Scheduler", Watched)  # run_history's loop, for these two runs  # noqa: B010
     for counted in (False, True):
         checker._get_total_uncached_sizes = with_parked_chunk if counted else summed
         result = run.run_history(modules, spec, workload, fault=fault)

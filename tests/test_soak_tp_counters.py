@@ -28,7 +28,7 @@ def _stamp(module: types.ModuleType, times: int) -> None:
     """What SGLang's `get_and_increase_time_counter` and id counters do, `times` times."""
     for _ in range(times):
         module._LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0  # type: ignore[attr-defined]
-        module._COMPONENT_UUID_COUNTERS["full"] += 1  # type: ignore[attr-defined]
+        module._COMPONENT_UUID_COUNTERS["full"] += 1
 
 
 def test_each_rank_counts_from_one_start_on_its_own(counters: types.ModuleType) -> None:
@@ -36,20 +36,20 @@ def test_each_rank_counts_from_one_start_on_its_own(counters: types.ModuleType) 
     with ranks.as_rank(0):
         _stamp(counters, 3)
     with ranks.as_rank(1):
-        assert counters._LAST_ACCESS_TIME_COUNTER_FLOAT == 1.0  # type: ignore[attr-defined]
+        assert counters._LAST_ACCESS_TIME_COUNTER_FLOAT == 1.0
         _stamp(counters, 1)
     with ranks.as_rank(0):
-        assert counters._LAST_ACCESS_TIME_COUNTER_FLOAT == 4.0  # type: ignore[attr-defined]
-        assert counters._COMPONENT_UUID_COUNTERS == {"full": 8}  # type: ignore[attr-defined]
+        assert counters._LAST_ACCESS_TIME_COUNTER_FLOAT == 4.0
+        assert counters._COMPONENT_UUID_COUNTERS == {"full": 8}
     with ranks.as_rank(1):
-        assert counters._COMPONENT_UUID_COUNTERS == {"full": 6}  # type: ignore[attr-defined]
+        assert counters._COMPONENT_UUID_COUNTERS == {"full": 6}
 
 
 def test_one_rank_shares_nothing_it_should_not(counters: types.ModuleType) -> None:
     """A rank's dict of counters is its own copy: one rank's stamps never reach another's."""
     ranks = RankGlobals(2)
     with ranks.as_rank(0):
-        held = counters._COMPONENT_UUID_COUNTERS  # type: ignore[attr-defined]
+        held = counters._COMPONENT_UUID_COUNTERS
     with ranks.as_rank(1):
         _stamp(counters, 2)
     assert held == {"full": 5}

@@ -33,7 +33,7 @@ def test_the_shipped_record_reads_as_sglangs_busy_check_on_its_release() -> None
 
 
 def _body(**changes: Any) -> dict[str, Any]:
-    body = json.loads(PARKED_CHUNK.read_text())
+    body: dict[str, Any] = json.loads(PARKED_CHUNK.read_text())
     body.update(changes)
     return body
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -210,7 +211,7 @@ def test_a_dead_requests_mamba_states_are_not_counted_against_the_bound() -> Non
 
 
 def test_the_capture_reads_a_mamba_groups_state_bound_from_its_spec() -> None:
-    def mamba(block_size: int = 16, **spec: object) -> object:
+    def mamba(block_size: int = 16, **spec: Any) -> object:
         m = type("MambaManager", (), {})()
         m.block_size = block_size
         m.kv_cache_spec = type("MambaSpec", (), spec)()
@@ -222,7 +223,7 @@ def test_the_capture_reads_a_mamba_groups_state_bound_from_its_spec() -> None:
         [g] = group_specs([m], max_model_len=max_model_len, in_flight=in_flight)
         return g.max_states
 
-    align = {"mamba_cache_mode": "align", "num_speculative_blocks": 0}
+    align: dict[str, Any] = {"mamba_cache_mode": "align", "num_speculative_blocks": 0}
     assert bound(mamba(**align)) == 2
     assert bound(mamba(**align, num_prefill_checkpoint_blocks=1)) == 3
     assert bound(mamba(**align, num_prefill_checkpoint_blocks=0)) == 2

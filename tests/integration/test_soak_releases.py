@@ -240,7 +240,7 @@ def test_the_busy_check_reads_a_parked_chunk_as_leaked_before_0_5_20(
 @pytest.mark.parametrize(
     ("version", "rows"),
     [
-        pytest.param(*_release(v).values, rows, marks=_release(v).marks)
+        pytest.param(v, rows, marks=_release(v).marks)  # type: ignore[attr-defined]
         for v, rows in (("0.5.21", True), ("0.5.19", False))
     ],
 )
