@@ -22,6 +22,7 @@ from kvcanary_cli.soak.driver import (
 )
 from kvcanary_cli.soak.workload import Workload
 from tests.sglang_wheel import RELEASES, WHEEL_VERSION, missing_wheel, wheel_path
+from tests.torch_extra import needs_torch
 
 NEW, OLD = RELEASE_PREFILL_SWA
 
@@ -66,7 +67,9 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _set(schedule_batch: Any, workload: Workload) -> dict[str, str | None]:
-    """The switches as a history under `workload` sees them, then put back."""
+    """The switches as a history under `workload` sees them, then put back (the options also
+    stand in torch's pinned tensors, as soak runs SGLang: torch needed)."""
+    needs_torch()
     undo = serving_options(workload, schedule_batch)
     try:
         return {
