@@ -273,3 +273,39 @@ def test_a_mutant_that_parts_ranks_is_soaked_on_ranks() -> None:
         group = mutants._group(mutant)
         assert group in mutants.GROUPS and group[1] == f"{mutant.layout}-tp{mutant.tp}"
         assert mutants._release_name(group) == f"{group[1]}-release"
+
+
+def test_sglang_alone_sets_the_serving_options_as_soak_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang's checks alone set the history's serving switches by the names its release
+    reads, with the call soak's own loop makes (`serving_options(workload, schedule_batch)`):
+    a call of an older arity once failed only when a bench run reached it."""
+    from inspect import signature
+    from types import SimpleNamespace
+
+    from kvcanary_cli.soak import audit, driver
+    from kvcanary_cli.soak import run as soak_run
+
+    real = driver.serving_options
+    calls: list[tuple[object, ...]] = []
+
+    def recording(*args: object) -> None:
+        signature(real).bind(*args)  # the call fits the real function, or the test fails here
+        calls.append(args)
+        raise _Drawn
+
+    monkeypatch.setattr(soak_run, "history_stack", lambda *_: object())
+    monkeypatch.setattr(driver, "Scheduler", lambda stack, workload: SimpleNamespace())
+    monkeypatch.setattr(audit, "SGLangChecks", lambda scheduler: None)
+    monkeypatch.setattr(driver, "serving_options", recording)
+    schedule_batch = SimpleNamespace(envs=None)
+    modules = SimpleNamespace(
+        cores=("python",),
+        server_args=SimpleNamespace(ServerArgs=lambda **kw: kw),
+        tree=SimpleNamespace(version="0.5.23"),
+        schedule_batch=schedule_batch,
+    )
+    with pytest.raises(_Drawn):
+        mutants.sglang_alone(modules, 10, 0, "swa")
+    assert len(calls) == 1 and calls[0][1] is schedule_batch
