@@ -83,3 +83,28 @@ def test_a_streaming_sessions_row_is_held_where_the_free_lists_are_the_capture_c
     state = read_state(scheduler, None, [running], readers)
     assert sorted(state.running_rows.tolist()) == [3, 4]
     assert state.alloc_lens.tolist() == [0, 0, 0, 5, 2]
+
+
+def test_a_session_slot_keeps_its_first_turns_early_swa_release() -> None:
+    """0.5.17 - 0.5.19's streaming session slot takes over its first turn's lock (the same
+    skip set, which stands for the lock) but not whether that turn released the lock's SWA
+    part early: the slot's lock is replayed as released where the turn's was last seen so
+    (else, on a correct state, each audit with such a slot saw an SWA count it lacks). The
+    twin: a slot whose lock was never seen released counts its SWA part."""
+    tree, first = _tree()
+    first.skip_lock_node_ids, first.swa_prefix_lock_released = {}, True
+    expected = lock_reader(tree, Kind)
+    assert expected is not None
+    full_only = [Counter({1: 1, 2: 1}), Counter()]
+    assert expected([first]) == full_only
+    slot = SimpleNamespace(
+        last_node=first.last_node,
+        swa_uuid_for_lock=None,
+        skip_lock_node_ids=first.skip_lock_node_ids,
+    )
+    assert expected([slot]) == full_only
+    assert expected([slot]) == full_only  # kept while the slot holds it
+    fresh = SimpleNamespace(
+        last_node=first.last_node, swa_uuid_for_lock=None, skip_lock_node_ids={}
+    )
+    assert expected([fresh]) == [Counter({1: 1, 2: 1}), Counter({2: 1})]

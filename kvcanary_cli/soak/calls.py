@@ -170,7 +170,8 @@ def held_lock(req: Any) -> HeldLock | None:
     if not hasattr(req, "lock_receipt"):  # 0.5.13 - 0.5.19: the lock's fields on the request
         if req.last_node is None:
             return None
-        # (0.5.13 - 0.5.18's session slot keeps no early SWA release: never released early)
+        # (a session slot before 0.5.20 keeps no early SWA release of its own: the live
+        # audit carries its first turn's across, `live._expected_python`)
         released = bool(getattr(req, "swa_prefix_lock_released", False))
         if not hasattr(req, "skip_lock_node_ids"):  # 0.5.13 - 0.5.16: the skips not kept
             return HeldLock(req.last_node, req, released, req, {})

@@ -585,7 +585,7 @@ def lock_reader(tree: Any, kinds: Any) -> LockReader | None:
         plan = tuple((i, t, walks[t]) for i, t in enumerate(types))
         # a lock names its anchor by id (0.5.17 on) or is the node itself (0.5.13 - 0.5.16)
         node_of = getattr(core, "node_by_id", None) or _itself
-        return partial(_expected_python, node_of, root, len(types), plan, early, kinds.SWA, {})
+        return partial(_expected_python, node_of, root, len(types), plan, early, kinds.SWA, {}, {})
     paths = getattr(tree, "path_device_indices", None)
     if callable(paths) and getattr(core, "walk_for_kv_canary", None) is not None:
         return partial(_expected_rust, paths, kinds.FULL, {})
@@ -610,18 +610,27 @@ def _expected_python(
     early: frozenset[int],
     swa: int,
     seen: dict[int, _Seen],
+    released: dict[int, Any],
     requests: list[Any],
 ) -> list[Counter[int]]:
     """Per component, each node's lock count the requests' locks make (see `lock_reader`):
     each lock's path from its anchor to the root read once, each component counting its
     part of it. `seen`: the tombstones on each lock's path when first seen (by identity),
-    for the locks that leave them unlocked."""
+    for the locks that leave them unlocked. `released`: the locks (by identity) last seen
+    with their SWA part released early, for a holder that does not say so itself (0.5.17 -
+    0.5.19's streaming session slot takes over its first turn's lock, not that flag)."""
     ids: list[list[int]] = [[] for _ in range(width)]
     first: dict[int, _Seen] = {}
+    early_now: dict[int, Any] = {}
     for req in requests:
         lock = held_lock(req)
         if lock is None:
             continue
+        swa_released = lock.swa_released
+        if not swa_released and not hasattr(req, "swa_prefix_lock_released"):
+            swa_released = released.get(id(lock.identity)) is lock.identity
+        if swa_released:
+            early_now[id(lock.identity)] = lock.identity
         node = node_of(lock.node)  # a node the tree no longer has: unreadable
         path = []
         while node is not root:
@@ -634,7 +643,7 @@ def _expected_python(
         skipped = skipped_components(lock)
         tombs = None if lock.unlocked is None else _tombstones(lock, path, plan, seen, first)
         for i, kind, reach in plan:
-            if kind in skipped or (lock.swa_released and kind in early):
+            if kind in skipped or (swa_released and kind in early):
                 continue
             if reach == _ROOT:
                 nodes = on_path
@@ -648,6 +657,8 @@ def _expected_python(
             ids[i].extend(nodes)
     seen.clear()
     seen.update(first)
+    released.clear()
+    released.update(early_now)
     return [Counter(nodes) for nodes in ids]
 
 
