@@ -15,6 +15,10 @@ notes the loaded tree has for the user (a Rust core it lacks).
 `python -m tests.release_soak WHEEL parked` replays the shipped reproducer of 0.5.19's busy
 check over a parked chunk, as it is and with the check counting the parked request (`parked`).
 
+`python -m tests.release_soak WHEEL session-unlock [twin]` replays the shipped reproducer of
+0.5.17 - 0.5.19's streaming session close dropping another request's SWA lock count, as it is
+or with the session slot keeping its first turn's early SWA release (`session_unlock`).
+
 `python -m tests.release_soak serve` runs such processes for a test session: one JSON
 request a line on its standard input (`{"args": [WHEEL, ...], "out": PATH}`), each run in a
 process forked for it (still one SGLang per process) with its standard output and error in
@@ -187,6 +191,110 @@ def parked(wheel: str) -> None:
         print(json.dumps(line), flush=True)
 
 
+#: The shrunk history where SGLang 0.5.19's streaming session close drops another request's
+#: SWA lock count (its first turn had released its own early).
+SESSION_UNLOCK = "docs/reproducers/sglang-0.5.19-session-close-swa-unlock.json"
+
+
+def session_unlock(wheel: str, twin: bool) -> None:
+    """`SESSION_UNLOCK` replayed on `wheel`'s SGLang, one JSON line: as it is, or (`twin`)
+    with the session slot keeping its first turn's early SWA release and its close then
+    leaving the SWA part alone (what 0.5.20's slot does). The line says kvcanary's finding
+    (step, where in it, codes), SGLang's complaints, the live audit's fallbacks, and each
+    close of a session whose first turn released its SWA lock early: the SWA lock counts it
+    took off its path's nodes (`taken`) and how many of those were another lock's (`others`:
+    the running requests' locks through the node, counted before the close); None where
+    the slot keeps the flag itself (0.5.20 on: the history runs unwatched, and no twin)."""
+    from kvcanary_cli.soak import run
+    from kvcanary_cli.soak.command import read_reproducer
+
+    modules = load_sglang(wheel)
+    spec, workload, fault, *_ = read_reproducer(Path(SESSION_UNLOCK))
+    streaming = importlib.import_module("sglang.srt.session.streaming_session")
+    kinds = importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type")
+    swa = kinds.ComponentType.SWA
+    slots, closes, running = streaming.SessionSlot, [], []
+    early: dict[int, bool] = {}
+    save, release = slots.save_from_req, streaming.StreamingSession.release_session
+
+    def saving(self: Any, req: Any, is_first: bool) -> None:
+        if is_first:
+            early[id(self)] = bool(req.swa_prefix_lock_released)
+        save(self, req, is_first)
+
+    def counts(tree: Any, node: Any) -> dict[int, int]:
+        core = tree.tree_core
+        node, seen = core.node_by_id(node), {}
+        while node is not core.root_node:
+            seen[node.id] = node.component_data[swa].lock_ref
+            node = node.parent
+        return seen
+
+    def others(tree: Any, ids: set[int]) -> int:
+        """The running requests' SWA locks through `ids` (each reaching its window's edge)."""
+        core, held = tree.tree_core, 0
+        for req in running[0]() if running else ():
+            if req.last_node is None or req.swa_prefix_lock_released or req.session:
+                continue
+            node = core.node_by_id(req.last_node)
+            while node is not core.root_node:
+                data = node.component_data[swa]
+                held += node.id in ids and data.lock_ref > 0
+                if data.metadata.get("uuid") == req.swa_uuid_for_lock:
+                    break
+                node = node.parent
+        return held
+
+    def releasing(self: Any, session_id: str) -> None:
+        slot = self.slots.get(session_id)
+        if slot is None or slot.last_node is None or not early.get(id(slot)):
+            release(self, session_id)
+            return
+        tree = self.inner
+        before = counts(tree, slot.last_node)
+        theirs = others(tree, {i for i, n in before.items() if n})
+        if twin:  # the close leaves the SWA part alone, as 0.5.20's `skip_swa` does
+            plain = tree.dec_lock_ref
+            tree.dec_lock_ref = lambda node, params=None: plain(node, params, skip_swa=True)
+        try:
+            release(self, session_id)
+        finally:
+            if twin:
+                del tree.dec_lock_ref
+        after = counts(tree, slot.last_node)
+        taken = sum(before[i] - after.get(i, 0) for i in before)
+        closes.append({"taken": taken, "others": theirs})
+
+    class Watched(run.Scheduler):  # type: ignore[name-defined,misc]
+        """Soak's loop, its running requests readable by the close's watch."""
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            running[:] = [lambda: list(self.running.reqs)]
+
+    # 0.5.20 on the slot keeps the flag itself: the history runs as it is, unwatched
+    kept = hasattr(slots(), "swa_prefix_lock_released")
+    if twin and kept:
+        raise SystemExit(f"{wheel}: the slot keeps its early release already (no twin)")
+    if not kept:
+        slots.save_from_req = saving
+        streaming.StreamingSession.release_session = releasing
+        setattr(run, "Scheduler", Watched)  # noqa: B010
+    result = run.run_history(modules, spec, workload, fault=fault)
+    failure = result.failure
+    line = {
+        "twin": twin,
+        "found": None if failure is None else failure.key,
+        "step": None if failure is None else failure.step,
+        "when": None if failure is None else failure.mode,
+        "codes": [] if failure is None else sorted(set(failure.codes)),
+        "sglang": result.sglang_counts,
+        "fallbacks": result.fallbacks,
+        "closes": None if kept else closes,
+    }
+    print(json.dumps(line), flush=True)
+
+
 def _uncached(kv: Any) -> int:
     """A request's KV past what the tree caches for it (page size 1)."""
     return int(kv.kv_allocated_len - kv.cache_protected_len) if kv.holds_kv else 0
@@ -274,6 +382,8 @@ def _run(args: list[str]) -> None:
         onset(args[0])
     elif args[1:] == ["parked"]:
         parked(args[0])
+    elif args[1:] in (["session-unlock"], ["session-unlock", "twin"]):
+        session_unlock(args[0], twin=args[2:] == ["twin"])
     elif args[1:2] == ["leak-rows"]:
         leak_rows(args[0], args[2])
     else:

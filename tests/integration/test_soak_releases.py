@@ -25,6 +25,13 @@ only with streaming sessions, which those releases run without. Its shipped repr
 replays to that complaint, kvcanary silent, and its twin (the check counting the parked
 request, as 0.5.20's does) is silent.
 
+0.5.17 - 0.5.19's streaming session slot takes over its first turn's lock but not that turn's
+early release of the lock's SWA part, so the session's close drops the SWA part again: its
+shipped reproducer closes such a session while another request's lock holds the same node,
+the close takes that request's count, and a prefill evicts the node's SWA values from the
+window that request still reads (kvcanary's finding at its next decode); its twin (the slot
+keeping the flag, as 0.5.20's does) is silent, and 0.5.20 replays it clean.
+
 0.5.13 and 0.5.14 have no unified memory (that layout is refused in one line), and their
 hybrid SWA layout has a defect of its own that kvcanary finds in every clean history (SGLang's
 checks silent): where an insert recovers an SWA tombstone, their SWA component frees the
@@ -235,6 +242,36 @@ def test_the_busy_check_reads_a_parked_chunk_as_leaked_before_0_5_20(
     assert as_is["busy"] == [{"step": step, "short": uncached}]
     assert counted["parked"] == as_is["parked"]
     assert (counted["found"], counted["sglang"]) == (None, {}), counted
+
+
+@pytest.mark.parametrize("version", [_release("0.5.19"), _release("0.5.18")])
+def test_a_session_close_takes_another_requests_swa_lock_before_0_5_20(
+    version: str, soak: Soak
+) -> None:
+    """The shipped reproducer's streaming session first turn released its SWA lock early;
+    its close drops the SWA part again, taking the count of the request whose lock holds the
+    same node, and a prefill then evicts that node's SWA values out of the window the
+    request reads: kvcanary's `swa-mapping-cleared-in-window` at the request's next decode,
+    SGLang's checks silent, the live audit falling back (a count below its locks, which the
+    whole `check` cannot see) only between the close and the eviction. The twin (the slot
+    keeping the flag, the close leaving the SWA part alone): the same close takes nothing,
+    and the history is silent on both sides without a fallback."""
+    (as_is,) = soak(str(wheel_path(version)), "session-unlock")
+    assert as_is["closes"] == [{"taken": 1, "others": 1}], as_is
+    assert (as_is["found"], as_is["when"]) == ("swa-mapping-cleared-in-window", "plan"), as_is
+    assert as_is["codes"] == ["swa-unmapped-in-window"] and as_is["sglang"] == {}, as_is
+    assert as_is["fallbacks"] > 0, as_is
+    (twin,) = soak(str(wheel_path(version)), "session-unlock", "twin")
+    assert twin["closes"] == [{"taken": 0, "others": 1}], twin
+    assert (twin["found"], twin["sglang"], twin["fallbacks"]) == (None, {}, 0), twin
+
+
+@pytest.mark.parametrize("version", [_release("0.5.20")])
+def test_the_session_close_reproducer_replays_clean_from_0_5_20(version: str, soak: Soak) -> None:
+    """0.5.20's slot keeps its first turn's early SWA release and closes without it: the
+    shipped reproducer runs clean on both sides, the live audit exact throughout."""
+    (line,) = soak(str(wheel_path(version)), "session-unlock")
+    assert (line["found"], line["sglang"], line["fallbacks"]) == (None, {}, 0), line
 
 
 @pytest.mark.parametrize(
