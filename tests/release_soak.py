@@ -37,6 +37,7 @@ import re
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -213,7 +214,10 @@ def session_unlock(wheel: str, twin: bool) -> None:
     streaming = importlib.import_module("sglang.srt.session.streaming_session")
     kinds = importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type")
     swa = kinds.ComponentType.SWA
-    slots, closes, running = streaming.SessionSlot, [], []
+    slots = streaming.SessionSlot
+    closes: list[dict[str, int]] = []
+    #: the watched loop's running requests, read at a close
+    running: list[Callable[[], list[Any]]] = []
     early: dict[int, bool] = {}
     save, release = slots.save_from_req, streaming.StreamingSession.release_session
 
