@@ -237,6 +237,28 @@ def test_the_busy_check_reads_a_parked_chunk_as_leaked_before_0_5_20(
     assert (counted["found"], counted["sglang"]) == (None, {}), counted
 
 
+@pytest.mark.parametrize("version", [_release("0.5.21")])
+def test_the_unified_allocator_evicts_short_of_its_own_plan_on_0_5_21(
+    version: str, soak: Soak
+) -> None:
+    """SGLang 0.5.21's unified allocator plans the eviction an allocation needs in the shared
+    byte budget (`reclaim_plan`), then hands the tree that plan as capacity targets
+    (`evict_for_alloc`): each side's view counts the bytes the other's evictions free, so the
+    tree stops once both views read the target, short of the plan, full tokens still
+    evictable, and the allocation raises `Out of memory`; kvcanary silent. The twin: the same
+    loop and history with the plan handed over as quotas (`evict`, as 0.5.22 does): every
+    eviction meets its plan, the allocation fits, the history runs clean."""
+    as_is, quotas = soak(str(wheel_path(version)), "evict-short")
+    assert as_is["found"] == "crash RuntimeError" and as_is["sglang"] == {}, as_is
+    assert "alloc_token_slots" in as_is["raised_in"], as_is
+    *_, (asked, plan_full, _, full, _, available, left) = as_is["evictions"]
+    assert full < plan_full and available < asked and left > 0, as_is
+    assert (quotas["found"], quotas["sglang"]) == (None, {}), quotas
+    assert quotas["evictions"], quotas
+    for asked, plan_full, _, full, _, available, _ in quotas["evictions"]:
+        assert full >= plan_full and available >= asked, quotas
+
+
 @pytest.mark.parametrize(
     ("version", "rows"),
     [
