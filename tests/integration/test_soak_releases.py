@@ -17,7 +17,10 @@ the available full tokens in the byte-coordinated view against the static capaci
 have; 0.5.17 and 0.5.18 crash (AttributeError) where their SWA component recovers a tombstone
 under a locked full value (it writes `full_to_swa_index_mapping`, which the unified allocator
 has not): 0.5.17 in this history, at step 25 (0.5.15 and 0.5.16 as well). soak reports both
-as SGLang's, never as kvcanary's.
+as SGLang's, never as kvcanary's. 0.5.19 to 0.5.21 crash (`Out of memory`) where the eviction
+for an allocation stops short, each side's view counting the same shared bytes: 0.5.21's
+shipped reproducer replays to that crash, kvcanary silent, and its twin (the allocator's plan
+handed to the tree as quotas, as 0.5.22 does) runs clean.
 
 0.5.19's busy check (0.5.13 - 0.5.19's) leaves a chunked request parked between chunks out of
 its sum, so a correct state where one is parked reads as leaked; soak's histories park one
