@@ -14,6 +14,9 @@ notes the loaded tree has for the user (a Rust core it lacks).
 
 `python -m tests.release_soak WHEEL parked` replays the shipped reproducer of 0.5.19's busy
 check over a parked chunk, as it is and with the check counting the parked request (`parked`).
+`python -m tests.release_soak WHEEL evict-short` replays the shipped reproducer of 0.5.21's
+unified allocator evicting short of its own plan, as it is and with the plan handed to the tree
+as quotas, as 0.5.22 hands it (`evict_short`).
 
 `python -m tests.release_soak WHEEL session-unlock [twin]` replays the shipped reproducer of
 0.5.17 - 0.5.19's streaming session close dropping another request's SWA lock count, as it is
@@ -312,6 +315,81 @@ def _short(message: str) -> int:
     return total - sum(int(v) for v in counts.values())
 
 
+#: The shrunk history where SGLang 0.5.21's unified allocator evicts short of its own plan.
+EVICT_SHORT = "docs/reproducers/sglang-0.5.21-unified-evict-short-oom.json"
+#: Where 0.5.21's unified (full + SWA) allocator lives.
+UNIFIED_SWA = "sglang.srt.mem_cache.allocator.unified_hybrid_swa"
+
+
+def evict_short(wheel: str) -> None:
+    """`EVICT_SHORT` replayed twice on `wheel`'s SGLang, one JSON line each: as it is, then
+    with the unified allocator's `evict_to_free_tokens` handing its reclaim plan to the tree
+    as eviction quotas (`evict`: what 0.5.22's calls) instead of as capacity targets
+    (`evict_for_alloc`: what 0.5.21's calls). Each says kvcanary's finding, SGLang's
+    complaints, where a crash was raised, and each allocation that needed eviction:
+    [tokens asked, the plan's full and SWA tokens, full and SWA tokens the tree evicted, the
+    joint tokens available after, full tokens still evictable after]."""
+    from kvcanary_cli.dump.streams import standard_output_on_standard_error
+    from kvcanary_cli.soak.command import read_reproducer
+
+    modules = load_sglang(wheel)
+    spec, workload, fault, *_ = read_reproducer(Path(EVICT_SHORT))
+    allocator = importlib.import_module(UNIFIED_SWA).UnifiedSWATokenToKVPoolAllocator
+    params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache").EvictParams
+    shipped = allocator.evict_to_free_tokens
+    evictions: list[list[int]] = []
+
+    def plan_of(self: Any, tree: Any, tokens: int, swa_tokens: int) -> Any:
+        return self.reclaim_plan(
+            tokens,
+            swa_tokens,
+            full_evictable_tokens=tree.full_evictable_size(),
+            swa_evictable_tokens=tree.swa_evictable_size(),
+        )
+
+    def by_quotas(self: Any, tree: Any, tokens: int, *, swa_num_tokens: Any = None) -> Any:
+        swa_tokens = tokens if swa_num_tokens is None else swa_num_tokens
+        plan = plan_of(self, tree, tokens, swa_tokens)
+        if plan is None:
+            return None
+        if plan != (0, 0):
+            tree.evict(params(num_tokens=plan[0], swa_num_tokens=plan[1]))
+        return self.ensure_capacity(tokens, swa_tokens)
+
+    def noted(evict: Any) -> Any:
+        def run(self: Any, tree: Any, tokens: int, *, swa_num_tokens: Any = None) -> Any:
+            swa_tokens = tokens if swa_num_tokens is None else swa_num_tokens
+            plan = plan_of(self, tree, tokens, swa_tokens)
+            full, swa = tree.full_evictable_size(), tree.swa_evictable_size()
+            fits = evict(self, tree, tokens, swa_num_tokens=swa_num_tokens)
+            if plan is not None and plan != (0, 0):
+                left = tree.full_evictable_size()
+                evicted = [full - left, swa - tree.swa_evictable_size()]
+                evictions.append([tokens, *plan, *evicted, self.available_size(), left])
+            return fits
+
+        return run
+
+    try:
+        for quotas in (False, True):
+            evictions.clear()
+            allocator.evict_to_free_tokens = noted(by_quotas if quotas else shipped)
+            with standard_output_on_standard_error():  # the tree SGLang prints at its crash
+                result = run_history(modules, spec, workload, fault=fault)
+            crash = None if result.failure is None else result.failure.crash
+            line = {
+                "quotas": quotas,
+                "found": None if result.failure is None else result.failure.key,
+                "step": None if result.failure is None else result.failure.step,
+                "raised_in": None if crash is None else crash.raised_in,
+                "sglang": result.sglang_counts,
+                "evictions": evictions,
+            }
+            print(json.dumps(line), flush=True)
+    finally:
+        allocator.evict_to_free_tokens = shipped
+
+
 def leak_rows(wheel: str, folder: str) -> None:
     """A leak dump the capture hook writes (`capture_leak`, in `folder`) at the first decode
     step of a seed-0 `swa` history (page size 1) where a chunked request sits parked, with the
@@ -388,6 +466,8 @@ def _run(args: list[str]) -> None:
         parked(args[0])
     elif args[1:] in (["session-unlock"], ["session-unlock", "twin"]):
         session_unlock(args[0], twin=args[2:] == ["twin"])
+    elif args[1:] == ["evict-short"]:
+        evict_short(args[0])
     elif args[1:2] == ["leak-rows"]:
         leak_rows(args[0], args[2])
     else:

@@ -1,5 +1,6 @@
 """A reproducer may record a complaint of SGLang's own check alone (`sglang_check`, kvcanary
-silent): SGLang 0.5.19's busy check over a parked chunk ships as one (docs/soak.md). Its replay
+silent): SGLang 0.5.19's busy check over a parked chunk ships as one (docs/soak.md); 0.5.21's
+unified allocator evicting short of its plan ships as SGLang's crash. Its replay
 came back where that check complains again with kvcanary silent, and says so; where the
 check stays silent, or something else fails, it did not."""
 
@@ -18,6 +19,7 @@ from kvcanary_cli.soak.command import _came_back, read_reproducer
 
 ROOT = Path(__file__).resolve().parents[2]
 PARKED_CHUNK = ROOT / "docs" / "reproducers" / "sglang-0.5.19-busy-check-parked-chunk.json"
+EVICT_SHORT = ROOT / "docs" / "reproducers" / "sglang-0.5.21-unified-evict-short-oom.json"
 BUSY = "self_check_during_busy"
 
 
@@ -30,6 +32,21 @@ def test_the_shipped_record_reads_as_sglangs_busy_check_on_its_release() -> None
         1,
     )
     assert shipped.workload.streaming_sessions and shipped.spec.layout == "swa"
+
+
+def test_the_shipped_unified_record_reads_as_sglangs_crash_without_sessions() -> None:
+    """0.5.21's allocation eviction short of its plan ships as a crash of SGLang's on unified
+    memory, with no session in its workload: sessions are not what it needs."""
+    shipped = read_reproducer(EVICT_SHORT)
+    assert (shipped.recorded, shipped.release, shipped.fault, shipped.tp) == (
+        "crash RuntimeError",
+        "0.5.21",
+        None,
+        1,
+    )
+    assert shipped.spec.layout == "unified"
+    assert all(a.session is None for a in shipped.workload.arrivals)
+    assert not (shipped.workload.streaming_sessions or shipped.workload.radix_sessions)
 
 
 def _body(**changes: Any) -> dict[str, Any]:

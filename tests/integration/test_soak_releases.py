@@ -17,7 +17,10 @@ the available full tokens in the byte-coordinated view against the static capaci
 have; 0.5.17 and 0.5.18 crash (AttributeError) where their SWA component recovers a tombstone
 under a locked full value (it writes `full_to_swa_index_mapping`, which the unified allocator
 has not): 0.5.17 in this history, at step 25 (0.5.15 and 0.5.16 as well). soak reports both
-as SGLang's, never as kvcanary's.
+as SGLang's, never as kvcanary's. 0.5.19 to 0.5.21 crash (`Out of memory`) where the eviction
+for an allocation stops short, each side's view counting the same shared bytes: 0.5.21's
+shipped reproducer replays to that crash, kvcanary silent, and its twin (the allocator's plan
+handed to the tree as quotas, as 0.5.22 does) runs clean.
 
 0.5.19's busy check (0.5.13 - 0.5.19's) leaves a chunked request parked between chunks out of
 its sum, so a correct state where one is parked reads as leaked; soak's histories park one
@@ -272,6 +275,28 @@ def test_the_session_close_reproducer_replays_clean_from_0_5_20(version: str, so
     shipped reproducer runs clean on both sides, the live audit exact throughout."""
     (line,) = soak(str(wheel_path(version)), "session-unlock")
     assert (line["found"], line["sglang"], line["fallbacks"]) == (None, {}, 0), line
+
+
+@pytest.mark.parametrize("version", [_release("0.5.21")])
+def test_the_unified_allocator_evicts_short_of_its_own_plan_on_0_5_21(
+    version: str, soak: Soak
+) -> None:
+    """SGLang 0.5.21's unified allocator plans the eviction an allocation needs in the shared
+    byte budget (`reclaim_plan`), then hands the tree that plan as capacity targets
+    (`evict_for_alloc`): each side's view counts the bytes the other's evictions free, so the
+    tree stops once both views read the target, short of the plan, full tokens still
+    evictable, and the allocation raises `Out of memory`; kvcanary silent. The twin: the same
+    loop and history with the plan handed over as quotas (`evict`, as 0.5.22 does): every
+    eviction meets its plan, the allocation fits, the history runs clean."""
+    as_is, quotas = soak(str(wheel_path(version)), "evict-short")
+    assert as_is["found"] == "crash RuntimeError" and as_is["sglang"] == {}, as_is
+    assert "alloc_token_slots" in as_is["raised_in"], as_is
+    *_, (asked, plan_full, _, full, _, available, left) = as_is["evictions"]
+    assert full < plan_full and available < asked and left > 0, as_is
+    assert (quotas["found"], quotas["sglang"]) == (None, {}), quotas
+    assert quotas["evictions"], quotas
+    for asked, plan_full, _, full, _, available, _ in quotas["evictions"]:
+        assert full >= plan_full and available >= asked, quotas
 
 
 @pytest.mark.parametrize(
