@@ -192,8 +192,8 @@ _BEFORE_MAMBA_RETIREMENT = {
     "mamba-retired-kept": "no Mamba state retirement",
     "mamba-null-test-by-identity": "no Mamba state retirement",
 }
-#: What releases before the Mamba group's prefix-caching mode (0.12.0 and 0.13.0 here, whose chunked
-#: local attention is already written as 0.33.0's) leave out.
+#: What releases before the Mamba group's prefix-caching mode leave out (0.12.0 and 0.13.0
+#: here: their chunked local attention is already written as 0.33.0's).
 _BEFORE_ALIGN = {
     name: "no prefix-caching mode: one state block per request"
     for name in _BEFORE_HYBRID_REWRITE
