@@ -3,7 +3,7 @@ history, audited after every step, and the most state blocks a live request's Ma
 held at any step (against the bound the capture read from the group's spec).
 
     python bench/vllm_hybrid_soak.py [--wheel PATH | --version 0.33.0] [--steps 1000]
-        [--seed 0 1 ...] [--model hybrid hybrid-mamba hybrid-chunked-local]
+        [--seed 0 1 ...] [--model hybrid hybrid-mamba hybrid-chunked-local full]
 
 Prints one JSON object per history: the release, model, seed, steps run and audited,
 preemptions, prefix hits, aborts, the Mamba bound and the highest count seen (Mamba only),
@@ -83,7 +83,10 @@ def main() -> None:
     parser.add_argument("--version", default=None, help="a cached wheel's release")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seed", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--model", nargs="+", choices=HYBRIDS, default=list(HYBRIDS))
+    # (`full`, full attention alone, beside the hybrids: the same release's baseline)
+    parser.add_argument(
+        "--model", nargs="+", choices=list(vllm_driver.MODELS), default=list(HYBRIDS)
+    )
     args = parser.parse_args()
     wheel = args.wheel or (wheel_path(args.version) if args.version else wheel_path())
     if wheel is None:

@@ -183,22 +183,71 @@ _BEFORE_HYBRID_REWRITE = {
     "chunked-local-skip-by-remainder": "chunked local attention drops its blocks in a loop "
     "of its own",
 }
-#: Per cached vLLM release (those `.ci/run` fetches, and 0.10.x's where cached by hand: their
-#: spellings of the map's eviction, the queue's count and 0.10.0's touch), the mutants that
-#: cannot apply there, and why: the code path they break is not in that release, or is not
-#: one place in it to edit. Every other mutant applies, through its 0.33.0 snippet or an
-#: alternative spelling.
+#: What releases before 0.32.0 leave out: the free queue's one-block fast path.
+_BEFORE_0_32 = {"queue-popleft-one-by-loop": _BEFORE_0_12["queue-popleft-one-by-loop"]}
+#: What releases before the Mamba group's retirement of the states behind the computed tokens
+#: (0.15.0 to 0.29.0: "align" mode, but no `_num_retired_blocks`) leave out.
+_BEFORE_MAMBA_RETIREMENT = {
+    "mamba-retires-running-state": "no Mamba state retirement",
+    "mamba-retired-kept": "no Mamba state retirement",
+    "mamba-null-test-by-identity": "no Mamba state retirement",
+}
+#: What releases before the Mamba group's prefix-caching mode leave out (0.12.0 and 0.13.0
+#: here: their chunked local attention is already written as 0.33.0's).
+_BEFORE_ALIGN = {
+    name: "no prefix-caching mode: one state block per request"
+    for name in _BEFORE_HYBRID_REWRITE
+    if name.startswith("mamba-")
+}
+#: Per cached vLLM release (those `.ci/run` fetches, the others where cached: 0.10.x's
+#: spellings of the map's eviction, the queue's count and 0.10.0's touch; 0.12.0 to 0.32.0's of
+#: the pool, the queue and the managers' frees), the mutants that cannot apply there, and why:
+#: the code path they break is not in that release, or is not one place in it to edit. Every
+#: other mutant applies, through its 0.33.0 snippet or an alternative spelling.
 LEFT_OUT = {
     "0.10.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
     "0.10.1.1": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
     "0.10.2": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
     "0.11.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
+    **{v: {**_BEFORE_0_32, **_BEFORE_ALIGN} for v in ("0.12.0", "0.13.0")},
+    **{
+        v: {**_BEFORE_0_32, **_BEFORE_MAMBA_RETIREMENT}
+        for v in (
+            "0.20.1",
+            "0.20.2",
+            "0.21.0",
+            "0.22.0",
+            "0.22.1",
+            "0.23.0",
+            "0.24.0",
+            "0.25.0",
+            "0.25.1",
+            "0.26.0",
+            "0.27.0",
+            "0.27.1",
+            "0.28.0",
+            "0.29.0",
+        )
+    },
+    **{v: dict(_BEFORE_0_32) for v in ("0.30.0", "0.31.0")},
+    "0.32.0": {},
     "0.33.0": {},
     "0.34.0": {},
 }
 
 
-@pytest.mark.parametrize("version", sorted(LEFT_OUT))
+#: The releases whose case is the fast lane's (`.ci/run` fetches 0.11.0, 0.33.0 and 0.34.0;
+#: 0.10.x's spellings are the oldest); the others are the whole suite's (a wheel each read).
+_FAST_LANE = ("0.10.0", "0.10.1.1", "0.10.2", "0.11.0", "0.33.0", "0.34.0")
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        pytest.param(v, marks=[] if v in _FAST_LANE else [pytest.mark.slow])
+        for v in sorted(LEFT_OUT)
+    ],
+)
 def test_on_each_cached_vllm_release_every_mutant_its_code_has_applies(
     version: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
