@@ -424,6 +424,11 @@ command(
         "a prefix hit, host slots evicted under host pressure; the host pools audited each "
         "step (any --layout but unified).",
     ),
+    hicache_storage=Opt(
+        "With --hicache, run its storage tier behind it (--hicache-storage-backend file, in "
+        "a temporary folder soak removes): backups from host to storage, prefetches from "
+        "storage into host on a request's arrival, stepped in soak's thread.",
+    ),
     session_radix_cache=Opt(
         "Run SGLang's radix sessions (--enable-session-radix-cache) too: the sessions are "
         "client sessions whose finished turns tag the tree's nodes (evicted last) until the "

@@ -107,10 +107,22 @@ def server_args_fields(policy: str, *, mamba: bool) -> dict[str, Any]:
     }
 
 
-def attach_hicache(tree: Any, server_args: Any, params: Any) -> None:
-    """`init_hicache` on a built tree, as SGLang's registry calls it."""
+def attach_hicache(tree: Any, server_args: Any, params: Any, storage: Any = None) -> None:
+    """`init_hicache` on a built tree, as SGLang's registry calls it; with `storage` (a
+    `soak.storage.StorageTier`), its storage tier built into the tier's folder, its threads
+    parked for the tier's pump."""
     stand_in_cuda()
-    tree.init_hicache(server_args, params)
+    if storage is None:
+        tree.init_hicache(server_args, params)
+        return
+    from kvcanary_cli.soak.storage import StoragePump, backend_context, park_storage_threads
+
+    park_storage_threads()
+    with backend_context(storage.folder.name):
+        tree.init_hicache(server_args, params)
+    if not tree.enable_storage:
+        raise RuntimeError("the tree's storage tier did not start (enable_storage is off)")
+    storage.pump = StoragePump(tree.cache_controller)
 
 
 @dataclass(frozen=True)
