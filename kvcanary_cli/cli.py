@@ -400,7 +400,7 @@ command(
         "Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
         "shared-boundary-page, tree-page-freed, lock-leak, tree-mamba-slot-freed "
         "(--layout mamba or mamba-extra), or host-evict-leak, load-back-frees-host, "
-        "backup-twice (--hicache).",
+        "backup-twice (--hicache), storage-ack-frees-host (--hicache-storage).",
         metavar="NAME",
     ),
     layout=Opt(

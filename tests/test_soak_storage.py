@@ -204,3 +204,19 @@ def test_the_storage_tier_needs_the_host_tier_and_one_rank(
             hicache_storage=True,
             **options,
         )
+
+
+def test_the_storage_fault_is_refused_without_the_storage_tier() -> None:
+    from types import SimpleNamespace
+
+    from kvcanary_cli.soak.faults import plant
+    from kvcanary_cli.soak.stack import SGLangUnavailableError
+
+    label = SimpleNamespace(label="tree")
+    stack = SimpleNamespace(
+        tree=SimpleNamespace(cache_controller=object()),
+        storage=None,
+        modules=SimpleNamespace(tree=label),
+    )
+    with pytest.raises(SGLangUnavailableError, match="--hicache-storage"):
+        plant("storage-ack-frees-host", stack)

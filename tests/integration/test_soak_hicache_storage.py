@@ -69,3 +69,22 @@ def test_a_history_with_the_storage_tier_runs_clean_and_leaves_no_folder(
     assert pages and pages[0] > 0  # backups reached the folder
     assert not Path(stack.storage.folder.name).exists()
     assert threading.active_count() == before
+
+
+@pytest.mark.slow
+def test_a_storage_ack_that_frees_its_nodes_host_copy_is_named(modules: Any) -> None:
+    """The fault (`storage-ack-frees-host`): a backup's ack to storage frees the host pages
+    the node keeps; kvcanary names the slot free and held, SGLang's own checks silent. Its
+    clean twin is the test above (the same history, no fault)."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    workload = history_workload(0, 0, 1, 1, hicache=True, storage=True)
+    result = run_history(
+        modules, StackSpec.pressured(1, "python"), workload, fault="storage-ack-frees-host"
+    )
+    assert result.failure is not None
+    assert "host-slot-free-and-held" in result.failure.codes
+    assert result.fault_acted > 0
+    assert result.sglang_step is None
