@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcanary_cli.soak.calls import prefix_len
+
 __all__ = [
     "BACKEND",
     "PREFETCH_THRESHOLD",
@@ -220,7 +222,7 @@ def request_prefetch(tree: Any, req: Any, storage_hit_end: int | None = None) ->
     on a node backed up to host (or at the root), ask storage for the rest of its prompt."""
     req.init_next_round_input(tree, cow_mamba=False)
     host = req.last_host_node
-    matched = req.prefix_len + req.host_hit_length
+    matched = prefix_len(req) + req.host_hit_length
     req.storage_prefetch_last_match_len = matched
     if not (tree.is_backuped(host) or tree.is_root(host)):
         return
