@@ -835,3 +835,18 @@ def test_a_storage_tier_holding_a_host_slot_in_flight_leaves_the_fact_out(
     facts: dict[str, Any] = {}
     capture._accounted_facts(facts, tree)
     assert facts == {}
+
+
+@pytest.mark.parametrize("missing", ["backup_thread", "prefetch_buffer"])
+def test_a_storage_tier_missing_a_thread_or_queue_is_not_vouched_for(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """A controller that says storage is on but lacks one of the tier's threads or queues is
+    not a tier this reading knows: the fact is left out."""
+    from kvcanary_cli.capture import tree as capture
+
+    tree = _storage_tree(monkeypatch)
+    setattr(tree.cache_controller, missing, None)
+    facts: dict[str, Any] = {}
+    capture._accounted_facts(facts, tree)
+    assert facts == {}

@@ -521,6 +521,8 @@ _STORAGE_THREADS = (
     "backup_thread",
     "pp_prefetch_command_thread",
 )
+#: the one storage thread a controller builds only under pipeline parallelism
+_PP_THREAD = "pp_prefetch_command_thread"
 #: The controller's queues whose items carry a prefetch's host slots: its reads queued, their
 #: acks on the way (an ack of a revoked prefetch releases the slots it did not fill).
 _PREFETCH_SLOT_QUEUES = ("prefetch_buffer", "prefetch_sync_queue", "ack_prefetch_queue")
@@ -532,14 +534,16 @@ def _storage_holds_no_host_slot(tree: Any, controller: Any) -> bool:
     thread, as soak does), no prefetch in flight with host slots (its Full KV staging or a
     component's), no read or ack queued, no pipeline-parallel prefetch state. A backup to
     storage reads its node's own host slots, under its node's host lock: it may be in
-    flight. Anything unread answers False."""
+    flight. Anything unread (a thread or queue of the tier missing) answers False."""
     for name in _STORAGE_THREADS:
         thread = getattr(controller, name, None)
+        if thread is None and name != _PP_THREAD:
+            return False  # a tier without its threads: not one this reading knows
         if thread is not None and thread.is_alive():
             return False
     for name in _PREFETCH_SLOT_QUEUES:
-        queue = getattr(controller, name)
-        if queue is not None and not queue.empty():
+        queue = getattr(controller, name, None)
+        if queue is None or not queue.empty():
             return False
     if getattr(controller, "pp_prefetch_states", None):
         return False
