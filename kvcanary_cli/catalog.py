@@ -1155,8 +1155,8 @@ FINDINGS: Mapping[FindingCode, FindingEntry] = _table(
                     "HiCache: a host slot of a pool (0 .. its size − 1) neither on that "
                     "pool's free list nor in any node's host value of that pool, in a dump "
                     "whose capture ruled out every other holder (`host_slots_accounted` 1: "
-                    "no storage tier, no buffer-only host memory, no disaggregated decode, "
-                    "no prefetch or storage backup in flight). `details.pool`, "
+                    "no storage tier holding a slot in flight, no buffer-only host memory, no "
+                    "disaggregated decode, no release queued). `details.pool`, "
                     "`details.host_slots`"
                 ),
                 meaning=(

@@ -400,7 +400,7 @@ command(
         "Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
         "shared-boundary-page, tree-page-freed, lock-leak, tree-mamba-slot-freed "
         "(--layout mamba or mamba-extra), or host-evict-leak, load-back-frees-host, "
-        "backup-twice (--hicache).",
+        "backup-twice (--hicache), storage-ack-frees-host (--hicache-storage).",
         metavar="NAME",
     ),
     layout=Opt(
@@ -423,6 +423,11 @@ command(
         "(write-through, selective, write-back, in turn), evicted to host-only, loaded back on "
         "a prefix hit, host slots evicted under host pressure; the host pools audited each "
         "step (any --layout but unified).",
+    ),
+    hicache_storage=Opt(
+        "With --hicache, run its storage tier behind it (--hicache-storage-backend file, in "
+        "a temporary folder soak removes): backups from host to storage, prefetches from "
+        "storage into host on a request's arrival, stepped in soak's thread.",
     ),
     session_radix_cache=Opt(
         "Run SGLang's radix sessions (--enable-session-radix-cache) too: the sessions are "

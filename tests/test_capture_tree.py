@@ -734,3 +734,119 @@ def test_host_slots_are_vouched_for_only_from_the_main_thread(
     here: dict[str, Any] = {}
     capture._accounted_facts(here, tree)
     assert (here, elsewhere) == ({"host_slots_accounted": 1}, {})
+
+
+def _storage_tree(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A 0.5.23-shaped tree with a storage tier whose threads are parked (as soak steps
+    them) and nothing in flight: each test puts one holder back in."""
+    import sys
+    from queue import Queue
+
+    disagg = SimpleNamespace(disaggregation_mode="null")
+    context = SimpleNamespace(get_disagg=lambda: disagg)
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", context)
+    group = SimpleNamespace()
+    parked = SimpleNamespace(is_alive=lambda: False)
+    controller = SimpleNamespace(
+        mem_pool_host=group,
+        enable_storage=True,
+        is_kv_sharded=False,
+        host_mem_release_queue=Queue(),
+        extra_host_mem_release_queues={},
+        prefetch_thread=parked,
+        prefetch_io_aux_thread=parked,
+        prefetch_sync_thread=parked,
+        backup_thread=parked,
+        pp_prefetch_command_thread=None,
+        prefetch_buffer=Queue(),
+        prefetch_sync_queue=Queue(),
+        ack_prefetch_queue=Queue(),
+        pp_prefetch_states={},
+    )
+    return SimpleNamespace(
+        cache_controller=controller,
+        host_pool_group=group,
+        enable_storage=True,
+        ongoing_prefetch={},
+        ongoing_backup={7: ("node", "lock")},  # a backup reads its node's own slots
+        buffer_pipeline=None,
+        host_memory_mode="cache",
+        linker=None,
+    )
+
+
+def _in_flight(host: Any = None, staged: Any = None) -> Any:
+    return SimpleNamespace(
+        host_indices=host, comp_xfers={"SWA": [SimpleNamespace(host_indices=staged)]}
+    )
+
+
+def test_a_storage_tier_with_nothing_in_flight_is_vouched_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clean twin: storage on, its threads parked, a backup to storage in flight and a
+    prefetch still asking storage (no host slot yet): every host slot is a node's or free."""
+    from kvcanary_cli.capture import tree as capture
+
+    tree = _storage_tree(monkeypatch)
+    tree.ongoing_prefetch["asking"] = _in_flight()
+    facts: dict[str, Any] = {}
+    capture._accounted_facts(facts, tree)
+    assert facts == {"host_slots_accounted": 1}
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        "prefetch-staging",
+        "component-staging",
+        "read-queued",
+        "ack-queued",
+        "release-queued",
+        "thread-running",
+        "pipeline-state",
+    ],
+)
+def test_a_storage_tier_holding_a_host_slot_in_flight_leaves_the_fact_out(
+    monkeypatch: pytest.MonkeyPatch, holder: str
+) -> None:
+    """Each place a storage tier holds host slots outside the free lists and the nodes, or
+    one the read cannot see into (a thread running), leaves `host_slots_accounted` out."""
+    import numpy as np
+
+    from kvcanary_cli.capture import tree as capture
+
+    tree = _storage_tree(monkeypatch)
+    controller = tree.cache_controller
+    if holder == "prefetch-staging":
+        tree.ongoing_prefetch["hit"] = _in_flight(host=np.arange(4))
+    elif holder == "component-staging":
+        tree.ongoing_prefetch["hit"] = _in_flight(staged=np.arange(2))
+    elif holder == "read-queued":
+        controller.prefetch_buffer.put("operation")
+    elif holder == "ack-queued":
+        controller.ack_prefetch_queue.put("ack")
+    elif holder == "release-queued":
+        controller.host_mem_release_queue.put(np.arange(1))
+    elif holder == "thread-running":
+        controller.prefetch_io_aux_thread = SimpleNamespace(is_alive=lambda: True)
+    else:
+        controller.pp_prefetch_states = {"rid": "state"}
+    facts: dict[str, Any] = {}
+    capture._accounted_facts(facts, tree)
+    assert facts == {}
+
+
+@pytest.mark.parametrize("missing", ["backup_thread", "prefetch_buffer"])
+def test_a_storage_tier_missing_a_thread_or_queue_is_not_vouched_for(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """A controller that says storage is on but lacks one of the tier's threads or queues is
+    not a tier this reading knows: the fact is left out."""
+    from kvcanary_cli.capture import tree as capture
+
+    tree = _storage_tree(monkeypatch)
+    setattr(tree.cache_controller, missing, None)
+    facts: dict[str, Any] = {}
+    capture._accounted_facts(facts, tree)
+    assert facts == {}

@@ -227,7 +227,7 @@ def _host_leak_blocker(dump: KvDump) -> str | None:
         return "a shrunk dump keeps too little of the free lists and the tree"
     if dump.scalars["host_slots_accounted"].value != 1:
         return (
-            "the capture did not rule out host slots held in flight (a storage tier, "
+            "the capture did not rule out host slots held in flight (a storage tier's, "
             "buffer-only host memory, disaggregated decode; host_slots_accounted not 1)"
         )
     for prefix in HOST_POOL_PREFIXES.values():

@@ -476,8 +476,8 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     """`host_slots_accounted` = 1 where nothing but the free lists and the tree's nodes can
     hold a host slot now (SGLang 0.5.23's `UnifiedRadixCache`): a backup's slots are its
     node's from `commit_backup` on and a load-back reads its node's, so only a storage
-    tier (prefetches filled by the controller's threads, storage backups, pages queued for
-    release), buffer-only host memory (its staging), disaggregated decode (retraction
+    tier holding slots in flight (`_storage_holds_no_host_slot`), pages queued for
+    release, buffer-only host memory (its staging), disaggregated decode (retraction
     backups and host receives held by requests in its queues), a KV-sharded group or an
     external linker could hold one elsewhere. Each must be seen absent or idle, and the read
     made in the main thread (SGLang's scheduler's: another thread could catch a backup between
@@ -495,8 +495,9 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     if getattr(tree, "host_pool_group", None) is not controller.mem_pool_host:
         return  # not the tree this reading knows
     if controller.enable_storage is not False or tree.enable_storage is not False:
-        return
-    if tree.ongoing_prefetch or tree.ongoing_backup:
+        if not _storage_holds_no_host_slot(tree, controller):
+            return
+    elif tree.ongoing_prefetch or tree.ongoing_backup:
         return
     if tree.buffer_pipeline is not None or tree.host_memory_mode == "buffer_only":
         return
@@ -509,6 +510,50 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     if context is None or context.get_disagg().disaggregation_mode != "null":
         return
     facts["host_slots_accounted"] = 1
+
+
+#: The storage tier's threads on SGLang 0.5.23's cache controller (and the ticket thread of a
+#: pipeline-parallel one): while any runs, a read cannot see what it holds in its hands.
+_STORAGE_THREADS = (
+    "prefetch_thread",
+    "prefetch_io_aux_thread",
+    "prefetch_sync_thread",
+    "backup_thread",
+    "pp_prefetch_command_thread",
+)
+#: the one storage thread a controller builds only under pipeline parallelism
+_PP_THREAD = "pp_prefetch_command_thread"
+#: The controller's queues whose items carry a prefetch's host slots: its reads queued, their
+#: acks on the way (an ack of a revoked prefetch releases the slots it did not fill).
+_PREFETCH_SLOT_QUEUES = ("prefetch_buffer", "prefetch_sync_queue", "ack_prefetch_queue")
+
+
+def _storage_holds_no_host_slot(tree: Any, controller: Any) -> bool:
+    """Whether a storage tier (SGLang 0.5.23's) holds no host slot outside the free lists and
+    the nodes now: none of its threads running (stopped, or stepped by the caller in this
+    thread, as soak does), no prefetch in flight with host slots (its Full KV staging or a
+    component's), no read or ack queued, no pipeline-parallel prefetch state. A backup to
+    storage reads its node's own host slots, under its node's host lock: it may be in
+    flight. Anything unread (a thread or queue of the tier missing) answers False."""
+    for name in _STORAGE_THREADS:
+        thread = getattr(controller, name, None)
+        if thread is None and name != _PP_THREAD:
+            return False  # a tier without its threads: not one this reading knows
+        if thread is not None and thread.is_alive():
+            return False
+    for name in _PREFETCH_SLOT_QUEUES:
+        queue = getattr(controller, name, None)
+        if queue is None or not queue.empty():
+            return False
+    if getattr(controller, "pp_prefetch_states", None):
+        return False
+    for info in tree.ongoing_prefetch.values():
+        if info.host_indices is not None:
+            return False
+        for transfers in info.comp_xfers.values():
+            if any(transfer.host_indices is not None for transfer in transfers):
+                return False
+    return True
 
 
 def _side_host_facts(

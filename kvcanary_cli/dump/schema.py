@@ -639,8 +639,8 @@ SCALARS: dict[str, ScalarSpec] = {
             name="host_slots_accounted",
             default="unknown: no host leak is claimed",
             meaning="HiCache: 1 when the capture ruled out every holder of a host slot but "
-            "the free lists and the tree's nodes (no storage tier, no buffer-only host "
-            "memory, no disaggregated decode, no prefetch or storage backup in flight), so a "
+            "the free lists and the tree's nodes (no storage tier holding a slot in flight, "
+            "no buffer-only host memory, no disaggregated decode, no release queued), so a "
             "slot in neither is leaked",
             minimum=0,
             maximum=1,

@@ -85,6 +85,7 @@ def history_workload(
     hicache: bool = False,
     streaming: bool = True,
     radix: bool = False,
+    storage: bool = False,
 ) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
@@ -114,16 +115,20 @@ def history_workload(
     overlapped scheduler sizes it so) but in every other round, where it holds one
     (`TRACK_SLOTS`). With `hicache`, each history runs SGLang's host tier under one of its
     write policies, in turn (`WRITE_POLICIES`: history by history, so each shape meets each
-    within three rounds). With `radix` (`--session-radix-cache`), the sessions are client
+    within three rounds), and with `storage` (`--hicache-storage`) its storage tier behind it
+    under SGLang's prefetch policies in turn (`PREFETCH_POLICIES`, every three histories),
+    without streaming sessions (not soaked together: docs/soak.md, The storage tier).
+    With `radix` (`--session-radix-cache`), the sessions are client
     sessions under SGLang's radix sessions in every layout (`STREAMING_SESSIONS` of them
     outside the Mamba layouts), closed once their turns are over (`soak.sessions`)."""
     from kvcanary_cli.soak.mamba import CHUNK, TRACK_SLOTS
     from kvcanary_cli.soak.stack import MAMBA_LAYOUTS
-    from kvcanary_cli.soak.workload import WRITE_POLICIES, random_workload
+    from kvcanary_cli.soak.workload import PREFETCH_POLICIES, WRITE_POLICIES, random_workload
 
     rounds = history // specs
     mamba = layout in MAMBA_LAYOUTS
-    return random_workload(
+    streaming = streaming and not (hicache and storage)
+    drawn = random_workload(
         seed * 1_000_003 + history,
         steps=HISTORY_STEPS,
         requests=20,
@@ -147,6 +152,11 @@ def history_workload(
         hicache_write_policy=WRITE_POLICIES[history % len(WRITE_POLICIES)] if hicache else None,
         mamba_track_slots=TRACK_SLOTS[rounds % 2] if layout == "mamba-extra" else None,
     )
+    if not (hicache and storage):
+        return drawn
+    # by round, so each write policy meets each prefetch policy
+    prefetch = PREFETCH_POLICIES[(history // len(WRITE_POLICIES)) % len(PREFETCH_POLICIES)]
+    return replace(drawn, hicache_storage=prefetch)
 
 
 def _specs(
@@ -221,10 +231,12 @@ def soak(
     hicache: bool = False,
     session_radix_cache: bool = False,
     tp: int = 1,
+    hicache_storage: bool = False,
 ) -> SoakReport:
     """Run histories until `steps` scheduler steps are spent or one fails (see module); with
     `coverage`, say which memory-cache functions and free paths they ran; with `hicache`,
-    with SGLang's host tier on; with `session_radix_cache`, with SGLang's radix sessions on
+    with SGLang's host tier on (and with `hicache_storage`, its storage tier behind it:
+    `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
     compared at every audited step (`soak.tp`).
 
@@ -265,8 +277,28 @@ def soak(
             "memory",
             option="hicache",
         )
+    if hicache_storage and not hicache:
+        raise OptionError(
+            "runs SGLang's storage tier behind its host tier: add --hicache",
+            option="hicache-storage",
+        )
+    if hicache_storage and tp > 1:
+        raise OptionError(
+            "runs the storage tier on one rank: run it with --tp 1",
+            option="hicache-storage",
+        )
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
+    if hicache_storage:
+        from kvcanary_cli.soak.storage import has_storage
+
+        if not has_storage(modules.unified_radix_cache.UnifiedRadixCache):
+            raise OptionError(
+                f"SGLang {modules.tree.version}'s unified tree takes no storage tier the way "
+                "soak drives it (prefetch_from_storage, check_prefetch_progress, "
+                "pop_prefetch_loaded_span, is_backuped, get_last_hash_value)",
+                option="hicache-storage",
+            )
     if hicache:
         from kvcanary_cli.soak.hicache import has_hicache
 
@@ -324,6 +356,7 @@ def soak(
             hicache=hicache,
             streaming=streaming,
             radix=session_radix_cache,
+            storage=hicache_storage,
         )
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
@@ -667,6 +700,7 @@ def run_soak(
     hicache: bool = False,
     session_radix_cache: bool = False,
     tp: int = 1,
+    hicache_storage: bool = False,
 ) -> SoakReport | PoolSoakReport:
     """The command: `engine`'s soak (sglang or vllm: an option of the other's is one error
     line), with a progress bar on a terminal (bad input raises before it runs, exit 2), or
@@ -684,6 +718,8 @@ def run_soak(
             raise OptionError("traces SGLang's memory cache only", option="--coverage")
         if hicache:
             raise OptionError("runs SGLang's host tier only", option="--hicache")
+        if hicache_storage:
+            raise OptionError("runs SGLang's storage tier only", option="--hicache-storage")
         if session_radix_cache:
             raise OptionError("runs SGLang's radix sessions only", option="--session-radix-cache")
         if tp != 1:
@@ -715,13 +751,14 @@ def run_soak(
             or core is not None
             or fault is not None
             or hicache
+            or hicache_storage
             or session_radix_cache
             or tp != 1
         ):
             raise OptionError(
-                "takes the page size, tree core, fault, host tier, radix sessions and ranks "
-                "from the reproducer: drop --page-size, --core, --fault, --hicache, "
-                "--session-radix-cache and --tp",
+                "takes the page size, tree core, fault, host tier, storage tier, radix "
+                "sessions and ranks from the reproducer: drop --page-size, --core, --fault, "
+                "--hicache, --hicache-storage, --session-radix-cache and --tp",
                 option="replay",
             )
         with standard_output_on_standard_error():
@@ -746,6 +783,7 @@ def run_soak(
             hicache=hicache,
             session_radix_cache=session_radix_cache,
             tp=tp,
+            hicache_storage=hicache_storage,
         )
 
 

@@ -186,6 +186,10 @@ class Counters:
     shared_prefix_tokens: int = 0
     #: the host tier's: prefill batches that started a load-back from host
     host_loads: int = 0
+    #: the storage tier's (`soak.storage`): requests that asked storage (at arrival, after a
+    #: retraction, or a paced retry), and requests admitted with tokens storage loaded
+    storage_asks: int = 0
+    storage_loads: int = 0
     #: the extra buffer's decode track boundaries (`track_decode_boundary`)
     track_boundaries: int = 0
     #: streaming or radix sessions closed (`release_session`, `release_radix_session`), and
@@ -256,6 +260,8 @@ class Scheduler:
         )
         #: the host tier is on (the tree has its controller)
         self._hicache = getattr(self.stack.tree, "cache_controller", None) is not None
+        #: the host tier's storage tier (`soak.storage`), or None
+        self._storage = self.stack.storage
 
     def _spec_none(self) -> Any:
         spec = import_module("sglang.srt.speculative.spec_info")
@@ -330,6 +336,7 @@ class Scheduler:
                 deferred.append(a)
                 continue
             req = self._new_req(a.prompt, a.max_new_tokens, a.session)
+            self._ask_storage(req)
             self.waiting.append(req)
             if a.abort_after is not None:
                 self._aborts.append((self.step_no + a.abort_after, req))
@@ -411,11 +418,32 @@ class Scheduler:
                 req.to_finish = self._sb.FINISH_ABORT()
                 self.counters.aborts_running += 1
 
+    def _ask_storage(self, req: Any, retracted: bool = False) -> None:
+        """As a request enters the waiting queue with a storage tier, the scheduler asks
+        storage for its prompt (a retracted one with its attempts counted afresh)."""
+        if self._storage is None:
+            return
+        from kvcanary_cli.soak.storage import request_prefetch
+
+        if retracted:
+            req.storage_prefetch_retry_attempts = 0
+            req.storage_prefetch_last_match_len = None
+        request_prefetch(self.stack.tree, req)
+        self.counters.storage_asks += 1
+
     # -- get_next_batch_to_run ---------------------------------------------------------
 
     def _next_batch(self, info: StepInfo) -> Any:
+        if self._storage is not None:
+            self._storage.pump.run()  # the storage threads kept up (see soak.storage)
         if self._hicache:
             self.stack.tree.check_hicache_events()
+        if self._storage is not None:
+            from kvcanary_cli.soak.storage import retry_prefetches
+
+            self.counters.storage_asks += retry_prefetches(
+                self.stack.tree, self.waiting, self.stack.server_args
+            )
         exclude = []
         if self.chunked_req is not None:
             exclude.append(self.chunked_req)
@@ -474,6 +502,13 @@ class Scheduler:
             held = sum(row_of(r) is not None for r in adder.can_run_list)
             if len(adder.can_run_list) >= pool.available_size() + held:
                 break
+            if self._storage is not None:
+                from kvcanary_cli.soak.storage import wait_for_prefetch
+
+                ready, loaded = wait_for_prefetch(stack.tree, req)
+                if not ready:
+                    continue  # its prefetch is in flight: the scheduler passes it over
+                self.counters.storage_loads += int(loaded > 0)
             req.init_next_round_input(stack.tree)
             res = adder.add_one_req(
                 req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
@@ -520,6 +555,7 @@ class Scheduler:
             info.retracted = len(retracted) + len(aborted)
             self.counters.retractions += info.retracted
             for req in retracted:
+                self._ask_storage(req, retracted=True)
                 self.waiting.append(req)
             for req in aborted:  # finished by SGLang (to_finish): nothing to requeue
                 if self._sessions is not None:

@@ -344,6 +344,41 @@ def _backup_twice(stack: Any) -> None:
     tree._finish_write_through_ack = finish
 
 
+def _storage_ack_frees_host(stack: Any) -> None:
+    """A storage backup's ack that frees its node's host copy (see module doc): the nodes
+    `write_backup_storage` backed up are remembered; when the backup drain then drops such a
+    node's host lock (`dec_host_lock_ref`), its Full host value goes back to the pool."""
+    _needs_hicache(stack)
+    if getattr(stack, "storage", None) is None:
+        raise SGLangUnavailableError(
+            "this fault acts on SGLang's storage tier: add --hicache-storage",
+            source=stack.modules.tree.label,
+        )
+    tree, full = stack.tree, _full_kind(stack)
+    backup, unlock = tree.write_backup_storage, tree.dec_host_lock_ref
+    pending: dict[Any, int] = {}
+
+    def write_backup_storage(node_id: Any) -> None:
+        before = len(tree.ongoing_backup)
+        backup(node_id)
+        if len(tree.ongoing_backup) > before:
+            pending[node_id] = pending.get(node_id, 0) + 1
+
+    def dec_host_lock_ref(node_id: Any, *args: Any, **kwargs: Any) -> Any:
+        result = unlock(node_id, *args, **kwargs)
+        if pending.get(node_id) and not any(n == node_id for n, _ in tree.ongoing_backup.values()):
+            pending[node_id] -= 1
+            node = _python_node(tree, node_id)
+            host = None if node is None else node.component_data[full].host_value
+            if host is not None and host.numel():
+                _anchor_host_pool(tree).free(host)
+                stack.fault_acted += 1
+        return result
+
+    tree.write_backup_storage = write_backup_storage
+    tree.dec_host_lock_ref = dec_host_lock_ref
+
+
 FAULTS: dict[str, Fault] = {
     "unmapped-representative": (_needs_segment_frees, _free_tree_swa_pairs),
     "shared-boundary-page": (_shared_boundary_page, _nothing),
@@ -354,6 +389,7 @@ FAULTS: dict[str, Fault] = {
     "host-evict-leak": (_host_evict_leak, _nothing),
     "load-back-frees-host": (_load_back_frees_host, _nothing),
     "backup-twice": (_backup_twice, _nothing),
+    "storage-ack-frees-host": (_storage_ack_frees_host, _nothing),
 }
 
 

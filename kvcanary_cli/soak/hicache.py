@@ -41,6 +41,7 @@ __all__ = [
     "inflight_locks",
     "server_args_fields",
     "stand_in_cuda",
+    "unpin_host_pools",
 ]
 
 
@@ -107,10 +108,34 @@ def server_args_fields(policy: str, *, mamba: bool) -> dict[str, Any]:
     }
 
 
-def attach_hicache(tree: Any, server_args: Any, params: Any) -> None:
-    """`init_hicache` on a built tree, as SGLang's registry calls it."""
+def attach_hicache(tree: Any, server_args: Any, params: Any, storage: Any = None) -> None:
+    """`init_hicache` on a built tree, as SGLang's registry calls it; with `storage` (a
+    `soak.storage.StorageTier`), its storage tier built into the tier's folder, its threads
+    parked for the tier's pump."""
     stand_in_cuda()
-    tree.init_hicache(server_args, params)
+    if storage is None:
+        tree.init_hicache(server_args, params)
+        return
+    from kvcanary_cli.soak.storage import StoragePump, backend_context, park_storage_threads
+
+    park_storage_threads()
+    with backend_context(storage.folder.name):
+        tree.init_hicache(server_args, params)
+    if not tree.enable_storage:
+        raise RuntimeError("the tree's storage tier did not start (enable_storage is off)")
+    unpin_host_pools(tree.cache_controller)
+    storage.pump = StoragePump(tree.cache_controller)
+
+
+def unpin_host_pools(controller: Any) -> None:
+    """The host pools' own `pin_memory` off: a storage read builds its page buffer pinned
+    (`get_dummy_flat_data_page`), which only CUDA can do; the host buffers themselves were
+    built before (their pinning stood in for by `stand_in_cuda`). No bookkeeping reads it."""
+    group = controller.mem_pool_host
+    pools = [entry.host_pool for entry in getattr(group, "entries", None) or ()] or [group]
+    for pool in pools:
+        if getattr(pool, "pin_memory", False):
+            pool.pin_memory = False
 
 
 @dataclass(frozen=True)

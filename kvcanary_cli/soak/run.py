@@ -135,6 +135,7 @@ def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -
         hicache_write_policy=workload.hicache_write_policy,
         mamba_track_slots=workload.mamba_track_slots,
         radix_sessions=workload.radix_sessions,
+        hicache_storage=workload.hicache_storage,
     )
 
 
@@ -349,6 +350,7 @@ def run_history(
     finally:
         for rank in reversed(ranks):
             rank.undo()
+            rank.scheduler.stack.close()
         options_undo()
         if scratch is not None:
             scratch.cleanup()

@@ -776,6 +776,13 @@ class Stack:
     #: times a planted fault (`soak.faults`) did its wrong thing: 0 while its code path has
     #: not run, when there is nothing to find
     fault_acted: int = 0
+    #: the host tier's storage tier (`soak.storage`): its folder and pump; None: none
+    storage: Any = None
+
+    def close(self) -> None:
+        """Remove what the stack keeps outside the process (the storage tier's folder)."""
+        if self.storage is not None:
+            self.storage.close()
 
 
 def build_stack(
@@ -788,6 +795,7 @@ def build_stack(
     hicache_write_policy: str | None = None,
     mamba_track_slots: int | None = None,
     radix_sessions: bool = False,
+    hicache_storage: str | None = None,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
@@ -798,7 +806,9 @@ def build_stack(
     only; None: two), `hicache_write_policy` with SGLang's host tier under that write policy
     (`soak.hicache`; a release whose tree takes none: an error line), `radix_sessions` with
     SGLang's radix sessions (`--enable-session-radix-cache`; a release or tree core without
-    them: an error line, `drives_radix_sessions`). The tree's modules are
+    them: an error line, `drives_radix_sessions`), `hicache_storage` with the host tier's
+    storage tier behind it under that prefetch policy (`soak.storage`: the file backend in a
+    folder of its own, which `Stack.close` removes; the host tier needed). The tree's modules are
     put back first (`reinstate`): SGLang's constructors import more of it as they run."""
     modules.reinstate()
     tree = modules.tree
@@ -824,6 +834,18 @@ def build_stack(
                 source=tree.label,
             )
         hicache = server_args_fields(hicache_write_policy, mamba=spec.layout in MAMBA_LAYOUTS)
+    storage = None
+    if hicache_storage is not None:
+        from kvcanary_cli.soak import storage as tier
+
+        if not hicache or not tier.has_storage(modules.unified_radix_cache.UnifiedRadixCache):
+            raise SGLangUnavailableError(
+                "soak drives SGLang's storage tier behind its host tier (--hicache), on a "
+                f"release whose unified tree takes one the way 0.5.23's does; not {tree.release}",
+                source=tree.label,
+            )
+        storage = tier.StorageTier(tier.storage_folder())
+        hicache.update(tier.server_args_fields(storage.folder.name, hicache_storage))
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(
             f"tree core {spec.core!r} is not available in {tree.release} "
@@ -922,7 +944,7 @@ def build_stack(
         from kvcanary_cli.soak.hicache import attach_hicache
 
         with fitting(tree, "host tier (UnifiedRadixCache.init_hicache)"):
-            attach_hicache(radix, server_args, params)
+            attach_hicache(radix, server_args, params, storage)
     return Stack(
         modules=modules,
         spec=spec,
@@ -931,6 +953,7 @@ def build_stack(
         kv_pool=kv_pool,
         allocator=allocator,
         tree=radix,
+        storage=storage,
     )
 
 

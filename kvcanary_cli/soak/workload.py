@@ -17,6 +17,10 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+#: SGLang's storage prefetch policies soak runs (`--hicache-storage-prefetch-policy`), in
+#: turn: `best_effort` admits with what has landed, `wait_complete` waits for the whole read
+#: (`timeout` reads the wall clock, which no seed fixes)
+PREFETCH_POLICIES = ("best_effort", "wait_complete")
 #: SGLang's HiCache write policies (`--hicache-write-policy`), in the order soak's histories
 #: take them: backup on the first insert; on the second hit (SGLang's default); at eviction
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -90,6 +94,11 @@ class Workload:
     #: which the tree then evicts last, and closing the session drops the tags
     #: (`release_radix_session`); they hold no row, no lock and no KV outside the tree
     radix_sessions: bool = False
+    #: the host tier's storage tier behind it (`--hicache-storage`: SGLang's file backend in a
+    #: folder of soak's, `soak.storage`) under this prefetch policy
+    #: (`--hicache-storage-prefetch-policy`, one of `PREFETCH_POLICIES`); None: no storage
+    #: tier. Only with `hicache_write_policy`
+    hicache_storage: str | None = None
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -113,6 +122,7 @@ class Workload:
                 "mamba_track_slots": self.mamba_track_slots,
                 "streaming_sessions": self.streaming_sessions,
                 "radix_sessions": self.radix_sessions,
+                "hicache_storage": self.hicache_storage,
             }
         )
 
@@ -142,6 +152,9 @@ class Workload:
         track = data.get("mamba_track_slots")  # absent in files before the extra buffer
         streaming = data.get("streaming_sessions", False)  # absent in files before them
         radix = data.get("radix_sessions", False)  # absent in files before them
+        storage = data.get("hicache_storage")  # absent in files before the tier
+        if storage is not None and (storage not in PREFETCH_POLICIES or policy is None):
+            raise TypeError("an unknown storage prefetch policy, or one without a host tier")
         flags = (release, need_sort, lazy, ignore_eos, streaming, radix)
         if (
             not all(isinstance(flag, bool) for flag in flags)
@@ -166,6 +179,7 @@ class Workload:
             track,
             streaming,
             radix,
+            storage,
         )
 
 

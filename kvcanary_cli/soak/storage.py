@@ -1,0 +1,277 @@
+"""SGLang's HiCache storage tier (L3, `--hicache-storage-backend file`) behind soak's host tier:
+its file backend writing pages into a folder soak makes and removes, the controller's four
+storage threads run in soak's own thread, and what the scheduler does with the tier.
+
+The threads (the controller's `prefetch_thread_func`, `prefetch_io_aux_func`,
+`prefetch_sync_thread_func`, `backup_thread_func`) are built by SGLang and never started
+(`park_storage_threads`); each step, before the tree's `check_hicache_events`, `StoragePump`
+runs each one's own loop in soak's thread until its queue is empty (its stop event reads set
+once the queue is), in the order the work flows: backups, hit queries, page reads, the
+completion acks. So every step sees a storage that kept up with what was asked before it,
+in one order for a seed, with no thread racing the scheduler.
+
+The scheduler's part (SGLang 0.5.23's `Scheduler`): a request entering the waiting queue
+asks storage for what follows its host match (`_prefetch_kvcache`: `request_prefetch`), the
+paced retries after the events (`retry_prefetches`), and at admission a request whose
+prefetch is in flight waits (`check_prefetch_progress`) and pops its loaded span
+(`pop_prefetch_loaded_span`). The rest (the hit's host slots at the drain, the insert of
+what was read, backups to storage at a write-through ack) is SGLang's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcanary_cli.soak.calls import prefix_len
+
+__all__ = [
+    "BACKEND",
+    "PREFETCH_THRESHOLD",
+    "StoragePump",
+    "StorageTier",
+    "has_storage",
+    "park_storage_threads",
+    "request_prefetch",
+    "retry_prefetches",
+    "server_args_fields",
+    "storage_folder",
+    "wait_for_prefetch",
+]
+
+#: the storage backend soak runs: SGLang's `file` (pages as files; no service, no CUDA)
+BACKEND = "file"
+#: the shortest span a prefetch asks for, in tokens (SGLang's `prefetch_threshold`, 256 by
+#: default, is longer than soak's prompts; SGLang raises it to a page where a page is longer)
+PREFETCH_THRESHOLD = 8
+#: where the file backend reads its folder ahead of its config: set to soak's own while the
+#: backend is built, so a user's setting never sends soak's pages elsewhere
+_FOLDER_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+_CONTROLLER = "sglang.srt.managers.cache_controller"
+#: the controller's storage threads, as (its attribute, the queue its loop drains), in the
+#: order work flows through them
+_THREADS = (
+    ("backup_thread", "backup_queue"),
+    ("prefetch_thread", "prefetch_queue"),
+    ("prefetch_io_aux_thread", "prefetch_buffer"),
+    ("prefetch_sync_thread", "prefetch_sync_queue"),
+)
+#: the tree's calls the scheduler makes with a storage tier (0.5.23's names)
+_TREE_CALLS = (
+    "prefetch_from_storage",
+    "check_prefetch_progress",
+    "pop_prefetch_loaded_span",
+    "is_backuped",
+    "get_last_hash_value",
+)
+
+
+def has_storage(tree_class: Any) -> bool:
+    """Whether a release's unified tree takes a storage tier the way soak drives it."""
+    return all(callable(getattr(tree_class, name, None)) for name in _TREE_CALLS)
+
+
+def server_args_fields(folder: str, prefetch_policy: str) -> dict[str, Any]:
+    """The server args a HiCache server with the file backend in `folder` sets, under
+    `prefetch_policy` (`soak.workload.PREFETCH_POLICIES`)."""
+    return {
+        "hicache_storage_backend": BACKEND,
+        "hicache_storage_backend_extra_config": json.dumps(
+            {"prefetch_threshold": PREFETCH_THRESHOLD, "file_storage_path": folder}
+        ),
+        "hicache_storage_prefetch_policy": prefetch_policy,
+    }
+
+
+class _ParkedThread:
+    """A storage thread SGLang builds and soak never starts: `StoragePump` runs its target."""
+
+    def __init__(self, *args: Any, target: Any = None, **kwargs: Any) -> None:
+        self.target = target
+        self.name = getattr(target, "__name__", "parked")
+
+    def start(self) -> None:
+        """Not started: soak's pump runs the loop (see the module doc)."""
+
+    def join(self, timeout: float | None = None) -> None:
+        """Nothing to wait for."""
+
+    def is_alive(self) -> bool:
+        return False
+
+
+class _Threading:
+    """The `threading` module as SGLang's controller sees it under soak: every name its own,
+    but `Thread` builds a parked thread."""
+
+    Thread = _ParkedThread
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(threading, name)
+
+
+def park_storage_threads() -> None:
+    """SGLang's cache controller builds its storage threads parked (idempotent; for the
+    process: only the storage tier's threads are built there)."""
+    module = importlib.import_module(_CONTROLLER)
+    if not isinstance(module.threading, _Threading):
+        setattr(module, "threading", _Threading())  # noqa: B010  (SGLang's module)
+
+
+class _SetWhenEmpty:
+    """A stop event that reads set once `queue` is empty: a storage thread's loop, run in
+    soak's thread, drains its queue and returns."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def is_set(self) -> bool:
+        return bool(self.queue.empty())
+
+
+@dataclass
+class StoragePump:
+    """Runs the controller's parked storage threads to quiescence (see the module doc)."""
+
+    controller: Any
+    #: passes of each thread's loop that found work, by thread attribute
+    runs: dict[str, int] = field(default_factory=dict)
+
+    def run(self) -> None:
+        """Each thread's loop while its queue holds work, over and over until none does."""
+        controller = self.controller
+        busy = True
+        while busy:
+            busy = False
+            for thread_name, queue_name in _THREADS:
+                queue = getattr(controller, queue_name, None)
+                thread = getattr(controller, thread_name, None)
+                if queue is None or thread is None or queue.empty():
+                    continue
+                busy = True
+                stop = controller.storage_stop_event
+                controller.storage_stop_event = _SetWhenEmpty(queue)
+                try:
+                    thread.target()
+                finally:
+                    controller.storage_stop_event = stop
+                self.runs[thread_name] = self.runs.get(thread_name, 0) + 1
+
+
+@dataclass
+class StorageTier:
+    """A history's storage tier: its folder (removed by `close`) and its pump."""
+
+    folder: tempfile.TemporaryDirectory[str]
+    pump: StoragePump | None = None
+
+    def close(self) -> None:
+        """Remove the folder and every page in it."""
+        self.folder.cleanup()
+
+
+def storage_folder() -> tempfile.TemporaryDirectory[str]:
+    """A fresh folder for one history's pages, in the system's temporary folder (never the
+    user's working folder); removed at `StorageTier.close`, or when the process ends."""
+    return tempfile.TemporaryDirectory(prefix="kvcanary-hicache-storage-")
+
+
+@contextmanager
+def backend_context(folder: str) -> Iterator[None]:
+    """While SGLang builds the backend: the file backend's folder variable names `folder`,
+    and the process is rank 0 of one where SGLang's runtime context asks (0.5.23 reads the
+    ranks to name its files)."""
+    before = os.environ.get(_FOLDER_ENV)
+    os.environ[_FOLDER_ENV] = folder
+    try:
+        with _rank_zero():
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(_FOLDER_ENV, None)
+        else:
+            os.environ[_FOLDER_ENV] = before
+
+
+@contextmanager
+def _rank_zero() -> Iterator[None]:
+    try:
+        context = importlib.import_module("sglang.srt.runtime_context")
+    except ImportError:
+        yield
+        return
+    parallel = getattr(context, "get_parallel", None)
+    override = getattr(parallel(), "override", None) if callable(parallel) else None
+    if override is None:
+        yield
+        return
+    with override(tp_rank=0, pp_rank=0):
+        yield
+
+
+def request_prefetch(tree: Any, req: Any, storage_hit_end: int | None = None) -> None:
+    """What SGLang's scheduler does as a request enters the waiting queue with a storage tier
+    (`_prefetch_kvcache`): match it (no Mamba copy-on-write yet), and where its host match ends
+    on a node backed up to host (or at the root), ask storage for the rest of its prompt."""
+    req.init_next_round_input(tree, cow_mamba=False)
+    host = req.last_host_node
+    matched = prefix_len(req) + req.host_hit_length
+    req.storage_prefetch_last_match_len = matched
+    if not (tree.is_backuped(host) or tree.is_root(host)):
+        return
+    ids = req.full_untruncated_fill_ids
+    end = req._compute_max_prefix_len(len(ids))
+    prefix_keys = (
+        tree.get_prefix_hash_values(host) if tree.hicache_storage_pass_prefix_keys else None
+    )
+    tree.prefetch_from_storage(
+        req.cache_request_handle,
+        host,
+        ids[matched:end],
+        tree.get_last_hash_value(host),
+        prefix_keys,
+        matched_prefix_tokens=ids[:matched],
+        extra_key=req.extra_key,
+        cache_salt=req.cache_salt,
+        storage_hit_end=storage_hit_end,
+    )
+
+
+def retry_prefetches(tree: Any, waiting: list[Any], server_args: Any) -> int:
+    """The scheduler's paced retries after the events (`_process_storage_prefetch_retries`):
+    each due request asks storage again, its attempts counted. Returns how many asked."""
+    retries = getattr(tree, "storage_prefetch_retries", None)
+    if retries is None:
+        return 0
+    due = retries.pop_ready(
+        waiting,
+        server_args.hicache_storage_prefetch_retry_poll_interval,
+        server_args.hicache_storage_prefetch_retry_max_attempts,
+    )
+    for req, storage_hit_end in due:
+        req.storage_prefetch_retry_attempts += 1
+        request_prefetch(tree, req, storage_hit_end)
+    return len(due)
+
+
+def wait_for_prefetch(tree: Any, req: Any) -> tuple[bool, int]:
+    """At admission (the scheduler's `check_prefetch_progress`): whether the request may be
+    admitted now (False: its prefetch is still in flight and the policy waits), and the
+    tokens storage loaded for it (`pop_prefetch_loaded_span`), which SGLang notes on the
+    request."""
+    handle = req.cache_request_handle
+    if not tree.check_prefetch_progress(handle):
+        return False, 0
+    loaded, start = tree.pop_prefetch_loaded_span(handle)
+    if loaded > 0:
+        req.storage_hit_length = loaded
+        req.storage_hit_start = start
+        req.host_hit_is_storage = False
+    return True, int(loaded)

@@ -1,0 +1,90 @@
+"""`soak --hicache --hicache-storage` on SGLang 0.5.23: the host tier's storage tier (SGLang's
+file backend, in a folder soak makes and removes) driven by soak's loop as SGLang's scheduler
+drives it, its four storage threads run in soak's thread each step (`soak.storage`).
+
+Clean twins: a history under each prefetch policy runs clean with SGLang's checks silent and
+the live audit holding on every state, while its backups write pages into the folder and its
+requests ask storage for their prompts; the folder is gone once the history ends, and no
+thread of SGLang's was started.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.live_capture import loaded
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def modules(sglang: Any) -> Iterator[Any]:
+    with loaded(sglang) as loaded_modules:
+        yield loaded_modules
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("history", [0, 3])
+def test_a_history_with_the_storage_tier_runs_clean_and_leaves_no_folder(
+    modules: Any, history: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvcanary_cli.soak import run
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.stack import Stack, StackSpec
+    from kvcanary_cli.soak.workload import PREFETCH_POLICIES
+
+    stacks: list[Any] = []
+    pages: list[int] = []
+    built = run.history_stack
+    close = Stack.close
+
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        stacks.append(built(*args, **kwargs))
+        return stacks[-1]
+
+    def counted(stack: Any) -> None:
+        if stack.storage is not None:
+            pages.append(len(list(Path(stack.storage.folder.name).glob("*.bin"))))
+        close(stack)
+
+    monkeypatch.setattr(run, "history_stack", kept)
+    monkeypatch.setattr(Stack, "close", counted)
+    before = threading.active_count()
+    spec = StackSpec.pressured(1, "python")
+    workload = history_workload(0, history, 1, 1, hicache=True, storage=True)
+    assert workload.hicache_storage == PREFETCH_POLICIES[history // 3]
+    result = run.run_history(modules, spec, workload, max_steps=80)
+    assert result.failure is None, result.failure
+    assert result.sglang_step is None, result.sglang_first
+    assert result.fallbacks == 0
+    (stack,) = stacks
+    assert stack.tree.enable_storage
+    assert stack.storage.pump.runs.get("backup_thread", 0) > 0
+    assert result.counters.storage_asks > 0
+    assert pages and pages[0] > 0  # backups reached the folder
+    assert not Path(stack.storage.folder.name).exists()
+    assert threading.active_count() == before
+
+
+@pytest.mark.slow
+def test_a_storage_ack_that_frees_its_nodes_host_copy_is_named(modules: Any) -> None:
+    """The fault (`storage-ack-frees-host`): a backup's ack to storage frees the host pages
+    the node keeps; kvcanary names the slot free and held, SGLang's own checks silent. Its
+    clean twin is the test above (the same history, no fault)."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    workload = history_workload(0, 0, 1, 1, hicache=True, storage=True)
+    result = run_history(
+        modules, StackSpec.pressured(1, "python"), workload, fault="storage-ack-frees-host"
+    )
+    assert result.failure is not None
+    assert "host-slot-free-and-held" in result.failure.codes
+    assert result.fault_acted > 0
+    assert result.sglang_step is None
