@@ -70,6 +70,7 @@ class RankGroup:
         self.decided = 0
 
     def handle(self, rank: int) -> GroupHandle:
+        """What rank `rank`'s tree holds as its group."""
         return GroupHandle(self, rank)
 
     # -- inside a rank's thread --------------------------------------------------------------
