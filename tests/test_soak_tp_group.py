@@ -9,6 +9,7 @@ a rank that ends its step without the collective another waits at parts the rank
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import pytest
@@ -63,10 +64,15 @@ def test_equal_values_come_back_unchanged() -> None:
     assert (group.collectives, group.decided) == (1, 0)
 
 
+def _ran(log: list[str], rank: int) -> int:
+    log.append(f"{rank} ran")
+    return rank
+
+
 def test_a_step_with_no_collective_runs_each_rank_whole() -> None:
     log: list[str] = []
     group = _group(log, size=3)
-    got = group.run([lambda r=r: log.append(f"{r} ran") or r for r in range(3)])
+    got = group.run([partial(_ran, log, r) for r in range(3)])
     assert got == [0, 1, 2]
     assert [line for line in log if "ran" in line] == ["0 ran", "1 ran", "2 ran"]
     assert group.collectives == 0

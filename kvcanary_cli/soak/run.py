@@ -173,7 +173,10 @@ def run_history(
 
     With `tp` ranks (`soak.tp`), each runs its own stack and scheduler in lockstep, is audited
     the same way, and at each audited point every rank's state is compared with rank 0's as
-    `kvcanary ranks` compares them: a divergence fails the history.
+    `kvcanary ranks` compares them: a divergence fails the history. With the host tier, the
+    ranks' steps run in lockstep threads meeting at SGLang's ack all-reduce
+    (`tp.host_tier_group`); a rank left waiting at a collective the others skipped is a crash
+    (`tp_group.RanksParted`: a server's ranks would hang there).
 
     It ends when the workload is served, at the first step kvcanary flags or SGLang crashes
     at, or after `max_steps` steps (what is left of soak's budget); never past the workload's

@@ -13,6 +13,11 @@ while that rank runs, each starting where a fresh process starts.
 
 The comparison is `kvcanary ranks`' own (`analysis.ranks.compare_ranks`), on the dumps the
 capture records of each rank's state.
+
+With SGLang's host tier, the ranks do meet: the tree MIN-reduces its ready ack counts over its
+`tp_group` each step. `host_tier_group` gives each rank's tree a place in one in-process group
+(`tp_group.RankGroup`) and each rank's controller copies that finish late by lags of its own
+(`hicache.lagging_acks`), so the ranks' counts differ and the MIN decides, as on GPUs.
 """
 
 from __future__ import annotations
