@@ -15,7 +15,8 @@ extra buffer a request's track slots never freed, a track slot freed while the t
 a donated track slot not replaced, the track map left stale; in the radix sessions' code a
 close that frees a tagged leaf's KV left in the tree, a tag that locks its path, a close that
 keeps its references; under `soak --tp 2` the tree's access stamps ticking coarsely, so an
-eviction tie parts the ranks); each
+eviction tie parts the ranks; under `soak --tp 2 --hicache` a rank taking the write-through
+acks its own copies finished, not the group's MIN); each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
@@ -33,7 +34,8 @@ seeded histories:
 Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
 `mamba-extra-release`, `swa+radix-release`: the SWA layout under radix sessions,
 `soak --session-radix-cache`, whose mutants are the radix sessions' code, and
-`swa-tp2-release`: the SWA layout on two ranks).
+`swa-tp2-release`: the SWA layout on two ranks, `swa+hicache-tp2-release`: with the host
+tier too).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
