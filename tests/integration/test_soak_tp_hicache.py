@@ -33,12 +33,13 @@ def modules(sglang: Any) -> Iterator[Any]:
 def _run(modules: Any, monkeypatch: pytest.MonkeyPatch, *, tp: int = 2, steps: int = 120) -> Any:
     """History 0 of seed 0 (write-through, page size 1, the Python core) on `tp` ranks; the
     result, and the ranks' group (None on one rank)."""
-    from kvcanary_cli.soak import run, tp
+    from kvcanary_cli.soak import run
+    from kvcanary_cli.soak import tp as ranks
     from kvcanary_cli.soak.command import history_workload
     from kvcanary_cli.soak.stack import StackSpec
 
     groups: list[Any] = []
-    real = tp.host_tier_group
+    real = ranks.host_tier_group
 
     def kept(*args: Any) -> Any:
         groups.append(real(*args))
