@@ -15,7 +15,8 @@ extra buffer a request's track slots never freed, a track slot freed while the t
 a donated track slot not replaced, the track map left stale; in the radix sessions' code a
 close that frees a tagged leaf's KV left in the tree, a tag that locks its path, a close that
 keeps its references; under `soak --tp 2` the tree's access stamps ticking coarsely, so an
-eviction tie parts the ranks); each
+eviction tie parts the ranks; under `soak --tp 2 --hicache` a rank taking the write-through
+acks its own copies finished, not the group's MIN); each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
@@ -33,7 +34,8 @@ seeded histories:
 Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
 `mamba-extra-release`, `swa+radix-release`: the SWA layout under radix sessions,
 `soak --session-radix-cache`, whose mutants are the radix sessions' code, and
-`swa-tp2-release`: the SWA layout on two ranks).
+`swa-tp2-release`: the SWA layout on two ranks, `swa+hicache-tp2-release`: with the host
+tier too).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -47,7 +49,7 @@ asserted in tests (the test suite only checks that every snippet is found). Usag
 
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
         [--wheel W] [--engine sglang|vllm|all]
-        [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2 ...]
+        [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2|swa+hicache-tp2 ...]
         [--vllm-wheel W]
 """
 
@@ -63,8 +65,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -550,6 +553,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: the access stamp floored to a whole tick of one stamp (the stamps are whole "
         "already)",
         control=True,
+        tp=2,
+    ),
+    # -- the host tier on tensor-parallel ranks (soak --tp 2 --hicache): the acks' all-reduce -
+    Mutant(
+        "write-ack-not-reduced",
+        "mem_cache/unified_radix_cache.py",
+        "        return (\n            count_values[0],\n            count_values[1],\n",
+        "        return (\n            write_acks,\n            count_values[1],\n",
+        "ranks part through the host tier: each rank takes the write-through acks its own "
+        "copies finished, not the group's MIN, so a rank whose copy finished first releases "
+        "the backup's lock and publishes its host copy steps before the others do",
+        layout="swa+hicache",
+        tp=2,
+    ),
+    Mutant(
+        "write-ack-reduced-twice",
+        "mem_cache/unified_radix_cache.py",
+        "        return (\n            count_values[0],\n            count_values[1],\n",
+        "        return (\n"
+        "            min(count_values[0], write_acks),\n"
+        "            count_values[1],\n",
+        "control: the group's MIN of write-through acks taken again with the rank's own count "
+        "(never below the MIN)",
+        control=True,
+        layout="swa+hicache",
         tp=2,
     ),
     # -- streaming sessions (`--enable-streaming-session`: soak's swa and unified histories) --
@@ -1140,56 +1168,86 @@ def plant(release: Path, mutant: Mutant | None, into: Path) -> Path:
 
 
 def _first_complaint(
-    ranks: list[tuple[Any, Any]], limit: int, counters: Any = None
+    ranks: list[tuple[Any, Any]], limit: int, counters: Any = None, group: Any = None
 ) -> tuple[int, str, str] | None:
     """Run one history to `limit` steps under SGLang's checks alone, each rank's (scheduler,
-    checks) in lockstep (`counters`: the ranks' own `soak.tp.RankGlobals`): the step, what was
-    said and where (the step's mode, or `crash`) of their first complaint; None: silent."""
+    checks) in lockstep (`counters`: the ranks' own `soak.tp.RankGlobals`; `group`: the
+    ranks' in-process all-reduce, `soak.tp_group.RankGroup`, with the host tier): the step,
+    what was said and where (the step's mode, or `crash`) of their first complaint; None:
+    silent."""
     from contextlib import nullcontext
+
+    from kvcanary_cli.soak.tp_group import collectives_in_process
 
     lead = ranks[0][0]
 
     def as_rank(i: int) -> Any:
         return nullcontext() if counters is None else counters.as_rank(i)
 
-    while lead.step_no < limit:
-        at = lead.step_no
-        for i, (scheduler, checks) in enumerate(ranks):
-            with as_rank(i):
-                try:
-                    info = scheduler.step()
-                except Exception as exc:  # SGLang's own assert or error: it saw something
-                    return at, f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
-                said = checks.idle() if info.mode == "idle" else checks.busy()
-            if said:
-                return at, f"{said[0].check}: {said[0].message}", info.mode
-        if lead.done and lead.step_no >= lead.workload.steps:
-            for i, (_, checks) in enumerate(ranks):
-                with as_rank(i):
-                    said = checks.idle()
-                if said:
-                    return at, f"{said[0].check}: {said[0].message}", "idle"
-            return None
+    def step(scheduler: Any, checks: Any) -> tuple[str, str] | None:
+        """One rank's step and its checks: (what was said, where), or None."""
+        try:
+            info = scheduler.step()
+        except Exception as exc:  # SGLang's own assert or error: it saw something
+            return f"{type(exc).__name__}: {exc}".splitlines()[0], "crash"
+        said = checks.idle() if info.mode == "idle" else checks.busy()
+        return (f"{said[0].check}: {said[0].message}", info.mode) if said else None
+
+    with nullcontext() if group is None else collectives_in_process():
+        while lead.step_no < limit:
+            at = lead.step_no
+            if group is not None:
+                heard = group.run([partial(step, *rank) for rank in ranks])
+            else:
+                heard = []
+                for i, rank in enumerate(ranks):
+                    with as_rank(i):
+                        heard.append(step(*rank))
+                    if heard[-1] is not None:
+                        break
+            for said in heard:
+                if said is not None:
+                    return at, *said
+            if lead.done and lead.step_no >= lead.workload.steps:
+                for i, (_, checks) in enumerate(ranks):
+                    with as_rank(i):
+                        idle = checks.idle()
+                    if idle:
+                        return at, f"{idle[0].check}: {idle[0].message}", "idle"
+                return None
     return None
 
 
 #: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix";
-#: one for tensor-parallel ranks (`--tp N`): "swa-tp2".
-RADIX, RANKS = "+radix", "-tp"
+#: for its host tier (`--hicache`): "swa+hicache"; for tensor-parallel ranks (`--tp N`):
+#: "swa-tp2" (both: "swa+hicache-tp2").
+RADIX, HICACHE, RANKS = "+radix", "+hicache", "-tp"
 
 
-def soak_layout(layout: str) -> tuple[str, bool, int]:
-    """The soak layout a bench layout names, whether it runs radix sessions, and its ranks."""
+class BenchLayout(NamedTuple):
+    """What a bench layout names: soak's layout and the switches it runs with."""
+
+    layout: str
+    radix: bool
+    hicache: bool
+    tp: int
+
+
+def soak_layout(layout: str) -> BenchLayout:
+    """The soak layout a bench layout names, whether it runs radix sessions or the host tier,
+    and its ranks."""
     layout, _, ranks = layout.partition(RANKS)
-    return (layout.removesuffix(RADIX), layout.endswith(RADIX), int(ranks or 1))
+    base = layout.removesuffix(RADIX).removesuffix(HICACHE)
+    return BenchLayout(base, layout.endswith(RADIX), layout.endswith(HICACHE), int(ranks or 1))
 
 
 def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> dict[str, Any]:
     """SGLang's checks with no kvcanary audit, on the histories soak runs (the same seeds,
     stack shapes, workloads and serving options as `soak()`'s, and the same budget): where
     they first complained, or SGLang crashed. A layout `L+radix` runs soak's radix sessions
-    (`--session-radix-cache`: the Python tree core); `L-tpN`, N ranks, each rank's checks on
-    its own stack."""
+    (`--session-radix-cache`: the Python tree core); `L+hicache`, SGLang's host tier;
+    `L-tpN`, N ranks, each rank's checks on its own stack (with the host tier, the ranks'
+    acks meeting in soak's in-process group, `soak.tp.host_tier_group`)."""
     from contextlib import nullcontext
 
     from kvcanary_cli.soak.audit import SGLangChecks
@@ -1197,9 +1255,9 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.run import history_stack
     from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
-    from kvcanary_cli.soak.tp import RankGlobals
+    from kvcanary_cli.soak.tp import RankGlobals, host_tier_group
 
-    layout, radix, tp = soak_layout(layout)
+    layout, radix, hicache, tp = soak_layout(layout)
     specs = _specs(None, ("python",) if radix else modules.cores, None, layout)
     path_cap = has_path_cap(modules)
     streaming = drives_streaming_sessions(modules)
@@ -1214,6 +1272,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
             spec.page_size,
             layout,
             path_cap=path_cap,
+            hicache=hicache,
             streaming=streaming,
             radix=radix,
         )
@@ -1225,10 +1284,11 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
                 scheduler = Scheduler(history_stack(modules, spec, workload), workload)
                 ranks.append((scheduler, SGLangChecks(scheduler)))
         scheduler = ranks[0][0]
+        group = None if counters is None else host_tier_group([r[0] for r in ranks], counters)
         limit = min(workload.steps * 4 + 64, budget - steps)
         undo = serving_options(workload, modules.schedule_batch)
         try:
-            first = _first_complaint(ranks, limit, counters)
+            first = _first_complaint(ranks, limit, counters, group)
         finally:
             undo()
         if first is not None:
@@ -1304,9 +1364,10 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
                     steps=budget,
                     seed=seed,
                     out=Path(out) / "o",
-                    layout=soak_layout(layout)[0],
-                    session_radix_cache=soak_layout(layout)[1],
-                    tp=soak_layout(layout)[2],
+                    layout=soak_layout(layout).layout,
+                    session_radix_cache=soak_layout(layout).radix,
+                    hicache=soak_layout(layout).hicache,
+                    tp=soak_layout(layout).tp,
                 )
                 run["soak_s"] = round(time.monotonic() - t0, 2)
             run["soak"] = _soak_side(report)
@@ -1497,6 +1558,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "mamba-extra"),
     ("sglang", "swa" + RADIX),
     ("sglang", "swa-tp2"),
+    ("sglang", "swa" + HICACHE + "-tp2"),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1521,7 +1583,7 @@ def _release_name(group: tuple[str, str]) -> str:
 
 def _chosen_groups(args: argparse.Namespace) -> list[tuple[str, str]]:
     engines = ("sglang", "vllm") if args.engine == "all" else (args.engine,)
-    layouts = args.layout or ["swa", "unified", "mamba", "mamba-extra", "swa" + RADIX, "swa-tp2"]
+    layouts = args.layout or [layout for engine, layout in GROUPS if engine == "sglang"]
     return [g for g in GROUPS if g[0] in engines and (g[0] != "sglang" or g[1] in layouts)]
 
 
@@ -1642,8 +1704,12 @@ def _group_report(
     if version != SNIPPETS_FOR[engine]:
         release += f" (snippets written for {SNIPPETS_FOR[engine]}"
         release += f"; {len(figures.get('left_out', []))} left out)"
-    layout_only, radix, ranks = soak_layout(layout)
-    flags = (" --session-radix-cache" if radix else "") + (f" --tp {ranks}" if ranks > 1 else "")
+    layout_only, radix, hicache, ranks = soak_layout(layout)
+    flags = (
+        (" --session-radix-cache" if radix else "")
+        + (" --hicache" if hicache else "")
+        + (f" --tp {ranks}" if ranks > 1 else "")
+    )
     where = f" (soak --layout {layout_only}{flags})" if engine == "sglang" else ""
     if engine == "vllm" and layout != "-":
         where = f" (soak --engine vllm --vllm-model {layout})"
@@ -1717,9 +1783,10 @@ def main() -> int:
     parser.add_argument(
         "--layout",
         nargs="+",
-        choices=("swa", "unified", "mamba", "mamba-extra", "swa" + RADIX, "swa-tp2"),
+        choices=[layout for engine, layout in GROUPS if engine == "sglang"],
         default=None,
-        help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions)",
+        help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions; "
+        "swa+hicache-tp2: with the host tier on two ranks)",
     )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)

@@ -436,7 +436,9 @@ command(
     ),
     tp=Opt(
         "Tensor-parallel ranks: each runs its own stack in lockstep, compared with rank 0's "
-        "at every audited step as `kvcanary ranks` compares dumps.",
+        "at every audited step as `kvcanary ranks` compares dumps (with --hicache, each its own "
+        "host tier, whose copies finish late, the acks MIN-reduced over the ranks as SGLang's "
+        "tree does).",
         within=values.TP_RANKS,
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),

@@ -281,7 +281,7 @@ class _Drawn(Exception):
     """Stops `sglang_alone` once its first history's stack is asked for."""
 
 
-@pytest.mark.parametrize("layout", ["swa", "unified", "mamba"])
+@pytest.mark.parametrize("layout", ["swa", "unified", "mamba", "swa+hicache-tp2"])
 def test_sglang_alone_runs_the_soak_workload_of_its_layout(
     layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -308,9 +308,22 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
             tree=SimpleNamespace(version="0.5.23"),
         )
         mutants.sglang_alone(modules, 10, 0, layout)
-    specs = command._specs(None, ("python",), None, layout)
-    workload = command.history_workload(0, 0, len(specs), 1, layout)  # no cap: **kw
+    base, _, hicache, _ = mutants.soak_layout(layout)
+    specs = command._specs(None, ("python",), None, base)
+    workload = command.history_workload(0, 0, len(specs), 1, base, hicache=hicache)  # no cap
     assert built == [(specs[0], workload)]
+    assert workload.hicache_write_policy is not None or not hicache
+
+
+def test_a_bench_layout_names_soaks_switches() -> None:
+    """`swa+hicache-tp2` is soak's swa layout with the host tier on two ranks, as `soak
+    --layout swa --hicache --tp 2` runs it; its mutants are the host tier's on ranks."""
+    assert mutants.soak_layout("swa+hicache-tp2") == ("swa", False, True, 2)
+    assert mutants.soak_layout("swa+radix") == ("swa", True, False, 1)
+    assert mutants.soak_layout("swa-tp2") == ("swa", False, False, 2)
+    on_ranks = [m for m in mutants.MUTANTS if m.layout == "swa+hicache"]
+    assert {m.control for m in on_ranks} == {False, True}
+    assert all(mutants._group(m) == ("sglang", "swa+hicache-tp2") for m in on_ranks)
 
 
 def test_a_mutant_that_parts_ranks_is_soaked_on_ranks() -> None:

@@ -25,6 +25,7 @@ them, so the audit counts them beside the requests' locks.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,8 @@ __all__ = [
     "attach_hicache",
     "has_hicache",
     "inflight_locks",
+    "join_rank_group",
+    "lagging_acks",
     "server_args_fields",
     "stand_in_cuda",
     "unpin_host_pools",
@@ -179,3 +182,63 @@ def inflight_locks(tree: Any) -> list[Any]:
         else:
             held.append(_OlderHolder(node, receipt.swa_uuid_for_lock, receipt.skip_lock_node_ids))
     return held
+
+
+#: the most polls a rank's copy may finish after the one its ack was first polled at, with
+#: several ranks (`soak --tp N`): enough that the ranks' ready counts differ and the group's
+#: MIN decides, not so much that backups stay locked through a history
+ACK_LAG = 2
+
+
+class LateEvent:
+    """A copy's finish event that reports done only from poll `ready_at` of its rank's
+    clock on (or once synchronised: a wait completes it); the rest is the event's own."""
+
+    def __init__(self, event: Any, ready_at: int, clock: Callable[[], int]) -> None:
+        self._event, self._ready_at, self._clock = event, ready_at, clock
+        self._waited = False
+
+    def query(self) -> bool:
+        return (self._waited or self._clock() >= self._ready_at) and bool(self._event.query())
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+        self._waited = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._event, name)
+
+
+class _LaggingAcks(list):  # type: ignore[type-arg]
+    """A controller's ack queue whose acks' copies finish `lag()` polls late, in order (one
+    copy stream: a copy never finishes before the one queued before it)."""
+
+    def __init__(self, acks: list[Any], clock: Callable[[], int], lag: Callable[[], int]) -> None:
+        super().__init__(acks)
+        self._clock, self._lag = clock, lag
+        self._last = 0
+
+    def append(self, ack: Any) -> None:
+        fields = getattr(ack, "_fields", ())
+        if "finish_event" in fields:
+            self._last = max(self._last, self._clock() + 1 + self._lag())
+            ack = ack._replace(finish_event=LateEvent(ack.finish_event, self._last, self._clock))
+        super().append(ack)
+
+
+def lagging_acks(tree: Any, clock: Callable[[], int], lag: Callable[[], int]) -> None:
+    """Give a rank's controller copies that finish late: each write-through's and
+    load-back's ack is ready `lag()` polls after the next one (`clock`: the rank's step), as
+    a rank's own GPU copies finish when they do. A lone history's acks are all ready at the
+    next poll; with several ranks the lags differ, so the group's MIN is what each takes."""
+    controller = tree.cache_controller
+    for name in ("ack_write_queue", "ack_load_queue"):
+        setattr(controller, name, _LaggingAcks(getattr(controller, name), clock, lag))
+
+
+def join_rank_group(tree: Any, group: Any, size: int) -> None:
+    """Make a rank's tree one of `size` tensor-parallel ranks whose collectives go to
+    `group` (`tp_group.GroupHandle`), as `CacheInitParams.tp_cache_group` makes it in a
+    server (the tree reads the group's size once, at construction)."""
+    tree.tp_group = group
+    tree.tp_world_size = size

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,7 +44,8 @@ from kvcanary_cli.soak.stack import (
     fitting,
     refusing_sglang_exits,
 )
-from kvcanary_cli.soak.tp import RankGlobals, first_divergence
+from kvcanary_cli.soak.tp import RankGlobals, first_divergence, host_tier_group
+from kvcanary_cli.soak.tp_group import RanksParted, collectives_in_process
 from kvcanary_cli.soak.workload import Workload
 
 __all__ = [
@@ -172,7 +174,10 @@ def run_history(
 
     With `tp` ranks (`soak.tp`), each runs its own stack and scheduler in lockstep, is audited
     the same way, and at each audited point every rank's state is compared with rank 0's as
-    `kvcanary ranks` compares them: a divergence fails the history.
+    `kvcanary ranks` compares them: a divergence fails the history. With the host tier, the
+    ranks' steps run in lockstep threads meeting at SGLang's ack all-reduce
+    (`tp.host_tier_group`); a rank left waiting at a collective the others skipped is a crash
+    (`tp_group.RanksParted`: a server's ranks would hang there).
 
     It ends when the workload is served, at the first step kvcanary flags or SGLang crashes
     at, or after `max_steps` steps (what is left of soak's budget); never past the workload's
@@ -196,6 +201,8 @@ def run_history(
                 live = None if mode == "full" else LiveAudit(scheduler)
         ranks.append(_Rank(str(i), scheduler, checks, live, after_step, undo))
     lead = ranks[0]
+    #: with the host tier, the group the ranks' acks meet in (each rank's step in lockstep)
+    group = None if counters is None else host_tier_group([r.scheduler for r in ranks], counters)
     result = HistoryResult(steps=0, audited=0, counters=lead.scheduler.counters)
     found: list[Audit] = []
     #: with several ranks, this step's recorded states: audit point -> each rank's dump
@@ -276,7 +283,10 @@ def run_history(
             rank.after_step(rank.scheduler.stack, info.step)
             return info
         except Exception as exc:  # raised inside SGLang's code: a crash, a finding too
-            _refuse_if_ours(exc, modules)
+            if isinstance(exc, RanksParted) and found:
+                return None  # left waiting by a rank that failed first: that is the finding
+            if not isinstance(exc, RanksParted):
+                _refuse_if_ours(exc, modules)
             crash = _crash(exc, at, modules.tree.root, rank.last[0] if rank.last else None)
             crash.rank = None if tp == 1 else rank.label
             if rank.planned and rank.planned[-1].kvcanary_found:
@@ -313,6 +323,8 @@ def run_history(
         found.append(verdict)
 
     options_undo = serving_options(workload, modules.schedule_batch)
+    in_process = nullcontext() if group is None else collectives_in_process()
+    in_process.__enter__()
     try:
         limit = workload.steps * 4 + 64
         if max_steps is not None:
@@ -321,7 +333,13 @@ def run_history(
             at = lead.scheduler.step_no
             states.clear()
             infos: list[StepInfo] = []
-            for i, rank in enumerate(ranks):
+            if group is not None:
+                stepped = group.run([partial(step_rank, rank, at) for rank in ranks])
+                for info in stepped:
+                    if info is None or found:
+                        break
+                    infos.append(info)
+            for i, rank in enumerate(ranks if group is None else ()):
                 with as_rank(i):
                     info = step_rank(rank, at)
                 if info is None or found:
@@ -352,6 +370,7 @@ def run_history(
             rank.undo()
             rank.scheduler.stack.close()
         options_undo()
+        in_process.__exit__(None, None, None)
         if scratch is not None:
             scratch.cleanup()
     result.steps = lead.scheduler.step_no

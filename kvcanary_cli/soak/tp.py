@@ -13,6 +13,11 @@ while that rank runs, each starting where a fresh process starts.
 
 The comparison is `kvcanary ranks`' own (`analysis.ranks.compare_ranks`), on the dumps the
 capture records of each rank's state.
+
+With SGLang's host tier, the ranks do meet: the tree MIN-reduces its ready ack counts over its
+`tp_group` each step. `host_tier_group` gives each rank's tree a place in one in-process group
+(`tp_group.RankGroup`) and each rank's controller copies that finish late by lags of its own
+(`hicache.lagging_acks`), so the ranks' counts differ and the MIN decides, as on GPUs.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcanary_cli.results.ranks import RankDump
+from kvcanary_cli.soak.tp_group import RankGroup
 
-__all__ = ["RankGlobals", "first_divergence"]
+__all__ = ["RankGlobals", "first_divergence", "host_tier_group"]
 
 #: The module-level names of SGLang's tree components that hold process-wide counters (the
 #: access-time counter, the component id counter of 0.5.13 - 0.5.20, the per-type ones of
@@ -73,14 +79,50 @@ class RankGlobals:
         for (i, name), value in values.items():
             setattr(self._modules[i], name, copy.deepcopy(value))
 
+    def enter(self, rank: int) -> None:
+        """Rank `rank`'s counters in place."""
+        self._write(self._saved[rank])
+
+    def leave(self, rank: int) -> None:
+        """What rank `rank` left in the counters, kept for its next turn."""
+        self._saved[rank] = self._read()
+
     @contextmanager
     def as_rank(self, rank: int) -> Iterator[None]:
         """Rank `rank`'s counters in place for the block, saved again after it."""
-        self._write(self._saved[rank])
+        self.enter(rank)
         try:
             yield
         finally:
-            self._saved[rank] = self._read()
+            self.leave(rank)
+
+
+def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGroup | None:
+    """With SGLang's host tier on several ranks: the group whose all-reduce each rank's tree
+    meets the others' in (`tp_group`), each rank's copies finishing when they do
+    (`hicache.lagging_acks`: lags drawn from the workload's seed and the rank), so the acks
+    each rank takes are the group's MIN, as in a server. None: one rank, or no host tier."""
+    import numpy as np
+
+    from kvcanary_cli.soak.hicache import ACK_LAG, join_rank_group, lagging_acks
+    from kvcanary_cli.soak.tp_group import RankGroup
+
+    trees = [scheduler.stack.tree for scheduler in schedulers]
+    if len(trees) < 2 or getattr(trees[0], "cache_controller", None) is None:
+        return None
+    group = RankGroup(len(trees), counters.enter, counters.leave)
+    for rank, (scheduler, tree) in enumerate(zip(schedulers, trees, strict=True)):
+        join_rank_group(tree, group.handle(rank), len(trees))
+        draw = np.random.default_rng([scheduler.workload.seed, 0x7A9, rank])
+
+        def lag(draw: Any = draw) -> int:
+            return int(draw.integers(0, ACK_LAG + 1))
+
+        def clock(scheduler: Any = scheduler) -> int:
+            return int(scheduler.step_no)
+
+        lagging_acks(tree, clock, lag)
+    return group
 
 
 def first_divergence(dumps: Sequence[Path]) -> RankDump | None:
