@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 
+from kvcanary_cli.soak.vllm_stack import RELEASES
 from tests import vllm_wheel
 from tests.sglang_wheel import MISSING_WHEEL, wheel_path
 
@@ -212,22 +213,7 @@ LEFT_OUT = {
     **{v: {**_BEFORE_0_32, **_BEFORE_ALIGN} for v in ("0.12.0", "0.13.0")},
     **{
         v: {**_BEFORE_0_32, **_BEFORE_MAMBA_RETIREMENT}
-        for v in (
-            "0.20.1",
-            "0.20.2",
-            "0.21.0",
-            "0.22.0",
-            "0.22.1",
-            "0.23.0",
-            "0.24.0",
-            "0.25.0",
-            "0.25.1",
-            "0.26.0",
-            "0.27.0",
-            "0.27.1",
-            "0.28.0",
-            "0.29.0",
-        )
+        for v in RELEASES[RELEASES.index("0.20.1") : RELEASES.index("0.30.0")]
     },
     **{v: dict(_BEFORE_0_32) for v in ("0.30.0", "0.31.0")},
     "0.32.0": {},
