@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -301,6 +301,11 @@ def run_history(
                 result.sglang_step, result.sglang_when = at, "crash"
             return None
 
+    def step_as_rank(i: int, rank: _Rank, at: int) -> StepInfo | None:
+        """`step_rank` with rank `i`'s process-wide counters in place."""
+        with as_rank(i):
+            return step_rank(rank, at)
+
     def compare(point: StatePoint, step: int) -> None:
         """Every rank's state at `point` against rank 0's (a rank that did not reach it, as
         it stands): the first divergence fails the history."""
@@ -333,15 +338,13 @@ def run_history(
             at = lead.scheduler.step_no
             states.clear()
             infos: list[StepInfo] = []
-            if group is not None:
-                stepped = group.run([partial(step_rank, rank, at) for rank in ranks])
-                for info in stepped:
-                    if info is None or found:
-                        break
-                    infos.append(info)
-            for i, rank in enumerate(ranks if group is None else ()):
-                with as_rank(i):
-                    info = step_rank(rank, at)
+            if group is not None:  # the ranks' steps in lockstep threads, all run
+                stepped: Iterable[StepInfo | None] = group.run(
+                    [partial(step_rank, rank, at) for rank in ranks]
+                )
+            else:  # one rank after another, none after a rank that failed
+                stepped = (step_as_rank(i, rank, at) for i, rank in enumerate(ranks))
+            for info in stepped:
                 if info is None or found:
                     break
                 infos.append(info)

@@ -105,7 +105,6 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
     import numpy as np
 
     from kvcanary_cli.soak.hicache import ACK_LAG, join_rank_group, lagging_acks
-    from kvcanary_cli.soak.tp_group import RankGroup
 
     trees = [scheduler.stack.tree for scheduler in schedulers]
     if len(trees) < 2 or getattr(trees[0], "cache_controller", None) is None:
