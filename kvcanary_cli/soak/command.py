@@ -263,7 +263,7 @@ def soak(
         raise OptionError(
             f"the Mamba layout runs at page size 1 only, not {page_size} (SGLang's Mamba tree "
             "component needs it without the extra buffer: --layout mamba-extra runs it)",
-            option="page-size",
+            option="page_size",
         )
     if fault is not None and tp > 1:
         raise OptionError(
@@ -280,12 +280,12 @@ def soak(
     if hicache_storage and not hicache:
         raise OptionError(
             "runs SGLang's storage tier behind its host tier: add --hicache",
-            option="hicache-storage",
+            option="hicache_storage",
         )
     if hicache_storage and tp > 1:
         raise OptionError(
             "runs the storage tier on one rank: run it with --tp 1",
-            option="hicache-storage",
+            option="hicache_storage",
         )
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
@@ -297,7 +297,7 @@ def soak(
                 f"SGLang {modules.tree.version}'s unified tree takes no storage tier the way "
                 "soak drives it (prefetch_from_storage, check_prefetch_progress, "
                 "pop_prefetch_loaded_span, is_backuped, get_last_hash_value)",
-                option="hicache-storage",
+                option="hicache_storage",
             )
     if hicache:
         from kvcanary_cli.soak.hicache import has_hicache
@@ -312,20 +312,20 @@ def soak(
         if hicache:
             raise OptionError(
                 "runs SGLang's radix sessions without its host tier: drop --hicache",
-                option="session-radix-cache",
+                option="session_radix_cache",
             )
         if core not in (None, "python"):
             raise OptionError(
                 f"runs on the Python tree core only (SGLang refuses radix sessions on the "
                 f"{core} one): drop --core",
-                option="session-radix-cache",
+                option="session_radix_cache",
             )
         if not drives_radix_sessions(modules):
             raise OptionError(
                 f"SGLang {modules.tree.version}'s unified tree has no radix sessions "
                 "(open_radix_session, ensure_session_generation, release_radix_session: "
                 "0.5.17 on)",
-                option="session-radix-cache",
+                option="session_radix_cache",
             )
         core = "python"
     if core is not None and core not in modules.cores:

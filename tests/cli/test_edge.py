@@ -174,3 +174,22 @@ def test_a_scalar_out_of_range_in_the_api_names_the_scalar() -> None:
         api.provenance(EXAMPLE, slot=1, overrides={"verify_capacity": 1 << 31})
     assert caught.value.option == "verify_capacity"
     assert str(caught.value).startswith("verify_capacity: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--hicache-storage"], "--hicache-storage"),
+        (["--hicache", "--hicache-storage", "--tp", "2"], "--hicache-storage"),
+        (["--layout", "mamba", "--page-size", "4"], "--page-size"),
+    ],
+)
+def test_a_soak_refusal_names_the_flag_as_the_command_line_spells_it(
+    args: list[str], flag: str
+) -> None:
+    """soak's refusals before it loads SGLang name their option by its API keyword, which
+    the edge turns into the flag (a keyword spelled with dashes passed through as it was:
+    `page-size: ...` rather than `--page-size: ...`)."""
+    code, _, err = run("soak", *args, "--steps", "5")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: {flag}: "), err
