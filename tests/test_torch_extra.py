@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,12 +143,10 @@ def test_only_a_test_asking_for_missing_torch_is_skipped() -> None:
 @pytest.mark.slow
 def test_no_extra_but_torch_pulls_torch(tmp_path: Path) -> None:
     """A package of the test extras that depends on torch (compressed-tensors does) would make
-    the README's test line install a CUDA build of several GB on a machine without torch: pip
-    resolves every extra but `torch` in a fresh environment, and neither torch nor triton's
+    the README's test line install a CUDA build of several GB on a machine without torch: every
+    extra but `torch` is resolved as for a fresh environment, and neither torch nor triton's
     CUDA companions may be among what it would install. Skipped where the index is out of
     reach."""
-    import json
-    import re
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -161,34 +161,59 @@ def test_no_extra_but_torch_pulls_torch(tmp_path: Path) -> None:
                 listed.append(req)
         return listed
 
-    # what kvcanary[every extra but torch] needs, resolved as on a machine with nothing
-    # installed; kvcanary's own requirements read here, not built (pip would build the
-    # project in an isolated environment for them: an eighth of the test's CPU)
+    # what kvcanary[every extra but torch] needs; kvcanary's own requirements read here, not
+    # built (a resolver would build the project in an isolated environment for them)
     wanted = [
         *project["dependencies"],
         *(r for e in extras if e != "torch" for r in requirements(e)),
     ]
-    report = tmp_path / "report.json"
+    names = _resolved(wanted, tmp_path)
+    assert {"typer", "transformers", "pytest"} <= names  # the resolution lists every package
+    pulled = sorted(n for n in names if n == "torch" or n.startswith("nvidia-"))
+    assert not pulled, f"extras {sorted(e for e in extras if e != 'torch')} would install {pulled}"
+
+
+def _resolved(wanted: list[str], folder: Path) -> set[str]:
+    """The packages (normalised names) a fresh environment would install for `wanted`: uv's
+    resolver (a test extra; about a second), else pip's (`--dry-run --report`; half a
+    minute of CPU, most of it matching every file of every release against this platform)."""
+    listed = folder / "requirements.in"
+    listed.write_text("\n".join(wanted) + "\n")
+    uv = _uv()
+    if uv is not None:
+        pinned = folder / "requirements.txt"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        command = [uv, "pip", "compile", "--quiet", "--no-header", "--python-version", version]
+        done = subprocess.run(
+            [*command, str(listed), "-o", str(pinned)], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode == 0:  # uv reads its own index settings: on failure, pip's
+            return {
+                re.sub(r"[-_.]+", "-", line.partition("==")[0].strip().lower())
+                for line in pinned.read_text().splitlines()
+                if "==" in line and not line.lstrip().startswith("#")
+            }
+    report = folder / "report.json"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            str(report),
-            *wanted,
-        ],
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+        + ["--report", str(report), "-r", str(listed)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     if done.returncode != 0:
         pytest.skip(f"pip could not resolve the extras here: {done.stderr.strip()[-300:]}")
-    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
-    assert {"typer", "transformers", "pytest"} <= names  # the report lists what would be installed
-    pulled = sorted(n for n in names if n == "torch" or n.startswith("nvidia-"))
-    assert not pulled, f"extras {sorted(e for e in extras if e != 'torch')} would install {pulled}"
+    install = json.loads(report.read_text())["install"]
+    return {re.sub(r"[-_.]+", "-", item["metadata"]["name"].lower()) for item in install}
+
+
+def _uv() -> str | None:
+    """uv's binary where the test extra installed it (None: not installed)."""
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    try:
+        return os.fspath(find_uv_bin())
+    except FileNotFoundError:
+        return None
