@@ -263,13 +263,13 @@ def test_snapshots_record_the_radix_tree_sglang_builds(
         assert sparse.events == () and not [n for n in sparse.notes if "tree_full_slots" in n]
 
 
-#: (page size, core) x seeds: 6 x 4 = 24 histories (about 2,200 consecutive pairs), chosen
-#: among seeds whose runs retract at page sizes 4 and 16.
+#: (page size, core) x seeds: 6 x 2 = 12 histories (about 1,100 consecutive pairs), chosen
+#: among seeds whose runs retract at page sizes 4 and 16 (bench/ sweeps 120).
 SWEEP = [
     (page_size, core, seed)
     for page_size in (1, 4, 16)
     for core in ("python", "rust")
-    for seed in (1003, 1005, 1011, 1012)
+    for seed in (1003, 1011)
 ]
 
 
@@ -277,7 +277,7 @@ SWEEP = [
 def test_timelines_of_clean_real_histories_report_nothing(
     sglang: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """24 clean histories of the real stack (page sizes 1, 4 and 16, both tree cores, 4 seeds
+    """12 clean histories of the real stack (page sizes 1, 4 and 16, both tree cores, 2 seeds
     each; chunked prefill, decode, window frees, retraction, eviction, de-duplication): the
     timeline of every plan-time state, consecutive and every third, reports no event, and
     each state is check-clean (`timeline` checks every dump of the consecutive run).
@@ -299,7 +299,7 @@ def test_timelines_of_clean_real_histories_report_nothing(
         assert report.findings == () and not report.failed, (label, report.findings[:3])
         for start in range(3):
             assert _events(paths[start::3], planner=None) == [], (label, start)
-        every = 3 if number % 4 < 2 else 5  # each (page size, core): both strides
+        every = 3 if number % 2 == 0 else 5  # each (page size, core): both strides
         for start in range(every):
             sparse = timeline(history.bare[start::every], planner=None)
             assert sparse.events == (), (label, every, start, sparse.events[0].message)
@@ -312,7 +312,7 @@ def test_timelines_of_clean_real_histories_report_nothing(
         totals["chunks"] += history.counters["chunks"]
         evictions += history.evictions
     # the sweep reaches what it is for
-    assert totals["pairs"] > 2000, totals
+    assert totals["pairs"] > 1000, totals
     assert all(totals[k] > 0 for k in ("rewritten", "shrank", "retractions", "chunks")), totals
     assert evictions > 0
     assert undecided > 0  # the bare sweep reaches what its rule is for
