@@ -110,15 +110,20 @@ def test_a_changed_signature_names_the_version(sglang_standin: InstallStandin) -
     assert "kv_token_id_vs_position_offset" in err
 
 
-def test_selftest_without_sglang_agrees(no_sglang: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its Triton planner's plans are shared with the release selftests this process runs
-    (tests/shared_plans.py: the corpus planned once, interpreted)."""
+@pytest.fixture
+def shared_triton_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """selftest's Triton planner with its plans shared by every selftest this process runs
+    (tests/shared_plans.py: the corpus planned once, interpreted; a plan is a function of the
+    dump alone, so a run compares the same plans a fresh planner would make)."""
 
     def sharing(*, sglang: bool) -> tuple[list[Planner], list[Planner]]:
         baselines, planners = make_selftest_planners(sglang=sglang)
         return baselines, sharing_triton_plans(planners)
 
     monkeypatch.setattr("kvcanary_cli.api.make_selftest_planners", sharing)
+
+
+def test_selftest_without_sglang_agrees(no_sglang: None, shared_triton_plans: None) -> None:
     code, out, err = run("selftest", "--format", "json")
     assert code == 0, err
     record = json.loads(out)
@@ -145,7 +150,7 @@ def test_selftest_without_sglang_agrees(no_sglang: None, monkeypatch: pytest.Mon
 
 
 @pytest.mark.slow  # every scenario through every planner
-def test_selftest_with_sglang(sglang_standin: InstallStandin) -> None:
+def test_selftest_with_sglang(sglang_standin: InstallStandin, shared_triton_plans: None) -> None:
     sglang_standin()
     code, out, err = run("selftest", "--sglang", "--format", "json")
     assert code == 0, err
@@ -166,7 +171,7 @@ def test_selftest_with_sglang(sglang_standin: InstallStandin) -> None:
 
 
 @pytest.mark.slow  # every scenario through every planner
-def test_selftest_reports_drift(sglang_standin: InstallStandin) -> None:
+def test_selftest_reports_drift(sglang_standin: InstallStandin, shared_triton_plans: None) -> None:
     sglang_standin(seed_back=2)
     code, out, _ = run("selftest", "--sglang")
     assert code == 1
