@@ -238,12 +238,15 @@ def audit_step(
 
     With `live`, the live objects are held to the accounting of `soak.live` first, and the
     whole `check` runs only where a fact breaks (or with `full`: always, to compare); without
-    it, or with a `folder` to keep the dump in, the state is recorded and checked."""
+    it, the state is recorded and checked. With a `folder`, each state is recorded there
+    (the last one is what a failure keeps: a crash's is the state audited before it)."""
     audit = Audit(step=scheduler.step_no, mode="idle" if idle else "plan")
     if live is not None:
         state = read_state(scheduler, batch, running_requests(scheduler, batch), live.readers)
         audit.broken = live.broken(state, idle=idle)
-    if live is None or folder is not None or full or audit.broken is not None:
+    if live is not None and folder is not None and not full and audit.broken is None:
+        audit.dump = record_dump(scheduler, batch, folder / "state.safetensors")
+    elif live is None or folder is not None or full or audit.broken is not None:
         _check_whole(audit, scheduler, batch, folder)
         if live is not None and audit.broken is not None and not audit.codes:
             if live.lock_excess:
