@@ -91,7 +91,9 @@ def test_every_scenario_keeps_its_story(tmp_path: Path, name: str) -> None:
     for seed in (0, 1, 2):
         original, small = shrunk_pair(tmp_path, name, seed)
         assert small.stat().st_size < original.stat().st_size
-        kernels = ("triton", "vectorized", "none") if seed == 0 else ("triton",)
+        # the GPU kernel (interpreted: half of a check's time here) on every scenario's first
+        # seed, shrunk and whole; the other seeds with its numpy twin
+        kernels = ("triton", "vectorized", "none") if seed == 0 else ("vectorized",)
         for kernel in kernels:
             before = checked(load_dump(original), kernel=kernel)
             after = checked(load_dump(small), kernel=kernel)
