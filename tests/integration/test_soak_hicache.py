@@ -131,20 +131,20 @@ def test_the_write_policy_round_trips_a_reproducer() -> None:
         Workload.from_json(workload.to_json().replace("write_back", "write_sideways"))
 
 
-#: The shrunk reproducer of SGLang 0.5.23's SWA load-back admission crash (docs/soak.md).
-LOAD_BACK_OOM = (
-    Path(__file__).resolve().parents[2]
-    / "docs"
-    / "reproducers"
-    / "sglang-0.5.23-hicache-swa-load-back-oom.json"
-)
+#: The shrunk reproducers of SGLang 0.5.23's SWA load-back admission crash (docs/soak.md): the
+#: host tier's (seed 0), and the one `--hicache-storage` met at seed 7 (its storage tier runs,
+#: and the same admission crashes).
+LOAD_BACK_OOM = [
+    Path(__file__).resolve().parents[2] / "docs" / "reproducers" / f"sglang-0.5.23-{name}.json"
+    for name in ("hicache-swa-load-back-oom", "hicache-storage-load-back-oom")
+]
 
 
-def _load_back_oom(modules: Any) -> Any:
+def _load_back_oom(modules: Any, reproducer: Path) -> Any:
     from kvcanary_cli.soak.command import read_reproducer
     from kvcanary_cli.soak.run import run_history
 
-    spec, workload, fault, recorded, release, _ = read_reproducer(LOAD_BACK_OOM)
+    spec, workload, fault, recorded, release, _ = read_reproducer(reproducer)
     if modules.tree.version != release:
         pytest.skip(f"the reproducer is SGLang {release}'s; this is {modules.tree.version}")
     assert recorded == "crash RuntimeError"
@@ -152,10 +152,13 @@ def _load_back_oom(modules: Any) -> Any:
 
 
 @pytest.mark.slow
-def test_sglangs_swa_load_back_admission_crash_is_reported_as_sglangs(modules: Any) -> None:
+@pytest.mark.parametrize("reproducer", LOAD_BACK_OOM, ids=lambda path: path.stem)
+def test_sglangs_swa_load_back_admission_crash_is_reported_as_sglangs(
+    modules: Any, reproducer: Path
+) -> None:
     """The reproducer comes back as SGLang's own `Out of memory` in `alloc_token_slots`, after
     a load-back from host; kvcanary and SGLang's checks silent on every state before it."""
-    result = _load_back_oom(modules)
+    result = _load_back_oom(modules, reproducer)
     failure = result.failure
     assert failure is not None and failure.crash is not None, failure
     assert failure.crash.message.startswith("Out of memory"), failure.crash
@@ -165,8 +168,9 @@ def test_sglangs_swa_load_back_admission_crash_is_reported_as_sglangs(modules: A
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("reproducer", LOAD_BACK_OOM, ids=lambda path: path.stem)
 def test_the_same_history_runs_clean_when_the_swa_check_pins_the_loaded_prefix(
-    modules: Any, monkeypatch: pytest.MonkeyPatch
+    modules: Any, monkeypatch: pytest.MonkeyPatch, reproducer: Path
 ) -> None:
     """The twin: SGLang's adder, its check made with the host hit's prefix (`best_match_node`)
     already pinned, as the load-back pins it right after: the SWA that prefix holds on the
@@ -182,6 +186,6 @@ def test_the_same_history_runs_clean_when_the_swa_check_pins_the_loaded_prefix(
             return add_one_req(self, req, **kwargs)
 
     monkeypatch.setattr(adder, "add_one_req", pinned_first)
-    result = _load_back_oom(modules)
+    result = _load_back_oom(modules, reproducer)
     assert result.failure is None and result.sglang_step is None, result.failure
     assert result.counters.host_loads > 0
