@@ -117,7 +117,8 @@ def history_workload(
     write policies, in turn (`WRITE_POLICIES`: history by history, so each shape meets each
     within three rounds), and with `storage` (`--hicache-storage`) its storage tier behind it
     under SGLang's prefetch policies in turn (`PREFETCH_POLICIES`, every three histories),
-    without streaming sessions (not soaked together: docs/soak.md, The storage tier).
+    without streaming sessions (SGLang 0.5.23's storage prefetch crashes on a session's turn:
+    docs/soak.md, The storage tier).
     With `radix` (`--session-radix-cache`), the sessions are client
     sessions under SGLang's radix sessions in every layout (`STREAMING_SESSIONS` of them
     outside the Mamba layouts), closed once their turns are over (`soak.sessions`)."""

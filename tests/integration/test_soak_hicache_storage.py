@@ -88,3 +88,64 @@ def test_a_storage_ack_that_frees_its_nodes_host_copy_is_named(modules: Any) -> 
     assert "host-slot-free-and-held" in result.failure.codes
     assert result.fault_acted > 0
     assert result.sglang_step is None
+
+
+#: The shrunk reproducer of SGLang 0.5.23's storage prefetch on a streaming session's turn
+#: (docs/soak.md, The storage tier).
+VIRTUAL_NODE = (
+    Path(__file__).resolve().parents[2]
+    / "docs"
+    / "reproducers"
+    / "sglang-0.5.23-storage-streaming-virtual-node.json"
+)
+
+
+def _virtual_node_history(modules: Any) -> Any:
+    from kvcanary_cli.soak.command import read_reproducer
+    from kvcanary_cli.soak.run import run_history
+
+    spec, workload, fault, recorded, release, _ = read_reproducer(VIRTUAL_NODE)
+    if modules.tree.version != release:
+        pytest.skip(f"the reproducer is SGLang {release}'s; this is {modules.tree.version}")
+    assert recorded == "crash KeyError" and workload.streaming_sessions
+    assert workload.hicache_storage is not None
+    return run_history(modules, spec, workload, fault=fault)
+
+
+@pytest.mark.slow
+def test_a_streaming_sessions_turn_asking_storage_crashes_sglangs_tree(modules: Any) -> None:
+    """A streaming session's later turn enters the waiting queue; asking storage for its prompt
+    (the scheduler's `_prefetch_kvcache`) matches it first, and the session's match answers
+    with the session's stand-in node (`_VirtualNode`), which the tree's `is_backuped` looks up
+    among its nodes: SGLang's own `KeyError`, kvcanary silent on every state before it."""
+    result = _virtual_node_history(modules)
+    crash = result.failure.crash if result.failure is not None else None
+    assert crash is not None and crash.exception == "KeyError", result.failure
+    assert crash.raised_in is not None and crash.raised_in.endswith("in is_backuped")
+    assert "_VirtualNode" in crash.message
+    assert list(result.failure.codes) == [] and not result.sglang_counts
+
+
+@pytest.mark.slow
+def test_the_same_history_runs_clean_when_a_sessions_node_is_not_on_the_host(
+    modules: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twin: the tree answers that a session's stand-in node is neither backed up to host
+    nor its root (the session's KV lives on the device, so storage has nothing to add), and
+    the same history, storage tier and streaming sessions both running, is clean."""
+    import importlib
+
+    virtual = importlib.import_module("sglang.srt.session.streaming_session")._VirtualNode
+    tree = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache").UnifiedRadixCache
+    backuped, root = tree.is_backuped, tree.is_root
+    monkeypatch.setattr(
+        tree,
+        "is_backuped",
+        lambda self, node: not isinstance(node, virtual) and backuped(self, node),
+    )
+    monkeypatch.setattr(
+        tree, "is_root", lambda self, node: not isinstance(node, virtual) and root(self, node)
+    )
+    result = _virtual_node_history(modules)
+    assert result.failure is None and result.sglang_step is None, result.failure
+    assert result.counters.storage_asks > 0
