@@ -527,7 +527,7 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     modules: dict[str, Any] = {}
     importing = "sglang"
     try:
-        with warnings.catch_warnings(), _tolerating_config_clashes():
+        with warnings.catch_warnings(), _tolerating_config_clashes(), _caching_bytecode(tree):
             warnings.simplefilter("ignore")  # "only CUDA supports ..." at import, on CPU
             for field, names in _MODULES.items():
                 importing = _first_module(names)
@@ -558,6 +558,22 @@ def load_sglang(source: str | Path | None = None) -> SGLangModules:
     result = SGLangModules(tree=tree, cores=cores, notes=notes, imported=imported, **modules)
     _LOADED[key] = result
     return result
+
+
+@contextmanager
+def _caching_bytecode(tree: SGLangTree) -> Iterator[None]:
+    """Imports from a wheel soak unpacked into its own cache write their bytecode there, even
+    where PYTHONDONTWRITEBYTECODE is set: the folder is kvcanary's copy of the wheel, never
+    changed once unpacked, so each later soak of that wheel imports SGLang without compiling
+    it (about 2 s of CPU of the 10 an import takes). A tree of the user's, or the installed
+    SGLang, is imported as the interpreter's setting says."""
+    ours = tree.root.resolve().is_relative_to(_cache_dir().resolve())
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = before and not ours
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = before
 
 
 def _is_sglang(name: str) -> bool:

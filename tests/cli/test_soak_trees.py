@@ -821,3 +821,26 @@ def test_what_a_vllm_prints_at_import_goes_to_stderr(
     vllm_stack.load_vllm(tree)
     out, err = capsys.readouterr()
     assert "Triton" not in out and "INFO Triton is installed" in err
+
+
+@pytest.mark.parametrize("unpacked", [True, False])
+def test_only_a_wheel_soak_unpacked_writes_its_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unpacked: bool
+) -> None:
+    """A tree in soak's own cache (a wheel it unpacked) is imported writing its bytecode there,
+    PYTHONDONTWRITEBYTECODE or not; the user's own tree as the interpreter's setting says; and
+    the setting is back as it was once the import is over, raised or not."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KVCANARY_CACHE", str(cache))
+    root = (cache / "sglang-trees" / "wheel-0") if unpacked else (tmp_path / "checkout")
+    tree = stack.SGLangTree(root=root, version="0.5.23", canary_module="x", label=str(root))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    with stack._caching_bytecode(tree):
+        assert sys.dont_write_bytecode is not unpacked
+    assert sys.dont_write_bytecode is True
+    with pytest.raises(KeyError), stack._caching_bytecode(tree):
+        raise KeyError("an import failed")
+    assert sys.dont_write_bytecode is True
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    with stack._caching_bytecode(tree):
+        assert sys.dont_write_bytecode is False
