@@ -184,9 +184,15 @@ def _resolved(wanted: list[str], folder: Path) -> set[str]:
         pinned = folder / "requirements.txt"
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         command = [uv, "pip", "compile", "--quiet", "--no-header", "--python-version", version]
-        done = subprocess.run(
-            [*command, str(listed), "-o", str(pinned)], capture_output=True, text=True, timeout=300
-        )
+        try:
+            done = subprocess.run(
+                [*command, str(listed), "-o", str(pinned)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except subprocess.TimeoutExpired:  # an index uv cannot reach: pip's settings may
+            done = subprocess.CompletedProcess(command, returncode=1)
         if done.returncode == 0:  # uv reads its own index settings: on failure, pip's
             return {
                 re.sub(r"[-_.]+", "-", line.partition("==")[0].strip().lower())

@@ -246,7 +246,7 @@ def audit_step(
         audit.broken = live.broken(state, idle=idle)
     if live is not None and folder is not None and not full and audit.broken is None:
         audit.dump = record_dump(scheduler, batch, folder / "state.safetensors")
-    elif live is None or folder is not None or full or audit.broken is not None:
+    elif live is None or full or audit.broken is not None:
         _check_whole(audit, scheduler, batch, folder)
         if live is not None and audit.broken is not None and not audit.codes:
             if live.lock_excess:
