@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from kvcanary_cli.errors import TORCH_HINT, EngineUnavailableError
+from kvcanary_cli.soak.environment import environment_set
 from kvcanary_cli.soak.wheel import WheelRefusedError, download_hint, not_there, unpack_wheel
 
 __all__ = [
@@ -469,7 +470,7 @@ def _interpret_triton() -> None:
         spec = None
     if spec is None or isinstance(spec.loader, _Standins):
         return
-    with _environment(_INTERPRET, "1"):
+    with environment_set(_INTERPRET, "1"):
         try:
             importlib.import_module("triton.language")
             knobs = importlib.import_module("triton.knobs").runtime
@@ -954,7 +955,7 @@ def build_stack(
             **({"tree_core_backend": spec.core} if by_param else {}),
             **({"enable_session_radix_cache": True} if radix_sessions else {}),
         )
-        with nullcontext() if by_param else _environment(_CORE_ENV, spec.core):
+        with nullcontext() if by_param else environment_set(_CORE_ENV, spec.core):
             radix = modules.unified_radix_cache.UnifiedRadixCache(params)
     if hicache:
         from kvcanary_cli.soak.hicache import attach_hicache
@@ -1034,20 +1035,6 @@ def _publish(modules: SGLangModules, server_args: Any) -> None:
 
 #: Where 0.5.19 and 0.5.20 read the tree core to build (their `CacheInitParams` has no field).
 _CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
-
-
-@contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    """`name` set to `value` inside, restored on the way out."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
 
 
 def _require_kernels(tree: SGLangTree, spec: StackSpec, allocator: Any) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcanary_cli.soak.calls import prefix_len
+from kvcanary_cli.soak.environment import environment_set
 
 __all__ = [
     "BACKEND",
@@ -188,16 +188,8 @@ def backend_context(folder: str) -> Iterator[None]:
     """While SGLang builds the backend: the file backend's folder variable names `folder`,
     and the process is rank 0 of one where SGLang's runtime context asks (0.5.23 reads the
     ranks to name its files)."""
-    before = os.environ.get(_FOLDER_ENV)
-    os.environ[_FOLDER_ENV] = folder
-    try:
-        with _rank_zero():
-            yield
-    finally:
-        if before is None:
-            os.environ.pop(_FOLDER_ENV, None)
-        else:
-            os.environ[_FOLDER_ENV] = before
+    with environment_set(_FOLDER_ENV, folder), _rank_zero():
+        yield
 
 
 @contextmanager
