@@ -90,6 +90,7 @@ from kvcanary_cli.canary.buffers import dump_buffers
 from kvcanary_cli.catalog import FindingCode, Severity
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import SCALARS, Group
+from kvcanary_cli.dump.tensor import fold_at
 from kvcanary_cli.errors import DumpError, KvcanaryError
 from kvcanary_cli.planners.base import Plan, Planner
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
@@ -598,7 +599,7 @@ def _count_cells(cells: CellColumns, counts: np.ndarray, first_bad: np.ndarray) 
     for part, rows, positions in pieces(inside, held_row, held_position):
         row = rows[part]
         counts += np.bincount(row, minlength=counts.size)
-        np.minimum.at(first_bad, row, positions[part])
+        fold_at(np.minimum, first_bad, row, positions[part])
 
 
 def assumptions_of(dump: KvDump, findings: list[Finding]) -> list[Assumption]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from kvcanary_cli.analysis.upstream_raise import launch_divergences
 from kvcanary_cli.catalog import FindingCode
+from kvcanary_cli.dump.tensor import fold_at
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable, Undefined
 from kvcanary_cli.results.check import Finding, JsonValue
 
@@ -82,7 +83,7 @@ def _entry_explanations(problems: ProblemTable, plan: Plan) -> dict[ProblemRole,
             if not mask.any():
                 continue
             first = np.full(plan.bs, np.iinfo(np.int64).max, dtype=np.int64)
-            np.minimum.at(first, problems.batch_row[mask], problems.entry[mask])
+            fold_at(np.minimum, first, problems.batch_row[mask], problems.entry[mask])
             hit = (entry_ids >= first[rows]) & (why < 0)
             why[hit] = _code_index(kind)
         out[role] = why

@@ -38,6 +38,7 @@ from kvcanary_cli.catalog import (
     ViolationRowCause,
 )
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.tensor import fold_at
 from kvcanary_cli.results.cells import FindingOwner, Role, Space
 from kvcanary_cli.results.check import Cause, Finding
 from kvcanary_cli.results.violations import CAUSES as EXPLANATION_CAUSES
@@ -702,8 +703,8 @@ def _extents(
     held_row, held_at = _held(finding, "batch_row"), _held(finding, "position")
     for part, rows, ats in pieces(inside, held_row, held_at):
         row, at = rows[part], ats[part]
-        np.minimum.at(first, row, at)
-        np.maximum.at(last, row, at)
+        fold_at(np.minimum, first, row, at)
+        fold_at(np.maximum, last, row, at)
         if own is not None:
             own += np.bincount(row, minlength=own.size)
 

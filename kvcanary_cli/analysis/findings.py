@@ -18,7 +18,7 @@ from kvcanary_cli.analysis.provenance import LiveCells, SlotSet
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import RESERVED_PAGES_KEY, SCALARS, Group, dtype_label, parse_integer
-from kvcanary_cli.dump.tensor import distinct
+from kvcanary_cli.dump.tensor import distinct, fold_at
 from kvcanary_cli.planners.base import Plan, ProblemKind, ProblemRole, ProblemTable
 from kvcanary_cli.planners.frame import launch_limit
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn, Role, RunColumn, Space
@@ -603,9 +603,9 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     first_cell = np.full(slots.size, count, dtype=np.int64)
     for a in range(0, count, _RANK_CHUNK):
         b = min(a + _RANK_CHUNK, count)
-        np.minimum.at(lowest, sid[a:b], row[a:b])
-        np.maximum.at(highest, sid[a:b], row[a:b])
-        np.minimum.at(first_cell, sid[a:b], np.arange(a, b))
+        fold_at(np.minimum, lowest, sid[a:b], row[a:b])
+        fold_at(np.maximum, highest, sid[a:b], row[a:b])
+        fold_at(np.minimum, first_cell, sid[a:b], np.arange(a, b))
     suspect = (positions_per_slot > 1) & (lowest != highest)
     del lowest, highest
     if not suspect.any():
@@ -613,10 +613,10 @@ def _shared_across_positions(cells: LiveCells, real: np.ndarray) -> list[Finding
     # owner position per slot: the longest run (first = smallest position on a tie); when
     # every run has length 1, the position of the slot's first cell in cell order.
     longest = np.zeros(slots.size, dtype=np.int64)
-    np.maximum.at(longest, run_slot, run_len)
+    fold_at(np.maximum, longest, run_slot, run_len)
     is_best = run_len == longest[run_slot]
     first_best = np.full(slots.size, run_key.size, dtype=np.int64)
-    np.minimum.at(first_best, run_slot[is_best], np.flatnonzero(is_best))
+    fold_at(np.minimum, first_best, run_slot[is_best], np.flatnonzero(is_best))
     best = run_position[first_best]
     owner = np.where(longest > 1, best, position[first_cell]).astype(position.dtype)
     # in cell order, a chunk of cells at a time: which cells are copies, and each cell's owner
@@ -714,7 +714,7 @@ def _shared_without_prefix(
         run_group = gid[runs]
         broken = (sizes > 1) & (np.bincount(run_group, minlength=group.size) > 1)
         largest = np.zeros(group.size, dtype=np.int64)
-        np.maximum.at(largest, run_group, run_size)
+        fold_at(np.maximum, largest, run_group, run_size)
         top = run_size == largest[run_group]
         single = np.bincount(run_group[top], minlength=group.size) == 1
         run_of = np.repeat(np.arange(runs.size), run_size)
@@ -1029,7 +1029,7 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
     gid = np.empty(idx.size, dtype=np.int64)  # group of each cell, in cell order
     gid[order] = group_id
     first_cell = np.full(group_start.size, idx.size, dtype=np.int64)
-    np.minimum.at(first_cell, group_id, order)
+    fold_at(np.minimum, first_cell, group_id, order)
     first_full = full[first_cell]
     colliding = (distinct[gid] > 1) & (full != first_full[gid])
     if not colliding.any():
@@ -1086,7 +1086,7 @@ def _lut_records(plan: Plan, lut_len: int, clamp_value: int | None) -> list[Find
     first = hit[order[starts]]
     roles = problems.role[hit][order]
     role_bits = np.zeros(starts.size, dtype=np.int64)
-    np.bitwise_or.at(role_bits, cell_of, np.left_shift(1, roles.astype(np.int64)))
+    fold_at(np.bitwise_or, role_bits, cell_of, np.left_shift(1, roles.astype(np.int64)))
     cells = _problem_cells(problems, first)
 
     def read_as(c: int) -> list[ProblemRole]:

@@ -20,6 +20,7 @@ from kvcanary_cli.analysis.req_rows import pool_rows
 from kvcanary_cli.canary.ring import decode_ring
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
+from kvcanary_cli.dump.tensor import fold_at
 from kvcanary_cli.planners.base import ColumnFill
 from kvcanary_cli.planners.frame import GroupFrame
 from kvcanary_cli.results.cells import (
@@ -251,7 +252,7 @@ def live_ends(dump: KvDump) -> tuple[np.ndarray, np.ndarray]:
     _, end = _clamped_ends(dump)
     rows, inverse = np.unique(rpi[active], return_inverse=True)
     ends = np.zeros(rows.size, dtype=np.int64)
-    np.maximum.at(ends, inverse.reshape(-1), end[active])
+    fold_at(np.maximum, ends, inverse.reshape(-1), end[active])
     return rows, ends
 
 

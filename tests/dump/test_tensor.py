@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from kvcanary_cli.dump.shrink_writer import _sparse_parts
 from kvcanary_cli.dump.sparse import SparseTensor, flat_runs, sparse_tensor
-from kvcanary_cli.dump.tensor import CellHits, DenseTensor, Match, StoredTensor
+from kvcanary_cli.dump.tensor import CellHits, DenseTensor, Match, StoredTensor, fold_at
 
 _FAR = np.array([-(2**62), -(2**40), 2**40, 2**62], dtype=np.int64)
 
@@ -400,3 +400,28 @@ def test_a_mutant_fails_the_contract(
         except AssertionError:
             failed += 1
     assert failed, "the contract checks missed a wrong implementation"
+
+
+@pytest.mark.parametrize("ufunc", [np.minimum, np.maximum, np.add, np.bitwise_or])
+@pytest.mark.parametrize("shape", ["runs", "sorted", "scattered", "one key", "short"])
+def test_fold_at_is_ufunc_at(ufunc: np.ufunc, shape: str) -> None:
+    """`fold_at` (runs of equal keys reduced first) leaves what `ufunc.at` leaves, on keys in
+    long runs (a row's cells), sorted, scattered (no runs: `ufunc.at` as it is), one key
+    everywhere (a hostile dump's one slot), and too few to look for runs; narrow values
+    folded into int64."""
+    rng = np.random.default_rng(len(shape))
+    size = 30 if shape == "short" else 50_000
+    keys = {
+        "runs": np.repeat(rng.integers(0, 64, size // 250), 250),
+        "sorted": np.sort(rng.integers(0, 64, size)),
+        "scattered": rng.integers(0, 64, size),
+        "one key": np.full(size, 7),
+        "short": rng.integers(0, 64, size),
+    }[shape]
+    values = rng.integers(0, 120, keys.size).astype(np.int8)
+    start = {np.minimum: 1 << 40, np.maximum: -(1 << 40)}.get(ufunc, 0)
+    expected = np.full(64, start, dtype=np.int64)
+    ufunc.at(expected, keys, values)
+    folded = np.full(64, start, dtype=np.int64)
+    fold_at(ufunc, folded, keys, values)
+    np.testing.assert_array_equal(folded, expected)
