@@ -757,8 +757,15 @@ def _begins(before: np.ndarray, after: np.ndarray, step: int) -> np.ndarray:
     if not step:
         begins: np.ndarray = after != before
         return begins
-    begins = (after != before + 1) | (before == np.iinfo(before.dtype).max)
+    largest = _LARGEST.get(before.dtype)
+    if largest is None:  # `np.iinfo` builds its answer anew each call (a million calls a run)
+        largest = _LARGEST[before.dtype] = int(np.iinfo(before.dtype).max)
+    begins = (after != before + 1) | (before == largest)
     return begins
+
+
+#: Each integer dtype's largest value, as `_begins` has met them.
+_LARGEST: dict[Any, int] = {}
 
 
 #: Source entries (or index entries) `_gathered` reads at a time.
