@@ -3,7 +3,9 @@
 `HybridCacheController`), and what the scheduler does with it each step.
 
 Only the CUDA-only data movement is stood in for: `_cuda_host_register` (pinning the host
-buffer) and the `sgl_kernel` copy kernels the host pools import on CUDA. The bookkeeping
+buffer) and the `sgl_kernel` copy kernels the host pools import on CUDA; and the L2 transfer's
+probe for timed events, which a CPU's lack (it answers no, as SGLang's does, without the
+warning SGLang logs once a process: noise on every soak's stderr, about soak's CPU). The bookkeeping
 never reads the copied bytes, and on a CPU the controller's events are complete when
 queried, so every ack is ready at the next step's poll, as on a GPU whose copies kept up.
 Every bookkeeping call (backup on insert, the acks, load-back at admission, host eviction
@@ -64,6 +66,8 @@ COPY_KERNELS = (
 _HOST_POOLS = "sglang.srt.mem_cache.pool_host"
 #: where older releases keep their host pools, beside `pool_host` (0.5.15)
 _OLD_HOST_POOLS = "sglang.srt.mem_cache.memory_pool_host"
+#: the host tier's transfer timing (0.5.23 on)
+_L2_TRANSFER = "sglang.srt.mem_cache.l2_transfer"
 
 
 def has_hicache(tree_class: Any) -> bool:
@@ -96,6 +100,17 @@ def stand_in_cuda() -> None:
             continue
         for kernel in COPY_KERNELS:
             setattr(module, kernel, _noop)
+    try:  # 0.5.23 on: transfers timed where the device's events can be
+        l2_transfer = importlib.import_module(_L2_TRANSFER)
+    except ImportError:
+        return
+    if hasattr(l2_transfer, "_timing_events_supported"):
+        setattr(l2_transfer, "_timing_events_supported", _untimed)  # noqa: B010
+
+
+def _untimed() -> bool:
+    """Whether the device's events can time a transfer: a CPU's cannot."""
+    return False
 
 
 def server_args_fields(policy: str, *, mamba: bool) -> dict[str, Any]:

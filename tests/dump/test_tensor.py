@@ -419,7 +419,7 @@ def test_fold_at_is_ufunc_at(ufunc: np.ufunc, shape: str) -> None:
         "short": rng.integers(0, 64, size),
     }[shape]
     values = rng.integers(0, 120, keys.size).astype(np.int8)
-    start = {np.minimum: 1 << 40, np.maximum: -(1 << 40)}.get(ufunc, 0)
+    start = 1 << 40 if ufunc is np.minimum else -(1 << 40) if ufunc is np.maximum else 0
     expected = np.full(64, start, dtype=np.int64)
     ufunc.at(expected, keys, values)
     folded = np.full(64, start, dtype=np.int64)

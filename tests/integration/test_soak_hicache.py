@@ -189,3 +189,26 @@ def test_the_same_history_runs_clean_when_the_swa_check_pins_the_loaded_prefix(
     result = _load_back_oom(modules, reproducer)
     assert result.failure is None and result.sglang_step is None, result.failure
     assert result.counters.host_loads > 0
+
+
+def test_the_cpu_timing_probe_is_answered_without_sglangs_warning(
+    modules: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SGLang 0.5.23's L2 transfer probes once a process whether the device's events can time
+    a copy, and logs a warning where they cannot: on soak's CPU, every soak's stderr. soak
+    answers the probe (no) without the warning, and the transfers go untimed as SGLang's
+    own answer would have them."""
+    import importlib
+    import logging
+
+    from kvcanary_cli.soak.hicache import stand_in_cuda
+
+    l2_transfer = importlib.import_module("sglang.srt.mem_cache.l2_transfer")
+    probe = l2_transfer._timing_events_supported
+    if hasattr(probe, "cache_clear"):  # SGLang's own, its answer of an earlier test forgotten
+        probe.cache_clear()
+    stand_in_cuda()
+    with caplog.at_level(logging.WARNING):
+        _, _, timed = l2_transfer.make_timing_event_pair()
+    assert timed is False
+    assert not [r for r in caplog.records if "does not support timing" in r.getMessage()]
