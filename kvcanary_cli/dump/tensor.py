@@ -59,20 +59,21 @@ _FOLD_RUNS_FROM = 4096
 
 
 def fold_at(ufunc: np.ufunc, out: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-    """`ufunc.at(out, keys, values)` (`np.minimum`, `np.maximum`, `np.add`), each run of
-    equal consecutive keys reduced first (`reduceat`): a dump's cells hold their keys in long
-    runs (a row's cells share their batch row; a hostile dump's one slot fills every cell),
-    and `ufunc.at` costs tens of nanoseconds a value (seconds for ten million), where a
-    few thousand runs cost a few thousand. Keys with no runs to speak of go to `ufunc.at`
-    as they are."""
+    """`ufunc.at(out, keys, values)` for an associative ufunc (`np.minimum`, `np.maximum`,
+    `np.add`, `np.bitwise_or`), each run of equal consecutive keys reduced first (`reduceat`):
+    a dump's cells hold their keys in long runs (a row's cells share their batch row; a
+    hostile dump's one slot fills every cell), and `ufunc.at` costs tens of nanoseconds a
+    value (seconds for ten million), where a few thousand runs cost a few thousand. Keys
+    with no runs to speak of go to `ufunc.at` as they are."""
     if keys.size < _FOLD_RUNS_FROM:
         ufunc.at(out, keys, values)
         return
     change = keys[1:] != keys[:-1]
-    if 4 * int(np.count_nonzero(change)) > keys.size:
+    changes = int(np.count_nonzero(change))
+    if 4 * changes > keys.size:
         ufunc.at(out, keys, values)
         return
-    starts = np.empty(int(np.count_nonzero(change)) + 1, dtype=np.intp)
+    starts = np.empty(changes + 1, dtype=np.intp)
     starts[0] = 0
     starts[1:] = np.flatnonzero(change) + 1
     ufunc.at(out, keys[starts], ufunc.reduceat(values, starts))

@@ -3,11 +3,12 @@
 `HybridCacheController`), and what the scheduler does with it each step.
 
 Only the CUDA-only data movement is stood in for: `_cuda_host_register` (pinning the host
-buffer) and the `sgl_kernel` copy kernels the host pools import on CUDA; and the L2 transfer's
-probe for timed events, which a CPU's lack (it answers no, as SGLang's does, without the
-warning SGLang logs once a process: noise on every soak's stderr, about soak's CPU). The bookkeeping
-never reads the copied bytes, and on a CPU the controller's events are complete when
-queried, so every ack is ready at the next step's poll, as on a GPU whose copies kept up.
+buffer), the `sgl_kernel` copy kernels the host pools import on CUDA, and the L2 transfer's
+probe for events that time a copy, which a CPU's cannot (answered no, as SGLang's own probe
+answers, without the warning it logs once a process: noise about soak's CPU on every soak's
+stderr). The bookkeeping never reads the copied bytes, and on a CPU the controller's events
+are complete when queried, so every ack is ready at the next step's poll, as on a GPU whose
+copies kept up.
 Every bookkeeping call (backup on insert, the acks, load-back at admission, host eviction
 when a backup finds the host pool short, write-back at device eviction) is SGLang's own.
 
