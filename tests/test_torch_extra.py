@@ -179,26 +179,9 @@ def _resolved(wanted: list[str], folder: Path) -> set[str]:
     minute of CPU, most of it matching every file of every release against this platform)."""
     listed = folder / "requirements.in"
     listed.write_text("\n".join(wanted) + "\n")
-    uv = _uv()
-    if uv is not None:
-        pinned = folder / "requirements.txt"
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        command = [uv, "pip", "compile", "--quiet", "--no-header", "--python-version", version]
-        try:
-            done = subprocess.run(
-                [*command, str(listed), "-o", str(pinned)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-        except subprocess.TimeoutExpired:  # an index uv cannot reach: pip's settings may
-            done = subprocess.CompletedProcess(command, returncode=1)
-        if done.returncode == 0:  # uv reads its own index settings: on failure, pip's
-            return {
-                re.sub(r"[-_.]+", "-", line.partition("==")[0].strip().lower())
-                for line in pinned.read_text().splitlines()
-                if "==" in line and not line.lstrip().startswith("#")
-            }
+    by_uv = _uv_resolved(listed, folder / "requirements.txt")
+    if by_uv is not None:
+        return by_uv
     report = folder / "report.json"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
@@ -210,7 +193,39 @@ def _resolved(wanted: list[str], folder: Path) -> set[str]:
     if done.returncode != 0:
         pytest.skip(f"pip could not resolve the extras here: {done.stderr.strip()[-300:]}")
     install = json.loads(report.read_text())["install"]
-    return {re.sub(r"[-_.]+", "-", item["metadata"]["name"].lower()) for item in install}
+    return {_normalised(item["metadata"]["name"]) for item in install}
+
+
+def _uv_resolved(listed: Path, pinned: Path) -> set[str] | None:
+    """uv's resolution of the requirements `listed`, pinned into `pinned`; None where uv is
+    not installed, fails or its index does not answer in 2 minutes (uv reads its own index
+    settings: pip's may reach one it cannot)."""
+    uv = _uv()
+    if uv is None:
+        return None
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    command = [uv, "pip", "compile", "--quiet", "--no-header", "--python-version", version]
+    try:
+        done = subprocess.run(
+            [*command, str(listed), "-o", str(pinned)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        return None
+    return {
+        _normalised(line.partition("==")[0])
+        for line in pinned.read_text().splitlines()
+        if "==" in line and not line.lstrip().startswith("#")
+    }
+
+
+def _normalised(name: str) -> str:
+    """A package name as the index compares them (`Foo_Bar.baz` is `foo-bar-baz`)."""
+    return re.sub(r"[-_.]+", "-", name.strip().lower())
 
 
 def _uv() -> str | None:

@@ -244,9 +244,7 @@ def audit_step(
     if live is not None:
         state = read_state(scheduler, batch, running_requests(scheduler, batch), live.readers)
         audit.broken = live.broken(state, idle=idle)
-    if live is not None and folder is not None and not full and audit.broken is None:
-        audit.dump = record_dump(scheduler, batch, folder / "state.safetensors")
-    elif live is None or full or audit.broken is not None:
+    if live is None or full or audit.broken is not None:
         _check_whole(audit, scheduler, batch, folder)
         if live is not None and audit.broken is not None and not audit.codes:
             if live.lock_excess:
@@ -256,6 +254,8 @@ def audit_step(
                 audit.top_cause = CauseCode.TREE_LOCK_LEAK.value
             else:
                 live.fallbacks += 1
+    elif folder is not None:  # the live audit held: recorded only
+        audit.dump = record_dump(scheduler, batch, folder / "state.safetensors")
     if checks is not None:
         audit.sglang = checks.idle() if idle else checks.busy()
     return audit
