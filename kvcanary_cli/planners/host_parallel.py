@@ -22,9 +22,11 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +45,9 @@ __all__ = [
 MIN_FORKED_ENTRIES = 1 << 19
 #: The most processes one launch uses (the rest of `check` needs a core too).
 _MAX_PROCESSES = 2
+#: Seconds the waiting thread sleeps at most between looks for a stop that another thread of
+#: the process took (see `_wait`).
+_STOP_LATENCY = 0.05
 #: A child's exit code when Ctrl-C stopped it (the shell's 128 + SIGINT), or SIGTERM (128 + 15).
 _INTERRUPTED = 130
 _TERMINATED = 143
@@ -91,7 +96,7 @@ def run_parts(parts: Sequence[Callable[[], None]]) -> None:
         for part in parts:
             _fork(part, mallopt, children)
         for pid, part in list(children.parts.items()):
-            status = os.waitpid(pid, 0)[1]
+            status = _wait(pid)
             children.reaped(pid)
             codes.append((os.waitstatus_to_exitcode(status), part))
     except BaseException:  # stopped (Ctrl-C, SIGTERM): no child outlives the run
@@ -110,6 +115,33 @@ def run_parts(parts: Sequence[Callable[[], None]]) -> None:
     for code, part in codes:
         if code != 0:
             part()
+
+
+def _wait(pid: int) -> int:
+    """`os.waitpid(pid, 0)`'s status, but a stop reaches the waiting thread within
+    `_STOP_LATENCY` seconds.
+
+    A process-wide Ctrl-C or SIGTERM may be taken by any of the process's threads (one that
+    `check`, a library or the test runner started). Its handler then runs in the main thread
+    at its next instruction, and a main thread blocked in `waitpid` has none: it would stop
+    only when a child exits, after its whole part (`kill PID` reaches the parent alone). So
+    the wait is a child's exit (its pidfd, where Linux has one) or a short sleep, in turn."""
+    try:
+        exited: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (before Linux 5.3): sleep in turn
+        exited = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            if exited is None:
+                time.sleep(_STOP_LATENCY)
+            else:
+                select.select([exited], [], [], _STOP_LATENCY)
+    finally:
+        if exited is not None:
+            os.close(exited)
 
 
 class _Children:

@@ -208,6 +208,55 @@ def test_a_run_stopped_while_its_children_work_kills_them(bystander: bool) -> No
     assert children and alive == []
 
 
+def test_a_stop_another_thread_takes_stops_the_run_before_its_children_finish(
+    tmp_path: Path,
+) -> None:
+    """A process-wide SIGINT (`kill -INT PID`, which the children do not get) that another
+    thread of the process takes runs its handler in the main thread at its next instruction:
+    the waiting main thread still gets it while the children work, and kills them. A
+    blocking `waitpid` noticed it only once a child had finished its part: the files below
+    were written, after the children's 20 s."""
+    parent = os.getpid()
+    started, finished = tmp_path / "started", tmp_path / "finished"
+    started.mkdir()
+    finished.mkdir()
+
+    def working() -> None:
+        (started / str(os.getpid())).touch()
+        time.sleep(20)
+        (finished / str(os.getpid())).touch()
+
+    waiting = threading.Event()
+    bystander = threading.Thread(target=waiting.wait)
+    bystander.start()
+
+    def stop_once_both_work() -> None:
+        while len(list(started.iterdir())) < 2 and not waiting.is_set():
+            time.sleep(0.01)
+        # the signal as the kernel hands it to a thread that is not the main one
+        signal.pthread_kill(bystander.ident or 0, signal.SIGINT)
+
+    stopper = threading.Thread(target=stop_once_both_work)
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: _raise_interrupt(parent))
+    try:
+        stopper.start()
+        with pytest.raises(KeyboardInterrupt):
+            host_parallel.run_parts([working, working])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        waiting.set()
+        stopper.join()
+        bystander.join()
+    assert len(list(started.iterdir())) == 2
+    assert list(finished.iterdir()) == []  # killed at their work, not after it
+    assert [c for c in psutil.Process(parent).children() if c.is_running()] == []
+
+
+def _raise_interrupt(parent: int) -> None:
+    if os.getpid() == parent:
+        raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize("at", ["_noting", "_restore"])
 def test_a_stop_between_two_instructions_of_a_fork_leaves_the_stops_unblocked(
     at: str, monkeypatch: pytest.MonkeyPatch
