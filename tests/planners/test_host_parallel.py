@@ -217,6 +217,7 @@ def test_a_stop_another_thread_takes_stops_the_run_before_its_children_finish(
     blocking `waitpid` noticed it only once a child had finished its part: the files below
     were written, after the children's 20 s."""
     parent = os.getpid()
+    before = {child.pid for child in psutil.Process(parent).children()}  # not this run's
     started, finished = tmp_path / "started", tmp_path / "finished"
     started.mkdir()
     finished.mkdir()
@@ -249,7 +250,8 @@ def test_a_stop_another_thread_takes_stops_the_run_before_its_children_finish(
         bystander.join()
     assert len(list(started.iterdir())) == 2
     assert list(finished.iterdir()) == []  # killed at their work, not after it
-    assert [c for c in psutil.Process(parent).children() if c.is_running()] == []
+    # killed and reaped: none is left, not even as a zombie
+    assert [c.pid for c in psutil.Process(parent).children() if c.pid not in before] == []
 
 
 def _raise_interrupt(parent: int) -> None:
