@@ -13,12 +13,12 @@ read: `kvcanary --help` never loads it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["JSON_SLICE", "Entries", "IntColumn", "int_items"]
+__all__ = ["JSON_SLICE", "Entries", "IntColumn", "TextEntries", "int_items"]
 
 
 class Entries(Protocol):
@@ -31,6 +31,15 @@ class Entries(Protocol):
 
     def __getitem__(self, index: Any, /) -> Any: ...
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray: ...
+
+
+@runtime_checkable
+class TextEntries(Entries, Protocol):
+    """Entries that write their own JSON text (`results.cells.RunColumn`: a run of equal
+    values as its text repeated)."""
+
+    def json_items(self, start: int, stop: int) -> str:
+        """Entries `[start, stop)` as the items of a compact JSON list, `1,2,3`."""
 
 
 #: Entries converted to Python ints at a time when a column is iterated or written as JSON.
@@ -88,10 +97,17 @@ class IntColumn(Sequence[int]):
         return list(self)
 
     def json_pieces(self) -> Iterator[str]:
-        """The column as a compact JSON list, `[1,2,3]`, in pieces converted one at a time."""
+        """The column as a compact JSON list, `[1,2,3]`, in pieces converted one at a time
+        (by the entries themselves where they write their own text)."""
+        entries, size = self._array, len(self)
+        own_text = entries.json_items if isinstance(entries, TextEntries) else None
         yield "["
-        for start in range(0, len(self), JSON_SLICE):
-            text = int_items(self._array[start : start + JSON_SLICE].tolist())
+        for start in range(0, size, JSON_SLICE):
+            stop = min(start + JSON_SLICE, size)
+            if own_text is not None:
+                text = own_text(start, stop)
+            else:
+                text = int_items(entries[start:stop].tolist())
             yield text if start == 0 else "," + text
         yield "]"
 

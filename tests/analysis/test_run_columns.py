@@ -7,6 +7,7 @@ on a one-slot dump whose positions reach int16's largest value."""
 from __future__ import annotations
 
 import io
+import json
 import pickle
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from kvcanary_cli import api
 from kvcanary_cli.render import render
 from kvcanary_cli.render.console import OutputFormat
 from kvcanary_cli.results.cells import CellColumns, NarrowColumn, RunColumn
+from kvcanary_cli.results.columns import IntColumn, int_items
 from kvcanary_cli.results.record import Result
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.helpers import one_slot_shrunk_dump
@@ -125,6 +127,31 @@ def test_a_column_of_runs_gathers_what_its_array_gathers(
     for index in (np.flatnonzero(rng.random(given.size) < 0.1), rng.integers(0, given.size, 50)):
         assert np.array_equal(held.gather(index), array.values[index])
     assert held.gather(np.zeros(0, dtype=np.int64)).size == 0
+
+
+@pytest.mark.parametrize(
+    "given", list(_arrays())[:3] + list(_arrays())[-6:], ids=lambda a: f"{a.min()}..{a.max()}"
+)
+def test_a_column_of_runs_writes_the_json_text_of_its_array(
+    given: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of equal values writes its text repeated (`json_items`), not each entry: the
+    JSON of the column, in pieces of 7 entries that cut runs anywhere, and any range of its
+    items, are the text its decoded array gives."""
+    import kvcanary_cli.results.columns as columns_module
+
+    monkeypatch.setattr(RunColumn, "SAVING", 0)  # runs, however many
+    array = NarrowColumn.of(given)
+    held = RunColumn.held_as_runs(array)
+    assert isinstance(held, RunColumn)
+    as_array = "".join(IntColumn(array.values).json_pieces())
+    assert as_array == json.dumps(given.tolist(), separators=(",", ":"))
+    monkeypatch.setattr(columns_module, "JSON_SLICE", 7)
+    assert "".join(IntColumn(held).json_pieces()) == as_array
+    rng = np.random.default_rng(int(given.size))
+    for start, stop in [(0, 0), (0, given.size), *rng.integers(0, given.size, (20, 2))]:
+        start, stop = sorted((int(start), int(stop)))
+        assert held.json_items(start, stop) == int_items(given[start:stop].tolist())
 
 
 def test_cell_columns_of_runs_equal_the_same_cells_held_as_arrays(
