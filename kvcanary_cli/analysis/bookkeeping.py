@@ -172,7 +172,7 @@ def free_list_findings(dump: KvDump) -> list[Finding]:
             )
         # the full side may reserve more than its padding page (page-interleave: shard_size)
         reserved = page * (reserved_pages(dump) if space is Space.FULL else 1)
-        held = np.unique(values[(values >= 0) & (values < reserved)])
+        held = distinct(values[(values >= 0) & (values < reserved)])
         if held.size:
             what = "the padding page" if reserved == page else "a reserved page"
             found.append(

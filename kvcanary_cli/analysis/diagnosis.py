@@ -1018,7 +1018,7 @@ def _pages_out_of_lockstep(state: _Diagnosis) -> None:
         if f.cells is not None and "swa_slot" in f.cells.extra:
             by_swa = known.lookup("swa", f.cells.extra["swa_slot"])
             joined = np.where(joined == _UNCLAIMED, by_swa, joined)
-        for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
+        for value in distinct(joined[joined != _UNCLAIMED]).tolist():
             state.claim(_CAUSES[value], Confidence.CERTAIN, i, joined == value)
         state.claim(CauseCode.SWA_MAPPING_REWRITTEN, Confidence.CERTAIN, i)
 
@@ -1073,7 +1073,7 @@ def _canary_records(state: _Diagnosis) -> None:
         f = findings[i]
         slots = cell_slots(f)
         joined = known.lookup(f.space, slots)
-        for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
+        for value in distinct(joined[joined != _UNCLAIMED]).tolist():
             state.claim(_CAUSES[value], Confidence.LIKELY, i, joined == value)
         explained = _cell_explanations(f)
         for name in sorted(set(explained.tolist()) - {_FOLLOWS}):
@@ -1086,7 +1086,7 @@ def _canary_records(state: _Diagnosis) -> None:
     for i in follows:
         f = findings[i]
         joined = known.lookup(f.space, _cell_prev_slots(f))
-        for value in np.unique(joined[joined != _UNCLAIMED]).tolist():
+        for value in distinct(joined[joined != _UNCLAIMED]).tolist():
             state.claim(_CAUSES[value], Confidence.LIKELY, i, joined == value)
         state.claim(CauseCode.FOREIGN_CANARY_RECORD, Confidence.LIKELY, i)
 

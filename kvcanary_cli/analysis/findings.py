@@ -212,7 +212,7 @@ def _cell_records(
                 np.int64
             )
         del pending
-        values = np.unique(key).tolist()
+        values = distinct(key).tolist()
     found: list[Finding] = []
     # the rows and positions as held, read at a cell (runs: not decoded whole)
     batch_rows, pool_rows, positions = (
@@ -1038,7 +1038,7 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
 
     def of(i: int) -> tuple[list[int], int]:
         """The distinct full slots mapping to cell i's SWA slot (the first few), and how many."""
-        mapped = np.unique(full[swa_of == swa[i]])
+        mapped = np.unique(full[swa_of == swa[i]])  # a few slots: numpy's own is fine
         return [int(v) for v in mapped[:SAMPLE_CELLS]], int(mapped.size)
 
     def listed(i: int) -> str:

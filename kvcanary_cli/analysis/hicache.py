@@ -25,6 +25,7 @@ from kvcanary_cli.analysis.cells import IDS_SHOWN, flat_ids, id_list_finding, re
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import HOST_POOL_PREFIXES
+from kvcanary_cli.dump.tensor import common, distinct
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = ["HOST_POOLS", "host_free_list_findings", "host_leak_findings", "host_slot_findings"]
@@ -102,7 +103,7 @@ def host_free_list_findings(dump: KvDump) -> list[Finding]:
 def _range_finding(pool: _Pool, where: str, slots: np.ndarray) -> list[Finding]:
     """`HOST_SLOT_OUT_OF_RANGE`: slots below 0, or past the pool where its size is known."""
     size = pool.size
-    bad = np.unique(slots[(slots < 0) if size is None else (slots < 0) | (slots >= size)])
+    bad = distinct(slots[(slots < 0) if size is None else (slots < 0) | (slots >= size)])
     if not bad.size:
         return []
     outside = "below 0" if size is None else f"outside the {pool.label}host pool's {size} slots"
@@ -132,12 +133,12 @@ def host_slot_findings(dump: KvDump) -> list[Finding]:
 def _held_findings(pool: _Pool, held: np.ndarray) -> list[Finding]:
     found: list[Finding] = []
     label, nodes = pool.label, pool.nodes
-    both = np.intersect1d(pool.free, held)
+    both = common(pool.free, held)
     if both.size:
         at = np.isin(held, both)
         details: dict[str, JsonValue] = {"pool": pool.name}
         if nodes is not None:
-            details["nodes"] = [int(n) for n in np.unique(nodes[at])[:IDS_SHOWN]]
+            details["nodes"] = [int(n) for n in distinct(nodes[at])[:IDS_SHOWN]]
         if pool.locks is not None:
             details["host_locked"] = bool((pool.locks[at] > 0).any())
         found.append(
@@ -158,7 +159,7 @@ def _held_findings(pool: _Pool, held: np.ndarray) -> list[Finding]:
     if twice.size:
         details = {"pool": pool.name}
         if nodes is not None:
-            details["nodes"] = [int(n) for n in np.unique(nodes[np.isin(held, twice)])[:IDS_SHOWN]]
+            details["nodes"] = [int(n) for n in distinct(nodes[np.isin(held, twice)])[:IDS_SHOWN]]
         found.append(
             id_list_finding(
                 FindingCode.HOST_SLOT_HELD_TWICE,

@@ -21,6 +21,7 @@ from kvcanary_cli.analysis.cells import flat_ids, id_list_finding, repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group, Layout
+from kvcanary_cli.dump.tensor import common, distinct
 from kvcanary_cli.results.check import Finding
 
 __all__ = ["mamba_findings", "mamba_leak_findings", "track_groups", "track_map_mismatches"]
@@ -58,7 +59,7 @@ def _beyond(dump: KvDump) -> list[Finding]:
     where = [name for name, slots in outside if slots.size]
     if not where:
         return []
-    slots = np.unique(np.concatenate([slots for _, slots in outside]))
+    slots = distinct(np.concatenate([slots for _, slots in outside]))
     pool = f"outside the pool's slots 0..{size - 1}, on " + " and ".join(where)
     return [
         _finding(
@@ -82,7 +83,7 @@ def mamba_findings(dump: KvDump) -> list[Finding]:
     for code, slots, one, many in (
         (
             FindingCode.MAMBA_SLOT_FREE_AND_HELD,
-            np.intersect1d(free, held),
+            common(free, held),
             "Mamba slot {slot} is on the Mamba free list, yet a tree node or a live request "
             "holds it: the next alloc hands its state to a second owner",
             "Mamba slots {slots} are on the Mamba free list, yet tree nodes or live requests "

@@ -817,8 +817,8 @@ class RowStates:
         """(the free pool rows, the running ones)."""
         dump = self._dump
         rows = int(dump.req_to_token.shape[0])
-        free = np.unique(pool_rows(dump.free_req_rows, rows))
-        return free, np.unique(pool_rows(dump.running_req_rows, rows))
+        free = distinct(pool_rows(dump.free_req_rows, rows))
+        return free, distinct(pool_rows(dump.running_req_rows, rows))
 
     def idle(self, pool_row: int) -> OwnerState:
         """`finished` (on the free list), `held` (a running request's), else `idle`."""

@@ -27,6 +27,7 @@ import numpy as np
 from kvcanary_cli.dump.header import read_header_and_step, refuse_other_engine
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import parse_integer
+from kvcanary_cli.dump.tensor import difference
 from kvcanary_cli.errors import DumpError, OptionError
 from kvcanary_cli.results.ranks import (
     ComparedPart,
@@ -340,7 +341,7 @@ class _Pair:
         sa, sb = np.sort(a), np.sort(b)
         sizes = {"reference_value": int(a.size), "value": int(b.size)}
         counts = self._both(f"{a.size} slots", f"{b.size} slots")
-        only_a, only_b = np.setdiff1d(sa, sb), np.setdiff1d(sb, sa)
+        only_a, only_b = difference(sa, sb), difference(sb, sa)
         if only_a.size or only_b.size:
             in_a = only_a.size and (not only_b.size or only_a[0] < only_b[0])
             slot = int(only_a[0] if in_a else only_b[0])

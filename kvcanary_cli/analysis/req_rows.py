@@ -19,6 +19,7 @@ from kvcanary_cli.analysis.cells import distinct, repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.dump.tensor import common
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = ["held_rows", "pool_rows", "req_row_findings"]
@@ -67,7 +68,7 @@ def req_row_findings(dump: KvDump) -> list[Finding]:
     free_rows, running_rows = pool_rows(free, rows), pool_rows(running, rows)
     held = held_rows(dump)
     found: list[Finding] = []
-    both = np.intersect1d(distinct(free_rows), held)
+    both = common(distinct(free_rows), held)
     if both.size:
         found.append(
             _finding(

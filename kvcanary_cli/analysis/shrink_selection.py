@@ -46,7 +46,7 @@ from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import SCALARS, Group
 from kvcanary_cli.dump.shrink_writer import FREE_LISTS, Keep, ShrinkResult, write_shrunk
-from kvcanary_cli.dump.tensor import StoredTensor
+from kvcanary_cli.dump.tensor import StoredTensor, union
 from kvcanary_cli.planners.base import Plan, Planner, Undefined
 from kvcanary_cli.planners.frame import GroupFrame, group_frame
 from kvcanary_cli.results.check import Finding
@@ -362,9 +362,7 @@ def shrink_keep(
     held = distinct(dump.req_to_token.take_known(table)[0])
     finding_full = _finding_slots(kept, "full")
     finding_swa = _finding_slots(kept, "swa")
-    full_slots = np.union1d(
-        held, np.union1d(finding_full, np.array(sorted(row_full), dtype=np.int64))
-    )
+    full_slots = union(held, np.union1d(finding_full, np.array(sorted(row_full), dtype=np.int64)))
     swa_held = np.zeros(0, dtype=np.int64)
     lut = dump.full_to_swa_index_mapping
     if lut is not None:
@@ -372,13 +370,11 @@ def shrink_keep(
         mapped = [
             s for group in (slots.swa_sources, row_sources) for v in group.values() for s in v
         ]
-        entries = np.union1d(full_slots, np.array([*mapped, lut_len - 1], dtype=np.int64))
+        entries = union(full_slots, np.array([*mapped, lut_len - 1], dtype=np.int64))
         entries = entries[(entries >= 0) & (entries < lut_len)]
         elements["full_to_swa_index_mapping"] = entries
         swa_held = distinct(lut.take_known(entries)[0])
-    swa_slots = np.union1d(
-        swa_held, np.union1d(finding_swa, np.array(sorted(row_swa), dtype=np.int64))
-    )
+    swa_slots = union(swa_held, np.union1d(finding_swa, np.array(sorted(row_swa), dtype=np.int64)))
     named = {
         "full": {int(s) for s in finding_full.tolist()} | row_full,
         "swa": {int(s) for s in finding_swa.tolist()} | row_swa,

@@ -65,6 +65,7 @@ from kvcanary_cli.dump.header import (
 )
 from kvcanary_cli.dump.loader import KvDump, load_dump
 from kvcanary_cli.dump.schema import Group
+from kvcanary_cli.dump.tensor import union
 from kvcanary_cli.errors import DumpError, FileChangedError, OptionError
 from kvcanary_cli.option_values import SLOT, checked_choice, checked_integer
 from kvcanary_cli.planners.base import Planner
@@ -574,10 +575,10 @@ class _Tracker:
         if snap.free is not None:
             assert snap.free_known is not None
             held_free = snap.slot[snap.free & snap.free_known & (snap.slot > 0)]
-            self.freed_live = np.union1d(self.freed_live, held_free)
-        self.two_owners = np.union1d(self.two_owners, _multi_owner_slots(snap))
+            self.freed_live = union(self.freed_live, held_free)
+        self.two_owners = union(self.two_owners, _multi_owner_slots(snap))
         if snap.leaked is not None:
-            self.leak_seen = np.union1d(self.leak_seen, snap.leaked)
+            self.leak_seen = union(self.leak_seen, snap.leaked)
             self.leak_base = (snap.index, snap.step, snap.leaked)
 
     # --- one interval ----------------------------------------------------------------------
@@ -659,7 +660,7 @@ class _Tracker:
         # handed out since the dump before
         start = np.where(cont[hit], last[hit], a.index)
         found = []
-        for since in np.unique(start).tolist():
+        for since in distinct(start).tolist():
             cells = hit[start == since]
             held = int(np.count_nonzero(cont[cells]))
             after = self.steps[since]
@@ -801,7 +802,7 @@ class _Tracker:
             return new, None
         if self.leak_first is None:
             self.leak_first = (base[0], base[1], int(base[2].size), b.index, b.step, new.size)
-        self.leak_pages = np.union1d(self.leak_pages, new)
+        self.leak_pages = union(self.leak_pages, new)
         since, after, before, to, at, first = self.leak_first
         what = (
             f"{plural(first, 'SWA page')} neither free nor mapped from a held full slot: leaked "

@@ -225,7 +225,8 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
     unreadable. The locked part is what the core's walk of unlocked nodes (full lock count
     zero) leaves out of all it holds: both cores have that walk, neither a locked one (a
     tree without a core is walked by hand: `walk_component_nodes`)."""
-    import numpy as np
+
+    from kvcanary_cli.dump.tensor import difference
 
     held = resident = locked = None
     flatten = getattr(tree, "all_values_flatten", None)
@@ -242,7 +243,7 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
             walked = None
         if walked is not None:
             resident, unlocked = walked
-            locked = None if held is None else np.setdiff1d(held, unlocked)
+            locked = None if held is None else difference(held, unlocked)
         return held, resident, locked
     try:
         result = walk(unlocked_only=False, swa_resident_only=True)
@@ -252,7 +253,7 @@ def _tree_slots(tree: object) -> tuple[Any, Any, Any]:
     if held is not None:
         try:
             unlocked = _host(walk(unlocked_only=True, swa_resident_only=False).slot_indices)
-            locked = np.setdiff1d(held, unlocked)
+            locked = difference(held, unlocked)
         except Exception as exc:
             logger.debug("kvcanary: the lock walk failed (%s: %s)", type(exc).__name__, exc)
     return held, resident, locked
@@ -814,6 +815,8 @@ def _full_path(tree: Any, node: Any) -> Any:
 def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
     import numpy as np
 
+    from kvcanary_cli.dump.tensor import difference
+
     held, resident, locked = _tree_slots(tree)
     if locked is not None and inflight_tree_locks(tree):
         # a node the tree locks for a transfer in flight is no request's: its slots left out
@@ -821,7 +824,7 @@ def _tree_facts(facts: dict[str, Any], tree: Any) -> None:
         # doubt); paths it cannot read leave the locks unrecorded (their check says it did
         # not run), never recorded as none
         pinned = inflight_locked_slots(tree)
-        locked = None if pinned is None else np.setdiff1d(locked, pinned)
+        locked = None if pinned is None else difference(locked, pinned)
     if held is not None:
         facts["tree_full_slots"] = np.sort(held)
     if resident is not None:

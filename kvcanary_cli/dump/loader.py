@@ -68,7 +68,7 @@ from kvcanary_cli.dump.schema import (
 )
 from kvcanary_cli.dump.shrink_record import ShrinkRecord, parse_shrink_record
 from kvcanary_cli.dump.sparse import SparseTensor, ring_slots, sparse_tensor
-from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor, distinct
+from kvcanary_cli.dump.tensor import DenseTensor, StoredTensor, distinct, union
 from kvcanary_cli.errors import (
     CorruptDumpError,
     DumpError,
@@ -758,9 +758,9 @@ def _free_domain(
     ring_full, ring_swa = ring_slots(ring, ring_index)
     domain = {}
     if isinstance(table, SparseTensor):
-        domain["full"] = np.union1d(_distinct_int64(table.values), ring_full)
+        domain["full"] = union(_distinct_int64(table.values), ring_full)
     if isinstance(lut, SparseTensor):
-        domain["swa"] = np.union1d(_distinct_int64(lut.values), ring_swa)
+        domain["swa"] = union(_distinct_int64(lut.values), ring_swa)
     return domain
 
 

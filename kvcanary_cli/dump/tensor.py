@@ -28,9 +28,12 @@ __all__ = [
     "DenseTensor",
     "Match",
     "StoredTensor",
+    "common",
+    "difference",
     "distinct",
     "fold_at",
     "release_pages",
+    "union",
 ]
 
 _T = TypeVar("_T")
@@ -41,9 +44,11 @@ CellHits: TypeAlias = tuple[np.ndarray, np.ndarray, np.ndarray]
 Match: TypeAlias = Callable[[np.ndarray], np.ndarray]
 
 
-def distinct(values: np.ndarray) -> np.ndarray:
-    """The distinct values, sorted: one sort (numpy 2.4's hashing `np.unique` is ten times
-    slower on a few hundred thousand int64 slots, and on millions of flat indices)."""
+def distinct(values: Any) -> np.ndarray:
+    """The distinct values, sorted: `np.unique(values)` by one sort. numpy 2.4's `np.unique`
+    hashes, and is 15 to 60 times slower on 10^5 to 10^6 distinct ints (3.6 s for 3.5 million
+    slots, where a sort takes 0.06 s); its `union1d`, `setdiff1d` and `intersect1d` call it
+    (here: `union`, `difference`, `common`)."""
     ordered = np.sort(np.asarray(values).reshape(-1))
     if ordered.size < 2:
         return ordered
@@ -52,6 +57,21 @@ def distinct(values: np.ndarray) -> np.ndarray:
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     unique: np.ndarray = ordered[keep]
     return unique
+
+
+def union(*arrays: Any) -> np.ndarray:
+    """`np.union1d` of any number of arrays (sorted, distinct), by one sort (`distinct`)."""
+    return distinct(np.concatenate([np.asarray(a).reshape(-1) for a in arrays]))
+
+
+def difference(values: Any, removed: Any) -> np.ndarray:
+    """`np.setdiff1d(values, removed)`: the distinct values not in `removed`, sorted."""
+    return np.setdiff1d(distinct(values), distinct(removed), assume_unique=True)
+
+
+def common(a: Any, b: Any) -> np.ndarray:
+    """`np.intersect1d(a, b)`: the distinct values in both, sorted."""
+    return np.intersect1d(distinct(a), distinct(b), assume_unique=True)
 
 
 #: Below this many values, `fold_at` is `ufunc.at` as it is (finding the runs costs more).

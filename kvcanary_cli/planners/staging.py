@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.tensor import StoredTensor, distinct
+from kvcanary_cli.dump.tensor import StoredTensor, distinct, union
 from kvcanary_cli.errors import PlanTooLargeError
 from kvcanary_cli.planners.frame import GroupFrame
 
@@ -81,7 +81,7 @@ def _table_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
     wanted = frame.seed_wanted
     seed = rp[: wanted.size] * width + prefix[: wanted.size] - 1
     seeds = _rows_read(seed[wanted], seed[wanted] + 1, width, dump.max_reqs)
-    return np.union1d(verify, seeds)
+    return union(verify, seeds)
 
 
 def _pool_rows(dump: KvDump, frame: GroupFrame) -> np.ndarray:
@@ -139,7 +139,7 @@ def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
     table_rows = _table_rows(dump, frame)
     pool_rows = _pool_rows(dump, frame)
     # Row 0 stays row 0: the kernels take pool row 0 for a padding row of the batch.
-    staged = np.union1d(np.union1d(table_rows, pool_rows), np.zeros(1, dtype=np.int64))
+    staged = union(np.union1d(table_rows, pool_rows), np.zeros(1, dtype=np.int64))
     pool = dump.req_to_verify_expected_tokens
     in_table = staged[staged < dump.max_reqs]
     in_pool = staged[staged < (0 if pool is None else int(pool.shape[0]))]

@@ -509,9 +509,9 @@ class NarrowColumn:
 
     def distinct(self) -> np.ndarray:
         """Its distinct values, sorted."""
-        import numpy as np
+        from kvcanary_cli.dump.tensor import distinct
 
-        return np.unique(self.values)
+        return distinct(self.values)
 
     def where_in(self, wanted: np.ndarray) -> np.ndarray:
         """Ascending indices of the entries among `wanted`."""
@@ -744,9 +744,9 @@ class RunColumn:
 
     def distinct(self) -> np.ndarray:
         """Its distinct values, sorted (its runs' values when they are equal)."""
-        import numpy as np
+        from kvcanary_cli.dump.tensor import distinct
 
-        return np.unique(self.firsts if not self.step else self.values)
+        return distinct(self.firsts if not self.step else self.values)
 
     def __getstate__(self) -> tuple[np.ndarray, np.ndarray, int, int, np.dtype]:
         return self.starts, self.firsts, self.step, self.size, self.dtype

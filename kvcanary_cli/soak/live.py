@@ -76,6 +76,7 @@ from kvcanary_cli.capture.tree import (
     tree_state,
 )
 from kvcanary_cli.dump.schema import HOST_POOL_PREFIXES
+from kvcanary_cli.dump.tensor import difference, distinct
 from kvcanary_cli.soak.calls import held_lock, skipped_components, swa_boundary
 from kvcanary_cli.soak.hicache import inflight_locks
 
@@ -1065,7 +1066,7 @@ class LiveAudit:
                 return "a locked slot out of range"
             mine = locked
             if s.pinned is not None and s.pinned.size:
-                mine = np.setdiff1d(locked, s.pinned)
+                mine = difference(locked, s.pinned)
             if mine.size and idle and not s.running_rows.size:
                 return "a lock at idle"
             if not _all(self._cell_count[mine]):
@@ -1205,7 +1206,7 @@ def _free_pages(holes: np.ndarray, p2v: np.ndarray) -> bool:
     """Every hole a physical page past the sink (`1 .. len(p2v) - 1`), listed once, unbound."""
     if holes.min() < 1 or holes.max() >= p2v.size:
         return False
-    return bool(np.unique(holes).size == holes.size) and not _any(p2v[holes] >= 0)
+    return bool(distinct(holes).size == holes.size) and not _any(p2v[holes] >= 0)
 
 
 def _any(values: np.ndarray) -> bool:

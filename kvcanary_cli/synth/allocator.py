@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvcanary_cli.dump.tensor import distinct
+
 __all__ = ["FullPool", "PageFreeList", "RowPool", "SwaPool", "expand", "page_slots", "slots_at"]
 
 
@@ -143,7 +145,7 @@ class FullPool:
     def release(self, pages: np.ndarray) -> None:
         """One holder fewer for `pages`; the ones nobody holds any more go back on the list."""
         self.refcount[pages] -= 1
-        self.free.free(np.unique(pages[self.refcount[pages] == 0]))
+        self.free.free(distinct(pages[self.refcount[pages] == 0]))
 
     def undo(self, pages: np.ndarray) -> None:
         """An allocation of `pages` undone: unheld, back at the front of the list."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from kvcanary_cli.canary.constants import FailReason, LaunchTag, to_signed
 from kvcanary_cli.canary.hashing import CHAIN_HEAD, combine_source_hashes, fold_chunks, mix3
+from kvcanary_cli.dump.tensor import difference, distinct, union
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.option_values import checked_choice
 from kvcanary_cli.synth.state import SynthDump, SynthSpec, build_dump
@@ -442,9 +443,9 @@ def _tree_lock_leaked(d: SynthDump, rng: np.random.Generator) -> None:
     live = np.concatenate([lr.slots for lr in d.live]).astype(np.int64)
     size = int(d.metadata["num_full_slots"])
     page = int(d.metadata.get("page_size", "1"))
-    spare = np.setdiff1d(np.arange(page, size, dtype=np.int64), live)
+    spare = difference(np.arange(page, size, dtype=np.int64), live)
     slot = int(spare[int(rng.integers(spare.size))])
-    d.tensors["tree_locked_full_slots"] = np.union1d(d.tensors["tree_locked_full_slots"], [slot])
+    d.tensors["tree_locked_full_slots"] = union(d.tensors["tree_locked_full_slots"], [slot])
     d.truth = {"slot": slot}
 
 
@@ -487,7 +488,7 @@ def _free_page(d: SynthDump, rng: np.random.Generator, name: str) -> np.ndarray:
     """The slots of one whole page on free list `name` (page 0 never is)."""
     p = _page_size(d)
     free = d.tensors[name]
-    pages = np.unique(free // p)
+    pages = distinct(free // p)
     pages = pages[pages > 0]
     if pages.size == 0:
         raise RuntimeError(f"{name} holds no page")
@@ -527,13 +528,13 @@ def _reserved_swa_handed_out(d: SynthDump, rng: np.random.Generator) -> None:
     mapped = np.flatnonzero(lut[:-1] > 0)
     mapped = mapped[mapped % p > 0]  # a token that lands past slot 0 of the padding page
     window = np.array([c[2] for c in _in_window_cells(d)], dtype=np.int64)
-    pages = np.setdiff1d(mapped // p, np.r_[window // p, d.tensors["free_full_slots"] // p])
+    pages = difference(mapped // p, np.r_[window // p, d.tensors["free_full_slots"] // p])
     if p < 2 or pages.size == 0:
         raise RuntimeError("needs pages of two slots or more and a held page off the window")
     chosen = rng.choice(pages, size=min(2, pages.size), replace=False)
     tokens = (np.sort(chosen)[:, None] * p + np.arange(p)[None, :]).reshape(-1)
     tokens = tokens[lut[tokens] > 0]
-    old_pages = np.unique(lut[tokens] // p)
+    old_pages = distinct(lut[tokens] // p)
     lut[tokens] = tokens % p
     back = (old_pages[:, None] * p + np.arange(p)[None, :]).reshape(-1)
     d.tensors["free_swa_slots"] = np.sort(np.r_[d.tensors["free_swa_slots"], back])
@@ -548,8 +549,8 @@ def _full_page_leak(d: SynthDump, rng: np.random.Generator) -> None:
     p = _page_size(d)
     size = int(d.metadata["num_full_slots"])
     free = np.asarray(d.tensors["free_full_slots"], dtype=np.int64)
-    held = np.setdiff1d(np.arange(p, size, dtype=np.int64), free)
-    pages = np.unique(held // p)
+    held = difference(np.arange(p, size, dtype=np.int64), free)
+    pages = distinct(held // p)
     if pages.size == 0:
         raise RuntimeError("needs a held full page")
     page = int(pages[int(rng.integers(pages.size))])
@@ -568,8 +569,8 @@ def _running_outside_batch(d: SynthDump, rng: np.random.Generator, *, rows: int)
     p = _page_size(d)
     table = d.tensors["req_to_token"]
     free = np.asarray(d.tensors["free_full_slots"], dtype=np.int64)
-    held = np.setdiff1d(np.arange(p, int(d.metadata["num_full_slots"]), dtype=np.int64), free)
-    pages = np.unique(free // p)
+    held = difference(np.arange(p, int(d.metadata["num_full_slots"]), dtype=np.int64), free)
+    pages = distinct(free // p)
     whole = [int(q) for q in pages if np.isin(q * p + np.arange(p), free).all()]
     batch = set(np.asarray(d.tensors["req_pool_indices"]).tolist())
     spare = [r for r in range(1, int(table.shape[0])) if r not in batch]
@@ -1084,8 +1085,8 @@ def _cached_pages(d: SynthDump) -> np.ndarray:
     tree = np.unique(np.asarray(d.tensors["tree_full_slots"], dtype=np.int64) // p)
     table, lens = d.tensors["req_to_token"], d.tensors["req_pool_allocated_lens"]
     running = [table[row, : int(lens[row])] for row in np.flatnonzero(lens)]
-    held = np.unique(np.concatenate(running).astype(np.int64) // p) if running else tree[:0]
-    cached = np.setdiff1d(tree, held)
+    held = distinct(np.concatenate(running).astype(np.int64) // p) if running else tree[:0]
+    cached = difference(tree, held)
     if cached.size == 0:
         raise RuntimeError("needs a page only the tree holds")
     return cached
@@ -1125,7 +1126,7 @@ def _bound_twice(d: SynthDump, rng: np.random.Generator) -> None:
     v2p, p2v = d.tensors["full_virtual_to_physical"], d.tensors["full_physical_to_virtual"]
     pages = _written_pages(d)
     virtual = int(pages[int(rng.integers(pages.size))])
-    others = np.setdiff1d(np.flatnonzero(v2p[1:-1] > 0) + 1, [virtual])
+    others = difference(np.flatnonzero(v2p[1:-1] > 0) + 1, [virtual])
     owner = int(others[int(rng.integers(others.size))])
     _unbind(d, "full", virtual)
     v2p[virtual] = v2p[owner]

@@ -29,6 +29,7 @@ from kvcanary_cli.canary.hashing import (
     mix3_array,
 )
 from kvcanary_cli.dump.files import Target
+from kvcanary_cli.dump.tensor import difference, distinct, union
 from kvcanary_cli.dump.writer import dump_contents, dump_writer, write_dump
 from kvcanary_cli.synth.allocator import (
     FullPool,
@@ -276,7 +277,7 @@ def build_dump(spec: SynthSpec, seed: int = 0) -> SynthDump:
         tensors["free_req_rows"] = np.array(rows.free_rows(), dtype=np.int64)
         tensors["running_req_rows"] = np.array([r.row for r in live], dtype=np.int64)
     if spec.req_rows and spec.tree_locks:
-        tensors["tree_locked_full_slots"] = np.unique(
+        tensors["tree_locked_full_slots"] = distinct(
             _cat([lr.slots[: lr.prefix_len] for lr in live_requests]).astype(np.int64)
         )
     if spec.expected_pool:
@@ -334,10 +335,10 @@ def _swa_pages(
     full_pages: set[int] = set()
     retained: set[int] = set()
     for lr in live:
-        pages = np.unique(lr.slots // p)
+        pages = distinct(lr.slots // p)
         full_pages.update(int(x) for x in pages)
         keep_from = max(0, (lr.prefix_len // p - window_pages)) * p
-        retained.update(int(x) for x in np.unique(lr.slots[keep_from:] // p))
+        retained.update(int(x) for x in distinct(lr.slots[keep_from:] // p))
     evictable = sorted(full_pages - retained)
     evicted = {pg for pg in evictable if rng.random() < spec.evict_prob}
     held = np.array(sorted(full_pages), dtype=np.int64)
@@ -367,7 +368,7 @@ def _unified(
     running, kept = _swa_pages(live, spec, rng)
     free = full.free.contents()
     cached = np.sort(free[free.size - min(free.size // 8, 2 + int(rng.integers(0, 6))) :])
-    bound = np.union1d(running, cached)
+    bound = union(running, cached)
     full_v2p, full_p2v, full_holes = _end_side(bound, n, n, rng, top=True)
     swa_v2p, swa_p2v, swa_holes = _end_side(kept, n, n, rng, top=False)
     # the SWA span's last byte, in full pages, below the full span's first
@@ -387,10 +388,10 @@ def _unified(
         "swa_physical_holes": swa_holes,
     }
     if spec.free_lists:
-        tensors["free_full_slots"] = expand(np.setdiff1d(free, cached), p)
+        tensors["free_full_slots"] = expand(difference(free, cached), p)
         # the tree: the cached pages and the live prefixes; each running row's allocation
         prefixes = [lr.slots[: lr.prefix_len] for lr in live]
-        tensors["tree_full_slots"] = np.union1d(expand(cached, p), _cat(prefixes))
+        tensors["tree_full_slots"] = union(expand(cached, p), _cat(prefixes))
         lens = np.zeros(rows, dtype=np.int64)
         for lr in live:
             lens[lr.pool_row] = lr.prefix_len + lr.extend_len
@@ -416,7 +417,7 @@ def _end_side(
     pages = np.arange(num_pages - span, num_pages) if top else np.arange(1, 1 + span)
     edge = pages[0] if top else pages[-1]
     hole = np.sort(rng.choice(pages[pages != edge], size=holes, replace=False))
-    used = rng.permutation(np.setdiff1d(pages, hole)).astype(np.int64)
+    used = rng.permutation(difference(pages, hole)).astype(np.int64)
     v2p[virtual] = used
     p2v[used] = virtual
     return v2p, p2v, hole.astype(np.int64)

@@ -19,7 +19,17 @@ from hypothesis import strategies as st
 
 from kvcanary_cli.dump.shrink_writer import _sparse_parts
 from kvcanary_cli.dump.sparse import SparseTensor, flat_runs, sparse_tensor
-from kvcanary_cli.dump.tensor import CellHits, DenseTensor, Match, StoredTensor, fold_at
+from kvcanary_cli.dump.tensor import (
+    CellHits,
+    DenseTensor,
+    Match,
+    StoredTensor,
+    common,
+    difference,
+    distinct,
+    fold_at,
+    union,
+)
 
 _FAR = np.array([-(2**62), -(2**40), 2**40, 2**62], dtype=np.int64)
 
@@ -425,3 +435,28 @@ def test_fold_at_is_ufunc_at(ufunc: np.ufunc, shape: str) -> None:
     folded = np.full(64, start, dtype=np.int64)
     fold_at(ufunc, folded, keys, values)
     np.testing.assert_array_equal(folded, expected)
+
+
+_SETS = st.lists(st.integers(-(2**40), 2**40), max_size=40) | st.lists(
+    st.integers(-5, 5), max_size=40
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(a=_SETS, b=_SETS, narrow=st.booleans())
+def test_the_set_helpers_answer_what_numpys_answer(
+    a: list[int], b: list[int], narrow: bool
+) -> None:
+    """`distinct`, `union`, `difference` and `common` sort where numpy 2.4's own hash (15 to
+    60 times slower on 10^5 to 10^6 distinct values): the same values, in the same dtype."""
+    x = np.array(a, dtype=np.int32 if narrow and all(abs(v) < 2**31 for v in a) else np.int64)
+    y = np.array(b, dtype=np.int64)
+    for got, want in (
+        (distinct(x), np.unique(x)),
+        (distinct(x.reshape(-1, 1)), np.unique(x)),
+        (union(x, y), np.union1d(x, y)),
+        (union(x, y, [7]), np.union1d(np.union1d(x, y), [7])),
+        (difference(x, y), np.setdiff1d(x, y)),
+        (common(x, y), np.intersect1d(x, y)),
+    ):
+        assert got.dtype == want.dtype and np.array_equal(got, want), (got, want)

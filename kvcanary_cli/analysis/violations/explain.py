@@ -19,7 +19,7 @@ from kvcanary_cli.canary.constants import FailReason, LaunchTag
 from kvcanary_cli.canary.ring_rows import ViolationRows
 from kvcanary_cli.catalog import ViolationRowCause
 from kvcanary_cli.dump.loader import KvDump
-from kvcanary_cli.dump.tensor import StoredTensor
+from kvcanary_cli.dump.tensor import StoredTensor, distinct
 from kvcanary_cli.planners.frame import window_start
 from kvcanary_cli.results.violations import CAUSES, OWNER_KINDS, Explanations, OwnerKind
 
@@ -173,10 +173,10 @@ def _table_owner(
         if mine.size == 0 or (index == 1 and lut is None):
             continue
         key, ok = _keys(slot[mine], position[mine])
-        wanted = np.unique(key[ok])
+        wanted = distinct(key[ok])
         if wanted.size == 0:
             continue
-        wanted_slots = np.unique(wanted >> 32)
+        wanted_slots = distinct(wanted >> 32)
         first = np.full(wanted.size, -1, dtype=np.int64)
         translate = _swa_translation(lut) if index == 1 else None
 

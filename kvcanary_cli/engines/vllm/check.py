@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvcanary_cli.catalog import POOL_CAUSE_OF, POOL_CAUSES, PoolCause, PoolCode, plural
+from kvcanary_cli.dump.tensor import distinct
 from kvcanary_cli.engines.vllm.state import (
     CHUNKED_LOCAL,
     FULL,
@@ -230,7 +231,7 @@ class _Audit:
 
     def add(self, code: PoolCode, blocks: np.ndarray, what: str) -> None:
         """A finding over `blocks` (ascending, distinct), told from the first."""
-        blocks = np.unique(blocks)
+        blocks = distinct(blocks)
         if blocks.size == 0:
             return
         s = self.s

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvcanary_cli.catalog import PoolCode
+from kvcanary_cli.dump.tensor import distinct
 from kvcanary_cli.engines.vllm.state import (
     CHUNKED_LOCAL,
     FULL,
@@ -360,7 +361,7 @@ def _state_dropped(s: VllmState, rng: np.random.Generator) -> VllmState:
     """A Mamba group nulled (and freed) every state block of a request's table: the running
     state is gone."""
     g1 = np.flatnonzero(s.table_group == 1)
-    request = _pick(rng, np.unique(s.table_request[g1]), "Mamba table")
+    request = _pick(rng, distinct(s.table_request[g1]), "Mamba table")
     for entry in g1[s.table_request[g1] == request]:
         if s.table_block[entry] != s.null_block:
             s = _swap_entry(s, int(entry), s.null_block)
@@ -396,7 +397,7 @@ def _two_groups(s: VllmState, rng: np.random.Generator) -> VllmState:
 def _foreign_hash(s: VllmState, rng: np.random.Generator) -> VllmState:
     """A held group-0 block cached under group 1's key (map and block agree)."""
     held = s.table_block[(s.table_group == 0) & (s.table_block != s.null_block)]
-    block = _pick(rng, np.unique(held[s.hash_group[held] == 0]), "hashed held block")
+    block = _pick(rng, distinct(held[s.hash_group[held] == 0]), "hashed held block")
     s.hash_group[block] = 1
     s.map_group[s.map_block == block] = 1
     return s
@@ -425,13 +426,13 @@ def _hash_unmapped(s: VllmState, rng: np.random.Generator) -> VllmState:
 
 def _dead_request(s: VllmState, rng: np.random.Generator) -> VllmState:
     """A request finished (gone from the scheduler) without freeing its blocks."""
-    s.request_live[_pick(rng, np.unique(s.table_request), "request with blocks")] = False
+    s.request_live[_pick(rng, distinct(s.table_request), "request with blocks")] = False
     return s
 
 
 def _missing_group(s: VllmState, rng: np.random.Generator) -> VllmState:
     """A request's free reached group 1 only: its group-1 table gone, blocks released."""
-    request = _pick(rng, np.unique(s.table_request[s.table_group == 1]), "window table")
+    request = _pick(rng, distinct(s.table_request[s.table_group == 1]), "window table")
     drop = (s.table_group == 1) & (s.table_request == request)
     for block in s.table_block[drop]:
         if block != s.null_block:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvcanary_cli.catalog import PoolCode
+from kvcanary_cli.dump.tensor import distinct
 from kvcanary_cli.engines.vllm.check import owners_of
 from kvcanary_cli.engines.vllm.state import VllmState
 from kvcanary_cli.results.pool_timeline import BlockState, PoolBlockChange, PoolStep
@@ -55,7 +56,7 @@ def block_states(state: VllmState, count: np.ndarray) -> np.ndarray:
 def _ids(state: VllmState) -> set[str]:
     """The requests the scheduler has, and those with a table."""
     live = {r for r, alive in zip(state.request_ids, state.request_live, strict=True) if alive}
-    return live | {state.request_ids[int(r)] for r in np.unique(state.table_request)}
+    return live | {state.request_ids[int(r)] for r in distinct(state.table_request)}
 
 
 def step_between(
