@@ -35,6 +35,7 @@ from kvcanary_cli.analysis.cells import span
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group, Layout
+from kvcanary_cli.dump.tensor import distinct, union
 from kvcanary_cli.results.cells import Space
 from kvcanary_cli.results.check import Finding
 
@@ -121,7 +122,7 @@ def _disagreements(
     there = np.full(named.size, -2, dtype=np.int64)
     there[ok] = v2p[named[ok]]
     reverse_bad = there != q
-    bad_v = np.union1d(v[forward_bad], named[reverse_bad & (named > 0)])
+    bad_v = union(v[forward_bad], named[reverse_bad & (named > 0)])
     if bad_v.size:
         phys = np.where(
             (bad_v > 0) & (bad_v < virtual_pages), v2p[np.clip(bad_v, 0, virtual_pages)], -2
@@ -141,7 +142,7 @@ def _disagreements(
         )
     shared_p = p[p > 0]
     order = np.sort(shared_p)
-    twice = np.unique(order[1:][order[1:] == order[:-1]])
+    twice = distinct(order[1:][order[1:] == order[:-1]])
     if twice.size:
         owners = v[(p > 0) & np.isin(p, twice)]
         # two owners or more, always: the message names them and the pages they share
@@ -219,10 +220,10 @@ def _holes(group: Group, holes: np.ndarray, p2v: np.ndarray) -> list[Finding]:
     page of the side: out of range (−1: a tombstone freed again), twice, or still bound."""
     pages = int(p2v.size) - 1  # the physical pages, less the sentinel row
     inside = (holes > 0) & (holes < pages)
-    outside = np.unique(holes[~inside])
+    outside = distinct(holes[~inside])
     listed = np.sort(holes[inside])
-    twice = np.unique(listed[1:][listed[1:] == listed[:-1]])
-    bound = np.unique(listed[p2v[listed] >= 0])
+    twice = distinct(listed[1:][listed[1:] == listed[:-1]])
+    bound = distinct(listed[p2v[listed] >= 0])
     if not (outside.size or twice.size or bound.size):
         return []
     what = [
@@ -289,11 +290,11 @@ def _binding(dump: KvDump, page: int, full: np.ndarray, swa: np.ndarray | None) 
     held = recorded_held_slots(dump)
     if held is None and dump.tree_full_slots is not None:
         held = np.asarray(dump.tree_full_slots, dtype=np.int64)
-    wanted = [] if held is None else [np.unique(held // page)]
+    wanted = [] if held is None else [distinct(held // page)]
     if swa is not None and swa.size == full.size:
         wanted.append(np.flatnonzero(swa[:-1] > 0).astype(np.int64))
     if wanted:
-        need = np.unique(np.concatenate(wanted))
+        need = distinct(np.concatenate(wanted))
         need = need[(need > 0) & (need < pages)]
         loose = need[~bound(need)]
         if loose.size:

@@ -139,7 +139,7 @@ def stage(dump: KvDump, frame: GroupFrame) -> StagedInputs:
     table_rows = _table_rows(dump, frame)
     pool_rows = _pool_rows(dump, frame)
     # Row 0 stays row 0: the kernels take pool row 0 for a padding row of the batch.
-    staged = union(np.union1d(table_rows, pool_rows), np.zeros(1, dtype=np.int64))
+    staged = union(table_rows, pool_rows, np.zeros(1, dtype=np.int64))
     pool = dump.req_to_verify_expected_tokens
     in_table = staged[staged < dump.max_reqs]
     in_pool = staged[staged < (0 if pool is None else int(pool.shape[0]))]
