@@ -131,6 +131,9 @@ def _wait(pid: int) -> int:
     except (AttributeError, OSError):  # no pidfd (before Linux 5.3): sleep in turn
         exited = None
     try:
+        ready = select.poll()  # not `select.select`: a pidfd may be numbered past 1023
+        if exited is not None:
+            ready.register(exited, select.POLLIN)
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
@@ -138,7 +141,7 @@ def _wait(pid: int) -> int:
             if exited is None:
                 time.sleep(_STOP_LATENCY)
             else:
-                select.select([exited], [], [], _STOP_LATENCY)
+                ready.poll(_STOP_LATENCY * 1000)
     finally:
         if exited is not None:
             os.close(exited)

@@ -254,6 +254,23 @@ def test_a_stop_another_thread_takes_stops_the_run_before_its_children_finish(
     assert [c.pid for c in psutil.Process(parent).children() if c.pid not in before] == []
 
 
+def test_children_are_awaited_in_a_process_with_many_files_open() -> None:
+    """A process holding a thousand files (memory-mapped tensors keep theirs) numbers a
+    child's pidfd past 1023, which `select.select` refuses (ValueError): the run still
+    waits for its children and returns."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"this process may open {soft} files")
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        host_parallel.run_parts([lambda: time.sleep(0.2), lambda: time.sleep(0.2)])  # waited for
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def _raise_interrupt(parent: int) -> None:
     if os.getpid() == parent:
         raise KeyboardInterrupt
