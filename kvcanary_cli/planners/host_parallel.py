@@ -121,11 +121,12 @@ def _wait(pid: int) -> int:
     """`os.waitpid(pid, 0)`'s status, but a stop reaches the waiting thread within
     `_STOP_LATENCY` seconds.
 
-    A process-wide Ctrl-C or SIGTERM may be taken by any of the process's threads (one that
-    `check`, a library or the test runner started). Its handler then runs in the main thread
-    at its next instruction, and a main thread blocked in `waitpid` has none: it would stop
-    only when a child exits, after its whole part (`kill PID` reaches the parent alone). So
-    the wait is a child's exit (its pidfd, where Linux has one) or a short sleep, in turn."""
+    Python runs a stop's handler in the main thread at its next instruction, and a main thread
+    blocked in `waitpid` has none. A stop that another thread of the process took (one that
+    `check`, a library or the test runner started), or that came just before the wait began
+    (after Python last looked), is not seen until a child exits, after its whole part
+    (`kill PID` reaches the parent alone). So the wait is a child's exit (its pidfd, where
+    Linux has one) or a short sleep, in turn."""
     try:
         exited: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):  # no pidfd (before Linux 5.3): sleep in turn
