@@ -1025,20 +1025,20 @@ def _swa_collisions(cells: LiveCells, swa: np.ndarray, idx: np.ndarray) -> list[
     group_start = _group_starts([s])
     group_id = np.repeat(np.arange(group_start.size), np.diff(np.r_[group_start, s.size]))
     pair_start = _group_starts([s, f])  # one per distinct (swa, full) pair, full ascending
-    distinct = np.bincount(group_id[pair_start], minlength=group_start.size)
+    fulls_per_swa = np.bincount(group_id[pair_start], minlength=group_start.size)
     gid = np.empty(idx.size, dtype=np.int64)  # group of each cell, in cell order
     gid[order] = group_id
     first_cell = np.full(group_start.size, idx.size, dtype=np.int64)
     fold_at(np.minimum, first_cell, group_id, order)
     first_full = full[first_cell]
-    colliding = (distinct[gid] > 1) & (full != first_full[gid])
+    colliding = (fulls_per_swa[gid] > 1) & (full != first_full[gid])
     if not colliding.any():
         return []
     swa_of = swa[idx]
 
     def of(i: int) -> tuple[list[int], int]:
         """The distinct full slots mapping to cell i's SWA slot (the first few), and how many."""
-        mapped = np.unique(full[swa_of == swa[i]])  # a few slots: numpy's own is fine
+        mapped = distinct(full[swa_of == swa[i]])
         return [int(v) for v in mapped[:SAMPLE_CELLS]], int(mapped.size)
 
     def listed(i: int) -> str:
