@@ -68,7 +68,7 @@ def req_row_findings(dump: KvDump) -> list[Finding]:
     free_rows, running_rows = pool_rows(free, rows), pool_rows(running, rows)
     held = held_rows(dump)
     found: list[Finding] = []
-    both = common(distinct(free_rows), held)
+    both = common(free_rows, held)
     if both.size:
         found.append(
             _finding(

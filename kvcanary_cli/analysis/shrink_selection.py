@@ -362,7 +362,9 @@ def shrink_keep(
     held = distinct(dump.req_to_token.take_known(table)[0])
     finding_full = _finding_slots(kept, "full")
     finding_swa = _finding_slots(kept, "swa")
-    full_slots = union(held, finding_full, np.array(sorted(row_full), dtype=np.int64))
+    full_slots = union(
+        held, finding_full, np.fromiter(row_full, dtype=np.int64, count=len(row_full))
+    )
     swa_held = np.zeros(0, dtype=np.int64)
     lut = dump.full_to_swa_index_mapping
     if lut is not None:
@@ -374,7 +376,9 @@ def shrink_keep(
         entries = entries[(entries >= 0) & (entries < lut_len)]
         elements["full_to_swa_index_mapping"] = entries
         swa_held = distinct(lut.take_known(entries)[0])
-    swa_slots = union(swa_held, finding_swa, np.array(sorted(row_swa), dtype=np.int64))
+    swa_slots = union(
+        swa_held, finding_swa, np.fromiter(row_swa, dtype=np.int64, count=len(row_swa))
+    )
     named = {
         "full": {int(s) for s in finding_full.tolist()} | row_full,
         "swa": {int(s) for s in finding_swa.tolist()} | row_swa,
