@@ -14,7 +14,7 @@ import numpy as np
 
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.tensor import distinct  # the layers below sort the same way
+from kvcanary_cli.dump.tensor import distinct, union  # the layers below sort the same way
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = [
@@ -65,8 +65,8 @@ def pairs_among(
     if rows.size == 0 or among_rows.size == 0:
         return np.zeros(rows.shape, dtype=bool)
     # each column's distinct values first: the sorts are of a chunk, not of two columns joined
-    row_keys = distinct(np.concatenate([_distinct_pieces(rows), _distinct_pieces(among_rows)]))
-    slot_keys = distinct(np.concatenate([_distinct_pieces(slots), _distinct_pieces(among_slots)]))
+    row_keys = union(_distinct_pieces(rows), _distinct_pieces(among_rows))
+    slot_keys = union(_distinct_pieces(slots), _distinct_pieces(among_slots))
     width = np.int64(slot_keys.size)
     held = np.min_scalar_type(-int(row_keys.size * width))  # signed, holds every key
 

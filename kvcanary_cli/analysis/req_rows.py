@@ -15,11 +15,11 @@ from typing import cast
 
 import numpy as np
 
-from kvcanary_cli.analysis.cells import distinct, repeated
+from kvcanary_cli.analysis.cells import repeated
 from kvcanary_cli.catalog import FindingCode
 from kvcanary_cli.dump.loader import KvDump
 from kvcanary_cli.dump.schema import Group
-from kvcanary_cli.dump.tensor import common
+from kvcanary_cli.dump.tensor import common, union
 from kvcanary_cli.results.check import Finding, JsonValue
 
 __all__ = ["held_rows", "pool_rows", "req_row_findings"]
@@ -42,7 +42,7 @@ def held_rows(dump: KvDump) -> np.ndarray:
     distinct and sorted."""
     rows = int(dump.req_to_token.shape[0])
     running = pool_rows(dump.running_req_rows, rows)
-    return distinct(np.concatenate([running, pool_rows(dump.req_pool_indices, rows)]))
+    return union(running, pool_rows(dump.req_pool_indices, rows))
 
 
 def _finding(code: FindingCode, rows: np.ndarray, one: str, many: str) -> Finding:
@@ -80,7 +80,7 @@ def req_row_findings(dump: KvDump) -> list[Finding]:
                 "hold them: freed while in use",
             )
         )
-    twice = distinct(np.concatenate([repeated(free_rows), repeated(running_rows)]))
+    twice = union(repeated(free_rows), repeated(running_rows))
     if twice.size:
         found.append(
             _finding(
