@@ -207,9 +207,12 @@ def run_worker(
     headroom: int = MEMORY_HEADROOM,
     timeout: float = MUTANT_TIMEOUT,
     command: Sequence[str] | None = None,
+    work_root: Path | None = None,
 ) -> None:
     """Run `family`'s mutants (only `kinds`, none of `exclude`), one JSON line each to `out`;
-    each runs its turn of `COMMANDS`, or `command` (a template) when given."""
+    each runs its turn of `COMMANDS`, or `command` (a template) when given. The mutants are
+    written in a folder under `work_root` (the results' folder: a worker the time guard ends
+    leaves it to the caller's clean-up, not in the system's temporary folder)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("NO_COLOR", "1")
     import typer.main
@@ -229,7 +232,7 @@ def run_worker(
     seeds = load_seeds(seeds_dir)
     runner = CliRunner()
     value_family = family in ("data", "length")
-    with tempfile.TemporaryDirectory(prefix="kvc-fuzz-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvc-fuzz-", dir=work_root) as tmp:
         work = Path(tmp)
         seed_exits: dict[tuple[str, ...], int] = {}
         for seed in seeds:
@@ -319,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             headroom=args.headroom,
             timeout=args.timeout,
             command=None if args.command is None else args.command.split(),
+            work_root=args.out.resolve().parent,
         )
 
 

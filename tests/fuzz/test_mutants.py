@@ -436,6 +436,8 @@ def test_the_time_guard_stops_a_worker(seeds_dir: Path, tmp_path: Path) -> None:
     )
     assert run.timed_out and run.pending == "truncation/swa/0000", run
     assert run.breaches() == ["the worker broke the time guard while running truncation/swa/0000"]
+    # it ended before cleaning up: its mutants' folder is under the test's, not the system's
+    assert [p.name.startswith("kvc-fuzz-") for p in tmp_path.iterdir() if p.is_dir()] == [True]
 
 
 @pytest.mark.slow
