@@ -44,6 +44,29 @@ def fast_lane_keeps_first(values: Iterable[object]) -> list[Any]:
     return [first, *(pytest.param(value, marks=pytest.mark.slow) for value in rest)]
 
 
+#: The page sizes the synth corpus is swept at.
+PAGE_SIZES = (1, 4, 16)
+
+
+def page_sizes_in_turn(names: Iterable[str], *, fast_only: bool = False) -> list[Any]:
+    """(scenario, page size) for `parametrize`: every named scenario at every page size it
+    takes; the fast lane one page size a scenario, taken in turn (1, 4, 16, 1, ...: at least
+    its smallest), and the slow lane the others, which repeat that scenario's path
+    (`fast_only`: only the fast lane's cases)."""
+    from kvcanary_cli.synth.scenarios import SCENARIOS
+
+    cases: list[Any] = []
+    for turn, name in enumerate(names):
+        pages = [page for page in PAGE_SIZES if page >= SCENARIOS[name].min_page_size]
+        fast = pages[turn % len(pages)]
+        cases += [
+            (name, page) if page == fast else pytest.param(name, page, marks=pytest.mark.slow)
+            for page in pages
+            if page == fast or not fast_only
+        ]
+    return cases
+
+
 def checked(dump: KvDump, *, kernel: str = "vectorized") -> DumpReport:
     """`run_check` with the vectorized reference and the named kernel."""
     return run_check(dump, planner=VECTORIZED, kernel=KERNELS[kernel])

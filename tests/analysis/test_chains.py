@@ -19,7 +19,7 @@ from kvcanary_cli.render.table.check import check_table
 from kvcanary_cli.results.check import CheckReport, DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from kvcanary_cli.synth.state import SynthDump
-from tests.helpers import checked
+from tests.helpers import checked, page_sizes_in_turn
 from tests.render.record_schema import record_of
 
 #: the page mechanisms: scenario -> the page sizes its test runs at
@@ -153,17 +153,9 @@ def test_a_leak_of_a_cleared_mapping_joins_the_mapping(tmp_path: Path) -> None:
     assert "also shows" in markdown and markdown.count("**fix:**") == 1
 
 
-def _scenario_cases() -> list[tuple[str, int]]:
-    return [
-        (name, page)
-        for name, s in SCENARIOS.items()
-        if s.expected
-        for page in (1, 4, 16)
-        if page >= s.min_page_size
-    ]
-
-
-@pytest.mark.parametrize(("name", "page_size"), _scenario_cases())
+@pytest.mark.parametrize(
+    ("name", "page_size"), page_sizes_in_turn(n for n, s in SCENARIOS.items() if s.expected)
+)
 def test_one_top_level_cause_per_planted_fault(name: str, page_size: int, tmp_path: Path) -> None:
     """Every synth scenario plants one fault: the report has one top-level cause, the
     planted one (at its own page size; others may name a neighbour's mechanism first only

@@ -1,9 +1,9 @@
 """`provenance --row` marks every bad cell of its row, not only each finding's first: in the
 JSON record (`row.cells[].marks`), in the terminal table and in Markdown, for every synth
 scenario at page size 1, 4 and 16, bounded by `--max-rows` (the marked positions past it are
-counted, "N marked positions do not fit"). tiny runs every scenario at every page size in the
-fast lane; small (every scenario, its page sizes taken in turn) and a sample at medium in the
-slow one; every size and page size with `KVCANARY_TEST_LARGE=1`."""
+counted, "N marked positions do not fit"). tiny runs every scenario at every page size (the
+fast lane each at one of them, taken in turn); small (every scenario at that page size) and a
+sample at medium in the slow lane; every size and page size with `KVCANARY_TEST_LARGE=1`."""
 
 from __future__ import annotations
 
@@ -22,12 +22,11 @@ from kvcanary_cli.render.markdown.provenance import provenance_markdown
 from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.results.check import DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
-from tests.helpers import checked
+from tests.helpers import PAGE_SIZES, checked, page_sizes_in_turn
 from tests.render.record_schema import record_of
 
 #: the default of `provenance --max-rows`.
 MAX_CELLS = 256
-PAGE_SIZES = (1, 4, 16)
 
 
 def _bad_cells(dump: KvDump, report: DumpReport) -> dict[int, dict[int, set[str]]]:
@@ -112,9 +111,9 @@ def _build(tmp_path: Path, name: str, size: str, page: int) -> Path:
     return synth.save(tmp_path / f"{name}.safetensors")
 
 
-@pytest.mark.parametrize(("name", "size", "page"), _cases(("tiny",)))
-def test_every_bad_cell_is_marked(tmp_path: Path, name: str, size: str, page: int) -> None:
-    _check_rows(_build(tmp_path, name, size, page))
+@pytest.mark.parametrize(("name", "page"), page_sizes_in_turn(SCENARIOS))
+def test_every_bad_cell_is_marked(tmp_path: Path, name: str, page: int) -> None:
+    _check_rows(_build(tmp_path, name, "tiny", page))
 
 
 #: The production shapes: medium (2049 x 32,772 tables, about 20 s a case) for a few scenarios
@@ -125,13 +124,9 @@ _MEDIUM_SAMPLE = {("truncated-lut", 1), ("stale-tail", 4), ("partial-page-free",
 
 
 def _small_cases() -> list[tuple[str, str, int]]:
-    """Every scenario once at small, at a page size taken in turn (1, 4, 16, 1, ...; at least
-    its smallest): tiny already crosses every scenario with every page size, the same path."""
-    cases = []
-    for turn, (name, scenario) in enumerate(SCENARIOS.items()):
-        pages = [p for p in PAGE_SIZES if p >= scenario.min_page_size]
-        cases.append((name, "small", pages[turn % len(pages)]))
-    return cases
+    """Every scenario once at small, at the page size the fast lane takes it at in tiny: tiny
+    already crosses every scenario with every page size, the same path."""
+    return [(name, "small", page) for name, page in page_sizes_in_turn(SCENARIOS, fast_only=True)]
 
 
 def _larger_cases() -> list[tuple[str, str, int]]:
