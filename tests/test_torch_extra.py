@@ -67,6 +67,7 @@ print(repr((runs, "torch" in sys.modules)))
 )
 
 
+@pytest.mark.slow  # one process through every command (5 s); the layering tests keep torch out
 def test_every_command_runs_without_torch_and_the_sglang_ones_name_the_extra(
     tmp_path: Path,
 ) -> None:

@@ -123,6 +123,7 @@ def shared_triton_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("kvcanary_cli.api.make_selftest_planners", sharing)
 
 
+@pytest.mark.slow  # every scenario through two planners; the fast lane's is test_sglang_wheel's
 def test_selftest_without_sglang_agrees(no_sglang: None, shared_triton_plans: None) -> None:
     code, out, err = run("selftest", "--format", "json")
     assert code == 0, err
