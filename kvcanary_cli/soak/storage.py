@@ -38,6 +38,7 @@ __all__ = [
     "StoragePump",
     "StorageTier",
     "has_storage",
+    "join_storage_groups",
     "park_storage_threads",
     "request_prefetch",
     "retry_prefetches",
@@ -167,13 +168,16 @@ class StoragePump:
 
 @dataclass
 class StorageTier:
-    """A history's storage tier: its folder (removed by `close`) and its pump."""
+    """A rank's storage tier: its folder (removed by `close`; the ranks of a history share
+    one, as a server's do), its pump, and its place among the history's ranks."""
 
     folder: tempfile.TemporaryDirectory[str]
     pump: StoragePump | None = None
+    rank: int = 0
+    ranks: int = 1
 
     def close(self) -> None:
-        """Remove the folder and every page in it."""
+        """Remove the folder and every page in it (once: a rank after another finds it gone)."""
         self.folder.cleanup()
 
 
@@ -184,16 +188,19 @@ def storage_folder() -> tempfile.TemporaryDirectory[str]:
 
 
 @contextmanager
-def backend_context(folder: str) -> Iterator[None]:
+def backend_context(folder: str, rank: int = 0, ranks: int = 1) -> Iterator[None]:
     """While SGLang builds the backend: the file backend's folder variable names `folder`,
-    and the process is rank 0 of one where SGLang's runtime context asks (0.5.23 reads the
-    ranks to name its files)."""
-    with environment_set(_FOLDER_ENV, folder), _rank_zero():
+    and the process is rank `rank` of `ranks` where SGLang's runtime context asks (0.5.23
+    reads the ranks to name its files: each rank's pages carry `_{rank}_{ranks}`, so ranks
+    sharing one folder never read or write each other's)."""
+    with environment_set(_FOLDER_ENV, folder), _placed(rank, ranks):
         yield
 
 
 @contextmanager
-def _rank_zero() -> Iterator[None]:
+def _placed(rank: int, ranks: int) -> Iterator[None]:
+    """The runtime context's ranks as a plain tensor-parallel server's rank `rank` of
+    `ranks` has them: attention and MoE split as wide as the TP group, one pipeline stage."""
     try:
         context = importlib.import_module("sglang.srt.runtime_context")
     except ImportError:
@@ -204,8 +211,51 @@ def _rank_zero() -> Iterator[None]:
     if override is None:
         yield
         return
-    with override(tp_rank=0, pp_rank=0):
+    wider = (
+        {}
+        if ranks == 1
+        else {
+            "tp_size": ranks,
+            "attn_tp_rank": rank,
+            "attn_tp_size": ranks,
+            "moe_tp_rank": rank,
+            "moe_tp_size": ranks,
+        }
+    )
+    with override(tp_rank=rank, pp_rank=0, **wider):
         yield
+
+
+#: the controller's groups for its storage threads' all-reduces, in the order its
+#: `attach_storage_backend` makes them (each of the TP group's ranks, as a gloo group)
+SYNC_GROUPS = ("prefetch_hits_sync_groups", "prefetch_completion_sync_groups")
+_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+_MAKE_GROUP = "create_custom_parallel_group"
+
+
+def join_storage_groups(controller: Any, handle: Any) -> None:
+    """Make a rank's storage tier one of the ranks' (`handle`: its `tp_group.GroupHandle`):
+    the controller's TP group is the rank's, and its storage threads' sync groups are made
+    again by SGLang's own `_create_sync_groups`, as `attach_storage_backend` makes them when
+    the TP group is wider than one (built on one rank, they are none). Each group SGLang makes
+    (`create_custom_parallel_group`: a world collective in a server) is the ranks' group under
+    that sync group's name, so each meets only itself, as a communicator of its own does."""
+    from kvcanary_cli.soak.tp_group import collectives_in_process
+
+    module = importlib.import_module(_PARALLEL_STATE)
+    real = getattr(module, _MAKE_GROUP)
+    controller.tp_group = handle
+    try:
+        with collectives_in_process():
+            for name in SYNC_GROUPS:
+
+                def made(group_ranks: Any, backend: str = "gloo", name: str = name) -> Any:
+                    return handle.group.made(handle.rank, name)
+
+                setattr(module, _MAKE_GROUP, made)
+                setattr(controller, name, controller._create_sync_groups())
+    finally:
+        setattr(module, _MAKE_GROUP, real)
 
 
 def request_prefetch(tree: Any, req: Any, storage_hit_end: int | None = None) -> None:

@@ -105,6 +105,7 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
     import numpy as np
 
     from kvcanary_cli.soak.hicache import ACK_LAG, join_rank_group, lagging_acks
+    from kvcanary_cli.soak.storage import join_storage_groups
 
     trees = [scheduler.stack.tree for scheduler in schedulers]
     if len(trees) < 2 or getattr(trees[0], "cache_controller", None) is None:
@@ -112,6 +113,9 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
     group = RankGroup(len(trees), counters.enter, counters.leave)
     for rank, (scheduler, tree) in enumerate(zip(schedulers, trees, strict=True)):
         join_rank_group(tree, group.handle(rank), len(trees))
+        if getattr(tree, "enable_storage", False):
+            with counters.as_rank(rank):
+                join_storage_groups(tree.cache_controller, group.handle(rank))
         draw = np.random.default_rng([scheduler.workload.seed, 0x7A9, rank])
 
         def lag(draw: Any = draw) -> int:

@@ -1,0 +1,100 @@
+"""`soak --tp 2 --hicache --hicache-storage` on SGLang 0.5.23: two rank stacks, each with its
+own host tier and storage tier (SGLang's file backend, both ranks in one folder, each rank's
+pages named for it), each rank's storage threads pumped inside its own step, so the
+controller's prefetch hit and completion all-reduces (its own gloo groups, made again of the
+ranks' group: `soak.storage.join_storage_groups`) meet the other rank's in soak's in-process
+group (`soak.tp_group`).
+
+Clean twin: the ranks hold the same state at every audited point and SGLang's checks stay
+silent, with the tree's ack all-reduce met every step (the MIN decided at some), the storage
+groups' all-reduces met, and both ranks' pages in the one folder. Caught: the planted
+`storage-ack-frees-host` fault, planted on every rank, is named on two ranks as on one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.live_capture import loaded
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def modules(sglang: Any) -> Iterator[Any]:
+    with loaded(sglang) as loaded_modules:
+        yield loaded_modules
+
+
+def test_two_ranks_with_storage_meet_at_every_storage_collective(
+    modules: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kvcanary_cli.soak import command, run
+    from kvcanary_cli.soak import tp as ranks
+    from kvcanary_cli.soak.stack import Stack
+    from kvcanary_cli.soak.storage import SYNC_GROUPS
+    from kvcanary_cli.soak.tp_group import TP
+
+    groups: list[Any] = []
+    names: list[str] = []
+    real, close = ranks.host_tier_group, Stack.close
+
+    def kept(*args: Any) -> Any:
+        groups.append(real(*args))
+        return groups[-1]
+
+    def listed(stack: Any) -> None:
+        folder = Path(stack.storage.folder.name)
+        names.extend(page.name for page in folder.glob("*.bin"))
+        close(stack)
+
+    monkeypatch.setattr(run, "host_tier_group", kept)
+    monkeypatch.setattr(Stack, "close", listed)
+    report = command.soak(
+        sglang_tree=str(modules.tree.root),
+        steps=80,
+        seed=0,
+        page_size=1,
+        core="python",
+        out=tmp_path / "out",
+        hicache=True,
+        hicache_storage=True,
+        tp=2,
+    )
+    assert report.failure is None, report.failure
+    assert report.sglang_checks == (), report.sglang_checks
+    assert report.tp == 2 and report.steps == 80
+    (group,) = groups
+    assert group.met[TP] >= report.steps and group.decided_in[TP] > 0
+    assert group.met.get(SYNC_GROUPS[0], 0) > 0  # every hit query met the other rank's
+    assert set(group.met) <= {TP, *SYNC_GROUPS}
+    suffixes = {name.rsplit(".", 1)[0].rsplit("_", 2)[-2:][0] for name in names}
+    assert suffixes == {"0", "1"}  # one folder, each rank's own pages
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_storage_fault_is_named_on_two_ranks(modules: Any) -> None:
+    """Its clean twin is the test above (the same history, no fault)."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    workload = history_workload(0, 0, 1, 1, hicache=True, storage=True)
+    result = run_history(
+        modules,
+        StackSpec.pressured(1, "python"),
+        workload,
+        fault="storage-ack-frees-host",
+        tp=2,
+    )
+    failure = result.failure
+    assert failure is not None and failure.divergence is None, failure
+    assert "host-slot-free-and-held" in failure.codes
+    assert failure.rank == "0" and result.fault_acted > 0
+    assert result.sglang_step is None
