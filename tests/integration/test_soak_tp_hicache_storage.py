@@ -98,3 +98,22 @@ def test_the_storage_fault_is_named_on_two_ranks(modules: Any) -> None:
     assert "host-slot-free-and-held" in failure.codes
     assert failure.rank == "0" and result.fault_acted > 0
     assert result.sglang_step is None
+
+
+def test_a_ranks_backups_finish_late_and_in_order() -> None:
+    """`LaggingBackups`: each write finishes its lag after it was queued, never before the one
+    queued before it; the pump's stop event reads set while the head is not due."""
+    from kvcanary_cli.soak.storage import LaggingBackups, _SetWhenEmpty
+
+    clock = [0]
+    lags = iter([2, 0])
+    queue = LaggingBackups(lambda: clock[0], lambda: next(lags))
+    queue.put("first")
+    queue.put("second")  # no lag of its own, but behind the first
+    stop = _SetWhenEmpty(queue)
+    due = []
+    for clock[0] in range(3):
+        due.append((queue.due(), stop.is_set()))
+    assert due == [(False, True), (False, True), (True, False)]
+    assert [queue.get_nowait(), queue.get_nowait()] == ["first", "second"]
+    assert queue.due() and stop.is_set()  # empty: nothing to wait for
