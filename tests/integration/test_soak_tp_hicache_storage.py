@@ -8,7 +8,8 @@ group (`soak.tp_group`).
 Clean twin: the ranks hold the same state at every audited point and SGLang's checks stay
 silent, with the tree's ack all-reduce met every step (the MIN decided at some), the storage
 groups' all-reduces met, and both ranks' pages in the one folder. Caught: the planted
-`storage-ack-frees-host` fault, planted on every rank, is named on two ranks as on one.
+`storage-ack-frees-host` fault, planted on every rank, is named on two ranks as on one; a
+rank whose controller skips the hit query's all-reduce parts the ranks (no hang).
 """
 
 from __future__ import annotations
@@ -98,6 +99,33 @@ def test_the_storage_fault_is_named_on_two_ranks(modules: Any) -> None:
     assert "host-slot-free-and-held" in failure.codes
     assert failure.rank == "0" and result.fault_acted > 0
     assert result.sglang_step is None
+
+
+def test_a_rank_skipping_its_hit_query_all_reduce_parts_the_ranks(
+    modules: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's controller takes its own hit count without the all-reduce: rank 0 waits at
+    the hit query's group while rank 1 reaches the tree's, which a server would hang at;
+    soak fails the history at once as `RanksParted`, naming both groups."""
+    from kvcanary_cli.soak import run
+    from kvcanary_cli.soak import tp as ranks
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.stack import StackSpec
+
+    real = ranks.host_tier_group
+
+    def skipping(schedulers: Any, counters: Any) -> Any:
+        group = real(schedulers, counters)
+        controller = schedulers[1].stack.tree.cache_controller
+        controller._sync_prefetch_hit_query = lambda operation, hits: hits
+        return group
+
+    monkeypatch.setattr(run, "host_tier_group", skipping)
+    workload = history_workload(0, 0, 1, 1, hicache=True, storage=True)
+    result = run.run_history(modules, StackSpec.pressured(1, "python"), workload, tp=2)
+    crash = None if result.failure is None else result.failure.crash
+    assert crash is not None and crash.exception == "RanksParted", result.failure
+    assert "different groups (prefetch_hits_sync_groups, tp)" in crash.message
 
 
 def test_a_ranks_backups_finish_late_and_in_order() -> None:
