@@ -427,7 +427,8 @@ command(
     hicache_storage=Opt(
         "With --hicache, run its storage tier behind it (--hicache-storage-backend file, in "
         "a temporary folder soak removes): backups from host to storage, prefetches from "
-        "storage into host on a request's arrival, stepped in soak's thread.",
+        "storage into host on a request's arrival, stepped in soak's thread (each rank's "
+        "in its own with --tp).",
     ),
     session_radix_cache=Opt(
         "Run SGLang's radix sessions (--enable-session-radix-cache) too: the sessions are "
@@ -438,7 +439,9 @@ command(
         "Tensor-parallel ranks: each runs its own stack in lockstep, compared with rank 0's "
         "at every audited step as `kvcanary ranks` compares dumps (with --hicache, each its own "
         "host tier, whose copies finish late, the acks MIN-reduced over the ranks as SGLang's "
-        "tree does).",
+        "tree does; with --hicache-storage, each its own storage tier in one shared folder, "
+        "its pages named for the rank, the prefetch hits and completions MIN-reduced over the "
+        "ranks as SGLang's controller does).",
         within=values.TP_RANKS,
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),

@@ -186,24 +186,14 @@ def test_histories_take_the_prefetch_policies_by_round_without_streaming_session
     assert history_workload(0, 0, 1, storage=True).hicache_storage is None
 
 
-@pytest.mark.parametrize(
-    ("options", "names"),
-    [({"hicache": False}, "--hicache"), ({"hicache": True, "tp": 2}, "--tp 1")],
-)
-def test_the_storage_tier_needs_the_host_tier_and_one_rank(
-    tmp_path: Path, options: dict[str, Any], names: str
-) -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_storage_tier_needs_the_host_tier_on_any_ranks(tmp_path: Path, tp: int) -> None:
+    """Refused without --hicache, on one rank or several; --tp itself is no longer refused
+    (tests/integration/test_soak_tp_hicache_storage.py runs it)."""
     from kvcanary_cli.soak.command import soak
 
-    with pytest.raises(OptionError, match=names):
-        soak(
-            sglang_tree=None,
-            steps=10,
-            seed=0,
-            out=tmp_path / "out",
-            hicache_storage=True,
-            **options,
-        )
+    with pytest.raises(OptionError, match="add --hicache$"):
+        soak(sglang_tree=None, steps=10, seed=0, out=tmp_path / "out", hicache_storage=True, tp=tp)
 
 
 def test_the_storage_fault_is_refused_without_the_storage_tier() -> None:

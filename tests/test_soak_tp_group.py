@@ -95,6 +95,37 @@ def test_a_rank_that_skips_the_collective_parts_the_ranks() -> None:
     assert group.collectives == 0
 
 
+def _reduce_on(handle: GroupHandle, value: int) -> int:
+    tensor = torch.tensor([value], dtype=torch.int32)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MIN, group=handle)
+    return int(tensor[0])
+
+
+def test_ranks_meet_on_a_made_group_and_part_across_two() -> None:
+    """A group SGLang makes of the TP group (a storage tier's gloo group) is met on its own and
+    counted under its name; a rank at the TP group's all-reduce while the other waits at the
+    made group's parts the ranks, as two communicators in a server never meet."""
+    group = _group([])
+    with collectives_in_process():
+        got = group.run(
+            [partial(_reduce_on, group.made(r, "prefetch-hits"), 4 - r) for r in (0, 1)]
+        )
+    assert got == [3, 3]
+    assert (group.met, group.decided_in) == ({"prefetch-hits": 1}, {"prefetch-hits": 1})
+    parted: list[str] = []
+
+    def waiting(handle: GroupHandle) -> None:
+        try:
+            _reduce_on(handle, 1)
+        except RanksParted as exc:
+            parted.append(str(exc))
+
+    with collectives_in_process():
+        group.run([partial(waiting, group.handle(0)), partial(waiting, group.made(1, "hits"))])
+    assert len(parted) == 2 and "different groups (hits, tp)" in parted[0]
+    assert group.collectives == 1
+
+
 def test_an_error_in_a_rank_reaches_the_caller() -> None:
     group = _group([])
 
@@ -112,6 +143,7 @@ def test_torch_gets_its_own_collectives_back() -> None:
         handle = GroupHandle(_group([]), 1)
         assert torch.distributed.get_world_size(group=handle) == 2
         assert torch.distributed.get_rank(group=handle) == 1
+        assert torch.distributed.get_process_group_ranks(handle) == [0, 1]
     assert torch.distributed.all_reduce is real
 
 

@@ -283,11 +283,6 @@ def soak(
             "runs SGLang's storage tier behind its host tier: add --hicache",
             option="hicache_storage",
         )
-    if hicache_storage and tp > 1:
-        raise OptionError(
-            "runs the storage tier on one rank: run it with --tp 1",
-            option="hicache_storage",
-        )
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
     if hicache_storage:

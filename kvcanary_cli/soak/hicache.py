@@ -138,7 +138,7 @@ def attach_hicache(tree: Any, server_args: Any, params: Any, storage: Any = None
     from kvcanary_cli.soak.storage import StoragePump, backend_context, park_storage_threads
 
     park_storage_threads()
-    with backend_context(storage.folder.name):
+    with backend_context(storage.folder.name, storage.rank, storage.ranks):
         tree.init_hicache(server_args, params)
     if not tree.enable_storage:
         raise RuntimeError("the tree's storage tier did not start (enable_storage is off)")

@@ -44,6 +44,7 @@ from kvcanary_cli.soak.stack import (
     fitting,
     refusing_sglang_exits,
 )
+from kvcanary_cli.soak.storage import storage_folder
 from kvcanary_cli.soak.tp import RankGlobals, first_divergence, host_tier_group
 from kvcanary_cli.soak.tp_group import RanksParted, collectives_in_process
 from kvcanary_cli.soak.workload import Workload
@@ -123,11 +124,20 @@ class HistoryResult:
             self.sglang_step, self.sglang_when = step, when
 
 
-def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -> Stack:
+def history_stack(
+    modules: SGLangModules,
+    spec: StackSpec,
+    workload: Workload,
+    *,
+    rank: int = 0,
+    ranks: int = 1,
+    storage_folder: Any = None,
+) -> Stack:
     """The stack a history of `workload` runs on: `spec`'s, with the serving switches the
-    workload drew (sorted merges, lazy compaction, the Mamba path cap, radix sessions).
-    Whatever runs a soak history again (the mutation benchmark's SGLang-checks-alone side)
-    builds it here, so both run one stack."""
+    workload drew (sorted merges, lazy compaction, the Mamba path cap, radix sessions), as
+    tensor-parallel rank `rank` of `ranks` (a storage tier's pages named for it, in the
+    ranks' shared `storage_folder`). Whatever runs a soak history again (the mutation
+    benchmark's SGLang-checks-alone side) builds it here, so both run one stack."""
     return build_stack(
         modules,
         spec,
@@ -138,6 +148,9 @@ def history_stack(modules: SGLangModules, spec: StackSpec, workload: Workload) -
         mamba_track_slots=workload.mamba_track_slots,
         radix_sessions=workload.radix_sessions,
         hicache_storage=workload.hicache_storage,
+        rank=rank,
+        ranks=ranks,
+        storage_folder=storage_folder,
     )
 
 
@@ -188,9 +201,12 @@ def run_history(
         return nullcontext() if counters is None else counters.as_rank(i)
 
     ranks: list[_Rank] = []
+    #: with a storage tier on several ranks, the folder they share (each rank's pages named
+    #: for it, as a server's ranks share theirs)
+    shared = storage_folder() if tp > 1 and workload.hicache_storage is not None else None
     for i in range(tp):
         with as_rank(i):
-            stack = history_stack(modules, spec, workload)
+            stack = history_stack(modules, spec, workload, rank=i, ranks=tp, storage_folder=shared)
             with fitting(
                 modules.tree, "scheduler objects (ScheduleBatch, SGLang's checks, the fault)"
             ):

@@ -813,6 +813,9 @@ def build_stack(
     mamba_track_slots: int | None = None,
     radix_sessions: bool = False,
     hicache_storage: str | None = None,
+    rank: int = 0,
+    ranks: int = 1,
+    storage_folder: Any = None,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
@@ -825,7 +828,9 @@ def build_stack(
     SGLang's radix sessions (`--enable-session-radix-cache`; a release or tree core without
     them: an error line, `drives_radix_sessions`), `hicache_storage` with the host tier's
     storage tier behind it under that prefetch policy (`soak.storage`: the file backend in a
-    folder of its own, which `Stack.close` removes; the host tier needed). The tree's modules are
+    folder of its own, which `Stack.close` removes; the host tier needed), as tensor-parallel
+    rank `rank` of `ranks` (its pages named for that rank) in `storage_folder` where given (a
+    `soak.storage.storage_folder` the history's ranks share). The tree's modules are
     put back first (`reinstate`): SGLang's constructors import more of it as they run."""
     modules.reinstate()
     tree = modules.tree
@@ -861,7 +866,8 @@ def build_stack(
                 f"release whose unified tree takes one the way 0.5.23's does; not {tree.release}",
                 source=tree.label,
             )
-        storage = tier.StorageTier(tier.storage_folder())
+        folder = storage_folder if storage_folder is not None else tier.storage_folder()
+        storage = tier.StorageTier(folder, rank=rank, ranks=ranks)
         hicache.update(tier.server_args_fields(storage.folder.name, hicache_storage))
     if spec.core not in modules.cores:
         raise SGLangUnavailableError(

@@ -16,6 +16,14 @@ paced retries after the events (`retry_prefetches`), and at admission a request 
 prefetch is in flight waits (`check_prefetch_progress`) and pops its loaded span
 (`pop_prefetch_loaded_span`). The rest (the hit's host slots at the drain, the insert of
 what was read, backups to storage at a write-through ack) is SGLang's own.
+
+On several ranks (`soak --tp N`) each rank has its own tier, all in one folder as a server's
+ranks share theirs, each rank's pages named for it (`backend_context`), and each rank's
+threads pumped inside its own step. The controller's storage threads meet the other ranks'
+in all-reduces of their own (MIN of the hit counts, of the completed tokens) over gloo
+groups SGLang makes of the TP group; `join_storage_groups` makes them of the ranks'
+in-process group. A rank's backups finish late by lags of its own (`LaggingBackups`), so one
+rank's storage may hold a page another's does not yet, and the MINs decide.
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ import importlib
 import json
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from queue import Queue
 from typing import Any
 
 from kvcanary_cli.soak.calls import prefix_len
@@ -35,9 +45,12 @@ from kvcanary_cli.soak.environment import environment_set
 __all__ = [
     "BACKEND",
     "PREFETCH_THRESHOLD",
+    "LaggingBackups",
     "StoragePump",
     "StorageTier",
     "has_storage",
+    "join_storage_groups",
+    "lagging_backups",
     "park_storage_threads",
     "request_prefetch",
     "retry_prefetches",
@@ -125,15 +138,61 @@ def park_storage_threads() -> None:
         setattr(module, "threading", _Threading())  # noqa: B010  (SGLang's module)
 
 
+def _has_work(queue: Any) -> bool:
+    """Whether a storage thread's queue holds work due now (a `LaggingBackups` queue's head
+    may not be due yet)."""
+    due = getattr(queue, "due", None)
+    return not queue.empty() and (due is None or bool(due()))
+
+
 class _SetWhenEmpty:
-    """A stop event that reads set once `queue` is empty: a storage thread's loop, run in
-    soak's thread, drains its queue and returns."""
+    """A stop event that reads set once `queue` holds no work due: a storage thread's loop,
+    run in soak's thread, drains its queue and returns."""
 
     def __init__(self, queue: Any) -> None:
         self.queue = queue
 
     def is_set(self) -> bool:
-        return bool(self.queue.empty())
+        return not _has_work(self.queue)
+
+
+class LaggingBackups(Queue):  # type: ignore[type-arg]
+    """A rank's backup queue whose writes to storage each finish `lag()` steps of its
+    `clock` late, in order (one backup thread: a backup never finishes before the one
+    queued before it). With several ranks the lags differ, so for a step or two one rank's
+    storage holds pages another's does not yet, as on a server whose ranks' writes finish
+    when they do: the controller's MIN of the ranks' hit counts, and the tree's of their
+    backup acks, decide."""
+
+    def __init__(self, clock: Callable[[], int], lag: Callable[[], int]) -> None:
+        super().__init__()
+        self._clock, self._lag = clock, lag
+        self._ready: deque[int] = deque()
+        self._last = 0
+
+    def _put(self, item: Any) -> None:
+        self._last = max(self._last, self._clock() + self._lag())
+        self._ready.append(self._last)
+        super()._put(item)
+
+    def _get(self) -> Any:
+        self._ready.popleft()
+        return super()._get()
+
+    def due(self) -> bool:
+        """Whether the backup at the head of the queue has finished by now."""
+        with self.mutex:
+            return not self._ready or self._ready[0] <= self._clock()
+
+
+def lagging_backups(controller: Any, clock: Callable[[], int], lag: Callable[[], int]) -> None:
+    """Give a rank's storage tier backups that finish late (`LaggingBackups`); what is
+    queued already keeps its place, due at once."""
+    queue = LaggingBackups(clock, lag)
+    old = controller.backup_queue
+    while not old.empty():
+        queue.put(old.get_nowait())
+    controller.backup_queue = queue
 
 
 @dataclass
@@ -153,7 +212,7 @@ class StoragePump:
             for thread_name, queue_name in _THREADS:
                 queue = getattr(controller, queue_name, None)
                 thread = getattr(controller, thread_name, None)
-                if queue is None or thread is None or queue.empty():
+                if queue is None or thread is None or not _has_work(queue):
                     continue
                 busy = True
                 stop = controller.storage_stop_event
@@ -167,13 +226,16 @@ class StoragePump:
 
 @dataclass
 class StorageTier:
-    """A history's storage tier: its folder (removed by `close`) and its pump."""
+    """A rank's storage tier: its folder (removed by `close`; the ranks of a history share
+    one, as a server's do), its pump, and its place among the history's ranks."""
 
     folder: tempfile.TemporaryDirectory[str]
     pump: StoragePump | None = None
+    rank: int = 0
+    ranks: int = 1
 
     def close(self) -> None:
-        """Remove the folder and every page in it."""
+        """Remove the folder and every page in it (once: a rank after another finds it gone)."""
         self.folder.cleanup()
 
 
@@ -184,16 +246,19 @@ def storage_folder() -> tempfile.TemporaryDirectory[str]:
 
 
 @contextmanager
-def backend_context(folder: str) -> Iterator[None]:
+def backend_context(folder: str, rank: int = 0, ranks: int = 1) -> Iterator[None]:
     """While SGLang builds the backend: the file backend's folder variable names `folder`,
-    and the process is rank 0 of one where SGLang's runtime context asks (0.5.23 reads the
-    ranks to name its files)."""
-    with environment_set(_FOLDER_ENV, folder), _rank_zero():
+    and the process is rank `rank` of `ranks` where SGLang's runtime context asks (0.5.23
+    reads the ranks to name its files: each rank's pages carry `_{rank}_{ranks}`, so ranks
+    sharing one folder never read or write each other's)."""
+    with environment_set(_FOLDER_ENV, folder), _placed(rank, ranks):
         yield
 
 
 @contextmanager
-def _rank_zero() -> Iterator[None]:
+def _placed(rank: int, ranks: int) -> Iterator[None]:
+    """The runtime context's ranks as a plain tensor-parallel server's rank `rank` of
+    `ranks` has them: attention and MoE split as wide as the TP group, one pipeline stage."""
     try:
         context = importlib.import_module("sglang.srt.runtime_context")
     except ImportError:
@@ -204,8 +269,51 @@ def _rank_zero() -> Iterator[None]:
     if override is None:
         yield
         return
-    with override(tp_rank=0, pp_rank=0):
+    wider = (
+        {}
+        if ranks == 1
+        else {
+            "tp_size": ranks,
+            "attn_tp_rank": rank,
+            "attn_tp_size": ranks,
+            "moe_tp_rank": rank,
+            "moe_tp_size": ranks,
+        }
+    )
+    with override(tp_rank=rank, pp_rank=0, **wider):
         yield
+
+
+#: the controller's groups for its storage threads' all-reduces, in the order its
+#: `attach_storage_backend` makes them (each of the TP group's ranks, as a gloo group)
+SYNC_GROUPS = ("prefetch_hits_sync_groups", "prefetch_completion_sync_groups")
+_PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+_MAKE_GROUP = "create_custom_parallel_group"
+
+
+def join_storage_groups(controller: Any, handle: Any) -> None:
+    """Make a rank's storage tier one of the ranks' (`handle`: its `tp_group.GroupHandle`):
+    the controller's TP group is the rank's, and its storage threads' sync groups are made
+    again by SGLang's own `_create_sync_groups`, as `attach_storage_backend` makes them when
+    the TP group is wider than one (built on one rank, they are none). Each group SGLang makes
+    (`create_custom_parallel_group`: a world collective in a server) is the ranks' group under
+    that sync group's name, so each meets only itself, as a communicator of its own does."""
+    from kvcanary_cli.soak.tp_group import collectives_in_process
+
+    module = importlib.import_module(_PARALLEL_STATE)
+    real = getattr(module, _MAKE_GROUP)
+    controller.tp_group = handle
+    try:
+        with collectives_in_process():
+            for name in SYNC_GROUPS:
+
+                def made(group_ranks: Any, backend: str = "gloo", name: str = name) -> Any:
+                    return handle.group.made(handle.rank, name)
+
+                setattr(module, _MAKE_GROUP, made)
+                setattr(controller, name, controller._create_sync_groups())
+    finally:
+        setattr(module, _MAKE_GROUP, real)
 
 
 def request_prefetch(tree: Any, req: Any, storage_hit_end: int | None = None) -> None:

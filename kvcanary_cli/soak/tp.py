@@ -17,7 +17,10 @@ capture records of each rank's state.
 With SGLang's host tier, the ranks do meet: the tree MIN-reduces its ready ack counts over its
 `tp_group` each step. `host_tier_group` gives each rank's tree a place in one in-process group
 (`tp_group.RankGroup`) and each rank's controller copies that finish late by lags of its own
-(`hicache.lagging_acks`), so the ranks' counts differ and the MIN decides, as on GPUs.
+(`hicache.lagging_acks`), so the ranks' counts differ and the MIN decides, as on GPUs. With
+a storage tier too, each rank's controller meets the others' in its storage threads' own
+groups (`storage.join_storage_groups`), its backups finishing late by lags of its own
+(`storage.LaggingBackups`).
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
     import numpy as np
 
     from kvcanary_cli.soak.hicache import ACK_LAG, join_rank_group, lagging_acks
+    from kvcanary_cli.soak.storage import join_storage_groups, lagging_backups
 
     trees = [scheduler.stack.tree for scheduler in schedulers]
     if len(trees) < 2 or getattr(trees[0], "cache_controller", None) is None:
@@ -121,6 +125,15 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
             return int(scheduler.step_no)
 
         lagging_acks(tree, clock, lag)
+        if getattr(tree, "enable_storage", False):
+            with counters.as_rank(rank):
+                join_storage_groups(tree.cache_controller, group.handle(rank))
+            writes = np.random.default_rng([scheduler.workload.seed, 0x5703, rank])
+
+            def write_lag(draw: Any = writes) -> int:
+                return int(draw.integers(0, ACK_LAG + 1))
+
+            lagging_backups(tree.cache_controller, clock, write_lag)
     return group
 
 

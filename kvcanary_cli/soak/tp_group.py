@@ -13,6 +13,13 @@ rank's tensor, as the all-reduce does, and rank 0 runs on. Only one thread runs 
 so each rank's process-wide counters (`tp.RankGlobals`) are swapped at each hand-over.
 A rank that ends its step while another waits at a collective (a server's ranks would hang)
 raises `RanksParted` in the waiting rank.
+
+A collective belongs to a group: the tree's `tp_group` (`"tp"`), or one SGLang makes of it
+(with a storage tier, the controller's gloo groups for its prefetch hit queries and
+completions: `soak.storage.join_storage_groups`). In a server each group is a communicator
+of its own, matched by the order each rank made it in: ranks waiting at all-reduces of
+different groups never meet, so that too raises `RanksParted`. Each group's collectives are
+counted (`met`), and those the reduction decided (`decided_in`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["GroupHandle", "RankGroup", "RanksParted"]
+__all__ = ["TP", "GroupHandle", "RankGroup", "RanksParted"]
 
 T = TypeVar("T")
 
@@ -33,12 +40,19 @@ class RanksParted(Exception):
     """A rank waits at a collective that another rank ended its step without entering."""
 
 
+#: the name of the tree's own group (`GroupHandle.name`)
+TP = "tp"
+
+
 @dataclass(frozen=True)
 class GroupHandle:
-    """What a rank's tree holds as its `tp_group`: the group and the rank's place in it."""
+    """What a rank's tree (or controller) holds as a process group: the ranks' group, the
+    rank's place in it, and which of the group's communicators it is (`name`: `TP`, or one
+    made of it, `RankGroup.made`)."""
 
     group: RankGroup
     rank: int
+    name: str = TP
 
 
 class _Rank(Generic[T]):
@@ -50,8 +64,8 @@ class _Rank(Generic[T]):
         self.ended = False
         self.result: T | None = None
         self.error: BaseException | None = None
-        #: the tensor and op this rank waits at a collective with
-        self.waiting: tuple[Any, Any] | None = None
+        #: the tensor, op and communicator this rank waits at a collective with
+        self.waiting: tuple[Any, Any, str] | None = None
         self.parted: str | None = None
 
 
@@ -68,10 +82,19 @@ class RankGroup:
         self.collectives = 0
         #: of those, where the ranks brought different values (the reduction decided)
         self.decided = 0
+        #: collectives met, and those decided, per communicator (`GroupHandle.name`)
+        self.met: dict[str, int] = {}
+        self.decided_in: dict[str, int] = {}
 
     def handle(self, rank: int) -> GroupHandle:
         """What rank `rank`'s tree holds as its group."""
         return GroupHandle(self, rank)
+
+    def made(self, rank: int, name: str) -> GroupHandle:
+        """Rank `rank`'s handle on a communicator SGLang makes of the group (`new_group`,
+        its `create_custom_parallel_group`), named by what it is for: every rank must make
+        the same ones, in the same order, or its all-reduces meet none of the others'."""
+        return GroupHandle(self, rank, name)
 
     # -- inside a rank's thread --------------------------------------------------------------
 
@@ -84,11 +107,11 @@ class RankGroup:
         state.go.wait()
         self._enter(rank)
 
-    def all_reduce(self, rank: int, tensor: Any, op: Any) -> None:
-        """Rank `rank`'s part of an all-reduce: wait for every rank's, then take the
-        reduced value in place."""
+    def all_reduce(self, rank: int, tensor: Any, op: Any, name: str = TP) -> None:
+        """Rank `rank`'s part of an all-reduce on communicator `name`: wait for every
+        rank's, then take the reduced value in place."""
         state = self._ranks[rank]
-        state.waiting = (tensor, op)
+        state.waiting = (tensor, op, name)
         self._park(rank)
         state.waiting = None
         if state.parted is not None:
@@ -105,16 +128,20 @@ class RankGroup:
     def _reduce(self) -> None:
         import torch
 
-        tensors = [state.waiting[0] for state in self._ranks if state.waiting is not None]
-        ops = {str(state.waiting[1]) for state in self._ranks if state.waiting is not None}
+        waiting = [state.waiting for state in self._ranks if state.waiting is not None]
+        tensors = [tensor for tensor, _, _ in waiting]
+        ops = {str(op) for _, op, _ in waiting}
+        names = sorted({name for _, _, name in waiting})
         shapes = {(tuple(t.shape), t.dtype) for t in tensors}
-        parted = len(tensors) != self.size or len(ops) != 1 or len(shapes) != 1
+        parted = len(tensors) != self.size or len(ops) != 1 or len(shapes) != 1 or len(names) != 1
         if parted:
             ended = [str(i) for i, state in enumerate(self._ranks) if state.waiting is None]
             why = (
                 f"rank(s) {', '.join(ended)} ended the step without the all-reduce the others "
                 "wait at"
                 if ended
+                else f"the ranks wait at all-reduces of different groups ({', '.join(names)})"
+                if len(names) != 1
                 else "the ranks' all-reduces differ in op or shape"
             )
             for state in self._ranks:
@@ -129,10 +156,14 @@ class RankGroup:
             reduced = stacked.max(dim=0).values
         else:
             reduced = stacked.sum(dim=0).to(tensors[0].dtype)
-        self.decided += int(any(not torch.equal(t, reduced) for t in tensors))
+        decided = int(any(not torch.equal(t, reduced) for t in tensors))
         for t in tensors:
             t.copy_(reduced)
+        name = names[0]
         self.collectives += 1
+        self.decided += decided
+        self.met[name] = self.met.get(name, 0) + 1
+        self.decided_in[name] = self.decided_in.get(name, 0) + decided
 
     def run(self, steps: Sequence[Callable[[], T]]) -> list[T | None]:
         """Each rank's `steps[rank]()`, in lockstep (see module); what each returned."""
@@ -174,15 +205,16 @@ class RankGroup:
 
 @contextmanager
 def collectives_in_process() -> Iterator[None]:
-    """`torch.distributed`'s all-reduce, barrier, world size and rank answered by a
-    `RankGroup` for a tree whose group is its `GroupHandle` (any other group: torch's own)."""
+    """`torch.distributed`'s all-reduce, barrier, world size, rank and a group's ranks
+    answered by a `RankGroup` for a group that is a `GroupHandle` (any other group: torch's
+    own)."""
     import torch.distributed as dist
 
     saved = {name: getattr(dist, name) for name in _PATCHED}
 
     def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, **kw: Any) -> Any:
         if isinstance(group, GroupHandle):
-            group.group.all_reduce(group.rank, tensor, op)
+            group.group.all_reduce(group.rank, tensor, op, group.name)
             return None
         return saved["all_reduce"](tensor, op=op, group=group, **kw)
 
@@ -190,7 +222,7 @@ def collectives_in_process() -> Iterator[None]:
         if isinstance(group, GroupHandle):
             import torch
 
-            group.group.all_reduce(group.rank, torch.zeros(1), dist.ReduceOp.SUM)
+            group.group.all_reduce(group.rank, torch.zeros(1), dist.ReduceOp.SUM, group.name)
             return None
         return saved["barrier"](group=group, **kw)
 
@@ -204,11 +236,17 @@ def collectives_in_process() -> Iterator[None]:
             return group.rank
         return int(saved["get_rank"](group=group))
 
+    def get_process_group_ranks(group: Any) -> list[int]:
+        if isinstance(group, GroupHandle):
+            return list(range(group.group.size))
+        return list(saved["get_process_group_ranks"](group))
+
     stand_ins = {
         "all_reduce": all_reduce,
         "barrier": barrier,
         "get_world_size": get_world_size,
         "get_rank": get_rank,
+        "get_process_group_ranks": get_process_group_ranks,
     }
     for name, value in stand_ins.items():
         setattr(dist, name, value)
@@ -219,4 +257,4 @@ def collectives_in_process() -> Iterator[None]:
             setattr(dist, name, value)
 
 
-_PATCHED = ("all_reduce", "barrier", "get_world_size", "get_rank")
+_PATCHED = ("all_reduce", "barrier", "get_world_size", "get_rank", "get_process_group_ranks")

@@ -180,7 +180,6 @@ def test_a_scalar_out_of_range_in_the_api_names_the_scalar() -> None:
     ("args", "flag"),
     [
         (["--hicache-storage"], "--hicache-storage"),
-        (["--hicache", "--hicache-storage", "--tp", "2"], "--hicache-storage"),
         (["--layout", "mamba", "--page-size", "4"], "--page-size"),
     ],
 )
