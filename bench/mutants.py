@@ -16,7 +16,9 @@ a donated track slot not replaced, the track map left stale; in the radix sessio
 close that frees a tagged leaf's KV left in the tree, a tag that locks its path, a close that
 keeps its references; under `soak --tp 2` the tree's access stamps ticking coarsely, so an
 eviction tie parts the ranks; under `soak --tp 2 --hicache` a rank taking the write-through
-acks its own copies finished, not the group's MIN); each
+acks its own copies finished, not the group's MIN; under `soak --tp 2 --hicache
+--hicache-storage` a rank taking the storage hits its own store holds, not the group's MIN);
+each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
 run time to a hard-linked copy of the unpacked release (the edited file is replaced, never
@@ -35,7 +37,7 @@ Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
 `mamba-extra-release`, `swa+radix-release`: the SWA layout under radix sessions,
 `soak --session-radix-cache`, whose mutants are the radix sessions' code, and
 `swa-tp2-release`: the SWA layout on two ranks, `swa+hicache-tp2-release`: with the host
-tier too).
+tier too, `swa+hicache-storage-tp2-release`: with the storage tier behind it).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -49,7 +51,8 @@ asserted in tests (the test suite only checks that every snippet is found). Usag
 
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
         [--wheel W] [--engine sglang|vllm|all]
-        [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2|swa+hicache-tp2 ...]
+        [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2|swa+hicache-tp2
+                  |swa+hicache-storage-tp2 ...]
         [--vllm-wheel W]
 """
 
@@ -578,6 +581,52 @@ MUTANTS: tuple[Mutant, ...] = (
         "(never below the MIN)",
         control=True,
         layout="swa+hicache",
+        tp=2,
+    ),
+    # -- the storage tier on tensor-parallel ranks (soak --tp 2 --hicache --hicache-storage):
+    # the hit query's all-reduce ---------------------------------------------------------------
+    Mutant(
+        "storage-hits-not-reduced",
+        "mem_cache/hybrid_cache/hybrid_cache_controller.py",
+        "        self._all_reduce(\n"
+        "            packed,\n"
+        "            torch.distributed.ReduceOp.MIN,\n"
+        "            self.prefetch_hits_sync_groups,\n"
+        "        )\n"
+        "        reduced = packed.tolist()\n",
+        "        local_packed = packed.tolist()\n"
+        "        self._all_reduce(\n"
+        "            packed,\n"
+        "            torch.distributed.ReduceOp.MIN,\n"
+        "            self.prefetch_hits_sync_groups,\n"
+        "        )\n"
+        "        reduced = local_packed\n",
+        "ranks part through the storage tier: each rank's controller meets the others in the "
+        "hit query's all-reduce but takes its own storage hit pages, not the group's MIN, so a "
+        "rank whose store holds more of a prefix loads more of it than the others",
+        layout="swa+hicache-storage",
+        tp=2,
+    ),
+    Mutant(
+        "storage-hits-reduced-twice",
+        "mem_cache/hybrid_cache/hybrid_cache_controller.py",
+        "        self._all_reduce(\n"
+        "            packed,\n"
+        "            torch.distributed.ReduceOp.MIN,\n"
+        "            self.prefetch_hits_sync_groups,\n"
+        "        )\n"
+        "        reduced = packed.tolist()\n",
+        "        local_packed = packed.tolist()\n"
+        "        self._all_reduce(\n"
+        "            packed,\n"
+        "            torch.distributed.ReduceOp.MIN,\n"
+        "            self.prefetch_hits_sync_groups,\n"
+        "        )\n"
+        "        reduced = [min(a, b) for a, b in zip(packed.tolist(), local_packed)]\n",
+        "control: the group's MIN of the hit query taken again with the rank's own values "
+        "(never below the MIN)",
+        control=True,
+        layout="swa+hicache-storage",
         tp=2,
     ),
     # -- streaming sessions (`--enable-streaming-session`: soak's swa and unified histories) --
@@ -1219,9 +1268,10 @@ def _first_complaint(
 
 
 #: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix";
-#: for its host tier (`--hicache`): "swa+hicache"; for tensor-parallel ranks (`--tp N`):
-#: "swa-tp2" (both: "swa+hicache-tp2").
-RADIX, HICACHE, RANKS = "+radix", "+hicache", "-tp"
+#: for its host tier (`--hicache`): "swa+hicache", with the storage tier behind it
+#: (`--hicache-storage`): "swa+hicache-storage"; for tensor-parallel ranks (`--tp N`):
+#: "swa-tp2" (host tier and ranks: "swa+hicache-tp2").
+RADIX, HICACHE, STORAGE, RANKS = "+radix", "+hicache", "-storage", "-tp"
 
 
 class BenchLayout(NamedTuple):
@@ -1231,14 +1281,20 @@ class BenchLayout(NamedTuple):
     radix: bool
     hicache: bool
     tp: int
+    #: the storage tier behind the host tier (`--hicache-storage`)
+    storage: bool = False
 
 
 def soak_layout(layout: str) -> BenchLayout:
-    """The soak layout a bench layout names, whether it runs radix sessions or the host tier,
-    and its ranks."""
+    """The soak layout a bench layout names, whether it runs radix sessions, the host tier
+    or the storage tier behind it, and its ranks."""
     layout, _, ranks = layout.partition(RANKS)
+    storage = layout.endswith(HICACHE + STORAGE)
+    layout = layout.removesuffix(STORAGE) if storage else layout
     base = layout.removesuffix(RADIX).removesuffix(HICACHE)
-    return BenchLayout(base, layout.endswith(RADIX), layout.endswith(HICACHE), int(ranks or 1))
+    return BenchLayout(
+        base, layout.endswith(RADIX), layout.endswith(HICACHE), int(ranks or 1), storage
+    )
 
 
 def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> dict[str, Any]:
@@ -1255,9 +1311,10 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     from kvcanary_cli.soak.driver import Scheduler, serving_options
     from kvcanary_cli.soak.run import history_stack
     from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
+    from kvcanary_cli.soak.storage import storage_folder
     from kvcanary_cli.soak.tp import RankGlobals, host_tier_group
 
-    layout, radix, hicache, tp = soak_layout(layout)
+    layout, radix, hicache, tp, storage = soak_layout(layout)
     specs = _specs(None, ("python",) if radix else modules.cores, None, layout)
     path_cap = has_path_cap(modules)
     streaming = drives_streaming_sessions(modules)
@@ -1275,13 +1332,20 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
             hicache=hicache,
             streaming=streaming,
             radix=radix,
+            storage=storage,
         )
         counters = RankGlobals(tp) if tp > 1 else None
+        # with a storage tier on ranks, one folder for them all, as soak's (each rank's pages
+        # named for it)
+        shared = storage_folder() if tp > 1 and storage else None
         ranks = []
         for i in range(tp):
             with nullcontext() if counters is None else counters.as_rank(i):
                 # soak's stack: its switches, as drawn
-                scheduler = Scheduler(history_stack(modules, spec, workload), workload)
+                stack = history_stack(
+                    modules, spec, workload, rank=i, ranks=tp, storage_folder=shared
+                )
+                scheduler = Scheduler(stack, workload)
                 ranks.append((scheduler, SGLangChecks(scheduler)))
         scheduler = ranks[0][0]
         group = None if counters is None else host_tier_group([r[0] for r in ranks], counters)
@@ -1367,6 +1431,7 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
                     layout=soak_layout(layout).layout,
                     session_radix_cache=soak_layout(layout).radix,
                     hicache=soak_layout(layout).hicache,
+                    hicache_storage=soak_layout(layout).storage,
                     tp=soak_layout(layout).tp,
                 )
                 run["soak_s"] = round(time.monotonic() - t0, 2)
@@ -1559,6 +1624,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "swa" + RADIX),
     ("sglang", "swa-tp2"),
     ("sglang", "swa" + HICACHE + "-tp2"),
+    ("sglang", "swa" + HICACHE + STORAGE + "-tp2"),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1704,10 +1770,11 @@ def _group_report(
     if version != SNIPPETS_FOR[engine]:
         release += f" (snippets written for {SNIPPETS_FOR[engine]}"
         release += f"; {len(figures.get('left_out', []))} left out)"
-    layout_only, radix, hicache, ranks = soak_layout(layout)
+    layout_only, radix, hicache, ranks, storage = soak_layout(layout)
     flags = (
         (" --session-radix-cache" if radix else "")
         + (" --hicache" if hicache else "")
+        + (" --hicache-storage" if storage else "")
         + (f" --tp {ranks}" if ranks > 1 else "")
     )
     where = f" (soak --layout {layout_only}{flags})" if engine == "sglang" else ""
@@ -1786,7 +1853,8 @@ def main() -> int:
         choices=[layout for engine, layout in GROUPS if engine == "sglang"],
         default=None,
         help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions; "
-        "swa+hicache-tp2: with the host tier on two ranks)",
+        "swa+hicache-tp2: with the host tier on two ranks; swa+hicache-storage-tp2: with "
+        "the storage tier behind it)",
     )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)

@@ -267,7 +267,9 @@ class _Drawn(Exception):
     """Stops `sglang_alone` once its first history's stack is asked for."""
 
 
-@pytest.mark.parametrize("layout", ["swa", "unified", "mamba", "swa+hicache-tp2"])
+@pytest.mark.parametrize(
+    "layout", ["swa", "unified", "mamba", "swa+hicache-tp2", "swa+hicache-storage-tp2"]
+)
 def test_sglang_alone_runs_the_soak_workload_of_its_layout(
     layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,7 +284,7 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
 
     built: list[tuple[object, object]] = []
 
-    def recording(modules: object, spec: object, workload: object) -> object:
+    def recording(modules: object, spec: object, workload: object, **placed: object) -> object:
         built.append((spec, workload))
         raise _Drawn
 
@@ -294,22 +296,29 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
             tree=SimpleNamespace(version="0.5.23"),
         )
         mutants.sglang_alone(modules, 10, 0, layout)
-    base, _, hicache, _ = mutants.soak_layout(layout)
+    base, _, hicache, _, storage = mutants.soak_layout(layout)
     specs = command._specs(None, ("python",), None, base)
-    workload = command.history_workload(0, 0, len(specs), 1, base, hicache=hicache)  # no cap
+    workload = command.history_workload(
+        0, 0, len(specs), 1, base, hicache=hicache, storage=storage
+    )  # no cap
     assert built == [(specs[0], workload)]
     assert workload.hicache_write_policy is not None or not hicache
+    assert (workload.hicache_storage is not None) == storage
 
 
 def test_a_bench_layout_names_soaks_switches() -> None:
     """`swa+hicache-tp2` is soak's swa layout with the host tier on two ranks, as `soak
     --layout swa --hicache --tp 2` runs it; its mutants are the host tier's on ranks."""
-    assert mutants.soak_layout("swa+hicache-tp2") == ("swa", False, True, 2)
-    assert mutants.soak_layout("swa+radix") == ("swa", True, False, 1)
-    assert mutants.soak_layout("swa-tp2") == ("swa", False, False, 2)
+    assert mutants.soak_layout("swa+hicache-tp2") == ("swa", False, True, 2, False)
+    assert mutants.soak_layout("swa+hicache-storage-tp2") == ("swa", False, True, 2, True)
+    assert mutants.soak_layout("swa+radix") == ("swa", True, False, 1, False)
+    assert mutants.soak_layout("swa-tp2") == ("swa", False, False, 2, False)
     on_ranks = [m for m in mutants.MUTANTS if m.layout == "swa+hicache"]
     assert {m.control for m in on_ranks} == {False, True}
     assert all(mutants._group(m) == ("sglang", "swa+hicache-tp2") for m in on_ranks)
+    with_storage = [m for m in mutants.MUTANTS if m.layout == "swa+hicache-storage"]
+    assert {m.control for m in with_storage} == {False, True}
+    assert all(mutants._group(m) == ("sglang", "swa+hicache-storage-tp2") for m in with_storage)
 
 
 def test_a_mutant_that_parts_ranks_is_soaked_on_ranks() -> None:
@@ -343,7 +352,7 @@ def test_sglang_alone_sets_the_serving_options_as_soak_does(
         calls.append(args)
         raise _Drawn
 
-    monkeypatch.setattr(soak_run, "history_stack", lambda *_: object())
+    monkeypatch.setattr(soak_run, "history_stack", lambda *_, **placed: object())
     monkeypatch.setattr(driver, "Scheduler", lambda stack, workload: SimpleNamespace())
     monkeypatch.setattr(audit, "SGLangChecks", lambda scheduler: None)
     monkeypatch.setattr(driver, "serving_options", recording)

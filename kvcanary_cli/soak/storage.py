@@ -22,8 +22,12 @@ ranks share theirs, each rank's pages named for it (`backend_context`), and each
 threads pumped inside its own step. The controller's storage threads meet the other ranks'
 in all-reduces of their own (MIN of the hit counts, of the completed tokens) over gloo
 groups SGLang makes of the TP group; `join_storage_groups` makes them of the ranks'
-in-process group. A rank's backups finish late by lags of its own (`LaggingBackups`), so one
-rank's storage may hold a page another's does not yet, and the MINs decide.
+in-process group. A rank's backups finish late by lags of its own (`LaggingBackups`), and a
+rank's store refuses some page writes of its own (`refusing_writes`), as a full or failing
+store does. Lags alone never part the ranks' storage where it is read: a node's host copy
+stays locked until every rank's backup of it is acked (the tree MIN-reduces the backup acks),
+and only what is off the host is asked of storage. A page one rank's store refused is missing
+there for good, so the hit query's MIN decides.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from kvcanary_cli.soak.environment import environment_set
 __all__ = [
     "BACKEND",
     "PREFETCH_THRESHOLD",
+    "WRITE_LAG",
+    "WRITE_REFUSALS",
     "LaggingBackups",
     "StoragePump",
     "StorageTier",
@@ -52,6 +58,7 @@ __all__ = [
     "join_storage_groups",
     "lagging_backups",
     "park_storage_threads",
+    "refusing_writes",
     "request_prefetch",
     "retry_prefetches",
     "server_args_fields",
@@ -64,6 +71,13 @@ BACKEND = "file"
 #: the shortest span a prefetch asks for, in tokens (SGLang's `prefetch_threshold`, 256 by
 #: default, is longer than soak's prompts; SGLang raises it to a page where a page is longer)
 PREFETCH_THRESHOLD = 8
+#: the most steps a rank's backup to storage finishes after it was queued (`soak --tp N`): a
+#: write to a file system or a remote store takes many decode steps, each rank's its own
+WRITE_LAG = 8
+#: the share of a rank's new page writes its store refuses (`soak --tp N`): the file backend
+#: returns False where its evictor finds no room or the write raises (a full disk, a failing
+#: remote store), and SGLang's backup stops at the refused batch and acks what it wrote
+WRITE_REFUSALS = 0.1
 #: where the file backend reads its folder ahead of its config: set to soak's own while the
 #: backend is built, so a user's setting never sends soak's pages elsewhere
 _FOLDER_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
@@ -159,10 +173,9 @@ class _SetWhenEmpty:
 class LaggingBackups(Queue):  # type: ignore[type-arg]
     """A rank's backup queue whose writes to storage each finish `lag()` steps of its
     `clock` late, in order (one backup thread: a backup never finishes before the one
-    queued before it). With several ranks the lags differ, so for a step or two one rank's
-    storage holds pages another's does not yet, as on a server whose ranks' writes finish
-    when they do: the controller's MIN of the ranks' hit counts, and the tree's of their
-    backup acks, decide."""
+    queued before it). With several ranks the lags differ, as on a server whose ranks' writes
+    finish when they do: the tree's MIN of the ranks' backup acks decides, and a node's host
+    copy stays locked until the last rank's write of it lands."""
 
     def __init__(self, clock: Callable[[], int], lag: Callable[[], int]) -> None:
         super().__init__()
@@ -193,6 +206,22 @@ def lagging_backups(controller: Any, clock: Callable[[], int], lag: Callable[[],
     while not old.empty():
         queue.put(old.get_nowait())
     controller.backup_queue = queue
+
+
+def refusing_writes(controller: Any, refused: Callable[[], bool]) -> None:
+    """A rank's store that refuses a new page's write where `refused()` says so, as the file
+    backend's `set` does before it writes (its evictor finding no room); a page already
+    stored is never asked (`set` answers it stored first). The ranks' stores then differ for
+    good in the pages refused, as a server's do."""
+    backend = controller.storage_backend
+    write = backend.set
+
+    def set_page(key: str, value: Any = None, *args: Any, **kwargs: Any) -> bool:
+        if not backend.exists(key) and refused():
+            return False
+        return bool(write(key, value, *args, **kwargs))
+
+    backend.set = set_page
 
 
 @dataclass

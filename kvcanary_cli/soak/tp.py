@@ -20,7 +20,8 @@ With SGLang's host tier, the ranks do meet: the tree MIN-reduces its ready ack c
 (`hicache.lagging_acks`), so the ranks' counts differ and the MIN decides, as on GPUs. With
 a storage tier too, each rank's controller meets the others' in its storage threads' own
 groups (`storage.join_storage_groups`), its backups finishing late by lags of its own
-(`storage.LaggingBackups`).
+(`storage.LaggingBackups`) and its store refusing writes of its own
+(`storage.refusing_writes`).
 """
 
 from __future__ import annotations
@@ -108,7 +109,13 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
     import numpy as np
 
     from kvcanary_cli.soak.hicache import ACK_LAG, join_rank_group, lagging_acks
-    from kvcanary_cli.soak.storage import join_storage_groups, lagging_backups
+    from kvcanary_cli.soak.storage import (
+        WRITE_LAG,
+        WRITE_REFUSALS,
+        join_storage_groups,
+        lagging_backups,
+        refusing_writes,
+    )
 
     trees = [scheduler.stack.tree for scheduler in schedulers]
     if len(trees) < 2 or getattr(trees[0], "cache_controller", None) is None:
@@ -131,9 +138,15 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
             writes = np.random.default_rng([scheduler.workload.seed, 0x5703, rank])
 
             def write_lag(draw: Any = writes) -> int:
-                return int(draw.integers(0, ACK_LAG + 1))
+                return int(draw.integers(0, WRITE_LAG + 1))
 
             lagging_backups(tree.cache_controller, clock, write_lag)
+            refusals = np.random.default_rng([scheduler.workload.seed, 0x5EF, rank])
+
+            def refused(draw: Any = refusals) -> bool:
+                return bool(draw.random() < WRITE_REFUSALS)
+
+            refusing_writes(tree.cache_controller, refused)
     return group
 
 

@@ -7,10 +7,11 @@ group (`soak.tp_group`).
 
 Clean twin: the ranks hold the same state at every audited point and SGLang's checks stay
 silent, with the tree's ack all-reduce met every step (the MIN decided at some), the storage
-groups' all-reduces met, and both ranks' pages in the one folder. Caught: the planted
-`storage-ack-frees-host` fault, planted on every rank, is named on two ranks as on one; a
-rank whose controller skips the hit query's all-reduce parts the ranks (no hang).
-"""
+groups' all-reduces met, the hit query's MIN deciding at some (each rank's store refuses
+writes of its own: `storage.refusing_writes`), and both ranks' pages in the one folder.
+Caught: the planted `storage-ack-frees-host` fault, planted on every rank, is named on two
+ranks as on one; a rank whose controller skips the hit query's all-reduce parts the ranks
+(no hang)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ def test_two_ranks_with_storage_meet_at_every_storage_collective(
     (group,) = groups
     assert group.met[TP] >= report.steps and group.decided_in[TP] > 0
     assert group.met.get(SYNC_GROUPS[0], 0) > 0  # every hit query met the other rank's
+    assert group.decided_in[SYNC_GROUPS[0]] > 0  # the ranks' stores differed where read
     assert set(group.met) <= {TP, *SYNC_GROUPS}
     suffixes = {name.rsplit(".", 1)[0].rsplit("_", 2)[-2:][0] for name in names}
     assert suffixes == {"0", "1"}  # one folder, each rank's own pages
@@ -145,3 +147,24 @@ def test_a_ranks_backups_finish_late_and_in_order() -> None:
     assert due == [(False, True), (False, True), (True, False)]
     assert [queue.get_nowait(), queue.get_nowait()] == ["first", "second"]
     assert queue.due() and stop.is_set()  # empty: nothing to wait for
+
+
+def test_a_ranks_store_refuses_only_new_pages() -> None:
+    """`refusing_writes`: a refused page is not written (the backend says so, as its evictor's
+    refusal does); a page already stored is answered stored, never refused."""
+    from types import SimpleNamespace
+
+    from kvcanary_cli.soak.storage import refusing_writes
+
+    stored: set[str] = set()
+
+    def write(key: str, value: object = None) -> bool:
+        stored.add(key)
+        return True
+
+    backend = SimpleNamespace(set=write, exists=lambda key: key in stored)
+    refusals = iter([False, True, True])
+    refusing_writes(SimpleNamespace(storage_backend=backend), lambda: next(refusals))
+    assert backend.set("a", b"") and not backend.set("b", b"")
+    assert backend.set("a", b"")  # stored already: not asked whether to refuse
+    assert stored == {"a"} and next(refusals)  # one refusal left undrawn
