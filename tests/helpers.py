@@ -19,6 +19,7 @@ from kvcanary_cli.planners.reference import ReferencePlanner
 from kvcanary_cli.planners.triton_planner import TritonPlanner
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.check import DumpReport, Finding
+from kvcanary_cli.synth.scenarios import SCENARIOS
 
 REFERENCE = ReferencePlanner()
 STRICT = ReferencePlanner(strict=True)
@@ -53,8 +54,6 @@ def page_sizes_in_turn(names: Iterable[str], *, fast_only: bool = False) -> list
     takes; the fast lane one page size a scenario, taken in turn (1, 4, 16, 1, ...: at least
     its smallest), and the slow lane the others, which repeat that scenario's path
     (`fast_only`: only the fast lane's cases)."""
-    from kvcanary_cli.synth.scenarios import SCENARIOS
-
     cases: list[Any] = []
     for turn, name in enumerate(names):
         pages = [page for page in PAGE_SIZES if page >= SCENARIOS[name].min_page_size]

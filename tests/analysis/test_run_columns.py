@@ -43,10 +43,11 @@ def _arrays() -> Iterator[np.ndarray]:
 
 
 def _cases() -> list[object]:
-    """`_arrays()` as cases: the twelve draws of each random shape after the first repeat a
-    path the fast lane takes (slow); the dtype edges all run there."""
+    """`_arrays()` as cases: of its 12 draws of 3 random shapes, the draws after the first
+    repeat a path the fast lane takes (slow); the dtype edges after them all run there."""
+    shapes, draws = 3, 12
     return [
-        pytest.param(given, marks=pytest.mark.slow) if 3 <= i < 36 else given
+        pytest.param(given, marks=pytest.mark.slow) if shapes <= i < shapes * draws else given
         for i, given in enumerate(_arrays())
     ]
 
