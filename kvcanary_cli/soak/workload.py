@@ -7,7 +7,8 @@ is what shrinking (`soak.shrink`) does.
 
 Prompts share prefixes on purpose: each draws a stem from a few shared ones (a system prompt,
 a conversation's earlier turns) and adds a tail of its own, so the radix tree matches, splits
-and tombstones nodes.
+and tombstones nodes. A storage history's requests also come back, late, to early prompts
+(`returns`): by then the host has often evicted them, and storage serves what it backed up.
 """
 
 from __future__ import annotations
