@@ -53,3 +53,22 @@ def test_one_rank_shares_nothing_it_should_not(counters: types.ModuleType) -> No
     with ranks.as_rank(1):
         _stamp(counters, 2)
     assert held == {"full": 5}
+
+
+def test_each_rank_numbers_its_own_tree_nodes(counters: types.ModuleType) -> None:
+    """The node class's id counter (SGLang's `UnifiedTreeNode.counter`, class-wide in a
+    process): shared, rank 1's nodes took ids after rank 0's, and the ranks' write-back reclaim
+    digests, made of node ids, differed (SGLang's own TP check crashed a clean history)."""
+
+    class UnifiedTreeNode:
+        counter = 0
+
+    counters.UnifiedTreeNode = UnifiedTreeNode  # type: ignore[attr-defined]
+    ranks = RankGlobals(2)
+    with ranks.as_rank(0):
+        UnifiedTreeNode.counter += 3
+    with ranks.as_rank(1):
+        assert UnifiedTreeNode.counter == 0
+        UnifiedTreeNode.counter += 1
+    with ranks.as_rank(0):
+        assert UnifiedTreeNode.counter == 3

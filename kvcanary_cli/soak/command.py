@@ -69,6 +69,9 @@ STREAMING_SESSIONS = 4
 #: drops a path's shallow Mamba states and keeps their nodes, which an uncapped history
 #: never does (its full pool runs short first, and evicted states leave with their node).
 MAMBA_PATH_CAP = 2
+#: Requests per storage history that come back late to an early request's prompt
+#: (`random_workload`'s `returns`): what the host tier evicted by then, storage serves.
+STEM_RETURNS = 4
 #: Runs a replay of ranks that parted may take: where a per-process order (the ranks' object
 #: addresses) decided it, a run in another process can keep the ranks together.
 RANK_REPLAYS = 3
@@ -118,7 +121,9 @@ def history_workload(
     within three rounds), and with `storage` (`--hicache-storage`) its storage tier behind it
     under SGLang's prefetch policies in turn (`PREFETCH_POLICIES`, every three histories),
     without streaming sessions (SGLang 0.5.23's storage prefetch crashes on a session's turn:
-    docs/soak.md, The storage tier).
+    docs/soak.md, The storage tier), and with `STEM_RETURNS` requests coming back late to
+    early prompts, which by then have left the host and storage serves (no other history
+    draws them, so theirs stay as they were).
     With `radix` (`--session-radix-cache`), the sessions are client
     sessions under SGLang's radix sessions in every layout (`STREAMING_SESSIONS` of them
     outside the Mamba layouts), closed once their turns are over (`soak.sessions`)."""
@@ -143,6 +148,7 @@ def history_workload(
         sessions=MAMBA_SESSIONS if mamba else STREAMING_SESSIONS if streaming or radix else 0,
         streaming_sessions=not mamba and streaming and not radix,
         radix_sessions=radix,
+        returns=STEM_RETURNS if hicache and storage else 0,
         release_prefill_swa=rounds % 2 == 1,
         swa_eviction_interval=SWA_EVICTION_INTERVALS[rounds % len(SWA_EVICTION_INTERVALS)],
         need_sort=history % NEED_SORT_EVERY == NEED_SORT_EVERY - 1,

@@ -7,9 +7,10 @@ forward's next tokens are the same on every rank. What a rank's memory cache rea
 is its process's state: its objects (their addresses, so the iteration order of sets keyed by
 them; the Rust tree core's hash maps, each seeded at random), and the module-level counters
 SGLang's unified tree stamps its nodes with (`get_and_increase_time_counter`: the LRU's access
-times, and the components' ids). Soak builds one stack and one scheduler per rank, so the
-objects are each rank's already; `RankGlobals` gives each rank its own counters, swapped in
-while that rank runs, each starting where a fresh process starts.
+times, and the components' ids), and the node class's id counter (`UnifiedTreeNode.counter`,
+which the write-back reclaim digest the ranks compare is made of). Soak builds one stack and
+one scheduler per rank, so the objects are each rank's already; `RankGlobals` gives each rank
+its own counters, swapped in while that rank runs, each starting where a fresh process starts.
 
 The comparison is `kvcanary ranks`' own (`analysis.ranks.compare_ranks`), on the dumps the
 capture records of each rank's state.
@@ -55,10 +56,26 @@ def _counter_modules() -> list[Any]:
     return [
         module
         for name, module in list(sys.modules.items())
-        if name.startswith("sglang.srt.mem_cache.")
-        and module is not None
-        and hasattr(module, _COUNTER_NAMES[0])
+        if name.startswith(_MEM_CACHE) and module is not None and hasattr(module, _COUNTER_NAMES[0])
     ]
+
+
+#: where SGLang's memory cache modules live
+_MEM_CACHE = "sglang.srt.mem_cache."
+#: SGLang's unified tree node class, whose class-wide `counter` numbers every node made in a
+#: process (0.5.23 on; older releases number nodes the same way where they have it)
+_NODE_CLASS = "UnifiedTreeNode"
+
+
+def _node_classes() -> list[Any]:
+    """The loaded node classes that number their nodes from one class-wide counter, once
+    each (a module that imports the class holds the same one)."""
+    found: dict[int, Any] = {}
+    for name, module in list(sys.modules.items()):
+        node = getattr(module, _NODE_CLASS, None) if name.startswith(_MEM_CACHE) else None
+        if isinstance(node, type) and type(vars(node).get("counter")) is int:
+            found.setdefault(id(node), node)
+    return list(found.values())
 
 
 class RankGlobals:
@@ -67,21 +84,25 @@ class RankGlobals:
 
     def __init__(self, ranks: int) -> None:
         self._modules = _counter_modules()
+        self._nodes = _node_classes()
         start = self._read()
         #: each rank's values, from one start: every rank's process imports the same tree
         self._saved = [copy.deepcopy(start) for _ in range(ranks)]
 
     def _read(self) -> dict[tuple[int, str], Any]:
-        return {
+        values = {
             (i, name): copy.deepcopy(getattr(module, name))
             for i, module in enumerate(self._modules)
             for name in _COUNTER_NAMES
             if hasattr(module, name)
         }
+        values.update({(-1 - i, "counter"): node.counter for i, node in enumerate(self._nodes)})
+        return values
 
     def _write(self, values: Mapping[tuple[int, str], Any]) -> None:
         for (i, name), value in values.items():
-            setattr(self._modules[i], name, copy.deepcopy(value))
+            holder = self._modules[i] if i >= 0 else self._nodes[-1 - i]
+            setattr(holder, name, copy.deepcopy(value))
 
     def enter(self, rank: int) -> None:
         """Rank `rank`'s counters in place."""

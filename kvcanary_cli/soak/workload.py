@@ -7,7 +7,8 @@ is what shrinking (`soak.shrink`) does.
 
 Prompts share prefixes on purpose: each draws a stem from a few shared ones (a system prompt,
 a conversation's earlier turns) and adds a tail of its own, so the radix tree matches, splits
-and tombstones nodes.
+and tombstones nodes. A storage history's requests also come back, late, to early prompts
+(`returns`): by then the host has often evicted them, and storage serves what it backed up.
 """
 
 from __future__ import annotations
@@ -209,6 +210,11 @@ SESSION_TURN_ABORTS = 0.5
 #: Token ids of prompts and outputs (a small vocabulary: outputs repeat prompts' prefixes too).
 VOCAB = 64
 
+#: The shortest early prompt a return comes back to: past the storage tier's prefetch
+#: threshold (`soak.storage.PREFETCH_THRESHOLD`, 8 tokens) and a page of 16, so what storage
+#: holds of it is long enough to read.
+RETURN_MIN = 24
+
 
 def random_workload(
     seed: int,
@@ -232,6 +238,7 @@ def random_workload(
     hicache_write_policy: str | None = None,
     streaming_sessions: bool = False,
     radix_sessions: bool = False,
+    returns: int = 0,
 ) -> Workload:
     """`requests` arrivals over the first 3/4 of `steps`, prompts up to `max_prompt` tokens
     sharing a few stems, outputs up to `max_new` tokens; a share `aborts` of them aborted a
@@ -246,7 +253,9 @@ def random_workload(
     drawn without; with `aborts`, half the later turns are aborted after they arrive, within
     twice `abort_within` steps (never at once: a turn aborted before its first round never
     matched). With `streaming_sessions` the sessions are streaming ones; with `radix_sessions`
-    client ones under SGLang's radix sessions."""
+    client ones under SGLang's radix sessions. With `returns`, that many requests come back
+    late to an early request's prompt (`_returns`), drawn apart: the other arrivals are those
+    drawn without."""
     rng = np.random.default_rng(seed)
     stems = [
         tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(4, max_prompt))))
@@ -302,6 +311,7 @@ def random_workload(
             for a in later
         ]
     arrivals += later
+    arrivals += _returns(arrivals, seed, returns, steps, max_prompt, max_new)
     arrivals.sort(key=lambda a: a.step)
     return Workload(
         seed,
@@ -348,3 +358,35 @@ def _open_sessions(
             later.append(Arrival(step, prompt, new, session=number))
             used += tail + new
     return later
+
+
+def _returns(
+    arrivals: list[Arrival], seed: int, returns: int, steps: int, max_prompt: int, max_new: int
+) -> list[Arrival]:
+    """`returns` requests that come back, after every drawn arrival, to the prompt of a request
+    that arrived in the first quarter of the history (never aborted, no session, at least
+    `RETURN_MIN` tokens) and add a tail of their own: by then the host tier has evicted much of
+    what came early, and the storage tier, which took its backups, still holds it (a user who
+    comes back to an old conversation). None where no early request qualifies."""
+    if returns <= 0:
+        return []
+    draw = np.random.default_rng([seed, 0x57E3])
+    last = max(1, steps * 3 // 4)
+    early = [
+        a
+        for a in arrivals
+        if a.step < last // 3
+        and a.abort_after is None
+        and a.session is None
+        and len(a.prompt) >= RETURN_MIN
+    ]
+    if not early:
+        return []
+    back = []
+    for _ in range(returns):
+        old = early[int(draw.integers(len(early)))]
+        tail = tuple(int(t) for t in draw.integers(1, VOCAB, size=int(draw.integers(1, 9))))
+        prompt = old.prompt[: max_prompt - len(tail)] + tail
+        step = int(draw.integers(last, last + max(1, (steps - last) // 2)))
+        back.append(Arrival(step, prompt, int(draw.integers(1, max_new + 1))))
+    return back

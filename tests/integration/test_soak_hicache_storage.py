@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,46 @@ def test_the_same_history_runs_clean_when_a_sessions_node_is_not_on_the_host(
     result = _virtual_node_history(modules)
     assert result.failure is None and result.sglang_step is None, result.failure
     assert result.counters.storage_asks > 0
+
+
+@pytest.mark.slow
+def test_a_return_to_an_evicted_stem_is_admitted_with_tokens_read_from_storage(
+    modules: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 0's fourth history (`write_through`, `wait_complete`): a request that comes back
+    late to an early prompt is admitted with at least the prefetch threshold of it read from
+    storage. Storage is asked only for what follows the request's host match, so what it
+    loaded had left the device and the host. Without returns no request of it loads any."""
+    from kvcanary_cli.soak import run, storage
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.stack import StackSpec
+
+    reads: list[tuple[tuple[int, ...], int]] = []
+    real = storage.wait_for_prefetch
+
+    def counted(tree: Any, req: Any) -> tuple[bool, int]:
+        ready, tokens = real(tree, req)
+        if ready and tokens:
+            reads.append((tuple(req.origin_input_ids), tokens))
+        return ready, tokens
+
+    monkeypatch.setattr(storage, "wait_for_prefetch", counted)
+    workload = history_workload(0, 3, 1, 1, hicache=True, storage=True)
+    assert (workload.hicache_write_policy, workload.hicache_storage) == (
+        "write_through",
+        "wait_complete",
+    )
+    last = workload.steps * 3 // 4
+    back = {a.prompt for a in workload.arrivals if a.step >= last}
+    result = run.run_history(modules, StackSpec.pressured(1, "python"), workload, max_steps=80)
+    assert result.failure is None, result.failure
+    assert result.sglang_step is None, result.sglang_first
+    assert any(
+        prompt in back and tokens >= storage.PREFETCH_THRESHOLD for prompt, tokens in reads
+    ), reads
+    reads.clear()
+    kept = tuple(a for a in workload.arrivals if a.step < last)
+    result = run.run_history(
+        modules, StackSpec.pressured(1, "python"), replace(workload, arrivals=kept), max_steps=80
+    )
+    assert result.failure is None and not reads, reads

@@ -168,3 +168,34 @@ def test_a_ranks_store_refuses_only_new_pages() -> None:
     assert backend.set("a", b"") and not backend.set("b", b"")
     assert backend.set("a", b"")  # stored already: not asked whether to refuse
     assert stored == {"a"} and next(refusals)  # one refusal left undrawn
+
+
+def test_write_back_reclaims_of_returns_match_on_two_ranks(
+    modules: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 0's third history on two ranks (`write_back`, page size 4): its returns make the
+    write-back reclaim host duplicates, and SGLang's TP check compares the ranks' digests of
+    the reclaimed node ids. Each rank numbering its own nodes (`RankGlobals`), it runs clean;
+    with one counter shared, SGLang's check crashed it at step 74 (its twin:
+    tests/test_soak_tp_counters.py)."""
+    from importlib import import_module
+
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    core = import_module("sglang.srt.mem_cache.unified_cache.unified_tree_core").UnifiedTreeCore
+    reclaims: list[int] = []
+    real = core._release_full_host_duplicate
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reclaims.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(core, "_release_full_host_duplicate", counted)
+    workload = history_workload(0, 2, 4, 4, hicache=True, storage=True)
+    assert workload.hicache_write_policy == "write_back"
+    result = run_history(modules, StackSpec.pressured(4, "python"), workload, tp=2, max_steps=80)
+    assert result.failure is None, result.failure
+    assert result.sglang_step is None, result.sglang_first
+    assert reclaims  # the digests the ranks compared were not both empty
