@@ -123,6 +123,16 @@ class SnippetError(Exception):
     """A mutant's snippet is not found exactly once: the release changed, fix the mutant."""
 
 
+#: SGLang 0.5.23's hybrid controller's MIN of a storage hit query over the TP ranks (the
+#: storage-on-ranks mutant and its control edit around it)
+_HIT_QUERY_MIN = (
+    "        self._all_reduce(\n"
+    "            packed,\n"
+    "            torch.distributed.ReduceOp.MIN,\n"
+    "            self.prefetch_hits_sync_groups,\n"
+    "        )\n"
+)
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "token-free-drops-last",
@@ -588,19 +598,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "storage-hits-not-reduced",
         "mem_cache/hybrid_cache/hybrid_cache_controller.py",
-        "        self._all_reduce(\n"
-        "            packed,\n"
-        "            torch.distributed.ReduceOp.MIN,\n"
-        "            self.prefetch_hits_sync_groups,\n"
-        "        )\n"
-        "        reduced = packed.tolist()\n",
+        _HIT_QUERY_MIN + "        reduced = packed.tolist()\n",
         "        local_packed = packed.tolist()\n"
-        "        self._all_reduce(\n"
-        "            packed,\n"
-        "            torch.distributed.ReduceOp.MIN,\n"
-        "            self.prefetch_hits_sync_groups,\n"
-        "        )\n"
-        "        reduced = local_packed\n",
+        + _HIT_QUERY_MIN
+        + "        reduced = local_packed\n",
         "ranks part through the storage tier: each rank's controller meets the others in the "
         "hit query's all-reduce but takes its own storage hit pages, not the group's MIN, so a "
         "rank whose store holds more of a prefix loads more of it than the others",
@@ -610,19 +611,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "storage-hits-reduced-twice",
         "mem_cache/hybrid_cache/hybrid_cache_controller.py",
-        "        self._all_reduce(\n"
-        "            packed,\n"
-        "            torch.distributed.ReduceOp.MIN,\n"
-        "            self.prefetch_hits_sync_groups,\n"
-        "        )\n"
-        "        reduced = packed.tolist()\n",
+        _HIT_QUERY_MIN + "        reduced = packed.tolist()\n",
         "        local_packed = packed.tolist()\n"
-        "        self._all_reduce(\n"
-        "            packed,\n"
-        "            torch.distributed.ReduceOp.MIN,\n"
-        "            self.prefetch_hits_sync_groups,\n"
-        "        )\n"
-        "        reduced = [min(a, b) for a, b in zip(packed.tolist(), local_packed)]\n",
+        + _HIT_QUERY_MIN
+        + "        reduced = [min(a, b) for a, b in zip(packed.tolist(), local_packed)]\n",
         "control: the group's MIN of the hit query taken again with the rank's own values "
         "(never below the MIN)",
         control=True,

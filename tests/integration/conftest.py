@@ -1,7 +1,9 @@
-"""The one load of SGLang 0.5.23's memory-cache stack that the stack and timeline tests share."""
+"""The one load of SGLang 0.5.23's memory-cache stack that the stack and timeline tests share,
+and its modules first on `sys.path` for a module's tests (`modules`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,3 +31,12 @@ def vllm() -> Any:
     from tests.vllm_wheel import load_or_skip
 
     return load_or_skip()
+
+
+@pytest.fixture(scope="module")
+def modules(sglang: Any) -> Iterator[Any]:
+    """The session's SGLang, its modules importable for the module's tests (`loaded`)."""
+    from tests.live_capture import loaded
+
+    with loaded(sglang) as loaded_modules:
+        yield loaded_modules

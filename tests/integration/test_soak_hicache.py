@@ -18,21 +18,12 @@ with that prefix pinned (its twin: soak's loop is not what crashes).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.live_capture import loaded
-
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def modules(sglang: Any) -> Iterator[Any]:
-    with loaded(sglang) as loaded_modules:
-        yield loaded_modules
 
 
 def _history(

@@ -11,22 +11,13 @@ thread of SGLang's was started.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.live_capture import loaded
-
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def modules(sglang: Any) -> Iterator[Any]:
-    with loaded(sglang) as loaded_modules:
-        yield loaded_modules
 
 
 @pytest.mark.slow

@@ -13,21 +13,12 @@ ranks. `--fault` with `--tp` is one error line.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.live_capture import loaded
-
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def modules(sglang: Any) -> Iterator[Any]:
-    with loaded(sglang) as loaded_modules:
-        yield loaded_modules
 
 
 def _run(modules: Any, *, core: str = "python", tp: int = 2, **options: Any) -> Any:

@@ -12,22 +12,13 @@ the same edit is clean and SGLang's checks stay silent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.live_capture import loaded
-
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def modules(sglang: Any) -> Iterator[Any]:
-    with loaded(sglang) as loaded_modules:
-        yield loaded_modules
 
 
 def _run(modules: Any, monkeypatch: pytest.MonkeyPatch, *, tp: int = 2, steps: int = 120) -> Any:

@@ -15,23 +15,14 @@ ranks as on one; a rank whose controller skips the hit query's all-reduce parts 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.live_capture import loaded
-
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def modules(sglang: Any) -> Iterator[Any]:
-    with loaded(sglang) as loaded_modules:
-        yield loaded_modules
 
 
 def test_two_ranks_with_storage_meet_at_every_storage_collective(
