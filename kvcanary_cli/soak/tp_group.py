@@ -78,13 +78,20 @@ class RankGroup:
         self.size = size
         self._enter, self._leave = enter, leave
         self._ranks: list[_Rank[Any]] = []
-        #: collectives met so far (every rank took part)
-        self.collectives = 0
-        #: of those, where the ranks brought different values (the reduction decided)
-        self.decided = 0
-        #: collectives met, and those decided, per communicator (`GroupHandle.name`)
+        #: collectives met (every rank took part), per communicator (`GroupHandle.name`)
         self.met: dict[str, int] = {}
+        #: of those, where the ranks brought different values (the reduction decided)
         self.decided_in: dict[str, int] = {}
+
+    @property
+    def collectives(self) -> int:
+        """Collectives met so far, on every communicator."""
+        return sum(self.met.values())
+
+    @property
+    def decided(self) -> int:
+        """Of those, the ones the reduction decided."""
+        return sum(self.decided_in.values())
 
     def handle(self, rank: int) -> GroupHandle:
         """What rank `rank`'s tree holds as its group."""
@@ -160,8 +167,6 @@ class RankGroup:
         for t in tensors:
             t.copy_(reduced)
         name = names[0]
-        self.collectives += 1
-        self.decided += decided
         self.met[name] = self.met.get(name, 0) + 1
         self.decided_in[name] = self.decided_in.get(name, 0) + decided
 
