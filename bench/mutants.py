@@ -1301,9 +1301,8 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     from kvcanary_cli.soak.audit import SGLangChecks
     from kvcanary_cli.soak.command import _specs, history_workload
     from kvcanary_cli.soak.driver import Scheduler, serving_options
-    from kvcanary_cli.soak.run import history_stack
+    from kvcanary_cli.soak.run import history_stack, ranks_storage_folder
     from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
-    from kvcanary_cli.soak.storage import storage_folder
     from kvcanary_cli.soak.tp import RankGlobals, host_tier_group
 
     layout, radix, hicache, tp, storage = soak_layout(layout)
@@ -1327,9 +1326,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
             storage=storage,
         )
         counters = RankGlobals(tp) if tp > 1 else None
-        # with a storage tier on ranks, one folder for them all, as soak's (each rank's pages
-        # named for it)
-        shared = storage_folder() if tp > 1 and storage else None
+        shared = ranks_storage_folder(workload, tp)  # soak's: the ranks' storage tiers share it
         ranks = []
         for i in range(tp):
             with nullcontext() if counters is None else counters.as_rank(i):

@@ -124,6 +124,13 @@ class HistoryResult:
             self.sglang_step, self.sglang_when = step, when
 
 
+def ranks_storage_folder(workload: Workload, tp: int) -> Any:
+    """The folder `tp` ranks' storage tiers share (each rank's pages named for it, as a
+    server's ranks share theirs); None where there is one rank or no storage tier, and each
+    stack makes its own."""
+    return storage_folder() if tp > 1 and workload.hicache_storage is not None else None
+
+
 def history_stack(
     modules: SGLangModules,
     spec: StackSpec,
@@ -201,9 +208,7 @@ def run_history(
         return nullcontext() if counters is None else counters.as_rank(i)
 
     ranks: list[_Rank] = []
-    #: with a storage tier on several ranks, the folder they share (each rank's pages named
-    #: for it, as a server's ranks share theirs)
-    shared = storage_folder() if tp > 1 and workload.hicache_storage is not None else None
+    shared = ranks_storage_folder(workload, tp)
     for i in range(tp):
         with as_rank(i):
             stack = history_stack(modules, spec, workload, rank=i, ranks=tp, storage_folder=shared)

@@ -55,6 +55,7 @@ __all__ = [
     "StoragePump",
     "StorageTier",
     "has_storage",
+    "imperfect_store",
     "join_storage_groups",
     "lagging_backups",
     "park_storage_threads",
@@ -206,6 +207,19 @@ def lagging_backups(controller: Any, clock: Callable[[], int], lag: Callable[[],
     while not old.empty():
         queue.put(old.get_nowait())
     controller.backup_queue = queue
+
+
+def imperfect_store(controller: Any, clock: Callable[[], int], seed: int, rank: int) -> None:
+    """Rank `rank`'s storage tier as a server's is (`soak --tp N`): its backups finishing
+    0 to `WRITE_LAG` steps of `clock` late (`LaggingBackups`) and a `WRITE_REFUSALS` share of
+    its new page writes refused (`refusing_writes`), each drawn from the workload's `seed`
+    and the rank, so every rank's store differs from the others' in its own way."""
+    import numpy as np
+
+    lags = np.random.default_rng([seed, 0x5703, rank])
+    refusals = np.random.default_rng([seed, 0x5EF, rank])
+    lagging_backups(controller, clock, lambda: int(lags.integers(0, WRITE_LAG + 1)))
+    refusing_writes(controller, lambda: bool(refusals.random() < WRITE_REFUSALS))
 
 
 def refusing_writes(controller: Any, refused: Callable[[], bool]) -> None:

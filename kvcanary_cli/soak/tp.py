@@ -21,8 +21,7 @@ With SGLang's host tier, the ranks do meet: the tree MIN-reduces its ready ack c
 (`hicache.lagging_acks`), so the ranks' counts differ and the MIN decides, as on GPUs. With
 a storage tier too, each rank's controller meets the others' in its storage threads' own
 groups (`storage.join_storage_groups`), its backups finishing late by lags of its own
-(`storage.LaggingBackups`) and its store refusing writes of its own
-(`storage.refusing_writes`).
+and its store refusing writes of its own (`storage.imperfect_store`).
 """
 
 from __future__ import annotations
@@ -130,13 +129,7 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
     import numpy as np
 
     from kvcanary_cli.soak.hicache import ACK_LAG, join_rank_group, lagging_acks
-    from kvcanary_cli.soak.storage import (
-        WRITE_LAG,
-        WRITE_REFUSALS,
-        join_storage_groups,
-        lagging_backups,
-        refusing_writes,
-    )
+    from kvcanary_cli.soak.storage import imperfect_store, join_storage_groups
 
     trees = [scheduler.stack.tree for scheduler in schedulers]
     if len(trees) < 2 or getattr(trees[0], "cache_controller", None) is None:
@@ -156,18 +149,7 @@ def host_tier_group(schedulers: Sequence[Any], counters: RankGlobals) -> RankGro
         if getattr(tree, "enable_storage", False):
             with counters.as_rank(rank):
                 join_storage_groups(tree.cache_controller, group.handle(rank))
-            writes = np.random.default_rng([scheduler.workload.seed, 0x5703, rank])
-
-            def write_lag(draw: Any = writes) -> int:
-                return int(draw.integers(0, WRITE_LAG + 1))
-
-            lagging_backups(tree.cache_controller, clock, write_lag)
-            refusals = np.random.default_rng([scheduler.workload.seed, 0x5EF, rank])
-
-            def refused(draw: Any = refusals) -> bool:
-                return bool(draw.random() < WRITE_REFUSALS)
-
-            refusing_writes(tree.cache_controller, refused)
+            imperfect_store(tree.cache_controller, clock, scheduler.workload.seed, rank)
     return group
 
 
