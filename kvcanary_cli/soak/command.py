@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
@@ -343,18 +344,20 @@ def soak(
             "runs SGLang's storage tier behind its host tier: add --hicache",
             option="hicache_storage",
         )
-    refusing = {
-        "hicache": hicache,
-        "hicache_storage": hicache_storage,
-        "session_radix_cache": session_radix_cache,
-        "tp": tp,
-    }
+    refused = partial(
+        _refuse_overlap,
+        layout=layout,
+        hicache=hicache,
+        hicache_storage=hicache_storage,
+        session_radix_cache=session_radix_cache,
+        tp=tp,
+    )
     if overlap:
-        _refuse_overlap(None, layout, **refusing)
+        refused(None)
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
     if overlap:
-        _refuse_overlap(modules.tree.version, layout, **refusing)
+        refused(modules.tree.version)
     if hicache_storage:
         from kvcanary_cli.soak.storage import has_storage
 
