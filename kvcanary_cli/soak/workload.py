@@ -113,7 +113,13 @@ class Workload:
         return replace(self, arrivals=arrivals)
 
     def to_json(self) -> str:
-        """The workload as JSON (a reproducer file)."""
+        """The workload as JSON (a reproducer file); the overlapped loop's switches only where
+        it is on (other files stay as they were)."""
+        overlapped = (
+            {"overlap": True, "consecutive_prefill_sync": self.consecutive_prefill_sync}
+            if self.overlap
+            else {}
+        )
         return json.dumps(
             {
                 "seed": self.seed,
@@ -130,8 +136,7 @@ class Workload:
                 "streaming_sessions": self.streaming_sessions,
                 "radix_sessions": self.radix_sessions,
                 "hicache_storage": self.hicache_storage,
-                "overlap": self.overlap,
-                "consecutive_prefill_sync": self.consecutive_prefill_sync,
+                **overlapped,
             }
         )
 
@@ -164,7 +169,7 @@ class Workload:
         storage = data.get("hicache_storage")  # absent in files before the tier
         if storage is not None and (storage not in PREFETCH_POLICIES or policy is None):
             raise TypeError("an unknown storage prefetch policy, or one without a host tier")
-        overlap = data.get("overlap", False)  # absent in files before the overlapped loop
+        overlap = data.get("overlap", False)  # absent where it is off
         sync = data.get("consecutive_prefill_sync", False)
         flags = (release, need_sort, lazy, ignore_eos, streaming, radix, overlap, sync)
         if (
