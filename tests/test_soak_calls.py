@@ -391,15 +391,21 @@ class _IdleChecker:
 
 
 @pytest.mark.parametrize(
-    ("waiting", "chunked", "ran"),
-    [([], None, True), (["req"], None, False), ([], "chunk", False)],
+    ("waiting", "chunked", "queued", "ran"),
+    [
+        ([], None, None, True),
+        (["req"], None, None, False),
+        ([], "chunk", None, False),
+        ([], None, ("batch", "decode"), False),
+    ],
 )
 def test_sglangs_idle_checks_run_only_once_fully_idle(
-    waiting: list[str], chunked: str | None, ran: bool
+    waiting: list[str], chunked: str | None, queued: tuple[str, str] | None, ran: bool
 ) -> None:
     """SGLang's `on_idle` runs its idle checks only where the scheduler is fully idle: a step
     with no batch while a request waits or a chunk sits parked runs none (its pool sums would
-    leave the parked chunk's KV and row out)."""
+    leave the parked chunk's KV and row out), nor, under the overlapped loop, while a result
+    is queued (`is_fully_idle`: an empty result queue)."""
     from kvcanary_cli.soak.audit import SGLangChecks
     from kvcanary_cli.soak.driver import Scheduler
 
@@ -408,6 +414,7 @@ def test_sglangs_idle_checks_run_only_once_fully_idle(
         running=SimpleNamespace(is_empty=lambda: True),
         chunked_req=chunked,
         last_batch=None,
+        inflight=queued,
         stack=SimpleNamespace(tree=SimpleNamespace(sanity_check=lambda: None)),
     )
     scheduler.fully_idle = Scheduler.fully_idle.fget(scheduler)  # type: ignore[attr-defined]

@@ -288,6 +288,9 @@ class SoakReport:
     fault_acted: int | None = None
     #: --tp: the tensor-parallel ranks each history ran, compared at every audited step
     tp: int = 1
+    #: --overlap: the histories ran SGLang's overlapped scheduler loop (a replay: the
+    #: reproducer's history did)
+    overlap: bool = False
 
     #: kvcanary named an error finding
     @recorded

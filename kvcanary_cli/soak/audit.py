@@ -79,13 +79,17 @@ class Audit:
 
 def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
     """Every request holding a pool row: the batch's, the running batch's, the last prefill
-    batch's (not merged yet), the chunked one."""
+    batch's (not merged yet), the chunked one; under the overlapped loop, the queued result's
+    batch's too (a request the next decode left out, `_reqs_finishing_inflight`, holds its
+    row until that result releases it)."""
     seen: dict[int, Any] = {}
     last = scheduler.last_batch  # a prefill batch merges into the running one next step
+    queued = scheduler.inflight
     groups = [
         getattr(batch, "reqs", None) or [],
         scheduler.running.reqs,
         getattr(last, "reqs", None) or [],
+        [] if queued is None else queued[0].reqs,
     ]
     if scheduler.chunked_req is not None:
         groups.append([scheduler.chunked_req])

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
@@ -77,6 +78,52 @@ STEM_RETURNS = 4
 RANK_REPLAYS = 3
 
 
+#: The release whose overlapped loop soak models (`--overlap`, `soak.driver`), and the only
+#: layout it was validated on there: another release's loop, or another layout's memory
+#: paths under it, may differ in ways the model does not follow.
+OVERLAP_RELEASE = "0.5.23"
+OVERLAP_LAYOUT = "swa"
+
+
+def _refuse_overlap(
+    version: str | None,
+    layout: str,
+    *,
+    hicache: bool,
+    hicache_storage: bool,
+    session_radix_cache: bool,
+    tp: int,
+) -> None:
+    """One error line where `--overlap` meets what its model was not validated on: another
+    release (None: not loaded yet, not checked), another layout, the host or storage tier,
+    radix sessions, several ranks."""
+    from kvcanary_cli.errors import OptionError
+
+    others = [
+        flag
+        for flag, given in (
+            ("--hicache", hicache),
+            ("--hicache-storage", hicache_storage),
+            ("--session-radix-cache", session_radix_cache),
+            ("--tp", tp != 1),
+        )
+        if given
+    ]
+    if layout != OVERLAP_LAYOUT or others:
+        what = [f"--layout {layout}"] if layout != OVERLAP_LAYOUT else []
+        raise OptionError(
+            f"models SGLang's overlapped loop on the {OVERLAP_LAYOUT} layout alone, without "
+            f"the host tier, radix sessions or ranks: drop {' and '.join(what + others)}",
+            option="overlap",
+        )
+    if version is not None and version != OVERLAP_RELEASE:
+        raise OptionError(
+            f"models SGLang {OVERLAP_RELEASE}'s overlapped loop (event_loop_overlap), not "
+            f"SGLang {version}'s: run it on {OVERLAP_RELEASE}",
+            option="overlap",
+        )
+
+
 def history_workload(
     seed: int,
     history: int,
@@ -89,6 +136,7 @@ def history_workload(
     streaming: bool = True,
     radix: bool = False,
     storage: bool = False,
+    overlap: bool = False,
 ) -> Any:
     """The workload of a soak's `history`-th history: its arrivals from its own seed, and the
     serving options it runs under, in turn over rounds of the `specs` stack shapes (so each
@@ -126,7 +174,10 @@ def history_workload(
     draws them, so theirs stay as they were).
     With `radix` (`--session-radix-cache`), the sessions are client
     sessions under SGLang's radix sessions in every layout (`STREAMING_SESSIONS` of them
-    outside the Mamba layouts), closed once their turns are over (`soak.sessions`)."""
+    outside the Mamba layouts), closed once their turns are over (`soak.sessions`).
+    With `overlap` (`--overlap`), under SGLang's overlapped loop, every other history with
+    SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP on (a prefill after a prefill waits for the
+    last one's result), the first one with SGLang's default (off)."""
     from kvcanary_cli.soak.mamba import CHUNK, TRACK_SLOTS
     from kvcanary_cli.soak.stack import MAMBA_LAYOUTS
     from kvcanary_cli.soak.workload import PREFETCH_POLICIES, WRITE_POLICIES, random_workload
@@ -159,6 +210,8 @@ def history_workload(
         hicache_write_policy=WRITE_POLICIES[history % len(WRITE_POLICIES)] if hicache else None,
         mamba_track_slots=TRACK_SLOTS[rounds % 2] if layout == "mamba-extra" else None,
     )
+    if overlap:
+        drawn = replace(drawn, overlap=True, consecutive_prefill_sync=history % 2 == 1)
     if not (hicache and storage):
         return drawn
     # by round, so each write policy meets each prefetch policy
@@ -239,13 +292,15 @@ def soak(
     session_radix_cache: bool = False,
     tp: int = 1,
     hicache_storage: bool = False,
+    overlap: bool = False,
 ) -> SoakReport:
     """Run histories until `steps` scheduler steps are spent or one fails (see module); with
     `coverage`, say which memory-cache functions and free paths they ran; with `hicache`,
     with SGLang's host tier on (and with `hicache_storage`, its storage tier behind it:
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
-    compared at every audited step (`soak.tp`).
+    compared at every audited step (`soak.tp`); with `overlap`, under SGLang 0.5.23's
+    overlapped loop (the swa layout only: `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -289,8 +344,20 @@ def soak(
             "runs SGLang's storage tier behind its host tier: add --hicache",
             option="hicache_storage",
         )
+    refused = partial(
+        _refuse_overlap,
+        layout=layout,
+        hicache=hicache,
+        hicache_storage=hicache_storage,
+        session_radix_cache=session_radix_cache,
+        tp=tp,
+    )
+    if overlap:
+        refused(None)
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
+    if overlap:
+        refused(modules.tree.version)
     if hicache_storage:
         from kvcanary_cli.soak.storage import has_storage
 
@@ -359,6 +426,7 @@ def soak(
             streaming=streaming,
             radix=session_radix_cache,
             storage=hicache_storage,
+            overlap=overlap,
         )
         # the budget is steps run: the last history stops where it is spent
         with tracing.tracer.tracing() if tracing else nullcontext():
@@ -394,6 +462,7 @@ def soak(
         fault=fault,
         fault_acted=None if fault is None else acted,
         tp=tp,
+        overlap=overlap,
     )
     if failed is not None:
         report = _keep_finding(report, modules, *failed, fault, out, force, tp)
@@ -630,6 +699,12 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
 
     spec, workload, fault, recorded, release, tp = read_reproducer(reproducer)
     modules = load_sglang(sglang_tree)
+    if workload.overlap and modules.tree.version != OVERLAP_RELEASE:
+        raise OptionError(
+            f"the reproducer's history ran SGLang {OVERLAP_RELEASE}'s overlapped loop, which "
+            f"soak models on {OVERLAP_RELEASE} alone, not on SGLang {modules.tree.version}",
+            option="replay",
+        )
     if spec.core not in modules.cores:
         raise OptionError(
             f"the reproducer's tree core {spec.core!r} is not in this SGLang (available: "
@@ -664,6 +739,7 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
         fault=fault,
         fault_acted=None if fault is None else result.fault_acted,
         tp=tp,
+        overlap=workload.overlap,
         replay=SoakReplay(
             reproducer=str(reproducer),
             recorded=recorded,
@@ -703,6 +779,7 @@ def run_soak(
     session_radix_cache: bool = False,
     tp: int = 1,
     hicache_storage: bool = False,
+    overlap: bool = False,
 ) -> SoakReport | PoolSoakReport:
     """The command: `engine`'s soak (sglang or vllm: an option of the other's is one error
     line), with a progress bar on a terminal (bad input raises before it runs, exit 2), or
@@ -726,6 +803,8 @@ def run_soak(
             raise OptionError("runs SGLang's radix sessions only", option="--session-radix-cache")
         if tp != 1:
             raise OptionError("runs SGLang's tensor-parallel ranks only", option="--tp")
+        if overlap:
+            raise OptionError("models SGLang's overlapped loop only", option="--overlap")
         sglang_options = {"--page-size": page_size, "--core": core, "--layout": layout}
         return run_vllm_soak(
             vllm_tree,
@@ -756,11 +835,13 @@ def run_soak(
             or hicache_storage
             or session_radix_cache
             or tp != 1
+            or overlap
         ):
             raise OptionError(
                 "takes the page size, tree core, fault, host tier, storage tier, radix "
-                "sessions and ranks from the reproducer: drop --page-size, --core, --fault, "
-                "--hicache, --hicache-storage, --session-radix-cache and --tp",
+                "sessions, ranks and scheduler loop from the reproducer: drop --page-size, "
+                "--core, --fault, --hicache, --hicache-storage, --session-radix-cache, --tp "
+                "and --overlap",
                 option="replay",
             )
         with standard_output_on_standard_error():
@@ -786,6 +867,7 @@ def run_soak(
             session_radix_cache=session_radix_cache,
             tp=tp,
             hicache_storage=hicache_storage,
+            overlap=overlap,
         )
 
 

@@ -29,6 +29,14 @@ A session's turn (`Arrival.session`) is made as SGLang's scheduler makes it, by
 `Session.create_req` (`soak.sessions`), once the turn before it is over; a streaming session
 is closed through SGLang's `SessionController` once its last turn is over (`Sessions.close_over`).
 
+With `Workload.overlap`, the loop is SGLang 0.5.23's `event_loop_overlap` (batches built with
+`enable_overlap`): each step chooses and allocates the next batch, launches it (`on_plan`, its
+`ScheduleBatch.copy` queued in `inflight`), then processes the last batch's queued result; a
+prefill after a prefill processes it first where `is_disable_overlap_for_batch` says so.
+`update_running_batch` leaves out the requests the queued result finishes by length
+(`_reqs_finishing_inflight`) and skips the decode where memory is short while they finish; a
+result passes over rows finished or retracted since their batch was launched.
+
 `on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
 written yet); `on_idle` when nothing runs and nothing waits.
 """
@@ -76,6 +84,9 @@ RELEASE_PREFILL_SWA = (
     "SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW",
 )
 SWA_EVICTION_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
+#: SGLang's switch an overlapped workload sets (`Workload.consecutive_prefill_sync`), read by
+#: its `is_disable_overlap_for_batch` at each batch
+CONSECUTIVE_PREFILL_SYNC = "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP"
 
 
 def _pinning_on_cpu() -> Callable[[], None]:
@@ -132,6 +143,8 @@ def serving_options(workload: Workload, schedule_batch: Any) -> Callable[[], Non
         wanted[release_name] = "1" if workload.release_prefill_swa else "0"
     if workload.swa_eviction_interval <= 0:
         wanted[SWA_EVICTION_INTERVAL] = None  # SGLang's default
+    if workload.overlap:
+        wanted[CONSECUTIVE_PREFILL_SYNC] = "1" if workload.consecutive_prefill_sync else None
     before = {name: os.environ.get(name) for name in wanted}
 
     def put(values: dict[str, str | None]) -> None:
@@ -196,6 +209,22 @@ class Counters:
     #: idle steps a session held KV at (a radix session: tagged the tree's nodes)
     sessions_closed: int = 0
     session_idles: int = 0
+    #: the overlapped loop's (`Workload.overlap`): results processed after the next batch was
+    #: chosen and allocated (`overlapped`), or before it because a prefill followed a prefill
+    #: under SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP (`synced`); requests a decode left
+    #: out because their queued result finishes them by length (`_reqs_finishing_inflight`),
+    #: and decodes skipped for memory while such requests were finishing; rows a result
+    #: passed over, finished or retracted since it was launched; requests released holding
+    #: the slot of their last token, allocated by a decode launched before their finishing
+    #: result (`released_ahead`); and the tokens allocated past a released request's owned
+    #: length that its release freed (`release_kv_cache`'s over-allocation)
+    overlapped: int = 0
+    synced: int = 0
+    finishing_inflight: int = 0
+    decode_skips: int = 0
+    stale_rows: int = 0
+    released_ahead: int = 0
+    overallocated_freed: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -241,6 +270,11 @@ class Scheduler:
         )
         self.running = self._empty_batch()
         self.last_batch: Any = None
+        #: SGLang's overlapped loop (`Workload.overlap`): the batches are built for it, and
+        #: `inflight` is its result queue's one entry, the last batch's snapshot
+        #: (`ScheduleBatch.copy`) and forward mode, whose result the next step processes
+        self._overlap = self.workload.overlap
+        self.inflight: tuple[Any, str] | None = None
         self.chunked_req: Any = None
         self._next_arrival = 0
         #: arrivals due but not yet made: a session's turn waits for the turn before it
@@ -287,6 +321,7 @@ class Scheduler:
         return (
             self._served()
             and (self.last_batch is None or self.last_batch.is_empty())
+            and self.inflight is None
             and (self._sessions is None or not self._sessions.open_count())
         )
 
@@ -308,7 +343,9 @@ class Scheduler:
             self.counters.sessions_closed += self._sessions.close_over(all_over=over)
         info = StepInfo(step=self.step_no, mode="idle")
         batch = self._next_batch(info)
-        if batch is not None:
+        if self._overlap:
+            self._launch_overlapped(batch, info, on_plan)
+        elif batch is not None:
             info.batch = batch
             info.mode = "extend" if batch.forward_mode.is_extend() else "decode"
             if on_plan is not None:
@@ -322,6 +359,54 @@ class Scheduler:
         self.last_batch = batch
         self.step_no += 1
         return info
+
+    def _launch_overlapped(
+        self, batch: Any, info: StepInfo, on_plan: Callable[[Any], None] | None
+    ) -> None:
+        """The rest of SGLang's `event_loop_overlap` iteration once `batch` is chosen and
+        allocated: where `is_disable_overlap_for_batch` says so (a prefill after a prefill,
+        under SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP), the last batch's result first;
+        then `batch` launched (planned; its snapshot queued); then the last batch's result,
+        or, with no last batch and nothing launched, `on_idle`."""
+        last = self.last_batch
+        synced = self._synced(batch, last)
+        if synced:
+            self._process_queued(info)
+            self.counters.synced += 1
+        queued = None
+        if batch is not None:
+            info.batch = batch
+            info.mode = "extend" if batch.forward_mode.is_extend() else "decode"
+            if on_plan is not None:
+                on_plan(batch)
+            queued = (batch.copy(), info.mode)
+        else:
+            self.counters.idles += 1
+            if session_slots(self.stack.tree) or radix_session_leaves(self.stack.tree):
+                self.counters.session_idles += 1
+        if last is not None:
+            if not synced:
+                self._process_queued(info)
+                self.counters.overlapped += batch is not None
+        elif batch is None:
+            self._on_idle()
+        self.inflight = queued
+
+    def _synced(self, batch: Any, last: Any) -> bool:
+        """SGLang's `is_disable_overlap_for_batch` (no speculative decoding, no DP
+        attention): both batches prefills, and the release's switch on."""
+        if batch is None or last is None:
+            return False
+        if not (batch.forward_mode.is_extend() and last.forward_mode.is_extend()):
+            return False
+        return bool(self._sb.envs.SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP.get())
+
+    def _process_queued(self, info: StepInfo) -> None:
+        """Pop the result queue's entry and process it (`pop_and_process`)."""
+        assert self.inflight is not None, "a last batch without its queued result"
+        snapshot, mode = self.inflight
+        self.inflight = None
+        self._process(snapshot, info, mode)
 
     def _arrive(self) -> None:
         """The arrivals due, in order; a session's turn waits while the turn before it is not
@@ -377,6 +462,7 @@ class Scheduler:
             and self.running.is_empty()
             and self.chunked_req is None
             and (self.last_batch is None or self.last_batch.is_empty())
+            and self.inflight is None
         )
 
     def _on_idle(self) -> None:
@@ -536,7 +622,7 @@ class Scheduler:
             stack.allocator,
             stack.tree,
             self._model_config,
-            False,
+            self._overlap,
             self._spec,
             chunked_req=self.chunked_req,
         )
@@ -550,7 +636,20 @@ class Scheduler:
     def _update_running(self, info: StepInfo) -> Any:
         batch = self.running
         initial = batch.batch_size()
-        if not batch.check_decode_mem():
+        finishing = self._finishing_inflight(batch)
+        if self._overlap:
+            batch.filter_batch(**{self._exclude: finishing})
+            self.counters.finishing_inflight += len(finishing)
+            if batch.is_empty():
+                batch.batch_is_full = False
+                return None
+        fits = batch.check_decode_mem()
+        if not fits and finishing:
+            # the queued result frees the finishing requests: decode the rest next step
+            batch.batch_is_full = False
+            self.counters.decode_skips += 1
+            return None
+        if not fits:
             retracted, _, aborted = batch.retract_decode(*self._retract_args)
             info.retracted = len(retracted) + len(aborted)
             self.counters.retractions += info.retracted
@@ -567,27 +666,50 @@ class Scheduler:
         batch.prepare_for_decode()
         return batch
 
+    def _finishing_inflight(self, batch: Any) -> list[Any]:
+        """SGLang's `_reqs_finishing_inflight`: the running requests in the queued result's
+        batch whose next output token finishes them by length (none but overlapped)."""
+        if not self._overlap or self.inflight is None:
+            return []
+        queued = {id(req) for req in self.inflight[0].reqs}
+        return [
+            req
+            for req in batch.reqs
+            if id(req) in queued
+            and getattr(req, "beam_group", None) is None
+            and req.next_output_finishes_by_length()
+        ]
+
     # -- forward + result processing ---------------------------------------------------
 
-    def _process(self, batch: Any, info: StepInfo) -> None:
+    def _process(self, batch: Any, info: StepInfo, mode: str | None = None) -> None:
+        """The memory part of `process_batch_result_prefill` / `_decode` for `batch` (a
+        snapshot, overlapped) run in `mode` (default: the step's): under the overlapped loop
+        a row can have finished (an abort) or been retracted since its batch was launched,
+        and is passed over as SGLang passes it."""
         tree, allocator = self.stack.tree, self.stack.allocator
+        mode = mode or info.mode
         tokens = self._rng.integers(1, VOCAB, size=len(batch.reqs))
         allocator.free_group_begin()
         try:
             for req, token in zip(batch.reqs, tokens, strict=True):
-                if info.mode == "extend":
+                if mode == "extend":
+                    if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
+                        self.counters.stale_rows += 1
+                        continue
                     if req.inflight_middle_chunks > 0:
                         req.inflight_middle_chunks -= 1
                         continue
                     req.output_ids.append(int(token))
                     req.update_finish_state()
                     if req.finished():
-                        self._release(req, tree, True)
+                        self._release_finished(req)
                         info.finished += 1
                     else:
                         self._checkpoint(req, tree, False)
                 else:
-                    if req.finished():
+                    if req.finished() or (self._overlap and req.is_retracted):
+                        self.counters.stale_rows += 1
                         continue
                     req.output_ids.extend([int(token)])
                     req.update_finish_state(1)
@@ -596,8 +718,22 @@ class Scheduler:
                     ):
                         self.counters.track_boundaries += 1
                     if req.finished():
-                        self._release(req, tree, True)
+                        self._release_finished(req)
                         info.finished += 1
         finally:
             allocator.free_group_end()
         self.counters.finishes += info.finished
+
+    def _release_finished(self, req: Any) -> None:
+        """Release a request its result finished, caching it; counted where it holds the
+        slot of its last token (a decode launched ahead of this result allocated it) or
+        tokens past what it owns (freed by the release)."""
+        if self._overlap:
+            kv = getattr(req, "kv", None)
+            if kv is not None:
+                seen = len(req.origin_input_ids) + len(req.output_ids)
+                self.counters.released_ahead += kv.kv_committed_len >= seen
+                self.counters.overallocated_freed += max(
+                    0, kv.kv_allocated_len - req.owned_kv_len()
+                )
+        self._release(req, self.stack.tree, True)

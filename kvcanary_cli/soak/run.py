@@ -141,10 +141,11 @@ def history_stack(
     storage_folder: Any = None,
 ) -> Stack:
     """The stack a history of `workload` runs on: `spec`'s, with the serving switches the
-    workload drew (sorted merges, lazy compaction, the Mamba path cap, radix sessions), as
-    tensor-parallel rank `rank` of `ranks` (a storage tier's pages named for it, in the
-    ranks' shared `storage_folder`). Whatever runs a soak history again (the mutation
-    benchmark's SGLang-checks-alone side) builds it here, so both run one stack."""
+    workload drew (sorted merges, lazy compaction, the Mamba path cap, radix sessions, the
+    overlapped loop's server args), as tensor-parallel rank `rank` of `ranks` (a storage
+    tier's pages named for it, in the ranks' shared `storage_folder`). Whatever runs a soak
+    history again (the mutation benchmark's SGLang-checks-alone side) builds it here, so
+    both run one stack."""
     return build_stack(
         modules,
         spec,
@@ -158,6 +159,7 @@ def history_stack(
         rank=rank,
         ranks=ranks,
         storage_folder=storage_folder,
+        overlap=workload.overlap,
     )
 
 

@@ -816,6 +816,7 @@ def build_stack(
     rank: int = 0,
     ranks: int = 1,
     storage_folder: Any = None,
+    overlap: bool = False,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
@@ -830,7 +831,8 @@ def build_stack(
     storage tier behind it under that prefetch policy (`soak.storage`: the file backend in a
     folder of its own, which `Stack.close` removes; the host tier needed), as tensor-parallel
     rank `rank` of `ranks` (its pages named for that rank) in `storage_folder` where given (a
-    `soak.storage.storage_folder` the history's ranks share). The tree's modules are
+    `soak.storage.storage_folder` the history's ranks share), with `overlap` the server args
+    of SGLang's overlapped loop (`disable_overlap_schedule` off). The tree's modules are
     put back first (`reinstate`): SGLang's constructors import more of it as they run."""
     modules.reinstate()
     tree = modules.tree
@@ -892,7 +894,7 @@ def build_stack(
             device="cpu",
             attention_backend="torch_native",
             chunked_prefill_size=spec.chunked_prefill_size,
-            disable_overlap_schedule=True,
+            disable_overlap_schedule=not overlap,
             **capped,
             **hicache,
         )

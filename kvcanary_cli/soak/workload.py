@@ -100,6 +100,12 @@ class Workload:
     #: (`--hicache-storage-prefetch-policy`, one of `PREFETCH_POLICIES`); None: no storage
     #: tier. Only with `hicache_write_policy`
     hicache_storage: str | None = None
+    #: SGLang's overlapped scheduler loop (its default; `soak.driver`): each step chooses and
+    #: allocates the next batch before the last batch's result is processed
+    overlap: bool = False
+    #: with `overlap`, SGLang's SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP: a prefill batch
+    #: after a prefill batch waits for the last one's result before it runs
+    consecutive_prefill_sync: bool = False
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -107,7 +113,13 @@ class Workload:
         return replace(self, arrivals=arrivals)
 
     def to_json(self) -> str:
-        """The workload as JSON (a reproducer file)."""
+        """The workload as JSON (a reproducer file); the overlapped loop's switches only where
+        it is on (other files stay as they were)."""
+        overlapped = (
+            {"overlap": True, "consecutive_prefill_sync": self.consecutive_prefill_sync}
+            if self.overlap
+            else {}
+        )
         return json.dumps(
             {
                 "seed": self.seed,
@@ -124,6 +136,7 @@ class Workload:
                 "streaming_sessions": self.streaming_sessions,
                 "radix_sessions": self.radix_sessions,
                 "hicache_storage": self.hicache_storage,
+                **overlapped,
             }
         )
 
@@ -156,7 +169,9 @@ class Workload:
         storage = data.get("hicache_storage")  # absent in files before the tier
         if storage is not None and (storage not in PREFETCH_POLICIES or policy is None):
             raise TypeError("an unknown storage prefetch policy, or one without a host tier")
-        flags = (release, need_sort, lazy, ignore_eos, streaming, radix)
+        overlap = data.get("overlap", False)  # absent where it is off
+        sync = data.get("consecutive_prefill_sync", False)
+        flags = (release, need_sort, lazy, ignore_eos, streaming, radix, overlap, sync)
         if (
             not all(isinstance(flag, bool) for flag in flags)
             or type(interval) is not int
@@ -181,6 +196,8 @@ class Workload:
             streaming,
             radix,
             storage,
+            overlap,
+            sync,
         )
 
 

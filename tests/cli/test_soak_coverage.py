@@ -442,7 +442,7 @@ def test_coverage_where_it_does_not_apply_is_one_error_line(args: list[str], sai
         (["--engine", "vllm", "--session-radix-cache"], "SGLang's radix sessions only"),
         (
             ["--replay", "soak-reproducer.json", "--session-radix-cache"],
-            "radix sessions and ranks from",
+            "radix sessions, ranks and scheduler loop from",
         ),
     ],
 )
