@@ -133,3 +133,31 @@ def test_the_replay_line_says_why_a_check_record_did_not_come_back(
         ),
     )
     assert replay_line(report) == f"replayed r.json: its finding (sglang {BUSY}) {line}"
+
+
+@pytest.mark.parametrize(
+    ("tp", "overlap", "tail"),
+    [
+        (1, False, "80 audited"),
+        (2, False, "80 audited on 2 tensor-parallel ranks, compared"),
+        (1, True, "80 audited, SGLang's overlapped loop"),
+    ],
+)
+def test_the_ran_line_says_which_ranks_and_loop_the_histories_ran(
+    tp: int, overlap: bool, tail: str
+) -> None:
+    from kvcanary_cli.render.table.soak import ran_line
+
+    report = SoakReport(
+        kvcanary_version="0",
+        sglang_version="0.5.23",
+        sglang_root="/",
+        seed=3,
+        budget=80,
+        histories=1,
+        steps=80,
+        audited_steps=80,
+        tp=tp,
+        overlap=overlap,
+    )
+    assert ran_line(report) == f"seed 3, 1 history, 80 of 80 steps, {tail}"

@@ -80,13 +80,15 @@ def coverage_lines(report: SoakReport) -> list[str]:
 
 
 def ran_line(report: SoakReport) -> str:
-    """Histories, steps of the budget, audits (and seconds, with --timings)."""
+    """Histories, steps of the budget, audits, the ranks and the overlapped loop where they ran
+    (and seconds, with --timings)."""
     seconds = "" if report.seconds is None else f", {report.seconds} s"
     histories = plural(report.histories, "history", "histories")
     ranks = "" if report.tp == 1 else f" on {report.tp} tensor-parallel ranks, compared"
+    loop = ", SGLang's overlapped loop" if report.overlap else ""
     return (
         f"seed {report.seed}, {histories}, {report.steps} of "
-        f"{report.budget} steps, {report.audited_steps} audited{ranks}{seconds}"
+        f"{report.budget} steps, {report.audited_steps} audited{ranks}{loop}{seconds}"
     )
 
 
