@@ -22,6 +22,10 @@ as quotas, as 0.5.22 hands it (`evict_short`).
 0.5.17 - 0.5.19's streaming session close dropping another request's SWA lock count, as it is
 or with the session slot keeping its first turn's early SWA release (`session_unlock`).
 
+`python -m tests.release_soak WHEEL overlap` runs two histories under SGLang's overlapped loop
+(`--overlap`: consecutive prefills overlapped, then synced; page sizes 1 and 4), each state
+audited by the live accounting and the whole `check`, with the loop's path counts (`overlap`).
+
 `python -m tests.release_soak serve` runs such processes for a test session: one JSON
 request a line on its standard input (`{"args": [WHEEL, ...], "out": PATH}`), each run in a
 process forked for it (still one SGLang per process) with its standard output and error in
@@ -321,6 +325,25 @@ EVICT_SHORT = "docs/reproducers/sglang-0.5.21-unified-evict-short-oom.json"
 UNIFIED_SWA = "sglang.srt.mem_cache.allocator.unified_hybrid_swa"
 
 
+def overlap(wheel: str) -> None:
+    """Two overlapped histories of `wheel`'s SGLang (see the module's docstring), one JSON line
+    each: what was found, SGLang's checks, and the overlapped loop's counters."""
+    modules = load_sglang(wheel)
+    for history, page_size in ((0, 1), (1, 4)):
+        workload = history_workload(0, history, 6, page_size, overlap=True)
+        spec = StackSpec.pressured(page_size, "python")
+        result = run_history(modules, spec, workload, mode="both")
+        failure = result.failure
+        line = {
+            "page_size": page_size,
+            "steps": result.steps,
+            "found": None if failure is None else failure.key,
+            "sglang": sorted(result.sglang_counts),
+            "counters": result.counters.as_dict(),
+        }
+        print(json.dumps(line), flush=True)
+
+
 def evict_short(wheel: str) -> None:
     """`EVICT_SHORT` replayed twice on `wheel`'s SGLang, one JSON line each: as it is, then
     with the unified allocator's `evict_to_free_tokens` handing its reclaim plan to the tree
@@ -466,6 +489,8 @@ def _run(args: list[str]) -> None:
         parked(args[0])
     elif args[1:] in (["session-unlock"], ["session-unlock", "twin"]):
         session_unlock(args[0], twin=args[2:] == ["twin"])
+    elif args[1:] == ["overlap"]:
+        overlap(args[0])
     elif args[1:] == ["evict-short"]:
         evict_short(args[0])
     elif args[1:2] == ["leak-rows"]:

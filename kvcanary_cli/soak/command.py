@@ -78,10 +78,11 @@ STEM_RETURNS = 4
 RANK_REPLAYS = 3
 
 
-#: The release whose overlapped loop soak models (`--overlap`, `soak.driver`), and the only
-#: layout it was validated on there: another release's loop, or another layout's memory
-#: paths under it, may differ in ways the model does not follow.
-OVERLAP_RELEASE = "0.5.23"
+#: The releases whose overlapped loop soak models (`--overlap`, `soak.driver`: one loop, with
+#: `_reqs_finishing_inflight`, which 0.5.21 and before lack), and the only layout it was
+#: validated on there: another release's loop, or another layout's memory paths under it, may
+#: differ in ways the model does not follow.
+OVERLAP_RELEASES = ("0.5.22", "0.5.23")
 OVERLAP_LAYOUT = "swa"
 
 
@@ -116,10 +117,10 @@ def _refuse_overlap(
             f"the host tier, radix sessions or ranks: drop {' and '.join(what + others)}",
             option="overlap",
         )
-    if version is not None and version != OVERLAP_RELEASE:
+    if version is not None and version not in OVERLAP_RELEASES:
         raise OptionError(
-            f"models SGLang {OVERLAP_RELEASE}'s overlapped loop (event_loop_overlap), not "
-            f"SGLang {version}'s: run it on {OVERLAP_RELEASE}",
+            f"models the overlapped loop (event_loop_overlap) of SGLang "
+            f"{' and '.join(OVERLAP_RELEASES)}, not SGLang {version}'s: run it on one of those",
             option="overlap",
         )
 
@@ -299,8 +300,8 @@ def soak(
     with SGLang's host tier on (and with `hicache_storage`, its storage tier behind it:
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
-    compared at every audited step (`soak.tp`); with `overlap`, under SGLang 0.5.23's
-    overlapped loop (the swa layout only: `_refuse_overlap`).
+    compared at every audited step (`soak.tp`); with `overlap`, under SGLang's overlapped
+    loop (0.5.22 and 0.5.23, the swa layout only: `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -699,10 +700,10 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
 
     spec, workload, fault, recorded, release, tp = read_reproducer(reproducer)
     modules = load_sglang(sglang_tree)
-    if workload.overlap and modules.tree.version != OVERLAP_RELEASE:
+    if workload.overlap and modules.tree.version not in OVERLAP_RELEASES:
         raise OptionError(
-            f"the reproducer's history ran SGLang {OVERLAP_RELEASE}'s overlapped loop, which "
-            f"soak models on {OVERLAP_RELEASE} alone, not on SGLang {modules.tree.version}",
+            f"the reproducer's history ran SGLang's overlapped loop, which soak models on "
+            f"{' and '.join(OVERLAP_RELEASES)} alone, not on SGLang {modules.tree.version}",
             option="replay",
         )
     if spec.core not in modules.cores:

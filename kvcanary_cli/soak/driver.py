@@ -29,10 +29,11 @@ A session's turn (`Arrival.session`) is made as SGLang's scheduler makes it, by
 `Session.create_req` (`soak.sessions`), once the turn before it is over; a streaming session
 is closed through SGLang's `SessionController` once its last turn is over (`Sessions.close_over`).
 
-With `Workload.overlap`, the loop is SGLang 0.5.23's `event_loop_overlap` (batches built with
-`enable_overlap`): each step chooses and allocates the next batch, launches it (`on_plan`, its
-`ScheduleBatch.copy` queued in `inflight`), then processes the last batch's queued result; a
-prefill after a prefill processes it first where `is_disable_overlap_for_batch` says so.
+With `Workload.overlap`, the loop is the `event_loop_overlap` of SGLang 0.5.22 and 0.5.23
+(batches built with `enable_overlap`): each step chooses and allocates the next batch,
+launches it (`on_plan`, its `ScheduleBatch.copy` queued in `inflight`), then processes the
+last batch's queued result; a prefill after a prefill processes it first where
+`is_disable_overlap_for_batch` says so.
 `update_running_batch` leaves out the requests the queued result finishes by length
 (`_reqs_finishing_inflight`) and skips the decode where memory is short while they finish; a
 result passes over rows finished or retracted since their batch was launched.

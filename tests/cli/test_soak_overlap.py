@@ -40,9 +40,10 @@ def test_another_release_is_refused_once_loaded() -> None:
         )
 
     refused("0.5.23")
+    refused("0.5.22")
     refused(None)  # not loaded yet: only the options are checked
-    with pytest.raises(OptionError, match=r"SGLang 0\.5\.23's overlapped loop.*0\.5\.22"):
-        refused("0.5.22")
+    with pytest.raises(OptionError, match=r"of SGLang 0\.5\.22 and 0\.5\.23, not SGLang 0\.5\.21"):
+        refused("0.5.21")
 
 
 def test_overlapped_histories_sync_consecutive_prefills_every_other_history() -> None:

@@ -1,5 +1,6 @@
-"""SGLang 0.5.23's overlapped loop on its real stack (`soak --overlap`, `soak.driver`): the
-next batch chosen and allocated before the last batch's result is processed."""
+"""SGLang's overlapped loop (0.5.22 and 0.5.23) on its real stack (`soak --overlap`,
+`soak.driver`): the next batch chosen and allocated before the last batch's result is
+processed."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ pytest.importorskip("torch")
 
 
 def _history(sglang: Any, history: int, **kw: Any) -> Any:
-    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.command import OVERLAP_RELEASES, history_workload
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
-    if sglang.tree.version != "0.5.23":
-        pytest.skip(f"the overlapped loop is modelled on SGLang 0.5.23, not {WHEEL_VERSION}")
+    if sglang.tree.version not in OVERLAP_RELEASES:
+        pytest.skip(f"the overlapped loop is modelled on {OVERLAP_RELEASES}, not {WHEEL_VERSION}")
     workload = history_workload(0, history, 6, 1, overlap=True)
     return run_history(sglang, StackSpec.pressured(1, "python"), workload, **kw)
 

@@ -44,6 +44,9 @@ value: `_restore_device_value_with_locked_full`), so that request's prefix slots
 the request is outside the batch; the planted lock leak comes after it, and the planted
 double free in the same step (SGLang's busy check sees it; kvcanary's top cause is the
 defect's).
+
+0.5.22 runs soak's overlapped loop (`--overlap`), which is 0.5.23's: two histories under it
+are silent on both sides.
 """
 
 from __future__ import annotations
@@ -320,3 +323,18 @@ def test_a_leak_dump_records_the_rows_the_checkers_requests_hold(
     assert (line["rows_recorded"], line["chunk_row_in_rows"]) == (rows, rows), line
     assert line["codes"] == [], line
     assert {"req-row-leaked", "full-page-leaked"} <= set(line["batches_alone_codes"]), line
+
+
+@pytest.mark.parametrize("version", [_release("0.5.22")])
+def test_the_overlapped_loop_runs_clean_on_0_5_22(version: str, soak: Soak) -> None:
+    """`soak --overlap` models the overlapped loop of 0.5.22 as of 0.5.23 (the same loop,
+    `_reqs_finishing_inflight` included): two histories of 0.5.22 under it (page sizes 1 and
+    4; consecutive prefills overlapped, then synced), every state audited live and by the
+    whole `check`, are silent on both sides, and the loop's own paths ran."""
+    lines = soak(str(wheel_path(version)), "overlap")
+    assert [line["page_size"] for line in lines] == [1, 4]
+    for line in lines:
+        assert line["found"] is None and line["sglang"] == [], line
+    totals = {k: sum(line["counters"][k] for line in lines) for k in lines[0]["counters"]}
+    assert totals["overlapped"] > 50 and totals["synced"] > 0, totals
+    assert totals["finishing_inflight"] > 0 and totals["stale_rows"] > 0, totals
