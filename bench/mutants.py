@@ -17,7 +17,9 @@ close that frees a tagged leaf's KV left in the tree, a tag that locks its path,
 keeps its references; under `soak --tp 2` the tree's access stamps ticking coarsely, so an
 eviction tie parts the ranks; under `soak --tp 2 --hicache` a rank taking the write-through
 acks its own copies finished, not the group's MIN; under `soak --tp 2 --hicache
---hicache-storage` a rank taking the storage hits its own store holds, not the group's MIN);
+--hicache-storage` a rank taking the storage hits its own store holds, not the group's MIN;
+under `soak --overlap` a decode's SWA eviction that does not wait for the prefill in flight,
+a request read as finished by the queued result one token early);
 each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
@@ -37,7 +39,9 @@ Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
 `mamba-extra-release`, `swa+radix-release`: the SWA layout under radix sessions,
 `soak --session-radix-cache`, whose mutants are the radix sessions' code, and
 `swa-tp2-release`: the SWA layout on two ranks, `swa+hicache-tp2-release`: with the host
-tier too, `swa+hicache-storage-tp2-release`: with the storage tier behind it).
+tier too, `swa+hicache-storage-tp2-release`: with the storage tier behind it, and
+`swa-overlap-release`: the SWA layout under SGLang's overlapped loop, `soak --overlap`, on both
+sides).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -52,7 +56,7 @@ asserted in tests (the test suite only checks that every snippet is found). Usag
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
         [--wheel W] [--engine sglang|vllm|all]
         [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2|swa+hicache-tp2
-                  |swa+hicache-storage-tp2 ...]
+                  |swa+hicache-storage-tp2|swa-overlap ...]
         [--vllm-wheel W]
 """
 
@@ -620,6 +624,54 @@ MUTANTS: tuple[Mutant, ...] = (
         control=True,
         layout="swa+hicache-storage",
         tp=2,
+    ),
+    # -- SGLang's overlapped loop (soak --overlap): what only matters while a batch is in
+    # flight ---------------------------------------------------------------------------------
+    Mutant(
+        "swa-evicted-under-inflight-prefill",
+        "managers/schedule_batch.py",
+        "                        req.decode_batch_idx >= 1\n"
+        "                        and req.kv.holds_kv\n",
+        "                        req.decode_batch_idx >= 0\n"
+        "                        and req.kv.holds_kv\n",
+        "window: a decode's SWA eviction no longer waits for a request's first decode, so under "
+        "the overlapped loop the decode launched right after a prefill frees the SWA slots that "
+        "prefill, still in flight, writes and reads (its out-of-window prompt cells); without "
+        "overlap the prefill's result is in by then and the early eviction is harmless",
+        layout="swa-overlap",
+    ),
+    Mutant(
+        "swa-eviction-gate-spelled-positive",
+        "managers/schedule_batch.py",
+        "                        req.decode_batch_idx >= 1\n"
+        "                        and req.kv.holds_kv\n",
+        "                        req.decode_batch_idx > 0\n"
+        "                        and req.kv.holds_kv\n",
+        "control: the decode's SWA eviction gate written as a positive batch index (the index "
+        "is a whole number)",
+        control=True,
+        layout="swa-overlap",
+    ),
+    Mutant(
+        "finishing-inflight-one-early",
+        "managers/schedule_batch.py",
+        "        return len(self.output_ids) + 1 >= self.sampling_params.max_new_tokens\n",
+        "        return len(self.output_ids) + 2 >= self.sampling_params.max_new_tokens\n",
+        "request orphaned: a request two tokens short of its length reads as finished by the "
+        "queued result (`_reqs_finishing_inflight`), so the decode leaves it out of the running "
+        "batch; that result does not finish it, and it keeps its row, KV and prefix lock in no "
+        "batch (only the overlapped loop asks)",
+        layout="swa-overlap",
+    ),
+    Mutant(
+        "finishing-inflight-by-remaining",
+        "managers/schedule_batch.py",
+        "        return len(self.output_ids) + 1 >= self.sampling_params.max_new_tokens\n",
+        "        return self.sampling_params.max_new_tokens - len(self.output_ids) <= 1\n",
+        "control: whether the next output finishes a request by length, counted from the "
+        "tokens it has left",
+        control=True,
+        layout="swa-overlap",
     ),
     # -- streaming sessions (`--enable-streaming-session`: soak's swa and unified histories) --
     Mutant(
@@ -1262,8 +1314,9 @@ def _first_complaint(
 #: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix";
 #: for its host tier (`--hicache`): "swa+hicache", with the storage tier behind it
 #: (`--hicache-storage`): "swa+hicache-storage"; for tensor-parallel ranks (`--tp N`):
-#: "swa-tp2" (host tier and ranks: "swa+hicache-tp2").
-RADIX, HICACHE, STORAGE, RANKS = "+radix", "+hicache", "-storage", "-tp"
+#: "swa-tp2" (host tier and ranks: "swa+hicache-tp2"); for SGLang's overlapped loop
+#: (`--overlap`, the swa layout alone): "swa-overlap".
+RADIX, HICACHE, STORAGE, RANKS, OVERLAP = "+radix", "+hicache", "-storage", "-tp", "-overlap"
 
 
 class BenchLayout(NamedTuple):
@@ -1275,17 +1328,21 @@ class BenchLayout(NamedTuple):
     tp: int
     #: the storage tier behind the host tier (`--hicache-storage`)
     storage: bool = False
+    #: SGLang's overlapped loop (`--overlap`)
+    overlap: bool = False
 
 
 def soak_layout(layout: str) -> BenchLayout:
     """The soak layout a bench layout names, whether it runs radix sessions, the host tier
-    or the storage tier behind it, and its ranks."""
+    or the storage tier behind it, its ranks, and whether SGLang's overlapped loop runs."""
+    overlap = layout.endswith(OVERLAP)
+    layout = layout.removesuffix(OVERLAP)
     layout, _, ranks = layout.partition(RANKS)
     storage = layout.endswith(HICACHE + STORAGE)
     layout = layout.removesuffix(STORAGE) if storage else layout
     base = layout.removesuffix(RADIX).removesuffix(HICACHE)
     return BenchLayout(
-        base, layout.endswith(RADIX), layout.endswith(HICACHE), int(ranks or 1), storage
+        base, layout.endswith(RADIX), layout.endswith(HICACHE), int(ranks or 1), storage, overlap
     )
 
 
@@ -1295,7 +1352,9 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     they first complained, or SGLang crashed. A layout `L+radix` runs soak's radix sessions
     (`--session-radix-cache`: the Python tree core); `L+hicache`, SGLang's host tier;
     `L-tpN`, N ranks, each rank's checks on its own stack (with the host tier, the ranks'
-    acks meeting in soak's in-process group, `soak.tp.host_tier_group`)."""
+    acks meeting in soak's in-process group, `soak.tp.host_tier_group`); `L-overlap`,
+    SGLang's overlapped loop (the workload's `overlap`: the scheduler runs it, and SGLang's
+    idle checks wait for its result queue to empty, `Scheduler.fully_idle`)."""
     from contextlib import nullcontext
 
     from kvcanary_cli.soak.audit import SGLangChecks
@@ -1305,7 +1364,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
     from kvcanary_cli.soak.stack import drives_streaming_sessions, has_path_cap
     from kvcanary_cli.soak.tp import RankGlobals, host_tier_group
 
-    layout, radix, hicache, tp, storage = soak_layout(layout)
+    layout, radix, hicache, tp, storage, overlap = soak_layout(layout)
     specs = _specs(None, ("python",) if radix else modules.cores, None, layout)
     path_cap = has_path_cap(modules)
     streaming = drives_streaming_sessions(modules)
@@ -1324,6 +1383,7 @@ def sglang_alone(modules: Any, budget: int, seed: int, layout: str = "swa") -> d
             streaming=streaming,
             radix=radix,
             storage=storage,
+            overlap=overlap,
         )
         counters = RankGlobals(tp) if tp > 1 else None
         shared = ranks_storage_folder(workload, tp)  # soak's: the ranks' storage tiers share it
@@ -1398,7 +1458,8 @@ def _soak_side(report: Any) -> dict[str, Any]:
 
 def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str = "swa") -> None:
     """Run one variant, per seed: the soak command's `soak()` on `layout` (`L+radix`: with
-    radix sessions; `L-tpN`: with N tensor-parallel ranks), then SGLang's checks alone."""
+    radix sessions; `L-tpN`: with N tensor-parallel ranks; `L-overlap`: under SGLang's
+    overlapped loop), then SGLang's checks alone."""
     from kvcanary_cli.dump.streams import standard_output_on_standard_error
     from kvcanary_cli.soak.command import soak
     from kvcanary_cli.soak.stack import load_sglang
@@ -1422,6 +1483,7 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
                     hicache=soak_layout(layout).hicache,
                     hicache_storage=soak_layout(layout).storage,
                     tp=soak_layout(layout).tp,
+                    overlap=soak_layout(layout).overlap,
                 )
                 run["soak_s"] = round(time.monotonic() - t0, 2)
             run["soak"] = _soak_side(report)
@@ -1614,6 +1676,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "swa-tp2"),
     ("sglang", "swa" + HICACHE + "-tp2"),
     ("sglang", "swa" + HICACHE + STORAGE + "-tp2"),
+    ("sglang", "swa" + OVERLAP),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1759,12 +1822,13 @@ def _group_report(
     if version != SNIPPETS_FOR[engine]:
         release += f" (snippets written for {SNIPPETS_FOR[engine]}"
         release += f"; {len(figures.get('left_out', []))} left out)"
-    layout_only, radix, hicache, ranks, storage = soak_layout(layout)
+    layout_only, radix, hicache, ranks, storage, overlap = soak_layout(layout)
     flags = (
         (" --session-radix-cache" if radix else "")
         + (" --hicache" if hicache else "")
         + (" --hicache-storage" if storage else "")
         + (f" --tp {ranks}" if ranks > 1 else "")
+        + (" --overlap" if overlap else "")
     )
     where = f" (soak --layout {layout_only}{flags})" if engine == "sglang" else ""
     if engine == "vllm" and layout != "-":
@@ -1843,7 +1907,7 @@ def main() -> int:
         default=None,
         help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions; "
         "swa+hicache-tp2: with the host tier on two ranks; swa+hicache-storage-tp2: with "
-        "the storage tier behind it)",
+        "the storage tier behind it; swa-overlap: under SGLang's overlapped loop)",
     )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)

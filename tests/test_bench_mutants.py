@@ -43,6 +43,7 @@ mutants = _bench()
         ("sglang", "mamba", 4, 1),
         ("sglang", "mamba-extra", 4, 1),
         ("sglang", "swa+radix", 3, 1),
+        ("sglang", "swa-overlap", 2, 2),
         ("vllm", "swa", 12, 3),
         ("vllm", "hybrid-mamba", 2, 1),
         ("vllm", "hybrid-chunked-local", 2, 1),
@@ -268,7 +269,8 @@ class _Drawn(Exception):
 
 
 @pytest.mark.parametrize(
-    "layout", ["swa", "unified", "mamba", "swa+hicache-tp2", "swa+hicache-storage-tp2"]
+    "layout",
+    ["swa", "unified", "mamba", "swa+hicache-tp2", "swa+hicache-storage-tp2", "swa-overlap"],
 )
 def test_sglang_alone_runs_the_soak_workload_of_its_layout(
     layout: str, monkeypatch: pytest.MonkeyPatch
@@ -296,23 +298,25 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
             tree=SimpleNamespace(version="0.5.23"),
         )
         mutants.sglang_alone(modules, 10, 0, layout)
-    base, _, hicache, _, storage = mutants.soak_layout(layout)
+    base, _, hicache, _, storage, overlap = mutants.soak_layout(layout)
     specs = command._specs(None, ("python",), None, base)
     workload = command.history_workload(
-        0, 0, len(specs), 1, base, hicache=hicache, storage=storage
+        0, 0, len(specs), 1, base, hicache=hicache, storage=storage, overlap=overlap
     )  # no cap
     assert built == [(specs[0], workload)]
     assert workload.hicache_write_policy is not None or not hicache
     assert (workload.hicache_storage is not None) == storage
+    assert workload.overlap == overlap == (layout == "swa-overlap")
 
 
 def test_a_bench_layout_names_soaks_switches() -> None:
     """`swa+hicache-tp2` is soak's swa layout with the host tier on two ranks, as `soak
     --layout swa --hicache --tp 2` runs it; its mutants are the host tier's on ranks."""
-    assert mutants.soak_layout("swa+hicache-tp2") == ("swa", False, True, 2, False)
-    assert mutants.soak_layout("swa+hicache-storage-tp2") == ("swa", False, True, 2, True)
-    assert mutants.soak_layout("swa+radix") == ("swa", True, False, 1, False)
-    assert mutants.soak_layout("swa-tp2") == ("swa", False, False, 2, False)
+    assert mutants.soak_layout("swa+hicache-tp2") == ("swa", False, True, 2, False, False)
+    assert mutants.soak_layout("swa+hicache-storage-tp2") == ("swa", False, True, 2, True, False)
+    assert mutants.soak_layout("swa+radix") == ("swa", True, False, 1, False, False)
+    assert mutants.soak_layout("swa-tp2") == ("swa", False, False, 2, False, False)
+    assert mutants.soak_layout("swa-overlap") == ("swa", False, False, 1, False, True)
     on_ranks = [m for m in mutants.MUTANTS if m.layout == "swa+hicache"]
     assert {m.control for m in on_ranks} == {False, True}
     assert all(mutants._group(m) == ("sglang", "swa+hicache-tp2") for m in on_ranks)
@@ -366,3 +370,18 @@ def test_sglang_alone_sets_the_serving_options_as_soak_does(
     with pytest.raises(_Drawn):
         mutants.sglang_alone(modules, 10, 0, "swa")
     assert len(calls) == 1 and calls[0][1] is schedule_batch
+
+
+def test_the_overlapped_loops_mutants_are_soaked_under_it() -> None:
+    """A mutant of what only the overlapped loop reaches (a batch in flight while the next
+    is chosen) is soaked with `--overlap`, SGLang's checks alone running the same loop, with
+    a release of that group beside it; each of its two edits has a control."""
+    overlapped = [m for m in mutants.MUTANTS if m.layout == "swa-overlap"]
+    assert {m.name for m in overlapped} >= {
+        "swa-evicted-under-inflight-prefill",
+        "finishing-inflight-one-early",
+    }
+    assert all(mutants._group(m) == ("sglang", "swa-overlap") for m in overlapped)
+    assert mutants._release_name(("sglang", "swa-overlap")) == "swa-overlap-release"
+    for old in {m.old for m in overlapped}:
+        assert {m.control for m in overlapped if m.old == old} == {False, True}

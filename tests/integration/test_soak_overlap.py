@@ -83,3 +83,66 @@ def test_the_plan_audit_counts_the_queued_results_requests(
     assert result.failure is not None and result.failure.mode == "plan"
     assert "req-row-leaked" in result.failure.codes
     assert result.sglang_counts == {}  # SGLang checks no plan-time state
+
+
+def _queued_unmapped(scheduler: Any) -> int:
+    """At a plan (the next batch allocated, the last one's result queued): how many rows of
+    the queued batch, each still held by its request, have a cell its forward writes or reads
+    back (`[prefix - window, end)`) that lost its SWA mapping."""
+    import numpy as np
+
+    from kvcanary_cli.soak.calls import row_of
+
+    queued, mode = scheduler.inflight
+    lut = scheduler.stack.allocator.full_to_swa_index_mapping.numpy()
+    table = scheduler.stack.req_to_token_pool.req_to_token.numpy()
+    window = scheduler.stack.spec.window
+    rows = queued.req_pool_indices.numpy()
+    if mode == "extend":
+        first = np.asarray(queued.prefix_lens)
+        end = first + np.asarray(queued.extend_lens)
+    else:
+        end = queued.seq_lens_cpu.numpy()
+        first = end - 1
+    unmapped = 0
+    for i, req in enumerate(queued.reqs):
+        if req.finished() or req.is_retracted or row_of(req) != rows[i]:
+            continue
+        cells = table[rows[i], max(int(first[i]) - window, 0) : int(end[i])]
+        unmapped += not lut[cells].all()
+    return unmapped
+
+
+@pytest.mark.slow
+def test_sglangs_chunk_checkpoint_unmaps_cells_of_the_chunk_in_flight(sglang: Any) -> None:
+    """Why no audit holds the queued batch's cells (docs/soak.md, the `swa-overlap` mutants):
+    SGLang 0.5.23 frees a chunked request's out-of-window SWA slots at the checkpoint that
+    schedules its next chunk (`stash_chunked_request`,
+    SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS), while the last chunk is still in
+    flight under the overlapped loop: a clean history has cells of a queued prefill its
+    request still holds unmapped at a prefill's plan, never at a decode's."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.driver import Scheduler, serving_options
+    from kvcanary_cli.soak.run import history_stack
+    from kvcanary_cli.soak.stack import StackSpec
+
+    if sglang.tree.version != "0.5.23":
+        pytest.skip(f"the overlapped loop is modelled on SGLang 0.5.23, not {WHEEL_VERSION}")
+    workload = history_workload(0, 0, 6, 1, overlap=True)
+    scheduler = Scheduler(
+        history_stack(sglang, StackSpec.pressured(1, "python"), workload), workload
+    )
+    #: per plan with such rows: (the launched batch is a prefill, the queued one's mode)
+    seen: list[tuple[bool, str]] = []
+
+    def on_plan(batch: Any) -> None:
+        if scheduler.inflight is not None and _queued_unmapped(scheduler):
+            seen.append((bool(batch.forward_mode.is_extend()), scheduler.inflight[1]))
+
+    undo = serving_options(workload, sglang.schedule_batch)
+    try:
+        while not scheduler.done and scheduler.step_no < 200:
+            scheduler.step(on_plan)
+    finally:
+        undo()
+    assert seen and all(prefill and mode == "extend" for prefill, mode in seen)
