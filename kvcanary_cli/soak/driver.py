@@ -234,6 +234,9 @@ class Counters:
     lazy_preallocs: int = 0
     lazy_frees: int = 0
     lazy_uncheckpointed: int = 0
+    #: the extra buffer's, overlapped: decode results that left a request's next track slot
+    #: on its latest tracked state (a boundary swapped twice, `track_overlapped_decode`)
+    track_reswaps: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -748,10 +751,11 @@ class Scheduler:
             return
         pool = self.stack.req_to_token_pool
         if self._overlap:
-            boundary, freed = track_overlapped_decode(
+            boundary, freed, reswapped = track_overlapped_decode(
                 req, batch, row, pool, self._track_interval, self._lazy
             )
             self.counters.lazy_frees += freed
+            self.counters.track_reswaps += reswapped
         else:
             boundary = track_decode_boundary(req, pool, self._track_interval)
         self.counters.track_boundaries += boundary
