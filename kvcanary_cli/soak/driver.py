@@ -36,7 +36,10 @@ last batch's queued result; a prefill after a prefill processes it first where
 `is_disable_overlap_for_batch` says so.
 `update_running_batch` leaves out the requests the queued result finishes by length
 (`_reqs_finishing_inflight`) and skips the decode where memory is short while they finish; a
-result passes over rows finished or retracted since their batch was launched.
+result passes over rows finished or retracted since their batch was launched. With the Mamba
+extra buffer, a decode result acts on the track boundary its batch's overlapped masks name
+(`track_overlapped_decode`), and under SGLang's lazy strategy (`Workload.mamba_lazy`) frees
+the second track slot `prepare_for_decode` took at a boundary.
 
 `on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
 written yet); `on_idle` when nothing runs and nothing waits.
@@ -761,9 +764,11 @@ class Scheduler:
         self.counters.track_boundaries += boundary
 
     def _release_finished(self, req: Any, decode: bool = False) -> None:
-        """Release a request its result finished, caching it; counted where it holds the
-        slot of its last token (a decode launched ahead of this result allocated it) or
-        tokens past what it owns (freed by the release)."""
+        """Release a request its result finished, caching it (a `decode` result's under the
+        lazy extra buffer: without a checkpoint where SGLang's result cleared
+        `mamba_lazy_checkpoint`); counted where it holds the slot of its last token (a decode
+        launched ahead of this result allocated it) or tokens past what it owns (freed by
+        the release)."""
         if self._overlap:
             kv = getattr(req, "kv", None)
             if kv is not None:
