@@ -56,6 +56,7 @@ __all__ = [
     "skipped_components",
     "swa_boundary",
     "track_decode_boundary",
+    "track_overlapped_decode",
     "tree_unlock_name",
     "turn_down_mamba",
 ]
@@ -126,6 +127,98 @@ def track_decode_boundary(req: Any, pool: Any, interval: int) -> bool:
     record.mamba_last_track_seqlen = committed
     record.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(written)
     return True
+
+
+def _slot_empty(record: Any, position: int) -> bool:
+    """Whether the request's ping-pong position holds no slot (0.5.23 keeps a list saying
+    so; 0.5.22 marks the buffer entry -1)."""
+    empty = getattr(record, "mamba_ping_pong_empty", None)
+    if empty is not None:
+        return bool(empty[position])
+    return int(record.mamba_ping_pong_track_buffer[position]) == -1
+
+
+def track_overlapped_decode(
+    req: Any, batch: Any, row: int, pool: Any, interval: int, lazy: bool
+) -> tuple[bool, int, bool]:
+    """The extra buffer's part of a decode result under SGLang's overlapped loop (0.5.22 and
+    0.5.23's `_handle_finish_state_updated_req` and `_mamba_prefix_cache_update`, no
+    speculative decoding), for `req`, row `row` of the result's `batch` (a snapshot, with the
+    masks its `prepare_for_decode` kept: `mamba_track_mask_cpu`, `mamba_track_mask_next_cpu`,
+    `mamba_decode_batch_idx_cpu`), after its finish state is updated.
+
+    The lookahead is how many decodes were prepared for `req` since (0 or 1, SGLang asserts).
+    A completed boundary names the slot the forward wrote as the latest tracked state; the
+    boundary to act on is the completed one's at lookahead 0, the in-flight decode's
+    (`mamba_track_mask_next_cpu`) at 1, where the next decode's slot is swapped ahead
+    (SGLang's lookahead checks run). With `lazy` (`extra_buffer_lazy`), the completed
+    boundary alone counts: the slot the forward wrote becomes the only one, and the other,
+    which `mamba_lazy_prealloc_at_boundary` handed this decode's forward, is freed
+    (`mamba_lazy_post_decode_at_boundary`); a request finishing while the in-flight decode
+    writes its only slot is released without a checkpoint (`req.mamba_lazy_checkpoint`).
+    (whether a boundary was acted on, slots freed, whether the swap pointed the next decode's
+    track slot at the latest tracked state: a boundary swapped ahead at lookahead 1 whose own
+    result then came at lookahead 0 is swapped again, as SGLang does; docs/soak.md)."""
+    record = kv_record(req)
+    completed_mask = getattr(batch, "mamba_track_mask_cpu", None)
+    if getattr(record, "mamba_ping_pong_track_buffer", None) is None or completed_mask is None:
+        return False, 0, False
+    completed = bool(completed_mask[row])
+    lookahead = int(req.decode_batch_idx) - int(batch.mamba_decode_batch_idx_cpu[row])
+    assert lookahead in (0, 1), f"mamba result lookahead={lookahead} for req {req.rid}"
+    known = completed if lookahead == 0 else bool(batch.mamba_track_mask_next_cpu[row])
+    committed = _committed_len(req, record)
+    if completed and not lazy:
+        record.mamba_last_track_idx = batch.mamba_track_buffer_indices[row]
+        if hasattr(record, "mamba_prev_track_seqlen"):
+            record.mamba_prev_track_seqlen = record.mamba_last_track_seqlen
+        record.mamba_last_track_seqlen = committed - lookahead
+    elif (
+        lazy
+        and req.finished()
+        and lookahead == 1
+        and known
+        and record.mamba_next_track_idx == record.mamba_last_track_idx
+        and getattr(record, "mamba_untracked_decode_batch_idx", None) != req.decode_batch_idx
+    ):
+        req.mamba_lazy_checkpoint = False
+    if not (completed if lazy else known):
+        return False, 0, False
+    on_known = not lazy and known
+    if on_known:
+        token_len = len(req.origin_input_ids) + len(req.output_ids) - 1
+        assert req.output_ids and committed - token_len in (0, 1), (
+            f"mamba track boundary: kv_committed_len={committed} leads seq_len={token_len} "
+            f"by more than one (req {req.rid})"
+        )
+        assert committed % interval == 0, "a known track boundary off the grid"
+        track_len = committed
+    else:
+        track_len = committed - lookahead
+        if track_len % interval:
+            return False, 0, False
+    written = record.mamba_next_track_idx
+    if not on_known and batch.mamba_track_buffer_indices is not None:
+        written = batch.mamba_track_buffer_indices[row]
+    previous = record.mamba_last_track_seqlen
+    if not on_known:
+        record.mamba_last_track_seqlen = track_len
+    if lazy:
+        record.mamba_last_track_idx = written
+        record.mamba_next_track_idx = written
+        other = 1 - written
+        if _slot_empty(record, other):
+            return True, 0, False
+        pool.mamba_allocator.free(record.mamba_ping_pong_track_buffer[other].unsqueeze(0))
+        pool.set_mamba_ping_pong_slot(req, other, -1)
+        return True, 1, False
+    if not on_known:
+        record.mamba_last_track_idx = written
+        if hasattr(record, "mamba_prev_track_seqlen"):
+            record.mamba_prev_track_seqlen = previous
+    record.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(written)
+    reswapped = lookahead == 0 and record.mamba_next_track_idx == record.mamba_last_track_idx
+    return True, 0, reswapped
 
 
 def extend_end(req: Any) -> int | None:

@@ -79,11 +79,12 @@ RANK_REPLAYS = 3
 
 
 #: The releases whose overlapped loop soak models (`--overlap`, `soak.driver`: one loop, with
-#: `_reqs_finishing_inflight`, which 0.5.21 and before lack), and the only layout it was
-#: validated on there: another release's loop, or another layout's memory paths under it, may
-#: differ in ways the model does not follow.
+#: `_reqs_finishing_inflight`, which 0.5.21 and before lack), and the layouts it was
+#: validated on there (the Mamba ones with the decode result's overlapped track masks and the
+#: lazy extra buffer): another release's loop, or another layout's memory paths under it,
+#: may differ in ways the model does not follow.
 OVERLAP_RELEASES = ("0.5.22", "0.5.23")
-OVERLAP_LAYOUT = "swa"
+OVERLAP_LAYOUTS = ("swa", "mamba", "mamba-extra")
 
 
 def _refuse_overlap(
@@ -110,11 +111,12 @@ def _refuse_overlap(
         )
         if given
     ]
-    if layout != OVERLAP_LAYOUT or others:
-        what = [f"--layout {layout}"] if layout != OVERLAP_LAYOUT else []
+    if layout not in OVERLAP_LAYOUTS or others:
+        what = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
         raise OptionError(
-            f"models SGLang's overlapped loop on the {OVERLAP_LAYOUT} layout alone, without "
-            f"the host tier, radix sessions or ranks: drop {' and '.join(what + others)}",
+            f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts "
+            f"alone, without the host tier, radix sessions or ranks: drop "
+            f"{' and '.join(what + others)}",
             option="overlap",
         )
     if version is not None and version not in OVERLAP_RELEASES:
@@ -178,7 +180,9 @@ def history_workload(
     outside the Mamba layouts), closed once their turns are over (`soak.sessions`).
     With `overlap` (`--overlap`), under SGLang's overlapped loop, every other history with
     SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP on (a prefill after a prefill waits for the
-    last one's result), the first one with SGLang's default (off)."""
+    last one's result), the first one with SGLang's default (off); there the extra buffer's
+    track buffer always holds two slots (SGLang's sizing overlapped), and the second and third
+    of every four histories run SGLang's lazy strategy (`extra_buffer_lazy`) instead."""
     from kvcanary_cli.soak.mamba import CHUNK, TRACK_SLOTS
     from kvcanary_cli.soak.stack import MAMBA_LAYOUTS
     from kvcanary_cli.soak.workload import PREFETCH_POLICIES, WRITE_POLICIES, random_workload
@@ -213,6 +217,10 @@ def history_workload(
     )
     if overlap:
         drawn = replace(drawn, overlap=True, consecutive_prefill_sync=history % 2 == 1)
+    if overlap and layout == "mamba-extra":
+        # SGLang sizes the track buffer two slots overlapped; the lazy strategy holds one of
+        # them, in two of every four histories (each with and without the prefill sync)
+        drawn = replace(drawn, mamba_track_slots=TRACK_SLOTS[0], mamba_lazy=history % 4 in (1, 2))
     if not (hicache and storage):
         return drawn
     # by round, so each write policy meets each prefetch policy
@@ -301,7 +309,7 @@ def soak(
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
     compared at every audited step (`soak.tp`); with `overlap`, under SGLang's overlapped
-    loop (0.5.22 and 0.5.23, the swa layout only: `_refuse_overlap`).
+    loop (0.5.22 and 0.5.23, the swa, mamba and mamba-extra layouts: `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__

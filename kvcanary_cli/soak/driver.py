@@ -36,7 +36,10 @@ last batch's queued result; a prefill after a prefill processes it first where
 `is_disable_overlap_for_batch` says so.
 `update_running_batch` leaves out the requests the queued result finishes by length
 (`_reqs_finishing_inflight`) and skips the decode where memory is short while they finish; a
-result passes over rows finished or retracted since their batch was launched.
+result passes over rows finished or retracted since their batch was launched. With the Mamba
+extra buffer, a decode result acts on the track boundary its batch's overlapped masks name
+(`track_overlapped_decode`), and under SGLang's lazy strategy (`Workload.mamba_lazy`) frees
+the second track slot `prepare_for_decode` took at a boundary.
 
 `on_plan` is called where a forward would plan the canary (the batch is allocated, nothing
 written yet); `on_idle` when nothing runs and nothing waits.
@@ -54,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import radix_session_leaves, session_slots
+from kvcanary_cli.capture.tree import kv_record, radix_session_leaves, session_slots
 from kvcanary_cli.soak.calls import (
     abort_finisher,
     checkpointer,
@@ -66,6 +69,7 @@ from kvcanary_cli.soak.calls import (
     retract_arguments,
     row_of,
     track_decode_boundary,
+    track_overlapped_decode,
     turn_down_mamba,
 )
 from kvcanary_cli.soak.mamba import track_interval
@@ -226,6 +230,16 @@ class Counters:
     stale_rows: int = 0
     released_ahead: int = 0
     overallocated_freed: int = 0
+    #: the lazy extra buffer's (`Workload.mamba_lazy`, overlapped only): second ping-pong
+    #: slots `prepare_for_decode` took at a track boundary (`mamba_lazy_prealloc_at_boundary`),
+    #: those the boundary's result freed (`mamba_lazy_post_decode_at_boundary`), and finished
+    #: requests released without a checkpoint while a decode in flight wrote their one slot
+    lazy_preallocs: int = 0
+    lazy_frees: int = 0
+    lazy_uncheckpointed: int = 0
+    #: the extra buffer's, overlapped: decode results that left a request's next track slot
+    #: on its latest tracked state (a boundary swapped twice, `track_overlapped_decode`)
+    track_reswaps: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -269,6 +283,8 @@ class Scheduler:
         self._track_interval = (
             track_interval(self.stack.spec) if self.stack.spec.layout == MAMBA_EXTRA else 0
         )
+        #: the extra buffer's lazy strategy (SGLang's `extra_buffer_lazy`: overlapped only)
+        self._lazy = bool(self._track_interval) and self.workload.mamba_lazy
         self.running = self._empty_batch()
         self.last_batch: Any = None
         #: SGLang's overlapped loop (`Workload.overlap`): the batches are built for it, and
@@ -664,7 +680,16 @@ class Scheduler:
             batch.batch_is_full = False
         if batch.is_empty():
             return None
+        if not self._lazy:
+            batch.prepare_for_decode()
+            return batch
+        before = [kv_record(req).mamba_next_track_idx for req in batch.reqs]
         batch.prepare_for_decode()
+        # SGLang's lazy prealloc points a request at a boundary to the slot it just took
+        self.counters.lazy_preallocs += sum(
+            bool(at) and kv_record(req).mamba_next_track_idx != was
+            for req, at, was in zip(batch.reqs, batch.mamba_track_mask_cpu, before, strict=True)
+        )
         return batch
 
     def _finishing_inflight(self, batch: Any) -> list[Any]:
@@ -693,7 +718,7 @@ class Scheduler:
         tokens = self._rng.integers(1, VOCAB, size=len(batch.reqs))
         allocator.free_group_begin()
         try:
-            for req, token in zip(batch.reqs, tokens, strict=True):
+            for row, (req, token) in enumerate(zip(batch.reqs, tokens, strict=True)):
                 if mode == "extend":
                     if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
                         self.counters.stale_rows += 1
@@ -714,21 +739,36 @@ class Scheduler:
                         continue
                     req.output_ids.extend([int(token)])
                     req.update_finish_state(1)
-                    if self._track_interval and track_decode_boundary(
-                        req, self.stack.req_to_token_pool, self._track_interval
-                    ):
-                        self.counters.track_boundaries += 1
+                    self._track_decode(req, batch, row)
                     if req.finished():
-                        self._release_finished(req)
+                        self._release_finished(req, decode=True)
                         info.finished += 1
         finally:
             allocator.free_group_end()
         self.counters.finishes += info.finished
 
-    def _release_finished(self, req: Any) -> None:
-        """Release a request its result finished, caching it; counted where it holds the
-        slot of its last token (a decode launched ahead of this result allocated it) or
-        tokens past what it owns (freed by the release)."""
+    def _track_decode(self, req: Any, batch: Any, row: int) -> None:
+        """The extra buffer's part of `req`'s decode result, row `row` of `batch`: SGLang's
+        overlapped one where the loop overlaps (`track_overlapped_decode`), else the plain."""
+        if not self._track_interval:
+            return
+        pool = self.stack.req_to_token_pool
+        if self._overlap:
+            boundary, freed, reswapped = track_overlapped_decode(
+                req, batch, row, pool, self._track_interval, self._lazy
+            )
+            self.counters.lazy_frees += freed
+            self.counters.track_reswaps += reswapped
+        else:
+            boundary = track_decode_boundary(req, pool, self._track_interval)
+        self.counters.track_boundaries += boundary
+
+    def _release_finished(self, req: Any, decode: bool = False) -> None:
+        """Release a request its result finished, caching it (a `decode` result's under the
+        lazy extra buffer: without a checkpoint where SGLang's result cleared
+        `mamba_lazy_checkpoint`); counted where it holds the slot of its last token (a decode
+        launched ahead of this result allocated it) or tokens past what it owns (freed by
+        the release)."""
         if self._overlap:
             kv = getattr(req, "kv", None)
             if kv is not None:
@@ -737,4 +777,8 @@ class Scheduler:
                 self.counters.overallocated_freed += max(
                     0, kv.kv_allocated_len - req.owned_kv_len()
                 )
-        self._release(req, self.stack.tree, True)
+        # the lazy strategy's: no checkpoint where a decode in flight writes the one slot
+        lazy = self._lazy and decode
+        checkpoint = bool(getattr(req, "mamba_lazy_checkpoint", True)) if lazy else True
+        self.counters.lazy_uncheckpointed += not checkpoint
+        self._release(req, self.stack.tree, checkpoint)

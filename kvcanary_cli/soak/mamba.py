@@ -54,11 +54,12 @@ _UTILS = "sglang.srt.configs.mamba_utils"
 _ENVS = "sglang.srt.environ"
 
 
-def mamba_size(spec: Any, track_slots: int = TRACK_SLOTS[0]) -> int:
+def mamba_size(spec: Any, track_slots: int = TRACK_SLOTS[0], lazy: bool = False) -> int:
     """Mamba slots for a stack of `spec.max_reqs` rows (slot 0 is reserved on top); with the
     extra buffer, its `track_slots` per row on top, as SGLang's configurator adds them
-    (`_calculate_mamba_ratio`)."""
-    extra = track_slots if spec.layout == "mamba-extra" else 0
+    (`_calculate_mamba_ratio`), one for the `lazy` strategy (`get_mamba_tracking_slots`: the
+    second is taken at a boundary only)."""
+    extra = (1 if lazy else track_slots) if spec.layout == "mamba-extra" else 0
     return (SLOTS_PER_ROW + extra) * int(spec.max_reqs)
 
 
@@ -69,16 +70,17 @@ def track_interval(spec: Any) -> int:
     return math.lcm(CHUNK, int(spec.page_size))
 
 
-def extra_buffer_args(modules: Any, spec: Any) -> dict[str, Any]:
+def extra_buffer_args(modules: Any, spec: Any, lazy: bool = False) -> dict[str, Any]:
     """The server args that turn the extra buffer on: the strategy under this release's name
-    (`mamba_radix_cache_strategy`, 0.5.14 on; `mamba_scheduler_strategy` before) and the
-    track interval."""
+    (`mamba_radix_cache_strategy`, 0.5.14 on; `mamba_scheduler_strategy` before), `lazy`
+    `extra_buffer_lazy` (SGLang's overlapped scheduler only), and the track interval."""
     names = inspect.signature(modules.server_args.ServerArgs).parameters
     strategy = next(
         (n for n in ("mamba_radix_cache_strategy", "mamba_scheduler_strategy") if n in names),
         "mamba_radix_cache_strategy",  # a release without either: ServerArgs says so
     )
-    return {strategy: "extra_buffer", "mamba_track_interval": track_interval(spec)}
+    chosen = "extra_buffer_lazy" if lazy else "extra_buffer"
+    return {strategy: chosen, "mamba_track_interval": track_interval(spec)}
 
 
 def _cache_params() -> Any:
@@ -105,10 +107,12 @@ def build_mamba_pools(
     *,
     need_sort: bool = False,
     track_slots: int = TRACK_SLOTS[0],
+    lazy: bool = False,
 ) -> tuple[Any, Any, Any]:
     """(`HybridReqToTokenPool`, `HybridLinearKVPool`, `TokenToKVPoolAllocator`, or
     `PagedTokenToKVPoolAllocator` above page size 1); with `spec.layout` `mamba-extra` the
-    extra buffer, `track_slots` (`TRACK_SLOTS`) ping-pong slots per request."""
+    extra buffer, `track_slots` (`TRACK_SLOTS`) ping-pong slots per request, held from the
+    start but with `lazy` (SGLang's `extra_buffer_lazy`: one held, two places)."""
     import torch
 
     extra_buffer = spec.layout == "mamba-extra"
@@ -117,7 +121,7 @@ def build_mamba_pools(
     memory_pool = modules.memory_pool
     req_to_token_pool = memory_pool.HybridReqToTokenPool(
         size=spec.max_reqs,
-        mamba_size=mamba_size(spec, track_slots),
+        mamba_size=mamba_size(spec, track_slots, lazy and extra_buffer),
         mamba_spec_state_size=spec.max_reqs,
         max_context_len=spec.max_context_len,
         device="cpu",
@@ -125,6 +129,8 @@ def build_mamba_pools(
         cache_params=params,
         mamba_layer_ids=[0],
         enable_mamba_extra_buffer=extra_buffer,
+        # a keyword only where it is on: the releases before the lazy strategy take none
+        **({"enable_mamba_extra_buffer_lazy": True} if lazy and extra_buffer else {}),
         # the pool sizes the track buffer by it (two slots overlapped, one not); nothing else
         enable_overlap_schedule=extra_buffer and track_slots == 2,
     )

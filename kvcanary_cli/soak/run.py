@@ -160,6 +160,7 @@ def history_stack(
         ranks=ranks,
         storage_folder=storage_folder,
         overlap=workload.overlap,
+        mamba_lazy=workload.mamba_lazy,
     )
 
 

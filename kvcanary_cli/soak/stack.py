@@ -817,6 +817,7 @@ def build_stack(
     ranks: int = 1,
     storage_folder: Any = None,
     overlap: bool = False,
+    mamba_lazy: bool = False,
 ) -> Stack:
     """Build the pools, the allocator and the tree on CPU, in the scheduler's order (another
     release's constructors: an error line naming the one that did not fit, see `fitting`);
@@ -832,7 +833,8 @@ def build_stack(
     folder of its own, which `Stack.close` removes; the host tier needed), as tensor-parallel
     rank `rank` of `ranks` (its pages named for that rank) in `storage_folder` where given (a
     `soak.storage.storage_folder` the history's ranks share), with `overlap` the server args
-    of SGLang's overlapped loop (`disable_overlap_schedule` off). The tree's modules are
+    of SGLang's overlapped loop (`disable_overlap_schedule` off), with `mamba_lazy` (the
+    overlapped loop's `mamba-extra` only) the extra buffer's lazy strategy. The tree's modules are
     put back first (`reinstate`): SGLang's constructors import more of it as they run."""
     modules.reinstate()
     tree = modules.tree
@@ -886,7 +888,7 @@ def build_stack(
     if spec.layout == MAMBA_EXTRA:
         from kvcanary_cli.soak.mamba import extra_buffer_args
 
-        capped.update(extra_buffer_args(modules, spec))
+        capped.update(extra_buffer_args(modules, spec, lazy=mamba_lazy))
     with fitting(tree, "ServerArgs"):
         server_args = modules.server_args.ServerArgs(
             model_path="dummy",
@@ -919,6 +921,7 @@ def build_stack(
                 server_args,
                 need_sort=need_sort,
                 track_slots=mamba_track_slots or 2,
+                lazy=mamba_lazy,
             )
     else:
         with fitting(tree, "ReqToTokenPool"):

@@ -106,6 +106,11 @@ class Workload:
     #: with `overlap`, SGLang's SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP: a prefill batch
     #: after a prefill batch waits for the last one's result before it runs
     consecutive_prefill_sync: bool = False
+    #: with `overlap` and the extra buffer (two track slots, as SGLang sizes them overlapped),
+    #: SGLang's lazy strategy (`--mamba-radix-cache-strategy extra_buffer_lazy`, which it
+    #: refuses without the overlapped scheduler): a request holds one track slot, and takes
+    #: the second only for a decode at a track boundary, until that decode's result
+    mamba_lazy: bool = False
 
     def without(self, keep: list[int]) -> Workload:
         """The workload with only the arrivals at the indices `keep`."""
@@ -120,6 +125,8 @@ class Workload:
             if self.overlap
             else {}
         )
+        if self.mamba_lazy:
+            overlapped["mamba_lazy"] = True
         return json.dumps(
             {
                 "seed": self.seed,
@@ -171,13 +178,15 @@ class Workload:
             raise TypeError("an unknown storage prefetch policy, or one without a host tier")
         overlap = data.get("overlap", False)  # absent where it is off
         sync = data.get("consecutive_prefill_sync", False)
-        flags = (release, need_sort, lazy, ignore_eos, streaming, radix, overlap, sync)
+        mamba_lazy = data.get("mamba_lazy", False)  # absent where it is off
+        flags = (release, need_sort, lazy, ignore_eos, streaming, radix, overlap, sync, mamba_lazy)
         if (
             not all(isinstance(flag, bool) for flag in flags)
             or type(interval) is not int
             or interval < 0
             or (path_cap is not None and (type(path_cap) is not int or path_cap < 1))
             or (track is not None and (type(track) is not int or track not in (1, 2)))
+            or (mamba_lazy and not (overlap and track == 2))
         ):
             raise TypeError("a serving knob out of range")
         steps = int(data["steps"])
@@ -198,6 +207,7 @@ class Workload:
             storage,
             overlap,
             sync,
+            mamba_lazy,
         )
 
 

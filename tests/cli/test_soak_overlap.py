@@ -12,9 +12,9 @@ from kvcanary_cli.cli import app
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--layout", "mamba"], "drop --layout mamba"),
         (["--layout", "unified"], "drop --layout unified"),
-        (["--layout", "mamba-extra"], "drop --layout mamba-extra"),
+        (["--layout", "mamba", "--hicache"], "drop --hicache"),
+        (["--layout", "mamba-extra", "--tp", "2"], "drop --tp"),
         (["--hicache"], "drop --hicache"),
         (["--hicache", "--hicache-storage"], "drop --hicache and --hicache-storage"),
         (["--session-radix-cache"], "drop --session-radix-cache"),
@@ -44,6 +44,56 @@ def test_another_release_is_refused_once_loaded() -> None:
     refused(None)  # not loaded yet: only the options are checked
     with pytest.raises(OptionError, match=r"of SGLang 0\.5\.22 and 0\.5\.23, not SGLang 0\.5\.21"):
         refused("0.5.21")
+
+
+@pytest.mark.parametrize("layout", ["swa", "mamba", "mamba-extra"])
+def test_the_validated_layouts_are_taken(layout: str) -> None:
+    """The swa and both Mamba layouts run overlapped (the Mamba ones with the overlapped
+    decode result's track masks and the lazy extra buffer); unified memory does not."""
+    from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.soak.command import _refuse_overlap
+
+    for version in (None, "0.5.22", "0.5.23"):
+        _refuse_overlap(
+            version, layout, hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
+        )
+    with pytest.raises(OptionError, match="drop --layout unified"):
+        _refuse_overlap(
+            None, "unified", hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
+        )
+
+
+def test_overlapped_extra_buffer_histories_run_the_lazy_strategy_in_two_of_four() -> None:
+    """Under the overlapped loop the extra buffer's track buffer holds two slots (SGLang sizes
+    it so overlapped), and the second and third of every four histories run SGLang's lazy
+    strategy, so the lazy one meets the prefill sync on and off; a workload file keeps it
+    (absent: off), and one asking for it without the overlapped loop and two track slots is
+    refused, as SGLang refuses the strategy without its overlapped scheduler."""
+    import json
+
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.workload import Workload
+
+    drawn = [history_workload(3, h, 3, 4, "mamba-extra", overlap=True) for h in range(8)]
+    assert [w.mamba_track_slots for w in drawn] == [2] * 8
+    assert [w.mamba_lazy for w in drawn] == [False, True, True, False] * 2
+    assert {(w.mamba_lazy, w.consecutive_prefill_sync) for w in drawn[:4]} == {
+        (False, False),
+        (True, True),
+        (True, False),
+        (False, True),
+    }
+    for h, w in enumerate(drawn):
+        assert w.arrivals == history_workload(3, h, 3, 4, "mamba-extra").arrivals
+        assert Workload.from_json(w.to_json()) == w
+    assert "mamba_lazy" not in json.loads(drawn[0].to_json())
+    assert not any(history_workload(3, h, 1, 1, "mamba", overlap=True).mamba_lazy for h in range(4))
+    assert not any(history_workload(3, h, 3, 4, "mamba-extra").mamba_lazy for h in range(4))
+    data = json.loads(drawn[1].to_json())
+    for key, value in (("overlap", False), ("mamba_track_slots", 1), ("mamba_lazy", "yes")):
+        bad = dict(data, **{key: value})
+        with pytest.raises(TypeError):
+            Workload.from_json(json.dumps(bad))
 
 
 def test_overlapped_histories_sync_consecutive_prefills_every_other_history() -> None:

@@ -13,15 +13,28 @@ from tests.sglang_wheel import WHEEL_VERSION
 pytest.importorskip("torch")
 
 
-def _history(sglang: Any, history: int, **kw: Any) -> Any:
+def _history(sglang: Any, history: int, layout: str = "swa", **kw: Any) -> Any:
+    """The `history`-th history of `soak --overlap --layout LAYOUT --seed 0` on the page-size-1
+    Python-core stack (its specs counted as the soak counts them for the layout)."""
     from kvcanary_cli.soak.command import OVERLAP_RELEASES, history_workload
     from kvcanary_cli.soak.run import run_history
-    from kvcanary_cli.soak.stack import StackSpec
+    from kvcanary_cli.soak.stack import StackSpec, has_path_cap
 
     if sglang.tree.version not in OVERLAP_RELEASES:
         pytest.skip(f"the overlapped loop is modelled on {OVERLAP_RELEASES}, not {WHEEL_VERSION}")
-    workload = history_workload(0, history, 6, 1, overlap=True)
-    return run_history(sglang, StackSpec.pressured(1, "python"), workload, **kw)
+    specs = {"swa": 6, "mamba": 2}.get(layout, 6)
+    cap = has_path_cap(sglang) and layout != "swa"
+    workload = history_workload(0, history, specs, 1, layout, path_cap=cap, overlap=True)
+    return run_history(sglang, StackSpec.pressured(1, "python", layout), workload, **kw)
+
+
+def _clean(result: Any) -> None:
+    """Kvcanary (the live accounting and the whole `check`) and SGLang's checks silent on
+    every audited state."""
+    assert result.failure is None, (result.failure.codes, result.failure.broken)
+    assert result.sglang_counts == {}, result.sglang_first
+    assert all(v.broken is None and not v.codes for v in result.verdicts)
+    assert len(result.verdicts) > result.steps
 
 
 @pytest.mark.slow
@@ -47,6 +60,50 @@ def test_overlapped_histories_are_clean_and_run_the_overlapped_paths(sglang: Any
     assert totals["finishing_inflight"] > 0 and totals["decode_skips"] > 0
     assert totals["stale_rows"] > 0 and totals["released_ahead"] > 0
     assert totals["overallocated_freed"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["mamba", "mamba-extra"])
+def test_overlapped_mamba_histories_are_clean_and_run_both_paths(sglang: Any, layout: str) -> None:
+    """The first 100 steps of each Mamba layout's first history overlapped (the extra
+    buffer's with two track slots, as SGLang sizes them overlapped), every state audited by
+    both sides: all silent.
+    The overlapped paths ran (results after the next batch's allocation, requests a decode
+    left out for their queued result), and with the extra buffer decode track boundaries
+    through the overlapped result's masks (`track_overlapped_decode`)."""
+    result = _history(sglang, 0, layout, mode="both", max_steps=100)
+    _clean(result)
+    counters = result.counters
+    assert counters.overlapped > 80 and counters.finishing_inflight > 0, counters
+    assert counters.lazy_preallocs == counters.lazy_frees == 0
+    if layout == "mamba-extra":
+        assert counters.track_boundaries > 0, counters
+    else:
+        assert counters.track_boundaries == 0
+
+
+@pytest.mark.slow
+def test_an_overlapped_lazy_extra_buffer_history_is_clean(sglang: Any) -> None:
+    """SGLang's lazy strategy (`extra_buffer_lazy`, the second history, 120 steps): a second
+    track slot is taken for each decode at a track boundary (`mamba_lazy_prealloc_at_boundary`) and
+    the slot the request stops tracking in freed by that decode's result
+    (`mamba_lazy_post_decode_at_boundary`): every state clean on both sides."""
+    result = _history(sglang, 1, "mamba-extra", mode="both", max_steps=120)
+    _clean(result)
+    counters = result.counters
+    assert counters.lazy_preallocs > 5 and counters.lazy_frees > 5, counters
+    assert counters.lazy_frees <= counters.lazy_preallocs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("history", [0, 1])
+def test_a_freed_tree_mamba_slot_is_found_overlapped(sglang: Any, history: int) -> None:
+    """A planted free of a Mamba slot the tree still holds is found under the overlapped loop,
+    with the extra buffer eager (history 0) and lazy (history 1)."""
+    result = _history(sglang, history, "mamba-extra", fault="tree-mamba-slot-freed")
+    assert result.fault_acted > 0
+    assert result.failure is not None
+    assert result.failure.top_cause == "mamba-slot-freed-while-held"
 
 
 @pytest.mark.slow
