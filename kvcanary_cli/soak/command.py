@@ -79,42 +79,42 @@ RANK_REPLAYS = 3
 
 
 #: The releases whose overlapped loop soak models (`--overlap`, `soak.driver`: one loop, with
-#: `_reqs_finishing_inflight`, which 0.5.21 and before lack), and the only layout it was
-#: validated on there: another release's loop, or another layout's memory paths under it, may
-#: differ in ways the model does not follow.
+#: `_reqs_finishing_inflight`, which 0.5.21 and before lack), and the layouts it was validated
+#: on there (unified memory with its compaction at the sync boundary; the swa layout with or
+#: without the host tier): another release's loop, or another layout's memory paths under it,
+#: may differ in ways the model does not follow.
 OVERLAP_RELEASES = ("0.5.22", "0.5.23")
-OVERLAP_LAYOUT = "swa"
+OVERLAP_LAYOUTS = ("swa", "unified")
 
 
 def _refuse_overlap(
     version: str | None,
     layout: str,
     *,
-    hicache: bool,
     hicache_storage: bool,
     session_radix_cache: bool,
     tp: int,
 ) -> None:
     """One error line where `--overlap` meets what its model was not validated on: another
-    release (None: not loaded yet, not checked), another layout, the host or storage tier,
-    radix sessions, several ranks."""
+    release (None: not loaded yet, not checked), another layout, the storage tier, radix
+    sessions, several ranks (the host tier is validated: `--hicache` on the swa layout)."""
     from kvcanary_cli.errors import OptionError
 
     others = [
         flag
         for flag, given in (
-            ("--hicache", hicache),
             ("--hicache-storage", hicache_storage),
             ("--session-radix-cache", session_radix_cache),
             ("--tp", tp != 1),
         )
         if given
     ]
-    if layout != OVERLAP_LAYOUT or others:
-        what = [f"--layout {layout}"] if layout != OVERLAP_LAYOUT else []
+    if layout not in OVERLAP_LAYOUTS or others:
+        what = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
         raise OptionError(
-            f"models SGLang's overlapped loop on the {OVERLAP_LAYOUT} layout alone, without "
-            f"the host tier, radix sessions or ranks: drop {' and '.join(what + others)}",
+            f"models SGLang's overlapped loop on the {' and '.join(OVERLAP_LAYOUTS)} layouts "
+            f"alone, without the storage tier, radix sessions or ranks: drop "
+            f"{' and '.join(what + others)}",
             option="overlap",
         )
     if version is not None and version not in OVERLAP_RELEASES:
@@ -301,7 +301,7 @@ def soak(
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
     compared at every audited step (`soak.tp`); with `overlap`, under SGLang's overlapped
-    loop (0.5.22 and 0.5.23, the swa layout only: `_refuse_overlap`).
+    loop (0.5.22 and 0.5.23, the swa and unified layouts: `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -348,7 +348,6 @@ def soak(
     refused = partial(
         _refuse_overlap,
         layout=layout,
-        hicache=hicache,
         hicache_storage=hicache_storage,
         session_radix_cache=session_radix_cache,
         tp=tp,

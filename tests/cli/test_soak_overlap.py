@@ -3,6 +3,8 @@ loaded), and the workloads it draws (tests/integration/test_soak_overlap.py runs
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -13,10 +15,9 @@ from kvcanary_cli.cli import app
     ("args", "said"),
     [
         (["--layout", "mamba"], "drop --layout mamba"),
-        (["--layout", "unified"], "drop --layout unified"),
         (["--layout", "mamba-extra"], "drop --layout mamba-extra"),
-        (["--hicache"], "drop --hicache"),
-        (["--hicache", "--hicache-storage"], "drop --hicache and --hicache-storage"),
+        (["--hicache", "--hicache-storage"], "drop --hicache-storage"),
+        (["--layout", "mamba", "--tp", "2"], "drop --layout mamba and --tp"),
         (["--session-radix-cache"], "drop --session-radix-cache"),
         (["--tp", "2"], "drop --tp"),
         (["--engine", "vllm"], "SGLang's overlapped loop only"),
@@ -29,15 +30,23 @@ def test_overlap_where_it_was_not_validated_is_one_error_line(args: list[str], s
     assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("args", [["--layout", "unified"], ["--hicache"]])
+def test_overlap_passes_where_it_was_validated(args: list[str], tmp_path: Path) -> None:
+    """Unified memory and the host tier (on the swa layout) were validated under the
+    overlapped loop: no refusal; the run goes on to load its SGLang (here a missing one)."""
+    missing = tmp_path / "no-sglang"
+    result = CliRunner().invoke(app, ["soak", "--overlap", *args, "--sglang-tree", str(missing)])
+    assert result.exit_code == 2, result.output
+    assert "drop" not in result.stderr and "no such file" in result.stderr, result.stderr
+
+
 def test_another_release_is_refused_once_loaded() -> None:
     """The release is known once its tree is loaded: another one's loop is not modelled."""
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.soak.command import _refuse_overlap
 
     def refused(version: str | None) -> None:
-        _refuse_overlap(
-            version, "swa", hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
-        )
+        _refuse_overlap(version, "swa", hicache_storage=False, session_radix_cache=False, tp=1)
 
     refused("0.5.23")
     refused("0.5.22")
