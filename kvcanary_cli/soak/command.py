@@ -301,7 +301,7 @@ def soak(
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
     compared at every audited step (`soak.tp`); with `overlap`, under SGLang's overlapped
-    loop (0.5.22 and 0.5.23, the swa and unified layouts: `_refuse_overlap`).
+    loop (0.5.22 and 0.5.23, the swa and unified layouts, the host tier: `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
