@@ -447,9 +447,9 @@ command(
     overlap=Opt(
         "Run SGLang's overlapped scheduler loop (its default; soak's is the non-overlapped "
         "one): each step chooses and allocates the next batch before the last batch's result "
-        "is processed (SGLang 0.5.22 and 0.5.23, --layout swa, mamba or mamba-extra, the "
-        "last also with SGLang's lazy extra buffer in two histories of four; without "
-        "--hicache, --session-radix-cache or --tp).",
+        "is processed (SGLang 0.5.22 and 0.5.23, every --layout, the extra buffer also with "
+        "SGLang's lazy strategy in two histories of four; --hicache on swa; refused with "
+        "--hicache-storage, --session-radix-cache or --tp).",
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),

@@ -79,12 +79,14 @@ RANK_REPLAYS = 3
 
 
 #: The releases whose overlapped loop soak models (`--overlap`, `soak.driver`: one loop, with
-#: `_reqs_finishing_inflight`, which 0.5.21 and before lack), and the layouts it was
-#: validated on there (the Mamba ones with the decode result's overlapped track masks and the
-#: lazy extra buffer): another release's loop, or another layout's memory paths under it,
-#: may differ in ways the model does not follow.
+#: `_reqs_finishing_inflight`, which 0.5.21 and before lack), the layouts it was validated on
+#: there (unified memory with its compaction at the sync boundary; the Mamba ones with the
+#: decode result's overlapped track masks and the lazy extra buffer), and the one layout the
+#: host tier was validated on under it: another release's loop, or another layout's memory
+#: paths under it, may differ in ways the model does not follow.
 OVERLAP_RELEASES = ("0.5.22", "0.5.23")
-OVERLAP_LAYOUTS = ("swa", "mamba", "mamba-extra")
+OVERLAP_LAYOUTS = ("swa", "unified", "mamba", "mamba-extra")
+OVERLAP_HICACHE_LAYOUT = "swa"
 
 
 def _refuse_overlap(
@@ -97,14 +99,14 @@ def _refuse_overlap(
     tp: int,
 ) -> None:
     """One error line where `--overlap` meets what its model was not validated on: another
-    release (None: not loaded yet, not checked), another layout, the host or storage tier,
-    radix sessions, several ranks."""
+    release (None: not loaded yet, not checked), another layout, the host tier off the swa
+    layout, the storage tier, radix sessions, several ranks."""
     from kvcanary_cli.errors import OptionError
 
     others = [
         flag
         for flag, given in (
-            ("--hicache", hicache),
+            ("--hicache", hicache and layout != OVERLAP_HICACHE_LAYOUT),
             ("--hicache-storage", hicache_storage),
             ("--session-radix-cache", session_radix_cache),
             ("--tp", tp != 1),
@@ -114,9 +116,9 @@ def _refuse_overlap(
     if layout not in OVERLAP_LAYOUTS or others:
         what = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
         raise OptionError(
-            f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts "
-            f"alone, without the host tier, radix sessions or ranks: drop "
-            f"{' and '.join(what + others)}",
+            f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts, "
+            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone, without the storage tier, radix "
+            f"sessions or ranks: drop {' and '.join(what + others)}",
             option="overlap",
         )
     if version is not None and version not in OVERLAP_RELEASES:
@@ -309,7 +311,7 @@ def soak(
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
     compared at every audited step (`soak.tp`); with `overlap`, under SGLang's overlapped
-    loop (0.5.22 and 0.5.23, the swa, mamba and mamba-extra layouts: `_refuse_overlap`).
+    loop (0.5.22 and 0.5.23: every layout, the host tier on swa; `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__

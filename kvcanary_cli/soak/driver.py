@@ -23,7 +23,9 @@ choice starts with the tree's `check_hicache_events` (write-through and load-bac
 load-backs its admissions queued (`ready_to_load_host_cache`) before `prepare_for_extend`.
 
 A fully idle step runs what SGLang's `on_idle` does to memory before its idle checks: unified
-memory's compaction pass (`flush_opportunistic`).
+memory's compaction pass (`flush_opportunistic`). Overlapped, `event_loop_overlap` runs that
+pass at one more point too: right after a synced result (below), before the next batch
+launches.
 
 A session's turn (`Arrival.session`) is made as SGLang's scheduler makes it, by
 `Session.create_req` (`soak.sessions`), once the turn before it is over; a streaming session
@@ -199,8 +201,12 @@ class Counters:
     aborts_running: int = 0
     finishes: int = 0
     idles: int = 0
-    #: unified memory's compaction passes at idle (`flush_opportunistic`)
+    #: unified memory's compaction passes (`flush_opportunistic`) at idle, and, overlapped,
+    #: at the sync boundary: after the last result processed ahead of a prefill following a
+    #: prefill (`synced`), before that prefill launches, and the pages those moved
     flushes: int = 0
+    sync_flushes: int = 0
+    sync_flush_moves: int = 0
     shared_prefix_tokens: int = 0
     #: the host tier's: prefill batches that started a load-back from host
     host_loads: int = 0
@@ -390,6 +396,11 @@ class Scheduler:
         if synced:
             self._process_queued(info)
             self.counters.synced += 1
+            # the forward stream is idle here: unified memory compacts, as at idle
+            moved = self._flush()
+            if moved is not None:
+                self.counters.sync_flushes += 1
+                self.counters.sync_flush_moves += moved
         queued = None
         if batch is not None:
             info.batch = batch
@@ -484,15 +495,21 @@ class Scheduler:
 
     def _on_idle(self) -> None:
         """SGLang's `on_idle` before its idle checks: fully idle, unified memory compacts
-        (`flush_opportunistic`; an error there is swallowed, as SGLang's scheduler does)."""
-        flush = getattr(self.stack.allocator, "flush_opportunistic", None)
-        if flush is None or not self.fully_idle:
-            return
-        try:
-            flush()
+        (`_flush`)."""
+        if self.fully_idle and self._flush() is not None:
             self.counters.flushes += 1
-        except Exception:  # noqa: S110  (SGLang's scheduler passes over it, and runs on)
-            pass
+
+    def _flush(self) -> int | None:
+        """Unified memory's compaction pass (`flush_opportunistic`; an error there is
+        swallowed, as SGLang's scheduler does): the pages it moved, or None without unified
+        memory or where it failed."""
+        flush = getattr(self.stack.allocator, "flush_opportunistic", None)
+        if flush is None:
+            return None
+        try:
+            return int(flush())
+        except Exception:  # noqa: BLE001  (SGLang's scheduler passes over it, and runs on)
+            return None
 
     def _abort_due(self) -> None:
         """The aborts due at this step, each where its request is (see module doc)."""

@@ -3,6 +3,8 @@ loaded), and the workloads it draws (tests/integration/test_soak_overlap.py runs
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -12,11 +14,10 @@ from kvcanary_cli.cli import app
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--layout", "unified"], "drop --layout unified"),
         (["--layout", "mamba", "--hicache"], "drop --hicache"),
         (["--layout", "mamba-extra", "--tp", "2"], "drop --tp"),
-        (["--hicache"], "drop --hicache"),
-        (["--hicache", "--hicache-storage"], "drop --hicache and --hicache-storage"),
+        (["--hicache", "--hicache-storage"], "drop --hicache-storage"),
+        (["--layout", "mamba", "--hicache", "--tp", "2"], "drop --hicache and --tp"),
         (["--session-radix-cache"], "drop --session-radix-cache"),
         (["--tp", "2"], "drop --tp"),
         (["--engine", "vllm"], "SGLang's overlapped loop only"),
@@ -27,6 +28,19 @@ def test_overlap_where_it_was_not_validated_is_one_error_line(args: list[str], s
     result = CliRunner().invoke(app, ["soak", "--overlap", *args])
     assert result.exit_code == 2, result.output
     assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["--layout", "unified"], ["--layout", "mamba-extra"], ["--hicache"]]
+)
+def test_overlap_passes_where_it_was_validated(args: list[str], tmp_path: Path) -> None:
+    """Unified memory, the Mamba layouts and the host tier (on the swa layout) were validated
+    under the overlapped loop: no refusal; the run goes on to load its SGLang (here a missing
+    one)."""
+    missing = tmp_path / "no-sglang"
+    result = CliRunner().invoke(app, ["soak", "--overlap", *args, "--sglang-tree", str(missing)])
+    assert result.exit_code == 2, result.output
+    assert "drop" not in result.stderr and "no such file" in result.stderr, result.stderr
 
 
 def test_another_release_is_refused_once_loaded() -> None:
@@ -46,10 +60,11 @@ def test_another_release_is_refused_once_loaded() -> None:
         refused("0.5.21")
 
 
-@pytest.mark.parametrize("layout", ["swa", "mamba", "mamba-extra"])
+@pytest.mark.parametrize("layout", ["swa", "unified", "mamba", "mamba-extra"])
 def test_the_validated_layouts_are_taken(layout: str) -> None:
-    """The swa and both Mamba layouts run overlapped (the Mamba ones with the overlapped
-    decode result's track masks and the lazy extra buffer); unified memory does not."""
+    """Every layout runs overlapped (the Mamba ones with the overlapped decode result's track
+    masks and the lazy extra buffer, unified memory with its compaction at the sync
+    boundary); the host tier on the swa layout alone."""
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.soak.command import _refuse_overlap
 
@@ -57,10 +72,11 @@ def test_the_validated_layouts_are_taken(layout: str) -> None:
         _refuse_overlap(
             version, layout, hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
         )
-    with pytest.raises(OptionError, match="drop --layout unified"):
-        _refuse_overlap(
-            None, "unified", hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
-        )
+    if layout != "swa":
+        with pytest.raises(OptionError, match="drop --hicache$"):
+            _refuse_overlap(
+                None, layout, hicache=True, hicache_storage=False, session_radix_cache=False, tp=1
+            )
 
 
 def test_overlapped_extra_buffer_histories_run_the_lazy_strategy_in_two_of_four() -> None:
