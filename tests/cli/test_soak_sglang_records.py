@@ -118,15 +118,8 @@ def test_the_replay_line_says_why_a_check_record_did_not_come_back(
         SGLangCheck(check=c, steps=1, histories=1, first=(first,))  # type: ignore[arg-type]
         for c in said
     )
-    report = SoakReport(
-        kvcanary_version="0",
+    report = _report(
         sglang_version="0.5.19",
-        sglang_root="/",
-        seed=3,
-        budget=80,
-        histories=1,
-        steps=80,
-        audited_steps=80,
         sglang_checks=checks,
         replay=SoakReplay(
             reproducer="r.json", recorded=f"sglang {BUSY}", reproduced=said == (BUSY,)
@@ -148,16 +141,19 @@ def test_the_ran_line_says_which_ranks_and_loop_the_histories_ran(
 ) -> None:
     from kvcanary_cli.render.table.soak import ran_line
 
-    report = SoakReport(
-        kvcanary_version="0",
-        sglang_version="0.5.23",
-        sglang_root="/",
-        seed=3,
-        budget=80,
-        histories=1,
-        steps=80,
-        audited_steps=80,
-        tp=tp,
-        overlap=overlap,
-    )
+    report = _report(sglang_version="0.5.23", tp=tp, overlap=overlap)
     assert ran_line(report) == f"seed 3, 1 history, 80 of 80 steps, {tail}"
+
+
+def _report(**given: Any) -> SoakReport:
+    """A soak report of one 80-step history at seed 3, with `given` on top."""
+    plain: dict[str, Any] = {
+        "kvcanary_version": "0",
+        "sglang_root": "/",
+        "seed": 3,
+        "budget": 80,
+        "histories": 1,
+        "steps": 80,
+        "audited_steps": 80,
+    }
+    return SoakReport(**{**plain, **given})
