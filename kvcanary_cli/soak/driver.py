@@ -369,19 +369,27 @@ class Scheduler:
         if self._overlap:
             self._launch_overlapped(batch, info, on_plan)
         elif batch is not None:
-            info.batch = batch
-            info.mode = "extend" if batch.forward_mode.is_extend() else "decode"
-            if on_plan is not None:
-                on_plan(batch)
+            self._launch(batch, info, on_plan)
             self._process(batch, info)
         else:
-            self.counters.idles += 1
-            if session_slots(self.stack.tree) or radix_session_leaves(self.stack.tree):
-                self.counters.session_idles += 1
+            self._count_idle()
             self._on_idle()
         self.last_batch = batch
         self.step_no += 1
         return info
+
+    def _launch(self, batch: Any, info: StepInfo, on_plan: Callable[[Any], None] | None) -> None:
+        """Launch `batch`: the step's batch and mode, and the plan a forward would make."""
+        info.batch = batch
+        info.mode = "extend" if batch.forward_mode.is_extend() else "decode"
+        if on_plan is not None:
+            on_plan(batch)
+
+    def _count_idle(self) -> None:
+        """A step that launched no batch (and one a session held KV at)."""
+        self.counters.idles += 1
+        if session_slots(self.stack.tree) or radix_session_leaves(self.stack.tree):
+            self.counters.session_idles += 1
 
     def _launch_overlapped(
         self, batch: Any, info: StepInfo, on_plan: Callable[[Any], None] | None
@@ -403,15 +411,10 @@ class Scheduler:
                 self.counters.sync_flush_moves += moved
         queued = None
         if batch is not None:
-            info.batch = batch
-            info.mode = "extend" if batch.forward_mode.is_extend() else "decode"
-            if on_plan is not None:
-                on_plan(batch)
+            self._launch(batch, info, on_plan)
             queued = (batch.copy(), info.mode)
         else:
-            self.counters.idles += 1
-            if session_slots(self.stack.tree) or radix_session_leaves(self.stack.tree):
-                self.counters.session_idles += 1
+            self._count_idle()
         if last is not None:
             if not synced:
                 self._process_queued(info)
