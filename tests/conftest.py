@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, settings
 
 from kvcanary_cli import api
 from kvcanary_cli.planners import sglang_runtime
+from tests.lanes import DEEP_ENV, deep_lane_on
 from tests.sglang_standin import forget_sglang, write_standin
 from tests.torch_extra import HAS_TORCH, NEEDS_TORCH, is_missing_torch, needs_torch
 
@@ -99,6 +100,25 @@ def pytest_pycollect_makemodule(
     if HAS_TORCH:
         return None  # pytest's own
     return _TorchOptionalModule.from_parent(parent, path=module_path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The deep lane's tests (`tests/lanes.py`) deselected unless `KVCANARY_DEEP=1`."""
+    if deep_lane_on():
+        return
+    deep = [item for item in items if item.get_closest_marker("deep") is not None]
+    if deep:
+        config.hook.pytest_deselected(items=deep)
+        items[:] = [item for item in items if item.get_closest_marker("deep") is None]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The lane the run left out, said after its summary (under xdist pytest's own count of
+    deselected tests stays in the workers)."""
+    if not deep_lane_on():
+        terminalreporter.write_line(
+            f"the deep lane was not run: {DEEP_ENV}=1 python -m pytest -m deep (tests/lanes.py)"
+        )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

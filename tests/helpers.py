@@ -20,6 +20,7 @@ from kvcanary_cli.planners.triton_planner import TritonPlanner
 from kvcanary_cli.planners.vectorized import VectorizedPlanner
 from kvcanary_cli.results.check import DumpReport, Finding
 from kvcanary_cli.synth.scenarios import SCENARIOS
+from tests.lanes import DEEP
 
 REFERENCE = ReferencePlanner()
 STRICT = ReferencePlanner(strict=True)
@@ -37,31 +38,23 @@ PLANNERS: dict[str, Planner] = {
 }
 
 
-def fast_lane_keeps_first(values: Iterable[object]) -> list[Any]:
-    """`values` for `parametrize`, the first in the fast lane (`-m "not slow"`) and the others
-    marked slow: repeats of a path the first one already takes (another seed, a larger size),
-    which the whole suite still runs."""
-    first, *rest = values
-    return [first, *(pytest.param(value, marks=pytest.mark.slow) for value in rest)]
-
-
 #: The page sizes the synth corpus is swept at.
 PAGE_SIZES = (1, 4, 16)
 
 
 def page_sizes_in_turn(names: Iterable[str], *, fast_only: bool = False) -> list[Any]:
     """(scenario, page size) for `parametrize`: every named scenario at every page size it
-    takes; the fast lane one page size a scenario, taken in turn (1, 4, 16, 1, ...: at least
-    its smallest), and the slow lane the others, which repeat that scenario's path
-    (`fast_only`: only the fast lane's cases)."""
+    takes; the suite one page size a scenario, taken in turn (1, 4, 16, 1, ...: at least its
+    smallest), and the deep lane the others, which repeat that scenario's path (`fast_only`:
+    only the suite's cases)."""
     cases: list[Any] = []
     for turn, name in enumerate(names):
         pages = [page for page in PAGE_SIZES if page >= SCENARIOS[name].min_page_size]
-        fast = pages[turn % len(pages)]
+        first = pages[turn % len(pages)]
         cases += [
-            (name, page) if page == fast else pytest.param(name, page, marks=pytest.mark.slow)
+            (name, page) if page == first else pytest.param(name, page, marks=DEEP)
             for page in pages
-            if page == fast or not fast_only
+            if page == first or not fast_only
         ]
     return cases
 

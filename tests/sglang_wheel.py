@@ -145,7 +145,13 @@ def extract_release(wheel: Path, root: Path, version: str) -> Path:
     release's own layout (`kernels/ops` from 0.5.17, `jit_kernel` before; `_dispatch.py` only
     where the release has it), the stubs that layout needs, and the package metadata."""
     with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
+        members, stubs = _launcher_members(set(archive.namelist()))
+    return unpack(wheel, root, (*members, f"sglang-{version}.dist-info/METADATA"), stubs)
+
+
+def _launcher_members(names: set[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The plan launcher's modules among a wheel's `names`, in its layout, and the stubs
+    that layout needs."""
     new_layout = any(name.startswith(_CANARY) for name in names)
     prefix, stubs = (_CANARY, STUBS) if new_layout else (_OLD_CANARY, _OLD_STUBS)
     members = tuple(
@@ -153,7 +159,15 @@ def extract_release(wheel: Path, root: Path, version: str) -> Path:
         for module in MODULES
         if prefix + module.removeprefix(_CANARY) in names
     )
-    return unpack(wheel, root, (*members, f"sglang-{version}.dist-info/METADATA"), stubs)
+    return members, stubs
+
+
+def launcher_modules(wheel: Path) -> dict[str, bytes]:
+    """The plan launcher's modules a release wheel ships (those `extract_release` unpacks),
+    by name."""
+    with zipfile.ZipFile(wheel) as archive:
+        members, _ = _launcher_members(set(archive.namelist()))
+        return {member: archive.read(member) for member in members}
 
 
 def extract_kv_canary(wheel: Path, root: Path) -> Path:

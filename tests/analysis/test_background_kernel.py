@@ -12,16 +12,17 @@ from kvcanary_cli.analysis.check import run_check
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.analysis.conftest import LoadSynth
 from tests.helpers import TRITON, VECTORIZED
+from tests.lanes import DEEP
 
-#: The fast lane's scenarios (a clean one, the kernel's raise, a stale tail, the canary): the
-#: background path is one path; the whole suite runs it on every scenario.
+#: The suite's scenarios (a clean one, the kernel's raise, a stale tail, the canary): the
+#: background path is one path; the deep lane runs it on every scenario.
 FAST_SCENARIOS = {"clean-swa", "truncated-lut", "stale-tail", "canary-aliasing"}
 
 
 @pytest.mark.parametrize(
     "scenario",
     [
-        pytest.param(name, marks=[] if name in FAST_SCENARIOS else [pytest.mark.slow])
+        pytest.param(name, marks=[] if name in FAST_SCENARIOS else DEEP)
         for name in sorted(SCENARIOS)
     ],
 )

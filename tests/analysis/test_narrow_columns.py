@@ -16,6 +16,7 @@ from kvcanary_cli.results.cells import CellColumns, NarrowColumn
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import one_slot_shrunk_dump
+from tests.lanes import DEEP
 
 LIMITS = [
     ([-128, 127], np.int8),
@@ -136,8 +137,8 @@ def test_outputs_are_the_same_with_every_column_held_wide(
     _same_held_wide(_scenario_runs(name, tmp_path), monkeypatch)
 
 
-@pytest.mark.slow  # the whole corpus: a check and two provenance queries each, twice
-@pytest.mark.parametrize("name", [n for n in SCENARIOS if n not in FAST])
+# the whole corpus (a check and two provenance queries each, twice): the deep lane
+@pytest.mark.parametrize("name", [pytest.param(n, marks=DEEP) for n in SCENARIOS if n not in FAST])
 def test_the_whole_corpus_is_the_same_with_every_column_held_wide(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ import io
 import os
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from kvcanary_cli.render.table.provenance import provenance_table
 from kvcanary_cli.results.check import DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
 from tests.helpers import PAGE_SIZES, checked, page_sizes_in_turn
+from tests.lanes import DEEP
 from tests.render.record_schema import record_of
 
 #: the default of `provenance --max-rows`.
@@ -129,13 +131,13 @@ def _small_cases() -> list[tuple[str, str, int]]:
     return [(name, "small", page) for name, page in page_sizes_in_turn(SCENARIOS, fast_only=True)]
 
 
-def _larger_cases() -> list[tuple[str, str, int]]:
+def _larger_cases() -> list[Any]:
     if _SWEEP:
         return _cases(("small", "medium", "large"))
     medium = [c for c in _cases(("medium",)) if (c[0], c[2]) in _MEDIUM_SAMPLE]
     assert len(medium) == len(_MEDIUM_SAMPLE), "a sampled scenario was renamed"
-    small = _small_cases()
-    assert {page for _, _, page in small} == set(PAGE_SIZES)
+    small = [pytest.param(*case, marks=DEEP) for case in _small_cases()]
+    assert {case.values[2] for case in small} == set(PAGE_SIZES)
     return small + medium
 
 

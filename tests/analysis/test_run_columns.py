@@ -24,6 +24,7 @@ from kvcanary_cli.results.columns import IntColumn, int_items
 from kvcanary_cli.results.record import Result
 from kvcanary_cli.synth.scenarios import make_scenario
 from tests.helpers import one_slot_shrunk_dump
+from tests.lanes import DEEP
 
 
 def _arrays() -> Iterator[np.ndarray]:
@@ -44,10 +45,11 @@ def _arrays() -> Iterator[np.ndarray]:
 
 def _cases() -> list[object]:
     """`_arrays()` as cases: of its 12 draws of 3 random shapes, the draws after the first
-    repeat a path the fast lane takes (slow); the dtype edges after them all run there."""
+    repeat a path the first takes (the deep lane); the dtype edges after them run in every
+    lane."""
     shapes, draws = 3, 12
     return [
-        pytest.param(given, marks=pytest.mark.slow) if shapes <= i < shapes * draws else given
+        pytest.param(given, marks=DEEP) if shapes <= i < shapes * draws else given
         for i, given in enumerate(_arrays())
     ]
 

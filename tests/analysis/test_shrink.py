@@ -24,6 +24,7 @@ from kvcanary_cli.results.check import DumpReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, SIZES, make_scenario
 from kvcanary_cli.synth.state import build_dump
 from tests.helpers import VECTORIZED, cells_key, checked
+from tests.lanes import DEEP
 from tests.torch_extra import needs_torch
 
 Story = tuple[list[tuple[object, ...]], list[str]]
@@ -76,14 +77,14 @@ def shrunk_pair(tmp_path: Path, name: str, seed: int) -> tuple[Path, Path]:
     return original, small
 
 
-#: Shrunk in the fast lane (`-m "not slow"`); the full suite shrinks every scenario.
+#: Shrunk in every lane; the deep lane shrinks every scenario.
 FAST_SCENARIOS = {"clean-swa", "truncated-lut", "stale-tail", "canary-aliasing"}
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(name, marks=[] if name in FAST_SCENARIOS else [pytest.mark.slow])
+        pytest.param(name, marks=[] if name in FAST_SCENARIOS else DEEP)
         for name in sorted(SCENARIOS)
     ],
 )

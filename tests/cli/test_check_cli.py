@@ -13,7 +13,7 @@ from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.results.check import CheckReport
 from kvcanary_cli.results.provenance import ProvenanceReport
 from kvcanary_cli.synth.scenarios import SCENARIOS, make_scenario
-from tests.helpers import fast_lane_keeps_first
+from tests.lanes import deep_repeats
 from tests.render.record_schema import validate
 
 runner = CliRunner()
@@ -218,7 +218,7 @@ def test_provenance_row_map(dumps: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-@pytest.mark.parametrize("seed", fast_lane_keeps_first([0, 1, 2]))
+@pytest.mark.parametrize("seed", deep_repeats([0, 1, 2]))
 def test_every_scenario_and_seed_reports_its_codes(name: str, seed: int, tmp_path: Path) -> None:
     path = make_scenario(name, seed=seed).save(tmp_path / f"{name}.safetensors")
     code, out, err = run("check", str(path), "--kernel", "vectorized", "--format", "json")

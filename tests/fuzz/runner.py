@@ -26,6 +26,7 @@ import signal
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -208,8 +209,10 @@ def run_worker(
     timeout: float = MUTANT_TIMEOUT,
     command: Sequence[str] | None = None,
     work_root: Path | None = None,
+    part: str = "all",
 ) -> None:
-    """Run `family`'s mutants (only `kinds`, none of `exclude`), one JSON line each to `out`;
+    """Run `family`'s mutants (only `kinds`, none of `exclude`, of `part`: `in_part`), one
+    JSON line each to `out`;
     each runs its turn of `COMMANDS`, or `command` (a template) when given. The mutants are
     written in a folder under `work_root` (the results' folder: a worker the time guard ends
     leaves it to the caller's clean-up, not in the system's temporary folder)."""
@@ -241,6 +244,8 @@ def run_worker(
             if (kinds is not None and mutant.kind not in kinds) or (
                 exclude is not None and mutant.kind in exclude
             ):
+                continue
+            if not in_part(mutant_id, part):
                 continue
             dump = work / f"{mutant_id.replace('/', '-')}{mutant.suffix}"
             dump.write_bytes(mutant.blob)
@@ -288,6 +293,19 @@ def run_worker(
             out.flush()
 
 
+#: The parts of the corpus a worker may run: the suite's (three mutants in five, drawn by
+#: their ids, so every command and mutant kind keeps its turn) and the deep lane's (the rest).
+PARTS = ("all", "suite", "deep")
+
+
+def in_part(mutant_id: str, part: str) -> bool:
+    """Whether the mutant `mutant_id` is one of `part`'s (`PARTS`)."""
+    if part == "all":
+        return True
+    suite = zlib.crc32(mutant_id.encode()) % 5 < 3
+    return suite if part == "suite" else not suite
+
+
 def planned(seeds: Sequence[Seed], family: str) -> Iterator[tuple[str, int, Seed, Mutant]]:
     """(id, number, seed, mutant) for every mutant of `family`, in corpus order: the id names
     the family, the seed and the mutant's index among that seed's."""
@@ -309,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--headroom", type=int, default=MEMORY_HEADROOM, help="bytes")
     parser.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT, help="seconds")
     parser.add_argument("--command", default=None, help="one command for all: 'check {dump}'")
+    parser.add_argument("--part", default="all", choices=PARTS, help="of the corpus")
     args = parser.parse_args(argv)
     kinds = set(args.kinds.split(",")) if args.kinds else None
     exclude = set(filter(None, args.exclude.split(",")))
@@ -323,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             timeout=args.timeout,
             command=None if args.command is None else args.command.split(),
             work_root=args.out.resolve().parent,
+            part=args.part,
         )
 
 

@@ -5,7 +5,8 @@ scenarios and two `shrink` outputs, one of them mutated in its values only) runs
 worker processes (`tests/fuzz/runner.py`): an address-space cap 2 GiB above the worker's own,
 and a minute per mutant. Those are guards, not speed checks: a clean run of a mutant takes
 milliseconds, and a run that does work by a number the file claims breaks them loudly, naming
-the mutant. A smaller sample runs through
+the mutant. The suite runs three mutants in five (over 2,000, drawn by their ids), the deep
+lane the others (tests/lanes.py). A smaller sample runs through
 real `kvcanary` processes, where a signal (SIGBUS, SIGSEGV) would show as such. Everything
 that starts a process is marked `slow` (still part of `python -m pytest`; the fast lane
 `-m "not slow"` leaves it out).
@@ -46,6 +47,7 @@ from tests.fuzz.runner import (
     read_results,
 )
 from tests.fuzz.seeds import load_seeds, write_seeds
+from tests.lanes import DEEP
 
 ROOT = Path(__file__).resolve().parents[2]
 _REASON = "issue 11: fixed in analysis"
@@ -114,8 +116,10 @@ def run_worker(
     exclude: Sequence[str] = (),
     timeout: float = MUTANT_TIMEOUT,
     headroom: int | None = None,
+    part: str = "all",
 ) -> WorkerRun:
-    """Run one family's mutants in a guarded worker process (see tests/fuzz/runner.py)."""
+    """Run one family's mutants (of `part`: runner.PARTS) in a guarded worker process (see
+    tests/fuzz/runner.py)."""
     command = [
         sys.executable,
         "-m",
@@ -125,6 +129,7 @@ def run_worker(
         f"--out={out}",
         f"--timeout={timeout}",
         f"--exclude={','.join(exclude)}",
+        f"--part={part}",
     ]
     if kinds:
         command.append(f"--kinds={','.join(kinds)}")
@@ -149,14 +154,17 @@ def seeds(seeds_dir: Path) -> list[Seed]:
     return load_seeds(seeds_dir)
 
 
-@pytest.fixture(scope="module")
-def corpus_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
-    """Every family of the corpus, known analysis failures left out; two workers at a time."""
-    folder = tmp_path_factory.mktemp("corpus")
+def _corpus(seeds_dir: Path, folder: Path, part: str) -> dict[str, WorkerRun]:
+    """`part` of every family of the corpus, known analysis failures left out; two workers
+    at a time."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = pool.map(
             lambda family: run_worker(
-                seeds_dir, family, folder / f"{family}.jsonl", exclude=list(ANALYSIS_FIXES)
+                seeds_dir,
+                family,
+                folder / f"{family}.jsonl",
+                exclude=list(ANALYSIS_FIXES),
+                part=part,
             ),
             # the longest first, so that the two workers finish together (CPU seconds, one
             # process each: data 13, header 7, length 6.5, truncation 1.2)
@@ -165,13 +173,37 @@ def corpus_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
         return {run.family: run for run in runs}
 
 
+@pytest.fixture(scope="module")
+def corpus_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
+    """The suite's part of the corpus (three mutants in five)."""
+    return _corpus(seeds_dir, tmp_path_factory.mktemp("corpus"), "suite")
+
+
+@pytest.fixture(scope="module")
+def deep_corpus_runs(
+    seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, WorkerRun]:
+    """The deep lane's part of the corpus: the other mutants."""
+    return _corpus(seeds_dir, tmp_path_factory.mktemp("deep-corpus"), "deep")
+
+
 # --- the corpus ---------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_mutant_keeps_the_contract(family: str, corpus_runs: dict[str, WorkerRun]) -> None:
-    run = corpus_runs[family]
+    _kept(corpus_runs[family])
+
+
+@pytest.mark.parametrize("family", [pytest.param(family, marks=DEEP) for family in FAMILIES])
+def test_every_mutant_of_the_deep_lane_keeps_the_contract(
+    family: str, deep_corpus_runs: dict[str, WorkerRun]
+) -> None:
+    _kept(deep_corpus_runs[family])
+
+
+def _kept(run: WorkerRun) -> None:
     breaches = run.breaches()
     assert not breaches, f"{len(breaches)} breaches:\n" + "\n".join(breaches[:40])
     assert run.results, "the worker ran no mutant"

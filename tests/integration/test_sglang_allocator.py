@@ -21,6 +21,7 @@ from kvcanary_cli.dump.loader import load_dump
 from kvcanary_cli.results.check import DumpReport
 from tests.allocator_histories import HistoryDump, HistorySpec, run_history, run_history_states
 from tests.helpers import VECTORIZED
+from tests.lanes import DEEP
 from tests.sglang_allocator import SGLangAllocators, extract_allocators, load_allocators
 from tests.sglang_standin import forget_sglang
 from tests.sglang_wheel import MISSING_WHEEL, wheel_path
@@ -84,12 +85,28 @@ def test_a_history_of_sglangs_allocator_is_clean(
     _assert_clean(run_history(allocators, spec, seed), tmp_path)
 
 
+#: Seeds a spec runs in the suite; the deep lane runs the rest of `SEEDS_PER_SPEC`.
+SUITE_SEEDS = 5
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", SPECS, ids=_spec_id)
+@pytest.mark.parametrize(
+    ("spec", "seeds"),
+    [
+        case
+        for spec in SPECS
+        for case in (
+            pytest.param(spec, range(SUITE_SEEDS), id=_spec_id(spec)),
+            pytest.param(
+                spec, range(SUITE_SEEDS, SEEDS_PER_SPEC), id=f"{_spec_id(spec)}-more", marks=DEEP
+            ),
+        )
+    ],
+)
 def test_histories_of_sglangs_allocator_are_clean(
-    allocators: SGLangAllocators, spec: HistorySpec, tmp_path: Path
+    allocators: SGLangAllocators, spec: HistorySpec, seeds: range, tmp_path: Path
 ) -> None:
-    for seed in range(SEEDS_PER_SPEC):
+    for seed in seeds:
         _assert_clean(run_history(allocators, spec, seed), tmp_path)
 
 

@@ -30,8 +30,16 @@ from kvcanary_cli.planners import make_selftest_planners
 from kvcanary_cli.planners.sglang_planner import SGLangPlanner
 from kvcanary_cli.planners.sglang_runtime import VERIFIED_VERSIONS, load_launcher
 from tests.helpers import VECTORIZED
+from tests.lanes import DEEP
 from tests.sglang_standin import forget_sglang
-from tests.sglang_wheel import RELEASES, WHEEL_VERSION, extract_release, missing_wheel, wheel_path
+from tests.sglang_wheel import (
+    RELEASES,
+    WHEEL_VERSION,
+    extract_release,
+    launcher_modules,
+    missing_wheel,
+    wheel_path,
+)
 from tests.shared_plans import sharing_triton_plans
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,13 +122,35 @@ def test_kernel_sglang_agrees_and_raises_the_seeds_error(release: str) -> None:
     }
 
 
+#: Releases whose plan launcher ships byte for byte an earlier release's modules (by the
+#: release whose modules they are; `test_a_repeated_release_ships_its_twins_plan_code`
+#: checks it): their selftest asks the earlier one's question again, in the deep lane.
+REPEATED_PLAN_CODE = {
+    "0.5.13.post1": "0.5.13",
+    **dict.fromkeys(("0.5.15", "0.5.15.post1", "0.5.16"), "0.5.14"),
+    **dict.fromkeys(("0.5.18", "0.5.19"), "0.5.17"),
+    "0.5.23": "0.5.22",
+}
+
+
+@pytest.mark.parametrize("version", sorted(REPEATED_PLAN_CODE))
+def test_a_repeated_release_ships_its_twins_plan_code(version: str) -> None:
+    twin = REPEATED_PLAN_CODE[version]
+    wheel, twins = wheel_path(version), wheel_path(twin)
+    if wheel is None or twins is None:
+        pytest.skip(missing_wheel(version if wheel is None else twin))
+    ours = launcher_modules(wheel)
+    assert ours and ours == launcher_modules(twins)
+
+
 @pytest.mark.parametrize(
     "release",
     [
-        # the fast lane runs the current wheel's (test_sglang_wheel's); every release's
-        # (every scenario through three planners, Triton's plans shared by the releases:
-        # 0.5 s each, and 3 s to unpack a release the fast lane does not) the whole suite
-        _release(v, pytest.mark.slow)
+        # the fast lane runs the current wheel's (test_sglang_wheel's); the suite each
+        # release's plan code once (every scenario through three planners, Triton's plans
+        # shared by the releases: 0.5 s each, and 3 s to unpack a release the fast lane does
+        # not), the deep lane the releases that repeat it
+        _release(v, *(DEEP if v in REPEATED_PLAN_CODE else (pytest.mark.slow,)))
         for v in VERSIONS
     ],
     indirect=True,

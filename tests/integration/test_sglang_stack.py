@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from kvcanary_cli.results.check import DumpReport
+from tests.lanes import DEEP
 from tests.sglang_wheel import WHEEL_VERSION, wheel_path
 
 torch = pytest.importorskip("torch")
@@ -84,13 +85,16 @@ def test_clean_histories(sglang: Any, page_size: int, core: str, seed: int) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(34))
+@pytest.mark.parametrize(
+    "seed", [seed if seed < 6 else pytest.param(seed, marks=DEEP) for seed in range(34)]
+)
 @pytest.mark.parametrize(("page_size", "core"), CASES)
 def test_clean_histories_slow(sglang: Any, page_size: int, core: str, seed: int) -> None:
-    """204 longer histories: pressure brings retractions, eviction and tombstones. kvcanary
-    audits random plan calls (one in five, seeded) and every idle state, SGLang's checks run on
-    every step: auditing every step quadruples the lane's time and finds nothing more here (the
-    fast lane and the bench audit every step)."""
+    """204 longer histories (36 in the suite, the rest in the deep lane): pressure brings
+    retractions, eviction and tombstones. kvcanary audits random plan calls (one in five,
+    seeded) and every idle state, SGLang's checks run on every step: auditing every step
+    quadruples the lane's time and finds nothing more here (the fast lane and the bench audit
+    every step)."""
     picks = random.Random(seed)
     result = _run(
         sglang, page_size, core, 1000 + seed, 100, audit=lambda step: picks.random() < 0.2

@@ -64,6 +64,7 @@ from typing import Any
 
 import pytest
 
+from tests.lanes import DEEP
 from tests.sglang_wheel import missing_wheel, wheel_path
 
 pytest.importorskip("torch")
@@ -86,6 +87,11 @@ SOAKED = (
     if os.environ.get(EVERY_RELEASE_ENV) == "1"
     else tuple(v for v in RELEASES if v not in ("0.5.21", "0.5.18", "0.5.15", "0.5.14", "0.5.13"))
 )
+#: Of those, the deep lane's: the suite soaks 0.5.20 (the core chosen by the environment)
+#: and 0.5.16 (no tree core) on every layout, and runs 0.5.19's older locks on the Rust core
+#: and the Python tree core of 0.5.17 - 0.5.18 in its other tests here (a session close, a
+#: leak dump, the busy check).
+DEEP_RELEASES = ("0.5.19", "0.5.17")
 #: what SGLang's own checks say on a clean history of a release, by layout (see above)
 OWN_COMPLAINTS = {
     ("0.5.20", "unified"): ["self_check_during_busy"],
@@ -161,10 +167,12 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
 
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
     """A release's case: a soak process of about 5 s of CPU (10 s for the server's first),
-    so the whole suite's, not the fast lane's (which soaks 0.5.23)."""
+    so the suite's, not the fast lane's (which soaks 0.5.23); the deep lane's where the
+    release's tree repeats another's (`DEEP_RELEASES`)."""
     wheel = wheel_path(version)
     missing = pytest.mark.skipif(wheel is None, reason=missing_wheel(version))
-    return pytest.param(version, marks=[missing, pytest.mark.slow])
+    lane = DEEP if version in DEEP_RELEASES else (pytest.mark.slow,)
+    return pytest.param(version, marks=[missing, *lane])
 
 
 @pytest.mark.parametrize("version", [_release(v) for v in SOAKED])

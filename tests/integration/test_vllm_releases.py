@@ -7,8 +7,8 @@ hook's dump of vLLM's own assert is explained by `check`, and `soak --engine vll
 `--replay` runs end to end.
 
 Each is a process of about 6 s, so all run in the slow lane: 0.34.0 (its map differs from
-0.33.0's, which the in-process tests of the fast lane drive), and 0.33.0, which repeats those
-tests' paths. Of the older
+0.33.0's, which the in-process tests of the fast lane drive), and in the deep lane 0.33.0,
+which repeats those tests' paths. Of the older
 releases (0.10.0 to 0.32.0) the whole suite soaks 0.11.0, where the most differs: all 0.15.0
 differs in (a request wanting an end-of-sequence token, no scheduler block size, no deferred
 frees, no `contain` on the map, a two-value prefix lookup), and its import (`VllmConfig`
@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import json_lines_of_module
+from tests.lanes import DEEP
 from tests.vllm_wheel import RELEASES, WHEEL_VERSION, missing_wheel, wheel_path
 
 pytest.importorskip("torch")
@@ -54,7 +55,8 @@ def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
     """A release's case: a subprocess of about 6 s CPU, in the slow lane (the fast lane drives
     the 0.33.0 wheel's manager in process: test_vllm_soak)."""
     missing = pytest.mark.skipif(wheel_path(version) is None, reason=missing_wheel(version))
-    return pytest.param(version, marks=[missing, pytest.mark.slow])
+    lane = DEEP if version == WHEEL_VERSION else (pytest.mark.slow,)
+    return pytest.param(version, marks=[missing, *lane])
 
 
 @pytest.mark.parametrize("version", [_release(v) for v in SOAKED])

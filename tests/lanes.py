@@ -1,0 +1,36 @@
+"""The suite's three lanes, one rule each.
+
+- the fast lane (`-m "not slow"`): what a change needs while it is made, about two minutes;
+- the suite (`python -m pytest`, the README's command and CI's): every question once, on every
+  engine layout and the releases where the engine's code differs, in five minutes on 2 cores;
+- the deep lane (`KVCANARY_DEEP=1`): the same questions asked again, at more seeds, sizes,
+  page sizes, mutants and releases. Its tests are `deep` (and `slow`); without the variable
+  they are deselected, and the run's header says how to run them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+__all__ = ["DEEP", "DEEP_ENV", "deep_lane_on", "deep_repeats"]
+
+#: Set to 1, the suite runs the deep lane too.
+DEEP_ENV = "KVCANARY_DEEP"
+#: The marks of a deep test: deselected by default, outside the fast lane always.
+DEEP = (pytest.mark.slow, pytest.mark.deep)
+
+
+def deep_lane_on() -> bool:
+    """Whether this run asks every question again (`KVCANARY_DEEP=1`)."""
+    return os.environ.get(DEEP_ENV) == "1"
+
+
+def deep_repeats(values: Iterable[object]) -> list[Any]:
+    """`values` for `parametrize`: the first in every lane, the others (repeats of the path the
+    first takes: another seed, a larger size) in the deep lane."""
+    first, *rest = values
+    return [first, *(pytest.param(value, marks=DEEP) for value in rest)]
