@@ -26,6 +26,11 @@ or with the session slot keeping its first turn's early SWA release (`session_un
 (`--overlap`: consecutive prefills overlapped, then synced; page sizes 1 and 4), each state
 audited by the live accounting and the whole `check`, with the loop's path counts (`overlap`).
 
+`python -m tests.release_soak WHEEL hicache` runs the host tier's first history (page size 1,
+Python core) clean and with `host-evict-leak` planted, counting the live audits whose capture
+vouched that only the free lists and the nodes hold host slots (the host-slot leak check on:
+`hicache`).
+
 `python -m tests.release_soak serve` runs such processes for a test session: one JSON
 request a line on its standard input (`{"args": [WHEEL, ...], "out": PATH}`), each run in a
 process forked for it (still one SGLang per process) with its standard output and error in
@@ -344,6 +349,46 @@ def overlap(wheel: str) -> None:
         print(json.dumps(line), flush=True)
 
 
+def hicache(wheel: str) -> None:
+    """The host tier's first history on `wheel`'s SGLang (page size 1, Python core, up to
+    60 steps) clean, then with `host-evict-leak` planted, one JSON line each: what was found
+    (step, codes), how often the fault acted, SGLang's checks, and how many live host audits
+    ran and how many of them the capture vouched for (`host_slots_accounted`: the leak
+    check ran)."""
+    from kvcanary_cli.soak import live
+
+    modules = load_sglang(wheel)
+    counted = {"audits": 0, "vouched": 0}
+    audit = live.LiveAudit._host
+
+    def counting(self: Any, state: Any, idle: bool) -> Any:
+        counted["audits"] += 1
+        counted["vouched"] += int((state.host or {}).get("host_slots_accounted", 0)) == 1
+        return audit(self, state, idle)
+
+    setattr(live.LiveAudit, "_host", counting)  # noqa: B010
+    try:
+        for fault in (None, "host-evict-leak"):
+            counted.update(audits=0, vouched=0)
+            spec = StackSpec.pressured(1, "python")
+            workload = history_workload(0, 0, 1, 1, hicache=True)
+            result = run_history(modules, spec, workload, fault=fault, max_steps=60)
+            failure = result.failure
+            line = {
+                "fault": fault,
+                "steps": result.steps,
+                "found": None if failure is None else failure.key,
+                "step": None if failure is None else failure.step,
+                "codes": [] if failure is None else sorted(set(failure.codes)),
+                "acted": result.fault_acted,
+                "sglang": sorted(result.sglang_counts),
+                **counted,
+            }
+            print(json.dumps(line), flush=True)
+    finally:
+        setattr(live.LiveAudit, "_host", audit)  # noqa: B010
+
+
 def evict_short(wheel: str) -> None:
     """`EVICT_SHORT` replayed twice on `wheel`'s SGLang, one JSON line each: as it is, then
     with the unified allocator's `evict_to_free_tokens` handing its reclaim plan to the tree
@@ -491,6 +536,8 @@ def _run(args: list[str]) -> None:
         session_unlock(args[0], twin=args[2:] == ["twin"])
     elif args[1:] == ["overlap"]:
         overlap(args[0])
+    elif args[1:] == ["hicache"]:
+        hicache(args[0])
     elif args[1:] == ["evict-short"]:
         evict_short(args[0])
     elif args[1:2] == ["leak-rows"]:

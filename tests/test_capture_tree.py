@@ -850,3 +850,62 @@ def test_a_storage_tier_missing_a_thread_or_queue_is_not_vouched_for(
     facts: dict[str, Any] = {}
     capture._accounted_facts(facts, tree)
     assert facts == {}
+
+
+def _host_tier_tree(monkeypatch: pytest.MonkeyPatch, **controller: Any) -> Any:
+    """A tree of the host tier, no storage, nothing in flight, its controller's fields
+    `controller` (as each release has them)."""
+    import sys
+
+    disagg = SimpleNamespace(disaggregation_mode="null")
+    context = SimpleNamespace(get_disagg=lambda: disagg)
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", context)
+    group = SimpleNamespace()
+    return SimpleNamespace(
+        cache_controller=SimpleNamespace(
+            mem_pool_host=group,
+            enable_storage=False,
+            host_mem_release_queue=None,
+            extra_host_mem_release_queues={},
+            **controller,
+        ),
+        host_pool_group=group,
+        enable_storage=False,
+        ongoing_prefetch={},
+        ongoing_backup={},
+        buffer_pipeline=None,
+        host_memory_mode="cache",
+        linker=None,
+    )
+
+
+def _allocates(*args: Any, **kwargs: Any) -> None:
+    """A controller's `allocate_storage_hit` (0.5.22 on), never called by the reading."""
+
+
+@pytest.mark.parametrize(
+    ("controller", "vouched"),
+    [
+        # 0.5.23: the controller says its host KV pool is whole
+        ({"is_kv_sharded": False, "allocate_storage_hit": _allocates}, True),
+        # 0.5.23 with a page-interleaved (sharded) host pool
+        ({"is_kv_sharded": True, "allocate_storage_hit": _allocates}, False),
+        # 0.5.22: no flag (no sharded host pool at all), the storage hit allocated by the
+        # controller, as 0.5.23's does
+        ({"allocate_storage_hit": _allocates}, True),
+        # 0.5.19 - 0.5.21: neither (their holders unread here)
+        ({}, False),
+    ],
+    ids=["0.5.23", "0.5.23-sharded", "0.5.22", "0.5.21"],
+)
+def test_host_slots_are_vouched_for_on_the_releases_whose_holders_are_read(
+    monkeypatch: pytest.MonkeyPatch, controller: dict[str, Any], vouched: bool
+) -> None:
+    """0.5.22's host tier has 0.5.23's holders, but for the KV-sharded host pool, which it
+    does not have (no flag on its controller): vouched for there as on 0.5.23. A sharded pool,
+    or a controller of a release before 0.5.22 (its holders unread), is not."""
+    from kvcanary_cli.capture import tree as capture
+
+    facts: dict[str, Any] = {}
+    capture._accounted_facts(facts, _host_tier_tree(monkeypatch, **controller))
+    assert facts == ({"host_slots_accounted": 1} if vouched else {})

@@ -475,15 +475,20 @@ def _host_pool_facts(facts: dict[str, Any], tree: Any, pool: Any, kind: str, pre
 
 def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     """`host_slots_accounted` = 1 where nothing but the free lists and the tree's nodes can
-    hold a host slot now (SGLang 0.5.23's `UnifiedRadixCache`): a backup's slots are its
-    node's from `commit_backup` on and a load-back reads its node's, so only a storage
-    tier holding slots in flight (`_storage_holds_no_host_slot`), pages queued for
+    hold a host slot now (SGLang 0.5.23's and 0.5.22's `UnifiedRadixCache`): a backup's slots
+    are its node's from `commit_backup` on and a load-back reads its node's, so only a
+    storage tier holding slots in flight (`_storage_holds_no_host_slot`), pages queued for
     release, buffer-only host memory (its staging), disaggregated decode (retraction
-    backups and host receives held by requests in its queues), a KV-sharded group or an
-    external linker could hold one elsewhere. Each must be seen absent or idle, and the read
-    made in the main thread (SGLang's scheduler's: another thread could catch a backup between
-    its `alloc` and its `commit_backup`); anything unread leaves the fact out, and with it
-    the leak check."""
+    backups and host receives held by requests in its queues), a KV-sharded group
+    (`_host_pool_whole`) or an external linker could hold one elsewhere. Each must be seen
+    absent or idle, and the read made in the main thread (SGLang's scheduler's: another
+    thread could catch a backup between its `alloc` and its `commit_backup`); anything
+    unread leaves the fact out, and with it the leak check.
+
+    0.5.22 has the same holders, read through the same objects (its host pools, the
+    controller's backup, load and storage paths and their queues, the tree's in-flight
+    records are 0.5.23's), but for the sharded group, which it does not have at all: only
+    its flag differs (`_host_pool_whole`)."""
     import sys
     import threading
 
@@ -502,7 +507,7 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
         return
     if tree.buffer_pipeline is not None or tree.host_memory_mode == "buffer_only":
         return
-    if tree.linker is not None or controller.is_kv_sharded is not False:
+    if tree.linker is not None or not _host_pool_whole(controller):
         return
     queues = [controller.host_mem_release_queue, *controller.extra_host_mem_release_queues.values()]
     if any(queue is not None and not queue.empty() for queue in queues):
@@ -511,6 +516,22 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     if context is None or context.get_disagg().disaggregation_mode != "null":
         return
     facts["host_slots_accounted"] = 1
+
+
+def _host_pool_whole(controller: Any) -> bool:
+    """Whether every host KV slot of this rank is one slot of its own pool, not a share of a
+    page interleaved across the ranks (whose rows another rank's owner holds). 0.5.23's
+    controller says so (`is_kv_sharded` False: its anchor is no `PageInterleaveHostPool`).
+    0.5.22's has no such flag because it has no sharded host pool to flag: no
+    page-interleaved host pool class, and its server refuses `--enable-kv-cache-sharding`
+    with the host tier (HiCache backs up and loads whole pages). It is told from the
+    releases before it, whose holders this reading has not read (0.5.21's tree allocates a
+    storage hit's host slots itself), by the controller that allocates that hit
+    (`allocate_storage_hit`, 0.5.22 on). Any other controller: False. (A sharded anchor
+    keeps no free list of its own either, so `_host_pool` records none of its slots.)"""
+    if hasattr(controller, "is_kv_sharded"):
+        return controller.is_kv_sharded is False
+    return callable(getattr(controller, "allocate_storage_hit", None))
 
 
 #: The storage tier's threads on SGLang 0.5.23's cache controller (and the ticket thread of a
@@ -530,12 +551,13 @@ _PREFETCH_SLOT_QUEUES = ("prefetch_buffer", "prefetch_sync_queue", "ack_prefetch
 
 
 def _storage_holds_no_host_slot(tree: Any, controller: Any) -> bool:
-    """Whether a storage tier (SGLang 0.5.23's) holds no host slot outside the free lists and
-    the nodes now: none of its threads running (stopped, or stepped by the caller in this
-    thread, as soak does), no prefetch in flight with host slots (its Full KV staging or a
-    component's), no read or ack queued, no pipeline-parallel prefetch state. A backup to
-    storage reads its node's own host slots, under its node's host lock: it may be in
-    flight. Anything unread (a thread or queue of the tier missing) answers False."""
+    """Whether a storage tier (SGLang 0.5.23's, and 0.5.22's: the same threads, queues and
+    in-flight prefetch records) holds no host slot outside the free lists and the nodes now:
+    none of its threads running (stopped, or stepped by the caller in this thread, as soak
+    does), no prefetch in flight with host slots (its Full KV staging or a component's), no
+    read or ack queued, no pipeline-parallel prefetch state. A backup to storage reads its
+    node's own host slots, under its node's host lock: it may be in flight. Anything unread
+    (a thread or queue of the tier missing) answers False."""
     for name in _STORAGE_THREADS:
         thread = getattr(controller, name, None)
         if thread is None and name != _PP_THREAD:

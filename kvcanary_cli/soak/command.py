@@ -318,7 +318,7 @@ def soak(
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.option_values import checked_choice
     from kvcanary_cli.output import complain
-    from kvcanary_cli.soak.faults import FAULTS
+    from kvcanary_cli.soak.faults import FAULTS, PYTHON_CORE_FAULTS
     from kvcanary_cli.soak.outputs import check_out
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import (
@@ -342,6 +342,12 @@ def soak(
         raise OptionError(
             "plants its bug on one stack: run it with --tp 1 (a bug that makes ranks part is "
             "found by the comparison --tp adds)",
+            option="fault",
+        )
+    if fault in PYTHON_CORE_FAULTS and core not in (None, "python"):
+        raise OptionError(
+            f"the {fault} fault acts on the Python tree core's nodes (the {core} core keeps "
+            "their host values out of Python's reach, so it would never act): drop --core",
             option="fault",
         )
     if hicache and layout == "unified":
@@ -416,6 +422,11 @@ def soak(
             option="core",
         )
     specs = _specs(page_size, modules.cores, core, layout)
+    if fault in PYTHON_CORE_FAULTS and any(spec.core != "python" for spec in specs):
+        complain(
+            f"note: the {fault} fault acts on the Python tree core's nodes only: the "
+            "histories on the Rust core run without it"
+        )
     path_cap = has_path_cap(modules)
     streaming = drives_streaming_sessions(modules)
     tracing = _Coverage(modules, specs, hicache, session_radix_cache) if coverage else None

@@ -32,7 +32,8 @@ a real API call in a wrong place, or one allocator method replaced by its pre-fi
   idle check sees only counts).
 
 With the host tier (`--hicache`; each acts on the Python tree core's nodes only, where the
-host values can be read, and never acts on the Rust core):
+host values can be read, and never acts on the Rust core: `--core rust` with one is refused in
+one line, and a soak over both cores plants it in the Python core's histories alone):
 
 - `host-evict-leak`: a host eviction that forgets to free the Full KV's host slots (the
   tree's `_drain_host_frees` drops them): the evicted nodes are gone, their slots on no free
@@ -60,7 +61,7 @@ from kvcanary_cli.soak.calls import (
 )
 from kvcanary_cli.soak.stack import MAMBA_LAYOUTS, SGLangUnavailableError
 
-__all__ = ["FAULTS", "Fault", "plant"]
+__all__ = ["FAULTS", "PYTHON_CORE_FAULTS", "Fault", "plant"]
 
 #: A fault: called once with the stack after it is built (it may patch the allocator or a
 #: module, and return its undo), and then after every step with (stack, step) (it may make
@@ -266,11 +267,19 @@ def _lock_leak(stack: Any) -> Callable[[], None]:
 
 
 def _python_node(tree: Any, node_id: Any) -> Any:
-    """The Python tree core's node of `node_id` (None on the Rust core: no node to read)."""
-    node_by_id = getattr(getattr(tree, "tree_core", None), "node_by_id", None)
-    if not callable(node_by_id) or not hasattr(tree.tree_core, "root_node"):
+    """The Python tree core's node of `node_id` (None on the Rust core: no node to read).
+
+    The Rust core's adapter has `root_node` and `node_by_id` as methods that raise
+    `NotImplementedError` (not `AttributeError`), so both are asked inside the `try`: a
+    `hasattr` probe outside it let that error out of the fault's wrapper, inside SGLang's
+    call, and a Rust-core history stopped as SGLang's crash."""
+    core = getattr(tree, "tree_core", None)
+    node_by_id = getattr(core, "node_by_id", None)
+    if not callable(node_by_id):
         return None
     try:
+        if getattr(core, "root_node", None) is None:
+            return None
         return node_by_id(node_id)
     except Exception:  # the Rust core's adapter raises for what it has not ported
         return None
@@ -378,6 +387,16 @@ def _storage_ack_frees_host(stack: Any) -> None:
     tree.write_backup_storage = write_backup_storage
     tree.dec_host_lock_ref = dec_host_lock_ref
 
+
+#: The faults that act on the Python tree core's nodes alone (their host values): on the
+#: Rust core they never act, so `--core rust` with one is refused in one line, and a soak over
+#: both cores plants it in the Python core's histories only (`soak` says so in a note).
+PYTHON_CORE_FAULTS = (
+    "host-evict-leak",
+    "load-back-frees-host",
+    "backup-twice",
+    "storage-ack-frees-host",
+)
 
 FAULTS: dict[str, Fault] = {
     "unmapped-representative": (_needs_segment_frees, _free_tree_swa_pairs),

@@ -46,7 +46,8 @@ double free in the same step (SGLang's busy check sees it; kvcanary's top cause 
 defect's).
 
 0.5.22 runs soak's overlapped loop (`--overlap`), which is 0.5.23's: two histories under it
-are silent on both sides.
+are silent on both sides. Its host tier's host-slot leak check runs as 0.5.23's: a clean
+history vouched for on every state is silent, a planted host eviction leak is named.
 """
 
 from __future__ import annotations
@@ -346,3 +347,18 @@ def test_the_overlapped_loop_runs_clean_on_0_5_22(version: str, soak: Soak) -> N
     totals = {k: sum(line["counters"][k] for line in lines) for k in lines[0]["counters"]}
     assert totals["overlapped"] > 50 and totals["synced"] > 0, totals
     assert totals["finishing_inflight"] > 0 and totals["stale_rows"] > 0, totals
+
+
+@pytest.mark.parametrize("version", [_release("0.5.22")])
+def test_the_host_slot_leak_check_runs_on_0_5_22(version: str, soak: Soak) -> None:
+    """0.5.22's host tier has 0.5.23's holders of host slots but for the KV-sharded host pool,
+    which it does not have: the capture vouches that only the free lists and the nodes hold
+    one (`host_slots_accounted`) on every state of a clean history, which stays silent, and a
+    host eviction that forgets its host frees is named at the step it acts (before, the fact
+    was left out there, and with it the leak check: the fault acted unseen)."""
+    clean, planted = soak(str(wheel_path(version)), "hicache")
+    assert (clean["found"], clean["sglang"], clean["steps"]) == (None, [], 60), clean
+    assert clean["vouched"] == clean["audits"] > 0, clean
+    assert planted["acted"] == 1 and planted["sglang"] == [], planted
+    assert (planted["found"], planted["codes"]) == ("host-slot-leak", ["host-slot-leaked"])
+    assert planted["step"] == 25 and planted["vouched"] > 0, planted
