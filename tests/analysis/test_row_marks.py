@@ -1,9 +1,10 @@
 """`provenance --row` marks every bad cell of its row, not only each finding's first: in the
 JSON record (`row.cells[].marks`), in the terminal table and in Markdown, for every synth
 scenario at page size 1, 4 and 16, bounded by `--max-rows` (the marked positions past it are
-counted, "N marked positions do not fit"). tiny runs every scenario at every page size (the
-fast lane each at one of them, taken in turn); small (every scenario at that page size) and a
-sample at medium in the slow lane; every size and page size with `KVCANARY_TEST_LARGE=1`."""
+counted, "N marked positions do not fit"). The suite runs every scenario at tiny at one page
+size, taken in turn, and one scenario at medium; the deep lane the other page sizes, every
+scenario at small (at the suite's page size) and two more at medium; every size and page size
+run with `KVCANARY_TEST_LARGE=1`."""
 
 from __future__ import annotations
 
@@ -118,9 +119,9 @@ def test_every_bad_cell_is_marked(tmp_path: Path, name: str, page: int) -> None:
     _check_rows(_build(tmp_path, name, "tiny", page))
 
 
-#: The production shapes: medium (2049 x 32,772 tables, about 20 s a case) for a few scenarios
-#: in the slow lane, every scenario at medium and large (4097 x 131,076: 2 GB a table, hours
-#: for the sweep) only when asked for with KVCANARY_TEST_LARGE=1.
+#: The production shapes: medium (2049 x 32,772 tables, about 2 s a case) for a few
+#: scenarios in the slow and deep lanes, every scenario at medium and large (4097 x 131,076:
+#: 2 GB a table, hours for the sweep) only when asked for with KVCANARY_TEST_LARGE=1.
 _SWEEP = bool(os.environ.get("KVCANARY_TEST_LARGE"))
 _MEDIUM_SAMPLE = {("truncated-lut", 1), ("stale-tail", 4), ("partial-page-free", 16)}
 
@@ -134,7 +135,11 @@ def _small_cases() -> list[tuple[str, str, int]]:
 def _larger_cases() -> list[Any]:
     if _SWEEP:
         return _cases(("small", "medium", "large"))
-    medium = [c for c in _cases(("medium",)) if (c[0], c[2]) in _MEDIUM_SAMPLE]
+    medium = [
+        case if case[0] == "truncated-lut" else pytest.param(*case, marks=DEEP)
+        for case in _cases(("medium",))
+        if (case[0], case[2]) in _MEDIUM_SAMPLE
+    ]
     assert len(medium) == len(_MEDIUM_SAMPLE), "a sampled scenario was renamed"
     small = [pytest.param(*case, marks=DEEP) for case in _small_cases()]
     assert {case.values[2] for case in small} == set(PAGE_SIZES)

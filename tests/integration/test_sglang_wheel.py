@@ -154,31 +154,39 @@ def test_selftest_agrees_and_lists_the_raises(real_sglang: Path) -> None:
     assert set(raised) == UPSTREAM_RAISING_SCENARIOS
 
 
+def _kvcanary_with(sglang: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kvcanary ARGS` in a fresh interpreter with the `sglang` tree on PYTHONPATH."""
+    path = os.pathsep.join([str(sglang), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "kvcanary_cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path, "NO_COLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.slow
 def test_the_cli_imports_sglang_the_normal_way(real_sglang: Path) -> None:
-    """A fresh interpreter with the tree on PYTHONPATH: `check --kernel sglang` and
-    `selftest --sglang`, as a user would run them."""
-    path = os.pathsep.join([str(real_sglang), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1"}
-
-    def kvcanary(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "kvcanary_cli", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-
-    done = kvcanary(
-        "check", "examples/truncated-lut.safetensors", "--kernel", "sglang", "--format", "json"
+    """A fresh interpreter with the tree on PYTHONPATH: `check --kernel sglang`, as a user
+    would run it."""
+    done = _kvcanary_with(
+        real_sglang,
+        *("check", "examples/truncated-lut.safetensors", "--kernel", "sglang", "--format", "json"),
     )
     assert done.returncode == 1, done.stderr
     record = json.loads(done.stdout)
     assert record["sglang_installed"] == WHEEL_VERSION
     findings = record["dumps"][0]["findings"]
     assert sum(UPSTREAM_RAISE in f["details"] for f in findings) == 1
-    done = kvcanary("selftest", "--sglang")
+
+
+@pytest.mark.slow
+@pytest.mark.deep
+def test_selftest_sglang_runs_in_a_fresh_interpreter(real_sglang: Path) -> None:
+    """`selftest --sglang` the same way (the deep lane: the suite runs it in process,
+    `test_selftest_agrees_and_lists_the_raises`)."""
+    done = _kvcanary_with(real_sglang, "selftest", "--sglang")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "full agreement" in done.stdout

@@ -88,11 +88,11 @@ SOAKED = (
     if os.environ.get(EVERY_RELEASE_ENV) == "1"
     else tuple(v for v in RELEASES if v not in ("0.5.21", "0.5.18", "0.5.15", "0.5.14", "0.5.13"))
 )
-#: Of those, the deep lane's: the suite soaks 0.5.20 (the core chosen by the environment)
-#: and 0.5.16 (no tree core) on every layout, and runs 0.5.19's older locks on the Rust core
-#: and the Python tree core of 0.5.17 - 0.5.18 in its other tests here (a session close, a
-#: leak dump, the busy check).
-DEEP_RELEASES = ("0.5.19", "0.5.17")
+#: Of those, the deep lane's: the suite soaks 0.5.20 (the core chosen by the environment) on
+#: every layout, and runs 0.5.19's older locks on the Rust core, the Python tree core of
+#: 0.5.17 - 0.5.18 and a release without a tree core (0.5.14) in its other tests here (a
+#: session close, a leak dump, the busy check, the SWA defect).
+DEEP_RELEASES = ("0.5.19", "0.5.17", "0.5.16")
 #: what SGLang's own checks say on a clean history of a release, by layout (see above)
 OWN_COMPLAINTS = {
     ("0.5.20", "unified"): ["self_check_during_busy"],
