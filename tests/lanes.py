@@ -4,8 +4,9 @@
 - the suite (`python -m pytest`, the README's command and CI's): every question once, on every
   engine layout and the releases where the engine's code differs, in five minutes on 2 cores;
 - the deep lane (`KVCANARY_DEEP=1`): the same questions asked again, at more seeds, sizes,
-  page sizes, mutants and releases. Its tests are `deep` (and `slow`); without the variable
-  they are deselected, and the run's header says how to run them.
+  page sizes, mutants and releases, and the benchmark harnesses run end to end (their figures
+  are measured in bench/ anyway). Its tests are `deep` (and `slow`); without the variable
+  they are deselected, and the run says so after its summary.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """bench/run.py runs end to end on a tiny dump and records every figure the performance targets
-are stated in. Nothing here asserts a time: timings belong to the benchmark's own output."""
+are stated in. Nothing here asserts a time: timings belong to the benchmark's own output.
+
+The two end-to-end runs (bench/run.py, bench/timeline.py: half a minute of CPU) are the deep
+lane's: the harnesses are run whenever their figures are measured, and the suite keeps their
+`--help` and the module walk."""
 
 from __future__ import annotations
 
@@ -67,6 +71,7 @@ def _seconds(record: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.deep
 def test_the_benchmark_records_every_metric(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     argv = ["--size", "tiny", "--truncated-lut", "--repeat", "1", "--json", str(out)]
@@ -165,6 +170,7 @@ TIMELINE_RATIOS = [
 
 
 @pytest.mark.slow
+@pytest.mark.deep
 def test_the_timeline_benchmark_records_its_ratios(tmp_path: Path) -> None:
     out = tmp_path / "timeline.json"
     argv = ["--size", "tiny", "--repeat", "1", "--json", str(out), "--cache", str(tmp_path)]
