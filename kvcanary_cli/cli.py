@@ -374,10 +374,9 @@ command(
     run_soak,
     """Run SGLang's real memory cache on CPU under a seeded random workload, audited each step.
 
-    --engine vllm runs vLLM's KVCacheManager instead (--vllm-model: full, hybrid (full +
-    sliding window), hybrid-mamba (full + Mamba), hybrid-chunked-local (full + chunked local
-    attention); default full and hybrid in turn; faults: block-freed-twice,
-    block-freed-while-held, leak, free-count), and says what vLLM's own asserts said.
+    --engine vllm runs vLLM's KVCacheManager instead (faults: block-freed-twice,
+    block-freed-while-held, leak, free-count) and says what vLLM's own asserts said. How each
+    option drives the engine: docs/soak.md.
 
     kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
     kvcanary's first finding (or SGLang's crash) the dump, the workload (seed, step) and a
@@ -404,9 +403,8 @@ command(
         metavar="NAME",
     ),
     layout=Opt(
-        "Memory layout: hybrid SWA (paged allocators), unified memory, hybrid Mamba (page "
-        "size 1), or hybrid Mamba with SGLang's extra buffer (--mamba-radix-cache-strategy "
-        "extra_buffer: each request's ping-pong track slots; any page size).",
+        "Memory layout: hybrid SWA, unified memory, hybrid Mamba (page size 1), or hybrid "
+        "Mamba with SGLang's extra buffer.",
         metavar="swa|unified|mamba|mamba-extra",
     ),
     out=Opt("Where a failure's files go.", kind=Path, metavar="DIR", default=Path("kvcanary-soak")),
@@ -419,44 +417,32 @@ command(
     timings=Opt("Report the seconds (off: the same bytes each run)."),
     coverage=Opt("Say which SGLang memory-cache functions and free paths ran (slower)."),
     hicache=Opt(
-        "Run SGLang's host tier (--enable-hierarchical-cache) too: nodes backed up to host "
-        "(write-through, selective, write-back, in turn), evicted to host-only, loaded back on "
-        "a prefix hit, host slots evicted under host pressure; the host pools audited each "
-        "step (any --layout but unified).",
+        "Also run SGLang's host tier (--enable-hierarchical-cache), its host pools audited "
+        "each step (any --layout but unified).",
     ),
     hicache_storage=Opt(
-        "With --hicache, run its storage tier behind it (--hicache-storage-backend file, in "
-        "a temporary folder soak removes): backups from host to storage, prefetches from "
-        "storage into host on a request's arrival, stepped in soak's thread (each rank's "
-        "in its own with --tp).",
+        "With --hicache, also its storage tier (the file backend, in a temporary folder soak "
+        "removes).",
     ),
     session_radix_cache=Opt(
-        "Run SGLang's radix sessions (--enable-session-radix-cache) too: the sessions are "
-        "client sessions whose finished turns tag the tree's nodes (evicted last) until the "
-        "session closes (the Python tree core; SGLang 0.5.17 on).",
+        "Also run SGLang's radix sessions (--enable-session-radix-cache; the Python tree "
+        "core, SGLang 0.5.17 on).",
     ),
     tp=Opt(
-        "Tensor-parallel ranks: each runs its own stack in lockstep, compared with rank 0's "
-        "at every audited step as `kvcanary ranks` compares dumps (with --hicache, each its own "
-        "host tier, whose copies finish late, the acks MIN-reduced over the ranks as SGLang's "
-        "tree does; with --hicache-storage, each its own storage tier in one shared folder, "
-        "its pages named for the rank, the prefetch hits and completions MIN-reduced over the "
-        "ranks as SGLang's controller does).",
+        "Tensor-parallel ranks, each its own stack in lockstep, compared with rank 0's at "
+        "every audited step.",
         within=values.TP_RANKS,
     ),
     overlap=Opt(
-        "Run SGLang's overlapped scheduler loop (its default; soak's is the non-overlapped "
-        "one): each step chooses and allocates the next batch before the last batch's result "
-        "is processed (SGLang 0.5.22 and 0.5.23, every --layout, the extra buffer also with "
-        "SGLang's lazy strategy in two histories of four; --hicache on swa; refused with "
-        "--hicache-storage, --session-radix-cache or --tp).",
+        "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
+        "non-overlapped one (SGLang 0.5.22 on; not with --hicache-storage, "
+        "--session-radix-cache or --tp).",
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
     vllm_model=Opt(
-        "The model(s) a vLLM soak runs in turn, comma-separated (--engine vllm; default: "
-        "full,hybrid): full attention, full + sliding window, full + Mamba state, full + "
-        "chunked local attention.",
+        "The models a vLLM soak runs in turn, comma-separated (default: full,hybrid): full "
+        "attention, + sliding window, + Mamba state, + chunked local attention.",
         metavar="full|hybrid|hybrid-mamba|hybrid-chunked-local",
     ),
     output_format=REPORT["output_format"],
