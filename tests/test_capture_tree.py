@@ -701,32 +701,11 @@ def test_host_slots_are_vouched_for_only_from_the_main_thread(
     tree with nothing in flight is vouched for from the main thread, and the same tree read
     from another thread (which could catch a backup between `alloc` and `commit_backup`) is
     not."""
-    import sys
     import threading
 
     from kvcanary_cli.capture import tree as capture
 
-    disagg = SimpleNamespace(disaggregation_mode="null")
-    context = SimpleNamespace(get_disagg=lambda: disagg)
-    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", context)
-    group = SimpleNamespace()
-    controller = SimpleNamespace(
-        mem_pool_host=group,
-        enable_storage=False,
-        is_kv_sharded=False,
-        host_mem_release_queue=None,
-        extra_host_mem_release_queues={},
-    )
-    tree = SimpleNamespace(
-        cache_controller=controller,
-        host_pool_group=group,
-        enable_storage=False,
-        ongoing_prefetch={},
-        ongoing_backup={},
-        buffer_pipeline=None,
-        host_memory_mode="cache",
-        linker=None,
-    )
+    tree = _host_tier_tree(monkeypatch, is_kv_sharded=False)
     elsewhere: dict[str, Any] = {}
     reader = threading.Thread(target=capture._accounted_facts, args=(elsewhere, tree))
     reader.start()
