@@ -211,11 +211,11 @@ def run_worker(
     work_root: Path | None = None,
     part: str = "all",
 ) -> None:
-    """Run `family`'s mutants (only `kinds`, none of `exclude`, of `part`: `in_part`), one
-    JSON line each to `out`;
-    each runs its turn of `COMMANDS`, or `command` (a template) when given. The mutants are
-    written in a folder under `work_root` (the results' folder: a worker the time guard ends
-    leaves it to the caller's clean-up, not in the system's temporary folder)."""
+    """Run `family`'s mutants (only `kinds`, none of `exclude`, those of `part`: `in_part`),
+    one JSON line each to `out`; each runs its turn of `COMMANDS`, or `command` (a template)
+    when given. The mutants are written in a folder under `work_root` (the results' folder: a
+    worker the time guard ends leaves it to the caller's clean-up, not in the system's
+    temporary folder)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("NO_COLOR", "1")
     import typer.main
