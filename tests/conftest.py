@@ -103,8 +103,8 @@ def pytest_pycollect_makemodule(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The deep lane's tests (`tests/lanes.py`) deselected unless `KVCANARY_DEEP=1`."""
-    if deep_lane_on():
+    """The deep lane's tests (`tests/lanes.py`) deselected unless the run asks for them."""
+    if deep_lane_on(config.option.markexpr):
         return
     deep = [item for item in items if item.get_closest_marker("deep") is not None]
     if deep:
@@ -115,9 +115,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The lane the run left out, said after its summary (under xdist pytest's own count of
     deselected tests stays in the workers)."""
-    if not deep_lane_on():
+    if not deep_lane_on(terminalreporter.config.option.markexpr):
         terminalreporter.write_line(
-            f"the deep lane was not run: {DEEP_ENV}=1 python -m pytest -m deep (tests/lanes.py)"
+            f"the deep lane was not run: python -m pytest -m deep runs it, {DEEP_ENV}=1 adds it "
+            "to any run (tests/lanes.py)"
         )
 
 

@@ -3,10 +3,11 @@
 - the fast lane (`-m "not slow"`): what a change needs while it is made, about two minutes;
 - the suite (`python -m pytest`, the README's command and CI's): every question once, on every
   engine layout and the releases where the engine's code differs, in five minutes on 2 cores;
-- the deep lane (`KVCANARY_DEEP=1`): the same questions asked again, at more seeds, sizes,
-  page sizes, mutants and releases, and the benchmark harnesses run end to end (their figures
-  are measured in bench/ anyway). Its tests are `deep` (and `slow`); without the variable
-  they are deselected, and the run says so after its summary.
+- the deep lane (`python -m pytest -m deep`; `KVCANARY_DEEP=1` adds it to any run): the same
+  questions asked again, at more seeds, sizes, page sizes, mutants and releases, and the
+  benchmark harnesses run end to end (their figures are measured in bench/ anyway). Its tests
+  are `deep` (and `slow`); a run that neither names the marker nor sets the variable
+  deselects them, and says so after its summary.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ DEEP_ENV = "KVCANARY_DEEP"
 DEEP = (pytest.mark.slow, pytest.mark.deep)
 
 
-def deep_lane_on() -> bool:
-    """Whether this run asks every question again (`KVCANARY_DEEP=1`)."""
-    return os.environ.get(DEEP_ENV) == "1"
+def deep_lane_on(markexpr: str = "") -> bool:
+    """Whether this run asks every question again: `KVCANARY_DEEP=1`, or a `-m` expression
+    (`markexpr`) that names the deep lane (`-m deep`; `-m "not deep"` leaves it out itself)."""
+    return os.environ.get(DEEP_ENV) == "1" or "deep" in markexpr
 
 
 def deep_repeats(values: Iterable[object]) -> list[Any]:

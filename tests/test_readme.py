@@ -332,7 +332,7 @@ def test_the_suite_figures_in_the_readme_are_this_suite(request: pytest.FixtureR
     collected: figures a reader plans by, not a past release's. Checked only on a whole
     collection with torch (a chosen file, `-k` or `-m` collects a part)."""
     config = request.config
-    if not HAS_TORCH or config.option.markexpr or config.option.keyword or deep_lane_on():
+    if not HAS_TORCH or config.option.markexpr or config.option.keyword or deep_lane_on(""):
         pytest.skip("counts only on a whole collection with torch, without the deep lane")
     if [Path(arg).resolve() for arg in config.args] not in ([ROOT / "tests"], [ROOT]):
         pytest.skip("counts only on a whole collection (no test file or folder chosen)")
