@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 
 from kvcanary_cli import api
 from kvcanary_cli.planners import sglang_runtime
-from tests.lanes import DEEP_ENV, deep_lane_on
+from tests.lanes import DEEP_ENV, deep_lane_on, engine_stack
 from tests.sglang_standin import forget_sglang, write_standin
 from tests.torch_extra import HAS_TORCH, NEEDS_TORCH, is_missing_torch, needs_torch
 
@@ -102,8 +102,13 @@ def pytest_pycollect_makemodule(
     return _TorchOptionalModule.from_parent(parent, path=module_path)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: it reads the `slow` marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The deep lane's tests (`tests/lanes.py`) deselected unless the run asks for them."""
+    """The lanes (`tests/lanes.py`): the tests of an engine's own stack marked `slow`, and the
+    deep lane's tests deselected unless the run asks for them."""
+    for item in items:
+        if engine_stack(item.path):
+            item.add_marker(pytest.mark.slow)
     if deep_lane_on(config.option.markexpr):
         return
     deep = [item for item in items if item.get_closest_marker("deep") is not None]

@@ -1,6 +1,8 @@
 """The suite's three lanes, one rule each.
 
-- the fast lane (`-m "not slow"`): what a change needs while it is made, about two minutes;
+- the fast lane (`-m "not slow"`): what a change needs while it is made, in about a minute and
+  a half: kvcanary's own code, each test well under a second; the tests that start a process,
+  run an engine's own code (`tests/integration/`: `engine_stack`) or take seconds are `slow`;
 - the suite (`python -m pytest`, the README's command and CI's): every question once, on every
   engine layout and the releases where the engine's code differs, in five minutes on 2 cores;
 - the deep lane (`python -m pytest -m deep`; `KVCANARY_DEEP=1` adds it to any run): the same
@@ -14,16 +16,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["DEEP", "DEEP_ENV", "deep_lane_on", "deep_repeats"]
+__all__ = ["DEEP", "DEEP_ENV", "deep_lane_on", "deep_repeats", "engine_stack"]
 
 #: Set to 1, the suite runs the deep lane too.
 DEEP_ENV = "KVCANARY_DEEP"
 #: The marks of a deep test: deselected by default, outside the fast lane always.
 DEEP = (pytest.mark.slow, pytest.mark.deep)
+
+
+def engine_stack(path: Path) -> bool:
+    """Whether the test module at `path` runs an engine's own code (SGLang's memory-cache
+    stack, vLLM's manager, from their wheels: `tests/integration/`). Those tests are the
+    suite's, never the fast lane's: a process imports the engine once before its first such
+    test (SGLang: about 11 s of CPU), and its histories run for seconds."""
+    return _INTEGRATION in path.parents
+
+
+_INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
 def deep_lane_on(markexpr: str = "") -> bool:

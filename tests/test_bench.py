@@ -135,6 +135,7 @@ def test_the_benchmark_explains_itself() -> None:
 CHECK_MODULES = 40
 
 
+@pytest.mark.slow
 def test_check_of_an_example_enters_at_most_40_modules(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/walk.py's count for `check` on the truncated-LUT example, in every format."""
     spec = importlib.util.spec_from_file_location("bench_walk", ROOT / "bench" / "walk.py")

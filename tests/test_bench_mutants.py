@@ -71,6 +71,7 @@ def test_the_set_is_what_the_benchmark_promises(
         pytest.param("vllm", VLLM_WHEEL, vllm_wheel.MISSING_WHEEL, id="vllm"),
     ],
 )
+@pytest.mark.slow
 def test_every_mutant_applies_to_the_release_wheel(
     engine: str, found: Path | None, missing: str
 ) -> None:

@@ -363,6 +363,7 @@ def test_kernels_do_not_import_the_runtime() -> None:
     assert all(not t.startswith("planners.triton_runtime") for t, _ in package_imports(kernels))
 
 
+@pytest.mark.slow
 def test_help_imports_neither_torch_triton_nor_sglang() -> None:
     imported, _, _ = imports_by_run()["help"]  # the first run: a fresh interpreter's
     assert imported == []

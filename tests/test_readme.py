@@ -59,6 +59,7 @@ def test_the_pages_quote_commands() -> None:
 @pytest.mark.parametrize(
     ("where", "args", "quoted"), QUOTED, ids=[f"{w}: {a}" for w, a, _ in QUOTED]
 )
+@pytest.mark.slow
 def test_quoted_output_is_the_real_output(where: str, args: str, quoted: str) -> None:
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1"}
     done = subprocess.run(

@@ -129,6 +129,7 @@ def _all_strings(value: object) -> list[str]:
 
 
 @given(st.dictionaries(st.text(), JSON_LIKE, max_size=4))
+@pytest.mark.slow
 def test_printable_record_leaves_no_string_unescaped(record: dict[str, object]) -> None:
     shown = printable_record(record)
     assert all(s.isprintable() for s in _all_strings(shown))

@@ -75,6 +75,7 @@ _NOT_BOOKKEEPING = frozenset(
 
 
 @pytest.mark.parametrize("page_size", [None, P])
+@pytest.mark.slow
 def test_every_bookkeeping_cause_of_a_scenario_has_a_headline(
     tmp_path: Path, page_size: int | None
 ) -> None:

@@ -4,6 +4,7 @@ exactly the cells asked for, in order, and its example and marks only when it ke
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,6 +49,7 @@ def groups(draw: st.DrawFn) -> tuple[Finding, np.ndarray]:
     return finding, mask
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(case=groups())
 def test_a_part_keeps_the_cells_asked_for(case: tuple[Finding, np.ndarray]) -> None:
@@ -71,6 +73,7 @@ def test_a_part_keeps_the_cells_asked_for(case: tuple[Finding, np.ndarray]) -> N
     assert restricted(finding, np.ones(len(cells), dtype=bool)) is finding
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(case=groups(), wanted=st.sets(st.integers(1, 12), min_size=1, max_size=4))
 def test_holding_selects_the_cells_of_the_slots(

@@ -146,6 +146,7 @@ def test_the_whole_corpus_is_the_same_with_every_column_held_wide(
 
 
 @pytest.mark.parametrize("slot", [127, 128])
+@pytest.mark.slow
 def test_values_at_the_narrow_limits_change_no_output(
     slot: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

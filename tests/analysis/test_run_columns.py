@@ -80,6 +80,7 @@ def test_a_column_of_runs_reads_back_as_its_array(given: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("given", _cases(), ids=lambda a: f"{a.min()}..{a.max()}")
+@pytest.mark.slow
 def test_a_finding_column_held_as_runs_is_made_as_its_gathered_array_would_be(
     given: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -98,6 +98,7 @@ def test_unknown_tags_and_bits() -> None:
 
 
 @given(st.lists(ROW, min_size=1, max_size=8), PREFIXES, st.booleans(), st.integers(0, 1 << 40))
+@pytest.mark.slow
 def test_round_trip(rows: list[list[int]], prefix: str, every_line: bool, step: int) -> None:
     messages = [
         format_violation(

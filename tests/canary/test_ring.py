@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -48,6 +49,7 @@ def test_multiset_difference_counts_duplicates() -> None:
     assert multiset_difference(a[:0], b[:0])[0] == 0
 
 
+@pytest.mark.slow
 @given(ROWS, st.randoms())
 def test_multiset_ignores_order(rows: list[list[int]], rnd: object) -> None:
     shuffled = list(rows)

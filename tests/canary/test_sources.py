@@ -90,6 +90,7 @@ def test_a_long_bad_real_kv_value_is_named_not_reprinted(tmp_path: Path) -> None
     assert len(message) < 400
 
 
+@pytest.mark.slow
 def test_a_large_ring_is_decoded_filtered_and_explained(tmp_path: Path) -> None:
     synth = make_scenario("canary-aliasing", seed=0)
     rng = np.random.default_rng(0)

@@ -53,6 +53,7 @@ def test_piped_and_file_output_has_no_padding_spaces(command: str, tmp_path: Pat
         assert "━━" in text  # tables are still drawn
 
 
+@pytest.mark.slow
 def test_an_unreadable_dump_is_reported_once(tmp_path: Path) -> None:
     bad = tmp_path / "cut.safetensors"
     bad.write_bytes((EXAMPLES / "stale-tail.safetensors").read_bytes()[:100])

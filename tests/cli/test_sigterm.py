@@ -49,6 +49,7 @@ def _checked(stopped: Stopped) -> Stopped:
 
 
 @needs_two_cores
+@pytest.mark.slow
 def test_sigterm_ends_the_workers_of_check_jobs(four_dumps: list[str]) -> None:
     """The workers and multiprocessing's resource tracker end with `check`, at once (the
     workers are paused: waiting for their dumps would never end). They once stayed,
@@ -64,6 +65,7 @@ def test_sigterm_ends_the_workers_of_check_jobs(four_dumps: list[str]) -> None:
 
 
 @needs_two_cores
+@pytest.mark.slow
 def test_the_workers_die_with_a_killed_check(four_dumps: list[str]) -> None:
     """SIGKILL (the out-of-memory killer) runs no clean-up: the kernel ends the workers."""
     args = ["check", *four_dumps, "-j", "2"]
@@ -75,6 +77,7 @@ def test_the_workers_die_with_a_killed_check(four_dumps: list[str]) -> None:
         stopped.kill_survivors()
 
 
+@pytest.mark.slow
 def test_sigterm_mid_write_leaves_no_staged_file(tmp_path: Path) -> None:
     """A writer stopped while its staged `.NAME.XXXX.tmp` is being written removes it (a
     medium dump: 285 MB, long enough to be caught mid-write)."""

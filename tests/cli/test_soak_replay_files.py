@@ -71,6 +71,7 @@ def _fifo(tmp_path: Path) -> Path:
     ],
     ids=["device", "fifo", "oversized"],
 )
+@pytest.mark.slow
 def test_a_replay_file_soak_did_not_write_is_one_line(
     tmp_path: Path, engine: tuple[str, ...], make: object, said: str
 ) -> None:

@@ -151,6 +151,7 @@ def assert_one_line_exit_2(run: subprocess.CompletedProcess[str], *needles: str)
     ids=["runtime-error", "syntax-error", "sys-exit-0", "base-exception", "nested"],
 )
 @pytest.mark.usefixtures("own_sglang")
+@pytest.mark.slow
 def test_a_module_failing_at_import_is_one_line_exit_2(
     tmp_path: Path, text: str, module: str, what: str
 ) -> None:
@@ -471,6 +472,7 @@ runpy.run_module("kvcanary_cli", run_name="__main__")
 
 
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_a_signal_while_unpacking_leaves_nothing(tmp_path: Path, number: int) -> None:
     wheel = write_wheel(tmp_path / WHEEL_NAME, tree_files())
     run = soak(

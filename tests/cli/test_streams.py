@@ -72,6 +72,7 @@ def test_violations_from_a_closed_standard_input_is_one_line() -> None:
 
 
 @pytest.mark.parametrize("output_format", ["table", "markdown"])
+@pytest.mark.slow
 def test_an_ascii_terminal_gets_escapes_not_a_crash(output_format: str) -> None:
     done = kvcanary(
         "",
@@ -91,6 +92,7 @@ def test_an_ascii_terminal_gets_escapes_not_a_crash(output_format: str) -> None:
 
 
 @pytest.mark.parametrize("redirection", ["2>&-", "2>/dev/full"], ids=["closed", "full"])
+@pytest.mark.slow
 def test_bad_input_with_no_standard_error_still_exits_2(redirection: str) -> None:
     if "full" in redirection and not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full")

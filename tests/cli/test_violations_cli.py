@@ -186,6 +186,7 @@ def test_hostile_log_prints_no_control_characters(tmp_path: Path) -> None:
     assert source["path"] == str(log)  # JSON is exact; the views escape it
 
 
+@pytest.mark.slow
 def test_the_installed_command_reads_stdin(made: dict[str, Path]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "kvcanary_cli", "violations", "-", "--format", "json"],
@@ -227,6 +228,7 @@ def test_outputs_follow_the_output_rules(made: dict[str, Path], tmp_path: Path) 
     assert code == 2 and "--log" in err, err
 
 
+@pytest.mark.slow
 def test_standard_inputs_file_is_never_replaced(made: dict[str, Path], tmp_path: Path) -> None:
     """`violations - -o LOG --force < LOG` is `violations LOG -o LOG`: refused, LOG intact."""
     log = tmp_path / "server.log"

@@ -100,6 +100,7 @@ def _many_metadata(count: int) -> bytes:
     ],
     ids=["70k-tensors", "70k-metadata-keys", "250k-tensors"],
 )
+@pytest.mark.slow
 def test_a_crowded_header_is_refused_before_it_is_parsed(
     build: Callable[[], bytes], needles: tuple[str, ...], tmp_path: Path
 ) -> None:

@@ -70,6 +70,7 @@ def test_a_scan_releases_the_pages_it_read_and_finds_the_same_cells(
     assert grown_released < table_bytes // 4, f"{grown_released} bytes stayed resident"
 
 
+@pytest.mark.slow
 def test_released_pages_read_back_unchanged(mapped_table: np.memmap) -> None:
     _scan(mapped_table, mapped_table)
     expected = np.arange(ROWS * COLS, dtype=np.int32).reshape(ROWS, COLS)

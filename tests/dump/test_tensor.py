@@ -243,6 +243,7 @@ def cases(draw: st.DrawFn) -> Case:
 
 @settings(max_examples=150, deadline=None)
 @given(case=cases())
+@pytest.mark.slow
 def test_the_sparse_tensor_reads_like_the_model(case: Case) -> None:
     """Unknown elements included: they read 0, and every read that can says so."""
     check_contract(sparse_of(case.data, case.kept), case)
@@ -281,6 +282,7 @@ def _narrowest_itemsize(values: np.ndarray, original: np.dtype) -> int:
 
 @settings(max_examples=200, deadline=None)
 @given(case=wide_cases())
+@pytest.mark.slow
 def test_the_narrow_sparse_tensor_reads_like_the_model(case: Case) -> None:
     """Format 1.2: stored in the narrowest dtype that holds the kept values, runs as unsigned
     (gap, length) pairs; every read still gives the original dtype and values."""
@@ -295,6 +297,7 @@ def test_the_narrow_sparse_tensor_reads_like_the_model(case: Case) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(case=cases())
+@pytest.mark.slow
 def test_the_dense_tensor_reads_like_the_model(case: Case) -> None:
     whole = Case(data=case.data, kept=np.ones(case.data.shape, dtype=bool), seed=case.seed)
     check_contract(DenseTensor(case.data), whole)

@@ -233,6 +233,7 @@ def _same_command(template: str, used: str) -> bool:
     return len(a) == len(b) and all(x == y or x.startswith("{") for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.slow
 def test_the_corpus_is_deterministic(seeds: list[Seed]) -> None:
     # Workers regenerate the corpus: ids must name the same mutants in every process.
     for family in FAMILIES:

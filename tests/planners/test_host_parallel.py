@@ -48,6 +48,7 @@ def test_forked_parts_plan_what_one_process_plans(scenario: str, tmp_path: Path)
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stop=st.integers(0, 5000), parts=st.integers(1, 5), align=st.sampled_from([1, 16, 1024]))
+@pytest.mark.slow
 def test_split_covers_the_range_in_order(stop: int, parts: int, align: int) -> None:
     ranges = host_parallel.split(stop, parts, align)
     assert len(ranges) <= parts

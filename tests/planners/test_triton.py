@@ -486,6 +486,7 @@ def test_matches_vectorized_gpu_on_random_dumps(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw_dumps(), st.sampled_from([16, 32, 64]))
+@pytest.mark.slow
 def test_small_blocks_spanning_rows_match_vectorized_gpu(
     case: tuple[dict[str, Any], dict[str, object], str], block: int
 ) -> None:

@@ -75,6 +75,7 @@ def _allocated(make: Callable[[], object]) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("fmt", [OutputFormat.TABLE, OutputFormat.MARKDOWN])
+@pytest.mark.slow
 def test_a_provenance_view_allocates_what_it_shows(
     provenance: ProvenanceReport, fmt: OutputFormat
 ) -> None:
