@@ -492,14 +492,14 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
 
     0.5.19, 0.5.20 and 0.5.21 have them too, in the same objects. Their controller's `write`
     allocates a backup's host slots and the tree commits them to the node in the same call;
-    a load-back takes its node's slots, under the node's host lock; a host eviction frees a
-    node's slots straight to its pool or queues them for release. Where they part from
-    0.5.22 they part in who runs a step, not in where a slot waits: their tree allocates a
-    storage hit's host slots itself (in the step that drains the controller's hit queue;
-    0.5.22 asks the controller's `allocate_storage_hit`), and in that same call hands them to
-    the operation queued for the read (`prefetch_buffer`) and to the request's in-flight
+    a load-back reads its node's host slots, under the node's host lock; a host eviction
+    frees a node's slots to its pool or queues them for release. They differ from 0.5.22
+    only in who allocates a storage hit's host slots, not in where they wait: their tree
+    takes them from the pool itself (in the step that drains the controller's hit queue;
+    0.5.22 asks the controller's `allocate_storage_hit`), and in that same call hands them
+    to the operation queued for the read (`prefetch_buffer`) and to the request's in-flight
     prefetch record (`host_indices`), or queues them for release where a component's staging
-    fails; a component's staging (SWA window, Mamba state) sits in that record's transfers,
+    fails. A component's staging (SWA window, Mamba state) sits in that record's transfers,
     allocated when the prefetch is issued (0.5.19) or when its hit is (0.5.20 on). 0.5.19 and
     0.5.20 have no pipeline-parallel prefetch (no such thread or state on the controller).
     Retraction backups are disaggregated decode's in each, and none has a host pool sharded
