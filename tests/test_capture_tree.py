@@ -872,19 +872,96 @@ def _allocates(*args: Any, **kwargs: Any) -> None:
         # 0.5.22: no flag (no sharded host pool at all), the storage hit allocated by the
         # controller, as 0.5.23's does
         ({"allocate_storage_hit": _allocates}, True),
-        # 0.5.19 - 0.5.21: neither (their holders unread here)
-        ({}, False),
+        # 0.5.21: no flag either, the storage hit allocated by the tree itself (into the
+        # same records), a pipeline-parallel prefetch's thread and state as 0.5.22's
+        ({"pp_prefetch_command_thread": None, "pp_prefetch_states": {}}, True),
+        # 0.5.19 and 0.5.20: no pipeline-parallel prefetch at all
+        ({}, True),
     ],
-    ids=["0.5.23", "0.5.23-sharded", "0.5.22", "0.5.21"],
+    ids=["0.5.23", "0.5.23-sharded", "0.5.22", "0.5.21", "0.5.19-0.5.20"],
 )
 def test_host_slots_are_vouched_for_on_the_releases_whose_holders_are_read(
     monkeypatch: pytest.MonkeyPatch, controller: dict[str, Any], vouched: bool
 ) -> None:
-    """0.5.22's host tier has 0.5.23's holders, but for the KV-sharded host pool, which it
-    does not have (no flag on its controller): vouched for there as on 0.5.23. A sharded pool,
-    or a controller of a release before 0.5.22 (its holders unread), is not."""
+    """0.5.19 - 0.5.22's host tier has 0.5.23's holders, but for the KV-sharded host pool,
+    which they do not have (no flag on their controller): vouched for there as on 0.5.23,
+    whoever allocates a storage hit (0.5.22's controller, or 0.5.19 - 0.5.21's tree). A
+    sharded pool is not."""
     from kvcanary_cli.capture import tree as capture
 
     facts: dict[str, Any] = {}
     capture._accounted_facts(facts, _host_tier_tree(monkeypatch, **controller))
     assert facts == ({"host_slots_accounted": 1} if vouched else {})
+
+
+@pytest.mark.parametrize(
+    ("owner", "missing"),
+    [
+        ("tree", "buffer_pipeline"),
+        ("tree", "host_memory_mode"),
+        ("tree", "linker"),
+        ("controller", "host_mem_release_queue"),
+        ("controller", "extra_host_mem_release_queues"),
+    ],
+)
+def test_a_tree_older_than_0_5_19_is_not_vouched_for(
+    monkeypatch: pytest.MonkeyPatch, owner: str, missing: str
+) -> None:
+    """0.5.18 and older keep no buffer pipeline, host memory mode, linker or release queues:
+    where their host slots wait is not read, so a tree or controller without one of those
+    objects is not vouched for (and the read does not fail on it); its twin with every object
+    is."""
+    from kvcanary_cli.capture import tree as capture
+
+    whole = _host_tier_tree(monkeypatch)
+    older = _host_tier_tree(monkeypatch)
+    delattr(older if owner == "tree" else older.cache_controller, missing)
+    facts: dict[str, Any] = {}
+    capture._accounted_facts(facts, whole)
+    assert facts == {"host_slots_accounted": 1}
+    facts = {}
+    capture._accounted_facts(facts, older)
+    assert facts == {}
+
+
+def _older_storage_tree(monkeypatch: pytest.MonkeyPatch, release: str, holder: str) -> Any:
+    """`_storage_tree` shaped as `release`'s (no `is_kv_sharded`; 0.5.19's and 0.5.20's
+    controller without the pipeline-parallel thread and state), a prefetch still asking
+    storage, and `holder` (or nothing, "") holding the slots of a storage hit."""
+    import numpy as np
+
+    tree = _storage_tree(monkeypatch)
+    controller = tree.cache_controller
+    del controller.is_kv_sharded
+    if release == "0.5.19-0.5.20":
+        del controller.pp_prefetch_command_thread, controller.pp_prefetch_states
+    tree.ongoing_prefetch["asking"] = _in_flight()  # still asking storage: no slot yet
+    if holder == "hit-recorded":
+        tree.ongoing_prefetch["hit"] = _in_flight(host=np.arange(4))
+    elif holder == "hit-queued":
+        controller.prefetch_buffer.put(SimpleNamespace(host_indices=np.arange(4)))
+    elif holder == "staging-failed":
+        controller.host_mem_release_queue.put(np.arange(4))
+    elif holder == "component-staging":
+        tree.ongoing_prefetch["hit"] = _in_flight(staged=np.arange(2))
+    return tree
+
+
+@pytest.mark.parametrize("release", ["0.5.21", "0.5.19-0.5.20"])
+def test_a_storage_tier_before_0_5_22_is_read_as_0_5_22s(
+    monkeypatch: pytest.MonkeyPatch, release: str
+) -> None:
+    """0.5.19 - 0.5.21's storage tier, whose tree allocates a storage hit's host slots itself
+    and in the same call records them in the request's in-flight prefetch and queues its
+    read (or queues them for release where a component's staging fails): with nothing in
+    flight it is vouched for (no flag, no `allocate_storage_hit`), and each place such a hit
+    or a component's staging waits leaves the fact out."""
+    from kvcanary_cli.capture import tree as capture
+
+    seen: dict[str, dict[str, Any]] = {}
+    for holder in ("", "hit-recorded", "hit-queued", "staging-failed", "component-staging"):
+        facts: dict[str, Any] = {}
+        capture._accounted_facts(facts, _older_storage_tree(monkeypatch, release, holder))
+        seen[holder] = facts
+    assert seen.pop("") == {"host_slots_accounted": 1}
+    assert seen == dict.fromkeys(seen, {}), seen

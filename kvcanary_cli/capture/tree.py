@@ -475,7 +475,7 @@ def _host_pool_facts(facts: dict[str, Any], tree: Any, pool: Any, kind: str, pre
 
 def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     """`host_slots_accounted` = 1 where nothing but the free lists and the tree's nodes can
-    hold a host slot now (SGLang 0.5.23's and 0.5.22's `UnifiedRadixCache`): a backup's slots
+    hold a host slot now (SGLang 0.5.19 - 0.5.23's `UnifiedRadixCache`): a backup's slots
     are its node's from `commit_backup` on and a load-back reads its node's, so only a
     storage tier holding slots in flight (`_storage_holds_no_host_slot`), pages queued for
     release, buffer-only host memory (its staging), disaggregated decode (retraction
@@ -488,13 +488,34 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     0.5.22 has the same holders, read through the same objects (its host pools, the
     controller's backup, load and storage paths and their queues, the tree's in-flight
     records are 0.5.23's), but for the sharded group, which it does not have at all: only
-    its flag differs (`_host_pool_whole`)."""
+    its flag differs (`_host_pool_whole`).
+
+    0.5.19, 0.5.20 and 0.5.21 have them too, in the same objects. Their controller's `write`
+    allocates a backup's host slots and the tree commits them to the node in the same call;
+    a load-back reads its node's host slots, under the node's host lock; a host eviction
+    frees a node's slots to its pool or queues them for release. They differ from 0.5.22
+    only in who allocates a storage hit's host slots, not in where they wait: their tree
+    takes them from the pool itself (in the step that drains the controller's hit queue;
+    0.5.22 asks the controller's `allocate_storage_hit`), and in that same call hands them
+    to the operation queued for the read (`prefetch_buffer`) and to the request's in-flight
+    prefetch record (`host_indices`), or queues them for release where a component's staging
+    fails. A component's staging (SWA window, Mamba state) sits in that record's transfers,
+    allocated when the prefetch is issued (0.5.19) or when its hit is (0.5.20 on). 0.5.19 and
+    0.5.20 have no pipeline-parallel prefetch (no such thread or state on the controller).
+    Retraction backups are disaggregated decode's in each, and none has a host pool sharded
+    across ranks (0.5.21's page interleaving is the device pool's, and no server flag turns
+    it on).
+
+    Older trees (0.5.18 and before) keep no buffer pipeline, linker or release queues, so
+    where a host slot of theirs waits is not read here: `_holders_known` refuses them."""
     import sys
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return
     controller = tree.cache_controller
+    if not _holders_known(tree, controller):
+        return
     side = [name for name in SIDE_HOST_POOLS if f"{name}_host_free_slots" in facts]
     if any(f"tree_{name}_host_slots" not in facts for name in side):
         return  # a side pool's holders unread
@@ -518,20 +539,46 @@ def _accounted_facts(facts: dict[str, Any], tree: Any) -> None:
     facts["host_slots_accounted"] = 1
 
 
+#: What `_accounted_facts` reads on the tree and on its cache controller, beside the host
+#: pools and the storage tier: a tree or controller missing any (0.5.18 and older keep no
+#: buffer pipeline, linker, host memory mode or release queues) is not one it knows.
+_TREE_HOLDERS = (
+    "host_pool_group",
+    "enable_storage",
+    "ongoing_prefetch",
+    "ongoing_backup",
+    "buffer_pipeline",
+    "host_memory_mode",
+    "linker",
+)
+_CONTROLLER_HOLDERS = (
+    "mem_pool_host",
+    "enable_storage",
+    "host_mem_release_queue",
+    "extra_host_mem_release_queues",
+)
+
+
+def _holders_known(tree: Any, controller: Any) -> bool:
+    """Whether the tree and its controller have every object `_accounted_facts` reads (a
+    release whose holders it has read: 0.5.19 on), each by its name."""
+    return all(hasattr(tree, name) for name in _TREE_HOLDERS) and all(
+        hasattr(controller, name) for name in _CONTROLLER_HOLDERS
+    )
+
+
 def _host_pool_whole(controller: Any) -> bool:
     """Whether every host KV slot of this rank is one slot of its own pool, not a share of a
     page interleaved across the ranks (whose rows another rank's owner holds). 0.5.23's
     controller says so (`is_kv_sharded` False: its anchor is no `PageInterleaveHostPool`).
-    0.5.22's has no such flag because it has no sharded host pool to flag: no
-    page-interleaved host pool class, and its server refuses `--enable-kv-cache-sharding`
-    with the host tier (HiCache backs up and loads whole pages). It is told from the
-    releases before it, whose holders this reading has not read (0.5.21's tree allocates a
-    storage hit's host slots itself), by the controller that allocates that hit
-    (`allocate_storage_hit`, 0.5.22 on). Any other controller: False. (A sharded anchor
-    keeps no free list of its own either, so `_host_pool` records none of its slots.)"""
+    A controller without the flag is of a release without a sharded host pool to flag
+    (0.5.19 - 0.5.22: no page-interleaved host pool class at all, and 0.5.22's server
+    refuses `--enable-kv-cache-sharding` with the host tier: HiCache backs up and loads
+    whole pages), so its pool is whole. (A sharded anchor keeps no free list of its own
+    either, so `_host_pool` records none of its slots.)"""
     if hasattr(controller, "is_kv_sharded"):
         return controller.is_kv_sharded is False
-    return callable(getattr(controller, "allocate_storage_hit", None))
+    return True
 
 
 #: The storage tier's threads on SGLang 0.5.23's cache controller (and the ticket thread of a
@@ -543,7 +590,8 @@ _STORAGE_THREADS = (
     "backup_thread",
     "pp_prefetch_command_thread",
 )
-#: the one storage thread a controller builds only under pipeline parallelism
+#: the one storage thread a controller builds only under pipeline parallelism (0.5.21 on;
+#: 0.5.19's and 0.5.20's have no pipeline-parallel prefetch, nor this thread or its state)
 _PP_THREAD = "pp_prefetch_command_thread"
 #: The controller's queues whose items carry a prefetch's host slots: its reads queued, their
 #: acks on the way (an ack of a revoked prefetch releases the slots it did not fill).
@@ -551,8 +599,9 @@ _PREFETCH_SLOT_QUEUES = ("prefetch_buffer", "prefetch_sync_queue", "ack_prefetch
 
 
 def _storage_holds_no_host_slot(tree: Any, controller: Any) -> bool:
-    """Whether a storage tier (SGLang 0.5.23's, and 0.5.22's: the same threads, queues and
-    in-flight prefetch records) holds no host slot outside the free lists and the nodes now:
+    """Whether a storage tier (SGLang 0.5.23's, and 0.5.19 - 0.5.22's: the same threads,
+    queues and in-flight prefetch records, but for the pipeline-parallel prefetch 0.5.19 and
+    0.5.20 do not have) holds no host slot outside the free lists and the nodes now:
     none of its threads running (stopped, or stepped by the caller in this thread, as soak
     does), no prefetch in flight with host slots (its Full KV staging or a component's), no
     read or ack queued, no pipeline-parallel prefetch state. A backup to storage reads its
