@@ -26,6 +26,14 @@ Each difference is found by what the loaded tree has, never by its version strin
   `capture.tree.kv_record`);
 - retracting decode requests: `retract_decode()` (0.5.19 on) or `retract_decode(server_args)`
   (0.5.17 - 0.5.18);
+- the KV length a release of a finished request keeps, all past it freed as over-allocated:
+  `req.owned_kv_len()` (0.5.21 on) or `req.effective_kv_committed_len()` (0.5.20; `owned_len`);
+- the lazy extra buffer's flag for a release without a checkpoint: `mamba_lazy_checkpoint`
+  (0.5.22 on) or `mamba_lazy_is_insert` (0.5.20 - 0.5.21; `lazy_checkpoint_flag`);
+- the overlapped loop's decode leaving out the requests its queued result finishes by length
+  (`_reqs_finishing_inflight`, 0.5.22 on): the release's `Req` has the question that loop asks,
+  `next_output_finishes_by_length`; 0.5.20 - 0.5.21's decode allocates for them too
+  (`skips_finishing_decode`);
 - the tree's end of an aborted request's cache attempt: `finish(req.cache_request_handle,
   CacheRequestOutcome.ABORT)` (0.5.20 on) or `release_aborted_request(req.rid)` (0.5.19).
 """
@@ -46,7 +54,10 @@ __all__ = [
     "exclude_keyword",
     "extend_end",
     "held_lock",
+    "next_output_finishes_by_length",
+    "owned_len",
     "holds_mamba",
+    "lazy_checkpoint_flag",
     "prefix_len",
     "release_keyword",
     "releaser",
@@ -54,6 +65,7 @@ __all__ = [
     "root_of",
     "row_of",
     "skipped_components",
+    "skips_finishing_decode",
     "swa_boundary",
     "track_decode_boundary",
     "track_overlapped_decode",
@@ -138,6 +150,15 @@ def _slot_empty(record: Any, position: int) -> bool:
     return int(record.mamba_ping_pong_track_buffer[position]) == -1
 
 
+def lazy_checkpoint_flag(req: Any) -> str:
+    """The request's field saying whether the lazy extra buffer's release caches it (False
+    where a decode in flight writes its only track slot): `mamba_lazy_checkpoint` (0.5.22
+    on) or `mamba_lazy_is_insert` (0.5.20 - 0.5.21)."""
+    if hasattr(req, "mamba_lazy_is_insert") and not hasattr(req, "mamba_lazy_checkpoint"):
+        return "mamba_lazy_is_insert"
+    return "mamba_lazy_checkpoint"
+
+
 def track_overlapped_decode(
     req: Any, batch: Any, row: int, pool: Any, interval: int, lazy: bool
 ) -> tuple[bool, int, bool]:
@@ -155,7 +176,8 @@ def track_overlapped_decode(
     boundary alone counts: the slot the forward wrote becomes the only one, and the other,
     which `mamba_lazy_prealloc_at_boundary` handed this decode's forward, is freed
     (`mamba_lazy_post_decode_at_boundary`); a request finishing while the in-flight decode
-    writes its only slot is released without a checkpoint (`req.mamba_lazy_checkpoint`).
+    writes its only slot is released without a checkpoint (`req.mamba_lazy_checkpoint`;
+    0.5.20 - 0.5.21: `req.mamba_lazy_is_insert`, `lazy_checkpoint_flag`).
     (whether a boundary was acted on, slots freed, whether the swap pointed the next decode's
     track slot at the latest tracked state: a boundary swapped ahead at lookahead 1 whose own
     result then came at lookahead 0 is swapped again, as SGLang does; docs/soak.md)."""
@@ -181,7 +203,7 @@ def track_overlapped_decode(
         and record.mamba_next_track_idx == record.mamba_last_track_idx
         and getattr(record, "mamba_untracked_decode_batch_idx", None) != req.decode_batch_idx
     ):
-        req.mamba_lazy_checkpoint = False
+        setattr(req, lazy_checkpoint_flag(req), False)
     if not (completed if lazy else known):
         return False, 0, False
     on_known = not lazy and known
@@ -219,6 +241,35 @@ def track_overlapped_decode(
     record.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(written)
     reswapped = lookahead == 0 and record.mamba_next_track_idx == record.mamba_last_track_idx
     return True, 0, reswapped
+
+
+def owned_len(req: Any) -> int:
+    """The KV length `release_kv_cache` keeps of a finished request (what it owns; the row
+    past it is freed as over-allocated): `owned_kv_len()` (0.5.21 on) or
+    `effective_kv_committed_len()` (0.5.20), else its committed length."""
+    for name in ("owned_kv_len", "effective_kv_committed_len"):
+        method = getattr(req, name, None)
+        if callable(method):
+            return int(method())
+    return _committed_len(req, kv_record(req))
+
+
+def next_output_finishes_by_length(req: Any) -> bool:
+    """Whether the request's next output token finishes it by length: SGLang's own question
+    (`Req.next_output_finishes_by_length`, 0.5.22 on), or before it soak's reading of it (one
+    more output token reaches `max_new_tokens`)."""
+    asks = getattr(req, "next_output_finishes_by_length", None)
+    if callable(asks):
+        return bool(asks())
+    return bool(len(req.output_ids) + 1 >= req.sampling_params.max_new_tokens)
+
+
+def skips_finishing_decode(req_class: Any) -> bool:
+    """Whether the release's overlapped loop leaves out of a decode the requests whose queued
+    result finishes them by length (`_reqs_finishing_inflight`, 0.5.22 on), by the question it
+    asks of each request (`Req.next_output_finishes_by_length`): 0.5.20 - 0.5.21's
+    `update_running_batch` has neither, and decodes them too."""
+    return callable(getattr(req_class, "next_output_finishes_by_length", None))
 
 
 def extend_end(req: Any) -> int | None:

@@ -31,14 +31,17 @@ A session's turn (`Arrival.session`) is made as SGLang's scheduler makes it, by
 `Session.create_req` (`soak.sessions`), once the turn before it is over; a streaming session
 is closed through SGLang's `SessionController` once its last turn is over (`Sessions.close_over`).
 
-With `Workload.overlap`, the loop is the `event_loop_overlap` of SGLang 0.5.22 and 0.5.23
+With `Workload.overlap`, the loop is the `event_loop_overlap` of SGLang 0.5.20 to 0.5.23
 (batches built with `enable_overlap`): each step chooses and allocates the next batch,
 launches it (`on_plan`, its `ScheduleBatch.copy` queued in `inflight`), then processes the
 last batch's queued result; a prefill after a prefill processes it first where
 `is_disable_overlap_for_batch` says so.
-`update_running_batch` leaves out the requests the queued result finishes by length
-(`_reqs_finishing_inflight`) and skips the decode where memory is short while they finish; a
-result passes over rows finished or retracted since their batch was launched. With the Mamba
+On 0.5.22 on, `update_running_batch` leaves out the requests the queued result finishes by
+length (`_reqs_finishing_inflight`) and skips the decode where memory is short while they
+finish; on 0.5.20 - 0.5.21 (whose `Req` has no `next_output_finishes_by_length`:
+`calls.skips_finishing_decode`) it decodes them too, allocating their next slot, and where
+memory is short retracts, such requests included. A result passes over rows finished or
+retracted since their batch was launched. With the Mamba
 extra buffer, a decode result acts on the track boundary its batch's overlapped masks name
 (`track_overlapped_decode`), and under SGLang's lazy strategy (`Workload.mamba_lazy`) frees
 the second track slot `prepare_for_decode` took at a boundary.
@@ -66,10 +69,14 @@ from kvcanary_cli.soak.calls import (
     exclude_keyword,
     extend_end,
     holds_mamba,
+    lazy_checkpoint_flag,
+    next_output_finishes_by_length,
+    owned_len,
     prefix_len,
     releaser,
     retract_arguments,
     row_of,
+    skips_finishing_decode,
     track_decode_boundary,
     track_overlapped_decode,
     turn_down_mamba,
@@ -236,6 +243,12 @@ class Counters:
     stale_rows: int = 0
     released_ahead: int = 0
     overallocated_freed: int = 0
+    #: 0.5.20 - 0.5.21's overlapped loop (no `_reqs_finishing_inflight`): requests a decode
+    #: allocated for while its queued result finished them by length (their last slot is
+    #: inside what their release caches: `released_ahead`), and such requests retracted
+    #: instead (the queued result passes over them; they are prefilled again)
+    finishing_decoded: int = 0
+    finishing_retracted: int = 0
     #: the lazy extra buffer's (`Workload.mamba_lazy`, overlapped only): second ping-pong
     #: slots `prepare_for_decode` took at a track boundary (`mamba_lazy_prealloc_at_boundary`),
     #: those the boundary's result freed (`mamba_lazy_post_decode_at_boundary`), and finished
@@ -297,6 +310,9 @@ class Scheduler:
         #: `inflight` is its result queue's one entry, the last batch's snapshot
         #: (`ScheduleBatch.copy`) and forward mode, whose result the next step processes
         self._overlap = self.workload.overlap
+        #: the release's overlapped decode leaves out the requests its queued result
+        #: finishes (`_reqs_finishing_inflight`, 0.5.22 on), or allocates for them too
+        self._skip_finishing = self._overlap and skips_finishing_decode(self._sb.Req)
         self.inflight: tuple[Any, str] | None = None
         self.chunked_req: Any = None
         self._next_arrival = 0
@@ -674,14 +690,16 @@ class Scheduler:
         batch = self.running
         initial = batch.batch_size()
         finishing = self._finishing_inflight(batch)
-        if self._overlap:
+        #: 0.5.20 - 0.5.21: the finishing requests stay in the decode (counted below)
+        decoded = [] if self._skip_finishing else finishing
+        if self._skip_finishing:
             batch.filter_batch(**{self._exclude: finishing})
             self.counters.finishing_inflight += len(finishing)
             if batch.is_empty():
                 batch.batch_is_full = False
                 return None
         fits = batch.check_decode_mem()
-        if not fits and finishing:
+        if not fits and finishing and self._skip_finishing:
             # the queued result frees the finishing requests: decode the rest next step
             batch.batch_is_full = False
             self.counters.decode_skips += 1
@@ -690,6 +708,11 @@ class Scheduler:
             retracted, _, aborted = batch.retract_decode(*self._retract_args)
             info.retracted = len(retracted) + len(aborted)
             self.counters.retractions += info.retracted
+            # 0.5.20 - 0.5.21: the queued result would have finished these (it passes over
+            # them, retracted); they come back through the waiting queue
+            gone = {id(req) for req in (*retracted, *aborted)}
+            self.counters.finishing_retracted += sum(id(req) in gone for req in decoded)
+            decoded = [req for req in decoded if id(req) not in gone]
             for req in retracted:
                 self._ask_storage(req, retracted=True)
                 self.waiting.append(req)
@@ -700,6 +723,8 @@ class Scheduler:
             batch.batch_is_full = False
         if batch.is_empty():
             return None
+        # 0.5.20 - 0.5.21: the decode allocates for the requests its queued result finishes
+        self.counters.finishing_decoded += len(decoded)
         if not self._lazy:
             batch.prepare_for_decode()
             return batch
@@ -714,7 +739,9 @@ class Scheduler:
 
     def _finishing_inflight(self, batch: Any) -> list[Any]:
         """SGLang's `_reqs_finishing_inflight`: the running requests in the queued result's
-        batch whose next output token finishes them by length (none but overlapped)."""
+        batch whose next output token finishes them by length (none but overlapped). Where
+        the release's loop does not ask (`skips_finishing_decode`: 0.5.20 - 0.5.21) the same
+        requests, by soak's own reading of the question, are counted, never left out."""
         if not self._overlap or self.inflight is None:
             return []
         queued = {id(req) for req in self.inflight[0].reqs}
@@ -723,7 +750,7 @@ class Scheduler:
             for req in batch.reqs
             if id(req) in queued
             and getattr(req, "beam_group", None) is None
-            and req.next_output_finishes_by_length()
+            and next_output_finishes_by_length(req)
         ]
 
     # -- forward + result processing ---------------------------------------------------
@@ -794,11 +821,9 @@ class Scheduler:
             if kv is not None:
                 seen = len(req.origin_input_ids) + len(req.output_ids)
                 self.counters.released_ahead += kv.kv_committed_len >= seen
-                self.counters.overallocated_freed += max(
-                    0, kv.kv_allocated_len - req.owned_kv_len()
-                )
+                self.counters.overallocated_freed += max(0, kv.kv_allocated_len - owned_len(req))
         # the lazy strategy's: no checkpoint where a decode in flight writes the one slot
         lazy = self._lazy and decode
-        checkpoint = bool(getattr(req, "mamba_lazy_checkpoint", True)) if lazy else True
+        checkpoint = bool(getattr(req, lazy_checkpoint_flag(req), True)) if lazy else True
         self.counters.lazy_uncheckpointed += not checkpoint
         self._release(req, self.stack.tree, checkpoint)

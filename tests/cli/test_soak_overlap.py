@@ -53,11 +53,46 @@ def test_another_release_is_refused_once_loaded() -> None:
             version, "swa", hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
         )
 
-    refused("0.5.23")
-    refused("0.5.22")
-    refused(None)  # not loaded yet: only the options are checked
-    with pytest.raises(OptionError, match=r"of SGLang 0\.5\.22 and 0\.5\.23, not SGLang 0\.5\.21"):
-        refused("0.5.21")
+    for version in ("0.5.23", "0.5.22", "0.5.21", "0.5.20", None):  # None: not loaded yet
+        refused(version)
+    with pytest.raises(OptionError, match=r"of SGLang 0\.5\.20, .*0\.5\.23, not SGLang 0\.5\.19"):
+        refused("0.5.19")
+
+
+@pytest.mark.parametrize(("version", "refused"), [("0.5.21", []), ("0.5.20", ["unified"])])
+def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: list[str]) -> None:
+    """0.5.20 and 0.5.21's loop (no `_reqs_finishing_inflight`) was validated without the
+    host tier, and 0.5.20's without unified memory (its busy check reads a leak on correct
+    states): those are refused once the release is known, in one line naming what to drop;
+    a reproducer of theirs is refused on replay too (`_overlap_modelled`)."""
+    from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.soak.command import OVERLAP_LAYOUTS, _overlap_modelled, _refuse_overlap
+
+    def refuse(layout: str, hicache: bool = False) -> None:
+        _refuse_overlap(
+            version,
+            layout,
+            hicache=hicache,
+            hicache_storage=False,
+            session_radix_cache=False,
+            tp=1,
+        )
+
+    for layout in OVERLAP_LAYOUTS:
+        assert _overlap_modelled(version, layout, hicache=False) == (layout not in refused)
+        if layout not in refused:
+            refuse(layout)
+            continue
+        with pytest.raises(OptionError, match=f"drop --layout {layout}$") as raised:
+            refuse(layout)
+        assert "\n" not in str(raised.value) and f"SGLang {version}'s" in str(raised.value)
+    assert not _overlap_modelled(version, "swa", hicache=True)
+    with pytest.raises(OptionError, match="drop --hicache$"):
+        refuse("swa", hicache=True)
+    for newer in ("0.5.22", "0.5.23"):
+        assert _overlap_modelled(newer, "unified", hicache=False)
+        assert _overlap_modelled(newer, "swa", hicache=True)
+    assert not _overlap_modelled("0.5.19", "swa", hicache=False)
 
 
 @pytest.mark.parametrize("layout", ["swa", "unified", "mamba", "mamba-extra"])

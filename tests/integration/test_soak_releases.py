@@ -46,10 +46,12 @@ double free in the same step (SGLang's busy check sees it; kvcanary's top cause 
 defect's).
 
 0.5.22 runs soak's overlapped loop (`--overlap`), which is 0.5.23's: two histories under it
-are silent on both sides. Its host tier's host-slot leak check runs as 0.5.23's: a clean
-history vouched for on every state is silent, a planted host eviction leak is named. So does
-0.5.19 - 0.5.21's (the same holders of host slots, their tree allocating a storage hit's
-itself): 0.5.19 in the suite, 0.5.20 and 0.5.21 in the deep lane.
+are silent on both sides; so are they on 0.5.21 (0.5.20 in the deep lane), whose loop decodes
+the requests its queued result finishes (no `_reqs_finishing_inflight`). 0.5.22's host
+tier's host-slot leak check runs as 0.5.23's: a clean history vouched for on every state is
+silent, a planted host eviction leak is named. So does 0.5.19 - 0.5.21's (the same holders of
+host slots, their tree allocating a storage hit's itself): 0.5.19 in the suite, 0.5.20 and
+0.5.21 in the deep lane.
 """
 
 from __future__ import annotations
@@ -336,19 +338,36 @@ def test_a_leak_dump_records_the_rows_the_checkers_requests_hold(
     assert {"req-row-leaked", "full-page-leaked"} <= set(line["batches_alone_codes"]), line
 
 
-@pytest.mark.parametrize("version", [_release("0.5.22")])
-def test_the_overlapped_loop_runs_clean_on_0_5_22(version: str, soak: Soak) -> None:
+@pytest.mark.parametrize(
+    "version",
+    [
+        _release("0.5.22"),
+        _release("0.5.21"),
+        pytest.param("0.5.20", marks=[*_release("0.5.20").marks, *DEEP]),  # type: ignore[attr-defined]
+    ],
+)
+def test_the_overlapped_loop_runs_clean_on_older_releases(version: str, soak: Soak) -> None:
     """`soak --overlap` models the overlapped loop of 0.5.22 as of 0.5.23 (the same loop,
-    `_reqs_finishing_inflight` included): two histories of 0.5.22 under it (page sizes 1 and
-    4; consecutive prefills overlapped, then synced), every state audited live and by the
-    whole `check`, are silent on both sides, and the loop's own paths ran."""
+    `_reqs_finishing_inflight` included), and 0.5.20 - 0.5.21's, whose decode allocates for
+    the requests its queued result finishes (no `_reqs_finishing_inflight`): two histories
+    of each under it (page sizes 1 and 4; consecutive prefills overlapped, then synced),
+    every state audited live and by the whole `check`, are silent on both sides, and the
+    loop's own paths ran: on 0.5.22 requests left out of a decode, on the older ones
+    decoded, each then released holding the slot that decode allocated, nothing freed as
+    over-allocated."""
     lines = soak(str(wheel_path(version)), "overlap")
     assert [line["page_size"] for line in lines] == [1, 4]
     for line in lines:
         assert line["found"] is None and line["sglang"] == [], line
     totals = {k: sum(line["counters"][k] for line in lines) for k in lines[0]["counters"]}
     assert totals["overlapped"] > 50 and totals["synced"] > 0, totals
-    assert totals["finishing_inflight"] > 0 and totals["stale_rows"] > 0, totals
+    assert totals["stale_rows"] > 0 and totals["overallocated_freed"] == 0, totals
+    if version == "0.5.22":
+        assert totals["finishing_inflight"] > 0 and totals["finishing_decoded"] == 0, totals
+    else:
+        assert totals["finishing_inflight"] == totals["decode_skips"] == 0, totals
+        assert totals["finishing_decoded"] > 10, totals
+        assert totals["released_ahead"] >= totals["finishing_decoded"], totals
 
 
 @pytest.mark.parametrize("version", [_release("0.5.22")])
