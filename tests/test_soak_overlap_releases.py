@@ -27,7 +27,7 @@ class _Asks:
         self.is_retracted = False
 
     def next_output_finishes_by_length(self) -> bool:
-        return len(self.output_ids) + 1 >= self.sampling_params.max_new_tokens
+        return bool(len(self.output_ids) + 1 >= self.sampling_params.max_new_tokens)
 
 
 class _Older:
