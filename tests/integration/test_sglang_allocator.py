@@ -39,8 +39,8 @@ SPECS = [
     for radix in (True, False)
 ]
 SEEDS_PER_SPEC = 30
-#: The fast lane: one seed each of page sizes 1 and 4, full-only and SWA, radix or not.
-FAST = [(spec, 1000 + index) for index, spec in enumerate(SPECS) if spec.window in (0, 8)]
+#: The short runs: one seed each of page sizes 1 and 4, full-only and SWA, radix or not.
+SHORT = [(spec, 1000 + index) for index, spec in enumerate(SPECS) if spec.window in (0, 8)]
 
 
 def _spec_id(spec: HistorySpec) -> str:
@@ -78,7 +78,7 @@ def _assert_clean(state: HistoryDump, folder: Path) -> None:
         assert not found, f"false alarm on {state.metadata['note']}:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize(("spec", "seed"), FAST, ids=[_spec_id(s) for s, _ in FAST])
+@pytest.mark.parametrize(("spec", "seed"), SHORT, ids=[_spec_id(s) for s, _ in SHORT])
 def test_a_history_of_sglangs_allocator_is_clean(
     allocators: SGLangAllocators, spec: HistorySpec, seed: int, tmp_path: Path
 ) -> None:
@@ -216,7 +216,7 @@ def test_faults_replayed_on_sglangs_allocator_state_name_their_mechanism(
     assert headlines["swa-leak"].startswith(where), headlines
 
 
-@pytest.mark.parametrize(("spec", "seed"), FAST, ids=[_spec_id(s) for s, _ in FAST])
+@pytest.mark.parametrize(("spec", "seed"), SHORT, ids=[_spec_id(s) for s, _ in SHORT])
 def test_a_timeline_of_sglangs_allocator_reports_no_rewritten_prefix(
     allocators: SGLangAllocators, spec: HistorySpec, seed: int, tmp_path: Path
 ) -> None:

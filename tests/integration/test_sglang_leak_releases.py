@@ -8,9 +8,8 @@ int8 Mamba pools, 0.5.15 the page checks (`KV double free`, `KV page use-after-f
 allowed slack, 0.5.19 the byte report, 0.5.20 the SWA ring line and the page-interleave
 allocator's census assert, 0.5.21 that allocator's class watermark and unaligned counts. Each
 case sets a state whose sums we know, has the release print what it prints, and checks what
-`leak` reads: the counts, the difference, the verdict. The oldest and the newest release run
-in the fast lane, the releases that change a message in the whole suite, every release with
-KVCANARY_EVERY_RELEASE=1.
+`leak` reads: the counts, the difference, the verdict. The suite runs the oldest and the newest
+release and those that change a message, every release with KVCANARY_EVERY_RELEASE=1.
 """
 
 from __future__ import annotations
@@ -29,21 +28,19 @@ from tests.sglang_checker import Pools, Release, release_checker
 from tests.sglang_wheel import RELEASES, WHEEL_VERSION, missing_wheel, wheel_path
 
 VERSIONS = (*RELEASES, WHEEL_VERSION)
-#: The fast lane's releases: the oldest and the newest.
-_FAST = (VERSIONS[0], VERSIONS[-1])
+#: The oldest and the newest release.
+_ENDS = (VERSIONS[0], VERSIONS[-1])
 #: The releases whose checker words a message as no earlier one does (see above), in the
 #: whole suite; the others (the post releases' and 0.5.16 - 0.5.18's and 0.5.22's checkers
 #: word every message as the release before them) with KVCANARY_EVERY_RELEASE=1.
 _CHANGED = ("0.5.14", "0.5.15", "0.5.19", "0.5.20", "0.5.21")
 _EVERY = os.environ.get("KVCANARY_EVERY_RELEASE") == "1"
-_RUN = tuple(v for v in VERSIONS if _EVERY or v in _FAST or v in _CHANGED)
+_RUN = tuple(v for v in VERSIONS if _EVERY or v in _ENDS or v in _CHANGED)
 
 
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
-    marks = [pytest.mark.skipif(wheel_path(version) is None, reason=missing_wheel(version))]
-    if version not in _FAST:
-        marks.append(pytest.mark.slow)
-    return pytest.param(version, marks=marks)
+    missing = pytest.mark.skipif(wheel_path(version) is None, reason=missing_wheel(version))
+    return pytest.param(version, marks=[missing])
 
 
 @pytest.fixture(params=[_release(v) for v in _RUN], scope="module")

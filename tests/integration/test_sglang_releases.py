@@ -54,13 +54,8 @@ def _release(version: str, *marks: pytest.MarkDecorator) -> pytest.param:  # typ
     )
 
 
-#: The fast lane's release: the newest (the others, the oldest's `jit_kernel` layout among
-#: them, run in the whole suite).
-_FAST = (VERSIONS[-1],)
-
-
 @pytest.fixture(
-    params=[_release(v) if v in _FAST else _release(v, pytest.mark.slow) for v in VERSIONS],
+    params=[_release(v) for v in VERSIONS],
     scope="module",
 )
 def release(
@@ -146,10 +141,9 @@ def test_a_repeated_release_ships_its_twins_plan_code(version: str) -> None:
 @pytest.mark.parametrize(
     "release",
     [
-        # the fast lane runs the current wheel's (test_sglang_wheel's); the suite each
-        # release's plan code once (every scenario through three planners, Triton's plans
-        # shared by the releases: 0.5 s each, and 3 s to unpack a release the fast lane does
-        # not), the deep lane the releases that repeat it
+        # the suite runs each release's plan code once (every scenario through three
+        # planners, Triton's plans shared by the releases: 0.5 s each, and 3 s to unpack a
+        # release), the deep lane the releases that repeat it
         _release(v, *(DEEP if v in REPEATED_PLAN_CODE else (pytest.mark.slow,)))
         for v in VERSIONS
     ],

@@ -77,7 +77,7 @@ def test_a_stack_builds_after_sglang_was_unloaded(
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize(("page_size", "core"), CASES)
 def test_clean_histories(sglang: Any, page_size: int, core: str, seed: int) -> None:
-    """24 short histories (fast lane): chunked prefills, decodes, finishes, window frees."""
+    """24 short histories: chunked prefills, decodes, finishes, window frees."""
     result = _run(sglang, page_size, core, 100 + seed, 40)
     _assert_clean(result)
     assert result.counters.extends > 0 and result.counters.decodes > 0
@@ -93,8 +93,8 @@ def test_clean_histories_slow(sglang: Any, page_size: int, core: str, seed: int)
     """204 longer histories (24 in the suite, the rest in the deep lane): pressure brings
     retractions, eviction and tombstones. kvcanary audits random plan calls (one in five,
     seeded) and every idle state, SGLang's checks run on every step: auditing every step
-    quadruples the lane's time and finds nothing more here (the fast lane and the bench audit
-    every step)."""
+    quadruples the suite's time here and finds nothing more (the short histories and the
+    bench audit every step)."""
     picks = random.Random(seed)
     result = _run(
         sglang, page_size, core, 1000 + seed, 100, audit=lambda step: picks.random() < 0.2

@@ -45,13 +45,13 @@ the request is outside the batch; the planted lock leak comes after it, and the 
 double free in the same step (SGLang's busy check sees it; kvcanary's top cause is the
 defect's).
 
-0.5.22 runs soak's overlapped loop (`--overlap`), which is 0.5.23's: two histories under it
-are silent on both sides; so are they on 0.5.21 (0.5.20 in the deep lane), whose loop decodes
-the requests its queued result finishes (no `_reqs_finishing_inflight`). 0.5.22's host
-tier's host-slot leak check runs as 0.5.23's: a clean history vouched for on every state is
-silent, a planted host eviction leak is named. So does 0.5.19 - 0.5.21's (the same holders of
-host slots, their tree allocating a storage hit's itself): 0.5.19 in the suite, 0.5.20 and
-0.5.21 in the deep lane.
+0.5.21 runs soak's overlapped loop (`--overlap`), whose decode allocates for the requests its
+queued result finishes (no `_reqs_finishing_inflight`): two histories under it are silent on
+both sides (0.5.20's, the same loop, and 0.5.22's, 0.5.23's loop, in the deep lane). The host
+tier's host-slot leak check runs on 0.5.19 - 0.5.22 as on 0.5.23 (the same holders of host
+slots; 0.5.19 - 0.5.21's tree allocates a storage hit's itself): a clean history vouched for
+on every state is silent, a planted host eviction leak is named (0.5.19 in the suite, the
+others in the deep lane).
 """
 
 from __future__ import annotations
@@ -171,9 +171,8 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
 
 
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
-    """A release's case: a soak process of about 5 s of CPU (10 s for the server's first),
-    so the suite's, not the fast lane's (which soaks 0.5.23); the deep lane's where the
-    release's tree repeats another's (`DEEP_RELEASES`)."""
+    """A release's case: a soak process of about 5 s of CPU (10 s for the server's first);
+    the deep lane's where the release's tree repeats another's (`DEEP_RELEASES`)."""
     wheel = wheel_path(version)
     missing = pytest.mark.skipif(wheel is None, reason=missing_wheel(version))
     lane = DEEP if version in DEEP_RELEASES else (pytest.mark.slow,)
@@ -341,7 +340,7 @@ def test_a_leak_dump_records_the_rows_the_checkers_requests_hold(
 @pytest.mark.parametrize(
     "version",
     [
-        _release("0.5.22"),
+        pytest.param("0.5.22", marks=[*_release("0.5.22").marks, *DEEP]),  # type: ignore[attr-defined]
         _release("0.5.21"),
         pytest.param("0.5.20", marks=[*_release("0.5.20").marks, *DEEP]),  # type: ignore[attr-defined]
     ],
@@ -354,7 +353,8 @@ def test_the_overlapped_loop_runs_clean_on_older_releases(version: str, soak: So
     every state audited live and by the whole `check`, are silent on both sides, and the
     loop's own paths ran: on 0.5.22 requests left out of a decode, on the older ones
     decoded, each then released holding the slot that decode allocated, nothing freed as
-    over-allocated."""
+    over-allocated. The suite runs 0.5.21's, the deep lane 0.5.22's (0.5.23's loop, which
+    tests/integration/test_soak_overlap.py runs in process) and 0.5.20's (0.5.21's)."""
     lines = soak(str(wheel_path(version)), "overlap")
     assert [line["page_size"] for line in lines] == [1, 4]
     for line in lines:
@@ -370,30 +370,15 @@ def test_the_overlapped_loop_runs_clean_on_older_releases(version: str, soak: So
         assert totals["released_ahead"] >= totals["finishing_decoded"], totals
 
 
-@pytest.mark.parametrize("version", [_release("0.5.22")])
-def test_the_host_slot_leak_check_runs_on_0_5_22(version: str, soak: Soak) -> None:
-    """0.5.22's host tier has 0.5.23's holders of host slots but for the KV-sharded host pool,
-    which it does not have: the capture vouches that only the free lists and the nodes hold
-    one (`host_slots_accounted`) on every state of a clean history, which stays silent, and a
-    host eviction that forgets its host frees is named at the step it acts (before, the fact
-    was left out there, and with it the leak check: the fault acted unseen)."""
-    clean, planted = soak(str(wheel_path(version)), "hicache")
-    assert (clean["found"], clean["sglang"], clean["steps"]) == (None, [], 60), clean
-    assert clean["vouched"] == clean["audits"] > 0, clean
-    assert planted["acted"] == 1 and planted["sglang"] == [], planted
-    assert (planted["found"], planted["codes"]) == ("host-slot-leak", ["host-slot-leaked"])
-    assert planted["step"] == 25 and planted["vouched"] > 0, planted
-
-
 #: where the planted host eviction leak is named in `tests.release_soak`'s host tier history
-#: of each release before 0.5.22 (the step it acts at)
-HOST_LEAK_STEPS = {"0.5.19": 37, "0.5.20": 27, "0.5.21": 27}
+#: of each release (the step it acts at)
+HOST_LEAK_STEPS = {"0.5.19": 37, "0.5.20": 27, "0.5.21": 27, "0.5.22": 25}
 
 
 def _host_release(version: str) -> pytest.param:  # type: ignore[valid-type]
     """0.5.19's case in the suite (the oldest tree the host-slot leak check reads, its
-    components of the older names), 0.5.20's and 0.5.21's in the deep lane (the same holders,
-    read through the same objects)."""
+    components of the older names), the others' in the deep lane (the same holders, read
+    through the same objects; 0.5.23's runs in process: tests/integration/test_soak_hicache.py)."""
     wheel = wheel_path(version)
     missing = pytest.mark.skipif(wheel is None, reason=missing_wheel(version))
     lane = (pytest.mark.slow,) if version == "0.5.19" else DEEP
@@ -401,9 +386,12 @@ def _host_release(version: str) -> pytest.param:  # type: ignore[valid-type]
 
 
 @pytest.mark.parametrize("version", [_host_release(v) for v in HOST_LEAK_STEPS])
-def test_the_host_slot_leak_check_runs_on_0_5_19_to_0_5_21(version: str, soak: Soak) -> None:
-    """0.5.19 - 0.5.21's host tier keeps its host slots where 0.5.22's does (their tree, not
-    their controller, allocates a storage hit's, into the same records): the capture vouches
+def test_the_host_slot_leak_check_runs_on_the_releases_before_0_5_23(
+    version: str, soak: Soak
+) -> None:
+    """0.5.19 - 0.5.22's host tier keeps its host slots where 0.5.23's does but for the
+    KV-sharded host pool, which none of them has (and 0.5.19 - 0.5.21's tree, not its
+    controller, allocates a storage hit's, into the same records): the capture vouches
     that only the free lists and the nodes hold one on every state of a clean history, which
     stays silent, and a host eviction that forgets its host frees is named at the step it
     acts (before, the fact was left out on these releases, and the fault acted unseen)."""

@@ -6,8 +6,8 @@ ids, and a key several blocks carry apart), each planted fault is found at its s
 hook's dump of vLLM's own assert is explained by `check`, and `soak --engine vllm` with
 `--replay` runs end to end.
 
-Each is a process of about 6 s, so all run in the slow lane: 0.34.0 (its map differs from
-0.33.0's, which the in-process tests of the fast lane drive), and in the deep lane 0.33.0,
+Each is a process of about 6 s. The suite runs 0.34.0 (its map differs from 0.33.0's, which
+the in-process tests drive), and the deep lane 0.33.0,
 which repeats those tests' paths. Of the older
 releases (0.10.0 to 0.32.0) the whole suite soaks 0.11.0, where the most differs: all 0.15.0
 differs in (a request wanting an end-of-sequence token, no scheduler block size, no deferred
@@ -52,8 +52,8 @@ SOAKED = (
 
 
 def _release(version: str) -> pytest.param:  # type: ignore[valid-type]
-    """A release's case: a subprocess of about 6 s CPU, in the slow lane (the fast lane drives
-    the 0.33.0 wheel's manager in process: test_vllm_soak)."""
+    """A release's case: a subprocess of about 6 s CPU; the deep lane's for 0.33.0 (whose
+    manager the in-process tests drive: test_vllm_soak)."""
     missing = pytest.mark.skipif(wheel_path(version) is None, reason=missing_wheel(version))
     lane = DEEP if version == WHEEL_VERSION else (pytest.mark.slow,)
     return pytest.param(version, marks=[missing, *lane])
