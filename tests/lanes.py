@@ -1,7 +1,7 @@
 """The suite's three lanes, one rule each.
 
 - the fast lane (`-m "not slow"`): what a change needs while it is made, in about a minute and
-  a half: kvcanary's own code, each test well under a second; the tests that start a process,
+  a quarter: kvcanary's own code, each test well under a second; the tests that start a process,
   run an engine's own code (`tests/integration/`: `engine_stack`) or take seconds are `slow`;
 - the suite (`python -m pytest`, the README's command and CI's): every question once, on every
   engine layout and the releases where the engine's code differs, in five minutes on 2 cores;
