@@ -34,7 +34,7 @@ def engine_stack(path: Path) -> bool:
     stack, vLLM's manager, from their wheels: `tests/integration/`). Those tests are the
     suite's, never the fast lane's: a process imports the engine once before its first such
     test (SGLang: about 11 s of CPU), and its histories run for seconds."""
-    return _INTEGRATION in path.parents
+    return _INTEGRATION in path.resolve().parents
 
 
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
