@@ -146,7 +146,7 @@ def _refuse_overlap(
         layouts = OVERLAP_RELEASE_LAYOUTS[version]
         raise OptionError(
             f"models SGLang {version}'s overlapped loop on the {', '.join(layouts)} layouts "
-            f"(0.5.22 and 0.5.23's on every layout): drop --layout {layout}",
+            f"(0.5.21 - 0.5.23's on every layout): drop --layout {layout}",
             option="overlap",
         )
 
