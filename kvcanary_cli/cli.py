@@ -435,8 +435,8 @@ command(
     ),
     overlap=Opt(
         "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
-        "non-overlapped one (SGLang 0.5.20 to 0.5.23; 0.5.20 and 0.5.21 without "
-        "--hicache, 0.5.20 without --layout unified; never with --hicache-storage, "
+        "non-overlapped one (SGLang 0.5.20 to 0.5.23; 0.5.20 without --layout unified; "
+        "--hicache on the swa layout alone; never with --hicache-storage, "
         "--session-radix-cache or --tp).",
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),

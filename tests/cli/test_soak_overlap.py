@@ -61,10 +61,11 @@ def test_another_release_is_refused_once_loaded() -> None:
 
 @pytest.mark.parametrize(("version", "refused"), [("0.5.21", []), ("0.5.20", ["unified"])])
 def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: list[str]) -> None:
-    """0.5.20 and 0.5.21's loop (no `_reqs_finishing_inflight`) was validated without the
-    host tier, and 0.5.20's without unified memory (its busy check reads a leak on correct
-    states): those are refused once the release is known, in one line naming what to drop;
-    a reproducer of theirs is refused on replay too (`_overlap_modelled`)."""
+    """0.5.20 and 0.5.21's loop (no `_reqs_finishing_inflight`) was validated with the host
+    tier on the swa layout (as 0.5.22's), and 0.5.20's without unified memory (its busy
+    check reads a leak on correct states): that layout is refused once the release is known,
+    in one line naming what to drop; a reproducer of it is refused on replay too
+    (`_overlap_modelled`), as is the host tier off the swa layout on every release."""
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.soak.command import OVERLAP_LAYOUTS, _overlap_modelled, _refuse_overlap
 
@@ -86,12 +87,16 @@ def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: li
         with pytest.raises(OptionError, match=f"drop --layout {layout}$") as raised:
             refuse(layout)
         assert "\n" not in str(raised.value) and f"SGLang {version}'s" in str(raised.value)
-    assert not _overlap_modelled(version, "swa", hicache=True)
-    with pytest.raises(OptionError, match="drop --hicache$"):
-        refuse("swa", hicache=True)
+    assert _overlap_modelled(version, "swa", hicache=True)
+    refuse("swa", hicache=True)
+    for layout in OVERLAP_LAYOUTS[1:]:
+        assert not _overlap_modelled(version, layout, hicache=True)
+        with pytest.raises(OptionError, match="drop --hicache$"):
+            refuse(layout, hicache=True)
     for newer in ("0.5.22", "0.5.23"):
         assert _overlap_modelled(newer, "unified", hicache=False)
         assert _overlap_modelled(newer, "swa", hicache=True)
+        assert not _overlap_modelled(newer, "mamba", hicache=True)
     assert not _overlap_modelled("0.5.19", "swa", hicache=False)
 
 
