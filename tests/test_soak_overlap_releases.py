@@ -17,27 +17,21 @@ from kvcanary_cli.soak.calls import (
 )
 
 
-class _Asks:
-    """A request of 0.5.22 on: it answers whether its next output finishes it by length."""
+class _Older:
+    """A request of 0.5.20 - 0.5.21: the fields soak reads, and no question of its own."""
 
     def __init__(self, outputs: int, max_new: int) -> None:
         self.output_ids = [1] * outputs
         self.sampling_params = SimpleNamespace(max_new_tokens=max_new)
         self.beam_group = None
         self.is_retracted = False
+
+
+class _Asks(_Older):
+    """A request of 0.5.22 on: it answers whether its next output finishes it by length."""
 
     def next_output_finishes_by_length(self) -> bool:
         return bool(len(self.output_ids) + 1 >= self.sampling_params.max_new_tokens)
-
-
-class _Older:
-    """A request of 0.5.20 - 0.5.21: the same fields, no such question."""
-
-    def __init__(self, outputs: int, max_new: int) -> None:
-        self.output_ids = [1] * outputs
-        self.sampling_params = SimpleNamespace(max_new_tokens=max_new)
-        self.beam_group = None
-        self.is_retracted = False
 
 
 def test_the_release_asks_whether_a_queued_result_finishes_a_request() -> None:
