@@ -9,6 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from kvcanary_cli.soak.calls import (
     lazy_checkpoint_flag,
     next_output_finishes_by_length,
@@ -97,11 +99,14 @@ class _Batch:
         self.prepared = list(self.reqs)
 
 
-def _update_running(asks: bool, fits: bool, retract: int = 0) -> tuple[Any, Any, Any, Any]:
+def _update_running(
+    asks: bool, fits: bool, retract: int = 0, test: Any = None, forward_ct: int = 0
+) -> tuple[Any, Any, Any, Any]:
     """The scheduler's `update_running_batch` over a running batch of a request its queued
     result finishes (one output short) and one it does not, both in that result's batch;
-    a release whose request asks (`asks`) or not. The batch, the decode returned, the
-    finishing request and the scheduler."""
+    a release whose request asks (`asks`) or not; SGLang's retraction test switch (`test`,
+    a `driver.RetractTest`) on or off, after `forward_ct` forwards. The batch, the decode
+    returned, the finishing request and the scheduler."""
     from kvcanary_cli.soak.driver import Counters, Scheduler, StepInfo
 
     make = _Asks if asks else _Older
@@ -119,6 +124,8 @@ def _update_running(asks: bool, fits: bool, retract: int = 0) -> tuple[Any, Any,
         waiting=[],
         counters=Counters(),
         _ask_storage=lambda req, retracted=False: None,
+        _retract_test=test,
+        _forward_ct=forward_ct,
     )
     scheduler._finishing_inflight = lambda b: Scheduler._finishing_inflight(scheduler, b)  # type: ignore[arg-type]
     decode = Scheduler._update_running(scheduler, StepInfo(step=0, mode="idle"))  # type: ignore[arg-type]
@@ -141,6 +148,28 @@ def test_an_older_decode_allocates_for_what_its_queued_result_finishes() -> None
     assert decode is batch and finishing in batch.prepared and len(batch.prepared) == 2
     counters = scheduler.counters
     assert (counters.finishing_inflight, counters.finishing_decoded) == (0, 1)
+
+
+@pytest.mark.parametrize(("forward_ct", "retracts"), [(3, True), (4, False), (5, False)])
+def test_sglang_s_retraction_switch_retracts_where_memory_fits(
+    forward_ct: int, retracts: bool
+) -> None:
+    """SGLANG_TEST_RETRACT on (interval 3): a decode chosen after a multiple of 3 forwards
+    retracts though memory fits, as `update_running_batch` does; between them, nothing."""
+    from kvcanary_cli.soak.driver import RetractTest
+
+    test = RetractTest(interval=3, no_prefill_bs=2**31)
+    batch, decode, finishing, scheduler = _update_running(
+        asks=False, fits=True, retract=1, test=test, forward_ct=forward_ct
+    )
+    assert batch.retracted == ([finishing] if retracts else [])
+    assert scheduler.waiting == batch.retracted and decode is batch
+    assert scheduler.counters.retractions == int(retracts)
+
+
+def test_without_the_switch_memory_that_fits_retracts_nothing() -> None:
+    batch, _, _, scheduler = _update_running(asks=False, fits=True, retract=1, forward_ct=3)
+    assert batch.retracted == [] and scheduler.counters.retractions == 0
 
 
 def test_short_memory_skips_the_decode_or_retracts_by_release() -> None:

@@ -13,10 +13,11 @@ and torch load when a soak runs.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -526,6 +527,11 @@ def soak(
     if core is None:  # a tree core the default would have soaked too, once the run went well
         for note in modules.notes:
             complain(f"note: {note}")
+    from kvcanary_cli.soak.driver import retract_test
+
+    test = retract_test(getattr(modules.schedule_batch, "envs", None))
+    if test is not None:
+        complain(f"note: {test.note()}")
     return report
 
 
@@ -601,6 +607,9 @@ def _keep_finding(
         return again.failure is not None and again.failure.key == key
 
     shrunk = shrink_workload(workload, fails)
+    # SGLang's retraction test switch, on: the reproducer records it for its replay
+    on = test_retract_environment(modules)
+    switches = {"environment": on} if on else {}
     contents: dict[SoakFile, Path | bytes] = {}
     dumps: dict[SoakFile, Any] = {"dump": workload, "shrunk_dump": shrunk}
     workloads: dict[SoakFile, tuple[Any, SoakFailure]] = {"workload": (workload, found)}
@@ -629,6 +638,7 @@ def _keep_finding(
                 **asdict(failed),
                 "sglang_version": modules.tree.version,
                 "tp": tp,
+                **switches,
                 "workload": body,
             }
             contents[name] = (json.dumps(meta, indent=1) + "\n").encode()
@@ -743,16 +753,44 @@ def read_reproducer(path: Path) -> Reproducer:
     return Reproducer(spec, workload, fault, recorded, known, tp)
 
 
+def test_retract_environment(modules: Any) -> dict[str, str]:
+    """SGLang's retraction test switch and its settings as the environment sets them, where
+    the release of `modules` reads the switch on (`driver.retract_test`); empty where off."""
+    from kvcanary_cli.soak.driver import TEST_RETRACT, retract_test
+
+    if retract_test(getattr(modules.schedule_batch, "envs", None)) is None:
+        return {}
+    return {name: os.environ[name] for name in TEST_RETRACT if name in os.environ}
+
+
+def reproducer_environment(path: Path) -> dict[str, str]:
+    """The environment switches of SGLang's a reproducer records its history ran under
+    (only SGLang's retraction test switch, `driver.TEST_RETRACT`); empty for any other."""
+    from kvcanary_cli.soak.driver import TEST_RETRACT
+    from kvcanary_cli.soak.outputs import read_reproducer_text
+
+    recorded = json.loads(read_reproducer_text(path, hint="")).get("environment") or {}
+    if not isinstance(recorded, dict):
+        return {}
+    return {
+        name: value
+        for name, value in recorded.items()
+        if name in TEST_RETRACT and isinstance(value, str) and len(value) <= 32
+    }
+
+
 def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) -> SoakReport:
     """Run a reproducer's workload again (its page size, tree core and fault), audited as a
     soak audits, on `sglang_tree`: whether the finding it recorded comes back. Nothing is
     written: the reproducer's soak wrote the files."""
     from kvcanary_cli import __version__
     from kvcanary_cli.errors import OptionError
+    from kvcanary_cli.soak.environment import environment_set
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import load_sglang
 
     spec, workload, fault, recorded, release, tp = read_reproducer(reproducer)
+    recorded_environment = reproducer_environment(reproducer)
     modules = load_sglang(sglang_tree)
     hicache = workload.hicache_write_policy is not None
     if workload.overlap and not _overlap_modelled(modules.tree.version, spec.layout, hicache):
@@ -769,10 +807,13 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
             option="replay",
         )
     started = time.monotonic()
-    for _ in range(RANK_REPLAYS if recorded.startswith("ranks ") else 1):
-        result = run_history(modules, spec, workload, fault=fault, tp=tp)
-        if result.failure is not None and result.failure.key == recorded:
-            break
+    with ExitStack() as switched:
+        for name, value in recorded_environment.items():
+            switched.enter_context(environment_set(name, value))
+        for _ in range(RANK_REPLAYS if recorded.startswith("ranks ") else 1):
+            result = run_history(modules, spec, workload, fault=fault, tp=tp)
+            if result.failure is not None and result.failure.key == recorded:
+                break
     heard: dict[SGLangCheckName, _Heard] = {}
     _hear(heard, result, spec, workload.seed)
     failure = result.failure

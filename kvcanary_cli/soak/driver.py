@@ -86,7 +86,15 @@ from kvcanary_cli.soak.sessions import Sessions, session_controller
 from kvcanary_cli.soak.stack import MAMBA_EXTRA, Stack
 from kvcanary_cli.soak.workload import VOCAB, Arrival, Workload
 
-__all__ = ["Scheduler", "StepInfo", "release_prefill_swa_name", "serving_options"]
+__all__ = [
+    "TEST_RETRACT",
+    "RetractTest",
+    "Scheduler",
+    "StepInfo",
+    "release_prefill_swa_name",
+    "retract_test",
+    "serving_options",
+]
 
 #: SGLang's environment switches a workload sets (`Workload.release_prefill_swa`,
 #: `Workload.swa_eviction_interval`), read by SGLang at each decode. The first has had two
@@ -101,6 +109,56 @@ SWA_EVICTION_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
 #: SGLang's switch an overlapped workload sets (`Workload.consecutive_prefill_sync`), read by
 #: its `is_disable_overlap_for_batch` at each batch
 CONSECUTIVE_PREFILL_SYNC = "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP"
+
+
+#: SGLang's own test switch for retraction and its two settings, as its `envs` names them
+#: (its scheduler module reads them at import): on, a decode retracts at every
+#: INTERVAL-th forward, and no prefill is added while more than NO_PREFILL_BS requests run
+TEST_RETRACT = (
+    "SGLANG_TEST_RETRACT",
+    "SGLANG_TEST_RETRACT_INTERVAL",
+    "SGLANG_TEST_RETRACT_NO_PREFILL_BS",
+)
+
+
+@dataclass(frozen=True)
+class RetractTest:
+    """SGLang's retraction test switch, on: its two settings."""
+
+    interval: int
+    no_prefill_bs: int
+
+    def retracts(self, forward_ct: int) -> bool:
+        """Whether a decode chosen after `forward_ct` forwards retracts though memory fits
+        (`update_running_batch`)."""
+        return forward_ct % self.interval == 0
+
+    def skips_prefill(self, running_bs: int) -> bool:
+        """Whether no prefill is added while `running_bs` requests run
+        (`get_new_batch_prefill`)."""
+        return running_bs > self.no_prefill_bs
+
+    def note(self) -> str:
+        """What a soak's report notes of the switch (a run condition, not a finding)."""
+        return (
+            f"{TEST_RETRACT[0]} is on (SGLang's test switch): decodes retract once every "
+            f"{self.interval} forwards"
+            + (
+                f", no prefill while over {self.no_prefill_bs} requests run"
+                if self.no_prefill_bs < 2**31
+                else ""
+            )
+        )
+
+
+def retract_test(envs: Any) -> RetractTest | None:
+    """SGLang's retraction test switch as the release whose switches `envs` holds (its
+    `sglang.srt.environ.envs`) reads it from the environment; None where it is off or the
+    release does not declare it."""
+    switch, interval, no_prefill_bs = (getattr(envs, name, None) for name in TEST_RETRACT)
+    if switch is None or interval is None or no_prefill_bs is None or not switch.get():
+        return None
+    return RetractTest(interval=int(interval.get()), no_prefill_bs=int(no_prefill_bs.get()))
 
 
 def _pinning_on_cpu() -> Callable[[], None]:
@@ -335,6 +393,10 @@ class Scheduler:
         self._hicache = getattr(self.stack.tree, "cache_controller", None) is not None
         #: the host tier's storage tier (`soak.storage`), or None
         self._storage = self.stack.storage
+        #: SGLang's retraction test switch (`retract_test`), and the forwards run so far
+        #: (its `forward_ct`: one each batch launched)
+        self._retract_test = retract_test(getattr(self._sb, "envs", None))
+        self._forward_ct = 0
 
     def _spec_none(self) -> Any:
         spec = import_module("sglang.srt.speculative.spec_info")
@@ -398,6 +460,7 @@ class Scheduler:
         """Launch `batch`: the step's batch and mode, and the plan a forward would make."""
         info.batch = batch
         info.mode = "extend" if batch.forward_mode.is_extend() else "decode"
+        self._forward_ct += 1
         if on_plan is not None:
             on_plan(batch)
 
@@ -618,6 +681,9 @@ class Scheduler:
         pool = stack.req_to_token_pool
         if pool.available_size() <= 0 and self.chunked_req is None:
             return None
+        test = self._retract_test
+        if test is not None and test.skips_prefill(len(self.running.reqs)):
+            return None
         adder = self._policy.PrefillAdder(
             stack.spec.page_size,
             stack.tree,
@@ -704,7 +770,8 @@ class Scheduler:
             batch.batch_is_full = False
             self.counters.decode_skips += 1
             return None
-        if not fits:
+        test = self._retract_test
+        if not fits or (test is not None and test.retracts(self._forward_ct)):
             retracted, _, aborted = batch.retract_decode(*self._retract_args)
             info.retracted = len(retracted) + len(aborted)
             self.counters.retractions += info.retracted
