@@ -37,6 +37,7 @@ from kvcanary_cli.results.soak import (
 
 if TYPE_CHECKING:
     from kvcanary_cli.results.pool_soak import PoolSoakReport
+    from kvcanary_cli.soak.driver import RetractTest
 
 __all__ = ["Reproducer", "read_reproducer", "replay", "run_soak", "soak"]
 
@@ -527,9 +528,7 @@ def soak(
     if core is None:  # a tree core the default would have soaked too, once the run went well
         for note in modules.notes:
             complain(f"note: {note}")
-    from kvcanary_cli.soak.driver import retract_test
-
-    test = retract_test(getattr(modules.schedule_batch, "envs", None))
+    test = _release_retract_test(modules)
     if test is not None:
         complain(f"note: {test.note()}")
     return report
@@ -753,12 +752,20 @@ def read_reproducer(path: Path) -> Reproducer:
     return Reproducer(spec, workload, fault, recorded, known, tp)
 
 
+def _release_retract_test(modules: Any) -> RetractTest | None:
+    """SGLang's retraction test switch as the loaded release reads it (`driver.retract_test`,
+    through its `envs`); None where it is off, or the modules carry no such release."""
+    from kvcanary_cli.soak.driver import retract_test
+
+    return retract_test(getattr(getattr(modules, "schedule_batch", None), "envs", None))
+
+
 def test_retract_environment(modules: Any) -> dict[str, str]:
     """SGLang's retraction test switch and its settings as the environment sets them, where
     the release of `modules` reads the switch on (`driver.retract_test`); empty where off."""
-    from kvcanary_cli.soak.driver import TEST_RETRACT, retract_test
+    from kvcanary_cli.soak.driver import TEST_RETRACT
 
-    if retract_test(getattr(modules.schedule_batch, "envs", None)) is None:
+    if _release_retract_test(modules) is None:
         return {}
     return {name: os.environ[name] for name in TEST_RETRACT if name in os.environ}
 
