@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvcanary_cli.soak.command import reproducer_environment
+from kvcanary_cli.soak.command import read_reproducer
 from kvcanary_cli.soak.driver import TEST_RETRACT, RetractTest, retract_test
 from tests.lanes import DEEP
 from tests.sglang_wheel import WHEEL_VERSION, missing_wheel, wheel_path
@@ -95,12 +95,15 @@ def test_on_with_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_reproducer_records_the_switch_for_its_replay(tmp_path: Path) -> None:
+    body = json.loads(ONE_TOKEN_TURN.read_text())
     on = tmp_path / "on.json"
-    on.write_text(json.dumps({"environment": {SWITCH: "1", INTERVAL: "3", "PATH": "/x"}}))
-    assert reproducer_environment(on) == {SWITCH: "1", INTERVAL: "3"}  # SGLang's switch only
+    body["environment"] = {SWITCH: "1", INTERVAL: "3", "PATH": "/x"}
+    on.write_text(json.dumps(body))
+    assert read_reproducer(on).environment == {SWITCH: "1", INTERVAL: "3"}  # SGLang's only
     off = tmp_path / "off.json"
-    off.write_text(json.dumps({"spec": {}}))
-    assert reproducer_environment(off) == {}
+    del body["environment"]
+    off.write_text(json.dumps(body))
+    assert read_reproducer(off).environment == {}
 
 
 def test_the_release_reads_the_names_soak_honours() -> None:
@@ -115,7 +118,7 @@ def test_the_release_reads_the_names_soak_honours() -> None:
 
 
 def test_the_shipped_reproducer_records_the_switch() -> None:
-    assert reproducer_environment(ONE_TOKEN_TURN) == {SWITCH: "1"}
+    assert read_reproducer(ONE_TOKEN_TURN).environment == {SWITCH: "1"}
     body = json.loads(ONE_TOKEN_TURN.read_text())
     assert body["workload"]["overlap"] and body["crash"]["exception"] == "AssertionError"
 

@@ -607,7 +607,7 @@ def _keep_finding(
 
     shrunk = shrink_workload(workload, fails)
     # SGLang's retraction test switch, on: the reproducer records it for its replay
-    on = test_retract_environment(modules)
+    on = retract_switch_environment(modules)
     switches = {"environment": on} if on else {}
     contents: dict[SoakFile, Path | bytes] = {}
     dumps: dict[SoakFile, Any] = {"dump": workload, "shrunk_dump": shrunk}
@@ -691,6 +691,9 @@ class Reproducer(NamedTuple):
     release: str | None
     #: tensor-parallel ranks (an earlier soak's file: 1)
     tp: int
+    #: SGLang's environment switches its history ran under (only its retraction test switch,
+    #: `driver.TEST_RETRACT`), which a replay sets again; empty for most
+    environment: dict[str, str]
 
 
 def read_reproducer(path: Path) -> Reproducer:
@@ -722,6 +725,7 @@ def read_reproducer(path: Path) -> Reproducer:
             recorded = f"ranks {data['divergence']['kind']}"
         release = data.get("sglang_version")
         tp = data.get("tp", 1)
+        environment = _recorded_switches(data.get("environment"))
         fits = (
             (fault is None or fault in FAULTS)
             and spec.core in CORES
@@ -749,7 +753,7 @@ def read_reproducer(path: Path) -> Reproducer:
             "is not a soak reproducer (a value out of range)", path=str(path), hint=hint
         )
     known = release if isinstance(release, str) else None
-    return Reproducer(spec, workload, fault, recorded, known, tp)
+    return Reproducer(spec, workload, fault, recorded, known, tp, environment)
 
 
 def _release_retract_test(modules: Any) -> RetractTest | None:
@@ -760,7 +764,7 @@ def _release_retract_test(modules: Any) -> RetractTest | None:
     return retract_test(getattr(getattr(modules, "schedule_batch", None), "envs", None))
 
 
-def test_retract_environment(modules: Any) -> dict[str, str]:
+def retract_switch_environment(modules: Any) -> dict[str, str]:
     """SGLang's retraction test switch and its settings as the environment sets them, where
     the release of `modules` reads the switch on (`driver.retract_test`); empty where off."""
     from kvcanary_cli.soak.driver import TEST_RETRACT
@@ -770,13 +774,11 @@ def test_retract_environment(modules: Any) -> dict[str, str]:
     return {name: os.environ[name] for name in TEST_RETRACT if name in os.environ}
 
 
-def reproducer_environment(path: Path) -> dict[str, str]:
+def _recorded_switches(recorded: object) -> dict[str, str]:
     """The environment switches of SGLang's a reproducer records its history ran under
     (only SGLang's retraction test switch, `driver.TEST_RETRACT`); empty for any other."""
     from kvcanary_cli.soak.driver import TEST_RETRACT
-    from kvcanary_cli.soak.outputs import read_reproducer_text
 
-    recorded = json.loads(read_reproducer_text(path, hint="")).get("environment") or {}
     if not isinstance(recorded, dict):
         return {}
     return {
@@ -796,8 +798,7 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import load_sglang
 
-    spec, workload, fault, recorded, release, tp = read_reproducer(reproducer)
-    recorded_environment = reproducer_environment(reproducer)
+    spec, workload, fault, recorded, release, tp, recorded_environment = read_reproducer(reproducer)
     modules = load_sglang(sglang_tree)
     hicache = workload.hicache_write_policy is not None
     if workload.overlap and not _overlap_modelled(modules.tree.version, spec.layout, hicache):

@@ -135,7 +135,7 @@ def _load_back_oom(modules: Any, reproducer: Path) -> Any:
     from kvcanary_cli.soak.command import read_reproducer
     from kvcanary_cli.soak.run import run_history
 
-    spec, workload, fault, recorded, release, _ = read_reproducer(reproducer)
+    spec, workload, fault, recorded, release, *_ = read_reproducer(reproducer)
     if modules.tree.version != release:
         pytest.skip(f"the reproducer is SGLang {release}'s; this is {modules.tree.version}")
     assert recorded == "crash RuntimeError"

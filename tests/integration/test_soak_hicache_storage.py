@@ -96,7 +96,7 @@ def _virtual_node_history(modules: Any) -> Any:
     from kvcanary_cli.soak.command import read_reproducer
     from kvcanary_cli.soak.run import run_history
 
-    spec, workload, fault, recorded, release, _ = read_reproducer(VIRTUAL_NODE)
+    spec, workload, fault, recorded, release, *_ = read_reproducer(VIRTUAL_NODE)
     if modules.tree.version != release:
         pytest.skip(f"the reproducer is SGLang {release}'s; this is {modules.tree.version}")
     assert recorded == "crash KeyError" and workload.streaming_sessions

@@ -116,12 +116,13 @@ def test_the_soak_writes_the_reference_dump_and_the_ranks_in_its_reproducer(
     )
     assert report.failure is not None and report.failure.divergence is not None
     assert report.tp == 2 and set(report.files) >= {"dump", "reference_dump", "reproducer"}
-    *_, recorded, _, tp = read_reproducer(Path(report.files["reproducer"]))
+    shipped = read_reproducer(Path(report.files["reproducer"]))
+    recorded, tp = shipped.recorded, shipped.tp
     assert (recorded, tp) == (f"ranks {report.failure.divergence.kind}", 2)
     older = json.loads(Path(report.files["reproducer"]).read_text())
     del older["tp"]
     (tmp_path / "older.json").write_text(json.dumps(older))
-    assert read_reproducer(tmp_path / "older.json")[-1] == 1  # an earlier soak's: one rank
+    assert read_reproducer(tmp_path / "older.json").tp == 1  # an earlier soak's: one rank
 
 
 def test_a_fault_with_ranks_is_one_error_line(modules: Any, tmp_path: Path) -> None:
