@@ -19,7 +19,8 @@ eviction tie parts the ranks; under `soak --tp 2 --hicache` a rank taking the wr
 acks its own copies finished, not the group's MIN; under `soak --tp 2 --hicache
 --hicache-storage` a rank taking the storage hits its own store holds, not the group's MIN;
 under `soak --overlap` a decode's SWA eviction that does not wait for the prefill in flight,
-a request read as finished by the queued result one token early);
+a request read as finished by the queued result one token early; under `soak --tp 2
+--overlap` the coarse access stamps again);
 each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
@@ -41,7 +42,7 @@ Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
 `swa-tp2-release`: the SWA layout on two ranks, `swa+hicache-tp2-release`: with the host
 tier too, `swa+hicache-storage-tp2-release`: with the storage tier behind it, and
 `swa-overlap-release`: the SWA layout under SGLang's overlapped loop, `soak --overlap`, on both
-sides).
+sides, and `swa-tp2-overlap-release`: on two ranks).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -56,7 +57,7 @@ asserted in tests (the test suite only checks that every snippet is found). Usag
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
         [--wheel W] [--engine sglang|vllm|all]
         [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2|swa+hicache-tp2
-                  |swa+hicache-storage-tp2|swa-overlap ...]
+                  |swa+hicache-storage-tp2|swa-overlap|swa-tp2-overlap ...]
         [--vllm-wheel W]
 """
 
@@ -570,6 +571,29 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: the access stamp floored to a whole tick of one stamp (the stamps are whole "
         "already)",
         control=True,
+        tp=2,
+    ),
+    # -- ranks under SGLang's overlapped loop (soak --tp 2 --overlap): the same tie, compared
+    # where the next batch is allocated with the last one's result still queued -------------
+    Mutant(
+        "lru-stamp-coarse-tie-overlapped",
+        "mem_cache/unified_cache/components/base.py",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 64 * 64\n",
+        "ranks part on an eviction tie under the overlapped loop: the access stamps tick once "
+        "every 64, and each rank's full-side eviction takes its tied leaves in an order of its "
+        "own object addresses",
+        layout="swa-overlap",
+        tp=2,
+    ),
+    Mutant(
+        "lru-stamp-floored-by-one-overlapped",
+        "mem_cache/unified_cache/components/base.py",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
+        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 1 * 1\n",
+        "control: the access stamp floored to a whole tick of one stamp, under the overlapped loop",
+        control=True,
+        layout="swa-overlap",
         tp=2,
     ),
     # -- the host tier on tensor-parallel ranks (soak --tp 2 --hicache): the acks' all-reduce -
@@ -1315,7 +1339,7 @@ def _first_complaint(
 #: for its host tier (`--hicache`): "swa+hicache", with the storage tier behind it
 #: (`--hicache-storage`): "swa+hicache-storage"; for tensor-parallel ranks (`--tp N`):
 #: "swa-tp2" (host tier and ranks: "swa+hicache-tp2"); for SGLang's overlapped loop
-#: (`--overlap`, the swa layout alone): "swa-overlap".
+#: (`--overlap`, the swa layout alone): "swa-overlap" (on ranks: "swa-tp2-overlap").
 RADIX, HICACHE, STORAGE, RANKS, OVERLAP = "+radix", "+hicache", "-storage", "-tp", "-overlap"
 
 
@@ -1677,6 +1701,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "swa" + HICACHE + "-tp2"),
     ("sglang", "swa" + HICACHE + STORAGE + "-tp2"),
     ("sglang", "swa" + OVERLAP),
+    ("sglang", "swa" + RANKS + "2" + OVERLAP),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1686,10 +1711,9 @@ GROUPS: tuple[tuple[str, str], ...] = (
 def _group(mutant: Mutant) -> tuple[str, str]:
     if mutant.engine == "vllm":
         return (mutant.engine, "-" if mutant.layout == "swa" else mutant.layout)
-    return (
-        mutant.engine,
-        mutant.layout if mutant.tp == 1 else f"{mutant.layout}{RANKS}{mutant.tp}",
-    )
+    base = mutant.layout.removesuffix(OVERLAP)
+    ranks = "" if mutant.tp == 1 else f"{RANKS}{mutant.tp}"
+    return (mutant.engine, base + ranks + mutant.layout[len(base) :])
 
 
 def _release_name(group: tuple[str, str]) -> str:
@@ -1907,7 +1931,8 @@ def main() -> int:
         default=None,
         help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions; "
         "swa+hicache-tp2: with the host tier on two ranks; swa+hicache-storage-tp2: with "
-        "the storage tier behind it; swa-overlap: under SGLang's overlapped loop)",
+        "the storage tier behind it; swa-overlap: under SGLang's overlapped loop; "
+        "swa-tp2-overlap: on two ranks)",
     )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)

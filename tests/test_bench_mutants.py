@@ -333,7 +333,8 @@ def test_a_mutant_that_parts_ranks_is_soaked_on_ranks() -> None:
     assert ranked
     for mutant in ranked:
         group = mutants._group(mutant)
-        assert group in mutants.GROUPS and group[1] == f"{mutant.layout}-tp{mutant.tp}"
+        assert group in mutants.GROUPS and mutants.soak_layout(group[1]).tp == mutant.tp
+        assert mutants.soak_layout(group[1])._replace(tp=1) == mutants.soak_layout(mutant.layout)
         assert mutants._release_name(group) == f"{group[1]}-release"
 
 
@@ -382,7 +383,9 @@ def test_the_overlapped_loops_mutants_are_soaked_under_it() -> None:
         "swa-evicted-under-inflight-prefill",
         "finishing-inflight-one-early",
     }
-    assert all(mutants._group(m) == ("sglang", "swa-overlap") for m in overlapped)
+    groups = {m.tp: mutants._group(m) for m in overlapped}
+    assert groups == {1: ("sglang", "swa-overlap"), 2: ("sglang", "swa-tp2-overlap")}
+    assert all(mutants.soak_layout(layout).overlap for _, layout in groups.values())
     assert mutants._release_name(("sglang", "swa-overlap")) == "swa-overlap-release"
     for old in {m.old for m in overlapped}:
         assert {m.control for m in overlapped if m.old == old} == {False, True}

@@ -110,11 +110,10 @@ def _refuse_overlap(
     hicache: bool,
     hicache_storage: bool,
     session_radix_cache: bool,
-    tp: int,
 ) -> None:
     """One error line where `--overlap` meets what its model was not validated on: another
     release (None: not loaded yet, not checked), another layout, the host tier off the swa
-    layout, the storage tier, radix sessions, several ranks; on a release validated on fewer
+    layout, the storage tier, radix sessions; on a release validated on fewer
     layouts (`OVERLAP_RELEASE_LAYOUTS`), another of its layouts."""
     from kvcanary_cli.errors import OptionError
 
@@ -124,7 +123,6 @@ def _refuse_overlap(
             ("--hicache", hicache and layout != OVERLAP_HICACHE_LAYOUT),
             ("--hicache-storage", hicache_storage),
             ("--session-radix-cache", session_radix_cache),
-            ("--tp", tp != 1),
         )
         if given
     ]
@@ -132,8 +130,8 @@ def _refuse_overlap(
         what = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
         raise OptionError(
             f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts, "
-            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone, without the storage tier, radix "
-            f"sessions or ranks: drop {' and '.join(what + others)}",
+            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone, without the storage tier or radix "
+            f"sessions: drop {' and '.join(what + others)}",
             option="overlap",
         )
     if version is None:
@@ -402,7 +400,6 @@ def soak(
         hicache=hicache,
         hicache_storage=hicache_storage,
         session_radix_cache=session_radix_cache,
-        tp=tp,
     )
     if overlap:
         refused(None)

@@ -15,11 +15,9 @@ from kvcanary_cli.cli import app
     ("args", "said"),
     [
         (["--layout", "mamba", "--hicache"], "drop --hicache"),
-        (["--layout", "mamba-extra", "--tp", "2"], "drop --tp"),
         (["--hicache", "--hicache-storage"], "drop --hicache-storage"),
-        (["--layout", "mamba", "--hicache", "--tp", "2"], "drop --hicache and --tp"),
+        (["--layout", "mamba", "--hicache", "--session-radix-cache"], "drop --hicache and --"),
         (["--session-radix-cache"], "drop --session-radix-cache"),
-        (["--tp", "2"], "drop --tp"),
         (["--engine", "vllm"], "SGLang's overlapped loop only"),
         (["--replay", "soak-reproducer.json"], "scheduler loop from the reproducer"),
     ],
@@ -31,12 +29,13 @@ def test_overlap_where_it_was_not_validated_is_one_error_line(args: list[str], s
 
 
 @pytest.mark.parametrize(
-    "args", [["--layout", "unified"], ["--layout", "mamba-extra"], ["--hicache"]]
+    "args",
+    [["--layout", "unified"], ["--layout", "mamba-extra"], ["--hicache"], ["--tp", "2"]],
 )
 def test_overlap_passes_where_it_was_validated(args: list[str], tmp_path: Path) -> None:
-    """Unified memory, the Mamba layouts and the host tier (on the swa layout) were validated
-    under the overlapped loop: no refusal; the run goes on to load its SGLang (here a missing
-    one)."""
+    """Unified memory, the Mamba layouts, the host tier (on the swa layout) and several ranks
+    were validated under the overlapped loop: no refusal; the run goes on to load its SGLang
+    (here a missing one)."""
     missing = tmp_path / "no-sglang"
     result = CliRunner().invoke(app, ["soak", "--overlap", *args, "--sglang-tree", str(missing)])
     assert result.exit_code == 2, result.output
@@ -50,7 +49,7 @@ def test_another_release_is_refused_once_loaded() -> None:
 
     def refused(version: str | None) -> None:
         _refuse_overlap(
-            version, "swa", hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
+            version, "swa", hicache=False, hicache_storage=False, session_radix_cache=False
         )
 
     for version in ("0.5.23", "0.5.22", "0.5.21", "0.5.20", None):  # None: not loaded yet
@@ -76,7 +75,6 @@ def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: li
             hicache=hicache,
             hicache_storage=False,
             session_radix_cache=False,
-            tp=1,
         )
 
     for layout in OVERLAP_LAYOUTS:
@@ -110,12 +108,12 @@ def test_the_validated_layouts_are_taken(layout: str) -> None:
 
     for version in (None, "0.5.22", "0.5.23"):
         _refuse_overlap(
-            version, layout, hicache=False, hicache_storage=False, session_radix_cache=False, tp=1
+            version, layout, hicache=False, hicache_storage=False, session_radix_cache=False
         )
     if layout != "swa":
         with pytest.raises(OptionError, match="drop --hicache$"):
             _refuse_overlap(
-                None, layout, hicache=True, hicache_storage=False, session_radix_cache=False, tp=1
+                None, layout, hicache=True, hicache_storage=False, session_radix_cache=False
             )
 
 

@@ -7,7 +7,8 @@ cores), and each rank keeps its own access-time counter, starting where a fresh 
 Caught: a rank whose allocator hands out its free slots in another order parts from rank 0 at
 the first allocation, and the failure names the rank and the divergence as `ranks` does; its
 recorded dumps give the same divergence to `kvcanary ranks`, and the reproducer carries the
-ranks. `--fault` with `--tp` is one error line.
+ranks. Under SGLang's overlapped loop (`--overlap --tp 2`) the same, the plan-time states
+with the last result queued compared too. `--fault` with `--tp` is one error line.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def _run(modules: Any, *, core: str = "python", tp: int = 2, **options: Any) -> Any:
+def _run(
+    modules: Any, *, core: str = "python", tp: int = 2, overlap: bool = False, **options: Any
+) -> Any:
     from kvcanary_cli.soak.command import history_workload
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
     spec = StackSpec.pressured(1, core, "swa")
-    workload = history_workload(0, 0, 1, 1, "swa")
+    workload = history_workload(0, 0, 1, 1, "swa", overlap=overlap)
     return run_history(modules, spec, workload, max_steps=60, tp=tp, **options)
 
 
@@ -86,6 +89,23 @@ def test_a_rank_that_parts_is_named(modules: Any, monkeypatch: pytest.MonkeyPatc
     assert failure.key == f"ranks {failure.divergence.kind}"
     assert failure.mode == "plan" and failure.divergence.kind == "table"
     assert result.sglang_step is None  # each rank alone is sound: SGLang's checks say nothing
+
+
+def test_overlapped_ranks_hold_the_same_state_and_a_parting_one_is_named(
+    modules: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under SGLang's overlapped loop (`--overlap --tp 2`) the ranks' states are the same
+    where the next batch is allocated with the last one's result still queued, as at every
+    other audited point; a rank that parts is named there as under soak's other loop."""
+    result = _run(modules, overlap=True)
+    assert result.failure is None, result.failure
+    assert result.sglang_step is None, result.sglang_first
+    counters = result.counters.as_dict()
+    assert counters["overlapped"] > 0 and counters["finishing_inflight"] > 0, counters
+    _parting_rank(monkeypatch)
+    failure = _run(modules, overlap=True).failure
+    assert failure is not None and failure.divergence is not None, failure
+    assert (failure.rank, failure.mode) == ("1", "plan")
 
 
 def test_the_parted_ranks_dumps_give_ranks_the_same_divergence(
