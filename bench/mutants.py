@@ -20,7 +20,8 @@ acks its own copies finished, not the group's MIN; under `soak --tp 2 --hicache
 --hicache-storage` a rank taking the storage hits its own store holds, not the group's MIN;
 under `soak --overlap` a decode's SWA eviction that does not wait for the prefill in flight,
 a request read as finished by the queued result one token early; under `soak --tp 2
---overlap` the coarse access stamps again);
+--overlap` the coarse access stamps again, and under `soak --session-radix-cache --overlap`
+the radix sessions' mutants again);
 each
 control is an edit that changes the code but not what it does. A mutant is a text edit:
 (file, old snippet, new snippet, what it plants, the layout it is soaked under), applied at
@@ -42,7 +43,8 @@ Each layout's release is run too (`release`, `unified-release`, `mamba-release`,
 `swa-tp2-release`: the SWA layout on two ranks, `swa+hicache-tp2-release`: with the host
 tier too, `swa+hicache-storage-tp2-release`: with the storage tier behind it, and
 `swa-overlap-release`: the SWA layout under SGLang's overlapped loop, `soak --overlap`, on both
-sides, and `swa-tp2-overlap-release`: on two ranks).
+sides, `swa-tp2-overlap-release`: on two ranks, and `swa+radix-overlap-release`: with radix
+sessions).
 
 A vLLM mutant (the block pool's frees, its free queue, the managers' and the coordinator's
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
@@ -57,7 +59,8 @@ asserted in tests (the test suite only checks that every snippet is found). Usag
     python bench/mutants.py [--steps 2000] [--seed 0 [1 ...]] [--jobs 2] [--only NAME ...]
         [--wheel W] [--engine sglang|vllm|all]
         [--layout swa|unified|mamba|mamba-extra|swa+radix|swa-tp2|swa+hicache-tp2
-                  |swa+hicache-storage-tp2|swa-overlap|swa-tp2-overlap ...]
+                  |swa+hicache-storage-tp2|swa-overlap|swa-tp2-overlap
+                  |swa+radix-overlap ...]
         [--vllm-wheel W]
 """
 
@@ -72,7 +75,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -137,6 +140,14 @@ _HIT_QUERY_MIN = (
     "            self.prefetch_hits_sync_groups,\n"
     "        )\n"
 )
+
+#: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix";
+#: for its host tier (`--hicache`): "swa+hicache", with the storage tier behind it
+#: (`--hicache-storage`): "swa+hicache-storage"; for tensor-parallel ranks (`--tp N`):
+#: "swa-tp2" (host tier and ranks: "swa+hicache-tp2"); for SGLang's overlapped loop
+#: (`--overlap`): "swa-overlap" (on ranks: "swa-tp2-overlap"; with radix sessions:
+#: "swa+radix-overlap").
+RADIX, HICACHE, STORAGE, RANKS, OVERLAP = "+radix", "+hicache", "-storage", "-tp", "-overlap"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -571,29 +582,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "control: the access stamp floored to a whole tick of one stamp (the stamps are whole "
         "already)",
         control=True,
-        tp=2,
-    ),
-    # -- ranks under SGLang's overlapped loop (soak --tp 2 --overlap): the same tie, compared
-    # where the next batch is allocated with the last one's result still queued -------------
-    Mutant(
-        "lru-stamp-coarse-tie-overlapped",
-        "mem_cache/unified_cache/components/base.py",
-        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
-        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 64 * 64\n",
-        "ranks part on an eviction tie under the overlapped loop: the access stamps tick once "
-        "every 64, and each rank's full-side eviction takes its tied leaves in an order of its "
-        "own object addresses",
-        layout="swa-overlap",
-        tp=2,
-    ),
-    Mutant(
-        "lru-stamp-floored-by-one-overlapped",
-        "mem_cache/unified_cache/components/base.py",
-        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret\n",
-        "    _LAST_ACCESS_TIME_COUNTER_FLOAT += 1.0\n    return ret // 1 * 1\n",
-        "control: the access stamp floored to a whole tick of one stamp, under the overlapped loop",
-        control=True,
-        layout="swa-overlap",
         tp=2,
     ),
     # -- the host tier on tensor-parallel ranks (soak --tp 2 --hicache): the acks' all-reduce -
@@ -1234,6 +1222,22 @@ MUTANTS: tuple[Mutant, ...] = (
         layout="hybrid-chunked-local",
     ),
 )
+#: Mutants soaked again under SGLang's overlapped loop (`--overlap`), named `NAME-overlapped`:
+#: the coarse access stamps that part ranks, and the radix sessions' code, whose close may meet
+#: a turn that a result still queued finishes.
+AGAIN_OVERLAPPED = (
+    "lru-stamp-coarse-tie",
+    "lru-stamp-floored-by-one",
+    "radix-close-frees-kv",
+    "radix-tag-takes-lock",
+    "radix-close-keeps-refs",
+    "radix-close-in-reverse",
+)
+MUTANTS += tuple(
+    replace(mutant, name=f"{mutant.name}-overlapped", layout=mutant.layout + OVERLAP)
+    for mutant in MUTANTS
+    if mutant.name in AGAIN_OVERLAPPED
+)
 
 
 def mutated(text: str, mutant: Mutant) -> str:
@@ -1333,14 +1337,6 @@ def _first_complaint(
                         return at, f"{idle[0].check}: {idle[0].message}", "idle"
                 return None
     return None
-
-
-#: A bench layout's suffix for soak's radix sessions (`--session-radix-cache`): "swa+radix";
-#: for its host tier (`--hicache`): "swa+hicache", with the storage tier behind it
-#: (`--hicache-storage`): "swa+hicache-storage"; for tensor-parallel ranks (`--tp N`):
-#: "swa-tp2" (host tier and ranks: "swa+hicache-tp2"); for SGLang's overlapped loop
-#: (`--overlap`, the swa layout alone): "swa-overlap" (on ranks: "swa-tp2-overlap").
-RADIX, HICACHE, STORAGE, RANKS, OVERLAP = "+radix", "+hicache", "-storage", "-tp", "-overlap"
 
 
 class BenchLayout(NamedTuple):
@@ -1702,6 +1698,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "swa" + HICACHE + STORAGE + "-tp2"),
     ("sglang", "swa" + OVERLAP),
     ("sglang", "swa" + RANKS + "2" + OVERLAP),
+    ("sglang", "swa" + RADIX + OVERLAP),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),
@@ -1932,7 +1929,7 @@ def main() -> int:
         help="SGLang's layouts to mutate (default: each; swa+radix: with radix sessions; "
         "swa+hicache-tp2: with the host tier on two ranks; swa+hicache-storage-tp2: with "
         "the storage tier behind it; swa-overlap: under SGLang's overlapped loop; "
-        "swa-tp2-overlap: on two ranks)",
+        "swa-tp2-overlap: on two ranks; swa+radix-overlap: with radix sessions)",
     )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-engine", default="sglang", help=argparse.SUPPRESS)

@@ -109,12 +109,11 @@ def _refuse_overlap(
     *,
     hicache: bool,
     hicache_storage: bool,
-    session_radix_cache: bool,
 ) -> None:
     """One error line where `--overlap` meets what its model was not validated on: another
     release (None: not loaded yet, not checked), another layout, the host tier off the swa
-    layout, the storage tier, radix sessions; on a release validated on fewer
-    layouts (`OVERLAP_RELEASE_LAYOUTS`), another of its layouts."""
+    layout, the storage tier; on a release validated on fewer layouts
+    (`OVERLAP_RELEASE_LAYOUTS`), another of its layouts."""
     from kvcanary_cli.errors import OptionError
 
     others = [
@@ -122,7 +121,6 @@ def _refuse_overlap(
         for flag, given in (
             ("--hicache", hicache and layout != OVERLAP_HICACHE_LAYOUT),
             ("--hicache-storage", hicache_storage),
-            ("--session-radix-cache", session_radix_cache),
         )
         if given
     ]
@@ -130,8 +128,8 @@ def _refuse_overlap(
         what = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
         raise OptionError(
             f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts, "
-            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone, without the storage tier or radix "
-            f"sessions: drop {' and '.join(what + others)}",
+            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone, without the storage tier: "
+            f"drop {' and '.join(what + others)}",
             option="overlap",
         )
     if version is None:
@@ -399,7 +397,6 @@ def soak(
         layout=layout,
         hicache=hicache,
         hicache_storage=hicache_storage,
-        session_radix_cache=session_radix_cache,
     )
     if overlap:
         refused(None)

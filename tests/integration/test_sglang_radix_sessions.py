@@ -1,6 +1,7 @@
 """Radix sessions (`--enable-session-radix-cache`) on SGLang 0.5.23's real stack: soak's swa
 histories under `--session-radix-cache` open client sessions whose finished turns tag the tree
-nodes their inserts ended on, and closing a session drops its tags. A tag holds no row, no
+nodes their inserts ended on, and closing a session drops its tags, under soak's loop and
+SGLang's overlapped one. A tag holds no row, no
 lock and no KV outside the tree (the tagged node is the tree's, evicted last), so kvcanary
 counts nothing of its own for it and stays silent. It still names a close that frees the KV
 of a leaf it alone tagged while the node keeps it, and a tag that locks its path (bench/
@@ -20,12 +21,12 @@ import pytest
 _HISTORY = 0
 
 
-def _soak_history(sglang: Any, **kw: Any) -> Any:
+def _soak_history(sglang: Any, *, overlap: bool = False, **kw: Any) -> Any:
     from kvcanary_cli.soak.command import history_workload
     from kvcanary_cli.soak.run import run_history
     from kvcanary_cli.soak.stack import StackSpec
 
-    workload = history_workload(0, _HISTORY, 1, 1, "swa", radix=True)
+    workload = history_workload(0, _HISTORY, 1, 1, "swa", radix=True, overlap=overlap)
     assert workload.radix_sessions and not workload.streaming_sessions
     return run_history(sglang, StackSpec.pressured(1, "python", "swa"), workload, **kw)
 
@@ -39,9 +40,12 @@ def _full() -> Any:
     return import_module("sglang.srt.mem_cache.unified_cache.components.full").FullComponent
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal-loop", "overlapped-loop"])
 def test_radix_sessions_tag_the_tree_and_soak_stays_silent(
-    sglang: Any, monkeypatch: pytest.MonkeyPatch
+    sglang: Any, monkeypatch: pytest.MonkeyPatch, overlap: bool
 ) -> None:
+    """As a server runs them, under soak's loop or SGLang's overlapped one (`--overlap`:
+    the turn a close meets may be finished by a result still queued)."""
     from kvcanary_cli.capture.tree import radix_session_leaves
 
     cls = _tracker()
@@ -54,8 +58,9 @@ def test_radix_sessions_tag_the_tree_and_soak_stays_silent(
         return release(self, session_id)
 
     monkeypatch.setattr(cls, "release_radix_session", counting)
-    clean = _soak_history(sglang)
+    clean = _soak_history(sglang, overlap=overlap)
     assert clean.failure is None and clean.sglang_counts == {}
+    assert (clean.counters.overlapped > 0) == overlap
     assert clean.counters.sessions_closed == 4 and clean.counters.session_idles > 0
     # each session closed with tags (the scheduler's close, then the controller's: a no-op)
     assert sum(1 for n in tagged_at_close if n > 0) == 4
