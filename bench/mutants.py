@@ -1223,11 +1223,16 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
 )
 #: Mutants soaked again under SGLang's overlapped loop (`--overlap`), named `NAME-overlapped`:
-#: the coarse access stamps that part ranks, and the radix sessions' code, whose close may meet
-#: a turn that a result still queued finishes.
+#: the coarse access stamps that part ranks, the ranks' acks and storage hits not reduced (the
+#: host and storage tiers on ranks), and the radix sessions' code, whose close may meet a turn
+#: that a result still queued finishes.
 AGAIN_OVERLAPPED = (
     "lru-stamp-coarse-tie",
     "lru-stamp-floored-by-one",
+    "write-ack-not-reduced",
+    "write-ack-reduced-twice",
+    "storage-hits-not-reduced",
+    "storage-hits-reduced-twice",
     "radix-close-frees-kv",
     "radix-tag-takes-lock",
     "radix-close-keeps-refs",
@@ -1699,6 +1704,8 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "swa" + OVERLAP),
     ("sglang", "swa" + RANKS + "2" + OVERLAP),
     ("sglang", "swa" + RADIX + OVERLAP),
+    ("sglang", "swa" + HICACHE + "-tp2" + OVERLAP),
+    ("sglang", "swa" + HICACHE + STORAGE + "-tp2" + OVERLAP),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-chunked-local"),

@@ -100,9 +100,16 @@ def running_requests(scheduler: Scheduler, batch: Any) -> list[Any]:
     return list(seen.values())
 
 
-def record_dump(scheduler: Scheduler, batch: Any, path: Path, rank: str | None = None) -> Path:
+def record_dump(
+    scheduler: Scheduler,
+    batch: Any,
+    path: Path,
+    rank: str | None = None,
+    step: int | None = None,
+) -> Path:
     """The state as a format-v1 dump at `path`, recorded by `capture.tree` (with `rank`: as
-    that tensor-parallel rank's)."""
+    that tensor-parallel rank's; with `step`: as that step's, not the scheduler's count, which
+    a finished step has moved on)."""
     stack = scheduler.stack
     tensors, metadata = capture_state(
         req_to_token_pool=stack.req_to_token_pool,
@@ -116,7 +123,7 @@ def record_dump(scheduler: Scheduler, batch: Any, path: Path, rank: str | None =
     metadata.update(
         {
             "sglang.version": stack.modules.tree.version,
-            "step": str(scheduler.step_no),
+            "step": str(scheduler.step_no if step is None else step),
             "note": f"kvcanary soak, seed {scheduler.workload.seed}, core {stack.spec.core}",
         }
     )
@@ -219,13 +226,23 @@ def _build(cls: Any, common: dict[str, Any], **own: Any) -> Any:
 
 
 def _said(name: SGLangCheckName, check: Any) -> list[Said]:
-    """What check `name` raised (its first line), or nothing."""
+    """What check `name` raised, or nothing: its first line, and where that line heads a list
+    (`Sanity check FAILED (3 violations across 78 nodes):`), the list's items after it, for
+    what the check found is in them; `_SAID` characters at most."""
     try:
         check()
     except Exception as exc:  # SGLang's checks raise AssertionError or ValueError
-        text = str(exc).strip().splitlines()
-        return [Said(name, f"{type(exc).__name__}: {text[0] if text else ''}"[:300])]
+        text = str(exc)[: 4 * _SAID]
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [""]
+        said = lines[0]
+        if said.endswith(":") and len(lines) > 1:
+            said += " " + "; ".join(lines[1:])
+        return [Said(name, f"{type(exc).__name__}: {said}"[:_SAID])]
     return []
+
+
+#: The most characters of a check's complaint a report keeps.
+_SAID = 300
 
 
 def audit_step(

@@ -103,33 +103,19 @@ OVERLAP_RELEASE_LAYOUTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _refuse_overlap(
-    version: str | None,
-    layout: str,
-    *,
-    hicache: bool,
-    hicache_storage: bool,
-) -> None:
+def _refuse_overlap(version: str | None, layout: str, *, hicache: bool) -> None:
     """One error line where `--overlap` meets what its model was not validated on: another
-    release (None: not loaded yet, not checked), another layout, the host tier off the swa
-    layout, the storage tier; on a release validated on fewer layouts
+    release (None: not loaded yet, not checked), another layout, the host tier (and the
+    storage tier behind it) off the swa layout; on a release validated on fewer layouts
     (`OVERLAP_RELEASE_LAYOUTS`), another of its layouts."""
     from kvcanary_cli.errors import OptionError
 
-    others = [
-        flag
-        for flag, given in (
-            ("--hicache", hicache and layout != OVERLAP_HICACHE_LAYOUT),
-            ("--hicache-storage", hicache_storage),
-        )
-        if given
-    ]
-    if layout not in OVERLAP_LAYOUTS or others:
-        what = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
+    drop = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
+    drop += ["--hicache"] if hicache and layout != OVERLAP_HICACHE_LAYOUT else []
+    if drop:
         raise OptionError(
             f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts, "
-            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone, without the storage tier: "
-            f"drop {' and '.join(what + others)}",
+            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone: drop {' and '.join(drop)}",
             option="overlap",
         )
     if version is None:
@@ -396,7 +382,6 @@ def soak(
         _refuse_overlap,
         layout=layout,
         hicache=hicache,
-        hicache_storage=hicache_storage,
     )
     if overlap:
         refused(None)

@@ -233,14 +233,22 @@ def run_history(
     states: dict[StatePoint, dict[str, Path]] = {}
     scratch = tempfile.TemporaryDirectory(prefix="kvcanary-soak-tp-") if tp > 1 else None
 
-    def record(rank: _Rank, batch: object, point: StatePoint) -> None:
+    def record(rank: _Rank, batch: object, point: StatePoint, step: int) -> None:
+        """Rank `rank`'s state at `point` of `step` (every rank's of one point as that step's,
+        whether recorded inside the step or after it: `kvcanary ranks` compares one step's)."""
         if scratch is not None:
             path = Path(scratch.name) / f"{point}-{rank.label}.safetensors"
             states.setdefault(point, {})[rank.label] = path
-            record_dump(rank.scheduler, batch, path, rank=rank.label)
+            record_dump(rank.scheduler, batch, path, rank=rank.label, step=step)
 
     def audited(
-        rank: _Rank, batch: object, sglang: SGLangChecks | None, *, idle: bool, when: StatePoint
+        rank: _Rank,
+        batch: object,
+        sglang: SGLangChecks | None,
+        *,
+        idle: bool,
+        when: StatePoint,
+        step: int,
     ) -> Audit:
         own = folder if folder is None or tp == 1 else folder / f"rank-{rank.label}"
         if own is not None:
@@ -254,7 +262,7 @@ def run_history(
             live=rank.live,
             full=mode == "both",
         )
-        record(rank, batch, when)
+        record(rank, batch, when, step)
         verdict.rank = None if tp == 1 else rank.label
         result.checked += verdict.checked
         if mode == "both":
@@ -272,14 +280,15 @@ def run_history(
         def on_plan(batch: object) -> None:
             if found or not audit(rank.scheduler.step_no):
                 return
-            rank.planned.append(audited(rank, batch, None, idle=False, when="plan"))
+            at = rank.scheduler.step_no
+            rank.planned.append(audited(rank, batch, None, idle=False, when="plan", step=at))
             rank.last[:] = rank.planned[-1:]
             result.audited += rank is lead
 
         return on_plan
 
     def idle(rank: _Rank, step: int) -> None:
-        verdict = audited(rank, None, rank.checks, idle=True, when="idle")
+        verdict = audited(rank, None, rank.checks, idle=True, when="idle", step=step)
         verdict.step = step
         result.audited += rank is lead
         result.heard(verdict.step, "idle", verdict.sglang)
@@ -300,7 +309,7 @@ def run_history(
                 else:
                     # and the state the result left (a double free shows on the free list
                     # before the next allocation hands the slot out twice)
-                    after = audited(rank, None, None, idle=False, when="after-result")
+                    after = audited(rank, None, None, idle=False, when="after-result", step=at)
                     after.step, after.mode = at, "after-result"
                     after.sglang = list(verdict.sglang)  # what SGLang said on this step
                     note(rank, after)
@@ -339,7 +348,7 @@ def run_history(
         for i, rank in enumerate(ranks):
             if rank.label not in dumps:
                 with as_rank(i):
-                    record(rank, None, point)
+                    record(rank, None, point, step)
         row = first_divergence([dumps[rank.label] for rank in ranks])
         if row is None:
             return

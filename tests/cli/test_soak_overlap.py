@@ -15,8 +15,7 @@ from kvcanary_cli.cli import app
     ("args", "said"),
     [
         (["--layout", "mamba", "--hicache"], "drop --hicache"),
-        (["--hicache", "--hicache-storage"], "drop --hicache-storage"),
-        (["--layout", "mamba", "--hicache", "--hicache-storage"], "drop --hicache and --hicache-"),
+        (["--layout", "mamba", "--hicache", "--hicache-storage"], "drop --hicache"),
         (["--engine", "vllm"], "SGLang's overlapped loop only"),
         (["--replay", "soak-reproducer.json"], "scheduler loop from the reproducer"),
     ],
@@ -35,12 +34,13 @@ def test_overlap_where_it_was_not_validated_is_one_error_line(args: list[str], s
         ["--hicache"],
         ["--tp", "2"],
         ["--session-radix-cache"],
+        ["--hicache", "--hicache-storage"],
     ],
 )
 def test_overlap_passes_where_it_was_validated(args: list[str], tmp_path: Path) -> None:
-    """Unified memory, the Mamba layouts, the host tier (on the swa layout), several ranks and
-    radix sessions were validated under the overlapped loop: no refusal; the run goes on to
-    load its SGLang (here a missing one)."""
+    """Unified memory, the Mamba layouts, the host tier (on the swa layout) and the storage
+    tier behind it, several ranks and radix sessions were validated under the overlapped
+    loop: no refusal; the run goes on to load its SGLang (here a missing one)."""
     missing = tmp_path / "no-sglang"
     result = CliRunner().invoke(app, ["soak", "--overlap", *args, "--sglang-tree", str(missing)])
     assert result.exit_code == 2, result.output
@@ -53,7 +53,7 @@ def test_another_release_is_refused_once_loaded() -> None:
     from kvcanary_cli.soak.command import _refuse_overlap
 
     def refused(version: str | None) -> None:
-        _refuse_overlap(version, "swa", hicache=False, hicache_storage=False)
+        _refuse_overlap(version, "swa", hicache=False)
 
     for version in ("0.5.23", "0.5.22", "0.5.21", "0.5.20", None):  # None: not loaded yet
         refused(version)
@@ -76,7 +76,6 @@ def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: li
             version,
             layout,
             hicache=hicache,
-            hicache_storage=False,
         )
 
     for layout in OVERLAP_LAYOUTS:
@@ -109,10 +108,10 @@ def test_the_validated_layouts_are_taken(layout: str) -> None:
     from kvcanary_cli.soak.command import _refuse_overlap
 
     for version in (None, "0.5.22", "0.5.23"):
-        _refuse_overlap(version, layout, hicache=False, hicache_storage=False)
+        _refuse_overlap(version, layout, hicache=False)
     if layout != "swa":
         with pytest.raises(OptionError, match="drop --hicache$"):
-            _refuse_overlap(None, layout, hicache=True, hicache_storage=False)
+            _refuse_overlap(None, layout, hicache=True)
 
 
 def test_overlapped_extra_buffer_histories_run_the_lazy_strategy_in_two_of_four() -> None:

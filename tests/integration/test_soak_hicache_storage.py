@@ -63,6 +63,24 @@ def test_a_history_with_the_storage_tier_runs_clean_and_leaves_no_folder(
     assert threading.active_count() == before
 
 
+def test_the_storage_tier_under_the_overlapped_loop_runs_clean(modules: Any) -> None:
+    """Under SGLang's overlapped loop (`--overlap`) the storage tier's calls come at the points
+    of a step they come at without it (a request's prefetch as it arrives, its progress asked
+    as a prefill is chosen, the backups after the host tier's acks), the last batch's result
+    still queued: a history asks storage, loads from it and runs clean."""
+    from kvcanary_cli.soak.command import history_workload
+    from kvcanary_cli.soak.run import run_history
+    from kvcanary_cli.soak.stack import StackSpec
+
+    workload = history_workload(0, 3, 1, 1, hicache=True, storage=True, overlap=True)
+    result = run_history(modules, StackSpec.pressured(1, "python"), workload, max_steps=80)
+    assert result.failure is None, result.failure
+    assert result.sglang_step is None, result.sglang_first
+    counters = result.counters
+    assert counters.overlapped > 0 and counters.finishing_inflight > 0
+    assert counters.storage_asks > 0 and counters.storage_loads > 0
+
+
 @pytest.mark.slow
 def test_a_storage_ack_that_frees_its_nodes_host_copy_is_named(modules: Any) -> None:
     """The fault (`storage-ack-frees-host`): a backup's ack to storage frees the host pages

@@ -108,6 +108,33 @@ def test_overlapped_ranks_hold_the_same_state_and_a_parting_one_is_named(
     assert (failure.rank, failure.mode) == ("1", "plan")
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal-loop", "overlapped-loop"])
+def test_a_rank_without_the_batch_rank_0_plans_is_compared_at_that_step(
+    modules: Any, monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """Rank 1 chooses no batch at step 10, where rank 0 plans one: rank 1's state, recorded
+    as it stands once its step is over, is compared as that step's, and the parting is the
+    failure (it was an error: `ranks` refused the dumps of two steps)."""
+    from kvcanary_cli.soak import driver
+
+    made: list[Any] = []
+    start, choose = driver.Scheduler.__init__, driver.Scheduler._next_batch
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        start(self, *args, **kwargs)
+        made.append(self)
+
+    def next_batch(self: Any, info: Any) -> Any:
+        skipped = self is made[1] and self.step_no == 10
+        return None if skipped else choose(self, info)
+
+    monkeypatch.setattr(driver.Scheduler, "__init__", init)
+    monkeypatch.setattr(driver.Scheduler, "_next_batch", next_batch)
+    failure = _run(modules, overlap=overlap).failure
+    assert failure is not None and failure.divergence is not None, failure
+    assert (failure.rank, failure.step, failure.mode) == ("1", 10, "plan")
+
+
 def test_the_parted_ranks_dumps_give_ranks_the_same_divergence(
     modules: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
