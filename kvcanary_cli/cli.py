@@ -435,8 +435,7 @@ command(
     ),
     overlap=Opt(
         "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
-        "non-overlapped one (SGLang 0.5.20 to 0.5.23; 0.5.20 without --layout unified; "
-        "--hicache, and --hicache-storage behind it, on the swa layout alone).",
+        "non-overlapped one (SGLang 0.5.20 to 0.5.23; 0.5.20 without --layout unified).",
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),

@@ -83,39 +83,32 @@ RANK_REPLAYS = 3
 #: The releases whose overlapped loop soak models (`--overlap`, `soak.driver`: one loop, whose
 #: decode on 0.5.22 on leaves out the requests its queued result finishes by length,
 #: `_reqs_finishing_inflight`, and on 0.5.20 - 0.5.21 allocates for them too:
-#: `calls.skips_finishing_decode`), the layouts it was validated on there (unified memory with
-#: its compaction at the sync boundary; the Mamba ones with the decode result's overlapped
-#: track masks and the lazy extra buffer), and the one layout the host tier was validated on
-#: under it, on every one of those releases: another release's loop, or another layout's
-#: memory paths under it, may differ in ways the model does not follow.
+#: `calls.skips_finishing_decode`), and the layouts it was validated on there (unified memory
+#: with its compaction at the sync boundary; the Mamba ones with the decode result's
+#: overlapped track masks and the lazy extra buffer; each with the host tier where it runs):
+#: another release's loop, or another layout's memory paths under it, may differ in ways the
+#: model does not follow.
 OVERLAP_RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 OVERLAP_LAYOUTS = ("swa", "unified", "mamba", "mamba-extra")
-OVERLAP_HICACHE_LAYOUT = "swa"
 #: The releases validated under the overlapped loop on fewer layouts than `OVERLAP_LAYOUTS`:
-#: those layouts (the host tier on `OVERLAP_HICACHE_LAYOUT` among them, as on 0.5.22 and
-#: 0.5.23: 0.5.20 and 0.5.21's host tier makes the same calls at the same points of the loop,
-#: docs/soak.md). 0.5.20's unified memory is left out:
-#: its busy check prices the free room in another view than the allocator's (a leak reported
-#: on correct states, overlapped or not; docs/soak.md)
+#: those layouts. 0.5.20's unified memory is left out: its busy check prices the free room in
+#: another view than the allocator's (a leak reported on correct states, overlapped or not;
+#: docs/soak.md)
 OVERLAP_RELEASE_LAYOUTS: dict[str, tuple[str, ...]] = {
     "0.5.20": ("swa", "mamba", "mamba-extra"),
-    "0.5.21": ("swa", "unified", "mamba", "mamba-extra"),
 }
 
 
-def _refuse_overlap(version: str | None, layout: str, *, hicache: bool) -> None:
+def _refuse_overlap(version: str | None, layout: str) -> None:
     """One error line where `--overlap` meets what its model was not validated on: another
-    release (None: not loaded yet, not checked), another layout, the host tier (and the
-    storage tier behind it) off the swa layout; on a release validated on fewer layouts
-    (`OVERLAP_RELEASE_LAYOUTS`), another of its layouts."""
+    release (None: not loaded yet, not checked), another layout; on a release validated on
+    fewer layouts (`OVERLAP_RELEASE_LAYOUTS`), another of its layouts."""
     from kvcanary_cli.errors import OptionError
 
-    drop = [f"--layout {layout}"] if layout not in OVERLAP_LAYOUTS else []
-    drop += ["--hicache"] if hicache and layout != OVERLAP_HICACHE_LAYOUT else []
-    if drop:
+    if layout not in OVERLAP_LAYOUTS:
         raise OptionError(
-            f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts, "
-            f"the host tier on {OVERLAP_HICACHE_LAYOUT} alone: drop {' and '.join(drop)}",
+            f"models SGLang's overlapped loop on the {', '.join(OVERLAP_LAYOUTS)} layouts: "
+            f"drop --layout {layout}",
             option="overlap",
         )
     if version is None:
@@ -126,7 +119,7 @@ def _refuse_overlap(version: str | None, layout: str, *, hicache: bool) -> None:
             f"{', '.join(OVERLAP_RELEASES)}, not SGLang {version}'s: run it on one of those",
             option="overlap",
         )
-    if not _overlap_modelled(version, layout, hicache):
+    if not _overlap_modelled(version, layout):
         layouts = OVERLAP_RELEASE_LAYOUTS[version]
         raise OptionError(
             f"models SGLang {version}'s overlapped loop on the {', '.join(layouts)} layouts "
@@ -135,11 +128,10 @@ def _refuse_overlap(version: str | None, layout: str, *, hicache: bool) -> None:
         )
 
 
-def _overlap_modelled(version: str, layout: str, hicache: bool) -> bool:
-    """Whether soak models release `version`'s overlapped loop on `layout` (with the host
-    tier: `hicache`, on `OVERLAP_HICACHE_LAYOUT` alone), the options' own limits aside
-    (`_refuse_overlap`)."""
-    if version not in OVERLAP_RELEASES or (hicache and layout != OVERLAP_HICACHE_LAYOUT):
+def _overlap_modelled(version: str, layout: str) -> bool:
+    """Whether soak models release `version`'s overlapped loop on `layout`, the options' own
+    limits aside (`_refuse_overlap`)."""
+    if version not in OVERLAP_RELEASES:
         return False
     layouts = OVERLAP_RELEASE_LAYOUTS.get(version)
     return layouts is None or layout in layouts
@@ -327,8 +319,7 @@ def soak(
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
     compared at every audited step (`soak.tp`); with `overlap`, under SGLang's overlapped
-    loop (0.5.20 - 0.5.23: every layout but 0.5.20's unified memory, the host tier on swa;
-    `_refuse_overlap`).
+    loop (0.5.20 - 0.5.23: every layout but 0.5.20's unified memory; `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__
@@ -378,11 +369,7 @@ def soak(
             "runs SGLang's storage tier behind its host tier: add --hicache",
             option="hicache_storage",
         )
-    refused = partial(
-        _refuse_overlap,
-        layout=layout,
-        hicache=hicache,
-    )
+    refused = partial(_refuse_overlap, layout=layout)
     if overlap:
         refused(None)
     check_out(out, force=force)
@@ -779,12 +766,10 @@ def replay(*, reproducer: Path, sglang_tree: str | None, timings: bool = False) 
 
     spec, workload, fault, recorded, release, tp, recorded_environment = read_reproducer(reproducer)
     modules = load_sglang(sglang_tree)
-    hicache = workload.hicache_write_policy is not None
-    if workload.overlap and not _overlap_modelled(modules.tree.version, spec.layout, hicache):
-        where = f"the {spec.layout} layout{' with the host tier' if hicache else ''}"
+    if workload.overlap and not _overlap_modelled(modules.tree.version, spec.layout):
         raise OptionError(
-            f"the reproducer's history ran SGLang's overlapped loop on {where}, which soak "
-            f"does not model on SGLang {modules.tree.version}",
+            f"the reproducer's history ran SGLang's overlapped loop on the {spec.layout} "
+            f"layout, which soak does not model on SGLang {modules.tree.version}",
             option="replay",
         )
     if spec.core not in modules.cores:

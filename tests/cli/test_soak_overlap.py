@@ -14,8 +14,6 @@ from kvcanary_cli.cli import app
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--layout", "mamba", "--hicache"], "drop --hicache"),
-        (["--layout", "mamba", "--hicache", "--hicache-storage"], "drop --hicache"),
         (["--engine", "vllm"], "SGLang's overlapped loop only"),
         (["--replay", "soak-reproducer.json"], "scheduler loop from the reproducer"),
     ],
@@ -32,13 +30,15 @@ def test_overlap_where_it_was_not_validated_is_one_error_line(args: list[str], s
         ["--layout", "unified"],
         ["--layout", "mamba-extra"],
         ["--hicache"],
+        ["--layout", "mamba", "--hicache"],
+        ["--layout", "mamba-extra", "--hicache"],
         ["--tp", "2"],
         ["--session-radix-cache"],
         ["--hicache", "--hicache-storage"],
     ],
 )
 def test_overlap_passes_where_it_was_validated(args: list[str], tmp_path: Path) -> None:
-    """Unified memory, the Mamba layouts, the host tier (on the swa layout) and the storage
+    """Unified memory, the Mamba layouts, the host tier (wherever it runs) and the storage
     tier behind it, several ranks and radix sessions were validated under the overlapped
     loop: no refusal; the run goes on to load its SGLang (here a missing one)."""
     missing = tmp_path / "no-sglang"
@@ -52,66 +52,35 @@ def test_another_release_is_refused_once_loaded() -> None:
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.soak.command import _refuse_overlap
 
-    def refused(version: str | None) -> None:
-        _refuse_overlap(version, "swa", hicache=False)
-
     for version in ("0.5.23", "0.5.22", "0.5.21", "0.5.20", None):  # None: not loaded yet
-        refused(version)
+        _refuse_overlap(version, "swa")
     with pytest.raises(OptionError, match=r"of SGLang 0\.5\.20, .*0\.5\.23, not SGLang 0\.5\.19"):
-        refused("0.5.19")
+        _refuse_overlap("0.5.19", "swa")
+    with pytest.raises(OptionError, match="drop --layout paged$"):
+        _refuse_overlap(None, "paged")
 
 
 @pytest.mark.parametrize(("version", "refused"), [("0.5.21", []), ("0.5.20", ["unified"])])
 def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: list[str]) -> None:
-    """0.5.20 and 0.5.21's loop (no `_reqs_finishing_inflight`) was validated with the host
-    tier on the swa layout (as 0.5.22's), and 0.5.20's without unified memory (its busy
+    """0.5.20 and 0.5.21's loop (no `_reqs_finishing_inflight`) was validated on every layout
+    (the host tier on each it runs on, as 0.5.22's), but 0.5.20's unified memory (its busy
     check reads a leak on correct states): that layout is refused once the release is known,
     in one line naming what to drop; a reproducer of it is refused on replay too
-    (`_overlap_modelled`), as is the host tier off the swa layout on every release."""
+    (`_overlap_modelled`)."""
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.soak.command import OVERLAP_LAYOUTS, _overlap_modelled, _refuse_overlap
 
-    def refuse(layout: str, hicache: bool = False) -> None:
-        _refuse_overlap(
-            version,
-            layout,
-            hicache=hicache,
-        )
-
     for layout in OVERLAP_LAYOUTS:
-        assert _overlap_modelled(version, layout, hicache=False) == (layout not in refused)
+        assert _overlap_modelled(version, layout) == (layout not in refused)
         if layout not in refused:
-            refuse(layout)
+            _refuse_overlap(version, layout)
             continue
         with pytest.raises(OptionError, match=f"drop --layout {layout}$") as raised:
-            refuse(layout)
+            _refuse_overlap(version, layout)
         assert "\n" not in str(raised.value) and f"SGLang {version}'s" in str(raised.value)
-    assert _overlap_modelled(version, "swa", hicache=True)
-    refuse("swa", hicache=True)
-    for layout in OVERLAP_LAYOUTS[1:]:
-        assert not _overlap_modelled(version, layout, hicache=True)
-        with pytest.raises(OptionError, match="drop --hicache$"):
-            refuse(layout, hicache=True)
     for newer in ("0.5.22", "0.5.23"):
-        assert _overlap_modelled(newer, "unified", hicache=False)
-        assert _overlap_modelled(newer, "swa", hicache=True)
-        assert not _overlap_modelled(newer, "mamba", hicache=True)
-    assert not _overlap_modelled("0.5.19", "swa", hicache=False)
-
-
-@pytest.mark.parametrize("layout", ["swa", "unified", "mamba", "mamba-extra"])
-def test_the_validated_layouts_are_taken(layout: str) -> None:
-    """Every layout runs overlapped (the Mamba ones with the overlapped decode result's track
-    masks and the lazy extra buffer, unified memory with its compaction at the sync
-    boundary); the host tier on the swa layout alone."""
-    from kvcanary_cli.errors import OptionError
-    from kvcanary_cli.soak.command import _refuse_overlap
-
-    for version in (None, "0.5.22", "0.5.23"):
-        _refuse_overlap(version, layout, hicache=False)
-    if layout != "swa":
-        with pytest.raises(OptionError, match="drop --hicache$"):
-            _refuse_overlap(None, layout, hicache=True)
+        assert all(_overlap_modelled(newer, layout) for layout in OVERLAP_LAYOUTS)
+    assert not _overlap_modelled("0.5.19", "swa")
 
 
 def test_overlapped_extra_buffer_histories_run_the_lazy_strategy_in_two_of_four() -> None:

@@ -167,6 +167,23 @@ def test_overlapped_host_tier_is_clean_and_loads_back_under_a_batch_in_flight(
     assert totals["host_loads"] > 0 and totals["sync_flushes"] == 0
 
 
+def test_the_mamba_host_tier_overlapped_is_clean_and_a_freed_state_is_named(
+    sglang: Any,
+) -> None:
+    """The host tier on the Mamba extra buffer under the overlapped loop (soak's second
+    `mamba-extra` history: SGLang's lazy strategy, its boundary slots taken and freed), the
+    Mamba states backed up and loaded back while the last batch's result is queued: silent
+    on both sides; a tree's Mamba state freed while its node holds it is named."""
+    clean = _history(sglang, 1, "mamba-extra", hicache=True)
+    assert clean.failure is None and clean.fallbacks == 0, clean.failure
+    assert clean.sglang_counts == {}, clean.sglang_first
+    counters = clean.counters
+    assert counters.overlapped > 100 and counters.host_loads > 0 and counters.lazy_preallocs > 0
+    freed = _history(sglang, 0, "mamba-extra", hicache=True, fault="tree-mamba-slot-freed")
+    assert freed.failure is not None, "the freed Mamba state was not found"
+    assert freed.failure.top_cause == "mamba-slot-freed-while-held"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("layout", "fault", "cause"),
