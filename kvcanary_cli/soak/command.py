@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
@@ -369,13 +368,12 @@ def soak(
             "runs SGLang's storage tier behind its host tier: add --hicache",
             option="hicache_storage",
         )
-    refused = partial(_refuse_overlap, layout=layout)
     if overlap:
-        refused(None)
+        _refuse_overlap(None, layout)
     check_out(out, force=force)
     modules = load_sglang(sglang_tree)
     if overlap:
-        refused(modules.tree.version)
+        _refuse_overlap(modules.tree.version, layout)
     if hicache_storage:
         from kvcanary_cli.soak.storage import has_storage
 
