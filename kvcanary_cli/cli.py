@@ -379,10 +379,10 @@ command(
     option drives the engine: docs/soak.md.
 
     kvcanary checks a dump of every step and SGLang's own checks run on the same steps; on
-    kvcanary's first finding (or SGLang's crash) the dump, the workload (seed, step) and a
-    shrunk workload that still fails go to --out (checked before the soak: --force to replace
-    earlier files). The report says what each side saw over the whole run, and who first.
-    --replay runs a reproducer's workload again and says whether its finding came back.
+    kvcanary's first finding (SGLang's crash; else SGLang's first complaint) the dump, the
+    workload and a shrunk workload that still fails go to --out (checked first: --force to
+    replace earlier files). The report says what each side saw, and who first. --replay runs a
+    reproducer's workload again and says whether what it recorded came back.
     Exit 0 clean, 1 found (by kvcanary, SGLang's checks, or an SGLang crash), 2 bad input
     (not an SGLang tree, no kv canary, a missing dependency, an --out it may not write).
     """,

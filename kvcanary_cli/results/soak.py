@@ -270,11 +270,12 @@ class SoakReport:
     #: who saw a fault first; null when neither kvcanary nor SGLang saw one
     seen: FirstSeen | None = None
     #: the files written to --out, by kind: dump, shrunk_dump, workload, reproducer (below),
-    #: and with ranks that parted reference_dump (rank 0's state beside dump's); {} when no
-    #: history failed
+    #: and with ranks that parted reference_dump (rank 0's state beside dump's); where no
+    #: history failed, those of the first SGLang's checks complained in (the state its first
+    #: check complained of); {} when none failed and SGLang's checks were silent
     files: dict[SoakFile, str] = field(default_factory=dict)
-    #: [requests in the failing workload, requests in the shrunk one]; null when no history
-    #: failed
+    #: [requests in the failing (or first complained-of) workload, requests in the shrunk
+    #: one]; null when nothing was kept
     shrunk_arrivals: tuple[int, int] | None = None
     #: --replay: the reproducer replayed (one history, no files written); null for a soak
     replay: SoakReplay | None = None

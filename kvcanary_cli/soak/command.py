@@ -6,8 +6,9 @@ install has. On kvcanary's first finding, or SGLang's crash: the dump of that st
 of the last state audited before it), the workload with its seed and step, and a shrunk
 workload that still fails the same way go to `--out`. What SGLang's own checks say never stops
 a soak: the report counts every complaint per check over the whole run, keeps the first few,
-and says who saw a fault first. Importing this module costs only the standard library: SGLang
-and torch load when a soak runs.
+and says who saw a fault first; where only they complained, the first history they complained
+in is kept as a finding is (`_keep_complaint`). Importing this module costs only the standard
+library: SGLang and torch load when a soak runs.
 """
 
 from __future__ import annotations
@@ -432,6 +433,8 @@ def soak(
     started = time.monotonic()
     histories = steps_run = audited = acted = 0
     failed: tuple[Any, Any, Any] | None = None  # the spec, the workload, the audit
+    #: the first history only SGLang's checks complained in: its spec, workload, first check
+    complained: tuple[Any, Any, SGLangCheckName] | None = None
     heard: dict[SGLangCheckName, _Heard] = {}
     seen: FirstSeen | None = None  # the failing history's, else the first SGLang complained in
     while steps_run < steps and failed is None:
@@ -463,6 +466,8 @@ def soak(
         _hear(heard, result, spec, workload.seed)
         if result.failure is not None:
             failed = (spec, workload, result.failure)
+        elif complained is None and result.sglang_counts:
+            complained = (spec, workload, next(iter(result.sglang_counts)))
         if result.failure is not None or (seen is None and result.sglang_step is not None):
             seen = _seen(result, spec, workload.seed)
     report = SoakReport(
@@ -487,6 +492,8 @@ def soak(
     )
     if failed is not None:
         report = _keep_finding(report, modules, *failed, fault, out, force, tp)
+    elif complained is not None:
+        report = _keep_complaint(report, modules, *complained, fault, out, force, tp)
     if timings:
         report = replace(report, seconds=round(time.monotonic() - started, 2))
     if core is None:  # a tree core the default would have soaked too, once the run went well
@@ -570,9 +577,6 @@ def _keep_finding(
         return again.failure is not None and again.failure.key == key
 
     shrunk = shrink_workload(workload, fails)
-    # SGLang's retraction test switch, on: the reproducer records it for its replay
-    on = retract_switch_environment(modules)
-    switches = {"environment": on} if on else {}
     contents: dict[SoakFile, Path | bytes] = {}
     dumps: dict[SoakFile, Any] = {"dump": workload, "shrunk_dump": shrunk}
     workloads: dict[SoakFile, tuple[Any, SoakFailure]] = {"workload": (workload, found)}
@@ -595,16 +599,7 @@ def _keep_finding(
                 workloads["reproducer"] = (shrunk, _failure(spec, shrunk, again.failure, fault))
         workloads.setdefault("reproducer", (shrunk, found))
         for name, (chosen, failed) in workloads.items():
-            body = json.loads(chosen.to_json())
-            meta = {
-                "spec": asdict(spec),
-                **asdict(failed),
-                "sglang_version": modules.tree.version,
-                "tp": tp,
-                **switches,
-                "workload": body,
-            }
-            contents[name] = (json.dumps(meta, indent=1) + "\n").encode()
+            contents[name] = _workload_file(modules, spec, chosen, asdict(failed), tp)
         files = write_outputs(out, contents, force=force)
     return replace(
         report,
@@ -612,6 +607,76 @@ def _keep_finding(
         files=files,
         shrunk_arrivals=(len(workload.arrivals), len(shrunk.arrivals)),
     )
+
+
+def _keep_complaint(
+    report: SoakReport,
+    modules: Any,
+    spec: Any,
+    workload: Any,
+    check: SGLangCheckName,
+    fault: str | None,
+    out: Path,
+    force: bool,
+    tp: int = 1,
+) -> SoakReport:
+    """Only SGLang's `check` complained in this history, kvcanary silent: keep it as a finding
+    is kept. The workload shrunk while that check still complains with kvcanary silent, the
+    state it first complained of in each (for `kvcanary leak MESSAGE DUMP`: a real leak, or
+    the check's count wrong), and the two workload files (`sglang_check`: `--replay` says
+    whether the complaint comes back)."""
+    from kvcanary_cli.soak.outputs import restamp_step, scratch, write_outputs
+    from kvcanary_cli.soak.run import run_history, shrink_workload
+
+    def heard(candidate: Any, folder: Path | None = None) -> Any:
+        again = run_history(
+            modules, spec, candidate, fault=fault, folder=folder, tp=tp, until_heard=check
+        )
+        return again.heard_state if again.failure is None else None
+
+    shrunk = shrink_workload(workload, lambda candidate: heard(candidate) is not None)
+    contents: dict[SoakFile, Path | bytes] = {}
+    chosen: dict[SoakFile, tuple[SoakFile, Any]] = {
+        "dump": ("workload", workload),
+        "shrunk_dump": ("reproducer", shrunk),
+    }
+    with scratch() as folder:
+        for name, (file, history) in chosen.items():
+            (folder / name).mkdir()
+            state = heard(history, folder / name)
+            if state is None:  # not again (a history is seeded: never seen)
+                continue
+            if state.dump is not None:
+                contents[name] = _failing_steps_dump(state, restamp_step)
+            said = next(one for one in state.sglang if one.check == check)
+            record = {
+                **asdict(_failure(spec, history, state, fault)),
+                "sglang_check": check,
+                "sglang_message": said.message,
+            }
+            contents[file] = _workload_file(modules, spec, history, record, tp)
+        files = write_outputs(out, contents, force=force)
+    return replace(
+        report, files=files, shrunk_arrivals=(len(workload.arrivals), len(shrunk.arrivals))
+    )
+
+
+def _workload_file(
+    modules: Any, spec: Any, workload: Any, record: dict[str, Any], tp: int
+) -> bytes:
+    """A workload file (`soak-workload.json`, `soak-reproducer.json`): the stack, what the
+    history found (`record`), the release, the ranks, SGLang's retraction test switch where
+    it was on (the replay sets it again), and the workload."""
+    on = retract_switch_environment(modules)
+    meta = {
+        "spec": asdict(spec),
+        **record,
+        "sglang_version": modules.tree.version,
+        "tp": tp,
+        **({"environment": on} if on else {}),
+        "workload": json.loads(workload.to_json()),
+    }
+    return (json.dumps(meta, indent=1) + "\n").encode()
 
 
 def _failing_steps_dump(failure: Any, restamp: Callable[[Path, int], Path]) -> Path:

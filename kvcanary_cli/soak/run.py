@@ -112,6 +112,9 @@ class HistoryResult:
     verdicts: list[Verdict] = field(default_factory=list)
     #: times the planted fault did its wrong thing (`Stack.fault_acted`)
     fault_acted: int = 0
+    #: with `until_heard`: the audit of the state that check first complained of (its dump
+    #: recorded where the history had a folder); None: it never did
+    heard_state: Audit | None = None
 
     def heard(self, step: int, when: CheckPoint, said: list[Said]) -> None:
         """Count what SGLang's checks said at `step`, keeping the first few per check."""
@@ -192,6 +195,7 @@ def run_history(
     max_steps: int | None = None,
     mode: AuditMode = "live",
     tp: int = 1,
+    until_heard: SGLangCheckName | None = None,
 ) -> HistoryResult:
     """Run `workload`; audit each step `audit(step)` picks (at plan time, and at idle).
 
@@ -203,8 +207,9 @@ def run_history(
     (`tp_group.RanksParted`: a server's ranks would hang there).
 
     It ends when the workload is served, at the first step kvcanary flags or SGLang crashes
-    at, or after `max_steps` steps (what is left of soak's budget); never past the workload's
-    steps * 4 + 64, time enough to drain."""
+    at (or, with `until_heard`, that check of SGLang's complains at: `heard_state`), or after
+    `max_steps` steps (what is left of soak's budget); never past the workload's steps * 4 +
+    64, time enough to drain."""
     counters = RankGlobals(tp) if tp > 1 else None
 
     def as_rank(i: int) -> AbstractContextManager[None]:
@@ -275,6 +280,8 @@ def run_history(
         rank.last[:] = [verdict]
         if verdict.kvcanary_found:
             found.append(verdict)
+        elif result.heard_state is None and any(s.check == until_heard for s in verdict.sglang):
+            result.heard_state = verdict  # the state SGLang's check complained of
 
     def planner(rank: _Rank) -> Callable[[object], None]:
         def on_plan(batch: object) -> None:
@@ -367,7 +374,7 @@ def run_history(
         limit = workload.steps * 4 + 64
         if max_steps is not None:
             limit = min(limit, max_steps)
-        while not found and lead.scheduler.step_no < limit:
+        while not found and result.heard_state is None and lead.scheduler.step_no < limit:
             at = lead.scheduler.step_no
             states.clear()
             infos: list[StepInfo] = []
@@ -393,6 +400,7 @@ def run_history(
         final = max(lead.scheduler.step_no - 1, 0)  # the state the last step left, once
         if (
             not found
+            and result.heard_state is None
             and lead.scheduler.done
             and not (lead.last and (lead.last[0].step, lead.last[0].mode) == (final, "idle"))
         ):

@@ -55,6 +55,16 @@ class FakeSGLang:
     #: the workloads the histories ran, and their page sizes
     workloads: list[Workload] = field(default_factory=list)
     page_sizes: list[int] = field(default_factory=list)
+    #: histories run until SGLang's check complained (to keep a complaint's files)
+    heard_runs: int = 0
+
+
+def _safetensors(path: Path, workload: Workload) -> Path:
+    """A stand-in state: a valid safetensors file of no tensors, its metadata the arrivals."""
+    header = json.dumps({"__metadata__": {"arrivals": str(len(workload.arrivals))}}).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    return path
 
 
 @pytest.fixture
@@ -90,6 +100,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
         fault: str | None = None,
         folder: Path | None = None,
         max_steps: int | None = None,
+        until_heard: str | None = None,
         **_: object,
     ) -> soak_run.HistoryResult:
         steps = workload.steps if max_steps is None else min(workload.steps, max_steps)
@@ -104,6 +115,11 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
             fault_acted=0 if fault is None else state.acts,
         )
         result.heard(steps - 1, "idle", said)
+        if until_heard is not None and said and workload.arrivals:
+            state.heard_runs += 1
+            result.heard_state = Audit(step=steps - 1, mode="idle", sglang=said)
+            if folder is not None:
+                result.heard_state.dump = _safetensors(folder / "state.safetensors", workload)
         capped = workload.mamba_max_states_per_path is not None
         if state.finds and workload.arrivals and (capped or not state.finds_capped):
             failure = Audit(step=steps, mode="plan", codes=["free-list-duplicate"])
@@ -389,9 +405,10 @@ def test_a_clean_record_matches_its_declaration(fake: FakeSGLang, tmp_path: Path
 def test_sglang_complaining_alone_is_a_finding_said_beside_kvcanarys_nothing(
     fake: FakeSGLang, tmp_path: Path
 ) -> None:
-    """Every history: kvcanary finds nothing, SGLang's row check complains. Exit 1 with no
-    file (nothing of kvcanary's to keep), every complaint counted, the first 3 kept, and each
-    view says what SGLang said and "kvcanary: nothing"."""
+    """Every history: kvcanary finds nothing, SGLang's row check complains. Exit 1, every
+    complaint counted, the first 3 kept, and each view says what SGLang said and "kvcanary:
+    nothing". The first history's complaint is kept as a finding is: the state it was said
+    of, and the workload shrunk while the check still complains, which `--replay` runs."""
     from kvcanary_cli.results.soak import SoakReport
     from tests.render.md_tables import tables
     from tests.render.record_schema import validate
@@ -402,19 +419,34 @@ def test_sglang_complaining_alone_is_a_finding_said_beside_kvcanarys_nothing(
     assert code == 1, err
     record = json.loads(text)
     assert validate(record, SoakReport) == []
-    assert not (tmp_path / "o").exists()
+    assert sorted(Path(p).name for p in record["files"].values()) == sorted(OUTPUTS)
+    assert record["failure"] is None and record["shrunk_arrivals"][1] == 1
+    assert fake.heard_runs > 2  # the shrink ran histories until the check complained
+    kept = json.loads((tmp_path / "o" / "soak-reproducer.json").read_text())
+    assert (kept["sglang_check"], kept["sglang_message"]) == ("_check_req_pool", fake.said[0])
+    assert (kept["codes"], kept["top_cause"], kept["when"]) == ([], None, "idle")
+    assert len(kept["workload"]["arrivals"]) == 1
+    first = json.loads((tmp_path / "o" / "soak-workload.json").read_text())
+    assert first["seed"] == record["sglang_checks"][0]["first"][0]["seed"]
+    dump = (tmp_path / "o" / "soak-shrunk-dump.safetensors").read_bytes()
+    assert b'"arrivals":"1"' in dump and b'"step":"' in dump  # the state it was said of
+    code, replayed, err = _report("--replay", str(tmp_path / "o" / "soak-reproducer.json"))
+    assert code == 1, err
+    again = json.loads(replayed)["replay"]
+    assert (again["recorded"], again["reproduced"]) == ("sglang _check_req_pool", True)
     assert record["found"] and record["sglang_found"] and not record["kvcanary_found"]
     [check] = record["sglang_checks"]
     assert (check["check"], check["steps"], check["histories"]) == ("_check_req_pool", 5, 5)
     assert [said["seed"] for said in check["first"]] == [0, 1, 2]  # bounded: the first 3
     assert check["first"][0]["message"] == fake.said[0]
     assert record["seen"]["first"] == "sglang" and record["seen"]["lead"] is None
-    code, table, err = soak("--out", str(tmp_path / "o"), "--steps", "400")
+    code, table, err = soak("--out", str(tmp_path / "t"), "--steps", "400")
     assert code == 1, err
     assert "kvcanary: nothing" in table and "silent" not in table
+    assert "shrunk the workload from" in table and "soak-reproducer.json" in table
     assert "_check_req_pool: 5 audited steps in 5 histories" in table
     assert table.count("req_to_token_pool memory leak detected!") == 3
-    code, markdown, err = soak("--out", str(tmp_path / "o"), "--format", "markdown")
+    code, markdown, err = soak("--out", str(tmp_path / "m"), "--format", "markdown")
     assert code == 1, err
     assert markdown.startswith("## kvcanary soak: SGLang's checks complained; kvcanary: nothing")
     [(_, header, rows)] = tables(markdown)

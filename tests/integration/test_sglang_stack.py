@@ -277,6 +277,15 @@ def _soak(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _cli(*args: str) -> Any:
+    """A `kvcanary` command in this process."""
+    from typer.testing import CliRunner
+
+    from kvcanary_cli.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
 def _soak_here(*args: str) -> tuple[int, str, str]:
     """`kvcanary soak` in this process (SGLang is imported once per session; a refusal before
     any import needs no process of its own)."""
@@ -534,7 +543,10 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
 ) -> None:
     """SGLang's `_check_req_pool` complains at idle (its session count is off by one: a
     session holds no row here) and kvcanary, whose rows all add up, sees nothing. The soak
-    runs its whole budget, exits 1, and says what SGLang said beside "kvcanary: nothing"."""
+    runs its whole budget, exits 1, and says what SGLang said beside "kvcanary: nothing".
+    It keeps the first complaint: the state it was said of, where `kvcanary check` finds
+    every row free or held (the count is the check's error), and a reproducer that replays
+    it."""
     from importlib import import_module
 
     observer = import_module(
@@ -545,8 +557,20 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
     code, out, err = _soak_here(*args, "--format", "json")
     assert code == 1, out + err
     record = json.loads(out)
-    assert record["failure"] is None and record["files"] == {}  # kvcanary found nothing
+    assert record["failure"] is None  # kvcanary found nothing
     assert record["steps"] == 160  # not stopped: SGLang's complaints do not end a soak
+    files = record["files"]
+    assert sorted(files) == ["dump", "reproducer", "shrunk_dump", "workload"]
+    kept = json.loads(Path(files["reproducer"]).read_text())
+    assert (kept["sglang_check"], kept["codes"], kept["when"]) == ("_check_req_pool", [], "idle")
+    assert record["shrunk_arrivals"][1] <= record["shrunk_arrivals"][0]
+    leak = _cli("leak", kept["sglang_message"], files["shrunk_dump"], "--format", "json")
+    [said] = json.loads(leak.stdout)["messages"]  # its sum is off by the row it counts
+    assert said["kind"] == "req-pool" and said["rows_session_held"] == 1, leak.stdout
+    checked = _cli("check", files["shrunk_dump"], "--kernel", "none")
+    assert checked.exit_code == 0, checked.stdout  # every row free or held: nothing leaked
+    replayed = _soak_here("--replay", files["reproducer"], "--sglang-tree", str(wheel_path()))
+    assert replayed[0] == 1 and "came back" in replayed[1], replayed
     assert record["found"] and record["sglang_found"] and not record["kvcanary_found"]
     [check] = record["sglang_checks"]
     assert check["check"] == "_check_req_pool"
@@ -559,7 +583,7 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
     assert (seen["first"], seen["kvcanary_step"], seen["lead"]) == ("sglang", None, None)
     assert (seen["sglang_step"], seen["sglang_when"]) == (first["step"], "idle")
     assert seen["seed"] == first["seed"]
-    code, table, err = _soak_here(*args)
+    code, table, err = _soak_here(*args, "--force")
     assert code == 1, table + err
     assert "kvcanary: nothing" in table and "_check_req_pool" in table
     assert "req_to_token_pool memory leak" in table and "silent" not in table
