@@ -338,12 +338,14 @@ def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
     owned[free] = owned[held] = True
     leaked = np.flatnonzero(~owned)
     busy = pool_rows(dump.req_pool_indices, table).size > 0
-    counts = _printed_rows(message, free.size, held.size, busy)
+    counts = [] if busy else _printed_rows(message, free.size, held.size)
     verdict: PoolVerdict
     if leaked.size:
         verdict = "leak"
     elif twice.size:
         verdict = "freed-twice"
+    elif busy:  # SGLang counts at idle: a busy dump's counts are another moment's
+        verdict = "unknown"
     elif counts:
         verdict = "miscount"
     else:
@@ -352,7 +354,11 @@ def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
         f"[rows] the dump: {free.size} of the pool's {table - 1} rows free"
         + (f" ({listed.size} free-list entries)" if listed.size != free.size else "")
         + f", {held.size} held by running requests and streaming sessions"
-        + (" (a batch runs: not the idle moment SGLang checks)" if busy else "")
+        + (
+            " (a batch runs: not the idle moment SGLang counts, so its counts are not compared)"
+            if busy
+            else ""
+        )
     )
     lines = [head]
     if leaked.size:
@@ -373,22 +379,25 @@ def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
             else "[rows] SGLang's counts are the dump's: the rest of its sum is the pool's "
             "pre-allocated rows, which it adds to total_size and does not print"
         )
+    busy_reason = (
+        "a batch runs in the dump: SGLang counts rows at idle (give a dump of that moment)"
+    )
     return RowAccount(
         verdict=verdict, rows=table - 1, free=int(free.size),
         free_listed_twice=int(listed.size - free.size), held=int(held.size), busy=busy,
         leaked=int(leaked.size), leaked_rows=_named(leaked), twice=int(twice.size),
-        twice_rows=_named(twice), reason=None, explanation=tuple(lines),
+        twice_rows=_named(twice), reason=busy_reason if verdict == "unknown" else None,
+        explanation=tuple(lines),
     )  # fmt: skip
 
 
-def _printed_rows(message: LeakMessage, free: int, held: int, busy: bool) -> list[str]:
-    """Where SGLang's printed row counts are not the dump's (the session count only where no
-    batch runs: then every held row is a session's)."""
+def _printed_rows(message: LeakMessage, free: int, held: int) -> list[str]:
+    """Where SGLang's printed row counts are not an idle dump's (every held row a session's)."""
     off = []
     if message.rows_available is not None and message.rows_available != free:
         off.append(f"SGLang printed available_size {message.rows_available}, the dump has {free}")
     session = message.rows_session_held
-    if session is not None and session != held and not busy:
+    if session is not None and session != held:
         off.append(f"SGLang printed session_held {session}, the dump's sessions hold {held} rows")
     return off
 

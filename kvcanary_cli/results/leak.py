@@ -196,7 +196,8 @@ class RowAccount:
     #: rows running requests and streaming sessions hold (each once): at idle, where SGLang
     #: checks, the sessions' alone
     held: int
-    #: the dump has a batch: running requests hold rows SGLang's session count leaves out
+    #: the dump has a batch: running requests hold rows, and SGLang, which counts at idle,
+    #: counted another moment (its counts are not compared: unknown, unless rows are off)
     busy: bool
     #: rows neither free nor held: how many, and the first few
     leaked: int
