@@ -251,9 +251,9 @@ command(
     total=...', 'SWA Pool Mem Leak Detected! ...', 'KV double free: ...', 'KV page
     use-after-free: ...', 'req_to_token_pool memory leak detected!...'): what each count is,
     what the sum should be, by how much it is off. With DUMP (kvcanary leak LINE DUMP, or
-    kvcanary leak --sglang-log FILE DUMP): a real leak (the pages owned by nobody), a double
-    free, or SGLang's count wrong with every page owned, with the pages. Exit 0 when every sum
-    holds, 1 otherwise, 2 bad input.
+    kvcanary leak --sglang-log FILE DUMP): a real leak (pages or rows owned by nobody), a
+    double free, or SGLang's count wrong with all owned, with the pages or rows. Exit 0 when
+    every sum holds, 1 otherwise, 2 bad input.
     """,
     without=["svg"],
     line=Arg("LINE", "SGLang's message, quoted (with --sglang-log: leave it out).", kind=str),

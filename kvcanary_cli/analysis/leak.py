@@ -15,6 +15,11 @@ SGLang's pool check sums counts: `available + evictable + protected + session_he
 So the difference SGLang's sum should show on a state is its leaked slots less the slots listed
 twice; each pool's account says which pages make it up, and whether SGLang's printed difference
 is that. The work is a few sorts over the free lists and the tree's lists.
+
+The request pool's check (`req_to_token_pool memory leak detected!`) sums rows at idle: rows
+free plus rows streaming sessions keep. Its dump's rows (`analysis.req_rows`) tell the same
+three apart: rows neither free nor held (leaked), a row listed or held twice (freed twice), or
+every row owned once and SGLang's counts not the dump's (its count wrong).
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from collections.abc import Mapping
 import numpy as np
 
 from kvcanary_cli.analysis.bookkeeping import full_leaks, leaked_swa_pages, pages_text
-from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.cells import distinct, repeated
+from kvcanary_cli.analysis.req_rows import held_rows, pool_rows
 from kvcanary_cli.analysis.sglang_messages import MessageScan, read_line, read_log
 from kvcanary_cli.canary.logs import MAX_LINE_BYTES
 from kvcanary_cli.catalog import CauseCode
 from kvcanary_cli.dump.loader import KvDump, load_dump
+from kvcanary_cli.dump.tensor import common, union
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.results.leak import (
     LeakMessage,
@@ -37,6 +44,7 @@ from kvcanary_cli.results.leak import (
     LeakVerdict,
     PoolAccount,
     PoolVerdict,
+    RowAccount,
 )
 
 __all__ = ["leak_report"]
@@ -79,9 +87,13 @@ def leak_report(
     pools: tuple[PoolAccount, ...] = (_full_account(loaded, message),)
     if loaded.full_to_swa_index_mapping is not None or _printed(message, "swa") is not None:
         pools += (_swa_account(loaded, message),)  # a dump without SWA: no SWA pool
-    verdict = _with_dump(messages, message, pools)
-    notes += _dump_notes(message, pools)
-    return _report(source, os.fspath(dump), scan, messages, judged, pools, verdict, notes)
+    said = [m for m in messages if m.kind == "req-pool"]
+    rows = _row_account(loaded, said[-1]) if said else None
+    if said and len(said) == len(messages):  # rows alone: a pool the dump cannot count is noise
+        pools = tuple(pool for pool in pools if pool.verdict != "unknown")
+    verdict = _with_dump(messages, pools, rows)
+    notes += _dump_notes(pools, rows)
+    return _report(source, os.fspath(dump), scan, messages, judged, pools, verdict, notes, rows)
 
 
 def _report(
@@ -93,8 +105,8 @@ def _report(
     pools: tuple[PoolAccount, ...],
     verdict: LeakVerdict,
     notes: list[str],
+    rows: RowAccount | None = None,
 ) -> LeakReport:
-    cause = _cause(verdict, pools)
     return LeakReport(
         source=source,
         dump=dump,
@@ -104,9 +116,10 @@ def _report(
         balanced_busy_lines=scan.balanced_busy_lines,
         judged=judged,
         pools=pools,
+        rows=rows,
         verdict=verdict,
-        cause=cause,
-        summary=_summary(verdict, messages, pools, dump is not None),
+        cause=_cause(verdict, pools, rows),
+        summary=_summary(verdict, messages, pools, rows, dump is not None),
         notes=tuple(notes),
     )
 
@@ -154,27 +167,33 @@ def _alone(messages: tuple[LeakMessage, ...]) -> LeakVerdict:
 
 def _with_dump(
     messages: tuple[LeakMessage, ...],
-    message: LeakMessage | None,
     pools: tuple[PoolAccount, ...],
+    rows: RowAccount | None,
 ) -> LeakVerdict:
     found: set[LeakVerdict] = set()
-    for pool in pools:
-        if pool.verdict in ("leak", "freed-twice", "miscount"):
-            found.add(pool.verdict)
+    counted: list[PoolAccount | RowAccount] = [*pools, *([] if rows is None else [rows])]
+    for account in counted:
+        if account.verdict in ("leak", "freed-twice", "miscount"):
+            found.add(account.verdict)
     alone = _alone(messages)
     if alone in ("freed-twice", "freed-while-used"):
         found.add(alone)
-    if not found and any(p.verdict == "unknown" for p in pools) and alone != "balanced":
+    if not found and any(a.verdict == "unknown" for a in counted) and alone != "balanced":
         found.add("undecided")
-    if not found and message is not None and message.kind == "req-pool":
-        found.add("undecided")  # rows: `kvcanary check DUMP` names them
     return next((v for v in _ORDER if v in found), "balanced")
 
 
-def _cause(verdict: LeakVerdict, pools: tuple[PoolAccount, ...]) -> CauseCode | None:
+def _cause(
+    verdict: LeakVerdict, pools: tuple[PoolAccount, ...], rows: RowAccount | None
+) -> CauseCode | None:
+    pages = {p.verdict for p in pools}
     if verdict == "leak":
+        if "leak" not in pages:  # the request pool's rows alone
+            return CauseCode.REQ_ROW_LEAK
         full = any(p.pool == "full" and p.verdict == "leak" for p in pools)
         return CauseCode.FULL_LEAK if full else CauseCode.SWA_LEAK
+    if verdict == "freed-twice" and rows is not None and rows.twice and "freed-twice" not in pages:
+        return CauseCode.REQ_ROW_DOUBLE_FREE
     return {
         "freed-twice": CauseCode.DOUBLE_FREE,
         "freed-while-used": CauseCode.USE_AFTER_FREE,
@@ -186,8 +205,12 @@ def _summary(
     verdict: LeakVerdict,
     messages: tuple[LeakMessage, ...],
     pools: tuple[PoolAccount, ...],
+    rows: RowAccount | None,
     with_dump: bool,
 ) -> str:
+    by_rows = _rows_summary(verdict, rows, pools)
+    if by_rows is not None:
+        return by_rows
     if verdict == "leak":
         parts = [
             f"{p.pool} {pages_text(p.leaked_pages, p.page_size)}"
@@ -232,8 +255,8 @@ def _summary(
             "SGLang's numbers do not add up; a leak and a wrong count read the same in numbers "
             "alone: give a dump of the same moment (`kvcanary leak LINE DUMP`)"
             if not with_dump
-            else "SGLang's numbers do not add up, and the dump cannot count the pools they "
-            "name (see the notes)"
+            else "SGLang's numbers do not add up, and the dump cannot count the pools or rows "
+            "they name (see the notes)"
         )
     if messages and not any(m.pools or m.kind not in _POOL_KINDS for m in messages):
         return (
@@ -247,12 +270,140 @@ def _summary(
 _POOL_KINDS = ("idle-pools", "busy-assert", "busy-log")
 
 
+def _rows_summary(
+    verdict: LeakVerdict, rows: RowAccount | None, pools: tuple[PoolAccount, ...]
+) -> str | None:
+    """The verdict in the request pool's words, where its rows decide it (no pool's pages
+    do); None where they do not."""
+    if rows is None or rows.verdict != verdict or any(p.verdict == verdict for p in pools):
+        return None
+    if verdict == "leak":
+        return (
+            "a real leak: request-pool rows neither free nor held by a running request or "
+            f"session ({_rows_text(rows.leaked_rows, rows.leaked)})"
+        )
+    if verdict == "freed-twice":
+        return (
+            "a double free: request-pool rows listed free twice, held twice, or free and held "
+            f"({_rows_text(rows.twice_rows, rows.twice)})"
+        )
+    if verdict == "miscount":
+        return (
+            "SGLang's count is wrong and nothing leaked: every request-pool row is free or "
+            f"held, each once; {rows.explanation[-1].removeprefix('[rows] ')}"
+        )
+    return None
+
+
+def _rows_text(rows: tuple[int, ...], count: int) -> str:
+    """`rows 3, 7` or `rows 3, 7, 9, ... (20 in all)`."""
+    more = f", ... ({count} in all)" if count > len(rows) else ""
+    return f"row{'s' if count > 1 else ''} {', '.join(map(str, rows))}{more}"
+
+
 def _unaligned_only(messages: tuple[LeakMessage, ...]) -> bool:
     """SGLang flagged counts that are not whole pages, and no sum it printed is off."""
     pools = [p for m in messages if m.faulty for p in m.pools]
     return any(p.unaligned for p in pools) and not any(
         p.reading in ("short", "over") and not p.tolerated for p in pools
     )
+
+
+# --- the dump's request-pool rows, counted ---------------------------------------------------
+
+#: Rows an account names (the counts are whole).
+_ROWS_NAMED = 16
+
+
+def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
+    """The dump's rows as SGLang's idle check counts them, against what `message` printed."""
+    table = int(dump.req_to_token.shape[0])
+    if dump.free_req_rows is None or dump.running_req_rows is None:
+        reason = (
+            "the dump does not record free_req_rows and running_req_rows (a capture at "
+            "SGLang's memory check does)"
+        )
+        return RowAccount(
+            verdict="unknown", rows=max(table - 1, 0), free=0, free_listed_twice=0, held=0,
+            busy=False, leaked=0, leaked_rows=(), twice=0, twice_rows=(), reason=reason,
+            explanation=(f"[rows] not counted: {reason}",),
+        )  # fmt: skip
+    listed = pool_rows(dump.free_req_rows, table)
+    free = distinct(listed)
+    held = held_rows(dump)
+    twice = union(repeated(listed), repeated(pool_rows(dump.running_req_rows, table)))
+    twice = union(twice, common(free, held))
+    owned = np.zeros(table, dtype=bool)
+    owned[0] = True  # the padding row
+    owned[free] = owned[held] = True
+    leaked = np.flatnonzero(~owned)
+    busy = pool_rows(dump.req_pool_indices, table).size > 0
+    counts = [] if busy else _printed_rows(message, free.size, held.size)
+    verdict: PoolVerdict
+    if leaked.size:
+        verdict = "leak"
+    elif twice.size:
+        verdict = "freed-twice"
+    elif busy:  # SGLang counts at idle: a busy dump's counts are another moment's
+        verdict = "unknown"
+    elif counts:
+        verdict = "miscount"
+    else:
+        verdict = "balanced"
+    head = (
+        f"[rows] the dump: {free.size} of the pool's {table - 1} rows free"
+        + (f" ({listed.size} free-list entries)" if listed.size != free.size else "")
+        + f", {held.size} held by running requests and streaming sessions"
+        + (
+            " (a batch runs: not the idle moment SGLang counts, so its counts are not compared)"
+            if busy
+            else ""
+        )
+    )
+    lines = [head]
+    if leaked.size:
+        lines.append(
+            f"[rows] leaked, neither free nor held: {_rows_text(_named(leaked), leaked.size)} "
+            f"(its cells: `kvcanary provenance DUMP --row {int(leaked[0])}`)"
+        )
+    if twice.size:
+        lines.append(
+            "[rows] freed twice (listed free twice, held twice, or free and held): "
+            + _rows_text(_named(twice), twice.size)
+        )
+    if verdict in ("miscount", "balanced"):
+        lines.append("[rows] every row is free or held, each once: nothing leaked")
+        lines.append(
+            "[rows] " + "; ".join(counts)
+            if counts
+            else "[rows] SGLang's counts are the dump's: the rest of its sum is the pool's "
+            "pre-allocated rows, which it adds to total_size and does not print"
+        )
+    busy_reason = (
+        "a batch runs in the dump: SGLang counts rows at idle (give a dump of that moment)"
+    )
+    return RowAccount(
+        verdict=verdict, rows=table - 1, free=int(free.size),
+        free_listed_twice=int(listed.size - free.size), held=int(held.size), busy=busy,
+        leaked=int(leaked.size), leaked_rows=_named(leaked), twice=int(twice.size),
+        twice_rows=_named(twice), reason=busy_reason if verdict == "unknown" else None,
+        explanation=tuple(lines),
+    )  # fmt: skip
+
+
+def _printed_rows(message: LeakMessage, free: int, held: int) -> list[str]:
+    """Where SGLang's printed row counts are not an idle dump's (every held row a session's)."""
+    off = []
+    if message.rows_available is not None and message.rows_available != free:
+        off.append(f"SGLang printed available_size {message.rows_available}, the dump has {free}")
+    session = message.rows_session_held
+    if session is not None and session != held:
+        off.append(f"SGLang printed session_held {session}, the dump's sessions hold {held} rows")
+    return off
+
+
+def _named(rows: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(r) for r in rows[:_ROWS_NAMED])
 
 
 # --- the dump's pools, counted ---------------------------------------------------------------
@@ -524,14 +675,12 @@ def _signed(difference: int) -> str:
     return f"{difference} short" if difference > 0 else f"{-difference} over"
 
 
-def _dump_notes(message: LeakMessage | None, pools: tuple[PoolAccount, ...]) -> list[str]:
-    notes = []
-    if message is not None and message.kind == "req-pool":
-        notes.append(
-            "request-pool rows are not counted here: `kvcanary check DUMP` names them "
-            "(req-row findings)"
-        )
-    for pool in pools:
-        if pool.verdict == "unknown" and pool.reason is not None:
-            notes.append(f"{pool.pool}: not counted ({pool.reason})")
+def _dump_notes(pools: tuple[PoolAccount, ...], rows: RowAccount | None) -> list[str]:
+    notes = [
+        f"{pool.pool}: not counted ({pool.reason})"
+        for pool in pools
+        if pool.verdict == "unknown" and pool.reason is not None
+    ]
+    if rows is not None and rows.reason is not None:
+        notes.append(f"request-pool rows: not counted ({rows.reason})")
     return notes

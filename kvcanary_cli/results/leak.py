@@ -1,7 +1,7 @@
 """Results of `kvcanary leak`: SGLang's memory-check messages read and their arithmetic done,
 and, with a dump of the same moment, the verdict: a real leak (pages owned by nobody), a double
-free, or SGLang's own count wrong with every page owned. `LeakReport` is the `kvcanary.leak/1`
-record (standard library only).
+free, or SGLang's own count wrong with every page owned; for the request pool's message, the
+same of its rows. `LeakReport` is the `kvcanary.leak/1` record (standard library only).
 
 SGLang's scheduler checks (`SchedulerInvariantChecker`, 0.5.13 - 0.5.23) print counts, never
 pages: a pool's sum `available + evictable + protected + session_held + uncached == total`, the
@@ -27,6 +27,7 @@ __all__ = [
     "PoolSum",
     "PoolVerdict",
     "LeakMessage",
+    "RowAccount",
     "SumReading",
 ]
 
@@ -182,6 +183,35 @@ class PoolAccount:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RowAccount:
+    """The request pool's rows in the dump, counted as SGLang's `_check_req_pool` counts them
+    at idle: rows free plus rows streaming sessions keep make the pool."""
+
+    verdict: PoolVerdict
+    #: the pool's rows: the table's, less its padding row 0
+    rows: int
+    #: rows on the free list (each once), and entries beyond a row's first
+    free: int
+    free_listed_twice: int
+    #: rows running requests and streaming sessions hold (each once): at idle, where SGLang
+    #: checks, the sessions' alone
+    held: int
+    #: the dump has a batch: running requests hold rows, and SGLang, which counts at idle,
+    #: counted another moment (its counts are not compared: unknown, unless rows are off)
+    busy: bool
+    #: rows neither free nor held: how many, and the first few
+    leaked: int
+    leaked_rows: tuple[int, ...]
+    #: rows listed free twice, held twice, or both free and held: how many, and the first few
+    twice: int
+    twice_rows: tuple[int, ...]
+    #: why the dump cannot count the rows (verdict unknown); else null
+    reason: str | None
+    #: the rows' story in words
+    explanation: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class LeakReport:
     """`kvcanary leak --format json`."""
 
@@ -204,6 +234,9 @@ class LeakReport:
     judged: int | None
     #: the dump's pools, counted (full, then SWA); [] without a dump
     pools: tuple[PoolAccount, ...]
+    #: the dump's request-pool rows, counted, where a request-pool message was read; null
+    #: otherwise
+    rows: RowAccount | None = None
     verdict: LeakVerdict
     #: the cause the verdict points to; null for undecided and balanced
     cause: CauseCode | None

@@ -296,6 +296,104 @@ def test_a_sum_the_dump_does_not_explain_is_still_a_miscount(tmp_path: Path) -> 
     assert any("do not explain 3 short" in line for line in full["explanation"])
 
 
+# --- with a dump: the request pool's rows decide ---------------------------------------------
+
+#: A request pool of 11 rows (the table's 12 less its padding row 0).
+ROWS = 11
+
+
+def _rows_dump(
+    path: Path, *, free: list[int], held: list[int], batch: tuple[int, ...] = ()
+) -> Path:
+    """A dump of a request pool recording its free list and the rows running requests and
+    sessions hold (idle unless a `batch` runs)."""
+    save_dump(
+        path,
+        metadata={"page_size": 1, "forward_mode": "idle" if not batch else "extend"},
+        req_to_token=np.zeros((ROWS + 1, 8), dtype=np.int32),
+        req_pool_indices=np.array(batch, dtype=np.int64),
+        prefix_lens=np.zeros(len(batch), dtype=np.int64),
+        extend_seq_lens=np.zeros(len(batch), dtype=np.int64),
+        free_req_rows=np.array(free, dtype=np.int64),
+        running_req_rows=np.array(held, dtype=np.int64),
+    )
+    return path
+
+
+def _rows_line(available: int, session_held: int) -> str:
+    return (
+        f"req_to_token_pool memory leak detected!available_size={available}, "
+        f"session_held={session_held}, total_size={ROWS}"
+    )
+
+
+ROW_FREE = list(range(1, 10))
+#: state -> (free list, rows held, SGLang's available and session_held, verdict, cause, rows
+#: named, where)
+ROW_TWINS = {
+    "clean": (ROW_FREE, [10, 11], (9, 2), "balanced", None, [], "leaked_rows"),
+    "leak": (ROW_FREE, [10], (9, 1), "leak", CauseCode.REQ_ROW_LEAK, [11], "leaked_rows"),
+    "double-free": ([*ROW_FREE, 3], [10, 11], (10, 2), "freed-twice",
+                    CauseCode.REQ_ROW_DOUBLE_FREE, [3], "twice_rows"),
+    "free-and-held": ([*ROW_FREE, 10], [10, 11], (10, 2), "freed-twice",
+                      CauseCode.REQ_ROW_DOUBLE_FREE, [10], "twice_rows"),
+    "miscount": (ROW_FREE, [10, 11], (9, 1), "miscount", CauseCode.SGLANG_MISCOUNT, [],
+                 "leaked_rows"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("state", sorted(ROW_TWINS))
+def test_the_dump_tells_a_leaked_row_from_a_miscount(state: str, tmp_path: Path) -> None:
+    """The request pool's message at idle: rows neither free nor held are leaked, a row
+    listed twice is freed twice, and every row owned once with SGLang's counts not the dump's
+    is its count wrong; the clean twin balances."""
+    free, held, (available, sessions), verdict, cause, rows, where = ROW_TWINS[state]
+    dump = _rows_dump(tmp_path / f"{state}.safetensors", free=free, held=held)
+    result = run("leak", _rows_line(available, sessions), dump, "-f", "json")
+    assert result.exit_code == (0 if verdict == "balanced" else 1), result.stderr
+    found = record(result)
+    assert (found["verdict"], found["cause"]) == (verdict, cause), found["summary"]
+    account = found["rows"]
+    assert (account["verdict"], account[where], account["rows"]) == (verdict, rows, ROWS)
+    assert found["pools"] == [] and found["notes"] == []  # no pool here to count
+    if state == "miscount":
+        assert "session_held 1, the dump's sessions hold 2 rows" in found["summary"]
+    table = " ".join(run("leak", _rows_line(available, sessions), dump).stdout.split())
+    assert f"{verdict}" in table and "[rows] the dump: " in table
+
+
+def test_a_busy_dump_decides_no_count_of_the_idle_check(tmp_path: Path) -> None:
+    """SGLang counts rows at idle: against a dump where a batch runs its counts are not
+    compared (undecided), but a leaked row is leaked at any moment."""
+    dump = _rows_dump(tmp_path / "busy.safetensors", free=ROW_FREE, held=[10, 11], batch=(10,))
+    found = record(run("leak", _rows_line(9, 0), dump, "-f", "json"))
+    assert (found["verdict"], found["rows"]["verdict"], found["rows"]["busy"]) == (
+        "undecided",
+        "unknown",
+        True,
+    )
+    assert "SGLang counts rows at idle" in " ".join(found["notes"])
+    dump = _rows_dump(tmp_path / "leak.safetensors", free=ROW_FREE, held=[10], batch=(10,))
+    found = record(run("leak", _rows_line(9, 0), dump, "-f", "json"))
+    assert (found["verdict"], found["rows"]["leaked_rows"]) == ("leak", [11])
+
+
+@pytest.mark.parametrize(
+    "scenario", ["req-row-leaked", "req-row-freed-twice", "req-row-freed-while-running"]
+)
+def test_leak_names_the_rows_and_cause_check_names(scenario: str, tmp_path: Path) -> None:
+    """Differential: on each synthesized row fault, `leak` points to the cause `check` ranks
+    first and names the rows its finding names."""
+    dump = tmp_path / f"{scenario}.safetensors"
+    assert run("synth", scenario, "--out", dump).exit_code == 0
+    checked = json.loads(run("check", dump, "-k", "none", "-f", "json").stdout)["dumps"][0]
+    [finding] = checked["findings"]
+    found = record(run("leak", _rows_line(6, 0), dump, "-f", "json"))
+    assert found["cause"] == checked["diagnosis"][0]["cause"] == finding["cause"]
+    named = found["rows"]["leaked_rows"] + found["rows"]["twice_rows"]
+    assert named == finding["details"]["rows"], (named, finding)
+
+
 def test_a_log_and_its_dump(tmp_path: Path) -> None:
     """`--sglang-log FILE DUMP`: the one argument is the dump; the log's last pool message is
     the one judged."""

@@ -544,9 +544,9 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
     """SGLang's `_check_req_pool` complains at idle (its session count is off by one: a
     session holds no row here) and kvcanary, whose rows all add up, sees nothing. The soak
     runs its whole budget, exits 1, and says what SGLang said beside "kvcanary: nothing".
-    It keeps the first complaint: the state it was said of, where `kvcanary check` finds
-    every row free or held (the count is the check's error), and a reproducer that replays
-    it."""
+    It keeps the first complaint: the state it was said of, where `kvcanary leak` finds every
+    row free or held, each once, and names the count that is wrong, and a reproducer that
+    replays it."""
     from importlib import import_module
 
     observer = import_module(
@@ -565,10 +565,11 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
     assert (kept["sglang_check"], kept["codes"], kept["when"]) == ("_check_req_pool", [], "idle")
     assert record["shrunk_arrivals"][1] <= record["shrunk_arrivals"][0]
     leak = _cli("leak", kept["sglang_message"], files["shrunk_dump"], "--format", "json")
-    [said] = json.loads(leak.stdout)["messages"]  # its sum is off by the row it counts
-    assert said["kind"] == "req-pool" and said["rows_session_held"] == 1, leak.stdout
-    checked = _cli("check", files["shrunk_dump"], "--kernel", "none")
-    assert checked.exit_code == 0, checked.stdout  # every row free or held: nothing leaked
+    told = json.loads(leak.stdout)
+    assert (told["verdict"], told["cause"]) == ("miscount", "sglang-miscount"), leak.stdout
+    rows = told["rows"]
+    assert (rows["leaked"], rows["twice"], rows["held"], rows["busy"]) == (0, 0, 0, False)
+    assert "session_held 1, the dump's sessions hold 0 rows" in told["summary"]
     replayed = _soak_here("--replay", files["reproducer"], "--sglang-tree", str(wheel_path()))
     assert replayed[0] == 1 and "came back" in replayed[1], replayed
     assert record["found"] and record["sglang_found"] and not record["kvcanary_found"]

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from kvcanary_cli.render.markdown.blocks import code, text
-from kvcanary_cli.render.table.leak import heading, legend, message_head, verdict_line
+from kvcanary_cli.render.table.leak import (
+    dump_lines,
+    heading,
+    legend,
+    message_head,
+    verdict_line,
+)
 from kvcanary_cli.results.leak import LeakReport
 from kvcanary_cli.safe_text import printable_record
 
@@ -25,8 +31,8 @@ def leak_markdown(report: LeakReport, *, max_rows: int) -> str:
         )
     if len(report.messages) > max_rows:
         parts.append(f"… and {len(report.messages) - max_rows} more messages")
-    if report.pools:
-        lines = [f"- {text(line)}" for pool in report.pools for line in pool.explanation]
+    if report.dump is not None:
+        lines = [f"- {text(line)}" for line in dump_lines(report)]
         parts.append(f"### The dump, {text(report.dump)}\n\n" + "\n".join(lines))
     counts = legend(report)
     if counts:

@@ -1,5 +1,5 @@
 """The terminal view of a `kvcanary.leak/1` report (SGLang's memory-check messages, their
-arithmetic, and the dump's pools), and the words the Markdown view shares."""
+arithmetic, and the dump's pools and rows), and the words the Markdown view shares."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvcanary_cli.render.console import plural
 from kvcanary_cli.results.leak import COUNT_MEANINGS, LeakMessage, LeakReport
 from kvcanary_cli.safe_text import printable_record
 
-__all__ = ["heading", "legend", "message_head", "leak_table", "verdict_line"]
+__all__ = ["dump_lines", "heading", "legend", "message_head", "leak_table", "verdict_line"]
 
 _STYLE = {"balanced": "green", "undecided": "yellow"}
 
@@ -35,6 +35,12 @@ def message_head(message: LeakMessage, index: int, judged: int | None) -> str:
     return f"#{index + 1}{line} {message.kind}{mark}"
 
 
+def dump_lines(report: LeakReport) -> list[str]:
+    """The dump's pools and request-pool rows, counted, in words."""
+    rows = () if report.rows is None else report.rows.explanation
+    return [*(line for pool in report.pools for line in pool.explanation), *rows]
+
+
 def legend(report: LeakReport) -> list[str]:
     """What each count of a pool sum is, when a message printed one."""
     if not any(m.pools for m in report.messages):
@@ -55,10 +61,9 @@ def leak_table(report: LeakReport, *, max_rows: int) -> RenderableType:
         parts.extend(Text(f"  - {line}") for line in message.arithmetic)
     if len(report.messages) > max_rows:
         parts.append(Text(f"… and {len(report.messages) - max_rows} more messages"))
-    if report.pools:
+    if report.dump is not None:
         parts.append(Text(f"the dump, {report.dump}:", style="bold"))
-        for pool in report.pools:
-            parts.extend(Text(f"  - {line}") for line in pool.explanation)
+        parts.extend(Text(f"  - {line}") for line in dump_lines(report))
     lines = legend(report)
     if lines:
         parts.append(Text("what each count is:", style="bold"))
