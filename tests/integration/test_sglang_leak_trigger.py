@@ -378,3 +378,48 @@ def test_a_mamba_double_free_at_the_idle_check_is_named_from_its_dump(
     assert report.findings[0].details["mamba_slots"] == [1]
     status = {c.check: c.status for c in report.coverage}
     assert status["Mamba slots"] == "ran" and status["Mamba slot leaks"] == "not-run"
+
+
+# --- the request pool's check: rows, not pages -------------------------------------------------
+
+
+def _req_pool_check(checker: Any) -> str:
+    """SGLang's `_check_req_pool` as the idle scheduler runs it; the message it raised."""
+    with pytest.raises(ValueError, match="req_to_token_pool memory leak detected") as raised:
+        checker._check_req_pool()
+    return str(raised.value)
+
+
+def test_a_row_never_given_back_is_named_by_leak_from_the_dump_sglangs_check_left(
+    sglang: Any, armed: Any
+) -> None:
+    """A request's row taken from SGLang's request pool and never given back: its idle
+    request-pool check counts one row short and raises; the capture's dump names the row."""
+    built, ctx = _checker(sglang, 1)
+    row = built.req_to_token_pool.alloc_rows(1)[0]  # SGLang's own allocation, never freed
+    message = _req_pool_check(ctx.checker)
+    [path] = sorted(armed.dumps.glob("*.safetensors"))
+    record = _leak_run(message, path)
+    assert (record["verdict"], record["cause"]) == ("leak", CauseCode.REQ_ROW_LEAK)
+    rows = record["rows"]
+    assert (rows["leaked_rows"], rows["leaked"], rows["twice"]) == ([row], 1, 0)
+    assert rows["rows"] == built.req_to_token_pool.size and not rows["busy"]
+
+
+def test_a_session_count_off_by_one_is_sglangs_miscount_with_every_row_owned(
+    sglang: Any, armed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twin: every row free, and SGLang's session count says one is kept (broken on
+    purpose). Its check raises the same message shape; the dump says nothing leaked and
+    which count is wrong."""
+    built, ctx = _checker(sglang, 1)
+    observer = ctx.checker.pool_stats_observer
+    monkeypatch.setattr(type(observer), "session_held_req_count", lambda self: 1)
+    message = _req_pool_check(ctx.checker)
+    [path] = sorted(armed.dumps.glob("*.safetensors"))
+    record = _leak_run(message, path)
+    assert (record["verdict"], record["cause"]) == ("miscount", CauseCode.SGLANG_MISCOUNT)
+    rows = record["rows"]
+    assert (rows["leaked"], rows["twice"], rows["held"]) == (0, 0, 0)
+    assert rows["free"] == built.req_to_token_pool.size
+    assert "SGLang printed session_held 1, the dump's sessions hold 0 rows" in record["summary"]
