@@ -22,6 +22,9 @@ as quotas, as 0.5.22 hands it (`evict_short`).
 0.5.17 - 0.5.19's streaming session close dropping another request's SWA lock count, as it is
 or with the session slot keeping its first turn's early SWA release (`session_unlock`).
 
+`python -m tests.release_soak WHEEL host-locked` replays the shipped reproducer of 0.5.20's
+`sanity_check` counting host-locked nodes against its host LRU list (`host_locked`).
+
 `python -m tests.release_soak WHEEL overlap` runs two histories under SGLang's overlapped loop
 (`--overlap`: consecutive prefills overlapped, then synced; page sizes 1 and 4), each state
 audited by the live accounting and the whole `check`, with the loop's path counts (`overlap`).
@@ -389,6 +392,32 @@ def hicache(wheel: str) -> None:
         setattr(live.LiveAudit, "_host", audit)  # noqa: B010
 
 
+#: The shrunk history (a soak kept it: only SGLang's check complained) where SGLang 0.5.20's
+#: `sanity_check` counts host-locked nodes against the SWA host LRU list they are out of.
+HOST_LOCKED = "docs/reproducers/sglang-0.5.20-storage-sanity-check-host-locked.json"
+
+
+def host_locked(wheel: str) -> None:
+    """`HOST_LOCKED` replayed on `wheel`'s SGLang (its recorded environment, as `--replay`
+    sets it), one JSON line: kvcanary's finding, SGLang's complaints per check and where the
+    first was, and the first complaint's message."""
+    from kvcanary_cli.soak import run
+    from kvcanary_cli.soak.command import read_reproducer
+
+    modules = load_sglang(wheel)
+    spec, workload, fault, *_ = read_reproducer(Path(HOST_LOCKED))
+    result = run.run_history(modules, spec, workload, fault=fault)
+    first = [c.said.message for kept in result.sglang_first.values() for c in kept[:1]]
+    line = {
+        "found": None if result.failure is None else result.failure.key,
+        "sglang": result.sglang_counts,
+        "sglang_step": result.sglang_step,
+        "sglang_when": result.sglang_when,
+        "said": first[:1],
+    }
+    print(json.dumps(line), flush=True)
+
+
 def evict_short(wheel: str) -> None:
     """`EVICT_SHORT` replayed twice on `wheel`'s SGLang, one JSON line each: as it is, then
     with the unified allocator's `evict_to_free_tokens` handing its reclaim plan to the tree
@@ -534,6 +563,8 @@ def _run(args: list[str]) -> None:
         parked(args[0])
     elif args[1:] in (["session-unlock"], ["session-unlock", "twin"]):
         session_unlock(args[0], twin=args[2:] == ["twin"])
+    elif args[1:] == ["host-locked"]:
+        host_locked(args[0])
     elif args[1:] == ["overlap"]:
         overlap(args[0])
     elif args[1:] == ["hicache"]:

@@ -292,6 +292,25 @@ def test_the_session_close_reproducer_replays_clean_from_0_5_20(version: str, so
     assert (line["found"], line["sglang"], line["fallbacks"]) == (None, {}, 0), line
 
 
+@pytest.mark.deep
+@pytest.mark.parametrize("version", [_release("0.5.20"), _release("0.5.21")])
+def test_the_storage_tier_sanity_check_reproducer_complains_on_0_5_20_alone(
+    version: str, soak: Soak
+) -> None:
+    """The reproducer a soak kept where only SGLang complained (0.5.20, the storage tier, seed
+    1, shrunk from 24 requests to 6): 0.5.20's `sanity_check` counts host-locked nodes
+    against the SWA host LRU list a host lock takes them out of, at idle step 83, kvcanary
+    silent; 0.5.21's check leaves host-locked nodes out, and the same history is silent."""
+    (line,) = soak(str(wheel_path(version)), "host-locked")
+    assert line["found"] is None, line
+    if version == "0.5.20":
+        assert line["sglang"] == {"sanity_check": 1}, line
+        assert (line["sglang_step"], line["sglang_when"]) == (83, "idle"), line
+        assert "Swa host LRU mismatch" in line["said"][0] and "host_only=true" in line["said"][0]
+    else:
+        assert line["sglang"] == {}, line
+
+
 @pytest.mark.parametrize("version", [_release("0.5.21")])
 def test_the_unified_allocator_evicts_short_of_its_own_plan_on_0_5_21(
     version: str, soak: Soak
