@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from kvcanary_cli.results.leak import LeakVerdict
 from kvcanary_cli.results.ranks import Divergence
 from kvcanary_cli.results.record import recorded
 
@@ -25,6 +26,7 @@ __all__ = [
     "SGLangCheckName",
     "SGLangCrash",
     "SGLangMessage",
+    "SGLangReading",
     "SGLangPoint",
     "SoakFailure",
     "SoakFile",
@@ -197,6 +199,22 @@ class SGLangCheck:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SGLangReading:
+    """The complaint a soak kept (only SGLang's checks complained) read by `kvcanary leak`
+    against the state it was said of: a real leak, a double free, or the check's own count
+    wrong with everything owned."""
+
+    #: the check whose complaint was kept, and the step and point it was said at
+    check: SGLangCheckName
+    step: int
+    when: CheckPoint
+    #: `kvcanary leak`'s verdict, the cause it points to, and the verdict in one sentence
+    verdict: LeakVerdict
+    cause: str | None
+    summary: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class FirstSeen:
     """Who saw a fault first, in one history: the failing one, else the first SGLang
     complained in."""
@@ -277,6 +295,9 @@ class SoakReport:
     #: [requests in the failing (or first complained-of) workload, requests in the shrunk
     #: one]; null when nothing was kept
     shrunk_arrivals: tuple[int, int] | None = None
+    #: where only SGLang's checks complained and `kvcanary leak` reads the kept complaint (a
+    #: leak, double-free or request-pool message): its verdict on the dump kept; else null
+    reading: SGLangReading | None = None
     #: --replay: the reproducer replayed (one history, no files written); null for a soak
     replay: SoakReplay | None = None
     #: --coverage: the memory-cache functions and free paths the histories ran; null without

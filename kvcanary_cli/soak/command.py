@@ -29,6 +29,7 @@ from kvcanary_cli.results.soak import (
     SGLangCheck,
     SGLangCheckName,
     SGLangMessage,
+    SGLangReading,
     SoakFailure,
     SoakFile,
     SoakReplay,
@@ -640,15 +641,18 @@ def _keep_complaint(
         "dump": ("workload", workload),
         "shrunk_dump": ("reproducer", shrunk),
     }
+    reading = None
     with scratch() as folder:
         for name, (file, history) in chosen.items():
             (folder / name).mkdir()
             state = heard(history, folder / name)
             if state is None:  # not again (a history is seeded: never seen)
                 continue
+            said = next(one for one in state.sglang if one.check == check)
             if state.dump is not None:
                 contents[name] = _failing_steps_dump(state, restamp_step)
-            said = next(one for one in state.sglang if one.check == check)
+                if name == "dump":
+                    reading = _read_complaint(check, state, said.message, contents[name])
             record = {
                 **asdict(_failure(spec, history, state, fault)),
                 "sglang_check": check,
@@ -656,9 +660,29 @@ def _keep_complaint(
             }
             contents[file] = _workload_file(modules, spec, history, record, tp)
         files = write_outputs(out, contents, force=force)
-    return replace(
-        report, files=files, shrunk_arrivals=(len(workload.arrivals), len(shrunk.arrivals))
-    )
+    arrivals = (len(workload.arrivals), len(shrunk.arrivals))
+    return replace(report, files=files, shrunk_arrivals=arrivals, reading=reading)
+
+
+def _read_complaint(
+    check: SGLangCheckName, state: Any, message: str, dump: Path | bytes
+) -> SGLangReading | None:
+    """`kvcanary leak MESSAGE DUMP` on the kept complaint and the state it was said of; None
+    where `leak` does not read the message (`sanity_check`'s, or one cut short)."""
+    from kvcanary_cli.analysis.leak import leak_report
+    from kvcanary_cli.errors import KvcanaryError
+
+    if not isinstance(dump, Path):
+        return None
+    try:
+        told = leak_report(message, dump=dump)
+    except KvcanaryError:
+        return None
+    cause = None if told.cause is None else str(told.cause)
+    return SGLangReading(
+        check=check, step=state.step, when=state.mode, verdict=told.verdict, cause=cause,
+        summary=told.summary,
+    )  # fmt: skip
 
 
 def _workload_file(

@@ -59,11 +59,11 @@ class FakeSGLang:
     heard_runs: int = 0
 
 
-def _safetensors(path: Path, workload: Workload) -> Path:
-    """A stand-in state: a valid safetensors file of no tensors, its metadata the arrivals."""
-    header = json.dumps({"__metadata__": {"arrivals": str(len(workload.arrivals))}}).encode()
-    header += b" " * (-len(header) % 8)
-    path.write_bytes(len(header).to_bytes(8, "little") + header)
+def _state(path: Path) -> Path:
+    """A stand-in state SGLang's row check complained of: a dump with a leaked request row."""
+    from kvcanary_cli import api
+
+    api.synth("req-row-leaked", path, force=True)
     return path
 
 
@@ -119,7 +119,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSGLang]:
             state.heard_runs += 1
             result.heard_state = Audit(step=steps - 1, mode="idle", sglang=said)
             if folder is not None:
-                result.heard_state.dump = _safetensors(folder / "state.safetensors", workload)
+                result.heard_state.dump = _state(folder / "state.safetensors")
         capped = workload.mamba_max_states_per_path is not None
         if state.finds and workload.arrivals and (capped or not state.finds_capped):
             failure = Audit(step=steps, mode="plan", codes=["free-list-duplicate"])
@@ -414,12 +414,21 @@ def test_sglang_complaining_alone_is_a_finding_said_beside_kvcanarys_nothing(
     from tests.render.record_schema import validate
 
     fake.finds = False
-    fake.said = ["ValueError: req_to_token_pool memory leak detected!"]
+    fake.said = [
+        "ValueError: req_to_token_pool memory leak detected!available_size=6, session_held=0, "
+        "total_size=11"
+    ]
     code, text, err = _report("--out", str(tmp_path / "o"), "--steps", "400")
     assert code == 1, err
     record = json.loads(text)
     assert validate(record, SoakReport) == []
     assert sorted(Path(p).name for p in record["files"].values()) == sorted(OUTPUTS)
+    reading = record["reading"]  # `kvcanary leak` on the complaint and the state kept
+    assert (reading["check"], reading["verdict"], reading["cause"]) == (
+        "_check_req_pool",
+        "leak",
+        "req-row-leak",
+    )
     assert record["failure"] is None and record["shrunk_arrivals"][1] == 1
     assert fake.heard_runs > 2  # the shrink ran histories until the check complained
     kept = json.loads((tmp_path / "o" / "soak-reproducer.json").read_text())
@@ -429,7 +438,7 @@ def test_sglang_complaining_alone_is_a_finding_said_beside_kvcanarys_nothing(
     first = json.loads((tmp_path / "o" / "soak-workload.json").read_text())
     assert first["seed"] == record["sglang_checks"][0]["first"][0]["seed"]
     dump = (tmp_path / "o" / "soak-shrunk-dump.safetensors").read_bytes()
-    assert b'"arrivals":"1"' in dump and b'"step":"' in dump  # the state it was said of
+    assert b'"step":"' in dump  # the state it was said of, at the step it was said at
     code, replayed, err = _report("--replay", str(tmp_path / "o" / "soak-reproducer.json"))
     assert code == 1, err
     again = json.loads(replayed)["replay"]
@@ -444,6 +453,7 @@ def test_sglang_complaining_alone_is_a_finding_said_beside_kvcanarys_nothing(
     assert code == 1, err
     assert "kvcanary: nothing" in table and "silent" not in table
     assert "shrunk the workload from" in table and "soak-reproducer.json" in table
+    assert "kvcanary leak on _check_req_pool's complaint and the dump of step" in table
     assert "_check_req_pool: 5 audited steps in 5 histories" in table
     assert table.count("req_to_token_pool memory leak detected!") == 3
     code, markdown, err = soak("--out", str(tmp_path / "m"), "--format", "markdown")

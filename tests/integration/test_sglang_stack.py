@@ -562,8 +562,12 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
     files = record["files"]
     assert sorted(files) == ["dump", "reproducer", "shrunk_dump", "workload"]
     kept = json.loads(Path(files["reproducer"]).read_text())
+    kept_first = json.loads(Path(files["workload"]).read_text())
     assert (kept["sglang_check"], kept["codes"], kept["when"]) == ("_check_req_pool", [], "idle")
     assert record["shrunk_arrivals"][1] <= record["shrunk_arrivals"][0]
+    reading = record["reading"]  # what `kvcanary leak` says of the kept complaint, in the report
+    assert (reading["check"], reading["verdict"]) == ("_check_req_pool", "miscount"), reading
+    assert (reading["step"], reading["when"]) == (kept_first["step"], "idle"), reading
     leak = _cli("leak", kept["sglang_message"], files["shrunk_dump"], "--format", "json")
     told = json.loads(leak.stdout)
     assert (told["verdict"], told["cause"]) == ("miscount", "sglang-miscount"), leak.stdout
@@ -587,6 +591,8 @@ def test_a_row_count_only_sglang_sees_exits_1_and_says_so(
     code, table, err = _soak_here(*args, "--force")
     assert code == 1, table + err
     assert "kvcanary: nothing" in table and "_check_req_pool" in table
+    assert "kvcanary leak on _check_req_pool's complaint and the dump of step" in table
+    assert "miscount [sglang-miscount]: SGLang's count is wrong" in " ".join(table.split())
     assert "req_to_token_pool memory leak" in table and "silent" not in table
 
 

@@ -10,6 +10,7 @@ from kvcanary_cli.render.table.soak import (
     coverage_lines,
     fault_line,
     ran_line,
+    reading_line,
     replay_line,
     seen_line,
     shrunk_line,
@@ -99,6 +100,9 @@ def soak_markdown(report: SoakReport) -> str:
                 right={1, 2},
             )
         )
+    reading = reading_line(report)
+    if reading is not None:
+        parts.append(text(reading))
     shrunk = shrunk_line(report)
     if shrunk is not None:
         parts.append(text(shrunk))

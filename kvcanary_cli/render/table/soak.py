@@ -14,6 +14,7 @@ __all__ = [
     "coverage_lines",
     "fault_line",
     "message_line",
+    "reading_line",
     "ran_line",
     "replay_line",
     "seen_line",
@@ -50,6 +51,9 @@ def soak_table(report: SoakReport) -> str:
             lines += [f"    {message_line(said)}" for said in check.first]
     elif report.found:
         lines.append(SILENT)
+    reading = reading_line(report)
+    if reading is not None:
+        lines.append(reading)
     lines += coverage_lines(report)
     shrunk = shrunk_line(report)
     if shrunk is not None:
@@ -192,6 +196,19 @@ def message_line(said: SGLangMessage) -> str:
     return (
         f"step {said.step} ({said.when}) of seed {said.seed}, page size {said.page_size}, "
         f"{said.core} core: {said.message}"
+    )
+
+
+def reading_line(report: SoakReport) -> str | None:
+    """Where only SGLang complained: what `kvcanary leak` reads of the kept complaint on the
+    state it was said of."""
+    read = report.reading
+    if read is None:
+        return None
+    cause = "" if read.cause is None else f" [{read.cause}]"
+    return (
+        f"kvcanary leak on {read.check}'s complaint and the dump of step {read.step} "
+        f"({read.when}): {read.verdict}{cause}: {read.summary}"
     )
 
 
