@@ -289,7 +289,7 @@ class SoakReport:
     seen: FirstSeen | None = None
     #: the files written to --out, by kind: dump, shrunk_dump, workload, reproducer (below),
     #: and with ranks that parted reference_dump (rank 0's state beside dump's); where no
-    #: history failed, those of the first SGLang's checks complained in (the state its first
+    #: history failed, those of the first history SGLang's checks complained in (the state its
     #: check complained of); {} when none failed and SGLang's checks were silent
     files: dict[SoakFile, str] = field(default_factory=dict)
     #: [requests in the failing (or first complained-of) workload, requests in the shrunk
