@@ -435,7 +435,7 @@ command(
     ),
     overlap=Opt(
         "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
-        "non-overlapped one (SGLang 0.5.20 to 0.5.23; 0.5.20 without --layout unified).",
+        "non-overlapped one (SGLang 0.5.13 to 0.5.23; before 0.5.21 not --layout unified).",
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),

@@ -337,8 +337,9 @@ def overlap(wheel: str) -> None:
     """Two overlapped histories of `wheel`'s SGLang (see the module's docstring), one JSON line
     each: what was found, SGLang's checks, and the overlapped loop's counters."""
     modules = load_sglang(wheel)
+    streaming = drives_streaming_sessions(modules)  # as a soak: not where the sessions' defects are
     for history, page_size in ((0, 1), (1, 4)):
-        workload = history_workload(0, history, 6, page_size, overlap=True)
+        workload = history_workload(0, history, 6, page_size, overlap=True, streaming=streaming)
         spec = StackSpec.pressured(page_size, "python")
         result = run_history(modules, spec, workload, mode="both")
         failure = result.failure

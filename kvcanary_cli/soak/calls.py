@@ -32,7 +32,7 @@ Each difference is found by what the loaded tree has, never by its version strin
   (0.5.22 on) or `mamba_lazy_is_insert` (0.5.20 - 0.5.21; `lazy_checkpoint_flag`);
 - the overlapped loop's decode leaving out the requests its queued result finishes by length
   (`_reqs_finishing_inflight`, 0.5.22 on): the release's `Req` has the question that loop asks,
-  `next_output_finishes_by_length`; 0.5.20 - 0.5.21's decode allocates for them too
+  `next_output_finishes_by_length`; earlier releases' decode allocates for them too
   (`skips_finishing_decode`);
 - the tree's end of an aborted request's cache attempt: `finish(req.cache_request_handle,
   CacheRequestOutcome.ABORT)` (0.5.20 on) or `release_aborted_request(req.rid)` (0.5.19).
@@ -51,6 +51,7 @@ __all__ = [
     "HeldLock",
     "abort_finisher",
     "checkpointer",
+    "committed_len",
     "exclude_keyword",
     "extend_end",
     "held_lock",
@@ -105,6 +106,11 @@ def turn_down_mamba(req: Any, mamba_allocator: Any) -> None:
     if holds_mamba(req) and not getattr(req, "session", None):
         mamba_allocator.free(record.mamba_pool_idx.unsqueeze(-1))
         record.mamba_pool_idx = None
+
+
+def committed_len(req: Any) -> int:
+    """The request's committed KV length, wherever its release keeps it (`_committed_len`)."""
+    return _committed_len(req, kv_record(req))
 
 
 def _committed_len(req: Any, record: Any) -> int:
@@ -267,7 +273,7 @@ def next_output_finishes_by_length(req: Any) -> bool:
 def skips_finishing_decode(req_class: Any) -> bool:
     """Whether the release's overlapped loop leaves out of a decode the requests whose queued
     result finishes them by length (`_reqs_finishing_inflight`, 0.5.22 on), by the question it
-    asks of each request (`Req.next_output_finishes_by_length`): 0.5.20 - 0.5.21's
+    asks of each request (`Req.next_output_finishes_by_length`): 0.5.13 - 0.5.21's
     `update_running_batch` has neither, and decodes them too."""
     return callable(getattr(req_class, "next_output_finishes_by_length", None))
 

@@ -83,20 +83,26 @@ RANK_REPLAYS = 3
 
 #: The releases whose overlapped loop soak models (`--overlap`, `soak.driver`: one loop, whose
 #: decode on 0.5.22 on leaves out the requests its queued result finishes by length,
-#: `_reqs_finishing_inflight`, and on 0.5.20 - 0.5.21 allocates for them too:
+#: `_reqs_finishing_inflight`, and before it allocates for them too:
 #: `calls.skips_finishing_decode`), and the layouts it was validated on there (unified memory
 #: with its compaction at the sync boundary; the Mamba ones with the decode result's
 #: overlapped track masks and the lazy extra buffer; each with the host tier where it runs):
 #: another release's loop, or another layout's memory paths under it, may differ in ways the
-#: model does not follow.
-OVERLAP_RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+#: model does not follow. 0.5.13 - 0.5.20's `event_loop_overlap` is 0.5.21's.
+OVERLAP_RELEASES = (
+    *("0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17"),
+    *("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+)
 OVERLAP_LAYOUTS = ("swa", "unified", "mamba", "mamba-extra")
 #: The releases validated under the overlapped loop on fewer layouts than `OVERLAP_LAYOUTS`:
-#: those layouts. 0.5.20's unified memory is left out: its busy check prices the free room in
-#: another view than the allocator's (a leak reported on correct states, overlapped or not;
+#: those layouts. Unified memory is left out before 0.5.21: SGLang's own defects end its
+#: histories overlapped as without, where the model could not be validated (0.5.17 - 0.5.20's
+#: busy check prices the free room in another view than the allocator's and reports a leak on
+#: correct states; 0.5.15 - 0.5.18's tree crashes recovering an SWA tombstone under it;
 #: docs/soak.md)
 OVERLAP_RELEASE_LAYOUTS: dict[str, tuple[str, ...]] = {
-    "0.5.20": ("swa", "mamba", "mamba-extra"),
+    release: ("swa", "mamba", "mamba-extra")
+    for release in OVERLAP_RELEASES[: OVERLAP_RELEASES.index("0.5.21")]
 }
 
 
@@ -116,8 +122,8 @@ def _refuse_overlap(version: str | None, layout: str) -> None:
         return
     if version not in OVERLAP_RELEASES:
         raise OptionError(
-            f"models the overlapped loop (event_loop_overlap) of SGLang "
-            f"{', '.join(OVERLAP_RELEASES)}, not SGLang {version}'s: run it on one of those",
+            f"models the overlapped loop (event_loop_overlap) of SGLang {OVERLAP_RELEASES[0]} "
+            f"to {OVERLAP_RELEASES[-1]}, not SGLang {version}'s: run it on one of those",
             option="overlap",
         )
     if not _overlap_modelled(version, layout):
@@ -320,7 +326,7 @@ def soak(
     `soak.storage`); with `session_radix_cache`, with SGLang's radix sessions on
     (the Python tree core only); with `tp`, on that many tensor-parallel ranks in lockstep,
     compared at every audited step (`soak.tp`); with `overlap`, under SGLang's overlapped
-    loop (0.5.20 - 0.5.23: every layout but 0.5.20's unified memory; `_refuse_overlap`).
+    loop (0.5.13 - 0.5.23: every layout but unified memory before 0.5.21; `_refuse_overlap`).
 
     `--out` is checked first: a soak is not run to find that its finding cannot be kept."""
     from kvcanary_cli import __version__

@@ -31,14 +31,14 @@ A session's turn (`Arrival.session`) is made as SGLang's scheduler makes it, by
 `Session.create_req` (`soak.sessions`), once the turn before it is over; a streaming session
 is closed through SGLang's `SessionController` once its last turn is over (`Sessions.close_over`).
 
-With `Workload.overlap`, the loop is the `event_loop_overlap` of SGLang 0.5.20 to 0.5.23
+With `Workload.overlap`, the loop is the `event_loop_overlap` of SGLang 0.5.13 to 0.5.23
 (batches built with `enable_overlap`): each step chooses and allocates the next batch,
 launches it (`on_plan`, its `ScheduleBatch.copy` queued in `inflight`), then processes the
 last batch's queued result; a prefill after a prefill processes it first where
 `is_disable_overlap_for_batch` says so.
 On 0.5.22 on, `update_running_batch` leaves out the requests the queued result finishes by
 length (`_reqs_finishing_inflight`) and skips the decode where memory is short while they
-finish; on 0.5.20 - 0.5.21 (whose `Req` has no `next_output_finishes_by_length`:
+finish; before 0.5.22 (whose `Req` has no `next_output_finishes_by_length`:
 `calls.skips_finishing_decode`) it decodes them too, allocating their next slot, and where
 memory is short retracts, such requests included. A result passes over rows finished or
 retracted since their batch was launched. With the Mamba
@@ -62,10 +62,16 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.capture.tree import kv_record, radix_session_leaves, session_slots
+from kvcanary_cli.capture.tree import (
+    allocated_len,
+    kv_record,
+    radix_session_leaves,
+    session_slots,
+)
 from kvcanary_cli.soak.calls import (
     abort_finisher,
     checkpointer,
+    committed_len,
     exclude_keyword,
     extend_end,
     holds_mamba,
@@ -301,7 +307,7 @@ class Counters:
     stale_rows: int = 0
     released_ahead: int = 0
     overallocated_freed: int = 0
-    #: 0.5.20 - 0.5.21's overlapped loop (no `_reqs_finishing_inflight`): requests a decode
+    #: 0.5.13 - 0.5.21's overlapped loop (no `_reqs_finishing_inflight`): requests a decode
     #: allocated for while its queued result finished them by length (their last slot is
     #: inside what their release caches: `released_ahead`), and such requests retracted
     #: instead (the queued result passes over them; they are prefilled again)
@@ -756,7 +762,7 @@ class Scheduler:
         batch = self.running
         initial = batch.batch_size()
         finishing = self._finishing_inflight(batch)
-        #: 0.5.20 - 0.5.21: the finishing requests stay in the decode (counted below)
+        #: before 0.5.22: the finishing requests stay in the decode (counted below)
         decoded = [] if self._skip_finishing else finishing
         if self._skip_finishing:
             batch.filter_batch(**{self._exclude: finishing})
@@ -775,7 +781,7 @@ class Scheduler:
             retracted, _, aborted = batch.retract_decode(*self._retract_args)
             info.retracted = len(retracted) + len(aborted)
             self.counters.retractions += info.retracted
-            # 0.5.20 - 0.5.21: the queued result would have finished these (it passes over
+            # before 0.5.22: the queued result would have finished these (it passes over
             # them, retracted); they come back through the waiting queue
             gone = {id(req) for req in (*retracted, *aborted)}
             self.counters.finishing_retracted += sum(id(req) in gone for req in decoded)
@@ -790,7 +796,7 @@ class Scheduler:
             batch.batch_is_full = False
         if batch.is_empty():
             return None
-        # 0.5.20 - 0.5.21: the decode allocates for the requests its queued result finishes
+        # before 0.5.22: the decode allocates for the requests its queued result finishes
         self.counters.finishing_decoded += len(decoded)
         if not self._lazy:
             batch.prepare_for_decode()
@@ -807,7 +813,7 @@ class Scheduler:
     def _finishing_inflight(self, batch: Any) -> list[Any]:
         """SGLang's `_reqs_finishing_inflight`: the running requests in the queued result's
         batch whose next output token finishes them by length (none but overlapped). Where
-        the release's loop does not ask (`skips_finishing_decode`: 0.5.20 - 0.5.21) the same
+        the release's loop does not ask (`skips_finishing_decode`: before 0.5.22) the same
         requests, by soak's own reading of the question, are counted, never left out."""
         if not self._overlap or self.inflight is None:
             return []
@@ -884,11 +890,11 @@ class Scheduler:
         launched ahead of this result allocated it) or tokens past what it owns (freed by
         the release)."""
         if self._overlap:
-            kv = getattr(req, "kv", None)
-            if kv is not None:
-                seen = len(req.origin_input_ids) + len(req.output_ids)
-                self.counters.released_ahead += kv.kv_committed_len >= seen
-                self.counters.overallocated_freed += max(0, kv.kv_allocated_len - owned_len(req))
+            # the lengths on the request's KV record (0.5.17 on) or the request (0.5.13 - 0.5.16)
+            seen = len(req.origin_input_ids) + len(req.output_ids)
+            self.counters.released_ahead += committed_len(req) >= seen
+            allocated = allocated_len(kv_record(req))
+            self.counters.overallocated_freed += max(0, allocated - owned_len(req))
         # the lazy strategy's: no checkpoint where a decode in flight writes the one slot
         lazy = self._lazy and decode
         checkpoint = bool(getattr(req, lazy_checkpoint_flag(req), True)) if lazy else True

@@ -52,19 +52,26 @@ def test_another_release_is_refused_once_loaded() -> None:
     from kvcanary_cli.errors import OptionError
     from kvcanary_cli.soak.command import _refuse_overlap
 
-    for version in ("0.5.23", "0.5.22", "0.5.21", "0.5.20", None):  # None: not loaded yet
-        _refuse_overlap(version, "swa")
-    with pytest.raises(OptionError, match=r"of SGLang 0\.5\.20, .*0\.5\.23, not SGLang 0\.5\.19"):
-        _refuse_overlap("0.5.19", "swa")
+    for version in ("0.5.23", "0.5.21", "0.5.19", "0.5.15.post1", "0.5.13", None):  # None: not
+        _refuse_overlap(version, "swa")  # loaded yet
+    for other in ("0.5.24", "0.5.12"):
+        with pytest.raises(
+            OptionError, match=rf"of SGLang 0\.5\.13 to 0\.5\.23, not SGLang {other}'s"
+        ):
+            _refuse_overlap(other, "swa")
     with pytest.raises(OptionError, match="drop --layout paged$"):
         _refuse_overlap(None, "paged")
 
 
-@pytest.mark.parametrize(("version", "refused"), [("0.5.21", []), ("0.5.20", ["unified"])])
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [("0.5.21", []), ("0.5.20", ["unified"]), ("0.5.17", ["unified"]), ("0.5.13", ["unified"])],
+)
 def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: list[str]) -> None:
-    """0.5.20 and 0.5.21's loop (no `_reqs_finishing_inflight`) was validated on every layout
-    (the host tier on each it runs on, as 0.5.22's), but 0.5.20's unified memory (its busy
-    check reads a leak on correct states): that layout is refused once the release is known,
+    """0.5.13 - 0.5.21's loop (no `_reqs_finishing_inflight`) was validated on every layout
+    (the host tier on each it runs on, as 0.5.22's), but unified memory before 0.5.21 (the
+    release's own defects: a busy check that reads a leak on correct states, a tree that
+    crashes recovering an SWA tombstone): that layout is refused once the release is known,
     in one line naming what to drop; a reproducer of it is refused on replay too
     (`_overlap_modelled`)."""
     from kvcanary_cli.errors import OptionError
@@ -80,7 +87,7 @@ def test_an_older_loop_is_taken_where_it_was_validated(version: str, refused: li
         assert "\n" not in str(raised.value) and f"SGLang {version}'s" in str(raised.value)
     for newer in ("0.5.22", "0.5.23"):
         assert all(_overlap_modelled(newer, layout) for layout in OVERLAP_LAYOUTS)
-    assert not _overlap_modelled("0.5.19", "swa")
+    assert not _overlap_modelled("0.5.24", "swa")
 
 
 def test_overlapped_extra_buffer_histories_run_the_lazy_strategy_in_two_of_four() -> None:
