@@ -334,24 +334,26 @@ def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
     twice = union(repeated(listed), repeated(pool_rows(dump.running_req_rows, table)))
     twice = union(twice, common(free, held))
     owned = np.zeros(table, dtype=bool)
-    owned[0] = True  # the padding row
+    owned[:1] = True  # the padding row
     owned[free] = owned[held] = True
     leaked = np.flatnonzero(~owned)
     busy = pool_rows(dump.req_pool_indices, table).size > 0
-    counts = [] if busy else _printed_rows(message, free.size, held.size)
+    size = max(table - 1, 0)
+    other = message.rows_total is not None and message.rows_total != size
+    counts = [] if busy or other else _printed_rows(message, free.size, held.size)
     verdict: PoolVerdict
     if leaked.size:
         verdict = "leak"
     elif twice.size:
         verdict = "freed-twice"
-    elif busy:  # SGLang counts at idle: a busy dump's counts are another moment's
+    elif busy or other:  # SGLang counts this pool at idle: another moment's, or pool's
         verdict = "unknown"
     elif counts:
         verdict = "miscount"
     else:
         verdict = "balanced"
     head = (
-        f"[rows] the dump: {free.size} of the pool's {table - 1} rows free"
+        f"[rows] the dump: {free.size} of the pool's {size} rows free"
         + (f" ({listed.size} free-list entries)" if listed.size != free.size else "")
         + f", {held.size} held by running requests and streaming sessions"
         + (
@@ -379,14 +381,19 @@ def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
             else "[rows] SGLang's counts are the dump's: the rest of its sum is the pool's "
             "pre-allocated rows, which it adds to total_size and does not print"
         )
-    busy_reason = (
-        "a batch runs in the dump: SGLang counts rows at idle (give a dump of that moment)"
-    )
+    why: str | None = None
+    if verdict == "unknown":
+        why = (
+            f"the dump's request pool has {size} rows, SGLang's message {message.rows_total}: "
+            "not the pool it counted (give a dump of that pool)"
+            if other
+            else "a batch runs in the dump: SGLang counts rows at idle (give a dump of that moment)"
+        )
     return RowAccount(
-        verdict=verdict, rows=table - 1, free=int(free.size),
+        verdict=verdict, rows=size, free=int(free.size),
         free_listed_twice=int(listed.size - free.size), held=int(held.size), busy=busy,
         leaked=int(leaked.size), leaked_rows=_named(leaked), twice=int(twice.size),
-        twice_rows=_named(twice), reason=busy_reason if verdict == "unknown" else None,
+        twice_rows=_named(twice), reason=why,
         explanation=tuple(lines),
     )  # fmt: skip
 

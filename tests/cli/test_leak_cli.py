@@ -378,6 +378,30 @@ def test_a_busy_dump_decides_no_count_of_the_idle_check(tmp_path: Path) -> None:
     assert (found["verdict"], found["rows"]["leaked_rows"]) == ("leak", [11])
 
 
+@pytest.mark.parametrize("table_rows", [0, 1, ROWS])
+def test_a_dump_of_another_pool_decides_no_count(table_rows: int, tmp_path: Path) -> None:
+    """SGLang's message names a pool of 11 rows; a dump whose table has another number of
+    rows (none at all, only its padding row, or 10) is not that pool: its counts are not
+    compared (undecided, a note saying both sizes), never an internal error."""
+    path = tmp_path / "other.safetensors"
+    save_dump(
+        path,
+        metadata={"page_size": 1, "forward_mode": "idle"},
+        req_to_token=np.zeros((table_rows, 8), dtype=np.int32),
+        req_pool_indices=np.zeros(0, dtype=np.int64),
+        prefix_lens=np.zeros(0, dtype=np.int64),
+        extend_seq_lens=np.zeros(0, dtype=np.int64),
+        free_req_rows=np.arange(1, max(table_rows, 1), dtype=np.int64),  # every row free
+        running_req_rows=np.array([-1], dtype=np.int64),
+    )
+    result = run("leak", _rows_line(6, 0).replace(f"total_size={ROWS}", "total_size=12"), path,
+                 "-f", "json")  # fmt: skip
+    assert result.exit_code == 1, result.stderr
+    found = record(result)
+    assert (found["verdict"], found["rows"]["verdict"]) == ("undecided", "unknown")
+    assert f"has {max(table_rows - 1, 0)} rows, SGLang's message 12" in found["notes"][0]
+
+
 @pytest.mark.parametrize(
     "scenario", ["req-row-leaked", "req-row-freed-twice", "req-row-freed-while-running"]
 )
