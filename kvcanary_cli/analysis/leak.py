@@ -30,13 +30,13 @@ from collections.abc import Mapping
 import numpy as np
 
 from kvcanary_cli.analysis.bookkeeping import full_leaks, leaked_swa_pages, pages_text
-from kvcanary_cli.analysis.cells import distinct, repeated
-from kvcanary_cli.analysis.req_rows import held_rows, pool_rows
+from kvcanary_cli.analysis.cells import distinct
+from kvcanary_cli.analysis.req_rows import pool_rows, row_census
 from kvcanary_cli.analysis.sglang_messages import MessageScan, read_line, read_log
 from kvcanary_cli.canary.logs import MAX_LINE_BYTES
 from kvcanary_cli.catalog import CauseCode
 from kvcanary_cli.dump.loader import KvDump, load_dump
-from kvcanary_cli.dump.tensor import common, union
+from kvcanary_cli.dump.tensor import union
 from kvcanary_cli.errors import OptionError
 from kvcanary_cli.results.leak import (
     LeakMessage,
@@ -318,7 +318,8 @@ _ROWS_NAMED = 16
 def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
     """The dump's rows as SGLang's idle check counts them, against what `message` printed."""
     table = int(dump.req_to_token.shape[0])
-    if dump.free_req_rows is None or dump.running_req_rows is None:
+    census = row_census(dump)
+    if census is None or census.leaked is None:  # it needs both lists
         reason = (
             "the dump does not record free_req_rows and running_req_rows (a capture at "
             "SGLang's memory check does)"
@@ -328,15 +329,9 @@ def _row_account(dump: KvDump, message: LeakMessage) -> RowAccount:
             busy=False, leaked=0, leaked_rows=(), twice=0, twice_rows=(), reason=reason,
             explanation=(f"[rows] not counted: {reason}",),
         )  # fmt: skip
-    listed = pool_rows(dump.free_req_rows, table)
+    listed, held, leaked = census.listed, census.held, census.leaked
     free = distinct(listed)
-    held = held_rows(dump)
-    twice = union(repeated(listed), repeated(pool_rows(dump.running_req_rows, table)))
-    twice = union(twice, common(free, held))
-    owned = np.zeros(table, dtype=bool)
-    owned[:1] = True  # the padding row
-    owned[free] = owned[held] = True
-    leaked = np.flatnonzero(~owned)
+    twice = union(census.twice, census.free_and_held)
     busy = pool_rows(dump.req_pool_indices, table).size > 0
     size = max(table - 1, 0)
     other = message.rows_total is not None and message.rows_total != size

@@ -11,6 +11,7 @@ long as the pool has rows; a shrunk dump keeps both lists whole, and the table's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -22,7 +23,7 @@ from kvcanary_cli.dump.schema import Group
 from kvcanary_cli.dump.tensor import common, union
 from kvcanary_cli.results.check import Finding, JsonValue
 
-__all__ = ["held_rows", "pool_rows", "req_row_findings"]
+__all__ = ["RowCensus", "held_rows", "pool_rows", "req_row_findings", "row_census"]
 
 #: Rows a finding names in its details (a sample, with the total).
 _ROWS_SHOWN = 16
@@ -59,50 +60,83 @@ def _finding(code: FindingCode, rows: np.ndarray, one: str, many: str) -> Findin
     )
 
 
-def req_row_findings(dump: KvDump) -> list[Finding]:
-    """Rows free and held, listed or held twice, and (with both records) leaked."""
+@dataclass(frozen=True)
+class RowCensus:
+    """The request pool's rows by what holds them, as the dump records them (sorted pool rows;
+    `listed` keeps the free list's repeats): what `req_row_findings` and `leak` both read."""
+
+    #: the table's rows, its padding row 0 among them
+    rows: int
+    #: the free list's entries that name a pool row (`free_req_rows`), repeats kept
+    listed: np.ndarray
+    #: rows running requests, sessions and the batch hold (`held_rows`)
+    held: np.ndarray
+    #: rows on the free list and held
+    free_and_held: np.ndarray
+    #: rows listed free twice, or held by two running requests
+    twice: np.ndarray
+    #: rows neither free nor held; None without both records (no row is called leaked)
+    leaked: np.ndarray | None
+
+
+def row_census(dump: KvDump) -> RowCensus | None:
+    """The census of the dump's request pool rows; None where it records neither list."""
     free, running = dump.free_req_rows, dump.running_req_rows
     if free is None and running is None:
-        return []
+        return None
     rows = int(dump.req_to_token.shape[0])
-    free_rows, running_rows = pool_rows(free, rows), pool_rows(running, rows)
+    listed, running_rows = pool_rows(free, rows), pool_rows(running, rows)
     held = held_rows(dump)
+    leaked = None
+    if free is not None and running is not None:
+        accounted = np.zeros(rows, dtype=bool)
+        accounted[:1] = True  # the padding row (a table may have none)
+        accounted[listed] = True
+        accounted[held] = True
+        leaked = np.flatnonzero(~accounted).astype(np.int64)
+    return RowCensus(
+        rows=rows,
+        listed=listed,
+        held=held,
+        free_and_held=common(listed, held),
+        twice=union(repeated(listed), repeated(running_rows)),
+        leaked=leaked,
+    )
+
+
+def req_row_findings(dump: KvDump) -> list[Finding]:
+    """Rows free and held, listed or held twice, and (with both records) leaked."""
+    census = row_census(dump)
+    if census is None:
+        return []
     found: list[Finding] = []
-    both = common(free_rows, held)
-    if both.size:
+    if census.free_and_held.size:
         found.append(
             _finding(
                 FindingCode.REQ_ROW_FREE_AND_HELD,
-                both,
+                census.free_and_held,
                 "pool row {row} is on the request pool's free list, yet a running request "
                 "holds it: freed while in use",
                 "{n} pool rows are on the request pool's free list, yet running requests "
                 "hold them: freed while in use",
             )
         )
-    twice = union(repeated(free_rows), repeated(running_rows))
-    if twice.size:
+    if census.twice.size:
         found.append(
             _finding(
                 FindingCode.REQ_ROW_HANDED_OUT_TWICE,
-                twice,
+                census.twice,
                 "pool row {row} is listed free twice or held by two running requests: freed twice",
                 "{n} pool rows are listed free twice or held by two running requests: freed twice",
             )
         )
-    if free is not None and running is not None:
-        accounted = np.zeros(rows, dtype=bool)
-        accounted[0] = True  # the padding row
-        accounted[free_rows] = True
-        accounted[held] = True
-        leaked = np.flatnonzero(~accounted).astype(np.int64)
-        if leaked.size:
-            found.append(
-                _finding(
-                    FindingCode.REQ_ROW_LEAKED,
-                    leaked,
-                    "pool row {row} is neither free nor held by a running request: leaked",
-                    "{n} pool rows are neither free nor held by a running request: leaked",
-                )
+    if census.leaked is not None and census.leaked.size:
+        found.append(
+            _finding(
+                FindingCode.REQ_ROW_LEAKED,
+                census.leaked,
+                "pool row {row} is neither free nor held by a running request: leaked",
+                "{n} pool rows are neither free nor held by a running request: leaked",
             )
+        )
     return found

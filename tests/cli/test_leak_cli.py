@@ -382,7 +382,8 @@ def test_a_busy_dump_decides_no_count_of_the_idle_check(tmp_path: Path) -> None:
 def test_a_dump_of_another_pool_decides_no_count(table_rows: int, tmp_path: Path) -> None:
     """SGLang's message names a pool of 11 rows; a dump whose table has another number of
     rows (none at all, only its padding row, or 10) is not that pool: its counts are not
-    compared (undecided, a note saying both sizes), never an internal error."""
+    compared (undecided, a note saying both sizes), never an internal error; `check`, which
+    counts the same rows, reads it too."""
     path = tmp_path / "other.safetensors"
     save_dump(
         path,
@@ -400,6 +401,8 @@ def test_a_dump_of_another_pool_decides_no_count(table_rows: int, tmp_path: Path
     found = record(result)
     assert (found["verdict"], found["rows"]["verdict"]) == ("undecided", "unknown")
     assert f"has {max(table_rows - 1, 0)} rows, SGLang's message 12" in found["notes"][0]
+    checked = run("check", path, "-k", "none", "-f", "json")  # the same census, in `check`
+    assert checked.exit_code == 0, checked.stderr  # every row free: no finding, no crash
 
 
 @pytest.mark.parametrize(
