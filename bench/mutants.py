@@ -1222,10 +1222,11 @@ MUTANTS: tuple[Mutant, ...] = (
         layout="hybrid-chunked-local",
     ),
 )
-#: Mutants soaked again under SGLang's overlapped loop (`--overlap`), named `NAME-overlapped`:
-#: the coarse access stamps that part ranks, the ranks' acks and storage hits not reduced (the
-#: host and storage tiers on ranks), and the radix sessions' code, whose close may meet a turn
-#: that a result still queued finishes.
+#: Mutants soaked again under the engine's overlapped loop (`--overlap`), named
+#: `NAME-overlapped`: the coarse access stamps that part ranks, the ranks' acks and storage
+#: hits not reduced (the host and storage tiers on ranks), and the radix sessions' code, whose
+#: close may meet a turn that a result still queued finishes; vLLM's Mamba group under its
+#: async scheduling, where states are retired on the tokens processed, a step behind.
 AGAIN_OVERLAPPED = (
     "lru-stamp-coarse-tie",
     "lru-stamp-floored-by-one",
@@ -1237,6 +1238,10 @@ AGAIN_OVERLAPPED = (
     "radix-tag-takes-lock",
     "radix-close-keeps-refs",
     "radix-close-in-reverse",
+    "mamba-retires-running-state",
+    "mamba-retired-kept",
+    "mamba-skipped-states-allocated",
+    "mamba-null-test-by-identity",
 )
 MUTANTS += tuple(
     replace(mutant, name=f"{mutant.name}-overlapped", layout=mutant.layout + OVERLAP)
@@ -1519,9 +1524,11 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
     result.write_text(json.dumps(record))
 
 
-def vllm_alone(modules: Any, budget: int, seed: int, models: str | None = None) -> dict[str, Any]:
+def vllm_alone(
+    modules: Any, budget: int, seed: int, models: str | None = None, overlap: bool = False
+) -> dict[str, Any]:
     """vLLM's own asserts with no kvcanary audit, on the histories soak runs (same seeds,
-    models and lengths): where vLLM first raised."""
+    models, lengths and scheduling): where vLLM first raised."""
     from kvcanary_cli.soak.vllm_command import AFTER_STEPS, HISTORY_STEPS, chosen_models
     from kvcanary_cli.soak.vllm_driver import run_history
 
@@ -1531,7 +1538,13 @@ def vllm_alone(modules: Any, budget: int, seed: int, models: str | None = None) 
         model = chosen[histories % len(chosen)]
         length = min(HISTORY_STEPS, budget - ran)
         h = run_history(
-            modules, model, seed + histories, length, audit_every=False, after_steps=AFTER_STEPS
+            modules,
+            model,
+            seed + histories,
+            length,
+            audit_every=False,
+            after_steps=AFTER_STEPS,
+            overlap=overlap,
         )
         crash = h.crash
         if crash is not None:
@@ -1579,10 +1592,16 @@ def _vllm_soak_side(report: Any) -> dict[str, Any]:
 
 
 def vllm_child(
-    tree: Path, budget: int, seeds: list[int], result: Path, models: str | None = None
+    tree: Path,
+    budget: int,
+    seeds: list[int],
+    result: Path,
+    models: str | None = None,
+    overlap: bool = False,
 ) -> None:
     """Run one vLLM variant, per seed: `soak --engine vllm`'s `run_vllm_soak` (under
-    `--vllm-model models`; None: the default models), then vLLM's asserts alone."""
+    `--vllm-model models`, None: the default models; `overlap`: under vLLM's async
+    scheduling), then vLLM's asserts alone."""
     from kvcanary_cli.soak.vllm_command import run_vllm_soak
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
@@ -1595,12 +1614,12 @@ def vllm_child(
         with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
             t0 = time.monotonic()
             report = run_vllm_soak(
-                str(tree), budget, seed, None, models=models, out=Path(out) / "o"
+                str(tree), budget, seed, None, models=models, out=Path(out) / "o", overlap=overlap
             )
             run["soak_s"] = round(time.monotonic() - t0, 2)
         run["soak"] = _vllm_soak_side(report)
         t0 = time.monotonic()
-        run["vllm"] = vllm_alone(load_vllm(tree), budget, seed, models)
+        run["vllm"] = vllm_alone(load_vllm(tree), budget, seed, models, overlap)
         run["vllm_s"] = round(time.monotonic() - t0, 2)
         record["runs"].append(run)
     result.write_text(json.dumps(record))
@@ -1708,6 +1727,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("sglang", "swa" + HICACHE + STORAGE + "-tp2" + OVERLAP),
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
+    ("vllm", "hybrid-mamba" + OVERLAP),
     ("vllm", "hybrid-chunked-local"),
 )
 
@@ -1860,7 +1880,9 @@ def _group_report(
     )
     where = f" (soak --layout {layout_only}{flags})" if engine == "sglang" else ""
     if engine == "vllm" and layout != "-":
-        where = f" (soak --engine vllm --vllm-model {layout})"
+        model = layout.removesuffix(OVERLAP)
+        loop = " --overlap" if layout != model else ""
+        where = f" (soak --engine vllm --vllm-model {model}{loop})"
     lines = [
         f"mutants of {release}{where}, {figures['steps']} steps per seed, seeds "
         f"{', '.join(map(str, figures['seeds']))}, {figures['jobs']} at a time on "
@@ -1945,8 +1967,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.child is not None:
         if args.child_engine == "vllm":
-            models = None if args.child_layout == "-" else args.child_layout
-            vllm_child(args.child, args.steps, args.seed, args.result, models)
+            layout = args.child_layout
+            models = None if layout == "-" else layout.removesuffix(OVERLAP)
+            overlap = layout.endswith(OVERLAP)
+            vllm_child(args.child, args.steps, args.seed, args.result, models, overlap)
         else:
             child(args.child, args.steps, args.seed, args.result, args.child_layout)
         return 0

@@ -435,7 +435,8 @@ command(
     ),
     overlap=Opt(
         "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
-        "non-overlapped one (SGLang 0.5.13 to 0.5.23; before 0.5.21 not --layout unified).",
+        "non-overlapped one (SGLang 0.5.13 to 0.5.23; before 0.5.21 not --layout unified); "
+        "with --engine vllm, vLLM's async scheduling (a step scheduled while one is in flight).",
     ),
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),

@@ -79,6 +79,9 @@ class PoolSoakReport:
     #: --replay: the reproducer run again (one history, no files written); null for a soak.
     #: Its `recorded` is the top finding's code, or `crash <exception>`
     replay: SoakReplay | None = None
+    #: --overlap: run under the engine's async scheduling (vLLM's: a step scheduled while
+    #: the last is in flight)
+    overlap: bool = False
 
     @recorded
     def audited(self) -> int:

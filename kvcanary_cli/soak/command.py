@@ -966,8 +966,6 @@ def run_soak(
             raise OptionError("runs SGLang's radix sessions only", option="--session-radix-cache")
         if tp != 1:
             raise OptionError("runs SGLang's tensor-parallel ranks only", option="--tp")
-        if overlap:
-            raise OptionError("models SGLang's overlapped loop only", option="--overlap")
         sglang_options = {"--page-size": page_size, "--core": core, "--layout": layout}
         return run_vllm_soak(
             vllm_tree,
@@ -980,6 +978,7 @@ def run_soak(
             timings=timings,
             replaying=replaying,
             sglang_options={**sglang_options, "--sglang-tree": sglang_tree},
+            overlap=overlap,
         )
     checked_choice(engine, ["sglang", "vllm"], "engine")
     for flag, given in (("--vllm-tree", vllm_tree), ("--vllm-model", vllm_model)):

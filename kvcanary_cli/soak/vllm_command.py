@@ -1,13 +1,13 @@
 """`kvcanary soak --engine vllm`: histories of the seeded workload on vLLM's real
-`KVCacheManager` (`soak.vllm_driver`), the chosen models in turn (full and hybrid by
-default), audited each step, until the step budget is spent or something is found (a
-planted --fault, kvcanary's finding, vLLM's own assert, heard through the assert hook).
+`KVCacheManager` (`soak.vllm_driver`), the chosen models in turn (full and hybrid by default),
+audited each step, until the step budget is spent or something is found (a planted --fault,
+kvcanary's finding, vLLM's own assert, heard through the assert hook).
 
 A finding leaves two files in `--out` (checked before a step runs), written as every soak
-writes them (`soak.outputs`: all or none, never over a link, no overwrite without --force):
-the failing step's dump and a reproducer (the history's model, seed, steps and fault: the
-workload is the seed's). `--replay` runs a reproducer again. Importing this module costs the
-standard library: vLLM and torch load when a soak runs."""
+writes them (`soak.outputs`: all or none, never over a link, no overwrite without --force): the
+failing step's dump and a reproducer (the history's model, seed, steps, fault and scheduling:
+the workload is the seed's). `--replay` runs a reproducer again. Importing this module costs
+the standard library: vLLM and torch load when a soak runs."""
 
 from __future__ import annotations
 
@@ -154,19 +154,22 @@ def run_vllm_soak(
     timings: bool = False,
     replaying: Path | None = None,
     sglang_options: Mapping[str, object] | None = None,
+    overlap: bool = False,
 ) -> PoolSoakReport:
     """Soak vLLM's manager from `tree` (None: the cached release wheel) for `steps` audited
-    steps, a finding's files to `out`; with `replaying`, that reproducer run again. A one-line
-    error (exit 2) for an SGLang option, an unknown fault, an `out` it may not write, or a
-    tree that cannot load."""
+    steps, a finding's files to `out`; with `replaying`, that reproducer run again; with
+    `overlap`, under vLLM's async scheduling. A one-line error (exit 2) for an SGLang option,
+    an unknown fault, an `out` it may not write, a tree that cannot load, or `overlap` on a
+    release whose manager counts no tokens in flight."""
     from kvcanary_cli.soak.vllm_driver import FAULTS, run_history
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
     refuse_sglang_options(sglang_options or {})
     if replaying is not None:
-        if fault is not None or models is not None:
+        if fault is not None or models is not None or overlap:
             raise OptionError(
-                "takes the fault and the model from the reproducer: drop --fault and --vllm-model",
+                "takes the fault, the model and the scheduling from the reproducer: drop "
+                "--fault, --vllm-model and --overlap",
                 option="--replay",
             )
         return _replay(replaying, tree, timings=timings)
@@ -179,6 +182,8 @@ def run_vllm_soak(
     started = time.monotonic()
     modules = load_vllm(tree if tree is not None else _default_tree())
     _refuse_unbuildable(modules, chosen)
+    if overlap:
+        _refuse_synchronous(modules)
     histories: list[PoolSoakHistory] = []
     audited = 0
     files: dict[SoakFile, str] = {}
@@ -194,11 +199,13 @@ def run_vllm_soak(
                 fault=fault,
                 after_steps=AFTER_STEPS,
                 assert_dumps=folder / f"history-{len(histories)}",
+                overlap=overlap,
             )
             audited += h.audited
             histories.append(_history(h))
             if h.findings or h.crash is not None:
-                files = _keep(h, length, modules.tree.version, fault, folder, out, force)
+                version = modules.tree.version
+                files = _keep(h, length, version, fault, overlap, folder, out, force)
                 break
             if h.audited == 0:
                 break
@@ -211,6 +218,7 @@ def run_vllm_soak(
         histories=tuple(histories),
         seconds=round(time.monotonic() - started, 3) if timings else None,
         files=files,
+        overlap=overlap,
     )
 
 
@@ -229,8 +237,30 @@ def _refuse_unbuildable(modules: Any, models: tuple[str, ...]) -> None:
         )
 
 
+def _refuse_synchronous(modules: Any) -> None:
+    """One error line (exit 2) for `--overlap` on a release whose manager counts no tokens
+    in flight: its async scheduling only defers frees, which every vLLM soak runs."""
+    from kvcanary_cli.soak.vllm_driver import counts_tokens_in_flight
+
+    if not counts_tokens_in_flight(modules):
+        raise OptionError(
+            "models vLLM's async scheduling where its KV-cache manager frees on the tokens "
+            "processed (num_in_flight_tokens, as in 0.33.0 and 0.34.0); vLLM "
+            f"{modules.tree.version}'s does not count them",
+            option="--overlap",
+            hint="drop --overlap: every vLLM soak already defers frees past the step in flight",
+        )
+
+
 def _keep(
-    h: Any, length: int, version: str, fault: str | None, folder: Path, out: Path, force: bool
+    h: Any,
+    length: int,
+    version: str,
+    fault: str | None,
+    overlap: bool,
+    folder: Path,
+    out: Path,
+    force: bool,
 ) -> dict[SoakFile, str]:
     """The failing history's dump and reproducer written to `out`, all or none."""
     from kvcanary_cli.dump.atomic import write_safetensors
@@ -257,6 +287,7 @@ def _keep(
         "steps": length,
         "after_steps": AFTER_STEPS,
         "fault": fault,
+        "overlap": overlap,
         "recorded": _key(h),
         "finding_step": h.finding_step,
         "crash_step": None if h.crash is None else h.crash.step,
@@ -289,6 +320,10 @@ def read_reproducer(path: Path) -> dict[str, Any]:
                 path=str(path),
                 hint=hint,
             )
+    if not isinstance(data.setdefault("overlap", False), bool):  # absent before --overlap
+        raise PathError(
+            "is not a vLLM soak reproducer ('overlap' not true or false)", path=str(path), hint=hint
+        )
     if (
         data["model"] not in MODELS
         or (data["fault"] is not None and data["fault"] not in FAULTS)
@@ -311,6 +346,8 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
     data = read_reproducer(reproducer)
     started = time.monotonic()
     modules = load_vllm(tree if tree is not None else _default_tree())
+    if data["overlap"]:
+        _refuse_synchronous(modules)
     with _naming(modules.tree):
         h = run_history(
             modules,
@@ -319,6 +356,7 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
             data["steps"],
             fault=data["fault"],
             after_steps=data["after_steps"],
+            overlap=data["overlap"],
         )
     return PoolSoakReport(
         engine="vllm",
@@ -336,4 +374,5 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
             if isinstance(data.get("engine_version"), str)
             else None,
         ),
+        overlap=data["overlap"],
     )

@@ -1,19 +1,23 @@
 """A seeded random workload on vLLM's real `KVCacheManager`, audited every step.
 
-vLLM's own `Scheduler` needs a whole engine configuration, so this module is a small
-scheduler of its own with the calls vLLM's makes, in its order: running requests first (a
-decode token, or the next prefill chunk), the newest running request preempted (freed,
-recomputed later) when a step does not fit; then waiting requests with their prefix-cache
-hits; finished and aborted requests freed at once or, as vLLM's async scheduling does, after
-the in-flight step (`deferred_frees`; a release before 0.24.0 has no such frees, and frees at
-once). The calls are made as the loaded release takes them (its constructor's arguments, its
-prefix lookup's result), never by its version number. Requests share a few prompt
-prefixes, so prefix hits, shared blocks and evictions happen. The models (`MODELS`): full
-attention alone, and full attention beside one other group in one shared pool: a sliding
-window (`hybrid`: blocks that left the window replaced by the null block), a Mamba state
-group (`hybrid-mamba`: a request keeps its last state blocks, the rest null) or chunked
-local attention (`hybrid-chunked-local`: blocks before the current chunk null). A soak
-runs `DEFAULT_MODELS` in turn unless told which.
+vLLM's own `Scheduler` needs a whole engine configuration, so this module is a small scheduler
+of its own with the calls vLLM's makes, in its order: running requests first (a decode token,
+or the next prefill chunk), the newest running request preempted (freed, recomputed later) when
+a step does not fit; then waiting requests with their prefix-cache hits; finished and aborted
+requests freed at once or, as vLLM's async scheduling does, after the in-flight step
+(`deferred_frees`; a release before 0.24.0 has no such frees, and frees at once). With
+`overlap`, as vLLM's async scheduling runs it (a server's default in 0.33.0 and 0.34.0): a step
+is scheduled while the last one is still in flight, so each request's `num_in_flight_tokens`
+holds what it was scheduled for in the step before until that step's output is processed, after
+the next is scheduled; the manager frees windows and Mamba states on the tokens processed, not
+those computed (a release whose manager counts no tokens in flight, as 0.11.0's, is refused).
+The calls are made as the loaded release takes them (its constructor's arguments, its prefix
+lookup's result), never by its version number. Requests share a few prompt prefixes, so prefix
+hits, shared blocks and evictions happen. The models (`MODELS`): full attention alone, and full
+attention beside one other group in one shared pool: a sliding window (`hybrid`: blocks that
+left the window replaced by the null block), a Mamba state group (`hybrid-mamba`: a request
+keeps its last state blocks, the rest null) or chunked local attention (`hybrid-chunked-local`:
+blocks before the current chunk null). A soak runs `DEFAULT_MODELS` in turn unless told which.
 
 After every step the manager is read (`engines.vllm.capture.snapshot`) and checked
 (`engines.vllm.check.audit`). A planted fault edits the pool the way its bug would, at a
@@ -133,10 +137,20 @@ class History:
     notes: list[str] = field(default_factory=list)
 
 
+def counts_tokens_in_flight(modules: Any) -> bool:
+    """The release's manager frees on the tokens processed: its `allocate_slots` reads a
+    request's `num_in_flight_tokens` (vLLM's async scheduling; from 0.33.0 on)."""
+    try:
+        source = inspect.getsource(modules.manager.KVCacheManager.allocate_slots)
+    except (OSError, TypeError):
+        return False
+    return "num_in_flight_tokens" in source
+
+
 class _Scheduler:
     """The workload: requests arriving, scheduled, preempted, finished and aborted."""
 
-    def __init__(self, modules: Any, model: str, seed: int) -> None:
+    def __init__(self, modules: Any, model: str, seed: int, *, overlap: bool = False) -> None:
         import torch
 
         m = modules
@@ -219,6 +233,9 @@ class _Scheduler:
             [int(t) for t in self.rng.integers(0, 30000, int(self.rng.integers(1, 6)) * BLOCK_SIZE)]
             for _ in range(4)
         ]
+        #: async scheduling: the last step's (request, tokens), in flight until this step
+        #: is scheduled (None: every step's output processed before the next is scheduled)
+        self.in_flight: list[tuple[Any, int]] | None = [] if overlap else None
         self.requests: dict[str, Any] = {}
         self.output_left: dict[str, int] = {}
         self.waiting: deque[Any] = deque()
@@ -334,6 +351,14 @@ class _Scheduler:
             if request.num_computed_tokens >= request.num_tokens:
                 request.append_output_token_ids(int(rng.integers(0, 30000)))
                 self.output_left[request.request_id] -= 1
+        if self.in_flight is not None:
+            # this step goes in flight; the last one's output is processed (a preempted or
+            # finished request's tokens drain too, as vLLM drains them)
+            for request, count in scheduled:
+                request.num_in_flight_tokens += count
+            for request, count in self.in_flight:
+                request.num_in_flight_tokens -= count
+            self.in_flight = scheduled
         for request in list(self.running):
             done = self.output_left[request.request_id] <= 0
             if done or request.num_tokens >= MAX_MODEL_LEN - 1:
@@ -459,14 +484,16 @@ def run_history(
     after_steps: int = 200,
     assert_dumps: Path | None = None,
     observe: Callable[[Any], None] | None = None,
+    overlap: bool = False,
 ) -> History:
     """`steps` steps of one seeded history, audited after each; a planted `fault` at a drawn
     step. After kvcanary's first finding the history runs on unaudited (`after_steps` at
     most) to hear whether vLLM's own asserts ever say anything. With `assert_dumps`, the
     manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises.
-    `observe` is handed the workload's scheduler after each step (a bench's own counts)."""
+    `observe` is handed the workload's scheduler after each step (a bench's own counts).
+    With `overlap`, under vLLM's async scheduling (tokens in flight a step)."""
     try:
-        s = _Scheduler(modules, model, seed)
+        s = _Scheduler(modules, model, seed, overlap=overlap)
     except ModelUnavailableError:
         raise
     except Exception as exc:  # the constructors' calls do not fit this release

@@ -14,7 +14,7 @@ from kvcanary_cli.cli import app
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--engine", "vllm"], "SGLang's overlapped loop only"),
+        (["--engine", "vllm", "--layout", "swa"], "--layout: an SGLang soak option"),
         (["--replay", "soak-reproducer.json"], "scheduler loop from the reproducer"),
     ],
 )

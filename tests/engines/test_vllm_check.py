@@ -23,7 +23,7 @@ from kvcanary_cli.engines.vllm.capture import group_specs
 from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.state import CHUNKED_LOCAL, MAMBA, GroupSpec, VllmState, state_of
 from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, _copy, _null_in_chunk, build
-from kvcanary_cli.errors import MetadataError
+from kvcanary_cli.errors import MetadataError, TensorShapeError
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
 from tests.engines.bad_dumps import broken_vllm_contents
 
@@ -217,22 +217,19 @@ def test_the_capture_reads_a_mamba_groups_state_bound_from_its_spec() -> None:
         m.kv_cache_spec = type("MambaSpec", (), spec)()
         return m
 
-    def bound(
-        m: object, max_model_len: int | None = 1024, in_flight: bool | None = False
-    ) -> object:
-        [g] = group_specs([m], max_model_len=max_model_len, in_flight=in_flight)
+    def bound(m: object, max_model_len: int | None = 1024, requests_known: bool = True) -> object:
+        [g] = group_specs([m], max_model_len=max_model_len, requests_known=requests_known)
         return g.max_states
 
     align: dict[str, Any] = {"mamba_cache_mode": "align", "num_speculative_blocks": 0}
     assert bound(mamba(**align)) == 2
     assert bound(mamba(**align, num_prefill_checkpoint_blocks=1)) == 3
     assert bound(mamba(**align, num_prefill_checkpoint_blocks=0)) == 2
-    # tokens in flight (or not known to be none), speculative blocks: no bound
-    assert bound(mamba(**align), in_flight=True) is None
-    assert bound(mamba(**align), in_flight=None) is None
+    # the requests not read (their tokens in flight unknown), speculative blocks: no bound
+    assert bound(mamba(**align), requests_known=False) is None
     assert bound(mamba(**{**align, "num_speculative_blocks": 2})) is None
     # no prefix caching: one block the model's length, in flight or not
-    assert bound(mamba(1024), in_flight=None) == 1
+    assert bound(mamba(1024), requests_known=False) == 1
     assert bound(mamba(1024, mamba_cache_mode="none")) == 1
     assert bound(mamba(16, mamba_cache_mode="none")) is None
     assert bound(mamba(1024), max_model_len=None) is None
@@ -260,6 +257,50 @@ def test_a_dump_keeps_the_mamba_bound_and_refuses_a_bad_one(tmp_path: Path) -> N
         write_safetensors(broken, tensors, {**meta, "vllm.groups": json.dumps(groups)})
         with pytest.raises(MetadataError, match="max_states"):
             state_of(read_arrays(broken))
+
+
+def test_tokens_in_flight_allow_a_state_per_block_they_reach(tmp_path: Path) -> None:
+    """vLLM's async scheduling retires a Mamba state once the tokens after it are processed:
+    a request with tokens in flight keeps one more per block they reach, its own only."""
+    planted = build("vllm-mamba-state-kept", seed=1)
+    [finding] = audit(planted).findings
+    assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
+    request = planted.request_ids.index(finding.owners[0].request)
+
+    def flying(tokens: int, who: int = request) -> VllmState:
+        counts = np.zeros(len(planted.request_ids), dtype=np.int64)
+        counts[who] = tokens
+        return replace(planted, request_num_in_flight=counts)
+
+    assert audit(flying(1)).findings == ()  # the third state: one block in flight
+    assert audit(flying(16)).findings == ()
+    # a dump's huge count allows any table, and never wraps the sum into a finding
+    ones = (planted.groups[0], replace(planted.groups[1], block_size=1))
+    huge = replace(flying(np.iinfo(np.int64).max), groups=ones)
+    assert audit(huge).findings == ()
+    other = (request + 1) % len(planted.request_ids)
+    for unchanged in (flying(0), flying(1, other), flying(-5)):  # never loosened by another
+        assert _codes(unchanged) == {PoolCode.MAMBA_STATES_OVER_BOUND}
+    # two states too many: a block's tokens in flight allow one, two blocks' both
+    tensors, meta = planted.contents()
+    counts = flying(17).request_num_in_flight
+    assert counts is not None
+    path = tmp_path / "flying.safetensors"
+    write_safetensors(path, {**tensors, "vllm.request_num_in_flight": counts}, meta)
+    read = state_of(read_arrays(path))
+    assert read.request_num_in_flight is not None
+    assert read.request_num_in_flight.tolist() == counts.tolist()
+    assert audit(read).findings == ()
+    # the message says both bounds: every request one token in flight, the group's bound 1
+    tight = (planted.groups[0], replace(planted.groups[1], max_states=1))
+    ones = np.ones(len(planted.request_ids), dtype=np.int64)
+    [over] = audit(replace(planted, groups=tight, request_num_in_flight=ones)).findings
+    assert over.owners[0].request == finding.owners[0].request
+    assert "keeps at most 2 with its 1 token in flight (1 without)" in over.message
+    short = tmp_path / "short.safetensors"
+    write_safetensors(short, {**tensors, "vllm.request_num_in_flight": counts[:-1]}, meta)
+    with pytest.raises(TensorShapeError, match="one per request of vllm.request_ids"):
+        state_of(read_arrays(short))
 
 
 def test_a_released_block_in_its_table_is_no_finding_until_unmarked() -> None:

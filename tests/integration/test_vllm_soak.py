@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -83,15 +84,88 @@ def test_a_state_left_in_a_real_mamba_table_is_over_its_bound(vllm: Any) -> None
     [finding] = audit(s.state()).findings
     assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
     assert "3 state blocks" in finding.message
-    # a request with tokens in flight (vLLM's async scheduling, where its `Request` counts
-    # them): the release may keep one more state a step, so the bound is not known then
-    request = next(iter(s.requests.values()))
-    if hasattr(request, "num_in_flight_tokens"):
-        request.num_in_flight_tokens = 1
+    # tokens in flight (vLLM's async scheduling): a state more per block they reach, the
+    # three states within that request's bound, the others' bound unchanged
+    request = s.requests[next(rid for rid, t in manager.req_to_blocks.items() if t is tables[0])]
+    request.num_in_flight_tokens = 1
+    state = s.state()
+    assert state.groups[1].max_states == 2
+    assert audit(state).findings == ()
+    request.num_in_flight_tokens = 0
+    assert [f.code for f in audit(s.state()).findings] == [PoolCode.MAMBA_STATES_OVER_BOUND]
+
+
+def test_async_scheduling_keeps_states_in_flight_and_is_silent(vllm: Any) -> None:
+    """Under vLLM's async scheduling (`soak --engine vllm --overlap`) every model's histories
+    check clean at each step, tokens in flight; a Mamba table then holds a state beyond the
+    bound of a request with none in flight, which the tokens in flight allow."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    for model in ("full", "hybrid", "hybrid-chunked-local"):
+        h = run_history(vllm, model, seed=11, steps=150, overlap=True)
+        assert h.crash is None and h.findings == (), model
+    s = _Scheduler(vllm, "hybrid-mamba", 0, overlap=True)
+    beyond = in_flight = 0
+    for _ in range(300):
+        s.run_step()
         state = s.state()
-        assert state.groups[1].max_states is None
-        result = audit(state)
-        assert result.findings == () and any("state blocks" in line for line in result.skipped)
+        assert audit(state).findings == ()
+        assert state.request_num_in_flight is not None
+        in_flight += int((state.request_num_in_flight > 0).sum())
+        mamba = (state.table_group == 1) & (state.table_block != state.null_block)
+        held = np.bincount(state.table_request[mamba], minlength=len(state.request_ids))
+        beyond += int((held > state.groups[1].max_states).sum())
+    assert in_flight > 0 and beyond > 0
+
+
+def test_overlap_is_refused_where_the_manager_counts_no_tokens_in_flight(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kvcanary_cli.cli import app
+    from kvcanary_cli.soak import vllm_driver
+    from tests.vllm_wheel import wheel_path
+
+    monkeypatch.setattr(vllm_driver, "counts_tokens_in_flight", lambda modules: False)
+    args = ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path()), "--overlap"]
+    result = CliRunner().invoke(app, [*args, "--steps", "5", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith("error: --overlap: models vLLM's async scheduling where")
+    assert "does not count them (drop --overlap" in line
+
+
+def test_an_async_soaks_reproducer_replays_under_async_scheduling(
+    vllm: Any, tmp_path: Path
+) -> None:
+    from kvcanary_cli.cli import app
+    from tests.render.record_schema import RECORDS, validate
+    from tests.vllm_wheel import wheel_path
+
+    args = ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path()), "--format", "json"]
+    found = CliRunner().invoke(
+        app,
+        [*args, "--overlap", "--steps", "300", "--fault", "leak", "--out", str(tmp_path / "o")],
+    )
+    assert found.exit_code == 1, found.output
+    record = json.loads(found.output)
+    assert validate(record, RECORDS[record["schema"]]) == [] and record["overlap"] is True
+    reproducer = Path(record["files"]["reproducer"])
+    assert json.loads(reproducer.read_text())["overlap"] is True
+    replayed = json.loads(CliRunner().invoke(app, [*args, "--replay", str(reproducer)]).output)
+    assert replayed["overlap"] is True and replayed["replay"]["reproduced"] is True
+    step = record["histories"][0]["finding_step"]
+    assert replayed["histories"][0]["finding_step"] == step
+    # a reproducer written before --overlap (no such key) replays synchronously
+    older = tmp_path / "older.json"
+    older.write_text(
+        json.dumps({k: v for k, v in json.loads(reproducer.read_text()).items() if k != "overlap"})
+    )
+    again = json.loads(CliRunner().invoke(app, [*args, "--replay", str(older)]).output)
+    assert again["overlap"] is False
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**json.loads(reproducer.read_text()), "overlap": "yes"}))
+    refused = CliRunner().invoke(app, [*args, "--replay", str(bad)])
+    assert refused.exit_code == 2 and "'overlap' not true or false" in refused.output
 
 
 @pytest.mark.parametrize(
@@ -108,8 +182,8 @@ def test_a_state_left_in_a_real_mamba_table_is_over_its_bound(vllm: Any) -> None
         ),
         (
             ["--engine", "vllm", "--vllm-model", "full", "--replay", "x.json"],
-            "error: --replay: "
-            "takes the fault and the model from the reproducer: drop --fault and --vllm-model",
+            "error: --replay: takes the fault, the model and the scheduling from the "
+            "reproducer: drop --fault, --vllm-model and --overlap",
         ),
     ],
 )
@@ -247,7 +321,7 @@ def test_a_crash_kvcanary_did_not_audit_keeps_the_assert_hooks_dump(
         assert_dumps=tmp_path / "hook",
     )
     assert h.crash is not None and h.findings == ()
-    files = _keep(h, 80, "0.33.0", "block-freed-twice", tmp_path, tmp_path / "out", False)
+    files = _keep(h, 80, "0.33.0", "block-freed-twice", False, tmp_path, tmp_path / "out", False)
     assert json.loads(Path(files["reproducer"]).read_text())["recorded"] == "crash AssertionError"
     stored = read_arrays(files["dump"])
     assert stored.metadata["kvcanary.trigger"] == "vllm-assert"

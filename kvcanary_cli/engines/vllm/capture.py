@@ -45,24 +45,25 @@ def _window(spec: Any) -> int | None:
     return None
 
 
-def _max_states(manager: Any, *, max_model_len: int | None, in_flight: bool | None) -> int | None:
-    """The most state blocks a Mamba manager keeps in a live request's table, read from its
-    spec (None: another kind, or a bound kvcanary does not know).
+def _max_states(manager: Any, *, max_model_len: int | None, requests_known: bool) -> int | None:
+    """The most state blocks a Mamba manager keeps in a live request's table with no tokens
+    in flight, read from its spec (None: another kind, or a bound kvcanary does not know).
 
     Caching states by prefix ("align" mode), a request keeps the state of its last computed
     token and the previous step's (the next step copies from it) and retires the rest, plus
     the prefill checkpoint block where the spec reserves one. A release that frees states on
-    the tokens already processed keeps one more per step in flight, so the bound is left
-    unknown while requests have tokens in flight (or their counts are not given). Without
-    prefix caching a request holds one block, the model's length; speculative blocks add
-    scratch blocks kvcanary does not bound."""
+    the tokens already processed (vLLM's async scheduling) keeps the states of its tokens in
+    flight too: one more per block they reach, which the check adds per request from its
+    count (`request_num_in_flight`), so the bound needs the requests. Without prefix caching
+    a request holds one block, the model's length; speculative blocks add scratch blocks
+    kvcanary does not bound."""
     if _kind(manager) != MAMBA:
         return None
     spec = manager.kv_cache_spec
     if getattr(spec, "num_speculative_blocks", 0) != 0:
         return None
     if getattr(spec, "mamba_cache_mode", None) == "align":
-        if in_flight is not False:
+        if not requests_known:
             return None
         return 2 + int(getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0)
     if max_model_len is not None and int(manager.block_size) >= max_model_len:
@@ -74,17 +75,17 @@ def group_specs(
     managers: Iterable[Any],
     *,
     max_model_len: int | None = None,
-    in_flight: bool | None = None,
+    requests_known: bool = False,
 ) -> tuple[GroupSpec, ...]:
     """Each group's kind, block size and window, from its single-type manager, and a Mamba
-    group's state bound (`_max_states`: `max_model_len` the manager's, `in_flight` whether
-    a live request has tokens in flight, None when not known)."""
+    group's state bound (`_max_states`: `max_model_len` the manager's, `requests_known`
+    whether the scheduler's requests, and so their tokens in flight, are read too)."""
     return tuple(
         GroupSpec(
             kind=_kind(m),
             block_size=int(m.block_size),
             window=_window(m.kv_cache_spec),
-            max_states=_max_states(m, max_model_len=max_model_len, in_flight=in_flight),
+            max_states=_max_states(m, max_model_len=max_model_len, requests_known=requests_known),
         )
         for m in managers
     )
@@ -93,14 +94,6 @@ def group_specs(
 def _model_len(manager: Any) -> int | None:
     value = getattr(manager, "max_model_len", None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _tokens_in_flight(requests: Mapping[str, Any] | None) -> bool | None:
-    """A live request has tokens scheduled but not yet processed (vLLM's async scheduling:
-    `num_in_flight_tokens`, where the release's `Request` has it; None: no requests given)."""
-    if requests is None:
-        return None
-    return any(getattr(r, "num_in_flight_tokens", 0) for r in requests.values())
 
 
 def _split_key(key: Any) -> tuple[int, bytes]:
@@ -281,11 +274,15 @@ def _read(
     request_ids = tuple(ids)
     tokens = np.zeros(len(ids), dtype=np.int64)
     computed = np.zeros(len(ids), dtype=np.int64)
+    # tokens scheduled, not yet processed (vLLM's async scheduling; 0 where `Request` has no
+    # such count: its manager frees on the computed tokens)
+    in_flight = np.zeros(len(ids), dtype=np.int64)
     for rid, r in ids.items():
         req = (requests or {}).get(rid)
         if req is not None:
             tokens[r] = int(req.num_tokens)
             computed[r] = int(req.num_computed_tokens)
+            in_flight[r] = int(getattr(req, "num_in_flight_tokens", 0) or 0)
     free_queue = np.array(forward, dtype=np.int64)
     return VllmState(
         num_blocks=n,
@@ -294,12 +291,13 @@ def _read(
         groups=group_specs(
             managers,
             max_model_len=_model_len(manager),
-            in_flight=_tokens_in_flight(requests),
+            requests_known=requests is not None,
         ),
         request_ids=request_ids,
         request_live=np.array([live is None or rid in live for rid in request_ids], dtype=bool),
         request_num_tokens=tokens,
         request_num_computed=computed,
+        request_num_in_flight=in_flight if requests is not None else None,
         ref_cnt=ref_cnt,
         free_queue=free_queue,
         free_queue_reverse=np.array(backward, dtype=np.int64),

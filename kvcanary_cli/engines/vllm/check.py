@@ -71,7 +71,8 @@ def skipped_checks(groups: tuple[GroupSpec, ...]) -> tuple[str, ...]:
     )
     unbounded = tuple(
         f"not checked: how many state blocks group {i}'s tables hold (its bound was not known "
-        "when the dump was taken: speculative blocks, tokens in flight, or an older dump)"
+        "when the dump was taken: speculative blocks, the scheduler's requests not read, or an "
+        "older dump)"
         for i, g in enumerate(groups)
         if g.kind == MAMBA and g.max_states is None
     )
@@ -394,7 +395,9 @@ class _Audit:
         return out
 
     def mamba_states(self) -> None:
-        """A live request's Mamba table holds no more state blocks than its group's bound."""
+        """A live request's Mamba table holds no more state blocks than its group's bound,
+        plus one per block its tokens in flight reach (their states are freed once those
+        tokens are processed)."""
         s = self.s
         bound = np.array(
             [g.max_states if g.kind == MAMBA and g.max_states else -1 for g in s.groups],
@@ -407,20 +410,35 @@ class _Audit:
             return
         # one table per (group, request), wherever its entries lie
         key = s.table_group[at] * len(s.request_ids) + s.table_request[at]
-        tables, which, counts = np.unique(key, return_inverse=True, return_counts=True)
-        table_group = tables // max(1, len(s.request_ids))
-        over = np.flatnonzero(counts > bound[table_group])
+        tables, first, counts = np.unique(key, return_index=True, return_counts=True)
+        table_group = s.table_group[at[first]]
+        table_request = s.table_request[at[first]]
+        in_flight = np.zeros(tables.size, dtype=np.int64)
+        flying = s.request_num_in_flight
+        if flying is not None:
+            sizes = np.array([max(1, g.block_size) for g in s.groups], dtype=np.int64)
+            tokens = np.maximum(flying[table_request], 0)
+            # (no table holds more than every entry: a count past that allows nothing more,
+            # and a dump's huge one cannot overflow the sum)
+            in_flight = np.minimum(-(-tokens // sizes[table_group]), at.size)
+        allowed = bound[table_group] + in_flight
+        over = np.flatnonzero(counts > allowed)
         if over.size == 0:
             return
-        entries = at[which == over[0]]
-        group, request = int(s.table_group[entries[0]]), int(s.table_request[entries[0]])
+        worst = over[0]
+        entries = at[key == tables[worst]]
+        group, request = int(table_group[worst]), int(table_request[worst])
         more = f" ({over.size} tables)" if over.size > 1 else ""
+        flight = ""
+        if flying is not None and in_flight[worst]:
+            said = plural(int(flying[request]), "token")
+            flight = f" with its {said} in flight ({int(bound[group])} without)"
         self.add(
             PoolCode.MAMBA_STATES_OVER_BOUND,
             s.table_block[entries],
             f"one of {entries.size} state blocks request {s.request_ids[request]!r} holds in "
             f"Mamba group {group} (indices {sorted(int(i) for i in s.table_index[entries])}); "
-            f"its manager keeps at most {int(bound[group])}{more}",
+            f"its manager keeps at most {int(allowed[worst])}{flight}{more}",
         )
 
     def _in_window(self, entries: np.ndarray) -> np.ndarray:

@@ -71,8 +71,9 @@ class GroupSpec:
     kind: str
     block_size: int
     window: int | None = None
-    #: a Mamba group's bound on a live request's non-null entries (None: not known, or
-    #: another kind)
+    #: a Mamba group's bound on a live request's non-null entries with no tokens in flight;
+    #: each token a request has in flight (`VllmState.request_num_in_flight`) allows one
+    #: more (None: not known, or another kind)
     max_states: int | None = None
 
     def record(self) -> dict[str, Any]:
@@ -138,6 +139,9 @@ class VllmState:
     request_live: np.ndarray
     request_num_tokens: np.ndarray
     request_num_computed: np.ndarray
+    #: tokens scheduled but not yet processed (vLLM's async scheduling), per request (None:
+    #: not recorded: none in flight where a Mamba bound is recorded)
+    request_num_in_flight: np.ndarray | None = None
     ref_cnt: np.ndarray
     #: the queue walked head → tail by `next` links, and tail → head by `prev` links.
     free_queue: np.ndarray
@@ -227,6 +231,10 @@ class VllmState:
             tensors["vllm.extra_key_block"] = np.asarray(self.extra_key_block, dtype=_I64)
             tensors["vllm.extra_key_group"] = np.asarray(self.extra_key_group, dtype=_I32)
             tensors["vllm.extra_key_digest"] = np.asarray(self.extra_keys(), dtype=np.uint8)
+        if self.request_num_in_flight is not None:
+            tensors["vllm.request_num_in_flight"] = np.asarray(
+                self.request_num_in_flight, dtype=_I64
+            )
         if self.free_queue_reverse is not None:
             tensors["vllm.free_queue_reverse"] = np.asarray(self.free_queue_reverse, dtype=_I64)
         groups = [g.record() for g in self.groups]
@@ -273,6 +281,7 @@ _TENSORS: dict[str, tuple[int, bool]] = {
     "vllm.request_live": (1, True),
     "vllm.request_num_tokens": (1, False),
     "vllm.request_num_computed": (1, False),
+    "vllm.request_num_in_flight": (1, False),
     "vllm.ref_cnt": (1, True),
     "vllm.free_queue": (1, True),
     "vllm.free_queue_reverse": (1, False),
@@ -417,7 +426,8 @@ def _state_of(stored: StoredArrays) -> VllmState:
         rows, what = int(shrunk.blocks.sum()), "one per block of vllm.kept_blocks"
     for name in _PER_BLOCK:
         _shape(arrays, name, rows, what)
-    for name in ("vllm.request_live", "vllm.request_num_tokens", "vllm.request_num_computed"):
+    per_request = ("live", "num_tokens", "num_computed", "num_in_flight")
+    for name in (f"vllm.request_{what}" for what in per_request):
         _shape(arrays, name, r, "one per request of vllm.request_ids")
     e = arrays["vllm.table_block"].shape[0]
     for name in ("vllm.table_group", "vllm.table_request", "vllm.table_index"):
@@ -487,6 +497,11 @@ def _state_of(stored: StoredArrays) -> VllmState:
         request_live=ints("vllm.request_live", _I64) != 0,
         request_num_tokens=ints("vllm.request_num_tokens", _I64, r),
         request_num_computed=ints("vllm.request_num_computed", _I64, r),
+        request_num_in_flight=(
+            ints("vllm.request_num_in_flight", _I64)
+            if "vllm.request_num_in_flight" in arrays
+            else None
+        ),
         ref_cnt=_expanded(ints("vllm.ref_cnt", _I64), shrunk, 0),
         free_queue=ints("vllm.free_queue", _I64),
         free_queue_reverse=(

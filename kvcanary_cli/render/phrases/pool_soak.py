@@ -12,7 +12,8 @@ __all__ = ["fault_line", "history_lines", "soak_verdict", "replay_line"]
 def soak_verdict(r: PoolSoakReport) -> str:
     """The report's first line."""
     histories = plural(len(r.histories), "history", "histories")
-    where = f"{r.engine} {r.engine_version}: {r.audited} steps audited in {histories}"
+    loop = " (async scheduling)" if r.overlap else ""
+    where = f"{r.engine} {r.engine_version}{loop}: {r.audited} steps audited in {histories}"
     if not r.found:
         return f"clean: {where}, nothing found by kvcanary or by {r.engine}'s own asserts"
     return f"found: {where}"
