@@ -60,6 +60,9 @@ class PoolRequest:
     num_computed: int | None
     #: its table's length in each group, by group index (0: no table there)
     table_lengths: tuple[int, ...]
+    #: its tokens scheduled but not yet processed (vLLM's async scheduling; null: not
+    #: recorded)
+    num_in_flight: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -210,3 +210,22 @@ def test_unrecorded_counts_are_null_and_foreign_tensors_are_noted(tmp_path: Path
     assert not any(t.ignored for t in d.tensors if t.name != "debug.extra")
     assert {g.kind for g in d.groups} == {"full", "sliding_window"}
     assert any(g.null_entries for g in d.groups if g.window is not None)  # dropped by the window
+
+
+def test_tokens_in_flight_are_shown_where_the_dump_records_them(tmp_path: Path) -> None:
+    """A dump taken under async scheduling records each request's tokens in flight: a column
+    of the table and `num_in_flight` in JSON; one that does not, neither (null)."""
+    flying, plain = tmp_path / "flying.safetensors", tmp_path / "plain.safetensors"
+    api.synth("vllm-mamba-in-flight", flying, seed=3)
+    api.synth("vllm-mamba-clean", plain, seed=3)
+    state = state_of(read_arrays(flying))
+    assert state.request_num_in_flight is not None
+    d = _described(flying)
+    assert [r.num_in_flight for r in d.requests] == state.request_num_in_flight.tolist()
+    assert sum(r.num_in_flight or 0 for r in d.requests) == 1
+    assert "in flight" in str(render(d, OutputFormat.MARKDOWN))
+    record = json.loads(runner.invoke(app, ["inspect", str(flying), "-f", "json"]).output)
+    assert sorted(r["num_in_flight"] for r in record["requests"])[-1] == 1
+    older = _described(plain)
+    assert {r.num_in_flight for r in older.requests} == {None}
+    assert "in flight" not in str(render(older, OutputFormat.MARKDOWN))

@@ -67,6 +67,7 @@ def description_of(
     recorded = stored.arrays
     tokens = "vllm.request_num_tokens" in recorded
     computed = "vllm.request_num_computed" in recorded
+    in_flight = state.request_num_in_flight
     size = stored.file_state.size if stored.file_state else os.path.getsize(stored.path)
     return PoolDumpDescription(
         path=str(stored.path),
@@ -106,6 +107,7 @@ def description_of(
                 num_tokens=int(state.request_num_tokens[i]) if tokens else None,
                 num_computed=int(state.request_num_computed[i]) if computed else None,
                 table_lengths=tuple(int(n) for n in lengths[i]),
+                num_in_flight=None if in_flight is None else int(in_flight[i]),
             )
             for i, rid in enumerate(state.request_ids)
         ),

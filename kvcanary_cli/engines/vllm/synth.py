@@ -384,6 +384,17 @@ def _state_kept(s: VllmState, rng: np.random.Generator) -> VllmState:
     return s
 
 
+def _state_in_flight(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """`_state_kept`'s table, its request with a token in flight (vLLM's async scheduling):
+    that step's state is kept until the token is processed, so the third is no finding."""
+    before = s.table_block.copy()
+    s = _state_kept(s, rng)
+    entry = int(np.flatnonzero(s.table_block != before)[0])
+    in_flight = np.zeros(len(s.request_ids), dtype=np.int64)
+    in_flight[s.table_request[entry]] = 1
+    return replace(s, request_num_in_flight=in_flight)
+
+
 def _two_groups(s: VllmState, rng: np.random.Generator) -> VllmState:
     """Group 0 took a block group 1 still holds (an unhashed one, so no hash disagrees)."""
     sw = _last_entries(s, 1)
@@ -508,6 +519,14 @@ SCENARIOS: dict[str, Scenario] = {
         hybrid=True,
         expected=(PoolCode.MAMBA_STATES_OVER_BOUND,),
         plant=_state_kept,
+        kind=MAMBA,
+    ),
+    "vllm-mamba-in-flight": Scenario(
+        summary="the same third state while its request has a token in flight (async "
+        "scheduling keeps it until the token is processed): clean",
+        hybrid=True,
+        expected=(),
+        plant=_state_in_flight,
         kind=MAMBA,
     ),
     "vllm-double-free": Scenario(

@@ -61,19 +61,28 @@ def group_rows(d: PoolDumpDescription) -> list[list[str]]:
     ]
 
 
+def _in_flight(d: PoolDumpDescription) -> bool:
+    """The dump records the requests' tokens in flight (a column only then)."""
+    return any(r.num_in_flight is not None for r in d.requests)
+
+
 def request_columns(d: PoolDumpDescription) -> list[str]:
-    """The requests' columns: id, live, token counts, then its blocks in each group."""
-    return ["request", "live", "tokens", "computed", *(f"blocks g{g.group}" for g in d.groups)]
+    """The requests' columns: id, live, token counts (tokens in flight where recorded), then
+    its blocks in each group."""
+    counts = ["tokens", "computed", *(["in flight"] if _in_flight(d) else [])]
+    return ["request", "live", *counts, *(f"blocks g{g.group}" for g in d.groups)]
 
 
 def request_rows(d: PoolDumpDescription, max_rows: int) -> list[list[str]]:
     """The first `max_rows` requests, in `request_columns`' order (`-`: not recorded)."""
+    flying = _in_flight(d)
     return [
         [
             r.request,
             "yes" if r.live else "no",
             "-" if r.num_tokens is None else str(r.num_tokens),
             "-" if r.num_computed is None else str(r.num_computed),
+            *(["-" if r.num_in_flight is None else str(r.num_in_flight)] if flying else []),
             *(str(n) for n in r.table_lengths),
         ]
         for r in d.requests[:max_rows]
