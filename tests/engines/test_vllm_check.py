@@ -275,8 +275,8 @@ def test_tokens_in_flight_allow_a_state_per_block_they_reach(tmp_path: Path) -> 
     assert audit(flying(1)).findings == ()  # the third state: one block in flight
     assert audit(flying(16)).findings == ()
     # a dump's huge count allows any table, and never wraps the sum into a finding
-    ones = (planted.groups[0], replace(planted.groups[1], block_size=1))
-    huge = replace(flying(np.iinfo(np.int64).max), groups=ones)
+    unit = (planted.groups[0], replace(planted.groups[1], block_size=1))
+    huge = replace(flying(np.iinfo(np.int64).max), groups=unit)
     assert audit(huge).findings == ()
     other = (request + 1) % len(planted.request_ids)
     for unchanged in (flying(0), flying(1, other), flying(-5)):  # never loosened by another
