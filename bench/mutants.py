@@ -50,7 +50,9 @@ A vLLM mutant (the block pool's frees, its free queue, the managers' and the coo
 frees, the prefix-cache map) is planted the same way in a copy of vLLM's release tree and run
 as `kvcanary soak --engine vllm --vllm-tree COPY` runs it (`run_vllm_soak`), then under vLLM's
 own asserts alone: the same histories (seeds, models, lengths) with no audit, until vLLM
-raises.
+raises. Under vLLM's async scheduling (`soak --engine vllm --overlap`: the `hybrid-overlap`
+and `hybrid-mamba-overlap` sets) a window freed on the tokens computed, not those processed
+(vLLM's bug before its fix), or one token past them, and the Mamba mutants again.
 
 It prints, per variant and seed, the step each side killed it at, the kill rates per engine
 and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. Nothing here is
@@ -1179,6 +1181,27 @@ MUTANTS: tuple[Mutant, ...] = (
         engine="vllm",
         layout="hybrid-mamba",
     ),
+    # -- vLLM's async scheduling (soak --engine vllm --overlap): a step in flight ----------
+    Mutant(
+        "window-freed-on-computed",
+        "kv_cache_manager.py",
+        "            max(0, total_computed_tokens - request.num_in_flight_tokens),\n",
+        "            total_computed_tokens,\n",
+        "window: the blocks a window no longer reads are freed on the tokens computed, not "
+        "those processed, so the step in flight loses blocks its window still reads (before "
+        "vLLM's fix of #47282 and #47653; 0.26.0 on frees on the tokens processed)",
+        engine="vllm",
+        layout="hybrid" + OVERLAP,
+    ),
+    Mutant(
+        "window-freed-in-flight-minus-one",
+        "kv_cache_manager.py",
+        "            max(0, total_computed_tokens - request.num_in_flight_tokens),\n",
+        "            max(0, total_computed_tokens - request.num_in_flight_tokens + 1),\n",
+        "window: freed one token ahead of the tokens processed (an off-by-one of the fix)",
+        engine="vllm",
+        layout="hybrid" + OVERLAP,
+    ),
     Mutant(
         "chunked-local-drops-current-chunk",
         "single_type_kv_cache_manager.py",
@@ -1728,6 +1751,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("vllm", "-"),
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-mamba" + OVERLAP),
+    ("vllm", "hybrid" + OVERLAP),
     ("vllm", "hybrid-chunked-local"),
 )
 

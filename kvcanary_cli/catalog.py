@@ -2679,7 +2679,9 @@ POOL_FINDINGS: Mapping[PoolCode, PoolFindingEntry] = _table(
                 when="the null block is on the free queue; in a full-attention table; in a "
                 "sliding-window or chunked-local table after a real block (only a leading run "
                 "is dropped) or over a block the window of the request's computed tokens "
-                "still reads; or in every entry of a Mamba table (its state dropped). Where "
+                "still reads (its processed tokens', where the dump records its tokens in "
+                "flight and their stale share: a step in flight reads the window from "
+                "before it); or in every entry of a Mamba table (its state dropped). Where "
                 "else a Mamba table holds it is no finding (prefix caching leaves nulls "
                 "between its states); a group of a kind kvcanary has no rule for is not "
                 "checked here, and the report's coverage says so",

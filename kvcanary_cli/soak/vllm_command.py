@@ -245,7 +245,7 @@ def _refuse_synchronous(modules: Any) -> None:
     if not counts_tokens_in_flight(modules):
         raise OptionError(
             "models vLLM's async scheduling where its KV-cache manager frees on the tokens "
-            "processed (num_in_flight_tokens, as in 0.33.0 and 0.34.0); vLLM "
+            "processed (num_in_flight_tokens, from 0.26.0 on); vLLM "
             f"{modules.tree.version}'s does not count them",
             option="--overlap",
             hint="drop --overlap: every vLLM soak already defers frees past the step in flight",

@@ -6,18 +6,20 @@ or the next prefill chunk), the newest running request preempted (freed, recompu
 a step does not fit; then waiting requests with their prefix-cache hits; finished and aborted
 requests freed at once or, as vLLM's async scheduling does, after the in-flight step
 (`deferred_frees`; a release before 0.24.0 has no such frees, and frees at once). With
-`overlap`, as vLLM's async scheduling runs it (a server's default in 0.33.0 and 0.34.0): a step
-is scheduled while the last one is still in flight, so each request's `num_in_flight_tokens`
-holds what it was scheduled for in the step before until that step's output is processed, after
-the next is scheduled; the manager frees windows and Mamba states on the tokens processed, not
-those computed (a release whose manager counts no tokens in flight, as 0.11.0's, is refused).
-The calls are made as the loaded release takes them (its constructor's arguments, its prefix
-lookup's result), never by its version number. Requests share a few prompt prefixes, so prefix
-hits, shared blocks and evictions happen. The models (`MODELS`): full attention alone, and full
-attention beside one other group in one shared pool: a sliding window (`hybrid`: blocks that
-left the window replaced by the null block), a Mamba state group (`hybrid-mamba`: a request
-keeps its last state blocks, the rest null) or chunked local attention (`hybrid-chunked-local`:
-blocks before the current chunk null). A soak runs `DEFAULT_MODELS` in turn unless told which.
+`overlap`, as vLLM's async scheduling runs it (a server's default): a step is scheduled while
+the last one is still in flight, whose output is processed only after that, so each
+request's `num_in_flight_tokens` counts what it was scheduled for in both until then; the
+manager frees windows and Mamba states on the tokens processed, not those computed. The audit
+reads the pool there, both steps in flight, as a capture of a running server does while the GPU
+runs one and the next is queued (a release that counts no tokens in flight, before 0.26.0, is
+refused). The calls are made as the loaded release takes them (its constructor's arguments, its
+prefix lookup's result), never by its version number. Requests share a few prompt prefixes, so
+prefix hits, shared blocks and evictions happen. The models (`MODELS`): full attention alone,
+and full attention beside one other group in one shared pool: a sliding window (`hybrid`:
+blocks that left the window replaced by the null block), a Mamba state group (`hybrid-mamba`: a
+request keeps its last state blocks, the rest null) or chunked local attention
+(`hybrid-chunked-local`: blocks before the current chunk null). A soak runs `DEFAULT_MODELS` in
+turn unless told which.
 
 After every step the manager is read (`engines.vllm.capture.snapshot`) and checked
 (`engines.vllm.check.audit`). A planted fault edits the pool the way its bug would, at a
@@ -138,10 +140,10 @@ class History:
 
 
 def counts_tokens_in_flight(modules: Any) -> bool:
-    """The release's manager frees on the tokens processed: its `allocate_slots` reads a
-    request's `num_in_flight_tokens` (vLLM's async scheduling; from 0.33.0 on)."""
+    """The release counts each request's tokens scheduled but not yet processed (its
+    `Request` has `num_in_flight_tokens`, which its manager frees on: 0.26.0 on)."""
     try:
-        source = inspect.getsource(modules.manager.KVCacheManager.allocate_slots)
+        source = inspect.getsource(modules.request.Request)
     except (OSError, TypeError):
         return False
     return "num_in_flight_tokens" in source
@@ -233,9 +235,9 @@ class _Scheduler:
             [int(t) for t in self.rng.integers(0, 30000, int(self.rng.integers(1, 6)) * BLOCK_SIZE)]
             for _ in range(4)
         ]
-        #: async scheduling: the last step's (request, tokens), in flight until this step
-        #: is scheduled (None: every step's output processed before the next is scheduled)
-        self.in_flight: list[tuple[Any, int]] | None = [] if overlap else None
+        #: async scheduling: the (request, tokens) of the steps in flight, oldest first
+        #: (None: every step's output processed before the next is scheduled)
+        self.in_flight: deque[list[tuple[Any, int]]] | None = deque() if overlap else None
         self.requests: dict[str, Any] = {}
         self.output_left: dict[str, int] = {}
         self.waiting: deque[Any] = deque()
@@ -302,10 +304,25 @@ class _Scheduler:
         self.running.remove(request)
         self.manager.free(request)
         request.num_computed_tokens = 0
+        if self.in_flight is not None and hasattr(request, "num_stale_output_tokens"):
+            request.num_stale_output_tokens = request.num_in_flight_tokens  # its steps' now
         self.waiting.appendleft(request)
         self.preemptions += 1
 
     # --- one step ---------------------------------------------------------------------------
+
+    def settle(self) -> bool:
+        """Async scheduling: the step before last has its output processed (a preempted or
+        finished request's tokens drain too, as vLLM drains them), the last one stays in
+        flight; whether there was one to settle."""
+        settled = False
+        while self.in_flight is not None and len(self.in_flight) > 1:
+            for request, count in self.in_flight.popleft():
+                request.num_in_flight_tokens -= count
+                if getattr(request, "num_stale_output_tokens", 0) > 0:  # drained in step
+                    request.num_stale_output_tokens -= count
+            settled = True
+        return settled
 
     def run_step(self) -> None:
         rng = self.rng
@@ -315,6 +332,7 @@ class _Scheduler:
         if callable(starts):
             starts()
         self.drain()
+        self.settle()
         for _ in range(int(rng.poisson(0.6))):
             self.arrive()
         budget = STEP_TOKENS
@@ -352,13 +370,11 @@ class _Scheduler:
                 request.append_output_token_ids(int(rng.integers(0, 30000)))
                 self.output_left[request.request_id] -= 1
         if self.in_flight is not None:
-            # this step goes in flight; the last one's output is processed (a preempted or
-            # finished request's tokens drain too, as vLLM drains them)
+            # this step goes in flight beside the last, whose output is processed when the
+            # next step has been scheduled (`run_step`'s start)
             for request, count in scheduled:
                 request.num_in_flight_tokens += count
-            for request, count in self.in_flight:
-                request.num_in_flight_tokens -= count
-            self.in_flight = scheduled
+            self.in_flight.append(scheduled)
         for request in list(self.running):
             done = self.output_left[request.request_id] <= 0
             if done or request.num_tokens >= MAX_MODEL_LEN - 1:
@@ -544,9 +560,14 @@ def run_history(
         if observe is not None:
             observe(s)
         if audit_every and h.finding_step is None:
+            h.audited += 1
             state = s.state()
             findings = audit(state).findings
-            h.audited += 1
+            # under async scheduling, read again once the older step's output is processed
+            # (a server's pool passes through both states)
+            if not findings and s.settle():
+                state = s.state()
+                findings = audit(state).findings
             if findings:
                 h.finding_step, h.findings, h.dump = step, findings, state
                 end = min(steps, step + 1 + after_steps)

@@ -303,6 +303,37 @@ def test_tokens_in_flight_allow_a_state_per_block_they_reach(tmp_path: Path) -> 
         state_of(read_arrays(short))
 
 
+def test_a_window_is_read_from_the_tokens_processed_where_the_stale_share_is_known() -> None:
+    """A step in flight reads the window of the tokens processed before it: a null over a
+    block that window reaches is a finding, where the dump records which tokens in flight are
+    stale (a preempted request's old steps, which read no block of its table)."""
+    state = build("vllm-hybrid-clean", seed=1, size="small")  # (tiny's fit their window)
+    assert audit(state).findings == ()
+    window = state.groups[1].window
+    assert window is not None
+    nulls = np.flatnonzero((state.table_group == 1) & (state.table_block == state.null_block))
+    entry = int(nulls[-1])  # the last block the window dropped
+    request = int(state.table_request[entry])
+    block_end = (int(state.table_index[entry]) + 1) * state.groups[1].block_size
+    computed = int(state.request_num_computed[request])
+    # processed tokens one short of the window that has left this block behind
+    tokens = computed - (block_end + window - 2)
+    assert 0 < tokens <= computed
+
+    def flying(in_flight: int, stale: int | None) -> VllmState:
+        counts = np.zeros(len(state.request_ids), dtype=np.int64)
+        counts[request] = in_flight
+        shares = None if stale is None else np.where(counts > 0, stale, 0)
+        return replace(state, request_num_in_flight=counts, request_num_stale_in_flight=shares)
+
+    [finding] = audit(flying(tokens, 0)).findings
+    assert finding.code is PoolCode.NULL_BLOCK_MISPLACED
+    assert "in place of a block its window still reads" in finding.message
+    assert audit(flying(tokens - 1, 0)).findings == ()  # the window just past the block
+    assert audit(flying(tokens, tokens)).findings == ()  # every token in flight stale
+    assert audit(flying(tokens, None)).findings == ()  # the share unknown: the tokens computed
+
+
 def test_a_released_block_in_its_table_is_no_finding_until_unmarked() -> None:
     state = build("vllm-clean", seed=4)
     assert audit(state).findings == ()

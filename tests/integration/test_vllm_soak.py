@@ -105,17 +105,55 @@ def test_async_scheduling_keeps_states_in_flight_and_is_silent(vllm: Any) -> Non
         h = run_history(vllm, model, seed=11, steps=150, overlap=True)
         assert h.crash is None and h.findings == (), model
     s = _Scheduler(vllm, "hybrid-mamba", 0, overlap=True)
-    beyond = in_flight = 0
+    beyond = in_flight = settled = 0
     for _ in range(300):
         s.run_step()
+        # both steps in flight, then the older one's output processed
+        for state in [s.state(), *([s.state()] if s.settle() else [])]:
+            settled += 1
+            assert audit(state).findings == ()
+            assert state.request_num_in_flight is not None
+            in_flight += int((state.request_num_in_flight > 0).sum())
+            live = state.request_live[state.table_request]
+            mamba = (state.table_group == 1) & (state.table_block != state.null_block) & live
+            held = np.bincount(state.table_request[mamba], minlength=len(state.request_ids))
+            beyond += int((held > state.groups[1].max_states).sum())
+    assert in_flight > 0 and beyond > 0 and settled > 300
+
+
+def test_a_window_freed_on_the_tokens_computed_under_async_scheduling_is_found(
+    vllm: Any,
+) -> None:
+    """Before vLLM's fix (#47282, #47653) a window's blocks were freed on the tokens computed,
+    so the step in flight lost blocks its window still read; 0.26.0 on frees on the tokens
+    processed. Planted on the real manager (its coordinator told the tokens computed), the
+    null block is found in place of a block the step in flight reads, within a few steps;
+    the same history as vLLM runs it is silent (`test_async_scheduling_keeps_...`)."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    s = _Scheduler(vllm, "hybrid", 1, overlap=True)
+    coordinator = s.manager.coordinator
+    real = coordinator.remove_skipped_blocks
+
+    def on_computed(request_id: str, processed: int, *args: Any, **kw: Any) -> None:
+        request = s.requests.get(request_id)
+        tokens = processed if request is None else max(processed, request.num_computed_tokens)
+        real(request_id, tokens, *args, **kw)
+
+    coordinator.remove_skipped_blocks = on_computed
+    for _ in range(60):
+        s.run_step()
         state = s.state()
-        assert audit(state).findings == ()
-        assert state.request_num_in_flight is not None
-        in_flight += int((state.request_num_in_flight > 0).sum())
-        mamba = (state.table_group == 1) & (state.table_block != state.null_block)
-        held = np.bincount(state.table_request[mamba], minlength=len(state.request_ids))
-        beyond += int((held > state.groups[1].max_states).sum())
-    assert in_flight > 0 and beyond > 0
+        assert state.request_num_stale_in_flight is not None  # (0.30.0 on: the stale share)
+        found = audit(state).findings
+        if found:
+            break
+    else:
+        pytest.fail("a window freed on the tokens computed went unseen for 60 steps")
+    assert [f.code for f in found] == [PoolCode.NULL_BLOCK_MISPLACED]
+    assert "in place of a block its window still reads" in found[0].message
+    # the pool as a dump without the stale share reads it (0.26.0 - 0.29.0): not decided
+    assert audit(replace(state, request_num_stale_in_flight=None)).findings == ()
 
 
 def test_overlap_is_refused_where_the_manager_counts_no_tokens_in_flight(

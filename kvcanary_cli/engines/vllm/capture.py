@@ -275,14 +275,20 @@ def _read(
     tokens = np.zeros(len(ids), dtype=np.int64)
     computed = np.zeros(len(ids), dtype=np.int64)
     # tokens scheduled, not yet processed (vLLM's async scheduling; 0 where `Request` has no
-    # such count: its manager frees on the computed tokens)
+    # such count: its manager frees on the computed tokens), and their stale share (a
+    # preempted request's steps still in flight: 0.30.0 on, else not recorded)
     in_flight = np.zeros(len(ids), dtype=np.int64)
+    stale = np.zeros(len(ids), dtype=np.int64)
+    stale_known = requests is not None
     for rid, r in ids.items():
         req = (requests or {}).get(rid)
         if req is not None:
             tokens[r] = int(req.num_tokens)
             computed[r] = int(req.num_computed_tokens)
             in_flight[r] = int(getattr(req, "num_in_flight_tokens", 0) or 0)
+            share = getattr(req, "num_stale_output_tokens", None)
+            stale_known = stale_known and isinstance(share, int)
+            stale[r] = int(share or 0)
     free_queue = np.array(forward, dtype=np.int64)
     return VllmState(
         num_blocks=n,
@@ -298,6 +304,7 @@ def _read(
         request_num_tokens=tokens,
         request_num_computed=computed,
         request_num_in_flight=in_flight if requests is not None else None,
+        request_num_stale_in_flight=stale if stale_known else None,
         ref_cnt=ref_cnt,
         free_queue=free_queue,
         free_queue_reverse=np.array(backward, dtype=np.int64),

@@ -444,7 +444,10 @@ class _Audit:
     def _in_window(self, entries: np.ndarray) -> np.ndarray:
         """Per table entry: a null `entries` entry of a windowed group whose block ends after
         the first token the window still reads (its request's computed tokens known: a live
-        request with tokens; the group's window known)."""
+        request with tokens; the group's window known). A step in flight reads the window of
+        the tokens processed before it (vLLM's async scheduling frees on those): where the
+        dump says which tokens in flight are the request's table's own (the stale share of a
+        preempted request's old steps recorded), the window is the processed tokens'."""
         s = self.s
         out = np.zeros(entries.size, dtype=bool)
         at = np.flatnonzero(entries)
@@ -453,6 +456,10 @@ class _Audit:
         req = s.table_request[at]
         known = s.request_live[req] & (s.request_num_tokens[req] > 0)
         computed = s.request_num_computed[req]
+        flying, stale = s.request_num_in_flight, s.request_num_stale_in_flight
+        if flying is not None and stale is not None:
+            own = np.clip(flying[req] - np.maximum(stale[req], 0), 0, np.maximum(computed, 0))
+            computed = computed - own
         for g, spec in enumerate(s.groups):
             keep_from = _WINDOWED.get(spec.kind)
             if keep_from is None or spec.window is None or spec.window <= 0:

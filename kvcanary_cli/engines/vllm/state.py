@@ -142,6 +142,9 @@ class VllmState:
     #: tokens scheduled but not yet processed (vLLM's async scheduling), per request (None:
     #: not recorded: none in flight where a Mamba bound is recorded)
     request_num_in_flight: np.ndarray | None = None
+    #: the stale share of those (a preempted request's steps still in flight, which read its
+    #: old table; None: not recorded, the share unknown)
+    request_num_stale_in_flight: np.ndarray | None = None
     ref_cnt: np.ndarray
     #: the queue walked head → tail by `next` links, and tail → head by `prev` links.
     free_queue: np.ndarray
@@ -231,10 +234,12 @@ class VllmState:
             tensors["vllm.extra_key_block"] = np.asarray(self.extra_key_block, dtype=_I64)
             tensors["vllm.extra_key_group"] = np.asarray(self.extra_key_group, dtype=_I32)
             tensors["vllm.extra_key_digest"] = np.asarray(self.extra_keys(), dtype=np.uint8)
-        if self.request_num_in_flight is not None:
-            tensors["vllm.request_num_in_flight"] = np.asarray(
-                self.request_num_in_flight, dtype=_I64
-            )
+        for name, counts in (
+            ("vllm.request_num_in_flight", self.request_num_in_flight),
+            ("vllm.request_num_stale_in_flight", self.request_num_stale_in_flight),
+        ):
+            if counts is not None:
+                tensors[name] = np.asarray(counts, dtype=_I64)
         if self.free_queue_reverse is not None:
             tensors["vllm.free_queue_reverse"] = np.asarray(self.free_queue_reverse, dtype=_I64)
         groups = [g.record() for g in self.groups]
@@ -282,6 +287,7 @@ _TENSORS: dict[str, tuple[int, bool]] = {
     "vllm.request_num_tokens": (1, False),
     "vllm.request_num_computed": (1, False),
     "vllm.request_num_in_flight": (1, False),
+    "vllm.request_num_stale_in_flight": (1, False),
     "vllm.ref_cnt": (1, True),
     "vllm.free_queue": (1, True),
     "vllm.free_queue_reverse": (1, False),
@@ -426,7 +432,7 @@ def _state_of(stored: StoredArrays) -> VllmState:
         rows, what = int(shrunk.blocks.sum()), "one per block of vllm.kept_blocks"
     for name in _PER_BLOCK:
         _shape(arrays, name, rows, what)
-    per_request = ("live", "num_tokens", "num_computed", "num_in_flight")
+    per_request = ("live", "num_tokens", "num_computed", "num_in_flight", "num_stale_in_flight")
     for name in (f"vllm.request_{what}" for what in per_request):
         _shape(arrays, name, r, "one per request of vllm.request_ids")
     e = arrays["vllm.table_block"].shape[0]
@@ -450,6 +456,9 @@ def _state_of(stored: StoredArrays) -> VllmState:
 
     def ints(name: str, dtype: type, default_len: int = 0) -> np.ndarray:
         return np.asarray(arrays.get(name, _empty(dtype, default_len)), dtype=dtype)
+
+    def optional(name: str) -> np.ndarray | None:
+        return ints(name, _I64) if name in arrays else None
 
     tg = ints("vllm.table_group", _I64)
     tr = ints("vllm.table_request", _I64)
@@ -497,11 +506,8 @@ def _state_of(stored: StoredArrays) -> VllmState:
         request_live=ints("vllm.request_live", _I64) != 0,
         request_num_tokens=ints("vllm.request_num_tokens", _I64, r),
         request_num_computed=ints("vllm.request_num_computed", _I64, r),
-        request_num_in_flight=(
-            ints("vllm.request_num_in_flight", _I64)
-            if "vllm.request_num_in_flight" in arrays
-            else None
-        ),
+        request_num_in_flight=optional("vllm.request_num_in_flight"),
+        request_num_stale_in_flight=optional("vllm.request_num_stale_in_flight"),
         ref_cnt=_expanded(ints("vllm.ref_cnt", _I64), shrunk, 0),
         free_queue=ints("vllm.free_queue", _I64),
         free_queue_reverse=(
