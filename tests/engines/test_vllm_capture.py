@@ -173,3 +173,32 @@ def test_the_hook_on_a_manager_without_a_pool_is_a_note_not_a_raise(
         hook = watch_asserts(manager, tmp_path)
     assert hook.failures == ["SimpleNamespace has no block_pool to read"]
     assert "not watching vLLM's asserts" in caplog.text and vars(manager) == {"coordinator": None}
+
+
+def test_the_requests_tokens_in_flight_and_their_stale_share_are_read_where_counted() -> None:
+    """A release's `Request` counts its tokens in flight from 0.26.0 and their stale share from
+    0.30.0: the snapshot records what the requests have, the share only where every request
+    counts it (0.26.0 - 0.29.0: not recorded, `check` reads its windows from the tokens
+    computed), and nothing of either without the requests."""
+    manager = _manager("0.33.0")
+
+    def request(**counts: int) -> Any:
+        return SimpleNamespace(num_tokens=40, num_computed_tokens=36, **counts)
+
+    counted = {
+        "r0": request(num_in_flight_tokens=3, num_stale_output_tokens=1),
+        "r1": request(num_in_flight_tokens=0, num_stale_output_tokens=0),
+    }
+    state = snapshot(manager, requests=counted)
+    assert state.request_ids == ("r0", "r1")
+    assert state.request_num_in_flight is not None
+    assert state.request_num_stale_in_flight is not None
+    assert state.request_num_in_flight.tolist() == [3, 0]
+    assert state.request_num_stale_in_flight.tolist() == [1, 0]
+    older = snapshot(manager, requests={"r0": request(num_in_flight_tokens=2), "r1": request()})
+    assert older.request_num_in_flight is not None
+    assert older.request_num_in_flight.tolist() == [2, 0]
+    assert older.request_num_stale_in_flight is None
+    unread = snapshot(manager)
+    assert unread.request_num_in_flight is None and unread.request_num_stale_in_flight is None
+    assert audit(state).findings == audit(older).findings == ()
