@@ -202,20 +202,30 @@ _BEFORE_ALIGN = {
     for name in _BEFORE_HYBRID_REWRITE
     if name.startswith("mamba-")
 }
+#: What releases before vLLM counted a request's tokens in flight (0.26.0) leave out: their
+#: manager frees a window on the tokens computed, the fix's line is not there to break.
+_BEFORE_IN_FLIGHT = {
+    "window-freed-on-computed": "no tokens in flight counted before 0.26.0",
+    "window-freed-in-flight-minus-one": "no tokens in flight counted before 0.26.0",
+}
 #: Per cached vLLM release (those `.ci/run` fetches, the others where cached: 0.10.x's
 #: spellings of the map's eviction, the queue's count and 0.10.0's touch; 0.12.0 to 0.32.0's of
 #: the pool, the queue and the managers' frees), the mutants that cannot apply there, and why:
 #: the code path they break is not in that release, or is not one place in it to edit. Every
 #: other mutant applies, through its 0.33.0 snippet or an alternative spelling.
 LEFT_OUT = {
-    "0.10.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
-    "0.10.1.1": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
-    "0.10.2": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
-    "0.11.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE},
-    **{v: {**_BEFORE_0_32, **_BEFORE_ALIGN} for v in ("0.12.0", "0.13.0")},
+    "0.10.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
+    "0.10.1.1": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
+    "0.10.2": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
+    "0.11.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
+    **{v: {**_BEFORE_0_32, **_BEFORE_ALIGN, **_BEFORE_IN_FLIGHT} for v in ("0.12.0", "0.13.0")},
+    **{
+        v: {**_BEFORE_0_32, **_BEFORE_MAMBA_RETIREMENT, **_BEFORE_IN_FLIGHT}
+        for v in RELEASES[RELEASES.index("0.20.1") : RELEASES.index("0.26.0")]
+    },
     **{
         v: {**_BEFORE_0_32, **_BEFORE_MAMBA_RETIREMENT}
-        for v in RELEASES[RELEASES.index("0.20.1") : RELEASES.index("0.30.0")]
+        for v in RELEASES[RELEASES.index("0.26.0") : RELEASES.index("0.30.0")]
     },
     **{v: dict(_BEFORE_0_32) for v in ("0.30.0", "0.31.0")},
     "0.32.0": {},

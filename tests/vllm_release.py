@@ -15,6 +15,9 @@ process): `python -m tests.vllm_release WHEEL OUT` prints one JSON line per case
   `check` finds in it, and whether the history ended as it does without the hook.
 - `cli`: `kvcanary soak --engine vllm` clean (exit 0), with a fault (exit 1, dump and
   reproducer in OUT), and `--replay` of that reproducer.
+- `async`: whether the release counts tokens in flight (`soak --overlap` runs it, 0.26.0 on)
+  and, where it does, a history of each model under async scheduling: what kvcanary found,
+  what vLLM raised, and whether the requests' stale share was read (0.27.0 on).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from kvcanary_cli.soak.vllm_driver import (
     FAULTS,
     MODELS,
     _Scheduler,
+    counts_tokens_in_flight,
     model_available,
     run_history,
 )
@@ -156,6 +160,21 @@ def _cli(wheel: str, out: Path) -> dict[str, Any]:
     }
 
 
+def _async(modules: Any, built: list[str]) -> dict[str, Any]:
+    counted = counts_tokens_in_flight(modules)
+    findings, crashes, stale = 0, [], False
+    for model in built if counted else []:
+        h = run_history(modules, model, 5, 150, overlap=True)
+        findings += len(h.findings)
+        crashes += [] if h.crash is None else [f"{model}: {h.crash.exception}"]
+        s = _Scheduler(modules, model, 5, overlap=True)
+        while not s.requests:  # (with no request the share is known vacuously)
+            s.run_step()
+        stale = stale or s.state().request_num_stale_in_flight is not None
+    return {"case": "async", "counted": counted, "findings": findings, "crashes": crashes,
+            "stale": stale}  # fmt: skip
+
+
 def main(wheel: str, out: str) -> None:
     """Every case on `wheel`'s vLLM, one JSON line each; the first names the release."""
     folder = Path(out)
@@ -171,6 +190,7 @@ def main(wheel: str, out: str) -> None:
             print(json.dumps(_fault(modules, fault, model)), flush=True)
     print(json.dumps(_hook(modules, folder / "hook")), flush=True)
     print(json.dumps(_cli(wheel, folder / "cli")), flush=True)
+    print(json.dumps(_async(modules, built)), flush=True)
 
 
 if __name__ == "__main__":

@@ -177,9 +177,9 @@ def test_the_hook_on_a_manager_without_a_pool_is_a_note_not_a_raise(
 
 def test_the_requests_tokens_in_flight_and_their_stale_share_are_read_where_counted() -> None:
     """A release's `Request` counts its tokens in flight from 0.26.0 and their stale share from
-    0.30.0: the snapshot records what the requests have, the share only where every request
-    counts it (0.26.0 - 0.29.0: not recorded, `check` reads its windows from the tokens
-    computed), and nothing of either without the requests."""
+    0.27.0: the snapshot records what the requests have, the share only where every request
+    counts it (0.26.0: not recorded, `check` reads its windows from the tokens computed), and
+    nothing of either without the requests."""
     manager = _manager("0.33.0")
 
     def request(**counts: int) -> Any:

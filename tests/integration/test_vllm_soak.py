@@ -144,7 +144,7 @@ def test_a_window_freed_on_the_tokens_computed_under_async_scheduling_is_found(
     for _ in range(60):
         s.run_step()
         state = s.state()
-        assert state.request_num_stale_in_flight is not None  # (0.30.0 on: the stale share)
+        assert state.request_num_stale_in_flight is not None  # (0.27.0 on: the stale share)
         found = audit(state).findings
         if found:
             break
@@ -152,7 +152,7 @@ def test_a_window_freed_on_the_tokens_computed_under_async_scheduling_is_found(
         pytest.fail("a window freed on the tokens computed went unseen for 60 steps")
     assert [f.code for f in found] == [PoolCode.NULL_BLOCK_MISPLACED]
     assert "in place of a block its window still reads" in found[0].message
-    # the pool as a dump without the stale share reads it (0.26.0 - 0.29.0): not decided
+    # the pool as a dump without the stale share reads it (0.26.0): not decided
     assert audit(replace(state, request_num_stale_in_flight=None)).findings == ()
 
 

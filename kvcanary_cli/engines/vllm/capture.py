@@ -276,7 +276,7 @@ def _read(
     computed = np.zeros(len(ids), dtype=np.int64)
     # tokens scheduled, not yet processed (vLLM's async scheduling; 0 where `Request` has no
     # such count: its manager frees on the computed tokens), and their stale share (a
-    # preempted request's steps still in flight: 0.30.0 on, else not recorded)
+    # preempted request's steps still in flight: 0.27.0 on, else not recorded)
     in_flight = np.zeros(len(ids), dtype=np.int64)
     stale = np.zeros(len(ids), dtype=np.int64)
     stale_known = requests is not None
