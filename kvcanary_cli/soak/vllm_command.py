@@ -238,8 +238,8 @@ def _refuse_unbuildable(modules: Any, models: tuple[str, ...]) -> None:
 
 
 def _refuse_synchronous(modules: Any) -> None:
-    """One error line (exit 2) for `--overlap` on a release whose manager counts no tokens
-    in flight: its async scheduling only defers frees, which every vLLM soak runs."""
+    """One error line (exit 2) for `--overlap` on a release that counts no tokens in flight
+    (before 0.26.0): its manager frees on the tokens computed, async scheduling or not."""
     from kvcanary_cli.soak.vllm_driver import counts_tokens_in_flight
 
     if not counts_tokens_in_flight(modules):
@@ -248,7 +248,7 @@ def _refuse_synchronous(modules: Any) -> None:
             "processed (num_in_flight_tokens, from 0.26.0 on); vLLM "
             f"{modules.tree.version}'s does not count them",
             option="--overlap",
-            hint="drop --overlap: every vLLM soak already defers frees past the step in flight",
+            hint="drop --overlap: its manager reads the same state either way",
         )
 
 

@@ -7,19 +7,19 @@ a step does not fit; then waiting requests with their prefix-cache hits; finishe
 requests freed at once or, as vLLM's async scheduling does, after the in-flight step
 (`deferred_frees`; a release before 0.24.0 has no such frees, and frees at once). With
 `overlap`, as vLLM's async scheduling runs it (a server's default): a step is scheduled while
-the last one is still in flight, whose output is processed only after that, so each
-request's `num_in_flight_tokens` counts what it was scheduled for in both until then; the
-manager frees windows and Mamba states on the tokens processed, not those computed. The audit
-reads the pool there, both steps in flight, as a capture of a running server does while the GPU
-runs one and the next is queued (a release that counts no tokens in flight, before 0.26.0, is
-refused). The calls are made as the loaded release takes them (its constructor's arguments, its
-prefix lookup's result), never by its version number. Requests share a few prompt prefixes, so
-prefix hits, shared blocks and evictions happen. The models (`MODELS`): full attention alone,
-and full attention beside one other group in one shared pool: a sliding window (`hybrid`:
-blocks that left the window replaced by the null block), a Mamba state group (`hybrid-mamba`: a
-request keeps its last state blocks, the rest null) or chunked local attention
-(`hybrid-chunked-local`: blocks before the current chunk null). A soak runs `DEFAULT_MODELS` in
-turn unless told which.
+the last one is still in flight, whose output is processed only after that, so each request's
+`num_in_flight_tokens` counts what it was scheduled for in both until then; the manager frees
+windows and Mamba states on the tokens processed, not those computed. The audit reads the pool
+twice a step, as a running server's passes through both: both steps in flight (the GPU runs
+one, the next is queued), and once the older one's output is processed (a release that counts
+no tokens in flight, before 0.26.0, is refused). The calls are made as the loaded release takes
+them (its constructor's arguments, its prefix lookup's result), never by its version number.
+Requests share a few prompt prefixes, so prefix hits, shared blocks and evictions happen. The
+models (`MODELS`): full attention alone, and full attention beside one other group in one
+shared pool: a sliding window (`hybrid`: blocks that left the window replaced by the null
+block), a Mamba state group (`hybrid-mamba`: a request keeps its last state blocks, the rest
+null) or chunked local attention (`hybrid-chunked-local`: blocks before the current chunk
+null). A soak runs `DEFAULT_MODELS` in turn unless told which.
 
 After every step the manager is read (`engines.vllm.capture.snapshot`) and checked
 (`engines.vllm.check.audit`). A planted fault edits the pool the way its bug would, at a

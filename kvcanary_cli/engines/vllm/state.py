@@ -72,8 +72,8 @@ class GroupSpec:
     block_size: int
     window: int | None = None
     #: a Mamba group's bound on a live request's non-null entries with no tokens in flight;
-    #: each token a request has in flight (`VllmState.request_num_in_flight`) allows one
-    #: more (None: not known, or another kind)
+    #: its tokens in flight (`VllmState.request_num_in_flight`) allow one more per block
+    #: they reach (None: not known, or another kind)
     max_states: int | None = None
 
     def record(self) -> dict[str, Any]:
