@@ -41,6 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if not hasattr(config, "workerinput"):  # the controller, or a run without workers
         _compile_once()
+        if controller:
+            _rewrite_once(config)
     if controller:
         return
     if HAS_TORCH:
@@ -67,6 +69,69 @@ def _compile_once() -> None:
             compileall.compile_dir(folder, quiet=2, rx=test_module, workers=0)
         except OSError:
             pass
+
+
+def _rewrite_once(config: pytest.Config) -> None:
+    """Write pytest's rewritten test modules before the workers start, two processes at a
+    time: where PYTHONDONTWRITEBYTECODE is set, every worker rewrote every test module's
+    asserts itself (10 s of CPU each, half of its collection), and without it, on a clean
+    clone, the workers rewrite them side by side. A worker reads a rewritten module pytest
+    cached (stamped with the source's time and size and pytest's version); where pytest's
+    internals differ, or a folder cannot be written, it rewrites as before."""
+    import os
+
+    try:
+        from _pytest.assertion.rewrite import (
+            PYC_TAIL,
+            _read_pyc,
+            _rewrite_test,
+            _write_pyc,
+            assertstate_key,
+            get_cache_dir,
+        )
+
+        state = config.stash[assertstate_key]
+    except (ImportError, KeyError):
+        return
+    if config.getoption("assertmode") != "rewrite":
+        return
+    tests = Path(__file__).resolve().parent
+    asked = [
+        Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args
+    ]
+    modules = sorted(
+        {
+            module
+            for path in asked
+            if path == tests or tests in path.parents
+            for module in (
+                path.rglob("test_*.py") if path.is_dir() else [path] if path.is_file() else []
+            )
+        }
+        | set(tests.rglob("conftest.py"))
+    )
+
+    def rewrite(paths: list[Path]) -> None:
+        for path in paths:
+            cache = get_cache_dir(path)
+            pyc = cache / (path.name[:-3] + PYC_TAIL)
+            if _read_pyc(path, pyc) is None:
+                source_stat, code = _rewrite_test(path, config)
+                cache.mkdir(exist_ok=True)
+                _write_pyc(state, code, source_stat, pyc)
+
+    child = os.fork()
+    if child == 0:  # the other half; nothing of this process returns to pytest
+        try:
+            rewrite(modules[1::2])
+        finally:
+            os._exit(0)
+    try:
+        rewrite(modules[::2])
+    except (OSError, SyntaxError):
+        pass  # a worker meets it again, and says so where it must
+    finally:
+        os.waitpid(child, 0)
 
 
 def _build_the_cli_once() -> None:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +30,7 @@ DEEP_ENV = "KVCANARY_DEEP"
 DEEP = (pytest.mark.slow, pytest.mark.deep)
 
 
+@functools.cache  # asked once per test item (thousands), of a few hundred modules
 def engine_stack(path: Path) -> bool:
     """Whether the test module at `path` runs an engine's own code (SGLang's memory-cache
     stack, vLLM's manager, from their wheels: `tests/integration/`). Those tests are the
