@@ -20,7 +20,7 @@ import typer
 import kvcanary_cli.option_values as values
 from kvcanary_cli import api, render
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.cli_app import ExitCode, exit_code, make_app, run
+from kvcanary_cli.cli_app import Command, ExitCode, exit_code, make_app, run
 from kvcanary_cli.cli_options import DUMP, OLD_NAMES, REPORT, SEED, SET, Arg, Opt, parse_positions
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
@@ -51,6 +51,7 @@ def command(
     without: Sequence[str] = (),
     writes: str | None = None,
     says: Callable[[Any], str] | None = None,
+    panels: dict[str, list[str]] | None = None,
     **params: Arg | Opt | Derived,
 ) -> None:
     """Add `run` as the command `name` (its own): `params` are its arguments and options by
@@ -60,7 +61,8 @@ def command(
     `without`; its result is rendered, delivered (never over a file its command line names;
     the reports are checked with the file `writes` names before `run` writes it) and ends in its
     exit code. One that `says` prints that line of its result instead (on stderr when its
-    `--out` is standard output)."""
+    `--out` is standard output). `panels`: headings of `--help` and the options under each
+    (`cli_app.Command`), the others under "Options"."""
     declared = signature(run).parameters
     report = {} if says else {k: v for k, v in REPORT.items() if k not in without}
     options = {**params, **{k: v for k, v in report.items() if k not in params}}
@@ -113,14 +115,17 @@ def command(
 
     invoke.__name__ = invoke.__qualname__ = name or run.__name__
     invoke.__doc__ = help
+    heading = {key: title for title, keys in (panels or {}).items() for key in keys}
     typed = [
-        spec.parameter(k, declared[k].default if k in declared else Parameter.empty)
+        spec.parameter(
+            k, declared[k].default if k in declared else Parameter.empty, panel=heading.get(k)
+        )
         for k, spec in options.items()
         if isinstance(spec, Arg | Opt)
     ]
     invoke.__signature__ = signature(invoke).replace(parameters=typed)  # type: ignore[attr-defined]
     invoke.__annotations__ = {p.name: p.annotation for p in typed}
-    app.command()(invoke)
+    app.command(cls=Command)(invoke)
 
 
 def _shown(result: Any, given: dict[str, Any]) -> tuple[Any, list[str]]:
@@ -388,34 +393,41 @@ command(
     """,
     name="soak",
     without=["max_rows", "svg"],
+    # what runs, what the server runs it with, what it is given; the report's options after
+    panels={
+        "Engine and memory layout": [
+            *("engine", "sglang_tree", "vllm_tree", "vllm_model", "layout", "page_size", "core")
+        ],
+        "Server options": ["overlap", "tp", "hicache", "hicache_storage", "session_radix_cache"],
+        "Workload": ["steps", "seed", "fault", "replaying"],
+    },
+    engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
     sglang_tree=Opt("An SGLang tree or wheel to run.", metavar="PATH"),
-    steps=Opt("Steps in all.", within=values.Bounds(1, 10**7)),
-    seed=SEED,
-    page_size=Opt(
-        "One page size (default: 1, 4, 16; --layout mamba: 1).", within=values.Bounds(1, 64)
-    ),
-    core=Opt("One tree core (default: each).", metavar="python|rust"),
-    fault=Opt(
-        "Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
-        "shared-boundary-page, tree-page-freed, lock-leak, tree-mamba-slot-freed "
-        "(--layout mamba or mamba-extra), or host-evict-leak, load-back-frees-host, "
-        "backup-twice (--hicache), storage-ack-frees-host (--hicache-storage).",
-        metavar="NAME",
+    vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
+    vllm_model=Opt(
+        "The models a vLLM soak runs in turn, comma-separated (default: full,hybrid): full "
+        "attention, + sliding window, + Mamba state, + chunked local attention.",
+        metavar="full|hybrid|hybrid-mamba|hybrid-chunked-local",
     ),
     layout=Opt(
         "Memory layout: hybrid SWA, unified memory, hybrid Mamba (page size 1), or hybrid "
         "Mamba with SGLang's extra buffer.",
         metavar="swa|unified|mamba|mamba-extra",
     ),
-    out=Opt("Where a failure's files go.", kind=Path, metavar="DIR", default=Path("kvcanary-soak")),
-    replaying=Opt(
-        "Run a soak-reproducer.json again (its page size, core and fault); writes nothing.",
-        "--replay",
-        kind=Path,
-        metavar="FILE",
+    page_size=Opt(
+        "One page size (default: 1, 4, 16; --layout mamba: 1).", within=values.Bounds(1, 64)
     ),
-    timings=Opt("Report the seconds (off: the same bytes each run)."),
-    coverage=Opt("Say which SGLang memory-cache functions and free paths ran (slower)."),
+    core=Opt("One tree core (default: each).", metavar="python|rust"),
+    overlap=Opt(
+        "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
+        "non-overlapped one (SGLang 0.5.13 to 0.5.23; before 0.5.21 not --layout unified); "
+        "with --engine vllm, vLLM's async scheduling (a step scheduled while one is in flight).",
+    ),
+    tp=Opt(
+        "Tensor-parallel ranks, each its own stack in lockstep, compared with rank 0's at "
+        "every audited step.",
+        within=values.TP_RANKS,
+    ),
     hicache=Opt(
         "Also run SGLang's host tier (--enable-hierarchical-cache), its host pools audited "
         "each step (any --layout but unified).",
@@ -428,23 +440,24 @@ command(
         "Also run SGLang's radix sessions (--enable-session-radix-cache; the Python tree "
         "core, SGLang 0.5.17 on).",
     ),
-    tp=Opt(
-        "Tensor-parallel ranks, each its own stack in lockstep, compared with rank 0's at "
-        "every audited step.",
-        within=values.TP_RANKS,
+    steps=Opt("Steps in all.", within=values.Bounds(1, 10**7)),
+    seed=SEED,
+    fault=Opt(
+        "Plant a known SGLang bug: unmapped-representative, double-free-group-end, "
+        "shared-boundary-page, tree-page-freed, lock-leak, tree-mamba-slot-freed "
+        "(--layout mamba or mamba-extra), or host-evict-leak, load-back-frees-host, "
+        "backup-twice (--hicache), storage-ack-frees-host (--hicache-storage).",
+        metavar="NAME",
     ),
-    overlap=Opt(
-        "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
-        "non-overlapped one (SGLang 0.5.13 to 0.5.23; before 0.5.21 not --layout unified); "
-        "with --engine vllm, vLLM's async scheduling (a step scheduled while one is in flight).",
+    replaying=Opt(
+        "Run a soak-reproducer.json again (its page size, core and fault); writes nothing.",
+        "--replay",
+        kind=Path,
+        metavar="FILE",
     ),
-    engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
-    vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
-    vllm_model=Opt(
-        "The models a vLLM soak runs in turn, comma-separated (default: full,hybrid): full "
-        "attention, + sliding window, + Mamba state, + chunked local attention.",
-        metavar="full|hybrid|hybrid-mamba|hybrid-chunked-local",
-    ),
+    out=Opt("Where a failure's files go.", kind=Path, metavar="DIR", default=Path("kvcanary-soak")),
+    timings=Opt("Report the seconds (off: the same bytes each run)."),
+    coverage=Opt("Say which SGLang memory-cache functions and free paths ran (slower)."),
     output_format=REPORT["output_format"],
     force=REPORT["force"],
 )

@@ -17,7 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 import typer.main
-from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from kvcanary_cli import __version__
 from kvcanary_cli.dump.schema import SCALARS
@@ -42,7 +42,7 @@ from kvcanary_cli.results.pool import PoolCheckReport
 from kvcanary_cli.results.soak import SoakReport
 from kvcanary_cli.results.timeline import TimelineReport
 
-__all__ = ["ExitCode", "exit_code", "fail", "make_app", "run"]
+__all__ = ["Command", "ExitCode", "exit_code", "fail", "make_app", "run"]
 
 
 class ExitCode(IntEnum):
@@ -225,6 +225,26 @@ def flag_of(command: Any, keywords: str) -> str:
         return f"--set {keyword}" if keyword in SCALARS and "overrides" in params else keyword
 
     return "/".join(one(keyword) for keyword in keywords.split("/"))
+
+
+class Command(TyperCommand):
+    """A command whose options of a panel (typer's `rich_help_panel`: soak's engine, workload
+    and serving options) are listed under that heading, before the rest ("Options"): typer
+    groups them only in its rich help, which `kvcanary` leaves off."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        """The arguments, each panel's options under its heading, then the rest."""
+        sections: dict[str, list[tuple[str, str]]] = {"Arguments": []}
+        for param in self.get_params(ctx):
+            if (record := param.get_help_record(ctx)) is not None:
+                title = getattr(param, "rich_help_panel", None) or "Options"
+                title = "Arguments" if param.param_type_name == "argument" else title
+                sections.setdefault(title, []).append(record)
+        sections["Options"] = sections.pop("Options", [])  # the rest, last
+        for title, records in sections.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
 
 
 class _Argument(TyperArgument):

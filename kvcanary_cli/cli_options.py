@@ -35,8 +35,9 @@ class Arg:
     def __init__(self, metavar: str, help: str, *, kind: Any = Path, many: bool = False) -> None:
         self.metavar, self.help, self.kind, self.many = metavar, help, kind, many
 
-    def parameter(self, name: str, default: Any) -> Parameter:
-        """typer's parameter `name` (`default`: the API's; none: required)."""
+    def parameter(self, name: str, default: Any, panel: str | None = None) -> Parameter:
+        """typer's parameter `name` (`default`: the API's; none: required; `panel`: an
+        option's heading, none for an argument)."""
         kind = list[self.kind] if self.many else self.kind  # type: ignore[name-defined]
         return _typed(name, kind, default, typer.Argument(help=self.help, metavar=self.metavar))
 
@@ -69,28 +70,30 @@ class Opt:
         self.kind, self.metavar, self.default, self.convert = kind, metavar, default, convert
         self.aliases, self.more = aliases or {}, more
 
-    def parameter(self, name: str, default: Any) -> Parameter:
+    def parameter(self, name: str, default: Any, panel: str | None = None) -> Parameter:
         """typer's parameter `name` (`default`: the API's, unless this option has its own;
-        an option the API requires is None when not given, for the API to refuse)."""
+        an option the API requires is None when not given, for the API to refuse), listed
+        under the heading `panel` in `--help` (None: "Options")."""
         if self.default is not API_DEFAULT or default is Parameter.empty:
             default = None if self.default is API_DEFAULT else self.default
         long = () if self.flags[:1] and self.flags[0].startswith("--") else ("--" + name,)
         names = [flag.replace("_", "-") for flag in (*long, *self.flags)]
+        more = {**self.more, "rich_help_panel": panel}
         kind: Any = str
         if self.among is not None:
-            option = self._choice(names)
+            option = self._choice(names, more)
         elif self.within is not None:
-            kind, option = int, self._integer(names)
+            kind, option = int, self._integer(names, more)
         else:
             kind = bool if isinstance(default, bool) else self.kind
-            option = typer.Option(*names, help=self.help, metavar=self.metavar, **self.more)
+            option = typer.Option(*names, help=self.help, metavar=self.metavar, **more)
         return _typed(name, kind, default, option)
 
     def value(self, given: Any) -> Any:
         """The parsed value as the API takes it."""
         return given if self.convert is None else self.convert(given)
 
-    def _choice(self, names: list[str]) -> Any:
+    def _choice(self, names: list[str], more: dict[str, Any]) -> Any:
         """A parser of our own instead of typer's enum coercion (which takes a whole enum and
         words a wrong value in its validation library's terms): one enum serves several
         options with different subsets (`PlannerChoice`), and a wrong value reads "'x' is not
@@ -112,10 +115,10 @@ class Opt:
 
         return typer.Option(
             *names, help=self.help, parser=parse, metavar="[" + "|".join(by_value) + "]",
-            autocompletion=complete, **self.more,
+            autocompletion=complete, **more,
         )  # fmt: skip
 
-    def _integer(self, names: list[str]) -> Any:
+    def _integer(self, names: list[str], more: dict[str, Any]) -> Any:
         """An integer within its bounds: the range in words at the end of the help (`0 to
         2^31-1`, not click's `[0<=x<=2147483647]`), and a value outside it refused in the one
         error line, in the words `api` refuses it in."""
@@ -123,7 +126,7 @@ class Opt:
         said = f"{self.help} [{within}]" if str(within) else self.help
         return typer.Option(
             *names, help=said, parser=lambda text: _integer(text, within),
-            metavar=self.metavar or "N", **self.more,
+            metavar=self.metavar or "N", **more,
         )  # fmt: skip
 
 

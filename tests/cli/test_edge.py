@@ -192,3 +192,30 @@ def test_a_soak_refusal_names_the_flag_as_the_command_line_spells_it(
     code, _, err = run("soak", *args, "--steps", "5")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: {flag}: "), err
+
+
+def test_soaks_help_lists_its_options_under_headings_the_rest_last() -> None:
+    """soak's twenty options under what they choose (the engine and its memory, the server's
+    options, the workload), each once, the report's options last; every other command keeps
+    one "Options" list."""
+    code, out, _ = run("soak", "--help", columns=100)
+    headings = re.findall(r"^(\w[\w ]*):$", out, re.M)
+    assert code == 0 and headings == [
+        "Engine and memory layout",
+        "Server options",
+        "Workload",
+        "Options",
+    ], headings
+    sections = dict(zip(headings, re.split(r"^\w[\w ]*:$", out, flags=re.M)[1:], strict=True))
+    for heading, flags in (
+        ("Engine and memory layout", ["--engine", "--sglang-tree", "--vllm-tree", "--layout"]),
+        ("Server options", ["--overlap", "--tp", "--hicache", "--session-radix-cache"]),
+        ("Workload", ["--steps", "--seed", "--fault", "--replay"]),
+        ("Options", ["--out", "--format", "--output", "--help"]),
+    ):
+        assert all(re.search(rf"^\s+(-\w, )?{flag}\b", sections[heading], re.M) for flag in flags)
+    listed = re.findall(r"^\s+(?:-\w, )?(--[\w-]+)", "".join(sections.values()), re.M)
+    assert len(listed) == len(set(listed)) == len(COMMANDS["soak"].params) + 1, listed  # --help
+    for name in sorted(set(COMMANDS) - {"soak"}):
+        _, other, _ = run(name, "--help", columns=100)
+        assert re.findall(r"^(\w[\w ]*):$", other, re.M) in (["Options"], ["Arguments", "Options"])
