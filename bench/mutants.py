@@ -52,7 +52,9 @@ as `kvcanary soak --engine vllm --vllm-tree COPY` runs it (`run_vllm_soak`), the
 own asserts alone: the same histories (seeds, models, lengths) with no audit, until vLLM
 raises. Under vLLM's async scheduling (`soak --engine vllm --overlap`: the `hybrid-overlap`
 and `hybrid-mamba-overlap` sets) a window freed on the tokens computed, not those processed
-(vLLM's bug before its fix), or one token past them, and the Mamba mutants again.
+(vLLM's bug before its fix), or one token past them, and the Mamba mutants again. Under
+speculative decoding (`--speculative-tokens 3`: the `hybrid-spec3` set) a window freed on the
+tokens the step will compute, its unverified drafts included.
 
 It prints, per variant and seed, the step each side killed it at, the kill rates per engine
 and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. Nothing here is
@@ -150,6 +152,8 @@ _HIT_QUERY_MIN = (
 #: (`--overlap`): "swa-overlap" (on ranks: "swa-tp2-overlap"; with radix sessions:
 #: "swa+radix-overlap").
 RADIX, HICACHE, STORAGE, RANKS, OVERLAP = "+radix", "+hicache", "-storage", "-tp", "-overlap"
+#: vLLM's speculative decoding (`soak --engine vllm --speculative-tokens K`): "hybrid-spec3".
+SPECULATIVE = "-spec"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -1202,6 +1206,19 @@ MUTANTS: tuple[Mutant, ...] = (
         engine="vllm",
         layout="hybrid" + OVERLAP,
     ),
+    # -- vLLM's speculative decoding (soak --engine vllm --speculative-tokens 3) -----------
+    Mutant(
+        "window-freed-on-scheduled-drafts",
+        "kv_cache_manager.py",
+        "            max(0, total_computed_tokens - request.num_in_flight_tokens),\n",
+        "            max(0, total_computed_tokens - request.num_in_flight_tokens)\n"
+        "            + num_new_tokens,\n",
+        "window: freed on the tokens the step will compute, its unverified drafts included, so "
+        "a rejected draft's window reads blocks already freed (without drafts every token "
+        "scheduled is computed, and the state after each step reads clean)",
+        engine="vllm",
+        layout="hybrid" + SPECULATIVE + "3",
+    ),
     Mutant(
         "chunked-local-drops-current-chunk",
         "single_type_kv_cache_manager.py",
@@ -1547,8 +1564,21 @@ def child(tree: Path, budget: int, seeds: list[int], result: Path, layout: str =
     result.write_text(json.dumps(record))
 
 
+def vllm_scheduling(layout: str) -> tuple[str | None, bool, int]:
+    """A vLLM bench layout's models (None, for "-": soak's default), whether it runs under
+    async scheduling (`L-overlap`), and the draft tokens a decode step verifies (`L-specK`)."""
+    overlap = layout.endswith(OVERLAP)
+    layout, _, drafts = layout.removesuffix(OVERLAP).partition(SPECULATIVE)
+    return (None if layout == "-" else layout), overlap, int(drafts or 0)
+
+
 def vllm_alone(
-    modules: Any, budget: int, seed: int, models: str | None = None, overlap: bool = False
+    modules: Any,
+    budget: int,
+    seed: int,
+    models: str | None = None,
+    overlap: bool = False,
+    speculative: int = 0,
 ) -> dict[str, Any]:
     """vLLM's own asserts with no kvcanary audit, on the histories soak runs (same seeds,
     models, lengths and scheduling): where vLLM first raised."""
@@ -1568,6 +1598,7 @@ def vllm_alone(
             audit_every=False,
             after_steps=AFTER_STEPS,
             overlap=overlap,
+            speculative=speculative,
         )
         crash = h.crash
         if crash is not None:
@@ -1621,10 +1652,12 @@ def vllm_child(
     result: Path,
     models: str | None = None,
     overlap: bool = False,
+    speculative: int = 0,
 ) -> None:
     """Run one vLLM variant, per seed: `soak --engine vllm`'s `run_vllm_soak` (under
     `--vllm-model models`, None: the default models; `overlap`: under vLLM's async
-    scheduling), then vLLM's asserts alone."""
+    scheduling; `speculative`: that many draft tokens a decode step), then vLLM's asserts
+    alone."""
     from kvcanary_cli.soak.vllm_command import run_vllm_soak
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
@@ -1637,12 +1670,19 @@ def vllm_child(
         with tempfile.TemporaryDirectory(prefix="kvcanary-mutant-") as out:
             t0 = time.monotonic()
             report = run_vllm_soak(
-                str(tree), budget, seed, None, models=models, out=Path(out) / "o", overlap=overlap
+                str(tree),
+                budget,
+                seed,
+                None,
+                models=models,
+                out=Path(out) / "o",
+                overlap=overlap,
+                speculative=speculative,
             )
             run["soak_s"] = round(time.monotonic() - t0, 2)
         run["soak"] = _vllm_soak_side(report)
         t0 = time.monotonic()
-        run["vllm"] = vllm_alone(load_vllm(tree), budget, seed, models, overlap)
+        run["vllm"] = vllm_alone(load_vllm(tree), budget, seed, models, overlap, speculative)
         run["vllm_s"] = round(time.monotonic() - t0, 2)
         record["runs"].append(run)
     result.write_text(json.dumps(record))
@@ -1752,6 +1792,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("vllm", "hybrid-mamba"),
     ("vllm", "hybrid-mamba" + OVERLAP),
     ("vllm", "hybrid" + OVERLAP),
+    ("vllm", "hybrid" + SPECULATIVE + "3"),
     ("vllm", "hybrid-chunked-local"),
 )
 
@@ -1904,8 +1945,10 @@ def _group_report(
     )
     where = f" (soak --layout {layout_only}{flags})" if engine == "sglang" else ""
     if engine == "vllm" and layout != "-":
-        model = layout.removesuffix(OVERLAP)
-        loop = " --overlap" if layout != model else ""
+        model, overlap, drafts = vllm_scheduling(layout)
+        loop = (" --overlap" if overlap else "") + (
+            f" --speculative-tokens {drafts}" if drafts else ""
+        )
         where = f" (soak --engine vllm --vllm-model {model}{loop})"
     lines = [
         f"mutants of {release}{where}, {figures['steps']} steps per seed, seeds "
@@ -1991,10 +2034,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child is not None:
         if args.child_engine == "vllm":
-            layout = args.child_layout
-            models = None if layout == "-" else layout.removesuffix(OVERLAP)
-            overlap = layout.endswith(OVERLAP)
-            vllm_child(args.child, args.steps, args.seed, args.result, models, overlap)
+            models, overlap, drafts = vllm_scheduling(args.child_layout)
+            vllm_child(args.child, args.steps, args.seed, args.result, models, overlap, drafts)
         else:
             child(args.child, args.steps, args.seed, args.result, args.child_layout)
         return 0

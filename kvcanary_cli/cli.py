@@ -398,7 +398,10 @@ command(
         "Engine and memory layout": [
             *("engine", "sglang_tree", "vllm_tree", "vllm_model", "layout", "page_size", "core")
         ],
-        "Server options": ["overlap", "tp", "hicache", "hicache_storage", "session_radix_cache"],
+        "Server options": [
+            *("overlap", "speculative_tokens", "tp", "hicache", "hicache_storage"),
+            "session_radix_cache",
+        ],
         "Workload": ["steps", "seed", "fault", "replaying"],
     },
     engine=Opt("Whose KV cache runs.", metavar="sglang|vllm"),
@@ -422,6 +425,12 @@ command(
         "Run SGLang's overlapped scheduler loop, a server's default, instead of the "
         "non-overlapped one (SGLang 0.5.13 to 0.5.23; before 0.5.21 not --layout unified); "
         "with --engine vllm, vLLM's async scheduling (a step scheduled while one is in flight).",
+    ),
+    speculative_tokens=Opt(
+        "With --engine vllm, speculative decoding: K draft tokens a decode step verifies, the "
+        "rejected ones taken back (not with --overlap).",
+        within=values.DRAFT_TOKENS,
+        metavar="K",
     ),
     tp=Opt(
         "Tensor-parallel ranks, each its own stack in lockstep, compared with rank 0's at "

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from kvcanary_cli.errors import OptionError
 
-__all__ = ["BUFFER_CHOICES", "EVERY", "INDEX", "PAGE_SIZE", "POSITIVE", "SLOT", "STEPS"]
+__all__ = ["BUFFER_CHOICES", "DRAFT_TOKENS", "EVERY", "INDEX", "PAGE_SIZE", "POSITIVE", "SLOT"]
+__all__ += ["STEPS"]
 __all__ += ["Bounds", "checked_choice", "checked_integer"]
 
 
@@ -60,6 +61,9 @@ POSITIVE = Bounds(1)
 STEPS, EVERY, PAGE_SIZE = Bounds(2, 64), Bounds(1, 64), Bounds(1, 4096)
 #: `soak --tp`: the tensor-parallel ranks a soak runs, each a whole stack in one process.
 TP_RANKS = Bounds(1, 8)
+#: `soak --speculative-tokens`: the draft tokens a decode step verifies (vLLM's drafters
+#: propose a handful).
+DRAFT_TOKENS = Bounds(0, 16)
 #: `violations --buffer`: a group's canary buffers, in the order the command line lists them.
 BUFFER_CHOICES = ("head.k", "tail.k", "head.v", "tail.v")
 

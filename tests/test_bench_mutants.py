@@ -47,6 +47,7 @@ mutants = _bench()
         ("vllm", "swa", 12, 3),
         ("vllm", "hybrid-mamba", 2, 1),
         ("vllm", "hybrid-chunked-local", 2, 1),
+        ("vllm", "hybrid-spec3", 1, 0),
     ],
 )
 def test_the_set_is_what_the_benchmark_promises(
@@ -207,6 +208,7 @@ _BEFORE_ALIGN = {
 _BEFORE_IN_FLIGHT = {
     "window-freed-on-computed": "no tokens in flight counted before 0.26.0",
     "window-freed-in-flight-minus-one": "no tokens in flight counted before 0.26.0",
+    "window-freed-on-scheduled-drafts": "no tokens in flight counted before 0.26.0",
 }
 #: Per cached vLLM release (those `.ci/run` fetches, the others where cached: 0.10.x's
 #: spellings of the map's eviction, the queue's count and 0.10.0's touch; 0.12.0 to 0.32.0's of
@@ -319,6 +321,17 @@ def test_sglang_alone_runs_the_soak_workload_of_its_layout(
     assert workload.hicache_write_policy is not None or not hicache
     assert (workload.hicache_storage is not None) == storage
     assert workload.overlap == overlap == (layout == "swa-overlap")
+
+
+def test_a_vllm_bench_layout_names_its_models_and_scheduling() -> None:
+    """`hybrid-spec3` soaks `--vllm-model hybrid --speculative-tokens 3`, `hybrid-overlap`
+    `--overlap`, `-` soak's default models; the drafts' window mutant is soaked with drafts."""
+    assert mutants.vllm_scheduling("hybrid-spec3") == ("hybrid", False, 3)
+    assert mutants.vllm_scheduling("hybrid-overlap") == ("hybrid", True, 0)
+    assert mutants.vllm_scheduling("hybrid-chunked-local") == ("hybrid-chunked-local", False, 0)
+    assert mutants.vllm_scheduling("-") == (None, False, 0)
+    [drafts] = [m for m in mutants.MUTANTS if m.name == "window-freed-on-scheduled-drafts"]
+    assert mutants._group(drafts) == ("vllm", "hybrid-spec3")
 
 
 def test_a_bench_layout_names_soaks_switches() -> None:

@@ -175,6 +175,18 @@ def _async(modules: Any, built: list[str]) -> dict[str, Any]:
             "stale": stale}  # fmt: skip
 
 
+def _speculative(modules: Any, built: list[str]) -> dict[str, Any]:
+    """Every model under speculative decoding (3 drafts a decode step): what kvcanary found,
+    what vLLM raised, and whether some drafts were rejected (taken back) and some accepted."""
+    findings, crashes, both = 0, [], True
+    for model in built:
+        h = run_history(modules, model, 5, 150, speculative=3)
+        findings += len(h.findings)
+        crashes += [] if h.crash is None else [f"{model}: {h.crash.exception}"]
+        both = both and 0 < h.accepted < h.drafted
+    return {"case": "speculative", "findings": findings, "crashes": crashes, "both": both}
+
+
 def main(wheel: str, out: str) -> None:
     """Every case on `wheel`'s vLLM, one JSON line each; the first names the release."""
     folder = Path(out)
@@ -191,6 +203,7 @@ def main(wheel: str, out: str) -> None:
     print(json.dumps(_hook(modules, folder / "hook")), flush=True)
     print(json.dumps(_cli(wheel, folder / "cli")), flush=True)
     print(json.dumps(_async(modules, built)), flush=True)
+    print(json.dumps(_speculative(modules, built)), flush=True)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,10 @@ class PoolSoakHistory:
     preemptions: int
     prefix_hits: int
     aborts: int
+    #: --speculative-tokens: the draft tokens its steps verified, and of those accepted (0
+    #: without speculative decoding)
+    drafted: int = 0
+    accepted: int = 0
     #: the step a planted --fault was planted at, and what it did; null without one
     fault_step: int | None
     fault_note: str | None
@@ -82,6 +86,9 @@ class PoolSoakReport:
     #: --overlap: run under the engine's async scheduling (vLLM's: a step scheduled while
     #: the last is in flight)
     overlap: bool = False
+    #: --speculative-tokens: the draft tokens a decode step verifies (speculative decoding);
+    #: 0 without it
+    speculative_tokens: int = 0
 
     @recorded
     def audited(self) -> int:

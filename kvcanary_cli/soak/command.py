@@ -943,6 +943,7 @@ def run_soak(
     tp: int = 1,
     hicache_storage: bool = False,
     overlap: bool = False,
+    speculative_tokens: int = 0,
 ) -> SoakReport | PoolSoakReport:
     """The command: `engine`'s soak (sglang or vllm: an option of the other's is one error
     line), with a progress bar on a terminal (bad input raises before it runs, exit 2), or
@@ -954,6 +955,7 @@ def run_soak(
     from kvcanary_cli.render.console import progress
 
     if engine == "vllm":
+        from kvcanary_cli.option_values import DRAFT_TOKENS, checked_integer
         from kvcanary_cli.soak.vllm_command import run_vllm_soak
 
         if coverage:
@@ -979,11 +981,17 @@ def run_soak(
             replaying=replaying,
             sglang_options={**sglang_options, "--sglang-tree": sglang_tree},
             overlap=overlap,
+            speculative=checked_integer(speculative_tokens, "speculative_tokens", DRAFT_TOKENS),
         )
     checked_choice(engine, ["sglang", "vllm"], "engine")
     for flag, given in (("--vllm-tree", vllm_tree), ("--vllm-model", vllm_model)):
         if given is not None:
             raise OptionError("is a vLLM soak option: add --engine vllm", option=flag)
+    if speculative_tokens:
+        raise OptionError(
+            "drives vLLM's speculative decoding: add --engine vllm (SGLang's is not modelled)",
+            option="speculative_tokens",
+        )
     if replaying is not None:
         if coverage:
             raise OptionError(

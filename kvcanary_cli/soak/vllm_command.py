@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcanary_cli.errors import OptionError, PathError
+from kvcanary_cli.option_values import DRAFT_TOKENS
 from kvcanary_cli.results.pool_soak import EngineComplaint, PoolSoakHistory, PoolSoakReport
 from kvcanary_cli.results.soak import SoakFile, SoakReplay
 
@@ -74,6 +75,8 @@ def _history(h: Any) -> PoolSoakHistory:
         preemptions=h.preemptions,
         prefix_hits=h.prefix_hits,
         aborts=h.aborts,
+        drafted=h.drafted,
+        accepted=h.accepted,
         fault_step=h.fault_step,
         fault_note=h.fault_note or None,
         finding_step=h.finding_step,
@@ -155,25 +158,34 @@ def run_vllm_soak(
     replaying: Path | None = None,
     sglang_options: Mapping[str, object] | None = None,
     overlap: bool = False,
+    speculative: int = 0,
 ) -> PoolSoakReport:
     """Soak vLLM's manager from `tree` (None: the cached release wheel) for `steps` audited
     steps, a finding's files to `out`; with `replaying`, that reproducer run again; with
-    `overlap`, under vLLM's async scheduling. A one-line error (exit 2) for an SGLang option,
-    an unknown fault, an `out` it may not write, a tree that cannot load, or `overlap` on a
-    release whose manager counts no tokens in flight."""
+    `overlap`, under vLLM's async scheduling; with `speculative`, under speculative decoding
+    (that many draft tokens a decode step). A one-line error (exit 2) for an SGLang option,
+    an unknown fault, an `out` it may not write, a tree that cannot load, `overlap` on a
+    release whose manager counts no tokens in flight, or `overlap` with `speculative`."""
     from kvcanary_cli.soak.vllm_driver import FAULTS, run_history
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
     refuse_sglang_options(sglang_options or {})
     if replaying is not None:
-        if fault is not None or models is not None or overlap:
+        if fault is not None or models is not None or overlap or speculative:
             raise OptionError(
                 "takes the fault, the model and the scheduling from the reproducer: drop "
-                "--fault, --vllm-model and --overlap",
+                "--fault, --vllm-model, --overlap and --speculative-tokens",
                 option="--replay",
             )
         return _replay(replaying, tree, timings=timings)
     chosen = chosen_models(models)
+    if overlap and speculative:
+        raise OptionError(
+            "drafts are verified under synchronous scheduling: vLLM's async scheduling with "
+            "speculative decoding (its output placeholders) is not modelled",
+            option="--overlap/--speculative-tokens",
+            hint="drop one of them",
+        )
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"{fault!r} is not a vLLM fault: {', '.join(FAULTS)}", option="--fault")
     from kvcanary_cli.soak.outputs import check_out, scratch
@@ -200,12 +212,14 @@ def run_vllm_soak(
                 after_steps=AFTER_STEPS,
                 assert_dumps=folder / f"history-{len(histories)}",
                 overlap=overlap,
+                speculative=speculative,
             )
             audited += h.audited
             histories.append(_history(h))
             if h.findings or h.crash is not None:
                 version = modules.tree.version
-                files = _keep(h, length, version, fault, overlap, folder, out, force)
+                scheduling = {"overlap": overlap, "speculative_tokens": speculative}
+                files = _keep(h, length, version, fault, scheduling, folder, out, force)
                 break
             if h.audited == 0:
                 break
@@ -219,6 +233,7 @@ def run_vllm_soak(
         seconds=round(time.monotonic() - started, 3) if timings else None,
         files=files,
         overlap=overlap,
+        speculative_tokens=speculative,
     )
 
 
@@ -257,7 +272,7 @@ def _keep(
     length: int,
     version: str,
     fault: str | None,
-    overlap: bool,
+    scheduling: dict[str, Any],
     folder: Path,
     out: Path,
     force: bool,
@@ -287,7 +302,7 @@ def _keep(
         "steps": length,
         "after_steps": AFTER_STEPS,
         "fault": fault,
-        "overlap": overlap,
+        **scheduling,
         "recorded": _key(h),
         "finding_step": h.finding_step,
         "crash_step": None if h.crash is None else h.crash.step,
@@ -324,6 +339,19 @@ def read_reproducer(path: Path) -> dict[str, Any]:
         raise PathError(
             "is not a vLLM soak reproducer ('overlap' not true or false)", path=str(path), hint=hint
         )
+    drafts = data.setdefault("speculative_tokens", 0)  # absent before --speculative-tokens
+    if not isinstance(drafts, int) or isinstance(drafts, bool) or DRAFT_TOKENS.refusal(drafts):
+        raise PathError(
+            f"is not a vLLM soak reproducer ('speculative_tokens' not {DRAFT_TOKENS})",
+            path=str(path),
+            hint=hint,
+        )
+    if drafts and data["overlap"]:
+        raise PathError(
+            "is not a vLLM soak reproducer (speculative decoding under async scheduling)",
+            path=str(path),
+            hint=hint,
+        )
     if (
         data["model"] not in MODELS
         or (data["fault"] is not None and data["fault"] not in FAULTS)
@@ -357,6 +385,7 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
             fault=data["fault"],
             after_steps=data["after_steps"],
             overlap=data["overlap"],
+            speculative=data["speculative_tokens"],
         )
     return PoolSoakReport(
         engine="vllm",
@@ -375,4 +404,5 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
             else None,
         ),
         overlap=data["overlap"],
+        speculative_tokens=data["speculative_tokens"],
     )

@@ -12,7 +12,9 @@ the last one is still in flight, whose output is processed only after that, so e
 windows and Mamba states on the tokens processed, not those computed. The audit reads the pool
 twice a step, as a running server's passes through both: both steps in flight (the GPU runs
 one, the next is queued), and once the older one's output is processed (a release that counts
-no tokens in flight, before 0.26.0, is refused). The calls are made as the loaded release takes
+no tokens in flight, before 0.26.0, is refused). With `speculative` K, as a server with a
+drafter runs: each decode step also verifies K drafts, in K lookahead slots, and the rejected
+ones are taken off the tokens computed. The calls are made as the loaded release takes
 them (its constructor's arguments, its prefix lookup's result), never by its version number.
 Requests share a few prompt prefixes, so prefix hits, shared blocks and evictions happen. The
 models (`MODELS`): full attention alone, and full attention beside one other group in one
@@ -126,6 +128,9 @@ class History:
     preemptions: int = 0
     prefix_hits: int = 0
     aborts: int = 0
+    #: speculative decoding: the draft tokens verified, and of those accepted
+    drafted: int = 0
+    accepted: int = 0
     #: the step a planted fault was planted at, and what it did (the block, its holders)
     fault_step: int | None = None
     fault_note: str = ""
@@ -152,7 +157,9 @@ def counts_tokens_in_flight(modules: Any) -> bool:
 class _Scheduler:
     """The workload: requests arriving, scheduled, preempted, finished and aborted."""
 
-    def __init__(self, modules: Any, model: str, seed: int, *, overlap: bool = False) -> None:
+    def __init__(
+        self, modules: Any, model: str, seed: int, *, overlap: bool = False, speculative: int = 0
+    ) -> None:
         import torch
 
         m = modules
@@ -200,6 +207,8 @@ class _Scheduler:
             else:
                 mamba.update(block_size=MAX_MODEL_LEN)
                 caching = False
+            if speculative:  # a state block per draft token, as vLLM sizes a drafting model's
+                mamba["num_speculative_blocks"] = speculative
             groups.append(m.interface.KVCacheGroupSpec(["mamba.0"], m.interface.MambaSpec(**mamba)))
         self.caching = caching
         config = m.interface.KVCacheConfig(
@@ -238,6 +247,11 @@ class _Scheduler:
         #: async scheduling: the (request, tokens) of the steps in flight, oldest first
         #: (None: every step's output processed before the next is scheduled)
         self.in_flight: deque[list[tuple[Any, int]]] | None = deque() if overlap else None
+        #: speculative decoding: the draft tokens a decode step verifies (0: none), and the
+        #: drafts verified and accepted so far
+        self.speculative = speculative
+        self.drafted = 0
+        self.accepted = 0
         self.requests: dict[str, Any] = {}
         self.output_left: dict[str, int] = {}
         self.waiting: deque[Any] = deque()
@@ -304,6 +318,7 @@ class _Scheduler:
         self.running.remove(request)
         self.manager.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []  # its drafts go with its KV, as vLLM's preemption drops them
         if self.in_flight is not None and hasattr(request, "num_stale_output_tokens"):
             request.num_stale_output_tokens = request.num_in_flight_tokens  # its steps' now
         self.waiting.appendleft(request)
@@ -340,10 +355,10 @@ class _Scheduler:
         for request in list(self.running):
             if request not in self.running:
                 continue  # preempted for an earlier one
-            want = min(request.num_tokens - request.num_computed_tokens, budget)
+            want = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
             if want <= 0:
                 continue
-            while self.manager.allocate_slots(request, want) is None:
+            while self.allocate(request, want) is None:
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is request:
@@ -356,7 +371,7 @@ class _Scheduler:
             # (blocks, hit tokens), and from 0.26.0 on the shared-prefix boundary (unused)
             hit_blocks, hit = self.manager.get_computed_blocks(request)[:2]
             want = min(request.num_tokens - hit, budget)
-            if self.manager.allocate_slots(request, want, hit, hit_blocks) is None:
+            if self.allocate(request, want, hit, hit_blocks) is None:
                 break
             self.waiting.popleft()
             self.prefix_hits += hit > 0
@@ -367,8 +382,7 @@ class _Scheduler:
         for request, count in scheduled:
             request.num_computed_tokens += count
             if request.num_computed_tokens >= request.num_tokens:
-                request.append_output_token_ids(int(rng.integers(0, 30000)))
-                self.output_left[request.request_id] -= 1
+                self.sample(request)
         if self.in_flight is not None:
             # this step goes in flight beside the last, whose output is processed when the
             # next step has been scheduled (`run_step`'s start)
@@ -390,6 +404,40 @@ class _Scheduler:
             self.finish(victim, deferred=bool(rng.random() < 0.5))
             self.aborts += 1
         self.step += 1
+
+    def allocate(self, request: Any, want: int, *hit: Any) -> Any:
+        """The manager's `allocate_slots` for `want` new tokens (after a prefix hit's `hit`
+        tokens and blocks), with a drafting model's lookahead slots where it drafts."""
+        if self.speculative:
+            return self.manager.allocate_slots(
+                request, want, *hit, num_lookahead_tokens=self.speculative
+            )
+        return self.manager.allocate_slots(request, want, *hit)
+
+    def sample(self, request: Any) -> None:
+        """The step's tokens are computed: one token sampled; under speculative decoding the
+        scheduled drafts verified first (each accepted while the last was, with probability
+        0.6), the rejected ones taken off the tokens computed and the accepted ones output
+        before the sampled one, as vLLM's scheduler updates a request from its output; then
+        the next step's drafts, within the model's length."""
+        rng = self.rng
+        drafts = request.num_computed_tokens - request.num_tokens  # scheduled and verified
+        left = self.output_left[request.request_id]
+        accepted = 0
+        while accepted < min(drafts, left - 1) and rng.random() < 0.6:
+            accepted += 1
+        self.drafted += drafts
+        self.accepted += accepted
+        request.num_computed_tokens -= drafts - accepted
+        proposed = list(request.spec_token_ids)
+        request.spec_token_ids = []
+        for token in [*proposed[:accepted], int(rng.integers(0, 30000))]:
+            request.append_output_token_ids(token)
+        self.output_left[request.request_id] = left - accepted - 1
+        room = MAX_MODEL_LEN - 1 - request.num_tokens
+        if self.speculative and self.output_left[request.request_id] > 0 and room > 0:
+            count = min(self.speculative, room)
+            request.spec_token_ids = [int(t) for t in rng.integers(0, 30000, count)]
 
     def state(self) -> Any:
         return snapshot(
@@ -501,15 +549,17 @@ def run_history(
     assert_dumps: Path | None = None,
     observe: Callable[[Any], None] | None = None,
     overlap: bool = False,
+    speculative: int = 0,
 ) -> History:
     """`steps` steps of one seeded history, audited after each; a planted `fault` at a drawn
     step. After kvcanary's first finding the history runs on unaudited (`after_steps` at
     most) to hear whether vLLM's own asserts ever say anything. With `assert_dumps`, the
     manager carries the assert hook (`engines.vllm.hook`), writing there when vLLM raises.
     `observe` is handed the workload's scheduler after each step (a bench's own counts).
-    With `overlap`, under vLLM's async scheduling (tokens in flight a step)."""
+    With `overlap`, under vLLM's async scheduling (tokens in flight a step); with
+    `speculative`, under speculative decoding (that many draft tokens a decode step)."""
     try:
-        s = _Scheduler(modules, model, seed, overlap=overlap)
+        s = _Scheduler(modules, model, seed, overlap=overlap, speculative=speculative)
     except ModelUnavailableError:
         raise
     except Exception as exc:  # the constructors' calls do not fit this release
@@ -573,4 +623,5 @@ def run_history(
                 end = min(steps, step + 1 + after_steps)
         step += 1
     h.preemptions, h.prefix_hits, h.aborts = s.preemptions, s.prefix_hits, s.aborts
+    h.drafted, h.accepted = s.drafted, s.accepted
     return h

@@ -3,8 +3,9 @@
 not cached: clean histories of both models are silent on both sides, the prefix-cache map as
 kvcanary lists it is the map vLLM's own `contain` answers for (both shapes: 0.34.0 keeps block
 ids, and a key several blocks carry apart), each planted fault is found at its step, the assert
-hook's dump of vLLM's own assert is explained by `check`, and `soak --engine vllm` with
-`--replay` runs end to end.
+hook's dump of vLLM's own assert is explained by `check`, every model is silent under async
+scheduling (where the release counts tokens in flight) and under speculative decoding, and
+`soak --engine vllm` with `--replay` runs end to end.
 
 Each is a process of about 6 s. The suite runs 0.34.0 (its map differs from 0.33.0's, which
 the in-process tests drive), and the deep lane 0.33.0,
@@ -115,6 +116,10 @@ def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
     assert flight == {
         "case": "async", "counted": counts, "findings": 0, "crashes": [], "stale": stale
     }  # fmt: skip
+    # speculative decoding (soak --speculative-tokens): every model silent, drafts taken back
+    assert cases["speculative"] == [
+        {"case": "speculative", "findings": 0, "crashes": [], "both": True}
+    ]
     [cli] = cases["cli"]
     assert cli == {
         "case": "cli",

@@ -156,6 +156,137 @@ def test_a_window_freed_on_the_tokens_computed_under_async_scheduling_is_found(
     assert audit(replace(state, request_num_stale_in_flight=None)).findings == ()
 
 
+def test_speculative_decoding_verifies_drafts_and_every_model_is_silent(vllm: Any) -> None:
+    """Under speculative decoding (`soak --engine vllm --speculative-tokens K`) each decode
+    step allocates K lookahead slots and verifies K drafts; the rejected ones are taken off
+    the tokens computed, as vLLM's scheduler takes them. Every model's histories check clean
+    at each step, some drafts accepted and some rejected, and a table holds blocks past its
+    request's tokens (the lookahead's)."""
+    for model in ("full", "hybrid", "hybrid-chunked-local", "hybrid-mamba"):
+        h = run_history(vllm, model, seed=5, steps=150, speculative=3)
+        assert h.crash is None and h.findings == (), model
+        assert 0 < h.accepted < h.drafted, (model, h.accepted, h.drafted)
+    assert _blocks_past_the_tokens(vllm, speculative=3) > 0
+    assert _blocks_past_the_tokens(vllm, speculative=0) == 0
+
+
+def _blocks_past_the_tokens(vllm: Any, *, speculative: int) -> int:
+    """Over 60 steps of a full-attention history, the table entries whose block starts past
+    its request's tokens."""
+    s = _Scheduler(vllm, "full", 0, speculative=speculative)
+    past = 0
+    for _ in range(60):
+        s.run_step()
+        state = s.state()
+        held = state.request_live[state.table_request] & (state.table_block != state.null_block)
+        first = state.table_index * state.groups[0].block_size
+        past += int((held & (first >= state.request_num_tokens[state.table_request])).sum())
+    return past
+
+
+def test_a_window_freed_before_its_drafts_are_verified_is_found(vllm: Any) -> None:
+    """A manager that frees a window's blocks on the tokens the step will compute, drafts
+    included, loses blocks its window reads once drafts are rejected: kvcanary names the null
+    block within a few steps, where vLLM's asserts say nothing. Without drafts the same
+    manager's histories read clean after each step (the tokens scheduled are all computed):
+    only speculative decoding shows it."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    def planted(speculative: int) -> list[Any]:
+        s = _Scheduler(vllm, "hybrid", 1, speculative=speculative)
+        coordinator = s.manager.coordinator
+        real = coordinator.remove_skipped_blocks
+        scheduled: dict[str, int] = {}
+        allocate = s.manager.allocate_slots
+
+        def allocating(request: Any, want: int, *args: Any, **kw: Any) -> Any:
+            scheduled[request.request_id] = want
+            return allocate(request, want, *args, **kw)
+
+        def ahead(request_id: str, processed: int, *args: Any, **kw: Any) -> None:
+            real(request_id, processed + scheduled.get(request_id, 0), *args, **kw)
+
+        s.manager.allocate_slots = allocating
+        coordinator.remove_skipped_blocks = ahead
+        for _ in range(100):
+            s.run_step()
+            if found := audit(s.state()).findings:
+                return list(found)
+        return []
+
+    found = planted(3)
+    assert [f.code for f in found] == [PoolCode.NULL_BLOCK_MISPLACED], found
+    assert "in place of a block its window still reads" in found[0].message
+    assert planted(0) == []
+
+
+def test_a_speculative_soaks_reproducer_replays_with_its_drafts(
+    vllm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvcanary_cli.cli import app
+    from tests.render.record_schema import RECORDS, validate
+    from tests.vllm_wheel import wheel_path
+
+    args = ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path()), "--format", "json"]
+    found = CliRunner().invoke(
+        app,
+        [
+            *args,
+            *("--speculative-tokens", "2", "--steps", "300", "--fault", "leak"),
+            *("--out", str(tmp_path / "o")),
+        ],
+    )
+    assert found.exit_code == 1, found.output
+    record = json.loads(found.output)
+    assert validate(record, RECORDS[record["schema"]]) == [] and record["speculative_tokens"] == 2
+    history = record["histories"][0]
+    assert 0 < history["accepted"] < history["drafted"]
+    reproducer = Path(record["files"]["reproducer"])
+    assert json.loads(reproducer.read_text())["speculative_tokens"] == 2
+    replayed = json.loads(CliRunner().invoke(app, [*args, "--replay", str(reproducer)]).output)
+    assert replayed["speculative_tokens"] == 2 and replayed["replay"]["reproduced"] is True
+    assert replayed["histories"][0]["drafted"] == history["drafted"]
+    # a reproducer written before --speculative-tokens (no such key) replays without drafts
+    data = json.loads(reproducer.read_text())
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({k: v for k, v in data.items() if k != "speculative_tokens"}))
+    again = json.loads(CliRunner().invoke(app, [*args, "--replay", str(older)]).output)
+    assert again["speculative_tokens"] == 0 and again["histories"][0]["drafted"] == 0
+    for value, said in ((-1, "not 0 to 16"), (True, "not 0 to 16"), ("2", "not 0 to 16")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**data, "speculative_tokens": value}))
+        refused = CliRunner().invoke(app, [*args, "--replay", str(bad)])
+        assert refused.exit_code == 2 and said in refused.output, refused.output
+    bad.write_text(json.dumps({**data, "overlap": True}))
+    refused = CliRunner().invoke(app, [*args, "--replay", str(bad)])
+    assert refused.exit_code == 2 and "under async scheduling" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (
+            ["--engine", "vllm", "--overlap", "--speculative-tokens", "2"],
+            "--overlap/--speculative-tokens: drafts are verified under synchronous scheduling",
+        ),
+        (["--speculative-tokens", "2"], "--speculative-tokens: drives vLLM's speculative"),
+        (["--engine", "vllm", "--speculative-tokens", "17"], "17 is above 16 (0 to 16)"),
+        (
+            ["--engine", "vllm", "--replay", "r.json", "--speculative-tokens", "1"],
+            "--overlap and --speculative-tokens",
+        ),
+    ],
+)
+def test_speculative_tokens_are_refused_where_not_modelled_in_one_line(
+    given: list[str], said: str, tmp_path: Path
+) -> None:
+    from kvcanary_cli.cli import app
+
+    result = CliRunner().invoke(app, ["soak", *given, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "Traceback" not in result.output
+
+
 def test_overlap_is_refused_where_the_manager_counts_no_tokens_in_flight(
     vllm: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -221,7 +352,7 @@ def test_an_async_soaks_reproducer_replays_under_async_scheduling(
         (
             ["--engine", "vllm", "--vllm-model", "full", "--replay", "x.json"],
             "error: --replay: takes the fault, the model and the scheduling from the "
-            "reproducer: drop --fault, --vllm-model and --overlap",
+            "reproducer: drop --fault, --vllm-model, --overlap and --speculative-tokens",
         ),
     ],
 )
@@ -359,7 +490,10 @@ def test_a_crash_kvcanary_did_not_audit_keeps_the_assert_hooks_dump(
         assert_dumps=tmp_path / "hook",
     )
     assert h.crash is not None and h.findings == ()
-    files = _keep(h, 80, "0.33.0", "block-freed-twice", False, tmp_path, tmp_path / "out", False)
+    scheduling = {"overlap": False, "speculative_tokens": 0}
+    files = _keep(
+        h, 80, "0.33.0", "block-freed-twice", scheduling, tmp_path, tmp_path / "out", False
+    )
     assert json.loads(Path(files["reproducer"]).read_text())["recorded"] == "crash AssertionError"
     stored = read_arrays(files["dump"])
     assert stored.metadata["kvcanary.trigger"] == "vllm-assert"

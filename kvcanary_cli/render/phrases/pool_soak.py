@@ -13,6 +13,8 @@ def soak_verdict(r: PoolSoakReport) -> str:
     """The report's first line."""
     histories = plural(len(r.histories), "history", "histories")
     loop = " (async scheduling)" if r.overlap else ""
+    if r.speculative_tokens:
+        loop += f" (speculative decoding, {plural(r.speculative_tokens, 'draft token')} a step)"
     where = f"{r.engine} {r.engine_version}{loop}: {r.audited} steps audited in {histories}"
     if not r.found:
         return f"clean: {where}, nothing found by kvcanary or by {r.engine}'s own asserts"
@@ -41,6 +43,7 @@ def history_lines(h: PoolSoakHistory, engine: str) -> list[str]:
     lines = [
         f"history {h.model} seed {h.seed}: {h.steps} steps ({h.audited} audited), "
         f"{h.preemptions} preemptions, {h.prefix_hits} prefix hits, {h.aborts} aborts"
+        + (f", {h.accepted} of {h.drafted} drafts accepted" if h.drafted else "")
     ]
     if h.fault_step is not None:
         lines.append(f"  planted at step {h.fault_step}: {h.fault_note}")
