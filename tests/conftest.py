@@ -120,6 +120,8 @@ def _rewrite_once(config: pytest.Config) -> None:
                 cache.mkdir(exist_ok=True)
                 _write_pyc(state, code, source_stat, pyc)
 
+    if not hasattr(os, "fork"):
+        return  # (no second process to share the work with: the workers rewrite, as before)
     child = os.fork()
     if child == 0:  # the other half; nothing of this process returns to pytest
         try:
@@ -128,8 +130,8 @@ def _rewrite_once(config: pytest.Config) -> None:
             os._exit(0)
     try:
         rewrite(modules[::2])
-    except (OSError, SyntaxError):
-        pass  # a worker meets it again, and says so where it must
+    except Exception:  # noqa: BLE001  (best effort: a worker meets it again, and says so)
+        pass
     finally:
         os.waitpid(child, 0)
 
