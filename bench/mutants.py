@@ -1288,6 +1288,19 @@ MUTANTS += tuple(
     for mutant in MUTANTS
     if mutant.name in AGAIN_OVERLAPPED
 )
+#: vLLM's Mamba mutants soaked again under speculative decoding (`--speculative-tokens 3`),
+#: named `NAME-drafting`: a group with a scratch block per draft, whose bound grows by them.
+AGAIN_DRAFTING = (
+    "mamba-retires-running-state",
+    "mamba-retired-kept",
+    "mamba-skipped-states-allocated",
+    "mamba-null-test-by-identity",
+)
+MUTANTS += tuple(
+    replace(mutant, name=f"{mutant.name}-drafting", layout=mutant.layout + SPECULATIVE + "3")
+    for mutant in MUTANTS
+    if mutant.name in AGAIN_DRAFTING
+)
 
 
 def mutated(text: str, mutant: Mutant) -> str:
@@ -1793,6 +1806,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("vllm", "hybrid-mamba" + OVERLAP),
     ("vllm", "hybrid" + OVERLAP),
     ("vllm", "hybrid" + SPECULATIVE + "3"),
+    ("vllm", "hybrid-mamba" + SPECULATIVE + "3"),
     ("vllm", "hybrid-chunked-local"),
 )
 

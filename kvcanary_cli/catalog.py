@@ -2698,10 +2698,11 @@ POOL_FINDINGS: Mapping[PoolCode, PoolFindingEntry] = _table(
                 "step's, which the next step copies from), one more where the release keeps a "
                 "prefill checkpoint block, and one more per block a request's tokens in flight "
                 "reach (vLLM's async scheduling retires a state once the tokens after it are "
-                "processed; `vllm.request_num_in_flight`). The bound is read from the manager "
-                "when the dump is taken; a group whose bound is not known (speculative "
-                "blocks, the scheduler's requests not read, an older dump) is not checked "
-                "here, and the report's coverage says so",
+                "processed; `vllm.request_num_in_flight`), and one more per speculative block "
+                "(a draft token a step verifies: `num_speculative_blocks`). The bound is read "
+                "from the manager when the dump is taken; a group whose bound is not known (the "
+                "scheduler's requests not read, an older dump) is not checked here, and the "
+                "report's coverage says so",
                 meaning="a state the request no longer reads was not retired (freed and "
                 "nulled): its block is held until the request ends, and a long request "
                 "holds more of the pool the longer it runs",

@@ -225,9 +225,15 @@ def test_the_capture_reads_a_mamba_groups_state_bound_from_its_spec() -> None:
     assert bound(mamba(**align)) == 2
     assert bound(mamba(**align, num_prefill_checkpoint_blocks=1)) == 3
     assert bound(mamba(**align, num_prefill_checkpoint_blocks=0)) == 2
-    # the requests not read (their tokens in flight unknown), speculative blocks: no bound
+    # the requests not read (their tokens in flight unknown): no bound
     assert bound(mamba(**align), requests_known=False) is None
-    assert bound(mamba(**{**align, "num_speculative_blocks": 2})) is None
+    # speculative decoding: a scratch block more per draft token (a count it cannot be: none)
+    assert bound(mamba(**{**align, "num_speculative_blocks": 2})) == 4
+    checkpointed = {**align, "num_prefill_checkpoint_blocks": 1, "num_speculative_blocks": 3}
+    assert bound(mamba(**checkpointed)) == 6
+    assert bound(mamba(1024, num_speculative_blocks=2), requests_known=False) == 3
+    for odd in (-1, True, "2", None):
+        assert bound(mamba(**{**align, "num_speculative_blocks": odd})) is None
     # no prefix caching: one block the model's length, in flight or not
     assert bound(mamba(1024), requests_known=False) == 1
     assert bound(mamba(1024, mamba_cache_mode="none")) == 1

@@ -184,6 +184,40 @@ def _blocks_past_the_tokens(vllm: Any, *, speculative: int) -> int:
     return past
 
 
+def test_a_mamba_table_keeps_a_state_block_per_draft_and_no_more(vllm: Any) -> None:
+    """Speculative decoding gives a Mamba group a scratch block per draft token
+    (`num_speculative_blocks`): with 3 drafts a table holds up to 2 + 3 state blocks, which
+    the capture's bound says, and tables reach it (past the bound without drafts); a state
+    left beyond it is found."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    s = _Scheduler(vllm, "hybrid-mamba", 0, speculative=3)
+    manager = s.manager.coordinator.single_type_managers[1]
+    reached = 0
+    tables: list[Any] = []
+    for _ in range(200):
+        s.run_step()
+        state = s.state()
+        assert state.groups[1].max_states == 5 and audit(state).findings == ()
+        live = state.request_live[state.table_request]
+        mamba = (state.table_group == 1) & (state.table_block != state.null_block) & live
+        held = np.bincount(state.table_request[mamba], minlength=len(state.request_ids))
+        reached += int((held == 5).sum())
+        tables = [
+            t
+            for rid, t in manager.req_to_blocks.items()
+            if rid in s.requests and sum(not b.is_null for b in t) == 5 and t[0].is_null
+        ]
+        if reached > 20 and tables:
+            break
+    else:
+        pytest.fail("no Mamba table at its bound with a null entry in 200 steps")
+    tables[0][0] = s.manager.block_pool.get_new_blocks(1)[0]
+    [finding] = audit(s.state()).findings
+    assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
+    assert "6 state blocks" in finding.message
+
+
 def test_a_window_freed_before_its_drafts_are_verified_is_found(vllm: Any) -> None:
     """A manager that frees a window's blocks on the tokens the step will compute, drafts
     included, loses blocks its window reads once drafts are rejected: kvcanary names the null

@@ -55,19 +55,21 @@ def _max_states(manager: Any, *, max_model_len: int | None, requests_known: bool
     the tokens already processed (vLLM's async scheduling) keeps the states of its tokens in
     flight too: one more per block they reach, which the check adds per request from its
     count (`request_num_in_flight`), so the bound needs the requests. Without prefix caching
-    a request holds one block, the model's length; speculative blocks add scratch blocks
-    kvcanary does not bound."""
+    a request holds one block, the model's length. Speculative decoding adds a block per
+    draft token a step verifies (`num_speculative_blocks`: the running state's scratch blocks,
+    which the manager allocates past the states it keeps, in either mode)."""
     if _kind(manager) != MAMBA:
         return None
     spec = manager.kv_cache_spec
-    if getattr(spec, "num_speculative_blocks", 0) != 0:
+    drafts = getattr(spec, "num_speculative_blocks", 0)
+    if not isinstance(drafts, int) or isinstance(drafts, bool) or drafts < 0:
         return None
     if getattr(spec, "mamba_cache_mode", None) == "align":
         if not requests_known:
             return None
-        return 2 + int(getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0)
+        return 2 + int(getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0) + drafts
     if max_model_len is not None and int(manager.block_size) >= max_model_len:
-        return 1
+        return 1 + drafts
     return None
 
 

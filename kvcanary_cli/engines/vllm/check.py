@@ -71,8 +71,7 @@ def skipped_checks(groups: tuple[GroupSpec, ...]) -> tuple[str, ...]:
     )
     unbounded = tuple(
         f"not checked: how many state blocks group {i}'s tables hold (its bound was not known "
-        "when the dump was taken: speculative blocks, the scheduler's requests not read, or an "
-        "older dump)"
+        "when the dump was taken: the scheduler's requests not read, or an older dump)"
         for i, g in enumerate(groups)
         if g.kind == MAMBA and g.max_states is None
     )
