@@ -70,20 +70,12 @@ def test_a_state_left_in_a_real_mamba_table_is_over_its_bound(vllm: Any) -> None
     for _ in range(200):
         s.run_step()
         assert audit(s.state()).findings == ()
-        tables = [
-            t
-            for rid, t in manager.req_to_blocks.items()
-            if rid in s.requests and sum(not b.is_null for b in t) == 2 and t[0].is_null
-        ]
-        if tables:
+        if tables := _tables_holding(s, manager, 2):
             break
     else:
         pytest.fail("no Mamba table holding two states and a null entry in 200 steps")
     # a state the group should have retired, left in the table (held: the pool is consistent)
-    tables[0][0] = s.manager.block_pool.get_new_blocks(1)[0]
-    [finding] = audit(s.state()).findings
-    assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
-    assert "3 state blocks" in finding.message
+    _left_a_state_in(s, tables[0], states=3)
     # tokens in flight (vLLM's async scheduling): a state more per block they reach, the
     # three states within that request's bound, the others' bound unchanged
     request = s.requests[next(rid for rid, t in manager.req_to_blocks.items() if t is tables[0])]
@@ -203,19 +195,32 @@ def test_a_mamba_table_keeps_a_state_block_per_draft_and_no_more(vllm: Any) -> N
         mamba = (state.table_group == 1) & (state.table_block != state.null_block) & live
         held = np.bincount(state.table_request[mamba], minlength=len(state.request_ids))
         reached += int((held == 5).sum())
-        tables = [
-            t
-            for rid, t in manager.req_to_blocks.items()
-            if rid in s.requests and sum(not b.is_null for b in t) == 5 and t[0].is_null
-        ]
+        tables = _tables_holding(s, manager, 5)
         if reached > 20 and tables:
             break
     else:
         pytest.fail("no Mamba table at its bound with a null entry in 200 steps")
-    tables[0][0] = s.manager.block_pool.get_new_blocks(1)[0]
+    _left_a_state_in(s, tables[0], states=6)
+
+
+def _tables_holding(s: Any, manager: Any, states: int) -> list[Any]:
+    """The live requests' Mamba tables holding `states` state blocks, their first entry null."""
+    return [
+        t
+        for rid, t in manager.req_to_blocks.items()
+        if rid in s.requests and sum(not b.is_null for b in t) == states and t[0].is_null
+    ]
+
+
+def _left_a_state_in(s: Any, table: Any, *, states: int) -> None:
+    """A state block the group should have retired, left in `table` (held: the pool stays
+    consistent), is the one finding: the table's `states` blocks over its bound."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    table[0] = s.manager.block_pool.get_new_blocks(1)[0]
     [finding] = audit(s.state()).findings
     assert finding.code is PoolCode.MAMBA_STATES_OVER_BOUND
-    assert "6 state blocks" in finding.message
+    assert f"{states} state blocks" in finding.message
 
 
 def test_a_window_freed_before_its_drafts_are_verified_is_found(vllm: Any) -> None:
