@@ -39,7 +39,7 @@ def _codes(state: object) -> set[PoolCode]:
 @pytest.mark.parametrize("name", FAULTS)
 def test_each_fault_is_found_and_its_clean_twin_is_silent(name: str, seed: int) -> None:
     scenario = SCENARIOS[name]
-    assert _codes(_clean(seed, "tiny", scenario.hybrid, scenario.kind)) == set()
+    assert _codes(_clean(seed, "tiny", scenario.hybrid, scenario.kind, scenario.drafts)) == set()
     assert _codes(build(name, seed=seed)) == set(scenario.expected)
 
 
@@ -263,6 +263,69 @@ def test_a_dump_keeps_the_mamba_bound_and_refuses_a_bad_one(tmp_path: Path) -> N
         write_safetensors(broken, tensors, {**meta, "vllm.groups": json.dumps(groups)})
         with pytest.raises(MetadataError, match="max_states"):
             state_of(read_arrays(broken))
+
+
+def _scratch(state: VllmState, blocks: int) -> VllmState:
+    mamba = replace(state.groups[1], speculative_blocks=blocks)
+    return replace(state, groups=(state.groups[0], mamba))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_running_state_dropped_is_found_past_its_tables_scratch_blocks(seed: int) -> None:
+    """Under speculative decoding a Mamba table ends with a scratch block per draft token,
+    real whatever the states before them hold: a table whose states are all null is found
+    by the group's recorded count of them, and is invisible without it."""
+    clean = build("vllm-mamba-drafting-clean", seed=seed)
+    assert clean.groups[1].speculative_blocks == 2 and audit(clean).findings == ()
+    mamba = (clean.table_group == 1) & clean.request_live[clean.table_request]
+    ends = np.bincount(clean.table_request[mamba]) - 2  # each table's first scratch entry
+    scratch = mamba & (clean.table_index >= ends[clean.table_request])
+    assert scratch.any() and (clean.table_block[scratch] != clean.null_block).all()
+    planted = build("vllm-mamba-running-state-dropped", seed=seed)
+    [finding] = audit(planted).findings
+    assert finding.code is PoolCode.NULL_BLOCK_MISPLACED
+    assert "every entry of a Mamba table, its scratch blocks aside" in finding.message
+    assert audit(_scratch(planted, 0)).findings == ()  # a dump without the count
+    # a count past the table's length leaves no state entry to judge, not a false alarm
+    assert audit(_scratch(clean, 2**31 - 1)).findings == ()
+    assert audit(_scratch(planted, 2**31 - 1)).findings == ()
+    # without drafts the same rule reads the whole table (the message as it was)
+    [dropped] = audit(build("vllm-mamba-state-dropped", seed=seed)).findings
+    assert "every entry of a Mamba table (no state block kept)" in dropped.message
+
+
+def test_a_dump_keeps_a_groups_scratch_blocks_and_refuses_a_bad_count(tmp_path: Path) -> None:
+    state = build("vllm-mamba-drafting-clean", seed=1)
+    tensors, meta = state.contents()
+    groups = json.loads(meta["vllm.groups"])
+    assert "speculative_blocks" not in groups[0] and groups[1]["speculative_blocks"] == 2
+    path = tmp_path / "drafting.safetensors"
+    write_safetensors(path, tensors, meta)
+    assert state_of(read_arrays(path)).groups == state.groups
+    del groups[1]["speculative_blocks"]  # an older dump, or a server without drafts
+    older = tmp_path / "older.safetensors"
+    write_safetensors(older, tensors, {**meta, "vllm.groups": json.dumps(groups)})
+    assert state_of(read_arrays(older)).groups[1].speculative_blocks == 0
+    for bad in (-1, True, "2", 2**31, 1.5):
+        groups[1]["speculative_blocks"] = bad
+        broken = tmp_path / "broken.safetensors"
+        write_safetensors(broken, tensors, {**meta, "vllm.groups": json.dumps(groups)})
+        with pytest.raises(MetadataError, match="speculative_blocks"):
+            state_of(read_arrays(broken))
+
+
+def test_the_capture_reads_a_mamba_groups_scratch_blocks_from_its_spec() -> None:
+    def scratch(kind: str, **spec: Any) -> int:
+        m = type(kind, (), {"block_size": 16})()
+        m.kv_cache_spec = type("Spec", (), spec)()
+        [g] = group_specs([m], max_model_len=1024, requests_known=True)
+        return g.speculative_blocks
+
+    assert scratch("MambaManager", num_speculative_blocks=3) == 3
+    assert scratch("MambaManager") == 0  # a release without drafts for Mamba
+    for odd in (-1, True, "2", None, 2**31):  # not a count: none assumed (the rule weaker)
+        assert scratch("MambaManager", num_speculative_blocks=odd) == 0
+    assert scratch("FullAttentionManager", num_speculative_blocks=3) == 0
 
 
 def test_tokens_in_flight_allow_a_state_per_block_they_reach(tmp_path: Path) -> None:

@@ -203,6 +203,35 @@ def test_a_mamba_table_keeps_a_state_block_per_draft_and_no_more(vllm: Any) -> N
     _left_a_state_in(s, tables[0], states=6)
 
 
+def test_a_running_state_retired_under_drafts_is_found_past_the_scratch_blocks(
+    vllm: Any,
+) -> None:
+    """A drafting request's Mamba table ends with its K scratch blocks, the running state
+    just before them: over a real history that entry is real in every live table, and the
+    dump records K. A manager that retires the running state with the states before it
+    (freed and nulled, the scratch blocks still real) is named."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    s = _Scheduler(vllm, "hybrid-mamba", 1, speculative=3)
+    manager = s.manager.coordinator.single_type_managers[1]
+    tables = 0
+    for _ in range(40):
+        s.run_step()
+        state = s.state()
+        assert state.groups[1].speculative_blocks == 3 and audit(state).findings == ()
+        live = [t for rid, t in manager.req_to_blocks.items() if rid in s.requests and t]
+        assert all(len(t) > 3 and not t[-4].is_null for t in live)
+        tables += len(live)
+    assert tables > 40
+    table = next(t for rid, t in manager.req_to_blocks.items() if rid in s.requests and t)
+    retired = [b for b in table[:-3] if not b.is_null]
+    table[:-3] = [s.manager.block_pool.null_block] * (len(table) - 3)
+    s.manager.block_pool.free_blocks(retired)
+    [finding] = audit(s.state()).findings
+    assert finding.code is PoolCode.NULL_BLOCK_MISPLACED
+    assert "every entry of a Mamba table, its scratch blocks aside" in finding.message
+
+
 def _tables_holding(s: Any, manager: Any, states: int) -> list[Any]:
     """The live requests' Mamba tables holding `states` state blocks, their first entry null."""
     return [

@@ -61,8 +61,8 @@ def _max_states(manager: Any, *, max_model_len: int | None, requests_known: bool
     if _kind(manager) != MAMBA:
         return None
     spec = manager.kv_cache_spec
-    drafts = getattr(spec, "num_speculative_blocks", 0)
-    if not isinstance(drafts, int) or isinstance(drafts, bool) or drafts < 0:
+    drafts = _scratch_blocks(manager)
+    if drafts is None:
         return None
     if getattr(spec, "mamba_cache_mode", None) == "align":
         if not requests_known:
@@ -73,6 +73,16 @@ def _max_states(manager: Any, *, max_model_len: int | None, requests_known: bool
     return None
 
 
+def _scratch_blocks(manager: Any) -> int | None:
+    """A Mamba group's scratch blocks a live request's table ends with, one per draft token
+    a step verifies (`num_speculative_blocks`, 0 where the release has none; None: not a
+    count)."""
+    drafts = getattr(manager.kv_cache_spec, "num_speculative_blocks", 0)
+    if not isinstance(drafts, int) or isinstance(drafts, bool) or not 0 <= drafts < 2**31:
+        return None
+    return drafts
+
+
 def group_specs(
     managers: Iterable[Any],
     *,
@@ -81,13 +91,15 @@ def group_specs(
 ) -> tuple[GroupSpec, ...]:
     """Each group's kind, block size and window, from its single-type manager, and a Mamba
     group's state bound (`_max_states`: `max_model_len` the manager's, `requests_known`
-    whether the scheduler's requests, and so their tokens in flight, are read too)."""
+    whether the scheduler's requests, and so their tokens in flight, are read too) and
+    scratch blocks."""
     return tuple(
         GroupSpec(
             kind=_kind(m),
             block_size=int(m.block_size),
             window=_window(m.kv_cache_spec),
             max_states=_max_states(m, max_model_len=max_model_len, requests_known=requests_known),
+            speculative_blocks=(_kind(m) == MAMBA and _scratch_blocks(m)) or 0,
         )
         for m in managers
     )

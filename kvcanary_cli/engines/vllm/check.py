@@ -355,7 +355,9 @@ class _Audit:
             misplaced.append("in place of a block its window still reads")
         stateless = self._stateless(entries)
         if stateless.any():
-            misplaced.append("in every entry of a Mamba table (no state block kept)")
+            drafting = any(s.groups[g].speculative_blocks for g in s.table_group[stateless])
+            aside = ", its scratch blocks aside" if drafting else ""
+            misplaced.append(f"in every entry of a Mamba table{aside} (no state block kept)")
         if misplaced:
             bad = in_full | not_leading | in_window | stateless
             entry = int(np.flatnonzero(bad)[0]) if bad.any() else None
@@ -377,20 +379,27 @@ class _Audit:
             )
 
     def _stateless(self, entries: np.ndarray) -> np.ndarray:
-        """Per table entry: the first entry of a live request's Mamba table that holds the
-        null block only (a request keeps the state of its last computed token, a real block,
-        whatever else its table has dropped)."""
+        """Per table entry: the first entry of a live request's Mamba table whose entries
+        hold the null block only, its scratch blocks aside (a request keeps the state of its
+        last computed token, a real block, whatever else its table has dropped; a speculative
+        decoder's scratch blocks, the table's last `speculative_blocks` entries, are real
+        whether or not that state is)."""
         s = self.s
         mamba = np.array([g.kind == MAMBA for g in s.groups])
         out = np.zeros(entries.size, dtype=bool)
         at = np.flatnonzero(mamba[s.table_group] & s.request_live[s.table_request])
         if at.size == 0:
             return out
-        # tables are runs of (group, request): a run whose entries are all null
+        # one table per (group, request), wherever its entries lie
         key = s.table_group[at] * len(s.request_ids) + s.table_request[at]
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-        real = np.add.reduceat((~entries[at]).astype(np.int64), starts)
-        out[at[starts[real == 0]]] = True
+        _, first, table, length = np.unique(
+            key, return_index=True, return_inverse=True, return_counts=True
+        )
+        scratch = np.array([g.speculative_blocks for g in s.groups], dtype=np.int64)
+        states = length - scratch[s.table_group[at[first]]]
+        state_entry = s.table_index[at] < states[table]
+        real = np.bincount(table, weights=~entries[at] & state_entry, minlength=first.size)
+        out[at[first[(real == 0) & (states > 0)]]] = True
         return out
 
     def mamba_states(self) -> None:

@@ -66,7 +66,8 @@ _I32 = np.int32
 class GroupSpec:
     """One KV-cache group: its manager kind, block size (tokens), window (tokens: a sliding
     window's, or chunked local attention's chunk) and, for a Mamba group, the most state
-    blocks its manager keeps in a live request's table at once."""
+    blocks its manager keeps in a live request's table at once and the scratch blocks at
+    the end of that table (a speculative decoder's)."""
 
     kind: str
     block_size: int
@@ -75,9 +76,14 @@ class GroupSpec:
     #: its tokens in flight (`VllmState.request_num_in_flight`) allow one more per block
     #: they reach (None: not known, or another kind)
     max_states: int | None = None
+    #: a Mamba group's scratch blocks per live request (vLLM's `num_speculative_blocks`, one
+    #: per draft token a step verifies): the last entries of its table, after the running
+    #: state (0: none, or not recorded)
+    speculative_blocks: int = 0
 
     def record(self) -> dict[str, Any]:
-        """The group's `vllm.groups` object (`max_states` only where known)."""
+        """The group's `vllm.groups` object (`max_states` only where known,
+        `speculative_blocks` only where there are some)."""
         out: dict[str, Any] = {
             "kind": self.kind,
             "block_size": self.block_size,
@@ -85,6 +91,8 @@ class GroupSpec:
         }
         if self.max_states is not None:
             out["max_states"] = self.max_states
+        if self.speculative_blocks:
+            out["speculative_blocks"] = self.speculative_blocks
         return out
 
 
@@ -350,6 +358,12 @@ def _positive(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _scratch_count(value: object) -> bool:
+    """A group's `speculative_blocks`: at most 2**31 - 1, far past any drafter's tokens a
+    step, so that a table's length less it is an int64 whatever the dump says."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+
+
 def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
     raw = _meta_json(meta, "vllm.groups")
     if not isinstance(raw, list) or not raw:
@@ -363,11 +377,12 @@ def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
             and g["block_size"] > 0
             and (g.get("window") is None or isinstance(g.get("window"), int))
             and (_positive(g.get("max_states")) or g.get("max_states") is None)
+            and _scratch_count(g.get("speculative_blocks", 0))
         )
         if not ok:
             raise MetadataError(
                 'each group is {"kind": str, "block_size": int > 0, "window": int | null, '
-                '"max_states": int > 0 (optional)}',
+                '"max_states": int > 0 (optional), "speculative_blocks": int >= 0 (optional)}',
                 field="vllm.groups",
             )
         out.append(
@@ -376,6 +391,7 @@ def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
                 block_size=g["block_size"],
                 window=g.get("window"),
                 max_states=g.get("max_states"),
+                speculative_blocks=g.get("speculative_blocks", 0),
             )
         )
     return tuple(out)

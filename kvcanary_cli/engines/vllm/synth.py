@@ -85,15 +85,27 @@ def _kept(kind: str, tokens: int, blocks: int) -> list[int]:
     return list(range(dropped, blocks))
 
 
-def _clean(seed: int, size: str, hybrid: bool, kind: str = SLIDING_WINDOW) -> VllmState:
+def _clean(
+    seed: int, size: str, hybrid: bool, kind: str = SLIDING_WINDOW, drafts: int = 0
+) -> VllmState:
+    """A clean pool; `drafts`: a Mamba group's scratch blocks, real at the end of each table
+    (a speculative decoder's, one per draft token)."""
     n, r_count = SIZES[size]
     rng = np.random.default_rng(seed)
     b = _Builder(n, rng)
     groups = [GroupSpec(kind=FULL, block_size=BLOCK_SIZE)]
     if hybrid:
         window = None if kind == MAMBA else WINDOW
-        states = MAMBA_STATES if kind == MAMBA else None
-        groups.append(GroupSpec(kind=kind, block_size=BLOCK_SIZE, window=window, max_states=states))
+        states = MAMBA_STATES + drafts if kind == MAMBA else None
+        groups.append(
+            GroupSpec(
+                kind=kind,
+                block_size=BLOCK_SIZE,
+                window=window,
+                max_states=states,
+                speculative_blocks=drafts,
+            )
+        )
     share = 0.45 if hybrid else 0.6
     avg = max(2, int(share * (n - 1) / r_count / len(groups)))
     families: dict[int, list[int]] = {}
@@ -122,6 +134,7 @@ def _clean(seed: int, size: str, hybrid: bool, kind: str = SLIDING_WINDOW) -> Vl
         sw: list[int] = []
         kept = _kept(kind, t, nb) if hybrid else []
         dropped = nb - len(kept)
+        kept += list(range(nb, nb + drafts)) if hybrid else []
         if own is not None and hybrid:
             sw_got = b.take(len(kept))
             if sw_got is None:
@@ -140,7 +153,7 @@ def _clean(seed: int, size: str, hybrid: bool, kind: str = SLIDING_WINDOW) -> Vl
             if len(shared) <= i < complete:
                 b.hash(blk, 0, "own", r, i)
         if hybrid:
-            for i in range(nb):
+            for i in range(nb + drafts):
                 blk = sw[kept.index(i)] if i in kept else 0
                 b.entries.append((1, r, i, blk))
                 if blk:
@@ -368,6 +381,19 @@ def _state_dropped(s: VllmState, rng: np.random.Generator) -> VllmState:
     return s
 
 
+def _running_state_dropped(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """Under speculative decoding, a Mamba group nulled (and freed) every state block of a
+    request's table, the running state among them, and kept the scratch blocks after it."""
+    g1 = np.flatnonzero(s.table_group == 1)
+    request = _pick(rng, distinct(s.table_request[g1]), "Mamba table")
+    table = g1[s.table_request[g1] == request]
+    states = table.size - s.groups[1].speculative_blocks
+    for entry in table[s.table_index[table] < states]:
+        if s.table_block[entry] != s.null_block:
+            s = _swap_entry(s, int(entry), s.null_block)
+    return s
+
+
 def _state_kept(s: VllmState, rng: np.random.Generator) -> VllmState:
     """A Mamba group left a state it should have retired in a request's table: a null entry
     between the two states it keeps holds a block (taken off the free queue, unhashed)."""
@@ -474,6 +500,8 @@ class Scenario:
     plant: Callable[[VllmState, np.random.Generator], VllmState] | None = None
     #: the second group's kind (a hybrid scenario's)
     kind: str = SLIDING_WINDOW
+    #: a Mamba group's scratch blocks per table (speculative decoding's draft tokens)
+    drafts: int = 0
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -528,6 +556,23 @@ SCENARIOS: dict[str, Scenario] = {
         expected=(),
         plant=_state_in_flight,
         kind=MAMBA,
+    ),
+    "vllm-mamba-drafting-clean": Scenario(
+        summary="a clean full + Mamba pool under speculative decoding (each table ends with "
+        "two scratch blocks, one per draft token)",
+        hybrid=True,
+        expected=(),
+        kind=MAMBA,
+        drafts=2,
+    ),
+    "vllm-mamba-running-state-dropped": Scenario(
+        summary="under speculative decoding, a Mamba table with every state block dropped, "
+        "the running state's among them (its scratch blocks kept)",
+        hybrid=True,
+        expected=(PoolCode.NULL_BLOCK_MISPLACED,),
+        plant=_running_state_dropped,
+        kind=MAMBA,
+        drafts=2,
     ),
     "vllm-double-free": Scenario(
         summary="a free block freed again (ref_cnt −1)",
@@ -631,7 +676,7 @@ SCENARIOS: dict[str, Scenario] = {
 def build(name: str, *, seed: int = 0, size: str = "tiny") -> VllmState:
     """Scenario `name`'s state, its expected findings in `extra["vllm.expected_findings"]`."""
     scenario = SCENARIOS[name]
-    state = _clean(seed, size, scenario.hybrid, scenario.kind)
+    state = _clean(seed, size, scenario.hybrid, scenario.kind, scenario.drafts)
     if scenario.plant is not None:
         state = scenario.plant(_copy(state), np.random.default_rng(seed + 1))
     extra = {
