@@ -53,8 +53,10 @@ own asserts alone: the same histories (seeds, models, lengths) with no audit, un
 raises. Under vLLM's async scheduling (`soak --engine vllm --overlap`: the `hybrid-overlap`
 and `hybrid-mamba-overlap` sets) a window freed on the tokens computed, not those processed
 (vLLM's bug before its fix), or one token past them, and the Mamba mutants again. Under
-speculative decoding (`--speculative-tokens 3`: the `hybrid-spec3` set) a window freed on the
-tokens the step will compute, its unverified drafts included.
+speculative decoding (`--speculative-tokens 3`: the `hybrid-spec3` and `hybrid-mamba-spec3`
+sets) a window freed on the tokens the step will compute, its unverified drafts included, and
+the Mamba mutants again; under both (`hybrid-spec3-overlap`, `hybrid-mamba-spec3-overlap`: a
+drafting server's default) the window and Mamba mutants again.
 
 It prints, per variant and seed, the step each side killed it at, the kill rates per engine
 and layout, and wall and CPU seconds, to stdout and `bench/out/mutants.json`. Nothing here is
@@ -1301,6 +1303,26 @@ MUTANTS += tuple(
     for mutant in MUTANTS
     if mutant.name in AGAIN_DRAFTING
 )
+#: vLLM's window and Mamba mutants soaked again under async scheduling with drafts
+#: (`--overlap --speculative-tokens 3`, a drafting server's default), named
+#: `NAME-async-drafting`: a step's rejected drafts stay counted computed until its output is
+#: processed, a step after the next was scheduled.
+AGAIN_ASYNC_DRAFTING = (
+    "window-freed-on-computed",
+    "window-freed-in-flight-minus-one",
+    "window-freed-on-scheduled-drafts",
+    *AGAIN_DRAFTING,
+)
+MUTANTS += tuple(
+    replace(
+        mutant,
+        name=f"{mutant.name}-async-drafting",
+        layout=mutant.layout.removesuffix(OVERLAP).partition(SPECULATIVE)[0]
+        + f"{SPECULATIVE}3{OVERLAP}",
+    )
+    for mutant in MUTANTS
+    if mutant.name in AGAIN_ASYNC_DRAFTING
+)
 
 
 def mutated(text: str, mutant: Mutant) -> str:
@@ -1807,6 +1829,8 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("vllm", "hybrid" + OVERLAP),
     ("vllm", "hybrid" + SPECULATIVE + "3"),
     ("vllm", "hybrid-mamba" + SPECULATIVE + "3"),
+    ("vllm", "hybrid" + SPECULATIVE + "3" + OVERLAP),
+    ("vllm", "hybrid-mamba" + SPECULATIVE + "3" + OVERLAP),
     ("vllm", "hybrid-chunked-local"),
 )
 

@@ -428,7 +428,8 @@ command(
     ),
     speculative_tokens=Opt(
         "With --engine vllm, speculative decoding: K draft tokens a decode step verifies, the "
-        "rejected ones taken back (not with --overlap).",
+        "rejected ones taken back (with --overlap, once that step's output is processed: vLLM "
+        "0.27.0 on).",
         within=values.DRAFT_TOKENS,
         metavar="K",
     ),

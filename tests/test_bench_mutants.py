@@ -267,7 +267,8 @@ def test_on_each_cached_vllm_release_every_mutant_its_code_has_applies(
     expected = [
         m.name
         for m in vllm
-        if m.name.removesuffix("-overlapped").removesuffix("-drafting") in lacking
+        if m.name.removesuffix("-overlapped").removesuffix("-drafting").removesuffix("-async")
+        in lacking
     ]
     assert {m.name for m in vllm} - {m.name for m in kept} == set(expected)
     assert [line.split(":")[0] for line in left_out] == [f"mutant {name}" for name in expected]
@@ -337,6 +338,13 @@ def test_a_vllm_bench_layout_names_its_models_and_scheduling() -> None:
     assert mutants.vllm_scheduling("-") == (None, False, 0)
     [drafts] = [m for m in mutants.MUTANTS if m.name == "window-freed-on-scheduled-drafts"]
     assert mutants._group(drafts) == ("vllm", "hybrid-spec3")
+    # again under async scheduling with drafts, the window's and the Mamba group's
+    assert mutants.vllm_scheduling("hybrid-mamba-spec3-overlap") == ("hybrid-mamba", True, 3)
+    both = {m.name: m.layout for m in mutants.MUTANTS if m.name.endswith("-async-drafting")}
+    assert both["window-freed-on-computed-async-drafting"] == "hybrid-spec3-overlap"
+    assert both["window-freed-on-scheduled-drafts-async-drafting"] == "hybrid-spec3-overlap"
+    assert both["mamba-retired-kept-async-drafting"] == "hybrid-mamba-spec3-overlap"
+    assert len(both) == 7
 
 
 def test_a_bench_layout_names_soaks_switches() -> None:

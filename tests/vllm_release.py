@@ -18,6 +18,9 @@ process): `python -m tests.vllm_release WHEEL OUT` prints one JSON line per case
 - `async`: whether the release counts tokens in flight (`soak --overlap` runs it, 0.26.0 on)
   and, where it does, a history of each model under async scheduling: what kvcanary found,
   what vLLM raised, and whether the requests' stale share was read (0.27.0 on).
+- `speculative`: each model under speculative decoding, and where the release counts the
+  stale share (0.27.0 on) under async scheduling with drafts too: what kvcanary found, what
+  vLLM raised, whether drafts were both accepted and rejected.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from kvcanary_cli.soak.vllm_driver import (
     FAULTS,
     MODELS,
     _Scheduler,
+    counts_stale_share,
     counts_tokens_in_flight,
     model_available,
     run_history,
@@ -176,15 +180,19 @@ def _async(modules: Any, built: list[str]) -> dict[str, Any]:
 
 
 def _speculative(modules: Any, built: list[str]) -> dict[str, Any]:
-    """Every model under speculative decoding (3 drafts a decode step): what kvcanary found,
-    what vLLM raised, and whether some drafts were rejected (taken back) and some accepted."""
+    """Every model under speculative decoding (3 drafts a decode step), and again under async
+    scheduling where the release counts the stale share (`async`): what kvcanary found, what
+    vLLM raised, and whether some drafts were rejected (taken back) and some accepted."""
     findings, crashes, both = 0, [], True
+    overlapped = counts_stale_share(modules)
     for model in built:
-        h = run_history(modules, model, 5, 150, speculative=3)
-        findings += len(h.findings)
-        crashes += [] if h.crash is None else [f"{model}: {h.crash.exception}"]
-        both = both and 0 < h.accepted < h.drafted
-    return {"case": "speculative", "findings": findings, "crashes": crashes, "both": both}
+        for overlap in (False, True) if overlapped else (False,):
+            h = run_history(modules, model, 5, 150, speculative=3, overlap=overlap)
+            findings += len(h.findings)
+            crashes += [] if h.crash is None else [f"{model}: {h.crash.exception}"]
+            both = both and 0 < h.accepted < h.drafted
+    return {"case": "speculative", "findings": findings, "crashes": crashes, "both": both,
+            "async": overlapped}  # fmt: skip
 
 
 def main(wheel: str, out: str) -> None:

@@ -165,7 +165,8 @@ def run_vllm_soak(
     `overlap`, under vLLM's async scheduling; with `speculative`, under speculative decoding
     (that many draft tokens a decode step). A one-line error (exit 2) for an SGLang option,
     an unknown fault, an `out` it may not write, a tree that cannot load, `overlap` on a
-    release whose manager counts no tokens in flight, or `overlap` with `speculative`."""
+    release whose manager counts no tokens in flight, or with `speculative` on one whose
+    scheduler counts no stale share (`_refuse_synchronous`)."""
     from kvcanary_cli.soak.vllm_driver import FAULTS, run_history
     from kvcanary_cli.soak.vllm_stack import load_vllm
 
@@ -179,13 +180,6 @@ def run_vllm_soak(
             )
         return _replay(replaying, tree, timings=timings)
     chosen = chosen_models(models)
-    if overlap and speculative:
-        raise OptionError(
-            "drafts are verified under synchronous scheduling: vLLM's async scheduling with "
-            "speculative decoding (its output placeholders) is not modelled",
-            option="--overlap/--speculative-tokens",
-            hint="drop one of them",
-        )
     if fault is not None and fault not in FAULTS:
         raise OptionError(f"{fault!r} is not a vLLM fault: {', '.join(FAULTS)}", option="--fault")
     from kvcanary_cli.soak.outputs import check_out, scratch
@@ -195,7 +189,7 @@ def run_vllm_soak(
     modules = load_vllm(tree if tree is not None else _default_tree())
     _refuse_unbuildable(modules, chosen)
     if overlap:
-        _refuse_synchronous(modules)
+        _refuse_synchronous(modules, drafting=bool(speculative))
     histories: list[PoolSoakHistory] = []
     audited = 0
     files: dict[SoakFile, str] = {}
@@ -252,10 +246,12 @@ def _refuse_unbuildable(modules: Any, models: tuple[str, ...]) -> None:
         )
 
 
-def _refuse_synchronous(modules: Any) -> None:
+def _refuse_synchronous(modules: Any, *, drafting: bool = False) -> None:
     """One error line (exit 2) for `--overlap` on a release that counts no tokens in flight
-    (before 0.26.0): its manager frees on the tokens computed, async scheduling or not."""
-    from kvcanary_cli.soak.vllm_driver import counts_tokens_in_flight
+    (before 0.26.0): its manager frees on the tokens computed, async scheduling or not. With
+    drafts, also on one that counts no stale share (0.26.0): its scheduler takes a preempted
+    request's old rejections off its new count, which soak does not model."""
+    from kvcanary_cli.soak.vllm_driver import counts_stale_share, counts_tokens_in_flight
 
     if not counts_tokens_in_flight(modules):
         raise OptionError(
@@ -264,6 +260,14 @@ def _refuse_synchronous(modules: Any) -> None:
             f"{modules.tree.version}'s does not count them",
             option="--overlap",
             hint="drop --overlap: its manager reads the same state either way",
+        )
+    if drafting and not counts_stale_share(modules):
+        raise OptionError(
+            "models drafts under vLLM's async scheduling where a preempted request's steps in "
+            "flight are counted stale (num_stale_output_tokens, from 0.27.0 on); vLLM "
+            f"{modules.tree.version}'s scheduler does not count them",
+            option="--overlap/--speculative-tokens",
+            hint="drop one of them on this release",
         )
 
 
@@ -346,12 +350,6 @@ def read_reproducer(path: Path) -> dict[str, Any]:
             path=str(path),
             hint=hint,
         )
-    if drafts and data["overlap"]:
-        raise PathError(
-            "is not a vLLM soak reproducer (speculative decoding under async scheduling)",
-            path=str(path),
-            hint=hint,
-        )
     if (
         data["model"] not in MODELS
         or (data["fault"] is not None and data["fault"] not in FAULTS)
@@ -375,7 +373,7 @@ def _replay(reproducer: Path, tree: str | None, *, timings: bool) -> PoolSoakRep
     started = time.monotonic()
     modules = load_vllm(tree if tree is not None else _default_tree())
     if data["overlap"]:
-        _refuse_synchronous(modules)
+        _refuse_synchronous(modules, drafting=bool(data["speculative_tokens"]))
     with _naming(modules.tree):
         h = run_history(
             modules,

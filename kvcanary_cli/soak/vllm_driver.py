@@ -12,10 +12,13 @@ the last one is still in flight, whose output is processed only after that, so e
 windows and Mamba states on the tokens processed, not those computed. The audit reads the pool
 twice a step, as a running server's passes through both: both steps in flight (the GPU runs
 one, the next is queued), and once the older one's output is processed (a release that counts
-no tokens in flight, before 0.26.0, is refused). With `speculative` K, as a server with a
-drafter runs: each decode step also verifies K drafts, in K lookahead slots, and the rejected
-ones are taken off the tokens computed. The calls are made as the loaded release takes
-them (its constructor's arguments, its prefix lookup's result), never by its version number.
+no tokens in flight, before 0.26.0, is refused). A preempted request's steps still in flight
+are stale (0.27.0 on): it is not readmitted until they drain. With `speculative` K, as a
+server with a drafter runs: each decode step also verifies K drafts, in K lookahead slots, and
+the rejected ones are taken off the tokens computed; under async scheduling only once that
+step's output is processed, the next step scheduled past them meanwhile. The calls are made
+as the loaded release takes them (its constructor's arguments, its prefix lookup's result),
+never by its version number.
 Requests share a few prompt prefixes, so prefix hits, shared blocks and evictions happen. The
 models (`MODELS`): full attention alone, and full attention beside one other group in one
 shared pool: a sliding window (`hybrid`: blocks that left the window replaced by the null
@@ -154,6 +157,17 @@ def counts_tokens_in_flight(modules: Any) -> bool:
     return "num_in_flight_tokens" in source
 
 
+def counts_stale_share(modules: Any) -> bool:
+    """The release counts a preempted request's tokens in flight as stale (its `Request` has
+    `num_stale_output_tokens`, 0.27.0 on), so their drafts' rejections never reach its new
+    count: the scheduler soak models under async scheduling with drafts."""
+    try:
+        source = inspect.getsource(modules.request.Request)
+    except (OSError, TypeError):
+        return False
+    return "num_stale_output_tokens" in source
+
+
 class _Scheduler:
     """The workload: requests arriving, scheduled, preempted, finished and aborted."""
 
@@ -244,9 +258,13 @@ class _Scheduler:
             [int(t) for t in self.rng.integers(0, 30000, int(self.rng.integers(1, 6)) * BLOCK_SIZE)]
             for _ in range(4)
         ]
-        #: async scheduling: the (request, tokens) of the steps in flight, oldest first
-        #: (None: every step's output processed before the next is scheduled)
-        self.in_flight: deque[list[tuple[Any, int]]] | None = deque() if overlap else None
+        #: async scheduling: the (request, tokens, drafts rejected) of the steps in flight,
+        #: oldest first (None: every step's output processed before the next is scheduled)
+        self.in_flight: deque[list[tuple[Any, int, int]]] | None = deque() if overlap else None
+        #: async scheduling with drafts: per request, the drafts its steps in flight had
+        #: rejected, still counted computed until their output is processed (as vLLM's
+        #: scheduler counts a step's drafts computed when it schedules it)
+        self.rejected_in_flight: dict[str, int] = {}
         #: speculative decoding: the draft tokens a decode step verifies (0: none), and the
         #: drafts verified and accepted so far
         self.speculative = speculative
@@ -300,6 +318,7 @@ class _Scheduler:
         self.forget_hashes(request)
         self.requests.pop(request.request_id, None)
         self.output_left.pop(request.request_id, None)
+        self.rejected_in_flight.pop(request.request_id, None)
 
     def forget_hashes(self, request: Any) -> None:
         """A finished request's block hashes dropped where the manager keeps them (0.10.0: as
@@ -319,6 +338,8 @@ class _Scheduler:
         self.manager.free(request)
         request.num_computed_tokens = 0
         request.spec_token_ids = []  # its drafts go with its KV, as vLLM's preemption drops them
+        # (its steps in flight are stale now: their rejections are not taken off the count)
+        self.rejected_in_flight.pop(request.request_id, None)
         if self.in_flight is not None and hasattr(request, "num_stale_output_tokens"):
             request.num_stale_output_tokens = request.num_in_flight_tokens  # its steps' now
         self.waiting.appendleft(request)
@@ -329,13 +350,17 @@ class _Scheduler:
     def settle(self) -> bool:
         """Async scheduling: the step before last has its output processed (a preempted or
         finished request's tokens drain too, as vLLM drains them), the last one stays in
-        flight; whether there was one to settle."""
+        flight; whether there was one to settle. Its rejected drafts come off the tokens
+        computed then, unless its output is stale (the request preempted since)."""
         settled = False
         while self.in_flight is not None and len(self.in_flight) > 1:
-            for request, count in self.in_flight.popleft():
+            for request, count, rejected in self.in_flight.popleft():
                 request.num_in_flight_tokens -= count
                 if getattr(request, "num_stale_output_tokens", 0) > 0:  # drained in step
                     request.num_stale_output_tokens -= count
+                elif rejected and request.request_id in self.rejected_in_flight:
+                    request.num_computed_tokens -= rejected
+                    self.rejected_in_flight[request.request_id] -= rejected
             settled = True
         return settled
 
@@ -355,7 +380,10 @@ class _Scheduler:
         for request in list(self.running):
             if request not in self.running:
                 continue  # preempted for an earlier one
-            want = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+            # (under async scheduling the count holds the drafts a step in flight will
+            # reject: vLLM schedules past them, from its output placeholders)
+            behind = self.rejected_in_flight.get(request.request_id, 0)
+            want = min(request.num_tokens_with_spec - request.num_computed_tokens + behind, budget)
             if want <= 0:
                 continue
             while self.allocate(request, want) is None:
@@ -366,8 +394,14 @@ class _Scheduler:
             else:
                 scheduled.append((request, want))
                 budget -= want
+        skipped: list[Any] = []
         while self.waiting and budget > 0 and not any(r is self.waiting[0] for r, _ in scheduled):
             request = self.waiting[0]
+            if getattr(request, "num_stale_output_tokens", 0) > 0:
+                # a preempted request whose old steps are still in flight waits for them to
+                # drain (from 0.27.0 on vLLM's scheduler skips it, and admits the next)
+                skipped.append(self.waiting.popleft())
+                continue
             # (blocks, hit tokens), and from 0.26.0 on the shared-prefix boundary (unused)
             hit_blocks, hit = self.manager.get_computed_blocks(request)[:2]
             want = min(request.num_tokens - hit, budget)
@@ -379,16 +413,21 @@ class _Scheduler:
             self.running.append(request)
             scheduled.append((request, want))
             budget -= want
+        self.waiting.extendleft(reversed(skipped))
+        flying: list[tuple[Any, int, int]] = []
         for request, count in scheduled:
             request.num_computed_tokens += count
-            if request.num_computed_tokens >= request.num_tokens:
-                self.sample(request)
+            behind = self.rejected_in_flight.get(request.request_id, 0)
+            rejected = 0
+            if request.num_computed_tokens - behind >= request.num_tokens:
+                rejected = self.sample(request, behind)
+            flying.append((request, count, rejected))
         if self.in_flight is not None:
             # this step goes in flight beside the last, whose output is processed when the
             # next step has been scheduled (`run_step`'s start)
-            for request, count in scheduled:
+            for request, count, _ in flying:
                 request.num_in_flight_tokens += count
-            self.in_flight.append(scheduled)
+            self.in_flight.append(flying)
         for request in list(self.running):
             done = self.output_left[request.request_id] <= 0
             if done or request.num_tokens >= MAX_MODEL_LEN - 1:
@@ -414,21 +453,28 @@ class _Scheduler:
             )
         return self.manager.allocate_slots(request, want, *hit)
 
-    def sample(self, request: Any) -> None:
+    def sample(self, request: Any, behind: int = 0) -> int:
         """The step's tokens are computed: one token sampled; under speculative decoding the
         scheduled drafts verified first (each accepted while the last was, with probability
         0.6), the rejected ones taken off the tokens computed and the accepted ones output
         before the sampled one, as vLLM's scheduler updates a request from its output; then
-        the next step's drafts, within the model's length."""
+        the next step's drafts, within the model's length. Under async scheduling the
+        rejected ones stay counted until the step's output is processed (`settle`):
+        returned, and added to the request's `behind` (the drafts its earlier steps in
+        flight rejected)."""
         rng = self.rng
-        drafts = request.num_computed_tokens - request.num_tokens  # scheduled and verified
+        # (scheduled and verified)
+        drafts = int(request.num_computed_tokens - behind - request.num_tokens)
         left = self.output_left[request.request_id]
         accepted = 0
         while accepted < min(drafts, left - 1) and rng.random() < 0.6:
             accepted += 1
         self.drafted += drafts
         self.accepted += accepted
-        request.num_computed_tokens -= drafts - accepted
+        if self.in_flight is None:
+            request.num_computed_tokens -= drafts - accepted
+        elif drafts > accepted:
+            self.rejected_in_flight[request.request_id] = behind + drafts - accepted
         proposed = list(request.spec_token_ids)
         request.spec_token_ids = []
         for token in [*proposed[:accepted], int(rng.integers(0, 30000))]:
@@ -438,6 +484,7 @@ class _Scheduler:
         if self.speculative and self.output_left[request.request_id] > 0 and room > 0:
             count = min(self.speculative, room)
             request.spec_token_ids = [int(t) for t in rng.integers(0, 30000, count)]
+        return drafts - accepted
 
     def state(self) -> Any:
         return snapshot(

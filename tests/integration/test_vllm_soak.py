@@ -325,18 +325,16 @@ def test_a_speculative_soaks_reproducer_replays_with_its_drafts(
         bad.write_text(json.dumps({**data, "speculative_tokens": value}))
         refused = CliRunner().invoke(app, [*args, "--replay", str(bad)])
         assert refused.exit_code == 2 and said in refused.output, refused.output
+    # the same workload under async scheduling (a drafting server's default) replays so
     bad.write_text(json.dumps({**data, "overlap": True}))
-    refused = CliRunner().invoke(app, [*args, "--replay", str(bad)])
-    assert refused.exit_code == 2 and "under async scheduling" in refused.output
+    both = json.loads(CliRunner().invoke(app, [*args, "--replay", str(bad)]).output)
+    assert both["overlap"] is True and both["speculative_tokens"] == 2
+    assert 0 < both["histories"][0]["accepted"] < both["histories"][0]["drafted"]
 
 
 @pytest.mark.parametrize(
     ("given", "said"),
     [
-        (
-            ["--engine", "vllm", "--overlap", "--speculative-tokens", "2"],
-            "--overlap/--speculative-tokens: drafts are verified under synchronous scheduling",
-        ),
         (["--speculative-tokens", "2"], "--speculative-tokens: drives vLLM's speculative"),
         (["--engine", "vllm", "--speculative-tokens", "17"], "17 is above 16 (0 to 16)"),
         (
@@ -369,6 +367,58 @@ def test_overlap_is_refused_where_the_manager_counts_no_tokens_in_flight(
     [line] = result.output.splitlines()
     assert line.startswith("error: --overlap: models vLLM's async scheduling where")
     assert "does not count them (drop --overlap" in line
+
+
+def test_drafts_under_async_scheduling_are_refused_without_the_stale_share(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before 0.27.0 vLLM's scheduler takes a preempted request's old rejections off its
+    new count (no stale share), which soak does not model: one line, exit 2."""
+    from kvcanary_cli.cli import app
+    from kvcanary_cli.soak import vllm_driver
+    from tests.vllm_wheel import wheel_path
+
+    monkeypatch.setattr(vllm_driver, "counts_stale_share", lambda modules: False)
+    args = ["soak", "--engine", "vllm", "--vllm-tree", str(wheel_path()), "--overlap"]
+    result = CliRunner().invoke(app, [*args, "--steps", "5", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output  # async scheduling alone runs
+    drafting = [*args, "--speculative-tokens", "2", "--steps", "5"]
+    result = CliRunner().invoke(app, [*drafting, "--out", str(tmp_path / "o"), "--force"])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith("error: --overlap/--speculative-tokens: models drafts under vLLM's")
+    assert "does not count them (drop one of them on this release)" in line
+
+
+def test_drafts_under_async_scheduling_stay_counted_until_their_step_is_processed(
+    vllm: Any,
+) -> None:
+    """Under async scheduling with drafts (a drafting server's default) vLLM schedules a
+    step past the last one's drafts, counted computed until its output is processed, then
+    takes the rejected ones off. The manager sees those counts ahead of the tokens; each
+    model's pool checks clean at both reads of every step; a preempted request's stale
+    rejections never reach its new count."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    for model in ("full", "hybrid", "hybrid-chunked-local", "hybrid-mamba"):
+        s = _Scheduler(vllm, model, 3, overlap=True, speculative=3)
+        ahead = preempted = 0
+        for _ in range(150):
+            before = s.preemptions
+            s.run_step()
+            preempted += s.preemptions > before
+            for request in s.running:
+                behind = s.rejected_in_flight.get(request.request_id, 0)
+                # never more computed than its tokens once the rejections are taken off
+                assert request.num_computed_tokens - behind <= request.num_tokens
+                # (readmitted only once its stale steps drained, as vLLM 0.27.0 on admits)
+                assert request.num_stale_output_tokens == 0
+                ahead += request.num_computed_tokens > request.num_tokens
+            assert audit(s.state()).findings == (), model
+            if s.settle():
+                assert audit(s.state()).findings == (), model
+        assert 0 < s.accepted < s.drafted and ahead > 0, (model, ahead)
+    assert preempted > 0  # (the stale rejections' case reached)
 
 
 def test_an_async_soaks_reproducer_replays_under_async_scheduling(

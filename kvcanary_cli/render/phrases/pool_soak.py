@@ -12,9 +12,11 @@ __all__ = ["fault_line", "history_lines", "soak_verdict", "replay_line"]
 def soak_verdict(r: PoolSoakReport) -> str:
     """The report's first line."""
     histories = plural(len(r.histories), "history", "histories")
-    loop = " (async scheduling)" if r.overlap else ""
+    scheduling = ["async scheduling"] if r.overlap else []
     if r.speculative_tokens:
-        loop += f" (speculative decoding, {plural(r.speculative_tokens, 'draft token')} a step)"
+        drafts = plural(r.speculative_tokens, "draft token")
+        scheduling.append(f"speculative decoding, {drafts} a step")
+    loop = f" ({'; '.join(scheduling)})" if scheduling else ""
     where = f"{r.engine} {r.engine_version}{loop}: {r.audited} steps audited in {histories}"
     if not r.found:
         return f"clean: {where}, nothing found by kvcanary or by {r.engine}'s own asserts"
