@@ -45,6 +45,12 @@ class PoolGroupDescription:
     #: table entries of the group, and those holding the null block (blocks a window dropped)
     entries: int
     null_entries: int
+    #: a Mamba group's most state blocks in a live request's table with nothing in flight
+    #: (null: not recorded, or another kind)
+    max_states: int | None
+    #: a Mamba group's scratch blocks at the end of each table, one per draft token a step
+    #: verifies (0: none, or not recorded)
+    speculative_blocks: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -229,3 +229,34 @@ def test_tokens_in_flight_are_shown_where_the_dump_records_them(tmp_path: Path) 
     older = _described(plain)
     assert {r.num_in_flight for r in older.requests} == {None}
     assert "in flight" not in str(render(older, OutputFormat.MARKDOWN))
+
+
+def test_a_mamba_groups_bound_and_scratch_blocks_are_shown(tmp_path: Path) -> None:
+    """A dump with a Mamba group shows its state bound and its scratch blocks (a speculative
+    decoder's): two columns of the groups table, `max_states` and `speculative_blocks` in
+    JSON; a dump without one has neither column."""
+    drafting, window = tmp_path / "drafting.safetensors", tmp_path / "window.safetensors"
+    api.synth("vllm-mamba-drafting-clean", drafting, seed=2)
+    api.synth("vllm-hybrid-clean", window, seed=2)
+    d = _described(drafting)
+    assert [(g.kind, g.max_states, g.speculative_blocks) for g in d.groups] == [
+        ("full", None, 0),
+        ("mamba", 4, 2),
+    ]
+    markdown = str(render(d, OutputFormat.MARKDOWN))
+    assert "| state bound | scratch |" in markdown and "| 4 | 2 |" in markdown
+    shown = runner.invoke(app, ["inspect", str(drafting)], env={"COLUMNS": "160"}).output
+    assert "state bound" in shown and "scratch" in shown
+    record = json.loads(runner.invoke(app, ["inspect", str(drafting), "-f", "json"]).output)
+    assert validate(record, RECORDS[record["schema"]]) == []
+    assert [(g["max_states"], g["speculative_blocks"]) for g in record["groups"]] == [
+        (None, 0),
+        (4, 2),
+    ]
+    plain = _described(window)
+    assert "state bound" not in str(render(plain, OutputFormat.MARKDOWN))
+    # a bound the dump does not record is shown as not known
+    unknown = dataclasses.replace(
+        d, groups=(d.groups[0], dataclasses.replace(d.groups[1], max_states=None))
+    )
+    assert "| ? | 2 |" in str(render(unknown, OutputFormat.MARKDOWN))

@@ -44,7 +44,8 @@ COVERAGE = (
     "not checked: a request's own block hashes against its table (the dump does not carry "
     "them), worker-side block tables and slot mappings; in a Mamba group where its tables hold "
     "the null block (its prefix-caching mode leaves nulls between the states it keeps: only a "
-    "table with no state block at all is a finding)",
+    "table with no state block at all, a speculative decoder's scratch blocks aside, is a "
+    "finding)",
 )
 #: Kinds whose tables drop the blocks before a window of the computed tokens (the null block
 #: as a leading run, only over blocks wholly before the window): tokens kept behind the last

@@ -97,6 +97,8 @@ def description_of(
                 tables=int((lengths[:, g] > 0).sum()),
                 entries=int(lengths[:, g].sum()),
                 null_entries=int(nulls[g]),
+                max_states=spec.max_states,
+                speculative_blocks=spec.speculative_blocks,
             )
             for g, spec in enumerate(state.groups)
         ),

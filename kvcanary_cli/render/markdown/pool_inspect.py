@@ -8,8 +8,8 @@ from kvcanary_cli.render.markdown.blocks import code, named_rows, table, text
 from kvcanary_cli.render.markdown.inspect import metadata_and_notes, shrink_blocks
 from kvcanary_cli.render.phrases.inspect import shown_metadata
 from kvcanary_cli.render.phrases.pool_inspect import (
-    GROUP_COLUMNS,
     TENSOR_COLUMNS,
+    group_columns,
     group_rows,
     more_requests,
     pool_lines,
@@ -38,9 +38,9 @@ def pool_inspect_markdown(d: PoolDumpDescription, *, max_rows: int) -> str:
         f"{fmt_bytes(d.file_bytes)}, format {text(d.format or 'not recorded')}",
         "\n".join(f"- {text(line)}" for line in pool_lines(d)),
         table(
-            GROUP_COLUMNS,
+            group_columns(d),
             [[text(c) for c in row] for row in group_rows(d)],
-            right=_numbers(len(GROUP_COLUMNS), 2),
+            right=_numbers(len(group_columns(d)), 2),
         ),
         table(
             columns,

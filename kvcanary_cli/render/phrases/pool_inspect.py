@@ -8,8 +8,9 @@ from kvcanary_cli.render.phrases.inspect import shown_tensors
 from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 
 __all__ = [
-    "GROUP_COLUMNS",
+    "MAMBA",
     "TENSOR_COLUMNS",
+    "group_columns",
     "group_rows",
     "more_requests",
     "pool_lines",
@@ -18,7 +19,9 @@ __all__ = [
     "tensor_rows",
 ]
 
-GROUP_COLUMNS = ["group", "kind", "block size", "window", "tables", "entries", "null entries"]
+_GROUP_COLUMNS = ["group", "kind", "block size", "window", "tables", "entries", "null entries"]
+#: A Mamba state group's kind, as the dump records it (its manager's name in snake case).
+MAMBA = "mamba"
 TENSOR_COLUMNS = ["tensor", "dtype", "shape", "bytes"]
 
 
@@ -45,8 +48,20 @@ def pool_lines(d: PoolDumpDescription) -> list[str]:
     ]
 
 
+def _states(d: PoolDumpDescription) -> bool:
+    """The dump has a Mamba group: its state bound and scratch blocks get columns."""
+    return any(g.kind == MAMBA for g in d.groups)
+
+
+def group_columns(d: PoolDumpDescription) -> list[str]:
+    """The groups' columns: kind, sizes, table counts, and with a Mamba group its bound on a
+    table's state blocks and its scratch blocks (a speculative decoder's)."""
+    return [*_GROUP_COLUMNS, *(["state bound", "scratch"] if _states(d) else [])]
+
+
 def group_rows(d: PoolDumpDescription) -> list[list[str]]:
-    """One row per group, in `GROUP_COLUMNS`' order."""
+    """One row per group, in `group_columns`' order (a bound not recorded: "?")."""
+    states = _states(d)
     return [
         [
             str(g.group),
@@ -56,6 +71,15 @@ def group_rows(d: PoolDumpDescription) -> list[list[str]]:
             str(g.tables),
             str(g.entries),
             str(g.null_entries),
+            *(
+                (
+                    [str(g.max_states or "?"), str(g.speculative_blocks)]
+                    if g.kind == MAMBA
+                    else ["-", "-"]
+                )
+                if states
+                else []
+            ),
         ]
         for g in d.groups
     ]

@@ -13,8 +13,8 @@ from rich.text import Text
 from kvcanary_cli.render.console import fmt_bytes
 from kvcanary_cli.render.phrases.inspect import shown_metadata
 from kvcanary_cli.render.phrases.pool_inspect import (
-    GROUP_COLUMNS,
     TENSOR_COLUMNS,
+    group_columns,
     group_rows,
     more_requests,
     pool_lines,
@@ -47,7 +47,7 @@ def pool_inspect_table(d: PoolDumpDescription, *, max_rows: int) -> RenderableTy
     head = f"{d.path}  ({fmt_bytes(d.file_bytes)}, format {d.format or 'not recorded'})"
     parts: list[RenderableType] = [Text(head, style="bold")]
     parts += [Text(f"  {line}") for line in pool_lines(d)]
-    parts.append(_table("groups", GROUP_COLUMNS, group_rows(d), left=2))
+    parts.append(_table("groups", group_columns(d), group_rows(d), left=2))
     parts.append(_table("requests", request_columns(d), request_rows(d, max_rows), left=2))
     more = more_requests(d, max_rows)
     if more is not None:
