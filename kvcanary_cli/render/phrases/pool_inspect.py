@@ -8,7 +8,6 @@ from kvcanary_cli.render.phrases.inspect import shown_tensors
 from kvcanary_cli.results.pool_inspect import PoolDumpDescription
 
 __all__ = [
-    "MAMBA",
     "TENSOR_COLUMNS",
     "group_columns",
     "group_rows",
@@ -21,7 +20,7 @@ __all__ = [
 
 _GROUP_COLUMNS = ["group", "kind", "block size", "window", "tables", "entries", "null entries"]
 #: A Mamba state group's kind, as the dump records it (its manager's name in snake case).
-MAMBA = "mamba"
+_MAMBA = "mamba"
 TENSOR_COLUMNS = ["tensor", "dtype", "shape", "bytes"]
 
 
@@ -50,7 +49,7 @@ def pool_lines(d: PoolDumpDescription) -> list[str]:
 
 def _states(d: PoolDumpDescription) -> bool:
     """The dump has a Mamba group: its state bound and scratch blocks get columns."""
-    return any(g.kind == MAMBA for g in d.groups)
+    return any(g.kind == _MAMBA for g in d.groups)
 
 
 def group_columns(d: PoolDumpDescription) -> list[str]:
@@ -74,7 +73,7 @@ def group_rows(d: PoolDumpDescription) -> list[list[str]]:
             *(
                 (
                     [str(g.max_states or "?"), str(g.speculative_blocks)]
-                    if g.kind == MAMBA
+                    if g.kind == _MAMBA
                     else ["-", "-"]
                 )
                 if states
