@@ -1221,6 +1221,37 @@ MUTANTS: tuple[Mutant, ...] = (
         engine="vllm",
         layout="hybrid" + SPECULATIVE + "3",
     ),
+    # -- vLLM's reference sliding window (R-SWA, 0.30.0 on: soak --vllm-model hybrid-rswa) --
+    Mutant(
+        "rswa-gap-from-prompt-floor",
+        "single_type_kv_cache_manager.py",
+        "        first_gap_block = cdiv(num_prompt_tokens, bs)\n",
+        "        first_gap_block = num_prompt_tokens // bs\n",
+        "window: a reference sliding window's gap begins at the block the prompt ends in, so "
+        "the prompt's partial last block, which every step still reads, is freed",
+        engine="vllm",
+        layout="hybrid-rswa",
+    ),
+    Mutant(
+        "rswa-gap-through-window-start",
+        "single_type_kv_cache_manager.py",
+        "        last_gap_block = window_start // bs  # exclusive upper bound\n",
+        "        last_gap_block = window_start // bs + 1  # exclusive upper bound\n",
+        "window: a reference sliding window's gap runs through the block of the window's first "
+        "token, which the window still reads",
+        engine="vllm",
+        layout="hybrid-rswa",
+    ),
+    Mutant(
+        "rswa-gap-start-by-negation",
+        "single_type_kv_cache_manager.py",
+        "        first_gap_block = cdiv(num_prompt_tokens, bs)\n",
+        "        first_gap_block = -(-num_prompt_tokens // bs)\n",
+        "control: the gap's first block computed by negated floor division",
+        control=True,
+        engine="vllm",
+        layout="hybrid-rswa",
+    ),
     Mutant(
         "chunked-local-drops-current-chunk",
         "single_type_kv_cache_manager.py",
@@ -1832,6 +1863,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("vllm", "hybrid" + SPECULATIVE + "3" + OVERLAP),
     ("vllm", "hybrid-mamba" + SPECULATIVE + "3" + OVERLAP),
     ("vllm", "hybrid-chunked-local"),
+    ("vllm", "hybrid-rswa"),
 )
 
 

@@ -2681,8 +2681,9 @@ POOL_FINDINGS: Mapping[PoolCode, PoolFindingEntry] = _table(
                 "is dropped) or over a block the window of the request's computed tokens "
                 "still reads (its processed tokens', where the dump records its tokens in "
                 "flight and their stale share: a step in flight reads the window from "
-                "before it); or in every entry of a Mamba table (its state dropped), a "
-                "speculative decoder's scratch blocks at its end aside. Where "
+                "before it); in a reference sliding window's table outside the gap between "
+                "the request's prompt and its window; or in every entry of a Mamba table (its "
+                "state dropped), a speculative decoder's scratch blocks at its end aside. Where "
                 "else a Mamba table holds it is no finding (prefix caching leaves nulls "
                 "between its states); a group of a kind kvcanary has no rule for is not "
                 "checked here, and the report's coverage says so",

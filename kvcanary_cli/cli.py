@@ -409,8 +409,9 @@ command(
     vllm_tree=Opt("A vLLM wheel or tree (--engine vllm).", metavar="PATH"),
     vllm_model=Opt(
         "The models a vLLM soak runs in turn, comma-separated (default: full,hybrid): full "
-        "attention, + sliding window, + Mamba state, + chunked local attention.",
-        metavar="full|hybrid|hybrid-mamba|hybrid-chunked-local",
+        "attention, + sliding window, + Mamba state, + chunked local attention, + reference "
+        "sliding window (vLLM 0.25.0 on).",
+        metavar="full|hybrid|hybrid-mamba|hybrid-chunked-local|hybrid-rswa",
     ),
     layout=Opt(
         "Memory layout: hybrid SWA, unified memory, hybrid Mamba (page size 1), or hybrid "

@@ -210,20 +210,36 @@ _BEFORE_IN_FLIGHT = {
     "window-freed-in-flight-minus-one": "no tokens in flight counted before 0.26.0",
     "window-freed-on-scheduled-drafts": "no tokens in flight counted before 0.26.0",
 }
+#: What releases before vLLM's reference sliding window (R-SWA, 0.25.0) leave out.
+_BEFORE_RSWA = {
+    name: "no reference sliding window before 0.25.0"
+    for name in (
+        "rswa-gap-from-prompt-floor",
+        "rswa-gap-through-window-start",
+        "rswa-gap-start-by-negation",
+    )
+}
 #: Per cached vLLM release (those `.ci/run` fetches, the others where cached: 0.10.x's
 #: spellings of the map's eviction, the queue's count and 0.10.0's touch; 0.12.0 to 0.32.0's of
 #: the pool, the queue and the managers' frees), the mutants that cannot apply there, and why:
 #: the code path they break is not in that release, or is not one place in it to edit. Every
 #: other mutant applies, through its 0.33.0 snippet or an alternative spelling.
 LEFT_OUT = {
-    "0.10.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
-    "0.10.1.1": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
-    "0.10.2": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
-    "0.11.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT},
-    **{v: {**_BEFORE_0_32, **_BEFORE_ALIGN, **_BEFORE_IN_FLIGHT} for v in ("0.12.0", "0.13.0")},
+    "0.10.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT, **_BEFORE_RSWA},
+    "0.10.1.1": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT, **_BEFORE_RSWA},
+    "0.10.2": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT, **_BEFORE_RSWA},
+    "0.11.0": {**_BEFORE_0_12, **_BEFORE_HYBRID_REWRITE, **_BEFORE_IN_FLIGHT, **_BEFORE_RSWA},
+    **{
+        v: {**_BEFORE_0_32, **_BEFORE_ALIGN, **_BEFORE_IN_FLIGHT, **_BEFORE_RSWA}
+        for v in ("0.12.0", "0.13.0")
+    },
+    **{
+        v: {**_BEFORE_0_32, **_BEFORE_MAMBA_RETIREMENT, **_BEFORE_IN_FLIGHT, **_BEFORE_RSWA}
+        for v in RELEASES[RELEASES.index("0.20.1") : RELEASES.index("0.25.0")]
+    },
     **{
         v: {**_BEFORE_0_32, **_BEFORE_MAMBA_RETIREMENT, **_BEFORE_IN_FLIGHT}
-        for v in RELEASES[RELEASES.index("0.20.1") : RELEASES.index("0.26.0")]
+        for v in RELEASES[RELEASES.index("0.25.0") : RELEASES.index("0.26.0")]
     },
     **{
         v: {**_BEFORE_0_32, **_BEFORE_MAMBA_RETIREMENT}

@@ -65,6 +65,7 @@ MODELS = {
     "hybrid": "full attention + sliding window",
     "hybrid-mamba": "full attention + Mamba state",
     "hybrid-chunked-local": "full attention + chunked local attention",
+    "hybrid-rswa": "full attention + reference sliding window",
 }
 #: The models a soak cycles through when not told which.
 DEFAULT_MODELS = ("full", "hybrid")
@@ -72,11 +73,15 @@ BLOCK_SIZE = 16
 WINDOW = 64
 #: Chunked local attention's chunk (tokens): a few blocks, so that chunks turn within a request.
 CHUNK = 64
+#: A reference sliding window's generated tokens kept (tokens): a few blocks, so that decodes
+#: leave gaps after their prompts within a request's output.
+RSWA_WINDOW = 20
 #: The spec class each model's second group needs (a release without it cannot build it).
 _NEEDS = {
     "hybrid": "SlidingWindowSpec",
     "hybrid-mamba": "MambaSpec",
     "hybrid-chunked-local": "ChunkedLocalAttentionSpec",
+    "hybrid-rswa": "RSWASpec",
 }
 #: A `Request`'s arguments that older releases want and the workload gives as None (see
 #: `_Scheduler`).
@@ -209,6 +214,12 @@ class _Scheduler:
                     m.interface.ChunkedLocalAttentionSpec(**spec, attention_chunk_size=CHUNK),
                 )
             )
+        elif model == "hybrid-rswa":
+            groups.append(
+                m.interface.KVCacheGroupSpec(
+                    ["rswa.0"], m.interface.RSWASpec(**spec, rswa_window=RSWA_WINDOW)
+                )
+            )
         elif model == "hybrid-mamba":
             # "align" mode: states kept per block (the block size the attention's), prefix
             # cached; before it, one state block per request (the block size the model's
@@ -225,6 +236,7 @@ class _Scheduler:
                 mamba["num_speculative_blocks"] = speculative
             groups.append(m.interface.KVCacheGroupSpec(["mamba.0"], m.interface.MambaSpec(**mamba)))
         self.caching = caching
+        self.rswa = model == "hybrid-rswa"
         config = m.interface.KVCacheConfig(
             num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
         )
@@ -301,7 +313,8 @@ class _Scheduler:
             **self.request_extra,
         )
         self.requests[rid] = request
-        self.output_left[rid] = int(rng.integers(1, 48))
+        # (a reference sliding window's gaps open only past its window: longer outputs)
+        self.output_left[rid] = int(rng.integers(1, 48)) * (4 if self.rswa else 1)
         self.waiting.append(request)
 
     def release(self, request: Any, *, deferred: bool) -> None:

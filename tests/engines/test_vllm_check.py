@@ -22,7 +22,14 @@ from kvcanary_cli.engines.vllm import report_of
 from kvcanary_cli.engines.vllm.capture import group_specs
 from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.state import CHUNKED_LOCAL, MAMBA, GroupSpec, VllmState, state_of
-from kvcanary_cli.engines.vllm.synth import SCENARIOS, _clean, _copy, _null_in_chunk, build
+from kvcanary_cli.engines.vllm.synth import (
+    SCENARIOS,
+    _clean,
+    _copy,
+    _null_in_chunk,
+    _swap_entry,
+    build,
+)
 from kvcanary_cli.errors import MetadataError, TensorShapeError
 from kvcanary_cli.results.pool import PoolCheckReport, PoolProvenance
 from tests.engines.bad_dumps import broken_vllm_contents
@@ -561,3 +568,76 @@ def test_sglang_only_commands_refuse_vllm_dumps_first(tmp_path: Path, command: l
         "`check`, `inspect`, `provenance --block N`, `timeline`, `diff` and `shrink` read vLLM"
         in line
     )
+
+
+def _rswa_entries(state: VllmState, where: str) -> np.ndarray:
+    """Real entries of the reference sliding window's tables: the last prompt block of each
+    (`prompt`), or each table's last block (`window`)."""
+    assert state.request_num_prompt is not None
+    real = (state.table_group == 1) & (state.table_block != state.null_block)
+    prompt_end = -(-state.request_num_prompt[state.table_request] // 16) - 1
+    if where == "prompt":
+        return np.flatnonzero(real & (state.table_index == prompt_end))
+    last = np.r_[state.table_request[1:] != state.table_request[:-1], True]
+    return np.flatnonzero(real & last & (state.table_index > prompt_end))
+
+
+def test_a_reference_sliding_windows_nulls_are_its_gap_and_nothing_else() -> None:
+    """A reference sliding window (vLLM's R-SWA) keeps every prompt block and its generated
+    tokens' window, the blocks between null: those nulls are clean, a null over a prompt block
+    or a block of the window is `null-block-misplaced`, and without the prompts' lengths
+    nothing is judged (and the coverage says so)."""
+    clean = build("vllm-rswa-clean", seed=1, size="small")
+    nulls = (clean.table_group == 1) & (clean.table_block == clean.null_block)
+    assert nulls.sum() > 10 and audit(clean).findings == ()
+    for where in ("prompt", "window"):
+        entries = _rswa_entries(clean, where)
+        assert entries.size, where
+        planted = _swap_entry(_copy(clean), int(entries[0]), clean.null_block)  # freed too
+        [finding] = audit(planted).findings
+        assert finding.code is PoolCode.NULL_BLOCK_MISPLACED
+        assert "outside the gap between its prompt and its window" in finding.message
+        unknown = replace(planted, request_num_prompt=None)
+        assert audit(unknown).findings == ()
+        [line] = audit(unknown).skipped
+        assert "group 1" in line and "prompt" in line
+    assert audit(clean).skipped == ()
+
+
+def test_the_capture_names_an_acronyms_kind_and_reads_a_reference_windows_window() -> None:
+    def spec(name: str, **fields: Any) -> GroupSpec:
+        m = type(name, (), {"block_size": 16})()
+        m.kv_cache_spec = type("Spec", (), fields)()
+        [g] = group_specs([m])
+        return g
+
+    assert (
+        spec("RSWAManager", rswa_window=20).kind,
+        spec("RSWAManager", rswa_window=20).window,
+    ) == (
+        "rswa",
+        20,
+    )
+    assert spec("CircularBufferManager").kind == "circular_buffer"
+    assert spec("_HiSparseAuxiliaryManager").kind == "hi_sparse_auxiliary"
+    assert spec("ChunkedLocalAttentionManager").kind == CHUNKED_LOCAL
+    assert spec("MambaManager").kind == MAMBA
+
+
+def test_a_dump_keeps_the_requests_prompt_lengths(tmp_path: Path) -> None:
+    state = build("vllm-rswa-clean", seed=2)
+    assert state.request_num_prompt is not None
+    tensors, meta = state.contents()
+    path = tmp_path / "rswa.safetensors"
+    write_safetensors(path, tensors, meta)
+    read = state_of(read_arrays(path))
+    assert read.request_num_prompt is not None
+    assert read.request_num_prompt.tolist() == state.request_num_prompt.tolist()
+    short = tmp_path / "short.safetensors"
+    prompts = tensors["vllm.request_num_prompt_tokens"][:-1]
+    write_safetensors(short, {**tensors, "vllm.request_num_prompt_tokens": prompts}, meta)
+    with pytest.raises(TensorShapeError, match="one per request of vllm.request_ids"):
+        state_of(read_arrays(short))
+    without = {k: v for k, v in tensors.items() if k != "vllm.request_num_prompt_tokens"}
+    write_safetensors(short, without, meta)
+    assert state_of(read_arrays(short)).request_num_prompt is None

@@ -71,8 +71,10 @@ def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
     for line in lines:
         cases.setdefault(str(line["case"]), []).append(line)
     clean = {c["model"]: c for c in cases["clean"]}
-    # every release kvcanary drives has chunked local attention and a Mamba group
-    assert set(clean) == {"full", "hybrid", "hybrid-mamba", "hybrid-chunked-local"}
+    # every release kvcanary drives has chunked local attention and a Mamba group; from
+    # 0.25.0 a reference sliding window
+    rswa = {"hybrid-rswa"} if RELEASES.index(version) >= RELEASES.index("0.25.0") else set()
+    assert set(clean) == {"full", "hybrid", "hybrid-mamba", "hybrid-chunked-local", *rswa}
     if version == "0.10.0":  # its own assert: a chunked-local hit of nulls has no hash to chain
         assert clean.pop("hybrid-chunked-local")["crash"] == "AssertionError"
     for c in clean.values():
@@ -95,7 +97,7 @@ def test_release_soaks_clean_reads_its_map_and_catches_every_fault(
     hybrids = [c for c in cases["fault"] if c["model"] != "full"]
     assert {(c["model"], c["fault"]) for c in hybrids} == {
         (m, f)
-        for m in ("hybrid-mamba", "hybrid-chunked-local")
+        for m in ("hybrid-mamba", "hybrid-chunked-local", *rswa)
         for f in ("block-freed-twice", "leak")
     }
     for c in hybrids:

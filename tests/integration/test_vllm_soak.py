@@ -461,7 +461,7 @@ def test_an_async_soaks_reproducer_replays_under_async_scheduling(
         (
             ["--engine", "vllm", "--vllm-model", "jamba"],
             "error: --vllm-model: 'jamba' is not a "
-            "vLLM model: full, hybrid, hybrid-mamba, hybrid-chunked-local",
+            "vLLM model: full, hybrid, hybrid-mamba, hybrid-chunked-local, hybrid-rswa",
         ),
         (
             ["--vllm-model", "hybrid-mamba"],
@@ -925,3 +925,38 @@ def test_an_attention_spec_that_says_whether_it_is_mla_is_told_it_is_not(vllm: A
     assert told == [False, False]
     assert (h.crash, h.findings, h.audited) == (None, (), 40)
     assert (h.prefix_hits, h.preemptions) == (bare.prefix_hits, bare.preemptions)
+
+
+def test_a_reference_sliding_window_drops_its_gap_and_a_dropped_prompt_block_is_found(
+    vllm: Any,
+) -> None:
+    """vLLM's R-SWA manager (`hybrid-rswa`) keeps each request's prompt blocks and its
+    generated tokens' window, nulling the blocks between: a real history checks clean with
+    such gaps in its tables (the dump recording the prompts' lengths), in both schedulings;
+    a prompt block freed and nulled (the gap begun a block early) is named."""
+    from kvcanary_cli.engines.vllm.check import audit
+
+    for overlap in (False, True):
+        s = _Scheduler(vllm, "hybrid-rswa", 2, overlap=overlap)
+        manager = s.manager.coordinator.single_type_managers[1]
+        gaps = 0
+        for _ in range(120):
+            s.run_step()
+            state = s.state()
+            assert state.groups[1].kind == "rswa" and audit(state).findings == ()
+            assert state.request_num_prompt is not None
+            gaps += int(((state.table_group == 1) & (state.table_block == state.null_block)).sum())
+            if s.settle():
+                assert audit(s.state()).findings == ()
+        assert gaps > 50, gaps
+    request, table = next(
+        (s.requests[rid], t)
+        for rid, t in manager.req_to_blocks.items()
+        if rid in s.requests and any(b.is_null for b in t)
+    )
+    last = -(-request.num_prompt_tokens // 16) - 1
+    freed, table[last] = table[last], s.manager.block_pool.null_block
+    s.manager.block_pool.free_blocks([freed])
+    [finding] = audit(s.state()).findings
+    assert finding.code is PoolCode.NULL_BLOCK_MISPLACED
+    assert "outside the gap between its prompt and its window" in finding.message

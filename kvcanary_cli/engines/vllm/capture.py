@@ -9,6 +9,7 @@ its requests when given. Reading changes nothing in the manager.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,19 +27,22 @@ _FULL_MANAGERS = frozenset(
 
 
 def _kind(manager: Any) -> str:
+    """The manager's kind: its class name less `Manager`, in snake case (an acronym one word:
+    `RSWAManager` is `rswa`, `CircularBufferManager` `circular_buffer`)."""
     name = type(manager).__name__
     if name in _FULL_MANAGERS:
         return FULL
     if name == "SlidingWindowManager":
         return SLIDING_WINDOW
     base = name.removesuffix("Manager").lstrip("_")
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in base).lstrip("_")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", base).lower()
 
 
 def _window(spec: Any) -> int | None:
-    """The tokens a group's table must keep behind the computed ones: a sliding window, or
-    chunked local attention's chunk (None: every token, or a kind without one)."""
-    for name in ("sliding_window", "attention_chunk_size"):
+    """The tokens a group's table must keep behind the computed ones: a sliding window,
+    chunked local attention's chunk, or a reference sliding window's generated tokens (None:
+    every token, or a kind without one)."""
+    for name in ("sliding_window", "attention_chunk_size", "rswa_window"):
         value = getattr(spec, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -294,6 +298,7 @@ def _read(
     in_flight = np.zeros(len(ids), dtype=np.int64)
     stale = np.zeros(len(ids), dtype=np.int64)
     stale_known = requests is not None
+    prompt = np.zeros(len(ids), dtype=np.int64)
     for rid, r in ids.items():
         req = (requests or {}).get(rid)
         if req is not None:
@@ -303,6 +308,7 @@ def _read(
             share = getattr(req, "num_stale_output_tokens", None)
             stale_known = stale_known and isinstance(share, int)
             stale[r] = int(share or 0)
+            prompt[r] = int(getattr(req, "num_prompt_tokens", 0) or 0)
     free_queue = np.array(forward, dtype=np.int64)
     return VllmState(
         num_blocks=n,
@@ -319,6 +325,7 @@ def _read(
         request_num_computed=computed,
         request_num_in_flight=in_flight if requests is not None else None,
         request_num_stale_in_flight=stale if stale_known else None,
+        request_num_prompt=prompt if requests is not None else None,
         ref_cnt=ref_cnt,
         free_queue=free_queue,
         free_queue_reverse=np.array(backward, dtype=np.int64),

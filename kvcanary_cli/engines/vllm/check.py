@@ -18,6 +18,7 @@ from kvcanary_cli.engines.vllm.state import (
     CHUNKED_LOCAL,
     FULL,
     MAMBA,
+    RSWA,
     SLIDING_WINDOW,
     GroupSpec,
     VllmState,
@@ -58,17 +59,26 @@ _WINDOWED = {
 }
 #: Kinds whose tables may hold the null block anywhere (no placement rule).
 _NULL_ANYWHERE = frozenset({MAMBA})
+#: Kinds whose null blocks are a gap of their own (`_outside_gap`).
+_GAPPED = frozenset({RSWA})
 
 
-def skipped_checks(groups: tuple[GroupSpec, ...]) -> tuple[str, ...]:
+def skipped_checks(groups: tuple[GroupSpec, ...], *, prompts: bool = True) -> tuple[str, ...]:
     """What the audit leaves out for groups whose kind it has no rule for, in words (one line
-    per such group): where their tables may hold the null block."""
-    known = {FULL, *_WINDOWED, *_NULL_ANYWHERE}
+    per such group): where their tables may hold the null block; likewise for a reference
+    sliding window's without the requests' prompt lengths (`prompts` False) or its window."""
+    known = {FULL, *_WINDOWED, *_NULL_ANYWHERE, *_GAPPED}
     unknown = tuple(
         f"not checked: where group {i}'s tables hold the null block (its manager, {g.kind}, is "
         "a kind kvcanary has no rule for)"
         for i, g in enumerate(groups)
         if g.kind not in known
+    )
+    ungapped = tuple(
+        f"not checked: where group {i}'s tables hold the null block (a reference sliding "
+        "window's gap follows each request's prompt, whose length the dump does not record)"
+        for i, g in enumerate(groups)
+        if g.kind == RSWA and (not prompts or g.window is None)
     )
     unbounded = tuple(
         f"not checked: how many state blocks group {i}'s tables hold (its bound was not known "
@@ -76,7 +86,7 @@ def skipped_checks(groups: tuple[GroupSpec, ...]) -> tuple[str, ...]:
         for i, g in enumerate(groups)
         if g.kind == MAMBA and g.max_states is None
     )
-    return unknown + unbounded
+    return unknown + ungapped + unbounded
 
 
 #: Owners listed per example block (a block shared by every request lists a few).
@@ -354,13 +364,19 @@ class _Audit:
         in_window = entries & windowed[s.table_group] & ~not_leading & self._in_window(entries)
         if in_window.any():
             misplaced.append("in place of a block its window still reads")
+        outside_gap = self._outside_gap(entries)
+        if outside_gap.any():
+            misplaced.append(
+                "in a reference sliding window's table outside the gap between its prompt and "
+                "its window"
+            )
         stateless = self._stateless(entries)
         if stateless.any():
             drafting = any(s.groups[g].speculative_blocks for g in s.table_group[stateless])
             aside = ", its scratch blocks aside" if drafting else ""
             misplaced.append(f"in every entry of a Mamba table{aside} (no state block kept)")
         if misplaced:
-            bad = in_full | not_leading | in_window | stateless
+            bad = in_full | not_leading | in_window | outside_gap | stateless
             entry = int(np.flatnonzero(bad)[0]) if bad.any() else None
             where = (
                 f"; first: request {s.request_ids[int(s.table_request[entry])]!r} (group "
@@ -378,6 +394,42 @@ class _Audit:
                     queue_position=(queue_places(s, null) or (None,))[0],
                 )
             )
+
+    def _processed(self, req: np.ndarray) -> np.ndarray:
+        """Per request of `req`: its tokens processed, where the dump says which tokens in
+        flight are its table's own (the stale share recorded); else its tokens computed (as
+        many or more: a bound on what the manager freed on)."""
+        s = self.s
+        computed: np.ndarray = s.request_num_computed[req]
+        flying, stale = s.request_num_in_flight, s.request_num_stale_in_flight
+        if flying is not None and stale is not None:
+            own = np.clip(flying[req] - np.maximum(stale[req], 0), 0, np.maximum(computed, 0))
+            computed = computed - own
+        return computed
+
+    def _outside_gap(self, entries: np.ndarray) -> np.ndarray:
+        """Per table entry: a null `entries` entry of a reference sliding window's table
+        outside the blocks its manager drops: those wholly after the prompt's last block and
+        before the block of the window's first token (the generated tokens less the window's,
+        from the tokens processed), for a live request whose prompt the dump records."""
+        s = self.s
+        out = np.zeros(entries.size, dtype=bool)
+        prompt = s.request_num_prompt
+        at = np.flatnonzero(entries)
+        if prompt is None or at.size == 0:
+            return out
+        req = s.table_request[at]
+        known = s.request_live[req] & (prompt[req] > 0)
+        for g, spec in enumerate(s.groups):
+            if spec.kind != RSWA or spec.window is None or spec.window <= 0:
+                continue
+            mine = known & (s.table_group[at] == g)
+            size = max(1, spec.block_size)
+            first = -(-prompt[req][mine] // size)
+            start = np.maximum(prompt[req][mine], self._processed(req[mine]) - spec.window)
+            index = s.table_index[at][mine]
+            out[at[mine]] = (index < first) | (index >= start // size)
+        return out
 
     def _stateless(self, entries: np.ndarray) -> np.ndarray:
         """Per table entry: the first entry of a live request's Mamba table whose entries
@@ -464,11 +516,7 @@ class _Audit:
             return out
         req = s.table_request[at]
         known = s.request_live[req] & (s.request_num_tokens[req] > 0)
-        computed = s.request_num_computed[req]
-        flying, stale = s.request_num_in_flight, s.request_num_stale_in_flight
-        if flying is not None and stale is not None:
-            own = np.clip(flying[req] - np.maximum(stale[req], 0), 0, np.maximum(computed, 0))
-            computed = computed - own
+        computed = self._processed(req)
         for g, spec in enumerate(s.groups):
             keep_from = _WINDOWED.get(spec.kind)
             if keep_from is None or spec.window is None or spec.window <= 0:
@@ -629,5 +677,5 @@ def audit(state: VllmState) -> PoolAudit:
         groups=groups,
         referenced=referenced,
         requests_with_blocks=requests_with_blocks,
-        skipped=skipped_checks(state.groups),
+        skipped=skipped_checks(state.groups, prompts=state.request_num_prompt is not None),
     )

@@ -52,6 +52,9 @@ FULL = "full"
 SLIDING_WINDOW = "sliding_window"
 CHUNKED_LOCAL = "chunked_local_attention"
 MAMBA = "mamba"
+#: vLLM's reference sliding window (R-SWA, 0.30.0 on): every prompt block kept, and of the
+#: generated tokens the last `window`; the blocks between null
+RSWA = "rswa"
 
 #: The metadata key of a shrunk dump's original counts.
 SHRUNK_KEY = "vllm.shrunk"
@@ -153,6 +156,9 @@ class VllmState:
     #: the stale share of those (a preempted request's steps still in flight, which read its
     #: old table; None: not recorded, the share unknown)
     request_num_stale_in_flight: np.ndarray | None = None
+    #: each request's prompt tokens (a reference sliding window keeps them all; None: not
+    #: recorded)
+    request_num_prompt: np.ndarray | None = None
     ref_cnt: np.ndarray
     #: the queue walked head → tail by `next` links, and tail → head by `prev` links.
     free_queue: np.ndarray
@@ -245,6 +251,7 @@ class VllmState:
         for name, counts in (
             ("vllm.request_num_in_flight", self.request_num_in_flight),
             ("vllm.request_num_stale_in_flight", self.request_num_stale_in_flight),
+            ("vllm.request_num_prompt_tokens", self.request_num_prompt),
         ):
             if counts is not None:
                 tensors[name] = np.asarray(counts, dtype=_I64)
@@ -296,6 +303,7 @@ _TENSORS: dict[str, tuple[int, bool]] = {
     "vllm.request_num_computed": (1, False),
     "vllm.request_num_in_flight": (1, False),
     "vllm.request_num_stale_in_flight": (1, False),
+    "vllm.request_num_prompt_tokens": (1, False),
     "vllm.ref_cnt": (1, True),
     "vllm.free_queue": (1, True),
     "vllm.free_queue_reverse": (1, False),
@@ -448,7 +456,10 @@ def _state_of(stored: StoredArrays) -> VllmState:
         rows, what = int(shrunk.blocks.sum()), "one per block of vllm.kept_blocks"
     for name in _PER_BLOCK:
         _shape(arrays, name, rows, what)
-    per_request = ("live", "num_tokens", "num_computed", "num_in_flight", "num_stale_in_flight")
+    per_request = (
+        *("live", "num_tokens", "num_computed", "num_in_flight", "num_stale_in_flight"),
+        "num_prompt_tokens",
+    )
     for name in (f"vllm.request_{what}" for what in per_request):
         _shape(arrays, name, r, "one per request of vllm.request_ids")
     e = arrays["vllm.table_block"].shape[0]
@@ -524,6 +535,7 @@ def _state_of(stored: StoredArrays) -> VllmState:
         request_num_computed=ints("vllm.request_num_computed", _I64, r),
         request_num_in_flight=optional("vllm.request_num_in_flight"),
         request_num_stale_in_flight=optional("vllm.request_num_stale_in_flight"),
+        request_num_prompt=optional("vllm.request_num_prompt_tokens"),
         ref_cnt=_expanded(ints("vllm.ref_cnt", _I64), shrunk, 0),
         free_queue=ints("vllm.free_queue", _I64),
         free_queue_reverse=(

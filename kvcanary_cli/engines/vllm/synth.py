@@ -23,6 +23,7 @@ from kvcanary_cli.engines.vllm.state import (
     CHUNKED_LOCAL,
     FULL,
     MAMBA,
+    RSWA,
     SLIDING_WINDOW,
     GroupSpec,
     VllmState,
@@ -70,12 +71,22 @@ class _Builder:
         self.hash_digest[block] = np.frombuffer(_digest(group, *key), dtype=np.uint8)
 
 
+def _prompt(tokens: int) -> int:
+    """A request's prompt tokens of its `tokens` (the rest generated)."""
+    return max(1, tokens // 3)
+
+
 def _kept(kind: str, tokens: int, blocks: int) -> list[int]:
     """The indices of a `tokens`-long request's table (`blocks` entries) that the second
     group's manager keeps (the others hold the null block): a sliding window's blocks from
     the window's first token on; chunked local attention's from the current chunk's start
     (its last block at least); a Mamba group's last state and, in a longer table, one state
-    kept two blocks back (its prefix-caching mode leaves nulls between the states it keeps)."""
+    kept two blocks back (its prefix-caching mode leaves nulls between the states it keeps);
+    a reference sliding window's prompt blocks and its generated tokens' window."""
+    if kind == RSWA:
+        prompt = _prompt(tokens)
+        start = max(prompt, tokens - WINDOW) // BLOCK_SIZE
+        return [i for i in range(blocks) if i < -(-prompt // BLOCK_SIZE) or i >= start]
     if kind == MAMBA:
         return sorted({blocks - 1, *([blocks - 3] if blocks >= 4 else [])})
     if kind == CHUNKED_LOCAL:
@@ -194,6 +205,9 @@ def _clean(
         request_live=np.array(live, dtype=bool),
         request_num_tokens=np.array(tokens, dtype=np.int64),
         request_num_computed=np.array(tokens, dtype=np.int64),
+        request_num_prompt=(
+            np.array([_prompt(t) for t in tokens], dtype=np.int64) if kind == RSWA else None
+        ),
         ref_cnt=b.ref,
         free_queue=queue,
         free_queue_reverse=queue[::-1].copy(),
@@ -349,6 +363,16 @@ def _swap_entry(s: VllmState, entry: int, block: int) -> VllmState:
 def _null_block(s: VllmState, rng: np.random.Generator) -> VllmState:
     """A window drop that nulled a request's last block (not a leading one)."""
     return _swap_entry(s, _pick(rng, _last_entries(s, 1), "window table"), s.null_block)
+
+
+def _prompt_block_dropped(s: VllmState, rng: np.random.Generator) -> VllmState:
+    """A reference sliding window dropped its request's last prompt block (a gap begun one
+    block early: the prompt's partial last block freed)."""
+    assert s.request_num_prompt is not None
+    g1 = (s.table_group == 1) & (s.table_block != s.null_block)
+    last = -(-s.request_num_prompt[s.table_request] // BLOCK_SIZE) - 1
+    entries = np.flatnonzero(g1 & (s.table_index == last))
+    return _swap_entry(s, _pick(rng, entries, "prompt block of an R-SWA table"), s.null_block)
 
 
 def _null_in_chunk(s: VllmState, rng: np.random.Generator) -> VllmState:
@@ -508,6 +532,20 @@ SCENARIOS: dict[str, Scenario] = {
     "vllm-clean": Scenario(summary="a clean full-attention pool", hybrid=False, expected=()),
     "vllm-hybrid-clean": Scenario(
         summary="a clean full + sliding-window pool", hybrid=True, expected=()
+    ),
+    "vllm-rswa-clean": Scenario(
+        summary="a clean full + reference-sliding-window pool (nulls between each prompt and "
+        "its window)",
+        hybrid=True,
+        expected=(),
+        kind=RSWA,
+    ),
+    "vllm-rswa-prompt-block-dropped": Scenario(
+        summary="a reference sliding window's table with its last prompt block nulled",
+        hybrid=True,
+        expected=(PoolCode.NULL_BLOCK_MISPLACED,),
+        plant=_prompt_block_dropped,
+        kind=RSWA,
     ),
     "vllm-mamba-clean": Scenario(
         summary="a clean full + Mamba pool (nulls between the states a request keeps)",
