@@ -69,6 +69,8 @@ class PoolRequest:
     #: its tokens scheduled but not yet processed (vLLM's async scheduling; null: not
     #: recorded)
     num_in_flight: int | None = None
+    #: its prompt's tokens (null: not recorded)
+    num_prompt: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

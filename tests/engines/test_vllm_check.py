@@ -641,3 +641,29 @@ def test_a_dump_keeps_the_requests_prompt_lengths(tmp_path: Path) -> None:
     without = {k: v for k, v in tensors.items() if k != "vllm.request_num_prompt_tokens"}
     write_safetensors(short, without, meta)
     assert state_of(read_arrays(short)).request_num_prompt is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("window", 2**70),
+        ("window", -(2**70)),
+        ("block_size", 2**63),
+        ("max_states", 2**64),
+        ("block_size", 0),
+    ],
+)
+def test_a_groups_number_past_int64_is_one_error_line(key: str, value: int, tmp_path: Path) -> None:
+    """A group's size too large for the arithmetic with token counts (a window of 2**70 made
+    the audit fail inside numpy, exit 3) is malformed metadata: one line, exit 2."""
+    tensors, meta = build(
+        "vllm-mamba-clean" if key == "max_states" else "vllm-rswa-clean"
+    ).contents()
+    groups = json.loads(meta["vllm.groups"])
+    groups[1][key] = value
+    path = tmp_path / "odd.safetensors"
+    write_safetensors(path, tensors, {**meta, "vllm.groups": json.dumps(groups)})
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    assert "vllm.groups" in line and "below 2**62" in line

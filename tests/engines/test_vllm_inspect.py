@@ -260,3 +260,25 @@ def test_a_mamba_groups_bound_and_scratch_blocks_are_shown(tmp_path: Path) -> No
         d, groups=(d.groups[0], dataclasses.replace(d.groups[1], max_states=None))
     )
     assert "| ? | 2 |" in str(render(unknown, OutputFormat.MARKDOWN))
+
+
+def test_the_requests_prompt_lengths_are_shown_where_the_dump_records_them(
+    tmp_path: Path,
+) -> None:
+    """A dump that records each request's prompt length (a reference sliding window's gap
+    starts after it) shows a `prompt` column and `num_prompt` in JSON; one that does not,
+    neither (null)."""
+    gapped, plain = tmp_path / "rswa.safetensors", tmp_path / "plain.safetensors"
+    api.synth("vllm-rswa-clean", gapped, seed=4)
+    api.synth("vllm-hybrid-clean", plain, seed=4)
+    state = state_of(read_arrays(gapped))
+    assert state.request_num_prompt is not None
+    d = _described(gapped)
+    assert [r.num_prompt for r in d.requests] == state.request_num_prompt.tolist()
+    assert "| request | live | prompt | tokens |" in str(render(d, OutputFormat.MARKDOWN))
+    record = json.loads(runner.invoke(app, ["inspect", str(gapped), "-f", "json"]).output)
+    assert validate(record, RECORDS[record["schema"]]) == []
+    assert [r["num_prompt"] for r in record["requests"]] == state.request_num_prompt.tolist()
+    older = _described(plain)
+    assert {r.num_prompt for r in older.requests} == {None}
+    assert "| prompt |" not in str(render(older, OutputFormat.MARKDOWN))

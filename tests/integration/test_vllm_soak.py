@@ -400,10 +400,12 @@ def test_drafts_under_async_scheduling_stay_counted_until_their_step_is_processe
     rejections never reach its new count."""
     from kvcanary_cli.engines.vllm.check import audit
 
-    for model in ("full", "hybrid", "hybrid-chunked-local", "hybrid-mamba"):
+    preempted = 0
+    # (full attention and chunked local attention: the release tests' and soak's own runs)
+    for model in ("hybrid", "hybrid-mamba"):
         s = _Scheduler(vllm, model, 3, overlap=True, speculative=3)
-        ahead = preempted = 0
-        for _ in range(150):
+        ahead = 0
+        for _ in range(120):
             before = s.preemptions
             s.run_step()
             preempted += s.preemptions > before

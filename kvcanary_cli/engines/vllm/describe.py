@@ -68,6 +68,7 @@ def description_of(
     tokens = "vllm.request_num_tokens" in recorded
     computed = "vllm.request_num_computed" in recorded
     in_flight = state.request_num_in_flight
+    prompts = state.request_num_prompt
     size = stored.file_state.size if stored.file_state else os.path.getsize(stored.path)
     return PoolDumpDescription(
         path=str(stored.path),
@@ -110,6 +111,7 @@ def description_of(
                 num_computed=int(state.request_num_computed[i]) if computed else None,
                 table_lengths=tuple(int(n) for n in lengths[i]),
                 num_in_flight=None if in_flight is None else int(in_flight[i]),
+                num_prompt=None if prompts is None else int(prompts[i]),
             )
             for i, rid in enumerate(state.request_ids)
         ),

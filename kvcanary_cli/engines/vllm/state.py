@@ -362,8 +362,16 @@ def _meta_json(meta: Mapping[str, str], key: str) -> Any:
         raise MetadataError("is not JSON (a vLLM dump records it)", field=key) from None
 
 
+def _count(value: object, *, signed: bool = False) -> bool:
+    """An integer below 2**62 in size (not a bool): a group's sizes, so that sums and
+    differences with a dump's token counts stay int64 whatever the dump says."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return (-(2**62) if signed else 0) <= value < 2**62
+
+
 def _positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return _count(value) and value > 0  # type: ignore[operator]
 
 
 def _scratch_count(value: object) -> bool:
@@ -381,16 +389,16 @@ def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
         ok = (
             isinstance(g, dict)
             and isinstance(g.get("kind"), str)
-            and isinstance(g.get("block_size"), int)
-            and g["block_size"] > 0
-            and (g.get("window") is None or isinstance(g.get("window"), int))
+            and _positive(g.get("block_size"))
+            and (g.get("window") is None or _count(g.get("window"), signed=True))
             and (_positive(g.get("max_states")) or g.get("max_states") is None)
             and _scratch_count(g.get("speculative_blocks", 0))
         )
         if not ok:
             raise MetadataError(
                 'each group is {"kind": str, "block_size": int > 0, "window": int | null, '
-                '"max_states": int > 0 (optional), "speculative_blocks": int >= 0 (optional)}',
+                '"max_states": int > 0 (optional), "speculative_blocks": int >= 0 (optional)}, '
+                "each number below 2**62",
                 field="vllm.groups",
             )
         out.append(

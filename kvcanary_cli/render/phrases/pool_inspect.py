@@ -89,20 +89,30 @@ def _in_flight(d: PoolDumpDescription) -> bool:
     return any(r.num_in_flight is not None for r in d.requests)
 
 
+def _prompts(d: PoolDumpDescription) -> bool:
+    """The dump records the requests' prompt lengths (a column only then)."""
+    return any(r.num_prompt is not None for r in d.requests)
+
+
 def request_columns(d: PoolDumpDescription) -> list[str]:
-    """The requests' columns: id, live, token counts (tokens in flight where recorded), then
-    its blocks in each group."""
-    counts = ["tokens", "computed", *(["in flight"] if _in_flight(d) else [])]
+    """The requests' columns: id, live, token counts (the prompt's and those in flight where
+    recorded), then its blocks in each group."""
+    counts = [
+        *(["prompt"] if _prompts(d) else []),
+        *("tokens", "computed"),
+        *(["in flight"] if _in_flight(d) else []),
+    ]
     return ["request", "live", *counts, *(f"blocks g{g.group}" for g in d.groups)]
 
 
 def request_rows(d: PoolDumpDescription, max_rows: int) -> list[list[str]]:
     """The first `max_rows` requests, in `request_columns`' order (`-`: not recorded)."""
-    flying = _in_flight(d)
+    flying, prompts = _in_flight(d), _prompts(d)
     return [
         [
             r.request,
             "yes" if r.live else "no",
+            *(["-" if r.num_prompt is None else str(r.num_prompt)] if prompts else []),
             "-" if r.num_tokens is None else str(r.num_tokens),
             "-" if r.num_computed is None else str(r.num_computed),
             *(["-" if r.num_in_flight is None else str(r.num_in_flight)] if flying else []),
